@@ -1,0 +1,35 @@
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+CONFIG ?= config.yaml
+
+.PHONY: run test lint typecheck check bench clean
+
+.venv/bin/python: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $(BIN)/python
+
+## Start the gateway on 127.0.0.1:8080 with the shipped config.yaml (in-memory state, no Redis).
+run: $(BIN)/python
+	$(BIN)/python -m gateway serve --config $(CONFIG)
+
+## Run the whole test suite.
+test: $(BIN)/python
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: $(BIN)/python
+	$(BIN)/ruff check gateway providers tests bench
+	$(BIN)/ruff format --check gateway providers tests bench
+
+typecheck: $(BIN)/python
+	$(BIN)/mypy
+
+check: lint typecheck test
+
+bench: $(BIN)/python
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

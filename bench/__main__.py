@@ -1,0 +1,149 @@
+"""``python -m bench``: run every scenario against direct, passthrough and gateway, then report.
+
+Default mode takes about three minutes and rewrites docs/benchmarks.md and
+bench/results/latest.json. ``--quick`` is a sub-minute smoke run that writes only under
+bench/results/ so it never dirties the published figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from bench import report, wrk
+from bench.scenarios import TARGETS, Runner, Settings
+from bench.upstream import nginx
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument(
+        "--quick", action="store_true", help="short smoke run (< 60 s); writes bench/results only"
+    )
+    parser.add_argument("--duration", type=float, help="seconds per wrk measurement (default 10, quick 2)")
+    parser.add_argument(
+        "--warmup", type=float, help="unmeasured wrk seconds before each (default 2, quick 1)"
+    )
+    parser.add_argument("--connections", type=int, default=32, help="wrk connections for the c=N rows")
+    parser.add_argument("--chunks", type=int, default=100, help="SSE events per streamed completion")
+    parser.add_argument(
+        "--chunk-interval-ms", type=float, default=0.0, help="gap between SSE events upstream"
+    )
+    parser.add_argument("--latency-ms", type=float, default=50.0, help="upstream delay in the slow scenario")
+    parser.add_argument("--rate", type=float, default=500.0, help="req/s in the slow-upstream scenario")
+    parser.add_argument("--workers", type=int, default=1, help="gateway --workers (pinning is off when > 1)")
+    parser.add_argument(
+        "--limits-config",
+        type=Path,
+        help="YAML fragment merged into the gateway config; adds the limits_c32 scenario "
+        "(the hook for Redis-backed rate limits)",
+    )
+    parser.add_argument("--only", help="comma-separated scenario names to run (default: all)")
+    parser.add_argument(
+        "--targets", default=",".join(TARGETS), help=f"comma-separated subset of {','.join(TARGETS)}"
+    )
+    parser.add_argument("--no-pin", action="store_true", help="do not pin processes to cores")
+    parser.add_argument("--json", type=Path, help="results JSON path")
+    parser.add_argument("--markdown", type=Path, help="markdown report path")
+    parser.add_argument("--no-plot", action="store_true", help="skip the optional matplotlib PNG")
+    return parser.parse_args(argv)
+
+
+def check_tools() -> list[str]:
+    missing = [name for name, found in (("nginx", nginx.find_nginx()), ("wrk", wrk.find_wrk())) if not found]
+    return missing
+
+
+def main(argv: list[str] | None = None) -> int:
+    raw_argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(raw_argv)
+    missing = check_tools()
+    if missing:
+        print(
+            f"bench: {' and '.join(missing)} not found. Install them (as root) with:\n\n"
+            f"    {nginx.APT_HINT}\n\nThe bench installs nothing by itself.",
+            file=sys.stderr,
+        )
+        return 2
+    targets = tuple(t.strip() for t in args.targets.split(",") if t.strip())
+    unknown = [t for t in targets if t not in TARGETS]
+    if unknown:
+        print(f"bench: unknown target(s) {unknown}; choose from {TARGETS}", file=sys.stderr)
+        return 2
+
+    quick = args.quick
+    mode = "quick" if quick else "full"
+    json_path = args.json or RESULTS / ("quick.json" if quick else "latest.json")
+    md_path = args.markdown or (RESULTS / "quick.md" if quick else ROOT / "docs" / "benchmarks.md")
+    log_dir = RESULTS / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    pin = not args.no_pin and (os.cpu_count() or 1) >= 2 and args.workers == 1
+
+    started = datetime.now(UTC)
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="bench-") as work:
+        settings = Settings(
+            duration_s=args.duration or (2.0 if quick else 10.0),
+            warmup_s=args.warmup if args.warmup is not None else (1.0 if quick else 2.0),
+            connections=args.connections,
+            chunks=args.chunks,
+            chunk_interval_ms=args.chunk_interval_ms,
+            latency_ms=args.latency_ms,
+            rate=args.rate,
+            rate_count=int(args.rate * (2 if quick else 10)),
+            rate_warmup=int(args.rate * (0.5 if quick else 1)),
+            ttfb_streams=40 if quick else 300,
+            ttfb_warmup=5 if quick else 20,
+            workers=args.workers,
+            pin=pin,
+            work_dir=Path(work),
+            log_dir=log_dir,
+            targets=targets,
+            only=frozenset(x.strip() for x in args.only.split(",")) if args.only else None,
+            limits_config=args.limits_config,
+        )
+        runner = Runner(settings)
+        measurements = runner.run()
+
+    settings_dict = {
+        k: (str(v) if isinstance(v, Path | frozenset) else v)
+        for k, v in vars(settings).items()
+        if k not in ("work_dir", "log_dir")
+    }
+    settings_dict["targets"] = ",".join(settings.targets)
+    result = report.RunResult(
+        started_at=started.strftime("%Y-%m-%d %H:%M:%S UTC"),
+        finished_at=datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        elapsed_s=round(time.monotonic() - t0, 1),
+        mode=mode,
+        command=".venv/bin/python -m bench" + ("" if not raw_argv else " " + shlex.join(raw_argv)),
+        machine=report.describe_machine(),
+        versions=report.tool_versions(),
+        settings=settings_dict,
+        startup_errors=runner.startup_errors,
+        measurements=measurements,
+    )
+    report.write_json(result, json_path)
+    md_path.parent.mkdir(parents=True, exist_ok=True)
+    md_path.write_text(report.render_markdown(result))
+    print(f"[bench] wrote {json_path} and {md_path} ({result.elapsed_s:.0f} s)", file=sys.stderr)
+    if not args.no_plot:
+        print(f"[bench] {report.write_plot(result, json_path.with_suffix('.png'))}", file=sys.stderr)
+    failed = [m for m in measurements if not m.ok]
+    if failed:
+        print(f"[bench] {len(failed)} measurement(s) failed; see {md_path}", file=sys.stderr)
+    # Only a broken bench fails the command; a failing gateway is a result worth publishing.
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,221 @@
+"""Child-process lifecycle and /proc accounting for the servers under test.
+
+Every server is a child of the bench started in its own session, stopped by its own pid (and
+that session's process group, so a gateway that forks workers leaves nothing behind). CPU time
+and peak RSS are read from /proc for the whole process tree because ``--workers N`` moves the
+work into children that the parent's own counters would not show.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+# The bench talks to loopback only; an inherited http_proxy must never be consulted.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+class StartupError(RuntimeError):
+    """A server did not become ready; the message carries the tail of its log."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def http_get_status(url: str, timeout: float = 1.0) -> int | None:
+    try:
+        with _OPENER.open(url, timeout=timeout) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass
+class Service:
+    """A running child server."""
+
+    name: str
+    argv: list[str]
+    port: int
+    log_path: Path
+    proc: subprocess.Popen[bytes]
+    cpu: int | None = None
+    log_file: IO[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_tail(self, lines: int = 25) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def pids(self) -> list[int]:
+        return process_tree(self.proc.pid)
+
+    def pin(self, cpu: int | None) -> None:
+        """Move every thread of the tree to one core (None: allow all cores)."""
+        cpus = set(range(os.cpu_count() or 1)) if cpu is None else {cpu}
+        for pid in self.pids():
+            for tid in _threads(pid):
+                try:
+                    os.sched_setaffinity(tid, cpus)
+                except OSError:
+                    pass
+        self.cpu = cpu
+
+    def cpu_seconds(self) -> float:
+        return sum(_cpu_seconds(pid) for pid in self.pids())
+
+    def peak_rss_mib(self) -> float:
+        return sum(_vm_hwm_kib(pid) for pid in self.pids()) / 1024.0
+
+    def stop(self, grace: float = 5.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=grace)
+        # Workers forked by the server share its process group (its own session, see start()).
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if self.log_file is not None:
+            self.log_file.close()
+            self.log_file = None
+
+
+def start(
+    name: str,
+    argv: Sequence[str],
+    port: int,
+    log_dir: Path,
+    ready_path: str = "/health",
+    timeout: float = 30.0,
+    env: dict[str, str] | None = None,
+) -> Service:
+    """Start ``argv`` and wait until GET ``ready_path`` answers 200, or raise StartupError."""
+    log_path = log_dir / f"{name}.log"
+    log_file = log_path.open("wb")
+    proc = subprocess.Popen(
+        list(argv),
+        stdin=subprocess.DEVNULL,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env=env,
+    )
+    service = Service(name, list(argv), port, log_path, proc, log_file=log_file)
+    deadline = time.monotonic() + timeout
+    url = service.base_url + ready_path
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            service.stop()
+            raise StartupError(f"{name} exited with code {proc.returncode}:\n{service.log_tail()}")
+        if http_get_status(url, timeout=0.5) == 200:
+            return service
+        time.sleep(0.1)
+    service.stop()
+    raise StartupError(f"{name} not ready on {url} after {timeout:.0f}s:\n{service.log_tail()}")
+
+
+def process_tree(root: int) -> list[int]:
+    """``root`` and all its live descendants, found by scanning /proc for parent pids."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        stat = _read_stat(int(entry))
+        if stat is not None:
+            children.setdefault(int(stat[1]), []).append(int(entry))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        if _read_stat(pid) is None:
+            continue
+        tree.append(pid)
+        todo.extend(children.get(pid, []))
+    return tree
+
+
+def _read_stat(pid: int) -> list[str] | None:
+    """Fields of /proc/<pid>/stat after the command name (index 0 is state, 1 is ppid)."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name may contain spaces and parentheses; everything after the last ')' is fixed.
+    return raw[raw.rfind(")") + 2 :].split()
+
+
+def _cpu_seconds(pid: int) -> float:
+    stat = _read_stat(pid)
+    if stat is None:
+        return 0.0
+    # utime and stime are fields 14 and 15 of stat(5), i.e. 11 and 12 after the name.
+    return (int(stat[11]) + int(stat[12])) / _CLK_TCK
+
+
+def _vm_hwm_kib(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _threads(pid: int) -> list[int]:
+    try:
+        return [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return []
+
+
+class CoreClock:
+    """Busy fraction of each core between two snapshots of /proc/stat."""
+
+    def __init__(self) -> None:
+        self._start = self._snapshot()
+
+    @staticmethod
+    def _snapshot() -> dict[str, tuple[int, int]]:
+        result: dict[str, tuple[int, int]] = {}
+        for line in Path("/proc/stat").read_text().splitlines():
+            name, *values = line.split()
+            if name.startswith("cpu") and name != "cpu":
+                ticks = [int(v) for v in values]
+                idle = ticks[3] + ticks[4]  # idle + iowait
+                result[name] = (sum(ticks[:8]), idle)
+        return result
+
+    def busy_percent(self) -> dict[str, float]:
+        end = self._snapshot()
+        busy: dict[str, float] = {}
+        for name, (total, idle) in end.items():
+            total0, idle0 = self._start.get(name, (total, idle))
+            span = total - total0
+            busy[name] = round(100.0 * (span - (idle - idle0)) / span, 1) if span else 0.0
+        return busy

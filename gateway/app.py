@@ -1,0 +1,150 @@
+"""The Litestar application: routes per dialect, error rendering, lifespan of shared clients.
+
+Handlers take the raw request and decode the body themselves: one msgspec pass into the union request,
+with errors rendered in the dialect's own shape rather than Litestar's generic validation error.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import redis.asyncio as aioredis
+from litestar import Litestar, Request, Response, get, post
+from litestar.exceptions import HTTPException
+from litestar.handlers import HTTPRouteHandler
+from litestar.response import Stream
+from litestar.types import ControllerRouterHandler
+
+from gateway.config import LoadedConfig, load_config
+from gateway.dialects import OPENAI, PAIS, SGP, Dialect
+from gateway.errors import GatewayError
+from gateway.pipeline import Pipeline
+from gateway.schema import ModelCard, ModelList, encode
+
+log = logging.getLogger("gateway")
+
+JSON = "application/json"
+# A route's dialect decides only the error shape; the request and Completion are the same everywhere.
+DIALECT_ROUTES: dict[str, Dialect] = {
+    "/v1/completions": OPENAI,
+    "/inference/v1/completions": OPENAI,
+    "/v4/beta/completions": SGP,
+    "/api/v1/compatibility/openai/v1/completions": PAIS,
+}
+
+
+def _error_response(dialect: Dialect, exc: GatewayError) -> Response[bytes]:
+    status, body = dialect.error(exc)
+    headers = {}
+    if exc.retry_after is not None:
+        headers["retry-after"] = str(max(int(exc.retry_after + 0.999), 0))
+    return Response(body, status_code=status, media_type=JSON, headers=headers)
+
+
+def _pipeline(request: Request[Any, Any, Any]) -> Pipeline:
+    pipeline: Pipeline = request.app.state.pipeline
+    return pipeline
+
+
+def _completion_handler(path: str, dialect: Dialect) -> HTTPRouteHandler:
+    async def handler(request: Request[Any, Any, Any]) -> Response[bytes] | Stream:
+        try:
+            result = await _pipeline(request).complete(await request.body(), request.headers, dialect)
+        except GatewayError as exc:
+            return _error_response(dialect, exc)
+        if result.stream is not None:
+            headers = {"cache-control": "no-cache", "x-accel-buffering": "no", **result.headers}
+            return Stream(result.stream, media_type="text/event-stream", headers=headers)
+        return Response(result.body, media_type=JSON, headers=result.headers)
+
+    handler.__name__ = "completions_" + dialect.name + "_" + str(len(path))
+    return post(path, status_code=200)(handler)
+
+
+@get("/v1/models")
+async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
+    pipeline = _pipeline(request)
+    try:
+        key = pipeline.keys.authenticate(request.headers)
+    except GatewayError as exc:
+        return _error_response(OPENAI, exc)
+    cards = [
+        ModelCard(id=model, owned_by=owner)
+        for model, owner in pipeline.router.model_ids()
+        if key is None or key.models.match(model)
+    ]
+    return Response(encode(ModelList(data=cards)), media_type=JSON)
+
+
+@get("/health")
+async def health() -> Response[bytes]:
+    return Response(b'{"status":"ok"}', media_type=JSON)
+
+
+@get("/ready")
+async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
+    client: aioredis.Redis | None = request.app.state.redis
+    if client is None:
+        return Response(encode({"status": "ready", "redis": "disabled"}), media_type=JSON)
+    try:
+        await client.ping()
+    except Exception:  # noqa: BLE001 - any failure to reach Redis means "not ready", never a 500
+        return Response(encode({"status": "not_ready", "redis": "unreachable"}), status_code=503, media_type=JSON)
+    return Response(encode({"status": "ready", "redis": "ok"}), media_type=JSON)
+
+
+def _http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+    dialect = DIALECT_ROUTES.get(request.url.path, OPENAI)
+    kinds = {404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error"}
+    err = GatewayError(str(exc.detail), status=exc.status_code, code=None)
+    err.type = kinds.get(exc.status_code, "invalid_request_error" if exc.status_code < 500 else "server_error")
+    return _error_response(dialect, err)
+
+
+def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    # Never a traceback or an internal message to the client; the log keeps the detail.
+    log.exception("unhandled error on %s", request.url.path)
+    dialect = DIALECT_ROUTES.get(request.url.path, OPENAI)
+    return _error_response(dialect, GatewayError("The gateway failed to process the request", status=500))
+
+
+def create_app(loaded: LoadedConfig) -> Litestar:
+    pipeline = Pipeline(loaded)
+
+    @asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        url = loaded.config.redis.url
+        # Short socket timeouts: a request must never hang on Redis.
+        app.state.redis = aioredis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5) if url else None
+        try:
+            yield
+        finally:
+            await pipeline.close()
+            if app.state.redis is not None:
+                await app.state.redis.aclose()
+
+    handlers: list[ControllerRouterHandler] = [
+        _completion_handler(path, dialect) for path, dialect in DIALECT_ROUTES.items()
+    ]
+    handlers += [list_models, health, ready]
+    app = Litestar(
+        route_handlers=handlers,
+        lifespan=[lifespan],
+        exception_handlers={HTTPException: _http_exception, Exception: _unexpected},
+        debug=False,
+        logging_config=None,
+        openapi_config=None,
+        request_max_body_size=8 * 1024 * 1024,
+    )
+    app.state.pipeline = pipeline
+    app.state.redis = None
+    return app
+
+
+def app_from_env() -> Litestar:
+    """Factory for `uvicorn --factory` workers: the CLI validated the config before starting them."""
+    return create_app(load_config(os.environ["GATEWAY_CONFIG"]))

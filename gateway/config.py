@@ -1,0 +1,229 @@
+"""The ops' YAML config, typed with msgspec and checked once at start-up.
+
+A bad config raises `ConfigError`, whose text is one line naming the file, the YAML path and the
+problem; the CLI prints it and exits 1, never a traceback. Secrets are written as `${VAR}` references
+and resolved here; a reference to an unset variable does not fail the load (unless `strict`): the
+provider or key using it is marked unavailable and requests to it fail fast naming the variable.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+import yaml
+from msgspec import Meta
+
+ProviderKind = Literal["openai", "azure", "fireworks", "together", "vllm", "deepseek", "pais", "sgp", "fake"]
+ParamPolicy = Literal["error", "drop"]
+
+
+class Strict(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    pass
+
+
+class ServerConfig(Strict, frozen=True):
+    host: str = "127.0.0.1"
+    port: Annotated[int, Meta(ge=0, le=65535)] = 8080
+    workers: Annotated[int, Meta(ge=1, le=64)] = 1
+
+
+class RedisConfig(Strict, frozen=True):
+    # Empty: state lives in process memory, which is only correct for a single process.
+    url: str = ""
+
+
+class TimeoutsConfig(Strict, frozen=True):
+    connect_ms: Annotated[int, Meta(gt=0)] = 5_000
+    first_byte_ms: Annotated[int, Meta(gt=0)] = 120_000
+    total_ms: Annotated[int, Meta(gt=0)] = 600_000
+
+
+class KeyConfig(Strict, frozen=True):
+    name: str
+    key: str
+    # Glob patterns over the model string the client sends (`openai/*`, `fast`).
+    models: list[str] = msgspec.field(default_factory=lambda: ["*"])
+
+
+class DeploymentConfig(Strict, frozen=True):
+    base_url: str | None = None
+    api_key: str | None = None
+    api_version: str | None = None
+    # The upstream's own name for it (Azure deployment id) when it differs from the config key.
+    name: str | None = None
+
+
+class ProviderConfig(Strict, frozen=True):
+    kind: ProviderKind
+    api_key: str | None = None
+    base_url: str | None = None
+    api_version: str | None = None
+    deployments: dict[str, DeploymentConfig] = msgspec.field(default_factory=dict)
+    # Advertised in GET /v1/models; routing does not require a model to be listed.
+    models: list[str] = msgspec.field(default_factory=list)
+    headers: dict[str, str] = msgspec.field(default_factory=dict)
+    unsupported_params: ParamPolicy | None = None
+    timeouts: TimeoutsConfig | None = None
+    # Per-pool connection cap; keep-alive connections are reused across requests.
+    max_connections: Annotated[int, Meta(ge=1)] = 256
+
+
+class TargetConfig(Strict, frozen=True):
+    model: str
+    weight: Annotated[float, Meta(gt=0)] = 1.0
+
+
+class AliasConfig(Strict, frozen=True):
+    name: str
+    targets: Annotated[list[TargetConfig], Meta(min_length=1)]
+
+
+class GatewayConfig(Strict, frozen=True):
+    server: ServerConfig = ServerConfig()
+    redis: RedisConfig = RedisConfig()
+    unsupported_params: ParamPolicy = "error"
+    timeouts: TimeoutsConfig = TimeoutsConfig()
+    keys: list[KeyConfig] = msgspec.field(default_factory=list)
+    providers: dict[str, Any] = msgspec.field(default_factory=dict)
+    models: list[AliasConfig] = msgspec.field(default_factory=list)
+
+
+class LoadedConfig(msgspec.Struct, frozen=True):
+    """A validated config plus what could not be resolved from the environment."""
+
+    source: str
+    config: GatewayConfig
+    providers: dict[str, ProviderConfig]
+    # YAML path (`providers.openai.api_key`) -> names of the unset variables it referenced.
+    missing_env: dict[str, list[str]]
+
+    def missing_for(self, prefix: str) -> list[str]:
+        found: list[str] = []
+        for path, names in self.missing_env.items():
+            if path == prefix or path.startswith(prefix + "."):
+                found.extend(names)
+        return found
+
+
+class ConfigError(Exception):
+    """One line: `<file>: <yaml path>: <problem>`."""
+
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_MSGSPEC_PATH = re.compile(r"^(.*?)(?: - at `\$(.*)`)?$", re.DOTALL)
+
+
+def _interpolate(node: Any, path: str, env: dict[str, str], missing: dict[str, list[str]]) -> Any:
+    if isinstance(node, str):
+        unset: list[str] = []
+
+        def sub(m: re.Match[str]) -> str:
+            value = env.get(m.group(1))
+            if value:
+                return value
+            if m.group(2) is not None:
+                return m.group(2)
+            unset.append(m.group(1))
+            return ""
+
+        out = _VAR.sub(sub, node)
+        if unset:
+            missing[path] = unset
+        return out
+    if isinstance(node, dict):
+        return {k: _interpolate(v, f"{path}.{k}" if path else str(k), env, missing) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_interpolate(v, f"{path}[{i}]", env, missing) for i, v in enumerate(node)]
+    return node
+
+
+def _convert(obj: Any, typ: type[Any], where: str, source: str) -> Any:
+    try:
+        return msgspec.convert(obj, typ, strict=True)
+    except msgspec.ValidationError as exc:
+        m = _MSGSPEC_PATH.match(str(exc))
+        assert m is not None
+        problem, sub = m.group(1), (m.group(2) or "")
+        unknown = re.match(r"Object contains unknown field `([^`]+)`", problem)
+        if unknown:
+            sub, problem = f"{sub}.{unknown.group(1)}", "unknown key"
+        path = (where + sub) if where else sub.lstrip(".")
+        raise ConfigError(f"{source}: {path.lstrip('.') or '(top level)'}: {problem}") from None
+
+
+_NEEDS_BASE_URL = {"azure", "vllm", "pais", "sgp"}
+
+
+def _check(cfg: GatewayConfig, providers: dict[str, ProviderConfig], source: str) -> None:
+    def fail(path: str, problem: str) -> None:
+        raise ConfigError(f"{source}: {path}: {problem}")
+
+    for name, p in providers.items():
+        if "/" in name or not name:
+            fail(f"providers.{name}", "a provider name may not be empty or contain '/'")
+        if p.kind in _NEEDS_BASE_URL and not p.base_url:
+            if not p.deployments or any(not d.base_url for d in p.deployments.values()):
+                fail(f"providers.{name}.base_url", f"required for kind '{p.kind}'")
+        for url_path, url in [(f"providers.{name}.base_url", p.base_url)] + [
+            (f"providers.{name}.deployments.{d}.base_url", dc.base_url) for d, dc in p.deployments.items()
+        ]:
+            if url and not url.startswith(("http://", "https://")):
+                fail(url_path, f"must start with http:// or https://, got {url!r}")
+    seen_alias: set[str] = set()
+    for i, alias in enumerate(cfg.models):
+        if alias.name in seen_alias:
+            fail(f"models[{i}].name", f"duplicate alias {alias.name!r}")
+        seen_alias.add(alias.name)
+    for i, alias in enumerate(cfg.models):
+        for j, target in enumerate(alias.targets):
+            vendor, _, rest = target.model.partition("/")
+            if target.model in seen_alias:
+                continue
+            if vendor not in providers:
+                fail(f"models[{i}].targets[{j}].model", f"unknown provider {vendor!r} in {target.model!r}")
+            if not rest:
+                fail(f"models[{i}].targets[{j}].model", f"expected vendor/model_name, got {target.model!r}")
+    seen_names: set[str] = set()
+    for i, key in enumerate(cfg.keys):
+        if key.name in seen_names:
+            fail(f"keys[{i}].name", f"duplicate key name {key.name!r}")
+        seen_names.add(key.name)
+
+
+def parse_config(text: str, source: str = "config.yaml", env: dict[str, str] | None = None) -> LoadedConfig:
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else "(yaml)"
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise ConfigError(f"{source}: {where}: {problem}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: (top level): expected a mapping, got {type(raw).__name__}")
+    missing: dict[str, list[str]] = {}
+    data = _interpolate(raw, "", dict(os.environ) if env is None else env, missing)
+    cfg: GatewayConfig = _convert(data, GatewayConfig, "", source)
+    providers: dict[str, ProviderConfig] = {}
+    for name, pdata in cfg.providers.items():
+        providers[str(name)] = _convert(pdata, ProviderConfig, f"providers.{name}", source)
+    _check(cfg, providers, source)
+    return LoadedConfig(source=source, config=cfg, providers=providers, missing_env=missing)
+
+
+def load_config(path: str | Path, env: dict[str, str] | None = None, *, strict: bool = False) -> LoadedConfig:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{p}: (file): {exc.strerror or exc}") from None
+    loaded = parse_config(text, str(p), env)
+    if strict and loaded.missing_env:
+        path_, names = next(iter(loaded.missing_env.items()))
+        raise ConfigError(f"{p}: {path_}: environment variable {names[0]} is not set")
+    return loaded

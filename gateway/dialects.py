@@ -1,0 +1,114 @@
+"""The client-facing dialects: same request and Completion, different error shapes.
+
+openai  /v1/completions, /inference/v1/completions (Fireworks clients)
+        {"error": {"message", "type", "param", "code"}} with OpenAI's status codes
+sgp     /v4/beta/completions (seed 003, a FastAPI service)
+pais    /api/v1/compatibility/openai/v1/completions (seed 004)
+        422 {"detail": [{"loc", "msg", "type"}]} for bad fields, 404 "Unknown model endpoint",
+        400 "Invalid model endpoint specified or model endpoint not ready"
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Final
+
+import msgspec
+
+from gateway.errors import (
+    GatewayError,
+    InvalidRequestError,
+    ModelNotFoundError,
+    ProviderUnavailableError,
+)
+from gateway.schema import encode
+
+_UNKNOWN: Final = re.compile(r"Object contains unknown field `([^`]+)`")
+_MISSING: Final = re.compile(r"Object missing required field `([^`]+)`")
+_AT: Final = re.compile(r"^(.*) - at `\$((?:\.[A-Za-z_][A-Za-z0-9_]*|\[[^\]]*\])*)`$", re.DOTALL)
+_SEGMENT: Final = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+|\.\.\.)\]")
+
+
+def _path(path: str) -> list[str | int]:
+    out: list[str | int] = []
+    for name, index in _SEGMENT.findall(path):
+        out.append(name if name else (int(index) if index.isdigit() else index))
+    return out
+
+
+class RequestError(InvalidRequestError):
+    """A request body that failed decoding; `loc` is the JSON path, for FastAPI-style dialects."""
+
+    def __init__(self, message: str, param: str | None, loc: list[str | int], kind: str) -> None:
+        super().__init__(message, param=param, code=kind)
+        self.loc = loc
+
+
+def decode_error(exc: msgspec.DecodeError | msgspec.ValidationError) -> RequestError:
+    text = str(exc)
+    if isinstance(exc, msgspec.ValidationError):
+        at = _AT.match(text)
+        problem, where = (at.group(1), _path(at.group(2))) if at else (text, [])
+        m = _UNKNOWN.match(problem)
+        if m:
+            loc = [*where, m.group(1)]
+            name = ".".join(str(p) for p in loc if isinstance(p, str))
+            return RequestError(f"Unrecognized request argument supplied: {name}", name, loc, "unknown_parameter")
+        m = _MISSING.match(problem)
+        if m:
+            loc = [*where, m.group(1)]
+            name = ".".join(str(p) for p in loc if isinstance(p, str))
+            return RequestError(f"Missing required parameter: '{name}'", name, loc, "missing_required_parameter")
+        param = ".".join(str(p) for p in where if isinstance(p, str)) or None
+        label = param or "request body"
+        return RequestError(f"Invalid value for '{label}': {problem}", param, where, "invalid_value")
+    return RequestError(
+        "We could not parse the JSON body of your request: it must be a JSON object", None, [], "invalid_json"
+    )
+
+
+class Dialect:
+    name: str = "openai"
+
+    def error(self, exc: GatewayError) -> tuple[int, bytes]:
+        body = {
+            "error": {
+                "message": exc.message,
+                "type": exc.type,
+                "param": exc.param,
+                "code": exc.code,
+            }
+        }
+        return exc.status, encode(body)
+
+
+class FastAPIDialect(Dialect):
+    """Validation failures as FastAPI's 422 `{"detail": [...]}`, everything else as `{"detail": "..."}`."""
+
+    not_found: str = "Unknown model endpoint requested."
+    not_ready: str = "Invalid model endpoint specified or model endpoint not ready."
+
+    def error(self, exc: GatewayError) -> tuple[int, bytes]:
+        detail: Any
+        if isinstance(exc, InvalidRequestError) and exc.param is not None:
+            loc = exc.loc if isinstance(exc, RequestError) else exc.param.split(".")
+            detail = [{"loc": ["body", *loc], "msg": exc.message, "type": exc.code or "value_error"}]
+            return 422, encode({"detail": detail})
+        if isinstance(exc, ModelNotFoundError):
+            return 404, encode({"detail": f"{self.not_found} {exc.message}"})
+        if isinstance(exc, ProviderUnavailableError):
+            return 400, encode({"detail": f"{self.not_ready} {exc.message}"})
+        return exc.status, encode({"detail": exc.message})
+
+
+class SGPDialect(FastAPIDialect):
+    name = "sgp"
+
+
+class PAISDialect(FastAPIDialect):
+    name = "pais"
+
+
+OPENAI: Final = Dialect()
+SGP: Final = SGPDialect()
+PAIS: Final = PAISDialect()

@@ -1,0 +1,150 @@
+"""Folding the dialects' alias names into canonical fields, and the checks msgspec cannot express.
+
+Precedence where names overlap (a conflict is a 400 naming the later field):
+    max_tokens = max_new_tokens = max_completion_tokens
+    stop = stop_sequences                       (a bare string becomes a one-item list)
+    logprobs (int count) | logprobs: true + top_logprobs (count) | return_token_log_probs (count 0)
+After `normalize`, adapters read only canonical fields: `max_tokens`, `stop` as a list, `logprobs` as an
+int count or None.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from gateway.errors import InvalidRequestError
+from gateway.schema import CompletionRequest
+
+MAX_CHOICES: Final = 128
+# Headers the client may not set upstream: they carry the gateway's credentials or framing.
+FORBIDDEN_HEADERS: Final = frozenset(
+    {
+        "authorization",
+        "api-key",
+        "x-api-key",
+        "x-goog-api-key",
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "content-type",
+        "cookie",
+        "proxy-authorization",
+    }
+)
+
+
+def _bad(message: str, param: str) -> InvalidRequestError:
+    return InvalidRequestError(message, param=param, code="invalid_value")
+
+
+def _check_prompt(prompt: str | list[Any]) -> int:
+    """Return the number of prompts; reject empty and mixed lists."""
+    if isinstance(prompt, str):
+        return 1
+    if not prompt:
+        raise _bad("'prompt' must not be an empty list", "prompt")
+    first = prompt[0]
+    if isinstance(first, str):
+        kind: type = str
+    elif isinstance(first, int):
+        kind = int
+    else:
+        kind = list
+    for item in prompt:
+        if not isinstance(item, kind) or isinstance(item, bool):
+            raise _bad(
+                "'prompt' must be a string, a list of strings, a list of token ids or a list of token-id lists",
+                "prompt",
+            )
+        if kind is list and not item:
+            raise _bad("'prompt' token-id lists must not be empty", "prompt")
+        if isinstance(item, int) and item < 0:
+            raise _bad("'prompt' token ids must be non-negative", "prompt")
+    if kind is list:
+        for item in prompt:
+            if any(t < 0 for t in item):
+                raise _bad("'prompt' token ids must be non-negative", "prompt")
+        return len(prompt)
+    return len(prompt) if kind is str else 1
+
+
+def normalize(req: CompletionRequest) -> CompletionRequest:
+    """Canonicalize in place and return the same object (one decode, no copies)."""
+    n_prompts = _check_prompt(req.prompt)
+
+    limit: int | None = None
+    for name in ("max_tokens", "max_new_tokens", "max_completion_tokens"):
+        value = getattr(req, name)
+        if value is None:
+            continue
+        if limit is not None and value != limit:
+            raise _bad(f"'{name}' ({value}) disagrees with the token limit already given ({limit})", name)
+        limit = value
+    req.max_tokens, req.max_new_tokens, req.max_completion_tokens = limit, None, None
+
+    stop = [req.stop] if isinstance(req.stop, str) else req.stop
+    if req.stop_sequences is not None:
+        if stop is not None and stop != req.stop_sequences:
+            raise _bad("'stop_sequences' disagrees with 'stop'", "stop_sequences")
+        stop = req.stop_sequences
+    req.stop, req.stop_sequences = (stop or None), None
+
+    lp = req.logprobs
+    count: int | None
+    if isinstance(lp, bool):
+        if not lp and req.top_logprobs:
+            raise _bad("'top_logprobs' requires 'logprobs' to be true", "top_logprobs")
+        count = (req.top_logprobs or 0) if lp else None
+    else:
+        if lp is not None and req.top_logprobs is not None and req.top_logprobs != lp:
+            raise _bad("'top_logprobs' disagrees with the integer 'logprobs'", "top_logprobs")
+        count = lp
+    if count is None and req.top_logprobs is not None:
+        raise _bad("'top_logprobs' requires 'logprobs' to be true", "top_logprobs")
+    if count is None and req.return_token_log_probs:
+        count = 0
+    req.logprobs, req.top_logprobs, req.return_token_log_probs = count, None, None
+
+    n = req.n or 1
+    if req.best_of is not None:
+        if req.best_of < n:
+            raise _bad("'best_of' must be greater than or equal to 'n'", "best_of")
+        if req.stream:
+            raise _bad("'best_of' cannot be used with 'stream'", "best_of")
+    if n * n_prompts > MAX_CHOICES or (req.best_of or 0) * n_prompts > MAX_CHOICES:
+        raise _bad(f"at most {MAX_CHOICES} choices per request (prompts x n)", "n")
+
+    if req.stream_options is not None and not req.stream:
+        raise _bad("'stream_options' is only allowed when 'stream' is true", "stream_options")
+
+    guided = [
+        name
+        for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+        if getattr(req, name) is not None
+    ]
+    if len(guided) > 1:
+        raise _bad(f"only one structured-output constraint may be set, got {', '.join(guided)}", guided[1])
+    if guided and req.response_format is not None and req.response_format.get("schema") is not None:
+        raise _bad(f"'response_format' with a schema conflicts with '{guided[0]}'", "response_format")
+    if req.guided_choice is not None and not req.guided_choice:
+        raise _bad("'guided_choice' must not be empty", "guided_choice")
+
+    if isinstance(req.inference_timeout, str):
+        try:
+            seconds = float(req.inference_timeout)
+        except ValueError:
+            raise _bad("'inference_timeout' must be a number of seconds", "inference_timeout") from None
+        if not seconds > 0:
+            raise _bad("'inference_timeout' must be greater than 0", "inference_timeout")
+        req.inference_timeout = seconds
+
+    if req.inference_extra_headers:
+        for header in req.inference_extra_headers:
+            if header.lower() in FORBIDDEN_HEADERS:
+                raise _bad(f"'inference_extra_headers' may not set '{header}'", "inference_extra_headers")
+    if req.inference_extra_params:
+        for key in ("model", "prompt", "stream"):
+            if key in req.inference_extra_params:
+                raise _bad(f"'inference_extra_params' may not set '{key}'", "inference_extra_params")
+    return req

@@ -1,0 +1,140 @@
+"""Model resolution: `alias` | `vendor/model_name` | `vendor/model_name/deployment` -> a Route.
+
+Compiled once from the config. An alias wins; otherwise the first segment names a provider; the last
+segment is a deployment only if that provider declares a deployment of that name, otherwise it is part
+of the model name (model names contain slashes: `accounts/fireworks/models/...`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from typing import Final
+
+import msgspec
+
+from gateway.config import LoadedConfig, ProviderConfig
+from gateway.errors import ModelNotFoundError, ProviderUnavailableError
+from providers import REGISTRY
+from providers.base import Adapter, Endpoint, LocalAdapter
+
+_CACHE_LIMIT: Final = 4096
+
+
+class Route(msgspec.Struct, frozen=True):
+    provider: str
+    adapter: Adapter | LocalAdapter
+    endpoint: Endpoint
+    drop_unsupported: bool
+    # Set when the provider cannot be called (its key variable is unset); requests fail fast with it.
+    unavailable: str | None = None
+
+
+class Alias(msgspec.Struct, frozen=True):
+    name: str
+    routes: list[Route]
+    cum_weights: list[float]
+
+    def pick(self) -> Route:
+        if len(self.routes) == 1:
+            return self.routes[0]
+        return random.choices(self.routes, cum_weights=self.cum_weights)[0]
+
+
+class Router:
+    def __init__(self, loaded: LoadedConfig) -> None:
+        cfg = loaded.config
+        self._loaded = loaded
+        self._providers = loaded.providers
+        self._adapters: dict[str, Adapter | LocalAdapter] = {
+            name: REGISTRY[p.kind]() for name, p in loaded.providers.items()
+        }
+        self._drop = {
+            name: (p.unsupported_params or cfg.unsupported_params) == "drop" for name, p in loaded.providers.items()
+        }
+        # Routes for direct model strings are memoized; the bound keeps client-chosen strings from growing it.
+        self._cache: dict[str, Route] = {}
+        self.aliases: dict[str, Alias] = {}
+        for alias in cfg.models:
+            routes = [self._direct(t.model) for t in alias.targets]
+            weights = list(itertools.accumulate(t.weight for t in alias.targets))
+            self.aliases[alias.name] = Alias(name=alias.name, routes=routes, cum_weights=weights)
+
+    def resolve(self, model: str) -> Route:
+        alias = self.aliases.get(model)
+        if alias is not None:
+            return alias.pick()
+        route = self._cache.get(model)
+        if route is None:
+            route = self._direct(model)
+            if len(self._cache) >= _CACHE_LIMIT:
+                self._cache.clear()
+            self._cache[model] = route
+        return route
+
+    def _direct(self, model: str) -> Route:
+        vendor, _, rest = model.partition("/")
+        pcfg = self._providers.get(vendor)
+        if pcfg is None or not rest:
+            raise ModelNotFoundError(model)
+        name, deployment = rest, None
+        head, sep, last = rest.rpartition("/")
+        if sep and head and last in pcfg.deployments:
+            name, deployment = head, last
+        return Route(
+            provider=vendor,
+            adapter=self._adapters[vendor],
+            endpoint=self._endpoint(vendor, pcfg, name, deployment),
+            drop_unsupported=self._drop[vendor],
+            unavailable=self._unavailable(vendor, pcfg, deployment),
+        )
+
+    def _endpoint(self, vendor: str, p: ProviderConfig, model: str, deployment: str | None) -> Endpoint:
+        d = p.deployments.get(deployment) if deployment else None
+        adapter = self._adapters[vendor]
+        base = (d.base_url if d and d.base_url else None) or p.base_url or getattr(adapter, "default_base_url", None)
+        return Endpoint(
+            provider=vendor,
+            model=(d.name if d and d.name else model) if p.kind != "azure" else model,
+            base_url=base or "",
+            api_key=(d.api_key if d and d.api_key else None) or p.api_key or None,
+            deployment=deployment,
+            api_version=(d.api_version if d and d.api_version else None) or p.api_version,
+            headers=p.headers,
+        )
+
+    def _unavailable(self, vendor: str, p: ProviderConfig, deployment: str | None) -> str | None:
+        paths = [f"providers.{vendor}.api_key"]
+        if deployment:
+            dep = p.deployments[deployment]
+            if dep.api_key is not None:
+                paths = [f"providers.{vendor}.deployments.{deployment}.api_key"]
+        missing = [v for path in paths for v in self._loaded.missing_for(path)]
+        if missing:
+            return f"Provider '{vendor}' is unavailable: environment variable {missing[0]} is not set"
+        return None
+
+    def check_available(self, route: Route) -> None:
+        if route.unavailable is not None:
+            raise ProviderUnavailableError(route.unavailable, param="model", code="provider_unavailable")
+
+    def unavailable_providers(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for name, p in self._providers.items():
+            reason = self._unavailable(name, p, None)
+            if reason:
+                out[name] = reason
+        return out
+
+    def model_ids(self) -> list[tuple[str, str]]:
+        """(model id, owner) for GET /v1/models: aliases, alias targets and advertised models."""
+        seen: dict[str, str] = {}
+        for alias in self.aliases.values():
+            seen.setdefault(alias.name, "gateway")
+        for alias_cfg in self._loaded.config.models:
+            for t in alias_cfg.targets:
+                seen.setdefault(t.model, t.model.partition("/")[0])
+        for name, p in self._providers.items():
+            for m in p.models:
+                seen.setdefault(f"{name}/{m}", name)
+        return list(seen.items())

@@ -1,0 +1,142 @@
+"""Wire types: the one Completion request every dialect decodes into, and the one Completion shape out.
+
+Every dialect (OpenAI, Fireworks, SGP, PAIS) decodes into the same union `CompletionRequest` in one
+`msgspec` pass; `gateway.request.normalize` then folds the alias names (`max_new_tokens`,
+`stop_sequences`, boolean `logprobs`...) into the canonical ones, so adapters only ever read canonical
+fields. Ranges that msgspec can check are declared here as `Meta` constraints so the decoder rejects
+them with a JSON path we turn into the `param` of the error.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+Temperature = Annotated[float, Meta(ge=0, le=2)]
+Penalty = Annotated[float, Meta(ge=-2, le=2)]
+Probability = Annotated[float, Meta(ge=0, le=1)]
+PositiveInt = Annotated[int, Meta(ge=1)]
+# The seeds cap logprobs at 5 as an integer count; the boolean form carries its count in top_logprobs.
+LogprobsCount = Annotated[int, Meta(ge=0, le=5)]
+TopLogprobs = Annotated[int, Meta(ge=0, le=20)]
+StopList = Annotated[list[str], Meta(max_length=4)]
+PromptItem = str | int | list[int]
+
+
+class StreamOptions(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    include_usage: bool | None = None
+
+
+class CompletionRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """The union of every request field in the seeds (docs/providers.md §1a)."""
+
+    model: str
+    prompt: str | list[PromptItem]
+    # Token limit: four names, one meaning; normalize() enforces agreement.
+    max_tokens: Annotated[int, Meta(ge=0)] | None = None
+    max_new_tokens: Annotated[int, Meta(ge=0)] | None = None
+    max_completion_tokens: Annotated[int, Meta(ge=0)] | None = None
+    temperature: Temperature | None = None
+    top_p: Probability | None = None
+    top_k: Annotated[int, Meta(ge=-1)] | None = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    n: PositiveInt | None = None
+    best_of: PositiveInt | None = None
+    stop: str | StopList | None = None
+    stop_sequences: StopList | None = None
+    include_stop_str_in_output: bool | None = None
+    logprobs: bool | LogprobsCount | None = None
+    top_logprobs: TopLogprobs | None = None
+    return_token_log_probs: bool | None = None
+    echo: bool | None = None
+    suffix: str | None = None
+    seed: int | None = None
+    logit_bias: dict[str, Annotated[float, Meta(ge=-100, le=100)]] | None = None
+    response_format: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    images: list[str] | None = None
+    context_length_exceeded_behavior: Literal["truncate", "error"] | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    inference_timeout: Annotated[float, Meta(gt=0)] | str | None = None
+    inference_extra_params: dict[str, Any] | None = None
+    inference_extra_headers: dict[str, str] | None = None
+    # Chat-oriented fields SGP also accepts on completions; only providers that declare them take them.
+    audio: dict[str, Any] | None = None
+    modalities: list[Literal["text", "audio"]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    prediction: dict[str, Any] | None = None
+
+
+class Logprobs(msgspec.Struct):
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None] | None
+    text_offset: list[int]
+
+
+FinishReason = Literal["stop", "length", "content_filter"]
+
+
+class Choice(msgspec.Struct):
+    text: str
+    index: int
+    logprobs: Logprobs | None
+    finish_reason: FinishReason | None
+
+
+class CompletionTokensDetails(msgspec.Struct, omit_defaults=True):
+    accepted_prediction_tokens: int | None = None
+    audio_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    rejected_prediction_tokens: int | None = None
+
+
+class PromptTokensDetails(msgspec.Struct, omit_defaults=True):
+    audio_tokens: int | None = None
+    cached_tokens: int | None = None
+
+
+class Usage(msgspec.Struct, omit_defaults=True):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    completion_tokens_details: CompletionTokensDetails | None = None
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+
+class Completion(msgspec.Struct, omit_defaults=True, tag_field="object", tag="text_completion"):
+    """The seeds' Completion; streamed chunks share the shape (seed 002).
+
+    `object` is the struct's tag, so it is always written (omit_defaults would drop a default field).
+    """
+
+    id: str
+    created: int
+    model: str
+    choices: list[Choice]
+    system_fingerprint: str | None = None
+    usage: Usage | None = None
+
+
+class ModelCard(msgspec.Struct, tag_field="object", tag="model"):
+    id: str
+    owned_by: str
+    created: int = 0
+
+
+class ModelList(msgspec.Struct, tag_field="object", tag="list"):
+    data: list[ModelCard]
+
+
+encode = msgspec.json.Encoder().encode
+decode_request = msgspec.json.Decoder(CompletionRequest).decode

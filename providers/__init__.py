@@ -1,0 +1,31 @@
+"""Provider adapters, one module per kind; `REGISTRY` maps a config `kind` to its adapter."""
+
+from __future__ import annotations
+
+from providers.azure import AzureAdapter
+from providers.base import Adapter, LocalAdapter
+from providers.deepseek import DeepSeekAdapter
+from providers.fake import FakeAdapter
+from providers.fireworks import FireworksAdapter
+from providers.openai import OpenAIAdapter
+from providers.pais import PAISAdapter
+from providers.sgp import SGPAdapter
+from providers.together import TogetherAdapter
+from providers.vllm import VLLMAdapter
+
+REGISTRY: dict[str, type[Adapter] | type[LocalAdapter]] = {
+    cls.kind: cls
+    for cls in (
+        OpenAIAdapter,
+        AzureAdapter,
+        FireworksAdapter,
+        TogetherAdapter,
+        VLLMAdapter,
+        DeepSeekAdapter,
+        PAISAdapter,
+        SGPAdapter,
+        FakeAdapter,
+    )
+}
+
+__all__ = ["REGISTRY", "Adapter", "LocalAdapter"]

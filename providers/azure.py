@@ -1,0 +1,28 @@
+"""Azure OpenAI: the model name is the Azure deployment id, auth is the `api-key` header.
+
+`azure/<deployment-id>` calls the provider's resource; `azure/<deployment-id>/<name>` calls the
+resource of the gateway deployment `<name>` (a region), with its own base URL and key.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+from providers.base import Endpoint
+from providers.openai_compat import OpenAICompatible
+
+DEFAULT_API_VERSION = "2024-10-21"
+
+
+class AzureAdapter(OpenAICompatible):
+    kind = "azure"
+
+    def url(self, endpoint: Endpoint) -> str:
+        version = endpoint.api_version or DEFAULT_API_VERSION
+        return (
+            f"{endpoint.base_url.rstrip('/')}/openai/deployments/{quote(endpoint.model, safe='')}"
+            f"/completions?api-version={quote(version, safe='')}"
+        )
+
+    def auth_headers(self, endpoint: Endpoint) -> dict[str, str]:
+        return {"api-key": endpoint.api_key} if endpoint.api_key else {}

@@ -1,0 +1,205 @@
+"""The adapter contract: pure translation between the gateway's Completion shapes and a vendor's API.
+
+An adapter never does I/O. It builds an `UpstreamRequest` (a plain value), parses a response body,
+parses one stream event, and maps an error response; `gateway.upstream` owns the sockets. Scalar
+request fields are translated through a declarative `Table` of `Param`s: a field with no entry is not
+supported by the provider and is refused (400 naming it) or dropped, never silently forwarded.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, ClassVar, Literal
+
+import msgspec
+
+from gateway.errors import GatewayError, UnsupportedParamError
+from gateway.schema import Completion, CompletionRequest
+
+
+class Endpoint(msgspec.Struct, frozen=True):
+    """Where and as whom one routed model is called; built once per (provider, model, deployment)."""
+
+    provider: str
+    model: str
+    base_url: str
+    api_key: str | None = None
+    deployment: str | None = None
+    api_version: str | None = None
+    headers: Mapping[str, str] = msgspec.field(default_factory=dict)
+
+
+class UpstreamRequest(msgspec.Struct):
+    method: str
+    url: str
+    headers: dict[str, str]
+    body: bytes
+    stream: bool = False
+
+
+class CallContext(msgspec.Struct):
+    """Per-call facts the parsers need to produce the client-facing shape."""
+
+    id: str
+    created: int
+    model: str  # the model string the client sent, echoed back as-is
+    prompts: list[str] | None = None  # text prompts, to compute text offsets
+    n: int = 1
+    echo: bool = False
+    # Stream state: running text offset per choice index, for providers that do not send offsets.
+    offsets: dict[int, int] = msgspec.field(default_factory=dict)
+
+
+def _set_path(body: dict[str, Any], path: str, value: Any) -> None:
+    node = body
+    *parents, leaf = path.split(".")
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[leaf] = value
+
+
+class Param(msgspec.Struct, frozen=True):
+    """How one canonical request field reaches the vendor.
+
+    `to` is a dotted path in the vendor body (`options.num_predict`); `convert` reshapes the value;
+    `apply` is the escape hatch for a field whose target depends on its value (it edits the body).
+    """
+
+    to: str | None = None
+    convert: Callable[[Any], Any] | None = None
+    apply: Callable[[dict[str, Any], Any], None] | None = None
+
+    def write(self, body: dict[str, Any], name: str, value: Any) -> None:
+        if self.apply is not None:
+            self.apply(body, value)
+            return
+        _set_path(body, self.to or name, self.convert(value) if self.convert else value)
+
+
+Table = Mapping[str, Param]
+
+# Canonical fields an adapter may translate; the rest are handled by the gateway itself
+# (model, prompt, stream*, inference_*) or folded away by normalize() (the alias names).
+PARAM_FIELDS: tuple[str, ...] = tuple(
+    f
+    for f in CompletionRequest.__struct_fields__
+    if f
+    not in {
+        "model",
+        "prompt",
+        "stream",
+        "stream_options",
+        "inference_timeout",
+        "inference_extra_params",
+        "inference_extra_headers",
+        "max_new_tokens",
+        "max_completion_tokens",
+        "stop_sequences",
+        "top_logprobs",
+        "return_token_log_probs",
+    }
+)
+
+
+def table(base: Table | None = None, *, drop: tuple[str, ...] = (), **params: Param) -> dict[str, Param]:
+    """An OpenAI-compatible vendor is the base table minus what it lacks plus what it adds."""
+    out = {k: v for k, v in (base or {}).items() if k not in drop}
+    out.update(params)
+    unknown = set(out) - set(PARAM_FIELDS)
+    if unknown:
+        raise ValueError(f"table names fields the request does not have: {sorted(unknown)}")
+    return out
+
+
+def map_params(
+    req: CompletionRequest, params: Table, provider: str, drop_unsupported: bool
+) -> tuple[dict[str, Any], list[str]]:
+    """Translate every set canonical field; return the vendor body fragment and what was dropped."""
+    body: dict[str, Any] = {}
+    dropped: list[str] = []
+    for name in PARAM_FIELDS:
+        value = getattr(req, name)
+        if value is None:
+            continue
+        rule = params.get(name)
+        if rule is None:
+            if not drop_unsupported:
+                raise UnsupportedParamError(name, provider)
+            dropped.append(name)
+            continue
+        rule.write(body, name, value)
+    return body, dropped
+
+
+PromptForm = Literal["text", "texts", "tokens", "token_lists"]
+ALL_PROMPT_FORMS: frozenset[PromptForm] = frozenset({"text", "texts", "tokens", "token_lists"})
+
+
+def prompt_form(prompt: str | list[Any]) -> PromptForm:
+    if isinstance(prompt, str):
+        return "text"
+    first = prompt[0]
+    if isinstance(first, str):
+        return "texts"
+    if isinstance(first, int):
+        return "tokens"
+    return "token_lists"
+
+
+class Capabilities:
+    """What a provider kind can take, declared as class attributes, and the checks that follow."""
+
+    kind: ClassVar[str]
+    params: ClassVar[Table]
+    # Largest logprobs count the provider returns.
+    max_logprobs: ClassVar[int] = 5
+    prompt_forms: ClassVar[frozenset[PromptForm]] = ALL_PROMPT_FORMS
+    default_base_url: ClassVar[str | None] = None
+    # Whether a key is required to call it (local servers such as vLLM often have none).
+    needs_api_key: ClassVar[bool] = True
+
+    def check(self, req: CompletionRequest, provider: str) -> None:
+        """Refuse what the provider cannot honour, before any I/O."""
+        if prompt_form(req.prompt) not in self.prompt_forms:
+            raise UnsupportedParamError("prompt", provider).with_message(
+                f"Provider '{provider}' accepts only a single string prompt"
+            )
+        if isinstance(req.logprobs, int) and req.logprobs > self.max_logprobs:
+            raise UnsupportedParamError("logprobs", provider).with_message(
+                f"Provider '{provider}' returns at most {self.max_logprobs} logprobs, got {req.logprobs}"
+            )
+
+
+class Adapter(Capabilities, abc.ABC):
+    """An HTTP provider kind. Subclasses set the class attributes and implement the pure functions."""
+
+    # How the upstream frames a stream: `sse` (data: lines) or `ndjson` (one JSON object per line).
+    framing: ClassVar[Literal["sse", "ndjson"]] = "sse"
+
+    @abc.abstractmethod
+    def build_request(self, req: CompletionRequest, endpoint: Endpoint, body: dict[str, Any]) -> UpstreamRequest:
+        """`body` is the already-mapped parameter fragment; add model, prompt, stream framing, auth."""
+
+    @abc.abstractmethod
+    def parse_response(self, body: bytes, ctx: CallContext) -> Completion: ...
+
+    @abc.abstractmethod
+    def parse_event(self, event: str | None, data: bytes, ctx: CallContext) -> Completion | None:
+        """One upstream stream event; None to skip it (keep-alives, the end marker, bookkeeping)."""
+
+    @abc.abstractmethod
+    def map_error(self, status: int, headers: Mapping[str, str], body: bytes, provider: str) -> GatewayError: ...
+
+
+class LocalAdapter(Capabilities, abc.ABC):
+    """A provider served inside the gateway process (the built-in `fake`)."""
+
+    max_logprobs: ClassVar[int] = 20
+    needs_api_key: ClassVar[bool] = False
+
+    @abc.abstractmethod
+    async def complete(self, req: CompletionRequest, endpoint: Endpoint, ctx: CallContext) -> Completion: ...
+
+    @abc.abstractmethod
+    def stream(self, req: CompletionRequest, endpoint: Endpoint, ctx: CallContext) -> AsyncIterator[Completion]: ...

@@ -1,0 +1,228 @@
+"""The built-in `fake` provider: keyless, in-process, deterministic.
+
+For demos, tests and load tests. Text is derived from a hash of the prompt (and seed and choice), so the
+same request always gets the same answer. The model name picks a behaviour:
+
+    echo            the completion repeats the prompt
+    slow-<N>ms      waits N ms before answering (or before the first stream chunk)
+    drip-<N>ms      streams with N ms between tokens
+    long            never stops by itself: always runs to max_tokens
+    error-<status>  answers that upstream status (429 carries retry-after: 1)
+    anything else   8 to 47 words of deterministic text
+
+It honours max_tokens, stop (and include_stop_str_in_output), n, logprobs, echo and seed. Sampling
+knobs (temperature, top_p, top_k, penalties) and user are accepted and have no effect: there is no
+sampling to change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+
+from gateway.errors import UpstreamStatusError
+from gateway.schema import Choice, Completion, CompletionRequest, FinishReason, Logprobs, Usage
+from providers.base import CallContext, Endpoint, LocalAdapter, Param, table
+
+WORDS = (
+    "the quick brown fox jumps over a lazy dog while seven bright stars drift across calm "
+    "water and old maps fold into paper boats that sail toward distant quiet harbors where "
+    "patient lighthouses count every wave until morning light returns"
+).split()
+_TOKEN = re.compile(r"\s*\S+")
+_BEHAVIOUR = re.compile(r"^(slow|drip)-(\d{1,6})ms$|^error-(\d{3})$")
+
+
+class _Generated(msgspec.Struct):
+    text: str
+    tokens: list[str]
+    logprobs: list[float]
+    finish: str
+
+
+def _prompt_texts(prompt: str | list[Any]) -> list[str]:
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt[0], str):
+        return [str(p) for p in prompt]
+    if isinstance(prompt[0], int):
+        return [" ".join(str(t) for t in prompt)]
+    return [" ".join(str(t) for t in p) for p in prompt]
+
+
+def _stream_of(seed: bytes) -> list[int]:
+    return list(hashlib.blake2b(seed, digest_size=64).digest())
+
+
+def _generate(prompt: str, j: int, req: CompletionRequest, behaviour: str) -> _Generated:
+    max_tokens = 16 if req.max_tokens is None else req.max_tokens
+    digest = _stream_of(f"{prompt}\x00{j}\x00{req.seed}".encode())
+    if behaviour == "echo":
+        words = _TOKEN.findall(prompt)
+        natural = len(words)
+    else:
+        natural = max_tokens if behaviour == "long" else 8 + digest[0] % 40
+        words = [" " + WORDS[digest[i % 64] * (i + 1) % len(WORDS)] for i in range(natural)]
+    stops = req.stop if isinstance(req.stop, list) else []
+    text = ""
+    tokens: list[str] = []
+    logprobs: list[float] = []
+    finish = "stop"
+    for i, word in enumerate(words):
+        if i >= max_tokens:
+            finish = "length"
+            break
+        candidate = text + word
+        hit = min(
+            ((candidate.find(s), s) for s in stops if s and candidate.find(s) >= 0),
+            default=None,
+        )
+        if hit is not None:
+            pos, s = hit
+            cut = pos + (len(s) if req.include_stop_str_in_output else 0)
+            piece = candidate[len(text) : cut] if cut > len(text) else ""
+            if piece:
+                tokens.append(piece)
+                logprobs.append(-((digest[(i * 7) % 64] % 300) + 1) / 100)
+            text = candidate[:cut]
+            finish = "stop"
+            break
+        text = candidate
+        tokens.append(word)
+        logprobs.append(-((digest[(i * 7) % 64] % 300) + 1) / 100)
+    return _Generated(text=text, tokens=tokens, logprobs=logprobs, finish=finish)
+
+
+def _top(tokens: list[str], lps: list[float], k: int) -> list[dict[str, float] | None] | None:
+    if k <= 0:
+        return None
+    out: list[dict[str, float] | None] = []
+    for tok, lp in zip(tokens, lps, strict=True):
+        alts = {tok: lp}
+        step = 1
+        while len(alts) < k:
+            alts[f" {WORDS[(len(tok) * 13 + step) % len(WORDS)]}{step}"] = round(lp - step * 0.5, 4)
+            step += 1
+        out.append(alts)
+    return out
+
+
+class FakeAdapter(LocalAdapter):
+    kind = "fake"
+    max_logprobs = 20
+    params = table(
+        max_tokens=Param(),
+        stop=Param(),
+        include_stop_str_in_output=Param(),
+        n=Param(),
+        logprobs=Param(),
+        echo=Param(),
+        seed=Param(),
+        temperature=Param(),
+        top_p=Param(),
+        top_k=Param(),
+        frequency_penalty=Param(),
+        presence_penalty=Param(),
+        user=Param(),
+    )
+
+    def _behaviour(self, endpoint: Endpoint) -> tuple[str, float, float]:
+        m = _BEHAVIOUR.match(endpoint.model)
+        if m is None:
+            return (endpoint.model if endpoint.model in ("echo", "long") else "text"), 0.0, 0.0
+        if m.group(3):
+            status = int(m.group(3))
+            raise UpstreamStatusError(
+                f"{endpoint.provider} error ({status}): fake failure requested by model name",
+                upstream_status=status,
+                provider=endpoint.provider,
+                retry_after=1.0 if status == 429 else None,
+            )
+        ms = int(m.group(2)) / 1000.0
+        return "text", (ms if m.group(1) == "slow" else 0.0), (ms if m.group(1) == "drip" else 0.0)
+
+    def _choices(self, req: CompletionRequest, behaviour: str) -> tuple[list[Choice], list[list[str]], Usage]:
+        """The choices, each one's text split into the tokens a stream sends, and the usage."""
+        n = req.n or 1
+        k = req.logprobs if isinstance(req.logprobs, int) else None
+        prompts = _prompt_texts(req.prompt)
+        choices: list[Choice] = []
+        pieces: list[list[str]] = []
+        prompt_tokens = completion_tokens = 0
+        for p_index, prompt in enumerate(prompts):
+            p_tokens = _TOKEN.findall(prompt)
+            prompt_tokens += len(p_tokens)
+            for j in range(n):
+                g = _generate(prompt, j, req, behaviour)
+                completion_tokens += len(g.tokens)
+                text, tokens, lps = g.text, g.tokens, list[float | None](g.logprobs)
+                if req.echo:
+                    text = prompt + text
+                    tokens = p_tokens + tokens
+                    lps = [None] + [-1.0] * (len(p_tokens) - 1) + lps if p_tokens else lps
+                logprobs = None
+                if k is not None:
+                    start = 0 if req.echo else len(prompt)
+                    offsets: list[int] = []
+                    pos = start
+                    for t in tokens:
+                        offsets.append(pos)
+                        pos += len(t)
+                    top = _top(tokens, [lp if lp is not None else -1.0 for lp in lps], k)
+                    logprobs = Logprobs(tokens=tokens, token_logprobs=lps, top_logprobs=top, text_offset=offsets)
+                finish: FinishReason = "length" if g.finish == "length" else "stop"
+                choices.append(Choice(text=text, index=p_index * n + j, logprobs=logprobs, finish_reason=finish))
+                pieces.append(tokens)
+        usage = Usage(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+        )
+        return choices, pieces, usage
+
+    async def complete(self, req: CompletionRequest, endpoint: Endpoint, ctx: CallContext) -> Completion:
+        behaviour, delay, _ = self._behaviour(endpoint)
+        if delay:
+            await asyncio.sleep(delay)
+        choices, _, usage = self._choices(req, behaviour)
+        return Completion(id=ctx.id, created=ctx.created, model=ctx.model, choices=choices, usage=usage)
+
+    async def stream(self, req: CompletionRequest, endpoint: Endpoint, ctx: CallContext) -> AsyncIterator[Completion]:
+        behaviour, delay, interval = self._behaviour(endpoint)
+        if delay:
+            await asyncio.sleep(delay)
+        choices, token_lists, usage = self._choices(req, behaviour)
+        for choice, tokens in zip(choices, token_lists, strict=True):
+            lp = choice.logprobs
+            pieces = tokens or [""]
+            for i, piece in enumerate(pieces):
+                last = i == len(pieces) - 1
+                chunk_lp = None
+                if lp is not None:
+                    chunk_lp = Logprobs(
+                        tokens=[piece],
+                        token_logprobs=[lp.token_logprobs[i]],
+                        top_logprobs=[lp.top_logprobs[i]] if lp.top_logprobs is not None else None,
+                        text_offset=[lp.text_offset[i]],
+                    )
+                yield Completion(
+                    id=ctx.id,
+                    created=ctx.created,
+                    model=ctx.model,
+                    choices=[
+                        Choice(
+                            text=piece,
+                            index=choice.index,
+                            logprobs=chunk_lp,
+                            finish_reason=choice.finish_reason if last else None,
+                        )
+                    ],
+                )
+                if interval:
+                    await asyncio.sleep(interval)
+        yield Completion(id=ctx.id, created=ctx.created, model=ctx.model, choices=[], usage=usage)

@@ -1,0 +1,34 @@
+"""Finish reasons: every vendor's vocabulary folded into stop | length | content_filter.
+
+One table for all providers, because the same words mean the same thing everywhere they appear
+(TGI's `eos_token`, Together's `eos`, Anthropic's `end_turn`...). An empty string (TGI's intermediate
+stream chunks) means "not finished yet".
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from gateway.schema import FinishReason
+
+FINISH: Final[dict[str, FinishReason]] = {
+    "stop": "stop",
+    "eos": "stop",
+    "eos_token": "stop",
+    "stop_sequence": "stop",
+    "end_turn": "stop",
+    "tool_calls": "stop",
+    "function_call": "stop",
+    "length": "length",
+    "max_tokens": "length",
+    "model_length": "length",
+    "content_filter": "content_filter",
+    "refusal": "content_filter",
+}
+
+
+def finish_reason(raw: str | None) -> FinishReason | None:
+    if not raw:
+        return None
+    # An unknown word still means the model stopped; "stop" is the least surprising reading.
+    return FINISH.get(raw.lower(), "stop")

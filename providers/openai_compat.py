@@ -1,0 +1,237 @@
+"""The OpenAI-compatible family: one adapter base that OpenAI, Azure, Fireworks, Together, vLLM,
+DeepSeek, PAIS and SGP extend with a table and a few class attributes.
+
+Upstream bodies are decoded into lenient structs (unknown fields ignored, everything optional) because
+these servers disagree in small ways: Together's `text.completion` and `eos`, TGI's empty ids and
+empty-string finish reasons, vLLM's extra `stop_reason`, Together's float `logprobs` in stream chunks.
+The normalization to the one Completion shape happens here, once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import msgspec
+
+from gateway.errors import GatewayError, UpstreamStatusError
+from gateway.schema import (
+    Choice,
+    Completion,
+    CompletionRequest,
+    CompletionTokensDetails,
+    Logprobs,
+    PromptTokensDetails,
+    Usage,
+)
+from providers.base import Adapter, CallContext, Endpoint, Param, Table, UpstreamRequest, table
+from providers.finish import finish_reason
+from providers.offsets import prompt_for_choice, text_offsets
+from providers.retry_after import retry_after
+
+
+class UpLogprobs(msgspec.Struct):
+    tokens: list[str] = []
+    token_logprobs: list[float | None] = []
+    top_logprobs: list[dict[str, float] | None] | None = None
+    text_offset: list[int] | None = None
+
+
+class UpChoice(msgspec.Struct):
+    text: str = ""
+    index: int = 0
+    logprobs: UpLogprobs | float | None = None
+    finish_reason: str | None = None
+
+
+class UpUsage(msgspec.Struct):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int | None = None
+    completion_tokens_details: CompletionTokensDetails | None = None
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+
+class UpCompletion(msgspec.Struct):
+    choices: list[UpChoice] = []
+    created: int = 0
+    system_fingerprint: str | None = None
+    usage: UpUsage | None = None
+
+
+class UpErrorBody(msgspec.Struct):
+    message: str | None = None
+    type: str | None = None
+    param: str | None = None
+    code: str | int | None = None
+
+
+class UpError(msgspec.Struct):
+    # {"error": {...}} (OpenAI, vLLM >= 0.6), {"object": "error", "message": ...} (older vLLM),
+    # {"error": "text"} (TGI and others), {"detail": ...} (FastAPI servers such as PAIS and SGP).
+    error: UpErrorBody | str | None = None
+    message: str | None = None
+    detail: Any = None
+    code: str | int | None = None
+
+
+_decode_completion = msgspec.json.Decoder(UpCompletion).decode
+_decode_error = msgspec.json.Decoder(UpError).decode
+
+
+def stop_list(value: str | list[str]) -> list[str]:
+    return [value] if isinstance(value, str) else value
+
+
+# OpenAI's /v1/completions parameters (openai-python completion_create_params.py).
+OPENAI_PARAMS: Table = table(
+    max_tokens=Param(),
+    temperature=Param(),
+    top_p=Param(),
+    n=Param(),
+    best_of=Param(),
+    stop=Param(),
+    logprobs=Param(),
+    echo=Param(),
+    suffix=Param(),
+    seed=Param(),
+    logit_bias=Param(),
+    frequency_penalty=Param(),
+    presence_penalty=Param(),
+    user=Param(),
+)
+
+
+def usage_from(up: UpUsage) -> Usage:
+    total = up.total_tokens if up.total_tokens is not None else up.prompt_tokens + up.completion_tokens
+    return Usage(
+        prompt_tokens=up.prompt_tokens,
+        completion_tokens=up.completion_tokens,
+        total_tokens=total,
+        completion_tokens_details=up.completion_tokens_details,
+        prompt_tokens_details=up.prompt_tokens_details,
+    )
+
+
+class OpenAICompatible(Adapter):
+    path: ClassVar[str] = "/completions"
+    params: ClassVar[Table] = OPENAI_PARAMS
+    # Ask for the usage chunk on every stream: the gateway needs it (and strips it if the client did not).
+    stream_usage: ClassVar[bool] = True
+
+    def url(self, endpoint: Endpoint) -> str:
+        return endpoint.base_url.rstrip("/") + self.path
+
+    def auth_headers(self, endpoint: Endpoint) -> dict[str, str]:
+        return {"authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
+
+    def body(self, req: CompletionRequest, endpoint: Endpoint, params: dict[str, Any]) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": endpoint.model, "prompt": req.prompt}
+        body.update(params)
+        if req.stream:
+            body["stream"] = True
+            if self.stream_usage:
+                body["stream_options"] = {"include_usage": True}
+        return body
+
+    def build_request(self, req: CompletionRequest, endpoint: Endpoint, params: dict[str, Any]) -> UpstreamRequest:
+        body = self.body(req, endpoint, params)
+        if req.inference_extra_params:
+            body.update(req.inference_extra_params)
+        headers = {"content-type": "application/json", "accept": "application/json"}
+        headers.update(endpoint.headers)
+        if req.inference_extra_headers:
+            headers.update(req.inference_extra_headers)
+        headers.update(self.auth_headers(endpoint))
+        return UpstreamRequest(
+            method="POST",
+            url=self.url(endpoint),
+            headers=headers,
+            body=msgspec.json.encode(body),
+            stream=bool(req.stream),
+        )
+
+    def _logprobs(self, up: UpLogprobs | float | None, text: str, index: int, ctx: CallContext) -> Logprobs | None:
+        if up is None:
+            return None
+        if isinstance(up, float):
+            # A stream chunk carrying only the sampled token's logprob (Together).
+            up = UpLogprobs(tokens=[text], token_logprobs=[up])
+        offsets = up.text_offset
+        if offsets is None or len(offsets) != len(up.tokens):
+            if index in ctx.offsets:
+                start = ctx.offsets[index]
+            else:
+                start = 0 if ctx.echo else len(prompt_for_choice(ctx.prompts, index, ctx.n))
+            offsets = text_offsets(up.tokens, start)
+            if up.tokens:
+                ctx.offsets[index] = offsets[-1] + len(up.tokens[-1])
+        return Logprobs(
+            tokens=up.tokens,
+            token_logprobs=up.token_logprobs,
+            top_logprobs=up.top_logprobs,
+            text_offset=offsets,
+        )
+
+    def _completion(self, up: UpCompletion, ctx: CallContext) -> Completion:
+        return Completion(
+            id=ctx.id,
+            created=up.created or ctx.created,
+            model=ctx.model,
+            choices=[
+                Choice(
+                    text=c.text,
+                    index=c.index,
+                    logprobs=self._logprobs(c.logprobs, c.text, c.index, ctx),
+                    finish_reason=finish_reason(c.finish_reason),
+                )
+                for c in up.choices
+            ],
+            system_fingerprint=up.system_fingerprint or None,
+            usage=usage_from(up.usage) if up.usage is not None else None,
+        )
+
+    def parse_response(self, body: bytes, ctx: CallContext) -> Completion:
+        # DeepSeek pads a waiting non-stream response with blank lines; JSON whitespace covers it.
+        return self._completion(_decode_completion(body), ctx)
+
+    def parse_event(self, event: str | None, data: bytes, ctx: CallContext) -> Completion | None:
+        if data == b"[DONE]":
+            return None
+        if data.startswith(b'{"error"'):
+            raise self.map_error(500, {}, data, "stream")
+        return self._completion(_decode_completion(data), ctx)
+
+    def map_error(self, status: int, headers: Mapping[str, str], body: bytes, provider: str) -> GatewayError:
+        message, code, param = _error_fields(body)
+        return UpstreamStatusError(
+            f"{provider} error ({status}): {message}",
+            upstream_status=status,
+            provider=provider,
+            code=code,
+            param=param,
+            retry_after=retry_after(headers),
+        )
+
+
+def _error_fields(body: bytes) -> tuple[str, str | None, str | None]:
+    try:
+        err = _decode_error(body)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        text = body.decode("utf-8", "replace").strip()
+        return (text[:500] or "no error body"), None, None
+    code = err.code
+    if isinstance(err.error, UpErrorBody):
+        e = err.error
+        code = e.code if e.code is not None else e.type
+        return e.message or "unknown error", (str(code) if code is not None else None), e.param
+    if isinstance(err.error, str):
+        return err.error, (str(code) if code is not None else None), None
+    if err.message:
+        return err.message, (str(code) if code is not None else None), None
+    if err.detail is not None:
+        return str(err.detail)[:500], None, None
+    return "unknown error", None, None
+
+
+__all__ = ["OPENAI_PARAMS", "OpenAICompatible", "UpCompletion", "stop_list", "usage_from"]

@@ -1,0 +1,22 @@
+"""VMware Private AI Services (seed 004): `.../api/v1/compatibility/openai/v1/completions`.
+
+The seed documents only these request fields, a string prompt, and `stop` as a non-empty array.
+"""
+
+from __future__ import annotations
+
+from providers.base import Param, table
+from providers.openai_compat import OpenAICompatible, stop_list
+
+
+class PAISAdapter(OpenAICompatible):
+    kind = "pais"
+    needs_api_key = False
+    prompt_forms = frozenset({"text"})
+    params = table(
+        temperature=Param(),
+        n=Param(),
+        stop=Param(convert=stop_list),
+        max_tokens=Param(),
+        seed=Param(),
+    )

@@ -1,0 +1,18 @@
+"""Together `POST /v1/completions`.
+
+Fields from together-python `types/completions.py` and a recorded request; the response quirks
+(`text.completion`, finish reason `eos`, float logprobs in stream chunks) are normalized by the base.
+"""
+
+from __future__ import annotations
+
+from providers.base import Param, table
+from providers.openai_compat import OPENAI_PARAMS, OpenAICompatible
+
+
+class TogetherAdapter(OpenAICompatible):
+    kind = "together"
+    default_base_url = "https://api.together.xyz/v1"
+    # Together always sends usage on the final chunk and documents no stream_options.
+    stream_usage = False
+    params = table(OPENAI_PARAMS, drop=("best_of", "suffix", "seed", "user"), top_k=Param())

@@ -1,0 +1,37 @@
+"""vLLM's OpenAI-compatible server.
+
+vLLM >= 0.12 silently ignores the old `guided_*` fields (unknown fields are allowed), so a request
+carrying them would come back 200 and unconstrained: they must become `structured_outputs.*`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from providers.base import Param, table
+from providers.openai_compat import OPENAI_PARAMS, OpenAICompatible
+
+
+def _response_format(body: dict[str, Any], value: dict[str, Any]) -> None:
+    # Fireworks' {"type": "json_object", "schema": S} has no vLLM twin; the schema is a structured output.
+    schema = value.get("schema")
+    if value.get("type") == "json_object" and isinstance(schema, dict):
+        body.setdefault("structured_outputs", {})["json"] = schema
+    else:
+        body["response_format"] = value
+
+
+class VLLMAdapter(OpenAICompatible):
+    kind = "vllm"
+    needs_api_key = False
+    max_logprobs = 20
+    params = table(
+        OPENAI_PARAMS,
+        top_k=Param(),
+        include_stop_str_in_output=Param(),
+        guided_json=Param("structured_outputs.json"),
+        guided_regex=Param("structured_outputs.regex"),
+        guided_choice=Param("structured_outputs.choice"),
+        guided_grammar=Param("structured_outputs.grammar"),
+        response_format=Param(apply=_response_format),
+    )
