@@ -6,6 +6,7 @@ resource of the gateway deployment `<name>` (a region), with its own base URL an
 
 from __future__ import annotations
 
+from typing import ClassVar
 from urllib.parse import quote
 
 from providers.base import Endpoint
@@ -16,6 +17,7 @@ DEFAULT_API_VERSION = "2024-10-21"
 
 class AzureAdapter(OpenAICompatible):
     kind = "azure"
+    path: ClassVar[str] = "/openai/deployments/{model}/completions?api-version={api_version}"
 
     def url(self, endpoint: Endpoint) -> str:
         version = endpoint.api_version or DEFAULT_API_VERSION
