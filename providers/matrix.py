@@ -51,6 +51,7 @@ def render() -> str:
     lines.append("| kind | default base URL | path | auth | max logprobs | prompt forms | stream |")
     lines.append("|---|---|---|---|---|---|---|")
     for kind, cls in REGISTRY.items():
+        framing: str
         if issubclass(cls, Adapter):
             path = getattr(cls, "path", "")
             base = cls.default_base_url or "(required: `base_url`)"

@@ -52,18 +52,20 @@ class UpUsage(msgspec.Struct):
     prompt_tokens_details: PromptTokensDetails | None = None
 
 
-class UpCompletion(msgspec.Struct):
-    choices: list[UpChoice] = []
-    created: int = 0
-    system_fingerprint: str | None = None
-    usage: UpUsage | None = None
-
-
 class UpErrorBody(msgspec.Struct):
     message: str | None = None
     type: str | None = None
     param: str | None = None
     code: str | int | None = None
+
+
+class UpCompletion(msgspec.Struct):
+    choices: list[UpChoice] = []
+    created: int = 0
+    system_fingerprint: str | None = None
+    usage: UpUsage | None = None
+    # Some servers report a failure mid-stream as an event carrying only an error object.
+    error: UpErrorBody | str | None = None
 
 
 class UpError(msgspec.Struct):
@@ -198,9 +200,10 @@ class OpenAICompatible(Adapter):
     def parse_event(self, event: str | None, data: bytes, ctx: CallContext) -> Completion | None:
         if data == b"[DONE]":
             return None
-        if data.startswith(b'{"error"'):
-            raise self.map_error(500, {}, data, "stream")
-        return self._completion(_decode_completion(data), ctx)
+        up = _decode_completion(data)
+        if up.error is not None:
+            raise self.map_error(500, {}, data, "upstream")
+        return self._completion(up, ctx)
 
     def map_error(self, status: int, headers: Mapping[str, str], body: bytes, provider: str) -> GatewayError:
         message, code, param = _error_fields(body)
