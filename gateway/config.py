@@ -151,6 +151,9 @@ def _convert(obj: Any, typ: type[Any], where: str, source: str) -> Any:
         unknown = re.match(r"Object contains unknown field `([^`]+)`", problem)
         if unknown:
             sub, problem = f"{sub}.{unknown.group(1)}", "unknown key"
+        missing = re.match(r"Object missing required field `([^`]+)`", problem)
+        if missing:
+            sub, problem = f"{sub}.{missing.group(1)}", "required key is missing"
         path = (where + sub) if where else sub.lstrip(".")
         raise ConfigError(f"{source}: {path.lstrip('.') or '(top level)'}: {problem}") from None
 
@@ -181,8 +184,9 @@ def _check(cfg: GatewayConfig, providers: dict[str, ProviderConfig], source: str
     for i, alias in enumerate(cfg.models):
         for j, target in enumerate(alias.targets):
             vendor, _, rest = target.model.partition("/")
-            if target.model in seen_alias:
-                continue
+            if target.model in seen_alias and (vendor not in providers or not rest):
+                # The router resolves targets as vendor/model_name only; an alias of aliases would fail there.
+                fail(f"models[{i}].targets[{j}].model", f"{target.model!r} is an alias, not vendor/model_name")
             if vendor not in providers:
                 fail(f"models[{i}].targets[{j}].model", f"unknown provider {vendor!r} in {target.model!r}")
             if not rest:
@@ -211,6 +215,11 @@ def parse_config(text: str, source: str = "config.yaml", env: dict[str, str] | N
     cfg: GatewayConfig = _convert(data, GatewayConfig, "", source)
     providers: dict[str, ProviderConfig] = {}
     for name, pdata in cfg.providers.items():
+        deployments = pdata.get("deployments") if isinstance(pdata, dict) else None
+        if isinstance(deployments, dict):
+            # One by one, so an error names the deployment (msgspec reports a dict key as `[...]`).
+            for dname, ddata in deployments.items():
+                _convert(ddata, DeploymentConfig, f"providers.{name}.deployments.{dname}", source)
         providers[str(name)] = _convert(pdata, ProviderConfig, f"providers.{name}", source)
     _check(cfg, providers, source)
     return LoadedConfig(source=source, config=cfg, providers=providers, missing_env=missing)

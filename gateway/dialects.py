@@ -52,14 +52,14 @@ def decode_error(exc: msgspec.DecodeError | msgspec.ValidationError) -> RequestE
         m = _UNKNOWN.match(problem)
         if m:
             loc = [*where, m.group(1)]
-            name = ".".join(str(p) for p in loc if isinstance(p, str))
+            name = ".".join(str(p) for p in loc if isinstance(p, str) and p != "...")
             return RequestError(f"Unrecognized request argument supplied: {name}", name, loc, "unknown_parameter")
         m = _MISSING.match(problem)
         if m:
             loc = [*where, m.group(1)]
-            name = ".".join(str(p) for p in loc if isinstance(p, str))
+            name = ".".join(str(p) for p in loc if isinstance(p, str) and p != "...")
             return RequestError(f"Missing required parameter: '{name}'", name, loc, "missing_required_parameter")
-        param = ".".join(str(p) for p in where if isinstance(p, str)) or None
+        param = ".".join(str(p) for p in where if isinstance(p, str) and p != "...") or None
         label = param or "request body"
         return RequestError(f"Invalid value for '{label}': {problem}", param, where, "invalid_value")
     return RequestError(

@@ -104,11 +104,15 @@ class Router:
         )
 
     def _unavailable(self, vendor: str, p: ProviderConfig, deployment: str | None) -> str | None:
-        paths = [f"providers.{vendor}.api_key"]
+        # An unset base_url variable counts too: otherwise the route would silently fall back to the
+        # provider's public default URL (or the provider's own URL, for a deployment).
+        paths = [f"providers.{vendor}.base_url", f"providers.{vendor}.api_key"]
         if deployment:
             dep = p.deployments[deployment]
+            if dep.base_url is not None:
+                paths[0] = f"providers.{vendor}.deployments.{deployment}.base_url"
             if dep.api_key is not None:
-                paths = [f"providers.{vendor}.deployments.{deployment}.api_key"]
+                paths[1] = f"providers.{vendor}.deployments.{deployment}.api_key"
         missing = [v for path in paths for v in self._loaded.missing_for(path)]
         if missing:
             return f"Provider '{vendor}' is unavailable: environment variable {missing[0]} is not set"

@@ -66,7 +66,8 @@ def _generate(prompt: str, j: int, req: CompletionRequest, behaviour: str) -> _G
         words = _TOKEN.findall(prompt)
         natural = len(words)
     else:
-        natural = max_tokens if behaviour == "long" else 8 + digest[0] % 40
+        # `long` has one word more than the limit, so it always ends on the limit: finish_reason "length".
+        natural = max_tokens + 1 if behaviour == "long" else 8 + digest[0] % 40
         words = [" " + WORDS[digest[i % 64] * (i + 1) % len(WORDS)] for i in range(natural)]
     stops = req.stop if isinstance(req.stop, list) else []
     text = ""
@@ -85,6 +86,12 @@ def _generate(prompt: str, j: int, req: CompletionRequest, behaviour: str) -> _G
         if hit is not None:
             pos, s = hit
             cut = pos + (len(s) if req.include_stop_str_in_output else 0)
+            # A stop that starts inside earlier tokens cuts them too: tokens must concatenate to the text.
+            while tokens and len(text) - len(tokens[-1]) >= cut:
+                text = text[: len(text) - len(tokens.pop())]
+                logprobs.pop()
+            if len(text) > cut:
+                tokens[-1] = tokens[-1][: len(tokens[-1]) - (len(text) - cut)]
             piece = candidate[len(text) : cut] if cut > len(text) else ""
             if piece:
                 tokens.append(piece)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import email.utils
+import math
 import time
 from collections.abc import Mapping
 
@@ -12,16 +13,21 @@ def retry_after(headers: Mapping[str, str], now: float | None = None) -> float |
     ms = headers.get("retry-after-ms")
     if ms:
         try:
-            return max(float(ms) / 1000.0, 0.0)
+            seconds = float(ms) / 1000.0
         except ValueError:
-            pass
+            seconds = math.nan
+        # `inf`/`nan` parse as floats but are no delay (and would break the client's retry-after header).
+        if math.isfinite(seconds):
+            return max(seconds, 0.0)
     value = headers.get("retry-after")
     if not value:
         return None
     try:
-        return max(float(value), 0.0)
+        seconds = float(value)
     except ValueError:
         pass
+    else:
+        return max(seconds, 0.0) if math.isfinite(seconds) else None
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):

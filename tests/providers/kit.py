@@ -1,0 +1,61 @@
+"""Helpers for the pure adapter tests: recorded fixtures, requests built the way the pipeline builds them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from gateway.request import normalize
+from gateway.schema import CompletionRequest, decode_request
+from providers.base import Adapter, CallContext, Endpoint, UpstreamRequest, map_params
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+
+
+def fixture_bytes(rel: str) -> bytes:
+    return (FIXTURES / rel).read_bytes()
+
+
+def fixture_json(rel: str) -> Any:
+    return json.loads(fixture_bytes(rel))
+
+
+def fixture_headers(rel: str) -> dict[str, str]:
+    """A recorded `*.headers.json` ({name: [values]}) as the lower-cased single-valued map aiohttp exposes."""
+    raw: dict[str, list[str]] = fixture_json(rel)
+    return {name.lower(): values[0] for name, values in raw.items()}
+
+
+def request(model: str = "vendor/model", prompt: Any = "Say this is a test", **fields: Any) -> CompletionRequest:
+    """Decode a client JSON body and normalize it, as `Pipeline.complete` does."""
+    raw = msgspec.json.encode({"model": model, "prompt": prompt, **fields})
+    return normalize(decode_request(raw))
+
+
+def build(
+    adapter: Adapter, req: CompletionRequest, endpoint: Endpoint, *, drop: bool = False
+) -> tuple[UpstreamRequest, dict[str, Any], list[str]]:
+    """check + map_params + build_request; returns the request, its decoded JSON body and what was dropped."""
+    adapter.check(req, endpoint.provider)
+    params, dropped = map_params(req, adapter.params, endpoint.provider, drop)
+    up = adapter.build_request(req, endpoint, params)
+    body: dict[str, Any] = json.loads(up.body)
+    return up, body, dropped
+
+
+def context(
+    prompts: list[str] | None = None, *, n: int = 1, echo: bool = False, model: str = "client/model-string"
+) -> CallContext:
+    return CallContext(id="cmpl-gateway-test-id", created=1_700_000_000, model=model, prompts=prompts, n=n, echo=echo)
+
+
+def as_json(value: Any) -> Any:
+    """The client-facing JSON of a gateway struct, decoded for exact dict comparisons."""
+    return json.loads(msgspec.json.encode(value))
+
+
+def chunked(data: bytes, size: int) -> list[bytes]:
+    return [data[i : i + size] for i in range(0, len(data), size)]

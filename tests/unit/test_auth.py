@@ -1,0 +1,115 @@
+"""Client keys: Bearer or x-api-key, 401 for a wrong or missing key, model patterns, disabled keys."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.auth import KeyRing
+from gateway.config import parse_config
+from gateway.errors import AuthenticationError, PermissionDeniedError
+
+CONFIG = """
+keys:
+  - {name: full, key: "${FULL_KEY}"}
+  - {name: limited, key: "${LIMITED_KEY}", models: ["openai/*", "fast"]}
+  - {name: ghost, key: "${GHOST_KEY}"}
+  - {name: none, key: "k-none", models: []}
+"""
+ENV = {"FULL_KEY": "gk-full-123", "LIMITED_KEY": "gk-limited-456"}
+
+
+def ring(env: dict[str, str] | None = None, text: str = CONFIG) -> KeyRing:
+    return KeyRing(parse_config(text, env=ENV if env is None else env))
+
+
+def unauthenticated(headers: dict[str, str]) -> AuthenticationError:
+    with pytest.raises(AuthenticationError) as info:
+        ring().authenticate(headers)
+    assert (info.value.status, info.value.type) == (401, "authentication_error")
+    return info.value
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"authorization": "Bearer gk-full-123"},
+        {"authorization": "bearer gk-full-123"},
+        {"authorization": "Bearer   gk-full-123  "},
+        {"x-api-key": "gk-full-123"},
+        {"authorization": "Basic Zm9v", "x-api-key": "gk-full-123"},
+        {"authorization": "Bearer ", "x-api-key": "gk-full-123"},
+    ],
+)
+def test_bearer_and_x_api_key(headers: dict[str, str]) -> None:
+    key = ring().authenticate(headers)
+    assert key is not None and key.name == "full"
+
+
+def test_bearer_wins_over_x_api_key() -> None:
+    key = ring().authenticate({"authorization": "Bearer gk-limited-456", "x-api-key": "gk-full-123"})
+    assert key is not None and key.name == "limited"
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{"authorization": "Bearer gk-full-12"}, {"authorization": "Bearer gk-full-1234"}, {"x-api-key": "nope"}],
+)
+def test_wrong_key(headers: dict[str, str]) -> None:
+    err = unauthenticated(headers)
+    assert (err.code, err.message) == ("invalid_api_key", "Incorrect API key provided")
+
+
+@pytest.mark.parametrize(
+    "headers", [{}, {"authorization": "Basic Zm9v"}, {"authorization": "Bearer"}, {"x-api-key": ""}]
+)
+def test_missing_key(headers: dict[str, str]) -> None:
+    err = unauthenticated(headers)
+    assert err.code == "missing_api_key"
+    assert err.message == "Missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
+
+
+def test_model_patterns() -> None:
+    keys = ring()
+    limited = keys.authenticate({"x-api-key": "gk-limited-456"})
+    for model in ("openai/gpt-3.5-turbo-instruct", "openai/a/b", "fast"):
+        KeyRing.authorize(limited, model)
+    for model in ("fireworks/x", "fast2", "openai", "xopenai/y", "FAST"):
+        with pytest.raises(PermissionDeniedError) as info:
+            KeyRing.authorize(limited, model)
+        err = info.value
+        assert (err.status, err.param, err.code) == (403, "model", "model_not_allowed")
+        assert err.message == f"Key 'limited' may not use model '{model}'"
+    full = keys.authenticate({"x-api-key": "gk-full-123"})
+    KeyRing.authorize(full, "anything/at-all")
+
+
+def test_key_with_no_patterns_may_use_nothing() -> None:
+    none = ring().authenticate({"x-api-key": "k-none"})
+    with pytest.raises(PermissionDeniedError):
+        KeyRing.authorize(none, "demo/text")
+
+
+def test_disabled_key_does_not_open_the_gateway() -> None:
+    keys = ring({})
+    assert keys.disabled == ["full", "limited", "ghost"]
+    assert keys.open is False
+    with pytest.raises(AuthenticationError):
+        keys.authenticate({"authorization": "Bearer "})
+    # The unset variable interpolates to "": an empty presented key is "missing", never a match.
+    with pytest.raises(AuthenticationError):
+        keys.authenticate({"x-api-key": "${GHOST_KEY}"})
+    assert keys.authenticate({"x-api-key": "k-none"}) is not None
+
+
+def test_all_keys_disabled_still_closed() -> None:
+    keys = ring({}, 'keys: [{name: only, key: "${ONLY_KEY}"}]')
+    assert keys.disabled == ["only"] and keys.open is False
+    with pytest.raises(AuthenticationError):
+        keys.authenticate({"authorization": "Bearer anything"})
+
+
+def test_no_keys_is_open() -> None:
+    keys = ring({}, "keys: []")
+    assert keys.open is True
+    assert keys.authenticate({}) is None
+    KeyRing.authorize(None, "any/model")

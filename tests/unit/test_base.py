@@ -1,0 +1,108 @@
+"""providers.base: the Param table mechanics, map_params (refuse or drop), prompt forms, capability checks."""
+
+from __future__ import annotations
+
+import typing
+from typing import Any
+
+import pytest
+
+from gateway.config import ProviderKind
+from gateway.errors import UnsupportedParamError
+from providers import REGISTRY
+from providers.base import PARAM_FIELDS, Param, map_params, prompt_form, table
+from providers.openai_compat import OPENAI_PARAMS, stop_list
+from providers.pais import PAISAdapter
+from tests.providers.kit import request
+
+
+def test_param_fields_exclude_gateway_and_alias_fields() -> None:
+    excluded = {
+        "model",
+        "prompt",
+        "stream",
+        "stream_options",
+        "inference_timeout",
+        "inference_extra_params",
+        "inference_extra_headers",
+        "max_new_tokens",
+        "max_completion_tokens",
+        "stop_sequences",
+        "top_logprobs",
+        "return_token_log_probs",
+    }
+    assert not excluded & set(PARAM_FIELDS)
+    assert {"max_tokens", "stop", "logprobs", "guided_json", "tools"} <= set(PARAM_FIELDS)
+
+
+def test_param_write_forms() -> None:
+    body: dict[str, Any] = {}
+    Param().write(body, "max_tokens", 5)
+    Param("options.num_predict").write(body, "max_tokens", 6)
+    Param("options.stop", convert=stop_list).write(body, "stop", "x")
+    Param(apply=lambda b, v: b.update({"applied": v * 2})).write(body, "n", 2)
+    assert body == {"max_tokens": 5, "options": {"num_predict": 6, "stop": ["x"]}, "applied": 4}
+
+
+def test_table_builds_on_a_base_and_rejects_unknown_fields() -> None:
+    t = table(OPENAI_PARAMS, drop=("best_of",), top_k=Param())
+    assert "best_of" not in t and "top_k" in t and "max_tokens" in t
+    with pytest.raises(ValueError, match=r"table names fields the request does not have: \['max_new_tokens'\]"):
+        table(max_new_tokens=Param())
+
+
+def test_map_params_refuses_the_first_unsupported_field_in_field_order() -> None:
+    req = request(top_k=3, guided_regex="a", max_tokens=2)
+    with pytest.raises(UnsupportedParamError) as info:
+        map_params(req, OPENAI_PARAMS, "prov", drop_unsupported=False)
+    assert info.value.param == "top_k"
+    assert info.value.message == "Parameter 'top_k' is not supported by provider 'prov'"
+    assert (info.value.status, info.value.code, info.value.type) == (
+        400,
+        "unsupported_parameter",
+        "invalid_request_error",
+    )
+
+
+def test_map_params_drop_returns_the_dropped_names() -> None:
+    req = request(top_k=3, guided_regex="a", max_tokens=2, images=["x"], stop="s")
+    body, dropped = map_params(req, OPENAI_PARAMS, "prov", drop_unsupported=True)
+    assert dropped == ["top_k", "guided_regex", "images"]
+    assert body == {"max_tokens": 2, "stop": ["s"]}
+
+
+def test_map_params_skips_unset_and_keeps_falsy_values() -> None:
+    req = request(temperature=0.0, echo=False, logprobs=0, max_tokens=0)
+    body, dropped = map_params(req, OPENAI_PARAMS, "prov", drop_unsupported=False)
+    assert body == {"max_tokens": 0, "temperature": 0.0, "logprobs": 0, "echo": False}
+    assert dropped == []
+    assert map_params(request(), OPENAI_PARAMS, "prov", drop_unsupported=False) == ({}, [])
+
+
+@pytest.mark.parametrize(
+    "prompt,form", [("x", "text"), (["x"], "texts"), ([1, 2], "tokens"), ([[1], [2]], "token_lists")]
+)
+def test_prompt_form(prompt: Any, form: str) -> None:
+    assert prompt_form(prompt) == form
+
+
+def test_check_logprobs_limit_per_kind() -> None:
+    limits = {kind: cls.max_logprobs for kind, cls in REGISTRY.items()}
+    assert limits == {
+        "openai": 5,
+        "azure": 5,
+        "fireworks": 5,
+        "together": 5,
+        "vllm": 20,
+        "deepseek": 20,
+        "pais": 5,
+        "sgp": 20,
+        "fake": 20,
+    }
+    with pytest.raises(UnsupportedParamError) as info:
+        PAISAdapter().check(request(logprobs=True, top_logprobs=6), "pais")
+    assert info.value.param == "logprobs"
+
+
+def test_registry_covers_every_config_kind() -> None:
+    assert set(REGISTRY) == set(typing.get_args(ProviderKind))
