@@ -43,6 +43,8 @@ def _error_response(dialect: Dialect, exc: GatewayError) -> Response[bytes]:
         headers["retry-after"] = str(max(int(exc.retry_after + 0.999), 0))
     if exc.attempts is not None:
         headers["x-gateway-attempts"] = str(exc.attempts)
+    if exc.headers:
+        headers.update(exc.headers)
     return Response(body, status_code=status, media_type=JSON, headers=headers)
 
 

@@ -34,6 +34,18 @@ class ServerConfig(Strict, frozen=True):
 class RedisConfig(Strict, frozen=True):
     # Empty: state lives in process memory, which is only correct for a single process.
     url: str = ""
+    # Rate limits while Redis is unreachable: keep serving on per-process limits, or refuse (503).
+    on_failure: Literal["fail_open", "fail_closed"] = "fail_open"
+
+
+class LimitsConfig(Strict, frozen=True):
+    rps: Annotated[int, Meta(ge=1)] | None = None
+    rpm: Annotated[int, Meta(ge=1)] | None = None
+    tpm: Annotated[int, Meta(ge=1)] | None = None
+    tpd: Annotated[int, Meta(ge=1)] | None = None
+    concurrent: Annotated[int, Meta(ge=1)] | None = None
+    # Wait up to this long for room instead of answering 429 at once.
+    max_queue_ms: Annotated[int, Meta(ge=0)] = 0
 
 
 class TimeoutsConfig(Strict, frozen=True):
@@ -64,6 +76,7 @@ class KeyConfig(Strict, frozen=True):
     key: str
     # Glob patterns over the model string the client sends (`openai/*`, `fast`).
     models: list[str] = msgspec.field(default_factory=lambda: ["*"])
+    limits: LimitsConfig | None = None
 
 
 class DeploymentConfig(Strict, frozen=True):
@@ -72,6 +85,7 @@ class DeploymentConfig(Strict, frozen=True):
     api_version: str | None = None
     # The upstream's own name for it (Azure deployment id) when it differs from the config key.
     name: str | None = None
+    limits: LimitsConfig | None = None
 
 
 class ProviderConfig(Strict, frozen=True):
@@ -86,6 +100,8 @@ class ProviderConfig(Strict, frozen=True):
     unsupported_params: ParamPolicy | None = None
     timeouts: TimeoutsConfig | None = None
     retries: RetriesConfig | None = None
+    # The upstream's own quota, enforced by the gateway so replicas stop before the upstream refuses.
+    limits: LimitsConfig | None = None
     # Per-pool connection cap; keep-alive connections are reused across requests.
     max_connections: Annotated[int, Meta(ge=1)] = 256
 
@@ -107,6 +123,7 @@ class AliasConfig(Strict, frozen=True):
     hedge_after_ms: Annotated[int, Meta(gt=0)] | None = None
     retries: RetriesConfig | None = None
     timeouts: TimeoutsConfig | None = None
+    limits: LimitsConfig | None = None
 
 
 class GatewayConfig(Strict, frozen=True):

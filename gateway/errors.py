@@ -34,6 +34,10 @@ class GatewayError(Exception):
     context_window: bool = False
     # Upstream calls made before giving up (set by the failover loop), for `x-gateway-attempts`.
     attempts: int | None = None
+    # Whether a retryable failure says the target is unhealthy (a gateway-side quota does not).
+    cools: bool = True
+    # Extra response headers (rate-limit state on a 429).
+    headers: dict[str, str] | None = None
 
     def __init__(
         self,

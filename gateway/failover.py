@@ -43,6 +43,8 @@ class Outcome(msgspec.Struct, Generic[T]):
 
 def _cause(exc: GatewayError) -> str | None:
     """What a failure says about the target: None when it says nothing (the client's own mistake)."""
+    if not exc.cools:
+        return None
     if exc.quota:
         return "quota"
     if getattr(exc, "upstream_status", None) == 429:

@@ -16,6 +16,7 @@ from typing import Any, Final
 
 import msgspec
 
+from gateway.admission import Admission, Ticket
 from gateway.auth import KeyRing
 from gateway.config import LoadedConfig
 from gateway.dialects import Dialect, decode_error
@@ -83,8 +84,10 @@ class Pipeline:
         self.shared = SharedState(loaded.config.redis.url)
         self.health = Health(self.shared, loaded.config.cooldown, clock=clock)
         self.failover = Failover(self.health, clock=clock, **({"sleep": sleep} if sleep else {}))
+        self.admission = Admission(loaded, self.shared, **({"sleep": sleep} if sleep else {}))
 
     async def close(self) -> None:
+        await self.admission.drain()
         await self.upstream.close()
         await self.shared.close()
 
@@ -107,20 +110,39 @@ class Pipeline:
         )
         dropped: dict[str, list[str]] = {}
         deadline = float(req.inference_timeout) if isinstance(req.inference_timeout, float | int) else None
+        ticket = await self.admission.admit(key, req, plan) if self.admission.enabled else None
+        limit_headers = ticket.headers if ticket is not None else {}
         if not req.stream:
 
             async def call(route: Route, timeouts: Timeouts) -> Completion:
-                return await self._complete_once(route, req, ctx, timeouts, dropped)
+                quota = await self.admission.admit_route(route, req, plan) if self.admission.enabled else None
+                used: int | None = 0
+                try:
+                    c = await self._complete_once(route, req, ctx, timeouts, dropped)
+                    used = c.usage.total_tokens if c.usage is not None else None
+                    return c
+                finally:
+                    self.admission.settle(quota, used)
 
-            done = await self.failover.run(plan, call, deadline_s=deadline)
-            return Result(_headers(done, dropped), body=encode(done.value))
+            used: int | None = 0
+            try:
+                done = await self.failover.run(plan, call, deadline_s=deadline)
+                usage = done.value.usage
+                used = usage.total_tokens if usage is not None else None
+            finally:
+                self.admission.settle(ticket, used)
+            return Result(_headers(done, dropped) | limit_headers, body=encode(done.value))
 
         async def open_stream(route: Route, timeouts: Timeouts) -> Opened:
             return await self._open_once(route, req, ctx, timeouts, dropped)
 
-        opened = await self.failover.run(plan, open_stream, deadline_s=deadline, discard=Opened.drop)
-        relay = self._relay(opened.value, req, ctx, plan, opened.route)
-        return Result(_headers(opened, dropped), stream=relay)
+        try:
+            opened = await self.failover.run(plan, open_stream, deadline_s=deadline, discard=Opened.drop)
+        except BaseException:
+            self.admission.settle(ticket, 0)
+            raise
+        relay = self._relay(opened.value, req, ctx, plan, opened.route, ticket)
+        return Result(_headers(opened, dropped) | limit_headers, stream=relay)
 
     def _prepare(self, route: Route, req: CompletionRequest, dropped: dict[str, list[str]]) -> dict[str, Any]:
         self.router.check_available(route)
@@ -178,7 +200,13 @@ class Pipeline:
         return Opened(events, first, stream)
 
     async def _relay(
-        self, opened: Opened, req: CompletionRequest, ctx: CallContext, plan: Plan, route: Route
+        self,
+        opened: Opened,
+        req: CompletionRequest,
+        ctx: CallContext,
+        plan: Plan,
+        route: Route,
+        ticket: Ticket | None,
     ) -> AsyncIterator[bytes]:
         want_usage = bool(req.stream_options and req.stream_options.include_usage)
         expected = ctx.n * (len(ctx.prompts) if ctx.prompts else 1)
@@ -234,6 +262,9 @@ class Pipeline:
                 yield sse_event(encode(last))
         finally:
             await opened.close()
+            if ticket is not None:
+                # A finished stream is charged its reported usage; one cut short, its prompt and what it sent.
+                self.admission.settle(ticket, usage.total_tokens if usage is not None else ticket.prompt + sent)
         yield DONE
 
     async def _resume(

@@ -55,6 +55,13 @@ class Plan(msgspec.Struct, frozen=True):
     context_groups: list[Group] = msgspec.field(default_factory=list)
     strategy_needs_inflight: bool = False
 
+    @property
+    def single(self) -> Route | None:
+        """The one route of a direct `vendor/model` request (no alias, no fallbacks)."""
+        if len(self.groups) == 1 and len(self.groups[0].routes) == 1 and not self.context_groups:
+            return self.groups[0].routes[0]
+        return None
+
 
 class Alias(msgspec.Struct, frozen=True):
     name: str
