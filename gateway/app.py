@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import redis.asyncio as aioredis
 from litestar import Litestar, Request, Response, get, post
 from litestar.exceptions import HTTPException
 from litestar.handlers import HTTPRouteHandler
@@ -42,6 +41,10 @@ def _error_response(dialect: Dialect, exc: GatewayError) -> Response[bytes]:
     headers = {}
     if exc.retry_after is not None:
         headers["retry-after"] = str(max(int(exc.retry_after + 0.999), 0))
+    if exc.attempts is not None:
+        headers["x-gateway-attempts"] = str(exc.attempts)
+    if exc.headers:
+        headers.update(exc.headers)
     return Response(body, status_code=status, media_type=JSON, headers=headers)
 
 
@@ -87,14 +90,13 @@ async def health() -> Response[bytes]:
 
 @get("/ready")
 async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
-    client: aioredis.Redis | None = request.app.state.redis
-    if client is None:
+    shared = _pipeline(request).shared
+    if not shared.configured:
         return Response(encode({"status": "ready", "redis": "disabled"}), media_type=JSON)
-    try:
-        await client.ping()
-    except Exception:  # noqa: BLE001 - any failure to reach Redis means "not ready", never a 500
-        return Response(encode({"status": "not_ready", "redis": "unreachable"}), status_code=503, media_type=JSON)
-    return Response(encode({"status": "ready", "redis": "ok"}), media_type=JSON)
+    if await shared.ping():
+        return Response(encode({"status": "ready", "redis": "ok"}), media_type=JSON)
+    # Still serving on in-process state, but not what ops configured: say so to the orchestrator.
+    return Response(encode({"status": "degraded", "redis": "unreachable"}), status_code=503, media_type=JSON)
 
 
 def _http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
@@ -117,15 +119,10 @@ def create_app(loaded: LoadedConfig) -> Litestar:
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        url = loaded.config.redis.url
-        # Short socket timeouts: a request must never hang on Redis.
-        app.state.redis = aioredis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5) if url else None
         try:
             yield
         finally:
             await pipeline.close()
-            if app.state.redis is not None:
-                await app.state.redis.aclose()
 
     handlers: list[ControllerRouterHandler] = [
         _completion_handler(path, dialect) for path, dialect in DIALECT_ROUTES.items()
@@ -141,7 +138,6 @@ def create_app(loaded: LoadedConfig) -> Litestar:
         request_max_body_size=8 * 1024 * 1024,
     )
     app.state.pipeline = pipeline
-    app.state.redis = None
     return app
 
 

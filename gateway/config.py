@@ -34,6 +34,18 @@ class ServerConfig(Strict, frozen=True):
 class RedisConfig(Strict, frozen=True):
     # Empty: state lives in process memory, which is only correct for a single process.
     url: str = ""
+    # Rate limits while Redis is unreachable: keep serving on per-process limits, or refuse (503).
+    on_failure: Literal["fail_open", "fail_closed"] = "fail_open"
+
+
+class LimitsConfig(Strict, frozen=True):
+    rps: Annotated[int, Meta(ge=1)] | None = None
+    rpm: Annotated[int, Meta(ge=1)] | None = None
+    tpm: Annotated[int, Meta(ge=1)] | None = None
+    tpd: Annotated[int, Meta(ge=1)] | None = None
+    concurrent: Annotated[int, Meta(ge=1)] | None = None
+    # Wait up to this long for room instead of answering 429 at once.
+    max_queue_ms: Annotated[int, Meta(ge=0)] = 0
 
 
 class TimeoutsConfig(Strict, frozen=True):
@@ -42,11 +54,29 @@ class TimeoutsConfig(Strict, frozen=True):
     total_ms: Annotated[int, Meta(gt=0)] = 600_000
 
 
+class RetriesConfig(Strict, frozen=True):
+    # Upstream calls per request, across all of its targets and fallbacks (1 = no retry).
+    attempts: Annotated[int, Meta(ge=1, le=20)] = 3
+    initial_backoff_ms: Annotated[int, Meta(ge=0)] = 250
+    max_backoff_ms: Annotated[int, Meta(ge=0)] = 8_000
+    # No retry starts once its wait would carry the request past this much time since it arrived.
+    budget_ms: Annotated[int, Meta(gt=0)] = 30_000
+
+
+class CooldownConfig(Strict, frozen=True):
+    base_ms: Annotated[int, Meta(gt=0)] = 1_000
+    max_ms: Annotated[int, Meta(gt=0)] = 60_000
+
+
+Strategy = Literal["weighted", "ordered", "least-busy", "latency"]
+
+
 class KeyConfig(Strict, frozen=True):
     name: str
     key: str
     # Glob patterns over the model string the client sends (`openai/*`, `fast`).
     models: list[str] = msgspec.field(default_factory=lambda: ["*"])
+    limits: LimitsConfig | None = None
 
 
 class DeploymentConfig(Strict, frozen=True):
@@ -55,6 +85,7 @@ class DeploymentConfig(Strict, frozen=True):
     api_version: str | None = None
     # The upstream's own name for it (Azure deployment id) when it differs from the config key.
     name: str | None = None
+    limits: LimitsConfig | None = None
 
 
 class ProviderConfig(Strict, frozen=True):
@@ -68,6 +99,9 @@ class ProviderConfig(Strict, frozen=True):
     headers: dict[str, str] = msgspec.field(default_factory=dict)
     unsupported_params: ParamPolicy | None = None
     timeouts: TimeoutsConfig | None = None
+    retries: RetriesConfig | None = None
+    # The upstream's own quota, enforced by the gateway so replicas stop before the upstream refuses.
+    limits: LimitsConfig | None = None
     # Per-pool connection cap; keep-alive connections are reused across requests.
     max_connections: Annotated[int, Meta(ge=1)] = 256
 
@@ -80,6 +114,16 @@ class TargetConfig(Strict, frozen=True):
 class AliasConfig(Strict, frozen=True):
     name: str
     targets: Annotated[list[TargetConfig], Meta(min_length=1)]
+    strategy: Strategy = "weighted"
+    # Other aliases or vendor/model strings, tried in order after every target has failed.
+    fallbacks: list[str] = msgspec.field(default_factory=list)
+    # Larger-context models to go to when a target answers that the prompt does not fit.
+    context_window_fallbacks: list[str] = msgspec.field(default_factory=list)
+    resume_streams: bool = False
+    hedge_after_ms: Annotated[int, Meta(gt=0)] | None = None
+    retries: RetriesConfig | None = None
+    timeouts: TimeoutsConfig | None = None
+    limits: LimitsConfig | None = None
 
 
 class GatewayConfig(Strict, frozen=True):
@@ -87,6 +131,8 @@ class GatewayConfig(Strict, frozen=True):
     redis: RedisConfig = RedisConfig()
     unsupported_params: ParamPolicy = "error"
     timeouts: TimeoutsConfig = TimeoutsConfig()
+    retries: RetriesConfig = RetriesConfig()
+    cooldown: CooldownConfig = CooldownConfig()
     keys: list[KeyConfig] = msgspec.field(default_factory=list)
     providers: dict[str, Any] = msgspec.field(default_factory=dict)
     models: list[AliasConfig] = msgspec.field(default_factory=list)
@@ -191,6 +237,14 @@ def _check(cfg: GatewayConfig, providers: dict[str, ProviderConfig], source: str
                 fail(f"models[{i}].targets[{j}].model", f"unknown provider {vendor!r} in {target.model!r}")
             if not rest:
                 fail(f"models[{i}].targets[{j}].model", f"expected vendor/model_name, got {target.model!r}")
+    for i, alias in enumerate(cfg.models):
+        for field in ("fallbacks", "context_window_fallbacks"):
+            for j, ref in enumerate(getattr(alias, field)):
+                if ref in seen_alias:
+                    continue
+                vendor, _, rest = ref.partition("/")
+                if vendor not in providers or not rest:
+                    fail(f"models[{i}].{field}[{j}]", f"{ref!r} is neither an alias nor vendor/model_name")
     seen_names: set[str] = set()
     for i, key in enumerate(cfg.keys):
         if key.name in seen_names:

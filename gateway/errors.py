@@ -20,10 +20,24 @@ from __future__ import annotations
 
 from typing import Self
 
+RETRYABLE_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+
 
 class GatewayError(Exception):
     status: int = 500
     type: str = "server_error"
+    # Whether another attempt (same or other target) may succeed; None = decide by class.
+    retryable: bool = False
+    # A 429 that means an exhausted quota or spend limit: retrying cannot help.
+    quota: bool = False
+    # The prompt does not fit the model: only a larger-context fallback can help.
+    context_window: bool = False
+    # Upstream calls made before giving up (set by the failover loop), for `x-gateway-attempts`.
+    attempts: int | None = None
+    # Whether a retryable failure says the target is unhealthy (a gateway-side quota does not).
+    cools: bool = True
+    # Extra response headers (rate-limit state on a 429).
+    headers: dict[str, str] | None = None
 
     def __init__(
         self,
@@ -107,21 +121,41 @@ class UpstreamStatusError(UpstreamError):
         code: str | None = None,
         param: str | None = None,
         retry_after: float | None = None,
+        should_retry: bool | None = None,
+        quota: bool = False,
+        context_window: bool = False,
     ) -> None:
         status, kind = _client_status(upstream_status)
         super().__init__(message, param=param, code=code, status=status, retry_after=retry_after)
         self.type = kind
         self.upstream_status = upstream_status
         self.provider = provider
+        self.quota = quota
+        self.context_window = context_window
+        # The provider's own `x-should-retry` wins over the status; a quota never comes back by retrying.
+        retryable = upstream_status in RETRYABLE_STATUSES if should_retry is None else should_retry
+        self.retryable = retryable and not quota and not context_window
 
 
 class UpstreamConnectError(UpstreamError):
     """Connecting failed, or the connection dropped before a complete answer."""
 
+    retryable = True
+
 
 class UpstreamTimeoutError(UpstreamError):
     status = 504
     type = "timeout_error"
+    retryable = True
+
+
+class AllTargetsCoolingError(GatewayError):
+    """Every target is cooling down; `retry_after` is the soonest recovery."""
+
+    def __init__(self, message: str, *, rate_limited: bool, retry_after: float) -> None:
+        super().__init__(message, code="all_targets_cooling", retry_after=retry_after)
+        self.status = 429 if rate_limited else 503
+        self.type = "rate_limit_error" if rate_limited else "service_unavailable"
 
 
 def _client_status(upstream: int) -> tuple[int, str]:

@@ -1,28 +1,34 @@
 """One completion request, end to end: authenticate, decode, route, translate, call, normalize.
 
 This is the request path, so it is kept flat: one JSON decode of the client body, one encode of the
-upstream body, one decode of the upstream answer and one encode of the client answer. Streams are
-relayed event by event; nothing buffers a whole stream.
+upstream body per attempt, one decode of the upstream answer and one encode of the client answer.
+Streams are relayed event by event; nothing buffers a whole stream. A stream's attempt (and so every
+retry and failover) ends when its first event has been read: after that, bytes reach the client and
+the only way on is `resume_streams`.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import AsyncIterator, Mapping
-from typing import Final
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, Final
 
 import msgspec
 
+from gateway.admission import Admission, Ticket
 from gateway.auth import KeyRing
 from gateway.config import LoadedConfig
 from gateway.dialects import Dialect, decode_error
 from gateway.errors import GatewayError, UpstreamError
+from gateway.failover import Failover, Outcome
 from gateway.framing import DONE, NDJSONDecoder, SSEDecoder, sse_event
+from gateway.health import Health
 from gateway.request import normalize
-from gateway.routing import Route, Router
+from gateway.routing import Plan, Route, Router
 from gateway.schema import Completion, CompletionRequest, Usage, decode_request, encode
-from gateway.upstream import Stream, Upstream
+from gateway.state import SharedState
+from gateway.upstream import Stream, Timeouts, Upstream
 from providers.base import Adapter, CallContext, LocalAdapter, map_params, prompt_form
 
 _ID_BYTES: Final = 12
@@ -40,15 +46,50 @@ class Result(msgspec.Struct):
     stream: AsyncIterator[bytes] | None = None
 
 
+class Opened:
+    """A stream whose first event has arrived: nothing has been sent to the client yet."""
+
+    def __init__(
+        self,
+        chunks: AsyncGenerator[Completion, None],
+        first: Completion | None,
+        stream: Stream | None = None,
+    ) -> None:
+        self.chunks = chunks
+        self.first = first
+        self.stream = stream
+
+    def drop(self) -> None:
+        """Close the upstream connection at once (it is not returned to the pool half-read)."""
+        if self.stream is not None:
+            self.stream.close()
+
+    async def close(self) -> None:
+        self.drop()
+        await self.chunks.aclose()
+
+
 class Pipeline:
-    def __init__(self, loaded: LoadedConfig) -> None:
+    def __init__(
+        self,
+        loaded: LoadedConfig,
+        *,
+        sleep: Callable[[float], Awaitable[None]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.loaded = loaded
         self.router = Router(loaded)
         self.keys = KeyRing(loaded)
         self.upstream = Upstream(loaded)
+        self.shared = SharedState(loaded.config.redis.url)
+        self.health = Health(self.shared, loaded.config.cooldown, clock=clock)
+        self.failover = Failover(self.health, clock=clock, **({"sleep": sleep} if sleep else {}))
+        self.admission = Admission(loaded, self.shared, **({"sleep": sleep} if sleep else {}))
 
     async def close(self) -> None:
+        await self.admission.drain()
         await self.upstream.close()
+        await self.shared.close()
 
     async def complete(self, raw: bytes, headers: Mapping[str, str], dialect: Dialect) -> Result:
         key = self.keys.authenticate(headers)
@@ -58,11 +99,7 @@ class Pipeline:
             raise decode_error(exc) from None
         normalize(req)
         self.keys.authorize(key, req.model)
-        route = self.router.resolve(req.model)
-        self.router.check_available(route)
-        adapter = route.adapter
-        adapter.check(req, route.provider)
-        params, dropped = map_params(req, adapter.params, route.provider, route.drop_unsupported)
+        plan = self.router.plan(req.model)
         ctx = CallContext(
             id=_completion_id(),
             created=int(time.time()),
@@ -71,101 +108,226 @@ class Pipeline:
             n=req.n or 1,
             echo=bool(req.echo),
         )
-        out_headers = {"x-gateway-provider": route.provider}
-        if dropped:
-            out_headers["x-gateway-dropped-params"] = ",".join(dropped)
-        if isinstance(adapter, LocalAdapter):
-            if req.stream:
-                chunks = adapter.stream(req, route.endpoint, ctx)
-                # Pull the first chunk here so a failure before any byte is a normal error response.
-                first = await anext(chunks)
-                return Result(out_headers, stream=self._relay_local(first, chunks, req))
-            completion = await adapter.complete(req, route.endpoint, ctx)
-            return Result(out_headers, body=encode(completion))
-        return await self._call(adapter, route, req, params, ctx, out_headers)
+        dropped: dict[str, list[str]] = {}
+        deadline = float(req.inference_timeout) if isinstance(req.inference_timeout, float | int) else None
+        ticket = await self.admission.admit(key, req, plan) if self.admission.enabled else None
+        limit_headers = ticket.headers if ticket is not None else {}
+        if not req.stream:
 
-    async def _call(
+            async def call(route: Route, timeouts: Timeouts) -> Completion:
+                quota = await self.admission.admit_route(route, req, plan) if self.admission.enabled else None
+                used: int | None = 0
+                try:
+                    c = await self._complete_once(route, req, ctx, timeouts, dropped)
+                    used = c.usage.total_tokens if c.usage is not None else None
+                    return c
+                finally:
+                    self.admission.settle(quota, used)
+
+            used: int | None = 0
+            try:
+                done = await self.failover.run(plan, call, deadline_s=deadline)
+                usage = done.value.usage
+                used = usage.total_tokens if usage is not None else None
+            finally:
+                self.admission.settle(ticket, used)
+            return Result(_headers(done, dropped) | limit_headers, body=encode(done.value))
+
+        async def open_stream(route: Route, timeouts: Timeouts) -> Opened:
+            return await self._open_once(route, req, ctx, timeouts, dropped)
+
+        try:
+            opened = await self.failover.run(plan, open_stream, deadline_s=deadline, discard=Opened.drop)
+        except BaseException:
+            self.admission.settle(ticket, 0)
+            raise
+        relay = self._relay(opened.value, req, ctx, plan, opened.route, ticket)
+        return Result(_headers(opened, dropped) | limit_headers, stream=relay)
+
+    def _prepare(self, route: Route, req: CompletionRequest, dropped: dict[str, list[str]]) -> dict[str, Any]:
+        self.router.check_available(route)
+        route.adapter.check(req, route.provider)
+        params, lost = map_params(req, route.adapter.params, route.provider, route.drop_unsupported)
+        if lost:
+            dropped[route.key] = lost
+        return params
+
+    async def _complete_once(
         self,
-        adapter: Adapter,
         route: Route,
         req: CompletionRequest,
-        params: dict[str, object],
         ctx: CallContext,
-        out_headers: dict[str, str],
-    ) -> Result:
+        timeouts: Timeouts,
+        dropped: dict[str, list[str]],
+    ) -> Completion:
+        params = self._prepare(route, req, dropped)
+        adapter = route.adapter
+        if isinstance(adapter, LocalAdapter):
+            return await adapter.complete(req, route.endpoint, ctx)
         upstream_req = adapter.build_request(req, route.endpoint, params)
-        timeouts = self.upstream.timeouts_for(route.provider)
-        if isinstance(req.inference_timeout, float | int):
-            timeouts = timeouts.capped(float(req.inference_timeout))
-        if not req.stream:
-            resp = await self.upstream.send(route.provider, upstream_req, timeouts)
-            if resp.status >= 400:
-                raise adapter.map_error(resp.status, resp.headers, resp.body, route.provider)
-            try:
-                completion = adapter.parse_response(resp.body, ctx)
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                raise UpstreamError(f"Upstream '{route.provider}' sent an invalid response body") from None
-            return Result(out_headers, body=encode(completion))
+        resp = await self.upstream.send(route.provider, upstream_req, timeouts)
+        if resp.status >= 400:
+            raise adapter.map_error(resp.status, resp.headers, resp.body, route.provider)
+        try:
+            return adapter.parse_response(resp.body, ctx)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            raise UpstreamError(f"Upstream '{route.provider}' sent an invalid response body") from None
+
+    async def _open_once(
+        self,
+        route: Route,
+        req: CompletionRequest,
+        ctx: CallContext,
+        timeouts: Timeouts,
+        dropped: dict[str, list[str]],
+    ) -> Opened:
+        params = self._prepare(route, req, dropped)
+        adapter = route.adapter
+        if isinstance(adapter, LocalAdapter):
+            local = adapter.stream(req, route.endpoint, ctx)
+            return Opened(local, await anext(local, None))
+        upstream_req = adapter.build_request(req, route.endpoint, params)
         stream = await self.upstream.open_stream(route.provider, upstream_req, timeouts)
-        if stream.status >= 400:
-            async with stream:
+        try:
+            if stream.status >= 400:
                 body = await stream.read_all()
-            raise adapter.map_error(stream.status, stream.headers, body, route.provider)
-        return Result(out_headers, stream=self._relay(adapter, stream, req, ctx))
+                raise adapter.map_error(stream.status, stream.headers, body, route.provider)
+            events = _events(adapter, stream, ctx)
+            first = await anext(events, None)
+        except BaseException:
+            stream.close()
+            raise
+        return Opened(events, first, stream)
 
     async def _relay(
-        self, adapter: Adapter, stream: Stream, req: CompletionRequest, ctx: CallContext
+        self,
+        opened: Opened,
+        req: CompletionRequest,
+        ctx: CallContext,
+        plan: Plan,
+        route: Route,
+        ticket: Ticket | None,
     ) -> AsyncIterator[bytes]:
         want_usage = bool(req.stream_options and req.stream_options.include_usage)
+        expected = ctx.n * (len(ctx.prompts) if ctx.prompts else 1)
         usage: Usage | None = None
-        decoder = SSEDecoder() if adapter.framing == "sse" else NDJSONDecoder()
+        text: list[str] = []
+        sent = finished = 0
+        resumed_from = 0  # tokens streamed before the current upstream took over
         try:
-            async with stream:
-                async for chunk in stream.chunks():
-                    for event, data in decoder.feed(chunk):
-                        c = adapter.parse_event(event, data, ctx)
-                        if c is None:
-                            continue
+            while True:
+                error: GatewayError | None = None
+                try:
+                    c = opened.first
+                    while c is not None:
                         if c.usage is not None:
                             usage, c.usage = c.usage, None
                         if c.choices:
+                            for choice in c.choices:
+                                text.append(choice.text)
+                                finished += choice.finish_reason is not None
+                            sent += 1
                             yield sse_event(encode(c))
-                for event, data in decoder.close():
-                    c = adapter.parse_event(event, data, ctx)
-                    if c is not None and c.usage is not None:
-                        usage, c.usage = c.usage, None
-                    if c is not None and c.choices:
-                        yield sse_event(encode(c))
+                        c = await anext(opened.chunks, None)
+                    if finished < expected and usage is None:
+                        error = UpstreamError(f"Upstream '{route.provider}' ended the stream early")
+                except GatewayError as exc:
+                    error = exc
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    error = UpstreamError(f"Upstream '{route.provider}' sent an invalid stream event")
+                if error is None:
+                    break
+                await opened.close()
+                resumed = (
+                    await self._resume(plan, route, req, ctx, "".join(text), sent)
+                    if _resumable(plan, req, ctx)
+                    else None
+                )
+                if resumed is None:
+                    yield _error_event(error)
+                    break
+                opened, route = resumed
+                resumed_from = sent
             if want_usage and usage is not None:
-                yield sse_event(encode(_usage_chunk(ctx, usage)))
-        except GatewayError as exc:
-            yield _error_event(exc)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            yield _error_event(UpstreamError(f"Upstream '{stream.provider}' sent an invalid stream event"))
-        yield DONE
-
-    async def _relay_local(
-        self, first: Completion, rest: AsyncIterator[Completion], req: CompletionRequest
-    ) -> AsyncIterator[bytes]:
-        want_usage = bool(req.stream_options and req.stream_options.include_usage)
-        c: Completion | None = first
-        try:
-            while c is not None:
-                if c.choices:
-                    c.usage = None
-                    yield sse_event(encode(c))
-                elif want_usage and c.usage is not None:
-                    yield sse_event(encode(c))
-                c = await anext(rest, None)
-        except GatewayError as exc:
-            yield _error_event(exc)
+                if resumed_from:
+                    # The continuation's prompt included the text already streamed: count it as output.
+                    usage = Usage(
+                        prompt_tokens=max(usage.prompt_tokens - resumed_from, 0),
+                        completion_tokens=usage.completion_tokens + resumed_from,
+                        total_tokens=usage.total_tokens,
+                        completion_tokens_details=usage.completion_tokens_details,
+                        prompt_tokens_details=usage.prompt_tokens_details,
+                    )
+                last = Completion(id=ctx.id, created=ctx.created, model=ctx.model, choices=[], usage=usage)
+                yield sse_event(encode(last))
         finally:
-            await rest.aclose()  # type: ignore[attr-defined]
+            await opened.close()
+            if ticket is not None:
+                # A finished stream is charged its reported usage; one cut short, its prompt and what it sent.
+                self.admission.settle(ticket, usage.total_tokens if usage is not None else ticket.prompt + sent)
         yield DONE
 
+    async def _resume(
+        self, plan: Plan, broken: Route, req: CompletionRequest, ctx: CallContext, text: str, sent: int
+    ) -> tuple[Opened, Route] | None:
+        """Continue a broken stream on another target from the prompt plus the text already sent."""
+        await self.health.failure(broken.key, None, "error")
+        left = (16 if req.max_tokens is None else req.max_tokens) - sent
+        if left <= 0:
+            return None
+        assert isinstance(req.prompt, str)
+        cont = msgspec.structs.replace(req, prompt=req.prompt + text, max_tokens=left)
+        offsets = dict(ctx.offsets)
+        cont_ctx = msgspec.structs.replace(ctx, prompts=[cont.prompt], offsets=offsets)
+        dropped: dict[str, list[str]] = {}
 
-def _usage_chunk(ctx: CallContext, usage: Usage) -> Completion:
-    return Completion(id=ctx.id, created=ctx.created, model=ctx.model, choices=[], usage=usage)
+        async def open_stream(route: Route, timeouts: Timeouts) -> Opened:
+            return await self._open_once(route, cont, cont_ctx, timeouts, dropped)
+
+        try:
+            outcome = await self.failover.run(plan, open_stream, discard=Opened.drop)
+        except GatewayError:
+            return None
+        return outcome.value, outcome.route
+
+
+def _resumable(plan: Plan, req: CompletionRequest, ctx: CallContext) -> bool:
+    # Only a single text continuation can be resumed by appending what was sent to the prompt.
+    return (
+        plan.policy.resume_streams
+        and isinstance(req.prompt, str)
+        and ctx.n == 1
+        and not req.echo
+        and req.logprobs is None
+        and not req.suffix
+    )
+
+
+async def _events(adapter: Adapter, stream: Stream, ctx: CallContext) -> AsyncGenerator[Completion, None]:
+    """Upstream bytes -> normalized chunks, as they arrive."""
+    decoder = SSEDecoder() if adapter.framing == "sse" else NDJSONDecoder()
+    async for chunk in stream.chunks():
+        for event, data in decoder.feed(chunk):
+            c = adapter.parse_event(event, data, ctx)
+            if c is not None:
+                yield c
+    for event, data in decoder.close():
+        c = adapter.parse_event(event, data, ctx)
+        if c is not None:
+            yield c
+
+
+def _headers(outcome: Outcome[Any], dropped: dict[str, list[str]]) -> dict[str, str]:
+    route = outcome.route
+    headers = {
+        "x-gateway-provider": route.provider,
+        "x-gateway-model": route.key,
+        "x-gateway-attempts": str(outcome.attempts),
+    }
+    lost = dropped.get(route.key)
+    if lost:
+        headers["x-gateway-dropped-params"] = ",".join(lost)
+    return headers
 
 
 def _error_event(exc: GatewayError) -> bytes:

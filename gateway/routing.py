@@ -13,7 +13,7 @@ from typing import Final
 
 import msgspec
 
-from gateway.config import LoadedConfig, ProviderConfig
+from gateway.config import LoadedConfig, ProviderConfig, RetriesConfig, Strategy, TimeoutsConfig
 from gateway.errors import ModelNotFoundError, ProviderUnavailableError
 from providers import REGISTRY
 from providers.base import Adapter, Endpoint, LocalAdapter
@@ -22,12 +22,45 @@ _CACHE_LIMIT: Final = 4096
 
 
 class Route(msgspec.Struct, frozen=True):
+    # `provider/model[/deployment]`: the identity health, cooldowns and balancing are keyed on.
+    key: str
     provider: str
     adapter: Adapter | LocalAdapter
     endpoint: Endpoint
     drop_unsupported: bool
     # Set when the provider cannot be called (its key variable is unset); requests fail fast with it.
     unavailable: str | None = None
+
+
+class Group(msgspec.Struct, frozen=True):
+    """Routes balanced together: an alias's targets, or one fallback."""
+
+    routes: list[Route]
+    weights: list[float]
+    strategy: Strategy = "weighted"
+
+
+class Policy(msgspec.Struct, frozen=True):
+    retries: RetriesConfig
+    timeouts: TimeoutsConfig
+    resume_streams: bool = False
+    hedge_after_ms: int | None = None
+
+
+class Plan(msgspec.Struct, frozen=True):
+    """Everything a request may try, in order: the targets, then each fallback."""
+
+    groups: list[Group]
+    policy: Policy
+    context_groups: list[Group] = msgspec.field(default_factory=list)
+    strategy_needs_inflight: bool = False
+
+    @property
+    def single(self) -> Route | None:
+        """The one route of a direct `vendor/model` request (no alias, no fallbacks)."""
+        if len(self.groups) == 1 and len(self.groups[0].routes) == 1 and not self.context_groups:
+            return self.groups[0].routes[0]
+        return None
 
 
 class Alias(msgspec.Struct, frozen=True):
@@ -55,10 +88,51 @@ class Router:
         # Routes for direct model strings are memoized; the bound keeps client-chosen strings from growing it.
         self._cache: dict[str, Route] = {}
         self.aliases: dict[str, Alias] = {}
+        groups: dict[str, Group] = {}
         for alias in cfg.models:
             routes = [self._direct(t.model) for t in alias.targets]
             weights = list(itertools.accumulate(t.weight for t in alias.targets))
             self.aliases[alias.name] = Alias(name=alias.name, routes=routes, cum_weights=weights)
+            groups[alias.name] = Group(routes, [t.weight for t in alias.targets], alias.strategy)
+        self._plans: dict[str, Plan] = {}
+        for alias in cfg.models:
+            policy = Policy(
+                retries=alias.retries or cfg.retries,
+                timeouts=alias.timeouts or cfg.timeouts,
+                resume_streams=alias.resume_streams,
+                hedge_after_ms=alias.hedge_after_ms,
+            )
+            main = [groups[alias.name]] + [self._group(ref, groups) for ref in alias.fallbacks]
+            ctx = [self._group(ref, groups) for ref in alias.context_window_fallbacks]
+            self._plans[alias.name] = Plan(
+                groups=main,
+                policy=policy,
+                context_groups=ctx,
+                strategy_needs_inflight=any(g.strategy == "least-busy" for g in main + ctx),
+            )
+        self._direct_plans: dict[str, Plan] = {}
+
+    def _group(self, ref: str, groups: dict[str, Group]) -> Group:
+        if ref in groups:
+            return groups[ref]
+        return Group([self._direct(ref)], [1.0])
+
+    def plan(self, model: str) -> Plan:
+        """The alias's compiled plan, or a one-route plan for `vendor/model[/deployment]`."""
+        found = self._plans.get(model)
+        if found is not None:
+            return found
+        route = self.resolve(model)
+        found = self._direct_plans.get(route.key)
+        if found is None:
+            p = self._providers[route.provider]
+            cfg = self._loaded.config
+            policy = Policy(retries=p.retries or cfg.retries, timeouts=p.timeouts or cfg.timeouts)
+            found = Plan(groups=[Group([route], [1.0])], policy=policy)
+            if len(self._direct_plans) >= _CACHE_LIMIT:
+                self._direct_plans.clear()
+            self._direct_plans[route.key] = found
+        return found
 
     def resolve(self, model: str) -> Route:
         alias = self.aliases.get(model)
@@ -81,7 +155,9 @@ class Router:
         head, sep, last = rest.rpartition("/")
         if sep and head and last in pcfg.deployments:
             name, deployment = head, last
+        key = f"{vendor}/{name}" + (f"/{deployment}" if deployment else "")
         return Route(
+            key=key,
             provider=vendor,
             adapter=self._adapters[vendor],
             endpoint=self._endpoint(vendor, pcfg, name, deployment),

@@ -9,7 +9,7 @@ supported by the provider and is refused (400 naming it) or dropped, never silen
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any, ClassVar, Literal
 
 import msgspec
@@ -202,4 +202,6 @@ class LocalAdapter(Capabilities, abc.ABC):
     async def complete(self, req: CompletionRequest, endpoint: Endpoint, ctx: CallContext) -> Completion: ...
 
     @abc.abstractmethod
-    def stream(self, req: CompletionRequest, endpoint: Endpoint, ctx: CallContext) -> AsyncIterator[Completion]: ...
+    def stream(
+        self, req: CompletionRequest, endpoint: Endpoint, ctx: CallContext
+    ) -> AsyncGenerator[Completion, None]: ...

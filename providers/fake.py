@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import msgspec
@@ -199,7 +199,9 @@ class FakeAdapter(LocalAdapter):
         choices, _, usage = self._choices(req, behaviour)
         return Completion(id=ctx.id, created=ctx.created, model=ctx.model, choices=choices, usage=usage)
 
-    async def stream(self, req: CompletionRequest, endpoint: Endpoint, ctx: CallContext) -> AsyncIterator[Completion]:
+    async def stream(
+        self, req: CompletionRequest, endpoint: Endpoint, ctx: CallContext
+    ) -> AsyncGenerator[Completion, None]:
         behaviour, delay, interval = self._behaviour(endpoint)
         if delay:
             await asyncio.sleep(delay)

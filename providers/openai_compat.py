@@ -27,7 +27,10 @@ from gateway.schema import (
 from providers.base import Adapter, CallContext, Endpoint, Param, Table, UpstreamRequest, table
 from providers.finish import finish_reason
 from providers.offsets import prompt_for_choice, text_offsets
-from providers.retry_after import retry_after
+from providers.retry_after import retry_after, should_retry
+
+# 429 codes that mean "no more until someone pays or a period ends", not "slow down".
+QUOTA_CODES = frozenset({"insufficient_quota", "billing_hard_limit_reached", "spend_limit_reached"})
 
 
 class UpLogprobs(msgspec.Struct):
@@ -214,6 +217,11 @@ class OpenAICompatible(Adapter):
             code=code,
             param=param,
             retry_after=retry_after(headers),
+            should_retry=should_retry(headers),
+            quota=status == 429 and code in QUOTA_CODES,
+            # OpenAI sends the code; vLLM and other servers only say it in words.
+            context_window=code == "context_length_exceeded"
+            or (status == 400 and "maximum context length" in message.lower()),
         )
 
 

@@ -33,3 +33,13 @@ def retry_after(headers: Mapping[str, str], now: float | None = None) -> float |
     except (TypeError, ValueError):
         return None
     return max(when.timestamp() - (time.time() if now is None else now), 0.0)
+
+
+def should_retry(headers: Mapping[str, str]) -> bool | None:
+    """The provider's explicit `x-should-retry: true|false`, if it sent one (OpenAI does)."""
+    value = headers.get("x-should-retry")
+    if value == "true":
+        return True
+    if value == "false":
+        return False
+    return None

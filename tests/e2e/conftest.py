@@ -31,6 +31,8 @@ MAIN_CONFIG = """
 server: {{host: 127.0.0.1, port: 0}}
 unsupported_params: error
 timeouts: {{connect_ms: 2000, first_byte_ms: 10000, total_ms: 20000}}
+# The core suite asserts what one upstream call produces; retries and failover have their own suite.
+retries: {{attempts: 1}}
 keys:
   - {{name: full, key: "${{E2E_FULL_KEY}}"}}
   - {{name: limited, key: "${{E2E_LIMITED_KEY}}", models: ["demo/*", "fast"]}}
@@ -115,6 +117,14 @@ def gateway(upstream_server: Upstream, tmp_path_factory: pytest.TempPathFactory)
         yield gw
     finally:
         gw.stop()
+
+
+@pytest.fixture(autouse=True)
+def fresh_target_health(request: pytest.FixtureRequest) -> None:
+    """Cooldowns earned by one test's failing upstream must not make the next test's target cool."""
+    if "gateway" in request.fixturenames:
+        gw: GatewayThread = request.getfixturevalue("gateway")
+        gw.pipeline.health.reset()
 
 
 @pytest.fixture(scope="session")

@@ -31,6 +31,7 @@ from aiohttp import web
 
 from gateway.app import create_app
 from gateway.config import load_config
+from gateway.pipeline import Pipeline
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -250,6 +251,7 @@ class GatewayThread:
         self._sock.bind(("127.0.0.1", 0))
         self.port = int(self._sock.getsockname()[1])
         app = create_app(load_config(config_path, env=dict(env)))
+        self.pipeline: Pipeline = app.state.pipeline
         config = uvicorn.Config(
             app,
             loop="uvloop",

@@ -199,7 +199,7 @@ def test_ready_with_real_redis_then_redis_gone(redis_server: RedisServer, tmp_pa
         assert client.post("/v1/completions", json=ECHO).status_code == 200
         redis_server.stop()
         resp = client.get("/ready")
-        assert (resp.status_code, resp.json()) == (503, {"status": "not_ready", "redis": "unreachable"})
+        assert (resp.status_code, resp.json()) == (503, {"status": "degraded", "redis": "unreachable"})
 
 
 def test_ready_503_when_redis_port_is_closed(tmp_path: Path) -> None:
@@ -207,7 +207,7 @@ def test_ready_503_when_redis_port_is_closed(tmp_path: Path) -> None:
     path.write_text(MINIMAL.format(redis=f"redis://127.0.0.1:{free_port()}/0"))
     with serving(path, {}) as gw, httpx.Client(base_url=gw.url, trust_env=False, timeout=10) as client:
         resp = client.get("/ready")
-        assert (resp.status_code, resp.json()) == (503, {"status": "not_ready", "redis": "unreachable"})
+        assert (resp.status_code, resp.json()) == (503, {"status": "degraded", "redis": "unreachable"})
         health = client.get("/health")
         assert (health.status_code, health.json()) == (200, {"status": "ok"})
 

@@ -1,0 +1,203 @@
+"""Admission: which limits a request touches, reserving them, and settling them afterwards.
+
+Scopes are compiled once from the config: the client key (`keys[].limits`), the alias
+(`models[].limits`), the provider (`providers.<name>.limits`, the upstream's own quota) and a
+deployment. A direct `vendor/model` request charges all of its buckets in one script call; an alias
+request charges key and alias up front and the provider/deployment of each target as the failover loop
+reaches it (a provider over its quota sends the attempt on to the next target, without cooling it).
+
+Tokens are reserved as an estimate (prompt + max_tokens x choices, `gateway.tokens`) and reconciled
+with the usage the upstream reports, in the background so the client does not wait for it; a stream
+cancelled mid-way is charged its prompt plus the chunks it received.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Final
+
+import msgspec
+
+from gateway.auth import ClientKey
+from gateway.config import LimitsConfig, LoadedConfig
+from gateway.errors import GatewayError, InvalidRequestError, RateLimitError
+from gateway.ratelimit import TOKEN_KINDS, Bucket, BucketState, Decision, Limiter, RedisDown
+from gateway.routing import Plan, Route
+from gateway.schema import CompletionRequest
+from gateway.state import SharedState
+from gateway.tokens import reservation
+
+_KINDS: Final = ("rps", "rpm", "tpm", "tpd", "concurrent")
+
+
+def _buckets(scope: str, limits: LimitsConfig | None) -> list[Bucket]:
+    if limits is None:
+        return []
+    return [Bucket(scope, kind, getattr(limits, kind)) for kind in _KINDS if getattr(limits, kind) is not None]
+
+
+def duration(ms: int) -> str:
+    """OpenAI's reset format: `20ms`, `1.5s`, `6m0s`."""
+    if ms < 1000:
+        return f"{max(ms, 0)}ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.3f}".rstrip("0").rstrip(".") + "s"
+    minutes, rest = divmod(ms, 60_000)
+    return f"{minutes}m{rest // 1000}s"
+
+
+def _headers(states: list[BucketState]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for label, kinds in (("requests", ("rps", "rpm")), ("tokens", ("tpm", "tpd"))):
+        relevant = [s for s in states if s.bucket.kind in kinds]
+        if not relevant:
+            continue
+        tight = min(relevant, key=lambda s: (s.remaining, -s.reset_ms))
+        out[f"x-ratelimit-limit-{label}"] = str(tight.bucket.limit)
+        out[f"x-ratelimit-remaining-{label}"] = str(tight.remaining)
+        # GCRA's reset: when the bucket is full again (all of this scope's units available).
+        out[f"x-ratelimit-reset-{label}"] = duration(tight.reset_ms)
+    return out
+
+
+class Ticket(msgspec.Struct):
+    buckets: list[Bucket]
+    lease: str
+    reserved: int
+    headers: dict[str, str]
+    prompt: int = 0  # the prompt's share of `reserved`, to charge a cancelled stream what it used
+
+
+class Admission:
+    def __init__(
+        self,
+        loaded: LoadedConfig,
+        shared: SharedState,
+        *,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        cfg = loaded.config
+        self.limiter = Limiter(shared, fail_open=cfg.redis.on_failure == "fail_open")
+        self.sleep = sleep
+        self.keys = {k.name: _buckets(f"key:{k.name}", k.limits) for k in cfg.keys if k.limits}
+        self.models = {m.name: _buckets(f"model:{m.name}", m.limits) for m in cfg.models if m.limits}
+        self.providers = {n: _buckets(f"provider:{n}", p.limits) for n, p in loaded.providers.items() if p.limits}
+        self.deployments = {
+            (n, d): _buckets(f"deployment:{n}/{d}", dc.limits)
+            for n, p in loaded.providers.items()
+            for d, dc in p.deployments.items()
+            if dc.limits
+        }
+        queue: dict[str, int] = {}
+        for k in cfg.keys:
+            if k.limits:
+                queue[f"key:{k.name}"] = k.limits.max_queue_ms
+        for m in cfg.models:
+            if m.limits:
+                queue[f"model:{m.name}"] = m.limits.max_queue_ms
+        self.queue_ms = queue
+        self.enabled = bool(self.keys or self.models or self.providers or self.deployments)
+        self._background: set[asyncio.Task[None]] = set()
+
+    def _route_buckets(self, route: Route) -> list[Bucket]:
+        out = list(self.providers.get(route.provider, ()))
+        if route.endpoint.deployment:
+            out += self.deployments.get((route.provider, route.endpoint.deployment), ())
+        return out
+
+    async def admit(self, key: ClientKey | None, req: CompletionRequest, plan: Plan) -> Ticket | None:
+        buckets = list(self.keys.get(key.name, ())) if key is not None else []
+        buckets += self.models.get(req.model, ())
+        direct = plan.single
+        if direct is not None:
+            buckets += self._route_buckets(direct)
+        if not buckets:
+            return None
+        first = direct or plan.groups[0].routes[0]
+        prompt, tokens = self._tokens(req, buckets, first)
+        queue_ms = min((self.queue_ms.get(b.scope, 0) for b in buckets), default=0)
+        waited = 0
+        while True:
+            decision = await self._acquire(buckets, tokens)
+            headers = _headers(decision.states)
+            if decision.allowed:
+                return Ticket(buckets, decision.lease, tokens, headers, prompt)
+            wait = decision.retry_after_ms
+            if waited + wait > queue_ms:
+                err = RateLimitError(
+                    "Rate limit reached for this key or model; retry after the time in Retry-After",
+                    code="rate_limit_exceeded",
+                    retry_after=wait / 1000,
+                )
+                err.headers = headers
+                raise err
+            waited += wait
+            await self.sleep(wait / 1000)
+
+    async def admit_route(self, route: Route, req: CompletionRequest, plan: Plan) -> Ticket | None:
+        """An alias target's own provider/deployment quota, checked when the failover loop reaches it."""
+        if plan.single is not None:
+            return None  # already charged with the request
+        buckets = self._route_buckets(route)
+        if not buckets:
+            return None
+        prompt, tokens = self._tokens(req, buckets, route)
+        decision = await self._acquire(buckets, tokens)
+        if decision.allowed:
+            return Ticket(buckets, decision.lease, tokens, _headers(decision.states), prompt)
+        err = RateLimitError(
+            f"Provider '{route.provider}' is at its configured quota",
+            code="provider_quota",
+            retry_after=decision.retry_after_ms / 1000,
+        )
+        err.retryable = True  # another target may have room; this one is not unhealthy, so no cooldown
+        err.cools = False
+        raise err
+
+    def _tokens(self, req: CompletionRequest, buckets: list[Bucket], route: Route) -> tuple[int, int]:
+        token_buckets = [b for b in buckets if b.kind in TOKEN_KINDS]
+        if not token_buckets:
+            return 0, 0
+        kind = getattr(route.adapter, "kind", "")
+        prompt, tokens = reservation(req, kind, route.endpoint.model)
+        for b in token_buckets:
+            if tokens > b.limit:
+                raise InvalidRequestError(
+                    f"This request needs up to {tokens} tokens (prompt + max_tokens x choices), more than "
+                    f"the {b.kind} limit of {b.limit} for {b.scope} can ever allow; lower max_tokens",
+                    param="max_tokens",
+                    code="exceeds_token_limit",
+                )
+        return prompt, tokens
+
+    async def _acquire(self, buckets: list[Bucket], tokens: int) -> Decision:
+        try:
+            return await self.limiter.acquire(buckets, tokens)
+        except RedisDown:
+            raise GatewayError(
+                "Rate limiting is unavailable (Redis unreachable) and the gateway is set to fail closed",
+                status=503,
+                code="rate_limiter_unavailable",
+            ) from None
+
+    def settle(self, ticket: Ticket | None, used: int | None) -> None:
+        """Return unused reserved tokens (or charge overuse) and free concurrency, off the request path."""
+        if ticket is None:
+            return
+        delta = 0 if used is None else used - ticket.reserved
+        task = asyncio.ensure_future(self._settle(ticket, delta))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _settle(self, ticket: Ticket, delta: int) -> None:
+        try:
+            if delta:
+                await self.limiter.adjust(ticket.buckets, delta)
+            await self.limiter.release(ticket.buckets, ticket.lease)
+        except RedisDown:
+            pass
+
+    async def drain(self) -> None:
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)

@@ -1,0 +1,113 @@
+"""Choosing which target serves each attempt of a request.
+
+Strategies order one group's routes: `weighted` (a random order drawn by weight, so the first pick
+follows the weights and later picks are the remaining targets), `ordered` (config order, a priority
+list), `least-busy` (fewest in-flight requests, counted in Redis across replicas), `latency` (lowest
+EWMA time to first byte; unmeasured targets first, so they get measured). Groups are concatenated:
+the alias's targets, then each fallback.
+
+A `Selector` walks that order for one request: it skips targets that are cooling, takes a recovering
+target only if it wins the one probe slot, prefers a target not yet tried, and otherwise repeats the
+last one (after the retry wait). When nothing is usable at the start it raises `AllTargetsCoolingError`
+with the soonest recovery.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from gateway.errors import AllTargetsCoolingError
+from gateway.health import Health, TargetState
+from gateway.routing import Group, Plan, Route
+
+
+def order(group: Group, states: dict[str, TargetState], rng: Callable[[], float] = random.random) -> list[Route]:
+    routes = group.routes
+    if len(routes) == 1 or group.strategy == "ordered":
+        return list(routes)
+    if group.strategy == "weighted":
+        # Efraimidis-Spirakis: sorting by u^(1/w) draws a weighted order without replacement.
+        keyed = sorted(((rng() ** (1.0 / w), i) for i, w in enumerate(group.weights)), reverse=True)
+        return [routes[i] for _, i in keyed]
+    if group.strategy == "least-busy":
+        return sorted(routes, key=lambda r: states[r.key].inflight)
+    return sorted(routes, key=lambda r: (states[r.key].latency_ms is not None, states[r.key].latency_ms or 0.0))
+
+
+def candidates(groups: list[Group], states: dict[str, TargetState]) -> list[Route]:
+    seen: set[str] = set()
+    out: list[Route] = []
+    for g in groups:
+        for r in order(g, states):
+            if r.key not in seen:
+                seen.add(r.key)
+                out.append(r)
+    return out
+
+
+def keys_of(plan: Plan) -> list[str]:
+    seen: dict[str, None] = {}
+    for g in plan.groups + plan.context_groups:
+        for r in g.routes:
+            seen.setdefault(r.key, None)
+    return list(seen)
+
+
+class Selector:
+    def __init__(self, plan: Plan, states: dict[str, TargetState], health: Health, probe_ttl_ms: int) -> None:
+        self.plan = plan
+        self.states = states
+        self.health = health
+        self.probe_ttl_ms = probe_ttl_ms
+        self.order = candidates(plan.groups, states)
+        self.tried: list[Route] = []
+        self.context_switched = False
+
+    async def _usable(self, route: Route) -> bool:
+        state = self.states[route.key]
+        if state.cooling_ms > 0:
+            return False
+        if state.recovering:
+            return await self.health.probe(route.key, self.probe_ttl_ms)
+        return True
+
+    async def _fresh(self) -> Route | None:
+        tried = {r.key for r in self.tried}
+        for route in self.order:
+            if route.key not in tried and await self._usable(route):
+                return route
+        return None
+
+    async def first(self) -> Route:
+        route = await self._fresh()
+        if route is None:
+            raise self._all_cooling()
+        self.tried.append(route)
+        return route
+
+    async def next(self) -> tuple[Route, bool]:
+        """The next route to try and whether it is a new target (no wait needed)."""
+        route = await self._fresh()
+        if route is not None:
+            self.tried.append(route)
+            return route, True
+        return self.tried[-1], False
+
+    def switch_to_context_fallbacks(self) -> bool:
+        """After a context-window error only the larger-context fallbacks can help."""
+        if self.context_switched or not self.plan.context_groups:
+            return False
+        self.context_switched = True
+        self.order = candidates(self.plan.context_groups, self.states)
+        return True
+
+    def _all_cooling(self) -> AllTargetsCoolingError:
+        states = [self.states[r.key] for r in self.order]
+        waits = [s.cooling_ms for s in states if s.cooling_ms > 0] or [self.probe_ttl_ms]
+        rate_limited = all(s.cause == "429" for s in states if s.cooling_ms > 0)
+        return AllTargetsCoolingError(
+            "Every target for this model is cooling down after failures; retry later",
+            rate_limited=rate_limited,
+            retry_after=min(waits) / 1000,
+        )

@@ -1,0 +1,201 @@
+"""Attempts, retries and hedging for one request, driven by tenacity.
+
+    stop  = stop_after_attempt(retries.attempts) | stop_before_delay(retries.budget_ms)
+    retry = the error is retryable (408/409/429/5xx/529, connect errors, read timeouts; never a quota
+            429 or a client error), or a context-window error with larger-context fallbacks left
+    wait  = 0 when the next attempt goes to a target not yet tried (another healthy target exists);
+            otherwise the provider's Retry-After, else exponential backoff with full jitter
+
+Every failed attempt that says something about the target (429, 5xx, timeout, connect error) cools
+that target down for every replica. `sleep` and `clock` are injectable so tests can assert the exact
+waits without waiting. Nothing here runs after a streamed byte has reached the client: a stream's
+attempt ends when its first event has been read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, TypeVar, cast
+
+import msgspec
+from tenacity import AsyncRetrying, RetryCallState, stop_after_attempt, stop_before_delay, wait_random_exponential
+
+from gateway.balancer import Selector, keys_of
+from gateway.errors import GatewayError, UpstreamTimeoutError
+from gateway.health import Health, TargetState
+from gateway.routing import Plan, Route
+from gateway.upstream import Timeouts
+
+T = TypeVar("T")
+Sleep = Callable[[float], Awaitable[None]]
+Call = Callable[[Route, Timeouts], Awaitable[T]]
+# Called with a result that lost a hedge race and will not be used (an open stream to close).
+Discard = Callable[[T], None]
+
+
+class Outcome(msgspec.Struct, Generic[T]):
+    value: T
+    route: Route
+    attempts: int
+
+
+def _cause(exc: GatewayError) -> str | None:
+    """What a failure says about the target: None when it says nothing (the client's own mistake)."""
+    if not exc.cools:
+        return None
+    if exc.quota:
+        return "quota"
+    if getattr(exc, "upstream_status", None) == 429:
+        return "429"
+    if exc.retryable:
+        return "error"
+    return None
+
+
+class Failover:
+    def __init__(
+        self,
+        health: Health,
+        *,
+        sleep: Sleep = asyncio.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.health = health
+        self.sleep = sleep
+        self.clock = clock
+
+    async def run(
+        self,
+        plan: Plan,
+        call: Call[T],
+        *,
+        deadline_s: float | None = None,
+        discard: Discard[T] | None = None,
+    ) -> Outcome[T]:
+        policy = plan.policy
+        t = policy.timeouts
+        total = t.total_ms / 1000 if deadline_s is None else min(t.total_ms / 1000, deadline_s)
+        deadline = self.clock() + total
+        states = await self.health.snapshot(keys_of(plan))
+        selector = Selector(plan, states, self.health, probe_ttl_ms=t.first_byte_ms)
+        current = await selector.first()
+        attempts = 0
+        r = policy.retries
+        backoff = wait_random_exponential(multiplier=r.initial_backoff_ms / 1000, max=r.max_backoff_ms / 1000)
+
+        async def retry(rs: RetryCallState) -> bool:
+            exc = rs.outcome.exception() if rs.outcome is not None else None
+            if not isinstance(exc, GatewayError):
+                return False
+            if exc.context_window:
+                return selector.switch_to_context_fallbacks()
+            return exc.retryable
+
+        async def wait(rs: RetryCallState) -> float:
+            nonlocal current
+            exc = rs.outcome.exception() if rs.outcome is not None else None
+            current, fresh = await selector.next()
+            if fresh:
+                return 0.0
+            hint = exc.retry_after if isinstance(exc, GatewayError) else None
+            return hint if hint is not None else float(backoff(rs))
+
+        def remaining() -> Timeouts:
+            left = deadline - self.clock()
+            if left <= 0:
+                err = UpstreamTimeoutError(f"The request's deadline of {total:g} s passed", code="deadline_exceeded")
+                err.retryable = False
+                raise err
+            base = Timeouts(t.connect_ms / 1000, t.first_byte_ms / 1000, t.total_ms / 1000)
+            return base.capped(left)
+
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(r.attempts) | stop_before_delay(r.budget_ms / 1000),
+            wait=cast(Any, wait),  # tenacity awaits async waits; its stubs only declare sync ones
+            retry=retry,
+            sleep=self.sleep,
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    attempts += 1
+                    if policy.hedge_after_ms is not None:
+                        value, route, extra = await self._hedged(
+                            plan, selector, current, call, remaining, policy.hedge_after_ms / 1000, discard
+                        )
+                        attempts += extra
+                    else:
+                        route = current
+                        value = await self._attempt(plan, states, current, call, remaining())
+                    return Outcome(value=value, route=route, attempts=attempts)
+        except GatewayError as exc:
+            exc.attempts = attempts
+            raise
+        raise AssertionError("unreachable: tenacity re-raises the last error")  # pragma: no cover
+
+    async def _attempt(
+        self, plan: Plan, states: dict[str, TargetState], route: Route, call: Call[T], timeouts: Timeouts
+    ) -> T:
+        track = plan.strategy_needs_inflight
+        if track:
+            await self.health.inflight(route.key, +1)
+        started = self.clock()
+        try:
+            value = await call(route, timeouts)
+        except GatewayError as exc:
+            cause = _cause(exc)
+            if cause is not None:
+                await self.health.failure(route.key, exc.retry_after, cause)
+            raise
+        finally:
+            if track:
+                await self.health.inflight(route.key, -1)
+        await self.health.success(route.key, states.get(route.key))
+        if any(g.strategy == "latency" for g in plan.groups):
+            await self.health.latency(route.key, (self.clock() - started) * 1000)
+        return value
+
+    async def _hedged(
+        self,
+        plan: Plan,
+        selector: Selector,
+        first: Route,
+        call: Call[T],
+        remaining: Callable[[], Timeouts],
+        after_s: float,
+        discard: Discard[T] | None,
+    ) -> tuple[T, Route, int]:
+        """Start a second target if the first has not answered within `after_s`; first answer wins."""
+        states = selector.states
+        primary = asyncio.ensure_future(self._attempt(plan, states, first, call, remaining()))
+        done, _ = await asyncio.wait({primary}, timeout=after_s)
+        if done:
+            return primary.result(), first, 0
+        second, fresh = await selector.next()
+        if not fresh:
+            return await primary, first, 0
+        backup = asyncio.ensure_future(self._attempt(plan, states, second, call, remaining()))
+        routes = {primary: first, backup: second}
+        pending = {primary, backup}
+        error: BaseException | None = None
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    if task.exception() is None:
+                        winner = task
+                        for other in pending:
+                            other.cancel()
+                        for other in done - {winner}:
+                            if other.exception() is None and discard is not None:
+                                discard(other.result())
+                        return winner.result(), routes[winner], 1
+                    error = error or task.exception()
+        finally:
+            for task in pending:
+                task.cancel()
+        assert error is not None
+        raise error

@@ -1,0 +1,243 @@
+"""Rate limits that hold exactly across replicas: one atomic Lua script per request.
+
+Algorithm: GCRA (the generic cell rate algorithm) for every rate (`rps`, `rpm`, `tpm`, `tpd`), and
+leases for `concurrent`. GCRA keeps one number per bucket (the theoretical arrival time, TAT), so a
+check is O(1) in time and memory whatever the limit, and a token reservation can be returned
+exactly by moving the TAT back. A bucket of limit L per period P admits a burst of L, then one unit
+every P/L: over any interval t it admits at most L + t·L/P, never more, and never refuses what that
+allows. (A sliding-window log would be exact for fixed windows too but stores one entry per request,
+which is unworkable for token limits of millions per day.)
+
+The script takes every bucket a request touches (key, alias, provider, deployment), uses Redis's own
+clock (`TIME`, so replicas' clocks do not matter), and charges all of them or none. Keys carry a hash
+tag per scope (`rl:{key:search-team}:rpm`), so the script runs on Redis Cluster when a request's
+buckets share a slot; with several scopes on a cluster, give them one tag via `redis.hash_tag`.
+Without Redis the same arithmetic runs in process memory, which is exact for one process.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Final, Literal
+
+import msgspec
+
+from gateway.state import Degraded, SharedState
+
+Kind = Literal["rps", "rpm", "tpm", "tpd", "concurrent"]
+PERIOD_S: Final[dict[str, float]] = {"rps": 1.0, "rpm": 60.0, "tpm": 60.0, "tpd": 86_400.0}
+TOKEN_KINDS: Final = frozenset({"tpm", "tpd"})
+_LEASE_TTL_MS: Final = 600_000  # a replica that dies mid-request frees its concurrency lease after this
+
+# KEYS: one per bucket. ARGV: mode, lease id, then per bucket: kind, limit, period_ms, cost.
+# mode "acquire": all-or-nothing check and charge; returns {ok, retry_ms, b1_remaining, b1_reset_ms, ...}
+# mode "adjust": add cost (may be negative: a refund) without checking; returns {1, 0, ...}
+# mode "release": drop the lease from concurrency buckets.
+SCRIPT: Final = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local mode, lease = ARGV[1], ARGV[2]
+local n = #KEYS
+local out = {1, 0}
+local news = {}
+local now_state = {}
+local denied = false
+local retry = 0
+for i = 1, n do
+  local base = 2 + (i - 1) * 4
+  local kind, limit, period, cost = ARGV[base + 1], tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3]),
+    tonumber(ARGV[base + 4])
+  if kind == 'concurrent' then
+    redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
+    if mode == 'release' then
+      redis.call('ZREM', KEYS[i], lease)
+      news[i] = false
+      out[#out + 1] = 0; out[#out + 1] = 0
+    else
+      local used = redis.call('ZCARD', KEYS[i])
+      if mode == 'acquire' and used + 1 > limit then
+        denied = true
+        local oldest = redis.call('ZRANGE', KEYS[i], 0, 0, 'WITHSCORES')
+        local wait = 1000
+        if oldest[2] then wait = math.max(tonumber(oldest[2]) - now, 1) end
+        if retry == 0 or wait < retry then retry = wait end
+      end
+      news[i] = 'lease'
+      out[#out + 1] = math.max(limit - used - 1, 0); out[#out + 1] = 0
+    end
+  else
+    local interval = period / limit
+    local tat = tonumber(redis.call('GET', KEYS[i]) or now)
+    if tat < now then tat = now end
+    local new = tat + cost * interval
+    if mode == 'adjust' and new < now then new = now end
+    local allowed_at = new - period
+    if mode == 'acquire' and allowed_at > now then
+      denied = true
+      local wait = math.ceil(allowed_at - now)
+      if wait > retry then retry = wait end
+    end
+    news[i] = new
+    local remaining = math.floor((period - (new - now)) / interval)
+    if remaining < 0 then remaining = 0 end
+    out[#out + 1] = remaining; out[#out + 1] = math.ceil(new - now)
+    now_state[i] = {math.max(math.floor((period - (tat - now)) / interval), 0), math.ceil(tat - now)}
+  end
+end
+if mode == 'release' then return out end
+if denied then
+  -- Report what the buckets hold now: the denied request charged nothing.
+  out[1] = 0; out[2] = retry
+  for i = 1, n do
+    if now_state[i] then out[1 + i * 2] = now_state[i][1]; out[2 + i * 2] = now_state[i][2] end
+  end
+  return out
+end
+for i = 1, n do
+  local v = news[i]
+  if v == 'lease' then
+    redis.call('ZADD', KEYS[i], now + LEASE_TTL, lease)
+    redis.call('PEXPIRE', KEYS[i], LEASE_TTL)
+  elseif v then
+    redis.call('SET', KEYS[i], v, 'PX', math.ceil(v - now) + 1000)
+  end
+end
+return out
+""".replace("LEASE_TTL", str(_LEASE_TTL_MS))
+
+
+class Bucket(msgspec.Struct, frozen=True):
+    """One limit of one scope: `scope` is e.g. `key:search-team`, `model:fast`, `provider:openai`."""
+
+    scope: str
+    kind: Kind
+    limit: int
+
+    @property
+    def redis_key(self) -> str:
+        return "rl:{" + self.scope + "}:" + self.kind
+
+    @property
+    def period_ms(self) -> int:
+        return int(PERIOD_S.get(self.kind, 0) * 1000)
+
+
+class BucketState(msgspec.Struct):
+    bucket: Bucket
+    remaining: int
+    reset_ms: int
+
+
+class Decision(msgspec.Struct):
+    allowed: bool
+    retry_after_ms: int
+    states: list[BucketState]
+    lease: str
+
+
+class _Local:
+    """The script's arithmetic in process memory, for one process (or while Redis is away)."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self.tat: dict[str, float] = {}
+        self.leases: dict[str, dict[str, float]] = {}
+
+    def run(self, mode: str, lease: str, buckets: Sequence[Bucket], costs: Sequence[float]) -> list[int]:
+        now = self.clock() * 1000
+        out = [1, 0]
+        news: list[float | str | None] = []
+        current: dict[int, tuple[int, int]] = {}
+        denied = False
+        retry = 0
+        for b, cost in zip(buckets, costs, strict=True):
+            if b.kind == "concurrent":
+                held = {k: v for k, v in self.leases.get(b.redis_key, {}).items() if v > now}
+                self.leases[b.redis_key] = held
+                if mode == "release":
+                    held.pop(lease, None)
+                    news.append(None)
+                    out += [0, 0]
+                    continue
+                if mode == "acquire" and len(held) + 1 > b.limit:
+                    denied = True
+                    wait = max(int(min(held.values()) - now), 1) if held else 1000
+                    retry = wait if retry == 0 else min(retry, wait)
+                news.append("lease")
+                out += [max(b.limit - len(held) - 1, 0), 0]
+                continue
+            period = b.period_ms
+            interval = period / b.limit
+            tat = max(self.tat.get(b.redis_key, now), now)
+            new = tat + cost * interval
+            if mode == "adjust" and new < now:
+                new = now
+            allowed_at = new - period
+            if mode == "acquire" and allowed_at > now:
+                denied = True
+                retry = max(retry, math.ceil(allowed_at - now))
+            news.append(new)
+            out += [max(math.floor((period - (new - now)) / interval), 0), math.ceil(new - now)]
+            current[len(news) - 1] = (max(math.floor((period - (tat - now)) / interval), 0), math.ceil(tat - now))
+        if mode == "release":
+            return out
+        if denied:
+            for i, (remaining, reset) in current.items():
+                out[2 + i * 2], out[3 + i * 2] = remaining, reset
+            return [0, retry, *out[2:]]
+        for b, v in zip(buckets, news, strict=True):
+            if v == "lease":
+                self.leases.setdefault(b.redis_key, {})[lease] = now + _LEASE_TTL_MS
+            elif isinstance(v, float):
+                self.tat[b.redis_key] = v
+        return out
+
+
+class RedisDown(Exception):
+    """Redis is configured but unreachable and `redis.on_failure` is `fail_closed`."""
+
+
+class Limiter:
+    def __init__(self, shared: SharedState, *, fail_open: bool = True, clock: Callable[[], float] = time.time) -> None:
+        self.shared = shared
+        self.fail_open = fail_open
+        self.local = _Local(clock)
+        self._script = shared.client.register_script(SCRIPT) if shared.client is not None else None
+
+    async def _run(self, mode: str, lease: str, buckets: Sequence[Bucket], costs: Sequence[float]) -> list[int]:
+        script = self._script
+        if script is not None:
+            args: list[str | int | float] = [mode, lease]
+            for b, c in zip(buckets, costs, strict=True):
+                args += [b.kind, b.limit, b.period_ms, c]
+            keys = [b.redis_key for b in buckets]
+            try:
+                raw = await self.shared.run(lambda r: script(keys=keys, args=args, client=r))
+                return [int(x) for x in raw]
+            except Degraded:
+                if not self.fail_open:
+                    raise RedisDown from None
+        return self.local.run(mode, lease, buckets, costs)
+
+    async def acquire(self, buckets: Sequence[Bucket], tokens: int) -> Decision:
+        lease = uuid.uuid4().hex
+        costs = [float(tokens) if b.kind in TOKEN_KINDS else 1.0 for b in buckets]
+        out = await self._run("acquire", lease, buckets, costs)
+        states = [
+            BucketState(bucket=b, remaining=out[2 + i * 2], reset_ms=out[3 + i * 2]) for i, b in enumerate(buckets)
+        ]
+        return Decision(allowed=out[0] == 1, retry_after_ms=out[1], states=states, lease=lease)
+
+    async def adjust(self, buckets: Sequence[Bucket], tokens: int) -> None:
+        """Charge (or with a negative count, return) tokens after the fact, without checking."""
+        token_buckets = [b for b in buckets if b.kind in TOKEN_KINDS]
+        if token_buckets and tokens:
+            await self._run("adjust", "", token_buckets, [float(tokens)] * len(token_buckets))
+
+    async def release(self, buckets: Sequence[Bucket], lease: str) -> None:
+        held = [b for b in buckets if b.kind == "concurrent"]
+        if held:
+            await self._run("release", lease, held, [0.0] * len(held))

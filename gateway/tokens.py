@@ -1,0 +1,67 @@
+"""Token estimates for reserving rate-limit budget before a call.
+
+OpenAI-family models (kinds `openai` and `azure`) are counted with their real BPE when the optional
+`bpe-openai` package is installed (it embeds cl100k/o200k, so it works offline, unlike `tiktoken`,
+which downloads its tables on first use). Everything else, and OpenAI without that package, uses a
+documented estimate: one token per 4 UTF-8 bytes, rounded up, which over-reserves slightly for English
+and is reconciled with the usage the upstream reports. Token-id prompts are counted exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Any, Protocol
+
+from gateway.schema import CompletionRequest
+
+BYTES_PER_TOKEN = 4
+DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default when the request gives none
+
+
+class _Encoding(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+
+
+@lru_cache(maxsize=32)
+def _encoding(model: str) -> _Encoding | None:
+    try:
+        import bpe_openai  # type: ignore[import-untyped, import-not-found, unused-ignore]
+    except ImportError:
+        return None
+    # tiktoken's model table: davinci-002, babbage-002 and gpt-3.5-turbo-instruct are cl100k.
+    name = "o200k_base" if model.startswith(("gpt-4o", "gpt-4.1", "gpt-5", "o1", "o3", "o4")) else "cl100k_base"
+    if model.startswith(("text-davinci-002", "text-davinci-003", "code-")):
+        name = "p50k_base"
+    elif model in ("davinci", "curie", "babbage", "ada") or model.startswith("text-"):
+        name = "r50k_base"
+    enc: Any = bpe_openai.get_encoding(name)
+    return enc  # type: ignore[no-any-return]
+
+
+def text_tokens(text: str, kind: str, model: str) -> int:
+    if kind in ("openai", "azure"):
+        enc = _encoding(model)
+        if enc is not None:
+            return len(enc.encode(text))
+    return math.ceil(len(text.encode("utf-8")) / BYTES_PER_TOKEN)
+
+
+def prompt_tokens(prompt: str | list[Any], kind: str, model: str) -> int:
+    if isinstance(prompt, str):
+        return text_tokens(prompt, kind, model)
+    first = prompt[0]
+    if isinstance(first, str):
+        return sum(text_tokens(p, kind, model) for p in prompt)
+    if isinstance(first, int):
+        return len(prompt)
+    return sum(len(p) for p in prompt)
+
+
+def reservation(req: CompletionRequest, kind: str, model: str) -> tuple[int, int]:
+    """(prompt tokens, prompt tokens + the most the request may generate: max_tokens x choices)."""
+    n_prompts = len(req.prompt) if isinstance(req.prompt, list) and not isinstance(req.prompt[0], int) else 1
+    per_choice = DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens
+    choices = max(req.n or 1, req.best_of or 1) * n_prompts
+    prompt = prompt_tokens(req.prompt, kind, model)
+    return prompt, prompt + per_choice * choices
