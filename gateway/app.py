@@ -6,6 +6,8 @@ with errors rendered in the dialect's own shape rather than Litestar's generic v
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -48,6 +50,12 @@ def _error_response(dialect: Dialect, exc: GatewayError) -> Response[bytes]:
     return Response(body, status_code=status, media_type=JSON, headers=headers)
 
 
+async def _disconnect(request: Request[Any, Any, Any]) -> None:
+    """Return when the client disconnects (the body has been read, so nothing else can arrive)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def _pipeline(request: Request[Any, Any, Any]) -> Pipeline:
     pipeline: Pipeline = request.app.state.pipeline
     return pipeline
@@ -55,8 +63,21 @@ def _pipeline(request: Request[Any, Any, Any]) -> Pipeline:
 
 def _completion_handler(path: str, dialect: Dialect) -> HTTPRouteHandler:
     async def handler(request: Request[Any, Any, Any]) -> Response[bytes] | Stream:
+        body = await request.body()
+        work = asyncio.ensure_future(_pipeline(request).complete(body, request.headers, dialect))
+        gone = asyncio.ensure_future(_disconnect(request))
         try:
-            result = await _pipeline(request).complete(await request.body(), request.headers, dialect)
+            await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not work.done():
+            # The client left before the answer started: stop the upstream call instead of finishing it.
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError, GatewayError):
+                await work
+            return Response(b"", status_code=499)
+        try:
+            result = work.result()
         except GatewayError as exc:
             return _error_response(dialect, exc)
         if result.stream is not None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from gateway.errors import AllTargetsCoolingError
+from gateway.errors import AllTargetsCoolingError, ProviderUnavailableError
 from gateway.health import Health, TargetState
 from gateway.routing import Group, Plan, Route
 
@@ -65,6 +65,8 @@ class Selector:
         self.context_switched = False
 
     async def _usable(self, route: Route) -> bool:
+        if route.unavailable is not None:
+            return False
         state = self.states[route.key]
         if state.cooling_ms > 0:
             return False
@@ -82,6 +84,11 @@ class Selector:
     async def first(self) -> Route:
         route = await self._fresh()
         if route is None:
+            if all(r.unavailable is not None for r in self.order):
+                # Nothing cooling, just nothing configured to call: say which variable is missing.
+                raise ProviderUnavailableError(
+                    self.order[0].unavailable or "", param="model", code="provider_unavailable"
+                )
             raise self._all_cooling()
         self.tried.append(route)
         return route
@@ -103,7 +110,7 @@ class Selector:
         return True
 
     def _all_cooling(self) -> AllTargetsCoolingError:
-        states = [self.states[r.key] for r in self.order]
+        states = [self.states[r.key] for r in self.order if r.unavailable is None]
         waits = [s.cooling_ms for s in states if s.cooling_ms > 0] or [self.probe_ttl_ms]
         rate_limited = all(s.cause == "429" for s in states if s.cooling_ms > 0)
         return AllTargetsCoolingError(

@@ -90,8 +90,9 @@ class FastAPIDialect(Dialect):
 
     def error(self, exc: GatewayError) -> tuple[int, bytes]:
         detail: Any
-        if isinstance(exc, InvalidRequestError) and exc.param is not None:
-            loc = exc.loc if isinstance(exc, RequestError) else exc.param.split(".")
+        # FastAPI answers every body it cannot validate (bad JSON included) with 422 and a location.
+        if isinstance(exc, RequestError) or (isinstance(exc, InvalidRequestError) and exc.param is not None):
+            loc = exc.loc if isinstance(exc, RequestError) else (exc.param or "").split(".")
             detail = [{"loc": ["body", *loc], "msg": exc.message, "type": exc.code or "value_error"}]
             return 422, encode({"detail": detail})
         if isinstance(exc, ModelNotFoundError):

@@ -192,6 +192,10 @@ class Router:
         missing = [v for path in paths for v in self._loaded.missing_for(path)]
         if missing:
             return f"Provider '{vendor}' is unavailable: environment variable {missing[0]} is not set"
+        key = p.deployments[deployment].api_key if deployment else None
+        if self._adapters[vendor].needs_api_key and not (key or p.api_key):
+            # Calling without credentials would only earn an upstream 401; say what is missing instead.
+            return f"Provider '{vendor}' is unavailable: it has no api_key configured"
         return None
 
     def check_available(self, route: Route) -> None:

@@ -144,9 +144,10 @@ class OpenAICompatible(Adapter):
         if req.inference_extra_params:
             body.update(req.inference_extra_params)
         headers = {"content-type": "application/json", "accept": "application/json"}
-        headers.update(endpoint.headers)
+        # HTTP header names are case-insensitive: fold them so a client's `Accept` replaces ours.
+        headers.update((k.lower(), v) for k, v in endpoint.headers.items())
         if req.inference_extra_headers:
-            headers.update(req.inference_extra_headers)
+            headers.update((k.lower(), v) for k, v in req.inference_extra_headers.items())
         headers.update(self.auth_headers(endpoint))
         return UpstreamRequest(
             method="POST",
@@ -179,9 +180,12 @@ class OpenAICompatible(Adapter):
         )
 
     def _completion(self, up: UpCompletion, ctx: CallContext) -> Completion:
+        if up.created:
+            # Keep the upstream's time, and make every later chunk (the usage chunk too) carry the same.
+            ctx.created = up.created
         return Completion(
             id=ctx.id,
-            created=up.created or ctx.created,
+            created=ctx.created,
             model=ctx.model,
             choices=[
                 Choice(

@@ -45,8 +45,8 @@ def assert_error(
     if field_error is None:
         field_error = status == 400 and param is not None
     if field_error:
-        assert param is not None
-        where: list[str | int] = loc if loc is not None else list(param.split("."))
+        assert param is not None or loc is not None
+        where: list[str | int] = loc if loc is not None else list((param or "").split("."))
         expected = {"detail": [{"loc": ["body", *where], "msg": message, "type": code or "value_error"}]}
         assert (resp.status_code, body) == (422, expected)
         return

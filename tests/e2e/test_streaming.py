@@ -134,15 +134,14 @@ def test_usage_chunk_only_when_requested(api: httpx.Client, upstream: Upstream) 
 
 def test_usage_chunk_when_requested(api: httpx.Client, upstream: Upstream) -> None:
     upstream.handler = reply_sse(WITH_USAGE)
-    before = int(time.time())
     resp = api.post("/v1/completions", json={**DAVINCI_REQ, "stream_options": {"include_usage": True}})
-    after = int(time.time())
     chunks = _chunks(resp)
     assert len(chunks) == 17
     *content, last = chunks
     assert all("usage" not in c for c in content)
     assert "".join(c["choices"][0]["text"] for c in content) == RECORDED_TEXT
-    assert before <= last["created"] <= after
+    # One stream, one creation time: the usage chunk carries the upstream's `created` like the rest.
+    assert {c["created"] for c in chunks} == {content[0]["created"]}
     assert last == {
         "object": "text_completion",
         "id": content[0]["id"],
@@ -421,3 +420,33 @@ def test_dropped_params_header_on_an_upstream_stream(api: httpx.Client, upstream
     assert len(_chunks(resp)) == 16
     # Together documents no stream_options: the gateway does not send it there.
     assert upstream.only().json() == {"model": "m", "prompt": "Tell me a joke", "top_k": 3, "stream": True}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream-before-first-event"])
+def test_client_disconnect_before_the_answer_cancels_the_upstream_request(
+    gateway: GatewayThread, upstream: Upstream, stream: bool
+) -> None:
+    # The upstream has not answered anything yet (a slow generation, or a stream before its first
+    # event): a client that gives up must still stop the upstream call, not leave it to total_ms.
+    started = threading.Event()
+    cancelled = threading.Event()
+
+    async def handler(request: web.Request, received: Received) -> web.StreamResponse:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return web.Response(status=500)
+
+    upstream.handler = handler
+    with httpx.Client(base_url=gateway.url, trust_env=False, timeout=0.5) as client:
+        with pytest.raises(httpx.ReadTimeout):
+            client.post(
+                "/v1/completions",
+                json={**DAVINCI_REQ, "stream": stream},
+                headers={"authorization": f"Bearer {FULL_KEY}"},
+            )
+    assert started.is_set()
+    assert cancelled.wait(5), "the upstream request was still running 5 s after the client hung up"

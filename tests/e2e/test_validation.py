@@ -330,9 +330,19 @@ INVALID_JSON = "We could not parse the JSON body of your request: it must be a J
     ],
 )
 def test_body_error(api: httpx.Client, upstream: Upstream, route: str, raw: bytes, code: str, message: str) -> None:
-    # Not a field error: SGP and PAIS answer a plain 400 detail (docs/dialects.md), OpenAI its envelope.
+    # OpenAI answers its 400 envelope; SGP and PAIS answer as FastAPI does: 422 located at the body.
     resp = api.post(route, content=raw, headers={"content-type": "application/json"})
-    assert_error(resp, route, status=400, type="invalid_request_error", param=None, code=code, message=message)
+    assert_error(
+        resp,
+        route,
+        status=400,
+        type="invalid_request_error",
+        param=None,
+        code=code,
+        message=message,
+        field_error=True,
+        loc=[],
+    )
     assert upstream.received == []
 
 

@@ -214,8 +214,16 @@ def test_fastapi_dialects_other_errors(dialect: Dialect) -> None:
         {"detail": "Key 'k' may not use model 'm'"},
     )
     assert render(dialect, decode_fails(b"{bad")) == (
-        400,
-        {"detail": "We could not parse the JSON body of your request: it must be a JSON object"},
+        422,
+        {
+            "detail": [
+                {
+                    "loc": ["body"],
+                    "msg": "We could not parse the JSON body of your request: it must be a JSON object",
+                    "type": "invalid_json",
+                }
+            ]
+        },
     )
     upstream = UpstreamStatusError("x error (503): busy", upstream_status=503, provider="x")
     assert render(dialect, upstream) == (502, {"detail": "x error (503): busy"})
