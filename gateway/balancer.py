@@ -111,8 +111,10 @@ class Selector:
 
     def _all_cooling(self) -> AllTargetsCoolingError:
         states = [self.states[r.key] for r in self.order if r.unavailable is None]
-        waits = [s.cooling_ms for s in states if s.cooling_ms > 0] or [self.probe_ttl_ms]
-        rate_limited = all(s.cause == "429" for s in states if s.cooling_ms > 0)
+        cooling = [s for s in states if s.cooling_ms > 0]
+        waits = [s.cooling_ms for s in cooling] or [self.probe_ttl_ms]
+        # Only targets cooled by rate limits make it a 429; a target being probed is not rate limited.
+        rate_limited = bool(cooling) and all(s.cause == "429" for s in cooling)
         return AllTargetsCoolingError(
             "Every target for this model is cooling down after failures; retry later",
             rate_limited=rate_limited,

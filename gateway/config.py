@@ -17,7 +17,24 @@ import msgspec
 import yaml
 from msgspec import Meta
 
-ProviderKind = Literal["openai", "azure", "fireworks", "together", "vllm", "deepseek", "pais", "sgp", "fake"]
+ProviderKind = Literal[
+    "openai",
+    "azure",
+    "fireworks",
+    "together",
+    "vllm",
+    "deepseek",
+    "pais",
+    "sgp",
+    "fake",
+    "anthropic",
+    "gemini",
+    "tgi",
+    "ollama",
+    "llamacpp",
+    "cohere",
+    "mistral",
+]
 ParamPolicy = Literal["error", "drop"]
 
 
@@ -97,6 +114,8 @@ class ProviderConfig(Strict, frozen=True):
     # Advertised in GET /v1/models; routing does not require a model to be listed.
     models: list[str] = msgspec.field(default_factory=list)
     headers: dict[str, str] = msgspec.field(default_factory=dict)
+    # For providers that require a token limit (Anthropic): used when the request gives none.
+    default_max_tokens: Annotated[int, Meta(ge=1)] | None = None
     unsupported_params: ParamPolicy | None = None
     timeouts: TimeoutsConfig | None = None
     retries: RetriesConfig | None = None
@@ -130,6 +149,8 @@ class GatewayConfig(Strict, frozen=True):
     server: ServerConfig = ServerConfig()
     redis: RedisConfig = RedisConfig()
     unsupported_params: ParamPolicy = "error"
+    # Re-asks after an emulated guided_* answer fails validation, before answering 502.
+    guided_retries: Annotated[int, Meta(ge=0, le=10)] = 2
     timeouts: TimeoutsConfig = TimeoutsConfig()
     retries: RetriesConfig = RetriesConfig()
     cooldown: CooldownConfig = CooldownConfig()
@@ -204,7 +225,7 @@ def _convert(obj: Any, typ: type[Any], where: str, source: str) -> Any:
         raise ConfigError(f"{source}: {path.lstrip('.') or '(top level)'}: {problem}") from None
 
 
-_NEEDS_BASE_URL = {"azure", "vllm", "pais", "sgp"}
+_NEEDS_BASE_URL = {"azure", "vllm", "pais", "sgp", "tgi", "llamacpp"}
 
 
 def _check(cfg: GatewayConfig, providers: dict[str, ProviderConfig], source: str) -> None:

@@ -1,6 +1,6 @@
 """Attempts, retries and hedging for one request, driven by tenacity.
 
-    stop  = stop_after_attempt(retries.attempts) | stop_before_delay(retries.budget_ms)
+    stop  = stop_after_attempt(retries.attempts) | stop before a wait that would pass retries.budget_ms
     retry = the error is retryable (408/409/429/5xx/529, connect errors, read timeouts; never a quota
             429 or a client error), or a context-window error with larger-context fallbacks left
     wait  = 0 when the next attempt goes to a target not yet tried (another healthy target exists);
@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar, cast
 
 import msgspec
-from tenacity import AsyncRetrying, RetryCallState, stop_after_attempt, stop_before_delay, wait_random_exponential
+from tenacity import AsyncRetrying, RetryCallState, stop_after_attempt, wait_random_exponential
 
 from gateway.balancer import Selector, keys_of
 from gateway.errors import GatewayError, UpstreamTimeoutError
@@ -80,7 +80,11 @@ class Failover:
         deadline = self.clock() + total
         states = await self.health.snapshot(keys_of(plan))
         selector = Selector(plan, states, self.health, probe_ttl_ms=t.first_byte_ms)
-        current = await selector.first()
+        try:
+            current = await selector.first()
+        except GatewayError as exc:
+            exc.attempts = 0  # every target is cooling: no upstream call was made
+            raise
         attempts = 0
         r = policy.retries
         backoff = wait_random_exponential(multiplier=r.initial_backoff_ms / 1000, max=r.max_backoff_ms / 1000)
@@ -111,8 +115,15 @@ class Failover:
             base = Timeouts(t.connect_ms / 1000, t.first_byte_ms / 1000, t.total_ms / 1000)
             return base.capped(left)
 
+        started = self.clock()
+        out_of_attempts = stop_after_attempt(r.attempts)
+
+        def stop(rs: RetryCallState) -> bool:
+            # The budget is tenacity's stop_before_delay, but on the injected clock (its own ignores `sleep`).
+            return out_of_attempts(rs) or self.clock() - started + rs.upcoming_sleep >= r.budget_ms / 1000
+
         retrying = AsyncRetrying(
-            stop=stop_after_attempt(r.attempts) | stop_before_delay(r.budget_ms / 1000),
+            stop=stop,
             wait=cast(Any, wait),  # tenacity awaits async waits; its stubs only declare sync ones
             retry=retry,
             sleep=self.sleep,
@@ -149,6 +160,9 @@ class Failover:
             cause = _cause(exc)
             if cause is not None:
                 await self.health.failure(route.key, exc.retry_after, cause)
+                # Should this request retry the target and succeed, that success is its probe: it clears.
+                failed = states.get(route.key) or TargetState()
+                states[route.key] = msgspec.structs.replace(failed, failures=failed.failures + 1)
             raise
         finally:
             if track:

@@ -174,11 +174,13 @@ class Health:
     async def success(self, target: str, state: TargetState | None) -> None:
         if state is None or state.failures == 0:
             return
+        # A probe (or a request's own retry after the failure it caused) succeeded: the target is back.
+        self.local.cool.pop(target, None)
         self.local.failures.pop(target, None)
         self.local.probes.pop(target, None)
-        _, cf, probe, _, _ = _keys(target)
+        cd, cf, probe, _, _ = _keys(target)
         try:
-            await self.shared.run(lambda r: r.delete(cf, probe))
+            await self.shared.run(lambda r: r.delete(cd, cf, probe))
         except Degraded:
             pass
 

@@ -9,17 +9,20 @@ the only way on is `resume_streams`.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final
 
 import msgspec
 
+from gateway import emulation
 from gateway.admission import Admission, Ticket
 from gateway.auth import KeyRing
 from gateway.config import LoadedConfig
 from gateway.dialects import Dialect, decode_error
+from gateway.emulation import Emulation
 from gateway.errors import GatewayError, UpstreamError
 from gateway.failover import Failover, Outcome
 from gateway.framing import DONE, NDJSONDecoder, SSEDecoder, sse_event
@@ -54,19 +57,28 @@ class Opened:
         chunks: AsyncGenerator[Completion, None],
         first: Completion | None,
         stream: Stream | None = None,
+        *,
+        ctx: CallContext,
+        children: Sequence[Opened] = (),
     ) -> None:
         self.chunks = chunks
         self.first = first
         self.stream = stream
+        self.ctx = ctx  # this call's own context: its `created` is what the stream's chunks carry
+        self.children = children  # the sub-streams an emulated fan-out merges
 
     def drop(self) -> None:
-        """Close the upstream connection at once (it is not returned to the pool half-read)."""
+        """Close the upstream connection(s) at once (not returned to the pool half-read)."""
         if self.stream is not None:
             self.stream.close()
+        for child in self.children:
+            child.drop()
 
     async def close(self) -> None:
         self.drop()
         await self.chunks.aclose()
+        for child in self.children:
+            await child.close()
 
 
 class Pipeline:
@@ -152,7 +164,23 @@ class Pipeline:
             dropped[route.key] = lost
         return params
 
+    def _emulation(self, route: Route, req: CompletionRequest) -> Emulation | None:
+        return emulation.plan(route.adapter, req, route.provider, self.loaded.config.guided_retries)
+
     async def _complete_once(
+        self,
+        route: Route,
+        req: CompletionRequest,
+        ctx: CallContext,
+        timeouts: Timeouts,
+        dropped: dict[str, list[str]],
+    ) -> Completion:
+        em = self._emulation(route, req)
+        if em is None:
+            return await self._call_once(route, req, ctx, timeouts, dropped)
+        return await emulation.complete(em, req, ctx, lambda sub: self._call_once(route, sub, ctx, timeouts, dropped))
+
+    async def _call_once(
         self,
         route: Route,
         req: CompletionRequest,
@@ -162,6 +190,7 @@ class Pipeline:
     ) -> Completion:
         params = self._prepare(route, req, dropped)
         adapter = route.adapter
+        ctx = _fresh(ctx)
         if isinstance(adapter, LocalAdapter):
             return await adapter.complete(req, route.endpoint, ctx)
         upstream_req = adapter.build_request(req, route.endpoint, params)
@@ -181,11 +210,45 @@ class Pipeline:
         timeouts: Timeouts,
         dropped: dict[str, list[str]],
     ) -> Opened:
+        em = self._emulation(route, req)
+        if em is None:
+            return await self._open_single(route, req, ctx, timeouts, dropped)
+        if em.guide is not None:
+            # Bytes sent cannot be taken back: a guided stream is made from an answer already validated.
+            plain = msgspec.structs.replace(req, stream=False, stream_options=None)
+            answer = await emulation.complete(
+                em, plain, ctx, lambda sub: self._call_once(route, sub, ctx, timeouts, dropped)
+            )
+            chunks = _replay(emulation.to_chunks(answer))
+            return Opened(chunks, await anext(chunks, None), ctx=ctx)
+        subs = emulation.sub_requests(em, req)
+        tasks = [asyncio.ensure_future(self._open_single(route, s, ctx, timeouts, dropped)) for s in subs]
+        try:
+            opens = list(await asyncio.gather(*tasks))
+        except BaseException:
+            for t in tasks:
+                t.cancel()
+            for r in await asyncio.gather(*tasks, return_exceptions=True):
+                if isinstance(r, Opened):
+                    await r.close()
+            raise
+        merged = emulation.stream(em, req, ctx, opens)
+        return Opened(merged, await anext(merged, None), ctx=opens[0].ctx, children=opens)
+
+    async def _open_single(
+        self,
+        route: Route,
+        req: CompletionRequest,
+        ctx: CallContext,
+        timeouts: Timeouts,
+        dropped: dict[str, list[str]],
+    ) -> Opened:
         params = self._prepare(route, req, dropped)
         adapter = route.adapter
+        ctx = _fresh(ctx)
         if isinstance(adapter, LocalAdapter):
             local = adapter.stream(req, route.endpoint, ctx)
-            return Opened(local, await anext(local, None))
+            return Opened(local, await anext(local, None), ctx=ctx)
         upstream_req = adapter.build_request(req, route.endpoint, params)
         stream = await self.upstream.open_stream(route.provider, upstream_req, timeouts)
         try:
@@ -194,10 +257,15 @@ class Pipeline:
                 raise adapter.map_error(stream.status, stream.headers, body, route.provider)
             events = _events(adapter, stream, ctx)
             first = await anext(events, None)
+            if first is None:
+                # Nothing reached the client yet: an empty stream is a failed attempt, retried like one.
+                empty = UpstreamError(f"Upstream '{route.provider}' ended the stream early")
+                empty.retryable = True
+                raise empty
         except BaseException:
             stream.close()
             raise
-        return Opened(events, first, stream)
+        return Opened(events, first, stream, ctx=ctx)
 
     async def _relay(
         self,
@@ -238,6 +306,8 @@ class Pipeline:
                 if error is None:
                     break
                 await opened.close()
+                # A stream that broke mid-way is a failed target, resumed or not (a dropped connection cools).
+                await self.health.failure(route.key, None, "error")
                 resumed = (
                     await self._resume(plan, route, req, ctx, "".join(text), sent)
                     if _resumable(plan, req, ctx)
@@ -258,7 +328,7 @@ class Pipeline:
                         completion_tokens_details=usage.completion_tokens_details,
                         prompt_tokens_details=usage.prompt_tokens_details,
                     )
-                last = Completion(id=ctx.id, created=ctx.created, model=ctx.model, choices=[], usage=usage)
+                last = Completion(id=ctx.id, created=opened.ctx.created, model=ctx.model, choices=[], usage=usage)
                 yield sse_event(encode(last))
         finally:
             await opened.close()
@@ -271,7 +341,6 @@ class Pipeline:
         self, plan: Plan, broken: Route, req: CompletionRequest, ctx: CallContext, text: str, sent: int
     ) -> tuple[Opened, Route] | None:
         """Continue a broken stream on another target from the prompt plus the text already sent."""
-        await self.health.failure(broken.key, None, "error")
         left = (16 if req.max_tokens is None else req.max_tokens) - sent
         if left <= 0:
             return None
@@ -289,6 +358,16 @@ class Pipeline:
         except GatewayError:
             return None
         return outcome.value, outcome.route
+
+
+async def _replay(chunks: list[Completion]) -> AsyncGenerator[Completion, None]:
+    for c in chunks:
+        yield c
+
+
+def _fresh(ctx: CallContext) -> CallContext:
+    """A context for one upstream call: attempts (and hedged pairs) never share parser state."""
+    return msgspec.structs.replace(ctx, offsets={}, state={})
 
 
 def _resumable(plan: Plan, req: CompletionRequest, ctx: CallContext) -> bool:

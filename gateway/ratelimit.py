@@ -43,6 +43,7 @@ local mode, lease = ARGV[1], ARGV[2]
 local n = #KEYS
 local out = {1, 0}
 local news = {}
+local ttls = {}
 local now_state = {}
 local denied = false
 local retry = 0
@@ -60,31 +61,40 @@ for i = 1, n do
       local used = redis.call('ZCARD', KEYS[i])
       if mode == 'acquire' and used + 1 > limit then
         denied = true
+        -- A slot frees when any request ends, which nobody knows: retry soon (the oldest lease's expiry
+        -- is only a bound, up to ten minutes away).
         local oldest = redis.call('ZRANGE', KEYS[i], 0, 0, 'WITHSCORES')
         local wait = 1000
-        if oldest[2] then wait = math.max(tonumber(oldest[2]) - now, 1) end
-        if retry == 0 or wait < retry then retry = wait end
+        if oldest[2] then wait = math.max(math.min(tonumber(oldest[2]) - now, 1000), 1) end
+        if wait > retry then retry = wait end
       end
       news[i] = 'lease'
       out[#out + 1] = math.max(limit - used - 1, 0); out[#out + 1] = 0
     end
   else
-    local interval = period / limit
-    local tat = tonumber(redis.call('GET', KEYS[i]) or now)
-    if tat < now then tat = now end
-    local new = tat + cost * interval
-    if mode == 'adjust' and new < now then new = now end
-    local allowed_at = new - period
-    if mode == 'acquire' and allowed_at > now then
+    -- TAT = base + units * period / limit, kept as a whole millisecond and a count of units so that the
+    -- arithmetic is exact in integers: q = (TAT - now) * limit. (A TAT in float milliseconds drifts by
+    -- rounding at 1.7e12 and refused the last unit of a burst when period / limit is not whole.)
+    local tb, tu = now, 0
+    local raw = redis.call('GET', KEYS[i])
+    if raw then
+      local b, u = string.match(raw, '^(.-):(.*)$')
+      if b then tb, tu = tonumber(b), tonumber(u) else tb = math.floor(tonumber(raw)) end
+    end
+    local q = (tb - now) * limit + tu * period
+    if q < 0 then tb, tu, q = now, 0, 0 end
+    local nu, nq = tu + cost, q + cost * period
+    if mode == 'adjust' and nq < 0 then tb, nu, nq = now, 0, 0 end
+    if mode == 'acquire' and nq > period * limit then
       denied = true
-      local wait = math.ceil(allowed_at - now)
+      local wait = math.ceil((nq - period * limit) / limit)
       if wait > retry then retry = wait end
     end
-    news[i] = new
-    local remaining = math.floor((period - (new - now)) / interval)
-    if remaining < 0 then remaining = 0 end
-    out[#out + 1] = remaining; out[#out + 1] = math.ceil(new - now)
-    now_state[i] = {math.max(math.floor((period - (tat - now)) / interval), 0), math.ceil(tat - now)}
+    local k = math.floor(nu / limit)
+    news[i] = string.format('%.17g:%.17g', tb + k * period, nu - k * limit)
+    ttls[i] = math.ceil(nq / limit) + 1000
+    out[#out + 1] = math.max(math.floor((period * limit - nq) / period), 0); out[#out + 1] = math.ceil(nq / limit)
+    now_state[i] = {math.max(math.floor((period * limit - q) / period), 0), math.ceil(q / limit)}
   end
 end
 if mode == 'release' then return out end
@@ -102,7 +112,7 @@ for i = 1, n do
     redis.call('ZADD', KEYS[i], now + LEASE_TTL, lease)
     redis.call('PEXPIRE', KEYS[i], LEASE_TTL)
   elseif v then
-    redis.call('SET', KEYS[i], v, 'PX', math.ceil(v - now) + 1000)
+    redis.call('SET', KEYS[i], v, 'PX', ttls[i])
   end
 end
 return out
@@ -143,13 +153,14 @@ class _Local:
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self.clock = clock
-        self.tat: dict[str, float] = {}
+        # Per rate bucket: the TAT as (whole millisecond, units), TAT = ms + units * period / limit.
+        self.tat: dict[str, tuple[int, float]] = {}
         self.leases: dict[str, dict[str, float]] = {}
 
     def run(self, mode: str, lease: str, buckets: Sequence[Bucket], costs: Sequence[float]) -> list[int]:
-        now = self.clock() * 1000
+        now = math.floor(self.clock() * 1000)  # whole milliseconds, like the script's TIME
         out = [1, 0]
-        news: list[float | str | None] = []
+        news: list[tuple[int, float] | str | None] = []
         current: dict[int, tuple[int, int]] = {}
         denied = False
         retry = 0
@@ -164,24 +175,26 @@ class _Local:
                     continue
                 if mode == "acquire" and len(held) + 1 > b.limit:
                     denied = True
-                    wait = max(int(min(held.values()) - now), 1) if held else 1000
-                    retry = wait if retry == 0 else min(retry, wait)
+                    wait = max(min(int(min(held.values()) - now), 1000), 1) if held else 1000
+                    retry = max(retry, wait)
                 news.append("lease")
                 out += [max(b.limit - len(held) - 1, 0), 0]
                 continue
-            period = b.period_ms
-            interval = period / b.limit
-            tat = max(self.tat.get(b.redis_key, now), now)
-            new = tat + cost * interval
-            if mode == "adjust" and new < now:
-                new = now
-            allowed_at = new - period
-            if mode == "acquire" and allowed_at > now:
+            period, limit = b.period_ms, b.limit
+            tb, tu = self.tat.get(b.redis_key, (now, 0.0))
+            q = (tb - now) * limit + tu * period
+            if q < 0:
+                tb, tu, q = now, 0.0, 0
+            nu, nq = tu + cost, q + cost * period
+            if mode == "adjust" and nq < 0:
+                tb, nu, nq = now, 0.0, 0
+            if mode == "acquire" and nq > period * limit:
                 denied = True
-                retry = max(retry, math.ceil(allowed_at - now))
-            news.append(new)
-            out += [max(math.floor((period - (new - now)) / interval), 0), math.ceil(new - now)]
-            current[len(news) - 1] = (max(math.floor((period - (tat - now)) / interval), 0), math.ceil(tat - now))
+                retry = max(retry, math.ceil((nq - period * limit) / limit))
+            k = math.floor(nu / limit)
+            news.append((tb + k * period, nu - k * limit))
+            out += [max(math.floor((period * limit - nq) / period), 0), math.ceil(nq / limit)]
+            current[len(news) - 1] = (max(math.floor((period * limit - q) / period), 0), math.ceil(q / limit))
         if mode == "release":
             return out
         if denied:
@@ -191,7 +204,7 @@ class _Local:
         for b, v in zip(buckets, news, strict=True):
             if v == "lease":
                 self.leases.setdefault(b.redis_key, {})[lease] = now + _LEASE_TTL_MS
-            elif isinstance(v, float):
+            elif isinstance(v, tuple):
                 self.tat[b.redis_key] = v
         return out
 

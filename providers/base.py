@@ -28,6 +28,8 @@ class Endpoint(msgspec.Struct, frozen=True):
     deployment: str | None = None
     api_version: str | None = None
     headers: Mapping[str, str] = msgspec.field(default_factory=dict)
+    # The provider's configured `default_max_tokens` (Anthropic requires a limit on every request).
+    default_max_tokens: int | None = None
 
 
 class UpstreamRequest(msgspec.Struct):
@@ -49,6 +51,9 @@ class CallContext(msgspec.Struct):
     echo: bool = False
     # Stream state: running text offset per choice index, for providers that do not send offsets.
     offsets: dict[int, int] = msgspec.field(default_factory=dict)
+    # Adapter-private stream state (e.g. Anthropic's input tokens from `message_start`, needed when
+    # `message_delta` brings the output tokens). One CallContext per upstream call, never shared.
+    state: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
 def _set_path(body: dict[str, Any], path: str, value: Any) -> None:
@@ -64,13 +69,18 @@ class Param(msgspec.Struct, frozen=True):
 
     `to` is a dotted path in the vendor body (`options.num_predict`); `convert` reshapes the value;
     `apply` is the escape hatch for a field whose target depends on its value (it edits the body).
+    `emulated` means the provider lacks the feature and the gateway provides it (`gateway.emulation`):
+    nothing is written to the vendor body.
     """
 
     to: str | None = None
     convert: Callable[[Any], Any] | None = None
     apply: Callable[[dict[str, Any], Any], None] | None = None
+    emulated: bool = False
 
     def write(self, body: dict[str, Any], name: str, value: Any) -> None:
+        if self.emulated:
+            return
         if self.apply is not None:
             self.apply(body, value)
             return
@@ -78,6 +88,9 @@ class Param(msgspec.Struct, frozen=True):
 
 
 Table = Mapping[str, Param]
+
+# The gateway provides the field for this provider (fan-out for n, prepending for echo, ...).
+EMULATED = Param(emulated=True)
 
 # Canonical fields an adapter may translate; the rest are handled by the gateway itself
 # (model, prompt, stream*, inference_*) or folded away by normalize() (the alias names).
@@ -152,6 +165,8 @@ class Capabilities:
 
     kind: ClassVar[str]
     params: ClassVar[Table]
+    # Most stop sequences the provider takes; more are enforced by the gateway (None: no limit).
+    max_stop: ClassVar[int | None] = None
     # Largest logprobs count the provider returns.
     max_logprobs: ClassVar[int] = 5
     prompt_forms: ClassVar[frozenset[PromptForm]] = ALL_PROMPT_FORMS

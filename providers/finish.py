@@ -22,6 +22,12 @@ FINISH: Final[dict[str, FinishReason]] = {
     "length": "length",
     "max_tokens": "length",
     "model_length": "length",
+    # Anthropic (handling-stop-reasons docs) and Cohere v2 (ChatFinishReason) words.
+    "model_context_window_exceeded": "length",
+    "pause_turn": "stop",
+    "tool_use": "stop",
+    "complete": "stop",
+    "tool_call": "stop",
     "content_filter": "content_filter",
     "refusal": "content_filter",
 }

@@ -50,10 +50,10 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}}, "require
         ),
         pytest.param(
             "pais/llama-3-8b",
-            {"prompt": ["one", "two"]},
+            {"prompt": [101, 102, 103]},
             "prompt",
             "Provider 'pais' accepts only a single string prompt",
-            id="pais-prompt-list",
+            id="pais-prompt-token-ids",
         ),
         pytest.param(
             "openai/davinci-002",
@@ -309,6 +309,21 @@ def test_pais_upstream(api: httpx.Client, upstream: Upstream) -> None:
     assert sent.path == "/pais/api/v1/compatibility/openai/v1/completions"
     # A bare stop string becomes the non-empty array the seed requires.
     assert sent.json() == {"model": "llama-3-8b", "prompt": "hello", "stop": ["\n"], "max_tokens": 7, "seed": 1}
+
+
+def test_pais_prompt_list_fans_out_one_call_per_prompt(api: httpx.Client, upstream: Upstream) -> None:
+    # PAIS takes one string prompt per call: a list becomes one call per prompt, merged in order.
+    upstream.handler = reply(json.dumps(PAIS_SEED_RESPONSE).encode())
+    resp = api.post(PAIS_ROUTE, json={"model": "pais/llama-3-8b", "prompt": ["one", "two"], "max_tokens": 7})
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert [(c["index"], c["text"]) for c in body["choices"]] == [
+        (0, "Hello! I am an AI Assistant!"),
+        (1, "Hello! I am an AI Assistant!"),
+    ]
+    # Usage adds up over the two calls (the seed's example reports 5 + 7 each).
+    assert body["usage"] == {"prompt_tokens": 10, "completion_tokens": 14, "total_tokens": 24}
+    assert sorted(r.json()["prompt"] for r in upstream.received) == ["one", "two"]
 
 
 def test_fireworks_route_and_extensions(api: httpx.Client, upstream: Upstream) -> None:

@@ -1,0 +1,421 @@
+"""What the gateway does itself when a provider lacks a feature (a table entry marked `EMULATED`).
+
+    prompts   a list of prompts to a one-prompt provider: one call per prompt, in parallel
+    n         n parallel calls per prompt; choice index = prompt_index x n + j, as OpenAI numbers them
+    best_of   best_of calls per prompt, keeping the n with the highest mean token log-probability
+              (refused where the provider returns no logprobs: there would be nothing to rank by)
+    echo      the prompt is prepended to each choice's text (refused together with logprobs: the
+              prompt's own token logprobs cannot be made up)
+    stop      stop sequences beyond the provider's maximum count, and include_stop_str_in_output, are
+              enforced on the gateway side, in streams too: only the characters that could still be
+              the start of a stop sequence are held back
+    guided_*  without native constrained decoding the output is validated (JSON Schema, full-match
+              regex, exact choice) and the call retried up to `guided_retries` times, then a 502
+              `guided_output_invalid`; never an unvalidated answer labelled as guided. A grammar
+              cannot be checked, so guided_grammar is refused. A guided stream is produced from a
+              validated answer, because bytes sent cannot be taken back.
+
+A whole emulated call (all its fan-out) is one attempt for the failover loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from typing import Any
+
+import jsonschema
+import msgspec
+
+from gateway.errors import InvalidRequestError, UpstreamError
+from gateway.schema import Choice, Completion, CompletionRequest, Logprobs, Usage
+from providers.base import Adapter, CallContext, LocalAdapter, prompt_form
+
+
+def _bad(message: str, param: str) -> InvalidRequestError:
+    return InvalidRequestError(message, param=param, code="unsupported_parameter")
+
+
+class Guide(msgspec.Struct, frozen=True):
+    kind: str  # json | regex | choice
+    param: str
+    schema: dict[str, Any] | None = None
+    pattern: str | None = None
+    choices: tuple[str, ...] = ()
+
+    def check(self, text: str) -> str | None:
+        """None when `text` satisfies the constraint, else why not."""
+        if self.kind == "regex":
+            assert self.pattern is not None
+            return None if re.fullmatch(self.pattern, text) else "does not match the regex"
+        if self.kind == "choice":
+            return None if text.strip() in self.choices else "is not one of the choices"
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return "is not valid JSON"
+        if self.schema:
+            try:
+                jsonschema.validate(value, self.schema)
+            except jsonschema.ValidationError as exc:
+                return f"does not match the schema ({exc.message})"
+        return None
+
+
+class Emulation(msgspec.Struct):
+    prompts: list[str | list[int]]  # one entry per upstream prompt (fan-out when several)
+    fan_n: int  # calls per prompt (1 when the provider takes n natively)
+    n: int  # choices per prompt the client asked for
+    best_of: int | None
+    echo: bool
+    stops: list[str] | None  # enforced here
+    include_stop: bool
+    upstream_stop: list[str] | None
+    guide: Guide | None
+    guided_retries: int
+
+
+def _emulated(adapter: Adapter | LocalAdapter, name: str) -> bool:
+    rule = adapter.params.get(name)
+    return rule is not None and rule.emulated
+
+
+def plan(adapter: Adapter | LocalAdapter, req: CompletionRequest, provider: str, retries: int) -> Emulation | None:
+    """What must be emulated for this request on this provider; None when the provider does it all."""
+    n = req.n or 1
+    form = prompt_form(req.prompt)
+    fan_prompts = form in ("texts", "token_lists") and form not in adapter.prompt_forms
+    prompts: list[str | list[int]] = list(req.prompt) if fan_prompts else [req.prompt]  # type: ignore[arg-type, list-item]
+    fan_n = n if n > 1 and _emulated(adapter, "n") else 1
+    best_of = req.best_of if req.best_of and req.best_of > 1 and _emulated(adapter, "best_of") else None
+    if best_of is not None:
+        lp = adapter.params.get("logprobs")
+        if lp is None or lp.emulated:
+            raise _bad(f"'best_of' cannot be emulated for provider '{provider}': it returns no logprobs", "best_of")
+        fan_n = best_of
+    echo = bool(req.echo) and _emulated(adapter, "echo")
+    if echo and req.logprobs is not None:
+        raise _bad(f"'echo' with 'logprobs' cannot be emulated for provider '{provider}'", "echo")
+    stops: list[str] | None = None
+    upstream_stop = req.stop if isinstance(req.stop, list) else None
+    include = bool(req.include_stop_str_in_output)
+    if upstream_stop:
+        if include and _emulated(adapter, "include_stop_str_in_output"):
+            # The provider would strip the stop string: stop here instead, keeping it.
+            stops, upstream_stop = upstream_stop, None
+        elif adapter.max_stop is not None and len(upstream_stop) > adapter.max_stop:
+            stops, upstream_stop = upstream_stop, upstream_stop[: adapter.max_stop]
+    guide = _guide(adapter, req, provider)
+    if len(prompts) == 1 and fan_n == 1 and not echo and stops is None and guide is None:
+        return None
+    return Emulation(
+        prompts=prompts,
+        fan_n=fan_n,
+        n=n,
+        best_of=best_of,
+        echo=echo,
+        stops=stops,
+        include_stop=include,
+        upstream_stop=upstream_stop,
+        guide=guide,
+        guided_retries=retries,
+    )
+
+
+def _guide(adapter: Adapter | LocalAdapter, req: CompletionRequest, provider: str) -> Guide | None:
+    if req.guided_grammar is not None and _emulated(adapter, "guided_grammar"):
+        raise _bad(
+            f"'guided_grammar' is not supported by provider '{provider}', and a grammar cannot be checked "
+            "by the gateway",
+            "guided_grammar",
+        )
+    if req.guided_json is not None and _emulated(adapter, "guided_json"):
+        return Guide("json", "guided_json", schema=req.guided_json)
+    rf = req.response_format
+    if rf is not None and _emulated(adapter, "response_format") and rf.get("type") == "json_object":
+        schema = rf.get("schema")
+        return Guide("json", "response_format", schema=schema if isinstance(schema, dict) else None)
+    if req.guided_regex is not None and _emulated(adapter, "guided_regex"):
+        try:
+            re.compile(req.guided_regex)
+        except re.error as exc:
+            raise InvalidRequestError(
+                f"'guided_regex' is not a valid regular expression: {exc}", param="guided_regex", code="invalid_value"
+            ) from None
+        return Guide("regex", "guided_regex", pattern=req.guided_regex)
+    if req.guided_choice is not None and _emulated(adapter, "guided_choice"):
+        return Guide("choice", "guided_choice", choices=tuple(req.guided_choice))
+    return None
+
+
+def sub_requests(em: Emulation, req: CompletionRequest) -> list[CompletionRequest]:
+    """The upstream calls, in order: prompt by prompt, `fan_n` each."""
+    return [_sub_request(em, req, p) for p in em.prompts for _ in range(em.fan_n)]
+
+
+def _sub_request(em: Emulation, req: CompletionRequest, prompt: str | list[int]) -> CompletionRequest:
+    return msgspec.structs.replace(
+        req,
+        prompt=prompt,
+        n=None if em.fan_n > 1 or em.best_of else req.n,
+        best_of=None if em.best_of else req.best_of,
+        # best_of ranks by logprobs: ask for the sampled token's logprob even if the client did not.
+        logprobs=req.logprobs if req.logprobs is not None or not em.best_of else 0,
+        echo=None if em.echo else req.echo,
+        stop=em.upstream_stop,
+        include_stop_str_in_output=None if em.stops is not None else req.include_stop_str_in_output,
+        guided_json=None if em.guide is not None else req.guided_json,
+        guided_regex=None if em.guide is not None else req.guided_regex,
+        guided_choice=None if em.guide is not None else req.guided_choice,
+        response_format=None if em.guide is not None and em.guide.param == "response_format" else req.response_format,
+    )
+
+
+def find_stop(text: str, stops: Sequence[str]) -> tuple[int, str] | None:
+    """The earliest stop sequence in `text` (position, sequence)."""
+    best: tuple[int, str] | None = None
+    for s in stops:
+        pos = text.find(s)
+        if pos >= 0 and (best is None or pos < best[0]):
+            best = (pos, s)
+    return best
+
+
+def _cut_logprobs(lp: Logprobs | None, keep: int) -> Logprobs | None:
+    """Logprobs for the first `keep` characters of a choice's text."""
+    if lp is None:
+        return None
+    out = Logprobs(
+        tokens=[], token_logprobs=[], top_logprobs=[] if lp.top_logprobs is not None else None, text_offset=[]
+    )
+    used = 0
+    for i, tok in enumerate(lp.tokens):
+        if used >= keep:
+            break
+        piece = tok[: keep - used]
+        out.tokens.append(piece)
+        out.token_logprobs.append(lp.token_logprobs[i])
+        if out.top_logprobs is not None and lp.top_logprobs is not None:
+            out.top_logprobs.append(lp.top_logprobs[i])
+        out.text_offset.append(lp.text_offset[i])
+        used += len(piece)
+    return out
+
+
+def _apply_stop(choice: Choice, stops: Sequence[str], include: bool) -> Choice:
+    hit = find_stop(choice.text, stops)
+    if hit is None:
+        return choice
+    cut = hit[0] + (len(hit[1]) if include else 0)
+    return Choice(
+        text=choice.text[:cut], index=choice.index, logprobs=_cut_logprobs(choice.logprobs, cut), finish_reason="stop"
+    )
+
+
+def _mean_logprob(choice: Choice) -> float:
+    lps = [x for x in (choice.logprobs.token_logprobs if choice.logprobs else []) if x is not None]
+    return sum(lps) / len(lps) if lps else float("-inf")
+
+
+def _add(total: Usage | None, u: Usage | None) -> Usage | None:
+    if u is None:
+        return total
+    if total is None:
+        return Usage(prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens, total_tokens=u.total_tokens)
+    return Usage(
+        prompt_tokens=total.prompt_tokens + u.prompt_tokens,
+        completion_tokens=total.completion_tokens + u.completion_tokens,
+        total_tokens=total.total_tokens + u.total_tokens,
+    )
+
+
+async def _gather(calls: list[Awaitable[Completion]]) -> list[Completion]:
+    """All in parallel; the first failure cancels the rest (one attempt fails as a whole)."""
+    tasks = [asyncio.ensure_future(c) for c in calls]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+async def _guided_call(
+    em: Emulation, sub: CompletionRequest, call: Callable[[CompletionRequest], Awaitable[Completion]]
+) -> Completion:
+    assert em.guide is not None
+    why = ""
+    for _ in range(em.guided_retries + 1):
+        c = await call(sub)
+        failures = [em.guide.check(ch.text) for ch in c.choices if ch.finish_reason != "content_filter"]
+        bad = [f for f in failures if f is not None]
+        if not bad:
+            return c
+        why = bad[0]
+    err = UpstreamError(
+        f"The model's output {why}, after {em.guided_retries + 1} attempts; '{em.guide.param}' is enforced by "
+        "the gateway for this provider and an unvalidated answer is never returned",
+        code="guided_output_invalid",
+        param=em.guide.param,
+    )
+    err.retryable = False
+    raise err
+
+
+async def complete(
+    em: Emulation,
+    req: CompletionRequest,
+    ctx: CallContext,
+    call: Callable[[CompletionRequest], Awaitable[Completion]],
+) -> Completion:
+    calls = [_guided_call(em, sub, call) if em.guide is not None else call(sub) for sub in sub_requests(em, req)]
+    results = await _gather(calls)
+    choices: list[Choice] = []
+    usage: Usage | None = None
+    fingerprint = None
+    for p_index, prompt in enumerate(em.prompts):
+        batch = results[p_index * em.fan_n : (p_index + 1) * em.fan_n]
+        mine = [ch for c in batch for ch in sorted(c.choices, key=lambda ch: ch.index)]
+        for c in batch:
+            usage = _add(usage, c.usage)
+            fingerprint = fingerprint or c.system_fingerprint
+        if em.best_of:
+            mine = sorted(mine, key=_mean_logprob, reverse=True)[: em.n]
+            if req.logprobs is None:
+                mine = [Choice(ch.text, ch.index, None, ch.finish_reason) for ch in mine]
+        for j, ch in enumerate(mine):
+            if em.stops is not None:
+                ch = _apply_stop(ch, em.stops, em.include_stop)
+            text = (prompt if isinstance(prompt, str) else "") + ch.text if em.echo else ch.text
+            choices.append(Choice(text, p_index * em.n + j, ch.logprobs, ch.finish_reason))
+    return Completion(
+        id=ctx.id, created=ctx.created, model=ctx.model, choices=choices, usage=usage, system_fingerprint=fingerprint
+    )
+
+
+class StopScanner:
+    """Streams text through, holding back only what could still be the start of a stop sequence."""
+
+    def __init__(self, stops: Sequence[str], include: bool) -> None:
+        self.stops = [s for s in stops if s]
+        self.include = include
+        self.buf = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        """(text safe to send now, whether a stop sequence was reached)."""
+        self.buf += text
+        hit = find_stop(self.buf, self.stops)
+        if hit is not None:
+            cut = hit[0] + (len(hit[1]) if self.include else 0)
+            out, self.buf = self.buf[:cut], ""
+            return out, True
+        hold = 0
+        for s in self.stops:
+            for k in range(min(len(s) - 1, len(self.buf)), hold, -1):
+                if self.buf.endswith(s[:k]):
+                    hold = k
+                    break
+        out = self.buf[: len(self.buf) - hold]
+        self.buf = self.buf[len(self.buf) - hold :]
+        return out, False
+
+    def flush(self) -> str:
+        out, self.buf = self.buf, ""
+        return out
+
+
+async def stream(
+    em: Emulation,
+    req: CompletionRequest,
+    ctx: CallContext,
+    opens: Sequence[Any],
+) -> AsyncGenerator[Completion, None]:
+    """Merge the already-opened sub-streams into one, re-indexing, echoing and enforcing stops.
+
+    `opens[k]` is the k-th sub-call's Opened (prompt k // fan_n, choice k % fan_n).
+    """
+    queue: asyncio.Queue[tuple[int, Completion | None | BaseException]] = asyncio.Queue()
+
+    async def pump(k: int, opened: Any) -> None:
+        try:
+            c = opened.first
+            while c is not None:
+                await queue.put((k, c))
+                c = await anext(opened.chunks, None)
+            await queue.put((k, None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which re-raises it
+            await queue.put((k, exc))
+
+    pumps = [asyncio.ensure_future(pump(k, o)) for k, o in enumerate(opens)]
+    scanners: dict[int, StopScanner] = {}
+    echoed: set[int] = set()
+    done: set[int] = set()
+    usage: Usage | None = None
+    live = len(opens)
+    try:
+        while live:
+            k, item = await queue.get()
+            if item is None:
+                live -= 1
+                continue
+            if isinstance(item, BaseException):
+                raise item
+            usage = _add(usage, item.usage)
+            p_index, j = divmod(k, em.fan_n)
+            out: list[Choice] = []
+            for ch in item.choices:
+                index = p_index * em.n + (j if em.fan_n > 1 else ch.index)
+                if index in done:
+                    continue
+                text, finish, lp = ch.text, ch.finish_reason, ch.logprobs
+                if em.echo and index not in echoed:
+                    echoed.add(index)
+                    prompt = em.prompts[p_index]
+                    text = (prompt if isinstance(prompt, str) else "") + text
+                if em.stops is not None:
+                    scanner = scanners.setdefault(index, StopScanner(em.stops, em.include_stop))
+                    safe, stopped = scanner.feed(ch.text)
+                    if em.echo and text != ch.text:
+                        safe = text[: len(text) - len(ch.text)] + safe
+                    if stopped:
+                        finish = "stop"
+                    elif finish is not None:
+                        safe += scanner.flush()
+                    if safe != text:
+                        lp = None  # the chunk's token logprobs no longer describe its text
+                    text = safe
+                if finish is not None:
+                    done.add(index)
+                if text or finish is not None:
+                    out.append(Choice(text, index, lp, finish))
+            if out:
+                yield Completion(id=ctx.id, created=ctx.created, model=ctx.model, choices=out)
+            if (
+                em.stops is not None
+                and done
+                and all(p * em.n + jj in done for p in range(len(em.prompts)) for jj in range(em.n))
+            ):
+                break  # every choice has stopped: no need to read (or pay for) the rest
+        if usage is not None:
+            yield Completion(id=ctx.id, created=ctx.created, model=ctx.model, choices=[], usage=usage)
+    finally:
+        for p in pumps:
+            p.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)
+
+
+def to_chunks(c: Completion) -> list[Completion]:
+    """A validated answer as stream chunks: one per choice, the last carrying the usage."""
+    chunks = [
+        Completion(id=c.id, created=c.created, model=c.model, choices=[ch], system_fingerprint=c.system_fingerprint)
+        for ch in c.choices
+    ]
+    if chunks:
+        chunks[-1].usage = c.usage
+    return chunks
+
+
+__all__ = ["Emulation", "StopScanner", "complete", "find_stop", "plan", "stream", "sub_requests", "to_chunks"]

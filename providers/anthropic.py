@@ -1,0 +1,345 @@
+"""Anthropic Messages API `POST {base}/v1/messages` as a completions upstream.
+
+Sources:
+- Request fields and ranges: the Messages API reference as rendered in anthropic-sdk-python
+  `types/message_create_params.py` (temperature "Ranges from 0.0 to 1.0", maximum 1; `metadata.user_id`;
+  `stop_sequences`; `top_k`; `max_tokens` required). Auth is `x-api-key` plus `anthropic-version`.
+- Responses: real recordings in tests/fixtures/anthropic (pydantic-ai cassettes, see SOURCES.md):
+  `messages_end_turn.json`, `messages_stop_sequence.json` (the stop string is not in the text; the
+  matched one is in `stop_sequence`), `messages_stream.sse.txt` (named SSE events; `message_delta` carries
+  stop_reason and cumulative usage), `error_400_invalid_request.json` (`{"type":"error","error":{type,message}}`).
+- Stop reasons: platform.claude.com handling-stop-reasons (end_turn, stop_sequence, pause_turn, tool_use ->
+  stop; max_tokens, model_context_window_exceeded -> length; refusal -> content_filter), folded in
+  providers.finish.
+- Errors (docs.claude.com/en/api/errors): 402 billing_error, 429 rate_limit_error with `retry-after`,
+  529 overloaded_error, and an `event: error` inside a 200 stream. The spend-limit 429 carries
+  `error.details.error_code: "enforced_spend_limit_reached"` and no `retry-after` (platform.claude.com
+  /docs/en/api/rate-limits, as quoted by public client code); no recording of it exists here.
+- `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{remaining,reset}` headers, resets as
+  RFC 3339 timestamps (same rate-limits page); no recording of them exists here either.
+
+The prompt becomes one user turn. Anthropic has no logprobs, penalties, seed, logit_bias or suffix: those
+are refused. n, best_of, echo, include_stop_str_in_output and guided_* are provided by the gateway.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any, ClassVar, Final
+
+import msgspec
+
+from gateway.errors import GatewayError, InvalidRequestError, UnsupportedParamError, UpstreamStatusError
+from gateway.schema import Choice, Completion, CompletionRequest, FinishReason, PromptTokensDetails, Usage
+from providers.base import EMULATED, Adapter, CallContext, Endpoint, Param, UpstreamRequest, table
+from providers.finish import finish_reason
+from providers.openai_compat import stop_list
+from providers.retry_after import retry_after, should_retry
+
+DEFAULT_VERSION: Final = "2023-06-01"
+
+# Anthropic requires a limit on every request. 4096 is the largest output every Claude model still
+# served accepts (the Claude 3 models cap output at 4096), so the default never earns a 400 on any model;
+# it is far above what a chat answer needs (OpenAI's 16 would cut nearly every answer short), and output
+# is billed by the tokens actually generated, so a high ceiling costs nothing. It also stays well below
+# the sizes for which Anthropic asks for streaming. Override per provider with `default_max_tokens`.
+DEFAULT_MAX_TOKENS: Final = 4096
+
+# Anthropic's `error.type` for an error that arrives inside a 200 stream, back to the HTTP status it
+# has when it is the response itself (docs.claude.com/en/api/errors).
+_ERROR_STATUS: Final[dict[str, int]] = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "billing_error": 402,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "overloaded_error": 529,
+}
+
+_LIMITS: Final = ("requests", "tokens", "input-tokens", "output-tokens")
+
+
+def _top_k(body: dict[str, Any], value: int) -> None:
+    # The gateway's -1 means "consider every token", which is Anthropic's behaviour without top_k.
+    if value >= 0:
+        body["top_k"] = value
+
+
+class AContent(msgspec.Struct):
+    type: str = ""
+    text: str = ""
+
+
+class AUsage(msgspec.Struct):
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cache_creation_input_tokens: int | None = None
+    cache_read_input_tokens: int | None = None
+
+
+class AMessage(msgspec.Struct):
+    content: list[AContent] = []
+    stop_reason: str | None = None
+    stop_sequence: str | None = None
+    usage: AUsage | None = None
+
+
+class ADelta(msgspec.Struct):
+    # content_block_delta: {type: text_delta, text}; message_delta: {stop_reason, stop_sequence}.
+    type: str | None = None
+    text: str | None = None
+    stop_reason: str | None = None
+    stop_sequence: str | None = None
+
+
+class AErrorBody(msgspec.Struct):
+    type: str | None = None
+    message: str | None = None
+    details: dict[str, Any] | None = None
+
+
+class AEvent(msgspec.Struct):
+    type: str = ""
+    message: AMessage | None = None
+    delta: ADelta | None = None
+    usage: AUsage | None = None
+    error: AErrorBody | None = None
+
+
+class AError(msgspec.Struct):
+    error: AErrorBody | None = None
+
+
+_decode_message = msgspec.json.Decoder(AMessage).decode
+_decode_event = msgspec.json.Decoder(AEvent).decode
+_decode_error = msgspec.json.Decoder(AError).decode
+
+
+def usage_from(u: AUsage) -> Usage:
+    """Cache reads and cache writes are prompt tokens too: Anthropic reports them beside input_tokens."""
+    cached = u.cache_read_input_tokens or 0
+    prompt = (u.input_tokens or 0) + cached + (u.cache_creation_input_tokens or 0)
+    completion = u.output_tokens or 0
+    return Usage(
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached)
+        if u.cache_read_input_tokens is not None
+        else None,
+    )
+
+
+def _merge(old: AUsage | None, new: AUsage) -> AUsage:
+    """`message_delta` usage is cumulative but may omit what `message_start` already said."""
+    if old is None:
+        return new
+    return AUsage(
+        input_tokens=new.input_tokens if new.input_tokens is not None else old.input_tokens,
+        output_tokens=new.output_tokens if new.output_tokens is not None else old.output_tokens,
+        cache_creation_input_tokens=new.cache_creation_input_tokens
+        if new.cache_creation_input_tokens is not None
+        else old.cache_creation_input_tokens,
+        cache_read_input_tokens=new.cache_read_input_tokens
+        if new.cache_read_input_tokens is not None
+        else old.cache_read_input_tokens,
+    )
+
+
+def reset_hint(headers: Mapping[str, str], now: float | None = None) -> float | None:
+    """Seconds until the exhausted `anthropic-ratelimit-*` limit resets (RFC 3339 `-reset` headers).
+
+    A 429 does not say which limit it hit; one whose `-remaining` is 0 did. When none says 0, the latest
+    reset is the safe wait: every limit has replenished by then.
+    """
+    exhausted: list[float] = []
+    every: list[float] = []
+    for limit in _LIMITS:
+        value = headers.get(f"anthropic-ratelimit-{limit}-reset")
+        if not value:
+            continue
+        try:
+            when = datetime.fromisoformat(value)
+        except ValueError:
+            continue
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        at = when.timestamp()
+        every.append(at)
+        if headers.get(f"anthropic-ratelimit-{limit}-remaining") == "0":
+            exhausted.append(at)
+    chosen = exhausted or every
+    if not chosen:
+        return None
+    return max(max(chosen) - (time.time() if now is None else now), 0.0)
+
+
+def out_of_range(provider: str, field: str, value: float, low: float, high: float) -> InvalidRequestError:
+    return InvalidRequestError(
+        f"Provider '{provider}' accepts '{field}' from {low:g} to {high:g}, got {value:g}",
+        param=field,
+        code="invalid_value",
+    )
+
+
+class AnthropicAdapter(Adapter):
+    kind = "anthropic"
+    path: ClassVar[str] = "/v1/messages"
+    default_base_url = "https://api.anthropic.com"
+    prompt_forms = frozenset({"text"})
+    max_logprobs = 0
+    params = table(
+        max_tokens=Param(),
+        temperature=Param(),
+        top_p=Param(),
+        top_k=Param(apply=_top_k),
+        stop=Param(to="stop_sequences", convert=stop_list),
+        user=Param(to="metadata.user_id"),
+        n=EMULATED,
+        best_of=EMULATED,
+        echo=EMULATED,
+        include_stop_str_in_output=EMULATED,
+        guided_json=EMULATED,
+        guided_regex=EMULATED,
+        guided_choice=EMULATED,
+        guided_grammar=EMULATED,
+    )
+
+    def check(self, req: CompletionRequest, provider: str) -> None:
+        # logprobs is not in the table, so map_params refuses it naming the field (or drops it under
+        # `unsupported_params: drop`); the base count check must not pre-empt that with "at most 0".
+        super().check(req if req.logprobs is None else msgspec.structs.replace(req, logprobs=None), provider)
+        # The gateway accepts OpenAI's 0-2; Anthropic's range is 0-1, and clamping would change the sampling.
+        if req.temperature is not None and req.temperature > 1:
+            raise out_of_range(provider, "temperature", req.temperature, 0, 1)
+
+    def build_request(self, req: CompletionRequest, endpoint: Endpoint, params: dict[str, Any]) -> UpstreamRequest:
+        if not isinstance(req.prompt, str):
+            raise UnsupportedParamError("prompt", endpoint.provider)
+        body: dict[str, Any] = {
+            "model": endpoint.model,
+            "messages": [{"role": "user", "content": req.prompt}],
+            "max_tokens": endpoint.default_max_tokens or DEFAULT_MAX_TOKENS,
+        }
+        body.update(params)
+        if req.stream:
+            body["stream"] = True
+        if req.inference_extra_params:
+            body.update(req.inference_extra_params)
+        headers = {
+            "content-type": "application/json",
+            "accept": "text/event-stream" if req.stream else "application/json",
+            "anthropic-version": endpoint.api_version or DEFAULT_VERSION,
+        }
+        # Configured headers (e.g. `anthropic-beta`) and then the client's own; the credential goes last.
+        headers.update((k.lower(), v) for k, v in endpoint.headers.items())
+        if req.inference_extra_headers:
+            headers.update((k.lower(), v) for k, v in req.inference_extra_headers.items())
+        if endpoint.api_key:
+            headers["x-api-key"] = endpoint.api_key
+        return UpstreamRequest(
+            method="POST",
+            url=endpoint.base_url.rstrip("/") + self.path,
+            headers=headers,
+            body=msgspec.json.encode(body),
+            stream=bool(req.stream),
+        )
+
+    def parse_response(self, body: bytes, ctx: CallContext) -> Completion:
+        msg = _decode_message(body)
+        # Kept for the gateway's include_stop_str_in_output emulation: the text never contains it.
+        ctx.state["stop_sequence"] = msg.stop_sequence
+        text = "".join(block.text for block in msg.content if block.type == "text")
+        return Completion(
+            id=ctx.id,
+            created=ctx.created,
+            model=ctx.model,
+            choices=[Choice(text=text, index=0, logprobs=None, finish_reason=finish_reason(msg.stop_reason))],
+            usage=usage_from(msg.usage) if msg.usage is not None else None,
+        )
+
+    def parse_event(self, event: str | None, data: bytes, ctx: CallContext) -> Completion | None:
+        ev = _decode_event(data)
+        kind = ev.type or event
+        if kind == "content_block_delta":
+            d = ev.delta
+            # thinking_delta, signature_delta and input_json_delta are not completion text.
+            if d is None or d.type != "text_delta" or not d.text:
+                return None
+            return self._chunk(ctx, d.text, None, None)
+        if kind == "message_start":
+            if ev.message is not None and ev.message.usage is not None:
+                ctx.state["usage"] = ev.message.usage
+            return None
+        if kind == "message_delta":
+            if ev.usage is not None:
+                ctx.state["usage"] = _merge(ctx.state.get("usage"), ev.usage)
+            if ev.delta is None or not ev.delta.stop_reason:
+                return None
+            ctx.state["stop_sequence"] = ev.delta.stop_sequence
+            usage: AUsage | None = ctx.state.get("usage")
+            # The last chunk: message_stop that follows carries nothing.
+            return self._chunk(
+                ctx, "", finish_reason(ev.delta.stop_reason), usage_from(usage) if usage is not None else None
+            )
+        if kind == "error":
+            kind_of = ev.error.type if ev.error is not None else None
+            raise self.map_error(_ERROR_STATUS.get(kind_of or "", 500), {}, data, self.kind)
+        # ping, content_block_start/stop, message_stop and event types added later.
+        return None
+
+    @staticmethod
+    def _chunk(ctx: CallContext, text: str, finish: FinishReason | None, usage: Usage | None) -> Completion:
+        return Completion(
+            id=ctx.id,
+            created=ctx.created,
+            model=ctx.model,
+            choices=[Choice(text=text, index=0, logprobs=None, finish_reason=finish)],
+            usage=usage,
+        )
+
+    def map_error(self, status: int, headers: Mapping[str, str], body: bytes, provider: str) -> GatewayError:
+        message, kind, details = _error_fields(body)
+        error_code = details.get("error_code") if details else None
+        code = str(error_code) if error_code else kind
+        hint = retry_after(headers)
+        if hint is None and status == 429:
+            hint = reset_hint(headers)
+        lowered = message.lower()
+        return UpstreamStatusError(
+            f"{provider} error ({status}): {message}",
+            upstream_status=status,
+            provider=provider,
+            code=code,
+            retry_after=hint,
+            should_retry=should_retry(headers),
+            # A spend limit lasts until the month (or a payment) changes; retrying cannot help.
+            quota=(status == 429 and error_code == "enforced_spend_limit_reached")
+            or status == 402
+            or kind == "billing_error",
+            # "prompt is too long: 205000 tokens > 200000 maximum"; "input length and `max_tokens`
+            # exceed context limit: ..." (both invalid_request_error 400s).
+            context_window=status == 400
+            and ("prompt is too long" in lowered or "exceed context limit" in lowered),
+        )
+
+
+def _error_fields(body: bytes) -> tuple[str, str | None, dict[str, Any] | None]:
+    try:
+        err = _decode_error(body)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        text = body.decode("utf-8", "replace").strip()
+        return (text[:500] or "no error body"), None, None
+    if err.error is None:
+        text = body.decode("utf-8", "replace").strip()
+        return (text[:500] or "no error body"), None, None
+    e = err.error
+    return e.message or "unknown error", e.type, e.details
+
+
+__all__ = ["DEFAULT_MAX_TOKENS", "AnthropicAdapter", "reset_hint", "usage_from"]

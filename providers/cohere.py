@@ -1,0 +1,286 @@
+"""Cohere v2 Chat `POST {base}/v2/chat` as a completions upstream (Bearer auth).
+
+Sources:
+- Request fields and ranges: cohere-python `src/cohere/v2/raw_client.py` (generated from Cohere's API
+  definition): max_tokens, `stop_sequences` ("up to 5"), temperature, seed, frequency_penalty and
+  presence_penalty (min 0.0, max 1.0), `k` (0-500, 0 disables), `p` (0.01-0.99), `logprobs` (bool),
+  `"stream": true` on the same path.
+- Non-stream response: the real recording tests/fixtures/cohere/v2_chat_stop_sequence.json (pydantic-ai
+  cassette, see SOURCES.md): `{id, finish_reason, message{content[{type:"text",text}]}, usage{billed_units,
+  tokens}}`. Finish reasons: cohere-python `types/chat_finish_reason.py` (COMPLETE, STOP_SEQUENCE,
+  MAX_TOKENS, TOOL_CALL, ERROR, TIMEOUT).
+- Errors: docs.cohere.com/reference/errors: every non-2xx body is `{"message": string}`; 400 "too many
+  tokens: total number of tokens in the prompt cannot exceed ..." when the prompt does not fit; 402 when
+  payment is needed; 429 for rate limits (trial keys also have a monthly call limit). No recording.
+
+UNVERIFIED, no recording exists: the stream. It is implemented from Cohere's streaming guide
+(docs.cohere.com/v2/docs/streaming: message-start, content-start, content-delta with the text in
+`delta.message.content.text`, content-end, message-end "the final event") and the SDK's
+`v2/types/v2chat_stream_response.py` (events are SSE whose JSON `type` names them; message-end carries
+`delta.finish_reason`, `delta.usage` and, on failure, `delta.error`). Whether the upstream also sends
+`event:` lines is not known, so events are told apart by their JSON `type`, then the SSE event name.
+Rate-limit headers are not documented: only the standard `retry-after` is read.
+
+Usage: `usage.billed_units` is what the client sent and got (25 in / 9 out in the recording) and is what
+the client is charged for; `usage.tokens` (91 / 11) also counts Cohere's own preamble and chat template,
+which the client never sent. OpenAI's usage means the former to a caller, and it is what the gateway's
+token budgets should charge, so billed_units is the usage; tokens is the fallback when it is missing.
+
+logprobs is refused: the SDK documents a boolean that returns `LogprobItem{text, token_ids, logprobs}`
+(several token ids and logprobs per text piece, no alternatives), so neither top_logprobs nor one text
+per token can be produced, and no response with them was recorded to check the shape against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar, Final
+
+import msgspec
+
+from gateway.errors import GatewayError, InvalidRequestError, UnsupportedParamError, UpstreamStatusError
+from gateway.schema import Choice, Completion, CompletionRequest, FinishReason, Usage
+from providers.base import EMULATED, Adapter, CallContext, Endpoint, Param, UpstreamRequest, table
+from providers.finish import finish_reason
+from providers.openai_compat import stop_list
+from providers.retry_after import retry_after, should_retry
+
+# Finish reasons that mean the generation failed, as the status the failure would have had as a response:
+# a failed generation may come back on another attempt; a timed-out one is a timeout.
+_FAILED: Final[dict[str, int]] = {"ERROR": 500, "TIMEOUT": 504}
+
+
+def _k(value: int) -> int:
+    # The gateway's -1 means "consider every token"; Cohere says that with k=0 ("k-sampling is disabled").
+    return 0 if value < 0 else value
+
+
+class CContent(msgspec.Struct):
+    type: str = ""
+    text: str = ""
+
+
+class CMessage(msgspec.Struct):
+    content: list[CContent] = []
+
+
+class CTokens(msgspec.Struct):
+    # Integers on the wire; the SDK types them as floats.
+    input_tokens: float | None = None
+    output_tokens: float | None = None
+
+
+class CUsage(msgspec.Struct):
+    billed_units: CTokens | None = None
+    tokens: CTokens | None = None
+
+
+class CResponse(msgspec.Struct):
+    finish_reason: str | None = None
+    message: CMessage | None = None
+    usage: CUsage | None = None
+
+
+class CDeltaContent(msgspec.Struct):
+    text: str | None = None
+
+
+class CDeltaMessage(msgspec.Struct):
+    # An object in content-start/-delta; message-start may send the message's empty content list.
+    content: CDeltaContent | list[Any] | None = None
+
+
+class CDelta(msgspec.Struct):
+    message: CDeltaMessage | None = None
+    finish_reason: str | None = None
+    usage: CUsage | None = None
+    error: str | None = None
+
+
+class CEvent(msgspec.Struct):
+    type: str = ""
+    delta: CDelta | None = None
+
+
+class CError(msgspec.Struct):
+    message: str | None = None
+
+
+_decode_response = msgspec.json.Decoder(CResponse).decode
+_decode_event = msgspec.json.Decoder(CEvent).decode
+_decode_error = msgspec.json.Decoder(CError).decode
+
+
+def usage_from(u: CUsage) -> Usage | None:
+    billed, seen = u.billed_units, u.tokens
+
+    def pick(field: str) -> int | None:
+        for source in (billed, seen):
+            value = getattr(source, field) if source is not None else None
+            if value is not None:
+                return int(value)
+        return None
+
+    prompt, completion = pick("input_tokens"), pick("output_tokens")
+    if prompt is None and completion is None:
+        return None
+    prompt, completion = prompt or 0, completion or 0
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+
+def _out_of_range(provider: str, field: str, value: float, low: float, high: float) -> InvalidRequestError:
+    return InvalidRequestError(
+        f"Provider '{provider}' accepts '{field}' from {low:g} to {high:g}, got {value:g}",
+        param=field,
+        code="invalid_value",
+    )
+
+
+# Cohere's documented ranges where they are narrower than the gateway's (OpenAI's) own.
+_RANGES: Final[tuple[tuple[str, float, float], ...]] = (
+    ("frequency_penalty", 0.0, 1.0),
+    ("presence_penalty", 0.0, 1.0),
+    ("top_p", 0.01, 0.99),
+    ("top_k", -1, 500),
+)
+
+
+class CohereAdapter(Adapter):
+    kind = "cohere"
+    path: ClassVar[str] = "/v2/chat"
+    default_base_url = "https://api.cohere.com"
+    prompt_forms = frozenset({"text"})
+    max_stop = 5
+    max_logprobs = 0
+    params = table(
+        max_tokens=Param(),
+        temperature=Param(),
+        top_p=Param(to="p"),
+        top_k=Param(to="k", convert=_k),
+        seed=Param(),
+        frequency_penalty=Param(),
+        presence_penalty=Param(),
+        stop=Param(to="stop_sequences", convert=stop_list),
+        n=EMULATED,
+        best_of=EMULATED,
+        echo=EMULATED,
+        include_stop_str_in_output=EMULATED,
+        guided_json=EMULATED,
+        guided_regex=EMULATED,
+        guided_choice=EMULATED,
+        guided_grammar=EMULATED,
+    )
+
+    def check(self, req: CompletionRequest, provider: str) -> None:
+        # logprobs is not in the table, so map_params refuses it naming the field (or drops it under
+        # `unsupported_params: drop`); the base count check must not pre-empt that with "at most 0".
+        super().check(req if req.logprobs is None else msgspec.structs.replace(req, logprobs=None), provider)
+        # Refused rather than clamped: a clamped value would silently change the sampling asked for.
+        for field, low, high in _RANGES:
+            value = getattr(req, field)
+            if value is not None and not low <= value <= high:
+                raise _out_of_range(provider, field, value, low, high)
+
+    def build_request(self, req: CompletionRequest, endpoint: Endpoint, params: dict[str, Any]) -> UpstreamRequest:
+        if not isinstance(req.prompt, str):
+            raise UnsupportedParamError("prompt", endpoint.provider)
+        body: dict[str, Any] = {"model": endpoint.model, "messages": [{"role": "user", "content": req.prompt}]}
+        body.update(params)
+        if req.stream:
+            body["stream"] = True
+        if req.inference_extra_params:
+            body.update(req.inference_extra_params)
+        headers = {
+            "content-type": "application/json",
+            "accept": "text/event-stream" if req.stream else "application/json",
+        }
+        headers.update((k.lower(), v) for k, v in endpoint.headers.items())
+        if req.inference_extra_headers:
+            headers.update((k.lower(), v) for k, v in req.inference_extra_headers.items())
+        if endpoint.api_key:
+            headers["authorization"] = f"Bearer {endpoint.api_key}"
+        return UpstreamRequest(
+            method="POST",
+            url=endpoint.base_url.rstrip("/") + self.path,
+            headers=headers,
+            body=msgspec.json.encode(body),
+            stream=bool(req.stream),
+        )
+
+    def _finish(self, raw: str | None, error: str | None) -> FinishReason | None:
+        failed = _FAILED.get(raw or "")
+        if failed is not None:
+            detail = error or f"the generation ended with finish_reason {raw}"
+            raise UpstreamStatusError(
+                f"{self.kind} error ({failed}): {detail}", upstream_status=failed, provider=self.kind, code=raw
+            )
+        return finish_reason(raw)
+
+    def parse_response(self, body: bytes, ctx: CallContext) -> Completion:
+        resp = _decode_response(body)
+        finish = self._finish(resp.finish_reason, None)
+        content = resp.message.content if resp.message is not None else []
+        # Reasoning models add `thinking` items; only text is the completion.
+        text = "".join(item.text for item in content if item.type == "text")
+        return self._completion(ctx, text, finish, usage_from(resp.usage) if resp.usage is not None else None)
+
+    def parse_event(self, event: str | None, data: bytes, ctx: CallContext) -> Completion | None:
+        if data == b"[DONE]":
+            # Not documented for Cohere; the SDK skips it, so a proxy in between may add it.
+            return None
+        ev = _decode_event(data)
+        kind = ev.type or event
+        d = ev.delta
+        if kind == "content-delta":
+            content = d.message.content if d is not None and d.message is not None else None
+            # A reasoning model's `thinking` deltas have no text.
+            if not isinstance(content, CDeltaContent) or not content.text:
+                return None
+            return self._completion(ctx, content.text, None, None)
+        if kind == "message-end":
+            if d is None:
+                return None
+            finish = self._finish(d.finish_reason, d.error)
+            usage = usage_from(d.usage) if d.usage is not None else None
+            return self._completion(ctx, "", finish, usage)
+        # message-start, content-start/-end, tool-*, citation-*, debug.
+        return None
+
+    @staticmethod
+    def _completion(ctx: CallContext, text: str, finish: FinishReason | None, usage: Usage | None) -> Completion:
+        return Completion(
+            id=ctx.id,
+            created=ctx.created,
+            model=ctx.model,
+            choices=[Choice(text=text, index=0, logprobs=None, finish_reason=finish)],
+            usage=usage,
+        )
+
+    def map_error(self, status: int, headers: Mapping[str, str], body: bytes, provider: str) -> GatewayError:
+        message = _error_message(body)
+        lowered = message.lower()
+        return UpstreamStatusError(
+            f"{provider} error ({status}): {message}",
+            upstream_status=status,
+            provider=provider,
+            retry_after=retry_after(headers),
+            should_retry=should_retry(headers),
+            # 402: payment needed. A trial key's monthly call limit is a 429 that waiting minutes cannot lift.
+            quota=status == 402 or (status == 429 and "month" in lowered),
+            context_window=status == 400
+            and ("tokens in the prompt cannot exceed" in lowered or "size limit exceeded" in lowered),
+        )
+
+
+def _error_message(body: bytes) -> str:
+    try:
+        err = _decode_error(body)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        err = CError()
+    if err.message:
+        return err.message
+    text = body.decode("utf-8", "replace").strip()
+    return text[:500] or "no error body"
+
+
+__all__ = ["CohereAdapter", "usage_from"]

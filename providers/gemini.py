@@ -1,0 +1,462 @@
+"""Google Gemini (Generative Language API): `POST {base}/v1beta/models/{model}:generateContent`, and
+`:streamGenerateContent?alt=sse` for streams.
+
+Sources:
+- Request fields: the `GenerationConfig` reference (ai.google.dev/api/generate-content; the same message is
+  mirrored by the Vertex `GenerationConfig` protobuf docs): maxOutputTokens, temperature, topP, topK,
+  stopSequences (at most 5), candidateCount, presencePenalty, frequencyPenalty, seed, responseLogprobs +
+  logprobs (up to 20 alternatives, Google Cloud "Intro to Logprobs" guide), responseMimeType,
+  responseSchema, responseJsonSchema.
+- Structured output: `responseJsonSchema` takes standard JSON Schema ("an alternative to responseSchema that
+  accepts JSON Schema", google-genai `GenerationConfig.response_json_schema`), while `responseSchema` is a
+  proto-typed OpenAPI subset that answers 400 "Unknown name additionalProperties" to ordinary JSON Schemas
+  (prism-php/prism#974). A client's `guided_json` is JSON Schema, so it goes to `responseJsonSchema`.
+  `guided_choice` uses the documented enum mode: `responseMimeType: "text/x.enum"` with an enum
+  `responseSchema` ("currently limited to application/json and text/x.enum", Firebase AI Logic
+  `GenerationConfig` reference; the Google Cloud logprobs guide sends `{"type": "STRING", "enum": [...]}`).
+- Authentication is the `x-goog-api-key` header, never the `?key=` query: URLs end up in logs.
+- Responses: recordings `gemini/generate_content_stop_sequence.json` (stopSequences hit -> finishReason STOP,
+  the stop text not included) and `gemini/stream_generate_content.sse.txt` (CRLF `data:` events, each a full
+  response with usageMetadata, finishReason only on the last, no `[DONE]`); pydantic/pydantic-ai @0ca8327d
+  `test_google_model_max_tokens_thinking_model_empty_response.yaml` (MAX_TOKENS, content without parts,
+  thoughtsTokenCount without candidatesTokenCount) and @111dda9b `test_google_model_retry.yaml` (thoughts:
+  142 + 7 + 101 = 250, so totalTokenCount includes thoughtsTokenCount and candidatesTokenCount does not);
+  @9bc7ce4e `test_google_model_armor_prompt_template_text_gets_blocked.yaml` (promptFeedback.blockReason
+  and no candidates). The `logprobsResult` shape (chosenCandidates / topCandidates[].candidates, each
+  {token, tokenId, logProbability}) is from the API reference: no recording of it was found.
+- Errors: google.rpc envelope {"error": {code, message, status, details[]}}: RetryInfo.retryDelay is a
+  protobuf Duration such as "53s" or "45.837906927s" (googleapis/python-genai#1875, dcdpr/jp#1061), and no
+  Retry-After header is sent; QuotaFailure.violations[].quotaId names the exhausted quota
+  (google-gemini/gemini-cli#8437); a prompt over the context window is 400 INVALID_ARGUMENT "The input
+  token count (132478) exceeds the maximum number of tokens allowed (131072)." (gemini-cli#4118).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any, ClassVar, Final
+
+import msgspec
+
+from gateway.errors import GatewayError, InvalidRequestError, UpstreamError, UpstreamStatusError
+from gateway.schema import (
+    Choice,
+    Completion,
+    CompletionRequest,
+    CompletionTokensDetails,
+    Logprobs,
+    PromptTokensDetails,
+    Usage,
+)
+from providers.base import EMULATED, Adapter, CallContext, Endpoint, Param, Table, UpstreamRequest, table
+from providers.finish import finish_reason
+from providers.offsets import prompt_for_choice, text_offsets
+from providers.retry_after import retry_after
+
+DEFAULT_API_VERSION: Final = "v1beta"
+
+# google.protobuf.Duration in JSON: decimal seconds with an "s" suffix.
+_DURATION: Final = re.compile(r"^\s*(\d+(?:\.\d+)?)s\s*$")
+# Some 429s carry the delay only in words ("... Please retry in 45.578569677s.", continuedev/continue#9570).
+_RETRY_IN_WORDS: Final = re.compile(r"retry in (\d+(?:\.\d+)?)s", re.IGNORECASE)
+
+
+# --------------------------------------------------------------------------------------------------
+# Upstream shapes (lenient: unknown fields ignored, everything optional)
+
+
+class GPart(msgspec.Struct):
+    text: str | None = None
+    # Thought summaries (includeThoughts) are parts flagged `thought: true`: not completion text.
+    thought: bool = False
+
+
+class GContent(msgspec.Struct):
+    parts: list[GPart] = []
+
+
+class GLogprob(msgspec.Struct, rename="camel"):
+    token: str = ""
+    # proto3 JSON omits zero-valued fields, so a certain token (log probability 0) may come without it.
+    log_probability: float = 0.0
+
+
+class GTopCandidates(msgspec.Struct):
+    candidates: list[GLogprob] = []
+
+
+class GLogprobsResult(msgspec.Struct, rename="camel"):
+    chosen_candidates: list[GLogprob] = []
+    top_candidates: list[GTopCandidates] = []
+
+
+class GCandidate(msgspec.Struct, rename="camel"):
+    content: GContent | None = None
+    finish_reason: str | None = None
+    index: int | None = None
+    logprobs_result: GLogprobsResult | None = None
+
+
+class GUsage(msgspec.Struct, rename="camel"):
+    prompt_token_count: int | None = None
+    candidates_token_count: int | None = None
+    thoughts_token_count: int | None = None
+    cached_content_token_count: int | None = None
+    total_token_count: int | None = None
+
+
+class GPromptFeedback(msgspec.Struct, rename="camel"):
+    block_reason: str | None = None
+
+
+class GViolation(msgspec.Struct, rename="camel"):
+    quota_id: str | None = None
+    quota_metric: str | None = None
+
+
+class GDetail(msgspec.Struct, rename="camel"):
+    type: str | None = msgspec.field(default=None, name="@type")
+    retry_delay: str | None = None
+    violations: list[GViolation] = []
+
+
+class GErrorBody(msgspec.Struct):
+    code: int | None = None
+    message: str | None = None
+    status: str | None = None
+    details: list[GDetail] = []
+
+
+class GError(msgspec.Struct):
+    error: GErrorBody | None = None
+
+
+class GResponse(msgspec.Struct, rename="camel"):
+    candidates: list[GCandidate] = []
+    usage_metadata: GUsage | None = None
+    prompt_feedback: GPromptFeedback | None = None
+    # A failure after the stream started arrives as an event carrying only the error envelope.
+    error: GErrorBody | None = None
+
+
+_decode_response = msgspec.json.Decoder(GResponse).decode
+# The non-SSE streaming endpoint (and some proxies) wrap the envelope in a one-element array.
+_decode_error = msgspec.json.Decoder(GError | list[GError]).decode
+
+
+# --------------------------------------------------------------------------------------------------
+# Request translation
+
+
+def _set_mime(config: dict[str, Any], mime: str, field: str) -> None:
+    current = config.get("responseMimeType")
+    if current is not None and current != mime:
+        raise InvalidRequestError(
+            f"'{field}' asks Gemini for {mime} output, which conflicts with {current} requested by another field",
+            param=field,
+            code="invalid_value",
+        )
+    config["responseMimeType"] = mime
+
+
+def _json_schema(config: dict[str, Any], schema: Any, field: str) -> None:
+    _set_mime(config, "application/json", field)
+    config["responseJsonSchema"] = schema
+
+
+def _response_format(body: dict[str, Any], value: dict[str, Any]) -> None:
+    config = body.setdefault("generationConfig", {})
+    kind = value.get("type")
+    if kind == "text":
+        return
+    if kind == "json_object":
+        # Fireworks' form carries the schema inline: {"type": "json_object", "schema": {...}}.
+        schema = value.get("schema")
+        if schema is None:
+            _set_mime(config, "application/json", "response_format")
+        else:
+            _json_schema(config, schema, "response_format")
+        return
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if schema is None:
+            raise InvalidRequestError(
+                "'response_format' of type json_schema needs json_schema.schema",
+                param="response_format",
+                code="invalid_value",
+            )
+        _json_schema(config, schema, "response_format")
+        return
+    raise InvalidRequestError(
+        f"'response_format' type {kind!r} is not supported by Gemini (text, json_object, json_schema)",
+        param="response_format",
+        code="unsupported_parameter",
+    )
+
+
+def _guided_json(body: dict[str, Any], schema: dict[str, Any]) -> None:
+    _json_schema(body.setdefault("generationConfig", {}), schema, "guided_json")
+
+
+def _guided_choice(body: dict[str, Any], choices: list[str]) -> None:
+    config = body.setdefault("generationConfig", {})
+    _set_mime(config, "text/x.enum", "guided_choice")
+    config["responseSchema"] = {"type": "STRING", "enum": choices}
+
+
+def _logprobs(body: dict[str, Any], k: int) -> None:
+    config = body.setdefault("generationConfig", {})
+    config["responseLogprobs"] = True
+    # `logprobs` counts alternatives per step; with 0 only the sampled tokens' log probabilities are wanted.
+    if k > 0:
+        config["logprobs"] = k
+
+
+def _top_k(body: dict[str, Any], k: int) -> None:
+    # llm-engine's -1 (and 0) mean "no top-k cut": Gemini expresses that by leaving topK unset.
+    if k > 0:
+        body.setdefault("generationConfig", {})["topK"] = k
+
+
+GEMINI_PARAMS: Table = table(
+    max_tokens=Param(to="generationConfig.maxOutputTokens"),
+    temperature=Param(to="generationConfig.temperature"),
+    top_p=Param(to="generationConfig.topP"),
+    top_k=Param(apply=_top_k),
+    stop=Param(to="generationConfig.stopSequences"),
+    n=Param(to="generationConfig.candidateCount"),
+    presence_penalty=Param(to="generationConfig.presencePenalty"),
+    frequency_penalty=Param(to="generationConfig.frequencyPenalty"),
+    seed=Param(to="generationConfig.seed"),
+    logprobs=Param(apply=_logprobs),
+    response_format=Param(apply=_response_format),
+    guided_json=Param(apply=_guided_json),
+    guided_choice=Param(apply=_guided_choice),
+    guided_regex=EMULATED,
+    guided_grammar=EMULATED,
+    echo=EMULATED,
+    best_of=EMULATED,
+    include_stop_str_in_output=EMULATED,
+)
+
+
+def _merge(body: dict[str, Any], extra: Mapping[str, Any]) -> None:
+    """`inference_extra_params` extends nested objects (generationConfig, safetySettings...) one level deep."""
+    for key, value in extra.items():
+        current = body.get(key)
+        if isinstance(current, dict) and isinstance(value, dict):
+            current.update(value)
+        else:
+            body[key] = value
+
+
+# --------------------------------------------------------------------------------------------------
+# Response normalization
+
+
+def _usage(up: GUsage | None) -> Usage | None:
+    if up is None or (up.prompt_token_count is None and up.total_token_count is None):
+        return None
+    prompt = up.prompt_token_count or 0
+    thoughts = up.thoughts_token_count
+    # candidatesTokenCount excludes the thinking tokens that totalTokenCount (and the bill) include.
+    completion = (up.candidates_token_count or 0) + (thoughts or 0)
+    total = up.total_token_count if up.total_token_count is not None else prompt + completion
+    return Usage(
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=total,
+        completion_tokens_details=CompletionTokensDetails(reasoning_tokens=thoughts) if thoughts is not None else None,
+        prompt_tokens_details=(
+            PromptTokensDetails(cached_tokens=up.cached_content_token_count)
+            if up.cached_content_token_count is not None
+            else None
+        ),
+    )
+
+
+def _text(c: GCandidate) -> str:
+    if c.content is None:
+        return ""
+    return "".join(p.text for p in c.content.parts if p.text is not None and not p.thought)
+
+
+def _parse_duration(value: str | None) -> float | None:
+    if not value:
+        return None
+    m = _DURATION.match(value)
+    return float(m.group(1)) if m else None
+
+
+def _is_exhausted_quota(err: GErrorBody) -> bool:
+    """A 429 that waiting a minute cannot fix.
+
+    Rule: any QuotaFailure violation whose quotaId is a per-day quota (`...PerDay...`, e.g.
+    `GenerateRequestsPerDayPerProjectPerModel-FreeTier`) resets only at the end of the day
+    (UKGovernmentBEIS/inspect_ai#5526, dcdpr/jp#1061); a message reporting `limit: 0` means the key has no
+    quota for the model at all (inspect_ai#3215). Per-minute quotas stay retryable after RetryInfo's delay.
+    """
+    for detail in err.details:
+        for v in detail.violations:
+            if v.quota_id and "perday" in v.quota_id.lower():
+                return True
+    return "limit: 0," in (err.message or "")
+
+
+class GeminiAdapter(Adapter):
+    kind = "gemini"
+    default_base_url = "https://generativelanguage.googleapis.com"
+    path: ClassVar[str] = "/v1beta/models/{model}:generateContent (stream: :streamGenerateContent?alt=sse)"
+    params: ClassVar[Table] = GEMINI_PARAMS
+    max_stop = 5
+    max_logprobs = 20
+    # One `contents` turn per call: the gateway fans out prompt lists.
+    prompt_forms = frozenset({"text"})
+
+    def url(self, req: CompletionRequest, endpoint: Endpoint) -> str:
+        # Config may name the model as the API's resource name ("models/gemini-2.0-flash").
+        model = endpoint.model.removeprefix("models/")
+        version = endpoint.api_version or DEFAULT_API_VERSION
+        base = f"{endpoint.base_url.rstrip('/')}/{version}/models/{model}"
+        return base + (":streamGenerateContent?alt=sse" if req.stream else ":generateContent")
+
+    def build_request(self, req: CompletionRequest, endpoint: Endpoint, params: dict[str, Any]) -> UpstreamRequest:
+        body: dict[str, Any] = {"contents": [{"role": "user", "parts": [{"text": req.prompt}]}]}
+        body.update(params)
+        if req.inference_extra_params:
+            _merge(body, req.inference_extra_params)
+        headers = {
+            "content-type": "application/json",
+            "accept": "text/event-stream" if req.stream else "application/json",
+        }
+        headers.update((k.lower(), v) for k, v in endpoint.headers.items())
+        if req.inference_extra_headers:
+            headers.update((k.lower(), v) for k, v in req.inference_extra_headers.items())
+        if endpoint.api_key:
+            headers["x-goog-api-key"] = endpoint.api_key
+        return UpstreamRequest(
+            method="POST",
+            url=self.url(req, endpoint),
+            headers=headers,
+            body=msgspec.json.encode(body),
+            stream=bool(req.stream),
+        )
+
+    def _logprobs(self, lr: GLogprobsResult | None, index: int, ctx: CallContext) -> Logprobs | None:
+        if lr is None:
+            return None
+        tokens = [c.token for c in lr.chosen_candidates]
+        # Gemini has no echo (the gateway emulates it), so generated text always starts after the prompt.
+        start = ctx.offsets.get(index)
+        if start is None:
+            start = len(prompt_for_choice(ctx.prompts, index, ctx.n))
+        offsets = text_offsets(tokens, start)
+        if tokens:
+            ctx.offsets[index] = offsets[-1] + len(tokens[-1])
+        top: list[dict[str, float] | None] | None = None
+        if lr.top_candidates:
+            top = [{c.token: c.log_probability for c in step.candidates} for step in lr.top_candidates]
+        return Logprobs(
+            tokens=tokens,
+            token_logprobs=[c.log_probability for c in lr.chosen_candidates],
+            top_logprobs=top,
+            text_offset=offsets,
+        )
+
+    def _choices(self, up: GResponse, ctx: CallContext) -> list[Choice]:
+        choices: list[Choice] = []
+        for position, c in enumerate(up.candidates):
+            index = c.index if c.index is not None else position
+            choices.append(
+                Choice(
+                    text=_text(c),
+                    index=index,
+                    logprobs=self._logprobs(c.logprobs_result, index, ctx),
+                    finish_reason=finish_reason(c.finish_reason),
+                )
+            )
+        return choices
+
+    def _blocked(self, ctx: CallContext) -> list[Choice]:
+        # A blocked prompt yields no candidates at all: every requested choice ends filtered, with no text.
+        return [Choice(text="", index=i, logprobs=None, finish_reason="content_filter") for i in range(ctx.n)]
+
+    def parse_response(self, body: bytes, ctx: CallContext) -> Completion:
+        up = _decode_response(body)
+        if up.error is not None:
+            raise self.map_error(up.error.code or 500, {}, body, self.kind)
+        if up.candidates:
+            choices = self._choices(up, ctx)
+        elif up.prompt_feedback is not None and up.prompt_feedback.block_reason:
+            choices = self._blocked(ctx)
+        else:
+            raise UpstreamError(f"Upstream '{self.kind}' answered without candidates")
+        return Completion(
+            id=ctx.id, created=ctx.created, model=ctx.model, choices=choices, usage=_usage(up.usage_metadata)
+        )
+
+    def parse_event(self, event: str | None, data: bytes, ctx: CallContext) -> Completion | None:
+        up = _decode_response(data)
+        if up.error is not None:
+            raise self.map_error(up.error.code or 500, {}, data, self.kind)
+        if up.candidates:
+            choices = self._choices(up, ctx)
+            # Every event repeats a running usageMetadata; only the one that ends the stream is final.
+            final = any(c.finish_reason is not None for c in choices)
+        elif up.prompt_feedback is not None and up.prompt_feedback.block_reason:
+            choices, final = self._blocked(ctx), True
+        else:
+            return None
+        return Completion(
+            id=ctx.id,
+            created=ctx.created,
+            model=ctx.model,
+            choices=choices,
+            usage=_usage(up.usage_metadata) if final else None,
+        )
+
+    def map_error(self, status: int, headers: Mapping[str, str], body: bytes, provider: str) -> GatewayError:
+        err = _error_body(body)
+        message = (err.message if err and err.message else None) or _plain(body)
+        delay = retry_after(headers)
+        quota = context_window = False
+        if err is not None:
+            if delay is None:
+                for detail in err.details:
+                    if detail.type and detail.type.endswith("google.rpc.RetryInfo"):
+                        delay = _parse_duration(detail.retry_delay)
+                        break
+            if delay is None and err.message:
+                m = _RETRY_IN_WORDS.search(err.message)
+                delay = float(m.group(1)) if m else None
+            quota = status == 429 and _is_exhausted_quota(err)
+            low = message.lower()
+            context_window = status == 400 and "input token count" in low and "exceeds" in low
+        return UpstreamStatusError(
+            f"{provider} error ({status}): {message}",
+            upstream_status=status,
+            provider=provider,
+            code=err.status if err is not None else None,
+            retry_after=delay,
+            quota=quota,
+            context_window=context_window,
+        )
+
+
+def _error_body(body: bytes) -> GErrorBody | None:
+    try:
+        decoded = _decode_error(body)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    if isinstance(decoded, list):
+        decoded = decoded[0] if decoded else GError()
+    return decoded.error
+
+
+def _plain(body: bytes) -> str:
+    return body.decode("utf-8", "replace").strip()[:500] or "no error body"
+
+
+__all__ = ["GEMINI_PARAMS", "GeminiAdapter"]

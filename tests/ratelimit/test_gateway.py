@@ -1,0 +1,438 @@
+"""Rate limits through the whole gateway (uvicorn in a thread, real sockets) over a real redis-server.
+
+Limits are chosen so that nothing refills while a test runs (intervals of seconds), which makes every
+count and every `x-ratelimit-remaining-*` value exact. The fake provider reports
+usage.prompt_tokens = the prompt's words and `demo/long` always generates exactly max_tokens, so a
+request of `words(3)` and max_tokens 7 reserves 10 tokens and uses 10.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from aiohttp import web
+
+from tests.e2e.harness import GatewayThread, Handler, Received, Upstream
+
+from .support import RedisProc, body, client, gateway, limit_headers, parse_duration, wait_until
+
+CONFIG = """
+redis: {{url: "{redis}", on_failure: fail_closed}}
+retries: {{attempts: 3}}
+cooldown: {{base_ms: 60000, max_ms: 60000}}
+keys:
+  - {{name: both, key: k-both, limits: {{rpm: 30, tpd: 8640}}}}
+  - {{name: tiny, key: k-tiny, limits: {{rpm: 2}}}}
+  - {{name: tok, key: k-tok, limits: {{tpd: 8640}}}}
+  - {{name: small, key: k-small, limits: {{tpm: 100}}}}
+  - {{name: slots, key: k-slots, limits: {{concurrent: 2}}}}
+  - {{name: queue, key: k-queue, limits: {{rps: 4, max_queue_ms: 1000}}}}
+  - {{name: noqueue, key: k-noqueue, limits: {{rps: 1, max_queue_ms: 300}}}}
+  - {{name: qdirect, key: k-qdirect, limits: {{rps: 4, max_queue_ms: 1000}}}}
+  - {{name: free, key: k-free}}
+  - {{name: other, key: k-other}}
+providers:
+  demo: {{kind: fake}}
+  pa: {{kind: fake, limits: {{rps: 2}}}}
+  pb: {{kind: fake}}
+  qa: {{kind: fake, limits: {{rpm: 1}}}}
+  qb: {{kind: fake, limits: {{rpm: 1}}}}
+  quota: {{kind: fake, limits: {{rpm: 3}}}}
+  dep:
+    kind: fake
+    deployments: {{east: {{limits: {{rpm: 2}}}}, west: {{}}}}
+  oai:
+    kind: openai
+    api_key: sk-loopback
+    base_url: {upstream}/v1
+    limits: {{rpm: 2, tpm: 1000}}
+models:
+  - {{name: capped, targets: [{{model: demo/long}}], limits: {{rpm: 4}}}}
+  - {{name: pair, strategy: ordered, targets: [{{model: pa/text}}, {{model: pb/text}}]}}
+  - {{name: pair-stream, strategy: ordered, targets: [{{model: pa/long}}, {{model: pb/long}}]}}
+  - {{name: exhausted, strategy: ordered, targets: [{{model: qa/text}}, {{model: qb/text}}]}}
+"""
+
+OPENAI_ROUTE = "/v1/completions"
+SGP_ROUTE = "/v4/beta/completions"
+PAIS_ROUTE = "/api/v1/compatibility/openai/v1/completions"
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[Upstream]:
+    server = Upstream()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def gw(redis_server: RedisProc, upstream: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
+    cfg = CONFIG.format(redis=redis_server.url, upstream=upstream.url)
+    with gateway(tmp_path_factory.mktemp("rl-gw"), cfg) as g:
+        yield g
+
+
+@pytest.fixture
+def g(gw: GatewayThread, rds: RedisProc, upstream: Upstream) -> GatewayThread:
+    """The module's gateway over an empty Redis (buckets, leases and target health all gone)."""
+    upstream.reset()
+    return gw
+
+
+def post(gw: GatewayThread, key: str, payload: dict[str, Any], route: str = OPENAI_ROUTE) -> httpx.Response:
+    with client(gw.url, key) as c:
+        return c.post(route, json=payload)
+
+
+def units(rds: RedisProc, key: str) -> float:
+    """Units charged to a rate bucket since it was last empty (the script stores `ms:units`)."""
+    with rds.client() as r:
+        raw = r.get(key)
+    assert raw is not None, key
+    return float(raw.split(":")[1])
+
+
+# --------------------------------------------------------------------------------------------------
+# Headers, 429, 400
+
+
+def test_headers_on_admitted_responses(g: GatewayThread) -> None:
+    first = post(g, "k-both", body("demo/long"))
+    assert first.status_code == 200, first.text
+    assert first.json()["usage"] == {"prompt_tokens": 3, "completion_tokens": 7, "total_tokens": 10}
+    # rpm 30: one request is 2 s of the bucket; tpd 8640: one token is 10 s, ten tokens 100 s.
+    assert limit_headers(first) == {
+        "x-ratelimit-limit-requests": "30",
+        "x-ratelimit-remaining-requests": "29",
+        "x-ratelimit-reset-requests": "2s",
+        "x-ratelimit-limit-tokens": "8640",
+        "x-ratelimit-remaining-tokens": "8630",
+        "x-ratelimit-reset-tokens": "1m40s",
+    }
+    second = post(g, "k-both", body("demo/long", max_tokens=17))
+    h = limit_headers(second)
+    assert (h["x-ratelimit-remaining-requests"], h["x-ratelimit-remaining-tokens"]) == ("28", "8610")
+    assert 3000 < parse_duration(h["x-ratelimit-reset-requests"]) <= 4000
+    assert 290_000 < parse_duration(h["x-ratelimit-reset-tokens"]) <= 300_000
+
+
+def test_429_carries_retry_after_and_headers_in_every_dialect(g: GatewayThread) -> None:
+    assert [post(g, "k-tiny", body("demo/long")).status_code for _ in range(2)] == [200, 200]
+    shapes: dict[str, Any] = {}
+    for route in (OPENAI_ROUTE, SGP_ROUTE, PAIS_ROUTE):
+        resp = post(g, "k-tiny", body("demo/long"), route)
+        assert resp.status_code == 429, resp.text
+        # Two requests of rpm 2 filled it: the next one is 30 s after the first.
+        assert resp.headers["retry-after"] == "30"
+        h = limit_headers(resp)
+        assert (h["x-ratelimit-limit-requests"], h["x-ratelimit-remaining-requests"]) == ("2", "0")
+        assert 59_000 < parse_duration(h["x-ratelimit-reset-requests"]) <= 60_000
+        assert "x-ratelimit-limit-tokens" not in h  # the key has no token limit
+        shapes[route] = resp.json()
+    message = "Rate limit reached for this key or model; retry after the time in Retry-After"
+    assert shapes[OPENAI_ROUTE] == {
+        "error": {"message": message, "type": "rate_limit_error", "param": None, "code": "rate_limit_exceeded"}
+    }
+    assert shapes[SGP_ROUTE] == shapes[PAIS_ROUTE] == {"detail": message}
+
+
+def test_request_that_can_never_fit_is_400_in_each_dialect(g: GatewayThread) -> None:
+    too_big = body("demo/long", prompt_words=3, max_tokens=98)  # 101 tokens against tpm 100
+    oai = post(g, "k-small", too_big)
+    assert oai.status_code == 400
+    err = oai.json()["error"]
+    assert (err["type"], err["param"], err["code"]) == ("invalid_request_error", "max_tokens", "exceeds_token_limit")
+    assert "101 tokens" in err["message"] and "tpm limit of 100" in err["message"]
+    for route in (PAIS_ROUTE, SGP_ROUTE):
+        resp = post(g, "k-small", too_big, route)
+        assert resp.status_code == 422, resp.text
+        [detail] = resp.json()["detail"]
+        assert (detail["loc"], detail["type"]) == (["body", "max_tokens"], "exceeds_token_limit")
+        assert detail["msg"] == err["message"]
+    # Choices multiply: 3 + 2 x 49 = 101 is over as well; exactly the limit is not.
+    assert post(g, "k-small", body("demo/long", max_tokens=49, n=2)).json()["error"]["code"] == "exceeds_token_limit"
+    fits = post(g, "k-small", body("demo/long", max_tokens=97))
+    assert fits.status_code == 200 and fits.headers["x-ratelimit-remaining-tokens"] == "0"
+    # Refused requests charged nothing: the one that fit took the whole bucket, and now it is full.
+    assert post(g, "k-small", body("demo/long", max_tokens=1)).status_code == 429
+
+
+# --------------------------------------------------------------------------------------------------
+# Token reconciliation
+
+
+def test_unused_reservation_is_returned(g: GatewayThread, rds: RedisProc) -> None:
+    key = "rl:{key:tok}:tpd"
+    resp = post(g, "k-tok", body("demo/text", max_tokens=200))
+    assert resp.status_code == 200
+    # Reserved 3 + 200 up front...
+    assert resp.headers["x-ratelimit-remaining-tokens"] == str(8640 - 203)
+    used = resp.json()["usage"]["total_tokens"]
+    assert 3 + 8 <= used <= 3 + 47  # the fake's `text` writes 8 to 47 words
+    # ...and settled to the reported usage off the request path.
+    wait_until(lambda: units(rds, key) == used)
+    nxt = post(g, "k-tok", body("demo/long", max_tokens=1))
+    assert nxt.headers["x-ratelimit-remaining-tokens"] == str(8640 - used - 4)
+
+
+def _stream_and_hang_up(gw: GatewayThread, key: str, payload: dict[str, Any], keep: int) -> list[str]:
+    """Read `keep` text chunks of a stream, then close the connection."""
+    texts: list[str] = []
+    with client(gw.url, key) as c, c.stream("POST", OPENAI_ROUTE, json=payload) as resp:
+        assert resp.status_code == 200
+        for line in resp.iter_lines():
+            if line.startswith("data: {"):
+                texts.append(line)
+                if len(texts) == keep:
+                    break
+    return texts
+
+
+def test_cancelled_stream_is_charged_prompt_plus_chunks_received(g: GatewayThread, rds: RedisProc) -> None:
+    key = "rl:{key:tok}:tpd"
+    payload = body("demo/drip-50ms", prompt_words=3, max_tokens=40, stream=True)
+    got = _stream_and_hang_up(g, "k-tok", payload, keep=3)
+    assert len(got) == 3
+    # Reserved 43; the client took 3 chunks (50 ms apart, so none more was sent) before leaving.
+    wait_until(lambda: units(rds, key) == 3 + 3)
+    nxt = post(g, "k-tok", body("demo/long", max_tokens=1))
+    assert nxt.headers["x-ratelimit-remaining-tokens"] == str(8640 - 6 - 4)
+
+
+def test_finished_stream_is_charged_its_usage(g: GatewayThread, rds: RedisProc) -> None:
+    with client(g.url, "k-tok") as c:
+        resp = c.post(OPENAI_ROUTE, json=body("demo/text", max_tokens=100, stream=True))
+    assert resp.status_code == 200 and resp.text.endswith("data: [DONE]\n\n")
+    chunks = [line for line in resp.text.split("\n\n") if line.startswith("data: {\"object\"")]
+    # Without include_usage the client sees no usage, but the gateway still settles on it: 3 + the words.
+    wait_until(lambda: units(rds, "rl:{key:tok}:tpd") == 3 + len(chunks))
+
+
+# --------------------------------------------------------------------------------------------------
+# Concurrency and queueing
+
+
+def test_concurrent_limit_and_lease_release(g: GatewayThread, rds: RedisProc) -> None:
+    def one(_: int) -> httpx.Response:
+        return post(g, "k-slots", body("demo/slow-400ms"))
+
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(one, range(3)))
+    statuses = sorted(r.status_code for r in results)
+    assert statuses == [200, 200, 429]
+    refused = next(r for r in results if r.status_code == 429)
+    assert refused.headers["retry-after"] == "1"
+    # Both answers released their slots.
+    with rds.client() as r:
+        wait_until(lambda: r.zcard("rl:{key:slots}:concurrent") == 0)
+    assert post(g, "k-slots", body("demo/long")).status_code == 200
+
+
+def test_queue_waits_about_one_emission_interval(g: GatewayThread) -> None:
+    with client(g.url, "k-queue") as c:
+        start = time.monotonic()
+        burst = [c.post(OPENAI_ROUTE, json=body("demo/long")) for _ in range(4)]
+        t5 = time.monotonic()
+        fifth = c.post(OPENAI_ROUTE, json=body("demo/long"))
+        waited5 = time.monotonic() - t5
+        t6 = time.monotonic()
+        sixth = c.post(OPENAI_ROUTE, json=body("demo/long"))
+        waited6 = time.monotonic() - t6
+        total = time.monotonic() - start
+    assert [r.status_code for r in burst] == [200] * 4
+    assert (fifth.status_code, sixth.status_code) == (200, 200)
+    # rps 4: the 5th is due 250 ms after the burst began, the 6th 250 ms after that.
+    burst_s = t5 - start
+    assert 0.25 - burst_s - 0.01 <= waited5 <= 0.25 + 0.15
+    assert 0.2 <= waited6 <= 0.25 + 0.15
+    assert total >= 0.5
+    assert fifth.headers["x-ratelimit-remaining-requests"] == "0"
+
+
+def test_queue_bound_answers_429_at_once(g: GatewayThread) -> None:
+    with client(g.url, "k-noqueue") as c:
+        assert c.post(OPENAI_ROUTE, json=body("demo/long")).status_code == 200
+        start = time.monotonic()
+        resp = c.post(OPENAI_ROUTE, json=body("demo/long"))
+        took = time.monotonic() - start
+    # rps 1 needs ~1 s for the next one, more than max_queue_ms 300: no wait at all.
+    assert resp.status_code == 429 and resp.headers["retry-after"] == "1"
+    assert took < 0.2
+
+
+def test_key_queue_applies_to_direct_requests_on_limited_providers(g: GatewayThread) -> None:
+    """A provider quota (which has no queue of its own) must not cancel the key's max_queue_ms."""
+    with client(g.url, "k-qdirect") as c:
+        burst = [c.post(OPENAI_ROUTE, json=body("pb/long")) for _ in range(4)]
+        start = time.monotonic()
+        fifth = c.post(OPENAI_ROUTE, json=body("quota/long"))
+        took = time.monotonic() - start
+    assert [r.status_code for r in burst] == [200] * 4
+    assert fifth.status_code == 200, fifth.text
+    assert 0.1 <= took <= 0.4
+
+
+# --------------------------------------------------------------------------------------------------
+# Scopes
+
+
+def test_alias_limit_is_shared_by_every_key(g: GatewayThread) -> None:
+    codes = [post(g, key, body("capped")).status_code for key in ("k-free", "k-other", "k-free", "k-other")]
+    assert codes == [200] * 4
+    over = post(g, "k-other", body("capped"))
+    assert over.status_code == 429
+    assert over.headers["x-ratelimit-limit-requests"] == "4"
+    # The same model addressed directly is not the alias: no alias limit.
+    assert post(g, "k-free", body("demo/long")).status_code == 200
+
+
+def test_provider_quota_on_direct_requests(g: GatewayThread) -> None:
+    codes = [post(g, "k-free", body("quota/text")).status_code for _ in range(4)]
+    assert codes == [200, 200, 200, 429]
+    # Other keys share the provider's quota; other providers are not touched.
+    assert post(g, "k-other", body("quota/long")).status_code == 429
+    assert post(g, "k-other", body("demo/long")).status_code == 200
+
+
+def test_deployment_quota(g: GatewayThread) -> None:
+    assert [post(g, "k-free", body("dep/text/east")).status_code for _ in range(3)] == [200, 200, 429]
+    assert post(g, "k-free", body("dep/text/west")).status_code == 200
+    assert post(g, "k-free", body("dep/text")).status_code == 200
+
+
+def test_alias_fails_over_past_a_provider_at_quota_without_cooling_it(g: GatewayThread, rds: RedisProc) -> None:
+    start = time.monotonic()
+    answers = [post(g, "k-free", body("pair")) for _ in range(4)]
+    assert all(a.status_code == 200 for a in answers)
+    route = [(a.headers["x-gateway-provider"], a.headers["x-gateway-attempts"]) for a in answers]
+    # pa admits 2 per second: the 3rd and 4th go on to pb at once.
+    assert route == [("pa", "1"), ("pa", "1"), ("pb", "2"), ("pb", "2")]
+    assert time.monotonic() - start < 0.5
+    with rds.client() as r:
+        assert r.keys("gw:{pa/text}:cd") == []
+    # Once pa's quota has room again (500 ms per request), the alias goes back to it: it was never cooled.
+    time.sleep(max(0.0, start + 0.7 - time.monotonic()))
+    back = post(g, "k-free", body("pair"))
+    assert (back.headers["x-gateway-provider"], back.headers["x-gateway-attempts"]) == ("pa", "1")
+
+
+def test_alias_stream_charges_the_target_provider_quota(g: GatewayThread) -> None:
+    def stream(_: int) -> tuple[str, str]:
+        with client(g.url, "k-free") as c:
+            resp = c.post(OPENAI_ROUTE, json=body("pair-stream", stream=True))
+        assert resp.status_code == 200 and resp.text.endswith("data: [DONE]\n\n"), resp.text
+        return resp.headers["x-gateway-provider"], resp.headers["x-gateway-attempts"]
+
+    routes = [stream(i) for i in range(3)]
+    assert routes == [("pa", "1"), ("pa", "1"), ("pb", "2")]
+
+
+def test_alias_with_every_target_at_quota_is_429(g: GatewayThread) -> None:
+    ok = [post(g, "k-free", body("exhausted")) for _ in range(2)]
+    assert [r.headers["x-gateway-provider"] for r in ok] == ["qa", "qb"]
+    start = time.monotonic()
+    over = post(g, "k-free", body("exhausted"))
+    assert over.status_code == 429
+    assert over.json()["error"]["code"] == "provider_quota"
+    h = limit_headers(over)
+    assert (h["x-ratelimit-limit-requests"], h["x-ratelimit-remaining-requests"]) == ("1", "0")
+    assert int(over.headers["retry-after"]) in (59, 60)
+    assert time.monotonic() - start < 0.5, "a 60 s wait is past the retry budget: no sleeping on it"
+
+
+def completion(prompt_tokens: int, completion_tokens: int) -> Handler:
+    async def handler(request: web.Request, received: Received) -> web.StreamResponse:
+        return web.json_response(
+            {
+                "id": "cmpl-loopback",
+                "object": "text_completion",
+                "created": 1,
+                "model": "gpt-3.5-turbo-instruct",
+                "choices": [{"text": " hi", "index": 0, "logprobs": None, "finish_reason": "length"}],
+                "usage": {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion_tokens,
+                    "total_tokens": prompt_tokens + completion_tokens,
+                },
+            }
+        )
+
+    return handler
+
+
+def test_openai_compatible_upstream_quota(g: GatewayThread, upstream: Upstream, rds: RedisProc) -> None:
+    upstream.handler = completion(2, 48)
+    payload = {"model": "oai/gpt-3.5-turbo-instruct", "prompt": "Hello world", "max_tokens": 5}
+    first = post(g, "k-free", payload)
+    assert first.status_code == 200, first.text
+    # cl100k counts "Hello world" as 2 tokens (the bytes estimate would say 3): 2 + 5 reserved.
+    assert limit_headers(first) == {
+        "x-ratelimit-limit-requests": "2",
+        "x-ratelimit-remaining-requests": "1",
+        "x-ratelimit-reset-requests": "30s",
+        "x-ratelimit-limit-tokens": "1000",
+        "x-ratelimit-remaining-tokens": "993",
+        "x-ratelimit-reset-tokens": "420ms",
+    }
+    # The upstream reported 50 tokens, more than the 7 reserved: the excess is charged too.
+    wait_until(lambda: units(rds, "rl:{provider:oai}:tpm") == 50)
+    second = post(g, "k-other", payload)
+    assert second.status_code == 200
+    assert second.headers["x-ratelimit-remaining-requests"] == "0"
+    # 57 tokens charged, give or take what dripped back meanwhile (one token per 60 ms).
+    assert 1000 - 57 <= int(second.headers["x-ratelimit-remaining-tokens"]) <= 1000 - 57 + 3
+    third = post(g, "k-free", payload)
+    assert third.status_code == 429
+    assert len(upstream.received) == 2, "the gateway stops before the upstream's own quota refuses"
+    assert upstream.received[0].json()["max_tokens"] == 5
+
+
+# --------------------------------------------------------------------------------------------------
+# Without Redis: the same arithmetic in process memory
+
+
+NO_REDIS = """
+keys:
+  - {name: burst, key: k-burst, limits: {rpm: 5, tpd: 8640}}
+  - {name: slots, key: k-slots, limits: {concurrent: 3}}
+providers:
+  demo: {kind: fake}
+"""
+
+
+def test_in_process_limits_are_exact(tmp_path: Path) -> None:
+    with gateway(tmp_path, NO_REDIS) as gwt:
+        with client(gwt.url) as c:
+            assert c.get("/ready").json() == {"status": "ready", "redis": "disabled"}
+
+        def one(i: int) -> httpx.Response:
+            return post(gwt, "k-burst", body("demo/long", prompt_words=3, max_tokens=7))
+
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(one, range(20)))
+        ok = [r for r in results if r.status_code == 200]
+        assert len(ok) == 5 and sum(r.status_code == 429 for r in results) == 15
+        assert sorted(r.headers["x-ratelimit-remaining-requests"] for r in ok) == ["0", "1", "2", "3", "4"]
+        assert sorted(int(r.headers["x-ratelimit-remaining-tokens"]) for r in ok) == [
+            8640 - 10 * k for k in range(5, 0, -1)
+        ]
+        local = gwt.pipeline.admission.limiter.local
+        assert local.tat["rl:{key:burst}:tpd"][1] == 50
+
+        def slow(i: int) -> httpx.Response:
+            return post(gwt, "k-slots", body("demo/slow-400ms"))
+
+        with ThreadPoolExecutor(6) as pool:
+            slowed = list(pool.map(slow, range(6)))
+        assert sorted(r.status_code for r in slowed) == [200] * 3 + [429] * 3
+        wait_until(lambda: len(local.leases.get("rl:{key:slots}:concurrent", {})) == 0)
+        assert post(gwt, "k-slots", body("demo/long")).status_code == 200

@@ -1,0 +1,245 @@
+"""Streams: failover before the first event is invisible; after it, only `resume_streams` goes on.
+
+docs/resilience.md, "Streams". The client's bytes are compared with what one good upstream produces
+through the gateway (the recorded stream), the per-request completion id aside.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from gateway.health import TargetState
+from tests.e2e.harness import wait_for
+
+from .conftest import MakePipeline, Reference
+from .faults import (
+    CHUNKS,
+    RECORDED_COMPLETION,
+    RECORDED_TEXTS,
+    Behaviour,
+    FaultServer,
+    continuation,
+    cut,
+    hang,
+    openai_error,
+    reset,
+    stream,
+    unavailable,
+)
+from .kit import PROMPT, Answer, VirtualTime, ask, key, same_but_id
+
+ORDERED = """
+  - name: smart
+    strategy: ordered
+    targets: [{model: alpha/davinci-002}, {model: beta/davinci-002}, {model: gamma/davinci-002}]
+"""
+TOP = "retries: {attempts: 3}\ntimeouts: {connect_ms: 1000, first_byte_ms: 300, total_ms: 5000}\n"
+RESUMING = ORDERED + "    resume_streams: true\n"
+# A mid-stream failure reported as an event (synthesized in the recorded error envelope).
+ERROR_EVENT = b"data: " + openai_error("The server had an error while processing your request.", "server_error", None)
+
+
+def assert_recorded_stream(answer: Answer) -> None:
+    """The client got the recorded stream, chunk for chunk, under one gateway id."""
+    chunks = answer.chunks()
+    content = [c for c in chunks if c["choices"]]
+    assert [c["choices"][0]["text"] for c in content] == RECORDED_TEXTS
+    assert [c["choices"][0]["finish_reason"] for c in content] == [None] * 15 + ["length"]
+    assert len({c["id"] for c in chunks}) == 1
+    assert chunks[0]["id"].startswith("cmpl-") and chunks[0]["id"] != json.loads(CHUNKS[0][6:])["id"]
+    assert {c["model"] for c in chunks} == {"smart"}
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        pytest.param(unavailable(retry_after="9"), id="503"),
+        pytest.param(reset(), id="reset-before-headers"),
+        pytest.param(cut(0), id="reset-after-headers-before-first-event"),
+        pytest.param(hang(), id="no-first-byte"),
+        pytest.param(stream(first_delay=1.0), id="slow-first-event"),
+    ],
+)
+async def test_failover_before_the_first_event_is_invisible(
+    make: MakePipeline, faults: FaultServer, vtime: VirtualTime, reference: Reference, fault: Behaviour
+) -> None:
+    faults["alpha"].script(fault)
+    p = make(ORDERED, top=TOP)
+    answer = await ask(p, stream=True)
+    assert faults.order() == ["alpha", "beta"]
+    assert vtime.sleeps == [0.0]
+    assert answer.headers == {
+        "x-gateway-provider": "beta",
+        "x-gateway-model": key("beta"),
+        "x-gateway-attempts": "2",
+    }
+    got, ids = same_but_id(answer.body)
+    want, _ = same_but_id(reference.stream.body)
+    assert got == want
+    assert len(ids) == 1
+    assert_recorded_stream(answer)
+
+
+async def test_a_stream_that_ends_before_its_first_event_fails_over(
+    make: MakePipeline, faults: FaultServer, vtime: VirtualTime, reference: Reference
+) -> None:
+    faults["alpha"].script(stream([]))  # 200, then only `data: [DONE]`: nothing was generated
+    p = make(ORDERED, top=TOP)
+    answer = await ask(p, stream=True)
+    assert faults.order() == ["alpha", "beta"]
+    assert answer.served_by == key("beta")
+    assert same_but_id(answer.body)[0] == same_but_id(reference.stream.body)[0]
+
+
+@pytest.mark.parametrize("after", [1, 5])
+async def test_a_stream_is_never_retried_after_its_first_byte(
+    make: MakePipeline, faults: FaultServer, vtime: VirtualTime, after: int
+) -> None:
+    faults["alpha"].script(cut(after))
+    p = make(ORDERED, top=TOP)
+    answer = await ask(p, stream=True)
+    assert faults.order() == ["alpha"]  # beta and gamma were healthy, but bytes had been sent
+    assert vtime.sleeps == []
+    assert answer.headers["x-gateway-model"] == key("alpha")
+    assert answer.headers["x-gateway-attempts"] == "1"
+    events = answer.events()
+    assert events[-1] == "[DONE]"
+    assert [json.loads(e)["choices"][0]["text"] for e in events[:after]] == RECORDED_TEXTS[:after]
+    assert json.loads(events[after]) == {
+        "error": {
+            "message": "Upstream 'alpha' sent a truncated or malformed response",
+            "type": "upstream_error",
+            "param": None,
+            "code": "UpstreamConnectError",
+        }
+    }
+    assert len(events) == after + 2
+    # The connection dropped: alpha is cooled like any dropped connection, so the next request skips it.
+    assert (await p.health.snapshot([key("alpha")]))[key("alpha")] == TargetState(
+        cooling_ms=1000, cause="error", failures=1
+    )
+    assert (await ask(p, stream=True)).served_by == key("beta")
+
+
+async def test_a_stalled_stream_times_out_mid_way_and_is_not_retried(
+    make: MakePipeline, faults: FaultServer, vtime: VirtualTime
+) -> None:
+    faults["alpha"].script(stream(gap=1.0))  # the first event at once, the second after 1 s > first_byte_ms
+    p = make(ORDERED, top=TOP)
+    answer = await ask(p, stream=True)
+    events = answer.events()
+    assert json.loads(events[0])["choices"][0]["text"] == RECORDED_TEXTS[0]
+    assert json.loads(events[1])["error"]["type"] == "timeout_error"
+    assert events[2:] == ["[DONE]"]
+    assert faults.order() == ["alpha"]
+    assert await wait_for(faults["alpha"].hits[0].disconnected, 2.0)  # the gateway let go of it
+
+
+# --------------------------------------------------------------------------------------------------
+# resume_streams
+
+
+def comparable(chunks: list[Any]) -> list[Any]:
+    """Chunks without what differs between two requests for one answer: the gateway's id, and the
+    usage chunk's `created` (the gateway's own clock; content chunks carry the upstream's)."""
+    return [{k: v for k, v in c.items() if k != "id" and (k != "created" or c["choices"])} for c in chunks]
+
+
+@pytest.mark.parametrize(
+    ("broken", "after"),
+    [
+        pytest.param(cut(5), 5, id="connection-lost"),
+        pytest.param(stream(CHUNKS[:7] + [ERROR_EVENT]), 7, id="error-event"),
+        pytest.param(stream(CHUNKS[:3]), 3, id="end-without-finish-reason"),
+    ],
+)
+async def test_resumed_stream_is_one_uninterrupted_stream(
+    make: MakePipeline, faults: FaultServer, vtime: VirtualTime, broken: Behaviour, after: int
+) -> None:
+    # The reference: one good upstream streaming the recording with its usage (8 prompt + 16 completion).
+    faults["omega"].script(stream(usage=(8, 16)))
+    ref = make("  - name: smart\n    targets: [{model: omega/davinci-002}]\n", top=TOP)
+    want = await ask(ref, stream=True, stream_options={"include_usage": True})
+    faults.journal.clear()
+
+    faults["alpha"].script(broken)
+    # beta continues the recording; its prompt is the original plus what alpha streamed.
+    faults["beta"].script(continuation(prompt_tokens=8 + after))
+    p = make(RESUMING, top=TOP)
+    answer = await ask(p, stream=True, stream_options={"include_usage": True})
+    assert faults.order() == ["alpha", "beta"]
+    # The continuation request: prompt + text so far, max_tokens reduced by the chunks sent.
+    sent = faults["alpha"].hits[0].json()
+    cont = faults["beta"].hits[0].json()
+    assert cont == {
+        **sent,
+        "prompt": PROMPT + "".join(RECORDED_TEXTS[:after]),
+        "max_tokens": 16 - after,
+    }
+    assert sent["prompt"] == PROMPT and sent["max_tokens"] == 16
+    # One stream, same id throughout: byte for byte what the single good upstream produced.
+    assert_recorded_stream(answer)
+    chunks = answer.chunks()
+    assert comparable(chunks) == comparable(want.chunks())
+    got_bytes, _ = same_but_id(answer.body)
+    want_bytes, _ = same_but_id(want.body)
+    # Every content event is byte-identical; only the usage chunk's `created` (the gateway's clock) may differ.
+    assert got_bytes.split(b"\n\n")[:16] == want_bytes.split(b"\n\n")[:16]
+    # Usage adds up: beta's prompt included the `after` chunks already streamed, counted as output.
+    assert chunks[-1]["choices"] == []
+    assert chunks[-1]["usage"] == {"prompt_tokens": 8, "completion_tokens": 16, "total_tokens": 24}
+    assert chunks[-1]["usage"] == RECORDED_COMPLETION["usage"]
+    # The headers were sent with the first event: they name the target that started the stream.
+    assert answer.headers["x-gateway-model"] == key("alpha")
+    # The broken target is cooled.
+    state = (await p.health.snapshot([key("alpha")]))[key("alpha")]
+    assert (state.cooling_ms, state.cause) == (1000, "error")
+
+
+async def test_resume_fails_over_again_before_the_continuations_first_event(
+    make: MakePipeline, faults: FaultServer, vtime: VirtualTime
+) -> None:
+    faults["alpha"].script(cut(4))
+    faults["beta"].script(unavailable())
+    faults["gamma"].script(continuation(prompt_tokens=12))
+    p = make(RESUMING, top=TOP)
+    answer = await ask(p, stream=True)
+    assert faults.order() == ["alpha", "beta", "gamma"]
+    assert faults["gamma"].hits[0].json()["prompt"] == faults["beta"].hits[0].json()["prompt"]
+    assert faults["gamma"].hits[0].json()["max_tokens"] == 12
+    assert_recorded_stream(answer)
+
+
+async def test_without_resume_streams_a_break_is_an_error_event_then_done(
+    make: MakePipeline, faults: FaultServer, vtime: VirtualTime
+) -> None:
+    faults["alpha"].script(stream(CHUNKS[:7] + [ERROR_EVENT]))
+    p = make(ORDERED, top=TOP)
+    answer = await ask(p, stream=True)
+    events = answer.events()
+    assert [json.loads(e)["choices"][0]["text"] for e in events[:7]] == RECORDED_TEXTS[:7]
+    assert json.loads(events[7]) == {
+        "error": {
+            "message": "upstream error (500): The server had an error while processing your request.",
+            "type": "upstream_error",
+            "param": None,
+            "code": "server_error",
+        }
+    }
+    assert events[8:] == ["[DONE]"]
+    assert faults.order() == ["alpha"]
+
+
+async def test_a_stream_that_cannot_be_resumed_is_not(
+    make: MakePipeline, faults: FaultServer, vtime: VirtualTime
+) -> None:
+    faults["alpha"].script(cut(2))
+    p = make(RESUMING, top=TOP)
+    answer = await ask(p, stream=True, n=2)  # two choices cannot be continued by appending one text
+    events = answer.events()
+    assert json.loads(events[-2])["error"]["code"] == "UpstreamConnectError"
+    assert events[-1] == "[DONE]"
+    assert faults.order() == ["alpha"]

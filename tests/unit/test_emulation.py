@@ -1,0 +1,296 @@
+"""The gateway's own implementations of what a provider lacks (gateway/emulation.py)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Any, ClassVar
+
+import msgspec
+import pytest
+
+from gateway import emulation
+from gateway.errors import InvalidRequestError, UpstreamError
+from gateway.request import normalize
+from gateway.schema import Choice, Completion, CompletionRequest, Logprobs, Usage, decode_request
+from providers.base import EMULATED, Adapter, CallContext, Param, Table, UpstreamRequest, table
+
+CTX = CallContext(id="cmpl-test", created=1, model="x/m")
+
+
+def req(**fields: Any) -> CompletionRequest:
+    body = {"model": "x/m", "prompt": "p", **fields}
+    return normalize(decode_request(msgspec.json.encode(body)))
+
+
+class OnePrompt(Adapter):
+    """A provider shaped like the chat-style ones: one text prompt, no n, no echo, guided emulated."""
+
+    kind = "one-prompt"
+    max_stop = 2
+    prompt_forms = frozenset({"text"})
+    params: ClassVar[Table] = table(
+        max_tokens=Param(),
+        stop=Param(),
+        logprobs=Param(),
+        n=EMULATED,
+        best_of=EMULATED,
+        echo=EMULATED,
+        include_stop_str_in_output=EMULATED,
+        guided_json=EMULATED,
+        guided_regex=EMULATED,
+        guided_choice=EMULATED,
+        guided_grammar=EMULATED,
+    )
+
+    def build_request(self, req: CompletionRequest, endpoint: Any, body: dict[str, Any]) -> UpstreamRequest:
+        raise AssertionError("pure planning tests never build requests")
+
+    def parse_response(self, body: bytes, ctx: CallContext) -> Completion:
+        raise AssertionError
+
+    def parse_event(self, event: str | None, data: bytes, ctx: CallContext) -> Completion | None:
+        raise AssertionError
+
+    def map_error(self, status: int, headers: Any, body: bytes, provider: str) -> Any:
+        raise AssertionError
+
+
+ADAPTER = OnePrompt()
+
+
+def answer(text: str, lps: list[float] | None = None, finish: str = "stop") -> Completion:
+    logprobs = None
+    if lps is not None:
+        tokens = [text[i : i + 1] for i in range(len(lps))]
+        logprobs = Logprobs(
+            tokens=tokens, token_logprobs=list(lps), top_logprobs=None, text_offset=list(range(len(lps)))
+        )
+    return Completion(
+        id="up",
+        created=1,
+        model="x/m",
+        choices=[Choice(text, 0, logprobs, finish)],  # type: ignore[arg-type]
+        usage=Usage(prompt_tokens=2, completion_tokens=3, total_tokens=5),
+    )
+
+
+# -- stop scanning -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pieces", "stops", "include", "sent", "stopped"),
+    [
+        # Only the characters that could still begin a stop are held back.
+        (["Hello wor", "ld! END", " tail"], ["END"], False, ["Hello wor", "ld! "], True),
+        (["ab", "cE", "N", "D"], ["END"], True, ["ab", "c", "", "END"], True),
+        (["xE", "Nope"], ["END"], False, ["x", "ENope"], False),
+        (["aaXY", "Zb"], ["XYZ", "YZQ"], False, ["aa", ""], True),
+    ],
+)
+def test_stop_scanner_holds_back_only_possible_starts(
+    pieces: list[str], stops: list[str], include: bool, sent: list[str], stopped: bool
+) -> None:
+    scanner = emulation.StopScanner(stops, include)
+    out: list[str] = []
+    hit = False
+    for piece in pieces:
+        text, hit = scanner.feed(piece)
+        out.append(text)
+        if hit:
+            break
+    assert out == sent
+    assert hit is stopped
+
+
+def test_find_stop_takes_the_earliest() -> None:
+    assert emulation.find_stop("one two three", ["three", "two"]) == (4, "two")
+    assert emulation.find_stop("nothing", ["x"]) is None
+
+
+# -- planning ------------------------------------------------------------------------------------
+
+
+def test_nothing_to_emulate_is_none() -> None:
+    assert emulation.plan(ADAPTER, req(max_tokens=3), "p", 2) is None
+
+
+def test_plan_fans_out_prompts_and_n() -> None:
+    em = emulation.plan(ADAPTER, req(prompt=["a", "b"], n=3), "p", 2)
+    assert em is not None
+    assert (em.prompts, em.fan_n, em.n) == (["a", "b"], 3, 3)
+    subs = emulation.sub_requests(em, req(prompt=["a", "b"], n=3))
+    assert [(s.prompt, s.n) for s in subs] == [("a", None)] * 3 + [("b", None)] * 3
+
+
+def test_plan_enforces_stops_beyond_the_providers_count() -> None:
+    em = emulation.plan(ADAPTER, req(stop=["a", "b", "c"]), "p", 2)
+    assert em is not None
+    assert (em.stops, em.upstream_stop) == (["a", "b", "c"], ["a", "b"])
+
+
+def test_plan_keeps_stop_strings_itself_when_the_provider_would_strip_them() -> None:
+    em = emulation.plan(ADAPTER, req(stop=["END"], include_stop_str_in_output=True), "p", 2)
+    assert em is not None
+    assert (em.stops, em.upstream_stop, em.include_stop) == (["END"], None, True)
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"echo": True, "logprobs": 1}, "echo"),
+        ({"guided_grammar": "root ::= 'a'"}, "guided_grammar"),
+        ({"guided_regex": "("}, "guided_regex"),
+    ],
+)
+def test_plan_refuses_what_cannot_be_emulated(fields: dict[str, Any], param: str) -> None:
+    with pytest.raises(InvalidRequestError) as err:
+        emulation.plan(ADAPTER, req(**fields), "p", 2)
+    assert err.value.param == param
+
+
+def test_best_of_needs_logprobs_to_rank() -> None:
+    class NoLogprobs(OnePrompt):
+        params: ClassVar[Table] = table(OnePrompt.params, drop=("logprobs",))
+
+    with pytest.raises(InvalidRequestError) as err:
+        emulation.plan(NoLogprobs(), req(best_of=3), "p", 2)
+    assert (err.value.param, err.value.message) == (
+        "best_of",
+        "'best_of' cannot be emulated for provider 'p': it returns no logprobs",
+    )
+
+
+# -- non-stream merging --------------------------------------------------------------------------
+
+
+async def test_fan_out_indexes_and_usage() -> None:
+    r = req(prompt=["a", "b"], n=2)
+    em = emulation.plan(ADAPTER, r, "p", 2)
+    assert em is not None
+    seen: list[str] = []
+
+    async def call(sub: CompletionRequest) -> Completion:
+        assert isinstance(sub.prompt, str)
+        seen.append(sub.prompt)
+        return answer(f"{sub.prompt}{seen.count(sub.prompt)}")
+
+    c = await emulation.complete(em, r, CTX, call)
+    assert [(ch.index, ch.text) for ch in c.choices] == [(0, "a1"), (1, "a2"), (2, "b1"), (3, "b2")]
+    assert c.usage == Usage(prompt_tokens=8, completion_tokens=12, total_tokens=20)
+    assert (c.id, c.model) == ("cmpl-test", "x/m")
+
+
+async def test_best_of_keeps_the_highest_mean_logprob_and_hides_logprobs_not_asked_for() -> None:
+    r = req(best_of=3, n=1)
+    em = emulation.plan(ADAPTER, r, "p", 2)
+    assert em is not None
+    replies = iter([answer("low", [-3.0, -3.0]), answer("best", [-0.1, -0.2]), answer("mid", [-1.0, -1.0])])
+
+    async def call(sub: CompletionRequest) -> Completion:
+        assert sub.logprobs == 0 and sub.best_of is None  # asked for the logprobs it ranks by
+        return next(replies)
+
+    c = await emulation.complete(em, r, CTX, call)
+    assert [(ch.index, ch.text, ch.logprobs) for ch in c.choices] == [(0, "best", None)]
+
+
+async def test_echo_and_stop_enforced_on_the_answer() -> None:
+    r = req(prompt="Q: ", echo=True, stop=["x", "y", "END"])
+    em = emulation.plan(ADAPTER, r, "p", 2)
+    assert em is not None
+
+    async def call(sub: CompletionRequest) -> Completion:
+        assert sub.stop == ["x", "y"] and sub.echo is None
+        return answer("fine END more", finish="length")
+
+    c = await emulation.complete(em, r, CTX, call)
+    assert [(ch.text, ch.finish_reason) for ch in c.choices] == [("Q: fine ", "stop")]
+
+
+@pytest.mark.parametrize(
+    ("fields", "replies", "calls"),
+    [
+        ({"guided_json": {"type": "object", "required": ["a"]}}, ['{"b": 1}', '{"a": 2}'], 2),
+        ({"guided_regex": "[0-9]+"}, ["12a", "34"], 2),
+        ({"guided_choice": ["yes", "no"]}, [" yes "], 1),
+    ],
+)
+async def test_guided_output_is_validated_and_retried(fields: dict[str, Any], replies: list[str], calls: int) -> None:
+    r = req(**fields)
+    em = emulation.plan(ADAPTER, r, "p", 2)
+    assert em is not None
+    it = iter(replies)
+    made = 0
+
+    async def call(sub: CompletionRequest) -> Completion:
+        nonlocal made
+        made += 1
+        assert sub.guided_json is None and sub.guided_regex is None and sub.guided_choice is None
+        return answer(next(it))
+
+    c = await emulation.complete(em, r, CTX, call)
+    assert c.choices[0].text == replies[-1]
+    assert made == calls
+
+
+async def test_guided_output_never_valid_is_a_502_not_an_answer() -> None:
+    r = req(guided_json={"type": "array"})
+    em = emulation.plan(ADAPTER, r, "p", 1)
+    assert em is not None
+    made = 0
+
+    async def call(sub: CompletionRequest) -> Completion:
+        nonlocal made
+        made += 1
+        return answer("not json")
+
+    with pytest.raises(UpstreamError) as err:
+        await emulation.complete(em, r, CTX, call)
+    assert (made, err.value.status, err.value.code, err.value.param) == (2, 502, "guided_output_invalid", "guided_json")
+    assert err.value.retryable is False
+
+
+# -- stream merging ------------------------------------------------------------------------------
+
+
+class FakeOpened:
+    """The shape of pipeline.Opened that emulation.stream reads: first chunk and the rest."""
+
+    def __init__(self, texts: list[str], finish: str = "length") -> None:
+        chunks = [
+            Completion(
+                id="u",
+                created=1,
+                model="x/m",
+                choices=[Choice(t, 0, None, finish if i == len(texts) - 1 else None)],  # type: ignore[arg-type]
+            )
+            for i, t in enumerate(texts)
+        ]
+        chunks[-1].usage = Usage(prompt_tokens=1, completion_tokens=len(texts), total_tokens=1 + len(texts))
+        self.first: Completion | None = chunks[0]
+        self.chunks = self._rest(chunks[1:])
+
+    @staticmethod
+    async def _rest(chunks: list[Completion]) -> AsyncGenerator[Completion, None]:
+        for c in chunks:
+            yield c
+
+
+async def test_stream_merge_reindexes_and_sums_usage() -> None:
+    r = req(prompt="p", n=2, stream=True)
+    em = emulation.plan(ADAPTER, r, "p", 2)
+    assert em is not None
+    out = [c async for c in emulation.stream(em, r, CTX, [FakeOpened(["a", "b"]), FakeOpened(["c"])])]
+    texts = sorted((ch.index, ch.text, ch.finish_reason) for c in out for ch in c.choices)
+    assert texts == [(0, "a", None), (0, "b", "length"), (1, "c", "length")]
+    assert out[-1].choices == [] and out[-1].usage == Usage(prompt_tokens=2, completion_tokens=3, total_tokens=5)
+
+
+async def test_stream_stop_holds_back_and_ends_the_choice() -> None:
+    r = req(prompt="p", stop=["EN", "x", "y"], stream=True, include_stop_str_in_output=False)
+    em = emulation.plan(ADAPTER, r, "p", 2)
+    assert em is not None
+    out = [c async for c in emulation.stream(em, r, CTX, [FakeOpened(["one E", "Nd", " never"])])]
+    content = [(ch.text, ch.finish_reason) for c in out for ch in c.choices]
+    assert "".join(t for t, _ in content) == "one "
+    assert content[-1][1] == "stop"
