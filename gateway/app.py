@@ -1,27 +1,25 @@
 """The Litestar application: routes per dialect, error rendering, lifespan of shared clients.
 
-Handlers take the raw request and decode the body themselves: one msgspec pass into the union request,
-with errors rendered in the dialect's own shape rather than Litestar's generic validation error.
+The completion routes are raw ASGI handlers (gateway/endpoint.py) that decode the body themselves: one
+msgspec pass into the union request, with errors rendered in the dialect's own shape rather than
+Litestar's generic validation error. The other routes are ordinary Litestar handlers.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from litestar import Litestar, Request, Response, get, post
+from litestar import Litestar, Request, Response, get
 from litestar.exceptions import HTTPException
-from litestar.handlers import HTTPRouteHandler
-from litestar.response import Stream
-from litestar.types import ControllerRouterHandler
+from litestar.types import ControllerRouterHandler, Scope
 
 from gateway.config import LoadedConfig, load_config
 from gateway.dialects import OPENAI, PAIS, SGP, Dialect
+from gateway.endpoint import completion_route, error_headers
 from gateway.errors import GatewayError
 from gateway.pipeline import Pipeline
 from gateway.schema import ModelCard, ModelList, encode
@@ -40,20 +38,7 @@ DIALECT_ROUTES: dict[str, Dialect] = {
 
 def _error_response(dialect: Dialect, exc: GatewayError) -> Response[bytes]:
     status, body = dialect.error(exc)
-    headers = {}
-    if exc.retry_after is not None:
-        headers["retry-after"] = str(max(int(exc.retry_after + 0.999), 0))
-    if exc.attempts is not None:
-        headers["x-gateway-attempts"] = str(exc.attempts)
-    if exc.headers:
-        headers.update(exc.headers)
-    return Response(body, status_code=status, media_type=JSON, headers=headers)
-
-
-async def _disconnect(request: Request[Any, Any, Any]) -> None:
-    """Return when the client disconnects (the body has been read, so nothing else can arrive)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+    return Response(body, status_code=status, media_type=JSON, headers=error_headers(exc))
 
 
 def _pipeline(request: Request[Any, Any, Any]) -> Pipeline:
@@ -61,32 +46,9 @@ def _pipeline(request: Request[Any, Any, Any]) -> Pipeline:
     return pipeline
 
 
-def _completion_handler(path: str, dialect: Dialect) -> HTTPRouteHandler:
-    async def handler(request: Request[Any, Any, Any]) -> Response[bytes] | Stream:
-        body = await request.body()
-        work = asyncio.ensure_future(_pipeline(request).complete(body, request.headers, dialect))
-        gone = asyncio.ensure_future(_disconnect(request))
-        try:
-            await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-        if not work.done():
-            # The client left before the answer started: stop the upstream call instead of finishing it.
-            work.cancel()
-            with contextlib.suppress(asyncio.CancelledError, GatewayError):
-                await work
-            return Response(b"", status_code=499)
-        try:
-            result = work.result()
-        except GatewayError as exc:
-            return _error_response(dialect, exc)
-        if result.stream is not None:
-            headers = {"cache-control": "no-cache", "x-accel-buffering": "no", **result.headers}
-            return Stream(result.stream, media_type="text/event-stream", headers=headers)
-        return Response(result.body, media_type=JSON, headers=result.headers)
-
-    handler.__name__ = "completions_" + dialect.name + "_" + str(len(path))
-    return post(path, status_code=200)(handler)
+def _scope_pipeline(scope: Scope) -> Pipeline:
+    pipeline: Pipeline = scope["app"].state.pipeline
+    return pipeline
 
 
 @get("/v1/models")
@@ -146,7 +108,7 @@ def create_app(loaded: LoadedConfig) -> Litestar:
             await pipeline.close()
 
     handlers: list[ControllerRouterHandler] = [
-        _completion_handler(path, dialect) for path, dialect in DIALECT_ROUTES.items()
+        completion_route(path, dialect, _scope_pipeline) for path, dialect in DIALECT_ROUTES.items()
     ]
     handlers += [list_models, health, ready]
     app = Litestar(

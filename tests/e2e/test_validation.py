@@ -386,5 +386,12 @@ def test_unknown_path_and_method(
 def test_body_over_8_mib_is_413(api: httpx.Client, upstream: Upstream, route: str) -> None:
     body = json.dumps({"model": MODEL, "prompt": "x" * (8 * 1024 * 1024)}).encode()
     resp = api.post(route, content=body, headers={"content-type": "application/json"})
-    assert_error(resp, route, status=413, type="invalid_request_error", message="Request Entity Too Large")
+    assert_error(
+        resp,
+        route,
+        status=413,
+        type="invalid_request_error",
+        message="The request body is larger than 8388608 bytes",
+        code="request_too_large",
+    )
     assert upstream.received == []

@@ -1,0 +1,166 @@
+"""The completion endpoints as raw ASGI handlers mounted in Litestar.
+
+This is the hot path, so it skips Litestar's per-request handler machinery (signature parsing,
+dependency resolution, Response objects): it reads the body, hands it to the pipeline, and writes the
+answer with two `send` calls, or relays a stream event by event. Routing, lifespan and every other
+route stay ordinary Litestar.
+
+A client that disconnects cancels whatever is running for it: the upstream call before the answer
+starts, or the relay of a stream (which closes the upstream connection).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+from litestar.handlers import ASGIRouteHandler, asgi
+from litestar.types import HTTPResponseBodyEvent, HTTPResponseStartEvent, HTTPScope, Receive, Send
+
+from gateway.dialects import Dialect
+from gateway.errors import GatewayError, InvalidRequestError
+from gateway.pipeline import Pipeline, Result
+
+log = logging.getLogger("gateway")
+
+MAX_BODY: Final = 8 * 1024 * 1024
+_JSON: Final = [(b"content-type", b"application/json")]
+_SSE: Final = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+
+
+def _start(status: int, headers: list[tuple[bytes, bytes]]) -> HTTPResponseStartEvent:
+    return {"type": "http.response.start", "status": status, "headers": headers}
+
+
+def _body(body: bytes, more: bool = False) -> HTTPResponseBodyEvent:
+    return {"type": "http.response.body", "body": body, "more_body": more}
+
+
+def _encode_headers(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+
+
+def error_headers(exc: GatewayError) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    if exc.retry_after is not None:
+        headers["retry-after"] = str(max(int(exc.retry_after + 0.999), 0))
+    if exc.attempts is not None:
+        headers["x-gateway-attempts"] = str(exc.attempts)
+    if exc.headers:
+        headers.update(exc.headers)
+    return headers
+
+
+async def _send_error(send: Send, dialect: Dialect, exc: GatewayError) -> None:
+    status, body = dialect.error(exc)
+    headers = _JSON + _encode_headers(error_headers(exc))
+    await send(_start(status, headers))
+    await send(_body(body))
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise asyncio.CancelledError
+        chunk: bytes = message.get("body", b"")  # type: ignore[assignment]
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise InvalidRequestError(
+                f"The request body is larger than {MAX_BODY} bytes", status=413, code="request_too_large"
+            )
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+class _Watch:
+    """Cancels the running phase of a request when its client disconnects."""
+
+    __slots__ = ("current", "gone", "task")
+
+    def __init__(self, receive: Receive) -> None:
+        self.gone = False
+        self.current: asyncio.Future[Any] | None = None
+        self.task = asyncio.ensure_future(self._watch(receive))
+
+    async def _watch(self, receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.gone = True
+        if self.current is not None:
+            self.current.cancel()
+
+    async def run(self, work: Awaitable[Any]) -> Any:
+        self.current = asyncio.ensure_future(work)
+        try:
+            return await self.current
+        finally:
+            self.current = None
+
+    def stop(self) -> None:
+        self.task.cancel()
+
+
+async def _relay(result: Result, send: Send) -> None:
+    assert result.stream is not None
+    stream = result.stream
+    try:
+        async for chunk in stream:
+            await send(_body(chunk, more=True))
+        await send(_body(b""))
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]
+
+
+def completion_route(path: str, dialect: Dialect, pipeline: Callable[[HTTPScope], Pipeline]) -> ASGIRouteHandler:
+    async def endpoint(scope: HTTPScope, receive: Receive, send: Send) -> None:
+        if scope["method"] != "POST":
+            exc = GatewayError("Method Not Allowed", status=405)
+            exc.type = "invalid_request_error"
+            await _send_error(send, dialect, exc)
+            return
+        try:
+            body = await _read_body(receive)
+        except GatewayError as exc:
+            await _send_error(send, dialect, exc)
+            return
+        except asyncio.CancelledError:
+            return  # the client left while sending its body
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        watch = _Watch(receive)
+        started = False
+        try:
+            result: Result = await watch.run(pipeline(scope).complete(body, headers, dialect))
+            started = True
+            if result.stream is None:
+                out = _JSON + _encode_headers(result.headers)
+                await send(_start(200, out))
+                await send(_body(result.body))
+                return
+            out = _SSE + _encode_headers(result.headers)
+            await send(_start(200, out))
+            await watch.run(_relay(result, send))
+        except GatewayError as exc:
+            if not started:
+                await _send_error(send, dialect, exc)
+        except asyncio.CancelledError:
+            if not watch.gone:
+                raise  # the server is shutting down, not the client leaving
+        except Exception:
+            # Never a traceback or an internal message to the client; the log keeps the detail.
+            log.exception("unhandled error on %s", path)
+            if not started:
+                await _send_error(send, dialect, GatewayError("The gateway failed to process the request"))
+        finally:
+            watch.stop()
+
+    endpoint.__name__ = f"completions_{dialect.name}_{len(path)}"
+    return asgi(path, is_mount=False, copy_scope=False)(endpoint)
+
+
+__all__ = ["completion_route", "error_headers"]
