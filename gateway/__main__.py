@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 
@@ -52,7 +53,8 @@ def _serve(args: argparse.Namespace) -> int:
         http="httptools",
         log_level="warning",
         access_log=False,
-        timeout_graceful_shutdown=30,
+        # uvicorn counts whole seconds: round up, so the deadline is never shorter than configured.
+        timeout_graceful_shutdown=math.ceil(server.shutdown_grace_ms / 1000),
     )
     return 0
 

@@ -26,7 +26,7 @@ from gateway.ratelimit import TOKEN_KINDS, Bucket, BucketState, Decision, Limite
 from gateway.routing import Plan, Route
 from gateway.schema import CompletionRequest
 from gateway.state import SharedState
-from gateway.tokens import reservation
+from gateway.tokens import reservation, warm
 
 _KINDS: Final = ("rps", "rpm", "tpm", "tpd", "concurrent")
 
@@ -98,6 +98,11 @@ class Admission:
                 queue[f"model:{m.name}"] = m.limits.max_queue_ms
         self.queue_ms = queue
         self.enabled = bool(self.keys or self.models or self.providers or self.deployments)
+        scopes = [*self.keys.values(), *self.models.values(), *self.providers.values(), *self.deployments.values()]
+        if any(b.kind in TOKEN_KINDS for bs in scopes for b in bs) and any(
+            p.kind in ("openai", "azure") for p in loaded.providers.values()
+        ):
+            warm()
         self._background: set[asyncio.Task[None]] = set()
 
     def _route_buckets(self, route: Route) -> list[Bucket]:
@@ -116,7 +121,8 @@ class Admission:
             return None
         first = direct or plan.groups[0].routes[0]
         prompt, tokens = self._tokens(req, buckets, first)
-        queue_ms = min((self.queue_ms.get(b.scope, 0) for b in buckets), default=0)
+        # Only key and alias scopes configure a queue; a provider's quota must not cancel theirs.
+        queue_ms = min((self.queue_ms[b.scope] for b in buckets if b.scope in self.queue_ms), default=0)
         waited = 0
         while True:
             decision = await self._acquire(buckets, tokens)
@@ -151,6 +157,7 @@ class Admission:
             code="provider_quota",
             retry_after=decision.retry_after_ms / 1000,
         )
+        err.headers = _headers(decision.states)
         err.retryable = True  # another target may have room; this one is not unhealthy, so no cooldown
         err.cools = False
         raise err
@@ -159,8 +166,9 @@ class Admission:
         token_buckets = [b for b in buckets if b.kind in TOKEN_KINDS]
         if not token_buckets:
             return 0, 0
-        kind = getattr(route.adapter, "kind", "")
-        prompt, tokens = reservation(req, kind, route.endpoint.model)
+        adapter = route.adapter
+        default = route.endpoint.default_max_tokens or adapter.default_max_tokens
+        prompt, tokens = reservation(req, adapter.kind, route.endpoint.model, default)
         for b in token_buckets:
             if tokens > b.limit:
                 raise InvalidRequestError(

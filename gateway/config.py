@@ -46,6 +46,8 @@ class ServerConfig(Strict, frozen=True):
     host: str = "127.0.0.1"
     port: Annotated[int, Meta(ge=0, le=65535)] = 8080
     workers: Annotated[int, Meta(ge=1, le=64)] = 1
+    # On SIGTERM: stop accepting, let open requests and streams finish for up to this long, then cancel them.
+    shutdown_grace_ms: Annotated[int, Meta(gt=0)] = 30_000
 
 
 class RedisConfig(Strict, frozen=True):

@@ -103,10 +103,15 @@ def plan(adapter: Adapter | LocalAdapter, req: CompletionRequest, provider: str,
     include = bool(req.include_stop_str_in_output)
     if upstream_stop:
         if include and _emulated(adapter, "include_stop_str_in_output"):
-            # The provider would strip the stop string: stop here instead, keeping it.
-            stops, upstream_stop = upstream_stop, None
+            # A provider that strips the stop string must not see it: the gateway stops, keeping it.
+            # One that keeps it (TGI) still gets it, to end early; the gateway makes the cut exact.
+            stops = upstream_stop
+            upstream_stop = upstream_stop if adapter.stop_in_output else None
         elif adapter.max_stop is not None and len(upstream_stop) > adapter.max_stop:
             stops, upstream_stop = upstream_stop, upstream_stop[: adapter.max_stop]
+        elif adapter.stop_in_output and not include:
+            # Still sent upstream so generation ends early; the gateway removes what the provider kept.
+            stops = upstream_stop
     guide = _guide(adapter, req, provider)
     if len(prompts) == 1 and fan_n == 1 and not echo and stops is None and guide is None:
         return None
@@ -219,15 +224,28 @@ def _mean_logprob(choice: Choice) -> float:
     return sum(lps) / len(lps) if lps else float("-inf")
 
 
+def _sum_details(a: msgspec.Struct | None, b: msgspec.Struct | None) -> Any:
+    """Field-wise sum of two usage-details structs (None fields stay None unless one side has them)."""
+    if a is None or b is None:
+        return a if b is None else b
+    values = {}
+    for f in a.__struct_fields__:
+        x, y = getattr(a, f), getattr(b, f)
+        values[f] = None if x is None and y is None else (x or 0) + (y or 0)
+    return type(a)(**values)
+
+
 def _add(total: Usage | None, u: Usage | None) -> Usage | None:
     if u is None:
         return total
     if total is None:
-        return Usage(prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens, total_tokens=u.total_tokens)
+        return msgspec.structs.replace(u)
     return Usage(
         prompt_tokens=total.prompt_tokens + u.prompt_tokens,
         completion_tokens=total.completion_tokens + u.completion_tokens,
         total_tokens=total.total_tokens + u.total_tokens,
+        completion_tokens_details=_sum_details(total.completion_tokens_details, u.completion_tokens_details),
+        prompt_tokens_details=_sum_details(total.prompt_tokens_details, u.prompt_tokens_details),
     )
 
 

@@ -1,6 +1,6 @@
 """Attempts, retries and hedging for one request, driven by tenacity.
 
-    stop  = stop_after_attempt(retries.attempts) | stop before a wait that would pass retries.budget_ms
+    stop  = retries.attempts upstream calls made (hedges count) | a wait that would pass retries.budget_ms
     retry = the error is retryable (408/409/429/5xx/529, connect errors, read timeouts; never a quota
             429 or a client error), or a context-window error with larger-context fallbacks left
     wait  = 0 when the next attempt goes to a target not yet tried (another healthy target exists);
@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar, cast
 
 import msgspec
-from tenacity import AsyncRetrying, RetryCallState, stop_after_attempt, wait_random_exponential
+from tenacity import AsyncRetrying, RetryCallState, wait_random_exponential
 
 from gateway.balancer import Selector, keys_of
 from gateway.errors import GatewayError, UpstreamTimeoutError
@@ -100,6 +100,8 @@ class Failover:
         async def wait(rs: RetryCallState) -> float:
             nonlocal current
             exc = rs.outcome.exception() if rs.outcome is not None else None
+            if attempts >= r.attempts:
+                return 0.0  # stop() ends here: do not pick (and take the probe slot of) a target never called
             current, fresh = await selector.next()
             if fresh:
                 return 0.0
@@ -116,11 +118,15 @@ class Failover:
             return base.capped(left)
 
         started = self.clock()
-        out_of_attempts = stop_after_attempt(r.attempts)
+
+        def hedge_sent() -> None:
+            nonlocal attempts
+            attempts += 1
 
         def stop(rs: RetryCallState) -> bool:
+            # Attempts are upstream calls, hedges included (tenacity's attempt number does not see hedges).
             # The budget is tenacity's stop_before_delay, but on the injected clock (its own ignores `sleep`).
-            return out_of_attempts(rs) or self.clock() - started + rs.upcoming_sleep >= r.budget_ms / 1000
+            return attempts >= r.attempts or self.clock() - started + rs.upcoming_sleep >= r.budget_ms / 1000
 
         retrying = AsyncRetrying(
             stop=stop,
@@ -132,15 +138,15 @@ class Failover:
         try:
             async for attempt in retrying:
                 with attempt:
+                    limits = remaining()  # past the deadline no call is made, and none is counted
                     attempts += 1
-                    if policy.hedge_after_ms is not None:
-                        value, route, extra = await self._hedged(
-                            plan, selector, current, call, remaining, policy.hedge_after_ms / 1000, discard
+                    if policy.hedge_after_ms is not None and attempts < r.attempts:
+                        value, route = await self._hedged(
+                            plan, selector, current, call, remaining, policy.hedge_after_ms / 1000, discard, hedge_sent
                         )
-                        attempts += extra
                     else:
                         route = current
-                        value = await self._attempt(plan, states, current, call, remaining())
+                        value = await self._attempt(plan, states, current, call, limits)
                     return Outcome(value=value, route=route, attempts=attempts)
         except GatewayError as exc:
             exc.attempts = attempts
@@ -181,16 +187,22 @@ class Failover:
         remaining: Callable[[], Timeouts],
         after_s: float,
         discard: Discard[T] | None,
-    ) -> tuple[T, Route, int]:
+        hedge_sent: Callable[[], None],
+    ) -> tuple[T, Route]:
         """Start a second target if the first has not answered within `after_s`; first answer wins."""
         states = selector.states
         primary = asyncio.ensure_future(self._attempt(plan, states, first, call, remaining()))
-        done, _ = await asyncio.wait({primary}, timeout=after_s)
-        if done:
-            return primary.result(), first, 0
-        second, fresh = await selector.next()
-        if not fresh:
-            return await primary, first, 0
+        try:
+            done, _ = await asyncio.wait({primary}, timeout=after_s)
+            if done:
+                return primary.result(), first
+            second, fresh = await selector.next()
+            if not fresh:
+                return await primary, first
+        except BaseException:
+            primary.cancel()  # the request itself was cancelled (client gone): let go of the upstream
+            raise
+        hedge_sent()
         backup = asyncio.ensure_future(self._attempt(plan, states, second, call, remaining()))
         routes = {primary: first, backup: second}
         pending = {primary, backup}
@@ -206,7 +218,7 @@ class Failover:
                         for other in done - {winner}:
                             if other.exception() is None and discard is not None:
                                 discard(other.result())
-                        return winner.result(), routes[winner], 1
+                        return winner.result(), routes[winner]
                     error = error or task.exception()
         finally:
             for task in pending:

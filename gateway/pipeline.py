@@ -66,6 +66,7 @@ class Opened:
         self.stream = stream
         self.ctx = ctx  # this call's own context: its `created` is what the stream's chunks carry
         self.children = children  # the sub-streams an emulated fan-out merges
+        self.quota: Ticket | None = None  # an alias target's provider/deployment quota, settled with the stream
 
     def drop(self) -> None:
         """Close the upstream connection(s) at once (not returned to the pool half-read)."""
@@ -146,10 +147,21 @@ class Pipeline:
             return Result(_headers(done, dropped) | limit_headers, body=encode(done.value))
 
         async def open_stream(route: Route, timeouts: Timeouts) -> Opened:
-            return await self._open_once(route, req, ctx, timeouts, dropped)
+            quota = await self.admission.admit_route(route, req, plan) if self.admission.enabled else None
+            try:
+                opened = await self._open_once(route, req, ctx, timeouts, dropped)
+            except BaseException:
+                self.admission.settle(quota, 0)
+                raise
+            opened.quota = quota
+            return opened
+
+        def discard(lost: Opened) -> None:
+            lost.drop()
+            self.admission.settle(lost.quota, 0)
 
         try:
-            opened = await self.failover.run(plan, open_stream, deadline_s=deadline, discard=Opened.drop)
+            opened = await self.failover.run(plan, open_stream, deadline_s=deadline, discard=discard)
         except BaseException:
             self.admission.settle(ticket, 0)
             raise
@@ -277,6 +289,7 @@ class Pipeline:
         ticket: Ticket | None,
     ) -> AsyncIterator[bytes]:
         want_usage = bool(req.stream_options and req.stream_options.include_usage)
+        quota = opened.quota
         expected = ctx.n * (len(ctx.prompts) if ctx.prompts else 1)
         usage: Usage | None = None
         text: list[str] = []
@@ -331,10 +344,13 @@ class Pipeline:
                 last = Completion(id=ctx.id, created=opened.ctx.created, model=ctx.model, choices=[], usage=usage)
                 yield sse_event(encode(last))
         finally:
+            # Settle before awaiting anything: a client that left cancels this generator, and a cancelled
+            # task may be cancelled again at its next await.
+            # A finished stream is charged its reported usage; one cut short, its prompt and what it sent.
+            for t in (ticket, quota):
+                if t is not None:
+                    self.admission.settle(t, usage.total_tokens if usage is not None else t.prompt + sent)
             await opened.close()
-            if ticket is not None:
-                # A finished stream is charged its reported usage; one cut short, its prompt and what it sent.
-                self.admission.settle(ticket, usage.total_tokens if usage is not None else ticket.prompt + sent)
         yield DONE
 
     async def _resume(

@@ -1,9 +1,9 @@
 """Rate limits that hold exactly across replicas: one atomic Lua script per request.
 
 Algorithm: GCRA (the generic cell rate algorithm) for every rate (`rps`, `rpm`, `tpm`, `tpd`), and
-leases for `concurrent`. GCRA keeps one number per bucket (the theoretical arrival time, TAT), so a
-check is O(1) in time and memory whatever the limit, and a token reservation can be returned
-exactly by moving the TAT back. A bucket of limit L per period P admits a burst of L, then one unit
+leases for `concurrent`. GCRA keeps one value per bucket (the theoretical arrival time, TAT, as a whole
+millisecond plus a count of units so the arithmetic is exact), so a check is O(1) in time and memory
+whatever the limit, and a token reservation can be returned exactly by moving the TAT back. A bucket of limit L per period P admits a burst of L, then one unit
 every P/L: over any interval t it admits at most L + t·L/P, never more, and never refuses what that
 allows. (A sliding-window log would be exact for fixed windows too but stores one entry per request,
 which is unworkable for token limits of millions per day.)

@@ -15,6 +15,9 @@ from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 log = logging.getLogger("gateway.state")
@@ -39,6 +42,10 @@ class SharedState:
                 socket_connect_timeout=_SOCKET_TIMEOUT_S,
                 health_check_interval=0,
                 retry_on_timeout=False,
+                # A pooled connection Redis dropped (it restarted) is replaced on its next use instead of
+                # failing the call, which would mean a degraded second per stale connection. One immediate
+                # retry, on a dropped connection only: never on a timeout (the script may have run).
+                retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
             )
             if url
             else None

@@ -27,7 +27,7 @@ class _Encoding(Protocol):
 def _encoding(model: str) -> _Encoding | None:
     try:
         import bpe_openai  # type: ignore[import-untyped, import-not-found, unused-ignore]
-    except ImportError:
+    except Exception:  # not installed, or it failed to load its tables: use the estimate, never fail a request
         return None
     # tiktoken's model table: davinci-002, babbage-002 and gpt-3.5-turbo-instruct are cl100k.
     name = "o200k_base" if model.startswith(("gpt-4o", "gpt-4.1", "gpt-5", "o1", "o3", "o4")) else "cl100k_base"
@@ -35,8 +35,17 @@ def _encoding(model: str) -> _Encoding | None:
         name = "p50k_base"
     elif model in ("davinci", "curie", "babbage", "ada") or model.startswith("text-"):
         name = "r50k_base"
-    enc: Any = bpe_openai.get_encoding(name)
+    try:
+        enc: Any = bpe_openai.get_encoding(name)
+    except Exception:
+        return None
     return enc  # type: ignore[no-any-return]
+
+
+def warm() -> None:
+    """Load the BPE tables now: importing bpe-openai takes ~0.7 s, which would otherwise block the event
+    loop (every request in flight) on the first OpenAI-family request with a token limit."""
+    _encoding("gpt-3.5-turbo-instruct")
 
 
 def text_tokens(text: str, kind: str, model: str) -> int:
@@ -58,10 +67,16 @@ def prompt_tokens(prompt: str | list[Any], kind: str, model: str) -> int:
     return sum(len(p) for p in prompt)
 
 
-def reservation(req: CompletionRequest, kind: str, model: str) -> tuple[int, int]:
-    """(prompt tokens, prompt tokens + the most the request may generate: max_tokens x choices)."""
+def reservation(
+    req: CompletionRequest, kind: str, model: str, default_max_tokens: int = DEFAULT_MAX_TOKENS
+) -> tuple[int, int]:
+    """(prompt tokens, prompt tokens + the most the request may generate: max_tokens x choices).
+
+    Without a `max_tokens` the provider's own default applies (`default_max_tokens`: the configured
+    one, else the adapter's, e.g. 4096 for Anthropic, 16 for OpenAI).
+    """
     n_prompts = len(req.prompt) if isinstance(req.prompt, list) and not isinstance(req.prompt[0], int) else 1
-    per_choice = DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens
+    per_choice = default_max_tokens if req.max_tokens is None else req.max_tokens
     choices = max(req.n or 1, req.best_of or 1) * n_prompts
     prompt = prompt_tokens(req.prompt, kind, model)
     return prompt, prompt + per_choice * choices

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+from providers.anthropic import AnthropicAdapter
 from providers.azure import AzureAdapter
 from providers.base import Adapter, LocalAdapter
+from providers.cohere import CohereAdapter
 from providers.deepseek import DeepSeekAdapter
 from providers.fake import FakeAdapter
 from providers.fireworks import FireworksAdapter
+from providers.gemini import GeminiAdapter
+from providers.llamacpp import LlamaCppAdapter
+from providers.mistral import MistralAdapter
+from providers.ollama import OllamaAdapter
 from providers.openai import OpenAIAdapter
 from providers.pais import PAISAdapter
 from providers.sgp import SGPAdapter
+from providers.tgi import TGIAdapter
 from providers.together import TogetherAdapter
 from providers.vllm import VLLMAdapter
 
@@ -24,6 +31,13 @@ REGISTRY: dict[str, type[Adapter] | type[LocalAdapter]] = {
         DeepSeekAdapter,
         PAISAdapter,
         SGPAdapter,
+        GeminiAdapter,
+        MistralAdapter,
+        AnthropicAdapter,
+        CohereAdapter,
+        TGIAdapter,
+        OllamaAdapter,
+        LlamaCppAdapter,
         FakeAdapter,
     )
 }

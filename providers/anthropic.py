@@ -85,16 +85,14 @@ class AUsage(msgspec.Struct):
 class AMessage(msgspec.Struct):
     content: list[AContent] = []
     stop_reason: str | None = None
-    stop_sequence: str | None = None
     usage: AUsage | None = None
 
 
 class ADelta(msgspec.Struct):
-    # content_block_delta: {type: text_delta, text}; message_delta: {stop_reason, stop_sequence}.
+    # content_block_delta: {type: text_delta, text}; message_delta: {stop_reason, ...}.
     type: str | None = None
     text: str | None = None
     stop_reason: str | None = None
-    stop_sequence: str | None = None
 
 
 class AErrorBody(msgspec.Struct):
@@ -189,6 +187,8 @@ def out_of_range(provider: str, field: str, value: float, low: float, high: floa
 
 class AnthropicAdapter(Adapter):
     kind = "anthropic"
+    auth = "`x-api-key` + `anthropic-version`"
+    default_max_tokens = DEFAULT_MAX_TOKENS
     path: ClassVar[str] = "/v1/messages"
     default_base_url = "https://api.anthropic.com"
     prompt_forms = frozenset({"text"})
@@ -252,8 +252,6 @@ class AnthropicAdapter(Adapter):
 
     def parse_response(self, body: bytes, ctx: CallContext) -> Completion:
         msg = _decode_message(body)
-        # Kept for the gateway's include_stop_str_in_output emulation: the text never contains it.
-        ctx.state["stop_sequence"] = msg.stop_sequence
         text = "".join(block.text for block in msg.content if block.type == "text")
         return Completion(
             id=ctx.id,
@@ -281,7 +279,6 @@ class AnthropicAdapter(Adapter):
                 ctx.state["usage"] = _merge(ctx.state.get("usage"), ev.usage)
             if ev.delta is None or not ev.delta.stop_reason:
                 return None
-            ctx.state["stop_sequence"] = ev.delta.stop_sequence
             usage: AUsage | None = ctx.state.get("usage")
             # The last chunk: message_stop that follows carries nothing.
             return self._chunk(
@@ -324,8 +321,7 @@ class AnthropicAdapter(Adapter):
             or kind == "billing_error",
             # "prompt is too long: 205000 tokens > 200000 maximum"; "input length and `max_tokens`
             # exceed context limit: ..." (both invalid_request_error 400s).
-            context_window=status == 400
-            and ("prompt is too long" in lowered or "exceed context limit" in lowered),
+            context_window=status == 400 and ("prompt is too long" in lowered or "exceed context limit" in lowered),
         )
 
 

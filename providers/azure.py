@@ -17,6 +17,7 @@ DEFAULT_API_VERSION = "2024-10-21"
 
 class AzureAdapter(OpenAICompatible):
     kind = "azure"
+    auth = "`api-key`"
     path: ClassVar[str] = "/openai/deployments/{model}/completions?api-version={api_version}"
 
     def url(self, endpoint: Endpoint) -> str:

@@ -167,12 +167,20 @@ class Capabilities:
     params: ClassVar[Table]
     # Most stop sequences the provider takes; more are enforced by the gateway (None: no limit).
     max_stop: ClassVar[int | None] = None
+    # The provider leaves the matched stop sequence in its text (TGI): the gateway cuts it off
+    # unless the client asked to keep it.
+    stop_in_output: ClassVar[bool] = False
     # Largest logprobs count the provider returns.
     max_logprobs: ClassVar[int] = 5
     prompt_forms: ClassVar[frozenset[PromptForm]] = ALL_PROMPT_FORMS
     default_base_url: ClassVar[str | None] = None
     # Whether a key is required to call it (local servers such as vLLM often have none).
     needs_api_key: ClassVar[bool] = True
+    # How the key travels, for docs/providers.md.
+    auth: ClassVar[str] = "`Authorization: Bearer`"
+    # What the provider generates when the request sets no limit (OpenAI's and vLLM's default is 16);
+    # rate limiting reserves this many tokens per choice.
+    default_max_tokens: ClassVar[int] = 16
 
     def check(self, req: CompletionRequest, provider: str) -> None:
         """Refuse what the provider cannot honour, before any I/O."""

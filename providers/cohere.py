@@ -81,13 +81,10 @@ class CResponse(msgspec.Struct):
     usage: CUsage | None = None
 
 
-class CDeltaContent(msgspec.Struct):
-    text: str | None = None
-
-
 class CDeltaMessage(msgspec.Struct):
-    # An object in content-start/-delta; message-start may send the message's empty content list.
-    content: CDeltaContent | list[Any] | None = None
+    # `{text}` or `{thinking}` in content-delta. Other events put other things under `delta.message`
+    # (role, tool calls, citations), and the SDK allows extra fields everywhere: stay shape-agnostic.
+    content: Any = None
 
 
 class CDelta(msgspec.Struct):
@@ -233,10 +230,11 @@ class CohereAdapter(Adapter):
         d = ev.delta
         if kind == "content-delta":
             content = d.message.content if d is not None and d.message is not None else None
+            text = content.get("text") if isinstance(content, dict) else None
             # A reasoning model's `thinking` deltas have no text.
-            if not isinstance(content, CDeltaContent) or not content.text:
+            if not isinstance(text, str) or not text:
                 return None
-            return self._completion(ctx, content.text, None, None)
+            return self._completion(ctx, text, None, None)
         if kind == "message-end":
             if d is None:
                 return None

@@ -121,6 +121,7 @@ def _top(tokens: list[str], lps: list[float], k: int) -> list[dict[str, float] |
 
 class FakeAdapter(LocalAdapter):
     kind = "fake"
+    auth = "none"
     max_logprobs = 20
     params = table(
         max_tokens=Param(),

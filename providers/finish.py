@@ -24,12 +24,24 @@ FINISH: Final[dict[str, FinishReason]] = {
     "model_length": "length",
     # Anthropic (handling-stop-reasons docs) and Cohere v2 (ChatFinishReason) words.
     "model_context_window_exceeded": "length",
+    # llama.cpp /completion `stop_type` (tools/server/README.md): word = a stop string, limit = n_predict.
+    "word": "stop",
+    "limit": "length",
     "pause_turn": "stop",
     "tool_use": "stop",
     "complete": "stop",
     "tool_call": "stop",
     "content_filter": "content_filter",
     "refusal": "content_filter",
+    # Gemini Candidate.FinishReason words for output stopped by a filter; its OTHER, LANGUAGE,
+    # MALFORMED_FUNCTION_CALL... fall through to "stop" (neither the token limit nor a filter).
+    "safety": "content_filter",
+    "recitation": "content_filter",
+    "blocklist": "content_filter",
+    "prohibited_content": "content_filter",
+    "spii": "content_filter",
+    "image_safety": "content_filter",
+    "image_prohibited_content": "content_filter",
 }
 
 

@@ -24,6 +24,10 @@ Sources:
   @9bc7ce4e `test_google_model_armor_prompt_template_text_gets_blocked.yaml` (promptFeedback.blockReason
   and no candidates). The `logprobsResult` shape (chosenCandidates / topCandidates[].candidates, each
   {token, tokenId, logProbability}) is from the API reference: no recording of it was found.
+- Finish reasons (providers.finish): STOP -> stop (stop-sequence hits included), MAX_TOKENS -> length, SAFETY,
+  RECITATION, BLOCKLIST, PROHIBITED_CONTENT, SPII, IMAGE_SAFETY -> content_filter; OTHER, LANGUAGE,
+  MALFORMED_FUNCTION_CALL, FINISH_REASON_UNSPECIFIED -> stop (neither the limit nor a filter). A prompt
+  blocked by promptFeedback.blockReason gets every requested choice as content_filter with empty text.
 - Errors: google.rpc envelope {"error": {code, message, status, details[]}}: RetryInfo.retryDelay is a
   protobuf Duration such as "53s" or "45.837906927s" (googleapis/python-genai#1875, dcdpr/jp#1061), and no
   Retry-After header is sent; QuotaFailure.violations[].quotaId names the exhausted quota
@@ -166,10 +170,10 @@ def _json_schema(config: dict[str, Any], schema: Any, field: str) -> None:
 
 
 def _response_format(body: dict[str, Any], value: dict[str, Any]) -> None:
-    config = body.setdefault("generationConfig", {})
     kind = value.get("type")
     if kind == "text":
         return
+    config = body.setdefault("generationConfig", {})
     if kind == "json_object":
         # Fireworks' form carries the schema inline: {"type": "json_object", "schema": {...}}.
         schema = value.get("schema")
@@ -307,6 +311,7 @@ def _is_exhausted_quota(err: GErrorBody) -> bool:
 
 class GeminiAdapter(Adapter):
     kind = "gemini"
+    auth = "`x-goog-api-key`"
     default_base_url = "https://generativelanguage.googleapis.com"
     path: ClassVar[str] = "/v1beta/models/{model}:generateContent (stream: :streamGenerateContent?alt=sse)"
     params: ClassVar[Table] = GEMINI_PARAMS
@@ -447,7 +452,7 @@ class GeminiAdapter(Adapter):
 
 def _error_body(body: bytes) -> GErrorBody | None:
     try:
-        decoded = _decode_error(body)
+        decoded: GError | list[GError] = _decode_error(body)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
     if isinstance(decoded, list):

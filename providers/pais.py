@@ -11,6 +11,7 @@ from providers.openai_compat import OpenAICompatible, stop_list
 
 class PAISAdapter(OpenAICompatible):
     kind = "pais"
+    auth = "`Authorization: Bearer` when api_key is set"
     needs_api_key = False
     prompt_forms = frozenset({"text"})
     params = table(

@@ -18,6 +18,7 @@ def _logprobs(body: dict[str, Any], count: int) -> None:
 
 class SGPAdapter(OpenAICompatible):
     kind = "sgp"
+    auth = "`x-api-key`"
     path: ClassVar[str] = "/v4/beta/completions"
     max_logprobs = 20
     prompt_forms = frozenset({"text"})

@@ -23,6 +23,7 @@ def _response_format(body: dict[str, Any], value: dict[str, Any]) -> None:
 
 class VLLMAdapter(OpenAICompatible):
     kind = "vllm"
+    auth = "`Authorization: Bearer` when api_key is set"
     needs_api_key = False
     max_logprobs = 20
     params = table(

@@ -98,6 +98,13 @@ def test_check_logprobs_limit_per_kind() -> None:
         "pais": 5,
         "sgp": 20,
         "fake": 20,
+        "anthropic": 0,
+        "cohere": 0,
+        "gemini": 20,
+        "mistral": 5,
+        "tgi": 5,
+        "ollama": 20,
+        "llamacpp": 20,
     }
     with pytest.raises(UnsupportedParamError) as info:
         PAISAdapter().check(request(logprobs=True, top_logprobs=6), "pais")

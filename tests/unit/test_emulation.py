@@ -294,3 +294,24 @@ async def test_stream_stop_holds_back_and_ends_the_choice() -> None:
     content = [(ch.text, ch.finish_reason) for c in out for ch in c.choices]
     assert "".join(t for t, _ in content) == "one "
     assert content[-1][1] == "stop"
+
+
+async def test_a_provider_that_keeps_the_stop_string_has_it_cut() -> None:
+    class KeepsStop(OnePrompt):
+        stop_in_output = True
+
+    r = req(stop=["test"])
+    em = emulation.plan(KeepsStop(), r, "p", 2)
+    assert em is not None
+    assert (em.stops, em.upstream_stop, em.include_stop) == (["test"], ["test"], False)
+
+    async def call(sub: CompletionRequest) -> Completion:
+        assert sub.stop == ["test"]  # still sent, so the provider stops early
+        return answer("this is a test")
+
+    c = await emulation.complete(em, r, CTX, call)
+    assert [(ch.text, ch.finish_reason) for ch in c.choices] == [("this is a ", "stop")]
+    # Asked to keep it: still sent upstream (to end early), and the gateway's cut keeps the string.
+    kept = emulation.plan(KeepsStop(), req(stop=["test"], include_stop_str_in_output=True), "p", 2)
+    assert kept is not None
+    assert (kept.stops, kept.upstream_stop, kept.include_stop) == (["test"], ["test"], True)

@@ -1,0 +1,245 @@
+"""llama.cpp server, native API: `POST {base}/completion`, SSE when streaming.
+
+There is NO recorded llama.cpp response in any public repository we searched (see the fixtures INDEX):
+everything here follows ggml-org/llama.cpp `tools/server/README.md`, and the tests use only the fields it
+documents. From the README:
+- Options: prompt (a string or token ids), n_predict (-1 = no limit), temperature, top_k, top_p,
+  presence_penalty, frequency_penalty, seed, stop (stop words are not included in the completion),
+  grammar (GBNF), json_schema ({} for any JSON), n_probs, logit_bias as `[[token_id, bias]]`, stream,
+  cache_prompt. `n_cmpl` (several completions) is recent and unverified, so n is left to the gateway.
+- Response: content, stop, stop_type (eos | word | limit | none), stopping_word, tokens_evaluated (prompt
+  tokens), tokens_predicted, and with n_probs > 0 `completion_probabilities[{id, logprob, token, bytes,
+  top_logprobs[]}]` (the README's example calls the list `probs`; both names are read). Streaming sends
+  `data: {...}` events with only content, tokens and stop until the last event, which has `stop: true`
+  and the rest; the server code puts the probabilities of a stream in its partial events.
+- `GET /health` documents the model-loading answer, 503
+  `{"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}`: errors are
+  `{"error": {code, message, type}}`, and a prompt that does not fit is `exceed_context_size_error`
+  (type name from the server code, as quoted by public clients).
+
+Not verified: which header `--api-key` checks (Bearer is sent, as for the OpenAI routes); what
+`tokens_cached` counts (the server code sets it to the tokens held in the slot, prompt and output, so it is
+not mapped to cached_tokens). Older builds sent stopped_eos / stopped_word / stopped_limit instead of
+stop_type; they are read when stop_type is absent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import msgspec
+
+from gateway.errors import GatewayError, InvalidRequestError, UpstreamStatusError
+from gateway.schema import Choice, Completion, CompletionRequest, Logprobs
+from providers.base import EMULATED, Adapter, CallContext, Endpoint, Param, UpstreamRequest, table
+from providers.finish import finish_reason
+from providers.retry_after import retry_after, should_retry
+from providers.selfhosted import logprobs, merge, request_headers, response_schema, top_dict, usage
+
+
+def _constrain(body: dict[str, Any], key: str, value: Any) -> None:
+    # llama.cpp takes either a grammar or a JSON schema, once.
+    if "grammar" in body or "json_schema" in body:
+        raise InvalidRequestError(
+            "only one structured-output constraint may be set for provider kind 'llamacpp'", param=key
+        )
+    body[key] = value
+
+
+def _guided_json(body: dict[str, Any], schema: dict[str, Any]) -> None:
+    _constrain(body, "json_schema", schema)
+
+
+def _guided_grammar(body: dict[str, Any], grammar: str) -> None:
+    _constrain(body, "grammar", grammar)
+
+
+def _response_format(body: dict[str, Any], value: dict[str, Any]) -> None:
+    wants_json, schema = response_schema(value)
+    if wants_json:
+        # JSON mode promises an object; the README's `{}` would also allow a bare string or number.
+        _constrain(body, "json_schema", schema if schema is not None else {"type": "object"})
+
+
+def _n_probs(count: int) -> int:
+    # n_probs 0 returns no probabilities at all, not even the sampled token's: ask for one alternative
+    # (OpenAI allows up to logprobs + 1 entries per token).
+    return max(count, 1)
+
+
+def _logit_bias(value: dict[str, float]) -> list[list[float]]:
+    out: list[list[float]] = []
+    for key, bias in value.items():
+        try:
+            token = int(key)
+        except ValueError:
+            # The README's list form also takes strings, but OpenAI's keys are token ids.
+            raise InvalidRequestError(
+                f"'logit_bias' keys must be token ids, got {key!r}", param="logit_bias", code="invalid_value"
+            ) from None
+        out.append([token, bias])
+    return out
+
+
+class LlamaTop(msgspec.Struct):
+    id: int = 0
+    token: str = ""
+    logprob: float | None = None
+
+
+class LlamaProb(msgspec.Struct):
+    id: int = 0
+    token: str = ""
+    logprob: float | None = None
+    top_logprobs: list[LlamaTop] = []
+
+
+class LlamaErrorBody(msgspec.Struct):
+    code: int | None = None
+    message: str | None = None
+    type: str | None = None
+
+
+class LlamaCompletion(msgspec.Struct):
+    content: str = ""
+    stop: bool = False
+    stop_type: str | None = None
+    stopped_eos: bool = False
+    stopped_word: bool = False
+    stopped_limit: bool = False
+    tokens_evaluated: int = 0
+    tokens_predicted: int = 0
+    completion_probabilities: list[LlamaProb] | None = None
+    probs: list[LlamaProb] | None = None
+    error: LlamaErrorBody | str | None = None
+
+
+class LlamaError(msgspec.Struct):
+    error: LlamaErrorBody | str | None = None
+
+
+_decode_completion = msgspec.json.Decoder(LlamaCompletion).decode
+_decode_error = msgspec.json.Decoder(LlamaError).decode
+
+
+def _stop_type(up: LlamaCompletion) -> str:
+    kind = up.stop_type
+    if kind is None:
+        kind = "limit" if up.stopped_limit else "word" if up.stopped_word else "eos" if up.stopped_eos else None
+    # llama.cpp's own /v1/completions reports "length" for anything but eos and word (server code).
+    return kind if kind in ("eos", "word") else "limit"
+
+
+class LlamaCppAdapter(Adapter):
+    kind = "llamacpp"
+    auth = "`Authorization: Bearer` when api_key is set"
+    path: ClassVar[str] = "/completion"
+    needs_api_key = False
+    max_logprobs = 20
+    # One completion per call; token ids are a prompt llama.cpp takes as they are.
+    prompt_forms = frozenset({"text", "tokens"})
+    params = table(
+        max_tokens=Param("n_predict"),
+        temperature=Param(),
+        top_p=Param(),
+        top_k=Param(),
+        presence_penalty=Param(),
+        frequency_penalty=Param(),
+        seed=Param(),
+        stop=Param(),
+        logprobs=Param("n_probs", convert=_n_probs),
+        logit_bias=Param(convert=_logit_bias),
+        guided_json=Param(apply=_guided_json),
+        guided_grammar=Param(apply=_guided_grammar),
+        response_format=Param(apply=_response_format),
+        n=EMULATED,
+        best_of=EMULATED,
+        echo=EMULATED,
+        include_stop_str_in_output=EMULATED,
+        guided_regex=EMULATED,
+        guided_choice=EMULATED,
+    )
+
+    def build_request(self, req: CompletionRequest, endpoint: Endpoint, body: dict[str, Any]) -> UpstreamRequest:
+        # `model` picks the model on a llama-server running several (router mode); a single-model server
+        # ignores it.
+        out: dict[str, Any] = {"model": endpoint.model, "prompt": req.prompt, **body}
+        if req.max_tokens is None and endpoint.default_max_tokens is not None:
+            out["n_predict"] = endpoint.default_max_tokens
+        out["stream"] = bool(req.stream)
+        out["cache_prompt"] = True
+        if req.inference_extra_params:
+            merge(out, req.inference_extra_params)
+        return UpstreamRequest(
+            method="POST",
+            url=endpoint.base_url.rstrip("/") + self.path,
+            headers=request_headers(req, endpoint, "text/event-stream" if req.stream else "application/json"),
+            body=msgspec.json.encode(out),
+            stream=bool(req.stream),
+        )
+
+    def _completion(self, up: LlamaCompletion, ctx: CallContext) -> Completion:
+        probs = up.completion_probabilities if up.completion_probabilities is not None else up.probs
+        lp: Logprobs | None = None
+        if probs is not None:
+            lp = logprobs(
+                [p.token for p in probs],
+                [p.logprob for p in probs],
+                [top_dict([(t.token, t.logprob) for t in p.top_logprobs]) for p in probs],
+                ctx,
+            )
+        return Completion(
+            id=ctx.id,
+            created=ctx.created,
+            model=ctx.model,
+            choices=[
+                Choice(
+                    text=up.content,
+                    index=0,
+                    logprobs=lp,
+                    finish_reason=finish_reason(_stop_type(up)) if up.stop else None,
+                )
+            ],
+            usage=usage(up.tokens_evaluated, up.tokens_predicted) if up.stop else None,
+        )
+
+    def parse_response(self, body: bytes, ctx: CallContext) -> Completion:
+        up = _decode_completion(body)
+        # The non-stream answer is the final result: `stop` is true in it (server code), say it if not.
+        up.stop = True
+        return self._completion(up, ctx)
+
+    def parse_event(self, event: str | None, data: bytes, ctx: CallContext) -> Completion | None:
+        if data == b"[DONE]":
+            return None
+        up = _decode_completion(data)
+        if up.error is not None:
+            status = up.error.code if isinstance(up.error, LlamaErrorBody) and up.error.code else 500
+            raise self.map_error(status, {}, data, self.kind)
+        return self._completion(up, ctx)
+
+    def map_error(self, status: int, headers: Mapping[str, str], body: bytes, provider: str) -> GatewayError:
+        message, error_type = _error_fields(body)
+        return UpstreamStatusError(
+            f"{provider} error ({status}): {message}",
+            upstream_status=status,
+            provider=provider,
+            code=error_type,
+            retry_after=retry_after(headers),
+            should_retry=should_retry(headers),
+            context_window=error_type == "exceed_context_size_error" or "exceeds the available context size" in message,
+        )
+
+
+def _error_fields(body: bytes) -> tuple[str, str | None]:
+    try:
+        err = _decode_error(body).error
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return body.decode("utf-8", "replace").strip()[:500] or "no error body", None
+    if isinstance(err, LlamaErrorBody):
+        return err.message or "unknown error", err.type
+    return err or "unknown error", None
+
+
+__all__ = ["LlamaCppAdapter"]

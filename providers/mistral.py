@@ -1,0 +1,329 @@
+"""Mistral: chat `POST {base}/v1/chat/completions`, and FIM `POST {base}/v1/fim/completions` when `suffix` is set.
+
+Sources:
+- Request fields: mistralai/client-python `models/chatcompletionrequest.py` @09c7732b (model, messages,
+  temperature, top_p, max_tokens, stream, stop, random_seed, response_format, presence_penalty,
+  frequency_penalty, n, ...) and `models/fimcompletionrequest.py` @2282e4aa (model, prompt, suffix,
+  temperature, top_p, max_tokens, min_tokens, stream, stop, random_seed). Neither takes logprobs.
+- Structured output: `response_format` is `text`, `json_object` or `json_schema` with
+  `json_schema: {name, schema, strict}` (client-python `models/jsonschema.py`; docs.mistral.ai "Custom
+  Structured Outputs"). `strict: true` is what makes the schema binding, so guided JSON asks for it.
+- Responses: recording `mistral/chat_with_ratelimit_headers.json` (+ its headers: x-ratelimit-{limit,remaining}
+  -req-10-second / -tokens-minute / -tokens-month and x-ratelimit-tokens-query-cost). The stream shape
+  (`chat.completion.chunk` with `delta.content`, a random-length `"p"` padding field, usage on the
+  finish chunk, `data: [DONE]`) is from traceloop/openllmetry @45af4941
+  `packages/opentelemetry-instrumentation-mistralai/tests/cassettes/test_chat/test_mistralai_streaming_chat_legacy.yaml`.
+  Finish reasons stop | length | model_length | error | tool_calls (client-python `chatcompletionchoice.py`).
+- FIM responses: NO recording exists (fixtures INDEX.md). The SDK types `FIMCompletionResponse` as
+  {id, object, model, usage, created, choices: ChatCompletionChoice[]} (client-python
+  `models/fimcompletionresponse.py` @0fb8b64d), i.e. the chat-completion shape with `message.content`;
+  that is how it is parsed here, unverified against the wire.
+- Errors: {"object":"error","message","type","param","code"} (e.g. 429 "Rate limit exceeded", type
+  rate_limited, code "1300": cline/cline#9085) and the older {"message":"Requests rate limit exceeded"}
+  (pydantic/pydantic-ai#1885). A 429 also follows an exhausted monthly limit (vanna-ai/vanna#177).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar, Final
+
+import msgspec
+
+from gateway.errors import GatewayError, InvalidRequestError, UnsupportedParamError, UpstreamStatusError
+from gateway.schema import Choice, Completion, CompletionRequest, PromptTokensDetails, Usage
+from providers.base import EMULATED, Adapter, CallContext, Endpoint, Param, Table, UpstreamRequest, table
+from providers.finish import finish_reason
+from providers.retry_after import retry_after, should_retry
+
+CHAT_PATH: Final = "/v1/chat/completions"
+FIM_PATH: Final = "/v1/fim/completions"
+
+# Fields the chat endpoint takes and FIMCompletionRequest does not.
+FIM_REFUSED: Final = ("n", "presence_penalty", "frequency_penalty", "response_format", "guided_json")
+
+# The rate-limit buckets Mistral reports on every response (recorded headers) and how long each one's
+# window is: with no Retry-After, an exhausted bucket refills within its window at the latest.
+WINDOWS: Final[dict[str, float | None]] = {"req-10-second": 10.0, "tokens-minute": 60.0, "tokens-month": None}
+
+
+class RateLimit(msgspec.Struct, frozen=True):
+    limit: int | None
+    remaining: int | None
+
+
+def rate_limits(headers: Mapping[str, str]) -> dict[str, RateLimit]:
+    """The `x-ratelimit-{limit,remaining}-<bucket>` pairs present in lower-cased response headers."""
+    out: dict[str, RateLimit] = {}
+    for bucket in WINDOWS:
+        limit = _int(headers.get(f"x-ratelimit-limit-{bucket}"))
+        remaining = _int(headers.get(f"x-ratelimit-remaining-{bucket}"))
+        if limit is not None or remaining is not None:
+            out[bucket] = RateLimit(limit=limit, remaining=remaining)
+    return out
+
+
+def _int(value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value.strip())
+    except ValueError:
+        return None
+
+
+# --------------------------------------------------------------------------------------------------
+# Upstream shapes (lenient)
+
+
+class MChunk(msgspec.Struct):
+    type: str | None = None
+    text: str | None = None
+
+
+class MMessage(msgspec.Struct):
+    # A string, or content chunks (reasoning models interleave `thinking` chunks with `text` ones).
+    content: str | list[MChunk] | None = None
+
+
+class MChoice(msgspec.Struct):
+    index: int = 0
+    message: MMessage | None = None
+    delta: MMessage | None = None
+    finish_reason: str | None = None
+
+
+class MUsage(msgspec.Struct):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int | None = None
+    # OpenAI-style cache accounting; parsed when present, not seen in a recording.
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+
+class MCompletion(msgspec.Struct):
+    created: int = 0
+    choices: list[MChoice] = []
+    usage: MUsage | None = None
+    # `"p"` (stream padding) and everything else are ignored by the lenient decode.
+
+
+class MError(msgspec.Struct):
+    message: Any = None
+    type: str | None = None
+    param: str | None = None
+    code: str | int | None = None
+    detail: Any = None
+
+
+_decode = msgspec.json.Decoder(MCompletion).decode
+_decode_error = msgspec.json.Decoder(MError).decode
+
+
+# --------------------------------------------------------------------------------------------------
+# Request translation
+
+
+def _schema_format(schema: Any) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": schema, "strict": True}}
+
+
+def _response_format(body: dict[str, Any], value: dict[str, Any]) -> None:
+    kind = value.get("type")
+    if kind == "json_object":
+        # Fireworks' form carries the schema inline: {"type": "json_object", "schema": {...}}.
+        schema = value.get("schema")
+        body["response_format"] = {"type": "json_object"} if schema is None else _schema_format(schema)
+    elif kind in ("text", "json_schema"):
+        # Mistral's own shapes (the OpenAI ones): passed as given.
+        body["response_format"] = value
+    else:
+        raise InvalidRequestError(
+            f"'response_format' type {kind!r} is not supported by Mistral (text, json_object, json_schema)",
+            param="response_format",
+            code="unsupported_parameter",
+        )
+
+
+def _guided_json(body: dict[str, Any], schema: dict[str, Any]) -> None:
+    body["response_format"] = _schema_format(schema)
+
+
+MISTRAL_PARAMS: Table = table(
+    max_tokens=Param(),
+    temperature=Param(),
+    top_p=Param(),
+    stop=Param(),
+    seed=Param(to="random_seed"),
+    presence_penalty=Param(),
+    frequency_penalty=Param(),
+    n=Param(),
+    # Its presence switches the call to FIM (`build_request`).
+    suffix=Param(),
+    response_format=Param(apply=_response_format),
+    guided_json=Param(apply=_guided_json),
+    guided_regex=EMULATED,
+    guided_choice=EMULATED,
+    guided_grammar=EMULATED,
+    echo=EMULATED,
+    best_of=EMULATED,
+    include_stop_str_in_output=EMULATED,
+)
+
+
+def _content(m: MMessage | None) -> str:
+    if m is None or m.content is None:
+        return ""
+    if isinstance(m.content, str):
+        return m.content
+    return "".join(c.text for c in m.content if c.type in (None, "text") and c.text is not None)
+
+
+def _usage(up: MUsage) -> Usage:
+    total = up.total_tokens if up.total_tokens is not None else up.prompt_tokens + up.completion_tokens
+    return Usage(
+        prompt_tokens=up.prompt_tokens,
+        completion_tokens=up.completion_tokens,
+        total_tokens=total,
+        prompt_tokens_details=up.prompt_tokens_details,
+    )
+
+
+class MistralAdapter(Adapter):
+    kind = "mistral"
+    default_base_url = "https://api.mistral.ai"
+    path: ClassVar[str] = f"{CHAT_PATH} (with suffix: {FIM_PATH})"
+    params: ClassVar[Table] = MISTRAL_PARAMS
+    # One user turn (or one FIM prompt) per call: the gateway fans out prompt lists.
+    prompt_forms = frozenset({"text"})
+
+    def build_request(self, req: CompletionRequest, endpoint: Endpoint, params: dict[str, Any]) -> UpstreamRequest:
+        fim = req.suffix is not None
+        body: dict[str, Any] = {"model": endpoint.model}
+        if fim:
+            for name in FIM_REFUSED:
+                value = getattr(req, name)
+                # n=1 is FIM's only behaviour anyway; anything else cannot be honoured there.
+                if value is not None and not (name == "n" and value == 1):
+                    raise UnsupportedParamError(name, endpoint.provider).with_message(
+                        f"Parameter '{name}' is not supported by provider '{endpoint.provider}' "
+                        "together with 'suffix' (Mistral FIM completions)"
+                    )
+            params = {k: v for k, v in params.items() if k != "n"}
+            body["prompt"] = req.prompt
+        else:
+            body["messages"] = [{"role": "user", "content": req.prompt}]
+        body.update(params)
+        if req.stream:
+            # Mistral always puts usage on the finish chunk and documents no stream_options.
+            body["stream"] = True
+        if req.inference_extra_params:
+            body.update(req.inference_extra_params)
+        headers = {
+            "content-type": "application/json",
+            "accept": "text/event-stream" if req.stream else "application/json",
+        }
+        headers.update((k.lower(), v) for k, v in endpoint.headers.items())
+        if req.inference_extra_headers:
+            headers.update((k.lower(), v) for k, v in req.inference_extra_headers.items())
+        if endpoint.api_key:
+            headers["authorization"] = f"Bearer {endpoint.api_key}"
+        return UpstreamRequest(
+            method="POST",
+            url=endpoint.base_url.rstrip("/") + (FIM_PATH if fim else CHAT_PATH),
+            headers=headers,
+            body=msgspec.json.encode(body),
+            stream=bool(req.stream),
+        )
+
+    def _choice(self, c: MChoice, text: str) -> Choice:
+        if c.finish_reason == "error":
+            # The generation broke off upstream: its partial text must not reach the client as finished.
+            raise UpstreamStatusError(
+                f"{self.kind} error: the generation ended with finish_reason 'error'",
+                upstream_status=502,
+                provider=self.kind,
+                code="generation_error",
+            )
+        return Choice(text=text, index=c.index, logprobs=None, finish_reason=finish_reason(c.finish_reason))
+
+    def _created(self, up: MCompletion, ctx: CallContext) -> int:
+        if up.created:
+            # Keep the upstream's time, and make every later chunk carry the same.
+            ctx.created = up.created
+        return ctx.created
+
+    def parse_response(self, body: bytes, ctx: CallContext) -> Completion:
+        up = _decode(body)
+        return Completion(
+            id=ctx.id,
+            created=self._created(up, ctx),
+            model=ctx.model,
+            choices=[self._choice(c, _content(c.message)) for c in up.choices],
+            usage=_usage(up.usage) if up.usage is not None else None,
+        )
+
+    def parse_event(self, event: str | None, data: bytes, ctx: CallContext) -> Completion | None:
+        if data == b"[DONE]":
+            return None
+        up = _decode(data)
+        choices = [self._choice(c, _content(c.delta if c.delta is not None else c.message)) for c in up.choices]
+        # The opening chunk only announces the assistant role: nothing to relay.
+        choices = [c for c in choices if c.text or c.finish_reason is not None]
+        if not choices and up.usage is None:
+            return None
+        return Completion(
+            id=ctx.id,
+            created=self._created(up, ctx),
+            model=ctx.model,
+            choices=choices,
+            usage=_usage(up.usage) if up.usage is not None else None,
+        )
+
+    def map_error(self, status: int, headers: Mapping[str, str], body: bytes, provider: str) -> GatewayError:
+        message, code = _error_fields(body)
+        delay = retry_after(headers)
+        limits = rate_limits(headers)
+        month = limits.get("tokens-month")
+        # The monthly budget does not come back by waiting: a quota, never retried.
+        quota = status == 429 and month is not None and month.remaining is not None and month.remaining <= 0
+        if status == 429 and delay is None and not quota:
+            # No Retry-After: the longest window among the exhausted buckets bounds the wait.
+            windows = [
+                w
+                for bucket, w in WINDOWS.items()
+                if w is not None and (rl := limits.get(bucket)) is not None and rl.remaining == 0
+            ]
+            delay = max(windows) if windows else None
+        low = message.lower()
+        return UpstreamStatusError(
+            f"{provider} error ({status}): {message}",
+            upstream_status=status,
+            provider=provider,
+            code=code,
+            retry_after=delay,
+            should_retry=should_retry(headers),
+            quota=quota,
+            # Wording not recorded for Mistral: the vLLM/OpenAI phrasing and "too large for model".
+            context_window=status == 400 and ("context length" in low or "too large for model" in low),
+        )
+
+
+def _error_fields(body: bytes) -> tuple[str, str | None]:
+    try:
+        err = _decode_error(body)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return (body.decode("utf-8", "replace").strip()[:500] or "no error body"), None
+    code = err.code if err.code is not None else err.type
+    message = err.message if err.message is not None else err.detail
+    if message is None:
+        text = "unknown error"
+    elif isinstance(message, str):
+        text = message
+    else:
+        # 422 validation errors carry a structure here ({"detail": [...]}): show it compactly.
+        text = msgspec.json.encode(message).decode()[:500]
+    return text, (str(code) if code is not None else None)
+
+
+__all__ = ["MISTRAL_PARAMS", "MistralAdapter", "RateLimit", "rate_limits"]

@@ -1,0 +1,193 @@
+"""Ollama native API: `POST {base}/api/generate`, NDJSON when streaming.
+
+Sources:
+- ollama/ollama `docs/api.md` and `api/types.go` (GenerateRequest, Options, Logprob): model, prompt,
+  suffix, raw, stream (defaults to TRUE, so it is always sent), format ("json" or a JSON Schema),
+  logprobs + top_logprobs (0-20), and options {num_predict, temperature, top_k, top_p, presence_penalty,
+  frequency_penalty, seed, stop}. The response has response, done, done_reason (stop | length,
+  `llm/server.go`), prompt_eval_count, eval_count and `logprobs[{token, logprob, bytes, top_logprobs}]`.
+- `server/routes.go`: the prompt template (and with it `suffix`) is applied only when `raw` is false, a
+  suffix requires a model with the insert capability, 503 when the queue is full (`ErrMaxQueue`); errors
+  are `{"error": "..."}` (404 for an unknown model, 429 rate limited on ollama.com).
+- Real recordings in tests/fixtures/ollama (openllmetry cassettes; see SOURCES.md): `generate_nonstream.json`
+  and `generate_stream.ndjson` (one object per line, the last with done, done_reason and the counts).
+  No recording has logprobs or an error: those shapes come from `api/types.go` and `docs/api.md`.
+
+`raw: true` makes the call a pure continuation of the prompt (no chat template). With a suffix the model's
+template must run, since that is where Ollama puts prompt and suffix around the fill-in-the-middle tokens,
+so raw is false then. Ollama drops matched stop strings from the text, as OpenAI does.
+prompt_eval_count counts the prompt tokens Ollama evaluated: a prompt served from its cache may count less.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
+
+import msgspec
+
+from gateway.errors import GatewayError, InvalidRequestError, UpstreamStatusError
+from gateway.schema import Choice, Completion, CompletionRequest, Logprobs
+from providers.base import EMULATED, Adapter, CallContext, Endpoint, Param, UpstreamRequest, table
+from providers.finish import finish_reason
+from providers.retry_after import retry_after, should_retry
+from providers.selfhosted import logprobs, merge, request_headers, response_schema, top_dict, usage
+
+
+def _set_format(body: dict[str, Any], value: str | dict[str, Any]) -> None:
+    if "format" in body:
+        raise InvalidRequestError(
+            "only one structured-output constraint may be set for provider kind 'ollama'", param="response_format"
+        )
+    body["format"] = value
+
+
+def _guided_json(body: dict[str, Any], schema: dict[str, Any]) -> None:
+    _set_format(body, schema)
+
+
+def _response_format(body: dict[str, Any], value: dict[str, Any]) -> None:
+    wants_json, schema = response_schema(value)
+    if wants_json:
+        _set_format(body, schema if schema is not None else "json")
+
+
+def _logprobs(body: dict[str, Any], count: int) -> None:
+    body["logprobs"] = True
+    body["top_logprobs"] = count
+
+
+class OllamaTop(msgspec.Struct):
+    token: str = ""
+    logprob: float | None = None
+
+
+class OllamaLogprob(msgspec.Struct):
+    token: str = ""
+    logprob: float | None = None
+    top_logprobs: list[OllamaTop] | None = None
+
+
+class OllamaChunk(msgspec.Struct):
+    response: str = ""
+    done: bool = False
+    done_reason: str | None = None
+    prompt_eval_count: int = 0
+    eval_count: int = 0
+    logprobs: list[OllamaLogprob] | None = None
+    # A failure after the stream started arrives as a line carrying only this.
+    error: str | None = None
+
+
+class OllamaError(msgspec.Struct):
+    error: str | None = None
+
+
+_decode_chunk = msgspec.json.Decoder(OllamaChunk).decode
+_decode_error = msgspec.json.Decoder(OllamaError).decode
+
+
+class OllamaAdapter(Adapter):
+    kind = "ollama"
+    auth = "`Authorization: Bearer` when api_key is set"
+    path: ClassVar[str] = "/api/generate"
+    framing: ClassVar[Literal["sse", "ndjson"]] = "ndjson"
+    default_base_url = "http://127.0.0.1:11434"
+    needs_api_key = False
+    max_logprobs = 20
+    prompt_forms = frozenset({"text"})
+    params = table(
+        max_tokens=Param("options.num_predict"),
+        temperature=Param("options.temperature"),
+        top_p=Param("options.top_p"),
+        top_k=Param("options.top_k"),
+        presence_penalty=Param("options.presence_penalty"),
+        frequency_penalty=Param("options.frequency_penalty"),
+        seed=Param("options.seed"),
+        stop=Param("options.stop"),
+        logprobs=Param(apply=_logprobs),
+        suffix=Param(),
+        guided_json=Param(apply=_guided_json),
+        response_format=Param(apply=_response_format),
+        n=EMULATED,
+        best_of=EMULATED,
+        echo=EMULATED,
+        include_stop_str_in_output=EMULATED,
+        guided_regex=EMULATED,
+        guided_choice=EMULATED,
+        guided_grammar=EMULATED,
+    )
+
+    def build_request(self, req: CompletionRequest, endpoint: Endpoint, body: dict[str, Any]) -> UpstreamRequest:
+        out: dict[str, Any] = {
+            "model": endpoint.model,
+            "prompt": req.prompt,
+            "raw": not req.suffix,
+            "stream": bool(req.stream),
+            **body,
+        }
+        if req.max_tokens is None and endpoint.default_max_tokens is not None:
+            out.setdefault("options", {})["num_predict"] = endpoint.default_max_tokens
+        if req.inference_extra_params:
+            merge(out, req.inference_extra_params)
+        return UpstreamRequest(
+            method="POST",
+            url=endpoint.base_url.rstrip("/") + self.path,
+            headers=request_headers(req, endpoint, "application/x-ndjson" if req.stream else "application/json"),
+            body=msgspec.json.encode(out),
+            stream=bool(req.stream),
+        )
+
+    def _completion(self, up: OllamaChunk, ctx: CallContext) -> Completion:
+        lp: Logprobs | None = None
+        if up.logprobs is not None:
+            entries = up.logprobs
+            # Alternatives come only with top_logprobs > 0; logprobs: 0 is the sampled tokens alone.
+            tops = (
+                [top_dict([(t.token, t.logprob) for t in e.top_logprobs or []]) for e in entries]
+                if any(e.top_logprobs for e in entries)
+                else None
+            )
+            lp = logprobs([e.token for e in entries], [e.logprob for e in entries], tops, ctx)
+        return Completion(
+            id=ctx.id,
+            created=ctx.created,
+            model=ctx.model,
+            choices=[
+                Choice(
+                    text=up.response,
+                    index=0,
+                    logprobs=lp,
+                    # Ollama before done_reason (2024) only ever stopped by itself or at num_predict.
+                    finish_reason=finish_reason(up.done_reason or "stop") if up.done else None,
+                )
+            ],
+            usage=usage(up.prompt_eval_count, up.eval_count) if up.done else None,
+        )
+
+    def parse_response(self, body: bytes, ctx: CallContext) -> Completion:
+        return self._completion(_decode_chunk(body), ctx)
+
+    def parse_event(self, event: str | None, data: bytes, ctx: CallContext) -> Completion | None:
+        up = _decode_chunk(data)
+        if up.error is not None:
+            raise self.map_error(500, {}, data, self.kind)
+        return self._completion(up, ctx)
+
+    def map_error(self, status: int, headers: Mapping[str, str], body: bytes, provider: str) -> GatewayError:
+        try:
+            message = _decode_error(body).error or "unknown error"
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            message = body.decode("utf-8", "replace").strip()[:500] or "no error body"
+        return UpstreamStatusError(
+            f"{provider} error ({status}): {message}",
+            upstream_status=status,
+            provider=provider,
+            # /api/generate answers 404 only for a model it does not have ("model 'x' not found").
+            code="model_not_found" if status == 404 else None,
+            retry_after=retry_after(headers),
+            should_retry=should_retry(headers),
+        )
+
+
+__all__ = ["OllamaAdapter"]

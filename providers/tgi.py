@@ -1,0 +1,317 @@
+"""Hugging Face Text Generation Inference, native API: `POST {base}/generate` and `{base}/generate_stream`.
+
+Sources:
+- huggingface/text-generation-inference `router/src/server.rs`: the two routes, `{"inputs", "parameters"}`,
+  `Authorization: Bearer` when started with `--api-key`, error bodies `{"error", "error_type"}` with 422
+  validation, 424 generation, 429 overloaded, 500 incomplete generation (no Retry-After is set), stream
+  details carrying `input_length`, and how TGI's own `/v1/completions` maps OpenAI fields (temperature 0
+  -> `do_sample: false` and no temperature; otherwise `do_sample: true`; `decoder_input_details` only when
+  not streaming, its prompt token count being the prefill length; suffix refused).
+- `router/src/validation.rs`: temperature > 0, 0 < top_p < 1, top_k > 0, at most `max_stop_sequences`
+  (default 4) stops and `max_top_n_tokens` (default 5) alternatives, a JSON grammar needs a schema with
+  `properties`, `decoder_input_details` refused when streaming, and `best_of` > 1 needs sampling, no seed,
+  no stream and at most `max_best_of` (default 2): too narrow to promise, so the gateway provides best_of.
+- Real recordings in tests/fixtures/tgi (huggingface_hub cassettes; see SOURCES.md): the non-stream body is
+  a JSON array of one GenerateResponse (`generate_details_length.json`, `generate_best_of.json`), the
+  stream is `data:` without a space and no `[DONE]`, its last event carrying `generated_text` and
+  `details` (`generate_stream_details.sse.txt`), and `error_422_validation.json`. The TGI
+  `__snapshots__` files are client-parsed objects, used for field values only
+  (`snapshot_generate_stop_sequence.json`, `snapshot_generate_eos_token.json`).
+
+Semantics worth knowing:
+- TGI keeps the matched stop sequence at the end of `generated_text` (the stop-sequence snapshot: stop
+  `["test"]` ends in "in test"), and only matches a stop that ends on a token boundary (TGI issue #1039).
+  OpenAI's `stop` excludes it. The adapter cannot strip it (the parser is not given the stop list), so
+  `stop_in_output` says so for the gateway, which enforces stops on the text.
+- Special tokens (`</s>`) are not in `generated_text`; they are left out of the logprobs and streamed as "".
+- Logprobs are returned when TGI returns alternatives (`top_tokens`), so `logprobs: 0` asks for one
+  alternative per token (OpenAI allows up to logprobs + 1 entries).
+- prompt_tokens: the prefill length when not streaming (for encoder-decoder models that is the decoder
+  prefill, as in the flan-t5 recordings), `details.input_length` when streaming, else 0.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any, ClassVar, Final
+
+import msgspec
+
+from gateway.errors import GatewayError, InvalidRequestError, UnsupportedParamError, UpstreamStatusError
+from gateway.schema import Choice, Completion, CompletionRequest, Logprobs
+from providers.base import EMULATED, Adapter, CallContext, Endpoint, Param, UpstreamRequest, table
+from providers.finish import finish_reason
+from providers.retry_after import retry_after, should_retry
+from providers.selfhosted import logprobs, merge, request_headers, response_schema, top_dict, usage
+
+# `error_type` of an error event inside a 200 stream, back to the status the same error has as a response.
+_ERROR_STATUS: Final[dict[str, int]] = {
+    "validation": 422,
+    "generation": 424,
+    "overloaded": 429,
+    "incomplete_generation": 500,
+}
+
+# validation.rs InputLength and MaxTotalTokens: the prompt (plus the asked-for tokens) does not fit.
+_TOO_LONG = re.compile(r"`inputs` (must have less than|tokens \+ `max_new_tokens` must be <=)")
+
+# Regex metacharacters; everything else stands for itself in Python, Rust and outlines regexes.
+_REGEX_SPECIAL = re.compile(r"([\\.^$|?*+()\[\]{}])")
+
+
+def _set_grammar(params: dict[str, Any], grammar: dict[str, Any]) -> None:
+    if "grammar" in params:
+        # normalize() rejects two guided_* fields; a schema in both guided_json and response_format is the
+        # one pair left, and TGI takes one grammar.
+        raise InvalidRequestError(
+            "only one structured-output constraint may be set for provider kind 'tgi'", param="response_format"
+        )
+    params["grammar"] = grammar
+
+
+def _guided_json(body: dict[str, Any], schema: dict[str, Any]) -> None:
+    _set_grammar(body.setdefault("parameters", {}), {"type": "json", "value": schema})
+
+
+def _guided_regex(body: dict[str, Any], pattern: str) -> None:
+    _set_grammar(body.setdefault("parameters", {}), {"type": "regex", "value": pattern})
+
+
+def _guided_choice(body: dict[str, Any], choices: list[str]) -> None:
+    # An alternation of literals matches exactly the choices: TGI's regex guide only lets the model end
+    # in an accepting state, which is how vLLM implements guided_choice too.
+    pattern = "(" + "|".join(_REGEX_SPECIAL.sub(r"\\\1", c) for c in choices) + ")"
+    _guided_regex(body, pattern)
+
+
+def _response_format(body: dict[str, Any], value: dict[str, Any]) -> None:
+    _, schema = response_schema(value)
+    # Schemaless JSON mode is refused in check(); "text" asks for nothing.
+    if schema is not None:
+        _guided_json(body, schema)
+
+
+def _top_n_tokens(count: int) -> int:
+    # Alternatives are how the parser knows logprobs were asked for (TGI sends token logprobs always).
+    return max(count, 1)
+
+
+def _sampling(params: dict[str, Any]) -> None:
+    """OpenAI's sampling knobs in TGI's terms.
+
+    TGI refuses temperature 0, top_p outside (0, 1) and top_k <= 0, and samples only with `do_sample`.
+    Like TGI's own /v1/completions, sample unless temperature is 0. top_p 0 keeps only the most likely
+    token, which is greedy too; top_p 1 and top_k <= 0 filter nothing, which is TGI's default. When greedy,
+    top_p and top_k go: TGI would otherwise sample with them, and neither can change the argmax.
+    """
+    greedy = params.get("temperature") == 0 or params.get("top_p") == 0
+    if greedy:
+        for key in ("temperature", "top_p", "top_k"):
+            params.pop(key, None)
+    else:
+        if params.get("top_p", 0) >= 1:
+            del params["top_p"]
+        if params.get("top_k", 1) <= 0:
+            del params["top_k"]
+    params["do_sample"] = not greedy
+
+
+class TGIToken(msgspec.Struct):
+    id: int = 0
+    text: str = ""
+    logprob: float | None = None
+    special: bool = False
+
+
+class TGIDetails(msgspec.Struct):
+    finish_reason: str | None = None
+    generated_tokens: int = 0
+    prefill: list[TGIToken] = []
+    tokens: list[TGIToken] = []
+    top_tokens: list[list[TGIToken]] | None = None
+    # Stream details only (newer TGI; absent from the recorded stream).
+    input_length: int | None = None
+
+
+class TGIGenerated(msgspec.Struct):
+    generated_text: str = ""
+    details: TGIDetails | None = None
+
+
+class TGIStreamEvent(msgspec.Struct):
+    token: TGIToken | None = None
+    top_tokens: list[TGIToken] | None = None
+    generated_text: str | None = None
+    details: TGIDetails | None = None
+    error: str | None = None
+    error_type: str | None = None
+
+
+class TGIError(msgspec.Struct):
+    error: str | None = None
+    error_type: str | None = None
+
+
+_decode_generated = msgspec.json.Decoder(list[TGIGenerated] | TGIGenerated).decode
+_decode_event = msgspec.json.Decoder(TGIStreamEvent).decode
+_decode_error = msgspec.json.Decoder(TGIError).decode
+
+
+def _text(token: TGIToken | None) -> str:
+    return "" if token is None or token.special else token.text
+
+
+class TGIAdapter(Adapter):
+    kind = "tgi"
+    auth = "`Authorization: Bearer` when api_key is set"
+    path: ClassVar[str] = "/generate, /generate_stream"
+    max_logprobs = 5
+    max_stop = 4
+    needs_api_key = False
+    prompt_forms = frozenset({"text"})
+    # The matched stop sequence stays at the end of the text (see the module docstring).
+    stop_in_output: ClassVar[bool] = True
+    params = table(
+        max_tokens=Param("parameters.max_new_tokens"),
+        temperature=Param("parameters.temperature"),
+        top_p=Param("parameters.top_p"),
+        top_k=Param("parameters.top_k"),
+        frequency_penalty=Param("parameters.frequency_penalty"),
+        seed=Param("parameters.seed"),
+        stop=Param("parameters.stop"),
+        logprobs=Param("parameters.top_n_tokens", convert=_top_n_tokens),
+        guided_json=Param(apply=_guided_json),
+        guided_regex=Param(apply=_guided_regex),
+        guided_choice=Param(apply=_guided_choice),
+        response_format=Param(apply=_response_format),
+        n=EMULATED,
+        best_of=EMULATED,
+        echo=EMULATED,
+        include_stop_str_in_output=EMULATED,
+        guided_grammar=EMULATED,
+    )
+
+    def check(self, req: CompletionRequest, provider: str) -> None:
+        super().check(req, provider)
+        if req.response_format is not None:
+            wants_json, schema = response_schema(req.response_format)
+            if wants_json and schema is None:
+                raise UnsupportedParamError("response_format", provider).with_message(
+                    f"Provider '{provider}' needs a JSON schema in 'response_format': "
+                    "TGI's JSON grammar cannot express schemaless JSON mode"
+                )
+
+    def build_request(self, req: CompletionRequest, endpoint: Endpoint, body: dict[str, Any]) -> UpstreamRequest:
+        params: dict[str, Any] = body.get("parameters", {})
+        if req.max_tokens is None and endpoint.default_max_tokens is not None:
+            params["max_new_tokens"] = endpoint.default_max_tokens
+        _sampling(params)
+        # Details carry the finish reason and token counts; the prefill counts the prompt but is refused
+        # on a stream. TGI deployments differ on return_full_text's default, so say it.
+        params["details"] = True
+        params["return_full_text"] = False
+        if not req.stream:
+            params["decoder_input_details"] = True
+        out: dict[str, Any] = {"inputs": req.prompt, "parameters": params}
+        if req.inference_extra_params:
+            merge(out, req.inference_extra_params)
+        base = endpoint.base_url.rstrip("/")
+        return UpstreamRequest(
+            method="POST",
+            url=base + ("/generate_stream" if req.stream else "/generate"),
+            headers=request_headers(req, endpoint, "text/event-stream" if req.stream else "application/json"),
+            body=msgspec.json.encode(out),
+            stream=bool(req.stream),
+        )
+
+    def parse_response(self, body: bytes, ctx: CallContext) -> Completion:
+        decoded = _decode_generated(body)
+        if isinstance(decoded, list):
+            if len(decoded) != 1:
+                raise msgspec.ValidationError(f"expected one generation, got {len(decoded)}")
+            decoded = decoded[0]
+        details = decoded.details
+        lp: Logprobs | None = None
+        if details is not None and details.top_tokens:
+            kept = [
+                (t, details.top_tokens[i] if i < len(details.top_tokens) else []) for i, t in enumerate(details.tokens)
+            ]
+            kept = [(t, top) for t, top in kept if not t.special]
+            lp = logprobs(
+                [t.text for t, _ in kept],
+                [t.logprob for t, _ in kept],
+                [top_dict([(a.text, a.logprob) for a in top]) for _, top in kept],
+                ctx,
+            )
+        return Completion(
+            id=ctx.id,
+            created=ctx.created,
+            model=ctx.model,
+            choices=[
+                Choice(
+                    text=decoded.generated_text,
+                    index=0,
+                    logprobs=lp,
+                    finish_reason=finish_reason(details.finish_reason) if details else None,
+                )
+            ],
+            usage=usage(len(details.prefill), details.generated_tokens) if details else None,
+        )
+
+    def parse_event(self, event: str | None, data: bytes, ctx: CallContext) -> Completion | None:
+        up = _decode_event(data)
+        if up.error is not None:
+            raise self.map_error(_ERROR_STATUS.get(up.error_type or "", 500), {}, data, self.kind)
+        token = up.token
+        text = _text(token)
+        lp: Logprobs | None = None
+        if up.top_tokens:
+            shown = token is not None and not token.special
+            lp = logprobs(
+                [text] if shown else [],
+                [token.logprob] if shown and token is not None else [],
+                [top_dict([(a.text, a.logprob) for a in up.top_tokens])] if shown else [],
+                ctx,
+            )
+        # The last event is the one with the full text; details (we always ask) carry why and how much.
+        final = up.generated_text is not None
+        details = up.details
+        return Completion(
+            id=ctx.id,
+            created=ctx.created,
+            model=ctx.model,
+            choices=[
+                Choice(
+                    text=text,
+                    index=0,
+                    logprobs=lp,
+                    finish_reason=finish_reason(details.finish_reason) if final and details else None,
+                )
+            ],
+            usage=usage(details.input_length or 0, details.generated_tokens) if final and details else None,
+        )
+
+    def map_error(self, status: int, headers: Mapping[str, str], body: bytes, provider: str) -> GatewayError:
+        message, error_type = _error_fields(body)
+        return UpstreamStatusError(
+            f"{provider} error ({status}): {message}",
+            upstream_status=status,
+            provider=provider,
+            code=error_type,
+            retry_after=retry_after(headers),
+            should_retry=should_retry(headers),
+            context_window=bool(_TOO_LONG.search(message)),
+        )
+
+
+def _error_fields(body: bytes) -> tuple[str, str | None]:
+    try:
+        err = _decode_error(body)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        # A proxy in front of TGI (an HF endpoint, a load balancer) may answer in plain text or HTML.
+        return body.decode("utf-8", "replace").strip()[:500] or "no error body", None
+    return err.error or "unknown error", err.error_type
+
+
+__all__ = ["TGIAdapter"]

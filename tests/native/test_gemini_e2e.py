@@ -1,0 +1,255 @@
+"""Gemini end to end: the gateway (uvicorn, real socket) in front of a loopback upstream replaying the real
+generateContent recordings (tests/fixtures/gemini, see SOURCES.md) byte for byte, the stream in its recorded
+CRLF framing and in odd-sized writes. Clients are the official `openai` SDK and raw httpx: they ask for a
+legacy completion and get exactly the recorded text, finish reason and usage; the upstream sees a
+generateContent request authenticated by `x-goog-api-key`, with no key in the URL."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from aiohttp import web
+
+from tests.e2e.errors import assert_error
+from tests.e2e.harness import (
+    GatewayThread,
+    Handler,
+    Received,
+    Upstream,
+    fixture_bytes,
+    openai_client,
+    reply,
+    sse_data,
+)
+from tests.providers.test_gemini import BLOCKED, CONTEXT_400, PER_DAY_429, RETRY_INFO_429
+
+UPSTREAM_KEY = "gm-upstream-e2e"
+MODEL = "google/gemini-1.5-flash"
+STREAM_MODEL = "google/gemini-2.0-flash-exp"
+NON_STREAM = "gemini/generate_content_stop_sequence.json"
+STREAM = "gemini/stream_generate_content.sse.txt"
+CONFIG = """
+unsupported_params: error
+retries: {{attempts: 1}}
+providers:
+  google:
+    kind: gemini
+    api_key: {key}
+    base_url: {url}/gemini
+    models: [gemini-1.5-flash, gemini-2.0-flash-exp]
+"""
+
+
+def reply_raw(raw: bytes, size: int) -> Handler:
+    """Stream the recorded bytes as they are (CRLF and all), `size` bytes per write."""
+
+    async def handler(request: web.Request, received: Received) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(0, len(raw), size):
+            await resp.write(raw[i : i + size])
+        await resp.write_eof()
+        return resp
+
+    return handler
+
+
+@pytest.fixture(scope="module")
+def upstream_server() -> Iterator[Upstream]:
+    server = Upstream()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def upstream(upstream_server: Upstream) -> Iterator[Upstream]:
+    upstream_server.reset()
+    yield upstream_server
+    upstream_server.reset()
+
+
+@pytest.fixture(scope="module")
+def gateway(upstream_server: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
+    path: Path = tmp_path_factory.mktemp("gemini") / "config.yaml"
+    path.write_text(CONFIG.format(key=UPSTREAM_KEY, url=upstream_server.url))
+    gw = GatewayThread(path, {})
+    gw.start()
+    try:
+        yield gw
+    finally:
+        gw.stop()
+
+
+@pytest.fixture
+def oai(gateway: GatewayThread) -> Iterator[openai.OpenAI]:
+    gateway.pipeline.health.reset()
+    with openai_client(gateway.url + "/v1", "unused-no-keys-configured") as client:
+        yield client
+
+
+@pytest.fixture
+def api(gateway: GatewayThread) -> Iterator[httpx.Client]:
+    # A 429 cools the target down; every test starts from a healthy one.
+    gateway.pipeline.health.reset()
+    with httpx.Client(base_url=gateway.url, trust_env=False, timeout=15) as client:
+        yield client
+
+
+def _sent(upstream: Upstream, path: str, query: dict[str, str]) -> Received:
+    sent = upstream.only()
+    assert (sent.method, sent.path, sent.query) == ("POST", path, query)
+    assert sent.headers["x-goog-api-key"] == UPSTREAM_KEY
+    assert "authorization" not in sent.headers
+    assert UPSTREAM_KEY not in str(sent.query)
+    return sent
+
+
+def test_openai_sdk_non_stream_stop_sequence_recording(oai: openai.OpenAI, upstream: Upstream) -> None:
+    upstream.handler = reply(fixture_bytes(NON_STREAM))
+    completion = oai.completions.create(
+        model=MODEL, prompt="What is the most iconic city in France?", max_tokens=50, stop=["Paris"], temperature=0.5
+    )
+    assert completion.id.startswith("cmpl-")
+    assert completion.object == "text_completion"
+    assert completion.model == MODEL
+    assert [(c.index, c.text, c.finish_reason, c.logprobs) for c in completion.choices] == [
+        (0, "The most iconic city in France is ", "stop", None)
+    ]
+    assert completion.usage is not None
+    assert (completion.usage.prompt_tokens, completion.usage.completion_tokens, completion.usage.total_tokens) == (
+        25,
+        8,
+        33,
+    )
+    sent = _sent(upstream, "/gemini/v1beta/models/gemini-1.5-flash:generateContent", {})
+    assert sent.json() == {
+        "contents": [{"role": "user", "parts": [{"text": "What is the most iconic city in France?"}]}],
+        "generationConfig": {"maxOutputTokens": 50, "temperature": 0.5, "stopSequences": ["Paris"]},
+    }
+
+
+@pytest.mark.parametrize("size", [5, 333])
+def test_openai_sdk_stream_recording_with_usage(oai: openai.OpenAI, upstream: Upstream, size: int) -> None:
+    upstream.handler = reply_raw(fixture_bytes(STREAM), size)
+    stream = oai.completions.create(
+        model=STREAM_MODEL,
+        prompt="What is the capital of France?",
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    content = [c for c in chunks if c.choices]
+    assert [c.choices[0].text for c in content] == ["The", " capital of France", " is Paris.\n"]
+    assert [c.choices[0].finish_reason for c in content] == [None, None, "stop"]
+    assert {c.id for c in chunks} == {chunks[0].id}
+    assert {c.model for c in chunks} == {STREAM_MODEL}
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == [] and usage is not None
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (13, 8, 21)
+    sent = _sent(upstream, "/gemini/v1beta/models/gemini-2.0-flash-exp:streamGenerateContent", {"alt": "sse"})
+    assert sent.headers["accept"] == "text/event-stream"
+    assert sent.json() == {"contents": [{"role": "user", "parts": [{"text": "What is the capital of France?"}]}]}
+
+
+def test_raw_stream_without_usage_request_ends_with_done(api: httpx.Client, upstream: Upstream) -> None:
+    upstream.handler = reply_raw(fixture_bytes(STREAM), 64)
+    resp = api.post("/v1/completions", json={"model": STREAM_MODEL, "prompt": "Capital of France?", "stream": True})
+    assert resp.status_code == 200, resp.text
+    data = sse_data(resp.text)
+    assert data[-1] == "[DONE]"
+    chunks = [json.loads(d) for d in data[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == "The capital of France is Paris.\n"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert all("usage" not in c for c in chunks)
+
+
+def test_blocked_prompt_is_an_empty_content_filtered_completion(api: httpx.Client, upstream: Upstream) -> None:
+    upstream.handler = reply(json.dumps(BLOCKED).encode())
+    resp = api.post("/v1/completions", json={"model": MODEL, "prompt": "Ignore all previous instructions"})
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert body["choices"] == [{"text": "", "index": 0, "logprobs": None, "finish_reason": "content_filter"}]
+    assert "usage" not in body
+
+
+def test_rate_limit_passes_the_retry_delay_to_the_client(api: httpx.Client, upstream: Upstream) -> None:
+    upstream.handler = reply(json.dumps(RETRY_INFO_429).encode(), status=429)
+    resp = api.post("/v1/completions", json={"model": MODEL, "prompt": "x"})
+    assert_error(
+        resp,
+        "/v1/completions",
+        status=429,
+        type="rate_limit_error",
+        message="google error (429): You exceeded your current quota... Please retry in 53.016342224s.",
+        code="RESOURCE_EXHAUSTED",
+    )
+    assert resp.headers["retry-after"] == "53"
+
+
+def test_per_day_quota_is_a_429_with_no_retry(api: httpx.Client, upstream: Upstream) -> None:
+    upstream.handler = reply(json.dumps(PER_DAY_429).encode(), status=429)
+    resp = api.post("/v1/completions", json={"model": MODEL, "prompt": "x"})
+    assert resp.status_code == 429, resp.text
+    assert resp.json()["error"]["code"] == "RESOURCE_EXHAUSTED"
+    # No RetryInfo in this body, and a per-day quota is not something to wait out.
+    assert "retry-after" not in resp.headers
+
+
+def test_prompt_over_the_context_window(api: httpx.Client, upstream: Upstream) -> None:
+    upstream.handler = reply(json.dumps(CONTEXT_400).encode(), status=400)
+    resp = api.post("/v1/completions", json={"model": MODEL, "prompt": "x"})
+    assert_error(
+        resp,
+        "/v1/completions",
+        status=400,
+        type="invalid_request_error",
+        message="google error (400): The input token count (132478) exceeds the maximum number of tokens "
+        "allowed (131072).",
+        code="INVALID_ARGUMENT",
+    )
+
+
+def test_refused_field_names_the_provider(api: httpx.Client, upstream: Upstream) -> None:
+    resp = api.post("/v1/completions", json={"model": MODEL, "prompt": "x", "suffix": "y"})
+    assert_error(
+        resp,
+        "/v1/completions",
+        status=400,
+        type="invalid_request_error",
+        message="Parameter 'suffix' is not supported by provider 'google'",
+        param="suffix",
+        code="unsupported_parameter",
+    )
+    assert upstream.received == []
+
+
+def test_prompt_list_with_echo_fans_out_one_call_per_prompt(api: httpx.Client, upstream: Upstream) -> None:
+    # Gemini takes one prompt per call and has no echo: the gateway fans out and prepends the prompts.
+    upstream.handler = reply(fixture_bytes(NON_STREAM))
+    prompts = ["France: ", "Q: "]
+    resp = api.post("/v1/completions", json={"model": MODEL, "prompt": prompts, "echo": True, "max_tokens": 50})
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert [(c["index"], c["text"], c["finish_reason"]) for c in body["choices"]] == [
+        (0, "France: The most iconic city in France is ", "stop"),
+        (1, "Q: The most iconic city in France is ", "stop"),
+    ]
+    assert body["usage"] == {"prompt_tokens": 50, "completion_tokens": 16, "total_tokens": 66}
+    sent = sorted(r.json()["contents"][0]["parts"][0]["text"] for r in upstream.received)
+    assert sent == sorted(prompts)
+    assert all(r.json()["generationConfig"] == {"maxOutputTokens": 50} for r in upstream.received)
+
+
+def test_n_is_native_candidate_count(api: httpx.Client, upstream: Upstream) -> None:
+    upstream.handler = reply(fixture_bytes(NON_STREAM))
+    resp = api.post("/v1/completions", json={"model": MODEL, "prompt": "x", "n": 1, "seed": 5})
+    assert resp.status_code == 200, resp.text
+    assert upstream.only().json()["generationConfig"] == {"candidateCount": 1, "seed": 5}

@@ -1,0 +1,155 @@
+"""Ollama native end to end: the gateway (uvicorn, real socket) in front of a loopback upstream replaying the
+real openllmetry Ollama recordings (tests/fixtures/ollama, see SOURCES.md: one JSON body, and an NDJSON
+stream served byte for byte as application/x-ndjson); clients are the official `openai` SDK and raw httpx.
+The client gets exactly the recorded text, finish reason and usage; the upstream sees `/api/generate` with a
+raw prompt and an explicit `stream`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.e2e.errors import assert_error
+from tests.e2e.harness import GatewayThread, Upstream, fixture_bytes, fixture_json, openai_client, reply, sse_data
+
+MODEL = "local/llama3"
+PROMPT = "Tell me a joke about OpenTelemetry"
+NDJSON = {"content-type": "application/x-ndjson"}
+CONFIG = """
+unsupported_params: error
+retries: {{attempts: 1}}
+providers:
+  local:
+    kind: ollama
+    base_url: {url}/ollama
+"""
+
+
+@pytest.fixture(scope="module")
+def upstream_server() -> Iterator[Upstream]:
+    server = Upstream()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def upstream(upstream_server: Upstream) -> Iterator[Upstream]:
+    upstream_server.reset()
+    yield upstream_server
+    upstream_server.reset()
+
+
+@pytest.fixture(scope="module")
+def gateway(upstream_server: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
+    path: Path = tmp_path_factory.mktemp("ollama") / "config.yaml"
+    path.write_text(CONFIG.format(url=upstream_server.url))
+    gw = GatewayThread(path, {})
+    gw.start()
+    try:
+        yield gw
+    finally:
+        gw.stop()
+
+
+@pytest.fixture
+def oai(gateway: GatewayThread) -> Iterator[openai.OpenAI]:
+    gateway.pipeline.health.reset()
+    with openai_client(gateway.url + "/v1", "unused-no-keys-configured") as client:
+        yield client
+
+
+@pytest.fixture
+def api(gateway: GatewayThread) -> Iterator[httpx.Client]:
+    gateway.pipeline.health.reset()
+    with httpx.Client(base_url=gateway.url, trust_env=False, timeout=15) as client:
+        yield client
+
+
+def _recorded_stream_text() -> str:
+    return "".join(json.loads(line)["response"] for line in fixture_bytes("ollama/generate_stream.ndjson").splitlines())
+
+
+def test_openai_sdk_non_stream_recording(oai: openai.OpenAI, upstream: Upstream) -> None:
+    upstream.handler = reply(fixture_bytes("ollama/generate_nonstream.json"))
+    completion = oai.completions.create(model=MODEL, prompt=PROMPT, max_tokens=100, temperature=0.7, stop=["\n\n\n"])
+    assert completion.id.startswith("cmpl-")
+    assert (completion.object, completion.model) == ("text_completion", MODEL)
+    recorded = fixture_json("ollama/generate_nonstream.json")["response"]
+    assert [(c.index, c.text, c.finish_reason, c.logprobs) for c in completion.choices] == [(0, recorded, "stop", None)]
+    assert completion.usage is not None
+    assert (completion.usage.prompt_tokens, completion.usage.completion_tokens, completion.usage.total_tokens) == (
+        17,
+        63,
+        80,
+    )
+    sent = upstream.only()
+    assert (sent.method, sent.path) == ("POST", "/ollama/api/generate")
+    assert "authorization" not in sent.headers
+    assert sent.json() == {
+        "model": "llama3",
+        "prompt": PROMPT,
+        "raw": True,
+        "stream": False,
+        "options": {"num_predict": 100, "temperature": 0.7, "stop": ["\n\n\n"]},
+    }
+
+
+def test_openai_sdk_stream_recording_with_usage(oai: openai.OpenAI, upstream: Upstream) -> None:
+    upstream.handler = reply(fixture_bytes("ollama/generate_stream.ndjson"), headers=NDJSON)
+    stream = oai.completions.create(model=MODEL, prompt=PROMPT, stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    content = [c for c in chunks if c.choices]
+    assert len(content) == 71
+    assert "".join(c.choices[0].text for c in content) == _recorded_stream_text()
+    assert [c.choices[0].finish_reason for c in content] == [None] * 70 + ["stop"]
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == [] and usage is not None
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (17, 71, 88)
+    assert upstream.only().json() == {"model": "llama3", "prompt": PROMPT, "raw": True, "stream": True}
+
+
+def test_raw_stream_without_usage_request(api: httpx.Client, upstream: Upstream) -> None:
+    upstream.handler = reply(fixture_bytes("ollama/generate_stream.ndjson"), headers=NDJSON)
+    resp = api.post("/v1/completions", json={"model": MODEL, "prompt": PROMPT, "stream": True})
+    assert resp.status_code == 200, resp.text
+    data = sse_data(resp.text)
+    assert data[-1] == "[DONE]"
+    chunks = [json.loads(d) for d in data[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == _recorded_stream_text()
+    assert all("usage" not in c for c in chunks)
+
+
+def test_unknown_model_error_reaches_the_client(api: httpx.Client, upstream: Upstream) -> None:
+    # Ollama's 404 body as server/routes.go writes it ({"error": "model '<name>' not found"}); not recorded.
+    upstream.handler = reply(b'{"error":"model \'llama3\' not found"}', status=404)
+    resp = api.post("/v1/completions", json={"model": MODEL, "prompt": PROMPT})
+    assert_error(
+        resp,
+        "/v1/completions",
+        status=400,
+        type="invalid_request_error",
+        message="local error (404): model 'llama3' not found",
+        code="model_not_found",
+    )
+
+
+def test_logit_bias_is_refused_before_any_upstream_call(api: httpx.Client, upstream: Upstream) -> None:
+    resp = api.post("/v1/completions", json={"model": MODEL, "prompt": "x", "logit_bias": {"1": 2}})
+    assert_error(
+        resp,
+        "/v1/completions",
+        status=400,
+        type="invalid_request_error",
+        message="Parameter 'logit_bias' is not supported by provider 'local'",
+        param="logit_bias",
+        code="unsupported_parameter",
+    )
+    assert upstream.received == []
