@@ -93,6 +93,13 @@ class Selector:
         self.tried.append(route)
         return route
 
+    def has_untried(self) -> bool:
+        """Whether a target not yet tried could still be called (cooling and unavailable ones cannot)."""
+        tried = {r.key for r in self.tried}
+        return any(
+            r.key not in tried and r.unavailable is None and self.states[r.key].cooling_ms <= 0 for r in self.order
+        )
+
     async def next(self) -> tuple[Route, bool]:
         """The next route to try and whether it is a new target (no wait needed)."""
         route = await self._fresh()

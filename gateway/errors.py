@@ -32,6 +32,9 @@ class GatewayError(Exception):
     quota: bool = False
     # The prompt does not fit the model: only a larger-context fallback can help.
     context_window: bool = False
+    # Only another target can help (an exhausted quota, the gateway's own credentials refused):
+    # never retried on the same target, but the request moves on to an untried one.
+    elsewhere: bool = False
     # Upstream calls made before giving up (set by the failover loop), for `x-gateway-attempts`.
     attempts: int | None = None
     # Whether a retryable failure says the target is unhealthy (a gateway-side quota does not).
@@ -132,6 +135,7 @@ class UpstreamStatusError(UpstreamError):
         self.provider = provider
         self.quota = quota
         self.context_window = context_window
+        self.elsewhere = quota or upstream_status in (401, 403)
         # The provider's own `x-should-retry` wins over the status; a quota never comes back by retrying.
         retryable = upstream_status in RETRYABLE_STATUSES if should_retry is None else should_retry
         self.retryable = retryable and not quota and not context_window

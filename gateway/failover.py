@@ -45,7 +45,8 @@ def _cause(exc: GatewayError) -> str | None:
     """What a failure says about the target: None when it says nothing (the client's own mistake)."""
     if not exc.cools:
         return None
-    if exc.quota:
+    if exc.quota or exc.elsewhere:
+        # Neither an exhausted quota nor refused credentials come back within a retry: keep everyone off.
         return "quota"
     if getattr(exc, "upstream_status", None) == 429:
         return "429"
@@ -95,6 +96,8 @@ class Failover:
                 return False
             if exc.context_window:
                 return selector.switch_to_context_fallbacks()
+            if exc.elsewhere:
+                return selector.has_untried()
             return exc.retryable
 
         async def wait(rs: RetryCallState) -> float:

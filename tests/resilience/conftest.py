@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 
 import pytest
 

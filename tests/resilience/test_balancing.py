@@ -13,7 +13,7 @@ from gateway.health import TargetState
 from gateway.routing import Group
 
 from .conftest import SEED, MakePipeline
-from .faults import FaultServer, good, slow
+from .faults import FaultServer, good, slow, unavailable
 from .kit import VirtualTime, ask, key
 
 
@@ -113,7 +113,7 @@ async def test_weighted_first_picks_follow_the_weights(make: MakePipeline, fault
     assert again == served
 
 
-def test_weighted_order_is_a_weighted_draw_without_replacement(make: MakePipeline) -> None:
+async def test_weighted_order_is_a_weighted_draw_without_replacement(make: MakePipeline) -> None:
     p = make(alias("weighted", "alpha", "beta", "gamma", weights=(6.0, 3.0, 1.0)))
     group: Group = p.router.plan("smart").groups[0]
     states = {r.key: TargetState() for r in group.routes}
@@ -132,8 +132,6 @@ def test_weighted_order_is_a_weighted_draw_without_replacement(make: MakePipelin
 async def test_weighted_failover_goes_to_another_target_at_once(
     make: MakePipeline, faults: FaultServer, vtime: VirtualTime
 ) -> None:
-    from .faults import unavailable
-
     p = make(alias("weighted", "alpha", "beta", weights=(1000.0, 0.001)))
     faults["alpha"].script(unavailable(), then=good())
     answer = await ask(p)

@@ -221,3 +221,20 @@ async def test_replicas_share_cooldowns_and_the_probe_through_redis(
     assert faults["alpha"].count == 2
     assert await state(one, "alpha") == await state(two, "alpha") == TargetState()
     assert not one.shared.degraded and not two.shared.degraded
+
+
+async def test_a_request_out_of_attempts_does_not_take_the_next_targets_probe(
+    make: MakePipeline, faults: FaultServer, vtime: VirtualTime, reference: Reference
+) -> None:
+    p = make(ORDERED_AB, top="retries: {attempts: 1}\ntimeouts: {first_byte_ms: 30000}\n" + COOLDOWN)
+    await p.health.failure(key("beta"), 1.0, "error")
+    vtime.advance(1.0)  # beta is recovering: the next request to pick it is its probe
+    faults["alpha"].script(unavailable(retry_after="10"))
+    first = await ask(p)
+    assert first.error is not None and first.attempts == 1
+    # That request had no attempt left for beta, so it must not have claimed beta's probe slot
+    # (held for first_byte_ms, 30 s): the next request is the probe, and beta serves it.
+    second = await ask(p)
+    assert second.served_by == key("beta") and second.attempts == 1
+    assert faults.order() == ["alpha", "beta"]
+    assert await state(p, "beta") == TargetState()

@@ -12,13 +12,17 @@ import pytest
 
 from .conftest import SEED, MakePipeline, Reference
 from .faults import (
+    OVERLOADED_BODY,
     RECORDED_COMPLETION,
+    SERVER_ERROR_BODY,
+    Behaviour,
     FaultServer,
     bad_request,
     context_too_long,
     quota_exhausted,
     rate_limited,
     reset,
+    respond,
     server_error,
     unavailable,
 )
@@ -68,10 +72,10 @@ async def test_same_target_retry_waits_what_the_upstream_said(
     faults: FaultServer,
     vtime: VirtualTime,
     reference: Reference,
-    fault: object,
+    fault: Behaviour,
     wait: float,
 ) -> None:
-    faults["alpha"].script(fault)  # type: ignore[arg-type]
+    faults["alpha"].script(fault)
     p = make(ONLY_A, top=retries(3))
     answer = await ask(p)
     assert faults.order() == ["alpha", "alpha"]
@@ -254,11 +258,31 @@ async def test_client_error_is_not_retried_nor_cooled(
     assert faults.order() == ["alpha", "alpha"]
 
 
-async def test_quota_429_is_not_retried_and_cools_the_target_for_the_longest_time(
+async def test_quota_429_moves_on_without_retrying_and_cools_the_target_for_the_longest_time(
+    make: MakePipeline, faults: FaultServer, vtime: VirtualTime
+) -> None:
+    # An exhausted quota never comes back within a retry, but another target may have room: the
+    # request moves on at once (no wait), and alpha is cooled for cooldown.max_ms for everyone.
+    faults["alpha"].script(quota_exhausted())
+    p = make(ORDERED_AB, top=retries(3) + "cooldown: {base_ms: 1000, max_ms: 45000}\n")
+    answer = await ask(p)
+    assert faults.order() == ["alpha", "beta"]
+    assert vtime.sleeps == [0.0]  # tenacity's zero wait: straight on to the next target
+    assert answer.error is None and answer.served_by == key("beta") and answer.attempts == 2
+    state = (await p.health.snapshot([key("alpha")]))[key("alpha")]
+    assert (state.cooling_ms, state.cause) == (45000, "quota")
+    # Every later request skips alpha until then.
+    vtime.advance(44.9)
+    answer = await ask(p)
+    assert answer.served_by == key("beta") and answer.attempts == 1
+    assert faults.order() == ["alpha", "beta", "beta"]
+
+
+async def test_quota_429_on_the_only_target_is_not_retried(
     make: MakePipeline, faults: FaultServer, vtime: VirtualTime
 ) -> None:
     faults["alpha"].script(quota_exhausted())
-    p = make(ORDERED_AB, top=retries(3) + "cooldown: {base_ms: 1000, max_ms: 45000}\n")
+    p = make(ONLY_A, top=retries(3) + "cooldown: {base_ms: 1000, max_ms: 45000}\n")
     answer = await ask(p)
     assert faults.order() == ["alpha"]
     assert vtime.sleeps == []
@@ -267,7 +291,8 @@ async def test_quota_429_is_not_retried_and_cools_the_target_for_the_longest_tim
     assert answer.error.retry_after is None
     assert answer.error_body() == {
         "error": {
-            "message": "alpha error (429): You exceeded your current quota, please check your plan and billing details.",
+            "message": "alpha error (429): You exceeded your current quota, please check your plan and billing "
+            "details.",
             "type": "rate_limit_error",
             "param": None,
             "code": "insufficient_quota",
@@ -275,19 +300,12 @@ async def test_quota_429_is_not_retried_and_cools_the_target_for_the_longest_tim
     }
     state = (await p.health.snapshot([key("alpha")]))[key("alpha")]
     assert (state.cooling_ms, state.cause) == (45000, "quota")
-    # Every later request skips alpha until then.
-    vtime.advance(44.9)
-    answer = await ask(p)
-    assert answer.served_by == key("beta") and answer.attempts == 1
-    assert faults.order() == ["alpha", "beta"]
 
 
 @pytest.mark.parametrize("status", [503, 500])
 async def test_x_should_retry_false_wins_over_a_retryable_status(
     make: MakePipeline, faults: FaultServer, vtime: VirtualTime, status: int
 ) -> None:
-    from .faults import OVERLOADED_BODY, respond
-
     faults["alpha"].script(respond(OVERLOADED_BODY, status, {"x-should-retry": "false"}))
     p = make(ORDERED_AB, top=retries(3))
     answer = await ask(p)
@@ -405,3 +423,46 @@ async def test_a_fresh_target_needs_no_budget(
     assert vtime.sleeps == [0.0]
     assert answer.served_by == key("beta")
     assert RECORDED_COMPLETION["choices"][0]["text"] == answer.json()["choices"][0]["text"]
+
+
+@pytest.mark.parametrize("status", [408, 409, 429, 500, 502, 503, 504, 529])
+async def test_retryable_statuses_fail_over_and_cool(
+    make: MakePipeline, faults: FaultServer, vtime: VirtualTime, status: int
+) -> None:
+    faults["alpha"].script(respond(SERVER_ERROR_BODY, status))
+    p = make(ORDERED_AB, top=retries(3))
+    answer = await ask(p)
+    assert faults.order() == ["alpha", "beta"]
+    assert vtime.sleeps == [0.0]
+    assert answer.served_by == key("beta") and answer.attempts == 2
+    state = (await p.health.snapshot([key("alpha")]))[key("alpha")]
+    assert (state.cooling_ms, state.cause) == (1000, "429" if status == 429 else "error")
+
+
+@pytest.mark.parametrize("status", [401, 403])
+async def test_refused_gateway_credentials_move_on_and_cool_the_target(
+    make: MakePipeline, faults: FaultServer, vtime: VirtualTime, status: int
+) -> None:
+    # The upstream refused the gateway's own key: retrying that target cannot help, another can.
+    faults["alpha"].script(respond(SERVER_ERROR_BODY, status))
+    p = make(ORDERED_AB, top=retries(3))
+    answer = await ask(p)
+    assert faults.order() == ["alpha", "beta"]
+    assert vtime.sleeps == [0.0]
+    assert answer.served_by == key("beta") and answer.attempts == 2
+    state = (await p.health.snapshot([key("alpha")]))[key("alpha")]
+    assert (state.cooling_ms, state.cause) == (60000, "quota")
+
+
+@pytest.mark.parametrize(("status", "client_status"), [(400, 400), (404, 400), (422, 422)])
+async def test_other_statuses_are_answered_at_once(
+    make: MakePipeline, faults: FaultServer, vtime: VirtualTime, status: int, client_status: int
+) -> None:
+    faults["alpha"].script(respond(SERVER_ERROR_BODY, status))
+    p = make(ORDERED_AB, top=retries(3))
+    answer = await ask(p)
+    assert faults.order() == ["alpha"]
+    assert vtime.sleeps == []
+    assert answer.error is not None and answer.attempts == 1 and answer.error.status == client_status
+    state = (await p.health.snapshot([key("alpha")]))[key("alpha")]
+    assert (state.cooling_ms, state.failures) == (0, 0)

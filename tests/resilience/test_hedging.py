@@ -1,0 +1,130 @@
+"""Hedged requests (docs/resilience.md, "Hedging"): a second target after `hedge_after_ms`, first answer wins."""
+
+from __future__ import annotations
+
+import time
+
+from tests.e2e.harness import wait_for
+
+from .conftest import MakePipeline, Reference
+from .faults import FaultServer, hang, slow, stream, unavailable
+from .kit import VirtualTime, ask, key, same_but_id
+
+HEDGED = """
+  - name: smart
+    strategy: ordered
+    hedge_after_ms: 150
+    targets: [{model: alpha/davinci-002}, {model: beta/davinci-002}]
+"""
+TOP = "retries: {attempts: 3}\ntimeouts: {connect_ms: 1000, first_byte_ms: 5000, total_ms: 8000}\n"
+
+
+async def test_a_slow_first_target_is_hedged_and_cancelled(
+    make: MakePipeline, faults: FaultServer, vtime: VirtualTime, reference: Reference
+) -> None:
+    faults["alpha"].script(slow(3.0))
+    p = make(HEDGED, top=TOP)
+    start = time.monotonic()
+    answer = await ask(p)
+    took = time.monotonic() - start
+    assert faults.order() == ["alpha", "beta"]
+    # The hedge went out after hedge_after_ms, not at once and not after a wait of the retry loop.
+    assert 0.13 <= faults["beta"].hits[0].at - faults["alpha"].hits[0].at < 0.6
+    assert 0.13 <= took < 1.0
+    assert vtime.sleeps == []
+    assert answer.headers == {
+        "x-gateway-provider": "beta",
+        "x-gateway-model": key("beta"),
+        "x-gateway-attempts": "2",  # a hedge counts as an attempt
+    }
+    assert same_but_id(answer.body)[0] == same_but_id(reference.plain.body)[0]
+    # The loser's connection was closed: the upstream saw the gateway hang up.
+    assert await wait_for(faults["alpha"].hits[0].disconnected, 2.0)
+    assert not faults["beta"].hits[0].disconnected.is_set()
+    # A hedge loss says nothing bad about alpha: it is not cooled.
+    state = (await p.health.snapshot([key("alpha")]))[key("alpha")]
+    assert (state.cooling_ms, state.failures) == (0, 0)
+
+
+async def test_a_slow_first_event_is_hedged_for_streams(
+    make: MakePipeline, faults: FaultServer, vtime: VirtualTime, reference: Reference
+) -> None:
+    faults["alpha"].script(stream(first_delay=3.0))  # headers at once, no event
+    p = make(HEDGED, top=TOP)
+    answer = await ask(p, stream=True)
+    assert faults.order() == ["alpha", "beta"]
+    assert answer.headers["x-gateway-model"] == key("beta")
+    assert answer.headers["x-gateway-attempts"] == "2"
+    assert same_but_id(answer.body)[0] == same_but_id(reference.stream.body)[0]
+    assert await wait_for(faults["alpha"].hits[0].disconnected, 2.0)
+
+
+async def test_a_fast_first_target_is_not_hedged(
+    make: MakePipeline, faults: FaultServer, vtime: VirtualTime, reference: Reference
+) -> None:
+    faults["alpha"].script(slow(0.05))
+    p = make(HEDGED, top=TOP)
+    answer = await ask(p)
+    streamed = await ask(p, stream=True)
+    assert faults.order() == ["alpha", "alpha"]
+    assert answer.headers["x-gateway-attempts"] == streamed.headers["x-gateway-attempts"] == "1"
+    assert answer.served_by == streamed.served_by == key("alpha")
+    assert same_but_id(answer.body)[0] == same_but_id(reference.plain.body)[0]
+
+
+async def test_when_both_are_slow_the_first_answer_wins(
+    make: MakePipeline, faults: FaultServer, vtime: VirtualTime
+) -> None:
+    faults["alpha"].script(slow(0.4))
+    faults["beta"].script(slow(1.5))
+    p = make(HEDGED, top=TOP)
+    answer = await ask(p)
+    assert faults.order() == ["alpha", "beta"]
+    assert answer.served_by == key("alpha") and answer.attempts == 2
+    assert await wait_for(faults["beta"].hits[0].disconnected, 2.0)
+
+
+async def test_a_fast_failure_fails_over_without_a_hedge(
+    make: MakePipeline, faults: FaultServer, vtime: VirtualTime
+) -> None:
+    faults["alpha"].script(unavailable())
+    p = make(HEDGED, top=TOP)
+    answer = await ask(p)
+    assert faults.order() == ["alpha", "beta"]
+    assert vtime.sleeps == [0.0]
+    assert answer.served_by == key("beta") and answer.attempts == 2
+
+
+async def test_a_hedge_that_fails_leaves_the_first_target_to_answer(
+    make: MakePipeline, faults: FaultServer, vtime: VirtualTime
+) -> None:
+    faults["alpha"].script(slow(0.4))
+    faults["beta"].script(unavailable())
+    p = make(HEDGED, top=TOP)
+    answer = await ask(p)
+    assert faults.order() == ["alpha", "beta"]
+    assert answer.served_by == key("alpha") and answer.attempts == 2
+    assert not faults["alpha"].hits[0].disconnected.is_set()
+
+
+async def test_hanging_targets_are_bounded_by_first_byte_ms(
+    make: MakePipeline, faults: FaultServer, vtime: VirtualTime
+) -> None:
+    faults["alpha"].script(hang())
+    faults["beta"].script(hang())
+    top = "retries: {attempts: 2}\ntimeouts: {connect_ms: 1000, first_byte_ms: 400, total_ms: 8000}\n"
+    p = make(HEDGED, top=top)
+    start = time.monotonic()
+    answer = await ask(p)
+    took = time.monotonic() - start
+    assert faults.order() == ["alpha", "beta"]
+    assert answer.error is not None and answer.error.status == 504 and answer.attempts == 2
+    assert 0.4 <= took < 1.2
+
+
+async def test_no_hedge_without_an_attempt_left(make: MakePipeline, faults: FaultServer, vtime: VirtualTime) -> None:
+    faults["alpha"].script(slow(0.4))
+    p = make(HEDGED, top=TOP.replace("attempts: 3", "attempts: 1"))
+    answer = await ask(p)
+    assert faults.order() == ["alpha"]  # a hedge is an attempt, and the one allowed was alpha
+    assert answer.served_by == key("alpha") and answer.attempts == 1
