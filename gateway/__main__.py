@@ -10,6 +10,7 @@ import logging
 import math
 import os
 import sys
+import tempfile
 
 from gateway.config import ConfigError, LoadedConfig, load_config
 
@@ -42,6 +43,9 @@ def _serve(args: argparse.Namespace) -> int:
     if workers > 1 and not loaded.config.redis.url:
         log.warning("%d workers without redis.url: each worker keeps its own state", workers)
     os.environ["GATEWAY_CONFIG"] = os.path.abspath(args.config)
+    if workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        # Every worker writes its metric values here, so /metrics on any worker reports them all.
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="gateway-metrics-")
     log.warning("serving on http://%s:%d with %d worker(s)", host, port, workers)
     uvicorn.run(
         "gateway.app:app_from_env",

@@ -15,12 +15,14 @@ from typing import Any
 
 from litestar import Litestar, Request, Response, get
 from litestar.exceptions import HTTPException
-from litestar.types import ControllerRouterHandler, Scope
+from litestar.types import ControllerRouterHandler, HTTPScope
 
+from gateway import accesslog
 from gateway.config import LoadedConfig, load_config
 from gateway.dialects import OPENAI, PAIS, SGP, Dialect
 from gateway.endpoint import completion_route, error_headers
 from gateway.errors import GatewayError
+from gateway.metrics import CONTENT_TYPE, Metrics
 from gateway.pipeline import Pipeline
 from gateway.schema import ModelCard, ModelList, encode
 
@@ -46,9 +48,9 @@ def _pipeline(request: Request[Any, Any, Any]) -> Pipeline:
     return pipeline
 
 
-def _scope_pipeline(scope: Scope) -> Pipeline:
-    pipeline: Pipeline = scope["app"].state.pipeline
-    return pipeline
+def _services(scope: HTTPScope) -> tuple[Pipeline, Metrics | None]:
+    state = scope["app"].state
+    return state.pipeline, state.metrics
 
 
 @get("/v1/models")
@@ -64,6 +66,12 @@ async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
         if key is None or key.models.match(model)
     ]
     return Response(encode(ModelList(data=cards)), media_type=JSON)
+
+
+@get("/metrics")
+async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
+    collected: Metrics = request.app.state.metrics
+    return Response(collected.render(), media_type=CONTENT_TYPE)
 
 
 @get("/health")
@@ -98,7 +106,9 @@ def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[byt
 
 
 def create_app(loaded: LoadedConfig) -> Litestar:
-    pipeline = Pipeline(loaded)
+    accesslog.configure()
+    collected = Metrics()
+    pipeline = Pipeline(loaded, metrics=collected)
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -108,9 +118,9 @@ def create_app(loaded: LoadedConfig) -> Litestar:
             await pipeline.close()
 
     handlers: list[ControllerRouterHandler] = [
-        completion_route(path, dialect, _scope_pipeline) for path, dialect in DIALECT_ROUTES.items()
+        completion_route(path, dialect, _services) for path, dialect in DIALECT_ROUTES.items()
     ]
-    handlers += [list_models, health, ready]
+    handlers += [list_models, metrics, health, ready]
     app = Litestar(
         route_handlers=handlers,
         lifespan=[lifespan],
@@ -121,6 +131,7 @@ def create_app(loaded: LoadedConfig) -> Litestar:
         request_max_body_size=8 * 1024 * 1024,
     )
     app.state.pipeline = pipeline
+    app.state.metrics = collected
     return app
 
 

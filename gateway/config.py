@@ -34,6 +34,7 @@ ProviderKind = Literal[
     "llamacpp",
     "cohere",
     "mistral",
+    "bedrock",
 ]
 ParamPolicy = Literal["error", "drop"]
 
@@ -71,6 +72,13 @@ class TimeoutsConfig(Strict, frozen=True):
     connect_ms: Annotated[int, Meta(gt=0)] = 5_000
     first_byte_ms: Annotated[int, Meta(gt=0)] = 120_000
     total_ms: Annotated[int, Meta(gt=0)] = 600_000
+
+
+class LoggingConfig(Strict, frozen=True):
+    # One JSON line per request on the `gateway.access` logger.
+    requests: bool = True
+    # Include the prompt and the completion text in that line (off: they may hold personal data).
+    prompts: bool = False
 
 
 class RetriesConfig(Strict, frozen=True):
@@ -118,6 +126,9 @@ class ProviderConfig(Strict, frozen=True):
     headers: dict[str, str] = msgspec.field(default_factory=dict)
     # For providers that require a token limit (Anthropic): used when the request gives none.
     default_max_tokens: Annotated[int, Meta(ge=1)] | None = None
+    # AWS region (`us-east-1`) for kind bedrock: the endpoint host and the SigV4 credential scope.
+    # Empty is allowed here so an unset `${VAR}` does not fail the load; such a provider refuses requests.
+    region: Annotated[str, Meta(pattern=r"^$|^[a-z]{2}(-[a-z]+)+-\d+$")] | None = None
     unsupported_params: ParamPolicy | None = None
     timeouts: TimeoutsConfig | None = None
     retries: RetriesConfig | None = None
@@ -151,6 +162,7 @@ class GatewayConfig(Strict, frozen=True):
     server: ServerConfig = ServerConfig()
     redis: RedisConfig = RedisConfig()
     unsupported_params: ParamPolicy = "error"
+    logging: LoggingConfig = LoggingConfig()
     # Re-asks after an emulated guided_* answer fails validation, before answering 502.
     guided_retries: Annotated[int, Meta(ge=0, le=10)] = 2
     timeouts: TimeoutsConfig = TimeoutsConfig()
@@ -240,6 +252,8 @@ def _check(cfg: GatewayConfig, providers: dict[str, ProviderConfig], source: str
         if p.kind in _NEEDS_BASE_URL and not p.base_url:
             if not p.deployments or any(not d.base_url for d in p.deployments.values()):
                 fail(f"providers.{name}.base_url", f"required for kind '{p.kind}'")
+        if p.kind == "bedrock" and p.region is None:
+            fail(f"providers.{name}.region", "required for kind 'bedrock'")
         for url_path, url in [(f"providers.{name}.base_url", p.base_url)] + [
             (f"providers.{name}.deployments.{d}.base_url", dc.base_url) for d, dc in p.deployments.items()
         ]:

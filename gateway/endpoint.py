@@ -13,14 +13,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import re
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 from litestar.handlers import ASGIRouteHandler, asgi
 from litestar.types import HTTPResponseBodyEvent, HTTPResponseStartEvent, HTTPScope, Receive, Send
 
+from gateway import accesslog
 from gateway.dialects import Dialect
 from gateway.errors import GatewayError, InvalidRequestError
+from gateway.metrics import Metrics, Record
 from gateway.pipeline import Pipeline, Result
 
 log = logging.getLogger("gateway")
@@ -51,13 +56,6 @@ def error_headers(exc: GatewayError) -> dict[str, str]:
     if exc.headers:
         headers.update(exc.headers)
     return headers
-
-
-async def _send_error(send: Send, dialect: Dialect, exc: GatewayError) -> None:
-    status, body = dialect.error(exc)
-    headers = _JSON + _encode_headers(error_headers(exc))
-    await send(_start(status, headers))
-    await send(_body(body))
 
 
 async def _read_body(receive: Receive) -> bytes:
@@ -117,47 +115,86 @@ async def _relay(result: Result, send: Send) -> None:
         await stream.aclose()  # type: ignore[attr-defined]
 
 
-def completion_route(path: str, dialect: Dialect, pipeline: Callable[[HTTPScope], Pipeline]) -> ASGIRouteHandler:
+_REQUEST_ID: Final = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
+
+
+def request_id(headers: dict[str, str]) -> str:
+    """The client's `x-request-id` when it is a sane token (it is echoed and logged), else a new one."""
+    given = headers.get("x-request-id")
+    if given and _REQUEST_ID.fullmatch(given):
+        return given
+    return "req_" + os.urandom(12).hex()
+
+
+async def _send_error(send: Send, dialect: Dialect, exc: GatewayError, rid: str | None = None) -> None:
+    status, body = dialect.error(exc)
+    extra = error_headers(exc)
+    if rid is not None:
+        extra["x-request-id"] = rid
+    await send(_start(status, _JSON + _encode_headers(extra)))
+    await send(_body(body))
+
+
+Services = Callable[[HTTPScope], tuple[Pipeline, Metrics | None]]
+
+
+def completion_route(path: str, dialect: Dialect, services: Services) -> ASGIRouteHandler:
     async def endpoint(scope: HTTPScope, receive: Receive, send: Send) -> None:
         if scope["method"] != "POST":
             exc = GatewayError("Method Not Allowed", status=405)
             exc.type = "invalid_request_error"
             await _send_error(send, dialect, exc)
             return
+        t0 = time.perf_counter()
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        rec = Record(request_id=request_id(headers), dialect=dialect.name)
         try:
             body = await _read_body(receive)
         except GatewayError as exc:
-            await _send_error(send, dialect, exc)
+            await _send_error(send, dialect, exc, rec.request_id)
             return
         except asyncio.CancelledError:
             return  # the client left while sending its body
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        pipeline, metrics = services(scope)
+        if metrics is not None:
+            metrics.in_flight.inc()
         watch = _Watch(receive)
         started = False
         try:
-            result: Result = await watch.run(pipeline(scope).complete(body, headers, dialect))
+            result: Result = await watch.run(pipeline.complete(body, headers, dialect, rec))
             started = True
+            result.headers["x-request-id"] = rec.request_id
             if result.stream is None:
-                out = _JSON + _encode_headers(result.headers)
-                await send(_start(200, out))
+                await send(_start(200, _JSON + _encode_headers(result.headers)))
                 await send(_body(result.body))
                 return
-            out = _SSE + _encode_headers(result.headers)
-            await send(_start(200, out))
+            await send(_start(200, _SSE + _encode_headers(result.headers)))
             await watch.run(_relay(result, send))
         except GatewayError as exc:
+            rec.status, rec.error_code = dialect.error(exc)[0], exc.code
+            rec.attempts = exc.attempts or rec.attempts
             if not started:
-                await _send_error(send, dialect, exc)
+                await _send_error(send, dialect, exc, rec.request_id)
         except asyncio.CancelledError:
+            rec.status, rec.error_code = 499, "client_closed_request"
             if not watch.gone:
                 raise  # the server is shutting down, not the client leaving
         except Exception:
             # Never a traceback or an internal message to the client; the log keeps the detail.
-            log.exception("unhandled error on %s", path)
+            log.exception("unhandled error on %s (request %s)", path, rec.request_id)
+            rec.status, rec.error_code = 500, "internal_error"
             if not started:
-                await _send_error(send, dialect, GatewayError("The gateway failed to process the request"))
+                await _send_error(
+                    send, dialect, GatewayError("The gateway failed to process the request"), rec.request_id
+                )
         finally:
             watch.stop()
+            elapsed = time.perf_counter() - t0
+            if metrics is not None:
+                metrics.in_flight.dec()
+                metrics.observe(rec, elapsed)
+            if pipeline.log_requests:
+                accesslog.write(rec, elapsed)
 
     endpoint.__name__ = f"completions_{dialect.name}_{len(path)}"
     return asgi(path, is_mount=False, copy_scope=False)(endpoint)

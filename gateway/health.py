@@ -108,10 +108,16 @@ class _Local:
 
 class Health:
     def __init__(
-        self, shared: SharedState, cooldown: CooldownConfig, *, clock: Callable[[], float] = time.monotonic
+        self,
+        shared: SharedState,
+        cooldown: CooldownConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        on_cooldown: Callable[[str, str], None] | None = None,
     ) -> None:
         self.shared = shared
         self.cooldown = cooldown
+        self.on_cooldown = on_cooldown
         self.local = _Local(clock)
         self._failure_script = shared.client.register_script(_FAILURE) if shared.client is not None else None
         self._ewma_script = shared.client.register_script(_EWMA) if shared.client is not None else None
@@ -151,6 +157,8 @@ class Health:
 
     async def failure(self, target: str, retry_after_s: float | None, cause: str) -> int:
         """Cool a target down; returns the cooldown in ms."""
+        if self.on_cooldown is not None:
+            self.on_cooldown(target, cause)
         ra = int(retry_after_s * 1000) if retry_after_s is not None else None
         if cause == "quota":
             # An exhausted quota will not come back within a retry: keep everyone off it for the longest time.

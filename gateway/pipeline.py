@@ -25,8 +25,9 @@ from gateway.dialects import Dialect, decode_error
 from gateway.emulation import Emulation
 from gateway.errors import GatewayError, UpstreamError
 from gateway.failover import Failover, Outcome
-from gateway.framing import DONE, NDJSONDecoder, SSEDecoder, sse_event
+from gateway.framing import DECODERS, DONE, sse_event
 from gateway.health import Health
+from gateway.metrics import Metrics, Record
 from gateway.request import normalize
 from gateway.routing import Plan, Route, Router
 from gateway.schema import Completion, CompletionRequest, Usage, decode_request, encode
@@ -89,13 +90,17 @@ class Pipeline:
         *,
         sleep: Callable[[float], Awaitable[None]] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        metrics: Metrics | None = None,
     ) -> None:
         self.loaded = loaded
         self.router = Router(loaded)
         self.keys = KeyRing(loaded)
         self.upstream = Upstream(loaded)
         self.shared = SharedState(loaded.config.redis.url)
-        self.health = Health(self.shared, loaded.config.cooldown, clock=clock)
+        on_cooldown = (lambda t, c: metrics.cooldowns.labels(t, c).inc()) if metrics is not None else None
+        self.health = Health(self.shared, loaded.config.cooldown, clock=clock, on_cooldown=on_cooldown)
+        self.log_prompts = loaded.config.logging.prompts
+        self.log_requests = loaded.config.logging.requests
         self.failover = Failover(self.health, clock=clock, **({"sleep": sleep} if sleep else {}))
         self.admission = Admission(loaded, self.shared, **({"sleep": sleep} if sleep else {}))
 
@@ -104,8 +109,12 @@ class Pipeline:
         await self.upstream.close()
         await self.shared.close()
 
-    async def complete(self, raw: bytes, headers: Mapping[str, str], dialect: Dialect) -> Result:
+    async def complete(
+        self, raw: bytes, headers: Mapping[str, str], dialect: Dialect, rec: Record | None = None
+    ) -> Result:
+        rec = rec if rec is not None else Record(request_id="", dialect=dialect.name)
         key = self.keys.authenticate(headers)
+        rec.key = key.name if key is not None else None
         try:
             req = decode_request(raw)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -113,6 +122,11 @@ class Pipeline:
         normalize(req)
         self.keys.authorize(key, req.model)
         plan = self.router.plan(req.model)
+        alias = req.model in self.router.aliases
+        rec.model = req.model if alias else plan.groups[0].routes[0].key
+        rec.stream = bool(req.stream)
+        if self.log_prompts:
+            rec.prompt = req.prompt if isinstance(req.prompt, str) else encode(req.prompt).decode()
         ctx = CallContext(
             id=_completion_id(),
             created=int(time.time()),
@@ -138,12 +152,18 @@ class Pipeline:
                     self.admission.settle(quota, used)
 
             used: int | None = 0
+            started = time.perf_counter()
             try:
                 done = await self.failover.run(plan, call, deadline_s=deadline)
                 usage = done.value.usage
                 used = usage.total_tokens if usage is not None else None
             finally:
+                rec.upstream_s = time.perf_counter() - started
                 self.admission.settle(ticket, used)
+            _served(rec, plan, done)
+            rec.usage = done.value.usage
+            if self.log_prompts:
+                rec.completion = encode([ch.text for ch in done.value.choices]).decode()
             return Result(_headers(done, dropped) | limit_headers, body=encode(done.value))
 
         async def open_stream(route: Route, timeouts: Timeouts) -> Opened:
@@ -160,12 +180,16 @@ class Pipeline:
             lost.drop()
             self.admission.settle(lost.quota, 0)
 
+        started = time.perf_counter()
         try:
             opened = await self.failover.run(plan, open_stream, deadline_s=deadline, discard=discard)
         except BaseException:
             self.admission.settle(ticket, 0)
             raise
-        relay = self._relay(opened.value, req, ctx, plan, opened.route, ticket)
+        finally:
+            rec.upstream_s = time.perf_counter() - started
+        _served(rec, plan, opened)
+        relay = self._relay(opened.value, req, ctx, plan, opened.route, ticket, rec)
         return Result(_headers(opened, dropped) | limit_headers, stream=relay)
 
     def _prepare(self, route: Route, req: CompletionRequest, dropped: dict[str, list[str]]) -> dict[str, Any]:
@@ -287,6 +311,7 @@ class Pipeline:
         plan: Plan,
         route: Route,
         ticket: Ticket | None,
+        rec: Record,
     ) -> AsyncIterator[bytes]:
         want_usage = bool(req.stream_options and req.stream_options.include_usage)
         quota = opened.quota
@@ -400,7 +425,7 @@ def _resumable(plan: Plan, req: CompletionRequest, ctx: CallContext) -> bool:
 
 async def _events(adapter: Adapter, stream: Stream, ctx: CallContext) -> AsyncGenerator[Completion, None]:
     """Upstream bytes -> normalized chunks, as they arrive."""
-    decoder = SSEDecoder() if adapter.framing == "sse" else NDJSONDecoder()
+    decoder = DECODERS[adapter.framing]()
     async for chunk in stream.chunks():
         for event, data in decoder.feed(chunk):
             c = adapter.parse_event(event, data, ctx)
@@ -410,6 +435,12 @@ async def _events(adapter: Adapter, stream: Stream, ctx: CallContext) -> AsyncGe
         c = adapter.parse_event(event, data, ctx)
         if c is not None:
             yield c
+
+
+def _served(rec: Record, plan: Plan, outcome: Outcome[Any]) -> None:
+    route = outcome.route
+    rec.provider, rec.target, rec.attempts = route.provider, route.key, outcome.attempts
+    rec.fallback = all(r.key != route.key for r in plan.groups[0].routes)
 
 
 def _headers(outcome: Outcome[Any], dropped: dict[str, list[str]]) -> dict[str, str]:

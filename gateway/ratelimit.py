@@ -3,16 +3,17 @@
 Algorithm: GCRA (the generic cell rate algorithm) for every rate (`rps`, `rpm`, `tpm`, `tpd`), and
 leases for `concurrent`. GCRA keeps one value per bucket (the theoretical arrival time, TAT, as a whole
 millisecond plus a count of units so the arithmetic is exact), so a check is O(1) in time and memory
-whatever the limit, and a token reservation can be returned exactly by moving the TAT back. A bucket of limit L per period P admits a burst of L, then one unit
-every P/L: over any interval t it admits at most L + t·L/P, never more, and never refuses what that
-allows. (A sliding-window log would be exact for fixed windows too but stores one entry per request,
-which is unworkable for token limits of millions per day.)
+whatever the limit, and a token reservation can be returned exactly by moving the TAT back. A bucket of
+limit L per period P admits a burst of L, then one unit every P/L: over any interval t it admits at most
+L + t·L/P, never more, and never refuses what that allows. (A sliding-window log would be exact for
+fixed windows too but stores one entry per request, which is unworkable for token limits of millions per
+day.)
 
 The script takes every bucket a request touches (key, alias, provider, deployment), uses Redis's own
 clock (`TIME`, so replicas' clocks do not matter), and charges all of them or none. Keys carry a hash
-tag per scope (`rl:{key:search-team}:rpm`), so the script runs on Redis Cluster when a request's
-buckets share a slot; with several scopes on a cluster, give them one tag via `redis.hash_tag`.
-Without Redis the same arithmetic runs in process memory, which is exact for one process.
+tag per scope (`rl:{key:search-team}:rpm`), so the script runs on Redis Cluster when a request's buckets
+share a slot; with several scopes on a cluster, give them one tag via `redis.hash_tag`. Without Redis
+the same arithmetic runs in process memory, which is exact for one process.
 """
 
 from __future__ import annotations

@@ -178,6 +178,7 @@ class Router:
             api_version=(d.api_version if d and d.api_version else None) or p.api_version,
             headers=p.headers,
             default_max_tokens=p.default_max_tokens,
+            region=p.region,
         )
 
     def _unavailable(self, vendor: str, p: ProviderConfig, deployment: str | None) -> str | None:

@@ -39,7 +39,7 @@ keys:
   - {{name: other, key: k-other}}
 providers:
   demo: {{kind: fake}}
-  pa: {{kind: fake, limits: {{rps: 2}}}}
+  pa: {{kind: fake, limits: {{rpm: 2}}}}
   pb: {{kind: fake}}
   qa: {{kind: fake, limits: {{rpm: 1}}}}
   qb: {{kind: fake, limits: {{rpm: 1}}}}
@@ -59,6 +59,10 @@ models:
   - {{name: exhausted, strategy: ordered, targets: [{{model: qa/text}}, {{model: qb/text}}]}}
 """
 
+# bpe-openai 0.1 reads its tables through a deprecated importlib.resources call; the suite turns warnings into
+# errors, which would make the gateway fall back to the bytes estimate (as it must when the tokenizer fails).
+pytestmark = pytest.mark.filterwarnings("ignore:open_binary is deprecated:DeprecationWarning")
+
 OPENAI_ROUTE = "/v1/completions"
 SGP_ROUTE = "/v4/beta/completions"
 PAIS_ROUTE = "/api/v1/compatibility/openai/v1/completions"
@@ -75,7 +79,9 @@ def upstream() -> Iterator[Upstream]:
 
 
 @pytest.fixture(scope="module")
-def gw(redis_server: RedisProc, upstream: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
+def gw(
+    redis_server: RedisProc, upstream: Upstream, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayThread]:
     cfg = CONFIG.format(redis=redis_server.url, upstream=upstream.url)
     with gateway(tmp_path_factory.mktemp("rl-gw"), cfg) as g:
         yield g
@@ -212,7 +218,7 @@ def test_finished_stream_is_charged_its_usage(g: GatewayThread, rds: RedisProc) 
     with client(g.url, "k-tok") as c:
         resp = c.post(OPENAI_ROUTE, json=body("demo/text", max_tokens=100, stream=True))
     assert resp.status_code == 200 and resp.text.endswith("data: [DONE]\n\n")
-    chunks = [line for line in resp.text.split("\n\n") if line.startswith("data: {\"object\"")]
+    chunks = [line for line in resp.text.split("\n\n") if line.startswith('data: {"object"')]
     # Without include_usage the client sees no usage, but the gateway still settles on it: 3 + the words.
     wait_until(lambda: units(rds, "rl:{key:tok}:tpd") == 3 + len(chunks))
 
@@ -223,7 +229,7 @@ def test_finished_stream_is_charged_its_usage(g: GatewayThread, rds: RedisProc) 
 
 def test_concurrent_limit_and_lease_release(g: GatewayThread, rds: RedisProc) -> None:
     def one(_: int) -> httpx.Response:
-        return post(g, "k-slots", body("demo/slow-400ms"))
+        return post(g, "k-slots", body("demo/slow-800ms"))
 
     with ThreadPoolExecutor(3) as pool:
         results = list(pool.map(one, range(3)))
@@ -252,8 +258,8 @@ def test_queue_waits_about_one_emission_interval(g: GatewayThread) -> None:
     assert (fifth.status_code, sixth.status_code) == (200, 200)
     # rps 4: the 5th is due 250 ms after the burst began, the 6th 250 ms after that.
     burst_s = t5 - start
-    assert 0.25 - burst_s - 0.01 <= waited5 <= 0.25 + 0.15
-    assert 0.2 <= waited6 <= 0.25 + 0.15
+    assert 0.25 - burst_s - 0.01 <= waited5 <= 0.25 + 0.3
+    assert 0.2 <= waited6 <= 0.25 + 0.3
     assert total >= 0.5
     assert fifth.headers["x-ratelimit-remaining-requests"] == "0"
 
@@ -266,7 +272,7 @@ def test_queue_bound_answers_429_at_once(g: GatewayThread) -> None:
         took = time.monotonic() - start
     # rps 1 needs ~1 s for the next one, more than max_queue_ms 300: no wait at all.
     assert resp.status_code == 429 and resp.headers["retry-after"] == "1"
-    assert took < 0.2
+    assert took < 0.3, "it must not even wait the 300 ms it may"
 
 
 def test_key_queue_applies_to_direct_requests_on_limited_providers(g: GatewayThread) -> None:
@@ -278,7 +284,7 @@ def test_key_queue_applies_to_direct_requests_on_limited_providers(g: GatewayThr
         took = time.monotonic() - start
     assert [r.status_code for r in burst] == [200] * 4
     assert fifth.status_code == 200, fifth.text
-    assert 0.1 <= took <= 0.4
+    assert 0.1 <= took <= 0.6
 
 
 # --------------------------------------------------------------------------------------------------
@@ -310,17 +316,16 @@ def test_deployment_quota(g: GatewayThread) -> None:
 
 
 def test_alias_fails_over_past_a_provider_at_quota_without_cooling_it(g: GatewayThread, rds: RedisProc) -> None:
-    start = time.monotonic()
     answers = [post(g, "k-free", body("pair")) for _ in range(4)]
     assert all(a.status_code == 200 for a in answers)
     route = [(a.headers["x-gateway-provider"], a.headers["x-gateway-attempts"]) for a in answers]
-    # pa admits 2 per second: the 3rd and 4th go on to pb at once.
+    # pa admits 2 a minute: the 3rd and 4th go on to pb at once.
     assert route == [("pa", "1"), ("pa", "1"), ("pb", "2"), ("pb", "2")]
-    assert time.monotonic() - start < 0.5
     with rds.client() as r:
-        assert r.keys("gw:{pa/text}:cd") == []
-    # Once pa's quota has room again (500 ms per request), the alias goes back to it: it was never cooled.
-    time.sleep(max(0.0, start + 0.7 - time.monotonic()))
+        assert r.keys("gw:{pa/text}:*") == [], "a gateway-side quota says nothing about pa's health"
+        # pa's quota has room again (as if its minute had passed): the alias goes straight back to it,
+        # which it would not do for a minute (cooldown.base_ms) had pa been cooled.
+        assert r.delete("rl:{provider:pa}:rpm") == 1
     back = post(g, "k-free", body("pair"))
     assert (back.headers["x-gateway-provider"], back.headers["x-gateway-attempts"]) == ("pa", "1")
 
@@ -356,7 +361,7 @@ def completion(prompt_tokens: int, completion_tokens: int) -> Handler:
                 "id": "cmpl-loopback",
                 "object": "text_completion",
                 "created": 1,
-                "model": "gpt-3.5-turbo-instruct",
+                "model": "davinci-002",
                 "choices": [{"text": " hi", "index": 0, "logprobs": None, "finish_reason": "length"}],
                 "usage": {
                     "prompt_tokens": prompt_tokens,
@@ -371,7 +376,7 @@ def completion(prompt_tokens: int, completion_tokens: int) -> Handler:
 
 def test_openai_compatible_upstream_quota(g: GatewayThread, upstream: Upstream, rds: RedisProc) -> None:
     upstream.handler = completion(2, 48)
-    payload = {"model": "oai/gpt-3.5-turbo-instruct", "prompt": "Hello world", "max_tokens": 5}
+    payload = {"model": "oai/davinci-002", "prompt": "Hello world", "max_tokens": 5}
     first = post(g, "k-free", payload)
     assert first.status_code == 200, first.text
     # cl100k counts "Hello world" as 2 tokens (the bytes estimate would say 3): 2 + 5 reserved.
