@@ -24,6 +24,7 @@ from gateway.endpoint import completion_route, error_headers
 from gateway.errors import GatewayError
 from gateway.metrics import CONTENT_TYPE, Metrics
 from gateway.pipeline import Pipeline
+from gateway.reload import Reloader
 from gateway.schema import ModelCard, ModelList, encode
 
 log = logging.getLogger("gateway")
@@ -112,10 +113,14 @@ def create_app(loaded: LoadedConfig) -> Litestar:
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        reloader = Reloader(app.state, loaded.source, lambda new: Pipeline(new, metrics=collected))
+        app.state.reloader = reloader
+        reloader.start()
         try:
             yield
         finally:
-            await pipeline.close()
+            await reloader.stop()
+            await app.state.pipeline.close()
 
     handlers: list[ControllerRouterHandler] = [
         completion_route(path, dialect, _services) for path, dialect in DIALECT_ROUTES.items()

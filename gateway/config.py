@@ -104,6 +104,20 @@ class KeyConfig(Strict, frozen=True):
     # Glob patterns over the model string the client sends (`openai/*`, `fast`).
     models: list[str] = msgspec.field(default_factory=lambda: ["*"])
     limits: LimitsConfig | None = None
+    # USD per UTC day (gateway/usage.py): at or over it, requests answer 429 `budget_exceeded`. 0 blocks the key.
+    max_cost_per_day: Annotated[float, Meta(ge=0)] | None = None
+
+
+class PriceConfig(Strict, frozen=True):
+    """USD per million tokens, for usage accounting and budgets."""
+
+    prompt_per_1m: Annotated[float, Meta(ge=0)] = 0.0
+    completion_per_1m: Annotated[float, Meta(ge=0)] = 0.0
+
+
+class AdminConfig(Strict, frozen=True):
+    # The admin key for /admin/* (normally `${GATEWAY_ADMIN_KEY}`); empty or unset: the admin routes answer 404.
+    key: str = ""
 
 
 class DeploymentConfig(Strict, frozen=True):
@@ -171,6 +185,9 @@ class GatewayConfig(Strict, frozen=True):
     keys: list[KeyConfig] = msgspec.field(default_factory=list)
     providers: dict[str, Any] = msgspec.field(default_factory=dict)
     models: list[AliasConfig] = msgspec.field(default_factory=list)
+    # Model string (exact, or a glob) -> price; see docs/operations.md for how a request's price is found.
+    prices: dict[str, PriceConfig] = msgspec.field(default_factory=dict)
+    admin: AdminConfig = AdminConfig()
 
 
 class LoadedConfig(msgspec.Struct, frozen=True):

@@ -156,6 +156,7 @@ def completion_route(path: str, dialect: Dialect, services: Services) -> ASGIRou
         except asyncio.CancelledError:
             return  # the client left while sending its body
         pipeline, metrics = services(scope)
+        pipeline.enter()
         if metrics is not None:
             metrics.in_flight.inc()
         watch = _Watch(receive)
@@ -189,6 +190,7 @@ def completion_route(path: str, dialect: Dialect, services: Services) -> ASGIRou
                 )
         finally:
             watch.stop()
+            pipeline.exit()
             elapsed = time.perf_counter() - t0
             if metrics is not None:
                 metrics.in_flight.dec()

@@ -104,6 +104,29 @@ class Pipeline:
         self.failover = Failover(self.health, clock=clock, **({"sleep": sleep} if sleep else {}))
         self.admission = Admission(loaded, self.shared, **({"sleep": sleep} if sleep else {}))
 
+    # Requests hold the pipeline they started with; a reload retires this one, which closes its pools
+    # when the last of them ends.
+    active = 0
+    _retiring = False
+    _closing: asyncio.Future[None] | None = None
+
+    def enter(self) -> None:
+        self.active += 1
+
+    def exit(self) -> None:
+        self.active -= 1
+        if self._retiring and self.active == 0:
+            self._close_soon()
+
+    def retire(self) -> None:
+        self._retiring = True
+        if self.active == 0:
+            self._close_soon()
+
+    def _close_soon(self) -> None:
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self.close())
+
     async def close(self) -> None:
         await self.admission.drain()
         await self.upstream.close()

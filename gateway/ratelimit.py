@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Final, Literal
 
 import msgspec
+import redis.asyncio as aioredis
 
 from gateway.state import Degraded, SharedState
 
@@ -149,6 +150,28 @@ class Decision(msgspec.Struct):
     lease: str
 
 
+def peek_state(bucket: Bucket, now: int, tat: tuple[float, float] | None = None, held: int = 0) -> BucketState:
+    """A bucket's headroom without charging it: the script's arithmetic for a cost of 0.
+
+    `tat` is the stored (ms, units) of a rate bucket (None: never charged or expired), `held` the live
+    leases of a concurrency bucket; `now` is in whole milliseconds on the clock that wrote them.
+    """
+    if bucket.kind == "concurrent":
+        return BucketState(bucket=bucket, remaining=max(bucket.limit - held, 0), reset_ms=0)
+    period, limit = bucket.period_ms, bucket.limit
+    tb, tu = tat if tat is not None else (now, 0.0)
+    q = max((tb - now) * limit + tu * period, 0)
+    return BucketState(
+        bucket=bucket, remaining=max(math.floor((period * limit - q) / period), 0), reset_ms=math.ceil(q / limit)
+    )
+
+
+def _parse_tat(raw: bytes | str) -> tuple[float, float]:
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    base, sep, units = text.partition(":")
+    return (float(base), float(units)) if sep else (math.floor(float(base)), 0.0)
+
+
 class _Local:
     """The script's arithmetic in process memory, for one process (or while Redis is away)."""
 
@@ -157,6 +180,18 @@ class _Local:
         # Per rate bucket: the TAT as (whole millisecond, units), TAT = ms + units * period / limit.
         self.tat: dict[str, tuple[int, float]] = {}
         self.leases: dict[str, dict[str, float]] = {}
+
+    def peek(self, buckets: Sequence[Bucket]) -> list[BucketState]:
+        now = math.floor(self.clock() * 1000)
+        return [
+            peek_state(
+                b,
+                now,
+                self.tat.get(b.redis_key),
+                sum(1 for expiry in self.leases.get(b.redis_key, {}).values() if expiry > now),
+            )
+            for b in buckets
+        ]
 
     def run(self, mode: str, lease: str, buckets: Sequence[Bucket], costs: Sequence[float]) -> list[int]:
         now = math.floor(self.clock() * 1000)  # whole milliseconds, like the script's TIME
@@ -244,6 +279,33 @@ class Limiter:
             BucketState(bucket=b, remaining=out[2 + i * 2], reset_ms=out[3 + i * 2]) for i, b in enumerate(buckets)
         ]
         return Decision(allowed=out[0] == 1, retry_after_ms=out[1], states=states, lease=lease)
+
+    async def peek(self, buckets: Sequence[Bucket]) -> list[BucketState]:
+        """Every bucket's headroom now, read-only (for the status page): one pipelined read, no script."""
+        if self._script is not None:
+
+            async def read(r: aioredis.Redis) -> list[BucketState]:
+                pipe = r.pipeline(transaction=False)
+                pipe.time()
+                for b in buckets:
+                    if b.kind == "concurrent":
+                        pipe.zrange(b.redis_key, 0, -1, withscores=True)
+                    else:
+                        pipe.get(b.redis_key)
+                (sec, usec), *raw = await pipe.execute()
+                now = int(sec) * 1000 + int(usec) // 1000
+                return [
+                    peek_state(b, now, held=sum(1 for _, expiry in v if expiry > now))
+                    if b.kind == "concurrent"
+                    else peek_state(b, now, _parse_tat(v) if v else None)
+                    for b, v in zip(buckets, raw, strict=True)
+                ]
+
+            try:
+                return await self.shared.run(read)
+            except Degraded:
+                pass
+        return self.local.peek(buckets)
 
     async def adjust(self, buckets: Sequence[Bucket], tokens: int) -> None:
         """Charge (or with a negative count, return) tokens after the fact, without checking."""

@@ -250,8 +250,7 @@ class GatewayThread:
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.bind(("127.0.0.1", 0))
         self.port = int(self._sock.getsockname()[1])
-        app = create_app(load_config(config_path, env=dict(env)))
-        self.pipeline: Pipeline = app.state.pipeline
+        app = self.app = create_app(load_config(config_path, env=dict(env)))
         config = uvicorn.Config(
             app,
             loop="uvloop",
@@ -269,6 +268,12 @@ class GatewayThread:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pipeline(self) -> Pipeline:
+        """The pipeline serving now (a config reload replaces it)."""
+        current: Pipeline = self.app.state.pipeline
+        return current
 
     def start(self) -> None:
         self._thread.start()
