@@ -57,6 +57,9 @@ def _serve(args: argparse.Namespace) -> int:
         http="httptools",
         log_level="warning",
         access_log=False,
+        # The gateway never reads client addresses: skip the X-Forwarded-* middleware on every request.
+        proxy_headers=False,
+        server_header=False,
         # uvicorn counts whole seconds: round up, so the deadline is never shorter than configured.
         timeout_graceful_shutdown=math.ceil(server.shutdown_grace_ms / 1000),
     )

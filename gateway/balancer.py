@@ -46,14 +46,6 @@ def candidates(groups: list[Group], states: dict[str, TargetState]) -> list[Rout
     return out
 
 
-def keys_of(plan: Plan) -> list[str]:
-    seen: dict[str, None] = {}
-    for g in plan.groups + plan.context_groups:
-        for r in g.routes:
-            seen.setdefault(r.key, None)
-    return list(seen)
-
-
 class Selector:
     def __init__(self, plan: Plan, states: dict[str, TargetState], health: Health, probe_ttl_ms: int) -> None:
         self.plan = plan

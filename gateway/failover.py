@@ -22,7 +22,7 @@ from typing import Any, Generic, TypeVar, cast
 import msgspec
 from tenacity import AsyncRetrying, RetryCallState, wait_random_exponential
 
-from gateway.balancer import Selector, keys_of
+from gateway.balancer import Selector
 from gateway.errors import GatewayError, UpstreamTimeoutError
 from gateway.health import Health, TargetState
 from gateway.routing import Plan, Route
@@ -79,7 +79,7 @@ class Failover:
         t = policy.timeouts
         total = t.total_ms / 1000 if deadline_s is None else min(t.total_ms / 1000, deadline_s)
         deadline = self.clock() + total
-        states = await self.health.snapshot(keys_of(plan))
+        states = await self.health.snapshot(plan.keys)
         selector = Selector(plan, states, self.health, probe_ttl_ms=t.first_byte_ms)
         try:
             current = await selector.first()
@@ -138,9 +138,23 @@ class Failover:
             sleep=self.sleep,
             reraise=True,
         )
+        # The common case costs no tenacity machinery: the first attempt runs directly, and only a
+        # failure enters the loop, which replays it as its own first outcome and decides what follows.
+        replay: GatewayError | None = None
+        if policy.hedge_after_ms is None:
+            limits = remaining()
+            attempts = 1
+            try:
+                value = await self._attempt(plan, states, current, call, limits)
+                return Outcome(value=value, route=current, attempts=1)
+            except GatewayError as exc:
+                replay = exc
         try:
             async for attempt in retrying:
                 with attempt:
+                    if replay is not None:
+                        failed, replay = replay, None
+                        raise failed
                     limits = remaining()  # past the deadline no call is made, and none is counted
                     attempts += 1
                     if policy.hedge_after_ms is not None and attempts < r.attempts:

@@ -47,13 +47,23 @@ class Policy(msgspec.Struct, frozen=True):
     hedge_after_ms: int | None = None
 
 
-class Plan(msgspec.Struct, frozen=True):
+class Plan(msgspec.Struct):
     """Everything a request may try, in order: the targets, then each fallback."""
 
     groups: list[Group]
     policy: Policy
     context_groups: list[Group] = msgspec.field(default_factory=list)
     strategy_needs_inflight: bool = False
+    # Every target the plan may touch, computed once: health is read for all of them per request.
+    keys: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.keys:
+            seen: dict[str, None] = {}
+            for g in self.groups + self.context_groups:
+                for r in g.routes:
+                    seen.setdefault(r.key, None)
+            self.keys = tuple(seen)
 
     @property
     def single(self) -> Route | None:
