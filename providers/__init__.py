@@ -5,6 +5,7 @@ from __future__ import annotations
 from providers.anthropic import AnthropicAdapter
 from providers.azure import AzureAdapter
 from providers.base import Adapter, LocalAdapter
+from providers.bedrock import BedrockAdapter
 from providers.cohere import CohereAdapter
 from providers.deepseek import DeepSeekAdapter
 from providers.fake import FakeAdapter
@@ -38,6 +39,7 @@ REGISTRY: dict[str, type[Adapter] | type[LocalAdapter]] = {
         TGIAdapter,
         OllamaAdapter,
         LlamaCppAdapter,
+        BedrockAdapter,
         FakeAdapter,
     )
 }

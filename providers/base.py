@@ -30,6 +30,8 @@ class Endpoint(msgspec.Struct, frozen=True):
     headers: Mapping[str, str] = msgspec.field(default_factory=dict)
     # The provider's configured `default_max_tokens` (Anthropic requires a limit on every request).
     default_max_tokens: int | None = None
+    # The provider's configured `region` (AWS Bedrock: its endpoint host and SigV4 scope).
+    region: str | None = None
 
 
 class UpstreamRequest(msgspec.Struct):
@@ -197,8 +199,9 @@ class Capabilities:
 class Adapter(Capabilities, abc.ABC):
     """An HTTP provider kind. Subclasses set the class attributes and implement the pure functions."""
 
-    # How the upstream frames a stream: `sse` (data: lines) or `ndjson` (one JSON object per line).
-    framing: ClassVar[Literal["sse", "ndjson"]] = "sse"
+    # How the upstream frames a stream: `sse` (data: lines), `ndjson` (one JSON object per line) or
+    # `eventstream` (AWS binary event-stream frames); gateway.framing.DECODERS has one decoder per value.
+    framing: ClassVar[Literal["sse", "ndjson", "eventstream"]] = "sse"
 
     @abc.abstractmethod
     def build_request(self, req: CompletionRequest, endpoint: Endpoint, body: dict[str, Any]) -> UpstreamRequest:

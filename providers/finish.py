@@ -42,6 +42,9 @@ FINISH: Final[dict[str, FinishReason]] = {
     "spii": "content_filter",
     "image_safety": "content_filter",
     "image_prohibited_content": "content_filter",
+    # AWS Bedrock Converse StopReason words for output stopped by a guardrail or a content filter.
+    "guardrail_intervened": "content_filter",
+    "content_filtered": "content_filter",
 }
 
 

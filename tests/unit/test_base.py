@@ -105,6 +105,7 @@ def test_check_logprobs_limit_per_kind() -> None:
         "tgi": 5,
         "ollama": 20,
         "llamacpp": 20,
+        "bedrock": 0,
     }
     with pytest.raises(UnsupportedParamError) as info:
         PAISAdapter().check(request(logprobs=True, top_logprobs=6), "pais")

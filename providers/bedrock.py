@@ -1,0 +1,418 @@
+"""AWS Bedrock Runtime Converse API: `POST {base}/model/{modelId}/converse`, `/converse-stream` for streams.
+
+Converse is one request shape for every model family on Bedrock, so one adapter serves them all.
+
+Sources:
+- Operations, shapes, error statuses and the SigV4 signing name `bedrock`: botocore
+  `botocore/data/bedrock-runtime/2023-09-30/service-2.json` (boto/botocore @ cd920775). InferenceConfiguration:
+  maxTokens >= 1, temperature and topP from 0 to 1, stopSequences (at most 4 there; the current API reference
+  allows 2500, so no cap is declared). StopReason: end_turn, tool_use,
+  max_tokens, stop_sequence, guardrail_intervened, content_filtered (providers.finish folds them). Errors:
+  ValidationException 400, AccessDeniedException 403, ResourceNotFoundException 404, ModelTimeoutException
+  408, ModelErrorException 424, ModelStreamErrorException 424, ThrottlingException 429,
+  ModelNotReadyException 429 (the SDKs retry it), ServiceQuotaExceededException 400 (a quota, not a client
+  mistake), InternalServerException 500, ServiceUnavailableException 503. The REST-JSON error type travels
+  in the `x-amzn-ErrorType` header (`ThrottlingException:http://internal.amazon.com/...`) or as `__type` in
+  the body; the body is `{"message": ...}` (some front-end errors say `Message`).
+- ConverseStream answers `application/vnd.amazon.eventstream` (gateway.framing.EventStreamDecoder): events
+  messageStart, contentBlockStart, contentBlockDelta {delta: {text}}, contentBlockStop, messageStop
+  {stopReason}, then metadata {usage, metrics}; a failure mid-stream is a frame with `:message-type:
+  exception` and `:exception-type` (throttlingException, validationException, modelStreamErrorException,
+  internalServerException, serviceUnavailableException).
+- Recordings (pydantic/pydantic-ai cassettes, tests/fixtures/bedrock, see SOURCES.md): `converse_end_turn.json`,
+  `converse_max_tokens.json`, `converse_cache_read.json` (inputTokens excludes cacheReadInputTokens,
+  totalTokens includes them: 13 + 1504 + 5 = 1522), `converse_stream.eventstream` (the binary stream,
+  messageStop before metadata), `error_400_invalid_model.json`, `error_429_throttling.json`. top_k goes in
+  `additionalModelRequestFields` per family: `{"top_k": k}` for Anthropic, `{"inferenceConfig": {"topK": k}}`
+  for Amazon Nova (pydantic-ai test_bedrock_top_k_{anthropic,nova}_variant.yaml, both answered 200); no other
+  family is documented here, so top_k is refused for them. `requestMetadata` is accepted
+  (test_bedrock_model_request_metadata.yaml). `converse_stop_nova_keeps_stop_text.json` (test_stop_settings[bedrock])
+  shows a model returning the stop string itself with stopReason end_turn. No recording of an exception
+  frame, of guardrail_intervened, of a ServiceQuotaExceededException or of a context-window
+  ValidationException exists: those are built from the shapes above ("Input is too long for requested
+  model.", "prompt is too long: 200049 tokens > 200000 maximum" as quoted in aws-samples/bedrock-chat#95 and
+  daisuke-awaji/moca#254).
+- Auth: SigV4 (providers.sigv4) with `api_key: ACCESS_KEY_ID:SECRET_ACCESS_KEY[:SESSION_TOKEN]`, or an
+  Amazon Bedrock API key sent as `Authorization: Bearer` (docs.aws.amazon.com/bedrock/latest/userguide/
+  api-keys-use.html). Neither an access key id, a secret key, a session token nor an API key contains `:`.
+- The model id goes in the path with `/` escaped (an inference-profile ARN is one path segment) and `:` kept
+  (`amazon.nova-micro-v1:0`): the path is signed exactly as it is sent (see providers.sigv4).
+
+The prompt becomes one user message. Bedrock Converse has no logprobs, penalties, seed, logit_bias or suffix:
+those are refused. n, best_of, echo, include_stop_str_in_output and guided_* are provided by the gateway.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any, ClassVar, Final
+from urllib.parse import quote
+
+import msgspec
+from yarl import URL
+
+from gateway.errors import (
+    GatewayError,
+    ProviderUnavailableError,
+    UnsupportedParamError,
+    UpstreamError,
+    UpstreamStatusError,
+)
+from gateway.schema import Choice, Completion, CompletionRequest, FinishReason, PromptTokensDetails, Usage
+from providers.anthropic import out_of_range
+from providers.base import EMULATED, Adapter, CallContext, Endpoint, Param, Table, UpstreamRequest, table
+from providers.finish import finish_reason
+from providers.openai_compat import stop_list
+from providers.retry_after import retry_after
+from providers.sigv4 import sign
+
+SIGNING_NAME: Final = "bedrock"
+DEFAULT_BASE_URL: Final = "https://bedrock-runtime.{region}.amazonaws.com"
+
+# Without maxTokens a Bedrock model may write up to its own maximum, which differs per model; the rate
+# limiter reserves this much per choice then (Anthropic's default, for the same reason). A configured
+# `default_max_tokens` is sent as maxTokens instead.
+DEFAULT_MAX_TOKENS: Final = 4096
+
+# Where the gateway's top_k goes, by the model family named in the model id.
+_TOP_K: Final[tuple[tuple[str, str], ...]] = (
+    ("anthropic.", "top_k"),
+    ("amazon.nova", "inferenceConfig.topK"),
+)
+# A private marker: top_k's target depends on the model, which the parameter table does not see.
+_TOP_K_MARK: Final = "__top_k"
+
+# HTTP status of each error type (botocore service-2.json), for exceptions that arrive inside a 200 stream.
+_STATUS: Final[dict[str, int]] = {
+    "ValidationException": 400,
+    "ServiceQuotaExceededException": 400,
+    "AccessDeniedException": 403,
+    "ResourceNotFoundException": 404,
+    "ModelTimeoutException": 408,
+    "ModelErrorException": 424,
+    "ModelStreamErrorException": 424,
+    "ThrottlingException": 429,
+    "ModelNotReadyException": 429,
+    "InternalServerException": 500,
+    "ServiceUnavailableException": 503,
+}
+# "Retry your request" in the API reference, whatever the status says (424 is not retryable by itself).
+_RETRY: Final = frozenset(
+    {
+        "ThrottlingException",
+        "ModelNotReadyException",
+        "ModelTimeoutException",
+        "ModelStreamErrorException",
+        "InternalServerException",
+        "ServiceUnavailableException",
+    }
+)
+_CONTEXT_WORDS: Final = ("too long", "exceed context limit", "context window")
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _top_k(body: dict[str, Any], value: int) -> None:
+    # -1 (and 0) mean "no top-k cut", which is every model's behaviour without the field.
+    if value > 0:
+        body[_TOP_K_MARK] = value
+
+
+BEDROCK_PARAMS: Table = table(
+    max_tokens=Param(to="inferenceConfig.maxTokens"),
+    temperature=Param(to="inferenceConfig.temperature"),
+    top_p=Param(to="inferenceConfig.topP"),
+    stop=Param(to="inferenceConfig.stopSequences", convert=stop_list),
+    top_k=Param(apply=_top_k),
+    user=Param(to="requestMetadata.user"),
+    n=EMULATED,
+    best_of=EMULATED,
+    echo=EMULATED,
+    include_stop_str_in_output=EMULATED,
+    guided_json=EMULATED,
+    guided_regex=EMULATED,
+    guided_choice=EMULATED,
+    guided_grammar=EMULATED,
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# Upstream shapes (lenient: unknown fields ignored, everything optional)
+
+
+class BContent(msgspec.Struct):
+    # reasoningContent, toolUse and other blocks have no `text`: not completion text.
+    text: str | None = None
+
+
+class BMessage(msgspec.Struct):
+    content: list[BContent] = []
+
+
+class BOutput(msgspec.Struct):
+    message: BMessage | None = None
+
+
+class BUsage(msgspec.Struct, rename="camel"):
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    total_tokens: int | None = None
+    cache_read_input_tokens: int | None = None
+    cache_write_input_tokens: int | None = None
+
+
+class BResponse(msgspec.Struct, rename="camel"):
+    output: BOutput | None = None
+    stop_reason: str | None = None
+    usage: BUsage | None = None
+
+
+class BDelta(msgspec.Struct):
+    text: str | None = None
+
+
+class BEvent(msgspec.Struct, rename="camel"):
+    delta: BDelta | None = None
+    stop_reason: str | None = None
+    usage: BUsage | None = None
+
+
+class BError(msgspec.Struct):
+    message: str | None = None
+    message_upper: str | None = msgspec.field(default=None, name="Message")
+    type: str | None = msgspec.field(default=None, name="__type")
+
+
+_decode_response = msgspec.json.Decoder(BResponse).decode
+_decode_event = msgspec.json.Decoder(BEvent).decode
+_decode_error = msgspec.json.Decoder(BError).decode
+
+
+def usage_from(u: BUsage) -> Usage:
+    """Cache reads and writes are prompt tokens too: Bedrock counts them beside inputTokens."""
+    cached = u.cache_read_input_tokens or 0
+    prompt = (u.input_tokens or 0) + cached + (u.cache_write_input_tokens or 0)
+    completion = u.output_tokens or 0
+    return Usage(
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=u.total_tokens if u.total_tokens is not None else prompt + completion,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached)
+        if u.cache_read_input_tokens is not None
+        else None,
+    )
+
+
+def credentials(api_key: str, provider: str) -> tuple[str, str, str | None] | None:
+    """(access key id, secret, session token) from `AKID:SECRET[:TOKEN]`; None for a Bedrock API key."""
+    if ":" not in api_key:
+        return None
+    parts = api_key.split(":")
+    if len(parts) > 3 or not parts[0] or not parts[1]:
+        raise ProviderUnavailableError(
+            f"Provider '{provider}' api_key must be ACCESS_KEY_ID:SECRET_ACCESS_KEY[:SESSION_TOKEN]"
+            " or an Amazon Bedrock API key",
+            param="model",
+            code="provider_unavailable",
+        )
+    token = parts[2] if len(parts) == 3 and parts[2] else None
+    return parts[0], parts[1], token
+
+
+def error_type(headers: Mapping[str, str], body_type: str | None) -> str | None:
+    """`ThrottlingException` from `x-amzn-ErrorType` (`Name:namespace-url`) or `__type` (`namespace#Name`)."""
+    raw = headers.get("x-amzn-errortype") or headers.get("X-Amzn-ErrorType") or body_type
+    if not raw:
+        return None
+    name = raw.split(":", 1)[0].rsplit("#", 1)[-1].strip()
+    # Stream exception frames name the type in lowerCamelCase (`throttlingException`).
+    return name[:1].upper() + name[1:] if name else None
+
+
+def _model_path(model: str) -> str:
+    # `/` escaped so an ARN stays one segment; every other character yarl would decode again is kept as is,
+    # so the path signed is byte for byte the path aiohttp sends.
+    return quote(model, safe=":@!$&'()*,;=")
+
+
+class BedrockAdapter(Adapter):
+    kind = "bedrock"
+    auth = "SigV4 (`api_key: ACCESS_KEY_ID:SECRET[:SESSION_TOKEN]`, `region`) or `Authorization: Bearer` (API key)"
+    default_base_url = DEFAULT_BASE_URL
+    path: ClassVar[str] = "/model/{modelId}/converse (stream: /converse-stream)"
+    params: ClassVar[Table] = BEDROCK_PARAMS
+    framing = "eventstream"
+    prompt_forms = frozenset({"text"})
+    max_logprobs = 0
+    default_max_tokens = DEFAULT_MAX_TOKENS
+    # Whether the stop string stays in the text depends on the model behind Converse: Amazon Nova was recorded
+    # answering exactly "Paris" to stopSequences ["Paris"] (stopReason end_turn). The gateway cuts at the stop
+    # string, which changes nothing for a model that already left it out (it would have stopped before it).
+    stop_in_output = True
+
+    def __init__(self, clock: Callable[[], datetime] = _now) -> None:
+        # The request time goes into the signature; tests pin it.
+        self.clock = clock
+
+    def check(self, req: CompletionRequest, provider: str) -> None:
+        # logprobs is not in the table: map_params refuses it by name (or drops it under the drop policy),
+        # which the base "at most 0 logprobs" check would pre-empt.
+        super().check(req if req.logprobs is None else msgspec.structs.replace(req, logprobs=None), provider)
+        # The gateway accepts OpenAI's 0-2; InferenceConfiguration.temperature is 0-1, and clamping would
+        # change the sampling.
+        if req.temperature is not None and req.temperature > 1:
+            raise out_of_range(provider, "temperature", req.temperature, 0, 1)
+
+    def url(self, req: CompletionRequest, endpoint: Endpoint, region: str) -> str:
+        base = (endpoint.base_url or DEFAULT_BASE_URL).replace("{region}", region).rstrip("/")
+        operation = "converse-stream" if req.stream else "converse"
+        # Through yarl once, as aiohttp will: what is signed is what goes on the wire.
+        return str(URL(f"{base}/model/{_model_path(endpoint.model)}/{operation}"))
+
+    def build_request(self, req: CompletionRequest, endpoint: Endpoint, params: dict[str, Any]) -> UpstreamRequest:
+        region = endpoint.region
+        if not region:
+            raise ProviderUnavailableError(
+                f"Provider '{endpoint.provider}' is unavailable: it has no region configured",
+                param="model",
+                code="provider_unavailable",
+            )
+        body: dict[str, Any] = {"messages": [{"role": "user", "content": [{"text": req.prompt}]}]}
+        top_k = params.pop(_TOP_K_MARK, None)
+        body.update(params)
+        if top_k is not None:
+            _place_top_k(body, top_k, endpoint)
+        if req.max_tokens is None and endpoint.default_max_tokens is not None:
+            body.setdefault("inferenceConfig", {})["maxTokens"] = endpoint.default_max_tokens
+        if req.inference_extra_params:
+            _merge(body, req.inference_extra_params)
+        headers = {"content-type": "application/json"}
+        headers.update((k.lower(), v) for k, v in endpoint.headers.items())
+        if req.inference_extra_headers:
+            headers.update((k.lower(), v) for k, v in req.inference_extra_headers.items())
+        # Only the gateway's own credentials sign or authorize the call.
+        for name in ("authorization", "x-amz-date", "x-amz-security-token"):
+            headers.pop(name, None)
+        url = self.url(req, endpoint, region)
+        payload = msgspec.json.encode(body)
+        key = endpoint.api_key or ""
+        creds = credentials(key, endpoint.provider) if key else None
+        if creds is not None:
+            access_key, secret_key, token = creds
+            headers = sign(
+                method="POST",
+                url=url,
+                headers=headers,
+                body=payload,
+                access_key=access_key,
+                secret_key=secret_key,
+                region=region,
+                service=SIGNING_NAME,
+                now=self.clock(),
+                session_token=token,
+            )
+        elif key:
+            headers["authorization"] = f"Bearer {key}"
+        return UpstreamRequest(method="POST", url=url, headers=headers, body=payload, stream=bool(req.stream))
+
+    def parse_response(self, body: bytes, ctx: CallContext) -> Completion:
+        up = _decode_response(body)
+        if up.output is None or up.output.message is None:
+            raise UpstreamError(f"Upstream '{self.kind}' answered without an output message")
+        text = "".join(c.text for c in up.output.message.content if c.text is not None)
+        return _chunk(ctx, text, finish_reason(up.stop_reason), usage_from(up.usage) if up.usage is not None else None)
+
+    def parse_event(self, event: str | None, data: bytes, ctx: CallContext) -> Completion | None:
+        if event is not None and event.startswith(("exception:", "error:")):
+            kind, _, name = event.partition(":")
+            etype = error_type({}, name) or "InternalServerException"
+            body = data if kind == "exception" else msgspec.json.encode({"message": data.decode("utf-8", "replace")})
+            raise self.map_error(_STATUS.get(etype, 500), {"x-amzn-errortype": etype}, body, self.kind)
+        if event == "contentBlockDelta":
+            ev = _decode_event(data)
+            # reasoningContent and toolUse deltas carry no `text`.
+            if ev.delta is None or not ev.delta.text:
+                return None
+            return _chunk(ctx, ev.delta.text, None, None)
+        if event == "messageStop":
+            # The usage follows in `metadata`: the last chunk carries both.
+            ctx.state["stop"] = _decode_event(data).stop_reason
+            return None
+        if event == "metadata":
+            ev = _decode_event(data)
+            usage = usage_from(ev.usage) if ev.usage is not None else None
+            return _chunk(ctx, "", finish_reason(ctx.state.get("stop")), usage)
+        # messageStart, contentBlockStart/Stop and event types added later.
+        return None
+
+    def map_error(self, status: int, headers: Mapping[str, str], body: bytes, provider: str) -> GatewayError:
+        message, body_type = _error_fields(body)
+        etype = error_type(headers, body_type)
+        quota = etype == "ServiceQuotaExceededException"
+        lowered = message.lower()
+        return UpstreamStatusError(
+            f"{provider} error ({status}): {message}",
+            # Bedrock sends a quota as 400; the client is told 429 like any other exhausted quota.
+            upstream_status=429 if quota else status,
+            provider=provider,
+            code=etype,
+            retry_after=retry_after(headers),
+            should_retry=True if etype in _RETRY else None,
+            quota=quota,
+            context_window=status == 400
+            and etype in (None, "ValidationException")
+            and any(w in lowered for w in _CONTEXT_WORDS),
+        )
+
+
+def _place_top_k(body: dict[str, Any], k: int, endpoint: Endpoint) -> None:
+    model = endpoint.model.lower()
+    for family, target in _TOP_K:
+        if family in model:
+            node = body.setdefault("additionalModelRequestFields", {})
+            *parents, leaf = target.split(".")
+            for key in parents:
+                node = node.setdefault(key, {})
+            node[leaf] = k
+            return
+    raise UnsupportedParamError("top_k", endpoint.provider).with_message(
+        f"Parameter 'top_k' is not supported by provider '{endpoint.provider}' for model '{endpoint.model}'"
+        " (Bedrock takes it for Anthropic Claude and Amazon Nova models only)"
+    )
+
+
+def _merge(body: dict[str, Any], extra: Mapping[str, Any]) -> None:
+    """`inference_extra_params` extends nested objects (inferenceConfig, additionalModelRequestFields...)."""
+    for key, value in extra.items():
+        current = body.get(key)
+        if isinstance(current, dict) and isinstance(value, dict):
+            current.update(value)
+        else:
+            body[key] = value
+
+
+def _chunk(ctx: CallContext, text: str, finish: FinishReason | None, usage: Usage | None) -> Completion:
+    return Completion(
+        id=ctx.id,
+        created=ctx.created,
+        model=ctx.model,
+        choices=[Choice(text=text, index=0, logprobs=None, finish_reason=finish)],
+        usage=usage,
+    )
+
+
+def _error_fields(body: bytes) -> tuple[str, str | None]:
+    try:
+        err = _decode_error(body)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return body.decode("utf-8", "replace").strip()[:500] or "no error body", None
+    message = err.message or err.message_upper
+    if message is None:
+        message = body.decode("utf-8", "replace").strip()[:500] or "no error body"
+    return message, err.type
+
+
+__all__ = ["BEDROCK_PARAMS", "DEFAULT_BASE_URL", "BedrockAdapter", "credentials", "error_type", "usage_from"]
