@@ -26,6 +26,7 @@ from gateway.metrics import CONTENT_TYPE, Metrics
 from gateway.pipeline import Pipeline
 from gateway.reload import Reloader
 from gateway.schema import ModelCard, ModelList, encode
+from gateway.status import ROUTES as STATUS_ROUTES
 
 log = logging.getLogger("gateway")
 
@@ -125,7 +126,7 @@ def create_app(loaded: LoadedConfig) -> Litestar:
     handlers: list[ControllerRouterHandler] = [
         completion_route(path, dialect, _services) for path, dialect in DIALECT_ROUTES.items()
     ]
-    handlers += [list_models, metrics, health, ready]
+    handlers += [list_models, metrics, health, ready, *STATUS_ROUTES]
     app = Litestar(
         route_handlers=handlers,
         lifespan=[lifespan],

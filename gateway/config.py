@@ -320,6 +320,9 @@ def parse_config(text: str, source: str = "config.yaml", env: dict[str, str] | N
         raise ConfigError(f"{source}: (top level): expected a mapping, got {type(raw).__name__}")
     missing: dict[str, list[str]] = {}
     data = _interpolate(raw, "", dict(os.environ) if env is None else env, missing)
+    if isinstance(data.get("prices"), dict):
+        for model, price in data["prices"].items():  # one by one, so an error names the model
+            _convert(price, PriceConfig, f"prices.{model}", source)
     cfg: GatewayConfig = _convert(data, GatewayConfig, "", source)
     providers: dict[str, ProviderConfig] = {}
     for name, pdata in cfg.providers.items():

@@ -190,6 +190,7 @@ def completion_route(path: str, dialect: Dialect, services: Services) -> ASGIRou
                 )
         finally:
             watch.stop()
+            pipeline.usage.book(rec)  # before exit(): a retired pipeline drains its bookings as it closes
             pipeline.exit()
             elapsed = time.perf_counter() - t0
             if metrics is not None:

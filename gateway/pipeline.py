@@ -33,6 +33,7 @@ from gateway.routing import Plan, Route, Router
 from gateway.schema import Completion, CompletionRequest, Usage, decode_request, encode
 from gateway.state import SharedState
 from gateway.upstream import Stream, Timeouts, Upstream
+from gateway.usage import UsageStore
 from providers.base import Adapter, CallContext, LocalAdapter, map_params, prompt_form
 
 _ID_BYTES: Final = 12
@@ -103,6 +104,7 @@ class Pipeline:
         self.log_requests = loaded.config.logging.requests
         self.failover = Failover(self.health, clock=clock, **({"sleep": sleep} if sleep else {}))
         self.admission = Admission(loaded, self.shared, **({"sleep": sleep} if sleep else {}))
+        self.usage = UsageStore(loaded, self.shared, metrics=metrics)
 
     # Requests hold the pipeline they started with; a reload retires this one, which closes its pools
     # when the last of them ends.
@@ -129,6 +131,7 @@ class Pipeline:
 
     async def close(self) -> None:
         await self.admission.drain()
+        await self.usage.drain()
         await self.upstream.close()
         await self.shared.close()
 
@@ -144,6 +147,8 @@ class Pipeline:
             raise decode_error(exc) from None
         normalize(req)
         self.keys.authorize(key, req.model)
+        if key is not None and key.name in self.usage.budgets:
+            await self.usage.check(key.name)  # one HGET of today's booked spend
         plan = self.router.plan(req.model)
         alias = req.model in self.router.aliases
         rec.model = req.model if alias else plan.groups[0].routes[0].key
@@ -379,22 +384,23 @@ class Pipeline:
                     break
                 opened, route = resumed
                 resumed_from = sent
+            if usage is not None and resumed_from:
+                # The continuation's prompt included the text already streamed: count it as output.
+                usage = Usage(
+                    prompt_tokens=max(usage.prompt_tokens - resumed_from, 0),
+                    completion_tokens=usage.completion_tokens + resumed_from,
+                    total_tokens=usage.total_tokens,
+                    completion_tokens_details=usage.completion_tokens_details,
+                    prompt_tokens_details=usage.prompt_tokens_details,
+                )
             if want_usage and usage is not None:
-                if resumed_from:
-                    # The continuation's prompt included the text already streamed: count it as output.
-                    usage = Usage(
-                        prompt_tokens=max(usage.prompt_tokens - resumed_from, 0),
-                        completion_tokens=usage.completion_tokens + resumed_from,
-                        total_tokens=usage.total_tokens,
-                        completion_tokens_details=usage.completion_tokens_details,
-                        prompt_tokens_details=usage.prompt_tokens_details,
-                    )
                 last = Completion(id=ctx.id, created=opened.ctx.created, model=ctx.model, choices=[], usage=usage)
                 yield sse_event(encode(last))
         finally:
             # Settle before awaiting anything: a client that left cancels this generator, and a cancelled
             # task may be cancelled again at its next await.
             # A finished stream is charged its reported usage; one cut short, its prompt and what it sent.
+            rec.usage = usage
             for t in (ticket, quota):
                 if t is not None:
                     self.admission.settle(t, usage.total_tokens if usage is not None else t.prompt + sent)

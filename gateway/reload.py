@@ -80,6 +80,7 @@ class Reloader:
                 return False
             new = self.build(loaded)
             old: Pipeline = self.state.pipeline
+            new.usage.adopt(old.usage)  # in-process usage (no Redis) and budgets survive the reload
             self.state.pipeline = new
             self.reloads += 1
             log.warning("config reloaded (%s) from %s", why, self.path)
