@@ -10,14 +10,17 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import signal
 import sys
 import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from types import FrameType
 
 from bench import report, wrk
-from bench.scenarios import TARGETS, Runner, Settings
+from bench.processes import foreign_load_pct
+from bench.scenarios import NOISY_PCT, TARGETS, Runner, Settings
 from bench.upstream import nginx
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,18 +29,12 @@ RESULTS = ROOT / "bench" / "results"
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument(
-        "--quick", action="store_true", help="short smoke run (< 60 s); writes bench/results only"
-    )
+    parser.add_argument("--quick", action="store_true", help="short smoke run (< 60 s); writes bench/results only")
     parser.add_argument("--duration", type=float, help="seconds per wrk measurement (default 10, quick 2)")
-    parser.add_argument(
-        "--warmup", type=float, help="unmeasured wrk seconds before each (default 2, quick 1)"
-    )
+    parser.add_argument("--warmup", type=float, help="unmeasured wrk seconds before each (default 2, quick 1)")
     parser.add_argument("--connections", type=int, default=32, help="wrk connections for the c=N rows")
     parser.add_argument("--chunks", type=int, default=100, help="SSE events per streamed completion")
-    parser.add_argument(
-        "--chunk-interval-ms", type=float, default=0.0, help="gap between SSE events upstream"
-    )
+    parser.add_argument("--chunk-interval-ms", type=float, default=0.0, help="gap between SSE events upstream")
     parser.add_argument("--latency-ms", type=float, default=50.0, help="upstream delay in the slow scenario")
     parser.add_argument("--rate", type=float, default=500.0, help="req/s in the slow-upstream scenario")
     parser.add_argument("--workers", type=int, default=1, help="gateway --workers (pinning is off when > 1)")
@@ -48,10 +45,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "(the hook for Redis-backed rate limits)",
     )
     parser.add_argument("--only", help="comma-separated scenario names to run (default: all)")
-    parser.add_argument(
-        "--targets", default=",".join(TARGETS), help=f"comma-separated subset of {','.join(TARGETS)}"
-    )
+    parser.add_argument("--targets", default=",".join(TARGETS), help=f"comma-separated subset of {','.join(TARGETS)}")
     parser.add_argument("--no-pin", action="store_true", help="do not pin processes to cores")
+    parser.add_argument(
+        "--wait-idle",
+        type=float,
+        default=0.0,
+        help="seconds the run may spend, in total, waiting for other processes to go quiet "
+        "(checked before the run and before each measurement)",
+    )
     parser.add_argument("--json", type=Path, help="results JSON path")
     parser.add_argument("--markdown", type=Path, help="markdown report path")
     parser.add_argument("--no-plot", action="store_true", help="skip the optional matplotlib PNG")
@@ -59,11 +61,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def check_tools() -> list[str]:
-    missing = [name for name, found in (("nginx", nginx.find_nginx()), ("wrk", wrk.find_wrk())) if not found]
-    return missing
+    return [name for name, found in (("nginx", nginx.find_nginx()), ("wrk", wrk.find_wrk())) if not found]
+
+
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    # SystemExit unwinds the runner's ExitStack, which stops every server the bench started.
+    raise SystemExit(128 + signum)
 
 
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     raw_argv = sys.argv[1:] if argv is None else argv
     args = parse_args(raw_argv)
     missing = check_tools()
@@ -88,6 +95,16 @@ def main(argv: list[str] | None = None) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     pin = not args.no_pin and (os.cpu_count() or 1) >= 2 and args.workers == 1
 
+    t0_wait = time.monotonic()
+    background = foreign_load_pct(1.0)
+    while background > NOISY_PCT and time.monotonic() - t0_wait < args.wait_idle:
+        print(f"[bench] other processes use {background:.0f}% of a core; waiting", file=sys.stderr)
+        background = foreign_load_pct(2.0)
+    if background > NOISY_PCT:
+        print(
+            f"[bench] warning: other processes already use {background:.0f}% of a core; figures will be noisy",
+            file=sys.stderr,
+        )
     started = datetime.now(UTC)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-") as work:
@@ -101,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             rate=args.rate,
             rate_count=int(args.rate * (2 if quick else 10)),
             rate_warmup=int(args.rate * (0.5 if quick else 1)),
-            ttfb_streams=40 if quick else 300,
+            ttfb_streams=40 if quick else 1000,
             ttfb_warmup=5 if quick else 20,
             workers=args.workers,
             pin=pin,
@@ -110,12 +127,13 @@ def main(argv: list[str] | None = None) -> int:
             targets=targets,
             only=frozenset(x.strip() for x in args.only.split(",")) if args.only else None,
             limits_config=args.limits_config,
+            wait_idle_s=max(0.0, args.wait_idle - (time.monotonic() - t0_wait)),
         )
         runner = Runner(settings)
         measurements = runner.run()
 
     settings_dict = {
-        k: (str(v) if isinstance(v, Path | frozenset) else v)
+        k: (str(v) if isinstance(v, Path | frozenset) else round(v, 3) if isinstance(v, float) else v)
         for k, v in vars(settings).items()
         if k not in ("work_dir", "log_dir")
     }
@@ -126,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         elapsed_s=round(time.monotonic() - t0, 1),
         mode=mode,
         command=".venv/bin/python -m bench" + ("" if not raw_argv else " " + shlex.join(raw_argv)),
-        machine=report.describe_machine(),
+        machine={**report.describe_machine(), "busy before run": f"{background:.0f}% of one core (other processes)"},
         versions=report.tool_versions(),
         settings=settings_dict,
         startup_errors=runner.startup_errors,

@@ -76,13 +76,15 @@ async def _fixed_rate(url: str, body: bytes, rate: float, count: int, warmup: in
         tasks: list[asyncio.Task[None]] = []
         start = time.perf_counter() + 0.01
         total = warmup + count
-        for index in range(total):
-            scheduled = start + index / rate
-            delay = scheduled - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(scheduled, index >= warmup)))
-        await asyncio.gather(*tasks)
+        # Hard stop: schedule length plus one request timeout, whatever the server does.
+        async with asyncio.timeout(total / rate + 15):
+            for index in range(total):
+                scheduled = start + index / rate
+                delay = scheduled - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.create_task(one(scheduled, index >= warmup)))
+            await asyncio.gather(*tasks)
         measured_start = start + warmup / rate
         duration = time.perf_counter() - measured_start
     ms = [value * 1000.0 for value in latencies]
@@ -108,7 +110,11 @@ async def _ttfb(url: str, body: bytes, streams: int, warmup: int) -> TtfbResult:
     totals: list[float] = []
     events = 0
     errors: list[str] = []
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    async with (
+        aiohttp.ClientSession(connector=connector, timeout=timeout) as session,
+        # Hard stop for the whole series, so a stalled stream cannot hold the bench for long.
+        asyncio.timeout(120),
+    ):
         for index in range(warmup + streams):
             started = time.perf_counter()
             first: float | None = None

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import IO
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
+# /proc counts CPU in 10 ms ticks; shares over a shorter window are mostly rounding.
+MIN_WINDOW_S = 1.0
 # The bench talks to loopback only; an inherited http_proxy must never be consulted.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -195,27 +197,99 @@ def _threads(pid: int) -> list[int]:
 
 
 class CoreClock:
-    """Busy fraction of each core between two snapshots of /proc/stat."""
+    """Per-core CPU shares between two snapshots of /proc/stat."""
 
     def __init__(self) -> None:
         self._start = self._snapshot()
+        self._end: dict[str, tuple[int, int, int]] | None = None
 
     @staticmethod
-    def _snapshot() -> dict[str, tuple[int, int]]:
-        result: dict[str, tuple[int, int]] = {}
+    def _snapshot() -> dict[str, tuple[int, int, int]]:
+        """core -> (all ticks, idle ticks, ticks spent running tasks: user + nice + system)."""
+        result: dict[str, tuple[int, int, int]] = {}
         for line in Path("/proc/stat").read_text().splitlines():
             name, *values = line.split()
             if name.startswith("cpu") and name != "cpu":
                 ticks = [int(v) for v in values]
-                idle = ticks[3] + ticks[4]  # idle + iowait
-                result[name] = (sum(ticks[:8]), idle)
+                result[name] = (sum(ticks[:8]), ticks[3] + ticks[4], ticks[0] + ticks[1] + ticks[2])
         return result
 
+    def stop(self) -> None:
+        self._end = self._snapshot()
+
+    def _shares(self, pick: int, invert: bool) -> dict[str, float]:
+        end = self._end if self._end is not None else self._snapshot()
+        shares: dict[str, float] = {}
+        for name, now in end.items():
+            before = self._start.get(name, now)
+            span = now[0] - before[0]
+            part = now[pick] - before[pick]
+            if invert:
+                part = span - part
+            shares[name] = round(100.0 * part / span, 1) if span else 0.0
+        return shares
+
     def busy_percent(self) -> dict[str, float]:
-        end = self._snapshot()
-        busy: dict[str, float] = {}
-        for name, (total, idle) in end.items():
-            total0, idle0 = self._start.get(name, (total, idle))
-            span = total - total0
-            busy[name] = round(100.0 * (span - (idle - idle0)) / span, 1) if span else 0.0
-        return busy
+        """Everything but idle, interrupts included."""
+        return self._shares(1, invert=True)
+
+    def task_percent(self) -> dict[str, float]:
+        """Time in processes only; softirq work of loopback networking is left out."""
+        return self._shares(2, invert=False)
+
+
+class Window:
+    """One measured window: a service's CPU seconds, the wall time, and every core's busy share."""
+
+    def __init__(self, service: Service) -> None:
+        self._service = service
+        self._cpu0 = service.cpu_seconds()
+        self._bench0 = bench_cpu_seconds()
+        self._clock = CoreClock()
+        self._t0 = time.perf_counter()
+        self.cpu_s = 0.0
+        self.wall_s = 0.0
+        self.busy: dict[str, float] = {}
+        self._bench_s = 0.0
+        self._tasks: dict[str, float] = {}
+
+    def close(self) -> Window:
+        self.cpu_s = self._service.cpu_seconds() - self._cpu0
+        self._bench_s = bench_cpu_seconds() - self._bench0
+        self.wall_s = time.perf_counter() - self._t0
+        self._clock.stop()
+        self.busy = self._clock.busy_percent()
+        self._tasks = self._clock.task_percent()
+        return self
+
+    def other_load_pct(self) -> float | None:
+        """CPU, in % of one core, that processes outside the bench used during the window.
+
+        Anything here (another developer's test suite, say) competed with the servers under test,
+        so the row is suspect. Task time only: loopback softirq work is not in any process's
+        utime+stime and would otherwise count as foreign.
+        """
+        if self.wall_s < MIN_WINDOW_S:
+            return None
+        foreign = sum(self._tasks.values()) - 100.0 * self._bench_s / self.wall_s
+        return round(max(0.0, foreign), 1)
+
+
+def bench_cpu_seconds() -> float:
+    """CPU seconds of this process, its reaped children (wrk runs) and its live descendants."""
+    me = os.getpid()
+    stat = _read_stat(me)
+    own = 0.0
+    if stat is not None:
+        # Fields 14-17 of stat(5): utime, stime, and cutime, cstime of waited-for children.
+        own = sum(int(v) for v in stat[11:15]) / _CLK_TCK
+    return own + sum(_cpu_seconds(pid) for pid in process_tree(me) if pid != me)
+
+
+def foreign_load_pct(seconds: float) -> float:
+    """CPU (% of one core) used by processes outside the bench over the next ``seconds``."""
+    bench0, clock, t0 = bench_cpu_seconds(), CoreClock(), time.perf_counter()
+    time.sleep(seconds)
+    clock.stop()
+    own = 100.0 * (bench_cpu_seconds() - bench0) / (time.perf_counter() - t0)
+    return max(0.0, sum(clock.task_percent().values()) - own)
