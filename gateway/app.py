@@ -7,6 +7,7 @@ Litestar's generic validation error. The other routes are ordinary Litestar hand
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -114,6 +115,10 @@ def create_app(loaded: LoadedConfig) -> Litestar:
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        # Everything built so far (Litestar, the config, pools, tables) lives as long as the process:
+        # moving it out of the collector's reach keeps full collections from stalling requests.
+        gc.collect()
+        gc.freeze()
         reloader = Reloader(app.state, loaded.source, lambda new: Pipeline(new, metrics=collected))
         app.state.reloader = reloader
         reloader.start()
