@@ -75,7 +75,7 @@ class TimeoutsConfig(Strict, frozen=True):
 
 
 class LoggingConfig(Strict, frozen=True):
-    # One JSON line per request on the `gateway.access` logger.
+    # One JSON line per request, to stderr (gateway/accesslog.py).
     requests: bool = True
     # Include the prompt and the completion text in that line (off: they may hold personal data).
     prompts: bool = False

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -25,6 +24,7 @@ from litestar.types import HTTPResponseBodyEvent, HTTPResponseStartEvent, HTTPSc
 from gateway import accesslog
 from gateway.dialects import Dialect
 from gateway.errors import GatewayError, InvalidRequestError
+from gateway.ids import unique_suffix
 from gateway.metrics import Metrics, Record
 from gateway.pipeline import Pipeline, Result
 
@@ -123,7 +123,7 @@ def request_id(headers: dict[str, str]) -> str:
     given = headers.get("x-request-id")
     if given and _REQUEST_ID.fullmatch(given):
         return given
-    return "req_" + os.urandom(12).hex()
+    return "req_" + unique_suffix()
 
 
 async def _send_error(send: Send, dialect: Dialect, exc: GatewayError, rid: str | None = None) -> None:
@@ -136,9 +136,16 @@ async def _send_error(send: Send, dialect: Dialect, exc: GatewayError, rid: str 
 
 
 Services = Callable[[HTTPScope], tuple[Pipeline, Metrics | None]]
+Endpoint = Callable[[HTTPScope, Receive, Send], Awaitable[None]]
 
 
 def completion_route(path: str, dialect: Dialect, services: Services) -> ASGIRouteHandler:
+    """The endpoint as a Litestar route (used when the app is served without `Front`)."""
+    endpoint = completion_endpoint(path, dialect, services)
+    return asgi(path, is_mount=False, copy_scope=False)(endpoint)
+
+
+def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endpoint:
     async def endpoint(scope: HTTPScope, receive: Receive, send: Send) -> None:
         if scope["method"] != "POST":
             exc = GatewayError("Method Not Allowed", status=405)
@@ -200,7 +207,7 @@ def completion_route(path: str, dialect: Dialect, services: Services) -> ASGIRou
                 accesslog.write(rec, elapsed)
 
     endpoint.__name__ = f"completions_{dialect.name}_{len(path)}"
-    return asgi(path, is_mount=False, copy_scope=False)(endpoint)
+    return endpoint
 
 
-__all__ = ["completion_route", "error_headers"]
+__all__ = ["Endpoint", "completion_endpoint", "completion_route", "error_headers"]

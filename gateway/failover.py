@@ -131,13 +131,6 @@ class Failover:
             # The budget is tenacity's stop_before_delay, but on the injected clock (its own ignores `sleep`).
             return attempts >= r.attempts or self.clock() - started + rs.upcoming_sleep >= r.budget_ms / 1000
 
-        retrying = AsyncRetrying(
-            stop=stop,
-            wait=cast(Any, wait),  # tenacity awaits async waits; its stubs only declare sync ones
-            retry=retry,
-            sleep=self.sleep,
-            reraise=True,
-        )
         # The common case costs no tenacity machinery: the first attempt runs directly, and only a
         # failure enters the loop, which replays it as its own first outcome and decides what follows.
         replay: GatewayError | None = None
@@ -149,6 +142,13 @@ class Failover:
                 return Outcome(value=value, route=current, attempts=1)
             except GatewayError as exc:
                 replay = exc
+        retrying = AsyncRetrying(
+            stop=stop,
+            wait=cast(Any, wait),  # tenacity awaits async waits; its stubs only declare sync ones
+            retry=retry,
+            sleep=self.sleep,
+            reraise=True,
+        )
         try:
             async for attempt in retrying:
                 with attempt:

@@ -10,10 +10,9 @@ the only way on is `resume_streams`.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import Any, Final
+from typing import Any
 
 import msgspec
 
@@ -27,6 +26,7 @@ from gateway.errors import GatewayError, UpstreamError
 from gateway.failover import Failover, Outcome
 from gateway.framing import DECODERS, DONE, sse_event
 from gateway.health import Health
+from gateway.ids import unique_suffix
 from gateway.metrics import Metrics, Record
 from gateway.request import normalize
 from gateway.routing import Plan, Route, Router
@@ -36,11 +36,9 @@ from gateway.upstream import Stream, Timeouts, Upstream
 from gateway.usage import UsageStore
 from providers.base import Adapter, CallContext, LocalAdapter, map_params, prompt_form
 
-_ID_BYTES: Final = 12
-
 
 def _completion_id() -> str:
-    return "cmpl-" + os.urandom(_ID_BYTES).hex()
+    return "cmpl-" + unique_suffix()
 
 
 class Result(msgspec.Struct):

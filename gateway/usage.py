@@ -51,9 +51,16 @@ TOTAL: Final = "cost_pico"  # the key's whole-day spend, the field a budget chec
 Fields = dict[str, int]
 
 
+_day_cache: tuple[int, str] = (-1, "")
+
+
 def day_of(now: float) -> str:
-    """The UTC day (YYYY-MM-DD) of a Unix time."""
-    return dt.datetime.fromtimestamp(now, dt.UTC).strftime("%Y-%m-%d")
+    """The UTC day (YYYY-MM-DD) of a Unix time (formatted once per day: it is asked on every request)."""
+    global _day_cache
+    day = int(now // 86400)
+    if _day_cache[0] != day:
+        _day_cache = (day, dt.datetime.fromtimestamp(day * 86400, dt.UTC).strftime("%Y-%m-%d"))
+    return _day_cache[1]
 
 
 def to_midnight(now: float) -> int:

@@ -17,6 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gateway import accesslog
+
 from .harness import REPO, GatewayProcess, GatewayThread, cli_env, free_port, serving
 
 BASE = """
@@ -49,24 +51,22 @@ def gw(tmp_path: Path) -> Iterator[GatewayThread]:
         yield g
 
 
-class Lines(logging.Handler):
+class Lines:
     def __init__(self) -> None:
-        super().__init__()
         self.lines: list[dict[str, object]] = []
 
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(json.loads(record.getMessage()))
+    def __call__(self, line: bytes) -> None:
+        self.lines.append(json.loads(line))
 
 
 @pytest.fixture
 def access() -> Iterator[Lines]:
-    handler = Lines()
-    logger = logging.getLogger("gateway.access")
-    logger.addHandler(handler)
+    lines = Lines()
+    accesslog.SINK.listeners.append(lines)
     try:
-        yield handler
+        yield lines
     finally:
-        logger.removeHandler(handler)
+        accesslog.SINK.listeners.remove(lines)
 
 
 def test_metrics_after_a_known_sequence(gw: GatewayThread) -> None:

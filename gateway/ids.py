@@ -1,0 +1,20 @@
+"""Unique ids for completions and requests, without a system call per request.
+
+A random 64-bit prefix drawn once per process (each worker imports this module afresh) plus a
+counter: unique across replicas and restarts with overwhelming probability, and unlike
+`os.urandom` per id it costs no syscall on the hot path. The ids are not secrets and must not be
+used as such.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+_PREFIX = os.urandom(8).hex()
+_COUNTER = itertools.count(1)
+
+
+def unique_suffix() -> str:
+    """24 hex characters: the process prefix and an 8-digit counter (wrapping after 4 billion)."""
+    return f"{_PREFIX}{next(_COUNTER) & 0xFFFFFFFF:08x}"
