@@ -14,8 +14,8 @@ cancelled mid-way is charged its prompt plus the chunks it received.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import Final
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Final
 
 import msgspec
 
@@ -29,6 +29,7 @@ from gateway.state import SharedState
 from gateway.tokens import reservation, warm
 
 _KINDS: Final = ("rps", "rpm", "tpm", "tpd", "concurrent")
+SETTLE_S: Final = 0.05
 
 
 def _buckets(scope: str, limits: LimitsConfig | None) -> list[Bucket]:
@@ -104,6 +105,8 @@ class Admission:
         ):
             warm()
         self._background: set[asyncio.Task[None]] = set()
+        self._pending: dict[tuple[Bucket, ...], int] = {}
+        self._timer: asyncio.TimerHandle | None = None
 
     def _route_buckets(self, route: Route) -> list[Bucket]:
         out = list(self.providers.get(route.provider, ()))
@@ -190,22 +193,53 @@ class Admission:
             ) from None
 
     def settle(self, ticket: Ticket | None, used: int | None) -> None:
-        """Return unused reserved tokens (or charge overuse) and free concurrency, off the request path."""
+        """Return unused reserved tokens (or charge overuse) and free concurrency, off the request path.
+
+        Concurrency leases are released at once (a slot must not stay taken). Token corrections are
+        summed per set of buckets and applied every SETTLE_S in one script call per set: a call per
+        request cost a saturated worker a round trip each, and a correction a few milliseconds late
+        changes no admission decision by more than that request's own difference.
+        """
         if ticket is None:
             return
         delta = 0 if used is None else used - ticket.reserved
-        task = asyncio.ensure_future(self._settle(ticket, delta))
+        token_buckets = tuple(b for b in ticket.buckets if b.kind in TOKEN_KINDS)
+        if delta and token_buckets:
+            self._pending[token_buckets] = self._pending.get(token_buckets, 0) + delta
+            if self._timer is None:
+                self._timer = asyncio.get_running_loop().call_later(SETTLE_S, self._flush_soon)
+        if any(b.kind == "concurrent" for b in ticket.buckets):
+            self._spawn(self._release(ticket))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _settle(self, ticket: Ticket, delta: int) -> None:
-        try:
+    def _flush_soon(self) -> None:
+        self._timer = None
+        pending, self._pending = self._pending, {}
+        self._spawn(self._adjust(pending))
+
+    async def _adjust(self, pending: dict[tuple[Bucket, ...], int]) -> None:
+        for buckets, delta in pending.items():
             if delta:
-                await self.limiter.adjust(ticket.buckets, delta)
+                try:
+                    await self.limiter.adjust(buckets, delta)
+                except RedisDown:
+                    pass
+
+    async def _release(self, ticket: Ticket) -> None:
+        try:
             await self.limiter.release(ticket.buckets, ticket.lease)
         except RedisDown:
             pass
 
     async def drain(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+            pending, self._pending = self._pending, {}
+            await self._adjust(pending)
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)

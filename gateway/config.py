@@ -56,6 +56,9 @@ class RedisConfig(Strict, frozen=True):
     url: str = ""
     # Rate limits while Redis is unreachable: keep serving on per-process limits, or refuse (503).
     on_failure: Literal["fail_open", "fail_closed"] = "fail_open"
+    # How old a replica's copy of the shared target health (cooldowns, in-flight counts, latencies) may be
+    # before it reads Redis again; its own changes are seen at once. 0: read on every request.
+    refresh_ms: Annotated[int, Meta(ge=0, le=10_000)] = 250
 
 
 class LimitsConfig(Strict, frozen=True):

@@ -114,10 +114,16 @@ class Health:
         *,
         clock: Callable[[], float] = time.monotonic,
         on_cooldown: Callable[[str, str], None] | None = None,
+        refresh_ms: int = 250,
     ) -> None:
         self.shared = shared
         self.cooldown = cooldown
         self.on_cooldown = on_cooldown
+        self.clock = clock
+        # Copies of Redis's view per target, with when they were read: a round trip per request cost a
+        # saturated worker about 10 % of its time, for a picture that changes only when targets fail.
+        self.refresh_s = refresh_ms / 1000
+        self._seen: dict[str, tuple[float, TargetState]] = {}
         self.local = _Local(clock)
         self._failure_script = shared.client.register_script(_FAILURE) if shared.client is not None else None
         self._ewma_script = shared.client.register_script(_EWMA) if shared.client is not None else None
@@ -125,12 +131,39 @@ class Health:
     def reset(self) -> None:
         """Forget this process's view of every target (cooldowns, failures, probes, counts)."""
         self.local = _Local(self.local.clock)
+        self._seen.clear()
 
     async def snapshot(self, targets: Sequence[str]) -> dict[str, TargetState]:
+        if self.shared.client is None:
+            return {t: self.local.state(t) for t in targets}
+        now = self.clock()
+        if self.refresh_s > 0:
+            cached = self._cached(targets, now)
+            if cached is not None:
+                return cached
         try:
-            return await self.shared.run(lambda r: self._redis_snapshot(r, targets))
+            states = await self.shared.run(lambda r: self._redis_snapshot(r, targets))
         except Degraded:
             return {t: self.local.state(t) for t in targets}
+        for t, st in states.items():
+            self._seen[t] = (now, st)
+        return {t: msgspec.structs.replace(st) for t, st in states.items()}
+
+    def _cached(self, targets: Sequence[str], now: float) -> dict[str, TargetState] | None:
+        out: dict[str, TargetState] = {}
+        for t in targets:
+            seen = self._seen.get(t)
+            if seen is None or now - seen[0] >= self.refresh_s:
+                return None
+            age_ms = int((now - seen[0]) * 1000)
+            st = seen[1]
+            # A copy, with the cooldown counted down by the copy's age (callers may change their copy).
+            out[t] = msgspec.structs.replace(st, cooling_ms=max(st.cooling_ms - age_ms, 0))
+        return out
+
+    def forget(self, target: str) -> None:
+        """This replica changed the target's state: its next snapshot must read it back."""
+        self._seen.pop(target, None)
 
     @staticmethod
     async def _redis_snapshot(r: aioredis.Redis, targets: Sequence[str]) -> dict[str, TargetState]:
@@ -157,6 +190,7 @@ class Health:
 
     async def failure(self, target: str, retry_after_s: float | None, cause: str) -> int:
         """Cool a target down; returns the cooldown in ms."""
+        self.forget(target)
         if self.on_cooldown is not None:
             self.on_cooldown(target, cause)
         ra = int(retry_after_s * 1000) if retry_after_s is not None else None
@@ -182,6 +216,7 @@ class Health:
     async def success(self, target: str, state: TargetState | None) -> None:
         if state is None or state.failures == 0:
             return
+        self.forget(target)
         # A probe (or a request's own retry after the failure it caused) succeeded: the target is back.
         self.local.cool.pop(target, None)
         self.local.failures.pop(target, None)

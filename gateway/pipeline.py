@@ -97,7 +97,13 @@ class Pipeline:
         self.upstream = Upstream(loaded)
         self.shared = SharedState(loaded.config.redis.url)
         on_cooldown = (lambda t, c: metrics.cooldowns.labels(t, c).inc()) if metrics is not None else None
-        self.health = Health(self.shared, loaded.config.cooldown, clock=clock, on_cooldown=on_cooldown)
+        self.health = Health(
+            self.shared,
+            loaded.config.cooldown,
+            clock=clock,
+            on_cooldown=on_cooldown,
+            refresh_ms=loaded.config.redis.refresh_ms,
+        )
         self.log_prompts = loaded.config.logging.prompts
         self.log_requests = loaded.config.logging.requests
         self.failover = Failover(self.health, clock=clock, **({"sleep": sleep} if sleep else {}))

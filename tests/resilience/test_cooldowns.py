@@ -202,7 +202,11 @@ def redis() -> Iterator[RedisServer]:
 async def test_replicas_share_cooldowns_and_the_probe_through_redis(
     make: MakePipeline, faults: FaultServer, vtime: VirtualTime, redis: RedisServer
 ) -> None:
-    top = f"redis: {{url: '{redis.url}'}}\nretries: {{attempts: 2}}\ncooldown: {{base_ms: 300, max_ms: 5000}}\n"
+    # refresh_ms 0: every snapshot reads Redis, so the replicas' views are exactly Redis's.
+    top = (
+        f"redis: {{url: '{redis.url}', refresh_ms: 0}}\nretries: {{attempts: 2}}\n"
+        "cooldown: {base_ms: 300, max_ms: 5000}\n"
+    )
     one, two = make(ORDERED_AB, top=top), make(ORDERED_AB, top=top)
     faults["alpha"].script(unavailable())
     assert (await ask(one)).served_by == key("beta")
@@ -221,6 +225,28 @@ async def test_replicas_share_cooldowns_and_the_probe_through_redis(
     assert faults["alpha"].count == 2
     assert await state(one, "alpha") == await state(two, "alpha") == TargetState()
     assert not one.shared.degraded and not two.shared.degraded
+
+
+async def test_a_replica_reads_shared_health_again_after_refresh_ms(
+    make: MakePipeline, faults: FaultServer, vtime: VirtualTime, redis: RedisServer
+) -> None:
+    top = f"redis: {{url: '{redis.url}', refresh_ms: 250}}\nretries: {{attempts: 2}}\n" + COOLDOWN
+    one, two, three = (make(ORDERED_AB, top=top) for _ in range(3))
+    for replica in (two, three):
+        assert (await ask(replica)).served_by == key("alpha")  # each now holds a copy: alpha healthy
+    faults["alpha"].script(then=unavailable(retry_after="30"))
+    assert (await ask(one)).served_by == key("beta")  # one cools alpha in Redis for 30 s
+    assert faults.order() == ["alpha", "alpha", "alpha", "beta"]
+    # 0.2 s later two's copy is still fresh: it calls alpha (and fails over). Staleness is bounded...
+    vtime.advance(0.2)
+    stale = await ask(two)
+    assert (stale.served_by, stale.attempts) == (key("beta"), 2)
+    assert faults.order()[4:] == ["alpha", "beta"]
+    # ...by refresh_ms: at 0.3 s three's copy has expired, it reads Redis and goes straight to beta.
+    vtime.advance(0.1)
+    fresh = await ask(three)
+    assert (fresh.served_by, fresh.attempts) == (key("beta"), 1)
+    assert faults.order()[6:] == ["beta"]
 
 
 async def test_a_request_out_of_attempts_does_not_take_the_next_targets_probe(

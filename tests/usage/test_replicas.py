@@ -3,6 +3,7 @@ answers /admin/usage with the same totals, and a budget spent through one is enf
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -42,7 +43,13 @@ def test_replicas_share_usage_and_budgets(replicas: list[GatewayProcess]) -> Non
             assert c.post("/v1/completions", json=body(model="demo/text", max_tokens=4)).status_code == 200
     wait_requests(a.url, "team", 3)
     wait_requests(b.url, "free", 3)
+    # Each replica writes its bookings to Redis every 0.5 s and adds only its own unwritten ones to a
+    # report, so the two agree once both have written: wait for that (bounded).
+    deadline = time.monotonic() + 5
     seen_a, seen_b = usage(a.url), usage(b.url)
+    while seen_a != seen_b and time.monotonic() < deadline:
+        time.sleep(0.1)
+        seen_a, seen_b = usage(a.url), usage(b.url)
     assert seen_a == seen_b
     team = seen_a["keys"]["team"]
     assert (team["requests"], team["prompt_tokens"], team["completion_tokens"], team["cost"]) == (3, 9, 21, 0.051)
