@@ -18,14 +18,16 @@ the same arithmetic runs in process memory, which is exact for one process.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import msgspec
 import redis.asyncio as aioredis
+from redis.exceptions import NoScriptError
 
 from gateway.state import Degraded, SharedState
 
@@ -255,21 +257,63 @@ class Limiter:
         self.fail_open = fail_open
         self.local = _Local(clock)
         self._script = shared.client.register_script(SCRIPT) if shared.client is not None else None
+        self._queue: list[tuple[list[str], list[str | int | float], asyncio.Future[list[int]]]] = []
+        self._sending: set[asyncio.Task[None]] = set()
 
     async def _run(self, mode: str, lease: str, buckets: Sequence[Bucket], costs: Sequence[float]) -> list[int]:
-        script = self._script
-        if script is not None:
+        if self._script is not None:
             args: list[str | int | float] = [mode, lease]
             for b, c in zip(buckets, costs, strict=True):
                 args += [b.kind, b.limit, b.period_ms, c]
             keys = [b.redis_key for b in buckets]
+            fut: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
+            self._queue.append((keys, args, fut))
+            if len(self._queue) == 1:
+                asyncio.get_running_loop().call_soon(self._send_queued)
             try:
-                raw = await self.shared.run(lambda r: script(keys=keys, args=args, client=r))
-                return [int(x) for x in raw]
+                return await fut
             except Degraded:
                 if not self.fail_open:
                     raise RedisDown from None
         return self.local.run(mode, lease, buckets, costs)
+
+    def _send_queued(self) -> None:
+        batch, self._queue = self._queue, []
+        task = asyncio.ensure_future(self._send(batch))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _send(self, batch: list[tuple[list[str], list[str | int | float], asyncio.Future[list[int]]]]) -> None:
+        """Every script call queued in one loop tick goes to Redis in one pipeline: one round trip for
+        all the requests that arrived together (each call is still its own atomic script)."""
+        script = self._script
+        assert script is not None
+
+        async def run(r: aioredis.Redis) -> list[Any]:
+            for _ in range(2):
+                pipe = r.pipeline(transaction=False)
+                for keys, args, _fut in batch:
+                    pipe.evalsha(script.sha, len(keys), *keys, *args)
+                replies: list[Any] = await pipe.execute(raise_on_error=False)
+                if not any(isinstance(x, NoScriptError) for x in replies):
+                    return replies
+                await r.script_load(SCRIPT)  # Redis restarted and forgot it: load once, send again
+            return replies
+
+        try:
+            replies = await self.shared.run(run)
+        except Degraded:
+            for _keys, _args, fut in batch:
+                if not fut.done():
+                    fut.set_exception(Degraded())
+            return
+        for (_keys, _args, fut), reply in zip(batch, replies, strict=True):
+            if fut.done():
+                continue
+            if isinstance(reply, Exception):
+                fut.set_exception(Degraded())
+            else:
+                fut.set_result([int(x) for x in reply])
 
     async def acquire(self, buckets: Sequence[Bucket], tokens: int) -> Decision:
         lease = uuid.uuid4().hex
