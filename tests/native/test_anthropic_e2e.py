@@ -6,19 +6,14 @@ and usage; the upstream sees a Messages request with Anthropic's auth headers.""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import openai
-import pytest
 
 from tests.e2e.errors import assert_error
 from tests.e2e.harness import (
-    GatewayThread,
     Upstream,
     fixture_bytes,
-    openai_client,
     reply,
     reply_sse,
     sse_data,
@@ -38,49 +33,6 @@ providers:
     default_max_tokens: 1024
     models: [claude-sonnet-4-5-20250929]
 """
-
-
-@pytest.fixture(scope="module")
-def upstream_server() -> Iterator[Upstream]:
-    server = Upstream()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def upstream(upstream_server: Upstream) -> Iterator[Upstream]:
-    upstream_server.reset()
-    yield upstream_server
-    upstream_server.reset()
-
-
-@pytest.fixture(scope="module")
-def gateway(upstream_server: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
-    path: Path = tmp_path_factory.mktemp("anthropic") / "config.yaml"
-    path.write_text(CONFIG.format(key=UPSTREAM_KEY, url=upstream_server.url))
-    gw = GatewayThread(path, {})
-    gw.start()
-    try:
-        yield gw
-    finally:
-        gw.stop()
-
-
-@pytest.fixture
-def oai(gateway: GatewayThread) -> Iterator[openai.OpenAI]:
-    gateway.pipeline.health.reset()
-    with openai_client(gateway.url + "/v1", "unused-no-keys-configured") as client:
-        yield client
-
-
-@pytest.fixture
-def api(gateway: GatewayThread) -> Iterator[httpx.Client]:
-    gateway.pipeline.health.reset()
-    with httpx.Client(base_url=gateway.url, trust_env=False, timeout=15) as client:
-        yield client
 
 
 def _assert_messages_call(upstream: Upstream, body: dict[str, object]) -> None:

@@ -15,8 +15,6 @@ import hashlib
 import hmac
 import json
 import re
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import openai
@@ -26,12 +24,10 @@ from aiohttp import web
 from providers import sigv4
 from tests.e2e.errors import assert_error
 from tests.e2e.harness import (
-    GatewayThread,
     Handler,
     Received,
     Upstream,
     fixture_bytes,
-    openai_client,
     reply,
     sse_data,
 )
@@ -119,48 +115,8 @@ def reply_eventstream(raw: bytes, size: int) -> Handler:
     return handler
 
 
-@pytest.fixture(scope="module")
-def upstream_server() -> Iterator[Upstream]:
-    server = Upstream()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def upstream(upstream_server: Upstream) -> Iterator[Upstream]:
-    upstream_server.reset()
-    yield upstream_server
-    upstream_server.reset()
-
-
-@pytest.fixture(scope="module")
-def gateway(upstream_server: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
-    path: Path = tmp_path_factory.mktemp("bedrock") / "config.yaml"
-    path.write_text(CONFIG.format(url=upstream_server.url))
-    env = {"AWS_ACCESS_KEY_ID": AKID, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_BEARER_TOKEN_BEDROCK": API_KEY}
-    gw = GatewayThread(path, env)
-    gw.start()
-    try:
-        yield gw
-    finally:
-        gw.stop()
-
-
-@pytest.fixture
-def oai(gateway: GatewayThread) -> Iterator[openai.OpenAI]:
-    gateway.pipeline.health.reset()
-    with openai_client(gateway.url + "/v1", "unused-no-keys-configured") as client:
-        yield client
-
-
-@pytest.fixture
-def api(gateway: GatewayThread) -> Iterator[httpx.Client]:
-    gateway.pipeline.health.reset()
-    with httpx.Client(base_url=gateway.url, trust_env=False, timeout=15) as client:
-        yield client
+# The gateway's environment: the ${VAR}s CONFIG references.
+GATEWAY_ENV = {"AWS_ACCESS_KEY_ID": AKID, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_BEARER_TOKEN_BEDROCK": API_KEY}
 
 
 def _assert_converse_call(upstream: Upstream, checked: Checked, operation: str, body: dict[str, object]) -> None:

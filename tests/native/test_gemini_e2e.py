@@ -7,8 +7,6 @@ generateContent request authenticated by `x-goog-api-key`, with no key in the UR
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import openai
@@ -17,12 +15,10 @@ from aiohttp import web
 
 from tests.e2e.errors import assert_error
 from tests.e2e.harness import (
-    GatewayThread,
     Handler,
     Received,
     Upstream,
     fixture_bytes,
-    openai_client,
     reply,
     sse_data,
 )
@@ -57,50 +53,6 @@ def reply_raw(raw: bytes, size: int) -> Handler:
         return resp
 
     return handler
-
-
-@pytest.fixture(scope="module")
-def upstream_server() -> Iterator[Upstream]:
-    server = Upstream()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def upstream(upstream_server: Upstream) -> Iterator[Upstream]:
-    upstream_server.reset()
-    yield upstream_server
-    upstream_server.reset()
-
-
-@pytest.fixture(scope="module")
-def gateway(upstream_server: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
-    path: Path = tmp_path_factory.mktemp("gemini") / "config.yaml"
-    path.write_text(CONFIG.format(key=UPSTREAM_KEY, url=upstream_server.url))
-    gw = GatewayThread(path, {})
-    gw.start()
-    try:
-        yield gw
-    finally:
-        gw.stop()
-
-
-@pytest.fixture
-def oai(gateway: GatewayThread) -> Iterator[openai.OpenAI]:
-    gateway.pipeline.health.reset()
-    with openai_client(gateway.url + "/v1", "unused-no-keys-configured") as client:
-        yield client
-
-
-@pytest.fixture
-def api(gateway: GatewayThread) -> Iterator[httpx.Client]:
-    # A 429 cools the target down; every test starts from a healthy one.
-    gateway.pipeline.health.reset()
-    with httpx.Client(base_url=gateway.url, trust_env=False, timeout=15) as client:
-        yield client
 
 
 def _sent(upstream: Upstream, path: str, query: dict[str, str]) -> Received:

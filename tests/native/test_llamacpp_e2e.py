@@ -9,16 +9,13 @@ the last event), and its 503 "Loading model" body, which the README prints verba
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
-import pytest
 
 from tests.e2e.errors import assert_error
-from tests.e2e.harness import GatewayThread, Upstream, openai_client, reply, reply_sse, sse_data
+from tests.e2e.harness import Upstream, reply, reply_sse, sse_data
 
 MODEL = "llama/qwen2.5-7b-instruct"
 PROMPT = "Building a website can be done in 10 simple steps:"
@@ -51,49 +48,6 @@ STREAM: list[dict[str, Any]] = [
     },
 ]
 LOADING = b'{"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}'
-
-
-@pytest.fixture(scope="module")
-def upstream_server() -> Iterator[Upstream]:
-    server = Upstream()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def upstream(upstream_server: Upstream) -> Iterator[Upstream]:
-    upstream_server.reset()
-    yield upstream_server
-    upstream_server.reset()
-
-
-@pytest.fixture(scope="module")
-def gateway(upstream_server: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
-    path: Path = tmp_path_factory.mktemp("llamacpp") / "config.yaml"
-    path.write_text(CONFIG.format(url=upstream_server.url))
-    gw = GatewayThread(path, {})
-    gw.start()
-    try:
-        yield gw
-    finally:
-        gw.stop()
-
-
-@pytest.fixture
-def oai(gateway: GatewayThread) -> Iterator[openai.OpenAI]:
-    gateway.pipeline.health.reset()
-    with openai_client(gateway.url + "/v1", "unused-no-keys-configured") as client:
-        yield client
-
-
-@pytest.fixture
-def api(gateway: GatewayThread) -> Iterator[httpx.Client]:
-    gateway.pipeline.health.reset()
-    with httpx.Client(base_url=gateway.url, trust_env=False, timeout=15) as client:
-        yield client
 
 
 def test_openai_sdk_non_stream(oai: openai.OpenAI, upstream: Upstream) -> None:

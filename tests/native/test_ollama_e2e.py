@@ -7,15 +7,12 @@ raw prompt and an explicit `stream`."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import openai
-import pytest
 
 from tests.e2e.errors import assert_error
-from tests.e2e.harness import GatewayThread, Upstream, fixture_bytes, fixture_json, openai_client, reply, sse_data
+from tests.e2e.harness import Upstream, fixture_bytes, fixture_json, reply, sse_data
 
 MODEL = "local/llama3"
 PROMPT = "Tell me a joke about OpenTelemetry"
@@ -28,49 +25,6 @@ providers:
     kind: ollama
     base_url: {url}/ollama
 """
-
-
-@pytest.fixture(scope="module")
-def upstream_server() -> Iterator[Upstream]:
-    server = Upstream()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def upstream(upstream_server: Upstream) -> Iterator[Upstream]:
-    upstream_server.reset()
-    yield upstream_server
-    upstream_server.reset()
-
-
-@pytest.fixture(scope="module")
-def gateway(upstream_server: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
-    path: Path = tmp_path_factory.mktemp("ollama") / "config.yaml"
-    path.write_text(CONFIG.format(url=upstream_server.url))
-    gw = GatewayThread(path, {})
-    gw.start()
-    try:
-        yield gw
-    finally:
-        gw.stop()
-
-
-@pytest.fixture
-def oai(gateway: GatewayThread) -> Iterator[openai.OpenAI]:
-    gateway.pipeline.health.reset()
-    with openai_client(gateway.url + "/v1", "unused-no-keys-configured") as client:
-        yield client
-
-
-@pytest.fixture
-def api(gateway: GatewayThread) -> Iterator[httpx.Client]:
-    gateway.pipeline.health.reset()
-    with httpx.Client(base_url=gateway.url, trust_env=False, timeout=15) as client:
-        yield client
 
 
 def _recorded_stream_text() -> str:

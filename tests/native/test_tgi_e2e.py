@@ -6,20 +6,15 @@ and usage; the upstream sees `/generate` (or `/generate_stream`) with TGI's `{"i
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
-import pytest
 
 from tests.e2e.errors import assert_error
 from tests.e2e.harness import (
-    GatewayThread,
     Upstream,
     fixture_bytes,
-    openai_client,
     reply,
     reply_sse,
     sse_data,
@@ -37,49 +32,6 @@ providers:
     api_key: {key}
     base_url: {url}/tgi
 """
-
-
-@pytest.fixture(scope="module")
-def upstream_server() -> Iterator[Upstream]:
-    server = Upstream()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def upstream(upstream_server: Upstream) -> Iterator[Upstream]:
-    upstream_server.reset()
-    yield upstream_server
-    upstream_server.reset()
-
-
-@pytest.fixture(scope="module")
-def gateway(upstream_server: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
-    path: Path = tmp_path_factory.mktemp("tgi") / "config.yaml"
-    path.write_text(CONFIG.format(key=UPSTREAM_KEY, url=upstream_server.url))
-    gw = GatewayThread(path, {})
-    gw.start()
-    try:
-        yield gw
-    finally:
-        gw.stop()
-
-
-@pytest.fixture
-def oai(gateway: GatewayThread) -> Iterator[openai.OpenAI]:
-    gateway.pipeline.health.reset()
-    with openai_client(gateway.url + "/v1", "unused-no-keys-configured") as client:
-        yield client
-
-
-@pytest.fixture
-def api(gateway: GatewayThread) -> Iterator[httpx.Client]:
-    gateway.pipeline.health.reset()
-    with httpx.Client(base_url=gateway.url, trust_env=False, timeout=15) as client:
-        yield client
 
 
 def _assert_call(upstream: Upstream, path: str, body: dict[str, Any]) -> None:
