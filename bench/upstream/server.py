@@ -37,8 +37,14 @@ _STREAM_MARKERS = (b'"stream":true', b'"stream": true')
 class Settings:
     """Behaviour knobs, fixed for the life of the server."""
 
-    def __init__(self, latency_ms: float, chunks: int, chunk_interval_ms: float) -> None:
+    def __init__(
+        self, latency_ms: float, chunks: int, chunk_interval_ms: float, slow_every: int = 0, slow_ms: float = 0.0
+    ) -> None:
         self.latency_s = latency_ms / 1000.0
+        # A deterministic tail (every Nth answer takes slow_ms): what hedging is for, reproducibly.
+        self.slow_every = slow_every
+        self.slow_s = slow_ms / 1000.0
+        self.served = 0
         self.chunk_interval_s = chunk_interval_ms / 1000.0
         # Chunked transfer-encoding frames are precomputed once; serving is then pure writes.
         self.frames = [b"%x\r\n%s\r\n" % (len(ev), ev) for ev in stream_events(chunks)]
@@ -88,9 +94,15 @@ class UpstreamProtocol(asyncio.Protocol):
             task = asyncio.get_running_loop().create_task(self._stream(tail, keep_alive))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        elif self._settings.latency_s > 0:
+        elif self._settings.latency_s > 0 or self._settings.slow_every:
+            settings = self._settings
+            settings.served += 1
+            slow = settings.slow_every and settings.served % settings.slow_every == 0
             asyncio.get_running_loop().call_later(
-                self._settings.latency_s, self._send, _JSON_HEAD + tail + COMPLETION_BODY, keep_alive
+                settings.slow_s if slow else settings.latency_s,
+                self._send,
+                _JSON_HEAD + tail + COMPLETION_BODY,
+                keep_alive,
             )
         else:
             self._send(_JSON_HEAD + tail + COMPLETION_BODY, keep_alive)
@@ -140,8 +152,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--latency-ms", type=float, default=0.0, help="wait before answering")
     parser.add_argument("--chunks", type=int, default=100, help="SSE events per streamed answer")
     parser.add_argument("--chunk-interval-ms", type=float, default=0.0, help="gap between SSE events")
+    parser.add_argument("--slow-every", type=int, default=0, help="every Nth non-streamed answer is slow")
+    parser.add_argument("--slow-ms", type=float, default=0.0, help="how long a slow answer waits")
     args = parser.parse_args(argv)
-    settings = Settings(args.latency_ms, args.chunks, args.chunk_interval_ms)
+    settings = Settings(args.latency_ms, args.chunks, args.chunk_interval_ms, args.slow_every, args.slow_ms)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(serve(args.host, args.port, settings))
 
