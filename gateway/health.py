@@ -36,6 +36,11 @@ redis.call('DEL', KEYS[3])
 return ms
 """
 
+_EXHAUSTED = """
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], '429', 'PX', ARGV[1]) end
+return 1
+"""
+
 _EWMA = """
 local v = redis.call('GET', KEYS[1])
 local x = tonumber(ARGV[1])
@@ -98,6 +103,12 @@ class _Local:
         self.probes.pop(target, None)
         return ms
 
+    def exhausted(self, target: str, ms: int) -> None:
+        now = self.clock()
+        until, _ = self.cool.get(target, (0.0, "429"))
+        if until < now + ms / 1000:
+            self.cool[target] = (now + ms / 1000, "429")
+
     def probe(self, target: str, ttl_ms: int) -> bool:
         now = self.clock()
         if self.probes.get(target, 0.0) > now:
@@ -127,6 +138,7 @@ class Health:
         self.local = _Local(clock)
         self._failure_script = shared.client.register_script(_FAILURE) if shared.client is not None else None
         self._ewma_script = shared.client.register_script(_EWMA) if shared.client is not None else None
+        self._exhausted_script = shared.client.register_script(_EXHAUSTED) if shared.client is not None else None
 
     def reset(self) -> None:
         """Forget this process's view of every target (cooldowns, failures, probes, counts)."""
@@ -212,6 +224,23 @@ class Health:
             except Degraded:
                 pass
         return self.local.failure(target, ra, cause, self.cooldown)
+
+    async def exhausted(self, target: str, seconds: float) -> None:
+        """The upstream said its quota is used up until `seconds` from now: every replica skips the target
+        until then. Not a failure: it neither counts toward longer cooldowns nor needs a probe."""
+        ms = max(int(seconds * 1000), 1)
+        self.forget(target)
+        if self.on_cooldown is not None:
+            self.on_cooldown(target, "exhausted")
+        script = self._exhausted_script
+        if script is not None:
+            key = _keys(target)[0]
+            try:
+                await self.shared.run(lambda r: script(keys=[key], args=[ms], client=r))
+                return
+            except Degraded:
+                pass
+        self.local.exhausted(target, ms)
 
     async def success(self, target: str, state: TargetState | None) -> None:
         if state is None or state.failures == 0:

@@ -35,6 +35,7 @@ from gateway.state import SharedState
 from gateway.upstream import Stream, Timeouts, Upstream
 from gateway.usage import UsageStore
 from providers.base import Adapter, CallContext, LocalAdapter, map_params, prompt_form
+from providers.quota import exhausted_for
 
 
 def _completion_id() -> str:
@@ -224,6 +225,12 @@ class Pipeline:
         relay = self._relay(opened.value, req, ctx, plan, opened.route, ticket, rec)
         return Result(_headers(opened, dropped) | limit_headers, stream=relay)
 
+    async def _watch_quota(self, route: Route, headers: Mapping[str, str]) -> None:
+        """An answer that says the upstream's quota is now used up: stop every replica sending more."""
+        wait = exhausted_for(headers)
+        if wait is not None:
+            await self.health.exhausted(route.key, wait)
+
     def _prepare(self, route: Route, req: CompletionRequest, dropped: dict[str, list[str]]) -> dict[str, Any]:
         self.router.check_available(route)
         route.adapter.check(req, route.provider)
@@ -265,6 +272,7 @@ class Pipeline:
         resp = await self.upstream.send(route.provider, upstream_req, timeouts)
         if resp.status >= 400:
             raise adapter.map_error(resp.status, resp.headers, resp.body, route.provider)
+        await self._watch_quota(route, resp.headers)
         try:
             return adapter.parse_response(resp.body, ctx)
         except (msgspec.DecodeError, msgspec.ValidationError):
@@ -323,6 +331,7 @@ class Pipeline:
             if stream.status >= 400:
                 body = await stream.read_all()
                 raise adapter.map_error(stream.status, stream.headers, body, route.provider)
+            await self._watch_quota(route, stream.headers)
             events = _events(adapter, stream, ctx)
             first = await anext(events, None)
             if first is None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import pytest
 
 from gateway.pipeline import Pipeline
+from tests.e2e.harness import RedisServer
 
 from .faults import FaultServer
 from .kit import Answer, VirtualTime, ask, pipeline
@@ -76,3 +77,13 @@ async def reference(make: MakePipeline, faults: FaultServer) -> AsyncIterator[Re
     faults["omega"].hits.clear()
     faults.journal.clear()
     yield Reference(plain=plain, stream=streamed)
+
+
+@pytest.fixture
+def redis() -> Iterator[RedisServer]:
+    """A real redis-server on a free port, stopped after the test."""
+    server = RedisServer()
+    try:
+        yield server
+    finally:
+        server.stop()

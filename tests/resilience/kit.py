@@ -21,6 +21,7 @@ import msgspec
 from gateway.config import parse_config
 from gateway.dialects import OPENAI
 from gateway.errors import GatewayError
+from gateway.health import TargetState
 from gateway.pipeline import Pipeline
 
 from .faults import FaultServer
@@ -142,3 +143,8 @@ def same_but_id(body: bytes) -> tuple[bytes, set[bytes]]:
     """The body with the gateway's per-request completion id blanked, and the ids it contained."""
     ids = set(_ID.findall(body))
     return _ID.sub(b'"id":"cmpl-*"', body), ids
+
+
+async def state(p: Pipeline, provider: str) -> TargetState:
+    """A pipeline's view of one target's health now."""
+    return (await p.health.snapshot([key(provider)]))[key(provider)]

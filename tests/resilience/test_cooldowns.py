@@ -7,18 +7,14 @@ Redis-backed tests use a real redis-server (TTL in real time, asserted with a to
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-
-import pytest
 
 from gateway.errors import AllTargetsCoolingError
 from gateway.health import TargetState
-from gateway.pipeline import Pipeline
 from tests.e2e.harness import RedisServer
 
 from .conftest import MakePipeline, Reference
 from .faults import FaultServer, good, rate_limited, slow, unavailable
-from .kit import VirtualTime, ask, key
+from .kit import VirtualTime, ask, key, state
 
 ONLY_A = """
   - name: smart
@@ -34,10 +30,6 @@ COOLDOWN = "cooldown: {base_ms: 1000, max_ms: 5000}\n"
 
 def one_attempt(cooldown: str = COOLDOWN) -> str:
     return "retries: {attempts: 1}\n" + cooldown
-
-
-async def state(p: Pipeline, provider: str) -> TargetState:
-    return (await p.health.snapshot([key(provider)]))[key(provider)]
 
 
 async def test_cooldown_doubles_per_failure_up_to_max_and_a_probe_success_clears_it(
@@ -188,15 +180,6 @@ async def test_a_request_that_recovers_its_own_target_clears_the_cooldown(
 
 # --------------------------------------------------------------------------------------------------
 # Shared through Redis (two pipelines in one process here; two processes in test_processes.py)
-
-
-@pytest.fixture
-def redis() -> Iterator[RedisServer]:
-    server = RedisServer()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 async def test_replicas_share_cooldowns_and_the_probe_through_redis(
