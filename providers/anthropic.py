@@ -33,7 +33,7 @@ import msgspec
 
 from gateway.errors import GatewayError, InvalidRequestError, UnsupportedParamError, UpstreamStatusError
 from gateway.schema import Choice, Completion, CompletionRequest, FinishReason, PromptTokensDetails, Usage
-from providers.base import EMULATED, Adapter, CallContext, Endpoint, Param, UpstreamRequest, table
+from providers.base import EMULATED_EXTRAS, Adapter, CallContext, Endpoint, Param, UpstreamRequest, table
 from providers.finish import finish_reason
 from providers.openai_compat import stop_list
 from providers.retry_after import retry_after, should_retry
@@ -194,26 +194,17 @@ class AnthropicAdapter(Adapter):
     prompt_forms = frozenset({"text"})
     max_logprobs = 0
     params = table(
+        EMULATED_EXTRAS,
         max_tokens=Param(),
         temperature=Param(),
         top_p=Param(),
         top_k=Param(apply=_top_k),
         stop=Param(to="stop_sequences", convert=stop_list),
         user=Param(to="metadata.user_id"),
-        n=EMULATED,
-        best_of=EMULATED,
-        echo=EMULATED,
-        include_stop_str_in_output=EMULATED,
-        guided_json=EMULATED,
-        guided_regex=EMULATED,
-        guided_choice=EMULATED,
-        guided_grammar=EMULATED,
     )
 
     def check(self, req: CompletionRequest, provider: str) -> None:
-        # logprobs is not in the table, so map_params refuses it naming the field (or drops it under
-        # `unsupported_params: drop`); the base count check must not pre-empt that with "at most 0".
-        super().check(req if req.logprobs is None else msgspec.structs.replace(req, logprobs=None), provider)
+        super().check(req, provider)
         # The gateway accepts OpenAI's 0-2; Anthropic's range is 0-1, and clamping would change the sampling.
         if req.temperature is not None and req.temperature > 1:
             raise out_of_range(provider, "temperature", req.temperature, 0, 1)

@@ -94,6 +94,21 @@ Table = Mapping[str, Param]
 # The gateway provides the field for this provider (fan-out for n, prepending for echo, ...).
 EMULATED = Param(emulated=True)
 
+# What a chat-style API without completion extras gets from the gateway: `table(..., **EMULATED_EXTRAS)`.
+EMULATED_EXTRAS: Mapping[str, Param] = {
+    name: EMULATED
+    for name in (
+        "n",
+        "best_of",
+        "echo",
+        "include_stop_str_in_output",
+        "guided_json",
+        "guided_regex",
+        "guided_choice",
+        "guided_grammar",
+    )
+}
+
 # Canonical fields an adapter may translate; the rest are handled by the gateway itself
 # (model, prompt, stream*, inference_*) or folded away by normalize() (the alias names).
 PARAM_FIELDS: tuple[str, ...] = tuple(
@@ -190,7 +205,8 @@ class Capabilities:
             raise UnsupportedParamError("prompt", provider).with_message(
                 f"Provider '{provider}' accepts only a single string prompt"
             )
-        if isinstance(req.logprobs, int) and req.logprobs > self.max_logprobs:
+        # Only where the table maps logprobs: elsewhere map_params refuses (or drops) the field by name.
+        if isinstance(req.logprobs, int) and "logprobs" in self.params and req.logprobs > self.max_logprobs:
             raise UnsupportedParamError("logprobs", provider).with_message(
                 f"Provider '{provider}' returns at most {self.max_logprobs} logprobs, got {req.logprobs}"
             )

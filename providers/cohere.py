@@ -40,7 +40,7 @@ import msgspec
 
 from gateway.errors import GatewayError, InvalidRequestError, UnsupportedParamError, UpstreamStatusError
 from gateway.schema import Choice, Completion, CompletionRequest, FinishReason, Usage
-from providers.base import EMULATED, Adapter, CallContext, Endpoint, Param, UpstreamRequest, table
+from providers.base import EMULATED_EXTRAS, Adapter, CallContext, Endpoint, Param, UpstreamRequest, table
 from providers.finish import finish_reason
 from providers.openai_compat import stop_list
 from providers.retry_after import retry_after, should_retry
@@ -150,6 +150,7 @@ class CohereAdapter(Adapter):
     max_stop = 5
     max_logprobs = 0
     params = table(
+        EMULATED_EXTRAS,
         max_tokens=Param(),
         temperature=Param(),
         top_p=Param(to="p"),
@@ -158,20 +159,10 @@ class CohereAdapter(Adapter):
         frequency_penalty=Param(),
         presence_penalty=Param(),
         stop=Param(to="stop_sequences", convert=stop_list),
-        n=EMULATED,
-        best_of=EMULATED,
-        echo=EMULATED,
-        include_stop_str_in_output=EMULATED,
-        guided_json=EMULATED,
-        guided_regex=EMULATED,
-        guided_choice=EMULATED,
-        guided_grammar=EMULATED,
     )
 
     def check(self, req: CompletionRequest, provider: str) -> None:
-        # logprobs is not in the table, so map_params refuses it naming the field (or drops it under
-        # `unsupported_params: drop`); the base count check must not pre-empt that with "at most 0".
-        super().check(req if req.logprobs is None else msgspec.structs.replace(req, logprobs=None), provider)
+        super().check(req, provider)
         # Refused rather than clamped: a clamped value would silently change the sampling asked for.
         for field, low, high in _RANGES:
             value = getattr(req, field)

@@ -11,6 +11,7 @@ from gateway.config import ProviderKind
 from gateway.errors import UnsupportedParamError
 from providers import REGISTRY
 from providers.base import PARAM_FIELDS, Param, map_params, prompt_form, table
+from providers.openai import OpenAIAdapter
 from providers.openai_compat import OPENAI_PARAMS, stop_list
 from providers.pais import PAISAdapter
 from tests.providers.kit import request
@@ -107,9 +108,23 @@ def test_check_logprobs_limit_per_kind() -> None:
         "llamacpp": 20,
         "bedrock": 0,
     }
+    # Over a provider's count: refused by the check, naming the limit.
     with pytest.raises(UnsupportedParamError) as info:
-        PAISAdapter().check(request(logprobs=True, top_logprobs=6), "pais")
-    assert info.value.param == "logprobs"
+        OpenAIAdapter().check(request(logprobs=True, top_logprobs=6), "openai")
+    assert (info.value.param, info.value.message) == (
+        "logprobs",
+        "Provider 'openai' returns at most 5 logprobs, got 6",
+    )
+    # A provider without logprobs at all passes the check; its table refuses the field by name.
+    pais = PAISAdapter()
+    req = request(logprobs=True, top_logprobs=6)
+    pais.check(req, "pais")
+    with pytest.raises(UnsupportedParamError) as info:
+        map_params(req, pais.params, "pais", drop_unsupported=False)
+    assert (info.value.param, info.value.message) == (
+        "logprobs",
+        "Parameter 'logprobs' is not supported by provider 'pais'",
+    )
 
 
 def test_registry_covers_every_config_kind() -> None:
