@@ -410,7 +410,7 @@ async def stream(
                 if text or finish is not None:
                     out.append(Choice(text, index, lp, finish))
             if out:
-                yield Completion(id=ctx.id, created=ctx.created, model=ctx.model, choices=out)
+                yield ctx.completion(out)
             if (
                 em.stops is not None
                 and done
@@ -418,7 +418,7 @@ async def stream(
             ):
                 break  # every choice has stopped: no need to read (or pay for) the rest
         if usage is not None:
-            yield Completion(id=ctx.id, created=ctx.created, model=ctx.model, choices=[], usage=usage)
+            yield ctx.completion([], usage)
     finally:
         for p in pumps:
             p.cancel()

@@ -407,7 +407,7 @@ class Pipeline:
                     prompt_tokens_details=usage.prompt_tokens_details,
                 )
             if want_usage and usage is not None:
-                last = Completion(id=ctx.id, created=opened.ctx.created, model=ctx.model, choices=[], usage=usage)
+                last = opened.ctx.completion([], usage)
                 yield sse_event(encode(last))
         finally:
             # Settle before awaiting anything: a client that left cancels this generator, and a cancelled

@@ -32,7 +32,7 @@ from typing import Any, ClassVar, Final
 import msgspec
 
 from gateway.errors import GatewayError, InvalidRequestError, UnsupportedParamError, UpstreamStatusError
-from gateway.schema import Choice, Completion, CompletionRequest, FinishReason, PromptTokensDetails, Usage
+from gateway.schema import Completion, CompletionRequest, PromptTokensDetails, Usage
 from providers.base import EMULATED_EXTRAS, Adapter, CallContext, Endpoint, Param, UpstreamRequest, table
 from providers.finish import finish_reason
 from providers.openai_compat import stop_list
@@ -244,13 +244,8 @@ class AnthropicAdapter(Adapter):
     def parse_response(self, body: bytes, ctx: CallContext) -> Completion:
         msg = _decode_message(body)
         text = "".join(block.text for block in msg.content if block.type == "text")
-        return Completion(
-            id=ctx.id,
-            created=ctx.created,
-            model=ctx.model,
-            choices=[Choice(text=text, index=0, logprobs=None, finish_reason=finish_reason(msg.stop_reason))],
-            usage=usage_from(msg.usage) if msg.usage is not None else None,
-        )
+        usage = usage_from(msg.usage) if msg.usage is not None else None
+        return ctx.single(text, finish_reason(msg.stop_reason), usage=usage)
 
     def parse_event(self, event: str | None, data: bytes, ctx: CallContext) -> Completion | None:
         ev = _decode_event(data)
@@ -260,7 +255,7 @@ class AnthropicAdapter(Adapter):
             # thinking_delta, signature_delta and input_json_delta are not completion text.
             if d is None or d.type != "text_delta" or not d.text:
                 return None
-            return self._chunk(ctx, d.text, None, None)
+            return ctx.single(d.text, None)
         if kind == "message_start":
             if ev.message is not None and ev.message.usage is not None:
                 ctx.state["usage"] = ev.message.usage
@@ -272,24 +267,14 @@ class AnthropicAdapter(Adapter):
                 return None
             usage: AUsage | None = ctx.state.get("usage")
             # The last chunk: message_stop that follows carries nothing.
-            return self._chunk(
-                ctx, "", finish_reason(ev.delta.stop_reason), usage_from(usage) if usage is not None else None
+            return ctx.single(
+                "", finish_reason(ev.delta.stop_reason), usage=usage_from(usage) if usage is not None else None
             )
         if kind == "error":
             kind_of = ev.error.type if ev.error is not None else None
             raise self.map_error(_ERROR_STATUS.get(kind_of or "", 500), {}, data, self.kind)
         # ping, content_block_start/stop, message_stop and event types added later.
         return None
-
-    @staticmethod
-    def _chunk(ctx: CallContext, text: str, finish: FinishReason | None, usage: Usage | None) -> Completion:
-        return Completion(
-            id=ctx.id,
-            created=ctx.created,
-            model=ctx.model,
-            choices=[Choice(text=text, index=0, logprobs=None, finish_reason=finish)],
-            usage=usage,
-        )
 
     def map_error(self, status: int, headers: Mapping[str, str], body: bytes, provider: str) -> GatewayError:
         message, kind, details = _error_fields(body)

@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Literal
 import msgspec
 
 from gateway.errors import GatewayError, UnsupportedParamError
-from gateway.schema import Completion, CompletionRequest
+from gateway.schema import Choice, Completion, CompletionRequest, FinishReason, Logprobs, Usage
 
 
 class Endpoint(msgspec.Struct, frozen=True):
@@ -56,6 +56,25 @@ class CallContext(msgspec.Struct):
     # Adapter-private stream state (e.g. Anthropic's input tokens from `message_start`, needed when
     # `message_delta` brings the output tokens). One CallContext per upstream call, never shared.
     state: dict[str, Any] = msgspec.field(default_factory=dict)
+
+    def completion(
+        self, choices: list[Choice], usage: Usage | None = None, system_fingerprint: str | None = None
+    ) -> Completion:
+        """This call's client-facing Completion (or stream chunk): its id, time and the client's model."""
+        return Completion(
+            id=self.id,
+            created=self.created,
+            model=self.model,
+            choices=choices,
+            usage=usage,
+            system_fingerprint=system_fingerprint,
+        )
+
+    def single(
+        self, text: str, finish: FinishReason | None, logprobs: Logprobs | None = None, usage: Usage | None = None
+    ) -> Completion:
+        """A one-choice answer or chunk; index 0, since the gateway re-indexes what it fans out."""
+        return self.completion([Choice(text=text, index=0, logprobs=logprobs, finish_reason=finish)], usage)
 
 
 def _set_path(body: dict[str, Any], path: str, value: Any) -> None:

@@ -59,7 +59,7 @@ from gateway.errors import (
     UpstreamError,
     UpstreamStatusError,
 )
-from gateway.schema import Choice, Completion, CompletionRequest, FinishReason, PromptTokensDetails, Usage
+from gateway.schema import Completion, CompletionRequest, PromptTokensDetails, Usage
 from providers.anthropic import out_of_range
 from providers.base import EMULATED, Adapter, CallContext, Endpoint, Param, Table, UpstreamRequest, table
 from providers.finish import finish_reason
@@ -323,7 +323,9 @@ class BedrockAdapter(Adapter):
         if up.output is None or up.output.message is None:
             raise UpstreamError(f"Upstream '{self.kind}' answered without an output message")
         text = "".join(c.text for c in up.output.message.content if c.text is not None)
-        return _chunk(ctx, text, finish_reason(up.stop_reason), usage_from(up.usage) if up.usage is not None else None)
+        return ctx.single(
+            text, finish_reason(up.stop_reason), usage=usage_from(up.usage) if up.usage is not None else None
+        )
 
     def parse_event(self, event: str | None, data: bytes, ctx: CallContext) -> Completion | None:
         if event is not None and event.startswith(("exception:", "error:")):
@@ -336,7 +338,7 @@ class BedrockAdapter(Adapter):
             # reasoningContent and toolUse deltas carry no `text`.
             if ev.delta is None or not ev.delta.text:
                 return None
-            return _chunk(ctx, ev.delta.text, None, None)
+            return ctx.single(ev.delta.text, None)
         if event == "messageStop":
             # The usage follows in `metadata`: the last chunk carries both.
             ctx.state["stop"] = _decode_event(data).stop_reason
@@ -344,7 +346,7 @@ class BedrockAdapter(Adapter):
         if event == "metadata":
             ev = _decode_event(data)
             usage = usage_from(ev.usage) if ev.usage is not None else None
-            return _chunk(ctx, "", finish_reason(ctx.state.get("stop")), usage)
+            return ctx.single("", finish_reason(ctx.state.get("stop")), usage=usage)
         # messageStart, contentBlockStart/Stop and event types added later.
         return None
 
@@ -392,16 +394,6 @@ def _merge(body: dict[str, Any], extra: Mapping[str, Any]) -> None:
             current.update(value)
         else:
             body[key] = value
-
-
-def _chunk(ctx: CallContext, text: str, finish: FinishReason | None, usage: Usage | None) -> Completion:
-    return Completion(
-        id=ctx.id,
-        created=ctx.created,
-        model=ctx.model,
-        choices=[Choice(text=text, index=0, logprobs=None, finish_reason=finish)],
-        usage=usage,
-    )
 
 
 def _error_fields(body: bytes) -> tuple[str, str | None]:

@@ -39,7 +39,7 @@ from typing import Any, ClassVar, Final
 import msgspec
 
 from gateway.errors import GatewayError, InvalidRequestError, UnsupportedParamError, UpstreamStatusError
-from gateway.schema import Choice, Completion, CompletionRequest, FinishReason, Usage
+from gateway.schema import Completion, CompletionRequest, FinishReason, Usage
 from providers.base import EMULATED_EXTRAS, Adapter, CallContext, Endpoint, Param, UpstreamRequest, table
 from providers.finish import finish_reason
 from providers.openai_compat import stop_list
@@ -210,7 +210,7 @@ class CohereAdapter(Adapter):
         content = resp.message.content if resp.message is not None else []
         # Reasoning models add `thinking` items; only text is the completion.
         text = "".join(item.text for item in content if item.type == "text")
-        return self._completion(ctx, text, finish, usage_from(resp.usage) if resp.usage is not None else None)
+        return ctx.single(text, finish, usage=usage_from(resp.usage) if resp.usage is not None else None)
 
     def parse_event(self, event: str | None, data: bytes, ctx: CallContext) -> Completion | None:
         if data == b"[DONE]":
@@ -225,25 +225,15 @@ class CohereAdapter(Adapter):
             # A reasoning model's `thinking` deltas have no text.
             if not isinstance(text, str) or not text:
                 return None
-            return self._completion(ctx, text, None, None)
+            return ctx.single(text, None)
         if kind == "message-end":
             if d is None:
                 return None
             finish = self._finish(d.finish_reason, d.error)
             usage = usage_from(d.usage) if d.usage is not None else None
-            return self._completion(ctx, "", finish, usage)
+            return ctx.single("", finish, usage=usage)
         # message-start, content-start/-end, tool-*, citation-*, debug.
         return None
-
-    @staticmethod
-    def _completion(ctx: CallContext, text: str, finish: FinishReason | None, usage: Usage | None) -> Completion:
-        return Completion(
-            id=ctx.id,
-            created=ctx.created,
-            model=ctx.model,
-            choices=[Choice(text=text, index=0, logprobs=None, finish_reason=finish)],
-            usage=usage,
-        )
 
     def map_error(self, status: int, headers: Mapping[str, str], body: bytes, provider: str) -> GatewayError:
         message = _error_message(body)

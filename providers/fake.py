@@ -198,7 +198,7 @@ class FakeAdapter(LocalAdapter):
         if delay:
             await asyncio.sleep(delay)
         choices, _, usage = self._choices(req, behaviour)
-        return Completion(id=ctx.id, created=ctx.created, model=ctx.model, choices=choices, usage=usage)
+        return ctx.completion(choices, usage)
 
     async def stream(
         self, req: CompletionRequest, endpoint: Endpoint, ctx: CallContext
@@ -235,4 +235,4 @@ class FakeAdapter(LocalAdapter):
                 )
                 if interval:
                     await asyncio.sleep(interval)
-        yield Completion(id=ctx.id, created=ctx.created, model=ctx.model, choices=[], usage=usage)
+        yield ctx.completion([], usage)

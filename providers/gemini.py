@@ -398,9 +398,7 @@ class GeminiAdapter(Adapter):
             choices = self._blocked(ctx)
         else:
             raise UpstreamError(f"Upstream '{self.kind}' answered without candidates")
-        return Completion(
-            id=ctx.id, created=ctx.created, model=ctx.model, choices=choices, usage=_usage(up.usage_metadata)
-        )
+        return ctx.completion(choices, _usage(up.usage_metadata))
 
     def parse_event(self, event: str | None, data: bytes, ctx: CallContext) -> Completion | None:
         up = _decode_response(data)
@@ -414,13 +412,7 @@ class GeminiAdapter(Adapter):
             choices, final = self._blocked(ctx), True
         else:
             return None
-        return Completion(
-            id=ctx.id,
-            created=ctx.created,
-            model=ctx.model,
-            choices=choices,
-            usage=_usage(up.usage_metadata) if final else None,
-        )
+        return ctx.completion(choices, _usage(up.usage_metadata) if final else None)
 
     def map_error(self, status: int, headers: Mapping[str, str], body: bytes, provider: str) -> GatewayError:
         err = _error_body(body)

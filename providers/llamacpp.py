@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 import msgspec
 
 from gateway.errors import GatewayError, InvalidRequestError, UpstreamStatusError
-from gateway.schema import Choice, Completion, CompletionRequest, Logprobs
+from gateway.schema import Completion, CompletionRequest, Logprobs
 from providers.base import EMULATED, Adapter, CallContext, Endpoint, Param, UpstreamRequest, table
 from providers.finish import finish_reason
 from providers.retry_after import retry_after, should_retry
@@ -189,19 +189,11 @@ class LlamaCppAdapter(Adapter):
                 [top_dict([(t.token, t.logprob) for t in p.top_logprobs]) for p in probs],
                 ctx,
             )
-        return Completion(
-            id=ctx.id,
-            created=ctx.created,
-            model=ctx.model,
-            choices=[
-                Choice(
-                    text=up.content,
-                    index=0,
-                    logprobs=lp,
-                    finish_reason=finish_reason(_stop_type(up)) if up.stop else None,
-                )
-            ],
-            usage=usage(up.tokens_evaluated, up.tokens_predicted) if up.stop else None,
+        return ctx.single(
+            up.content,
+            finish_reason(_stop_type(up)) if up.stop else None,
+            lp,
+            usage(up.tokens_evaluated, up.tokens_predicted) if up.stop else None,
         )
 
     def parse_response(self, body: bytes, ctx: CallContext) -> Completion:

@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Literal
 import msgspec
 
 from gateway.errors import GatewayError, InvalidRequestError, UpstreamStatusError
-from gateway.schema import Choice, Completion, CompletionRequest, Logprobs
+from gateway.schema import Completion, CompletionRequest, Logprobs
 from providers.base import EMULATED, Adapter, CallContext, Endpoint, Param, UpstreamRequest, table
 from providers.finish import finish_reason
 from providers.retry_after import retry_after, should_retry
@@ -149,20 +149,12 @@ class OllamaAdapter(Adapter):
                 else None
             )
             lp = logprobs([e.token for e in entries], [e.logprob for e in entries], tops, ctx)
-        return Completion(
-            id=ctx.id,
-            created=ctx.created,
-            model=ctx.model,
-            choices=[
-                Choice(
-                    text=up.response,
-                    index=0,
-                    logprobs=lp,
-                    # Ollama before done_reason (2024) only ever stopped by itself or at num_predict.
-                    finish_reason=finish_reason(up.done_reason or "stop") if up.done else None,
-                )
-            ],
-            usage=usage(up.prompt_eval_count, up.eval_count) if up.done else None,
+        return ctx.single(
+            up.response,
+            # Ollama before done_reason (2024) only ever stopped by itself or at num_predict.
+            finish_reason(up.done_reason or "stop") if up.done else None,
+            lp,
+            usage(up.prompt_eval_count, up.eval_count) if up.done else None,
         )
 
     def parse_response(self, body: bytes, ctx: CallContext) -> Completion:

@@ -183,22 +183,17 @@ class OpenAICompatible(Adapter):
         if up.created:
             # Keep the upstream's time, and make every later chunk (the usage chunk too) carry the same.
             ctx.created = up.created
-        return Completion(
-            id=ctx.id,
-            created=ctx.created,
-            model=ctx.model,
-            choices=[
-                Choice(
-                    text=c.text,
-                    index=c.index,
-                    logprobs=self._logprobs(c.logprobs, c.text, c.index, ctx),
-                    finish_reason=finish_reason(c.finish_reason),
-                )
-                for c in up.choices
-            ],
-            system_fingerprint=up.system_fingerprint or None,
-            usage=usage_from(up.usage) if up.usage is not None else None,
-        )
+        choices = [
+            Choice(
+                text=c.text,
+                index=c.index,
+                logprobs=self._logprobs(c.logprobs, c.text, c.index, ctx),
+                finish_reason=finish_reason(c.finish_reason),
+            )
+            for c in up.choices
+        ]
+        usage = usage_from(up.usage) if up.usage is not None else None
+        return ctx.completion(choices, usage, up.system_fingerprint or None)
 
     def parse_response(self, body: bytes, ctx: CallContext) -> Completion:
         # DeepSeek pads a waiting non-stream response with blank lines; JSON whitespace covers it.

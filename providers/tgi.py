@@ -39,7 +39,7 @@ from typing import Any, ClassVar, Final
 import msgspec
 
 from gateway.errors import GatewayError, InvalidRequestError, UnsupportedParamError, UpstreamStatusError
-from gateway.schema import Choice, Completion, CompletionRequest, Logprobs
+from gateway.schema import Completion, CompletionRequest, Logprobs
 from providers.base import EMULATED, Adapter, CallContext, Endpoint, Param, UpstreamRequest, table
 from providers.finish import finish_reason
 from providers.retry_after import retry_after, should_retry
@@ -244,19 +244,11 @@ class TGIAdapter(Adapter):
                 [top_dict([(a.text, a.logprob) for a in top]) for _, top in kept],
                 ctx,
             )
-        return Completion(
-            id=ctx.id,
-            created=ctx.created,
-            model=ctx.model,
-            choices=[
-                Choice(
-                    text=decoded.generated_text,
-                    index=0,
-                    logprobs=lp,
-                    finish_reason=finish_reason(details.finish_reason) if details else None,
-                )
-            ],
-            usage=usage(len(details.prefill), details.generated_tokens) if details else None,
+        return ctx.single(
+            decoded.generated_text,
+            finish_reason(details.finish_reason) if details else None,
+            lp,
+            usage(len(details.prefill), details.generated_tokens) if details else None,
         )
 
     def parse_event(self, event: str | None, data: bytes, ctx: CallContext) -> Completion | None:
@@ -277,19 +269,11 @@ class TGIAdapter(Adapter):
         # The last event is the one with the full text; details (we always ask) carry why and how much.
         final = up.generated_text is not None
         details = up.details
-        return Completion(
-            id=ctx.id,
-            created=ctx.created,
-            model=ctx.model,
-            choices=[
-                Choice(
-                    text=text,
-                    index=0,
-                    logprobs=lp,
-                    finish_reason=finish_reason(details.finish_reason) if final and details else None,
-                )
-            ],
-            usage=usage(details.input_length or 0, details.generated_tokens) if final and details else None,
+        return ctx.single(
+            text,
+            finish_reason(details.finish_reason) if final and details else None,
+            lp,
+            usage(details.input_length or 0, details.generated_tokens) if final and details else None,
         )
 
     def map_error(self, status: int, headers: Mapping[str, str], body: bytes, provider: str) -> GatewayError:
