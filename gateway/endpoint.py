@@ -1,9 +1,9 @@
-"""The completion endpoints as raw ASGI handlers mounted in Litestar.
+"""The completion endpoints as raw ASGI handlers, reached through `gateway.app.Front`.
 
-This is the hot path, so it skips Litestar's per-request handler machinery (signature parsing,
-dependency resolution, Response objects): it reads the body, hands it to the pipeline, and writes the
-answer with two `send` calls, or relays a stream event by event. Routing, lifespan and every other
-route stay ordinary Litestar.
+This is the hot path, so it skips Litestar's per-request machinery (router, exception middleware,
+signature parsing, Response objects): it reads the body, hands it to the pipeline, and writes the
+answer with two `send` calls, or relays a stream event by event. The lifespan and every other route
+stay ordinary Litestar.
 
 A client that disconnects cancels whatever is running for it: the upstream call before the answer
 starts, or the relay of a stream (which closes the upstream connection).
@@ -18,7 +18,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
-from litestar.handlers import ASGIRouteHandler, asgi
 from litestar.types import HTTPResponseBodyEvent, HTTPResponseStartEvent, HTTPScope, Receive, Send
 
 from gateway import accesslog
@@ -139,12 +138,6 @@ Services = Callable[[HTTPScope], tuple[Pipeline, Metrics | None]]
 Endpoint = Callable[[HTTPScope, Receive, Send], Awaitable[None]]
 
 
-def completion_route(path: str, dialect: Dialect, services: Services) -> ASGIRouteHandler:
-    """The endpoint as a Litestar route (used when the app is served without `Front`)."""
-    endpoint = completion_endpoint(path, dialect, services)
-    return asgi(path, is_mount=False, copy_scope=False)(endpoint)
-
-
 def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endpoint:
     async def endpoint(scope: HTTPScope, receive: Receive, send: Send) -> None:
         if scope["method"] != "POST":
@@ -210,4 +203,4 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
     return endpoint
 
 
-__all__ = ["Endpoint", "completion_endpoint", "completion_route", "error_headers"]
+__all__ = ["Endpoint", "completion_endpoint", "error_headers"]

@@ -173,7 +173,7 @@ class Failover:
     async def _attempt(
         self, plan: Plan, states: dict[str, TargetState], route: Route, call: Call[T], timeouts: Timeouts
     ) -> T:
-        track = plan.strategy_needs_inflight
+        track = plan.tracks_inflight
         if track:
             await self.health.inflight(route.key, +1)
         started = self.clock()
@@ -191,7 +191,7 @@ class Failover:
             if track:
                 await self.health.inflight(route.key, -1)
         await self.health.success(route.key, states.get(route.key))
-        if any(g.strategy == "latency" for g in plan.groups):
+        if plan.tracks_latency:
             await self.health.latency(route.key, (self.clock() - started) * 1000)
         return value
 

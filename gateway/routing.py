@@ -7,8 +7,6 @@ of the model name (model names contain slashes: `accounts/fireworks/models/...`)
 
 from __future__ import annotations
 
-import itertools
-import random
 from typing import Final
 
 import msgspec
@@ -53,17 +51,21 @@ class Plan(msgspec.Struct):
     groups: list[Group]
     policy: Policy
     context_groups: list[Group] = msgspec.field(default_factory=list)
-    strategy_needs_inflight: bool = False
-    # Every target the plan may touch, computed once: health is read for all of them per request.
+    # Derived once from the groups, never per request: every target the plan may touch (health is read
+    # for all of them), and whether its strategies need in-flight counts or latencies recorded.
     keys: tuple[str, ...] = ()
+    tracks_inflight: bool = False
+    tracks_latency: bool = False
 
     def __post_init__(self) -> None:
-        if not self.keys:
-            seen: dict[str, None] = {}
-            for g in self.groups + self.context_groups:
-                for r in g.routes:
-                    seen.setdefault(r.key, None)
-            self.keys = tuple(seen)
+        groups = self.groups + self.context_groups
+        seen: dict[str, None] = {}
+        for g in groups:
+            for r in g.routes:
+                seen.setdefault(r.key, None)
+        self.keys = tuple(seen)
+        self.tracks_inflight = any(g.strategy == "least-busy" for g in groups)
+        self.tracks_latency = any(g.strategy == "latency" for g in self.groups)
 
     @property
     def single(self) -> Route | None:
@@ -71,17 +73,6 @@ class Plan(msgspec.Struct):
         if len(self.groups) == 1 and len(self.groups[0].routes) == 1 and not self.context_groups:
             return self.groups[0].routes[0]
         return None
-
-
-class Alias(msgspec.Struct, frozen=True):
-    name: str
-    routes: list[Route]
-    cum_weights: list[float]
-
-    def pick(self) -> Route:
-        if len(self.routes) == 1:
-            return self.routes[0]
-        return random.choices(self.routes, cum_weights=self.cum_weights)[0]
 
 
 class Router:
@@ -97,12 +88,11 @@ class Router:
         }
         # Routes for direct model strings are memoized; the bound keeps client-chosen strings from growing it.
         self._cache: dict[str, Route] = {}
-        self.aliases: dict[str, Alias] = {}
-        groups: dict[str, Group] = {}
+        # Each alias's own targets; which one serves a request is the balancer's choice (gateway/balancer.py).
+        self.aliases: dict[str, Group] = {}
+        groups = self.aliases
         for alias in cfg.models:
             routes = [self._direct(t.model) for t in alias.targets]
-            weights = list(itertools.accumulate(t.weight for t in alias.targets))
-            self.aliases[alias.name] = Alias(name=alias.name, routes=routes, cum_weights=weights)
             groups[alias.name] = Group(routes, [t.weight for t in alias.targets], alias.strategy)
         self._plans: dict[str, Plan] = {}
         for alias in cfg.models:
@@ -118,7 +108,6 @@ class Router:
                 groups=main,
                 policy=policy,
                 context_groups=ctx,
-                strategy_needs_inflight=any(g.strategy == "least-busy" for g in main + ctx),
             )
         self._direct_plans: dict[str, Plan] = {}
 
@@ -145,9 +134,7 @@ class Router:
         return found
 
     def resolve(self, model: str) -> Route:
-        alias = self.aliases.get(model)
-        if alias is not None:
-            return alias.pick()
+        """The route of a direct `vendor/model_name[/deployment]` string (aliases go through `plan`)."""
         route = self._cache.get(model)
         if route is None:
             route = self._direct(model)
@@ -225,8 +212,8 @@ class Router:
     def model_ids(self) -> list[tuple[str, str]]:
         """(model id, owner) for GET /v1/models: aliases, alias targets and advertised models."""
         seen: dict[str, str] = {}
-        for alias in self.aliases.values():
-            seen.setdefault(alias.name, "gateway")
+        for name in self.aliases:
+            seen.setdefault(name, "gateway")
         for alias_cfg in self._loaded.config.models:
             for t in alias_cfg.targets:
                 seen.setdefault(t.model, t.model.partition("/")[0])

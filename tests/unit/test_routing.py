@@ -7,8 +7,10 @@ from collections import Counter
 
 import pytest
 
+from gateway.balancer import order
 from gateway.config import parse_config
 from gateway.errors import ModelNotFoundError, ProviderUnavailableError
+from gateway.health import TargetState
 from gateway.routing import Router
 from providers.azure import AzureAdapter
 from providers.fake import FakeAdapter
@@ -98,22 +100,23 @@ def test_unknown_models(model: str) -> None:
 
 
 def test_alias_wins_and_single_target() -> None:
-    route = router().resolve("one")
+    plan = router().plan("one")
+    route = plan.single
+    assert route is not None
     assert route.provider == "fireworks" and route.endpoint.model == "accounts/fireworks/models/x"
 
 
 def test_weights() -> None:
+    # The alias's first choice per request is the head of the balancer's weighted order.
     r = router()
-    state = random.getstate()
-    random.seed(20240601)
-    try:
-        counts = Counter(r.resolve("fast").endpoint.model for _ in range(4000))
-    finally:
-        random.setstate(state)
+    group = r.plan("fast").groups[0]
+    states = {route.key: TargetState() for route in group.routes}
+    rng = random.Random(20240601)
+    counts = Counter(order(group, states, rng.random)[0].endpoint.model for _ in range(4000))
     assert set(counts) == {"text", "echo"}
     # 3:1 weights -> 3000 expected; 4 sigma of a binomial(4000, 0.75) is about 110.
     assert 2890 <= counts["text"] <= 3110
-    assert isinstance(r.resolve("fast").adapter, FakeAdapter)
+    assert all(isinstance(route.adapter, FakeAdapter) for route in group.routes)
 
 
 def test_unset_key_marks_the_route_unavailable_naming_the_variable() -> None:
