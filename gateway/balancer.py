@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from gateway.errors import AllTargetsCoolingError, ProviderUnavailableError
+from gateway.errors import AllTargetsCoolingError
 from gateway.health import Health, TargetState
 from gateway.routing import Group, Plan, Route
 
@@ -78,9 +78,7 @@ class Selector:
         if route is None:
             if all(r.unavailable is not None for r in self.order):
                 # Nothing cooling, just nothing configured to call: say which variable is missing.
-                raise ProviderUnavailableError(
-                    self.order[0].unavailable or "", param="model", code="provider_unavailable"
-                )
+                self.order[0].require_available()
             raise self._all_cooling()
         self.tried.append(route)
         return route

@@ -232,7 +232,6 @@ class Pipeline:
             await self.health.exhausted(route.key, wait)
 
     def _prepare(self, route: Route, req: CompletionRequest, dropped: dict[str, list[str]]) -> dict[str, Any]:
-        self.router.check_available(route)
         route.adapter.check(req, route.provider)
         params, lost = map_params(req, route.adapter.params, route.provider, route.drop_unsupported)
         if lost:

@@ -29,6 +29,11 @@ class Route(msgspec.Struct, frozen=True):
     # Set when the provider cannot be called (its key variable is unset); requests fail fast with it.
     unavailable: str | None = None
 
+    def require_available(self) -> None:
+        """Refuse at once, naming the missing variable, when the provider cannot be called."""
+        if self.unavailable is not None:
+            raise ProviderUnavailableError(self.unavailable, param="model", code="provider_unavailable")
+
 
 class Group(msgspec.Struct, frozen=True):
     """Routes balanced together: an alias's targets, or one fallback."""
@@ -196,10 +201,6 @@ class Router:
             # Calling without credentials would only earn an upstream 401; say what is missing instead.
             return f"Provider '{vendor}' is unavailable: it has no api_key configured"
         return None
-
-    def check_available(self, route: Route) -> None:
-        if route.unavailable is not None:
-            raise ProviderUnavailableError(route.unavailable, param="model", code="provider_unavailable")
 
     def unavailable_providers(self) -> dict[str, str]:
         out: dict[str, str] = {}

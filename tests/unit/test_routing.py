@@ -124,14 +124,14 @@ def test_unset_key_marks_the_route_unavailable_naming_the_variable() -> None:
     route = r.resolve("fireworks/accounts/fireworks/models/x")
     assert route.unavailable == "Provider 'fireworks' is unavailable: environment variable FW_KEY is not set"
     with pytest.raises(ProviderUnavailableError) as info:
-        r.check_available(route)
+        route.require_available()
     assert (info.value.status, info.value.param, info.value.code) == (400, "model", "provider_unavailable")
     assert info.value.message == route.unavailable
     # The deployment's own key variable is what matters for a deployment route.
     east = r.resolve("azure/gpt/east")
     assert east.unavailable == "Provider 'azure' is unavailable: environment variable AZ_EAST is not set"
     assert r.resolve("azure/gpt").unavailable is None
-    r.check_available(r.resolve("demo/text"))
+    r.resolve("demo/text").require_available()
     assert r.unavailable_providers() == {
         "fireworks": "Provider 'fireworks' is unavailable: environment variable FW_KEY is not set"
     }
