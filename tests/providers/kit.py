@@ -59,3 +59,36 @@ def as_json(value: Any) -> Any:
 
 def chunked(data: bytes, size: int) -> list[bytes]:
     return [data[i : i + size] for i in range(0, len(data), size)]
+
+
+# A valid value for each request field, for the tests that check a provider refuses or emulates it.
+SAMPLE: dict[str, Any] = {
+    "n": 2,
+    "best_of": 3,
+    "echo": True,
+    "include_stop_str_in_output": True,
+    "guided_json": {"type": "object"},
+    "guided_regex": "[a-z]+",
+    "guided_choice": ["yes", "no"],
+    "guided_grammar": "root ::= 'a'",
+    "frequency_penalty": 0.5,
+    "presence_penalty": -0.5,
+    "logprobs": 3,
+    "suffix": "}",
+    "seed": 7,
+    "logit_bias": {"50256": -100},
+    "response_format": {"type": "json_object"},
+    "images": ["data:image/png;base64,AAAA"],
+    "context_length_exceeded_behavior": "error",
+    "audio": {"voice": "alloy"},
+    "modalities": ["text"],
+    "tools": [{"type": "function"}],
+    "tool_choice": "auto",
+    "parallel_tool_calls": True,
+    "prediction": {"type": "content"},
+}
+
+
+def sample(*fields: str) -> dict[str, Any]:
+    """`SAMPLE` values for these fields."""
+    return {f: SAMPLE[f] for f in fields}

@@ -16,7 +16,7 @@ from gateway.schema import Completion
 from providers import REGISTRY
 from providers.anthropic import DEFAULT_MAX_TOKENS, AnthropicAdapter, AUsage, reset_hint, usage_from
 from providers.base import PARAM_FIELDS, Endpoint, map_params
-from tests.providers.kit import as_json, build, chunked, context, fixture_bytes, fixture_json, request
+from tests.providers.kit import SAMPLE, as_json, build, chunked, context, fixture_bytes, fixture_json, request, sample
 
 ADAPTER = AnthropicAdapter()
 ENDPOINT = Endpoint(
@@ -41,23 +41,23 @@ EMULATED_FIELDS = (
     "guided_choice",
     "guided_grammar",
 )
-REFUSED: dict[str, Any] = {
-    "frequency_penalty": 0.5,
-    "presence_penalty": -0.5,
-    "logprobs": 3,
-    "suffix": "}",
-    "seed": 7,
-    "logit_bias": {"50256": -100},
-    "response_format": {"type": "json_object"},
-    "images": ["data:image/png;base64,AAAA"],
-    "context_length_exceeded_behavior": "error",
-    "audio": {"voice": "alloy"},
-    "modalities": ["text"],
-    "tools": [{"type": "function"}],
-    "tool_choice": "auto",
-    "parallel_tool_calls": True,
-    "prediction": {"type": "content"},
-}
+REFUSED: dict[str, Any] = sample(
+    "frequency_penalty",
+    "presence_penalty",
+    "logprobs",
+    "suffix",
+    "seed",
+    "logit_bias",
+    "response_format",
+    "images",
+    "context_length_exceeded_behavior",
+    "audio",
+    "modalities",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "prediction",
+)
 
 
 def test_registered_under_its_kind() -> None:
@@ -183,16 +183,7 @@ def test_no_key_no_x_api_key() -> None:
 
 @pytest.mark.parametrize("field", EMULATED_FIELDS)
 def test_emulated_fields_write_nothing_upstream(field: str) -> None:
-    value: Any = {
-        "n": 2,
-        "best_of": 3,
-        "echo": True,
-        "include_stop_str_in_output": True,
-        "guided_json": {"type": "object"},
-        "guided_regex": "[a-z]+",
-        "guided_choice": ["yes", "no"],
-        "guided_grammar": "root ::= 'a'",
-    }[field]
+    value = SAMPLE[field]
     _, body, dropped = build(ADAPTER, request(**dict[str, Any]({field: value})), ENDPOINT)
     assert dropped == []
     assert body == {

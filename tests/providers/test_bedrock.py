@@ -34,7 +34,7 @@ from providers import REGISTRY, sigv4
 from providers.base import PARAM_FIELDS, Endpoint
 from providers.bedrock import DEFAULT_BASE_URL, BedrockAdapter, credentials, error_type
 from tests.providers.eventstream import event, exception, frame, split_frames
-from tests.providers.kit import as_json, build, chunked, context, fixture_bytes, fixture_json, request
+from tests.providers.kit import SAMPLE, as_json, build, chunked, context, fixture_bytes, fixture_json, request, sample
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 ADAPTER = BedrockAdapter(clock=lambda: NOW)
@@ -60,23 +60,23 @@ EMULATED_FIELDS = (
     "guided_choice",
     "guided_grammar",
 )
-REFUSED: dict[str, Any] = {
-    "frequency_penalty": 0.5,
-    "presence_penalty": -0.5,
-    "logprobs": 3,
-    "suffix": "}",
-    "seed": 7,
-    "logit_bias": {"50256": -100},
-    "response_format": {"type": "json_object"},
-    "images": ["data:image/png;base64,AAAA"],
-    "context_length_exceeded_behavior": "error",
-    "audio": {"voice": "alloy"},
-    "modalities": ["text"],
-    "tools": [{"type": "function"}],
-    "tool_choice": "auto",
-    "parallel_tool_calls": True,
-    "prediction": {"type": "content"},
-}
+REFUSED: dict[str, Any] = sample(
+    "frequency_penalty",
+    "presence_penalty",
+    "logprobs",
+    "suffix",
+    "seed",
+    "logit_bias",
+    "response_format",
+    "images",
+    "context_length_exceeded_behavior",
+    "audio",
+    "modalities",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "prediction",
+)
 
 
 def _hex_hmac(key: bytes, msg: str) -> str:
@@ -517,16 +517,7 @@ def test_each_call_is_signed_at_its_own_time() -> None:
 
 @pytest.mark.parametrize("field", EMULATED_FIELDS)
 def test_emulated_fields_write_nothing_upstream(field: str) -> None:
-    value: Any = {
-        "n": 2,
-        "best_of": 3,
-        "echo": True,
-        "include_stop_str_in_output": True,
-        "guided_json": {"type": "object"},
-        "guided_regex": "[a-z]+",
-        "guided_choice": ["yes", "no"],
-        "guided_grammar": "root ::= 'a'",
-    }[field]
+    value = SAMPLE[field]
     _, body, dropped = build(ADAPTER, request(**dict[str, Any]({field: value})), ENDPOINT)
     assert dropped == []
     assert body == {"messages": [{"role": "user", "content": [{"text": "Say this is a test"}]}]}

@@ -20,7 +20,7 @@ from gateway.framing import SSEDecoder
 from providers import REGISTRY
 from providers.base import PARAM_FIELDS, Endpoint
 from providers.cohere import CohereAdapter, CTokens, CUsage, usage_from
-from tests.providers.kit import as_json, build, chunked, context, fixture_bytes, fixture_json, request
+from tests.providers.kit import SAMPLE, as_json, build, chunked, context, fixture_bytes, fixture_json, request
 
 ADAPTER = CohereAdapter()
 ENDPOINT = Endpoint(provider="co", model="command-r7b-12-2024", base_url="https://api.cohere.com", api_key="co-test")
@@ -148,16 +148,7 @@ def test_no_key_no_authorization() -> None:
 
 @pytest.mark.parametrize("field", EMULATED_FIELDS)
 def test_emulated_fields_write_nothing_upstream(field: str) -> None:
-    value: Any = {
-        "n": 2,
-        "best_of": 3,
-        "echo": True,
-        "include_stop_str_in_output": True,
-        "guided_json": {"type": "object"},
-        "guided_regex": "[a-z]+",
-        "guided_choice": ["yes", "no"],
-        "guided_grammar": "root ::= 'a'",
-    }[field]
+    value = SAMPLE[field]
     _, body, dropped = build(ADAPTER, request(**dict[str, Any]({field: value})), ENDPOINT)
     assert dropped == []
     assert body == BASE_BODY
