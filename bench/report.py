@@ -151,6 +151,12 @@ def render_markdown(result: RunResult) -> str:
         "",
         "```sh",
         "apt-get install -y nginx wrk   # once; the bench refuses to run without them",
+        *(
+            # bench/limits-redis.yaml points at this Redis; the bench does not start one itself.
+            ["redis-server --port 6499 --save '' --appendonly no --daemonize yes   # for limits_c32"]
+            if "limits-redis.yaml" in result.command
+            else []
+        ),
         result.command,
         "```",
         "",
