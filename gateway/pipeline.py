@@ -136,6 +136,7 @@ class Pipeline:
 
     async def close(self) -> None:
         await self.admission.drain()
+        await self.admission.limiter.close()
         await self.usage.drain()
         await self.upstream.close()
         await self.shared.close()

@@ -19,16 +19,17 @@ the same arithmetic runs in process memory, which is exact for one process.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import math
 import time
-import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Final, Literal
 
 import msgspec
 import redis.asyncio as aioredis
-from redis.exceptions import NoScriptError
 
+from gateway.ids import unique_suffix
+from gateway.scriptchannel import ChannelError, ScriptChannel, ScriptError, bulk
 from gateway.state import Degraded, SharedState
 
 Kind = Literal["rps", "rpm", "tpm", "tpd", "concurrent"]
@@ -121,6 +122,9 @@ for i = 1, n do
 end
 return out
 """.replace("LEASE_TTL", str(_LEASE_TTL_MS))
+_SHA: Final = hashlib.sha1(SCRIPT.encode()).hexdigest().encode()
+# A call's round trip, queueing included, before Redis counts as down (SharedState's deadline too).
+_DEADLINE_S: Final = 0.5
 
 
 class Bucket(msgspec.Struct, frozen=True):
@@ -251,73 +255,146 @@ class RedisDown(Exception):
     """Redis is configured but unreachable and `redis.on_failure` is `fail_closed`."""
 
 
+_Batch = list[tuple[bytes, asyncio.Future[list[int]]]]
+
+
 class Limiter:
     def __init__(self, shared: SharedState, *, fail_open: bool = True, clock: Callable[[], float] = time.time) -> None:
         self.shared = shared
         self.fail_open = fail_open
         self.local = _Local(clock)
-        self._script = shared.client.register_script(SCRIPT) if shared.client is not None else None
-        self._queue: list[tuple[list[str], list[str | int | float], asyncio.Future[list[int]]]] = []
+        self._channel = ScriptChannel(shared.url) if shared.client is not None else None
+        self._queue: _Batch = []
         self._sending: set[asyncio.Task[None]] = set()
+        # The constant part of each call's command, per (mode, buckets): only the lease and costs vary.
+        self._heads: dict[tuple[str, tuple[Bucket, ...]], tuple[bytes, list[bytes]]] = {}
+
+    def _command(self, mode: str, lease: str, buckets: Sequence[Bucket], costs: Sequence[float]) -> bytes:
+        cache_key = (mode, tuple(buckets))
+        cached = self._heads.get(cache_key)
+        if cached is None:
+            n = len(buckets)
+            head = b"*%d\r\n" % (3 + n + 2 + 4 * n) + b"".join(
+                bulk(p) for p in (b"EVALSHA", _SHA, b"%d" % n, *(b.redis_key.encode() for b in buckets), mode.encode())
+            )
+            per = [bulk(b.kind.encode()) + bulk(b"%d" % b.limit) + bulk(b"%d" % b.period_ms) for b in buckets]
+            cached = self._heads[cache_key] = (head, per)
+        head, per = cached
+        parts = [head, bulk(lease.encode())]
+        for static, cost in zip(per, costs, strict=True):
+            parts.append(static)
+            parts.append(bulk(b"%d" % cost if cost == int(cost) else repr(cost).encode()))
+        return b"".join(parts)
 
     async def _run(self, mode: str, lease: str, buckets: Sequence[Bucket], costs: Sequence[float]) -> list[int]:
-        if self._script is not None:
-            args: list[str | int | float] = [mode, lease]
-            for b, c in zip(buckets, costs, strict=True):
-                args += [b.kind, b.limit, b.period_ms, c]
-            keys = [b.redis_key for b in buckets]
-            fut: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
-            self._queue.append((keys, args, fut))
-            if len(self._queue) == 1:
-                asyncio.get_running_loop().call_soon(self._send_queued)
-            try:
-                return await fut
-            except Degraded:
-                if not self.fail_open:
-                    raise RedisDown from None
+        if self._channel is not None:
+            if not self.shared.degraded:
+                loop = asyncio.get_running_loop()
+                fut: asyncio.Future[list[int]] = loop.create_future()
+                self._queue.append((self._command(mode, lease, buckets, costs), fut))
+                if len(self._queue) == 1:
+                    loop.call_soon(self._send_queued)
+                try:
+                    return await fut
+                except Degraded:
+                    pass
+            if not self.fail_open:
+                raise RedisDown
         return self.local.run(mode, lease, buckets, costs)
 
     def _send_queued(self) -> None:
+        """Every script call queued in one loop tick goes to Redis in one write: one round trip for all
+        the requests that arrived together (each call is still its own atomic script)."""
         batch, self._queue = self._queue, []
-        task = asyncio.ensure_future(self._send(batch))
+        channel = self._channel
+        assert channel is not None
+        if channel.connected:
+            # The common case costs no task: a callback on the last reply (replies come back in order).
+            self._await_replies(batch, channel.submit([cmd for cmd, _ in batch]))
+        else:
+            self._spawn(self._connect_and_send(batch))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
 
-    async def _send(self, batch: list[tuple[list[str], list[str | int | float], asyncio.Future[list[int]]]]) -> None:
-        """Every script call queued in one loop tick goes to Redis in one pipeline: one round trip for
-        all the requests that arrived together (each call is still its own atomic script)."""
-        script = self._script
-        assert script is not None
-
-        async def run(r: aioredis.Redis) -> list[Any]:
-            for _ in range(2):
-                pipe = r.pipeline(transaction=False)
-                for keys, args, _fut in batch:
-                    pipe.evalsha(script.sha, len(keys), *keys, *args)
-                replies: list[Any] = await pipe.execute(raise_on_error=False)
-                if not any(isinstance(x, NoScriptError) for x in replies):
-                    return replies
-                await r.script_load(SCRIPT)  # Redis restarted and forgot it: load once, send again
-            return replies
-
+    async def _connect_and_send(self, batch: _Batch) -> None:
+        channel = self._channel
+        assert channel is not None
         try:
-            replies = await self.shared.run(run)
-        except Degraded:
-            for _keys, _args, fut in batch:
-                if not fut.done():
-                    fut.set_exception(Degraded())
+            replies = await channel.send([cmd for cmd, _ in batch])
+        except ChannelError as exc:
+            self._fail(batch, exc)
             return
-        for (_keys, _args, fut), reply in zip(batch, replies, strict=True):
+        self._await_replies(batch, replies)
+
+    def _await_replies(self, batch: _Batch, replies: list[asyncio.Future[Any]]) -> None:
+        channel = self._channel
+        assert channel is not None
+        # A reply that never comes: drop the connection, which fails every reply still due (and keeps
+        # late replies from pairing with the next batch's commands).
+        timer = asyncio.get_running_loop().call_later(_DEADLINE_S, channel.abort)
+        replies[-1].add_done_callback(lambda _: self._deliver(batch, replies, timer))
+
+    def _deliver(self, batch: _Batch, replies: list[asyncio.Future[Any]], timer: asyncio.TimerHandle) -> None:
+        timer.cancel()
+        for (cmd, fut), reply in zip(batch, replies, strict=True):
+            exc = reply.exception()
+            if exc is not None:
+                for other in replies:
+                    other.exception()  # retrieved, so none is logged as "never retrieved"
+                self._fail(batch, exc)
+                return
             if fut.done():
-                continue
-            if isinstance(reply, Exception):
-                fut.set_exception(Degraded())
+                continue  # the request was cancelled; its script still ran and its settle repays it
+            result = reply.result()
+            if isinstance(result, ScriptError):
+                if str(result).startswith("NOSCRIPT"):
+                    self._spawn(self._reload_and_retry(cmd, fut))
+                else:
+                    fut.set_exception(Degraded())
             else:
-                fut.set_result([int(x) for x in reply])
+                fut.set_result(result)
+
+    def _fail(self, batch: _Batch, exc: BaseException) -> None:
+        assert self._channel is not None
+        self._channel.abort()
+        self.shared.mark_down(exc)
+        for _cmd, fut in batch:
+            if not fut.done():
+                fut.set_exception(Degraded())
+
+    async def _reload_and_retry(self, cmd: bytes, fut: asyncio.Future[list[int]]) -> None:
+        """Redis restarted (or SCRIPT FLUSH) and forgot the script: load it once and send the call again."""
+        channel = self._channel
+        assert channel is not None
+        try:
+            await self.shared.run(lambda r: r.script_load(SCRIPT))
+            async with asyncio.timeout(_DEADLINE_S):
+                (again,) = await channel.send([cmd])
+                result = await again
+        except (Degraded, ChannelError, TimeoutError) as exc:
+            if not isinstance(exc, Degraded):
+                self._fail([(cmd, fut)], exc)
+            result = None
+        if fut.done():
+            return
+        if result is None or isinstance(result, ScriptError):
+            fut.set_exception(Degraded())
+        else:
+            fut.set_result(result)
+
+    async def close(self) -> None:
+        if self._sending:
+            await asyncio.gather(*self._sending, return_exceptions=True)
+        if self._channel is not None:
+            self._channel.close()
 
     async def acquire(self, buckets: Sequence[Bucket], tokens: int) -> Decision:
-        lease = uuid.uuid4().hex
-        costs = [float(tokens) if b.kind in TOKEN_KINDS else 1.0 for b in buckets]
+        # Only a concurrency lease needs a name; ids are unique across replicas (gateway.ids).
+        lease = unique_suffix() if any(b.kind == "concurrent" for b in buckets) else ""
+        costs = [tokens if b.kind in TOKEN_KINDS else 1 for b in buckets]
         out = await self._run("acquire", lease, buckets, costs)
         states = [
             BucketState(bucket=b, remaining=out[2 + i * 2], reset_ms=out[3 + i * 2]) for i, b in enumerate(buckets)
@@ -326,7 +403,7 @@ class Limiter:
 
     async def peek(self, buckets: Sequence[Bucket]) -> list[BucketState]:
         """Every bucket's headroom now, read-only (for the status page): one pipelined read, no script."""
-        if self._script is not None:
+        if self._channel is not None:
 
             async def read(r: aioredis.Redis) -> list[BucketState]:
                 pipe = r.pipeline(transaction=False)

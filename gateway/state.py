@@ -71,10 +71,10 @@ class SharedState:
         try:
             return await asyncio.wait_for(op(client), timeout=_SOCKET_TIMEOUT_S * 2)
         except (RedisError, OSError, TimeoutError) as exc:
-            self._mark_down(exc)
+            self.mark_down(exc)
             raise Degraded from None
 
-    def _mark_down(self, exc: BaseException) -> None:
+    def mark_down(self, exc: BaseException) -> None:
         now = self._clock()
         self.failures += 1
         self._down_until = now + _RETRY_EVERY_S

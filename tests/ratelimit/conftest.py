@@ -36,7 +36,9 @@ def rds(redis_server: RedisProc) -> RedisProc:
 async def limiter(rds: RedisProc) -> AsyncIterator[Limiter]:
     """The limiter over the real Redis; fail closed, so a Redis problem fails the test instead of going local."""
     shared = SharedState(rds.url)
+    made = Limiter(shared, fail_open=False)
     try:
-        yield Limiter(shared, fail_open=False)
+        yield made
     finally:
+        await made.close()
         await shared.close()

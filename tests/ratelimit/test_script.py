@@ -333,6 +333,7 @@ async def test_local_twin_decides_like_the_script(rds: RedisProc) -> None:
             outcomes.append(d_remote.allowed)
             assert before - start < 800, "the sequence must stay shorter than the shortest interval"
     finally:
+        await remote.close()
         await shared.close()
     # The sequence exercised both answers, many times.
     assert outcomes.count(True) >= 20 and outcomes.count(False) >= 20, outcomes

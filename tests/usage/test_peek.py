@@ -48,9 +48,11 @@ async def limiter(request: pytest.FixtureRequest) -> AsyncIterator[Limiter]:
         return
     rds: RedisProc = request.getfixturevalue("rds")
     shared = SharedState(rds.url)
+    made = Limiter(shared, fail_open=False)
     try:
-        yield Limiter(shared, fail_open=False)
+        yield made
     finally:
+        await made.close()
         await shared.close()
 
 
