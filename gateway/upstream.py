@@ -1,32 +1,32 @@
 """All upstream I/O: pooled keep-alive connections per provider, timeouts, transport-error mapping.
 
-aiohttp drives the sockets because it is the fastest client available to a Python proxy on this
-machine (about 2.4x httpx over its aiohttp transport and 7.7x httpx's default transport in the
-figures in issue 2); adapters stay transport-free, so swapping this module swaps the client.
+The sockets are driven by `gateway.h1`, a lean HTTP/1.1 client on asyncio protocols and llhttp: it
+costs a saturated worker a fraction of what aiohttp's client did (docs/performance.md). Adapters stay
+transport-free, so swapping this module swaps the client.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
 from typing import Final
 
-import aiohttp
 import msgspec
 
+from gateway import h1
 from gateway.config import LoadedConfig, TimeoutsConfig
 from gateway.errors import GatewayError, UpstreamConnectError, UpstreamTimeoutError
 from providers.base import UpstreamRequest
 
-# Transport failures -> gateway errors, most specific first (aiohttp's timeouts are also ClientErrors).
+# Transport failures -> gateway errors, most specific first.
 _ERRORS: Final[tuple[tuple[type[BaseException], type[GatewayError], str], ...]] = (
     (TimeoutError, UpstreamTimeoutError, "timed out"),
-    (aiohttp.ClientConnectorError, UpstreamConnectError, "could not be reached"),
-    (aiohttp.ServerDisconnectedError, UpstreamConnectError, "closed the connection"),
-    (aiohttp.ClientPayloadError, UpstreamConnectError, "sent a truncated or malformed response"),
-    (aiohttp.ClientError, UpstreamConnectError, "connection failed"),
+    (h1.ConnectFailed, UpstreamConnectError, "could not be reached"),
+    (h1.Disconnected, UpstreamConnectError, "closed the connection"),
+    (h1.Malformed, UpstreamConnectError, "sent a truncated or malformed response"),
+    (OSError, UpstreamConnectError, "connection failed"),
 )
+_TRANSPORT: Final = (OSError, TimeoutError, ValueError)
 
 
 def map_transport_error(exc: BaseException, provider: str) -> GatewayError:
@@ -38,7 +38,7 @@ def map_transport_error(exc: BaseException, provider: str) -> GatewayError:
 
 class Timeouts(msgspec.Struct, frozen=True):
     connect: float
-    first_byte: float
+    first_byte: float  # bounds the wait for the first byte and every later read of a stream
     total: float
 
     @classmethod
@@ -51,10 +51,6 @@ class Timeouts(msgspec.Struct, frozen=True):
             return self
         return Timeouts(min(self.connect, total), min(self.first_byte, total), total)
 
-    def client(self) -> aiohttp.ClientTimeout:
-        # sock_read bounds the wait for the first byte and every later read of a stream.
-        return aiohttp.ClientTimeout(total=self.total, sock_connect=self.connect, sock_read=self.first_byte)
-
 
 class Response(msgspec.Struct):
     status: int
@@ -65,7 +61,7 @@ class Response(msgspec.Struct):
 class Stream:
     """An open upstream response whose body is read chunk by chunk; always close() it."""
 
-    def __init__(self, provider: str, resp: aiohttp.ClientResponse) -> None:
+    def __init__(self, provider: str, resp: h1.Response) -> None:
         self.provider = provider
         self._resp = resp
         self.status = resp.status
@@ -74,23 +70,20 @@ class Stream:
     async def read_all(self) -> bytes:
         try:
             return await self._resp.read()
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except _TRANSPORT as exc:
             raise map_transport_error(exc, self.provider) from None
 
     async def chunks(self) -> AsyncIterator[bytes]:
         try:
-            async for chunk in self._resp.content.iter_any():
+            async for chunk in self._resp.iter_chunks():
                 yield chunk
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except _TRANSPORT as exc:
             raise map_transport_error(exc, self.provider) from None
 
     def close(self) -> None:
-        # release() returns a fully read connection to the pool; close() drops one cut short, which is
-        # also how a client disconnect reaches the upstream.
-        if self._resp.content.at_eof():
-            self._resp.release()
-        else:
-            self._resp.close()
+        # A fully read connection goes back to the pool; one cut short is closed, which is also how a
+        # client disconnect reaches the upstream.
+        self._resp.release()
 
     async def __aenter__(self) -> Stream:
         return self
@@ -102,7 +95,7 @@ class Stream:
 class Upstream:
     def __init__(self, loaded: LoadedConfig) -> None:
         self._limits = {name: p.max_connections for name, p in loaded.providers.items()}
-        self._sessions: dict[str, aiohttp.ClientSession] = {}
+        self._clients: dict[str, h1.Client] = {}
         self.timeouts = Timeouts.of(loaded.config.timeouts)
         self.provider_timeouts = {
             name: Timeouts.of(p.timeouts) for name, p in loaded.providers.items() if p.timeouts is not None
@@ -111,40 +104,40 @@ class Upstream:
     def timeouts_for(self, provider: str) -> Timeouts:
         return self.provider_timeouts.get(provider, self.timeouts)
 
-    def _session(self, provider: str) -> aiohttp.ClientSession:
-        session = self._sessions.get(provider)
-        if session is None:
-            connector = aiohttp.TCPConnector(
-                limit=self._limits.get(provider, 256), keepalive_timeout=30, ttl_dns_cache=300
-            )
-            session = aiohttp.ClientSession(
-                connector=connector, auto_decompress=True, skip_auto_headers=("User-Agent",)
-            )
-            self._sessions[provider] = session
-        return session
+    def _client(self, provider: str) -> h1.Client:
+        client = self._clients.get(provider)
+        if client is None:
+            client = self._clients[provider] = h1.Client(self._limits.get(provider, 256))
+        return client
 
     async def close(self) -> None:
-        sessions, self._sessions = list(self._sessions.values()), {}
-        for s in sessions:
-            await s.close()
+        clients, self._clients = list(self._clients.values()), {}
+        for c in clients:
+            c.close()
+
+    async def _open(self, provider: str, req: UpstreamRequest, timeouts: Timeouts) -> h1.Response:
+        try:
+            return await self._client(provider).request(
+                req.method,
+                req.url,
+                req.headers,
+                req.body,
+                connect_s=timeouts.connect,
+                first_byte_s=timeouts.first_byte,
+                total_s=timeouts.total,
+            )
+        except _TRANSPORT as exc:
+            raise map_transport_error(exc, provider) from None
 
     async def send(self, provider: str, req: UpstreamRequest, timeouts: Timeouts) -> Response:
+        resp = await self._open(provider, req, timeouts)
         try:
-            async with self._session(provider).request(
-                req.method, req.url, data=req.body, headers=req.headers, timeout=timeouts.client()
-            ) as resp:
-                body = await resp.read()
-                return Response(status=resp.status, headers=resp.headers, body=body)
-        except (aiohttp.ClientError, TimeoutError) as exc:
+            body = await resp.read()
+        except _TRANSPORT as exc:
             raise map_transport_error(exc, provider) from None
+        finally:
+            resp.release()
+        return Response(status=resp.status, headers=resp.headers, body=body)
 
     async def open_stream(self, provider: str, req: UpstreamRequest, timeouts: Timeouts) -> Stream:
-        try:
-            resp = await self._session(provider).request(
-                req.method, req.url, data=req.body, headers=req.headers, timeout=timeouts.client()
-            )
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise map_transport_error(exc, provider) from None
-        except asyncio.CancelledError:
-            raise
-        return Stream(provider, resp)
+        return Stream(provider, await self._open(provider, req, timeouts))
