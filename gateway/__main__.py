@@ -1,20 +1,28 @@
 """Command line: `python -m gateway serve --config PATH` and `python -m gateway check-config PATH`.
 
 A bad config is one line on stderr (`<file>: <yaml path>: <problem>`) and exit status 1.
+
+`serve --server granian` runs the same app factory under Granian instead of uvicorn (docs/servers.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
 import os
+import signal
 import sys
 import tempfile
+from typing import Any
 
 from gateway.config import ConfigError, LoadedConfig, load_config
 
 log = logging.getLogger("gateway")
+
+APP = "gateway.app:app_from_env"  # an app factory: each worker builds its app from $GATEWAY_CONFIG
+SERVERS = ("uvicorn", "granian")
 
 
 def _announce(loaded: LoadedConfig) -> None:
@@ -32,8 +40,9 @@ def _announce(loaded: LoadedConfig) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
+    if args.server == "granian" and not _granian_installed():
+        print(GRANIAN_MISSING, file=sys.stderr)
+        return 1
     loaded = load_config(args.config)
     server = loaded.config.server
     host = args.host or server.host
@@ -46,9 +55,21 @@ def _serve(args: argparse.Namespace) -> int:
     if workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         # Every worker writes its metric values here, so /metrics on any worker reports them all.
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="gateway-metrics-")
-    log.warning("serving on http://%s:%d with %d worker(s)", host, port, workers)
+    log.warning("serving on http://%s:%d with %d worker(s) (%s)", host, port, workers, args.server)
+    # Both servers count whole seconds: round up, so the deadline is never shorter than configured.
+    grace_s = math.ceil(server.shutdown_grace_ms / 1000)
+    if args.server == "granian":
+        _run_granian(host, port, workers, grace_s)
+    else:
+        _run_uvicorn(host, port, workers, grace_s)
+    return 0
+
+
+def _run_uvicorn(host: str, port: int, workers: int, grace_s: int) -> None:
+    import uvicorn
+
     uvicorn.run(
-        "gateway.app:app_from_env",
+        APP,
         factory=True,
         host=host,
         port=port,
@@ -60,10 +81,85 @@ def _serve(args: argparse.Namespace) -> int:
         # The gateway never reads client addresses: skip the X-Forwarded-* middleware on every request.
         proxy_headers=False,
         server_header=False,
-        # uvicorn counts whole seconds: round up, so the deadline is never shorter than configured.
-        timeout_graceful_shutdown=math.ceil(server.shutdown_grace_ms / 1000),
+        timeout_graceful_shutdown=grace_s,
     )
-    return 0
+
+
+class ListenError(Exception):
+    """The server could not open its listening socket."""
+
+
+BACKPRESSURE = 65_536
+GRANIAN_MISSING = "granian is not installed: pip install 'completions-gateway[granian]'"
+
+
+def _granian_installed() -> bool:
+    try:
+        import granian  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _run_granian(host: str, port: int, workers: int, grace_s: int) -> None:
+    from granian.constants import HTTPModes, Interfaces, Loops
+    from granian.log import LogLevels
+    from granian.server.mp import MPServer
+
+    # MPServer rather than `granian.Granian`, which is a server of threads on free-threaded Pythons:
+    # worker processes, as under uvicorn, whatever the build.
+    class Server(MPServer):
+        """Granian's process server, with its answers to a failed bind and to SIGHUP changed."""
+
+        def _init_shared_socket(self) -> None:
+            try:
+                super()._init_shared_socket()  # type: ignore[no-untyped-call]
+            except RuntimeError as exc:
+                # Granian's bind error (the port is taken, say) comes from Rust, with a backtrace
+                # under RUST_BACKTRACE: one line for the operator, as uvicorn gives.
+                reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                raise ListenError(f"cannot listen on {host}:{port}: {reason}") from None
+
+        def signal_handler_reload(self, *args: Any, **kwargs: Any) -> None:
+            """Pass SIGHUP on to every worker, which reloads its config in place (gateway/reload.py).
+
+            Granian's own answer respawns every worker: in-process state (usage, limits without Redis)
+            is lost, and a worker whose new config does not load exits, which stops the whole server.
+            """
+            # A forked worker inherits this handler until its Reloader installs its own: only the main
+            # process forwards, or a worker would signal its siblings.
+            if os.getpid() != self.pid:
+                return
+            for worker in self.wrks:
+                process = worker.inner  # a multiprocessing.Process
+                if process.is_alive():
+                    with contextlib.suppress(ProcessLookupError):  # it exited just now
+                        os.kill(process.pid, signal.SIGHUP)
+
+    Server(
+        APP,
+        address=host,
+        port=port,
+        # Lifespan ("asgi", not "asginl"): startup freezes the GC and starts the reloader, shutdown
+        # closes the pipeline and flushes the access log.
+        interface=Interfaces.ASGI,
+        factory=True,
+        workers=workers,
+        loop=Loops.uvloop,
+        http=HTTPModes.http1,
+        websockets=False,
+        backlog=2048,  # uvicorn's default
+        # Granian stops accepting once a worker holds this many open connections, idle keep-alive ones
+        # included, and new clients hang unanswered. Its default (backlog / workers) is soon reached by
+        # long streams and pooled client connections; uvicorn has no such cap, only the open-file limit.
+        backpressure=BACKPRESSURE,
+        log_level=LogLevels.warning,
+        log_access=False,
+        # A worker that dies (OOM-killed, say) is replaced; by default granian would stop the whole server.
+        respawn_failed_workers=True,
+        # SIGTERM lets each worker finish its open requests; one still running after this is killed.
+        workers_kill_timeout=grace_s,
+    ).serve()
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -84,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
     serve.add_argument("--workers", type=int)
+    serve.add_argument("--server", choices=SERVERS, default="uvicorn", help="the HTTP server (default: uvicorn)")
     serve.set_defaults(run=_serve)
     check = sub.add_parser("check-config", help="validate a config file and exit")
     check.add_argument("config")
@@ -95,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
         code: int = args.run(args)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
+        return 1
+    except ListenError as exc:
+        print(exc, file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 0

@@ -9,7 +9,9 @@ not load keeps the old one and logs one line saying why.
 The file is polled for changes (mtime and size, every `interval` seconds): no extra dependency, and it
 works inside containers where inotify on bind mounts is unreliable. SIGHUP reloads at once when the
 gateway runs as one process; with several workers uvicorn's supervisor handles SIGHUP itself by
-restarting its workers, and each worker's own file watch still picks up a changed file.
+restarting its workers, and each worker's own file watch still picks up a changed file. Under
+`serve --server granian` the main process passes SIGHUP on to every worker (gateway/__main__.py), so
+each one reloads at once, in place.
 """
 
 from __future__ import annotations
