@@ -234,7 +234,7 @@ def error_type(headers: Mapping[str, str], body_type: str | None) -> str | None:
 
 def _model_path(model: str) -> str:
     # `/` escaped so an ARN stays one segment; every other character yarl would decode again is kept as is,
-    # so the path signed is byte for byte the path aiohttp sends.
+    # so the path signed is byte for byte the path sent (gateway/h1.py sends a URL's path verbatim).
     return quote(model, safe=":@!$&'()*,;=")
 
 
@@ -269,7 +269,7 @@ class BedrockAdapter(Adapter):
     def url(self, req: CompletionRequest, endpoint: Endpoint, region: str) -> str:
         base = (endpoint.base_url or DEFAULT_BASE_URL).replace("{region}", region).rstrip("/")
         operation = "converse-stream" if req.stream else "converse"
-        # Through yarl once, as aiohttp will: what is signed is what goes on the wire.
+        # Normalized through yarl once; the client sends that path verbatim, so what is signed goes on the wire.
         return str(URL(f"{base}/model/{_model_path(endpoint.model)}/{operation}"))
 
     def build_request(self, req: CompletionRequest, endpoint: Endpoint, params: dict[str, Any]) -> UpstreamRequest:

@@ -22,8 +22,8 @@ import pytest
 from .support import CONFIG, REPO, child_env, dockerfile_stages
 
 # What `python -m gateway serve` needs at run time, beyond the pure-Python web stack.
-RUNTIME_REQUIREMENTS = {"litestar", "msgspec", "aiohttp", "uvicorn", "uvloop", "httptools", "pyyaml", "redis"}
-DEV_ONLY = {"pytest", "mypy", "ruff", "openai"}
+RUNTIME_REQUIREMENTS = {"litestar", "msgspec", "yarl", "uvicorn", "uvloop", "httptools", "hiredis", "pyyaml", "redis"}
+DEV_ONLY = {"pytest", "mypy", "ruff", "openai", "aiohttp"}
 
 IMPORT_ALL = """
 import importlib, pkgutil, sys
