@@ -1,4 +1,5 @@
-"""Python load clients for what wrk cannot do: open-loop fixed rate, stream TTFB, preflight.
+"""Python load clients for what wrk cannot do: open-loop fixed rate, stream TTFB, many open
+streams at once, preflight.
 
 Latency at a fixed rate is timed from each request's *scheduled* send time, not its actual one,
 so a server that stalls is charged for the queue it causes (no coordinated omission).
@@ -9,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import aiohttp
 import msgspec
@@ -40,6 +41,23 @@ class TtfbResult(msgspec.Struct):
     ttfb_p99_ms: float
     total_p50_ms: float
     total_p90_ms: float
+    first_error: str | None = None
+
+
+class HoldResult(msgspec.Struct):
+    streams: int
+    completed: int
+    errors: int
+    # Most streams open at the same moment (answer headers in, end not yet reached).
+    max_open: int
+    events_min: int
+    events_max: int
+    ttfb_p50_ms: float
+    ttfb_p99_ms: float
+    total_p50_ms: float
+    total_p99_ms: float
+    rss_peak_mib: float
+    rss_samples: int
     first_error: str | None = None
 
 
@@ -149,6 +167,87 @@ async def _ttfb(url: str, body: bytes, streams: int, warmup: int) -> TtfbResult:
     )
 
 
+async def _hold(
+    url: str, body: bytes, streams: int, expected_s: float, sample_rss: Callable[[], float], interval_s: float
+) -> HoldResult:
+    # Unlimited pool: every stream needs its own connection, and a cap here would queue them in the
+    # client instead of holding them open in the server under test.
+    connector = aiohttp.TCPConnector(limit=0)
+    # Generous per stream (a loaded server streams slower than the upstream emits), but bounded.
+    timeout = aiohttp.ClientTimeout(total=expected_s * 4 + 30, sock_connect=15)
+    ttfb: list[float] = []
+    totals: list[float] = []
+    events: list[int] = []
+    errors: list[str] = []
+    open_now = max_open = 0
+    peak = 0.0
+    samples = 0
+    running = True
+
+    async def sampler() -> None:
+        nonlocal peak, samples
+        while running:
+            peak = max(peak, sample_rss())
+            samples += 1
+            await asyncio.sleep(interval_s)
+
+    async def one(session: aiohttp.ClientSession) -> None:
+        nonlocal open_now, max_open
+        started = time.perf_counter()
+        first: float | None = None
+        buffer = bytearray()
+        try:
+            async with session.post(url, data=body, headers=HEADERS) as response:
+                if response.status != 200:
+                    raise RuntimeError(f"HTTP {response.status}: {(await response.read())[:200]!r}")
+                open_now += 1
+                max_open = max(max_open, open_now)
+                try:
+                    async for chunk in response.content.iter_any():
+                        if first is None and chunk:
+                            first = time.perf_counter()
+                        buffer += chunk
+                finally:
+                    open_now -= 1
+        except Exception as exc:  # any failure is a data point, not a crash of the bench
+            errors.append(f"{type(exc).__name__}: {exc}")
+            return
+        if first is None or b"data: [DONE]" not in buffer:
+            errors.append(f"stream ended without [DONE] after {len(buffer)} bytes")
+            return
+        ttfb.append((first - started) * 1000.0)
+        totals.append((time.perf_counter() - started) * 1000.0)
+        events.append(bytes(buffer).count(b"data: "))
+
+    # Hard stop for the whole hold, whatever the server does.
+    limit_s = expected_s * 6 + 60
+    watcher = asyncio.create_task(sampler())
+    try:
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session, asyncio.timeout(limit_s):
+            await asyncio.gather(*(one(session) for _ in range(streams)))
+    except TimeoutError:
+        errors.append(f"{streams - len(totals) - len(errors)} streams still unfinished after {limit_s:.0f} s")
+    finally:
+        running = False
+        await watcher
+    return HoldResult(
+        streams=streams,
+        completed=len(totals),
+        # Counted from the total: streams cut off by the hard stop are failures too.
+        errors=streams - len(totals),
+        max_open=max_open,
+        events_min=min(events, default=0),
+        events_max=max(events, default=0),
+        ttfb_p50_ms=percentile(ttfb, 50),
+        ttfb_p99_ms=percentile(ttfb, 99),
+        total_p50_ms=percentile(totals, 50),
+        total_p99_ms=percentile(totals, 99),
+        rss_peak_mib=round(peak, 1),
+        rss_samples=samples,
+        first_error=errors[0] if errors else None,
+    )
+
+
 def fixed_rate(url: str, body: bytes, rate: float, count: int, warmup: int) -> FixedRateResult:
     """Send ``warmup + count`` requests at ``rate``/s regardless of answers; report the last ``count``."""
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
@@ -159,6 +258,15 @@ def stream_ttfb(url: str, body: bytes, streams: int, warmup: int) -> TtfbResult:
     """Time to first body byte and to end of stream, over sequential streams on one connection."""
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         return runner.run(_ttfb(url, body, streams, warmup))
+
+
+def hold_streams(
+    url: str, body: bytes, streams: int, expected_s: float, sample_rss: Callable[[], float], interval_s: float = 0.1
+) -> HoldResult:
+    """Open ``streams`` streaming requests at once and read them to the end, sampling ``sample_rss``
+    every ``interval_s`` meanwhile; the peak sample is the memory it takes to hold them all."""
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(_hold(url, body, streams, expected_s, sample_rss, interval_s))
 
 
 async def _preflight(url: str, body: bytes, stream: bool) -> str | None:

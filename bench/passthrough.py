@@ -53,7 +53,9 @@ async def serve(host: str, port: int, upstream: str) -> None:
     app[_UPSTREAM] = upstream.rstrip("/")
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/health", health)
-    async with aiohttp.ClientSession() as session:
+    # No pool cap (aiohttp's default is 100): with many streams open at once a cap would queue them
+    # here, and the bench would measure the cap instead of what holding them costs.
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         app[_SESSION] = session
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()

@@ -88,7 +88,11 @@ class Service:
         return sum(_cpu_seconds(pid) for pid in self.pids())
 
     def peak_rss_mib(self) -> float:
-        return sum(_vm_hwm_kib(pid) for pid in self.pids()) / 1024.0
+        return sum(_status_kib(pid, "VmHWM:") for pid in self.pids()) / 1024.0
+
+    def rss_mib(self, pids: Sequence[int] | None = None) -> float:
+        """Current resident memory of the tree (VmRSS): what it holds now, not its high-water mark."""
+        return rss_mib(self.pids() if pids is None else pids)
 
     def stop(self, grace: float = 5.0) -> None:
         if self.proc.poll() is None:
@@ -179,10 +183,15 @@ def _cpu_seconds(pid: int) -> float:
     return (int(stat[11]) + int(stat[12])) / _CLK_TCK
 
 
-def _vm_hwm_kib(pid: int) -> int:
+def rss_mib(pids: Sequence[int]) -> float:
+    """Summed VmRSS of ``pids``; a pid that has gone counts as nothing."""
+    return sum(_status_kib(pid, "VmRSS:") for pid in pids) / 1024.0
+
+
+def _status_kib(pid: int, field: str) -> int:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(field):
                 return int(line.split()[1])
     except OSError:
         pass

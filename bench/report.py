@@ -1,7 +1,9 @@
-"""Turning measurements into bench/results/*.json, docs/benchmarks.md and an optional PNG.
+"""Turning measurements into bench/results/*.json, docs/benchmarks.md and docs/benchmarks.png.
 
 The markdown is generated whole from the JSON figures of one run, so the published table can
-never mix numbers from different runs or machines.
+never mix numbers from different runs or machines; so is its "Targets" section, which checks the
+performance issue's thresholds against those figures. The PNG (latency percentiles against offered
+load) needs matplotlib, the optional ``bench`` extra; without it the run still completes.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 import msgspec
 
 from bench import wrk
-from bench.scenarios import NOISY_PCT, Measurement
+from bench.scenarios import GRANIAN, LIMITS_TARGET, NOISY_PCT, TWO_WORKERS, Measurement
 from bench.upstream import COMPLETION_BODY, nginx
 
 # Above this busy share of the load generator's core, a row measures wrk rather than the server.
@@ -38,6 +40,8 @@ class RunResult(msgspec.Struct):
     settings: dict[str, Any]
     startup_errors: dict[str, str]
     measurements: list[Measurement]
+    # target -> why it was not run (an optional server that is not installed, say).
+    skipped: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 def _run_text(argv: list[str]) -> str:
@@ -71,7 +75,17 @@ def tool_versions() -> dict[str, str]:
     binary = nginx.find_nginx()
     versions["nginx"] = _run_text([binary, "-v"]).replace("nginx version: ", "") if binary else "missing"
     versions["wrk"] = wrk.version()
-    for dist in ("completions-gateway", "litestar", "aiohttp", "msgspec", "uvloop", "httptools", "uvicorn"):
+    for dist in (
+        "completions-gateway",
+        "litestar",
+        "aiohttp",
+        "msgspec",
+        "uvloop",
+        "httptools",
+        "uvicorn",
+        "granian",
+        "matplotlib",
+    ):
         try:
             versions[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
@@ -112,12 +126,15 @@ def _table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
 
 class _Index:
     def __init__(self, measurements: list[Measurement]) -> None:
-        self._by_key = {(m.scenario, m.target): m for m in measurements}
+        self._by_key = {(m.scenario, m.target, m.offered_rps): m for m in measurements}
 
-    def get(self, scenario: str, target: str) -> Measurement | None:
-        m = self._by_key.get((scenario, target))
+    def get(self, scenario: str, target: str, offered: float | None = None) -> Measurement | None:
+        m = self._by_key.get((scenario, target, offered))
         # A failed row (errors, or a server that died) must not leak into headline ratios.
         return m if m is not None and m.ok and m.requests else None
+
+    def raw(self, scenario: str, target: str) -> Measurement | None:
+        return self._by_key.get((scenario, target, None))
 
     def noisy(self, scenario: str, target: str) -> bool:
         m = self.get(scenario, target)
@@ -129,15 +146,33 @@ class _Index:
 
 
 def _label(target: str, result: RunResult) -> str:
-    if target == "gateway":
-        return f"gateway (workers={result.settings.get('workers', 1)})"
+    workers = result.settings.get("workers", 1)
+    if target in ("gateway", LIMITS_TARGET):
+        return f"{target} (workers={workers})"
+    if target == TWO_WORKERS:
+        return f"{target} (workers=2, unpinned)"
+    if target == GRANIAN:
+        return f"{target} (granian, workers={workers})"
     return target
 
 
-def render_markdown(result: RunResult) -> str:
+def _why_missing(idx: _Index, scenario: str, target: str) -> str:
+    """Why a figure is absent, in a few words for a table cell or a title."""
+    m = idx.raw(scenario, target)
+    if m is None:
+        return "not run"
+    if m.skipped:
+        return "not run: " + (m.note or "").removeprefix("not run: ").split(" (")[0]
+    return "failed, see Problems"
+
+
+def render_markdown(
+    result: RunResult, plot: Path | None = None, plot_note: str = "", md_dir: Path | None = None
+) -> str:
     idx = _Index(result.measurements)
     s = result.settings
     chunks, latency, rate = s["chunks"], s["latency_ms"], s["rate"]
+    soak_n, hold_n = s.get("soak_requests", 0), s.get("hold_streams", 0)
     out: list[str] = [
         "# Benchmarks",
         "",
@@ -151,6 +186,7 @@ def render_markdown(result: RunResult) -> str:
         "",
         "```sh",
         "apt-get install -y nginx wrk   # once; the bench refuses to run without them",
+        "pip install -e '.[bench]'      # optional: matplotlib, for the latency-vs-load plot",
         *(
             # bench/limits-redis.yaml points at this Redis; the bench does not start one itself.
             ["redis-server --port 6499 --save '' --appendonly no --daemonize yes   # for limits_c32"]
@@ -160,13 +196,15 @@ def render_markdown(result: RunResult) -> str:
         result.command,
         "```",
         "",
-        "`make bench` runs the same default mode (about 3 minutes; rewrites this file and "
-        "`bench/results/latest.json`). `--quick` is a sub-minute smoke run that writes only "
-        "`bench/results/quick.{json,md}`. Other knobs: `--workers N` (gateway workers; core pinning is "
-        "switched off above 1), `--limits-config FRAGMENT.yaml` (adds a `limits_c32` row: the gateway with "
-        "that YAML merged into its config, e.g. Redis-backed limits, against the plain gateway), "
-        "`--only SCENARIO,...`, `--targets`, `--wait-idle SECONDS`, `--no-pin`. With matplotlib installed "
-        "a PNG of the headline lands next to the JSON (`bench/results/latest.png`, not committed).",
+        "`make bench` runs the same default mode (about 12 minutes, half of it the 1,000,000-request memory "
+        "soak; rewrites this file, `docs/benchmarks.png` and `bench/results/latest.json`). `--quick` is a "
+        "~2-minute smoke run that writes only `bench/results/quick.{json,md,png}`. Other knobs: `--workers N` "
+        "(workers of the gateway rows; core pinning is switched off above 1; `gateway-2w` always has 2), "
+        "`--limits-config FRAGMENT.yaml` (adds a `limits_c32` row: the gateway with that YAML merged into its "
+        "config, e.g. Redis-backed limits, against the plain gateway), `--soak-requests N`, "
+        "`--soak-passthrough`, `--hold-streams N`, `--hold-interval-ms MS`, `--sweep-rates R,R,...`, "
+        "`--sweep-seconds S`, `--only SCENARIO,...`, `--targets`, `--wait-idle SECONDS`, `--no-pin`, "
+        "`--plot PATH`, `--no-plot`.",
         "",
     ]
     busy_before = result.machine.get("busy before run", "0%").split("%")[0]
@@ -177,45 +215,95 @@ def render_markdown(result: RunResult) -> str:
             "",
         ]
     failures = result.startup_errors
-    failed = [m for m in result.measurements if not m.ok or m.note]
+    failed = [m for m in result.measurements if not m.skipped and (not m.ok or m.note)]
     noisy = [m for m in result.measurements if (m.other_load_pct or 0.0) > NOISY_PCT]
-    if failures or failed or noisy:
+    if failures or failed or noisy or result.skipped:
         out += ["## Problems in this run", ""]
+        for target, why in result.skipped.items():
+            out.append(f"- `{target}` was not run: {why}.")
         for key, message in failures.items():
             out += [f"- `{key}` did not start:", "", "```", message.strip()[-2000:], "```", ""]
         for m in failed:
             if m.note and not m.note.startswith("did not start"):
-                out.append(f"- `{m.scenario}` / `{m.target}`: {m.note}")
+                at = f" at {m.offered_rps:g} req/s" if m.offered_rps is not None else ""
+                out.append(f"- `{m.scenario}`{at} / `{m.target}`: {m.note}")
         for m in noisy:
+            at = f" at {m.offered_rps:g} req/s" if m.offered_rps is not None else ""
             out.append(
-                f"- `{m.scenario}` / `{m.target}`: processes outside the bench used {m.other_load_pct:.0f}% of a "
-                "core during the window (after one repeat); treat this row as noisy"
+                f"- `{m.scenario}`{at} / `{m.target}`: processes outside the bench used {m.other_load_pct:.0f}% of a "
+                "core during the window"
+                + ("" if m.tool in ("soak", "hold") else " (after one repeat)")
+                + "; treat this row as noisy"
             )
         out.append("")
+
+    out += _targets_section(idx, result)
 
     # Headline ------------------------------------------------------------------------------------
     rps = lambda m: m.rps  # noqa: E731 - tiny selectors read better inline
     out += ["## Headline", ""]
     rows: list[list[str]] = []
 
-    def row(title: str, scenario: str, pick: Callable[[Measurement], float | None], digits: int, kind: str) -> None:
-        d, p, g = (idx.value(scenario, t, pick) for t in ("direct", "passthrough", "gateway"))
+    def row(
+        title: str,
+        scenario: str,
+        pick: Callable[[Measurement], float | None],
+        digits: int,
+        kind: str,
+        gateway: str = "gateway",
+    ) -> None:
+        """``kind``: "ratio" (values and ratios), "delta" (direct value, others as added), "plain"
+        (values only). ``gateway`` names the target shown in the gateway column."""
+        columns = ("direct", "passthrough", gateway)
+        d, p, g = (idx.value(scenario, t, pick) for t in columns)
         # A dagger marks a cell built from a row that other processes disturbed (see Problems).
-        mark = {t: " †" if idx.noisy(scenario, t) else "" for t in ("direct", "passthrough", "gateway")}
+        mark = dict(zip(("d", "p", "g"), (" †" if idx.noisy(scenario, t) else "" for t in columns), strict=True))
         if kind == "ratio":
             cells = [_num(d, digits), _num(p, digits), _num(g, digits), _ratio(g, d), _ratio(g, p)]
-        else:
+        elif kind == "delta":
             cells = [_num(d, digits), _delta(p, d, digits), _delta(g, d, digits), "-", _delta(g, p, digits)]
+        else:
+            cells = [_num(d, digits), _num(p, digits), _num(g, digits), "-", "-"]
+        derived = kind == "delta"
         marks = [
-            mark["direct"],
-            mark["passthrough"] or (mark["direct"] if kind == "delta" else ""),
-            mark["gateway"] or (mark["direct"] if kind == "delta" else ""),
-            mark["gateway"] or mark["direct"],
-            mark["gateway"] or mark["passthrough"],
+            mark["d"],
+            mark["p"] or (mark["d"] if derived else ""),
+            mark["g"] or (mark["d"] if derived else ""),
+            mark["g"] or mark["d"],
+            mark["g"] or mark["p"],
         ]
         rows.append([title, *(cell + m if cell != "-" else cell for cell, m in zip(cells, marks, strict=True))])
 
     row("Throughput, non-streaming, c=32 (req/s)", "nonstream_c32", rps, 0, "ratio")
+    single = idx.value("nonstream_c32", "gateway", rps)
+    two = idx.value("nonstream_c32", TWO_WORKERS, rps)
+    row(
+        "Throughput, c=32, gateway with 2 workers, unpinned (req/s; "
+        + (
+            f"{_ratio(two, single)} the 1-worker gateway)"
+            if two and single
+            else f"{_why_missing(idx, 'nonstream_c32', TWO_WORKERS)})"
+        ),
+        "nonstream_c32",
+        rps,
+        0,
+        "ratio",
+        gateway=TWO_WORKERS,
+    )
+    granian = idx.value("nonstream_c32", GRANIAN, rps)
+    row(
+        "Throughput, c=32, gateway on granian (req/s; "
+        + (
+            f"{_ratio(granian, single)} uvicorn)"
+            if granian and single
+            else f"{_why_missing(idx, 'nonstream_c32', GRANIAN)})"
+        ),
+        "nonstream_c32",
+        rps,
+        0,
+        "ratio",
+        gateway=GRANIAN,
+    )
     row("CPU s per 1,000 req, c=32 (server process)", "nonstream_c32", lambda m: m.cpu_s_per_1k, 3, "ratio")
     row("Peak RSS, MiB (server process tree)", "nonstream_c32", lambda m: m.peak_rss_mib, 1, "ratio")
     row("Latency p50 at c=1, ms (direct; others: added)", "nonstream_c1", lambda m: m.p50_ms, 3, "delta")
@@ -239,6 +327,14 @@ def render_markdown(result: RunResult) -> str:
         3,
         "delta",
     )
+    row(
+        f"RSS growth, {soak_n // 10:,} → {soak_n:,} requests, % (VmRSS)",
+        "soak",
+        lambda m: m.rss_growth_pct,
+        1,
+        "plain",
+    )
+    row(f"RSS holding {hold_n:,} slow streams, MiB (peak VmRSS)", "hold_streams", lambda m: m.rss_hold_mib, 1, "ratio")
     out += _table(["", "direct", "passthrough", "gateway", "gateway / direct", "gateway vs passthrough"], rows)
     out += [
         "",
@@ -250,9 +346,17 @@ def render_markdown(result: RunResult) -> str:
         )
         + "Ratio rows show the value and `gateway / direct`, `gateway / passthrough`; latency rows show the "
         "direct value and the milliseconds each hop *adds* to it (so the passthrough column is the cost of "
-        "any Python proxy at all, and `gateway vs passthrough` is what the gateway's own features cost).",
+        "any Python proxy at all, and `gateway vs passthrough` is what the gateway's own features cost). "
+        "In the 2-worker and granian rows the gateway column is that variant. The soak runs against a freshly "
+        "started server and does not cover *direct* (nginx's memory does not move)"
+        + ("" if s.get("soak_passthrough") else "; the passthrough soak runs only with `--soak-passthrough`")
+        + ".",
         "",
     ]
+
+    out += _variants_section(idx, result)
+    out += _sweep_section(idx, result, plot, plot_note, md_dir)
+    out += _memory_section(idx, result)
 
     # Ceilings -------------------------------------------------------------------------------------
     nginx_rps = idx.value("nonstream_c32", "direct", rps)
@@ -287,73 +391,13 @@ def render_markdown(result: RunResult) -> str:
     for m in result.measurements:
         by_scenario.setdefault(m.scenario, []).append(m)
     for scenario, items in by_scenario.items():
-        placement = next((m.placement for m in items if m.placement), "-")
+        placements = list(dict.fromkeys(m.placement for m in items if m.placement))
+        placement = "; ".join(placements) if placements else "-"
         out += [f"### `{scenario}` ({items[0].tool}, upstream: {items[0].upstream}, placement: {placement})", ""]
-        if items[0].tool == "ttfb":
-            header = [
-                "target",
-                "streams",
-                "events/stream",
-                "TTFB p50",
-                "TTFB p90",
-                "TTFB p99",
-                "total p50",
-                "total p90",
-                "CPU s/1k",
-                "errors",
-                "other load %",
-            ]
-            body = [
-                [
-                    _label(m.target, result),
-                    _num(m.requests, 0),
-                    _num(m.events_per_stream, 0),
-                    _num(m.ttfb_p50_ms, 3),
-                    _num(m.ttfb_p90_ms, 3),
-                    _num(m.ttfb_p99_ms, 3),
-                    _num(m.total_p50_ms, 3),
-                    _num(m.total_p90_ms, 3),
-                    _num(m.cpu_s_per_1k, 3),
-                    _num(m.errors, 0),
-                    _num(m.other_load_pct, 0),
-                ]
-                for m in items
-            ]
-        else:
-            header = [
-                "target",
-                "requests",
-                "req/s",
-                "mean",
-                "p50",
-                "p90",
-                "p99",
-                "max",
-                "CPU s/1k",
-                "peak RSS MiB",
-                "errors",
-                "busy % core0 / core1",
-                "other load %",
-            ]
-            body = [
-                [
-                    _label(m.target, result),
-                    _num(m.requests, 0),
-                    _num(m.rps, 0),
-                    _num(m.mean_ms, 3),
-                    _num(m.p50_ms, 3),
-                    _num(m.p90_ms, 3),
-                    _num(m.p99_ms, 3),
-                    _num(m.max_ms, 3),
-                    _num(m.cpu_s_per_1k, 3),
-                    _num(m.peak_rss_mib, 1),
-                    _num(m.errors, 0) if m.requests is not None else "not run",
-                    _busy(m),
-                    _num(m.other_load_pct, 0),
-                ]
-                for m in items
-            ]
-        out += _table(header, body)
+        if scenario == "load_sweep":
+            items = sorted(items, key=lambda m: m.offered_rps or 0.0)
+        columns = _columns(items[0].tool, scenario)
+        out += _table([c[0] for c in columns], ([c[1](m, result) for c in columns] for m in items))
         out.append("")
     out += ["Latencies in ms. `not run` rows are explained under *Problems in this run*.", ""]
 
@@ -375,8 +419,28 @@ def render_markdown(result: RunResult) -> str:
         f"- Fixed rate: an open-loop aiohttp client sends {s['rate_count']} requests at {rate:g} req/s "
         f"(after {s['rate_warmup']} warm-up requests) and times each from its *scheduled* send time, so "
         "queueing in the server is charged to it.",
+        f"- Latency vs offered load (`load_sweep`): the same open-loop client against the nginx upstream at "
+        f"{s.get('sweep_rates', '-')} req/s, {s.get('sweep_seconds', 0):g} s measured at each rate after "
+        f"{s.get('sweep_warmup_s', 0):g} s unmeasured; rates in the outer loop, targets in the inner one. "
+        "The client is one Python process on the load generator's core: the *direct* row shows the highest rate "
+        "it can offer at all, so a target that falls behind below that rate is the target's limit.",
         f"- TTFB: sequential streams on one keep-alive connection ({s['ttfb_streams']} measured); TTFB is "
         "the time from sending the request to the first body byte.",
+        f"- Memory soak (`soak`): a freshly started server, wrk with one thread and c={s['connections']}, and a "
+        "Lua `response()` hook that counts answers and calls `wrk.thread:stop()` at the count (one thread makes "
+        f"the count global; `-d` is only a generous upper bound). After {soak_n // 10:,} requests wrk stops and "
+        f"the server's current RSS is read; a second wrk brings the total to {soak_n:,} and RSS is read again. "
+        "RSS is `VmRSS` from `/proc/<pid>/status` summed over the process tree, read 0.5 s after each stop; "
+        "growth is (end − checkpoint) / checkpoint. wrk may count up to c−1 answers past the count (those read "
+        "in the same event-loop pass).",
+        f"- Held streams (`hold_streams`): the Python upstream sends 100 events {s.get('hold_interval_ms', 0):g} ms "
+        f"apart (~{100 * s.get('hold_interval_ms', 0) / 1000:g} s per stream); an aiohttp client with an "
+        f"unlimited pool opens {hold_n:,} streams at once through the target and reads them to the end, while "
+        "the target tree's `VmRSS` is sampled every 100 ms; the table gives RSS before the streams, the peak "
+        "sample, the most streams open at the same moment, and events per stream (minimum). The gateway's "
+        "provider gets `max_connections` above the stream count (its default pool of 256 would queue the "
+        "rest), and the passthrough's pool is unlimited. Bounded: each stream may take 4x its schedule + 30 s, "
+        "the whole hold 6x + 60 s.",
         "- CPU: utime+stime from `/proc/<pid>/stat`, summed over the server's process tree, before and after "
         "the measured window, divided by requests served (`-` when the window used under 0.1 CPU s: too few "
         "10 ms ticks to mean anything). Peak RSS: `VmHWM` from `/proc/<pid>/status`, summed over the tree. "
@@ -389,19 +453,350 @@ def render_markdown(result: RunResult) -> str:
             "the work is serial anyway, and on this VM a cross-core wake-up costs ~80 us at p50 and ~2 ms at "
             "p90 (wrk c=1 against nginx: 8 us p50 on one core, 85 us split), which would swamp the added "
             "latency. In the fixed-rate rows wake-ups are part of the figures for every target alike. "
+            "`gateway-2w` cannot be confined to one core: it runs unpinned, its two workers sharing both cores "
+            "with wrk and the upstream, so its figure is what two workers give on this 2-core machine with the "
+            "load generator on it, not a clean 2x. "
             "The busy column shows both cores during the window: core 1 near 100 % in a `split` row means "
             "the row is client-bound, not server-bound. `other load %` is the CPU (in % of one core) used by "
             "processes outside the bench during the window (user+system time from `/proc/stat` minus the "
             "bench's own process tree); above "
-            f"{NOISY_PCT:g} % the row is measured once more and the quieter attempt kept."
+            f"{NOISY_PCT:g} % the row is measured once more and the quieter attempt kept (not for the memory "
+            "rows, whose figures do not depend on competing load)."
             if s.get("pin")
             else "no CPU pinning (fewer than 2 cores, `--no-pin`, or `--workers` > 1)."
         ),
         "- Gateway config: one provider `up` (`kind: openai`) whose `base_url` is the upstream; model "
-        "`up/bench-model`. The passthrough forwards the same bytes to the same upstream.",
+        "`up/bench-model`. The passthrough forwards the same bytes to the same upstream. `gateway-granian` is "
+        "the same gateway started with `serve --server granian`; it is skipped when granian is not installed.",
         "",
     ]
     return "\n".join(out)
+
+
+# -- sections ------------------------------------------------------------------------------------
+
+# (description, met?) thresholds of the performance issue, checked against this run's figures.
+HOLD_TARGET_MB = 300.0
+SOAK_TARGET_PCT = 10.0
+
+
+def _verdict(met: bool | None) -> str:
+    return "not measured" if met is None else "met" if met else "**NOT met**"
+
+
+def _targets_section(idx: _Index, result: RunResult) -> list[str]:
+    s = result.settings
+    rps = lambda m: m.rps  # noqa: E731
+    rows: list[list[str]] = []
+
+    def add(target: str, measured: str, met: bool | None) -> None:
+        rows.append([target, measured, _verdict(met)])
+
+    # (a) limits throughput against the passthrough of the same run.
+    lim = idx.value("limits_c32", LIMITS_TARGET, rps)
+    pas = idx.value("nonstream_c32", "passthrough", rps)
+    if lim and pas:
+        add(
+            "gateway with Redis limits, c=32 throughput ≥ 0.6 × passthrough",
+            f"{lim:,.0f} req/s = {lim / pas:.2f}x passthrough ({pas:,.0f})",
+            lim >= 0.6 * pas,
+        )
+    else:
+        why = (
+            "run with `--limits-config bench/limits-redis.yaml`"
+            if idx.raw("limits_c32", LIMITS_TARGET) is None
+            else "row failed"
+        )
+        add("gateway with Redis limits, c=32 throughput ≥ 0.6 × passthrough", f"- ({why})", None)
+
+    # (b) c=1 added p50, gateway against passthrough.
+    d, p, g = (idx.value("nonstream_c1", t, lambda m: m.p50_ms) for t in ("direct", "passthrough", "gateway"))
+    if d is not None and p is not None and g is not None and p > d:
+        g_add, p_add = g - d, p - d
+        add(
+            "c=1 added p50 ≤ 1.5 × the passthrough's added p50",
+            f"+{g_add:.3f} ms vs +{p_add:.3f} ms = {g_add / p_add:.2f}x",
+            g_add <= 1.5 * p_add,
+        )
+    else:
+        add("c=1 added p50 ≤ 1.5 × the passthrough's added p50", "-", None)
+
+    # (c) slow upstream at a fixed rate: added p50 and p99.
+    title = f"{s['latency_ms']:g} ms upstream at {s['rate']:g} req/s: added p50 < 1 ms and added p99 < 5 ms"
+    if (s["latency_ms"], s["rate"]) != (50.0, 500.0):
+        title += " (the target is stated for 50 ms at 500 req/s)"
+    d50, g50 = (idx.value("slow_fixed_rate", t, lambda m: m.p50_ms) for t in ("direct", "gateway"))
+    d99, g99 = (idx.value("slow_fixed_rate", t, lambda m: m.p99_ms) for t in ("direct", "gateway"))
+    if None not in (d50, g50, d99, g99):
+        assert d50 is not None and g50 is not None and d99 is not None and g99 is not None
+        add(title, f"p50 +{g50 - d50:.3f} ms, p99 +{g99 - d99:.3f} ms", g50 - d50 < 1.0 and g99 - d99 < 5.0)
+    else:
+        add(title, "-", None)
+
+    # (d) stream TTFB added p50.
+    dt, gt = (idx.value("stream_ttfb", t, lambda m: m.ttfb_p50_ms) for t in ("direct", "gateway"))
+    if dt is not None and gt is not None:
+        add("stream TTFB added p50 < 1 ms", f"+{gt - dt:.3f} ms", gt - dt < 1.0)
+    else:
+        add("stream TTFB added p50 < 1 ms", "-", None)
+
+    # (e) RSS holding 1,000 streams.
+    hold = idx.get("hold_streams", "gateway")
+    title = f"gateway RSS holding 1,000 streams < {HOLD_TARGET_MB:g} MB"
+    if hold is not None and hold.rss_hold_mib is not None:
+        mb = hold.rss_hold_mib * 1.048576
+        measured = f"{hold.rss_hold_mib:.1f} MiB = {mb:.0f} MB, {hold.concurrent_streams:,} streams open at once"
+        if (hold.concurrent_streams or 0) < 1000:
+            measured += f" (**{hold.concurrent_streams:,}, not 1,000**: quick mode or `--hold-streams`)"
+        add(title, measured, mb < HOLD_TARGET_MB)
+    else:
+        add(title, f"- ({_why_missing(idx, 'hold_streams', 'gateway')})", None)
+
+    # (f) RSS growth over the soak.
+    soak = idx.get("soak", "gateway")
+    title = f"gateway RSS growth 100k → 1M requests within {SOAK_TARGET_PCT:g} %"
+    if soak is not None and soak.rss_growth_pct is not None:
+        measured = (
+            f"{soak.rss_checkpoint_mib:.1f} MiB after {soak.checkpoint_requests:,} → {soak.rss_end_mib:.1f} MiB "
+            f"after {soak.requests:,}: {soak.rss_growth_pct:+.1f} %"
+        )
+        if (soak.requests or 0) < 1_000_000:
+            measured += " (**not 1M requests**: quick mode or `--soak-requests`)"
+        add(title, measured, abs(soak.rss_growth_pct) <= SOAK_TARGET_PCT)
+    else:
+        add(title, f"- ({_why_missing(idx, 'soak', 'gateway')})", None)
+
+    return [
+        "## Targets",
+        "",
+        "The performance issue's targets, checked against this run's figures (added = gateway minus direct in "
+        "the same run; MB = 10^6 bytes):",
+        "",
+        *_table(["target", "measured", "verdict"], rows),
+        "",
+    ]
+
+
+def _variants_section(idx: _Index, result: RunResult) -> list[str]:
+    """The gateway's variants under the same c=32 load, against the 1-worker gateway and the passthrough."""
+    base = idx.get("nonstream_c32", "gateway")
+    passthrough = idx.get("nonstream_c32", "passthrough")
+    limits_base = idx.get("limits_c32", "gateway")
+    rows: list[list[str]] = []
+    for scenario, target in (
+        ("nonstream_c32", "gateway"),
+        ("nonstream_c32", TWO_WORKERS),
+        ("nonstream_c32", GRANIAN),
+        ("limits_c32", LIMITS_TARGET),
+    ):
+        if idx.raw(scenario, target) is None:
+            continue
+        m = idx.get(scenario, target)
+        if m is None:
+            rows.append([f"`{_label(target, result)}`", _why_missing(idx, scenario, target), *["-"] * 5])
+            continue
+        # gateway+limits is compared with the plain gateway of its own scenario, measured right before it.
+        versus = limits_base if target == LIMITS_TARGET else base
+        rows.append(
+            [
+                f"`{_label(target, result)}`",
+                _num(m.rps, 0),
+                _ratio(m.rps, versus.rps if versus else None),
+                _ratio(m.rps, passthrough.rps if passthrough else None),
+                _num(m.p99_ms, 3),
+                _num(m.cpu_s_per_1k, 3),
+                m.placement or "-",
+            ]
+        )
+    out = ["## Gateway variants (non-streaming, c=32)", ""]
+    out += _table(["target", "req/s", "vs 1-worker gateway", "vs passthrough", "p99 ms", "CPU s/1k", "placement"], rows)
+    out += [
+        "",
+        "`gateway-2w` runs unpinned: its two workers share both cores with wrk and the upstream, while the "
+        "1-worker gateway and the passthrough have core 0 to themselves. `gateway+limits` is compared with "
+        "the plain gateway measured just before it in `limits_c32`.",
+        "",
+    ]
+    if idx.raw("nonstream_c1", GRANIAN) is not None:
+        slow = f"{result.settings['latency_ms']:g} ms upstream at {result.settings['rate']:g} req/s"
+        picks: list[tuple[str, str, Callable[[Measurement], float | None]]] = [
+            ("c=1 p50 ms", "nonstream_c1", lambda m: m.p50_ms),
+            ("c=1 p99 ms", "nonstream_c1", lambda m: m.p99_ms),
+            (f"{slow}: p50 ms", "slow_fixed_rate", lambda m: m.p50_ms),
+            (f"{slow}: p99 ms", "slow_fixed_rate", lambda m: m.p99_ms),
+        ]
+        out += _table(
+            ["same load", "gateway on uvicorn", "gateway on granian"],
+            (
+                [title, *(_num(idx.value(scenario, t, pick), 3) for t in ("gateway", GRANIAN))]
+                for title, scenario, pick in picks
+            ),
+        )
+        out.append("")
+    return out
+
+
+def _sweep_section(idx: _Index, result: RunResult, plot: Path | None, plot_note: str, md_dir: Path | None) -> list[str]:
+    points = sorted((m for m in result.measurements if m.scenario == "load_sweep"), key=lambda m: m.offered_rps or 0.0)
+    if not points:
+        return []
+    out = ["## Latency vs offered load", ""]
+    if plot is not None:
+        link = os.path.relpath(plot, md_dir) if md_dir is not None else plot.name
+        out += [f"![Latency percentiles versus offered load]({link})", ""]
+    elif plot_note:
+        out += [f"({plot_note}.)", ""]
+    targets = list(dict.fromkeys(m.target for m in points))
+    rates = list(dict.fromkeys(m.offered_rps for m in points))
+    header = ["offered req/s", *(f"{t}: achieved, p50 / p90 / p99 ms" for t in targets)]
+    rows = []
+    for rate in rates:
+        cells = [_num(rate, 0)]
+        for target in targets:
+            m = next((x for x in points if x.target == target and x.offered_rps == rate), None)
+            if m is None or m.requests is None:
+                cells.append("not run" if m is None or m.skipped else "failed")
+                continue
+            errors = f", **{m.errors:,} errors**" if m.errors else ""
+            cells.append(f"{_num(m.rps, 0)}, {_num(m.p50_ms, 2)} / {_num(m.p90_ms, 2)} / {_num(m.p99_ms, 2)}{errors}")
+        rows.append(cells)
+    out += _table(header, rows)
+    out += [
+        "",
+        "Open loop: latency is timed from each request's scheduled send time, so once a target falls behind "
+        "the offered rate its queue shows up in every percentile. *direct* is the client's own floor.",
+        "",
+    ]
+    return out
+
+
+def _memory_section(idx: _Index, result: RunResult) -> list[str]:
+    s = result.settings
+    out: list[str] = []
+    soak = [m for m in result.measurements if m.scenario == "soak"]
+    if soak:
+        out += [f"## Memory over {s.get('soak_requests', 0):,} requests", ""]
+        out += _table(
+            ["target", "requests", "RSS at checkpoint MiB", "RSS at end MiB", "growth", "req/s", "errors"],
+            (
+                [
+                    f"`{_label(m.target, result)}`",
+                    _num(m.requests, 0) if m.requests is not None else _why_missing(idx, "soak", m.target),
+                    f"{_num(m.rss_checkpoint_mib, 1)} (after {_num(m.checkpoint_requests, 0)})",
+                    _num(m.rss_end_mib, 1),
+                    f"{m.rss_growth_pct:+.1f} %" if m.rss_growth_pct is not None else "-",
+                    _num(m.rps, 0),
+                    _num(m.errors, 0),
+                ]
+                for m in soak
+            ),
+        )
+        out.append("")
+    hold = [m for m in result.measurements if m.scenario == "hold_streams"]
+    if hold:
+        out += [f"## Memory holding {s.get('hold_streams', 0):,} slow streams", ""]
+        out += _table(
+            [
+                "target",
+                "RSS idle MiB",
+                "RSS peak holding MiB",
+                "most open at once",
+                "completed",
+                "errors",
+                "events/stream",
+                "stream p50 / p99 ms",
+            ],
+            (
+                [
+                    f"`{_label(m.target, result)}`",
+                    _num(m.rss_idle_mib, 1),
+                    _num(m.rss_hold_mib, 1),
+                    _num(m.concurrent_streams, 0),
+                    _num(m.requests, 0) if m.requests is not None else _why_missing(idx, "hold_streams", m.target),
+                    _num(m.errors, 0),
+                    _num(m.events_per_stream, 0),
+                    f"{_num(m.total_p50_ms, 0)} / {_num(m.total_p99_ms, 0)}",
+                ]
+                for m in hold
+            ),
+        )
+        out += [
+            "",
+            "*direct* is the Python upstream itself holding the streams. Stream time is request to last byte; "
+            f"the upstream's own schedule is ~{100 * s.get('hold_interval_ms', 0) / 1000:g} s.",
+            "",
+        ]
+    return out
+
+
+Cell = Callable[[Measurement, RunResult], str]
+
+
+def _columns(tool: str, scenario: str) -> list[tuple[str, Cell]]:
+    target: tuple[str, Cell] = ("target", lambda m, r: _label(m.target, r))
+    errors: tuple[str, Cell] = (
+        "errors",
+        lambda m, r: _num(m.errors, 0) if m.requests is not None else "not run" if m.skipped else "failed",
+    )
+    other: tuple[str, Cell] = ("other load %", lambda m, r: _num(m.other_load_pct, 0))
+    if tool == "ttfb":
+        return [
+            target,
+            ("streams", lambda m, r: _num(m.requests, 0)),
+            ("events/stream", lambda m, r: _num(m.events_per_stream, 0)),
+            ("TTFB p50", lambda m, r: _num(m.ttfb_p50_ms, 3)),
+            ("TTFB p90", lambda m, r: _num(m.ttfb_p90_ms, 3)),
+            ("TTFB p99", lambda m, r: _num(m.ttfb_p99_ms, 3)),
+            ("total p50", lambda m, r: _num(m.total_p50_ms, 3)),
+            ("total p90", lambda m, r: _num(m.total_p90_ms, 3)),
+            ("CPU s/1k", lambda m, r: _num(m.cpu_s_per_1k, 3)),
+            errors,
+            other,
+        ]
+    if tool == "hold":
+        return [
+            target,
+            ("streams completed", lambda m, r: _num(m.requests, 0)),
+            ("most open at once", lambda m, r: _num(m.concurrent_streams, 0)),
+            ("events/stream", lambda m, r: _num(m.events_per_stream, 0)),
+            ("TTFB p50", lambda m, r: _num(m.ttfb_p50_ms, 1)),
+            ("TTFB p99", lambda m, r: _num(m.ttfb_p99_ms, 1)),
+            ("stream p50", lambda m, r: _num(m.total_p50_ms, 0)),
+            ("stream p99", lambda m, r: _num(m.total_p99_ms, 0)),
+            ("RSS idle MiB", lambda m, r: _num(m.rss_idle_mib, 1)),
+            ("RSS peak MiB", lambda m, r: _num(m.rss_hold_mib, 1)),
+            ("CPU s/1k", lambda m, r: _num(m.cpu_s_per_1k, 3)),
+            errors,
+            ("busy % core0 / core1", lambda m, r: _busy(m)),
+            other,
+        ]
+    columns: list[tuple[str, Cell]] = [target]
+    if scenario == "load_sweep":
+        columns = [("offered req/s", lambda m, r: _num(m.offered_rps, 0)), target]
+    columns += [
+        ("requests", lambda m, r: _num(m.requests, 0)),
+        ("req/s", lambda m, r: _num(m.rps, 0)),
+    ]
+    if tool == "soak":
+        columns += [
+            ("RSS at checkpoint MiB", lambda m, r: _num(m.rss_checkpoint_mib, 1)),
+            ("RSS at end MiB", lambda m, r: _num(m.rss_end_mib, 1)),
+            ("growth %", lambda m, r: _num(m.rss_growth_pct, 1)),
+        ]
+    else:
+        columns.append(("mean", lambda m, r: _num(m.mean_ms, 3)))
+    columns += [
+        ("p50", lambda m, r: _num(m.p50_ms, 3)),
+        ("p90", lambda m, r: _num(m.p90_ms, 3)),
+        ("p99", lambda m, r: _num(m.p99_ms, 3)),
+        ("max", lambda m, r: _num(m.max_ms, 3)),
+        ("CPU s/1k", lambda m, r: _num(m.cpu_s_per_1k, 3)),
+        ("peak RSS MiB", lambda m, r: _num(m.peak_rss_mib, 1)),
+        errors,
+        ("busy % core0 / core1", lambda m, r: _busy(m)),
+        other,
+    ]
+    return columns
 
 
 REQUEST_TEXT = '{"model":"up/bench-model","prompt":"Say hello","max_tokens":16}'
@@ -424,46 +819,49 @@ def write_json(result: RunResult, path: Path) -> None:
     path.write_bytes(msgspec.json.format(msgspec.json.encode(result), indent=2) + b"\n")
 
 
-def _short(value: float) -> str:
-    return f"{value / 1000:.1f}k" if value >= 1000 else f"{value:.3g}"
+PLOT_COLOURS = {"direct": "#888888", "passthrough": "#4c72b0", "gateway": "#dd8452"}
+PLOT_STYLES = {"p50": "-", "p90": "--", "p99": ":"}
+INSTALL_HINT = "pip install -e '.[bench]'"
 
 
 def write_plot(result: RunResult, path: Path) -> str:
-    """Bar charts of the headline ratios; matplotlib is optional and never installed by the bench."""
+    """Latency percentiles (log scale) and achieved rate against offered load, from the load_sweep rows.
+
+    matplotlib is the optional ``bench`` extra and never installed by the bench itself.
+    """
+    points = [m for m in result.measurements if m.scenario == "load_sweep" and m.requests and m.offered_rps]
+    if not points:
+        return "plot skipped: no load_sweep figures in this run"
     try:
         # Imported by name so type checking does not depend on whether matplotlib is installed.
         matplotlib: Any = importlib.import_module("matplotlib")
         matplotlib.use("Agg")
         plt: Any = importlib.import_module("matplotlib.pyplot")
     except ImportError:
-        return "plot skipped: matplotlib is not installed (`.venv/bin/pip install matplotlib` to enable)"
-    idx = _Index(result.measurements)
-    targets = ["direct", "passthrough", "gateway"]
-    # (title, scenario, selector, log scale). Throughput is log-scaled because direct is ~30x the
-    # Python targets; latency is shown as the part each hop adds, the figure that matters.
-    panels: list[tuple[str, str, Callable[[Measurement], float | None], bool]] = [
-        ("non-streaming c=32: req/s", "nonstream_c32", lambda m: m.rps, True),
-        ("streaming c=32: streams/s", "stream_c32", lambda m: m.rps, True),
-        ("CPU s per 1k req (c=32)", "nonstream_c32", lambda m: m.cpu_s_per_1k, True),
-        ("c=1: added p50 ms", "nonstream_c1", lambda m: m.p50_ms, False),
-        ("stream TTFB: added p50 ms", "stream_ttfb", lambda m: m.ttfb_p50_ms, False),
-    ]
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.4 * len(panels), 3.4))
-    for ax, (title, scenario, pick, log) in zip(axes, panels, strict=True):
-        if log:
-            names, values = targets, [idx.value(scenario, t, pick) or 0.0 for t in targets]
-            if any(v > 0 for v in values):
-                ax.set_yscale("log")
-        else:
-            base = idx.value(scenario, "direct", pick) or 0.0
-            names = targets[1:]
-            values = [(idx.value(scenario, t, pick) or base) - base for t in names]
-        bars = ax.bar(names, values, color=["#888888", "#4c72b0", "#dd8452"][-len(names) :])
-        ax.bar_label(bars, labels=[_short(v) for v in values], fontsize=8)
-        ax.margins(y=0.15)
-        ax.set_title(title, fontsize=9)
-        ax.tick_params(axis="both", labelsize=8)
-    fig.suptitle(f"completions gateway bench, {result.finished_at}", fontsize=10)
+        return f"plot skipped: matplotlib is not installed (`{INSTALL_HINT}` to enable)"
+    fig, (latency_ax, rate_ax) = plt.subplots(1, 2, figsize=(12, 4.8), gridspec_kw={"width_ratios": [2, 1]})
+    for target in dict.fromkeys(m.target for m in points):
+        mine = sorted((m for m in points if m.target == target), key=lambda m: m.offered_rps or 0.0)
+        offered = [m.offered_rps for m in mine]
+        colour = PLOT_COLOURS.get(target)
+        for name, style in PLOT_STYLES.items():
+            values = [getattr(m, f"{name}_ms") for m in mine]
+            latency_ax.plot(offered, values, style, marker="o", markersize=3, color=colour, label=f"{target} {name}")
+        rate_ax.plot(offered, [m.rps for m in mine], "-", marker="o", markersize=3, color=colour, label=target)
+    latency_ax.set_yscale("log")
+    latency_ax.set_xlabel("offered load, req/s (open loop)")
+    latency_ax.set_ylabel("latency, ms (log scale)")
+    latency_ax.set_title("latency percentiles vs offered load (nginx upstream)", fontsize=10)
+    latency_ax.grid(True, which="both", alpha=0.3)
+    latency_ax.legend(fontsize=7, ncol=3)
+    top = max(m.offered_rps or 0.0 for m in points)
+    rate_ax.plot([0, top], [0, top], color="#cccccc", linewidth=1, zorder=0, label="offered")
+    rate_ax.set_xlabel("offered load, req/s")
+    rate_ax.set_ylabel("achieved, req/s")
+    rate_ax.set_title("achieved vs offered", fontsize=10)
+    rate_ax.grid(True, alpha=0.3)
+    rate_ax.legend(fontsize=7)
+    fig.suptitle(f"completions gateway bench, {result.finished_at} ({result.mode} mode)", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -10,11 +10,20 @@ whatever wrk happened to be doing. The direct target is the upstream itself, so 
 for its own measurement and back afterwards. One-request-at-a-time latency rows instead put every
 process on core 1: the work is strictly serial there, so one core loses nothing, and on a VM a
 wake-up across cores costs from ~80 us to milliseconds, which would drown what a hop adds.
+
+Besides the three, some rows measure gateway variants: ``gateway-2w`` (``--workers 2``; two workers
+cannot share one core, so it runs unpinned, competing with wrk and the upstream for both cores),
+``gateway-granian`` (``--server granian``; skipped when granian is not installed) and
+``gateway+limits`` (``--limits-config``). Memory rows read VmRSS: ``soak`` counts requests with wrk
+against a freshly started server (RSS after a tenth of the requests and after all of them), and
+``hold_streams`` keeps many slow streams open at once while sampling the server's RSS.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -41,11 +50,39 @@ MAX_RESTARTS = 2
 # Above this CPU use by processes outside the bench (% of one core), a measurement is repeated once.
 NOISY_PCT = 20.0
 
-UpstreamKind = Literal["nginx", "fast", "slow"]
-Tool = Literal["wrk", "fixed-rate", "ttfb"]
+# Wait after a load stops before reading RSS, so answers still in flight at the stop are done with.
+SETTLE_S = 0.5
+# The Python upstream's schedule for the held streams: HOLD_CHUNKS events, --hold-interval-ms apart.
+HOLD_CHUNKS = 100
+
+UpstreamKind = Literal["nginx", "fast", "slow", "hold"]
+Tool = Literal["wrk", "fixed-rate", "ttfb", "soak", "hold"]
 Placement = Literal["split", "shared"]
 TARGETS = ("direct", "passthrough", "gateway")
+TWO_WORKERS = "gateway-2w"
+GRANIAN = "gateway-granian"
 LIMITS_TARGET = "gateway+limits"
+# What --targets may name; LIMITS_TARGET comes with --limits-config instead.
+ALL_TARGETS = (*TARGETS, TWO_WORKERS, GRANIAN)
+
+
+@dataclass(frozen=True)
+class GatewayVariant:
+    """How one gateway target is started; ``workers`` None means the --workers setting."""
+
+    workers: int | None = None
+    server: str = "uvicorn"
+    limits: bool = False
+    # More than one worker process cannot be confined to the one core a measured server gets.
+    pinned: bool = True
+
+
+VARIANTS: dict[str, GatewayVariant] = {
+    "gateway": GatewayVariant(),
+    LIMITS_TARGET: GatewayVariant(limits=True),
+    TWO_WORKERS: GatewayVariant(workers=2, pinned=False),
+    GRANIAN: GatewayVariant(server="granian"),
+}
 
 
 class Measurement(msgspec.Struct):
@@ -78,6 +115,20 @@ class Measurement(msgspec.Struct):
     core_busy_pct: dict[str, float] | None = None
     # CPU (% of one core) used by processes outside the bench: other work competing with it.
     other_load_pct: float | None = None
+    # Not measured on purpose (e.g. granian missing); the note says why. Not a failure of the target.
+    skipped: bool = False
+    # load_sweep: the rate the open-loop client offered (rps is what was achieved).
+    offered_rps: float | None = None
+    # soak: current RSS (VmRSS, whole tree) after the first checkpoint_requests and after all requests.
+    checkpoint_requests: int | None = None
+    rss_checkpoint_mib: float | None = None
+    rss_end_mib: float | None = None
+    rss_growth_pct: float | None = None
+    # hold_streams: RSS before the streams opened, peak RSS while they were open, most open at once.
+    rss_idle_mib: float | None = None
+    rss_hold_mib: float | None = None
+    concurrent_streams: int | None = None
+    total_p99_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +140,10 @@ class Scenario:
     stream: bool = False
     connections: int = 1
     targets: tuple[str, ...] = TARGETS
+    # Offered load of a fixed-rate row; None: Settings.rate.
+    rate: float | None = None
+    # Measure freshly started servers (stopped afterwards) instead of the group's warm ones.
+    fresh: bool = False
     # "split": the measured server alone on TARGET_CPU, everything else on LOADGEN_CPU (throughput).
     # "shared": every process on LOADGEN_CPU. For one-at-a-time latency: on a VM a wake-up across
     # cores can cost milliseconds and would drown the microseconds a hop adds.
@@ -114,7 +169,18 @@ class Settings:
     pin: bool
     work_dir: Path
     log_dir: Path
-    targets: tuple[str, ...] = TARGETS
+    # soak: total requests, and the count after which RSS is read the first time.
+    soak_requests: int = 1_000_000
+    soak_checkpoint: int = 100_000
+    soak_passthrough: bool = False
+    # hold_streams: concurrent streams, and the upstream's gap between their events.
+    hold_streams: int = 1000
+    hold_interval_ms: float = 50.0
+    # load_sweep: offered rates, seconds measured at each (after sweep_warmup_s unmeasured).
+    sweep_rates: tuple[float, ...] = (500.0, 1000.0, 1500.0, 2000.0, 2500.0, 3000.0, 4000.0)
+    sweep_seconds: float = 4.0
+    sweep_warmup_s: float = 0.5
+    targets: tuple[str, ...] = ALL_TARGETS
     only: frozenset[str] | None = None
     limits_config: Path | None = None
     # Total seconds the run may spend waiting for other processes to quieten down before measuring.
@@ -124,8 +190,23 @@ class Settings:
 def build_scenarios(settings: Settings) -> list[Scenario]:
     c = settings.connections
     scenarios = [
-        Scenario("nonstream_c32", f"non-streaming, {c} connections", "nginx", "wrk", connections=c),
-        Scenario("nonstream_c1", "non-streaming, 1 connection", "nginx", "wrk", connections=1, placement="shared"),
+        Scenario(
+            "nonstream_c32",
+            f"non-streaming, {c} connections",
+            "nginx",
+            "wrk",
+            connections=c,
+            targets=(*TARGETS, TWO_WORKERS, GRANIAN),
+        ),
+        Scenario(
+            "nonstream_c1",
+            "non-streaming, 1 connection",
+            "nginx",
+            "wrk",
+            connections=1,
+            placement="shared",
+            targets=(*TARGETS, GRANIAN),
+        ),
         Scenario(
             "pyupstream_c32",
             f"Python upstream ceiling, non-streaming, {c} connections",
@@ -155,6 +236,7 @@ def build_scenarios(settings: Settings) -> list[Scenario]:
             f"{settings.latency_ms:g} ms upstream at {settings.rate:g} req/s",
             "slow",
             "fixed-rate",
+            targets=(*TARGETS, GRANIAN),
         ),
     ]
     if settings.limits_config is not None:
@@ -170,6 +252,34 @@ def build_scenarios(settings: Settings) -> list[Scenario]:
                 targets=("gateway", LIMITS_TARGET),
             )
         )
+    # One row per offered rate and target; rates in the outer loop so drift over the sweep hits
+    # every target alike.
+    scenarios += [
+        Scenario("load_sweep", f"open loop at {rate:g} req/s", "nginx", "fixed-rate", rate=rate)
+        for rate in settings.sweep_rates
+    ]
+    scenarios.append(
+        Scenario(
+            "soak",
+            f"memory over {settings.soak_requests:,} requests, {c} connections",
+            "nginx",
+            "soak",
+            connections=c,
+            targets=("passthrough", "gateway") if settings.soak_passthrough else ("gateway",),
+            fresh=True,
+        )
+    )
+    scenarios.append(
+        Scenario(
+            "hold_streams",
+            f"{settings.hold_streams:,} concurrent streams of {HOLD_CHUNKS} events "
+            f"{settings.hold_interval_ms:g} ms apart",
+            "hold",
+            "hold",
+            stream=True,
+            connections=settings.hold_streams,
+        )
+    )
     wanted = settings.only
     return [s for s in scenarios if wanted is None or s.name in wanted]
 
@@ -190,16 +300,19 @@ def merge(base: dict[str, object], extra: dict[str, object]) -> dict[str, object
     return merged
 
 
-def gateway_config(upstream_port: int, gateway_port: int, extra: Path | None) -> dict[str, object]:
+def gateway_config(
+    upstream_port: int, gateway_port: int, extra: Path | None, max_connections: int | None = None
+) -> dict[str, object]:
+    provider: dict[str, object] = {
+        "kind": "openai",
+        "base_url": f"http://127.0.0.1:{upstream_port}/v1",
+        "api_key": "bench-key",
+    }
+    if max_connections is not None:
+        provider["max_connections"] = max_connections
     config: dict[str, object] = {
         "server": {"host": "127.0.0.1", "port": gateway_port},
-        "providers": {
-            "up": {
-                "kind": "openai",
-                "base_url": f"http://127.0.0.1:{upstream_port}/v1",
-                "api_key": "bench-key",
-            }
-        },
+        "providers": {"up": provider},
     }
     if extra is not None:
         fragment = yaml.safe_load(extra.read_text()) or {}
@@ -214,6 +327,8 @@ class Runner:
     settings: Settings
     measurements: list[Measurement] = field(default_factory=list)
     startup_errors: dict[str, str] = field(default_factory=dict)
+    # target -> why it was not run at all (not a failure: e.g. an optional server not installed).
+    skipped: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._idle_budget = self.settings.wait_idle_s
@@ -222,12 +337,23 @@ class Runner:
         if self.settings.pin:
             # Children inherit this, so wrk, the clients and the upstreams all start on the loadgen core.
             os.sched_setaffinity(0, {LOADGEN_CPU})
+        if GRANIAN in self.settings.targets and importlib.util.find_spec("granian") is None:
+            self.skipped[GRANIAN] = (
+                "granian is not installed in this Python environment (`pip install -e '.[granian]'`)"
+            )
         scenarios = build_scenarios(self.settings)
-        for kind in ("nginx", "fast", "slow"):
+        for kind in ("nginx", "fast", "slow", "hold"):
             group = [s for s in scenarios if s.upstream == kind]
             if group:
                 self._run_group(kind, group)
         return self.measurements
+
+    def _included(self, target: str) -> bool:
+        return target == LIMITS_TARGET or target in self.settings.targets
+
+    def _pinned(self, target: str) -> bool:
+        variant = VARIANTS.get(target)
+        return self.settings.pin and (variant is None or variant.pinned)
 
     # -- process setup -------------------------------------------------------------------------
 
@@ -243,6 +369,8 @@ class Runner:
             prefix = self.settings.work_dir / "nginx"
             argv = nginx.prepare(port, prefix)
             return processes.start("upstream-nginx", argv, port, self.settings.log_dir, env=child_env())
+        s = self.settings
+        hold = kind == "hold"
         argv = [
             sys.executable,
             "-m",
@@ -250,18 +378,36 @@ class Runner:
             "--port",
             str(port),
             "--chunks",
-            str(self.settings.chunks),
+            str(HOLD_CHUNKS if hold else s.chunks),
             "--chunk-interval-ms",
-            str(self.settings.chunk_interval_ms),
+            str(s.hold_interval_ms if hold else s.chunk_interval_ms),
             "--latency-ms",
-            str(self.settings.latency_ms if kind == "slow" else 0.0),
+            str(s.latency_ms if kind == "slow" else 0.0),
         ]
-        return processes.start(f"upstream-{kind}", argv, port, self.settings.log_dir, env=child_env())
+        return processes.start(f"upstream-{kind}", argv, port, s.log_dir, env=child_env())
 
-    def _start_target(self, name: str, kind: UpstreamKind, upstream: Service) -> Service:
+    @contextmanager
+    def _spawn_affinity(self, pinned: bool) -> Iterator[None]:
+        """Start an unpinned target with every core allowed: its workers inherit the affinity they
+        are forked with, and re-pinning the tree afterwards could miss a worker still starting."""
+        if pinned or not self.settings.pin:
+            yield
+            return
+        os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
+        try:
+            yield
+        finally:
+            os.sched_setaffinity(0, {LOADGEN_CPU})
+
+    def _start_target(self, name: str, kind: UpstreamKind, upstream: Service, fresh_for: str | None = None) -> Service:
+        s = self.settings
         port = processes.free_port()
-        tag = f"{name}-{kind}".replace("+", "-")
-        if name == "passthrough":
+        tag = f"{name}-{kind}".replace("+", "-") + (f"-{fresh_for}" if fresh_for else "")
+        # A fresh server for the soak logs a million access lines: keep them in the temporary work dir.
+        log_dir = s.work_dir if fresh_for else s.log_dir
+        env = child_env()
+        variant = VARIANTS.get(name)
+        if variant is None:
             argv = [
                 sys.executable,
                 "-m",
@@ -272,10 +418,13 @@ class Runner:
                 upstream.base_url,
             ]
         else:
-            extra = self.settings.limits_config if name == LIMITS_TARGET else None
-            config = gateway_config(upstream.port, port, extra)
-            config_path = self.settings.work_dir / f"{tag}.yaml"
+            extra = s.limits_config if variant.limits else None
+            # The provider's pool cap (default 256) would queue the held streams inside the gateway.
+            pool = s.hold_streams + 64 if kind == "hold" else None
+            config = gateway_config(upstream.port, port, extra, pool)
+            config_path = s.work_dir / f"{tag}.yaml"
             config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+            workers = variant.workers or s.workers
             argv = [
                 sys.executable,
                 "-m",
@@ -288,10 +437,19 @@ class Runner:
                 "--port",
                 str(port),
                 "--workers",
-                str(self.settings.workers),
+                str(workers),
             ]
-        service = processes.start(tag, argv, port, self.settings.log_dir, timeout=45.0, env=child_env())
-        if self.settings.pin:
+            if variant.server != "uvicorn":
+                argv += ["--server", variant.server]
+            if workers > 1:
+                # Otherwise the gateway makes its own metrics directory in /tmp and leaves it there.
+                metrics_dir = s.work_dir / f"metrics-{tag}"
+                metrics_dir.mkdir(exist_ok=True)
+                env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+        pinned = self._pinned(name)
+        with self._spawn_affinity(pinned):
+            service = processes.start(tag, argv, port, log_dir, timeout=45.0, env=env)
+        if pinned:
             service.pin(TARGET_CPU)
         return service
 
@@ -304,27 +462,52 @@ class Runner:
                 return
             stack.callback(upstream.stop)
             services: dict[str, Service] = {"direct": upstream}
-            wanted = {t for s in group for t in s.targets if t in self.settings.targets or t == LIMITS_TARGET}
-            for name in (n for n in (*TARGETS[1:], LIMITS_TARGET) if n in wanted):
-                try:
-                    service = self._start_target(name, kind, upstream)
-                except (StartupError, OSError, ValueError) as exc:
-                    message = str(exc)
-                    self.startup_errors[f"{name}@{kind}"] = message
-                    print(f"[bench] {name} FAILED TO START ({kind} upstream): {message}", file=sys.stderr)
-                    continue
-                stack.callback(service.stop)
-                services[name] = service
+            wanted = {t for s in group if not s.fresh for t in s.targets if self._included(t)}
+            for name in (n for n in (*ALL_TARGETS[1:], LIMITS_TARGET) if n in wanted and n not in self.skipped):
+                service = self._try_start(name, kind, upstream)
+                if service is not None:
+                    stack.callback(service.stop)
+                    services[name] = service
             restarts: dict[str, int] = {}
             for scenario in group:
                 for target in scenario.targets:
-                    if target not in self.settings.targets and target != LIMITS_TARGET:
+                    if not self._included(target):
                         continue
-                    if target not in services:
+                    if target in self.skipped:
+                        self._record(self._skip(scenario, target, self.skipped[target]))
+                    elif scenario.fresh and target != "direct":
+                        self._record(self._measure_fresh(scenario, target, kind, upstream))
+                    elif target not in services:
                         error = self.startup_errors.get(f"{target}@{kind}", "not started")
-                        self._record(self._failed(scenario, target, f"did not start: {first_line(error)}"))
-                        continue
-                    self._record(self._measure_restarting(scenario, target, kind, services, restarts, stack))
+                        self._record(self._failed(scenario, target, f"did not start: {summary_line(error)}"))
+                    else:
+                        self._record(self._measure_restarting(scenario, target, kind, services, restarts, stack))
+
+    def _try_start(
+        self, name: str, kind: UpstreamKind, upstream: Service, fresh_for: str | None = None
+    ) -> Service | None:
+        try:
+            return self._start_target(name, kind, upstream, fresh_for)
+        except (StartupError, OSError, ValueError) as exc:
+            message = str(exc)
+            self.startup_errors[f"{name}@{kind}" + (f" ({fresh_for})" if fresh_for else "")] = message
+            print(
+                f"[bench] {name} FAILED TO START ({kind} upstream): {summary_line(message)}",
+                file=sys.stderr,
+                flush=True,
+            )
+            return None
+
+    def _measure_fresh(self, scenario: Scenario, target: str, kind: UpstreamKind, upstream: Service) -> Measurement:
+        """Measure a server started for this scenario alone, so its counts start at zero."""
+        service = self._try_start(target, kind, upstream, fresh_for=scenario.name)
+        if service is None:
+            error = self.startup_errors.get(f"{target}@{kind} ({scenario.name})", "not started")
+            return self._failed(scenario, target, f"did not start: {summary_line(error)}")
+        try:
+            return self._measure(scenario, target, service)
+        finally:
+            service.stop()
 
     def _measure_restarting(
         self,
@@ -364,13 +547,27 @@ class Runner:
         print(f"[bench] {note}", file=sys.stderr)
         for scenario in group:
             for target in scenario.targets:
-                self._record(self._failed(scenario, target, note))
+                if self._included(target):
+                    self._record(self._failed(scenario, target, note))
 
     def _failed(self, scenario: Scenario, target: str, note: str) -> Measurement:
-        return Measurement(scenario.name, target, scenario.upstream, scenario.tool, ok=False, note=note)
+        return Measurement(
+            scenario.name, target, scenario.upstream, scenario.tool, ok=False, note=note, offered_rps=scenario.rate
+        )
 
-    def _placement(self, scenario: Scenario) -> str:
-        return scenario.placement if self.settings.pin else "unpinned"
+    def _skip(self, scenario: Scenario, target: str, note: str) -> Measurement:
+        skipped = self._failed(scenario, target, f"not run: {note}")
+        skipped.skipped = True
+        return skipped
+
+    def _placement(self, scenario: Scenario, target: str) -> str:
+        if not self.settings.pin:
+            return "unpinned"
+        if not self._pinned(target):
+            variant = VARIANTS.get(target)
+            workers = variant.workers if variant is not None and variant.workers else self.settings.workers
+            return f"unpinned ({workers} workers on both cores, sharing them with the load)"
+        return scenario.placement
 
     def _record(self, measurement: Measurement) -> None:
         self.measurements.append(measurement)
@@ -379,9 +576,9 @@ class Runner:
     # -- measuring -----------------------------------------------------------------------------
 
     @contextmanager
-    def _placed(self, scenario: Scenario, service: Service) -> Iterator[None]:
+    def _placed(self, scenario: Scenario, target: str, service: Service) -> Iterator[None]:
         """Put the measured server on its core for this scenario, and back where it was afterwards."""
-        if not self.settings.pin:
+        if not self._pinned(target):
             yield
             return
         before = service.cpu
@@ -405,7 +602,9 @@ class Runner:
     def _measure(self, scenario: Scenario, target: str, service: Service) -> Measurement:
         self._await_quiet()
         measured = self._measure_once(scenario, target, service)
-        if (measured.other_load_pct or 0.0) > NOISY_PCT and service.proc.poll() is None:
+        # Memory rows are not repeated: RSS does not depend on competing load, and a soak is minutes long.
+        repeatable = scenario.tool not in ("soak", "hold")
+        if repeatable and (measured.other_load_pct or 0.0) > NOISY_PCT and service.proc.poll() is None:
             print(
                 f"[bench] {scenario.name} -> {target}: processes outside the bench used "
                 f"{measured.other_load_pct:.0f}% of a core; measuring again",
@@ -427,16 +626,21 @@ class Runner:
             return self._failed(scenario, target, f"exited with code {service.proc.returncode}: {tail}")
         if problem is not None:
             return self._failed(scenario, target, f"preflight failed: {problem}")
-        print(f"[bench] {scenario.name} -> {target} ...", file=sys.stderr, flush=True)
+        rate = f" at {scenario.rate:g} req/s" if scenario.rate else ""
+        print(f"[bench] {scenario.name}{rate} -> {target} ...", file=sys.stderr, flush=True)
         try:
-            with self._placed(scenario, service):
+            with self._placed(scenario, target, service):
                 if scenario.tool == "wrk":
                     measured = self._measure_wrk(scenario, target, service, url, body)
                 elif scenario.tool == "ttfb":
                     measured = self._measure_ttfb(scenario, target, service, url, body)
+                elif scenario.tool == "soak":
+                    measured = self._measure_soak(scenario, target, service, url, body)
+                elif scenario.tool == "hold":
+                    measured = self._measure_hold(scenario, target, service, url, body)
                 else:
                     measured = self._measure_fixed_rate(scenario, target, service, url, body)
-        except (RuntimeError, OSError) as exc:
+        except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
             measured = self._failed(scenario, target, f"{type(exc).__name__}: {first_line(str(exc))}")
         code = service.proc.poll()
         if code is not None:
@@ -465,7 +669,7 @@ class Runner:
             scenario.upstream,
             scenario.tool,
             ok=summary.errors == 0 and summary.requests > 0,
-            placement=self._placement(scenario),
+            placement=self._placement(scenario, target),
             requests=summary.requests,
             errors=summary.errors,
             duration_s=round(summary.duration_us / 1e6, 3),
@@ -481,11 +685,111 @@ class Runner:
             other_load_pct=self._other_load(window),
         )
         if summary.errors:
-            result.note = (
-                f"{summary.errors} errors (status {summary.status}, connect {summary.connect}, "
-                f"read {summary.read}, write {summary.write}, timeout {summary.timeout})"
-            )
+            result.note = wrk_errors(summary)
         return result
+
+    def _c32_rps(self, target: str) -> float | None:
+        """This run's saturated throughput of ``target``, if measured: it sizes the soak's time bound."""
+        for m in self.measurements:
+            if m.scenario == "nonstream_c32" and m.target == target and m.ok and m.rps:
+                return m.rps
+        return None
+
+    def _measure_soak(self, scenario: Scenario, target: str, service: Service, url: str, body: bytes) -> Measurement:
+        s = self.settings
+        expected_rps = self._c32_rps(target) or 1000.0
+
+        def leg(count: int, label: str, rps: float) -> wrk.WrkSummary:
+            script = wrk.write_script(body, s.work_dir, f"soak-{target}-{label}", stop_after=count)
+            # The Lua hook ends the run at ``count``; -d only bounds a server that slowed to a third.
+            return wrk.run(url, script, scenario.connections, count / (rps / 3.0) + 30.0)
+
+        window = processes.Window(service)
+        first = leg(s.soak_checkpoint, "checkpoint", expected_rps)
+        time.sleep(SETTLE_S)
+        rss_checkpoint = service.rss_mib()
+        rest = max(1, s.soak_requests - first.requests)
+        second = leg(rest, "rest", first.rps or expected_rps)
+        time.sleep(SETTLE_S)
+        rss_end = service.rss_mib()
+        window.close()
+        requests = first.requests + second.requests
+        errors = first.errors + second.errors
+        duration_s = (first.duration_us + second.duration_us) / 1e6
+        short = first.requests < s.soak_checkpoint or second.requests < rest
+        result = Measurement(
+            scenario.name,
+            target,
+            scenario.upstream,
+            scenario.tool,
+            ok=errors == 0 and not short,
+            placement=self._placement(scenario, target),
+            requests=requests,
+            errors=errors,
+            duration_s=round(duration_s, 1),
+            rps=round(requests / duration_s, 1) if duration_s else None,
+            # Latency of the long second leg; the first is partly warm-up.
+            mean_ms=round(second.mean_us / 1000.0, 3),
+            p50_ms=second.p50_us / 1000.0,
+            p90_ms=second.p90_us / 1000.0,
+            p99_ms=second.p99_us / 1000.0,
+            max_ms=second.max_us / 1000.0,
+            cpu_s_per_1k=cpu_per_1k(window.cpu_s, requests),
+            peak_rss_mib=round(service.peak_rss_mib(), 1),
+            core_busy_pct=window.busy,
+            other_load_pct=self._other_load(window),
+            checkpoint_requests=first.requests,
+            rss_checkpoint_mib=round(rss_checkpoint, 1),
+            rss_end_mib=round(rss_end, 1),
+            rss_growth_pct=round(100.0 * (rss_end - rss_checkpoint) / rss_checkpoint, 2) if rss_checkpoint else None,
+        )
+        notes = []
+        if short:
+            notes.append(f"wrk hit its time bound after {requests:,} of {s.soak_requests:,} requests")
+        if errors:
+            notes.append("; ".join(wrk_errors(x) for x in (first, second) if x.errors))
+        result.note = "; ".join(notes) or None
+        return result
+
+    def _measure_hold(self, scenario: Scenario, target: str, service: Service, url: str, body: bytes) -> Measurement:
+        s = self.settings
+        # The tree is fixed once the server is up; scanning /proc for it at every sample would cost
+        # the client's core more than reading the few status files does.
+        pids = service.pids()
+        idle = processes.rss_mib(pids)
+        expected_s = HOLD_CHUNKS * s.hold_interval_ms / 1000.0
+        window = processes.Window(service)
+        res = clients.hold_streams(url, body, s.hold_streams, expected_s, lambda: processes.rss_mib(pids))
+        window.close()
+        notes = [f"first error: {res.first_error}"] if res.first_error else []
+        if res.max_open < res.streams:
+            notes.append(f"at most {res.max_open:,} of {res.streams:,} streams were open at once")
+        if res.completed and res.events_min != res.events_max:
+            notes.append(f"events per stream varied from {res.events_min} to {res.events_max}")
+        return Measurement(
+            scenario.name,
+            target,
+            scenario.upstream,
+            scenario.tool,
+            ok=res.errors == 0 and res.completed == res.streams,
+            note="; ".join(notes) or None,
+            placement=self._placement(scenario, target),
+            requests=res.completed,
+            errors=res.errors,
+            duration_s=round(window.wall_s, 1),
+            ttfb_p50_ms=round(res.ttfb_p50_ms, 3),
+            ttfb_p99_ms=round(res.ttfb_p99_ms, 3),
+            total_p50_ms=round(res.total_p50_ms, 1),
+            total_p99_ms=round(res.total_p99_ms, 1),
+            events_per_stream=res.events_min,
+            cpu_s_per_1k=cpu_per_1k(window.cpu_s, res.streams),
+            peak_rss_mib=round(service.peak_rss_mib(), 1),
+            core_busy_pct=window.busy,
+            other_load_pct=self._other_load(window),
+            rss_idle_mib=round(idle, 1),
+            rss_hold_mib=res.rss_peak_mib,
+            concurrent_streams=res.max_open,
+        )
 
     def _measure_ttfb(self, scenario: Scenario, target: str, service: Service, url: str, body: bytes) -> Measurement:
         s = self.settings
@@ -499,7 +803,7 @@ class Runner:
             scenario.upstream,
             scenario.tool,
             ok=res.errors == 0 and res.streams > 0,
-            placement=self._placement(scenario),
+            placement=self._placement(scenario, target),
             note=res.first_error,
             requests=res.streams,
             errors=res.errors,
@@ -519,17 +823,22 @@ class Runner:
         self, scenario: Scenario, target: str, service: Service, url: str, body: bytes
     ) -> Measurement:
         s = self.settings
+        if scenario.rate is None:
+            rate, count, warmup = s.rate, s.rate_count, s.rate_warmup
+        else:
+            rate = scenario.rate
+            count = max(1, round(rate * s.sweep_seconds))
+            warmup = round(rate * s.sweep_warmup_s)
         window = processes.Window(service)
-        res = clients.fixed_rate(url, body, s.rate, s.rate_count, s.rate_warmup)
+        res = clients.fixed_rate(url, body, rate, count, warmup)
         window.close()
-        sent = s.rate_count + s.rate_warmup
         return Measurement(
             scenario.name,
             target,
             scenario.upstream,
             scenario.tool,
             ok=res.errors == 0 and res.ok > 0,
-            placement=self._placement(scenario),
+            placement=self._placement(scenario, target),
             note=res.first_error,
             requests=res.ok,
             errors=res.errors,
@@ -539,11 +848,19 @@ class Runner:
             p90_ms=round(res.p90_ms, 3),
             p99_ms=round(res.p99_ms, 3),
             max_ms=round(res.max_ms, 3),
-            cpu_s_per_1k=cpu_per_1k(window.cpu_s, sent),
+            cpu_s_per_1k=cpu_per_1k(window.cpu_s, count + warmup),
             peak_rss_mib=round(service.peak_rss_mib(), 1),
             core_busy_pct=window.busy,
             other_load_pct=self._other_load(window),
+            offered_rps=scenario.rate,
         )
+
+
+def wrk_errors(summary: wrk.WrkSummary) -> str:
+    return (
+        f"{summary.errors} errors (status {summary.status}, connect {summary.connect}, "
+        f"read {summary.read}, write {summary.write}, timeout {summary.timeout})"
+    )
 
 
 def cpu_per_1k(cpu_s: float, requests: int) -> float | None:
@@ -558,8 +875,22 @@ def first_line(text: str) -> str:
     return lines[0] if lines else text
 
 
+def summary_line(text: str) -> str:
+    """First line of a start-up failure plus the line that says why (argparse's ``error:``, a
+    traceback's last line), so a one-line note names the cause and not only the exit code."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    if not lines:
+        return text
+    cause = next((line for line in reversed(lines[1:]) if "error" in line.lower()), lines[-1] if len(lines) > 1 else "")
+    return f"{lines[0]} {cause}".strip()
+
+
 def describe(m: Measurement) -> str:
     head = f"{m.scenario:<16} {m.target:<15}"
+    if m.offered_rps is not None:
+        head += f" @{m.offered_rps:>6,.0f}/s"
+    if m.skipped:
+        return f"{head} {m.note}"
     if not m.ok and m.requests is None:
         return f"{head} FAILED: {m.note}"
     parts = []
@@ -571,6 +902,18 @@ def describe(m: Measurement) -> str:
         parts.append(f"ttfb p50 {m.ttfb_p50_ms:.3f} ms total p50 {m.total_p50_ms:.3f} ms")
     if m.cpu_s_per_1k is not None:
         parts.append(f"cpu {m.cpu_s_per_1k:.3f} s/1k")
+    if m.rss_growth_pct is not None:
+        parts.append(
+            f"RSS {m.rss_checkpoint_mib:.1f} MiB at {m.checkpoint_requests:,} -> {m.rss_end_mib:.1f} MiB "
+            f"at {m.requests:,} ({m.rss_growth_pct:+.1f} %)"
+        )
+    if m.rss_hold_mib is not None:
+        parts.append(
+            f"RSS {m.rss_idle_mib:.1f} MiB idle, {m.rss_hold_mib:.1f} MiB peak holding "
+            f"{m.concurrent_streams:,} streams, {m.events_per_stream} events each"
+        )
     if m.errors:
         parts.append(f"ERRORS {m.errors}: {m.note}")
+    elif m.note:
+        parts.append(m.note)
     return f"{head} " + ", ".join(parts)

@@ -2,17 +2,27 @@
 
 wrk's human output rounds latencies and mixes units; the script's ``done`` hook prints one JSON
 line with raw microsecond percentiles and error counts instead, which is what gets parsed.
+
+wrk only knows how to stop after a duration. For a run of exactly N requests (the memory soak) the
+script also gets a ``response`` hook that counts answers and stops the thread at N; with one wrk
+thread that count is global. A stopped thread does not end wrk, though: its main thread sleeps out
+-d regardless. So the hook also prints a line, and ``run`` answers it with SIGINT, wrk's one signal
+that ends that sleep and still prints the summary. -d stays as an upper bound, so a slow server
+cannot hang the run.
 """
 
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
+import threading
 from pathlib import Path
 
 import msgspec
 
 _MARKER = "BENCH_JSON "
+_STOPPED = "BENCH_STOPPED"
 
 _LUA = """
 wrk.method = "POST"
@@ -29,6 +39,21 @@ done = function(summary, latency, requests)
     summary.requests, summary.duration, summary.bytes, e.connect, e.read, e.write, e.status,
     e.timeout, latency.mean, latency:percentile(50), latency:percentile(90),
     latency:percentile(99), latency.max))
+end
+"""
+
+
+# Appended for a counted run. Answers already read in the same event-loop pass as the Nth one are
+# still counted by wrk, so ``requests`` can exceed N by at most the connection count.
+_STOP_AFTER = """
+local answered = 0
+response = function(status, headers, body)
+  answered = answered + 1
+  if answered == %(count)d then
+    wrk.thread:stop()
+    io.stdout:write("%(stopped)s\\n")
+    io.stdout:flush()
+  end
 end
 """
 
@@ -64,12 +89,18 @@ def find_wrk() -> str | None:
     return shutil.which("wrk")
 
 
-def write_script(body: bytes, directory: Path, name: str) -> Path:
+def write_script(body: bytes, directory: Path, name: str, stop_after: int | None = None) -> Path:
+    """Write the Lua script; with ``stop_after`` wrk stops by itself after that many answers (use -t1)."""
     text = body.decode()
     if "]==]" in text:
         raise ValueError("request body would end the Lua long string early")
     path = directory / f"{name}.lua"
-    path.write_text(_LUA % {"body": text, "marker": _MARKER})
+    script = _LUA % {"body": text, "marker": _MARKER}
+    if stop_after is not None:
+        if stop_after < 1:
+            raise ValueError("stop_after must be at least 1")
+        script += _STOP_AFTER % {"count": stop_after, "stopped": _STOPPED}
+    path.write_text(script)
     return path
 
 
@@ -97,11 +128,27 @@ def run(
         url,
     ]
     # wrk stops on its own after -d; the extra margin only guards against a hung wrk.
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=duration_s + timeout_s + 30)
-    for line in done.stdout.splitlines():
+    limit_s = duration_s + timeout_s + 30
+    output: list[str] = []
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        watchdog = threading.Timer(limit_s, proc.kill)
+        watchdog.start()
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if line.rstrip("\n") == _STOPPED:
+                    # The script reached its count: end wrk's -d sleep now (see the module docstring).
+                    proc.send_signal(signal.SIGINT)
+                else:
+                    output.append(line)
+            code = proc.wait()
+        finally:
+            watchdog.cancel()
+    for line in output:
         if line.startswith(_MARKER):
-            return msgspec.json.decode(line[len(_MARKER) :], type=WrkSummary)
-    raise RuntimeError(f"wrk exited {done.returncode} without a summary:\n{done.stdout}\n{done.stderr}")
+            return msgspec.json.decode(line[len(_MARKER) :].strip(), type=WrkSummary)
+    killed = f" (killed after {limit_s:.0f} s)" if code == -signal.SIGKILL else ""
+    raise RuntimeError(f"wrk exited {code}{killed} without a summary:\n{''.join(output)}")
 
 
 def version() -> str:
