@@ -81,6 +81,7 @@ class Response:
         "_decoder",
         "_deadline",
         "_read_timeout",
+        "_pausable",
     )
 
     def __init__(self, conn: _Connection, deadline: float, read_timeout: float) -> None:
@@ -95,6 +96,8 @@ class Response:
         self._decoder: zlib._Decompress | None = None
         self._deadline = deadline
         self._read_timeout = read_timeout
+        # Only a relayed stream may pause the socket: a buffered read() must take in the whole body.
+        self._pausable = True
 
     # -- fed by the connection -----------------------------------------------------------------
 
@@ -110,7 +113,7 @@ class Response:
                 return
         self._chunks.append(data)
         self._buffered += len(data)
-        if self._buffered > _HIGH_WATER and self._conn is not None:
+        if self._buffered > _HIGH_WATER and self._pausable and self._conn is not None:
             self._conn.pause()
         self._wake()
 
@@ -147,6 +150,9 @@ class Response:
             self._waiter = None
 
     async def read(self) -> bytes:
+        self._pausable = False
+        if self._conn is not None:
+            self._conn.resume()
         while not self._done:
             await self._wait()
         if self._error is not None:
@@ -371,6 +377,8 @@ class Pool:
                 async with asyncio.timeout(max(deadline - time.monotonic(), 0)):
                     await waiter
             except BaseException:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake_one()  # the slot this waiter was handed goes to the next one
                 waiter.cancel()
                 raise
         self.open += 1

@@ -1,6 +1,6 @@
 """Timeouts (docs/resilience.md, "Timeouts"): first byte, every later read, the whole request.
 
-These tests spend real time (aiohttp's timeouts are real); each stays well under two seconds.
+These tests spend real time (the upstream client's timeouts are real); each stays well under two seconds.
 """
 
 from __future__ import annotations

@@ -1,0 +1,225 @@
+"""gateway/h1.py, the upstream HTTP/1.1 client, against real loopback servers.
+
+The gateway-level suites already drive it through every provider and fault; these pin the transport
+facts they would only show indirectly: bodies larger than the stream buffer, each way a body can be
+framed, connection reuse and its limit, and what each kind of failure is reported as.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+
+import pytest
+from aiohttp import web
+
+from gateway import h1
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class Server:
+    def __init__(self) -> None:
+        self.handler: Handler | None = None
+        self.peers: list[object] = []
+        self.requests: list[tuple[str, str, Mapping[str, str], bytes]] = []
+        self.url = ""
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        self.requests.append((request.method, request.path_qs, request.headers.copy(), body))
+        self.peers.append(request.transport.get_extra_info("peername") if request.transport else None)
+        assert self.handler is not None
+        return await self.handler(request)
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[Server]:
+    srv = Server()
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_route("*", "/{tail:.*}", srv.handle)
+    # A short shutdown timeout: the hanging handlers below are cancelled at teardown, not waited for.
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    srv.url = f"http://127.0.0.1:{port}"
+    try:
+        yield srv
+    finally:
+        await runner.cleanup()
+
+
+async def call(
+    client: h1.Client, url: str, body: bytes = b"{}", *, first_byte_s: float = 5.0, total_s: float = 10.0
+) -> h1.Response:
+    return await client.request(
+        "POST",
+        url,
+        {"content-type": "application/json", "authorization": "Bearer k"},
+        body,
+        connect_s=2.0,
+        first_byte_s=first_byte_s,
+        total_s=total_s,
+    )
+
+
+async def test_a_body_larger_than_the_stream_buffer_is_read_whole(server: Server) -> None:
+    big = bytes(range(256)) * (3 * 1024 * 1024 // 256)  # 3 MiB, three times the pause threshold
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        return web.Response(body=big)
+
+    server.handler = answer
+    client = h1.Client(4)
+    try:
+        resp = await call(client, server.url + "/v1/completions?x=1", b'{"a":1}')
+        assert resp.status == 200
+        assert await resp.read() == big
+        method, path, headers, sent = server.requests[0]
+        assert (method, path, sent) == ("POST", "/v1/completions?x=1", b'{"a":1}')
+        assert headers["Host"] == server.url.removeprefix("http://")
+        assert headers["authorization"] == "Bearer k"
+    finally:
+        client.close()
+
+
+async def test_a_chunked_stream_arrives_piece_by_piece_and_a_slow_reader_loses_nothing(server: Server) -> None:
+    pieces = [f"data: {i}\n\n".encode() * 2000 for i in range(60)]  # ~1.4 MB in all, above the pause threshold
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        for piece in pieces:
+            await resp.write(piece)
+        await resp.write_eof()
+        return resp
+
+    server.handler = stream
+    client = h1.Client(4)
+    try:
+        resp = await call(client, server.url + "/s")
+        got = bytearray()
+        async for chunk in resp.iter_chunks():
+            got += chunk
+            await asyncio.sleep(0)  # a reader slower than the socket
+        assert bytes(got) == b"".join(pieces)
+        assert resp.at_eof
+    finally:
+        client.close()
+
+
+async def test_gzip_bodies_are_decoded_and_compression_is_asked_for(server: Server) -> None:
+    async def zipped(request: web.Request) -> web.StreamResponse:
+        return web.Response(body=gzip.compress(b'{"ok":true}'), headers={"content-encoding": "gzip"})
+
+    server.handler = zipped
+    client = h1.Client(4)
+    try:
+        resp = await call(client, server.url + "/")
+        assert await resp.read() == b'{"ok":true}'
+        assert "gzip" in server.requests[0][2]["Accept-Encoding"]
+    finally:
+        client.close()
+
+
+async def test_keep_alive_reuses_one_connection_and_the_limit_queues_the_rest(server: Server) -> None:
+    async def ok(request: web.Request) -> web.StreamResponse:
+        await asyncio.sleep(0.02)
+        return web.Response(body=b"{}")
+
+    server.handler = ok
+    client = h1.Client(2)
+    try:
+        for _ in range(5):
+            await (await call(client, server.url + "/")).read()
+        assert len(set(server.peers)) == 1
+        server.peers.clear()
+
+        async def one() -> bytes:
+            return await (await call(client, server.url + "/")).read()
+
+        assert await asyncio.gather(*[one() for _ in range(8)]) == [b"{}"] * 8
+        assert len(set(server.peers)) <= 2  # never more than the provider's max_connections
+    finally:
+        client.close()
+
+
+async def test_a_close_delimited_body_ends_with_the_connection() -> None:
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n{\"x\": 1}")
+        await writer.drain()
+        writer.close()
+
+    srv = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = srv.sockets[0].getsockname()[1]
+    client = h1.Client(2)
+    try:
+        resp = await call(client, f"http://127.0.0.1:{port}/", b"")
+        assert await resp.read() == b'{"x": 1}'
+    finally:
+        client.close()
+        srv.close()
+        await srv.wait_closed()
+
+
+async def test_failures_are_told_apart(server: Server) -> None:
+    client = h1.Client(2)
+    try:
+        # Nothing listens: the connection cannot be opened.
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            free = s.getsockname()[1]
+        with pytest.raises(h1.ConnectFailed):
+            await call(client, f"http://127.0.0.1:{free}/")
+
+        async def hang(request: web.Request) -> web.StreamResponse:
+            await asyncio.sleep(5)
+            return web.Response()
+
+        server.handler = hang
+        with pytest.raises(TimeoutError):
+            await call(client, server.url + "/", first_byte_s=0.2)
+
+        async def reset(request: web.Request) -> web.StreamResponse:
+            assert request.transport is not None
+            request.transport.abort()
+            await asyncio.sleep(1)
+            return web.Response()
+
+        server.handler = reset
+        with pytest.raises(h1.Disconnected):
+            await call(client, server.url + "/")
+
+        async def cut(request: web.Request) -> web.StreamResponse:
+            resp = web.StreamResponse()
+            await resp.prepare(request)
+            await resp.write(b"data: 1\n\n")
+            await asyncio.sleep(0.05)
+            assert request.transport is not None
+            request.transport.abort()
+            return resp
+
+        server.handler = cut
+        resp = await call(client, server.url + "/")
+        with pytest.raises(h1.Malformed):
+            async for _ in resp.iter_chunks():
+                pass
+    finally:
+        client.close()
+
+
+async def test_a_header_with_a_line_break_is_refused_before_anything_is_sent(server: Server) -> None:
+    client = h1.Client(2)
+    try:
+        with pytest.raises(ValueError, match="line break"):
+            await client.request(
+                "POST", server.url + "/", {"x-a": "1\r\nx-b: 2"}, b"", connect_s=1, first_byte_s=1, total_s=1
+            )
+        assert server.requests == []
+    finally:
+        client.close()
