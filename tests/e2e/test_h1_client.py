@@ -151,7 +151,7 @@ async def test_keep_alive_reuses_one_connection_and_the_limit_queues_the_rest(se
 async def test_a_close_delimited_body_ends_with_the_connection() -> None:
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n{\"x\": 1}")
+        writer.write(b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n{"x": 1}')
         await writer.drain()
         writer.close()
 
