@@ -88,7 +88,6 @@ class Failover:
             raise
         attempts = 0
         r = policy.retries
-        backoff = wait_random_exponential(multiplier=r.initial_backoff_ms / 1000, max=r.max_backoff_ms / 1000)
 
         async def retry(rs: RetryCallState) -> bool:
             exc = rs.outcome.exception() if rs.outcome is not None else None
@@ -142,6 +141,7 @@ class Failover:
                 return Outcome(value=value, route=current, attempts=1)
             except GatewayError as exc:
                 replay = exc
+        backoff = wait_random_exponential(multiplier=r.initial_backoff_ms / 1000, max=r.max_backoff_ms / 1000)
         retrying = AsyncRetrying(
             stop=stop,
             wait=cast(Any, wait),  # tenacity awaits async waits; its stubs only declare sync ones

@@ -12,7 +12,7 @@ routes, so a client cannot grow the series without limit.
 from __future__ import annotations
 
 import os
-from typing import Final
+from typing import Final, NamedTuple
 
 import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -44,6 +44,15 @@ class Record(msgspec.Struct):
     error_code: str | None = None
     prompt: str | None = None  # only when the config turns prompt logging on
     completion: str | None = None
+
+
+class _Children(NamedTuple):
+    requests: Counter
+    latency: Histogram
+    upstream: Histogram
+    ttft: Histogram
+    prompt_tokens: Counter
+    completion_tokens: Counter
 
 
 class Metrics:
@@ -94,16 +103,34 @@ class Metrics:
             "gateway_rate_limited", "Requests refused by a rate limit or budget", ["code"], registry=r
         )
         self.in_flight = Gauge("gateway_in_flight", "Requests being served", multiprocess_mode="livesum", registry=r)
+        # Bounded like the label values themselves (see the module docstring).
+        self._cache: dict[tuple[str, str, str, int, bool], _Children] = {}
+
+    def _children(self, dialect: str, model: str, provider: str, status: int, stream: bool) -> _Children:
+        """The labelled series one kind of request touches, looked up once per label set rather than through
+        `labels()` (argument checks and a lock) five times per request."""
+        key = (dialect, model, provider, status, stream)
+        kids = self._cache.get(key)
+        if kids is None:
+            flag = "true" if stream else "false"
+            kids = self._cache[key] = _Children(
+                requests=self.requests.labels(dialect, model, provider, str(status)),
+                latency=self.latency.labels(dialect, provider, flag),
+                upstream=self.upstream.labels(provider, flag),
+                ttft=self.ttft.labels(provider),
+                prompt_tokens=self.tokens.labels("prompt", model, provider),
+                completion_tokens=self.tokens.labels("completion", model, provider),
+            )
+        return kids
 
     def observe(self, rec: Record, elapsed_s: float) -> None:
-        provider = rec.provider or "none"
-        self.requests.labels(rec.dialect, rec.model, provider, str(rec.status)).inc()
-        stream = "true" if rec.stream else "false"
-        self.latency.labels(rec.dialect, provider, stream).observe(elapsed_s)
+        kids = self._children(rec.dialect, rec.model, rec.provider or "none", rec.status, rec.stream)
+        kids.requests.inc()
+        kids.latency.observe(elapsed_s)
         if rec.provider:
-            self.upstream.labels(provider, stream).observe(rec.upstream_s)
+            kids.upstream.observe(rec.upstream_s)
             if rec.stream:
-                self.ttft.labels(provider).observe(rec.upstream_s)
+                kids.ttft.observe(rec.upstream_s)
             elif rec.status == 200:
                 self.overhead.observe(max(elapsed_s - rec.upstream_s, 0.0))
         if rec.attempts > 1:
@@ -111,8 +138,8 @@ class Metrics:
         if rec.fallback:
             self.fallbacks.labels(rec.model).inc()
         if rec.usage is not None:
-            self.tokens.labels("prompt", rec.model, provider).inc(rec.usage.prompt_tokens)
-            self.tokens.labels("completion", rec.model, provider).inc(rec.usage.completion_tokens)
+            kids.prompt_tokens.inc(rec.usage.prompt_tokens)
+            kids.completion_tokens.inc(rec.usage.completion_tokens)
         if rec.status == 429 and rec.error_code in ("rate_limit_exceeded", "budget_exceeded", "provider_quota"):
             self.rate_limited.labels(rec.error_code).inc()
 
