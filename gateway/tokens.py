@@ -20,7 +20,7 @@ DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default when the request gives 
 
 
 class _Encoding(Protocol):
-    def encode(self, text: str) -> list[int]: ...
+    def encode_ordinary(self, text: str) -> list[int]: ...
 
 
 @lru_cache(maxsize=32)
@@ -52,7 +52,12 @@ def text_tokens(text: str, kind: str, model: str) -> int:
     if kind in ("openai", "azure"):
         enc = _encoding(model)
         if enc is not None:
-            return len(enc.encode(text))
+            # encode_ordinary: a prompt's "<|endoftext|>" is text the client sent, which `encode` would refuse
+            # with an exception (and it skips the per-call special-token scan and metrics hook of `encode`).
+            try:
+                return len(enc.encode_ordinary(text))
+            except ValueError:  # over the library's own size limits: the estimate still reserves something
+                pass
     return math.ceil(len(text.encode("utf-8")) / BYTES_PER_TOKEN)
 
 

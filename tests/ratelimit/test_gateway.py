@@ -374,6 +374,21 @@ def completion(prompt_tokens: int, completion_tokens: int) -> Handler:
     return handler
 
 
+def test_a_prompt_holding_special_token_text_is_counted_as_text(
+    g: GatewayThread, upstream: Upstream, rds: RedisProc
+) -> None:
+    """The tokenizer's `encode` raises on "<|endoftext|>" in the text; that must never fail the request."""
+    upstream.handler = completion(2, 48)
+    payload = {"model": "oai/davinci-002", "prompt": "Hi <|endoftext|> there", "max_tokens": 5}
+    resp = post(g, "k-free", payload)
+    assert resp.status_code == 200, resp.text
+    # Counted as ordinary text: more than the special token's single id, far less than the limit.
+    reserved = 1000 - int(resp.headers["x-ratelimit-remaining-tokens"])
+    assert 5 + 3 < reserved < 5 + 20, reserved
+    # The correction to the reported 50 lands before the next test starts from empty buckets.
+    wait_until(lambda: units(rds, "rl:{provider:oai}:tpm") == 50)
+
+
 def test_openai_compatible_upstream_quota(g: GatewayThread, upstream: Upstream, rds: RedisProc) -> None:
     upstream.handler = completion(2, 48)
     payload = {"model": "oai/davinci-002", "prompt": "Hello world", "max_tokens": 5}
