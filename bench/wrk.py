@@ -142,6 +142,10 @@ def run(
                 else:
                     output.append(line)
             code = proc.wait()
+        except BaseException:
+            # Interrupted (SIGTERM to the bench): Popen's exit would otherwise wait out wrk's whole -d.
+            proc.kill()
+            raise
         finally:
             watchdog.cancel()
     for line in output:
