@@ -109,12 +109,13 @@ def unshare_pid_works() -> bool:
 class GatewayChild:
     """`python -m gateway serve --config PATH --port N` in its own session, optionally as PID 1."""
 
-    def __init__(self, config_path: Path, *, pid1: bool = False, env: dict[str, str] | None = None) -> None:
+    def __init__(self, config_path: Path, *flags: str, pid1: bool = False, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.pid1 = pid1
         self.log = config_path.with_suffix(".log")
         self._log_file = self.log.open("wb")
         cmd = [sys.executable, "-m", "gateway", "serve", "--config", str(config_path), "--port", str(self.port)]
+        cmd += flags  # further `serve` flags, e.g. --server granian
         if pid1:
             # If the test dies, unshare's death takes the gateway with it.
             cmd = ["unshare", "--pid", "--fork", "--kill-child=SIGKILL", *cmd]

@@ -29,8 +29,8 @@ import pytest
 from gateway.__main__ import GRANIAN_MISSING
 
 from ..e2e.harness import openai_client
-from .support import REPO, GatewayChild, child_env, free_port, unshare_pid_works
-from .test_shutdown import STREAMS, TOKENS, Stream, _long_prompts, _read, _refused
+from .support import REPO, GatewayChild, child_env, unshare_pid_works
+from .test_shutdown import STREAMS, Stream, _long_prompts, _read, sigterm_mid_streams
 
 CONFIG = """
 server: {{host: 127.0.0.1, port: 0, shutdown_grace_ms: {grace_ms}}}
@@ -55,18 +55,7 @@ class GranianChild(GatewayChild):
     """`GatewayChild` serving with `--server granian`, plus any further `serve` flags."""
 
     def __init__(self, config_path: Path, *flags: str, pid1: bool = False) -> None:
-        self.port = free_port()
-        self.pid1 = pid1
-        self.log = config_path.with_suffix(".log")
-        self._log_file = self.log.open("wb")
-        cmd = [sys.executable, "-m", "gateway", "serve", "--config", str(config_path), "--port", str(self.port)]
-        cmd += ["--server", "granian", *flags]
-        if pid1:
-            cmd = ["unshare", "--pid", "--fork", "--kill-child=SIGKILL", *cmd]
-        self.proc = subprocess.Popen(
-            cmd, cwd=REPO, env=child_env(), stdout=self._log_file, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        self.server_pid = self._find_server_pid() if pid1 else self.proc.pid
+        super().__init__(config_path, "--server", "granian", *flags, pid1=pid1)
 
     def workers(self) -> list[int]:
         """The PIDs of granian's worker processes, the children of its main process."""
@@ -269,34 +258,7 @@ async def test_sigterm_refuses_new_connections_and_drains_open_streams(tmp_path:
     if pid1 and not unshare_pid_works():
         pytest.skip("cannot start a process as PID 1 of a new PID namespace here (unshare --pid)")
     with granian(_write_config(tmp_path), pid1=pid1) as gateway:
-        async with httpx.AsyncClient(trust_env=False, timeout=15) as client:
-            expected = await _long_prompts(client, gateway.url, STREAMS, TOKENS)
-            streams = [Stream(prompt) for prompt in expected]
-            readers = [asyncio.create_task(_read(client, gateway.url, s, TOKENS, "demo/drip-50ms")) for s in streams]
-            await asyncio.wait_for(asyncio.gather(*(s.first.wait() for s in streams)), 15)
-            assert all(s.ended_at is None for s in streams), "a stream ended before SIGTERM"
-            before = [len(s.data) for s in streams]
-
-            gateway.sigterm()
-            sent = time.monotonic()
-
-            # The listener closes promptly while every stream is still running...
-            while not await _refused(gateway.port):
-                assert time.monotonic() - sent < 2.0, "still accepting connections 2 s after SIGTERM"
-                await asyncio.sleep(0.02)
-            refused = time.monotonic()
-            assert all(s.ended_at is None for s in streams), "a stream ended before the listener closed"
-
-            # ...and every open stream still completes: all its chunks, its finish reason, then [DONE].
-            await asyncio.wait_for(asyncio.gather(*readers), 15)
-        for stream, seen in zip(streams, before, strict=True):
-            assert stream.error is None, f"{stream.prompt!r} broke: {stream.error!r}"
-            assert stream.ended_at is not None and stream.ended_at > refused
-            assert stream.data[-1] == "[DONE]"
-            chunks = [json.loads(d) for d in stream.data[:-1]]
-            assert "".join(c["choices"][0]["text"] for c in chunks) == expected[stream.prompt]
-            assert chunks[-1]["choices"][0]["finish_reason"] == "length"
-            assert len(stream.data) > seen + 1, "SIGTERM did not land mid-stream"
+        sent = await sigterm_mid_streams(gateway, refuse_within_s=2.0, finish_within_s=15)
 
         # Then the process exits by itself; granian's main process exits 0 after a graceful stop.
         assert await asyncio.to_thread(gateway.proc.wait, 15) == 0

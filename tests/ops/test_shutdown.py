@@ -104,6 +104,44 @@ async def _refused(port: int) -> bool:
     return False
 
 
+async def sigterm_mid_streams(gateway: GatewayChild, refuse_within_s: float, finish_within_s: float) -> float:
+    """SIGTERM with STREAMS streams open mid-way: assert the listener closes within `refuse_within_s` while
+    they run, and that every one then completes (all chunks, its finish reason, [DONE]). Returns when the
+    signal was sent. Shared by the uvicorn and Granian shutdown tests."""
+    async with httpx.AsyncClient(trust_env=False, timeout=15) as client:
+        expected = await _long_prompts(client, gateway.url, STREAMS, TOKENS)
+        streams = [Stream(prompt) for prompt in expected]
+        readers = [asyncio.create_task(_read(client, gateway.url, s, TOKENS, "demo/drip-50ms")) for s in streams]
+        await asyncio.wait_for(asyncio.gather(*(s.first.wait() for s in streams)), finish_within_s)
+        assert all(s.ended_at is None for s in streams), "a stream ended before SIGTERM"
+        before = [len(s.data) for s in streams]
+
+        gateway.sigterm()
+        sent = time.monotonic()
+
+        # (a) The listener closes promptly, while every stream is still running.
+        while not await _refused(gateway.port):
+            assert time.monotonic() - sent < refuse_within_s, (
+                f"still accepting connections {refuse_within_s} s after SIGTERM"
+            )
+            await asyncio.sleep(0.02)
+        refused = time.monotonic()
+        assert all(s.ended_at is None for s in streams), "a stream ended before the listener closed"
+
+        # (b) Every open stream still completes: all its chunks, its finish reason, then [DONE].
+        await asyncio.wait_for(asyncio.gather(*readers), finish_within_s)
+    for stream, seen in zip(streams, before, strict=True):
+        assert stream.error is None, f"{stream.prompt!r} broke: {stream.error!r}"
+        assert stream.ended_at is not None and stream.ended_at > refused
+        assert stream.data[-1] == "[DONE]"
+        chunks = [json.loads(d) for d in stream.data[:-1]]
+        assert not any("error" in c for c in chunks), chunks
+        assert "".join(c["choices"][0]["text"] for c in chunks) == expected[stream.prompt]
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+        assert len(stream.data) > seen + 1, "SIGTERM did not land mid-stream"
+    return sent
+
+
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize(
     ("gateway", "exit_status"),
@@ -116,35 +154,7 @@ async def _refused(port: int) -> bool:
     indirect=["gateway"],
 )
 async def test_sigterm_refuses_new_connections_and_drains_open_streams(gateway: GatewayChild, exit_status: int) -> None:
-    async with httpx.AsyncClient(trust_env=False, timeout=15) as client:
-        expected = await _long_prompts(client, gateway.url, STREAMS, TOKENS)
-        streams = [Stream(prompt) for prompt in expected]
-        readers = [asyncio.create_task(_read(client, gateway.url, s, TOKENS, "demo/drip-50ms")) for s in streams]
-        await asyncio.wait_for(asyncio.gather(*(s.first.wait() for s in streams)), 10)
-        assert all(s.ended_at is None for s in streams), "a stream ended before SIGTERM"
-        before = [len(s.data) for s in streams]
-
-        gateway.sigterm()
-        sent = time.monotonic()
-
-        # (a) The listener closes promptly, while every stream is still running.
-        while not await _refused(gateway.port):
-            assert time.monotonic() - sent < 1.0, "still accepting connections 1 s after SIGTERM"
-            await asyncio.sleep(0.02)
-        refused = time.monotonic()
-        assert all(s.ended_at is None for s in streams), "a stream ended before the listener closed"
-
-        # (b) Every open stream still completes: all its chunks, its finish reason, then [DONE].
-        await asyncio.wait_for(asyncio.gather(*readers), 10)
-    for stream, seen in zip(streams, before, strict=True):
-        assert stream.error is None, f"{stream.prompt!r} broke: {stream.error!r}"
-        assert stream.ended_at is not None and stream.ended_at > refused
-        assert stream.data[-1] == "[DONE]"
-        chunks = [json.loads(d) for d in stream.data[:-1]]
-        assert not any("error" in c for c in chunks), chunks
-        assert "".join(c["choices"][0]["text"] for c in chunks) == expected[stream.prompt]
-        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
-        assert len(stream.data) > seen + 1, "SIGTERM did not land mid-stream"
+    sent = await sigterm_mid_streams(gateway, refuse_within_s=1.0, finish_within_s=10)
 
     # (c) Then the process exits by itself, well within the 30 s default grace.
     status = await asyncio.to_thread(gateway.proc.wait, 10)
