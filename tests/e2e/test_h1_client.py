@@ -10,9 +10,12 @@ from __future__ import annotations
 import asyncio
 import gzip
 import socket
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from pathlib import Path
 
 import pytest
+import trustme
 from aiohttp import web
 
 from gateway import h1
@@ -223,3 +226,41 @@ async def test_a_header_with_a_line_break_is_refused_before_anything_is_sent(ser
         assert server.requests == []
     finally:
         client.close()
+
+
+async def test_https_verifies_the_upstream_certificate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every hosted provider is HTTPS: the client must speak TLS with SNI and refuse a certificate it cannot trust."""
+    ca = trustme.CA()
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("localhost").configure_cert(server_tls)
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        return web.Response(body=b'{"tls":true}')
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", answer)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_tls)
+    await site.start()
+    url = f"https://localhost:{runner.addresses[0][1]}/v1/completions"
+    try:
+        # The system's trust store does not know this CA: refused before a byte of the request is sent.
+        untrusting = h1.Client(2)
+        try:
+            with pytest.raises(h1.ConnectFailed, match="CERTIFICATE_VERIFY_FAILED"):
+                await call(untrusting, url)
+        finally:
+            untrusting.close()
+        # Trusted through the standard SSL_CERT_FILE variable, which the default context reads.
+        ca_file = tmp_path / "ca.pem"
+        ca.cert_pem.write_to_path(str(ca_file))
+        monkeypatch.setenv("SSL_CERT_FILE", str(ca_file))
+        trusting = h1.Client(2)
+        try:
+            resp = await call(trusting, url)
+            assert (resp.status, await resp.read()) == (200, b'{"tls":true}')
+        finally:
+            trusting.close()
+    finally:
+        await runner.cleanup()
