@@ -33,7 +33,16 @@ import msgspec
 
 from gateway.errors import GatewayError, InvalidRequestError, UnsupportedParamError, UpstreamStatusError
 from gateway.schema import Completion, CompletionRequest, PromptTokensDetails, Usage
-from providers.base import EMULATED_EXTRAS, Adapter, CallContext, Endpoint, Param, UpstreamRequest, table
+from providers.base import (
+    EMULATED_EXTRAS,
+    Adapter,
+    CallContext,
+    Endpoint,
+    Param,
+    UpstreamRequest,
+    request_headers,
+    table,
+)
 from providers.finish import finish_reason
 from providers.openai_compat import stop_list
 from providers.retry_after import retry_after, should_retry
@@ -222,17 +231,14 @@ class AnthropicAdapter(Adapter):
             body["stream"] = True
         if req.inference_extra_params:
             body.update(req.inference_extra_params)
-        headers = {
-            "content-type": "application/json",
-            "accept": "text/event-stream" if req.stream else "application/json",
-            "anthropic-version": endpoint.api_version or DEFAULT_VERSION,
-        }
         # Configured headers (e.g. `anthropic-beta`) and then the client's own; the credential goes last.
-        headers.update((k.lower(), v) for k, v in endpoint.headers.items())
-        if req.inference_extra_headers:
-            headers.update((k.lower(), v) for k, v in req.inference_extra_headers.items())
-        if endpoint.api_key:
-            headers["x-api-key"] = endpoint.api_key
+        headers = request_headers(
+            req,
+            endpoint,
+            accept="text/event-stream" if req.stream else "application/json",
+            extra={"anthropic-version": endpoint.api_version or DEFAULT_VERSION},
+            auth={"x-api-key": endpoint.api_key} if endpoint.api_key else None,
+        )
         return UpstreamRequest(
             method="POST",
             url=endpoint.base_url.rstrip("/") + self.path,

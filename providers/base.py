@@ -185,6 +185,38 @@ PromptForm = Literal["text", "texts", "tokens", "token_lists"]
 ALL_PROMPT_FORMS: frozenset[PromptForm] = frozenset({"text", "texts", "tokens", "token_lists"})
 
 
+def bearer(endpoint: Endpoint) -> dict[str, str]:
+    """`Authorization: Bearer <key>`, or nothing for a keyless endpoint."""
+    return {"authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
+
+
+def request_headers(
+    req: CompletionRequest,
+    endpoint: Endpoint,
+    *,
+    accept: str | None = "application/json",
+    extra: Mapping[str, str] | None = None,
+    auth: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """An upstream JSON request's headers: ours (`accept`, `extra`), then the configured ones, then the
+    client's `inference_extra_headers`, then the credential, each layer replacing the one before.
+
+    Header names are case-insensitive, so configured and client names are folded to lower case: that is
+    how a client's `Accept` replaces ours. Nothing but the gateway's own credential can set `auth`'s names.
+    """
+    headers = {"content-type": "application/json"}
+    if accept is not None:
+        headers["accept"] = accept
+    if extra:
+        headers.update(extra)
+    headers.update((k.lower(), v) for k, v in endpoint.headers.items())
+    if req.inference_extra_headers:
+        headers.update((k.lower(), v) for k, v in req.inference_extra_headers.items())
+    if auth:
+        headers.update(auth)
+    return headers
+
+
 def prompt_form(prompt: str | list[Any]) -> PromptForm:
     if isinstance(prompt, str):
         return "text"

@@ -61,7 +61,17 @@ from gateway.errors import (
 )
 from gateway.schema import Completion, CompletionRequest, PromptTokensDetails, Usage
 from providers.anthropic import out_of_range
-from providers.base import EMULATED, Adapter, CallContext, Endpoint, Param, Table, UpstreamRequest, table
+from providers.base import (
+    EMULATED,
+    Adapter,
+    CallContext,
+    Endpoint,
+    Param,
+    Table,
+    UpstreamRequest,
+    request_headers,
+    table,
+)
 from providers.finish import finish_reason
 from providers.openai_compat import stop_list
 from providers.retry_after import retry_after
@@ -289,10 +299,7 @@ class BedrockAdapter(Adapter):
             body.setdefault("inferenceConfig", {})["maxTokens"] = endpoint.default_max_tokens
         if req.inference_extra_params:
             _merge(body, req.inference_extra_params)
-        headers = {"content-type": "application/json"}
-        headers.update((k.lower(), v) for k, v in endpoint.headers.items())
-        if req.inference_extra_headers:
-            headers.update((k.lower(), v) for k, v in req.inference_extra_headers.items())
+        headers = request_headers(req, endpoint, accept=None)
         # Only the gateway's own credentials sign or authorize the call.
         for name in ("authorization", "x-amz-date", "x-amz-security-token"):
             headers.pop(name, None)

@@ -40,7 +40,17 @@ import msgspec
 
 from gateway.errors import GatewayError, InvalidRequestError, UnsupportedParamError, UpstreamStatusError
 from gateway.schema import Completion, CompletionRequest, FinishReason, Usage
-from providers.base import EMULATED_EXTRAS, Adapter, CallContext, Endpoint, Param, UpstreamRequest, table
+from providers.base import (
+    EMULATED_EXTRAS,
+    Adapter,
+    CallContext,
+    Endpoint,
+    Param,
+    UpstreamRequest,
+    bearer,
+    request_headers,
+    table,
+)
 from providers.finish import finish_reason
 from providers.openai_compat import stop_list
 from providers.retry_after import retry_after, should_retry
@@ -178,15 +188,9 @@ class CohereAdapter(Adapter):
             body["stream"] = True
         if req.inference_extra_params:
             body.update(req.inference_extra_params)
-        headers = {
-            "content-type": "application/json",
-            "accept": "text/event-stream" if req.stream else "application/json",
-        }
-        headers.update((k.lower(), v) for k, v in endpoint.headers.items())
-        if req.inference_extra_headers:
-            headers.update((k.lower(), v) for k, v in req.inference_extra_headers.items())
-        if endpoint.api_key:
-            headers["authorization"] = f"Bearer {endpoint.api_key}"
+        headers = request_headers(
+            req, endpoint, accept="text/event-stream" if req.stream else "application/json", auth=bearer(endpoint)
+        )
         return UpstreamRequest(
             method="POST",
             url=endpoint.base_url.rstrip("/") + self.path,

@@ -53,7 +53,17 @@ from gateway.schema import (
     PromptTokensDetails,
     Usage,
 )
-from providers.base import EMULATED, Adapter, CallContext, Endpoint, Param, Table, UpstreamRequest, table
+from providers.base import (
+    EMULATED,
+    Adapter,
+    CallContext,
+    Endpoint,
+    Param,
+    Table,
+    UpstreamRequest,
+    request_headers,
+    table,
+)
 from providers.finish import finish_reason
 from providers.offsets import prompt_for_choice, text_offsets
 from providers.retry_after import retry_after
@@ -332,15 +342,12 @@ class GeminiAdapter(Adapter):
         body.update(params)
         if req.inference_extra_params:
             _merge(body, req.inference_extra_params)
-        headers = {
-            "content-type": "application/json",
-            "accept": "text/event-stream" if req.stream else "application/json",
-        }
-        headers.update((k.lower(), v) for k, v in endpoint.headers.items())
-        if req.inference_extra_headers:
-            headers.update((k.lower(), v) for k, v in req.inference_extra_headers.items())
-        if endpoint.api_key:
-            headers["x-goog-api-key"] = endpoint.api_key
+        headers = request_headers(
+            req,
+            endpoint,
+            accept="text/event-stream" if req.stream else "application/json",
+            auth={"x-goog-api-key": endpoint.api_key} if endpoint.api_key else None,
+        )
         return UpstreamRequest(
             method="POST",
             url=self.url(req, endpoint),

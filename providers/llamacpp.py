@@ -32,10 +32,20 @@ import msgspec
 
 from gateway.errors import GatewayError, InvalidRequestError, UpstreamStatusError
 from gateway.schema import Completion, CompletionRequest, Logprobs
-from providers.base import EMULATED, Adapter, CallContext, Endpoint, Param, UpstreamRequest, table
+from providers.base import (
+    EMULATED,
+    Adapter,
+    CallContext,
+    Endpoint,
+    Param,
+    UpstreamRequest,
+    bearer,
+    request_headers,
+    table,
+)
 from providers.finish import finish_reason
 from providers.retry_after import retry_after, should_retry
-from providers.selfhosted import logprobs, merge, request_headers, response_schema, top_dict, usage
+from providers.selfhosted import logprobs, merge, response_schema, top_dict, usage
 
 
 def _constrain(body: dict[str, Any], key: str, value: Any) -> None:
@@ -174,7 +184,9 @@ class LlamaCppAdapter(Adapter):
         return UpstreamRequest(
             method="POST",
             url=endpoint.base_url.rstrip("/") + self.path,
-            headers=request_headers(req, endpoint, "text/event-stream" if req.stream else "application/json"),
+            headers=request_headers(
+                req, endpoint, accept="text/event-stream" if req.stream else "application/json", auth=bearer(endpoint)
+            ),
             body=msgspec.json.encode(out),
             stream=bool(req.stream),
         )

@@ -32,7 +32,18 @@ import msgspec
 
 from gateway.errors import GatewayError, InvalidRequestError, UnsupportedParamError, UpstreamStatusError
 from gateway.schema import Choice, Completion, CompletionRequest, PromptTokensDetails, Usage
-from providers.base import EMULATED, Adapter, CallContext, Endpoint, Param, Table, UpstreamRequest, table
+from providers.base import (
+    EMULATED,
+    Adapter,
+    CallContext,
+    Endpoint,
+    Param,
+    Table,
+    UpstreamRequest,
+    bearer,
+    request_headers,
+    table,
+)
 from providers.finish import finish_reason
 from providers.retry_after import retry_after, should_retry
 
@@ -219,15 +230,9 @@ class MistralAdapter(Adapter):
             body["stream"] = True
         if req.inference_extra_params:
             body.update(req.inference_extra_params)
-        headers = {
-            "content-type": "application/json",
-            "accept": "text/event-stream" if req.stream else "application/json",
-        }
-        headers.update((k.lower(), v) for k, v in endpoint.headers.items())
-        if req.inference_extra_headers:
-            headers.update((k.lower(), v) for k, v in req.inference_extra_headers.items())
-        if endpoint.api_key:
-            headers["authorization"] = f"Bearer {endpoint.api_key}"
+        headers = request_headers(
+            req, endpoint, accept="text/event-stream" if req.stream else "application/json", auth=bearer(endpoint)
+        )
         return UpstreamRequest(
             method="POST",
             url=endpoint.base_url.rstrip("/") + (FIM_PATH if fim else CHAT_PATH),

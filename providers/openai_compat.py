@@ -24,7 +24,7 @@ from gateway.schema import (
     PromptTokensDetails,
     Usage,
 )
-from providers.base import Adapter, CallContext, Endpoint, Param, Table, UpstreamRequest, table
+from providers.base import Adapter, CallContext, Endpoint, Param, Table, UpstreamRequest, bearer, request_headers, table
 from providers.finish import finish_reason
 from providers.offsets import prompt_for_choice, text_offsets
 from providers.retry_after import retry_after, should_retry
@@ -128,7 +128,7 @@ class OpenAICompatible(Adapter):
         return endpoint.base_url.rstrip("/") + self.path
 
     def auth_headers(self, endpoint: Endpoint) -> dict[str, str]:
-        return {"authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
+        return bearer(endpoint)
 
     def body(self, req: CompletionRequest, endpoint: Endpoint, params: dict[str, Any]) -> dict[str, Any]:
         body: dict[str, Any] = {"model": endpoint.model, "prompt": req.prompt}
@@ -143,16 +143,10 @@ class OpenAICompatible(Adapter):
         body = self.body(req, endpoint, params)
         if req.inference_extra_params:
             body.update(req.inference_extra_params)
-        headers = {"content-type": "application/json", "accept": "application/json"}
-        # HTTP header names are case-insensitive: fold them so a client's `Accept` replaces ours.
-        headers.update((k.lower(), v) for k, v in endpoint.headers.items())
-        if req.inference_extra_headers:
-            headers.update((k.lower(), v) for k, v in req.inference_extra_headers.items())
-        headers.update(self.auth_headers(endpoint))
         return UpstreamRequest(
             method="POST",
             url=self.url(endpoint),
-            headers=headers,
+            headers=request_headers(req, endpoint, auth=self.auth_headers(endpoint)),
             body=msgspec.json.encode(body),
             stream=bool(req.stream),
         )

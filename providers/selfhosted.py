@@ -1,5 +1,5 @@
 """What the self-hosted native adapters (TGI `/generate`, Ollama `/api/generate`, llama.cpp `/completion`)
-share: upstream request headers, merging `inference_extra_params`, reading `response_format`, and building
+share: merging `inference_extra_params`, reading `response_format`, and building
 logprobs with computed text offsets.
 
 None of these servers echoes the prompt (the gateway provides `echo`), so a generated token's offset is
@@ -13,21 +13,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from gateway.errors import InvalidRequestError
-from gateway.schema import CompletionRequest, Logprobs, Usage
-from providers.base import CallContext, Endpoint
+from gateway.schema import Logprobs, Usage
+from providers.base import CallContext
 from providers.offsets import prompt_for_choice, text_offsets
-
-
-def request_headers(req: CompletionRequest, endpoint: Endpoint, accept: str) -> dict[str, str]:
-    headers = {"content-type": "application/json", "accept": accept}
-    # Header names are case-insensitive: fold them so configured or client headers replace ours.
-    headers.update((k.lower(), v) for k, v in endpoint.headers.items())
-    if req.inference_extra_headers:
-        headers.update((k.lower(), v) for k, v in req.inference_extra_headers.items())
-    # None of them needs a key locally; each checks `Authorization: Bearer` when started with one.
-    if endpoint.api_key:
-        headers["authorization"] = f"Bearer {endpoint.api_key}"
-    return headers
 
 
 def merge(body: dict[str, Any], extra: dict[str, Any]) -> None:
@@ -105,4 +93,4 @@ def usage(prompt_tokens: int, completion_tokens: int) -> Usage:
     )
 
 
-__all__ = ["logprobs", "merge", "request_headers", "response_schema", "top_dict", "usage"]
+__all__ = ["logprobs", "merge", "response_schema", "top_dict", "usage"]

@@ -40,10 +40,20 @@ import msgspec
 
 from gateway.errors import GatewayError, InvalidRequestError, UnsupportedParamError, UpstreamStatusError
 from gateway.schema import Completion, CompletionRequest, Logprobs
-from providers.base import EMULATED, Adapter, CallContext, Endpoint, Param, UpstreamRequest, table
+from providers.base import (
+    EMULATED,
+    Adapter,
+    CallContext,
+    Endpoint,
+    Param,
+    UpstreamRequest,
+    bearer,
+    request_headers,
+    table,
+)
 from providers.finish import finish_reason
 from providers.retry_after import retry_after, should_retry
-from providers.selfhosted import logprobs, merge, request_headers, response_schema, top_dict, usage
+from providers.selfhosted import logprobs, merge, response_schema, top_dict, usage
 
 # `error_type` of an error event inside a 200 stream, back to the status the same error has as a response.
 _ERROR_STATUS: Final[dict[str, int]] = {
@@ -220,7 +230,9 @@ class TGIAdapter(Adapter):
         return UpstreamRequest(
             method="POST",
             url=base + ("/generate_stream" if req.stream else "/generate"),
-            headers=request_headers(req, endpoint, "text/event-stream" if req.stream else "application/json"),
+            headers=request_headers(
+                req, endpoint, accept="text/event-stream" if req.stream else "application/json", auth=bearer(endpoint)
+            ),
             body=msgspec.json.encode(out),
             stream=bool(req.stream),
         )
