@@ -330,12 +330,21 @@ def run_cli(
 class GatewayProcess:
     """`python -m gateway serve --config PATH --port N` as a child in its own session."""
 
-    def __init__(self, config_path: Path, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        config_path: Path,
+        env: Mapping[str, str] | None = None,
+        *,
+        flags: Sequence[str] = (),
+        prefix: Sequence[str] = (),
+    ) -> None:
+        """`flags`: further `serve` flags (e.g. `--server granian`); `prefix`: a command that runs it (unshare)."""
         self.port = free_port()
         self.log = config_path.with_suffix(".log")
         self._log_file = self.log.open("wb")
+        cmd = [sys.executable, "-m", "gateway", "serve", "--config", str(config_path), "--port", str(self.port)]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve", "--config", str(config_path), "--port", str(self.port)],
+            [*prefix, *cmd, *flags],
             cwd=REPO,
             env=dict(env) if env is not None else cli_env(),
             stdout=self._log_file,

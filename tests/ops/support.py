@@ -12,15 +12,15 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
+
+from tests.e2e.harness import GatewayProcess
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "Dockerfile"
@@ -30,21 +30,6 @@ CONFIG = REPO / "config.yaml"
 
 # `${VAR}` and `${VAR:-default}` in config.yaml and docker-compose.yml.
 VAR_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-[^}]*)?\}")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def child_env(**extra: str) -> dict[str, str]:
-    """No proxies, provider keys or Redis from the outside environment."""
-    drop = ("PROXY", "_API_KEY", "REDIS_URL", "VLLM_BASE_URL", "GATEWAY_CONFIG")
-    env = {k: v for k, v in os.environ.items() if not any(d in k.upper() for d in drop)}
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(extra)
-    return env
 
 
 def load_yaml(path: Path) -> Any:
@@ -106,27 +91,14 @@ def unshare_pid_works() -> bool:
     return result.returncode == 0 and result.stdout.strip() == "1"
 
 
-class GatewayChild:
+class GatewayChild(GatewayProcess):
     """`python -m gateway serve --config PATH --port N` in its own session, optionally as PID 1."""
 
     def __init__(self, config_path: Path, *flags: str, pid1: bool = False, env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
+        # If the test dies, unshare's death takes the gateway with it.
+        unshare = ("unshare", "--pid", "--fork", "--kill-child=SIGKILL") if pid1 else ()
+        super().__init__(config_path, env, flags=flags, prefix=unshare)
         self.pid1 = pid1
-        self.log = config_path.with_suffix(".log")
-        self._log_file = self.log.open("wb")
-        cmd = [sys.executable, "-m", "gateway", "serve", "--config", str(config_path), "--port", str(self.port)]
-        cmd += flags  # further `serve` flags, e.g. --server granian
-        if pid1:
-            # If the test dies, unshare's death takes the gateway with it.
-            cmd = ["unshare", "--pid", "--fork", "--kill-child=SIGKILL", *cmd]
-        self.proc = subprocess.Popen(
-            cmd,
-            cwd=REPO,
-            env=env if env is not None else child_env(),
-            stdout=self._log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
         self.server_pid = self._find_server_pid() if pid1 else self.proc.pid
 
     def _find_server_pid(self) -> int:
@@ -140,24 +112,6 @@ class GatewayChild:
                 break
             time.sleep(0.01)
         raise RuntimeError(f"unshare started no child: {self.log.read_text()}")
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def wait_ready(self, timeout: float = 20) -> None:
-        deadline = time.monotonic() + timeout
-        with httpx.Client(trust_env=False, timeout=1) as client:
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"gateway exited with {self.proc.returncode}: {self.log.read_text()}")
-                try:
-                    if client.get(self.url + "/health").status_code == 200:
-                        return
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.05)
-        raise RuntimeError(f"gateway did not become ready: {self.log.read_text()}")
 
     def sigterm(self) -> None:
         """What `docker stop` does: SIGTERM to the server process (PID 1 in its container)."""

@@ -26,6 +26,7 @@ import pytest
 import yaml
 
 from gateway.config import load_config
+from tests.e2e.harness import cli_env, free_port
 
 from .support import (
     COMPOSE,
@@ -35,10 +36,8 @@ from .support import (
     REPO,
     VAR_REF,
     GatewayChild,
-    child_env,
     dockerfile_instructions,
     dockerfile_stages,
-    free_port,
     load_yaml,
 )
 
@@ -271,7 +270,7 @@ def _run_healthcheck(code: str, port: int) -> int:
     result = subprocess.run(
         [sys.executable, "-c", code.replace("127.0.0.1:8080", f"127.0.0.1:{port}")],
         # A proxy in the environment must not divert the check (the code disables proxies).
-        env=child_env(HTTP_PROXY="http://127.0.0.1:9", http_proxy="http://127.0.0.1:9"),
+        env=cli_env(HTTP_PROXY="http://127.0.0.1:9", http_proxy="http://127.0.0.1:9"),
         capture_output=True,
         timeout=10,
         check=False,
@@ -338,7 +337,7 @@ def test_docker_compose_config_accepts_the_file(tmp_path: Path, port: str | None
     result = subprocess.run(
         [*command, "--project-directory", str(tmp_path), "-f", str(tmp_path / "docker-compose.yml"), "config"],
         cwd=tmp_path,
-        env=child_env(),
+        env=cli_env(),
         capture_output=True,
         text=True,
         timeout=50,

@@ -27,9 +27,10 @@ import httpx
 import pytest
 
 from gateway.__main__ import GRANIAN_MISSING
+from tests.e2e.harness import cli_env
 
 from ..e2e.harness import openai_client
-from .support import REPO, GatewayChild, child_env, unshare_pid_works
+from .support import REPO, GatewayChild, unshare_pid_works
 from .test_shutdown import STREAMS, Stream, _long_prompts, _read, sigterm_mid_streams
 
 CONFIG = """
@@ -123,7 +124,7 @@ def test_serve_without_granian_installed_is_one_line_and_exit_1(tmp_path: Path) 
     result = subprocess.run(
         [sys.executable, "-c", code, "serve", "--config", str(path), "--port", "0", "--server", "granian"],
         cwd=REPO,
-        env=child_env(),
+        env=cli_env(),
         capture_output=True,
         text=True,
         timeout=60,
@@ -143,7 +144,7 @@ def test_serve_on_a_taken_port_is_one_line_and_exit_1(tmp_path: Path) -> None:
             [sys.executable, "-m", "gateway", "serve", "--config", str(_write_config(tmp_path)), "--port", str(port)]
             + ["--server", "granian"],
             cwd=REPO,
-            env=child_env(),
+            env=cli_env(),
             capture_output=True,
             text=True,
             timeout=60,

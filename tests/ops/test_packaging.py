@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from .support import CONFIG, REPO, child_env, dockerfile_stages
+from tests.e2e.harness import cli_env
+
+from .support import CONFIG, REPO, dockerfile_stages
 
 # What `python -m gateway serve` needs at run time, beyond the pure-Python web stack.
 RUNTIME_REQUIREMENTS = {"litestar", "msgspec", "yarl", "uvicorn", "uvloop", "httptools", "hiredis", "pyyaml", "redis"}
@@ -55,7 +57,7 @@ def _copy_build_context(dest: Path) -> None:
 def _pip(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
         [sys.executable, "-m", "pip", *args],
-        env=child_env(PIP_DISABLE_PIP_VERSION_CHECK="1"),
+        env=cli_env(PIP_DISABLE_PIP_VERSION_CHECK="1"),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -115,7 +117,7 @@ def test_the_installed_wheel_imports_and_runs_the_cli_outside_the_repo(wheel: Pa
     _pip("install", "--no-deps", "--no-index", "--quiet", "--target", str(site), str(wheel), timeout=60)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    env = child_env(PYTHONPATH=str(site))
+    env = cli_env(PYTHONPATH=str(site))
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         # -P: the working directory is not on sys.path; only the installed wheel provides the packages.
