@@ -10,6 +10,7 @@ int count or None.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Final
 
 from gateway.errors import InvalidRequestError
@@ -17,6 +18,8 @@ from gateway.schema import CompletionRequest
 
 MAX_CHOICES: Final = 128
 # Headers the client may not set upstream: they carry the gateway's credentials or framing.
+_HEADER_NAME: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 token
+_HEADER_VALUE: Final = re.compile(r"[\t\x20-\x7e\x80-\xff]*")  # no CR, LF, NUL or other controls
 FORBIDDEN_HEADERS: Final = frozenset(
     {
         "authorization",
@@ -140,9 +143,17 @@ def normalize(req: CompletionRequest) -> CompletionRequest:
         req.inference_timeout = seconds
 
     if req.inference_extra_headers:
-        for header in req.inference_extra_headers:
+        for header, value in req.inference_extra_headers.items():
             if header.lower() in FORBIDDEN_HEADERS:
                 raise _bad(f"'inference_extra_headers' may not set '{header}'", "inference_extra_headers")
+            # Sent as written on the upstream's wire: a name must be an HTTP token and a value one line of
+            # latin-1 text, or a client could smuggle a header or a second request.
+            if not _HEADER_NAME.fullmatch(header) or not _HEADER_VALUE.fullmatch(value):
+                raise _bad(
+                    f"'inference_extra_headers' has an invalid header {header!r}: names are HTTP tokens and "
+                    "values one line of latin-1 text",
+                    "inference_extra_headers",
+                )
     if req.inference_extra_params:
         for key in ("model", "prompt", "stream"):
             if key in req.inference_extra_params:

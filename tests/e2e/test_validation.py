@@ -282,6 +282,14 @@ CASES = [
         "'inference_extra_headers' may not set 'Authorization'",
     ),
     Case(
+        "inference-extra-headers-injection",
+        _req(inference_extra_headers={"x-trace": "1\r\nx-injected: yes"}),
+        "inference_extra_headers",
+        "invalid_value",
+        "'inference_extra_headers' has an invalid header 'x-trace': names are HTTP tokens and values one line of "
+        "latin-1 text",
+    ),
+    Case(
         "inference-extra-params-model",
         _req(inference_extra_params={"model": "other"}),
         "inference_extra_params",

@@ -212,6 +212,15 @@ def test_forbidden_extra_headers(header: str) -> None:
     assert err.message == f"'inference_extra_headers' may not set '{header}'"
 
 
+@pytest.mark.parametrize(
+    "headers",
+    [{"x-a": "1\r\nx-b: 2"}, {"x-a": "line\nbreak"}, {"x a": "1"}, {"x-a:": "1"}, {"": "1"}, {"x-a": "\u20ac"}],
+)
+def test_extra_headers_that_cannot_go_on_the_wire(headers: dict[str, str]) -> None:
+    err = refused("inference_extra_headers", inference_extra_headers=headers)
+    assert "invalid header" in err.message
+
+
 def test_allowed_extra_headers() -> None:
     req = request(inference_extra_headers={"x-selected-account-id": "a", "openai-organization": "o"})
     assert req.inference_extra_headers == {"x-selected-account-id": "a", "openai-organization": "o"}
