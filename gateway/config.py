@@ -123,6 +123,38 @@ class AdminConfig(Strict, frozen=True):
     key: str = ""
 
 
+class MetricsConfig(Strict, frozen=True):
+    # When set (normally `${GATEWAY_METRICS_KEY}`), GET /metrics answers only `Authorization: Bearer <key>`.
+    key: str = ""
+
+
+class CapsConfig(Strict, frozen=True):
+    """What one request or one upstream answer may make the gateway hold or do (docs/security.md)."""
+
+    # -- upstream answers --
+    # A buffered upstream body, counted after gzip/deflate decoding (a decompression bomb stops here).
+    upstream_body_bytes: Annotated[int, Meta(ge=1024)] = 64 * 1024 * 1024
+    # One stream line or event (SSE, NDJSON), after decoding.
+    upstream_event_bytes: Annotated[int, Meta(ge=1024)] = 1024 * 1024
+    # The status line and headers of one upstream answer.
+    upstream_header_bytes: Annotated[int, Meta(ge=1024)] = 64 * 1024
+    # Upstream error text relayed to a client or a log, after secrets are scrubbed from it.
+    upstream_message_chars: Annotated[int, Meta(ge=64)] = 1000
+    # -- client requests --
+    request_body_bytes: Annotated[int, Meta(ge=1024)] = 8 * 1024 * 1024
+    # Nesting of JSON values inside free-form fields (`response_format`, `inference_extra_params`, ...).
+    json_depth: Annotated[int, Meta(ge=2, le=1000)] = 64
+    # A client-supplied pattern (`guided_regex`, a JSON-schema `pattern`), in characters.
+    pattern_chars: Annotated[int, Meta(ge=16)] = 4096
+    # The text an emulated answer may build (echo x n x prompts, best_of fan-outs), in bytes.
+    emulated_answer_bytes: Annotated[int, Meta(ge=1024)] = 16 * 1024 * 1024
+    # Tokens the built-in `fake` provider generates for one choice.
+    fake_max_tokens: Annotated[int, Meta(ge=1)] = 4096
+
+
+Transport = Literal["auto", "h1", "httpx"]
+
+
 class DeploymentConfig(Strict, frozen=True):
     base_url: str | None = None
     api_key: str | None = None
@@ -153,6 +185,17 @@ class ProviderConfig(Strict, frozen=True):
     limits: LimitsConfig | None = None
     # Per-pool connection cap; keep-alive connections are reused across requests.
     max_connections: Annotated[int, Meta(ge=1)] = 256
+    # The upstream HTTP client: `h1` (the fast built-in HTTP/1.1 client), `httpx`, or `auto` (h1 unless
+    # a proxy, a CA bundle, a client certificate or HTTP/2 below needs httpx).
+    transport: Transport = "auto"
+    # An HTTP(S) proxy URL for this provider; unset: HTTPS_PROXY / HTTP_PROXY / NO_PROXY from the environment.
+    proxy: str | None = None
+    # PEM file of CA certificates trusted for this provider instead of the system store.
+    ca_bundle: str | None = None
+    # mTLS: PEM client certificate and its key (the key may be in the certificate file).
+    client_cert: str | None = None
+    client_key: str | None = None
+    http2: bool = False
 
 
 class TargetConfig(Strict, frozen=True):
@@ -191,6 +234,8 @@ class GatewayConfig(Strict, frozen=True):
     # Model string (exact, or a glob) -> price; see docs/operations.md for how a request's price is found.
     prices: dict[str, PriceConfig] = msgspec.field(default_factory=dict)
     admin: AdminConfig = AdminConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    caps: CapsConfig = CapsConfig()
 
 
 class LoadedConfig(msgspec.Struct, frozen=True):
