@@ -7,22 +7,21 @@ match, but still counts as configured: a missing secret must not turn the gatewa
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import hmac
-import re
 from collections.abc import Mapping
 
 import msgspec
 
 from gateway.config import LoadedConfig
 from gateway.errors import AuthenticationError, PermissionDeniedError
+from gateway.globs import ModelGlobs
 
 
 class ClientKey(msgspec.Struct, frozen=True):
     name: str
     secret: bytes
-    models: re.Pattern[str]
+    models: ModelGlobs
 
 
 class KeyRing:
@@ -34,9 +33,8 @@ class KeyRing:
             if loaded.missing_for(f"keys[{i}].key") or not k.key:
                 self.disabled.append(k.name)
                 continue
-            pattern = re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in k.models) or "(?!)")
             secret = k.key.encode()
-            self._by_digest[hashlib.sha256(secret).digest()] = ClientKey(k.name, secret, pattern)
+            self._by_digest[hashlib.sha256(secret).digest()] = ClientKey(k.name, secret, ModelGlobs(k.models))
 
     @property
     def open(self) -> bool:

@@ -104,8 +104,9 @@ Strategy = Literal["weighted", "ordered", "least-busy", "latency"]
 class KeyConfig(Strict, frozen=True):
     name: str
     key: str
-    # Glob patterns over the model string the client sends (`openai/*`, `fast`).
-    models: list[str] = msgspec.field(default_factory=lambda: ["*"])
+    # Glob patterns over the model string the client sends (`openai/*`, `fast`); `*` stops at `/`, `**`
+    # crosses it (gateway/globs.py), so the default allows every model.
+    models: list[str] = msgspec.field(default_factory=lambda: ["**"])
     limits: LimitsConfig | None = None
     # USD per UTC day (gateway/usage.py): at or over it, requests answer 429 `budget_exceeded`. 0 blocks the key.
     max_cost_per_day: Annotated[float, Meta(ge=0)] | None = None

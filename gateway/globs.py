@@ -1,0 +1,71 @@
+"""Model globs: which model strings a client key may call (`keys[].models`).
+
+Model names contain slashes (`fireworks/accounts/fireworks/models/x`) and the last segment may name a
+deployment with its own upstream key (`up/model/east`), so a glob's `*` stops at `/`:
+
+    *    any run of characters except `/`        openai/*   -> openai/gpt-4o, not openai/org/model
+    **   any run of characters, `/` included      fireworks/** -> fireworks/accounts/fireworks/models/x
+    ?    one character except `/`
+Everything else matches itself (`[` and `]` included).
+
+The model string is the client's, so patterns run on RE2 (linear in the input whatever the pattern), and
+answers are memoized per key: a request pays a dict lookup, not the RE2 call (a few microseconds).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+import re2
+
+# Distinct model strings remembered per key; client-chosen strings cannot grow it past this.
+_CACHE_LIMIT: Final = 4096
+
+
+def translate(glob: str) -> str:
+    """The RE2 pattern (without anchors) of one glob."""
+    out: list[str] = []
+    i = 0
+    while i < len(glob):
+        c = glob[i]
+        if c == "*":
+            if glob.startswith("**", i):
+                out.append(".*")
+                i += 2
+                continue
+            out.append("[^/]*")
+        elif c == "?":
+            out.append("[^/]")
+        else:
+            out.append(re2.escape(c))
+        i += 1
+    return "".join(out)
+
+
+class ModelGlobs:
+    """A key's model patterns; `match(model)` says whether the key may call `model`."""
+
+    __slots__ = ("_cache", "_pattern", "patterns")
+
+    def __init__(self, patterns: Sequence[str]) -> None:
+        self.patterns = tuple(patterns)
+        options = re2.Options()
+        options.log_errors = False
+        options.never_capture = True
+        options.dot_nl = True
+        source = "|".join(f"(?:{translate(p)})" for p in self.patterns)
+        self._pattern = re2.compile(source, options) if source else None
+        self._cache: dict[str, bool] = {}
+
+    def match(self, model: str) -> bool:
+        found = self._cache.get(model)
+        if found is None:
+            found = self._pattern is not None and self._pattern.fullmatch(model) is not None
+            if len(self._cache) >= _CACHE_LIMIT:
+                self._cache.clear()
+            self._cache[model] = found
+        return found
+
+
+__all__ = ["ModelGlobs", "translate"]
