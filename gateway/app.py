@@ -138,7 +138,7 @@ def create_app(loaded: LoadedConfig) -> Front:
         debug=False,
         logging_config=None,
         openapi_config=None,
-        request_max_body_size=8 * 1024 * 1024,
+        request_max_body_size=loaded.config.caps.request_body_bytes,
     )
     app.state.pipeline = pipeline
     app.state.metrics = collected

@@ -21,7 +21,7 @@ from gateway.errors import (
     ModelNotFoundError,
     ProviderUnavailableError,
 )
-from gateway.schema import encode
+from gateway.schema import BodyError, encode
 
 _UNKNOWN: Final = re.compile(r"Object contains unknown field `([^`]+)`")
 _MISSING: Final = re.compile(r"Object missing required field `([^`]+)`")
@@ -62,6 +62,8 @@ def decode_error(exc: msgspec.DecodeError | msgspec.ValidationError) -> RequestE
         param = ".".join(str(p) for p in where if isinstance(p, str) and p != "...") or None
         label = param or "request body"
         return RequestError(f"Invalid value for '{label}': {problem}", param, where, "invalid_value")
+    if isinstance(exc, BodyError):
+        return RequestError(exc.message, exc.param, [exc.param] if exc.param else [], exc.kind)
     return RequestError(
         "We could not parse the JSON body of your request: it must be a JSON object", None, [], "invalid_json"
     )

@@ -17,6 +17,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
+from urllib.parse import quote
 
 from litestar.types import HTTPResponseBodyEvent, HTTPResponseStartEvent, HTTPScope, Receive, Send
 
@@ -29,7 +30,6 @@ from gateway.pipeline import Pipeline, Result
 
 log = logging.getLogger("gateway")
 
-MAX_BODY: Final = 8 * 1024 * 1024
 _JSON: Final = [(b"content-type", b"application/json")]
 _SSE: Final = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 
@@ -42,8 +42,20 @@ def _body(body: bytes, more: bool = False) -> HTTPResponseBodyEvent:
     return {"type": "http.response.body", "body": body, "more_body": more}
 
 
+def _header_value(value: str) -> bytes:
+    # Values can carry client text (the model in `x-gateway-model`): anything that is not printable ASCII is
+    # percent-encoded as UTF-8, so a header can always be sent and never splits or breaks the response.
+    if value.isascii() and value.isprintable():
+        return value.encode("ascii")
+    return quote(value, safe=_HEADER_SAFE).encode("ascii")
+
+
+# Printable ASCII except `%`, so that an encoded value cannot be mistaken for one that was not.
+_HEADER_SAFE: Final = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
+
+
 def _encode_headers(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
-    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+    return [(k.encode("latin-1"), _header_value(v)) for k, v in headers.items()]
 
 
 def error_headers(exc: GatewayError) -> dict[str, str]:
@@ -57,7 +69,14 @@ def error_headers(exc: GatewayError) -> dict[str, str]:
     return headers
 
 
-async def _read_body(receive: Receive) -> bytes:
+def _too_large(limit: int) -> InvalidRequestError:
+    return InvalidRequestError(f"The request body is larger than {limit} bytes", status=413, code="request_too_large")
+
+
+async def _read_body(receive: Receive, limit: int, declared: str | None) -> bytes:
+    # A declared length over the limit is refused before a byte of the body is read.
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -66,10 +85,8 @@ async def _read_body(receive: Receive) -> bytes:
             raise asyncio.CancelledError
         chunk: bytes = message.get("body", b"")  # type: ignore[assignment]
         size += len(chunk)
-        if size > MAX_BODY:
-            raise InvalidRequestError(
-                f"The request body is larger than {MAX_BODY} bytes", status=413, code="request_too_large"
-            )
+        if size > limit:
+            raise _too_large(limit)
         chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
@@ -148,14 +165,16 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
         t0 = time.perf_counter()
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         rec = Record(request_id=request_id(headers), dialect=dialect.name)
+        pipeline, metrics = services(scope)
         try:
-            body = await _read_body(receive)
+            body = await _read_body(
+                receive, pipeline.loaded.config.caps.request_body_bytes, headers.get("content-length")
+            )
         except GatewayError as exc:
             await _send_error(send, dialect, exc, rec.request_id)
             return
         except asyncio.CancelledError:
             return  # the client left while sending its body
-        pipeline, metrics = services(scope)
         pipeline.enter()
         if metrics is not None:
             metrics.in_flight.inc()

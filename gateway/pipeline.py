@@ -151,7 +151,7 @@ class Pipeline:
             req = decode_request(raw)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise decode_error(exc) from None
-        normalize(req)
+        normalize(req, self.loaded.config.caps)
         self.keys.authorize(key, req.model)
         if key is not None and key.name in self.usage.budgets:
             await self.usage.check(key.name)  # one HGET of today's booked spend

@@ -6,6 +6,10 @@ Precedence where names overlap (a conflict is a 400 naming the later field):
     logprobs (int count) | logprobs: true + top_logprobs (count) | return_token_log_probs (count 0)
 After `normalize`, adapters read only canonical fields: `max_tokens`, `stop` as a list, `logprobs` as an
 int count or None.
+
+It also refuses what a hostile client could use against the gateway or an upstream before anything is
+routed: model names that could leave their URL segment or break a response header, headers that would
+change the upstream request's framing or credentials, and JSON nested deeper than `caps.json_depth`.
 """
 
 from __future__ import annotations
@@ -13,32 +17,88 @@ from __future__ import annotations
 import re
 from typing import Any, Final
 
+from gateway.config import CapsConfig
 from gateway.errors import InvalidRequestError
-from gateway.schema import CompletionRequest
+from gateway.schema import FREE_FORM, CompletionRequest
 
 MAX_CHOICES: Final = 128
-# Headers the client may not set upstream: they carry the gateway's credentials or framing.
+# Longest model string a client may send; real ids (Bedrock ARNs, Fireworks paths) stay well under it.
+MAX_MODEL_CHARS: Final = 256
+_DEFAULT_CAPS: Final = CapsConfig()
 _HEADER_NAME: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 token
 _HEADER_VALUE: Final = re.compile(r"[\t\x20-\x7e\x80-\xff]*")  # no CR, LF, NUL or other controls
+# Headers the client may not set upstream: they carry the gateway's credentials, or they are hop-by-hop and
+# framing headers that belong to the gateway's own connection (an `Expect` or a `Transfer-Encoding` from a
+# client would change how the upstream reads the request and answers on a pooled connection). Any name
+# starting `proxy-` is refused too (`_refused_header`).
 FORBIDDEN_HEADERS: Final = frozenset(
     {
+        # credentials
         "authorization",
         "api-key",
         "x-api-key",
         "x-goog-api-key",
+        "cookie",
+        # framing and hop-by-hop (RFC 9110 7.6.1, RFC 9112)
         "host",
         "content-length",
         "transfer-encoding",
         "connection",
+        "keep-alive",
+        "te",
+        "trailer",
+        "upgrade",
+        "http2-settings",
+        "expect",
+        # the body and answer encodings are the gateway's: it writes the one and decodes the other
         "content-type",
-        "cookie",
-        "proxy-authorization",
+        "content-encoding",
+        "accept-encoding",
     }
 )
 
 
 def _bad(message: str, param: str) -> InvalidRequestError:
     return InvalidRequestError(message, param=param, code="invalid_value")
+
+
+def _refused_header(name: str) -> bool:
+    lowered = name.lower()
+    return lowered in FORBIDDEN_HEADERS or lowered.startswith("proxy-")
+
+
+def check_model(model: str) -> None:
+    """Refuse a model string that could not be routed safely: it is echoed in a response header and a log
+    line, matched against key globs, and may become part of an upstream URL."""
+    if not model or len(model) > MAX_MODEL_CHARS or not model.isprintable():
+        raise _bad(
+            f"'model' must be 1 to {MAX_MODEL_CHARS} printable characters (no control or format characters)",
+            "model",
+        )
+    # They end a URL path (`?`, `#`) or act as a path separator on some servers (a backslash): never in a model id.
+    if "?" in model or "#" in model or "\\" in model:
+        raise _bad("'model' may not contain '?', '#' or a backslash", "model")
+    if "/." in "/" + model and any(seg in (".", "..") for seg in model.split("/")):
+        raise _bad("'model' may not contain '.' or '..' segments", "model")
+
+
+def _check_depth(value: Any, limit: int, field: str) -> None:
+    """Refuse JSON nested more than `limit` levels (counting the field's own value as level 1)."""
+    level: list[Any] = [value]
+    depth = 0
+    while level:
+        depth += 1
+        if depth > limit:
+            raise InvalidRequestError(
+                f"'{field}' is nested more than {limit} levels deep", param=field, code="too_deeply_nested"
+            )
+        nested: list[Any] = []
+        for node in level:
+            if isinstance(node, dict):
+                nested.extend(v for v in node.values() if isinstance(v, dict | list))
+            elif isinstance(node, list):
+                nested.extend(v for v in node if isinstance(v, dict | list))
+        level = nested
 
 
 def _check_prompt(prompt: str | list[Any]) -> int:
@@ -72,8 +132,9 @@ def _check_prompt(prompt: str | list[Any]) -> int:
     return len(prompt) if kind is str else 1
 
 
-def normalize(req: CompletionRequest) -> CompletionRequest:
+def normalize(req: CompletionRequest, caps: CapsConfig = _DEFAULT_CAPS) -> CompletionRequest:
     """Canonicalize in place and return the same object (one decode, no copies)."""
+    check_model(req.model)
     n_prompts = _check_prompt(req.prompt)
 
     limit: int | None = None
@@ -144,7 +205,7 @@ def normalize(req: CompletionRequest) -> CompletionRequest:
 
     if req.inference_extra_headers:
         for header, value in req.inference_extra_headers.items():
-            if header.lower() in FORBIDDEN_HEADERS:
+            if _refused_header(header):
                 raise _bad(f"'inference_extra_headers' may not set '{header}'", "inference_extra_headers")
             # Sent as written on the upstream's wire: a name must be an HTTP token and a value one line of
             # latin-1 text, or a client could smuggle a header or a second request.
@@ -154,6 +215,10 @@ def normalize(req: CompletionRequest) -> CompletionRequest:
                     "values one line of latin-1 text",
                     "inference_extra_headers",
                 )
+    for field in FREE_FORM:
+        value = getattr(req, field)
+        if isinstance(value, dict | list):
+            _check_depth(value, caps.json_depth, field)
     if req.inference_extra_params:
         for key in ("model", "prompt", "stream"):
             if key in req.inference_extra_params:

@@ -9,7 +9,9 @@ them with a JSON path we turn into the `param` of the error.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import functools
+import typing
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 from msgspec import Meta
@@ -138,5 +140,93 @@ class ModelList(msgspec.Struct, tag_field="object", tag="list"):
     data: list[ModelCard]
 
 
+class BodyError(msgspec.DecodeError):
+    """A body msgspec cannot decode for a reason it does not report as a DecodeError (invalid UTF-8 in a
+    string, nesting beyond the interpreter's recursion limit), with the top-level field it was found in."""
+
+    def __init__(self, message: str, param: str | None, kind: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.kind = kind
+
+
+# Free-form JSON fields: the only ones whose nesting the decoder does not bound by their type.
+FREE_FORM: Final = (
+    "response_format",
+    "guided_json",
+    "inference_extra_params",
+    "audio",
+    "tools",
+    "tool_choice",
+    "prediction",
+)
+_FIELDS: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_decode_request = msgspec.json.Decoder(CompletionRequest).decode
+
+
+def _utf8_field(raw: bytes) -> str | None:
+    """The top-level field whose value holds invalid UTF-8 (error path only: one shallow decode)."""
+    try:
+        fields = _FIELDS.decode(raw)
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        return None
+    for name, value in fields.items():
+        try:
+            bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            return name
+    return None
+
+
+@functools.cache
+def _probe(passed: tuple[str, ...]) -> msgspec.json.Decoder[Any]:
+    # The request's own fields and types, except that a free-form field not yet passed must be null: the
+    # decoder stops at the first such field's opening bracket instead of descending into it.
+    hints = typing.get_type_hints(CompletionRequest, include_extras=True)
+    fields = [
+        (name, None if name in FREE_FORM and name not in passed else hints[name], None)
+        for name in CompletionRequest.__struct_fields__
+    ]
+    return msgspec.json.Decoder(msgspec.defstruct("Probe", fields, forbid_unknown_fields=True))
+
+
+def _deep_field(raw: bytes) -> str | None:
+    """The free-form field nested past the recursion limit (error path only: a few shallow decodes).
+
+    Only free-form fields can nest without a type stopping them, so the first one in document order that
+    the decoder cannot descend into is the culprit."""
+    passed: tuple[str, ...] = ()
+    for _ in range(len(FREE_FORM) + 1):
+        try:
+            _probe(passed).decode(raw)
+        except msgspec.ValidationError as exc:
+            at = str(exc).rpartition("at `$.")[2].rstrip("`")
+            if at not in FREE_FORM or at in passed:
+                return None
+            passed = (*passed, at)
+        except RecursionError:
+            return passed[-1] if passed else None
+        except (msgspec.DecodeError, UnicodeDecodeError):
+            return None
+        else:
+            return None
+    return None
+
+
+def decode_request(raw: bytes) -> CompletionRequest:
+    """One msgspec decode; a body it fails on in a way other than a DecodeError or ValidationError becomes a
+    DecodeError too, so every undecodable body is a 400 and never a 500."""
+    try:
+        return _decode_request(raw)
+    except UnicodeDecodeError:
+        field = _utf8_field(raw)
+        where = f"'{field}'" if field else "the request body"
+        raise BodyError(f"Invalid value for {where}: it is not valid UTF-8", field, "invalid_utf8") from None
+    except RecursionError:
+        field = _deep_field(raw)
+        where = f"'{field}'" if field else "The request body's JSON"
+        raise BodyError(f"{where} is nested too deeply", field, "too_deeply_nested") from None
+
+
 encode = msgspec.json.Encoder().encode
-decode_request = msgspec.json.Decoder(CompletionRequest).decode

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import ClassVar
 from urllib.parse import quote
 
-from providers.base import Endpoint
+from providers.base import Endpoint, path_segment
 from providers.openai_compat import OpenAICompatible
 
 DEFAULT_API_VERSION = "2024-10-21"
@@ -21,9 +21,11 @@ class AzureAdapter(OpenAICompatible):
     path: ClassVar[str] = "/openai/deployments/{model}/completions?api-version={api_version}"
 
     def url(self, endpoint: Endpoint) -> str:
+        # A deployment id is one segment of letters, digits, `_`, `-` and `.` (the client's text: encoded,
+        # and refused when it holds a `/` or is `.`/`..`).
         version = endpoint.api_version or DEFAULT_API_VERSION
         return (
-            f"{endpoint.base_url.rstrip('/')}/openai/deployments/{quote(endpoint.model, safe='')}"
+            f"{endpoint.base_url.rstrip('/')}/openai/deployments/{path_segment(endpoint.model, endpoint.provider)}"
             f"/completions?api-version={quote(version, safe='')}"
         )
 

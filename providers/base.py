@@ -11,10 +11,11 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any, ClassVar, Literal
+from urllib.parse import quote
 
 import msgspec
 
-from gateway.errors import GatewayError, UnsupportedParamError
+from gateway.errors import GatewayError, InvalidRequestError, UnsupportedParamError
 from gateway.schema import Choice, Completion, CompletionRequest, FinishReason, Logprobs, Usage
 
 
@@ -198,23 +199,51 @@ def request_headers(
     extra: Mapping[str, str] | None = None,
     auth: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """An upstream JSON request's headers: ours (`accept`, `extra`), then the configured ones, then the
-    client's `inference_extra_headers`, then the credential, each layer replacing the one before.
+    """An upstream JSON request's headers: the client's `inference_extra_headers`, then ours (`accept`,
+    `extra`), then the ones configured for the provider, then the credential, each layer replacing the one
+    before.
 
-    Header names are case-insensitive, so configured and client names are folded to lower case: that is
-    how a client's `Accept` replaces ours. Nothing but the gateway's own credential can set `auth`'s names.
+    The client's layer is the lowest: it adds headers (a trace id, `openai-organization` where the operator
+    pinned none) but never replaces one the gateway or the operator sets, such as SGP's
+    `x-selected-account-id` (another account, with the gateway's key). Names are case-insensitive, so every
+    layer is folded to lower case before it is merged. gateway/request.py already refused the client's
+    credential, framing and hop-by-hop headers.
     """
-    headers = {"content-type": "application/json"}
+    headers: dict[str, str] = {}
+    if req.inference_extra_headers:
+        headers.update((k.lower(), v) for k, v in req.inference_extra_headers.items())
+    headers["content-type"] = "application/json"
     if accept is not None:
         headers["accept"] = accept
     if extra:
-        headers.update(extra)
+        headers.update((k.lower(), v) for k, v in extra.items())
     headers.update((k.lower(), v) for k, v in endpoint.headers.items())
-    if req.inference_extra_headers:
-        headers.update((k.lower(), v) for k, v in req.inference_extra_headers.items())
     if auth:
-        headers.update(auth)
+        headers.update((k.lower(), v) for k, v in auth.items())
     return headers
+
+
+def path_segment(value: str, provider: str, *, slash: bool = False, safe: str = "") -> str:
+    """`value` (client text: the model) percent-encoded as ONE URL path segment, or a 400 naming `model`.
+
+    `.` and `..` are refused outright: servers and clients normalize them away, which would move the
+    request to another path on the provider's host, with the gateway's key. A `/` is refused unless the
+    provider's API documents ids containing it (`slash=True`: it is then encoded as `%2F`, still one
+    segment). `safe` lists further characters the provider expects unencoded (Bedrock signs its path).
+    """
+    if value in ("", ".", ".."):
+        raise InvalidRequestError(
+            f"'model' cannot name a model of provider '{provider}': {value!r} is not a model id",
+            param="model",
+            code="invalid_value",
+        )
+    if not slash and "/" in value:
+        raise InvalidRequestError(
+            f"'model' cannot name a model of provider '{provider}': its model ids contain no '/'",
+            param="model",
+            code="invalid_value",
+        )
+    return quote(value, safe=safe.replace("/", ""))
 
 
 def prompt_form(prompt: str | list[Any]) -> PromptForm:

@@ -47,7 +47,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Final
-from urllib.parse import quote
 
 import msgspec
 from yarl import URL
@@ -69,6 +68,7 @@ from providers.base import (
     Param,
     Table,
     UpstreamRequest,
+    path_segment,
     request_headers,
     table,
 )
@@ -242,10 +242,11 @@ def error_type(headers: Mapping[str, str], body_type: str | None) -> str | None:
     return name[:1].upper() + name[1:] if name else None
 
 
-def _model_path(model: str) -> str:
-    # `/` escaped so an ARN stays one segment; every other character yarl would decode again is kept as is,
-    # so the path signed is byte for byte the path sent (gateway/h1.py sends a URL's path verbatim).
-    return quote(model, safe=":@!$&'()*,;=")
+def _model_path(model: str, provider: str) -> str:
+    # Model ids hold `:` (`...-v1:0`) and ARNs `/` (inference profiles): `/` is escaped so an ARN stays one
+    # segment, as the API documents; every other character yarl would decode again is kept as is, so the
+    # path signed is byte for byte the path sent (gateway/h1.py sends a URL's path verbatim).
+    return path_segment(model, provider, slash=True, safe=":@!$&'()*,;=")
 
 
 class BedrockAdapter(Adapter):
@@ -280,7 +281,7 @@ class BedrockAdapter(Adapter):
         base = (endpoint.base_url or DEFAULT_BASE_URL).replace("{region}", region).rstrip("/")
         operation = "converse-stream" if req.stream else "converse"
         # Normalized through yarl once; the client sends that path verbatim, so what is signed goes on the wire.
-        return str(URL(f"{base}/model/{_model_path(endpoint.model)}/{operation}"))
+        return str(URL(f"{base}/model/{_model_path(endpoint.model, endpoint.provider)}/{operation}"))
 
     def build_request(self, req: CompletionRequest, endpoint: Endpoint, params: dict[str, Any]) -> UpstreamRequest:
         region = endpoint.region

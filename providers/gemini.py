@@ -61,6 +61,7 @@ from providers.base import (
     Param,
     Table,
     UpstreamRequest,
+    path_segment,
     request_headers,
     table,
 )
@@ -331,8 +332,10 @@ class GeminiAdapter(Adapter):
     prompt_forms = frozenset({"text"})
 
     def url(self, req: CompletionRequest, endpoint: Endpoint) -> str:
-        # Config may name the model as the API's resource name ("models/gemini-2.0-flash").
-        model = endpoint.model.removeprefix("models/")
+        # Config may name the model as the API's resource name ("models/gemini-2.0-flash"). The id is one
+        # path segment (`models/{model}`) followed by the method: a `/`, `..`, `:` or `?` from the client
+        # must not reach another path or method on Google's host with the gateway's key.
+        model = path_segment(endpoint.model.removeprefix("models/"), endpoint.provider)
         version = endpoint.api_version or DEFAULT_API_VERSION
         base = f"{endpoint.base_url.rstrip('/')}/{version}/models/{model}"
         return base + (":streamGenerateContent?alt=sse" if req.stream else ":generateContent")

@@ -38,9 +38,9 @@ def test_configured_api_version() -> None:
 
 
 def test_deployment_id_is_url_quoted() -> None:
-    endpoint = Endpoint(provider="azure", model="my dep/x", base_url="https://res.openai.azure.com")
+    endpoint = Endpoint(provider="azure", model="my dep:x", base_url="https://res.openai.azure.com")
     up, _, _ = build(ADAPTER, request(), endpoint)
-    assert up.url == "https://res.openai.azure.com/openai/deployments/my%20dep%2Fx/completions?api-version=2024-10-21"
+    assert up.url == "https://res.openai.azure.com/openai/deployments/my%20dep%3Ax/completions?api-version=2024-10-21"
     assert "api-key" not in up.headers and "authorization" not in up.headers
 
 

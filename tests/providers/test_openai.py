@@ -139,9 +139,10 @@ def test_extra_params_and_headers_are_merged_auth_last() -> None:
     )
     up, body, _ = build(ADAPTER, req, endpoint)
     assert up.url == "https://proxy.internal/v1/completions"
+    # The operator's pinned organization wins over the client's.
     assert up.headers == {
         **BASE_HEADERS,
-        "openai-organization": "org-2",
+        "openai-organization": "org-1",
         "x-trace-id": "t-1",
         "authorization": "Bearer sk-test",
     }

@@ -1,0 +1,91 @@
+"""Issue 11, items 1 and 7: what a client may put in `inference_extra_headers`.
+
+Hop-by-hop and framing headers (`Expect: 100-continue` desynced the upstream pool) are refused with a 400
+naming the field on every dialect's route, before any upstream I/O. Headers the operator pinned in a
+provider's config, and the credentials, always win over the client's.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from ._input_kit import (
+    ALL_ROUTES,
+    SGP_ACCOUNT,
+    Recorder,
+    assert_field_error,
+    client,
+    gateway,
+    post,
+    up,
+    upstream,
+)
+
+__all__ = ["client", "gateway", "up", "upstream"]
+
+REFUSED = [
+    "Expect",
+    "Connection",
+    "Keep-Alive",
+    "Transfer-Encoding",
+    "TE",
+    "Trailer",
+    "Upgrade",
+    "Content-Length",
+    "Host",
+    "Proxy-Authorization",
+    "Proxy-Connection",
+    "proxy-anything",
+    "Accept-Encoding",
+    "Content-Encoding",
+    "HTTP2-Settings",
+]
+VALUES = {"Expect": "100-continue", "Content-Length": "0", "Transfer-Encoding": "chunked", "Upgrade": "h2c"}
+
+
+@pytest.mark.parametrize("route", ALL_ROUTES)
+@pytest.mark.parametrize("name", REFUSED)
+def test_hop_by_hop_and_framing_headers_are_refused(client: httpx.Client, up: Recorder, route: str, name: str) -> None:
+    body = {
+        "model": "up/davinci-002",
+        "prompt": "hi",
+        "inference_extra_headers": {"x-trace-id": "t-1", name: VALUES.get(name, "1")},
+    }
+    resp = post(client, route, body)
+    err = assert_field_error(resp, route, "inference_extra_headers")
+    assert name in str(err)
+    assert up.received == []
+
+
+def test_a_harmless_client_header_still_passes(client: httpx.Client, up: Recorder) -> None:
+    resp = post(
+        client,
+        "/v1/completions",
+        {"model": "up/davinci-002", "prompt": "hi", "inference_extra_headers": {"X-Trace-Id": "t-9"}},
+    )
+    assert resp.status_code == 200, resp.text
+    assert up.only().headers["x-trace-id"] == "t-9"
+
+
+@pytest.mark.parametrize("route", ALL_ROUTES)
+def test_operator_pinned_headers_win_over_the_clients(client: httpx.Client, up: Recorder, route: str) -> None:
+    body = {
+        "model": "sgp/some-model",
+        "prompt": "hi",
+        # Another account reached with the gateway's key, and a second credential: neither gets through.
+        "inference_extra_headers": {"x-selected-account-id": "acct-of-someone-else", "X-Trace-Id": "t-2"},
+    }
+    resp = post(client, route, body)
+    assert resp.status_code == 200, resp.text
+    got = up.only().headers
+    assert got["x-selected-account-id"] == SGP_ACCOUNT
+    assert got["x-api-key"] == "sgp-key"
+    assert got["x-trace-id"] == "t-2"
+
+
+def test_client_cannot_replace_the_gateways_accept(client: httpx.Client, up: Recorder) -> None:
+    body = {"model": "up/davinci-002", "prompt": "hi", "inference_extra_headers": {"Accept": "text/html"}}
+    resp = post(client, "/v1/completions", body)
+    assert resp.status_code == 200, resp.text
+    assert up.only().headers["accept"] == "application/json"
