@@ -75,7 +75,7 @@ def _too_large(limit: int) -> InvalidRequestError:
 
 async def _read_body(receive: Receive, limit: int, declared: str | None) -> bytes:
     # A declared length over the limit is refused before a byte of the body is read.
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise _too_large(limit)
     chunks: list[bytes] = []
     size = 0

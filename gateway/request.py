@@ -14,6 +14,7 @@ change the upstream request's framing or credentials, and JSON nested deeper tha
 
 from __future__ import annotations
 
+import operator
 import re
 from typing import Any, Final
 
@@ -25,6 +26,8 @@ MAX_CHOICES: Final = 128
 # Longest model string a client may send; real ids (Bedrock ARNs, Fireworks paths) stay well under it.
 MAX_MODEL_CHARS: Final = 256
 _DEFAULT_CAPS: Final = CapsConfig()
+_CONTAINERS: Final = (dict, list)
+_free_form: Final = operator.attrgetter(*FREE_FORM)
 _HEADER_NAME: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 token
 _HEADER_VALUE: Final = re.compile(r"[\t\x20-\x7e\x80-\xff]*")  # no CR, LF, NUL or other controls
 # Headers the client may not set upstream: they carry the gateway's credentials, or they are hop-by-hop and
@@ -83,21 +86,23 @@ def check_model(model: str) -> None:
 
 
 def _check_depth(value: Any, limit: int, field: str) -> None:
-    """Refuse JSON nested more than `limit` levels (counting the field's own value as level 1)."""
+    """Refuse JSON nested more than `limit` levels (the field's own value is level 1): one pass over the
+    field's containers, level by level, without recursion."""
     level: list[Any] = [value]
-    depth = 0
-    while level:
+    depth = 1
+    while True:
+        nested: list[Any] = []
+        for node in level:
+            for child in node.values() if isinstance(node, dict) else node:
+                if isinstance(child, _CONTAINERS):
+                    nested.append(child)
+        if not nested:
+            return
         depth += 1
         if depth > limit:
             raise InvalidRequestError(
                 f"'{field}' is nested more than {limit} levels deep", param=field, code="too_deeply_nested"
             )
-        nested: list[Any] = []
-        for node in level:
-            if isinstance(node, dict):
-                nested.extend(v for v in node.values() if isinstance(v, dict | list))
-            elif isinstance(node, list):
-                nested.extend(v for v in node if isinstance(v, dict | list))
         level = nested
 
 
@@ -215,10 +220,11 @@ def normalize(req: CompletionRequest, caps: CapsConfig = _DEFAULT_CAPS) -> Compl
                     "values one line of latin-1 text",
                     "inference_extra_headers",
                 )
-    for field in FREE_FORM:
-        value = getattr(req, field)
-        if isinstance(value, dict | list):
-            _check_depth(value, caps.json_depth, field)
+    free = _free_form(req)
+    if free.count(None) != len(FREE_FORM):  # one C call when none is set, as in most requests
+        for field, value in zip(FREE_FORM, free, strict=True):
+            if isinstance(value, _CONTAINERS):
+                _check_depth(value, caps.json_depth, field)
     if req.inference_extra_params:
         for key in ("model", "prompt", "stream"):
             if key in req.inference_extra_params:
