@@ -226,7 +226,9 @@ def normalize(req: CompletionRequest, caps: CapsConfig = _DEFAULT_CAPS) -> Compl
             if isinstance(value, _CONTAINERS):
                 _check_depth(value, caps.json_depth, field)
     if req.inference_extra_params:
-        for key in ("model", "prompt", "stream"):
+        # `stream_options` too: the gateway asks every stream for its usage, which rate limits and budgets
+        # settle on; a client turning it off would be billed for nothing.
+        for key in ("model", "prompt", "stream", "stream_options"):
             if key in req.inference_extra_params:
                 raise _bad(f"'inference_extra_params' may not set '{key}'", "inference_extra_params")
     return req

@@ -89,3 +89,18 @@ def test_client_cannot_replace_the_gateways_accept(client: httpx.Client, up: Rec
     resp = post(client, "/v1/completions", body)
     assert resp.status_code == 200, resp.text
     assert up.only().headers["accept"] == "application/json"
+
+
+@pytest.mark.parametrize("route", ALL_ROUTES)
+def test_client_cannot_turn_off_the_stream_usage_the_gateway_settles_on(
+    client: httpx.Client, up: Recorder, route: str
+) -> None:
+    body = {
+        "model": "up/davinci-002",
+        "prompt": "hi",
+        "stream": True,
+        "inference_extra_params": {"stream_options": {"include_usage": False}},
+    }
+    resp = post(client, route, body)
+    assert_field_error(resp, route, "inference_extra_params")
+    assert up.received == []
