@@ -165,16 +165,16 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
         t0 = time.perf_counter()
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         rec = Record(request_id=request_id(headers), dialect=dialect.name)
-        pipeline, metrics = services(scope)
+        limit = services(scope)[0].loaded.config.caps.request_body_bytes
         try:
-            body = await _read_body(
-                receive, pipeline.loaded.config.caps.request_body_bytes, headers.get("content-length")
-            )
+            body = await _read_body(receive, limit, headers.get("content-length"))
         except GatewayError as exc:
             await _send_error(send, dialect, exc, rec.request_id)
             return
         except asyncio.CancelledError:
             return  # the client left while sending its body
+        # Taken after the body is in: a reload while a slow client was sending it retires the old pipeline.
+        pipeline, metrics = services(scope)
         pipeline.enter()
         if metrics is not None:
             metrics.in_flight.inc()

@@ -180,7 +180,8 @@ def _utf8_field(raw: bytes) -> str | None:
 
 
 @functools.cache
-def _probe(passed: tuple[str, ...]) -> msgspec.json.Decoder[Any]:
+def _probe(passed: frozenset[str]) -> msgspec.json.Decoder[Any]:
+    # Keyed by a set, not the order fields came in: at most 2**7 decoders, whatever clients send.
     # The request's own fields and types, except that a free-form field not yet passed must be null: the
     # decoder stops at the first such field's opening bracket instead of descending into it.
     hints = typing.get_type_hints(CompletionRequest, include_extras=True)
@@ -199,7 +200,7 @@ def _deep_field(raw: bytes) -> str | None:
     passed: tuple[str, ...] = ()
     for _ in range(len(FREE_FORM) + 1):
         try:
-            _probe(passed).decode(raw)
+            _probe(frozenset(passed)).decode(raw)
         except msgspec.ValidationError as exc:
             at = str(exc).rpartition("at `$.")[2].rstrip("`")
             if at not in FREE_FORM or at in passed:
