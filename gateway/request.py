@@ -25,6 +25,8 @@ from gateway.schema import FREE_FORM, CompletionRequest
 MAX_CHOICES: Final = 128
 # Longest model string a client may send; real ids (Bedrock ARNs, Fireworks paths) stay well under it.
 MAX_MODEL_CHARS: Final = 256
+# Headers a client may add upstream; servers commonly refuse a request with more than 100 in all.
+MAX_EXTRA_HEADERS: Final = 64
 _DEFAULT_CAPS: Final = CapsConfig()
 _CONTAINERS: Final = (dict, list)
 _free_form: Final = operator.attrgetter(*FREE_FORM)
@@ -107,34 +109,33 @@ def _check_depth(value: Any, limit: int, field: str) -> None:
 
 
 def _check_prompt(prompt: str | list[Any]) -> int:
-    """Return the number of prompts; reject empty and mixed lists."""
+    """Return the number of prompts; reject empty and mixed lists.
+
+    A body of 8 MiB holds millions of token ids: the checks run in C (`map`, `set`, `min`), and a list of
+    more prompts than a request may fan out to is counted, not inspected (normalize refuses it).
+    """
     if isinstance(prompt, str):
         return 1
     if not prompt:
         raise _bad("'prompt' must not be an empty list", "prompt")
-    first = prompt[0]
-    if isinstance(first, str):
-        kind: type = str
-    elif isinstance(first, int):
-        kind = int
-    else:
-        kind = list
-    for item in prompt:
-        if not isinstance(item, kind) or isinstance(item, bool):
-            raise _bad(
-                "'prompt' must be a string, a list of strings, a list of token ids or a list of token-id lists",
-                "prompt",
-            )
-        if kind is list and not item:
-            raise _bad("'prompt' token-id lists must not be empty", "prompt")
-        if isinstance(item, int) and item < 0:
+    # The decoder yields only str, int and list[int] items (never bool), so one type means one form.
+    kinds = set(map(type, prompt))
+    if len(kinds) != 1:
+        raise _bad(
+            "'prompt' must be a string, a list of strings, a list of token ids or a list of token-id lists",
+            "prompt",
+        )
+    kind = kinds.pop()
+    if kind is int:
+        if min(prompt) < 0:
             raise _bad("'prompt' token ids must be non-negative", "prompt")
-    if kind is list:
-        for item in prompt:
-            if any(t < 0 for t in item):
-                raise _bad("'prompt' token ids must be non-negative", "prompt")
-        return len(prompt)
-    return len(prompt) if kind is str else 1
+        return 1
+    if kind is list and len(prompt) <= MAX_CHOICES:
+        if not all(prompt):
+            raise _bad("'prompt' token-id lists must not be empty", "prompt")
+        if min(map(min, prompt)) < 0:
+            raise _bad("'prompt' token ids must be non-negative", "prompt")
+    return len(prompt)
 
 
 def normalize(req: CompletionRequest, caps: CapsConfig = _DEFAULT_CAPS) -> CompletionRequest:
@@ -209,6 +210,10 @@ def normalize(req: CompletionRequest, caps: CapsConfig = _DEFAULT_CAPS) -> Compl
         req.inference_timeout = seconds
 
     if req.inference_extra_headers:
+        if len(req.inference_extra_headers) > MAX_EXTRA_HEADERS:
+            raise _bad(
+                f"'inference_extra_headers' may set at most {MAX_EXTRA_HEADERS} headers", "inference_extra_headers"
+            )
         for header, value in req.inference_extra_headers.items():
             if _refused_header(header):
                 raise _bad(f"'inference_extra_headers' may not set '{header}'", "inference_extra_headers")

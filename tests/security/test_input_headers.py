@@ -104,3 +104,14 @@ def test_client_cannot_turn_off_the_stream_usage_the_gateway_settles_on(
     resp = post(client, route, body)
     assert_field_error(resp, route, "inference_extra_params")
     assert up.received == []
+
+
+@pytest.mark.parametrize("route", ALL_ROUTES)
+def test_at_most_64_client_headers(client: httpx.Client, up: Recorder, route: str) -> None:
+    extra = {f"x-h{i}": "v" for i in range(65)}
+    body = {"model": "up/davinci-002", "prompt": "hi", "inference_extra_headers": extra}
+    resp = post(client, route, body)
+    assert_field_error(resp, route, "inference_extra_headers")
+    assert up.received == []
+    del extra["x-h64"]
+    assert post(client, route, body).status_code == 200
