@@ -48,6 +48,9 @@ _UNREADABLE = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError,
 # The most tokens one answer may report: larger (or negative) counts from a broken upstream are clamped
 # so they cannot poison rate limits, budgets and usage rows.
 MAX_REPORTED_TOKENS = 100_000_000
+# The longest an upstream's own quota headers may keep its target off: a month (Mistral's longest window),
+# so a reset header saying "99999h" does not park the target for years.
+MAX_QUOTA_WAIT_S = 31 * 86400.0
 
 
 def _completion_id() -> str:
@@ -252,7 +255,7 @@ class Pipeline:
         """An answer that says the upstream's quota is now used up: stop every replica sending more."""
         wait = exhausted_for(headers)
         if wait is not None:
-            await self.health.exhausted(route.key, wait)
+            await self.health.exhausted(route.key, min(wait, MAX_QUOTA_WAIT_S))
 
     def _prepare(self, route: Route, req: CompletionRequest, dropped: dict[str, list[str]]) -> dict[str, Any]:
         route.adapter.check(req, route.provider)

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from gateway.errors import MAX_RETRY_AFTER_S
-from gateway.pipeline import MAX_REPORTED_TOKENS
+from gateway.pipeline import MAX_QUOTA_WAIT_S, MAX_REPORTED_TOKENS
 from tests.e2e.harness import GatewayThread
 from tests.resilience.faults import RATE_LIMIT_BODY, RECORDED_COMPLETION, FaultServer, respond
 
@@ -115,3 +115,14 @@ def test_fractional_token_counts_are_an_invalid_answer(gateway: GatewayThread, f
     resp = post(gateway)
     assert resp.status_code == 502
     assert resp.json()["error"]["code"] == "invalid_upstream_response"
+
+
+def test_quota_reset_header_of_years_cools_the_target_for_at_most_a_month(
+    gateway: GatewayThread, faults: FaultServer
+) -> None:
+    used_up = {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "99999h"}
+    faults["alpha"].script(respond(json.dumps(RECORDED_COMPLETION).encode(), 200, used_up))
+    assert post(gateway).status_code == 200
+    health = gateway.pipeline.health.local  # no Redis configured: the cooldown lives in process
+    until, _ = health.cool["alpha/davinci-002"]
+    assert 0 < until - health.clock() <= MAX_QUOTA_WAIT_S
