@@ -362,6 +362,10 @@ class Pipeline:
             events = _events(adapter, stream, ctx)
             try:
                 first = await anext(events, None)
+                # Events that carry nothing for the client (Azure's prompt-filter chunk, an empty `choices`)
+                # are not a start: the attempt is decided by the first one that does.
+                while first is not None and not first.choices and first.usage is None:
+                    first = await anext(events, None)
             except GatewayError:
                 raise
             except Exception as exc:

@@ -213,3 +213,14 @@ def test_invalid_first_stream_event_everywhere_is_a_502(gateway: GatewayThread, 
     err = resp.json()["error"]
     assert (err["type"], err["code"]) == ("upstream_error", "invalid_upstream_response")
     assert resp.headers["x-gateway-attempts"] == "3"
+
+
+def test_stream_of_empty_events_fails_over_before_the_first_byte(gateway: GatewayThread, faults: FaultServer) -> None:
+    empty = b'data: {"id": "c", "object": "text_completion", "created": 1, "model": "m", "choices": []}'
+    faults["alpha"].script(stream([empty, empty]))
+    resp = post(gateway, {"model": "pair", "prompt": "x", "stream": True})
+    assert resp.status_code == 200, resp.text
+    data = sse_data(resp.text)
+    assert "error" not in resp.text
+    assert "".join(json.loads(d)["choices"][0]["text"] for d in data[:-1]) == RECORDED_STREAM_TEXT
+    assert faults.order() == ["alpha", "beta"]
