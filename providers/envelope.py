@@ -59,14 +59,14 @@ _AUTH: Final = frozenset(
 )
 
 
-def envelope_status(*words: str | int | None) -> int:
+def envelope_status(*words: object) -> int:
     """The HTTP status an error envelope's code / type / status words mean (the first word that says)."""
     for word in words:
-        if isinstance(word, int):
+        if isinstance(word, int) and not isinstance(word, bool):
             if 400 <= word <= 599:
                 return word
             continue
-        if not word:
+        if not isinstance(word, str) or not word:
             continue
         w = word.strip().lower()
         if w.isdigit() and 400 <= int(w) <= 599:

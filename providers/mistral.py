@@ -119,9 +119,10 @@ class MCompletion(msgspec.Struct):
     choices: list[MChoice] | None = None
     usage: MUsage | None = None
     # An error envelope inside a 200: `{"object": "error", "message", "type", "code"}`.
-    object: str | None = None
-    type: str | None = None
-    code: str | int | None = None
+    # Any: an odd type in a field only read when the answer is an error must not invalidate an answer.
+    object: Any = None
+    type: Any = None
+    code: Any = None
     # `"p"` (stream padding) and everything else are ignored by the lenient decode.
 
 

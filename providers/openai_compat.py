@@ -71,11 +71,12 @@ class UpCompletion(msgspec.Struct):
     usage: UpUsage | None = None
     # Some servers report a failure as a `200` carrying only an error object (or mid-stream, as an event):
     # `{"error": {...}}`, `{"error": "text", "error_type": ...}`, older vLLM's `{"object": "error", ...}`.
+    # Any: an odd type in a field only read when the answer is an error must not invalidate an answer.
     error: UpErrorBody | str | None = None
-    error_type: str | None = None
-    object: str | None = None
-    type: str | None = None
-    code: str | int | None = None
+    error_type: Any = None
+    object: Any = None
+    type: Any = None
+    code: Any = None
 
 
 class UpError(msgspec.Struct):
