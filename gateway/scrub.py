@@ -197,6 +197,8 @@ class _LogFilter(logging.Filter):
             if exc_text:
                 exc_text = s.scrub(exc_text)
         record.msg, record.args, record.exc_text = text, None, exc_text
+        # Formatters print `exc_text` when set; the raw exception (its message, its frames) goes no further.
+        record.exc_info = None
         return True
 
 
