@@ -136,11 +136,12 @@ class Scrubber:
         while after < len(text) and after - end < FRAGMENT and text[after] in _TOKEN_CHARS:
             after += 1
         head = text[before:start]
-        tail = text[end:after].rstrip(".,;:")
-        hit_head = any(head[i:] in self._prefixes for i in range(len(head)))
-        hit_tail = any(tail[:n] in self._suffixes for n in range(len(tail), _MASKED_SUFFIX - 1, -1))
-        if hit_head or hit_tail:
-            yield (before if hit_head else start, end + len(tail) if hit_tail else end)
+        tail = text[end:after]
+        # The longest piece next to the run that is a secret's start (before it) or end (after it).
+        lead = next((len(head) - i for i in range(len(head)) if head[i:] in self._prefixes), 0)
+        trail = next((n for n in range(len(tail), _MASKED_SUFFIX - 1, -1) if tail[:n] in self._suffixes), 0)
+        if lead or trail:
+            yield (start - lead, end + trail)
 
     def message(self, text: str) -> str:
         """Upstream text for a client: scrubbed, then capped at `caps.upstream_message_chars`."""
