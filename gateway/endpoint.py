@@ -12,6 +12,7 @@ starts, or the relay of a stream (which closes the upstream connection).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -26,7 +27,7 @@ from gateway.dialects import Dialect
 from gateway.errors import GatewayError, InvalidRequestError
 from gateway.ids import unique_suffix
 from gateway.metrics import Metrics, Record
-from gateway.pipeline import Pipeline, Result
+from gateway.pipeline import STREAM_FAILED, Pipeline, Result
 
 log = logging.getLogger("gateway")
 
@@ -207,6 +208,10 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
                 await _send_error(
                     send, dialect, GatewayError("The gateway failed to process the request"), rec.request_id
                 )
+            elif result.stream is not None:
+                # A stream the client saw start still ends with an error event and [DONE].
+                with contextlib.suppress(Exception):
+                    await send(_body(STREAM_FAILED))
         finally:
             watch.stop()
             pipeline.usage.book(rec)  # before exit(): a retired pipeline drains its bookings as it closes

@@ -21,6 +21,9 @@ from __future__ import annotations
 from typing import Self
 
 RETRYABLE_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+# The longest wait an upstream's Retry-After (or reset header) may impose: it cools the target for every
+# replica and is relayed to the client, so a broken or hostile upstream must not park either for days.
+MAX_RETRY_AFTER_S = 3600.0
 
 
 class GatewayError(Exception):
@@ -41,6 +44,8 @@ class GatewayError(Exception):
     cools: bool = True
     # Extra response headers (rate-limit state on a 429).
     headers: dict[str, str] | None = None
+    # Upstream text in it has been through gateway.scrub (secrets cut out, length capped).
+    scrubbed: bool = False
 
     def __init__(
         self,
@@ -129,6 +134,8 @@ class UpstreamStatusError(UpstreamError):
         context_window: bool = False,
     ) -> None:
         status, kind = _client_status(upstream_status)
+        if retry_after is not None:
+            retry_after = min(retry_after, MAX_RETRY_AFTER_S)
         super().__init__(message, param=param, code=code, status=status, retry_after=retry_after)
         self.type = kind
         self.upstream_status = upstream_status

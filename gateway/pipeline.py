@@ -10,6 +10,7 @@ the only way on is `resume_streams`.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
@@ -31,11 +32,25 @@ from gateway.metrics import Metrics, Record
 from gateway.request import normalize
 from gateway.routing import Plan, Route, Router
 from gateway.schema import Completion, CompletionRequest, Usage, decode_request, encode
+from gateway.scrub import Scrubber, watch_logs
 from gateway.state import SharedState
 from gateway.upstream import Stream, Timeouts, Upstream
 from gateway.usage import UsageStore
 from providers.base import Adapter, CallContext, LocalAdapter, map_params, prompt_form
+from providers.envelope import Unreadable
 from providers.quota import exhausted_for
+
+log = logging.getLogger("gateway")
+
+# What an upstream answer that cannot be read raises while it is parsed: the answer is broken, not the
+# gateway (other exceptions are adapter bugs, logged with their traceback, but also a failed attempt).
+_UNREADABLE = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, Unreadable)
+# The most tokens one answer may report: larger (or negative) counts from a broken upstream are clamped
+# so they cannot poison rate limits, budgets and usage rows.
+MAX_REPORTED_TOKENS = 100_000_000
+# The longest an upstream's own quota headers may keep its target off: a month (Mistral's longest window),
+# so a reset header saying "99999h" does not park the target for years.
+MAX_QUOTA_WAIT_S = 31 * 86400.0
 
 
 def _completion_id() -> str:
@@ -110,6 +125,9 @@ class Pipeline:
         self.failover = Failover(self.health, clock=clock, **({"sleep": sleep} if sleep else {}))
         self.admission = Admission(loaded, self.shared, **({"sleep": sleep} if sleep else {}))
         self.usage = UsageStore(loaded, self.shared, metrics=metrics)
+        # Built once per config: cuts the config's secrets out of upstream text (errors, logs).
+        self.scrub = Scrubber.from_config(loaded)
+        watch_logs(self.scrub)
 
     # Requests hold the pipeline they started with; a reload retires this one, which closes its pools
     # when the last of them ends.
@@ -144,6 +162,13 @@ class Pipeline:
     async def complete(
         self, raw: bytes, headers: Mapping[str, str], dialect: Dialect, rec: Record | None = None
     ) -> Result:
+        try:
+            return await self._complete(raw, headers, dialect, rec)
+        except UpstreamError as exc:
+            # The one way out for upstream errors before a stream starts: nothing unscrubbed passes it.
+            raise self.scrub.error(exc) from None
+
+    async def _complete(self, raw: bytes, headers: Mapping[str, str], dialect: Dialect, rec: Record | None) -> Result:
         rec = rec if rec is not None else Record(request_id="", dialect=dialect.name)
         key = self.keys.authenticate(headers)
         rec.key = key.name if key is not None else None
@@ -230,7 +255,7 @@ class Pipeline:
         """An answer that says the upstream's quota is now used up: stop every replica sending more."""
         wait = exhausted_for(headers)
         if wait is not None:
-            await self.health.exhausted(route.key, wait)
+            await self.health.exhausted(route.key, min(wait, MAX_QUOTA_WAIT_S))
 
     def _prepare(self, route: Route, req: CompletionRequest, dropped: dict[str, list[str]]) -> dict[str, Any]:
         route.adapter.check(req, route.provider)
@@ -274,9 +299,11 @@ class Pipeline:
             raise adapter.map_error(resp.status, resp.headers, resp.body, route.provider)
         await self._watch_quota(route, resp.headers)
         try:
-            return adapter.parse_response(resp.body, ctx)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            raise UpstreamError(f"Upstream '{route.provider}' sent an invalid response body") from None
+            return _sane(adapter.parse_response(resp.body, ctx))
+        except GatewayError:
+            raise
+        except Exception as exc:
+            raise _unreadable(route, "response body", exc) from None
 
     async def _open_once(
         self,
@@ -333,7 +360,17 @@ class Pipeline:
                 raise adapter.map_error(stream.status, stream.headers, body, route.provider)
             await self._watch_quota(route, stream.headers)
             events = _events(adapter, stream, ctx)
-            first = await anext(events, None)
+            try:
+                first = await anext(events, None)
+                # Events that carry nothing for the client (Azure's prompt-filter chunk, an empty `choices`)
+                # are not a start: the attempt is decided by the first one that does.
+                while first is not None and not first.choices and first.usage is None:
+                    first = await anext(events, None)
+            except GatewayError:
+                raise
+            except Exception as exc:
+                # Nothing reached the client yet: a first event that cannot be read is a failed attempt.
+                raise _unreadable(route, "stream event", exc) from None
             if first is None:
                 # Nothing reached the client yet: an empty stream is a failed attempt, retried like one.
                 empty = UpstreamError(f"Upstream '{route.provider}' ended the stream early")
@@ -368,7 +405,7 @@ class Pipeline:
                     c = opened.first
                     while c is not None:
                         if c.usage is not None:
-                            usage, c.usage = c.usage, None
+                            usage, c.usage = _sane_usage(c.usage), None
                         if c.choices:
                             for choice in c.choices:
                                 text.append(choice.text)
@@ -380,20 +417,25 @@ class Pipeline:
                         error = UpstreamError(f"Upstream '{route.provider}' ended the stream early")
                 except GatewayError as exc:
                     error = exc
-                except (msgspec.DecodeError, msgspec.ValidationError):
+                except _UNREADABLE:
                     error = UpstreamError(f"Upstream '{route.provider}' sent an invalid stream event")
+                except Exception:
+                    # A bug (an adapter's, an emulation's): the client gets a generic error event and
+                    # the end of the stream, never a traceback; the log gets the traceback.
+                    log.exception("stream failed after it started (request %s)", rec.request_id)
+                    error = _internal()
                 if error is None:
                     break
                 await opened.close()
-                # A stream that broke mid-way is a failed target, resumed or not (a dropped connection cools).
-                await self.health.failure(route.key, None, "error")
-                resumed = (
-                    await self._resume(plan, route, req, ctx, "".join(text), sent)
-                    if _resumable(plan, req, ctx)
-                    else None
-                )
+                resumed = None
+                # The gateway's own failure says nothing about the target: it neither cools nor resumes.
+                if error.cools:
+                    # A stream that broke mid-way is a failed target, resumed or not (a dropped connection cools).
+                    await self.health.failure(route.key, None, "error")
+                    if _resumable(plan, req, ctx):
+                        resumed = await self._resume(plan, route, req, ctx, "".join(text), sent)
                 if resumed is None:
-                    yield _error_event(error)
+                    yield _error_event(self.scrub.error(error))
                     break
                 opened, route = resumed
                 resumed_from = sent
@@ -409,6 +451,9 @@ class Pipeline:
             if want_usage and usage is not None:
                 last = opened.ctx.completion([], usage)
                 yield sse_event(encode(last))
+        except Exception:
+            log.exception("stream failed after it started (request %s)", rec.request_id)
+            yield _error_event(_internal())
         finally:
             # Settle before awaiting anything: a client that left cancels this generator, and a cancelled
             # task may be cancelled again at its next await.
@@ -417,7 +462,11 @@ class Pipeline:
             for t in (ticket, quota):
                 if t is not None:
                     self.admission.settle(t, usage.total_tokens if usage is not None else t.prompt + sent)
-            await opened.close()
+            try:
+                await opened.close()
+            except Exception:
+                log.exception("closing a stream failed (request %s)", rec.request_id)
+        # Every stream the client saw start ends with [DONE], whatever happened before it.
         yield DONE
 
     async def _resume(
@@ -498,11 +547,50 @@ def _headers(outcome: Outcome[Any], dropped: dict[str, list[str]]) -> dict[str, 
     return headers
 
 
+def _unreadable(route: Route, what: str, exc: Exception) -> UpstreamError:
+    """An upstream answer the adapter could not read: a failed attempt (502), retried or failed over."""
+    if not isinstance(exc, _UNREADABLE):
+        log.error("parsing %s's %s failed", route.provider, what, exc_info=exc)
+    err = UpstreamError(f"Upstream '{route.provider}' sent an invalid {what}", code="invalid_upstream_response")
+    err.retryable = True
+    return err
+
+
+def _internal() -> GatewayError:
+    err = GatewayError("The gateway failed to process the request", code="internal_error")
+    err.cools = False
+    return err
+
+
+def _tokens(n: int) -> int:
+    return n if 0 <= n <= MAX_REPORTED_TOKENS else (0 if n < 0 else MAX_REPORTED_TOKENS)
+
+
+def _sane_usage(u: Usage) -> Usage:
+    """Usage as the upstream reported it, unless a count is negative or absurd (then clamped)."""
+    p, c, t = u.prompt_tokens, u.completion_tokens, u.total_tokens
+    if 0 <= p <= MAX_REPORTED_TOKENS and 0 <= c <= MAX_REPORTED_TOKENS and p + c <= t <= MAX_REPORTED_TOKENS:
+        return u  # the common case: one comparison chain, no new struct
+    p, c = _tokens(p), _tokens(c)
+    # A total below its parts would undercount what rate limits and budgets are charged.
+    return msgspec.structs.replace(u, prompt_tokens=p, completion_tokens=c, total_tokens=max(_tokens(t), p + c))
+
+
+def _sane(c: Completion) -> Completion:
+    if c.usage is not None:
+        c.usage = _sane_usage(c.usage)
+    return c
+
+
 def _error_event(exc: GatewayError) -> bytes:
     # Mid-stream, every dialect gets OpenAI's envelope: the seeds define no error event of their own.
     return sse_event(
         encode({"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}})
     )
+
+
+# The end of a stream that failed after it started and before the relay could say so itself.
+STREAM_FAILED = _error_event(_internal()) + DONE
 
 
 def _text_prompts(req: CompletionRequest) -> list[str] | None:

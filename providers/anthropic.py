@@ -43,6 +43,7 @@ from providers.base import (
     request_headers,
     table,
 )
+from providers.envelope import Unreadable
 from providers.finish import finish_reason
 from providers.openai_compat import stop_list
 from providers.retry_after import retry_after, should_retry
@@ -79,6 +80,12 @@ def _top_k(body: dict[str, Any], value: int) -> None:
         body["top_k"] = value
 
 
+class AErrorBody(msgspec.Struct):
+    type: str | None = None
+    message: str | None = None
+    details: dict[str, Any] | None = None
+
+
 class AContent(msgspec.Struct):
     type: str = ""
     text: str = ""
@@ -92,9 +99,12 @@ class AUsage(msgspec.Struct):
 
 
 class AMessage(msgspec.Struct):
-    content: list[AContent] = []
+    # None: no `content` at all, which no answer lacks (an error envelope in a 200 is `type: error`).
+    content: list[AContent] | None = None
     stop_reason: str | None = None
     usage: AUsage | None = None
+    type: str | None = None
+    error: AErrorBody | None = None
 
 
 class ADelta(msgspec.Struct):
@@ -102,12 +112,6 @@ class ADelta(msgspec.Struct):
     type: str | None = None
     text: str | None = None
     stop_reason: str | None = None
-
-
-class AErrorBody(msgspec.Struct):
-    type: str | None = None
-    message: str | None = None
-    details: dict[str, Any] | None = None
 
 
 class AEvent(msgspec.Struct):
@@ -249,6 +253,11 @@ class AnthropicAdapter(Adapter):
 
     def parse_response(self, body: bytes, ctx: CallContext) -> Completion:
         msg = _decode_message(body)
+        if msg.type == "error" or msg.error is not None:
+            kind_of = msg.error.type if msg.error is not None else None
+            raise self.map_error(_ERROR_STATUS.get(kind_of or "", 500), {}, body, self.kind)
+        if msg.content is None:
+            raise Unreadable("a message without content")
         text = "".join(block.text for block in msg.content if block.type == "text")
         usage = usage_from(msg.usage) if msg.usage is not None else None
         return ctx.single(text, finish_reason(msg.stop_reason), usage=usage)

@@ -55,7 +55,6 @@ from gateway.errors import (
     GatewayError,
     ProviderUnavailableError,
     UnsupportedParamError,
-    UpstreamError,
     UpstreamStatusError,
 )
 from gateway.schema import Completion, CompletionRequest, PromptTokensDetails, Usage
@@ -72,6 +71,7 @@ from providers.base import (
     request_headers,
     table,
 )
+from providers.envelope import Unreadable
 from providers.finish import finish_reason
 from providers.openai_compat import stop_list
 from providers.retry_after import retry_after
@@ -178,6 +178,8 @@ class BResponse(msgspec.Struct, rename="camel"):
     output: BOutput | None = None
     stop_reason: str | None = None
     usage: BUsage | None = None
+    # An error body inside a 200 (`{"message", "__type"}`): no output, a type.
+    type: str | None = msgspec.field(default=None, name="__type")
 
 
 class BDelta(msgspec.Struct):
@@ -328,8 +330,11 @@ class BedrockAdapter(Adapter):
 
     def parse_response(self, body: bytes, ctx: CallContext) -> Completion:
         up = _decode_response(body)
+        if up.output is None and up.type is not None:
+            etype = error_type({}, up.type) or "InternalServerException"
+            raise self.map_error(_STATUS.get(etype, 500), {"x-amzn-errortype": etype}, body, self.kind)
         if up.output is None or up.output.message is None:
-            raise UpstreamError(f"Upstream '{self.kind}' answered without an output message")
+            raise Unreadable("an answer without an output message")
         text = "".join(c.text for c in up.output.message.content if c.text is not None)
         return ctx.single(
             text, finish_reason(up.stop_reason), usage=usage_from(up.usage) if up.usage is not None else None

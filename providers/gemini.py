@@ -43,7 +43,7 @@ from typing import Any, ClassVar, Final
 
 import msgspec
 
-from gateway.errors import GatewayError, InvalidRequestError, UpstreamError, UpstreamStatusError
+from gateway.errors import GatewayError, InvalidRequestError, UpstreamStatusError
 from gateway.schema import (
     Choice,
     Completion,
@@ -65,6 +65,7 @@ from providers.base import (
     request_headers,
     table,
 )
+from providers.envelope import Unreadable, envelope_status
 from providers.finish import finish_reason
 from providers.offsets import prompt_for_choice, text_offsets
 from providers.retry_after import retry_after
@@ -401,19 +402,19 @@ class GeminiAdapter(Adapter):
     def parse_response(self, body: bytes, ctx: CallContext) -> Completion:
         up = _decode_response(body)
         if up.error is not None:
-            raise self.map_error(up.error.code or 500, {}, body, self.kind)
+            raise self.map_error(envelope_status(up.error.code, up.error.status), {}, body, self.kind)
         if up.candidates:
             choices = self._choices(up, ctx)
         elif up.prompt_feedback is not None and up.prompt_feedback.block_reason:
             choices = self._blocked(ctx)
         else:
-            raise UpstreamError(f"Upstream '{self.kind}' answered without candidates")
+            raise Unreadable("an answer without candidates")
         return ctx.completion(choices, _usage(up.usage_metadata))
 
     def parse_event(self, event: str | None, data: bytes, ctx: CallContext) -> Completion | None:
         up = _decode_response(data)
         if up.error is not None:
-            raise self.map_error(up.error.code or 500, {}, data, self.kind)
+            raise self.map_error(envelope_status(up.error.code, up.error.status), {}, data, self.kind)
         if up.candidates:
             choices = self._choices(up, ctx)
             # Every event repeats a running usageMetadata; only the one that ends the stream is final.

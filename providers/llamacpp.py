@@ -210,6 +210,9 @@ class LlamaCppAdapter(Adapter):
 
     def parse_response(self, body: bytes, ctx: CallContext) -> Completion:
         up = _decode_completion(body)
+        if up.error is not None:
+            status = up.error.code if isinstance(up.error, LlamaErrorBody) and up.error.code else 500
+            raise self.map_error(status, {}, body, self.kind)
         # The non-stream answer is the final result: `stop` is true in it (server code), say it if not.
         up.stop = True
         return self._completion(up, ctx)

@@ -44,6 +44,7 @@ from providers.base import (
     request_headers,
     table,
 )
+from providers.envelope import Unreadable, envelope_status
 from providers.finish import finish_reason
 from providers.retry_after import retry_after, should_retry
 
@@ -114,8 +115,14 @@ class MUsage(msgspec.Struct):
 
 class MCompletion(msgspec.Struct):
     created: int = 0
-    choices: list[MChoice] = []
+    # None: no `choices` at all, which no answer lacks.
+    choices: list[MChoice] | None = None
     usage: MUsage | None = None
+    # An error envelope inside a 200: `{"object": "error", "message", "type", "code"}`.
+    # Any: an odd type in a field only read when the answer is an error must not invalidate an answer.
+    object: Any = None
+    type: Any = None
+    code: Any = None
     # `"p"` (stream padding) and everything else are ignored by the lenient decode.
 
 
@@ -260,6 +267,10 @@ class MistralAdapter(Adapter):
 
     def parse_response(self, body: bytes, ctx: CallContext) -> Completion:
         up = _decode(body)
+        if up.object == "error":
+            raise self.map_error(envelope_status(up.code, up.type), {}, body, self.kind)
+        if not up.choices:
+            raise Unreadable("a completion without choices")
         return Completion(
             id=ctx.id,
             created=self._created(up, ctx),
@@ -272,7 +283,9 @@ class MistralAdapter(Adapter):
         if data == b"[DONE]":
             return None
         up = _decode(data)
-        choices = [self._choice(c, _content(c.delta if c.delta is not None else c.message)) for c in up.choices]
+        if up.object == "error":
+            raise self.map_error(envelope_status(up.code, up.type), {}, data, self.kind)
+        choices = [self._choice(c, _content(c.delta if c.delta is not None else c.message)) for c in up.choices or ()]
         # The opening chunk only announces the assistant role: nothing to relay.
         choices = [c for c in choices if c.text or c.finish_reason is not None]
         if not choices and up.usage is None:

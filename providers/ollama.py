@@ -173,7 +173,10 @@ class OllamaAdapter(Adapter):
         )
 
     def parse_response(self, body: bytes, ctx: CallContext) -> Completion:
-        return self._completion(_decode_chunk(body), ctx)
+        up = _decode_chunk(body)
+        if up.error is not None:
+            raise self.map_error(500, {}, body, self.kind)
+        return self._completion(up, ctx)
 
     def parse_event(self, event: str | None, data: bytes, ctx: CallContext) -> Completion | None:
         up = _decode_chunk(data)

@@ -25,6 +25,7 @@ from gateway.schema import (
     Usage,
 )
 from providers.base import Adapter, CallContext, Endpoint, Param, Table, UpstreamRequest, bearer, request_headers, table
+from providers.envelope import Unreadable, envelope_status
 from providers.finish import finish_reason
 from providers.offsets import prompt_for_choice, text_offsets
 from providers.retry_after import retry_after, should_retry
@@ -63,12 +64,19 @@ class UpErrorBody(msgspec.Struct):
 
 
 class UpCompletion(msgspec.Struct):
-    choices: list[UpChoice] = []
+    # None: the field is missing, which no answer may be (a usage-only stream chunk sends `[]`).
+    choices: list[UpChoice] | None = None
     created: int = 0
     system_fingerprint: str | None = None
     usage: UpUsage | None = None
-    # Some servers report a failure mid-stream as an event carrying only an error object.
+    # Some servers report a failure as a `200` carrying only an error object (or mid-stream, as an event):
+    # `{"error": {...}}`, `{"error": "text", "error_type": ...}`, older vLLM's `{"object": "error", ...}`.
+    # Any: an odd type in a field only read when the answer is an error must not invalidate an answer.
     error: UpErrorBody | str | None = None
+    error_type: Any = None
+    object: Any = None
+    type: Any = None
+    code: Any = None
 
 
 class UpError(msgspec.Struct):
@@ -184,22 +192,39 @@ class OpenAICompatible(Adapter):
                 logprobs=self._logprobs(c.logprobs, c.text, c.index, ctx),
                 finish_reason=finish_reason(c.finish_reason),
             )
-            for c in up.choices
+            for c in up.choices or ()
         ]
         usage = usage_from(up.usage) if up.usage is not None else None
         return ctx.completion(choices, usage, up.system_fingerprint or None)
 
     def parse_response(self, body: bytes, ctx: CallContext) -> Completion:
         # DeepSeek pads a waiting non-stream response with blank lines; JSON whitespace covers it.
-        return self._completion(_decode_completion(body), ctx)
+        up = _decode_completion(body)
+        if up.error is not None or up.object == "error":
+            raise self._envelope(up, body)
+        if not up.choices:
+            raise Unreadable("a completion without choices")
+        return self._completion(up, ctx)
 
     def parse_event(self, event: str | None, data: bytes, ctx: CallContext) -> Completion | None:
         if data == b"[DONE]":
             return None
         up = _decode_completion(data)
-        if up.error is not None:
-            raise self.map_error(500, {}, data, "upstream")
+        if up.error is not None or up.object == "error":
+            raise self._envelope(up, data)
+        if up.choices is None and up.usage is None:
+            raise Unreadable("a stream event without choices")
         return self._completion(up, ctx)
+
+    def _envelope(self, up: UpCompletion, body: bytes) -> GatewayError:
+        """An error inside a 200 (answer or stream event), handled as the status its words mean."""
+        e = up.error
+        if isinstance(e, UpErrorBody):
+            status = envelope_status(e.code, e.type, up.code)
+        else:
+            status = envelope_status(up.code, up.error_type, up.type)
+        # The adapter does not know the provider's configured name: the message says "upstream".
+        return self.map_error(status, {}, body, "upstream")
 
     def map_error(self, status: int, headers: Mapping[str, str], body: bytes, provider: str) -> GatewayError:
         message, code, param = _error_fields(body)

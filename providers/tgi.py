@@ -51,6 +51,7 @@ from providers.base import (
     request_headers,
     table,
 )
+from providers.envelope import Unreadable
 from providers.finish import finish_reason
 from providers.retry_after import retry_after, should_retry
 from providers.selfhosted import logprobs, merge, response_schema, top_dict, usage
@@ -145,8 +146,11 @@ class TGIDetails(msgspec.Struct):
 
 
 class TGIGenerated(msgspec.Struct):
-    generated_text: str = ""
+    # None: no `generated_text` at all, which no answer lacks (`{"error", "error_type"}` in a 200 is one).
+    generated_text: str | None = None
     details: TGIDetails | None = None
+    error: str | None = None
+    error_type: str | None = None
 
 
 class TGIStreamEvent(msgspec.Struct):
@@ -243,6 +247,10 @@ class TGIAdapter(Adapter):
             if len(decoded) != 1:
                 raise msgspec.ValidationError(f"expected one generation, got {len(decoded)}")
             decoded = decoded[0]
+        if decoded.error is not None:
+            raise self.map_error(_ERROR_STATUS.get(decoded.error_type or "", 500), {}, body, self.kind)
+        if decoded.generated_text is None:
+            raise Unreadable("an answer without generated_text")
         details = decoded.details
         lp: Logprobs | None = None
         if details is not None and details.top_tokens:

@@ -33,6 +33,7 @@ from gateway.schema import Completion
 from providers import REGISTRY, sigv4
 from providers.base import PARAM_FIELDS, Endpoint
 from providers.bedrock import DEFAULT_BASE_URL, BedrockAdapter, credentials, error_type
+from providers.envelope import Unreadable
 from tests.providers.eventstream import event, exception, frame, split_frames
 from tests.providers.kit import SAMPLE, as_json, build, chunked, context, fixture_bytes, fixture_json, request, sample
 
@@ -623,7 +624,8 @@ def test_reasoning_blocks_are_not_completion_text() -> None:
 
 
 def test_a_body_without_output_is_an_upstream_error() -> None:
-    with pytest.raises(UpstreamError, match="answered without an output message"):
+    # The pipeline turns Unreadable into a retryable 502 (an attempt that failed).
+    with pytest.raises(Unreadable, match="an answer without an output message"):
         ADAPTER.parse_response(b'{"Output":{"__type":"com.amazon.coral.service#UnknownOperationException"}}', context())
 
 

@@ -14,9 +14,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from gateway.errors import InvalidRequestError, UnsupportedParamError, UpstreamError, UpstreamStatusError
+from gateway.errors import InvalidRequestError, UnsupportedParamError, UpstreamStatusError
 from gateway.framing import SSEDecoder
 from providers.base import PARAM_FIELDS, Endpoint, map_params
+from providers.envelope import Unreadable
 from providers.gemini import GeminiAdapter
 from tests.providers.kit import as_json, build, chunked, context, fixture_bytes, fixture_json, request
 
@@ -524,7 +525,8 @@ def test_blocked_prompt_in_a_stream() -> None:
 def test_no_candidates_and_no_block_reason_is_an_upstream_error() -> None:
     body = fixture_json(NON_STREAM)
     del body["candidates"]
-    with pytest.raises(UpstreamError):
+    # The pipeline turns Unreadable into a retryable 502 (an attempt that failed).
+    with pytest.raises(Unreadable):
         ADAPTER.parse_response(encode(body), context(["x"]))
     assert ADAPTER.parse_event(None, encode(body), context(["x"])) is None
 

@@ -281,6 +281,7 @@ def test_error_event_inside_a_stream_raises() -> None:
     data = json.dumps(fixture_json("openai/error_400_model_not_found.json"), separators=(",", ":")).encode()
     with pytest.raises(UpstreamStatusError) as info:
         ADAPTER.parse_event(None, data, context())
-    assert info.value.status == 502
+    # Classified by its words (providers/envelope.py): model_not_found is the client's 404, shown as 400.
+    assert (info.value.status, info.value.type) == (400, "invalid_request_error")
     assert info.value.code == "model_not_found"
-    assert info.value.message == "upstream error (500): The requested model 'gpt-5.2-proo' does not exist."
+    assert info.value.message == "upstream error (404): The requested model 'gpt-5.2-proo' does not exist."

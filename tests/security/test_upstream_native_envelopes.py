@@ -1,0 +1,126 @@
+"""Item 6 of issue 11 for the native providers: each one's own error shape inside a `200`.
+
+Before the fix, Anthropic's `{"type": "error", ...}`, Mistral's `{"object": "error", ...}`, TGI's and
+Ollama's `{"error": "..."}` and llama.cpp's `{"error": {...}}` answered with status 200 reached the
+client as a successful empty completion (and Bedrock's `{"__type": ...}` as a 502 never retried).
+Each is now an upstream error with the status its words mean, retried or not as that status says.
+Over real sockets: the gateway served by uvicorn, one aiohttp loopback upstream answering every path.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.harness import GatewayThread, Upstream, reply
+
+CONFIG = """
+server: {{host: 127.0.0.1, port: 0}}
+retries: {{attempts: 2, initial_backoff_ms: 1, max_backoff_ms: 2}}
+cooldown: {{base_ms: 1, max_ms: 2}}
+providers:
+  claude: {{kind: anthropic, api_key: ak-test-0000000000, base_url: "{u}"}}
+  mistral: {{kind: mistral, api_key: mk-test-0000000000, base_url: "{u}"}}
+  tgi: {{kind: tgi, base_url: "{u}"}}
+  ollama: {{kind: ollama, base_url: "{u}"}}
+  llama: {{kind: llamacpp, base_url: "{u}"}}
+  gemini: {{kind: gemini, api_key: gk-test-0000000000, base_url: "{u}"}}
+  bedrock: {{kind: bedrock, api_key: "AKIAIOSFODNN7EXAMPLE:secret0000000000000000", region: us-east-1, base_url: "{u}"}}
+"""
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[Upstream]:
+    server = Upstream()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(upstream: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
+    path: Path = tmp_path_factory.mktemp("native-envelopes") / "config.yaml"
+    path.write_text(CONFIG.format(u=upstream.url))
+    gw = GatewayThread(path, {})
+    gw.start()
+    try:
+        yield gw
+    finally:
+        gw.stop()
+
+
+def envelope(body: object) -> bytes:
+    return json.dumps(body).encode()
+
+
+@pytest.mark.parametrize(
+    ("model", "body", "status", "calls"),
+    [
+        pytest.param(
+            "claude/claude-3-5-haiku-latest",
+            envelope({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
+            502,
+            2,
+            id="anthropic-overloaded-retried",
+        ),
+        pytest.param(
+            "claude/claude-3-5-haiku-latest",
+            envelope({"type": "error", "error": {"type": "invalid_request_error", "message": "max_tokens: too big"}}),
+            400,
+            1,
+            id="anthropic-invalid-request",
+        ),
+        pytest.param(
+            "mistral/mistral-small-latest",
+            envelope({"object": "error", "message": "Rate limit exceeded", "type": "rate_limited", "code": "1300"}),
+            429,
+            2,
+            id="mistral-rate-limited",
+        ),
+        pytest.param(
+            "tgi/bigscience/bloom",
+            envelope({"error": "Model is overloaded", "error_type": "overloaded"}),
+            429,
+            2,
+            id="tgi-overloaded",
+        ),
+        pytest.param(
+            "ollama/llama3.2",
+            envelope({"error": "model requires more system memory than is available"}),
+            502,
+            2,
+            id="ollama-error",
+        ),
+        pytest.param(
+            "llama/any",
+            envelope({"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}),
+            502,
+            2,
+            id="llamacpp-loading",
+        ),
+        pytest.param(
+            "bedrock/anthropic.claude-3-haiku-20240307-v1:0",
+            envelope({"message": "Too many requests, please wait", "__type": "ThrottlingException"}),
+            429,
+            2,
+            id="bedrock-throttled",
+        ),
+    ],
+)
+def test_native_error_envelope_in_a_200_is_an_upstream_error(
+    gateway: GatewayThread, upstream: Upstream, model: str, body: bytes, status: int, calls: int
+) -> None:
+    upstream.reset()
+    gateway.pipeline.health.reset()
+    upstream.handler = reply(body, status=200)
+    with httpx.Client(trust_env=False, timeout=15) as client:
+        resp = client.post(gateway.url + "/v1/completions", json={"model": model, "prompt": "x"})
+    assert resp.status_code == status, resp.text
+    assert "error" in resp.json()
+    assert len(upstream.received) == calls
