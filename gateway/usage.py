@@ -47,6 +47,7 @@ TTL_S: Final = 40 * 86_400
 PICO: Final = 10**12  # picodollars per dollar
 _DAY_S: Final = 86_400
 _CACHE_LIMIT: Final = 4096
+_CACHED_CHARS: Final = 512  # longer (target, model) pairs are priced without being remembered
 _GLOB: Final = re.compile(r"[*?\[]")
 _KINDS: Final = ("requests", "prompt_tokens", "completion_tokens", "cost_pico")
 TOTAL: Final = "cost_pico"  # the key's whole-day spend, the field a budget check reads
@@ -95,6 +96,8 @@ class Prices:
         found = self.exact.get(target) or self.exact.get(model)
         if found is None:
             found = next((p for pattern, p in self.globs for m in (target, model) if pattern.match(m)), None)
+        if len(target) + len(model) > _CACHED_CHARS:
+            return found  # the names are the client's: long ones would make the bounded cache large anyway
         if len(self._cache) >= _CACHE_LIMIT:
             self._cache.clear()
         self._cache[cache_key] = found

@@ -348,3 +348,11 @@ async def test_undeclared_models_are_booked_under_their_providers_bucket_at_thei
     assert team.by_model["demo/other"].cost == pytest.approx(2 * 10 * 100 / 1e6)  # demo/*: $100/1M
     labels = {s.labels["model"] for m in metrics.registry.collect() for s in m.samples if "model" in s.labels}
     assert labels == {"demo/long", "demo/other"}
+
+
+def test_price_cache_keeps_no_long_client_strings() -> None:
+    prices = Prices({"demo/*": PriceConfig(1, 1)})
+    long_name = "demo/" + "x" * 10_000
+    assert prices.find(long_name, long_name) == PriceConfig(1, 1)
+    assert prices.find("demo/a", "demo/a") == PriceConfig(1, 1)
+    assert list(prices._cache) == [("demo/a", "demo/a")]
