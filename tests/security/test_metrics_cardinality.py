@@ -173,3 +173,20 @@ def test_random_failing_targets_leave_cooldown_series_bounded(tmp_path: Path, up
     assert targets <= {"up/other", "up/served"}, sorted(targets)[:10]
     assert 'gateway_cooldowns_total{cause="error",target="up/other"} 200.0' in text
     assert len(_label_values(text, "model")) <= 3
+
+
+def test_labels_follow_the_reloaded_config(tmp_path: Path, upstream: Upstream) -> None:
+    with _serve(tmp_path, upstream) as gw:
+        assert _flood(gw, ["demo/echo"]) == [200]
+        path = tmp_path / "config.yaml"
+        path.write_text(path.read_text().replace("models: [text, long]", "models: [text, long, echo]"))
+        before = gw.app.state.reloader.reloads
+        for _ in range(400):
+            if gw.app.state.reloader.reloads > before:
+                break
+            threading.Event().wait(0.025)
+        assert gw.app.state.reloader.reloads > before, "the config was not reloaded"
+        assert _flood(gw, ["demo/echo"]) == [200]
+        text = _metrics(gw)
+    assert 'gateway_requests_total{dialect="openai",model="demo/other",provider="demo",status="200"} 1.0' in text
+    assert 'gateway_requests_total{dialect="openai",model="demo/echo",provider="demo",status="200"} 1.0' in text
