@@ -46,6 +46,7 @@ def test_metrics_with_a_key_refuses_without_it(gw: GatewayThread) -> None:
         {"authorization": f"Bearer {KEY}x"},
         {"authorization": KEY},  # not a Bearer credential
         {"authorization": f"Basic {KEY}"},
+        {"x-api-key": KEY},  # the client-key header is not the scraper's
     ):
         resp = _get(gw, headers)
         assert resp.status_code == 401, (headers, resp.status_code)
