@@ -8,6 +8,8 @@ Litestar's generic validation error. The other routes are ordinary Litestar hand
 from __future__ import annotations
 
 import gc
+import hashlib
+import hmac
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -24,7 +26,7 @@ from gateway import accesslog
 from gateway.config import LoadedConfig, load_config
 from gateway.dialects import OPENAI, PAIS, SGP, Dialect
 from gateway.endpoint import Endpoint, completion_endpoint, error_headers
-from gateway.errors import GatewayError
+from gateway.errors import AuthenticationError, GatewayError
 from gateway.metrics import CONTENT_TYPE, Metrics
 from gateway.pipeline import Pipeline
 from gateway.reload import Reloader
@@ -73,8 +75,39 @@ async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
     return Response(encode(ModelList(data=cards)), media_type=JSON)
 
 
+def _metrics_refused(request: Request[Any, Any, Any]) -> Response[bytes] | None:
+    """A 401 unless `metrics.key` is empty or presented as `Authorization: Bearer <key>`.
+
+    Digests of equal length compared in constant time, so the timing says nothing of how much of a
+    wrong key was right. A key whose `${VAR}` is unset keeps the route closed: a missing secret must
+    not open what the operator meant to close.
+    """
+    loaded = _pipeline(request).loaded
+    expected = loaded.config.metrics.key
+    unset = bool(loaded.missing_for("metrics.key"))
+    if not expected and not unset:
+        return None
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    token = token.strip()
+    if (
+        not unset
+        and scheme.lower() == "bearer"
+        and token
+        and hmac.compare_digest(hashlib.sha256(token.encode()).digest(), hashlib.sha256(expected.encode()).digest())
+    ):
+        return None
+    exc = AuthenticationError(
+        "Missing or incorrect metrics key: send 'Authorization: Bearer <metrics key>'", code="invalid_api_key"
+    )
+    exc.headers = {"www-authenticate": "Bearer"}
+    return _error_response(OPENAI, exc)
+
+
 @get("/metrics")
 async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
+    refused = _metrics_refused(request)
+    if refused is not None:
+        return refused
     collected: Metrics = request.app.state.metrics
     return Response(collected.render(), media_type=CONTENT_TYPE)
 

@@ -4,25 +4,73 @@ With one process the values live in this process's registry. `python -m gateway 
 sets `PROMETHEUS_MULTIPROC_DIR` before starting the workers, so prometheus_client keeps every
 worker's values in files there and `GET /metrics`, whichever worker answers, reads them all.
 
-Label values are bounded: `model` is the alias or the resolved `provider/model[/deployment]` (or
-`unknown` for a model that did not resolve), never a raw client string beyond what the config
-routes, so a client cannot grow the series without limit.
+Label values come from the config, never from what a client sends: a route key is any string after
+a configured provider's name, so `model` and `target` keep only the names the config declares (see
+`ModelLabels`) and fold every other one into its provider's `other` bucket. A flood of random model
+names therefore adds no series: the number of series is bounded by the config.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from typing import Final, NamedTuple
 
 import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from gateway.config import LoadedConfig
 from gateway.schema import Usage
 
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _OVERHEAD = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
+_GLOB: Final = re.compile(r"[*?\[]")
+UNKNOWN: Final = "unknown"  # a model that did not resolve (no alias, no configured provider)
+OTHER: Final = "other"  # `<provider>/other[/<deployment>]`: every model name the config does not declare
+
+
+class ModelLabels:
+    """The `model` and `target` label values (and usage rows) one config allows.
+
+    Kept exactly: alias names, the models alias targets and fallbacks name, each provider's declared
+    `models:` (also on each of its deployments), and exact (glob-free) `prices:` keys and key `models:`
+    entries. Any other `provider/name[/deployment]` becomes `provider/other[/deployment]`; a string with no
+    configured provider becomes `unknown`. So the values are bounded by the config, whatever clients send.
+    """
+
+    def __init__(self, loaded: LoadedConfig | None = None) -> None:
+        self.known: set[str] = set()
+        self.deployments: dict[str, frozenset[str]] = {}
+        if loaded is None:
+            return
+        cfg = loaded.config
+        for alias in cfg.models:
+            self.known.add(alias.name)
+            self.known.update(t.model for t in alias.targets)
+            self.known.update(alias.fallbacks)
+            self.known.update(alias.context_window_fallbacks)
+        for name, p in loaded.providers.items():
+            self.deployments[name] = frozenset(p.deployments)
+            self.known.update(f"{name}/{m}" for m in p.models)
+        exact = [*cfg.prices, *(m for k in cfg.keys for m in k.models)]
+        self.known.update(m for m in exact if not _GLOB.search(m))
+
+    def fold(self, model: str) -> str:
+        # No memo: a set lookup answers the common case, and a cache keyed by client strings would be
+        # one more thing a client could fill.
+        if model in self.known:
+            return model
+        provider, _, rest = model.partition("/")
+        deployments = self.deployments.get(provider)
+        if deployments is None or not rest:
+            return UNKNOWN
+        head, sep, last = rest.rpartition("/")
+        if sep and last in deployments:
+            # A declared model on a declared deployment is as bounded as the config itself.
+            return model if f"{provider}/{head}" in self.known else f"{provider}/{OTHER}/{last}"
+        return f"{provider}/{OTHER}"
 
 
 class Record(msgspec.Struct):
@@ -103,8 +151,17 @@ class Metrics:
             "gateway_rate_limited", "Requests refused by a rate limit or budget", ["code"], registry=r
         )
         self.in_flight = Gauge("gateway_in_flight", "Requests being served", multiprocess_mode="livesum", registry=r)
+        # The config in force decides the label values (`bind`); until one is bound, every model folds.
+        self.labels = ModelLabels()
         # Bounded like the label values themselves (see the module docstring).
         self._cache: dict[tuple[str, str, str, int, bool], _Children] = {}
+
+    def bind(self, labels: ModelLabels) -> None:
+        """Fold labels by this config's names from now on (a reload binds the new config's)."""
+        self.labels = labels
+
+    def cooldown(self, target: str, cause: str) -> None:
+        self.cooldowns.labels(self.labels.fold(target), cause).inc()
 
     def _children(self, dialect: str, model: str, provider: str, status: int, stream: bool) -> _Children:
         """The labelled series one kind of request touches, looked up once per label set rather than through
@@ -124,7 +181,8 @@ class Metrics:
         return kids
 
     def observe(self, rec: Record, elapsed_s: float) -> None:
-        kids = self._children(rec.dialect, rec.model, rec.provider or "none", rec.status, rec.stream)
+        model = self.labels.fold(rec.model)
+        kids = self._children(rec.dialect, model, rec.provider or "none", rec.status, rec.stream)
         kids.requests.inc()
         kids.latency.observe(elapsed_s)
         if rec.provider:
@@ -134,9 +192,9 @@ class Metrics:
             elif rec.status == 200:
                 self.overhead.observe(max(elapsed_s - rec.upstream_s, 0.0))
         if rec.attempts > 1:
-            self.retries.labels(rec.model).inc(rec.attempts - 1)
+            self.retries.labels(model).inc(rec.attempts - 1)
         if rec.fallback:
-            self.fallbacks.labels(rec.model).inc()
+            self.fallbacks.labels(model).inc()
         if rec.usage is not None:
             kids.prompt_tokens.inc(rec.usage.prompt_tokens)
             kids.completion_tokens.inc(rec.usage.completion_tokens)

@@ -112,7 +112,7 @@ class Pipeline:
         self.keys = KeyRing(loaded)
         self.upstream = Upstream(loaded)
         self.shared = SharedState(loaded.config.redis.url)
-        on_cooldown = (lambda t, c: metrics.cooldowns.labels(t, c).inc()) if metrics is not None else None
+        on_cooldown = metrics.cooldown if metrics is not None else None
         self.health = Health(
             self.shared,
             loaded.config.cooldown,

@@ -2,7 +2,10 @@
 
 Every answered request (a target served it: a 200, streamed or not, including a stream the client cut
 short) is booked once, when it ends, under its key (`anonymous` when the gateway has no keys), its
-model (the alias the client sent, or the resolved `provider/model[/deployment]`) and the UTC day.
+model and the UTC day. The model is the alias the client sent, or the resolved
+`provider/model[/deployment]` when the config declares it (gateway/metrics.py `ModelLabels`); any other
+name is booked under `provider/other[/deployment]`, so clients cannot add rows by inventing names. The
+price is still that of the model actually asked for and served.
 Tokens are the usage the upstream reported; a request without reported usage books 0 tokens but
 counts as a request. Cost is tokens x the configured price (`prices:`), kept as an integer number of
 picodollars so that sums are exact across replicas and in any order (a float sum is not).
@@ -36,7 +39,7 @@ import redis.asyncio as aioredis
 
 from gateway.config import LoadedConfig, PriceConfig
 from gateway.errors import RateLimitError
-from gateway.metrics import Metrics, Record
+from gateway.metrics import Metrics, ModelLabels, Record
 from gateway.state import Degraded, SharedState
 
 ANONYMOUS: Final = "anonymous"  # the key name booked when no keys are configured (the gateway is open)
@@ -44,6 +47,7 @@ TTL_S: Final = 40 * 86_400
 PICO: Final = 10**12  # picodollars per dollar
 _DAY_S: Final = 86_400
 _CACHE_LIMIT: Final = 4096
+_CACHED_CHARS: Final = 512  # longer (target, model) pairs are priced without being remembered
 _GLOB: Final = re.compile(r"[*?\[]")
 _KINDS: Final = ("requests", "prompt_tokens", "completion_tokens", "cost_pico")
 TOTAL: Final = "cost_pico"  # the key's whole-day spend, the field a budget check reads
@@ -92,6 +96,8 @@ class Prices:
         found = self.exact.get(target) or self.exact.get(model)
         if found is None:
             found = next((p for pattern, p in self.globs for m in (target, model) if pattern.match(m)), None)
+        if len(target) + len(model) > _CACHED_CHARS:
+            return found  # the names are the client's: long ones would make the bounded cache large anyway
         if len(self._cache) >= _CACHE_LIMIT:
             self._cache.clear()
         self._cache[cache_key] = found
@@ -187,6 +193,10 @@ class UsageStore:
         self.key_names = [k.name for k in cfg.keys]
         self.shared = shared
         self.metrics = metrics
+        self.labels = ModelLabels(loaded)
+        if metrics is not None:
+            # The store of the config in force names the rows, and the metrics' labels with them.
+            metrics.bind(self.labels)
         self.clock = clock
         # (day, key) -> fields. Without Redis this is the store; with Redis, bookings that could not reach it yet.
         # Only ever mutated in place, so that a reloaded config's store can share it (`adopt`).
@@ -213,13 +223,14 @@ class UsageStore:
         prompt = rec.usage.prompt_tokens if rec.usage is not None else 0
         completion = rec.usage.completion_tokens if rec.usage is not None else 0
         pico = self.prices.cost_pico(rec.target, rec.model, prompt, completion)
+        model = self.labels.fold(rec.model)
         if self.metrics is not None:
-            self.metrics.cost.labels(rec.model, key).inc(usd(pico))
+            self.metrics.cost.labels(model, key).inc(usd(pico))
         fields = {
-            f"requests:{rec.model}": 1,
-            f"prompt_tokens:{rec.model}": prompt,
-            f"completion_tokens:{rec.model}": completion,
-            f"cost_pico:{rec.model}": pico,
+            f"requests:{model}": 1,
+            f"prompt_tokens:{model}": prompt,
+            f"completion_tokens:{model}": completion,
+            f"cost_pico:{model}": pico,
             TOTAL: pico,
         }
         self._keep(self.today(), key, fields)

@@ -21,9 +21,10 @@ from gateway import accesslog
 
 from .harness import REPO, GatewayProcess, GatewayThread, cli_env, free_port, serving
 
+# Declared models are labelled by name; any other demo/<name> would be counted as demo/other.
 BASE = """
 providers:
-  demo: {kind: fake}
+  demo: {kind: fake, models: [text, long]}
 models:
   - {name: fast, targets: [{model: demo/text}]}
 """

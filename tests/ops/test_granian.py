@@ -36,7 +36,7 @@ from .test_shutdown import STREAMS, Stream, _long_prompts, _read, sigterm_mid_st
 CONFIG = """
 server: {{host: 127.0.0.1, port: 0, shutdown_grace_ms: {grace_ms}}}
 providers:
-  demo: {{kind: fake}}
+  demo: {{kind: fake, models: [echo]}}  # declared: /metrics labels it by name
 """
 ALIAS = """
 models:

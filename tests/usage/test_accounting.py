@@ -10,7 +10,7 @@ import pytest
 
 from gateway.config import ConfigError, PriceConfig, load_config, parse_config
 from gateway.errors import RateLimitError
-from gateway.metrics import Metrics, Record
+from gateway.metrics import Metrics, ModelLabels, Record
 from gateway.pipeline import Pipeline
 from gateway.reload import Reloader
 from gateway.schema import Usage
@@ -33,7 +33,7 @@ prices:
   "demo/*": {prompt_per_1m: 100, completion_per_1m: 100}
   "*": {prompt_per_1m: 1}
 providers:
-  demo: {kind: fake}
+  demo: {kind: fake, models: [text]}
 """
 
 
@@ -275,3 +275,84 @@ async def test_a_config_reload_keeps_in_process_usage_and_budgets(tmp_path: Path
     finally:
         await old.close()
         await new.close()
+
+
+LABELS = """
+keys:
+  - {name: a, key: k-a, models: ["openai/*", "openai/gpt-exact", "smart"]}
+prices:
+  "openai/priced": {prompt_per_1m: 1}
+  "openai/glob-*": {prompt_per_1m: 1}
+providers:
+  openai: {kind: openai, api_key: k, models: [gpt-4o]}
+  azure:
+    kind: azure
+    api_key: k
+    base_url: http://127.0.0.1:1
+    models: [gpt-4o]
+    deployments: {east: {}}
+models:
+  - name: smart
+    targets: [{model: openai/target}]
+    fallbacks: [openai/fallback]
+    context_window_fallbacks: [azure/big]
+"""
+
+
+@pytest.mark.parametrize(
+    ("model", "label"),
+    [
+        ("smart", "smart"),  # an alias
+        ("openai/target", "openai/target"),  # what an alias routes to
+        ("openai/fallback", "openai/fallback"),
+        ("azure/big", "azure/big"),
+        ("openai/gpt-4o", "openai/gpt-4o"),  # declared under the provider's models
+        ("openai/priced", "openai/priced"),  # an exact price key
+        ("openai/gpt-exact", "openai/gpt-exact"),  # an exact entry of a key's models
+        ("openai/glob-x", "openai/other"),  # globs name no label
+        ("openai/anything/else", "openai/other"),
+        ("azure/gpt-4o/east", "azure/gpt-4o/east"),  # a declared model on a declared deployment
+        ("azure/random/east", "azure/other/east"),
+        ("azure/random/west", "azure/other"),
+        ("nope/x", "unknown"),
+        ("unknown", "unknown"),
+        ("openai/", "unknown"),
+    ],
+)
+def test_model_labels_keep_config_names_and_fold_the_rest(model: str, label: str) -> None:
+    labels = ModelLabels(parse_config(LABELS, env={}))
+    assert labels.fold(model) == label
+
+
+def test_model_labels_without_a_config_fold_everything() -> None:
+    assert ModelLabels().fold("demo/text") == "unknown"
+    metrics = Metrics()
+    metrics.observe(Record(request_id="r", dialect="openai", model="demo/x", provider="demo"), 0.01)
+    assert (
+        metrics.registry.get_sample_value(
+            "gateway_requests_total", {"dialect": "openai", "model": "unknown", "provider": "demo", "status": "200"}
+        )
+        == 1
+    )
+
+
+async def test_undeclared_models_are_booked_under_their_providers_bucket_at_their_own_price() -> None:
+    metrics = Metrics()
+    s = store(metrics=metrics)
+    s.book(rec("team", "demo/long", "demo/long", 3, 7))
+    s.book(rec("team", "demo/x1", "demo/x1", 3, 7))
+    s.book(rec("team", "demo/x2", "demo/x2", 3, 7))
+    team = (await s.report(DAY0)).keys["team"]
+    assert set(team.by_model) == {"demo/long", "demo/other"}
+    assert team.by_model["demo/other"].requests == 2
+    assert team.by_model["demo/other"].cost == pytest.approx(2 * 10 * 100 / 1e6)  # demo/*: $100/1M
+    labels = {s.labels["model"] for m in metrics.registry.collect() for s in m.samples if "model" in s.labels}
+    assert labels == {"demo/long", "demo/other"}
+
+
+def test_price_cache_keeps_no_long_client_strings() -> None:
+    prices = Prices({"demo/*": PriceConfig(1, 1)})
+    long_name = "demo/" + "x" * 10_000
+    assert prices.find(long_name, long_name) == PriceConfig(1, 1)
+    assert prices.find("demo/a", "demo/a") == PriceConfig(1, 1)
+    assert list(prices._cache) == [("demo/a", "demo/a")]
