@@ -37,7 +37,7 @@ from gateway.state import Degraded, SharedState
 Kind = Literal["rps", "rpm", "tpm", "tpd", "concurrent"]
 PERIOD_S: Final[dict[str, float]] = {"rps": 1.0, "rpm": 60.0, "tpm": 60.0, "tpd": 86_400.0}
 TOKEN_KINDS: Final = frozenset({"tpm", "tpd"})
-_LEASE_TTL_MS: Final = 600_000  # a replica that dies mid-request frees its concurrency lease after this
+LEASE_TTL_MS: Final = 600_000  # a replica that dies mid-request frees its concurrency lease after this
 
 # KEYS: one per bucket. ARGV: mode, lease id, then per bucket: kind, limit, period_ms, cost.
 # mode "acquire": all-or-nothing check and charge; returns {ok, retry_ms, b1_remaining, b1_reset_ms, ...}
@@ -140,7 +140,7 @@ for i = 1, n do
   end
 end
 return out
-""".replace("LEASE_TTL", str(_LEASE_TTL_MS))
+""".replace("LEASE_TTL", str(LEASE_TTL_MS))
 _SHA: Final = hashlib.sha1(SCRIPT.encode()).hexdigest().encode()
 # A call's round trip, queueing included, before Redis counts as down (SharedState's deadline too).
 _DEADLINE_S: Final = 0.5
@@ -268,7 +268,7 @@ class _Local:
             return [0, retry, *out[2:]]
         for b, v in zip(buckets, news, strict=True):
             if v == "lease":
-                self.leases.setdefault(b.redis_key, {})[lease] = now + _LEASE_TTL_MS
+                self.leases.setdefault(b.redis_key, {})[lease] = now + LEASE_TTL_MS
             elif isinstance(v, tuple):
                 self.tat[b.redis_key] = v
         return out
@@ -455,7 +455,7 @@ class Limiter:
         held = tuple(b for b in buckets if b.kind == "concurrent")
         # Past the lease TTL, whatever Redis holds for it has expired (unless Redis ran the acquire more
         # than a TTL late, and then it expires a TTL later): give up then, so memory stays bounded.
-        self._cancels[lease] = (held, time.monotonic() + _LEASE_TTL_MS / 1000)
+        self._cancels[lease] = (held, time.monotonic() + LEASE_TTL_MS / 1000)
         if self._canceller is None or self._canceller.done():
             self._canceller = asyncio.ensure_future(self._cancel_pending())
 
@@ -490,7 +490,7 @@ class Limiter:
             if doubtful[oldest] > now:
                 break
             del doubtful[oldest]
-        doubtful[lease] = now + _LEASE_TTL_MS / 1000
+        doubtful[lease] = now + LEASE_TTL_MS / 1000
 
     async def _acquire(self, lease: str, buckets: Sequence[Bucket], costs: Sequence[float]) -> list[int]:
         if self._channel is None:

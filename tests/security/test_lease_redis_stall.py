@@ -189,3 +189,24 @@ def test_local_leases_of_an_outage_are_released_even_when_redis_answers_the_rele
             codes = [f.result() for f in second]
         assert codes == [200] * limit, "the per-process limiter still counted the first stall's requests"
         wait_until(lambda: live_leases(own_redis) == 0, timeout=5, interval=0.05)
+
+
+def test_a_client_that_hangs_up_during_the_stall_leaves_no_lease(
+    own_redis: RedisProc, faults: FaultServer, tmp_path: Path
+) -> None:
+    """The request is gone while its acquire is still on the wire; Redis grants it when it resumes."""
+    limit = 3
+    faults["gone"].script(then=slow(3.0))
+    cfg = config(own_redis, faults, "fail_open", limit, ("warm", "gone", "burst"))
+    with gateway(tmp_path, cfg) as gw, ThreadPoolExecutor(8) as pool:
+        assert redis_answers(gw)
+        warm(gw, faults, own_redis)
+        body = {"model": f"gone/{MODEL}", "prompt": "Say this is a test", "max_tokens": 7}
+        with stalled(own_redis):
+            for _ in range(limit):
+                with client(gw.url, "k-lim", timeout=0.2) as c, pytest.raises(httpx.TimeoutException):
+                    c.post("/v1/completions", json=body)
+            time.sleep(1.0)
+        wait_until(lambda: live_leases(own_redis) == 0, timeout=8, interval=0.05)
+        wait_until(lambda: redis_answers(gw), timeout=5, interval=0.1)
+        full_burst(gw, faults, pool, limit)
