@@ -76,13 +76,7 @@ for i = 1, n do
       news[i] = false
       out[#out + 1] = 0; out[#out + 1] = 0
     else
-      local used = redis.call('ZCOUNT', KEYS[i], 1, '+inf')
-      if used < redis.call('ZCARD', KEYS[i]) then
-        -- Cancel markers are here (after an outage): a late acquire of a cancelled lease writes nothing.
-        redis.call('ZREMRANGEBYSCORE', KEYS[i], -now, -1)
-        local mark = redis.call('ZSCORE', KEYS[i], lease)
-        if mode == 'acquire' and mark and tonumber(mark) < 0 then denied = true end
-      end
+      local used = redis.call('ZCOUNT', KEYS[i], '(0', '+inf')
       if mode == 'acquire' and used + 1 > limit then
         denied = true
         -- A slot frees when any request ends, which nobody knows: retry soon (the oldest lease's expiry
@@ -130,10 +124,20 @@ if denied then
   end
   return out
 end
+-- Leases first: ZADD NX meets this id's cancel marker when the acquire runs after its cancel (it sat
+-- unread in a dropped connection), and then nothing at all is written.
+for i = 1, n do
+  if news[i] == 'lease' and redis.call('ZADD', KEYS[i], 'NX', now + LEASE_TTL, lease) == 0 then
+    for j = 1, i - 1 do
+      if news[j] == 'lease' then redis.call('ZREM', KEYS[j], lease) end
+    end
+    out[1] = 0
+    return out
+  end
+end
 for i = 1, n do
   local v = news[i]
   if v == 'lease' then
-    redis.call('ZADD', KEYS[i], now + LEASE_TTL, lease)
     redis.call('PEXPIRE', KEYS[i], LEASE_TTL)
   elseif v then
     redis.call('SET', KEYS[i], v, 'PX', ttls[i])
@@ -492,17 +496,9 @@ class Limiter:
             del doubtful[oldest]
         doubtful[lease] = now + LEASE_TTL_MS / 1000
 
-    async def _acquire(self, lease: str, buckets: Sequence[Bucket], costs: Sequence[float]) -> list[int]:
-        if self._channel is None:
-            return self.local.run("acquire", lease, buckets, costs)
-        unanswered = False
-        if not self.shared.degraded:
-            try:
-                return await self._remote(self._command("acquire", lease, buckets, costs))
-            except Unanswered:
-                unanswered = bool(lease)
-            except Degraded:
-                pass
+    def _fallback(self, lease: str, buckets: Sequence[Bucket], costs: Sequence[float], unanswered: bool) -> list[int]:
+        """Redis did not decide: fail closed, or decide on local state. `unanswered`: Redis may yet grant it."""
+        unanswered = unanswered and bool(lease)
         if not self.fail_open:
             if unanswered:
                 self._cancel(lease, buckets)
@@ -520,7 +516,15 @@ class Limiter:
         lease = unique_suffix() if any(b.kind == "concurrent" for b in buckets) else ""
         costs = [tokens if b.kind in TOKEN_KINDS else 1 for b in buckets]
         try:
-            out = await self._acquire(lease, buckets, costs)
+            if self._channel is None:
+                out = self.local.run("acquire", lease, buckets, costs)
+            elif self.shared.degraded:
+                out = self._fallback(lease, buckets, costs, unanswered=False)
+            else:
+                try:
+                    out = await self._remote(self._command("acquire", lease, buckets, costs))
+                except Degraded as exc:
+                    out = self._fallback(lease, buckets, costs, unanswered=isinstance(exc, Unanswered))
         except asyncio.CancelledError:
             # The request went away while its acquire was on the wire: Redis may grant it all the same.
             if lease and self._channel is not None:
@@ -573,7 +577,7 @@ class Limiter:
             self.local.run("release", lease, held, zeros)
             return
         leases = self.local.leases
-        if any(lease in leases.get(b.redis_key, ()) for b in held):
+        if leases and any(lease in leases.get(b.redis_key, ()) for b in held):
             # Admitted on local state during an outage: free the local slot whatever Redis does now.
             self.local.run("release", lease, held, zeros)
             if self._doubtful.pop(lease, None) is not None:

@@ -66,12 +66,14 @@ def test_markers_expire_with_the_lease_ttl_and_are_swept(rds: RedisProc) -> None
         now = int(sec) * 1000 + int(usec) // 1000
         assert marker[0] == "gone" and -now - 600_000 <= marker[1] <= -now - 599_000
         assert 599_000 < r.pttl(k) <= 600_000
-        # A marker whose time is up (rewritten here as if ten minutes had passed) is swept by the next
-        # acquire, and the id could be written again (ids are never reused; this only shows the expiry).
+        # A marker whose time is up (rewritten here as if ten minutes had passed) no longer stops its id,
+        # and the next cancel sweeps it (ids are never reused; this only shows that markers expire).
         r.zadd(k, {"gone": -(now - 1)})
         assert call(r, "acquire", "other", k)[0] == 1
+        assert call(r, "cancel", "another", k)[0] == 1
         assert r.zscore(k, "gone") is None
         assert call(r, "acquire", "gone", k)[0] == 1
+        assert live(r, k) == {"other", "gone"}
 
 
 async def test_peek_and_release_ignore_markers(limiter: Limiter, rds: RedisProc) -> None:
