@@ -1,7 +1,9 @@
 """Rate limits that hold exactly across replicas: one atomic Lua script per request.
 
 Algorithm: GCRA (the generic cell rate algorithm) for every rate (`rps`, `rpm`, `tpm`, `tpd`), and
-leases for `concurrent`. GCRA keeps one value per bucket (the theoretical arrival time, TAT, as a whole
+leases for `concurrent` (named by unique ids, expiring after LEASE_TTL_MS, and cancelled by id after a
+Redis outage: see "Concurrency leases across a Redis outage" below and docs/ratelimits.md).
+GCRA keeps one value per bucket (the theoretical arrival time, TAT, as a whole
 millisecond plus a count of units so the arithmetic is exact), so a check is O(1) in time and memory
 whatever the limit, and a token reservation can be returned exactly by moving the TAT back. A bucket of
 limit L per period P admits a burst of L, then one unit every P/L: over any interval t it admits at most
@@ -465,26 +467,30 @@ class Limiter:
 
     async def _cancel_pending(self) -> None:
         while self._cancels:
+            pause = _CANCEL_POLL_S
             if not self.shared.degraded:
-                await self._cancel_round()
+                if not await self._cancel_round():
+                    pause = 1.0  # Redis answers but refuses (an error reply): do not hammer it
                 if not self._cancels:
                     return
-            await asyncio.sleep(_CANCEL_POLL_S)
+            await asyncio.sleep(pause)
 
-    async def _cancel_round(self) -> None:
+    async def _cancel_round(self) -> bool:
+        """Send one batch of cancels; whether any got through (or nothing was left to send)."""
         now = time.monotonic()
         for lease, (_, until) in list(self._cancels.items()):
             if until < now:
                 del self._cancels[lease]
         batch = list(itertools.islice(self._cancels.items(), _CANCELS_PER_ROUND))
         if not batch:
-            return
+            return True
         # Queued in one tick: one write, one round trip for the whole batch.
         sent = [self._remote(self._command("cancel", lease, held, [0.0] * len(held))) for lease, (held, _) in batch]
         results = await asyncio.gather(*sent, return_exceptions=True)
-        for (lease, _), result in zip(batch, results, strict=True):
-            if not isinstance(result, BaseException):
-                self._cancels.pop(lease, None)
+        done = [lease for (lease, _), res in zip(batch, results, strict=True) if not isinstance(res, BaseException)]
+        for lease in done:
+            del self._cancels[lease]
+        return bool(done)
 
     def _doubt(self, lease: str) -> None:
         doubtful = self._doubtful
