@@ -3,13 +3,12 @@
 Algorithm: GCRA (the generic cell rate algorithm) for every rate (`rps`, `rpm`, `tpm`, `tpd`), and
 leases for `concurrent` (named by unique ids, expiring after LEASE_TTL_MS, and cancelled by id after a
 Redis outage: see "Concurrency leases across a Redis outage" below and docs/ratelimits.md).
-GCRA keeps one value per bucket (the theoretical arrival time, TAT, as a whole
-millisecond plus a count of units so the arithmetic is exact), so a check is O(1) in time and memory
-whatever the limit, and a token reservation can be returned exactly by moving the TAT back. A bucket of
-limit L per period P admits a burst of L, then one unit every P/L: over any interval t it admits at most
-L + t·L/P, never more, and never refuses what that allows. (A sliding-window log would be exact for
-fixed windows too but stores one entry per request, which is unworkable for token limits of millions per
-day.)
+GCRA keeps one value per bucket (the theoretical arrival time, TAT, as a whole millisecond plus a
+count of units so the arithmetic is exact), so a check is O(1) in time and memory whatever the limit,
+and a token reservation can be returned exactly by moving the TAT back. A bucket of limit L per period
+P admits a burst of L, then one unit every P/L: over any interval t it admits at most L + t·L/P, never
+more, and never refuses what that allows. (A sliding-window log would be exact for fixed windows too
+but stores one entry per request, which is unworkable for token limits of millions per day.)
 
 The script takes every bucket a request touches (key, alias, provider, deployment), uses Redis's own
 clock (`TIME`, so replicas' clocks do not matter), and charges all of them or none. Keys carry a hash
