@@ -1,13 +1,14 @@
 """Rate limits that hold exactly across replicas: one atomic Lua script per request.
 
 Algorithm: GCRA (the generic cell rate algorithm) for every rate (`rps`, `rpm`, `tpm`, `tpd`), and
-leases for `concurrent`. GCRA keeps one value per bucket (the theoretical arrival time, TAT, as a whole
-millisecond plus a count of units so the arithmetic is exact), so a check is O(1) in time and memory
-whatever the limit, and a token reservation can be returned exactly by moving the TAT back. A bucket of
-limit L per period P admits a burst of L, then one unit every P/L: over any interval t it admits at most
-L + t·L/P, never more, and never refuses what that allows. (A sliding-window log would be exact for
-fixed windows too but stores one entry per request, which is unworkable for token limits of millions per
-day.)
+leases for `concurrent` (named by unique ids, expiring after LEASE_TTL_MS, and cancelled by id after a
+Redis outage: see "Concurrency leases across a Redis outage" below and docs/ratelimits.md).
+GCRA keeps one value per bucket (the theoretical arrival time, TAT, as a whole millisecond plus a
+count of units so the arithmetic is exact), so a check is O(1) in time and memory whatever the limit,
+and a token reservation can be returned exactly by moving the TAT back. A bucket of limit L per period
+P admits a burst of L, then one unit every P/L: over any interval t it admits at most L + t·L/P, never
+more, and never refuses what that allows. (A sliding-window log would be exact for fixed windows too
+but stores one entry per request, which is unworkable for token limits of millions per day.)
 
 The script takes every bucket a request touches (key, alias, provider, deployment), uses Redis's own
 clock (`TIME`, so replicas' clocks do not matter), and charges all of them or none. Keys carry a hash
@@ -19,7 +20,9 @@ the same arithmetic runs in process memory, which is exact for one process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import itertools
 import math
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -35,12 +38,17 @@ from gateway.state import Degraded, SharedState
 Kind = Literal["rps", "rpm", "tpm", "tpd", "concurrent"]
 PERIOD_S: Final[dict[str, float]] = {"rps": 1.0, "rpm": 60.0, "tpm": 60.0, "tpd": 86_400.0}
 TOKEN_KINDS: Final = frozenset({"tpm", "tpd"})
-_LEASE_TTL_MS: Final = 600_000  # a replica that dies mid-request frees its concurrency lease after this
+LEASE_TTL_MS: Final = 600_000  # a replica that dies mid-request frees its concurrency lease after this
 
 # KEYS: one per bucket. ARGV: mode, lease id, then per bucket: kind, limit, period_ms, cost.
 # mode "acquire": all-or-nothing check and charge; returns {ok, retry_ms, b1_remaining, b1_reset_ms, ...}
 # mode "adjust": add cost (may be negative: a refund) without checking; returns {1, 0, ...}
-# mode "release": drop the lease from concurrency buckets.
+# mode "release": drop the lease from concurrency buckets (its acquire is known to have run).
+# mode "cancel": drop the lease and leave a marker, for a lease whose acquire may not have run yet: an
+#   acquire sent before a timeout can still be run by Redis after the cancel (it sat unread in a dropped
+#   connection), and must then write nothing.
+# A concurrency bucket is one sorted set: live leases scored by their expiry (> 0), cancel markers by
+# minus theirs (< 0), so both expire on Redis's clock and stay in the one key (and slot) the script names.
 SCRIPT: Final = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -57,18 +65,24 @@ for i = 1, n do
   local kind, limit, period, cost = ARGV[base + 1], tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3]),
     tonumber(ARGV[base + 4])
   if kind == 'concurrent' then
-    redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
+    redis.call('ZREMRANGEBYSCORE', KEYS[i], 0, now)
     if mode == 'release' then
       redis.call('ZREM', KEYS[i], lease)
       news[i] = false
       out[#out + 1] = 0; out[#out + 1] = 0
+    elseif mode == 'cancel' then
+      redis.call('ZREMRANGEBYSCORE', KEYS[i], -now, -1)
+      redis.call('ZADD', KEYS[i], -(now + LEASE_TTL), lease)
+      redis.call('PEXPIRE', KEYS[i], LEASE_TTL)
+      news[i] = false
+      out[#out + 1] = 0; out[#out + 1] = 0
     else
-      local used = redis.call('ZCARD', KEYS[i])
+      local used = redis.call('ZCOUNT', KEYS[i], '(0', '+inf')
       if mode == 'acquire' and used + 1 > limit then
         denied = true
         -- A slot frees when any request ends, which nobody knows: retry soon (the oldest lease's expiry
         -- is only a bound, up to ten minutes away).
-        local oldest = redis.call('ZRANGE', KEYS[i], 0, 0, 'WITHSCORES')
+        local oldest = redis.call('ZRANGEBYSCORE', KEYS[i], 1, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
         local wait = 1000
         if oldest[2] then wait = math.max(math.min(tonumber(oldest[2]) - now, 1000), 1) end
         if wait > retry then retry = wait end
@@ -102,7 +116,7 @@ for i = 1, n do
     now_state[i] = {math.max(math.floor((period * limit - q) / period), 0), math.ceil(q / limit)}
   end
 end
-if mode == 'release' then return out end
+if mode == 'release' or mode == 'cancel' then return out end
 if denied then
   -- Report what the buckets hold now: the denied request charged nothing.
   out[1] = 0; out[2] = retry
@@ -111,20 +125,34 @@ if denied then
   end
   return out
 end
+-- Leases first: ZADD NX meets this id's cancel marker when the acquire runs after its cancel (it sat
+-- unread in a dropped connection), and then nothing at all is written.
+for i = 1, n do
+  if news[i] == 'lease' and redis.call('ZADD', KEYS[i], 'NX', now + LEASE_TTL, lease) == 0 then
+    for j = 1, i - 1 do
+      if news[j] == 'lease' then redis.call('ZREM', KEYS[j], lease) end
+    end
+    out[1] = 0
+    return out
+  end
+end
 for i = 1, n do
   local v = news[i]
   if v == 'lease' then
-    redis.call('ZADD', KEYS[i], now + LEASE_TTL, lease)
     redis.call('PEXPIRE', KEYS[i], LEASE_TTL)
   elseif v then
     redis.call('SET', KEYS[i], v, 'PX', ttls[i])
   end
 end
 return out
-""".replace("LEASE_TTL", str(_LEASE_TTL_MS))
+""".replace("LEASE_TTL", str(LEASE_TTL_MS))
 _SHA: Final = hashlib.sha1(SCRIPT.encode()).hexdigest().encode()
 # A call's round trip, queueing included, before Redis counts as down (SharedState's deadline too).
 _DEADLINE_S: Final = 0.5
+# While leases wait to be cancelled, how often to look whether Redis is back (it is retried at most once
+# a second, so this bounds the delay after that), and how many cancels go in one write.
+_CANCEL_POLL_S: Final = 0.2
+_CANCELS_PER_ROUND: Final = 1000
 
 
 class Bucket(msgspec.Struct, frozen=True):
@@ -245,7 +273,7 @@ class _Local:
             return [0, retry, *out[2:]]
         for b, v in zip(buckets, news, strict=True):
             if v == "lease":
-                self.leases.setdefault(b.redis_key, {})[lease] = now + _LEASE_TTL_MS
+                self.leases.setdefault(b.redis_key, {})[lease] = now + LEASE_TTL_MS
             elif isinstance(v, tuple):
                 self.tat[b.redis_key] = v
         return out
@@ -253,6 +281,10 @@ class _Local:
 
 class RedisDown(Exception):
     """Redis is configured but unreachable and `redis.on_failure` is `fail_closed`."""
+
+
+class Unanswered(Degraded):
+    """The call reached Redis's socket but no answer came back: Redis may run it yet, or may have run it."""
 
 
 _Batch = list[tuple[bytes, asyncio.Future[list[int]]]]
@@ -268,6 +300,12 @@ class Limiter:
         self._sending: set[asyncio.Task[None]] = set()
         # The constant part of each call's command, per (mode, buckets): only the lease and costs vary.
         self._heads: dict[tuple[str, tuple[Bucket, ...]], tuple[bytes, list[bytes]]] = {}
+        # Leases whose acquire went unanswered but which local state admitted: Redis may hold them too.
+        # Value: when to forget (monotonic), so a lease whose request never settles cannot stay forever.
+        self._doubtful: dict[str, float] = {}
+        # Leases Redis may hold that must go (see `_cancel`): lease -> (its concurrency buckets, give-up time).
+        self._cancels: dict[str, tuple[tuple[Bucket, ...], float]] = {}
+        self._canceller: asyncio.Task[None] | None = None
 
     def _command(self, mode: str, lease: str, buckets: Sequence[Bucket], costs: Sequence[float]) -> bytes:
         cache_key = (mode, tuple(buckets))
@@ -286,16 +324,21 @@ class Limiter:
             parts.append(bulk(b"%d" % cost if cost == int(cost) else repr(cost).encode()))
         return b"".join(parts)
 
+    def _remote(self, cmd: bytes) -> asyncio.Future[list[int]]:
+        """Queue one script call for this tick's write. The future fails with Degraded when the call was
+        not sent, and with Unanswered when it was sent but Redis did not answer in time."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[list[int]] = loop.create_future()
+        self._queue.append((cmd, fut))
+        if len(self._queue) == 1:
+            loop.call_soon(self._send_queued)
+        return fut
+
     async def _run(self, mode: str, lease: str, buckets: Sequence[Bucket], costs: Sequence[float]) -> list[int]:
         if self._channel is not None:
             if not self.shared.degraded:
-                loop = asyncio.get_running_loop()
-                fut: asyncio.Future[list[int]] = loop.create_future()
-                self._queue.append((self._command(mode, lease, buckets, costs), fut))
-                if len(self._queue) == 1:
-                    loop.call_soon(self._send_queued)
                 try:
-                    return await fut
+                    return await self._remote(self._command(mode, lease, buckets, costs))
                 except Degraded:
                     pass
             if not self.fail_open:
@@ -325,7 +368,7 @@ class Limiter:
         try:
             replies = await channel.send([cmd for cmd, _ in batch])
         except ChannelError as exc:
-            self._fail(batch, exc)
+            self._fail(batch, exc, sent=False)
             return
         self._await_replies(batch, replies)
 
@@ -344,10 +387,10 @@ class Limiter:
             if exc is not None:
                 for other in replies:
                     other.exception()  # retrieved, so none is logged as "never retrieved"
-                self._fail(batch, exc)
+                self._fail(batch, exc, sent=True)
                 return
             if fut.done():
-                continue  # the request was cancelled; its script still ran and its settle repays it
+                continue  # the caller was cancelled: `acquire` cancels its lease; a token charge is repaid
             result = reply.result()
             if isinstance(result, ScriptError):
                 if str(result).startswith("NOSCRIPT"):
@@ -357,13 +400,15 @@ class Limiter:
             else:
                 fut.set_result(result)
 
-    def _fail(self, batch: _Batch, exc: BaseException) -> None:
+    def _fail(self, batch: _Batch, exc: BaseException, *, sent: bool) -> None:
         assert self._channel is not None
+        # Dropping the connection does not take back what was written: Redis reads and runs it when it
+        # can, even after the close (a stalled Redis runs it when it resumes). Hence Unanswered.
         self._channel.abort()
         self.shared.mark_down(exc)
         for _cmd, fut in batch:
             if not fut.done():
-                fut.set_exception(Degraded())
+                fut.set_exception(Unanswered() if sent else Degraded())
 
     async def _reload_and_retry(self, cmd: bytes, fut: asyncio.Future[list[int]]) -> None:
         """Redis restarted (or SCRIPT FLUSH) and forgot the script: load it once and send the call again."""
@@ -376,26 +421,120 @@ class Limiter:
                 result = await again
         except (Degraded, ChannelError, TimeoutError) as exc:
             if not isinstance(exc, Degraded):
-                self._fail([(cmd, fut)], exc)
+                self._fail([(cmd, fut)], exc, sent=True)
             result = None
         if fut.done():
             return
         if result is None or isinstance(result, ScriptError):
-            fut.set_exception(Degraded())
+            # The first EVALSHA ran nothing (NOSCRIPT), but the resend may have reached Redis.
+            fut.set_exception(Unanswered())
         else:
             fut.set_result(result)
 
     async def close(self) -> None:
         if self._sending:
             await asyncio.gather(*self._sending, return_exceptions=True)
+        canceller = self._canceller
+        if canceller is not None and not canceller.done():
+            # One last round for leases still to cancel (bounded); what is left expires with its TTL.
+            if self._cancels and not self.shared.degraded:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(_DEADLINE_S * 2):
+                        await self._cancel_round()
+            canceller.cancel()
+            await asyncio.gather(canceller, return_exceptions=True)
         if self._channel is not None:
             self._channel.close()
+
+    # ----------------------------------------------------------------------------------------------
+    # Concurrency leases across a Redis outage
+    #
+    # A lease lives in Redis, in process memory, or (after an acquire that went unanswered) possibly in
+    # both. An unanswered acquire may still run in Redis after the request has ended (a stalled Redis
+    # runs what was written to it when it resumes), so such a lease is cancelled by id once Redis answers
+    # again, and the cancel leaves a marker that makes a later run of that acquire write nothing. A
+    # release that does not get through is turned into a cancel too. Every id is unique, so a cancel is
+    # idempotent and never touches another request's slot.
+
+    def _cancel(self, lease: str, buckets: Sequence[Bucket]) -> None:
+        held = tuple(b for b in buckets if b.kind == "concurrent")
+        # Past the lease TTL, whatever Redis holds for it has expired (unless Redis ran the acquire more
+        # than a TTL late, and then it expires a TTL later): give up then, so memory stays bounded.
+        self._cancels[lease] = (held, time.monotonic() + LEASE_TTL_MS / 1000)
+        if self._canceller is None or self._canceller.done():
+            self._canceller = asyncio.ensure_future(self._cancel_pending())
+
+    async def _cancel_pending(self) -> None:
+        while self._cancels:
+            pause = _CANCEL_POLL_S
+            if not self.shared.degraded:
+                if not await self._cancel_round():
+                    pause = 1.0  # Redis answers but refuses (an error reply): do not hammer it
+                if not self._cancels:
+                    return
+            await asyncio.sleep(pause)
+
+    async def _cancel_round(self) -> bool:
+        """Send one batch of cancels; whether any got through (or nothing was left to send)."""
+        now = time.monotonic()
+        for lease, (_, until) in list(self._cancels.items()):
+            if until < now:
+                del self._cancels[lease]
+        batch = list(itertools.islice(self._cancels.items(), _CANCELS_PER_ROUND))
+        if not batch:
+            return True
+        # Queued in one tick: one write, one round trip for the whole batch.
+        sent = [self._remote(self._command("cancel", lease, held, [0.0] * len(held))) for lease, (held, _) in batch]
+        results = await asyncio.gather(*sent, return_exceptions=True)
+        done = [lease for (lease, _), res in zip(batch, results, strict=True) if not isinstance(res, BaseException)]
+        for lease in done:
+            del self._cancels[lease]
+        return bool(done)
+
+    def _doubt(self, lease: str) -> None:
+        doubtful = self._doubtful
+        now = time.monotonic()
+        while doubtful:  # oldest first (insertion order): drop what outlived the TTL
+            oldest = next(iter(doubtful))
+            if doubtful[oldest] > now:
+                break
+            del doubtful[oldest]
+        doubtful[lease] = now + LEASE_TTL_MS / 1000
+
+    def _fallback(self, lease: str, buckets: Sequence[Bucket], costs: Sequence[float], unanswered: bool) -> list[int]:
+        """Redis did not decide: fail closed, or decide on local state. `unanswered`: Redis may yet grant it."""
+        unanswered = unanswered and bool(lease)
+        if not self.fail_open:
+            if unanswered:
+                self._cancel(lease, buckets)
+            raise RedisDown
+        out = self.local.run("acquire", lease, buckets, costs)
+        if unanswered:
+            if out[0] == 1:
+                self._doubt(lease)  # settled by `release`, which cancels it in Redis
+            else:
+                self._cancel(lease, buckets)  # refused here: nothing will release it
+        return out
 
     async def acquire(self, buckets: Sequence[Bucket], tokens: int) -> Decision:
         # Only a concurrency lease needs a name; ids are unique across replicas (gateway.ids).
         lease = unique_suffix() if any(b.kind == "concurrent" for b in buckets) else ""
         costs = [tokens if b.kind in TOKEN_KINDS else 1 for b in buckets]
-        out = await self._run("acquire", lease, buckets, costs)
+        try:
+            if self._channel is None:
+                out = self.local.run("acquire", lease, buckets, costs)
+            elif self.shared.degraded:
+                out = self._fallback(lease, buckets, costs, unanswered=False)
+            else:
+                try:
+                    out = await self._remote(self._command("acquire", lease, buckets, costs))
+                except Degraded as exc:
+                    out = self._fallback(lease, buckets, costs, unanswered=isinstance(exc, Unanswered))
+        except asyncio.CancelledError:
+            # The request went away while its acquire was on the wire: Redis may grant it all the same.
+            if lease and self._channel is not None:
+                self._cancel(lease, buckets)
+            raise
         states = [
             BucketState(bucket=b, remaining=out[2 + i * 2], reset_ms=out[3 + i * 2]) for i, b in enumerate(buckets)
         ]
@@ -436,5 +575,23 @@ class Limiter:
 
     async def release(self, buckets: Sequence[Bucket], lease: str) -> None:
         held = [b for b in buckets if b.kind == "concurrent"]
-        if held:
-            await self._run("release", lease, held, [0.0] * len(held))
+        if not held:
+            return
+        zeros = [0.0] * len(held)
+        if self._channel is None:
+            self.local.run("release", lease, held, zeros)
+            return
+        leases = self.local.leases
+        if leases and any(lease in leases.get(b.redis_key, ()) for b in held):
+            # Admitted on local state during an outage: free the local slot whatever Redis does now.
+            self.local.run("release", lease, held, zeros)
+            if self._doubtful.pop(lease, None) is not None:
+                self._cancel(lease, held)
+            return
+        if self.shared.degraded:
+            self._cancel(lease, held)
+            return
+        try:
+            await self._remote(self._command("release", lease, held, zeros))
+        except Degraded:
+            self._cancel(lease, held)
