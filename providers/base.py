@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import abc
 from collections.abc import AsyncGenerator, Callable, Mapping
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import msgspec
 
 from gateway.errors import GatewayError, UnsupportedParamError
 from gateway.schema import Choice, Completion, CompletionRequest, FinishReason, Logprobs, Usage
+
+if TYPE_CHECKING:
+    from gateway.config import CapsConfig
 
 
 class Endpoint(msgspec.Struct, frozen=True):
@@ -290,6 +293,9 @@ class LocalAdapter(Capabilities, abc.ABC):
 
     max_logprobs: ClassVar[int] = 20
     needs_api_key: ClassVar[bool] = False
+
+    def admit(self, req: CompletionRequest, endpoint: Endpoint, caps: CapsConfig) -> None:
+        """Refuse (400 naming the field) what would work beyond `caps`: this work runs on the gateway's loop."""
 
     @abc.abstractmethod
     async def complete(self, req: CompletionRequest, endpoint: Endpoint, ctx: CallContext) -> Completion: ...
