@@ -38,7 +38,7 @@ from jsonschema import (
 from jsonschema.validators import extend, validator_for
 
 from gateway.errors import InvalidRequestError
-from gateway.patterns import compile_all, compiled
+from gateway.patterns import affordable, compile_all, compiled
 
 # Keyword evaluations cost about 10 us each. Admitting a schema (on the event loop, before the upstream
 # call) may take ADMIT_WORK of them, about 0.2 s at most: checking a subschema against the 2020-12
@@ -215,8 +215,15 @@ def _counted(fn: Keyword) -> Keyword:
     return keyword
 
 
+def _search(pattern: str, text: str) -> bool:
+    rx = compiled(pattern)
+    if not affordable(rx, text):
+        raise _Exhausted
+    return rx.search(text) is not None
+
+
 def _pattern(validator: Any, pattern: Any, instance: Any, schema: Any) -> Iterator[ValidationError]:
-    if validator.is_type(instance, "string") and not compiled(pattern).search(instance):
+    if validator.is_type(instance, "string") and not _search(pattern, instance):
         yield ValidationError(f"a string does not match the pattern {pattern[:100]!r}")
 
 
@@ -224,9 +231,8 @@ def _pattern_properties(validator: Any, patterns: Any, instance: Any, schema: An
     if not validator.is_type(instance, "object"):
         return
     for pattern, subschema in patterns.items():
-        rx = compiled(pattern)
         for key, value in instance.items():
-            if rx.search(key):
+            if _search(pattern, key):
                 yield from validator.descend(value, subschema, path=key, schema_path=pattern)
 
 
@@ -234,8 +240,8 @@ def _additional_properties(validator: Any, extra: Any, instance: Any, schema: An
     if not validator.is_type(instance, "object"):
         return
     known = schema.get("properties", {})
-    rxs = [compiled(p) for p in schema.get("patternProperties", {})]
-    extras = [k for k in instance if k not in known and not any(rx.search(k) for rx in rxs)]
+    patterns = schema.get("patternProperties", {})
+    extras = [k for k in instance if k not in known and not any(_search(p, k) for p in patterns)]
     if validator.is_type(extra, "object"):
         for key in extras:
             yield from validator.descend(instance[key], extra, path=key)

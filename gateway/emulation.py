@@ -37,7 +37,7 @@ import msgspec
 from gateway.client_schema import Checker, admit
 from gateway.config import CapsConfig
 from gateway.errors import InvalidRequestError, UpstreamError
-from gateway.patterns import compile_pattern
+from gateway.patterns import affordable, compile_pattern
 from gateway.schema import Choice, Completion, CompletionRequest, Logprobs, Usage
 from providers.base import Adapter, CallContext, Endpoint, LocalAdapter, prompt_form
 
@@ -63,6 +63,8 @@ class Guide(msgspec.Struct, frozen=True):
     def check(self, text: str) -> str | None:
         """None when `text` satisfies the constraint, else why not. Safe to run in a worker thread."""
         if self.kind == "regex":
+            if not affordable(self.pattern, text):
+                return "is too long to check against the regex within the gateway's bound"
             return None if self.pattern.fullmatch(text) else "does not match the regex"
         if self.kind == "choice":
             return None if text.strip() in self.choices else "is not one of the choices"

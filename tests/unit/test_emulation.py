@@ -427,3 +427,12 @@ def test_guided_json_answers_are_checked_within_bounds(text: str, why: str | Non
     em = emulation.plan(ADAPTER, req(guided_json={"properties": {"a": {"type": "integer"}}}), "p", 2)
     assert em is not None and em.guide is not None
     assert em.guide.check(text) == why
+
+
+def test_a_regex_check_beyond_the_match_bound_counts_as_invalid_without_running() -> None:
+    # 18,000 RE2 instructions: 1 MB of text would take about 5 s in RE2's NFA.
+    em = emulation.plan(ADAPTER, req(guided_regex="(a|b|c|d|e|f|g)*.{0,200}z" * 10), "p", 2)
+    assert em is not None and em.guide is not None
+    start = time.perf_counter()
+    assert em.guide.check("ab" * 500_000) == "is too long to check against the regex within the gateway's bound"
+    assert time.perf_counter() - start < 0.1
