@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import unquote
 
@@ -200,6 +201,8 @@ class _Exhausted(Exception):
 
 
 _work: ContextVar[list[int]] = ContextVar("client_schema_work")
+# The patterns of the schema being checked, compiled when it was admitted.
+_patterns: ContextVar[Mapping[str, Any]] = ContextVar("client_schema_patterns", default=MappingProxyType({}))
 
 Keyword = Callable[[Any, Any, Any, Any], Any]
 
@@ -216,7 +219,7 @@ def _counted(fn: Keyword) -> Keyword:
 
 
 def _search(pattern: str, text: str) -> bool:
-    rx = compiled(pattern)
+    rx = _patterns.get().get(pattern) or compiled(pattern)
     if not affordable(rx, text):
         raise _Exhausted
     return rx.search(text) is not None
@@ -285,12 +288,14 @@ def _bounded(cls: type[Any]) -> type[Any]:
     return found
 
 
-def _first_error(validator: Any, instance: Any, budget: int) -> str | None:
+def _first_error(validator: Any, instance: Any, budget: int, patterns: dict[str, Any] | None = None) -> str | None:
     """Why `instance` fails (None when it passes), within `budget` keyword evaluations."""
     token = _work.set([budget])
+    known = _patterns.set(patterns or MappingProxyType({}))
     try:
         error = next(iter(validator.iter_errors(instance)), None)
     finally:
+        _patterns.reset(known)
         _work.reset(token)
     return None if error is None else str(error.message)[:300]
 
@@ -298,15 +303,16 @@ def _first_error(validator: Any, instance: Any, budget: int) -> str | None:
 class Checker:
     """An admitted schema: `why(value)` says why a decoded answer fails it, or None."""
 
-    def __init__(self, validator: Any, depth: int) -> None:
+    def __init__(self, validator: Any, depth: int, patterns: dict[str, Any]) -> None:
         self._validator = validator
         self._depth = depth
+        self._patterns = patterns
 
     def why(self, value: Any) -> str | None:
         if depth_exceeds(value, self._depth):
             return f"nests deeper than {self._depth} levels"
         try:
-            error = _first_error(self._validator, value, ANSWER_WORK)
+            error = _first_error(self._validator, value, ANSWER_WORK, self._patterns)
         except _Exhausted:
             return f"is too large to check against the schema within the gateway's bound ({ANSWER_WORK} evaluations)"
         except RecursionError:
@@ -335,7 +341,7 @@ def admit(schema: dict[str, Any], *, param: str, depth: int, pattern_chars: int)
     cls = validator_for(schema, default=Draft202012Validator)
     if cls is Draft3Validator:
         raise _bad(param, "uses JSON Schema draft 3, which the gateway does not check")
-    compile_all(_walk(schema, param, legacy_id=cls is Draft4Validator), param=param, limit=pattern_chars)
+    patterns = compile_all(_walk(schema, param, legacy_id=cls is Draft4Validator), param=param, limit=pattern_chars)
     meta_cls = cls if cls in _METAS else Draft7Validator
     meta = _bounded(meta_cls)(_METAS[meta_cls], format_checker=None, registry=_EMPTY)
     try:
@@ -348,7 +354,7 @@ def admit(schema: dict[str, Any], *, param: str, depth: int, pattern_chars: int)
         raise _bad(param, f"is not a valid JSON Schema: {problem}")
     # An empty registry: a reference the walk missed fails instead of being fetched from the network.
     validator = _bounded(cls)(_without_base(schema), format_checker=None, registry=_EMPTY)
-    return Checker(validator, depth)
+    return Checker(validator, depth, patterns)
 
 
 __all__ = ["ADMIT_WORK", "ANSWER_WORK", "Checker", "admit", "depth_exceeds"]

@@ -61,11 +61,17 @@ def compile_pattern(pattern: str, *, param: str, limit: int) -> Any:
         ) from None
 
 
-def compile_all(patterns: Iterable[str], *, param: str, limit: int) -> None:
-    """Admit every pattern of one request: each within `limit` characters, all together within PROGRAM_BUDGET."""
+def compile_all(patterns: Iterable[str], *, param: str, limit: int) -> dict[str, Any]:
+    """Admit every pattern of one request: each within `limit` characters, all together within PROGRAM_BUDGET.
+
+    Returns them compiled, for the request to keep (the shared cache may evict them meanwhile)."""
+    out: dict[str, Any] = {}
     size = 0
     for pattern in patterns:
-        size += compile_pattern(pattern, param=param, limit=limit).programsize
+        if pattern in out:
+            continue
+        out[pattern] = rx = compile_pattern(pattern, param=param, limit=limit)
+        size += rx.programsize
         if size > PROGRAM_BUDGET:
             raise InvalidRequestError(
                 f"'{param}' has regular expressions too large together for the gateway to check "
@@ -73,6 +79,7 @@ def compile_all(patterns: Iterable[str], *, param: str, limit: int) -> None:
                 param=param,
                 code="invalid_value",
             )
+    return out
 
 
 # RE2 is linear in the text, but the constant is the pattern's: where its DFA does not fit, RE2 simulates
