@@ -16,22 +16,36 @@
               validated answer, because bytes sent cannot be taken back.
 
 A whole emulated call (all its fan-out) is one attempt for the failover loop.
+
+The work the gateway does here is the client's to choose, so `plan` bounds it before any upstream call
+(a 400 naming the field beyond a bound; docs/security.md): patterns run on RE2 (gateway/patterns.py)
+and schemas are admitted by gateway/client_schema.py; what echo and the fan-out copy is held to
+`caps.emulated_answer_bytes`; stop sequences the gateway enforces to `caps.pattern_chars` each, scanned
+in time linear in the text; and an in-process provider (`LocalAdapter`) refuses what it would not do
+within `caps`, since its work runs on the gateway's own event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import re
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Any
 
-import jsonschema
 import msgspec
 
+from gateway.client_schema import Checker, admit
+from gateway.config import CapsConfig
 from gateway.errors import InvalidRequestError, UpstreamError
+from gateway.patterns import affordable, compile_pattern
 from gateway.schema import Choice, Completion, CompletionRequest, Logprobs, Usage
-from providers.base import Adapter, CallContext, LocalAdapter, prompt_form
+from providers.base import Adapter, CallContext, Endpoint, LocalAdapter, prompt_form
+
+_DEFAULT_CAPS = CapsConfig()
+# `guided_choice`: at most this many entries, of at most this many characters together (an answer is
+# looked up in a set, so these bound memory, not time).
+GUIDED_CHOICES = 1024
+GUIDED_CHOICE_CHARS = 64 * 1024
 
 
 def _bad(message: str, param: str) -> InvalidRequestError:
@@ -41,27 +55,33 @@ def _bad(message: str, param: str) -> InvalidRequestError:
 class Guide(msgspec.Struct, frozen=True):
     kind: str  # json | regex | choice
     param: str
-    schema: dict[str, Any] | None = None
-    pattern: str | None = None
-    choices: tuple[str, ...] = ()
+    checker: Checker | None = None  # json: the admitted schema, if any
+    pattern: Any = None  # regex: compiled by RE2
+    choices: frozenset[str] = frozenset()
+    depth: int = _DEFAULT_CAPS.json_depth
 
     def check(self, text: str) -> str | None:
-        """None when `text` satisfies the constraint, else why not."""
+        """None when `text` satisfies the constraint, else why not. Safe to run in a worker thread."""
         if self.kind == "regex":
-            assert self.pattern is not None
-            return None if re.fullmatch(self.pattern, text) else "does not match the regex"
+            if not affordable(self.pattern, text):
+                return "is too long to check against the regex within the gateway's bound"
+            return None if self.pattern.fullmatch(text) else "does not match the regex"
         if self.kind == "choice":
             return None if text.strip() in self.choices else "is not one of the choices"
         try:
             value = json.loads(text)
         except ValueError:
             return "is not valid JSON"
-        if self.schema:
-            try:
-                jsonschema.validate(value, self.schema)
-            except jsonschema.ValidationError as exc:
-                return f"does not match the schema ({exc.message})"
-        return None
+        except RecursionError:
+            return f"nests deeper than {self.depth} levels"
+        return self.checker.why(value) if self.checker is not None else None
+
+    async def verdict(self, text: str) -> str | None:
+        """`check`, off the event loop where it may take long: RE2 releases the GIL while it matches, and a
+        schema check is held to client_schema.ANSWER_WORK evaluations."""
+        if self.kind == "choice":
+            return self.check(text)
+        return await asyncio.to_thread(self.check, text)
 
 
 class Emulation(msgspec.Struct):
@@ -82,8 +102,20 @@ def _emulated(adapter: Adapter | LocalAdapter, name: str) -> bool:
     return rule is not None and rule.emulated
 
 
-def plan(adapter: Adapter | LocalAdapter, req: CompletionRequest, provider: str, retries: int) -> Emulation | None:
-    """What must be emulated for this request on this provider; None when the provider does it all."""
+def plan(
+    adapter: Adapter | LocalAdapter,
+    req: CompletionRequest,
+    provider: str,
+    retries: int,
+    caps: CapsConfig = _DEFAULT_CAPS,
+    endpoint: Endpoint | None = None,
+) -> Emulation | None:
+    """What must be emulated for this request on this provider; None when the provider does it all.
+
+    Refuses (400 naming the field) what would make the gateway itself work beyond `caps`.
+    """
+    if endpoint is not None and isinstance(adapter, LocalAdapter):
+        adapter.admit(req, endpoint, caps)
     n = req.n or 1
     form = prompt_form(req.prompt)
     fan_prompts = form in ("texts", "token_lists") and form not in adapter.prompt_forms
@@ -112,9 +144,20 @@ def plan(adapter: Adapter | LocalAdapter, req: CompletionRequest, provider: str,
         elif adapter.stop_in_output and not include:
             # Still sent upstream so generation ends early; the gateway removes what the provider kept.
             stops = upstream_stop
-    guide = _guide(adapter, req, provider)
+    guide = _guide(adapter, req, provider, caps)
     if len(prompts) == 1 and fan_n == 1 and not echo and stops is None and guide is None:
         return None
+    if stops is not None:
+        for s in stops:
+            if len(s) > caps.pattern_chars:
+                raise InvalidRequestError(
+                    f"'stop' has a sequence of {len(s)} characters; the gateway enforces stop sequences for "
+                    f"provider '{provider}' and takes at most {caps.pattern_chars}",
+                    param="stop",
+                    code="invalid_value",
+                )
+    if fan_n > 1 or echo:
+        _bound_copies(prompts, fan_n, n if echo else 0, caps.emulated_answer_bytes, best_of is not None)
     return Emulation(
         prompts=prompts,
         fan_n=fan_n,
@@ -129,29 +172,58 @@ def plan(adapter: Adapter | LocalAdapter, req: CompletionRequest, provider: str,
     )
 
 
-def _guide(adapter: Adapter | LocalAdapter, req: CompletionRequest, provider: str) -> Guide | None:
+def _size(prompt: str | list[int]) -> int:
+    """Bytes of a prompt as UTF-8 (a token id as up to 8 bytes of JSON)."""
+    if isinstance(prompt, str):
+        return len(prompt) if prompt.isascii() else len(prompt.encode("utf-8", "surrogatepass"))
+    return 8 * len(prompt)
+
+
+def _bound_copies(prompts: Sequence[str | list[int]], fan_n: int, echoes: int, limit: int, best_of: bool) -> None:
+    """Each fanned-out call carries its prompt and each echoed choice repeats it: computed before any call."""
+    copies = (fan_n if fan_n > 1 else 0) + echoes
+    total = sum(_size(p) for p in prompts) * copies
+    if total > limit:
+        param = "best_of" if best_of else "n" if copies > 1 else "echo"
+        raise InvalidRequestError(
+            f"'{param}' would make the gateway build {total} bytes from copies of the prompt (echo and "
+            f"calls it makes for each choice); at most {limit} are allowed",
+            param=param,
+            code="invalid_value",
+        )
+
+
+def _guide(adapter: Adapter | LocalAdapter, req: CompletionRequest, provider: str, caps: CapsConfig) -> Guide | None:
     if req.guided_grammar is not None and _emulated(adapter, "guided_grammar"):
         raise _bad(
             f"'guided_grammar' is not supported by provider '{provider}', and a grammar cannot be checked "
             "by the gateway",
             "guided_grammar",
         )
+    depth = caps.json_depth
     if req.guided_json is not None and _emulated(adapter, "guided_json"):
-        return Guide("json", "guided_json", schema=req.guided_json)
+        checker = admit(req.guided_json, param="guided_json", depth=depth, pattern_chars=caps.pattern_chars)
+        return Guide("json", "guided_json", checker=checker, depth=depth)
     rf = req.response_format
     if rf is not None and _emulated(adapter, "response_format") and rf.get("type") == "json_object":
         schema = rf.get("schema")
-        return Guide("json", "response_format", schema=schema if isinstance(schema, dict) else None)
+        if isinstance(schema, dict):
+            checker = admit(schema, param="response_format", depth=depth, pattern_chars=caps.pattern_chars)
+            return Guide("json", "response_format", checker=checker, depth=depth)
+        return Guide("json", "response_format", depth=depth)
     if req.guided_regex is not None and _emulated(adapter, "guided_regex"):
-        try:
-            re.compile(req.guided_regex)
-        except re.error as exc:
-            raise InvalidRequestError(
-                f"'guided_regex' is not a valid regular expression: {exc}", param="guided_regex", code="invalid_value"
-            ) from None
-        return Guide("regex", "guided_regex", pattern=req.guided_regex)
+        pattern = compile_pattern(req.guided_regex, param="guided_regex", limit=caps.pattern_chars)
+        return Guide("regex", "guided_regex", pattern=pattern)
     if req.guided_choice is not None and _emulated(adapter, "guided_choice"):
-        return Guide("choice", "guided_choice", choices=tuple(req.guided_choice))
+        choices = req.guided_choice
+        if len(choices) > GUIDED_CHOICES or sum(map(len, choices)) > GUIDED_CHOICE_CHARS:
+            raise InvalidRequestError(
+                f"'guided_choice' may have at most {GUIDED_CHOICES} entries of at most {GUIDED_CHOICE_CHARS} "
+                "characters together",
+                param="guided_choice",
+                code="invalid_value",
+            )
+        return Guide("choice", "guided_choice", choices=frozenset(choices))
     return None
 
 
@@ -268,7 +340,7 @@ async def _guided_call(
     why = ""
     for _ in range(em.guided_retries + 1):
         c = await call(sub)
-        failures = [em.guide.check(ch.text) for ch in c.choices if ch.finish_reason != "content_filter"]
+        failures = [await em.guide.verdict(ch.text) for ch in c.choices if ch.finish_reason != "content_filter"]
         bad = [f for f in failures if f is not None]
         if not bad:
             return c
@@ -314,28 +386,69 @@ async def complete(
     )
 
 
+def _borders(s: str) -> list[int]:
+    """KMP failure function: for each prefix s[:i+1], the length of its longest proper border."""
+    fail = [0] * len(s)
+    k = 0
+    for i in range(1, len(s)):
+        while k and s[i] != s[k]:
+            k = fail[k - 1]
+        if s[i] == s[k]:
+            k += 1
+        fail[i] = k
+    return fail
+
+
 class StopScanner:
-    """Streams text through, holding back only what could still be the start of a stop sequence."""
+    """Streams text through, holding back only what could still be the start of a stop sequence.
+
+    Linear in the text: per stop, a KMP automaton carries how much of the stop the text so far ends with
+    (that is what must be held back), fed only the new text, and skipping with `str.find` while nothing
+    is matched. Rescanning the held text on every chunk would be quadratic in a long partial match.
+    """
 
     def __init__(self, stops: Sequence[str], include: bool) -> None:
         self.stops = [s for s in stops if s]
         self.include = include
         self.buf = ""
+        self._fail = [_borders(s) for s in self.stops]
+        self._matched = [0] * len(self.stops)
+
+    def _advance(self, i: int, text: str) -> bool:
+        """Feed `text` to stop i's automaton; whether the stop is now complete."""
+        s, fail, k = self.stops[i], self._fail[i], self._matched[i]
+        j, end = 0, len(text)
+        while j < end:
+            if k == 0:
+                j = text.find(s[0], j)
+                if j < 0:
+                    break
+            c = text[j]
+            while k and s[k] != c:
+                k = fail[k - 1]
+            if s[k] == c:
+                k += 1
+            j += 1
+            if k == len(s):
+                self._matched[i] = k
+                return True
+        self._matched[i] = k
+        return False
 
     def feed(self, text: str) -> tuple[str, bool]:
         """(text safe to send now, whether a stop sequence was reached)."""
         self.buf += text
-        hit = find_stop(self.buf, self.stops)
-        if hit is not None:
+        complete = False
+        for i in range(len(self.stops)):
+            complete = self._advance(i, text) or complete
+        if complete:
+            # The earliest-starting stop within the text held and this chunk (as `find_stop` everywhere).
+            hit = find_stop(self.buf, self.stops)
+            assert hit is not None
             cut = hit[0] + (len(hit[1]) if self.include else 0)
             out, self.buf = self.buf[:cut], ""
             return out, True
-        hold = 0
-        for s in self.stops:
-            for k in range(min(len(s) - 1, len(self.buf)), hold, -1):
-                if self.buf.endswith(s[:k]):
-                    hold = k
-                    break
+        hold = max(self._matched, default=0)
         out = self.buf[: len(self.buf) - hold]
         self.buf = self.buf[len(self.buf) - hold :]
         return out, False

@@ -265,7 +265,14 @@ class Pipeline:
         return params
 
     def _emulation(self, route: Route, req: CompletionRequest) -> Emulation | None:
-        return emulation.plan(route.adapter, req, route.provider, self.loaded.config.guided_retries)
+        return emulation.plan(
+            route.adapter,
+            req,
+            route.provider,
+            self.loaded.config.guided_retries,
+            self.loaded.config.caps,
+            route.endpoint,
+        )
 
     async def _complete_once(
         self,

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import abc
 from collections.abc import AsyncGenerator, Callable, Mapping
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from urllib.parse import quote
 
 import msgspec
 
 from gateway.errors import GatewayError, InvalidRequestError, UnsupportedParamError
 from gateway.schema import Choice, Completion, CompletionRequest, FinishReason, Logprobs, Usage
+
+if TYPE_CHECKING:
+    from gateway.config import CapsConfig
 
 
 class Endpoint(msgspec.Struct, frozen=True):
@@ -319,6 +322,9 @@ class LocalAdapter(Capabilities, abc.ABC):
 
     max_logprobs: ClassVar[int] = 20
     needs_api_key: ClassVar[bool] = False
+
+    def admit(self, req: CompletionRequest, endpoint: Endpoint, caps: CapsConfig) -> None:
+        """Refuse (400 naming the field) what would work beyond `caps`: this work runs on the gateway's loop."""
 
     @abc.abstractmethod
     async def complete(self, req: CompletionRequest, endpoint: Endpoint, ctx: CallContext) -> Completion: ...

@@ -13,6 +13,12 @@ same request always gets the same answer. The model name picks a behaviour:
 It honours max_tokens, stop (and include_stop_str_in_output), n, logprobs, echo and seed. Sampling
 knobs (temperature, top_p, top_k, penalties) and user are accepted and have no effect: there is no
 sampling to change.
+
+It runs on the gateway's own event loop, so its work is bounded like the gateway's (`admit`, before any
+work): at most `caps.fake_max_tokens` tokens per choice (beyond it a 400 naming `max_tokens`, as OpenAI
+answers a limit beyond the model's context), an answer of at most `caps.emulated_answer_bytes`
+(estimated from the prompt, echo, max_tokens, n and logprobs), text built in time linear in its length,
+and a long stream lets the loop run between chunks.
 """
 
 from __future__ import annotations
@@ -20,21 +26,31 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import re
+from bisect import bisect_left
 from collections.abc import AsyncGenerator
-from typing import Any
+from itertools import accumulate
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from gateway.errors import UpstreamStatusError
+from gateway.errors import InvalidRequestError, UpstreamStatusError
 from gateway.schema import Choice, Completion, CompletionRequest, FinishReason, Logprobs, Usage
 from providers.base import CallContext, Endpoint, LocalAdapter, Param, table
+
+if TYPE_CHECKING:
+    from gateway.config import CapsConfig
 
 WORDS = (
     "the quick brown fox jumps over a lazy dog while seven bright stars drift across calm "
     "water and old maps fold into paper boats that sail toward distant quiet harbors where "
     "patient lighthouses count every wave until morning light returns"
 ).split()
-_TOKEN = re.compile(r"\s*\S+")
+# `\s*\S+` with findall would retry the white-space run from each of its positions: quadratic in a prompt
+# of spaces. Splitting on `\S+` is linear; a token is the white space before a word plus the word.
+_WORD = re.compile(r"(\S+)")
+_LONGEST_WORD = max(len(w) for w in WORDS) + 1
+# Chunks a stream sends before letting the event loop run (a drip stream sleeps between chunks anyway).
+_YIELD_EVERY = 64
 _BEHAVIOUR = re.compile(r"^(slow|drip)-(\d{1,6})ms$|^error-(\d{3})$")
 
 
@@ -59,50 +75,50 @@ def _stream_of(seed: bytes) -> list[int]:
     return list(hashlib.blake2b(seed, digest_size=64).digest())
 
 
-def _generate(prompt: str, j: int, req: CompletionRequest, behaviour: str) -> _Generated:
+def _tokens(text: str) -> list[str]:
+    parts = _WORD.split(text)
+    return [parts[i] + parts[i + 1] for i in range(0, len(parts) - 1, 2)]
+
+
+def _logprob(digest: list[int], i: int) -> float:
+    return -((digest[(i * 7) % 64] % 300) + 1) / 100
+
+
+def _generate(prompt: str, p_tokens: list[str], j: int, req: CompletionRequest, behaviour: str) -> _Generated:
     max_tokens = 16 if req.max_tokens is None else req.max_tokens
     digest = _stream_of(f"{prompt}\x00{j}\x00{req.seed}".encode())
     if behaviour == "echo":
-        words = _TOKEN.findall(prompt)
-        natural = len(words)
+        words = p_tokens[: max_tokens + 1]
     else:
         # `long` has one word more than the limit, so it always ends on the limit: finish_reason "length".
         natural = max_tokens + 1 if behaviour == "long" else 8 + digest[0] % 40
         words = [" " + WORDS[digest[i % 64] * (i + 1) % len(WORDS)] for i in range(natural)]
-    stops = req.stop if isinstance(req.stop, list) else []
-    text = ""
-    tokens: list[str] = []
-    logprobs: list[float] = []
     finish = "stop"
-    for i, word in enumerate(words):
-        if i >= max_tokens:
-            finish = "length"
-            break
-        candidate = text + word
-        hit = min(
-            ((candidate.find(s), s) for s in stops if s and candidate.find(s) >= 0),
-            default=None,
-        )
-        if hit is not None:
-            pos, s = hit
-            cut = pos + (len(s) if req.include_stop_str_in_output else 0)
-            # A stop that starts inside earlier tokens cuts them too: tokens must concatenate to the text.
-            while tokens and len(text) - len(tokens[-1]) >= cut:
-                text = text[: len(text) - len(tokens.pop())]
-                logprobs.pop()
-            if len(text) > cut:
-                tokens[-1] = tokens[-1][: len(tokens[-1]) - (len(text) - cut)]
-            piece = candidate[len(text) : cut] if cut > len(text) else ""
-            if piece:
-                tokens.append(piece)
-                logprobs.append(-((digest[(i * 7) % 64] % 300) + 1) / 100)
-            text = candidate[:cut]
-            finish = "stop"
-            break
-        text = candidate
-        tokens.append(word)
-        logprobs.append(-((digest[(i * 7) % 64] % 300) + 1) / 100)
-    return _Generated(text=text, tokens=tokens, logprobs=logprobs, finish=finish)
+    if len(words) > max_tokens:
+        words, finish = words[:max_tokens], "length"
+    text = "".join(words)
+    logprobs = [_logprob(digest, i) for i in range(len(words))]
+    ends = list(accumulate(map(len, words)))
+    # The first word that completes a stop sequence; among the stops complete by then, the earliest.
+    found = [(pos, s) for s in (req.stop if isinstance(req.stop, list) else []) if s and (pos := text.find(s)) >= 0]
+    if not found:
+        return _Generated(text=text, tokens=words, logprobs=logprobs, finish=finish)
+    w = min(bisect_left(ends, pos + len(s)) for pos, s in found)
+    pos, s = min(hit for hit in found if hit[0] + len(hit[1]) <= ends[w])
+    cut = pos + (len(s) if req.include_stop_str_in_output else 0)
+    before = ends[w - 1] if w else 0
+    tokens, lps = words[:w], logprobs[:w]
+    # A stop that starts inside earlier tokens cuts them too: tokens must concatenate to the text.
+    size = before
+    while tokens and size - len(tokens[-1]) >= cut:
+        size -= len(tokens.pop())
+        lps.pop()
+    if size > cut:
+        tokens[-1] = tokens[-1][: len(tokens[-1]) - (size - cut)]
+    if cut > before:
+        tokens.append(text[before:cut])
+        lps.append(_logprob(digest, w))
+    return _Generated(text=text[:cut], tokens=tokens, logprobs=lps, finish="stop")
 
 
 def _top(tokens: list[str], lps: list[float], k: int) -> list[dict[str, float] | None] | None:
@@ -139,6 +155,34 @@ class FakeAdapter(LocalAdapter):
         user=Param(),
     )
 
+    def admit(self, req: CompletionRequest, endpoint: Endpoint, caps: CapsConfig) -> None:
+        limit = caps.fake_max_tokens
+        if req.max_tokens is not None and req.max_tokens > limit:
+            raise InvalidRequestError(
+                f"'max_tokens' is {req.max_tokens}, but model '{endpoint.model}' generates at most {limit} tokens "
+                "per choice",
+                param="max_tokens",
+                code="invalid_value",
+            )
+        tokens = 16 if req.max_tokens is None else req.max_tokens
+        k = req.logprobs if isinstance(req.logprobs, int) else None
+        total = 0
+        for prompt in _prompt_texts(req.prompt):
+            size = len(prompt) if prompt.isascii() else len(prompt.encode("utf-8", "surrogatepass"))
+            own = size if endpoint.model == "echo" else tokens * _LONGEST_WORD
+            total += (own + (size if req.echo else 0)) * (req.n or 1)
+        if k is not None:
+            # Each token also carries its logprob, offset and k alternatives in JSON: about (4 + 3k) x its text.
+            total *= 4 + 3 * k
+        if total > caps.emulated_answer_bytes:
+            param = "n" if (req.n or 1) > 1 else "logprobs" if k is not None else "echo" if req.echo else "prompt"
+            raise InvalidRequestError(
+                f"'{param}' would make model '{endpoint.model}' build an answer of about {total} bytes; at most "
+                f"{caps.emulated_answer_bytes} are allowed",
+                param=param,
+                code="invalid_value",
+            )
+
     def _behaviour(self, endpoint: Endpoint) -> tuple[str, float, float]:
         m = _BEHAVIOUR.match(endpoint.model)
         if m is None:
@@ -163,10 +207,10 @@ class FakeAdapter(LocalAdapter):
         pieces: list[list[str]] = []
         prompt_tokens = completion_tokens = 0
         for p_index, prompt in enumerate(prompts):
-            p_tokens = _TOKEN.findall(prompt)
+            p_tokens = _tokens(prompt)
             prompt_tokens += len(p_tokens)
             for j in range(n):
-                g = _generate(prompt, j, req, behaviour)
+                g = _generate(prompt, p_tokens, j, req, behaviour)
                 completion_tokens += len(g.tokens)
                 text, tokens, lps = g.text, g.tokens, list[float | None](g.logprobs)
                 if req.echo:
@@ -207,6 +251,7 @@ class FakeAdapter(LocalAdapter):
         if delay:
             await asyncio.sleep(delay)
         choices, token_lists, usage = self._choices(req, behaviour)
+        sent = 0
         for choice, tokens in zip(choices, token_lists, strict=True):
             lp = choice.logprobs
             pieces = tokens or [""]
@@ -233,6 +278,9 @@ class FakeAdapter(LocalAdapter):
                         )
                     ],
                 )
+                sent += 1
                 if interval:
                     await asyncio.sleep(interval)
+                elif sent % _YIELD_EVERY == 0:
+                    await asyncio.sleep(0)
         yield ctx.completion([], usage)

@@ -3,14 +3,19 @@ streaming equal to the non-stream answer, and the error-<status> behaviour."""
 
 from __future__ import annotations
 
+import re
+import time
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from gateway.errors import UpstreamStatusError
+from gateway.config import CapsConfig
+from gateway.errors import InvalidRequestError, UpstreamStatusError
 from gateway.schema import Completion, CompletionRequest
 from providers.base import Endpoint
-from providers.fake import FakeAdapter
+from providers.fake import FakeAdapter, _generate, _tokens
 from tests.providers.kit import context, request
 
 ADAPTER = FakeAdapter()
@@ -192,3 +197,85 @@ async def test_slow_and_drip_still_answer() -> None:
     slow = await complete(fake_request(max_tokens=3), model="slow-1ms")
     drip = await stream(fake_request(max_tokens=3, stream=True), model="drip-1ms")
     assert "".join(c.choices[0].text for c in drip if c.choices) == slow.choices[0].text
+
+
+# -- work bounds (issue 11, item 14) -------------------------------------------------------------
+
+
+def _reference_cut(words: list[str], stops: list[str], include: bool) -> tuple[str, list[str]]:
+    """The stop cut as it was (text rebuilt word by word: quadratic), the behaviour to keep."""
+    text, tokens = "", list[str]()
+    for word in words:
+        candidate = text + word
+        hit = min(((candidate.find(s), s) for s in stops if s and candidate.find(s) >= 0), default=None)
+        if hit is not None:
+            pos, s = hit
+            cut = pos + (len(s) if include else 0)
+            while tokens and len(text) - len(tokens[-1]) >= cut:
+                text = text[: len(text) - len(tokens.pop())]
+            if len(text) > cut:
+                tokens[-1] = tokens[-1][: len(tokens[-1]) - (len(text) - cut)]
+            piece = candidate[len(text) : cut] if cut > len(text) else ""
+            if piece:
+                tokens.append(piece)
+            return candidate[:cut], tokens
+        text = candidate
+        tokens.append(word)
+    return text, tokens
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    prompt=st.lists(st.sampled_from(["a", "b", "ab", "ba", "  ", " a", "b "]), min_size=1, max_size=10).map("".join),
+    stops=st.lists(st.text(alphabet="ab ", min_size=1, max_size=4), min_size=1, max_size=4),
+    include=st.booleans(),
+)
+def test_the_linear_stop_cut_is_the_word_by_word_one(prompt: str, stops: list[str], include: bool) -> None:
+    req = fake_request(prompt=prompt, max_tokens=50, stop=stops, include_stop_str_in_output=include)
+    words = _tokens(prompt)
+    g = _generate(prompt, words, 0, req, "echo")
+    assert (g.text, g.tokens) == _reference_cut(words[:50], stops, include)
+    assert len(g.logprobs) == len(g.tokens)
+
+
+@given(st.text(alphabet=" \t\nab", max_size=40))
+def test_tokens_are_what_the_backtracking_findall_gave(text: str) -> None:
+    assert _tokens(text) == re.findall(r"\s*\S+", text)
+
+
+def test_long_is_linear_in_max_tokens() -> None:
+    start = time.perf_counter()
+    g = _generate("go", [], 0, fake_request(max_tokens=200_000, stop=["never there"]), "long")
+    assert (len(g.tokens), g.finish) == (200_000, "length")
+    assert time.perf_counter() - start < 2.0
+
+
+CAPS = CapsConfig(fake_max_tokens=100, emulated_answer_bytes=64 * 1024)
+
+
+@pytest.mark.parametrize(
+    ("model", "fields", "param"),
+    [
+        ("long", {"max_tokens": 101}, "max_tokens"),
+        ("echo", {"prompt": "x" * 40_000, "n": 2}, "n"),
+        ("text", {"prompt": "x" * 40_000, "echo": True, "n": 2}, "n"),
+        ("echo", {"prompt": "x" * 40_000, "logprobs": 1}, "logprobs"),
+        ("echo", {"prompt": "x" * 40_000, "echo": True}, "echo"),
+    ],
+)
+def test_admit_refuses_work_beyond_the_caps(model: str, fields: dict[str, Any], param: str) -> None:
+    with pytest.raises(InvalidRequestError) as err:
+        ADAPTER.admit(fake_request(**fields), endpoint(model), CAPS)
+    assert (err.value.status, err.value.param) == (400, param)
+
+
+@pytest.mark.parametrize(
+    ("model", "fields"),
+    [
+        ("long", {"max_tokens": 100}),
+        ("text", {"prompt": "x" * 40_000, "n": 2, "max_tokens": 100}),
+        ("echo", {"prompt": "x" * 30_000}),
+    ],
+)
+def test_admit_lets_work_within_the_caps_through(model: str, fields: dict[str, Any]) -> None:
+    ADAPTER.admit(fake_request(**fields), endpoint(model), CAPS)
