@@ -8,6 +8,8 @@ same request always gets the same answer. The model name picks a behaviour:
     drip-<N>ms      streams with N ms between tokens
     long            never stops by itself: always runs to max_tokens
     error-<status>  answers that upstream status (429 carries retry-after: 1)
+    crash-after-<N> raises an unexpected exception after N stream chunks (before answering, unstreamed):
+                    a stand-in for a bug in the gateway, to show how a client sees one
     anything else   8 to 47 words of deterministic text
 
 It honours max_tokens, stop (and include_stop_str_in_output), n, logprobs, echo and seed. Sampling
@@ -52,6 +54,11 @@ _LONGEST_WORD = max(len(w) for w in WORDS) + 1
 # Chunks a stream sends before letting the event loop run (a drip stream sleeps between chunks anyway).
 _YIELD_EVERY = 64
 _BEHAVIOUR = re.compile(r"^(slow|drip)-(\d{1,6})ms$|^error-(\d{3})$")
+_CRASH = re.compile(r"^crash-after-(\d{1,4})$")
+
+
+class FakeCrash(RuntimeError):
+    """What `crash-after-<N>` raises: deliberately not a GatewayError, like a bug would not be."""
 
 
 class _Generated(msgspec.Struct):
@@ -241,6 +248,8 @@ class FakeAdapter(LocalAdapter):
         behaviour, delay, _ = self._behaviour(endpoint)
         if delay:
             await asyncio.sleep(delay)
+        if _CRASH.match(endpoint.model):
+            raise FakeCrash("fake crash requested by model name")
         choices, _, usage = self._choices(req, behaviour)
         return ctx.completion(choices, usage)
 
@@ -251,14 +260,21 @@ class FakeAdapter(LocalAdapter):
         if delay:
             await asyncio.sleep(delay)
         choices, token_lists, usage = self._choices(req, behaviour)
+        crash = _CRASH.match(endpoint.model)
+        crash_after = int(crash.group(1)) if crash else -1
         sent = 0
         for choice, tokens in zip(choices, token_lists, strict=True):
             lp = choice.logprobs
             pieces = tokens or [""]
             for i, piece in enumerate(pieces):
+                if sent == crash_after:
+                    raise FakeCrash("fake crash requested by model name")
                 last = i == len(pieces) - 1
                 chunk_lp = None
-                if lp is not None:
+                if lp is not None and not tokens:
+                    # A choice with no tokens (empty prompt, max_tokens 0) still ends with a chunk: it carries none.
+                    chunk_lp = Logprobs(tokens=[], token_logprobs=[], top_logprobs=[], text_offset=[])
+                elif lp is not None:
                     chunk_lp = Logprobs(
                         tokens=[piece],
                         token_logprobs=[lp.token_logprobs[i]],

@@ -517,7 +517,6 @@ def _known(test: Any) -> Any:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.xfail(strict=False, reason=KNOWN)
 @pytest.mark.parametrize("route", list(ROUTES))
 @FUZZ
 @_known
