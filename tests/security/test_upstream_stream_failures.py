@@ -1,10 +1,11 @@
 """Item 13 of issue 11: a stream that fails after it started still ends properly.
 
-Before the fix, an unexpected exception after the first byte (found with the built-in `fake` provider asked
-for logprobs with an empty prompt in a list, which tripped over its own empty token list; the same holds
-for any adapter bug; here the fake's `crash-after-2` behaviour raises one on purpose) ended the response with neither an error event nor `data: [DONE]`: raw clients saw a
-truncated stream and SDKs an unexplained end. Now the client gets OpenAI's error envelope with a generic
-message (no traceback, no internal detail) and then `[DONE]`; the traceback goes to the log.
+Before the fix, an unexpected exception after the first byte ended the response with neither an error
+event nor `data: [DONE]`: raw clients saw a truncated stream and SDKs an unexplained end. It was found with
+the built-in `fake` provider asked for logprobs with an empty prompt in a list (it tripped over its own
+empty token list); here the fake's `crash-after-2` behaviour raises such an exception on purpose, as any
+adapter bug would. Now the client gets OpenAI's error envelope with a generic message (no traceback, no
+internal detail) and then `[DONE]`; the traceback goes to the log.
 Real sockets: the gateway served by uvicorn, raw HTTP and the official openai SDK as clients.
 """
 
