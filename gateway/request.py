@@ -63,6 +63,19 @@ FORBIDDEN_HEADERS: Final = frozenset(
 )
 
 
+_EXTRA_FORBIDDEN: Final = (
+    "model",
+    "prompt",
+    "stream",
+    "stream_options",
+    "n",
+    "best_of",
+    "max_tokens",
+    "max_completion_tokens",
+    "max_new_tokens",
+)
+
+
 def _bad(message: str, param: str) -> InvalidRequestError:
     return InvalidRequestError(message, param=param, code="invalid_value")
 
@@ -232,8 +245,10 @@ def normalize(req: CompletionRequest, caps: CapsConfig = _DEFAULT_CAPS) -> Compl
                 _check_depth(value, caps.json_depth, field)
     if req.inference_extra_params:
         # `stream_options` too: the gateway asks every stream for its usage, which rate limits and budgets
-        # settle on; a client turning it off would be billed for nothing.
-        for key in ("model", "prompt", "stream", "stream_options"):
+        # settle on; a client turning it off would be billed for nothing. The choice count and token limit
+        # likewise: admission reserves tokens and the emulation and choice caps are computed from the
+        # request's own fields, which the escape hatch must not quietly outgrow.
+        for key in _EXTRA_FORBIDDEN:
             if key in req.inference_extra_params:
                 raise _bad(f"'inference_extra_params' may not set '{key}'", "inference_extra_params")
     return req

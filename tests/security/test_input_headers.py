@@ -107,6 +107,20 @@ def test_client_cannot_turn_off_the_stream_usage_the_gateway_settles_on(
 
 
 @pytest.mark.parametrize("route", ALL_ROUTES)
+@pytest.mark.parametrize(
+    "extra", [{"n": 100}, {"best_of": 50}, {"max_tokens": 100000}, {"max_completion_tokens": 9}, {"max_new_tokens": 9}]
+)
+def test_client_cannot_outgrow_the_accounted_fields_through_extra_params(
+    client: httpx.Client, up: Recorder, route: str, extra: dict[str, int]
+) -> None:
+    # Token reservations, the choice cap and the emulation caps are computed from the request's own fields.
+    body = {"model": "up/davinci-002", "prompt": "hi", "inference_extra_params": extra}
+    resp = post(client, route, body)
+    assert_field_error(resp, route, "inference_extra_params")
+    assert up.received == []
+
+
+@pytest.mark.parametrize("route", ALL_ROUTES)
 def test_at_most_64_client_headers(client: httpx.Client, up: Recorder, route: str) -> None:
     extra = {f"x-h{i}": "v" for i in range(65)}
     body = {"model": "up/davinci-002", "prompt": "hi", "inference_extra_headers": extra}
