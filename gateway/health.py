@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Final
+from typing import Final, TypeVar
 
 import msgspec
 import redis.asyncio as aioredis
@@ -21,9 +21,23 @@ import redis.asyncio as aioredis
 from gateway.config import CooldownConfig
 from gateway.state import Degraded, SharedState
 
+_V = TypeVar("_V")
+
 _INFLIGHT_TTL_MS: Final = 600_000  # a replica that dies mid-request must not leave a target "busy" forever
 _LATENCY_TTL_MS: Final = 3_600_000
 _EWMA_ALPHA: Final = 0.3
+# Distinct targets whose state one process keeps: a direct `vendor/model` target is named by the client, so
+# without a bound a tenant sending invented names to a failing provider would grow these maps forever. The
+# oldest entries go first; a target still in use is re-inserted (moved to the end) whenever it changes.
+MAX_TARGETS: Final = 10_000
+
+
+def _put(d: dict[str, _V], key: str, value: _V) -> None:
+    d.pop(key, None)
+    d[key] = value
+    while len(d) > MAX_TARGETS:
+        del d[next(iter(d))]
+
 
 _FAILURE = """
 local f = redis.call('INCR', KEYS[2])
@@ -94,12 +108,12 @@ class _Local:
         now = self.clock()
         fails, fail_until = self.failures.get(target, (0, 0.0))
         fails = (fails if fail_until > now else 0) + 1
-        self.failures[target] = (fails, now + cfg.max_ms * 4 / 1000)
+        _put(self.failures, target, (fails, now + cfg.max_ms * 4 / 1000))
         ms = retry_after_ms if retry_after_ms is not None else min(cfg.base_ms * 2 ** (fails - 1), cfg.max_ms)
         ms = max(int(ms), 1)
         until, _ = self.cool.get(target, (0.0, cause))
         if until < now + ms / 1000:
-            self.cool[target] = (now + ms / 1000, cause)
+            _put(self.cool, target, (now + ms / 1000, cause))
         self.probes.pop(target, None)
         return ms
 
@@ -107,13 +121,13 @@ class _Local:
         now = self.clock()
         until, _ = self.cool.get(target, (0.0, "429"))
         if until < now + ms / 1000:
-            self.cool[target] = (now + ms / 1000, "429")
+            _put(self.cool, target, (now + ms / 1000, "429"))
 
     def probe(self, target: str, ttl_ms: int) -> bool:
         now = self.clock()
         if self.probes.get(target, 0.0) > now:
             return False
-        self.probes[target] = now + ttl_ms / 1000
+        _put(self.probes, target, now + ttl_ms / 1000)
         return True
 
 
@@ -158,7 +172,7 @@ class Health:
         except Degraded:
             return {t: self.local.state(t) for t in targets}
         for t, st in states.items():
-            self._seen[t] = (now, st)
+            _put(self._seen, t, (now, st))
         return {t: msgspec.structs.replace(st) for t, st in states.items()}
 
     def _cached(self, targets: Sequence[str], now: float) -> dict[str, TargetState] | None:
@@ -265,7 +279,11 @@ class Health:
             return self.local.probe(target, ttl_ms)
 
     async def inflight(self, target: str, delta: int) -> None:
-        self.local.inflight[target] = self.local.inflight.get(target, 0) + delta
+        count = self.local.inflight.get(target, 0) + delta
+        if count:
+            _put(self.local.inflight, target, count)
+        else:
+            self.local.inflight.pop(target, None)
         key = _keys(target)[3]
 
         async def op(r: aioredis.Redis) -> None:
@@ -281,7 +299,7 @@ class Health:
 
     async def latency(self, target: str, ms: float) -> None:
         prev = self.local.latency.get(target)
-        self.local.latency[target] = ms if prev is None else _EWMA_ALPHA * ms + (1 - _EWMA_ALPHA) * prev
+        _put(self.local.latency, target, ms if prev is None else _EWMA_ALPHA * ms + (1 - _EWMA_ALPHA) * prev)
         script = self._ewma_script
         if script is None:
             return

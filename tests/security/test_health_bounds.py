@@ -1,0 +1,31 @@
+"""Target health a process keeps is bounded: direct `vendor/model` targets are named by clients.
+
+Before the fix, every invented model name sent to a failing provider left entries in the in-process
+cooldown, failure, in-flight and latency maps that were never removed. Real `Health` over in-process state
+(no Redis configured), driven as the failover loop drives it.
+"""
+
+from __future__ import annotations
+
+from gateway.config import CooldownConfig
+from gateway.health import MAX_TARGETS, Health
+from gateway.state import SharedState
+
+
+async def test_invented_targets_do_not_grow_the_health_maps_without_bound() -> None:
+    health = Health(SharedState(""), CooldownConfig())
+    await health.failure("real/model", None, "error")
+    for i in range(MAX_TARGETS + 2_000):
+        target = f"flaky/invented-{i}"
+        await health.inflight(target, 1)
+        await health.failure(target, None, "error")
+        await health.latency(target, 12.0)
+        await health.inflight(target, -1)
+        if i % 1_000 == 0:
+            await health.failure("real/model", None, "error")  # still failing: kept among the newest
+    local = health.local
+    for name in ("cool", "failures", "probes", "inflight", "latency"):
+        assert len(getattr(local, name)) <= MAX_TARGETS, name
+    assert local.inflight == {}  # a count back at zero keeps no entry
+    state = (await health.snapshot(["real/model"]))["real/model"]
+    assert state.cooling_ms > 0 and state.failures > 1
