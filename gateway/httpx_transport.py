@@ -22,7 +22,7 @@ import time
 import urllib.request
 import zlib
 from collections.abc import AsyncIterator, Iterator, Mapping
-from typing import Final
+from typing import Any, Final
 
 import httpx
 
@@ -59,20 +59,14 @@ def tls_context(p: ProviderConfig) -> ssl.SSLContext:
 
 
 class _Decoder:
-    """gzip or deflate, decoded in bounded pieces; `limit` bytes of output at most."""
+    """gzip or deflate (the zlib format, RFC 9110 8.4.1.2; a raw deflate stream is refused, as h1 does),
+    decoded in bounded pieces so a bomb is never expanded in one call."""
 
     def __init__(self, encoding: str) -> None:
-        self._raw_fallback = encoding == "deflate"
         wbits = 16 + zlib.MAX_WBITS if encoding in ("gzip", "x-gzip") else zlib.MAX_WBITS
         self._z = zlib.decompressobj(wbits)
-        self._started = False
 
     def feed(self, data: bytes) -> Iterator[bytes]:
-        if not self._started and data:
-            self._started = True
-            if self._raw_fallback and (data[0] & 0x0F) != 8:
-                # `deflate` is zlib-wrapped (RFC 9110 8.4.1.2), but servers commonly send it raw.
-                self._z = zlib.decompressobj(-zlib.MAX_WBITS)
         while data:
             try:
                 out = self._z.decompress(data, _PIECE)
@@ -92,6 +86,49 @@ class _Decoder:
 def _decoder(headers: Mapping[str, str]) -> _Decoder | None:
     encoding = headers.get("content-encoding", "").strip().lower()
     return _Decoder(encoding) if encoding in ("gzip", "x-gzip", "deflate") else None
+
+
+def _h11_state(resp: httpx.Response) -> Any:
+    """The h11 state machine under an HTTP/1.1 response (None for HTTP/2), through httpx's and httpcore's
+    stream wrappers. Private attributes: tests/security/test_transport_httpx.py pins the chain, so an
+    httpx or httpcore upgrade that moves it fails the suite instead of silently pooling leftovers."""
+    node: Any = resp.stream
+    for _ in range(8):
+        state = getattr(node, "_h11_state", None)
+        if state is not None:
+            return state
+        node = (
+            getattr(node, "_stream", None)
+            or getattr(node, "_httpcore_stream", None)
+            or getattr(node, "_connection", None)
+        )
+        if node is None:
+            return None
+    return None
+
+
+def _seal(resp: httpx.Response) -> None:
+    """Keep a connection out of the pool when the server sent more than the answer it was asked for.
+
+    httpcore pools a connection once both sides of h11 are DONE, and bytes already received after the
+    body (a 204 with a body, a second answer smuggled behind the first) stay in h11's buffer: the next
+    request on that connection would read them as its own answer. Failing our side makes httpcore close
+    it instead (h11's public `send_failed`).
+    """
+    state = _h11_state(resp)
+    if state is not None and state.trailing_data[0]:
+        state.send_failed()
+
+
+def _framing_problem(resp: httpx.Response) -> str | None:
+    """What h1's parser refuses and h11 accepts: two Content-Lengths (equal or not), a list of them, or one
+    beside Transfer-Encoding (RFC 9112 6.3: ought to be an error; each is a request-smuggling vector)."""
+    lengths = resp.headers.get_list("content-length")
+    if len(lengths) > 1 or any("," in v for v in lengths):
+        return "more than one Content-Length"
+    if lengths and "transfer-encoding" in resp.headers:
+        return "both Content-Length and Transfer-Encoding"
+    return None
 
 
 def _mapped(exc: httpx.HTTPError, began: bool) -> BaseException:
@@ -134,7 +171,11 @@ class HttpxReply:
 
     async def _pieces(self) -> AsyncIterator[bytes]:
         decoder = _decoder(self.headers)
-        raw = self._resp.aiter_raw()
+        # The transfer-decoded bytes, read here rather than through aiter_raw(), which would close (and so
+        # pool) the connection before `_seal` could look at what the server sent after the body.
+        stream = self._resp.stream
+        assert isinstance(stream, httpx.AsyncByteStream)
+        raw = aiter(stream)
         while True:
             remaining = self._deadline - time.monotonic()
             if remaining <= 0:
@@ -155,7 +196,9 @@ class HttpxReply:
             tail = decoder.flush()
             if tail:
                 yield tail
+        _seal(self._resp)
         self._done = True
+        await self._resp.aclose()
 
     async def read(self) -> bytes:
         body = bytearray()
@@ -238,6 +281,10 @@ class HttpxTransport:
                 resp = await self._client.send(request, stream=True, follow_redirects=False)
         except httpx.HTTPError as exc:
             raise _mapped(exc, began=False) from None
+        problem = _framing_problem(resp)
+        if problem is not None:
+            self.close_later(resp)
+            raise h1.Malformed(f"invalid HTTP response: {problem}")
         size = sum(len(k) + len(v) + 4 for k, v in resp.headers.raw) + len(resp.reason_phrase) + 15
         if size > self._caps.upstream_header_bytes:
             self.close_later(resp)
