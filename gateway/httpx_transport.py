@@ -38,6 +38,8 @@ _HOP_BY_HOP: Final = frozenset(
 )
 _KEEPALIVE_S: Final = 30.0  # as h1's pool
 _PIECE: Final = 64 * 1024  # decoded output per decompress call: a bomb is never expanded in one go
+# httpcore's max_incomplete_event_size for h11: the effective header cap is the lower of it and the config's.
+_H11_HEAD_LIMIT: Final = 100 * 1024
 
 
 class _NoCookies(http.cookiejar.DefaultCookiePolicy):
@@ -59,14 +61,27 @@ def tls_context(p: ProviderConfig) -> ssl.SSLContext:
 
 
 class _Decoder:
-    """gzip or deflate (the zlib format, RFC 9110 8.4.1.2; a raw deflate stream is refused, as h1 does),
-    decoded in bounded pieces so a bomb is never expanded in one call."""
+    """gzip or deflate, decoded in bounded pieces so a bomb is never expanded in one call.
+
+    `deflate` is meant to be zlib-wrapped (RFC 9110 8.4.1.2), but some servers send it raw: the first two
+    bytes tell them apart, the same test h1 makes.
+    """
 
     def __init__(self, encoding: str) -> None:
-        wbits = 16 + zlib.MAX_WBITS if encoding in ("gzip", "x-gzip") else zlib.MAX_WBITS
-        self._z = zlib.decompressobj(wbits)
+        gzip = encoding in ("gzip", "x-gzip")
+        self._z = zlib.decompressobj(16 + zlib.MAX_WBITS if gzip else zlib.MAX_WBITS)
+        self._probe: bytes | None = None if gzip else b""
 
     def feed(self, data: bytes) -> Iterator[bytes]:
+        if self._probe is not None:
+            data = self._probe + data
+            if len(data) < 2:
+                self._probe = data
+                return
+            self._probe = None
+            cmf, flg = data[0], data[1]
+            if cmf & 0x0F != 8 or cmf >> 4 > 7 or (cmf << 8 | flg) % 31:
+                self._z = zlib.decompressobj(-zlib.MAX_WBITS)
         while data:
             try:
                 out = self._z.decompress(data, _PIECE)
@@ -120,18 +135,38 @@ def _seal(resp: httpx.Response) -> None:
         state.send_failed()
 
 
-def _framing_problem(resp: httpx.Response) -> str | None:
+def _framing_problem(resp: httpx.Response) -> h1.Malformed | None:
     """What h1's parser refuses and h11 accepts: two Content-Lengths (equal or not), a list of them, or one
     beside Transfer-Encoding (RFC 9112 6.3: ought to be an error; each is a request-smuggling vector)."""
     lengths = resp.headers.get_list("content-length")
     if len(lengths) > 1 or any("," in v for v in lengths):
-        return "more than one Content-Length"
+        return h1.Malformed("invalid HTTP response: more than one Content-Length")
     if lengths and "transfer-encoding" in resp.headers:
-        return "both Content-Length and Transfer-Encoding"
+        return h1.Malformed("invalid HTTP response: both Content-Length and Transfer-Encoding")
     return None
 
 
-def _mapped(exc: httpx.HTTPError, began: bool) -> BaseException:
+def _head_too_large(cap: int) -> h1.TooLarge:
+    return h1.TooLarge(f"the response headers are larger than the cap of {cap} bytes (caps.upstream_header_bytes)")
+
+
+def _head_problem(raw: list[tuple[bytes, bytes]], cap: int) -> h1.TooLarge | None:
+    """h1's header caps, counted as h1 counts them (in arrival order), so both refuse the same answers."""
+    size = 0
+    for count, (name, value) in enumerate(raw, 1):
+        size += len(name) + len(value) + 4
+        if size > cap:
+            return _head_too_large(cap)
+        if count > h1.MAX_HEADERS:
+            return h1.TooLarge(f"the response has more than {h1.MAX_HEADERS} header fields")
+    return None
+
+
+def _body_too_large(cap: int) -> h1.TooLarge:
+    return h1.TooLarge(f"the response body is larger than the cap of {cap} bytes (caps.upstream_body_bytes)")
+
+
+def _mapped(exc: httpx.HTTPError, began: bool, head_cap: int = _H11_HEAD_LIMIT) -> BaseException:
     """An httpx failure as the failure kind h1 would report for it."""
     if isinstance(exc, httpx.TimeoutException):
         return TimeoutError()
@@ -142,6 +177,9 @@ def _mapped(exc: httpx.HTTPError, began: bool) -> BaseException:
     if isinstance(exc, httpx.LocalProtocolError):
         return ValueError(f"the request could not be sent: {exc}")
     text = str(exc)
+    if "buffer too long" in text:
+        # h11 gives up on a head past 100 KiB (httpcore's limit): over any header cap h1 would apply too.
+        return _head_too_large(min(head_cap, _H11_HEAD_LIMIT))
     if not began and (
         isinstance(exc, httpx.ReadError | httpx.WriteError) or "without sending" in text or "disconnected" in text
     ):
@@ -201,12 +239,17 @@ class HttpxReply:
         await self._resp.aclose()
 
     async def read(self) -> bytes:
+        """The whole body, decoded; `h1.TooLarge` past the cap, counted after decoding (the connection closes)."""
         body = bytearray()
         try:
+            length = self.headers.get("content-length")
+            if "content-encoding" not in self.headers and length is not None and length.isdigit():
+                if int(length) > self._limit:
+                    raise _body_too_large(self._limit)
             async for piece in self._pieces():
                 body += piece
                 if len(body) > self._limit:
-                    raise h1.Malformed(f"the response body is larger than {self._limit} bytes")
+                    raise _body_too_large(self._limit)
         finally:
             self.release()
         return bytes(body)
@@ -260,12 +303,18 @@ class HttpxTransport:
             lowered = name.lower()
             if lowered in _HOP_BY_HOP or lowered.startswith("proxy-"):
                 continue
-            if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
-                raise ValueError(f"header {name!r} contains a line break")
+            if "\r" in value or "\n" in value or "\0" in value or "\r" in name or "\n" in name or "\0" in name:
+                raise ValueError(f"header {name!r} contains a line break or NUL")
             out.append((name, value))
         return out
 
     async def request(self, req: UpstreamRequest, timeouts: Timeouts) -> HttpxReply:
+        if req.method in ("HEAD", "CONNECT"):
+            raise ValueError(f"method {req.method} is not supported")  # as h1: neither frames a body it can relay
+        _, target = h1.split(req.url)
+        if not target.isprintable() or " " in target or not target.isascii():
+            # httpx would percent-encode what h1 refuses; refusing here keeps the two identical.
+            raise ValueError("the request target contains spaces, control or non-ASCII characters")
         deadline = time.monotonic() + timeouts.total
         request = self._client.build_request(
             req.method,
@@ -280,15 +329,11 @@ class HttpxTransport:
             async with asyncio.timeout(timeouts.total):
                 resp = await self._client.send(request, stream=True, follow_redirects=False)
         except httpx.HTTPError as exc:
-            raise _mapped(exc, began=False) from None
-        problem = _framing_problem(resp)
+            raise _mapped(exc, began=False, head_cap=self._caps.upstream_header_bytes) from None
+        problem = _head_problem(resp.headers.raw, self._caps.upstream_header_bytes) or _framing_problem(resp)
         if problem is not None:
             self.close_later(resp)
-            raise h1.Malformed(f"invalid HTTP response: {problem}")
-        size = sum(len(k) + len(v) + 4 for k, v in resp.headers.raw) + len(resp.reason_phrase) + 15
-        if size > self._caps.upstream_header_bytes:
-            self.close_later(resp)
-            raise h1.Malformed(f"the response headers are larger than {self._caps.upstream_header_bytes} bytes")
+            raise problem
         return HttpxReply(self, resp, deadline, timeouts.first_byte, self._caps.upstream_body_bytes)
 
     async def close(self) -> None:

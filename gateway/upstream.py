@@ -22,7 +22,7 @@ import msgspec
 
 from gateway import h1
 from gateway.config import CapsConfig, LoadedConfig, ProviderConfig, TimeoutsConfig
-from gateway.errors import GatewayError, UpstreamConnectError, UpstreamTimeoutError
+from gateway.errors import GatewayError, UpstreamConnectError, UpstreamError, UpstreamTimeoutError
 from providers import REGISTRY
 from providers.base import UpstreamRequest
 
@@ -38,6 +38,10 @@ _TRANSPORT: Final = (OSError, TimeoutError, ValueError)
 
 
 def map_transport_error(exc: BaseException, provider: str) -> GatewayError:
+    if isinstance(exc, h1.TooLarge):
+        # The message names the cap and its config key, never upstream bytes. Not retried: asking again
+        # would bring the same answer (and the same memory) back.
+        return UpstreamError(f"Upstream '{provider}' {exc}", code="upstream_answer_too_large")
     for kind, error, what in _ERRORS:
         if isinstance(exc, kind):
             return error(f"Upstream '{provider}' {what}", code=error.__name__)
@@ -102,8 +106,7 @@ class H1Transport:
     name = "h1"
 
     def __init__(self, limit: int, caps: CapsConfig) -> None:
-        self._client = h1.Client(limit)
-        self._caps = caps
+        self._client = h1.Client(limit, max_body=caps.upstream_body_bytes, max_header_bytes=caps.upstream_header_bytes)
 
     async def request(self, req: UpstreamRequest, timeouts: Timeouts) -> Reply:
         return await self._client.request(
