@@ -12,6 +12,7 @@ gateway error whichever one carried the request. Adapters stay transport-free.
 
 from __future__ import annotations
 
+import logging
 import urllib.request
 from collections.abc import AsyncIterator, Callable, Mapping
 from types import TracebackType
@@ -25,6 +26,8 @@ from gateway.config import CapsConfig, LoadedConfig, ProviderConfig, TimeoutsCon
 from gateway.errors import GatewayError, UpstreamConnectError, UpstreamError, UpstreamTimeoutError
 from providers import REGISTRY
 from providers.base import UpstreamRequest
+
+log = logging.getLogger(__name__)
 
 # Transport failures -> gateway errors, most specific first.
 _ERRORS: Final[tuple[tuple[type[BaseException], type[GatewayError], str], ...]] = (
@@ -165,8 +168,11 @@ def needs_httpx(p: ProviderConfig) -> bool:
     return any(env_proxy_applies(url) for url in provider_urls(p))
 
 
-def transport_for(p: ProviderConfig, caps: CapsConfig) -> Transport:
+def transport_for(name: str, p: ProviderConfig, caps: CapsConfig) -> Transport:
     kind = p.transport
+    if kind == "h1" and any(env_proxy_applies(url) for url in provider_urls(p)):
+        # Chosen explicitly, so not an error; but traffic the environment means to proxy goes direct.
+        log.warning("provider %s: transport h1 connects directly; the proxy environment variables do not apply", name)
     if kind == "httpx" or (kind == "auto" and needs_httpx(p)):
         from gateway.httpx_transport import HttpxTransport  # only providers that need it pay its import
 
@@ -214,7 +220,7 @@ class Upstream:
     def __init__(self, loaded: LoadedConfig) -> None:
         caps = self._caps = loaded.config.caps
         self._transports: dict[str, Transport] = {
-            name: transport_for(p, caps) for name, p in loaded.providers.items() if p.kind != "fake"
+            name: transport_for(name, p, caps) for name, p in loaded.providers.items() if p.kind != "fake"
         }
         self.timeouts = Timeouts.of(loaded.config.timeouts)
         self.provider_timeouts = {

@@ -20,6 +20,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import h2.config
+import h2.connection
+import h2.events
 import pytest
 import trustme
 from aiohttp import web
@@ -287,6 +290,74 @@ def _environ(values: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+class H2Origin:
+    """A minimal HTTP/2 server over TLS (ALPN `h2` only), on the `h2` state machine httpx itself uses."""
+
+    def __init__(self, tls: ssl.SSLContext) -> None:
+        tls.set_alpn_protocols(["h2"])
+        self.tls = tls
+        self.alpn: list[str | None] = []
+        self.requests: list[dict[str, str]] = []
+        self.port = 0
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0, ssl=self.tls)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        assert self._server is not None
+        self._server.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.alpn.append(writer.get_extra_info("ssl_object").selected_alpn_protocol())
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+        conn.initiate_connection()
+        writer.write(conn.data_to_send())
+        heads: dict[int, dict[str, str]] = {}
+        try:
+            while data := await reader.read(65536):
+                for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.RequestReceived):
+                        heads[event.stream_id] = {
+                            (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+                            for k, v in event.headers
+                        }
+                    elif isinstance(event, h2.events.DataReceived):
+                        conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                    elif isinstance(event, h2.events.StreamEnded):
+                        self.requests.append(heads.pop(event.stream_id))
+                        conn.send_headers(
+                            event.stream_id,
+                            [(":status", "200"), ("content-type", "application/json"), ("content-length", "18")],
+                        )
+                        conn.send_data(event.stream_id, ANSWER, end_stream=True)
+                writer.write(conn.data_to_send())
+                await writer.drain()
+        except (ConnectionError, ssl.SSLError):
+            pass
+        finally:
+            writer.transport.abort()
+
+
+async def test_http2_is_negotiated_when_asked_for(pki: Pki) -> None:
+    server = H2Origin(pki.server)
+    await server.start()
+    try:
+        url = f"https://localhost:{server.port}"
+        up = upstream_for(f"  p: {{kind: openai, api_key: k, http2: true, ca_bundle: '{pki.ca_file}'}}")
+        try:
+            for _ in range(3):
+                assert await call(up, "p", url, {"authorization": "Bearer sk-h2"}) == (200, ANSWER)
+        finally:
+            await up.close()
+        assert server.alpn == ["h2"]  # one connection, multiplexed, over HTTP/2
+        assert [r[":path"] for r in server.requests] == ["/v1/completions"] * 3
+        assert server.requests[0]["authorization"] == "Bearer sk-h2"
+    finally:
+        await server.stop()
 
 
 # --------------------------------------------------------------------------------------------------
