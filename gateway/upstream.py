@@ -176,6 +176,9 @@ def transport_for(name: str, p: ProviderConfig, caps: CapsConfig) -> Transport:
     if kind == "httpx" or (kind == "auto" and needs_httpx(p)):
         from gateway.httpx_transport import HttpxTransport  # only providers that need it pay its import
 
+        if kind == "auto":
+            # Visible at start-up: auto may switch a provider to the slower client because of the environment.
+            log.info("provider %s: transport httpx (needs a proxy, CA bundle, client certificate or HTTP/2)", name)
         return HttpxTransport(p, caps)
     return H1Transport(p.max_connections, caps)
 
