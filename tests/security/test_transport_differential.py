@@ -11,6 +11,8 @@ get its own answer, which proves the hostile answer left no bytes behind for ano
 from __future__ import annotations
 
 import asyncio
+import socket
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -110,3 +112,32 @@ async def test_both_transports_agree_and_the_pool_stays_in_sync(
         assert expected(case, first, stream), (transport, case.expect, first, case.why)
     if not case.divergence:
         assert seen["h1"] == seen["httpx"], seen
+
+
+async def test_connect_failures_and_connect_timeouts_map_alike() -> None:
+    """Nothing listening, and a TLS handshake that never completes (the connect timeout covers it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    silent = await asyncio.start_server(lambda r, w: asyncio.sleep(30), "127.0.0.1", 0)
+    mute = silent.sockets[0].getsockname()[1]
+    fast = Timeouts(connect=0.3, first_byte=5.0, total=5.0)
+    try:
+        for url, expect in (
+            (f"http://127.0.0.1:{closed}", ("UpstreamConnectError", "Upstream 'P' could not be reached")),
+            (f"https://localhost:{mute}", ("UpstreamTimeoutError", "Upstream 'P' timed out")),
+        ):
+            upstream = Upstream(parse_config(config(url), env={}))
+            try:
+                for transport in TRANSPORTS:
+                    started = time.monotonic()
+                    req = UpstreamRequest("POST", url + "/v1/completions", {}, b"{}")
+                    with pytest.raises(GatewayError) as info:
+                        await upstream.send(transport, req, fast)
+                    seen = (type(info.value).__name__, info.value.message.replace(f"'{transport}'", "'P'"))
+                    assert seen == expect, (transport, url)
+                    assert time.monotonic() - started < 2.0  # the connect timeout, not the total one
+            finally:
+                await upstream.close()
+    finally:
+        silent.close()
