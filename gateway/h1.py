@@ -444,6 +444,12 @@ class _Connection(asyncio.Protocol):
             # Answered before reading the whole request: the rest of it may be read as a next request.
             self._dirty = True
         self._length_known = "content-length" in headers or "chunked" in headers.get("transfer-encoding", "")
+        if (status == 204 or status == 304) and (
+            headers.get("content-length", "0") != "0" or "transfer-encoding" in headers
+        ):
+            # Framed as bodyless whatever it declares (RFC 9110 15.3.5, 15.4.5): a body the server sends
+            # anyway, perhaps a moment later, would be read as the next request's answer.
+            self._dirty = True
         encoding = headers.get("content-encoding")
         if encoding is not None:
             encoding = encoding.strip().lower()

@@ -231,6 +231,26 @@ async def test_a_204_with_a_smuggled_answer_in_its_body_is_not_pooled(client: h1
         assert srv.connections == 2
 
 
+async def test_a_204_declaring_a_body_is_not_pooled_even_when_the_body_comes_later(client: h1.Client) -> None:
+    async def script(n: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if n == 0:
+            await read_request(reader)
+            smuggled = answer(b"stolen")
+            writer.write(b"HTTP/1.1 204 No Content\r\ncontent-length: %d\r\n\r\n" % len(smuggled))
+            await writer.drain()
+            await read_request(reader)  # the next request, if the client reused this connection
+            writer.write(smuggled)
+            await writer.drain()
+            await asyncio.sleep(1)
+            return
+        await well_behaved(reader, writer)
+
+    async with RawServer(script) as srv:
+        assert await call(client, srv.url, b"first") == (204, b"")
+        assert await call(client, srv.url, b"second") == (200, b"answer to second")
+        assert srv.connections == 2
+
+
 async def test_a_second_answer_pipelined_after_the_first_is_never_read_as_the_next_requests(
     client: h1.Client,
 ) -> None:
