@@ -123,7 +123,7 @@ def _h11_state(resp: httpx.Response) -> Any:
 
 
 def _seal(resp: httpx.Response) -> None:
-    """Keep a connection out of the pool when the server sent more than the answer it was asked for.
+    """Keep a connection out of the pool when the server sent, or said it would send, more than the answer.
 
     httpcore pools a connection once both sides of h11 are DONE, and bytes already received after the
     body (a 204 with a body, a second answer smuggled behind the first) stay in h11's buffer: the next
@@ -131,7 +131,14 @@ def _seal(resp: httpx.Response) -> None:
     it instead (h11's public `send_failed`).
     """
     state = _h11_state(resp)
-    if state is not None and state.trailing_data[0]:
+    if state is None:
+        return
+    # A 204 or 304 is bodyless whatever it declares (RFC 9110 15.3.5, 15.4.5): one that declares a body
+    # may send it a moment later, when the connection is already back in the pool (as h1 decides).
+    declared = resp.status_code in (204, 304) and (
+        resp.headers.get("content-length", "0") != "0" or "transfer-encoding" in resp.headers
+    )
+    if declared or state.trailing_data[0]:
         state.send_failed()
 
 

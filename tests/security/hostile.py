@@ -131,6 +131,17 @@ CASES: list[Case] = [
     Case("no_content_204_with_body", [head("204 No Content", "content-length: 5") + b"hello"], ("ok", 204, b"")),
     Case("not_modified_304_with_body", [head("304 Not Modified", "content-length: 8") + BODY], ("ok", 304, b"")),
     Case("no_content_204_smuggling", [head("204 No Content") + SMUGGLED], ("ok", 204, b"")),
+    Case(
+        "no_content_204_body_later",
+        [head("204 No Content", f"content-length: {len(SMUGGLED)}"), Wait(0.05), SMUGGLED],
+        ("ok", 204, b""),
+        "a 204 that declares a body must not be pooled: the body, sent a moment later, would answer the next request",
+    ),
+    Case(
+        "not_modified_304_chunked_later",
+        [head("304 Not Modified", "transfer-encoding: chunked"), Wait(0.05), SMUGGLED],
+        ("ok", 304, b""),
+    ),
     # -- Content-Length and Transfer-Encoding (RFC 9112 6.1-6.3) ---------------------------------------
     Case(
         "content_length_duplicate_equal",
