@@ -384,6 +384,10 @@ class HostileServer:
             await self._serve(reader, writer)
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
             pass
+        except asyncio.CancelledError:
+            # stop() cancels what is still waiting; ending quietly keeps asyncio's stream callback from
+            # logging the cancellation as an error.
+            pass
         finally:
             self._tasks.discard(task)
             writer.transport.abort()

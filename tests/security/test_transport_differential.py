@@ -119,7 +119,13 @@ async def test_connect_failures_and_connect_timeouts_map_alike() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         closed = s.getsockname()[1]
-    silent = await asyncio.start_server(lambda r, w: asyncio.sleep(30), "127.0.0.1", 0)
+    held: list[asyncio.StreamWriter] = []
+
+    async def mute(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+        await reader.read()  # never answers; ends when the client gives up
+
+    silent = await asyncio.start_server(mute, "127.0.0.1", 0)
     mute = silent.sockets[0].getsockname()[1]
     fast = Timeouts(connect=0.3, first_byte=5.0, total=5.0)
     try:
@@ -140,4 +146,7 @@ async def test_connect_failures_and_connect_timeouts_map_alike() -> None:
             finally:
                 await upstream.close()
     finally:
+        for w in held:
+            w.transport.abort()
         silent.close()
+        await silent.wait_closed()

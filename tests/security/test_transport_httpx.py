@@ -134,8 +134,8 @@ class Proxy:
                 up_reader, up_writer = await asyncio.open_connection(host, int(port))
                 up_writer.write(head)
             await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass  # a cancellation is stop(): ending quietly keeps asyncio's stream callback from logging it
         finally:
             self._tasks.discard(task)
             writer.transport.abort()
