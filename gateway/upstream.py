@@ -137,9 +137,9 @@ def provider_urls(p: ProviderConfig) -> list[str]:
     return [u for u in urls if u]
 
 
-def env_proxy_applies(url: str, env: Mapping[str, str] | None = None) -> bool:
+def env_proxy_applies(url: str) -> bool:
     """Whether HTTP(S)_PROXY / ALL_PROXY would send a request to `url` through a proxy (NO_PROXY respected)."""
-    proxies = urllib.request.getproxies_environment() if env is None else _proxies_of(env)
+    proxies = urllib.request.getproxies_environment()
     parts = urlsplit(url)
     if not (proxies.get(parts.scheme) or proxies.get("all")):
         return False
@@ -147,18 +147,6 @@ def env_proxy_applies(url: str, env: Mapping[str, str] | None = None) -> bool:
     if parts.port is not None:
         host = f"{host}:{parts.port}"
     return not _bypass(host, proxies)
-
-
-def _proxies_of(env: Mapping[str, str]) -> dict[str, str]:
-    # The same reading as urllib's (lower case wins), over a given mapping instead of os.environ.
-    found: dict[str, str] = {}
-    for name, value in env.items():
-        if value and name.lower().endswith("_proxy"):
-            found.setdefault(name.lower()[: -len("_proxy")], value)
-    for name, value in env.items():
-        if value and name.endswith("_proxy"):
-            found[name[: -len("_proxy")]] = value
-    return found
 
 
 def needs_httpx(p: ProviderConfig) -> bool:
