@@ -103,7 +103,12 @@ class _Inflate:
             if cmf & 0x0F != 8 or cmf >> 4 > 7 or (cmf << 8 | flg) % 31:
                 self._z = zlib.decompressobj(-zlib.MAX_WBITS)
         z = self._z
-        return z.decompress(data, limit), z.unconsumed_tail
+        if z.eof:
+            return b"", b""  # bytes after the end of the compressed stream are ignored, as httpx does
+        out = z.decompress(data, limit)
+        # At the end of the stream zlib leaves what follows in unconsumed_tail too; handed back, it would
+        # never be consumed and the reader would spin on it.
+        return out, b"" if z.eof else z.unconsumed_tail
 
     def flush(self) -> bytes:
         # Only called once every input byte was consumed, so what is left is bounded by zlib's window.

@@ -104,6 +104,30 @@ async def test_a_relayed_bomb_expands_one_bounded_piece_at_a_time(small: h1.Clie
         assert await call(small, srv.url, b"second") == (200, b"answer to second")
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_bytes_after_the_end_of_a_compressed_body_never_spin_the_reader(small: h1.Client, stream: bool) -> None:
+    """Found by the fuzz suite: zlib leaves what follows the end of a gzip stream in `unconsumed_tail`,
+    and a relayed read that handed it back for more decoding looped forever on the event loop."""
+    body = zlib.compress(b"x" * 100_000, wbits=16 + zlib.MAX_WBITS) + b"trailing junk"
+
+    async def script(n: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(answer(body, extra=b"content-encoding: gzip\r\n"))
+        await writer.drain()
+        await asyncio.sleep(1)
+
+    async with RawServer(script) as srv:
+        resp = await small.request("POST", srv.url, {}, b"x", connect_s=2, first_byte_s=2, total_s=2)
+        try:
+            if stream:
+                got = b"".join([chunk async for chunk in resp.iter_chunks()])
+            else:
+                got = await resp.read()
+        finally:
+            resp.release()
+        assert got == b"x" * 100_000
+
+
 @pytest.mark.parametrize("wbits", [zlib.MAX_WBITS, -zlib.MAX_WBITS], ids=["zlib-wrapped", "raw"])
 @pytest.mark.parametrize("piece", [1, 7, 65536])
 async def test_deflate_is_decoded_wrapped_or_raw(small: h1.Client, wbits: int, piece: int) -> None:
