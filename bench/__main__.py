@@ -23,7 +23,7 @@ from types import FrameType
 
 from bench import report, wrk
 from bench.processes import foreign_load_pct
-from bench.scenarios import ALL_TARGETS, NOISY_PCT, Runner, Settings
+from bench.scenarios import ALL_TARGETS, DEFAULT_TARGETS, NOISY_PCT, Runner, Settings
 from bench.upstream import nginx
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,7 +83,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "load_sweep, soak, pyupstream_c32, stream_c32, stream_ttfb, slow_fixed_rate, hold_streams",
     )
     parser.add_argument(
-        "--targets", default=",".join(ALL_TARGETS), help=f"comma-separated subset of {','.join(ALL_TARGETS)}"
+        "--targets",
+        default=",".join(DEFAULT_TARGETS),
+        help=f"comma-separated subset of {','.join(ALL_TARGETS)} (default: all but gateway-httpx)",
     )
     parser.add_argument("--no-pin", action="store_true", help="do not pin processes to cores")
     parser.add_argument(

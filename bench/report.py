@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 
 from bench import wrk
-from bench.scenarios import GRANIAN, LIMITS_TARGET, NOISY_PCT, TWO_WORKERS, Measurement
+from bench.scenarios import GRANIAN, HTTPX, LIMITS_TARGET, NOISY_PCT, TWO_WORKERS, Measurement
 from bench.upstream import COMPLETION_BODY, nginx
 
 # Above this busy share of the load generator's core, a row measures wrk rather than the server.
@@ -153,6 +153,8 @@ def _label(target: str, result: RunResult) -> str:
         return f"{target} (workers=2, unpinned)"
     if target == GRANIAN:
         return f"{target} (granian, workers={workers})"
+    if target == HTTPX:
+        return f"{target} (transport: httpx, workers={workers})"
     return target
 
 
@@ -590,6 +592,7 @@ def _variants_section(idx: _Index, result: RunResult) -> list[str]:
         ("nonstream_c32", "gateway"),
         ("nonstream_c32", TWO_WORKERS),
         ("nonstream_c32", GRANIAN),
+        ("nonstream_c32", HTTPX),
         ("limits_c32", LIMITS_TARGET),
     ):
         if idx.raw(scenario, target) is None:

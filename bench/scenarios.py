@@ -13,7 +13,9 @@ wake-up across cores costs from ~80 us to milliseconds, which would drown what a
 
 Besides the three, some rows measure gateway variants: ``gateway-2w`` (``--workers 2``; two workers
 cannot share one core, so it runs unpinned, competing with wrk and the upstream for both cores),
-``gateway-granian`` (``--server granian``; skipped when granian is not installed) and
+``gateway-granian`` (``--server granian``; skipped when granian is not installed),
+``gateway-httpx`` (the bench provider on ``transport: httpx``, the second upstream client; only when
+named in ``--targets``, since it measures a transport choice rather than the gateway as shipped) and
 ``gateway+limits`` (``--limits-config``). Memory rows read VmRSS: ``soak`` counts requests with wrk
 against a freshly started server (RSS after a tenth of the requests and after all of them), and
 ``hold_streams`` keeps many slow streams open at once while sampling the server's RSS.
@@ -61,9 +63,12 @@ Placement = Literal["split", "shared"]
 TARGETS = ("direct", "passthrough", "gateway")
 TWO_WORKERS = "gateway-2w"
 GRANIAN = "gateway-granian"
+HTTPX = "gateway-httpx"
 LIMITS_TARGET = "gateway+limits"
 # What --targets may name; LIMITS_TARGET comes with --limits-config instead.
-ALL_TARGETS = (*TARGETS, TWO_WORKERS, GRANIAN)
+ALL_TARGETS = (*TARGETS, TWO_WORKERS, GRANIAN, HTTPX)
+# What runs when --targets is not given: the httpx row is asked for by name.
+DEFAULT_TARGETS = (*TARGETS, TWO_WORKERS, GRANIAN)
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,8 @@ class GatewayVariant:
     limits: bool = False
     # More than one worker process cannot be confined to the one core a measured server gets.
     pinned: bool = True
+    # The bench provider's `transport:` (None: the config default, `auto`, which is h1 on the bench).
+    transport: str | None = None
 
 
 VARIANTS: dict[str, GatewayVariant] = {
@@ -82,6 +89,7 @@ VARIANTS: dict[str, GatewayVariant] = {
     LIMITS_TARGET: GatewayVariant(limits=True),
     TWO_WORKERS: GatewayVariant(workers=2, pinned=False),
     GRANIAN: GatewayVariant(server="granian"),
+    HTTPX: GatewayVariant(transport="httpx"),
 }
 
 
@@ -180,7 +188,7 @@ class Settings:
     sweep_rates: tuple[float, ...] = (500.0, 1000.0, 1500.0, 2000.0, 2500.0, 3000.0, 4000.0)
     sweep_seconds: float = 4.0
     sweep_warmup_s: float = 0.5
-    targets: tuple[str, ...] = ALL_TARGETS
+    targets: tuple[str, ...] = DEFAULT_TARGETS
     only: frozenset[str] | None = None
     limits_config: Path | None = None
     # Total seconds the run may spend waiting for other processes to quieten down before measuring.
@@ -196,7 +204,7 @@ def build_scenarios(settings: Settings) -> list[Scenario]:
             "nginx",
             "wrk",
             connections=c,
-            targets=(*TARGETS, TWO_WORKERS, GRANIAN),
+            targets=(*TARGETS, TWO_WORKERS, GRANIAN, HTTPX),
         ),
         Scenario(
             "nonstream_c1",
@@ -205,7 +213,7 @@ def build_scenarios(settings: Settings) -> list[Scenario]:
             "wrk",
             connections=1,
             placement="shared",
-            targets=(*TARGETS, GRANIAN),
+            targets=(*TARGETS, GRANIAN, HTTPX),
         ),
         Scenario(
             "pyupstream_c32",
@@ -222,6 +230,7 @@ def build_scenarios(settings: Settings) -> list[Scenario]:
             "wrk",
             stream=True,
             connections=c,
+            targets=(*TARGETS, HTTPX),
         ),
         Scenario(
             "stream_ttfb",
@@ -230,13 +239,14 @@ def build_scenarios(settings: Settings) -> list[Scenario]:
             "ttfb",
             stream=True,
             placement="shared",
+            targets=(*TARGETS, HTTPX),
         ),
         Scenario(
             "slow_fixed_rate",
             f"{settings.latency_ms:g} ms upstream at {settings.rate:g} req/s",
             "slow",
             "fixed-rate",
-            targets=(*TARGETS, GRANIAN),
+            targets=(*TARGETS, GRANIAN, HTTPX),
         ),
     ]
     if settings.limits_config is not None:
@@ -303,7 +313,11 @@ def merge(base: dict[str, object], extra: dict[str, object]) -> dict[str, object
 
 
 def gateway_config(
-    upstream_port: int, gateway_port: int, extra: Path | None, max_connections: int | None = None
+    upstream_port: int,
+    gateway_port: int,
+    extra: Path | None,
+    max_connections: int | None = None,
+    transport: str | None = None,
 ) -> dict[str, object]:
     provider: dict[str, object] = {
         "kind": "openai",
@@ -312,6 +326,8 @@ def gateway_config(
     }
     if max_connections is not None:
         provider["max_connections"] = max_connections
+    if transport is not None:
+        provider["transport"] = transport
     config: dict[str, object] = {
         "server": {"host": "127.0.0.1", "port": gateway_port},
         "providers": {"up": provider},
@@ -423,7 +439,7 @@ class Runner:
             extra = s.limits_config if variant.limits else None
             # The provider's pool cap (default 256) would queue the held streams inside the gateway.
             pool = s.hold_streams + 64 if kind == "hold" else None
-            config = gateway_config(upstream.port, port, extra, pool)
+            config = gateway_config(upstream.port, port, extra, pool, variant.transport)
             config_path = s.work_dir / f"{tag}.yaml"
             config_path.write_text(yaml.safe_dump(config, sort_keys=False))
             workers = variant.workers or s.workers

@@ -325,6 +325,17 @@ def _check(cfg: GatewayConfig, providers: dict[str, ProviderConfig], source: str
         ]:
             if url and not url.startswith(("http://", "https://")):
                 fail(url_path, f"must start with http:// or https://, got {url!r}")
+        if p.transport == "h1":  # h1 has no proxy, CA, client certificate or HTTP/2 support: refuse, not ignore
+            for field in ("proxy", "ca_bundle", "client_cert", "client_key", "http2"):
+                if getattr(p, field):
+                    fail(f"providers.{name}.{field}", "needs transport httpx (or auto); h1 cannot honour it")
+        if p.proxy and not p.proxy.startswith(("http://", "https://")):
+            fail(f"providers.{name}.proxy", "must start with http:// or https://")  # the URL may hold credentials
+        if p.client_key and not p.client_cert:
+            fail(f"providers.{name}.client_key", "needs client_cert")
+        for field in ("ca_bundle", "client_cert", "client_key"):
+            if getattr(p, field) and not os.path.isfile(getattr(p, field)):
+                fail(f"providers.{name}.{field}", f"no such file: {getattr(p, field)!r}")
     seen_alias: set[str] = set()
     for i, alias in enumerate(cfg.models):
         if alias.name in seen_alias:

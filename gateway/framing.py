@@ -17,37 +17,80 @@ from gateway.errors import UpstreamError
 
 DONE: Final = b"data: [DONE]\n\n"
 
+# One line or event of a stream, after decoding: the gateway passes `caps.upstream_event_bytes`, whose
+# default this equals. A line that never ends is refused here instead of growing without bound.
+MAX_EVENT_BYTES: Final = 1024 * 1024
+
+
+class EventTooLarge(UpstreamError):
+    """A stream line or event went over the cap; the message names the cap, never the upstream's bytes."""
+
+    # Like a stream broken mid-answer: another attempt may get a sane one.
+    retryable = True
+
+    def __init__(self, cap: int) -> None:
+        super().__init__(
+            f"Upstream sent a stream event larger than the cap of {cap} bytes (caps.upstream_event_bytes)",
+            code="upstream_event_too_large",
+        )
+
 
 class SSEDecoder:
-    __slots__ = ("_buf", "_data", "_event")
+    """Server-sent events, linear in its input: an unfinished line waits in a bytearray that only grows
+    by what arrives, and each chunk is scanned once."""
 
-    def __init__(self) -> None:
-        self._buf = b""
+    __slots__ = ("_pending", "_data", "_size", "_event", "_max")
+
+    def __init__(self, *, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
+        self._pending = bytearray()
         self._data: list[bytes] = []
+        self._size = 0
         self._event: str | None = None
+        self._max = max_event_bytes
 
     def feed(self, chunk: bytes) -> list[tuple[str | None, bytes]]:
         """Return the (event name, data) pairs completed by this chunk."""
-        buf = self._buf + chunk if self._buf else chunk
         events: list[tuple[str | None, bytes]] = []
         start = 0
+        pending = self._pending
+        if pending:
+            nl = chunk.find(b"\n")
+            # A line is at most the cap, plus the CR of a CRLF end.
+            if nl < 0:
+                pending += chunk
+                if len(pending) > self._max + 1:
+                    raise EventTooLarge(self._max)
+                return events
+            pending += chunk[:nl]
+            if len(pending) > self._max + 1:
+                raise EventTooLarge(self._max)
+            line = bytes(pending)
+            pending.clear()
+            if line.endswith(b"\r"):
+                line = line[:-1]
+            self._line(line, events)
+            start = nl + 1
         while True:
-            nl = buf.find(b"\n", start)
+            nl = chunk.find(b"\n", start)
             if nl < 0:
                 break
-            line = buf[start:nl]
+            line = chunk[start:nl]
             start = nl + 1
             if line.endswith(b"\r"):
                 line = line[:-1]
             self._line(line, events)
-        self._buf = buf[start:]
+        if start < len(chunk):
+            if len(chunk) - start > self._max + 1:
+                raise EventTooLarge(self._max)
+            pending += chunk[start:]
         return events
 
     def close(self) -> list[tuple[str | None, bytes]]:
         """Flush an event the upstream ended without a blank line (common before a close)."""
         events: list[tuple[str | None, bytes]] = []
-        if self._buf:
-            line, self._buf = self._buf.rstrip(b"\r"), b""
+        if self._pending:
+            line = bytes(self._pending).rstrip(b"\r")
+            self._pending.clear()
             self._line(line, events)
         self._line(b"", events)
         return events
@@ -57,6 +100,7 @@ class SSEDecoder:
             if self._data:
                 events.append((self._event, b"\n".join(self._data)))
             self._data = []
+            self._size = 0
             self._event = None
             return
         if line[:1] == b":":
@@ -65,25 +109,54 @@ class SSEDecoder:
         if value[:1] == b" ":
             value = value[1:]
         if field == b"data":
+            # Many short `data:` lines make one event too: the cap is on what the event joins to.
+            self._size += len(value) + 1
+            if self._size > self._max + 1:
+                raise EventTooLarge(self._max)
             self._data.append(value)
         elif field == b"event":
             self._event = value.decode("utf-8", "replace")
 
 
 class NDJSONDecoder:
-    __slots__ = ("_buf",)
+    """One JSON value per line, linear in its input like `SSEDecoder`."""
 
-    def __init__(self) -> None:
-        self._buf = b""
+    __slots__ = ("_pending", "_max")
+
+    def __init__(self, *, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
+        self._pending = bytearray()
+        self._max = max_event_bytes
 
     def feed(self, chunk: bytes) -> list[tuple[str | None, bytes]]:
-        buf = self._buf + chunk if self._buf else chunk
-        lines = buf.split(b"\n")
-        self._buf = lines.pop()
-        return [(None, line) for line in lines if line.strip()]
+        pending = self._pending
+        if pending:
+            nl = chunk.find(b"\n")
+            if nl < 0:
+                pending += chunk
+                if len(pending) > self._max:
+                    raise EventTooLarge(self._max)
+                return []
+            pending += chunk[:nl]
+            lines = [bytes(pending), *chunk[nl + 1 :].split(b"\n")]
+            pending.clear()
+        else:
+            lines = chunk.split(b"\n")
+        rest = lines.pop()
+        cap = self._max
+        if len(rest) > cap:
+            raise EventTooLarge(cap)
+        pending += rest
+        out: list[tuple[str | None, bytes]] = []
+        for line in lines:
+            if line.strip():
+                if len(line) > cap:
+                    raise EventTooLarge(cap)
+                out.append((None, line))
+        return out
 
     def close(self) -> list[tuple[str | None, bytes]]:
-        rest, self._buf = self._buf, b""
+        rest = bytes(self._pending)
+        self._pending.clear()
         return [(None, rest)] if rest.strip() else []
 
 
@@ -143,12 +216,16 @@ class EventStreamDecoder:
     `EventStreamError`.
     """
 
-    __slots__ = ("_buf",)
+    __slots__ = ("_buf", "_max")
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         self._buf = bytearray()
+        # The AWS SDKs allow 16 MiB per payload; the gateway's per-event cap, when lower, wins.
+        self._max = min(_MAX_PAYLOAD, max_event_bytes)
 
     def feed(self, chunk: bytes) -> list[tuple[str | None, bytes]]:
+        # Linear: a frame waits in the bytearray until whole (at most its checked length), and a frame
+        # deleted from the front costs nothing per byte left (CPython's bytearray keeps an offset).
         buf = self._buf
         buf += chunk
         events: list[tuple[str | None, bytes]] = []
@@ -164,8 +241,8 @@ class EventStreamDecoder:
                 raise EventStreamError(
                     f"Upstream sent a malformed event-stream frame: length {total}, headers {headers_len}"
                 )
-            if total - _MIN_FRAME - headers_len > _MAX_PAYLOAD:
-                raise EventStreamError(f"Upstream sent an event-stream frame of {total} bytes, over the limit")
+            if total - _MIN_FRAME - headers_len > self._max:
+                raise EventTooLarge(self._max)
             if len(buf) < total:
                 break
             frame = bytes(buf[:total])
@@ -195,6 +272,8 @@ def _named(headers: dict[str, str], payload: bytes) -> tuple[str | None, bytes]:
 
 
 class Decoder(Protocol):
+    def __init__(self, *, max_event_bytes: int = MAX_EVENT_BYTES) -> None: ...
+
     def feed(self, chunk: bytes) -> list[tuple[str | None, bytes]]: ...
 
     def close(self) -> list[tuple[str | None, bytes]]: ...

@@ -8,9 +8,16 @@ exactly that over asyncio protocols with httptools (the llhttp parser uvicorn us
 no cookies, no redirects, no proxies (the aiohttp session it replaces trusted no proxy settings either),
 no request compression. Responses in gzip or deflate are asked for and decoded, like aiohttp did.
 
+One connection carries every tenant's traffic in turn, so what it may trust is narrow (docs/security.md):
+interim `1xx` answers are skipped, `101` is an error, and a connection goes back to the pool only when
+its answer was read to the end, nothing followed it, and the server answered after reading the whole
+request. Everything an upstream sends is bounded: the status line and headers (`max_header_bytes`,
+`max_headers`), a buffered body after decoding (`max_body`), and what one socket read may decompress to.
+
 Errors are four exception types, which `gateway.upstream` maps to the gateway's own: `ConnectFailed`
 (nothing reached the server), `Disconnected` (the connection ended before a response began),
-`Malformed` (a response began and then broke, or was not HTTP), and the built-in `TimeoutError`.
+`Malformed` (a response began and then broke, or was not HTTP; `TooLarge` when it went over a cap),
+and the built-in `TimeoutError`.
 """
 
 from __future__ import annotations
@@ -29,6 +36,20 @@ import httptools
 # A stream the client reads slower than the upstream writes pauses the socket above this many bytes.
 _HIGH_WATER: Final = 1 << 20
 _KEEPALIVE_S: Final = 30.0
+# A relayed compressed stream is decoded at most this much at a time: one socket read of a bomb
+# cannot expand into more than this before the reader has taken it.
+_INFLATE_STEP: Final = 64 * 1024
+
+# Caps; the gateway passes its `caps.*` config, whose defaults these equal.
+MAX_BODY: Final = 64 * 1024 * 1024  # caps.upstream_body_bytes
+MAX_HEADER_BYTES: Final = 64 * 1024  # caps.upstream_header_bytes
+MAX_HEADERS: Final = 200  # header fields (and trailers) in one answer; not configurable
+
+# Request headers this client owns (framing, connection management) or must never forward: whatever a
+# caller passes under these names is dropped. `proxy-*` is matched by prefix.
+_HOP_BY_HOP: Final = frozenset(
+    {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "expect", "te", "trailer", "upgrade"}
+)
 
 
 class ConnectFailed(OSError):
@@ -43,10 +64,55 @@ class Malformed(ConnectionError):
     """The response was cut short or was not valid HTTP/1.1."""
 
 
+class TooLarge(Malformed):
+    """The response went over one of the client's caps; the message names the cap, never upstream bytes."""
+
+
+class _Stop(Exception):
+    """Raised from a parser callback to stop llhttp at once; the reason was already recorded."""
+
+
 def _expire(fut: asyncio.Future[None]) -> None:
     # A plain timer per wait: asyncio.timeout's context manager cost about 3 % of a saturated worker.
     if not fut.done():
         fut.set_exception(TimeoutError())
+
+
+class _Inflate:
+    """gzip or deflate decoding whose output per call is bounded by the caller.
+
+    `deflate` is meant to be zlib-wrapped (RFC 9110 8.4.1.2), but some servers send raw deflate: the first
+    two bytes tell them apart, as browsers and httpx do.
+    """
+
+    __slots__ = ("_z", "_probe")
+
+    def __init__(self, gzip: bool) -> None:
+        self._z = zlib.decompressobj(16 + zlib.MAX_WBITS if gzip else zlib.MAX_WBITS)
+        self._probe: bytes | None = None if gzip else b""
+
+    def decode(self, data: bytes, limit: int) -> tuple[bytes, bytes]:
+        """(at most `limit` decoded bytes, the input not consumed yet)."""
+        if self._probe is not None:
+            data = self._probe + data
+            if len(data) < 2:
+                self._probe = data
+                return b"", b""
+            self._probe = None
+            cmf, flg = data[0], data[1]
+            if cmf & 0x0F != 8 or cmf >> 4 > 7 or (cmf << 8 | flg) % 31:
+                self._z = zlib.decompressobj(-zlib.MAX_WBITS)
+        z = self._z
+        if z.eof:
+            return b"", b""  # bytes after the end of the compressed stream are ignored, as httpx does
+        out = z.decompress(data, limit)
+        # At the end of the stream zlib leaves what follows in unconsumed_tail too; handed back, it would
+        # never be consumed and the reader would spin on it.
+        return out, b"" if z.eof else z.unconsumed_tail
+
+    def flush(self) -> bytes:
+        # Only called once every input byte was consumed, so what is left is bounded by zlib's window.
+        return self._z.flush()
 
 
 class Origin:
@@ -88,22 +154,26 @@ class Response:
         "_deadline",
         "_read_timeout",
         "_pausable",
+        "_max_body",
     )
 
-    def __init__(self, conn: _Connection, deadline: float, read_timeout: float) -> None:
+    def __init__(self, conn: _Connection, deadline: float, read_timeout: float, max_body: int = MAX_BODY) -> None:
         self.status = 0
         self.headers: dict[str, str] = {}
         self._conn: _Connection | None = conn
+        # Body bytes as received (still compressed, if they are): decoding is the reader's work, so a
+        # bomb expands only as far as the reader asks.
         self._chunks: deque[bytes] = deque()
         self._buffered = 0
         self._done = False
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
-        self._decoder: zlib._Decompress | None = None
+        self._decoder: _Inflate | None = None
         self._deadline = deadline
         self._read_timeout = read_timeout
         # Only a relayed stream may pause the socket: a buffered read() must take in the whole body.
         self._pausable = True
+        self._max_body = max_body
 
     # -- fed by the connection -----------------------------------------------------------------
 
@@ -113,10 +183,6 @@ class Response:
             waiter.set_result(None)
 
     def _feed(self, data: bytes) -> None:
-        if self._decoder is not None:
-            data = self._decoder.decompress(data)
-            if not data:
-                return
         self._chunks.append(data)
         self._buffered += len(data)
         if self._buffered > _HIGH_WATER and self._pausable and self._conn is not None:
@@ -124,10 +190,6 @@ class Response:
         self._wake()
 
     def _finish(self) -> None:
-        if self._decoder is not None:
-            tail = self._decoder.flush()
-            if tail:
-                self._chunks.append(tail)
         self._done = True
         self._wake()
 
@@ -136,6 +198,15 @@ class Response:
             self._error = exc
             self._done = True
         self._wake()
+
+    def _abort(self, exc: BaseException) -> BaseException:
+        """Fail the answer from the reader's side and close its connection; returns `exc` to raise."""
+        self._done = True
+        self._error = exc
+        self._chunks.clear()
+        self._buffered = 0
+        self.release()
+        return exc
 
     # -- read by the caller --------------------------------------------------------------------
 
@@ -158,31 +229,83 @@ class Response:
             self._waiter = None
 
     async def read(self) -> bytes:
+        """The whole body, decoded; `TooLarge` past `max_body` decoded bytes (the connection is closed)."""
         self._pausable = False
         if self._conn is not None:
             self._conn.resume()
-        while not self._done:
+        cap = self._max_body
+        decoder = self._decoder
+        if decoder is None and not self._done:
+            length = self.headers.get("content-length")
+            # llhttp has checked it is one run of digits.
+            if length is not None and int(length) > cap:
+                raise self._abort(_body_too_large(cap))
+        parts: list[bytes] = []
+        size = 0
+        chunks = self._chunks
+        while True:
+            while chunks:
+                chunk = chunks.popleft()
+                self._buffered -= len(chunk)
+                if decoder is not None:
+                    try:
+                        # One byte over the cap is enough to know the body is too large.
+                        chunk, _ = decoder.decode(chunk, cap - size + 1)
+                    except zlib.error:
+                        raise self._abort(Malformed("the response body could not be decompressed")) from None
+                size += len(chunk)
+                if size > cap:
+                    raise self._abort(_body_too_large(cap))
+                parts.append(chunk)
+            if self._done:
+                break
             await self._wait()
         if self._error is not None:
             raise self._error
-        chunks, self._chunks = self._chunks, deque()
-        self._buffered = 0
+        if decoder is not None:
+            try:
+                tail = decoder.flush()
+            except zlib.error:
+                raise self._abort(Malformed("the response body could not be decompressed")) from None
+            size += len(tail)
+            if size > cap:
+                raise self._abort(_body_too_large(cap))
+            parts.append(tail)
         self.release()
-        return b"".join(chunks)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def iter_chunks(self) -> AsyncIterator[bytes]:
+        decoder = self._decoder
+        chunks = self._chunks
         while True:
-            if self._chunks:
-                chunk = self._chunks.popleft()
+            if chunks:
+                chunk = chunks.popleft()
                 self._buffered -= len(chunk)
+                if decoder is not None:
+                    try:
+                        chunk, rest = decoder.decode(chunk, _INFLATE_STEP)
+                    except zlib.error:
+                        raise self._abort(Malformed("the response body could not be decompressed")) from None
+                    if rest:
+                        chunks.appendleft(rest)
+                        self._buffered += len(rest)
                 if self._conn is not None and self._buffered <= _HIGH_WATER // 2:
                     self._conn.resume()
-                yield chunk
+                if chunk:
+                    yield chunk
                 continue
             if self._done:
                 if self._error is not None:
                     raise self._error
+                tail = b""
+                if decoder is not None:
+                    try:
+                        tail = decoder.flush()
+                    except zlib.error:
+                        raise self._abort(Malformed("the response body could not be decompressed")) from None
                 self.release()
+                if tail:
+                    yield tail
                 return
             await self._wait()
 
@@ -191,6 +314,14 @@ class Response:
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.finished(reusable=self._done and self._error is None)
+
+
+def _body_too_large(cap: int) -> TooLarge:
+    return TooLarge(f"the response body is larger than the cap of {cap} bytes (caps.upstream_body_bytes)")
+
+
+def _head_too_large(cap: int) -> TooLarge:
+    return TooLarge(f"the response headers are larger than the cap of {cap} bytes (caps.upstream_header_bytes)")
 
 
 class _Connection(asyncio.Protocol):
@@ -207,6 +338,15 @@ class _Connection(asyncio.Protocol):
         self.paused = False
         self.idle_since = 0.0
         self._length_known = False
+        # Per exchange (reset by `exchange`):
+        self._final = False  # the final (non-1xx) answer's headers have been parsed
+        self._interim = False  # a 1xx answer is being parsed
+        self._complete = False  # the final answer was read to its end
+        self._dirty = False  # something makes the connection unfit for reuse, whatever the answer was
+        self._body_seen = False  # body bytes came out of the current data_received
+        self._gap = 0  # bytes received since the last body byte (status lines, headers, framing, trailers)
+        self._head_bytes = 0
+        self._head_count = 0
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
 
@@ -215,13 +355,29 @@ class _Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
-        if self.response is None:
-            self.close()  # bytes nobody asked for: this connection can no longer be trusted
+        if self.response is None or self._complete:
+            # Bytes nobody asked for, while idle or after the answer ended: a reply to something else
+            # (a late answer, a smuggled one, a 204's body). Whatever they are, the next request on this
+            # connection would read them as its own answer.
+            self._dirty = True
+            self.close()
             return
+        self._body_seen = False
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self._broken(Malformed(f"invalid HTTP response: {exc}"))
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+            if not self._complete:
+                self._broken(Malformed(f"invalid HTTP response: {exc}"))
+            self._dirty = True
+            self.close()
+            return
+        if self._body_seen:
+            self._gap = 0
+            return
+        # httptools accumulates a header (or trailer) until it ends: a never-ending one is caught here.
+        self._gap += len(data)
+        if self._gap > self.pool.max_header_bytes and not self._complete:
+            self._broken(_head_too_large(self.pool.max_header_bytes))
 
     def eof_received(self) -> bool:
         return False  # let the transport close; connection_lost reports what it means
@@ -234,7 +390,7 @@ class _Connection(asyncio.Protocol):
         headers_ready = self.headers_ready
         if headers_ready is not None and not headers_ready.done():
             headers_ready.set_exception(Disconnected("the server closed the connection before answering"))
-        elif not self._length_known and not resp._done:
+        elif not self._length_known and not resp._done and exc is None:
             # No Content-Length and not chunked: the body ends when the connection does (RFC 9112 6.3).
             resp._finish()
         else:
@@ -242,7 +398,23 @@ class _Connection(asyncio.Protocol):
 
     # -- httptools callbacks -------------------------------------------------------------------
 
+    def on_message_begin(self) -> None:
+        if self._complete:
+            # A second answer to one request: pipelined or smuggled, or the body of a 204/304.
+            raise _Stop
+
     def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_bytes += len(name) + len(value) + 4
+        self._head_count += 1
+        pool = self.pool
+        if self._head_bytes > pool.max_header_bytes:
+            self._broken(_head_too_large(pool.max_header_bytes))
+            raise _Stop
+        if self._head_count > pool.max_headers:
+            self._broken(TooLarge(f"the response has more than {pool.max_headers} header fields"))
+            raise _Stop
+        if self._final:
+            return  # a trailer: counted above, never merged into headers the caller may already have read
         assert self.response is not None
         headers = self.response.headers
         key = name.decode("latin-1").lower()
@@ -252,26 +424,57 @@ class _Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         resp = self.response
         assert resp is not None
-        resp.status = self.parser.get_status_code()
-        self.keep_alive = self.parser.should_keep_alive()
+        status = self.parser.get_status_code()
         headers = resp.headers
+        if status < 200:
+            if status == 101:
+                self._broken(Malformed("the server switched protocols (101) on an HTTP request"))
+                raise _Stop
+            if status < 100:
+                self._broken(Malformed(f"invalid HTTP response: status {status}"))
+                raise _Stop
+            if "content-length" in headers or "transfer-encoding" in headers:
+                # 1xx has no body (RFC 9110 15.2); llhttp would frame some of them by Content-Length.
+                self._broken(Malformed(f"invalid HTTP response: an interim {status} with a body"))
+                raise _Stop
+            # An interim answer (100 Continue, 102, 103 Early Hints): the final one follows.
+            self._interim = True
+            headers.clear()
+            return
+        self._final = True
+        resp.status = status
+        self.keep_alive = self.parser.should_keep_alive()
+        transport = self.transport
+        if transport is not None and transport.get_write_buffer_size():
+            # Answered before reading the whole request: the rest of it may be read as a next request.
+            self._dirty = True
         self._length_known = "content-length" in headers or "chunked" in headers.get("transfer-encoding", "")
-        encoding = headers.get("content-encoding", "").strip().lower()
-        if encoding in ("gzip", "x-gzip"):
-            resp._decoder = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        elif encoding == "deflate":
-            resp._decoder = zlib.decompressobj()
+        if (status == 204 or status == 304) and (
+            headers.get("content-length", "0") != "0" or "transfer-encoding" in headers
+        ):
+            # Framed as bodyless whatever it declares (RFC 9110 15.3.5, 15.4.5): a body the server sends
+            # anyway, perhaps a moment later, would be read as the next request's answer.
+            self._dirty = True
+        encoding = headers.get("content-encoding")
+        if encoding is not None:
+            encoding = encoding.strip().lower()
+            if encoding in ("gzip", "x-gzip"):
+                resp._decoder = _Inflate(gzip=True)
+            elif encoding == "deflate":
+                resp._decoder = _Inflate(gzip=False)
         if self.headers_ready is not None and not self.headers_ready.done():
             self.headers_ready.set_result(None)
 
     def on_body(self, body: bytes) -> None:
+        self._body_seen = True
         if self.response is not None:
-            try:
-                self.response._feed(body)
-            except zlib.error:
-                self._broken(Malformed("the response body could not be decompressed"))
+            self.response._feed(body)
 
     def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
+        self._complete = True
         if self.response is not None:
             self.response._finish()
 
@@ -302,16 +505,29 @@ class _Connection(asyncio.Protocol):
     def finished(self, reusable: bool) -> None:
         self.response = None
         self.headers_ready = None
-        if reusable and self.keep_alive and not self.lost:
+        transport = self.transport
+        if (
+            reusable
+            and self._complete
+            and not self._dirty
+            and self.keep_alive
+            and not self.lost
+            and transport is not None
+            and not transport.is_closing()
+            and not transport.get_write_buffer_size()
+        ):
             self.resume()
             self.pool.put_back(self)
         else:
             self.close()
             self.pool.forget()
 
-    async def exchange(self, request: bytes, first_byte_s: float, deadline: float) -> Response:
-        resp = Response(self, deadline, first_byte_s)
+    async def exchange(self, request: bytes, first_byte_s: float, deadline: float, max_body: int) -> Response:
+        resp = Response(self, deadline, first_byte_s, max_body)
         self.response = resp
+        self._final = self._interim = self._complete = self._dirty = False
+        self._length_known = False
+        self._gap = self._head_bytes = self._head_count = 0
         loop = asyncio.get_running_loop()
         self.headers_ready = loop.create_future()
         assert self.transport is not None
@@ -332,10 +548,22 @@ class _Connection(asyncio.Protocol):
 class Pool:
     """Keep-alive connections to one origin, at most `limit` open at once (the rest wait their turn)."""
 
-    def __init__(self, origin: Origin, limit: int, tls: ssl.SSLContext | None) -> None:
+    def __init__(
+        self,
+        origin: Origin,
+        limit: int,
+        tls: ssl.SSLContext | None,
+        *,
+        max_body: int = MAX_BODY,
+        max_header_bytes: int = MAX_HEADER_BYTES,
+        max_headers: int = MAX_HEADERS,
+    ) -> None:
         self.origin = origin
         self.limit = limit
         self.tls = tls
+        self.max_body = max_body
+        self.max_header_bytes = max_header_bytes
+        self.max_headers = max_headers
         self.idle: deque[_Connection] = deque()
         self.open = 0
         self.waiters: deque[asyncio.Future[None]] = deque()
@@ -365,7 +593,13 @@ class Pool:
         now = time.monotonic()
         while self.idle:
             conn = self.idle.pop()  # the most recently used: the least likely to have been closed by the server
-            if not conn.lost and now - conn.idle_since < _KEEPALIVE_S:
+            transport = conn.transport
+            if (
+                not conn.lost
+                and transport is not None
+                and not transport.is_closing()
+                and now - conn.idle_since < _KEEPALIVE_S
+            ):
                 return conn
             conn.close()
             self.open -= 1
@@ -422,7 +656,7 @@ class Pool:
         # No resend here, even on a pooled connection that turns out closed: the server may have read the
         # request, and a completion is not idempotent. The failover loop decides (it retries Disconnected).
         conn, _ = await self._connection(connect_s, deadline)
-        return await conn.exchange(request, first_byte_s, deadline)
+        return await conn.exchange(request, first_byte_s, deadline, self.max_body)
 
     def close(self) -> None:
         self.closed = True
@@ -432,10 +666,24 @@ class Pool:
 
 
 class Client:
-    """Pools per origin for one provider, and the bytes of each request."""
+    """Pools per origin for one provider, and the bytes of each request.
 
-    def __init__(self, limit: int) -> None:
+    The caps default to the config's defaults; the gateway passes `caps.upstream_body_bytes` as
+    `max_body` and `caps.upstream_header_bytes` as `max_header_bytes`.
+    """
+
+    def __init__(
+        self,
+        limit: int,
+        *,
+        max_body: int = MAX_BODY,
+        max_header_bytes: int = MAX_HEADER_BYTES,
+        max_headers: int = MAX_HEADERS,
+    ) -> None:
         self.limit = limit
+        self.max_body = max_body
+        self.max_header_bytes = max_header_bytes
+        self.max_headers = max_headers
         self.pools: dict[tuple[str, str, int | None], Pool] = {}
         self._tls: ssl.SSLContext | None = None
 
@@ -445,7 +693,14 @@ class Client:
             origin = Origin(*key)
             if origin.tls and self._tls is None:
                 self._tls = ssl.create_default_context()
-            pool = self.pools[key] = Pool(origin, self.limit, self._tls if origin.tls else None)
+            pool = self.pools[key] = Pool(
+                origin,
+                self.limit,
+                self._tls if origin.tls else None,
+                max_body=self.max_body,
+                max_header_bytes=self.max_header_bytes,
+                max_headers=self.max_headers,
+            )
         return pool
 
     async def request(
@@ -459,28 +714,47 @@ class Client:
         first_byte_s: float,
         total_s: float,
     ) -> Response:
+        if method in ("HEAD", "CONNECT"):
+            # A HEAD answer's Content-Length frames no body and CONNECT ends HTTP: llhttp cannot be told.
+            raise ValueError(f"method {method} is not supported")
         key, target = split(url)
+        if not target.isprintable() or " " in target or not target.isascii():
+            raise ValueError("the request target contains spaces, control or non-ASCII characters")
         pool = self._pool(key)
         lines = [f"{method} {target} HTTP/1.1\r\nhost: {pool.origin.host_header}\r\ncontent-length: {len(body)}\r\n"]
         compression = True
         for name, value in headers.items():
             lowered = name.lower()
-            if lowered in ("host", "content-length", "transfer-encoding", "connection"):
+            if lowered in _HOP_BY_HOP or lowered.startswith("proxy-"):
+                # This client owns framing and the connection: `Expect: 100-continue`, `Connection`, an
+                # `Upgrade` or a second `Content-Length` from a caller could desync the pool.
                 continue
             if lowered == "accept-encoding":
                 compression = False
-            if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
-                raise ValueError(f"header {name!r} contains a line break")
             lines.append(f"{name}: {value}\r\n")
         if compression:
             # Hosted APIs compress large answers when asked (the recorded OpenAI body was gzip); the saving
             # on the wire outweighs the decoding here.
             lines.append("accept-encoding: gzip, deflate\r\n")
         lines.append("\r\n")
-        head = "".join(lines).encode("latin-1")
+        text = "".join(lines)
+        # One scan of the whole head instead of four per header: every line ends in exactly one CRLF (the
+        # first item holds three).
+        crlfs = len(lines) + 2
+        if text.count("\n") != crlfs or text.count("\r") != crlfs or "\0" in text:
+            raise ValueError(_bad_header(headers))
+        head = text.encode("latin-1")
         return await pool.request(head + body, connect_s, first_byte_s, total_s)
 
     def close(self) -> None:
         for pool in self.pools.values():
             pool.close()
         self.pools.clear()
+
+
+def _bad_header(headers: Mapping[str, str]) -> str:
+    for name, value in headers.items():
+        for part in (name, value):
+            if "\r" in part or "\n" in part or "\0" in part:
+                return f"header {name!r} contains a line break or NUL"
+    return "a header contains a line break or NUL"

@@ -1,22 +1,33 @@
-"""All upstream I/O: pooled keep-alive connections per provider, timeouts, transport-error mapping.
+"""All upstream I/O: one `Transport` per provider, timeouts, transport-error mapping.
 
-The sockets are driven by `gateway.h1`, a lean HTTP/1.1 client on asyncio protocols and llhttp: it
-costs a saturated worker a fraction of what aiohttp's client did (docs/performance.md). Adapters stay
-transport-free, so swapping this module swaps the client.
+Two transports speak to upstreams. `h1` (`gateway.h1`) is the lean HTTP/1.1 client on asyncio
+protocols and llhttp: it costs a saturated worker a fraction of what aiohttp's client did
+(docs/performance.md). `httpx` (`gateway.httpx_transport`) is the kept library, for what the fast one
+lacks: proxies (per provider, or `HTTPS_PROXY`/`HTTP_PROXY`/`NO_PROXY`), a per-provider CA bundle, a
+client certificate (mTLS) and HTTP/2. A provider picks one with `transport:`; `auto` takes httpx only
+when one of those is needed. Both raise the same four failure kinds (`h1.ConnectFailed`,
+`h1.Disconnected`, `h1.Malformed`, `TimeoutError`), so `map_transport_error` gives a client the same
+gateway error whichever one carried the request. Adapters stay transport-free.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+import logging
+import urllib.request
+from collections.abc import AsyncIterator, Callable, Mapping
 from types import TracebackType
-from typing import Final
+from typing import Final, Protocol, cast
+from urllib.parse import urlsplit
 
 import msgspec
 
 from gateway import h1
-from gateway.config import LoadedConfig, TimeoutsConfig
-from gateway.errors import GatewayError, UpstreamConnectError, UpstreamTimeoutError
+from gateway.config import CapsConfig, LoadedConfig, ProviderConfig, TimeoutsConfig
+from gateway.errors import GatewayError, UpstreamConnectError, UpstreamError, UpstreamTimeoutError
+from providers import REGISTRY
 from providers.base import UpstreamRequest
+
+log = logging.getLogger(__name__)
 
 # Transport failures -> gateway errors, most specific first.
 _ERRORS: Final[tuple[tuple[type[BaseException], type[GatewayError], str], ...]] = (
@@ -30,6 +41,10 @@ _TRANSPORT: Final = (OSError, TimeoutError, ValueError)
 
 
 def map_transport_error(exc: BaseException, provider: str) -> GatewayError:
+    if isinstance(exc, h1.TooLarge):
+        # The message names the cap and its config key, never upstream bytes. Not retried: asking again
+        # would bring the same answer (and the same memory) back.
+        return UpstreamError(f"Upstream '{provider}' {exc}", code="upstream_answer_too_large")
     for kind, error, what in _ERRORS:
         if isinstance(exc, kind):
             return error(f"Upstream '{provider}' {what}", code=error.__name__)
@@ -58,10 +73,108 @@ class Response(msgspec.Struct):
     body: bytes
 
 
+class Reply(Protocol):
+    """An answer whose status and headers have arrived and whose body is read once, whole or in chunks.
+
+    `release()` hands the connection back: to the pool only when the body was read to its end,
+    otherwise it is closed, so no later request can read what is left of this one.
+    """
+
+    @property
+    def status(self) -> int: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    async def read(self) -> bytes: ...
+
+    def iter_chunks(self) -> AsyncIterator[bytes]: ...
+
+    def release(self) -> None: ...
+
+
+class Transport(Protocol):
+    """One provider's pooled connections. Failures raise the `h1` kinds or `TimeoutError`."""
+
+    name: str
+
+    async def request(self, req: UpstreamRequest, timeouts: Timeouts) -> Reply: ...
+
+    async def close(self) -> None: ...
+
+
+class H1Transport:
+    """The fast path: `gateway.h1`, HTTP/1.1 only, direct connections, the system trust store."""
+
+    name = "h1"
+
+    def __init__(self, limit: int, caps: CapsConfig) -> None:
+        self._client = h1.Client(limit, max_body=caps.upstream_body_bytes, max_header_bytes=caps.upstream_header_bytes)
+
+    async def request(self, req: UpstreamRequest, timeouts: Timeouts) -> Reply:
+        return await self._client.request(
+            req.method,
+            req.url,
+            req.headers,
+            req.body,
+            connect_s=timeouts.connect,
+            first_byte_s=timeouts.first_byte,
+            total_s=timeouts.total,
+        )
+
+    async def close(self) -> None:
+        self._client.close()
+
+
+# NO_PROXY matching as urllib (and so requests) reads it; public since Python 2, absent from typeshed.
+_bypass = cast(Callable[[str, Mapping[str, str]], bool], vars(urllib.request)["proxy_bypass_environment"])
+
+
+def provider_urls(p: ProviderConfig) -> list[str]:
+    """Every base URL a provider's requests can go to: its own, its deployments', or its kind's default."""
+    urls = [p.base_url or getattr(REGISTRY[p.kind], "default_base_url", None) or ""]
+    urls += [d.base_url for d in p.deployments.values() if d.base_url]
+    return [u for u in urls if u]
+
+
+def env_proxy_applies(url: str) -> bool:
+    """Whether HTTP(S)_PROXY / ALL_PROXY would send a request to `url` through a proxy (NO_PROXY respected)."""
+    proxies = urllib.request.getproxies_environment()
+    parts = urlsplit(url)
+    if not (proxies.get(parts.scheme) or proxies.get("all")):
+        return False
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return not _bypass(host, proxies)
+
+
+def needs_httpx(p: ProviderConfig) -> bool:
+    """What `transport: auto` decides: httpx when something h1 cannot do applies to this provider."""
+    if p.proxy or p.ca_bundle or p.client_cert or p.client_key or p.http2:
+        return True
+    return any(env_proxy_applies(url) for url in provider_urls(p))
+
+
+def transport_for(name: str, p: ProviderConfig, caps: CapsConfig) -> Transport:
+    kind = p.transport
+    if kind == "h1" and any(env_proxy_applies(url) for url in provider_urls(p)):
+        # Chosen explicitly, so not an error; but traffic the environment means to proxy goes direct.
+        log.warning("provider %s: transport h1 connects directly; the proxy environment variables do not apply", name)
+    if kind == "httpx" or (kind == "auto" and needs_httpx(p)):
+        from gateway.httpx_transport import HttpxTransport  # only providers that need it pay its import
+
+        if kind == "auto":
+            # Visible at start-up: auto may switch a provider to the slower client because of the environment.
+            log.info("provider %s: transport httpx (needs a proxy, CA bundle, client certificate or HTTP/2)", name)
+        return HttpxTransport(p, caps)
+    return H1Transport(p.max_connections, caps)
+
+
 class Stream:
     """An open upstream response whose body is read chunk by chunk; always close() it."""
 
-    def __init__(self, provider: str, resp: h1.Response) -> None:
+    def __init__(self, provider: str, resp: Reply) -> None:
         self.provider = provider
         self._resp = resp
         self.status = resp.status
@@ -93,9 +206,13 @@ class Stream:
 
 
 class Upstream:
+    """Every provider's transport, built once at start-up (a local provider such as `fake` has none)."""
+
     def __init__(self, loaded: LoadedConfig) -> None:
-        self._limits = {name: p.max_connections for name, p in loaded.providers.items()}
-        self._clients: dict[str, h1.Client] = {}
+        caps = self._caps = loaded.config.caps
+        self._transports: dict[str, Transport] = {
+            name: transport_for(name, p, caps) for name, p in loaded.providers.items() if p.kind != "fake"
+        }
         self.timeouts = Timeouts.of(loaded.config.timeouts)
         self.provider_timeouts = {
             name: Timeouts.of(p.timeouts) for name, p in loaded.providers.items() if p.timeouts is not None
@@ -104,28 +221,20 @@ class Upstream:
     def timeouts_for(self, provider: str) -> Timeouts:
         return self.provider_timeouts.get(provider, self.timeouts)
 
-    def _client(self, provider: str) -> h1.Client:
-        client = self._clients.get(provider)
-        if client is None:
-            client = self._clients[provider] = h1.Client(self._limits.get(provider, 256))
-        return client
+    def transport(self, provider: str) -> Transport:
+        found = self._transports.get(provider)
+        if found is None:  # a provider the config did not list (tests drive the pool directly): h1
+            found = self._transports[provider] = H1Transport(256, self._caps)
+        return found
 
     async def close(self) -> None:
-        clients, self._clients = list(self._clients.values()), {}
-        for c in clients:
-            c.close()
+        transports, self._transports = list(self._transports.values()), {}
+        for t in transports:
+            await t.close()
 
-    async def _open(self, provider: str, req: UpstreamRequest, timeouts: Timeouts) -> h1.Response:
+    async def _open(self, provider: str, req: UpstreamRequest, timeouts: Timeouts) -> Reply:
         try:
-            return await self._client(provider).request(
-                req.method,
-                req.url,
-                req.headers,
-                req.body,
-                connect_s=timeouts.connect,
-                first_byte_s=timeouts.first_byte,
-                total_s=timeouts.total,
-            )
+            return await self.transport(provider).request(req, timeouts)
         except _TRANSPORT as exc:
             raise map_transport_error(exc, provider) from None
 

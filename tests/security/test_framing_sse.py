@@ -1,0 +1,154 @@
+"""gateway/framing.py: stream decoders are linear in their input and hold at most one capped event.
+
+Before the fix an unterminated SSE line was re-concatenated on every feed (quadratic in its length) and
+never bounded. The unit tests feed the decoders byte sequences directly; the end-to-end test streams an
+endless line from a real aiohttp upstream through the gateway served by uvicorn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Final
+
+import httpx
+import pytest
+from aiohttp import web
+
+from gateway.config import CapsConfig
+from gateway.framing import DECODERS, MAX_EVENT_BYTES, EventTooLarge, NDJSONDecoder, SSEDecoder
+from tests.e2e.harness import GatewayThread, Received, Upstream
+
+KiB: Final = 1024
+MiB: Final = 1024 * KiB
+
+
+def feed_until_refused(decoder: SSEDecoder | NDJSONDecoder, chunk: bytes, total: int, budget_s: float) -> int:
+    """Feed `total` bytes in `chunk`s; the bytes fed when the decoder refused (fails past the time budget)."""
+    started = time.monotonic()
+    fed = 0
+    with pytest.raises(EventTooLarge, match=r"cap of \d+ bytes \(caps.upstream_event_bytes\)"):
+        while fed < total:
+            decoder.feed(chunk)
+            fed += len(chunk)
+            if fed % (256 * KiB) == 0:
+                assert time.monotonic() - started < budget_s, f"{fed} bytes took {time.monotonic() - started:.1f} s"
+    return fed
+
+
+def test_the_default_cap_is_the_configs() -> None:
+    assert MAX_EVENT_BYTES == CapsConfig().upstream_event_bytes == MiB
+
+
+@pytest.mark.parametrize("decoder", [SSEDecoder, NDJSONDecoder])
+def test_an_unterminated_line_in_small_chunks_is_refused_at_the_cap_quickly(decoder: type[SSEDecoder]) -> None:
+    d = decoder()
+    d.feed(b'data: {"choices": [{"text": "' if decoder is SSEDecoder else b'{"response": "')
+    fed = feed_until_refused(d, b"a" * KiB, 8 * MiB, budget_s=2.0)
+    assert MiB - 2 * KiB <= fed <= MiB + KiB
+
+
+@pytest.mark.parametrize("decoder", [SSEDecoder, NDJSONDecoder])
+def test_decoding_is_linear_in_the_line_length(decoder: type[SSEDecoder]) -> None:
+    """8 MiB of one line in 1 KiB chunks under a cap above it: each byte is copied a bounded number of times."""
+    d = decoder(max_event_bytes=64 * MiB)
+    head = b"data: " if decoder is SSEDecoder else b""
+    started = time.monotonic()
+    d.feed(head)
+    chunk = b"b" * KiB
+    for _ in range(8 * KiB):
+        assert d.feed(chunk) == []
+    events = d.feed(b"\n\n")
+    took = time.monotonic() - started
+    assert events == [(None, b"b" * (8 * MiB))]
+    assert took < 1.0, took  # quadratic before: 8192 feeds each re-copying the pending line
+
+
+def test_many_data_lines_joined_into_one_event_are_capped_too() -> None:
+    d = SSEDecoder(max_event_bytes=64 * KiB)
+    with pytest.raises(EventTooLarge):
+        for _ in range(100):
+            d.feed(b"data: " + b"c" * KiB + b"\n")
+
+
+def test_a_long_line_inside_one_chunk_is_capped() -> None:
+    with pytest.raises(EventTooLarge):
+        NDJSONDecoder(max_event_bytes=4 * KiB).feed(b"d" * (8 * KiB) + b"\n")
+    with pytest.raises(EventTooLarge):
+        SSEDecoder(max_event_bytes=4 * KiB).feed(b"data: " + b"d" * (8 * KiB) + b"\n\n")
+
+
+def test_lines_at_the_cap_pass_whole_whatever_the_split() -> None:
+    payload = b"e" * (4 * KiB - len(b"data: "))
+    raw = b"data: " + payload + b"\r\n\r\ndata: [DONE]\n\n"
+    for size in (1, 3, 1000, len(raw)):
+        d = SSEDecoder(max_event_bytes=4 * KiB)
+        got = [e for i in range(0, len(raw), size) for e in d.feed(raw[i : i + size])] + d.close()
+        assert got == [(None, payload), (None, b"[DONE]")], size
+
+
+def test_every_decoder_takes_the_cap() -> None:
+    for kind, decoder in DECODERS.items():
+        assert decoder(max_event_bytes=2 * KiB) is not None, kind
+
+
+# -- end to end ----------------------------------------------------------------------------------
+
+CONFIG: Final = """
+server: {{host: 127.0.0.1, port: 0}}
+timeouts: {{connect_ms: 2000, first_byte_ms: 10000, total_ms: 30000}}
+retries: {{attempts: 1}}
+providers:
+  up: {{kind: openai, api_key: sk-sse-e2e, base_url: {u}/v1}}
+"""
+
+
+@pytest.fixture
+def endless() -> Iterator[tuple[Upstream, dict[str, int]]]:
+    """An upstream whose one SSE line never ends: 1 KiB writes until the gateway hangs up (or 64 MiB)."""
+    server = Upstream()
+    sent = {"bytes": 0}
+
+    async def stream(request: web.Request, received: Received) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'data: {"choices": [{"text": "')
+        try:
+            while sent["bytes"] < 64 * MiB:
+                await resp.write(b"a" * KiB)
+                sent["bytes"] += KiB
+                await asyncio.sleep(0)
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        return resp
+
+    server.handler = stream
+    server.start()
+    try:
+        yield server, sent
+    finally:
+        server.stop()
+
+
+def test_an_endless_stream_line_is_refused_end_to_end(endless: tuple[Upstream, dict[str, int]], tmp_path: Path) -> None:
+    server, sent = endless
+    path = tmp_path / "config.yaml"
+    path.write_text(CONFIG.format(u=server.url))
+    gw = GatewayThread(path, {})
+    gw.start()
+    try:
+        started = time.monotonic()
+        with httpx.Client(base_url=gw.url, trust_env=False, timeout=60) as http:
+            resp = http.post(
+                "/v1/completions", json={"model": "up/davinci-002", "prompt": "hi", "stream": True, "max_tokens": 4}
+            )
+        took = time.monotonic() - started
+    finally:
+        gw.stop()
+    assert resp.status_code == 502, resp.text
+    assert "caps.upstream_event_bytes" in json.loads(resp.text)["error"]["message"]
+    assert took < 10, took
+    assert sent["bytes"] < 32 * MiB  # the gateway let go near the cap, not at the end of the deadline
