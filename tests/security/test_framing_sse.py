@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import struct
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
@@ -19,7 +21,14 @@ import pytest
 from aiohttp import web
 
 from gateway.config import CapsConfig
-from gateway.framing import DECODERS, MAX_EVENT_BYTES, EventTooLarge, NDJSONDecoder, SSEDecoder
+from gateway.framing import (
+    DECODERS,
+    MAX_EVENT_BYTES,
+    EventStreamDecoder,
+    EventTooLarge,
+    NDJSONDecoder,
+    SSEDecoder,
+)
 from tests.e2e.harness import GatewayThread, Received, Upstream
 
 KiB: Final = 1024
@@ -88,6 +97,25 @@ def test_lines_at_the_cap_pass_whole_whatever_the_split() -> None:
         d = SSEDecoder(max_event_bytes=4 * KiB)
         got = [e for i in range(0, len(raw), size) for e in d.feed(raw[i : i + size])] + d.close()
         assert got == [(None, payload), (None, b"[DONE]")], size
+
+
+def _frame(payload: bytes) -> bytes:
+    """One AWS event-stream frame without headers: prelude, its CRC, payload, message CRC."""
+    prelude = struct.pack(">II", 16 + len(payload), 0)
+    head = prelude + struct.pack(">I", zlib.crc32(prelude)) + payload
+    return head + struct.pack(">I", zlib.crc32(head))
+
+
+def test_the_event_stream_decoder_is_linear_and_capped() -> None:
+    frame = _frame(b"f" * (MiB - 64))
+    d = EventStreamDecoder()
+    started = time.monotonic()
+    events = [e for i in range(0, len(frame), KiB) for e in d.feed(frame[i : i + KiB])]
+    assert time.monotonic() - started < 1.0
+    assert events == [(None, b"f" * (MiB - 64))] and d.close() == []
+    # A frame whose declared payload is over the cap is refused from its prelude, before it is waited for.
+    with pytest.raises(EventTooLarge):
+        EventStreamDecoder(max_event_bytes=64 * KiB).feed(_frame(b"g" * (128 * KiB))[:12])
 
 
 def test_every_decoder_takes_the_cap() -> None:
