@@ -366,7 +366,7 @@ class Pipeline:
                 body = await stream.read_all()
                 raise adapter.map_error(stream.status, stream.headers, body, route.provider)
             await self._watch_quota(route, stream.headers)
-            events = _events(adapter, stream, ctx)
+            events = _events(adapter, stream, ctx, self.loaded.config.caps.upstream_event_bytes)
             try:
                 first = await anext(events, None)
                 # Events that carry nothing for the client (Azure's prompt-filter chunk, an empty `choices`)
@@ -521,9 +521,11 @@ def _resumable(plan: Plan, req: CompletionRequest, ctx: CallContext) -> bool:
     )
 
 
-async def _events(adapter: Adapter, stream: Stream, ctx: CallContext) -> AsyncGenerator[Completion, None]:
+async def _events(
+    adapter: Adapter, stream: Stream, ctx: CallContext, max_event_bytes: int
+) -> AsyncGenerator[Completion, None]:
     """Upstream bytes -> normalized chunks, as they arrive."""
-    decoder = DECODERS[adapter.framing]()
+    decoder = DECODERS[adapter.framing](max_event_bytes=max_event_bytes)
     async for chunk in stream.chunks():
         for event, data in decoder.feed(chunk):
             c = adapter.parse_event(event, data, ctx)

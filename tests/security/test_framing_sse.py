@@ -180,3 +180,22 @@ def test_an_endless_stream_line_is_refused_end_to_end(endless: tuple[Upstream, d
     assert "caps.upstream_event_bytes" in json.loads(resp.text)["error"]["message"]
     assert took < 10, took
     assert sent["bytes"] < 32 * MiB  # the gateway let go near the cap, not at the end of the deadline
+
+
+def test_the_configured_event_cap_is_the_one_applied(endless: tuple[Upstream, dict[str, int]], tmp_path: Path) -> None:
+    server, sent = endless
+    path = tmp_path / "config.yaml"
+    path.write_text(CONFIG.format(u=server.url) + "caps: {upstream_event_bytes: 65536}\n")
+    gw = GatewayThread(path, {})
+    gw.start()
+    try:
+        with httpx.Client(base_url=gw.url, trust_env=False, timeout=60) as http:
+            resp = http.post(
+                "/v1/completions", json={"model": "up/davinci-002", "prompt": "hi", "stream": True, "max_tokens": 4}
+            )
+    finally:
+        gw.stop()
+    assert resp.status_code == 502, resp.text
+    message = json.loads(resp.text)["error"]["message"]
+    assert "caps.upstream_event_bytes" in message and "65536" in message.replace(",", ""), message
+    assert sent["bytes"] < 4 * MiB  # refused near 64 KiB, far below the default 1 MiB cap's point
