@@ -154,7 +154,8 @@ def test_api_version_headers_and_extra_params() -> None:
     )
     req = request(
         max_tokens=3,
-        inference_extra_params={"system": "Be brief.", "max_tokens": 9},
+        temperature=0.1,
+        inference_extra_params={"system": "Be brief.", "temperature": 0.5},
         inference_extra_headers={"x-trace-id": "t-1"},
     )
     up, body, _ = build(ADAPTER, req, endpoint)
@@ -170,7 +171,8 @@ def test_api_version_headers_and_extra_params() -> None:
     assert body == {
         "model": "claude-3-opus-20240229",
         "messages": [{"role": "user", "content": "Say this is a test"}],
-        "max_tokens": 9,
+        "max_tokens": 3,
+        "temperature": 0.5,
         "system": "Be brief.",
     }
 

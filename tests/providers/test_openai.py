@@ -134,7 +134,8 @@ def test_extra_params_and_headers_are_merged_auth_last() -> None:
     )
     req = request(
         max_tokens=3,
-        inference_extra_params={"max_tokens": 4, "metadata": {"trace": "abc"}},
+        temperature=0.1,
+        inference_extra_params={"temperature": 0.5, "metadata": {"trace": "abc"}},
         inference_extra_headers={"x-trace-id": "t-1", "openai-organization": "org-2"},
     )
     up, body, _ = build(ADAPTER, req, endpoint)
@@ -150,7 +151,8 @@ def test_extra_params_and_headers_are_merged_auth_last() -> None:
     assert body == {
         "model": "davinci-002",
         "prompt": "Say this is a test",
-        "max_tokens": 4,
+        "max_tokens": 3,
+        "temperature": 0.5,
         "metadata": {"trace": "abc"},
     }
 
