@@ -150,3 +150,22 @@ def test_generate_until_batch_answers_in_prompt_order(
     assert [c["index"] for c in out["choices"]] == [0, 1, 2]
     for text in texts:
         assert not any(s in text for s in stops)
+
+
+def test_loglikelihood_batch_against_the_fake_provider(api: httpx.Client) -> None:
+    """The keyless demo answers lm-eval's log-likelihood body in the same shape (its prompt text: the ids)."""
+    body = {**_loglikelihood_body(1), "model": "demo/text"}
+    resp = api.post("/v1/completions", json=body)
+    assert resp.status_code == 200, resp.text
+    out = resp.json()
+    assert [c["index"] for c in out["choices"]] == [0, 1, 2]
+    for (ctx, cont), choice in zip(LOGLIKELIHOOD, out["choices"], strict=True):
+        lp = choice["logprobs"]
+        ids = ctx + cont
+        assert choice["text"].startswith(" ".join(map(str, ids)))
+        assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["text_offset"]) == len(ids) + 1
+        assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+        assert lp["text_offset"][0] == 0
+    scores = _parse_logprobs(out, [len(ctx) for ctx, _ in LOGLIKELIHOOD])
+    # The fake's every token is the likeliest of its alternatives: lm-eval counts each answer as greedy.
+    assert [greedy for _, greedy in scores] == [True, True, True]
