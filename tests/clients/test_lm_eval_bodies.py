@@ -116,9 +116,14 @@ def test_loglikelihood_batch_aligns_logprobs_with_the_echoed_tokens(
         assert [s for s, _ in scores] == pytest.approx(expected)
 
 
-def _generate_body(stops: list[str]) -> dict[str, Any]:
+TEXT_PROMPTS: list[Any] = ["def add(x):\n    ", "Question: 2 + 2 =\nAnswer:", "def f(y):\n"]
+# `tokenized_requests=True` (local-completions' default) sends the contexts as token ids.
+ID_PROMPTS: list[Any] = [[4299, 751, 7, 87, 2599], [24361, 25, 362, 1343, 362, 796], [4299, 277, 7, 88]]
+
+
+def _generate_body(stops: list[str], prompts: list[Any] = TEXT_PROMPTS) -> dict[str, Any]:
     return {
-        "prompt": ["def add(x):\n    ", "Question: 2 + 2 =\nAnswer:", "def f(y):\n"],
+        "prompt": prompts,
         "model": LOCAL,
         "max_tokens": 256,
         "temperature": 0,
@@ -131,25 +136,27 @@ def _generate_body(stops: list[str]) -> dict[str, Any]:
     "stops",
     [
         pytest.param(GSM8K_STOPS, id="4-stops-gsm8k"),
+        pytest.param((GSM8K_STOPS, ID_PROMPTS), id="4-stops-gsm8k-token-ids"),
         pytest.param(HUMANEVAL_STOPS, id="5-stops-humaneval", marks=NEEDS_BOUNDS),
         pytest.param([*HUMANEVAL_STOPS, "<|endoftext|>"], id="6-stops-humaneval-eos", marks=NEEDS_BOUNDS),
     ],
 )
 def test_generate_until_batch_answers_in_prompt_order(
-    api: httpx.Client, upstream: Upstream, vllm_like: VLLMLike, stops: list[str]
+    api: httpx.Client, upstream: Upstream, vllm_like: VLLMLike, stops: list[str] | tuple[list[str], list[Any]]
 ) -> None:
-    body = _generate_body(stops)
+    body = _generate_body(*stops) if isinstance(stops, tuple) else _generate_body(stops)
+    sequences: list[str] = body["stop"]
     resp = api.post("/v1/completions", json=body)
     assert resp.status_code == 200, resp.text
     out = resp.json()
     sent = upstream.only().json()
-    assert sent["stop"] == stops and sent["prompt"] == body["prompt"] and sent["seed"] == 1234
+    assert sent["stop"] == sequences and sent["prompt"] == body["prompt"] and sent["seed"] == 1234
     texts = _parse_generations(out)
     expected = [c["text"] for c in vllm_like.answer(sent)["choices"]]
     assert texts == expected
     assert [c["index"] for c in out["choices"]] == [0, 1, 2]
     for text in texts:
-        assert not any(s in text for s in stops)
+        assert not any(s in text for s in sequences)
 
 
 def test_loglikelihood_batch_against_the_fake_provider(api: httpx.Client) -> None:
