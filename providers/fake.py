@@ -12,6 +12,11 @@ same request always gets the same answer. The model name picks a behaviour:
                     a stand-in for a bug in the gateway, to show how a client sees one
     anything else   8 to 47 words of deterministic text
 
+Logprobs follow OpenAI's shape: `text_offset` counts into prompt + text (a continuation starts at
+len(prompt), an echoed prompt at 0), and an echoed prompt's tokens carry logprobs of their own, the first
+`null` in both `token_logprobs` and `top_logprobs` (no context), each token the likeliest of its
+alternatives with exactly its `token_logprobs` value.
+
 It honours max_tokens, stop (and include_stop_str_in_output), n, logprobs, echo and seed. Sampling
 knobs (temperature, top_p, top_k, penalties) and user are accepted and have no effect: there is no
 sampling to change.
@@ -38,6 +43,7 @@ import msgspec
 from gateway.errors import InvalidRequestError, UpstreamStatusError
 from gateway.schema import Choice, Completion, CompletionRequest, FinishReason, Logprobs, Usage
 from providers.base import CallContext, Endpoint, LocalAdapter, Param, table
+from providers.offsets import text_offsets
 
 if TYPE_CHECKING:
     from gateway.config import CapsConfig
@@ -128,15 +134,32 @@ def _generate(prompt: str, p_tokens: list[str], j: int, req: CompletionRequest, 
     return _Generated(text=text[:cut], tokens=tokens, logprobs=lps, finish="stop")
 
 
-def _top(tokens: list[str], lps: list[float], k: int) -> list[dict[str, float] | None] | None:
+def _echo_logprobs(prompt: str, p_tokens: list[str]) -> list[float | None]:
+    """The echoed prompt's own token logprobs: the first has no context, so none (as OpenAI and vLLM answer)."""
+    if not p_tokens:
+        return []
+    digest = _stream_of(f"{prompt}\x00echo".encode())
+    return [None, *(_logprob(digest, i) for i in range(1, len(p_tokens)))]
+
+
+def _top(tokens: list[str], lps: list[float | None], k: int) -> list[dict[str, float] | None] | None:
+    """k alternatives per token, the token itself the likeliest with exactly its `token_logprobs` value.
+
+    A token without a logprob (the first echoed one) has no alternatives either: `null`, like its logprob.
+    """
     if k <= 0:
         return None
     out: list[dict[str, float] | None] = []
     for tok, lp in zip(tokens, lps, strict=True):
+        if lp is None:
+            out.append(None)
+            continue
         alts = {tok: lp}
         step = 1
         while len(alts) < k:
-            alts[f" {WORDS[(len(tok) * 13 + step) % len(WORDS)]}{step}"] = round(lp - step * 0.5, 4)
+            alt = f" {WORDS[(len(tok) * 13 + step) % len(WORDS)]}{step}"
+            if alt != tok:  # an echoed prompt word can look like an alternative; it keeps its own logprob
+                alts[alt] = round(lp - step * 0.5, 4)
             step += 1
         out.append(alts)
     return out
@@ -223,16 +246,14 @@ class FakeAdapter(LocalAdapter):
                 if req.echo:
                     text = prompt + text
                     tokens = p_tokens + tokens
-                    lps = [None] + [-1.0] * (len(p_tokens) - 1) + lps if p_tokens else lps
+                    if k is not None:
+                        lps = _echo_logprobs(prompt, p_tokens) + lps
                 logprobs = None
                 if k is not None:
-                    start = 0 if req.echo else len(prompt)
-                    offsets: list[int] = []
-                    pos = start
-                    for t in tokens:
-                        offsets.append(pos)
-                        pos += len(t)
-                    top = _top(tokens, [lp if lp is not None else -1.0 for lp in lps], k)
+                    # OpenAI's offsets count into prompt + text: an echoed prompt starts at 0, a continuation
+                    # right after its prompt.
+                    offsets = text_offsets(tokens, 0 if req.echo else len(prompt))
+                    top = _top(tokens, lps, k)
                     logprobs = Logprobs(tokens=tokens, token_logprobs=lps, top_logprobs=top, text_offset=offsets)
                 finish: FinishReason = "length" if g.finish == "length" else "stop"
                 choices.append(Choice(text=text, index=p_index * n + j, logprobs=logprobs, finish_reason=finish))

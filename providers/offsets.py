@@ -1,7 +1,10 @@
-"""Text offsets for logprobs when a provider does not send them.
+"""Text offsets for logprobs when a provider does not send them, or counts them its own way.
 
 OpenAI's legacy `text_offset` counts characters into prompt + completion, so the first generated token
-of a non-echo completion sits at `len(prompt)`; with echo the prompt's own tokens start at 0.
+of a non-echo completion sits at `len(prompt)`; with echo the prompt's own tokens start at 0 (a recorded
+gpt-3.5-turbo-instruct stream starts its first token at 36, after its prompt: docs/clients.md). vLLM
+counts from the start of the choice's own text instead (0 without echo), so its offsets are computed here
+too. A prompt sent as token ids has no text the gateway knows: its continuation's offsets start at 0.
 """
 
 from __future__ import annotations

@@ -131,6 +131,9 @@ class OpenAICompatible(Adapter):
     params: ClassVar[Table] = OPENAI_PARAMS
     # Ask for the usage chunk on every stream: the gateway needs it (and strips it if the client did not).
     stream_usage: ClassVar[bool] = True
+    # Whether the upstream's `text_offset` counts into prompt + text as OpenAI's does; if not (vLLM counts
+    # from the start of the choice's own text), the gateway computes OpenAI's offsets itself.
+    openai_offsets: ClassVar[bool] = True
 
     def url(self, endpoint: Endpoint) -> str:
         return endpoint.base_url.rstrip("/") + self.path
@@ -166,7 +169,7 @@ class OpenAICompatible(Adapter):
             # A stream chunk carrying only the sampled token's logprob (Together).
             up = UpLogprobs(tokens=[text], token_logprobs=[up])
         offsets = up.text_offset
-        if offsets is None or len(offsets) != len(up.tokens):
+        if offsets is None or len(offsets) != len(up.tokens) or not self.openai_offsets:
             if index in ctx.offsets:
                 start = ctx.offsets[index]
             else:

@@ -23,6 +23,8 @@ def _response_format(body: dict[str, Any], value: dict[str, Any]) -> None:
 
 class VLLMAdapter(OpenAICompatible):
     kind = "vllm"
+    # vLLM's text_offset starts at 0 without echo (`_create_completion_logprobs(initial_text_offset=0)`).
+    openai_offsets = False
     auth = "`Authorization: Bearer` when api_key is set"
     needs_api_key = False
     max_logprobs = 20

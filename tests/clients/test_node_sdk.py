@@ -1,0 +1,114 @@
+"""The official openai Node SDK (npm `openai`, the version pinned in tests/clients/node/package.json) against
+the gateway over a real socket: a completion with logprobs, a stream with its usage chunk, and a refused field
+raised as the SDK's `BadRequestError`.
+
+The package is installed once into a cache directory (`.ci/run` does it; otherwise the first run does, from
+the npm registry). Without `node` and `npm`, or when the install fails, the test is skipped with the reason
+(counted by `pytest -rs`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.harness import GatewayThread
+
+from .conftest import CLIENTS_KEY
+
+NODE_DIR = Path(__file__).parent / "node"
+PINNED: str = json.loads((NODE_DIR / "package.json").read_text())["dependencies"]["openai"]
+
+
+def cache_dir() -> Path:
+    """Where `.ci/run` and this test install the package (the same path in both)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "completions-gateway" / "node-openai"
+
+
+def _installed(where: Path) -> str | None:
+    manifest = where / "node_modules" / "openai" / "package.json"
+    if not manifest.exists():
+        return None
+    version: str = json.loads(manifest.read_text())["version"]
+    return version
+
+
+def _install(npm: str, where: Path) -> str | None:
+    """npm install the pinned SDK into `where`; None when it worked, else why not."""
+    where.mkdir(parents=True, exist_ok=True)
+    shutil.copy(NODE_DIR / "package.json", where / "package.json")
+    try:
+        done = subprocess.run(
+            [npm, "install", "--no-audit", "--no-fund", "--ignore-scripts", "--prefix", str(where)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return "npm install timed out"
+    if done.returncode != 0:
+        return f"npm install failed: {done.stderr.strip()[-300:]}"
+    return None
+
+
+@pytest.fixture(scope="module")
+def node_sdk() -> Iterator[tuple[str, Path]]:
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        pytest.skip("node and npm are not on this machine: the Node SDK test needs them")
+    where = cache_dir()
+    if _installed(where) != PINNED:
+        problem = _install(npm, where)
+        if problem is not None or _installed(where) != PINNED:
+            pytest.skip(f"the openai npm package {PINNED} could not be installed: {problem}")
+    # The script must sit next to node_modules for Node's ESM resolution to find the package.
+    shutil.copy(NODE_DIR / "completions.mjs", where / "completions.mjs")
+    yield node, where / "completions.mjs"
+
+
+def _run(node_sdk: tuple[str, Path], gateway: GatewayThread, model: str, prompt: str) -> dict[str, Any]:
+    node, script = node_sdk
+    env = {k: v for k, v in os.environ.items() if "PROXY" not in k.upper()}
+    env |= {
+        "GATEWAY_URL": gateway.url + "/v1",
+        "GATEWAY_KEY": CLIENTS_KEY,
+        "GATEWAY_MODEL": model,
+        "GATEWAY_PROMPT": prompt,
+    }
+    done = subprocess.run([node, str(script)], capture_output=True, text=True, timeout=60, env=env, check=False)
+    assert done.returncode == 0, done.stderr
+    out: dict[str, Any] = json.loads(done.stdout)
+    return out
+
+
+@pytest.mark.parametrize("model", ["demo/text", "local/facebook/opt-125m"])
+def test_node_sdk_completion_stream_and_error(
+    node_sdk: tuple[str, Path], gateway: GatewayThread, api: httpx.Client, model: str
+) -> None:
+    prompt = "Say this is a test"
+    out = _run(node_sdk, gateway, model, prompt)
+
+    plain = out["plain"]
+    direct = api.post("/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": 12, "logprobs": 1})
+    assert direct.status_code == 200, direct.text
+    assert plain["object"] == "text_completion" and plain["model"] == model
+    assert plain["choices"][0]["text"] == direct.json()["choices"][0]["text"]
+    assert plain["choices"][0]["logprobs"]["text_offset"][0] == len(prompt)
+    assert plain["usage"]["total_tokens"] == plain["usage"]["prompt_tokens"] + plain["usage"]["completion_tokens"]
+
+    chunks = out["chunks"]
+    *content, last = chunks
+    assert "".join(c["choices"][0]["text"] for c in content) == plain["choices"][0]["text"]
+    assert last["choices"] == [] and last["usage"] == plain["usage"]
+
+    assert out["error"] == {"name": "BadRequestError", "status": 400, "param": "temperature", "code": "invalid_value"}
