@@ -10,6 +10,7 @@ from typing import Any
 
 from providers.base import Param, table
 from providers.openai_compat import OPENAI_PARAMS, OpenAICompatible
+from providers.tokenizer import VLLM_TOKENIZER
 
 
 def _response_format(body: dict[str, Any], value: dict[str, Any]) -> None:
@@ -23,6 +24,7 @@ def _response_format(body: dict[str, Any], value: dict[str, Any]) -> None:
 
 class VLLMAdapter(OpenAICompatible):
     kind = "vllm"
+    tokenizer = VLLM_TOKENIZER
     auth = "`Authorization: Bearer` when api_key is set"
     needs_api_key = False
     max_logprobs = 20
