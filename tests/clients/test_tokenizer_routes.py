@@ -32,6 +32,7 @@ from tests.e2e.harness import GatewayThread, Received, Upstream, fixture_bytes, 
 FULL_KEY = "gk-tok-full-5d1e"
 NARROW_KEY = "gk-tok-narrow-77a0"
 SLOW_KEY = "gk-tok-slow-0c9b"
+VLLM_KEY = "sk-tok-vllm-secret-4242"
 SERVED = "facebook/opt-125m"  # the vLLM recording's model, the name the loopback vLLM serves
 MODEL = f"vl/{SERVED}"
 BASE = f"/m/{MODEL}"
@@ -50,6 +51,7 @@ providers:
   ll: {{kind: llamacpp, base_url: {u}/ll}}
   tgi: {{kind: tgi, base_url: {u}/tgi}}
   oa: {{kind: openai, api_key: sk-tok-upstream-secret, base_url: {u}/oa/v1}}
+  vlkey: {{kind: vllm, api_key: {vllm_key}, base_url: {u}/vlkey/v1, headers: {{x-tenant: eval}}}}
   demo: {{kind: fake}}
 models:
   - name: evalmodel
@@ -116,8 +118,18 @@ async def _tgi(request: web.Request, rec: Received) -> web.StreamResponse:
     return web.Response(status=404)
 
 
+async def _keyed_vllm(request: web.Request, rec: Received) -> web.StreamResponse:
+    # A server that quotes the credential it refuses, as many do (docs/security.upstream.md).
+    if rec.json().get("prompt") == "leak":
+        message = f"Token rejected: {rec.headers.get('authorization')}"
+        return _json({"error": {"message": message, "type": "BadRequestError", "param": None, "code": 400}}, 400)
+    return await _vllm(request, rec)
+
+
 async def _dispatch(request: web.Request, rec: Received) -> web.StreamResponse:
     prefix = rec.path.split("/", 2)[1]
+    if prefix == "vlkey":
+        return await _keyed_vllm(request, rec)
     if prefix in ("vl", "vlold"):
         return await _vllm(request, rec)
     if prefix in ("moved", "elsewhere"):
@@ -150,7 +162,7 @@ def upstream(upstream_server: Upstream) -> Iterator[Upstream]:
 @pytest.fixture(scope="module")
 def gateway(upstream_server: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
     path: Path = tmp_path_factory.mktemp("tokenizer") / "config.yaml"
-    path.write_text(CONFIG.format(u=upstream_server.url, model=MODEL))
+    path.write_text(CONFIG.format(u=upstream_server.url, model=MODEL, vllm_key=VLLM_KEY))
     gw = GatewayThread(path, ENV)
     gw.start()
     try:
@@ -259,6 +271,24 @@ def test_tokenizer_url_overrides_the_derived_root(api: httpx.Client, upstream: U
     resp = api.post(f"/m/moved/{SERVED}/tokenize", json={"prompt": "x"})
     assert resp.status_code == 200, resp.text
     assert upstream.only().path == "/elsewhere/tokenize"
+
+
+def test_the_upstream_gets_the_providers_key_and_headers_never_the_clients(
+    api: httpx.Client, upstream: Upstream
+) -> None:
+    resp = api.post(f"/m/vlkey/{SERVED}/tokenize", json={"prompt": "x"}, headers={"x-tenant": "client-says"})
+    assert resp.status_code == 200, resp.text
+    sent = upstream.only().headers
+    assert sent["authorization"] == f"Bearer {VLLM_KEY}"
+    assert sent["x-tenant"] == "eval"
+    assert FULL_KEY not in str(sent)
+
+
+def test_upstream_error_text_is_scrubbed(api: httpx.Client, upstream: Upstream) -> None:
+    resp = api.post(f"/m/vlkey/{SERVED}/tokenize", json={"prompt": "leak"})
+    assert resp.status_code == 400, resp.text
+    assert VLLM_KEY not in resp.text
+    assert "[redacted]" in resp.json()["error"]["message"]
 
 
 # -- llama.cpp and TGI: translated to and from vLLM's shapes ---------------------------------------------------
