@@ -51,6 +51,7 @@ providers:
   ll: {{kind: llamacpp, base_url: {u}/ll}}
   tgi: {{kind: tgi, base_url: {u}/tgi}}
   oa: {{kind: openai, api_key: sk-tok-upstream-secret, base_url: {u}/oa/v1}}
+  vlgone: {{kind: vllm, api_key: "${{T_UNSET_VLLM_KEY}}", base_url: {u}/vlgone/v1}}
   vlkey: {{kind: vllm, api_key: {vllm_key}, base_url: {u}/vlkey/v1, headers: {{x-tenant: eval}}}}
   demo: {{kind: fake}}
 models:
@@ -235,6 +236,19 @@ def test_bare_routes_take_the_body_model_then_the_configured_default(api: httpx.
     assert api.get("/tokenizer_info").status_code == 200
     assert [r.path for r in upstream.received] == ["/vl/tokenize"] * 2 + ["/vl/detokenize", "/vl/tokenizer_info"]
     assert all(r.json()["model"] == SERVED for r in upstream.received if r.method == "POST")
+
+
+def test_an_alias_in_the_path_tokenizes_with_its_first_target(api: httpx.Client, upstream: Upstream) -> None:
+    resp = api.post("/m/evalmodel/tokenize", json={"prompt": "x", "add_special_tokens": False})
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["x-gateway-model"] == MODEL
+    assert upstream.only().json()["model"] == SERVED
+
+
+def test_a_provider_whose_key_variable_is_unset_fails_fast(api: httpx.Client, upstream: Upstream) -> None:
+    message = _error(api.post("/m/vlgone/m/tokenize", json={"prompt": "x"}), 400, "provider_unavailable")
+    assert "T_UNSET_VLLM_KEY" in message
+    assert upstream.received == []
 
 
 def test_lm_eval_remote_tokenizer_sequence(gateway: GatewayThread, upstream: Upstream) -> None:
