@@ -7,8 +7,8 @@ Like the adapters, this is pure: a `Call` is a value, answers are bytes; gateway
 the I/O.
 
 Shapes, and where they come from (no recording of these routes exists in the fixtures):
-- vLLM, `vllm/entrypoints/serve/tokenize/protocol.py` and `api_router.py` (main, late 2025; the same
-  shapes as `vllm/entrypoints/openai/protocol.py` since v0.5): `TokenizeCompletionRequest` {model?,
+- vLLM, `vllm/entrypoints/serve/tokenize/protocol.py` and `api_router.py` (main, late 2025; earlier
+  releases define them in `vllm/entrypoints/openai/protocol.py`): `TokenizeCompletionRequest` {model?,
   prompt, add_special_tokens = true, return_token_strs = false} -> `TokenizeResponse` {count,
   max_model_len, tokens, token_strs}; `DetokenizeRequest` {model?, tokens: [int >= 0]} -> {prompt};
   `GET /tokenizer_info` (only with `--enable-tokenizer-info-endpoint`) -> the tokenizer's init kwargs
@@ -137,12 +137,10 @@ class VLLMTokenizer(TokenizerAPI):
     routes: ClassVar[frozenset[TokenizerRoute]] = frozenset(ROUTES)
 
     def tokenize(self, req: TokenizeRequest, model: str, provider: str) -> Call:
-        body = {
-            "model": model,
-            "prompt": req.prompt,
-            "add_special_tokens": req.add_special_tokens,
-            "return_token_strs": bool(req.return_token_strs),
-        }
+        body: dict[str, Any] = {"model": model, "prompt": req.prompt, "add_special_tokens": req.add_special_tokens}
+        if req.return_token_strs:
+            # Only when asked: a vLLM older than the field (2025) may refuse a body that names it.
+            body["return_token_strs"] = True
         return Call("POST", "/tokenize", _json(body))
 
     def read_tokenize(self, body: bytes, req: TokenizeRequest) -> Tokenized:

@@ -208,7 +208,7 @@ def test_tokenize_defaults_and_token_strs_null_as_vllm_answers(api: httpx.Client
     resp = api.post(f"{BASE}/tokenize", json={"prompt": "a"})
     assert resp.status_code == 200, resp.text
     assert resp.json() == {"count": 2, "max_model_len": 2048, "tokens": [BOS, 97], "token_strs": None}
-    assert upstream.only().json()["add_special_tokens"] is True
+    assert upstream.only().json() == {"model": SERVED, "prompt": "a", "add_special_tokens": True}
 
 
 def test_detokenize_and_tokenizer_info_under_the_model_path(api: httpx.Client, upstream: Upstream) -> None:
