@@ -300,7 +300,7 @@ class Tokenizers:
             upstream_model = target.endpoint.model
             if tok_req is not None:
                 call = api.tokenize(tok_req, upstream_model, target.provider)
-                reply = await self._call(pipeline, target, route, call)
+                reply = await self._call(pipeline, target, route, call, rec)
                 with _readable(target.provider):
                     tokenized = api.read_tokenize(reply.body, tok_req)
                 max_len = tokenized.max_model_len
@@ -315,11 +315,11 @@ class Tokenizers:
                 return _encode(answer), out_headers
             if detok_req is not None:
                 call = api.detokenize(detok_req, upstream_model)
-                reply = await self._call(pipeline, target, route, call)
+                reply = await self._call(pipeline, target, route, call, rec)
                 with _readable(target.provider):
                     prompt = api.read_detokenize(reply.body)
                 return _encode(DetokenizeResponse(prompt=prompt)), out_headers
-            reply = await self._call(pipeline, target, route, api.tokenizer_info())
+            reply = await self._call(pipeline, target, route, api.tokenizer_info(), rec)
             with _readable(target.provider):
                 return api.read_tokenizer_info(reply.body), out_headers
         finally:
@@ -396,8 +396,15 @@ class Tokenizers:
         except UpstreamError as exc:
             raise pipeline.scrub.error(exc) from None
 
-    async def _call(self, pipeline: Pipeline, target: Route, route: TokenizerRoute, call: Call) -> Response:
-        reply = await self._send(pipeline, target, call)
+    async def _call(
+        self, pipeline: Pipeline, target: Route, route: TokenizerRoute, call: Call, rec: Record
+    ) -> Response:
+        started = time.perf_counter()
+        rec.attempts = 1
+        try:
+            reply = await self._send(pipeline, target, call)
+        finally:
+            rec.upstream_s = time.perf_counter() - started
         if reply.status < 400:
             return reply
         if reply.status in (404, 405) and _no_such_route(reply.body):
