@@ -32,6 +32,7 @@ from gateway.pipeline import Pipeline
 from gateway.reload import Reloader
 from gateway.schema import ModelCard, ModelList, encode
 from gateway.status import ROUTES as STATUS_ROUTES
+from gateway.tokenizer_routes import SCOPED_PREFIX, Tokenizers
 
 log = logging.getLogger("gateway")
 
@@ -175,7 +176,11 @@ def create_app(loaded: LoadedConfig) -> Front:
     )
     app.state.pipeline = pipeline
     app.state.metrics = collected
-    return Front(app, {path: completion_endpoint(path, dialect, _services) for path, dialect in DIALECT_ROUTES.items()})
+    fast = {path: completion_endpoint(path, dialect, _services) for path, dialect in DIALECT_ROUTES.items()}
+    # vLLM's tokenizer routes at the root, and the model-scoped base path /m/{model}/... (docs/clients.tokenizer.md).
+    tokenizers = Tokenizers(_services, completion_endpoint(SCOPED_PREFIX + "{model}/v1/completions", OPENAI, _services))
+    fast.update(tokenizers.endpoints())
+    return Front(app, fast, tokenizers.scoped)
 
 
 class Front:
@@ -187,9 +192,10 @@ class Front:
     methods and disconnects (gateway/endpoint.py), so they gain nothing from the wrapping.
     """
 
-    def __init__(self, litestar: Litestar, fast: dict[str, Endpoint]) -> None:
+    def __init__(self, litestar: Litestar, fast: dict[str, Endpoint], scoped: Endpoint | None = None) -> None:
         self.litestar = litestar
         self.fast = fast
+        self.scoped = scoped  # every path under /m/ (gateway/tokenizer_routes.py)
 
     @property
     def state(self) -> State:
@@ -198,6 +204,8 @@ class Front:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == ScopeType.HTTP:
             endpoint = self.fast.get(scope["path"])
+            if endpoint is None and self.scoped is not None and scope["path"].startswith(SCOPED_PREFIX):
+                endpoint = self.scoped
             if endpoint is not None:
                 scope["app"] = self.litestar  # the endpoint finds the pipeline in the app's state
                 await endpoint(scope, receive, send)

@@ -197,6 +197,9 @@ class ProviderConfig(Strict, frozen=True):
     client_cert: str | None = None
     client_key: str | None = None
     http2: bool = False
+    # Root URL of the server's tokenizer routes (/tokenize, /detokenize, /tokenizer_info) when they are not
+    # where they usually are: `base_url` without a trailing `/v1` (docs/clients.tokenizer.md).
+    tokenizer_url: str | None = None
 
 
 class TargetConfig(Strict, frozen=True):
@@ -219,6 +222,12 @@ class AliasConfig(Strict, frozen=True):
     limits: LimitsConfig | None = None
 
 
+class TokenizerConfig(Strict, frozen=True):
+    # The model (an alias or vendor/model) of a bare /tokenize, /detokenize or /tokenizer_info request that
+    # names none, as lm-eval's remote tokenizer never does; empty: such a request is a 400 naming `model`.
+    default_model: str = ""
+
+
 class GatewayConfig(Strict, frozen=True):
     server: ServerConfig = ServerConfig()
     redis: RedisConfig = RedisConfig()
@@ -237,6 +246,7 @@ class GatewayConfig(Strict, frozen=True):
     admin: AdminConfig = AdminConfig()
     metrics: MetricsConfig = MetricsConfig()
     caps: CapsConfig = CapsConfig()
+    tokenizer: TokenizerConfig = TokenizerConfig()
 
 
 class LoadedConfig(msgspec.Struct, frozen=True):
@@ -325,6 +335,8 @@ def _check(cfg: GatewayConfig, providers: dict[str, ProviderConfig], source: str
         ]:
             if url and not url.startswith(("http://", "https://")):
                 fail(url_path, f"must start with http:// or https://, got {url!r}")
+        if p.tokenizer_url and not p.tokenizer_url.startswith(("http://", "https://")):
+            fail(f"providers.{name}.tokenizer_url", f"must start with http:// or https://, got {p.tokenizer_url!r}")
         if p.transport == "h1":  # h1 has no proxy, CA, client certificate or HTTP/2 support: refuse, not ignore
             for field in ("proxy", "ca_bundle", "client_cert", "client_key", "http2"):
                 if getattr(p, field):
@@ -359,6 +371,9 @@ def _check(cfg: GatewayConfig, providers: dict[str, ProviderConfig], source: str
                 vendor, _, rest = ref.partition("/")
                 if vendor not in providers or not rest:
                     fail(f"models[{i}].{field}[{j}]", f"{ref!r} is neither an alias nor vendor/model_name")
+    default = cfg.tokenizer.default_model
+    if default and default not in seen_alias and (default.partition("/")[0] not in providers or "/" not in default):
+        fail("tokenizer.default_model", f"{default!r} is neither an alias nor vendor/model_name")
     seen_names: set[str] = set()
     for i, key in enumerate(cfg.keys):
         if key.name in seen_names:

@@ -227,4 +227,22 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
     return endpoint
 
 
-__all__ = ["Endpoint", "completion_endpoint", "error_headers"]
+# The other raw routes (gateway/tokenizer_routes.py) read and answer the same way.
+read_body = _read_body
+send_error = _send_error
+
+
+async def send_json(send: Send, status: int, body: bytes, headers: dict[str, str]) -> None:
+    await send(_start(status, _JSON + _encode_headers(headers)))
+    await send(_body(body))
+
+
+__all__ = [
+    "Endpoint",
+    "completion_endpoint",
+    "error_headers",
+    "read_body",
+    "request_id",
+    "send_error",
+    "send_json",
+]

@@ -17,6 +17,7 @@ import msgspec
 
 from gateway.errors import GatewayError, InvalidRequestError, UnsupportedParamError
 from gateway.schema import Choice, Completion, CompletionRequest, FinishReason, Logprobs, Usage
+from providers.tokenizer import NO_TOKENIZER, TokenizerAPI
 
 if TYPE_CHECKING:
     from gateway.config import CapsConfig
@@ -281,6 +282,8 @@ class Capabilities:
     # What the provider generates when the request sets no limit (OpenAI's and vLLM's default is 16);
     # rate limiting reserves this many tokens per choice.
     default_max_tokens: ClassVar[int] = 16
+    # Which of vLLM's tokenizer routes the provider's server has, and how to call them (providers/tokenizer.py).
+    tokenizer: ClassVar[TokenizerAPI] = NO_TOKENIZER
 
     def check(self, req: CompletionRequest, provider: str) -> None:
         """Refuse what the provider cannot honour, before any I/O."""

@@ -46,6 +46,7 @@ from providers.base import (
 from providers.finish import finish_reason
 from providers.retry_after import retry_after, should_retry
 from providers.selfhosted import logprobs, merge, response_schema, top_dict, usage
+from providers.tokenizer import LLAMACPP_TOKENIZER
 
 
 def _constrain(body: dict[str, Any], key: str, value: Any) -> None:
@@ -143,6 +144,7 @@ def _stop_type(up: LlamaCompletion) -> str:
 
 class LlamaCppAdapter(Adapter):
     kind = "llamacpp"
+    tokenizer = LLAMACPP_TOKENIZER
     auth = "`Authorization: Bearer` when api_key is set"
     path: ClassVar[str] = "/completion"
     needs_api_key = False

@@ -55,6 +55,7 @@ from providers.envelope import Unreadable
 from providers.finish import finish_reason
 from providers.retry_after import retry_after, should_retry
 from providers.selfhosted import logprobs, merge, response_schema, top_dict, usage
+from providers.tokenizer import TGI_TOKENIZER
 
 # `error_type` of an error event inside a 200 stream, back to the status the same error has as a response.
 _ERROR_STATUS: Final[dict[str, int]] = {
@@ -178,6 +179,7 @@ def _text(token: TGIToken | None) -> str:
 
 class TGIAdapter(Adapter):
     kind = "tgi"
+    tokenizer = TGI_TOKENIZER
     auth = "`Authorization: Bearer` when api_key is set"
     path: ClassVar[str] = "/generate, /generate_stream"
     max_logprobs = 5

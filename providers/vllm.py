@@ -10,6 +10,7 @@ from typing import Any
 
 from providers.base import Param, table
 from providers.openai_compat import OPENAI_PARAMS, OpenAICompatible
+from providers.tokenizer import VLLM_TOKENIZER
 
 
 def _response_format(body: dict[str, Any], value: dict[str, Any]) -> None:
@@ -25,6 +26,7 @@ class VLLMAdapter(OpenAICompatible):
     kind = "vllm"
     # vLLM's text_offset starts at 0 without echo (`_create_completion_logprobs(initial_text_offset=0)`).
     openai_offsets = False
+    tokenizer = VLLM_TOKENIZER
     auth = "`Authorization: Bearer` when api_key is set"
     needs_api_key = False
     max_logprobs = 20
