@@ -100,7 +100,7 @@ class Failover:
         def same_target(route: Route) -> int:
             return policy.same_target if policy.same_target is not None else route.same_target
 
-        same_left = same_target(current)  # same-target retries left for `current`
+        same_left = 0  # same-target retries left for `current`, counted once a failure needs them
         # Set when the loop ended because the next wait did not fit the budget: the client may still wait.
         out_of_budget = False
 
@@ -181,6 +181,7 @@ class Failover:
                 return Outcome(value=value, route=current, attempts=1)
             except GatewayError as exc:
                 replay = exc
+        same_left = same_target(current)
         backoff = wait_random_exponential(multiplier=r.initial_backoff_ms / 1000, max=r.max_backoff_ms / 1000)
         retrying = AsyncRetrying(
             stop=stop,
