@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from gateway.config import parse_config
+from gateway.config import ConfigError, parse_config
 from gateway.endpoint import error_headers
 from gateway.errors import client_retry
 from gateway.pipeline import Pipeline
@@ -466,3 +466,36 @@ async def test_a_wait_past_the_requests_deadline_moves_on_at_once(
     assert faults.order() == ["alpha", "beta"]
     assert vtime.sleeps == [0.0]
     assert answer.served_by == key("beta")
+
+
+async def test_the_gateways_own_rate_limit_says_retry_after_its_wait(
+    make: MakePipeline, faults: FaultServer, vtime: VirtualTime
+) -> None:
+    p = make(ONLY_A + "    limits: {rps: 1}\n", top=top())
+    assert (await ask(p)).served_by == key("alpha")
+    refused = await ask(p)
+    assert refused.error is not None and refused.error.code == "rate_limit_exceeded"
+    assert refused.error.retry_after is not None and 0 < refused.error.retry_after <= 1
+    assert error_headers(refused.error)["x-should-retry"] == "true"
+    assert faults.order() == ["alpha"]
+
+
+@pytest.mark.parametrize(
+    ("where", "value"),
+    [("retries", "-1"), ("retries", "11"), ("providers.alpha.retries", "x"), ("models[0].retries", "1.5")],
+)
+def test_a_bad_same_target_fails_at_start_up_naming_its_path(faults: FaultServer, where: str, value: str) -> None:
+    text = top() + providers(faults) + "models:\n" + ONLY_A.strip("\n") + "\n"
+    if where == "retries":
+        text = text.replace("budget_ms: 30000", f"budget_ms: 30000, same_target: {value}")
+    elif where == "providers.alpha.retries":
+        text = text.replace(
+            f"base_url: {faults['alpha'].base_url}",
+            f"base_url: {faults['alpha'].base_url}, retries: {{same_target: {value}}}",
+        )
+    else:
+        text += f"    retries: {{same_target: {value}}}\n"
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, "same-target.yaml", env={})
+    assert str(info.value).startswith(f"same-target.yaml: {where}.same_target: ")
+    assert "\n" not in str(info.value)
