@@ -91,6 +91,17 @@ class RetriesConfig(Strict, frozen=True):
     max_backoff_ms: Annotated[int, Meta(ge=0)] = 8_000
     # No retry starts once its wait would carry the request past this much time since it arrived.
     budget_ms: Annotated[int, Meta(gt=0)] = 30_000
+    # Retries of the SAME target (after its Retry-After, else backoff) before the request moves on, for a
+    # transient failure: a 5xx, a dropped connection, a 429 whose wait fits the budget. So the answer comes
+    # from the model asked for when it can. Timeouts, unreachable targets, exhausted quotas, a 404 and
+    # context-window errors always move on at once. 0: every failure moves on at once (docs/resilience.md).
+    # Unset: an alias's targets each take their provider's value, else the global one, else 1.
+    same_target: Annotated[int, Meta(ge=0, le=10)] | None = None
+
+
+def same_target_of(*blocks: RetriesConfig | None) -> int:
+    """The first `same_target` set among these `retries` blocks (most specific first); 1 when none is."""
+    return next((b.same_target for b in blocks if b is not None and b.same_target is not None), 1)
 
 
 class CooldownConfig(Strict, frozen=True):

@@ -4,7 +4,8 @@ openai  /v1/completions, /inference/v1/completions (Fireworks clients)
         {"error": {"message", "type", "param", "code"}} with OpenAI's status codes
 sgp     /v4/beta/completions (seed 003, a FastAPI service)
 pais    /api/v1/compatibility/openai/v1/completions (seed 004)
-        422 {"detail": [{"loc", "msg", "type"}]} for bad fields, 404 "Unknown model endpoint",
+        422 {"detail": [{"loc", "msg", "type"}]} for bad fields, 404 "Unknown model endpoint" (an unknown
+        alias, or an upstream that does not serve the model),
         400 "Invalid model endpoint specified or model endpoint not ready"
 """
 
@@ -97,7 +98,8 @@ class FastAPIDialect(Dialect):
             loc = exc.loc if isinstance(exc, RequestError) else (exc.param or "").split(".")
             detail = [{"loc": ["body", *loc], "msg": exc.message, "type": exc.code or "value_error"}]
             return 422, encode({"detail": detail})
-        if isinstance(exc, ModelNotFoundError):
+        if isinstance(exc, ModelNotFoundError) or (exc.status == 404 and exc.code == "model_not_found"):
+            # An upstream that does not serve the model answers like an unknown alias: PAIS's 404.
             return 404, encode({"detail": f"{self.not_found} {exc.message}"})
         if isinstance(exc, ProviderUnavailableError):
             return 400, encode({"detail": f"{self.not_ready} {exc.message}"})

@@ -24,7 +24,7 @@ from litestar.types import HTTPResponseBodyEvent, HTTPResponseStartEvent, HTTPSc
 
 from gateway import accesslog
 from gateway.dialects import Dialect
-from gateway.errors import GatewayError, InvalidRequestError
+from gateway.errors import GatewayError, InvalidRequestError, client_retry
 from gateway.ids import unique_suffix
 from gateway.metrics import Metrics, Record
 from gateway.pipeline import STREAM_FAILED, Pipeline, Result
@@ -60,9 +60,12 @@ def _encode_headers(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
 
 
 def error_headers(exc: GatewayError) -> dict[str, str]:
-    headers: dict[str, str] = {}
+    # Every error answer says whether to retry it, so the SDKs do not retry what the gateway already did.
+    headers: dict[str, str] = {"x-should-retry": "true" if client_retry(exc) else "false"}
     if exc.retry_after is not None:
+        # The same wait twice: `retry-after-ms` exact (the SDKs prefer it), `retry-after` rounded up.
         headers["retry-after"] = str(max(int(exc.retry_after + 0.999), 0))
+        headers["retry-after-ms"] = str(max(int(exc.retry_after * 1000 + 0.999), 0))
     if exc.attempts is not None:
         headers["x-gateway-attempts"] = str(exc.attempts)
     if exc.headers:

@@ -3,8 +3,15 @@
     stop  = retries.attempts upstream calls made (hedges count) | a wait that would pass retries.budget_ms
     retry = the error is retryable (408/409/429/5xx/529, connect errors, read timeouts; never a quota
             429 or a client error), or a context-window error with larger-context fallbacks left
-    wait  = 0 when the next attempt goes to a target not yet tried (another healthy target exists);
-            otherwise the provider's Retry-After, else exponential backoff with full jitter
+    wait  = the same target again, after the provider's Retry-After (else exponential backoff with full
+            jitter), up to retries.same_target times for a transient failure (5xx, dropped connection,
+            429) whose wait fits the budget; otherwise 0 when the next attempt goes to a target not yet
+            tried (another healthy target exists); otherwise the last target after its wait again
+
+Timeouts, unreachable targets, exhausted quotas, refused credentials and a 404 never wait for the
+same target while another one is left. A same-target retry goes through the cooldown its own failure
+started (every other request skips the target meanwhile): it is the target's probe, and its success
+ends the cooldown for everyone.
 
 Every failed attempt that says something about the target (429, 5xx, timeout, connect error) cools
 that target down for every replica. `sleep` and `clock` are injectable so tests can assert the exact
@@ -88,6 +95,14 @@ class Failover:
             raise
         attempts = 0
         r = policy.retries
+        budget_s = r.budget_ms / 1000
+
+        def same_target(route: Route) -> int:
+            return policy.same_target if policy.same_target is not None else route.same_target
+
+        same_left = 0  # same-target retries left for `current`, counted once a failure needs them
+        # Set when the loop ended because the next wait did not fit the budget: the client may still wait.
+        out_of_budget = False
 
         async def retry(rs: RetryCallState) -> bool:
             exc = rs.outcome.exception() if rs.outcome is not None else None
@@ -100,15 +115,36 @@ class Failover:
             return exc.retryable
 
         async def wait(rs: RetryCallState) -> float:
-            nonlocal current
+            nonlocal current, same_left
             exc = rs.outcome.exception() if rs.outcome is not None else None
             if attempts >= r.attempts:
                 return 0.0  # stop() ends here: do not pick (and take the probe slot of) a target never called
+            hint = exc.retry_after if isinstance(exc, GatewayError) else None
+            drawn: list[float] = []
+
+            def pause() -> float:
+                # The backoff is drawn once, and only for a wait taken: a move to a fresh target draws nothing.
+                if hint is not None:
+                    return hint
+                if not drawn:
+                    drawn.append(float(backoff(rs)))
+                return drawn[0]
+
+            if (
+                same_left > 0
+                and isinstance(exc, GatewayError)
+                and exc.same_target
+                and not exc.elsewhere
+                and self.clock() - started + pause() < budget_s
+                and self.clock() + pause() < deadline  # a retry that could not start is no retry
+            ):
+                same_left -= 1
+                return pause()
             current, fresh = await selector.next()
             if fresh:
+                same_left = same_target(current)
                 return 0.0
-            hint = exc.retry_after if isinstance(exc, GatewayError) else None
-            return hint if hint is not None else float(backoff(rs))
+            return pause()
 
         def remaining() -> Timeouts:
             left = deadline - self.clock()
@@ -128,7 +164,11 @@ class Failover:
         def stop(rs: RetryCallState) -> bool:
             # Attempts are upstream calls, hedges included (tenacity's attempt number does not see hedges).
             # The budget is tenacity's stop_before_delay, but on the injected clock (its own ignores `sleep`).
-            return attempts >= r.attempts or self.clock() - started + rs.upcoming_sleep >= r.budget_ms / 1000
+            nonlocal out_of_budget
+            if attempts >= r.attempts:
+                return True
+            out_of_budget = self.clock() - started + rs.upcoming_sleep >= budget_s
+            return out_of_budget
 
         # The common case costs no tenacity machinery: the first attempt runs directly, and only a
         # failure enters the loop, which replays it as its own first outcome and decides what follows.
@@ -141,6 +181,7 @@ class Failover:
                 return Outcome(value=value, route=current, attempts=1)
             except GatewayError as exc:
                 replay = exc
+        same_left = same_target(current)
         backoff = wait_random_exponential(multiplier=r.initial_backoff_ms / 1000, max=r.max_backoff_ms / 1000)
         retrying = AsyncRetrying(
             stop=stop,
@@ -167,6 +208,10 @@ class Failover:
                     return Outcome(value=value, route=route, attempts=attempts)
         except GatewayError as exc:
             exc.attempts = attempts
+            # The gateway spent its retries, or the failure is not one retrying helps: a client's retry
+            # would only repeat them. Left to the client: a wait the budget could not hold, and every
+            # retry where the operator had the gateway make none (`attempts: 1`).
+            exc.retry_later = exc.retryable and (out_of_budget or r.attempts == 1)
             raise
         raise AssertionError("unreachable: tenacity re-raises the last error")  # pragma: no cover
 

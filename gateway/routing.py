@@ -11,7 +11,7 @@ from typing import Final
 
 import msgspec
 
-from gateway.config import LoadedConfig, ProviderConfig, RetriesConfig, Strategy, TimeoutsConfig
+from gateway.config import LoadedConfig, ProviderConfig, RetriesConfig, Strategy, TimeoutsConfig, same_target_of
 from gateway.errors import ModelNotFoundError, ProviderUnavailableError
 from providers import REGISTRY
 from providers.base import Adapter, Endpoint, LocalAdapter
@@ -28,6 +28,8 @@ class Route(msgspec.Struct, frozen=True):
     drop_unsupported: bool
     # Set when the provider cannot be called (its key variable is unset); requests fail fast with it.
     unavailable: str | None = None
+    # Same-target retries of a transient failure (`retries.same_target`: the provider's, else the global).
+    same_target: int = 1
 
     def require_available(self) -> None:
         """Refuse at once, naming the missing variable, when the provider cannot be called."""
@@ -48,6 +50,8 @@ class Policy(msgspec.Struct, frozen=True):
     timeouts: TimeoutsConfig
     resume_streams: bool = False
     hedge_after_ms: int | None = None
+    # An alias's own `retries.same_target`, which wins over each target's provider value.
+    same_target: int | None = None
 
 
 class Plan(msgspec.Struct):
@@ -106,6 +110,7 @@ class Router:
                 timeouts=alias.timeouts or cfg.timeouts,
                 resume_streams=alias.resume_streams,
                 hedge_after_ms=alias.hedge_after_ms,
+                same_target=alias.retries.same_target if alias.retries else None,
             )
             main = [groups[alias.name]] + [self._group(ref, groups) for ref in alias.fallbacks]
             ctx = [self._group(ref, groups) for ref in alias.context_window_fallbacks]
@@ -165,6 +170,7 @@ class Router:
             endpoint=self._endpoint(vendor, pcfg, name, deployment),
             drop_unsupported=self._drop[vendor],
             unavailable=self._unavailable(vendor, pcfg, deployment),
+            same_target=same_target_of(pcfg.retries, self._loaded.config.retries),
         )
 
     def _endpoint(self, vendor: str, p: ProviderConfig, model: str, deployment: str | None) -> Endpoint:

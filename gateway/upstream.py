@@ -23,7 +23,13 @@ import msgspec
 
 from gateway import h1
 from gateway.config import CapsConfig, LoadedConfig, ProviderConfig, TimeoutsConfig
-from gateway.errors import GatewayError, UpstreamConnectError, UpstreamError, UpstreamTimeoutError
+from gateway.errors import (
+    GatewayError,
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamTimeoutError,
+    UpstreamUnreachableError,
+)
 from providers import REGISTRY
 from providers.base import UpstreamRequest
 
@@ -32,7 +38,7 @@ log = logging.getLogger(__name__)
 # Transport failures -> gateway errors, most specific first.
 _ERRORS: Final[tuple[tuple[type[BaseException], type[GatewayError], str], ...]] = (
     (TimeoutError, UpstreamTimeoutError, "timed out"),
-    (h1.ConnectFailed, UpstreamConnectError, "could not be reached"),
+    (h1.ConnectFailed, UpstreamUnreachableError, "could not be reached"),
     (h1.Disconnected, UpstreamConnectError, "closed the connection"),
     (h1.Malformed, UpstreamConnectError, "sent a truncated or malformed response"),
     (OSError, UpstreamConnectError, "connection failed"),

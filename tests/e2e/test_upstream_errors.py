@@ -138,11 +138,11 @@ def test_recorded_tgi_422_passes_through(api: httpx.Client, upstream: Upstream) 
         pytest.param(
             404,
             openai_error_body("Not found", "invalid_request_error", "not_found"),
-            400,
+            404,
             "invalid_request_error",
-            "not_found",
+            "model_not_found",
             "openai error (404): Not found",
-            id="404-is-400",
+            id="404-is-model-not-found",
         ),
         pytest.param(
             504,
@@ -167,7 +167,9 @@ def test_upstream_status_mapping(
 ) -> None:
     upstream.handler = reply(body, status=status)
     resp = api.post("/v1/completions", json={"model": "openai/davinci-002", "prompt": "x"})
-    assert_error(resp, "/v1/completions", status=client_status, type=type, code=code, message=message)
+    # An upstream 404 says the target does not serve the model: `param` names it, as for an unknown alias.
+    param = "model" if status == 404 else None
+    assert_error(resp, "/v1/completions", status=client_status, type=type, code=code, message=message, param=param)
     assert "retry-after" not in resp.headers
 
 

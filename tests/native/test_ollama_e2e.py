@@ -88,9 +88,10 @@ def test_unknown_model_error_reaches_the_client(api: httpx.Client, upstream: Ups
     assert_error(
         resp,
         "/v1/completions",
-        status=400,
+        status=404,
         type="invalid_request_error",
         message="local error (404): model 'llama3' not found",
+        param="model",
         code="model_not_found",
     )
 

@@ -798,12 +798,14 @@ def test_other_validation_errors_are_not_context_window_errors() -> None:
         ("InternalServerException", 500, 502, True),
         ("ServiceUnavailableException", 503, 502, True),
         ("ModelErrorException", 424, 502, False),
-        ("ResourceNotFoundException", 404, 400, False),
+        ("ResourceNotFoundException", 404, 404, False),
     ],
 )
 def test_documented_error_types(etype: str, status: int, client: int, retryable: bool) -> None:
     err = ADAPTER.map_error(status, {"x-amzn-errortype": etype}, _error("x"), "aws")
-    assert (err.status, err.code, err.retryable, err.quota) == (client, etype, retryable, False)
+    # Any upstream 404 says the target does not serve the model: the client sees `model_not_found`.
+    code = "model_not_found" if status == 404 else etype
+    assert (err.status, err.code, err.retryable, err.quota) == (client, code, retryable, False)
 
 
 def test_access_denied_with_capitalized_message_is_a_gateway_credential_problem() -> None:

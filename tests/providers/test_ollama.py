@@ -302,7 +302,7 @@ def test_error_line_inside_a_stream_raises() -> None:
 @pytest.mark.parametrize(
     "status,message,code,client,retryable",
     [
-        (404, "model 'llama9' not found", "model_not_found", 400, False),
+        (404, "model 'llama9' not found", "model_not_found", 404, False),
         (429, "too many requests", None, 429, True),
         (503, "server busy, please try again.  maximum pending requests exceeded", None, 502, True),
         (400, "invalid options", None, 400, False),

@@ -254,7 +254,7 @@ def test_error_recording_maps_status_message_code_param() -> None:
     "upstream,status,kind",
     [
         (400, 400, "invalid_request_error"),
-        (404, 400, "invalid_request_error"),
+        (404, 404, "invalid_request_error"),
         (422, 422, "invalid_request_error"),
         (401, 502, "upstream_error"),
         (403, 502, "upstream_error"),
@@ -283,7 +283,7 @@ def test_error_event_inside_a_stream_raises() -> None:
     data = json.dumps(fixture_json("openai/error_400_model_not_found.json"), separators=(",", ":")).encode()
     with pytest.raises(UpstreamStatusError) as info:
         ADAPTER.parse_event(None, data, context())
-    # Classified by its words (providers/envelope.py): model_not_found is the client's 404, shown as 400.
-    assert (info.value.status, info.value.type) == (400, "invalid_request_error")
+    # Classified by its words (providers/envelope.py): model_not_found is a 404, shown as one.
+    assert (info.value.status, info.value.type) == (404, "invalid_request_error")
     assert info.value.code == "model_not_found"
     assert info.value.message == "upstream error (404): The requested model 'gpt-5.2-proo' does not exist."

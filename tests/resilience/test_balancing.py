@@ -132,7 +132,8 @@ async def test_weighted_order_is_a_weighted_draw_without_replacement(make: MakeP
 async def test_weighted_failover_goes_to_another_target_at_once(
     make: MakePipeline, faults: FaultServer, vtime: VirtualTime
 ) -> None:
-    p = make(alias("weighted", "alpha", "beta", weights=(1000.0, 0.001)))
+    # same_target 0: the failover itself is the subject (the default retries alpha once first).
+    p = make(alias("weighted", "alpha", "beta", weights=(1000.0, 0.001)), top="retries: {same_target: 0}\n")
     faults["alpha"].script(unavailable(), then=good())
     answer = await ask(p)
     assert faults.order() == ["alpha", "beta"]

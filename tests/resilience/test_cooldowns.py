@@ -26,6 +26,9 @@ ORDERED_AB = """
     targets: [{model: alpha/davinci-002}, {model: beta/davinci-002}]
 """
 COOLDOWN = "cooldown: {base_ms: 1000, max_ms: 5000}\n"
+# These tests watch cooldowns as a request fails over; retrying the same target first (the default,
+# tests/resilience/test_same_target.py) would hide that, so they fail over at once.
+AT_ONCE = ", same_target: 0"
 
 
 def one_attempt(cooldown: str = COOLDOWN) -> str:
@@ -72,7 +75,7 @@ async def test_all_targets_rate_limited_answers_429_with_the_soonest_recovery(
 ) -> None:
     faults["alpha"].script(rate_limited(retry_after="5"))
     faults["beta"].script(rate_limited(retry_after="3"))
-    p = make(ORDERED_AB, top="retries: {attempts: 2}\n" + COOLDOWN)
+    p = make(ORDERED_AB, top="retries: {attempts: 2" + AT_ONCE + "}\n" + COOLDOWN)
     first = await ask(p)
     assert first.error is not None and first.error.status == 429 and first.attempts == 2
     assert vtime.sleeps == [0.0]
@@ -95,7 +98,7 @@ async def test_all_targets_rate_limited_answers_429_with_the_soonest_recovery(
 async def test_targets_cooled_by_errors_answer_503(make: MakePipeline, faults: FaultServer, vtime: VirtualTime) -> None:
     faults["alpha"].script(rate_limited(retry_after="5"))
     faults["beta"].script(unavailable(retry_after="4"))
-    p = make(ORDERED_AB, top="retries: {attempts: 2}\n" + COOLDOWN)
+    p = make(ORDERED_AB, top="retries: {attempts: 2" + AT_ONCE + "}\n" + COOLDOWN)
     await ask(p)
     answer = await ask(p)
     assert faults.order() == ["alpha", "beta"]
@@ -107,7 +110,7 @@ async def test_a_cooling_target_is_skipped_until_its_cooldown_ends(
     make: MakePipeline, faults: FaultServer, vtime: VirtualTime, reference: Reference
 ) -> None:
     faults["alpha"].script(unavailable(retry_after="2"))
-    p = make(ORDERED_AB, top="retries: {attempts: 3}\n" + COOLDOWN)
+    p = make(ORDERED_AB, top="retries: {attempts: 3" + AT_ONCE + "}\n" + COOLDOWN)
     first = await ask(p)
     assert first.served_by == key("beta")
     for _ in range(3):
@@ -150,7 +153,7 @@ async def test_a_failed_probe_starts_a_longer_cooldown(
     make: MakePipeline, faults: FaultServer, vtime: VirtualTime
 ) -> None:
     faults["alpha"].script(unavailable(), unavailable())
-    p = make(ORDERED_AB, top="retries: {attempts: 2}\n" + COOLDOWN)
+    p = make(ORDERED_AB, top="retries: {attempts: 2" + AT_ONCE + "}\n" + COOLDOWN)
     # Request 1: alpha fails (cooled 1 s), beta serves.
     assert (await ask(p)).served_by == key("beta")
     vtime.advance(1.0)
@@ -187,7 +190,7 @@ async def test_replicas_share_cooldowns_and_the_probe_through_redis(
 ) -> None:
     # refresh_ms 0: every snapshot reads Redis, so the replicas' views are exactly Redis's.
     top = (
-        f"redis: {{url: '{redis.url}', refresh_ms: 0}}\nretries: {{attempts: 2}}\n"
+        f"redis: {{url: '{redis.url}', refresh_ms: 0}}\nretries: {{attempts: 2{AT_ONCE}}}\n"
         "cooldown: {base_ms: 300, max_ms: 5000}\n"
     )
     one, two = make(ORDERED_AB, top=top), make(ORDERED_AB, top=top)

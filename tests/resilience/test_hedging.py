@@ -88,11 +88,23 @@ async def test_a_fast_failure_fails_over_without_a_hedge(
     make: MakePipeline, faults: FaultServer, vtime: VirtualTime
 ) -> None:
     faults["alpha"].script(unavailable())
-    p = make(HEDGED, top=TOP)
+    p = make(HEDGED, top=TOP.replace("attempts: 3", "attempts: 3, same_target: 0"))
     answer = await ask(p)
     assert faults.order() == ["alpha", "beta"]
     assert vtime.sleeps == [0.0]
     assert answer.served_by == key("beta") and answer.attempts == 2
+
+
+async def test_a_fast_failure_is_retried_on_the_same_target_without_a_hedge(
+    make: MakePipeline, faults: FaultServer, vtime: VirtualTime
+) -> None:
+    # The default same_target: 1. The retry is hedged in turn, but answers before hedge_after_ms.
+    faults["alpha"].script(unavailable())
+    p = make(HEDGED, top=TOP)
+    answer = await ask(p)
+    assert faults.order() == ["alpha", "alpha"]
+    assert len(vtime.sleeps) == 1 and 0 <= vtime.sleeps[0] <= 0.25
+    assert answer.served_by == key("alpha") and answer.attempts == 2
 
 
 async def test_a_hedge_that_fails_leaves_the_first_target_to_answer(

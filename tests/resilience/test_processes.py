@@ -49,7 +49,8 @@ def write_config(path: Path, faults: FaultServer, top: str) -> Path:
 
 
 def test_openai_sdk_sees_failover_as_one_ordinary_answer(faults: FaultServer, tmp_path: Path) -> None:
-    path = write_config(tmp_path / "gateway.yaml", faults, "retries: {attempts: 3}\n")
+    # Failing over at once: the same-target retry the default makes first is tests/clients/test_policy_*.
+    path = write_config(tmp_path / "gateway.yaml", faults, "retries: {attempts: 3, same_target: 0}\n")
     with serving(path, {}) as gw, openai_client(gw.url + "/v1", "no-key-needed") as oai:
         # What one good upstream gives, for comparison.
         good = httpx.post(gw.url + "/v1/completions", json=BODY, trust_env=False, timeout=10)
@@ -84,7 +85,7 @@ def test_openai_sdk_sees_failover_as_one_ordinary_answer(faults: FaultServer, tm
 
 
 def test_all_targets_cooling_over_http(faults: FaultServer, tmp_path: Path) -> None:
-    path = write_config(tmp_path / "gateway.yaml", faults, "retries: {attempts: 2}\n")
+    path = write_config(tmp_path / "gateway.yaml", faults, "retries: {attempts: 2, same_target: 0}\n")
     faults["alpha"].script(unavailable(retry_after="5"))
     faults["beta"].script(rate_limited(retry_after_ms="2500"))
     with serving(path, {}) as gw, openai_client(gw.url + "/v1", "no-key-needed") as oai:
@@ -92,12 +93,15 @@ def test_all_targets_cooling_over_http(faults: FaultServer, tmp_path: Path) -> N
             oai.completions.create(model="smart", prompt=PROMPT, max_tokens=16)
         assert first.value.response.headers["x-gateway-attempts"] == "2"
         assert first.value.response.headers["retry-after"] == "3"  # 2.5 s, rounded up
+        assert first.value.response.headers["retry-after-ms"] == "2500"
+        assert first.value.response.headers["x-should-retry"] == "false"  # the gateway spent its attempts
         with pytest.raises(openai.InternalServerError) as cooling:
             oai.completions.create(model="smart", prompt=PROMPT, max_tokens=16)
     resp = cooling.value.response
     assert resp.status_code == 503
     # Soonest recovery: beta's 2.5 s (less the time since), rounded up to whole seconds.
     assert resp.headers["retry-after"] == "3"
+    assert resp.headers["x-should-retry"] == "true"  # nothing was called: a client's retry then gets a target
     assert resp.headers["x-gateway-attempts"] == "0"
     assert resp.json() == {
         "error": {

@@ -39,11 +39,18 @@ ONLY_A = """
 """
 
 
-def retries(attempts: int, *, initial_ms: int = 250, max_ms: int = 8000, budget_ms: int = 30000) -> str:
+def retries(
+    attempts: int, *, initial_ms: int = 250, max_ms: int = 8000, budget_ms: int = 30000, same_target: int | None = None
+) -> str:
+    same = "" if same_target is None else f", same_target: {same_target}"
     return (
         f"retries: {{attempts: {attempts}, initial_backoff_ms: {initial_ms}, max_backoff_ms: {max_ms}, "
-        f"budget_ms: {budget_ms}}}\ncooldown: {{base_ms: 1000, max_ms: 60000}}\n"
+        f"budget_ms: {budget_ms}{same}}}\ncooldown: {{base_ms: 1000, max_ms: 60000}}\n"
     )
+
+
+# Immediate failover on every failure: what the gateway did before `retries.same_target` (default 1).
+FAIL_OVER_AT_ONCE = 0
 
 
 def assert_same_answer(got: bytes, want: bytes) -> None:
@@ -158,7 +165,7 @@ async def test_failover_to_a_fresh_target_does_not_wait(
     make: MakePipeline, faults: FaultServer, vtime: VirtualTime, reference: Reference
 ) -> None:
     faults["alpha"].script(unavailable(retry_after="5"))
-    p = make(ORDERED_AB, top=retries(3))
+    p = make(ORDERED_AB, top=retries(3, same_target=FAIL_OVER_AT_ONCE))
     answer = await ask(p)
     assert faults.order() == ["alpha", "beta"]
     assert vtime.sleeps == [0.0]  # beta was never tried: no Retry-After, no backoff
@@ -179,7 +186,7 @@ async def test_every_target_failed_the_last_one_is_retried_after_its_wait(
 ) -> None:
     faults["alpha"].script(unavailable())
     faults["beta"].script(rate_limited(retry_after="1"))
-    p = make(ORDERED_AB, top=retries(3))
+    p = make(ORDERED_AB, top=retries(3, same_target=FAIL_OVER_AT_ONCE))
     answer = await ask(p)
     assert faults.order() == ["alpha", "beta", "beta"]
     assert vtime.sleeps == [0.0, 1.0]
@@ -202,7 +209,7 @@ async def test_fallbacks_follow_the_targets_in_order(
     faults["alpha"].script(unavailable())
     faults["beta"].script(reset())
     faults["gamma"].script(server_error())
-    p = make(FALLBACKS, top=retries(4))
+    p = make(FALLBACKS, top=retries(4, same_target=FAIL_OVER_AT_ONCE))
     answer = await ask(p)
     assert faults.order() == ["alpha", "beta", "gamma", "delta"]
     assert vtime.sleeps == [0.0, 0.0, 0.0]
@@ -220,7 +227,7 @@ async def test_attempts_count_across_targets_and_fallbacks(
     faults["alpha"].script(unavailable())
     faults["beta"].script(reset())
     faults["gamma"].script(server_error())
-    p = make(FALLBACKS, top=retries(3))
+    p = make(FALLBACKS, top=retries(3, same_target=FAIL_OVER_AT_ONCE))
     answer = await ask(p)
     assert faults.order() == ["alpha", "beta", "gamma"]  # delta is a fallback too, but attempts ran out
     assert answer.error is not None and answer.attempts == 3
@@ -361,7 +368,7 @@ async def test_context_window_fallbacks_are_not_used_for_other_errors(
     make: MakePipeline, faults: FaultServer, vtime: VirtualTime
 ) -> None:
     faults["alpha"].script(unavailable())
-    p = make(CONTEXT, top=retries(3))
+    p = make(CONTEXT, top=retries(3, same_target=FAIL_OVER_AT_ONCE))
     answer = await ask(p)
     assert faults.order() == ["alpha", "beta"]
     assert answer.served_by == key("beta")
@@ -430,7 +437,7 @@ async def test_retryable_statuses_fail_over_and_cool(
     make: MakePipeline, faults: FaultServer, vtime: VirtualTime, status: int
 ) -> None:
     faults["alpha"].script(respond(SERVER_ERROR_BODY, status))
-    p = make(ORDERED_AB, top=retries(3))
+    p = make(ORDERED_AB, top=retries(3, same_target=FAIL_OVER_AT_ONCE))
     answer = await ask(p)
     assert faults.order() == ["alpha", "beta"]
     assert vtime.sleeps == [0.0]
@@ -454,7 +461,7 @@ async def test_refused_gateway_credentials_move_on_and_cool_the_target(
     assert (state.cooling_ms, state.cause) == (60000, "quota")
 
 
-@pytest.mark.parametrize(("status", "client_status"), [(400, 400), (404, 400), (422, 422)])
+@pytest.mark.parametrize(("status", "client_status"), [(400, 400), (422, 422)])
 async def test_other_statuses_are_answered_at_once(
     make: MakePipeline, faults: FaultServer, vtime: VirtualTime, status: int, client_status: int
 ) -> None:

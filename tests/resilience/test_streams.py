@@ -67,7 +67,9 @@ async def test_failover_before_the_first_event_is_invisible(
     make: MakePipeline, faults: FaultServer, vtime: VirtualTime, reference: Reference, fault: Behaviour
 ) -> None:
     faults["alpha"].script(fault)
-    p = make(ORDERED, top=TOP)
+    # Failing over at once (same_target 0): a dropped connection is otherwise retried on alpha first,
+    # which is as invisible (test_same_target_retry_before_the_first_event_is_invisible).
+    p = make(ORDERED, top=TOP.replace("attempts: 3", "attempts: 3, same_target: 0"))
     answer = await ask(p, stream=True)
     assert faults.order() == ["alpha", "beta"]
     assert vtime.sleeps == [0.0]
@@ -205,11 +207,51 @@ async def test_resume_fails_over_again_before_the_continuations_first_event(
     faults["alpha"].script(cut(4))
     faults["beta"].script(unavailable())
     faults["gamma"].script(continuation(prompt_tokens=12))
-    p = make(RESUMING, top=TOP)
+    p = make(RESUMING, top=TOP.replace("attempts: 3", "attempts: 3, same_target: 0"))
     answer = await ask(p, stream=True)
     assert faults.order() == ["alpha", "beta", "gamma"]
     assert faults["gamma"].hits[0].json()["prompt"] == faults["beta"].hits[0].json()["prompt"]
     assert faults["gamma"].hits[0].json()["max_tokens"] == 12
+    assert_recorded_stream(answer)
+
+
+async def test_resume_retries_the_continuations_target_before_its_first_event(
+    make: MakePipeline, faults: FaultServer, vtime: VirtualTime
+) -> None:
+    # The default same_target: 1: the continuation's 503 is retried on beta, which then continues.
+    faults["alpha"].script(cut(4))
+    faults["beta"].script(unavailable(), continuation(prompt_tokens=12))
+    p = make(RESUMING, top=TOP)
+    answer = await ask(p, stream=True)
+    assert faults.order() == ["alpha", "beta", "beta"]
+    assert faults["beta"].hits[1].json()["prompt"] == faults["beta"].hits[0].json()["prompt"]
+    assert faults["beta"].hits[1].json()["max_tokens"] == 12
+    assert faults["gamma"].count == 0
+    assert_recorded_stream(answer)
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        pytest.param(unavailable(), id="503"),
+        pytest.param(reset(), id="reset-before-headers"),
+        pytest.param(cut(0), id="reset-after-headers-before-first-event"),
+    ],
+)
+async def test_same_target_retry_before_the_first_event_is_invisible(
+    make: MakePipeline, faults: FaultServer, vtime: VirtualTime, reference: Reference, fault: Behaviour
+) -> None:
+    faults["alpha"].script(fault)
+    p = make(ORDERED, top=TOP)
+    answer = await ask(p, stream=True)
+    assert faults.order() == ["alpha", "alpha"]
+    assert answer.headers == {
+        "x-gateway-provider": "alpha",
+        "x-gateway-model": key("alpha"),
+        "x-gateway-attempts": "2",
+    }
+    got, ids = same_but_id(answer.body)
+    assert got == same_but_id(reference.stream.body)[0] and len(ids) == 1
     assert_recorded_stream(answer)
 
 

@@ -130,7 +130,8 @@ async def test_connect_failures_and_connect_timeouts_map_alike() -> None:
     fast = Timeouts(connect=0.3, first_byte=5.0, total=5.0)
     try:
         for url, expect in (
-            (f"http://127.0.0.1:{closed}", ("UpstreamConnectError", "Upstream 'P' could not be reached")),
+            # Nothing reached the upstream: its own class (failed over at once), still code UpstreamConnectError.
+            (f"http://127.0.0.1:{closed}", ("UpstreamUnreachableError", "Upstream 'P' could not be reached")),
             (f"https://localhost:{mute}", ("UpstreamTimeoutError", "Upstream 'P' timed out")),
         ):
             upstream = Upstream(parse_config(config(url), env={}))

@@ -28,13 +28,15 @@ from tests.resilience.faults import (
     RECORDED_STREAM_TEXT,
     Behaviour,
     FaultServer,
+    openai_error,
     respond,
     stream,
 )
 
 CONFIG = """
 server: {{host: 127.0.0.1, port: 0}}
-retries: {{attempts: 3, initial_backoff_ms: 1, max_backoff_ms: 2, budget_ms: 5000}}
+# same_target 0: an envelope fails over like its status would (the default retries a 5xx on alpha first).
+retries: {{attempts: 3, initial_backoff_ms: 1, max_backoff_ms: 2, budget_ms: 5000, same_target: 0}}
 cooldown: {{base_ms: 50, max_ms: 100}}
 timeouts: {{connect_ms: 2000, first_byte_ms: 5000, total_ms: 10000}}
 providers:
@@ -153,11 +155,25 @@ def test_200_quota_envelope_moves_on_to_another_target(gateway: GatewayThread, f
 def test_200_invalid_request_envelope_is_the_clients_400_not_retried(
     gateway: GatewayThread, faults: FaultServer
 ) -> None:
-    faults["alpha"].script(then=ok_200(RECORDED_400))
+    # The recorded envelope with OpenAI's documented invalid_value code (model_not_found means a 404, below).
+    invalid = openai_error("Invalid value for 'temperature'", "invalid_request_error", "invalid_value", "temperature")
+    faults["alpha"].script(then=ok_200(invalid))
     resp = post(gateway, {"model": "pair", "prompt": "x"})
     assert resp.status_code == 400, resp.text
     assert resp.json()["error"]["type"] == "invalid_request_error"
     assert faults.order() == ["alpha"]
+
+
+def test_200_model_not_found_envelope_is_a_404_that_moves_on(gateway: GatewayThread, faults: FaultServer) -> None:
+    # The target does not serve the model: another may (issue 12). From the only target, the client's 404.
+    faults["alpha"].script(then=ok_200(RECORDED_400))
+    resp = post(gateway, {"model": "pair", "prompt": "x"})
+    assert resp.status_code == 200, resp.text
+    assert faults.order() == ["alpha", "beta"]
+    resp = post(gateway, {"model": "solo", "prompt": "x"})
+    assert resp.status_code == 404, resp.text
+    assert resp.json()["error"]["code"] == "model_not_found"
+    assert faults.order() == ["alpha", "beta", "alpha"]
 
 
 def test_stream_whose_first_event_is_an_error_envelope_fails_over(gateway: GatewayThread, faults: FaultServer) -> None:
