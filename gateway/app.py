@@ -25,6 +25,7 @@ from litestar.types import ControllerRouterHandler, HTTPScope, Receive, Scope, S
 from gateway import accesslog
 from gateway.config import LoadedConfig, load_config
 from gateway.dialects import OPENAI, PAIS, SGP, Dialect
+from gateway.discovery import Discovery
 from gateway.endpoint import Endpoint, completion_endpoint, error_headers
 from gateway.errors import AuthenticationError, GatewayError
 from gateway.metrics import CONTENT_TYPE, Metrics
@@ -67,9 +68,11 @@ async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
         key = pipeline.keys.authenticate(request.headers)
     except GatewayError as exc:
         return _error_response(OPENAI, exc)
+    # What upstreams serve, as the background refresher last heard it (gateway/discovery.py): never awaited here.
+    discovery: Discovery = request.app.state.discovery
     cards = [
         ModelCard(id=model, owned_by=owner)
-        for model, owner in pipeline.router.model_ids()
+        for model, owner in pipeline.router.model_ids(discovery.models)
         if key is None or key.models.match(model)
     ]
     return Response(encode(ModelList(data=cards)), media_type=JSON)
@@ -146,6 +149,7 @@ def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[byt
 def create_app(loaded: LoadedConfig) -> Front:
     collected = Metrics()
     pipeline = Pipeline(loaded, metrics=collected)
+    discovery = Discovery(lambda: app.state.pipeline)  # follows reloads: the pipeline serving now
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -156,9 +160,11 @@ def create_app(loaded: LoadedConfig) -> Front:
         reloader = Reloader(app.state, loaded.source, lambda new: Pipeline(new, metrics=collected))
         app.state.reloader = reloader
         reloader.start()
+        discovery.start()
         try:
             yield
         finally:
+            await discovery.stop()
             await reloader.stop()
             await app.state.pipeline.close()
             accesslog.SINK.flush()
@@ -175,6 +181,7 @@ def create_app(loaded: LoadedConfig) -> Front:
     )
     app.state.pipeline = pipeline
     app.state.metrics = collected
+    app.state.discovery = discovery
     return Front(app, {path: completion_endpoint(path, dialect, _services) for path, dialect in DIALECT_ROUTES.items()})
 
 

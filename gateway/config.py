@@ -156,6 +156,20 @@ class CapsConfig(Strict, frozen=True):
 Transport = Literal["auto", "h1", "httpx"]
 
 
+class DiscoveryConfig(Strict, frozen=True):
+    """GET /v1/models lists what upstreams say they serve, refreshed in the background (docs/clients.md)."""
+
+    enabled: bool = True
+    # How often each provider's list is asked for again; a failed refresh keeps the last good list.
+    ttl_ms: Annotated[int, Meta(ge=100)] = 60_000
+    # One listing request, connect to last byte.
+    timeout_ms: Annotated[int, Meta(gt=0)] = 5_000
+    # Providers asked at the same time.
+    concurrency: Annotated[int, Meta(ge=1, le=64)] = 4
+    # Model ids kept per provider; an upstream answering more is cut here.
+    max_models: Annotated[int, Meta(ge=1, le=100_000)] = 10_000
+
+
 class DeploymentConfig(Strict, frozen=True):
     base_url: str | None = None
     api_key: str | None = None
@@ -197,6 +211,9 @@ class ProviderConfig(Strict, frozen=True):
     client_cert: str | None = None
     client_key: str | None = None
     http2: bool = False
+    # Ask the upstream which models it serves, for GET /v1/models (gateway/discovery.py). Unset: the kind's
+    # default, on for self-hosted servers (vllm, llamacpp, tgi, ollama), off for hosted catalogs.
+    discover: bool | None = None
 
 
 class TargetConfig(Strict, frozen=True):
@@ -237,6 +254,7 @@ class GatewayConfig(Strict, frozen=True):
     admin: AdminConfig = AdminConfig()
     metrics: MetricsConfig = MetricsConfig()
     caps: CapsConfig = CapsConfig()
+    discovery: DiscoveryConfig = DiscoveryConfig()
 
 
 class LoadedConfig(msgspec.Struct, frozen=True):
@@ -331,6 +349,11 @@ def _check(cfg: GatewayConfig, providers: dict[str, ProviderConfig], source: str
                     fail(f"providers.{name}.{field}", "needs transport httpx (or auto); h1 cannot honour it")
         if p.proxy and not p.proxy.startswith(("http://", "https://")):
             fail(f"providers.{name}.proxy", "must start with http:// or https://")  # the URL may hold credentials
+        if p.discover:
+            from gateway.discovery import LISTINGS  # here: discovery imports this module
+
+            if p.kind not in LISTINGS:
+                fail(f"providers.{name}.discover", f"kind '{p.kind}' has no model listing the gateway can read")
         if p.client_key and not p.client_cert:
             fail(f"providers.{name}.client_key", "needs client_cert")
         for field in ("ca_bundle", "client_cert", "client_key"):
