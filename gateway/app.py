@@ -14,7 +14,7 @@ import logging
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Final
 
 from litestar import Litestar, Request, Response, get
 from litestar.datastructures import State
@@ -38,6 +38,8 @@ log = logging.getLogger("gateway")
 
 JSON = "application/json"
 # A route's dialect decides only the error shape; the request and Completion are the same everywhere.
+# GET /v1/models answers kept encoded, one per client key (a bound, should keys be many).
+_MODEL_PAGES: Final = 64
 DIALECT_ROUTES: dict[str, Dialect] = {
     "/v1/completions": OPENAI,
     "/inference/v1/completions": OPENAI,
@@ -70,12 +72,18 @@ async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
         return _error_response(OPENAI, exc)
     # What upstreams serve, as the background refresher last heard it (gateway/discovery.py): never awaited here.
     discovery: Discovery = request.app.state.discovery
-    cards = [
-        ModelCard(id=model, owned_by=owner)
-        for model, owner in pipeline.router.model_ids(discovery.models)
-        if key is None or key.models.match(model)
-    ]
-    return Response(encode(ModelList(data=cards)), media_type=JSON)
+    listed = pipeline.router.model_ids(discovery.models)
+    # The page a key sees changes only with the listing (memoized per published value and per config): with
+    # thousands of discovered ids, matching and encoding them on every call cost tens of milliseconds.
+    pages: dict[str | None, tuple[list[tuple[str, str]], bytes]] = request.app.state.model_pages
+    who = key.name if key is not None else None
+    page = pages.get(who)
+    if page is None or page[0] is not listed:
+        cards = [ModelCard(id=m, owned_by=owner) for m, owner in listed if key is None or key.models.match(m)]
+        if len(pages) >= _MODEL_PAGES:
+            pages.clear()
+        page = pages[who] = (listed, encode(ModelList(data=cards)))
+    return Response(page[1], media_type=JSON)
 
 
 def _metrics_refused(request: Request[Any, Any, Any]) -> Response[bytes] | None:
@@ -182,6 +190,7 @@ def create_app(loaded: LoadedConfig) -> Front:
     app.state.pipeline = pipeline
     app.state.metrics = collected
     app.state.discovery = discovery
+    app.state.model_pages = {}
     return Front(app, {path: completion_endpoint(path, dialect, _services) for path, dialect in DIALECT_ROUTES.items()})
 
 

@@ -86,7 +86,7 @@ class NotAListing(ValueError):
 
 def listed_ids(body: bytes, provider: str, deployments: Collection[str], limit: int) -> tuple[list[str], int]:
     """The callable `provider/<id>` strings in a listing body, in its order, at most `limit`, and how
-    many entries were left out as not callable. Raises NotAListing."""
+    many entries were left out (not callable, or past the limit). Raises NotAListing."""
     try:
         decoded = _decode_listing(body)
     except msgspec.DecodeError as exc:  # msgspec names the JSON path and types, never the values
@@ -97,16 +97,17 @@ def listed_ids(body: bytes, provider: str, deployments: Collection[str], limit: 
     if cards is None:
         raise NotAListing("the answer is not a model list (no `data` or `models`)")
     ids: dict[str, None] = {}
-    refused = 0
-    for card in cards:
+    left_out = 0
+    for seen, card in enumerate(cards, 1):
         raw = card.id or card.name or card.model
         if not raw or not callable_id(provider, raw, deployments):
-            refused += 1
+            left_out += 1
             continue
         ids[f"{provider}/{raw}"] = None
         if len(ids) >= limit:
+            left_out += len(cards) - seen
             break
-    return list(ids), refused
+    return list(ids), left_out
 
 
 def callable_id(provider: str, model: str, deployments: Collection[str]) -> bool:
@@ -243,7 +244,7 @@ class Discovery:
     async def _refresh(self, src: _Source) -> None:
         async with self._gate:
             try:
-                ids, refused = await self._fetch(src)
+                ids, left_out = await self._fetch(src)
             except (GatewayError, NotAListing) as exc:
                 self._failed(src, exc.message if isinstance(exc, GatewayError) else str(exc))
                 return
@@ -255,17 +256,16 @@ class Discovery:
         if src.failing:
             log.info("model discovery: provider %r answers again (%d models)", src.name, len(ids))
             src.failing = False
-        partial = refused > 0 or len(ids) >= self._limit
-        if partial and not src.partial:
+        if left_out and not src.partial:
             log.warning(
-                "model discovery: provider %r listed models a client could not call or more than %d; "
-                "kept %d, left out %d",
+                "model discovery: provider %r listed models a client could not call, or more than "
+                "discovery.max_models (%d); kept %d, left out %d",
                 src.name,
                 self._limit,
                 len(ids),
-                refused,
+                left_out,
             )
-        src.partial = partial
+        src.partial = bool(left_out)
         if tuple(ids) != src.ids and self._sources.get(src.name) is src:
             src.ids = tuple(ids)
             self._publish()

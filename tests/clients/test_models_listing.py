@@ -61,8 +61,10 @@ def test_ids_a_client_could_not_send_back_are_left_out() -> None:
 
 def test_at_most_the_limit_is_kept() -> None:
     body = json.dumps({"data": [{"id": f"m{i}"} for i in range(100_000)]}).encode()
-    ids, _ = listed_ids(body, "vl", (), 10_000)
-    assert ids == [f"vl/m{i}" for i in range(10_000)]
+    ids, left_out = listed_ids(body, "vl", (), 10_000)
+    assert (ids, left_out) == ([f"vl/m{i}" for i in range(10_000)], 90_000)
+    exactly = json.dumps({"data": [{"id": f"m{i}"} for i in range(3)]}).encode()
+    assert listed_ids(exactly, "vl", (), 3) == (["vl/m0", "vl/m1", "vl/m2"], 0)
 
 
 CONFIG = """
