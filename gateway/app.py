@@ -37,9 +37,9 @@ from gateway.status import ROUTES as STATUS_ROUTES
 log = logging.getLogger("gateway")
 
 JSON = "application/json"
-# A route's dialect decides only the error shape; the request and Completion are the same everywhere.
 # GET /v1/models answers kept encoded, one per client key (a bound, should keys be many).
 _MODEL_PAGES: Final = 64
+# A route's dialect decides only the error shape; the request and Completion are the same everywhere.
 DIALECT_ROUTES: dict[str, Dialect] = {
     "/v1/completions": OPENAI,
     "/inference/v1/completions": OPENAI,
