@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,6 +25,7 @@ from tests.e2e.harness import (
     Received,
     Upstream,
     fixture_bytes,
+    hang,
     openai_client,
     reply,
 )
@@ -283,6 +285,20 @@ def test_a_slow_listing_never_slows_the_gateways_own_listing(
     assert not answered
     assert not any(m.startswith("vl/") for m, _ in models)
     poll(gw, has(*VL_IDS))
+
+
+def test_a_hanging_listing_does_not_delay_shutdown(upstream: Upstream, tmp_path: Path) -> None:
+    cancelled = threading.Event()
+    upstream.listings = Listings(**{"/vl/v1/models": hang(cancelled)})
+    gw = GatewayThread(write_config(tmp_path, upstream, timeout_ms=30_000), ENV)
+    gw.start()
+    try:
+        wait_for_calls(upstream, "/vl/v1/models", 1)
+    finally:
+        began = time.monotonic()
+        gw.stop()
+    assert time.monotonic() - began < 2
+    assert cancelled.wait(5), "the gateway kept the listing call open after it stopped"
 
 
 def test_the_openai_client_lists_the_discovered_models(start: Callable[..., GatewayThread]) -> None:
