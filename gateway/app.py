@@ -14,7 +14,7 @@ import logging
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Final
 
 from litestar import Litestar, Request, Response, get
 from litestar.datastructures import State
@@ -25,6 +25,7 @@ from litestar.types import ControllerRouterHandler, HTTPScope, Receive, Scope, S
 from gateway import accesslog
 from gateway.config import LoadedConfig, load_config
 from gateway.dialects import OPENAI, PAIS, SGP, Dialect
+from gateway.discovery import Discovery
 from gateway.endpoint import Endpoint, completion_endpoint, error_headers
 from gateway.errors import AuthenticationError, GatewayError
 from gateway.metrics import CONTENT_TYPE, Metrics
@@ -37,6 +38,8 @@ from gateway.tokenizer_routes import SCOPED_PREFIX, Tokenizers
 log = logging.getLogger("gateway")
 
 JSON = "application/json"
+# GET /v1/models answers kept encoded, one per client key (a bound, should keys be many).
+_MODEL_PAGES: Final = 64
 # A route's dialect decides only the error shape; the request and Completion are the same everywhere.
 DIALECT_ROUTES: dict[str, Dialect] = {
     "/v1/completions": OPENAI,
@@ -68,12 +71,20 @@ async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
         key = pipeline.keys.authenticate(request.headers)
     except GatewayError as exc:
         return _error_response(OPENAI, exc)
-    cards = [
-        ModelCard(id=model, owned_by=owner)
-        for model, owner in pipeline.router.model_ids()
-        if key is None or key.models.match(model)
-    ]
-    return Response(encode(ModelList(data=cards)), media_type=JSON)
+    # What upstreams serve, as the background refresher last heard it (gateway/discovery.py): never awaited here.
+    discovery: Discovery = request.app.state.discovery
+    listed = pipeline.router.model_ids(discovery.models)
+    # The page a key sees changes only with the listing (memoized per published value and per config): with
+    # thousands of discovered ids, matching and encoding them on every call cost tens of milliseconds.
+    pages: dict[str | None, tuple[list[tuple[str, str]], bytes]] = request.app.state.model_pages
+    who = key.name if key is not None else None
+    page = pages.get(who)
+    if page is None or page[0] is not listed:
+        cards = [ModelCard(id=m, owned_by=owner) for m, owner in listed if key is None or key.models.match(m)]
+        if len(pages) >= _MODEL_PAGES:
+            pages.clear()
+        page = pages[who] = (listed, encode(ModelList(data=cards)))
+    return Response(page[1], media_type=JSON)
 
 
 def _metrics_refused(request: Request[Any, Any, Any]) -> Response[bytes] | None:
@@ -147,6 +158,7 @@ def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[byt
 def create_app(loaded: LoadedConfig) -> Front:
     collected = Metrics()
     pipeline = Pipeline(loaded, metrics=collected)
+    discovery = Discovery(lambda: app.state.pipeline)  # follows reloads: the pipeline serving now
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -157,9 +169,11 @@ def create_app(loaded: LoadedConfig) -> Front:
         reloader = Reloader(app.state, loaded.source, lambda new: Pipeline(new, metrics=collected))
         app.state.reloader = reloader
         reloader.start()
+        discovery.start()
         try:
             yield
         finally:
+            await discovery.stop()
             await reloader.stop()
             await app.state.pipeline.close()
             accesslog.SINK.flush()
@@ -176,6 +190,8 @@ def create_app(loaded: LoadedConfig) -> Front:
     )
     app.state.pipeline = pipeline
     app.state.metrics = collected
+    app.state.discovery = discovery
+    app.state.model_pages = {}
     fast = {path: completion_endpoint(path, dialect, _services) for path, dialect in DIALECT_ROUTES.items()}
     # vLLM's tokenizer routes at the root, and the model-scoped base path /m/{model}/... (docs/clients.tokenizer.md).
     tokenizers = Tokenizers(_services, completion_endpoint(SCOPED_PREFIX + "{model}/v1/completions", OPENAI, _services))

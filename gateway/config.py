@@ -167,6 +167,20 @@ class CapsConfig(Strict, frozen=True):
 Transport = Literal["auto", "h1", "httpx"]
 
 
+class DiscoveryConfig(Strict, frozen=True):
+    """GET /v1/models lists what upstreams say they serve, refreshed in the background (docs/clients.md)."""
+
+    enabled: bool = True
+    # How often each provider's list is asked for again; a failed refresh keeps the last good list.
+    ttl_ms: Annotated[int, Meta(ge=100)] = 60_000
+    # One listing request, connect to last byte.
+    timeout_ms: Annotated[int, Meta(gt=0)] = 5_000
+    # Providers asked at the same time.
+    concurrency: Annotated[int, Meta(ge=1, le=64)] = 4
+    # Model ids kept per provider; an upstream answering more is cut here.
+    max_models: Annotated[int, Meta(ge=1, le=100_000)] = 10_000
+
+
 class DeploymentConfig(Strict, frozen=True):
     base_url: str | None = None
     api_key: str | None = None
@@ -211,6 +225,9 @@ class ProviderConfig(Strict, frozen=True):
     # Root URL of the server's tokenizer routes (/tokenize, /detokenize, /tokenizer_info) when they are not
     # where they usually are: `base_url` without a trailing `/v1` (docs/clients.tokenizer.md).
     tokenizer_url: str | None = None
+    # Ask the upstream which models it serves, for GET /v1/models (gateway/discovery.py). Unset: the kind's
+    # default, on for self-hosted servers (vllm, llamacpp, tgi, ollama), off for hosted catalogs.
+    discover: bool | None = None
 
 
 class TargetConfig(Strict, frozen=True):
@@ -258,6 +275,7 @@ class GatewayConfig(Strict, frozen=True):
     metrics: MetricsConfig = MetricsConfig()
     caps: CapsConfig = CapsConfig()
     tokenizer: TokenizerConfig = TokenizerConfig()
+    discovery: DiscoveryConfig = DiscoveryConfig()
 
 
 class LoadedConfig(msgspec.Struct, frozen=True):
@@ -354,6 +372,11 @@ def _check(cfg: GatewayConfig, providers: dict[str, ProviderConfig], source: str
                     fail(f"providers.{name}.{field}", "needs transport httpx (or auto); h1 cannot honour it")
         if p.proxy and not p.proxy.startswith(("http://", "https://")):
             fail(f"providers.{name}.proxy", "must start with http:// or https://")  # the URL may hold credentials
+        if p.discover:
+            from gateway.discovery import LISTINGS  # here: discovery imports this module
+
+            if p.kind not in LISTINGS:
+                fail(f"providers.{name}.discover", f"kind '{p.kind}' has no model listing the gateway can read")
         if p.client_key and not p.client_cert:
             fail(f"providers.{name}.client_key", "needs client_cert")
         for field in ("ca_bundle", "client_cert", "client_key"):

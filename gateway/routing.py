@@ -7,6 +7,7 @@ of the model name (model names contain slashes: `accounts/fireworks/models/...`)
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Final
 
 import msgspec
@@ -120,6 +121,11 @@ class Router:
                 context_groups=ctx,
             )
         self._direct_plans: dict[str, Plan] = {}
+        # GET /v1/models, built on first use: the config's part, then that plus the last discovered lists.
+        self._static: dict[str, str] | None = None
+        self._down: set[str] = set()
+        self._listed: list[tuple[str, str]] | None = None
+        self._listed_from: Mapping[str, Sequence[str]] | None = None
 
     def _group(self, ref: str, groups: dict[str, Group]) -> Group:
         if ref in groups:
@@ -216,15 +222,39 @@ class Router:
                 out[name] = reason
         return out
 
-    def model_ids(self) -> list[tuple[str, str]]:
-        """(model id, owner) for GET /v1/models: aliases, alias targets and advertised models."""
+    def model_ids(self, discovered: Mapping[str, Sequence[str]] | None = None) -> list[tuple[str, str]]:
+        """(model id, owner) for GET /v1/models: what a request can be served by now.
+
+        Aliases with at least one callable target or fallback, the callable alias targets, then each
+        available provider's declared `models:` and what it said it serves (`discovered`, provider ->
+        `provider/<id>` strings, gateway/discovery.py). A provider that cannot be called (its key variable
+        is unset) contributes nothing. Memoized per `discovered` value (the discovery publishes a new one
+        when a list changes); callers must not change the list.
+        """
+        if self._listed is not None and discovered is self._listed_from:
+            return self._listed
+        if self._static is None:
+            self._static = self._static_ids()
+        seen = dict(self._static)
+        for name, ids in (discovered or {}).items():
+            if name in self._providers and name not in self._down:
+                for m in ids:
+                    seen.setdefault(m, name)
+        self._listed, self._listed_from = list(seen.items()), discovered
+        return self._listed
+
+    def _static_ids(self) -> dict[str, str]:
+        self._down = set(self.unavailable_providers())
         seen: dict[str, str] = {}
-        for name in self.aliases:
-            seen.setdefault(name, "gateway")
+        for name, plan in self._plans.items():
+            if any(r.unavailable is None for g in plan.groups for r in g.routes):
+                seen.setdefault(name, "gateway")
         for alias_cfg in self._loaded.config.models:
-            for t in alias_cfg.targets:
-                seen.setdefault(t.model, t.model.partition("/")[0])
+            for t, route in zip(alias_cfg.targets, self.aliases[alias_cfg.name].routes, strict=True):
+                if route.unavailable is None:
+                    seen.setdefault(t.model, t.model.partition("/")[0])
         for name, p in self._providers.items():
-            for m in p.models:
-                seen.setdefault(f"{name}/{m}", name)
-        return list(seen.items())
+            if name not in self._down:
+                for m in p.models:
+                    seen.setdefault(f"{name}/{m}", name)
+        return seen

@@ -172,16 +172,31 @@ async def wait_for(event: threading.Event, timeout: float) -> bool:
     return True
 
 
+async def _no_listing(request: web.Request, received: Received) -> web.StreamResponse:
+    return web.Response(status=404, text='{"error": "no model listing here"}', content_type="application/json")
+
+
+def is_listing(method: str, path: str) -> bool:
+    """A model-list call of the gateway's background discovery (GET .../models, Ollama's GET /api/tags)."""
+    return method == "GET" and path.endswith(("/models", "/api/tags"))
+
+
 class Upstream:
     """An aiohttp server on 127.0.0.1 in its own thread; tests set `handler` and read `received`.
 
     Handler tasks are cancelled when the peer (the gateway) closes the connection, so a test can observe
     that the gateway really let go of an upstream request.
+
+    The gateway lists self-hosted upstreams' models in the background (gateway/discovery.py). Those calls
+    go to `listings` (a 404 unless a test sets one) and `listed`, never to `handler` and `received`, so
+    tests that count completion calls do not see them.
     """
 
     def __init__(self) -> None:
         self.handler: Handler = _no_handler
         self.received: list[Received] = []
+        self.listings: Handler = _no_listing
+        self.listed: list[Received] = []
         self._loop = asyncio.new_event_loop()
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.bind(("127.0.0.1", 0))
@@ -206,6 +221,9 @@ class Upstream:
             headers={k.lower(): v for k, v in request.headers.items()},
             body=body,
         )
+        if is_listing(received.method, received.path):
+            self.listed.append(received)
+            return await self.listings(request, received)
         self.received.append(received)
         return await self.handler(request, received)
 
