@@ -9,8 +9,9 @@ supported by the provider and is refused (400 naming it) or dropped, never silen
 from __future__ import annotations
 
 import abc
+import operator
 from collections.abc import AsyncGenerator, Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
 from urllib.parse import quote
 
 import msgspec
@@ -165,14 +166,17 @@ def table(base: Table | None = None, *, drop: tuple[str, ...] = (), **params: Pa
     return out
 
 
+# Every canonical field's value in one C call: the request has some 60 fields, a few of them set.
+_param_values: Callable[[CompletionRequest], tuple[Any, ...]] = operator.attrgetter(*PARAM_FIELDS)
+
+
 def map_params(
     req: CompletionRequest, params: Table, provider: str, drop_unsupported: bool
 ) -> tuple[dict[str, Any], list[str]]:
     """Translate every set canonical field; return the vendor body fragment and what was dropped."""
     body: dict[str, Any] = {}
     dropped: list[str] = []
-    for name in PARAM_FIELDS:
-        value = getattr(req, name)
+    for name, value in zip(PARAM_FIELDS, _param_values(req), strict=True):
         if value is None:
             continue
         rule = params.get(name)
@@ -265,13 +269,15 @@ class Capabilities:
 
     kind: ClassVar[str]
     params: ClassVar[Table]
-    # Most stop sequences the provider takes; more are enforced by the gateway (None: no limit).
+    # Most stop sequences the provider takes: it is sent the first ones and the gateway enforces the rest
+    # (gateway/emulation.py). None: no limit.
     max_stop: ClassVar[int | None] = None
     # The provider leaves the matched stop sequence in its text (TGI): the gateway cuts it off
     # unless the client asked to keep it.
     stop_in_output: ClassVar[bool] = False
-    # Largest logprobs count the provider returns.
-    max_logprobs: ClassVar[int] = 5
+    # Largest logprobs count the provider returns; a larger one is refused naming the bound. Not a ClassVar:
+    # a self-hosted server's own flag (vLLM's --max-logprobs) is configured per provider (`configure`).
+    max_logprobs: int = 5
     prompt_forms: ClassVar[frozenset[PromptForm]] = ALL_PROMPT_FORMS
     default_base_url: ClassVar[str | None] = None
     # Whether a key is required to call it (local servers such as vLLM often have none).
@@ -282,6 +288,12 @@ class Capabilities:
     # rate limiting reserves this many tokens per choice.
     default_max_tokens: ClassVar[int] = 16
 
+    def configure(self, max_logprobs: int | None = None) -> Self:
+        """This provider's instance with the bounds its config sets (`providers.<name>.max_logprobs`)."""
+        if max_logprobs is not None:
+            self.max_logprobs = max_logprobs
+        return self
+
     def check(self, req: CompletionRequest, provider: str) -> None:
         """Refuse what the provider cannot honour, before any I/O."""
         if prompt_form(req.prompt) not in self.prompt_forms:
@@ -289,7 +301,7 @@ class Capabilities:
                 f"Provider '{provider}' accepts only a single string prompt"
             )
         # Only where the table maps logprobs: elsewhere map_params refuses (or drops) the field by name.
-        if isinstance(req.logprobs, int) and "logprobs" in self.params and req.logprobs > self.max_logprobs:
+        if req.logprobs is not None and req.logprobs > self.max_logprobs and "logprobs" in self.params:
             raise UnsupportedParamError("logprobs", provider).with_message(
                 f"Provider '{provider}' returns at most {self.max_logprobs} logprobs, got {req.logprobs}"
             )
@@ -320,7 +332,7 @@ class Adapter(Capabilities, abc.ABC):
 class LocalAdapter(Capabilities, abc.ABC):
     """A provider served inside the gateway process (the built-in `fake`)."""
 
-    max_logprobs: ClassVar[int] = 20
+    max_logprobs = 20
     needs_api_key: ClassVar[bool] = False
 
     def admit(self, req: CompletionRequest, endpoint: Endpoint, caps: CapsConfig) -> None:
