@@ -111,6 +111,10 @@ class CompletionRequest(msgspec.Struct, forbid_unknown_fields=True, omit_default
     watermark: bool | None = None
 
 
+# The self-hosted servers' own fields, declared last in CompletionRequest.
+NATIVE_FIELDS: Final = CompletionRequest.__struct_fields__[CompletionRequest.__struct_fields__.index("min_p") :]
+
+
 class Logprobs(msgspec.Struct):
     tokens: list[str]
     token_logprobs: list[float | None]

@@ -17,7 +17,7 @@ from urllib.parse import quote
 import msgspec
 
 from gateway.errors import GatewayError, InvalidRequestError, UnsupportedParamError
-from gateway.schema import Choice, Completion, CompletionRequest, FinishReason, Logprobs, Usage
+from gateway.schema import NATIVE_FIELDS, Choice, Completion, CompletionRequest, FinishReason, Logprobs, Usage
 
 if TYPE_CHECKING:
     from gateway.config import CapsConfig
@@ -166,8 +166,9 @@ def table(base: Table | None = None, *, drop: tuple[str, ...] = (), **params: Pa
     return out
 
 
-# Every canonical field's value in one C call: the request has some 60 fields, a few of them set.
-_param_values: Callable[[CompletionRequest], tuple[Any, ...]] = operator.attrgetter(*PARAM_FIELDS)
+# The self-hosted servers' own fields are seldom set: one C call and one count pass over them all.
+_SEED_FIELDS: tuple[str, ...] = tuple(f for f in PARAM_FIELDS if f not in NATIVE_FIELDS)
+_native_values: Callable[[CompletionRequest], tuple[Any, ...]] = operator.attrgetter(*NATIVE_FIELDS)
 
 
 def map_params(
@@ -176,17 +177,28 @@ def map_params(
     """Translate every set canonical field; return the vendor body fragment and what was dropped."""
     body: dict[str, Any] = {}
     dropped: list[str] = []
-    for name, value in zip(PARAM_FIELDS, _param_values(req), strict=True):
-        if value is None:
-            continue
-        rule = params.get(name)
-        if rule is None:
-            if not drop_unsupported:
-                raise UnsupportedParamError(name, provider)
-            dropped.append(name)
-            continue
-        rule.write(body, name, value)
+    for name in _SEED_FIELDS:
+        value = getattr(req, name)
+        if value is not None:
+            _map_field(body, dropped, params, name, value, provider, drop_unsupported)
+    native = _native_values(req)
+    if native.count(None) != len(native):
+        for name, value in zip(NATIVE_FIELDS, native, strict=True):
+            if value is not None:
+                _map_field(body, dropped, params, name, value, provider, drop_unsupported)
     return body, dropped
+
+
+def _map_field(
+    body: dict[str, Any], dropped: list[str], params: Table, name: str, value: Any, provider: str, drop: bool
+) -> None:
+    rule = params.get(name)
+    if rule is not None:
+        rule.write(body, name, value)
+    elif drop:
+        dropped.append(name)
+    else:
+        raise UnsupportedParamError(name, provider)
 
 
 PromptForm = Literal["text", "texts", "tokens", "token_lists"]
