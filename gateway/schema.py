@@ -102,6 +102,7 @@ class CompletionRequest(msgspec.Struct, forbid_unknown_fields=True, omit_default
     spaces_between_special_tokens: bool | None = None
     add_special_tokens: bool | None = None
     truncate_prompt_tokens: Annotated[int, Meta(ge=-1)] | None = None
+    prompt_logprobs: LogprobsCount | None = None
     use_beam_search: bool | None = None
     length_penalty: float | None = None
     mirostat: Literal[0, 1, 2] | None = None
@@ -125,11 +126,14 @@ class Logprobs(msgspec.Struct):
 FinishReason = Literal["stop", "length", "content_filter"]
 
 
-class Choice(msgspec.Struct):
+class Choice(msgspec.Struct, omit_defaults=True):
     text: str
     index: int
     logprobs: Logprobs | None
     finish_reason: FinishReason | None
+    # vLLM's answer to its own `prompt_logprobs` (per prompt token: null for the first, else
+    # {token_id: {logprob, rank, decoded_token}}), relayed as vLLM sends it; absent unless asked for.
+    prompt_logprobs: list[dict[str, Any] | None] | None = None
 
 
 class CompletionTokensDetails(msgspec.Struct, omit_defaults=True):

@@ -317,6 +317,12 @@ class Capabilities:
             raise UnsupportedParamError("logprobs", provider).with_message(
                 f"Provider '{provider}' returns at most {self.max_logprobs} logprobs, got {req.logprobs}"
             )
+        # vLLM holds prompt logprobs to the same --max-logprobs.
+        count = req.prompt_logprobs
+        if count is not None and count > self.max_logprobs and "prompt_logprobs" in self.params:
+            raise UnsupportedParamError("prompt_logprobs", provider).with_message(
+                f"Provider '{provider}' returns at most {self.max_logprobs} prompt_logprobs, got {count}"
+            )
 
 
 class Adapter(Capabilities, abc.ABC):

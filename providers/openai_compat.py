@@ -46,6 +46,8 @@ class UpChoice(msgspec.Struct):
     index: int = 0
     logprobs: UpLogprobs | float | None = None
     finish_reason: str | None = None
+    # vLLM, when the request asked for `prompt_logprobs`.
+    prompt_logprobs: list[dict[str, Any] | None] | None = None
 
 
 class UpUsage(msgspec.Struct):
@@ -194,6 +196,7 @@ class OpenAICompatible(Adapter):
                 index=c.index,
                 logprobs=self._logprobs(c.logprobs, c.text, c.index, ctx),
                 finish_reason=finish_reason(c.finish_reason),
+                prompt_logprobs=c.prompt_logprobs,
             )
             for c in up.choices or ()
         ]

@@ -23,7 +23,7 @@ def _response_format(body: dict[str, Any], value: dict[str, Any]) -> None:
 
 # vLLM's own completions fields, passed as they are: the sampling parameters of
 # `vllm/entrypoints/openai/protocol.py` CompletionRequest (`completion-sampling-params`) and its
-# `add_special_tokens`. vLLM's `prompt_logprobs` is not among them: its answer has no place in a Completion.
+# `add_special_tokens`. The answer to `prompt_logprobs` (`choices[].prompt_logprobs`) is relayed as it comes.
 VLLM_NATIVE: Final = (
     "min_p",
     "repetition_penalty",
@@ -36,6 +36,7 @@ VLLM_NATIVE: Final = (
     "spaces_between_special_tokens",
     "truncate_prompt_tokens",
     "allowed_token_ids",
+    "prompt_logprobs",
     "add_special_tokens",
 )
 

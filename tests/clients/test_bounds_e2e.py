@@ -224,6 +224,46 @@ def test_configured_max_logprobs_bounds_that_provider(api: httpx.Client, upstrea
 # --- provider-native fields --------------------------------------------------------------------------------
 
 
+# The vLLM recording with the `prompt_logprobs` its protocol adds to a choice when asked for
+# (vllm/entrypoints/openai/protocol.py CompletionResponseChoice: list[dict[int, Logprob] | None], a
+# Logprob being {logprob, rank, decoded_token}; null for the first prompt token). Values illustrative.
+PROMPT_LOGPROBS: list[dict[str, Any] | None] = [
+    None,
+    {"15": {"logprob": -5.125, "rank": 12, "decoded_token": "Say"}},
+    {"42": {"logprob": -2.5, "rank": 1, "decoded_token": " this"}},
+]
+
+
+def test_prompt_logprobs_reach_vllm_and_come_back(api: httpx.Client, upstream: Upstream) -> None:
+    recorded = json.loads(fixture_bytes("vllm/completion_opt125m.json"))
+    recorded["choices"][0]["prompt_logprobs"] = PROMPT_LOGPROBS
+    upstream.handler = reply(json.dumps(recorded).encode())
+    resp = api.post("/v1/completions", json={"model": VLLM, "prompt": "Say this", "prompt_logprobs": 1})
+    assert resp.status_code == 200, resp.text
+    assert upstream.only().json()["prompt_logprobs"] == 1
+    assert resp.json()["choices"][0]["prompt_logprobs"] == PROMPT_LOGPROBS
+
+
+def test_no_prompt_logprobs_key_unless_vllm_sends_them(api: httpx.Client, upstream: Upstream) -> None:
+    resp = api.post("/v1/completions", json={"model": VLLM, "prompt": "Say this"})
+    assert resp.status_code == 200, resp.text
+    assert set(resp.json()["choices"][0]) == {"text", "index", "logprobs", "finish_reason"}
+
+
+def test_prompt_logprobs_beyond_the_bound_are_refused(api: httpx.Client, upstream: Upstream) -> None:
+    resp = api.post("/v1/completions", json={"model": "small/opt", "prompt": "x", "prompt_logprobs": 9})
+    assert_error(
+        resp,
+        "/v1/completions",
+        status=400,
+        type="invalid_request_error",
+        message="Provider 'small' returns at most 8 prompt_logprobs, got 9",
+        param="prompt_logprobs",
+        code="unsupported_parameter",
+    )
+    assert upstream.received == []
+
+
 def test_native_fields_reach_vllms_body(oai: openai.OpenAI, upstream: Upstream) -> None:
     oai.completions.create(model=VLLM, prompt="Say this is a test", extra_body=NATIVE)
     sent: dict[str, Any] = upstream.only().json()

@@ -103,6 +103,7 @@ NATIVE: dict[str, Any] = {
     "spaces_between_special_tokens": False,
     "add_special_tokens": False,
     "truncate_prompt_tokens": 512,
+    "prompt_logprobs": 1,
     "use_beam_search": True,
     "length_penalty": 0.8,
     "mirostat": 2,

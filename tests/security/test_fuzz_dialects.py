@@ -290,6 +290,7 @@ PLAUSIBLE: Final[dict[str, st.SearchStrategy[Any]]] = {
     "spaces_between_special_tokens": st.booleans(),
     "add_special_tokens": st.booleans(),
     "truncate_prompt_tokens": st.integers(min_value=-1, max_value=4096),
+    "prompt_logprobs": st.integers(min_value=0, max_value=5),
     "use_beam_search": st.booleans(),
     "length_penalty": st.floats(min_value=-2, max_value=2),
     "mirostat": st.sampled_from([0, 1, 2]),
