@@ -15,7 +15,9 @@ import msgspec
 import pytest
 
 from gateway import emulation
+from gateway.config import ConfigError, parse_config
 from gateway.errors import InvalidRequestError, UnsupportedParamError
+from gateway.routing import Router
 from gateway.schema import MAX_LOGPROBS, MAX_STOPS
 from providers import REGISTRY
 from providers.base import PARAM_FIELDS, Endpoint, map_params
@@ -255,3 +257,16 @@ def test_native_fields_are_typed(field: str, value: Any) -> None:
     with pytest.raises(msgspec.ValidationError) as info:
         request(**{field: value})
     assert f"`$.{field}" in str(info.value)
+
+
+# --- config ------------------------------------------------------------------------------------------------
+
+
+def test_max_logprobs_in_the_config_is_bounded_and_reaches_the_route() -> None:
+    text = "providers:\n  local: {kind: vllm, base_url: 'http://127.0.0.1:8000/v1', max_logprobs: %s}\n"
+    route = Router(parse_config(text % 8)).resolve("local/opt")
+    assert route.adapter.max_logprobs == 8
+    assert Router(parse_config(text % "null")).resolve("local/opt").adapter.max_logprobs == 20
+    with pytest.raises(ConfigError) as info:
+        parse_config(text % (MAX_LOGPROBS + 1))
+    assert "providers.local.max_logprobs" in str(info.value)
