@@ -17,6 +17,8 @@ import msgspec
 import yaml
 from msgspec import Meta
 
+from gateway.schema import MAX_LOGPROBS
+
 ProviderKind = Literal[
     "openai",
     "azure",
@@ -201,6 +203,10 @@ class ProviderConfig(Strict, frozen=True):
     headers: dict[str, str] = msgspec.field(default_factory=dict)
     # For providers that require a token limit (Anthropic): used when the request gives none.
     default_max_tokens: Annotated[int, Meta(ge=1)] | None = None
+    # The largest logprobs count this server returns, when it differs from its kind's default (vLLM's
+    # `--max-logprobs`, 20 by default; TGI's `--max-top-n-tokens`, 5): larger counts are refused naming it.
+    # Up to MAX_LOGPROBS, the absolute bound every request is decoded with.
+    max_logprobs: Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)] | None = None
     # AWS region (`us-east-1`) for kind bedrock: the endpoint host and the SigV4 credential scope.
     # Empty is allowed here so an unset `${VAR}` does not fail the load; such a provider refuses requests.
     region: Annotated[str, Meta(pattern=r"^$|^[a-z]{2}(-[a-z]+)+-\d+$")] | None = None

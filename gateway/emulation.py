@@ -144,6 +144,15 @@ def plan(
         elif adapter.stop_in_output and not include:
             # Still sent upstream so generation ends early; the gateway removes what the provider kept.
             stops = upstream_stop
+    if stops is not None and req.echo and not echo:
+        # A prompt the provider echoes would be scanned for the stops too: the gateway echoes it instead.
+        if req.logprobs is not None or form != "text":
+            raise _bad(
+                f"'echo' with more stop sequences than provider '{provider}' takes needs a single text prompt "
+                "and no logprobs",
+                "echo",
+            )
+        echo = True
     guide = _guide(adapter, req, provider, caps)
     if len(prompts) == 1 and fan_n == 1 and not echo and stops is None and guide is None:
         return None

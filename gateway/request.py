@@ -171,6 +171,11 @@ def normalize(req: CompletionRequest, caps: CapsConfig = _DEFAULT_CAPS) -> Compl
         if stop is not None and stop != req.stop_sequences:
             raise _bad("'stop_sequences' disagrees with 'stop'", "stop_sequences")
         stop = req.stop_sequences
+    # Whichever provider serves the request, the gateway may have to find these in the text itself (stops
+    # beyond a provider's count, a failover to one that takes fewer): each is held to a pattern's bound.
+    if stop and max(map(len, stop)) > caps.pattern_chars:
+        name = "stop_sequences" if req.stop_sequences is not None else "stop"
+        raise _bad(f"'{name}' may hold sequences of at most {caps.pattern_chars} characters", name)
     req.stop, req.stop_sequences = (stop or None), None
 
     lp = req.logprobs

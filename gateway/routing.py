@@ -91,7 +91,7 @@ class Router:
         self._loaded = loaded
         self._providers = loaded.providers
         self._adapters: dict[str, Adapter | LocalAdapter] = {
-            name: REGISTRY[p.kind]() for name, p in loaded.providers.items()
+            name: REGISTRY[p.kind]().configure(p.max_logprobs) for name, p in loaded.providers.items()
         }
         self._drop = {
             name: (p.unsupported_params or cfg.unsupported_params) == "drop" for name, p in loaded.providers.items()

@@ -20,10 +20,16 @@ Temperature = Annotated[float, Meta(ge=0, le=2)]
 Penalty = Annotated[float, Meta(ge=-2, le=2)]
 Probability = Annotated[float, Meta(ge=0, le=1)]
 PositiveInt = Annotated[int, Meta(ge=1)]
-# The seeds cap logprobs at 5 as an integer count; the boolean form carries its count in top_logprobs.
-LogprobsCount = Annotated[int, Meta(ge=0, le=5)]
-TopLogprobs = Annotated[int, Meta(ge=0, le=20)]
-StopList = Annotated[list[str], Meta(max_length=4)]
+TokenId = Annotated[int, Meta(ge=0)]
+# Absolute bounds, whatever the provider: each provider's own (OpenAI: 4 stops and 5 logprobs; vLLM: no stop
+# limit and 20 logprobs, or its configured `max_logprobs`) is checked after routing (providers/base.py
+# `Capabilities`), and stops beyond a provider's count are enforced by the gateway. These only keep the
+# decoder from accepting absurd values: a stop list the gateway may have to scan for, a logprobs count no
+# server is configured for.
+MAX_STOPS: Final = 64
+MAX_LOGPROBS: Final = 100
+LogprobsCount = Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)]
+StopList = Annotated[list[str], Meta(max_length=MAX_STOPS)]
 PromptItem = str | int | list[int]
 
 
@@ -32,7 +38,8 @@ class StreamOptions(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tr
 
 
 class CompletionRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
-    """The union of every request field in the seeds (docs/providers.md §1a)."""
+    """The union of every request field in the seeds (docs/providers.md §1a), and the self-hosted servers'
+    own sampling fields."""
 
     model: str
     prompt: str | list[PromptItem]
@@ -51,7 +58,7 @@ class CompletionRequest(msgspec.Struct, forbid_unknown_fields=True, omit_default
     stop_sequences: StopList | None = None
     include_stop_str_in_output: bool | None = None
     logprobs: bool | LogprobsCount | None = None
-    top_logprobs: TopLogprobs | None = None
+    top_logprobs: LogprobsCount | None = None
     return_token_log_probs: bool | None = None
     echo: bool | None = None
     suffix: str | None = None
@@ -77,6 +84,36 @@ class CompletionRequest(msgspec.Struct, forbid_unknown_fields=True, omit_default
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     prediction: dict[str, Any] | None = None
+    # Self-hosted servers' own sampling fields (what lm-eval's `--gen_kwargs` and the SDKs' `extra_body`
+    # send), typed as vLLM's completions protocol declares them. Each provider's table says where a field
+    # goes (vLLM's body, TGI's `parameters`, Ollama's `options`, llama.cpp under its own name); elsewhere it
+    # is refused or dropped like any field. One name per meaning: llama.cpp's and Ollama's `repeat_penalty`
+    # is `repetition_penalty` here, TGI's `truncate` is `truncate_prompt_tokens`; names whose meaning
+    # differs between servers (TGI's `best_of`, llama.cpp's `n_probs`) are not accepted here.
+    min_p: Probability | None = None
+    typical_p: Probability | None = None
+    repetition_penalty: Annotated[float, Meta(gt=0)] | None = None
+    repeat_last_n: Annotated[int, Meta(ge=-1)] | None = None
+    min_tokens: Annotated[int, Meta(ge=0)] | None = None
+    ignore_eos: bool | None = None
+    stop_token_ids: list[TokenId] | None = None
+    allowed_token_ids: list[TokenId] | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    add_special_tokens: bool | None = None
+    truncate_prompt_tokens: Annotated[int, Meta(ge=-1)] | None = None
+    prompt_logprobs: LogprobsCount | None = None
+    use_beam_search: bool | None = None
+    length_penalty: float | None = None
+    mirostat: Literal[0, 1, 2] | None = None
+    mirostat_tau: Annotated[float, Meta(ge=0)] | None = None
+    mirostat_eta: Annotated[float, Meta(ge=0)] | None = None
+    num_ctx: PositiveInt | None = None
+    watermark: bool | None = None
+
+
+# The self-hosted servers' own fields, declared last in CompletionRequest.
+NATIVE_FIELDS: Final = CompletionRequest.__struct_fields__[CompletionRequest.__struct_fields__.index("min_p") :]
 
 
 class Logprobs(msgspec.Struct):
@@ -89,11 +126,14 @@ class Logprobs(msgspec.Struct):
 FinishReason = Literal["stop", "length", "content_filter"]
 
 
-class Choice(msgspec.Struct):
+class Choice(msgspec.Struct, omit_defaults=True):
     text: str
     index: int
     logprobs: Logprobs | None
     finish_reason: FinishReason | None
+    # vLLM's answer to its own `prompt_logprobs` (per prompt token: null for the first, else
+    # {token_id: {logprob, rank, decoded_token}}), relayed as vLLM sends it; absent unless asked for.
+    prompt_logprobs: list[dict[str, Any] | None] | None = None
 
 
 class CompletionTokensDetails(msgspec.Struct, omit_defaults=True):

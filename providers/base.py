@@ -9,14 +9,15 @@ supported by the provider and is refused (400 naming it) or dropped, never silen
 from __future__ import annotations
 
 import abc
+import operator
 from collections.abc import AsyncGenerator, Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
 from urllib.parse import quote
 
 import msgspec
 
 from gateway.errors import GatewayError, InvalidRequestError, UnsupportedParamError
-from gateway.schema import Choice, Completion, CompletionRequest, FinishReason, Logprobs, Usage
+from gateway.schema import NATIVE_FIELDS, Choice, Completion, CompletionRequest, FinishReason, Logprobs, Usage
 from providers.tokenizer import NO_TOKENIZER, TokenizerAPI
 
 if TYPE_CHECKING:
@@ -166,24 +167,39 @@ def table(base: Table | None = None, *, drop: tuple[str, ...] = (), **params: Pa
     return out
 
 
+# The self-hosted servers' own fields are seldom set: one C call and one count pass over them all.
+_SEED_FIELDS: tuple[str, ...] = tuple(f for f in PARAM_FIELDS if f not in NATIVE_FIELDS)
+_native_values: Callable[[CompletionRequest], tuple[Any, ...]] = operator.attrgetter(*NATIVE_FIELDS)
+
+
 def map_params(
     req: CompletionRequest, params: Table, provider: str, drop_unsupported: bool
 ) -> tuple[dict[str, Any], list[str]]:
     """Translate every set canonical field; return the vendor body fragment and what was dropped."""
     body: dict[str, Any] = {}
     dropped: list[str] = []
-    for name in PARAM_FIELDS:
+    for name in _SEED_FIELDS:
         value = getattr(req, name)
-        if value is None:
-            continue
-        rule = params.get(name)
-        if rule is None:
-            if not drop_unsupported:
-                raise UnsupportedParamError(name, provider)
-            dropped.append(name)
-            continue
-        rule.write(body, name, value)
+        if value is not None:
+            _map_field(body, dropped, params, name, value, provider, drop_unsupported)
+    native = _native_values(req)
+    if native.count(None) != len(native):
+        for name, value in zip(NATIVE_FIELDS, native, strict=True):
+            if value is not None:
+                _map_field(body, dropped, params, name, value, provider, drop_unsupported)
     return body, dropped
+
+
+def _map_field(
+    body: dict[str, Any], dropped: list[str], params: Table, name: str, value: Any, provider: str, drop: bool
+) -> None:
+    rule = params.get(name)
+    if rule is not None:
+        rule.write(body, name, value)
+    elif drop:
+        dropped.append(name)
+    else:
+        raise UnsupportedParamError(name, provider)
 
 
 PromptForm = Literal["text", "texts", "tokens", "token_lists"]
@@ -266,13 +282,15 @@ class Capabilities:
 
     kind: ClassVar[str]
     params: ClassVar[Table]
-    # Most stop sequences the provider takes; more are enforced by the gateway (None: no limit).
+    # Most stop sequences the provider takes: it is sent the first ones and the gateway enforces the rest
+    # (gateway/emulation.py). None: no limit.
     max_stop: ClassVar[int | None] = None
     # The provider leaves the matched stop sequence in its text (TGI): the gateway cuts it off
     # unless the client asked to keep it.
     stop_in_output: ClassVar[bool] = False
-    # Largest logprobs count the provider returns.
-    max_logprobs: ClassVar[int] = 5
+    # Largest logprobs count the provider returns; a larger one is refused naming the bound. Not a ClassVar:
+    # a self-hosted server's own flag (vLLM's --max-logprobs) is configured per provider (`configure`).
+    max_logprobs: int = 5
     prompt_forms: ClassVar[frozenset[PromptForm]] = ALL_PROMPT_FORMS
     default_base_url: ClassVar[str | None] = None
     # Whether a key is required to call it (local servers such as vLLM often have none).
@@ -285,6 +303,12 @@ class Capabilities:
     # Which of vLLM's tokenizer routes the provider's server has, and how to call them (providers/tokenizer.py).
     tokenizer: ClassVar[TokenizerAPI] = NO_TOKENIZER
 
+    def configure(self, max_logprobs: int | None = None) -> Self:
+        """This provider's instance with the bounds its config sets (`providers.<name>.max_logprobs`)."""
+        if max_logprobs is not None:
+            self.max_logprobs = max_logprobs
+        return self
+
     def check(self, req: CompletionRequest, provider: str) -> None:
         """Refuse what the provider cannot honour, before any I/O."""
         if prompt_form(req.prompt) not in self.prompt_forms:
@@ -292,9 +316,15 @@ class Capabilities:
                 f"Provider '{provider}' accepts only a single string prompt"
             )
         # Only where the table maps logprobs: elsewhere map_params refuses (or drops) the field by name.
-        if isinstance(req.logprobs, int) and "logprobs" in self.params and req.logprobs > self.max_logprobs:
+        if req.logprobs is not None and req.logprobs > self.max_logprobs and "logprobs" in self.params:
             raise UnsupportedParamError("logprobs", provider).with_message(
                 f"Provider '{provider}' returns at most {self.max_logprobs} logprobs, got {req.logprobs}"
+            )
+        # vLLM holds prompt logprobs to the same --max-logprobs.
+        count = req.prompt_logprobs
+        if count is not None and count > self.max_logprobs and "prompt_logprobs" in self.params:
+            raise UnsupportedParamError("prompt_logprobs", provider).with_message(
+                f"Provider '{provider}' returns at most {self.max_logprobs} prompt_logprobs, got {count}"
             )
 
 
@@ -323,7 +353,7 @@ class Adapter(Capabilities, abc.ABC):
 class LocalAdapter(Capabilities, abc.ABC):
     """A provider served inside the gateway process (the built-in `fake`)."""
 
-    max_logprobs: ClassVar[int] = 20
+    max_logprobs = 20
     needs_api_key: ClassVar[bool] = False
 
     def admit(self, req: CompletionRequest, endpoint: Endpoint, caps: CapsConfig) -> None:

@@ -3,7 +3,8 @@
 There is NO recorded llama.cpp response in any public repository we searched (see the fixtures INDEX):
 everything here follows ggml-org/llama.cpp `tools/server/README.md`, and the tests use only the fields it
 documents. From the README:
-- Options: prompt (a string or token ids), n_predict (-1 = no limit), temperature, top_k, top_p,
+- Options: prompt (a string or token ids), n_predict (-1 = no limit), temperature, top_k, top_p, min_p,
+  typical_p, repeat_penalty, repeat_last_n, ignore_eos, mirostat (0, 1 or 2), mirostat_tau, mirostat_eta,
   presence_penalty, frequency_penalty, seed, stop (stop words are not included in the completion),
   grammar (GBNF), json_schema ({} for any JSON), n_probs, logit_bias as `[[token_id, bias]]`, stream,
   cache_prompt. `n_cmpl` (several completions) is recent and unverified, so n is left to the gateway.
@@ -162,6 +163,15 @@ class LlamaCppAdapter(Adapter):
         stop=Param(),
         logprobs=Param("n_probs", convert=_n_probs),
         logit_bias=Param(convert=_logit_bias),
+        # The README's own samplers; its `repeat_penalty` is the same multiplier as vLLM's repetition_penalty.
+        min_p=Param(),
+        typical_p=Param(),
+        repetition_penalty=Param("repeat_penalty"),
+        repeat_last_n=Param(),
+        ignore_eos=Param(),
+        mirostat=Param(),
+        mirostat_tau=Param(),
+        mirostat_eta=Param(),
         guided_json=Param(apply=_guided_json),
         guided_grammar=Param(apply=_guided_grammar),
         response_format=Param(apply=_response_format),

@@ -27,6 +27,15 @@ naming the field and the provider (or dropped and listed in
 The gateway itself handles `model`, `prompt`, `stream`, `stream_options`, `inference_timeout`,
 `inference_extra_params` (merged into the upstream body) and `inference_extra_headers`
 (added to the upstream request; credentials and framing headers are refused).
+
+Fields from `min_p` on are self-hosted servers' own sampling fields, under vLLM's names (llama.cpp's and
+Ollama's `repeat_penalty` is `repetition_penalty`, TGI's `truncate` is `truncate_prompt_tokens`): accepted
+at the top level, and refused where a provider has no such field (docs/clients.bounds.md).
+
+Bounds are the provider's, checked after routing: a request may carry up to 64 stop sequences, of which
+the provider is sent its `max stop` and the gateway enforces the rest itself; a `logprobs` count above the
+provider's `max logprobs` is refused naming the provider and the bound (`providers.<name>.max_logprobs`
+sets it for a self-hosted server started with another limit).
 """
 
 
@@ -51,8 +60,8 @@ def render() -> str:
         cells = [_cell(field, REGISTRY[k].params.get(field)) for k in kinds]
         lines.append(f"| `{field}` | " + " | ".join(cells) + " |")
     lines += ["", "## Endpoints and limits", ""]
-    lines.append("| kind | default base URL | path | auth | max logprobs | prompt forms | stream |")
-    lines.append("|---|---|---|---|---|---|---|")
+    lines.append("| kind | default base URL | path | auth | max stop | max logprobs | prompt forms | stream |")
+    lines.append("|---|---|---|---|---|---|---|---|")
     for kind, cls in REGISTRY.items():
         framing: str
         if issubclass(cls, Adapter):
@@ -63,7 +72,9 @@ def render() -> str:
             path, base, framing = "(in process)", "(none)", "in process"
         auth = cls.auth
         forms = ", ".join(sorted(cls.prompt_forms))
-        lines.append(f"| {kind} | {base} | {path} | {auth} | {cls.max_logprobs} | {forms} | {framing} |")
+        stops = "no limit" if cls.max_stop is None else cls.max_stop
+        logprobs = cls.max_logprobs if "logprobs" in cls.params else "-"
+        lines.append(f"| {kind} | {base} | {path} | {auth} | {stops} | {logprobs} | {forms} | {framing} |")
     return "\n".join(lines) + "\n"
 
 

@@ -3,9 +3,10 @@
 Sources:
 - ollama/ollama `docs/api.md` and `api/types.go` (GenerateRequest, Options, Logprob): model, prompt,
   suffix, raw, stream (defaults to TRUE, so it is always sent), format ("json" or a JSON Schema),
-  logprobs + top_logprobs (0-20), and options {num_predict, temperature, top_k, top_p, presence_penalty,
-  frequency_penalty, seed, stop}. The response has response, done, done_reason (stop | length,
-  `llm/server.go`), prompt_eval_count, eval_count and `logprobs[{token, logprob, bytes, top_logprobs}]`.
+  logprobs + top_logprobs (0-20), and options {num_predict, temperature, top_k, top_p, min_p, typical_p,
+  repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed, stop, num_ctx}. The response
+  has response, done, done_reason (stop | length, `llm/server.go`), prompt_eval_count, eval_count and
+  `logprobs[{token, logprob, bytes, top_logprobs}]`.
 - `server/routes.go`: the prompt template (and with it `suffix`) is applied only when `raw` is false, a
   suffix requires a model with the insert capability, 503 when the queue is full (`ErrMaxQueue`); errors
   are `{"error": "..."}` (404 for an unknown model, 429 rate limited on ollama.com).
@@ -115,6 +116,12 @@ class OllamaAdapter(Adapter):
         frequency_penalty=Param("options.frequency_penalty"),
         seed=Param("options.seed"),
         stop=Param("options.stop"),
+        # api/types.go Options; its `repeat_penalty` is the same multiplier as vLLM's repetition_penalty.
+        min_p=Param("options.min_p"),
+        typical_p=Param("options.typical_p"),
+        repetition_penalty=Param("options.repeat_penalty"),
+        repeat_last_n=Param("options.repeat_last_n"),
+        num_ctx=Param("options.num_ctx"),
         logprobs=Param(apply=_logprobs),
         suffix=Param(),
         guided_json=Param(apply=_guided_json),

@@ -46,6 +46,8 @@ class UpChoice(msgspec.Struct):
     index: int = 0
     logprobs: UpLogprobs | float | None = None
     finish_reason: str | None = None
+    # vLLM, when the request asked for `prompt_logprobs`.
+    prompt_logprobs: list[dict[str, Any] | None] | None = None
 
 
 class UpUsage(msgspec.Struct):
@@ -129,6 +131,9 @@ def usage_from(up: UpUsage) -> Usage:
 class OpenAICompatible(Adapter):
     path: ClassVar[str] = "/completions"
     params: ClassVar[Table] = OPENAI_PARAMS
+    # OpenAI's "up to 4 sequences" (also Fireworks' and SGP's seeds; kept where a server documents none):
+    # the first 4 are sent, the gateway enforces the rest. Servers without a limit (vLLM) say None.
+    max_stop: ClassVar[int | None] = 4
     # Ask for the usage chunk on every stream: the gateway needs it (and strips it if the client did not).
     stream_usage: ClassVar[bool] = True
     # Whether the upstream's `text_offset` counts into prompt + text as OpenAI's does; if not (vLLM counts
@@ -194,6 +199,7 @@ class OpenAICompatible(Adapter):
                 index=c.index,
                 logprobs=self._logprobs(c.logprobs, c.text, c.index, ctx),
                 finish_reason=finish_reason(c.finish_reason),
+                prompt_logprobs=c.prompt_logprobs,
             )
             for c in up.choices or ()
         ]

@@ -109,21 +109,35 @@ def _top_n_tokens(count: int) -> int:
     return max(count, 1)
 
 
+def _truncate(tokens: int) -> int:
+    # vLLM's truncate_prompt_tokens and TGI's truncate both keep the prompt's last N tokens; vLLM's -1 (the
+    # model's own limit) has no TGI value, and TGI would refuse the -1 with a 422 that names its own field.
+    if tokens < 0:
+        raise InvalidRequestError(
+            "'truncate_prompt_tokens' must be a token count for provider kind 'tgi' (-1 is vLLM's)",
+            param="truncate_prompt_tokens",
+            code="invalid_value",
+        )
+    return tokens
+
+
 def _sampling(params: dict[str, Any]) -> None:
     """OpenAI's sampling knobs in TGI's terms.
 
     TGI refuses temperature 0, top_p outside (0, 1) and top_k <= 0, and samples only with `do_sample`.
     Like TGI's own /v1/completions, sample unless temperature is 0. top_p 0 keeps only the most likely
     token, which is greedy too; top_p 1 and top_k <= 0 filter nothing, which is TGI's default. When greedy,
-    top_p and top_k go: TGI would otherwise sample with them, and neither can change the argmax.
+    top_p, top_k and typical_p go: TGI would otherwise sample with them, and none can change the argmax.
     """
     greedy = params.get("temperature") == 0 or params.get("top_p") == 0
     if greedy:
-        for key in ("temperature", "top_p", "top_k"):
+        for key in ("temperature", "top_p", "top_k", "typical_p"):
             params.pop(key, None)
     else:
-        if params.get("top_p", 0) >= 1:
-            del params["top_p"]
+        # TGI takes top_p and typical_p only inside (0, 1); 1 filters nothing.
+        for key in ("top_p", "typical_p"):
+            if params.get(key, 0) >= 1:
+                del params[key]
         if params.get("top_k", 1) <= 0:
             del params["top_k"]
     params["do_sample"] = not greedy
@@ -197,6 +211,11 @@ class TGIAdapter(Adapter):
         seed=Param("parameters.seed"),
         stop=Param("parameters.stop"),
         logprobs=Param("parameters.top_n_tokens", convert=_top_n_tokens),
+        # TGI's own GenerateParameters (docs/openapi.json); `truncate` under vLLM's name for the same thing.
+        repetition_penalty=Param("parameters.repetition_penalty"),
+        typical_p=Param("parameters.typical_p"),
+        truncate_prompt_tokens=Param("parameters.truncate", convert=_truncate),
+        watermark=Param("parameters.watermark"),
         guided_json=Param(apply=_guided_json),
         guided_regex=Param(apply=_guided_regex),
         guided_choice=Param(apply=_guided_choice),

@@ -1,6 +1,7 @@
 """Together `POST /v1/completions`.
 
-Fields from together-python `types/completions.py` and a recorded request; the response quirks
+Fields from together-python `types/completions.py` and a recorded request (its own `repetition_penalty`
+and `min_p` included; it documents no stop count, so OpenAI's 4 apply); the response quirks
 (`text.completion`, finish reason `eos`, float logprobs in stream chunks) are normalized by the base.
 """
 
@@ -15,4 +16,10 @@ class TogetherAdapter(OpenAICompatible):
     default_base_url = "https://api.together.xyz/v1"
     # Together always sends usage on the final chunk and documents no stream_options.
     stream_usage = False
-    params = table(OPENAI_PARAMS, drop=("best_of", "suffix", "seed", "user"), top_k=Param())
+    params = table(
+        OPENAI_PARAMS,
+        drop=("best_of", "suffix", "seed", "user"),
+        top_k=Param(),
+        repetition_penalty=Param(),
+        min_p=Param(),
+    )

@@ -6,7 +6,7 @@ carrying them would come back 200 and unconstrained: they must become `structure
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from providers.base import Param, table
 from providers.openai_compat import OPENAI_PARAMS, OpenAICompatible
@@ -22,6 +22,26 @@ def _response_format(body: dict[str, Any], value: dict[str, Any]) -> None:
         body["response_format"] = value
 
 
+# vLLM's own completions fields, passed as they are: the sampling parameters of
+# `vllm/entrypoints/openai/protocol.py` CompletionRequest (`completion-sampling-params`) and its
+# `add_special_tokens`. The answer to `prompt_logprobs` (`choices[].prompt_logprobs`) is relayed as it comes.
+VLLM_NATIVE: Final = (
+    "min_p",
+    "repetition_penalty",
+    "length_penalty",
+    "use_beam_search",
+    "stop_token_ids",
+    "ignore_eos",
+    "min_tokens",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "truncate_prompt_tokens",
+    "allowed_token_ids",
+    "prompt_logprobs",
+    "add_special_tokens",
+)
+
+
 class VLLMAdapter(OpenAICompatible):
     kind = "vllm"
     # vLLM's text_offset starts at 0 without echo (`_create_completion_logprobs(initial_text_offset=0)`).
@@ -29,9 +49,12 @@ class VLLMAdapter(OpenAICompatible):
     tokenizer = VLLM_TOKENIZER
     auth = "`Authorization: Bearer` when api_key is set"
     needs_api_key = False
+    # vLLM takes any number of stop strings; 20 is its `--max-logprobs` default (`max_logprobs` in the config
+    # when the server was started with another).
+    max_stop = None
     max_logprobs = 20
     params = table(
-        OPENAI_PARAMS,
+        {**OPENAI_PARAMS, **dict.fromkeys(VLLM_NATIVE, Param())},
         top_k=Param(),
         include_stop_str_in_output=Param(),
         guided_json=Param("structured_outputs.json"),

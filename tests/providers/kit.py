@@ -88,6 +88,32 @@ SAMPLE: dict[str, Any] = {
     "prediction": {"type": "content"},
 }
 
+# A valid value for each self-hosted server's own sampling field (gateway/schema.py), which providers
+# without such a field refuse.
+NATIVE: dict[str, Any] = {
+    "min_p": 0.05,
+    "typical_p": 0.9,
+    "repetition_penalty": 1.1,
+    "repeat_last_n": 64,
+    "min_tokens": 2,
+    "ignore_eos": True,
+    "stop_token_ids": [2],
+    "allowed_token_ids": [5, 6],
+    "skip_special_tokens": False,
+    "spaces_between_special_tokens": False,
+    "add_special_tokens": False,
+    "truncate_prompt_tokens": 512,
+    "prompt_logprobs": 1,
+    "use_beam_search": True,
+    "length_penalty": 0.8,
+    "mirostat": 2,
+    "mirostat_tau": 5.0,
+    "mirostat_eta": 0.1,
+    "num_ctx": 8192,
+    "watermark": True,
+}
+SAMPLE.update(NATIVE)
+
 
 def sample(*fields: str) -> dict[str, Any]:
     """`SAMPLE` values for these fields."""

@@ -16,7 +16,18 @@ from gateway.schema import Completion
 from providers import REGISTRY
 from providers.anthropic import DEFAULT_MAX_TOKENS, AnthropicAdapter, AUsage, reset_hint, usage_from
 from providers.base import PARAM_FIELDS, Endpoint, map_params
-from tests.providers.kit import SAMPLE, as_json, build, chunked, context, fixture_bytes, fixture_json, request, sample
+from tests.providers.kit import (
+    NATIVE,
+    SAMPLE,
+    as_json,
+    build,
+    chunked,
+    context,
+    fixture_bytes,
+    fixture_json,
+    request,
+    sample,
+)
 
 ADAPTER = AnthropicAdapter()
 ENDPOINT = Endpoint(
@@ -57,6 +68,7 @@ REFUSED: dict[str, Any] = sample(
     "tool_choice",
     "parallel_tool_calls",
     "prediction",
+    *NATIVE,
 )
 
 

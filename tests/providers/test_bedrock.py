@@ -35,7 +35,18 @@ from providers.base import PARAM_FIELDS, Endpoint
 from providers.bedrock import DEFAULT_BASE_URL, BedrockAdapter, credentials, error_type
 from providers.envelope import Unreadable
 from tests.providers.eventstream import event, exception, frame, split_frames
-from tests.providers.kit import SAMPLE, as_json, build, chunked, context, fixture_bytes, fixture_json, request, sample
+from tests.providers.kit import (
+    NATIVE,
+    SAMPLE,
+    as_json,
+    build,
+    chunked,
+    context,
+    fixture_bytes,
+    fixture_json,
+    request,
+    sample,
+)
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 ADAPTER = BedrockAdapter(clock=lambda: NOW)
@@ -77,6 +88,7 @@ REFUSED: dict[str, Any] = sample(
     "tool_choice",
     "parallel_tool_calls",
     "prediction",
+    *NATIVE,
 )
 
 

@@ -20,7 +20,7 @@ from gateway.framing import SSEDecoder
 from providers import REGISTRY
 from providers.base import PARAM_FIELDS, Endpoint
 from providers.cohere import CohereAdapter, CTokens, CUsage, usage_from
-from tests.providers.kit import SAMPLE, as_json, build, chunked, context, fixture_bytes, fixture_json, request
+from tests.providers.kit import NATIVE, SAMPLE, as_json, build, chunked, context, fixture_bytes, fixture_json, request
 
 ADAPTER = CohereAdapter()
 ENDPOINT = Endpoint(provider="co", model="command-r7b-12-2024", base_url="https://api.cohere.com", api_key="co-test")
@@ -52,6 +52,7 @@ REFUSED: dict[str, Any] = {
     "tool_choice": "auto",
     "parallel_tool_calls": True,
     "prediction": {"type": "content"},
+    **NATIVE,
 }
 
 

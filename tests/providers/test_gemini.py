@@ -19,7 +19,7 @@ from gateway.framing import SSEDecoder
 from providers.base import PARAM_FIELDS, Endpoint, map_params
 from providers.envelope import Unreadable
 from providers.gemini import GeminiAdapter
-from tests.providers.kit import as_json, build, chunked, context, fixture_bytes, fixture_json, request
+from tests.providers.kit import NATIVE, as_json, build, chunked, context, fixture_bytes, fixture_json, request
 
 ADAPTER = GeminiAdapter()
 MODEL = "gemini-1.5-flash"
@@ -42,6 +42,7 @@ REFUSED: dict[str, Any] = {
     "tool_choice": "auto",
     "parallel_tool_calls": True,
     "prediction": {"type": "content"},
+    **NATIVE,
 }
 
 # pydantic/pydantic-ai @111dda9bcd3b tests/models/cassettes/test_google/test_google_model_retry.yaml,

@@ -17,6 +17,7 @@ from gateway.framing import SSEDecoder
 from providers.base import PARAM_FIELDS, Endpoint, map_params
 from providers.mistral import MistralAdapter, RateLimit, rate_limits
 from tests.providers.kit import (
+    NATIVE,
     as_json,
     build,
     chunked,
@@ -99,6 +100,7 @@ REFUSED: dict[str, Any] = {
     "tool_choice": "auto",
     "parallel_tool_calls": True,
     "prediction": {"type": "content"},
+    **NATIVE,
 }
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
 

@@ -190,6 +190,10 @@ def test_table_covers_every_canonical_field_it_names() -> None:
         "guided_regex",
         "guided_choice",
         "response_format",
+        "repetition_penalty",
+        "typical_p",
+        "truncate_prompt_tokens",
+        "watermark",
     }
     emulated = {"n", "best_of", "echo", "include_stop_str_in_output", "guided_grammar"}
     assert {k for k, p in ADAPTER.params.items() if not p.emulated} == native

@@ -277,6 +277,27 @@ PLAUSIBLE: Final[dict[str, st.SearchStrategy[Any]]] = {
     "tool_choice": st.sampled_from(["none", "auto", "required"]) | st.just({"type": "function"}),
     "parallel_tool_calls": st.booleans(),
     "prediction": st.dictionaries(st.text(max_size=6), json_values, max_size=2),
+    # Self-hosted servers' own sampling fields.
+    "min_p": st.floats(min_value=0, max_value=1),
+    "typical_p": st.floats(min_value=0, max_value=1),
+    "repetition_penalty": st.floats(min_value=0.5, max_value=2),
+    "repeat_last_n": st.integers(min_value=-1, max_value=64),
+    "min_tokens": small_ints,
+    "ignore_eos": st.booleans(),
+    "stop_token_ids": st.lists(st.integers(min_value=0, max_value=50_000), max_size=3),
+    "allowed_token_ids": st.lists(st.integers(min_value=0, max_value=50_000), max_size=3),
+    "skip_special_tokens": st.booleans(),
+    "spaces_between_special_tokens": st.booleans(),
+    "add_special_tokens": st.booleans(),
+    "truncate_prompt_tokens": st.integers(min_value=-1, max_value=4096),
+    "prompt_logprobs": st.integers(min_value=0, max_value=5),
+    "use_beam_search": st.booleans(),
+    "length_penalty": st.floats(min_value=-2, max_value=2),
+    "mirostat": st.sampled_from([0, 1, 2]),
+    "mirostat_tau": st.floats(min_value=0, max_value=10),
+    "mirostat_eta": st.floats(min_value=0, max_value=1),
+    "num_ctx": st.integers(min_value=1, max_value=32_768),
+    "watermark": st.booleans(),
 }
 FIELDS: Final = [f.encode_name for f in msgspec.structs.fields(CompletionRequest)]
 assert set(FIELDS) == set(PLAUSIBLE), "a new request field needs a plausible strategy here"

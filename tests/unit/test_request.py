@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 
+from gateway.config import CapsConfig
+from gateway.dialects import decode_error
 from gateway.errors import InvalidRequestError
-from gateway.request import FORBIDDEN_HEADERS, MAX_CHOICES
-from gateway.schema import CompletionRequest
+from gateway.request import FORBIDDEN_HEADERS, MAX_CHOICES, normalize
+from gateway.schema import MAX_LOGPROBS, MAX_STOPS, CompletionRequest, decode_request
 from tests.providers.kit import request
 
 
@@ -87,6 +90,41 @@ def test_empty_stop_list_is_no_stop() -> None:
     assert request(stop=[]).stop is None
 
 
+@pytest.mark.parametrize("field", ["stop", "stop_sequences"])
+def test_more_stops_than_openai_takes_are_a_request_not_an_error(field: str) -> None:
+    # lm-eval's humaneval and gsm8k-cot send 5 and 6; the provider's own count is checked after routing.
+    six = ["\nclass", "\ndef", "\n#", "\nif", "\nprint", "Question:"]
+    assert request(**dict[str, Any]({field: six})).stop == six
+    assert len(request(**dict[str, Any]({field: [str(i) for i in range(MAX_STOPS)]})).stop or ()) == MAX_STOPS
+
+
+@pytest.mark.parametrize("field", ["stop", "stop_sequences"])
+def test_stop_count_has_an_absolute_bound(field: str) -> None:
+    err = decode_error(_decode_fails(**{field: [str(i) for i in range(MAX_STOPS + 1)]}))
+    assert (err.param, err.code) == (field, "invalid_value")
+    assert err.message == f"Invalid value for '{field}': Expected `array` of length <= {MAX_STOPS}"
+
+
+@pytest.mark.parametrize("field", ["stop", "stop_sequences"])
+def test_each_stop_is_held_to_the_pattern_bound(field: str) -> None:
+    caps = CapsConfig(pattern_chars=16)
+    assert normalize(_decoded(**{field: ["x" * 16, "y"]}), caps).stop == ["x" * 16, "y"]
+    with pytest.raises(InvalidRequestError) as info:
+        normalize(_decoded(**{field: ["y", "x" * 17]}), caps)
+    assert (info.value.param, info.value.code) == (field, "invalid_value")
+    assert info.value.message == f"'{field}' may hold sequences of at most 16 characters"
+
+
+def _decoded(**fields: Any) -> CompletionRequest:
+    return decode_request(msgspec.json.encode({"model": "m/x", "prompt": "p", **fields}))
+
+
+def _decode_fails(**fields: Any) -> msgspec.ValidationError:
+    with pytest.raises(msgspec.ValidationError) as info:
+        _decoded(**fields)
+    return info.value
+
+
 # --- logprobs ------------------------------------------------------------------------------------------
 
 
@@ -97,6 +135,10 @@ def test_empty_stop_list_is_no_stop() -> None:
         ({"logprobs": 0}, 0),
         ({"logprobs": True}, 0),
         ({"logprobs": True, "top_logprobs": 7}, 7),
+        # Counts beyond OpenAI's 5 and 20 are the provider's to refuse (vLLM takes 20, or its --max-logprobs).
+        ({"logprobs": 10}, 10),
+        ({"logprobs": True, "top_logprobs": 30}, 30),
+        ({"logprobs": MAX_LOGPROBS}, MAX_LOGPROBS),
         ({"logprobs": True, "top_logprobs": 0}, 0),
         ({"logprobs": False}, None),
         ({"return_token_log_probs": True}, 0),
@@ -127,6 +169,15 @@ def test_top_logprobs_needs_agreeing_logprobs(fields: dict[str, Any]) -> None:
 
 
 # --- best_of, n, prompts -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "fields", [{"logprobs": MAX_LOGPROBS + 1}, {"logprobs": True, "top_logprobs": MAX_LOGPROBS + 1}]
+)
+def test_logprobs_count_has_an_absolute_bound(fields: dict[str, Any]) -> None:
+    err = decode_error(_decode_fails(**fields))
+    assert err.param == ("top_logprobs" if "top_logprobs" in fields else "logprobs")
+    assert err.message.endswith(f"<= {MAX_LOGPROBS}")
 
 
 def test_best_of_rules() -> None:
