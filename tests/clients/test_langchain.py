@@ -97,7 +97,6 @@ def test_logprobs_in_generation_info(gateway: GatewayThread, http_client: httpx.
     assert all(len(top) >= 2 for top in lp["top_logprobs"])
 
 
-@pytest.mark.xfail(strict=True, reason="needs issue 12 items 1-2 (per-provider bounds), merged by the lead")
 def test_logprobs_ten_from_vllm(gateway: GatewayThread, http_client: httpx.Client) -> None:
     """The issue's `OpenAI(logprobs=10)`: vLLM returns up to 20, so the gateway must not cap it at OpenAI's 5."""
     result = _llm(gateway, http_client, LOCAL, logprobs=10).generate([PROMPTS[0]])

@@ -29,9 +29,6 @@ LOGLIKELIHOOD = [
     ([464, 3797, 3332, 319, 262], [2603]),
     ([40, 588, 11, 257], [3797, 13, 290]),
 ]
-NEEDS_BOUNDS = pytest.mark.xfail(
-    strict=True, reason="needs issue 12 items 1-2 (per-provider bounds), merged by the lead"
-)
 # generate_until's `until` + eos for the tasks the issue names (lm-eval's task yamls): gsm8k's three plus
 # eos fit OpenAI's four; humaneval's five, and five plus eos, do not.
 GSM8K_STOPS = ["Question:", "</s>", "<|im_end|>", "<|endoftext|>"]
@@ -137,8 +134,8 @@ def _generate_body(stops: list[str], prompts: list[Any] = TEXT_PROMPTS) -> dict[
     [
         pytest.param(GSM8K_STOPS, id="4-stops-gsm8k"),
         pytest.param((GSM8K_STOPS, ID_PROMPTS), id="4-stops-gsm8k-token-ids"),
-        pytest.param(HUMANEVAL_STOPS, id="5-stops-humaneval", marks=NEEDS_BOUNDS),
-        pytest.param([*HUMANEVAL_STOPS, "<|endoftext|>"], id="6-stops-humaneval-eos", marks=NEEDS_BOUNDS),
+        pytest.param(HUMANEVAL_STOPS, id="5-stops-humaneval"),
+        pytest.param([*HUMANEVAL_STOPS, "<|endoftext|>"], id="6-stops-humaneval-eos"),
     ],
 )
 def test_generate_until_batch_answers_in_prompt_order(
