@@ -324,9 +324,15 @@ def test_sighup_reloads_the_config_inside_every_worker_and_metrics_span_the_work
 
         # /metrics counts every worker's requests (PROMETHEUS_MULTIPROC_DIR): both workers answered some,
         # so a count of one worker's own would fall short.
-        for _ in range(4):
+        # A worker counts a request once its answer has gone out, so the last one may land a moment after the
+        # client read it: wait for the total, then check that every later scrape (any worker) agrees.
+        def total() -> float:
             text = client.get(gateway.url + "/metrics", headers={"connection": "close"}).text
-            assert _metric(text, 'gateway_requests_total{dialect="openai",model="demo/echo"') == sum(answered.values())
+            return _metric(text, 'gateway_requests_total{dialect="openai",model="demo/echo"')
+
+        _poll(lambda: total() == sum(answered.values()), 5, "every worker's requests in /metrics")
+        for _ in range(4):
+            assert total() == sum(answered.values())
 
         path.write_text(path.read_text() + ALIAS)
         os.kill(gateway.server_pid, signal.SIGHUP)
