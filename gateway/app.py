@@ -193,7 +193,7 @@ def create_app(loaded: LoadedConfig) -> Front:
     app.state.discovery = discovery
     app.state.model_pages = {}
     fast = {path: completion_endpoint(path, dialect, _services) for path, dialect in DIALECT_ROUTES.items()}
-    # vLLM's tokenizer routes at the root, and the model-scoped base path /m/{model}/... (docs/clients.tokenizer.md).
+    # vLLM's tokenizer routes at the root, and the model-scoped base path /m/{model}/... (docs/clients.md).
     tokenizers = Tokenizers(_services, completion_endpoint(SCOPED_PREFIX + "{model}/v1/completions", OPENAI, _services))
     fast.update(tokenizers.endpoints())
     return Front(app, fast, tokenizers.scoped)

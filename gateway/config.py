@@ -229,7 +229,7 @@ class ProviderConfig(Strict, frozen=True):
     client_key: str | None = None
     http2: bool = False
     # Root URL of the server's tokenizer routes (/tokenize, /detokenize, /tokenizer_info) when they are not
-    # where they usually are: `base_url` without a trailing `/v1` (docs/clients.tokenizer.md).
+    # where they usually are: `base_url` without a trailing `/v1` (docs/clients.md).
     tokenizer_url: str | None = None
     # Ask the upstream which models it serves, for GET /v1/models (gateway/discovery.py). Unset: the kind's
     # default, on for self-hosted servers (vllm, llamacpp, tgi, ollama), off for hosted catalogs.

@@ -30,7 +30,7 @@ The gateway itself handles `model`, `prompt`, `stream`, `stream_options`, `infer
 
 Fields from `min_p` on are self-hosted servers' own sampling fields, under vLLM's names (llama.cpp's and
 Ollama's `repeat_penalty` is `repetition_penalty`, TGI's `truncate` is `truncate_prompt_tokens`): accepted
-at the top level, and refused where a provider has no such field (docs/clients.bounds.md).
+at the top level, and refused where a provider has no such field (docs/clients.md).
 
 Bounds are the provider's, checked after routing: a request may carry up to 64 stop sequences, of which
 the provider is sent its `max stop` and the gateway enforces the rest itself; a `logprobs` count above the
