@@ -45,11 +45,17 @@ MAX_BODY: Final = 64 * 1024 * 1024  # caps.upstream_body_bytes
 MAX_HEADER_BYTES: Final = 64 * 1024  # caps.upstream_header_bytes
 MAX_HEADERS: Final = 200  # header fields (and trailers) in one answer; not configurable
 
-# Request headers this client owns (framing, connection management) or must never forward: whatever a
-# caller passes under these names is dropped. `proxy-*` is matched by prefix.
+# Request headers a transport owns (framing, connection management) or must never forward: whatever a
+# caller passes under these names is dropped. `proxy-*` is matched by prefix (`hop_by_hop`).
 _HOP_BY_HOP: Final = frozenset(
     {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "expect", "te", "trailer", "upgrade"}
 )
+
+
+def hop_by_hop(lowered: str) -> bool:
+    """Whether a (lower-cased) request header belongs to the connection, not to the caller: both transports
+    drop these, so neither a caller's `Expect` nor its `Proxy-Authorization` ever reaches the wire."""
+    return lowered in _HOP_BY_HOP or lowered.startswith("proxy-")
 
 
 class ConnectFailed(OSError):
@@ -725,7 +731,7 @@ class Client:
         compression = True
         for name, value in headers.items():
             lowered = name.lower()
-            if lowered in _HOP_BY_HOP or lowered.startswith("proxy-"):
+            if hop_by_hop(lowered):
                 # This client owns framing and the connection: `Expect: 100-continue`, `Connection`, an
                 # `Upgrade` or a second `Content-Length` from a caller could desync the pool.
                 continue

@@ -31,11 +31,6 @@ from gateway.config import CapsConfig, ProviderConfig
 from gateway.upstream import Timeouts
 from providers.base import UpstreamRequest
 
-# Dropped from what adapters (and so clients, through inference_extra_headers) ask to send: httpx frames
-# the request itself, and a client's Proxy-* header must never reach the provider's proxy.
-_HOP_BY_HOP: Final = frozenset(
-    {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "te", "trailer", "upgrade", "expect"}
-)
 _KEEPALIVE_S: Final = 30.0  # as h1's pool
 _PIECE: Final = 64 * 1024  # decoded output per decompress call: a bomb is never expanded in one go
 # httpcore's max_incomplete_event_size for h11: the effective header cap is the lower of it and the config's.
@@ -308,7 +303,8 @@ class HttpxTransport:
         out: list[tuple[str, str]] = []
         for name, value in given.items():
             lowered = name.lower()
-            if lowered in _HOP_BY_HOP or lowered.startswith("proxy-"):
+            if h1.hop_by_hop(lowered):
+                # httpx frames the request itself, and a client's Proxy-* must never reach the provider's proxy.
                 continue
             if "\r" in value or "\n" in value or "\0" in value or "\r" in name or "\n" in name or "\0" in name:
                 raise ValueError(f"header {name!r} contains a line break or NUL")

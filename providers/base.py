@@ -237,7 +237,8 @@ def request_headers(
         headers["accept"] = accept
     if extra:
         headers.update((k.lower(), v) for k, v in extra.items())
-    headers.update((k.lower(), v) for k, v in endpoint.headers.items())
+    if endpoint.headers:
+        headers.update((k.lower(), v) for k, v in endpoint.headers.items())
     if auth:
         headers.update((k.lower(), v) for k, v in auth.items())
     return headers
