@@ -12,6 +12,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY gateway ./gateway
 COPY providers ./providers
+COPY wire ./wire
 # uvloop, httptools and msgspec come as manylinux wheels: no compiler is needed in the slim image.
 RUN python -m venv /opt/venv \
     && /opt/venv/bin/pip install --no-cache-dir . \

@@ -20,8 +20,8 @@ test: $(BIN)/python
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 lint: $(BIN)/python
-	$(BIN)/ruff check gateway providers tests bench
-	$(BIN)/ruff format --check gateway providers tests bench
+	$(BIN)/ruff check gateway providers wire tests bench
+	$(BIN)/ruff format --check gateway providers wire tests bench
 
 typecheck: $(BIN)/python
 	$(BIN)/mypy

@@ -21,12 +21,13 @@ import msgspec
 
 from gateway.auth import ClientKey
 from gateway.config import LimitsConfig, LoadedConfig
-from gateway.errors import GatewayError, InvalidRequestError, RateLimitError
 from gateway.ratelimit import TOKEN_KINDS, Bucket, BucketState, Decision, Limiter, RedisDown
 from gateway.routing import Plan, Route
-from gateway.schema import CompletionRequest
 from gateway.state import SharedState
 from gateway.tokens import reservation, warm
+from providers import REGISTRY
+from wire.errors import GatewayError, InvalidRequestError, RateLimitError
+from wire.schema import CompletionRequest
 
 _KINDS: Final = ("rps", "rpm", "tpm", "tpd", "concurrent")
 SETTLE_S: Final = 0.05
@@ -101,7 +102,7 @@ class Admission:
         self.enabled = bool(self.keys or self.models or self.providers or self.deployments)
         scopes = [*self.keys.values(), *self.models.values(), *self.providers.values(), *self.deployments.values()]
         if any(b.kind in TOKEN_KINDS for bs in scopes for b in bs) and any(
-            p.kind in ("openai", "azure") for p in loaded.providers.values()
+            REGISTRY[p.kind].openai_bpe for p in loaded.providers.values()
         ):
             warm()
         self._background: set[asyncio.Task[None]] = set()
@@ -171,7 +172,7 @@ class Admission:
             return 0, 0
         adapter = route.adapter
         default = route.endpoint.default_max_tokens or adapter.default_max_tokens
-        prompt, tokens = reservation(req, adapter.kind, route.endpoint.model, default)
+        prompt, tokens = reservation(req, adapter.openai_bpe, route.endpoint.model, default)
         for b in token_buckets:
             if tokens > b.limit:
                 raise InvalidRequestError(

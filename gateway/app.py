@@ -27,13 +27,13 @@ from gateway.config import LoadedConfig, load_config
 from gateway.dialects import OPENAI, PAIS, SGP, Dialect
 from gateway.discovery import Discovery
 from gateway.endpoint import Endpoint, completion_endpoint, error_headers
-from gateway.errors import AuthenticationError, GatewayError
 from gateway.metrics import CONTENT_TYPE, Metrics
 from gateway.pipeline import Pipeline
 from gateway.reload import Reloader
-from gateway.schema import ModelCard, ModelList, encode
 from gateway.status import ROUTES as STATUS_ROUTES
 from gateway.tokenizer_routes import SCOPED_PREFIX, Tokenizers
+from wire.errors import AuthenticationError, GatewayError
+from wire.schema import ModelCard, ModelList, encode
 
 log = logging.getLogger("gateway")
 

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 import msgspec
 
 from gateway.config import LoadedConfig
-from gateway.errors import AuthenticationError, PermissionDeniedError
 from gateway.globs import ModelGlobs
+from wire.errors import AuthenticationError, PermissionDeniedError
 
 
 class ClientKey(msgspec.Struct, frozen=True):

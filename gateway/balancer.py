@@ -17,9 +17,9 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from gateway.errors import AllTargetsCoolingError
 from gateway.health import Health, TargetState
 from gateway.routing import Group, Plan, Route
+from wire.errors import AllTargetsCoolingError
 
 
 def order(group: Group, states: dict[str, TargetState], rng: Callable[[], float] = random.random) -> list[Route]:

@@ -38,8 +38,8 @@ from jsonschema import (
 )
 from jsonschema.validators import extend, validator_for
 
-from gateway.errors import InvalidRequestError
 from gateway.patterns import affordable, compile_all, compiled
+from wire.errors import InvalidRequestError
 
 # Keyword evaluations cost about 10 us each. Admitting a schema (on the event loop, before the upstream
 # call) may take ADMIT_WORK of them, about 0.2 s at most: checking a subschema against the 2020-12

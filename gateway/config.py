@@ -17,27 +17,9 @@ import msgspec
 import yaml
 from msgspec import Meta
 
-from gateway.schema import MAX_LOGPROBS
+from providers.registry import REGISTRY, kinds
+from wire.schema import MAX_LOGPROBS
 
-ProviderKind = Literal[
-    "openai",
-    "azure",
-    "fireworks",
-    "together",
-    "vllm",
-    "deepseek",
-    "pais",
-    "sgp",
-    "fake",
-    "anthropic",
-    "gemini",
-    "tgi",
-    "ollama",
-    "llamacpp",
-    "cohere",
-    "mistral",
-    "bedrock",
-]
 ParamPolicy = Literal["error", "drop"]
 
 
@@ -193,7 +175,8 @@ class DeploymentConfig(Strict, frozen=True):
 
 
 class ProviderConfig(Strict, frozen=True):
-    kind: ProviderKind
+    # A key of providers/registry.py REGISTRY; checked when the file is loaded (`_check_kind`).
+    kind: str
     api_key: str | None = None
     base_url: str | None = None
     api_version: str | None = None
@@ -350,7 +333,9 @@ def _convert(obj: Any, typ: type[Any], where: str, source: str) -> Any:
         raise ConfigError(f"{source}: {path.lstrip('.') or '(top level)'}: {problem}") from None
 
 
-_NEEDS_BASE_URL = {"azure", "vllm", "pais", "sgp", "tgi", "llamacpp"}
+def _check_kind(p: ProviderConfig, path: str, source: str) -> None:
+    if p.kind not in REGISTRY:
+        raise ConfigError(f"{source}: {path}.kind: Invalid enum value {p.kind!r}; valid kinds: {', '.join(kinds())}")
 
 
 def _check(cfg: GatewayConfig, providers: dict[str, ProviderConfig], source: str) -> None:
@@ -360,11 +345,12 @@ def _check(cfg: GatewayConfig, providers: dict[str, ProviderConfig], source: str
     for name, p in providers.items():
         if "/" in name or not name:
             fail(f"providers.{name}", "a provider name may not be empty or contain '/'")
-        if p.kind in _NEEDS_BASE_URL and not p.base_url:
+        adapter = REGISTRY[p.kind]
+        if adapter.needs_base_url and not p.base_url:
             if not p.deployments or any(not d.base_url for d in p.deployments.values()):
                 fail(f"providers.{name}.base_url", f"required for kind '{p.kind}'")
-        if p.kind == "bedrock" and p.region is None:
-            fail(f"providers.{name}.region", "required for kind 'bedrock'")
+        if adapter.needs_region and p.region is None:
+            fail(f"providers.{name}.region", f"required for kind '{p.kind}'")
         for url_path, url in [(f"providers.{name}.base_url", p.base_url)] + [
             (f"providers.{name}.deployments.{d}.base_url", dc.base_url) for d, dc in p.deployments.items()
         ]:
@@ -378,11 +364,8 @@ def _check(cfg: GatewayConfig, providers: dict[str, ProviderConfig], source: str
                     fail(f"providers.{name}.{field}", "needs transport httpx (or auto); h1 cannot honour it")
         if p.proxy and not p.proxy.startswith(("http://", "https://")):
             fail(f"providers.{name}.proxy", "must start with http:// or https://")  # the URL may hold credentials
-        if p.discover:
-            from gateway.discovery import LISTINGS  # here: discovery imports this module
-
-            if p.kind not in LISTINGS:
-                fail(f"providers.{name}.discover", f"kind '{p.kind}' has no model listing the gateway can read")
+        if p.discover and adapter.model_listing is None:
+            fail(f"providers.{name}.discover", f"kind '{p.kind}' has no model listing the gateway can read")
         if p.client_key and not p.client_cert:
             fail(f"providers.{name}.client_key", "needs client_cert")
         for field in ("ca_bundle", "client_cert", "client_key"):
@@ -447,6 +430,7 @@ def parse_config(text: str, source: str = "config.yaml", env: dict[str, str] | N
             for dname, ddata in deployments.items():
                 _convert(ddata, DeploymentConfig, f"providers.{name}.deployments.{dname}", source)
         providers[str(name)] = _convert(pdata, ProviderConfig, f"providers.{name}", source)
+        _check_kind(providers[str(name)], f"providers.{name}", source)
     _check(cfg, providers, source)
     return LoadedConfig(source=source, config=cfg, providers=providers, missing_env=missing)
 

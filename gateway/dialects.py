@@ -16,13 +16,13 @@ from typing import Any, Final
 
 import msgspec
 
-from gateway.errors import (
+from wire.errors import (
     GatewayError,
     InvalidRequestError,
     ModelNotFoundError,
     ProviderUnavailableError,
 )
-from gateway.schema import BodyError, encode
+from wire.schema import BodyError, encode
 
 _UNKNOWN: Final = re.compile(r"Object contains unknown field `([^`]+)`")
 _MISSING: Final = re.compile(r"Object missing required field `([^`]+)`")

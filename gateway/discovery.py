@@ -30,36 +30,18 @@ from typing import TYPE_CHECKING, Final
 import msgspec
 
 from gateway.config import LoadedConfig, ProviderConfig
-from gateway.errors import GatewayError, UpstreamConnectError
 from gateway.request import check_model
 from gateway.upstream import Timeouts, Upstream
 from providers import REGISTRY
-from providers.base import Endpoint, UpstreamRequest, bearer
-from providers.openai_compat import OpenAICompatible
+from providers.base import Adapter, Endpoint
+from wire.errors import GatewayError, UpstreamConnectError
+from wire.upstream import UpstreamRequest
 
 if TYPE_CHECKING:
     from gateway.pipeline import Pipeline
 
 log = logging.getLogger("gateway")  # the logger gateway.scrub filters
 
-# kind -> (path after the provider's base URL, discovered unless the provider says `discover: false`).
-# Self-hosted servers list exactly what they serve, all of it callable. Hosted catalogs (OpenAI,
-# Together, Fireworks, DeepSeek, Mistral) also list chat-only, embedding and image models that a
-# completions call refuses, so they are asked only when a provider sets `discover: true`.
-LISTINGS: Final[Mapping[str, tuple[str, bool]]] = MappingProxyType(
-    {
-        "vllm": ("/models", True),  # base_url ends in /v1
-        "llamacpp": ("/v1/models", True),  # base_url is the server root (/completion)
-        "tgi": ("/v1/models", True),  # server root (/generate); lists its one model_id
-        "ollama": ("/api/tags", True),
-        "openai": ("/models", False),
-        "together": ("/models", False),
-        "fireworks": ("/models", False),
-        "deepseek": ("/models", False),
-        "mistral": ("/v1/models", False),
-        "pais": ("/models", False),
-    }
-)
 # How often the task looks for a reloaded config while no refresh is due.
 _CONFIG_CHECK_S: Final = 1.0
 NOTHING: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType({})
@@ -123,15 +105,19 @@ def callable_id(provider: str, model: str, deployments: Collection[str]) -> bool
 def listing_request(name: str, p: ProviderConfig) -> UpstreamRequest | None:
     """The GET that lists a provider's models, with its credential as its completions carry it; None
     when the kind has no listing the gateway reads or the provider has no base URL of its own."""
-    found = LISTINGS.get(p.kind)
-    if found is None:
-        return None
+    # Each adapter says where its server lists models (`model_listing`). Self-hosted servers list exactly
+    # what they serve, all of it callable. Hosted catalogs (OpenAI, Together, Fireworks, DeepSeek, Mistral)
+    # also list chat-only, embedding and image models that a completions call refuses, so they are asked
+    # only when a provider sets `discover: true`.
     adapter = REGISTRY[p.kind]()
+    found = adapter.model_listing
+    if found is None or not isinstance(adapter, Adapter):
+        return None
     base = (p.base_url or getattr(adapter, "default_base_url", None) or "").rstrip("/")
     if not base:
         return None  # only deployments have URLs: each serves its own model, named by the config
     endpoint = Endpoint(provider=name, model="", base_url=base, api_key=p.api_key or None, headers=p.headers)
-    auth = adapter.auth_headers(endpoint) if isinstance(adapter, OpenAICompatible) else bearer(endpoint)
+    auth = adapter.auth_headers(endpoint)
     # The precedence of providers.base.request_headers: ours, then the operator's, then the credential.
     headers = {"accept": "application/json"}
     headers.update((k.lower(), v) for k, v in p.headers.items())
@@ -140,7 +126,7 @@ def listing_request(name: str, p: ProviderConfig) -> UpstreamRequest | None:
 
 
 def wanted(p: ProviderConfig) -> bool:
-    found = LISTINGS.get(p.kind)
+    found = REGISTRY[p.kind].model_listing
     return found is not None and (found[1] if p.discover is None else p.discover)
 
 

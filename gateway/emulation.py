@@ -36,10 +36,10 @@ import msgspec
 
 from gateway.client_schema import Checker, admit
 from gateway.config import CapsConfig
-from gateway.errors import InvalidRequestError, UpstreamError
 from gateway.patterns import affordable, compile_pattern
-from gateway.schema import Choice, Completion, CompletionRequest, Logprobs, Usage
 from providers.base import Adapter, CallContext, Endpoint, LocalAdapter, prompt_form
+from wire.errors import InvalidRequestError, UpstreamError
+from wire.schema import Choice, Completion, CompletionRequest, Logprobs, Usage
 
 _DEFAULT_CAPS = CapsConfig()
 # `guided_choice`: at most this many entries, of at most this many characters together (an answer is

@@ -24,10 +24,10 @@ from litestar.types import HTTPResponseBodyEvent, HTTPResponseStartEvent, HTTPSc
 
 from gateway import accesslog
 from gateway.dialects import Dialect
-from gateway.errors import GatewayError, InvalidRequestError, client_retry
 from gateway.ids import unique_suffix
 from gateway.metrics import Metrics, Record
 from gateway.pipeline import STREAM_FAILED, Pipeline, Result
+from wire.errors import GatewayError, InvalidRequestError, client_retry
 
 log = logging.getLogger("gateway")
 

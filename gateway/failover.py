@@ -30,10 +30,10 @@ import msgspec
 from tenacity import AsyncRetrying, RetryCallState, wait_random_exponential
 
 from gateway.balancer import Selector
-from gateway.errors import GatewayError, UpstreamTimeoutError
 from gateway.health import Health, TargetState
 from gateway.routing import Plan, Route
 from gateway.upstream import Timeouts
+from wire.errors import GatewayError, UpstreamTimeoutError
 
 T = TypeVar("T")
 Sleep = Callable[[float], Awaitable[None]]

@@ -13,7 +13,7 @@ import struct
 import zlib
 from typing import Final, Protocol
 
-from gateway.errors import UpstreamError
+from wire.errors import UpstreamError
 
 DONE: Final = b"data: [DONE]\n\n"
 

@@ -29,7 +29,7 @@ import httpx
 from gateway import h1
 from gateway.config import CapsConfig, ProviderConfig
 from gateway.upstream import Timeouts
-from providers.base import UpstreamRequest
+from wire.upstream import UpstreamRequest
 
 _KEEPALIVE_S: Final = 30.0  # as h1's pool
 _PIECE: Final = 64 * 1024  # decoded output per decompress call: a bomb is never expanded in one go

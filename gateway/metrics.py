@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from gateway.config import LoadedConfig
-from gateway.schema import Usage
+from wire.schema import Usage
 
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)

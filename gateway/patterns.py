@@ -19,7 +19,7 @@ from typing import Any
 
 import re2
 
-from gateway.errors import InvalidRequestError
+from wire.errors import InvalidRequestError
 
 _OPTIONS = re2.Options()
 # A refused pattern is the client's 400, not a line on the gateway's stderr with the client's text in it.

@@ -23,7 +23,6 @@ from gateway.auth import KeyRing
 from gateway.config import LoadedConfig
 from gateway.dialects import Dialect, decode_error
 from gateway.emulation import Emulation
-from gateway.errors import GatewayError, UpstreamError
 from gateway.failover import Failover, Outcome
 from gateway.framing import DECODERS, DONE, sse_event
 from gateway.health import Health
@@ -31,14 +30,14 @@ from gateway.ids import unique_suffix
 from gateway.metrics import Metrics, Record
 from gateway.request import normalize
 from gateway.routing import Plan, Route, Router
-from gateway.schema import Completion, CompletionRequest, Usage, decode_request, encode
 from gateway.scrub import Scrubber, watch_logs
 from gateway.state import SharedState
 from gateway.upstream import Stream, Timeouts, Upstream
 from gateway.usage import UsageStore
 from providers.base import Adapter, CallContext, LocalAdapter, map_params, prompt_form
 from providers.envelope import Unreadable
-from providers.quota import exhausted_for
+from wire.errors import GatewayError, UpstreamError
+from wire.schema import Completion, CompletionRequest, Usage, decode_request, encode
 
 log = logging.getLogger("gateway")
 
@@ -253,7 +252,7 @@ class Pipeline:
 
     async def _watch_quota(self, route: Route, headers: Mapping[str, str]) -> None:
         """An answer that says the upstream's quota is now used up: stop every replica sending more."""
-        wait = exhausted_for(headers)
+        wait = route.adapter.exhausted_for(headers)
         if wait is not None:
             await self.health.exhausted(route.key, min(wait, MAX_QUOTA_WAIT_S))
 

@@ -19,8 +19,9 @@ import re
 from typing import Any, Final
 
 from gateway.config import CapsConfig
-from gateway.errors import InvalidRequestError
-from gateway.schema import FREE_FORM, CompletionRequest
+from providers.registry import credential_headers
+from wire.errors import InvalidRequestError
+from wire.schema import FREE_FORM, CompletionRequest
 
 MAX_CHOICES: Final = 128
 # Longest model string a client may send; real ids (Bedrock ARNs, Fireworks paths) stay well under it.
@@ -32,17 +33,15 @@ _CONTAINERS: Final = (dict, list)
 _free_form: Final = operator.attrgetter(*FREE_FORM)
 _HEADER_NAME: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 token
 _HEADER_VALUE: Final = re.compile(r"[\t\x20-\x7e\x80-\xff]*")  # no CR, LF, NUL or other controls
-# Headers the client may not set upstream: they carry the gateway's credentials, or they are hop-by-hop and
+# Headers the client may not set upstream: they carry the gateway's credentials (every registered provider
+# kind's `credential_headers`, whichever provider the request goes to), or they are hop-by-hop and
 # framing headers that belong to the gateway's own connection (an `Expect` or a `Transfer-Encoding` from a
 # client would change how the upstream reads the request and answers on a pooled connection). Any name
 # starting `proxy-` is refused too (`_refused_header`).
-FORBIDDEN_HEADERS: Final = frozenset(
+_NOT_THE_CLIENTS: Final = frozenset(
     {
-        # credentials
+        # credentials of any HTTP API
         "authorization",
-        "api-key",
-        "x-api-key",
-        "x-goog-api-key",
         "cookie",
         # framing and hop-by-hop (RFC 9110 7.6.1, RFC 9112)
         "host",
@@ -61,6 +60,7 @@ FORBIDDEN_HEADERS: Final = frozenset(
         "accept-encoding",
     }
 )
+FORBIDDEN_HEADERS: Final = _NOT_THE_CLIENTS | credential_headers()
 
 
 _EXTRA_FORBIDDEN: Final = (
@@ -82,7 +82,8 @@ def _bad(message: str, param: str) -> InvalidRequestError:
 
 def _refused_header(name: str) -> bool:
     lowered = name.lower()
-    return lowered in FORBIDDEN_HEADERS or lowered.startswith("proxy-")
+    # credential_headers() again: a kind registered after this module was imported counts too.
+    return lowered in FORBIDDEN_HEADERS or lowered.startswith("proxy-") or lowered in credential_headers()
 
 
 def check_model(model: str) -> None:

@@ -13,9 +13,9 @@ from typing import Final
 import msgspec
 
 from gateway.config import LoadedConfig, ProviderConfig, RetriesConfig, Strategy, TimeoutsConfig, same_target_of
-from gateway.errors import ModelNotFoundError, ProviderUnavailableError
 from providers import REGISTRY
 from providers.base import Adapter, Endpoint, LocalAdapter
+from wire.errors import ModelNotFoundError, ProviderUnavailableError
 
 _CACHE_LIMIT: Final = 4096
 
@@ -185,7 +185,7 @@ class Router:
         base = (d.base_url if d and d.base_url else None) or p.base_url or getattr(adapter, "default_base_url", None)
         return Endpoint(
             provider=vendor,
-            model=(d.name if d and d.name else model) if p.kind != "azure" else model,
+            model=(d.name if d and d.name else model) if adapter.deployment_renames_model else model,
             base_url=base or "",
             api_key=(d.api_key if d and d.api_key else None) or p.api_key or None,
             deployment=deployment,

@@ -23,7 +23,7 @@ from typing import Final
 from urllib.parse import urlsplit
 
 from gateway.config import LoadedConfig
-from gateway.errors import GatewayError, UpstreamError
+from wire.errors import GatewayError, UpstreamError
 
 REDACTED: Final = "[redacted]"
 # The shortest run of a secret's characters that counts as a leak of it. Shorter runs are too common in

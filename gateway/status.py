@@ -27,10 +27,10 @@ from litestar.exceptions import NotFoundException
 from gateway.auth import _presented_key
 from gateway.dialects import OPENAI
 from gateway.endpoint import error_headers
-from gateway.errors import AuthenticationError, GatewayError, InvalidRequestError
 from gateway.pipeline import Pipeline
 from gateway.ratelimit import Bucket
-from gateway.schema import encode
+from wire.errors import AuthenticationError, GatewayError, InvalidRequestError
+from wire.schema import encode
 
 JSON: Final = "application/json"
 _NO_STORE: Final = {"cache-control": "no-store"}

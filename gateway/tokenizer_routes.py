@@ -36,7 +36,6 @@ from gateway.admission import Ticket, duration
 from gateway.auth import ClientKey
 from gateway.dialects import OPENAI, decode_error
 from gateway.endpoint import Endpoint, read_body, request_id, send_error, send_json
-from gateway.errors import GatewayError, InvalidRequestError, RateLimitError, UpstreamError
 from gateway.metrics import Metrics, Record
 from gateway.pipeline import Pipeline
 from gateway.ratelimit import TOKEN_KINDS, Bucket, RedisDown
@@ -54,6 +53,7 @@ from providers.tokenizer import (
     TokenizerRoute,
     server_root,
 )
+from wire.errors import GatewayError, InvalidRequestError, RateLimitError, UpstreamError
 
 log = logging.getLogger("gateway")
 

@@ -1,6 +1,6 @@
 """Token estimates for reserving rate-limit budget before a call.
 
-OpenAI-family models (kinds `openai` and `azure`) are counted with their real BPE when the optional
+Models of the kinds whose adapter says `openai_bpe` (OpenAI, Azure) are counted with their real BPE when the optional
 `bpe-openai` package is installed (it embeds cl100k/o200k, so it works offline, unlike `tiktoken`,
 which downloads its tables on first use). Everything else, and OpenAI without that package, uses a
 documented estimate: one token per 4 UTF-8 bytes, rounded up, which over-reserves slightly for English
@@ -13,7 +13,7 @@ import math
 from functools import lru_cache
 from typing import Any, Protocol
 
-from gateway.schema import CompletionRequest
+from wire.schema import CompletionRequest
 
 BYTES_PER_TOKEN = 4
 DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default when the request gives none
@@ -48,8 +48,8 @@ def warm() -> None:
     _encoding("gpt-3.5-turbo-instruct")
 
 
-def text_tokens(text: str, kind: str, model: str) -> int:
-    if kind in ("openai", "azure"):
+def text_tokens(text: str, bpe: bool, model: str) -> int:
+    if bpe:
         enc = _encoding(model)
         if enc is not None:
             # encode_ordinary: a prompt's "<|endoftext|>" is text the client sent, which `encode` would refuse
@@ -61,27 +61,28 @@ def text_tokens(text: str, kind: str, model: str) -> int:
     return math.ceil(len(text.encode("utf-8")) / BYTES_PER_TOKEN)
 
 
-def prompt_tokens(prompt: str | list[Any], kind: str, model: str) -> int:
+def prompt_tokens(prompt: str | list[Any], bpe: bool, model: str) -> int:
     if isinstance(prompt, str):
-        return text_tokens(prompt, kind, model)
+        return text_tokens(prompt, bpe, model)
     first = prompt[0]
     if isinstance(first, str):
-        return sum(text_tokens(p, kind, model) for p in prompt)
+        return sum(text_tokens(p, bpe, model) for p in prompt)
     if isinstance(first, int):
         return len(prompt)
     return sum(len(p) for p in prompt)
 
 
 def reservation(
-    req: CompletionRequest, kind: str, model: str, default_max_tokens: int = DEFAULT_MAX_TOKENS
+    req: CompletionRequest, bpe: bool, model: str, default_max_tokens: int = DEFAULT_MAX_TOKENS
 ) -> tuple[int, int]:
     """(prompt tokens, prompt tokens + the most the request may generate: max_tokens x choices).
 
+    `bpe`: the provider's adapter counts with OpenAI's tables (`openai_bpe`).
     Without a `max_tokens` the provider's own default applies (`default_max_tokens`: the configured
     one, else the adapter's, e.g. 4096 for Anthropic, 16 for OpenAI).
     """
     n_prompts = len(req.prompt) if isinstance(req.prompt, list) and not isinstance(req.prompt[0], int) else 1
     per_choice = default_max_tokens if req.max_tokens is None else req.max_tokens
     choices = max(req.n or 1, req.best_of or 1) * n_prompts
-    prompt = prompt_tokens(req.prompt, kind, model)
+    prompt = prompt_tokens(req.prompt, bpe, model)
     return prompt, prompt + per_choice * choices

@@ -23,15 +23,16 @@ import msgspec
 
 from gateway import h1
 from gateway.config import CapsConfig, LoadedConfig, ProviderConfig, TimeoutsConfig
-from gateway.errors import (
+from providers import REGISTRY
+from providers.base import Adapter
+from wire.errors import (
     GatewayError,
     UpstreamConnectError,
     UpstreamError,
     UpstreamTimeoutError,
     UpstreamUnreachableError,
 )
-from providers import REGISTRY
-from providers.base import UpstreamRequest
+from wire.upstream import UpstreamRequest
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +218,9 @@ class Upstream:
     def __init__(self, loaded: LoadedConfig) -> None:
         caps = self._caps = loaded.config.caps
         self._transports: dict[str, Transport] = {
-            name: transport_for(name, p, caps) for name, p in loaded.providers.items() if p.kind != "fake"
+            name: transport_for(name, p, caps)
+            for name, p in loaded.providers.items()
+            if issubclass(REGISTRY[p.kind], Adapter)
         }
         self.timeouts = Timeouts.of(loaded.config.timeouts)
         self.provider_timeouts = {

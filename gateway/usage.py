@@ -38,9 +38,9 @@ import msgspec
 import redis.asyncio as aioredis
 
 from gateway.config import LoadedConfig, PriceConfig
-from gateway.errors import RateLimitError
 from gateway.metrics import Metrics, ModelLabels, Record
 from gateway.state import Degraded, SharedState
+from wire.errors import RateLimitError
 
 ANONYMOUS: Final = "anonymous"  # the key name booked when no keys are configured (the gateway is open)
 TTL_S: Final = 40 * 86_400

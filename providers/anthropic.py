@@ -26,13 +26,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any, ClassVar, Final
 
 import msgspec
 
-from gateway.errors import GatewayError, InvalidRequestError, UnsupportedParamError, UpstreamStatusError
-from gateway.schema import Completion, CompletionRequest, PromptTokensDetails, Usage
 from providers.base import (
     EMULATED_EXTRAS,
     Adapter,
@@ -40,13 +37,17 @@ from providers.base import (
     Endpoint,
     Param,
     UpstreamRequest,
+    out_of_range,
     request_headers,
+    stop_list,
     table,
 )
 from providers.envelope import Unreadable
 from providers.finish import finish_reason
-from providers.openai_compat import stop_list
+from providers.quota import anthropic_counters, anthropic_resets
 from providers.retry_after import retry_after, should_retry
+from wire.errors import GatewayError, UnsupportedParamError, UpstreamStatusError
+from wire.schema import Completion, CompletionRequest, PromptTokensDetails, Usage
 
 DEFAULT_VERSION: Final = "2023-06-01"
 
@@ -70,8 +71,6 @@ _ERROR_STATUS: Final[dict[str, int]] = {
     "api_error": 500,
     "overloaded_error": 529,
 }
-
-_LIMITS: Final = ("requests", "tokens", "input-tokens", "output-tokens")
 
 
 def _top_k(body: dict[str, Any], value: int) -> None:
@@ -168,34 +167,12 @@ def reset_hint(headers: Mapping[str, str], now: float | None = None) -> float | 
     A 429 does not say which limit it hit; one whose `-remaining` is 0 did. When none says 0, the latest
     reset is the safe wait: every limit has replenished by then.
     """
-    exhausted: list[float] = []
-    every: list[float] = []
-    for limit in _LIMITS:
-        value = headers.get(f"anthropic-ratelimit-{limit}-reset")
-        if not value:
-            continue
-        try:
-            when = datetime.fromisoformat(value)
-        except ValueError:
-            continue
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=UTC)
-        at = when.timestamp()
-        every.append(at)
-        if headers.get(f"anthropic-ratelimit-{limit}-remaining") == "0":
-            exhausted.append(at)
-    chosen = exhausted or every
+    resets = anthropic_resets(headers)
+    every = [at for at, _ in resets if at is not None]
+    chosen = [at for at, exhausted in resets if exhausted and at is not None] or every
     if not chosen:
         return None
     return max(max(chosen) - (time.time() if now is None else now), 0.0)
-
-
-def out_of_range(provider: str, field: str, value: float, low: float, high: float) -> InvalidRequestError:
-    return InvalidRequestError(
-        f"Provider '{provider}' accepts '{field}' from {low:g} to {high:g}, got {value:g}",
-        param=field,
-        code="invalid_value",
-    )
 
 
 class AnthropicAdapter(Adapter):
@@ -204,6 +181,8 @@ class AnthropicAdapter(Adapter):
     default_max_tokens = DEFAULT_MAX_TOKENS
     path: ClassVar[str] = "/v1/messages"
     default_base_url = "https://api.anthropic.com"
+    credential_headers = frozenset({"x-api-key"})
+    quota_headers = (anthropic_counters,)
     prompt_forms = frozenset({"text"})
     max_logprobs = 0
     params = table(

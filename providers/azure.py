@@ -18,6 +18,10 @@ DEFAULT_API_VERSION = "2024-10-21"
 class AzureAdapter(OpenAICompatible):
     kind = "azure"
     auth = "`api-key`"
+    needs_base_url = True
+    credential_headers = frozenset({"api-key"})
+    openai_bpe = True
+    deployment_renames_model = False  # the model already is the deployment id, in the URL
     path: ClassVar[str] = "/openai/deployments/{model}/completions?api-version={api_version}"
 
     def url(self, endpoint: Endpoint) -> str:

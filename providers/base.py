@@ -11,17 +11,16 @@ from __future__ import annotations
 import abc
 import operator
 from collections.abc import AsyncGenerator, Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
+from typing import Any, ClassVar, Literal, Protocol, Self
 from urllib.parse import quote
 
 import msgspec
 
-from gateway.errors import GatewayError, InvalidRequestError, UnsupportedParamError
-from gateway.schema import NATIVE_FIELDS, Choice, Completion, CompletionRequest, FinishReason, Logprobs, Usage
+from providers.quota import QuotaReader
 from providers.tokenizer import NO_TOKENIZER, TokenizerAPI
-
-if TYPE_CHECKING:
-    from gateway.config import CapsConfig
+from wire.errors import GatewayError, InvalidRequestError, UnsupportedParamError
+from wire.schema import NATIVE_FIELDS, Choice, Completion, CompletionRequest, FinishReason, Logprobs, Usage
+from wire.upstream import UpstreamRequest as UpstreamRequest
 
 
 class Endpoint(msgspec.Struct, frozen=True):
@@ -38,14 +37,6 @@ class Endpoint(msgspec.Struct, frozen=True):
     default_max_tokens: int | None = None
     # The provider's configured `region` (AWS Bedrock: its endpoint host and SigV4 scope).
     region: str | None = None
-
-
-class UpstreamRequest(msgspec.Struct):
-    method: str
-    url: str
-    headers: dict[str, str]
-    body: bytes
-    stream: bool = False
 
 
 class CallContext(msgspec.Struct):
@@ -244,6 +235,21 @@ def request_headers(
     return headers
 
 
+def stop_list(value: str | list[str]) -> list[str]:
+    """`stop` as the list the chat-style APIs want (the request also allows one bare string)."""
+    return [value] if isinstance(value, str) else value
+
+
+def out_of_range(provider: str, field: str, value: float, low: float, high: float) -> InvalidRequestError:
+    """The 400 for a value the gateway accepts but this provider's narrower documented range does not:
+    refused rather than clamped, since a clamped value would silently change the sampling asked for."""
+    return InvalidRequestError(
+        f"Provider '{provider}' accepts '{field}' from {low:g} to {high:g}, got {value:g}",
+        param=field,
+        code="invalid_value",
+    )
+
+
 def path_segment(value: str, provider: str, *, slash: bool = False, safe: str = "") -> str:
     """`value` (client text: the model) percent-encoded as ONE URL path segment, or a 400 naming `model`.
 
@@ -304,6 +310,32 @@ class Capabilities:
     # Which of vLLM's tokenizer routes the provider's server has, and how to call them (providers/tokenizer.py).
     tokenizer: ClassVar[TokenizerAPI] = NO_TOKENIZER
 
+    # What the rest of the gateway asks by kind. gateway/ never names a kind: it reads these.
+    # The config must give a `base_url` (self-hosted servers have no public default) ...
+    needs_base_url: ClassVar[bool] = False
+    # ... or a `region` (Bedrock: it names the endpoint host and the signing scope).
+    needs_region: ClassVar[bool] = False
+    # Headers that carry the provider's credential: a client may never set them (gateway/request.py refuses
+    # the union over every registered kind, whichever provider the request goes to).
+    credential_headers: ClassVar[frozenset[str]] = frozenset({"authorization"})
+    # Prompts are counted with OpenAI's BPE tables (the optional `bpe-openai` package) to reserve rate-limit
+    # tokens; other kinds are estimated from the byte length (gateway/tokens.py).
+    openai_bpe: ClassVar[bool] = False
+    # The rate-limit headers of the provider's successful answers (providers/quota.py): an exhausted counter
+    # cools the target until its reset.
+    quota_headers: ClassVar[tuple[QuotaReader, ...]] = ()
+    # The GET that lists the server's models (path after the base URL) and whether it is asked by default
+    # (self-hosted servers list what they serve; hosted catalogs also list models a completion refuses).
+    model_listing: ClassVar[tuple[str, bool] | None] = None
+    # A configured deployment's `name` replaces the model in the request (false for Azure, whose model
+    # already is the deployment id in the URL).
+    deployment_renames_model: ClassVar[bool] = True
+
+    def exhausted_for(self, headers: Mapping[str, str], now: float | None = None) -> float | None:
+        """Seconds until the exhausted quota counter of a successful answer resets; None when none is."""
+        waits = [w for read in self.quota_headers if (w := read(headers, now)) is not None]
+        return max(waits) if waits else None
+
     def configure(self, max_logprobs: int | None = None) -> Self:
         """This provider's instance with the bounds its config sets (`providers.<name>.max_logprobs`)."""
         if max_logprobs is not None:
@@ -336,6 +368,10 @@ class Adapter(Capabilities, abc.ABC):
     # `eventstream` (AWS binary event-stream frames); gateway.framing.DECODERS has one decoder per value.
     framing: ClassVar[Literal["sse", "ndjson", "eventstream"]] = "sse"
 
+    def auth_headers(self, endpoint: Endpoint) -> dict[str, str]:
+        """The credential as this provider's requests (and its model listing) carry it."""
+        return bearer(endpoint)
+
     @abc.abstractmethod
     def build_request(self, req: CompletionRequest, endpoint: Endpoint, body: dict[str, Any]) -> UpstreamRequest:
         """`body` is the already-mapped parameter fragment; add model, prompt, stream framing, auth."""
@@ -351,13 +387,24 @@ class Adapter(Capabilities, abc.ABC):
     def map_error(self, status: int, headers: Mapping[str, str], body: bytes, provider: str) -> GatewayError: ...
 
 
+class LocalCaps(Protocol):
+    """The work bounds an in-process provider is held to (the config's `caps:` section has them)."""
+
+    @property
+    def fake_max_tokens(self) -> int: ...
+
+    @property
+    def emulated_answer_bytes(self) -> int: ...
+
+
 class LocalAdapter(Capabilities, abc.ABC):
     """A provider served inside the gateway process (the built-in `fake`)."""
 
     max_logprobs = 20
     needs_api_key: ClassVar[bool] = False
+    credential_headers: ClassVar[frozenset[str]] = frozenset()
 
-    def admit(self, req: CompletionRequest, endpoint: Endpoint, caps: CapsConfig) -> None:
+    def admit(self, req: CompletionRequest, endpoint: Endpoint, caps: LocalCaps) -> None:
         """Refuse (400 naming the field) what would work beyond `caps`: this work runs on the gateway's loop."""
 
     @abc.abstractmethod

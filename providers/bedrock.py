@@ -51,14 +51,6 @@ from typing import Any, ClassVar, Final
 import msgspec
 from yarl import URL
 
-from gateway.errors import (
-    GatewayError,
-    ProviderUnavailableError,
-    UnsupportedParamError,
-    UpstreamStatusError,
-)
-from gateway.schema import Completion, CompletionRequest, PromptTokensDetails, Usage
-from providers.anthropic import out_of_range
 from providers.base import (
     EMULATED,
     Adapter,
@@ -67,15 +59,23 @@ from providers.base import (
     Param,
     Table,
     UpstreamRequest,
+    out_of_range,
     path_segment,
     request_headers,
+    stop_list,
     table,
 )
 from providers.envelope import Unreadable
 from providers.finish import finish_reason
-from providers.openai_compat import stop_list
 from providers.retry_after import retry_after
 from providers.sigv4 import sign
+from wire.errors import (
+    GatewayError,
+    ProviderUnavailableError,
+    UnsupportedParamError,
+    UpstreamStatusError,
+)
+from wire.schema import Completion, CompletionRequest, PromptTokensDetails, Usage
 
 SIGNING_NAME: Final = "bedrock"
 DEFAULT_BASE_URL: Final = "https://bedrock-runtime.{region}.amazonaws.com"
@@ -255,6 +255,7 @@ class BedrockAdapter(Adapter):
     kind = "bedrock"
     auth = "SigV4 (`api_key: ACCESS_KEY_ID:SECRET[:SESSION_TOKEN]`, `region`) or `Authorization: Bearer` (API key)"
     default_base_url = DEFAULT_BASE_URL
+    needs_region = True
     path: ClassVar[str] = "/model/{modelId}/converse (stream: /converse-stream)"
     params: ClassVar[Table] = BEDROCK_PARAMS
     framing = "eventstream"

@@ -38,8 +38,6 @@ from typing import Any, ClassVar, Final
 
 import msgspec
 
-from gateway.errors import GatewayError, InvalidRequestError, UnsupportedParamError, UpstreamStatusError
-from gateway.schema import Completion, CompletionRequest, FinishReason, Usage
 from providers.base import (
     EMULATED_EXTRAS,
     Adapter,
@@ -48,12 +46,15 @@ from providers.base import (
     Param,
     UpstreamRequest,
     bearer,
+    out_of_range,
     request_headers,
+    stop_list,
     table,
 )
 from providers.finish import finish_reason
-from providers.openai_compat import stop_list
 from providers.retry_after import retry_after, should_retry
+from wire.errors import GatewayError, UnsupportedParamError, UpstreamStatusError
+from wire.schema import Completion, CompletionRequest, FinishReason, Usage
 
 # Finish reasons that mean the generation failed, as the status the failure would have had as a response:
 # a failed generation may come back on another attempt; a timed-out one is a timeout.
@@ -135,14 +136,6 @@ def usage_from(u: CUsage) -> Usage | None:
     return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
 
-def _out_of_range(provider: str, field: str, value: float, low: float, high: float) -> InvalidRequestError:
-    return InvalidRequestError(
-        f"Provider '{provider}' accepts '{field}' from {low:g} to {high:g}, got {value:g}",
-        param=field,
-        code="invalid_value",
-    )
-
-
 # Cohere's documented ranges where they are narrower than the gateway's (OpenAI's) own.
 _RANGES: Final[tuple[tuple[str, float, float], ...]] = (
     ("frequency_penalty", 0.0, 1.0),
@@ -177,7 +170,7 @@ class CohereAdapter(Adapter):
         for field, low, high in _RANGES:
             value = getattr(req, field)
             if value is not None and not low <= value <= high:
-                raise _out_of_range(provider, field, value, low, high)
+                raise out_of_range(provider, field, value, low, high)
 
     def build_request(self, req: CompletionRequest, endpoint: Endpoint, params: dict[str, Any]) -> UpstreamRequest:
         if not isinstance(req.prompt, str):

@@ -13,6 +13,7 @@ from providers.openai_compat import OPENAI_PARAMS, OpenAICompatible
 class DeepSeekAdapter(OpenAICompatible):
     kind = "deepseek"
     default_base_url = "https://api.deepseek.com/beta"
+    model_listing = ("/models", False)
     # api-docs.deepseek.com/api/create-completion: "Up to 16 sequences", logprobs "<= 20".
     max_stop = 16
     max_logprobs = 20

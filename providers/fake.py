@@ -36,17 +36,14 @@ import re
 from bisect import bisect_left
 from collections.abc import AsyncGenerator
 from itertools import accumulate
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
-from gateway.errors import InvalidRequestError, UpstreamStatusError
-from gateway.schema import Choice, Completion, CompletionRequest, FinishReason, Logprobs, Usage
-from providers.base import CallContext, Endpoint, LocalAdapter, Param, table
+from providers.base import CallContext, Endpoint, LocalAdapter, LocalCaps, Param, table
 from providers.offsets import text_offsets
-
-if TYPE_CHECKING:
-    from gateway.config import CapsConfig
+from wire.errors import InvalidRequestError, UpstreamStatusError
+from wire.schema import Choice, Completion, CompletionRequest, FinishReason, Logprobs, Usage
 
 WORDS = (
     "the quick brown fox jumps over a lazy dog while seven bright stars drift across calm "
@@ -185,7 +182,7 @@ class FakeAdapter(LocalAdapter):
         user=Param(),
     )
 
-    def admit(self, req: CompletionRequest, endpoint: Endpoint, caps: CapsConfig) -> None:
+    def admit(self, req: CompletionRequest, endpoint: Endpoint, caps: LocalCaps) -> None:
         limit = caps.fake_max_tokens
         if req.max_tokens is not None and req.max_tokens > limit:
             raise InvalidRequestError(

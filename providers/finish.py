@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from gateway.schema import FinishReason
+from wire.schema import FinishReason
 
 FINISH: Final[dict[str, FinishReason]] = {
     "stop": "stop",

@@ -9,6 +9,7 @@ from providers.openai_compat import OPENAI_PARAMS, OpenAICompatible
 class FireworksAdapter(OpenAICompatible):
     kind = "fireworks"
     default_base_url = "https://api.fireworks.ai/inference/v1"
+    model_listing = ("/models", False)
     # The seed documents neither best_of nor suffix for Fireworks.
     params = table(
         OPENAI_PARAMS,

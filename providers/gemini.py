@@ -43,16 +43,6 @@ from typing import Any, ClassVar, Final
 
 import msgspec
 
-from gateway.errors import GatewayError, InvalidRequestError, UpstreamStatusError
-from gateway.schema import (
-    Choice,
-    Completion,
-    CompletionRequest,
-    CompletionTokensDetails,
-    Logprobs,
-    PromptTokensDetails,
-    Usage,
-)
 from providers.base import (
     EMULATED,
     Adapter,
@@ -69,6 +59,16 @@ from providers.envelope import Unreadable, envelope_status
 from providers.finish import finish_reason
 from providers.offsets import prompt_for_choice, text_offsets
 from providers.retry_after import retry_after
+from wire.errors import GatewayError, InvalidRequestError, UpstreamStatusError
+from wire.schema import (
+    Choice,
+    Completion,
+    CompletionRequest,
+    CompletionTokensDetails,
+    Logprobs,
+    PromptTokensDetails,
+    Usage,
+)
 
 DEFAULT_API_VERSION: Final = "v1beta"
 
@@ -325,6 +325,7 @@ class GeminiAdapter(Adapter):
     kind = "gemini"
     auth = "`x-goog-api-key`"
     default_base_url = "https://generativelanguage.googleapis.com"
+    credential_headers = frozenset({"x-goog-api-key"})
     path: ClassVar[str] = "/v1beta/models/{model}:generateContent (stream: :streamGenerateContent?alt=sse)"
     params: ClassVar[Table] = GEMINI_PARAMS
     max_stop = 5

@@ -31,8 +31,6 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from gateway.errors import GatewayError, InvalidRequestError, UpstreamStatusError
-from gateway.schema import Completion, CompletionRequest, Logprobs
 from providers.base import (
     EMULATED,
     Adapter,
@@ -48,6 +46,8 @@ from providers.finish import finish_reason
 from providers.retry_after import retry_after, should_retry
 from providers.selfhosted import logprobs, merge, response_schema, top_dict, usage
 from providers.tokenizer import LLAMACPP_TOKENIZER
+from wire.errors import GatewayError, InvalidRequestError, UpstreamStatusError
+from wire.schema import Completion, CompletionRequest, Logprobs
 
 
 def _constrain(body: dict[str, Any], key: str, value: Any) -> None:
@@ -145,6 +145,8 @@ def _stop_type(up: LlamaCompletion) -> str:
 
 class LlamaCppAdapter(Adapter):
     kind = "llamacpp"
+    needs_base_url = True
+    model_listing = ("/v1/models", True)  # base_url is the server root (/completion)
     tokenizer = LLAMACPP_TOKENIZER
     auth = "`Authorization: Bearer` when api_key is set"
     path: ClassVar[str] = "/completion"

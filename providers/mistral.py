@@ -30,8 +30,6 @@ from typing import Any, ClassVar, Final
 
 import msgspec
 
-from gateway.errors import GatewayError, InvalidRequestError, UnsupportedParamError, UpstreamStatusError
-from gateway.schema import Choice, Completion, CompletionRequest, PromptTokensDetails, Usage
 from providers.base import (
     EMULATED,
     Adapter,
@@ -46,7 +44,10 @@ from providers.base import (
 )
 from providers.envelope import Unreadable, envelope_status
 from providers.finish import finish_reason
+from providers.quota import mistral_windows
 from providers.retry_after import retry_after, should_retry
+from wire.errors import GatewayError, InvalidRequestError, UnsupportedParamError, UpstreamStatusError
+from wire.schema import Choice, Completion, CompletionRequest, PromptTokensDetails, Usage
 
 CHAT_PATH: Final = "/v1/chat/completions"
 FIM_PATH: Final = "/v1/fim/completions"
@@ -210,6 +211,8 @@ def _usage(up: MUsage) -> Usage:
 class MistralAdapter(Adapter):
     kind = "mistral"
     default_base_url = "https://api.mistral.ai"
+    model_listing = ("/v1/models", False)
+    quota_headers = (mistral_windows,)
     path: ClassVar[str] = f"{CHAT_PATH} (with suffix: {FIM_PATH})"
     params: ClassVar[Table] = MISTRAL_PARAMS
     # One user turn (or one FIM prompt) per call: the gateway fans out prompt lists.

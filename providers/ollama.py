@@ -27,8 +27,6 @@ from typing import Any, ClassVar, Literal
 
 import msgspec
 
-from gateway.errors import GatewayError, InvalidRequestError, UpstreamStatusError
-from gateway.schema import Completion, CompletionRequest, Logprobs
 from providers.base import (
     EMULATED,
     Adapter,
@@ -43,6 +41,8 @@ from providers.base import (
 from providers.finish import finish_reason
 from providers.retry_after import retry_after, should_retry
 from providers.selfhosted import logprobs, merge, response_schema, top_dict, usage
+from wire.errors import GatewayError, InvalidRequestError, UpstreamStatusError
+from wire.schema import Completion, CompletionRequest, Logprobs
 
 
 def _set_format(body: dict[str, Any], value: str | dict[str, Any]) -> None:
@@ -100,6 +100,7 @@ _decode_error = msgspec.json.Decoder(OllamaError).decode
 
 class OllamaAdapter(Adapter):
     kind = "ollama"
+    model_listing = ("/api/tags", True)
     auth = "`Authorization: Bearer` when api_key is set"
     path: ClassVar[str] = "/api/generate"
     framing: ClassVar[Literal["sse", "ndjson"]] = "ndjson"

@@ -8,3 +8,5 @@ from providers.openai_compat import OpenAICompatible
 class OpenAIAdapter(OpenAICompatible):
     kind = "openai"
     default_base_url = "https://api.openai.com/v1"
+    openai_bpe = True
+    model_listing = ("/models", False)

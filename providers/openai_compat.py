@@ -14,8 +14,14 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from gateway.errors import GatewayError, UpstreamStatusError
-from gateway.schema import (
+from providers.base import Adapter, CallContext, Endpoint, Param, Table, UpstreamRequest, request_headers, table
+from providers.envelope import Unreadable, envelope_status
+from providers.finish import finish_reason
+from providers.offsets import prompt_for_choice, text_offsets
+from providers.quota import openai_counters, single_counter
+from providers.retry_after import retry_after, should_retry
+from wire.errors import GatewayError, UpstreamStatusError
+from wire.schema import (
     Choice,
     Completion,
     CompletionRequest,
@@ -24,11 +30,6 @@ from gateway.schema import (
     PromptTokensDetails,
     Usage,
 )
-from providers.base import Adapter, CallContext, Endpoint, Param, Table, UpstreamRequest, bearer, request_headers, table
-from providers.envelope import Unreadable, envelope_status
-from providers.finish import finish_reason
-from providers.offsets import prompt_for_choice, text_offsets
-from providers.retry_after import retry_after, should_retry
 
 # 429 codes that mean "no more until someone pays or a period ends", not "slow down".
 QUOTA_CODES = frozenset({"insufficient_quota", "billing_hard_limit_reached", "spend_limit_reached"})
@@ -94,10 +95,6 @@ _decode_completion = msgspec.json.Decoder(UpCompletion).decode
 _decode_error = msgspec.json.Decoder(UpError).decode
 
 
-def stop_list(value: str | list[str]) -> list[str]:
-    return [value] if isinstance(value, str) else value
-
-
 # OpenAI's /v1/completions parameters (openai-python completion_create_params.py).
 OPENAI_PARAMS: Table = table(
     max_tokens=Param(),
@@ -139,12 +136,10 @@ class OpenAICompatible(Adapter):
     # Whether the upstream's `text_offset` counts into prompt + text as OpenAI's does; if not (vLLM counts
     # from the start of the choice's own text), the gateway computes OpenAI's offsets itself.
     openai_offsets: ClassVar[bool] = True
+    quota_headers = (openai_counters, single_counter)
 
     def url(self, endpoint: Endpoint) -> str:
         return endpoint.base_url.rstrip("/") + self.path
-
-    def auth_headers(self, endpoint: Endpoint) -> dict[str, str]:
-        return bearer(endpoint)
 
     def body(self, req: CompletionRequest, endpoint: Endpoint, params: dict[str, Any]) -> dict[str, Any]:
         body: dict[str, Any] = {"model": endpoint.model, "prompt": req.prompt}
@@ -272,4 +267,4 @@ def _error_fields(body: bytes) -> tuple[str, str | None, str | None]:
     return "unknown error", None, None
 
 
-__all__ = ["OPENAI_PARAMS", "OpenAICompatible", "UpCompletion", "stop_list", "usage_from"]
+__all__ = ["OPENAI_PARAMS", "OpenAICompatible", "UpCompletion", "usage_from"]

@@ -5,14 +5,16 @@ The seed documents only these request fields, a string prompt, and `stop` as a n
 
 from __future__ import annotations
 
-from providers.base import Param, table
-from providers.openai_compat import OpenAICompatible, stop_list
+from providers.base import Param, stop_list, table
+from providers.openai_compat import OpenAICompatible
 
 
 class PAISAdapter(OpenAICompatible):
     kind = "pais"
     auth = "`Authorization: Bearer` when api_key is set"
     needs_api_key = False
+    needs_base_url = True
+    model_listing = ("/models", False)
     prompt_forms = frozenset({"text"})
     params = table(
         temperature=Param(),

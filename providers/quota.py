@@ -1,15 +1,16 @@
 """Reading what an upstream says is left of its quota, from the headers of its successful answers.
 
 When a counter reaches zero, the next request would be refused: the gateway cools the target until
-the counter's reset (shared through Redis), so no replica sends it more until then. Formats:
+the counter's reset (shared through Redis), so no replica sends it more until then. One reader per
+header format; each adapter lists the ones its provider sends (`quota_headers`):
 
-    OpenAI, Fireworks, Azure   x-ratelimit-remaining-{requests,tokens}, x-ratelimit-reset-{requests,tokens}
-                               as durations ("20ms", "1s", "6m0s")
-    Together                   x-ratelimit-remaining, x-ratelimit-reset (seconds)
-    Anthropic                  anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-remaining
-                               and -reset (RFC 3339 timestamps)
-    Mistral                    x-ratelimit-remaining-{req-10-second,tokens-minute,tokens-month}; the window
-                               is in the name (no reset header)
+    openai_counters     OpenAI, Fireworks, Azure: x-ratelimit-remaining-{requests,tokens},
+                        x-ratelimit-reset-{requests,tokens} as durations ("20ms", "1s", "6m0s")
+    single_counter      Together: x-ratelimit-remaining, x-ratelimit-reset (seconds)
+    anthropic_counters  anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-remaining
+                        and -reset (RFC 3339 timestamps)
+    mistral_windows     x-ratelimit-remaining-{req-10-second,tokens-minute,tokens-month}; the window
+                        is in the name (no reset header)
 """
 
 from __future__ import annotations
@@ -17,13 +18,18 @@ from __future__ import annotations
 import datetime as dt
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Final
+
+# (headers, now) -> seconds until the exhausted counter resets, or None when none is exhausted.
+QuotaReader = Callable[[Mapping[str, str], float | None], float | None]
 
 _DURATION: Final = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _UNIT_S: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _MISTRAL_WINDOWS: Final = {"req-10-second": 10.0, "tokens-minute": 60.0, "tokens-month": 30 * 86400.0}
-_ANTHROPIC_KINDS: Final = ("requests", "tokens", "input-tokens", "output-tokens")
+ANTHROPIC_LIMITS: Final = ("requests", "tokens", "input-tokens", "output-tokens")
+# An exhausted counter without a usable reset: a short wait rather than none.
+_UNKNOWN_RESET_S: Final = 1.0
 
 
 def duration_s(value: str) -> float | None:
@@ -39,15 +45,18 @@ def duration_s(value: str) -> float | None:
     return sum(float(n) * _UNIT_S[u] for n, u in parts)
 
 
-def _rfc3339_in(value: str, now: float) -> float | None:
+def rfc3339(value: str) -> float | None:
+    """An RFC 3339 timestamp as a Unix time (no zone: UTC), or None when it is not one."""
     try:
         when = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         return None
-    return max(when.timestamp() - now, 0.0)
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return when.timestamp()
 
 
-def _zero(headers: Mapping[str, str], name: str) -> bool:
+def zero(headers: Mapping[str, str], name: str) -> bool:
     value = headers.get(name)
     if value is None:
         return False
@@ -57,26 +66,63 @@ def _zero(headers: Mapping[str, str], name: str) -> bool:
         return False
 
 
-def exhausted_for(headers: Mapping[str, str], now: float | None = None) -> float | None:
-    """Seconds until the upstream's exhausted counter resets; None when nothing is exhausted (or unknown)."""
-    now = time.time() if now is None else now
-    waits: list[float] = []
-    for kind in ("requests", "tokens"):
-        if _zero(headers, f"x-ratelimit-remaining-{kind}"):
-            reset = headers.get(f"x-ratelimit-reset-{kind}")
-            wait = duration_s(reset) if reset else None
-            waits.append(wait if wait is not None else 1.0)
-    if _zero(headers, "x-ratelimit-remaining"):
-        reset = headers.get("x-ratelimit-reset")
-        wait = duration_s(reset) if reset else None
-        waits.append(wait if wait is not None else 1.0)
-    for kind in _ANTHROPIC_KINDS:
-        if _zero(headers, f"anthropic-ratelimit-{kind}-remaining"):
-            reset = headers.get(f"anthropic-ratelimit-{kind}-reset")
-            wait = _rfc3339_in(reset, now) if reset else None
-            waits.append(wait if wait is not None else 1.0)
-    for window, seconds in _MISTRAL_WINDOWS.items():
-        if _zero(headers, f"x-ratelimit-remaining-{window}"):
-            waits.append(seconds)
+def _longest(waits: list[float]) -> float | None:
     positive = [w for w in waits if w > 0]
     return max(positive) if positive else None
+
+
+def _duration_reset(headers: Mapping[str, str], name: str) -> float:
+    reset = headers.get(name)
+    wait = duration_s(reset) if reset else None
+    return wait if wait is not None else _UNKNOWN_RESET_S
+
+
+def openai_counters(headers: Mapping[str, str], now: float | None = None) -> float | None:
+    return _longest(
+        [
+            _duration_reset(headers, f"x-ratelimit-reset-{kind}")
+            for kind in ("requests", "tokens")
+            if zero(headers, f"x-ratelimit-remaining-{kind}")
+        ]
+    )
+
+
+def single_counter(headers: Mapping[str, str], now: float | None = None) -> float | None:
+    if not zero(headers, "x-ratelimit-remaining"):
+        return None
+    return _longest([_duration_reset(headers, "x-ratelimit-reset")])
+
+
+def anthropic_resets(headers: Mapping[str, str]) -> list[tuple[float | None, bool]]:
+    """Each Anthropic limit that sends a reset or a remaining count: (its reset as Unix time, exhausted)."""
+    out: list[tuple[float | None, bool]] = []
+    for limit in ANTHROPIC_LIMITS:
+        reset = headers.get(f"anthropic-ratelimit-{limit}-reset")
+        exhausted = zero(headers, f"anthropic-ratelimit-{limit}-remaining")
+        if reset or exhausted:
+            out.append((rfc3339(reset) if reset else None, exhausted))
+    return out
+
+
+def anthropic_counters(headers: Mapping[str, str], now: float | None = None) -> float | None:
+    now = time.time() if now is None else now
+    return _longest(
+        [
+            max(at - now, 0.0) if at is not None else _UNKNOWN_RESET_S
+            for at, exhausted in anthropic_resets(headers)
+            if exhausted
+        ]
+    )
+
+
+def mistral_windows(headers: Mapping[str, str], now: float | None = None) -> float | None:
+    return _longest([s for window, s in _MISTRAL_WINDOWS.items() if zero(headers, f"x-ratelimit-remaining-{window}")])
+
+
+EVERY_FORMAT: Final[tuple[QuotaReader, ...]] = (openai_counters, single_counter, anthropic_counters, mistral_windows)
+
+
+def exhausted_for(headers: Mapping[str, str], now: float | None = None) -> float | None:
+    """Seconds until an exhausted counter of any known format resets; None when nothing is exhausted (or unknown)."""
+    now = time.time() if now is None else now
+    return _longest([w for read in EVERY_FORMAT if (w := read(headers, now)) is not None])

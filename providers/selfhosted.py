@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gateway.errors import InvalidRequestError
-from gateway.schema import Logprobs, Usage
 from providers.base import CallContext
 from providers.offsets import prompt_for_choice, text_offsets
+from wire.errors import InvalidRequestError
+from wire.schema import Logprobs, Usage
 
 
 def merge(body: dict[str, Any], extra: dict[str, Any]) -> None:

@@ -19,6 +19,8 @@ def _logprobs(body: dict[str, Any], count: int) -> None:
 class SGPAdapter(OpenAICompatible):
     kind = "sgp"
     auth = "`x-api-key`"
+    needs_base_url = True
+    credential_headers = frozenset({"x-api-key"})
     path: ClassVar[str] = "/v4/beta/completions"
     max_logprobs = 20
     prompt_forms = frozenset({"text"})

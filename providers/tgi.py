@@ -38,8 +38,6 @@ from typing import Any, ClassVar, Final
 
 import msgspec
 
-from gateway.errors import GatewayError, InvalidRequestError, UnsupportedParamError, UpstreamStatusError
-from gateway.schema import Completion, CompletionRequest, Logprobs
 from providers.base import (
     EMULATED,
     Adapter,
@@ -56,6 +54,8 @@ from providers.finish import finish_reason
 from providers.retry_after import retry_after, should_retry
 from providers.selfhosted import logprobs, merge, response_schema, top_dict, usage
 from providers.tokenizer import TGI_TOKENIZER
+from wire.errors import GatewayError, InvalidRequestError, UnsupportedParamError, UpstreamStatusError
+from wire.schema import Completion, CompletionRequest, Logprobs
 
 # `error_type` of an error event inside a 200 stream, back to the status the same error has as a response.
 _ERROR_STATUS: Final[dict[str, int]] = {
@@ -193,6 +193,8 @@ def _text(token: TGIToken | None) -> str:
 
 class TGIAdapter(Adapter):
     kind = "tgi"
+    needs_base_url = True
+    model_listing = ("/v1/models", True)  # the server root (/generate); lists its one model_id
     tokenizer = TGI_TOKENIZER
     auth = "`Authorization: Bearer` when api_key is set"
     path: ClassVar[str] = "/generate, /generate_stream"

@@ -14,6 +14,7 @@ from providers.openai_compat import OPENAI_PARAMS, OpenAICompatible
 class TogetherAdapter(OpenAICompatible):
     kind = "together"
     default_base_url = "https://api.together.xyz/v1"
+    model_listing = ("/models", False)
     # Together always sends usage on the final chunk and documents no stream_options.
     stream_usage = False
     params = table(

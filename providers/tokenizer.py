@@ -30,7 +30,7 @@ from typing import Annotated, Any, ClassVar, Final, Literal
 import msgspec
 from msgspec import Meta
 
-from gateway.errors import InvalidRequestError
+from wire.errors import InvalidRequestError
 
 TokenizerRoute = Literal["tokenize", "detokenize", "tokenizer_info"]
 ROUTES: Final[tuple[TokenizerRoute, ...]] = ("tokenize", "detokenize", "tokenizer_info")

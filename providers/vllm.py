@@ -44,6 +44,8 @@ VLLM_NATIVE: Final = (
 
 class VLLMAdapter(OpenAICompatible):
     kind = "vllm"
+    needs_base_url = True
+    model_listing = ("/models", True)  # base_url ends in /v1
     # vLLM's text_offset starts at 0 without echo (`_create_completion_logprobs(initial_text_offset=0)`).
     openai_offsets = False
     tokenizer = VLLM_TOKENIZER

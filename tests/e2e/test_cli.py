@@ -12,11 +12,17 @@ import httpx
 import pytest
 import yaml
 
+from providers.registry import REGISTRY
+
 from .errors import ALL_ROUTES, PAIS_ROUTE
 from .harness import REPO, GatewayProcess, cli_env, run_cli
 
 BAD_CONFIGS = [
-    pytest.param("providers:\n  x: {kind: nope}\n", "providers.x.kind: Invalid enum value 'nope'", id="bad-kind"),
+    pytest.param(
+        "providers:\n  x: {kind: nope}\n",
+        "providers.x.kind: Invalid enum value 'nope'; valid kinds: " + ", ".join(sorted(REGISTRY)),
+        id="bad-kind",
+    ),
     pytest.param('server: {port: "8080"}\n', "server.port: Expected `int`, got `str`", id="wrong-type"),
     pytest.param("server: {port: 70000}\n", "server.port: Expected `int` <= 65535", id="out-of-range"),
     pytest.param("providers: {}\nfoo: 1\n", "foo: unknown key", id="unknown-top-level-key"),

@@ -29,7 +29,7 @@ DEV_ONLY = {"pytest", "mypy", "ruff", "openai", "aiohttp"}
 
 IMPORT_ALL = """
 import importlib, pkgutil, sys
-for name in ("gateway", "providers"):
+for name in ("gateway", "providers", "wire"):
     package = importlib.import_module(name)
     assert package.__file__.startswith(sys.argv[1]), (name, package.__file__)
     for module in pkgutil.walk_packages(package.__path__, name + "."):
@@ -89,7 +89,7 @@ def test_the_wheel_holds_every_module_and_no_tests(build_context: Path, wheel: P
     # wheel was built from it).
     expected = {
         path.relative_to(build_context).as_posix()
-        for package in ("gateway", "providers")
+        for package in ("gateway", "providers", "wire")
         for path in (build_context / package).rglob("*.py")
     }
     assert "gateway/app.py" in expected and "providers/base.py" in expected

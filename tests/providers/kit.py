@@ -9,8 +9,8 @@ from typing import Any
 import msgspec
 
 from gateway.request import normalize
-from gateway.schema import CompletionRequest, decode_request
 from providers.base import Adapter, CallContext, Endpoint, UpstreamRequest, map_params
+from wire.schema import CompletionRequest, decode_request
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 

@@ -10,9 +10,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from gateway.errors import MAX_RETRY_AFTER_S, InvalidRequestError, UnsupportedParamError, UpstreamStatusError
 from gateway.framing import SSEDecoder
-from gateway.schema import Completion
 from providers import REGISTRY
 from providers.anthropic import DEFAULT_MAX_TOKENS, AnthropicAdapter, AUsage, reset_hint, usage_from
 from providers.base import PARAM_FIELDS, Endpoint, map_params
@@ -28,6 +26,8 @@ from tests.providers.kit import (
     request,
     sample,
 )
+from wire.errors import MAX_RETRY_AFTER_S, InvalidRequestError, UnsupportedParamError, UpstreamStatusError
+from wire.schema import Completion
 
 ADAPTER = AnthropicAdapter()
 ENDPOINT = Endpoint(

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from gateway.config import parse_config
-from gateway.errors import UnsupportedParamError
 from gateway.routing import Router
 from providers.azure import DEFAULT_API_VERSION, AzureAdapter
 from providers.base import Endpoint
 from providers.openai_compat import OPENAI_PARAMS
 from tests.providers.kit import build, request
+from wire.errors import UnsupportedParamError
 
 ADAPTER = AzureAdapter()
 BASE_HEADERS = {"content-type": "application/json", "accept": "application/json"}

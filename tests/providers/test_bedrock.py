@@ -21,15 +21,7 @@ from yarl import URL
 
 from gateway import emulation
 from gateway.config import ConfigError, parse_config
-from gateway.errors import (
-    InvalidRequestError,
-    ProviderUnavailableError,
-    UnsupportedParamError,
-    UpstreamError,
-    UpstreamStatusError,
-)
 from gateway.framing import DECODERS, EventStreamDecoder, EventStreamError
-from gateway.schema import Completion
 from providers import REGISTRY, sigv4
 from providers.base import PARAM_FIELDS, Endpoint
 from providers.bedrock import DEFAULT_BASE_URL, BedrockAdapter, credentials, error_type
@@ -47,6 +39,14 @@ from tests.providers.kit import (
     request,
     sample,
 )
+from wire.errors import (
+    InvalidRequestError,
+    ProviderUnavailableError,
+    UnsupportedParamError,
+    UpstreamError,
+    UpstreamStatusError,
+)
+from wire.schema import Completion
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 ADAPTER = BedrockAdapter(clock=lambda: NOW)

@@ -16,9 +16,7 @@ import pytest
 
 from gateway import emulation
 from gateway.config import ConfigError, parse_config
-from gateway.errors import InvalidRequestError, UnsupportedParamError
 from gateway.routing import Router
-from gateway.schema import MAX_LOGPROBS, MAX_STOPS
 from providers import REGISTRY
 from providers.base import PARAM_FIELDS, Endpoint, map_params
 from providers.llamacpp import LlamaCppAdapter
@@ -28,6 +26,8 @@ from providers.tgi import TGIAdapter
 from providers.together import TogetherAdapter
 from providers.vllm import VLLM_NATIVE, VLLMAdapter
 from tests.providers.kit import NATIVE, build, request
+from wire.errors import InvalidRequestError, UnsupportedParamError
+from wire.schema import MAX_LOGPROBS, MAX_STOPS
 
 SIX_STOPS = ["\nclass", "\ndef", "\n#", "\nif", "\nprint", "\n```"]
 

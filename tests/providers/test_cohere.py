@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import InvalidRequestError, UnsupportedParamError, UpstreamStatusError
 from gateway.framing import SSEDecoder
 from providers import REGISTRY
 from providers.base import PARAM_FIELDS, Endpoint
 from providers.cohere import CohereAdapter, CTokens, CUsage, usage_from
 from tests.providers.kit import NATIVE, SAMPLE, as_json, build, chunked, context, fixture_bytes, fixture_json, request
+from wire.errors import InvalidRequestError, UnsupportedParamError, UpstreamStatusError
 
 ADAPTER = CohereAdapter()
 ENDPOINT = Endpoint(provider="co", model="command-r7b-12-2024", base_url="https://api.cohere.com", api_key="co-test")

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import UnsupportedParamError
 from providers.base import Endpoint, map_params
 from providers.deepseek import DeepSeekAdapter
 from tests.providers.kit import build, context, fixture_bytes, request
+from wire.errors import UnsupportedParamError
 
 ADAPTER = DeepSeekAdapter()
 ENDPOINT = Endpoint(

@@ -12,11 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.config import CapsConfig
-from gateway.errors import InvalidRequestError, UpstreamStatusError
-from gateway.schema import Completion, CompletionRequest
 from providers.base import Endpoint
 from providers.fake import FakeAdapter, _generate, _tokens
 from tests.providers.kit import context, request
+from wire.errors import InvalidRequestError, UpstreamStatusError
+from wire.schema import Completion, CompletionRequest
 
 ADAPTER = FakeAdapter()
 PROMPT = "Say this is a test"

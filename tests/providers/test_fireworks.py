@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import UnsupportedParamError
 from gateway.framing import SSEDecoder
-from gateway.schema import Usage
 from providers.base import Endpoint, map_params
 from providers.fireworks import FireworksAdapter
 from tests.providers.kit import build, chunked, context, fixture_bytes, request
+from wire.errors import UnsupportedParamError
+from wire.schema import Usage
 
 ADAPTER = FireworksAdapter()
 MODEL = "accounts/fireworks/models/llama-v3p1-8b-instruct"

@@ -14,12 +14,12 @@ from typing import Any
 import msgspec
 import pytest
 
-from gateway.errors import InvalidRequestError, UnsupportedParamError, UpstreamStatusError
 from gateway.framing import SSEDecoder
 from providers.base import PARAM_FIELDS, Endpoint, map_params
 from providers.envelope import Unreadable
 from providers.gemini import GeminiAdapter
 from tests.providers.kit import NATIVE, as_json, build, chunked, context, fixture_bytes, fixture_json, request
+from wire.errors import InvalidRequestError, UnsupportedParamError, UpstreamStatusError
 
 ADAPTER = GeminiAdapter()
 MODEL = "gemini-1.5-flash"

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import InvalidRequestError, UnsupportedParamError, UpstreamStatusError
 from gateway.framing import SSEDecoder
-from gateway.schema import Completion
 from providers.base import Endpoint
 from providers.llamacpp import LlamaCppAdapter
 from tests.providers.kit import as_json, build, chunked, context, request
+from wire.errors import InvalidRequestError, UnsupportedParamError, UpstreamStatusError
+from wire.schema import Completion
 
 ADAPTER = LlamaCppAdapter()
 ENDPOINT = Endpoint(provider="llama", model="qwen2.5-7b", base_url="http://gpu-2:8080")

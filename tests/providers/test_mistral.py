@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import InvalidRequestError, UnsupportedParamError, UpstreamStatusError
 from gateway.framing import SSEDecoder
 from providers.base import PARAM_FIELDS, Endpoint, map_params
 from providers.mistral import MistralAdapter, RateLimit, rate_limits
@@ -27,6 +26,7 @@ from tests.providers.kit import (
     fixture_json,
     request,
 )
+from wire.errors import InvalidRequestError, UnsupportedParamError, UpstreamStatusError
 
 ADAPTER = MistralAdapter()
 MODEL = "mistral-tiny"

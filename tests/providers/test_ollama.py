@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import InvalidRequestError, UnsupportedParamError, UpstreamStatusError
 from gateway.framing import NDJSONDecoder
-from gateway.schema import Completion
 from providers.base import Endpoint
 from providers.ollama import OllamaAdapter
 from tests.providers.kit import as_json, build, chunked, context, fixture_bytes, request
+from wire.errors import InvalidRequestError, UnsupportedParamError, UpstreamStatusError
+from wire.schema import Completion
 
 ADAPTER = OllamaAdapter()
 ENDPOINT = Endpoint(provider="local-ollama", model="llama3", base_url="http://127.0.0.1:11434")

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import UnsupportedParamError, UpstreamStatusError
 from gateway.framing import SSEDecoder
-from gateway.schema import Completion
 from providers.base import Endpoint, map_params
 from providers.openai import OpenAIAdapter
 from tests.providers.kit import as_json, build, chunked, context, fixture_bytes, fixture_json, request
+from wire.errors import UnsupportedParamError, UpstreamStatusError
+from wire.schema import Completion
 
 ADAPTER = OpenAIAdapter()
 ENDPOINT = Endpoint(provider="openai", model="davinci-002", base_url="https://api.openai.com/v1", api_key="sk-test")

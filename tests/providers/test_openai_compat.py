@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-from gateway.errors import UpstreamStatusError
 from providers.base import Endpoint
 from providers.vllm import VLLMAdapter
 from tests.providers.kit import as_json, context, fixture_bytes
+from wire.errors import UpstreamStatusError
 
 # TGI is served the way any self-hosted OpenAI-compatible server is: through the vLLM kind's base parser.
 ADAPTER = VLLMAdapter()

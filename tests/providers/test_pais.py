@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import UnsupportedParamError
 from providers.base import Endpoint, map_params
 from providers.pais import PAISAdapter
 from tests.providers.kit import build, request
+from wire.errors import UnsupportedParamError
 
 ADAPTER = PAISAdapter()
 BASE_URL = "https://pais.example.com/api/v1/compatibility/openai/v1"

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import UnsupportedParamError
 from providers.base import Endpoint
 from providers.sgp import SGPAdapter
 from tests.providers.kit import build, request
+from wire.errors import UnsupportedParamError
 
 ADAPTER = SGPAdapter()
 ENDPOINT = Endpoint(provider="sgp", model="openai/gpt-4o-mini", base_url="https://api.egp.scale.com/", api_key="sgp-k")

@@ -11,12 +11,12 @@ from typing import Any
 import msgspec
 import pytest
 
-from gateway.errors import InvalidRequestError, UnsupportedParamError, UpstreamStatusError
 from gateway.framing import SSEDecoder
-from gateway.schema import Completion
 from providers.base import PARAM_FIELDS, Endpoint
 from providers.tgi import TGIAdapter
 from tests.providers.kit import as_json, build, chunked, context, fixture_bytes, fixture_json, request
+from wire.errors import InvalidRequestError, UnsupportedParamError, UpstreamStatusError
+from wire.schema import Completion
 
 ADAPTER = TGIAdapter()
 ENDPOINT = Endpoint(provider="hf-tgi", model="tgi", base_url="http://tgi.local:8080/")

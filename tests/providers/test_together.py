@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import UnsupportedParamError
 from providers.base import Endpoint, map_params
 from providers.retry_after import retry_after
 from providers.together import TogetherAdapter
 from tests.providers.kit import as_json, build, context, fixture_bytes, fixture_headers, fixture_json, request
+from wire.errors import UnsupportedParamError
 
 ADAPTER = TogetherAdapter()
 MODEL = "mistralai/Mixtral-8x7B-Instruct-v0.1"

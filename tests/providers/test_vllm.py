@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import UnsupportedParamError
 from providers.base import Endpoint
 from providers.vllm import VLLMAdapter
 from tests.providers.kit import as_json, build, context, fixture_bytes, request
+from wire.errors import UnsupportedParamError
 
 ADAPTER = VLLMAdapter()
 MODEL = "meta-llama/Llama-3.1-8B"

@@ -20,9 +20,9 @@ import msgspec
 
 from gateway.config import parse_config
 from gateway.dialects import OPENAI
-from gateway.errors import GatewayError
 from gateway.health import TargetState
 from gateway.pipeline import Pipeline
+from wire.errors import GatewayError
 
 from .faults import FaultServer
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.errors import AllTargetsCoolingError
 from gateway.health import TargetState
 from tests.e2e.harness import RedisServer
+from wire.errors import AllTargetsCoolingError
 
 from .conftest import MakePipeline, Reference
 from .faults import FaultServer, good, rate_limited, slow, unavailable

@@ -17,9 +17,9 @@ import pytest
 
 from gateway.config import ConfigError, parse_config
 from gateway.endpoint import error_headers
-from gateway.errors import client_retry
 from gateway.pipeline import Pipeline
 from tests.e2e.harness import fixture_bytes, free_port, wait_for
+from wire.errors import client_retry
 
 from .conftest import SEED, MakePipeline, Reference
 from .faults import (

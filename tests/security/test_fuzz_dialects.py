@@ -42,8 +42,8 @@ from aiohttp import web
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from gateway.schema import CompletionRequest
 from tests.e2e.harness import FIXTURES, GatewayProcess, Received, Upstream, cli_env, sse_events
+from wire.schema import CompletionRequest
 
 ROUTES: Final = {
     "/v1/completions": "openai",

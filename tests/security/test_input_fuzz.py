@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.endpoint import _encode_headers
-from gateway.errors import InvalidRequestError
 from gateway.request import normalize
-from gateway.schema import decode_request
 from providers.base import Endpoint, path_segment, request_headers
+from wire.errors import InvalidRequestError
+from wire.schema import decode_request
 
 SETTINGS = settings(max_examples=150, deadline=None)
 JSON_SCALARS = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8)

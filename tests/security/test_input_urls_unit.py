@@ -12,12 +12,12 @@ from typing import Any
 import msgspec
 import pytest
 
-from gateway.errors import InvalidRequestError
 from providers.azure import AzureAdapter
 from providers.base import Adapter, Endpoint, path_segment
 from providers.bedrock import BedrockAdapter
 from providers.gemini import GeminiAdapter
 from tests.providers.kit import build, request
+from wire.errors import InvalidRequestError
 
 ADAPTERS: list[tuple[Adapter, Endpoint]] = [
     (GeminiAdapter(), Endpoint(provider="gem", model="", base_url="https://g.example", api_key="k")),

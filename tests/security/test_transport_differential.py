@@ -18,9 +18,9 @@ from collections.abc import AsyncIterator
 import pytest
 
 from gateway.config import parse_config
-from gateway.errors import GatewayError
 from gateway.upstream import Timeouts, Upstream
-from providers.base import UpstreamRequest
+from wire.errors import GatewayError
+from wire.upstream import UpstreamRequest
 
 from .hostile import BODY_CAP, CASES, Case, HostileServer
 

@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.config import parse_config
-from gateway.errors import GatewayError
 from gateway.upstream import Timeouts, Upstream
-from providers.base import UpstreamRequest
+from wire.errors import GatewayError
+from wire.upstream import UpstreamRequest
 
 from .hostile import BY_NAME, Case, Close, HostileServer, Step, Wait
 from .test_transport_differential import config

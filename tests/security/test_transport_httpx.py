@@ -28,13 +28,13 @@ import trustme
 from aiohttp import web
 
 from gateway.config import CapsConfig, ConfigError, parse_config
-from gateway.errors import GatewayError, UpstreamConnectError
 from gateway.httpx_transport import HttpxTransport, _h11_state
 from gateway.upstream import H1Transport, Timeouts, Upstream
-from providers.base import UpstreamRequest
 from tests.e2e.harness import GatewayThread, Received, openai_client
 from tests.e2e.harness import Upstream as ThreadedUpstream
 from tests.resilience.faults import CHUNKS, RECORDED_JSON, RECORDED_SSE, RECORDED_STREAM_TEXT
+from wire.errors import GatewayError, UpstreamConnectError
+from wire.upstream import UpstreamRequest
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 TIMEOUTS = Timeouts(connect=2.0, first_byte=5.0, total=10.0)

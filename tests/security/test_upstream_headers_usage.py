@@ -19,10 +19,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.errors import MAX_RETRY_AFTER_S
 from gateway.pipeline import MAX_QUOTA_WAIT_S, MAX_REPORTED_TOKENS
 from tests.e2e.harness import GatewayThread
 from tests.resilience.faults import RATE_LIMIT_BODY, RECORDED_COMPLETION, FaultServer, respond
+from wire.errors import MAX_RETRY_AFTER_S
 
 CONFIG = """
 server: {{host: 127.0.0.1, port: 0}}

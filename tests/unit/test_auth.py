@@ -6,7 +6,7 @@ import pytest
 
 from gateway.auth import KeyRing
 from gateway.config import parse_config
-from gateway.errors import AuthenticationError, PermissionDeniedError
+from wire.errors import AuthenticationError, PermissionDeniedError
 
 CONFIG = """
 keys:

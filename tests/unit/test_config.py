@@ -8,6 +8,7 @@ import pytest
 
 from gateway.config import ConfigError, load_config, parse_config
 from gateway.routing import Router
+from providers.registry import REGISTRY
 
 
 def error(text: str, env: dict[str, str] | None = None) -> str:
@@ -79,7 +80,10 @@ def test_several_variables_in_one_value() -> None:
     [
         ("foo: 1", "gw.yaml: foo: unknown key"),
         ("server: {port: 8080, hots: x}", "gw.yaml: server.hots: unknown key"),
-        ("providers: {x: {kind: nope}}", "gw.yaml: providers.x.kind: Invalid enum value 'nope'"),
+        (
+            "providers: {x: {kind: nope}}",
+            "gw.yaml: providers.x.kind: Invalid enum value 'nope'; valid kinds: " + ", ".join(sorted(REGISTRY)),
+        ),
         ("providers: {x: {kind: fake, bogus: 1}}", "gw.yaml: providers.x.bogus: unknown key"),
         (
             "providers: {x: {kind: openai, deployments: {east: {bogus: 1}}}}",

@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from gateway.dialects import OPENAI, PAIS, SGP, Dialect, RequestError, decode_error
-from gateway.errors import (
+from wire.errors import (
     AuthenticationError,
     GatewayError,
     InvalidRequestError,
@@ -19,7 +19,7 @@ from gateway.errors import (
     UnsupportedParamError,
     UpstreamStatusError,
 )
-from gateway.schema import decode_request
+from wire.schema import decode_request
 
 
 def decode_fails(body: dict[str, Any] | bytes) -> RequestError:

@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 from gateway import emulation
 from gateway.config import CapsConfig
-from gateway.errors import InvalidRequestError, UpstreamError
 from gateway.request import normalize
-from gateway.schema import Choice, Completion, CompletionRequest, Logprobs, Usage, decode_request
 from providers.base import EMULATED, Adapter, CallContext, Param, Table, UpstreamRequest, table
+from wire.errors import InvalidRequestError, UpstreamError
+from wire.schema import Choice, Completion, CompletionRequest, Logprobs, Usage, decode_request
 
 CTX = CallContext(id="cmpl-test", created=1, model="x/m")
 

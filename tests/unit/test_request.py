@@ -9,10 +9,10 @@ import pytest
 
 from gateway.config import CapsConfig
 from gateway.dialects import decode_error
-from gateway.errors import InvalidRequestError
 from gateway.request import FORBIDDEN_HEADERS, MAX_CHOICES, normalize
-from gateway.schema import MAX_LOGPROBS, MAX_STOPS, CompletionRequest, decode_request
 from tests.providers.kit import request
+from wire.errors import InvalidRequestError
+from wire.schema import MAX_LOGPROBS, MAX_STOPS, CompletionRequest, decode_request
 
 
 def refused(param: str, **fields: Any) -> InvalidRequestError:

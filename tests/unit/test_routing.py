@@ -9,12 +9,12 @@ import pytest
 
 from gateway.balancer import order
 from gateway.config import parse_config
-from gateway.errors import ModelNotFoundError, ProviderUnavailableError
 from gateway.health import TargetState
 from gateway.routing import Router
 from providers.azure import AzureAdapter
 from providers.fake import FakeAdapter
 from providers.fireworks import FireworksAdapter
+from wire.errors import ModelNotFoundError, ProviderUnavailableError
 
 CONFIG = """
 unsupported_params: error

@@ -9,14 +9,14 @@ from types import SimpleNamespace
 import pytest
 
 from gateway.config import ConfigError, PriceConfig, load_config, parse_config
-from gateway.errors import RateLimitError
 from gateway.metrics import Metrics, ModelLabels, Record
 from gateway.pipeline import Pipeline
 from gateway.reload import Reloader
-from gateway.schema import Usage
 from gateway.state import SharedState
 from gateway.usage import ANONYMOUS, PICO, Prices, UsageStore, day_of, to_midnight
 from tests.ratelimit.support import RedisProc
+from wire.errors import RateLimitError
+from wire.schema import Usage
 
 # 2023-11-14T22:13:20Z: 6400 s before midnight UTC.
 T0 = 1_700_000_000.0
