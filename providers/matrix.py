@@ -2,7 +2,8 @@
 
     python -m providers.matrix > docs/providers.md
 
-A test regenerates it and fails when the committed file differs.
+A test regenerates it and fails when the committed file differs. The hand-written recipe for adding a
+provider (`RECIPE`) is part of the template; tests/providers/test_recipe.py runs its module as written.
 """
 
 from __future__ import annotations
@@ -37,6 +38,100 @@ the provider is sent its `max stop` and the gateway enforces the rest itself; a 
 provider's `max logprobs` is refused naming the provider and the bound (`providers.<name>.max_logprobs`
 sets it for a self-hosted server started with another limit).
 """
+
+
+RECIPE = '''
+## Adding a provider
+
+A provider is one module in `providers/` and one line in `providers/registry.py`; nothing in `gateway/`
+names a kind. The adapter class says what the rest of the gateway asks of a kind (providers/base.py
+`Capabilities`): its parameter `table`, bounds (`max_stop`, `max_logprobs`, `prompt_forms`), whether the
+config must give a `base_url` or a `region`, which headers carry its credential (a client may never set
+them), how its answers report quota (`quota_headers`, readers in providers/quota.py), where it lists its
+models (`model_listing`) and whether prompts are counted with OpenAI's BPE (`openai_bpe`). It imports
+`wire` (the request, answer and error vocabulary) and `providers.base` (shared helpers), never `gateway`
+and never another adapter (tests/unit/test_import_boundaries.py).
+
+1. Write `providers/acme.py`, a pure translation (no I/O: `gateway/upstream.py` sends what it builds):
+
+```python
+"""Acme Text API: `POST /v1/generate` {"model", "input", "max_output"} -> {"output", "done", "usage"}."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from providers.base import Adapter, CallContext, Endpoint, Param, UpstreamRequest, request_headers, table
+from providers.retry_after import retry_after
+from wire.errors import GatewayError, UpstreamStatusError
+from wire.schema import Completion, CompletionRequest, Usage
+
+
+class AcmeUsage(msgspec.Struct):
+    input: int = 0
+    output: int = 0
+
+
+class AcmeAnswer(msgspec.Struct):  # lenient: every field optional, unknown ones ignored
+    output: str = ""
+    done: bool = True
+    usage: AcmeUsage | None = None
+
+
+_decode = msgspec.json.Decoder(AcmeAnswer).decode
+
+
+class AcmeAdapter(Adapter):
+    kind = "acme"  # the config's `kind:`
+    auth = "`x-acme-key`"  # for the table above
+    needs_base_url = True  # self-hosted: no public default URL
+    credential_headers = frozenset({"x-acme-key"})
+    prompt_forms = frozenset({"text"})
+    max_logprobs = 0
+    params = table(max_tokens=Param(to="max_output"), temperature=Param(), stop=Param())
+
+    def build_request(self, req: CompletionRequest, endpoint: Endpoint, body: dict[str, Any]) -> UpstreamRequest:
+        body |= {"model": endpoint.model, "input": req.prompt, "stream": bool(req.stream)}
+        auth = {"x-acme-key": endpoint.api_key} if endpoint.api_key else None
+        accept = "text/event-stream" if req.stream else "application/json"
+        url = endpoint.base_url.rstrip("/") + "/v1/generate"
+        headers = request_headers(req, endpoint, accept=accept, auth=auth)
+        return UpstreamRequest("POST", url, headers, msgspec.json.encode(body), stream=bool(req.stream))
+
+    def parse_response(self, body: bytes, ctx: CallContext) -> Completion:
+        return self._completion(_decode(body), ctx)
+
+    def parse_event(self, event: str | None, data: bytes, ctx: CallContext) -> Completion | None:
+        return None if data == b"[DONE]" else self._completion(_decode(data), ctx)
+
+    def map_error(self, status: int, headers: Mapping[str, str], body: bytes, provider: str) -> GatewayError:
+        return UpstreamStatusError(
+            f"{provider} error ({status})", upstream_status=status, provider=provider, retry_after=retry_after(headers)
+        )
+
+    def _completion(self, up: AcmeAnswer, ctx: CallContext) -> Completion:
+        u = up.usage
+        usage = Usage(prompt_tokens=u.input, completion_tokens=u.output, total_tokens=u.input + u.output) if u else None
+        return ctx.single(up.output, "stop" if up.done else None, usage=usage)
+```
+
+2. Add its line to `BUILTIN` in `providers/registry.py`:
+
+```python
+    "providers.acme:AcmeAdapter",
+```
+
+A plug-in outside this repository calls `providers.register("mypackage.acme:AcmeAdapter")` before the
+config is loaded instead. Then `providers: {acme: {kind: acme, base_url: "http://acme:9000", api_key:
+"${ACME_KEY}"}}` serves `acme/<model>`; a config naming an unknown kind fails at start-up listing the
+registered ones. Regenerate this file (`python -m providers.matrix > docs/providers.md`) for the new
+column, and add the adapter's unit tests under `tests/providers/` (their `kit.py` has the helpers).
+tests/providers/test_recipe.py writes the module above to a temporary directory, registers it, and serves
+a completion and a stream through the gateway from a loopback upstream.
+'''
 
 
 def _cell(name: str, rule: Param | None) -> str:
@@ -75,7 +170,7 @@ def render() -> str:
         stops = "no limit" if cls.max_stop is None else cls.max_stop
         logprobs = cls.max_logprobs if "logprobs" in cls.params else "-"
         lines.append(f"| {kind} | {base} | {path} | {auth} | {stops} | {logprobs} | {forms} | {framing} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + RECIPE
 
 
 if __name__ == "__main__":
