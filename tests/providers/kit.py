@@ -88,7 +88,7 @@ SAMPLE: dict[str, Any] = {
     "prediction": {"type": "content"},
 }
 
-# A valid value for each self-hosted server's own sampling field (gateway/schema.py), which providers
+# A valid value for each self-hosted server's own sampling field (wire/schema.py), which providers
 # without such a field refuse.
 NATIVE: dict[str, Any] = {
     "min_p": 0.05,

@@ -526,7 +526,7 @@ def test_map_error_uses_the_reset_hint_only_on_429_and_only_without_retry_after(
     headers = {"anthropic-ratelimit-tokens-remaining": "0", "anthropic-ratelimit-tokens-reset": far}
     body = _envelope("rate_limit_error", "slow down")
     hint = ADAPTER.map_error(429, headers, body, "claude").retry_after
-    assert hint == MAX_RETRY_AFTER_S  # the year-2999 reset, bounded (gateway/errors.py)
+    assert hint == MAX_RETRY_AFTER_S  # the year-2999 reset, bounded (wire/errors.py)
     assert ADAPTER.map_error(429, {**headers, "retry-after": "3"}, body, "claude").retry_after == 3.0
     assert ADAPTER.map_error(500, headers, _envelope("api_error", "oops"), "claude").retry_after is None
 

@@ -5,7 +5,7 @@ request that makes it build an unbounded answer fails it instead of the machine)
 `fake` provider and a loopback OpenAI-compatible upstream that replays a recorded OpenAI completion
 (as many choices as the request asks for). Hypothesis sends two kinds of bodies to every route:
 
-- requests over the union schema (`gateway/schema.py: CompletionRequest`): every field present or
+- requests over the union schema (`wire/schema.py: CompletionRequest`): every field present or
   not, each with a plausible value or any JSON value at all (wrong types, huge numbers, deep nesting),
   plus unknown fields;
 - raw hostile bytes: invalid UTF-8, JSON nested thousands of levels deep, numbers beyond any float,

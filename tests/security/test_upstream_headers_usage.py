@@ -2,7 +2,7 @@
 
 - Upstream response headers never reach the client's response (only the gateway's own, and a
   `retry-after` the gateway computes), so an upstream cannot set cookies or inject CR/LF there.
-- An upstream `Retry-After` (seconds or `-ms`) is bounded at one hour (gateway/errors.py
+- An upstream `Retry-After` (seconds or `-ms`) is bounded at one hour (wire/errors.py
   MAX_RETRY_AFTER_S), in what the client is told and in how long the target cools; before the fix a
   `Retry-After: 999999999` was relayed and cooled the target for 31 years.
 - Reported token counts feed rate limits, budgets and usage rows: a negative or absurd count is clamped
