@@ -170,6 +170,20 @@ def render() -> str:
         stops = "no limit" if cls.max_stop is None else cls.max_stop
         logprobs = cls.max_logprobs if "logprobs" in cls.params else "-"
         lines.append(f"| {kind} | {base} | {path} | {auth} | {stops} | {logprobs} | {forms} | {framing} |")
+    lines += ["", "## What the gateway reads from each kind", ""]
+    lines.append("| kind | config requires | credential headers | quota headers | model listing | prompt tokens |")
+    lines.append("|---|---|---|---|---|---|")
+    for kind, cls in REGISTRY.items():
+        needs = [f"`{f}`" for f, on in (("base_url", cls.needs_base_url), ("region", cls.needs_region)) if on]
+        creds = ", ".join(f"`{h}`" for h in sorted(cls.credential_headers)) or "-"
+        quota = ", ".join(read.__name__ for read in cls.quota_headers) or "-"
+        listing = (
+            "-"
+            if cls.model_listing is None
+            else f"`{cls.model_listing[0]}`" + (" (by default)" if cls.model_listing[1] else " (`discover: true`)")
+        )
+        tokens = "OpenAI BPE" if cls.openai_bpe else "estimate"
+        lines.append(f"| {kind} | {', '.join(needs) or '-'} | {creds} | {quota} | {listing} | {tokens} |")
     return "\n".join(lines) + "\n" + RECIPE
 
 
