@@ -7,6 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from providers.anthropic import AnthropicAdapter
+from providers.gemini import GeminiAdapter
+from providers.mistral import MistralAdapter
+from providers.openai import OpenAIAdapter
 from providers.quota import duration_s, exhausted_for
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -75,3 +79,15 @@ def test_durations(value: str, seconds: float) -> None:
 @pytest.mark.parametrize("value", ["", "soon", "5x", "m5"])
 def test_unreadable_durations(value: str) -> None:
     assert duration_s(value) is None
+
+
+def test_each_adapter_reads_the_quota_headers_it_declares() -> None:
+    openai_used_up = {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "20s"}
+    anthropic_used_up = {"anthropic-ratelimit-requests-remaining": "0", "anthropic-ratelimit-requests-reset": "soon"}
+    assert OpenAIAdapter().exhausted_for(openai_used_up) == 20.0
+    assert OpenAIAdapter().exhausted_for({"x-ratelimit-remaining": "0", "x-ratelimit-reset": "2"}) == 2.0
+    assert AnthropicAdapter().exhausted_for(anthropic_used_up) == 1.0  # exhausted, reset unreadable: a short wait
+    assert MistralAdapter().exhausted_for({"x-ratelimit-remaining-tokens-minute": "0"}) == 60.0
+    # Another vendor's format is not read: its headers mean nothing coming from this provider.
+    assert AnthropicAdapter().exhausted_for(openai_used_up) is None
+    assert GeminiAdapter().exhausted_for(openai_used_up | anthropic_used_up) is None

@@ -1,0 +1,41 @@
+"""providers/registry.py: the one list of kinds, and what `register` refuses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from providers.registry import BUILTIN, REGISTRY, credential_headers, kinds, register
+from providers.vllm import VLLMAdapter
+
+
+def test_every_builtin_line_is_registered_under_its_class_kind() -> None:
+    assert len(REGISTRY) == len(BUILTIN)
+    for target in BUILTIN:
+        module, _, name = target.partition(":")
+        found = [kind for kind, c in REGISTRY.items() if c.__module__ == module and c.__name__ == name]
+        assert len(found) == 1, target
+        assert REGISTRY[found[0]].kind == found[0]
+    assert kinds() == sorted(REGISTRY)
+
+
+def test_credential_headers_are_the_union_of_the_declarations() -> None:
+    assert credential_headers() == {"authorization", "api-key", "x-api-key", "x-goog-api-key"}
+
+
+@pytest.mark.parametrize(
+    ("adapter", "error", "match"),
+    [
+        (dict, TypeError, "is not an Adapter"),
+        ("providers.vllm", ValueError, "module:Class"),
+        ("providers.vllm:NoSuchClass", AttributeError, "NoSuchClass"),
+        (type("Upper", (VLLMAdapter,), {"kind": "Shouty"}), ValueError, "lower-case identifier"),
+        (type("Twin", (VLLMAdapter,), {}), ValueError, "already registered to providers.vllm.VLLMAdapter"),
+    ],
+)
+def test_register_refuses(adapter: Any, error: type[Exception], match: str) -> None:
+    before = dict(REGISTRY)
+    with pytest.raises(error, match=match):
+        register(adapter)
+    assert REGISTRY == before
