@@ -212,8 +212,7 @@ class AnthropicAdapter(Adapter):
         body.update(params)
         if req.stream:
             body["stream"] = True
-        if req.inference_extra_params:
-            body.update(req.inference_extra_params)
+        self.add_extra(body, req)
         # Configured headers (e.g. `anthropic-beta`) and then the client's own; the credential goes last.
         headers = request_headers(
             req,

@@ -235,6 +235,31 @@ def request_headers(
     return headers
 
 
+ExtraMerge = Literal["top", "nested", "deep"]
+
+
+def merge_extra(body: dict[str, Any], extra: Mapping[str, Any], how: ExtraMerge) -> None:
+    """Merge the client's `inference_extra_params` into an upstream body.
+
+    `top` replaces top-level keys. `nested` extends an object the body already has by one level (Gemini's
+    `generationConfig`, Bedrock's `inferenceConfig`), `deep` at every level (TGI's `parameters`, Ollama's
+    `options`): a client sending `{"options": {"num_ctx": 8192}}` means to add a knob, not to drop every
+    mapped one.
+    """
+    if how == "top":
+        body.update(extra)
+        return
+    for key, value in extra.items():
+        current = body.get(key)
+        if isinstance(current, dict) and isinstance(value, dict):
+            if how == "deep":
+                merge_extra(current, value, how)
+            else:
+                current.update(value)
+        else:
+            body[key] = value
+
+
 def stop_list(value: str | list[str]) -> list[str]:
     """`stop` as the list the chat-style APIs want (the request also allows one bare string)."""
     return [value] if isinstance(value, str) else value
@@ -330,6 +355,13 @@ class Capabilities:
     # A configured deployment's `name` replaces the model in the request (false for Azure, whose model
     # already is the deployment id in the URL).
     deployment_renames_model: ClassVar[bool] = True
+    # How the client's `inference_extra_params` merge into the upstream body (`merge_extra`).
+    extra_params: ClassVar[ExtraMerge] = "top"
+
+    def add_extra(self, body: dict[str, Any], req: CompletionRequest) -> None:
+        """The client's `inference_extra_params`, merged into the upstream body as this kind declares."""
+        if req.inference_extra_params:
+            merge_extra(body, req.inference_extra_params, self.extra_params)
 
     def exhausted_for(self, headers: Mapping[str, str], now: float | None = None) -> float | None:
         """Seconds until the exhausted quota counter of a successful answer resets; None when none is."""

@@ -256,6 +256,7 @@ class BedrockAdapter(Adapter):
     auth = "SigV4 (`api_key: ACCESS_KEY_ID:SECRET[:SESSION_TOKEN]`, `region`) or `Authorization: Bearer` (API key)"
     default_base_url = DEFAULT_BASE_URL
     needs_region = True
+    extra_params = "nested"  # inferenceConfig, additionalModelRequestFields...
     path: ClassVar[str] = "/model/{modelId}/converse (stream: /converse-stream)"
     params: ClassVar[Table] = BEDROCK_PARAMS
     framing = "eventstream"
@@ -301,8 +302,7 @@ class BedrockAdapter(Adapter):
             _place_top_k(body, top_k, endpoint)
         if req.max_tokens is None and endpoint.default_max_tokens is not None:
             body.setdefault("inferenceConfig", {})["maxTokens"] = endpoint.default_max_tokens
-        if req.inference_extra_params:
-            _merge(body, req.inference_extra_params)
+        self.add_extra(body, req)
         headers = request_headers(req, endpoint, accept=None)
         # Only the gateway's own credentials sign or authorize the call.
         for name in ("authorization", "x-amz-date", "x-amz-security-token"):
@@ -398,16 +398,6 @@ def _place_top_k(body: dict[str, Any], k: int, endpoint: Endpoint) -> None:
         f"Parameter 'top_k' is not supported by provider '{endpoint.provider}' for model '{endpoint.model}'"
         " (Bedrock takes it for Anthropic Claude and Amazon Nova models only)"
     )
-
-
-def _merge(body: dict[str, Any], extra: Mapping[str, Any]) -> None:
-    """`inference_extra_params` extends nested objects (inferenceConfig, additionalModelRequestFields...)."""
-    for key, value in extra.items():
-        current = body.get(key)
-        if isinstance(current, dict) and isinstance(value, dict):
-            current.update(value)
-        else:
-            body[key] = value
 
 
 def _error_fields(body: bytes) -> tuple[str, str | None]:

@@ -179,8 +179,7 @@ class CohereAdapter(Adapter):
         body.update(params)
         if req.stream:
             body["stream"] = True
-        if req.inference_extra_params:
-            body.update(req.inference_extra_params)
+        self.add_extra(body, req)
         headers = request_headers(
             req, endpoint, accept="text/event-stream" if req.stream else "application/json", auth=bearer(endpoint)
         )

@@ -258,16 +258,6 @@ GEMINI_PARAMS: Table = table(
 )
 
 
-def _merge(body: dict[str, Any], extra: Mapping[str, Any]) -> None:
-    """`inference_extra_params` extends nested objects (generationConfig, safetySettings...) one level deep."""
-    for key, value in extra.items():
-        current = body.get(key)
-        if isinstance(current, dict) and isinstance(value, dict):
-            current.update(value)
-        else:
-            body[key] = value
-
-
 # --------------------------------------------------------------------------------------------------
 # Response normalization
 
@@ -326,6 +316,7 @@ class GeminiAdapter(Adapter):
     auth = "`x-goog-api-key`"
     default_base_url = "https://generativelanguage.googleapis.com"
     credential_headers = frozenset({"x-goog-api-key"})
+    extra_params = "nested"  # generationConfig, safetySettings...
     path: ClassVar[str] = "/v1beta/models/{model}:generateContent (stream: :streamGenerateContent?alt=sse)"
     params: ClassVar[Table] = GEMINI_PARAMS
     max_stop = 5
@@ -345,8 +336,7 @@ class GeminiAdapter(Adapter):
     def build_request(self, req: CompletionRequest, endpoint: Endpoint, params: dict[str, Any]) -> UpstreamRequest:
         body: dict[str, Any] = {"contents": [{"role": "user", "parts": [{"text": req.prompt}]}]}
         body.update(params)
-        if req.inference_extra_params:
-            _merge(body, req.inference_extra_params)
+        self.add_extra(body, req)
         headers = request_headers(
             req,
             endpoint,

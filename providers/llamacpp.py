@@ -44,7 +44,7 @@ from providers.base import (
 )
 from providers.finish import finish_reason
 from providers.retry_after import retry_after, should_retry
-from providers.selfhosted import logprobs, merge, response_schema, top_dict, usage
+from providers.selfhosted import logprobs, response_schema, top_dict, usage
 from providers.tokenizer import LLAMACPP_TOKENIZER
 from wire.errors import GatewayError, InvalidRequestError, UpstreamStatusError
 from wire.schema import Completion, CompletionRequest, Logprobs
@@ -145,6 +145,7 @@ def _stop_type(up: LlamaCompletion) -> str:
 
 class LlamaCppAdapter(Adapter):
     kind = "llamacpp"
+    extra_params = "deep"
     needs_base_url = True
     model_listing = ("/v1/models", True)  # base_url is the server root (/completion)
     tokenizer = LLAMACPP_TOKENIZER
@@ -193,8 +194,7 @@ class LlamaCppAdapter(Adapter):
             out["n_predict"] = endpoint.default_max_tokens
         out["stream"] = bool(req.stream)
         out["cache_prompt"] = True
-        if req.inference_extra_params:
-            merge(out, req.inference_extra_params)
+        self.add_extra(out, req)
         return UpstreamRequest(
             method="POST",
             url=endpoint.base_url.rstrip("/") + self.path,

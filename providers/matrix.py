@@ -40,6 +40,15 @@ sets it for a self-hosted server started with another limit).
 """
 
 
+DECLARATIONS = """Declared on each adapter class (providers/base.py `Capabilities`); gateway/ names no kind. `config
+requires`: a provider of the kind fails start-up without it. `credential headers`: a client's
+`inference_extra_headers` may not set any kind's. `quota headers`: the formats read from successful answers
+(providers/quota.py) to cool a target whose quota is used up. `model listing`: where `GET /v1/models`
+discovery asks the server. `prompt tokens`: how prompts are counted for token rate limits. `extra params`:
+how `inference_extra_params` merge into the body (`top`: replace top-level keys; `nested`: extend an
+object one level; `deep`: at every level).
+"""
+
 RECIPE = '''
 ## Adding a provider
 
@@ -170,9 +179,11 @@ def render() -> str:
         stops = "no limit" if cls.max_stop is None else cls.max_stop
         logprobs = cls.max_logprobs if "logprobs" in cls.params else "-"
         lines.append(f"| {kind} | {base} | {path} | {auth} | {stops} | {logprobs} | {forms} | {framing} |")
-    lines += ["", "## What the gateway reads from each kind", ""]
-    lines.append("| kind | config requires | credential headers | quota headers | model listing | prompt tokens |")
-    lines.append("|---|---|---|---|---|---|")
+    lines += ["", "## What the gateway reads from each kind", "", DECLARATIONS]
+    lines.append(
+        "| kind | config requires | credential headers | quota headers | model listing | prompt tokens | extra params |"
+    )
+    lines.append("|---|---|---|---|---|---|---|")
     for kind, cls in REGISTRY.items():
         needs = [f"`{f}`" for f, on in (("base_url", cls.needs_base_url), ("region", cls.needs_region)) if on]
         creds = ", ".join(f"`{h}`" for h in sorted(cls.credential_headers)) or "-"
@@ -183,7 +194,8 @@ def render() -> str:
             else f"`{cls.model_listing[0]}`" + (" (by default)" if cls.model_listing[1] else " (`discover: true`)")
         )
         tokens = "OpenAI BPE" if cls.openai_bpe else "estimate"
-        lines.append(f"| {kind} | {', '.join(needs) or '-'} | {creds} | {quota} | {listing} | {tokens} |")
+        row = [kind, ", ".join(needs) or "-", creds, quota, listing, tokens, cls.extra_params]
+        lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n" + RECIPE
 
 

@@ -238,8 +238,7 @@ class MistralAdapter(Adapter):
         if req.stream:
             # Mistral always puts usage on the finish chunk and documents no stream_options.
             body["stream"] = True
-        if req.inference_extra_params:
-            body.update(req.inference_extra_params)
+        self.add_extra(body, req)
         headers = request_headers(
             req, endpoint, accept="text/event-stream" if req.stream else "application/json", auth=bearer(endpoint)
         )

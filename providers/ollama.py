@@ -40,7 +40,7 @@ from providers.base import (
 )
 from providers.finish import finish_reason
 from providers.retry_after import retry_after, should_retry
-from providers.selfhosted import logprobs, merge, response_schema, top_dict, usage
+from providers.selfhosted import logprobs, response_schema, top_dict, usage
 from wire.errors import GatewayError, InvalidRequestError, UpstreamStatusError
 from wire.schema import Completion, CompletionRequest, Logprobs
 
@@ -100,6 +100,7 @@ _decode_error = msgspec.json.Decoder(OllamaError).decode
 
 class OllamaAdapter(Adapter):
     kind = "ollama"
+    extra_params = "deep"  # options
     model_listing = ("/api/tags", True)
     auth = "`Authorization: Bearer` when api_key is set"
     path: ClassVar[str] = "/api/generate"
@@ -146,8 +147,7 @@ class OllamaAdapter(Adapter):
         }
         if req.max_tokens is None and endpoint.default_max_tokens is not None:
             out.setdefault("options", {})["num_predict"] = endpoint.default_max_tokens
-        if req.inference_extra_params:
-            merge(out, req.inference_extra_params)
+        self.add_extra(out, req)
         return UpstreamRequest(
             method="POST",
             url=endpoint.base_url.rstrip("/") + self.path,

@@ -152,8 +152,7 @@ class OpenAICompatible(Adapter):
 
     def build_request(self, req: CompletionRequest, endpoint: Endpoint, params: dict[str, Any]) -> UpstreamRequest:
         body = self.body(req, endpoint, params)
-        if req.inference_extra_params:
-            body.update(req.inference_extra_params)
+        self.add_extra(body, req)
         return UpstreamRequest(
             method="POST",
             url=self.url(endpoint),

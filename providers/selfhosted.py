@@ -1,6 +1,6 @@
 """What the self-hosted native adapters (TGI `/generate`, Ollama `/api/generate`, llama.cpp `/completion`)
-share: merging `inference_extra_params`, reading `response_format`, and building
-logprobs with computed text offsets.
+share: reading `response_format` and building logprobs with computed text offsets (merging
+`inference_extra_params` is providers/base.py `merge_extra`, declared per adapter as `extra_params`).
 
 None of these servers echoes the prompt (the gateway provides `echo`), so a generated token's offset is
 always counted from the end of its prompt: that is where it sits in the prompt + completion text the
@@ -16,20 +16,6 @@ from providers.base import CallContext
 from providers.offsets import prompt_for_choice, text_offsets
 from wire.errors import InvalidRequestError
 from wire.schema import Logprobs, Usage
-
-
-def merge(body: dict[str, Any], extra: dict[str, Any]) -> None:
-    """Merge `inference_extra_params` into the body, one nested object at a time.
-
-    These bodies nest their knobs (`parameters` for TGI, `options` for Ollama): a client sending
-    `{"options": {"num_ctx": 8192}}` means to add a knob, not to drop every mapped one.
-    """
-    for key, value in extra.items():
-        current = body.get(key)
-        if isinstance(current, dict) and isinstance(value, dict):
-            merge(current, value)
-        else:
-            body[key] = value
 
 
 def response_schema(value: dict[str, Any]) -> tuple[bool, dict[str, Any] | None]:
@@ -93,4 +79,4 @@ def usage(prompt_tokens: int, completion_tokens: int) -> Usage:
     )
 
 
-__all__ = ["logprobs", "merge", "response_schema", "top_dict", "usage"]
+__all__ = ["logprobs", "response_schema", "top_dict", "usage"]

@@ -52,7 +52,7 @@ from providers.base import (
 from providers.envelope import Unreadable
 from providers.finish import finish_reason
 from providers.retry_after import retry_after, should_retry
-from providers.selfhosted import logprobs, merge, response_schema, top_dict, usage
+from providers.selfhosted import logprobs, response_schema, top_dict, usage
 from providers.tokenizer import TGI_TOKENIZER
 from wire.errors import GatewayError, InvalidRequestError, UnsupportedParamError, UpstreamStatusError
 from wire.schema import Completion, CompletionRequest, Logprobs
@@ -193,6 +193,7 @@ def _text(token: TGIToken | None) -> str:
 
 class TGIAdapter(Adapter):
     kind = "tgi"
+    extra_params = "deep"  # parameters
     needs_base_url = True
     model_listing = ("/v1/models", True)  # the server root (/generate); lists its one model_id
     tokenizer = TGI_TOKENIZER
@@ -251,8 +252,7 @@ class TGIAdapter(Adapter):
         if not req.stream:
             params["decoder_input_details"] = True
         out: dict[str, Any] = {"inputs": req.prompt, "parameters": params}
-        if req.inference_extra_params:
-            merge(out, req.inference_extra_params)
+        self.add_extra(out, req)
         base = endpoint.base_url.rstrip("/")
         return UpstreamRequest(
             method="POST",

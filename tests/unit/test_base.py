@@ -8,7 +8,7 @@ import pytest
 
 from gateway.config import ConfigError, parse_config
 from providers import REGISTRY
-from providers.base import PARAM_FIELDS, Param, map_params, prompt_form, stop_list, table
+from providers.base import PARAM_FIELDS, ExtraMerge, Param, map_params, merge_extra, prompt_form, stop_list, table
 from providers.openai import OpenAIAdapter
 from providers.openai_compat import OPENAI_PARAMS
 from providers.pais import PAISAdapter
@@ -134,3 +134,18 @@ def test_config_accepts_exactly_the_registered_kinds() -> None:
     with pytest.raises(ConfigError) as info:
         parse_config("providers: {x: {kind: opnai}}")
     assert str(info.value).endswith(f"valid kinds: {', '.join(sorted(REGISTRY))}")
+
+
+@pytest.mark.parametrize(
+    ("how", "merged"),
+    [
+        ("top", {"options": {"b": {"y": 2}}, "k": 1}),
+        ("nested", {"options": {"a": 1, "b": {"y": 2}}, "k": 1}),
+        ("deep", {"options": {"a": 1, "b": {"x": 1, "y": 2}}, "k": 1}),
+    ],
+)
+def test_extra_params_merge_as_the_kind_declares(how: ExtraMerge, merged: dict[str, Any]) -> None:
+    body: dict[str, Any] = {"options": {"a": 1, "b": {"x": 1}}}
+    merge_extra(body, {"options": {"b": {"y": 2}}, "k": 1}, how)
+    assert body == merged
+    assert {cls.extra_params for cls in REGISTRY.values()} == {"top", "nested", "deep"}
