@@ -201,6 +201,9 @@ class AnthropicAdapter(Adapter):
         if req.temperature is not None and req.temperature > 1:
             raise out_of_range(provider, "temperature", req.temperature, 0, 1)
 
+    def auth_headers(self, endpoint: Endpoint) -> dict[str, str]:
+        return {"x-api-key": endpoint.api_key} if endpoint.api_key else {}
+
     def build_request(self, req: CompletionRequest, endpoint: Endpoint, params: dict[str, Any]) -> UpstreamRequest:
         if not isinstance(req.prompt, str):
             raise UnsupportedParamError("prompt", endpoint.provider)
@@ -219,7 +222,7 @@ class AnthropicAdapter(Adapter):
             endpoint,
             accept="text/event-stream" if req.stream else "application/json",
             extra={"anthropic-version": endpoint.api_version or DEFAULT_VERSION},
-            auth={"x-api-key": endpoint.api_key} if endpoint.api_key else None,
+            auth=self.auth_headers(endpoint),
         )
         return UpstreamRequest(
             method="POST",

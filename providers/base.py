@@ -401,7 +401,8 @@ class Adapter(Capabilities, abc.ABC):
     framing: ClassVar[Literal["sse", "ndjson", "eventstream"]] = "sse"
 
     def auth_headers(self, endpoint: Endpoint) -> dict[str, str]:
-        """The credential as this provider's requests (and its model listing) carry it."""
+        """The credential as this provider's requests (and its model listing) carry it; a signing provider
+        (Bedrock's SigV4) adds its own in `build_request`."""
         return bearer(endpoint)
 
     @abc.abstractmethod

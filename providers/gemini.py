@@ -333,6 +333,9 @@ class GeminiAdapter(Adapter):
         base = f"{endpoint.base_url.rstrip('/')}/{version}/models/{model}"
         return base + (":streamGenerateContent?alt=sse" if req.stream else ":generateContent")
 
+    def auth_headers(self, endpoint: Endpoint) -> dict[str, str]:
+        return {"x-goog-api-key": endpoint.api_key} if endpoint.api_key else {}
+
     def build_request(self, req: CompletionRequest, endpoint: Endpoint, params: dict[str, Any]) -> UpstreamRequest:
         body: dict[str, Any] = {"contents": [{"role": "user", "parts": [{"text": req.prompt}]}]}
         body.update(params)
@@ -341,7 +344,7 @@ class GeminiAdapter(Adapter):
             req,
             endpoint,
             accept="text/event-stream" if req.stream else "application/json",
-            auth={"x-goog-api-key": endpoint.api_key} if endpoint.api_key else None,
+            auth=self.auth_headers(endpoint),
         )
         return UpstreamRequest(
             method="POST",

@@ -6,8 +6,10 @@ from typing import Any
 
 import pytest
 
+from providers.base import Adapter, Endpoint
 from providers.registry import BUILTIN, REGISTRY, credential_headers, kinds, register
 from providers.vllm import VLLMAdapter
+from tests.providers import kit
 
 
 def test_every_builtin_line_is_registered_under_its_class_kind() -> None:
@@ -22,6 +24,21 @@ def test_every_builtin_line_is_registered_under_its_class_kind() -> None:
 
 def test_credential_headers_are_the_union_of_the_declarations() -> None:
     assert credential_headers() == {"authorization", "api-key", "x-api-key", "x-goog-api-key"}
+
+
+@pytest.mark.parametrize("kind", sorted(REGISTRY))
+def test_the_credential_an_adapter_sends_is_in_the_headers_it_declares(kind: str) -> None:
+    cls = REGISTRY[kind]
+    if not issubclass(cls, Adapter):
+        assert cls.credential_headers == frozenset()
+        return
+    endpoint = Endpoint(provider="p", model="m", base_url="https://h", api_key="the-key", region="us-east-1")
+    request = cls().build_request(kit.request(prompt="x"), endpoint, {})
+    # The headers carrying the key, bare or after a scheme ("Bearer the-key").
+    sent = {name for name, value in request.headers.items() if value.split()[-1:] == ["the-key"]}
+    assert sent
+    assert set(cls().auth_headers(endpoint)) <= cls.credential_headers
+    assert sent <= cls.credential_headers, sent
 
 
 @pytest.mark.parametrize(
