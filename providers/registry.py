@@ -71,8 +71,10 @@ def register(adapter: AdapterClass | str) -> AdapterClass:
 
 
 def unregister(kind: str) -> None:
-    """Forget `kind` (a test's throwaway provider). Its credential headers stay refused."""
+    """Forget `kind` (a test's throwaway provider)."""
+    global _credentials
     REGISTRY.pop(kind, None)
+    _credentials = frozenset().union(*(cls.credential_headers for cls in REGISTRY.values()))
 
 
 def kinds() -> list[str]:

@@ -16,7 +16,7 @@ import pytest
 from gateway.config import ConfigError, parse_config
 from providers import REGISTRY, register
 from providers.base import Adapter, LocalAdapter
-from providers.registry import unregister
+from providers.registry import credential_headers, unregister
 from tests.e2e.harness import Upstream, reply, reply_sse, serving
 from tests.unit.test_import_boundaries import violations
 
@@ -132,3 +132,9 @@ def test_the_declared_credential_header_is_refused_from_clients(gateway_url: str
     assert answer.status_code == 400
     assert answer.json()["error"]["param"] == "inference_extra_headers"
     assert upstream.received == []
+
+
+def test_unregistering_forgets_the_kind_and_its_credential_headers(acme: type[Adapter] | type[LocalAdapter]) -> None:
+    assert "x-acme-key" in credential_headers()
+    unregister("acme")
+    assert "acme" not in REGISTRY and "x-acme-key" not in credential_headers()
