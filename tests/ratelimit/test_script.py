@@ -347,14 +347,15 @@ async def test_peek_mirrors_what_the_script_stored(rds: RedisProc) -> None:
     must agree with each other and with the headroom the script itself reports for a cost of 0."""
     rng = random.Random(7)
     s = scope()
-    pool = [Bucket(s, "rpm", 7), Bucket(s, "rpm", 9), Bucket(s, "tpm", 70), Bucket(s + "b", "tpm", 130)]
+    # Intervals of 1.33 s and more: nothing refills within the sequence, so both sides see the same state.
+    pool = [Bucket(s, "rpm", 7), Bucket(s, "rpm", 9), Bucket(s, "tpm", 45), Bucket(s + "b", "tpm", 30)]
     shared = SharedState(rds.url)
     remote = Limiter(shared, fail_open=False)
     clock = Clock()
     local = Limiter(SharedState(""), clock=clock)
     start = rds.time_ms()
     try:
-        for step in range(30):
+        for step in range(25):
             buckets = rng.sample(pool, rng.randint(1, 3))
             tokens = rng.randint(1, 40)
             clock.ms = rds.time_ms()
@@ -375,7 +376,7 @@ async def test_peek_mirrors_what_the_script_stored(rds: RedisProc) -> None:
             assert [p.remaining for p in p_remote if p.bucket.kind == "tpm"] == remaining(own), where
             for a, b in zip(p_local, p_remote, strict=True):
                 assert abs(a.reset_ms - b.reset_ms) <= drift, where
-            assert clock.ms - start < 800, "the sequence must stay shorter than the shortest interval"
+            assert clock.ms - start < 1300, "the sequence must stay shorter than the shortest interval"
     finally:
         await remote.close()
         await shared.close()
