@@ -16,6 +16,7 @@ import importlib.metadata
 import re
 import sys
 import tomllib
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 from typing import Final
@@ -58,7 +59,7 @@ def _imports() -> set[str]:
 
 
 @cache
-def _installed() -> dict[str, list[str]]:
+def _installed() -> Mapping[str, list[str]]:
     return importlib.metadata.packages_distributions()
 
 
