@@ -3,8 +3,9 @@
 The markdown is generated whole from the JSON figures of one run, so the published table can
 never mix numbers from different runs or machines; so is its "Targets" section, which checks the
 performance issue's thresholds against those figures. Its prose and layout live in a template,
-bench/report_template.md; this module computes the figures, rows and verdicts that fill it. The PNG (latency percentiles against offered
-load) needs matplotlib, the optional ``bench`` extra; without it the run still completes.
+bench/report_template.md; this module computes the figures, rows and verdicts that fill it. The PNG
+(latency percentiles against offered load) needs matplotlib, the optional ``bench`` extra; without it
+the run still completes.
 """
 
 from __future__ import annotations
