@@ -2,8 +2,10 @@
 
 The markdown is generated whole from the JSON figures of one run, so the published table can
 never mix numbers from different runs or machines; so is its "Targets" section, which checks the
-performance issue's thresholds against those figures. The PNG (latency percentiles against offered
-load) needs matplotlib, the optional ``bench`` extra; without it the run still completes.
+performance issue's thresholds against those figures. Its prose and layout live in a template,
+bench/report_template.md; this module computes the figures, rows and verdicts that fill it. The PNG
+(latency percentiles against offered load) needs matplotlib, the optional ``bench`` extra; without it
+the run still completes.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import importlib.metadata
 import math
 import os
 import platform
+import re
 import shutil
+import string
 import subprocess
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -168,82 +172,140 @@ def _why_missing(idx: _Index, scenario: str, target: str) -> str:
     return "failed, see Problems"
 
 
+class _Template:
+    """bench/report_template.md: named blocks of markdown with `${name}` placeholders (its head says how)."""
+
+    def __init__(self, path: Path) -> None:
+        self.blocks: dict[str, list[str]] = {}
+        name: str | None = None
+        for line in path.read_text().split("\n"):
+            if line.startswith("@@ "):
+                name = line[3:].strip()
+                self.blocks[name] = []
+            elif name is not None:
+                self.blocks[name].append(line)
+
+    def fill(self, name: str, **values: object) -> str:
+        """The block with its values; a line that is only a placeholder goes when its value is empty."""
+        kept = [
+            line
+            for line in self.blocks[name]
+            if not ((alone := _ALONE.fullmatch(line)) and values[alone.group(1)] in ("", None))
+        ]
+        return string.Template("\n".join(kept).rstrip("\n")).substitute(values)
+
+    def section(self, name: str, **values: object) -> str:
+        """A block that stands on its own lines, followed by a blank line."""
+        return self.fill(name, **values) + "\n"
+
+
+TEMPLATE = Path(__file__).with_name("report_template.md")
+_ALONE = re.compile(r"\$\{(\w+)\}")
+
+
 def render_markdown(
     result: RunResult, plot: Path | None = None, plot_note: str = "", md_dir: Path | None = None
 ) -> str:
+    """docs/benchmarks.md for one run: bench/report_template.md filled with this run's figures."""
+    t = _Template(TEMPLATE)
     idx = _Index(result.measurements)
+    s = result.settings
+    soak_n, hold_n = s.get("soak_requests", 0), s.get("hold_streams", 0)
+    busy_before = result.machine.get("busy before run", "0%").split("%")[0]
+    noisy = [m for m in result.measurements if (m.other_load_pct or 0.0) > NOISY_PCT]
+    rps = lambda m: m.rps  # noqa: E731 - tiny selectors read better inline
+    common = {
+        "noisy_pct": f"{NOISY_PCT:g}",
+        "soak_requests": f"{soak_n:,}",
+        "hold_streams": f"{hold_n:,}",
+        "hold_stream_s": f"{100 * s.get('hold_interval_ms', 0) / 1000:g}",
+    }
+    return (
+        t.fill(
+            "report",
+            finished_at=result.finished_at,
+            mode=result.mode,
+            elapsed_s=f"{result.elapsed_s:.0f}",
+            # bench/limits-redis.yaml points at this Redis; the bench does not start one itself.
+            redis_line=t.fill("redis_line") if "limits-redis.yaml" in result.command else "",
+            command=result.command,
+            noisy_run=t.section("noisy_run", busy_before=busy_before) if float(busy_before or 0) > NOISY_PCT else "",
+            problems=_problems_section(t, result, noisy),
+            targets=_targets_section(t, idx, result),
+            headline_table="\n".join(_headline_table(idx, result)),
+            dagger_note=t.fill("dagger_note", **common) + " " if noisy else "",
+            soak_passthrough_note="" if s.get("soak_passthrough") else t.fill("soak_passthrough_note"),
+            variants=_variants_section(t, idx, result),
+            sweep=_sweep_section(t, idx, result, plot, plot_note, md_dir),
+            soak=_soak_section(t, idx, result, common),
+            hold=_hold_section(t, idx, result, common),
+            body_size=len(COMPLETION_BODY),
+            connections=s["connections"],
+            nginx_rps=_num(idx.value("nonstream_c32", "direct", rps), 0),
+            nginx_bound=_bound(idx.get("nonstream_c32", "direct")),
+            py_rps=_num(idx.value("pyupstream_c32", "direct", rps), 0),
+            py_bound=_bound(idx.get("pyupstream_c32", "direct")),
+            chunks=s["chunks"],
+            py_stream=_num(idx.value("stream_c32", "direct", rps), 0),
+            stream_bound=_bound(idx.get("stream_c32", "direct")),
+            lower_bound_note=(
+                t.section("lower_bound_note")
+                if any(_bound(idx.get(sc, "direct")) for sc in ("nonstream_c32", "pyupstream_c32", "stream_c32"))
+                else ""
+            ),
+            scenarios=_scenarios_section(t, result),
+            machine="\n".join(f"- **{k}**: {v}" for k, v in result.machine.items()),
+            versions="\n".join(f"- {k}: {v}" for k, v in result.versions.items()),
+            # The idle-wait budget is in the command line already; the remainder says nothing about the figures.
+            settings=", ".join(f"{k}={v}" for k, v in s.items() if k not in ("work_dir", "log_dir", "wait_idle_s")),
+            duration_s=f"{s['duration_s']:g}",
+            request_text=REQUEST_TEXT,
+            warmup_s=f"{s['warmup_s']:g}",
+            rate_count=s["rate_count"],
+            rate=f"{s['rate']:g}",
+            rate_warmup=s["rate_warmup"],
+            sweep_rates=s.get("sweep_rates", "-"),
+            sweep_seconds=f"{s.get('sweep_seconds', 0):g}",
+            sweep_warmup_s=f"{s.get('sweep_warmup_s', 0):g}",
+            ttfb_streams=s["ttfb_streams"],
+            soak_checkpoint=f"{soak_n // 10:,}",
+            hold_interval_ms=f"{s.get('hold_interval_ms', 0):g}",
+            placement=t.fill("placement_pinned", **common) if s.get("pin") else t.fill("placement_unpinned"),
+            **common,
+        )
+        + "\n"
+    )
+
+
+def _problems_section(t: _Template, result: RunResult, noisy: list[Measurement]) -> str:
+    failed = [m for m in result.measurements if not m.skipped and (not m.ok or m.note)]
+    if not (result.startup_errors or failed or noisy or result.skipped):
+        return ""
+    items: list[str] = []
+    for target, why in result.skipped.items():
+        items.append(f"- `{target}` was not run: {why}.")
+    for key, message in result.startup_errors.items():
+        items += [f"- `{key}` did not start:", "", "```", message.strip()[-2000:], "```", ""]
+    for m in failed:
+        if m.note and not m.note.startswith("did not start"):
+            at = f" at {m.offered_rps:g} req/s" if m.offered_rps is not None else ""
+            items.append(f"- `{m.scenario}`{at} / `{m.target}`: {m.note}")
+    for m in noisy:
+        at = f" at {m.offered_rps:g} req/s" if m.offered_rps is not None else ""
+        items.append(
+            f"- `{m.scenario}`{at} / `{m.target}`: processes outside the bench used {m.other_load_pct:.0f}% of a "
+            "core during the window"
+            + ("" if m.tool in ("soak", "hold") else " (after one repeat)")
+            + "; treat this row as noisy"
+        )
+    return t.section("problems", items="\n".join(items))
+
+
+def _headline_table(idx: _Index, result: RunResult) -> list[str]:
     s = result.settings
     chunks, latency, rate = s["chunks"], s["latency_ms"], s["rate"]
     soak_n, hold_n = s.get("soak_requests", 0), s.get("hold_streams", 0)
-    out: list[str] = [
-        "# Benchmarks",
-        "",
-        f"Generated by `bench` on {result.finished_at} ({result.mode} mode, {result.elapsed_s:.0f} s). "
-        "Every figure below comes from this single run: the upstream alone (**direct**), a minimal "
-        "aiohttp+msgspec proxy with one ~20-line handler (**passthrough**, `bench/passthrough.py`) and the "
-        "**gateway** were measured back to back under the same load, so compare within a table rather than "
-        "across machines.",
-        "",
-        "Reproduce:",
-        "",
-        "```sh",
-        "apt-get install -y nginx wrk   # once; the bench refuses to run without them",
-        "pip install -e '.[bench]'      # optional: matplotlib, for the latency-vs-load plot",
-        *(
-            # bench/limits-redis.yaml points at this Redis; the bench does not start one itself.
-            ["redis-server --port 6499 --save '' --appendonly no --daemonize yes   # for limits_c32"]
-            if "limits-redis.yaml" in result.command
-            else []
-        ),
-        result.command,
-        "```",
-        "",
-        "`make bench` runs the same default mode (about 12 minutes, half of it the 1,000,000-request memory "
-        "soak; rewrites this file, `docs/benchmarks.png` and `bench/results/latest.json`). `--quick` is a "
-        "~2-minute smoke run that writes only `bench/results/quick.{json,md,png}`. Other knobs: `--workers N` "
-        "(workers of the gateway rows; core pinning is switched off above 1; `gateway-2w` always has 2), "
-        "`--limits-config FRAGMENT.yaml` (adds a `limits_c32` row: the gateway with that YAML merged into its "
-        "config, e.g. Redis-backed limits, against the plain gateway), `--soak-requests N`, "
-        "`--soak-passthrough`, `--hold-streams N`, `--hold-interval-ms MS`, `--sweep-rates R,R,...`, "
-        "`--sweep-seconds S`, `--only SCENARIO,...`, `--targets`, `--wait-idle SECONDS`, `--no-pin`, "
-        "`--plot PATH`, `--no-plot`.",
-        "",
-    ]
-    busy_before = result.machine.get("busy before run", "0%").split("%")[0]
-    if float(busy_before or 0) > NOISY_PCT:
-        out += [
-            f"> **Noisy run:** other processes already used {busy_before}% of a core when the bench started; "
-            "they competed with the servers under test.",
-            "",
-        ]
-    failures = result.startup_errors
-    failed = [m for m in result.measurements if not m.skipped and (not m.ok or m.note)]
-    noisy = [m for m in result.measurements if (m.other_load_pct or 0.0) > NOISY_PCT]
-    if failures or failed or noisy or result.skipped:
-        out += ["## Problems in this run", ""]
-        for target, why in result.skipped.items():
-            out.append(f"- `{target}` was not run: {why}.")
-        for key, message in failures.items():
-            out += [f"- `{key}` did not start:", "", "```", message.strip()[-2000:], "```", ""]
-        for m in failed:
-            if m.note and not m.note.startswith("did not start"):
-                at = f" at {m.offered_rps:g} req/s" if m.offered_rps is not None else ""
-                out.append(f"- `{m.scenario}`{at} / `{m.target}`: {m.note}")
-        for m in noisy:
-            at = f" at {m.offered_rps:g} req/s" if m.offered_rps is not None else ""
-            out.append(
-                f"- `{m.scenario}`{at} / `{m.target}`: processes outside the bench used {m.other_load_pct:.0f}% of a "
-                "core during the window"
-                + ("" if m.tool in ("soak", "hold") else " (after one repeat)")
-                + "; treat this row as noisy"
-            )
-        out.append("")
-
-    out += _targets_section(idx, result)
-
-    # Headline ------------------------------------------------------------------------------------
-    rps = lambda m: m.rps  # noqa: E731 - tiny selectors read better inline
-    out += ["## Headline", ""]
+    rps = lambda m: m.rps  # noqa: E731
     rows: list[list[str]] = []
 
     def row(
@@ -337,142 +399,32 @@ def render_markdown(
         "plain",
     )
     row(f"RSS holding {hold_n:,} slow streams, MiB (peak VmRSS)", "hold_streams", lambda m: m.rss_hold_mib, 1, "ratio")
-    out += _table(["", "direct", "passthrough", "gateway", "gateway / direct", "gateway vs passthrough"], rows)
-    out += [
-        "",
-        (
-            "† marks a figure taken while processes outside the bench used more than "
-            f"{NOISY_PCT:g} % of a core (listed under *Problems in this run*). "
-            if noisy
-            else ""
-        )
-        + "Ratio rows show the value and `gateway / direct`, `gateway / passthrough`; latency rows show the "
-        "direct value and the milliseconds each hop *adds* to it (so the passthrough column is the cost of "
-        "any Python proxy at all, and `gateway vs passthrough` is what the gateway's own features cost). "
-        "In the 2-worker and granian rows the gateway column is that variant. The soak runs against a freshly "
-        "started server and does not cover *direct* (nginx's memory does not move)"
-        + ("" if s.get("soak_passthrough") else "; the passthrough soak runs only with `--soak-passthrough`")
-        + ".",
-        "",
-    ]
+    return _table(["", "direct", "passthrough", "gateway", "gateway / direct", "gateway vs passthrough"], rows)
 
-    out += _variants_section(idx, result)
-    out += _sweep_section(idx, result, plot, plot_note, md_dir)
-    out += _memory_section(idx, result)
 
-    # Ceilings -------------------------------------------------------------------------------------
-    nginx_rps = idx.value("nonstream_c32", "direct", rps)
-    py_rps = idx.value("pyupstream_c32", "direct", rps)
-    py_stream = idx.value("stream_c32", "direct", rps)
-    body_size = len(COMPLETION_BODY)
-    out += [
-        "## Upstream ceilings",
-        "",
-        "The upstreams have to be much faster than what they feed, or the table above would measure them. "
-        "Each was measured alone on core 0, with wrk on core 1:",
-        "",
-        f"- nginx 1 worker, fixed {body_size}-byte completion, c={s['connections']}: "
-        f"**{_num(nginx_rps, 0)} req/s**{_bound(idx.get('nonstream_c32', 'direct'))} "
-        "(feeds the non-streaming rows)",
-        f"- Python upstream (`bench/upstream/server.py`, uvloop + httptools), same body: "
-        f"**{_num(py_rps, 0)} req/s**{_bound(idx.get('pyupstream_c32', 'direct'))}",
-        f"- Python upstream streaming {chunks} chunks: **{_num(py_stream, 0)} streams/s**"
-        f"{_bound(idx.get('stream_c32', 'direct'))} (feeds the streaming rows)",
-        "",
-    ]
-    if any(_bound(idx.get(sc, "direct")) for sc in ("nonstream_c32", "pyupstream_c32", "stream_c32")):
-        out += [
-            "A ceiling marked *lower bound* saturated the load generator's core, so the upstream can do more "
-            "than shown; it is still one to two orders of magnitude above the Python targets.",
-            "",
-        ]
-
-    # Details --------------------------------------------------------------------------------------
-    out += ["## All measurements", ""]
+def _scenarios_section(t: _Template, result: RunResult) -> str:
+    """Every measurement, one table per scenario."""
     by_scenario: dict[str, list[Measurement]] = {}
     for m in result.measurements:
         by_scenario.setdefault(m.scenario, []).append(m)
+    parts: list[str] = []
     for scenario, items in by_scenario.items():
         placements = list(dict.fromkeys(m.placement for m in items if m.placement))
-        placement = "; ".join(placements) if placements else "-"
-        out += [f"### `{scenario}` ({items[0].tool}, upstream: {items[0].upstream}, placement: {placement})", ""]
         if scenario == "load_sweep":
             items = sorted(items, key=lambda m: m.offered_rps or 0.0)
         columns = _columns(items[0].tool, scenario)
-        out += _table([c[0] for c in columns], ([c[1](m, result) for c in columns] for m in items))
-        out.append("")
-    out += ["Latencies in ms. `not run` rows are explained under *Problems in this run*.", ""]
-
-    # Setup ----------------------------------------------------------------------------------------
-    out += ["## Setup", ""]
-    out += [f"- **{k}**: {v}" for k, v in result.machine.items()]
-    out += ["", "Tool versions:", ""]
-    out += [f"- {k}: {v}" for k, v in result.versions.items()]
-    out += [
-        "",
-        # The idle-wait budget is in the command line already; the remainder says nothing about the figures.
-        "Settings: " + ", ".join(f"{k}={v}" for k, v in s.items() if k not in ("work_dir", "log_dir", "wait_idle_s")),
-        "",
-        "## Method",
-        "",
-        f"- Load: `wrk -t1 -c<N> -d{s['duration_s']:g}s --latency` with a Lua script that POSTs "
-        f'`{REQUEST_TEXT}` (streaming adds `"stream":true`) to `/v1/completions`, after a '
-        f"{s['warmup_s']:g} s unmeasured warm-up. Non-2xx answers count as errors and mark the row failed.",
-        f"- Fixed rate: an open-loop aiohttp client sends {s['rate_count']} requests at {rate:g} req/s "
-        f"(after {s['rate_warmup']} warm-up requests) and times each from its *scheduled* send time, so "
-        "queueing in the server is charged to it.",
-        f"- Latency vs offered load (`load_sweep`): the same open-loop client against the nginx upstream at "
-        f"{s.get('sweep_rates', '-')} req/s, {s.get('sweep_seconds', 0):g} s measured at each rate after "
-        f"{s.get('sweep_warmup_s', 0):g} s unmeasured; rates in the outer loop, targets in the inner one. "
-        "The client is one Python process on the load generator's core: the *direct* row shows the highest rate "
-        "it can offer at all, so a target that falls behind below that rate is the target's limit.",
-        f"- TTFB: sequential streams on one keep-alive connection ({s['ttfb_streams']} measured); TTFB is "
-        "the time from sending the request to the first body byte.",
-        f"- Memory soak (`soak`): a freshly started server, wrk with one thread and c={s['connections']}, and a "
-        "Lua `response()` hook that counts answers and calls `wrk.thread:stop()` at the count (one thread makes "
-        f"the count global; `-d` is only a generous upper bound). After {soak_n // 10:,} requests wrk stops and "
-        f"the server's current RSS is read; a second wrk brings the total to {soak_n:,} and RSS is read again. "
-        "RSS is `VmRSS` from `/proc/<pid>/status` summed over the process tree, read 0.5 s after each stop; "
-        "growth is (end − checkpoint) / checkpoint. wrk may count up to c−1 answers past the count (those read "
-        "in the same event-loop pass).",
-        f"- Held streams (`hold_streams`): the Python upstream sends 100 events {s.get('hold_interval_ms', 0):g} ms "
-        f"apart (~{100 * s.get('hold_interval_ms', 0) / 1000:g} s per stream); an aiohttp client with an "
-        f"unlimited pool opens {hold_n:,} streams at once through the target and reads them to the end, while "
-        "the target tree's `VmRSS` is sampled every 100 ms; the table gives RSS before the streams, the peak "
-        "sample, the most streams open at the same moment, and events per stream (minimum). The gateway's "
-        "provider gets `max_connections` above the stream count (its default pool of 256 would queue the "
-        "rest), and the passthrough's pool is unlimited. Bounded: each stream may take 4x its schedule + 30 s, "
-        "the whole hold 6x + 60 s.",
-        "- CPU: utime+stime from `/proc/<pid>/stat`, summed over the server's process tree, before and after "
-        "the measured window, divided by requests served (`-` when the window used under 0.1 CPU s: too few "
-        "10 ms ticks to mean anything). Peak RSS: `VmHWM` from `/proc/<pid>/status`, summed over the tree. "
-        "For *direct* these are the upstream's own figures (nginx master + worker).",
-        "- Placement: "
-        + (
-            "throughput and fixed-rate rows (`split`) pin the measured server alone to core 0, with wrk or the "
-            "client and the upstream on core 1; the *direct* upstream moves to core 0 for its own row. "
-            "One-connection latency rows (`shared`: `nonstream_c1`, `stream_ttfb`) run every process on core 1: "
-            "the work is serial anyway, and on this VM a cross-core wake-up costs ~80 us at p50 and ~2 ms at "
-            "p90 (wrk c=1 against nginx: 8 us p50 on one core, 85 us split), which would swamp the added "
-            "latency. In the fixed-rate rows wake-ups are part of the figures for every target alike. "
-            "`gateway-2w` cannot be confined to one core: it runs unpinned, its two workers sharing both cores "
-            "with wrk and the upstream, so its figure is what two workers give on this 2-core machine with the "
-            "load generator on it, not a clean 2x. "
-            "The busy column shows both cores during the window: core 1 near 100 % in a `split` row means "
-            "the row is client-bound, not server-bound. `other load %` is the CPU (in % of one core) used by "
-            "processes outside the bench during the window (user+system time from `/proc/stat` minus the "
-            "bench's own process tree); above "
-            f"{NOISY_PCT:g} % the row is measured once more and the quieter attempt kept (not for the memory "
-            "rows, whose figures do not depend on competing load)."
-            if s.get("pin")
-            else "no CPU pinning (fewer than 2 cores, `--no-pin`, or `--workers` > 1)."
-        ),
-        "- Gateway config: one provider `up` (`kind: openai`) whose `base_url` is the upstream; model "
-        "`up/bench-model`. The passthrough forwards the same bytes to the same upstream. `gateway-granian` is "
-        "the same gateway started with `serve --server granian`; it is skipped when granian is not installed.",
-        "",
-    ]
-    return "\n".join(out)
+        table = _table([c[0] for c in columns], ([c[1](m, result) for c in columns] for m in items))
+        parts.append(
+            t.section(
+                "scenario",
+                scenario=scenario,
+                tool=items[0].tool,
+                upstream=items[0].upstream,
+                placement="; ".join(placements) if placements else "-",
+                table="\n".join(table),
+            )
+        )
+    return "\n".join(parts)
 
 
 # -- sections ------------------------------------------------------------------------------------
@@ -486,7 +438,7 @@ def _verdict(met: bool | None) -> str:
     return "not measured" if met is None else "met" if met else "**NOT met**"
 
 
-def _targets_section(idx: _Index, result: RunResult) -> list[str]:
+def _targets_section(t: _Template, idx: _Index, result: RunResult) -> str:
     s = result.settings
     rps = lambda m: m.rps  # noqa: E731
     rows: list[list[str]] = []
@@ -571,18 +523,10 @@ def _targets_section(idx: _Index, result: RunResult) -> list[str]:
     else:
         add(title, f"- ({_why_missing(idx, 'soak', 'gateway')})", None)
 
-    return [
-        "## Targets",
-        "",
-        "The performance issue's targets, checked against this run's figures (added = gateway minus direct in "
-        "the same run; MB = 10^6 bytes):",
-        "",
-        *_table(["target", "measured", "verdict"], rows),
-        "",
-    ]
+    return t.section("targets", table="\n".join(_table(["target", "measured", "verdict"], rows)))
 
 
-def _variants_section(idx: _Index, result: RunResult) -> list[str]:
+def _variants_section(t: _Template, idx: _Index, result: RunResult) -> str:
     """The gateway's variants under the same c=32 load, against the 1-worker gateway and the passthrough."""
     base = idx.get("nonstream_c32", "gateway")
     passthrough = idx.get("nonstream_c32", "passthrough")
@@ -614,15 +558,10 @@ def _variants_section(idx: _Index, result: RunResult) -> list[str]:
                 m.placement or "-",
             ]
         )
-    out = ["## Gateway variants (non-streaming, c=32)", ""]
-    out += _table(["target", "req/s", "vs 1-worker gateway", "vs passthrough", "p99 ms", "CPU s/1k", "placement"], rows)
-    out += [
-        "",
-        "`gateway-2w` runs unpinned: its two workers share both cores with wrk and the upstream, while the "
-        "1-worker gateway and the passthrough have core 0 to themselves. `gateway+limits` is compared with "
-        "the plain gateway measured just before it in `limits_c32`.",
-        "",
-    ]
+    table = _table(
+        ["target", "req/s", "vs 1-worker gateway", "vs passthrough", "p99 ms", "CPU s/1k", "placement"], rows
+    )
+    granian: list[str] = []
     if idx.raw("nonstream_c1", GRANIAN) is not None:
         slow = f"{result.settings['latency_ms']:g} ms upstream at {result.settings['rate']:g} req/s"
         picks: list[tuple[str, str, Callable[[Measurement], float | None]]] = [
@@ -631,27 +570,28 @@ def _variants_section(idx: _Index, result: RunResult) -> list[str]:
             (f"{slow}: p50 ms", "slow_fixed_rate", lambda m: m.p50_ms),
             (f"{slow}: p99 ms", "slow_fixed_rate", lambda m: m.p99_ms),
         ]
-        out += _table(
+        granian = _table(
             ["same load", "gateway on uvicorn", "gateway on granian"],
             (
-                [title, *(_num(idx.value(scenario, t, pick), 3) for t in ("gateway", GRANIAN))]
+                [title, *(_num(idx.value(scenario, target, pick), 3) for target in ("gateway", GRANIAN))]
                 for title, scenario, pick in picks
             ),
         )
-        out.append("")
-    return out
+    return t.section("variants", table="\n".join(table), granian_table="\n".join(granian))
 
 
-def _sweep_section(idx: _Index, result: RunResult, plot: Path | None, plot_note: str, md_dir: Path | None) -> list[str]:
+def _sweep_section(
+    t: _Template, idx: _Index, result: RunResult, plot: Path | None, plot_note: str, md_dir: Path | None
+) -> str:
     points = sorted((m for m in result.measurements if m.scenario == "load_sweep"), key=lambda m: m.offered_rps or 0.0)
     if not points:
-        return []
-    out = ["## Latency vs offered load", ""]
+        return ""
+    image = ""
     if plot is not None:
         link = os.path.relpath(plot, md_dir) if md_dir is not None else plot.name
-        out += [f"![Latency percentiles versus offered load]({link})", ""]
+        image = f"![Latency percentiles versus offered load]({link})\n"
     elif plot_note:
-        out += [f"({plot_note}.)", ""]
+        image = f"({plot_note}.)\n"
     targets = list(dict.fromkeys(m.target for m in points))
     rates = list(dict.fromkeys(m.offered_rps for m in points))
     header = ["offered req/s", *(f"{t}: achieved, p50 / p90 / p99 ms" for t in targets)]
@@ -666,73 +606,61 @@ def _sweep_section(idx: _Index, result: RunResult, plot: Path | None, plot_note:
             errors = f", **{m.errors:,} errors**" if m.errors else ""
             cells.append(f"{_num(m.rps, 0)}, {_num(m.p50_ms, 2)} / {_num(m.p90_ms, 2)} / {_num(m.p99_ms, 2)}{errors}")
         rows.append(cells)
-    out += _table(header, rows)
-    out += [
-        "",
-        "Open loop: latency is timed from each request's scheduled send time, so once a target falls behind "
-        "the offered rate its queue shows up in every percentile. *direct* is the client's own floor.",
-        "",
-    ]
-    return out
+    return t.section("sweep", plot=image, table="\n".join(_table(header, rows)))
 
 
-def _memory_section(idx: _Index, result: RunResult) -> list[str]:
-    s = result.settings
-    out: list[str] = []
+def _soak_section(t: _Template, idx: _Index, result: RunResult, common: dict[str, str]) -> str:
     soak = [m for m in result.measurements if m.scenario == "soak"]
-    if soak:
-        out += [f"## Memory over {s.get('soak_requests', 0):,} requests", ""]
-        out += _table(
-            ["target", "requests", "RSS at checkpoint MiB", "RSS at end MiB", "growth", "req/s", "errors"],
-            (
-                [
-                    f"`{_label(m.target, result)}`",
-                    _num(m.requests, 0) if m.requests is not None else _why_missing(idx, "soak", m.target),
-                    f"{_num(m.rss_checkpoint_mib, 1)} (after {_num(m.checkpoint_requests, 0)})",
-                    _num(m.rss_end_mib, 1),
-                    f"{m.rss_growth_pct:+.1f} %" if m.rss_growth_pct is not None else "-",
-                    _num(m.rps, 0),
-                    _num(m.errors, 0),
-                ]
-                for m in soak
-            ),
-        )
-        out.append("")
-    hold = [m for m in result.measurements if m.scenario == "hold_streams"]
-    if hold:
-        out += [f"## Memory holding {s.get('hold_streams', 0):,} slow streams", ""]
-        out += _table(
+    if not soak:
+        return ""
+    table = _table(
+        ["target", "requests", "RSS at checkpoint MiB", "RSS at end MiB", "growth", "req/s", "errors"],
+        (
             [
-                "target",
-                "RSS idle MiB",
-                "RSS peak holding MiB",
-                "most open at once",
-                "completed",
-                "errors",
-                "events/stream",
-                "stream p50 / p99 ms",
-            ],
-            (
-                [
-                    f"`{_label(m.target, result)}`",
-                    _num(m.rss_idle_mib, 1),
-                    _num(m.rss_hold_mib, 1),
-                    _num(m.concurrent_streams, 0),
-                    _num(m.requests, 0) if m.requests is not None else _why_missing(idx, "hold_streams", m.target),
-                    _num(m.errors, 0),
-                    _num(m.events_per_stream, 0),
-                    f"{_num(m.total_p50_ms, 0)} / {_num(m.total_p99_ms, 0)}",
-                ]
-                for m in hold
-            ),
-        )
-        out += [
-            "",
-            "*direct* is the Python upstream itself holding the streams. Stream time is request to last byte; "
-            f"the upstream's own schedule is ~{100 * s.get('hold_interval_ms', 0) / 1000:g} s.",
-            "",
-        ]
-    return out
+                f"`{_label(m.target, result)}`",
+                _num(m.requests, 0) if m.requests is not None else _why_missing(idx, "soak", m.target),
+                f"{_num(m.rss_checkpoint_mib, 1)} (after {_num(m.checkpoint_requests, 0)})",
+                _num(m.rss_end_mib, 1),
+                f"{m.rss_growth_pct:+.1f} %" if m.rss_growth_pct is not None else "-",
+                _num(m.rps, 0),
+                _num(m.errors, 0),
+            ]
+            for m in soak
+        ),
+    )
+    return t.section("soak", table="\n".join(table), **common)
+
+
+def _hold_section(t: _Template, idx: _Index, result: RunResult, common: dict[str, str]) -> str:
+    hold = [m for m in result.measurements if m.scenario == "hold_streams"]
+    if not hold:
+        return ""
+    table = _table(
+        [
+            "target",
+            "RSS idle MiB",
+            "RSS peak holding MiB",
+            "most open at once",
+            "completed",
+            "errors",
+            "events/stream",
+            "stream p50 / p99 ms",
+        ],
+        (
+            [
+                f"`{_label(m.target, result)}`",
+                _num(m.rss_idle_mib, 1),
+                _num(m.rss_hold_mib, 1),
+                _num(m.concurrent_streams, 0),
+                _num(m.requests, 0) if m.requests is not None else _why_missing(idx, "hold_streams", m.target),
+                _num(m.errors, 0),
+                _num(m.events_per_stream, 0),
+                f"{_num(m.total_p50_ms, 0)} / {_num(m.total_p99_ms, 0)}",
+            ]
+            for m in hold
+        ),
+    )
+    return t.section("hold", table="\n".join(table), **common)
 
 
 Cell = Callable[[Measurement, RunResult], str]

@@ -1,8 +1,9 @@
-"""The Litestar application: routes per dialect, error rendering, lifespan of shared clients.
+"""The Litestar application: routes per dialect, the request-body limit, lifespan of shared clients.
 
 The completion routes are raw ASGI handlers (gateway/endpoint.py) that decode the body themselves: one
 msgspec pass into the union request, with errors rendered in the dialect's own shape rather than
-Litestar's generic validation error. The other routes are ordinary Litestar handlers.
+Litestar's generic validation error. The other routes are ordinary Litestar handlers. Both kinds render
+errors with the one renderer (gateway/render.py), and `Front` enforces the one body limit for all.
 """
 
 from __future__ import annotations
@@ -20,19 +21,20 @@ from litestar import Litestar, Request, Response, get
 from litestar.datastructures import State
 from litestar.enums import ScopeType
 from litestar.exceptions import HTTPException
-from litestar.types import ControllerRouterHandler, HTTPScope, Receive, Scope, Send
+from litestar.types import ControllerRouterHandler, HTTPScope, Receive, ReceiveMessage, Scope, Send
 
 from gateway import accesslog
 from gateway.config import LoadedConfig, load_config
 from gateway.dialects import OPENAI, PAIS, SGP, Dialect
 from gateway.discovery import Discovery
-from gateway.endpoint import Endpoint, completion_endpoint, error_headers
+from gateway.endpoint import Endpoint, completion_endpoint, request_id, send_error
 from gateway.metrics import CONTENT_TYPE, Metrics
 from gateway.pipeline import Pipeline
 from gateway.reload import Reloader
+from gateway.render import error_response
 from gateway.status import ROUTES as STATUS_ROUTES
 from gateway.tokenizer_routes import SCOPED_PREFIX, Tokenizers
-from wire.errors import AuthenticationError, GatewayError
+from wire.errors import AuthenticationError, GatewayError, InvalidRequestError
 from wire.schema import ModelCard, ModelList, encode
 
 log = logging.getLogger("gateway")
@@ -47,11 +49,6 @@ DIALECT_ROUTES: dict[str, Dialect] = {
     "/v4/beta/completions": SGP,
     "/api/v1/compatibility/openai/v1/completions": PAIS,
 }
-
-
-def _error_response(dialect: Dialect, exc: GatewayError) -> Response[bytes]:
-    status, body = dialect.error(exc)
-    return Response(body, status_code=status, media_type=JSON, headers=error_headers(exc))
 
 
 def _pipeline(request: Request[Any, Any, Any]) -> Pipeline:
@@ -70,7 +67,7 @@ async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
     try:
         key = pipeline.keys.authenticate(request.headers)
     except GatewayError as exc:
-        return _error_response(OPENAI, exc)
+        return error_response(OPENAI, exc)
     # What upstreams serve, as the background refresher last heard it (gateway/discovery.py): never awaited here.
     discovery: Discovery = request.app.state.discovery
     listed = pipeline.router.model_ids(discovery.models)
@@ -112,7 +109,7 @@ def _metrics_refused(request: Request[Any, Any, Any]) -> Response[bytes] | None:
         "Missing or incorrect metrics key: send 'Authorization: Bearer <metrics key>'", code="invalid_api_key"
     )
     exc.headers = {"www-authenticate": "Bearer"}
-    return _error_response(OPENAI, exc)
+    return error_response(OPENAI, exc)
 
 
 @get("/metrics")
@@ -142,17 +139,22 @@ async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
 
 def _http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
     dialect = DIALECT_ROUTES.get(request.url.path, OPENAI)
-    kinds = {404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error"}
+    kinds = {404: "not_found_error", 405: "invalid_request_error"}
     err = GatewayError(str(exc.detail), status=exc.status_code, code=None)
     err.type = kinds.get(exc.status_code, "invalid_request_error" if exc.status_code < 500 else "server_error")
-    return _error_response(dialect, err)
+    return error_response(dialect, err)
+
+
+def _gateway_error(request: Request[Any, Any, Any], exc: GatewayError) -> Response[bytes]:
+    # A GatewayError a Litestar route lets through (the body limit's 413 from `Front`'s receive, say).
+    return error_response(DIALECT_ROUTES.get(request.url.path, OPENAI), exc)
 
 
 def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     # Never a traceback or an internal message to the client; the log keeps the detail.
     log.exception("unhandled error on %s", request.url.path)
     dialect = DIALECT_ROUTES.get(request.url.path, OPENAI)
-    return _error_response(dialect, GatewayError("The gateway failed to process the request", status=500))
+    return error_response(dialect, GatewayError("The gateway failed to process the request", status=500))
 
 
 def create_app(loaded: LoadedConfig) -> Front:
@@ -182,11 +184,11 @@ def create_app(loaded: LoadedConfig) -> Front:
     app = Litestar(
         route_handlers=handlers,
         lifespan=[lifespan],
-        exception_handlers={HTTPException: _http_exception, Exception: _unexpected},
+        exception_handlers={HTTPException: _http_exception, GatewayError: _gateway_error, Exception: _unexpected},
         debug=False,
         logging_config=None,
         openapi_config=None,
-        request_max_body_size=loaded.config.caps.request_body_bytes,
+        request_max_body_size=None,  # `Front` enforces caps.request_body_bytes for every route
     )
     app.state.pipeline = pipeline
     app.state.metrics = collected
@@ -199,13 +201,49 @@ def create_app(loaded: LoadedConfig) -> Front:
     return Front(app, fast, tokenizers.scoped)
 
 
+def too_large(limit: int) -> InvalidRequestError:
+    return InvalidRequestError(f"The request body is larger than {limit} bytes", status=413, code="request_too_large")
+
+
+def _declared_length(scope: HTTPScope) -> int | None:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            return int(value) if value.isdigit() else None
+    return None
+
+
+class _Capped:
+    """A `receive` that raises the 413 once a body without a declared length passes the limit."""
+
+    __slots__ = ("left", "limit", "receive")
+
+    def __init__(self, receive: Receive, limit: int) -> None:
+        self.receive = receive
+        self.limit = limit
+        self.left = limit
+
+    async def __call__(self) -> ReceiveMessage:
+        message = await self.receive()
+        if message["type"] == "http.request":
+            self.left -= len(message.get("body", b""))
+            if self.left < 0:
+                raise too_large(self.limit)
+        return message
+
+
 class Front:
     """The ASGI app the server runs: the completion paths go straight to their raw endpoints, the rest
-    (and the lifespan) to Litestar.
+    (and the lifespan) to Litestar; every HTTP request passes the one body limit first.
 
     Litestar's router and exception middleware wrap every `send` of every request; on the completion
     paths that was about 8 % of a saturated worker. Those endpoints already handle their own errors,
     methods and disconnects (gateway/endpoint.py), so they gain nothing from the wrapping.
+
+    The limit (`caps.request_body_bytes`, read per request so a reload applies) lives here so that no
+    route can miss it: a declared length over it is answered at once, before a byte of the body is read,
+    in the path's dialect; a body without one (chunked) is counted as it arrives, and the receive that
+    passes the limit raises the same 413 inside the route, which renders it like its other errors. A
+    declared length within the limit needs no counting: the server's parser ends the body there.
     """
 
     def __init__(self, litestar: Litestar, fast: dict[str, Endpoint], scoped: Endpoint | None = None) -> None:
@@ -219,6 +257,15 @@ class Front:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == ScopeType.HTTP:
+            limit: int = self.litestar.state.pipeline.loaded.config.caps.request_body_bytes
+            declared = _declared_length(scope)
+            if declared is None:
+                receive = _Capped(receive, limit)
+            elif declared > limit:
+                headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+                dialect = DIALECT_ROUTES.get(scope["path"], OPENAI)
+                await send_error(send, dialect, too_large(limit), request_id(headers))
+                return
             endpoint = self.fast.get(scope["path"])
             if endpoint is None and self.scoped is not None and scope["path"].startswith(SCOPED_PREFIX):
                 endpoint = self.scoped

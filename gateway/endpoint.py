@@ -27,7 +27,8 @@ from gateway.dialects import Dialect
 from gateway.ids import unique_suffix
 from gateway.metrics import Metrics, Record
 from gateway.pipeline import STREAM_FAILED, Pipeline, Result
-from wire.errors import GatewayError, InvalidRequestError, client_retry
+from gateway.render import render
+from wire.errors import GatewayError
 
 log = logging.getLogger("gateway")
 
@@ -59,38 +60,15 @@ def _encode_headers(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
     return [(k.encode("latin-1"), _header_value(v)) for k, v in headers.items()]
 
 
-def error_headers(exc: GatewayError) -> dict[str, str]:
-    # Every error answer says whether to retry it, so the SDKs do not retry what the gateway already did.
-    headers: dict[str, str] = {"x-should-retry": "true" if client_retry(exc) else "false"}
-    if exc.retry_after is not None:
-        # The same wait twice: `retry-after-ms` exact (the SDKs prefer it), `retry-after` rounded up.
-        headers["retry-after"] = str(max(int(exc.retry_after + 0.999), 0))
-        headers["retry-after-ms"] = str(max(int(exc.retry_after * 1000 + 0.999), 0))
-    if exc.attempts is not None:
-        headers["x-gateway-attempts"] = str(exc.attempts)
-    if exc.headers:
-        headers.update(exc.headers)
-    return headers
-
-
-def _too_large(limit: int) -> InvalidRequestError:
-    return InvalidRequestError(f"The request body is larger than {limit} bytes", status=413, code="request_too_large")
-
-
-async def _read_body(receive: Receive, limit: int, declared: str | None) -> bytes:
-    # A declared length over the limit is refused before a byte of the body is read.
-    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
-        raise _too_large(limit)
+async def _read_body(receive: Receive) -> bytes:
+    # No limit here: `gateway.app.Front` caps every route's body (`caps.request_body_bytes`) before this
+    # runs, and its `receive` raises the 413 when a body without a declared length runs over.
     chunks: list[bytes] = []
-    size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             raise asyncio.CancelledError
         chunk: bytes = message.get("body", b"")  # type: ignore[assignment]
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
         chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
@@ -147,11 +125,8 @@ def request_id(headers: dict[str, str]) -> str:
 
 
 async def _send_error(send: Send, dialect: Dialect, exc: GatewayError, rid: str | None = None) -> None:
-    status, body = dialect.error(exc)
-    extra = error_headers(exc)
-    if rid is not None:
-        extra["x-request-id"] = rid
-    await send(_start(status, _JSON + _encode_headers(extra)))
+    status, headers, body = render(dialect, exc, rid)
+    await send(_start(status, _JSON + _encode_headers(headers)))
     await send(_body(body))
 
 
@@ -169,9 +144,8 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
         t0 = time.perf_counter()
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         rec = Record(request_id=request_id(headers), dialect=dialect.name)
-        limit = services(scope)[0].loaded.config.caps.request_body_bytes
         try:
-            body = await _read_body(receive, limit, headers.get("content-length"))
+            body = await _read_body(receive)
         except GatewayError as exc:
             await _send_error(send, dialect, exc, rec.request_id)
             return
@@ -243,7 +217,6 @@ async def send_json(send: Send, status: int, body: bytes, headers: dict[str, str
 __all__ = [
     "Endpoint",
     "completion_endpoint",
-    "error_headers",
     "read_body",
     "request_id",
     "send_error",

@@ -14,7 +14,8 @@ The script takes every bucket a request touches (key, alias, provider, deploymen
 clock (`TIME`, so replicas' clocks do not matter), and charges all of them or none. Keys carry a hash
 tag per scope (`rl:{key:search-team}:rpm`), so the script runs on Redis Cluster when a request's buckets
 share a slot; with several scopes on a cluster, give them one tag via `redis.hash_tag`. Without Redis
-the same arithmetic runs in process memory, which is exact for one process.
+the same arithmetic runs in process memory, which is exact for one process: `gcra` is the script's rate
+arithmetic in Python, the one mirror that both the in-process limiter and `peek_state` use.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, NamedTuple
 
 import msgspec
 import redis.asyncio as aioredis
@@ -184,20 +185,57 @@ class Decision(msgspec.Struct):
     lease: str
 
 
+class Gcra(NamedTuple):
+    """One GCRA step on a rate bucket: what the script computes for it, and what it would store."""
+
+    tat: tuple[float, float]  # the bucket's new TAT as (whole ms, units), stored unless the request is denied
+    denied: bool
+    retry_ms: int  # when `denied`: how long until the charge fits
+    remaining: int  # headroom after the charge, in units
+    reset_ms: int  # until the bucket is full again, after the charge
+    remaining_now: int  # the same two before the charge: what a denial (or a peek) reports
+    reset_now_ms: int
+
+
+def gcra(limit: int, period: int, tat: tuple[float, float] | None, now: int, cost: float, mode: str) -> Gcra:
+    """The script's rate arithmetic (the `else` branch of its bucket loop), line for line, in Python.
+
+    `tat` is the stored (ms, units) (None: never charged, or expired), `now` whole milliseconds on the clock
+    that wrote it, `mode` the script's ("acquire" checks, "adjust" charges without checking and clamps a
+    refund at empty; anything else, e.g. "peek" with a cost of 0, only reads). TAT = ms + units * period /
+    limit, kept as q = (TAT - now) * limit so that the arithmetic is exact (see the script's comment).
+    tests/ratelimit/test_script.py holds this to the script, decision by decision.
+    """
+    tb, tu = tat if tat is not None else (now, 0.0)
+    q = (tb - now) * limit + tu * period
+    if q < 0:
+        tb, tu, q = now, 0.0, 0
+    nu, nq = tu + cost, q + cost * period
+    if mode == "adjust" and nq < 0:
+        tb, nu, nq = now, 0.0, 0
+    denied = mode == "acquire" and nq > period * limit
+    k = math.floor(nu / limit)
+    return Gcra(
+        tat=(tb + k * period, nu - k * limit),
+        denied=denied,
+        retry_ms=math.ceil((nq - period * limit) / limit) if denied else 0,
+        remaining=max(math.floor((period * limit - nq) / period), 0),
+        reset_ms=math.ceil(nq / limit),
+        remaining_now=max(math.floor((period * limit - q) / period), 0),
+        reset_now_ms=math.ceil(q / limit),
+    )
+
+
 def peek_state(bucket: Bucket, now: int, tat: tuple[float, float] | None = None, held: int = 0) -> BucketState:
-    """A bucket's headroom without charging it: the script's arithmetic for a cost of 0.
+    """A bucket's headroom without charging it (`gcra` for a cost of 0).
 
     `tat` is the stored (ms, units) of a rate bucket (None: never charged or expired), `held` the live
     leases of a concurrency bucket; `now` is in whole milliseconds on the clock that wrote them.
     """
     if bucket.kind == "concurrent":
         return BucketState(bucket=bucket, remaining=max(bucket.limit - held, 0), reset_ms=0)
-    period, limit = bucket.period_ms, bucket.limit
-    tb, tu = tat if tat is not None else (now, 0.0)
-    q = max((tb - now) * limit + tu * period, 0)
-    return BucketState(
-        bucket=bucket, remaining=max(math.floor((period * limit - q) / period), 0), reset_ms=math.ceil(q / limit)
-    )
+    step = gcra(bucket.limit, bucket.period_ms, tat, now, 0, "peek")
+    return BucketState(bucket=bucket, remaining=step.remaining_now, reset_ms=step.reset_now_ms)
 
 
 def _parse_tat(raw: bytes | str) -> tuple[float, float]:
@@ -207,12 +245,13 @@ def _parse_tat(raw: bytes | str) -> tuple[float, float]:
 
 
 class _Local:
-    """The script's arithmetic in process memory, for one process (or while Redis is away)."""
+    """The script in process memory, for one process (or while Redis is away): `gcra` for rate buckets,
+    and the script's leases for concurrency ones."""
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self.clock = clock
         # Per rate bucket: the TAT as (whole millisecond, units), TAT = ms + units * period / limit.
-        self.tat: dict[str, tuple[int, float]] = {}
+        self.tat: dict[str, tuple[float, float]] = {}
         self.leases: dict[str, dict[str, float]] = {}
 
     def peek(self, buckets: Sequence[Bucket]) -> list[BucketState]:
@@ -230,7 +269,7 @@ class _Local:
     def run(self, mode: str, lease: str, buckets: Sequence[Bucket], costs: Sequence[float]) -> list[int]:
         now = math.floor(self.clock() * 1000)  # whole milliseconds, like the script's TIME
         out = [1, 0]
-        news: list[tuple[int, float] | str | None] = []
+        news: list[tuple[float, float] | str | None] = []
         current: dict[int, tuple[int, int]] = {}
         denied = False
         retry = 0
@@ -250,21 +289,13 @@ class _Local:
                 news.append("lease")
                 out += [max(b.limit - len(held) - 1, 0), 0]
                 continue
-            period, limit = b.period_ms, b.limit
-            tb, tu = self.tat.get(b.redis_key, (now, 0.0))
-            q = (tb - now) * limit + tu * period
-            if q < 0:
-                tb, tu, q = now, 0.0, 0
-            nu, nq = tu + cost, q + cost * period
-            if mode == "adjust" and nq < 0:
-                tb, nu, nq = now, 0.0, 0
-            if mode == "acquire" and nq > period * limit:
+            step = gcra(b.limit, b.period_ms, self.tat.get(b.redis_key), now, cost, mode)
+            if step.denied:
                 denied = True
-                retry = max(retry, math.ceil((nq - period * limit) / limit))
-            k = math.floor(nu / limit)
-            news.append((tb + k * period, nu - k * limit))
-            out += [max(math.floor((period * limit - nq) / period), 0), math.ceil(nq / limit)]
-            current[len(news) - 1] = (max(math.floor((period * limit - q) / period), 0), math.ceil(q / limit))
+                retry = max(retry, step.retry_ms)
+            news.append(step.tat)
+            out += [step.remaining, step.reset_ms]
+            current[len(news) - 1] = (step.remaining_now, step.reset_now_ms)
         if mode == "release":
             return out
         if denied:

@@ -26,9 +26,9 @@ from litestar.exceptions import NotFoundException
 
 from gateway.auth import _presented_key
 from gateway.dialects import OPENAI
-from gateway.endpoint import error_headers
 from gateway.pipeline import Pipeline
 from gateway.ratelimit import Bucket
+from gateway.render import error_response
 from wire.errors import AuthenticationError, GatewayError, InvalidRequestError
 from wire.schema import encode
 
@@ -38,8 +38,7 @@ _DAY: Final = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 
 def _error(exc: GatewayError) -> Response[bytes]:
-    status, body = OPENAI.error(exc)
-    return Response(body, status_code=status, media_type=JSON, headers=error_headers(exc) | _NO_STORE)
+    return error_response(OPENAI, exc, extra=_NO_STORE)
 
 
 def _authorize(request: Request[Any, Any, Any]) -> tuple[Pipeline, Response[bytes] | None]:

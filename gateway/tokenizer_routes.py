@@ -185,13 +185,8 @@ class Tokenizers:
         if scope["method"] != "POST":
             await self.completions(scope, receive, send)  # it answers the 405 itself
             return
-        pipeline = self.services(scope)[0]
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         try:
-            body = with_model(
-                await read_body(receive, pipeline.loaded.config.caps.request_body_bytes, headers.get("content-length")),
-                model,
-            )
+            body = with_model(await read_body(receive), model)
         except GatewayError as exc:
             await send_error(send, OPENAI, exc)
             return
@@ -221,13 +216,10 @@ class Tokenizers:
             exc.type = "invalid_request_error"
             await send_error(send, OPENAI, exc, rec.request_id)
             return
-        pipeline = self.services(scope)[0]
         body = b""
         if route != "tokenizer_info":
             try:
-                body = await read_body(
-                    receive, pipeline.loaded.config.caps.request_body_bytes, headers.get("content-length")
-                )
+                body = await read_body(receive)
             except GatewayError as exc:
                 await send_error(send, OPENAI, exc, rec.request_id)
                 return

@@ -1,5 +1,8 @@
 """The GCRA/lease script itself, against a real redis-server, and its in-process twin `_Local`.
 
+The twin's rate arithmetic is `gcra`, the one Python mirror of the script, which `peek_state` (the status
+page's read-only headroom) uses too: the differential tests below hold both to the script.
+
 Every number asserted here follows from the algorithm in docs/ratelimits.md: a bucket of L per period P
 admits a burst of exactly L, then one unit every P/L; a denied request charges nothing anywhere.
 Timing-sensitive facts are bracketed with Redis's own clock (`TIME`), which is what the script reads.
@@ -337,6 +340,46 @@ async def test_local_twin_decides_like_the_script(rds: RedisProc) -> None:
         await shared.close()
     # The sequence exercised both answers, many times.
     assert outcomes.count(True) >= 20 and outcomes.count(False) >= 20, outcomes
+
+
+async def test_peek_mirrors_what_the_script_stored(rds: RedisProc) -> None:
+    """`Limiter.peek` applies the mirror to the TATs the script wrote in Redis; the twin to its own. Both
+    must agree with each other and with the headroom the script itself reports for a cost of 0."""
+    rng = random.Random(7)
+    s = scope()
+    # Intervals of 1.33 s and more: nothing refills within the sequence, so both sides see the same state.
+    pool = [Bucket(s, "rpm", 7), Bucket(s, "rpm", 9), Bucket(s, "tpm", 45), Bucket(s + "b", "tpm", 30)]
+    shared = SharedState(rds.url)
+    remote = Limiter(shared, fail_open=False)
+    clock = Clock()
+    local = Limiter(SharedState(""), clock=clock)
+    start = rds.time_ms()
+    try:
+        for step in range(25):
+            buckets = rng.sample(pool, rng.randint(1, 3))
+            tokens = rng.randint(1, 40)
+            clock.ms = rds.time_ms()
+            if rng.random() < 0.3:
+                await remote.adjust(buckets, tokens - 25)
+                await local.adjust(buckets, tokens - 25)
+            else:
+                await remote.acquire(buckets, tokens)
+                await local.acquire(buckets, tokens)
+            clock.ms = rds.time_ms()
+            p_remote, p_local = await remote.peek(pool), await local.peek(pool)
+            # A zero-cost acquire is the script's own read of the same state (it charges requests, hence tpm).
+            tpm = [b for b in pool if b.kind == "tpm"]
+            own = await remote.acquire(tpm, 0)
+            drift = rds.time_ms() - start + 1
+            where = f"step {step}: {[(b.scope, b.kind, b.limit) for b in buckets]} tokens={tokens}"
+            assert [p.remaining for p in p_local] == [p.remaining for p in p_remote], where
+            assert [p.remaining for p in p_remote if p.bucket.kind == "tpm"] == remaining(own), where
+            for a, b in zip(p_local, p_remote, strict=True):
+                assert abs(a.reset_ms - b.reset_ms) <= drift, where
+            assert clock.ms - start < 1300, "the sequence must stay shorter than the shortest interval"
+    finally:
+        await remote.close()
+        await shared.close()
 
 
 def test_local_clock_defaults_to_wall_time() -> None:

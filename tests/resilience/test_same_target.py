@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from gateway.config import ConfigError, parse_config
-from gateway.endpoint import error_headers
 from gateway.pipeline import Pipeline
+from gateway.render import error_headers
 from tests.e2e.harness import fixture_bytes, free_port, wait_for
 from wire.errors import client_retry
 

@@ -1,0 +1,212 @@
+"""The bench report (docs/benchmarks.md) rendered from its template (bench/report.md) and a synthetic run.
+
+No benchmark runs here: a small made-up `RunResult` with distinctive figures is rendered, and each figure
+must appear in its own section, in the row or line it belongs to.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from bench.report import TEMPLATE, RunResult, render_markdown
+from bench.scenarios import GRANIAN, HTTPX, LIMITS_TARGET, TWO_WORKERS, Measurement
+
+SETTINGS: dict[str, Any] = {
+    "duration_s": 10.0,
+    "warmup_s": 2.0,
+    "connections": 32,
+    "chunks": 100,
+    "chunk_interval_ms": 0.0,
+    "latency_ms": 50.0,
+    "rate": 500.0,
+    "rate_count": 5000,
+    "rate_warmup": 500,
+    "ttfb_streams": 300,
+    "ttfb_warmup": 30,
+    "workers": 1,
+    "pin": True,
+    "soak_requests": 1_000_000,
+    "soak_checkpoint": 100_000,
+    "soak_passthrough": False,
+    "hold_streams": 1000,
+    "hold_interval_ms": 50.0,
+    "sweep_rates": "500,1000",
+    "sweep_seconds": 4.0,
+    "sweep_warmup_s": 0.5,
+    "targets": "direct,passthrough,gateway",
+    "only": None,
+    "limits_config": "bench/limits-redis.yaml",
+    "wait_idle_s": 0.0,
+}
+
+
+def _m(scenario: str, target: str, tool: str = "wrk", **fields: Any) -> Measurement:
+    base: dict[str, Any] = {"ok": True, "placement": "split", "requests": 10_000, "errors": 0}
+    if tool == "wrk":
+        base.update(mean_ms=1.0, p50_ms=1.0, p90_ms=2.0, p99_ms=3.0, max_ms=4.0, cpu_s_per_1k=0.1, peak_rss_mib=50.0)
+    base.update(fields)
+    return Measurement(scenario=scenario, target=target, upstream="nginx", tool=tool, **base)
+
+
+def synthetic(*, noisy: bool = False, pin: bool = True, limits: bool = True) -> RunResult:
+    """A run with every section filled; the figures tests look for are distinctive numbers."""
+    ms = [
+        _m("nonstream_c32", "direct", rps=41_111.0, cpu_s_per_1k=0.011, core_busy_pct={"cpu0": 30.0, "cpu1": 95.0}),
+        _m("nonstream_c32", "passthrough", rps=5_222.0, cpu_s_per_1k=0.19),
+        _m("nonstream_c32", "gateway", rps=4_333.0, cpu_s_per_1k=0.231, peak_rss_mib=87.5),
+        _m("nonstream_c32", TWO_WORKERS, rps=6_444.0, placement="unpinned"),
+        _m("nonstream_c32", GRANIAN, ok=False, skipped=True, requests=None, note="not run: granian missing (pip)"),
+        _m("nonstream_c32", HTTPX, rps=488.0, other_load_pct=35.0 if noisy else 0.0),
+        _m("pyupstream_c32", "direct", rps=21_555.0),
+        _m("nonstream_c1", "direct", p50_ms=0.101, placement="shared"),
+        _m("nonstream_c1", "passthrough", p50_ms=0.301, placement="shared"),
+        _m("nonstream_c1", "gateway", p50_ms=0.391, placement="shared"),
+        _m("stream_c32", "direct", rps=3_666.0),
+        _m("stream_c32", "passthrough", rps=999.0),
+        _m("stream_c32", "gateway", rps=777.0, ok=False, note="errors: 12 non-2xx answers"),
+        _m("stream_ttfb", "direct", "ttfb", ttfb_p50_ms=0.111, events_per_stream=100),
+        _m("stream_ttfb", "gateway", "ttfb", ttfb_p50_ms=0.777, events_per_stream=100),
+        _m("slow_fixed_rate", "direct", "rate", p50_ms=50.2, p99_ms=51.0),
+        _m("slow_fixed_rate", "gateway", "rate", p50_ms=50.6, p99_ms=53.5),
+        _m("load_sweep", "direct", "sweep", offered_rps=500.0, rps=500.0, p50_ms=0.5, p90_ms=0.6, p99_ms=0.7),
+        _m("load_sweep", "gateway", "sweep", offered_rps=500.0, rps=499.0, p50_ms=0.81, p90_ms=0.92, p99_ms=1.23),
+        _m("load_sweep", "direct", "sweep", offered_rps=1000.0, rps=1000.0, p50_ms=0.5, p90_ms=0.6, p99_ms=0.7),
+        _m("load_sweep", "gateway", "sweep", offered_rps=1000.0, rps=998.0, errors=3, p50_ms=1.1, p99_ms=9.87),
+        _m(
+            "soak",
+            "gateway",
+            "soak",
+            requests=1_000_000,
+            checkpoint_requests=100_000,
+            rss_checkpoint_mib=80.0,
+            rss_end_mib=81.2,
+            rss_growth_pct=1.5,
+            rps=4000.0,
+        ),
+        _m(
+            "hold_streams",
+            "gateway",
+            "hold",
+            requests=1000,
+            concurrent_streams=1000,
+            rss_idle_mib=70.0,
+            rss_hold_mib=123.4,
+            events_per_stream=100,
+            total_p50_ms=5100.0,
+            total_p99_ms=5300.0,
+        ),
+    ]
+    if limits:
+        ms += [
+            _m("limits_c32", "passthrough", rps=5_100.0),
+            _m("limits_c32", "gateway", rps=4_400.0),
+            _m("limits_c32", LIMITS_TARGET, rps=3_555.0),
+        ]
+    command = ".venv/bin/python -m bench" + (" --limits-config bench/limits-redis.yaml" if limits else "")
+    return RunResult(
+        started_at="2026-11-24 01:00:00 UTC",
+        finished_at="2026-11-24 01:10:00 UTC",
+        elapsed_s=600.0,
+        mode="full",
+        command=command,
+        machine={"cpu": "Test CPU 9000", "nproc": "2", "busy before run": ("40" if noisy else "3") + "% of one core"},
+        versions={"python": "3.11.9", "litestar": "2.25.0"},
+        settings={**SETTINGS, "pin": pin},
+        startup_errors={"gateway-x": "Traceback: boom"} if noisy else {},
+        measurements=ms,
+        skipped={GRANIAN: "granian is not installed"},
+    )
+
+
+def section(markdown: str, title: str) -> str:
+    """The text of one `## ` section, up to the next one."""
+    found = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", markdown, re.M | re.S)
+    assert found, f"no section {title!r}"
+    return found.group(1)
+
+
+def row(text: str, first_cell: str) -> str:
+    (line,) = [ln for ln in text.splitlines() if ln.startswith(f"| {first_cell} |")]
+    return line
+
+
+def test_the_template_is_a_file_with_every_section() -> None:
+    text = Path(TEMPLATE).read_text()
+    for title in ("Headline", "Upstream ceilings", "All measurements", "Setup", "Method"):
+        assert f"## {title}" in text
+    assert "$" in text  # placeholders: the figures are not in the template
+
+
+def test_figures_land_in_their_sections() -> None:
+    md = render_markdown(synthetic(), plot=None, plot_note="plot skipped: --no-plot")
+    assert md.startswith("# Benchmarks\n\nGenerated by `bench` on 2026-11-24 01:10:00 UTC (full mode, 600 s).")
+    titles = re.findall(r"^## (.*)$", md, re.M)
+    assert titles == [
+        "Problems in this run",
+        "Targets",
+        "Headline",
+        "Gateway variants (non-streaming, c=32)",
+        "Latency vs offered load",
+        "Memory over 1,000,000 requests",
+        "Memory holding 1,000 slow streams",
+        "Upstream ceilings",
+        "All measurements",
+        "Setup",
+        "Method",
+    ]
+    problems = section(md, "Problems in this run")
+    assert "- `gateway-granian` was not run: granian is not installed." in problems
+    assert "- `stream_c32` / `gateway`: errors: 12 non-2xx answers" in problems
+
+    headline = section(md, "Headline")
+    assert row(headline, "Throughput, non-streaming, c=32 (req/s)") == (
+        "| Throughput, non-streaming, c=32 (req/s) | 41,111 | 5,222 | 4,333 | 0.11x | 0.83x |"
+    )
+    assert row(headline, "Latency p50 at c=1, ms (direct; others: added)").startswith(
+        "| Latency p50 at c=1, ms (direct; others: added) | 0.101 | +0.200 | +0.290 | - | +0.090 |"
+    )
+    assert "(req/s; 1.49x the 1-worker gateway)" in headline
+    assert "(req/s; not run: granian missing)" in headline
+    assert "0.231" in row(headline, "CPU s per 1,000 req, c=32 (server process)")
+
+    targets = section(md, "Targets")
+    assert "3,555 req/s = 0.70x passthrough (5,100, measured in `limits_c32`)" in targets
+    assert "+0.290 ms vs +0.200 ms = 1.45x" in targets
+    assert "p50 +0.400 ms, p99 +2.500 ms" in targets
+    assert "| stream TTFB added p50 < 1 ms | +0.666 ms | met |" in targets
+
+    variants = section(md, "Gateway variants (non-streaming, c=32)")
+    assert "| `gateway-2w (workers=2, unpinned)` | 6,444 | 1.49x | 1.23x |" in variants
+    sweep = section(md, "Latency vs offered load")
+    assert "| 1,000 | 1,000, 0.50 / 0.60 / 0.70 | 998, 1.10 / - / 9.87, **3 errors** |" in sweep
+    assert "(plot skipped: --no-plot.)" in sweep
+    assert "| `gateway (workers=1)` | 1,000,000 | 80.0 (after 100,000) | 81.2 | +1.5 % |" in section(
+        md, "Memory over 1,000,000 requests"
+    )
+    assert "| `gateway (workers=1)` | 70.0 | 123.4 | 1,000 |" in section(md, "Memory holding 1,000 slow streams")
+
+    ceilings = section(md, "Upstream ceilings")
+    assert "**41,111 req/s** (*lower bound*: load generator core saturated)" in ceilings
+    assert "**21,555 req/s**" in ceilings and "**3,666 streams/s**" in ceilings
+    assert "### `stream_ttfb` (ttfb, upstream: nginx, placement: split)" in section(md, "All measurements")
+    setup = section(md, "Setup")
+    assert "- **cpu**: Test CPU 9000" in setup and "- litestar: 2.25.0" in setup
+    method = section(md, "Method")
+    assert "`wrk -t1 -c<N> -d10s --latency`" in method and "after a 2 s unmeasured warm-up" in method
+    assert "throughput and fixed-rate rows (`split`) pin" in method
+
+
+def test_optional_parts_follow_the_run() -> None:
+    quiet = render_markdown(synthetic(limits=False, pin=False))
+    assert "redis-server" not in quiet and "Noisy run" not in quiet
+    assert "- Placement: no CPU pinning" in section(quiet, "Method")
+    assert "run with `--limits-config bench/limits-redis.yaml`" in section(quiet, "Targets")
+    noisy = render_markdown(synthetic(noisy=True), plot=Path("/tmp/docs/benchmarks.png"), md_dir=Path("/tmp/docs"))
+    assert "> **Noisy run:** other processes already used 40% of a core" in noisy
+    assert "- `gateway-x` did not start:\n\n```\nTraceback: boom\n```" in noisy
+    assert "used 35% of a core during the window (after one repeat); treat this row as noisy" in noisy
+    assert "† marks a figure taken while processes outside the bench" in section(noisy, "Headline")
+    assert "![Latency percentiles versus offered load](benchmarks.png)" in section(noisy, "Latency vs offered load")
+    assert "redis-server --port 6499" in noisy
