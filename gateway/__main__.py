@@ -183,6 +183,12 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _docs(args: argparse.Namespace) -> int:
+    from gateway import configdoc  # only this command needs it
+
+    return configdoc.main(["--path", args.path, *(["--check"] if args.check else [])])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gateway", description="LLM completions gateway")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -197,6 +203,10 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("config")
     check.add_argument("--strict", action="store_true", help="also fail on unset ${VAR} references")
     check.set_defaults(run=_check)
+    docs = sub.add_parser("docs", help="regenerate docs/config.md from the typed config (--check: exit 1 if stale)")
+    docs.add_argument("--check", action="store_true", help="exit 1 when the file is stale instead of writing it")
+    docs.add_argument("--path", default="docs/config.md")
+    docs.set_defaults(run=_docs)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     try:
