@@ -18,6 +18,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 from typing import Any
 
 from gateway.config import ConfigError, LoadedConfig, load_config
@@ -130,6 +131,17 @@ def _run_granian(host: str, port: int, workers: int, grace_s: int) -> None:
                 reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 raise ListenError(f"cannot listen on {host}:{port}: {reason}") from None
             log.info("serving on http://%s:%d with %d worker(s) (granian)", host, port, workers)
+
+        def shutdown(self, exit_code: int = 0) -> None:
+            # Granian's own lines about it are at INFO, below its log level: the drain is told here.
+            log.info(
+                "draining: stopped accepting connections; requests and streams in flight have up to %d s "
+                "(server.shutdown_grace_ms) to finish",
+                grace_s,
+            )
+            started = time.monotonic()
+            super().shutdown(exit_code)  # type: ignore[no-untyped-call]
+            log.info("drained in %.1f s; exiting", time.monotonic() - started)
 
         def signal_handler_reload(self, *args: Any, **kwargs: Any) -> None:
             """Pass SIGHUP on to every worker, which reloads its config in place (gateway/reload.py).

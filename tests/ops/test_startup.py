@@ -227,3 +227,19 @@ def test_the_shipped_config_turns_the_status_page_on_with_its_admin_key_variable
         proc.stop()
     assert "status page and /admin/* on" in proc.log.read_text()
     assert "operator-secret" not in proc.log.read_text()
+
+
+def test_granian_logs_its_drain_too(tmp_path: Path) -> None:
+    pytest.importorskip("granian")
+    proc = GatewayProcess(_config(tmp_path), flags=("--server", "granian"))
+    try:
+        proc.wait_ready()
+        proc.proc.send_signal(signal.SIGTERM)
+        _wait_exit(proc.proc)
+    finally:
+        proc.stop()
+    lines = _log_lines(proc.log.read_text())
+    assert any(re.search(r" INFO gateway\[\d+\]: serving on http://127\.0\.0\.1:\d+ .*\(granian\)", x) for x in lines)
+    draining = [line for line in lines if "draining: stopped accepting connections" in line]
+    assert len(draining) == 1 and LINE.match(draining[0]), lines
+    assert any(" INFO gateway[" in line and "drained in" in line for line in lines), lines
