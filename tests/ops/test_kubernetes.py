@@ -168,7 +168,9 @@ def test_the_same_command_as_compose(rendered: list[dict[str, Any]]) -> None:
     assert gateway["command"] == _image_cmd()
     assert "args" not in gateway
     redis = _container(_one(rendered, "Deployment", "redis"), "redis")
-    assert redis["command"] == load_yaml(COMPOSE)["services"]["redis"]["command"]
+    # compose's `command:` replaces the image's CMD, as `args` does; `command` would skip its entrypoint.
+    assert redis["args"] == load_yaml(COMPOSE)["services"]["redis"]["command"]
+    assert "command" not in redis
 
 
 def test_the_same_config_at_the_same_path_as_compose(rendered: list[dict[str, Any]]) -> None:
