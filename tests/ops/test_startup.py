@@ -101,10 +101,11 @@ def test_a_normal_start_up_logs_at_info(tmp_path: Path) -> None:
     """The shipped config, no keys set, on loopback: facts at INFO, nothing that asks for action."""
     path = tmp_path / "config.yaml"
     path.write_text((REPO / "config.yaml").read_text())
-    proc = GatewayProcess(path)
+    # `local` (vLLM) points at a port nobody listens on, as on a laptop without vLLM.
+    proc = GatewayProcess(path, cli_env(VLLM_BASE_URL=f"http://127.0.0.1:{free_port()}/v1"))
     try:
         proc.wait_ready()
-        _wait_for(proc.log, "model discovery: provider 'local' failed")  # vLLM is not running here
+        _wait_for(proc.log, "model discovery: provider 'local' failed")
     finally:
         proc.stop()
     lines = _log_lines(proc.log.read_text())
