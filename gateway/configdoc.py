@@ -170,7 +170,7 @@ MEANINGS: dict[str, str] = {
     "providers.<name>.client_key": "mTLS: the client certificate's PEM key; needs `client_cert`",
     "models[].targets": "where the alias routes: at least one target",
     "models[].targets[].model": "`vendor/model_name[/deployment]` of a configured provider",
-    "models[].targets[].weight": "share of requests under `strategy: weighted`; order under `ordered`",
+    "models[].targets[].weight": "share of requests under `strategy: weighted`",
     "models[].retries": "per-alias override of `retries`",
     "models[].timeouts": "per-alias override of `timeouts`",
     "models[].limits": "rate limits of the alias, over all of its targets",
