@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 CONFIG ?= config.yaml
 
-.PHONY: run test lint typecheck check bench clean
+.PHONY: run test lint typecheck check bench docs clean
 
 .venv/bin/python: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -11,9 +11,15 @@ CONFIG ?= config.yaml
 	$(BIN)/pip install -q -e '.[dev]'
 	@touch $(BIN)/python
 
-## Start the gateway on 127.0.0.1:8080 with the shipped config.yaml (in-memory state, no Redis).
+## Start the gateway with the shipped config.yaml (in-memory state, no Redis): 127.0.0.1:8080 unless
+## `make run PORT=9000 HOST=0.0.0.0` says otherwise (empty: the config's server.port / server.host).
 run: $(BIN)/python
-	$(BIN)/python -m gateway serve --config $(CONFIG)
+	$(BIN)/python -m gateway serve --config $(CONFIG)$(if $(HOST), --host $(HOST))$(if $(PORT), --port $(PORT))
+
+## Regenerate the documents generated from the code: docs/config.md and docs/providers.md.
+docs: $(BIN)/python
+	$(BIN)/python -m gateway docs
+	$(BIN)/python -m providers.matrix > docs/providers.md
 
 ## Run the whole test suite.
 test: $(BIN)/python

@@ -3,6 +3,8 @@
 A bad config is one line on stderr (`<file>: <yaml path>: <problem>`) and exit status 1.
 
 `serve --server granian` runs the same app factory under Granian instead of uvicorn (docs/servers.md).
+A taken port is one line and exit status 1 too; start-up facts are logged at INFO, and at WARNING only
+what needs the operator's action (docs/operations.md#start-up-and-logs). `docs` regenerates docs/config.md.
 """
 
 from __future__ import annotations
@@ -12,12 +14,15 @@ import contextlib
 import logging
 import math
 import os
+import shutil
 import signal
 import sys
 import tempfile
+import time
 from typing import Any
 
 from gateway.config import ConfigError, LoadedConfig, load_config
+from gateway.serving import LOG_FORMAT, ListenError, bind, probe, run_uvicorn
 
 log = logging.getLogger("gateway")
 
@@ -25,18 +30,35 @@ APP = "gateway.app:app_from_env"  # an app factory: each worker builds its app f
 SERVERS = ("uvicorn", "granian")
 
 
-def _announce(loaded: LoadedConfig) -> None:
-    """Start-up facts an operator must see once, not once per worker."""
+LOOPBACK = ("127.", "::1", "localhost")
+
+
+def _announce(loaded: LoadedConfig, host: str | None = None) -> None:
+    """Start-up facts an operator must see once, not once per worker.
+
+    WARNING is kept for what needs action; a provider left without its key variable is how the shipped
+    config says "not used here", so it is INFO (its requests fail naming the variable anyway).
+    """
     from gateway.auth import KeyRing
     from gateway.routing import Router
 
     keys = KeyRing(loaded)
     if keys.open:
-        log.warning("no client keys configured: the gateway is open to anyone who can reach it")
+        # Open on loopback is the out-of-the-box `make run`; open on a reachable address needs keys.
+        exposed = host is not None and not host.startswith(LOOPBACK)
+        log.log(
+            logging.WARNING if exposed else logging.INFO,
+            "no client keys configured: the gateway is open to anyone who can reach it",
+        )
     for name in keys.disabled:
         log.warning("client key %r is disabled: its key variable is not set", name)
     for reason in Router(loaded).unavailable_providers().values():
-        log.warning("%s; its requests will fail until it is set", reason)
+        log.info("%s; its requests will fail until it is set", reason)
+    admin = loaded.config.admin.key
+    if admin and not loaded.missing_for("admin.key"):
+        log.info("status page and /admin/* on: GET / asks for admin.key")
+    else:
+        log.info("status page and /admin/* off (they answer 404): set admin.key (GATEWAY_ADMIN_KEY in config.yaml)")
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -48,45 +70,34 @@ def _serve(args: argparse.Namespace) -> int:
     host = args.host or server.host
     port = server.port if args.port is None else args.port
     workers = args.workers or server.workers
-    _announce(loaded)
+    # Before anything is announced: a taken port must be the one line the operator sees.
+    sock = bind(host, port) if args.server == "uvicorn" else None
+    if sock is None:
+        probe(host, port)
+    else:
+        port = sock.getsockname()[1]  # port 0: the one the kernel chose
+    _announce(loaded, host)
     if workers > 1 and not loaded.config.redis.url:
         log.warning("%d workers without redis.url: each worker keeps its own state", workers)
     os.environ["GATEWAY_CONFIG"] = os.path.abspath(args.config)
+    metrics_dir = None
     if workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         # Every worker writes its metric values here, so /metrics on any worker reports them all.
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="gateway-metrics-")
-    log.warning("serving on http://%s:%d with %d worker(s) (%s)", host, port, workers, args.server)
+        metrics_dir = os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="gateway-metrics-")
     # Both servers count whole seconds: round up, so the deadline is never shorter than configured.
     grace_s = math.ceil(server.shutdown_grace_ms / 1000)
-    if args.server == "granian":
-        _run_granian(host, port, workers, grace_s)
-    else:
-        _run_uvicorn(host, port, workers, grace_s)
-    return 0
-
-
-def _run_uvicorn(host: str, port: int, workers: int, grace_s: int) -> None:
-    import uvicorn
-
-    uvicorn.run(
-        APP,
-        factory=True,
-        host=host,
-        port=port,
-        workers=workers,
-        loop="uvloop",
-        http="httptools",
-        log_level="warning",
-        access_log=False,
-        # The gateway never reads client addresses: skip the X-Forwarded-* middleware on every request.
-        proxy_headers=False,
-        server_header=False,
-        timeout_graceful_shutdown=grace_s,
-    )
-
-
-class ListenError(Exception):
-    """The server could not open its listening socket."""
+    try:
+        if sock is None:
+            _run_granian(host, port, workers, grace_s)
+            return 0
+        log.info("serving on http://%s:%d with %d worker(s) (%s)", host, port, workers, args.server)
+        return run_uvicorn(APP, sock, workers, grace_s)
+    finally:
+        if sock is not None:
+            sock.close()
+        if metrics_dir is not None:
+            # Only a directory this process made: an operator's own PROMETHEUS_MULTIPROC_DIR is theirs.
+            shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
 BACKPRESSURE = 65_536
@@ -119,6 +130,18 @@ def _run_granian(host: str, port: int, workers: int, grace_s: int) -> None:
                 # under RUST_BACKTRACE: one line for the operator, as uvicorn gives.
                 reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 raise ListenError(f"cannot listen on {host}:{port}: {reason}") from None
+            log.info("serving on http://%s:%d with %d worker(s) (granian)", host, port, workers)
+
+        def shutdown(self, exit_code: int = 0) -> None:
+            # Granian's own lines about it are at INFO, below its log level: the drain is told here.
+            log.info(
+                "draining: stopped accepting connections; requests and streams in flight have up to %d s "
+                "(server.shutdown_grace_ms) to finish",
+                grace_s,
+            )
+            started = time.monotonic()
+            super().shutdown(exit_code)  # type: ignore[no-untyped-call]
+            log.info("drained in %.1f s; exiting", time.monotonic() - started)
 
         def signal_handler_reload(self, *args: Any, **kwargs: Any) -> None:
             """Pass SIGHUP on to every worker, which reloads its config in place (gateway/reload.py).
@@ -172,6 +195,12 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _docs(args: argparse.Namespace) -> int:
+    from gateway import configdoc  # only this command needs it
+
+    return configdoc.main(["--path", args.path, *(["--check"] if args.check else [])])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gateway", description="LLM completions gateway")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -186,8 +215,12 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("config")
     check.add_argument("--strict", action="store_true", help="also fail on unset ${VAR} references")
     check.set_defaults(run=_check)
+    docs = sub.add_parser("docs", help="regenerate docs/config.md from the typed config (--check: exit 1 if stale)")
+    docs.add_argument("--check", action="store_true", help="exit 1 when the file is stale instead of writing it")
+    docs.add_argument("--path", default="docs/config.md")
+    docs.set_defaults(run=_docs)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     try:
         code: int = args.run(args)
     except ConfigError as exc:

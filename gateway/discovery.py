@@ -270,7 +270,10 @@ class Discovery:
 
     def _failed(self, src: _Source, reason: str) -> None:
         if not src.failing:
-            log.warning(
+            # A server that never listed a model may just not be up yet (the shipped config's vLLM on a
+            # laptop): INFO. One whose models are now gone from GET /v1/models is news: WARNING.
+            log.log(
+                logging.WARNING if src.ids else logging.INFO,
                 "model discovery: provider %r failed: %s; GET /v1/models keeps its last good list (%d models) "
                 "and asks again every %g s",
                 src.name,
