@@ -25,6 +25,7 @@ import msgspec
 from msgspec import inspect as mi
 
 from gateway import config as cfgmod
+from providers import registry
 
 BEGIN = "<!-- BEGIN GENERATED"
 END = "<!-- END GENERATED -->"
@@ -34,12 +35,12 @@ DOC = Path("docs") / "config.md"
 
 def provider_kinds() -> tuple[str, ...]:
     """Every provider kind, in the registry's order: the one place this generator learns them."""
-    return tuple(typing.get_args(cfgmod.ProviderKind))
+    return tuple(registry.kinds())
 
 
 def kinds_needing_base_url() -> tuple[str, ...]:
     """The kinds without a public default URL (a provider of such a kind must set `base_url`)."""
-    return tuple(k for k in provider_kinds() if k in cfgmod._NEEDS_BASE_URL)
+    return tuple(k for k in provider_kinds() if registry.REGISTRY[k].needs_base_url)
 
 
 # Curated meanings, by path (`<name>` for a map key, `[]` for a list item). Links are relative to docs/.
