@@ -19,8 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.errors import MAX_RETRY_AFTER_S
 from gateway.attempt import MAX_QUOTA_WAIT_S, MAX_REPORTED_TOKENS
+from gateway.errors import MAX_RETRY_AFTER_S
 from tests.e2e.harness import GatewayThread
 from tests.resilience.faults import RATE_LIMIT_BODY, RECORDED_COMPLETION, FaultServer, respond
 
