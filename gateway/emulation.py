@@ -15,7 +15,9 @@
               cannot be checked, so guided_grammar is refused. A guided stream is produced from a
               validated answer, because bytes sent cannot be taken back.
 
-A whole emulated call (all its fan-out) is one attempt for the failover loop.
+A whole emulated call (all its fan-out) is one attempt for the failover loop. What the attempt gives it
+are values: a function making one upstream call (`Call`, gateway/attempt.py's `Attempt.call`) and the
+sub-streams it opened (`SubStream`); this module never sees the pipeline.
 
 The work the gateway does here is the client's to choose, so `plan` bounds it before any upstream call
 (a 400 naming the field beyond a bound; docs/security.md): patterns run on RE2 (gateway/patterns.py)
@@ -29,8 +31,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, Protocol
 
 import msgspec
 
@@ -42,6 +44,20 @@ from wire.errors import InvalidRequestError, UpstreamError
 from wire.schema import Choice, Completion, CompletionRequest, Logprobs, Usage
 
 _DEFAULT_CAPS = CapsConfig()
+# One upstream call of the attempt for one (sub-)request, on the attempt's target and within its timeouts.
+Call = Callable[[CompletionRequest], Awaitable[Completion]]
+
+
+class SubStream(Protocol):
+    """One opened sub-call's stream, as `stream` reads it: its first chunk, then the rest."""
+
+    @property
+    def first(self) -> Completion | None: ...
+
+    @property
+    def chunks(self) -> AsyncIterator[Completion]: ...
+
+
 # `guided_choice`: at most this many entries, of at most this many characters together (an answer is
 # looked up in a set, so these bound memory, not time).
 GUIDED_CHOICES = 1024
@@ -342,9 +358,7 @@ async def _gather(calls: list[Awaitable[Completion]]) -> list[Completion]:
         raise
 
 
-async def _guided_call(
-    em: Emulation, sub: CompletionRequest, call: Callable[[CompletionRequest], Awaitable[Completion]]
-) -> Completion:
+async def _guided_call(em: Emulation, sub: CompletionRequest, call: Call) -> Completion:
     assert em.guide is not None
     why = ""
     for _ in range(em.guided_retries + 1):
@@ -368,7 +382,7 @@ async def complete(
     em: Emulation,
     req: CompletionRequest,
     ctx: CallContext,
-    call: Callable[[CompletionRequest], Awaitable[Completion]],
+    call: Call,
 ) -> Completion:
     calls = [_guided_call(em, sub, call) if em.guide is not None else call(sub) for sub in sub_requests(em, req)]
     results = await _gather(calls)
@@ -471,15 +485,15 @@ async def stream(
     em: Emulation,
     req: CompletionRequest,
     ctx: CallContext,
-    opens: Sequence[Any],
+    opens: Sequence[SubStream],
 ) -> AsyncGenerator[Completion, None]:
     """Merge the already-opened sub-streams into one, re-indexing, echoing and enforcing stops.
 
-    `opens[k]` is the k-th sub-call's Opened (prompt k // fan_n, choice k % fan_n).
+    `opens[k]` is the k-th sub-call's stream (prompt k // fan_n, choice k % fan_n).
     """
     queue: asyncio.Queue[tuple[int, Completion | None | BaseException]] = asyncio.Queue()
 
-    async def pump(k: int, opened: Any) -> None:
+    async def pump(k: int, opened: SubStream) -> None:
         try:
             c = opened.first
             while c is not None:
@@ -558,4 +572,15 @@ def to_chunks(c: Completion) -> list[Completion]:
     return chunks
 
 
-__all__ = ["Emulation", "StopScanner", "complete", "find_stop", "plan", "stream", "sub_requests", "to_chunks"]
+__all__ = [
+    "Call",
+    "Emulation",
+    "StopScanner",
+    "SubStream",
+    "complete",
+    "find_stop",
+    "plan",
+    "stream",
+    "sub_requests",
+    "to_chunks",
+]

@@ -1,12 +1,13 @@
-"""Attempts, retries and hedging for one request, driven by tenacity.
+"""Attempts, retries and hedging for one request: one explicit loop over the plan's targets.
 
-    stop  = retries.attempts upstream calls made (hedges count) | a wait that would pass retries.budget_ms
-    retry = the error is retryable (408/409/429/5xx/529, connect errors, read timeouts; never a quota
-            429 or a client error), or a context-window error with larger-context fallbacks left
-    wait  = the same target again, after the provider's Retry-After (else exponential backoff with full
-            jitter), up to retries.same_target times for a transient failure (5xx, dropped connection,
-            429) whose wait fits the budget; otherwise 0 when the next attempt goes to a target not yet
-            tried (another healthy target exists); otherwise the last target after its wait again
+    go on = the error is retryable (408/409/429/5xx/529, connect errors, read timeouts; never a quota
+            429 or a client error), or a context-window error with larger-context fallbacks left,
+            and fewer than retries.attempts upstream calls were made (hedges count)
+    where = the same target again, up to retries.same_target times, for a transient failure (5xx,
+            dropped connection, 429) whose wait fits the budget and the deadline; else the next
+            target not yet tried; else the last target again
+    wait  = 0 for a target not yet tried; otherwise the provider's Retry-After, else exponential
+            backoff with full jitter; a wait that would pass retries.budget_ms ends the loop
 
 Timeouts, unreachable targets, exhausted quotas, refused credentials and a 404 never wait for the
 same target while another one is left. A same-target retry goes through the cooldown its own failure
@@ -16,18 +17,18 @@ ends the cooldown for everyone.
 Every failed attempt that says something about the target (429, 5xx, timeout, connect error) cools
 that target down for every replica. `sleep` and `clock` are injectable so tests can assert the exact
 waits without waiting. Nothing here runs after a streamed byte has reached the client: a stream's
-attempt ends when its first event has been read.
+attempt ends when its first event has been read. Why a loop and not tenacity: docs/architecture.md.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Generic, TypeVar, cast
+from typing import Generic, TypeVar
 
 import msgspec
-from tenacity import AsyncRetrying, RetryCallState, wait_random_exponential
 
 from gateway.balancer import Selector
 from gateway.health import Health, TargetState
@@ -62,6 +63,13 @@ def _cause(exc: GatewayError) -> str | None:
     return None
 
 
+def backoff(initial_s: float, max_s: float, turn: int) -> float:
+    """Full jitter after the loop's `turn`-th attempt failed: uniform(0, min(max, initial x 2^(turn-1)))."""
+    exponent = turn - 1
+    high = max_s if exponent >= 64 else min(initial_s * 2**exponent, max_s)
+    return random.uniform(0, high)
+
+
 class Failover:
     def __init__(
         self,
@@ -82,190 +90,141 @@ class Failover:
         deadline_s: float | None = None,
         discard: Discard[T] | None = None,
     ) -> Outcome[T]:
-        policy = plan.policy
-        t = policy.timeouts
+        t = plan.policy.timeouts
         total = t.total_ms / 1000 if deadline_s is None else min(t.total_ms / 1000, deadline_s)
         deadline = self.clock() + total
         states = await self.health.snapshot(plan.keys)
         selector = Selector(plan, states, self.health, probe_ttl_ms=t.first_byte_ms)
         try:
-            current = await selector.first()
+            first = await selector.first()
         except GatewayError as exc:
             exc.attempts = 0  # every target is cooling: no upstream call was made
             raise
-        attempts = 0
+        return await Run(self, plan, call, discard, selector, first, deadline, total).go()
+
+
+class Run(Generic[T]):
+    """One request's way through its plan: the state the loop carries from one attempt to the next.
+
+    `attempt` is the one place an upstream attempt starts and ends (hedges included): its target is
+    known on the way in and its outcome on the way out.
+    """
+
+    __slots__ = ("failover", "plan", "call", "discard", "selector", "route", "deadline", "total", "attempts", "base")
+
+    def __init__(
+        self,
+        failover: Failover,
+        plan: Plan,
+        call: Call[T],
+        discard: Discard[T] | None,
+        selector: Selector,
+        first: Route,
+        deadline: float,
+        total: float,
+    ) -> None:
+        self.failover = failover
+        self.plan = plan
+        self.call = call
+        self.discard = discard
+        self.selector = selector
+        self.route = first  # the target the next attempt goes to
+        self.deadline = deadline
+        self.total = total
+        self.attempts = 0  # upstream calls made, hedges included
+        t = plan.policy.timeouts
+        self.base = Timeouts(t.connect_ms / 1000, t.first_byte_ms / 1000, t.total_ms / 1000)
+
+    async def go(self) -> Outcome[T]:
+        f, policy = self.failover, self.plan.policy
         r = policy.retries
         budget_s = r.budget_ms / 1000
-
-        def same_target(route: Route) -> int:
-            return policy.same_target if policy.same_target is not None else route.same_target
-
-        same_left = 0  # same-target retries left for `current`, counted once a failure needs them
-        # Set when the loop ended because the next wait did not fit the budget: the client may still wait.
-        out_of_budget = False
-
-        async def retry(rs: RetryCallState) -> bool:
-            exc = rs.outcome.exception() if rs.outcome is not None else None
-            if not isinstance(exc, GatewayError):
-                return False
-            if exc.context_window:
-                return selector.switch_to_context_fallbacks()
-            if exc.elsewhere:
-                return selector.has_untried()
-            return exc.retryable
-
-        async def wait(rs: RetryCallState) -> float:
-            nonlocal current, same_left
-            exc = rs.outcome.exception() if rs.outcome is not None else None
-            if attempts >= r.attempts:
-                return 0.0  # stop() ends here: do not pick (and take the probe slot of) a target never called
-            hint = exc.retry_after if isinstance(exc, GatewayError) else None
-            drawn: list[float] = []
-
-            def pause() -> float:
-                # The backoff is drawn once, and only for a wait taken: a move to a fresh target draws nothing.
-                if hint is not None:
-                    return hint
-                if not drawn:
-                    drawn.append(float(backoff(rs)))
-                return drawn[0]
-
-            if (
-                same_left > 0
-                and isinstance(exc, GatewayError)
-                and exc.same_target
-                and not exc.elsewhere
-                and self.clock() - started + pause() < budget_s
-                and self.clock() + pause() < deadline  # a retry that could not start is no retry
-            ):
-                same_left -= 1
-                return pause()
-            current, fresh = await selector.next()
-            if fresh:
-                same_left = same_target(current)
-                return 0.0
-            return pause()
-
-        def remaining() -> Timeouts:
-            left = deadline - self.clock()
-            if left <= 0:
-                err = UpstreamTimeoutError(f"The request's deadline of {total:g} s passed", code="deadline_exceeded")
-                err.retryable = False
-                raise err
-            base = Timeouts(t.connect_ms / 1000, t.first_byte_ms / 1000, t.total_ms / 1000)
-            return base.capped(left)
-
-        started = self.clock()
-
-        def hedge_sent() -> None:
-            nonlocal attempts
-            attempts += 1
-
-        def stop(rs: RetryCallState) -> bool:
-            # Attempts are upstream calls, hedges included (tenacity's attempt number does not see hedges).
-            # The budget is tenacity's stop_before_delay, but on the injected clock (its own ignores `sleep`).
-            nonlocal out_of_budget
-            if attempts >= r.attempts:
-                return True
-            out_of_budget = self.clock() - started + rs.upcoming_sleep >= budget_s
-            return out_of_budget
-
-        # The common case costs no tenacity machinery: the first attempt runs directly, and only a
-        # failure enters the loop, which replays it as its own first outcome and decides what follows.
-        replay: GatewayError | None = None
-        if policy.hedge_after_ms is None:
-            limits = remaining()
-            attempts = 1
+        hedge_s = None if policy.hedge_after_ms is None else policy.hedge_after_ms / 1000
+        same_left = self._same_target(self.route)  # same-target retries left for `self.route`
+        started = f.clock()
+        turn = 0
+        while True:
+            turn += 1
             try:
-                value = await self._attempt(plan, states, current, call, limits)
-                return Outcome(value=value, route=current, attempts=1)
+                timeouts = self._timeouts()  # past the deadline no call is made, and none is counted
+                self.attempts += 1
+                if hedge_s is not None and self.attempts < r.attempts:
+                    value, served = await self._hedged(timeouts, hedge_s)
+                else:
+                    served = self.route
+                    value = await self.attempt(served, timeouts)
+                return Outcome(value=value, route=served, attempts=self.attempts)
             except GatewayError as exc:
-                replay = exc
-        same_left = same_target(current)
-        backoff = wait_random_exponential(multiplier=r.initial_backoff_ms / 1000, max=r.max_backoff_ms / 1000)
-        retrying = AsyncRetrying(
-            stop=stop,
-            wait=cast(Any, wait),  # tenacity awaits async waits; its stubs only declare sync ones
-            retry=retry,
-            sleep=self.sleep,
-            reraise=True,
-        )
-        try:
-            async for attempt in retrying:
-                with attempt:
-                    if replay is not None:
-                        failed, replay = replay, None
-                        raise failed
-                    limits = remaining()  # past the deadline no call is made, and none is counted
-                    attempts += 1
-                    if policy.hedge_after_ms is not None and attempts < r.attempts:
-                        value, route = await self._hedged(
-                            plan, selector, current, call, remaining, policy.hedge_after_ms / 1000, discard, hedge_sent
-                        )
-                    else:
-                        route = current
-                        value = await self._attempt(plan, states, current, call, limits)
-                    return Outcome(value=value, route=route, attempts=attempts)
-        except GatewayError as exc:
-            exc.attempts = attempts
-            # The gateway spent its retries, or the failure is not one retrying helps: a client's retry
-            # would only repeat them. Left to the client: a wait the budget could not hold, and every
-            # retry where the operator had the gateway make none (`attempts: 1`).
-            exc.retry_later = exc.retryable and (out_of_budget or r.attempts == 1)
-            raise
-        raise AssertionError("unreachable: tenacity re-raises the last error")  # pragma: no cover
+                failed = exc
+            if not self._retryable(failed) or self.attempts >= r.attempts:
+                raise self._gave_up(failed, out_of_budget=False)
+            # Where the next attempt goes, and after how long. A Retry-After is the wait; else a backoff,
+            # drawn once and only for a wait taken (a move to a fresh target draws nothing).
+            pause = failed.retry_after
+            wait: float | None = None
+            if same_left > 0 and failed.same_target and not failed.elsewhere:
+                if pause is None:
+                    pause = backoff(r.initial_backoff_ms / 1000, r.max_backoff_ms / 1000, turn)
+                now = f.clock()
+                if now - started + pause < budget_s and now + pause < self.deadline:
+                    same_left -= 1  # a retry that could not start before the deadline is no retry
+                    wait = pause
+            if wait is None:
+                self.route, fresh = await self.selector.next()
+                if fresh:
+                    same_left = self._same_target(self.route)
+                    wait = 0.0
+                elif pause is not None:
+                    wait = pause
+                else:
+                    wait = backoff(r.initial_backoff_ms / 1000, r.max_backoff_ms / 1000, turn)
+            if f.clock() - started + wait >= budget_s:
+                raise self._gave_up(failed, out_of_budget=True)
+            await f.sleep(wait)
 
-    async def _attempt(
-        self, plan: Plan, states: dict[str, TargetState], route: Route, call: Call[T], timeouts: Timeouts
-    ) -> T:
+    async def attempt(self, route: Route, timeouts: Timeouts) -> T:
+        """One upstream attempt on `route`: counted in flight, and its outcome reported to health."""
+        health, plan = self.failover.health, self.plan
+        states = self.selector.states
         track = plan.tracks_inflight
         if track:
-            await self.health.inflight(route.key, +1)
-        started = self.clock()
+            await health.inflight(route.key, +1)
+        started = self.failover.clock()
         try:
-            value = await call(route, timeouts)
+            value = await self.call(route, timeouts)
         except GatewayError as exc:
             cause = _cause(exc)
             if cause is not None:
-                await self.health.failure(route.key, exc.retry_after, cause)
+                await health.failure(route.key, exc.retry_after, cause)
                 # Should this request retry the target and succeed, that success is its probe: it clears.
                 failed = states.get(route.key) or TargetState()
                 states[route.key] = msgspec.structs.replace(failed, failures=failed.failures + 1)
             raise
         finally:
             if track:
-                await self.health.inflight(route.key, -1)
-        await self.health.success(route.key, states.get(route.key))
+                await health.inflight(route.key, -1)
+        await health.success(route.key, states.get(route.key))
         if plan.tracks_latency:
-            await self.health.latency(route.key, (self.clock() - started) * 1000)
+            await health.latency(route.key, (self.failover.clock() - started) * 1000)
         return value
 
-    async def _hedged(
-        self,
-        plan: Plan,
-        selector: Selector,
-        first: Route,
-        call: Call[T],
-        remaining: Callable[[], Timeouts],
-        after_s: float,
-        discard: Discard[T] | None,
-        hedge_sent: Callable[[], None],
-    ) -> tuple[T, Route]:
+    async def _hedged(self, timeouts: Timeouts, after_s: float) -> tuple[T, Route]:
         """Start a second target if the first has not answered within `after_s`; first answer wins."""
-        states = selector.states
-        primary = asyncio.ensure_future(self._attempt(plan, states, first, call, remaining()))
+        first = self.route
+        primary = asyncio.ensure_future(self.attempt(first, timeouts))
         try:
             done, _ = await asyncio.wait({primary}, timeout=after_s)
             if done:
                 return primary.result(), first
-            second, fresh = await selector.next()
+            second, fresh = await self.selector.next()
             if not fresh:
                 return await primary, first
+            later = self._timeouts()
         except BaseException:
             primary.cancel()  # the request itself was cancelled (client gone): let go of the upstream
             raise
-        hedge_sent()
-        backup = asyncio.ensure_future(self._attempt(plan, states, second, call, remaining()))
+        self.attempts += 1
+        backup = asyncio.ensure_future(self.attempt(second, later))
         routes = {primary: first, backup: second}
         pending = {primary, backup}
         error: BaseException | None = None
@@ -278,8 +237,8 @@ class Failover:
                         for other in pending:
                             other.cancel()
                         for other in done - {winner}:
-                            if other.exception() is None and discard is not None:
-                                discard(other.result())
+                            if other.exception() is None and self.discard is not None:
+                                self.discard(other.result())
                         return winner.result(), routes[winner]
                     error = error or task.exception()
         finally:
@@ -287,3 +246,30 @@ class Failover:
                 task.cancel()
         assert error is not None
         raise error
+
+    def _timeouts(self) -> Timeouts:
+        left = self.deadline - self.failover.clock()
+        if left <= 0:
+            err = UpstreamTimeoutError(f"The request's deadline of {self.total:g} s passed", code="deadline_exceeded")
+            err.retryable = False
+            raise err
+        return self.base.capped(left)
+
+    def _same_target(self, route: Route) -> int:
+        policy = self.plan.policy
+        return policy.same_target if policy.same_target is not None else route.same_target
+
+    def _retryable(self, exc: GatewayError) -> bool:
+        if exc.context_window:
+            return self.selector.switch_to_context_fallbacks()
+        if exc.elsewhere:
+            return self.selector.has_untried()
+        return exc.retryable
+
+    def _gave_up(self, exc: GatewayError, *, out_of_budget: bool) -> GatewayError:
+        exc.attempts = self.attempts
+        # The gateway spent its retries, or the failure is not one retrying helps: a client's retry would
+        # only repeat them. Left to the client: a wait the budget could not hold, and every retry where the
+        # operator had the gateway make none (`attempts: 1`).
+        exc.retry_later = exc.retryable and (out_of_budget or self.plan.policy.retries.attempts == 1)
+        return exc

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from tests.e2e.harness import wait_for
@@ -140,3 +141,24 @@ async def test_no_hedge_without_an_attempt_left(make: MakePipeline, faults: Faul
     answer = await ask(p)
     assert faults.order() == ["alpha"]  # a hedge is an attempt, and the one allowed was alpha
     assert answer.served_by == key("alpha") and answer.attempts == 1
+
+
+async def test_a_deadline_that_passes_before_the_hedge_lets_go_of_the_first_target(
+    make: MakePipeline, faults: FaultServer, vtime: VirtualTime
+) -> None:
+    # The request's deadline passes (on the injected clock) while alpha is still silent: no hedge may start,
+    # and alpha's call, which nobody will read any more, is cancelled rather than left running.
+    faults["alpha"].script(slow(3.0))
+    p = make(HEDGED, top=TOP)
+
+    async def time_runs_out() -> None:
+        await asyncio.sleep(0.05)
+        vtime.advance(60.0)
+
+    clock = asyncio.ensure_future(time_runs_out())
+    answer = await ask(p)
+    await clock
+    assert faults.order() == ["alpha"]
+    assert answer.error is not None and answer.error.code == "deadline_exceeded"
+    assert answer.attempts == 1  # the hedge was never sent
+    assert await wait_for(faults["alpha"].hits[0].disconnected, 1.0)

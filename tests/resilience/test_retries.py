@@ -274,7 +274,7 @@ async def test_quota_429_moves_on_without_retrying_and_cools_the_target_for_the_
     p = make(ORDERED_AB, top=retries(3) + "cooldown: {base_ms: 1000, max_ms: 45000}\n")
     answer = await ask(p)
     assert faults.order() == ["alpha", "beta"]
-    assert vtime.sleeps == [0.0]  # tenacity's zero wait: straight on to the next target
+    assert vtime.sleeps == [0.0]  # a zero wait: straight on to the next target
     assert answer.error is None and answer.served_by == key("beta") and answer.attempts == 2
     state = (await p.health.snapshot([key("alpha")]))[key("alpha")]
     assert (state.cooling_ms, state.cause) == (45000, "quota")

@@ -158,7 +158,7 @@ async def test_the_same_target_is_retried_same_target_times_then_the_next_one_ge
     p = make(ORDERED_AB, top=top(attempts=6, same_target=2))
     answer = await ask(p)
     assert faults.order() == ["alpha", "alpha", "alpha", "beta", "beta"]
-    # tenacity's attempt number drives the backoff: 0.25, 0.5 on alpha; none to move on; 2.0 on beta.
+    # The loop's turn number drives the backoff: 0.25, 0.5 on alpha; none to move on; 2.0 on beta.
     rng = random.Random(SEED)
     assert vtime.sleeps == [rng.uniform(0, 0.25), rng.uniform(0, 0.5), 0.0, rng.uniform(0, 2.0)]
     assert answer.served_by == key("beta") and answer.attempts == 5
