@@ -12,8 +12,9 @@ import httpx
 import pytest
 import yaml
 
-from .errors import ALL_ROUTES, PAIS_ROUTE
-from .harness import REPO, GatewayProcess, cli_env, run_cli
+from tests.helpers.errors import ALL_ROUTES, PAIS_ROUTE
+from tests.helpers.recordings import REPO
+from tests.helpers.servers import GatewayProcess, cli_env, run_cli
 
 BAD_CONFIGS = [
     pytest.param("providers:\n  x: {kind: nope}\n", "providers.x.kind: Invalid enum value 'nope'", id="bad-kind"),

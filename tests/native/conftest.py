@@ -9,23 +9,20 @@ gateway's target health are reset per test.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from tests.e2e.harness import GatewayThread, Upstream, openai_client
+from tests.helpers.clients import openai_client
+from tests.helpers.servers import GatewayThread, serve_config
+from tests.helpers.upstreams import Upstream
 
 
 @pytest.fixture(scope="module")
 def upstream_server() -> Iterator[Upstream]:
-    server = Upstream()
-    server.start()
-    try:
+    with Upstream() as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
@@ -40,14 +37,12 @@ def gateway(
     request: pytest.FixtureRequest, upstream_server: Upstream, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[GatewayThread]:
     module = request.module
-    path: Path = tmp_path_factory.mktemp(module.__name__.rsplit(".", 1)[-1]) / "config.yaml"
-    path.write_text(module.CONFIG.format(key=getattr(module, "UPSTREAM_KEY", ""), url=upstream_server.url))
-    gw = GatewayThread(path, getattr(module, "GATEWAY_ENV", {}))
-    gw.start()
-    try:
+    with serve_config(
+        tmp_path_factory.mktemp(module.__name__.rsplit(".", 1)[-1]),
+        module.CONFIG.format(key=getattr(module, "UPSTREAM_KEY", ""), url=upstream_server.url),
+        getattr(module, "GATEWAY_ENV", {}),
+    ) as gw:
         yield gw
-    finally:
-        gw.stop()
 
 
 @pytest.fixture

@@ -13,7 +13,8 @@ import pytest
 from gateway.errors import UnsupportedParamError
 from providers.base import Endpoint, map_params
 from providers.deepseek import DeepSeekAdapter
-from tests.providers.kit import build, context, fixture_bytes, request
+from tests.helpers.adapters import build, context, request
+from tests.helpers.recordings import fixture_bytes
 
 ADAPTER = DeepSeekAdapter()
 ENDPOINT = Endpoint(

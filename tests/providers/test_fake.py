@@ -16,7 +16,7 @@ from gateway.errors import InvalidRequestError, UpstreamStatusError
 from gateway.schema import Completion, CompletionRequest
 from providers.base import Endpoint
 from providers.fake import FakeAdapter, _generate, _tokens
-from tests.providers.kit import context, request
+from tests.helpers.adapters import context, request
 
 ADAPTER = FakeAdapter()
 PROMPT = "Say this is a test"

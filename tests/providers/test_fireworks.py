@@ -16,7 +16,8 @@ from gateway.framing import SSEDecoder
 from gateway.schema import Usage
 from providers.base import Endpoint, map_params
 from providers.fireworks import FireworksAdapter
-from tests.providers.kit import build, chunked, context, fixture_bytes, request
+from tests.helpers.adapters import build, chunked, context, request
+from tests.helpers.recordings import fixture_bytes
 
 ADAPTER = FireworksAdapter()
 MODEL = "accounts/fireworks/models/llama-v3p1-8b-instruct"

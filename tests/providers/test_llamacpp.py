@@ -17,7 +17,7 @@ from gateway.framing import SSEDecoder
 from gateway.schema import Completion
 from providers.base import Endpoint
 from providers.llamacpp import LlamaCppAdapter
-from tests.providers.kit import as_json, build, chunked, context, request
+from tests.helpers.adapters import as_json, build, chunked, context, request
 
 ADAPTER = LlamaCppAdapter()
 ENDPOINT = Endpoint(provider="llama", model="qwen2.5-7b", base_url="http://gpu-2:8080")

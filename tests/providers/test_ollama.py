@@ -14,7 +14,8 @@ from gateway.framing import NDJSONDecoder
 from gateway.schema import Completion
 from providers.base import Endpoint
 from providers.ollama import OllamaAdapter
-from tests.providers.kit import as_json, build, chunked, context, fixture_bytes, request
+from tests.helpers.adapters import as_json, build, chunked, context, request
+from tests.helpers.recordings import fixture_bytes
 
 ADAPTER = OllamaAdapter()
 ENDPOINT = Endpoint(provider="local-ollama", model="llama3", base_url="http://127.0.0.1:11434")

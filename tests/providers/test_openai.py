@@ -13,7 +13,8 @@ from gateway.framing import SSEDecoder
 from gateway.schema import Completion
 from providers.base import Endpoint, map_params
 from providers.openai import OpenAIAdapter
-from tests.providers.kit import as_json, build, chunked, context, fixture_bytes, fixture_json, request
+from tests.helpers.adapters import as_json, build, chunked, context, request
+from tests.helpers.recordings import fixture_bytes, fixture_json
 
 ADAPTER = OpenAIAdapter()
 ENDPOINT = Endpoint(provider="openai", model="davinci-002", base_url="https://api.openai.com/v1", api_key="sk-test")

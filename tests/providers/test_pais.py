@@ -9,7 +9,7 @@ import pytest
 from gateway.errors import UnsupportedParamError
 from providers.base import Endpoint, map_params
 from providers.pais import PAISAdapter
-from tests.providers.kit import build, request
+from tests.helpers.adapters import build, request
 
 ADAPTER = PAISAdapter()
 BASE_URL = "https://pais.example.com/api/v1/compatibility/openai/v1"

@@ -10,7 +10,7 @@ import pytest
 from gateway.errors import UnsupportedParamError
 from providers.base import Endpoint
 from providers.sgp import SGPAdapter
-from tests.providers.kit import build, request
+from tests.helpers.adapters import build, request
 
 ADAPTER = SGPAdapter()
 ENDPOINT = Endpoint(provider="sgp", model="openai/gpt-4o-mini", base_url="https://api.egp.scale.com/", api_key="sgp-k")

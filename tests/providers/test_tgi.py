@@ -16,7 +16,8 @@ from gateway.framing import SSEDecoder
 from gateway.schema import Completion
 from providers.base import PARAM_FIELDS, Endpoint
 from providers.tgi import TGIAdapter
-from tests.providers.kit import as_json, build, chunked, context, fixture_bytes, fixture_json, request
+from tests.helpers.adapters import as_json, build, chunked, context, request
+from tests.helpers.recordings import fixture_bytes, fixture_json
 
 ADAPTER = TGIAdapter()
 ENDPOINT = Endpoint(provider="hf-tgi", model="tgi", base_url="http://tgi.local:8080/")

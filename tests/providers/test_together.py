@@ -11,7 +11,8 @@ from gateway.errors import UnsupportedParamError
 from providers.base import Endpoint, map_params
 from providers.retry_after import retry_after
 from providers.together import TogetherAdapter
-from tests.providers.kit import as_json, build, context, fixture_bytes, fixture_headers, fixture_json, request
+from tests.helpers.adapters import as_json, build, context, request
+from tests.helpers.recordings import fixture_bytes, fixture_headers, fixture_json
 
 ADAPTER = TogetherAdapter()
 MODEL = "mistralai/Mixtral-8x7B-Instruct-v0.1"

@@ -11,7 +11,8 @@ import pytest
 from gateway.errors import UnsupportedParamError
 from providers.base import Endpoint
 from providers.vllm import VLLMAdapter
-from tests.providers.kit import as_json, build, context, fixture_bytes, request
+from tests.helpers.adapters import as_json, build, context, request
+from tests.helpers.recordings import fixture_bytes
 
 ADAPTER = VLLMAdapter()
 MODEL = "meta-llama/Llama-3.1-8B"

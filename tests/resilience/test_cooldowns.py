@@ -10,11 +10,11 @@ import asyncio
 
 from gateway.errors import AllTargetsCoolingError
 from gateway.health import TargetState
-from tests.e2e.harness import RedisServer
+from tests.helpers.faults import FaultServer, good, rate_limited, slow, unavailable
+from tests.helpers.pipelines import VirtualTime, ask, key, state
+from tests.helpers.redis import RedisServer
 
 from .conftest import MakePipeline, Reference
-from .faults import FaultServer, good, rate_limited, slow, unavailable
-from .kit import VirtualTime, ask, key, state
 
 ONLY_A = """
   - name: smart

@@ -19,10 +19,7 @@ from gateway.config import ConfigError, parse_config
 from gateway.endpoint import error_headers
 from gateway.errors import client_retry
 from gateway.pipeline import Pipeline
-from tests.e2e.harness import fixture_bytes, free_port, wait_for
-
-from .conftest import SEED, MakePipeline, Reference
-from .faults import (
+from tests.helpers.faults import (
     SERVER_ERROR_BODY,
     Behaviour,
     FaultServer,
@@ -34,7 +31,12 @@ from .faults import (
     server_error,
     unavailable,
 )
-from .kit import PROVIDERS, VirtualTime, ask, key, same_but_id, state
+from tests.helpers.pipelines import PROVIDERS, VirtualTime, ask, key, same_but_id, state
+from tests.helpers.recordings import fixture_bytes
+from tests.helpers.servers import free_port
+from tests.helpers.waiting import wait_for
+
+from .conftest import SEED, MakePipeline, Reference
 
 ORDERED_AB = """
   - name: smart

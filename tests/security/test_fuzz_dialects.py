@@ -43,7 +43,9 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from gateway.schema import CompletionRequest
-from tests.e2e.harness import FIXTURES, GatewayProcess, Received, Upstream, cli_env, sse_events
+from tests.helpers.recordings import FIXTURES, sse_events
+from tests.helpers.servers import GatewayProcess, cli_env
+from tests.helpers.upstreams import Received, Upstream
 
 ROUTES: Final = {
     "/v1/completions": "openai",

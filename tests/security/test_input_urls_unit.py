@@ -17,7 +17,7 @@ from providers.azure import AzureAdapter
 from providers.base import Adapter, Endpoint, path_segment
 from providers.bedrock import BedrockAdapter
 from providers.gemini import GeminiAdapter
-from tests.providers.kit import build, request
+from tests.helpers.adapters import build, request
 
 ADAPTERS: list[tuple[Adapter, Endpoint]] = [
     (GeminiAdapter(), Endpoint(provider="gem", model="", base_url="https://g.example", api_key="k")),

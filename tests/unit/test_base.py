@@ -14,7 +14,7 @@ from providers.base import PARAM_FIELDS, Param, map_params, prompt_form, table
 from providers.openai import OpenAIAdapter
 from providers.openai_compat import OPENAI_PARAMS, stop_list
 from providers.pais import PAISAdapter
-from tests.providers.kit import request
+from tests.helpers.adapters import request
 
 
 def test_param_fields_exclude_gateway_and_alias_fields() -> None:

@@ -12,7 +12,7 @@ from gateway.dialects import decode_error
 from gateway.errors import InvalidRequestError
 from gateway.request import FORBIDDEN_HEADERS, MAX_CHOICES, normalize
 from gateway.schema import MAX_LOGPROBS, MAX_STOPS, CompletionRequest, decode_request
-from tests.providers.kit import request
+from tests.helpers.adapters import request
 
 
 def refused(param: str, **fields: Any) -> InvalidRequestError:

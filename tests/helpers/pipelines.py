@@ -1,4 +1,4 @@
-"""Building gateways for the resilience suite and reading what they answered.
+"""The real `Pipeline` in process over scripted targets, with injected time, and what it answered.
 
 In-process tests build the real `Pipeline` from a real config and inject only time: `VirtualTime`
 records every wait the failover loop asks for and advances a virtual clock by it instead of sleeping,
@@ -23,8 +23,7 @@ from gateway.dialects import OPENAI
 from gateway.errors import GatewayError
 from gateway.health import TargetState
 from gateway.pipeline import Pipeline
-
-from .faults import FaultServer
+from tests.helpers.faults import FaultServer
 
 PROMPT: Final = "Tell me a joke about opentelemetry"
 PROVIDERS: Final = ("alpha", "beta", "gamma", "delta", "omega")
