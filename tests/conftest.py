@@ -1,4 +1,4 @@
-"""Fixtures every suite may ask for: real redis-servers and a fault-injecting upstream.
+"""Fixtures every suite may ask for: real redis-servers, a loopback upstream and a fault-injecting one.
 
 Each starts only when a test asks for it and stops by itself. The helpers they are built from live in
 tests/helpers/ (docs/testing.md); a suite's own gateway and upstream fixtures live in its conftest.py.
@@ -14,6 +14,7 @@ import pytest
 
 from tests.helpers.faults import FaultServer
 from tests.helpers.redis import RedisServer
+from tests.helpers.upstreams import Upstream
 
 
 @pytest.fixture(scope="session")
@@ -41,6 +42,21 @@ def redis() -> Iterator[RedisServer]:
         yield server
         if server.running:
             os.kill(server.proc.pid, signal.SIGCONT)  # in case the test left it frozen
+
+
+@pytest.fixture(scope="module")
+def upstream_server() -> Iterator[Upstream]:
+    """One loopback upstream per module (tests/e2e overrides it with one per session)."""
+    with Upstream() as server:
+        yield server
+
+
+@pytest.fixture
+def upstream(upstream_server: Upstream) -> Iterator[Upstream]:
+    """The upstream with no handler and nothing received, before and after the test."""
+    upstream_server.reset()
+    yield upstream_server
+    upstream_server.reset()
 
 
 @pytest.fixture

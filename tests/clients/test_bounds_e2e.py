@@ -62,12 +62,6 @@ async def _recordings(request: web.Request, received: Received) -> web.StreamRes
     return web.Response(status=599, text=f"no recording for {path}")
 
 
-@pytest.fixture(scope="module")
-def upstream_server() -> Iterator[Upstream]:
-    with Upstream() as server:
-        yield server
-
-
 @pytest.fixture
 def upstream(upstream_server: Upstream) -> Iterator[Upstream]:
     upstream_server.reset()

@@ -144,12 +144,6 @@ async def _dispatch(request: web.Request, rec: Received) -> web.StreamResponse:
     return web.Response(status=599, text=f"unexpected upstream call {rec.path}")
 
 
-@pytest.fixture(scope="module")
-def upstream_server() -> Iterator[Upstream]:
-    with Upstream() as server:
-        yield server
-
-
 @pytest.fixture
 def upstream(upstream_server: Upstream) -> Iterator[Upstream]:
     upstream_server.reset()

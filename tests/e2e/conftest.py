@@ -97,13 +97,6 @@ def upstream_server() -> Iterator[Upstream]:
         yield server
 
 
-@pytest.fixture
-def upstream(upstream_server: Upstream) -> Iterator[Upstream]:
-    upstream_server.reset()
-    yield upstream_server
-    upstream_server.reset()
-
-
 @pytest.fixture(scope="session")
 def gateway(upstream_server: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
     with serve_config(tmp_path_factory.mktemp("gateway"), main_config(upstream_server.url), GATEWAY_ENV) as gw:

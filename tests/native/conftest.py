@@ -2,8 +2,8 @@
 
 Each test module declares `CONFIG`, a gateway config with `{url}` (the loopback upstream) and, when the
 provider takes a key, `{key}` filled from the module's `UPSTREAM_KEY`; `GATEWAY_ENV`, if set, is the
-gateway's environment. One upstream and one gateway serve a module; the upstream's recording and the
-gateway's target health are reset per test.
+gateway's environment. One upstream (`upstream_server`, tests/conftest.py) and one gateway serve a
+module; the upstream's recording and the gateway's target health are reset per test.
 """
 
 from __future__ import annotations
@@ -17,19 +17,6 @@ import pytest
 from tests.helpers.clients import openai_client
 from tests.helpers.servers import GatewayThread, serve_config
 from tests.helpers.upstreams import Upstream
-
-
-@pytest.fixture(scope="module")
-def upstream_server() -> Iterator[Upstream]:
-    with Upstream() as server:
-        yield server
-
-
-@pytest.fixture
-def upstream(upstream_server: Upstream) -> Iterator[Upstream]:
-    upstream_server.reset()
-    yield upstream_server
-    upstream_server.reset()
 
 
 @pytest.fixture(scope="module")
