@@ -5,13 +5,13 @@ Client input (test_input_body, _globs, _headers, _model ask for `client` and `up
 127.0.0.1 that records what it received, raw request target included, so a test can prove that a
 refused request never left the gateway.
 
-Work bounds (test_work_*.py ask for `gateway`, `upstream` and `api`): the upstream answers as Ollama
+Work bounds (test_work_*.py ask for `gateway`, `api` and the root `upstream`): the upstream answers as Ollama
 (guided_regex, n and echo emulated by the gateway) and as Anthropic (guided_json emulated) do, from the
 recorded bodies in tests/fixtures with only the generated text replaced. `/health` is polled while a
 request runs to show that the worker's event loop keeps answering.
 
 Both sets are module-scoped: every test module gets servers of its own. A module that defines a fixture
-of the same name (`gateway`, `upstream`, `api`, `client`) uses its own.
+of the same name (`gateway`, `api`, `client`, `up`) uses its own.
 """
 
 from __future__ import annotations
@@ -145,25 +145,18 @@ def answering(text: str) -> Handler:
 
 
 @pytest.fixture(scope="module")
-def upstream() -> Iterator[Upstream]:
-    with Upstream() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def gateway(upstream: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
-    with serve_config(tmp_path_factory.mktemp("work"), WORK_CONFIG.format(u=upstream.url, key=KEY)) as gw:
+def gateway(upstream_server: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
+    with serve_config(tmp_path_factory.mktemp("work"), WORK_CONFIG.format(u=upstream_server.url, key=KEY)) as gw:
         yield gw
 
 
 @pytest.fixture
 def api(gateway: GatewayThread, upstream: Upstream) -> Iterator[httpx.Client]:
-    upstream.reset()
+    """The work key's client; asking for it resets the upstream (`upstream`, tests/conftest.py) too."""
     with httpx.Client(
         base_url=gateway.url, trust_env=False, timeout=30, headers={"authorization": f"Bearer {KEY}"}
     ) as client:
         yield client
-    upstream.reset()
 
 
 class HealthProbe:
