@@ -26,12 +26,12 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any, Final
 
 from aiohttp import web
 
 from tests.helpers.recordings import fixture_bytes, fixture_headers, fixture_json, sse_events
+from tests.helpers.servers import Running
 from tests.helpers.upstreams import Received, Upstream
 
 RECORDED_JSON: Final = fixture_bytes("openai/completion_davinci002.json")
@@ -309,7 +309,7 @@ class Target:
             raise
 
 
-class FaultServer:
+class FaultServer(Running):
     """A loopback aiohttp server holding scripted targets; `journal` is every hit in arrival order."""
 
     def __init__(self) -> None:
@@ -327,15 +327,6 @@ class FaultServer:
 
     def stop(self) -> None:
         self._upstream.stop()
-
-    def __enter__(self) -> FaultServer:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     def __getitem__(self, name: str) -> Target:
         target = self.targets.get(name)

@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 import httpx
 import uvicorn
@@ -29,6 +30,25 @@ from gateway.app import create_app
 from gateway.config import load_config
 from gateway.pipeline import Pipeline
 from tests.helpers.recordings import REPO
+
+
+class Running:
+    """A server that starts on entering a `with` block and stops on leaving it, whatever happened."""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
 
 
 def free_port() -> int:
@@ -41,7 +61,7 @@ def free_port() -> int:
 # The gateway
 
 
-class GatewayThread:
+class GatewayThread(Running):
     """`create_app(load_config(path))` served by uvicorn in a thread, like `serve` (uvloop, httptools)."""
 
     def __init__(self, config_path: Path, env: Mapping[str, str]) -> None:
@@ -86,15 +106,6 @@ class GatewayThread:
         self._thread.join(15)
         self._sock.close()
         assert not self._thread.is_alive(), "the gateway did not stop"
-
-    def __enter__(self) -> GatewayThread:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
 
 @contextlib.contextmanager

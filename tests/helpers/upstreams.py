@@ -12,10 +12,11 @@ import socket
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from aiohttp import web
+
+from tests.helpers.servers import Running
 
 
 @dataclass
@@ -89,7 +90,7 @@ def is_listing(method: str, path: str) -> bool:
     return method == "GET" and path.endswith(("/models", "/api/tags"))
 
 
-class Upstream:
+class Upstream(Running):
     """An aiohttp server on 127.0.0.1 in its own thread; tests set `handler` and read `received`.
 
     Handler tasks are cancelled when the peer (the gateway) closes the connection, so a test can observe
@@ -158,15 +159,6 @@ class Upstream:
             self._thread.join(10)
             self._loop.close()
             self._sock.close()
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     def only(self) -> Received:
         """The single request the upstream received since the last reset."""
