@@ -1,6 +1,6 @@
 """The gateway as the clients people already run see it, over real sockets.
 
-One gateway (uvicorn in a thread, `tests/e2e/harness.py`) serves two providers: the keyless `demo` fake
+One gateway (uvicorn in a thread, `tests/helpers/servers.py`) serves two providers: the keyless `demo` fake
 and `local`, a vLLM server played by a loopback aiohttp upstream (`VLLMLike`). The upstream answers the
 way vLLM's OpenAI server does; where its shape comes from:
 
@@ -33,14 +33,15 @@ from bisect import bisect_left
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import accumulate
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from aiohttp import web
 
-from tests.e2e.harness import GatewayThread, Received, Upstream, fixture_json
+from tests.helpers.recordings import fixture_json
+from tests.helpers.servers import GatewayThread, serve_config
+from tests.helpers.upstreams import Received, Upstream
 
 CLIENTS_KEY = "gk-clients-5e0c9a"
 VLLM_MODEL = "facebook/opt-125m"  # the model of the vLLM recording the answers are built on
@@ -271,13 +272,9 @@ def vllm_like() -> VLLMLike:
 
 @pytest.fixture(scope="session")
 def vllm_upstream(vllm_like: VLLMLike) -> Iterator[Upstream]:
-    server = Upstream()
-    server.handler = vllm_like.handler
-    server.start()
-    try:
+    with Upstream() as server:
+        server.handler = vllm_like.handler
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
@@ -291,14 +288,10 @@ def upstream(vllm_upstream: Upstream, vllm_like: VLLMLike) -> Iterator[Upstream]
 
 @pytest.fixture(scope="session")
 def gateway(vllm_upstream: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
-    path: Path = tmp_path_factory.mktemp("clients") / "config.yaml"
-    path.write_text(CONFIG.format(u=vllm_upstream.url))
-    gw = GatewayThread(path, {"CLIENTS_KEY": CLIENTS_KEY})
-    gw.start()
-    try:
+    with serve_config(
+        tmp_path_factory.mktemp("clients"), CONFIG.format(u=vllm_upstream.url), {"CLIENTS_KEY": CLIENTS_KEY}
+    ) as gw:
         yield gw
-    finally:
-        gw.stop()
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,18 +18,11 @@ import openai
 import pytest
 from aiohttp import web
 
-from tests.e2e.errors import assert_error
-from tests.e2e.harness import (
-    GatewayThread,
-    Received,
-    Upstream,
-    fixture_bytes,
-    openai_client,
-    reply,
-    reply_sse,
-    sse_data,
-    sse_events,
-)
+from tests.helpers.clients import openai_client, sse_data
+from tests.helpers.errors import assert_error
+from tests.helpers.recordings import fixture_bytes, sse_events
+from tests.helpers.servers import GatewayThread, serve_config
+from tests.helpers.upstreams import Received, Upstream, reply, reply_sse
 
 OPENAI_KEY = "sk-upstream-bounds-e2e"
 CONFIG = """
@@ -70,16 +62,6 @@ async def _recordings(request: web.Request, received: Received) -> web.StreamRes
     return web.Response(status=599, text=f"no recording for {path}")
 
 
-@pytest.fixture(scope="module")
-def upstream_server() -> Iterator[Upstream]:
-    server = Upstream()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture
 def upstream(upstream_server: Upstream) -> Iterator[Upstream]:
     upstream_server.reset()
@@ -90,14 +72,8 @@ def upstream(upstream_server: Upstream) -> Iterator[Upstream]:
 
 @pytest.fixture(scope="module")
 def gateway(upstream_server: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
-    path: Path = tmp_path_factory.mktemp("bounds") / "config.yaml"
-    path.write_text(CONFIG.format(key=OPENAI_KEY, url=upstream_server.url))
-    gw = GatewayThread(path, {})
-    gw.start()
-    try:
+    with serve_config(tmp_path_factory.mktemp("bounds"), CONFIG.format(key=OPENAI_KEY, url=upstream_server.url)) as gw:
         yield gw
-    finally:
-        gw.stop()
 
 
 @pytest.fixture

@@ -18,7 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.harness import Upstream, sse_data
+from tests.helpers.clients import sse_data
+from tests.helpers.upstreams import Upstream
 
 from .conftest import LOCAL, VLLMLike
 

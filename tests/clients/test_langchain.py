@@ -16,7 +16,8 @@ from langchain_core.language_models import LanguageModelInput
 from langchain_openai import OpenAI
 from pydantic import SecretStr
 
-from tests.e2e.harness import GatewayThread, Upstream
+from tests.helpers.servers import GatewayThread
+from tests.helpers.upstreams import Upstream
 
 from .conftest import CLIENTS_KEY, LOCAL
 

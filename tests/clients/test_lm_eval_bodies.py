@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.harness import Upstream
+from tests.helpers.upstreams import Upstream
 
 from .conftest import LOCAL, VLLMLike, decode
 

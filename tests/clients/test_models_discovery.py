@@ -19,16 +19,10 @@ import httpx
 import pytest
 from aiohttp import web
 
-from tests.e2e.harness import (
-    GatewayThread,
-    Handler,
-    Received,
-    Upstream,
-    fixture_bytes,
-    hang,
-    openai_client,
-    reply,
-)
+from tests.helpers.clients import openai_client
+from tests.helpers.recordings import fixture_bytes
+from tests.helpers.servers import GatewayThread
+from tests.helpers.upstreams import Handler, Received, Upstream, hang, reply
 
 FULL_KEY = "gk-models-full-51c0e2"
 LIMITED_KEY = "gk-models-vl-7a0b93"
@@ -98,12 +92,8 @@ def write_config(tmp_path: Path, upstream: Upstream, *, ttl_ms: int = 60_000, ti
 
 @pytest.fixture
 def upstream() -> Iterator[Upstream]:
-    server = Upstream()
-    server.start()
-    try:
+    with Upstream() as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 from gateway.config import ConfigError, parse_config
 from gateway.discovery import NotAListing, listed_ids, listing_request, wanted
 from gateway.routing import Router
-from tests.e2e.harness import fixture_bytes
+from tests.helpers.recordings import fixture_bytes
 
 
 def test_vllm_listing_ids_keep_the_upstreams_order() -> None:

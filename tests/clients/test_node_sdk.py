@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.harness import GatewayThread
+from tests.helpers.servers import GatewayThread
 
 from .conftest import CLIENTS_KEY
 

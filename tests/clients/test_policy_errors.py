@@ -6,7 +6,7 @@ raises NotFoundError, not BadRequestError. An error the gateway has already retr
 wait the gateway could not afford says `true` with that wait, and the SDK's retry wins.
 
 The gateway is the real app under uvicorn on a loopback port; upstreams are scripted loopback servers
-(tests/resilience/faults.py) answering recorded bodies (tests/fixtures/SOURCES.md).
+(tests/helpers/faults.py) answering recorded bodies (tests/fixtures/SOURCES.md).
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.errors import ALL_ROUTES, assert_error
-from tests.e2e.harness import GatewayThread, fixture_bytes
-from tests.resilience.faults import FaultServer, rate_limited, respond, server_error
+from tests.helpers.errors import ALL_ROUTES, assert_error
+from tests.helpers.faults import FaultServer, rate_limited, respond, server_error
+from tests.helpers.recordings import fixture_bytes
+from tests.helpers.servers import GatewayThread, serve_config
 
 VLLM_404 = "vllm/error_404_model_not_found.json"
 VLLM_404_NESTED = "vllm/error_404_model_not_found.nested.json"
@@ -49,24 +50,14 @@ models:
 
 @pytest.fixture(scope="module")
 def faults() -> Iterator[FaultServer]:
-    server = FaultServer()
-    server.start()
-    try:
+    with FaultServer() as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
 def gateway(faults: FaultServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
-    path = tmp_path_factory.mktemp("policy-errors") / "config.yaml"
-    path.write_text(config(faults))
-    gw = GatewayThread(path, env={})
-    gw.start()
-    try:
+    with serve_config(tmp_path_factory.mktemp("policy-errors"), config(faults)) as gw:
         yield gw
-    finally:
-        gw.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -4,7 +4,7 @@ A `500` once, or a `429` with a short `Retry-After`, is retried on the target th
 (`retries.same_target: 1`, the default) so the answer comes from that model; a `429` whose wait is past
 the budget, a timeout and a target that cannot be reached fail over to the fallback at once; and
 `same_target: 0` restores immediate failover. The order of upstream calls is read from the scripted
-upstreams' shared journal (tests/resilience/faults.py), whose good answers are the recorded OpenAI ones.
+upstreams' shared journal (tests/helpers/faults.py), whose good answers are the recorded OpenAI ones.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.harness import GatewayThread, free_port
-from tests.resilience.faults import RECORDED_COMPLETION, Behaviour, FaultServer, hang, rate_limited, reset, server_error
+from tests.helpers.faults import RECORDED_COMPLETION, Behaviour, FaultServer, hang, rate_limited, reset, server_error
+from tests.helpers.servers import GatewayThread, free_port, serve_config
 
 RETRIES = "retries: {{attempts: 3, initial_backoff_ms: 10, max_backoff_ms: 50, budget_ms: 1000{same}}}"
 
@@ -50,24 +50,14 @@ models:
 
 @pytest.fixture(scope="module")
 def faults() -> Iterator[FaultServer]:
-    server = FaultServer()
-    server.start()
-    try:
+    with FaultServer() as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
 def gateway(faults: FaultServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
-    path = tmp_path_factory.mktemp("policy-failover") / "config.yaml"
-    path.write_text(config(faults, free_port()))
-    gw = GatewayThread(path, env={})
-    gw.start()
-    try:
+    with serve_config(tmp_path_factory.mktemp("policy-failover"), config(faults, free_port())) as gw:
         yield gw
-    finally:
-        gw.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,6 @@
 """vLLM's tokenizer routes and the model-scoped base path, over real sockets.
 
-The gateway is `create_app` under uvicorn (tests/e2e/harness.py). The upstreams are one loopback aiohttp
+The gateway is `create_app` under uvicorn (tests/helpers/servers.py). The upstreams are one loopback aiohttp
 server speaking, under a path prefix each, vLLM's (`/vl`, `/vlold`, `/moved`), llama.cpp's (`/ll`) and
 TGI's (`/tgi`) tokenizer routes. No recording of these routes exists (tests/fixtures, /work/shared/fixtures),
 so their answers follow the servers' own source and docs, quoted where each is built below:
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import http.client
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -27,7 +26,10 @@ import pytest
 from aiohttp import web
 
 from gateway.config import ConfigError, parse_config
-from tests.e2e.harness import GatewayThread, Received, Upstream, fixture_bytes, openai_client
+from tests.helpers.clients import openai_client
+from tests.helpers.recordings import fixture_bytes
+from tests.helpers.servers import GatewayThread, serve_config
+from tests.helpers.upstreams import Received, Upstream
 
 FULL_KEY = "gk-tok-full-5d1e"
 NARROW_KEY = "gk-tok-narrow-77a0"
@@ -142,16 +144,6 @@ async def _dispatch(request: web.Request, rec: Received) -> web.StreamResponse:
     return web.Response(status=599, text=f"unexpected upstream call {rec.path}")
 
 
-@pytest.fixture(scope="module")
-def upstream_server() -> Iterator[Upstream]:
-    server = Upstream()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture
 def upstream(upstream_server: Upstream) -> Iterator[Upstream]:
     upstream_server.reset()
@@ -162,14 +154,10 @@ def upstream(upstream_server: Upstream) -> Iterator[Upstream]:
 
 @pytest.fixture(scope="module")
 def gateway(upstream_server: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
-    path: Path = tmp_path_factory.mktemp("tokenizer") / "config.yaml"
-    path.write_text(CONFIG.format(u=upstream_server.url, model=MODEL, vllm_key=VLLM_KEY))
-    gw = GatewayThread(path, ENV)
-    gw.start()
-    try:
+    with serve_config(
+        tmp_path_factory.mktemp("tokenizer"), CONFIG.format(u=upstream_server.url, model=MODEL, vllm_key=VLLM_KEY), ENV
+    ) as gw:
         yield gw
-    finally:
-        gw.stop()
 
 
 @pytest.fixture

@@ -9,13 +9,14 @@ the CLI) start their own.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from .harness import GatewayThread, Upstream, free_port, openai_client
+from tests.helpers.clients import openai_client
+from tests.helpers.servers import GatewayThread, free_port, serve_config
+from tests.helpers.upstreams import Upstream
 
 FULL_KEY = "gk-e2e-full-6b1f0c"
 LIMITED_KEY = "gk-e2e-limited-93d2aa"
@@ -92,31 +93,14 @@ def main_config(upstream_url: str) -> str:
 
 @pytest.fixture(scope="session")
 def upstream_server() -> Iterator[Upstream]:
-    server = Upstream()
-    server.start()
-    try:
+    with Upstream() as server:
         yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def upstream(upstream_server: Upstream) -> Iterator[Upstream]:
-    upstream_server.reset()
-    yield upstream_server
-    upstream_server.reset()
 
 
 @pytest.fixture(scope="session")
 def gateway(upstream_server: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
-    path: Path = tmp_path_factory.mktemp("gateway") / "config.yaml"
-    path.write_text(main_config(upstream_server.url))
-    gw = GatewayThread(path, GATEWAY_ENV)
-    gw.start()
-    try:
+    with serve_config(tmp_path_factory.mktemp("gateway"), main_config(upstream_server.url), GATEWAY_ENV) as gw:
         yield gw
-    finally:
-        gw.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.helpers.errors import ALL_ROUTES, FASTAPI_ROUTES, assert_error
+from tests.helpers.redis import RedisServer
+from tests.helpers.servers import GatewayThread, free_port
+from tests.helpers.upstreams import Upstream
+
 from .conftest import FULL_KEY, LIMITED_KEY
-from .errors import ALL_ROUTES, FASTAPI_ROUTES, assert_error
-from .harness import RedisServer, Upstream, free_port, serving
 
 ECHO = {"model": "demo/echo", "prompt": "hello there"}
 MISSING_KEY = "Missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
@@ -180,24 +182,15 @@ providers:
 """
 
 
-@pytest.fixture
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-def test_ready_with_real_redis_then_redis_gone(redis_server: RedisServer, tmp_path: Path) -> None:
+def test_ready_with_real_redis_then_redis_gone(redis: RedisServer, tmp_path: Path) -> None:
     path = tmp_path / "redis.yaml"
-    path.write_text(MINIMAL.format(redis=redis_server.url))
-    with serving(path, {}) as gw, httpx.Client(base_url=gw.url, trust_env=False, timeout=10) as client:
+    path.write_text(MINIMAL.format(redis=redis.url))
+    with GatewayThread(path, {}) as gw, httpx.Client(base_url=gw.url, trust_env=False, timeout=10) as client:
         resp = client.get("/ready")
         assert (resp.status_code, resp.json()) == (200, {"status": "ready", "redis": "ok"})
         # Completions do not depend on Redis being reachable.
         assert client.post("/v1/completions", json=ECHO).status_code == 200
-        redis_server.stop()
+        redis.stop()
         resp = client.get("/ready")
         assert (resp.status_code, resp.json()) == (503, {"status": "degraded", "redis": "unreachable"})
 
@@ -205,7 +198,7 @@ def test_ready_with_real_redis_then_redis_gone(redis_server: RedisServer, tmp_pa
 def test_ready_503_when_redis_port_is_closed(tmp_path: Path) -> None:
     path = tmp_path / "closed.yaml"
     path.write_text(MINIMAL.format(redis=f"redis://127.0.0.1:{free_port()}/0"))
-    with serving(path, {}) as gw, httpx.Client(base_url=gw.url, trust_env=False, timeout=10) as client:
+    with GatewayThread(path, {}) as gw, httpx.Client(base_url=gw.url, trust_env=False, timeout=10) as client:
         resp = client.get("/ready")
         assert (resp.status_code, resp.json()) == (503, {"status": "degraded", "redis": "unreachable"})
         health = client.get("/health")
@@ -216,7 +209,7 @@ def test_ready_503_when_redis_port_is_closed(tmp_path: Path) -> None:
 def test_gateway_without_keys_is_open(tmp_path: Path, route: str) -> None:
     path = tmp_path / "open.yaml"
     path.write_text(MINIMAL.format(redis=""))
-    with serving(path, {}) as gw, httpx.Client(base_url=gw.url, trust_env=False, timeout=10) as client:
+    with GatewayThread(path, {}) as gw, httpx.Client(base_url=gw.url, trust_env=False, timeout=10) as client:
         resp = client.post(route, json=ECHO)
         assert resp.status_code == 200, resp.text
         assert resp.json()["choices"][0]["text"] == "hello there"
@@ -228,7 +221,7 @@ def test_gateway_without_keys_is_open(tmp_path: Path, route: str) -> None:
 def test_only_disabled_keys_keep_the_gateway_closed(tmp_path: Path) -> None:
     path = tmp_path / "closed-keys.yaml"
     path.write_text('keys: [{name: ops, key: "${E2E_UNSET_OPS_KEY}"}]\nproviders: {demo: {kind: fake}}\n')
-    with serving(path, {}) as gw, httpx.Client(base_url=gw.url, trust_env=False, timeout=10) as client:
+    with GatewayThread(path, {}) as gw, httpx.Client(base_url=gw.url, trust_env=False, timeout=10) as client:
         for route in FASTAPI_ROUTES:
             resp = client.post(route, json=ECHO)
             assert (resp.status_code, resp.json()) == (401, {"detail": MISSING_KEY})

@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from providers.registry import REGISTRY
-
-from .errors import ALL_ROUTES, PAIS_ROUTE
-from .harness import REPO, GatewayProcess, cli_env, run_cli
+from tests.helpers.errors import ALL_ROUTES, PAIS_ROUTE
+from tests.helpers.recordings import REPO
+from tests.helpers.servers import GatewayProcess, cli_env, run_cli
 
 BAD_CONFIGS = [
     pytest.param(

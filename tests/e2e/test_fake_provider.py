@@ -9,9 +9,11 @@ import httpx
 import openai
 import pytest
 
+from tests.helpers.clients import async_openai_client
+from tests.helpers.errors import ALL_ROUTES, SGP_ROUTE, assert_error
+from tests.helpers.servers import GatewayThread
+
 from .conftest import FULL_KEY
-from .errors import ALL_ROUTES, SGP_ROUTE, assert_error
-from .harness import GatewayThread, async_openai_client
 
 
 def test_echo_through_the_sdk(oai: openai.OpenAI) -> None:

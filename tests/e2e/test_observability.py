@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from gateway import accesslog
-
-from .harness import REPO, GatewayProcess, GatewayThread, cli_env, free_port, serving
+from tests.helpers.recordings import REPO
+from tests.helpers.servers import GatewayProcess, GatewayThread, cli_env, free_port
 
 # Declared models are labelled by name; any other demo/<name> would be counted as demo/other.
 BASE = """
@@ -48,7 +48,7 @@ def metric(text: str, name: str, **labels: str) -> float:
 def gw(tmp_path: Path) -> Iterator[GatewayThread]:
     path = tmp_path / "config.yaml"
     path.write_text(BASE)
-    with serving(path, {}) as g:
+    with GatewayThread(path, {}) as g:
         yield g
 
 

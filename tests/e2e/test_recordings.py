@@ -17,21 +17,13 @@ import openai
 import pytest
 from aiohttp import web
 
+from tests.helpers.clients import async_openai_client, sse_data
+from tests.helpers.errors import ALL_ROUTES
+from tests.helpers.recordings import fixture_bytes, fixture_headers, fixture_json, sse_events
+from tests.helpers.servers import GatewayThread
+from tests.helpers.upstreams import Received, Upstream, reply, reply_sse
+
 from .conftest import FULL_KEY, OPENAI_UPSTREAM_KEY
-from .errors import ALL_ROUTES
-from .harness import (
-    GatewayThread,
-    Received,
-    Upstream,
-    async_openai_client,
-    fixture_bytes,
-    fixture_json,
-    recorded_headers,
-    reply,
-    reply_sse,
-    sse_data,
-    sse_events,
-)
 
 OUR_ID = re.compile(r"^cmpl-[0-9a-f]{24}$")
 
@@ -65,7 +57,7 @@ def expected_from(recording: str, model: str, completion_id: str, **changes: Any
 
 
 def test_openai_davinci_recording(api: httpx.Client, upstream: Upstream) -> None:
-    upstream.handler = reply(fixture_bytes(DAVINCI), headers=recorded_headers(DAVINCI_HEADERS))
+    upstream.handler = reply(fixture_bytes(DAVINCI), headers=fixture_headers(DAVINCI_HEADERS))
     resp = api.post(
         "/v1/completions", json={"model": "openai/davinci-002", "prompt": "Tell me a joke about opentelemetry"}
     )
@@ -96,7 +88,7 @@ def test_each_call_gets_a_fresh_id(api: httpx.Client, upstream: Upstream) -> Non
 
 
 def test_openai_sdk_sync(oai: openai.OpenAI, upstream: Upstream) -> None:
-    upstream.handler = reply(fixture_bytes(DAVINCI), headers=recorded_headers(DAVINCI_HEADERS))
+    upstream.handler = reply(fixture_bytes(DAVINCI), headers=fixture_headers(DAVINCI_HEADERS))
     completion = oai.completions.create(
         model="openai/davinci-002", prompt="Tell me a joke about opentelemetry", max_tokens=16, temperature=0.7
     )
@@ -202,7 +194,7 @@ async def test_openai_davinci_stream_recording_async_sdk(gateway: GatewayThread,
 
 
 def test_together_recording(api: httpx.Client, upstream: Upstream) -> None:
-    upstream.handler = reply(fixture_bytes(TOGETHER), headers=recorded_headers(TOGETHER_HEADERS))
+    upstream.handler = reply(fixture_bytes(TOGETHER), headers=fixture_headers(TOGETHER_HEADERS))
     model = "together/mistralai/Mixtral-8x7B-Instruct-v0.1"
     resp = api.post("/v1/completions", json={"model": model, "prompt": "Tell me a joke about opentelemetry"})
     assert resp.status_code == 200, resp.text

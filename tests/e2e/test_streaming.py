@@ -14,21 +14,14 @@ import openai
 import pytest
 from aiohttp import web
 
+from tests.helpers.clients import async_openai_client, sse_data
+from tests.helpers.errors import ALL_ROUTES, assert_error
+from tests.helpers.recordings import fixture_bytes, fixture_json, sse_events
+from tests.helpers.servers import GatewayThread
+from tests.helpers.upstreams import Received, Upstream, reply, reply_sse
+from tests.helpers.waiting import wait_for
+
 from .conftest import FULL_KEY
-from .errors import ALL_ROUTES, assert_error
-from .harness import (
-    GatewayThread,
-    Received,
-    Upstream,
-    async_openai_client,
-    fixture_bytes,
-    fixture_json,
-    reply,
-    reply_sse,
-    sse_data,
-    sse_events,
-    wait_for,
-)
 
 DAVINCI = "openai/completion_davinci002.json"
 DAVINCI_STREAM = "openai/completion_stream_davinci002.sse.txt"

@@ -15,9 +15,13 @@ import httpx
 import openai
 import pytest
 
+from tests.helpers.clients import sse_data
+from tests.helpers.errors import ALL_ROUTES, PAIS_ROUTE, SGP_ROUTE, assert_error
+from tests.helpers.recordings import fixture_bytes, fixture_json, sse_events
+from tests.helpers.servers import GatewayThread
+from tests.helpers.upstreams import Upstream, reply, reply_sse
+
 from .conftest import AZURE_EU_KEY, AZURE_US_KEY, FULL_KEY, SGP_UPSTREAM_KEY
-from .errors import ALL_ROUTES, PAIS_ROUTE, SGP_ROUTE, assert_error
-from .harness import Upstream, fixture_bytes, fixture_json, reply, reply_sse, serving, sse_data, sse_events
 
 DAVINCI = "openai/completion_davinci002.json"
 DAVINCI_STREAM = "openai/completion_stream_davinci002.sse.txt"
@@ -421,7 +425,7 @@ def test_global_drop_policy_and_per_provider_override(tmp_path: Path) -> None:
     path = tmp_path / "drop.yaml"
     path.write_text(GLOBAL_DROP)
     body = {"model": "demo/echo", "prompt": "a b", "suffix": "}", "guided_regex": "[a-z]+"}
-    with serving(path, {}) as gw, httpx.Client(base_url=gw.url, trust_env=False, timeout=10) as client:
+    with GatewayThread(path, {}) as gw, httpx.Client(base_url=gw.url, trust_env=False, timeout=10) as client:
         resp = client.post(SGP_ROUTE, json=body)
         assert resp.status_code == 200, resp.text
         assert resp.headers["x-gateway-dropped-params"] == "suffix,guided_regex"

@@ -11,8 +11,9 @@ import httpx
 import openai
 import pytest
 
-from .errors import ALL_ROUTES, SGP_ROUTE, assert_error
-from .harness import Upstream, fixture_bytes, fixture_json, hang, reply
+from tests.helpers.errors import ALL_ROUTES, SGP_ROUTE, assert_error
+from tests.helpers.recordings import fixture_bytes, fixture_json
+from tests.helpers.upstreams import Upstream, hang, reply
 
 OPENAI_400 = "openai/error_400_model_not_found.json"
 TGI_422 = "tgi/error_422_validation.json"

@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from .errors import ALL_ROUTES, assert_error
-from .harness import Upstream
+from tests.helpers.errors import ALL_ROUTES, assert_error
+from tests.helpers.upstreams import Upstream
 
 MODEL = "openai/davinci-002"
 

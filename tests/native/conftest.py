@@ -2,37 +2,21 @@
 
 Each test module declares `CONFIG`, a gateway config with `{url}` (the loopback upstream) and, when the
 provider takes a key, `{key}` filled from the module's `UPSTREAM_KEY`; `GATEWAY_ENV`, if set, is the
-gateway's environment. One upstream and one gateway serve a module; the upstream's recording and the
-gateway's target health are reset per test.
+gateway's environment. One upstream (`upstream_server`, tests/conftest.py) and one gateway serve a
+module; the upstream's recording and the gateway's target health are reset per test.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from tests.e2e.harness import GatewayThread, Upstream, openai_client
-
-
-@pytest.fixture(scope="module")
-def upstream_server() -> Iterator[Upstream]:
-    server = Upstream()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def upstream(upstream_server: Upstream) -> Iterator[Upstream]:
-    upstream_server.reset()
-    yield upstream_server
-    upstream_server.reset()
+from tests.helpers.clients import openai_client
+from tests.helpers.servers import GatewayThread, serve_config
+from tests.helpers.upstreams import Upstream
 
 
 @pytest.fixture(scope="module")
@@ -40,14 +24,12 @@ def gateway(
     request: pytest.FixtureRequest, upstream_server: Upstream, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[GatewayThread]:
     module = request.module
-    path: Path = tmp_path_factory.mktemp(module.__name__.rsplit(".", 1)[-1]) / "config.yaml"
-    path.write_text(module.CONFIG.format(key=getattr(module, "UPSTREAM_KEY", ""), url=upstream_server.url))
-    gw = GatewayThread(path, getattr(module, "GATEWAY_ENV", {}))
-    gw.start()
-    try:
+    with serve_config(
+        tmp_path_factory.mktemp(module.__name__.rsplit(".", 1)[-1]),
+        module.CONFIG.format(key=getattr(module, "UPSTREAM_KEY", ""), url=upstream_server.url),
+        getattr(module, "GATEWAY_ENV", {}),
+    ) as gw:
         yield gw
-    finally:
-        gw.stop()
 
 
 @pytest.fixture

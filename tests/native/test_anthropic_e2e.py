@@ -10,15 +10,10 @@ import json
 import httpx
 import openai
 
-from tests.e2e.errors import assert_error
-from tests.e2e.harness import (
-    Upstream,
-    fixture_bytes,
-    reply,
-    reply_sse,
-    sse_data,
-    sse_events,
-)
+from tests.helpers.clients import sse_data
+from tests.helpers.errors import assert_error
+from tests.helpers.recordings import fixture_bytes, sse_events
+from tests.helpers.upstreams import Upstream, reply, reply_sse
 
 UPSTREAM_KEY = "sk-ant-upstream-e2e"
 MODEL = "claude/claude-sonnet-4-5-20250929"

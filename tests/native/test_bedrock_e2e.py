@@ -22,16 +22,11 @@ import pytest
 from aiohttp import web
 
 from providers import sigv4
-from tests.e2e.errors import assert_error
-from tests.e2e.harness import (
-    Handler,
-    Received,
-    Upstream,
-    fixture_bytes,
-    reply,
-    sse_data,
-)
-from tests.providers.eventstream import exception, split_frames
+from tests.helpers.clients import sse_data
+from tests.helpers.errors import assert_error
+from tests.helpers.eventstream import exception, split_frames
+from tests.helpers.recordings import fixture_bytes
+from tests.helpers.upstreams import Handler, Received, Upstream, reply
 from tests.providers.test_bedrock import RECORDED_TEXT
 
 AKID = "AKIDEXAMPLE"

@@ -11,8 +11,9 @@ from typing import Any
 import httpx
 import openai
 
-from tests.e2e.errors import assert_error
-from tests.e2e.harness import Upstream, fixture_bytes, reply, reply_sse
+from tests.helpers.errors import assert_error
+from tests.helpers.recordings import fixture_bytes
+from tests.helpers.upstreams import Upstream, reply, reply_sse
 
 UPSTREAM_KEY = "co-upstream-e2e"
 MODEL = "co/command-r7b-12-2024"

@@ -13,15 +13,10 @@ import openai
 import pytest
 from aiohttp import web
 
-from tests.e2e.errors import assert_error
-from tests.e2e.harness import (
-    Handler,
-    Received,
-    Upstream,
-    fixture_bytes,
-    reply,
-    sse_data,
-)
+from tests.helpers.clients import sse_data
+from tests.helpers.errors import assert_error
+from tests.helpers.recordings import fixture_bytes
+from tests.helpers.upstreams import Handler, Received, Upstream, reply
 from tests.providers.test_gemini import BLOCKED, CONTEXT_400, PER_DAY_429, RETRY_INFO_429
 
 UPSTREAM_KEY = "gm-upstream-e2e"

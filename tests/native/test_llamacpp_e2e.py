@@ -14,8 +14,9 @@ from typing import Any
 import httpx
 import openai
 
-from tests.e2e.errors import assert_error
-from tests.e2e.harness import Upstream, reply, reply_sse, sse_data
+from tests.helpers.clients import sse_data
+from tests.helpers.errors import assert_error
+from tests.helpers.upstreams import Upstream, reply, reply_sse
 
 MODEL = "llama/qwen2.5-7b-instruct"
 PROMPT = "Building a website can be done in 10 simple steps:"

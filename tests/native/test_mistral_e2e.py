@@ -11,17 +11,10 @@ import json
 import httpx
 import openai
 
-from tests.e2e.errors import assert_error
-from tests.e2e.harness import (
-    Received,
-    Upstream,
-    fixture_bytes,
-    fixture_json,
-    recorded_headers,
-    reply,
-    reply_sse,
-    sse_data,
-)
+from tests.helpers.clients import sse_data
+from tests.helpers.errors import assert_error
+from tests.helpers.recordings import fixture_bytes, fixture_headers, fixture_json
+from tests.helpers.upstreams import Received, Upstream, reply, reply_sse
 from tests.providers.test_mistral import RATE_LIMITED, STREAM_EVENTS, STREAM_TEXTS
 
 UPSTREAM_KEY = "ms-upstream-e2e"
@@ -49,7 +42,7 @@ def _sent(upstream: Upstream, path: str) -> Received:
 
 
 def test_openai_sdk_non_stream_recording(oai: openai.OpenAI, upstream: Upstream) -> None:
-    upstream.handler = reply(fixture_bytes(CHAT), headers=recorded_headers(HEADERS))
+    upstream.handler = reply(fixture_bytes(CHAT), headers=fixture_headers(HEADERS))
     completion = oai.completions.create(model=MODEL, prompt=PROMPT, max_tokens=200, seed=11, temperature=0.2)
     recorded = fixture_json(CHAT)
     assert completion.id.startswith("cmpl-")
@@ -142,7 +135,7 @@ def test_chat_only_field_with_suffix_is_refused(api: httpx.Client, upstream: Ups
 
 def test_rate_limit_with_an_exhausted_request_window(api: httpx.Client, upstream: Upstream) -> None:
     # The recorded rate-limit headers with the 10-second request bucket at zero, and no Retry-After.
-    headers = {**recorded_headers(HEADERS), "x-ratelimit-remaining-req-10-second": "0"}
+    headers = {**fixture_headers(HEADERS), "x-ratelimit-remaining-req-10-second": "0"}
     upstream.handler = reply(json.dumps(RATE_LIMITED).encode(), status=429, headers=headers)
     resp = api.post("/v1/completions", json={"model": MODEL, "prompt": "x"})
     assert_error(
@@ -157,7 +150,7 @@ def test_rate_limit_with_an_exhausted_request_window(api: httpx.Client, upstream
 
 
 def test_monthly_budget_spent_is_a_quota(api: httpx.Client, upstream: Upstream) -> None:
-    headers = {**recorded_headers(HEADERS), "x-ratelimit-remaining-tokens-month": "0"}
+    headers = {**fixture_headers(HEADERS), "x-ratelimit-remaining-tokens-month": "0"}
     upstream.handler = reply(json.dumps(RATE_LIMITED).encode(), status=429, headers=headers)
     resp = api.post("/v1/completions", json={"model": MODEL, "prompt": "x"})
     assert resp.status_code == 429, resp.text

@@ -11,8 +11,10 @@ import json
 import httpx
 import openai
 
-from tests.e2e.errors import assert_error
-from tests.e2e.harness import Upstream, fixture_bytes, fixture_json, reply, sse_data
+from tests.helpers.clients import sse_data
+from tests.helpers.errors import assert_error
+from tests.helpers.recordings import fixture_bytes, fixture_json
+from tests.helpers.upstreams import Upstream, reply
 
 MODEL = "local/llama3"
 PROMPT = "Tell me a joke about OpenTelemetry"

@@ -11,15 +11,10 @@ from typing import Any
 import httpx
 import openai
 
-from tests.e2e.errors import assert_error
-from tests.e2e.harness import (
-    Upstream,
-    fixture_bytes,
-    reply,
-    reply_sse,
-    sse_data,
-    sse_events,
-)
+from tests.helpers.clients import sse_data
+from tests.helpers.errors import assert_error
+from tests.helpers.recordings import fixture_bytes, sse_events
+from tests.helpers.upstreams import Upstream, reply, reply_sse
 
 UPSTREAM_KEY = "hf_upstream_e2e"
 MODEL = "hf/google/flan-t5-xxl"

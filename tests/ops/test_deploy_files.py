@@ -26,16 +26,15 @@ import pytest
 import yaml
 
 from gateway.config import load_config
-from tests.e2e.harness import cli_env, free_port
+from tests.helpers.recordings import REPO
+from tests.helpers.servers import GatewayChild, cli_env, free_port
 
-from .support import (
+from .conftest import (
     COMPOSE,
     CONFIG,
     DOCKERFILE,
     ENV_EXAMPLE,
-    REPO,
     VAR_REF,
-    GatewayChild,
     dockerfile_instructions,
     dockerfile_stages,
     load_yaml,

@@ -27,10 +27,10 @@ import httpx
 import pytest
 
 from gateway.__main__ import GRANIAN_MISSING
-from tests.e2e.harness import cli_env
+from tests.helpers.clients import openai_client
+from tests.helpers.recordings import REPO
+from tests.helpers.servers import GatewayChild, cli_env, unshare_pid_works
 
-from ..e2e.harness import openai_client
-from .support import REPO, GatewayChild, unshare_pid_works
 from .test_shutdown import STREAMS, Stream, _long_prompts, _read, sigterm_mid_streams
 
 CONFIG = """

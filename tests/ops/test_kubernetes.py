@@ -19,9 +19,10 @@ import pytest
 import yaml
 
 from gateway.config import parse_config
+from tests.helpers.recordings import REPO
 
+from .conftest import COMPOSE, CONFIG, ENV_EXAMPLE, VAR_REF, dockerfile_instructions, load_yaml
 from .kustomize import Unsupported, render
-from .support import COMPOSE, CONFIG, ENV_EXAMPLE, REPO, VAR_REF, dockerfile_instructions, load_yaml
 
 K8S = REPO / "deploy" / "kubernetes"
 # The oldest Kubernetes still in wide use with these APIs (policy/v1, autoscaling/v2 are GA from 1.23)

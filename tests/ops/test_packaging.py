@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import cli_env
+from tests.helpers.recordings import REPO
+from tests.helpers.servers import cli_env
 
-from .support import CONFIG, REPO, dockerfile_stages
+from .conftest import CONFIG, dockerfile_stages
 
 # What `python -m gateway serve` needs at run time, beyond the pure-Python web stack.
 RUNTIME_REQUIREMENTS = {"litestar", "msgspec", "yarl", "uvicorn", "uvloop", "httptools", "hiredis", "pyyaml", "redis"}

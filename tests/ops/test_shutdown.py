@@ -20,8 +20,7 @@ import httpx
 import pytest
 
 from gateway.config import ConfigError, load_config
-
-from .support import GatewayChild, unshare_pid_works
+from tests.helpers.servers import GatewayChild, unshare_pid_works
 
 STREAMS = 4
 TOKENS = 20

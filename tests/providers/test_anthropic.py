@@ -14,18 +14,8 @@ from gateway.framing import SSEDecoder
 from providers import REGISTRY
 from providers.anthropic import DEFAULT_MAX_TOKENS, AnthropicAdapter, AUsage, reset_hint, usage_from
 from providers.base import PARAM_FIELDS, Endpoint, map_params
-from tests.providers.kit import (
-    NATIVE,
-    SAMPLE,
-    as_json,
-    build,
-    chunked,
-    context,
-    fixture_bytes,
-    fixture_json,
-    request,
-    sample,
-)
+from tests.helpers.adapters import NATIVE, SAMPLE, as_json, build, chunked, context, request, sample
+from tests.helpers.recordings import fixture_bytes, fixture_json
 from wire.errors import MAX_RETRY_AFTER_S, InvalidRequestError, UnsupportedParamError, UpstreamStatusError
 from wire.schema import Completion
 

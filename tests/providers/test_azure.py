@@ -9,7 +9,7 @@ from gateway.routing import Router
 from providers.azure import DEFAULT_API_VERSION, AzureAdapter
 from providers.base import Endpoint
 from providers.openai_compat import OPENAI_PARAMS
-from tests.providers.kit import build, request
+from tests.helpers.adapters import build, request
 from wire.errors import UnsupportedParamError
 
 ADAPTER = AzureAdapter()

@@ -3,7 +3,7 @@ real recorded ConverseStream body, requests translated field by field, responses
 normalized from the real recordings in tests/fixtures/bedrock (pydantic-ai cassettes, see SOURCES.md).
 
 Frames the recordings lack (exception frames, a guardrail stop, non-string header types) are built with
-tests/providers/eventstream.py, which is first shown to reproduce a recorded frame byte for byte."""
+tests/helpers/eventstream.py, which is first shown to reproduce a recorded frame byte for byte."""
 
 from __future__ import annotations
 
@@ -26,19 +26,9 @@ from providers import REGISTRY, sigv4
 from providers.base import PARAM_FIELDS, Endpoint
 from providers.bedrock import DEFAULT_BASE_URL, BedrockAdapter, credentials, error_type
 from providers.envelope import Unreadable
-from tests.providers.eventstream import event, exception, frame, split_frames
-from tests.providers.kit import (
-    NATIVE,
-    SAMPLE,
-    as_json,
-    build,
-    chunked,
-    context,
-    fixture_bytes,
-    fixture_json,
-    request,
-    sample,
-)
+from tests.helpers.adapters import NATIVE, SAMPLE, as_json, build, chunked, context, request, sample
+from tests.helpers.eventstream import event, exception, frame, split_frames
+from tests.helpers.recordings import fixture_bytes, fixture_json
 from wire.errors import (
     InvalidRequestError,
     ProviderUnavailableError,

@@ -25,7 +25,7 @@ from providers.openai import OpenAIAdapter
 from providers.tgi import TGIAdapter
 from providers.together import TogetherAdapter
 from providers.vllm import VLLM_NATIVE, VLLMAdapter
-from tests.providers.kit import NATIVE, build, request
+from tests.helpers.adapters import NATIVE, build, request
 from wire.errors import InvalidRequestError, UnsupportedParamError
 from wire.schema import MAX_LOGPROBS, MAX_STOPS
 

@@ -19,7 +19,8 @@ from gateway.framing import SSEDecoder
 from providers import REGISTRY
 from providers.base import PARAM_FIELDS, Endpoint
 from providers.cohere import CohereAdapter, CTokens, CUsage, usage_from
-from tests.providers.kit import NATIVE, SAMPLE, as_json, build, chunked, context, fixture_bytes, fixture_json, request
+from tests.helpers.adapters import NATIVE, SAMPLE, as_json, build, chunked, context, request
+from tests.helpers.recordings import fixture_bytes, fixture_json
 from wire.errors import InvalidRequestError, UnsupportedParamError, UpstreamStatusError
 
 ADAPTER = CohereAdapter()

@@ -12,7 +12,8 @@ import pytest
 
 from providers.base import Endpoint, map_params
 from providers.deepseek import DeepSeekAdapter
-from tests.providers.kit import build, context, fixture_bytes, request
+from tests.helpers.adapters import build, context, request
+from tests.helpers.recordings import fixture_bytes
 from wire.errors import UnsupportedParamError
 
 ADAPTER = DeepSeekAdapter()

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from gateway.config import CapsConfig
 from providers.base import Endpoint
 from providers.fake import FakeAdapter, _generate, _tokens
-from tests.providers.kit import context, request
+from tests.helpers.adapters import context, request
 from wire.errors import InvalidRequestError, UpstreamStatusError
 from wire.schema import Completion, CompletionRequest
 

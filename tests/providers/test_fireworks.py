@@ -14,7 +14,8 @@ import pytest
 from gateway.framing import SSEDecoder
 from providers.base import Endpoint, map_params
 from providers.fireworks import FireworksAdapter
-from tests.providers.kit import build, chunked, context, fixture_bytes, request
+from tests.helpers.adapters import build, chunked, context, request
+from tests.helpers.recordings import fixture_bytes
 from wire.errors import UnsupportedParamError
 from wire.schema import Usage
 

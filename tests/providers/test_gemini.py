@@ -18,7 +18,8 @@ from gateway.framing import SSEDecoder
 from providers.base import PARAM_FIELDS, Endpoint, map_params
 from providers.envelope import Unreadable
 from providers.gemini import GeminiAdapter
-from tests.providers.kit import NATIVE, as_json, build, chunked, context, fixture_bytes, fixture_json, request
+from tests.helpers.adapters import NATIVE, as_json, build, chunked, context, request
+from tests.helpers.recordings import fixture_bytes, fixture_json
 from wire.errors import InvalidRequestError, UnsupportedParamError, UpstreamStatusError
 
 ADAPTER = GeminiAdapter()

@@ -15,7 +15,7 @@ import pytest
 from gateway.framing import SSEDecoder
 from providers.base import Endpoint
 from providers.llamacpp import LlamaCppAdapter
-from tests.providers.kit import as_json, build, chunked, context, request
+from tests.helpers.adapters import as_json, build, chunked, context, request
 from wire.errors import InvalidRequestError, UnsupportedParamError, UpstreamStatusError
 from wire.schema import Completion
 

@@ -15,17 +15,8 @@ import pytest
 from gateway.framing import SSEDecoder
 from providers.base import PARAM_FIELDS, Endpoint, map_params
 from providers.mistral import MistralAdapter, RateLimit, rate_limits
-from tests.providers.kit import (
-    NATIVE,
-    as_json,
-    build,
-    chunked,
-    context,
-    fixture_bytes,
-    fixture_headers,
-    fixture_json,
-    request,
-)
+from tests.helpers.adapters import NATIVE, as_json, build, chunked, context, request
+from tests.helpers.recordings import fixture_bytes, fixture_headers, fixture_json
 from wire.errors import InvalidRequestError, UnsupportedParamError, UpstreamStatusError
 
 ADAPTER = MistralAdapter()

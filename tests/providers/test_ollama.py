@@ -12,7 +12,8 @@ import pytest
 from gateway.framing import NDJSONDecoder
 from providers.base import Endpoint
 from providers.ollama import OllamaAdapter
-from tests.providers.kit import as_json, build, chunked, context, fixture_bytes, request
+from tests.helpers.adapters import as_json, build, chunked, context, request
+from tests.helpers.recordings import fixture_bytes
 from wire.errors import InvalidRequestError, UnsupportedParamError, UpstreamStatusError
 from wire.schema import Completion
 

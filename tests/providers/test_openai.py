@@ -11,7 +11,8 @@ import pytest
 from gateway.framing import SSEDecoder
 from providers.base import Endpoint, map_params
 from providers.openai import OpenAIAdapter
-from tests.providers.kit import as_json, build, chunked, context, fixture_bytes, fixture_json, request
+from tests.helpers.adapters import as_json, build, chunked, context, request
+from tests.helpers.recordings import fixture_bytes, fixture_json
 from wire.errors import UnsupportedParamError, UpstreamStatusError
 from wire.schema import Completion
 

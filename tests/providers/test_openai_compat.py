@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from providers.base import Endpoint
 from providers.vllm import VLLMAdapter
-from tests.providers.kit import as_json, context, fixture_bytes
+from tests.helpers.adapters import as_json, context
+from tests.helpers.recordings import fixture_bytes
 from wire.errors import UpstreamStatusError
 
 # TGI is served the way any self-hosted OpenAI-compatible server is: through the vLLM kind's base parser.

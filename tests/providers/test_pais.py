@@ -8,7 +8,7 @@ import pytest
 
 from providers.base import Endpoint, map_params
 from providers.pais import PAISAdapter
-from tests.providers.kit import build, request
+from tests.helpers.adapters import build, request
 from wire.errors import UnsupportedParamError
 
 ADAPTER = PAISAdapter()

@@ -17,7 +17,8 @@ from gateway.config import ConfigError, parse_config
 from providers import REGISTRY, register
 from providers.base import Adapter, LocalAdapter
 from providers.registry import credential_headers, unregister
-from tests.e2e.harness import Upstream, reply, reply_sse, serving
+from tests.helpers.servers import GatewayThread
+from tests.helpers.upstreams import Upstream, reply, reply_sse
 from tests.unit.test_import_boundaries import violations
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "providers.md"
@@ -58,7 +59,7 @@ def upstream() -> Iterator[Upstream]:
 def gateway_url(acme: type[Adapter], upstream: Upstream, tmp_path: Path) -> Iterator[str]:
     config = tmp_path / "gateway.yaml"
     config.write_text(f'providers:\n  mine: {{kind: acme, base_url: "{upstream.url}", api_key: "${{ACME_KEY}}"}}\n')
-    with serving(config, {"ACME_KEY": "acme-secret"}) as gw:
+    with GatewayThread(config, {"ACME_KEY": "acme-secret"}) as gw:
         yield gw.url
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from providers.base import Endpoint
 from providers.sgp import SGPAdapter
-from tests.providers.kit import build, request
+from tests.helpers.adapters import build, request
 from wire.errors import UnsupportedParamError
 
 ADAPTER = SGPAdapter()

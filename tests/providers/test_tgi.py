@@ -14,7 +14,8 @@ import pytest
 from gateway.framing import SSEDecoder
 from providers.base import PARAM_FIELDS, Endpoint
 from providers.tgi import TGIAdapter
-from tests.providers.kit import as_json, build, chunked, context, fixture_bytes, fixture_json, request
+from tests.helpers.adapters import as_json, build, chunked, context, request
+from tests.helpers.recordings import fixture_bytes, fixture_json
 from wire.errors import InvalidRequestError, UnsupportedParamError, UpstreamStatusError
 from wire.schema import Completion
 

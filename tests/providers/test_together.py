@@ -10,7 +10,8 @@ import pytest
 from providers.base import Endpoint, map_params
 from providers.retry_after import retry_after
 from providers.together import TogetherAdapter
-from tests.providers.kit import as_json, build, context, fixture_bytes, fixture_headers, fixture_json, request
+from tests.helpers.adapters import as_json, build, context, request
+from tests.helpers.recordings import fixture_bytes, fixture_headers, fixture_json
 from wire.errors import UnsupportedParamError
 
 ADAPTER = TogetherAdapter()

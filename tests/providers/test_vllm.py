@@ -10,7 +10,8 @@ import pytest
 
 from providers.base import Endpoint
 from providers.vllm import VLLMAdapter
-from tests.providers.kit import as_json, build, context, fixture_bytes, request
+from tests.helpers.adapters import as_json, build, context, request
+from tests.helpers.recordings import fixture_bytes
 from wire.errors import UnsupportedParamError
 
 ADAPTER = VLLMAdapter()

@@ -18,9 +18,11 @@ import httpx
 import pytest
 from aiohttp import web
 
-from tests.e2e.harness import GatewayThread, Handler, Received, Upstream
-
-from .support import RedisProc, body, client, gateway, limit_headers, parse_duration, wait_until
+from tests.helpers.clients import body, client, limit_headers, parse_duration
+from tests.helpers.redis import RedisServer
+from tests.helpers.servers import GatewayThread, serve_config
+from tests.helpers.upstreams import Handler, Received, Upstream
+from tests.helpers.waiting import wait_until
 
 CONFIG = """
 redis: {{url: "{redis}", on_failure: fail_closed}}
@@ -70,25 +72,21 @@ PAIS_ROUTE = "/api/v1/compatibility/openai/v1/completions"
 
 @pytest.fixture(scope="module")
 def upstream() -> Iterator[Upstream]:
-    server = Upstream()
-    server.start()
-    try:
+    with Upstream() as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
 def gw(
-    redis_server: RedisProc, upstream: Upstream, tmp_path_factory: pytest.TempPathFactory
+    redis_server: RedisServer, upstream: Upstream, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[GatewayThread]:
     cfg = CONFIG.format(redis=redis_server.url, upstream=upstream.url)
-    with gateway(tmp_path_factory.mktemp("rl-gw"), cfg) as g:
+    with serve_config(tmp_path_factory.mktemp("rl-gw"), cfg) as g:
         yield g
 
 
 @pytest.fixture
-def g(gw: GatewayThread, rds: RedisProc, upstream: Upstream) -> GatewayThread:
+def g(gw: GatewayThread, rds: RedisServer, upstream: Upstream) -> GatewayThread:
     """The module's gateway over an empty Redis (buckets, leases and target health all gone)."""
     upstream.reset()
     return gw
@@ -99,7 +97,7 @@ def post(gw: GatewayThread, key: str, payload: dict[str, Any], route: str = OPEN
         return c.post(route, json=payload)
 
 
-def units(rds: RedisProc, key: str) -> float:
+def units(rds: RedisServer, key: str) -> float:
     """Units charged to a rate bucket since it was last empty (the script stores `ms:units`)."""
     with rds.client() as r:
         raw = r.get(key)
@@ -176,7 +174,7 @@ def test_request_that_can_never_fit_is_400_in_each_dialect(g: GatewayThread) -> 
 # Token reconciliation
 
 
-def test_unused_reservation_is_returned(g: GatewayThread, rds: RedisProc) -> None:
+def test_unused_reservation_is_returned(g: GatewayThread, rds: RedisServer) -> None:
     key = "rl:{key:tok}:tpd"
     resp = post(g, "k-tok", body("demo/text", max_tokens=200))
     assert resp.status_code == 200
@@ -203,7 +201,7 @@ def _stream_and_hang_up(gw: GatewayThread, key: str, payload: dict[str, Any], ke
     return texts
 
 
-def test_cancelled_stream_is_charged_prompt_plus_chunks_received(g: GatewayThread, rds: RedisProc) -> None:
+def test_cancelled_stream_is_charged_prompt_plus_chunks_received(g: GatewayThread, rds: RedisServer) -> None:
     key = "rl:{key:tok}:tpd"
     payload = body("demo/drip-50ms", prompt_words=3, max_tokens=40, stream=True)
     got = _stream_and_hang_up(g, "k-tok", payload, keep=3)
@@ -214,7 +212,7 @@ def test_cancelled_stream_is_charged_prompt_plus_chunks_received(g: GatewayThrea
     assert nxt.headers["x-ratelimit-remaining-tokens"] == str(8640 - 6 - 4)
 
 
-def test_finished_stream_is_charged_its_usage(g: GatewayThread, rds: RedisProc) -> None:
+def test_finished_stream_is_charged_its_usage(g: GatewayThread, rds: RedisServer) -> None:
     with client(g.url, "k-tok") as c:
         resp = c.post(OPENAI_ROUTE, json=body("demo/text", max_tokens=100, stream=True))
     assert resp.status_code == 200 and resp.text.endswith("data: [DONE]\n\n")
@@ -227,7 +225,7 @@ def test_finished_stream_is_charged_its_usage(g: GatewayThread, rds: RedisProc) 
 # Concurrency and queueing
 
 
-def test_concurrent_limit_and_lease_release(g: GatewayThread, rds: RedisProc) -> None:
+def test_concurrent_limit_and_lease_release(g: GatewayThread, rds: RedisServer) -> None:
     def one(_: int) -> httpx.Response:
         return post(g, "k-slots", body("demo/slow-800ms"))
 
@@ -315,7 +313,7 @@ def test_deployment_quota(g: GatewayThread) -> None:
     assert post(g, "k-free", body("dep/text")).status_code == 200
 
 
-def test_alias_fails_over_past_a_provider_at_quota_without_cooling_it(g: GatewayThread, rds: RedisProc) -> None:
+def test_alias_fails_over_past_a_provider_at_quota_without_cooling_it(g: GatewayThread, rds: RedisServer) -> None:
     answers = [post(g, "k-free", body("pair")) for _ in range(4)]
     assert all(a.status_code == 200 for a in answers)
     route = [(a.headers["x-gateway-provider"], a.headers["x-gateway-attempts"]) for a in answers]
@@ -375,7 +373,7 @@ def completion(prompt_tokens: int, completion_tokens: int) -> Handler:
 
 
 def test_a_prompt_holding_special_token_text_is_counted_as_text(
-    g: GatewayThread, upstream: Upstream, rds: RedisProc
+    g: GatewayThread, upstream: Upstream, rds: RedisServer
 ) -> None:
     """The tokenizer's `encode` raises on "<|endoftext|>" in the text; that must never fail the request."""
     upstream.handler = completion(2, 48)
@@ -389,7 +387,7 @@ def test_a_prompt_holding_special_token_text_is_counted_as_text(
     wait_until(lambda: units(rds, "rl:{provider:oai}:tpm") == 50)
 
 
-def test_openai_compatible_upstream_quota(g: GatewayThread, upstream: Upstream, rds: RedisProc) -> None:
+def test_openai_compatible_upstream_quota(g: GatewayThread, upstream: Upstream, rds: RedisServer) -> None:
     upstream.handler = completion(2, 48)
     payload = {"model": "oai/davinci-002", "prompt": "Hello world", "max_tokens": 5}
     first = post(g, "k-free", payload)
@@ -430,7 +428,7 @@ providers:
 
 
 def test_in_process_limits_are_exact(tmp_path: Path) -> None:
-    with gateway(tmp_path, NO_REDIS) as gwt:
+    with serve_config(tmp_path, NO_REDIS) as gwt:
         with client(gwt.url) as c:
             assert c.get("/ready").json() == {"status": "ready", "redis": "disabled"}
 

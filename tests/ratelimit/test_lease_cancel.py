@@ -13,8 +13,7 @@ import uuid
 import redis
 
 from gateway.ratelimit import SCRIPT, Bucket, Limiter
-
-from .support import RedisProc
+from tests.helpers.redis import RedisServer
 
 
 def call(r: redis.Redis, mode: str, lease: str, key: str, limit: int = 2) -> list[int]:
@@ -33,7 +32,7 @@ def live(r: redis.Redis, k: str) -> set[str]:
     return {str(m) for m in r.zrangebyscore(k, f"({now}", "+inf")}
 
 
-def test_a_cancel_before_the_late_acquire_leaves_nothing_behind(rds: RedisProc) -> None:
+def test_a_cancel_before_the_late_acquire_leaves_nothing_behind(rds: RedisServer) -> None:
     with rds.client() as r:
         k = key()
         assert call(r, "cancel", "late", k) == [1, 0, 0, 0]
@@ -47,7 +46,7 @@ def test_a_cancel_before_the_late_acquire_leaves_nothing_behind(rds: RedisProc) 
         assert live(r, k) == {"a", "b"}
 
 
-def test_a_cancel_after_the_late_acquire_frees_the_slot(rds: RedisProc) -> None:
+def test_a_cancel_after_the_late_acquire_frees_the_slot(rds: RedisServer) -> None:
     with rds.client() as r:
         k = key()
         assert call(r, "acquire", "late", k)[0] == 1
@@ -57,7 +56,7 @@ def test_a_cancel_after_the_late_acquire_frees_the_slot(rds: RedisProc) -> None:
         assert [call(r, "acquire", name, k)[0] for name in ("a", "b", "c")] == [1, 1, 0]
 
 
-def test_markers_expire_with_the_lease_ttl_and_are_swept(rds: RedisProc) -> None:
+def test_markers_expire_with_the_lease_ttl_and_are_swept(rds: RedisServer) -> None:
     with rds.client() as r:
         k = key()
         call(r, "cancel", "gone", k)
@@ -76,7 +75,7 @@ def test_markers_expire_with_the_lease_ttl_and_are_swept(rds: RedisProc) -> None
         assert live(r, k) == {"other", "gone"}
 
 
-async def test_peek_and_release_ignore_markers(limiter: Limiter, rds: RedisProc) -> None:
+async def test_peek_and_release_ignore_markers(limiter: Limiter, rds: RedisServer) -> None:
     b = Bucket("test:" + uuid.uuid4().hex[:12], "concurrent", 3)
     d = await limiter.acquire([b], 0)
     assert d.allowed

@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-import pytest
 
 from gateway.ratelimit import SCRIPT
-from tests.e2e.harness import GatewayThread
-
-from .support import RedisProc, body, client, gateway, wait_until
+from tests.helpers.clients import body, client
+from tests.helpers.redis import RedisServer
+from tests.helpers.servers import GatewayThread, serve_config
+from tests.helpers.waiting import wait_until
 
 CONFIG = """
 redis: {{url: "{redis}", on_failure: {mode}}}
@@ -30,15 +29,6 @@ keys:
 providers:
   demo: {{kind: fake}}
 """
-
-
-@pytest.fixture
-def own_redis() -> Iterator[RedisProc]:
-    server = RedisProc()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def burst(gw: GatewayThread, n: int = 5) -> tuple[list[int], float]:
@@ -67,14 +57,14 @@ def back_again(gw: GatewayThread) -> None:
     wait_until(lambda: ready(gw) == (200, {"status": "ready", "redis": "ok"}), timeout=10, interval=0.1)
 
 
-def script_loaded(server: RedisProc) -> bool:
+def script_loaded(server: RedisServer) -> bool:
     import hashlib
 
     with server.client() as r:
         return bool(r.script_exists(hashlib.sha1(SCRIPT.encode()).hexdigest())[0])
 
 
-def bucket_exists(server: RedisProc) -> bool:
+def bucket_exists(server: RedisServer) -> bool:
     with server.client() as r:
         return bool(r.exists("rl:{key:four}:rpm"))
 
@@ -106,39 +96,39 @@ class Background:
         self.thread.join(10)
 
 
-def test_fail_open_serves_on_local_limits_then_returns_to_redis(own_redis: RedisProc, tmp_path: Path) -> None:
-    cfg = CONFIG.format(redis=own_redis.url, mode="fail_open")
-    with gateway(tmp_path, cfg) as gw, Background(gw) as bg:
+def test_fail_open_serves_on_local_limits_then_returns_to_redis(redis: RedisServer, tmp_path: Path) -> None:
+    cfg = CONFIG.format(redis=redis.url, mode="fail_open")
+    with serve_config(tmp_path, cfg) as gw, Background(gw) as bg:
         assert ready(gw) == (200, {"status": "ready", "redis": "ok"})
         codes, _ = burst(gw)
         assert codes == [200] * 4 + [429]
-        assert bucket_exists(own_redis) and script_loaded(own_redis)
+        assert bucket_exists(redis) and script_loaded(redis)
 
-        own_redis.stop()
+        redis.stop()
         # Per-process limits take over, with the same arithmetic: a fresh bucket of exactly 4.
         codes, slowest = burst(gw)
         assert codes == [200] * 4 + [429]
         assert slowest < 1.0, f"a request waited {slowest:.2f} s on a dead Redis"
         assert ready(gw) == (503, {"status": "degraded", "redis": "unreachable"})
 
-        own_redis.start()  # same port, nothing in it: no bucket, no script
-        assert not script_loaded(own_redis)
+        redis.start()  # same port, nothing in it: no bucket, no script
+        assert not script_loaded(redis)
         back_again(gw)
         # Through Redis again: its bucket is empty, so 4 pass, although the local one is spent.
         codes, _ = burst(gw)
         assert codes == [200] * 4 + [429]
-        assert bucket_exists(own_redis) and script_loaded(own_redis)
+        assert bucket_exists(redis) and script_loaded(redis)
     assert bg.codes and set(bg.codes) <= {200, 429}, sorted(set(bg.codes))
     assert bg.codes.count(200) > 10
 
 
-def test_fail_closed_answers_503_then_limits_resume(own_redis: RedisProc, tmp_path: Path) -> None:
-    cfg = CONFIG.format(redis=own_redis.url, mode="fail_closed")
-    with gateway(tmp_path, cfg) as gw, Background(gw) as bg:
+def test_fail_closed_answers_503_then_limits_resume(redis: RedisServer, tmp_path: Path) -> None:
+    cfg = CONFIG.format(redis=redis.url, mode="fail_closed")
+    with serve_config(tmp_path, cfg) as gw, Background(gw) as bg:
         codes, _ = burst(gw)
         assert codes == [200] * 4 + [429]
 
-        own_redis.stop()
+        redis.stop()
         with client(gw.url, "k-four") as c:
             start = time.monotonic()
             resp = c.post("/v1/completions", json=body("demo/long"))
@@ -153,24 +143,24 @@ def test_fail_closed_answers_503_then_limits_resume(own_redis: RedisProc, tmp_pa
         assert took < 1.0
         assert ready(gw) == (503, {"status": "degraded", "redis": "unreachable"})
 
-        own_redis.start()
+        redis.start()
         back_again(gw)
         codes, _ = burst(gw)
         assert codes == [200] * 4 + [429]
-        assert bucket_exists(own_redis) and script_loaded(own_redis)
+        assert bucket_exists(redis) and script_loaded(redis)
     assert 503 in bg.codes and set(bg.codes) <= {200, 429, 503}, sorted(set(bg.codes))
     # The client after the outage was served again.
     assert bg.codes[-1] == 200
 
 
-def test_restart_recovers_at_once_whatever_the_pool_size(own_redis: RedisProc, tmp_path: Path) -> None:
+def test_restart_recovers_at_once_whatever_the_pool_size(redis: RedisServer, tmp_path: Path) -> None:
     """Connections pooled before a restart are dead; each must be replaced on use, not fail a request.
 
     (Without a retry on a dropped connection, every stale pooled connection failed one call, and each
     failure meant a second of `degraded`: 503s for a second per connection the pool had grown to.)
     """
-    cfg = CONFIG.format(redis=own_redis.url, mode="fail_closed")
-    with gateway(tmp_path, cfg) as gw:
+    cfg = CONFIG.format(redis=redis.url, mode="fail_closed")
+    with serve_config(tmp_path, cfg) as gw:
 
         def some(_: int) -> set[int]:
             with client(gw.url, "k-wide") as c:
@@ -178,12 +168,12 @@ def test_restart_recovers_at_once_whatever_the_pool_size(own_redis: RedisProc, t
 
         with ThreadPoolExecutor(8) as pool:
             assert set().union(*pool.map(some, range(8))) == {200}
-        with own_redis.client() as r:
+        with redis.client() as r:
             pooled = len(r.client_list()) - 1
         # The limit script has its own connection (gateway/scriptchannel.py); health and usage use the pool.
         assert pooled >= 2, "the script connection and at least one pooled connection should be open"
 
-        own_redis.restart()
+        redis.restart()
         with client(gw.url, "k-wide") as c:
             codes = [c.post("/v1/completions", json=body("demo/long")).status_code for _ in range(2 * pooled + 4)]
         assert codes == [200] * len(codes)

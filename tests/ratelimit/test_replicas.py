@@ -20,9 +20,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.harness import GatewayProcess, cli_env
-
-from .support import RedisProc, body, parse_duration
+from tests.helpers.clients import body, parse_duration
+from tests.helpers.redis import RedisServer
+from tests.helpers.servers import GatewayProcess, cli_env
 
 CONFIG = """
 redis: {{url: "{redis}", on_failure: fail_closed}}
@@ -38,16 +38,13 @@ REPLICAS = 3
 
 
 @pytest.fixture(scope="module")
-def redis3() -> Iterator[RedisProc]:
-    server = RedisProc()
-    try:
+def redis3() -> Iterator[RedisServer]:
+    with RedisServer() as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
-def replicas(redis3: RedisProc, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[GatewayProcess]]:
+def replicas(redis3: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[GatewayProcess]]:
     base = tmp_path_factory.mktemp("replicas")
     procs: list[GatewayProcess] = []
     try:
@@ -64,7 +61,7 @@ def replicas(redis3: RedisProc, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 
 @pytest.fixture
-def gws(replicas: list[GatewayProcess], redis3: RedisProc) -> list[GatewayProcess]:
+def gws(replicas: list[GatewayProcess], redis3: RedisServer) -> list[GatewayProcess]:
     with redis3.client() as r:
         r.flushall()
     return replicas
@@ -99,7 +96,7 @@ def served_by(responses: list[httpx.Response]) -> Counter[str]:
     return Counter(str(r.request.url.port) for r in responses if r.status_code == 200)
 
 
-async def test_requests_per_minute_hold_exactly_across_replicas(gws: list[GatewayProcess], redis3: RedisProc) -> None:
+async def test_requests_per_minute_hold_exactly_across_replicas(gws: list[GatewayProcess], redis3: RedisServer) -> None:
     start = redis3.time_ms()
     responses = await drive([g.url for g in gws], "k-req", body("demo/long"), 90)
     elapsed = redis3.time_ms() - start
@@ -124,7 +121,7 @@ async def test_requests_per_minute_hold_exactly_across_replicas(gws: list[Gatewa
     assert len(served_by(responses)) >= 2, served_by(responses)
 
 
-async def test_tokens_per_minute_hold_exactly_across_replicas(gws: list[GatewayProcess], redis3: RedisProc) -> None:
+async def test_tokens_per_minute_hold_exactly_across_replicas(gws: list[GatewayProcess], redis3: RedisServer) -> None:
     start = redis3.time_ms()
     responses = await drive([g.url for g in gws], "k-tok", body("demo/long", prompt_words=3, max_tokens=7), 90)
     elapsed = redis3.time_ms() - start
@@ -157,7 +154,7 @@ async def test_tokens_per_minute_hold_exactly_across_replicas(gws: list[GatewayP
     assert len(served_by(responses)) >= 2
 
 
-async def test_concurrency_holds_exactly_across_replicas(gws: list[GatewayProcess], redis3: RedisProc) -> None:
+async def test_concurrency_holds_exactly_across_replicas(gws: list[GatewayProcess], redis3: RedisServer) -> None:
     # Each admitted request holds its slot 1.2 s: far longer than the 15 take to arrive.
     responses = await drive([g.url for g in gws], "k-slots", body("demo/slow-1200ms"), 15)
     assert Counter(r.status_code for r in responses) == {200: 5, 429: 10}

@@ -21,8 +21,7 @@ import pytest
 from gateway.admission import duration
 from gateway.ratelimit import PERIOD_S, Bucket, Decision, Kind, Limiter, _Local
 from gateway.state import SharedState
-
-from .support import RedisProc
+from tests.helpers.redis import RedisServer
 
 
 def scope() -> str:
@@ -48,7 +47,7 @@ def interval_ms(b: Bucket) -> float:
 # Limits whose interval P/L is not a whole number of milliseconds included on purpose (rpm 7, 9, 13, 49):
 # the burst must still be exactly L.
 @pytest.mark.parametrize("limit", [1, 6, 7, 9, 13, 30, 49])
-async def test_rpm_burst_is_exactly_the_limit(limiter: Limiter, rds: RedisProc, limit: int) -> None:
+async def test_rpm_burst_is_exactly_the_limit(limiter: Limiter, rds: RedisServer, limit: int) -> None:
     b = Bucket(scope(), "rpm", limit)
     start = rds.time_ms()
     decisions = [await limiter.acquire([b], 0) for _ in range(limit + 2)]
@@ -63,7 +62,7 @@ async def test_rpm_burst_is_exactly_the_limit(limiter: Limiter, rds: RedisProc, 
 
 
 @pytest.mark.parametrize("limit", [2, 3, 7])
-async def test_rps_admits_one_more_after_the_emission_interval(limiter: Limiter, rds: RedisProc, limit: int) -> None:
+async def test_rps_admits_one_more_after_the_emission_interval(limiter: Limiter, rds: RedisServer, limit: int) -> None:
     b = Bucket(scope(), "rps", limit)
     start = rds.time_ms()
     burst = [await limiter.acquire([b], 0) for _ in range(limit)]
@@ -116,7 +115,7 @@ async def test_refund_makes_room_and_overuse_is_charged(limiter: Limiter) -> Non
     assert 21 * 600 - 50 <= over.retry_after_ms <= 21 * 600
 
 
-async def test_concurrency_leases(limiter: Limiter, rds: RedisProc) -> None:
+async def test_concurrency_leases(limiter: Limiter, rds: RedisServer) -> None:
     b = Bucket(scope(), "concurrent", 2)
     d1, d2, d3 = [await limiter.acquire([b], 0) for _ in range(3)]
     assert [d.allowed for d in (d1, d2, d3)] == [True, True, False]
@@ -139,7 +138,7 @@ async def test_concurrency_leases(limiter: Limiter, rds: RedisProc) -> None:
     r.close()
 
 
-async def test_denied_request_charges_no_bucket(limiter: Limiter, rds: RedisProc) -> None:
+async def test_denied_request_charges_no_bucket(limiter: Limiter, rds: RedisServer) -> None:
     s = scope()
     wide = Bucket(s, "rpm", 10)
     narrow = Bucket(s, "rps", 1)
@@ -180,7 +179,7 @@ async def test_denial_waits_for_the_slowest_bucket(limiter: Limiter) -> None:
         assert 59_000 <= d.retry_after_ms <= 60_000, order
 
 
-async def test_keys_are_hash_tagged_per_scope_with_ttls(limiter: Limiter, rds: RedisProc) -> None:
+async def test_keys_are_hash_tagged_per_scope_with_ttls(limiter: Limiter, rds: RedisServer) -> None:
     rpm = Bucket("key:search-team", "rpm", 30)
     tpd = Bucket("key:search-team", "tpd", 86_400)
     slots = Bucket("key:search-team", "concurrent", 3)
@@ -198,7 +197,7 @@ async def test_keys_are_hash_tagged_per_scope_with_ttls(limiter: Limiter, rds: R
     r.close()
 
 
-async def test_script_is_reloaded_after_script_flush(limiter: Limiter, rds: RedisProc) -> None:
+async def test_script_is_reloaded_after_script_flush(limiter: Limiter, rds: RedisServer) -> None:
     b = Bucket(scope(), "rpm", 3)
     assert (await limiter.acquire([b], 0)).allowed
     r = rds.client()
@@ -284,7 +283,7 @@ def test_local_concurrency_leases_and_expiry() -> None:
 # Differential: the script and `_Local` decide the same for the same sequence
 
 
-async def test_local_twin_decides_like_the_script(rds: RedisProc) -> None:
+async def test_local_twin_decides_like_the_script(rds: RedisServer) -> None:
     rng = random.Random(4)
     s = scope()
     # Intervals of 0.86 s and more (some not whole milliseconds): a sequence of a few hundred
@@ -342,7 +341,7 @@ async def test_local_twin_decides_like_the_script(rds: RedisProc) -> None:
     assert outcomes.count(True) >= 20 and outcomes.count(False) >= 20, outcomes
 
 
-async def test_peek_mirrors_what_the_script_stored(rds: RedisProc) -> None:
+async def test_peek_mirrors_what_the_script_stored(rds: RedisServer) -> None:
     """`Limiter.peek` applies the mirror to the TATs the script wrote in Redis; the twin to its own. Both
     must agree with each other and with the headroom the script itself reports for a cost of 0."""
     rng = random.Random(7)

@@ -1,4 +1,4 @@
-"""Fixtures for the resilience suite: a fresh fault-injecting upstream, virtual time and pipelines per test."""
+"""Fixtures for the resilience suite: virtual time and pipelines per test, over the root `faults` upstream."""
 
 from __future__ import annotations
 
@@ -9,20 +9,8 @@ from dataclasses import dataclass
 import pytest
 
 from gateway.pipeline import Pipeline
-from tests.e2e.harness import RedisServer
-
-from .faults import FaultServer
-from .kit import Answer, VirtualTime, ask, pipeline
-
-
-@pytest.fixture
-def faults() -> Iterator[FaultServer]:
-    server = FaultServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+from tests.helpers.faults import FaultServer
+from tests.helpers.pipelines import Answer, VirtualTime, ask, pipeline
 
 
 @pytest.fixture
@@ -77,13 +65,3 @@ async def reference(make: MakePipeline, faults: FaultServer) -> AsyncIterator[Re
     faults["omega"].hits.clear()
     faults.journal.clear()
     yield Reference(plain=plain, stream=streamed)
-
-
-@pytest.fixture
-def redis() -> Iterator[RedisServer]:
-    """A real redis-server on a free port, stopped after the test."""
-    server = RedisServer()
-    try:
-        yield server
-    finally:
-        server.stop()

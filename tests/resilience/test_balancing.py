@@ -11,10 +11,10 @@ import pytest
 from gateway.balancer import order
 from gateway.health import TargetState
 from gateway.routing import Group
+from tests.helpers.faults import FaultServer, good, slow, unavailable
+from tests.helpers.pipelines import VirtualTime, ask, key
 
 from .conftest import SEED, MakePipeline
-from .faults import FaultServer, good, slow, unavailable
-from .kit import VirtualTime, ask, key
 
 
 def alias(strategy: str, *targets: str, weights: tuple[float, ...] | None = None) -> str:

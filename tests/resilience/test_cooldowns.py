@@ -9,12 +9,12 @@ from __future__ import annotations
 import asyncio
 
 from gateway.health import TargetState
-from tests.e2e.harness import RedisServer
+from tests.helpers.faults import FaultServer, good, rate_limited, slow, unavailable
+from tests.helpers.pipelines import VirtualTime, ask, key, state
+from tests.helpers.redis import RedisServer
 from wire.errors import AllTargetsCoolingError
 
 from .conftest import MakePipeline, Reference
-from .faults import FaultServer, good, rate_limited, slow, unavailable
-from .kit import VirtualTime, ask, key, state
 
 ONLY_A = """
   - name: smart

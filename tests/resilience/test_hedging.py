@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import time
 
-from tests.e2e.harness import wait_for
+from tests.helpers.faults import FaultServer, hang, slow, stream, unavailable
+from tests.helpers.pipelines import VirtualTime, ask, key, same_but_id
+from tests.helpers.waiting import wait_for
 
 from .conftest import MakePipeline, Reference
-from .faults import FaultServer, hang, slow, stream, unavailable
-from .kit import VirtualTime, ask, key, same_but_id
 
 HEDGED = """
   - name: smart

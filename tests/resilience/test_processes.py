@@ -2,7 +2,7 @@
 sharing one real redis-server, and Redis going away (frozen, then dead) under them.
 
 Gateways are `python -m gateway serve` child processes (GatewayProcess) or the app under uvicorn in a
-thread (GatewayThread), from tests/e2e/harness.py; the redis-server listens on a free loopback port.
+thread (GatewayThread), from tests/helpers/servers.py; the redis-server listens on a free loopback port.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -19,10 +18,11 @@ import openai
 import pytest
 import redis as redis_sync
 
-from tests.e2e.harness import GatewayProcess, RedisServer, openai_client, serving
-
-from .faults import RECORDED_COMPLETION, RECORDED_TEXTS, FaultServer, rate_limited, reset, unavailable
-from .kit import PROMPT, config_yaml, key, same_but_id
+from tests.helpers.clients import openai_client
+from tests.helpers.faults import RECORDED_COMPLETION, RECORDED_TEXTS, FaultServer, rate_limited, reset, unavailable
+from tests.helpers.pipelines import PROMPT, config_yaml, key, same_but_id
+from tests.helpers.redis import RedisServer
+from tests.helpers.servers import GatewayProcess, GatewayThread
 
 ORDERED_AB = """
   - name: smart
@@ -30,17 +30,6 @@ ORDERED_AB = """
     targets: [{model: alpha/davinci-002}, {model: beta/davinci-002}]
 """
 BODY = {"model": "smart", "prompt": PROMPT, "max_tokens": 16}
-
-
-@pytest.fixture
-def redis() -> Iterator[RedisServer]:
-    server = RedisServer()
-    try:
-        yield server
-    finally:
-        if server.proc.poll() is None:
-            os.kill(server.proc.pid, signal.SIGCONT)  # in case a test left it frozen
-        server.stop()
 
 
 def write_config(path: Path, faults: FaultServer, top: str) -> Path:
@@ -51,7 +40,7 @@ def write_config(path: Path, faults: FaultServer, top: str) -> Path:
 def test_openai_sdk_sees_failover_as_one_ordinary_answer(faults: FaultServer, tmp_path: Path) -> None:
     # Failing over at once: the same-target retry the default makes first is tests/clients/test_policy_*.
     path = write_config(tmp_path / "gateway.yaml", faults, "retries: {attempts: 3, same_target: 0}\n")
-    with serving(path, {}) as gw, openai_client(gw.url + "/v1", "no-key-needed") as oai:
+    with GatewayThread(path, {}) as gw, openai_client(gw.url + "/v1", "no-key-needed") as oai:
         # What one good upstream gives, for comparison.
         good = httpx.post(gw.url + "/v1/completions", json=BODY, trust_env=False, timeout=10)
         assert good.headers["x-gateway-model"] == key("alpha")
@@ -88,7 +77,7 @@ def test_all_targets_cooling_over_http(faults: FaultServer, tmp_path: Path) -> N
     path = write_config(tmp_path / "gateway.yaml", faults, "retries: {attempts: 2, same_target: 0}\n")
     faults["alpha"].script(unavailable(retry_after="5"))
     faults["beta"].script(rate_limited(retry_after_ms="2500"))
-    with serving(path, {}) as gw, openai_client(gw.url + "/v1", "no-key-needed") as oai:
+    with GatewayThread(path, {}) as gw, openai_client(gw.url + "/v1", "no-key-needed") as oai:
         with pytest.raises(openai.RateLimitError) as first:
             oai.completions.create(model="smart", prompt=PROMPT, max_tokens=16)
         assert first.value.response.headers["x-gateway-attempts"] == "2"

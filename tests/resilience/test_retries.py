@@ -10,8 +10,7 @@ import random
 
 import pytest
 
-from .conftest import SEED, MakePipeline, Reference
-from .faults import (
+from tests.helpers.faults import (
     OVERLOADED_BODY,
     RECORDED_COMPLETION,
     SERVER_ERROR_BODY,
@@ -26,7 +25,9 @@ from .faults import (
     server_error,
     unavailable,
 )
-from .kit import VirtualTime, ask, key, same_but_id
+from tests.helpers.pipelines import VirtualTime, ask, key, same_but_id
+
+from .conftest import SEED, MakePipeline, Reference
 
 ORDERED_AB = """
   - name: smart

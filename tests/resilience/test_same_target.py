@@ -18,11 +18,7 @@ import pytest
 from gateway.config import ConfigError, parse_config
 from gateway.pipeline import Pipeline
 from gateway.render import error_headers
-from tests.e2e.harness import fixture_bytes, free_port, wait_for
-from wire.errors import client_retry
-
-from .conftest import SEED, MakePipeline, Reference
-from .faults import (
+from tests.helpers.faults import (
     SERVER_ERROR_BODY,
     Behaviour,
     FaultServer,
@@ -34,7 +30,13 @@ from .faults import (
     server_error,
     unavailable,
 )
-from .kit import PROVIDERS, VirtualTime, ask, key, same_but_id, state
+from tests.helpers.pipelines import PROVIDERS, VirtualTime, ask, key, same_but_id, state
+from tests.helpers.recordings import fixture_bytes
+from tests.helpers.servers import free_port
+from tests.helpers.waiting import wait_for
+from wire.errors import client_retry
+
+from .conftest import SEED, MakePipeline, Reference
 
 ORDERED_AB = """
   - name: smart

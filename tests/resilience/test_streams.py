@@ -12,10 +12,7 @@ from typing import Any
 import pytest
 
 from gateway.health import TargetState
-from tests.e2e.harness import wait_for
-
-from .conftest import MakePipeline, Reference
-from .faults import (
+from tests.helpers.faults import (
     CHUNKS,
     RECORDED_COMPLETION,
     RECORDED_TEXTS,
@@ -29,7 +26,10 @@ from .faults import (
     stream,
     unavailable,
 )
-from .kit import PROMPT, Answer, VirtualTime, ask, key, same_but_id
+from tests.helpers.pipelines import PROMPT, Answer, VirtualTime, ask, key, same_but_id
+from tests.helpers.waiting import wait_for
+
+from .conftest import MakePipeline, Reference
 
 ORDERED = """
   - name: smart

@@ -11,11 +11,11 @@ import time
 
 import pytest
 
-from tests.e2e.harness import wait_for
+from tests.helpers.faults import FaultServer, hang, slow, stream
+from tests.helpers.pipelines import VirtualTime, ask, key, same_but_id
+from tests.helpers.waiting import wait_for
 
 from .conftest import SEED, MakePipeline, Reference
-from .faults import FaultServer, hang, slow, stream
-from .kit import VirtualTime, ask, key, same_but_id
 
 ONLY_A = """
   - name: smart

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from tests.e2e.harness import RedisServer
+from tests.helpers.faults import RECORDED_JSON, FaultServer, respond
+from tests.helpers.pipelines import VirtualTime, ask, key, state
+from tests.helpers.redis import RedisServer
 
 from .conftest import MakePipeline
-from .faults import RECORDED_JSON, FaultServer, respond
-from .kit import VirtualTime, ask, key, state
 
 ORDERED_AB = """
   - name: smart

@@ -29,7 +29,8 @@ from gateway.framing import (
     NDJSONDecoder,
     SSEDecoder,
 )
-from tests.e2e.harness import GatewayThread, Received, Upstream
+from tests.helpers.servers import GatewayThread
+from tests.helpers.upstreams import Received, Upstream
 
 KiB: Final = 1024
 MiB: Final = 1024 * KiB
@@ -154,11 +155,8 @@ def endless() -> Iterator[tuple[Upstream, dict[str, int]]]:
         return resp
 
     server.handler = stream
-    server.start()
-    try:
+    with server:
         yield server, sent
-    finally:
-        server.stop()
 
 
 def test_an_endless_stream_line_is_refused_end_to_end(endless: tuple[Upstream, dict[str, int]], tmp_path: Path) -> None:

@@ -42,7 +42,9 @@ from aiohttp import web
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from tests.e2e.harness import FIXTURES, GatewayProcess, Received, Upstream, cli_env, sse_events
+from tests.helpers.recordings import FIXTURES, sse_events
+from tests.helpers.servers import GatewayProcess, cli_env
+from tests.helpers.upstreams import Received, Upstream
 from wire.schema import CompletionRequest
 
 ROUTES: Final = {

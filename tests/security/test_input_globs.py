@@ -9,9 +9,10 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from ._input_kit import ALL_ROUTES, LIMITED_KEY, Recorder, client, gateway, post, up, upstream
+from tests.helpers.errors import ALL_ROUTES
+from tests.helpers.upstreams import Recorder
 
-__all__ = ["client", "gateway", "up", "upstream"]
+from .conftest import LIMITED_KEY, post
 
 
 @pytest.mark.parametrize("route", ALL_ROUTES)

@@ -10,19 +10,10 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from ._input_kit import (
-    ALL_ROUTES,
-    SGP_ACCOUNT,
-    Recorder,
-    assert_field_error,
-    client,
-    gateway,
-    post,
-    up,
-    upstream,
-)
+from tests.helpers.errors import ALL_ROUTES, assert_field_error
+from tests.helpers.upstreams import Recorder
 
-__all__ = ["client", "gateway", "up", "upstream"]
+from .conftest import SGP_ACCOUNT, post
 
 REFUSED = [
     "Expect",

@@ -14,9 +14,10 @@ from urllib.parse import unquote
 import httpx
 import pytest
 
-from ._input_kit import ALL_ROUTES, Recorder, assert_field_error, client, gateway, post, up, upstream
+from tests.helpers.errors import ALL_ROUTES, assert_field_error
+from tests.helpers.upstreams import Recorder
 
-__all__ = ["client", "gateway", "up", "upstream"]
+from .conftest import post
 
 REFUSED_BEFORE_ROUTING = [
     "gem/m/../other",  # another path of Google's host, with the gateway's key

@@ -16,7 +16,7 @@ from providers.azure import AzureAdapter
 from providers.base import Adapter, Endpoint, path_segment
 from providers.bedrock import BedrockAdapter
 from providers.gemini import GeminiAdapter
-from tests.providers.kit import build, request
+from tests.helpers.adapters import build, request
 from wire.errors import InvalidRequestError
 
 ADAPTERS: list[tuple[Adapter, Endpoint]] = [

@@ -6,46 +6,26 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import pytest
 
 from gateway.ratelimit import LEASE_TTL_MS
-from tests.e2e.harness import GatewayProcess, cli_env
-from tests.ratelimit.support import RedisProc, wait_until
-from tests.resilience.faults import FaultServer, slow
+from tests.helpers.faults import FaultServer, slow
+from tests.helpers.redis import RedisServer
+from tests.helpers.servers import GatewayProcess, cli_env
+from tests.helpers.waiting import wait_until
 
 KEY = "rl:{key:lim}:concurrent"
 
 
-@pytest.fixture
-def own_redis() -> Iterator[RedisProc]:
-    server = RedisProc()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def faults() -> Iterator[FaultServer]:
-    server = FaultServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 def test_a_killed_worker_holds_its_lease_for_at_most_the_lease_ttl(
-    own_redis: RedisProc, faults: FaultServer, tmp_path: Path
+    redis: RedisServer, faults: FaultServer, tmp_path: Path
 ) -> None:
     faults["up"].script(then=slow(20.0))
     path = tmp_path / "crash.yaml"
     path.write_text(
-        f'redis: {{url: "{own_redis.url}"}}\n'
+        f'redis: {{url: "{redis.url}"}}\n'
         "keys:\n  - {name: lim, key: k-lim, limits: {concurrent: 2}}\n"
         f"providers:\n  up: {{kind: openai, api_key: sk-up, base_url: {faults['up'].base_url}}}\n"
     )
@@ -67,7 +47,7 @@ def test_a_killed_worker_holds_its_lease_for_at_most_the_lease_ttl(
         wait_until(lambda: faults["up"].count == 1, timeout=10)
         os.kill(gw.proc.pid, signal.SIGKILL)
         gw.proc.wait(10)
-        with own_redis.client() as r:
+        with redis.client() as r:
             sec, usec = r.time()
             now = int(sec) * 1000 + int(usec) // 1000
             ((lease, expiry),) = r.zrange(KEY, 0, -1, withscores=True)

@@ -13,14 +13,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
 from gateway.ratelimit import Bucket, Limiter, RedisDown
 from gateway.state import SharedState
-from tests.e2e.harness import free_port
-from tests.ratelimit.support import RedisProc
+from tests.helpers.redis import RedisServer
+from tests.helpers.servers import free_port
 
 
 class Relay:
@@ -84,22 +84,13 @@ class Relay:
 
 
 @pytest.fixture
-async def relay(rds: RedisProc) -> AsyncIterator[Relay]:
+async def relay(rds: RedisServer) -> AsyncIterator[Relay]:
     made = Relay(rds.port)
     await made.start()
     try:
         yield made
     finally:
         await made.stop()
-
-
-@pytest.fixture
-def rds() -> Iterator[RedisProc]:
-    server = RedisProc()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
@@ -117,12 +108,12 @@ def slots(scope: str, limit: int = 2) -> Bucket:
     return Bucket(scope, "concurrent", limit)
 
 
-def leases(rds: RedisProc, b: Bucket) -> dict[str, float]:
+def leases(rds: RedisServer, b: Bucket) -> dict[str, float]:
     with rds.client() as r:
         return {str(m): float(s) for m, s in r.zrange(b.redis_key, 0, -1, withscores=True)}
 
 
-def no_live_lease(rds: RedisProc, b: Bucket) -> bool:
+def no_live_lease(rds: RedisServer, b: Bucket) -> bool:
     """Cancel markers (negative scores) may remain; they never count as slots."""
     return all(score < 0 for score in leases(rds, b).values())
 
@@ -135,7 +126,7 @@ async def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
 
 
 async def test_an_acquire_reaching_redis_after_its_cancel_writes_nothing(
-    limiter: Limiter, relay: Relay, rds: RedisProc
+    limiter: Limiter, relay: Relay, rds: RedisServer
 ) -> None:
     b = slots("key:late")
     warm = await limiter.acquire([b], 0)  # the script is loaded, the channel open
@@ -162,7 +153,7 @@ async def test_an_acquire_reaching_redis_after_its_cancel_writes_nothing(
         await limiter.release([b], d.lease)
 
 
-async def test_a_lost_release_is_made_good_when_redis_answers(limiter: Limiter, relay: Relay, rds: RedisProc) -> None:
+async def test_a_lost_release_is_made_good_when_redis_answers(limiter: Limiter, relay: Relay, rds: RedisServer) -> None:
     b = slots("key:lost")
     held = await limiter.acquire([b], 0)
     assert held.allowed and set(leases(rds, b)) == {held.lease}
@@ -175,7 +166,7 @@ async def test_a_lost_release_is_made_good_when_redis_answers(limiter: Limiter, 
     assert d1.allowed and d2.allowed
 
 
-async def test_a_refused_acquire_that_reaches_redis_late_is_cancelled(relay: Relay, rds: RedisProc) -> None:
+async def test_a_refused_acquire_that_reaches_redis_late_is_cancelled(relay: Relay, rds: RedisServer) -> None:
     """fail_closed: the request is refused (RedisDown), yet its acquire may still be granted later."""
     shared = SharedState(relay.url)
     limiter = Limiter(shared, fail_open=False)

@@ -19,8 +19,9 @@ import pytest
 import redis
 from aiohttp import web
 
-from tests.e2e.harness import GatewayThread, Received, Upstream, serving
-from tests.ratelimit.support import RedisProc
+from tests.helpers.redis import RedisServer
+from tests.helpers.servers import GatewayThread
+from tests.helpers.upstreams import Received, Upstream
 
 ADMIN = "adm-card-3f9a1c"
 N = 500
@@ -67,18 +68,14 @@ def _failing(request: web.Request, received: Received) -> Any:
 
 @pytest.fixture(scope="module")
 def upstream() -> Iterator[Upstream]:
-    up = Upstream()
-    up.start()
-    try:
+    with Upstream() as up:
         yield up
-    finally:
-        up.stop()
 
 
 def _serve(tmp_path: Path, upstream: Upstream, redis_url: str = "") -> Any:
     path = tmp_path / "config.yaml"
     path.write_text(CONFIG.format(redis=redis_url, upstream=upstream.url))
-    return serving(path, {"CARD_ADMIN_KEY": ADMIN})
+    return GatewayThread(path, {"CARD_ADMIN_KEY": ADMIN})
 
 
 def _flood(gw: GatewayThread, models: list[str], **extra: Any) -> list[int]:
@@ -144,7 +141,7 @@ def test_random_model_names_leave_metrics_and_usage_bounded(tmp_path: Path, upst
 
 
 def test_random_model_names_leave_redis_usage_rows_bounded(tmp_path: Path, upstream: Upstream) -> None:
-    rds = RedisProc()
+    rds = RedisServer()
     try:
         with _serve(tmp_path, upstream, rds.url) as gw:
             assert _flood(gw, [_random_model("demo") for _ in range(N)]) == [200] * N

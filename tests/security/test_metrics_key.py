@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.harness import GatewayThread, serving
+from tests.helpers.servers import GatewayThread
 
 KEY = "mk-7c2e0d51a9"
 CONFIG = """
@@ -24,7 +24,7 @@ providers:
 def _serve(tmp_path: Path, config: str, env: dict[str, str]) -> Iterator[GatewayThread]:
     path = tmp_path / "config.yaml"
     path.write_text(config)
-    with serving(path, env) as gw:
+    with GatewayThread(path, env) as gw:
         yield gw
 
 

@@ -17,11 +17,10 @@ import httpx
 import pytest
 from litestar import Request, post
 
-from tests.e2e.harness import GatewayThread
+from tests.helpers.servers import GatewayThread
+from tests.helpers.upstreams import Recorder
 
-from ._input_kit import CONFIG, FULL_KEY, LIMITED_KEY, SGP_ACCOUNT, Recorder, client, gateway, up, upstream
-
-__all__ = ["client", "gateway", "up", "upstream"]
+from .conftest import FULL_KEY, INPUT_CONFIG, LIMITED_KEY, SGP_ACCOUNT
 
 LIMIT = 65536
 MESSAGE = f"The request body is larger than {LIMIT} bytes"
@@ -136,7 +135,7 @@ def test_a_litestar_route_that_reads_a_chunked_body_gets_the_same_413(upstream: 
     """No Litestar route of the gateway reads a body today; one registered here shows that the limit (raised
     from `Front`'s receive inside Litestar) is rendered by the one renderer, not as a 500."""
     config = tmp_path / "config.yaml"
-    config.write_text(CONFIG.format(u=upstream.url, full=FULL_KEY, limited=LIMITED_KEY, account=SGP_ACCOUNT))
+    config.write_text(INPUT_CONFIG.format(u=upstream.url, full=FULL_KEY, limited=LIMITED_KEY, account=SGP_ACCOUNT))
     gw = GatewayThread(config, {})
     gw.app.litestar.register(_echo_length)
     gw.start()

@@ -30,9 +30,11 @@ from aiohttp import web
 from gateway.config import CapsConfig, ConfigError, parse_config
 from gateway.httpx_transport import HttpxTransport, _h11_state
 from gateway.upstream import H1Transport, Timeouts, Upstream
-from tests.e2e.harness import GatewayThread, Received, openai_client
-from tests.e2e.harness import Upstream as ThreadedUpstream
-from tests.resilience.faults import CHUNKS, RECORDED_JSON, RECORDED_SSE, RECORDED_STREAM_TEXT
+from tests.helpers.clients import openai_client
+from tests.helpers.faults import CHUNKS, RECORDED_JSON, RECORDED_SSE, RECORDED_STREAM_TEXT
+from tests.helpers.servers import GatewayThread
+from tests.helpers.upstreams import Received
+from tests.helpers.upstreams import Upstream as ThreadedUpstream
 from wire.errors import GatewayError, UpstreamConnectError
 from wire.upstream import UpstreamRequest
 
@@ -497,12 +499,8 @@ def test_auto_picks_h1_unless_httpx_is_needed(pki: Pki) -> None:
 
 @pytest.fixture
 def e2e_upstream() -> Iterator[ThreadedUpstream]:
-    server = ThreadedUpstream()
-    server.start()
-    try:
+    with ThreadedUpstream() as server:
         yield server
-    finally:
-        server.stop()
 
 
 def test_a_completion_and_a_stream_through_the_gateway_on_httpx(e2e_upstream: ThreadedUpstream, tmp_path: Path) -> None:

@@ -3,7 +3,7 @@
 A `200` carrying an error envelope (or a completion without `choices`), and a stream whose first event
 is an error envelope or cannot be read, used to reach the client as a successful empty completion or a
 500 with no failover. Each case runs over real sockets: the gateway served by uvicorn
-(`tests.e2e.harness.GatewayThread`), two scripted loopback upstreams (`tests.resilience.faults`), the
+(`tests.helpers.servers.GatewayThread`), two scripted loopback upstreams (`tests.helpers.faults`), the
 official `openai` SDK or raw HTTP as the client.
 """
 
@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.harness import GatewayThread, sse_data
-from tests.resilience.faults import (
+from tests.helpers.clients import sse_data
+from tests.helpers.faults import (
     CHUNKS,
     OVERLOADED_BODY,
     QUOTA_BODY,
@@ -32,6 +32,7 @@ from tests.resilience.faults import (
     respond,
     stream,
 )
+from tests.helpers.servers import GatewayThread, serve_config
 
 CONFIG = """
 server: {{host: 127.0.0.1, port: 0}}
@@ -52,25 +53,9 @@ models:
 
 
 @pytest.fixture
-def faults() -> Iterator[FaultServer]:
-    server = FaultServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
 def gateway(faults: FaultServer, tmp_path: Path) -> Iterator[GatewayThread]:
-    path = tmp_path / "config.yaml"
-    path.write_text(CONFIG.format(alpha=faults["alpha"].base_url, beta=faults["beta"].base_url))
-    gw = GatewayThread(path, {})
-    gw.start()
-    try:
+    with serve_config(tmp_path, CONFIG.format(alpha=faults["alpha"].base_url, beta=faults["beta"].base_url)) as gw:
         yield gw
-    finally:
-        gw.stop()
 
 
 def post(gw: GatewayThread, body: dict[str, Any]) -> httpx.Response:

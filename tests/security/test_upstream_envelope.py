@@ -9,7 +9,7 @@ import pytest
 from providers.base import CallContext
 from providers.envelope import envelope_status
 from providers.openai import OpenAIAdapter
-from tests.resilience.faults import RECORDED_COMPLETION
+from tests.helpers.faults import RECORDED_COMPLETION
 
 
 @pytest.mark.parametrize(

@@ -20,8 +20,8 @@ import httpx
 import pytest
 
 from gateway.attempt import MAX_QUOTA_WAIT_S, MAX_REPORTED_TOKENS
-from tests.e2e.harness import GatewayThread
-from tests.resilience.faults import RATE_LIMIT_BODY, RECORDED_COMPLETION, FaultServer, respond
+from tests.helpers.faults import RATE_LIMIT_BODY, RECORDED_COMPLETION, FaultServer, respond
+from tests.helpers.servers import GatewayThread, serve_config
 from wire.errors import MAX_RETRY_AFTER_S
 
 CONFIG = """
@@ -33,25 +33,9 @@ providers:
 
 
 @pytest.fixture
-def faults() -> Iterator[FaultServer]:
-    server = FaultServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
 def gateway(faults: FaultServer, tmp_path: Path) -> Iterator[GatewayThread]:
-    path = tmp_path / "config.yaml"
-    path.write_text(CONFIG.format(alpha=faults["alpha"].base_url))
-    gw = GatewayThread(path, {})
-    gw.start()
-    try:
+    with serve_config(tmp_path, CONFIG.format(alpha=faults["alpha"].base_url)) as gw:
         yield gw
-    finally:
-        gw.stop()
 
 
 def post(gw: GatewayThread) -> httpx.Response:

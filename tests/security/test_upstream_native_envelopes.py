@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.e2e.harness import GatewayThread, Upstream, reply
+from tests.helpers.servers import GatewayThread, serve_config
+from tests.helpers.upstreams import Upstream, reply
 
 CONFIG = """
 server: {{host: 127.0.0.1, port: 0}}
@@ -35,24 +35,14 @@ providers:
 
 @pytest.fixture(scope="module")
 def upstream() -> Iterator[Upstream]:
-    server = Upstream()
-    server.start()
-    try:
+    with Upstream() as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
 def gateway(upstream: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
-    path: Path = tmp_path_factory.mktemp("native-envelopes") / "config.yaml"
-    path.write_text(CONFIG.format(u=upstream.url))
-    gw = GatewayThread(path, {})
-    gw.start()
-    try:
+    with serve_config(tmp_path_factory.mktemp("native-envelopes"), CONFIG.format(u=upstream.url)) as gw:
         yield gw
-    finally:
-        gw.stop()
 
 
 def envelope(body: object) -> bytes:

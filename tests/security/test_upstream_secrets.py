@@ -18,7 +18,9 @@ import httpx
 import pytest
 
 from gateway import accesslog
-from tests.e2e.harness import GatewayThread, Upstream, reply, reply_sse, sse_data
+from tests.helpers.clients import sse_data
+from tests.helpers.servers import GatewayThread, serve_config
+from tests.helpers.upstreams import Upstream, reply, reply_sse
 
 PROVIDER_KEY = "sk-live-7Qm2xV9pL4tR8wZ1cB6nH3jK5dF0gS"
 DEPLOYMENT_KEY = "az-4f9b2c7e1d8a6035b9e2f7c4a1d0e8b3"
@@ -49,24 +51,14 @@ ENV = {"UP_KEY": PROVIDER_KEY, "UP_TOKEN": HEADER_TOKEN, "AZ_KEY": DEPLOYMENT_KE
 
 @pytest.fixture
 def upstream() -> Iterator[Upstream]:
-    server = Upstream()
-    server.start()
-    try:
+    with Upstream() as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
 def gateway(upstream: Upstream, tmp_path: Path) -> Iterator[GatewayThread]:
-    path = tmp_path / "config.yaml"
-    path.write_text(CONFIG.format(u=upstream.url))
-    gw = GatewayThread(path, ENV)
-    gw.start()
-    try:
+    with serve_config(tmp_path, CONFIG.format(u=upstream.url), ENV) as gw:
         yield gw
-    finally:
-        gw.stop()
 
 
 @pytest.fixture

@@ -14,13 +14,13 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from tests.e2e.harness import GatewayThread, openai_client, sse_data
+from tests.helpers.clients import openai_client, sse_data
+from tests.helpers.servers import GatewayThread, serve_config
 
 CONFIG = """
 server: {host: 127.0.0.1, port: 0}
@@ -33,14 +33,8 @@ BROKEN_MID_STREAM = {"model": "demo/crash-after-2", "prompt": "hello there", "ma
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
-    path: Path = tmp_path_factory.mktemp("stream-failures") / "config.yaml"
-    path.write_text(CONFIG)
-    gw = GatewayThread(path, {})
-    gw.start()
-    try:
+    with serve_config(tmp_path_factory.mktemp("stream-failures"), CONFIG) as gw:
         yield gw
-    finally:
-        gw.stop()
 
 
 def test_exception_mid_stream_ends_with_an_error_event_and_done(

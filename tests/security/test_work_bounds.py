@@ -15,9 +15,10 @@ from typing import Any
 
 import httpx
 
-from tests.e2e.harness import Upstream, sse_data
+from tests.helpers.clients import sse_data
+from tests.helpers.upstreams import Upstream
 
-from .work_kit import HealthProbe, answering, api, gateway, rss_bytes, timed_post, upstream  # noqa: F401
+from .conftest import HealthProbe, answering, rss_bytes, timed_post
 
 
 def _error(resp: httpx.Response) -> dict[str, Any]:
@@ -27,7 +28,7 @@ def _error(resp: httpx.Response) -> dict[str, Any]:
     return error
 
 
-def test_long_beyond_the_cap_is_a_400_naming_max_tokens(api: httpx.Client) -> None:  # noqa: F811
+def test_long_beyond_the_cap_is_a_400_naming_max_tokens(api: httpx.Client) -> None:
     resp, took = timed_post(api, "/v1/completions", {"model": "demo/long", "prompt": "go", "max_tokens": 80000})
     error = _error(resp)
     assert (error["param"], error["code"]) == ("max_tokens", "invalid_value")
@@ -35,7 +36,7 @@ def test_long_beyond_the_cap_is_a_400_naming_max_tokens(api: httpx.Client) -> No
     assert took < 1.0
 
 
-def test_long_at_the_cap_is_fast_and_the_loop_keeps_answering(gateway: Any, api: httpx.Client) -> None:  # noqa: F811
+def test_long_at_the_cap_is_fast_and_the_loop_keeps_answering(gateway: Any, api: httpx.Client) -> None:
     with HealthProbe(gateway.url) as probe:
         resp, took = timed_post(api, "/v1/completions", {"model": "demo/long", "prompt": "go", "max_tokens": 4096})
     assert resp.status_code == 200, resp.text[:500]
@@ -46,7 +47,7 @@ def test_long_at_the_cap_is_fast_and_the_loop_keeps_answering(gateway: Any, api:
     assert probe.slowest < 0.5, probe.slowest
 
 
-def test_long_stream_at_the_cap_lets_the_loop_run(gateway: Any, api: httpx.Client) -> None:  # noqa: F811
+def test_long_stream_at_the_cap_lets_the_loop_run(gateway: Any, api: httpx.Client) -> None:
     body = {"model": "demo/long", "prompt": "go", "max_tokens": 4096, "n": 8, "stream": True}
     with HealthProbe(gateway.url) as probe:
         resp, took = timed_post(api, "/v1/completions", body)
@@ -57,7 +58,7 @@ def test_long_stream_at_the_cap_lets_the_loop_run(gateway: Any, api: httpx.Clien
     assert probe.slowest < 0.5, probe.slowest
 
 
-def test_stop_sequences_are_still_honoured_by_the_linear_fake(api: httpx.Client) -> None:  # noqa: F811
+def test_stop_sequences_are_still_honoured_by_the_linear_fake(api: httpx.Client) -> None:
     resp, _ = timed_post(
         api,
         "/v1/completions",
@@ -69,7 +70,7 @@ def test_stop_sequences_are_still_honoured_by_the_linear_fake(api: httpx.Client)
     assert "".join(choice["logprobs"]["tokens"]) == choice["text"]
 
 
-def test_a_prompt_of_white_space_is_tokenized_in_linear_time(api: httpx.Client) -> None:  # noqa: F811
+def test_a_prompt_of_white_space_is_tokenized_in_linear_time(api: httpx.Client) -> None:
     # `\s*\S+` retried the run from each of its positions: 40,000 spaces took 10 s on main.
     resp, took = timed_post(api, "/v1/completions", {"model": "demo/echo", "prompt": "start" + " " * 200_000})
     assert resp.status_code == 200, resp.text[:500]
@@ -78,8 +79,8 @@ def test_a_prompt_of_white_space_is_tokenized_in_linear_time(api: httpx.Client) 
 
 
 def test_echo_times_n_with_a_1mb_prompt_is_refused_before_any_upstream_call(
-    api: httpx.Client,  # noqa: F811
-    upstream: Upstream,  # noqa: F811
+    api: httpx.Client,
+    upstream: Upstream,
 ) -> None:
     upstream.handler = answering("ok")
     prompt = "word " * 200_000  # 1 MB
@@ -98,8 +99,8 @@ def test_echo_times_n_with_a_1mb_prompt_is_refused_before_any_upstream_call(
 
 
 def test_best_of_fan_out_with_a_large_prompt_is_refused_naming_best_of(
-    api: httpx.Client,  # noqa: F811
-    upstream: Upstream,  # noqa: F811
+    api: httpx.Client,
+    upstream: Upstream,
 ) -> None:
     upstream.handler = answering("ok")
     body = {"model": "ollama/llama3", "prompt": "word " * 200_000, "best_of": 20, "logprobs": 1, "max_tokens": 1}
@@ -108,7 +109,7 @@ def test_best_of_fan_out_with_a_large_prompt_is_refused_naming_best_of(
     assert upstream.received == []
 
 
-def test_echo_times_n_within_the_cap_still_works(api: httpx.Client, upstream: Upstream) -> None:  # noqa: F811
+def test_echo_times_n_within_the_cap_still_works(api: httpx.Client, upstream: Upstream) -> None:
     upstream.handler = answering(" ok")
     resp, _ = timed_post(
         api, "/v1/completions", {"model": "ollama/llama3", "prompt": "hello", "echo": True, "n": 3, "max_tokens": 1}
@@ -118,7 +119,7 @@ def test_echo_times_n_within_the_cap_still_works(api: httpx.Client, upstream: Up
     assert len(upstream.received) == 3
 
 
-def test_the_fake_refuses_an_answer_beyond_the_cap_naming_n(api: httpx.Client) -> None:  # noqa: F811
+def test_the_fake_refuses_an_answer_beyond_the_cap_naming_n(api: httpx.Client) -> None:
     body = {"model": "demo/echo", "prompt": "word " * 200_000, "echo": True, "n": 64}
     resp, took = timed_post(api, "/v1/completions", body)
     assert _error(resp)["param"] == "n"
@@ -126,8 +127,8 @@ def test_the_fake_refuses_an_answer_beyond_the_cap_naming_n(api: httpx.Client) -
 
 
 def test_an_emulated_stop_longer_than_pattern_chars_is_refused(
-    api: httpx.Client,  # noqa: F811
-    upstream: Upstream,  # noqa: F811
+    api: httpx.Client,
+    upstream: Upstream,
 ) -> None:
     body = {
         "model": "ollama/llama3",

@@ -15,10 +15,10 @@ import httpx
 import pytest
 from aiohttp import web
 
-from tests.e2e.errors import OPENAI_ROUTES, SGP_ROUTE, assert_error
-from tests.e2e.harness import Received, Upstream
+from tests.helpers.errors import OPENAI_ROUTES, SGP_ROUTE, assert_error
+from tests.helpers.upstreams import Received, Upstream
 
-from .work_kit import HealthProbe, answering, api, gateway, timed_post, upstream  # noqa: F401
+from .conftest import HealthProbe, answering, timed_post
 
 EVIL = "a" * 30 + "!"
 GUIDED_INVALID = "guided_output_invalid"
@@ -51,9 +51,9 @@ def _guided_failure(resp: httpx.Response, param: str) -> None:
     ],
 )
 def test_catastrophic_pattern_is_checked_fast_and_the_loop_keeps_answering(
-    gateway: Any,  # noqa: F811
-    api: httpx.Client,  # noqa: F811
-    upstream: Upstream,  # noqa: F811
+    gateway: Any,
+    api: httpx.Client,
+    upstream: Upstream,
     model: str,
     field: str,
     value: Any,
@@ -71,7 +71,7 @@ def test_catastrophic_pattern_is_checked_fast_and_the_loop_keeps_answering(
     assert probe.answers > 0 and probe.slowest < 0.5, (probe.answers, probe.slowest)
 
 
-def test_a_matching_answer_still_passes_the_re2_check(api: httpx.Client, upstream: Upstream) -> None:  # noqa: F811
+def test_a_matching_answer_still_passes_the_re2_check(api: httpx.Client, upstream: Upstream) -> None:
     upstream.handler = answering("aaaa")
     resp, _ = timed_post(
         api, "/v1/completions", {"model": "ollama/llama3", "prompt": "a's", "guided_regex": "(a+)+", "max_tokens": 4}
@@ -118,8 +118,8 @@ REFUSED = [
 @pytest.mark.parametrize("route", [OPENAI_ROUTES[0], SGP_ROUTE])
 @pytest.mark.parametrize(("model", "field", "value"), REFUSED)
 def test_what_cannot_be_checked_in_bounds_is_refused_before_the_upstream(
-    api: httpx.Client,  # noqa: F811
-    upstream: Upstream,  # noqa: F811
+    api: httpx.Client,
+    upstream: Upstream,
     route: str,
     model: str,
     field: str,
@@ -141,7 +141,7 @@ def test_what_cannot_be_checked_in_bounds_is_refused_before_the_upstream(
     assert took < 1.0
 
 
-def test_a_remote_ref_is_refused_and_never_fetched(api: httpx.Client, upstream: Upstream) -> None:  # noqa: F811
+def test_a_remote_ref_is_refused_and_never_fetched(api: httpx.Client, upstream: Upstream) -> None:
     fetched: list[str] = []
 
     async def handler(request: web.Request, received: Received) -> web.StreamResponse:
@@ -171,7 +171,7 @@ def test_a_remote_ref_is_refused_and_never_fetched(api: httpx.Client, upstream: 
     assert fetched == []
 
 
-def test_a_recursive_schema_that_descends_is_still_checked(api: httpx.Client, upstream: Upstream) -> None:  # noqa: F811
+def test_a_recursive_schema_that_descends_is_still_checked(api: httpx.Client, upstream: Upstream) -> None:
     tree = {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#"}}}, "required": ["kids"]}
     upstream.handler = answering('{"kids": [{"kids": []}, {"kids": [{"kids": []}]}]}')
     resp, _ = timed_post(

@@ -12,7 +12,7 @@ from providers.base import PARAM_FIELDS, ExtraMerge, Param, map_params, merge_ex
 from providers.openai import OpenAIAdapter
 from providers.openai_compat import OPENAI_PARAMS
 from providers.pais import PAISAdapter
-from tests.providers.kit import request
+from tests.helpers.adapters import request
 from wire.errors import UnsupportedParamError
 
 

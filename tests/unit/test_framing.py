@@ -8,7 +8,8 @@ import json
 import pytest
 
 from gateway.framing import DONE, NDJSONDecoder, SSEDecoder, sse_event
-from tests.providers.kit import chunked, fixture_bytes
+from tests.helpers.adapters import chunked
+from tests.helpers.recordings import fixture_bytes
 
 Event = tuple[str | None, bytes]
 

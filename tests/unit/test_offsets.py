@@ -13,7 +13,8 @@ from typing import Any
 from gateway.framing import SSEDecoder
 from providers.offsets import prompt_for_choice, text_offsets
 from providers.together import TogetherAdapter
-from tests.providers.kit import context, fixture_bytes, fixture_json
+from tests.helpers.adapters import context
+from tests.helpers.recordings import fixture_bytes, fixture_json
 
 ADAPTER = TogetherAdapter()
 PROMPT = "Tell me a joke about opentelemetry"

@@ -9,7 +9,7 @@ import pytest
 from providers.base import Adapter, Endpoint
 from providers.registry import BUILTIN, REGISTRY, credential_headers, kinds, register
 from providers.vllm import VLLMAdapter
-from tests.providers import kit
+from tests.helpers import adapters
 
 
 def test_every_builtin_line_is_registered_under_its_class_kind() -> None:
@@ -33,7 +33,7 @@ def test_the_credential_an_adapter_sends_is_in_the_headers_it_declares(kind: str
         assert cls.credential_headers == frozenset()
         return
     endpoint = Endpoint(provider="p", model="m", base_url="https://h", api_key="the-key", region="us-east-1")
-    request = cls().build_request(kit.request(prompt="x"), endpoint, {})
+    request = cls().build_request(adapters.request(prompt="x"), endpoint, {})
     # The headers carrying the key, bare or after a scheme ("Bearer the-key").
     sent = {name for name, value in request.headers.items() if value.split()[-1:] == ["the-key"]}
     assert sent

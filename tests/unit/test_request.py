@@ -10,7 +10,7 @@ import pytest
 from gateway.config import CapsConfig
 from gateway.dialects import decode_error
 from gateway.request import FORBIDDEN_HEADERS, MAX_CHOICES, normalize
-from tests.providers.kit import request
+from tests.helpers.adapters import request
 from wire.errors import InvalidRequestError
 from wire.schema import MAX_LOGPROBS, MAX_STOPS, CompletionRequest, decode_request
 

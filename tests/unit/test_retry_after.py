@@ -8,7 +8,7 @@ import pytest
 
 from providers.openai import OpenAIAdapter
 from providers.retry_after import retry_after
-from tests.providers.kit import fixture_bytes, fixture_headers
+from tests.helpers.recordings import fixture_bytes, fixture_headers
 
 NOW = 1_717_697_868.0
 

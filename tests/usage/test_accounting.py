@@ -14,7 +14,7 @@ from gateway.pipeline import Pipeline
 from gateway.reload import Reloader
 from gateway.state import SharedState
 from gateway.usage import ANONYMOUS, PICO, Prices, UsageStore, day_of, to_midnight
-from tests.ratelimit.support import RedisProc
+from tests.helpers.redis import RedisServer
 from wire.errors import RateLimitError
 from wire.schema import Usage
 
@@ -158,7 +158,7 @@ async def test_adopt_keeps_in_process_bookings_across_a_reload() -> None:
 
 
 @pytest.fixture
-async def redis_store(rds: RedisProc) -> AsyncIterator[tuple[UsageStore, Clock]]:
+async def redis_store(rds: RedisServer) -> AsyncIterator[tuple[UsageStore, Clock]]:
     clock = Clock()
     s = store(rds.url, clock)
     try:
@@ -167,7 +167,9 @@ async def redis_store(rds: RedisProc) -> AsyncIterator[tuple[UsageStore, Clock]]
         await s.shared.close()
 
 
-async def test_redis_booking_is_one_hash_per_key_and_day(redis_store: tuple[UsageStore, Clock], rds: RedisProc) -> None:
+async def test_redis_booking_is_one_hash_per_key_and_day(
+    redis_store: tuple[UsageStore, Clock], rds: RedisServer
+) -> None:
     s, _ = redis_store
     s.book(rec("team", "demo/long", "demo/long", 3, 7))
     s.book(rec("team", "fast", "demo/text", 5, 10))
@@ -193,7 +195,7 @@ async def test_redis_booking_is_one_hash_per_key_and_day(redis_store: tuple[Usag
 
 
 async def test_redis_outage_books_locally_and_flushes_when_it_returns(
-    redis_store: tuple[UsageStore, Clock], rds: RedisProc
+    redis_store: tuple[UsageStore, Clock], rds: RedisServer
 ) -> None:
     s, clock = redis_store
     s.book(rec("team", "demo/long", "demo/long", 3, 7))

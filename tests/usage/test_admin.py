@@ -15,9 +15,10 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.harness import GatewayThread, serving
+from tests.helpers.clients import body, client
+from tests.helpers.servers import GatewayThread
 
-from .support import ADMIN_KEY, COST, ENV, FREE_KEY, TEAM_KEY, body, client, config, usage, wait_requests
+from .conftest import ADMIN_KEY, COST, ENV, FREE_KEY, TEAM_KEY, config, usage, wait_requests
 
 NOT_FOUND = {"error": {"message": "Not Found", "type": "not_found_error", "param": None, "code": None}}
 
@@ -27,7 +28,7 @@ def gw(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[GatewayThread
     url = request.getfixturevalue("rds").url if request.param == "redis" else ""
     path = tmp_path / "config.yaml"
     path.write_text(config(url))
-    with serving(path, ENV) as g:
+    with GatewayThread(path, ENV) as g:
         yield g
 
 
@@ -78,7 +79,7 @@ def test_admin_routes_need_the_admin_key(gw: GatewayThread) -> None:
 def test_admin_routes_are_absent_without_an_admin_key(admin: str, tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
     path.write_text(re.sub(r"admin: .*\n", admin + "\n", config()))
-    with serving(path, ENV) as gw:
+    with GatewayThread(path, ENV) as gw:
         for key in (None, ADMIN_KEY, "", TEAM_KEY):
             with client(gw.url, key) as c:
                 for route in ("/admin/usage", "/admin/status"):

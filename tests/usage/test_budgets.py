@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from gateway.usage import to_midnight
-from tests.e2e.harness import GatewayThread, serving
-from tests.ratelimit.support import RedisProc
+from tests.helpers.clients import body, client
+from tests.helpers.redis import RedisServer
+from tests.helpers.servers import GatewayThread
 
-from .support import COST, ENV, FREE_KEY, TEAM_KEY, body, client, config, wait_requests
+from .conftest import COST, ENV, FREE_KEY, TEAM_KEY, config, wait_requests
 
 PAIS = "/api/v1/compatibility/openai/v1/completions"
 MESSAGE = "Key 'team' has reached its daily budget of $0.05 ($0.051 spent today, UTC); requests resume at 00:00 UTC"
@@ -27,7 +28,7 @@ def gw(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[GatewayThread
     url = request.getfixturevalue("rds").url if request.param == "redis" else ""
     path = tmp_path / "config.yaml"
     path.write_text(config(url))
-    with serving(path, ENV) as g:
+    with GatewayThread(path, ENV) as g:
         yield g
 
 
@@ -92,11 +93,11 @@ def test_the_check_reads_only_booked_spend(gw: GatewayThread) -> None:
         assert c.post("/v1/completions", json=body()).status_code == 429
 
 
-def test_a_redis_outage_falls_back_to_in_process_spend(rds: RedisProc, tmp_path: Path) -> None:
+def test_a_redis_outage_falls_back_to_in_process_spend(rds: RedisServer, tmp_path: Path) -> None:
     """With Redis configured but gone, bookings and the budget check run on this process's own numbers."""
     path = tmp_path / "config.yaml"
     path.write_text(config(rds.url))
-    with serving(path, ENV) as gw:
+    with GatewayThread(path, ENV) as gw:
         rds.stop()
         try:
             spend_the_budget(gw)

@@ -13,7 +13,7 @@ import pytest
 
 from gateway.ratelimit import Bucket, Limiter, peek_state
 from gateway.state import SharedState
-from tests.ratelimit.support import RedisProc
+from tests.helpers.redis import RedisServer
 
 
 class Clock:
@@ -46,7 +46,7 @@ async def limiter(request: pytest.FixtureRequest) -> AsyncIterator[Limiter]:
     if request.param == "local":
         yield Limiter(SharedState(""), clock=Clock())
         return
-    rds: RedisProc = request.getfixturevalue("rds")
+    rds: RedisServer = request.getfixturevalue("rds")
     shared = SharedState(rds.url)
     made = Limiter(shared, fail_open=False)
     try:

@@ -9,14 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import GatewayProcess, cli_env
-from tests.ratelimit.support import RedisProc
+from tests.helpers.clients import body, client
+from tests.helpers.redis import RedisServer
+from tests.helpers.servers import GatewayProcess, cli_env
 
-from .support import ENV, FREE_KEY, TEAM_KEY, body, client, config, usage, wait_requests
+from .conftest import ENV, FREE_KEY, TEAM_KEY, config, usage, wait_requests
 
 
 @pytest.fixture
-def replicas(rds: RedisProc, tmp_path: Path) -> Iterator[list[GatewayProcess]]:
+def replicas(rds: RedisServer, tmp_path: Path) -> Iterator[list[GatewayProcess]]:
     procs: list[GatewayProcess] = []
     try:
         for i in range(2):

@@ -22,9 +22,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.e2e.harness import GatewayThread, serving
+from tests.helpers.clients import body, client
+from tests.helpers.servers import GatewayThread
 
-from .support import ADMIN_KEY, ENV, FREE_KEY, TEAM_KEY, body, client, config, wait_requests
+from .conftest import ADMIN_KEY, ENV, FREE_KEY, TEAM_KEY, config, wait_requests
 
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser")) if p), None)
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary (apt-get install chromium)")
@@ -83,7 +84,7 @@ def gw(tmp_path: Path) -> Iterator[GatewayThread]:
     path = tmp_path / "config.yaml"
     extra = f'  - {{name: "{MARKUP_ALIAS}", targets: [{{model: demo/text}}]}}\n'
     path.write_text(config() + extra)
-    with serving(path, ENV) as g:
+    with GatewayThread(path, ENV) as g:
         yield g
 
 

@@ -1,9 +1,8 @@
-"""Helpers for the pure adapter tests: recorded fixtures, requests built the way the pipeline builds them."""
+"""Requests built the way the pipeline builds them, for the pure adapter tests (no sockets)."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -11,22 +10,6 @@ import msgspec
 from gateway.request import normalize
 from providers.base import Adapter, CallContext, Endpoint, UpstreamRequest, map_params
 from wire.schema import CompletionRequest, decode_request
-
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
-
-
-def fixture_bytes(rel: str) -> bytes:
-    return (FIXTURES / rel).read_bytes()
-
-
-def fixture_json(rel: str) -> Any:
-    return json.loads(fixture_bytes(rel))
-
-
-def fixture_headers(rel: str) -> dict[str, str]:
-    """A recorded `*.headers.json` ({name: [values]}) as the lower-cased single-valued map aiohttp exposes."""
-    raw: dict[str, list[str]] = fixture_json(rel)
-    return {name.lower(): values[0] for name, values in raw.items()}
 
 
 def request(model: str = "vendor/model", prompt: Any = "Say this is a test", **fields: Any) -> CompletionRequest:

@@ -1,6 +1,6 @@
-"""Fault-injecting loopback upstreams for the resilience suite.
+"""Fault-injecting loopback upstreams: scripted OpenAI-compatible targets that misbehave on cue.
 
-One real aiohttp server on 127.0.0.1 (`tests.e2e.harness.Upstream`, in its own thread and loop) serves
+One real aiohttp server on 127.0.0.1 (`tests.helpers.upstreams.Upstream`, in its own thread and loop) serves
 any number of OpenAI-compatible *targets*, each under its own path prefix (`/<name>/v1/completions`).
 Every target is scripted per test: a queue of behaviours, one per request it receives, then a default
 (a good answer). Every request is recorded (target, arrival time, body, whether the peer hung up), both
@@ -30,10 +30,12 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from tests.e2e.harness import Received, Upstream, fixture_bytes, fixture_json, recorded_headers, sse_events
+from tests.helpers.recordings import fixture_bytes, fixture_headers, fixture_json, sse_events
+from tests.helpers.servers import Running
+from tests.helpers.upstreams import Received, Upstream
 
 RECORDED_JSON: Final = fixture_bytes("openai/completion_davinci002.json")
-RECORDED_HEADERS: Final = recorded_headers("openai/completion_davinci002.headers.json")
+RECORDED_HEADERS: Final = fixture_headers("openai/completion_davinci002.headers.json")
 RECORDED_SSE: Final = fixture_bytes("openai/completion_stream_davinci002.sse.txt")
 _EVENTS: Final = sse_events(RECORDED_SSE)
 # The 16 content chunks of the recorded stream (each `data: {...}` without its blank line), and its end.
@@ -307,7 +309,7 @@ class Target:
             raise
 
 
-class FaultServer:
+class FaultServer(Running):
     """A loopback aiohttp server holding scripted targets; `journal` is every hit in arrival order."""
 
     def __init__(self) -> None:

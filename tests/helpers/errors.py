@@ -1,4 +1,4 @@
-"""What each dialect's error looks like on the wire, for exact assertions."""
+"""What each dialect's error looks like on the wire, for exact assertions, and the routes that speak each."""
 
 from __future__ import annotations
 
@@ -51,3 +51,19 @@ def assert_error(
         assert (resp.status_code, body) == (422, expected)
         return
     assert (resp.status_code, body) == (status, {"detail": detail or message})
+
+
+def assert_field_error(resp: httpx.Response, route: str, param: str | None, status: int = 400) -> dict[str, Any]:
+    """A 4xx in the route's dialect naming `param`: OpenAI's envelope, or FastAPI's 422 with `loc`."""
+    assert resp.headers["content-type"].startswith("application/json"), (resp.status_code, resp.text)
+    body: dict[str, Any] = resp.json()
+    if route in OPENAI_ROUTES:
+        assert resp.status_code == status, body
+        assert body["error"]["param"] == param, body
+        assert body["error"]["type"] == "invalid_request_error", body
+    else:
+        assert resp.status_code == (422 if status == 400 else status), body
+        if status == 400:
+            (item,) = body["detail"]
+            assert item["loc"][:2] == (["body", param] if param else ["body"]), body
+    return body

@@ -1,4 +1,4 @@
-"""Building gateways for the resilience suite and reading what they answered.
+"""The real `Pipeline` in process over scripted targets, with injected time, and what it answered.
 
 In-process tests build the real `Pipeline` from a real config and inject only time: `VirtualTime`
 records every wait the failover loop asks for and advances a virtual clock by it instead of sleeping,
@@ -22,9 +22,8 @@ from gateway.config import parse_config
 from gateway.dialects import OPENAI
 from gateway.health import TargetState
 from gateway.pipeline import Pipeline
+from tests.helpers.faults import FaultServer
 from wire.errors import GatewayError
-
-from .faults import FaultServer
 
 PROMPT: Final = "Tell me a joke about opentelemetry"
 PROVIDERS: Final = ("alpha", "beta", "gamma", "delta", "omega")

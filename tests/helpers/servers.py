@@ -1,0 +1,260 @@
+"""The gateway on a real socket: `create_app` served by uvicorn in a thread, or the CLI as a child process.
+
+Nothing here stands in for the project's code. `GatewayThread` serves `gateway.app.create_app` with a
+real uvicorn (uvloop + httptools, as `python -m gateway serve` runs it) in a background thread with its
+own event loop; `GatewayProcess` runs `python -m gateway serve` itself, and `GatewayChild` optionally as
+PID 1 of a new PID namespace (`unshare --pid --fork`), as it runs in its container, where a signal
+without a handler does not kill it. Everything binds to loopback and is stopped by whoever started it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import httpx
+import uvicorn
+
+from gateway.app import create_app
+from gateway.config import load_config
+from gateway.pipeline import Pipeline
+from tests.helpers.recordings import REPO
+
+
+class Running:
+    """A server that starts on entering a `with` block and stops on leaving it, whatever happened."""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# --------------------------------------------------------------------------------------------------
+# The gateway
+
+
+class GatewayThread(Running):
+    """`create_app(load_config(path))` served by uvicorn in a thread, like `serve` (uvloop, httptools)."""
+
+    def __init__(self, config_path: Path, env: Mapping[str, str]) -> None:
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.bind(("127.0.0.1", 0))
+        self.port = int(self._sock.getsockname()[1])
+        app = self.app = create_app(load_config(config_path, env=dict(env)))
+        config = uvicorn.Config(
+            app,
+            loop="uvloop",
+            http="httptools",
+            lifespan="on",
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=2,
+        )
+        self.server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self._sock]}, name="test-gateway", daemon=True
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pipeline(self) -> Pipeline:
+        """The pipeline serving now (a config reload replaces it)."""
+        current: Pipeline = self.app.state.pipeline
+        return current
+
+    def start(self) -> None:
+        self._thread.start()
+        deadline = time.monotonic() + 15
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the gateway did not start")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self._thread.join(15)
+        self._sock.close()
+        assert not self._thread.is_alive(), "the gateway did not stop"
+
+
+@contextlib.contextmanager
+def serve_config(directory: Path, config: str, env: Mapping[str, str] | None = None) -> Iterator[GatewayThread]:
+    """The gateway in a thread serving the YAML text `config`, written to a fresh file in `directory`."""
+    path = directory / f"gw-{time.monotonic_ns()}.yaml"
+    path.write_text(config)
+    with GatewayThread(path, dict(env or {})) as gw:
+        yield gw
+
+
+# --------------------------------------------------------------------------------------------------
+# The CLI as a child process
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    """The environment for `python -m gateway`: no proxies, no provider or Redis variables from outside."""
+    drop = ("PROXY", "_API_KEY", "REDIS_URL", "VLLM_BASE_URL", "GATEWAY_CONFIG")
+    env = {k: v for k, v in os.environ.items() if not any(d in k.upper() for d in drop)}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def run_cli(
+    args: Sequence[str], env: Mapping[str, str] | None = None, timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", *args],
+        cwd=REPO,
+        env=dict(env) if env is not None else cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+class GatewayProcess:
+    """`python -m gateway serve --config PATH --port N` as a child in its own session."""
+
+    def __init__(
+        self,
+        config_path: Path,
+        env: Mapping[str, str] | None = None,
+        *,
+        flags: Sequence[str] = (),
+        prefix: Sequence[str] = (),
+    ) -> None:
+        """`flags`: further `serve` flags (e.g. `--server granian`); `prefix`: a command that runs it (unshare)."""
+        self.port = free_port()
+        self.log = config_path.with_suffix(".log")
+        self._log_file = self.log.open("wb")
+        cmd = [sys.executable, "-m", "gateway", "serve", "--config", str(config_path), "--port", str(self.port)]
+        self.proc = subprocess.Popen(
+            [*prefix, *cmd, *flags],
+            cwd=REPO,
+            env=dict(env) if env is not None else cli_env(),
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self, timeout: float = 20) -> None:
+        deadline = time.monotonic() + timeout
+        with httpx.Client(trust_env=False, timeout=1) as client:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"gateway exited with {self.proc.returncode}: {self.log.read_text()}")
+                try:
+                    if client.get(self.url + "/health").status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.05)
+        raise RuntimeError(f"gateway did not become ready: {self.log.read_text()}")
+
+    def stop(self) -> None:
+        try:
+            if self.proc.poll() is None:
+                self.proc.terminate()
+                try:
+                    self.proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait(5)
+        finally:
+            self._log_file.close()
+
+
+def unshare_pid_works() -> bool:
+    """Whether this machine lets us start a process as PID 1 of a new PID namespace."""
+    if shutil.which("unshare") is None:
+        return False
+    try:
+        result = subprocess.run(
+            [
+                "unshare",
+                "--pid",
+                "--fork",
+                "--kill-child=SIGKILL",
+                sys.executable,
+                "-c",
+                "import os; print(os.getpid())",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return result.returncode == 0 and result.stdout.strip() == "1"
+
+
+class GatewayChild(GatewayProcess):
+    """`python -m gateway serve --config PATH --port N` in its own session, optionally as PID 1."""
+
+    def __init__(self, config_path: Path, *flags: str, pid1: bool = False, env: dict[str, str] | None = None) -> None:
+        # If the test dies, unshare's death takes the gateway with it.
+        unshare = ("unshare", "--pid", "--fork", "--kill-child=SIGKILL") if pid1 else ()
+        super().__init__(config_path, env, flags=flags, prefix=unshare)
+        self.pid1 = pid1
+        self.server_pid = self._find_server_pid() if pid1 else self.proc.pid
+
+    def _find_server_pid(self) -> int:
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            pids = children.read_text().split() if children.exists() else []
+            if pids:
+                return int(pids[0])
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.01)
+        raise RuntimeError(f"unshare started no child: {self.log.read_text()}")
+
+    def sigterm(self) -> None:
+        """What `docker stop` does: SIGTERM to the server process (PID 1 in its container)."""
+        os.kill(self.server_pid, signal.SIGTERM)
+
+    def stop(self) -> None:
+        try:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(10)
+        finally:
+            self._log_file.close()
