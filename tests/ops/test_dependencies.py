@@ -1,8 +1,8 @@
-"""pyproject.toml declares what runs: its runtime dependencies are exactly what gateway/ and providers/ import.
+"""pyproject.toml declares what runs: its runtime dependencies are exactly what gateway/, providers/ and wire/ import.
 
 Both directions, read from the source (ast) and from the installed distributions' metadata (which maps a
 distribution to its import names, e.g. google-re2 -> re2, PyYAML -> yaml):
-- every `[project] dependencies` entry is imported somewhere in gateway/ or providers/, unless IMPLICIT
+- every `[project] dependencies` entry is imported somewhere in gateway/, providers/ or wire/, unless IMPLICIT
   says who loads it without an import statement;
 - every third-party module imported there is a runtime dependency, or belongs to an optional extra (an
   import guarded for when the extra is missing), never only to `dev`: a transitive dependency imported
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Final
 
 REPO: Final = Path(__file__).resolve().parents[2]
-PACKAGES: Final = ("gateway", "providers")
+PACKAGES: Final = ("gateway", "providers", "wire")
 
 # Runtime dependencies loaded by another package rather than by an import in ours:
 # distribution -> (a file of ours that selects it, the text that does), or None when nothing names it.
@@ -83,7 +83,7 @@ def test_every_third_party_import_is_declared_for_run_time() -> None:
     project = _project()
     declared = {_name(r) for group, reqs in project.items() if group != "dev" for r in reqs}
     missing = {m: sorted(_distributions_of(m)) for m in _imports() if not _distributions_of(m) & declared}
-    assert missing == {}, "imported by gateway/ or providers/ but not a runtime dependency (nor an extra)"
+    assert missing == {}, "imported by gateway/, providers/ or wire/ but not a runtime dependency (nor an extra)"
 
 
 def test_the_import_scan_sees_imports_everywhere() -> None:
