@@ -359,8 +359,8 @@ async def _guided_call(
         "the gateway for this provider and an unvalidated answer is never returned",
         code="guided_output_invalid",
         param=em.guide.param,
+        retryable=False,
     )
-    err.retryable = False
     raise err
 
 

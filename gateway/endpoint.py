@@ -68,6 +68,11 @@ def error_headers(exc: GatewayError) -> dict[str, str]:
         headers["retry-after-ms"] = str(max(int(exc.retry_after * 1000 + 0.999), 0))
     if exc.attempts is not None:
         headers["x-gateway-attempts"] = str(exc.attempts)
+    if exc.target is not None:
+        # The target that failed, in the headers a success names the one that served in.
+        headers["x-gateway-model"] = exc.target
+    if exc.provider is not None:
+        headers["x-gateway-provider"] = exc.provider
     if exc.headers:
         headers.update(exc.headers)
     return headers
@@ -162,8 +167,7 @@ Endpoint = Callable[[HTTPScope, Receive, Send], Awaitable[None]]
 def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endpoint:
     async def endpoint(scope: HTTPScope, receive: Receive, send: Send) -> None:
         if scope["method"] != "POST":
-            exc = GatewayError("Method Not Allowed", status=405)
-            exc.type = "invalid_request_error"
+            exc = GatewayError("Method Not Allowed", status=405, type="invalid_request_error")
             await _send_error(send, dialect, exc)
             return
         t0 = time.perf_counter()
@@ -195,8 +199,10 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
             await send(_start(200, _SSE + _encode_headers(result.headers)))
             await watch.run(_relay(result, send))
         except GatewayError as exc:
-            rec.status, rec.error_code = dialect.error(exc)[0], exc.code
+            rec.status, rec.error_code, rec.cause = dialect.error(exc)[0], exc.code, exc.cause
             rec.attempts = exc.attempts or rec.attempts
+            if exc.target is not None:  # the log line and the metrics name what failed
+                rec.provider, rec.target = exc.provider or rec.provider, exc.target
             if not started:
                 await _send_error(send, dialect, exc, rec.request_id)
         except asyncio.CancelledError:

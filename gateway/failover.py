@@ -91,8 +91,7 @@ class Failover:
         try:
             current = await selector.first()
         except GatewayError as exc:
-            exc.attempts = 0  # every target is cooling: no upstream call was made
-            raise
+            raise exc.evolve(attempts=0) from None  # every target is cooling: no upstream call was made
         attempts = 0
         r = policy.retries
         budget_s = r.budget_ms / 1000
@@ -149,9 +148,12 @@ class Failover:
         def remaining() -> Timeouts:
             left = deadline - self.clock()
             if left <= 0:
-                err = UpstreamTimeoutError(f"The request's deadline of {total:g} s passed", code="deadline_exceeded")
-                err.retryable = False
-                raise err
+                raise UpstreamTimeoutError(
+                    f"The request's deadline of {total:g} s passed",
+                    code="deadline_exceeded",
+                    retryable=False,
+                    cause="deadline_exceeded",
+                )
             base = Timeouts(t.connect_ms / 1000, t.first_byte_ms / 1000, t.total_ms / 1000)
             return base.capped(left)
 
@@ -207,12 +209,11 @@ class Failover:
                         value = await self._attempt(plan, states, current, call, limits)
                     return Outcome(value=value, route=route, attempts=attempts)
         except GatewayError as exc:
-            exc.attempts = attempts
             # The gateway spent its retries, or the failure is not one retrying helps: a client's retry
             # would only repeat them. Left to the client: a wait the budget could not hold, and every
             # retry where the operator had the gateway make none (`attempts: 1`).
-            exc.retry_later = exc.retryable and (out_of_budget or r.attempts == 1)
-            raise
+            later = exc.retryable and (out_of_budget or r.attempts == 1)
+            raise exc.evolve(attempts=attempts, retry_later=later) from None
         raise AssertionError("unreachable: tenacity re-raises the last error")  # pragma: no cover
 
     async def _attempt(
@@ -231,6 +232,8 @@ class Failover:
                 # Should this request retry the target and succeed, that success is its probe: it clears.
                 failed = states.get(route.key) or TargetState()
                 states[route.key] = msgspec.structs.replace(failed, failures=failed.failures + 1)
+            if exc.target is None:  # made where the target was not known (an adapter's status mapping)
+                raise exc.evolve(target=route.key, provider=route.provider) from None
             raise
         finally:
             if track:

@@ -178,6 +178,7 @@ class Pipeline:
             raise decode_error(exc) from None
         normalize(req, self.loaded.config.caps)
         self.keys.authorize(key, req.model)
+        rec.model = req.model  # a budget refusal counts under the model asked for (routing refines it below)
         if key is not None and key.name in self.usage.budgets:
             await self.usage.check(key.name)  # one HGET of today's booked spend
         plan = self.router.plan(req.model)
@@ -301,7 +302,7 @@ class Pipeline:
         if isinstance(adapter, LocalAdapter):
             return await adapter.complete(req, route.endpoint, ctx)
         upstream_req = adapter.build_request(req, route.endpoint, params)
-        resp = await self.upstream.send(route.provider, upstream_req, timeouts)
+        resp = await self.upstream.send(route.provider, upstream_req, timeouts, route.key)
         if resp.status >= 400:
             raise adapter.map_error(resp.status, resp.headers, resp.body, route.provider)
         await self._watch_quota(route, resp.headers)
@@ -360,7 +361,7 @@ class Pipeline:
             local = adapter.stream(req, route.endpoint, ctx)
             return Opened(local, await anext(local, None), ctx=ctx)
         upstream_req = adapter.build_request(req, route.endpoint, params)
-        stream = await self.upstream.open_stream(route.provider, upstream_req, timeouts)
+        stream = await self.upstream.open_stream(route.provider, upstream_req, timeouts, route.key)
         try:
             if stream.status >= 400:
                 body = await stream.read_all()
@@ -380,9 +381,14 @@ class Pipeline:
                 raise _unreadable(route, "stream event", exc) from None
             if first is None:
                 # Nothing reached the client yet: an empty stream is a failed attempt, retried like one.
-                empty = UpstreamError(f"Upstream '{route.provider}' ended the stream early")
-                empty.retryable = True
-                raise empty
+                raise UpstreamError(
+                    f"Upstream '{route.key}' ended the stream early",
+                    code="upstream_stream_ended_early",
+                    retryable=True,
+                    cause="stream_ended_early",
+                    target=route.key,
+                    provider=route.provider,
+                )
         except BaseException:
             stream.close()
             raise
@@ -421,11 +427,11 @@ class Pipeline:
                             yield sse_event(encode(c))
                         c = await anext(opened.chunks, None)
                     if finished < expected and usage is None:
-                        error = UpstreamError(f"Upstream '{route.provider}' ended the stream early")
+                        error = _stream_broke(route, "ended the stream early", "upstream_stream_ended_early")
                 except GatewayError as exc:
                     error = exc
                 except _UNREADABLE:
-                    error = UpstreamError(f"Upstream '{route.provider}' sent an invalid stream event")
+                    error = _stream_broke(route, "sent an invalid stream event", "invalid_upstream_response")
                 except Exception:
                     # A bug (an adapter's, an emulation's): the client gets a generic error event and
                     # the end of the stream, never a traceback; the log gets the traceback.
@@ -560,15 +566,30 @@ def _unreadable(route: Route, what: str, exc: Exception) -> UpstreamError:
     """An upstream answer the adapter could not read: a failed attempt (502), retried or failed over."""
     if not isinstance(exc, _UNREADABLE):
         log.error("parsing %s's %s failed", route.provider, what, exc_info=exc)
-    err = UpstreamError(f"Upstream '{route.provider}' sent an invalid {what}", code="invalid_upstream_response")
-    err.retryable = True
-    return err
+    return UpstreamError(
+        f"Upstream '{route.key}' sent an invalid {what}",
+        code="invalid_upstream_response",
+        retryable=True,
+        cause="invalid_response",
+        target=route.key,
+        provider=route.provider,
+    )
+
+
+def _stream_broke(route: Route, what: str, code: str) -> UpstreamError:
+    """A stream that broke after it started: the error event names the target and the cause."""
+    cause = "stream_ended_early" if code == "upstream_stream_ended_early" else "invalid_response"
+    return UpstreamError(
+        f"Upstream '{route.key}' {what}",
+        code=code,
+        cause=cause,
+        target=route.key,
+        provider=route.provider,
+    )
 
 
 def _internal() -> GatewayError:
-    err = GatewayError("The gateway failed to process the request", code="internal_error")
-    err.cools = False
-    return err
+    return GatewayError("The gateway failed to process the request", code="internal_error", cools=False)
 
 
 def _tokens(n: int) -> int:
