@@ -349,6 +349,7 @@ def upstream_failure(cause: str, provider: str, target: str | None) -> UpstreamE
 # own code (OpenAI's `rate_limit_exceeded`, ...), which is not the gateway's to list.
 CODES: Final[dict[str, str]] = {
     "invalid_json": "the body is not JSON, or not an object",
+    "invalid_utf8": "a string in the body is not valid UTF-8",
     "unknown_parameter": "a field the request schema does not have",
     "missing_required_parameter": "a required field is absent",
     "invalid_value": "a field's value is out of range or of the wrong type",
@@ -373,6 +374,7 @@ CODES: Final[dict[str, str]] = {
     "upstream_stream_ended_early": "the upstream ended a stream before its end (502)",
     "upstream_event_too_large": "one upstream stream event is larger than caps.upstream_event_bytes (502)",
     "upstream_answer_too_large": "the upstream's answer is larger than a caps.upstream_* cap (502)",
+    "generation_error": "the upstream reported that the generation broke off (Mistral's finish_reason 'error')",
     "guided_output_invalid": "emulated guided decoding found no valid answer within guided_retries",
     "client_closed_request": "log only: the client left before the answer ended (499)",
     "internal_error": "a gateway bug; the log has the traceback (500)",
