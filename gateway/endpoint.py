@@ -186,6 +186,8 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
         pipeline.enter()
         if metrics is not None:
             metrics.in_flight.inc()
+        # The request's server span, when tracing is on; it ends with the answer or the stream.
+        span = pipeline.tracing.begin(headers, dialect.name, path) if pipeline.tracing is not None else None
         watch = _Watch(receive)
         started = False
         try:
@@ -231,6 +233,8 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
                 metrics.observe(rec, elapsed)
             if pipeline.log_requests:
                 accesslog.write(rec, elapsed)
+            if span is not None:
+                span.end(rec)
 
     endpoint.__name__ = f"completions_{dialect.name}_{len(path)}"
     return endpoint

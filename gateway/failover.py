@@ -29,6 +29,7 @@ from typing import Any, Generic, TypeVar, cast
 import msgspec
 from tenacity import AsyncRetrying, RetryCallState, wait_random_exponential
 
+from gateway import tracing
 from gateway.balancer import Selector
 from gateway.errors import GatewayError, UpstreamTimeoutError
 from gateway.health import Health, TargetState
@@ -224,7 +225,9 @@ class Failover:
             await self.health.inflight(route.key, +1)
         started = self.clock()
         try:
-            value = await call(route, timeouts)
+            with tracing.attempt(route) as span:  # one span per upstream call, hedges included
+                value = await call(route, timeouts)
+                tracing.served(span, value)
         except GatewayError as exc:
             cause = _cause(exc)
             if cause is not None:

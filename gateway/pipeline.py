@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from gateway import emulation
+from gateway import emulation, tracing
 from gateway.admission import Admission, Ticket
 from gateway.auth import KeyRing
 from gateway.config import LoadedConfig
@@ -125,6 +125,8 @@ class Pipeline:
         self.failover = Failover(self.health, clock=clock, **({"sleep": sleep} if sleep else {}))
         self.admission = Admission(loaded, self.shared, **({"sleep": sleep} if sleep else {}))
         self.usage = UsageStore(loaded, self.shared, metrics=metrics)
+        # None unless tracing is on (gateway/tracing.py): the endpoint then opens a span per request.
+        self.tracing = tracing.from_config(loaded)
         # Built once per config: cuts the config's secrets out of upstream text (errors, logs).
         self.scrub = Scrubber.from_config(loaded)
         watch_logs(self.scrub)

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from gateway import h1
+from gateway import h1, tracing
 from gateway.config import CapsConfig, LoadedConfig, ProviderConfig, TimeoutsConfig
 from gateway.errors import TIMEOUTS, GatewayError, UpstreamError, upstream_failure
 from providers import REGISTRY
@@ -246,7 +246,7 @@ class Upstream:
 
     async def _open(self, provider: str, req: UpstreamRequest, timeouts: Timeouts, target: str | None) -> Reply:
         try:
-            return await self.transport(provider).request(req, timeouts)
+            return await self.transport(provider).request(tracing.outgoing(req), timeouts)
         except _TRANSPORT as exc:
             raise map_transport_error(exc, provider, target) from None
 
