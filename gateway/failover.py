@@ -22,6 +22,7 @@ attempt ends when its first event has been read.
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar, cast
@@ -224,10 +225,11 @@ class Failover:
         if track:
             await self.health.inflight(route.key, +1)
         started = self.clock()
+        span = tracing.attempt(route)  # one span per upstream call, hedges included; None when not traced
         try:
-            with tracing.attempt(route) as span:  # one span per upstream call, hedges included
-                value = await call(route, timeouts)
-                tracing.served(span, value)
+            value = await call(route, timeouts)
+            if span is not None:
+                span.succeeded(value)
         except GatewayError as exc:
             cause = _cause(exc)
             if cause is not None:
@@ -239,6 +241,8 @@ class Failover:
                 raise exc.evolve(target=route.key, provider=route.provider) from None
             raise
         finally:
+            if span is not None:
+                span.close(sys.exc_info()[1])  # the exception on its way out, if any
             if track:
                 await self.health.inflight(route.key, -1)
         await self.health.success(route.key, states.get(route.key))

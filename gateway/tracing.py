@@ -18,8 +18,7 @@ included), so retries, failover, hedges and resumed streams show as siblings und
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
@@ -47,7 +46,6 @@ _GENAI_PROVIDER: Final = {
 }
 OPERATION: Final = "text_completion"
 
-_NOTHING: Final[AbstractContextManager[None]] = nullcontext()
 # The request being traced in this task (and the tasks it starts); never set while tracing is off.
 _REQUEST: ContextVar[_Request | None] = ContextVar("gateway_trace_request", default=None)
 # The attempt span of the upstream call running in this task: its traceparent is what goes upstream.
@@ -125,11 +123,52 @@ class Tracing:
 
 
 class _Attempt:
-    __slots__ = ("span", "headers")
+    """One upstream attempt's client span, current in its task until `close`."""
 
-    def __init__(self, span: Span, operator_headers: Mapping[str, str]) -> None:
+    __slots__ = ("request", "span", "headers", "token")
+
+    def __init__(self, request: _Request, span: Span, operator_headers: Mapping[str, str]) -> None:
+        self.request = request
         self.span = span
-        self.headers = operator_headers
+        self.headers = operator_headers  # the provider's configured headers: what `outgoing` must not replace
+        self.token = _ATTEMPT.set(self)
+
+    def succeeded(self, value: object) -> None:
+        """The answer's GenAI attributes (a stream's usage and finish reasons come with the request's end)."""
+        request = self.request
+        request.served = True
+        from gateway.schema import Completion
+
+        if not isinstance(value, Completion):
+            return
+        reasons: list[str] = [c.finish_reason or "" for c in value.choices]
+        request.finish_reasons = reasons
+        attrs: dict[str, Any] = {"gen_ai.response.finish_reasons": reasons}
+        if value.id:
+            attrs["gen_ai.response.id"] = value.id
+        if value.usage is not None:
+            attrs["gen_ai.usage.input_tokens"] = value.usage.prompt_tokens
+            attrs["gen_ai.usage.output_tokens"] = value.usage.completion_tokens
+        self.span.set_attributes(attrs)
+
+    def close(self, error: BaseException | None) -> None:
+        """End the span, failed when `error` is set (the attempt's exception, if it raised one)."""
+        from opentelemetry.trace import Status, StatusCode
+
+        from gateway.errors import GatewayError
+
+        span = self.span
+        if isinstance(error, GatewayError):
+            span.set_attribute("error.type", error.code or type(error).__name__)
+            if error.cause is not None:
+                span.set_attribute("gateway.failure.cause", error.cause)
+            span.set_status(Status(StatusCode.ERROR, error.message))
+        elif error is not None:
+            span.set_attribute("error.type", type(error).__name__)
+            span.set_status(Status(StatusCode.ERROR))
+        _ATTEMPT.reset(self.token)
+        self.request.in_flight -= 1
+        span.end()
 
 
 class _Request:
@@ -155,9 +194,8 @@ class _Request:
             return "hedge"  # started while another attempt of the same request is still waiting
         return "retry" if route.key in self.tried else "failover"
 
-    @contextmanager
-    def attempt(self, route: Route) -> Iterator[_Attempt]:
-        from opentelemetry.trace import SpanKind, Status, StatusCode
+    def attempt(self, route: Route) -> _Attempt:
+        from opentelemetry.trace import SpanKind
 
         kind = getattr(route.adapter, "kind", route.provider)
         endpoint = route.endpoint
@@ -178,43 +216,7 @@ class _Request:
         self.attempts += 1
         self.tried.add(route.key)
         self.in_flight += 1
-        current = _Attempt(span, {k.lower(): v for k, v in endpoint.headers.items()})
-        token = _ATTEMPT.set(current)
-        try:
-            yield current
-        except BaseException as exc:
-            from gateway.errors import GatewayError
-
-            if isinstance(exc, GatewayError):
-                span.set_attribute("error.type", exc.code or type(exc).__name__)
-                if exc.cause is not None:
-                    span.set_attribute("gateway.failure.cause", exc.cause)
-                span.set_status(Status(StatusCode.ERROR, exc.message))
-            else:
-                span.set_attribute("error.type", type(exc).__name__)
-                span.set_status(Status(StatusCode.ERROR))
-            raise
-        finally:
-            _ATTEMPT.reset(token)
-            self.in_flight -= 1
-            span.end()
-
-    def served_by(self, span: Span, value: object) -> None:
-        """An attempt succeeded: its answer's GenAI attributes (a stream's come from the request's end)."""
-        self.served = True
-        from gateway.schema import Completion
-
-        if not isinstance(value, Completion):
-            return
-        reasons: list[str] = [c.finish_reason or "" for c in value.choices]
-        self.finish_reasons = reasons
-        attrs: dict[str, Any] = {"gen_ai.response.finish_reasons": reasons}
-        if value.id:
-            attrs["gen_ai.response.id"] = value.id
-        if value.usage is not None:
-            attrs["gen_ai.usage.input_tokens"] = value.usage.prompt_tokens
-            attrs["gen_ai.usage.output_tokens"] = value.usage.completion_tokens
-        span.set_attributes(attrs)
+        return _Attempt(self, span, {k.lower(): v for k, v in endpoint.headers.items()})
 
     def end(self, rec: Record) -> None:
         """End the server span with what the request did (the Record the log line and metrics read)."""
@@ -249,20 +251,13 @@ class _Request:
             self.token = None
 
 
-def attempt(route: Route) -> AbstractContextManager[Any]:
-    """The span of one upstream attempt (a no-op context when the request is not traced)."""
+def attempt(route: Route) -> _Attempt | None:
+    """Start the span of one upstream attempt; None when the request is not traced (the only cost when off).
+
+    The caller reports the answer (`succeeded`) and always ends it (`close`), in the same task.
+    """
     request = _REQUEST.get()
-    if request is None:
-        return _NOTHING
-    return request.attempt(route)
-
-
-def served(span: Any, value: object) -> None:
-    """Record an attempt's success on its span (`span` is what `attempt` yielded; None when not traced)."""
-    if span is not None:
-        request = _REQUEST.get()
-        if request is not None:
-            request.served_by(span.span, value)
+    return None if request is None else request.attempt(route)
 
 
 def outgoing(req: UpstreamRequest) -> UpstreamRequest:
@@ -275,11 +270,8 @@ def outgoing(req: UpstreamRequest) -> UpstreamRequest:
         return req
     from opentelemetry import trace
 
-    request = _REQUEST.get()
-    if request is None:
-        return req
     carrier: dict[str, str] = {}
-    request.tracing.propagator.inject(carrier, context=trace.set_span_in_context(current.span))
+    current.request.tracing.propagator.inject(carrier, context=trace.set_span_in_context(current.span))
     headers = {k: v for k, v in req.headers.items() if k.lower() not in carrier or k.lower() in current.headers}
     for name, value in carrier.items():
         if name not in current.headers:
