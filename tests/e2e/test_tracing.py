@@ -8,6 +8,7 @@ loopback upstream records the `traceparent` it was sent.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -122,8 +123,18 @@ providers:
   pinned: {{kind: openai, api_key: k, base_url: "{u}/up/v1", headers: {{traceparent: "{pinned}"}}}}
   sgp: {{kind: sgp, api_key: k, base_url: "{u}/up"}}
   demo: {{kind: fake}}
+  slow: {{kind: openai, api_key: k, base_url: "{u}/slow/v1"}}
+  cut: {{kind: openai, api_key: k, base_url: "{u}/cut/v1"}}
 models:
   - {{name: sturdy, targets: [{{model: down/davinci-002}}], fallbacks: [up/davinci-002]}}
+  - name: hedged
+    strategy: ordered
+    hedge_after_ms: 100
+    targets: [{{model: slow/davinci-002}}, {{model: up/davinci-002}}]
+  - name: resumed
+    strategy: ordered
+    resume_streams: true
+    targets: [{{model: cut/davinci-002}}, {{model: up/davinci-002}}]
 """
 PINNED = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -156,6 +167,18 @@ def gw(receiver: Receiver, up: Upstream, tmp_path: Path, monkeypatch: pytest.Mon
     async def route(request: web.Request, received: Received) -> web.StreamResponse:
         if received.path.startswith("/down/"):
             return web.Response(status=503, text='{"error": {"message": "overloaded", "type": "server_error"}}')
+        if received.path.startswith("/slow/"):
+            await asyncio.sleep(2)  # the hedge wins long before; the gateway then cancels this one
+        if received.path.startswith("/cut/"):
+            # Two events, then the connection drops mid-stream: a resumable stream continues elsewhere.
+            resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+            await resp.prepare(request)
+            for event in sse_events(fixture_bytes(STREAM))[:2]:
+                await resp.write(event + b"\n\n")
+            await asyncio.sleep(0.05)
+            assert request.transport is not None
+            request.transport.abort()
+            return resp
         if received.json().get("stream"):
             return await reply_sse(sse_events(fixture_bytes(STREAM)))(request, received)
         return await reply(DAVINCI)(request, received)
@@ -255,6 +278,45 @@ def test_a_stream_span_ends_with_the_stream(gw: GatewayThread, receiver: Receive
         assert attempt.attributes["gen_ai.provider.name"] == "fake"
     else:  # the recorded OpenAI stream carries no usage
         assert up.received[-1].headers["traceparent"] == f"00-{CLIENT_TRACE}-{attempt.span_id}-01"
+
+
+def test_a_hedge_and_a_resume_are_attempt_spans_of_their_own(gw: GatewayThread, receiver: Receiver) -> None:
+    with httpx.Client(base_url=gw.url, trust_env=False, timeout=10) as c:
+        hedged = c.post(
+            "/v1/completions", json={"model": "hedged", "prompt": "x"}, headers={"traceparent": TRACEPARENT}
+        )
+        assert hedged.status_code == 200, hedged.text
+        assert hedged.headers["x-gateway-model"] == "up/davinci-002"
+        other = "0af7651916cd43dd8448eb211c80319d"
+        resumed = c.post(
+            "/v1/completions",
+            json={"model": "resumed", "prompt": "x", "stream": True, "max_tokens": 16},
+            headers={"traceparent": f"00-{other}-{CLIENT_SPAN}-01"},
+        )
+        assert resumed.status_code == 200 and '"error"' not in resumed.text, resumed.text
+
+    def attempts(trace: str, count: int) -> list[Span]:
+        spans = receiver.wait(count, trace)
+        [server] = [s for s in spans if s.kind == SERVER]
+        found = sorted((s for s in spans if s.kind == CLIENT), key=lambda s: s.attributes["gateway.attempt"])
+        assert all(s.parent == server.span_id for s in found)
+        return found
+
+    slow, hedge = attempts(CLIENT_TRACE, 3)
+    assert (slow.attributes["gateway.target"], slow.attributes["gateway.attempt.kind"]) == ("slow/davinci-002", "first")
+    assert (hedge.attributes["gateway.target"], hedge.attributes["gateway.attempt.kind"]) == ("up/davinci-002", "hedge")
+    assert hedge.status != 2
+    # The loser was cancelled when the hedge answered: a failed span that says so.
+    assert (slow.status, slow.attributes["error.type"]) == (2, "CancelledError")
+    broken, resume = attempts(other, 3)
+    assert (broken.attributes["gateway.target"], broken.attributes["gateway.attempt.kind"]) == (
+        "cut/davinci-002",
+        "first",
+    )
+    assert (resume.attributes["gateway.target"], resume.attributes["gateway.attempt.kind"]) == (
+        "up/davinci-002",
+        "resume",
+    )
 
 
 def test_a_failed_request_records_its_cause(gw: GatewayThread, receiver: Receiver) -> None:
