@@ -203,8 +203,8 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
         except GatewayError as exc:
             rec.status, rec.error_code, rec.cause = dialect.error(exc)[0], exc.code, exc.cause
             rec.attempts = exc.attempts or rec.attempts
-            if exc.target is not None:  # the log line and the metrics name what failed
-                rec.provider, rec.target = exc.provider or rec.provider, exc.target
+            if exc.target is not None and not rec.provider:  # the log line and the metrics name what failed
+                rec.provider, rec.target, rec.failed = exc.provider or "", exc.target, True
             if not started:
                 await _send_error(send, dialect, exc, rec.request_id)
         except asyncio.CancelledError:

@@ -80,8 +80,10 @@ class Record(msgspec.Struct):
     dialect: str
     key: str | None = None
     model: str = "unknown"
+    # The target that served the request or, when none did, the last one that failed (then `failed` is set).
     provider: str = ""
     target: str = ""
+    failed: bool = False
     attempts: int = 0
     fallback: bool = False  # served by one of the alias's fallbacks rather than its own targets
     status: int = 200
@@ -195,7 +197,7 @@ class Metrics:
         kids.latency.observe(elapsed_s)
         if rec.provider:
             kids.upstream.observe(rec.upstream_s)
-            if rec.stream:
+            if rec.stream and not rec.failed:
                 kids.ttft.observe(rec.upstream_s)
             elif rec.status == 200:
                 self.overhead.observe(max(elapsed_s - rec.upstream_s, 0.0))
