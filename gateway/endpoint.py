@@ -69,7 +69,7 @@ def error_headers(exc: GatewayError) -> dict[str, str]:
     if exc.attempts is not None:
         headers["x-gateway-attempts"] = str(exc.attempts)
     if exc.target is not None:
-        # The target that failed, in the headers a success names the one that served in.
+        # The target that failed, in the headers that name the one that served a success.
         headers["x-gateway-model"] = exc.target
     if exc.provider is not None:
         headers["x-gateway-provider"] = exc.provider

@@ -429,11 +429,15 @@ class Pipeline:
                             yield sse_event(encode(c))
                         c = await anext(opened.chunks, None)
                     if finished < expected and usage is None:
-                        error = _stream_broke(route, "ended the stream early", "upstream_stream_ended_early")
+                        error = _stream_broke(
+                            route, "ended the stream early", "upstream_stream_ended_early", "stream_ended_early"
+                        )
                 except GatewayError as exc:
                     error = exc
                 except _UNREADABLE:
-                    error = _stream_broke(route, "sent an invalid stream event", "invalid_upstream_response")
+                    error = _stream_broke(
+                        route, "sent an invalid stream event", "invalid_upstream_response", "invalid_response"
+                    )
                 except Exception:
                     # A bug (an adapter's, an emulation's): the client gets a generic error event and
                     # the end of the stream, never a traceback; the log gets the traceback.
@@ -578,9 +582,8 @@ def _unreadable(route: Route, what: str, exc: Exception) -> UpstreamError:
     )
 
 
-def _stream_broke(route: Route, what: str, code: str) -> UpstreamError:
+def _stream_broke(route: Route, what: str, code: str, cause: str) -> UpstreamError:
     """A stream that broke after it started: the error event names the target and the cause."""
-    cause = "stream_ended_early" if code == "upstream_stream_ended_early" else "invalid_response"
     return UpstreamError(
         f"Upstream '{route.key}' {what}",
         code=code,
