@@ -58,3 +58,20 @@ def test_every_transport_cause_builds_a_listed_code() -> None:
         assert err.code in CODES
         assert (err.cause, err.target, err.provider) == (cause, "p/m", "p")
         assert err.message.startswith("Upstream 'p/m' ")
+
+
+def test_flags_are_set_when_an_error_is_built_and_evolve_copies() -> None:
+    from gateway.errors import UpstreamError, UpstreamStatusError
+
+    err = UpstreamError("x", code="invalid_upstream_response", retryable=True, cools=False, target="p/m", provider="p")
+    assert (err.retryable, err.cools, err.same_target, err.target, err.provider) == (True, False, False, "p/m", "p")
+    # Class defaults stay class defaults: an error built without a flag does not store one.
+    assert "retryable" not in vars(UpstreamError("y"))
+    later = err.evolve(attempts=3, retry_later=True)
+    assert (later.attempts, later.retry_later, later.message, later.code) == (3, True, "x", "invalid_upstream_response")
+    assert type(later) is UpstreamError and later is not err
+    assert (err.attempts, err.retry_later) == (None, False)  # the original is as it was built
+    status = UpstreamStatusError("boom", upstream_status=503, provider="p")
+    named = status.evolve(target="p/m")
+    assert (named.upstream_status, named.cause, named.target, named.retryable) == (503, "http_503", "p/m", True)
+    assert status.target is None
