@@ -1,7 +1,8 @@
 """One structured JSON line per request, written to stderr.
 
 Fields: ts, request_id, dialect, key (the key's name, never its secret), model, provider, target,
-status, latency_ms, upstream_ms, attempts, prompt_tokens, completion_tokens, stream, error (code).
+status, latency_ms, upstream_ms, attempts, prompt_tokens, completion_tokens, stream, error (code),
+cause (why the upstream failed: wire.errors.CAUSES or http_<status>; provider and target name it).
 The prompt and the completion text appear only when the config sets `logging.prompts: true`.
 
 Lines are encoded once with msgspec and gathered in a buffer that is written out every 200 ms, when it
@@ -84,6 +85,7 @@ def line(rec: Record, elapsed_s: float) -> bytes:
         "completion_tokens": rec.usage.completion_tokens if rec.usage else None,
         "stream": rec.stream,
         "error": rec.error_code,
+        "cause": rec.cause,
     }
     if rec.prompt is not None:
         entry["prompt"] = rec.prompt

@@ -139,8 +139,8 @@ class Admission:
                     "Rate limit reached for this key or model; retry after the time in Retry-After",
                     code="rate_limit_exceeded",
                     retry_after=wait / 1000,
+                    headers=headers,
                 )
-                err.headers = headers
                 raise err
             waited += wait
             await self.sleep(wait / 1000)
@@ -160,10 +160,13 @@ class Admission:
             f"Provider '{route.provider}' is at its configured quota",
             code="provider_quota",
             retry_after=decision.retry_after_ms / 1000,
+            headers=_headers(decision.states),
+            # Another target may have room; this one is not unhealthy, so no cooldown.
+            retryable=True,
+            cools=False,
+            target=route.key,
+            provider=route.provider,
         )
-        err.headers = _headers(decision.states)
-        err.retryable = True  # another target may have room; this one is not unhealthy, so no cooldown
-        err.cools = False
         raise err
 
     def _tokens(self, req: CompletionRequest, buckets: list[Bucket], route: Route) -> tuple[int, int]:

@@ -218,7 +218,7 @@ class Attempt:
         if isinstance(adapter, LocalAdapter):
             return await adapter.complete(req, route.endpoint, ctx)
         upstream_req = adapter.build_request(req, route.endpoint, params)
-        resp = await self.services.upstream.send(route.provider, upstream_req, self.timeouts)
+        resp = await self.services.upstream.send(route.provider, upstream_req, self.timeouts, route.key)
         if resp.status >= 400:
             raise adapter.map_error(resp.status, resp.headers, resp.body, route.provider)
         await self._watch_quota(resp.headers)
@@ -239,7 +239,7 @@ class Attempt:
             local = adapter.stream(req, route.endpoint, ctx)
             return Opened(local, await anext(local, None), ctx=ctx)
         upstream_req = adapter.build_request(req, route.endpoint, params)
-        stream = await self.services.upstream.open_stream(route.provider, upstream_req, self.timeouts)
+        stream = await self.services.upstream.open_stream(route.provider, upstream_req, self.timeouts, route.key)
         try:
             if stream.status >= 400:
                 body = await stream.read_all()
@@ -259,9 +259,14 @@ class Attempt:
                 raise _unreadable(route, "stream event", exc) from None
             if first is None:
                 # Nothing reached the client yet: an empty stream is a failed attempt, retried like one.
-                empty = UpstreamError(f"Upstream '{route.provider}' ended the stream early")
-                empty.retryable = True
-                raise empty
+                raise UpstreamError(
+                    f"Upstream '{route.key}' ended the stream early",
+                    code="upstream_stream_ended_early",
+                    retryable=True,
+                    cause="stream_ended_early",
+                    target=route.key,
+                    provider=route.provider,
+                )
         except BaseException:
             stream.close()
             raise
@@ -298,9 +303,14 @@ def _unreadable(route: Route, what: str, exc: Exception) -> UpstreamError:
     """An upstream answer the adapter could not read: a failed attempt (502), retried or failed over."""
     if not isinstance(exc, UNREADABLE):
         log.error("parsing %s's %s failed", route.provider, what, exc_info=exc)
-    err = UpstreamError(f"Upstream '{route.provider}' sent an invalid {what}", code="invalid_upstream_response")
-    err.retryable = True
-    return err
+    return UpstreamError(
+        f"Upstream '{route.key}' sent an invalid {what}",
+        code="invalid_upstream_response",
+        retryable=True,
+        cause="invalid_response",
+        target=route.key,
+        provider=route.provider,
+    )
 
 
 def _tokens(n: int) -> int:

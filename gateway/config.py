@@ -124,6 +124,12 @@ class MetricsConfig(Strict, frozen=True):
     key: str = ""
 
 
+class TracingConfig(Strict, frozen=True):
+    # OpenTelemetry traces over OTLP/HTTP (the `otel` extra); the OTEL_* variables configure the exporter, and
+    # OTEL_TRACES_EXPORTER=otlp turns tracing on without this key (docs/observability.md).
+    enabled: bool = False
+
+
 class CapsConfig(Strict, frozen=True):
     """What one request or one upstream answer may make the gateway hold or do (docs/security.md)."""
 
@@ -262,6 +268,7 @@ class GatewayConfig(Strict, frozen=True):
     prices: dict[str, PriceConfig] = msgspec.field(default_factory=dict)
     admin: AdminConfig = AdminConfig()
     metrics: MetricsConfig = MetricsConfig()
+    tracing: TracingConfig = TracingConfig()
     caps: CapsConfig = CapsConfig()
     tokenizer: TokenizerConfig = TokenizerConfig()
     discovery: DiscoveryConfig = DiscoveryConfig()

@@ -373,8 +373,8 @@ async def _guided_call(em: Emulation, sub: CompletionRequest, call: Call) -> Com
         "the gateway for this provider and an unvalidated answer is never returned",
         code="guided_output_invalid",
         param=em.guide.param,
+        retryable=False,
     )
-    err.retryable = False
     raise err
 
 

@@ -137,8 +137,7 @@ Endpoint = Callable[[HTTPScope, Receive, Send], Awaitable[None]]
 def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endpoint:
     async def endpoint(scope: HTTPScope, receive: Receive, send: Send) -> None:
         if scope["method"] != "POST":
-            exc = GatewayError("Method Not Allowed", status=405)
-            exc.type = "invalid_request_error"
+            exc = GatewayError("Method Not Allowed", status=405, type="invalid_request_error")
             await _send_error(send, dialect, exc)
             return
         t0 = time.perf_counter()
@@ -156,6 +155,8 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
         pipeline.enter()
         if metrics is not None:
             metrics.in_flight.inc()
+        # The request's server span, when tracing is on; it ends with the answer or the stream.
+        span = pipeline.tracing.begin(headers, dialect.name, path) if pipeline.tracing is not None else None
         watch = _Watch(receive)
         started = False
         try:
@@ -169,8 +170,10 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
             await send(_start(200, _SSE + _encode_headers(result.headers)))
             await watch.run(_relay(result, send))
         except GatewayError as exc:
-            rec.status, rec.error_code = dialect.error(exc)[0], exc.code
+            rec.status, rec.error_code, rec.cause = dialect.error(exc)[0], exc.code, exc.cause
             rec.attempts = exc.attempts or rec.attempts
+            if exc.target is not None and not rec.provider:  # the log line and the metrics name what failed
+                rec.provider, rec.target, rec.failed = exc.provider or "", exc.target, True
             if not started:
                 await _send_error(send, dialect, exc, rec.request_id)
         except asyncio.CancelledError:
@@ -199,6 +202,8 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
                 metrics.observe(rec, elapsed)
             if pipeline.log_requests:
                 accesslog.write(rec, elapsed)
+            if span is not None:
+                span.end(rec)
 
     endpoint.__name__ = f"completions_{dialect.name}_{len(path)}"
     return endpoint

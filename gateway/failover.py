@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import random
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
 import msgspec
 
+from gateway import tracing
 from gateway.balancer import Selector
 from gateway.health import Health, TargetState
 from gateway.routing import Plan, Route
@@ -98,8 +100,7 @@ class Failover:
         try:
             first = await selector.first()
         except GatewayError as exc:
-            exc.attempts = 0  # every target is cooling: no upstream call was made
-            raise
+            raise exc.evolve(attempts=0) from None  # every target is cooling: no upstream call was made
         return await Run(self, plan, call, discard, selector, first, deadline, total).go()
 
 
@@ -190,8 +191,11 @@ class Run(Generic[T]):
         if track:
             await health.inflight(route.key, +1)
         started = self.failover.clock()
+        span = tracing.attempt(route)  # one span per upstream call, hedges included; None when not traced
         try:
             value = await self.call(route, timeouts)
+            if span is not None:
+                span.succeeded(value)
         except GatewayError as exc:
             cause = _cause(exc)
             if cause is not None:
@@ -199,8 +203,12 @@ class Run(Generic[T]):
                 # Should this request retry the target and succeed, that success is its probe: it clears.
                 failed = states.get(route.key) or TargetState()
                 states[route.key] = msgspec.structs.replace(failed, failures=failed.failures + 1)
+            if exc.target is None:  # made where the target was not known (an adapter's status mapping)
+                raise exc.evolve(target=route.key, provider=route.provider) from None
             raise
         finally:
+            if span is not None:
+                span.close(sys.exc_info()[1])  # the exception on its way out, if any
             if track:
                 await health.inflight(route.key, -1)
         await health.success(route.key, states.get(route.key))
@@ -250,9 +258,12 @@ class Run(Generic[T]):
     def _timeouts(self) -> Timeouts:
         left = self.deadline - self.failover.clock()
         if left <= 0:
-            err = UpstreamTimeoutError(f"The request's deadline of {self.total:g} s passed", code="deadline_exceeded")
-            err.retryable = False
-            raise err
+            raise UpstreamTimeoutError(
+                f"The request's deadline of {self.total:g} s passed",
+                code="deadline_exceeded",
+                retryable=False,
+                cause="deadline_exceeded",
+            )
         return self.base.capped(left)
 
     def _same_target(self, route: Route) -> int:
@@ -267,9 +278,8 @@ class Run(Generic[T]):
         return exc.retryable
 
     def _gave_up(self, exc: GatewayError, *, out_of_budget: bool) -> GatewayError:
-        exc.attempts = self.attempts
         # The gateway spent its retries, or the failure is not one retrying helps: a client's retry would
         # only repeat them. Left to the client: a wait the budget could not hold, and every retry where the
         # operator had the gateway make none (`attempts: 1`).
-        exc.retry_later = exc.retryable and (out_of_budget or self.plan.policy.retries.attempts == 1)
-        return exc
+        later = exc.retryable and (out_of_budget or self.plan.policy.retries.attempts == 1)
+        return exc.evolve(attempts=self.attempts, retry_later=later)

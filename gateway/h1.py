@@ -23,6 +23,8 @@ and the built-in `TimeoutError`.
 from __future__ import annotations
 
 import asyncio
+import errno
+import socket
 import ssl
 import time
 import zlib
@@ -59,15 +61,50 @@ def hop_by_hop(lowered: str) -> bool:
 
 
 class ConnectFailed(OSError):
-    """The connection could not be opened."""
+    """The connection could not be opened; `cause` says why (`connect_cause`)."""
+
+    def __init__(self, message: str, *, cause: str = "connect_failed") -> None:
+        super().__init__(message)
+        self.cause = cause
 
 
 class Disconnected(ConnectionError):
     """The server closed or reset the connection before a response began."""
 
+    def __init__(self, message: str, *, cause: str = "connection_closed") -> None:
+        super().__init__(message)
+        self.cause = cause
+
 
 class Malformed(ConnectionError):
     """The response was cut short or was not valid HTTP/1.1."""
+
+    def __init__(self, message: str, *, cause: str = "malformed_response") -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+def connect_cause(exc: BaseException) -> str:
+    """Why opening a connection failed, for the operator (wire.errors.CAUSES), from the OS's error or the
+    one it was raised from (httpx wraps them twice)."""
+    seen: BaseException | None = exc
+    for _ in range(6):
+        if seen is None:
+            break
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return "tls_verification_failed"
+        if isinstance(seen, ssl.SSLError):
+            return "tls_error"
+        if isinstance(seen, socket.gaierror):
+            return "dns_failure"
+        code = seen.errno if isinstance(seen, OSError) else None
+        # asyncio joins the errors of every address it tried into one OSError without an errno.
+        if code == errno.ECONNREFUSED or f"[Errno {errno.ECONNREFUSED}]" in str(seen):
+            return "connection_refused"
+        if code in (errno.ENETUNREACH, errno.EHOSTUNREACH):
+            return "network_unreachable"
+        seen = seen.__cause__ or seen.__context__
+    return "connect_failed"
 
 
 class TooLarge(Malformed):
@@ -78,10 +115,11 @@ class _Stop(Exception):
     """Raised from a parser callback to stop llhttp at once; the reason was already recorded."""
 
 
-def _expire(fut: asyncio.Future[None]) -> None:
+def _expire(fut: asyncio.Future[None], cause: str) -> None:
     # A plain timer per wait: asyncio.timeout's context manager cost about 3 % of a saturated worker.
+    # The TimeoutError's argument is the timeout that passed (wire.errors.CAUSES).
     if not fut.done():
-        fut.set_exception(TimeoutError())
+        fut.set_exception(TimeoutError(cause))
 
 
 class _Inflate:
@@ -224,10 +262,11 @@ class Response:
         remaining = self._deadline - time.monotonic()
         timeout = min(self._read_timeout, remaining)
         if timeout <= 0:
-            raise TimeoutError
+            raise TimeoutError("total_timeout")
         loop = asyncio.get_running_loop()
         waiter = self._waiter = loop.create_future()
-        timer = loop.call_later(timeout, _expire, waiter)
+        cause = "read_timeout" if self._read_timeout < remaining else "total_timeout"
+        timer = loop.call_later(timeout, _expire, waiter, cause)
         try:
             await waiter
         finally:
@@ -395,12 +434,18 @@ class _Connection(asyncio.Protocol):
             return
         headers_ready = self.headers_ready
         if headers_ready is not None and not headers_ready.done():
-            headers_ready.set_exception(Disconnected("the server closed the connection before answering"))
+            reset = isinstance(exc, ConnectionResetError)
+            headers_ready.set_exception(
+                Disconnected(
+                    "the server closed the connection before answering",
+                    cause="connection_reset" if reset else "connection_closed",
+                )
+            )
         elif not self._length_known and not resp._done and exc is None:
             # No Content-Length and not chunked: the body ends when the connection does (RFC 9112 6.3).
             resp._finish()
         else:
-            resp._fail(Malformed("the response body was cut short"))
+            resp._fail(Malformed("the response body was cut short", cause="truncated_response"))
 
     # -- httptools callbacks -------------------------------------------------------------------
 
@@ -538,8 +583,9 @@ class _Connection(asyncio.Protocol):
         self.headers_ready = loop.create_future()
         assert self.transport is not None
         self.transport.write(request)
-        timeout = min(first_byte_s, deadline - time.monotonic())
-        timer = loop.call_later(max(timeout, 0.0), _expire, self.headers_ready)
+        remaining = deadline - time.monotonic()
+        cause = "first_byte_timeout" if first_byte_s < remaining else "total_timeout"
+        timer = loop.call_later(max(min(first_byte_s, remaining), 0.0), _expire, self.headers_ready, cause)
         try:
             await self.headers_ready
         except BaseException:
@@ -624,10 +670,12 @@ class Pool:
             try:
                 async with asyncio.timeout(max(deadline - time.monotonic(), 0)):
                     await waiter
-            except BaseException:
+            except BaseException as exc:
                 if waiter.done() and not waiter.cancelled():
                     self._wake_one()  # the slot this waiter was handed goes to the next one
                 waiter.cancel()
+                if isinstance(exc, TimeoutError):
+                    raise TimeoutError("pool_timeout") from None
                 raise
         self.open += 1
         try:
@@ -639,9 +687,10 @@ class Pool:
     async def _connect(self, connect_s: float, deadline: float) -> _Connection:
         loop = asyncio.get_running_loop()
         origin = self.origin
-        timeout = min(connect_s, deadline - time.monotonic())
+        remaining = deadline - time.monotonic()
+        timeout = min(connect_s, remaining)
         if timeout <= 0:
-            raise TimeoutError
+            raise TimeoutError("total_timeout")
         try:
             async with asyncio.timeout(timeout):
                 _, conn = await loop.create_connection(
@@ -652,9 +701,9 @@ class Pool:
                     server_hostname=origin.host if self.tls is not None else None,
                 )
         except TimeoutError:
-            raise
+            raise TimeoutError("connect_timeout" if connect_s < remaining else "total_timeout") from None
         except OSError as exc:
-            raise ConnectFailed(str(exc)) from None
+            raise ConnectFailed(str(exc), cause=connect_cause(exc)) from None
         return conn
 
     async def request(self, request: bytes, connect_s: float, first_byte_s: float, total_s: float) -> Response:

@@ -168,12 +168,29 @@ def _body_too_large(cap: int) -> h1.TooLarge:
     return h1.TooLarge(f"the response body is larger than the cap of {cap} bytes (caps.upstream_body_bytes)")
 
 
+def _was_reset(exc: BaseException) -> bool:
+    """Whether the peer reset the connection, as h1 sees it (httpx wraps the OS error in two layers)."""
+    seen: BaseException | None = exc
+    for _ in range(6):
+        if seen is None:
+            return False
+        if isinstance(seen, ConnectionResetError) or "reset by peer" in str(seen).lower():
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def _mapped(exc: httpx.HTTPError, began: bool, head_cap: int = _H11_HEAD_LIMIT) -> BaseException:
     """An httpx failure as the failure kind h1 would report for it."""
     if isinstance(exc, httpx.TimeoutException):
-        return TimeoutError()
+        # The cause as h1 names it (wire.errors.CAUSES); httpx bounds a write by first_byte_ms too.
+        if isinstance(exc, httpx.ConnectTimeout):
+            return TimeoutError("connect_timeout")
+        if isinstance(exc, httpx.PoolTimeout):
+            return TimeoutError("pool_timeout")
+        return TimeoutError("read_timeout" if began else "first_byte_timeout")
     if isinstance(exc, httpx.ConnectError | httpx.ProxyError | httpx.UnsupportedProtocol):
-        return h1.ConnectFailed(str(exc))
+        return h1.ConnectFailed(str(exc), cause=h1.connect_cause(exc))
     if isinstance(exc, httpx.DecodingError):
         return h1.Malformed("the response body could not be decompressed")
     if isinstance(exc, httpx.LocalProtocolError):
@@ -185,9 +202,17 @@ def _mapped(exc: httpx.HTTPError, began: bool, head_cap: int = _H11_HEAD_LIMIT) 
     if not began and (
         isinstance(exc, httpx.ReadError | httpx.WriteError) or "without sending" in text or "disconnected" in text
     ):
-        return h1.Disconnected("the server closed the connection before answering")
+        reset = _was_reset(exc)
+        return h1.Disconnected(
+            "the server closed the connection before answering",
+            cause="connection_reset" if reset else "connection_closed",
+        )
     if began:
-        return h1.Malformed("the response body was cut short")
+        # A body that stopped (h1: the connection ended mid-body) or one h11 could not parse (h1: llhttp).
+        cut = isinstance(exc, httpx.ReadError) or "incomplete" in text or "without sending complete" in text
+        return h1.Malformed(
+            "the response body was cut short", cause="truncated_response" if cut else "malformed_response"
+        )
     return h1.Malformed(f"invalid HTTP response: {text}")
 
 
@@ -219,12 +244,14 @@ class HttpxReply:
         while True:
             remaining = self._deadline - time.monotonic()
             if remaining <= 0:
-                raise TimeoutError
+                raise TimeoutError("total_timeout")
             try:
                 async with asyncio.timeout(remaining):
                     data = await anext(raw, None)
             except httpx.HTTPError as exc:
                 raise _mapped(exc, began=True) from None
+            except TimeoutError:
+                raise TimeoutError("total_timeout") from None
             if data is None:
                 break
             if decoder is None:
@@ -333,6 +360,8 @@ class HttpxTransport:
                 resp = await self._client.send(request, stream=True, follow_redirects=False)
         except httpx.HTTPError as exc:
             raise _mapped(exc, began=False, head_cap=self._caps.upstream_header_bytes) from None
+        except TimeoutError:
+            raise TimeoutError("total_timeout") from None
         problem = _head_problem(resp.headers.raw, self._caps.upstream_header_bytes) or _framing_problem(resp)
         if problem is not None:
             self.close_later(resp)

@@ -80,8 +80,10 @@ class Record(msgspec.Struct):
     dialect: str
     key: str | None = None
     model: str = "unknown"
+    # The target that served the request or, when none did, the last one that failed (then `failed` is set).
     provider: str = ""
     target: str = ""
+    failed: bool = False
     attempts: int = 0
     fallback: bool = False  # served by one of the alias's fallbacks rather than its own targets
     status: int = 200
@@ -90,6 +92,7 @@ class Record(msgspec.Struct):
     # Time spent inside the failover loop (upstream calls and retry waits); a stream: to its first event.
     upstream_s: float = 0.0
     error_code: str | None = None
+    cause: str | None = None  # why the upstream failed (wire.errors.CAUSES, `http_<status>`)
     prompt: str | None = None  # only when the config turns prompt logging on
     completion: str | None = None
 
@@ -148,7 +151,14 @@ class Metrics:
         )
         self.cooldowns = Counter("gateway_cooldowns", "Targets cooled down", ["target", "cause"], registry=r)
         self.rate_limited = Counter(
-            "gateway_rate_limited", "Requests refused by a rate limit or budget", ["code"], registry=r
+            "gateway_rate_limited", "Requests refused by a rate limit or budget", ["code", "model"], registry=r
+        )
+        # Requests that failed because an upstream did, under the target that failed last and why.
+        self.failures = Counter(
+            "gateway_upstream_failures",
+            "Requests failed by an upstream, by the target that failed and the cause",
+            ["provider", "target", "cause"],
+            registry=r,
         )
         self.in_flight = Gauge("gateway_in_flight", "Requests being served", multiprocess_mode="livesum", registry=r)
         # The config in force decides the label values (`bind`); until one is bound, every model folds.
@@ -187,7 +197,7 @@ class Metrics:
         kids.latency.observe(elapsed_s)
         if rec.provider:
             kids.upstream.observe(rec.upstream_s)
-            if rec.stream:
+            if rec.stream and not rec.failed:
                 kids.ttft.observe(rec.upstream_s)
             elif rec.status == 200:
                 self.overhead.observe(max(elapsed_s - rec.upstream_s, 0.0))
@@ -199,7 +209,9 @@ class Metrics:
             kids.prompt_tokens.inc(rec.usage.prompt_tokens)
             kids.completion_tokens.inc(rec.usage.completion_tokens)
         if rec.status == 429 and rec.error_code in ("rate_limit_exceeded", "budget_exceeded", "provider_quota"):
-            self.rate_limited.labels(rec.error_code).inc()
+            self.rate_limited.labels(rec.error_code, model).inc()
+        elif rec.cause is not None and rec.provider:
+            self.failures.labels(rec.provider, self.labels.fold(rec.target), rec.cause).inc()
 
     def render(self) -> bytes:
         if self.multiprocess:

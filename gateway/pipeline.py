@@ -18,6 +18,7 @@ from typing import Any
 
 import msgspec
 
+from gateway import tracing
 from gateway.admission import Admission
 from gateway.attempt import Job, Services
 from gateway.auth import KeyRing
@@ -81,6 +82,8 @@ class Pipeline:
         self.failover = Failover(self.health, clock=clock, **({"sleep": sleep} if sleep else {}))
         self.admission = Admission(loaded, self.shared, **({"sleep": sleep} if sleep else {}))
         self.usage = UsageStore(loaded, self.shared, metrics=metrics)
+        # None unless tracing is on (gateway/tracing.py): the endpoint then opens a span per request.
+        self.tracing = tracing.from_config(loaded)
         # Built once per config: cuts the config's secrets out of upstream text (errors, logs).
         self.scrub = Scrubber.from_config(loaded)
         watch_logs(self.scrub)
@@ -141,6 +144,7 @@ class Pipeline:
             raise decode_error(exc) from None
         normalize(req, self.loaded.config.caps)
         self.keys.authorize(key, req.model)
+        rec.model = req.model  # a budget refusal counts under the model asked for (routing refines it below)
         if key is not None and key.name in self.usage.budgets:
             await self.usage.check(key.name)  # one HGET of today's booked spend
         plan = self.router.plan(req.model)

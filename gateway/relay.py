@@ -30,9 +30,7 @@ log = logging.getLogger("gateway")
 
 def internal() -> GatewayError:
     """The gateway's own failure: says nothing about the target, so it neither cools nor resumes."""
-    err = GatewayError("The gateway failed to process the request", code="internal_error")
-    err.cools = False
-    return err
+    return GatewayError("The gateway failed to process the request", code="internal_error", cools=False)
 
 
 def error_event(exc: GatewayError) -> bytes:
@@ -99,11 +97,15 @@ class Relay:
                             yield sse_event(encode(c))
                         c = await anext(opened.chunks, None)
                     if finished < expected and usage is None:
-                        error = UpstreamError(f"Upstream '{route.provider}' ended the stream early")
+                        error = _stream_broke(
+                            route, "ended the stream early", "upstream_stream_ended_early", "stream_ended_early"
+                        )
                 except GatewayError as exc:
                     error = exc
                 except UNREADABLE:
-                    error = UpstreamError(f"Upstream '{route.provider}' sent an invalid stream event")
+                    error = _stream_broke(
+                        route, "sent an invalid stream event", "invalid_upstream_response", "invalid_response"
+                    )
                 except Exception:
                     # A bug (an adapter's, an emulation's): the client gets a generic error event and
                     # the end of the stream, never a traceback; the log gets the traceback.
@@ -170,3 +172,14 @@ class Relay:
         except GatewayError:
             return None
         return outcome.value, outcome.route
+
+
+def _stream_broke(route: Route, what: str, code: str, cause: str) -> UpstreamError:
+    """A stream that broke after it started: the error event names the target and the cause."""
+    return UpstreamError(
+        f"Upstream '{route.key}' {what}",
+        code=code,
+        cause=cause,
+        target=route.key,
+        provider=route.provider,
+    )

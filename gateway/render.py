@@ -27,6 +27,11 @@ def error_headers(exc: GatewayError) -> dict[str, str]:
         headers["retry-after-ms"] = str(max(int(exc.retry_after * 1000 + 0.999), 0))
     if exc.attempts is not None:
         headers["x-gateway-attempts"] = str(exc.attempts)
+    if exc.target is not None:
+        # The target that failed, in the headers that name the one that served a success.
+        headers["x-gateway-model"] = exc.target
+    if exc.provider is not None:
+        headers["x-gateway-provider"] = exc.provider
     if exc.headers:
         headers.update(exc.headers)
     return headers

@@ -53,14 +53,16 @@ def _authorize(request: Request[Any, Any, Any]) -> tuple[Pipeline, Response[byte
         exc = AuthenticationError(
             "Missing admin key: send 'Authorization: Bearer <admin key>' or 'x-api-key: <admin key>'",
             code="missing_api_key",
+            headers={"www-authenticate": "Bearer"},
         )
     elif not hmac.compare_digest(
         hashlib.sha256(presented.encode()).digest(), hashlib.sha256(expected.encode()).digest()
     ):
-        exc = AuthenticationError("Incorrect admin key provided", code="invalid_api_key")
+        exc = AuthenticationError(
+            "Incorrect admin key provided", code="invalid_api_key", headers={"www-authenticate": "Bearer"}
+        )
     else:
         return pipeline, None
-    exc.headers = {"www-authenticate": "Bearer"}
     return pipeline, _error(exc)
 
 

@@ -121,8 +121,8 @@ def _not_available(provider: str, route: TokenizerRoute, hint: str = "") -> Gate
         param="model",
         status=404,
         code="tokenizer_not_available",
+        type="invalid_request_error",
     )
-    exc.type = "invalid_request_error"
     return exc
 
 
@@ -169,8 +169,7 @@ class Tokenizers:
         """Everything under `/m/`: the completion route and the tokenizer routes, for the model in the path."""
         found = split_scoped(scope["path"])
         if found is None:
-            exc = GatewayError("Not Found", status=404)
-            exc.type = "not_found_error"
+            exc = GatewayError("Not Found", status=404, type="not_found_error")
             await send_error(send, OPENAI, exc)
             return
         model, route = found
@@ -212,8 +211,7 @@ class Tokenizers:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         rec = Record(request_id=request_id(headers), dialect="tokenizer")
         if scope["method"] != _METHOD[route]:
-            exc = GatewayError("Method Not Allowed", status=405)
-            exc.type = "invalid_request_error"
+            exc = GatewayError("Method Not Allowed", status=405, type="invalid_request_error")
             await send_error(send, OPENAI, exc, rec.request_id)
             return
         body = b""
@@ -362,8 +360,8 @@ class Tokenizers:
                 "Rate limit reached for this key or model; retry after the time in Retry-After",
                 code="rate_limit_exceeded",
                 retry_after=decision.retry_after_ms / 1000,
+                headers=headers,
             )
-            err.headers = headers
             raise err
         return Ticket(buckets, decision.lease, 0, headers)
 
@@ -384,7 +382,8 @@ class Tokenizers:
         headers.update(bearer(target.endpoint))
         req = UpstreamRequest(call.method, self._root(pipeline, target) + call.path, headers, call.body or b"")
         try:
-            return await pipeline.upstream.send(target.provider, req, pipeline.upstream.timeouts_for(target.provider))
+            timeouts = pipeline.upstream.timeouts_for(target.provider)
+            return await pipeline.upstream.send(target.provider, req, timeouts, target.key)
         except UpstreamError as exc:
             raise pipeline.scrub.error(exc) from None
 

@@ -6,8 +6,9 @@ protocols and llhttp: it costs a saturated worker a fraction of what aiohttp's c
 lacks: proxies (per provider, or `HTTPS_PROXY`/`HTTP_PROXY`/`NO_PROXY`), a per-provider CA bundle, a
 client certificate (mTLS) and HTTP/2. A provider picks one with `transport:`; `auto` takes httpx only
 when one of those is needed. Both raise the same four failure kinds (`h1.ConnectFailed`,
-`h1.Disconnected`, `h1.Malformed`, `TimeoutError`), so `map_transport_error` gives a client the same
-gateway error whichever one carried the request. Adapters stay transport-free.
+`h1.Disconnected`, `h1.Malformed`, `TimeoutError`), each with the same cause (DNS, refused, TLS, which
+timeout, ...), so `map_transport_error` gives a client the same gateway error whichever one carried the
+request. Adapters stay transport-free.
 """
 
 from __future__ import annotations
@@ -21,41 +22,50 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from gateway import h1
+from gateway import h1, tracing
 from gateway.config import CapsConfig, LoadedConfig, ProviderConfig, TimeoutsConfig
 from providers import REGISTRY
 from providers.base import Adapter
 from wire.errors import (
+    TIMEOUTS,
     GatewayError,
-    UpstreamConnectError,
     UpstreamError,
-    UpstreamTimeoutError,
-    UpstreamUnreachableError,
+    upstream_failure,
 )
 from wire.upstream import UpstreamRequest
 
 log = logging.getLogger(__name__)
 
-# Transport failures -> gateway errors, most specific first.
-_ERRORS: Final[tuple[tuple[type[BaseException], type[GatewayError], str], ...]] = (
-    (TimeoutError, UpstreamTimeoutError, "timed out"),
-    (h1.ConnectFailed, UpstreamUnreachableError, "could not be reached"),
-    (h1.Disconnected, UpstreamConnectError, "closed the connection"),
-    (h1.Malformed, UpstreamConnectError, "sent a truncated or malformed response"),
-    (OSError, UpstreamConnectError, "connection failed"),
-)
 _TRANSPORT: Final = (OSError, TimeoutError, ValueError)
 
 
-def map_transport_error(exc: BaseException, provider: str) -> GatewayError:
+def transport_cause(exc: BaseException) -> str:
+    """The failure's cause (wire.errors.CAUSES) as the transport classified it when it raised it."""
+    if isinstance(exc, TimeoutError):
+        # Both transports raise TimeoutError(<which timeout>); one from elsewhere is the request's deadline.
+        cause = exc.args[0] if exc.args else None
+        return cause if isinstance(cause, str) and cause in TIMEOUTS else "total_timeout"
+    if isinstance(exc, h1.ConnectFailed | h1.Disconnected | h1.Malformed):
+        return exc.cause
+    if isinstance(exc, ConnectionResetError):
+        return "connection_reset"
+    # A ValueError: the request itself could not be written as HTTP (a header with a line break).
+    return "connect_failed" if isinstance(exc, OSError) else "unsendable_request"
+
+
+def map_transport_error(exc: BaseException, provider: str, target: str | None = None) -> GatewayError:
+    """The gateway error for a transport failure, naming the provider, the target and the cause."""
     if isinstance(exc, h1.TooLarge):
         # The message names the cap and its config key, never upstream bytes. Not retried: asking again
         # would bring the same answer (and the same memory) back.
-        return UpstreamError(f"Upstream '{provider}' {exc}", code="upstream_answer_too_large")
-    for kind, error, what in _ERRORS:
-        if isinstance(exc, kind):
-            return error(f"Upstream '{provider}' {what}", code=error.__name__)
-    return UpstreamConnectError(f"Upstream '{provider}' failed", code="UpstreamConnectError")
+        return UpstreamError(
+            f"Upstream '{provider}' {exc}",
+            code="upstream_answer_too_large",
+            cause="answer_too_large",
+            provider=provider,
+            target=target,
+        )
+    return upstream_failure(transport_cause(exc), provider, target)
 
 
 class Timeouts(msgspec.Struct, frozen=True):
@@ -181,8 +191,9 @@ def transport_for(name: str, p: ProviderConfig, caps: CapsConfig) -> Transport:
 class Stream:
     """An open upstream response whose body is read chunk by chunk; always close() it."""
 
-    def __init__(self, provider: str, resp: Reply) -> None:
+    def __init__(self, provider: str, resp: Reply, target: str | None = None) -> None:
         self.provider = provider
+        self.target = target
         self._resp = resp
         self.status = resp.status
         self.headers: Mapping[str, str] = resp.headers
@@ -191,14 +202,14 @@ class Stream:
         try:
             return await self._resp.read()
         except _TRANSPORT as exc:
-            raise map_transport_error(exc, self.provider) from None
+            raise map_transport_error(exc, self.provider, self.target) from None
 
     async def chunks(self) -> AsyncIterator[bytes]:
         try:
             async for chunk in self._resp.iter_chunks():
                 yield chunk
         except _TRANSPORT as exc:
-            raise map_transport_error(exc, self.provider) from None
+            raise map_transport_error(exc, self.provider, self.target) from None
 
     def close(self) -> None:
         # A fully read connection goes back to the pool; one cut short is closed, which is also how a
@@ -241,21 +252,26 @@ class Upstream:
         for t in transports:
             await t.close()
 
-    async def _open(self, provider: str, req: UpstreamRequest, timeouts: Timeouts) -> Reply:
+    async def _open(self, provider: str, req: UpstreamRequest, timeouts: Timeouts, target: str | None) -> Reply:
         try:
-            return await self.transport(provider).request(req, timeouts)
+            return await self.transport(provider).request(tracing.outgoing(req), timeouts)
         except _TRANSPORT as exc:
-            raise map_transport_error(exc, provider) from None
+            raise map_transport_error(exc, provider, target) from None
 
-    async def send(self, provider: str, req: UpstreamRequest, timeouts: Timeouts) -> Response:
-        resp = await self._open(provider, req, timeouts)
+    async def send(
+        self, provider: str, req: UpstreamRequest, timeouts: Timeouts, target: str | None = None
+    ) -> Response:
+        """One buffered exchange; `target` (`provider/model[/deployment]`) is named by its errors."""
+        resp = await self._open(provider, req, timeouts, target)
         try:
             body = await resp.read()
         except _TRANSPORT as exc:
-            raise map_transport_error(exc, provider) from None
+            raise map_transport_error(exc, provider, target) from None
         finally:
             resp.release()
         return Response(status=resp.status, headers=resp.headers, body=body)
 
-    async def open_stream(self, provider: str, req: UpstreamRequest, timeouts: Timeouts) -> Stream:
-        return Stream(provider, await self._open(provider, req, timeouts))
+    async def open_stream(
+        self, provider: str, req: UpstreamRequest, timeouts: Timeouts, target: str | None = None
+    ) -> Stream:
+        return Stream(provider, await self._open(provider, req, timeouts, target), target)

@@ -217,7 +217,7 @@ class UsageStore:
 
     def book(self, rec: Record) -> None:
         """Book a finished request (off the request path). Requests no target served book nothing."""
-        if not rec.provider:
+        if not rec.provider or rec.failed:  # a failed request names the target that failed; none served it
             return
         key = rec.key or ANONYMOUS
         prompt = rec.usage.prompt_tokens if rec.usage is not None else 0

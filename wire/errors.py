@@ -13,17 +13,23 @@
         ├── UpstreamConnectError     502  the connection dropped, or the answer broke off
         │   └── UpstreamUnreachableError  502  nothing reached the upstream (refused, DNS, TLS)
         └── UpstreamTimeoutError     504
+    `upstream_failure(cause, ...)` picks the class for a transport failure and names its cause.
 
 Messages never include secrets or upstream request headers: they are shown to clients.
 
 Every error answer tells the official SDKs whether to retry it (`x-should-retry`, see `client_retry`):
 the gateway has already retried what retrying could help, so only a wait it could not afford is left
 to the client.
+
+An error carries everything the failover loop, the renderer, the log line and the metrics read (its
+flags, the target that failed, the cause) from the moment it is built; a later stage that learns more
+(the attempts made) builds a copy with `evolve`, so no one sees an error change under them. `code`
+values are snake_case and listed in docs/dialects.md (`CODES`; a test keeps the two in step).
 """
 
 from __future__ import annotations
 
-from typing import Self
+from typing import Final, Self
 
 RETRYABLE_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 # The longest wait an upstream's Retry-After (or reset header) may impose: it cools the target for every
@@ -65,6 +71,12 @@ class GatewayError(Exception):
     # Upstream text in it has been through gateway.scrub (secrets cut out, length capped).
     scrubbed: bool = False
 
+    # The upstream that failed (`provider/model[/deployment]` and its provider), when one did.
+    target: str | None = None
+    provider: str | None = None
+    # Why an upstream call failed (a `CAUSES` key, or `http_<status>`); None for the gateway's own refusals.
+    cause: str | None = None
+
     def __init__(
         self,
         message: str,
@@ -73,14 +85,71 @@ class GatewayError(Exception):
         code: str | None = None,
         status: int | None = None,
         retry_after: float | None = None,
+        type: str | None = None,
+        retryable: bool | None = None,
+        same_target: bool | None = None,
+        cools: bool | None = None,
+        elsewhere: bool | None = None,
+        retry_later: bool | None = None,
+        headers: dict[str, str] | None = None,
+        target: str | None = None,
+        provider: str | None = None,
+        cause: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.code = code
         self.retry_after = retry_after
+        # Unset flags keep the class's default: only what differs from it is stored on the instance.
         if status is not None:
             self.status = status
+        if type is not None:
+            self.type = type
+        if retryable is not None:
+            self.retryable = retryable
+        if same_target is not None:
+            self.same_target = same_target
+        if cools is not None:
+            self.cools = cools
+        if elsewhere is not None:
+            self.elsewhere = elsewhere
+        if retry_later is not None:
+            self.retry_later = retry_later
+        if headers is not None:
+            self.headers = headers
+        if target is not None:
+            self.target = target
+        if provider is not None:
+            self.provider = provider
+        if cause is not None:
+            self.cause = cause
+
+    def evolve(
+        self,
+        *,
+        attempts: int | None = None,
+        retry_later: bool | None = None,
+        target: str | None = None,
+        provider: str | None = None,
+    ) -> Self:
+        """A copy that also says what a later stage learnt (None keeps the value); `self` is left as built.
+
+        The failover loop adds the attempts it made and whether a client's retry may help; an attempt adds
+        the target to an error whose maker did not know it (an adapter's status mapping).
+        """
+        new: Self = BaseException.__new__(self.__class__, *self.args)  # no __init__: its state is copied
+        new.__dict__.update(self.__dict__)
+        new.__traceback__ = self.__traceback__
+        if attempts is not None:
+            new.attempts = attempts
+        if retry_later is not None:
+            new.retry_later = retry_later
+        if target is not None:
+            new.target = target
+        if provider is not None:
+            new.provider = provider
+        return new
 
     def with_message(self, message: str) -> Self:
         self.message = message
@@ -162,10 +231,17 @@ class UpstreamStatusError(UpstreamError):
             # the target does not serve that model. Clients get what an unknown alias gets, so the SDKs raise
             # NotFoundError; the upstream's own words stay in the message.
             code, param = "model_not_found", "model"
-        super().__init__(message, param=param, code=code, status=status, retry_after=retry_after)
-        self.type = kind
+        super().__init__(
+            message,
+            param=param,
+            code=code,
+            status=status,
+            retry_after=retry_after,
+            type=kind,
+            provider=provider,
+            cause=f"http_{upstream_status}",
+        )
         self.upstream_status = upstream_status
-        self.provider = provider
         self.quota = quota
         self.context_window = context_window
         # Another target of the alias, or a fallback, may serve the model; this one will not, however often
@@ -188,14 +264,11 @@ class UpstreamConnectError(UpstreamError):
 class UpstreamUnreachableError(UpstreamConnectError):
     """Nothing reached the upstream (connection refused, DNS, TLS handshake): a silent route.
 
-    Clients see the same code as any connection failure; only the failover loop tells them apart: a
-    target that cannot be reached now is not retried, the request moves on to the next one at once.
+    Only the failover loop treats it apart: a target that cannot be reached now is not retried, the
+    request moves on to the next one at once.
     """
 
     same_target = False
-
-    def __init__(self, message: str, *, code: str | None = None) -> None:
-        super().__init__(message, code=UpstreamConnectError.__name__)
 
 
 class UpstreamTimeoutError(UpstreamError):
@@ -210,11 +283,103 @@ class AllTargetsCoolingError(GatewayError):
     """Every target is cooling down; `retry_after` is the soonest recovery."""
 
     def __init__(self, message: str, *, rate_limited: bool, retry_after: float) -> None:
-        super().__init__(message, code="all_targets_cooling", retry_after=retry_after)
-        self.status = 429 if rate_limited else 503
-        self.type = "rate_limit_error" if rate_limited else "service_unavailable"
-        # No upstream was called: after the soonest recovery a client's retry gets a target.
-        self.retry_later = True
+        super().__init__(
+            message,
+            code="all_targets_cooling",
+            retry_after=retry_after,
+            status=429 if rate_limited else 503,
+            type="rate_limit_error" if rate_limited else "service_unavailable",
+            # No upstream was called: after the soonest recovery a client's retry gets a target.
+            retry_later=True,
+        )
+
+
+# Why an upstream call failed, as the transports (gateway/h1.py, gateway/httpx_transport.py) classify it.
+# Each is the log line's `cause`, the `cause` label of `gateway_upstream_failures_total` and, prefixed with
+# `upstream_`, the answer's `code`; the text is what the client's message says after "Upstream 'p' ".
+CAUSES: Final[dict[str, str]] = {
+    "dns_failure": "could not be reached: its host name does not resolve",
+    "connection_refused": "could not be reached: the connection was refused",
+    "network_unreachable": "could not be reached: no route to its address",
+    "tls_verification_failed": "could not be reached: its TLS certificate is not trusted",
+    "tls_error": "could not be reached: the TLS handshake failed",
+    "connect_failed": "could not be reached",
+    "connect_timeout": "timed out connecting (timeouts.connect_ms)",
+    "pool_timeout": "timed out waiting for a free connection (max_connections)",
+    "first_byte_timeout": "timed out waiting for its answer (timeouts.first_byte_ms)",
+    "read_timeout": "timed out between two reads of its answer (timeouts.first_byte_ms)",
+    "total_timeout": "timed out (timeouts.total_ms or inference_timeout)",
+    "connection_reset": "reset the connection",
+    "connection_closed": "closed the connection",
+    "malformed_response": "sent a malformed response",
+    "truncated_response": "sent a truncated response",
+    "unsendable_request": "was not sent the request: a header or the URL is not valid HTTP",
+}
+_UNREACHABLE: Final = frozenset(
+    {
+        "dns_failure",
+        "connection_refused",
+        "network_unreachable",
+        "tls_verification_failed",
+        "tls_error",
+        "connect_failed",
+    }
+)
+TIMEOUTS: Final = frozenset({"connect_timeout", "pool_timeout", "first_byte_timeout", "read_timeout", "total_timeout"})
+
+
+def upstream_failure(cause: str, provider: str, target: str | None) -> UpstreamError:
+    """The error for a transport failure: its class by what the failover loop does with it, its code by cause."""
+    what = CAUSES.get(cause)
+    if what is None:
+        cause, what = "connect_failed", CAUSES["connect_failed"]
+    cls: type[UpstreamError]
+    if cause in TIMEOUTS:
+        cls = UpstreamTimeoutError
+    elif cause in _UNREACHABLE:
+        cls = UpstreamUnreachableError
+    else:
+        cls = UpstreamConnectError
+    # The target (`provider/model[/deployment]`) names the provider too; without one, the provider alone.
+    message = f"Upstream '{target or provider}' {what}"
+    return cls(message, code=f"upstream_{cause}", cause=cause, provider=provider, target=target)
+
+
+# Every `code` the gateway itself puts in an answer, with when. Upstream status errors keep the provider's
+# own code (OpenAI's `rate_limit_exceeded`, ...), which is not the gateway's to list.
+CODES: Final[dict[str, str]] = {
+    "invalid_json": "the body is not JSON, or not an object",
+    "invalid_utf8": "a string in the body is not valid UTF-8",
+    "unknown_parameter": "a field the request schema does not have",
+    "missing_required_parameter": "a required field is absent",
+    "invalid_value": "a field's value is out of range or of the wrong type",
+    "too_deeply_nested": "a JSON value nests deeper than the gateway reads",
+    "unsupported_parameter": "the chosen provider cannot honour a field",
+    "request_too_large": "the body is larger than caps.request_body_bytes (413)",
+    "provider_unavailable": "the provider is configured but cannot be called (its key variable is unset)",
+    "missing_api_key": "no key was sent (401)",
+    "invalid_api_key": "the key is wrong (401)",
+    "model_not_allowed": "the key's `models` patterns exclude the model (403)",
+    "model_not_found": "unknown alias or vendor, or the upstream does not serve the model (404)",
+    "model_mismatch": "a tokenizer route's model differs from its scoped path",
+    "tokenizer_not_available": "the provider has no tokenizer routes (404)",
+    "rate_limit_exceeded": "a configured rate limit (429)",
+    "provider_quota": "a provider or deployment quota of the config (429)",
+    "budget_exceeded": "the key's daily budget is spent (429)",
+    "exceeds_token_limit": "the request alone is larger than a token limit",
+    "rate_limiter_unavailable": "the shared limiter (Redis) cannot be reached and limits fail closed (503)",
+    "all_targets_cooling": "every target is cooling down after failures (429 or 503)",
+    "deadline_exceeded": "the request's own deadline passed between attempts (504)",
+    "invalid_upstream_response": "the upstream's answer could not be read (502)",
+    "upstream_stream_ended_early": "the upstream ended a stream before its end (502)",
+    "upstream_event_too_large": "one upstream stream event is larger than caps.upstream_event_bytes (502)",
+    "upstream_answer_too_large": "the upstream's answer is larger than a caps.upstream_* cap (502)",
+    "generation_error": "the upstream reported that the generation broke off (Mistral's finish_reason 'error')",
+    "guided_output_invalid": "emulated guided decoding found no valid answer within guided_retries",
+    "client_closed_request": "log only: the client left before the answer ended (499)",
+    "internal_error": "a gateway bug; the log has the traceback (500)",
+    **{f"upstream_{cause}": f"the upstream {what}" for cause, what in CAUSES.items()},
+}
 
 
 def _client_status(upstream: int) -> tuple[int, str]:

@@ -231,10 +231,10 @@ def dropping_stream(after: int) -> Any:
 
 DROPPED = {
     "error": {
-        "message": "Upstream 'openai' sent a truncated or malformed response",
+        "message": "Upstream 'openai/davinci-002' sent a truncated response",
         "type": "upstream_error",
         "param": None,
-        "code": "UpstreamConnectError",
+        "code": "upstream_truncated_response",
     }
 }
 
@@ -258,7 +258,7 @@ def test_upstream_dropped_mid_stream_through_the_sdk(oai: openai.OpenAI, upstrea
             for chunk in stream:
                 texts.append(chunk.choices[0].text)
     assert texts == ["-common", ".\n\n"]
-    assert info.value.message == "Upstream 'openai' sent a truncated or malformed response"
+    assert info.value.message == "Upstream 'openai/davinci-002' sent a truncated response"
     assert info.value.body == DROPPED["error"]
 
 
@@ -269,10 +269,10 @@ def test_invalid_event_mid_stream(api: httpx.Client, upstream: Upstream) -> None
     assert chunks[1:] == [
         {
             "error": {
-                "message": "Upstream 'openai' sent an invalid stream event",
+                "message": "Upstream 'openai/davinci-002' sent an invalid stream event",
                 "type": "upstream_error",
                 "param": None,
-                "code": None,
+                "code": "invalid_upstream_response",
             }
         }
     ]
@@ -390,10 +390,10 @@ def test_upstream_stalling_mid_stream_times_out_with_an_error_event(api: httpx.C
     assert chunks[1:] == [
         {
             "error": {
-                "message": "Upstream 'openai-slow' timed out",
+                "message": "Upstream 'openai-slow/davinci-002' timed out (timeouts.total_ms or inference_timeout)",
                 "type": "timeout_error",
                 "param": None,
-                "code": "UpstreamTimeoutError",
+                "code": "upstream_total_timeout",
             }
         }
     ]

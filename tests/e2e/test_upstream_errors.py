@@ -182,7 +182,7 @@ def test_upstream_invalid_body_is_502(api: httpx.Client, upstream: Upstream) -> 
         "/v1/completions",
         status=502,
         type="upstream_error",
-        message="Upstream 'openai' sent an invalid response body",
+        message="Upstream 'openai/davinci-002' sent an invalid response body",
         code="invalid_upstream_response",
     )
 
@@ -195,8 +195,8 @@ def test_unreachable_upstream_is_502(api: httpx.Client, route: str) -> None:
         route,
         status=502,
         type="upstream_error",
-        code="UpstreamConnectError",
-        message="Upstream 'openai-down' could not be reached",
+        code="upstream_connection_refused",
+        message="Upstream 'openai-down/davinci-002' could not be reached: the connection was refused",
     )
 
 
@@ -212,8 +212,8 @@ def test_upstream_that_never_answers_is_504(api: httpx.Client, upstream: Upstrea
         "/v1/completions",
         status=504,
         type="timeout_error",
-        code="UpstreamTimeoutError",
-        message="Upstream 'openai-slow' timed out",
+        code="upstream_total_timeout",
+        message="Upstream 'openai-slow/davinci-002' timed out (timeouts.total_ms or inference_timeout)",
     )
     assert 0.35 <= elapsed < 3, elapsed  # timeouts.total_ms / first_byte_ms is 400 for this provider
     # The gateway hung up on the upstream, it did not leave the request running.
@@ -238,7 +238,10 @@ def test_inference_timeout_caps_the_deadline_on_the_sgp_route(
     # The provider's own deadline is 20 s; the request asks for 0.3 s.
     resp = api.post(SGP_ROUTE, json={"model": "openai/davinci-002", "prompt": "x", "inference_timeout": timeout})
     elapsed = time.monotonic() - started
-    assert (resp.status_code, resp.json()) == (504, {"detail": "Upstream 'openai' timed out"})
+    assert (resp.status_code, resp.json()) == (
+        504,
+        {"detail": "Upstream 'openai/davinci-002' timed out (timeouts.total_ms or inference_timeout)"},
+    )
     assert 0.25 <= elapsed < 3, elapsed
     assert cancelled.wait(5)
     assert "inference_timeout" not in upstream.only().json()
@@ -249,5 +252,8 @@ def test_inference_timeout_cannot_extend_the_deadline(api: httpx.Client, upstrea
     started = time.monotonic()
     resp = api.post(SGP_ROUTE, json={"model": "openai-slow/davinci-002", "prompt": "x", "inference_timeout": 30})
     elapsed = time.monotonic() - started
-    assert (resp.status_code, resp.json()) == (504, {"detail": "Upstream 'openai-slow' timed out"})
+    assert (resp.status_code, resp.json()) == (
+        504,
+        {"detail": "Upstream 'openai-slow/davinci-002' timed out (timeouts.total_ms or inference_timeout)"},
+    )
     assert elapsed < 3, elapsed

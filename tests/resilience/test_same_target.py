@@ -342,7 +342,12 @@ async def test_a_404_from_the_only_target_is_model_not_found(
             "code": "model_not_found",
         }
     }
-    assert error_headers(answer.error) == {"x-should-retry": "false", "x-gateway-attempts": "1"}
+    assert error_headers(answer.error) == {
+        "x-should-retry": "false",
+        "x-gateway-attempts": "1",
+        "x-gateway-model": "alpha/davinci-002",
+        "x-gateway-provider": "alpha",
+    }
     # Not cooled: asking again reaches the upstream again (and is told the same), never "cooling".
     again = await ask(p)
     assert again.error is not None and again.error.status == 404
@@ -367,6 +372,8 @@ async def test_a_final_error_after_the_gateways_retries_says_do_not_retry(
         "retry-after": "1",
         "retry-after-ms": "200",
         "x-gateway-attempts": "3",
+        "x-gateway-model": "alpha/davinci-002",
+        "x-gateway-provider": "alpha",
     }
 
 
@@ -383,6 +390,8 @@ async def test_a_wait_beyond_the_budget_is_left_to_the_client(
         "retry-after": "45",
         "retry-after-ms": "45000",
         "x-gateway-attempts": "1",
+        "x-gateway-model": "alpha/davinci-002",
+        "x-gateway-provider": "alpha",
     }
 
 

@@ -48,10 +48,10 @@ async def test_an_upstream_that_never_answers_times_out_after_every_retry(
     assert answer.error.status == 504
     assert answer.error_body() == {
         "error": {
-            "message": "Upstream 'alpha' timed out",
+            "message": "Upstream 'alpha/davinci-002' timed out waiting for its answer (timeouts.first_byte_ms)",
             "type": "timeout_error",
             "param": None,
-            "code": "UpstreamTimeoutError",
+            "code": "upstream_first_byte_timeout",
         }
     }
     rng = random.Random(SEED)

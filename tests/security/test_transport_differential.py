@@ -130,9 +130,23 @@ async def test_connect_failures_and_connect_timeouts_map_alike() -> None:
     fast = Timeouts(connect=0.3, first_byte=5.0, total=5.0)
     try:
         for url, expect in (
-            # Nothing reached the upstream: its own class (failed over at once), still code UpstreamConnectError.
-            (f"http://127.0.0.1:{closed}", ("UpstreamUnreachableError", "Upstream 'P' could not be reached")),
-            (f"https://localhost:{mute}", ("UpstreamTimeoutError", "Upstream 'P' timed out")),
+            # Nothing reached the upstream: its own class (failed over at once), and the same cause from both.
+            (
+                f"http://127.0.0.1:{closed}",
+                (
+                    "UpstreamUnreachableError",
+                    "upstream_connection_refused",
+                    "Upstream 'P' could not be reached: the connection was refused",
+                ),
+            ),
+            (
+                f"https://localhost:{mute}",
+                (
+                    "UpstreamTimeoutError",
+                    "upstream_connect_timeout",
+                    "Upstream 'P' timed out connecting (timeouts.connect_ms)",
+                ),
+            ),
         ):
             upstream = Upstream(parse_config(config(url), env={}))
             try:
@@ -141,7 +155,8 @@ async def test_connect_failures_and_connect_timeouts_map_alike() -> None:
                     req = UpstreamRequest("POST", url + "/v1/completions", {}, b"{}")
                     with pytest.raises(GatewayError) as info:
                         await upstream.send(transport, req, fast)
-                    seen = (type(info.value).__name__, info.value.message.replace(f"'{transport}'", "'P'"))
+                    message = info.value.message.replace(f"'{transport}'", "'P'")
+                    seen = (type(info.value).__name__, info.value.code, message)
                     assert seen == expect, (transport, url)
                     assert time.monotonic() - started < 2.0  # the connect timeout, not the total one
             finally:
