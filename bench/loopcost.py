@@ -5,6 +5,7 @@ Both sides do the same per-request work around the loop (health snapshot, select
 explicit loop) or a per-request `AsyncRetrying` built from the strategies the differential test uses
 (tests/resilience/test_loop_vs_tenacity.py). `bare` is the same set-up with `Run.attempt` called
 once and no loop at all. No socket, no Redis: the call is a coroutine that answers at once.
+tenacity comes with the `dev` extra (pyproject.toml); the gateway itself does not use it.
 
     python -m bench.loopcost                      interleaved timing, median per request
     python -m bench.loopcost --mode loop --rounds 1 -n 2000

@@ -9,15 +9,19 @@ built from tenacity's own strategies (`stop_after_attempt`, `wait_random_exponen
 custom tenacity `wait` (the provider's wait, else the jitter). Left out: `retries.budget_ms` and the
 request's deadline, since tenacity's `stop_before_delay` reads `time.monotonic`, not an injectable
 clock (both are set out of reach here), and everything multi-target or hedged, which tenacity has no
-notion of.
+notion of. Last, tenacity being only the reference now (a dev dependency), the gateway's packages
+must import without it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -46,6 +50,8 @@ from gateway.routing import Plan, Router
 from gateway.state import SharedState
 
 from .kit import VirtualTime
+
+REPO = Path(__file__).resolve().parents[2]
 
 SEED = 20240603
 # Out of reach of any run here (20 attempts x a Retry-After capped at 3600 s): tenacity cannot express them.
@@ -221,3 +227,23 @@ async def test_waits_are_full_jitter_and_retry_after() -> None:
 def test_any_sequence(failures: list[str], last: str, attempts: int, initial_ms: int, max_ms: int) -> None:
     result = asyncio.run(compare([*failures, last], attempts, initial_ms, max_ms))
     assert result.calls <= attempts
+
+
+# Every module of the two packages the image installs, imported with tenacity made unimportable.
+WITHOUT_TENACITY = """
+import importlib, pkgutil, sys
+sys.modules["tenacity"] = None
+for name in ("gateway", "providers"):
+    package = importlib.import_module(name)
+    for module in pkgutil.walk_packages(package.__path__, name + "."):
+        importlib.import_module(module.name)
+print("imported")
+"""
+
+
+def test_runtime_does_without_tenacity() -> None:
+    """tenacity is a dev dependency (pyproject.toml): the gateway must not import it at run time."""
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_TENACITY], cwd=REPO, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "imported", done.stderr[-2000:]
