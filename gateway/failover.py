@@ -1,7 +1,7 @@
 """Attempts, retries and hedging for one request: one explicit loop over the plan's targets.
 
-Each step decides whether to go on, where (the same target or the next) and how long to wait; failed
-attempts cool their target for every replica, and nothing runs after a streamed byte reached the client.
+Each step decides whether to go on, where (the same target or the next) and how long to wait; a failure
+that says something about the target cools it for every replica; nothing runs after a streamed byte.
 `sleep` and `clock` are injectable so tests assert exact waits. The rules: docs/resilience.md; why a loop
 and not tenacity: docs/architecture.md.
 """
