@@ -1,17 +1,8 @@
 """What the failover loop costs a request answered at its first attempt, against a tenacity loop.
 
-Both sides do the same per-request work around the loop (health snapshot, selector, first target,
-`Run.attempt` with its health bookkeeping) and differ only in what drives the attempt: `Run.go` (the
-explicit loop) or a per-request `AsyncRetrying` built from the strategies the differential test uses
-(tests/resilience/test_loop_vs_tenacity.py). `bare` is the same set-up with `Run.attempt` called
-once and no loop at all. No socket, no Redis: the call is a coroutine that answers at once.
-tenacity comes with the `dev` extra (pyproject.toml); the gateway itself does not use it.
-
-    python -m bench.loopcost                      interleaved timing, median per request
-    python -m bench.loopcost --mode loop --rounds 1 -n 2000
-                          one mode, one batch: under `valgrind --tool=callgrind`, the difference
-                          of two such runs' instruction counts over the difference of their `-n`
-                          is the instructions per request
+Both sides do the same per-request work and differ only in what drives the attempt: `Run.go` or a
+per-request `AsyncRetrying`; `bare` calls `Run.attempt` once with no loop. ``python -m bench.loopcost``;
+how to count instructions under callgrind: docs/bench-harness.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,9 @@
 """Scenario definitions and the runner that puts the same load on every target in turn.
 
-Targets of one scenario share one upstream process and run back to back, so "direct",
-"passthrough" and "gateway" differ only in what sits between the load generator and the upstream.
-
-CPU placement (machines with two or more cores): for throughput rows the server being measured
-gets core 0 to itself while the load generator and the upstream share core 1; otherwise the
-scheduler would shuffle three busy processes over two cores and the figures would swing with
-whatever wrk happened to be doing. The direct target is the upstream itself, so it moves to core 0
-for its own measurement and back afterwards. One-request-at-a-time latency rows instead put every
-process on core 1: the work is strictly serial there, so one core loses nothing, and on a VM a
-wake-up across cores costs from ~80 us to milliseconds, which would drown what a hop adds.
-
-Besides the three, some rows measure gateway variants: ``gateway-2w`` (``--workers 2``; two workers
-cannot share one core, so it runs unpinned, competing with wrk and the upstream for both cores),
-``gateway-granian`` (``--server granian``; skipped when granian is not installed),
-``gateway-httpx`` (the bench provider on ``transport: httpx``, the second upstream client; only when
-named in ``--targets``, since it measures a transport choice rather than the gateway as shipped) and
-``gateway+limits`` (``--limits-config``). Memory rows read VmRSS: ``soak`` counts requests with wrk
-against a freshly started server (RSS after a tenth of the requests and after all of them), and
-``hold_streams`` keeps many slow streams open at once while sampling the server's RSS.
+Targets of one scenario share one upstream process and run back to back, so "direct", "passthrough" and
+"gateway" differ only in what sits between the load generator and the upstream. CPU placement, the
+gateway variants (``gateway-2w``, ``gateway-granian``, ``gateway-httpx``, ``gateway+limits``) and the
+memory rows: docs/bench-harness.md.
 """
 
 from __future__ import annotations

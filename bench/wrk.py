@@ -1,14 +1,8 @@
 """Driving wrk: a Lua script for the POST body and a machine-readable summary line.
 
-wrk's human output rounds latencies and mixes units; the script's ``done`` hook prints one JSON
-line with raw microsecond percentiles and error counts instead, which is what gets parsed.
-
-wrk only knows how to stop after a duration. For a run of exactly N requests (the memory soak) the
-script also gets a ``response`` hook that counts answers and stops the thread at N; with one wrk
-thread that count is global. A stopped thread does not end wrk, though: its main thread sleeps out
--d regardless. So the hook also prints a line, and ``run`` answers it with SIGINT, wrk's one signal
-that ends that sleep and still prints the summary. -d stays as an upper bound, so a slow server
-cannot hang the run.
+The script's ``done`` hook prints one JSON line with raw microsecond percentiles and error counts, which is
+what gets parsed; a ``response`` hook can stop the run at exactly N requests. Why that needs SIGINT:
+docs/bench-harness.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
 """One structured JSON line per request, written to stderr.
 
-Fields: ts, request_id, dialect, key (the key's name, never its secret), model, provider, target,
-status, latency_ms, upstream_ms, attempts, prompt_tokens, completion_tokens, stream, error (code),
-cause (why the upstream failed: wire.errors.CAUSES or http_<status>; provider and target name it).
-The prompt and the completion text appear only when the config sets `logging.prompts: true`.
-
-Lines are encoded once with msgspec and gathered in a buffer that is written out every 200 ms, when it
-would pass 4 KiB, and at shutdown: going through `logging` cost 13 % of a saturated worker's time,
-and a write per request is a system call per request. Batches stay under PIPE_BUF, so lines from
-several workers sharing one stderr pipe never interleave mid-line.
+Lines are encoded once with msgspec and written in batches (a write per request is a system call per
+request) that stay under PIPE_BUF, so workers sharing stderr never interleave. Fields: docs/observability.md.
 """
 
 from __future__ import annotations

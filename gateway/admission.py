@@ -1,14 +1,8 @@
 """Admission: which limits a request touches, reserving them, and settling them afterwards.
 
-Scopes are compiled once from the config: the client key (`keys[].limits`), the alias
-(`models[].limits`), the provider (`providers.<name>.limits`, the upstream's own quota) and a
-deployment. A direct `vendor/model` request charges all of its buckets in one script call; an alias
-request charges key and alias up front and the provider/deployment of each target as the failover loop
-reaches it (a provider over its quota sends the attempt on to the next target, without cooling it).
-
-Tokens are reserved as an estimate (prompt + max_tokens x choices, `gateway.tokens`) and reconciled
-with the usage the upstream reports, in the background so the client does not wait for it; a stream
-cancelled mid-way is charged its prompt plus the chunks it received.
+Scopes (key, alias, provider, deployment) are compiled once from the config; tokens are reserved as an
+estimate and reconciled with the upstream's usage in the background. Which scope is charged when:
+docs/ratelimits.md.
 """
 
 from __future__ import annotations

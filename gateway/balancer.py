@@ -1,15 +1,8 @@
 """Choosing which target serves each attempt of a request.
 
-Strategies order one group's routes: `weighted` (a random order drawn by weight, so the first pick
-follows the weights and later picks are the remaining targets), `ordered` (config order, a priority
-list), `least-busy` (fewest in-flight requests, counted in Redis across replicas), `latency` (lowest
-EWMA time to first byte; unmeasured targets first, so they get measured). Groups are concatenated:
-the alias's targets, then each fallback.
-
-A `Selector` walks that order for one request: it skips targets that are cooling, takes a recovering
-target only if it wins the one probe slot, prefers a target not yet tried, and otherwise repeats the
-last one (after the retry wait). When nothing is usable at the start it raises `AllTargetsCoolingError`
-with the soonest recovery.
+Strategies (`weighted`, `ordered`, `least-busy`, `latency`) order one group's routes; groups are the
+alias's targets, then each fallback. A `Selector` walks that order for one request, skipping cooling
+targets. The strategies and the selector's rules: docs/resilience.md.
 """
 
 from __future__ import annotations

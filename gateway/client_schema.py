@@ -1,22 +1,8 @@
 """JSON Schemas chosen by clients (`guided_json`, `response_format`), admitted once and checked within bounds.
 
-Where a provider has no constrained decoding, the gateway validates the model's answer against the
-client's schema (gateway/emulation.py). `jsonschema` as it comes would let a schema do what no client
-may: its `pattern`, `patternProperties` and `additionalProperties` run Python's backtracking `re`; it
-fetches a remote `$ref` over the network; `{"$ref": "#"}` recurses until Python gives up; and
-`anyOf` branches that `$ref` each other multiply the work with every level. So, before any upstream
-call, `admit` (a 400 naming the field otherwise):
-
-- walks the schema once, within `caps.json_depth` levels and ADMIT_WORK nodes, refusing a `$ref` that is not
-  a JSON pointer into the schema itself (`#`, `#/...`), the keywords that move a `$ref`'s base
-  (`$id`, `$anchor`, `$dynamicRef`, ...), draft 3, and a `$ref` cycle that does not descend into the
-  instance (it could only recurse forever);
-- compiles every pattern on RE2 (gateway/patterns.py);
-- checks the schema against its meta-schema (without `format` assertions, which run regexes).
-
-Each answer is then checked with RE2 for the pattern keywords, `format` as an annotation only, no
-network (an empty registry), and at most ANSWER_WORK keyword evaluations: what would need more is an
-answer the gateway cannot vouch for, treated like an invalid one.
+Plain `jsonschema` would let a schema backtrack, fetch a remote `$ref` or recurse without end, so `admit`
+(a 400 naming the field otherwise) walks and compiles a schema within bounds before any upstream call,
+and each answer is checked with RE2, no network and a work cap. The rules: docs/security.md (item 3).
 """
 
 from __future__ import annotations

@@ -3,11 +3,7 @@
     python -m gateway docs            # rewrite docs/config.md in place (`make docs`)
     python -m gateway docs --check    # exit 1 when it is stale (tests/unit/test_configdoc.py does the same)
 
-Every key of `GatewayConfig` (gateway/config.py), walked through msgspec's type information: its path,
-type and bounds, default, and meaning. A meaning is the curated text in `MEANINGS` below when there is
-one, else the comment written above the field in gateway/config.py, so a key added with a comment is
-documented at once; a key with neither fails the test. Only the text between the GENERATED markers of
-docs/config.md is rewritten: the prose around it is hand-written and kept.
+Where a key's meaning comes from, and which part of docs/config.md is rewritten: docs/operations.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """Model discovery: what each upstream says it serves, for GET /v1/models.
 
-A self-hosted server serves whatever it was started with (one vLLM, a llama.cpp server, an Ollama with
-its pulled models), so the config often declares no `models:` and the listing had nothing to show. A
-background task asks each such upstream for its own list (OpenAI's `GET {base}/models` shape, or
-Ollama's `GET /api/tags`), once per provider per `discovery.ttl_ms`, a few providers at a time, each
-call bounded by `discovery.timeout_ms` and the transport's body cap. The request path only reads the
-last published lists: it never waits for an upstream. A failed refresh keeps the last good list and is
-logged once per provider until it answers again (no URL, no upstream text: neither may carry secrets).
-
-Every process keeps its own lists (no Redis): N workers or replicas make N listing calls per provider
-per TTL, which for a TTL of a minute is nothing an upstream notices.
-
-An id is kept only when a client could send it back: `vendor/<id>` passes the same checks as a client's
-model string (gateway.request.check_model: printable, at most 256 characters, no `?`, `#`, backslash,
-`.`/`..` segment), and its last segment does not name one of the provider's deployments (the router
-would send it there). At most `discovery.max_models` ids are kept per provider.
+A self-hosted server serves whatever it was started with, so a background task asks each upstream with no
+`models:` for its own list, once per `discovery.ttl_ms`; the request path only reads the last published
+lists and never waits for an upstream. Refreshes, per-process lists and which ids are kept:
+docs/clients.md.
 """
 
 from __future__ import annotations

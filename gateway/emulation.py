@@ -1,30 +1,9 @@
 """What the gateway does itself when a provider lacks a feature (a table entry marked `EMULATED`).
 
-    prompts   a list of prompts to a one-prompt provider: one call per prompt, in parallel
-    n         n parallel calls per prompt; choice index = prompt_index x n + j, as OpenAI numbers them
-    best_of   best_of calls per prompt, keeping the n with the highest mean token log-probability
-              (refused where the provider returns no logprobs: there would be nothing to rank by)
-    echo      the prompt is prepended to each choice's text (refused together with logprobs: the
-              prompt's own token logprobs cannot be made up)
-    stop      stop sequences beyond the provider's maximum count, and include_stop_str_in_output, are
-              enforced on the gateway side, in streams too: only the characters that could still be
-              the start of a stop sequence are held back
-    guided_*  without native constrained decoding the output is validated (JSON Schema, full-match
-              regex, exact choice) and the call retried up to `guided_retries` times, then a 502
-              `guided_output_invalid`; never an unvalidated answer labelled as guided. A grammar
-              cannot be checked, so guided_grammar is refused. A guided stream is produced from a
-              validated answer, because bytes sent cannot be taken back.
-
-A whole emulated call (all its fan-out) is one attempt for the failover loop. What the attempt gives it
-are values: a function making one upstream call (`Call`, gateway/attempt.py's `Attempt.call`) and the
-sub-streams it opened (`SubStream`); this module never sees the pipeline.
-
-The work the gateway does here is the client's to choose, so `plan` bounds it before any upstream call
-(a 400 naming the field beyond a bound; docs/security.md): patterns run on RE2 (gateway/patterns.py)
-and schemas are admitted by gateway/client_schema.py; what echo and the fan-out copy is held to
-`caps.emulated_answer_bytes`; stop sequences the gateway enforces to `caps.pattern_chars` each, scanned
-in time linear in the text; and an in-process provider (`LocalAdapter`) refuses what it would not do
-within `caps`, since its work runs on the gateway's own event loop.
+Prompt lists, n, best_of, echo, stops beyond the provider's and guided output, each within one failover
+attempt: the attempt hands in values (`Call`, `SubStream`) and this module never sees the pipeline. `plan`
+bounds the client-chosen work before any upstream call. What each field does and its bounds:
+docs/emulation.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
 """Attempts, retries and hedging for one request: one explicit loop over the plan's targets.
 
-    go on = the error is retryable (408/409/429/5xx/529, connect errors, read timeouts; never a quota
-            429 or a client error), or a context-window error with larger-context fallbacks left,
-            and fewer than retries.attempts upstream calls were made (hedges count)
-    where = the same target again, up to retries.same_target times, for a transient failure (5xx,
-            dropped connection, 429) whose wait fits the budget and the deadline; else the next
-            target not yet tried; else the last target again
-    wait  = 0 for a target not yet tried; otherwise the provider's Retry-After, else exponential
-            backoff with full jitter; a wait that would pass retries.budget_ms ends the loop
-
-Timeouts, unreachable targets, exhausted quotas, refused credentials and a 404 never wait for the
-same target while another one is left. A same-target retry goes through the cooldown its own failure
-started (every other request skips the target meanwhile): it is the target's probe, and its success
-ends the cooldown for everyone.
-
-Every failed attempt that says something about the target (429, 5xx, timeout, connect error) cools
-that target down for every replica. `sleep` and `clock` are injectable so tests can assert the exact
-waits without waiting. Nothing here runs after a streamed byte has reached the client: a stream's
-attempt ends when its first event has been read. Why a loop and not tenacity: docs/architecture.md.
+Each step decides whether to go on, where (the same target or the next) and how long to wait; a failure
+that says something about the target cools it for every replica; nothing runs after a streamed byte.
+`sleep` and `clock` are injectable so tests assert exact waits. The rules: docs/resilience.md; why a loop
+and not tenacity: docs/architecture.md.
 """
 
 from __future__ import annotations

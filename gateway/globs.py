@@ -1,15 +1,7 @@
 """Model globs: which model strings a client key may call (`keys[].models`).
 
-Model names contain slashes (`fireworks/accounts/fireworks/models/x`) and the last segment may name a
-deployment with its own upstream key (`up/model/east`), so a glob's `*` stops at `/`:
-
-    *    any run of characters except `/`        openai/*   -> openai/gpt-4o, not openai/org/model
-    **   any run of characters, `/` included      fireworks/** -> fireworks/accounts/fireworks/models/x
-    ?    one character except `/`
-Everything else matches itself (`[` and `]` included).
-
-The model string is the client's, so patterns run on RE2 (linear in the input whatever the pattern), and
-answers are memoized per key: a request pays a dict lookup, not the RE2 call (a few microseconds).
+`*` and `?` stop at `/` (model names contain slashes), `**` does not; patterns run on RE2 and answers are
+memoized per key. The syntax with examples: docs/security.md (key globs).
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """The httpx transport: proxies, per-provider CA bundles, client certificates (mTLS) and HTTP/2.
 
-`gateway.h1` is faster but speaks only direct HTTP/1.1 with the system trust store. A provider that
-needs more gets one `httpx.AsyncClient`, pooled and built once at start-up, wrapped so that it behaves
-as h1 does towards the rest of the gateway: the same four failure kinds, the same caps, the same
-timeouts (connect / first byte and every later read / total), bodies decoded here with the same
-bounded zlib decoding, and a response not read to its end closed rather than pooled.
-
-httpx is also configured so that it cannot be turned against the tenants it carries: redirects are
-never followed (an upstream cannot point the gateway's credentials elsewhere), cookies are never kept
-(one tenant's Set-Cookie would otherwise ride along with the next tenant's request), and the
-environment supplies proxies and `SSL_CERT_FILE` only, never credentials (httpx reads no `.netrc`
-unless given `NetRCAuth`, which this module never does).
+For a provider that needs what `gateway.h1` lacks: one pooled `httpx.AsyncClient` per provider, wrapped to
+behave as h1 does (same failure kinds, caps, timeouts, bounded decoding), and configured so it cannot be
+turned against tenants (no redirects, no cookies, no credentials from the environment): docs/security.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """Regular expressions chosen by clients (`guided_regex`, JSON-schema `pattern`), run on RE2.
 
-Python's `re` backtracks: `(a+)+$` against thirty `a`s and a `!` takes minutes, and a pattern is the
-client's to choose. RE2 (the `google-re2` package) compiles to automata, so matching is linear in the
-text whatever the pattern, and it releases the GIL while it matches, so a long match can run in a worker
-thread without holding up the event loop. What RE2 cannot run in linear time (backreferences,
-lookaround, possessive quantifiers) it does not compile: such a pattern is refused with a 400 naming
-the field, before any upstream call, as is one longer than `caps.pattern_chars`.
-
-Syntax is RE2's (https://github.com/google/re2/wiki/Syntax), which shares Python's for everything
-that has a linear-time meaning; `\\Z` is spelled `\\z`, and `\\d`, `\\w`, `\\s` are ASCII classes.
+Python's `re` backtracks and a pattern is the client's to choose; RE2 is linear in the text and releases
+the GIL. What RE2 cannot run in linear time, or a pattern over `caps.pattern_chars`, is a 400 naming the
+field. Syntax differences from `re`: docs/security.md (item 3).
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """One completion request, end to end, in three steps: admit, then buffered or streamed.
 
-    admit     authenticate, decode, normalize, authorize, route, check the budget and rate limits: a Job
-    buffered  the failover loop (gateway/failover.py) runs the job's attempts (gateway/attempt.py);
-              the answer is encoded once
-    streamed  the same loop, up to the first event; then gateway/relay.py relays (and may resume) it
-
 This is the request path, so it is kept flat: one JSON decode of the client body, one encode of the
-upstream body per attempt, one decode of the upstream answer and one encode of the client answer.
+upstream body per attempt, one decode of the upstream answer and one encode of the client answer. The
+steps and the values passed along: docs/architecture.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
 """Live config reload: SIGHUP or a changed file swaps in a new pipeline, atomically.
 
-A reload builds a complete new `Pipeline` from the file (routes, keys, limits, pools) and only then
-replaces `app.state.pipeline`, so a request sees one config or the other, never a mix. Requests take
-the pipeline once when they start, so in-flight requests and streams finish on the config they started
-with; the old pipeline closes its connection pools when its last request ends. A new config that does
-not load keeps the old one and logs one line saying why.
-
-The file is polled for changes (mtime and size, every `interval` seconds): no extra dependency, and it
-works inside containers where inotify on bind mounts is unreliable. SIGHUP reloads at once when the
-gateway runs as one process; with several workers uvicorn's supervisor handles SIGHUP itself by
-restarting its workers, and each worker's own file watch still picks up a changed file. Under
-`serve --server granian` the main process passes SIGHUP on to every worker (gateway/__main__.py), so
-each one reloads at once, in place.
+A reload builds a complete new `Pipeline` before replacing `app.state.pipeline`, so a request sees one
+config or the other and in-flight requests finish on theirs; a config that does not load keeps the old
+one. The file is polled (no dependency, works on bind mounts). Signals per server: docs/observability.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """Folding the dialects' alias names into canonical fields, and the checks msgspec cannot express.
 
-Precedence where names overlap (a conflict is a 400 naming the later field):
-    max_tokens = max_new_tokens = max_completion_tokens
-    stop = stop_sequences                       (a bare string becomes a one-item list)
-    logprobs (int count) | logprobs: true + top_logprobs (count) | return_token_log_probs (count 0)
-After `normalize`, adapters read only canonical fields: `max_tokens`, `stop` as a list, `logprobs` as an
-int count or None.
-
-It also refuses what a hostile client could use against the gateway or an upstream before anything is
-routed: model names that could leave their URL segment or break a response header, headers that would
-change the upstream request's framing or credentials, and JSON nested deeper than `caps.json_depth`.
+After `normalize`, adapters read only canonical fields (`max_tokens`, `stop` as a list, `logprobs` as an
+int count or None). It also refuses, before routing, model names, headers and nesting a hostile client
+could use against the gateway or an upstream. Precedence of the aliases: docs/architecture.md.
 """
 
 from __future__ import annotations

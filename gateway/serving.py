@@ -1,14 +1,8 @@
 """How `python -m gateway serve` listens, logs and stops under uvicorn.
 
-The listening socket is bound here, in the main process, before anything is announced: a taken port
-is then one line and exit status 1 (`ListenError`), and "serving on ..." is only said once the port is
-really held (with port 0, it names the port the kernel chose). Workers inherit that socket.
-
-Logging is configured by one dictConfig that uvicorn applies in the main process and again in every
-worker process, so a worker's lines carry the same timestamp, level, logger and pid as the main
-process's (without it a spawned worker has no handler and Python prints bare messages). uvicorn's own
-INFO chatter is dropped, except what tells an operator how a stop went: `DrainLog` rewords those lines
-(the drain starting, its deadline, requests cut at the deadline, the drain's duration).
+The socket is bound in the main process before anything is announced (a taken port is one line and exit
+1), and one logging dictConfig is applied in the main process and every worker. Details:
+docs/operations.md.
 """
 
 from __future__ import annotations

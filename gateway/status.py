@@ -1,14 +1,7 @@
-"""Admin endpoints and the operators' status page.
+"""Admin endpoints (`/admin/usage`, `/admin/status`) and the operators' status page (`GET /`).
 
-    GET /admin/usage?day=YYYY-MM-DD   usage per key and model for a UTC day (default today)
-    GET /admin/status                 providers, aliases, target health, rate-limit headroom, today's usage
-    GET /                             the status page: one self-contained HTML file polling /admin/status
-
-The admin routes need the admin key (`admin.key`, normally `${GATEWAY_ADMIN_KEY}`) as `Authorization:
-Bearer <key>` or `x-api-key: <key>`, compared in constant time; without it or with a wrong one they
-answer 401. When no admin key is configured (empty, or its variable unset) they answer 404, exactly
-like an unknown route: the admin surface is never open. The page itself holds no data and needs no
-key to load; it asks the operator for the key and keeps it in the tab's sessionStorage.
+The admin routes need the admin key (compared in constant time); with none configured they answer 404,
+so the admin surface is never open. Routes and auth: docs/operations.md.
 """
 
 from __future__ import annotations

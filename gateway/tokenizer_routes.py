@@ -1,22 +1,9 @@
 """vLLM's tokenizer routes, proxied to the server behind a model, and the model-scoped base path.
 
-lm-evaluation-harness derives its tokenizer URLs from its `base_url` (it cuts `/v1/completions` off) and
-sends no `model`, so besides the bare routes there is a base path that names the model in the URL:
-
-    POST /tokenize, POST /detokenize         model: the body's `model`, else `tokenizer.default_model`
-    GET  /tokenizer_info                     model: `tokenizer.default_model`
-    POST /m/{model}/v1/completions           the completion route, for {model}
-    POST /m/{model}/tokenize, /detokenize    GET /m/{model}/tokenizer_info
-
-`{model}` is everything between `/m/` and the known suffix, percent-decoded once (by the server, as every
-path is) and then checked exactly like a body's `model` (gateway/request.py `check_model`). A body
-`model` under `/m/` must be absent, null, or the same string.
-
-A tokenizer request is authenticated, authorized against the key's globs and admitted against the
-request-rate and concurrency limits of the key, the alias and the provider (never the token limits: it
-generates nothing). An alias tokenizes with its first target, so that every call (and the client's
-prompts) meet one tokenizer. One upstream call, not retried or failed over: the client retries. Errors
-are OpenAI's envelope; upstream error text is scrubbed like a completion's.
+`/tokenize`, `/detokenize`, `/tokenizer_info`, and `/m/{model}/...` for clients (lm-evaluation-harness)
+that derive these URLs from a base URL and send no `model`. A tokenizer request is authenticated,
+authorized and admitted like a completion (never charged tokens) and makes one upstream call, not
+retried. Routes, model resolution and limits: docs/clients.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
 """OpenTelemetry traces of the completion path: a server span per request, a client span per upstream attempt.
 
-Off by default, and then free: nothing imports opentelemetry, the endpoint tests one attribute and every
-other hook reads one context variable that is never set (docs/observability.md has the measured cost).
-On with `tracing.enabled: true` or `OTEL_TRACES_EXPORTER=otlp` (the `otel` extra installs the SDK);
-`OTEL_SDK_DISABLED=true` keeps it off whatever the config says. The exporter is OTLP over HTTP, configured
-by the standard variables (`OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, `..._HEADERS`,
-`OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER`, `OTEL_BSP_*`).
-
-A client's W3C `traceparent` (and `tracestate`) becomes the request span's parent, and each attempt sends
-its own `traceparent` upstream. It replaces one a client put in `inference_extra_headers` (the client layer
-is the lowest, providers/base.py `request_headers`) but never a header the operator configured for the
-provider. Attributes follow the GenAI semantic conventions (`gen_ai.*`, `server.*`, `error.type`); what the
-gateway adds is under `gateway.*`. The attempt spans come from `gateway.failover` (one per call, hedges
-included), so retries, failover, hedges and resumed streams show as siblings under the request.
+Off by default, and then free (nothing imports opentelemetry); on with `tracing.enabled: true` or
+`OTEL_TRACES_EXPORTER=otlp` (the `otel` extra). A client's `traceparent` becomes the parent and every
+attempt sends its own upstream. Variables, propagation and attributes: docs/observability.md.
 """
 
 from __future__ import annotations

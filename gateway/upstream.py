@@ -1,14 +1,8 @@
 """All upstream I/O: one `Transport` per provider, timeouts, transport-error mapping.
 
-Two transports speak to upstreams. `h1` (`gateway.h1`) is the lean HTTP/1.1 client on asyncio
-protocols and llhttp: it costs a saturated worker a fraction of what aiohttp's client did
-(docs/performance.md). `httpx` (`gateway.httpx_transport`) is the kept library, for what the fast one
-lacks: proxies (per provider, or `HTTPS_PROXY`/`HTTP_PROXY`/`NO_PROXY`), a per-provider CA bundle, a
-client certificate (mTLS) and HTTP/2. A provider picks one with `transport:`; `auto` takes httpx only
-when one of those is needed. Both raise the same four failure kinds (`h1.ConnectFailed`,
-`h1.Disconnected`, `h1.Malformed`, `TimeoutError`), each with the same cause (DNS, refused, TLS, which
-timeout, ...), so `map_transport_error` gives a client the same gateway error whichever one carried the
-request. Adapters stay transport-free.
+Two transports (`h1`, lean, and `httpx`, for proxies, CA bundles, mTLS and HTTP/2) raise the same four
+failure kinds with the same causes, so `map_transport_error` gives a client the same gateway error
+whichever carried the request; adapters stay transport-free. Details: docs/architecture.md.
 """
 
 from __future__ import annotations

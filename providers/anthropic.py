@@ -1,25 +1,8 @@
-"""Anthropic Messages API `POST {base}/v1/messages` as a completions upstream.
+"""Anthropic Messages API `POST {base}/v1/messages` as a completions upstream (`x-api-key` auth).
 
-Sources:
-- Request fields and ranges: the Messages API reference as rendered in anthropic-sdk-python
-  `types/message_create_params.py` (temperature "Ranges from 0.0 to 1.0", maximum 1; `metadata.user_id`;
-  `stop_sequences`; `top_k`; `max_tokens` required). Auth is `x-api-key` plus `anthropic-version`.
-- Responses: real recordings in tests/fixtures/anthropic (pydantic-ai cassettes, see SOURCES.md):
-  `messages_end_turn.json`, `messages_stop_sequence.json` (the stop string is not in the text; the
-  matched one is in `stop_sequence`), `messages_stream.sse.txt` (named SSE events; `message_delta` carries
-  stop_reason and cumulative usage), `error_400_invalid_request.json` (`{"type":"error","error":{type,message}}`).
-- Stop reasons: platform.claude.com handling-stop-reasons (end_turn, stop_sequence, pause_turn, tool_use ->
-  stop; max_tokens, model_context_window_exceeded -> length; refusal -> content_filter), folded in
-  providers.finish.
-- Errors (docs.claude.com/en/api/errors): 402 billing_error, 429 rate_limit_error with `retry-after`,
-  529 overloaded_error, and an `event: error` inside a 200 stream. The spend-limit 429 carries
-  `error.details.error_code: "enforced_spend_limit_reached"` and no `retry-after` (platform.claude.com
-  /docs/en/api/rate-limits, as quoted by public client code); no recording of it exists here.
-- `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{remaining,reset}` headers, resets as
-  RFC 3339 timestamps (same rate-limits page); no recording of them exists here either.
-
-The prompt becomes one user turn. Anthropic has no logprobs, penalties, seed, logit_bias or suffix: those
-are refused. n, best_of, echo, include_stop_str_in_output and guided_* are provided by the gateway.
+The prompt becomes one user turn; what Anthropic lacks is refused or provided by the gateway (the table
+in docs/providers.md). Sources, recordings, stop reasons, error and rate-limit shapes:
+docs/provider-notes.md#anthropic.
 """
 
 from __future__ import annotations

@@ -1,45 +1,8 @@
 """AWS Bedrock Runtime Converse API: `POST {base}/model/{modelId}/converse`, `/converse-stream` for streams.
 
-Converse is one request shape for every model family on Bedrock, so one adapter serves them all.
-
-Sources:
-- Operations, shapes, error statuses and the SigV4 signing name `bedrock`: botocore
-  `botocore/data/bedrock-runtime/2023-09-30/service-2.json` (boto/botocore @ cd920775). InferenceConfiguration:
-  maxTokens >= 1, temperature and topP from 0 to 1, stopSequences (at most 4 there; the current API reference
-  allows 2500, so no cap is declared). StopReason: end_turn, tool_use,
-  max_tokens, stop_sequence, guardrail_intervened, content_filtered (providers.finish folds them). Errors:
-  ValidationException 400, AccessDeniedException 403, ResourceNotFoundException 404, ModelTimeoutException
-  408, ModelErrorException 424, ModelStreamErrorException 424, ThrottlingException 429,
-  ModelNotReadyException 429 (the SDKs retry it), ServiceQuotaExceededException 400 (a quota, not a client
-  mistake), InternalServerException 500, ServiceUnavailableException 503. The REST-JSON error type travels
-  in the `x-amzn-ErrorType` header (`ThrottlingException:http://internal.amazon.com/...`) or as `__type` in
-  the body; the body is `{"message": ...}` (some front-end errors say `Message`).
-- ConverseStream answers `application/vnd.amazon.eventstream` (gateway.framing.EventStreamDecoder): events
-  messageStart, contentBlockStart, contentBlockDelta {delta: {text}}, contentBlockStop, messageStop
-  {stopReason}, then metadata {usage, metrics}; a failure mid-stream is a frame with `:message-type:
-  exception` and `:exception-type` (throttlingException, validationException, modelStreamErrorException,
-  internalServerException, serviceUnavailableException).
-- Recordings (pydantic/pydantic-ai cassettes, tests/fixtures/bedrock, see SOURCES.md): `converse_end_turn.json`,
-  `converse_max_tokens.json`, `converse_cache_read.json` (inputTokens excludes cacheReadInputTokens,
-  totalTokens includes them: 13 + 1504 + 5 = 1522), `converse_stream.eventstream` (the binary stream,
-  messageStop before metadata), `error_400_invalid_model.json`, `error_429_throttling.json`. top_k goes in
-  `additionalModelRequestFields` per family: `{"top_k": k}` for Anthropic, `{"inferenceConfig": {"topK": k}}`
-  for Amazon Nova (pydantic-ai test_bedrock_top_k_{anthropic,nova}_variant.yaml, both answered 200); no other
-  family is documented here, so top_k is refused for them. `requestMetadata` is accepted
-  (test_bedrock_model_request_metadata.yaml). `converse_stop_nova_keeps_stop_text.json` (test_stop_settings[bedrock])
-  shows a model returning the stop string itself with stopReason end_turn. No recording of an exception
-  frame, of guardrail_intervened, of a ServiceQuotaExceededException or of a context-window
-  ValidationException exists: those are built from the shapes above ("Input is too long for requested
-  model.", "prompt is too long: 200049 tokens > 200000 maximum" as quoted in aws-samples/bedrock-chat#95 and
-  daisuke-awaji/moca#254).
-- Auth: SigV4 (providers.sigv4) with `api_key: ACCESS_KEY_ID:SECRET_ACCESS_KEY[:SESSION_TOKEN]`, or an
-  Amazon Bedrock API key sent as `Authorization: Bearer` (docs.aws.amazon.com/bedrock/latest/userguide/
-  api-keys-use.html). Neither an access key id, a secret key, a session token nor an API key contains `:`.
-- The model id goes in the path with `/` escaped (an inference-profile ARN is one path segment) and `:` kept
-  (`amazon.nova-micro-v1:0`): the path is signed exactly as it is sent (see providers.sigv4).
-
-The prompt becomes one user message. Bedrock Converse has no logprobs, penalties, seed, logit_bias or suffix:
-those are refused. n, best_of, echo, include_stop_str_in_output and guided_* are provided by the gateway.
+Converse is one request shape for every model family on Bedrock, so one adapter serves them all. Auth is
+SigV4 (providers.sigv4) or a Bedrock API key sent as Bearer. Sources, recordings, error and event-stream
+shapes, per-family top_k and the path escaping: docs/provider-notes.md#bedrock.
 """
 
 from __future__ import annotations

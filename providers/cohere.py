@@ -1,34 +1,7 @@
 """Cohere v2 Chat `POST {base}/v2/chat` as a completions upstream (Bearer auth).
 
-Sources:
-- Request fields and ranges: cohere-python `src/cohere/v2/raw_client.py` (generated from Cohere's API
-  definition): max_tokens, `stop_sequences` ("up to 5"), temperature, seed, frequency_penalty and
-  presence_penalty (min 0.0, max 1.0), `k` (0-500, 0 disables), `p` (0.01-0.99), `logprobs` (bool),
-  `"stream": true` on the same path.
-- Non-stream response: the real recording tests/fixtures/cohere/v2_chat_stop_sequence.json (pydantic-ai
-  cassette, see SOURCES.md): `{id, finish_reason, message{content[{type:"text",text}]}, usage{billed_units,
-  tokens}}`. Finish reasons: cohere-python `types/chat_finish_reason.py` (COMPLETE, STOP_SEQUENCE,
-  MAX_TOKENS, TOOL_CALL, ERROR, TIMEOUT).
-- Errors: docs.cohere.com/reference/errors: every non-2xx body is `{"message": string}`; 400 "too many
-  tokens: total number of tokens in the prompt cannot exceed ..." when the prompt does not fit; 402 when
-  payment is needed; 429 for rate limits (trial keys also have a monthly call limit). No recording.
-
-UNVERIFIED, no recording exists: the stream. It is implemented from Cohere's streaming guide
-(docs.cohere.com/v2/docs/streaming: message-start, content-start, content-delta with the text in
-`delta.message.content.text`, content-end, message-end "the final event") and the SDK's
-`v2/types/v2chat_stream_response.py` (events are SSE whose JSON `type` names them; message-end carries
-`delta.finish_reason`, `delta.usage` and, on failure, `delta.error`). Whether the upstream also sends
-`event:` lines is not known, so events are told apart by their JSON `type`, then the SSE event name.
-Rate-limit headers are not documented: only the standard `retry-after` is read.
-
-Usage: `usage.billed_units` is what the client sent and got (25 in / 9 out in the recording) and is what
-the client is charged for; `usage.tokens` (91 / 11) also counts Cohere's own preamble and chat template,
-which the client never sent. OpenAI's usage means the former to a caller, and it is what the gateway's
-token budgets should charge, so billed_units is the usage; tokens is the fallback when it is missing.
-
-logprobs is refused: the SDK documents a boolean that returns `LogprobItem{text, token_ids, logprobs}`
-(several token ids and logprobs per text piece, no alternatives), so neither top_logprobs nor one text
-per token can be produced, and no response with them was recorded to check the shape against.
+Usage is `usage.billed_units` (what the client sent and got), `usage.tokens` only as a fallback. Sources,
+the unverified stream shape, error bodies and why logprobs are refused: docs/provider-notes.md#cohere.
 """
 
 from __future__ import annotations

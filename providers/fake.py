@@ -1,31 +1,9 @@
-"""The built-in `fake` provider: keyless, in-process, deterministic.
+"""The built-in `fake` provider: keyless, in-process, deterministic, for demos, tests and load tests.
 
-For demos, tests and load tests. Text is derived from a hash of the prompt (and seed and choice), so the
-same request always gets the same answer. The model name picks a behaviour:
-
-    echo            the completion repeats the prompt
-    slow-<N>ms      waits N ms before answering (or before the first stream chunk)
-    drip-<N>ms      streams with N ms between tokens
-    long            never stops by itself: always runs to max_tokens
-    error-<status>  answers that upstream status (429 carries retry-after: 1)
-    crash-after-<N> raises an unexpected exception after N stream chunks (before answering, unstreamed):
-                    a stand-in for a bug in the gateway, to show how a client sees one
-    anything else   8 to 47 words of deterministic text
-
-Logprobs follow OpenAI's shape: `text_offset` counts into prompt + text (a continuation starts at
-len(prompt), an echoed prompt at 0), and an echoed prompt's tokens carry logprobs of their own, the first
-`null` in both `token_logprobs` and `top_logprobs` (no context), each token the likeliest of its
-alternatives with exactly its `token_logprobs` value.
-
-It honours max_tokens, stop (and include_stop_str_in_output), n, logprobs, echo and seed. Sampling
-knobs (temperature, top_p, top_k, penalties) and user are accepted and have no effect: there is no
-sampling to change.
-
-It runs on the gateway's own event loop, so its work is bounded like the gateway's (`admit`, before any
-work): at most `caps.fake_max_tokens` tokens per choice (beyond it a 400 naming `max_tokens`, as OpenAI
-answers a limit beyond the model's context), an answer of at most `caps.emulated_answer_bytes`
-(estimated from the prompt, echo, max_tokens, n and logprobs), text built in time linear in its length,
-and a long stream lets the loop run between chunks.
+Text is derived from a hash of the prompt (and seed and choice), so the same request always gets the same
+answer; the model name picks a behaviour (`echo`, `slow-<N>ms`, `drip-<N>ms`, `long`, `error-<status>`,
+`crash-after-<N>`). It runs on the gateway's event loop, so `admit` bounds its work by `caps` first.
+The behaviours, logprobs shape and bounds in full: docs/provider-notes.md#fake.
 """
 
 from __future__ import annotations

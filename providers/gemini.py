@@ -1,38 +1,8 @@
 """Google Gemini (Generative Language API): `POST {base}/v1beta/models/{model}:generateContent`, and
 `:streamGenerateContent?alt=sse` for streams.
 
-Sources:
-- Request fields: the `GenerationConfig` reference (ai.google.dev/api/generate-content; the same message is
-  mirrored by the Vertex `GenerationConfig` protobuf docs): maxOutputTokens, temperature, topP, topK,
-  stopSequences (at most 5), candidateCount, presencePenalty, frequencyPenalty, seed, responseLogprobs +
-  logprobs (up to 20 alternatives, Google Cloud "Intro to Logprobs" guide), responseMimeType,
-  responseSchema, responseJsonSchema.
-- Structured output: `responseJsonSchema` takes standard JSON Schema ("an alternative to responseSchema that
-  accepts JSON Schema", google-genai `GenerationConfig.response_json_schema`), while `responseSchema` is a
-  proto-typed OpenAPI subset that answers 400 "Unknown name additionalProperties" to ordinary JSON Schemas
-  (prism-php/prism#974). A client's `guided_json` is JSON Schema, so it goes to `responseJsonSchema`.
-  `guided_choice` uses the documented enum mode: `responseMimeType: "text/x.enum"` with an enum
-  `responseSchema` ("currently limited to application/json and text/x.enum", Firebase AI Logic
-  `GenerationConfig` reference; the Google Cloud logprobs guide sends `{"type": "STRING", "enum": [...]}`).
-- Authentication is the `x-goog-api-key` header, never the `?key=` query: URLs end up in logs.
-- Responses: recordings `gemini/generate_content_stop_sequence.json` (stopSequences hit -> finishReason STOP,
-  the stop text not included) and `gemini/stream_generate_content.sse.txt` (CRLF `data:` events, each a full
-  response with usageMetadata, finishReason only on the last, no `[DONE]`); pydantic/pydantic-ai @0ca8327d
-  `test_google_model_max_tokens_thinking_model_empty_response.yaml` (MAX_TOKENS, content without parts,
-  thoughtsTokenCount without candidatesTokenCount) and @111dda9b `test_google_model_retry.yaml` (thoughts:
-  142 + 7 + 101 = 250, so totalTokenCount includes thoughtsTokenCount and candidatesTokenCount does not);
-  @9bc7ce4e `test_google_model_armor_prompt_template_text_gets_blocked.yaml` (promptFeedback.blockReason
-  and no candidates). The `logprobsResult` shape (chosenCandidates / topCandidates[].candidates, each
-  {token, tokenId, logProbability}) is from the API reference: no recording of it was found.
-- Finish reasons (providers.finish): STOP -> stop (stop-sequence hits included), MAX_TOKENS -> length, SAFETY,
-  RECITATION, BLOCKLIST, PROHIBITED_CONTENT, SPII, IMAGE_SAFETY -> content_filter; OTHER, LANGUAGE,
-  MALFORMED_FUNCTION_CALL, FINISH_REASON_UNSPECIFIED -> stop (neither the limit nor a filter). A prompt
-  blocked by promptFeedback.blockReason gets every requested choice as content_filter with empty text.
-- Errors: google.rpc envelope {"error": {code, message, status, details[]}}: RetryInfo.retryDelay is a
-  protobuf Duration such as "53s" or "45.837906927s" (googleapis/python-genai#1875, dcdpr/jp#1061), and no
-  Retry-After header is sent; QuotaFailure.violations[].quotaId names the exhausted quota
-  (google-gemini/gemini-cli#8437); a prompt over the context window is 400 INVALID_ARGUMENT "The input
-  token count (132478) exceeds the maximum number of tokens allowed (131072)." (gemini-cli#4118).
+The key travels in the `x-goog-api-key` header, never in the `?key=` query (URLs end up in logs). Sources,
+structured-output mapping, recordings, finish reasons and error shapes: docs/provider-notes.md#gemini.
 """
 
 from __future__ import annotations

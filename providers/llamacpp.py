@@ -1,27 +1,7 @@
 """llama.cpp server, native API: `POST {base}/completion`, SSE when streaming.
 
-There is NO recorded llama.cpp response in any public repository we searched (see the fixtures INDEX):
-everything here follows ggml-org/llama.cpp `tools/server/README.md`, and the tests use only the fields it
-documents. From the README:
-- Options: prompt (a string or token ids), n_predict (-1 = no limit), temperature, top_k, top_p, min_p,
-  typical_p, repeat_penalty, repeat_last_n, ignore_eos, mirostat (0, 1 or 2), mirostat_tau, mirostat_eta,
-  presence_penalty, frequency_penalty, seed, stop (stop words are not included in the completion),
-  grammar (GBNF), json_schema ({} for any JSON), n_probs, logit_bias as `[[token_id, bias]]`, stream,
-  cache_prompt. `n_cmpl` (several completions) is recent and unverified, so n is left to the gateway.
-- Response: content, stop, stop_type (eos | word | limit | none), stopping_word, tokens_evaluated (prompt
-  tokens), tokens_predicted, and with n_probs > 0 `completion_probabilities[{id, logprob, token, bytes,
-  top_logprobs[]}]` (the README's example calls the list `probs`; both names are read). Streaming sends
-  `data: {...}` events with only content, tokens and stop until the last event, which has `stop: true`
-  and the rest; the server code puts the probabilities of a stream in its partial events.
-- `GET /health` documents the model-loading answer, 503
-  `{"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}`: errors are
-  `{"error": {code, message, type}}`, and a prompt that does not fit is `exceed_context_size_error`
-  (type name from the server code, as quoted by public clients).
-
-Not verified: which header `--api-key` checks (Bearer is sent, as for the OpenAI routes); what
-`tokens_cached` counts (the server code sets it to the tokens held in the slot, prompt and output, so it is
-not mapped to cached_tokens). Older builds sent stopped_eos / stopped_word / stopped_limit instead of
-stop_type; they are read when stop_type is absent.
+No recorded llama.cpp response exists: this follows the server's README, field by field. Sources, the
+response and error shapes and what is unverified: docs/provider-notes.md#llamacpp.
 """
 
 from __future__ import annotations

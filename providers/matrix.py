@@ -37,6 +37,8 @@ Bounds are the provider's, checked after routing: a request may carry up to 64 s
 the provider is sent its `max stop` and the gateway enforces the rest itself; a `logprobs` count above the
 provider's `max logprobs` is refused naming the provider and the bound (`providers.<name>.max_logprobs`
 sets it for a self-hosted server started with another limit).
+
+Where each provider's wire shapes come from, its quirks and what is unverified: docs/provider-notes.md.
 """
 
 

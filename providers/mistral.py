@@ -1,26 +1,7 @@
 """Mistral: chat `POST {base}/v1/chat/completions`, and FIM `POST {base}/v1/fim/completions` when `suffix` is set.
 
-Sources:
-- Request fields: mistralai/client-python `models/chatcompletionrequest.py` @09c7732b (model, messages,
-  temperature, top_p, max_tokens, stream, stop, random_seed, response_format, presence_penalty,
-  frequency_penalty, n, ...) and `models/fimcompletionrequest.py` @2282e4aa (model, prompt, suffix,
-  temperature, top_p, max_tokens, min_tokens, stream, stop, random_seed). Neither takes logprobs.
-- Structured output: `response_format` is `text`, `json_object` or `json_schema` with
-  `json_schema: {name, schema, strict}` (client-python `models/jsonschema.py`; docs.mistral.ai "Custom
-  Structured Outputs"). `strict: true` is what makes the schema binding, so guided JSON asks for it.
-- Responses: recording `mistral/chat_with_ratelimit_headers.json` (+ its headers: x-ratelimit-{limit,remaining}
-  -req-10-second / -tokens-minute / -tokens-month and x-ratelimit-tokens-query-cost). The stream shape
-  (`chat.completion.chunk` with `delta.content`, a random-length `"p"` padding field, usage on the
-  finish chunk, `data: [DONE]`) is from traceloop/openllmetry @45af4941
-  `packages/opentelemetry-instrumentation-mistralai/tests/cassettes/test_chat/test_mistralai_streaming_chat_legacy.yaml`.
-  Finish reasons stop | length | model_length | error | tool_calls (client-python `chatcompletionchoice.py`).
-- FIM responses: NO recording exists (fixtures INDEX.md). The SDK types `FIMCompletionResponse` as
-  {id, object, model, usage, created, choices: ChatCompletionChoice[]} (client-python
-  `models/fimcompletionresponse.py` @0fb8b64d), i.e. the chat-completion shape with `message.content`;
-  that is how it is parsed here, unverified against the wire.
-- Errors: {"object":"error","message","type","param","code"} (e.g. 429 "Rate limit exceeded", type
-  rate_limited, code "1300": cline/cline#9085) and the older {"message":"Requests rate limit exceeded"}
-  (pydantic/pydantic-ai#1885). A 429 also follows an exhausted monthly limit (vanna-ai/vanna#177).
+Guided JSON asks for `response_format: json_schema` with `strict: true`, which makes the schema binding.
+Sources, recordings, the unverified FIM answer shape and error bodies: docs/provider-notes.md#mistral.
 """
 
 from __future__ import annotations

@@ -1,23 +1,7 @@
 """Ollama native API: `POST {base}/api/generate`, NDJSON when streaming.
 
-Sources:
-- ollama/ollama `docs/api.md` and `api/types.go` (GenerateRequest, Options, Logprob): model, prompt,
-  suffix, raw, stream (defaults to TRUE, so it is always sent), format ("json" or a JSON Schema),
-  logprobs + top_logprobs (0-20), and options {num_predict, temperature, top_k, top_p, min_p, typical_p,
-  repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed, stop, num_ctx}. The response
-  has response, done, done_reason (stop | length, `llm/server.go`), prompt_eval_count, eval_count and
-  `logprobs[{token, logprob, bytes, top_logprobs}]`.
-- `server/routes.go`: the prompt template (and with it `suffix`) is applied only when `raw` is false, a
-  suffix requires a model with the insert capability, 503 when the queue is full (`ErrMaxQueue`); errors
-  are `{"error": "..."}` (404 for an unknown model, 429 rate limited on ollama.com).
-- Real recordings in tests/fixtures/ollama (openllmetry cassettes; see SOURCES.md): `generate_nonstream.json`
-  and `generate_stream.ndjson` (one object per line, the last with done, done_reason and the counts).
-  No recording has logprobs or an error: those shapes come from `api/types.go` and `docs/api.md`.
-
-`raw: true` makes the call a pure continuation of the prompt (no chat template). With a suffix the model's
-template must run, since that is where Ollama puts prompt and suffix around the fill-in-the-middle tokens,
-so raw is false then. Ollama drops matched stop strings from the text, as OpenAI does.
-prompt_eval_count counts the prompt tokens Ollama evaluated: a prompt served from its cache may count less.
+Calls are `raw: true` (a pure continuation, no chat template) except with a suffix, which needs the
+model's template. Sources, recordings and response/error shapes: docs/provider-notes.md#ollama.
 """
 
 from __future__ import annotations

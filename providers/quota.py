@@ -1,16 +1,8 @@
 """Reading what an upstream says is left of its quota, from the headers of its successful answers.
 
-When a counter reaches zero, the next request would be refused: the gateway cools the target until
-the counter's reset (shared through Redis), so no replica sends it more until then. One reader per
-header format; each adapter lists the ones its provider sends (`quota_headers`):
-
-    openai_counters     OpenAI, Fireworks, Azure: x-ratelimit-remaining-{requests,tokens},
-                        x-ratelimit-reset-{requests,tokens} as durations ("20ms", "1s", "6m0s")
-    single_counter      Together: x-ratelimit-remaining, x-ratelimit-reset (seconds)
-    anthropic_counters  anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-remaining
-                        and -reset (RFC 3339 timestamps)
-    mistral_windows     x-ratelimit-remaining-{req-10-second,tokens-minute,tokens-month}; the window
-                        is in the name (no reset header)
+When a counter reaches zero the gateway cools the target until the counter's reset (shared through
+Redis). One reader per header format; each adapter lists the ones its provider sends (`quota_headers`).
+The formats and which providers send them: docs/provider-notes.md#quota.
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
 """AWS Signature Version 4 for request headers, with nothing but hashlib and hmac.
 
-The algorithm is the one in the IAM user guide ("Create a signed AWS API request"): a canonical request,
-a string to sign over its hash, and an HMAC chain that derives the signing key from the secret, the date,
-the region and the service. It is checked byte for byte against AWS's published SigV4 test suite
-(tests/fixtures/bedrock/sigv4_test_suite.json, see tests/fixtures/SOURCES.md).
-
-Paths: for every service but S3 the canonical URI is the path *as sent*, URI-encoded once more. A model
-id such as `amazon.nova-micro-v1:0` travels as `/model/amazon.nova-micro-v1:0/converse` and is signed as
-`/model/amazon.nova-micro-v1%3A0/converse`; one that travels encoded (`%2F` in an ARN) is signed
-double-encoded (`%252F`). Bedrock's own "canonical string should have been" replies show it computing
-exactly that (higress-group/higress#2396), so the one rule is: sign the path that goes on the wire.
-Dot segments and repeated slashes are not normalized: the gateway builds its paths and has none.
-
-Pure: the time is a parameter, nothing is read from the environment.
+Pure (the time is a parameter, nothing is read from the environment) and checked byte for byte against
+AWS's published SigV4 test suite. The one path rule, sign the path as it goes on the wire, and its
+sources: docs/provider-notes.md#sigv4.
 """
 
 from __future__ import annotations

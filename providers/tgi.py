@@ -1,33 +1,7 @@
 """Hugging Face Text Generation Inference, native API: `POST {base}/generate` and `{base}/generate_stream`.
 
-Sources:
-- huggingface/text-generation-inference `router/src/server.rs`: the two routes, `{"inputs", "parameters"}`,
-  `Authorization: Bearer` when started with `--api-key`, error bodies `{"error", "error_type"}` with 422
-  validation, 424 generation, 429 overloaded, 500 incomplete generation (no Retry-After is set), stream
-  details carrying `input_length`, and how TGI's own `/v1/completions` maps OpenAI fields (temperature 0
-  -> `do_sample: false` and no temperature; otherwise `do_sample: true`; `decoder_input_details` only when
-  not streaming, its prompt token count being the prefill length; suffix refused).
-- `router/src/validation.rs`: temperature > 0, 0 < top_p < 1, top_k > 0, at most `max_stop_sequences`
-  (default 4) stops and `max_top_n_tokens` (default 5) alternatives, a JSON grammar needs a schema with
-  `properties`, `decoder_input_details` refused when streaming, and `best_of` > 1 needs sampling, no seed,
-  no stream and at most `max_best_of` (default 2): too narrow to promise, so the gateway provides best_of.
-- Real recordings in tests/fixtures/tgi (huggingface_hub cassettes; see SOURCES.md): the non-stream body is
-  a JSON array of one GenerateResponse (`generate_details_length.json`, `generate_best_of.json`), the
-  stream is `data:` without a space and no `[DONE]`, its last event carrying `generated_text` and
-  `details` (`generate_stream_details.sse.txt`), and `error_422_validation.json`. The TGI
-  `__snapshots__` files are client-parsed objects, used for field values only
-  (`snapshot_generate_stop_sequence.json`, `snapshot_generate_eos_token.json`).
-
-Semantics worth knowing:
-- TGI keeps the matched stop sequence at the end of `generated_text` (the stop-sequence snapshot: stop
-  `["test"]` ends in "in test"), and only matches a stop that ends on a token boundary (TGI issue #1039).
-  OpenAI's `stop` excludes it. The adapter cannot strip it (the parser is not given the stop list), so
-  `stop_in_output` says so for the gateway, which enforces stops on the text.
-- Special tokens (`</s>`) are not in `generated_text`; they are left out of the logprobs and streamed as "".
-- Logprobs are returned when TGI returns alternatives (`top_tokens`), so `logprobs: 0` asks for one
-  alternative per token (OpenAI allows up to logprobs + 1 entries).
-- prompt_tokens: the prefill length when not streaming (for encoder-decoder models that is the decoder
-  prefill, as in the flan-t5 recordings), `details.input_length` when streaming, else 0.
+TGI keeps a matched stop sequence in its text, so `stop_in_output` has the gateway enforce stops. Sources,
+validation bounds, recordings, logprobs and prompt-token semantics: docs/provider-notes.md#tgi.
 """
 
 from __future__ import annotations

@@ -1,26 +1,9 @@
 """Tokenizer routes of self-hosted servers, spoken in vLLM's dialect to the client.
 
-Clients (lm-evaluation-harness's remote tokenizer first of all) call vLLM's `POST /tokenize`,
-`POST /detokenize` and `GET /tokenizer_info`. Each adapter class declares `tokenizer`: which of these its
+Each adapter class declares `tokenizer`: which of vLLM's `/tokenize`, `/detokenize`, `/tokenizer_info` its
 server has and how a request and its answer translate (`NO_TOKENIZER` by default, in providers/base.py).
-Like the adapters, this is pure: a `Call` is a value, answers are bytes; gateway/tokenizer_routes.py does
-the I/O.
-
-Shapes, and where they come from (no recording of these routes exists in the fixtures):
-- vLLM, `vllm/entrypoints/serve/tokenize/protocol.py` and `api_router.py` (main, late 2025; earlier
-  releases define them in `vllm/entrypoints/openai/protocol.py`): `TokenizeCompletionRequest` {model?,
-  prompt, add_special_tokens = true, return_token_strs = false} -> `TokenizeResponse` {count,
-  max_model_len, tokens, token_strs}; `DetokenizeRequest` {model?, tokens: [int >= 0]} -> {prompt};
-  `GET /tokenizer_info` (only with `--enable-tokenizer-info-endpoint`) -> the tokenizer's init kwargs
-  plus `tokenizer_class` (and `chat_template`), extra fields allowed. A `model` other than the served
-  name is a 404 (`_check_model`), so the upstream's own model name is sent.
-- llama.cpp, `tools/server/README.md`: `POST /tokenize` {content, add_special (default false),
-  with_pieces} -> {tokens: [id, ...] | [{id, piece}, ...]}, a piece being a string or, when it is not
-  valid UTF-8, a list of bytes; `POST /detokenize` {tokens} -> {content} (the server code's answer);
-  `GET /props` -> `default_generation_settings.n_ctx`, the context size.
-- TGI, `router/src/server.rs`: `POST /tokenize` takes a GenerateRequest {inputs, parameters?} and answers
-  [{id, text, start, stop}, ...], tokenizing as `/generate` does (the tokenizer's special tokens
-  included); `GET /info` -> `max_total_tokens`. No detokenize, no tokenizer info.
+Pure like the adapters; gateway/tokenizer_routes.py does the I/O. Shapes per server and their sources:
+docs/provider-notes.md#tokenizer.
 """
 
 from __future__ import annotations

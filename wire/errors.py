@@ -1,30 +1,9 @@
-"""Gateway errors: one tree, rendered per dialect at the edge.
+"""Gateway errors: one tree of `GatewayError` classes (status, type, param, code), rendered per dialect at
+the edge.
 
-    GatewayError (status, type, param, code)
-    ├── InvalidRequestError          400  a field the client sent is wrong (param names it)
-    │   └── UnsupportedParamError    400  the chosen provider cannot honour a field
-    ├── AuthenticationError          401
-    ├── PermissionDeniedError        403  the key may not use this model
-    ├── ModelNotFoundError           404  unknown alias or vendor (an upstream 404 is rendered the same)
-    ├── ProviderUnavailableError     400  provider configured but not usable (missing key variable)
-    ├── RateLimitError               429
-    └── UpstreamError                502  the provider failed; status/body mapped by its adapter
-        ├── UpstreamStatusError      the provider answered an error status
-        ├── UpstreamConnectError     502  the connection dropped, or the answer broke off
-        │   └── UpstreamUnreachableError  502  nothing reached the upstream (refused, DNS, TLS)
-        └── UpstreamTimeoutError     504
-    `upstream_failure(cause, ...)` picks the class for a transport failure and names its cause.
-
-Messages never include secrets or upstream request headers: they are shown to clients.
-
-Every error answer tells the official SDKs whether to retry it (`x-should-retry`, see `client_retry`):
-the gateway has already retried what retrying could help, so only a wait it could not afford is left
-to the client.
-
-An error carries everything the failover loop, the renderer, the log line and the metrics read (its
-flags, the target that failed, the cause) from the moment it is built; a later stage that learns more
-(the attempts made) builds a copy with `evolve`, so no one sees an error change under them. `code`
-values are snake_case and listed in docs/dialects.md (`CODES`; a test keeps the two in step).
+An error carries everything the failover loop, the renderer, the log line and the metrics read from the
+moment it is built (`evolve` makes a changed copy), and its message never includes secrets: it is shown to
+clients. The class tree, `x-should-retry` and the code list: docs/dialects.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""Fast Python loopback upstream for streaming and slow-upstream scenarios.
+"""Fast Python loopback upstream for streaming and slow-upstream scenarios (nginx cannot stream SSE or wait).
 
-nginx cannot stream SSE or wait before answering, so this server covers those cases. It is a
-raw asyncio protocol on uvloop with the httptools parser (no framework) because its own cost
-must stay well below the gateway's; the bench measures its ceiling to prove that.
-
-Run: ``python -m bench.upstream.server --port 9000 --chunks 100 --latency-ms 50``.
-A request whose JSON body has ``"stream": true`` gets ``--chunks`` SSE events, any other POST
-gets the fixed completion, and ``GET`` on any path answers 200 for readiness probes.
+A raw asyncio protocol on uvloop with httptools, so its own cost stays well below the gateway's.
+Run: ``python -m bench.upstream.server --port 9000 --chunks 100 --latency-ms 50``; what it answers:
+docs/bench-harness.md.
 """
 
 from __future__ import annotations
