@@ -28,6 +28,7 @@ from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocket
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
+from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
@@ -262,13 +263,32 @@ class SharedState:
         if client is None or parsed is None or parsed.mode == "node":
             return None
         if parsed.mode == "cluster":
-            cluster = cast(RedisCluster, client)
-            await cluster.nodes_manager.initialize()
-            node = cluster.nodes_manager.get_node_from_slot(cluster.keyslot(key))
-            return node.host, int(node.port)
+            return await self._slot_master(parsed, key_slot(key.encode()))
         sentinel = cast(Any, client).connection_pool.sentinel_manager
         host, port = await sentinel.discover_master(parsed.service)
         return str(host), int(port)
+
+    async def _slot_master(self, parsed: RedisUrl, slot: int) -> tuple[str, int]:
+        """Ask the start-up nodes (in turn) which master serves `slot` now: `CLUSTER SLOTS` on a connection
+        of our own, so redis-py's cached slot table, which it refreshes by itself, is left alone."""
+        problem: Exception = RedisConnectionError("no start-up node answered")
+        for host, port in parsed.nodes:
+            conn = parsed.connection(host, port)
+            try:
+                await conn.connect()  # type: ignore[no-untyped-call]
+                await conn.send_command("CLUSTER", "SLOTS")
+                ranges = await conn.read_response()
+            except (RedisError, OSError) as exc:
+                problem = exc
+                continue
+            finally:
+                await conn.disconnect()
+            for first, last, master, *_ in ranges:
+                if int(first) <= slot <= int(last):
+                    address = master[0].decode() if isinstance(master[0], bytes) else str(master[0])
+                    return address or host, int(master[1])
+            problem = RedisError(f"no master serves slot {slot}")
+        raise problem
 
     def mark_down(self, exc: BaseException) -> None:
         now = self._clock()
