@@ -311,3 +311,7 @@ class SharedState:
     async def close(self) -> None:
         if self.client is not None:
             await self.client.aclose()
+            # The sentinels' own clients are not closed with the master's.
+            manager = getattr(getattr(self.client, "connection_pool", None), "sentinel_manager", None)
+            for sentinel in getattr(manager, "sentinels", ()):
+                await sentinel.aclose()
