@@ -18,6 +18,7 @@ import yaml
 from msgspec import Meta
 
 from gateway.schema import MAX_LOGPROBS
+from gateway.state import url_problem
 
 ProviderKind = Literal[
     "openai",
@@ -357,6 +358,8 @@ def _check(cfg: GatewayConfig, providers: dict[str, ProviderConfig], source: str
     def fail(path: str, problem: str) -> None:
         raise ConfigError(f"{source}: {path}: {problem}")
 
+    if cfg.redis.url and (problem := url_problem(cfg.redis.url)) is not None:
+        fail("redis.url", problem)  # one line naming the option; never the URL (it may hold a password)
     for name, p in providers.items():
         if "/" in name or not name:
             fail(f"providers.{name}", "a provider name may not be empty or contain '/'")

@@ -164,12 +164,18 @@ def parse_redis_url(url: str) -> RedisUrl:
     # Build one connection now: redis-py checks every option's name and value (an unknown option, a bad
     # ssl_cert_reqs) when a connection is made, which would otherwise happen on the first request.
     try:
-        parsed.connection()
-        if sentinel_options:
-            RedisUrl("node", sentinel_options).connection()
+        for conn in [parsed.connection()] + (
+            [RedisUrl("node", sentinel_options).connection()] if sentinel_options else []
+        ):
+            if isinstance(conn, SSLConnection):
+                conn.ssl_context.get()  # reads the CA, certificate and key files now, not on the first call
     except TypeError as exc:
         name = str(exc).rpartition("argument ")[2].strip("'\"") or "?"
+        if name.startswith("ssl_") and not parsed.tls:
+            raise UrlError(f"option '{name}' needs TLS: a rediss:// URL") from None
         raise UrlError(f"unknown option '{name}'") from None
+    except OSError as exc:
+        raise UrlError(f"ssl_ca_certs, ssl_certfile or ssl_keyfile cannot be read: {exc.strerror or exc}") from None
     except (RedisError, ValueError) as exc:
         raise UrlError(f"bad option: {type(exc).__name__}: {exc}") from None
     return parsed
