@@ -55,7 +55,9 @@ class ServerConfig(Strict, frozen=True):
 
 
 class RedisConfig(Strict, frozen=True):
-    # Empty: state lives in process memory, which is only correct for a single process.
+    # Empty: state lives in process memory, which is only correct for a single process. One node
+    # (redis://, rediss://, unix://), a Cluster (redis+cluster://h:p,h:p) or Sentinel
+    # (redis+sentinel://h:p,h:p/service); options the gateway cannot honour are refused at load.
     url: str = ""
     # Rate limits while Redis is unreachable: keep serving on per-process limits, or refuse (503).
     on_failure: Literal["fail_open", "fail_closed"] = "fail_open"

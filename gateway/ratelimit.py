@@ -12,8 +12,8 @@ but stores one entry per request, which is unworkable for token limits of millio
 
 The script takes every bucket a request touches (key, alias, provider, deployment), uses Redis's own
 clock (`TIME`, so replicas' clocks do not matter), and charges all of them or none. Keys carry a hash
-tag per scope (`rl:{key:search-team}:rpm`), so the script runs on Redis Cluster when a request's buckets
-share a slot; with several scopes on a cluster, give them one tag via `redis.hash_tag`. Without Redis
+tag per scope (`rl:{key:search-team}:rpm`); on a Redis Cluster they also get the `{rl}` prefix, so the
+buckets of every scope of one call share a slot. Without Redis
 the same arithmetic runs in process memory, which is exact for one process.
 """
 
