@@ -456,13 +456,16 @@ class Limiter:
 
             async def read(r: aioredis.Redis) -> list[BucketState]:
                 pipe = r.pipeline(transaction=False)
-                pipe.time()
+                if not self._prefix:
+                    pipe.time()  # a cluster pipeline takes no keyless command: TIME goes alone there
                 for b in buckets:
                     if b.kind == "concurrent":
                         pipe.zrange(self._prefix + b.redis_key, 0, -1, withscores=True)
                     else:
                         pipe.get(self._prefix + b.redis_key)
-                (sec, usec), *raw = await pipe.execute()
+                (sec, usec), *raw = (
+                    await pipe.execute() if not self._prefix else [await r.time(), *await pipe.execute()]
+                )
                 now = int(sec) * 1000 + int(usec) // 1000
                 return [
                     peek_state(b, now, held=sum(1 for _, expiry in v if expiry > now))

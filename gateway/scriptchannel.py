@@ -283,8 +283,10 @@ class ScriptChannel:
                 self._move(redirect[1])
             self._spawn(self._resend(fut, [cmd], None))
         elif redirect is not None:
-            # ASK: the slot is migrating and this key has left already; ask the target, once.
-            self._spawn(self._resend(fut, [command(b"ASKING"), cmd], redirect[1]))
+            # ASK: the slot is migrating and this call's keys are new or gone: ask the target, once (it
+            # may not know the script yet; ASKING covers the next command only).
+            load = command(b"SCRIPT", b"LOAD", self._script)
+            self._spawn(self._resend(fut, [load, command(b"ASKING"), cmd], redirect[1]))
         elif text.startswith(_NOT_MASTER):
             # Sentinel promoted another node, or the cluster is failing over: find the master again.
             if self._protocol is proto:

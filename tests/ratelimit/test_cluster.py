@@ -60,6 +60,8 @@ def test_limits_cooldowns_and_usage_live_on_the_cluster(cluster: Cluster, tmp_pa
         with client(gw.url, "k-four") as c:
             codes = [c.post("/v1/completions", json=body("demo/long")).status_code for _ in range(5)]
         assert codes == [200, 200, 200, 200, 429]
+        with client(gw.url) as c:
+            assert c.get("/ready").json() == {"status": "ready", "redis": "ok"}
         with client(gw.url, "k-wide") as c:
             # Cooldowns are per-target keys (`gw:{target}:...`): a 500 from the upstream cools the target.
             assert c.post("/v1/completions", json=body("demo/error-500")).status_code == 502
@@ -85,6 +87,8 @@ async def test_one_slot_for_every_bucket_of_a_call(cluster: Cluster) -> None:
         decisions = [await limiter.acquire(buckets, 10) for _ in range(4)]
         assert [d.allowed for d in decisions] == [True, True, True, False]
         assert [s.remaining for s in decisions[2].states] == [0, 97, 970, 7]
+        # The status page's read-only view (a redis-py pipeline on the cluster) agrees.
+        assert [s.remaining for s in await limiter.peek(buckets)] == [0, 97, 970, 7]
         master = cluster.master_of("{rl}")
         with cluster.node(master) as r:
             assert r.exists(*[f"{{rl}}{b.redis_key}" for b in buckets]) == 4
@@ -122,6 +126,46 @@ async def test_a_master_killed_mid_load(own_cluster: Cluster, fail_open: bool) -
         assert not d.allowed
         with cluster.node(new) as r:
             assert r.exists("{rl}rl:{key:failover}:rpm")
+    finally:
+        await limiter.close()
+        await shared.close()
+
+
+async def test_the_channel_follows_the_rl_slot_through_a_migration(cluster: Cluster) -> None:
+    """Resharding the `{rl}` slot to another master: while it migrates, a call whose keys are new is
+    answered ASK and goes to the target (which does not know the script yet); once the slot has moved,
+    MOVED makes the target the channel's node. No call is refused or counted twice on the way."""
+    shared = SharedState(cluster.url)
+    limiter = Limiter(shared, fail_open=False)
+    old_bucket = [Bucket(scope="key:" + uuid.uuid4().hex[:8], kind="rpm", limit=5)]
+    try:
+        assert (await limiter.acquire(old_bucket, 0)).allowed  # connected to the slot's master
+        with cluster.client() as c:
+            slot = c.keyslot("{rl}")
+        source = cluster.master_of("{rl}")
+        target = next(p for p in cluster.ports if p != source and cluster.is_master(p))
+        src_id, dst_id = cluster.node_id(source), cluster.node_id(target)
+        with cluster.node(target) as r:
+            r.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+            r.script_flush()
+        with cluster.node(source) as r:
+            r.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+        new_bucket = [Bucket(scope="key:" + uuid.uuid4().hex[:8], kind="rpm", limit=5)]
+        assert (await limiter.acquire(new_bucket, 0)).allowed  # ASK: written on the target
+        with cluster.node(target) as r:
+            assert r.execute_command("ASKING") and r.exists("{rl}" + new_bucket[0].redis_key)
+        with cluster.node(source) as r:
+            keys = r.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1000)
+            if keys:
+                r.execute_command("MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", *keys)
+        for port in cluster.ports:
+            if cluster.procs[port].poll() is None and cluster.is_master(port):
+                with cluster.node(port) as r:
+                    r.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+        # MOVED: the old bucket's count (1 of 5) went with the slot, and the channel follows it.
+        states = [await limiter.acquire(old_bucket, 0) for _ in range(5)]
+        assert [d.allowed for d in states] == [True, True, True, True, False]
+        assert cluster.master_of("{rl}") == target
     finally:
         await limiter.close()
         await shared.close()

@@ -152,6 +152,14 @@ class Cluster(Procs):
         with self.client() as c:
             return int(c.get_node_from_key(key).port)
 
+    def node_id(self, port: int) -> str:
+        with self.node(port) as r:
+            return str(r.execute_command("CLUSTER", "MYID").decode())
+
+    def is_master(self, port: int) -> bool:
+        with self.node(port) as r:
+            return r.info("replication")["role"] == "master"
+
     def replica_of(self, master_port: int) -> int:
         with self.node(master_port) as r:
             my_id = r.execute_command("CLUSTER", "MYID").decode()
