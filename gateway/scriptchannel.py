@@ -135,15 +135,20 @@ class ScriptChannel:
         self._connecting: asyncio.Future[_Protocol] | None = None
         self._queue: _Batch = []
         self._sending: set[asyncio.Task[None]] = set()
+        self._closed = False
 
     # ---------------------------------------------------------------------------------------- connection
 
     async def _open(self, address: tuple[str, int] | None) -> _Protocol:
-        conn = self._shared.parsed.connection(*address) if address else self._shared.parsed.connection()  # type: ignore[union-attr]
+        parsed = self._shared.parsed
+        assert parsed is not None
+        # No CLIENT SETINFO (the library's name and version): a reconnect, which happens while Redis is
+        # failing, costs only what the URL asks for (AUTH, SELECT, CLIENT SETNAME).
+        conn = parsed.connection(*address, driver_info=None) if address else parsed.connection(driver_info=None)
         # redis-py sets the connection up (TLS, AUTH, SELECT, CLIENT SETNAME): every option of the URL is
         # applied by the same code as the pool's. Then the socket is ours.
         try:
-            await conn.connect()
+            await conn.connect()  # type: ignore[no-untyped-call]
         except BaseException:
             # Cancelled (the connect deadline) or refused half-way: redis-py leaves the socket open.
             if conn._writer is not None:
@@ -206,8 +211,14 @@ class ScriptChannel:
             proto.abort()
 
     async def close(self) -> None:
+        self._closed = True  # calls queued from now on fail at once: no connection is opened after this
         if self._sending:
             await asyncio.gather(*self._sending, return_exceptions=True)
+        connecting = self._connecting
+        if connecting is not None:
+            await asyncio.gather(connecting, return_exceptions=True)
+            if not connecting.cancelled() and connecting.exception() is None:
+                connecting.result().abort()
         self.abort()
 
     # ---------------------------------------------------------------------------------------- calls
@@ -226,6 +237,9 @@ class ScriptChannel:
         """Every call queued in one loop tick goes to Redis in one write: one round trip for all the
         requests that arrived together (each call is still its own atomic script)."""
         batch, self._queue = self._queue, []
+        if self._closed:
+            self._fail(None, batch, ChannelError("closed"), sent=False)
+            return
         proto = self._protocol
         if proto is not None and not proto.lost:
             # The common case costs no task: a callback on the last reply (replies come back in order).

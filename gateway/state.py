@@ -79,9 +79,10 @@ class RedisUrl:
         """Each call's socket timeout: the URL's `socket_timeout`, else 0.25 s; a call's deadline is twice it."""
         return float(self.options.get("socket_timeout") or _SOCKET_TIMEOUT_S)
 
-    def connection(self, host: str | None = None, port: int | None = None) -> Connection:
+    def connection(self, host: str | None = None, port: int | None = None, **extra: Any) -> Connection:
         """A redis-py connection (not yet connected) with every option of the URL, to `host:port` if given."""
         kw = {k: v for k, v in self.options.items() if k not in _POOL_OPTIONS and k != "connection_class"}
+        kw.update(extra)
         kw.setdefault("socket_timeout", _SOCKET_TIMEOUT_S)
         kw.setdefault("socket_connect_timeout", _SOCKET_TIMEOUT_S)
         cls = self.options.get("connection_class") or Connection

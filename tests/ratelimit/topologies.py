@@ -158,7 +158,7 @@ class Cluster(Procs):
 
     def is_master(self, port: int) -> bool:
         with self.node(port) as r:
-            return r.info("replication")["role"] == "master"
+            return bool(r.info("replication")["role"] == "master")
 
     def replica_of(self, master_port: int) -> int:
         with self.node(master_port) as r:
