@@ -49,9 +49,10 @@ _REFUSED: Final = {
     "legacy_responses": "the gateway reads redis-py's default reply shapes",
     "retry_on_timeout": "a script that timed out may have run: the gateway never retries it",
     "retry_on_error": "the gateway owns retries",
+    "timeout": "it sizes a blocking pool's wait; the gateway's pools do not block (see socket_timeout)",
 }
 # Options that size redis-py's pool, not a connection (the channel has one connection of its own).
-_POOL_OPTIONS: Final = frozenset({"max_connections", "timeout"})
+_POOL_OPTIONS: Final = frozenset({"max_connections"})
 
 
 class Degraded(Exception):

@@ -118,6 +118,7 @@ async def test_credentials_db_and_client_name_reach_both_clients(locked: int) ->
         ("redis://:s3cret@127.0.0.1:1/0?decode_responses=true", "option 'decode_responses' is not supported"),
         ("redis://127.0.0.1:1/0?protocol=3", "option 'protocol' is not supported"),
         ("redis://127.0.0.1:1/0?retry_on_timeout=true", "option 'retry_on_timeout' is not supported"),
+        ("redis://127.0.0.1:1/0?timeout=5", "option 'timeout' is not supported"),
         ("redis://:s3cret@127.0.0.1:1/0?ssl_ca_certs=/ca.pem", "option 'ssl_ca_certs' needs TLS"),
         ("rediss://:s3cret@127.0.0.1:1/0?ssl_cert_reqs=sometimes", "Invalid SSL Certificate Requirements"),
         ("rediss://127.0.0.1:1/0?ssl_ca_certs=/nonexistent/ca.pem", "ssl_ca_certs, ssl_certfile or ssl_keyfile"),
