@@ -17,6 +17,7 @@ import msgspec
 import yaml
 from msgspec import Meta
 
+from gateway.state import url_problem
 from providers.registry import REGISTRY, kinds
 from wire.schema import MAX_LOGPROBS
 
@@ -36,7 +37,9 @@ class ServerConfig(Strict, frozen=True):
 
 
 class RedisConfig(Strict, frozen=True):
-    # Empty: state lives in process memory, which is only correct for a single process.
+    # Empty: state lives in process memory, which is only correct for a single process. One node
+    # (redis://, rediss://, unix://), a Cluster (redis+cluster://h:p,h:p) or Sentinel
+    # (redis+sentinel://h:p,h:p/service); options the gateway cannot honour are refused at load.
     url: str = ""
     # Rate limits while Redis is unreachable: keep serving on per-process limits, or refuse (503).
     on_failure: Literal["fail_open", "fail_closed"] = "fail_open"
@@ -349,6 +352,8 @@ def _check(cfg: GatewayConfig, providers: dict[str, ProviderConfig], source: str
     def fail(path: str, problem: str) -> None:
         raise ConfigError(f"{source}: {path}: {problem}")
 
+    if cfg.redis.url and (problem := url_problem(cfg.redis.url)) is not None:
+        fail("redis.url", problem)  # one line naming the option; never the URL (it may hold a password)
     for name, p in providers.items():
         if "/" in name or not name:
             fail(f"providers.{name}", "a provider name may not be empty or contain '/'")

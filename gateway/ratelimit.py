@@ -12,10 +12,10 @@ but stores one entry per request, which is unworkable for token limits of millio
 
 The script takes every bucket a request touches (key, alias, provider, deployment), uses Redis's own
 clock (`TIME`, so replicas' clocks do not matter), and charges all of them or none. Keys carry a hash
-tag per scope (`rl:{key:search-team}:rpm`), so the script runs on Redis Cluster when a request's buckets
-share a slot; with several scopes on a cluster, give them one tag via `redis.hash_tag`. Without Redis
-the same arithmetic runs in process memory, which is exact for one process: `gcra` is the script's rate
-arithmetic in Python, the one mirror that both the in-process limiter and `peek_state` use.
+tag per scope (`rl:{key:search-team}:rpm`); on a Redis Cluster they also get the `{rl}` prefix, so the
+buckets of every scope of one call share a slot. Without Redis the same arithmetic runs in process
+memory, which is exact for one process: `gcra` is the script's rate arithmetic in Python, the one
+mirror that both the in-process limiter and `peek_state` use.
 """
 
 from __future__ import annotations
@@ -26,14 +26,14 @@ import hashlib
 import itertools
 import math
 import time
-from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, Final, Literal, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Final, Literal, NamedTuple
 
 import msgspec
 import redis.asyncio as aioredis
 
 from gateway.ids import unique_suffix
-from gateway.scriptchannel import ChannelError, ScriptChannel, ScriptError, bulk
+from gateway.scriptchannel import ScriptChannel, Unanswered, bulk
 from gateway.state import Degraded, SharedState
 
 Kind = Literal["rps", "rpm", "tpm", "tpd", "concurrent"]
@@ -148,8 +148,11 @@ end
 return out
 """.replace("LEASE_TTL", str(LEASE_TTL_MS))
 _SHA: Final = hashlib.sha1(SCRIPT.encode()).hexdigest().encode()
-# A call's round trip, queueing included, before Redis counts as down (SharedState's deadline too).
+# A call's round trip, queueing included, before Redis counts as down (SharedState's deadline).
 _DEADLINE_S: Final = 0.5
+# On a Redis Cluster every bucket lives in one hash slot, so that a request's buckets of every scope are
+# still checked and charged by one atomic script: the prefix's `{rl}` is the hash tag of every key.
+CLUSTER_PREFIX: Final = "{rl}"
 # While leases wait to be cancelled, how often to look whether Redis is back (it is retried at most once
 # a second, so this bounds the delay after that), and how many cancels go in one write.
 _CANCEL_POLL_S: Final = 0.2
@@ -314,21 +317,13 @@ class RedisDown(Exception):
     """Redis is configured but unreachable and `redis.on_failure` is `fail_closed`."""
 
 
-class Unanswered(Degraded):
-    """The call reached Redis's socket but no answer came back: Redis may run it yet, or may have run it."""
-
-
-_Batch = list[tuple[bytes, asyncio.Future[list[int]]]]
-
-
 class Limiter:
     def __init__(self, shared: SharedState, *, fail_open: bool = True, clock: Callable[[], float] = time.time) -> None:
         self.shared = shared
         self.fail_open = fail_open
         self.local = _Local(clock)
-        self._channel = ScriptChannel(shared.url) if shared.client is not None else None
-        self._queue: _Batch = []
-        self._sending: set[asyncio.Task[None]] = set()
+        self._prefix = CLUSTER_PREFIX if shared.cluster else ""
+        self._channel = ScriptChannel(shared, SCRIPT, self._prefix + "rl:") if shared.client is not None else None
         # The constant part of each call's command, per (mode, buckets): only the lease and costs vary.
         self._heads: dict[tuple[str, tuple[Bucket, ...]], tuple[bytes, list[bytes]]] = {}
         # Leases whose acquire went unanswered but which local state admitted: Redis may hold them too.
@@ -344,7 +339,14 @@ class Limiter:
         if cached is None:
             n = len(buckets)
             head = b"*%d\r\n" % (3 + n + 2 + 4 * n) + b"".join(
-                bulk(p) for p in (b"EVALSHA", _SHA, b"%d" % n, *(b.redis_key.encode() for b in buckets), mode.encode())
+                bulk(p)
+                for p in (
+                    b"EVALSHA",
+                    _SHA,
+                    b"%d" % n,
+                    *((self._prefix + b.redis_key).encode() for b in buckets),
+                    mode.encode(),
+                )
             )
             per = [bulk(b.kind.encode()) + bulk(b"%d" % b.limit) + bulk(b"%d" % b.period_ms) for b in buckets]
             cached = self._heads[cache_key] = (head, per)
@@ -356,14 +358,10 @@ class Limiter:
         return b"".join(parts)
 
     def _remote(self, cmd: bytes) -> asyncio.Future[list[int]]:
-        """Queue one script call for this tick's write. The future fails with Degraded when the call was
-        not sent, and with Unanswered when it was sent but Redis did not answer in time."""
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[list[int]] = loop.create_future()
-        self._queue.append((cmd, fut))
-        if len(self._queue) == 1:
-            loop.call_soon(self._send_queued)
-        return fut
+        """One script call on the channel (batched with this tick's others). The future fails with
+        Degraded when the call was not sent, and with Unanswered when Redis did not answer in time."""
+        assert self._channel is not None
+        return self._channel.call(cmd)
 
     async def _run(self, mode: str, lease: str, buckets: Sequence[Bucket], costs: Sequence[float]) -> list[int]:
         if self._channel is not None:
@@ -376,95 +374,7 @@ class Limiter:
                 raise RedisDown
         return self.local.run(mode, lease, buckets, costs)
 
-    def _send_queued(self) -> None:
-        """Every script call queued in one loop tick goes to Redis in one write: one round trip for all
-        the requests that arrived together (each call is still its own atomic script)."""
-        batch, self._queue = self._queue, []
-        channel = self._channel
-        assert channel is not None
-        if channel.connected:
-            # The common case costs no task: a callback on the last reply (replies come back in order).
-            self._await_replies(batch, channel.submit([cmd for cmd, _ in batch]))
-        else:
-            self._spawn(self._connect_and_send(batch))
-
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(work)
-        self._sending.add(task)
-        task.add_done_callback(self._sending.discard)
-
-    async def _connect_and_send(self, batch: _Batch) -> None:
-        channel = self._channel
-        assert channel is not None
-        try:
-            replies = await channel.send([cmd for cmd, _ in batch])
-        except ChannelError as exc:
-            self._fail(batch, exc, sent=False)
-            return
-        self._await_replies(batch, replies)
-
-    def _await_replies(self, batch: _Batch, replies: list[asyncio.Future[Any]]) -> None:
-        channel = self._channel
-        assert channel is not None
-        # A reply that never comes: drop the connection, which fails every reply still due (and keeps
-        # late replies from pairing with the next batch's commands).
-        timer = asyncio.get_running_loop().call_later(_DEADLINE_S, channel.abort)
-        replies[-1].add_done_callback(lambda _: self._deliver(batch, replies, timer))
-
-    def _deliver(self, batch: _Batch, replies: list[asyncio.Future[Any]], timer: asyncio.TimerHandle) -> None:
-        timer.cancel()
-        for (cmd, fut), reply in zip(batch, replies, strict=True):
-            exc = reply.exception()
-            if exc is not None:
-                for other in replies:
-                    other.exception()  # retrieved, so none is logged as "never retrieved"
-                self._fail(batch, exc, sent=True)
-                return
-            if fut.done():
-                continue  # the caller was cancelled: `acquire` cancels its lease; a token charge is repaid
-            result = reply.result()
-            if isinstance(result, ScriptError):
-                if str(result).startswith("NOSCRIPT"):
-                    self._spawn(self._reload_and_retry(cmd, fut))
-                else:
-                    fut.set_exception(Degraded())
-            else:
-                fut.set_result(result)
-
-    def _fail(self, batch: _Batch, exc: BaseException, *, sent: bool) -> None:
-        assert self._channel is not None
-        # Dropping the connection does not take back what was written: Redis reads and runs it when it
-        # can, even after the close (a stalled Redis runs it when it resumes). Hence Unanswered.
-        self._channel.abort()
-        self.shared.mark_down(exc)
-        for _cmd, fut in batch:
-            if not fut.done():
-                fut.set_exception(Unanswered() if sent else Degraded())
-
-    async def _reload_and_retry(self, cmd: bytes, fut: asyncio.Future[list[int]]) -> None:
-        """Redis restarted (or SCRIPT FLUSH) and forgot the script: load it once and send the call again."""
-        channel = self._channel
-        assert channel is not None
-        try:
-            await self.shared.run(lambda r: r.script_load(SCRIPT))
-            async with asyncio.timeout(_DEADLINE_S):
-                (again,) = await channel.send([cmd])
-                result = await again
-        except (Degraded, ChannelError, TimeoutError) as exc:
-            if not isinstance(exc, Degraded):
-                self._fail([(cmd, fut)], exc, sent=True)
-            result = None
-        if fut.done():
-            return
-        if result is None or isinstance(result, ScriptError):
-            # The first EVALSHA ran nothing (NOSCRIPT), but the resend may have reached Redis.
-            fut.set_exception(Unanswered())
-        else:
-            fut.set_result(result)
-
     async def close(self) -> None:
-        if self._sending:
-            await asyncio.gather(*self._sending, return_exceptions=True)
         canceller = self._canceller
         if canceller is not None and not canceller.done():
             # One last round for leases still to cancel (bounded); what is left expires with its TTL.
@@ -475,7 +385,7 @@ class Limiter:
             canceller.cancel()
             await asyncio.gather(canceller, return_exceptions=True)
         if self._channel is not None:
-            self._channel.close()
+            await self._channel.close()
 
     # ----------------------------------------------------------------------------------------------
     # Concurrency leases across a Redis outage
@@ -577,13 +487,16 @@ class Limiter:
 
             async def read(r: aioredis.Redis) -> list[BucketState]:
                 pipe = r.pipeline(transaction=False)
-                pipe.time()
+                if not self._prefix:
+                    pipe.time()  # a cluster pipeline takes no keyless command: TIME goes alone there
                 for b in buckets:
                     if b.kind == "concurrent":
-                        pipe.zrange(b.redis_key, 0, -1, withscores=True)
+                        pipe.zrange(self._prefix + b.redis_key, 0, -1, withscores=True)
                     else:
-                        pipe.get(b.redis_key)
-                (sec, usec), *raw = await pipe.execute()
+                        pipe.get(self._prefix + b.redis_key)
+                (sec, usec), *raw = (
+                    await pipe.execute() if not self._prefix else [await r.time(), *await pipe.execute()]
+                )
                 now = int(sec) * 1000 + int(usec) // 1000
                 return [
                     peek_state(b, now, held=sum(1 for _, expiry in v if expiry > now))

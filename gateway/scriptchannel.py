@@ -1,28 +1,33 @@
-"""A pipelined Redis connection for the rate-limit script, the one Redis call on the request path.
+"""The rate-limit script's own Redis connection: pipelined, batched per event-loop tick, self-repairing.
 
-redis-py's asyncio client costs a saturated worker more than the script itself: a pipeline object,
-argument encoding in Python, a task per `wait_for` and a timeout context per reply, for every call.
-Here a request's call is a few cached byte strings joined into one RESP command, every command of
-one event-loop tick leaves in a single write, and replies (parsed in C by hiredis) resolve the
-waiting futures in order. Nothing else uses this connection, so the FIFO pairing of commands and
-replies is all the bookkeeping it needs.
+It earns its place over redis-py's asyncio client on the request path: per call it costs a saturated
+worker a third of the CPU of redis-py with the same batching (docs/ratelimits.md, "The Redis channel",
+measured by `python -m bench.redis_channel`). A call is a pre-built RESP command; every call of one tick
+leaves in one write; replies (parsed in C by hiredis) resolve the waiting futures in order.
 
-Everything that is not the script (health, usage, the status page) stays on redis-py through
-`SharedState`; the connection settings (host, port, db, credentials, TLS, unix socket) come from the
-same URL, parsed by redis-py, so the two never disagree.
+The connection is set up by redis-py's own connection class from the same parsed URL as the pool
+(TLS and its `ssl_*` options, credentials, db, client name, timeouts), then the socket is handed to
+this protocol, so the two clients cannot disagree about an option. The channel owns what the script
+needs from Redis: `NOSCRIPT` (a restarted or promoted Redis) loads the script and resends; on a Redis
+Cluster it connects to the master of the script's slot and follows `MOVED` and `ASK`; behind Sentinel
+it connects to the master the sentinels name and finds the new one after a failover (`READONLY`, or
+the connection lost).
 """
 
 from __future__ import annotations
 
 import asyncio
-import ssl
+import hashlib
 from collections import deque
+from collections.abc import Coroutine
 from typing import Any, Final, cast
 
 import hiredis
-from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection, parse_url
 
-_CONNECT_S: Final = 0.25
+from gateway.state import Degraded, SharedState
+
+# Error replies after which the script has not run and the node is not (or no longer) the right one.
+_NOT_MASTER: Final = (b"READONLY", b"MASTERDOWN", b"CLUSTERDOWN", b"TRYAGAIN", b"LOADING")
 
 
 class ChannelError(Exception):
@@ -33,6 +38,10 @@ class ScriptError(Exception):
     """Redis answered a command with an error reply (for example NOSCRIPT after a restart)."""
 
 
+class Unanswered(Degraded):
+    """The call reached Redis's socket but no answer came back: Redis may run it yet, or may have run it."""
+
+
 def bulk(value: bytes) -> bytes:
     return b"$%d\r\n%s\r\n" % (len(value), value)
 
@@ -41,16 +50,24 @@ def command(*parts: bytes) -> bytes:
     return b"*%d\r\n" % len(parts) + b"".join(bulk(p) for p in parts)
 
 
+def _redirect(error: ScriptError) -> tuple[str, tuple[str, int]] | None:
+    """`MOVED <slot> <host>:<port>` or `ASK ...` as (kind, address); None for any other error."""
+    parts = str(error).split()
+    if len(parts) != 3 or parts[0] not in ("MOVED", "ASK"):
+        return None
+    host, _, port = parts[2].rpartition(":")
+    return parts[0], (host.strip("[]"), int(port))
+
+
 class _Protocol(asyncio.Protocol):
-    def __init__(self) -> None:
+    def __init__(self, address: tuple[str, int] | None) -> None:
+        self.address = address
         self.reader = hiredis.Reader(replyError=ScriptError)
         self.waiting: deque[asyncio.Future[Any]] = deque()
         self.transport: asyncio.Transport | None = None
         self.lost = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports implement asyncio.Transport without subclassing it.
-        self.transport = cast(asyncio.Transport, transport)
+        self.retired = False  # no new commands: closed once the replies still due have come back
+        self.streams: tuple[object, object] | None = None
 
     def data_received(self, data: bytes) -> None:
         reader = self.reader
@@ -62,6 +79,8 @@ class _Protocol(asyncio.Protocol):
             fut = waiting.popleft()
             if not fut.done():
                 fut.set_result(reply)
+        if self.retired and not waiting:
+            self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
@@ -70,51 +89,103 @@ class _Protocol(asyncio.Protocol):
             if not fut.done():
                 fut.set_exception(ChannelError("redis connection lost"))
 
+    def retire(self) -> None:
+        self.retired = True
+        if not self.waiting:
+            self.close()
+
+    def close(self) -> None:
+        self.lost = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def abort(self) -> None:
+        self.lost = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def submit(self, commands: list[bytes]) -> list[asyncio.Future[Any]]:
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[Any]] = [loop.create_future() for _ in commands]
+        self.waiting.extend(futures)
+        assert self.transport is not None
+        self.transport.write(b"".join(commands))
+        return futures
+
+
+_Batch = list[tuple[bytes, asyncio.Future[Any]]]
+
 
 class ScriptChannel:
-    """One TCP (or unix, or TLS) connection to Redis, opened on first use and again after a loss."""
+    """One connection for one script's calls; `call` queues a command for this tick's write.
 
-    def __init__(self, url: str) -> None:
-        self._kwargs: dict[str, Any] = dict(parse_url(url))
+    `route_key` is a key every call names (all of a call's keys share its hash slot): on a cluster the
+    channel talks to that slot's master.
+    """
+
+    def __init__(self, shared: SharedState, script: str, route_key: str) -> None:
+        assert shared.parsed is not None, "a channel needs a redis.url"
+        self._shared = shared
+        self._script = script.encode()
+        self.sha = hashlib.sha1(self._script).hexdigest().encode()
+        self._route_key = route_key
+        self._deadline_s = shared.timeout_s * 2
+        self._address: tuple[str, int] | None = None  # the node to use (cluster, sentinel); None: resolve
         self._protocol: _Protocol | None = None
         self._connecting: asyncio.Future[_Protocol] | None = None
+        self._queue: _Batch = []
+        self._sending: set[asyncio.Task[None]] = set()
+        self._closed = False
 
-    async def _open(self) -> _Protocol:
-        loop = asyncio.get_running_loop()
-        kw = self._kwargs
-        cls = kw.get("connection_class")
-        if cls is UnixDomainSocketConnection:
-            _, proto = await loop.create_unix_connection(_Protocol, kw["path"])
-        else:
-            tls = ssl.create_default_context() if cls is SSLConnection else None
-            _, proto = await loop.create_connection(
-                _Protocol, kw.get("host", "localhost"), int(kw.get("port", 6379)), ssl=tls
-            )
-        hello: list[bytes] = []
-        if kw.get("password"):
-            user = kw.get("username")
-            creds = [user.encode()] if user else []
-            hello.append(command(b"AUTH", *creds, str(kw["password"]).encode()))
-        if int(kw.get("db", 0) or 0):
-            hello.append(command(b"SELECT", str(kw["db"]).encode()))
-        if hello:
-            answers = self._submit(proto, hello)
-            for answer in await asyncio.gather(*answers):
-                if isinstance(answer, ScriptError):
-                    proto.transport.close() if proto.transport else None
-                    raise ChannelError(f"redis refused the connection set-up: {answer}")
+    # ---------------------------------------------------------------------------------------- connection
+
+    async def _open(self, address: tuple[str, int] | None) -> _Protocol:
+        parsed = self._shared.parsed
+        assert parsed is not None
+        # No CLIENT SETINFO (the library's name and version): a reconnect, which happens while Redis is
+        # failing, costs only what the URL asks for (AUTH, SELECT, CLIENT SETNAME).
+        conn = parsed.connection(*address, driver_info=None) if address else parsed.connection(driver_info=None)
+        # redis-py sets the connection up (TLS, AUTH, SELECT, CLIENT SETNAME): every option of the URL is
+        # applied by the same code as the pool's. Then the socket is ours.
+        try:
+            await conn.connect()  # type: ignore[no-untyped-call]
+        except BaseException:
+            # Cancelled (the connect deadline) or refused half-way: redis-py leaves the socket open.
+            if conn._writer is not None:
+                conn._writer.transport.abort()
+            conn._reader = conn._writer = None
+            raise
+        reader, writer = conn._reader, conn._writer
+        assert reader is not None and writer is not None
+        conn._reader = conn._writer = None  # so that redis-py never closes the transport it handed over
+        proto = _Protocol(address)
+        # Held for the connection's life: a StreamWriter that is collected closes its transport.
+        proto.streams = (reader, writer)
+        transport = cast(asyncio.Transport, writer.transport)
+        transport.set_protocol(proto)
+        proto.transport = transport
+        leftover = bytes(getattr(reader, "_buffer", b""))  # nothing is due after the set-up; never lose a byte
+        if leftover:
+            proto.data_received(leftover)
         return proto
+
+    async def _resolve_and_open(self) -> _Protocol:
+        address = self._address
+        if address is None and self._shared.parsed is not None and self._shared.parsed.mode != "node":
+            address = self._address = await self._shared.master_address(self._route_key)
+        return await self._open(address)
 
     async def _connected(self) -> _Protocol:
         proto = self._protocol
         if proto is not None and not proto.lost:
             return proto
         if self._connecting is None:
-            self._connecting = asyncio.ensure_future(asyncio.wait_for(self._open(), _CONNECT_S))
+            self._connecting = asyncio.ensure_future(asyncio.wait_for(self._resolve_and_open(), self._deadline_s))
         connecting = self._connecting
         try:
             proto = await asyncio.shield(connecting)
-        except (OSError, TimeoutError, ChannelError) as exc:
+        except Exception as exc:  # OSError, TimeoutError, RedisError (AUTH refused, no master known, ...)
+            self._address = None
             raise ChannelError(f"redis unreachable: {type(exc).__name__}") from None
         finally:
             if self._connecting is connecting and connecting.done():
@@ -126,32 +197,153 @@ class ScriptChannel:
     def connected(self) -> bool:
         return self._protocol is not None and not self._protocol.lost
 
-    def submit(self, commands: list[bytes]) -> list[asyncio.Future[Any]]:
-        """`send` on a connection known to be open (`connected`): no await, no task."""
-        assert self._protocol is not None
-        return self._submit(self._protocol, commands)
-
-    @staticmethod
-    def _submit(proto: _Protocol, commands: list[bytes]) -> list[asyncio.Future[Any]]:
-        loop = asyncio.get_running_loop()
-        futures: list[asyncio.Future[Any]] = [loop.create_future() for _ in commands]
-        proto.waiting.extend(futures)
-        assert proto.transport is not None
-        proto.transport.write(b"".join(commands))
-        return futures
-
-    async def send(self, commands: list[bytes]) -> list[asyncio.Future[Any]]:
-        """Write every command at once; each future resolves to its reply (a ScriptError on an error reply)."""
-        proto = self._protocol
-        if proto is None or proto.lost:
-            proto = await self._connected()
-        return self._submit(proto, commands)
+    def _move(self, address: tuple[str, int] | None) -> None:
+        """Use another node from the next write on: replies still due on this connection still arrive."""
+        self._address = address
+        proto, self._protocol = self._protocol, None
+        if proto is not None:
+            proto.retire()
 
     def abort(self) -> None:
         """Drop the connection: after a timeout the replies still due would pair with later commands."""
         proto, self._protocol = self._protocol, None
-        if proto is not None and proto.transport is not None:
-            proto.transport.abort()
+        if proto is not None:
+            proto.abort()
 
-    def close(self) -> None:
+    async def close(self) -> None:
+        self._closed = True  # calls queued from now on fail at once: no connection is opened after this
+        if self._sending:
+            await asyncio.gather(*self._sending, return_exceptions=True)
+        connecting = self._connecting
+        if connecting is not None:
+            await asyncio.gather(connecting, return_exceptions=True)
+            if not connecting.cancelled() and connecting.exception() is None:
+                connecting.result().abort()
         self.abort()
+
+    # ---------------------------------------------------------------------------------------- calls
+
+    def call(self, cmd: bytes) -> asyncio.Future[Any]:
+        """Queue one command for this tick's write. The future fails with Degraded when the call was not
+        sent (or Redis refused it unrun), and with Unanswered when it was sent but no answer came in time."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        self._queue.append((cmd, fut))
+        if len(self._queue) == 1:
+            loop.call_soon(self._send_queued)
+        return fut
+
+    def _send_queued(self) -> None:
+        """Every call queued in one loop tick goes to Redis in one write: one round trip for all the
+        requests that arrived together (each call is still its own atomic script)."""
+        batch, self._queue = self._queue, []
+        if self._closed:
+            self._fail(None, batch, ChannelError("closed"), sent=False)
+            return
+        proto = self._protocol
+        if proto is not None and not proto.lost:
+            # The common case costs no task: a callback on the last reply (replies come back in order).
+            self._await_replies(proto, batch, proto.submit([cmd for cmd, _ in batch]))
+        else:
+            self._spawn(self._connect_and_send(batch))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _connect_and_send(self, batch: _Batch) -> None:
+        try:
+            proto = await self._connected()
+        except ChannelError as exc:
+            self._fail(None, batch, exc, sent=False)
+            return
+        self._await_replies(proto, batch, proto.submit([cmd for cmd, _ in batch]))
+
+    def _await_replies(self, proto: _Protocol, batch: _Batch, replies: list[asyncio.Future[Any]]) -> None:
+        # A reply that never comes: drop the connection, which fails every reply still due (and keeps
+        # late replies from pairing with the next batch's commands).
+        timer = asyncio.get_running_loop().call_later(self._deadline_s, proto.abort)
+        replies[-1].add_done_callback(lambda _: self._deliver(proto, batch, replies, timer))
+
+    def _deliver(
+        self, proto: _Protocol, batch: _Batch, replies: list[asyncio.Future[Any]], timer: asyncio.TimerHandle
+    ) -> None:
+        timer.cancel()
+        for (cmd, fut), reply in zip(batch, replies, strict=True):
+            exc = reply.exception()
+            if exc is not None:
+                for other in replies:
+                    other.exception()  # retrieved, so none is logged as "never retrieved"
+                self._fail(proto, batch, exc, sent=True)
+                return
+            if fut.done():
+                continue  # the caller was cancelled: `acquire` cancels its lease; a token charge is repaid
+            result = reply.result()
+            if isinstance(result, ScriptError):
+                self._refused(proto, cmd, fut, result)
+            else:
+                fut.set_result(result)
+
+    def _refused(self, proto: _Protocol, cmd: bytes, fut: asyncio.Future[Any], error: ScriptError) -> None:
+        """An error reply: none of these ran the script, so resending is safe."""
+        text = str(error).encode()
+        redirect = _redirect(error)
+        if text.startswith(b"NOSCRIPT"):
+            self._spawn(self._resend(fut, [command(b"SCRIPT", b"LOAD", self._script), cmd], None))
+        elif redirect is not None and redirect[0] == "MOVED":
+            # The slot has a new master (a failover, a resharding): it is the node from now on.
+            if self._protocol is proto:
+                self._move(redirect[1])
+            self._spawn(self._resend(fut, [cmd], None))
+        elif redirect is not None:
+            # ASK: the slot is migrating and this call's keys are new or gone: ask the target, once (it
+            # may not know the script yet; ASKING covers the next command only).
+            load = command(b"SCRIPT", b"LOAD", self._script)
+            self._spawn(self._resend(fut, [load, command(b"ASKING"), cmd], redirect[1]))
+        elif text.startswith(_NOT_MASTER):
+            # Sentinel promoted another node, or the cluster is failing over: find the master again.
+            if self._protocol is proto:
+                self._move(None)
+            self._shared.mark_down(error)
+            if not fut.done():
+                fut.set_exception(Degraded())
+        elif not fut.done():
+            fut.set_exception(Degraded())
+
+    async def _resend(self, fut: asyncio.Future[Any], commands: list[bytes], elsewhere: tuple[str, int] | None) -> None:
+        """Send `commands` (the last is the call) on the channel, or on a one-off connection to `elsewhere`."""
+        result: Any = None
+        try:
+            async with asyncio.timeout(self._deadline_s):
+                if elsewhere is None:
+                    result = await (await self._connected()).submit(commands)[-1]
+                else:
+                    one_off = await self._open(elsewhere)
+                    try:
+                        result = await one_off.submit(commands)[-1]
+                    finally:
+                        one_off.close()
+        except Exception as exc:  # no answer (the write may have reached Redis) or no connection
+            if elsewhere is None:
+                self._fail(None, [], exc, sent=True)
+            result = None
+        if fut.done():
+            return
+        if result is None:
+            fut.set_exception(Unanswered())
+        elif isinstance(result, ScriptError):
+            fut.set_exception(Degraded())  # refused again (it did not run): no second resend
+        else:
+            fut.set_result(result)
+
+    def _fail(self, proto: _Protocol | None, batch: _Batch, exc: BaseException, *, sent: bool) -> None:
+        # Dropping the connection does not take back what was written: Redis reads and runs it when it
+        # can, even after the close (a stalled Redis runs it when it resumes). Hence Unanswered.
+        if proto is None or proto is self._protocol:
+            self.abort()
+            self._address = None  # a lost node may be a failed master: ask again who the master is
+        self._shared.mark_down(exc)
+        for _cmd, fut in batch:
+            if not fut.done():
+                fut.set_exception(Unanswered() if sent else Degraded())

@@ -1,4 +1,10 @@
-"""Shared state across replicas: one Redis connection pool, and what happens when Redis is away.
+"""Shared state across replicas: the Redis client (one node, a Cluster or a Sentinel-managed master),
+and what happens when Redis is away.
+
+`redis.url` picks the deployment: `redis://`/`rediss://`/`unix://` one node, `redis+cluster://h:p,h:p`
+a Redis Cluster, `redis+sentinel://h:p,h:p/service` the master a set of Sentinels names (docs/ratelimits.md).
+Every option in the URL is either honoured by both Redis clients (redis-py's and the rate-limit channel,
+which sets its connection up with redis-py's own connection class) or refused at start-up naming it.
 
 Every Redis-backed feature goes through `SharedState.run`, which gives each call a short deadline and,
 on failure, reports "degraded" so the caller falls back to its in-process state. While degraded, Redis
@@ -12,11 +18,17 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Final, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, TypeVar, cast
+from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection, parse_url
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
+from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
@@ -27,29 +39,202 @@ _WARN_EVERY_S: Final = 60.0
 _RETRY_EVERY_S: Final = 1.0
 _SOCKET_TIMEOUT_S: Final = 0.25
 
+Mode = Literal["node", "cluster", "sentinel"]
+SCHEMES: Final = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel", "rediss+sentinel")
+# Options the gateway cannot honour: its code reads bytes and RESP2 reply shapes, and it owns the pool
+# sizes and retries (one immediate retry on a dropped connection, never on a timeout: see `SharedState`).
+_REFUSED: Final = {
+    "decode_responses": "the gateway reads raw bytes",
+    "protocol": "the gateway speaks RESP2",
+    "legacy_responses": "the gateway reads redis-py's default reply shapes",
+    "retry_on_timeout": "a script that timed out may have run: the gateway never retries it",
+    "retry_on_error": "the gateway owns retries",
+    "timeout": "it sizes a blocking pool's wait; the gateway's pools do not block (see socket_timeout)",
+}
+# Options that size redis-py's pool, not a connection (the channel has one connection of its own).
+_POOL_OPTIONS: Final = frozenset({"max_connections"})
+
 
 class Degraded(Exception):
     """Redis is not configured or not reachable right now: use local state."""
 
 
+@dataclass(frozen=True)
+class RedisUrl:
+    """`redis.url` taken apart: the deployment and the options of every data connection."""
+
+    mode: Mode
+    # Connection keyword arguments as redis-py parses them (host, port, db, credentials, ssl_*, socket_*).
+    options: dict[str, Any]
+    # Cluster: the start-up nodes; Sentinel: the sentinels. One node: empty.
+    nodes: tuple[tuple[str, int], ...] = ()
+    service: str = ""
+    sentinel_options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tls(self) -> bool:
+        return self.options.get("connection_class") is SSLConnection
+
+    @property
+    def timeout_s(self) -> float:
+        """Each call's socket timeout: the URL's `socket_timeout`, else 0.25 s; a call's deadline is twice it."""
+        return float(self.options.get("socket_timeout") or _SOCKET_TIMEOUT_S)
+
+    def connection(self, host: str | None = None, port: int | None = None, **extra: Any) -> Connection:
+        """A redis-py connection (not yet connected) with every option of the URL, to `host:port` if given."""
+        kw = {k: v for k, v in self.options.items() if k not in _POOL_OPTIONS and k != "connection_class"}
+        kw.update(extra)
+        kw.setdefault("socket_timeout", _SOCKET_TIMEOUT_S)
+        kw.setdefault("socket_connect_timeout", _SOCKET_TIMEOUT_S)
+        cls = self.options.get("connection_class") or Connection
+        if cls is UnixDomainSocketConnection:
+            return cast(Connection, cls(**kw))
+        kw.pop("path", None)
+        if host is not None:
+            kw["host"], kw["port"] = host, port
+        if self.mode == "cluster":
+            kw.pop("db", None)
+        return cast(Connection, cls(**kw))
+
+
+class UrlError(ValueError):
+    """`redis.url` cannot be honoured; the message names the option and never repeats a credential."""
+
+
+def _endpoints(hosts: str, default_port: int) -> tuple[tuple[str, int], ...]:
+    out = []
+    for part in hosts.split(","):
+        try:
+            split = urlsplit("//" + part)
+            host, port = split.hostname, split.port or default_port
+        except ValueError:
+            raise UrlError(f"bad host:port {part!r}") from None
+        if not host:
+            raise UrlError(f"bad host:port {part!r}")
+        out.append((host, port))
+    return tuple(out)
+
+
+def parse_redis_url(url: str) -> RedisUrl:
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in SCHEMES:
+        raise UrlError("must start with one of " + ", ".join(s + "://" for s in SCHEMES))
+    base, _, flavour = scheme.partition("+")
+    if not flavour:
+        mode: Mode = "node"
+        one, service, db_path = url, "", ""
+        nodes: tuple[tuple[str, int], ...] = ()
+    else:
+        mode = "cluster" if flavour == "cluster" else "sentinel"
+        cut = min([i for i in (rest.find("/"), rest.find("?")) if i >= 0], default=len(rest))
+        netloc, tail = rest[:cut], rest[cut:]
+        creds, at, hosts = netloc.rpartition("@")
+        nodes = _endpoints(hosts, 6379 if mode == "cluster" else 26379)
+        path, qmark, query = tail.partition("?")
+        segments = [s for s in path.split("/") if s]
+        if mode == "sentinel":
+            if not segments or len(segments) > 2:
+                raise UrlError("a Sentinel URL names the service: redis+sentinel://host:port[,host:port]/service[/db]")
+            service, db_path = segments[0], "/".join(segments[1:])
+        else:
+            if segments:
+                raise UrlError("a Redis Cluster has no database number: redis+cluster://host:port[,host:port]")
+            service, db_path = "", ""
+        first = hosts.split(",")[0]
+        one = f"{base}://{creds}{at}{first}/{db_path}{qmark}{query}"
+    try:
+        options = dict(parse_url(one))
+    except ValueError as exc:
+        raise UrlError(str(exc)) from None
+    for name, why in _REFUSED.items():
+        if name in options:
+            raise UrlError(f"option '{name}' is not supported: {why}")
+    sentinel_options: dict[str, Any] = {}
+    if mode == "sentinel":
+        # The sentinels get the socket and TLS options; their own credentials, if any, come as
+        # sentinel_username / sentinel_password (the URL's are the data nodes').
+        for k in list(options):
+            if k.startswith("sentinel_"):
+                sentinel_options[k.removeprefix("sentinel_")] = options.pop(k)
+        sentinel_options.update({k: v for k, v in options.items() if k.startswith(("socket_", "ssl_"))})
+        if base == "rediss":
+            sentinel_options["connection_class"] = SSLConnection
+    if mode != "node":
+        options.pop("host", None)
+        options.pop("port", None)
+    parsed = RedisUrl(mode, options, nodes, service, sentinel_options)
+    # Build one connection now: redis-py checks every option's name and value (an unknown option, a bad
+    # ssl_cert_reqs) when a connection is made, which would otherwise happen on the first request.
+    try:
+        for conn in [parsed.connection()] + (
+            [RedisUrl("node", sentinel_options).connection()] if sentinel_options else []
+        ):
+            if isinstance(conn, SSLConnection):
+                conn.ssl_context.get()  # reads the CA, certificate and key files now, not on the first call
+    except TypeError as exc:
+        name = str(exc).rpartition("argument ")[2].strip("'\"") or "?"
+        if name.startswith("ssl_") and not parsed.tls:
+            raise UrlError(f"option '{name}' needs TLS: a rediss:// URL") from None
+        raise UrlError(f"unknown option '{name}'") from None
+    except OSError as exc:
+        raise UrlError(f"ssl_ca_certs, ssl_certfile or ssl_keyfile cannot be read: {exc.strerror or exc}") from None
+    except (RedisError, ValueError) as exc:
+        raise UrlError(f"bad option: {type(exc).__name__}: {exc}") from None
+    return parsed
+
+
+def url_problem(url: str) -> str | None:
+    """Why `redis.url` cannot be used (one line, no credentials), or None: for config validation."""
+    try:
+        parse_redis_url(url)
+    except UrlError as exc:
+        return str(exc)
+    return None
+
+
+def _client(parsed: RedisUrl, url: str) -> aioredis.Redis:
+    timeout = parsed.timeout_s
+    common: dict[str, Any] = {
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+        "health_check_interval": 0,
+        # A pooled connection Redis dropped (it restarted, or failed over) is replaced on its next use
+        # instead of failing the call, which would mean a degraded second per stale connection. One
+        # immediate retry, on a dropped connection only: never on a timeout (the script may have run).
+        "retry": Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+    }
+    if parsed.mode == "node":
+        return aioredis.Redis.from_url(url, retry_on_timeout=False, **common)
+    options = {k: v for k, v in parsed.options.items() if k != "connection_class"}
+    options.update(common)
+    if parsed.mode == "cluster":
+        # RedisCluster answers every command the gateway sends with redis-py's single-node signatures
+        # (tests/ratelimit/test_cluster.py runs health, usage and limits on a real cluster).
+        return cast(
+            aioredis.Redis,
+            RedisCluster(
+                startup_nodes=[ClusterNode(h, p) for h, p in parsed.nodes],
+                ssl=parsed.tls,
+                # A lost node must not stop the slots that still have a master.
+                require_full_coverage=False,
+                **options,
+            ),
+        )
+    sentinel_kw = {k: v for k, v in parsed.sentinel_options.items() if k != "connection_class"}
+    sentinel_kw.setdefault("socket_timeout", timeout)
+    sentinel_kw.setdefault("socket_connect_timeout", timeout)
+    if parsed.tls:
+        sentinel_kw["ssl"] = True
+    sentinel = Sentinel(list(parsed.nodes), sentinel_kwargs=sentinel_kw)  # type: ignore[no-untyped-call]
+    return cast(aioredis.Redis, sentinel.master_for(parsed.service, ssl=parsed.tls, **options))
+
+
 class SharedState:
     def __init__(self, url: str, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.url = url
-        self.client: aioredis.Redis | None = (
-            aioredis.Redis.from_url(
-                url,
-                socket_timeout=_SOCKET_TIMEOUT_S,
-                socket_connect_timeout=_SOCKET_TIMEOUT_S,
-                health_check_interval=0,
-                retry_on_timeout=False,
-                # A pooled connection Redis dropped (it restarted) is replaced on its next use instead of
-                # failing the call, which would mean a degraded second per stale connection. One immediate
-                # retry, on a dropped connection only: never on a timeout (the script may have run).
-                retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
-            )
-            if url
-            else None
-        )
+        self.parsed: RedisUrl | None = parse_redis_url(url) if url else None
+        self.client: aioredis.Redis | None = _client(self.parsed, url) if self.parsed is not None else None
+        self.timeout_s = self.parsed.timeout_s if self.parsed is not None else _SOCKET_TIMEOUT_S
         self._clock = clock
         self._down_until = 0.0
         self._last_warning = -_WARN_EVERY_S
@@ -58,6 +243,10 @@ class SharedState:
     @property
     def configured(self) -> bool:
         return self.client is not None
+
+    @property
+    def cluster(self) -> bool:
+        return self.parsed is not None and self.parsed.mode == "cluster"
 
     @property
     def degraded(self) -> bool:
@@ -69,10 +258,45 @@ class SharedState:
         if client is None or self._clock() < self._down_until:
             raise Degraded
         try:
-            return await asyncio.wait_for(op(client), timeout=_SOCKET_TIMEOUT_S * 2)
+            return await asyncio.wait_for(op(client), timeout=self.timeout_s * 2)
         except (RedisError, OSError, TimeoutError) as exc:
             self.mark_down(exc)
             raise Degraded from None
+
+    async def master_address(self, key: str) -> tuple[str, int] | None:
+        """The master that holds `key`: a cluster's owner of its slot, or the master the sentinels name
+        (None on one node: the URL's). Cluster: the slot table is read again, since this is asked after
+        a failure that may have been a failover."""
+        client, parsed = self.client, self.parsed
+        if client is None or parsed is None or parsed.mode == "node":
+            return None
+        if parsed.mode == "cluster":
+            return await self._slot_master(parsed, key_slot(key.encode()))
+        sentinel = cast(Any, client).connection_pool.sentinel_manager
+        host, port = await sentinel.discover_master(parsed.service)
+        return str(host), int(port)
+
+    async def _slot_master(self, parsed: RedisUrl, slot: int) -> tuple[str, int]:
+        """Ask the start-up nodes (in turn) which master serves `slot` now: `CLUSTER SLOTS` on a connection
+        of our own, so redis-py's cached slot table, which it refreshes by itself, is left alone."""
+        problem: Exception = RedisConnectionError("no start-up node answered")
+        for host, port in parsed.nodes:
+            conn = parsed.connection(host, port)
+            try:
+                await conn.connect()  # type: ignore[no-untyped-call]
+                await conn.send_command("CLUSTER", "SLOTS")
+                ranges = await conn.read_response()
+            except (RedisError, OSError) as exc:
+                problem = exc
+                continue
+            finally:
+                await conn.disconnect()
+            for first, last, master, *_ in ranges:
+                if int(first) <= slot <= int(last):
+                    address = master[0].decode() if isinstance(master[0], bytes) else str(master[0])
+                    return address or host, int(master[1])
+            problem = RedisError(f"no master serves slot {slot}")
+        raise problem
 
     def mark_down(self, exc: BaseException) -> None:
         now = self._clock()
@@ -95,3 +319,7 @@ class SharedState:
     async def close(self) -> None:
         if self.client is not None:
             await self.client.aclose()
+            # The sentinels' own clients are not closed with the master's.
+            manager = getattr(getattr(self.client, "connection_pool", None), "sentinel_manager", None)
+            for sentinel in getattr(manager, "sentinels", ()):
+                await sentinel.aclose()

@@ -176,6 +176,24 @@ def index_key(day: str) -> str:
     return f"usage:{day}"
 
 
+async def _write_per_slot(r: aioredis.Redis, batch: dict[tuple[str, str], Fields]) -> None:
+    """A Redis Cluster has no transaction across hash slots: the day indexes first (idempotent), then one
+    MULTI per hash (one slot), each taken out of `batch` once written, so a failure keeps only the rest."""
+    pipe = r.pipeline(transaction=False)
+    for d, k in batch:
+        pipe.sadd(index_key(d), k)
+        pipe.expire(index_key(d), TTL_S)
+    await pipe.execute()
+    for (d, k), f in list(batch.items()):
+        tx = r.pipeline(transaction=True)
+        for name, value in f.items():
+            if value:
+                tx.hincrby(redis_key(d, k), name, value)
+        tx.expire(redis_key(d, k), TTL_S)
+        await tx.execute()
+        del batch[(d, k)]
+
+
 class UsageStore:
     def __init__(
         self,
@@ -260,6 +278,9 @@ class UsageStore:
         self.local.clear()
 
         async def write(r: aioredis.Redis) -> None:
+            if self.shared.cluster:
+                await _write_per_slot(r, batch)
+                return
             pipe = r.pipeline(transaction=True)
             for (d, k), f in batch.items():
                 for name, value in f.items():

@@ -34,6 +34,7 @@ class Relay:
         self.held: list[tuple[asyncio.StreamWriter, bytearray]] = []
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._writers: list[asyncio.StreamWriter] = []
 
     @property
     def url(self) -> str:
@@ -61,6 +62,7 @@ class Relay:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         r_reader, r_writer = await asyncio.open_connection("127.0.0.1", self.redis_port)
+        self._writers += [writer, r_writer]
         for task in (self._pipe(reader, r_writer, True), self._pipe(r_reader, writer, False)):
             t = asyncio.ensure_future(task)
             self._tasks.add(t)
@@ -81,6 +83,9 @@ class Relay:
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        # A pipe cancelled before it saw its peer close leaves its sockets open: close them all here.
+        for w in self._writers:
+            w.close()
 
 
 @pytest.fixture
