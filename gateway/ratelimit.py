@@ -1,21 +1,9 @@
 """Rate limits that hold exactly across replicas: one atomic Lua script per request.
 
-Algorithm: GCRA (the generic cell rate algorithm) for every rate (`rps`, `rpm`, `tpm`, `tpd`), and
-leases for `concurrent` (named by unique ids, expiring after LEASE_TTL_MS, and cancelled by id after a
-Redis outage: see "Concurrency leases across a Redis outage" below and docs/ratelimits.md).
-GCRA keeps one value per bucket (the theoretical arrival time, TAT, as a whole millisecond plus a
-count of units so the arithmetic is exact), so a check is O(1) in time and memory whatever the limit,
-and a token reservation can be returned exactly by moving the TAT back. A bucket of limit L per period
-P admits a burst of L, then one unit every P/L: over any interval t it admits at most L + t·L/P, never
-more, and never refuses what that allows. (A sliding-window log would be exact for fixed windows too
-but stores one entry per request, which is unworkable for token limits of millions per day.)
-
-The script takes every bucket a request touches (key, alias, provider, deployment), uses Redis's own
-clock (`TIME`, so replicas' clocks do not matter), and charges all of them or none. Keys carry a hash
-tag per scope (`rl:{key:search-team}:rpm`); on a Redis Cluster they also get the `{rl}` prefix, so the
-buckets of every scope of one call share a slot. Without Redis the same arithmetic runs in process
-memory, which is exact for one process: `gcra` is the script's rate arithmetic in Python, the one
-mirror that both the in-process limiter and `peek_state` use.
+GCRA for every rate (one value per bucket, O(1), a reservation returned exactly) and expiring leases for
+`concurrent`; the script charges every bucket a request touches or none, on Redis's own clock. Without
+Redis the same arithmetic runs in process memory (`gcra`, the one Python mirror of the script). The
+algorithm, key layout and Cluster hash tags: docs/ratelimits.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
 """The rate-limit script's own Redis connection: pipelined, batched per event-loop tick, self-repairing.
 
-It earns its place over redis-py's asyncio client on the request path: per call it costs a saturated
-worker a third of the CPU of redis-py with the same batching (docs/ratelimits.md, "The Redis channel",
-measured by `python -m bench.redis_channel`). A call is a pre-built RESP command; every call of one tick
-leaves in one write; replies (parsed in C by hiredis) resolve the waiting futures in order.
-
-The connection is set up by redis-py's own connection class from the same parsed URL as the pool
-(TLS and its `ssl_*` options, credentials, db, client name, timeouts), then the socket is handed to
-this protocol, so the two clients cannot disagree about an option. The channel owns what the script
-needs from Redis: `NOSCRIPT` (a restarted or promoted Redis) loads the script and resends; on a Redis
-Cluster it connects to the master of the script's slot and follows `MOVED` and `ASK`; behind Sentinel
-it connects to the master the sentinels name and finds the new one after a failover (`READONLY`, or
-the connection lost).
+It costs a third of redis-py's CPU per call with the same batching (`python -m bench.redis_channel`),
+and is set up by redis-py's own connection class from the same parsed URL, so the two cannot disagree
+about an option. It owns NOSCRIPT reloads, Cluster MOVED/ASK and Sentinel re-discovery: docs/ratelimits.md.
 """
 
 from __future__ import annotations
