@@ -106,9 +106,10 @@ def _metrics_refused(request: Request[Any, Any, Any]) -> Response[bytes] | None:
     ):
         return None
     exc = AuthenticationError(
-        "Missing or incorrect metrics key: send 'Authorization: Bearer <metrics key>'", code="invalid_api_key"
+        "Missing or incorrect metrics key: send 'Authorization: Bearer <metrics key>'",
+        code="invalid_api_key",
+        headers={"www-authenticate": "Bearer"},
     )
-    exc.headers = {"www-authenticate": "Bearer"}
     return error_response(OPENAI, exc)
 
 
@@ -140,9 +141,8 @@ async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
 def _http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
     dialect = DIALECT_ROUTES.get(request.url.path, OPENAI)
     kinds = {404: "not_found_error", 405: "invalid_request_error"}
-    err = GatewayError(str(exc.detail), status=exc.status_code, code=None)
-    err.type = kinds.get(exc.status_code, "invalid_request_error" if exc.status_code < 500 else "server_error")
-    return error_response(dialect, err)
+    kind = kinds.get(exc.status_code, "invalid_request_error" if exc.status_code < 500 else "server_error")
+    return error_response(dialect, GatewayError(str(exc.detail), status=exc.status_code, code=None, type=kind))
 
 
 def _gateway_error(request: Request[Any, Any, Any], exc: GatewayError) -> Response[bytes]:
