@@ -237,6 +237,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--chunks", type=int, default=20, help="events per upstream stream (h1-stream)")
     parser.add_argument("--repeat", type=int, default=1, help="callgrind pairs per path (to see the spread)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument(
+        "--keep", type=Path, help="keep callgrind's output files here (callgrind_annotate; per-function deltas)"
+    )
     parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)  # the process valgrind runs
     parser.add_argument("--upstream-port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -269,11 +272,13 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 continue
             per: list[float] = []
-            with tempfile.TemporaryDirectory(prefix="bench-callgrind-") as work:
+            with tempfile.TemporaryDirectory(prefix="bench-callgrind-") as temp:
+                work = args.keep or Path(temp)
+                work.mkdir(parents=True, exist_ok=True)
                 for _ in range(args.repeat):
                     t0 = time.monotonic()
-                    small = _callgrind_total(path, args.small, args.warmup, port, Path(work))
-                    large = _callgrind_total(path, args.requests, args.warmup, port, Path(work))
+                    small = _callgrind_total(path, args.small, args.warmup, port, work)
+                    large = _callgrind_total(path, args.requests, args.warmup, port, work)
                     per.append((large - small) / (args.requests - args.small))
                     print(
                         f"{path}: {per[-1]:,.0f} instructions/request "

@@ -55,8 +55,28 @@ def _header_value(value: str) -> bytes:
 _HEADER_SAFE: Final = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
 
 
-def _encode_headers(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
-    return [(k.encode("latin-1"), _header_value(v)) for k, v in headers.items()]
+# Header names and values as sent, by their text. Nearly all of them repeat on every answer (the names, the
+# provider, the model, the attempt count), and a dict probe costs a fraction of an encode plus the check.
+# Emptied when full, so client-chosen model names cannot grow it; the request id, new on every answer and
+# safe by construction (`request_id`), is encoded apart and never stored.
+_ENCODED: Final[dict[str, bytes]] = {}
+_ENCODED_MAX: Final = 1024
+
+
+def _encoded(text: str) -> bytes:
+    value = _header_value(text)
+    if len(_ENCODED) >= _ENCODED_MAX:
+        _ENCODED.clear()
+    _ENCODED[text] = value
+    return value
+
+
+def _encode_headers(headers: dict[str, str], rid: str | None = None) -> list[tuple[bytes, bytes]]:
+    get = _ENCODED.get
+    encoded = [(get(k) or _encoded(k), get(v) or _encoded(v)) for k, v in headers.items()]
+    if rid is not None:
+        encoded.append((b"x-request-id", rid.encode("ascii")))
+    return encoded
 
 
 def error_headers(exc: GatewayError) -> dict[str, str]:
@@ -148,10 +168,7 @@ def request_id(headers: dict[str, str]) -> str:
 
 async def _send_error(send: Send, dialect: Dialect, exc: GatewayError, rid: str | None = None) -> None:
     status, body = dialect.error(exc)
-    extra = error_headers(exc)
-    if rid is not None:
-        extra["x-request-id"] = rid
-    await send(_start(status, _JSON + _encode_headers(extra)))
+    await send(_start(status, _JSON + _encode_headers(error_headers(exc), rid)))
     await send(_body(body))
 
 
@@ -169,16 +186,19 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
         t0 = time.perf_counter()
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         rec = Record(request_id=request_id(headers), dialect=dialect.name)
-        limit = services(scope)[0].loaded.config.caps.request_body_bytes
+        pipeline, metrics = services(scope)
         try:
-            body = await _read_body(receive, limit, headers.get("content-length"))
+            body = await _read_body(
+                receive, pipeline.loaded.config.caps.request_body_bytes, headers.get("content-length")
+            )
         except GatewayError as exc:
             await _send_error(send, dialect, exc, rec.request_id)
             return
         except asyncio.CancelledError:
             return  # the client left while sending its body
-        # Taken after the body is in: a reload while a slow client was sending it retires the old pipeline.
-        pipeline, metrics = services(scope)
+        if pipeline._retiring:
+            # A reload while a slow client was sending its body retired this pipeline: the new one serves it.
+            pipeline, metrics = services(scope)
         pipeline.enter()
         if metrics is not None:
             metrics.in_flight.inc()
@@ -187,12 +207,11 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
         try:
             result: Result = await watch.run(pipeline.complete(body, headers, dialect, rec))
             started = True
-            result.headers["x-request-id"] = rec.request_id
             if result.stream is None:
-                await send(_start(200, _JSON + _encode_headers(result.headers)))
+                await send(_start(200, _JSON + _encode_headers(result.headers, rec.request_id)))
                 await send(_body(result.body))
                 return
-            await send(_start(200, _SSE + _encode_headers(result.headers)))
+            await send(_start(200, _SSE + _encode_headers(result.headers, rec.request_id)))
             await watch.run(_relay(result, send))
         except GatewayError as exc:
             rec.status, rec.error_code = dialect.error(exc)[0], exc.code

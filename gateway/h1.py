@@ -731,36 +731,28 @@ class Client:
         compression = True
         for name, value in headers.items():
             lowered = name.lower()
-            if hop_by_hop(lowered):
+            # `hop_by_hop` inlined: a call per header was a measurable share of this loop.
+            if lowered in _HOP_BY_HOP or lowered.startswith("proxy-"):
                 # This client owns framing and the connection: `Expect: 100-continue`, `Connection`, an
                 # `Upgrade` or a second `Content-Length` from a caller could desync the pool.
                 continue
             if lowered == "accept-encoding":
                 compression = False
-            lines.append(f"{name}: {value}\r\n")
+            line = f"{name}: {value}"
+            # A line break or NUL would split the head: a smuggled header or a second request. `in` is a
+            # memchr; counting the CRLFs of the whole head instead cost more than these checks.
+            if "\n" in line or "\r" in line or "\0" in line:
+                raise ValueError(f"header {name!r} contains a line break or NUL")
+            lines.append(line + "\r\n")
         if compression:
             # Hosted APIs compress large answers when asked (the recorded OpenAI body was gzip); the saving
             # on the wire outweighs the decoding here.
             lines.append("accept-encoding: gzip, deflate\r\n")
         lines.append("\r\n")
-        text = "".join(lines)
-        # One scan of the whole head instead of four per header: every line ends in exactly one CRLF (the
-        # first item holds three).
-        crlfs = len(lines) + 2
-        if text.count("\n") != crlfs or text.count("\r") != crlfs or "\0" in text:
-            raise ValueError(_bad_header(headers))
-        head = text.encode("latin-1")
+        head = "".join(lines).encode("latin-1")
         return await pool.request(head + body, connect_s, first_byte_s, total_s)
 
     def close(self) -> None:
         for pool in self.pools.values():
             pool.close()
         self.pools.clear()
-
-
-def _bad_header(headers: Mapping[str, str]) -> str:
-    for name, value in headers.items():
-        for part in (name, value):
-            if "\r" in part or "\n" in part or "\0" in part:
-                return f"header {name!r} contains a line break or NUL"
-    return "a header contains a line break or NUL"

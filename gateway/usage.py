@@ -223,7 +223,9 @@ class UsageStore:
         prompt = rec.usage.prompt_tokens if rec.usage is not None else 0
         completion = rec.usage.completion_tokens if rec.usage is not None else 0
         pico = self.prices.cost_pico(rec.target, rec.model, prompt, completion)
-        model = self.labels.fold(rec.model)
+        model = rec.label
+        if model is None:
+            model = rec.label = self.labels.fold(rec.model)
         if self.metrics is not None:
             self.metrics.cost.labels(model, key).inc(usd(pico))
         fields = {
