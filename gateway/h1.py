@@ -241,6 +241,16 @@ class Response:
             self._conn.resume()
         cap = self._max_body
         decoder = self._decoder
+        if decoder is None and self._done and self._error is None:
+            # The common case, a plain body that came in with the headers: no loop, no decoding.
+            chunks = self._chunks
+            body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            if len(body) > cap:
+                raise self._abort(_body_too_large(cap))
+            chunks.clear()
+            self._buffered = 0
+            self.release()
+            return body
         if decoder is None and not self._done:
             length = self.headers.get("content-length")
             # llhttp has checked it is one run of digits.
@@ -410,19 +420,18 @@ class _Connection(asyncio.Protocol):
             raise _Stop
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._head_bytes += len(name) + len(value) + 4
-        self._head_count += 1
+        size = self._head_bytes = self._head_bytes + len(name) + len(value) + 4
+        count = self._head_count = self._head_count + 1
         pool = self.pool
-        if self._head_bytes > pool.max_header_bytes:
-            self._broken(_head_too_large(pool.max_header_bytes))
-            raise _Stop
-        if self._head_count > pool.max_headers:
-            self._broken(TooLarge(f"the response has more than {pool.max_headers} header fields"))
+        if size > pool.max_header_bytes or count > pool.max_headers:  # one test on the common path
+            if size > pool.max_header_bytes:
+                self._broken(_head_too_large(pool.max_header_bytes))
+            else:
+                self._broken(TooLarge(f"the response has more than {pool.max_headers} header fields"))
             raise _Stop
         if self._final:
             return  # a trailer: counted above, never merged into headers the caller may already have read
-        assert self.response is not None
-        headers = self.response.headers
+        headers = self.response.headers  # type: ignore[union-attr]  # set for as long as bytes are parsed
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
         headers[key] = f"{headers[key]}, {text}" if key in headers else text
