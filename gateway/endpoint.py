@@ -72,8 +72,11 @@ def _encoded(text: str) -> bytes:
 
 
 def _encode_headers(headers: dict[str, str], rid: str | None = None) -> list[tuple[bytes, bytes]]:
+    # A loop, not a comprehension: on Python 3.11 a comprehension is a function call of its own.
     get = _ENCODED.get
-    encoded = [(get(k) or _encoded(k), get(v) or _encoded(v)) for k, v in headers.items()]
+    encoded: list[tuple[bytes, bytes]] = []
+    for k, v in headers.items():
+        encoded.append((get(k) or _encoded(k), get(v) or _encoded(v)))
     if rid is not None:
         encoded.append((b"x-request-id", rid.encode("ascii")))
     return encoded
@@ -184,7 +187,9 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
             await _send_error(send, dialect, exc)
             return
         t0 = time.perf_counter()
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        headers: dict[str, str] = {}
+        for k, v in scope["headers"]:  # a loop, not a comprehension (a call of its own on Python 3.11)
+            headers[k.decode("latin-1")] = v.decode("latin-1")
         rec = Record(request_id=request_id(headers), dialect=dialect.name)
         pipeline, metrics = services(scope)
         try:
