@@ -56,8 +56,31 @@ def _header_value(value: str) -> bytes:
 _HEADER_SAFE: Final = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
 
 
-def _encode_headers(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
-    return [(k.encode("latin-1"), _header_value(v)) for k, v in headers.items()]
+# Header names and values as sent, by their text. Nearly all of them repeat on every answer (the names, the
+# provider, the model, the attempt count), and a dict probe costs a fraction of an encode plus the check.
+# Emptied when full, so client-chosen model names cannot grow it; the request id, new on every answer and
+# safe by construction (`request_id`), is encoded apart and never stored.
+_ENCODED: Final[dict[str, bytes]] = {}
+_ENCODED_MAX: Final = 1024
+
+
+def _encoded(text: str) -> bytes:
+    value = _header_value(text)
+    if len(_ENCODED) >= _ENCODED_MAX:
+        _ENCODED.clear()
+    _ENCODED[text] = value
+    return value
+
+
+def _encode_headers(headers: dict[str, str], rid: str | None = None) -> list[tuple[bytes, bytes]]:
+    # A loop, not a comprehension: on Python 3.11 a comprehension is a function call of its own.
+    get = _ENCODED.get
+    encoded: list[tuple[bytes, bytes]] = []
+    for k, v in headers.items():
+        encoded.append((get(k) or _encoded(k), get(v) or _encoded(v)))
+    if rid is not None:
+        encoded.append((b"x-request-id", rid.encode("ascii")))
+    return encoded
 
 
 async def _read_body(receive: Receive) -> bytes:
@@ -125,8 +148,8 @@ def request_id(headers: dict[str, str]) -> str:
 
 
 async def _send_error(send: Send, dialect: Dialect, exc: GatewayError, rid: str | None = None) -> None:
-    status, headers, body = render(dialect, exc, rid)
-    await send(_start(status, _JSON + _encode_headers(headers)))
+    status, headers, body = render(dialect, exc)
+    await send(_start(status, _JSON + _encode_headers(headers, rid)))
     await send(_body(body))
 
 
@@ -141,8 +164,11 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
             await _send_error(send, dialect, exc)
             return
         t0 = time.perf_counter()
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        headers: dict[str, str] = {}
+        for k, v in scope["headers"]:  # a loop, not a comprehension (a call of its own on Python 3.11)
+            headers[k.decode("latin-1")] = v.decode("latin-1")
         rec = Record(request_id=request_id(headers), dialect=dialect.name)
+        pipeline, metrics = services(scope)
         try:
             body = await _read_body(receive)
         except GatewayError as exc:
@@ -150,8 +176,9 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
             return
         except asyncio.CancelledError:
             return  # the client left while sending its body
-        # Taken after the body is in: a reload while a slow client was sending it retires the old pipeline.
-        pipeline, metrics = services(scope)
+        if pipeline.retiring:
+            # A reload while a slow client was sending its body retired this pipeline: the new one serves it.
+            pipeline, metrics = services(scope)
         pipeline.enter()
         if metrics is not None:
             metrics.in_flight.inc()
@@ -162,12 +189,11 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
         try:
             result: Result = await watch.run(pipeline.complete(body, headers, dialect, rec))
             started = True
-            result.headers["x-request-id"] = rec.request_id
             if result.stream is None:
-                await send(_start(200, _JSON + _encode_headers(result.headers)))
+                await send(_start(200, _JSON + _encode_headers(result.headers, rec.request_id)))
                 await send(_body(result.body))
                 return
-            await send(_start(200, _SSE + _encode_headers(result.headers)))
+            await send(_start(200, _SSE + _encode_headers(result.headers, rec.request_id)))
             await watch.run(_relay(result, send))
         except GatewayError as exc:
             rec.status, rec.error_code, rec.cause = dialect.error(exc)[0], exc.code, exc.cause

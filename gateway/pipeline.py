@@ -90,7 +90,7 @@ class Pipeline:
     # Requests hold the pipeline they started with; a reload retires this one, which closes its pools
     # when the last of them ends.
     active = 0
-    _retiring = False
+    retiring = False  # set by a reload: the endpoint takes the new pipeline for a request not yet entered
     _closing: asyncio.Future[None] | None = None
 
     def enter(self) -> None:
@@ -98,11 +98,11 @@ class Pipeline:
 
     def exit(self) -> None:
         self.active -= 1
-        if self._retiring and self.active == 0:
+        if self.retiring and self.active == 0:
             self._close_soon()
 
     def retire(self) -> None:
-        self._retiring = True
+        self.retiring = True
         if self.active == 0:
             self._close_soon()
 

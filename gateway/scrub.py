@@ -1,16 +1,8 @@
 """Scrubbing the gateway's own secrets out of upstream text before a client or a log line sees it.
 
-An upstream that rejects a credential often quotes it back (`Token rejected: Bearer sk-...`, the first
-20 characters of a key, OpenAI's masked `sk-proj-****abcd`). Upstream error text is relayed to clients
-and written to logs, so every secret the config holds is cut out of it first:
-
-- any run of at least `FRAGMENT` consecutive characters of a secret (the whole key, a prefix, a middle);
-- a masked form: a run of mask characters (`***`, `...`, `…`, `•`) with a secret's first characters
-  before it (at least 3) or its last characters after it (at least 4).
-
-The matcher is built once per loaded config from plain sets of substrings, and a scrub is one linear
-pass of set lookups over text already capped in length: no regex is built from secrets, and nothing
-here logs (a scrubber that logged what it found would defeat itself).
+Upstreams quote rejected credentials back, whole, as a prefix or masked; every secret the config holds
+is cut out of relayed error text first. One linear pass of set lookups, no regex built from secrets,
+nothing logged. What counts as a fragment or a masked form: docs/security.md (item 12).
 """
 
 from __future__ import annotations
@@ -153,12 +145,12 @@ class Scrubber:
     def error(self, exc: GatewayError) -> GatewayError:
         """An upstream error made safe to show: its message, code and param scrubbed and capped, once."""
         if isinstance(exc, UpstreamError) and not exc.scrubbed:
-            exc.with_message(self.message(exc.message))
-            if exc.code is not None:
-                exc.code = self.message(str(exc.code))
-            if exc.param is not None:
-                exc.param = self.message(str(exc.param))
-            exc.scrubbed = True
+            return exc.evolve(
+                message=self.message(exc.message),
+                code=None if exc.code is None else self.message(str(exc.code)),
+                param=None if exc.param is None else self.message(str(exc.param)),
+                scrubbed=True,
+            )
         return exc
 
 

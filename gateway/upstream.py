@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import logging
 import urllib.request
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from types import TracebackType
-from typing import Final, Protocol, cast
+from typing import Any, Final, Protocol, cast
 from urllib.parse import urlsplit
 
 import msgspec
@@ -122,8 +122,9 @@ class H1Transport:
     def __init__(self, limit: int, caps: CapsConfig) -> None:
         self._client = h1.Client(limit, max_body=caps.upstream_body_bytes, max_header_bytes=caps.upstream_header_bytes)
 
-    async def request(self, req: UpstreamRequest, timeouts: Timeouts) -> Reply:
-        return await self._client.request(
+    def request(self, req: UpstreamRequest, timeouts: Timeouts) -> Coroutine[Any, Any, h1.Response]:
+        # The client's coroutine itself, not one awaiting it: a frame less for every resume of the request.
+        return self._client.request(
             req.method,
             req.url,
             req.headers,

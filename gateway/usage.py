@@ -1,26 +1,9 @@
 """Usage accounting and daily budgets: requests, tokens and cost per key, per model and per UTC day.
 
-Every answered request (a target served it: a 200, streamed or not, including a stream the client cut
-short) is booked once, when it ends, under its key (`anonymous` when the gateway has no keys), its
-model and the UTC day. The model is the alias the client sent, or the resolved
-`provider/model[/deployment]` when the config declares it (gateway/metrics.py `ModelLabels`); any other
-name is booked under `provider/other[/deployment]`, so clients cannot add rows by inventing names. The
-price is still that of the model actually asked for and served.
-Tokens are the usage the upstream reported; a request without reported usage books 0 tokens but
-counts as a request. Cost is tokens x the configured price (`prices:`), kept as an integer number of
-picodollars so that sums are exact across replicas and in any order (a float sum is not).
-
-Storage: with `redis.url`, one hash per key and day, `usage:<day>:<key>`, with fields
-`requests:<model>`, `prompt_tokens:<model>`, `completion_tokens:<model>`, `cost_pico:<model>` and the
-key's day total `cost_pico` (what a budget check reads: one HGET), plus the set `usage:<day>` of keys
-booked that day; everything expires after 40 days. A booking is one MULTI/EXEC round trip, run in the
-background so the client never waits for it. Without Redis, or while it is unreachable (through
-`SharedState.run`), bookings stay in process memory; with Redis configured they are merged into
-Redis by the next booking that reaches it, and reports add whatever is still waiting.
-
-Budgets (`keys[].max_cost_per_day`, USD) are checked right after authorization against the spend
-already booked today: requests in flight when the budget is crossed still finish (and are booked), so
-a key can overshoot by what it had in flight.
+Every answered request is booked once, when it ends, in the background; cost is kept as integer
+picodollars so sums are exact across replicas. With Redis one hash per key and day, else process memory
+merged into Redis later. Budgets are checked after authorization against today's booked spend. Rows,
+storage and the overshoot rule: docs/operations.md.
 """
 
 from __future__ import annotations
@@ -241,7 +224,9 @@ class UsageStore:
         prompt = rec.usage.prompt_tokens if rec.usage is not None else 0
         completion = rec.usage.completion_tokens if rec.usage is not None else 0
         pico = self.prices.cost_pico(rec.target, rec.model, prompt, completion)
-        model = self.labels.fold(rec.model)
+        model = rec.label
+        if model is None:
+            model = rec.label = self.labels.fold(rec.model)
         if self.metrics is not None:
             self.metrics.cost.labels(model, key).inc(usd(pico))
         fields = {

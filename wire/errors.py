@@ -111,11 +111,16 @@ class GatewayError(Exception):
         retry_later: bool | None = None,
         target: str | None = None,
         provider: str | None = None,
+        message: str | None = None,
+        code: str | None = None,
+        param: str | None = None,
+        scrubbed: bool | None = None,
     ) -> Self:
         """A copy that also says what a later stage learnt (None keeps the value); `self` is left as built.
 
         The failover loop adds the attempts it made and whether a client's retry may help; an attempt adds
-        the target to an error whose maker did not know it (an adapter's status mapping).
+        the target to an error whose maker did not know it (an adapter's status mapping); the scrubber
+        gives upstream text with the gateway's secrets cut out.
         """
         new: Self = BaseException.__new__(self.__class__, *self.args)  # no __init__: its state is copied
         new.__dict__.update(self.__dict__)
@@ -128,6 +133,15 @@ class GatewayError(Exception):
             new.target = target
         if provider is not None:
             new.provider = provider
+        if message is not None:
+            new.message = message
+            new.args = (message,)
+        if code is not None:
+            new.code = code
+        if param is not None:
+            new.param = param
+        if scrubbed is not None:
+            new.scrubbed = scrubbed
         return new
 
     def with_message(self, message: str) -> Self:

@@ -1,0 +1,59 @@
+"""`python -m bench.instructions` runs: its Python-level count works on every path, without valgrind.
+
+The callgrind count itself takes minutes and needs valgrind, so only the in-process driver it runs is
+exercised here, with a few requests: real ASGI app, real pipeline, a real loopback upstream for `h1`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import instructions
+from bench.processes import free_port
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[Any]:
+    service = instructions._upstream(chunks=3)
+    try:
+        yield service
+    finally:
+        service.stop()
+
+
+@pytest.mark.parametrize("path", instructions.PATHS)
+def test_calls_per_request(path: str, upstream: Any) -> None:
+    port = upstream.port if path.startswith("h1") else None
+    figures = instructions.count_calls(path, requests=8, warmup=2, upstream_port=port)
+    # A completion runs hundreds of Python functions; a count near zero would mean nothing was measured.
+    assert figures["python_calls"] > 50
+    assert figures["c_calls"] > 50
+
+
+def test_a_failed_request_stops_the_run() -> None:
+    # No upstream listens on this port: the driver must not count requests that did not complete.
+    with pytest.raises(RuntimeError, match="request 0 on h1: 50"):
+        instructions.count_calls("h1", requests=2, warmup=0, upstream_port=free_port())
+
+
+def test_command_line_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "calls.json"
+    assert (
+        instructions.main(
+            ["--count", "calls", "--paths", "fake", "--requests", "5", "--warmup", "1", "--json", str(out)]
+        )
+        == 0
+    )
+    assert "Python calls/request" in capsys.readouterr().out
+    assert json.loads(out.read_text())["fake"]["python_calls"] > 50
+
+
+def test_unknown_path_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        instructions.parse_args(["--paths", "fake,h2"])
+    assert "--paths: unknown path 'h2'" in capsys.readouterr().err
