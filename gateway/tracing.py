@@ -218,6 +218,8 @@ class _Request:
             "gen_ai.request.model": rec.model,
             "gateway.attempts": rec.attempts,
             "gateway.stream": rec.stream,
+            # What the client, the log line and an error answer carry: the way from a ticket to the trace.
+            "gateway.request_id": rec.request_id,
         }
         if rec.provider:
             attrs["gateway.provider"] = rec.provider

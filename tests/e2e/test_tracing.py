@@ -224,6 +224,7 @@ def test_a_request_is_a_server_span_with_an_attempt_child_and_propagates_its_tra
         "gateway.target": "up/davinci-002",
         "gateway.attempts": 1,
         "gateway.stream": False,
+        "gateway.request_id": resp.headers["x-request-id"],
     }
     assert attempt.name == "text_completion davinci-002"
     attrs = attempt.attributes
