@@ -148,7 +148,15 @@ def plan(
                 "echo",
             )
         echo = True
-    guide = _guide(adapter, req, provider, caps)
+    # Most requests ask for no guided output: five loads here instead of a call to find that out.
+    guided = (
+        req.guided_grammar is not None
+        or req.guided_json is not None
+        or req.response_format is not None
+        or req.guided_regex is not None
+        or req.guided_choice is not None
+    )
+    guide = _guide(adapter, req, provider, caps) if guided else None
     if len(prompts) == 1 and fan_n == 1 and not echo and stops is None and guide is None:
         return None
     if stops is not None:
@@ -198,6 +206,7 @@ def _bound_copies(prompts: Sequence[str | list[int]], fan_n: int, echoes: int, l
 
 
 def _guide(adapter: Adapter | LocalAdapter, req: CompletionRequest, provider: str, caps: CapsConfig) -> Guide | None:
+    # `plan` calls this only when one of the five fields read here is set: a new one goes in both places.
     if req.guided_grammar is not None and _emulated(adapter, "guided_grammar"):
         raise _bad(
             f"'guided_grammar' is not supported by provider '{provider}', and a grammar cannot be checked "

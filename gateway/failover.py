@@ -78,11 +78,10 @@ class Failover:
         deadline_s: float | None = None,
         discard: Discard[T] | None = None,
     ) -> Outcome[T]:
-        t = plan.policy.timeouts
-        total = t.total_ms / 1000 if deadline_s is None else min(t.total_ms / 1000, deadline_s)
+        total = plan.timeouts.total if deadline_s is None else min(plan.timeouts.total, deadline_s)
         deadline = self.clock() + total
         states = await self.health.snapshot(plan.keys)
-        selector = Selector(plan, states, self.health, probe_ttl_ms=t.first_byte_ms)
+        selector = Selector(plan, states, self.health, probe_ttl_ms=plan.policy.timeouts.first_byte_ms)
         try:
             first = await selector.first()
         except GatewayError as exc:
@@ -119,8 +118,7 @@ class Run(Generic[T]):
         self.deadline = deadline
         self.total = total
         self.attempts = 0  # upstream calls made, hedges included
-        t = plan.policy.timeouts
-        self.base = Timeouts(t.connect_ms / 1000, t.first_byte_ms / 1000, t.total_ms / 1000)
+        self.base = plan.timeouts
 
     async def go(self) -> Outcome[T]:
         f, policy = self.failover, self.plan.policy

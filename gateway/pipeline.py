@@ -216,7 +216,9 @@ def _headers(outcome: Outcome[Any], job: Job) -> dict[str, str]:
 
 def _deadline(req: CompletionRequest) -> float | None:
     """The request's own `inference_timeout` (seconds): it can only shorten the plan's `total_ms`."""
-    return float(req.inference_timeout) if isinstance(req.inference_timeout, float | int) else None
+    t = req.inference_timeout
+    # A tuple, not `float | int`: that builds a union object on every call.
+    return float(t) if isinstance(t, (float, int)) else None
 
 
 def _text_prompts(req: CompletionRequest) -> list[str] | None:

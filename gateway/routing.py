@@ -13,6 +13,7 @@ from typing import Final
 import msgspec
 
 from gateway.config import LoadedConfig, ProviderConfig, RetriesConfig, Strategy, TimeoutsConfig, same_target_of
+from gateway.upstream import Timeouts
 from providers import REGISTRY
 from providers.base import Adapter, Endpoint, LocalAdapter
 from wire.errors import ModelNotFoundError, ProviderUnavailableError
@@ -66,8 +67,10 @@ class Plan(msgspec.Struct):
     keys: tuple[str, ...] = ()
     tracks_inflight: bool = False
     tracks_latency: bool = False
+    timeouts: Timeouts = Timeouts(0.0, 0.0, 0.0)  # the policy's, in seconds (set below)
 
     def __post_init__(self) -> None:
+        self.timeouts = Timeouts.of(self.policy.timeouts)
         groups = self.groups + self.context_groups
         seen: dict[str, None] = {}
         for g in groups:

@@ -366,8 +366,13 @@ class Capabilities:
 
     def exhausted_for(self, headers: Mapping[str, str], now: float | None = None) -> float | None:
         """Seconds until the exhausted quota counter of a successful answer resets; None when none is."""
-        waits = [w for read in self.quota_headers if (w := read(headers, now)) is not None]
-        return max(waits) if waits else None
+        # A loop, not a comprehension: on every answer, and a comprehension is a call of its own.
+        longest: float | None = None
+        for read in self.quota_headers:
+            w = read(headers, now)
+            if w is not None and (longest is None or w > longest):
+                longest = w
+        return longest
 
     def configure(self, max_logprobs: int | None = None) -> Self:
         """This provider's instance with the bounds its config sets (`providers.<name>.max_logprobs`)."""

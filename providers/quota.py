@@ -70,13 +70,13 @@ def _duration_reset(headers: Mapping[str, str], name: str) -> float:
 
 
 def openai_counters(headers: Mapping[str, str], now: float | None = None) -> float | None:
-    return _longest(
-        [
-            _duration_reset(headers, f"x-ratelimit-reset-{kind}")
-            for kind in ("requests", "tokens")
-            if zero(headers, f"x-ratelimit-remaining-{kind}")
-        ]
-    )
+    # Read on every answer, and almost always neither counter is at zero: no comprehension, no `_longest`.
+    waits: list[float] = []
+    if zero(headers, "x-ratelimit-remaining-requests"):
+        waits.append(_duration_reset(headers, "x-ratelimit-reset-requests"))
+    if zero(headers, "x-ratelimit-remaining-tokens"):
+        waits.append(_duration_reset(headers, "x-ratelimit-reset-tokens"))
+    return _longest(waits) if waits else None
 
 
 def single_counter(headers: Mapping[str, str], now: float | None = None) -> float | None:
