@@ -123,7 +123,7 @@ class Admission:
         queue_ms = min((self.queue_ms[b.scope] for b in buckets if b.scope in self.queue_ms), default=0)
         waited = 0
         while True:
-            decision = await self._acquire(buckets, tokens)
+            decision = await self.acquire(buckets, tokens)
             headers = _headers(decision.states)
             if decision.allowed:
                 return Ticket(buckets, decision.lease, tokens, headers, prompt)
@@ -147,7 +147,7 @@ class Admission:
         if not buckets:
             return None
         prompt, tokens = self._tokens(req, buckets, route)
-        decision = await self._acquire(buckets, tokens)
+        decision = await self.acquire(buckets, tokens)
         if decision.allowed:
             return Ticket(buckets, decision.lease, tokens, _headers(decision.states), prompt)
         err = RateLimitError(
@@ -180,7 +180,8 @@ class Admission:
                 )
         return prompt, tokens
 
-    async def _acquire(self, buckets: list[Bucket], tokens: int) -> Decision:
+    async def acquire(self, buckets: list[Bucket], tokens: int) -> Decision:
+        """The limiter's decision, or the 503 of fail-closed when Redis is unreachable."""
         try:
             return await self.limiter.acquire(buckets, tokens)
         except RedisDown:

@@ -16,6 +16,7 @@ import msgspec
 
 from gateway.admission import Admission
 from gateway.attempt import UNREADABLE, Job, Opened, Services, sane_usage
+from gateway.dialects import OPENAI
 from gateway.failover import Failover
 from gateway.framing import DONE, sse_event
 from gateway.health import Health
@@ -35,9 +36,7 @@ def internal() -> GatewayError:
 
 def error_event(exc: GatewayError) -> bytes:
     # Mid-stream, every dialect gets OpenAI's envelope: the seeds define no error event of their own.
-    return sse_event(
-        encode({"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}})
-    )
+    return sse_event(OPENAI.error(exc)[1])
 
 
 # The end of a stream that failed after it started and before the relay could say so itself.

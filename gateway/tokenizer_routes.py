@@ -25,7 +25,7 @@ from gateway.dialects import OPENAI, decode_error
 from gateway.endpoint import Endpoint, read_body, request_id, send_error, send_json
 from gateway.metrics import Metrics, Record
 from gateway.pipeline import Pipeline
-from gateway.ratelimit import TOKEN_KINDS, Bucket, RedisDown
+from gateway.ratelimit import TOKEN_KINDS, Bucket
 from gateway.request import check_model
 from gateway.routing import Route
 from gateway.upstream import Response
@@ -325,14 +325,7 @@ class Tokenizers:
         buckets = [b for b in scopes if b.kind not in TOKEN_KINDS]
         if not buckets:
             return None
-        try:
-            decision = await admission.limiter.acquire(buckets, 0)
-        except RedisDown:
-            raise GatewayError(
-                "Rate limiting is unavailable (Redis unreachable) and the gateway is set to fail closed",
-                status=503,
-                code="rate_limiter_unavailable",
-            ) from None
+        decision = await admission.acquire(buckets, 0)
         headers: dict[str, str] = {}
         requests = [s for s in decision.states if s.bucket.kind in ("rps", "rpm")]
         if requests:
