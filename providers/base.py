@@ -383,19 +383,23 @@ class Capabilities:
     def check(self, req: CompletionRequest, provider: str) -> None:
         """Refuse what the provider cannot honour, before any I/O."""
         if prompt_form(req.prompt) not in self.prompt_forms:
-            raise UnsupportedParamError("prompt", provider).with_message(
-                f"Provider '{provider}' accepts only a single string prompt"
+            raise UnsupportedParamError(
+                "prompt", provider, f"Provider '{provider}' accepts only a single string prompt"
             )
         # Only where the table maps logprobs: elsewhere map_params refuses (or drops) the field by name.
         if req.logprobs is not None and req.logprobs > self.max_logprobs and "logprobs" in self.params:
-            raise UnsupportedParamError("logprobs", provider).with_message(
-                f"Provider '{provider}' returns at most {self.max_logprobs} logprobs, got {req.logprobs}"
+            raise UnsupportedParamError(
+                "logprobs",
+                provider,
+                f"Provider '{provider}' returns at most {self.max_logprobs} logprobs, got {req.logprobs}",
             )
         # vLLM holds prompt logprobs to the same --max-logprobs.
         count = req.prompt_logprobs
         if count is not None and count > self.max_logprobs and "prompt_logprobs" in self.params:
-            raise UnsupportedParamError("prompt_logprobs", provider).with_message(
-                f"Provider '{provider}' returns at most {self.max_logprobs} prompt_logprobs, got {count}"
+            raise UnsupportedParamError(
+                "prompt_logprobs",
+                provider,
+                f"Provider '{provider}' returns at most {self.max_logprobs} prompt_logprobs, got {count}",
             )
 
 

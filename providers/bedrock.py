@@ -357,9 +357,11 @@ def _place_top_k(body: dict[str, Any], k: int, endpoint: Endpoint) -> None:
                 node = node.setdefault(key, {})
             node[leaf] = k
             return
-    raise UnsupportedParamError("top_k", endpoint.provider).with_message(
+    raise UnsupportedParamError(
+        "top_k",
+        endpoint.provider,
         f"Parameter 'top_k' is not supported by provider '{endpoint.provider}' for model '{endpoint.model}'"
-        " (Bedrock takes it for Anthropic Claude and Amazon Nova models only)"
+        " (Bedrock takes it for Anthropic Claude and Amazon Nova models only)",
     )
 
 

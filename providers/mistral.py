@@ -207,9 +207,11 @@ class MistralAdapter(Adapter):
                 value = getattr(req, name)
                 # n=1 is FIM's only behaviour anyway; anything else cannot be honoured there.
                 if value is not None and not (name == "n" and value == 1):
-                    raise UnsupportedParamError(name, endpoint.provider).with_message(
+                    raise UnsupportedParamError(
+                        name,
+                        endpoint.provider,
                         f"Parameter '{name}' is not supported by provider '{endpoint.provider}' "
-                        "together with 'suffix' (Mistral FIM completions)"
+                        "together with 'suffix' (Mistral FIM completions)",
                     )
             params = {k: v for k, v in params.items() if k != "n"}
             body["prompt"] = req.prompt

@@ -209,9 +209,11 @@ class TGIAdapter(Adapter):
         if req.response_format is not None:
             wants_json, schema = response_schema(req.response_format)
             if wants_json and schema is None:
-                raise UnsupportedParamError("response_format", provider).with_message(
+                raise UnsupportedParamError(
+                    "response_format",
+                    provider,
                     f"Provider '{provider}' needs a JSON schema in 'response_format': "
-                    "TGI's JSON grammar cannot express schemaless JSON mode"
+                    "TGI's JSON grammar cannot express schemaless JSON mode",
                 )
 
     def build_request(self, req: CompletionRequest, endpoint: Endpoint, body: dict[str, Any]) -> UpstreamRequest:

@@ -144,11 +144,6 @@ class GatewayError(Exception):
             new.scrubbed = scrubbed
         return new
 
-    def with_message(self, message: str) -> Self:
-        self.message = message
-        self.args = (message,)
-        return self
-
 
 class InvalidRequestError(GatewayError):
     status = 400
@@ -156,9 +151,9 @@ class InvalidRequestError(GatewayError):
 
 
 class UnsupportedParamError(InvalidRequestError):
-    def __init__(self, param: str, provider: str) -> None:
+    def __init__(self, param: str, provider: str, message: str | None = None) -> None:
         super().__init__(
-            f"Parameter '{param}' is not supported by provider '{provider}'",
+            message or f"Parameter '{param}' is not supported by provider '{provider}'",
             param=param,
             code="unsupported_parameter",
         )

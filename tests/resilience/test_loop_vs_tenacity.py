@@ -110,8 +110,7 @@ class Script:
         exc = OUTCOMES[self.outcomes[min(n, len(self.outcomes) - 1)]]()
         if exc is None:
             return f"answer of call {n}"
-        exc.with_message(f"call {n}: {exc.message}")
-        raise exc
+        raise exc.evolve(message=f"call {n}: {exc.message}")
 
 
 @dataclass
