@@ -63,10 +63,7 @@ def gateway(faults: FaultServer, tmp_path_factory: pytest.TempPathFactory) -> It
 @pytest.fixture(autouse=True)
 def fresh(faults: FaultServer, gateway: GatewayThread) -> None:
     """Every test starts with unscripted targets, an empty journal and no cooldowns."""
-    for target in faults.targets.values():
-        target.script()
-        target.hits.clear()
-    faults.journal.clear()
+    faults.forget()
     gateway.pipeline.health.reset()
 
 

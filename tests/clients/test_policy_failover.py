@@ -62,10 +62,7 @@ def gateway(faults: FaultServer, tmp_path_factory: pytest.TempPathFactory) -> It
 
 @pytest.fixture(autouse=True)
 def fresh(faults: FaultServer, gateway: GatewayThread) -> None:
-    for target in faults.targets.values():
-        target.script()
-        target.hits.clear()
-    faults.journal.clear()
+    faults.forget()
     gateway.pipeline.health.reset()
 
 

@@ -334,6 +334,13 @@ class FaultServer(Running):
             target = self.targets[name] = Target(self, name)
         return target
 
+    def forget(self) -> None:
+        """Every target unscripted, with no hits, and an empty journal: a module-scoped server between tests."""
+        for target in self.targets.values():
+            target.script()
+            target.hits.clear()
+        self.journal.clear()
+
     def order(self) -> list[str]:
         """Which target received each request, in arrival order."""
         return [h.target for h in self.journal]
