@@ -34,6 +34,17 @@ log = logging.getLogger("gateway")  # the logger gateway.scrub filters
 # How often the task looks for a reloaded config while no refresh is due.
 _CONFIG_CHECK_S: Final = 1.0
 NOTHING: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType({})
+# A listing's own body cap: room for `discovery.max_models` cards of up to this many bytes each (a vLLM
+# card with its permission block is about 500), plus the envelope. Past it the transport stops reading and
+# nothing is decoded: a listing of millions of ids would otherwise be read and decoded in full, up to
+# `caps.upstream_body_bytes`, in every worker, at every refresh.
+LISTING_BYTES_PER_MODEL: Final = 1024
+LISTING_SLACK_BYTES: Final = 64 * 1024
+
+
+def listing_cap(max_models: int, upstream_body_bytes: int) -> int:
+    """The most bytes of one listing that are read (never more than the transport's own cap)."""
+    return min(max_models * LISTING_BYTES_PER_MODEL + LISTING_SLACK_BYTES, upstream_body_bytes)
 
 
 class _Card(msgspec.Struct):
@@ -152,6 +163,7 @@ class Discovery:
         self._timeouts = Timeouts(5.0, 5.0, 5.0)
         self._ttl = 60.0
         self._limit = 10_000
+        self._cap = listing_cap(self._limit, 64 * 1024 * 1024)
         self._gate = asyncio.Semaphore(4)
         self._task: asyncio.Task[None] | None = None
 
@@ -206,7 +218,12 @@ class Discovery:
         if self._upstream is not None:
             await self._upstream.close()
         subset = {name: loaded.providers[name] for name in sources}
-        self._upstream = Upstream(msgspec.structs.replace(loaded, providers=subset)) if subset else None
+        self._cap = listing_cap(cfg.max_models, loaded.config.caps.upstream_body_bytes)
+        caps = msgspec.structs.replace(loaded.config.caps, upstream_body_bytes=self._cap)
+        own = msgspec.structs.replace(
+            loaded, providers=subset, config=msgspec.structs.replace(loaded.config, caps=caps)
+        )
+        self._upstream = Upstream(own) if subset else None
         seconds = cfg.timeout_ms / 1000
         self._timeouts = Timeouts(seconds, seconds, seconds)
         self._ttl = cfg.ttl_ms / 1000
@@ -249,10 +266,18 @@ class Discovery:
         upstream = self._upstream
         assert upstream is not None  # a source exists only with its transport
         try:
-            resp = await upstream.send(src.name, src.request, self._timeouts)
-        except UpstreamConnectError:
-            # A listing is idempotent: once more at once, for a pooled connection the server had closed.
-            resp = await upstream.send(src.name, src.request, self._timeouts)
+            try:
+                resp = await upstream.send(src.name, src.request, self._timeouts)
+            except UpstreamConnectError:
+                # A listing is idempotent: once more at once, for a pooled connection the server had closed.
+                resp = await upstream.send(src.name, src.request, self._timeouts)
+        except GatewayError as exc:
+            if exc.code != "upstream_answer_too_large" or "body" not in exc.message:
+                raise
+            raise NotAListing(
+                f"the listing is larger than {self._cap} bytes (discovery.max_models x "
+                f"{LISTING_BYTES_PER_MODEL} + {LISTING_SLACK_BYTES}); nothing of it was read further"
+            ) from None
         if resp.status != 200:
             raise NotAListing(f"the upstream answered HTTP {resp.status}")
         return listed_ids(resp.body, src.name, src.deployments, self._limit)
