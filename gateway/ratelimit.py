@@ -320,6 +320,23 @@ class Limiter:
         # Leases Redis may hold that must go (see `_cancel`): lease -> (its concurrency buckets, give-up time).
         self._cancels: dict[str, tuple[tuple[Bucket, ...], float]] = {}
         self._canceller: asyncio.Task[None] | None = None
+        # The limiter of the config that replaced this one: it takes the cancels still pending at close.
+        self._successor: Limiter | None = None
+        self._closed = False
+
+    def adopt(self, old: Limiter) -> None:
+        """Take over the leases a replaced limiter has yet to cancel, when it closes: a reload while Redis
+        stalls must not drop them, or they would hold their slots for the lease TTL once Redis is back."""
+        old._successor = self
+
+    def _take(self, cancels: dict[str, tuple[tuple[Bucket, ...], float]]) -> None:
+        if self._closed and self._successor is not None:
+            self._successor._take(cancels)
+        elif not self._closed and self._channel is not None:  # without Redis now, no Redis lease to cancel
+            for lease, (held, until) in cancels.items():
+                self._cancels.setdefault(lease, (held, until))
+            if cancels and (self._canceller is None or self._canceller.done()):
+                self._canceller = asyncio.ensure_future(self._cancel_pending())
 
     def _command(self, mode: str, lease: str, buckets: Sequence[Bucket], costs: Sequence[float]) -> bytes:
         cache_key = (mode, tuple(buckets))
@@ -363,6 +380,10 @@ class Limiter:
         return self.local.run(mode, lease, buckets, costs)
 
     async def close(self) -> None:
+        self._closed = True
+        if self._cancels and self._successor is not None:
+            pending, self._cancels = self._cancels, {}
+            self._successor._take(pending)
         canceller = self._canceller
         if canceller is not None and not canceller.done():
             # One last round for leases still to cancel (bounded); what is left expires with its TTL.

@@ -88,6 +88,7 @@ class Reloader:
                 return False
             old: Pipeline = self.state.pipeline
             new.usage.adopt(old.usage)  # in-process usage (no Redis) and budgets survive the reload
+            new.admission.limiter.adopt(old.admission.limiter)  # the leases it has yet to cancel (Redis stalled)
             self.state.pipeline = new
             self.reloads += 1
             log.info("config reloaded (%s) from %s", why, self.path)
