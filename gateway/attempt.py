@@ -150,10 +150,11 @@ class Job:
 class Attempt:
     """One attempt of a job on one route, within `timeouts`: one upstream call, or an emulation's several."""
 
-    __slots__ = ("services", "route", "req", "ctx", "timeouts", "dropped")
+    __slots__ = ("services", "admission", "route", "req", "ctx", "timeouts", "dropped")
 
     def __init__(self, job: Job, route: Route, timeouts: Timeouts) -> None:
         self.services = job.services
+        self.admission = job.admission
         self.route = route
         self.req = job.req
         self.ctx = job.ctx
@@ -171,16 +172,35 @@ class Attempt:
         em = self._emulation()
         if em is None:
             return self.call(self.req)
-        return emulation.complete(em, self.req, self.ctx, self.call)
+        return self._complete(em)
+
+    async def _complete(self, em: Emulation) -> Completion:
+        await self._charge(em)
+        return await emulation.complete(em, self.req, self.ctx, self.call, self._again)
+
+    async def _charge(self, em: Emulation) -> None:
+        """The fan-out's calls beyond the one admission charged, to the target's request buckets: all of
+        them before the first is made, so a refused fan-out makes no call (docs/ratelimits.md)."""
+        calls = len(em.prompts) * em.fan_n
+        if calls > 1 and self.admission is not None:
+            param = "best_of" if em.best_of else "n" if em.fan_n > 1 else "prompt"
+            await self.admission.charge_calls(self.route, calls - 1, param)
+
+    async def _again(self, req: CompletionRequest) -> Completion:
+        """A guided output's retry: one more upstream call, charged before it is made."""
+        if self.admission is not None:
+            await self.admission.charge_calls(self.route, 1)
+        return await self.call(req)
 
     async def open(self) -> Opened:
         em = self._emulation()
         if em is None:
             return await self.open_one(self.req)
+        await self._charge(em)
         if em.guide is not None:
             # Bytes sent cannot be taken back: a guided stream is made from an answer already validated.
             plain = msgspec.structs.replace(self.req, stream=False, stream_options=None)
-            answer = await emulation.complete(em, plain, self.ctx, self.call)
+            answer = await emulation.complete(em, plain, self.ctx, self.call, self._again)
             chunks = _replay(emulation.to_chunks(answer))
             return Opened(chunks, await anext(chunks, None), ctx=self.ctx)
         tasks = [asyncio.ensure_future(self.open_one(s)) for s in emulation.sub_requests(em, self.req)]
