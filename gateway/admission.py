@@ -181,7 +181,7 @@ class Admission:
         if param is not None:
             for b in buckets:
                 if more + 1 > b.limit:
-                    await self._give_back(buckets)
+                    await self._give_back(buckets, 1)
                     raise InvalidRequestError(
                         f"'{param}' makes this request {more + 1} upstream calls to provider '{route.provider}' "
                         f"(the gateway emulates it), more than the {b.kind} limit of {b.limit} for {b.scope} "
@@ -193,7 +193,7 @@ class Admission:
         if decision.allowed:
             return
         if param is not None:
-            await self._give_back(buckets)
+            await self._give_back(buckets, 1)
         err = RateLimitError(
             f"Provider '{route.provider}' is at its configured quota"
             + (f" for the {more + 1} upstream calls this request makes" if param is not None else ""),
@@ -210,11 +210,17 @@ class Admission:
         )
         raise err
 
-    async def _give_back(self, buckets: list[Bucket]) -> None:
+    def give_back_calls(self, route: Route, count: int) -> None:
+        """Return `count` units charged by `charge_calls` for calls that were never made, off the request path."""
+        buckets = [b for b in self._route_buckets(route) if b.kind in _CALL_KINDS]
+        if buckets and count > 0:
+            self._spawn(self._give_back(buckets, count))
+
+    async def _give_back(self, buckets: list[Bucket], count: int) -> None:
         try:
-            await self.limiter.give_back(buckets, 1)
+            await self.limiter.give_back(buckets, count)
         except RedisDown:
-            pass  # fail closed: the unit stays charged, which errs on the provider's side
+            pass  # fail closed: the units stay charged, which errs on the provider's side
 
     def _tokens(self, req: CompletionRequest, buckets: list[Bucket], route: Route) -> tuple[int, int]:
         token_buckets = [b for b in buckets if b.kind in TOKEN_KINDS]

@@ -21,6 +21,7 @@ from tests.helpers.recordings import fixture_bytes, sse_events
 from tests.helpers.redis import RedisServer
 from tests.helpers.servers import GatewayThread, serve_config
 from tests.helpers.upstreams import Received, Upstream, reply, reply_sse
+from tests.helpers.waiting import wait_until
 
 CONFIG = """
 redis: {{url: "{redis}", on_failure: fail_closed}}
@@ -165,3 +166,16 @@ def test_guided_retries_are_charged_as_they_are_made(g: GatewayThread, upstream:
     assert resp.status_code == 429, resp.text
     assert resp.json()["error"]["code"] == "provider_quota"
     assert len(upstream.received) == 2
+
+
+def test_calls_refused_before_they_are_sent_are_given_back(
+    g: GatewayThread, rds: RedisServer, upstream: Upstream
+) -> None:
+    # TGI takes no `suffix`: each of the four sub-calls is refused (400 naming it) before it is sent. The three
+    # charged beyond admission's one are given back; admission's stays, as for any request refused after it.
+    resp = post(g, "k-a", {"model": "hf/m", "prompt": "test", "max_tokens": 1, "n": 4, "suffix": "}"})
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["param"] == "suffix"
+    assert upstream.received == []
+    wait_until(lambda: units(rds, "rl:{provider:hf}:rpm") == 1)
+    assert post(g, "k-b", {"model": "hf/m", "prompt": "test", "max_tokens": 1, "n": 9}).status_code == 200
