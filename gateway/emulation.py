@@ -346,11 +346,11 @@ async def _gather(calls: list[Awaitable[Completion]]) -> list[Completion]:
         raise
 
 
-async def _guided_call(em: Emulation, sub: CompletionRequest, call: Call) -> Completion:
+async def _guided_call(em: Emulation, sub: CompletionRequest, call: Call, again: Call) -> Completion:
     assert em.guide is not None
     why = ""
-    for _ in range(em.guided_retries + 1):
-        c = await call(sub)
+    for attempt in range(em.guided_retries + 1):
+        c = await (again if attempt else call)(sub)
         failures = [await em.guide.verdict(ch.text) for ch in c.choices if ch.finish_reason != "content_filter"]
         bad = [f for f in failures if f is not None]
         if not bad:
@@ -371,8 +371,12 @@ async def complete(
     req: CompletionRequest,
     ctx: CallContext,
     call: Call,
+    again: Call | None = None,
 ) -> Completion:
-    calls = [_guided_call(em, sub, call) if em.guide is not None else call(sub) for sub in sub_requests(em, req)]
+    """The sub-calls' answers as one. `again` makes a guided output's retry (by default `call`): a call
+    beyond the planned ones, which the attempt charges to the target's quota as it is made."""
+    retry = again or call
+    calls = [_guided_call(em, sub, call, retry) if em.guide is not None else call(sub) for sub in sub_requests(em, req)]
     results = await _gather(calls)
     choices: list[Choice] = []
     usage: Usage | None = None

@@ -466,10 +466,12 @@ class Limiter:
                 self._cancel(lease, buckets)  # refused here: nothing will release it
         return out
 
-    async def acquire(self, buckets: Sequence[Bucket], tokens: int) -> Decision:
+    async def acquire(self, buckets: Sequence[Bucket], tokens: int, requests: int = 1) -> Decision:
+        """Charge every bucket or none: `tokens` to token buckets, `requests` to request-rate ones (an
+        emulated fan-out's further upstream calls); a concurrency bucket takes one lease whatever they are."""
         # Only a concurrency lease needs a name; ids are unique across replicas (gateway.ids).
         lease = unique_suffix() if any(b.kind == "concurrent" for b in buckets) else ""
-        costs = [tokens if b.kind in TOKEN_KINDS else 1 for b in buckets]
+        costs = [tokens if b.kind in TOKEN_KINDS else requests for b in buckets]
         try:
             if self._channel is None:
                 out = self.local.run("acquire", lease, buckets, costs)
@@ -525,6 +527,12 @@ class Limiter:
         token_buckets = [b for b in buckets if b.kind in TOKEN_KINDS]
         if token_buckets and tokens:
             await self._run("adjust", "", token_buckets, [float(tokens)] * len(token_buckets))
+
+    async def give_back(self, buckets: Sequence[Bucket], requests: int) -> None:
+        """Return `requests` units to the request-rate buckets among `buckets` (calls charged, never made)."""
+        rate = [b for b in buckets if b.kind not in TOKEN_KINDS and b.kind != "concurrent"]
+        if rate and requests:
+            await self._run("adjust", "", rate, [float(-requests)] * len(rate))
 
     async def release(self, buckets: Sequence[Bucket], lease: str) -> None:
         held = [b for b in buckets if b.kind == "concurrent"]
