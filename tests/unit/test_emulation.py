@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import AsyncGenerator
 from typing import Any, ClassVar
@@ -363,6 +364,46 @@ def test_the_linear_stop_scanner_sends_what_the_rescanning_one_did(
         if hit:
             break
     assert (out, hit) == _reference_scan(pieces, stops, include)
+
+
+def _naive_find(text: str, stops: list[str]) -> tuple[int, str] | None:
+    hits = [(text.find(s), i, s) for i, s in enumerate(stops) if s and text.find(s) >= 0]
+    return min(hits)[::2] if hits else None
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    text=st.text(alphabet="abc", max_size=30),
+    stops=st.lists(st.text(alphabet="abc", max_size=5), min_size=1, max_size=5),
+    cuts=st.lists(st.integers(min_value=0, max_value=30), max_size=4),
+)
+def test_one_automaton_finds_the_earliest_stop_fed_whole_or_in_pieces(
+    text: str, stops: list[str], cuts: list[int]
+) -> None:
+    expected = _naive_find(text, stops)
+    assert emulation.find_stop(text, stops) == expected
+    # Pieces that are not final (a long chunk read a slice at a time) decide as the whole text does.
+    scanner = emulation.StopScanner(stops, include=False)
+    bounds = sorted({0, len(text), *(c for c in cuts if c < len(text))})
+    sent, stopped = "", False
+    for a, b in itertools.pairwise(bounds):
+        out, stopped = scanner.feed(text[a:b], final=b == len(text))
+        sent += out
+        if stopped:
+            break
+    if not stopped:
+        rest, stopped = scanner.flush()
+        sent += rest
+    assert (sent, stopped) == ((text[: expected[0]], True) if expected else (text, False))
+
+
+def test_one_automaton_is_linear_in_the_text_whatever_the_number_of_stops() -> None:
+    stops = ["a" * 127 + chr(0x100 + i) for i in range(64)]
+    scanner = emulation.StopScanner(stops, False)
+    start = time.perf_counter()
+    for _ in range(64):
+        scanner.feed("a" * 4096)
+    assert time.perf_counter() - start < 0.5
 
 
 def test_the_stop_scanner_is_linear_in_a_long_partial_match() -> None:
