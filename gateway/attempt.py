@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncGenerator, Coroutine, Mapping, Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ import msgspec
 
 from gateway import emulation
 from gateway.admission import Admission, Ticket
+from gateway.client_schema import Work
 from gateway.config import CapsConfig
 from gateway.emulation import Emulation
 from gateway.framing import DECODERS
@@ -95,7 +97,7 @@ class Job:
     admission, settled when the answer (or the stream) ends.
     """
 
-    __slots__ = ("services", "admission", "req", "ctx", "plan", "dropped", "ticket")
+    __slots__ = ("services", "admission", "req", "ctx", "plan", "dropped", "ticket", "work")
 
     def __init__(
         self,
@@ -113,6 +115,7 @@ class Job:
         self.plan = plan
         self.dropped: dict[str, list[str]] = {}  # per route key: the parameters dropped for it
         self.ticket = ticket
+        self.work: Work | None = None  # what checking guided answers may spend: every attempt's together
 
     async def complete(self, route: Route, timeouts: Timeouts) -> Completion:
         """One buffered attempt on `route`, within the target's own quota."""
@@ -150,9 +153,10 @@ class Job:
 class Attempt:
     """One attempt of a job on one route, within `timeouts`: one upstream call, or an emulation's several."""
 
-    __slots__ = ("services", "route", "req", "ctx", "timeouts", "dropped")
+    __slots__ = ("job", "services", "route", "req", "ctx", "timeouts", "dropped")
 
     def __init__(self, job: Job, route: Route, timeouts: Timeouts) -> None:
+        self.job = job
         self.services = job.services
         self.route = route
         self.req = job.req
@@ -171,7 +175,15 @@ class Attempt:
         em = self._emulation()
         if em is None:
             return self.call(self.req)
-        return emulation.complete(em, self.req, self.ctx, self.call)
+        return emulation.complete(em, self.req, self.ctx, self.call, self._work() if em.guide is not None else None)
+
+    def _work(self) -> Work:
+        """The request's checking budget, made by its first guided attempt: the attempt's timeouts end at the
+        request's deadline (gateway/failover.py caps them to what is left of it)."""
+        job = self.job
+        if job.work is None:
+            job.work = Work(self.services.caps.guided_work, time.monotonic() + self.timeouts.total)
+        return job.work
 
     async def open(self) -> Opened:
         em = self._emulation()
@@ -180,7 +192,7 @@ class Attempt:
         if em.guide is not None:
             # Bytes sent cannot be taken back: a guided stream is made from an answer already validated.
             plain = msgspec.structs.replace(self.req, stream=False, stream_options=None)
-            answer = await emulation.complete(em, plain, self.ctx, self.call)
+            answer = await emulation.complete(em, plain, self.ctx, self.call, self._work())
             chunks = _replay(emulation.to_chunks(answer))
             return Opened(chunks, await anext(chunks, None), ctx=self.ctx)
         tasks = [asyncio.ensure_future(self.open_one(s)) for s in emulation.sub_requests(em, self.req)]

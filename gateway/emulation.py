@@ -11,16 +11,17 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 import msgspec
 
-from gateway.client_schema import Checker, admit
+from gateway.client_schema import Checker, Work, WorkExhausted, admit, match_steps
 from gateway.config import CapsConfig
 from gateway.patterns import affordable, compile_pattern
 from gateway.stops import StopMatcher, StopScanner, find_stop, matcher
 from providers.base import Adapter, CallContext, Endpoint, LocalAdapter, prompt_form
-from wire.errors import InvalidRequestError, UpstreamError
+from wire.errors import InvalidRequestError, UpstreamError, UpstreamTimeoutError
 from wire.schema import Choice, Completion, CompletionRequest, Logprobs, Usage
 
 _DEFAULT_CAPS = CapsConfig()
@@ -44,6 +45,13 @@ GUIDED_CHOICES = 1024
 GUIDED_CHOICE_CHARS = 64 * 1024
 
 
+# Where answers are checked against a client's regex or schema: a thread of the gateway's own, so a flood
+# of checks queues here (each request within its own `caps.guided_work`), not in the default executor
+# (DNS lookups). One: schema checks hold the GIL, and every further thread competing for it delays the
+# event loop more (two made `/health` take 100 ms under load; one, 20 ms).
+_CHECKS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="guided-check")
+
+
 def _bad(message: str, param: str) -> InvalidRequestError:
     return InvalidRequestError(message, param=param, code="unsupported_parameter")
 
@@ -56,11 +64,15 @@ class Guide(msgspec.Struct, frozen=True):
     choices: frozenset[str] = frozenset()
     depth: int = _DEFAULT_CAPS.json_depth
 
-    def check(self, text: str) -> str | None:
-        """None when `text` satisfies the constraint, else why not. Safe to run in a worker thread."""
+    def check(self, text: str, work: Work | None = None) -> str | None:
+        """None when `text` satisfies the constraint, else why not. Safe to run in a worker thread.
+
+        A schema check spends `work`, the request's (WorkExhausted when it runs out)."""
         if self.kind == "regex":
             if not affordable(self.pattern, text):
                 return "is too long to check against the regex within the gateway's bound"
+            if work is not None:
+                work.charge(match_steps(self.pattern, text))
             return None if self.pattern.fullmatch(text) else "does not match the regex"
         if self.kind == "choice":
             return None if text.strip() in self.choices else "is not one of the choices"
@@ -70,14 +82,20 @@ class Guide(msgspec.Struct, frozen=True):
             return "is not valid JSON"
         except RecursionError:
             return f"nests deeper than {self.depth} levels"
-        return self.checker.why(value) if self.checker is not None else None
+        if self.checker is None:
+            return None
+        return self.checker.why(value, work if work is not None else Work(_DEFAULT_CAPS.guided_work))
 
-    async def verdict(self, text: str) -> str | None:
-        """`check`, off the event loop where it may take long: RE2 releases the GIL while it matches, and a
-        schema check is held to client_schema.ANSWER_WORK evaluations."""
+    async def verdict(self, text: str, work: Work) -> str | None:
+        """`check`, off the event loop (on the checks' own threads, so they never hold up the default
+        executor's DNS lookups): RE2 releases the GIL while it matches, and a schema check spends `work`."""
         if self.kind == "choice":
             return self.check(text)
-        return await asyncio.to_thread(self.check, text)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(_CHECKS, self.check, text, work)
+        except asyncio.CancelledError:
+            work.stop()  # the thread gives up at its next draw instead of checking for nobody
+            raise
 
 
 class Emulation(msgspec.Struct):
@@ -228,13 +246,21 @@ def _guide(adapter: Adapter | LocalAdapter, req: CompletionRequest, provider: st
         )
     depth = caps.json_depth
     if req.guided_json is not None and _emulated(adapter, "guided_json"):
-        checker = admit(req.guided_json, param="guided_json", depth=depth, pattern_chars=caps.pattern_chars)
+        checker = admit(
+            req.guided_json,
+            param="guided_json",
+            depth=depth,
+            pattern_chars=caps.pattern_chars,
+            paths=caps.schema_paths,
+        )
         return Guide("json", "guided_json", checker=checker, depth=depth)
     rf = req.response_format
     if rf is not None and _emulated(adapter, "response_format") and rf.get("type") == "json_object":
         schema = rf.get("schema")
         if isinstance(schema, dict):
-            checker = admit(schema, param="response_format", depth=depth, pattern_chars=caps.pattern_chars)
+            checker = admit(
+                schema, param="response_format", depth=depth, pattern_chars=caps.pattern_chars, paths=caps.schema_paths
+            )
             return Guide("json", "response_format", checker=checker, depth=depth)
         return Guide("json", "response_format", depth=depth)
     if req.guided_regex is not None and _emulated(adapter, "guided_regex"):
@@ -368,12 +394,17 @@ async def _gather(calls: list[Awaitable[Completion]]) -> list[Completion]:
         raise
 
 
-async def _guided_call(em: Emulation, sub: CompletionRequest, call: Call) -> Completion:
+async def _guided_call(em: Emulation, sub: CompletionRequest, call: Call, work: Work) -> Completion:
     assert em.guide is not None
     why = ""
     for _ in range(em.guided_retries + 1):
         c = await call(sub)
-        failures = [await em.guide.verdict(ch.text) for ch in c.choices if ch.finish_reason != "content_filter"]
+        try:
+            failures = [
+                await em.guide.verdict(ch.text, work) for ch in c.choices if ch.finish_reason != "content_filter"
+            ]
+        except WorkExhausted as exc:
+            raise _unchecked(em, exc) from None
         bad = [f for f in failures if f is not None]
         if not bad:
             return c
@@ -388,13 +419,39 @@ async def _guided_call(em: Emulation, sub: CompletionRequest, call: Call) -> Com
     raise err
 
 
+def _unchecked(em: Emulation, exc: WorkExhausted) -> UpstreamError:
+    """The request's checking budget or deadline ran out: no retry (it would only be refused unchecked)."""
+    assert em.guide is not None
+    if exc.deadline:
+        return UpstreamTimeoutError(
+            f"The request's deadline passed while the gateway checked its answer against '{em.guide.param}'",
+            code="deadline_exceeded",
+            retryable=False,
+            cause="deadline_exceeded",
+        )
+    return UpstreamError(
+        f"The model's output could not be checked: {exc}; '{em.guide.param}' is enforced by the gateway for "
+        "this provider and an unvalidated answer is never returned",
+        code="guided_output_invalid",
+        param=em.guide.param,
+        retryable=False,
+    )
+
+
 async def complete(
     em: Emulation,
     req: CompletionRequest,
     ctx: CallContext,
     call: Call,
+    work: Work | None = None,
 ) -> Completion:
-    calls = [_guided_call(em, sub, call) if em.guide is not None else call(sub) for sub in sub_requests(em, req)]
+    """`work`: what checking the answers may spend, the request's (shared with its other attempts)."""
+    calls: list[Awaitable[Completion]]
+    if em.guide is not None:
+        spend = work if work is not None else Work(_DEFAULT_CAPS.guided_work)
+        calls = [_guided_call(em, sub, call, spend) for sub in sub_requests(em, req)]
+    else:
+        calls = [call(sub) for sub in sub_requests(em, req)]
     results = await _gather(calls)
     choices: list[Choice] = []
     usage: Usage | None = None

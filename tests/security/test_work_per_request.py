@@ -128,3 +128,85 @@ def test_enforced_stops_cut_a_buffered_answer(api: httpx.Client, upstream: Upstr
     choice = resp.json()["choices"][0]
     assert (choice["text"], choice["finish_reason"]) == ("a" * 300_000 + stops[5][-1], "stop")
     assert took < 3.0, took
+
+
+# --------------------------------------------------------------------------------------------------
+# Guided JSON
+
+
+def _chained(pairs: int) -> dict[str, Any]:
+    """`pairs` levels of `anyOf` whose two branches `$ref` the next level: 2^(pairs-1) paths for one value."""
+    defs: dict[str, Any] = {
+        f"d{i}": {"anyOf": [{"$ref": f"#/$defs/d{i + 1}"}, {"$ref": f"#/$defs/d{i + 1}", "minimum": 0}]}
+        for i in range(pairs)
+    }
+    defs[f"d{pairs}"] = {"type": "integer"}
+    return {"$defs": defs, "$ref": "#/$defs/d0"}
+
+
+# Every item matches only the last of eight branches: nine evaluations per item, 900,000 per answer.
+COSTLY = {
+    "type": "array",
+    "items": {
+        "anyOf": [{"type": t} for t in ("integer", "string", "object", "array", "null", "number")] * 1
+        + [
+            {"type": "array"},
+            {"type": "boolean"},
+        ]
+    },
+}
+COSTLY_ANSWER = json.dumps([True] * 100_000)
+
+
+def guided(schema: dict[str, Any], n: int, **extra: Any) -> dict[str, Any]:
+    return {"model": ANTHROPIC, "prompt": "json", "max_tokens": 40, "n": n, "guided_json": schema, **extra}
+
+
+def test_a_schema_with_exponentially_many_ref_paths_is_refused_naming_guided_json(
+    gateway: Any, api: httpx.Client, upstream: Upstream
+) -> None:
+    # The issue's schema: 31 chained anyOf/$ref pairs (2^30 paths); n: 4 took 30 s of checking.
+    upstream.handler = answering('"not an integer"')
+    with HealthProbe(gateway.url) as probe:
+        resp, took = timed_post(api, "/v1/completions", guided(_chained(31), 4))
+    assert resp.status_code == 400, resp.text[:500]
+    error = resp.json()["error"]
+    assert (error["param"], error["code"], error["type"]) == ("guided_json", "invalid_value", "invalid_request_error")
+    assert "more than 1000 ways through its '$ref'" in error["message"]
+    assert upstream.received == []
+    assert took < 1.0, took
+    assert probe.slowest < HEALTH_S, probe.slowest
+
+
+def test_a_schema_with_few_ref_paths_is_still_checked(api: httpx.Client, upstream: Upstream) -> None:
+    upstream.handler = answering("7")
+    resp, _ = timed_post(api, "/v1/completions", guided(_chained(6), 2))
+    assert resp.status_code == 200, resp.text[:500]
+    assert [c["text"] for c in resp.json()["choices"]] == ["7", "7"]
+
+
+def test_one_checking_budget_is_shared_by_every_choice_and_retry(
+    gateway: Any, api: httpx.Client, upstream: Upstream
+) -> None:
+    # Eight choices, each answer needing 900,000 evaluations: the answers had 100,000 each, for each of
+    # three attempts (24 s of checking); the request now has caps.guided_work (200,000) in all.
+    upstream.handler = answering(COSTLY_ANSWER)
+    with HealthProbe(gateway.url) as probe:
+        resp, took = timed_post(api, "/v1/completions", guided(COSTLY, 8))
+    assert resp.status_code == 502, resp.text[:500]
+    error = resp.json()["error"]
+    assert (error["param"], error["code"]) == ("guided_json", "guided_output_invalid")
+    assert "more than the gateway's bound of 200000 evaluations" in error["message"]
+    assert len(upstream.received) == 8  # the first call of each choice; no retry once the budget is spent
+    assert took < 6.0, took
+    assert probe.answers > 0 and probe.slowest < HEALTH_S, (probe.answers, probe.slowest)
+
+
+def test_checking_stops_at_the_requests_deadline(gateway: Any, api: httpx.Client, upstream: Upstream) -> None:
+    upstream.handler = answering(COSTLY_ANSWER)
+    with HealthProbe(gateway.url) as probe:
+        resp, took = timed_post(api, "/v1/completions", guided(COSTLY, 2, inference_timeout=0.5))
+    assert resp.status_code == 504, resp.text[:500]
+    assert resp.json()["error"]["code"] == "deadline_exceeded"
+    assert took < 1.5, took
+    assert probe.answers > 0 and probe.slowest < HEALTH_S, (probe.answers, probe.slowest)
