@@ -60,18 +60,26 @@ class Work:
     """What one request may spend checking answers: keyword evaluations, shared by every choice and retry
     (threads draw from it under a lock), until its deadline (`time.monotonic()`), or until `stop()`."""
 
-    __slots__ = ("left", "total", "deadline", "stopped", "_lock")
+    __slots__ = ("left", "total", "deadline", "stopped", "parent", "_lock")
 
-    def __init__(self, steps: int, deadline: float | None = None) -> None:
+    def __init__(self, steps: int, deadline: float | None = None, parent: Work | None = None) -> None:
         self.left = self.total = steps
         self.deadline = deadline
         self.stopped = False
+        self.parent = parent
         self._lock = threading.Lock()
+
+    def share(self) -> Work:
+        """A view drawing from this budget that can be stopped on its own: one check, which its caller may
+        abandon (cancelled) while the request's other checks, and later attempts, go on."""
+        return Work(0, self.deadline, parent=self)
 
     def draw(self, want: int) -> int:
         """Up to `want` evaluations; WorkExhausted when none are left, the deadline passed or it was stopped."""
         if self.stopped:
             raise WorkExhausted("the request ended before its answer was checked")
+        if self.parent is not None:
+            return self.parent.draw(want)
         if self.deadline is not None and time.monotonic() >= self.deadline:
             raise WorkExhausted("the request's deadline passed while its answer was checked", deadline=True)
         with self._lock:
@@ -89,6 +97,9 @@ class Work:
             steps -= self.draw(steps)
 
     def give_back(self, steps: int) -> None:
+        if self.parent is not None:
+            self.parent.give_back(steps)
+            return
         with self._lock:
             self.left += steps
 

@@ -91,10 +91,11 @@ class Guide(msgspec.Struct, frozen=True):
         executor's DNS lookups): RE2 releases the GIL while it matches, and a schema check spends `work`."""
         if self.kind == "choice":
             return self.check(text)
+        mine = work.share()
         try:
-            return await asyncio.get_running_loop().run_in_executor(_CHECKS, self.check, text, work)
+            return await asyncio.get_running_loop().run_in_executor(_CHECKS, self.check, text, mine)
         except asyncio.CancelledError:
-            work.stop()  # the thread gives up at its next draw instead of checking for nobody
+            mine.stop()  # the thread gives up at its next draw instead of checking for nobody
             raise
 
 

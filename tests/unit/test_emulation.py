@@ -517,3 +517,14 @@ def test_a_check_past_the_requests_deadline_gives_up() -> None:
     with pytest.raises(WorkExhausted) as err:
         em.guide.check(json.dumps(list(range(300))), Work(100_000, deadline=time.monotonic() - 1))
     assert err.value.deadline
+
+
+def test_an_abandoned_check_stops_alone() -> None:
+    work = Work(1000)
+    mine = work.share()
+    assert mine.draw(10) == 10
+    mine.stop()
+    with pytest.raises(WorkExhausted, match="ended"):
+        mine.draw(10)
+    assert work.draw(10) == 10  # the request's other checks, and its later attempts, go on
+    assert work.left == 980
