@@ -34,6 +34,10 @@ from wire.errors import InvalidRequestError
 # meta-schema takes about 50, so a few hundred subschemas fit. Checking answers (in worker threads) is
 # held to one `Work` per request: `caps.guided_work` evaluations for all its choices and retries together.
 ADMIT_WORK = 20_000
+# A schema of at most this many subschemas and pattern characters is admitted whole on the event loop (a
+# few ms); a larger one is finished (`Checker.finish`) off it, before any upstream call.
+LOOP_NODES = 64
+LOOP_PATTERN_CHARS = 256
 # A regex match is priced in evaluations: RE2 at its slowest (0.3 ns per character x instruction, see
 # gateway/patterns.py) does this many character x instructions in about an evaluation's 10 us.
 RE2_STEP = 32_768
@@ -184,8 +188,8 @@ def _children(node: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
                 yield key, item
 
 
-def _walk(schema: dict[str, Any], param: str, legacy_id: bool, paths: int) -> list[str]:
-    """Check a schema's structure; return its patterns. Iterative, each node once (`$ref` targets too)."""
+def _walk(schema: dict[str, Any], param: str, legacy_id: bool, paths: int) -> tuple[list[str], int]:
+    """Check a schema's structure; return its patterns and subschemas. Iterative, each node once."""
     patterns: list[str] = []
     seen: dict[int, Any] = {}
     in_place: dict[int, list[int]] = {}
@@ -234,7 +238,7 @@ def _walk(schema: dict[str, Any], param: str, legacy_id: bool, paths: int) -> li
             f"has more than {paths} ways through its '$ref', 'anyOf', 'allOf', 'oneOf', 'not' and 'if' branches "
             "for one value, which the gateway would have to check every answer against",
         )
-    return patterns
+    return patterns, len(seen)
 
 
 def _most_paths(edges: dict[int, list[int]], cap: int) -> int:
@@ -415,12 +419,35 @@ def _first_error(validator: Any, instance: Any, work: Work, patterns: dict[str, 
 
 
 class Checker:
-    """An admitted schema: `why(value)` says why a decoded answer fails it, or None."""
+    """An admitted schema: `why(value)` says why a decoded answer fails it, or None.
 
-    def __init__(self, validator: Any, depth: int, patterns: dict[str, Any]) -> None:
-        self._validator = validator
+    Until `ready`, `finish` has still to check it against its meta-schema and compile its patterns (a 400
+    naming the field), off the event loop: `admit` does that itself only for a small schema."""
+
+    def __init__(self, schema: dict[str, Any], cls: Any, param: str, depth: int, pattern_chars: int) -> None:
+        self._schema, self._cls, self._param, self._pattern_chars = schema, cls, param, pattern_chars
+        self._validator: Any = None
         self._depth = depth
-        self._patterns = patterns
+        self._patterns: dict[str, Any] = {}
+        self.sources: list[str] = []
+        self.ready = False
+
+    def finish(self) -> None:
+        param, schema, cls = self._param, self._schema, self._cls
+        self._patterns = compile_all(self.sources, param=param, limit=self._pattern_chars)
+        meta_cls = cls if cls in _METAS else Draft7Validator
+        meta = _bounded(meta_cls)(_METAS[meta_cls], format_checker=None, registry=_EMPTY)
+        try:
+            problem = _first_error(meta, schema, Work(ADMIT_WORK))
+        except (_Exhausted, WorkExhausted):
+            raise _bad(param, f"is too large for the gateway to check (more than {ADMIT_WORK} evaluations)") from None
+        except RecursionError:
+            raise _bad(param, "is nested too deeply for the gateway to check") from None
+        if problem is not None:
+            raise _bad(param, f"is not a valid JSON Schema: {problem}")
+        # An empty registry: a reference the walk missed fails instead of being fetched from the network.
+        self._validator = _bounded(cls)(_without_base(schema), format_checker=None, registry=_EMPTY)
+        self.ready = True
 
     def why(self, value: Any, work: Work) -> str | None:
         """Raises WorkExhausted when the request's budget or deadline runs out first."""
@@ -458,21 +485,11 @@ def admit(schema: dict[str, Any], *, param: str, depth: int, pattern_chars: int,
     cls = validator_for(schema, default=Draft202012Validator)
     if cls is Draft3Validator:
         raise _bad(param, "uses JSON Schema draft 3, which the gateway does not check")
-    walked = _walk(schema, param, legacy_id=cls is Draft4Validator, paths=paths)
-    patterns = compile_all(walked, param=param, limit=pattern_chars)
-    meta_cls = cls if cls in _METAS else Draft7Validator
-    meta = _bounded(meta_cls)(_METAS[meta_cls], format_checker=None, registry=_EMPTY)
-    try:
-        problem = _first_error(meta, schema, Work(ADMIT_WORK))
-    except (_Exhausted, WorkExhausted):
-        raise _bad(param, f"is too large for the gateway to check (more than {ADMIT_WORK} evaluations)") from None
-    except RecursionError:
-        raise _bad(param, "is nested too deeply for the gateway to check") from None
-    if problem is not None:
-        raise _bad(param, f"is not a valid JSON Schema: {problem}")
-    # An empty registry: a reference the walk missed fails instead of being fetched from the network.
-    validator = _bounded(cls)(_without_base(schema), format_checker=None, registry=_EMPTY)
-    return Checker(validator, depth, patterns)
+    checker = Checker(schema, cls, param, depth, pattern_chars)
+    checker.sources, nodes = _walk(schema, param, legacy_id=cls is Draft4Validator, paths=paths)
+    if nodes <= LOOP_NODES and sum(map(len, checker.sources)) <= LOOP_PATTERN_CHARS:
+        checker.finish()
+    return checker
 
 
 __all__ = ["ADMIT_WORK", "Checker", "Work", "WorkExhausted", "admit", "depth_exceeds", "match_steps"]

@@ -449,6 +449,9 @@ async def complete(
     """`work`: what checking the answers may spend, the request's (shared with its other attempts)."""
     calls: list[Awaitable[Completion]]
     if em.guide is not None:
+        checker = em.guide.checker
+        if checker is not None and not checker.ready:
+            await asyncio.get_running_loop().run_in_executor(_CHECKS, checker.finish)
         spend = work if work is not None else Work(_DEFAULT_CAPS.guided_work)
         calls = [_guided_call(em, sub, call, spend) for sub in sub_requests(em, req)]
     else:
