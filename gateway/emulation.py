@@ -87,7 +87,7 @@ class Guide(msgspec.Struct, frozen=True):
         return self.checker.why(value, work if work is not None else Work(_DEFAULT_CAPS.guided_work))
 
     async def verdict(self, text: str, work: Work) -> str | None:
-        """`check`, off the event loop (on the checks' own threads, so they never hold up the default
+        """`check`, off the event loop (on the checks' own thread, so they never hold up the default
         executor's DNS lookups): RE2 releases the GIL while it matches, and a schema check spends `work`."""
         if self.kind == "choice":
             return self.check(text)
