@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncGenerator, Coroutine, Mapping, Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ import msgspec
 
 from gateway import emulation
 from gateway.admission import Admission, Ticket
+from gateway.client_schema import Work
 from gateway.config import CapsConfig
 from gateway.emulation import Emulation
 from gateway.framing import DECODERS
@@ -95,7 +97,7 @@ class Job:
     admission, settled when the answer (or the stream) ends.
     """
 
-    __slots__ = ("services", "admission", "req", "ctx", "plan", "dropped", "ticket")
+    __slots__ = ("services", "admission", "req", "ctx", "plan", "dropped", "ticket", "work")
 
     def __init__(
         self,
@@ -113,6 +115,7 @@ class Job:
         self.plan = plan
         self.dropped: dict[str, list[str]] = {}  # per route key: the parameters dropped for it
         self.ticket = ticket
+        self.work: Work | None = None  # what checking guided answers may spend: every attempt's together
 
     async def complete(self, route: Route, timeouts: Timeouts) -> Completion:
         """One buffered attempt on `route`, within the target's own quota."""
@@ -150,9 +153,10 @@ class Job:
 class Attempt:
     """One attempt of a job on one route, within `timeouts`: one upstream call, or an emulation's several."""
 
-    __slots__ = ("services", "admission", "route", "req", "ctx", "timeouts", "dropped", "charged", "sent")
+    __slots__ = ("job", "services", "admission", "route", "req", "ctx", "timeouts", "dropped", "charged", "sent")
 
     def __init__(self, job: Job, route: Route, timeouts: Timeouts) -> None:
+        self.job = job
         self.services = job.services
         self.admission = job.admission
         self.route = route
@@ -180,7 +184,8 @@ class Attempt:
     async def _complete(self, em: Emulation, req: CompletionRequest) -> Completion:
         await self._charge(em)
         try:
-            return await emulation.complete(em, req, self.ctx, self.call, self._again)
+            work = self._work() if em.guide is not None else None
+            return await emulation.complete(em, req, self.ctx, self.call, self._again, work)
         finally:
             self._unsent()
 
@@ -206,6 +211,14 @@ class Attempt:
         unsent = self.charged - max(self.sent - 1, 0)
         if unsent > 0 and self.admission is not None:
             self.admission.give_back_calls(self.route, unsent)
+
+    def _work(self) -> Work:
+        """The request's checking budget, made by its first guided attempt: the attempt's timeouts end at the
+        request's deadline (gateway/failover.py caps them to what is left of it)."""
+        job = self.job
+        if job.work is None:
+            job.work = Work(self.services.caps.guided_work, time.monotonic() + self.timeouts.total)
+        return job.work
 
     async def open(self) -> Opened:
         em = self._emulation()

@@ -152,6 +152,15 @@ class CapsConfig(Strict, frozen=True):
     json_depth: Annotated[int, Meta(ge=2, le=1000)] = 64
     # A client-supplied pattern (`guided_regex`, a JSON-schema `pattern`), in characters.
     pattern_chars: Annotated[int, Meta(ge=16)] = 4096
+    # Stop sequences the gateway enforces itself (beyond a provider's count, or kept where it strips them),
+    # in characters together: their automaton is built from them once per request.
+    stop_chars: Annotated[int, Meta(ge=16)] = 8 * 1024
+    # Keyword evaluations (about 10 us each) one request may spend checking its answers against a client's
+    # JSON Schema (`guided_json`, `response_format`): all its choices and retries together.
+    guided_work: Annotated[int, Meta(ge=1000)] = 200_000
+    # The most subschemas a client's schema may apply to one value through `$ref`s and in-place branches
+    # (`anyOf`, `allOf`, `oneOf`, `not`, `if`): shared `$ref` targets multiply them.
+    schema_paths: Annotated[int, Meta(ge=1)] = 1000
     # The text an emulated answer may build (echo x n x prompts, best_of fan-outs), in bytes.
     emulated_answer_bytes: Annotated[int, Meta(ge=1024)] = 16 * 1024 * 1024
     # Tokens the built-in `fake` provider generates for one choice.

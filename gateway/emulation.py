@@ -11,15 +11,17 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 import msgspec
 
-from gateway.client_schema import Checker, admit
+from gateway.client_schema import Checker, Work, WorkExhausted, admit, match_steps
 from gateway.config import CapsConfig
 from gateway.patterns import affordable, compile_pattern
+from gateway.stops import StopMatcher, StopScanner, find_stop, matcher
 from providers.base import Adapter, CallContext, Endpoint, LocalAdapter, prompt_form
-from wire.errors import InvalidRequestError, UpstreamError
+from wire.errors import InvalidRequestError, UpstreamError, UpstreamTimeoutError
 from wire.schema import Choice, Completion, CompletionRequest, Logprobs, Usage
 
 _DEFAULT_CAPS = CapsConfig()
@@ -43,6 +45,13 @@ GUIDED_CHOICES = 1024
 GUIDED_CHOICE_CHARS = 64 * 1024
 
 
+# Where answers are checked against a client's regex or schema: a thread of the gateway's own, so a flood
+# of checks queues here (each request within its own `caps.guided_work`), not in the default executor
+# (DNS lookups). One: schema checks hold the GIL, and every further thread competing for it delays the
+# event loop more (two made `/health` take 100 ms under load; one, 20 ms).
+_CHECKS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="guided-check")
+
+
 def _bad(message: str, param: str) -> InvalidRequestError:
     return InvalidRequestError(message, param=param, code="unsupported_parameter")
 
@@ -55,11 +64,15 @@ class Guide(msgspec.Struct, frozen=True):
     choices: frozenset[str] = frozenset()
     depth: int = _DEFAULT_CAPS.json_depth
 
-    def check(self, text: str) -> str | None:
-        """None when `text` satisfies the constraint, else why not. Safe to run in a worker thread."""
+    def check(self, text: str, work: Work | None = None) -> str | None:
+        """None when `text` satisfies the constraint, else why not. Safe to run in a worker thread.
+
+        A schema check spends `work`, the request's (WorkExhausted when it runs out)."""
         if self.kind == "regex":
             if not affordable(self.pattern, text):
                 return "is too long to check against the regex within the gateway's bound"
+            if work is not None:
+                work.charge(match_steps(self.pattern, text))
             return None if self.pattern.fullmatch(text) else "does not match the regex"
         if self.kind == "choice":
             return None if text.strip() in self.choices else "is not one of the choices"
@@ -69,14 +82,21 @@ class Guide(msgspec.Struct, frozen=True):
             return "is not valid JSON"
         except RecursionError:
             return f"nests deeper than {self.depth} levels"
-        return self.checker.why(value) if self.checker is not None else None
+        if self.checker is None:
+            return None
+        return self.checker.why(value, work if work is not None else Work(_DEFAULT_CAPS.guided_work))
 
-    async def verdict(self, text: str) -> str | None:
-        """`check`, off the event loop where it may take long: RE2 releases the GIL while it matches, and a
-        schema check is held to client_schema.ANSWER_WORK evaluations."""
+    async def verdict(self, text: str, work: Work) -> str | None:
+        """`check`, off the event loop (on the checks' own thread, so they never hold up the default
+        executor's DNS lookups): RE2 releases the GIL while it matches, and a schema check spends `work`."""
         if self.kind == "choice":
             return self.check(text)
-        return await asyncio.to_thread(self.check, text)
+        mine = work.share()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(_CHECKS, self.check, text, mine)
+        except asyncio.CancelledError:
+            mine.stop()  # the thread gives up at its next draw instead of checking for nobody
+            raise
 
 
 class Emulation(msgspec.Struct):
@@ -86,6 +106,7 @@ class Emulation(msgspec.Struct):
     best_of: int | None
     echo: bool
     stops: list[str] | None  # enforced here
+    matcher: StopMatcher | None  # their automaton, built once
     include_stop: bool
     upstream_stop: list[str] | None
     guide: Guide | None
@@ -159,6 +180,7 @@ def plan(
     guide = _guide(adapter, req, provider, caps) if guided else None
     if len(prompts) == 1 and fan_n == 1 and not echo and stops is None and guide is None:
         return None
+    found: StopMatcher | None = None
     if stops is not None:
         for s in stops:
             if len(s) > caps.pattern_chars:
@@ -168,6 +190,15 @@ def plan(
                     param="stop",
                     code="invalid_value",
                 )
+        total = sum(map(len, stops))
+        if total > caps.stop_chars:
+            raise InvalidRequestError(
+                f"'stop' has {total} characters in all; the gateway enforces stop sequences for provider "
+                f"'{provider}' and takes at most {caps.stop_chars} characters together",
+                param="stop",
+                code="invalid_value",
+            )
+        found = matcher(stops)
     if fan_n > 1 or echo:
         _bound_copies(prompts, fan_n, n if echo else 0, caps.emulated_answer_bytes, best_of is not None)
     return Emulation(
@@ -177,6 +208,7 @@ def plan(
         best_of=best_of,
         echo=echo,
         stops=stops,
+        matcher=found,
         include_stop=include,
         upstream_stop=upstream_stop,
         guide=guide,
@@ -215,13 +247,21 @@ def _guide(adapter: Adapter | LocalAdapter, req: CompletionRequest, provider: st
         )
     depth = caps.json_depth
     if req.guided_json is not None and _emulated(adapter, "guided_json"):
-        checker = admit(req.guided_json, param="guided_json", depth=depth, pattern_chars=caps.pattern_chars)
+        checker = admit(
+            req.guided_json,
+            param="guided_json",
+            depth=depth,
+            pattern_chars=caps.pattern_chars,
+            paths=caps.schema_paths,
+        )
         return Guide("json", "guided_json", checker=checker, depth=depth)
     rf = req.response_format
     if rf is not None and _emulated(adapter, "response_format") and rf.get("type") == "json_object":
         schema = rf.get("schema")
         if isinstance(schema, dict):
-            checker = admit(schema, param="response_format", depth=depth, pattern_chars=caps.pattern_chars)
+            checker = admit(
+                schema, param="response_format", depth=depth, pattern_chars=caps.pattern_chars, paths=caps.schema_paths
+            )
             return Guide("json", "response_format", checker=checker, depth=depth)
         return Guide("json", "response_format", depth=depth)
     if req.guided_regex is not None and _emulated(adapter, "guided_regex"):
@@ -263,16 +303,6 @@ def _sub_request(em: Emulation, req: CompletionRequest, prompt: str | list[int])
     )
 
 
-def find_stop(text: str, stops: Sequence[str]) -> tuple[int, str] | None:
-    """The earliest stop sequence in `text` (position, sequence)."""
-    best: tuple[int, str] | None = None
-    for s in stops:
-        pos = text.find(s)
-        if pos >= 0 and (best is None or pos < best[0]):
-            best = (pos, s)
-    return best
-
-
 def _cut_logprobs(lp: Logprobs | None, keep: int) -> Logprobs | None:
     """Logprobs for the first `keep` characters of a choice's text."""
     if lp is None:
@@ -294,11 +324,30 @@ def _cut_logprobs(lp: Logprobs | None, keep: int) -> Logprobs | None:
     return out
 
 
-def _apply_stop(choice: Choice, stops: Sequence[str], include: bool) -> Choice:
-    hit = find_stop(choice.text, stops)
-    if hit is None:
+# The most text the stop automaton reads (in Python, a step per character) before the event loop gets a turn.
+SCAN_SLICE = 8 * 1024
+
+
+async def _scan(scanner: StopScanner, text: str) -> tuple[str, bool]:
+    """`scanner.feed(text)`, a slice at a time, letting the event loop run between slices."""
+    if len(text) <= SCAN_SLICE:
+        return scanner.feed(text)
+    sent: list[str] = []
+    for at in range(0, len(text), SCAN_SLICE):
+        if at:
+            await asyncio.sleep(0)
+        out, stopped = scanner.feed(text[at : at + SCAN_SLICE], final=at + SCAN_SLICE >= len(text))
+        sent.append(out)
+        if stopped:
+            return "".join(sent), True
+    return "".join(sent), False
+
+
+async def _apply_stop(choice: Choice, stops: StopMatcher, include: bool) -> Choice:
+    sent, stopped = await _scan(StopScanner(stops, include), choice.text)
+    if not stopped:
         return choice
-    cut = hit[0] + (len(hit[1]) if include else 0)
+    cut = len(sent)
     return Choice(
         text=choice.text[:cut], index=choice.index, logprobs=_cut_logprobs(choice.logprobs, cut), finish_reason="stop"
     )
@@ -346,12 +395,17 @@ async def _gather(calls: list[Awaitable[Completion]]) -> list[Completion]:
         raise
 
 
-async def _guided_call(em: Emulation, sub: CompletionRequest, call: Call, again: Call) -> Completion:
+async def _guided_call(em: Emulation, sub: CompletionRequest, call: Call, again: Call, work: Work) -> Completion:
     assert em.guide is not None
     why = ""
     for attempt in range(em.guided_retries + 1):
         c = await (again if attempt else call)(sub)
-        failures = [await em.guide.verdict(ch.text) for ch in c.choices if ch.finish_reason != "content_filter"]
+        try:
+            failures = [
+                await em.guide.verdict(ch.text, work) for ch in c.choices if ch.finish_reason != "content_filter"
+            ]
+        except WorkExhausted as exc:
+            raise _unchecked(em, exc) from None
         bad = [f for f in failures if f is not None]
         if not bad:
             return c
@@ -366,17 +420,46 @@ async def _guided_call(em: Emulation, sub: CompletionRequest, call: Call, again:
     raise err
 
 
+def _unchecked(em: Emulation, exc: WorkExhausted) -> UpstreamError:
+    """The request's checking budget or deadline ran out: no retry (it would only be refused unchecked)."""
+    assert em.guide is not None
+    if exc.deadline:
+        return UpstreamTimeoutError(
+            f"The request's deadline passed while the gateway checked its answer against '{em.guide.param}'",
+            code="deadline_exceeded",
+            retryable=False,
+            cause="deadline_exceeded",
+        )
+    return UpstreamError(
+        f"The model's output could not be checked: {exc}; '{em.guide.param}' is enforced by the gateway for "
+        "this provider and an unvalidated answer is never returned",
+        code="guided_output_invalid",
+        param=em.guide.param,
+        retryable=False,
+    )
+
+
 async def complete(
     em: Emulation,
     req: CompletionRequest,
     ctx: CallContext,
     call: Call,
     again: Call | None = None,
+    work: Work | None = None,
 ) -> Completion:
     """The sub-calls' answers as one. `again` makes a guided output's retry (by default `call`): a call
-    beyond the planned ones, which the attempt charges to the target's quota as it is made."""
-    retry = again or call
-    calls = [_guided_call(em, sub, call, retry) if em.guide is not None else call(sub) for sub in sub_requests(em, req)]
+    beyond the planned ones, which the attempt charges to the target's quota as it is made. `work`: what
+    checking the answers may spend, the request's (shared with its other attempts)."""
+    calls: list[Awaitable[Completion]]
+    if em.guide is not None:
+        checker = em.guide.checker
+        if checker is not None and not checker.ready:
+            await asyncio.get_running_loop().run_in_executor(_CHECKS, checker.finish)
+        spend = work if work is not None else Work(_DEFAULT_CAPS.guided_work)
+        retry = again or call
+        calls = [_guided_call(em, sub, call, retry, spend) for sub in sub_requests(em, req)]
+    else:
+        calls = [call(sub) for sub in sub_requests(em, req)]
     results = await _gather(calls)
     choices: list[Choice] = []
     usage: Usage | None = None
@@ -392,85 +475,13 @@ async def complete(
             if req.logprobs is None:
                 mine = [Choice(ch.text, ch.index, None, ch.finish_reason) for ch in mine]
         for j, ch in enumerate(mine):
-            if em.stops is not None:
-                ch = _apply_stop(ch, em.stops, em.include_stop)
+            if em.matcher is not None:
+                ch = await _apply_stop(ch, em.matcher, em.include_stop)
             text = (prompt if isinstance(prompt, str) else "") + ch.text if em.echo else ch.text
             choices.append(Choice(text, p_index * em.n + j, ch.logprobs, ch.finish_reason))
     return Completion(
         id=ctx.id, created=ctx.created, model=ctx.model, choices=choices, usage=usage, system_fingerprint=fingerprint
     )
-
-
-def _borders(s: str) -> list[int]:
-    """KMP failure function: for each prefix s[:i+1], the length of its longest proper border."""
-    fail = [0] * len(s)
-    k = 0
-    for i in range(1, len(s)):
-        while k and s[i] != s[k]:
-            k = fail[k - 1]
-        if s[i] == s[k]:
-            k += 1
-        fail[i] = k
-    return fail
-
-
-class StopScanner:
-    """Streams text through, holding back only what could still be the start of a stop sequence.
-
-    Linear in the text: per stop, a KMP automaton carries how much of the stop the text so far ends with
-    (that is what must be held back), fed only the new text, and skipping with `str.find` while nothing
-    is matched. Rescanning the held text on every chunk would be quadratic in a long partial match.
-    """
-
-    def __init__(self, stops: Sequence[str], include: bool) -> None:
-        self.stops = [s for s in stops if s]
-        self.include = include
-        self.buf = ""
-        self._fail = [_borders(s) for s in self.stops]
-        self._matched = [0] * len(self.stops)
-
-    def _advance(self, i: int, text: str) -> bool:
-        """Feed `text` to stop i's automaton; whether the stop is now complete."""
-        s, fail, k = self.stops[i], self._fail[i], self._matched[i]
-        j, end = 0, len(text)
-        while j < end:
-            if k == 0:
-                j = text.find(s[0], j)
-                if j < 0:
-                    break
-            c = text[j]
-            while k and s[k] != c:
-                k = fail[k - 1]
-            if s[k] == c:
-                k += 1
-            j += 1
-            if k == len(s):
-                self._matched[i] = k
-                return True
-        self._matched[i] = k
-        return False
-
-    def feed(self, text: str) -> tuple[str, bool]:
-        """(text safe to send now, whether a stop sequence was reached)."""
-        self.buf += text
-        complete = False
-        for i in range(len(self.stops)):
-            complete = self._advance(i, text) or complete
-        if complete:
-            # The earliest-starting stop within the text held and this chunk (as `find_stop` everywhere).
-            hit = find_stop(self.buf, self.stops)
-            assert hit is not None
-            cut = hit[0] + (len(hit[1]) if self.include else 0)
-            out, self.buf = self.buf[:cut], ""
-            return out, True
-        hold = max(self._matched, default=0)
-        out = self.buf[: len(self.buf) - hold]
-        self.buf = self.buf[len(self.buf) - hold :]
-        return out, False
-
-    def flush(self) -> str:
-        out, self.buf = self.buf, ""
-        return out
 
 
 async def stream(
@@ -521,15 +532,18 @@ async def stream(
                     echoed.add(index)
                     prompt = em.prompts[p_index]
                     text = (prompt if isinstance(prompt, str) else "") + text
-                if em.stops is not None:
-                    scanner = scanners.setdefault(index, StopScanner(em.stops, em.include_stop))
-                    safe, stopped = scanner.feed(ch.text)
+                if em.matcher is not None:
+                    scanner = scanners.get(index)
+                    if scanner is None:
+                        scanner = scanners[index] = StopScanner(em.matcher, em.include_stop)
+                    safe, stopped = await _scan(scanner, ch.text)
                     if em.echo and text != ch.text:
                         safe = text[: len(text) - len(ch.text)] + safe
+                    if not stopped and finish is not None:
+                        rest, stopped = scanner.flush()
+                        safe += rest
                     if stopped:
                         finish = "stop"
-                    elif finish is not None:
-                        safe += scanner.flush()
                     if safe != text:
                         lp = None  # the chunk's token logprobs no longer describe its text
                     text = safe
