@@ -66,7 +66,10 @@ def _announce(loaded: LoadedConfig, host: str | None = None) -> None:
     if admin and not loaded.missing_for("admin.key"):
         log.info("status page and /admin/* on: GET / asks for admin.key")
     else:
-        log.info("status page and /admin/* off (they answer 404): set admin.key (GATEWAY_ADMIN_KEY in config.yaml)")
+        log.info(
+            "status page and /admin/* off (they answer 404): set admin.key (GATEWAY_ADMIN_KEY in the shipped "
+            "config.yaml, from the environment or the .env beside it)"
+        )
 
 
 def _read_env_file(args: argparse.Namespace) -> None:
