@@ -5,6 +5,7 @@ A bad config is one line on stderr (`<file>: <yaml path>: <problem>`) and exit s
 `serve --server granian` runs the same app factory under Granian instead of uvicorn (docs/servers.md).
 A taken port is one line and exit status 1 too; start-up facts are logged at INFO, and at WARNING only
 what needs the operator's action (docs/operations.md#start-up-and-logs). `docs` regenerates docs/config.md.
+`serve` and `check-config` first read the `.env` beside the config, if any (gateway/envfile.py).
 """
 
 from __future__ import annotations
