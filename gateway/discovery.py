@@ -226,7 +226,8 @@ class Discovery:
                 ids, left_out = await self._fetch(src)
             except (GatewayError, NotAListing) as exc:
                 if isinstance(exc, UpstreamUnreachableError):
-                    self._mark(src, f"Provider '{src.name}' is unreachable: {_cause(exc)} (GET {src.request.url})")
+                    # No URL: it may carry credentials, and the reason is shown on the status page.
+                    self._mark(src, f"Provider '{src.name}' is unreachable: {_cause(exc)}")
                 self._failed(src, exc.message if isinstance(exc, GatewayError) else str(exc))
                 return
             except Exception as exc:  # whatever one upstream sends, the others are still refreshed

@@ -146,10 +146,7 @@ def test_what_cannot_be_called_is_unavailable_with_its_reason_and_not_listed(tmp
         assert targets["openai/davinci-002"]["state"] == "unavailable"
         local = targets["local/meta-llama/Llama-3.1-8B"]
         assert local["state"] == "unavailable"
-        assert re.fullmatch(
-            r"Provider 'local' is unreachable: the connection was refused \(GET http://127\.0\.0\.1:\d+/v1/models\)",
-            local["reason"],
-        ), local
+        assert local["reason"] == "Provider 'local' is unreachable: the connection was refused"
         assert {t["state"] for name, t in targets.items() if name.startswith("demo/")} == {"ok"}
         providers = {p["name"]: p for p in status["providers"]}
         assert providers["local"]["reason"] == local["reason"]
