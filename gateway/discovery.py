@@ -23,7 +23,7 @@ from gateway.request import check_model
 from gateway.upstream import Timeouts, Upstream
 from providers import REGISTRY
 from providers.base import Adapter, Endpoint
-from wire.errors import GatewayError, UpstreamConnectError
+from wire.errors import GatewayError, UpstreamConnectError, UpstreamUnreachableError
 from wire.upstream import UpstreamRequest
 
 if TYPE_CHECKING:
@@ -141,6 +141,8 @@ class _Source:
         self.ids: tuple[str, ...] = ()
         self.failing = False
         self.partial = False
+        # Set while its last refresh found nobody listening (refused, no DNS, TLS): it cannot be called.
+        self.unreachable: str | None = None
 
     def same_upstream(self, other: _Source) -> bool:
         a, b = self.request, other.request
@@ -157,6 +159,8 @@ class Discovery:
         # Provider -> its callable `provider/<id>` strings. Replaced whole, never changed in place, so the
         # request path reads it without a lock; the router memoizes the listing per published value.
         self.models: Mapping[str, tuple[str, ...]] = NOTHING
+        # Provider -> why nothing can reach it now; its models leave GET /v1/models until it answers again.
+        self.unreachable: Mapping[str, str] = MappingProxyType({})
         self._loaded: LoadedConfig | None = None
         self._sources: dict[str, _Source] = {}
         self._upstream: Upstream | None = None
@@ -238,6 +242,9 @@ class Discovery:
             try:
                 ids, left_out = await self._fetch(src)
             except (GatewayError, NotAListing) as exc:
+                if isinstance(exc, UpstreamUnreachableError):
+                    # No URL: it may carry credentials, and the reason is shown on the status page.
+                    self._mark(src, f"Provider '{src.name}' is unreachable: {_cause(exc)}")
                 self._failed(src, exc.message if isinstance(exc, GatewayError) else str(exc))
                 return
             except Exception as exc:  # whatever one upstream sends, the others are still refreshed
@@ -248,6 +255,7 @@ class Discovery:
         if src.failing:
             log.info("model discovery: provider %r answers again (%d models)", src.name, len(ids))
             src.failing = False
+        self._mark(src, None)
         if left_out and not src.partial:
             log.warning(
                 "model discovery: provider %r listed models a client could not call, or more than "
@@ -286,16 +294,35 @@ class Discovery:
         if not src.failing:
             # A server that never listed a model may just not be up yet (the shipped config's vLLM on a
             # laptop): INFO. One whose models are now gone from GET /v1/models is news: WARNING.
+            kept = (
+                "its models are left out of GET /v1/models and shown unavailable until it answers"
+                if src.unreachable
+                else f"GET /v1/models keeps its last good list ({len(src.ids)} models)"
+            )
             log.log(
                 logging.WARNING if src.ids else logging.INFO,
-                "model discovery: provider %r failed: %s; GET /v1/models keeps its last good list (%d models) "
-                "and asks again every %g s",
+                "model discovery: provider %r failed: %s; %s; asking again every %g s",
                 src.name,
                 reason,
-                len(src.ids),
+                kept,
                 self._ttl,
             )
             src.failing = True
 
+    def _mark(self, src: _Source, unreachable: str | None) -> None:
+        if src.unreachable != unreachable:
+            src.unreachable = unreachable
+            if self._sources.get(src.name) is src:
+                self._publish()
+
     def _publish(self) -> None:
         self.models = MappingProxyType({name: s.ids for name, s in self._sources.items() if s.ids})
+        self.unreachable = MappingProxyType(
+            {name: s.unreachable for name, s in self._sources.items() if s.unreachable is not None}
+        )
+
+
+def _cause(exc: GatewayError) -> str:
+    """What the message says after "Upstream '<target>' could not be reached: " (the target is no model here)."""
+    _, sep, rest = exc.message.partition("could not be reached: ")
+    return rest if sep else exc.message
