@@ -167,7 +167,9 @@ class Relay:
         # No admission of its own: the broken attempt's quota and the request's ticket cover the stream.
         again = Job(self.services, None, cont, cont_ctx, job.plan)
         try:
-            outcome = await self.failover.run(job.plan, again.open, discard=again.discard)
+            outcome = await self.failover.run(
+                job.plan, again.open, discard=again.discard, client_headers=bool(req.inference_extra_headers)
+            )
         except GatewayError:
             return None
         return outcome.value, outcome.route
