@@ -1,14 +1,12 @@
 """Whether a target's failures are its own or the requests': a sliding window per target, per client key.
 
-A 5xx or a timeout may be caused by the request (an input the upstream cannot take, a prompt that makes
-it hang). One tenant sending such requests must not cool a target every other tenant is using, so these
-failures cool only on evidence that the target fails for everyone: at least `cooldown.min_requests`
-distinct requests failed on it within `cooldown.window_ms`, and at least `cooldown.failure_ratio` of the
-requests of every client key that used it in that window failed (a key whose requests succeed there
-says the target works). Outcomes are counted from a target's first such failure on; before that a
-success only notes when each key last succeeded there, so a burst of one key's failures is still
-outweighed by another key's success earlier in the window. The window is this process's own; the
-cooldown it decides is shared (gateway/health.py).
+A 5xx or a timeout may be the request's doing (an input the upstream cannot take). One tenant sending
+such requests must not cool a target other tenants use, so these failures cool only when, within
+`cooldown.window_ms`, at least `cooldown.min_requests` distinct requests failed on the target, at least
+`cooldown.failure_ratio` of the requests of every client key that used it failed, and no other key was
+served there. Outcomes are counted from a target's first such failure; before it, a success only notes
+when its key was last served. The window is this process's own; the cooldown it decides is shared
+(gateway/health.py). Rules: docs/resilience.md, "Cooldowns".
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Attempts, retries and hedging for one request: one explicit loop over the plan's targets.
 
 Each step decides whether to go on, where (the same target or the next) and how long to wait; a failure
-that says something about the target cools it for every replica; nothing runs after a streamed byte.
+that blames the target, not the request, is reported to health once per request (which cools it for
+every replica at once or on evidence, docs/resilience.md "Cooldowns"); nothing runs after a streamed byte.
 `sleep` and `clock` are injectable so tests assert exact waits. The rules: docs/resilience.md; why a loop
 and not tenacity: docs/architecture.md.
 """

@@ -145,10 +145,12 @@ def test_the_gateways_own_credential_refused_cools_the_target_at_once(
 # Recovery
 
 
+@pytest.mark.parametrize("every_s", [4.0, 0.5])
 async def test_a_flapping_primary_is_back_within_30_s_of_its_recovery(
-    make: MakePipeline, faults: FaultServer, vtime: VirtualTime
+    make: MakePipeline, faults: FaultServer, vtime: VirtualTime, every_s: float
 ) -> None:
-    # The primary answers 503 for 60 s, then is healthy; a request every 4 s (the benchmark's scenario).
+    # The primary answers 503 for 60 s, then is healthy; a request every 4 s (the benchmark's scenario),
+    # or every 0.5 s, which escalates its cooldown to the cap.
     start = vtime.now
     recovered_at = start + 60.0
     faults["alpha"].script(then=when(lambda hit: vtime.now < recovered_at, unavailable()))
@@ -159,7 +161,7 @@ async def test_a_flapping_primary_is_back_within_30_s_of_its_recovery(
         assert answer.error is None  # the secondary serves while the primary is down
         if vtime.now >= recovered_at and answer.served_by == key("alpha") and back is None:
             back = vtime.now
-        vtime.advance(4.0)
+        vtime.advance(every_s)
     assert back is not None and back - recovered_at <= 30.0, back - recovered_at if back else None
 
 
@@ -181,3 +183,22 @@ async def test_a_probe_that_failed_by_its_own_deadline_hands_the_probe_to_the_ne
     answer = await ask(p)
     assert answer.served_by == key("alpha")
     assert await state(p, "alpha") == TargetState()
+
+
+async def test_5xx_cools_only_with_min_requests_failures_within_the_window(
+    make: MakePipeline, faults: FaultServer, vtime: VirtualTime
+) -> None:
+    faults["alpha"].script(then=server_error())
+    p = make(ONLY_A, top="retries: {attempts: 1}\n")  # the defaults: 3 failed requests within 10 s
+    for _ in range(3):  # 6 s apart: never three within one window
+        assert (await ask(p)).error is not None
+        assert await state(p, "alpha") == TargetState()
+        vtime.advance(6.0)
+    # Failures at 12 s, 18 s and now 19 s: three within 10 s is the evidence, and the target is cooled.
+    await ask(p)
+    vtime.advance(1.0)
+    await ask(p)
+    assert await state(p, "alpha") == TargetState(cooling_ms=1000, cause="error", failures=1)
+    refused = await ask(p)
+    assert refused.error is not None and refused.error.code == "all_targets_cooling"
+    assert faults["alpha"].count == 5
