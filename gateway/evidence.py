@@ -26,7 +26,7 @@ Outcome = tuple[float, str | None, bool]  # when, the client key (None: the gate
 
 
 class Evidence:
-    __slots__ = ("clock", "window_s", "min_requests", "ratio", "watched", "served")
+    __slots__ = ("clock", "window_s", "min_requests", "ratio", "watched", "served", "suspects")
 
     def __init__(self, cfg: CooldownConfig, clock: Callable[[], float]) -> None:
         self.clock = clock
@@ -35,6 +35,10 @@ class Evidence:
         self.ratio = cfg.failure_ratio
         self.watched: dict[str, deque[Outcome]] = {}
         self.served: dict[str, dict[str | None, float]] = {}  # per target: when each key last succeeded
+        # Per target cooled on this window's evidence: the keys whose failures it was. Any other key's
+        # request may probe the target during that cooldown (gateway/failover.py): the evidence may be
+        # those keys' inputs, and a key that never failed there must not lose the target to them.
+        self.suspects: dict[str, set[str | None]] = {}
 
     def success(self, target: str, tenant: str | None) -> None:
         now = self.clock()
@@ -44,6 +48,8 @@ class Evidence:
             while len(self.served) > MAX_WATCHED:
                 del self.served[next(iter(self.served))]
         served[tenant] = now
+        if self.suspects:
+            self.suspects.pop(target, None)
         seen = self.watched.get(target)
         if seen is None:
             return
@@ -82,4 +88,8 @@ class Evidence:
         if served and any(at > start and key not in per_key for key, at in served.items()):
             return False  # another key was served there within the window
         del self.watched[target]  # the cooldown decides from here: its probe, then a fresh window
+        self.suspects.pop(target, None)
+        self.suspects[target] = set(per_key)
+        while len(self.suspects) > MAX_WATCHED:
+            del self.suspects[next(iter(self.suspects))]
         return True

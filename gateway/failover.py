@@ -61,6 +61,15 @@ def _blame(exc: GatewayError, *, client_headers: bool) -> tuple[str, bool] | Non
     return "error", False
 
 
+def _cleared_for(tenant: str, states: dict[str, TargetState], suspects: dict[str, set[str | None]]) -> None:
+    """A target cooled on other keys' failures alone is recovering, not cooling, for this key: it may
+    claim the probe (its success ends the cooldown for everyone; its failure makes it a suspect too)."""
+    for target, st in states.items():
+        keys = suspects.get(target)
+        if keys is not None and tenant not in keys and st.cooling_ms > 0 and st.cause == "error":
+            states[target] = msgspec.structs.replace(st, cooling_ms=0, cause=None, failures=max(st.failures, 1))
+
+
 def backoff(initial_s: float, max_s: float, turn: int) -> float:
     """Full jitter after the loop's `turn`-th attempt failed: uniform(0, min(max, initial x 2^(turn-1)))."""
     exponent = turn - 1
@@ -95,6 +104,9 @@ class Failover:
         total = plan.timeouts.total if deadline_s is None else min(plan.timeouts.total, deadline_s)
         deadline = self.clock() + total
         states = await self.health.snapshot(plan.keys)
+        suspects = self.health.evidence.suspects
+        if suspects and tenant is not None:
+            _cleared_for(tenant, states, suspects)
         selector = Selector(plan, states, self.health, probe_ttl_ms=plan.policy.timeouts.first_byte_ms)
         try:
             first = await selector.first()
@@ -260,10 +272,18 @@ class Run(Generic[T]):
             return
         self.blamed += (key,)
         cause, at_once = blame
-        # A target already failing (this request's probe of it, after a cooldown) needs no more evidence.
-        if not at_once and (known is None or known.failures == 0):
-            if not health.evidence.failure(key, self.tenant):
+        evidence = health.evidence
+        if at_once:
+            evidence.suspects.pop(key, None)  # the target's own failure: nobody's input is suspected
+        elif known is None or known.failures == 0:
+            if not evidence.failure(key, self.tenant):
                 return
+        else:
+            # A target already failing (this request's probe of it, after a cooldown) needs no more
+            # evidence; this key has now seen it fail too, and probes it no more during the cooldown.
+            keys = evidence.suspects.get(key)
+            if keys is not None:
+                keys.add(self.tenant)
         await health.failure(key, exc.retry_after, cause)
         # Should this request retry the target and succeed, that success is its probe: it clears.
         failed = known or TargetState()

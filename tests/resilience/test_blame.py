@@ -89,6 +89,36 @@ def test_one_tenants_input_that_the_upstream_answers_with_500_does_not_cool_it_f
     assert faults["alpha"].count == ROUNDS * 7  # red: three calls and their same-target retries; blue: one
 
 
+def test_a_target_cooled_on_one_tenants_failures_alone_still_serves_another(
+    faults: FaultServer, gateway: GatewayThread
+) -> None:
+    # red is alone on the target (blue is idle): its three failing requests are all the window has, and
+    # cool the target. blue never failed there: its request probes the target at once and is served.
+    faults["alpha"].script(then=when(token_ids, server_error()))
+    with client() as http:
+        for _ in range(3):
+            assert post(http, gateway, "red", prompt=[1, 2, 3]).status_code == 502
+        cooled = post(http, gateway, "red")
+        assert cooled.json()["error"]["code"] == "all_targets_cooling"  # cooled for red's own requests
+        served = [post(http, gateway, "blue").status_code for _ in range(ROUNDS)]
+        assert post(http, gateway, "red").status_code == 200  # blue's probe ended the cooldown for all
+    assert served == [200] * ROUNDS
+
+
+def test_a_target_that_fails_the_probing_tenant_too_stays_cooled_for_it(
+    faults: FaultServer, gateway: GatewayThread
+) -> None:
+    faults["alpha"].script(then=server_error())
+    with client() as http:
+        for _ in range(3):
+            assert post(http, gateway, "red").status_code == 502
+        probe = post(http, gateway, "blue")  # blue may probe once; the target fails it as well
+        assert probe.status_code == 502
+        after = post(http, gateway, "blue")
+    assert (after.status_code, after.json()["error"]["code"]) == (503, "all_targets_cooling")
+    assert faults["alpha"].count == 4 * 2  # red's three requests and blue's probe, each with its retry
+
+
 @pytest.mark.parametrize("gateway", ["cooldown: {min_requests: 3}\n"], indirect=True)
 def test_a_target_that_fails_every_tenants_requests_is_cooled(faults: FaultServer, gateway: GatewayThread) -> None:
     faults["alpha"].script(then=server_error())
