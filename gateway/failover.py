@@ -237,6 +237,12 @@ class Run(Generic[T]):
             if exc.target is None:  # made where the target was not known (an adapter's status mapping)
                 raise exc.evolve(target=route.key, provider=route.provider) from None
             raise
+        except asyncio.CancelledError:
+            known = states.get(route.key)
+            if known is not None and known.recovering:
+                # A probe cancelled (a hedge that lost, a client gone) decided nothing: the next request probes.
+                await health.release(route.key)
+            raise
         finally:
             if span is not None:
                 span.close(sys.exc_info()[1])  # the exception on its way out, if any

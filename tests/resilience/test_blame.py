@@ -20,6 +20,7 @@ from gateway.health import TargetState
 from tests.helpers.faults import Behaviour, FaultServer, Hit, good, respond, server_error, slow, unavailable
 from tests.helpers.pipelines import PROMPT, VirtualTime, ask, config_yaml, key, state
 from tests.helpers.servers import GatewayThread
+from tests.helpers.waiting import wait_for
 
 from .conftest import MakePipeline
 
@@ -232,3 +233,22 @@ async def test_5xx_cools_only_with_min_requests_failures_within_the_window(
     refused = await ask(p)
     assert refused.error is not None and refused.error.code == "all_targets_cooling"
     assert faults["alpha"].count == 5
+
+
+async def test_a_probe_that_lost_a_hedge_race_hands_the_probe_to_the_next_request(
+    make: MakePipeline, faults: FaultServer, vtime: VirtualTime
+) -> None:
+    faults["alpha"].script(unavailable(), slow(3.0))
+    hedged = ORDERED_AB.replace("strategy: ordered", "strategy: ordered\n    hedge_after_ms: 100")
+    top = "retries: {attempts: 3, same_target: 0}\ntimeouts: {first_byte_ms: 5000}\ncooldown: {min_requests: 1}\n"
+    p = make(hedged, top=top)
+    assert (await ask(p)).served_by == key("beta")
+    vtime.advance(1.0)  # alpha's cooldown is over: the next request is its probe
+    # The probe is slow, so the request is hedged to beta, which wins; the probe is cancelled.
+    assert (await ask(p)).served_by == key("beta")
+    assert faults.order() == ["alpha", "beta", "alpha", "beta"]
+    assert await wait_for(faults["alpha"].hits[1].disconnected, 2.0)  # the loser was cancelled
+    # Not held for first_byte_ms by a call that no longer exists: the next request probes alpha.
+    answer = await ask(p)
+    assert answer.served_by == key("alpha")
+    assert await state(p, "alpha") == TargetState()
