@@ -94,7 +94,14 @@ def same_target_of(*blocks: RetriesConfig | None) -> int:
 
 class CooldownConfig(Strict, frozen=True):
     base_ms: Annotated[int, Meta(gt=0)] = 1_000
-    max_ms: Annotated[int, Meta(gt=0)] = 60_000
+    # Also the longest a target stays off after an outage ends (its probe follows the cooldown at once).
+    max_ms: Annotated[int, Meta(gt=0)] = 20_000
+    # A 5xx or a timeout may be the request's own doing (an input the upstream cannot take): it cools the
+    # target only once this many distinct requests failed on it within `window_ms`, at least `failure_ratio`
+    # of those it answered, and of every client key's own requests to it.
+    min_requests: Annotated[int, Meta(ge=1)] = 3
+    failure_ratio: Annotated[float, Meta(gt=0, le=1)] = 0.5
+    window_ms: Annotated[int, Meta(gt=0)] = 10_000
 
 
 Strategy = Literal["weighted", "ordered", "least-busy", "latency"]

@@ -72,7 +72,10 @@ MEANINGS: dict[str, str] = {
     "retries.same_target": "same-target retries of a transient failure (5xx, dropped connection, 429 that fits the "
     "budget) before moving on; alias > provider > global ([resilience.md](resilience.md))",
     "cooldown.base_ms": "first cooldown of a failing target without Retry-After; doubles per consecutive failure",
-    "cooldown.max_ms": "cooldown cap; also the cooldown after an exhausted-quota 429",
+    "cooldown.max_ms": "cooldown cap; also the cooldown after an exhausted-quota 429 or refused credentials",
+    "cooldown.min_requests": "distinct failed requests within `window_ms` before a 5xx or timeout cools a target",
+    "cooldown.failure_ratio": "share of a target's requests in the window (and of each client key's) that must fail",
+    "cooldown.window_ms": "sliding window over which 5xx and timeout failures are counted per target",
     "keys": "client keys; none means the gateway is open (said once at start-up)",
     "keys[].name": "shown in 403 messages and logs, unique",
     "keys[].key": "the secret, normally `${VAR}`",

@@ -166,7 +166,13 @@ class Pipeline:
         used: int | None = 0
         started = time.perf_counter()
         try:
-            done = await self.failover.run(job.plan, job.complete, deadline_s=_deadline(job.req))
+            done = await self.failover.run(
+                job.plan,
+                job.complete,
+                deadline_s=_deadline(job.req),
+                tenant=rec.key,
+                client_headers=bool(job.req.inference_extra_headers),
+            )
             usage = done.value.usage
             used = usage.total_tokens if usage is not None else None
         finally:
@@ -182,7 +188,14 @@ class Pipeline:
         """Every attempt of a streamed request up to its first event; then the relay has the stream."""
         started = time.perf_counter()
         try:
-            opened = await self.failover.run(job.plan, job.open, deadline_s=_deadline(job.req), discard=job.discard)
+            opened = await self.failover.run(
+                job.plan,
+                job.open,
+                deadline_s=_deadline(job.req),
+                discard=job.discard,
+                tenant=rec.key,
+                client_headers=bool(job.req.inference_extra_headers),
+            )
         except BaseException:
             self.admission.settle(job.ticket, 0)
             raise

@@ -119,7 +119,7 @@ class Relay:
                     # A stream that broke mid-way is a failed target, resumed or not (a dropped connection cools).
                     await self.health.failure(route.key, None, "error")
                     if _resumable(job):
-                        resumed = await self.resume(job, "".join(text), sent)
+                        resumed = await self.resume(job, "".join(text), sent, rec.key)
                 if resumed is None:
                     yield error_event(self.scrub.error(error))
                     break
@@ -155,7 +155,7 @@ class Relay:
         # Every stream the client saw start ends with [DONE], whatever happened before it.
         yield DONE
 
-    async def resume(self, job: Job, text: str, sent: int) -> tuple[Opened, Route] | None:
+    async def resume(self, job: Job, text: str, sent: int, tenant: str | None = None) -> tuple[Opened, Route] | None:
         """Continue a broken stream on another target from the prompt plus the text already sent."""
         req, ctx = job.req, job.ctx
         left = (16 if req.max_tokens is None else req.max_tokens) - sent
@@ -167,7 +167,13 @@ class Relay:
         # No admission of its own: the broken attempt's quota and the request's ticket cover the stream.
         again = Job(self.services, None, cont, cont_ctx, job.plan)
         try:
-            outcome = await self.failover.run(job.plan, again.open, discard=again.discard)
+            outcome = await self.failover.run(
+                job.plan,
+                again.open,
+                discard=again.discard,
+                tenant=tenant,
+                client_headers=bool(req.inference_extra_headers),
+            )
         except GatewayError:
             return None
         return outcome.value, outcome.route
