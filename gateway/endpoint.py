@@ -27,6 +27,7 @@ from gateway.dialects import Dialect
 from gateway.ids import unique_suffix
 from gateway.metrics import Metrics, Record
 from gateway.pipeline import STREAM_FAILED, Pipeline, Result
+from gateway.relay import STREAM_CUT, shutdown_cut
 from gateway.render import render
 from wire.errors import GatewayError
 
@@ -203,9 +204,23 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
             if not started:
                 await _send_error(send, dialect, exc, rec.request_id)
         except asyncio.CancelledError:
-            rec.status, rec.error_code = 499, "client_closed_request"
-            if not watch.gone:
-                raise  # the server is shutting down, not the client leaving
+            if watch.gone:
+                rec.status, rec.error_code = 499, "client_closed_request"
+            else:
+                # Not the client leaving: the server cut the request at its drain deadline. One line says so
+                # (a re-raise would make the server log a traceback), and the client is told, not left hanging.
+                cut = shutdown_cut()
+                rec.status, rec.error_code = cut.status, cut.code
+                log.warning(
+                    "request %s cut at the drain deadline (server.shutdown_grace_ms): %s",
+                    rec.request_id,
+                    "the stream ended with an error event" if started else "answered 503",
+                )
+                with contextlib.suppress(Exception):
+                    if not started:
+                        await _send_error(send, dialect, cut, rec.request_id)
+                    elif result.stream is not None:
+                        await send(_body(STREAM_CUT))
         except Exception:
             # Never a traceback or an internal message to the client; the log keeps the detail.
             log.exception("unhandled error on %s (request %s)", path, rec.request_id)

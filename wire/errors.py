@@ -365,6 +365,7 @@ CODES: Final[dict[str, str]] = {
     "generation_error": "the upstream reported that the generation broke off (Mistral's finish_reason 'error')",
     "guided_output_invalid": "emulated guided decoding found no valid answer within guided_retries",
     "client_closed_request": "log only: the client left before the answer ended (499)",
+    "shutdown_deadline_exceeded": "the server was draining and cut the request at server.shutdown_grace_ms (503)",
     "internal_error": "a gateway bug; the log has the traceback (500)",
     **{f"upstream_{cause}": f"the upstream {what}" for cause, what in CAUSES.items()},
 }
