@@ -161,7 +161,9 @@ Endpoint = Callable[[HTTPScope, Receive, Send], Awaitable[None]]
 def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endpoint:
     async def endpoint(scope: HTTPScope, receive: Receive, send: Send) -> None:
         if scope["method"] != "POST":
-            exc = GatewayError("Method Not Allowed", status=405, type="invalid_request_error")
+            exc = GatewayError(
+                "Method Not Allowed", status=405, type="invalid_request_error", code="method_not_allowed"
+            )
             await _send_error(send, dialect, exc)
             return
         t0 = time.perf_counter()
@@ -227,7 +229,10 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
             rec.status, rec.error_code = 500, "internal_error"
             if not started:
                 await _send_error(
-                    send, dialect, GatewayError("The gateway failed to process the request"), rec.request_id
+                    send,
+                    dialect,
+                    GatewayError("The gateway failed to process the request", code="internal_error"),
+                    rec.request_id,
                 )
             elif result.stream is not None:
                 # A stream the client saw start still ends with an error event and [DONE].

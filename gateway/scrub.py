@@ -15,7 +15,7 @@ from typing import Final
 from urllib.parse import urlsplit
 
 from gateway.config import LoadedConfig
-from wire.errors import GatewayError, UpstreamError
+from wire.errors import GatewayError, UpstreamError, snake_code
 
 REDACTED: Final = "[redacted]"
 # The shortest run of a secret's characters that counts as a leak of it. Shorter runs are too common in
@@ -145,9 +145,20 @@ class Scrubber:
     def error(self, exc: GatewayError) -> GatewayError:
         """An upstream error made safe to show: its message, code and param scrubbed and capped, once."""
         if isinstance(exc, UpstreamError) and not exc.scrubbed:
+            message = exc.message
+            # A client's `code` is snake_case: an upstream's own code is kept when it is one (or differs only in
+            # case and separators: `RESOURCE_EXHAUSTED`, `ThrottlingException`). A number, free text, a code
+            # holding a secret, or none becomes `upstream_<cause>` (`upstream_http_500`); the upstream's own
+            # code then ends the message, where it is scrubbed like the rest.
+            raw = None if exc.code is None else str(exc.code)
+            code = snake_code(raw)
+            if code is None or self.scrub(code) != code:
+                code = f"upstream_{exc.cause}" if exc.cause else "upstream_error"
+                if raw:
+                    message = f"{message} (upstream code {raw})"
             return exc.evolve(
-                message=self.message(exc.message),
-                code=None if exc.code is None else self.message(str(exc.code)),
+                message=self.message(message),
+                code=code,
                 param=None if exc.param is None else self.message(str(exc.param)),
                 scrubbed=True,
             )
