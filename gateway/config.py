@@ -132,6 +132,11 @@ class TracingConfig(Strict, frozen=True):
     # OpenTelemetry traces over OTLP/HTTP (the `otel` extra); the OTEL_* variables configure the exporter, and
     # OTEL_TRACES_EXPORTER=otlp turns tracing on without this key (docs/observability.md).
     enabled: bool = False
+    # What a client's `traceparent` does. `join`: the request's span is its child, so the client's trace id
+    # and sampled flag go upstream (flag 00: the gateway records no span). `link`: the request starts a new
+    # trace, sampled by the gateway's own sampler, whose span links to the client's; upstream gets only the
+    # gateway's trace (docs/observability.md).
+    client_context: Literal["join", "link"] = "join"
 
 
 class CapsConfig(Strict, frozen=True):

@@ -186,7 +186,8 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
         if metrics is not None:
             metrics.in_flight.inc()
         # The request's server span, when tracing is on; it ends with the answer or the stream.
-        span = pipeline.tracing.begin(headers, dialect.name, path) if pipeline.tracing is not None else None
+        tracer = pipeline.tracing
+        span = tracer.begin(headers, dialect.name, path, link=pipeline.trace_link) if tracer is not None else None
         watch = _Watch(receive)
         started = False
         try:
