@@ -39,6 +39,13 @@ _TOKEN_CHARS: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTU
 _HEX_RUN: Final = 16
 _ESCAPED_RUN: Final = 32  # `\x73\x6b...`: 4 characters a byte
 _BASE64_RUN: Final = 12
+# Where hex and escaped forms can be at all: only these runs are searched for them, so the two longer run
+# lengths cost a pass of C over ordinary text rather than a set lookup per position. Fixed and unambiguous
+# (every repetition starts with a character the one before cannot end with): linear, no backtracking.
+_ENCODED_RUNS: Final = {
+    _HEX_RUN: re.compile(r"[0-9a-fA-F]{16,}"),
+    _ESCAPED_RUN: re.compile(r"(?:\\x[0-9a-fA-F]{2}){8,}"),
+}
 
 
 def _pieces(value: str) -> Iterator[str]:
@@ -158,11 +165,13 @@ class Scrubber:
         spans: list[tuple[int, int]] = []
         if self.empty or not text:
             return spans
-        n = len(text)
         for k, grams in self._grams:
-            for i in range(n - k + 1):
-                if text[i : i + k] in grams:
-                    spans.append((i, i + k))
+            runs = _ENCODED_RUNS.get(k)
+            bounds = [(0, len(text))] if runs is None else [m.span() for m in runs.finditer(text)]
+            for start, end in bounds:
+                for i in range(start, end - k + 1):
+                    if text[i : i + k] in grams:
+                        spans.append((i, i + k))
         for secret in self._whole:
             start = text.find(secret)
             while start != -1:
