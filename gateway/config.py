@@ -13,6 +13,7 @@ import re
 import ssl
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import msgspec
 import yaml
@@ -139,6 +140,11 @@ class TracingConfig(Strict, frozen=True):
     # OpenTelemetry traces over OTLP/HTTP (the `otel` extra); the OTEL_* variables configure the exporter, and
     # OTEL_TRACES_EXPORTER=otlp turns tracing on without this key (docs/observability.md).
     enabled: bool = False
+    # What a client's `traceparent` does. `join`: the request's span is its child, so the client's trace id
+    # and sampled flag go upstream (flag 00: the gateway records no span). `link`: the request starts a new
+    # trace, sampled by the gateway's own sampler, whose span links to the client's; upstream gets only the
+    # gateway's trace (docs/observability.md).
+    client_context: Literal["join", "link"] = "join"
 
 
 class CapsConfig(Strict, frozen=True):
@@ -402,9 +408,15 @@ def _check(cfg: GatewayConfig, providers: dict[str, ProviderConfig], source: str
                 fail(f"providers.{name}.base_url", f"required for kind '{p.kind}'")
         if adapter.needs_region and p.region is None:
             fail(f"providers.{name}.region", f"required for kind '{p.kind}'")
-        for url_path, url in [(f"providers.{name}.base_url", p.base_url)] + [
-            (f"providers.{name}.deployments.{d}.base_url", dc.base_url) for d, dc in p.deployments.items()
-        ]:
+        for url_path, url in (
+            [(f"providers.{name}.base_url", p.base_url)]
+            + [(f"providers.{name}.deployments.{d}.base_url", dc.base_url) for d, dc in p.deployments.items()]
+            + [(f"providers.{name}.tokenizer_url", p.tokenizer_url)]
+        ):
+            if url and _userinfo(url):
+                # The transports would disagree on it (httpx sends it as Basic auth in place of the key, h1
+                # drops it): the credential goes where the kind puts it. Never echo the URL: it holds one.
+                fail(url_path, "must not carry credentials (user:password@); set api_key (or a headers: entry)")
             if url and not url.startswith(("http://", "https://")):
                 fail(url_path, f"must start with http:// or https://, got {url!r}")
         if p.tokenizer_url and not p.tokenizer_url.startswith(("http://", "https://")):
@@ -486,6 +498,14 @@ def parse_config(text: str, source: str = "config.yaml", env: dict[str, str] | N
         _check_kind(providers[str(name)], f"providers.{name}", source)
     _check(cfg, providers, source)
     return LoadedConfig(source=source, config=cfg, providers=providers, missing_env=missing)
+
+
+def _userinfo(url: str) -> bool:
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return False
+    return parts.username is not None or parts.password is not None
 
 
 def load_config(path: str | Path, env: dict[str, str] | None = None, *, strict: bool = False) -> LoadedConfig:

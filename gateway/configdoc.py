@@ -220,7 +220,7 @@ def _generated_meanings() -> dict[str, str]:
         "(what each accepts: [providers.md](providers.md))",
         "providers.<name>.base_url": "the upstream's root URL; required for "
         + ", ".join(f"`{k}`" for k in kinds_needing_base_url())
-        + " (each deployment may give its own instead)",
+        + " (each deployment may give its own instead); no `user:password@` (refused: the key goes in `api_key`)",
     }
 
 

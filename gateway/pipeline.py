@@ -80,6 +80,7 @@ class Pipeline:
         self.usage = UsageStore(loaded, self.shared, metrics=metrics)
         # None unless tracing is on (gateway/tracing.py): the endpoint then opens a span per request.
         self.tracing = tracing.from_config(loaded)
+        self.trace_link = loaded.config.tracing.client_context == "link"
         # Built once per config: cuts the config's secrets out of upstream text (errors, logs).
         self.scrub = Scrubber.from_config(loaded)
         watch_logs(self.scrub)
