@@ -117,6 +117,10 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     _read_env_file(args)
     loaded = load_config(args.config)
+    if loaded.config.ledger.url:
+        from gateway.ledger.service import prepare
+
+        prepare(loaded)  # migrations, and a schema or key-name clash as one line, before any worker starts
     server = loaded.config.server
     host = args.host or server.host
     port = server.port if args.port is None else args.port

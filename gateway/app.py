@@ -23,11 +23,13 @@ from litestar.enums import ScopeType
 from litestar.exceptions import HTTPException
 from litestar.types import ControllerRouterHandler, HTTPScope, Receive, ReceiveMessage, Scope, Send
 
-from gateway import accesslog
+from gateway import accesslog, status
 from gateway.config import LoadedConfig, load_config
 from gateway.dialects import OPENAI, PAIS, SGP, Dialect
 from gateway.discovery import Discovery
 from gateway.endpoint import Endpoint, completion_endpoint, request_id, send_error
+from gateway.ledger.routes import routes as ledger_routes
+from gateway.ledger.service import LedgerService
 from gateway.metrics import CONTENT_TYPE, Metrics
 from gateway.pipeline import Pipeline
 from gateway.reload import Reloader
@@ -164,7 +166,16 @@ def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[byt
 
 def create_app(loaded: LoadedConfig) -> Front:
     collected = Metrics()
-    pipeline = Pipeline(loaded, metrics=collected)
+    # The ledger (docs/ledger.md), one per process; every pipeline, a reload's too, books into it.
+    ledger = LedgerService(loaded, collected) if loaded.config.ledger.url else None
+
+    def build(config: LoadedConfig) -> Pipeline:
+        built = Pipeline(config, metrics=collected)
+        if ledger is not None:
+            ledger.install(built)
+        return built
+
+    pipeline = build(loaded)
     discovery = Discovery(lambda: app.state.pipeline)  # follows reloads: the pipeline serving now
 
     @asynccontextmanager
@@ -173,7 +184,9 @@ def create_app(loaded: LoadedConfig) -> Front:
         # moving it out of the collector's reach keeps full collections from stalling requests.
         gc.collect()
         gc.freeze()
-        reloader = Reloader(app.state, loaded.source, lambda new: Pipeline(new, metrics=collected))
+        if ledger is not None:
+            await ledger.start()
+        reloader = Reloader(app.state, loaded.source, build)
         app.state.reloader = reloader
         reloader.start()
         discovery.start()
@@ -183,9 +196,13 @@ def create_app(loaded: LoadedConfig) -> Front:
             await discovery.stop()
             await reloader.stop()
             await app.state.pipeline.close()
+            if ledger is not None:
+                await ledger.close()  # after the requests: every answered one is queued by now
             accesslog.SINK.flush()
 
     handlers: list[ControllerRouterHandler] = [list_models, metrics, health, ready, *STATUS_ROUTES]
+    if ledger is not None:
+        handlers += ledger_routes(status._authorize, status._error)
     app = Litestar(
         route_handlers=handlers,
         lifespan=[lifespan],
@@ -198,6 +215,7 @@ def create_app(loaded: LoadedConfig) -> Front:
     app.state.pipeline = pipeline
     app.state.metrics = collected
     app.state.discovery = discovery
+    app.state.ledger = ledger
     app.state.model_pages = {}
     fast = {path: completion_endpoint(path, dialect, _services) for path, dialect in DIALECT_ROUTES.items()}
     # vLLM's tokenizer routes at the root, and the model-scoped base path /m/{model}/... (docs/clients.md).

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import time
 from collections.abc import Mapping
 
 import msgspec
@@ -20,29 +21,42 @@ from wire.errors import AuthenticationError, PermissionDeniedError
 
 class ClientKey(msgspec.Struct, frozen=True):
     name: str
-    secret: bytes
+    secret: bytes  # empty for a runtime key: the ledger keeps only its digest
     models: ModelGlobs
+    digest: bytes = b""
+    # Runtime keys (gateway/ledger/keys.py): the key's expiry, or a rotated secret's end of grace.
+    valid_until: float | None = None
+    max_cost_per_day: float | None = None
+
+
+class RuntimeKeys:
+    """The ledger's keys, shared by every pipeline of the process; `by_digest` is replaced whole on a change."""
+
+    by_digest: dict[bytes, ClientKey] = {}
 
 
 class KeyRing:
     def __init__(self, loaded: LoadedConfig) -> None:
         self._by_digest: dict[bytes, ClientKey] = {}
         self.configured = bool(loaded.config.keys)
+        self.runtime: RuntimeKeys | None = None  # set by the app when the ledger is on
         self.disabled: list[str] = []
         for i, k in enumerate(loaded.config.keys):
             if loaded.missing_for(f"keys[{i}].key") or not k.key:
                 self.disabled.append(k.name)
                 continue
             secret = k.key.encode()
-            self._by_digest[hashlib.sha256(secret).digest()] = ClientKey(k.name, secret, ModelGlobs(k.models))
+            digest = hashlib.sha256(secret).digest()
+            self._by_digest[digest] = ClientKey(k.name, secret, ModelGlobs(k.models), digest)
 
     @property
     def open(self) -> bool:
-        return not self.configured
+        return not self.configured and (self.runtime is None or not self.runtime.by_digest)
 
     def authenticate(self, headers: Mapping[str, str]) -> ClientKey | None:
         """The calling key, or None when the gateway is open; raises 401 otherwise."""
-        if not self.configured:
+        runtime = self.runtime
+        if not self.configured and (runtime is None or not runtime.by_digest):
             return None
         presented = _presented_key(headers)
         if not presented:
@@ -50,10 +64,14 @@ class KeyRing:
                 "Missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
                 code="missing_api_key",
             )
-        raw = presented.encode()
-        key = self._by_digest.get(hashlib.sha256(raw).digest())
-        if key is None or not hmac.compare_digest(key.secret, raw):
+        digest = hashlib.sha256(presented.encode()).digest()
+        key = self._by_digest.get(digest)
+        if key is None and runtime is not None:
+            key = runtime.by_digest.get(digest)
+        if key is None or not hmac.compare_digest(key.digest, digest):
             raise AuthenticationError("Incorrect API key provided", code="invalid_api_key")
+        if key.valid_until is not None and key.valid_until <= time.time():
+            raise AuthenticationError("This API key has expired", code="invalid_api_key")
         return key
 
     @staticmethod

@@ -117,6 +117,29 @@ class KeyConfig(Strict, frozen=True):
     limits: LimitsConfig | None = None
     # USD per UTC day (gateway/usage.py): at or over it, requests answer 429 `budget_exceeded`. 0 blocks the key.
     max_cost_per_day: Annotated[float, Meta(ge=0)] | None = None
+    # A team groups keys in the ledger's rows, rollups and reports (docs/ledger.md).
+    team: str | None = None
+
+
+class LedgerConfig(Strict, frozen=True):
+    # Where every answered request is booked (docs/ledger.md): `sqlite:///<path>` (a file, relative to the
+    # working directory; `sqlite:////abs/path` for an absolute one) or `postgresql://...`; empty: no ledger.
+    url: str = ""
+    # The writer commits a batch every `flush_ms`, or sooner once `batch_rows` rows wait.
+    flush_ms: Annotated[int, Meta(ge=10, le=60_000)] = 1_000
+    # Rows that wake the writer before `flush_ms` has passed.
+    batch_rows: Annotated[int, Meta(ge=1, le=100_000)] = 500
+    # Rows waiting in memory at most (a kill -9 loses at most these); beyond it rows are counted and dropped.
+    queue_rows: Annotated[int, Meta(ge=1, le=10_000_000)] = 100_000
+    # While the database is down, batches go to this file (default: beside a SQLite file, else the
+    # working directory); they are replayed, once, when it answers again.
+    spill_dir: str = ""
+    # The spill file's size at most; rows beyond it are counted (gateway_ledger_spill_lost_rows) and logged.
+    spill_bytes: Annotated[int, Meta(ge=4096)] = 256 * 1024 * 1024
+    # How often each replica reads the runtime keys' version (a new, rotated or revoked key applies within it).
+    keys_poll_ms: Annotated[int, Meta(ge=50, le=2_000)] = 500
+    # Rows older than this many days are removed in bounded batches; unset: kept for ever.
+    retention_days: Annotated[int, Meta(ge=1)] | None = None
 
 
 class PriceConfig(Strict, frozen=True):
@@ -298,6 +321,7 @@ class GatewayConfig(Strict, frozen=True):
     caps: CapsConfig = CapsConfig()
     tokenizer: TokenizerConfig = TokenizerConfig()
     discovery: DiscoveryConfig = DiscoveryConfig()
+    ledger: LedgerConfig = LedgerConfig()
 
 
 class LoadedConfig(msgspec.Struct, frozen=True):

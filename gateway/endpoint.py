@@ -249,6 +249,8 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
                 metrics.observe(rec, elapsed)
             if pipeline.log_requests:
                 accesslog.write(rec, elapsed)
+            if pipeline.ledger is not None:
+                pipeline.ledger.append(rec, elapsed, pipeline.usage.prices)
             if span is not None:
                 span.end(rec)
 

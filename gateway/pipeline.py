@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -34,6 +34,9 @@ from gateway.usage import UsageStore
 from providers.base import CallContext, prompt_form
 from wire.errors import UpstreamError
 from wire.schema import CompletionRequest, decode_request, encode
+
+if TYPE_CHECKING:
+    from gateway.ledger.book import Ledger
 
 # gateway/endpoint.py ends a stream that failed before the relay could say so with these bytes.
 __all__ = ["STREAM_FAILED", "Pipeline", "Result"]
@@ -87,6 +90,8 @@ class Pipeline:
         caps = loaded.config.caps
         self.services = Services(self.upstream, self.health, caps, loaded.config.guided_retries)
         self.relay = Relay(self.services, self.admission, self.health, self.failover, self.scrub)
+
+    ledger: Ledger | None = None  # the process's ledger, when one is configured (gateway/ledger/service.py)
 
     # Requests hold the pipeline they started with; a reload retires this one, which closes its pools
     # when the last of them ends.
@@ -142,8 +147,8 @@ class Pipeline:
         normalize(req, self.loaded.config.caps)
         self.keys.authorize(key, req.model)
         rec.model = req.model  # a budget refusal counts under the model asked for (routing refines it below)
-        if key is not None and key.name in self.usage.budgets:
-            await self.usage.check(key.name)  # one HGET of today's booked spend
+        if key is not None and (key.name in self.usage.budgets or key.max_cost_per_day is not None):
+            await self.usage.check(key.name, key.max_cost_per_day)  # one HGET of today's booked spend
         plan = self.router.plan(req.model)
         alias = req.model in self.router.aliases
         rec.model = req.model if alias else plan.groups[0].routes[0].key

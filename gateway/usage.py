@@ -329,9 +329,10 @@ class UsageStore:
 
     # ---------------------------------------------------------------------------------------- budgets
 
-    async def check(self, key: str) -> None:
-        """Refuse a key at or over today's budget (429 `budget_exceeded`, Retry-After: next 00:00 UTC)."""
-        budget = self.budgets.get(key)
+    async def check(self, key: str, runtime_budget: float | None = None) -> None:
+        """Refuse a key at or over today's budget (429 `budget_exceeded`, Retry-After: next 00:00 UTC).
+        `runtime_budget`: a runtime key's own (gateway/ledger/keys.py)."""
+        budget = self.budgets.get(key, runtime_budget)
         if budget is None:
             return
         now = self.clock()

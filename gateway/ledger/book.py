@@ -1,0 +1,311 @@
+"""Rows in, never on the request path, never lost: a bounded queue, one writer, a spill file.
+
+`Ledger.append` is the request path's whole share: one append to a bounded deque (a full queue counts
+the row as dropped, it never waits). The writer takes what waits every `flush_ms`, or as soon as
+`batch_rows` rows wait, turns it into rows (prices, teams, the day) and commits them with their daily
+rollups in one transaction, on the ledger's own thread. When the database cannot be written, the batch
+goes to a spill file of this process (bounded by `spill_bytes`), which is replayed before anything
+newer once the database answers; every row carries an id of its own, so a replay that is interrupted
+and done again books nothing twice. Spill files left by a process that died (no one holds their lock)
+are replayed by whichever replica finds them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import functools
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Final
+
+import msgspec
+
+from gateway.config import LedgerConfig
+from gateway.ids import unique_suffix
+from gateway.ledger.engine import Cursor, Database, LedgerDown
+from gateway.metrics import Record
+from gateway.usage import ANONYMOUS, Prices, day_of
+
+log = logging.getLogger("gateway")
+
+Row = tuple[Any, ...]
+# A waiting row: the record, its end-to-end seconds, the prices of the config that served it, its end time.
+Pending = tuple[Record, float, Prices, float]
+_COLUMNS: Final = (
+    "id, request_id, ts, day, key_name, team, model, target, provider, dialect, stream, status, error, "
+    "latency_ms, ttfb_ms, prompt_tokens, completion_tokens, cost_pico, cache, attempts, prompt, completion"
+)
+_INSERT: Final = f"INSERT INTO requests ({_COLUMNS}) VALUES ({', '.join('?' * 22)}) ON CONFLICT (id) DO NOTHING"
+_ROLLUP: Final = (
+    "INSERT INTO daily (day, key_name, team, model, target, requests, errors, prompt_tokens, completion_tokens,"
+    " cost_pico) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (day, key_name, team, model, target) DO UPDATE"
+    " SET requests = daily.requests + excluded.requests, errors = daily.errors + excluded.errors,"
+    " prompt_tokens = daily.prompt_tokens + excluded.prompt_tokens,"
+    " completion_tokens = daily.completion_tokens + excluded.completion_tokens,"
+    " cost_pico = daily.cost_pico + excluded.cost_pico"
+)
+_IN_CHUNK: Final = 500
+_SPILL_PREFIX: Final = "ledger-spill-"
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder(list[list[Any]]).decode
+
+
+def row_of(pending: Pending, teams: dict[str, str]) -> Row:
+    """The `requests` row of one answered request (the order of `_COLUMNS`)."""
+    rec, elapsed, prices, ended = pending
+    key = rec.key or ANONYMOUS
+    prompt = rec.usage.prompt_tokens if rec.usage is not None else 0
+    completion = rec.usage.completion_tokens if rec.usage is not None else 0
+    served = bool(rec.provider) and not rec.failed
+    cost = prices.cost_pico(rec.target, rec.model, prompt, completion) if served else 0
+    return (
+        unique_suffix(),
+        rec.request_id,
+        round(ended, 3),
+        day_of(ended),
+        key,
+        teams.get(key, ""),
+        rec.model,
+        rec.target,
+        rec.provider,
+        rec.dialect,
+        int(rec.stream),
+        rec.status,
+        rec.error_code,
+        round(elapsed * 1000, 3),
+        round(rec.upstream_s * 1000, 3) if rec.provider else None,
+        prompt,
+        completion,
+        cost,
+        None,  # cache: the gateway has no response cache; the column is there for one
+        rec.attempts,
+        rec.prompt,
+        rec.completion,
+    )
+
+
+def commit(cur: Cursor, rows: Sequence[Row]) -> int:
+    """Insert the rows not booked yet and add exactly those to their rollups; how many were new."""
+    known: set[str] = set()
+    ids = [r[0] for r in rows]
+    for i in range(0, len(ids), _IN_CHUNK):
+        chunk = ids[i : i + _IN_CHUNK]
+        marks = ", ".join("?" * len(chunk))
+        known.update(r[0] for r in cur.rows(f"SELECT id FROM requests WHERE id IN ({marks})", chunk))
+    fresh = [r for r in rows if r[0] not in known]
+    if not fresh:
+        return 0
+    cur.executemany(_INSERT, fresh)
+    sums: dict[tuple[str, str, str, str, str], list[int]] = {}
+    for r in fresh:
+        s = sums.setdefault((r[3], r[4], r[5], r[6], r[7]), [0, 0, 0, 0, 0])
+        s[0] += 1
+        s[1] += r[11] >= 400
+        s[2] += r[15]
+        s[3] += r[16]
+        s[4] += r[17]
+    cur.executemany(_ROLLUP, [(*k, *v) for k, v in sums.items()])
+    return len(fresh)
+
+
+class Spill:
+    """This process's spill file (locked while it lives) and the replay of every spill file in the directory."""
+
+    def __init__(self, directory: Path, max_bytes: int) -> None:
+        self.dir = directory
+        self.max_bytes = max_bytes
+        self.path = directory / f"{_SPILL_PREFIX}{unique_suffix()}.jsonl"
+        self._fd: int | None = None
+        self.size = 0
+        self.lost = 0  # rows that found the spill file full
+
+    def write(self, rows: Sequence[Row]) -> bool:
+        """Append one batch (one line); False, and the rows counted as lost, when the file is full."""
+        data = _encode([list(r) for r in rows]) + b"\n"
+        if self.size + len(data) > self.max_bytes:
+            self.lost += len(rows)
+            return False
+        if self._fd is None:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+        os.write(self._fd, data)
+        os.fsync(self._fd)
+        self.size += len(data)
+        return True
+
+    @property
+    def waiting(self) -> bool:
+        return self.size > 0
+
+    def batches(self) -> Iterator[tuple[Path, list[list[Any]]]]:
+        """Every spilled batch: this process's own, then those of processes that died (their lock is free)."""
+        if self._fd is not None:
+            yield from ((self.path, b) for b in _read(self.path))
+        if not self.dir.is_dir():
+            return
+        for other in sorted(self.dir.glob(f"{_SPILL_PREFIX}*.jsonl")):
+            if other == self.path:
+                continue
+            try:
+                fd = os.open(other, os.O_RDWR)
+            except OSError:
+                continue
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    continue  # a live process's file: it replays its own
+                yield from ((other, b) for b in _read(other))
+                other.unlink(missing_ok=True)  # every batch committed: the caller stops at the first failure
+            finally:
+                os.close(fd)
+
+    def replayed(self) -> None:
+        """Every batch of this process's own file is committed: start it afresh."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+            self.path.unlink(missing_ok=True)
+        self.size = 0
+
+
+def _read(path: Path) -> list[list[list[Any]]]:
+    out = []
+    with contextlib.suppress(FileNotFoundError), path.open("rb") as f:
+        for line in f:
+            with contextlib.suppress(msgspec.DecodeError):  # a line cut by a crash mid-write
+                out.append(_decode(line))
+    return out
+
+
+class Ledger:
+    """The process's ledger: the queue, the writer task, the database thread, and the keys' poller."""
+
+    def __init__(self, cfg: LedgerConfig) -> None:
+        self.cfg = cfg
+        self.db = Database(cfg.url)
+        self.queue: deque[Pending] = deque()
+        self.cap = cfg.queue_rows
+        self.batch_rows = cfg.batch_rows
+        self.dropped = 0  # rows the full queue turned away
+        self._dropped_logged = 0
+        self.booked = 0
+        self.down: str | None = None  # why the database could not be written, while it cannot
+        self.teams: dict[str, str] = {}  # key name -> team, for the rows (YAML keys and runtime keys)
+        spill_dir = Path(cfg.spill_dir) if cfg.spill_dir else self._default_spill_dir()
+        self.spill = Spill(spill_dir, cfg.spill_bytes)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="ledger")
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self.on_tick: list[Callable[[], Any]] = []  # more work for the writer's turn (the keys' poll)
+
+    @property
+    def spilling(self) -> int:
+        return int(self.spill.waiting)
+
+    def _default_spill_dir(self) -> Path:
+        if self.db.postgres:
+            return Path("ledger-spill")
+        return Path(self.db.target).resolve().parent
+
+    # ------------------------------------------------------------------------------ the request path
+
+    def append(self, rec: Record, elapsed_s: float, prices: Prices) -> None:
+        queue = self.queue
+        if len(queue) >= self.cap:
+            self.dropped += 1
+            return
+        queue.append((rec, elapsed_s, prices, time.time()))
+        if len(queue) == self.batch_rows and self._wake is not None:
+            self._wake.set()
+
+    # ------------------------------------------------------------------------------ the writer
+
+    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run `fn(*args)` on the ledger's thread (every database call goes through it, one at a time)."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    async def start(self) -> None:
+        await self.call(self.db.migrate)
+        self._wake = asyncio.Event()
+        self._task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        assert self._wake is not None
+        interval = self.cfg.flush_ms / 1000
+        while not self._stopping:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), interval)
+            self._wake.clear()
+            try:
+                await self.flush()
+                for tick in self.on_tick:
+                    await tick()
+            except Exception:  # the writer must outlive any one bad turn
+                log.exception("ledger writer turn failed")
+
+    def _take(self) -> list[Row]:
+        queue, teams = self.queue, self.teams
+        rows = []
+        while queue:
+            rows.append(row_of(queue.popleft(), teams))
+        return rows
+
+    async def flush(self) -> None:
+        if self.dropped != self._dropped_logged:
+            log.error(
+                "ledger: the queue is full (ledger.queue_rows = %d): %d row(s) dropped so far",
+                self.cap,
+                self.dropped,
+            )
+            self._dropped_logged = self.dropped
+        rows = self._take()
+        if rows or self.spill.waiting or self._orphans_possible():
+            await self.call(self._write, rows)
+
+    def _orphans_possible(self) -> bool:
+        return self.down is None and self.spill.dir.is_dir() and any(self.spill.dir.glob(f"{_SPILL_PREFIX}*.jsonl"))
+
+    def _write(self, rows: list[Row]) -> None:
+        """On the ledger's thread: spilled batches first (oldest first), then these rows; spill on failure."""
+        try:
+            for _path, batch in self.spill.batches():
+                spilled = [tuple(r) for r in batch]
+                self.booked += self.db.transaction(functools.partial(commit, rows=spilled))
+            self.spill.replayed()
+            if rows:
+                self.booked += self.db.transaction(lambda cur: commit(cur, rows))
+            if self.down is not None:
+                log.warning("ledger: %s answers again; spilled rows replayed", self.db.where)
+                self.down = None
+        except LedgerDown as exc:
+            if self.down is None:
+                log.warning("ledger: cannot write (%s); rows go to %s until it answers", exc, self.spill.path)
+            self.down = str(exc)
+            if rows and not self.spill.write(rows):
+                log.error(
+                    "ledger: the spill file is full (ledger.spill_bytes = %d): %d row(s) lost so far",
+                    self.spill.max_bytes,
+                    self.spill.lost,
+                )
+
+    async def close(self) -> None:
+        """SIGTERM: stop the writer, then commit (or spill) every row still waiting."""
+        self._stopping = True
+        if self._wake is not None:
+            self._wake.set()
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await self.flush()
+        await self.call(self.db.close)
+        self._pool.shutdown(wait=True)

@@ -1,0 +1,154 @@
+"""The two engines behind one small interface: SQLite (the standard library's `sqlite3`) embedded, and
+PostgreSQL (psycopg 3) when several replicas share the ledger.
+
+Every call is synchronous and runs on the ledger's one thread (gateway/ledger/book.py), never on the
+event loop, so neither driver needs an async wrapper. SQL is written once with `?` placeholders in the
+dialect both engines accept (`ON CONFLICT ... DO UPDATE`, `excluded`); PostgreSQL's `%s` is substituted
+when a statement is prepared. A failure to reach or write the database is `LedgerDown`; the caller
+decides whether to spill or to answer 503.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+from gateway.ledger.schema import MIGRATIONS, VERSION, SchemaError
+
+T = TypeVar("T")
+_BUSY_MS: Final = 10_000  # SQLite: how long a writer waits for another process's transaction
+_CONNECT_S: Final = 2
+_LOCK_ID: Final = 0x6C6564676572  # PostgreSQL advisory lock held while migrating ("ledger")
+SQLITE: Final = "sqlite"
+POSTGRES: Final = "postgresql"
+
+
+class LedgerDown(Exception):
+    """The database could not be reached or written now."""
+
+
+def parse_url(url: str) -> tuple[str, str]:
+    """(engine, target): a SQLite file path or a PostgreSQL connection string; ValueError names the problem."""
+    if url.startswith("sqlite:///"):
+        path = url[len("sqlite:///") :]
+        if not path:
+            raise ValueError("sqlite:/// needs a file path (sqlite:///ledger.db, sqlite:////var/lib/gw/ledger.db)")
+        return SQLITE, path
+    if url.startswith(("postgresql://", "postgres://")):
+        return POSTGRES, url
+    raise ValueError(f"expected sqlite:///<path> or postgresql://..., got {url.split(':', 1)[0]!r}")
+
+
+class Cursor:
+    """What a transaction's body sees: `execute`, `executemany`, `rows` with `?` placeholders on both engines."""
+
+    def __init__(self, raw: Any, postgres: bool) -> None:
+        self.raw = raw
+        self.postgres = postgres
+
+    def _sql(self, sql: str) -> str:
+        return sql.replace("?", "%s") if self.postgres else sql
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        self.raw.execute(self._sql(sql), tuple(params))
+        return int(self.raw.rowcount)
+
+    def executemany(self, sql: str, params: Iterable[Sequence[Any]]) -> None:
+        self.raw.executemany(self._sql(sql), [tuple(p) for p in params])
+
+    def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        self.raw.execute(self._sql(sql), tuple(params))
+        return [tuple(r) for r in self.raw.fetchall()]
+
+
+class Database:
+    """One connection, opened on first use and again after a failure; used from one thread only."""
+
+    def __init__(self, url: str) -> None:
+        self.engine, self.target = parse_url(url)
+        self.postgres = self.engine == POSTGRES
+        self._conn: Any = None
+
+    @property
+    def where(self) -> str:
+        """The database, for a log line (a PostgreSQL URL without its password)."""
+        if not self.postgres:
+            return f"sqlite file {self.target}"
+        import psycopg.conninfo
+
+        info = psycopg.conninfo.conninfo_to_dict(self.target)
+        return f"postgresql {info.get('host', '')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
+
+    def _connect(self) -> Any:
+        if self.postgres:
+            import psycopg
+
+            return psycopg.connect(self.target, connect_timeout=_CONNECT_S, autocommit=True)
+        Path(self.target).parent.mkdir(parents=True, exist_ok=True)
+        # Autocommit mode: every transaction is an explicit BEGIN IMMEDIATE ... COMMIT below.
+        conn = sqlite3.connect(self.target, timeout=_BUSY_MS / 1000, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")  # readers never wait for the writer; replicas on one host share it
+        conn.execute("PRAGMA synchronous=NORMAL")  # durable across a process crash (WAL), as the issue asks
+        return conn
+
+    def _errors(self) -> tuple[type[BaseException], ...]:
+        if self.postgres:
+            import psycopg
+
+            return (psycopg.OperationalError, psycopg.InterfaceError)
+        return (sqlite3.OperationalError,)
+
+    def transaction(self, body: Callable[[Cursor], T]) -> T:
+        """Run `body` in one transaction (SQLite: BEGIN IMMEDIATE, so writers queue instead of failing)."""
+        errors = self._errors()
+        try:
+            if self._conn is None:
+                self._conn = self._connect()
+            conn = self._conn
+            if self.postgres:
+                with conn.transaction(), conn.cursor() as cur:
+                    return body(Cursor(cur, True))
+            cur = conn.cursor()
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                out = body(Cursor(cur, False))
+            except BaseException:
+                conn.rollback()
+                raise
+            cur.execute("COMMIT")
+            return out
+        except errors as exc:
+            self.close()
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise LedgerDown(f"{self.where}: {first}") from None
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # a connection that broke may fail to close too; it is dropped either way
+                pass
+
+    def migrate(self) -> int:
+        """Bring the schema to this code's version (in one transaction); the version found before."""
+
+        def run(cur: Cursor) -> int:
+            if self.postgres:
+                cur.execute("SELECT pg_advisory_xact_lock(?)", (_LOCK_ID,))  # replicas starting together
+            cur.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            found = cur.rows("SELECT max(version) FROM schema_version")[0][0] or 0
+            if found > VERSION:
+                raise SchemaError(
+                    f"the ledger's schema is at version {found}, newer than this gateway's {VERSION}: "
+                    "run a gateway at least as new as the one that migrated it"
+                )
+            for version in range(found + 1, VERSION + 1):
+                for statement in MIGRATIONS[version - 1]:
+                    cur.execute(statement)
+                cur.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
+            return int(found)
+
+        return self.transaction(run)

@@ -1,0 +1,76 @@
+"""One schema and one list of migrations for both engines, applied at start-up.
+
+Each migration is a list of statements written in the SQL both SQLite and PostgreSQL accept. The
+database records the version it is at; a database at a version newer than this code knows is a
+start-up error, never a guess.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+MIGRATIONS: Final[list[list[str]]] = [
+    # 1: rows, daily rollups, runtime keys, the counters replicas poll.
+    [
+        """CREATE TABLE requests (
+            id TEXT PRIMARY KEY,
+            request_id TEXT NOT NULL,
+            ts DOUBLE PRECISION NOT NULL,
+            day TEXT NOT NULL,
+            key_name TEXT NOT NULL,
+            team TEXT NOT NULL,
+            model TEXT NOT NULL,
+            target TEXT NOT NULL,
+            provider TEXT NOT NULL,
+            dialect TEXT NOT NULL,
+            stream INTEGER NOT NULL,
+            status INTEGER NOT NULL,
+            error TEXT,
+            latency_ms DOUBLE PRECISION NOT NULL,
+            ttfb_ms DOUBLE PRECISION,
+            prompt_tokens BIGINT NOT NULL,
+            completion_tokens BIGINT NOT NULL,
+            cost_pico BIGINT NOT NULL,
+            cache TEXT,
+            attempts INTEGER NOT NULL,
+            prompt TEXT,
+            completion TEXT
+        )""",
+        "CREATE INDEX requests_day ON requests (day)",
+        "CREATE INDEX requests_request_id ON requests (request_id)",
+        """CREATE TABLE daily (
+            day TEXT NOT NULL,
+            key_name TEXT NOT NULL,
+            team TEXT NOT NULL,
+            model TEXT NOT NULL,
+            target TEXT NOT NULL,
+            requests BIGINT NOT NULL,
+            errors BIGINT NOT NULL,
+            prompt_tokens BIGINT NOT NULL,
+            completion_tokens BIGINT NOT NULL,
+            cost_pico BIGINT NOT NULL,
+            PRIMARY KEY (day, key_name, team, model, target)
+        )""",
+        """CREATE TABLE api_keys (
+            id TEXT PRIMARY KEY,
+            name TEXT NOT NULL UNIQUE,
+            team TEXT,
+            models TEXT NOT NULL,
+            max_cost_per_day DOUBLE PRECISION,
+            expires_at DOUBLE PRECISION,
+            digest TEXT NOT NULL,
+            old_digest TEXT,
+            old_valid_until DOUBLE PRECISION,
+            created_at DOUBLE PRECISION NOT NULL,
+            revoked_at DOUBLE PRECISION
+        )""",
+        "CREATE TABLE counters (name TEXT PRIMARY KEY, value BIGINT NOT NULL)",
+        "INSERT INTO counters (name, value) VALUES ('keys', 0)",
+    ],
+]
+
+VERSION: Final = len(MIGRATIONS)
+
+
+class SchemaError(Exception):
+    """The database's schema cannot be used by this code (one line for the operator)."""

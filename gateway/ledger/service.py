@@ -1,0 +1,95 @@
+"""The ledger as the app holds it: built once per process, started and drained by the app's lifespan.
+
+`prepare` runs in `serve`'s main process before any worker starts, so a database that cannot be
+reached, a schema newer than the code or a runtime key named like a YAML key is one line and exit 1.
+`LedgerService.install` hooks a pipeline (the first, and each one a config reload builds) to the
+process's queue and runtime keys.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol
+
+from prometheus_client import Gauge
+
+from gateway.auth import RuntimeKeys
+from gateway.config import ConfigError, LoadedConfig
+from gateway.ledger import keys as keystore
+from gateway.ledger.book import Ledger
+from gateway.ledger.engine import Database, LedgerDown, parse_url
+from gateway.ledger.schema import VERSION, SchemaError
+from gateway.metrics import Metrics
+
+log = logging.getLogger("gateway")
+
+
+class Hooked(Protocol):
+    """What the ledger needs of a pipeline: its key ring and a place for the ledger (gateway/pipeline.py)."""
+
+    keys: Any
+    ledger: Ledger | None
+
+
+def _yaml(loaded: LoadedConfig) -> tuple[list[str], dict[str, str]]:
+    keys = loaded.config.keys
+    return [k.name for k in keys], {k.name: k.team for k in keys if k.team}
+
+
+def prepare(loaded: LoadedConfig) -> None:
+    """Check the URL, migrate, refuse runtime keys named like YAML ones: a `ConfigError` line otherwise."""
+    url = loaded.config.ledger.url
+    try:
+        parse_url(url)
+    except ValueError as exc:
+        raise ConfigError(f"{loaded.source}: ledger.url: {exc}") from None
+    db = Database(url)
+    names, _ = _yaml(loaded)
+    try:
+        db.migrate()
+        clash = db.transaction(lambda cur: keystore.clashes(cur, names))
+    except (LedgerDown, SchemaError) as exc:
+        raise ConfigError(f"{loaded.source}: ledger: {exc}") from None
+    finally:
+        db.close()
+    if clash:
+        raise ConfigError(
+            f"{loaded.source}: keys: {', '.join(repr(n) for n in clash)} also named by a runtime key in the ledger "
+            "(rename the YAML key or revoke the runtime one)"
+        )
+    log.info("ledger: %s at schema version %d", db.where, VERSION)
+
+
+class LedgerService:
+    def __init__(self, loaded: LoadedConfig, metrics: Metrics | None = None) -> None:
+        self.ledger = Ledger(loaded.config.ledger)
+        self.runtime = RuntimeKeys()
+        names, self.yaml_teams = _yaml(loaded)
+        self.poller = keystore.KeyPoller(self.ledger, self.runtime, names, self._teams)
+        self.ledger.teams = dict(self.yaml_teams)
+        if metrics is not None:
+            # Read at scrape time: the request path only appends. Per process (each worker has its queue).
+            r = metrics.registry
+            ledger = self.ledger
+            for name, doc, read in (
+                ("gateway_ledger_dropped_rows", "Ledger rows turned away by the full queue", lambda: ledger.dropped),
+                ("gateway_ledger_spill_lost_rows", "Ledger rows lost to a full spill file", lambda: ledger.spill.lost),
+                ("gateway_ledger_queued_rows", "Ledger rows waiting for the writer", lambda: len(ledger.queue)),
+                ("gateway_ledger_spilled", "1 while the ledger's rows go to its spill file", lambda: ledger.spilling),
+            ):
+                Gauge(name, doc, registry=r, multiprocess_mode="max").set_function(read)
+
+    def _teams(self) -> None:
+        self.ledger.teams = {**self.yaml_teams, **self.poller.teams}
+
+    def install(self, pipeline: Hooked) -> None:
+        pipeline.keys.runtime = self.runtime
+        pipeline.ledger = self.ledger
+
+    async def start(self) -> None:
+        await self.ledger.start()
+        await self.poller.start()
+
+    async def close(self) -> None:
+        await self.poller.stop()
+        await self.ledger.close()
