@@ -1,0 +1,126 @@
+"""Keys made at runtime: create, use, rotate with a grace period, revoke, on two replicas sharing one ledger.
+
+Both replicas are the real gateway (uvicorn in threads) on one SQLite file; the PostgreSQL engine runs the
+same lifecycle in tests/ledger/test_postgres.py. A change made through one replica must apply on the
+other within 2 s (`ledger.keys_poll_ms` is 200 here).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers.clients import body, client
+from tests.helpers.servers import GatewayThread, cli_env, run_cli
+from tests.helpers.waiting import wait_until
+
+from .conftest import ADMIN_KEY, ENV, config, query
+
+PROPAGATION_S = 2.0
+
+
+def status(url: str, key: str) -> int:
+    with client(url, key) as c:
+        return c.post("/v1/completions", json=body()).status_code
+
+
+def admin(url: str, method: str, path: str, json: Any = None) -> Any:
+    with client(url, ADMIN_KEY) as c:
+        return c.request(method, path, json=json)
+
+
+def lifecycle(a: str, b: str, db_url: str) -> None:
+    """create -> use on both -> rotate (old valid through its grace, then 401) -> revoke (401 on both)."""
+    resp = admin(a, "POST", "/admin/keys", {"name": "ci-bot", "team": "red", "models": ["demo/*"]})
+    assert resp.status_code == 201, resp.text
+    made = resp.json()
+    first, key_id = made["secret"], made["key"]["id"]
+    assert made["key"]["name"] == "ci-bot" and made["key"]["team"] == "red"
+    assert status(a, first) == 200  # at once on the replica that made it
+    started = time.monotonic()
+    wait_until(lambda: status(b, first) == 200, timeout=PROPAGATION_S)
+    assert time.monotonic() - started < PROPAGATION_S
+    with client(a, first) as c:  # the key's own model globs apply
+        assert c.post("/v1/completions", json=body(model="fast")).status_code == 403
+    # The ledger keeps the digest, never the secret; the listing shows neither.
+    stored = query(db_url, "SELECT digest FROM api_keys")
+    assert first not in repr(stored)
+    listed = admin(b, "GET", "/admin/keys").json()["keys"]
+    assert [k["id"] for k in listed] == [key_id] and first not in repr(listed) and "digest" not in listed[0]
+
+    resp = admin(b, "POST", f"/admin/keys/{key_id}/rotate", {"grace_s": 2})
+    assert resp.status_code == 200, resp.text
+    second = resp.json()["secret"]
+    assert second != first and resp.json()["key"]["id"] == key_id
+    wait_until(lambda: status(a, second) == 200, timeout=PROPAGATION_S)
+    assert status(a, first) == 200 and status(b, first) == 200  # the old secret, within its grace
+    wait_until(lambda: status(a, first) == 401 and status(b, first) == 401, timeout=4)
+    assert status(a, second) == 200 and status(b, second) == 200
+
+    resp = admin(a, "DELETE", f"/admin/keys/{key_id}")
+    assert resp.status_code == 200, resp.text
+    started = time.monotonic()
+    wait_until(lambda: status(a, second) == 401 and status(b, second) == 401, timeout=PROPAGATION_S)
+    assert time.monotonic() - started < PROPAGATION_S
+    assert admin(a, "GET", "/admin/keys").json() == {"keys": []}
+    assert admin(a, "DELETE", f"/admin/keys/{key_id}").status_code == 404
+    # Its requests were booked under its name and team.
+    booked = "SELECT count(*) FROM requests WHERE key_name = 'ci-bot' AND team = 'red'"
+    wait_until(lambda: query(db_url, booked)[0][0] > 0)
+
+
+@pytest.fixture
+def replicas(tmp_path: Path) -> Iterator[tuple[GatewayThread, GatewayThread, str]]:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    path = tmp_path / "config.yaml"
+    path.write_text(config(url))
+    with GatewayThread(path, ENV) as a, GatewayThread(path, ENV) as b:
+        yield a, b, url
+
+
+def test_key_lifecycle_on_two_replicas(replicas: tuple[GatewayThread, GatewayThread, str]) -> None:
+    a, b, url = replicas
+    lifecycle(a.url, b.url, url)
+
+
+def test_bad_requests_name_the_field(replicas: tuple[GatewayThread, GatewayThread, str]) -> None:
+    a, _, _ = replicas
+    resp = admin(a.url, "POST", "/admin/keys", {"name": "x y"})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "name", resp.text
+    resp = admin(a.url, "POST", "/admin/keys", {"name": "ok", "max_cost_per_day": -1})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "max_cost_per_day", resp.text
+    resp = admin(a.url, "POST", "/admin/keys", {"name": "ok", "secret": "chosen"})
+    assert resp.status_code == 400, resp.text
+    # A YAML key's name, or a runtime key's, is taken.
+    assert admin(a.url, "POST", "/admin/keys", {"name": "alice"}).status_code == 409
+    assert admin(a.url, "POST", "/admin/keys", {"name": "bob"}).status_code == 201
+    assert admin(a.url, "POST", "/admin/keys", {"name": "bob"}).status_code == 409
+    assert admin(a.url, "POST", "/admin/keys/key_nope/rotate").status_code == 404
+    with client(a.url, "not-the-admin-key") as c:
+        assert c.get("/admin/keys").status_code == 401
+
+
+def test_expiry(replicas: tuple[GatewayThread, GatewayThread, str]) -> None:
+    a, b, _ = replicas
+    secret = admin(a.url, "POST", "/admin/keys", {"name": "brief", "expires_in_s": 1}).json()["secret"]
+    assert status(a.url, secret) == 200
+    wait_until(lambda: status(a.url, secret) == 401 and status(b.url, secret) == 401, timeout=4)
+
+
+def test_a_runtime_key_named_like_a_yaml_key_is_a_start_up_error(tmp_path: Path) -> None:
+    db = tmp_path / "ledger.db"
+    path = tmp_path / "config.yaml"
+    path.write_text(config(f"sqlite:///{db}").replace("name: solo", "name: later"))
+    with GatewayThread(path, ENV) as gw:
+        assert admin(gw.url, "POST", "/admin/keys", {"name": "solo"}).status_code == 201
+    path.write_text(config(f"sqlite:///{db}"))  # the YAML now names a key `solo` too
+    result = run_cli(["serve", "--config", str(path), "--port", "0"], env=cli_env(**ENV))
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"config error: {path}: keys: 'solo' also named by a runtime key in the ledger "
+        "(rename the YAML key or revoke the runtime one)"
+    )
