@@ -12,6 +12,7 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -98,9 +99,14 @@ class PostgresServer:
         return result.returncode == 0
 
     def stop(self) -> None:
+        """A fast shutdown (SIGINT to the postmaster): clients are cut off, as when a database goes away."""
         proc = self.proc
         if proc is not None and proc.poll() is None:
-            proc.terminate()  # SIGTERM to runuser, passed on: a "smart" shutdown would wait for clients
+            pidfile = self.data / "postmaster.pid"
+            try:
+                os.kill(int(pidfile.read_text().split()[0]), signal.SIGINT)
+            except (OSError, ValueError, IndexError):
+                proc.terminate()  # SIGTERM would be a "smart" shutdown, waiting for every client to leave
             try:
                 proc.wait(15)
             except subprocess.TimeoutExpired:

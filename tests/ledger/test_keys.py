@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.helpers.clients import body, client
+from tests.helpers.postgres import PostgresServer
 from tests.helpers.servers import GatewayThread, cli_env, run_cli
 from tests.helpers.waiting import wait_until
 
@@ -124,3 +125,10 @@ def test_a_runtime_key_named_like_a_yaml_key_is_a_start_up_error(tmp_path: Path)
         f"config error: {path}: keys: 'solo' also named by a runtime key in the ledger "
         "(rename the YAML key or revoke the runtime one)"
     )
+
+
+def test_key_lifecycle_on_postgres(tmp_path: Path, pg: PostgresServer) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(config(pg.url, extra=f', spill_dir: "{tmp_path / "spill"}"'))
+    with GatewayThread(path, ENV) as a, GatewayThread(path, ENV) as b:
+        lifecycle(a.url, b.url, pg.url)
