@@ -117,8 +117,17 @@ class KeyConfig(Strict, frozen=True):
     limits: LimitsConfig | None = None
     # USD per UTC day (gateway/usage.py): at or over it, requests answer 429 `budget_exceeded`. 0 blocks the key.
     max_cost_per_day: Annotated[float, Meta(ge=0)] | None = None
-    # A team groups keys in the ledger's rows, rollups and reports (docs/ledger.md).
+    # USD per UTC calendar month; enforced, like a team's budgets, only with a ledger (docs/ledger.md).
+    max_cost_per_month: Annotated[float, Meta(ge=0)] | None = None
+    # A team groups keys in the ledger's rows, rollups and reports, and shares its `teams:` budgets.
     team: str | None = None
+
+
+class TeamConfig(Strict, frozen=True):
+    # USD per UTC day and per UTC month for all the team's keys together (with a ledger: docs/ledger.md).
+    max_cost_per_day: Annotated[float, Meta(ge=0)] | None = None
+    # USD per UTC calendar month for all the team's keys together.
+    max_cost_per_month: Annotated[float, Meta(ge=0)] | None = None
 
 
 class LedgerConfig(Strict, frozen=True):
@@ -322,6 +331,8 @@ class GatewayConfig(Strict, frozen=True):
     tokenizer: TokenizerConfig = TokenizerConfig()
     discovery: DiscoveryConfig = DiscoveryConfig()
     ledger: LedgerConfig = LedgerConfig()
+    # Budgets shared by the keys that name the team (`keys[].team`).
+    teams: dict[str, TeamConfig] = msgspec.field(default_factory=dict)
 
 
 class LoadedConfig(msgspec.Struct, frozen=True):

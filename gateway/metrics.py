@@ -108,6 +108,8 @@ class Record(msgspec.Struct):
     # `model` folded into its label value (`ModelLabels.fold`), by whichever of the usage booking and the
     # metrics reads it first: folding twice per request was a measurable share of the request's own work.
     label: str | None = None
+    # A budget reservation made at admission, settled when the request ends (gateway/ledger/budgets.py).
+    hold: object | None = None
 
 
 class _Children(NamedTuple):

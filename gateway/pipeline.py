@@ -37,6 +37,7 @@ from wire.schema import CompletionRequest, decode_request, encode
 
 if TYPE_CHECKING:
     from gateway.ledger.book import Ledger
+    from gateway.ledger.budgets import Budgets
 
 # gateway/endpoint.py ends a stream that failed before the relay could say so with these bytes.
 __all__ = ["STREAM_FAILED", "Pipeline", "Result"]
@@ -92,6 +93,7 @@ class Pipeline:
         self.relay = Relay(self.services, self.admission, self.health, self.failover, self.scrub)
 
     ledger: Ledger | None = None  # the process's ledger, when one is configured (gateway/ledger/service.py)
+    budgets: Budgets | None = None  # with a ledger: budgets by reservation (gateway/ledger/budgets.py)
 
     # Requests hold the pipeline they started with; a reload retires this one, which closes its pools
     # when the last of them ends.
@@ -147,9 +149,12 @@ class Pipeline:
         normalize(req, self.loaded.config.caps)
         self.keys.authorize(key, req.model)
         rec.model = req.model  # a budget refusal counts under the model asked for (routing refines it below)
-        if key is not None and (key.name in self.usage.budgets or key.max_cost_per_day is not None):
+        budgets = self.budgets
+        if budgets is None and key is not None and (key.name in self.usage.budgets or key.max_cost_per_day is not None):
             await self.usage.check(key.name, key.max_cost_per_day)  # one HGET of today's booked spend
         plan = self.router.plan(req.model)
+        if budgets is not None and key is not None and budgets.applies(key):
+            rec.hold = await budgets.reserve(key, req, plan, self.usage.prices, self.shared)
         alias = req.model in self.router.aliases
         rec.model = req.model if alias else plan.groups[0].routes[0].key
         rec.stream = bool(req.stream)

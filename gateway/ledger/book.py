@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol, cast
 
 import msgspec
 
@@ -36,6 +36,12 @@ from gateway.usage import ANONYMOUS, Prices, day_of
 log = logging.getLogger("gateway")
 
 Row = tuple[Any, ...]
+
+
+class Settles(Protocol):
+    def settle(self, rec: Record) -> None: ...
+
+
 # A waiting row: the record, its end-to-end seconds, the prices of the config that served it, its end time.
 Pending = tuple[Record, float, Prices, float]
 _COLUMNS: Final = (
@@ -220,6 +226,10 @@ class Ledger:
     # ------------------------------------------------------------------------------ the request path
 
     def append(self, rec: Record, elapsed_s: float, prices: Prices) -> None:
+        hold = rec.hold
+        if hold is not None:  # a budgeted request: its reservation becomes its real cost
+            rec.hold = None
+            cast(Settles, hold).settle(rec)
         queue = self.queue
         if len(queue) >= self.cap:
             self.dropped += 1

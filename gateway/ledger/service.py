@@ -17,6 +17,7 @@ from gateway.auth import RuntimeKeys
 from gateway.config import ConfigError, LoadedConfig
 from gateway.ledger import keys as keystore
 from gateway.ledger.book import Ledger
+from gateway.ledger.budgets import Budgets, Counters
 from gateway.ledger.engine import Database, LedgerDown, parse_url
 from gateway.ledger.schema import VERSION, SchemaError
 from gateway.metrics import Metrics
@@ -28,7 +29,9 @@ class Hooked(Protocol):
     """What the ledger needs of a pipeline: its key ring and a place for the ledger (gateway/pipeline.py)."""
 
     keys: Any
+    loaded: LoadedConfig
     ledger: Ledger | None
+    budgets: Budgets | None
 
 
 def _yaml(loaded: LoadedConfig) -> tuple[list[str], dict[str, str]]:
@@ -65,6 +68,7 @@ class LedgerService:
         self.ledger = Ledger(loaded.config.ledger)
         self.runtime = RuntimeKeys()
         names, self.yaml_teams = _yaml(loaded)
+        self.counters = Counters()
         self.poller = keystore.KeyPoller(self.ledger, self.runtime, names, self._teams)
         self.ledger.teams = dict(self.yaml_teams)
         if metrics is not None:
@@ -85,6 +89,7 @@ class LedgerService:
     def install(self, pipeline: Hooked) -> None:
         pipeline.keys.runtime = self.runtime
         pipeline.ledger = self.ledger
+        pipeline.budgets = Budgets(pipeline.loaded, self.ledger, self.counters)
 
     async def start(self) -> None:
         await self.ledger.start()

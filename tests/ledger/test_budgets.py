@@ -1,0 +1,118 @@
+"""Budgets that concurrent requests cannot overshoot, and that survive a restart of the gateway or of Redis.
+
+A budgeted request reserves its worst case (prompt tokens + max_tokens at the target's price) before the
+call and settles its real cost after it. One `body()` on demo/slow-300ms: 3 prompt tokens at $1000/1M and
+at most 7 completion tokens at $2000/1M, a worst case of $0.017; the fake answer is held 300 ms, so 20
+requests sent together all arrive before any has ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Final
+
+import httpx
+import pytest
+
+from tests.helpers.clients import body, client
+from tests.helpers.redis import RedisServer
+from tests.helpers.servers import GatewayThread
+from tests.helpers.waiting import wait_until
+
+from .conftest import query
+
+KEY: Final = "gk-budget-3a9e"
+MATE: Final = "gk-budget-mate-71c0"
+ENV: Final = {"BUDGET_KEY": KEY, "BUDGET_MATE": MATE}
+WORST_PICO: Final = 17 * 10**9
+BUDGET_PICO: Final = 5 * 10**10  # $0.05
+SLOW: Final = "demo/slow-300ms"
+
+CONFIG: Final = """
+redis: {{url: "{redis}"}}
+logging: {{requests: false}}
+retries: {{attempts: 1}}
+ledger: {{url: "{url}", flush_ms: 100}}
+keys:
+  - {{name: capped, key: "${{BUDGET_KEY}}", max_cost_per_day: 0.05, team: blue}}
+  - {{name: mate, key: "${{BUDGET_MATE}}", team: blue}}
+teams:
+  blue: {{max_cost_per_month: {team_month}}}
+prices:
+  "demo/*": {{prompt_per_1m: 1000, completion_per_1m: 2000}}
+providers:
+  demo: {{kind: fake, models: [long]}}
+"""
+
+
+def write(tmp_path: Path, redis: str = "", team_month: float = 100.0) -> tuple[Path, str]:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    path = tmp_path / "config.yaml"
+    path.write_text(CONFIG.format(redis=redis, url=url, team_month=team_month))
+    return path, url
+
+
+async def together(url: str, key: str, n: int) -> list[int]:
+    async with httpx.AsyncClient(trust_env=False, timeout=15, headers={"authorization": f"Bearer {key}"}) as c:
+        answers = await asyncio.gather(*(c.post(f"{url}/v1/completions", json=body(model=SLOW)) for _ in range(n)))
+    return [a.status_code for a in answers]
+
+
+def spent(url: str, key: str = "capped") -> int:
+    return int(query(url, f"SELECT coalesce(sum(cost_pico), 0) FROM requests WHERE key_name = '{key}'")[0][0])
+
+
+@pytest.fixture(params=["memory", "redis"])
+def state(request: pytest.FixtureRequest) -> Iterator[str]:
+    yield request.getfixturevalue("rds").url if request.param == "redis" else ""
+
+
+def test_20_concurrent_first_requests_overshoot_by_at_most_one_worst_case(tmp_path: Path, state: str) -> None:
+    path, url = write(tmp_path, state)
+    with GatewayThread(path, ENV) as gw:
+        statuses = asyncio.run(together(gw.url, KEY, 20))
+        # $0 + $0.017 + $0.034 reserved were under $0.05: three admitted, the other seventeen refused.
+        assert sorted(statuses) == [200] * 3 + [429] * 17
+        wait_until(lambda: query(url, "SELECT count(*) FROM requests")[0][0] == 20)
+    assert spent(url) <= BUDGET_PICO + WORST_PICO
+
+
+def test_spend_survives_a_gateway_restart(tmp_path: Path) -> None:
+    path, url = write(tmp_path)
+    with GatewayThread(path, ENV) as gw, client(gw.url, KEY) as c:
+        for _ in range(3):
+            assert c.post("/v1/completions", json=body(model=SLOW)).status_code == 200
+    # In-process counters only: a new process knows the day's spend from the ledger alone.
+    with GatewayThread(path, ENV) as gw, client(gw.url, KEY) as c:
+        resp = c.post("/v1/completions", json=body(model=SLOW))
+        assert resp.status_code == 429, resp.text
+        assert resp.json()["error"]["code"] == "budget_exceeded"
+
+
+def test_spend_survives_a_redis_restart(tmp_path: Path, redis: RedisServer) -> None:
+    path, url = write(tmp_path, redis.url)
+    with GatewayThread(path, ENV) as gw, client(gw.url, KEY) as c:
+        for _ in range(3):
+            assert c.post("/v1/completions", json=body(model=SLOW)).status_code == 200
+        wait_until(lambda: query(url, "SELECT count(*) FROM daily")[0][0] > 0 and spent(url) == 3 * WORST_PICO)
+        wait_until(lambda: not gw.pipeline.budgets.counters.background)  # type: ignore[union-attr]
+        redis.restart()  # no persistence: every counter is gone
+        wait_until(lambda: c.post("/v1/completions", json=body(model=SLOW)).status_code == 429, timeout=10)
+
+
+def test_a_team_budget_is_shared_by_its_keys(tmp_path: Path) -> None:
+    path, url = write(tmp_path, team_month=0.03)
+    with GatewayThread(path, ENV) as gw:
+        with client(gw.url, MATE) as c:
+            assert c.post("/v1/completions", json=body(model=SLOW)).status_code == 200
+        with client(gw.url, KEY) as c:
+            assert c.post("/v1/completions", json=body(model=SLOW)).status_code == 200
+            resp = c.post("/v1/completions", json=body(model=SLOW))
+    assert resp.status_code == 429
+    message = resp.json()["error"]["message"]
+    assert message.startswith(
+        "Team 'blue' (key 'capped') has reached its monthly budget of $0.03 ($0.034 spent this month, UTC); "
+        "requests resume at "
+    ), message
