@@ -48,7 +48,7 @@ _COLUMNS: Final = (
     "id, request_id, ts, day, key_name, team, model, target, provider, dialect, stream, status, error, "
     "latency_ms, ttfb_ms, prompt_tokens, completion_tokens, cost_pico, cache, attempts, prompt, completion"
 )
-_INSERT: Final = f"INSERT INTO requests ({_COLUMNS}) VALUES ({', '.join('?' * 22)}) ON CONFLICT (id) DO NOTHING"
+_INSERT: Final = f"INSERT INTO requests ({_COLUMNS}) VALUES ({', '.join('?' * 22)}) ON CONFLICT (day, id) DO NOTHING"
 _ROLLUP: Final = (
     "INSERT INTO daily (day, key_name, team, model, target, requests, errors, prompt_tokens, completion_tokens,"
     " cost_pico) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (day, key_name, team, model, target) DO UPDATE"
@@ -58,6 +58,9 @@ _ROLLUP: Final = (
     " cost_pico = daily.cost_pico + excluded.cost_pico"
 )
 _IN_CHUNK: Final = 500
+_RETAIN_EVERY_S: Final = 3600
+_RETAIN_BATCH: Final = 5000  # SQLite: rows per DELETE (one short transaction each)
+_RETAIN_BATCHES: Final = 200  # ... and at most this many per turn; the rest waits for the next turn
 _SPILL_PREFIX: Final = "ledger-spill-"
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder(list[list[Any]]).decode
@@ -97,14 +100,19 @@ def row_of(pending: Pending, teams: dict[str, str]) -> Row:
     )
 
 
-def commit(cur: Cursor, rows: Sequence[Row]) -> int:
+def commit(cur: Cursor, rows: Sequence[Row], db: Database) -> int:
     """Insert the rows not booked yet and add exactly those to their rollups; how many were new."""
+    by_day: dict[str, list[str]] = {}
+    for r in rows:
+        by_day.setdefault(r[3], []).append(r[0])
+    db.ensure_days(cur, by_day)
     known: set[str] = set()
-    ids = [r[0] for r in rows]
-    for i in range(0, len(ids), _IN_CHUNK):
-        chunk = ids[i : i + _IN_CHUNK]
-        marks = ", ".join("?" * len(chunk))
-        known.update(r[0] for r in cur.rows(f"SELECT id FROM requests WHERE id IN ({marks})", chunk))
+    for day, ids in by_day.items():
+        for i in range(0, len(ids), _IN_CHUNK):
+            chunk = ids[i : i + _IN_CHUNK]
+            marks = ", ".join("?" * len(chunk))
+            sql = f"SELECT id FROM requests WHERE day = ? AND id IN ({marks})"
+            known.update(r[0] for r in cur.rows(sql, [day, *chunk]))
     fresh = [r for r in rows if r[0] not in known]
     if not fresh:
         return 0
@@ -212,7 +220,7 @@ class Ledger:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
-        self.on_tick: list[Callable[[], Any]] = []  # more work for the writer's turn (the keys' poll)
+        self._retain_at = 0.0  # retention runs at the first turn, then every _RETAIN_EVERY_S
 
     @property
     def spilling(self) -> int:
@@ -258,8 +266,9 @@ class Ledger:
             self._wake.clear()
             try:
                 await self.flush()
-                for tick in self.on_tick:
-                    await tick()
+                if self.cfg.retention_days is not None and time.monotonic() >= self._retain_at:
+                    self._retain_at = time.monotonic() + _RETAIN_EVERY_S
+                    await self.call(self._retain, self.cfg.retention_days)
             except Exception:  # the writer must outlive any one bad turn
                 log.exception("ledger writer turn failed")
 
@@ -290,10 +299,10 @@ class Ledger:
         try:
             for _path, batch in self.spill.batches():
                 spilled = [tuple(r) for r in batch]
-                self.booked += self.db.transaction(functools.partial(commit, rows=spilled))
+                self.booked += self.db.transaction(functools.partial(commit, rows=spilled, db=self.db))
             self.spill.replayed()
             if rows:
-                self.booked += self.db.transaction(lambda cur: commit(cur, rows))
+                self.booked += self.db.transaction(lambda cur: commit(cur, rows, self.db))
             if self.down is not None:
                 log.warning("ledger: %s answers again; spilled rows replayed", self.db.where)
                 self.down = None
@@ -307,6 +316,20 @@ class Ledger:
                     self.spill.max_bytes,
                     self.spill.lost,
                 )
+
+    def _retain(self, days: int) -> None:
+        """On the ledger's thread: remove rows older than `days` days (today counts as one)."""
+        before = day_of(time.time() - (days - 1) * 86_400)
+        try:
+            removed = self.db.retain(before, _RETAIN_BATCH, _RETAIN_BATCHES)
+        except LedgerDown:
+            self._retain_at = 0.0  # try again at the next turn
+            return
+        if removed:
+            what = "day partition(s)" if self.db.postgres else "row(s)"
+            log.info("ledger: retention removed %d %s of days before %s", removed, what, before)
+        if not self.db.postgres and removed >= _RETAIN_BATCH * _RETAIN_BATCHES:
+            self._retain_at = 0.0  # more to remove: go on at the next turn
 
     async def close(self) -> None:
         """SIGTERM: stop the writer, then commit (or spill) every row still waiting."""

@@ -10,6 +10,8 @@ decides whether to spill or to answer 503.
 
 from __future__ import annotations
 
+import functools
+import re
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -21,6 +23,8 @@ T = TypeVar("T")
 _BUSY_MS: Final = 10_000  # SQLite: how long a writer waits for another process's transaction
 _CONNECT_S: Final = 2
 _LOCK_ID: Final = 0x6C6564676572  # PostgreSQL advisory lock held while migrating ("ledger")
+_DAY: Final = re.compile(r"\d{4}-\d{2}-\d{2}")
+_PARTITION: Final = re.compile(r"requests_d\d{8}")
 SQLITE: Final = "sqlite"
 POSTGRES: Final = "postgresql"
 
@@ -39,6 +43,10 @@ def parse_url(url: str) -> tuple[str, str]:
     if url.startswith(("postgresql://", "postgres://")):
         return POSTGRES, url
     raise ValueError(f"expected sqlite:///<path> or postgresql://..., got {url.split(':', 1)[0]!r}")
+
+
+def _drop(cur: Cursor, name: str) -> int:
+    return cur.execute(f"DROP TABLE IF EXISTS {name}")
 
 
 class Cursor:
@@ -70,6 +78,7 @@ class Database:
         self.engine, self.target = parse_url(url)
         self.postgres = self.engine == POSTGRES
         self._conn: Any = None
+        self._days: set[str] = set()  # PostgreSQL day partitions known to exist
 
     @property
     def where(self) -> str:
@@ -108,8 +117,12 @@ class Database:
                 self._conn = self._connect()
             conn = self._conn
             if self.postgres:
-                with conn.transaction(), conn.cursor() as cur:
-                    return body(Cursor(cur, True))
+                try:
+                    with conn.transaction(), conn.cursor() as cur:
+                        return body(Cursor(cur, True))
+                except BaseException:
+                    self._days.clear()
+                    raise
             cur = conn.cursor()
             cur.execute("BEGIN IMMEDIATE")
             try:
@@ -120,11 +133,61 @@ class Database:
             cur.execute("COMMIT")
             return out
         except errors as exc:
-            self.close()
+            self.close()  # forgets the partitions too: one made in a transaction that failed is not there
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise LedgerDown(f"{self.where}: {first}") from None
 
+    def ensure_days(self, cur: Cursor, days: Iterable[str]) -> None:
+        """PostgreSQL: the day partitions these rows go to (made once, under a lock replicas share)."""
+        if not self.postgres:
+            return
+        for day in sorted(set(days) - self._days):
+            if not _DAY.fullmatch(day):
+                raise ValueError(f"not a day: {day!r}")
+            cur.execute("SELECT pg_advisory_xact_lock(?)", (_LOCK_ID + 1,))
+            cur.execute(
+                f"CREATE TABLE IF NOT EXISTS requests_d{day.replace('-', '')} PARTITION OF requests "
+                f"FOR VALUES IN ('{day}')"
+            )
+            self._days.add(day)
+
+    def retain(self, before_day: str, batch_rows: int, max_batches: int) -> int:
+        """Remove the rows of days before `before_day`: whole partitions on PostgreSQL, bounded batches of
+        `batch_rows` (each its own transaction, at most `max_batches` per call) on SQLite. Rows removed
+        (PostgreSQL: partitions dropped)."""
+        if not _DAY.fullmatch(before_day):
+            raise ValueError(f"not a day: {before_day!r}")
+        removed = 0
+        if self.postgres:
+            names = self.transaction(
+                lambda cur: [
+                    r[0]
+                    for r in cur.rows(
+                        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+                        "JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname = 'requests'"
+                    )
+                ]
+            )
+            cutoff = "requests_d" + before_day.replace("-", "")
+            for name in sorted(n for n in names if _PARTITION.fullmatch(n) and n < cutoff):
+                self.transaction(functools.partial(_drop, name=name))
+                self._days.discard(f"{name[10:14]}-{name[14:16]}-{name[16:18]}")
+                removed += 1
+            return removed
+        for _ in range(max_batches):
+            done = self.transaction(
+                lambda cur: cur.execute(
+                    "DELETE FROM requests WHERE rowid IN (SELECT rowid FROM requests WHERE day < ? LIMIT ?)",
+                    (before_day, batch_rows),
+                )
+            )
+            removed += done
+            if done < batch_rows:
+                break
+        return removed
+
     def close(self) -> None:
+        self._days.clear()
         conn, self._conn = self._conn, None
         if conn is not None:
             try:
@@ -147,7 +210,7 @@ class Database:
                 )
             for version in range(found + 1, VERSION + 1):
                 for statement in MIGRATIONS[version - 1]:
-                    cur.execute(statement)
+                    cur.execute(statement if isinstance(statement, str) else statement[self.engine])
                 cur.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
             return int(found)
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from typing import Final
 
-MIGRATIONS: Final[list[list[str]]] = [
-    # 1: rows, daily rollups, runtime keys, the counters replicas poll.
-    [
-        """CREATE TABLE requests (
-            id TEXT PRIMARY KEY,
+# Where the engines differ, a statement is a mapping engine -> SQL (the `requests` table is partitioned by
+# day on PostgreSQL, so that retention drops whole days; partitions are made by the writer as days come).
+Statement = str | dict[str, str]
+
+_REQUESTS: Final = """(
+            id TEXT NOT NULL,
             request_id TEXT NOT NULL,
             ts DOUBLE PRECISION NOT NULL,
             day TEXT NOT NULL,
@@ -34,9 +35,17 @@ MIGRATIONS: Final[list[list[str]]] = [
             cache TEXT,
             attempts INTEGER NOT NULL,
             prompt TEXT,
-            completion TEXT
-        )""",
-        "CREATE INDEX requests_day ON requests (day)",
+            completion TEXT,
+            PRIMARY KEY (day, id)
+        )"""
+
+MIGRATIONS: Final[list[list[Statement]]] = [
+    # 1: rows, daily rollups, runtime keys, the counters replicas poll.
+    [
+        {
+            "sqlite": f"CREATE TABLE requests {_REQUESTS}",
+            "postgresql": f"CREATE TABLE requests {_REQUESTS} PARTITION BY LIST (day)",
+        },
         "CREATE INDEX requests_request_id ON requests (request_id)",
         """CREATE TABLE daily (
             day TEXT NOT NULL,
