@@ -5,6 +5,7 @@ Old days are planted with the engine's own client; the gateway removes them at i
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 
@@ -33,7 +34,7 @@ def plant(url: str, days_ago: list[int], per_day: int) -> None:
                 + ("openai", 0, 200, None, 1.0, 1.0, 3, 7, 10, None, 1, None, None)
                 for i in range(per_day)
             ]
-            db.transaction(lambda cur, rows=rows: commit(cur, rows, db))
+            db.transaction(functools.partial(commit, rows=rows, db=db))
     finally:
         db.close()
 
