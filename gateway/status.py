@@ -21,6 +21,8 @@ from litestar.exceptions import NotFoundException
 from gateway.auth import _presented_key
 from gateway.dialects import OPENAI
 from gateway.discovery import Discovery
+from gateway.ledger.report import spend_per_day
+from gateway.ledger.routes import REPORT_PARAMS, usage_response
 from gateway.pipeline import Pipeline
 from gateway.ratelimit import Bucket
 from gateway.render import error_response
@@ -72,6 +74,9 @@ async def admin_usage(request: Request[Any, Any, Any]) -> Response[bytes]:
     pipeline, refused = _authorize(request)
     if refused is not None:
         return refused
+    ledger = request.app.state.ledger
+    if ledger is not None and any(p in request.query_params for p in REPORT_PARAMS):
+        return await usage_response(ledger.ledger, request.query_params, _error)  # any range, from the ledger
     day = request.query_params.get("day") or pipeline.usage.today()
     try:
         if not _DAY.match(day):
@@ -175,6 +180,7 @@ async def status(pipeline: Pipeline, unreachable: Mapping[str, str] | None = Non
         "targets": targets,
         "limits": limits,
         "usage": await pipeline.usage.report(pipeline.usage.today()),
+        "spend_per_day": None if pipeline.ledger is None else await spend_per_day(pipeline.ledger, 30),
     }
 
 

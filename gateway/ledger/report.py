@@ -91,3 +91,19 @@ async def report(
         days[r["day"]] = days.get(r["day"], 0.0) + r["cost"]
     body = {"from": first, "to": last, "by": group, "rows": rows, "totals": totals, "cost_per_day": days}
     return msgspec.json.encode(body), "application/json"
+
+
+async def spend_per_day(ledger: Ledger, days: int) -> list[dict[str, Any]] | None:
+    """The status page's chart: cost per day over the last `days` days (None while the ledger is away)."""
+    import time
+
+    from gateway.ledger.engine import LedgerDown
+
+    now = time.time()
+    first, last = day_of(now - (days - 1) * 86_400), day_of(now)
+    sql = "SELECT day, sum(cost_pico), sum(requests) FROM daily WHERE day >= ? AND day <= ? GROUP BY day ORDER BY day"
+    try:
+        found = await ledger.call(ledger.db.transaction, lambda cur: cur.rows(sql, (first, last)))
+    except LedgerDown:
+        return None
+    return [{"day": r[0], "cost": usd(int(r[1])), "requests": int(r[2])} for r in found]
