@@ -49,6 +49,9 @@ def config_text(upstream_port: int | None) -> str:
     lines = ["server: {host: 127.0.0.1, port: 8080}", "providers:", "  demo: {kind: fake}"]
     if upstream_port is not None:
         lines.append(f"  up: {{kind: openai, base_url: 'http://127.0.0.1:{upstream_port}/v1', api_key: bench-key}}")
+    ledger = os.environ.get("BENCH_LEDGER_URL")  # `--ledger`: every request booked (valgrind's child inherits it)
+    if ledger:
+        lines.append(f"ledger: {{url: '{ledger}'}}")
     return "\n".join(lines) + "\n"
 
 
@@ -240,6 +243,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--keep", type=Path, help="keep callgrind's output files here (callgrind_annotate; per-function deltas)"
     )
+    parser.add_argument("--ledger", help="a ledger URL (sqlite:///..., postgresql://...): measure with the ledger on")
     parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)  # the process valgrind runs
     parser.add_argument("--upstream-port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -254,6 +258,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.ledger:
+        os.environ["BENCH_LEDGER_URL"] = args.ledger
     if args.inner:
         _loop_runner()(drive(args.paths[0], args.requests, args.warmup, args.upstream_port))
         return 0
