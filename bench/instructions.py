@@ -51,7 +51,9 @@ def config_text(upstream_port: int | None) -> str:
         lines.append(f"  up: {{kind: openai, base_url: 'http://127.0.0.1:{upstream_port}/v1', api_key: bench-key}}")
     ledger = os.environ.get("BENCH_LEDGER_URL")  # `--ledger`: every request booked (valgrind's child inherits it)
     if ledger:
-        lines.append(f"ledger: {{url: '{ledger}'}}")
+        # As a saturated gateway runs it: the writer commits full batches (batch_rows, 500), not whatever one
+        # second of a valgrind-slowed run holds; time-driven work (the keys' poll) is per second, not per request.
+        lines.append(f"ledger: {{url: '{ledger}', flush_ms: 60000, keys_poll_ms: 2000}}")
     return "\n".join(lines) + "\n"
 
 

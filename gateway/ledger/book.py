@@ -59,6 +59,7 @@ _ROLLUP: Final = (
 )
 _IN_CHUNK: Final = 500
 _RETAIN_EVERY_S: Final = 3600
+_ORPHANS_EVERY_S: Final = 60
 _RETAIN_BATCH: Final = 5000  # SQLite: rows per DELETE (one short transaction each)
 _RETAIN_BATCHES: Final = 200  # ... and at most this many per turn; the rest waits for the next turn
 _SPILL_PREFIX: Final = "ledger-spill-"
@@ -100,14 +101,15 @@ def row_of(pending: Pending, teams: dict[str, str]) -> Row:
     )
 
 
-def commit(cur: Cursor, rows: Sequence[Row], db: Database) -> int:
-    """Insert the rows not booked yet and add exactly those to their rollups; how many were new."""
+def commit(cur: Cursor, rows: Sequence[Row], db: Database, replay: bool = True) -> int:
+    """Insert the rows not booked yet and add exactly those to their rollups; how many were new.
+    `replay=False`: rows straight from the queue, whose ids are new, so the look-up is skipped."""
     by_day: dict[str, list[str]] = {}
     for r in rows:
         by_day.setdefault(r[3], []).append(r[0])
     db.ensure_days(cur, by_day)
     known: set[str] = set()
-    for day, ids in by_day.items():
+    for day, ids in by_day.items() if replay else ():
         for i in range(0, len(ids), _IN_CHUNK):
             chunk = ids[i : i + _IN_CHUNK]
             marks = ", ".join("?" * len(chunk))
@@ -220,6 +222,7 @@ class Ledger:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._orphans_at = 0.0
         self._retain_at = 0.0  # retention runs at the first turn, then every _RETAIN_EVERY_S
 
     @property
@@ -292,7 +295,13 @@ class Ledger:
             await self.call(self._write, rows)
 
     def _orphans_possible(self) -> bool:
-        return self.down is None and self.spill.dir.is_dir() and any(self.spill.dir.glob(f"{_SPILL_PREFIX}*.jsonl"))
+        """Whether another process's spill file may wait: looked for at the first turn, then every
+        _ORPHANS_EVERY_S (a directory listing, which must not be paid every turn)."""
+        now = time.monotonic()
+        if self.down is not None or now < self._orphans_at:
+            return False
+        self._orphans_at = now + _ORPHANS_EVERY_S
+        return self.spill.dir.is_dir() and any(self.spill.dir.glob(f"{_SPILL_PREFIX}*.jsonl"))
 
     def _write(self, rows: list[Row]) -> None:
         """On the ledger's thread: spilled batches first (oldest first), then these rows; spill on failure."""
@@ -302,7 +311,7 @@ class Ledger:
                 self.booked += self.db.transaction(functools.partial(commit, rows=spilled, db=self.db))
             self.spill.replayed()
             if rows:
-                self.booked += self.db.transaction(lambda cur: commit(cur, rows, self.db))
+                self.booked += self.db.transaction(lambda cur: commit(cur, rows, self.db, replay=False))
             if self.down is not None:
                 log.warning("ledger: %s answers again; spilled rows replayed", self.db.where)
                 self.down = None

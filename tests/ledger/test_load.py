@@ -8,6 +8,8 @@ keep each answer's `x-request-id`, which is the row's `request_id`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -18,6 +20,7 @@ import pytest
 
 from tests.helpers.clients import body
 from tests.helpers.postgres import PostgresServer
+from tests.helpers.redis import RedisServer
 from tests.helpers.servers import GatewayProcess, cli_env
 from tests.helpers.waiting import wait_until
 
@@ -163,3 +166,51 @@ def test_database_away_for_10_s(tmp_path: Path, gateways: list[GatewayProcess], 
     assert not list(spill.glob("*.jsonl"))  # replayed and removed
     log = gw.log.read_text()
     assert "ledger: cannot write" in log and "answers again; spilled rows replayed" in log, log
+
+
+def spilled_rows(spill: Path) -> int:
+    """Rows in the spill files: one JSON list of rows per line (a line being written may be cut)."""
+    count = 0
+    for f in spill.glob("*.jsonl"):
+        for line in f.read_bytes().splitlines():
+            with contextlib.suppress(ValueError):
+                count += len(json.loads(line))
+    return count
+
+
+def test_a_dead_processs_spill_file_is_replayed_by_another(
+    tmp_path: Path, gateways: list[GatewayProcess], pg: PostgresServer
+) -> None:
+    """Rows spilled while the database was away, by a process then killed -9, reach the ledger through the
+    next process that finds the file (its lock died with its owner), once."""
+    spill = tmp_path / "spill"
+    path = tmp_path / "config.yaml"
+    path.write_text(config(pg.url, extra=f', spill_dir: "{spill}"'))
+    first = start(path, gateways)
+    pg.stop()
+    answered: dict[str, float] = {}
+    assert asyncio.run(drive([first.url], 30, answered)) == 0
+    wait_until(lambda: spilled_rows(spill) == 30, timeout=10)  # all of them out of the queue, into the file
+    first.proc.send_signal(signal.SIGKILL)
+    first.proc.wait(10)
+    pg.start()
+    second = start(path, gateways)
+    wait_until(lambda: len(booked_ids(pg.url)) >= 30, timeout=15, interval=0.1)
+    ids = booked_ids(pg.url)
+    assert sorted(ids) == sorted(answered)
+    assert totals(pg.url)[0] == totals(pg.url)[1]
+    second.stop()
+    assert not list(spill.glob("*.jsonl"))
+
+
+def test_a_redis_restart_loses_no_row(tmp_path: Path, gateways: list[GatewayProcess], redis: RedisServer) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    path = tmp_path / "config.yaml"
+    path.write_text(config(url).replace("logging:", f'redis: {{url: "{redis.url}"}}\nlogging:'))
+    gw = start(path, gateways)
+    answered: dict[str, float] = {}
+    assert asyncio.run(drive([gw.url], 100, answered)) == 0
+    redis.restart()
+    assert asyncio.run(drive([gw.url], 100, answered)) == 0
+    gw.stop()
+    assert sorted(booked_ids(url)) == sorted(answered) and len(answered) == 200
