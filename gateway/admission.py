@@ -29,7 +29,7 @@ _CALL_KINDS: Final = frozenset({"rps", "rpm"})
 SETTLE_S: Final = 0.05
 
 
-def _buckets(scope: str, limits: LimitsConfig | None) -> list[Bucket]:
+def buckets_of(scope: str, limits: LimitsConfig | None) -> list[Bucket]:
     if limits is None:
         return []
     return [Bucket(scope, kind, getattr(limits, kind)) for kind in _KINDS if getattr(limits, kind) is not None]
@@ -78,11 +78,11 @@ class Admission:
         cfg = loaded.config
         self.limiter = Limiter(shared, fail_open=cfg.redis.on_failure == "fail_open")
         self.sleep = sleep
-        self.keys = {k.name: _buckets(f"key:{k.name}", k.limits) for k in cfg.keys if k.limits}
-        self.models = {m.name: _buckets(f"model:{m.name}", m.limits) for m in cfg.models if m.limits}
-        self.providers = {n: _buckets(f"provider:{n}", p.limits) for n, p in loaded.providers.items() if p.limits}
+        self.keys = {k.name: buckets_of(f"key:{k.name}", k.limits) for k in cfg.keys if k.limits}
+        self.models = {m.name: buckets_of(f"model:{m.name}", m.limits) for m in cfg.models if m.limits}
+        self.providers = {n: buckets_of(f"provider:{n}", p.limits) for n, p in loaded.providers.items() if p.limits}
         self.deployments = {
-            (n, d): _buckets(f"deployment:{n}/{d}", dc.limits)
+            (n, d): buckets_of(f"deployment:{n}/{d}", dc.limits)
             for n, p in loaded.providers.items()
             for d, dc in p.deployments.items()
             if dc.limits
@@ -112,7 +112,7 @@ class Admission:
         return out
 
     async def admit(self, key: ClientKey | None, req: CompletionRequest, plan: Plan) -> Ticket | None:
-        buckets = list(self.keys.get(key.name, ())) if key is not None else []
+        buckets = list(self.keys.get(key.name) or key.buckets) if key is not None else []
         buckets += self.models.get(req.model, ())
         direct = plan.single
         if direct is not None:

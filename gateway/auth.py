@@ -16,6 +16,7 @@ import msgspec
 
 from gateway.config import LoadedConfig
 from gateway.globs import ModelGlobs
+from gateway.ratelimit import Bucket
 from wire.errors import AuthenticationError, PermissionDeniedError
 
 
@@ -27,6 +28,8 @@ class ClientKey(msgspec.Struct, frozen=True):
     # Runtime keys (gateway/ledger/keys.py): the key's expiry, or a rotated secret's end of grace.
     valid_until: float | None = None
     max_cost_per_day: float | None = None
+    # A runtime key's own rate limits (a YAML key's are gateway/admission.py's, by name).
+    buckets: tuple[Bucket, ...] = ()
 
 
 class RuntimeKeys:

@@ -168,7 +168,7 @@ class Pipeline:
             n=req.n or 1,
             echo=bool(req.echo),
         )
-        admission = self.admission if self.admission.enabled else None
+        admission = self.admission if self.admission.enabled or (key is not None and key.buckets) else None
         ticket = await admission.admit(key, req, plan) if admission is not None else None
         return Job(self.services, admission, req, ctx, plan, ticket)
 

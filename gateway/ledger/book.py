@@ -78,7 +78,7 @@ def row_of(pending: Pending, teams: dict[str, str]) -> Row:
     return (
         unique_suffix(),
         rec.request_id,
-        round(ended, 3),
+        ended,
         day_of(ended),
         key,
         teams.get(key, ""),
@@ -89,8 +89,8 @@ def row_of(pending: Pending, teams: dict[str, str]) -> Row:
         int(rec.stream),
         rec.status,
         rec.error_code,
-        round(elapsed * 1000, 3),
-        round(rec.upstream_s * 1000, 3) if rec.provider else None,
+        elapsed * 1000,
+        rec.upstream_s * 1000 if rec.provider else None,
         prompt,
         completion,
         cost,
@@ -115,10 +115,13 @@ def commit(cur: Cursor, rows: Sequence[Row], db: Database, replay: bool = True) 
             marks = ", ".join("?" * len(chunk))
             sql = f"SELECT id FROM requests WHERE day = ? AND id IN ({marks})"
             known.update(r[0] for r in cur.rows(sql, [day, *chunk]))
-    fresh = [r for r in rows if r[0] not in known]
+    fresh = [r for r in rows if r[0] not in known] if known else rows
     if not fresh:
         return 0
-    cur.executemany(_INSERT, fresh)
+    if replay:
+        cur.executemany(_INSERT, fresh)
+    else:
+        cur.insert_new("requests", _COLUMNS, fresh, _INSERT)
     sums: dict[tuple[str, str, str, str, str], list[int]] = {}
     for r in fresh:
         s = sums.setdefault((r[3], r[4], r[5], r[6], r[7]), [0, 0, 0, 0, 0])

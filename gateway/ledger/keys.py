@@ -20,14 +20,18 @@ from typing import Any, Final
 
 import msgspec
 
+from gateway.admission import buckets_of
 from gateway.auth import ClientKey, RuntimeKeys
+from gateway.config import LimitsConfig
 from gateway.globs import ModelGlobs
 from gateway.ledger.book import Ledger
 from gateway.ledger.engine import Cursor, LedgerDown
 
 log = logging.getLogger("gateway")
 
-_FIELDS: Final = "id, name, team, models, max_cost_per_day, expires_at, digest, old_digest, old_valid_until, created_at"
+_FIELDS: Final = (
+    "id, name, team, models, max_cost_per_day, expires_at, digest, old_digest, old_valid_until, created_at, limits"
+)
 _BUMP: Final = "UPDATE counters SET value = value + 1 WHERE name = 'keys'"
 
 
@@ -42,6 +46,7 @@ class KeyRow(msgspec.Struct, frozen=True):
     expires_at: float | None
     created_at: float
     rotated_grace_until: float | None = None
+    limits: LimitsConfig | None = None
 
 
 class Issued(msgspec.Struct, frozen=True):
@@ -78,7 +83,12 @@ def _row(r: tuple[Any, ...]) -> KeyRow:
         expires_at=r[5],
         created_at=r[9],
         rotated_grace_until=grace,
+        limits=_limits(r[10]),
     )
+
+
+def _limits(stored: str | None) -> LimitsConfig | None:
+    return None if stored is None else msgspec.json.decode(stored, type=LimitsConfig)
 
 
 # ---------------------------------------------------------------------------- on the ledger's thread
@@ -91,6 +101,7 @@ def create(
     models: list[str],
     max_cost_per_day: float | None,
     expires_at: float | None,
+    limits: LimitsConfig | None = None,
 ) -> Issued:
     if cur.rows("SELECT id FROM api_keys WHERE name = ?", (name,)):
         raise KeyConflict(f"a key named {name!r} exists already")
@@ -98,11 +109,12 @@ def create(
     secret = _secret()
     now = round(time.time(), 3)
     cur.execute(
-        f"INSERT INTO api_keys ({_FIELDS}) VALUES (?, ?, ?, ?, ?, ?, ?, NULL, NULL, ?)",
-        (key_id, name, team, msgspec.json.encode(models).decode(), max_cost_per_day, expires_at, _digest(secret), now),
+        f"INSERT INTO api_keys ({_FIELDS}) VALUES (?, ?, ?, ?, ?, ?, ?, NULL, NULL, ?, ?)",
+        (key_id, name, team, msgspec.json.encode(models).decode(), max_cost_per_day, expires_at, _digest(secret), now)
+        + (None if limits is None else msgspec.json.encode(limits).decode(),),
     )
     cur.execute(_BUMP)
-    return Issued(KeyRow(key_id, name, team, models, max_cost_per_day, expires_at, now), secret)
+    return Issued(KeyRow(key_id, name, team, models, max_cost_per_day, expires_at, now, limits=limits), secret)
 
 
 def rotate(cur: Cursor, key_id: str, grace_s: float) -> Issued:
@@ -117,7 +129,7 @@ def rotate(cur: Cursor, key_id: str, grace_s: float) -> Issued:
     )
     cur.execute(_BUMP)
     r = found[0]
-    return Issued(_row((*r[:8], until, r[9])), secret)
+    return Issued(_row((*r[:8], until, *r[9:])), secret)
 
 
 def revoke(cur: Cursor, key_id: str) -> None:
@@ -148,12 +160,13 @@ def _ring(rows: list[tuple[Any, ...]]) -> dict[bytes, ClientKey]:
         models = ModelGlobs(msgspec.json.decode(r[3], type=list[str]))
         expires = r[5]
         digest = bytes.fromhex(r[6])
-        out[digest] = ClientKey(r[1], b"", models, digest, expires, r[4])
+        buckets = tuple(buckets_of(f"key:{r[1]}", _limits(r[10])))
+        out[digest] = ClientKey(r[1], b"", models, digest, expires, r[4], buckets)
         if r[7] is not None:
             old = bytes.fromhex(r[7])
             until = r[8] if expires is None else min(r[8], expires)
             if until > time.time():
-                out[old] = ClientKey(r[1], b"", models, old, until, r[4])
+                out[old] = ClientKey(r[1], b"", models, old, until, r[4], buckets)
     return out
 
 

@@ -17,6 +17,7 @@ from litestar import Request, Response, delete, get, post
 from litestar.handlers import HTTPRouteHandler
 from msgspec import Meta
 
+from gateway.config import LimitsConfig
 from gateway.ledger import keys as keystore
 from gateway.ledger.book import Ledger
 from gateway.ledger.engine import LedgerDown
@@ -41,6 +42,7 @@ class NewKey(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     )
     max_cost_per_day: Annotated[float, Meta(ge=0)] | None = None
     expires_in_s: Annotated[int, Meta(ge=1)] | None = None
+    limits: LimitsConfig | None = None  # rps, rpm, tpm, tpd, concurrent, as a YAML key's
 
 
 class Rotation(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -85,7 +87,7 @@ def routes(authorize: Authorize, render: Render) -> list[HTTPRouteHandler]:
         expires = round(time.time() + spec.expires_in_s, 3) if spec.expires_in_s else None
         try:
             issued = await run(
-                request, keystore.create, spec.name, spec.team, spec.models, spec.max_cost_per_day, expires
+                request, keystore.create, spec.name, spec.team, spec.models, spec.max_cost_per_day, expires, spec.limits
             )
         except keystore.KeyConflict as exc:
             return render(GatewayError(str(exc), status=409, code="key_exists"))

@@ -71,7 +71,8 @@ MIGRATIONS: Final[list[list[Statement]]] = [
             old_digest TEXT,
             old_valid_until DOUBLE PRECISION,
             created_at DOUBLE PRECISION NOT NULL,
-            revoked_at DOUBLE PRECISION
+            revoked_at DOUBLE PRECISION,
+            limits TEXT
         )""",
         "CREATE TABLE counters (name TEXT PRIMARY KEY, value BIGINT NOT NULL)",
         "INSERT INTO counters (name, value) VALUES ('keys', 0)",

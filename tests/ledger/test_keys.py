@@ -132,3 +132,23 @@ def test_key_lifecycle_on_postgres(tmp_path: Path, pg: PostgresServer) -> None:
     path.write_text(config(pg.url, extra=f', spill_dir: "{tmp_path / "spill"}"'))
     with GatewayThread(path, ENV) as a, GatewayThread(path, ENV) as b:
         lifecycle(a.url, b.url, pg.url)
+
+
+def test_a_runtime_keys_own_limits_and_budget(replicas: tuple[GatewayThread, GatewayThread, str]) -> None:
+    a, b, _ = replicas
+    spec = {"name": "metered", "limits": {"rpm": 2}, "max_cost_per_day": 1.0}
+    made = admin(a.url, "POST", "/admin/keys", spec)
+    assert made.status_code == 201, made.text
+    assert made.json()["key"]["limits"]["rpm"] == 2
+    secret = made.json()["secret"]
+    with client(a.url, secret) as c:
+        assert [c.post("/v1/completions", json=body()).status_code for _ in range(2)] == [200, 200]
+        refused = c.post("/v1/completions", json=body())
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "rate_limit_exceeded"
+    bad = admin(a.url, "POST", "/admin/keys", {"name": "m2", "limits": {"rpm": 0}})
+    assert bad.status_code == 400, bad.text
+    # A runtime key's budget: $0.017 per request, so a $0.02 budget admits two.
+    secret = admin(b.url, "POST", "/admin/keys", {"name": "thrifty", "max_cost_per_day": 0.02}).json()["secret"]
+    wait_until(lambda: status(a.url, secret) != 401, timeout=PROPAGATION_S)  # the first one served: $0.017
+    assert status(a.url, secret) == 200  # $0.017 < $0.02
+    assert status(a.url, secret) == 429  # $0.034
