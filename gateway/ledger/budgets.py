@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import calendar
 import datetime as dt
+import time
 from typing import Any, Final
 
 import redis.asyncio as aioredis
@@ -136,8 +137,6 @@ class Budgets:
         self, key: ClientKey, req: CompletionRequest, plan: Plan, prices: Prices, shared: SharedState
     ) -> Hold:
         """Reserve the request's worst case on each of its budgets, or raise 429 `budget_exceeded`."""
-        import time
-
         now = time.time()
         budgets = self._budgets(key, day_of(now))
         worst = 0

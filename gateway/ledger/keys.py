@@ -73,7 +73,6 @@ def _secret() -> str:
 
 
 def _row(r: tuple[Any, ...]) -> KeyRow:
-    grace = r[8] if r[8] is not None else None
     return KeyRow(
         id=r[0],
         name=r[1],
@@ -82,7 +81,7 @@ def _row(r: tuple[Any, ...]) -> KeyRow:
         max_cost_per_day=r[4],
         expires_at=r[5],
         created_at=r[9],
-        rotated_grace_until=grace,
+        rotated_grace_until=r[8],
         limits=_limits(r[10]),
     )
 

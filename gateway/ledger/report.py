@@ -5,12 +5,13 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import io
+import time
 from typing import Any, Final
 
 import msgspec
 
 from gateway.ledger.book import Ledger
-from gateway.ledger.engine import Cursor
+from gateway.ledger.engine import Cursor, LedgerDown
 from gateway.usage import day_of, usd
 
 BY: Final = {"key": "key_name", "team": "team", "model": "model", "target": "target"}
@@ -48,8 +49,6 @@ def _query(cur: Cursor, start: str, end: str, column: str) -> list[tuple[Any, ..
 async def report(
     ledger: Ledger, start: str | None, end: str | None, by: str | None, fmt: str | None
 ) -> tuple[bytes, str]:
-    import time
-
     today = day_of(time.time())
     first = _day(start, "from", today)
     last = _day(end, "to", first if start else today)
@@ -95,10 +94,6 @@ async def report(
 
 async def spend_per_day(ledger: Ledger, days: int) -> list[dict[str, Any]] | None:
     """The status page's chart: cost per day over the last `days` days (None while the ledger is away)."""
-    import time
-
-    from gateway.ledger.engine import LedgerDown
-
     now = time.time()
     first, last = day_of(now - (days - 1) * 86_400), day_of(now)
     sql = "SELECT day, sum(cost_pico), sum(requests) FROM daily WHERE day >= ? AND day <= ? GROUP BY day ORDER BY day"
