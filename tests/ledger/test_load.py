@@ -214,3 +214,24 @@ def test_a_redis_restart_loses_no_row(tmp_path: Path, gateways: list[GatewayProc
     assert asyncio.run(drive([gw.url], 100, answered)) == 0
     gw.stop()
     assert sorted(booked_ids(url)) == sorted(answered) and len(answered) == 200
+
+
+def test_a_full_spill_file_is_counted_and_logged_never_blocks(
+    tmp_path: Path, gateways: list[GatewayProcess], pg: PostgresServer
+) -> None:
+    """`spill_bytes: 4096`: about a dozen rows fit; the rest are counted and logged while requests go on."""
+    path = tmp_path / "config.yaml"
+    path.write_text(config(pg.url, extra=f', spill_dir: "{tmp_path / "spill"}", spill_bytes: 4096'))
+    gw = start(path, gateways)
+    pg.stop()
+    answered: dict[str, float] = {}
+    assert asyncio.run(drive([gw.url], 200, answered)) == 0  # every request served
+
+    def lost() -> float:
+        text = httpx.get(f"{gw.url}/metrics", timeout=5, trust_env=False).text
+        line = next(x for x in text.splitlines() if x.startswith("gateway_ledger_spill_lost_rows "))
+        return float(line.split()[1])
+
+    wait_until(lambda: lost() > 100, timeout=10, interval=0.1)
+    gw.stop()
+    assert "ledger: the spill file is full (ledger.spill_bytes = 4096)" in gw.log.read_text()
