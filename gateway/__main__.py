@@ -118,7 +118,7 @@ def _serve(args: argparse.Namespace) -> int:
     _read_env_file(args)
     loaded = load_config(args.config)
     if loaded.config.ledger.url:
-        from gateway.ledger.service import prepare
+        from gateway.ledger.startup import prepare
 
         prepare(loaded)  # migrations, and a schema or key-name clash as one line, before any worker starts
     server = loaded.config.server

@@ -11,13 +11,18 @@ import hashlib
 import hmac
 import time
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from gateway.config import LoadedConfig
 from gateway.globs import ModelGlobs
-from gateway.ratelimit import Bucket
 from wire.errors import AuthenticationError, PermissionDeniedError
+
+if TYPE_CHECKING:
+    # Not at run time: the CLI imports this module before Granian forks its workers, and gateway.ratelimit
+    # imports gateway.ids, whose per-process id prefix must be drawn in each worker.
+    from gateway.ratelimit import Bucket
 
 
 class ClientKey(msgspec.Struct, frozen=True):

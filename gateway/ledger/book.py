@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import fcntl
 import functools
+import itertools
 import logging
 import os
 import time
@@ -28,7 +29,6 @@ from typing import Any, Final, Protocol, cast
 import msgspec
 
 from gateway.config import LedgerConfig
-from gateway.ids import unique_suffix
 from gateway.ledger.engine import Cursor, Database, LedgerDown
 from gateway.metrics import Record
 from gateway.usage import ANONYMOUS, Prices, day_of
@@ -67,7 +67,7 @@ _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder(list[list[Any]]).decode
 
 
-def row_of(pending: Pending, teams: dict[str, str]) -> Row:
+def row_of(pending: Pending, teams: dict[str, str], row_id: str) -> Row:
     """The `requests` row of one answered request (the order of `_COLUMNS`)."""
     rec, elapsed, prices, ended = pending
     key = rec.key or ANONYMOUS
@@ -76,7 +76,7 @@ def row_of(pending: Pending, teams: dict[str, str]) -> Row:
     served = bool(rec.provider) and not rec.failed
     cost = prices.cost_pico(rec.target, rec.model, prompt, completion) if served else 0
     return (
-        unique_suffix(),
+        row_id,
         rec.request_id,
         ended,
         day_of(ended),
@@ -140,7 +140,7 @@ class Spill:
     def __init__(self, directory: Path, max_bytes: int) -> None:
         self.dir = directory
         self.max_bytes = max_bytes
-        self.path = directory / f"{_SPILL_PREFIX}{unique_suffix()}.jsonl"
+        self.path = directory / f"{_SPILL_PREFIX}{os.getpid()}-{os.urandom(6).hex()}.jsonl"
         self._fd: int | None = None
         self.size = 0
         self.lost = 0  # rows that found the spill file full
@@ -211,6 +211,9 @@ class Ledger:
     def __init__(self, cfg: LedgerConfig) -> None:
         self.cfg = cfg
         self.db = Database(cfg.url)
+        # Row ids: drawn here, in the worker, so that forked workers never share a prefix.
+        self._prefix = os.urandom(8).hex()
+        self._ids = itertools.count(1)
         self.queue: deque[Pending] = deque()
         self.cap = cfg.queue_rows
         self.batch_rows = cfg.batch_rows
@@ -279,10 +282,10 @@ class Ledger:
                 log.exception("ledger writer turn failed")
 
     def _take(self) -> list[Row]:
-        queue, teams = self.queue, self.teams
+        queue, teams, prefix, ids = self.queue, self.teams, self._prefix, self._ids
         rows = []
         while queue:
-            rows.append(row_of(queue.popleft(), teams))
+            rows.append(row_of(queue.popleft(), teams, f"{prefix}{next(ids):x}"))
         return rows
 
     async def flush(self) -> None:

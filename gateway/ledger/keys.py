@@ -219,9 +219,3 @@ class KeyPoller:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-
-
-def clashes(cur: Cursor, yaml_names: Collection[str]) -> list[str]:
-    """Runtime key names also used by a YAML key (a start-up error)."""
-    names = {r[0] for r in cur.rows("SELECT name FROM api_keys WHERE revoked_at IS NULL")}
-    return sorted(names & set(yaml_names))

@@ -1,9 +1,8 @@
 """The ledger as the app holds it: built once per process, started and drained by the app's lifespan.
 
-`prepare` runs in `serve`'s main process before any worker starts, so a database that cannot be
-reached, a schema newer than the code or a runtime key named like a YAML key is one line and exit 1.
 `LedgerService.install` hooks a pipeline (the first, and each one a config reload builds) to the
-process's queue and runtime keys.
+process's queue, runtime keys and budget counters. `serve`'s checks before any worker starts are
+gateway/ledger/startup.py's.
 """
 
 from __future__ import annotations
@@ -14,12 +13,10 @@ from typing import Any, Protocol
 from prometheus_client import Gauge
 
 from gateway.auth import RuntimeKeys
-from gateway.config import ConfigError, LoadedConfig
+from gateway.config import LoadedConfig
 from gateway.ledger import keys as keystore
 from gateway.ledger.book import Ledger
 from gateway.ledger.budgets import Budgets, Counters
-from gateway.ledger.engine import Database, LedgerDown, parse_url
-from gateway.ledger.schema import VERSION, SchemaError
 from gateway.metrics import Metrics
 
 log = logging.getLogger("gateway")
@@ -37,30 +34,6 @@ class Hooked(Protocol):
 def _yaml(loaded: LoadedConfig) -> tuple[list[str], dict[str, str]]:
     keys = loaded.config.keys
     return [k.name for k in keys], {k.name: k.team for k in keys if k.team}
-
-
-def prepare(loaded: LoadedConfig) -> None:
-    """Check the URL, migrate, refuse runtime keys named like YAML ones: a `ConfigError` line otherwise."""
-    url = loaded.config.ledger.url
-    try:
-        parse_url(url)
-    except ValueError as exc:
-        raise ConfigError(f"{loaded.source}: ledger.url: {exc}") from None
-    db = Database(url)
-    names, _ = _yaml(loaded)
-    try:
-        db.migrate()
-        clash = db.transaction(lambda cur: keystore.clashes(cur, names))
-    except (LedgerDown, SchemaError) as exc:
-        raise ConfigError(f"{loaded.source}: ledger: {exc}") from None
-    finally:
-        db.close()
-    if clash:
-        raise ConfigError(
-            f"{loaded.source}: keys: {', '.join(repr(n) for n in clash)} also named by a runtime key in the ledger "
-            "(rename the YAML key or revoke the runtime one)"
-        )
-    log.info("ledger: %s at schema version %d", db.where, VERSION)
 
 
 class LedgerService:

@@ -235,3 +235,27 @@ def test_a_full_spill_file_is_counted_and_logged_never_blocks(
     wait_until(lambda: lost() > 100, timeout=10, interval=0.1)
     gw.stop()
     assert "ledger: the spill file is full (ledger.spill_bytes = 4096)" in gw.log.read_text()
+
+
+def test_granian_forked_workers_book_every_request(tmp_path: Path, gateways: list[GatewayProcess]) -> None:
+    """Granian forks its workers from `serve`'s process, which migrated the ledger: each worker still draws
+    its own ids, so no worker's rows are taken for another's."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    path = tmp_path / "config.yaml"
+    path.write_text(config(url))
+    gw = GatewayProcess(path, cli_env(**ENV), flags=["--server", "granian", "--workers", "2"])
+    gateways.append(gw)
+    gw.wait_ready()
+    answered: dict[str, float] = {}
+
+    def both_workers() -> bool:  # req_<process prefix><counter>: until both have answered (or 10 s)
+        return len({rid[4:20] for rid in answered}) == 2
+
+    deadline = time.monotonic() + 10
+    while not both_workers() and time.monotonic() < deadline:
+        assert asyncio.run(drive([gw.url], 50, answered)) == 0
+    assert both_workers()
+    gw.stop()
+    assert sorted(booked_ids(url)) == sorted(answered)
+    rows, rolled = totals(url)
+    assert rows == rolled and rows[0] == len(answered)

@@ -1,0 +1,47 @@
+"""What `serve` checks in its main process before any worker starts (gateway/__main__.py).
+
+A database that cannot be reached, a schema newer than the code or a runtime key named like a YAML key
+is one line and exit status 1. This module imports only the engine and the schema: the main process must
+not import gateway.ids (through the writer or the key ring's limits), whose per-process id prefix each
+worker Granian forks has to draw for itself.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from gateway.config import ConfigError, LoadedConfig
+from gateway.ledger.engine import Cursor, Database, LedgerDown, parse_url
+from gateway.ledger.schema import VERSION, SchemaError
+
+log = logging.getLogger("gateway")
+
+
+def clashes(cur: Cursor, yaml_names: list[str]) -> list[str]:
+    """Runtime key names also used by a YAML key."""
+    names = {r[0] for r in cur.rows("SELECT name FROM api_keys WHERE revoked_at IS NULL")}
+    return sorted(names & set(yaml_names))
+
+
+def prepare(loaded: LoadedConfig) -> None:
+    """Check the URL, migrate, refuse runtime keys named like YAML ones: a `ConfigError` line otherwise."""
+    url = loaded.config.ledger.url
+    try:
+        parse_url(url)
+    except ValueError as exc:
+        raise ConfigError(f"{loaded.source}: ledger.url: {exc}") from None
+    db = Database(url)
+    names = [k.name for k in loaded.config.keys]
+    try:
+        db.migrate()
+        clash = db.transaction(lambda cur: clashes(cur, names))
+    except (LedgerDown, SchemaError) as exc:
+        raise ConfigError(f"{loaded.source}: ledger: {exc}") from None
+    finally:
+        db.close()
+    if clash:
+        raise ConfigError(
+            f"{loaded.source}: keys: {', '.join(repr(n) for n in clash)} also named by a runtime key in the ledger "
+            "(rename the YAML key or revoke the runtime one)"
+        )
+    log.info("ledger: %s at schema version %d", db.where, VERSION)
