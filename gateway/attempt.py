@@ -18,6 +18,7 @@ import msgspec
 
 from gateway import emulation
 from gateway.admission import Admission, Ticket
+from gateway.cache import Lookup
 from gateway.config import CapsConfig
 from gateway.emulation import Emulation
 from gateway.framing import DECODERS
@@ -95,7 +96,7 @@ class Job:
     admission, settled when the answer (or the stream) ends.
     """
 
-    __slots__ = ("services", "admission", "req", "ctx", "plan", "dropped", "ticket")
+    __slots__ = ("services", "admission", "req", "ctx", "plan", "dropped", "ticket", "cached")
 
     def __init__(
         self,
@@ -113,6 +114,7 @@ class Job:
         self.plan = plan
         self.dropped: dict[str, list[str]] = {}  # per route key: the parameters dropped for it
         self.ticket = ticket
+        self.cached: Lookup | None = None  # the response cache's part in this request (gateway/cache)
 
     async def complete(self, route: Route, timeouts: Timeouts) -> Completion:
         """One buffered attempt on `route`, within the target's own quota."""

@@ -105,6 +105,7 @@ class Record(msgspec.Struct):
     cause: str | None = None  # why the upstream failed (wire.errors.CAUSES, `http_<status>`)
     prompt: str | None = None  # only when the config turns prompt logging on
     completion: str | None = None
+    cached: bool = False  # answered from the response cache (gateway/cache): no upstream call, no cost
     # `model` folded into its label value (`ModelLabels.fold`), by whichever of the usage booking and the
     # metrics reads it first: folding twice per request was a measurable share of the request's own work.
     label: str | None = None
@@ -172,6 +173,16 @@ class Metrics:
             "Requests failed by an upstream, by the target that failed and the cause",
             ["provider", "target", "cause"],
             registry=r,
+        )
+        # The response cache (gateway/cache): lookups by result, bytes stored, memory-store evictions.
+        self.cache_requests = Counter(
+            "gateway_cache", "Cache lookups by result (hit, miss, coalesced, bypass)", ["result", "model"], registry=r
+        )
+        self.cache_stored_bytes = Counter(
+            "gateway_cache_stored_bytes", "Bytes of answers stored in the cache", ["model"], registry=r
+        )
+        self.cache_evictions = Counter(
+            "gateway_cache_evictions", "Entries the memory store evicted to stay within max_bytes", registry=r
         )
         self.in_flight = Gauge("gateway_in_flight", "Requests being served", multiprocess_mode="livesum", registry=r)
         # The config in force decides the label values (`bind`); until one is bound, every model folds.

@@ -223,7 +223,8 @@ class UsageStore:
         key = rec.key or ANONYMOUS
         prompt = rec.usage.prompt_tokens if rec.usage is not None else 0
         completion = rec.usage.completion_tokens if rec.usage is not None else 0
-        pico = self.prices.cost_pico(rec.target, rec.model, prompt, completion)
+        # A cached answer cost no upstream tokens: booked as a request, with its stored usage, at cost 0.
+        pico = 0 if rec.cached else self.prices.cost_pico(rec.target, rec.model, prompt, completion)
         model = rec.label
         if model is None:
             model = rec.label = self.labels.fold(rec.model)

@@ -1,0 +1,44 @@
+"""The cache key: a SHA-256 over a canonical encoding of everything that decides the answer.
+
+It is computed after `gateway.request.normalize`, so the dialects' names for one field (`max_new_tokens`,
+`max_tokens`, `max_completion_tokens`; `stop_sequences` and `stop`; boolean `logprobs`) are already one
+field. The request struct is encoded with sorted field names and sorted object keys at every depth, so
+neither the order fields arrived in nor the order inside `inference_extra_params` (or any free-form
+field) changes the key, while every field the client set (provider-native fields included) does. The
+model the client asked for (alias or target) is a field; the scope (the client key's name under
+`scope: key`) and the entry version are prefixed. Fields that only say how the answer is delivered,
+not what it is (`stream`, `stream_options`, `inference_timeout`), are left out, so a buffered request
+and a streamed one share an entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Final
+
+import msgspec
+
+from gateway.cache.entry import VERSION
+from wire.schema import CompletionRequest
+
+_canonical = msgspec.json.Encoder(order="sorted").encode
+_PREFIX: Final = f"gateway-cache/v{VERSION}\x00".encode()
+
+
+def cache_key(req: CompletionRequest, scope: str) -> str:
+    """The hex SHA-256 of `req` (normalized) as the answer's identity, within `scope`."""
+    if req.stream is not None or req.stream_options is not None or req.inference_timeout is not None:
+        req = msgspec.structs.replace(req, stream=None, stream_options=None, inference_timeout=None)
+    h = hashlib.sha256(_PREFIX)
+    h.update(scope.encode("utf-8", "surrogatepass"))
+    h.update(b"\x00")
+    h.update(_canonical(req))
+    return h.hexdigest()
+
+
+def model_tag(model: str) -> str:
+    """A short digest of a model name, for store keys that must not carry client text."""
+    return hashlib.sha256(model.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+__all__ = ["cache_key", "model_tag"]

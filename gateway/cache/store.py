@@ -1,0 +1,146 @@
+"""Where entries live: a per-process LRU bounded in bytes, or the configured Redis shared by replicas.
+
+Both hold encoded entries (gateway/cache/entry.py) under keys that carry no client text: a digest of the
+model name (so one model's entries can be deleted) and the request's SHA-256. A Redis that cannot be
+reached makes every read a miss and every write a no-op: the cache never fails a request.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Final, Protocol
+
+import redis.asyncio as aioredis
+
+from gateway.state import Degraded, SharedState
+
+PREFIX: Final = "gwcache:"
+
+
+class Store(Protocol):
+    kind: str
+
+    async def get(self, key: str, tag: str) -> bytes | None: ...
+
+    async def put(self, key: str, tag: str, value: bytes, ttl_s: int) -> None: ...
+
+    async def clear(self, tag: str | None) -> int: ...
+
+    def size(self) -> tuple[int, int]: ...
+
+
+class MemoryStore:
+    """An LRU of encoded entries whose sizes (value plus key) never sum past `max_bytes`."""
+
+    kind = "memory"
+
+    def __init__(
+        self,
+        max_bytes: int,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        on_evict: Callable[[int], None] | None = None,
+    ) -> None:
+        self.max_bytes = max_bytes
+        self.clock = clock
+        self.on_evict = on_evict
+        self.entries: OrderedDict[str, tuple[bytes, float, str]] = OrderedDict()
+        self.bytes = 0
+        self.evictions = 0
+
+    @staticmethod
+    def _cost(key: str, value: bytes) -> int:
+        return len(value) + len(key)
+
+    def _drop(self, key: str) -> None:
+        value, _, _ = self.entries.pop(key)
+        self.bytes -= self._cost(key, value)
+
+    async def get(self, key: str, tag: str) -> bytes | None:
+        found = self.entries.get(key)
+        if found is None:
+            return None
+        value, expires, _ = found
+        if self.clock() >= expires:
+            self._drop(key)
+            return None
+        self.entries.move_to_end(key)
+        return value
+
+    async def put(self, key: str, tag: str, value: bytes, ttl_s: int) -> None:
+        cost = self._cost(key, value)
+        if cost > self.max_bytes:
+            return
+        if key in self.entries:
+            self._drop(key)
+        evicted = 0
+        while self.bytes + cost > self.max_bytes and self.entries:
+            self._drop(next(iter(self.entries)))
+            evicted += 1
+        self.entries[key] = (value, self.clock() + ttl_s, tag)
+        self.bytes += cost
+        if evicted:
+            self.evictions += evicted
+            if self.on_evict is not None:
+                self.on_evict(evicted)
+
+    async def clear(self, tag: str | None) -> int:
+        doomed = [k for k, (_, _, t) in self.entries.items() if tag is None or t == tag]
+        for k in doomed:
+            self._drop(k)
+        return len(doomed)
+
+    def size(self) -> tuple[int, int]:
+        return len(self.entries), self.bytes
+
+
+class RedisStore:
+    """Entries in the configured Redis under `gwcache:<model digest>:<key>`, with Redis's own expiry."""
+
+    kind = "redis"
+
+    def __init__(self, shared: SharedState) -> None:
+        self.shared = shared
+
+    async def get(self, key: str, tag: str) -> bytes | None:
+        name = f"{PREFIX}{tag}:{key}"
+        try:
+            value = await self.shared.run(lambda r: r.get(name))
+        except Degraded:
+            return None
+        return value if isinstance(value, bytes) else None
+
+    async def put(self, key: str, tag: str, value: bytes, ttl_s: int) -> None:
+        name = f"{PREFIX}{tag}:{key}"
+        try:
+            await self.shared.run(lambda r: r.set(name, value, ex=ttl_s))
+        except Degraded:
+            pass
+
+    async def clear(self, tag: str | None) -> int:
+        match = f"{PREFIX}{tag}:*" if tag is not None else f"{PREFIX}*"
+
+        async def sweep(r: aioredis.Redis) -> int:
+            gone = 0
+            batch: list[bytes] = []
+            async for name in r.scan_iter(match=match, count=500):
+                batch.append(name)
+                if len(batch) >= 500:
+                    gone += int(await r.delete(*batch))
+                    batch.clear()
+            if batch:
+                gone += int(await r.delete(*batch))
+            return gone
+
+        try:
+            return await self.shared.run(sweep)
+        except Degraded:
+            return 0
+
+    def size(self) -> tuple[int, int]:
+        return -1, -1  # not counted per replica: Redis's own INFO says what it holds
+
+
+__all__ = ["PREFIX", "MemoryStore", "RedisStore", "Store"]
