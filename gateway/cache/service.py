@@ -15,7 +15,10 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Final, Protocol, TypeVar
 
+from msgspec.structs import replace
+
 from gateway.admission import Admission, Ticket
+from gateway.cache.batch import join_answer, join_events, prompt_items, share_usage, split_events, sum_usage
 from gateway.cache.entry import VERSION, Entry, answer, dump, finished, load
 from gateway.cache.key import cache_key, model_tag
 from gateway.cache.store import MemoryStore, RedisStore, Store
@@ -23,7 +26,7 @@ from gateway.config import CacheConfig, LoadedConfig
 from gateway.framing import DONE, sse_event
 from gateway.metrics import Metrics, Record
 from gateway.state import SharedState
-from providers.base import CallContext, prompt_form
+from providers.base import CallContext
 from wire.errors import GatewayError
 from wire.schema import Choice, Completion, CompletionRequest, Usage, encode
 
@@ -78,11 +81,6 @@ class Controls:
 def deterministic(req: CompletionRequest) -> bool:
     """Whether sampling cannot change the answer: temperature 0, a seed, or nothing generated."""
     return req.temperature == 0 or req.seed is not None or req.max_tokens == 0
-
-
-def prompt_count(req: CompletionRequest) -> int:
-    form = prompt_form(req.prompt)
-    return len(req.prompt) if form in ("texts", "token_lists") else 1
 
 
 class JobLike(Protocol):
@@ -169,12 +167,22 @@ class Cache:
                 raise _cache_miss()
             return Lookup(self, BYPASS, rec)
         scope = "*" if pol.shared else "key:" + (key or "")
-        digest = cache_key(req, scope)
+        prompts = prompt_items(req.prompt)
+        # One entry per prompt; a one-prompt request's key is its prompt's, however the prompt was sent.
+        keys = [cache_key(req if p is req.prompt else replace(req, prompt=p), scope) for p in prompts]
+        # What identical requests in flight coalesce on: the whole request.
+        digest = keys[0] if len(keys) == 1 else cache_key(req, scope)
         tag = model_tag(req.model)
+        n = req.n or 1
+        found: list[Entry | None] = [None] * len(keys)
         if not cc.no_cache:
-            entry = load(await pol.store.get(digest, tag), pol.max_entry_bytes)
-            if entry is not None and (cc.max_age is None or self.clock() - entry.stored <= cc.max_age):
-                return Lookup(self, HIT, rec, entry=entry)
+            now = self.clock()
+            for i, raw in enumerate(await pol.store.get_many(keys, tag)):
+                entry = load(raw, pol.max_entry_bytes)
+                if entry is not None and (cc.max_age is None or now - entry.stored <= cc.max_age):
+                    found[i] = entry
+            if all(e is not None for e in found):
+                return Lookup(self, HIT, rec, entry=_assembled(found, n))  # type: ignore[arg-type]
             waiting = self.inflight.get(digest)
             if waiting is not None and not cc.only_if_cached:
                 entry = await self._wait(waiting, req)
@@ -183,6 +191,7 @@ class Cache:
         if cc.only_if_cached:
             raise _cache_miss()
         lookup = Lookup(self, BYPASS if cc.no_cache else MISS, rec, policy=pol, digest=digest, tag=tag)
+        lookup.keys, lookup.found, lookup.prompts, lookup.n = keys, found, prompts, n
         if digest not in self.inflight:
             lookup.leader = self.inflight[digest] = asyncio.get_running_loop().create_future()
         return lookup
@@ -230,7 +239,22 @@ def _cache_miss() -> GatewayError:
 class Lookup:
     """One request's dealings with the cache, from its lookup to its answer stored (or not)."""
 
-    __slots__ = ("cache", "state", "rec", "entry", "policy", "digest", "tag", "leader", "events", "answer", "expected")
+    __slots__ = (
+        "cache",
+        "state",
+        "rec",
+        "entry",
+        "policy",
+        "digest",
+        "tag",
+        "leader",
+        "events",
+        "answer",
+        "keys",
+        "found",
+        "prompts",
+        "n",
+    )
 
     def __init__(
         self,
@@ -246,14 +270,17 @@ class Lookup:
         self.cache = cache
         self.state = state
         self.rec = rec
-        self.entry = entry
+        self.entry = entry  # what a hit (or a coalesced request) is answered with
         self.policy = policy  # set when the answer may be stored
         self.digest = digest
         self.tag = tag
         self.leader: asyncio.Future[Entry | None] | None = None
         self.events: list[list[Choice]] | None = None  # a stream's chunks, as the relay sends them
         self.answer: Completion | None = None  # a buffered answer, as the pipeline encodes it
-        self.expected = 1  # choices a stream must finish to be stored: prompts x n
+        self.keys: list[str] = []  # per prompt
+        self.found: list[Entry | None] = []  # per prompt: the entry already stored
+        self.prompts: list[Any] = []
+        self.n = 1
 
     @property
     def served(self) -> bool:
@@ -272,8 +299,9 @@ class Lookup:
         if self.entry is not None:
             return self._replay(job, rec, make)
         if job.req.stream:
+            # A stream is asked for whole, even when some of its prompts are stored: the relay numbers its
+            # choices as the upstream does, so the stored ones could not be spliced in without delaying it.
             self.events = [] if self.policy is not None else None
-            self.expected = prompt_count(job.req) * (job.req.n or 1)
             try:
                 result = await streamed(job, rec)
             except BaseException:
@@ -284,14 +312,39 @@ class Lookup:
             if self.leader is not None and stream is not None:
                 result.stream = self._released(stream)  # type: ignore[attr-defined]
             return result
+        missing = [i for i, e in enumerate(self.found) if e is None]
+        if len(missing) < len(self.found):
+            # Some prompts are stored: the upstream is asked only for the others.
+            sub = [self.prompts[i] for i in missing]
+            job.req = replace(job.req, prompt=sub)
+            job.ctx.prompts = sub if isinstance(sub[0], str) else None
         try:
             result = await buffered(job, rec)
-            if self.policy is not None and self.answer is not None:
-                await self._store([self.answer.choices], self.answer)
+            fresh = self.answer
+            if fresh is not None and self.policy is not None:
+                await self._store_batch([fresh.choices], fresh.usage, missing, (rec.provider, rec.target))
+            if fresh is not None and len(missing) < len(self.found):
+                self._complete(fresh, missing)
+                result.body = encode(fresh)  # type: ignore[attr-defined]
         finally:
             self.abandon()
         result.headers["x-gateway-cache"] = self.state
         return result
+
+    def _complete(self, fresh: Completion, missing: list[int]) -> None:
+        """The upstream's answer for the missing prompts, with the stored ones put back in prompt order."""
+        per_fresh = split_events([fresh.choices], len(missing), self.n)
+        per: list[list[list[Choice]]] = []
+        usages: list[Usage | None] = [fresh.usage]
+        it = iter(per_fresh)
+        for e in self.found:
+            if e is None:
+                per.append(next(it))
+            else:
+                per.append(e.events)
+                usages.append(e.usage)
+        fresh.choices = join_answer(per, self.n)
+        fresh.usage = sum_usage(usages)
 
     def _replay(self, job: JobLike, rec: Record, make: Make[R]) -> R:
         entry = self.entry
@@ -321,42 +374,46 @@ class Lookup:
             self.events.append(c.choices)
 
     async def finish(self, usage: Usage | None, served: tuple[str, str]) -> None:
-        """A stream that ended normally on the target it started on: its chunks become the entry."""
+        """A stream that ended normally on the target it started on: its chunks become the entries."""
         events, self.events = self.events, None
-        if events is not None and self.policy is not None and finished(events, self.expected):
-            await self._store(events, None, usage=usage, served=served)
+        if events is not None and self.policy is not None:
+            await self._store_batch(events, usage, list(range(len(self.keys))), served)
         self.abandon()
 
-    async def _store(
-        self,
-        events: list[list[Choice]],
-        value: Completion | None,
-        *,
-        usage: Usage | None = None,
-        served: tuple[str, str] | None = None,
+    async def _store_batch(
+        self, events: list[list[Choice]], usage: Usage | None, prompts: list[int], served: tuple[str, str]
     ) -> None:
-        pol, rec = self.policy, self.rec
+        """An answer for these prompts (by their place in the request), stored one entry per prompt."""
+        per = split_events(events, len(prompts), self.n)
+        if not all(finished(evs, self.n) for evs in per):
+            return  # a choice without its finish reason: not an answer that completed normally
+        items = [self.prompts[i] for i in prompts]
+        entries = [
+            Entry(
+                version=VERSION,
+                stored=self.cache.clock(),
+                model=self.rec.model,
+                provider=served[0],
+                target=served[1],
+                usage=u,
+                events=evs,
+                system_fingerprint=self.answer.system_fingerprint if self.answer is not None else None,
+            )
+            for evs, u in zip(per, share_usage(usage, items, per), strict=True)
+        ]
+        if self.leader is not None and not self.leader.done() and len(prompts) == len(self.keys):
+            self.leader.set_result(_assembled(entries, self.n))
+        pol = self.policy
         assert pol is not None
-        if served is None:
-            served = (rec.provider, rec.target)
-        entry = Entry(
-            version=VERSION,
-            stored=self.cache.clock(),
-            model=rec.model,
-            provider=served[0],
-            target=served[1],
-            usage=value.usage if value is not None else usage,
-            events=events,
-            system_fingerprint=value.system_fingerprint if value is not None else None,
-        )
-        raw = dump(entry)
-        if len(raw) > pol.max_entry_bytes:
-            return
-        if self.leader is not None and not self.leader.done():
-            self.leader.set_result(entry)
-        await pol.store.put(self.digest, self.tag, raw, pol.ttl_s)
-        if self.cache.metrics is not None and rec.label is not None:
-            self.cache.metrics.cache_stored_bytes.labels(rec.label).inc(len(raw))
+        stored = 0
+        for i, entry in zip(prompts, entries, strict=True):
+            raw = dump(entry)
+            if len(raw) <= pol.max_entry_bytes:
+                await pol.store.put(self.keys[i], self.tag, raw, pol.ttl_s)
+                stored += len(raw)
+        metrics, label = self.cache.metrics, self.rec.label
+        if metrics is not None and label is not None and stored:
+            metrics.cache_stored_bytes.labels(label).inc(stored)
 
     def abandon(self) -> None:
         """No answer to share (an error, a stream cut short): whoever waits on this request asks for itself."""
@@ -376,6 +433,23 @@ class Lookup:
         finally:
             self.abandon()
             await stream.aclose()  # type: ignore[attr-defined]
+
+
+def _assembled(entries: list[Entry], n: int) -> Entry:
+    """Per-prompt entries as one entry for the whole request."""
+    if len(entries) == 1:
+        return entries[0]
+    first = entries[0]
+    return Entry(
+        version=VERSION,
+        stored=min(e.stored for e in entries),
+        model=first.model,
+        provider=first.provider,
+        target=first.target,
+        usage=sum_usage([e.usage for e in entries]),
+        events=join_events([e.events for e in entries], n),
+        system_fingerprint=first.system_fingerprint,
+    )
 
 
 async def _replay_stream(entry: Entry, ctx: CallContext, want_usage: bool) -> AsyncIterator[bytes]:

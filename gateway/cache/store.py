@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 import redis.asyncio as aioredis
 
@@ -23,6 +23,8 @@ class Store(Protocol):
     kind: str
 
     async def get(self, key: str, tag: str) -> bytes | None: ...
+
+    async def get_many(self, keys: list[str], tag: str) -> list[bytes | None]: ...
 
     async def put(self, key: str, tag: str, value: bytes, ttl_s: int) -> None: ...
 
@@ -69,6 +71,9 @@ class MemoryStore:
         self.entries.move_to_end(key)
         return value
 
+    async def get_many(self, keys: list[str], tag: str) -> list[bytes | None]:
+        return [await self.get(k, tag) for k in keys]
+
     async def put(self, key: str, tag: str, value: bytes, ttl_s: int) -> None:
         cost = self._cost(key, value)
         if cost > self.max_bytes:
@@ -111,6 +116,21 @@ class RedisStore:
         except Degraded:
             return None
         return value if isinstance(value, bytes) else None
+
+    async def get_many(self, keys: list[str], tag: str) -> list[bytes | None]:
+        if len(keys) == 1:
+            return [await self.get(keys[0], tag)]
+        names = [f"{PREFIX}{tag}:{k}" for k in keys]
+        values: list[Any]
+        try:
+            # One round trip; on a Cluster the keys may sit in different slots, so one GET each there.
+            if self.shared.cluster:
+                values = [await self.get(k, tag) for k in keys]
+            else:
+                values = await self.shared.run(lambda r: r.mget(names))
+        except Degraded:
+            return [None] * len(keys)
+        return [v if isinstance(v, bytes) else None for v in values]
 
     async def put(self, key: str, tag: str, value: bytes, ttl_s: int) -> None:
         name = f"{PREFIX}{tag}:{key}"

@@ -38,6 +38,14 @@ def choices_of(events: list[str]) -> list[list[dict[str, Any]]]:
     return [json.loads(e)["choices"] for e in events if e != "[DONE]"]
 
 
+def per_choice(events: list[str]) -> dict[int, list[dict[str, Any]]]:
+    out: dict[int, list[dict[str, Any]]] = {}
+    for choices in choices_of(events):
+        for c in choices:
+            out.setdefault(c["index"], []).append(c)
+    return out
+
+
 def test_a_streamed_hit_replays_the_upstream_chunks_then_usage_then_done(
     alice: httpx.Client, upstream: Upstream
 ) -> None:
@@ -48,7 +56,11 @@ def test_a_streamed_hit_replays_the_upstream_chunks_then_usage_then_done(
     assert len(upstream.received) == 1
     assert replayed[-1] == "[DONE]"
     assert len(replayed) == len(sent) > 4  # one event per upstream chunk, not one aggregated chunk
-    assert choices_of(replayed) == choices_of(sent)
+    # Each choice's chunks, as the upstream cut them; a batch is stored per prompt, so its prompts' chunks
+    # come one prompt after the other rather than interleaved as the upstream sent them.
+    assert per_choice(replayed) == per_choice(sent)
+    content = [cs for cs in choices_of(sent) if cs]
+    assert [cs for cs in choices_of(replayed) if cs] == sorted(content, key=lambda cs: cs[0]["index"])
     usage = [json.loads(e)["usage"] for e in replayed[:-1] if json.loads(e).get("usage")]
     assert usage == [json.loads(sent[-2])["usage"]]
     without = alice.post("/v1/completions", json=body(["stream: the cat", "stream: a mat"]) | {"stream": True})

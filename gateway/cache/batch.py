@@ -1,0 +1,89 @@
+"""A list of prompts, cached per prompt: the answer split into one entry per prompt, and put back together.
+
+lm-eval sends a batch of prompts in one request; a rerun of a partly different batch must pay only for
+the prompts it has not seen. Choices of prompt i are numbered `i × n + j` (j < n) in a batched answer;
+an entry holds one prompt's choices numbered j, and assembling gives them back their batch numbers.
+
+A batched answer reports one usage for all its prompts. Each prompt's entry stores a share of it: prompt
+tokens in proportion to the prompt's length, completion tokens to the length of the prompt's choices'
+text; shares are whole tokens and sum to the batch's own counts, so a rerun reports the same total.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from gateway.cache.entry import merged
+from wire.schema import Choice, Usage
+
+
+def prompt_items(prompt: str | list[Any]) -> list[Any]:
+    """The request's prompts, one item each (a text, or a list of token ids)."""
+    if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int):
+        return [prompt]
+    return list(prompt)
+
+
+def _reindexed(choices: Sequence[Choice], index: int) -> list[Choice]:
+    return [msgspec.structs.replace(ch, index=index + ch.index) for ch in choices]
+
+
+def split_events(events: list[list[Choice]], prompts: int, n: int) -> list[list[list[Choice]]]:
+    """A batch's events as per-prompt events, each prompt's choices numbered from 0."""
+    out: list[list[list[Choice]]] = [[] for _ in range(prompts)]
+    for event in events:
+        per: dict[int, list[Choice]] = {}
+        for ch in event:
+            i = ch.index // n
+            if 0 <= i < prompts:
+                per.setdefault(i, []).append(msgspec.structs.replace(ch, index=ch.index - i * n))
+        for i, choices in per.items():
+            out[i].append(choices)
+    return out
+
+
+def join_events(per_prompt: Sequence[list[list[Choice]]], n: int) -> list[list[Choice]]:
+    """Per-prompt events as one answer's events, in prompt order, choices numbered `i × n + j`."""
+    if len(per_prompt) == 1:
+        return per_prompt[0]
+    return [_reindexed(event, i * n) for i, events in enumerate(per_prompt) for event in events]
+
+
+def join_answer(per_prompt: Sequence[list[list[Choice]]], n: int) -> list[Choice]:
+    """Per-prompt events as one buffered answer's choices, in prompt order."""
+    return [ch for i, events in enumerate(per_prompt) for ch in _reindexed(merged(events), i * n)]
+
+
+def _shares(total: int, weights: list[int]) -> list[int]:
+    whole = sum(weights)
+    if whole <= 0:
+        weights, whole = [1] * len(weights), len(weights)
+    out = [total * w // whole for w in weights]
+    out[-1] += total - sum(out)
+    return out
+
+
+def share_usage(usage: Usage | None, prompts: list[Any], per_prompt: list[list[list[Choice]]]) -> list[Usage | None]:
+    """The batch's usage shared out per prompt (exact for one prompt; sums to the batch's counts)."""
+    if usage is None:
+        return [None] * len(prompts)
+    if len(prompts) == 1:
+        return [usage]
+    p = _shares(usage.prompt_tokens, [len(x) for x in prompts])
+    c = _shares(usage.completion_tokens, [sum(len(ch.text) for ev in evs for ch in ev) for evs in per_prompt])
+    return [Usage(prompt_tokens=a, completion_tokens=b, total_tokens=a + b) for a, b in zip(p, c, strict=True)]
+
+
+def sum_usage(usages: Sequence[Usage | None]) -> Usage | None:
+    if any(u is None for u in usages):
+        return None
+    p = sum(u.prompt_tokens for u in usages if u is not None)
+    c = sum(u.completion_tokens for u in usages if u is not None)
+    t = sum(u.total_tokens for u in usages if u is not None)
+    return Usage(prompt_tokens=p, completion_tokens=c, total_tokens=t)
+
+
+__all__ = ["join_answer", "join_events", "prompt_items", "share_usage", "split_events", "sum_usage"]
