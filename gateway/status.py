@@ -1,4 +1,4 @@
-"""Admin endpoints (`/admin/usage`, `/admin/status`) and the operators' status page (`GET /`).
+"""Admin endpoints (`/admin/usage`, `/admin/status`, `DELETE /admin/cache`) and the operators' status page (`GET /`).
 
 The admin routes need the admin key (compared in constant time); with none configured they answer 404,
 so the admin surface is never open. Routes and auth: docs/operations.md.
@@ -14,7 +14,7 @@ import re
 from importlib import resources
 from typing import Any, Final
 
-from litestar import Request, Response, get
+from litestar import Request, Response, delete, get
 from litestar.exceptions import NotFoundException
 
 from gateway.auth import _presented_key
@@ -156,6 +156,7 @@ async def status(pipeline: Pipeline) -> dict[str, Any]:
         "targets": targets,
         "limits": limits,
         "usage": await pipeline.usage.report(pipeline.usage.today()),
+        "cache": pipeline.cache.stats() if pipeline.cache is not None else None,
     }
 
 
@@ -165,6 +166,17 @@ async def admin_status(request: Request[Any, Any, Any]) -> Response[bytes]:
     if refused is not None:
         return refused
     return Response(encode(await status(pipeline)), media_type=JSON, headers=_NO_STORE)
+
+
+@delete("/admin/cache", status_code=200)
+async def admin_cache_clear(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """Every cached answer, or with `?model=` those of one model (as clients name it), deleted."""
+    pipeline, refused = _authorize(request)
+    if refused is not None:
+        return refused
+    model = request.query_params.get("model") or None
+    deleted = await pipeline.cache.clear(model) if pipeline.cache is not None else 0
+    return Response(encode({"deleted": deleted, "model": model}), media_type=JSON, headers=_NO_STORE)
 
 
 def _csp_hash(page: str, tag: str) -> str:
@@ -199,6 +211,6 @@ async def status_page() -> Response[bytes]:
     return Response(_PAGE, media_type="text/html", headers=_PAGE_HEADERS)
 
 
-ROUTES: Final = [admin_usage, admin_status, status_page]
+ROUTES: Final = [admin_usage, admin_status, admin_cache_clear, status_page]
 
 __all__ = ["ROUTES", "status"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -10,9 +11,10 @@ import pytest
 from aiohttp import web
 
 from tests.helpers.errors import ALL_ROUTES, OPENAI_ROUTES
+from tests.helpers.servers import serve_config
 from tests.helpers.upstreams import Received, Upstream
 
-from .conftest import MODEL
+from .conftest import ADMIN, MODEL, client, config
 
 
 def body(prompt: str, **extra: Any) -> dict[str, Any]:
@@ -173,3 +175,36 @@ def test_only_if_cached_miss_is_a_504_cache_miss_without_an_upstream_call(
     hit = alice.post(route, json=body("cc: only " + route), headers={"cache-control": "only-if-cached"})
     assert hit.status_code == 200 and hit.headers["x-gateway-cache"] == "hit"
     assert len(upstream.received) == 1
+
+
+def test_admin_can_delete_entries_and_the_status_shows_the_cache(alice: httpx.Client, upstream: Upstream) -> None:
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    alice.post("/v1/completions", json=body("admin: one"))
+    alice.post("/v1/completions", json=body("admin: two") | {"model": "everyone"})
+    assert alice.delete("/admin/cache").status_code == 401  # a client key is not the admin key
+    status = alice.get("/admin/status", headers=admin).json()["cache"]
+    assert status["memory_entries"] >= 2 and status["memory_bytes"] > 0 and status["miss"] >= 2
+    gone = alice.delete("/admin/cache", params={"model": "everyone"}, headers=admin)
+    assert gone.status_code == 200 and gone.json()["deleted"] >= 1
+    again = alice.post("/v1/completions", json=body("admin: two") | {"model": "everyone"})
+    assert again.headers["x-gateway-cache"] == "miss"
+    assert alice.post("/v1/completions", json=body("admin: one")).headers["x-gateway-cache"] == "hit"
+    assert alice.delete("/admin/cache", headers=admin).json()["deleted"] >= 2
+    assert alice.post("/v1/completions", json=body("admin: one")).headers["x-gateway-cache"] == "miss"
+    metrics = alice.get("/metrics").text
+    assert 'gateway_cache_total{model="local/facebook/opt-125m",result="hit"}' in metrics
+    assert "gateway_cache_stored_bytes_total" in metrics
+
+
+def test_the_memory_store_never_exceeds_max_bytes(upstream: Upstream, tmp_path: Path) -> None:
+    bounded = config(upstream).replace("cache: {mode: deterministic}", "cache: {mode: deterministic, max_bytes: 2048}")
+    with serve_config(tmp_path, bounded) as gw, client(gw.url) as c:
+        admin = {"authorization": f"Bearer {ADMIN}"}
+        for i in range(12):
+            assert c.post("/v1/completions", json=body(f"bound: {i}")).headers["x-gateway-cache"] == "miss"
+            cache = c.get("/admin/status", headers=admin).json()["cache"]
+            assert 0 < cache["memory_bytes"] <= 2048
+        assert cache["evictions"] > 0
+        # The most recent answers are kept, the oldest evicted.
+        assert c.post("/v1/completions", json=body("bound: 11")).headers["x-gateway-cache"] == "hit"
+        assert c.post("/v1/completions", json=body("bound: 0")).headers["x-gateway-cache"] == "miss"
