@@ -74,7 +74,6 @@ class Controls:
                         status=400,
                         type="invalid_request_error",
                         code="invalid_cache_control",
-                        param="cache-control",
                     ) from None
 
 
@@ -206,8 +205,7 @@ class Cache:
             raise GatewayError(
                 "The identical request in flight, whose answer this one waited for, did not answer in time",
                 status=504,
-                code="timeout",
-                type="timeout_error",
+                code="deadline_exceeded",
             ) from None
 
     async def clear(self, model: str | None) -> int:

@@ -208,3 +208,9 @@ def test_the_memory_store_never_exceeds_max_bytes(upstream: Upstream, tmp_path: 
         # The most recent answers are kept, the oldest evicted.
         assert c.post("/v1/completions", json=body("bound: 11")).headers["x-gateway-cache"] == "hit"
         assert c.post("/v1/completions", json=body("bound: 0")).headers["x-gateway-cache"] == "miss"
+
+
+def test_an_unreadable_max_age_is_a_400(alice: httpx.Client, upstream: Upstream) -> None:
+    resp = alice.post("/v1/completions", json=body("cc: bad"), headers={"cache-control": "max-age=soon"})
+    assert resp.status_code == 400 and resp.json()["error"]["code"] == "invalid_cache_control"
+    assert upstream.received == []
