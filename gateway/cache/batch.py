@@ -33,6 +33,8 @@ def _reindexed(choices: Sequence[Choice], index: int) -> list[Choice]:
 
 def split_events(events: list[list[Choice]], prompts: int, n: int) -> list[list[list[Choice]]]:
     """A batch's events as per-prompt events, each prompt's choices numbered from 0."""
+    if prompts == 1:
+        return [events]
     out: list[list[list[Choice]]] = [[] for _ in range(prompts)]
     for event in events:
         per: dict[int, list[Choice]] = {}

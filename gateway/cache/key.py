@@ -38,7 +38,16 @@ def cache_key(req: CompletionRequest, scope: str) -> str:
 
 def model_tag(model: str) -> str:
     """A short digest of a model name, for store keys that must not carry client text."""
-    return hashlib.sha256(model.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    tag = _TAGS.get(model)
+    if tag is None:
+        if len(_TAGS) >= _TAGS_MAX:
+            _TAGS.clear()  # client-chosen model names cannot grow it
+        tag = _TAGS[model] = hashlib.sha256(model.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return tag
+
+
+_TAGS: Final[dict[str, str]] = {}
+_TAGS_MAX: Final = 1024
 
 
 __all__ = ["cache_key", "model_tag"]

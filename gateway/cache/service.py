@@ -137,6 +137,7 @@ class Cache:
                 self.aliases[alias.name] = self.providers.get(vendor, self.default)
         self.inflight: dict[str, asyncio.Future[Entry | None]] = {}
         self.counts = {HIT: 0, MISS: 0, COALESCED: 0, BYPASS: 0}
+        self._children: dict[tuple[str, str], Any] = {}
         self.stores = {s.kind: s for s in (self.memory, self.redis) if s is not None}
 
     def policy(self, model: str) -> Policy | None:
@@ -147,11 +148,18 @@ class Cache:
 
     def count(self, state: str, rec: Record) -> None:
         self.counts[state] += 1
-        if self.metrics is not None:
+        metrics = self.metrics
+        if metrics is not None:
             label = rec.label
             if label is None:
-                label = rec.label = self.metrics.labels.fold(rec.model)
-            self.metrics.cache_requests.labels(state, label).inc()
+                label = rec.label = metrics.labels.fold(rec.model)
+            # The labelled child, looked up once per (result, model): `labels()` takes a lock every call.
+            child = self._children.get((state, label))
+            if child is None:
+                if len(self._children) >= 4096:
+                    self._children.clear()
+                child = self._children[(state, label)] = metrics.cache_requests.labels(state, label)
+            child.inc()
 
     async def lookup(
         self, req: CompletionRequest, key: str | None, headers: Mapping[str, str], rec: Record
