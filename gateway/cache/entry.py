@@ -103,7 +103,11 @@ def answer(entry: Entry, template: Completion) -> Completion:
 
 def finished(events: list[list[Choice]], expected: int) -> bool:
     """Whether every expected choice got its finish reason (a stream that ended normally)."""
-    done = {ch.index for event in events for ch in event if ch.finish_reason is not None}
+    done: set[int] = set()
+    for event in events:
+        for ch in event:
+            if ch.finish_reason is not None:
+                done.add(ch.index)
     return len(done) >= expected
 
 

@@ -77,6 +77,9 @@ class Controls:
                     ) from None
 
 
+_NO_CONTROLS: Final = Controls(None)
+
+
 def deterministic(req: CompletionRequest) -> bool:
     """Whether sampling cannot change the answer: temperature 0, a seed, or nothing generated."""
     return req.temperature == 0 or req.seed is not None or req.max_tokens == 0
@@ -138,6 +141,7 @@ class Cache:
         self.inflight: dict[str, asyncio.Future[Entry | None]] = {}
         self.counts = {HIT: 0, MISS: 0, COALESCED: 0, BYPASS: 0}
         self._children: dict[tuple[str, str], Any] = {}
+        self._policies: dict[str, Policy | None] = {}
         self.stores = {s.kind: s for s in (self.memory, self.redis) if s is not None}
 
     def policy(self, model: str) -> Policy | None:
@@ -165,30 +169,48 @@ class Cache:
         self, req: CompletionRequest, key: str | None, headers: Mapping[str, str], rec: Record
     ) -> Lookup | None:
         """None when no cache covers the request's model; else what the cache found for it."""
-        pol = self.policy(req.model)
+        policies = self._policies
+        if req.model in policies:
+            pol = policies[req.model]
+        else:
+            pol = self.policy(req.model)
+            if len(policies) >= 4096:
+                policies.clear()  # client-chosen model names cannot grow it
+            policies[req.model] = pol
         if pol is None:
             return None
-        cc = Controls(headers.get("cache-control"))
+        header = headers.get("cache-control")
+        cc = Controls(header) if header else _NO_CONTROLS
         if cc.no_store or (pol.mode == "deterministic" and not deterministic(req)):
             if cc.only_if_cached:
                 raise _cache_miss()
             return Lookup(self, BYPASS, rec)
         scope = "*" if pol.shared else "key:" + (key or "")
-        prompts = prompt_items(req.prompt)
-        # One entry per prompt; a one-prompt request's key is its prompt's, however the prompt was sent.
-        keys = [cache_key(req if p is req.prompt else replace(req, prompt=p), scope) for p in prompts]
-        # What identical requests in flight coalesce on: the whole request.
-        digest = keys[0] if len(keys) == 1 else cache_key(req, scope)
+        prompt = req.prompt
         tag = model_tag(req.model)
+        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+            # One prompt, the common case: one key, one read.
+            digest = cache_key(req, scope)
+            prompts, keys = [prompt], [digest]
+            raws = [await pol.store.get(digest, tag)] if not cc.no_cache else []
+        else:
+            prompts = prompt_items(prompt)
+            # One entry per prompt: a one-item list shares its prompt's entry with the prompt sent alone.
+            keys = [cache_key(replace(req, prompt=p), scope) for p in prompts]
+            # What identical requests in flight coalesce on: the whole request.
+            digest = keys[0] if len(keys) == 1 else cache_key(req, scope)
+            raws = await pol.store.get_many(keys, tag) if not cc.no_cache else []
         n = req.n or 1
         found: list[Entry | None] = [None] * len(keys)
         if not cc.no_cache:
             now = self.clock()
-            for i, raw in enumerate(await pol.store.get_many(keys, tag)):
+            for i, raw in enumerate(raws):
+                if raw is None:
+                    continue
                 entry = load(raw, pol.max_entry_bytes)
                 if entry is not None and (cc.max_age is None or now - entry.stored <= cc.max_age):
                     found[i] = entry
-            if all(e is not None for e in found):
+            if None not in found:
                 return Lookup(self, HIT, rec, entry=_assembled(found, n))  # type: ignore[arg-type]
             waiting = self.inflight.get(digest)
             if waiting is not None and not cc.only_if_cached:
@@ -260,6 +282,7 @@ class Lookup:
         "found",
         "prompts",
         "n",
+        "served",
     )
 
     def __init__(
@@ -277,6 +300,7 @@ class Lookup:
         self.state = state
         self.rec = rec
         self.entry = entry  # what a hit (or a coalesced request) is answered with
+        self.served = entry is not None  # answered from the cache: no upstream call, no token cost
         self.policy = policy  # set when the answer may be stored
         self.digest = digest
         self.tag = tag
@@ -287,11 +311,6 @@ class Lookup:
         self.found: list[Entry | None] = []  # per prompt: the entry already stored
         self.prompts: list[Any] = []
         self.n = 1
-
-    @property
-    def served(self) -> bool:
-        """Answered from the cache: no upstream call, no token cost."""
-        return self.entry is not None
 
     async def serve(
         self,
@@ -318,8 +337,9 @@ class Lookup:
             if self.leader is not None and stream is not None:
                 result.stream = self._released(stream)  # type: ignore[attr-defined]
             return result
-        missing = [i for i, e in enumerate(self.found) if e is None]
-        if len(missing) < len(self.found):
+        found = self.found
+        missing = [0] if len(found) == 1 else [i for i, e in enumerate(found) if e is None]
+        if len(missing) < len(found):
             # Some prompts are stored: the upstream is asked only for the others.
             sub = [self.prompts[i] for i in missing]
             job.req = replace(job.req, prompt=sub)
@@ -390,25 +410,24 @@ class Lookup:
         self, events: list[list[Choice]], usage: Usage | None, prompts: list[int], served: tuple[str, str]
     ) -> None:
         """An answer for these prompts (by their place in the request), stored one entry per prompt."""
-        per = split_events(events, len(prompts), self.n)
-        if not all(finished(evs, self.n) for evs in per):
-            return  # a choice without its finish reason: not an answer that completed normally
-        items = [self.prompts[i] for i in prompts]
+        n = self.n
+        if len(prompts) == 1:
+            per, usages = [events], [usage]  # one prompt: its events and usage as they are
+        else:
+            per = split_events(events, len(prompts), n)
+            usages = share_usage(usage, [self.prompts[i] for i in prompts], per)
+        for evs in per:
+            if not finished(evs, n):
+                return  # a choice without its finish reason: not an answer that completed normally
+        fingerprint = self.answer.system_fingerprint if self.answer is not None else None
+        now, model = self.cache.clock(), self.rec.model
         entries = [
-            Entry(
-                version=VERSION,
-                stored=self.cache.clock(),
-                model=self.rec.model,
-                provider=served[0],
-                target=served[1],
-                usage=u,
-                events=evs,
-                system_fingerprint=self.answer.system_fingerprint if self.answer is not None else None,
-            )
-            for evs, u in zip(per, share_usage(usage, items, per), strict=True)
+            Entry(VERSION, now, model, served[0], served[1], u, evs, fingerprint)
+            for evs, u in zip(per, usages, strict=True)
         ]
-        if self.leader is not None and not self.leader.done() and len(prompts) == len(self.keys):
-            self.leader.set_result(_assembled(entries, self.n))
+        leader = self.leader
+        if leader is not None and not leader.done() and len(prompts) == len(self.keys):
+            leader.set_result(entries[0] if len(entries) == 1 else _assembled(entries, n))
         pol = self.policy
         assert pol is not None
         stored = 0
