@@ -221,7 +221,7 @@ class Metrics:
         kids = self._children(rec.dialect, model, rec.provider or "none", rec.status, rec.stream)
         kids.requests.inc()
         kids.latency.observe(elapsed_s)
-        if rec.provider:
+        if rec.provider and not rec.cached:  # a cached answer had no upstream time
             kids.upstream.observe(rec.upstream_s)
             if rec.stream and not rec.failed:
                 kids.ttft.observe(rec.upstream_s)
