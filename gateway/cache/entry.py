@@ -17,7 +17,7 @@ import msgspec
 from wire.schema import Choice, Completion, Logprobs, Usage
 
 VERSION: Final = 1
-_MAGIC: Final = b"gwc1:"
+MAGIC: Final = b"gwc1:"
 
 
 class Entry(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
@@ -31,20 +31,20 @@ class Entry(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     system_fingerprint: str | None = None
 
 
-_encode = msgspec.msgpack.Encoder().encode
+encode_entry = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(Entry).decode
 
 
 def dump(entry: Entry) -> bytes:
-    return _MAGIC + _encode(entry)
+    return MAGIC + encode_entry(entry)
 
 
 def load(raw: bytes | None, max_bytes: int) -> Entry | None:
     """The entry in `raw`, or None for anything else: absent, too large, foreign, corrupt, another version."""
-    if raw is None or len(raw) > max_bytes or not raw.startswith(_MAGIC):
+    if raw is None or len(raw) > max_bytes or not raw.startswith(MAGIC):
         return None
     try:
-        entry = _decode(memoryview(raw)[len(_MAGIC) :])
+        entry = _decode(memoryview(raw)[len(MAGIC) :])
     except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError):
         return None
     return entry if entry.version == VERSION else None
@@ -111,4 +111,4 @@ def finished(events: list[list[Choice]], expected: int) -> bool:
     return len(done) >= expected
 
 
-__all__ = ["VERSION", "Entry", "answer", "dump", "finished", "load", "merged"]
+__all__ = ["MAGIC", "VERSION", "Entry", "answer", "dump", "encode_entry", "finished", "load", "merged"]

@@ -19,7 +19,7 @@ from msgspec.structs import replace
 
 from gateway.admission import Admission, Ticket
 from gateway.cache.batch import join_answer, join_events, prompt_items, share_usage, split_events, sum_usage
-from gateway.cache.entry import VERSION, Entry, answer, dump, finished, load
+from gateway.cache.entry import MAGIC, VERSION, Entry, answer, encode_entry, finished, load
 from gateway.cache.key import cache_key, model_tag
 from gateway.cache.store import MemoryStore, RedisStore, Store
 from gateway.config import CacheConfig, LoadedConfig
@@ -140,7 +140,7 @@ class Cache:
                 self.aliases[alias.name] = self.providers.get(vendor, self.default)
         self.inflight: dict[str, asyncio.Future[Entry | None]] = {}
         self.counts = {HIT: 0, MISS: 0, COALESCED: 0, BYPASS: 0}
-        self._children: dict[tuple[str, str], Any] = {}
+        self.children: dict[tuple[str, str], Any] = {}
         self._policies: dict[str, Policy | None] = {}
         self.stores = {s.kind: s for s in (self.memory, self.redis) if s is not None}
 
@@ -150,20 +150,20 @@ class Cache:
             return found  # type: ignore[return-value]
         return self.providers.get(model.partition("/")[0], self.default)
 
-    def count(self, state: str, rec: Record) -> None:
-        self.counts[state] += 1
-        metrics = self.metrics
-        if metrics is not None:
-            label = rec.label
-            if label is None:
-                label = rec.label = metrics.labels.fold(rec.model)
-            # The labelled child, looked up once per (result, model): `labels()` takes a lock every call.
-            child = self._children.get((state, label))
-            if child is None:
-                if len(self._children) >= 4096:
-                    self._children.clear()
-                child = self._children[(state, label)] = metrics.cache_requests.labels(state, label)
-            child.inc()
+    def child(self, kind: str, label: str) -> Any:
+        """A labelled series, looked up once per (kind, model): `labels()` takes a lock on every call."""
+        found = self.children.get((kind, label))
+        if found is None:
+            metrics = self.metrics
+            assert metrics is not None
+            if len(self.children) >= 4096:
+                self.children.clear()  # bounded like the label values themselves
+            if kind == "stored":
+                found = metrics.cache_stored_bytes.labels(label)
+            else:
+                found = metrics.cache_requests.labels(kind, label)
+            self.children[(kind, label)] = found
+        return found
 
     async def lookup(
         self, req: CompletionRequest, key: str | None, headers: Mapping[str, str], rec: Record
@@ -320,7 +320,13 @@ class Lookup:
         streamed: Callable[[J, Record], Awaitable[R]],
         make: Make[R],
     ) -> R:
-        self.cache.count(self.state, rec)
+        cache = self.cache
+        cache.counts[self.state] += 1
+        if cache.metrics is not None:
+            label = rec.label
+            if label is None:
+                label = rec.label = cache.metrics.labels.fold(rec.model)
+            (cache.children.get((self.state, label)) or cache.child(self.state, label)).inc()
         if self.entry is not None:
             return self._replay(job, rec, make)
         if job.req.stream:
@@ -421,10 +427,13 @@ class Lookup:
                 return  # a choice without its finish reason: not an answer that completed normally
         fingerprint = self.answer.system_fingerprint if self.answer is not None else None
         now, model = self.cache.clock(), self.rec.model
-        entries = [
-            Entry(VERSION, now, model, served[0], served[1], u, evs, fingerprint)
-            for evs, u in zip(per, usages, strict=True)
-        ]
+        if len(per) == 1:
+            entries = [Entry(VERSION, now, model, served[0], served[1], usages[0], per[0], fingerprint)]
+        else:
+            entries = [
+                Entry(VERSION, now, model, served[0], served[1], u, evs, fingerprint)
+                for evs, u in zip(per, usages, strict=True)
+            ]
         leader = self.leader
         if leader is not None and not leader.done() and len(prompts) == len(self.keys):
             leader.set_result(entries[0] if len(entries) == 1 else _assembled(entries, n))
@@ -432,13 +441,13 @@ class Lookup:
         assert pol is not None
         stored = 0
         for i, entry in zip(prompts, entries, strict=True):
-            raw = dump(entry)
+            raw = MAGIC + encode_entry(entry)
             if len(raw) <= pol.max_entry_bytes:
                 await pol.store.put(self.keys[i], self.tag, raw, pol.ttl_s)
                 stored += len(raw)
-        metrics, label = self.cache.metrics, self.rec.label
-        if metrics is not None and label is not None and stored:
-            metrics.cache_stored_bytes.labels(label).inc(stored)
+        label, cache = self.rec.label, self.cache
+        if cache.metrics is not None and label is not None and stored:
+            (cache.children.get(("stored", label)) or cache.child("stored", label)).inc(stored)
 
     def abandon(self) -> None:
         """No answer to share (an error, a stream cut short): whoever waits on this request asks for itself."""

@@ -75,7 +75,7 @@ class MemoryStore:
         return [await self.get(k, tag) for k in keys]
 
     async def put(self, key: str, tag: str, value: bytes, ttl_s: int) -> None:
-        cost = self._cost(key, value)
+        cost = len(value) + len(key)
         if cost > self.max_bytes:
             return
         if key in self.entries:
