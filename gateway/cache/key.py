@@ -2,9 +2,9 @@
 
 It is computed after `gateway.request.normalize`, so the dialects' names for one field (`max_new_tokens`,
 `max_tokens`, `max_completion_tokens`; `stop_sequences` and `stop`; boolean `logprobs`) are already one
-field. The request struct is encoded with sorted field names and sorted object keys at every depth, so
-neither the order fields arrived in nor the order inside `inference_extra_params` (or any free-form
-field) changes the key, while every field the client set (provider-native fields included) does. The
+field. The request struct is encoded in its declared field order with object keys sorted at every depth,
+so neither the order fields arrived in nor the order inside `inference_extra_params` (or any free-form
+field) changes the key (a change to the struct's field order needs a new entry VERSION), while every field the client set (provider-native fields included) does. The
 model the client asked for (alias or target) is a field; the scope (the client key's name under
 `scope: key`) and the entry version are prefixed. Fields that only say how the answer is delivered,
 not what it is (`stream`, `stream_options`, `inference_timeout`), are left out, so a buffered request
@@ -21,7 +21,7 @@ import msgspec
 from gateway.cache.entry import VERSION
 from wire.schema import CompletionRequest
 
-_canonical = msgspec.json.Encoder(order="sorted").encode
+_canonical = msgspec.json.Encoder(order="deterministic").encode
 _PREFIX: Final = f"gateway-cache/v{VERSION}\x00".encode()
 _SEEDED: Final = hashlib.sha256(_PREFIX)
 
