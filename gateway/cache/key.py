@@ -2,12 +2,11 @@
 
 It is computed after `gateway.request.normalize`, so the dialects' names for one field (`max_new_tokens`,
 `max_tokens`, `max_completion_tokens`; `stop_sequences` and `stop`; boolean `logprobs`) are already one
-field. The request struct is encoded in its declared field order with object keys sorted at every depth,
-so neither the order fields arrived in nor the order inside `inference_extra_params` (or any free-form
-field) changes the key (a change to the struct's field order needs a new entry VERSION), while every field the client set (provider-native fields included) does. The
-model the client asked for (alias or target) is a field; the scope (the client key's name under
-`scope: key`) and the entry version are prefixed. Fields that only say how the answer is delivered,
-not what it is (`stream`, `stream_options`, `inference_timeout`), are left out, so a buffered request
+field. The request struct is encoded in its declared field order (a change to that order needs a new
+entry VERSION) with object keys sorted at every depth, so neither the order fields arrived in nor the
+order inside `inference_extra_params` changes the key, while every field the client set (provider-native
+fields included) does. The scope and the version are prefixed. `stream`, `stream_options` and
+`inference_timeout` say how the answer is delivered, not what it is: left out, so a buffered request
 and a streamed one share an entry.
 """
 

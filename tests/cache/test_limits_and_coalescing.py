@@ -17,7 +17,7 @@ from tests.clients.test_lm_eval_bodies import GSM8K_STOPS, ID_PROMPTS, _generate
 from tests.helpers.servers import GatewayThread, serve_config
 from tests.helpers.upstreams import Received, Upstream
 
-from .conftest import ALICE, MODEL, client, config
+from .conftest import ADMIN, ALICE, MODEL, client, config
 
 CAROL = "gk-cache-carol-9d21"
 DAVE = "gk-cache-dave-4f0a"
@@ -139,3 +139,15 @@ def _choices_bytes(raw: bytes) -> bytes:
     start = raw.index(b'"choices":')
     end = raw.index(b',"usage":', start) if b',"usage":' in raw[start:] else len(raw)
     return raw[start:end]
+
+
+def test_a_hit_is_booked_as_cached_at_cost_0(upstream: Upstream, tmp_path: Path) -> None:
+    priced = config(upstream, f'prices: {{"{MODEL}": {{prompt_per_1m: 1000000, completion_per_1m: 1000000}}}}')
+    with serve_config(tmp_path, priced) as gw, client(gw.url) as c:
+        first = c.post("/v1/completions", json=body("books: a", max_tokens=5)).json()
+        assert c.post("/v1/completions", json=body("books: a", max_tokens=5)).headers["x-gateway-cache"] == "hit"
+        books = c.get("/admin/usage", headers={"authorization": f"Bearer {ADMIN}"}).json()["keys"]["alice"]
+    usage = first["usage"]
+    assert books["requests"] == 2 and books["cached"] == 1
+    assert books["prompt_tokens"] == 2 * usage["prompt_tokens"]  # the hit carries the stored usage...
+    assert books["cost"] == usage["prompt_tokens"] + usage["completion_tokens"]  # ...and costs nothing
