@@ -27,7 +27,7 @@ def prompt_items(prompt: str | list[Any]) -> list[Any]:
     return list(prompt)
 
 
-def _reindexed(choices: Sequence[Choice], index: int) -> list[Choice]:
+def reindexed(choices: Sequence[Choice], index: int) -> list[Choice]:
     return [msgspec.structs.replace(ch, index=index + ch.index) for ch in choices]
 
 
@@ -51,12 +51,12 @@ def join_events(per_prompt: Sequence[list[list[Choice]]], n: int) -> list[list[C
     """Per-prompt events as one answer's events, in prompt order, choices numbered `i × n + j`."""
     if len(per_prompt) == 1:
         return per_prompt[0]
-    return [_reindexed(event, i * n) for i, events in enumerate(per_prompt) for event in events]
+    return [reindexed(event, i * n) for i, events in enumerate(per_prompt) for event in events]
 
 
 def join_answer(per_prompt: Sequence[list[list[Choice]]], n: int) -> list[Choice]:
     """Per-prompt events as one buffered answer's choices, in prompt order."""
-    return [ch for i, events in enumerate(per_prompt) for ch in _reindexed(merged(events), i * n)]
+    return [ch for i, events in enumerate(per_prompt) for ch in reindexed(merged(events), i * n)]
 
 
 def _shares(total: int, weights: list[int]) -> list[int]:
@@ -88,4 +88,4 @@ def sum_usage(usages: Sequence[Usage | None]) -> Usage | None:
     return Usage(prompt_tokens=p, completion_tokens=c, total_tokens=t)
 
 
-__all__ = ["join_answer", "join_events", "prompt_items", "share_usage", "split_events", "sum_usage"]
+__all__ = ["join_answer", "join_events", "prompt_items", "reindexed", "share_usage", "split_events", "sum_usage"]

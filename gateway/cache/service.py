@@ -13,14 +13,24 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
+import msgspec
 from msgspec.structs import replace
 
 from gateway.admission import Admission, Ticket
-from gateway.cache.batch import join_answer, join_events, prompt_items, share_usage, split_events, sum_usage
+from gateway.cache.batch import (
+    join_answer,
+    join_events,
+    prompt_items,
+    reindexed,
+    share_usage,
+    split_events,
+    sum_usage,
+)
 from gateway.cache.entry import MAGIC, VERSION, Entry, answer, encode_entry, finished, load
 from gateway.cache.key import cache_key, model_tag
+from gateway.cache.policy import BYPASS, COALESCED, HIT, MISS, NO_CONTROLS, Controls, Policy, cache_miss, deterministic
 from gateway.cache.store import MemoryStore, RedisStore, Store
 from gateway.config import CacheConfig, LoadedConfig
 from gateway.framing import DONE, sse_event
@@ -29,60 +39,6 @@ from gateway.state import SharedState
 from providers.base import CallContext
 from wire.errors import GatewayError
 from wire.schema import Choice, Completion, CompletionRequest, Usage, encode
-
-HIT: Final = "hit"
-MISS: Final = "miss"
-COALESCED: Final = "coalesced"
-BYPASS: Final = "bypass"
-
-
-class Policy:
-    __slots__ = ("mode", "ttl_s", "max_entry_bytes", "shared", "store")
-
-    def __init__(self, cfg: CacheConfig, store: Store) -> None:
-        self.mode = cfg.mode
-        self.ttl_s = cfg.ttl_s
-        self.max_entry_bytes = cfg.max_entry_bytes
-        self.shared = cfg.scope == "shared"
-        self.store = store
-
-
-class Controls:
-    """The request's `Cache-Control` directives that the cache honours."""
-
-    __slots__ = ("no_cache", "no_store", "only_if_cached", "max_age")
-
-    def __init__(self, header: str | None) -> None:
-        self.no_cache = self.no_store = self.only_if_cached = False
-        self.max_age: int | None = None
-        if not header:
-            return
-        for part in header.lower().split(","):
-            name, _, value = part.strip().partition("=")
-            if name == "no-cache":
-                self.no_cache = True
-            elif name == "no-store":
-                self.no_store = True
-            elif name == "only-if-cached":
-                self.only_if_cached = True
-            elif name == "max-age":
-                try:
-                    self.max_age = max(int(value.strip().strip('"')), 0)
-                except ValueError:
-                    raise GatewayError(
-                        "Cache-Control max-age must be a whole number of seconds",
-                        status=400,
-                        type="invalid_request_error",
-                        code="invalid_cache_control",
-                    ) from None
-
-
-_NO_CONTROLS: Final = Controls(None)
-
-
-def deterministic(req: CompletionRequest) -> bool:
-    """Whether sampling cannot change the answer: temperature 0, a seed, or nothing generated."""
-    return req.temperature == 0 or req.seed is not None or req.max_tokens == 0
 
 
 class JobLike(Protocol):
@@ -180,10 +136,10 @@ class Cache:
         if pol is None:
             return None
         header = headers.get("cache-control")
-        cc = Controls(header) if header else _NO_CONTROLS
+        cc = Controls(header) if header else NO_CONTROLS
         if cc.no_store or (pol.mode == "deterministic" and not deterministic(req)):
             if cc.only_if_cached:
-                raise _cache_miss()
+                raise cache_miss()
             return Lookup(self, BYPASS, rec)
         scope = "*" if pol.shared else "key:" + (key or "")
         prompt = req.prompt
@@ -218,7 +174,7 @@ class Cache:
                 if entry is not None:
                     return Lookup(self, COALESCED, rec, entry=entry)
         if cc.only_if_cached:
-            raise _cache_miss()
+            raise cache_miss()
         lookup = Lookup(self, BYPASS if cc.no_cache else MISS, rec, policy=pol, digest=digest, tag=tag)
         lookup.keys, lookup.found, lookup.prompts, lookup.n = keys, found, prompts, n
         if digest not in self.inflight:
@@ -256,14 +212,6 @@ class Cache:
         }
 
 
-def _cache_miss() -> GatewayError:
-    return GatewayError(
-        "No cached answer for this request, and Cache-Control: only-if-cached forbids asking the upstream",
-        status=504,
-        code="cache_miss",
-    )
-
-
 class Lookup:
     """One request's dealings with the cache, from its lookup to its answer stored (or not)."""
 
@@ -283,6 +231,7 @@ class Lookup:
         "prompts",
         "n",
         "served",
+        "missing",
     )
 
     def __init__(
@@ -311,6 +260,7 @@ class Lookup:
         self.found: list[Entry | None] = []  # per prompt: the entry already stored
         self.prompts: list[Any] = []
         self.n = 1
+        self.missing: list[int] = []  # the prompts (by their place in the request) the upstream is asked for
 
     async def serve(
         self,
@@ -329,9 +279,15 @@ class Lookup:
             (cache.children.get((self.state, label)) or cache.child(self.state, label)).inc()
         if self.entry is not None:
             return self._replay(job, rec, make)
+        found = self.found
+        missing = self.missing = [0] if len(found) == 1 else [i for i, e in enumerate(found) if e is None]
+        partial = len(missing) < len(found)
+        if partial:
+            # Some prompts are stored: the upstream is asked only for the others.
+            sub = [self.prompts[i] for i in missing]
+            job.req = replace(job.req, prompt=sub)
+            job.ctx.prompts = sub if isinstance(sub[0], str) else None
         if job.req.stream:
-            # A stream is asked for whole, even when some of its prompts are stored: the relay numbers its
-            # choices as the upstream does, so the stored ones could not be spliced in without delaying it.
             self.events = [] if self.policy is not None else None
             try:
                 result = await streamed(job, rec)
@@ -340,16 +296,11 @@ class Lookup:
                 raise
             result.headers["x-gateway-cache"] = self.state
             stream = getattr(result, "stream", None)
-            if self.leader is not None and stream is not None:
+            if partial and stream is not None:
+                result.stream = self._spliced(stream, job)  # type: ignore[attr-defined]
+            elif self.leader is not None and stream is not None:
                 result.stream = self._released(stream)  # type: ignore[attr-defined]
             return result
-        found = self.found
-        missing = [0] if len(found) == 1 else [i for i, e in enumerate(found) if e is None]
-        if len(missing) < len(found):
-            # Some prompts are stored: the upstream is asked only for the others.
-            sub = [self.prompts[i] for i in missing]
-            job.req = replace(job.req, prompt=sub)
-            job.ctx.prompts = sub if isinstance(sub[0], str) else None
         try:
             result = await buffered(job, rec)
             fresh = self.answer
@@ -409,7 +360,7 @@ class Lookup:
         """A stream that ended normally on the target it started on: its chunks become the entries."""
         events, self.events = self.events, None
         if events is not None and self.policy is not None:
-            await self._store_batch(events, usage, list(range(len(self.keys))), served)
+            await self._store_batch(events, usage, self.missing, served)
         self.abandon()
 
     async def _store_batch(
@@ -460,6 +411,34 @@ class Lookup:
         if self.cache.inflight.get(self.digest) is leader:
             del self.cache.inflight[self.digest]
 
+    async def _spliced(self, stream: AsyncIterator[bytes], job: JobLike) -> AsyncIterator[bytes]:
+        """A partly stored batch's stream: the stored prompts' chunks, then the upstream's for the others,
+        every choice numbered as in the whole request and the usage chunk summed."""
+        n, missing, ctx = self.n, self.missing, job.ctx
+        stored = sum_usage([e.usage for e in self.found if e is not None])
+        try:
+            for i, e in enumerate(self.found):
+                if e is not None:
+                    for event in e.events:
+                        yield sse_event(encode(ctx.completion(reindexed(event, i * n))))
+            async for data in stream:
+                try:
+                    c = _chunk(data[6:-2]) if data.startswith(b"data: {") else None
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    c = None  # an error event: relayed as it is
+                if c is None:
+                    yield data
+                    continue
+                for ch in c.choices:
+                    p, j = divmod(ch.index, n)
+                    ch.index = missing[p] * n + j
+                if c.usage is not None and stored is not None:
+                    c.usage = sum_usage([c.usage, stored])
+                yield sse_event(encode(c))
+        finally:
+            self.abandon()
+            await stream.aclose()  # type: ignore[attr-defined]
+
     async def _released(self, stream: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         try:
             async for chunk in stream:
@@ -467,6 +446,9 @@ class Lookup:
         finally:
             self.abandon()
             await stream.aclose()  # type: ignore[attr-defined]
+
+
+_chunk = msgspec.json.Decoder(Completion).decode
 
 
 def _assembled(entries: list[Entry], n: int) -> Entry:
@@ -506,4 +488,4 @@ def build(
     return Cache(loaded, shared, admission, metrics)
 
 
-__all__ = ["BYPASS", "COALESCED", "HIT", "MISS", "Cache", "Controls", "Lookup", "build", "deterministic"]
+__all__ = ["Cache", "Lookup", "build"]

@@ -72,3 +72,30 @@ def test_a_streamed_batch_is_served_from_entries_its_prompts_stored_apart(
             texts[ch["index"]] += ch["text"]
     assert [texts[0], texts[1]] == [s["choices"][0]["text"] for s in singles]
     assert len(upstream.received) == 2
+
+
+def test_a_partly_cached_streamed_batch_streams_only_the_missing_prompts(
+    alice: httpx.Client, upstream: Upstream
+) -> None:
+    a, b, c = ("spliced: " + t for t in TEXTS)
+    fresh = alice.post("/v1/completions", json=body([b, c, a]), headers={"cache-control": "no-store"}).json()
+    alice.post("/v1/completions", json=body([a, b]))
+    upstream.received.clear()
+    payload = body([b, c, a], stream=True, stream_options={"include_usage": True})
+    resp = alice.post("/v1/completions", json=payload)
+    assert resp.status_code == 200 and resp.headers["x-gateway-cache"] == "miss"
+    assert [r.json()["prompt"] for r in upstream.received] == [[c]]
+    events = sse_data(resp.text)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    texts: dict[int, str] = {}
+    for chunk in chunks:
+        for ch in chunk["choices"]:
+            texts[ch["index"]] = texts.get(ch["index"], "") + ch["text"]
+    assert texts == {ch["index"]: ch["text"] for ch in fresh["choices"]}
+    usage = [chunk["usage"] for chunk in chunks if chunk.get("usage")]
+    assert len(usage) == 1 and usage[0]["prompt_tokens"] == fresh["usage"]["prompt_tokens"]
+    # c's chunks were stored as they streamed: the whole batch is now a hit.
+    again = alice.post("/v1/completions", json=payload)
+    assert again.headers["x-gateway-cache"] == "hit"
+    assert len(upstream.received) == 1
