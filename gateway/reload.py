@@ -74,6 +74,8 @@ class Reloader:
             new = self.build(loaded)
             old: Pipeline = self.state.pipeline
             new.usage.adopt(old.usage)  # in-process usage (no Redis) and budgets survive the reload
+            if new.cache is not None and old.cache is not None:
+                new.cache.adopt(old.cache)  # so do the answers the memory store holds
             self.state.pipeline = new
             self.reloads += 1
             log.warning("config reloaded (%s) from %s", why, self.path)

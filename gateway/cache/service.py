@@ -194,6 +194,11 @@ class Cache:
                 code="deadline_exceeded",
             ) from None
 
+    def adopt(self, previous: Cache) -> None:
+        """A config reload keeps what the memory store holds, and the counts."""
+        self.memory.adopt(previous.memory)
+        self.counts = previous.counts
+
     async def clear(self, model: str | None) -> int:
         tag = model_tag(model) if model is not None else None
         return sum([await s.clear(tag) for s in self.stores.values()])

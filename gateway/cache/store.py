@@ -91,6 +91,18 @@ class MemoryStore:
             if self.on_evict is not None:
                 self.on_evict(evicted)
 
+    def adopt(self, previous: MemoryStore) -> None:
+        """Take over `previous`'s entries (a config reload), within this store's own bound."""
+        self.entries, self.bytes, self.evictions = previous.entries, previous.bytes, previous.evictions
+        evicted = 0
+        while self.bytes > self.max_bytes and self.entries:
+            self._drop(next(iter(self.entries)))
+            evicted += 1
+        if evicted:
+            self.evictions += evicted
+            if self.on_evict is not None:
+                self.on_evict(evicted)
+
     async def clear(self, tag: str | None) -> int:
         doomed = [k for k, (_, _, t) in self.entries.items() if tag is None or t == tag]
         for k in doomed:
