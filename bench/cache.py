@@ -112,7 +112,7 @@ def cached_c32(connections: int, seconds: float, work: Path) -> dict[str, Any]:
 
 
 def _cpu(service: processes.Service) -> float:
-    return sum(processes.cpu_seconds(pid) for pid in service.pids())
+    return service.cpu_seconds()
 
 
 class _Counting:

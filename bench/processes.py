@@ -85,7 +85,7 @@ class Service:
         self.cpu = cpu
 
     def cpu_seconds(self) -> float:
-        return sum(cpu_seconds(pid) for pid in self.pids())
+        return sum(_cpu_seconds(pid) for pid in self.pids())
 
     def peak_rss_mib(self) -> float:
         return sum(_status_kib(pid, "VmHWM:") for pid in self.pids()) / 1024.0
@@ -175,7 +175,7 @@ def _read_stat(pid: int) -> list[str] | None:
     return raw[raw.rfind(")") + 2 :].split()
 
 
-def cpu_seconds(pid: int) -> float:
+def _cpu_seconds(pid: int) -> float:
     stat = _read_stat(pid)
     if stat is None:
         return 0.0
@@ -253,7 +253,7 @@ class Window:
     def __init__(self, service: Service) -> None:
         self._service = service
         self._cpu0 = service.cpu_seconds()
-        self._bench0 = benchcpu_seconds()
+        self._bench0 = bench_cpu_seconds()
         self._clock = CoreClock()
         self._t0 = time.perf_counter()
         self.cpu_s = 0.0
@@ -264,7 +264,7 @@ class Window:
 
     def close(self) -> Window:
         self.cpu_s = self._service.cpu_seconds() - self._cpu0
-        self._bench_s = benchcpu_seconds() - self._bench0
+        self._bench_s = bench_cpu_seconds() - self._bench0
         self.wall_s = time.perf_counter() - self._t0
         self._clock.stop()
         self.busy = self._clock.busy_percent()
@@ -284,7 +284,7 @@ class Window:
         return round(max(0.0, foreign), 1)
 
 
-def benchcpu_seconds() -> float:
+def bench_cpu_seconds() -> float:
     """CPU seconds of this process, its reaped children (wrk runs) and its live descendants."""
     me = os.getpid()
     stat = _read_stat(me)
@@ -292,13 +292,13 @@ def benchcpu_seconds() -> float:
     if stat is not None:
         # Fields 14-17 of stat(5): utime, stime, and cutime, cstime of waited-for children.
         own = sum(int(v) for v in stat[11:15]) / _CLK_TCK
-    return own + sum(cpu_seconds(pid) for pid in process_tree(me) if pid != me)
+    return own + sum(_cpu_seconds(pid) for pid in process_tree(me) if pid != me)
 
 
 def foreign_load_pct(seconds: float) -> float:
     """CPU (% of one core) used by processes outside the bench over the next ``seconds``."""
-    bench0, clock, t0 = benchcpu_seconds(), CoreClock(), time.perf_counter()
+    bench0, clock, t0 = bench_cpu_seconds(), CoreClock(), time.perf_counter()
     time.sleep(seconds)
     clock.stop()
-    own = 100.0 * (benchcpu_seconds() - bench0) / (time.perf_counter() - t0)
+    own = 100.0 * (bench_cpu_seconds() - bench0) / (time.perf_counter() - t0)
     return max(0.0, sum(clock.task_percent().values()) - own)
