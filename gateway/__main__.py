@@ -22,11 +22,11 @@ import time
 from typing import Any
 
 from gateway.config import ConfigError, LoadedConfig, load_config
-from gateway.serving import LOG_FORMAT, ListenError, bind, probe, run_uvicorn
+from gateway.ops.serving import LOG_FORMAT, ListenError, bind, probe, run_uvicorn
 
 log = logging.getLogger("gateway")
 
-APP = "gateway.app:app_from_env"  # an app factory: each worker builds its app from $GATEWAY_CONFIG
+APP = "gateway.edge.app:app_from_env"  # an app factory: each worker builds its app from $GATEWAY_CONFIG
 SERVERS = ("uvicorn", "granian")
 
 
@@ -39,8 +39,8 @@ def _announce(loaded: LoadedConfig, host: str | None = None) -> None:
     WARNING is kept for what needs action; a provider left without its key variable is how the shipped
     config says "not used here", so it is INFO (its requests fail naming the variable anyway).
     """
-    from gateway.auth import KeyRing
-    from gateway.routing import Router
+    from gateway.limits.auth import KeyRing
+    from gateway.path.routing import Router
 
     keys = KeyRing(loaded)
     if keys.open:
@@ -144,7 +144,7 @@ def _run_granian(host: str, port: int, workers: int, grace_s: int) -> None:
             log.info("drained in %.1f s; exiting", time.monotonic() - started)
 
         def signal_handler_reload(self, *args: Any, **kwargs: Any) -> None:
-            """Pass SIGHUP on to every worker, which reloads its config in place (gateway/reload.py).
+            """Pass SIGHUP on to every worker, which reloads its config in place (gateway/ops/reload.py).
 
             Granian's own answer respawns every worker: in-process state (usage, limits without Redis)
             is lost, and a worker whose new config does not load exits, which stops the whole server.
@@ -196,7 +196,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _docs(args: argparse.Namespace) -> int:
-    from gateway import configdoc  # only this command needs it
+    from gateway.ops import configdoc  # only this command needs it
 
     return configdoc.main(["--path", args.path, *(["--check"] if args.check else [])])
 

@@ -65,7 +65,7 @@ class TimeoutsConfig(Strict, frozen=True):
 
 
 class LoggingConfig(Strict, frozen=True):
-    # One JSON line per request, to stderr (gateway/accesslog.py).
+    # One JSON line per request, to stderr (gateway/ops/accesslog.py).
     requests: bool = True
     # Include the prompt and the completion text in that line (off: they may hold personal data).
     prompts: bool = False
@@ -103,10 +103,10 @@ class KeyConfig(Strict, frozen=True):
     name: str
     key: str
     # Glob patterns over the model string the client sends (`openai/*`, `fast`); `*` stops at `/`, `**`
-    # crosses it (gateway/globs.py), so the default allows every model.
+    # crosses it (gateway/limits/globs.py), so the default allows every model.
     models: list[str] = msgspec.field(default_factory=lambda: ["**"])
     limits: LimitsConfig | None = None
-    # USD per UTC day (gateway/usage.py): at or over it, requests answer 429 `budget_exceeded`. 0 blocks the key.
+    # USD per UTC day (gateway/limits/usage.py): at or over it, requests answer 429 `budget_exceeded`. 0 blocks the key.
     max_cost_per_day: Annotated[float, Meta(ge=0)] | None = None
 
 
@@ -223,7 +223,7 @@ class ProviderConfig(Strict, frozen=True):
     # Root URL of the server's tokenizer routes (/tokenize, /detokenize, /tokenizer_info) when they are not
     # where they usually are: `base_url` without a trailing `/v1` (docs/clients.md).
     tokenizer_url: str | None = None
-    # Ask the upstream which models it serves, for GET /v1/models (gateway/discovery.py). Unset: the kind's
+    # Ask the upstream which models it serves, for GET /v1/models (gateway/edge/discovery.py). Unset: the kind's
     # default, on for self-hosted servers (vllm, llamacpp, tgi, ollama), off for hosted catalogs.
     discover: bool | None = None
 

@@ -210,7 +210,7 @@ def error_type(headers: Mapping[str, str], body_type: str | None) -> str | None:
 def _model_path(model: str, provider: str) -> str:
     # Model ids hold `:` (`...-v1:0`) and ARNs `/` (inference profiles): `/` is escaped so an ARN stays one
     # segment, as the API documents; every other character yarl would decode again is kept as is, so the
-    # path signed is byte for byte the path sent (gateway/h1.py sends a URL's path verbatim).
+    # path signed is byte for byte the path sent (gateway/upstream/h1.py sends a URL's path verbatim).
     return path_segment(model, provider, slash=True, safe=":@!$&'()*,;=")
 
 

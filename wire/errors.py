@@ -47,7 +47,7 @@ class GatewayError(Exception):
     retry_later: bool = False
     # Extra response headers (rate-limit state on a 429).
     headers: dict[str, str] | None = None
-    # Upstream text in it has been through gateway.scrub (secrets cut out, length capped).
+    # Upstream text in it has been through gateway.upstream.scrub (secrets cut out, length capped).
     scrubbed: bool = False
 
     # The upstream that failed (`provider/model[/deployment]` and its provider), when one did.
@@ -282,7 +282,7 @@ class AllTargetsCoolingError(GatewayError):
         )
 
 
-# Why an upstream call failed, as the transports (gateway/h1.py, gateway/httpx_transport.py) classify it.
+# Why an upstream call failed, as the transports (gateway/upstream/h1.py, .../httpx_transport.py) classify it.
 # Each is the log line's `cause`, the `cause` label of `gateway_upstream_failures_total` and, prefixed with
 # `upstream_`, the answer's `code`; the text is what the client's message says after "Upstream 'p' ".
 CAUSES: Final[dict[str, str]] = {

@@ -26,7 +26,7 @@ import pytest
 from tests.helpers.recordings import REPO
 from tests.helpers.servers import GatewayProcess, cli_env, free_port, run_cli
 
-# gateway/serving.py's LOG_FORMAT: what every line of the gateway's own logging looks like.
+# gateway/ops/serving.py's LOG_FORMAT: what every line of the gateway's own logging looks like.
 LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w.]+\[(\d+)\]: ")
 
 CONFIG = """

@@ -8,7 +8,7 @@ cooldown, failure, in-flight and latency maps that were never removed. Real `Hea
 from __future__ import annotations
 
 from gateway.config import CooldownConfig
-from gateway.health import MAX_TARGETS, Health
+from gateway.resilience.health import MAX_TARGETS, Health
 from gateway.state import SharedState
 
 

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.config import parse_config
-from gateway.upstream import Timeouts, Upstream
+from gateway.upstream.client import Timeouts, Upstream
 from wire.errors import GatewayError
 from wire.upstream import UpstreamRequest
 

@@ -14,13 +14,13 @@ from wire.errors import CAUSES, CODES, upstream_failure
 
 REPO = Path(__file__).resolve().parents[2]
 SNAKE = re.compile(r"[a-z][a-z0-9]*(_[a-z0-9]+)*")
-# Raised with the code as their last positional argument (gateway/dialects.py, wire/schema.py).
+# Raised with the code as their last positional argument (gateway/path/dialects.py, wire/schema.py).
 POSITIONAL = {"RequestError", "BodyError"}
 
 
 def _codes_in_source() -> dict[str, str]:
     found: dict[str, str] = {}
-    for path in sorted([*REPO.glob("gateway/*.py"), *REPO.glob("providers/*.py"), *REPO.glob("wire/*.py")]):
+    for path in sorted([*REPO.glob("gateway/**/*.py"), *REPO.glob("providers/*.py"), *REPO.glob("wire/*.py")]):
         tree = ast.parse(path.read_text(), filename=str(path))
         for node in ast.walk(tree):
             if not isinstance(node, ast.Call):

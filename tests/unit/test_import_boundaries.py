@@ -79,7 +79,7 @@ def modules() -> dict[str, Path]:
 def test_no_module_crosses_the_package_boundaries() -> None:
     found = modules()
     # Not vacuous: every package and every registered adapter module is scanned.
-    assert {"wire.errors", "wire.schema", "providers.base", "gateway.pipeline"} <= set(found)
+    assert {"wire.errors", "wire.schema", "providers.base", "gateway.path.pipeline"} <= set(found)
     assert ADAPTERS <= set(found) and len(ADAPTERS) == len(BUILTIN)
     crossings = [
         v
@@ -109,10 +109,14 @@ def test_no_module_crosses_the_package_boundaries() -> None:
         ("providers.cohere", "def f():\n    import providers.mistral", ["providers.cohere:2 -> providers.mistral"]),
         # the bottom package importing anything of ours
         ("wire.errors", "import providers.base", ["wire.errors:1 -> providers.base"]),
-        ("wire.schema", "from gateway.h1 import Pool", ["wire.schema:1 -> gateway.h1"]),
+        ("wire.schema", "from gateway.upstream.h1 import Pool", ["wire.schema:1 -> gateway.upstream.h1"]),
         # the gateway naming an adapter instead of asking the registry
-        ("gateway.routing", "from providers.azure import AzureAdapter", ["gateway.routing:1 -> providers.azure"]),
-        ("gateway.pipeline", "import tests.e2e.harness", ["gateway.pipeline:1 -> tests.e2e.harness"]),
+        (
+            "gateway.path.routing",
+            "from providers.azure import AzureAdapter",
+            ["gateway.path.routing:1 -> providers.azure"],
+        ),
+        ("gateway.path.pipeline", "import tests.e2e.harness", ["gateway.path.pipeline:1 -> tests.e2e.harness"]),
         # allowed
         ("providers.bedrock", "from providers.base import stop_list\nfrom wire.errors import GatewayError", []),
         ("providers.vllm", "from providers.openai_compat import OpenAICompatible\nimport msgspec", []),

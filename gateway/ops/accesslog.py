@@ -15,7 +15,7 @@ from typing import Any, Final
 
 import msgspec
 
-from gateway.metrics import Record
+from gateway.ops.metrics import Record
 
 _encode = msgspec.json.Encoder().encode
 _FLUSH_BYTES: Final = 4096

@@ -24,7 +24,7 @@ from jsonschema import (
 )
 from jsonschema.validators import extend, validator_for
 
-from gateway.patterns import affordable, compile_all, compiled
+from gateway.emulation.patterns import affordable, compile_all, compiled
 from wire.errors import InvalidRequestError
 
 # Keyword evaluations cost about 10 us each. Admitting a schema (on the event loop, before the upstream

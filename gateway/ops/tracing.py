@@ -19,8 +19,8 @@ if TYPE_CHECKING:  # only for the types: the running code imports opentelemetry 
     from opentelemetry.trace import Span, Tracer
 
     from gateway.config import LoadedConfig
-    from gateway.metrics import Record
-    from gateway.routing import Route
+    from gateway.ops.metrics import Record
+    from gateway.path.routing import Route
     from providers.base import UpstreamRequest
 
 # gen_ai.provider.name values of the semantic conventions, by provider kind; other kinds go by their own name.

@@ -1,6 +1,6 @@
 """The httpx transport: proxies, per-provider CA bundles, client certificates (mTLS) and HTTP/2.
 
-For a provider that needs what `gateway.h1` lacks: one pooled `httpx.AsyncClient` per provider, wrapped to
+For a provider that needs what `gateway.upstream.h1` lacks: one pooled `httpx.AsyncClient` per provider, wrapped to
 behave as h1 does (same failure kinds, caps, timeouts, bounded decoding), and configured so it cannot be
 turned against tenants (no redirects, no cookies, no credentials from the environment): docs/security.md.
 """
@@ -18,9 +18,9 @@ from typing import Any, Final
 
 import httpx
 
-from gateway import h1
 from gateway.config import CapsConfig, ProviderConfig
-from gateway.upstream import Timeouts
+from gateway.upstream import h1
+from gateway.upstream.client import Timeouts
 from wire.upstream import UpstreamRequest
 
 _KEEPALIVE_S: Final = 30.0  # as h1's pool

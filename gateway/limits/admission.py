@@ -13,12 +13,12 @@ from typing import Any, Final
 
 import msgspec
 
-from gateway.auth import ClientKey
 from gateway.config import LimitsConfig, LoadedConfig
-from gateway.ratelimit import TOKEN_KINDS, Bucket, BucketState, Decision, Limiter, RedisDown
-from gateway.routing import Plan, Route
+from gateway.limits.auth import ClientKey
+from gateway.limits.ratelimit import TOKEN_KINDS, Bucket, BucketState, Decision, Limiter, RedisDown
+from gateway.limits.tokens import reservation, warm
+from gateway.path.routing import Plan, Route
 from gateway.state import SharedState
-from gateway.tokens import reservation, warm
 from providers import REGISTRY
 from wire.errors import GatewayError, InvalidRequestError, RateLimitError
 from wire.schema import CompletionRequest

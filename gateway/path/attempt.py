@@ -3,8 +3,8 @@
 A `Job` is what every attempt of a request shares (the request, its context, its plan); the failover
 loop calls `Job.complete` or `Job.open` once per attempt, which makes an `Attempt`: the job plus the
 route and the timeouts. An attempt that needs emulation (docs/emulation.md) hands its own `call` to
-gateway/emulation.py, so a fan-out's sub-calls share the attempt's route, timeouts and context. A
-stream's attempt ends when its first event has been read; gateway/relay.py takes it from there.
+gateway/emulation/planning.py, so a fan-out's sub-calls share the attempt's route, timeouts and context. A
+stream's attempt ends when its first event has been read; gateway/path/relay.py takes it from there.
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from typing import Any
 
 import msgspec
 
-from gateway import emulation
-from gateway.admission import Admission, Ticket
 from gateway.config import CapsConfig
-from gateway.emulation import Emulation
-from gateway.framing import DECODERS
-from gateway.health import Health
-from gateway.routing import Plan, Route
-from gateway.upstream import Stream, Timeouts, Upstream
+from gateway.emulation import planning as emulation
+from gateway.emulation.planning import Emulation
+from gateway.limits.admission import Admission, Ticket
+from gateway.path.routing import Plan, Route
+from gateway.resilience.health import Health
+from gateway.upstream.client import Stream, Timeouts, Upstream
+from gateway.upstream.framing import DECODERS
 from providers.base import Adapter, CallContext, LocalAdapter, map_params
 from providers.envelope import Unreadable
 from wire.errors import GatewayError, UpstreamError

@@ -19,17 +19,17 @@ from typing import TYPE_CHECKING, Final
 import msgspec
 
 from gateway.config import LoadedConfig, ProviderConfig
-from gateway.request import check_model
-from gateway.upstream import Timeouts, Upstream
+from gateway.path.request import check_model
+from gateway.upstream.client import Timeouts, Upstream
 from providers import REGISTRY
 from providers.base import Adapter, Endpoint
 from wire.errors import GatewayError, UpstreamConnectError
 from wire.upstream import UpstreamRequest
 
 if TYPE_CHECKING:
-    from gateway.pipeline import Pipeline
+    from gateway.path.pipeline import Pipeline
 
-log = logging.getLogger("gateway")  # the logger gateway.scrub filters
+log = logging.getLogger("gateway")  # the logger gateway.upstream.scrub filters
 
 # How often the task looks for a reloaded config while no refresh is due.
 _CONFIG_CHECK_S: Final = 1.0

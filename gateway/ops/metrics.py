@@ -154,7 +154,7 @@ class Metrics:
             registry=r,
         )
         self.tokens = Counter("gateway_tokens", "Tokens", ["kind", "model", "provider"], registry=r)
-        # Booked by gateway/usage.py at the configured prices; `key` is a configured key name (or anonymous).
+        # Booked by gateway/limits/usage.py at the configured prices; `key` is a configured key name (or anonymous).
         self.cost = Counter("gateway_cost_usd", "Spend in USD at the configured prices", ["model", "key"], registry=r)
         self.retries = Counter(
             "gateway_retries", "Upstream calls beyond the first for a request", ["model"], registry=r

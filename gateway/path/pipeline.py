@@ -14,28 +14,28 @@ from typing import Any
 
 import msgspec
 
-from gateway import tracing
-from gateway.admission import Admission
-from gateway.attempt import Job, Services
-from gateway.auth import KeyRing
 from gateway.config import LoadedConfig
-from gateway.dialects import Dialect, decode_error
-from gateway.failover import Failover, Outcome
-from gateway.health import Health
 from gateway.ids import unique_suffix
-from gateway.metrics import Metrics, Record
-from gateway.relay import STREAM_FAILED, Relay
-from gateway.request import normalize
-from gateway.routing import Plan, Router
-from gateway.scrub import Scrubber, watch_logs
+from gateway.limits.admission import Admission
+from gateway.limits.auth import KeyRing
+from gateway.limits.usage import UsageStore
+from gateway.ops import tracing
+from gateway.ops.metrics import Metrics, Record
+from gateway.path.attempt import Job, Services
+from gateway.path.dialects import Dialect, decode_error
+from gateway.path.relay import STREAM_FAILED, Relay
+from gateway.path.request import normalize
+from gateway.path.routing import Plan, Router
+from gateway.resilience.failover import Failover, Outcome
+from gateway.resilience.health import Health
 from gateway.state import SharedState
-from gateway.upstream import Upstream
-from gateway.usage import UsageStore
+from gateway.upstream.client import Upstream
+from gateway.upstream.scrub import Scrubber, watch_logs
 from providers.base import CallContext, prompt_form
 from wire.errors import UpstreamError
 from wire.schema import CompletionRequest, decode_request, encode
 
-# gateway/endpoint.py ends a stream that failed before the relay could say so with these bytes.
+# gateway/edge/endpoint.py ends a stream that failed before the relay could say so with these bytes.
 __all__ = ["STREAM_FAILED", "Pipeline", "Result"]
 
 
@@ -78,7 +78,7 @@ class Pipeline:
         self.failover = Failover(self.health, clock=clock, **({"sleep": sleep} if sleep else {}))
         self.admission = Admission(loaded, self.shared, **({"sleep": sleep} if sleep else {}))
         self.usage = UsageStore(loaded, self.shared, metrics=metrics)
-        # None unless tracing is on (gateway/tracing.py): the endpoint then opens a span per request.
+        # None unless tracing is on (gateway/ops/tracing.py): the endpoint then opens a span per request.
         self.tracing = tracing.from_config(loaded)
         # Built once per config: cuts the config's secrets out of upstream text (errors, logs).
         self.scrub = Scrubber.from_config(loaded)

@@ -17,11 +17,11 @@ from typing import Generic, TypeVar
 
 import msgspec
 
-from gateway import tracing
-from gateway.balancer import Selector
-from gateway.health import Health, TargetState
-from gateway.routing import Plan, Route
-from gateway.upstream import Timeouts
+from gateway.ops import tracing
+from gateway.path.routing import Plan, Route
+from gateway.resilience.balancer import Selector
+from gateway.resilience.health import Health, TargetState
+from gateway.upstream.client import Timeouts
 from wire.errors import GatewayError, UpstreamTimeoutError
 
 T = TypeVar("T")

@@ -16,8 +16,9 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from gateway import h1, tracing
 from gateway.config import CapsConfig, LoadedConfig, ProviderConfig, TimeoutsConfig
+from gateway.ops import tracing
+from gateway.upstream import h1
 from providers import REGISTRY
 from providers.base import Adapter
 from wire.errors import (
@@ -115,7 +116,7 @@ class Transport(Protocol):
 
 
 class H1Transport:
-    """The fast path: `gateway.h1`, HTTP/1.1 only, direct connections, the system trust store."""
+    """The fast path: `gateway.upstream.h1`, HTTP/1.1 only, direct connections, the system trust store."""
 
     name = "h1"
 
@@ -174,7 +175,7 @@ def transport_for(name: str, p: ProviderConfig, caps: CapsConfig) -> Transport:
         # Chosen explicitly, so not an error; but traffic the environment means to proxy goes direct.
         log.warning("provider %s: transport h1 connects directly; the proxy environment variables do not apply", name)
     if kind == "httpx" or (kind == "auto" and needs_httpx(p)):
-        from gateway.httpx_transport import HttpxTransport  # only providers that need it pay its import
+        from gateway.upstream.httpx_transport import HttpxTransport  # only providers that need it pay its import
 
         if kind == "auto":
             # Visible at start-up: auto may switch a provider to the slower client because of the environment.

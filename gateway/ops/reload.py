@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.config import ConfigError, load_config
-from gateway.pipeline import Pipeline
+from gateway.path.pipeline import Pipeline
 
 log = logging.getLogger("gateway")
 

@@ -1,9 +1,9 @@
 """The one error renderer: status, headers and body of an error answer in a dialect's shape.
 
 Every route answers errors through `render`: the raw endpoints (completion, tokenizer, and the body limit
-in `gateway.app.Front`) send its result as two ASGI messages, the Litestar routes return it as a
+in `gateway.edge.app.Front`) send its result as two ASGI messages, the Litestar routes return it as a
 `Response` (`error_response`). So an exception looks the same on the wire whichever route raised it; only
-the dialect (the path's error shape, gateway/dialects.py) differs.
+the dialect (the path's error shape, gateway/path/dialects.py) differs.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Final
 
 from litestar import Response
 
-from gateway.dialects import Dialect
+from gateway.path.dialects import Dialect
 from wire.errors import GatewayError, client_retry
 
 JSON: Final = "application/json"

@@ -1,9 +1,9 @@
 """The Litestar application: routes per dialect, the request-body limit, lifespan of shared clients.
 
-The completion routes are raw ASGI handlers (gateway/endpoint.py) that decode the body themselves: one
+The completion routes are raw ASGI handlers (gateway/edge/endpoint.py) that decode the body themselves: one
 msgspec pass into the union request, with errors rendered in the dialect's own shape rather than
 Litestar's generic validation error. The other routes are ordinary Litestar handlers. Both kinds render
-errors with the one renderer (gateway/render.py), and `Front` enforces the one body limit for all.
+errors with the one renderer (gateway/edge/render.py), and `Front` enforces the one body limit for all.
 """
 
 from __future__ import annotations
@@ -23,17 +23,17 @@ from litestar.enums import ScopeType
 from litestar.exceptions import HTTPException
 from litestar.types import ControllerRouterHandler, HTTPScope, Receive, ReceiveMessage, Scope, Send
 
-from gateway import accesslog
 from gateway.config import LoadedConfig, load_config
-from gateway.dialects import OPENAI, PAIS, SGP, Dialect
-from gateway.discovery import Discovery
-from gateway.endpoint import Endpoint, completion_endpoint, request_id, send_error
-from gateway.metrics import CONTENT_TYPE, Metrics
-from gateway.pipeline import Pipeline
-from gateway.reload import Reloader
-from gateway.render import error_response
-from gateway.status import ROUTES as STATUS_ROUTES
-from gateway.tokenizer_routes import SCOPED_PREFIX, Tokenizers
+from gateway.edge.discovery import Discovery
+from gateway.edge.endpoint import Endpoint, completion_endpoint, request_id, send_error
+from gateway.edge.render import error_response
+from gateway.edge.status import ROUTES as STATUS_ROUTES
+from gateway.edge.tokenizer_routes import SCOPED_PREFIX, Tokenizers
+from gateway.ops import accesslog
+from gateway.ops.metrics import CONTENT_TYPE, Metrics
+from gateway.ops.reload import Reloader
+from gateway.path.dialects import OPENAI, PAIS, SGP, Dialect
+from gateway.path.pipeline import Pipeline
 from wire.errors import AuthenticationError, GatewayError, InvalidRequestError
 from wire.schema import ModelCard, ModelList, encode
 
@@ -68,7 +68,7 @@ async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
         key = pipeline.keys.authenticate(request.headers)
     except GatewayError as exc:
         return error_response(OPENAI, exc)
-    # What upstreams serve, as the background refresher last heard it (gateway/discovery.py): never awaited here.
+    # What upstreams serve, as the background refresher last heard it (gateway/edge/discovery.py): never awaited here.
     discovery: Discovery = request.app.state.discovery
     listed = pipeline.router.model_ids(discovery.models)
     # The page a key sees changes only with the listing (memoized per published value and per config): with
@@ -237,7 +237,7 @@ class Front:
 
     Litestar's router and exception middleware wrap every `send` of every request; on the completion
     paths that was about 8 % of a saturated worker. Those endpoints already handle their own errors,
-    methods and disconnects (gateway/endpoint.py), so they gain nothing from the wrapping.
+    methods and disconnects (gateway/edge/endpoint.py), so they gain nothing from the wrapping.
 
     The limit (`caps.request_body_bytes`, read per request so a reload applies) lives here so that no
     route can miss it: a declared length over it is answered at once, before a byte of the body is read,
@@ -249,7 +249,7 @@ class Front:
     def __init__(self, litestar: Litestar, fast: dict[str, Endpoint], scoped: Endpoint | None = None) -> None:
         self.litestar = litestar
         self.fast = fast
-        self.scoped = scoped  # every path under /m/ (gateway/tokenizer_routes.py)
+        self.scoped = scoped  # every path under /m/ (gateway/edge/tokenizer_routes.py)
 
     @property
     def state(self) -> State:

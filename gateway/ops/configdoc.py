@@ -25,7 +25,7 @@ from providers import registry
 
 BEGIN = "<!-- BEGIN GENERATED"
 END = "<!-- END GENERATED -->"
-NOTE = " by `make docs` (python -m gateway docs) from gateway/config.py; meanings: gateway/configdoc.py -->"
+NOTE = " by `make docs` (python -m gateway docs) from gateway/config.py; meanings: gateway/ops/configdoc.py -->"
 DOC = Path("docs") / "config.md"
 
 
@@ -271,7 +271,7 @@ def _type(t: mi.Type) -> str:
         return "map"
     if isinstance(t, mi.AnyType):
         return "any"
-    raise TypeError(f"no rendering for {t!r}: teach gateway/configdoc.py")
+    raise TypeError(f"no rendering for {t!r}: teach gateway/ops/configdoc.py")
 
 
 def _size(n: int) -> str:

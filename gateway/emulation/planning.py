@@ -15,9 +15,9 @@ from typing import Any, Protocol
 
 import msgspec
 
-from gateway.client_schema import Checker, admit
 from gateway.config import CapsConfig
-from gateway.patterns import affordable, compile_pattern
+from gateway.emulation.client_schema import Checker, admit
+from gateway.emulation.patterns import affordable, compile_pattern
 from providers.base import Adapter, CallContext, Endpoint, LocalAdapter, prompt_form
 from wire.errors import InvalidRequestError, UpstreamError
 from wire.schema import Choice, Completion, CompletionRequest, Logprobs, Usage

@@ -17,11 +17,11 @@ from typing import Any, Final
 from litestar import Request, Response, get
 from litestar.exceptions import NotFoundException
 
-from gateway.auth import _presented_key
-from gateway.dialects import OPENAI
-from gateway.pipeline import Pipeline
-from gateway.ratelimit import Bucket
-from gateway.render import error_response
+from gateway.edge.render import error_response
+from gateway.limits.auth import _presented_key
+from gateway.limits.ratelimit import Bucket
+from gateway.path.dialects import OPENAI
+from gateway.path.pipeline import Pipeline
 from wire.errors import AuthenticationError, GatewayError, InvalidRequestError
 from wire.schema import encode
 

@@ -14,15 +14,15 @@ from collections.abc import AsyncIterator
 
 import msgspec
 
-from gateway.admission import Admission
-from gateway.attempt import UNREADABLE, Job, Opened, Services, sane_usage
-from gateway.dialects import OPENAI
-from gateway.failover import Failover
-from gateway.framing import DONE, sse_event
-from gateway.health import Health
-from gateway.metrics import Record
-from gateway.routing import Route
-from gateway.scrub import Scrubber
+from gateway.limits.admission import Admission
+from gateway.ops.metrics import Record
+from gateway.path.attempt import UNREADABLE, Job, Opened, Services, sane_usage
+from gateway.path.dialects import OPENAI
+from gateway.path.routing import Route
+from gateway.resilience.failover import Failover
+from gateway.resilience.health import Health
+from gateway.upstream.framing import DONE, sse_event
+from gateway.upstream.scrub import Scrubber
 from wire.errors import GatewayError, UpstreamError
 from wire.schema import CompletionRequest, Usage, encode
 

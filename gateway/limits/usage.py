@@ -21,7 +21,7 @@ import msgspec
 import redis.asyncio as aioredis
 
 from gateway.config import LoadedConfig, PriceConfig
-from gateway.metrics import Metrics, ModelLabels, Record
+from gateway.ops.metrics import Metrics, ModelLabels, Record
 from gateway.state import Degraded, SharedState
 from wire.errors import RateLimitError
 

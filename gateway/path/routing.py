@@ -13,7 +13,7 @@ from typing import Final
 import msgspec
 
 from gateway.config import LoadedConfig, ProviderConfig, RetriesConfig, Strategy, TimeoutsConfig, same_target_of
-from gateway.upstream import Timeouts
+from gateway.upstream.client import Timeouts
 from providers import REGISTRY
 from providers.base import Adapter, Endpoint, LocalAdapter
 from wire.errors import ModelNotFoundError, ProviderUnavailableError
@@ -101,7 +101,8 @@ class Router:
         }
         # Routes for direct model strings are memoized; the bound keeps client-chosen strings from growing it.
         self._cache: dict[str, Route] = {}
-        # Each alias's own targets; which one serves a request is the balancer's choice (gateway/balancer.py).
+        # Each alias's own targets; which one serves a request is the balancer's choice
+        # (gateway/resilience/balancer.py).
         self.aliases: dict[str, Group] = {}
         groups = self.aliases
         for alias in cfg.models:
@@ -230,7 +231,7 @@ class Router:
 
         Aliases with at least one callable target or fallback, the callable alias targets, then each
         available provider's declared `models:` and what it said it serves (`discovered`, provider ->
-        `provider/<id>` strings, gateway/discovery.py). A provider that cannot be called (its key variable
+        `provider/<id>` strings, gateway/edge/discovery.py). A provider that cannot be called (its key variable
         is unset) contributes nothing. Memoized per `discovered` value (the discovery publishes a new one
         when a list changes); callers must not change the list.
         """

@@ -21,7 +21,7 @@ import msgspec
 import redis.asyncio as aioredis
 
 from gateway.ids import unique_suffix
-from gateway.scriptchannel import ScriptChannel, Unanswered, bulk
+from gateway.limits.scriptchannel import ScriptChannel, Unanswered, bulk
 from gateway.state import Degraded, SharedState
 
 Kind = Literal["rps", "rpm", "tpm", "tpd", "concurrent"]

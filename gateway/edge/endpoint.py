@@ -1,4 +1,4 @@
-"""The completion endpoints as raw ASGI handlers, reached through `gateway.app.Front`.
+"""The completion endpoints as raw ASGI handlers, reached through `gateway.edge.app.Front`.
 
 This is the hot path, so it skips Litestar's per-request machinery (router, exception middleware,
 signature parsing, Response objects): it reads the body, hands it to the pipeline, and writes the
@@ -22,12 +22,12 @@ from urllib.parse import quote
 
 from litestar.types import HTTPResponseBodyEvent, HTTPResponseStartEvent, HTTPScope, Receive, Send
 
-from gateway import accesslog
-from gateway.dialects import Dialect
+from gateway.edge.render import render
 from gateway.ids import unique_suffix
-from gateway.metrics import Metrics, Record
-from gateway.pipeline import STREAM_FAILED, Pipeline, Result
-from gateway.render import render
+from gateway.ops import accesslog
+from gateway.ops.metrics import Metrics, Record
+from gateway.path.dialects import Dialect
+from gateway.path.pipeline import STREAM_FAILED, Pipeline, Result
 from wire.errors import GatewayError
 
 log = logging.getLogger("gateway")
@@ -84,7 +84,7 @@ def _encode_headers(headers: dict[str, str], rid: str | None = None) -> list[tup
 
 
 async def _read_body(receive: Receive) -> bytes:
-    # No limit here: `gateway.app.Front` caps every route's body (`caps.request_body_bytes`) before this
+    # No limit here: `gateway.edge.app.Front` caps every route's body (`caps.request_body_bytes`) before this
     # runs, and its `receive` raises the 413 when a body without a declared length runs over.
     chunks: list[bytes] = []
     while True:
@@ -235,7 +235,7 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
     return endpoint
 
 
-# The other raw routes (gateway/tokenizer_routes.py) read and answer the same way.
+# The other raw routes (gateway/edge/tokenizer_routes.py) read and answer the same way.
 read_body = _read_body
 send_error = _send_error
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 import msgspec
 
 from gateway.config import LoadedConfig
-from gateway.globs import ModelGlobs
+from gateway.limits.globs import ModelGlobs
 from wire.errors import AuthenticationError, PermissionDeniedError
 
 

@@ -18,17 +18,17 @@ from typing import Final
 import msgspec
 from litestar.types import HTTPRequestEvent, HTTPScope, Receive, ReceiveMessage, Send
 
-from gateway import accesslog
-from gateway.admission import Ticket, duration
-from gateway.auth import ClientKey
-from gateway.dialects import OPENAI, decode_error
-from gateway.endpoint import Endpoint, read_body, request_id, send_error, send_json
-from gateway.metrics import Metrics, Record
-from gateway.pipeline import Pipeline
-from gateway.ratelimit import TOKEN_KINDS, Bucket
-from gateway.request import check_model
-from gateway.routing import Route
-from gateway.upstream import Response
+from gateway.edge.endpoint import Endpoint, read_body, request_id, send_error, send_json
+from gateway.limits.admission import Ticket, duration
+from gateway.limits.auth import ClientKey
+from gateway.limits.ratelimit import TOKEN_KINDS, Bucket
+from gateway.ops import accesslog
+from gateway.ops.metrics import Metrics, Record
+from gateway.path.dialects import OPENAI, decode_error
+from gateway.path.pipeline import Pipeline
+from gateway.path.request import check_model
+from gateway.path.routing import Route
+from gateway.upstream.client import Response
 from providers.base import Adapter, UpstreamRequest, bearer
 from providers.tokenizer import (
     ROUTES,
