@@ -314,6 +314,8 @@ class Capabilities:
     """What a provider kind can take, declared as class attributes, and the checks that follow."""
 
     kind: ClassVar[str]
+    # Its `gen_ai.provider.name` in OpenTelemetry's GenAI semantic conventions (trace spans); None: the kind.
+    genai_provider: ClassVar[str | None] = None
     params: ClassVar[Table]
     # Most stop sequences the provider takes: it is sent the first ones and the gateway enforces the rest
     # (gateway/emulation/planning.py). None: no limit.

@@ -216,6 +216,7 @@ def _model_path(model: str, provider: str) -> str:
 
 class BedrockAdapter(Adapter):
     kind = "bedrock"
+    genai_provider = "aws.bedrock"
     auth = "SigV4 (`api_key: ACCESS_KEY_ID:SECRET[:SESSION_TOKEN]`, `region`) or `Authorization: Bearer` (API key)"
     default_base_url = DEFAULT_BASE_URL
     needs_region = True

@@ -20,7 +20,8 @@ import msgspec
 
 from gateway.config import LoadedConfig, ProviderConfig
 from gateway.path.request import check_model
-from gateway.upstream.client import Timeouts, Upstream
+from gateway.upstream.client import Upstream
+from gateway.upstream.transport import Timeouts
 from providers import REGISTRY
 from providers.base import Adapter, Endpoint
 from wire.errors import GatewayError, UpstreamConnectError

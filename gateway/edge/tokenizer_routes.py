@@ -27,8 +27,8 @@ from gateway.ops.metrics import Metrics, Record
 from gateway.path.dialects import OPENAI, decode_error
 from gateway.path.pipeline import Pipeline
 from gateway.path.request import check_model
-from gateway.path.routing import Route
-from gateway.upstream.client import Response
+from gateway.upstream.plan import Route
+from gateway.upstream.transport import Response
 from providers.base import Adapter, UpstreamRequest, bearer
 from providers.tokenizer import (
     ROUTES,

@@ -17,8 +17,8 @@ from gateway.config import LimitsConfig, LoadedConfig
 from gateway.limits.auth import ClientKey
 from gateway.limits.ratelimit import TOKEN_KINDS, Bucket, BucketState, Decision, Limiter, RedisDown
 from gateway.limits.tokens import reservation, warm
-from gateway.path.routing import Plan, Route
 from gateway.state import SharedState
+from gateway.upstream.plan import Plan, Route
 from providers import REGISTRY
 from wire.errors import GatewayError, InvalidRequestError, RateLimitError
 from wire.schema import CompletionRequest

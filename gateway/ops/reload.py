@@ -13,16 +13,31 @@ import logging
 import os
 import signal
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-from gateway.config import ConfigError, load_config
-from gateway.path.pipeline import Pipeline
+from gateway.config import ConfigError, LoadedConfig, load_config
 
 log = logging.getLogger("gateway")
 
 
+class _Usage(Protocol):
+    def adopt(self, previous: Any, /) -> None: ...
+
+
+class Swappable(Protocol):
+    """What a reload builds and swaps in: the pipeline (`gateway.path.pipeline.Pipeline`, a wing above this
+    one, which hands its constructor in as `build`)."""
+
+    @property
+    def usage(self) -> _Usage: ...
+
+    def retire(self) -> None: ...
+
+
 class Reloader:
-    def __init__(self, state: Any, path: str, build: Callable[[Any], Pipeline], interval: float = 2.0) -> None:
+    def __init__(
+        self, state: Any, path: str, build: Callable[[LoadedConfig], Swappable], interval: float = 2.0
+    ) -> None:
         self.state = state  # the Litestar app state holding `pipeline`
         self.path = path
         self.build = build
@@ -72,7 +87,7 @@ class Reloader:
                 log.error("config reload (%s) failed, keeping the running config: %s", why, exc)
                 return False
             new = self.build(loaded)
-            old: Pipeline = self.state.pipeline
+            old: Swappable = self.state.pipeline
             new.usage.adopt(old.usage)  # in-process usage (no Redis) and budgets survive the reload
             self.state.pipeline = new
             self.reloads += 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 from urllib.parse import urlsplit
 
 import msgspec
@@ -20,21 +20,26 @@ if TYPE_CHECKING:  # only for the types: the running code imports opentelemetry 
 
     from gateway.config import LoadedConfig
     from gateway.ops.metrics import Record
-    from gateway.path.routing import Route
-    from providers.base import UpstreamRequest
+    from providers.base import Capabilities, Endpoint, UpstreamRequest
 
-# gen_ai.provider.name values of the semantic conventions, by provider kind; other kinds go by their own name.
-_GENAI_PROVIDER: Final = {
-    "openai": "openai",
-    "azure": "azure.ai.openai",
-    "anthropic": "anthropic",
-    "bedrock": "aws.bedrock",
-    "gemini": "gcp.gemini",
-    "cohere": "cohere",
-    "mistral": "mistral_ai",
-    "deepseek": "deepseek",
-}
 OPERATION: Final = "text_completion"
+
+
+class Target(Protocol):
+    """What an attempt's span reads of its route (`gateway.upstream.plan.Route`, a wing above this one)."""
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def provider(self) -> str: ...
+
+    @property
+    def adapter(self) -> Capabilities: ...
+
+    @property
+    def endpoint(self) -> Endpoint: ...
+
 
 # The request being traced in this task (and the tasks it starts); never set while tracing is off.
 _REQUEST: ContextVar[_Request | None] = ContextVar("gateway_trace_request", default=None)
@@ -175,7 +180,7 @@ class _Request:
         self.served = False
         self.finish_reasons: list[str] = []
 
-    def _kind(self, route: Route) -> str:
+    def _kind(self, route: Target) -> str:
         if self.served:
             return "resume"  # a stream that broke after it started, continued from what was sent
         if self.attempts == 0:
@@ -184,10 +189,11 @@ class _Request:
             return "hedge"  # started while another attempt of the same request is still waiting
         return "retry" if route.key in self.tried else "failover"
 
-    def attempt(self, route: Route) -> _Attempt:
+    def attempt(self, route: Target) -> _Attempt:
         from opentelemetry.trace import SpanKind
 
-        kind = getattr(route.adapter, "kind", route.provider)
+        # The adapter declares its semantic-conventions name; a kind without one goes by its own name.
+        kind = getattr(route.adapter, "genai_provider", None) or getattr(route.adapter, "kind", route.provider)
         endpoint = route.endpoint
         span = self.tracing.tracer.start_span(
             f"{OPERATION} {endpoint.model}",
@@ -195,7 +201,7 @@ class _Request:
             kind=SpanKind.CLIENT,
             attributes={
                 "gen_ai.operation.name": OPERATION,
-                "gen_ai.provider.name": _GENAI_PROVIDER.get(kind, kind),
+                "gen_ai.provider.name": kind,
                 "gen_ai.request.model": endpoint.model,
                 "gateway.provider": route.provider,
                 "gateway.target": route.key,
@@ -243,7 +249,7 @@ class _Request:
             self.token = None
 
 
-def attempt(route: Route) -> _Attempt | None:
+def attempt(route: Target) -> _Attempt | None:
     """Start the span of one upstream attempt; None when the request is not traced (the only cost when off).
 
     The caller reports the answer (`succeeded`) and always ends it (`close`), in the same task.

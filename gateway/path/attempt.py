@@ -20,10 +20,11 @@ from gateway.config import CapsConfig
 from gateway.emulation import planning as emulation
 from gateway.emulation.planning import Emulation
 from gateway.limits.admission import Admission, Ticket
-from gateway.path.routing import Plan, Route
 from gateway.resilience.health import Health
-from gateway.upstream.client import Stream, Timeouts, Upstream
+from gateway.upstream.client import Stream, Upstream
 from gateway.upstream.framing import DECODERS
+from gateway.upstream.plan import Plan, Route
+from gateway.upstream.transport import Timeouts
 from providers.base import Adapter, CallContext, LocalAdapter, map_params
 from providers.envelope import Unreadable
 from wire.errors import GatewayError, UpstreamError

@@ -25,11 +25,12 @@ from gateway.path.attempt import Job, Services
 from gateway.path.dialects import Dialect, decode_error
 from gateway.path.relay import STREAM_FAILED, Relay
 from gateway.path.request import normalize
-from gateway.path.routing import Plan, Router
+from gateway.path.routing import Router
 from gateway.resilience.failover import Failover, Outcome
 from gateway.resilience.health import Health
 from gateway.state import SharedState
 from gateway.upstream.client import Upstream
+from gateway.upstream.plan import Plan
 from gateway.upstream.scrub import Scrubber, watch_logs
 from providers.base import CallContext, prompt_form
 from wire.errors import UpstreamError

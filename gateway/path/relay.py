@@ -18,10 +18,10 @@ from gateway.limits.admission import Admission
 from gateway.ops.metrics import Record
 from gateway.path.attempt import UNREADABLE, Job, Opened, Services, sane_usage
 from gateway.path.dialects import OPENAI
-from gateway.path.routing import Route
 from gateway.resilience.failover import Failover
 from gateway.resilience.health import Health
 from gateway.upstream.framing import DONE, sse_event
+from gateway.upstream.plan import Route
 from gateway.upstream.scrub import Scrubber
 from wire.errors import GatewayError, UpstreamError
 from wire.schema import CompletionRequest, Usage, encode

@@ -10,8 +10,8 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from gateway.path.routing import Group, Plan, Route
 from gateway.resilience.health import Health, TargetState
+from gateway.upstream.plan import Group, Plan, Route
 from wire.errors import AllTargetsCoolingError
 
 

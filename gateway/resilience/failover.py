@@ -18,10 +18,10 @@ from typing import Generic, TypeVar
 import msgspec
 
 from gateway.ops import tracing
-from gateway.path.routing import Plan, Route
 from gateway.resilience.balancer import Selector
 from gateway.resilience.health import Health, TargetState
-from gateway.upstream.client import Timeouts
+from gateway.upstream.plan import Plan, Route
+from gateway.upstream.transport import Timeouts
 from wire.errors import GatewayError, UpstreamTimeoutError
 
 T = TypeVar("T")

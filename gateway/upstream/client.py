@@ -11,14 +11,13 @@ import logging
 import urllib.request
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from types import TracebackType
-from typing import Any, Final, Protocol, cast
+from typing import Any, Final, cast
 from urllib.parse import urlsplit
 
-import msgspec
-
-from gateway.config import CapsConfig, LoadedConfig, ProviderConfig, TimeoutsConfig
+from gateway.config import CapsConfig, LoadedConfig, ProviderConfig
 from gateway.ops import tracing
 from gateway.upstream import h1
+from gateway.upstream.transport import Reply, Response, Timeouts, Transport
 from providers import REGISTRY
 from providers.base import Adapter
 from wire.errors import (
@@ -61,58 +60,6 @@ def map_transport_error(exc: BaseException, provider: str, target: str | None = 
             target=target,
         )
     return upstream_failure(transport_cause(exc), provider, target)
-
-
-class Timeouts(msgspec.Struct, frozen=True):
-    connect: float
-    first_byte: float  # bounds the wait for the first byte and every later read of a stream
-    total: float
-
-    @classmethod
-    def of(cls, cfg: TimeoutsConfig) -> Timeouts:
-        return cls(cfg.connect_ms / 1000, cfg.first_byte_ms / 1000, cfg.total_ms / 1000)
-
-    def capped(self, total: float | None) -> Timeouts:
-        """The request's own `inference_timeout` can only shorten the deadline, never extend it."""
-        if total is None or total >= self.total:
-            return self
-        return Timeouts(min(self.connect, total), min(self.first_byte, total), total)
-
-
-class Response(msgspec.Struct):
-    status: int
-    headers: Mapping[str, str]
-    body: bytes
-
-
-class Reply(Protocol):
-    """An answer whose status and headers have arrived and whose body is read once, whole or in chunks.
-
-    `release()` hands the connection back: to the pool only when the body was read to its end,
-    otherwise it is closed, so no later request can read what is left of this one.
-    """
-
-    @property
-    def status(self) -> int: ...
-
-    @property
-    def headers(self) -> Mapping[str, str]: ...
-
-    async def read(self) -> bytes: ...
-
-    def iter_chunks(self) -> AsyncIterator[bytes]: ...
-
-    def release(self) -> None: ...
-
-
-class Transport(Protocol):
-    """One provider's pooled connections. Failures raise the `h1` kinds or `TimeoutError`."""
-
-    name: str
-
-    async def request(self, req: UpstreamRequest, timeouts: Timeouts) -> Reply: ...
-
-    async def close(self) -> None: ...
 
 
 class H1Transport:

@@ -20,7 +20,7 @@ import httpx
 
 from gateway.config import CapsConfig, ProviderConfig
 from gateway.upstream import h1
-from gateway.upstream.client import Timeouts
+from gateway.upstream.transport import Timeouts
 from wire.upstream import UpstreamRequest
 
 _KEEPALIVE_S: Final = 30.0  # as h1's pool

@@ -37,10 +37,11 @@ from tenacity import (
 from tenacity.wait import wait_base
 
 from gateway.config import parse_config
-from gateway.path.routing import Plan, Router
+from gateway.path.routing import Router
 from gateway.resilience.failover import Failover
 from gateway.resilience.health import Health
 from gateway.state import SharedState
+from gateway.upstream.plan import Plan
 from tests.helpers.pipelines import VirtualTime
 from wire.errors import (
     GatewayError,

@@ -18,7 +18,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from gateway.config import parse_config
-from gateway.upstream.client import Timeouts, Upstream
+from gateway.upstream.client import Upstream
+from gateway.upstream.transport import Timeouts
 from wire.errors import GatewayError
 from wire.upstream import UpstreamRequest
 
