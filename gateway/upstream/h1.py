@@ -9,360 +9,52 @@ bounded, and failures carry their cause. Details: docs/security.md.
 from __future__ import annotations
 
 import asyncio
-import errno
-import socket
 import ssl
 import time
-import zlib
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
-from typing import Final, cast
-from urllib.parse import urlsplit
+from collections.abc import Mapping
+from typing import cast
 
 import httptools
 
-# A stream the client reads slower than the upstream writes pauses the socket above this many bytes.
-_HIGH_WATER: Final = 1 << 20
-_KEEPALIVE_S: Final = 30.0
-# A relayed compressed stream is decoded at most this much at a time: one socket read of a bomb
-# cannot expand into more than this before the reader has taken it.
-_INFLATE_STEP: Final = 64 * 1024
-
-# Caps; the gateway passes its `caps.*` config, whose defaults these equal.
-MAX_BODY: Final = 64 * 1024 * 1024  # caps.upstream_body_bytes
-MAX_HEADER_BYTES: Final = 64 * 1024  # caps.upstream_header_bytes
-MAX_HEADERS: Final = 200  # header fields (and trailers) in one answer; not configurable
-
-# Request headers a transport owns (framing, connection management) or must never forward: whatever a
-# caller passes under these names is dropped. `proxy-*` is matched by prefix (`hop_by_hop`).
-_HOP_BY_HOP: Final = frozenset(
-    {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "expect", "te", "trailer", "upgrade"}
+from gateway.upstream.h1body import _Inflate
+from gateway.upstream.h1response import Response
+from gateway.upstream.h1wire import (
+    _HOP_BY_HOP,
+    _KEEPALIVE_S,
+    MAX_BODY,
+    MAX_HEADER_BYTES,
+    MAX_HEADERS,
+    ConnectFailed,
+    Disconnected,
+    Malformed,
+    Origin,
+    TooLarge,
+    _expire,
+    _head_too_large,
+    _Stop,
+    connect_cause,
+    hop_by_hop,
+    split,
 )
 
-
-def hop_by_hop(lowered: str) -> bool:
-    """Whether a (lower-cased) request header belongs to the connection, not to the caller: both transports
-    drop these, so neither a caller's `Expect` nor its `Proxy-Authorization` ever reaches the wire."""
-    return lowered in _HOP_BY_HOP or lowered.startswith("proxy-")
-
-
-class ConnectFailed(OSError):
-    """The connection could not be opened; `cause` says why (`connect_cause`)."""
-
-    def __init__(self, message: str, *, cause: str = "connect_failed") -> None:
-        super().__init__(message)
-        self.cause = cause
-
-
-class Disconnected(ConnectionError):
-    """The server closed or reset the connection before a response began."""
-
-    def __init__(self, message: str, *, cause: str = "connection_closed") -> None:
-        super().__init__(message)
-        self.cause = cause
-
-
-class Malformed(ConnectionError):
-    """The response was cut short or was not valid HTTP/1.1."""
-
-    def __init__(self, message: str, *, cause: str = "malformed_response") -> None:
-        super().__init__(message)
-        self.cause = cause
-
-
-def connect_cause(exc: BaseException) -> str:
-    """Why opening a connection failed, for the operator (wire.errors.CAUSES), from the OS's error or the
-    one it was raised from (httpx wraps them twice)."""
-    seen: BaseException | None = exc
-    for _ in range(6):
-        if seen is None:
-            break
-        if isinstance(seen, ssl.SSLCertVerificationError):
-            return "tls_verification_failed"
-        if isinstance(seen, ssl.SSLError):
-            return "tls_error"
-        if isinstance(seen, socket.gaierror):
-            return "dns_failure"
-        code = seen.errno if isinstance(seen, OSError) else None
-        # asyncio joins the errors of every address it tried into one OSError without an errno.
-        if code == errno.ECONNREFUSED or f"[Errno {errno.ECONNREFUSED}]" in str(seen):
-            return "connection_refused"
-        if code in (errno.ENETUNREACH, errno.EHOSTUNREACH):
-            return "network_unreachable"
-        seen = seen.__cause__ or seen.__context__
-    return "connect_failed"
-
-
-class TooLarge(Malformed):
-    """The response went over one of the client's caps; the message names the cap, never upstream bytes."""
-
-
-class _Stop(Exception):
-    """Raised from a parser callback to stop llhttp at once; the reason was already recorded."""
-
-
-def _expire(fut: asyncio.Future[None], cause: str) -> None:
-    # A plain timer per wait: asyncio.timeout's context manager cost about 3 % of a saturated worker.
-    # The TimeoutError's argument is the timeout that passed (wire.errors.CAUSES).
-    if not fut.done():
-        fut.set_exception(TimeoutError(cause))
-
-
-class _Inflate:
-    """gzip or deflate decoding whose output per call is bounded by the caller.
-
-    `deflate` is meant to be zlib-wrapped (RFC 9110 8.4.1.2), but some servers send raw deflate: the first
-    two bytes tell them apart, as browsers and httpx do.
-    """
-
-    __slots__ = ("_z", "_probe")
-
-    def __init__(self, gzip: bool) -> None:
-        self._z = zlib.decompressobj(16 + zlib.MAX_WBITS if gzip else zlib.MAX_WBITS)
-        self._probe: bytes | None = None if gzip else b""
-
-    def decode(self, data: bytes, limit: int) -> tuple[bytes, bytes]:
-        """(at most `limit` decoded bytes, the input not consumed yet)."""
-        if self._probe is not None:
-            data = self._probe + data
-            if len(data) < 2:
-                self._probe = data
-                return b"", b""
-            self._probe = None
-            cmf, flg = data[0], data[1]
-            if cmf & 0x0F != 8 or cmf >> 4 > 7 or (cmf << 8 | flg) % 31:
-                self._z = zlib.decompressobj(-zlib.MAX_WBITS)
-        z = self._z
-        if z.eof:
-            return b"", b""  # bytes after the end of the compressed stream are ignored, as httpx does
-        out = z.decompress(data, limit)
-        # At the end of the stream zlib leaves what follows in unconsumed_tail too; handed back, it would
-        # never be consumed and the reader would spin on it.
-        return out, b"" if z.eof else z.unconsumed_tail
-
-    def flush(self) -> bytes:
-        # Only called once every input byte was consumed, so what is left is bounded by zlib's window.
-        return self._z.flush()
-
-
-class Origin:
-    """Scheme, host and port of a base URL, with the request-line prefix parts it implies."""
-
-    __slots__ = ("host", "port", "tls", "host_header")
-
-    def __init__(self, scheme: str, host: str, port: int | None) -> None:
-        self.tls = scheme == "https"
-        self.host = host
-        default = 443 if self.tls else 80
-        self.port = port or default
-        shown = f"[{host}]" if ":" in host else host
-        self.host_header = shown if self.port == default else f"{shown}:{self.port}"
-
-
-def split(url: str) -> tuple[tuple[str, str, int | None], str]:
-    """(origin key, path with query) of an absolute http(s) URL, the path sent exactly as given."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConnectFailed(f"not an http(s) URL: {url!r}")
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    return (parts.scheme, parts.hostname, parts.port), target
-
-
-class Response:
-    """Status and headers of an answer whose body arrives as the connection reads it."""
-
-    __slots__ = (
-        "status",
-        "headers",
-        "_conn",
-        "_chunks",
-        "_buffered",
-        "_done",
-        "_error",
-        "_waiter",
-        "_decoder",
-        "_deadline",
-        "_read_timeout",
-        "_pausable",
-        "_max_body",
-    )
-
-    def __init__(self, conn: _Connection, deadline: float, read_timeout: float, max_body: int = MAX_BODY) -> None:
-        self.status = 0
-        self.headers: dict[str, str] = {}
-        self._conn: _Connection | None = conn
-        # Body bytes as received (still compressed, if they are): decoding is the reader's work, so a
-        # bomb expands only as far as the reader asks.
-        self._chunks: deque[bytes] = deque()
-        self._buffered = 0
-        self._done = False
-        self._error: BaseException | None = None
-        self._waiter: asyncio.Future[None] | None = None
-        self._decoder: _Inflate | None = None
-        self._deadline = deadline
-        self._read_timeout = read_timeout
-        # Only a relayed stream may pause the socket: a buffered read() must take in the whole body.
-        self._pausable = True
-        self._max_body = max_body
-
-    # -- fed by the connection -----------------------------------------------------------------
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    def _feed(self, data: bytes) -> None:
-        self._chunks.append(data)
-        self._buffered += len(data)
-        if self._buffered > _HIGH_WATER and self._pausable and self._conn is not None:
-            self._conn.pause()
-        self._wake()
-
-    def _finish(self) -> None:
-        self._done = True
-        self._wake()
-
-    def _fail(self, exc: BaseException) -> None:
-        if not self._done:
-            self._error = exc
-            self._done = True
-        self._wake()
-
-    def _abort(self, exc: BaseException) -> BaseException:
-        """Fail the answer from the reader's side and close its connection; returns `exc` to raise."""
-        self._done = True
-        self._error = exc
-        self._chunks.clear()
-        self._buffered = 0
-        self.release()
-        return exc
-
-    # -- read by the caller --------------------------------------------------------------------
-
-    @property
-    def at_eof(self) -> bool:
-        return self._done and not self._chunks and self._error is None
-
-    async def _wait(self) -> None:
-        remaining = self._deadline - time.monotonic()
-        timeout = min(self._read_timeout, remaining)
-        if timeout <= 0:
-            raise TimeoutError("total_timeout")
-        loop = asyncio.get_running_loop()
-        waiter = self._waiter = loop.create_future()
-        cause = "read_timeout" if self._read_timeout < remaining else "total_timeout"
-        timer = loop.call_later(timeout, _expire, waiter, cause)
-        try:
-            await waiter
-        finally:
-            timer.cancel()
-            self._waiter = None
-
-    async def read(self) -> bytes:
-        """The whole body, decoded; `TooLarge` past `max_body` decoded bytes (the connection is closed)."""
-        self._pausable = False
-        if self._conn is not None:
-            self._conn.resume()
-        cap = self._max_body
-        decoder = self._decoder
-        if decoder is None and self._done and self._error is None:
-            # The common case, a plain body that came in with the headers: no loop, no decoding.
-            chunks = self._chunks
-            body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-            if len(body) > cap:
-                raise self._abort(_body_too_large(cap))
-            chunks.clear()
-            self._buffered = 0
-            self.release()
-            return body
-        if decoder is None and not self._done:
-            length = self.headers.get("content-length")
-            # llhttp has checked it is one run of digits.
-            if length is not None and int(length) > cap:
-                raise self._abort(_body_too_large(cap))
-        parts: list[bytes] = []
-        size = 0
-        chunks = self._chunks
-        while True:
-            while chunks:
-                chunk = chunks.popleft()
-                self._buffered -= len(chunk)
-                if decoder is not None:
-                    try:
-                        # One byte over the cap is enough to know the body is too large.
-                        chunk, _ = decoder.decode(chunk, cap - size + 1)
-                    except zlib.error:
-                        raise self._abort(Malformed("the response body could not be decompressed")) from None
-                size += len(chunk)
-                if size > cap:
-                    raise self._abort(_body_too_large(cap))
-                parts.append(chunk)
-            if self._done:
-                break
-            await self._wait()
-        if self._error is not None:
-            raise self._error
-        if decoder is not None:
-            try:
-                tail = decoder.flush()
-            except zlib.error:
-                raise self._abort(Malformed("the response body could not be decompressed")) from None
-            size += len(tail)
-            if size > cap:
-                raise self._abort(_body_too_large(cap))
-            parts.append(tail)
-        self.release()
-        return parts[0] if len(parts) == 1 else b"".join(parts)
-
-    async def iter_chunks(self) -> AsyncIterator[bytes]:
-        decoder = self._decoder
-        chunks = self._chunks
-        while True:
-            if chunks:
-                chunk = chunks.popleft()
-                self._buffered -= len(chunk)
-                if decoder is not None:
-                    try:
-                        chunk, rest = decoder.decode(chunk, _INFLATE_STEP)
-                    except zlib.error:
-                        raise self._abort(Malformed("the response body could not be decompressed")) from None
-                    if rest:
-                        chunks.appendleft(rest)
-                        self._buffered += len(rest)
-                if self._conn is not None and self._buffered <= _HIGH_WATER // 2:
-                    self._conn.resume()
-                if chunk:
-                    yield chunk
-                continue
-            if self._done:
-                if self._error is not None:
-                    raise self._error
-                tail = b""
-                if decoder is not None:
-                    try:
-                        tail = decoder.flush()
-                    except zlib.error:
-                        raise self._abort(Malformed("the response body could not be decompressed")) from None
-                self.release()
-                if tail:
-                    yield tail
-                return
-            await self._wait()
-
-    def release(self) -> None:
-        """Give the connection back: to the pool when the body was read whole, else closed."""
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.finished(reusable=self._done and self._error is None)
-
-
-def _body_too_large(cap: int) -> TooLarge:
-    return TooLarge(f"the response body is larger than the cap of {cap} bytes (caps.upstream_body_bytes)")
-
-
-def _head_too_large(cap: int) -> TooLarge:
-    return TooLarge(f"the response headers are larger than the cap of {cap} bytes (caps.upstream_header_bytes)")
+# The h1 client's public names, wherever they are defined (the callers say `h1.Malformed`, `h1.Response`).
+__all__ = [
+    "MAX_BODY",
+    "MAX_HEADER_BYTES",
+    "MAX_HEADERS",
+    "Client",
+    "ConnectFailed",
+    "Disconnected",
+    "Malformed",
+    "Origin",
+    "Pool",
+    "Response",
+    "TooLarge",
+    "connect_cause",
+    "hop_by_hop",
+    "split",
+]
 
 
 class _Connection(asyncio.Protocol):
