@@ -16,9 +16,9 @@ from typing import Any
 
 import msgspec
 
+from gateway import emulation
 from gateway.config import CapsConfig
-from gateway.emulation import planning as emulation
-from gateway.emulation.planning import Emulation
+from gateway.emulation import Emulation
 from gateway.limits.admission import Admission, Ticket
 from gateway.resilience.health import Health
 from gateway.upstream.client import Stream, Upstream

@@ -19,8 +19,8 @@ import msgspec
 import pytest
 from yarl import URL
 
+from gateway import emulation
 from gateway.config import ConfigError, parse_config
-from gateway.emulation import planning as emulation
 from gateway.upstream.framing import DECODERS, EventStreamDecoder, EventStreamError
 from providers import REGISTRY, sigv4
 from providers.base import PARAM_FIELDS, Endpoint

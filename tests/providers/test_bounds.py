@@ -14,8 +14,8 @@ from typing import Any
 import msgspec
 import pytest
 
+from gateway import emulation
 from gateway.config import ConfigError, parse_config
-from gateway.emulation import planning as emulation
 from gateway.path.routing import Router
 from providers import REGISTRY
 from providers.base import PARAM_FIELDS, Endpoint, map_params

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway import emulation
 from gateway.config import CapsConfig
-from gateway.emulation import planning as emulation
 from gateway.path.request import normalize
 from providers.base import EMULATED, Adapter, CallContext, Param, Table, UpstreamRequest, table
 from wire.errors import InvalidRequestError, UpstreamError
