@@ -309,3 +309,10 @@ def test_a_planted_upward_import_is_found(importer: str, source: str, expected: 
 )
 def test_a_planted_cycle_is_found(graph: dict[str, set[str]], expected: list[list[str]]) -> None:
     assert cycles(graph) == expected
+
+
+def test_no_module_is_over_500_lines() -> None:
+    found = modules()
+    assert len(found) > 60
+    long = {name: n for name, path in found.items() if (n := len(path.read_text(encoding="utf-8").splitlines())) > 500}
+    assert long == {}
