@@ -22,6 +22,7 @@ from msgspec import inspect as mi
 
 from gateway import config as cfgmod
 from providers import registry
+from providers.base import NO_TOKENIZER
 
 BEGIN = "<!-- BEGIN GENERATED"
 END = "<!-- END GENERATED -->"
@@ -37,6 +38,19 @@ def provider_kinds() -> tuple[str, ...]:
 def kinds_needing_base_url() -> tuple[str, ...]:
     """The kinds without a public default URL (a provider of such a kind must set `base_url`)."""
     return tuple(k for k in provider_kinds() if registry.REGISTRY[k].needs_base_url)
+
+
+def kinds_needing_region() -> tuple[str, ...]:
+    return tuple(k for k in provider_kinds() if registry.REGISTRY[k].needs_region)
+
+
+def kinds_listing_by_default() -> tuple[str, ...]:
+    """The kinds whose model listing is asked unless `discover: false` (self-hosted servers)."""
+    return tuple(k for k in provider_kinds() if (listing := registry.REGISTRY[k].model_listing) and listing[1])
+
+
+def kinds_with_tokenizer() -> tuple[str, ...]:
+    return tuple(k for k in provider_kinds() if registry.REGISTRY[k].tokenizer is not NO_TOKENIZER)
 
 
 # Curated meanings, by path (`<name>` for a map key, `[]` for a list item). Links are relative to docs/.
@@ -133,9 +147,10 @@ MEANINGS: dict[str, str] = {
     "providers.<name>.max_connections": "keep-alive connection pool size for this provider",
     "providers.<name>.max_logprobs": "the most logprobs this provider returns (vLLM's `--max-logprobs`, 20 by "
     "default); a larger request is a 400 naming `logprobs`",
-    "providers.<name>.discover": "ask this provider's model listing for `GET /v1/models`: on for vllm, llamacpp, tgi, "
-    "ollama; off for hosted catalogs",
-    "providers.<name>.tokenizer_url": "where the provider's tokenizer routes are (vllm, llamacpp, tgi)",
+    "providers.<name>.discover": "ask this provider's model listing for `GET /v1/models`: on for "
+    f"{', '.join(kinds_listing_by_default())}; off for hosted catalogs",
+    "providers.<name>.tokenizer_url": "where the provider's tokenizer routes are "
+    f"({', '.join(kinds_with_tokenizer())})",
     "providers.<name>.transport": "the upstream HTTP client: the fast built-in HTTP/1.1 client, or httpx; `auto` picks "
     "httpx when a key below or a proxy environment variable needs it "
     "([security.md](security.md#the-second-transport-httpx-and-the-differential-proof))",
@@ -185,7 +200,7 @@ DEFAULTS: dict[str, str] = {
     "providers.<name>.max_logprobs": "the kind's bound",
     "providers.<name>.discover": "the kind's default",
     "providers.<name>.tokenizer_url": "`base_url` without a trailing `/v1`",
-    "providers.<name>.region": "required for `bedrock`",
+    "providers.<name>.region": "required for " + ", ".join(f"`{k}`" for k in kinds_needing_region()),
     "providers.<name>.unsupported_params": "the global value",
     "providers.<name>.timeouts": "the global value",
     "providers.<name>.retries": "the global value",
