@@ -22,7 +22,7 @@ from msgspec import inspect as mi
 
 from gateway import config as cfgmod
 from providers import registry
-from providers.base import NO_TOKENIZER
+from providers.tokenizer import NO_TOKENIZER
 
 BEGIN = "<!-- BEGIN GENERATED"
 END = "<!-- END GENERATED -->"
