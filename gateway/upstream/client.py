@@ -28,7 +28,7 @@ from wire.errors import (
 )
 from wire.upstream import UpstreamRequest
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("gateway.upstream")  # the name it had as one module: operators filter on it
 
 _TRANSPORT: Final = (OSError, TimeoutError, ValueError)
 
