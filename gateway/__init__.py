@@ -15,7 +15,7 @@ LAYERS: Final[tuple[tuple[str, ...], ...]] = (
     ("gateway.resilience", "gateway.emulation"),  # failover, balancer, health | emulation, patterns, schemas
     ("gateway.limits",),  # keys, admission, rate limits, token estimates, usage
     ("gateway.upstream",),  # transports (h1, httpx), the upstream client, framing, scrubbing, plan values
-    ("gateway.ops",),  # metrics, tracing, access log, reload, serving, the config-doc generator
+    ("gateway.ops",),  # metrics, tracing, access log, reload, serving, .env file, the config-doc generator
     ("gateway.config",),  # the typed config
     ("gateway.state", "gateway.ids"),  # the shared state (Redis or in-process), unique ids
 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import ssl
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -151,6 +152,15 @@ class CapsConfig(Strict, frozen=True):
     json_depth: Annotated[int, Meta(ge=2, le=1000)] = 64
     # A client-supplied pattern (`guided_regex`, a JSON-schema `pattern`), in characters.
     pattern_chars: Annotated[int, Meta(ge=16)] = 4096
+    # Stop sequences the gateway enforces itself (beyond a provider's count, or kept where it strips them),
+    # in characters together: their automaton is built from them once per request.
+    stop_chars: Annotated[int, Meta(ge=16)] = 8 * 1024
+    # Keyword evaluations (about 10 us each) one request may spend checking its answers against a client's
+    # JSON Schema (`guided_json`, `response_format`): all its choices and retries together.
+    guided_work: Annotated[int, Meta(ge=1000)] = 200_000
+    # The most subschemas a client's schema may apply to one value through `$ref`s and in-place branches
+    # (`anyOf`, `allOf`, `oneOf`, `not`, `if`): shared `$ref` targets multiply them.
+    schema_paths: Annotated[int, Meta(ge=1)] = 1000
     # The text an emulated answer may build (echo x n x prompts, best_of fan-outs), in bytes.
     emulated_answer_bytes: Annotated[int, Meta(ge=1024)] = 16 * 1024 * 1024
     # Tokens the built-in `fake` provider generates for one choice.
@@ -298,6 +308,28 @@ class ConfigError(Exception):
     """One line: `<file>: <yaml path>: <problem>`."""
 
 
+def _tls_problem(p: ProviderConfig) -> tuple[str, str] | None:
+    """The field and the reason when the provider's CA bundle or client certificate cannot be loaded, as the
+    transport would load them: found here, at load time, not when a (re)load builds the pipeline."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    try:
+        if p.ca_bundle:
+            ctx.load_verify_locations(cafile=p.ca_bundle)
+    except (ssl.SSLError, OSError) as exc:
+        return "ca_bundle", f"cannot be loaded as PEM CA certificates ({_ssl_reason(exc)})"
+    try:
+        if p.client_cert:
+            # An encrypted key would prompt on a terminal: refused like any other unreadable key.
+            ctx.load_cert_chain(p.client_cert, p.client_key or None, password=lambda: b"")
+    except (ssl.SSLError, OSError) as exc:
+        return "client_cert", f"cannot be loaded with its key as PEM ({_ssl_reason(exc)})"
+    return None
+
+
+def _ssl_reason(exc: ssl.SSLError | OSError) -> str:
+    return str(getattr(exc, "reason", None) or exc.strerror or type(exc).__name__)
+
+
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _MSGSPEC_PATH = re.compile(r"^(.*?)(?: - at `\$(.*)`)?$", re.DOTALL)
 
@@ -383,6 +415,8 @@ def _check(cfg: GatewayConfig, providers: dict[str, ProviderConfig], source: str
         for field in ("ca_bundle", "client_cert", "client_key"):
             if getattr(p, field) and not os.path.isfile(getattr(p, field)):
                 fail(f"providers.{name}.{field}", f"no such file: {getattr(p, field)!r}")
+        if (tls := _tls_problem(p)) is not None:
+            fail(f"providers.{name}.{tls[0]}", tls[1])
     seen_alias: set[str] = set()
     for i, alias in enumerate(cfg.models):
         if alias.name in seen_alias:

@@ -16,6 +16,7 @@ from urllib.parse import quote
 
 import msgspec
 
+from providers.guarded import guarded_write
 from providers.quota import QuotaReader
 from providers.tokenizer import NO_TOKENIZER, TokenizerAPI
 from wire.errors import GatewayError, InvalidRequestError, UnsupportedParamError
@@ -360,11 +361,26 @@ class Capabilities:
     deployment_renames_model: ClassVar[bool] = True
     # How the client's `inference_extra_params` merge into the upstream body (`merge_extra`).
     extra_params: ClassVar[ExtraMerge] = "top"
+    # Every upstream body path (dotted) that carries the prompt, the token limit or a choice count: what
+    # admission reserved tokens for and emulation planned calls from. `inference_extra_params` may not
+    # write any of them, nor replace an object that holds one (400 naming `inference_extra_params.<path>`).
+    # providers/registry.py refuses a kind whose table writes `max_tokens`, `n` or `best_of` elsewhere.
+    guarded_paths: ClassVar[frozenset[str]] = frozenset()
 
     def add_extra(self, body: dict[str, Any], req: CompletionRequest) -> None:
         """The client's `inference_extra_params`, merged into the upstream body as this kind declares."""
-        if req.inference_extra_params:
-            merge_extra(body, req.inference_extra_params, self.extra_params)
+        extra = req.inference_extra_params
+        if extra:
+            path = guarded_write(extra, self.guarded_paths, self.extra_params)
+            if path is not None:
+                raise InvalidRequestError(
+                    f"'inference_extra_params' may not set '{path}' for provider kind '{self.kind}': it carries "
+                    "the prompt, the token limit or the choice count, which rate limits reserve and the gateway "
+                    "bounds; use the request's own fields (prompt, max_tokens, n, best_of)",
+                    param=f"inference_extra_params.{path}",
+                    code="invalid_value",
+                )
+            merge_extra(body, extra, self.extra_params)
 
     def exhausted_for(self, headers: Mapping[str, str], now: float | None = None) -> float | None:
         """Seconds until the exhausted quota counter of a successful answer resets; None when none is."""

@@ -221,6 +221,16 @@ class BedrockAdapter(Adapter):
     default_base_url = DEFAULT_BASE_URL
     needs_region = True
     extra_params = "nested"  # inferenceConfig, additionalModelRequestFields...
+    # Converse passes `additionalModelRequestFields` to the model as they are: Anthropic's and Meta's
+    # output limits there would stand beside inferenceConfig's.
+    guarded_paths = frozenset(
+        {
+            "messages",
+            "inferenceConfig.maxTokens",
+            "additionalModelRequestFields.max_tokens",
+            "additionalModelRequestFields.max_gen_len",
+        }
+    )
     path: ClassVar[str] = "/model/{modelId}/converse (stream: /converse-stream)"
     params: ClassVar[Table] = BEDROCK_PARAMS
     framing = "eventstream"

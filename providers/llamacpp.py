@@ -126,6 +126,8 @@ def _stop_type(up: LlamaCompletion) -> str:
 class LlamaCppAdapter(Adapter):
     kind = "llamacpp"
     extra_params = "deep"
+    # The server reads `max_tokens` as `n_predict` when the latter is absent (tools/server/README.md).
+    guarded_paths = frozenset({"prompt", "n_predict", "max_tokens"})
     needs_base_url = True
     model_listing = ("/v1/models", True)  # base_url is the server root (/completion)
     tokenizer = LLAMACPP_TOKENIZER

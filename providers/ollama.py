@@ -85,6 +85,7 @@ _decode_error = msgspec.json.Decoder(OllamaError).decode
 class OllamaAdapter(Adapter):
     kind = "ollama"
     extra_params = "deep"  # options
+    guarded_paths = frozenset({"prompt", "options.num_predict"})
     model_listing = ("/api/tags", True)
     auth = "`Authorization: Bearer` when api_key is set"
     path: ClassVar[str] = "/api/generate"

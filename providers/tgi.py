@@ -168,6 +168,7 @@ def _text(token: TGIToken | None) -> str:
 class TGIAdapter(Adapter):
     kind = "tgi"
     extra_params = "deep"  # parameters
+    guarded_paths = frozenset({"inputs", "parameters.max_new_tokens", "parameters.best_of"})
     needs_base_url = True
     model_listing = ("/v1/models", True)  # the server root (/generate); lists its one model_id
     tokenizer = TGI_TOKENIZER

@@ -355,6 +355,7 @@ CODES: Final[dict[str, str]] = {
     "provider_quota": "a provider or deployment quota of the config (429)",
     "budget_exceeded": "the key's daily budget is spent (429)",
     "exceeds_token_limit": "the request alone is larger than a token limit",
+    "exceeds_request_limit": "an emulated fan-out makes more upstream calls than a provider's request limit allows",
     "rate_limiter_unavailable": "the shared limiter (Redis) cannot be reached and limits fail closed (503)",
     "all_targets_cooling": "every target is cooling down after failures (429 or 503)",
     "deadline_exceeded": "the request's own deadline passed between attempts (504)",

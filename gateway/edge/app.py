@@ -70,7 +70,7 @@ async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
         return error_response(OPENAI, exc)
     # What upstreams serve, as the background refresher last heard it (gateway/edge/discovery.py): never awaited here.
     discovery: Discovery = request.app.state.discovery
-    listed = pipeline.router.model_ids(discovery.models)
+    listed = pipeline.router.model_ids(discovery.models, discovery.unreachable)
     # The page a key sees changes only with the listing (memoized per published value and per config): with
     # thousands of discovered ids, matching and encoding them on every call cost tens of milliseconds.
     pages: dict[str | None, tuple[list[tuple[str, str]], bytes]] = request.app.state.model_pages

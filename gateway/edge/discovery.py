@@ -24,7 +24,7 @@ from gateway.upstream.client import Upstream
 from gateway.upstream.transport import Timeouts
 from providers import REGISTRY
 from providers.base import Adapter, Endpoint
-from wire.errors import GatewayError, UpstreamConnectError
+from wire.errors import GatewayError, UpstreamConnectError, UpstreamUnreachableError
 from wire.upstream import UpstreamRequest
 
 if TYPE_CHECKING:
@@ -35,6 +35,17 @@ log = logging.getLogger("gateway")  # the logger gateway.upstream.scrub filters
 # How often the task looks for a reloaded config while no refresh is due.
 _CONFIG_CHECK_S: Final = 1.0
 NOTHING: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType({})
+# A listing's own body cap: room for `discovery.max_models` cards of up to this many bytes each (a vLLM
+# card with its permission block is about 500), plus the envelope. Past it the transport stops reading and
+# nothing is decoded: a listing of millions of ids would otherwise be read and decoded in full, up to
+# `caps.upstream_body_bytes`, in every worker, at every refresh.
+LISTING_BYTES_PER_MODEL: Final = 1024
+LISTING_SLACK_BYTES: Final = 64 * 1024
+
+
+def listing_cap(max_models: int, upstream_body_bytes: int) -> int:
+    """The most bytes of one listing that are read (never more than the transport's own cap)."""
+    return min(max_models * LISTING_BYTES_PER_MODEL + LISTING_SLACK_BYTES, upstream_body_bytes)
 
 
 class _Card(msgspec.Struct):
@@ -131,6 +142,8 @@ class _Source:
         self.ids: tuple[str, ...] = ()
         self.failing = False
         self.partial = False
+        # Set while its last refresh found nobody listening (refused, no DNS, TLS): it cannot be called.
+        self.unreachable: str | None = None
 
     def same_upstream(self, other: _Source) -> bool:
         a, b = self.request, other.request
@@ -147,12 +160,15 @@ class Discovery:
         # Provider -> its callable `provider/<id>` strings. Replaced whole, never changed in place, so the
         # request path reads it without a lock; the router memoizes the listing per published value.
         self.models: Mapping[str, tuple[str, ...]] = NOTHING
+        # Provider -> why nothing can reach it now; its models leave GET /v1/models until it answers again.
+        self.unreachable: Mapping[str, str] = MappingProxyType({})
         self._loaded: LoadedConfig | None = None
         self._sources: dict[str, _Source] = {}
         self._upstream: Upstream | None = None
         self._timeouts = Timeouts(5.0, 5.0, 5.0)
         self._ttl = 60.0
         self._limit = 10_000
+        self._cap = listing_cap(self._limit, 64 * 1024 * 1024)
         self._gate = asyncio.Semaphore(4)
         self._task: asyncio.Task[None] | None = None
 
@@ -207,7 +223,12 @@ class Discovery:
         if self._upstream is not None:
             await self._upstream.close()
         subset = {name: loaded.providers[name] for name in sources}
-        self._upstream = Upstream(msgspec.structs.replace(loaded, providers=subset)) if subset else None
+        self._cap = listing_cap(cfg.max_models, loaded.config.caps.upstream_body_bytes)
+        caps = msgspec.structs.replace(loaded.config.caps, upstream_body_bytes=self._cap)
+        own = msgspec.structs.replace(
+            loaded, providers=subset, config=msgspec.structs.replace(loaded.config, caps=caps)
+        )
+        self._upstream = Upstream(own) if subset else None
         seconds = cfg.timeout_ms / 1000
         self._timeouts = Timeouts(seconds, seconds, seconds)
         self._ttl = cfg.ttl_ms / 1000
@@ -222,6 +243,9 @@ class Discovery:
             try:
                 ids, left_out = await self._fetch(src)
             except (GatewayError, NotAListing) as exc:
+                if isinstance(exc, UpstreamUnreachableError):
+                    # No URL: it may carry credentials, and the reason is shown on the status page.
+                    self._mark(src, f"Provider '{src.name}' is unreachable: {_cause(exc)}")
                 self._failed(src, exc.message if isinstance(exc, GatewayError) else str(exc))
                 return
             except Exception as exc:  # whatever one upstream sends, the others are still refreshed
@@ -232,6 +256,7 @@ class Discovery:
         if src.failing:
             log.info("model discovery: provider %r answers again (%d models)", src.name, len(ids))
             src.failing = False
+        self._mark(src, None)
         if left_out and not src.partial:
             log.warning(
                 "model discovery: provider %r listed models a client could not call, or more than "
@@ -250,10 +275,18 @@ class Discovery:
         upstream = self._upstream
         assert upstream is not None  # a source exists only with its transport
         try:
-            resp = await upstream.send(src.name, src.request, self._timeouts)
-        except UpstreamConnectError:
-            # A listing is idempotent: once more at once, for a pooled connection the server had closed.
-            resp = await upstream.send(src.name, src.request, self._timeouts)
+            try:
+                resp = await upstream.send(src.name, src.request, self._timeouts)
+            except UpstreamConnectError:
+                # A listing is idempotent: once more at once, for a pooled connection the server had closed.
+                resp = await upstream.send(src.name, src.request, self._timeouts)
+        except GatewayError as exc:
+            if exc.code != "upstream_answer_too_large" or "body" not in exc.message:
+                raise
+            raise NotAListing(
+                f"the listing is larger than {self._cap} bytes (discovery.max_models x "
+                f"{LISTING_BYTES_PER_MODEL} + {LISTING_SLACK_BYTES}); nothing of it was read further"
+            ) from None
         if resp.status != 200:
             raise NotAListing(f"the upstream answered HTTP {resp.status}")
         return listed_ids(resp.body, src.name, src.deployments, self._limit)
@@ -262,16 +295,35 @@ class Discovery:
         if not src.failing:
             # A server that never listed a model may just not be up yet (the shipped config's vLLM on a
             # laptop): INFO. One whose models are now gone from GET /v1/models is news: WARNING.
+            kept = (
+                "its models are left out of GET /v1/models and shown unavailable until it answers"
+                if src.unreachable
+                else f"GET /v1/models keeps its last good list ({len(src.ids)} models)"
+            )
             log.log(
                 logging.WARNING if src.ids else logging.INFO,
-                "model discovery: provider %r failed: %s; GET /v1/models keeps its last good list (%d models) "
-                "and asks again every %g s",
+                "model discovery: provider %r failed: %s; %s; asking again every %g s",
                 src.name,
                 reason,
-                len(src.ids),
+                kept,
                 self._ttl,
             )
             src.failing = True
 
+    def _mark(self, src: _Source, unreachable: str | None) -> None:
+        if src.unreachable != unreachable:
+            src.unreachable = unreachable
+            if self._sources.get(src.name) is src:
+                self._publish()
+
     def _publish(self) -> None:
         self.models = MappingProxyType({name: s.ids for name, s in self._sources.items() if s.ids})
+        self.unreachable = MappingProxyType(
+            {name: s.unreachable for name, s in self._sources.items() if s.unreachable is not None}
+        )
+
+
+def _cause(exc: GatewayError) -> str:
+    """What the message says after "Upstream '<target>' could not be reached: " (the target is no model here)."""
+    _, sep, rest = exc.message.partition("could not be reached: ")
+    return rest if sep else exc.message

@@ -1,7 +1,7 @@
 """Admin endpoints (`/admin/usage`, `/admin/status`) and the operators' status page (`GET /`).
 
-The admin routes need the admin key (compared in constant time); with none configured they answer 404,
-so the admin surface is never open. Routes and auth: docs/operations.md.
+The admin routes need the admin key (compared in constant time); with none configured they and the
+page answer 404, so the admin surface is never open. Routes and auth: docs/operations.md.
 """
 
 from __future__ import annotations
@@ -11,17 +11,20 @@ import datetime as dt
 import hashlib
 import hmac
 import re
+from collections.abc import Mapping
 from importlib import resources
 from typing import Any, Final
 
 from litestar import Request, Response, get
 from litestar.exceptions import NotFoundException
 
+from gateway.edge.discovery import Discovery
 from gateway.edge.render import error_response
 from gateway.limits.auth import _presented_key
 from gateway.limits.ratelimit import Bucket
 from gateway.path.dialects import OPENAI
 from gateway.path.pipeline import Pipeline
+from gateway.upstream.plan import Route
 from wire.errors import AuthenticationError, GatewayError, InvalidRequestError
 from wire.schema import encode
 
@@ -34,13 +37,18 @@ def _error(exc: GatewayError) -> Response[bytes]:
     return error_response(OPENAI, exc, extra=_NO_STORE)
 
 
+def _require_admin_key(pipeline: Pipeline) -> None:
+    """404 unless an admin key is configured (and its variable set): then there is no admin surface at all."""
+    loaded = pipeline.loaded
+    if not loaded.config.admin.key or loaded.missing_for("admin.key"):
+        raise NotFoundException()  # rendered like any unknown route
+
+
 def _authorize(request: Request[Any, Any, Any]) -> tuple[Pipeline, Response[bytes] | None]:
     """The pipeline, and a 401 response when the admin key is missing or wrong (404 when none is set)."""
     pipeline: Pipeline = request.app.state.pipeline
-    loaded = pipeline.loaded
-    expected = loaded.config.admin.key
-    if not expected or loaded.missing_for("admin.key"):
-        raise NotFoundException()  # rendered like any unknown route: no admin surface at all
+    _require_admin_key(pipeline)
+    expected = pipeline.loaded.config.admin.key
     presented = _presented_key(request.headers)
     if not presented:
         exc = AuthenticationError(
@@ -74,21 +82,27 @@ async def admin_usage(request: Request[Any, Any, Any]) -> Response[bytes]:
     return Response(encode(await pipeline.usage.report(day)), media_type=JSON, headers=_NO_STORE)
 
 
-def _targets(pipeline: Pipeline) -> list[str]:
-    """The targets the config names: alias targets, direct fallbacks, then each provider's advertised models."""
+def _targets(pipeline: Pipeline, down: Mapping[str, str]) -> dict[str, str | None]:
+    """The targets the config names (alias targets, direct fallbacks, then each provider's advertised
+    models), each with why it cannot be called now, or None."""
     cfg = pipeline.loaded.config
+    router = pipeline.router
     aliases = {a.name for a in cfg.models}
-    seen: dict[str, None] = {}
+    seen: dict[str, str | None] = {}
+
+    def add(route: Route) -> None:
+        seen.setdefault(route.key, route.unavailable or down.get(route.provider))
+
     for alias in cfg.models:
-        for route in pipeline.router.aliases[alias.name].routes:
-            seen.setdefault(route.key)
+        for route in router.aliases[alias.name].routes:
+            add(route)
         for ref in (*alias.fallbacks, *alias.context_window_fallbacks):
             if ref not in aliases:
-                seen.setdefault(ref)
+                add(router.resolve(ref))
     for name, p in pipeline.loaded.providers.items():
         for model in p.models:
-            seen.setdefault(f"{name}/{model}")
-    return list(seen)
+            seen.setdefault(f"{name}/{model}", down.get(name))
+    return seen
 
 
 def _buckets(pipeline: Pipeline) -> list[Bucket]:
@@ -96,9 +110,10 @@ def _buckets(pipeline: Pipeline) -> list[Bucket]:
     return [b for scope in (a.keys, a.models, a.providers, a.deployments) for bs in scope.values() for b in bs]
 
 
-async def status(pipeline: Pipeline) -> dict[str, Any]:
+async def status(pipeline: Pipeline, unreachable: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """What the status page shows; `unreachable`: the providers the discovery found nobody listening for."""
     loaded = pipeline.loaded
-    unavailable = pipeline.router.unavailable_providers()
+    unavailable = {**(unreachable or {}), **pipeline.router.unavailable_providers()}
     providers = [
         {
             "name": name,
@@ -119,16 +134,18 @@ async def status(pipeline: Pipeline) -> dict[str, Any]:
         }
         for a in loaded.config.models
     ]
-    names = _targets(pipeline)
-    health = await pipeline.health.snapshot(names)
+    names = _targets(pipeline, unavailable)
+    health = await pipeline.health.snapshot(list(names))
     targets = []
-    for name in names:
+    for name, reason in names.items():
         h = health[name]
-        state = "cooling" if h.cooling_ms > 0 else "recovering" if h.recovering else "ok"
+        # A target nothing can call is not "ok", however healthy its (empty) record looks.
+        state = "unavailable" if reason else "cooling" if h.cooling_ms > 0 else "recovering" if h.recovering else "ok"
         targets.append(
             {
                 "target": name,
                 "state": state,
+                "reason": reason,
                 "cooling_ms": h.cooling_ms,
                 "cause": h.cause,
                 "failures": h.failures,
@@ -164,7 +181,8 @@ async def admin_status(request: Request[Any, Any, Any]) -> Response[bytes]:
     pipeline, refused = _authorize(request)
     if refused is not None:
         return refused
-    return Response(encode(await status(pipeline)), media_type=JSON, headers=_NO_STORE)
+    discovery: Discovery = request.app.state.discovery
+    return Response(encode(await status(pipeline, discovery.unreachable)), media_type=JSON, headers=_NO_STORE)
 
 
 def _csp_hash(page: str, tag: str) -> str:
@@ -195,7 +213,10 @@ _PAGE, _PAGE_HEADERS = _load_page()
 
 
 @get("/")
-async def status_page() -> Response[bytes]:
+async def status_page(request: Request[Any, Any, Any]) -> Response[bytes]:
+    # The page itself holds no data (it asks for the key, then polls /admin/status), but without an admin
+    # key it could never show any: the whole admin surface answers 404 then.
+    _require_admin_key(request.app.state.pipeline)
     return Response(_PAGE, media_type="text/html", headers=_PAGE_HEADERS)
 
 

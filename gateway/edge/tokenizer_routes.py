@@ -41,6 +41,7 @@ from providers.tokenizer import (
     server_root,
 )
 from wire.errors import GatewayError, InvalidRequestError, RateLimitError, UpstreamError
+from wire.schema import decode_body
 
 log = logging.getLogger("gateway")
 
@@ -86,9 +87,11 @@ def with_model(body: bytes, model: str) -> bytes:
     """A completion body for the model in the path: `model` filled in when absent or null, kept when it is
     the same string, refused when it names another model."""
     try:
-        given = _decode_model_field(body).model
+        given = decode_body(_decode_model_field, body).model
     except (msgspec.DecodeError, msgspec.ValidationError):
-        return body  # not a JSON object, or a `model` that is not a string: the pipeline says so in its words
+        # Not a JSON object, invalid UTF-8, too deep, or a `model` that is not a string: the pipeline says so
+        # in its words, as for /v1/completions.
+        return body
     if given == model:
         return body
     if given:
@@ -97,7 +100,10 @@ def with_model(body: bytes, model: str) -> bytes:
             param="model",
             code="model_mismatch",
         )
-    full = msgspec.json.decode(body)
+    try:
+        full = decode_body(msgspec.json.decode, body)
+    except msgspec.DecodeError:
+        return body
     full["model"] = model
     return _encode(full)
 
@@ -163,7 +169,10 @@ class Tokenizers:
         if route is not None:
             await self.handle(scope, receive, send, route, model)
             return
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         try:
+            # Who asks before anything of what they ask is read, as on every other route.
+            self.services(scope)[0].keys.authenticate(headers)
             check_model(model)
         except GatewayError as exc:
             await send_error(send, OPENAI, exc)
@@ -244,10 +253,10 @@ class Tokenizers:
         body_model: str | None = None
         try:
             if route == "tokenize":
-                tok_req = _decode_tokenize(body)
+                tok_req = decode_body(_decode_tokenize, body)
                 body_model = tok_req.model
             elif route == "detokenize":
-                detok_req = _decode_detokenize(body)
+                detok_req = decode_body(_decode_detokenize, body)
                 body_model = detok_req.model
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise decode_error(exc) from None

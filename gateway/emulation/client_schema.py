@@ -7,6 +7,8 @@ and each answer is checked with RE2, no network and a work cap. The rules: docs/
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from types import MappingProxyType
@@ -29,10 +31,85 @@ from wire.errors import InvalidRequestError
 
 # Keyword evaluations cost about 10 us each. Admitting a schema (on the event loop, before the upstream
 # call) may take ADMIT_WORK of them, about 0.2 s at most: checking a subschema against the 2020-12
-# meta-schema takes about 50, so a few hundred subschemas fit. Checking one answer (in a worker thread)
-# may take ANSWER_WORK, about 1 s: e.g. a few thousand array items against a handful of keywords each.
+# meta-schema takes about 50, so a few hundred subschemas fit. Checking answers (in worker threads) is
+# held to one `Work` per request: `caps.guided_work` evaluations for all its choices and retries together.
 ADMIT_WORK = 20_000
-ANSWER_WORK = 100_000
+# A schema of at most this many subschemas and pattern characters is admitted whole on the event loop (a
+# few ms); a larger one is finished (`Checker.finish`) off it, before any upstream call.
+LOOP_NODES = 64
+LOOP_PATTERN_CHARS = 256
+# A regex match is priced in evaluations: RE2 at its slowest (0.3 ns per character x instruction, see
+# gateway/patterns.py) does this many character x instructions in about an evaluation's 10 us.
+RE2_STEP = 32_768
+
+
+def match_steps(pattern: Any, text: str) -> int:
+    """What matching `text` against a compiled pattern costs a request's `Work`, at worst."""
+    return len(text) * int(pattern.programsize) // RE2_STEP
+
+
+# A check draws this many evaluations from its request's budget at a time, and looks at the deadline then.
+_DRAW = 200
+
+
+class WorkExhausted(Exception):
+    """A request's checking budget or deadline ran out: no answer of it can be vouched for any more."""
+
+    def __init__(self, message: str, *, deadline: bool = False) -> None:
+        super().__init__(message)
+        self.deadline = deadline
+
+
+class Work:
+    """What one request may spend checking answers: keyword evaluations, shared by every choice and retry
+    (threads draw from it under a lock), until its deadline (`time.monotonic()`), or until `stop()`."""
+
+    __slots__ = ("left", "total", "deadline", "stopped", "parent", "_lock")
+
+    def __init__(self, steps: int, deadline: float | None = None, parent: Work | None = None) -> None:
+        self.left = self.total = steps
+        self.deadline = deadline
+        self.stopped = False
+        self.parent = parent
+        self._lock = threading.Lock()
+
+    def share(self) -> Work:
+        """A view drawing from this budget that can be stopped on its own: one check, which its caller may
+        abandon (cancelled) while the request's other checks, and later attempts, go on."""
+        return Work(0, self.deadline, parent=self)
+
+    def draw(self, want: int) -> int:
+        """Up to `want` evaluations; WorkExhausted when none are left, the deadline passed or it was stopped."""
+        if self.stopped:
+            raise WorkExhausted("the request ended before its answer was checked")
+        if self.parent is not None:
+            return self.parent.draw(want)
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            raise WorkExhausted("the request's deadline passed while its answer was checked", deadline=True)
+        with self._lock:
+            got = min(want, self.left)
+            self.left -= got
+        if got <= 0:
+            raise WorkExhausted(
+                f"checking the request's answers took more than the gateway's bound of {self.total} evaluations"
+            )
+        return got
+
+    def charge(self, steps: int) -> None:
+        """Spend `steps` at once (a regex match, priced by `match_steps`), or WorkExhausted."""
+        while steps > 0:
+            steps -= self.draw(steps)
+
+    def give_back(self, steps: int) -> None:
+        if self.parent is not None:
+            self.parent.give_back(steps)
+            return
+        with self._lock:
+            self.left += steps
+
+    def stop(self) -> None:
+        self.stopped = True
+
 
 # Keywords whose value is a schema, a list of schemas, or a map of names to schemas (every draft).
 _ONE = frozenset(
@@ -111,8 +188,8 @@ def _children(node: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
                 yield key, item
 
 
-def _walk(schema: dict[str, Any], param: str, legacy_id: bool) -> list[str]:
-    """Check a schema's structure; return its patterns. Iterative, each node once (`$ref` targets too)."""
+def _walk(schema: dict[str, Any], param: str, legacy_id: bool, paths: int) -> tuple[list[str], int]:
+    """Check a schema's structure; return its patterns and subschemas. Iterative, each node once."""
     patterns: list[str] = []
     seen: dict[int, Any] = {}
     in_place: dict[int, list[int]] = {}
@@ -154,7 +231,38 @@ def _walk(schema: dict[str, Any], param: str, legacy_id: bool) -> list[str]:
         # jsonschema evaluates that pair with Python's re, outside the keywords replaced below.
         raise _bad(param, "combines 'unevaluatedProperties' with 'patternProperties', which the gateway cannot check")
     _refuse_cycles(in_place, param)
-    return patterns
+    most = _most_paths(in_place, paths)
+    if most > paths:
+        raise _bad(
+            param,
+            f"has more than {paths} ways through its '$ref', 'anyOf', 'allOf', 'oneOf', 'not' and 'if' branches "
+            "for one value, which the gateway would have to check every answer against",
+        )
+    return patterns, len(seen)
+
+
+def _most_paths(edges: dict[int, list[int]], cap: int) -> int:
+    """The most subschemas one value can be checked against through in-place branches and `$ref`s, from any
+    subschema (at most `cap` + 1): shared `$ref` targets multiply, so a few lines can make 2^30 of them."""
+    count: dict[int, int] = {}
+    most = 1
+    for start in edges:
+        if start in count:
+            continue
+        stack = [start]
+        while stack:  # post-order over a graph already known to have no cycle
+            node = stack[-1]
+            if node in count:
+                stack.pop()
+                continue
+            todo = [c for c in edges.get(node, ()) if c not in count]
+            if todo:
+                stack.extend(todo)
+                continue
+            stack.pop()
+            count[node] = total = min(cap + 1, 1 + sum(count[c] for c in edges.get(node, ())))
+            most = max(most, total)
+    return most
 
 
 def _refuse_cycles(edges: dict[int, list[int]], param: str) -> None:
@@ -186,7 +294,24 @@ class _Exhausted(Exception):
     """The value needs more keyword evaluations than its budget to check."""
 
 
-_work: ContextVar[list[int]] = ContextVar("client_schema_work")
+class _Meter:
+    """One check's evaluations in hand, drawn from its request's `Work` a batch at a time."""
+
+    __slots__ = ("left", "work")
+
+    def __init__(self, work: Work) -> None:
+        self.left = 0
+        self.work = work
+
+    def spend(self) -> None:
+        if self.left <= 0:
+            # Give the GIL away between batches: the event loop (and /health) waits at most one batch.
+            time.sleep(0)
+            self.left = self.work.draw(_DRAW)
+        self.left -= 1
+
+
+_work: ContextVar[_Meter] = ContextVar("client_schema_work")
 # The patterns of the schema being checked, compiled when it was admitted.
 _patterns: ContextVar[Mapping[str, Any]] = ContextVar("client_schema_patterns", default=MappingProxyType({}))
 
@@ -195,10 +320,11 @@ Keyword = Callable[[Any, Any, Any, Any], Any]
 
 def _counted(fn: Keyword) -> Keyword:
     def keyword(validator: Any, value: Any, instance: Any, schema: Any) -> Any:
-        left = _work.get()
-        left[0] -= 1
-        if left[0] < 0:
-            raise _Exhausted
+        meter = _work.get()
+        if meter.left > 0:
+            meter.left -= 1
+        else:
+            meter.spend()
         return fn(validator, value, instance, schema)
 
     return keyword
@@ -208,6 +334,9 @@ def _search(pattern: str, text: str) -> bool:
     rx = _patterns.get().get(pattern) or compiled(pattern)
     if not affordable(rx, text):
         raise _Exhausted
+    steps = match_steps(rx, text)
+    if steps:
+        _work.get().work.charge(steps)
     return rx.search(text) is not None
 
 
@@ -274,33 +403,62 @@ def _bounded(cls: type[Any]) -> type[Any]:
     return found
 
 
-def _first_error(validator: Any, instance: Any, budget: int, patterns: dict[str, Any] | None = None) -> str | None:
-    """Why `instance` fails (None when it passes), within `budget` keyword evaluations."""
-    token = _work.set([budget])
+def _first_error(validator: Any, instance: Any, work: Work, patterns: dict[str, Any] | None = None) -> str | None:
+    """Why `instance` fails (None when it passes), within what `work` has left."""
+    meter = _Meter(work)
+    token = _work.set(meter)
     known = _patterns.set(patterns or MappingProxyType({}))
     try:
         error = next(iter(validator.iter_errors(instance)), None)
     finally:
         _patterns.reset(known)
         _work.reset(token)
+        if meter.left > 0:
+            work.give_back(meter.left)
     return None if error is None else str(error.message)[:300]
 
 
 class Checker:
-    """An admitted schema: `why(value)` says why a decoded answer fails it, or None."""
+    """An admitted schema: `why(value)` says why a decoded answer fails it, or None.
 
-    def __init__(self, validator: Any, depth: int, patterns: dict[str, Any]) -> None:
-        self._validator = validator
+    Until `ready`, `finish` has still to check it against its meta-schema and compile its patterns (a 400
+    naming the field), off the event loop: `admit` does that itself only for a small schema."""
+
+    def __init__(self, schema: dict[str, Any], cls: Any, param: str, depth: int, pattern_chars: int) -> None:
+        self._schema, self._cls, self._param, self._pattern_chars = schema, cls, param, pattern_chars
+        self._validator: Any = None
         self._depth = depth
-        self._patterns = patterns
+        self._patterns: dict[str, Any] = {}
+        self.sources: list[str] = []
+        self.ready = False
 
-    def why(self, value: Any) -> str | None:
+    def finish(self) -> None:
+        param, schema, cls = self._param, self._schema, self._cls
+        self._patterns = compile_all(self.sources, param=param, limit=self._pattern_chars)
+        meta_cls = cls if cls in _METAS else Draft7Validator
+        meta = _bounded(meta_cls)(_METAS[meta_cls], format_checker=None, registry=_EMPTY)
+        try:
+            problem = _first_error(meta, schema, Work(ADMIT_WORK))
+        except (_Exhausted, WorkExhausted):
+            raise _bad(param, f"is too large for the gateway to check (more than {ADMIT_WORK} evaluations)") from None
+        except RecursionError:
+            raise _bad(param, "is nested too deeply for the gateway to check") from None
+        if problem is not None:
+            raise _bad(param, f"is not a valid JSON Schema: {problem}")
+        # An empty registry: a reference the walk missed fails instead of being fetched from the network.
+        self._validator = _bounded(cls)(_without_base(schema), format_checker=None, registry=_EMPTY)
+        self.ready = True
+
+    def why(self, value: Any, work: Work) -> str | None:
+        """Raises WorkExhausted when the request's budget or deadline runs out first."""
         if depth_exceeds(value, self._depth):
             return f"nests deeper than {self._depth} levels"
         try:
-            error = _first_error(self._validator, value, ANSWER_WORK, self._patterns)
+            error = _first_error(self._validator, value, work, self._patterns)
+        except WorkExhausted:
+            raise
         except _Exhausted:
-            return f"is too large to check against the schema within the gateway's bound ({ANSWER_WORK} evaluations)"
+            return "is too long to check against a pattern of the schema within the gateway's bound"
         except RecursionError:
             return "is nested too deeply to check against the schema"
         except Exception as exc:  # noqa: BLE001 - a schema keyword jsonschema cannot apply: no answer is vouched for
@@ -320,27 +478,18 @@ def _without_base(schema: Mapping[str, Any]) -> dict[str, Any]:
 _METAS = {cls: _without_base(cls.META_SCHEMA) for cls in (Draft4Validator, Draft6Validator, Draft7Validator)}
 
 
-def admit(schema: dict[str, Any], *, param: str, depth: int, pattern_chars: int) -> Checker:
+def admit(schema: dict[str, Any], *, param: str, depth: int, pattern_chars: int, paths: int = 1000) -> Checker:
     """Check a client's schema before any upstream call (400 naming `param`); the checker for its answers."""
     if depth_exceeds(schema, depth):
         raise _bad(param, f"nests deeper than {depth} levels")
     cls = validator_for(schema, default=Draft202012Validator)
     if cls is Draft3Validator:
         raise _bad(param, "uses JSON Schema draft 3, which the gateway does not check")
-    patterns = compile_all(_walk(schema, param, legacy_id=cls is Draft4Validator), param=param, limit=pattern_chars)
-    meta_cls = cls if cls in _METAS else Draft7Validator
-    meta = _bounded(meta_cls)(_METAS[meta_cls], format_checker=None, registry=_EMPTY)
-    try:
-        problem = _first_error(meta, schema, ADMIT_WORK)
-    except _Exhausted:
-        raise _bad(param, f"is too large for the gateway to check (more than {ADMIT_WORK} evaluations)") from None
-    except RecursionError:
-        raise _bad(param, "is nested too deeply for the gateway to check") from None
-    if problem is not None:
-        raise _bad(param, f"is not a valid JSON Schema: {problem}")
-    # An empty registry: a reference the walk missed fails instead of being fetched from the network.
-    validator = _bounded(cls)(_without_base(schema), format_checker=None, registry=_EMPTY)
-    return Checker(validator, depth, patterns)
+    checker = Checker(schema, cls, param, depth, pattern_chars)
+    checker.sources, nodes = _walk(schema, param, legacy_id=cls is Draft4Validator, paths=paths)
+    if nodes <= LOOP_NODES and sum(map(len, checker.sources)) <= LOOP_PATTERN_CHARS:
+        checker.finish()
+    return checker
 
 
-__all__ = ["ADMIT_WORK", "ANSWER_WORK", "Checker", "admit", "depth_exceeds"]
+__all__ = ["ADMIT_WORK", "Checker", "Work", "WorkExhausted", "admit", "depth_exceeds", "match_steps"]

@@ -5,25 +5,17 @@ client asked for: stops cut, logprobs trimmed, best_of chosen, usage summed, gui
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable
 from typing import Any
 
 import msgspec
 
-from gateway.emulation.planning import Call, Emulation, sub_requests
+from gateway.emulation.client_schema import Work, WorkExhausted
+from gateway.emulation.planning import _CHECKS, _DEFAULT_CAPS, Call, Emulation, sub_requests
+from gateway.emulation.stops import StopMatcher, StopScanner
 from providers.base import CallContext
-from wire.errors import UpstreamError
+from wire.errors import UpstreamError, UpstreamTimeoutError
 from wire.schema import Choice, Completion, CompletionRequest, Logprobs, Usage
-
-
-def find_stop(text: str, stops: Sequence[str]) -> tuple[int, str] | None:
-    """The earliest stop sequence in `text` (position, sequence)."""
-    best: tuple[int, str] | None = None
-    for s in stops:
-        pos = text.find(s)
-        if pos >= 0 and (best is None or pos < best[0]):
-            best = (pos, s)
-    return best
 
 
 def _cut_logprobs(lp: Logprobs | None, keep: int) -> Logprobs | None:
@@ -47,11 +39,30 @@ def _cut_logprobs(lp: Logprobs | None, keep: int) -> Logprobs | None:
     return out
 
 
-def _apply_stop(choice: Choice, stops: Sequence[str], include: bool) -> Choice:
-    hit = find_stop(choice.text, stops)
-    if hit is None:
+# The most text the stop automaton reads (in Python, a step per character) before the event loop gets a turn.
+SCAN_SLICE = 8 * 1024
+
+
+async def _scan(scanner: StopScanner, text: str) -> tuple[str, bool]:
+    """`scanner.feed(text)`, a slice at a time, letting the event loop run between slices."""
+    if len(text) <= SCAN_SLICE:
+        return scanner.feed(text)
+    sent: list[str] = []
+    for at in range(0, len(text), SCAN_SLICE):
+        if at:
+            await asyncio.sleep(0)
+        out, stopped = scanner.feed(text[at : at + SCAN_SLICE], final=at + SCAN_SLICE >= len(text))
+        sent.append(out)
+        if stopped:
+            return "".join(sent), True
+    return "".join(sent), False
+
+
+async def _apply_stop(choice: Choice, stops: StopMatcher, include: bool) -> Choice:
+    sent, stopped = await _scan(StopScanner(stops, include), choice.text)
+    if not stopped:
         return choice
-    cut = hit[0] + (len(hit[1]) if include else 0)
+    cut = len(sent)
     return Choice(
         text=choice.text[:cut], index=choice.index, logprobs=_cut_logprobs(choice.logprobs, cut), finish_reason="stop"
     )
@@ -99,12 +110,17 @@ async def _gather(calls: list[Awaitable[Completion]]) -> list[Completion]:
         raise
 
 
-async def _guided_call(em: Emulation, sub: CompletionRequest, call: Call) -> Completion:
+async def _guided_call(em: Emulation, sub: CompletionRequest, call: Call, again: Call, work: Work) -> Completion:
     assert em.guide is not None
     why = ""
-    for _ in range(em.guided_retries + 1):
-        c = await call(sub)
-        failures = [await em.guide.verdict(ch.text) for ch in c.choices if ch.finish_reason != "content_filter"]
+    for attempt in range(em.guided_retries + 1):
+        c = await (again if attempt else call)(sub)
+        try:
+            failures = [
+                await em.guide.verdict(ch.text, work) for ch in c.choices if ch.finish_reason != "content_filter"
+            ]
+        except WorkExhausted as exc:
+            raise _unchecked(em, exc) from None
         bad = [f for f in failures if f is not None]
         if not bad:
             return c
@@ -119,13 +135,46 @@ async def _guided_call(em: Emulation, sub: CompletionRequest, call: Call) -> Com
     raise err
 
 
+def _unchecked(em: Emulation, exc: WorkExhausted) -> UpstreamError:
+    """The request's checking budget or deadline ran out: no retry (it would only be refused unchecked)."""
+    assert em.guide is not None
+    if exc.deadline:
+        return UpstreamTimeoutError(
+            f"The request's deadline passed while the gateway checked its answer against '{em.guide.param}'",
+            code="deadline_exceeded",
+            retryable=False,
+            cause="deadline_exceeded",
+        )
+    return UpstreamError(
+        f"The model's output could not be checked: {exc}; '{em.guide.param}' is enforced by the gateway for "
+        "this provider and an unvalidated answer is never returned",
+        code="guided_output_invalid",
+        param=em.guide.param,
+        retryable=False,
+    )
+
+
 async def complete(
     em: Emulation,
     req: CompletionRequest,
     ctx: CallContext,
     call: Call,
+    again: Call | None = None,
+    work: Work | None = None,
 ) -> Completion:
-    calls = [_guided_call(em, sub, call) if em.guide is not None else call(sub) for sub in sub_requests(em, req)]
+    """The sub-calls' answers as one. `again` makes a guided output's retry (by default `call`): a call
+    beyond the planned ones, which the attempt charges to the target's quota as it is made. `work`: what
+    checking the answers may spend, the request's (shared with its other attempts)."""
+    calls: list[Awaitable[Completion]]
+    if em.guide is not None:
+        checker = em.guide.checker
+        if checker is not None and not checker.ready:
+            await asyncio.get_running_loop().run_in_executor(_CHECKS, checker.finish)
+        spend = work if work is not None else Work(_DEFAULT_CAPS.guided_work)
+        retry = again or call
+        calls = [_guided_call(em, sub, call, retry, spend) for sub in sub_requests(em, req)]
+    else:
+        calls = [call(sub) for sub in sub_requests(em, req)]
     results = await _gather(calls)
     choices: list[Choice] = []
     usage: Usage | None = None
@@ -141,8 +190,8 @@ async def complete(
             if req.logprobs is None:
                 mine = [Choice(ch.text, ch.index, None, ch.finish_reason) for ch in mine]
         for j, ch in enumerate(mine):
-            if em.stops is not None:
-                ch = _apply_stop(ch, em.stops, em.include_stop)
+            if em.matcher is not None:
+                ch = await _apply_stop(ch, em.matcher, em.include_stop)
             text = (prompt if isinstance(prompt, str) else "") + ch.text if em.echo else ch.text
             choices.append(Choice(text, p_index * em.n + j, ch.logprobs, ch.finish_reason))
     return Completion(

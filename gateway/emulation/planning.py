@@ -11,13 +11,15 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 import msgspec
 
 from gateway.config import CapsConfig
-from gateway.emulation.client_schema import Checker, admit
+from gateway.emulation.client_schema import Checker, Work, admit, match_steps
 from gateway.emulation.patterns import affordable, compile_pattern
+from gateway.emulation.stops import StopMatcher, matcher
 from providers.base import Adapter, Endpoint, LocalAdapter, prompt_form
 from wire.errors import InvalidRequestError
 from wire.schema import Completion, CompletionRequest
@@ -43,6 +45,13 @@ GUIDED_CHOICES = 1024
 GUIDED_CHOICE_CHARS = 64 * 1024
 
 
+# Where answers are checked against a client's regex or schema: a thread of the gateway's own, so a flood
+# of checks queues here (each request within its own `caps.guided_work`), not in the default executor
+# (DNS lookups). One: schema checks hold the GIL, and every further thread competing for it delays the
+# event loop more (two made `/health` take 100 ms under load; one, 20 ms).
+_CHECKS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="guided-check")
+
+
 def _bad(message: str, param: str) -> InvalidRequestError:
     return InvalidRequestError(message, param=param, code="unsupported_parameter")
 
@@ -55,11 +64,15 @@ class Guide(msgspec.Struct, frozen=True):
     choices: frozenset[str] = frozenset()
     depth: int = _DEFAULT_CAPS.json_depth
 
-    def check(self, text: str) -> str | None:
-        """None when `text` satisfies the constraint, else why not. Safe to run in a worker thread."""
+    def check(self, text: str, work: Work | None = None) -> str | None:
+        """None when `text` satisfies the constraint, else why not. Safe to run in a worker thread.
+
+        A schema check spends `work`, the request's (WorkExhausted when it runs out)."""
         if self.kind == "regex":
             if not affordable(self.pattern, text):
                 return "is too long to check against the regex within the gateway's bound"
+            if work is not None:
+                work.charge(match_steps(self.pattern, text))
             return None if self.pattern.fullmatch(text) else "does not match the regex"
         if self.kind == "choice":
             return None if text.strip() in self.choices else "is not one of the choices"
@@ -69,14 +82,21 @@ class Guide(msgspec.Struct, frozen=True):
             return "is not valid JSON"
         except RecursionError:
             return f"nests deeper than {self.depth} levels"
-        return self.checker.why(value) if self.checker is not None else None
+        if self.checker is None:
+            return None
+        return self.checker.why(value, work if work is not None else Work(_DEFAULT_CAPS.guided_work))
 
-    async def verdict(self, text: str) -> str | None:
-        """`check`, off the event loop where it may take long: RE2 releases the GIL while it matches, and a
-        schema check is held to client_schema.ANSWER_WORK evaluations."""
+    async def verdict(self, text: str, work: Work) -> str | None:
+        """`check`, off the event loop (on the checks' own thread, so they never hold up the default
+        executor's DNS lookups): RE2 releases the GIL while it matches, and a schema check spends `work`."""
         if self.kind == "choice":
             return self.check(text)
-        return await asyncio.to_thread(self.check, text)
+        mine = work.share()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(_CHECKS, self.check, text, mine)
+        except asyncio.CancelledError:
+            mine.stop()  # the thread gives up at its next draw instead of checking for nobody
+            raise
 
 
 class Emulation(msgspec.Struct):
@@ -86,6 +106,7 @@ class Emulation(msgspec.Struct):
     best_of: int | None
     echo: bool
     stops: list[str] | None  # enforced here
+    matcher: StopMatcher | None  # their automaton, built once
     include_stop: bool
     upstream_stop: list[str] | None
     guide: Guide | None
@@ -159,6 +180,7 @@ def plan(
     guide = _guide(adapter, req, provider, caps) if guided else None
     if len(prompts) == 1 and fan_n == 1 and not echo and stops is None and guide is None:
         return None
+    found: StopMatcher | None = None
     if stops is not None:
         for s in stops:
             if len(s) > caps.pattern_chars:
@@ -168,6 +190,15 @@ def plan(
                     param="stop",
                     code="invalid_value",
                 )
+        total = sum(map(len, stops))
+        if total > caps.stop_chars:
+            raise InvalidRequestError(
+                f"'stop' has {total} characters in all; the gateway enforces stop sequences for provider "
+                f"'{provider}' and takes at most {caps.stop_chars} characters together",
+                param="stop",
+                code="invalid_value",
+            )
+        found = matcher(stops)
     if fan_n > 1 or echo:
         _bound_copies(prompts, fan_n, n if echo else 0, caps.emulated_answer_bytes, best_of is not None)
     return Emulation(
@@ -177,6 +208,7 @@ def plan(
         best_of=best_of,
         echo=echo,
         stops=stops,
+        matcher=found,
         include_stop=include,
         upstream_stop=upstream_stop,
         guide=guide,
@@ -215,13 +247,21 @@ def _guide(adapter: Adapter | LocalAdapter, req: CompletionRequest, provider: st
         )
     depth = caps.json_depth
     if req.guided_json is not None and _emulated(adapter, "guided_json"):
-        checker = admit(req.guided_json, param="guided_json", depth=depth, pattern_chars=caps.pattern_chars)
+        checker = admit(
+            req.guided_json,
+            param="guided_json",
+            depth=depth,
+            pattern_chars=caps.pattern_chars,
+            paths=caps.schema_paths,
+        )
         return Guide("json", "guided_json", checker=checker, depth=depth)
     rf = req.response_format
     if rf is not None and _emulated(adapter, "response_format") and rf.get("type") == "json_object":
         schema = rf.get("schema")
         if isinstance(schema, dict):
-            checker = admit(schema, param="response_format", depth=depth, pattern_chars=caps.pattern_chars)
+            checker = admit(
+                schema, param="response_format", depth=depth, pattern_chars=caps.pattern_chars, paths=caps.schema_paths
+            )
             return Guide("json", "response_format", checker=checker, depth=depth)
         return Guide("json", "response_format", depth=depth)
     if req.guided_regex is not None and _emulated(adapter, "guided_regex"):

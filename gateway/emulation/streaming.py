@@ -1,5 +1,5 @@
-"""Streamed emulation: the client's stops found across chunk borders (`StopScanner`), sub-streams relayed
-in order as one stream, and a buffered answer cut into chunks.
+"""Streamed emulation: the client's stops found across chunk borders (a `stops.StopScanner` per choice),
+sub-streams relayed in order as one stream, and a buffered answer cut into chunks.
 """
 
 from __future__ import annotations
@@ -7,82 +7,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Sequence
 
-from gateway.emulation.combine import _add, find_stop
+from gateway.emulation.combine import _add, _scan
 from gateway.emulation.planning import Emulation, SubStream
+from gateway.emulation.stops import StopScanner
 from providers.base import CallContext
 from wire.schema import Choice, Completion, CompletionRequest, Usage
-
-
-def _borders(s: str) -> list[int]:
-    """KMP failure function: for each prefix s[:i+1], the length of its longest proper border."""
-    fail = [0] * len(s)
-    k = 0
-    for i in range(1, len(s)):
-        while k and s[i] != s[k]:
-            k = fail[k - 1]
-        if s[i] == s[k]:
-            k += 1
-        fail[i] = k
-    return fail
-
-
-class StopScanner:
-    """Streams text through, holding back only what could still be the start of a stop sequence.
-
-    Linear in the text: per stop, a KMP automaton carries how much of the stop the text so far ends with
-    (that is what must be held back), fed only the new text, and skipping with `str.find` while nothing
-    is matched. Rescanning the held text on every chunk would be quadratic in a long partial match.
-    """
-
-    def __init__(self, stops: Sequence[str], include: bool) -> None:
-        self.stops = [s for s in stops if s]
-        self.include = include
-        self.buf = ""
-        self._fail = [_borders(s) for s in self.stops]
-        self._matched = [0] * len(self.stops)
-
-    def _advance(self, i: int, text: str) -> bool:
-        """Feed `text` to stop i's automaton; whether the stop is now complete."""
-        s, fail, k = self.stops[i], self._fail[i], self._matched[i]
-        j, end = 0, len(text)
-        while j < end:
-            if k == 0:
-                j = text.find(s[0], j)
-                if j < 0:
-                    break
-            c = text[j]
-            while k and s[k] != c:
-                k = fail[k - 1]
-            if s[k] == c:
-                k += 1
-            j += 1
-            if k == len(s):
-                self._matched[i] = k
-                return True
-        self._matched[i] = k
-        return False
-
-    def feed(self, text: str) -> tuple[str, bool]:
-        """(text safe to send now, whether a stop sequence was reached)."""
-        self.buf += text
-        complete = False
-        for i in range(len(self.stops)):
-            complete = self._advance(i, text) or complete
-        if complete:
-            # The earliest-starting stop within the text held and this chunk (as `find_stop` everywhere).
-            hit = find_stop(self.buf, self.stops)
-            assert hit is not None
-            cut = hit[0] + (len(hit[1]) if self.include else 0)
-            out, self.buf = self.buf[:cut], ""
-            return out, True
-        hold = max(self._matched, default=0)
-        out = self.buf[: len(self.buf) - hold]
-        self.buf = self.buf[len(self.buf) - hold :]
-        return out, False
-
-    def flush(self) -> str:
-        out, self.buf = self.buf, ""
-        return out
 
 
 async def stream(
@@ -133,15 +62,18 @@ async def stream(
                     echoed.add(index)
                     prompt = em.prompts[p_index]
                     text = (prompt if isinstance(prompt, str) else "") + text
-                if em.stops is not None:
-                    scanner = scanners.setdefault(index, StopScanner(em.stops, em.include_stop))
-                    safe, stopped = scanner.feed(ch.text)
+                if em.matcher is not None:
+                    scanner = scanners.get(index)
+                    if scanner is None:
+                        scanner = scanners[index] = StopScanner(em.matcher, em.include_stop)
+                    safe, stopped = await _scan(scanner, ch.text)
                     if em.echo and text != ch.text:
                         safe = text[: len(text) - len(ch.text)] + safe
+                    if not stopped and finish is not None:
+                        rest, stopped = scanner.flush()
+                        safe += rest
                     if stopped:
                         finish = "stop"
-                    elif finish is not None:
-                        safe += scanner.flush()
                     if safe != text:
                         lp = None  # the chunk's token logprobs no longer describe its text
                     text = safe

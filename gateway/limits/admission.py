@@ -24,6 +24,8 @@ from wire.errors import GatewayError, InvalidRequestError, RateLimitError
 from wire.schema import CompletionRequest
 
 _KINDS: Final = ("rps", "rpm", "tpm", "tpd", "concurrent")
+# The buckets that count upstream calls: an emulated fan-out charges them once per call it makes.
+_CALL_KINDS: Final = frozenset({"rps", "rpm"})
 SETTLE_S: Final = 0.05
 
 
@@ -163,6 +165,63 @@ class Admission:
         )
         raise err
 
+    async def charge_calls(self, route: Route, more: int, param: str | None = None) -> None:
+        """`more` upstream calls on `route` beyond the one its admission charged (an emulated fan-out's
+        further sub-calls, a guided retry), to its provider's and deployment's request-rate buckets, all or
+        none, before any of them is made.
+
+        A refusal is the provider's 429, which fails the attempt (another target of an alias may still have
+        room). With `param` (the field that asked for a fan-out, refused before its first call), a fan-out
+        that no such bucket can ever hold is a 400 naming it, as a request over a token limit is, and either
+        refusal gives back the unit admission charged for the first call: no call was made.
+        """
+        buckets = [b for b in self._route_buckets(route) if b.kind in _CALL_KINDS]
+        if not buckets or more < 1:
+            return
+        if param is not None:
+            for b in buckets:
+                if more + 1 > b.limit:
+                    await self._give_back(buckets, 1)
+                    raise InvalidRequestError(
+                        f"'{param}' makes this request {more + 1} upstream calls to provider '{route.provider}' "
+                        f"(the gateway emulates it), more than the {b.kind} limit of {b.limit} for {b.scope} "
+                        "can ever allow",
+                        param=param,
+                        code="exceeds_request_limit",
+                    )
+        decision = await self.acquire(buckets, 0, more)
+        if decision.allowed:
+            return
+        if param is not None:
+            await self._give_back(buckets, 1)
+        err = RateLimitError(
+            f"Provider '{route.provider}' is at its configured quota"
+            + (f" for the {more + 1} upstream calls this request makes" if param is not None else ""),
+            code="provider_quota",
+            retry_after=decision.retry_after_ms / 1000,
+            headers=_headers(decision.states),
+            # Another target may have room; this one is not unhealthy, so no cooldown, and the same target
+            # is not tried again.
+            retryable=True,
+            cools=False,
+            elsewhere=True,
+            target=route.key,
+            provider=route.provider,
+        )
+        raise err
+
+    def give_back_calls(self, route: Route, count: int) -> None:
+        """Return `count` units charged by `charge_calls` for calls that were never made, off the request path."""
+        buckets = [b for b in self._route_buckets(route) if b.kind in _CALL_KINDS]
+        if buckets and count > 0:
+            self._spawn(self._give_back(buckets, count))
+
+    async def _give_back(self, buckets: list[Bucket], count: int) -> None:
+        try:
+            await self.limiter.give_back(buckets, count)
+        except RedisDown:
+            pass  # fail closed: the units stay charged, which errs on the provider's side
+
     def _tokens(self, req: CompletionRequest, buckets: list[Bucket], route: Route) -> tuple[int, int]:
         token_buckets = [b for b in buckets if b.kind in TOKEN_KINDS]
         if not token_buckets:
@@ -180,10 +239,10 @@ class Admission:
                 )
         return prompt, tokens
 
-    async def acquire(self, buckets: list[Bucket], tokens: int) -> Decision:
+    async def acquire(self, buckets: list[Bucket], tokens: int, requests: int = 1) -> Decision:
         """The limiter's decision, or the 503 of fail-closed when Redis is unreachable."""
         try:
-            return await self.limiter.acquire(buckets, tokens)
+            return await self.limiter.acquire(buckets, tokens, requests)
         except RedisDown:
             raise GatewayError(
                 "Rate limiting is unavailable (Redis unreachable) and the gateway is set to fail closed",

@@ -191,6 +191,23 @@ class Limiter:
         # Leases Redis may hold that must go (see `_cancel`): lease -> (its concurrency buckets, give-up time).
         self._cancels: dict[str, tuple[tuple[Bucket, ...], float]] = {}
         self._canceller: asyncio.Task[None] | None = None
+        # The limiter of the config that replaced this one: it takes the cancels still pending at close.
+        self._successor: Limiter | None = None
+        self._closed = False
+
+    def adopt(self, old: Limiter) -> None:
+        """Take over the leases a replaced limiter has yet to cancel, when it closes: a reload while Redis
+        stalls must not drop them, or they would hold their slots for the lease TTL once Redis is back."""
+        old._successor = self
+
+    def _take(self, cancels: dict[str, tuple[tuple[Bucket, ...], float]]) -> None:
+        if self._closed and self._successor is not None:
+            self._successor._take(cancels)
+        elif not self._closed and self._channel is not None:  # without Redis now, no Redis lease to cancel
+            for lease, (held, until) in cancels.items():
+                self._cancels.setdefault(lease, (held, until))
+            if cancels and (self._canceller is None or self._canceller.done()):
+                self._canceller = asyncio.ensure_future(self._cancel_pending())
 
     def _command(self, mode: str, lease: str, buckets: Sequence[Bucket], costs: Sequence[float]) -> bytes:
         cache_key = (mode, tuple(buckets))
@@ -234,6 +251,10 @@ class Limiter:
         return self.local.run(mode, lease, buckets, costs)
 
     async def close(self) -> None:
+        self._closed = True
+        if self._cancels and self._successor is not None:
+            pending, self._cancels = self._cancels, {}
+            self._successor._take(pending)
         canceller = self._canceller
         if canceller is not None and not canceller.done():
             # One last round for leases still to cancel (bounded); what is left expires with its TTL.
@@ -316,10 +337,12 @@ class Limiter:
                 self._cancel(lease, buckets)  # refused here: nothing will release it
         return out
 
-    async def acquire(self, buckets: Sequence[Bucket], tokens: int) -> Decision:
+    async def acquire(self, buckets: Sequence[Bucket], tokens: int, requests: int = 1) -> Decision:
+        """Charge every bucket or none: `tokens` to token buckets, `requests` to request-rate ones (an
+        emulated fan-out's further upstream calls); a concurrency bucket takes one lease whatever they are."""
         # Only a concurrency lease needs a name; ids are unique across replicas (gateway.ids).
         lease = unique_suffix() if any(b.kind == "concurrent" for b in buckets) else ""
-        costs = [tokens if b.kind in TOKEN_KINDS else 1 for b in buckets]
+        costs = [tokens if b.kind in TOKEN_KINDS else requests for b in buckets]
         try:
             if self._channel is None:
                 out = self.local.run("acquire", lease, buckets, costs)
@@ -375,6 +398,12 @@ class Limiter:
         token_buckets = [b for b in buckets if b.kind in TOKEN_KINDS]
         if token_buckets and tokens:
             await self._run("adjust", "", token_buckets, [float(tokens)] * len(token_buckets))
+
+    async def give_back(self, buckets: Sequence[Bucket], requests: int) -> None:
+        """Return `requests` units to the request-rate buckets among `buckets` (calls charged, never made)."""
+        rate = [b for b in buckets if b.kind not in TOKEN_KINDS and b.kind != "concurrent"]
+        if rate and requests:
+            await self._run("adjust", "", rate, [float(-requests)] * len(rate))
 
     async def release(self, buckets: Sequence[Bucket], lease: str) -> None:
         held = [b for b in buckets if b.kind == "concurrent"]

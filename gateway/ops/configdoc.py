@@ -105,6 +105,12 @@ MEANINGS: dict[str, str] = {
     "...); 400 beyond it",
     "caps.pattern_chars": "a client pattern (`guided_regex`, a schema `pattern`) and a gateway-enforced stop sequence, "
     "in characters",
+    "caps.stop_chars": "stop sequences the gateway enforces itself (beyond a provider's count, or kept where it "
+    "strips them), in characters together; 400 naming `stop` beyond it",
+    "caps.guided_work": "keyword evaluations (about 10 µs each) one request may spend checking its answers against "
+    "a client's JSON Schema, every choice and retry together; beyond it a 502 `guided_output_invalid`, not retried",
+    "caps.schema_paths": "subschemas a client's JSON Schema may apply to one value through `$ref`s and "
+    "`anyOf`/`allOf`/`oneOf`/`not`/`if` branches; 400 naming the field beyond it",
     "caps.emulated_answer_bytes": "the text an emulated answer may build (echo × n × prompts, best_of); 400 naming the "
     "field beyond it",
     "caps.fake_max_tokens": "tokens the built-in `fake` provider generates per choice; 400 naming `max_tokens` beyond "

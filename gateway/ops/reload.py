@@ -24,12 +24,24 @@ class _Usage(Protocol):
     def adopt(self, previous: Any, /) -> None: ...
 
 
+class _Limiter(Protocol):
+    def adopt(self, previous: Any, /) -> None: ...
+
+
+class _Admission(Protocol):
+    @property
+    def limiter(self) -> _Limiter: ...
+
+
 class Swappable(Protocol):
     """What a reload builds and swaps in: the pipeline (`gateway.path.pipeline.Pipeline`, a wing above this
     one, which hands its constructor in as `build`)."""
 
     @property
     def usage(self) -> _Usage: ...
+
+    @property
+    def admission(self) -> _Admission: ...
 
     def retire(self) -> None: ...
 
@@ -61,7 +73,7 @@ class Reloader:
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.trigger)
 
     def trigger(self) -> None:
-        asyncio.ensure_future(self.reload("SIGHUP"))
+        asyncio.ensure_future(self.reload("SIGHUP", polled=False))
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -74,23 +86,38 @@ class Reloader:
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(self.interval)
-            stamp = self._stamp()
-            if stamp is not None and stamp != self._seen:
-                self._seen = stamp
-                await self.reload("file changed")
+            try:
+                await self.reload("file changed", polled=True)
+            except Exception:  # a bug: the next edit (a key revoked, say) must still be seen
+                log.exception("config reload failed; keeping the running config and watching the file")
 
-    async def reload(self, why: str) -> bool:
+    async def reload(self, why: str, *, polled: bool = False) -> bool:
         async with self._lock:
+            stamp = self._stamp()
+            # The poll reloads an edit a SIGHUP has not reloaded already (and a bad edit is told once).
+            if polled and (stamp is None or stamp == self._seen):
+                return False
+            self._seen = stamp
             try:
                 loaded = load_config(self.path)
+                new = self.build(loaded)
             except ConfigError as exc:
                 log.error("config reload (%s) failed, keeping the running config: %s", why, exc)
                 return False
-            new = self.build(loaded)
+            except Exception as exc:  # what only building shows (a file the config names, unreadable now)
+                log.error(
+                    "config reload (%s) failed, keeping the running config: %s: %s: %s",
+                    why,
+                    self.path,
+                    type(exc).__name__,
+                    exc,
+                )
+                return False
             old: Swappable = self.state.pipeline
             new.usage.adopt(old.usage)  # in-process usage (no Redis) and budgets survive the reload
+            new.admission.limiter.adopt(old.admission.limiter)  # the leases it has yet to cancel (Redis stalled)
             self.state.pipeline = new
             self.reloads += 1
-            log.warning("config reloaded (%s) from %s", why, self.path)
+            log.info("config reloaded (%s) from %s", why, self.path)
             old.retire()
             return True

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncGenerator, Coroutine, Mapping, Sequence
 from typing import Any
 
@@ -19,6 +20,7 @@ import msgspec
 from gateway import emulation
 from gateway.config import CapsConfig
 from gateway.emulation import Emulation
+from gateway.emulation.client_schema import Work
 from gateway.limits.admission import Admission, Ticket
 from gateway.resilience.health import Health
 from gateway.upstream.client import Stream, Upstream
@@ -96,7 +98,7 @@ class Job:
     admission, settled when the answer (or the stream) ends.
     """
 
-    __slots__ = ("services", "admission", "req", "ctx", "plan", "dropped", "ticket")
+    __slots__ = ("services", "admission", "req", "ctx", "plan", "dropped", "ticket", "work")
 
     def __init__(
         self,
@@ -114,6 +116,7 @@ class Job:
         self.plan = plan
         self.dropped: dict[str, list[str]] = {}  # per route key: the parameters dropped for it
         self.ticket = ticket
+        self.work: Work | None = None  # what checking guided answers may spend: every attempt's together
 
     async def complete(self, route: Route, timeouts: Timeouts) -> Completion:
         """One buffered attempt on `route`, within the target's own quota."""
@@ -151,15 +154,20 @@ class Job:
 class Attempt:
     """One attempt of a job on one route, within `timeouts`: one upstream call, or an emulation's several."""
 
-    __slots__ = ("services", "route", "req", "ctx", "timeouts", "dropped")
+    __slots__ = ("job", "services", "admission", "route", "req", "ctx", "timeouts", "dropped", "charged", "sent")
 
     def __init__(self, job: Job, route: Route, timeouts: Timeouts) -> None:
+        self.job = job
         self.services = job.services
+        self.admission = job.admission
         self.route = route
         self.req = job.req
         self.ctx = job.ctx
         self.timeouts = timeouts
         self.dropped = job.dropped
+        # An emulation's upstream calls: charged beyond admission's one, and made (docs/ratelimits.md).
+        self.charged = 0
+        self.sent = 0
 
     def _emulation(self) -> Emulation | None:
         route, services = self.route, self.services
@@ -172,7 +180,46 @@ class Attempt:
         em = self._emulation()
         if em is None:
             return self.call(self.req)
-        return emulation.complete(em, self.req, self.ctx, self.call)
+        return self._complete(em, self.req)
+
+    async def _complete(self, em: Emulation, req: CompletionRequest) -> Completion:
+        await self._charge(em)
+        try:
+            work = self._work() if em.guide is not None else None
+            return await emulation.complete(em, req, self.ctx, self.call, self._again, work)
+        finally:
+            self._unsent()
+
+    async def _charge(self, em: Emulation) -> None:
+        """The fan-out's calls beyond the one admission charged, to the target's request buckets: all of
+        them before the first is made, so a refused fan-out makes no call (docs/ratelimits.md)."""
+        calls = len(em.prompts) * em.fan_n
+        if calls > 1 and self.admission is not None:
+            param = "best_of" if em.best_of else "n" if em.fan_n > 1 else "prompt"
+            await self.admission.charge_calls(self.route, calls - 1, param)
+            self.charged = calls - 1
+
+    async def _again(self, req: CompletionRequest) -> Completion:
+        """A guided output's retry: one more upstream call, charged before it is made."""
+        if self.admission is not None:
+            await self.admission.charge_calls(self.route, 1)
+            self.charged += 1
+        return await self.call(req)
+
+    def _unsent(self) -> None:
+        """Give back what was charged for calls never made: sub-calls refused before they were sent (a 400
+        from the adapter), or cancelled when another one failed. Admission's unit stays, as for any request."""
+        unsent = self.charged - max(self.sent - 1, 0)
+        if unsent > 0 and self.admission is not None:
+            self.admission.give_back_calls(self.route, unsent)
+
+    def _work(self) -> Work:
+        """The request's checking budget, made by its first guided attempt: the attempt's timeouts end at the
+        request's deadline (gateway/resilience/failover.py caps them to what is left of it)."""
+        job = self.job
+        if job.work is None:
+            job.work = Work(self.services.caps.guided_work, time.monotonic() + self.timeouts.total)
+        return job.work
 
     async def open(self) -> Opened:
         em = self._emulation()
@@ -181,9 +228,10 @@ class Attempt:
         if em.guide is not None:
             # Bytes sent cannot be taken back: a guided stream is made from an answer already validated.
             plain = msgspec.structs.replace(self.req, stream=False, stream_options=None)
-            answer = await emulation.complete(em, plain, self.ctx, self.call)
+            answer = await self._complete(em, plain)
             chunks = _replay(emulation.to_chunks(answer))
             return Opened(chunks, await anext(chunks, None), ctx=self.ctx)
+        await self._charge(em)
         tasks = [asyncio.ensure_future(self.open_one(s)) for s in emulation.sub_requests(em, self.req)]
         try:
             opens = list(await asyncio.gather(*tasks))
@@ -194,6 +242,8 @@ class Attempt:
                 if isinstance(r, Opened):
                     await r.close()
             raise
+        finally:
+            self._unsent()
         merged = emulation.stream(em, self.req, self.ctx, opens)
         return Opened(merged, await anext(merged, None), ctx=opens[0].ctx, children=opens)
 
@@ -218,8 +268,10 @@ class Attempt:
         adapter = route.adapter
         ctx = _fresh(self.ctx)
         if isinstance(adapter, LocalAdapter):
+            self.sent += 1
             return await adapter.complete(req, route.endpoint, ctx)
         upstream_req = adapter.build_request(req, route.endpoint, params)
+        self.sent += 1
         resp = await self.services.upstream.send(route.provider, upstream_req, self.timeouts, route.key)
         if resp.status >= 400:
             raise adapter.map_error(resp.status, resp.headers, resp.body, route.provider)
@@ -247,9 +299,11 @@ class Attempt:
         adapter = route.adapter
         ctx = _fresh(self.ctx)
         if isinstance(adapter, LocalAdapter):
+            self.sent += 1
             local = adapter.stream(req, route.endpoint, ctx)
             return Opened(local, await anext(local, None), ctx=ctx)
         upstream_req = adapter.build_request(req, route.endpoint, params)
+        self.sent += 1
         stream = await self.services.upstream.open_stream(route.provider, upstream_req, self.timeouts, route.key)
         try:
             if stream.status >= 400:

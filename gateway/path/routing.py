@@ -56,11 +56,10 @@ class Router:
                 context_groups=ctx,
             )
         self._direct_plans: dict[str, Plan] = {}
-        # GET /v1/models, built on first use: the config's part, then that plus the last discovered lists.
-        self._static: dict[str, str] | None = None
-        self._down: set[str] = set()
+        # GET /v1/models, built on first use and again when the discovery publishes new lists.
         self._listed: list[tuple[str, str]] | None = None
         self._listed_from: Mapping[str, Sequence[str]] | None = None
+        self._unreachable_from: Mapping[str, str] | None = None
 
     def _group(self, ref: str, groups: dict[str, Group]) -> Group:
         if ref in groups:
@@ -157,39 +156,45 @@ class Router:
                 out[name] = reason
         return out
 
-    def model_ids(self, discovered: Mapping[str, Sequence[str]] | None = None) -> list[tuple[str, str]]:
+    def model_ids(
+        self,
+        discovered: Mapping[str, Sequence[str]] | None = None,
+        unreachable: Mapping[str, str] | None = None,
+    ) -> list[tuple[str, str]]:
         """(model id, owner) for GET /v1/models: what a request can be served by now.
 
         Aliases with at least one callable target or fallback, the callable alias targets, then each
         available provider's declared `models:` and what it said it serves (`discovered`, provider ->
-        `provider/<id>` strings, gateway/edge/discovery.py). A provider that cannot be called (its key variable
-        is unset) contributes nothing. Memoized per `discovered` value (the discovery publishes a new one
-        when a list changes); callers must not change the list.
+        `provider/<id>` strings, gateway/edge/discovery.py). A provider that cannot be called contributes
+        nothing: its key variable is unset, or the discovery found nobody listening at its URL
+        (`unreachable`, provider -> reason). Memoized per `discovered` and `unreachable` value (the
+        discovery publishes new ones when they change); callers must not change the list.
         """
-        if self._listed is not None and discovered is self._listed_from:
+        if self._listed is not None and discovered is self._listed_from and unreachable is self._unreachable_from:
             return self._listed
-        if self._static is None:
-            self._static = self._static_ids()
-        seen = dict(self._static)
+        down = set(self.unavailable_providers()) | set(unreachable or ())
+        seen = self._static_ids(down)
         for name, ids in (discovered or {}).items():
-            if name in self._providers and name not in self._down:
+            if name in self._providers and name not in down:
                 for m in ids:
                     seen.setdefault(m, name)
-        self._listed, self._listed_from = list(seen.items()), discovered
+        self._listed, self._listed_from, self._unreachable_from = list(seen.items()), discovered, unreachable
         return self._listed
 
-    def _static_ids(self) -> dict[str, str]:
-        self._down = set(self.unavailable_providers())
+    def _static_ids(self, down: set[str]) -> dict[str, str]:
+        def callable_(r: Route) -> bool:
+            return r.unavailable is None and r.provider not in down
+
         seen: dict[str, str] = {}
         for name, plan in self._plans.items():
-            if any(r.unavailable is None for g in plan.groups for r in g.routes):
+            if any(callable_(r) for g in plan.groups for r in g.routes):
                 seen.setdefault(name, "gateway")
         for alias_cfg in self._loaded.config.models:
             for t, route in zip(alias_cfg.targets, self.aliases[alias_cfg.name].routes, strict=True):
-                if route.unavailable is None:
+                if callable_(route):
                     seen.setdefault(t.model, t.model.partition("/")[0])
         for name, p in self._providers.items():
-            if name not in self._down:
+            if name not in down:
                 for m in p.models:
                     seen.setdefault(f"{name}/{m}", name)
         return seen

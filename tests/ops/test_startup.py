@@ -187,9 +187,9 @@ def test_make_run_takes_port_and_host(tmp_path: Path) -> None:
     bin_dir = Path(sys.executable).parent
     log = tmp_path / "make.log"
     with log.open("wb") as out:
-        # `-o`: the venv is whatever runs the tests; make must not rebuild it.
+        # `-o`: the venv is whatever runs the tests; make must not install into it.
         proc = subprocess.Popen(
-            ["make", "--no-print-directory", "-o", f"{bin_dir}/python", "run", f"BIN={bin_dir}"]
+            ["make", "--no-print-directory", "-o", ".venv/.dev", "-o", ".venv/.runtime", "run", f"BIN={bin_dir}"]
             + [f"PORT={port}", "HOST=127.0.0.1", f"CONFIG={_config(tmp_path, port=free_port())}"],
             cwd=REPO,
             env=cli_env(),
