@@ -12,7 +12,7 @@ LAYERS: Final[tuple[tuple[str, ...], ...]] = (
     ("gateway.__main__",),  # the command line: serve, check-config, docs
     ("gateway.edge",),  # the HTTP face: app, endpoints, tokenizer routes, rendering, status page, model listing
     ("gateway.path",),  # the request path: dialects, request folding, routing, pipeline, attempt, relay
-    ("gateway.resilience", "gateway.emulation"),  # failover, balancer, health | emulation, patterns, schemas
+    ("gateway.resilience", "gateway.emulation"),  # failover, balancer, health, evidence | emulation, patterns, schemas
     ("gateway.limits",),  # keys, admission, rate limits, token estimates, usage
     ("gateway.upstream",),  # transports (h1, httpx), the upstream client, framing, scrubbing, plan values
     ("gateway.ops",),  # metrics, tracing, access log, reload, serving, .env file, the config-doc generator

@@ -34,7 +34,9 @@ def _constrain(body: dict[str, Any], key: str, value: Any) -> None:
     # llama.cpp takes either a grammar or a JSON schema, once.
     if "grammar" in body or "json_schema" in body:
         raise InvalidRequestError(
-            "only one structured-output constraint may be set for provider kind 'llamacpp'", param=key
+            "only one structured-output constraint may be set for provider kind 'llamacpp'",
+            param=key,
+            code="invalid_value",
         )
     body[key] = value
 

@@ -32,7 +32,9 @@ from wire.schema import Completion, CompletionRequest, Logprobs
 def _set_format(body: dict[str, Any], value: str | dict[str, Any]) -> None:
     if "format" in body:
         raise InvalidRequestError(
-            "only one structured-output constraint may be set for provider kind 'ollama'", param="response_format"
+            "only one structured-output constraint may be set for provider kind 'ollama'",
+            param="response_format",
+            code="invalid_value",
         )
     body["format"] = value
 

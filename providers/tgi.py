@@ -51,7 +51,9 @@ def _set_grammar(params: dict[str, Any], grammar: dict[str, Any]) -> None:
         # normalize() rejects two guided_* fields; a schema in both guided_json and response_format is the
         # one pair left, and TGI takes one grammar.
         raise InvalidRequestError(
-            "only one structured-output constraint may be set for provider kind 'tgi'", param="response_format"
+            "only one structured-output constraint may be set for provider kind 'tgi'",
+            param="response_format",
+            code="invalid_value",
         )
     params["grammar"] = grammar
 

@@ -140,9 +140,12 @@ async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
 
 def _http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
     dialect = DIALECT_ROUTES.get(request.url.path, OPENAI)
-    kinds = {404: "not_found_error", 405: "invalid_request_error"}
-    kind = kinds.get(exc.status_code, "invalid_request_error" if exc.status_code < 500 else "server_error")
-    return error_response(dialect, GatewayError(str(exc.detail), status=exc.status_code, code=None, type=kind))
+    kinds = {404: ("not_found_error", "not_found"), 405: ("invalid_request_error", "method_not_allowed")}
+    other = (
+        ("invalid_request_error", "invalid_request") if exc.status_code < 500 else ("server_error", "internal_error")
+    )
+    kind, code = kinds.get(exc.status_code, other)
+    return error_response(dialect, GatewayError(str(exc.detail), status=exc.status_code, code=code, type=kind))
 
 
 def _gateway_error(request: Request[Any, Any, Any], exc: GatewayError) -> Response[bytes]:
@@ -154,7 +157,9 @@ def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[byt
     # Never a traceback or an internal message to the client; the log keeps the detail.
     log.exception("unhandled error on %s", request.url.path)
     dialect = DIALECT_ROUTES.get(request.url.path, OPENAI)
-    return error_response(dialect, GatewayError("The gateway failed to process the request", status=500))
+    return error_response(
+        dialect, GatewayError("The gateway failed to process the request", status=500, code="internal_error")
+    )
 
 
 def create_app(loaded: LoadedConfig) -> Front:

@@ -28,6 +28,7 @@ from gateway.ops import accesslog
 from gateway.ops.metrics import Metrics, Record
 from gateway.path.dialects import Dialect
 from gateway.path.pipeline import STREAM_FAILED, Pipeline, Result
+from gateway.path.relay import STREAM_CUT, shutdown_cut
 from wire.errors import GatewayError
 
 log = logging.getLogger("gateway")
@@ -160,7 +161,9 @@ Endpoint = Callable[[HTTPScope, Receive, Send], Awaitable[None]]
 def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endpoint:
     async def endpoint(scope: HTTPScope, receive: Receive, send: Send) -> None:
         if scope["method"] != "POST":
-            exc = GatewayError("Method Not Allowed", status=405, type="invalid_request_error")
+            exc = GatewayError(
+                "Method Not Allowed", status=405, type="invalid_request_error", code="method_not_allowed"
+            )
             await _send_error(send, dialect, exc)
             return
         t0 = time.perf_counter()
@@ -183,7 +186,8 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
         if metrics is not None:
             metrics.in_flight.inc()
         # The request's server span, when tracing is on; it ends with the answer or the stream.
-        span = pipeline.tracing.begin(headers, dialect.name, path) if pipeline.tracing is not None else None
+        tracer = pipeline.tracing
+        span = tracer.begin(headers, dialect.name, path, link=pipeline.trace_link) if tracer is not None else None
         watch = _Watch(receive)
         started = False
         try:
@@ -203,16 +207,33 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
             if not started:
                 await _send_error(send, dialect, exc, rec.request_id)
         except asyncio.CancelledError:
-            rec.status, rec.error_code = 499, "client_closed_request"
-            if not watch.gone:
-                raise  # the server is shutting down, not the client leaving
+            if watch.gone:
+                rec.status, rec.error_code = 499, "client_closed_request"
+            else:
+                # Not the client leaving: the server cut the request at its drain deadline. One line says so
+                # (a re-raise would make the server log a traceback), and the client is told, not left hanging.
+                cut = shutdown_cut()
+                rec.status, rec.error_code = cut.status, cut.code
+                log.warning(
+                    "request %s cut at the drain deadline (server.shutdown_grace_ms): %s",
+                    rec.request_id,
+                    "the stream ended with an error event" if started else "answered 503",
+                )
+                with contextlib.suppress(Exception):
+                    if not started:
+                        await _send_error(send, dialect, cut, rec.request_id)
+                    elif result.stream is not None:
+                        await send(_body(STREAM_CUT))
         except Exception:
             # Never a traceback or an internal message to the client; the log keeps the detail.
             log.exception("unhandled error on %s (request %s)", path, rec.request_id)
             rec.status, rec.error_code = 500, "internal_error"
             if not started:
                 await _send_error(
-                    send, dialect, GatewayError("The gateway failed to process the request"), rec.request_id
+                    send,
+                    dialect,
+                    GatewayError("The gateway failed to process the request", code="internal_error"),
+                    rec.request_id,
                 )
             elif result.stream is not None:
                 # A stream the client saw start still ends with an error event and [DONE].

@@ -78,7 +78,9 @@ async def admin_usage(request: Request[Any, Any, Any]) -> Response[bytes]:
             raise ValueError
         dt.date.fromisoformat(day)
     except ValueError:
-        return _error(InvalidRequestError(f"Invalid day {day!r}: expected YYYY-MM-DD (UTC)", param="day"))
+        return _error(
+            InvalidRequestError(f"Invalid day {day!r}: expected YYYY-MM-DD (UTC)", param="day", code="invalid_value")
+        )
     return Response(encode(await pipeline.usage.report(day)), media_type=JSON, headers=_NO_STORE)
 
 

@@ -162,7 +162,7 @@ class Tokenizers:
         """Everything under `/m/`: the completion route and the tokenizer routes, for the model in the path."""
         found = split_scoped(scope["path"])
         if found is None:
-            exc = GatewayError("Not Found", status=404, type="not_found_error")
+            exc = GatewayError("Not Found", status=404, type="not_found_error", code="not_found")
             await send_error(send, OPENAI, exc)
             return
         model, route = found
@@ -207,7 +207,9 @@ class Tokenizers:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         rec = Record(request_id=request_id(headers), dialect="tokenizer")
         if scope["method"] != _METHOD[route]:
-            exc = GatewayError("Method Not Allowed", status=405, type="invalid_request_error")
+            exc = GatewayError(
+                "Method Not Allowed", status=405, type="invalid_request_error", code="method_not_allowed"
+            )
             await send_error(send, OPENAI, exc, rec.request_id)
             return
         body = b""
@@ -231,7 +233,12 @@ class Tokenizers:
         except Exception:
             log.exception("unhandled error on %s (request %s)", scope["path"], rec.request_id)
             rec.status, rec.error_code = 500, "internal_error"
-            await send_error(send, OPENAI, GatewayError("The gateway failed to process the request"), rec.request_id)
+            await send_error(
+                send,
+                OPENAI,
+                GatewayError("The gateway failed to process the request", code="internal_error"),
+                rec.request_id,
+            )
         finally:
             pipeline.exit()
             if pipeline.log_requests:

@@ -39,7 +39,7 @@ ADMIT_WORK = 20_000
 LOOP_NODES = 64
 LOOP_PATTERN_CHARS = 256
 # A regex match is priced in evaluations: RE2 at its slowest (0.3 ns per character x instruction, see
-# gateway/patterns.py) does this many character x instructions in about an evaluation's 10 us.
+# gateway/emulation/patterns.py) does this many character x instructions in about an evaluation's 10 us.
 RE2_STEP = 32_768
 
 

@@ -26,7 +26,7 @@ from providers.tokenizer import NO_TOKENIZER
 
 BEGIN = "<!-- BEGIN GENERATED"
 END = "<!-- END GENERATED -->"
-NOTE = " by `make docs` (python -m gateway docs) from gateway/config.py; meanings: gateway/ops/configdoc.py -->"
+NOTE = " by `make docs` (python -m gateway docs) from gateway/config/schema.py; meanings: gateway/ops/configdoc.py -->"
 DOC = Path("docs") / "config.md"
 
 
@@ -86,7 +86,10 @@ MEANINGS: dict[str, str] = {
     "retries.same_target": "same-target retries of a transient failure (5xx, dropped connection, 429 that fits the "
     "budget) before moving on; alias > provider > global ([resilience.md](resilience.md))",
     "cooldown.base_ms": "first cooldown of a failing target without Retry-After; doubles per consecutive failure",
-    "cooldown.max_ms": "cooldown cap; also the cooldown after an exhausted-quota 429",
+    "cooldown.max_ms": "cooldown cap; also the cooldown after an exhausted-quota 429 or refused credentials",
+    "cooldown.min_requests": "distinct failed requests within `window_ms` before a 5xx or timeout cools a target",
+    "cooldown.failure_ratio": "share of a target's requests in the window (and of each client key's) that must fail",
+    "cooldown.window_ms": "sliding window over which 5xx and timeout failures are counted per target",
     "keys": "client keys; none means the gateway is open (said once at start-up)",
     "keys[].name": "shown in 403 messages and logs, unique",
     "keys[].key": "the secret, normally `${VAR}`",
@@ -232,7 +235,7 @@ def _generated_meanings() -> dict[str, str]:
         "(what each accepts: [providers.md](providers.md))",
         "providers.<name>.base_url": "the upstream's root URL; required for "
         + ", ".join(f"`{k}`" for k in kinds_needing_base_url())
-        + " (each deployment may give its own instead)",
+        + " (each deployment may give its own instead); no `user:password@` (refused: the key goes in `api_key`)",
     }
 
 

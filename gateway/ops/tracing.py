@@ -1,8 +1,9 @@
 """OpenTelemetry traces of the completion path: a server span per request, a client span per upstream attempt.
 
 Off by default, and then free (nothing imports opentelemetry); on with `tracing.enabled: true` or
-`OTEL_TRACES_EXPORTER=otlp` (the `otel` extra). A client's `traceparent` becomes the parent and every
-attempt sends its own upstream. Variables, propagation and attributes: docs/observability.md.
+`OTEL_TRACES_EXPORTER=otlp` (the `otel` extra). A client's `traceparent` becomes the parent (or, with
+`tracing.client_context: link`, a link from a new trace) and every attempt sends its own upstream.
+Variables, propagation and attributes: docs/observability.md.
 """
 
 from __future__ import annotations
@@ -92,15 +93,25 @@ class Tracing:
         self.tracer: Tracer = self.provider.get_tracer("completions-gateway")
         self.propagator = TraceContextTextMapPropagator()
 
-    def begin(self, headers: Mapping[str, str], dialect: str, path: str) -> _Request:
-        """Start the request's server span, the child of the client's `traceparent` when it sent a valid one."""
+    def begin(self, headers: Mapping[str, str], dialect: str, path: str, link: bool = False) -> _Request:
+        """Start the request's server span: the child of the client's `traceparent` when it sent a valid one,
+        or with `link` (`tracing.client_context: link`) the root of a new trace with a link to it."""
         from opentelemetry import trace
-        from opentelemetry.trace import SpanKind
+        from opentelemetry.context import Context
+        from opentelemetry.trace import Link, SpanKind
 
         parent = self.propagator.extract(headers)
+        links: list[Link] = []
+        if link:
+            client = trace.get_current_span(parent).get_span_context()
+            if client.is_valid:
+                links.append(Link(client))
+            # A root: the gateway's sampler decides, and nothing of the client's context goes upstream.
+            parent = Context()
         span = self.tracer.start_span(
             f"POST {path}",
             context=parent,
+            links=links,
             kind=SpanKind.SERVER,
             attributes={
                 "http.request.method": "POST",

@@ -81,6 +81,7 @@ class Pipeline:
         self.usage = UsageStore(loaded, self.shared, metrics=metrics)
         # None unless tracing is on (gateway/ops/tracing.py): the endpoint then opens a span per request.
         self.tracing = tracing.from_config(loaded)
+        self.trace_link = loaded.config.tracing.client_context == "link"
         # Built once per config: cuts the config's secrets out of upstream text (errors, logs).
         self.scrub = Scrubber.from_config(loaded)
         watch_logs(self.scrub)
@@ -167,7 +168,13 @@ class Pipeline:
         used: int | None = 0
         started = time.perf_counter()
         try:
-            done = await self.failover.run(job.plan, job.complete, deadline_s=_deadline(job.req))
+            done = await self.failover.run(
+                job.plan,
+                job.complete,
+                deadline_s=_deadline(job.req),
+                tenant=rec.key,
+                client_headers=bool(job.req.inference_extra_headers),
+            )
             usage = done.value.usage
             used = usage.total_tokens if usage is not None else None
         finally:
@@ -183,7 +190,14 @@ class Pipeline:
         """Every attempt of a streamed request up to its first event; then the relay has the stream."""
         started = time.perf_counter()
         try:
-            opened = await self.failover.run(job.plan, job.open, deadline_s=_deadline(job.req), discard=job.discard)
+            opened = await self.failover.run(
+                job.plan,
+                job.open,
+                deadline_s=_deadline(job.req),
+                discard=job.discard,
+                tenant=rec.key,
+                client_headers=bool(job.req.inference_extra_headers),
+            )
         except BaseException:
             self.admission.settle(job.ticket, 0)
             raise

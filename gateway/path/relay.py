@@ -43,6 +43,21 @@ def error_event(exc: GatewayError) -> bytes:
 STREAM_FAILED = error_event(internal()) + DONE
 
 
+def shutdown_cut() -> GatewayError:
+    """A request still running when the drain deadline (`server.shutdown_grace_ms`) cut it."""
+    return GatewayError(
+        "The gateway is shutting down and cut the request at its drain deadline; retry it",
+        code="shutdown_deadline_exceeded",
+        status=503,
+        type="service_unavailable",
+        cools=False,
+    )
+
+
+# The end of a stream cut at the drain deadline: the client learns why, and sees the stream end.
+STREAM_CUT = error_event(shutdown_cut()) + DONE
+
+
 def _resumable(job: Job) -> bool:
     # Only a single text continuation can be resumed by appending what was sent to the prompt.
     req = job.req
@@ -119,8 +134,9 @@ class Relay:
                     # A stream that broke mid-way is a failed target, resumed or not (a dropped connection cools).
                     await self.health.failure(route.key, None, "error")
                     if _resumable(job):
-                        resumed = await self.resume(job, "".join(text), sent)
+                        resumed = await self.resume(job, "".join(text), sent, rec.key)
                 if resumed is None:
+                    _book_failure(rec, route, error)
                     yield error_event(self.scrub.error(error))
                     break
                 opened, route = resumed
@@ -139,6 +155,7 @@ class Relay:
                 yield sse_event(encode(last))
         except Exception:
             log.exception("stream failed after it started (request %s)", rec.request_id)
+            _book_failure(rec, route, internal())
             yield error_event(internal())
         finally:
             # Settle before awaiting anything: a client that left cancels this generator, and a cancelled
@@ -155,7 +172,7 @@ class Relay:
         # Every stream the client saw start ends with [DONE], whatever happened before it.
         yield DONE
 
-    async def resume(self, job: Job, text: str, sent: int) -> tuple[Opened, Route] | None:
+    async def resume(self, job: Job, text: str, sent: int, tenant: str | None = None) -> tuple[Opened, Route] | None:
         """Continue a broken stream on another target from the prompt plus the text already sent."""
         req, ctx = job.req, job.ctx
         left = (16 if req.max_tokens is None else req.max_tokens) - sent
@@ -167,10 +184,25 @@ class Relay:
         # No admission of its own: the broken attempt's quota and the request's ticket cover the stream.
         again = Job(self.services, None, cont, cont_ctx, job.plan)
         try:
-            outcome = await self.failover.run(job.plan, again.open, discard=again.discard)
+            outcome = await self.failover.run(
+                job.plan,
+                again.open,
+                discard=again.discard,
+                tenant=tenant,
+                client_headers=bool(req.inference_extra_headers),
+            )
         except GatewayError:
             return None
         return outcome.value, outcome.route
+
+
+def _book_failure(rec: Record, route: Route, error: GatewayError) -> None:
+    """The access log, metrics and span of a stream that ended in an error event: counted as the failure it
+    is (the status its error would have had, its code and cause, the target that broke), not as the 200 the
+    client saw when the stream started."""
+    rec.status, rec.error_code, rec.cause = error.status, error.code, error.cause
+    # Not `failed`: this target did serve what the client received (its usage and first event count).
+    rec.provider, rec.target = route.provider, route.key
 
 
 def _stream_broke(route: Route, what: str, code: str, cause: str) -> UpstreamError:

@@ -1,7 +1,8 @@
 """Attempts, retries and hedging for one request: one explicit loop over the plan's targets.
 
 Each step decides whether to go on, where (the same target or the next) and how long to wait; a failure
-that says something about the target cools it for every replica; nothing runs after a streamed byte.
+that blames the target, not the request, is reported to health once per request (which cools it for
+every replica at once or on evidence, docs/resilience.md "Cooldowns"); nothing runs after a streamed byte.
 `sleep` and `clock` are injectable so tests assert exact waits. The rules: docs/resilience.md; why a loop
 and not tenacity: docs/architecture.md.
 """
@@ -22,7 +23,7 @@ from gateway.resilience.balancer import Selector
 from gateway.resilience.health import Health, TargetState
 from gateway.upstream.plan import Plan, Route
 from gateway.upstream.transport import Timeouts
-from wire.errors import GatewayError, UpstreamTimeoutError
+from wire.errors import GatewayError, UpstreamConnectError, UpstreamTimeoutError
 
 T = TypeVar("T")
 Sleep = Callable[[float], Awaitable[None]]
@@ -37,18 +38,36 @@ class Outcome(msgspec.Struct, Generic[T]):
     attempts: int
 
 
-def _cause(exc: GatewayError) -> str | None:
-    """What a failure says about the target: None when it says nothing (the client's own mistake)."""
+def _blame(exc: GatewayError, *, client_headers: bool) -> tuple[str, bool] | None:
+    """What a failure says about its target: None when it says nothing (the request's own doing), else
+    the cooldown's cause and whether it cools at once (True) or only with the window's evidence (False).
+
+    At once: the target could not be reached or dropped the connection, rate-limited or refused the
+    gateway's own credential. A client's forwarded headers (`inference_extra_headers`, an
+    `OpenAI-Organization` of another org) may be what the upstream refused, so with them a 401, 403 or
+    429 blames the request. A 5xx or a timeout may be the request's input: evidence, not a verdict.
+    """
     if not exc.cools:
         return None
-    if exc.quota or exc.elsewhere:
+    if exc.quota or exc.elsewhere or getattr(exc, "upstream_status", None) == 429:
+        if client_headers:
+            return None
         # Neither an exhausted quota nor refused credentials come back within a retry: keep everyone off.
-        return "quota"
-    if getattr(exc, "upstream_status", None) == 429:
-        return "429"
-    if exc.retryable:
-        return "error"
-    return None
+        return ("quota" if exc.quota or exc.elsewhere else "429"), True
+    if not exc.retryable:
+        return None
+    if isinstance(exc, UpstreamConnectError) or exc.cause == "connect_timeout":
+        return "error", True
+    return "error", False
+
+
+def _cleared_for(tenant: str, states: dict[str, TargetState], suspects: dict[str, set[str | None]]) -> None:
+    """A target cooled on other keys' failures alone is recovering, not cooling, for this key: it may
+    claim the probe (its success ends the cooldown for everyone; its failure makes it a suspect too)."""
+    for target, st in states.items():
+        keys = suspects.get(target)
+        if keys is not None and tenant not in keys and st.cooling_ms > 0 and st.cause == "error":
+            states[target] = msgspec.structs.replace(st, cooling_ms=0, cause=None, failures=max(st.failures, 1))
 
 
 def backoff(initial_s: float, max_s: float, turn: int) -> float:
@@ -77,16 +96,26 @@ class Failover:
         *,
         deadline_s: float | None = None,
         discard: Discard[T] | None = None,
+        tenant: str | None = None,
+        client_headers: bool = False,
     ) -> Outcome[T]:
+        """`deadline_s` is the client's own (it can only shorten `total_ms`), `tenant` its key's name and
+        `client_headers` whether it forwards headers upstream: what decides whom a failure blames."""
         total = plan.timeouts.total if deadline_s is None else min(plan.timeouts.total, deadline_s)
         deadline = self.clock() + total
         states = await self.health.snapshot(plan.keys)
+        suspects = self.health.evidence.suspects
+        if suspects and tenant is not None:
+            _cleared_for(tenant, states, suspects)
         selector = Selector(plan, states, self.health, probe_ttl_ms=plan.policy.timeouts.first_byte_ms)
         try:
             first = await selector.first()
         except GatewayError as exc:
             raise exc.evolve(attempts=0) from None  # every target is cooling: no upstream call was made
-        return await Run(self, plan, call, discard, selector, first, deadline, total).go()
+        run = Run(self, plan, call, discard, selector, first, deadline, total)
+        run.tenant, run.client_headers = tenant, client_headers
+        run.client_deadline = deadline_s is not None and deadline_s < plan.timeouts.total
+        return await run.go()
 
 
 class Run(Generic[T]):
@@ -96,7 +125,22 @@ class Run(Generic[T]):
     known on the way in and its outcome on the way out.
     """
 
-    __slots__ = ("failover", "plan", "call", "discard", "selector", "route", "deadline", "total", "attempts", "base")
+    __slots__ = (
+        "failover",
+        "plan",
+        "call",
+        "discard",
+        "selector",
+        "route",
+        "deadline",
+        "total",
+        "attempts",
+        "base",
+        "tenant",
+        "client_headers",
+        "client_deadline",
+        "blamed",
+    )
 
     def __init__(
         self,
@@ -119,6 +163,10 @@ class Run(Generic[T]):
         self.total = total
         self.attempts = 0  # upstream calls made, hedges included
         self.base = plan.timeouts
+        self.tenant: str | None = None
+        self.client_headers = False
+        self.client_deadline = False  # the client's `inference_timeout` is shorter than the plan's total
+        self.blamed: tuple[str, ...] = ()  # targets this request's failures already reported: once each
 
     async def go(self) -> Outcome[T]:
         f, policy = self.failover, self.plan.policy
@@ -159,6 +207,10 @@ class Run(Generic[T]):
                 if fresh:
                     same_left = self._same_target(self.route)
                     wait = 0.0
+                elif not failed.same_target:
+                    # A timeout or an unreachable target: no other target is left, and repeating this
+                    # one would only wait out the same timeout again (a one-target plan fails at once).
+                    raise self._gave_up(failed, out_of_budget=False)
                 elif pause is not None:
                     wait = pause
                 else:
@@ -181,24 +233,67 @@ class Run(Generic[T]):
             if span is not None:
                 span.succeeded(value)
         except GatewayError as exc:
-            cause = _cause(exc)
-            if cause is not None:
-                await health.failure(route.key, exc.retry_after, cause)
-                # Should this request retry the target and succeed, that success is its probe: it clears.
-                failed = states.get(route.key) or TargetState()
-                states[route.key] = msgspec.structs.replace(failed, failures=failed.failures + 1)
+            await self._report(route, timeouts, exc)
             if exc.target is None:  # made where the target was not known (an adapter's status mapping)
                 raise exc.evolve(target=route.key, provider=route.provider) from None
+            raise
+        except asyncio.CancelledError:
+            known = states.get(route.key)
+            if known is not None and known.recovering:
+                # A probe cancelled (a hedge that lost, a client gone) decided nothing: the next request probes.
+                await health.release(route.key)
             raise
         finally:
             if span is not None:
                 span.close(sys.exc_info()[1])  # the exception on its way out, if any
             if track:
                 await health.inflight(route.key, -1)
-        await health.success(route.key, states.get(route.key))
+        await health.success(route.key, states.get(route.key), self.tenant)
         if plan.tracks_latency:
             await health.latency(route.key, (self.failover.clock() - started) * 1000)
         return value
+
+    async def _report(self, route: Route, timeouts: Timeouts, exc: GatewayError) -> None:
+        """Tell health what a failed attempt says about its target, if anything, once per request."""
+        health, key = self.failover.health, route.key
+        states = self.selector.states
+        known = states.get(key)
+        blame = _blame(exc, client_headers=self.client_headers)
+        if (
+            blame is not None
+            and self.client_deadline
+            and isinstance(exc, UpstreamTimeoutError)
+            and (exc.cause == "total_timeout" or timeouts.first_byte < self.base.first_byte)
+        ):
+            blame = None  # the client's own deadline ran out, not the target's time
+        if blame is None:
+            if known is not None and known.recovering and key not in self.blamed:
+                await health.release(key)  # this probe decided nothing: the next request probes
+            return
+        if key in self.blamed:
+            # This request's retry failed again: one request is one piece of evidence, and one failure
+            # of the cooldown's count; only a fresh Retry-After still extends the cooldown.
+            if exc.retry_after is not None and known is not None and known.failures > 0:
+                await health.failure(key, exc.retry_after, blame[0], count=False)
+            return
+        self.blamed += (key,)
+        cause, at_once = blame
+        evidence = health.evidence
+        if at_once:
+            evidence.suspects.pop(key, None)  # the target's own failure: nobody's input is suspected
+        elif known is None or known.failures == 0:
+            if not evidence.failure(key, self.tenant):
+                return
+        else:
+            # A target already failing (this request's probe of it, after a cooldown) needs no more
+            # evidence; this key has now seen it fail too, and probes it no more during the cooldown.
+            keys = evidence.suspects.get(key)
+            if keys is not None:
+                keys.add(self.tenant)
+        await health.failure(key, exc.retry_after, cause)
+        # Should this request retry the target and succeed, that success is its probe: it clears.
+        failed = known or TargetState()
+        states[key] = msgspec.structs.replace(failed, failures=failed.failures + 1)
 
     async def _hedged(self, timeouts: Timeouts, after_s: float) -> tuple[T, Route]:
         """Start a second target if the first has not answered within `after_s`; first answer wins."""

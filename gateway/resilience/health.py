@@ -1,12 +1,14 @@
 """Target health shared by every replica: cooldowns, recovery probes, in-flight counts, latency.
 
-A target that answers 429, 5xx or times out is cooled down for its Retry-After or a growing backoff
-(`cooldown.base_ms` doubling per consecutive failure, capped at `cooldown.max_ms`); a failure during a
-cooldown extends it. When the cooldown ends the target is "recovering": exactly one request (the one
-that wins the probe slot) may use it; its success clears the failure count, its failure starts a
-longer cooldown. In Redis these are keys with TTLs (`gw:{target}:cd|cf|probe|in|lat`, hash-tagged per
-target), so every replica skips the same target; without Redis, or while Redis is unreachable, the same
-semantics run on in-process dictionaries.
+A target that fails for everyone (what decides that: gateway/resilience/failover.py `_blame` and
+gateway/resilience/evidence.py) is cooled down for its Retry-After or a growing backoff (`cooldown.base_ms`
+doubling per consecutive failure, capped at `cooldown.max_ms`); a failure during a cooldown extends it.
+When the cooldown ends the target is "recovering": exactly one request (the one that wins the probe
+slot) may use it; its success clears the failure count, its failure starts a longer cooldown, and a
+failure that was the request's own gives the slot back.
+In Redis these are keys with TTLs (`gw:{target}:cd|cf|probe|in|lat`, hash-tagged per target), so every
+replica skips the same target; without Redis, or while Redis is unreachable, the same semantics run on
+in-process dictionaries.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import msgspec
 import redis.asyncio as aioredis
 
 from gateway.config import CooldownConfig
+from gateway.resilience.evidence import Evidence
 from gateway.state import Degraded, SharedState
 
 _V = TypeVar("_V")
@@ -40,8 +43,13 @@ def _put(d: dict[str, _V], key: str, value: _V) -> None:
 
 
 _FAILURE = """
-local f = redis.call('INCR', KEYS[2])
-redis.call('PEXPIRE', KEYS[2], ARGV[4])
+local f
+if ARGV[6] == '1' then
+  f = redis.call('INCR', KEYS[2])
+  redis.call('PEXPIRE', KEYS[2], ARGV[4])
+else
+  f = math.max(tonumber(redis.call('GET', KEYS[2]) or '1'), 1)
+end
 local ms = tonumber(ARGV[1])
 if ms < 0 then ms = math.min(tonumber(ARGV[2]) * 2 ^ (f - 1), tonumber(ARGV[3])) end
 ms = math.max(math.floor(ms), 1)
@@ -104,11 +112,15 @@ class _Local:
             latency_ms=self.latency.get(target),
         )
 
-    def failure(self, target: str, retry_after_ms: int | None, cause: str, cfg: CooldownConfig) -> int:
+    def failure(
+        self, target: str, retry_after_ms: int | None, cause: str, cfg: CooldownConfig, count: bool = True
+    ) -> int:
         now = self.clock()
         fails, fail_until = self.failures.get(target, (0, 0.0))
-        fails = (fails if fail_until > now else 0) + 1
-        _put(self.failures, target, (fails, now + cfg.max_ms * 4 / 1000))
+        fails = fails if fail_until > now else 0
+        if count or not fails:
+            fails += 1
+            _put(self.failures, target, (fails, now + cfg.max_ms * 4 / 1000))
         ms = retry_after_ms if retry_after_ms is not None else min(cfg.base_ms * 2 ** (fails - 1), cfg.max_ms)
         ms = max(int(ms), 1)
         until, _ = self.cool.get(target, (0.0, cause))
@@ -150,6 +162,7 @@ class Health:
         self.refresh_s = refresh_ms / 1000
         self._seen: dict[str, tuple[float, TargetState]] = {}
         self.local = _Local(clock)
+        self.evidence = Evidence(cooldown, clock)
         self._failure_script = shared.client.register_script(_FAILURE) if shared.client is not None else None
         self._ewma_script = shared.client.register_script(_EWMA) if shared.client is not None else None
         self._exhausted_script = shared.client.register_script(_EXHAUSTED) if shared.client is not None else None
@@ -157,6 +170,7 @@ class Health:
     def reset(self) -> None:
         """Forget this process's view of every target (cooldowns, failures, probes, counts)."""
         self.local = _Local(self.local.clock)
+        self.evidence = Evidence(self.cooldown, self.local.clock)
         self._seen.clear()
 
     async def snapshot(self, targets: Sequence[str]) -> dict[str, TargetState]:
@@ -214,8 +228,9 @@ class Health:
             )
         return out
 
-    async def failure(self, target: str, retry_after_s: float | None, cause: str) -> int:
-        """Cool a target down; returns the cooldown in ms."""
+    async def failure(self, target: str, retry_after_s: float | None, cause: str, *, count: bool = True) -> int:
+        """Cool a target down; returns the cooldown in ms. `count=False`: a request's repeated failure
+        on the same target, which may extend the cooldown (its Retry-After) but not lengthen the next."""
         self.forget(target)
         if self.on_cooldown is not None:
             self.on_cooldown(target, cause)
@@ -232,12 +247,13 @@ class Health:
                 self.cooldown.max_ms,
                 self.cooldown.max_ms * 4,
                 cause,
+                1 if count else 0,
             ]
             try:
                 return int(await self.shared.run(lambda r: script(keys=[cd, cf, probe], args=args, client=r)))
             except Degraded:
                 pass
-        return self.local.failure(target, ra, cause, self.cooldown)
+        return self.local.failure(target, ra, cause, self.cooldown, count)
 
     async def exhausted(self, target: str, seconds: float) -> None:
         """The upstream said its quota is used up until `seconds` from now: every replica skips the target
@@ -256,7 +272,8 @@ class Health:
                 pass
         self.local.exhausted(target, ms)
 
-    async def success(self, target: str, state: TargetState | None) -> None:
+    async def success(self, target: str, state: TargetState | None, tenant: str | None = None) -> None:
+        self.evidence.success(target, tenant)
         if state is None or state.failures == 0:
             return
         self.forget(target)
@@ -277,6 +294,17 @@ class Health:
             return bool(await self.shared.run(lambda r: r.set(probe, b"1", nx=True, px=max(ttl_ms, 1))))
         except Degraded:
             return self.local.probe(target, ttl_ms)
+
+    async def release(self, target: str) -> None:
+        """Give back a probe slot whose request said nothing about the target (it failed for its own
+        reasons): the next request probes at once instead of everyone waiting out the slot."""
+        self.forget(target)
+        self.local.probes.pop(target, None)
+        probe = _keys(target)[2]
+        try:
+            await self.shared.run(lambda r: r.delete(probe))
+        except Degraded:
+            pass
 
     async def inflight(self, target: str, delta: int) -> None:
         count = self.local.inflight.get(target, 0) + delta

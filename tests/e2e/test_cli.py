@@ -42,6 +42,12 @@ BAD_CONFIGS = [
         id="base-url-scheme",
     ),
     pytest.param(
+        # httpx would send it as Basic auth instead of the key, h1 would drop it; and the URL is never echoed.
+        "providers:\n  local: {kind: vllm, base_url: 'https://svc:hunter2-pw@vllm.internal/v1'}\n",
+        "providers.local.base_url: must not carry credentials (user:password@); set api_key (or a headers: entry)",
+        id="base-url-userinfo",
+    ),
+    pytest.param(
         "providers:\n  demo: {kind: fake}\nmodels:\n  - {name: a, targets: [{model: nope/x}]}\n",
         "models[0].targets[0].model: unknown provider 'nope' in 'nope/x'",
         id="alias-unknown-provider",

@@ -28,6 +28,7 @@ redis: {{url: "{url}", on_failure: fail_closed}}
 keys:
   - {{name: four, key: k-four, limits: {{rpm: 4, concurrent: 3}}}}
   - {{name: wide, key: k-wide}}
+cooldown: {{min_requests: 1}}  # one failure cools: the cooldown keys must land on the cluster
 providers:
   demo: {{kind: fake, limits: {{rpm: 1000}}}}
 """
