@@ -5,10 +5,11 @@ batch (`batch.py`), the stores (`store.py`: a bounded in-process LRU, or Redis),
 it (`policy.py`: mode, `Cache-Control`) and each request's part (`service.py`: lookup, coalescing,
 headers). Operators' account: docs/cache.md.
 
-It may import the config, `wire/`, `providers/` (not an adapter module) and lower wings (limits, shared
-state, framing, metrics). It never imports the request path (the pipeline, attempts, the relay, the
-failover loop) or the edge (endpoints, the app): those call it through the thin hooks `Cache.lookup`,
-`Lookup.serve`, `Lookup.chunk`, `Lookup.finish`; with every mode `off` that is one attribute check.
+The request path calls it through thin hooks (`Cache.lookup`, `Lookup.serve`, `.chunk`, `.finish`; with
+every mode `off`, one attribute check); the edge reads its counts and deletes entries.
+
+May import limits, upstream, ops and the base; never resilience or emulation (the other wings of its
+layer), path or edge.
 """
 
 from __future__ import annotations

@@ -18,7 +18,6 @@ from typing import Any, Protocol, TypeVar
 import msgspec
 from msgspec.structs import replace
 
-from gateway.admission import Admission, Ticket
 from gateway.cache.batch import (
     join_answer,
     join_events,
@@ -33,16 +32,17 @@ from gateway.cache.key import cache_key, model_tag
 from gateway.cache.policy import BYPASS, COALESCED, HIT, MISS, NO_CONTROLS, Controls, Policy, cache_miss, deterministic
 from gateway.cache.store import MemoryStore, RedisStore, Store
 from gateway.config import CacheConfig, LoadedConfig
-from gateway.framing import DONE, sse_event
-from gateway.metrics import Metrics, Record
+from gateway.limits.admission import Admission, Ticket
+from gateway.ops.metrics import Metrics, Record
 from gateway.state import SharedState
+from gateway.upstream.framing import DONE, sse_event
 from providers.base import CallContext
 from wire.errors import GatewayError
 from wire.schema import Choice, Completion, CompletionRequest, Usage, encode
 
 
 class JobLike(Protocol):
-    """What the cache reads of the pipeline's job (gateway/attempt.py `Job`)."""
+    """What the cache reads of the pipeline's job (gateway/path/attempt.py `Job`)."""
 
     req: CompletionRequest
     ctx: CallContext
