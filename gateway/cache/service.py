@@ -94,7 +94,7 @@ class Cache:
             else:
                 vendor = alias.targets[0].model.partition("/")[0]
                 self.aliases[alias.name] = self.providers.get(vendor, self.default)
-        self.inflight: dict[str, asyncio.Future[Entry | None]] = {}
+        self.inflight: dict[bytes, asyncio.Future[Entry | None]] = {}
         self.counts = {HIT: 0, MISS: 0, COALESCED: 0, BYPASS: 0}
         self.children: dict[tuple[str, str], Any] = {}
         self._policies: dict[str, Policy | None] = {}
@@ -141,7 +141,7 @@ class Cache:
             if cc.only_if_cached:
                 raise cache_miss()
             return Lookup(self, BYPASS, rec)
-        scope = "*" if pol.shared else "key:" + (key or "")
+        scope = b"*\x00" if pol.shared else b"key:%s\x00" % (key or "").encode("utf-8", "surrogatepass")
         prompt = req.prompt
         tag = model_tag(req.model)
         if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
@@ -247,7 +247,7 @@ class Lookup:
         *,
         entry: Entry | None = None,
         policy: Policy | None = None,
-        digest: str = "",
+        digest: bytes = b"",
         tag: str = "",
     ) -> None:
         self.cache = cache
@@ -261,7 +261,7 @@ class Lookup:
         self.leader: asyncio.Future[Entry | None] | None = None
         self.events: list[list[Choice]] | None = None  # a stream's chunks, as the relay sends them
         self.answer: Completion | None = None  # a buffered answer, as the pipeline encodes it
-        self.keys: list[str] = []  # per prompt
+        self.keys: list[bytes] = []  # per prompt
         self.found: list[Entry | None] = []  # per prompt: the entry already stored
         self.prompts: list[Any] = []
         self.n = 1

@@ -1,8 +1,9 @@
 """Where entries live: a per-process LRU bounded in bytes, or the configured Redis shared by replicas.
 
-Both hold encoded entries (gateway/cache/entry.py) under keys that carry no client text: a digest of the
-model name (so one model's entries can be deleted) and the request's SHA-256. A Redis that cannot be
-reached makes every read a miss and every write a no-op: the cache never fails a request.
+Both hold encoded entries (gateway/cache/entry.py), tagged with a digest of the model name (so one model's
+entries can be deleted). The memory store keys them by the request's canonical bytes (key.py), counted
+in its bound; a Redis name carries no client text, only the tag and the key's SHA-256. A Redis that
+cannot be reached makes every read a miss and every write a no-op: the cache never fails a request.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any, Final, Protocol
 
 import redis.asyncio as aioredis
 
+from gateway.cache.key import digest
 from gateway.state import Degraded, SharedState
 
 PREFIX: Final = "gwcache:"
@@ -22,11 +24,11 @@ PREFIX: Final = "gwcache:"
 class Store(Protocol):
     kind: str
 
-    async def get(self, key: str, tag: str) -> bytes | None: ...
+    async def get(self, key: bytes, tag: str) -> bytes | None: ...
 
-    async def get_many(self, keys: list[str], tag: str) -> list[bytes | None]: ...
+    async def get_many(self, keys: list[bytes], tag: str) -> list[bytes | None]: ...
 
-    async def put(self, key: str, tag: str, value: bytes, ttl_s: int) -> None: ...
+    async def put(self, key: bytes, tag: str, value: bytes, ttl_s: int) -> None: ...
 
     async def clear(self, tag: str | None) -> int: ...
 
@@ -48,19 +50,19 @@ class MemoryStore:
         self.max_bytes = max_bytes
         self.clock = clock
         self.on_evict = on_evict
-        self.entries: OrderedDict[str, tuple[bytes, float, str]] = OrderedDict()
+        self.entries: OrderedDict[bytes, tuple[bytes, float, str]] = OrderedDict()
         self.bytes = 0
         self.evictions = 0
 
     @staticmethod
-    def _cost(key: str, value: bytes) -> int:
+    def _cost(key: bytes, value: bytes) -> int:
         return len(value) + len(key)
 
-    def _drop(self, key: str) -> None:
+    def _drop(self, key: bytes) -> None:
         value, _, _ = self.entries.pop(key)
         self.bytes -= self._cost(key, value)
 
-    async def get(self, key: str, tag: str) -> bytes | None:
+    async def get(self, key: bytes, tag: str) -> bytes | None:
         found = self.entries.get(key)
         if found is None:
             return None
@@ -71,10 +73,10 @@ class MemoryStore:
         self.entries.move_to_end(key)
         return value
 
-    async def get_many(self, keys: list[str], tag: str) -> list[bytes | None]:
+    async def get_many(self, keys: list[bytes], tag: str) -> list[bytes | None]:
         return [await self.get(k, tag) for k in keys]
 
-    async def put(self, key: str, tag: str, value: bytes, ttl_s: int) -> None:
+    async def put(self, key: bytes, tag: str, value: bytes, ttl_s: int) -> None:
         cost = len(value) + len(key)
         if cost > self.max_bytes:
             return
@@ -114,25 +116,25 @@ class MemoryStore:
 
 
 class RedisStore:
-    """Entries in the configured Redis under `gwcache:<model digest>:<key>`, with Redis's own expiry."""
+    """Entries in the configured Redis under `gwcache:<model digest>:<key's SHA-256>`, with Redis's own expiry."""
 
     kind = "redis"
 
     def __init__(self, shared: SharedState) -> None:
         self.shared = shared
 
-    async def get(self, key: str, tag: str) -> bytes | None:
-        name = f"{PREFIX}{tag}:{key}"
+    async def get(self, key: bytes, tag: str) -> bytes | None:
+        name = f"{PREFIX}{tag}:{digest(key)}"
         try:
             value = await self.shared.run(lambda r: r.get(name))
         except Degraded:
             return None
         return value if isinstance(value, bytes) else None
 
-    async def get_many(self, keys: list[str], tag: str) -> list[bytes | None]:
+    async def get_many(self, keys: list[bytes], tag: str) -> list[bytes | None]:
         if len(keys) == 1:
             return [await self.get(keys[0], tag)]
-        names = [f"{PREFIX}{tag}:{k}" for k in keys]
+        names = [f"{PREFIX}{tag}:{digest(k)}" for k in keys]
         values: list[Any]
         try:
             # One round trip; on a Cluster the keys may sit in different slots, so one GET each there.
@@ -144,8 +146,8 @@ class RedisStore:
             return [None] * len(keys)
         return [v if isinstance(v, bytes) else None for v in values]
 
-    async def put(self, key: str, tag: str, value: bytes, ttl_s: int) -> None:
-        name = f"{PREFIX}{tag}:{key}"
+    async def put(self, key: bytes, tag: str, value: bytes, ttl_s: int) -> None:
+        name = f"{PREFIX}{tag}:{digest(key)}"
         try:
             await self.shared.run(lambda r: r.set(name, value, ex=ttl_s))
         except Degraded:
