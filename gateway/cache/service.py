@@ -281,7 +281,7 @@ class Lookup:
             label = rec.label
             if label is None:
                 label = rec.label = cache.metrics.labels.fold(rec.model)
-            (cache.children.get((self.state, label)) or cache.child(self.state, label)).inc()
+            cache.metrics.tally.add(cache.children.get((self.state, label)) or cache.child(self.state, label))
         if self.entry is not None:
             return self._replay(job, rec, make)
         found = self.found
@@ -403,7 +403,7 @@ class Lookup:
                 stored += len(raw)
         label, cache = self.rec.label, self.cache
         if cache.metrics is not None and label is not None and stored:
-            (cache.children.get(("stored", label)) or cache.child("stored", label)).inc(stored)
+            cache.metrics.tally.add(cache.children.get(("stored", label)) or cache.child("stored", label), stored)
 
     def abandon(self) -> None:
         """No answer to share (an error, a stream cut short): whoever waits on this request asks for itself."""

@@ -12,9 +12,10 @@ names therefore adds no series: the number of series is bounded by the config.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
-from typing import Final, NamedTuple
+from typing import Any, Final, NamedTuple
 
 import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -120,6 +121,31 @@ class _Children(NamedTuple):
     completion_tokens: Counter
 
 
+class Tally:
+    """Counter increments gathered in the process and added to their series at most `FLUSH_S` later (and
+    before every render): a series bumped on every request would pay a lock and four calls each time."""
+
+    FLUSH_S: Final = 1.0
+
+    def __init__(self) -> None:
+        self.pending: dict[Any, float] = {}  # a labelled series (its child) -> what it has yet to be added
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(self, child: Any, amount: float = 1.0) -> None:
+        pending = self.pending
+        pending[child] = pending.get(child, 0.0) + amount
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.FLUSH_S, self.flush)
+
+    def flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        pending, self.pending = self.pending, {}
+        for child, amount in pending.items():
+            child.inc(amount)
+
+
 class Metrics:
     def __init__(self) -> None:
         self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
@@ -184,6 +210,7 @@ class Metrics:
         self.cache_evictions = Counter(
             "gateway_cache_evictions", "Entries the memory store evicted to stay within max_bytes", registry=r
         )
+        self.tally = Tally()  # the cache's counts, added in batches
         self.in_flight = Gauge("gateway_in_flight", "Requests being served", multiprocess_mode="livesum", registry=r)
         # The config in force decides the label values (`bind`); until one is bound, every model folds.
         self.labels = ModelLabels()
@@ -240,6 +267,7 @@ class Metrics:
             self.failures.labels(rec.provider, self.labels.fold(rec.target), rec.cause).inc()
 
     def render(self) -> bytes:
+        self.tally.flush()
         if self.multiprocess:
             registry = CollectorRegistry()
             MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
