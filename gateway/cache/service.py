@@ -94,10 +94,10 @@ class Cache:
             else:
                 vendor = alias.targets[0].model.partition("/")[0]
                 self.aliases[alias.name] = self.providers.get(vendor, self.default)
-        self.inflight: dict[bytes, asyncio.Future[Entry | None]] = {}
+        self.inflight: dict[bytes, Lookup] = {}  # per key: the request in flight that will store its answer
         self.counts = {HIT: 0, MISS: 0, COALESCED: 0, BYPASS: 0}
         self.children: dict[tuple[str, str], Any] = {}
-        self._policies: dict[str, Policy | None] = {}
+        self._policies: dict[str, tuple[Policy | None, str]] = {}  # per model: its policy and model tag
         self.stores = {s.kind: s for s in (self.memory, self.redis) if s is not None}
 
     def policy(self, model: str) -> Policy | None:
@@ -126,13 +126,12 @@ class Cache:
     ) -> Lookup | None:
         """None when no cache covers the request's model; else what the cache found for it."""
         policies = self._policies
-        if req.model in policies:
-            pol = policies[req.model]
-        else:
-            pol = self.policy(req.model)
+        known = policies.get(req.model)
+        if known is None:
             if len(policies) >= 4096:
                 policies.clear()  # client-chosen model names cannot grow it
-            policies[req.model] = pol
+            known = policies[req.model] = (self.policy(req.model), model_tag(req.model))
+        pol, tag = known
         if pol is None:
             return None
         header = headers.get("cache-control")
@@ -143,12 +142,16 @@ class Cache:
             return Lookup(self, BYPASS, rec)
         scope = b"*\x00" if pol.shared else b"key:%s\x00" % (key or "").encode("utf-8", "surrogatepass")
         prompt = req.prompt
-        tag = model_tag(req.model)
         if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
-            # One prompt, the common case: one key, one read.
+            # One prompt, the common case: one key, one read (in memory, without a coroutine).
             digest = cache_key(req, scope)
             prompts, keys = [prompt], [digest]
-            raws = [await pol.store.get(digest, tag)] if not cc.no_cache else []
+            if cc.no_cache:
+                raws = []
+            elif pol.store is self.memory:
+                raws = [self.memory.fetch(digest)]
+            else:
+                raws = [await pol.store.get(digest, tag)]
         else:
             prompts = prompt_items(prompt)
             # One entry per prompt: a one-item list shares its prompt's entry with the prompt sent alone.
@@ -159,18 +162,17 @@ class Cache:
         n = req.n or 1
         found: list[Entry | None] = [None] * len(keys)
         if not cc.no_cache:
-            now = self.clock()
             for i, raw in enumerate(raws):
                 if raw is None:
                     continue
                 entry = load(raw, pol.max_entry_bytes)
-                if entry is not None and (cc.max_age is None or now - entry.stored <= cc.max_age):
+                if entry is not None and (cc.max_age is None or self.clock() - entry.stored <= cc.max_age):
                     found[i] = entry
             if None not in found:
                 return Lookup(self, HIT, rec, entry=_assembled(found, n))  # type: ignore[arg-type]
-            waiting = self.inflight.get(digest)
-            if waiting is not None and not cc.only_if_cached:
-                entry = await self._wait(waiting, req)
+            ahead = self.inflight.get(digest)
+            if ahead is not None and not cc.only_if_cached:
+                entry = await self._wait(ahead, req, n)
                 if entry is not None:
                     return Lookup(self, COALESCED, rec, entry=entry)
         if cc.only_if_cached:
@@ -178,11 +180,18 @@ class Cache:
         lookup = Lookup(self, BYPASS if cc.no_cache else MISS, rec, policy=pol, digest=digest, tag=tag)
         lookup.keys, lookup.found, lookup.prompts, lookup.n = keys, found, prompts, n
         if digest not in self.inflight:
-            lookup.leader = self.inflight[digest] = asyncio.get_running_loop().create_future()
+            self.inflight[digest] = lookup
+            lookup.leading = True
         return lookup
 
-    async def _wait(self, waiting: asyncio.Future[Entry | None], req: CompletionRequest) -> Entry | None:
-        """The answer of the identical request in flight, within this request's own deadline."""
+    async def _wait(self, ahead: Lookup, req: CompletionRequest, n: int) -> Entry | None:
+        """The answer of the identical request in flight, within this request's own deadline. Its future
+        is made by the first request that waits: a request nobody waits for makes none."""
+        if ahead.result is not None:
+            return _assembled(ahead.result, n)  # stored, its leader not yet gone from `inflight`
+        waiting = ahead.waiter
+        if waiting is None:
+            waiting = ahead.waiter = asyncio.get_running_loop().create_future()
         t = req.inference_timeout
         deadline = float(t) if isinstance(t, (float, int)) else self.total_timeout_s
         try:
@@ -228,7 +237,9 @@ class Lookup:
         "policy",
         "digest",
         "tag",
-        "leader",
+        "leading",
+        "waiter",
+        "result",
         "events",
         "answer",
         "keys",
@@ -258,7 +269,9 @@ class Lookup:
         self.policy = policy  # set when the answer may be stored
         self.digest = digest
         self.tag = tag
-        self.leader: asyncio.Future[Entry | None] | None = None
+        self.leading = False  # the request in flight that identical ones wait for
+        self.waiter: asyncio.Future[Entry | None] | None = None  # made by the first that waits
+        self.result: list[Entry] | None = None  # what it stored, for one that comes to wait after
         self.events: list[list[Choice]] | None = None  # a stream's chunks, as the relay sends them
         self.answer: Completion | None = None  # a buffered answer, as the pipeline encodes it
         self.keys: list[bytes] = []  # per prompt
@@ -303,14 +316,16 @@ class Lookup:
             stream = getattr(result, "stream", None)
             if partial and stream is not None:
                 result.stream = self._spliced(stream, job)  # type: ignore[attr-defined]
-            elif self.leader is not None and stream is not None:
+            elif self.leading and stream is not None:
                 result.stream = self._released(stream)  # type: ignore[attr-defined]
             return result
         try:
             result = await buffered(job, rec)
             fresh = self.answer
             if fresh is not None and self.policy is not None:
-                await self._store_batch([fresh.choices], fresh.usage, missing, (rec.provider, rec.target))
+                remote = self._store_batch([fresh.choices], fresh.usage, missing, (rec.provider, rec.target))
+                if remote:
+                    await self._send(remote)
             if fresh is not None and len(missing) < len(self.found):
                 self._complete(fresh, missing)
                 result.body = encode(fresh)  # type: ignore[attr-defined]
@@ -365,24 +380,33 @@ class Lookup:
         """A stream that ended normally on the target it started on: its chunks become the entries."""
         events, self.events = self.events, None
         if events is not None and self.policy is not None:
-            await self._store_batch(events, usage, self.missing, served)
+            remote = self._store_batch(events, usage, self.missing, served)
+            if remote:
+                await self._send(remote)
         self.abandon()
 
-    async def _store_batch(
+    def _store_batch(
         self, events: list[list[Choice]], usage: Usage | None, prompts: list[int], served: tuple[str, str]
-    ) -> None:
-        """An answer for these prompts (by their place in the request), stored one entry per prompt."""
+    ) -> list[tuple[bytes, bytes]]:
+        """An answer for these prompts (by their place in the request), stored one entry per prompt: in
+        memory here; what a remote store has yet to be sent is returned."""
         n = self.n
         if len(prompts) == 1:
             per, usages = [events], [usage]  # one prompt: its events and usage as they are
+            if n == 1 and len(events) == 1 and len(events[0]) == 1:  # one choice in one event (buffered)
+                if events[0][0].finish_reason is None:
+                    return []
+            elif not finished(events, n):
+                return []  # a choice without its finish reason: not an answer that completed normally
         else:
             per = split_events(events, len(prompts), n)
             usages = share_usage(usage, [self.prompts[i] for i in prompts], per)
-        for evs in per:
-            if not finished(evs, n):
-                return  # a choice without its finish reason: not an answer that completed normally
+            for evs in per:
+                if not finished(evs, n):
+                    return []
         fingerprint = self.answer.system_fingerprint if self.answer is not None else None
-        now, model = self.cache.clock(), self.rec.model
+        cache = self.cache
+        now, model = cache.clock(), self.rec.model
         if len(per) == 1:
             entries = [Entry(VERSION, now, model, served[0], served[1], usages[0], per[0], fingerprint)]
         else:
@@ -390,31 +414,46 @@ class Lookup:
                 Entry(VERSION, now, model, served[0], served[1], u, evs, fingerprint)
                 for evs, u in zip(per, usages, strict=True)
             ]
-        leader = self.leader
-        if leader is not None and not leader.done() and len(prompts) == len(self.keys):
-            leader.set_result(entries[0] if len(entries) == 1 else _assembled(entries, n))
+        if self.leading and len(prompts) == len(self.keys):
+            self.result = entries
+            waiter = self.waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_result(_assembled(entries, n))
         pol = self.policy
         assert pol is not None
+        memory = cache.memory if pol.store is cache.memory else None
+        remote: list[tuple[bytes, bytes]] = []
         stored = 0
         for i, entry in zip(prompts, entries, strict=True):
             raw = MAGIC + encode_entry(entry)
             if len(raw) <= pol.max_entry_bytes:
-                await pol.store.put(self.keys[i], self.tag, raw, pol.ttl_s)
+                if memory is not None:
+                    memory.keep(self.keys[i], self.tag, raw, pol.ttl_s)
+                else:
+                    remote.append((self.keys[i], raw))
                 stored += len(raw)
-        label, cache = self.rec.label, self.cache
+        label = self.rec.label
         if cache.metrics is not None and label is not None and stored:
             cache.metrics.tally.add(cache.children.get(("stored", label)) or cache.child("stored", label), stored)
+        return remote
+
+    async def _send(self, remote: list[tuple[bytes, bytes]]) -> None:
+        pol = self.policy
+        assert pol is not None
+        for key, raw in remote:
+            await pol.store.put(key, self.tag, raw, pol.ttl_s)
 
     def abandon(self) -> None:
         """No answer to share (an error, a stream cut short): whoever waits on this request asks for itself."""
-        leader = self.leader
-        if leader is None:
+        if not self.leading:
             return
-        self.leader = None
-        if not leader.done():
-            leader.set_result(None)
-        if self.cache.inflight.get(self.digest) is leader:
-            del self.cache.inflight[self.digest]
+        self.leading = False
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+        inflight = self.cache.inflight
+        if inflight.get(self.digest) is self:
+            del inflight[self.digest]
 
     async def _spliced(self, stream: AsyncIterator[bytes], job: JobLike) -> AsyncIterator[bytes]:
         """A partly stored batch's stream: the stored prompts' chunks, then the upstream's for the others,

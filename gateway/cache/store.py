@@ -63,6 +63,10 @@ class MemoryStore:
         self.bytes -= self._cost(key, value)
 
     async def get(self, key: bytes, tag: str) -> bytes | None:
+        return self.fetch(key)
+
+    def fetch(self, key: bytes) -> bytes | None:
+        """`get` without a coroutine, for the request path."""
         found = self.entries.get(key)
         if found is None:
             return None
@@ -74,9 +78,13 @@ class MemoryStore:
         return value
 
     async def get_many(self, keys: list[bytes], tag: str) -> list[bytes | None]:
-        return [await self.get(k, tag) for k in keys]
+        return [self.fetch(k) for k in keys]
 
     async def put(self, key: bytes, tag: str, value: bytes, ttl_s: int) -> None:
+        self.keep(key, tag, value, ttl_s)
+
+    def keep(self, key: bytes, tag: str, value: bytes, ttl_s: int) -> None:
+        """`put` without a coroutine, for the request path."""
         cost = len(value) + len(key)
         if cost > self.max_bytes:
             return
