@@ -16,8 +16,8 @@ from typing import Any
 
 import msgspec
 
-from gateway.cache.entry import merged
-from wire.schema import Choice, Usage
+from gateway.cache.entry import VERSION, Entry, merged
+from wire.schema import Choice, Completion, Usage
 
 
 def prompt_items(prompt: str | list[Any]) -> list[Any]:
@@ -88,4 +88,47 @@ def sum_usage(usages: Sequence[Usage | None]) -> Usage | None:
     return Usage(prompt_tokens=p, completion_tokens=c, total_tokens=t)
 
 
-__all__ = ["join_answer", "join_events", "prompt_items", "reindexed", "share_usage", "split_events", "sum_usage"]
+def assembled(entries: list[Entry], n: int) -> Entry:
+    """Per-prompt entries as one entry for the whole request."""
+    if len(entries) == 1:
+        return entries[0]
+    first = entries[0]
+    return Entry(
+        version=VERSION,
+        stored=min(e.stored for e in entries),
+        model=first.model,
+        provider=first.provider,
+        target=first.target,
+        usage=sum_usage([e.usage for e in entries]),
+        events=join_events([e.events for e in entries], n),
+        system_fingerprint=first.system_fingerprint,
+    )
+
+
+def completed(fresh: Completion, found: list[Entry | None], missing: list[int], n: int) -> None:
+    """The upstream's answer for the missing prompts, with the stored ones put back in prompt order."""
+    per_fresh = split_events([fresh.choices], len(missing), n)
+    per: list[list[list[Choice]]] = []
+    usages: list[Usage | None] = [fresh.usage]
+    it = iter(per_fresh)
+    for e in found:
+        if e is None:
+            per.append(next(it))
+        else:
+            per.append(e.events)
+            usages.append(e.usage)
+    fresh.choices = join_answer(per, n)
+    fresh.usage = sum_usage(usages)
+
+
+__all__ = [
+    "assembled",
+    "completed",
+    "join_answer",
+    "join_events",
+    "prompt_items",
+    "reindexed",
+    "share_usage",
+    "split_events",
+    "sum_usage",
+]

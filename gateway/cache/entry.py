@@ -10,11 +10,14 @@ a miss, never an error.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Final
 
 import msgspec
 
-from wire.schema import Choice, Completion, Logprobs, Usage
+from gateway.upstream.framing import DONE, sse_event
+from providers.base import CallContext
+from wire.schema import Choice, Completion, Logprobs, Usage, encode
 
 VERSION: Final = 1
 MAGIC: Final = b"gwc1:"
@@ -111,4 +114,24 @@ def finished(events: list[list[Choice]], expected: int) -> bool:
     return len(done) >= expected
 
 
-__all__ = ["MAGIC", "VERSION", "Entry", "answer", "dump", "encode_entry", "finished", "load", "merged"]
+async def replay_stream(entry: Entry, ctx: CallContext, want_usage: bool) -> AsyncIterator[bytes]:
+    """The stored answer as the upstream streamed it: one chunk per stored event, the usage, [DONE]."""
+    for event in entry.events:
+        yield sse_event(encode(ctx.completion(event, system_fingerprint=entry.system_fingerprint)))
+    if want_usage and entry.usage is not None:
+        yield sse_event(encode(ctx.completion([], entry.usage)))
+    yield DONE
+
+
+__all__ = [
+    "MAGIC",
+    "VERSION",
+    "Entry",
+    "answer",
+    "dump",
+    "encode_entry",
+    "finished",
+    "load",
+    "merged",
+    "replay_stream",
+]

@@ -19,15 +19,15 @@ import msgspec
 from msgspec.structs import replace
 
 from gateway.cache.batch import (
-    join_answer,
-    join_events,
+    assembled,
+    completed,
     prompt_items,
     reindexed,
     share_usage,
     split_events,
     sum_usage,
 )
-from gateway.cache.entry import MAGIC, VERSION, Entry, answer, encode_entry, finished, load
+from gateway.cache.entry import MAGIC, VERSION, Entry, answer, encode_entry, finished, load, replay_stream
 from gateway.cache.key import cache_key, model_tag
 from gateway.cache.policy import BYPASS, COALESCED, HIT, MISS, NO_CONTROLS, Controls, Policy, cache_miss, deterministic
 from gateway.cache.store import MemoryStore, RedisStore, Store
@@ -35,7 +35,7 @@ from gateway.config import CacheConfig, LoadedConfig
 from gateway.limits.admission import Admission, Ticket
 from gateway.ops.metrics import Metrics, Record
 from gateway.state import SharedState
-from gateway.upstream.framing import DONE, sse_event
+from gateway.upstream.framing import sse_event
 from providers.base import CallContext
 from wire.errors import GatewayError
 from wire.schema import Choice, Completion, CompletionRequest, Usage, encode
@@ -169,7 +169,7 @@ class Cache:
                 if entry is not None and (cc.max_age is None or self.clock() - entry.stored <= cc.max_age):
                     found[i] = entry
             if None not in found:
-                return Lookup(self, HIT, rec, entry=_assembled(found, n))  # type: ignore[arg-type]
+                return Lookup(self, HIT, rec, entry=assembled(found, n))  # type: ignore[arg-type]
             ahead = self.inflight.get(digest)
             if ahead is not None and not cc.only_if_cached:
                 entry = await self._wait(ahead, req, n)
@@ -188,7 +188,7 @@ class Cache:
         """The answer of the identical request in flight, within this request's own deadline. Its future
         is made by the first request that waits: a request nobody waits for makes none."""
         if ahead.result is not None:
-            return _assembled(ahead.result, n)  # stored, its leader not yet gone from `inflight`
+            return assembled(ahead.result, n)  # stored, its leader not yet gone from `inflight`
         waiting = ahead.waiter
         if waiting is None:
             waiting = ahead.waiter = asyncio.get_running_loop().create_future()
@@ -327,27 +327,12 @@ class Lookup:
                 if remote:
                     await self._send(remote)
             if fresh is not None and len(missing) < len(self.found):
-                self._complete(fresh, missing)
+                completed(fresh, self.found, missing, self.n)
                 result.body = encode(fresh)  # type: ignore[attr-defined]
         finally:
             self.abandon()
         result.headers["x-gateway-cache"] = self.state
         return result
-
-    def _complete(self, fresh: Completion, missing: list[int]) -> None:
-        """The upstream's answer for the missing prompts, with the stored ones put back in prompt order."""
-        per_fresh = split_events([fresh.choices], len(missing), self.n)
-        per: list[list[list[Choice]]] = []
-        usages: list[Usage | None] = [fresh.usage]
-        it = iter(per_fresh)
-        for e in self.found:
-            if e is None:
-                per.append(next(it))
-            else:
-                per.append(e.events)
-                usages.append(e.usage)
-        fresh.choices = join_answer(per, self.n)
-        fresh.usage = sum_usage(usages)
 
     def _replay(self, job: JobLike, rec: Record, make: Make[R]) -> R:
         entry = self.entry
@@ -368,7 +353,7 @@ class Lookup:
         if not req.stream:
             return make(headers, body=encode(answer(entry, ctx.completion([]))))
         want_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return make(headers, stream=_replay_stream(entry, ctx, want_usage))
+        return make(headers, stream=replay_stream(entry, ctx, want_usage))
 
     # -- the hooks the relay calls on a streamed miss ----------------------------------------------
 
@@ -418,7 +403,7 @@ class Lookup:
             self.result = entries
             waiter = self.waiter
             if waiter is not None and not waiter.done():
-                waiter.set_result(_assembled(entries, n))
+                waiter.set_result(assembled(entries, n))
         pol = self.policy
         assert pol is not None
         memory = cache.memory if pol.store is cache.memory else None
@@ -493,32 +478,6 @@ class Lookup:
 
 
 _chunk = msgspec.json.Decoder(Completion).decode
-
-
-def _assembled(entries: list[Entry], n: int) -> Entry:
-    """Per-prompt entries as one entry for the whole request."""
-    if len(entries) == 1:
-        return entries[0]
-    first = entries[0]
-    return Entry(
-        version=VERSION,
-        stored=min(e.stored for e in entries),
-        model=first.model,
-        provider=first.provider,
-        target=first.target,
-        usage=sum_usage([e.usage for e in entries]),
-        events=join_events([e.events for e in entries], n),
-        system_fingerprint=first.system_fingerprint,
-    )
-
-
-async def _replay_stream(entry: Entry, ctx: CallContext, want_usage: bool) -> AsyncIterator[bytes]:
-    """The stored answer as the upstream streamed it: one chunk per stored event, the usage, [DONE]."""
-    for event in entry.events:
-        yield sse_event(encode(ctx.completion(event, system_fingerprint=entry.system_fingerprint)))
-    if want_usage and entry.usage is not None:
-        yield sse_event(encode(ctx.completion([], entry.usage)))
-    yield DONE
 
 
 def build(
