@@ -11,13 +11,15 @@ text; shares are whole tokens and sum to the batch's own counts, so a rerun repo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import msgspec
 
 from gateway.cache.entry import VERSION, Entry, merged
-from wire.schema import Choice, Completion, Usage
+from gateway.upstream.framing import sse_event
+from providers.base import CallContext
+from wire.schema import Choice, Completion, Usage, encode
 
 
 def prompt_items(prompt: str | list[Any]) -> list[Any]:
@@ -121,6 +123,38 @@ def completed(fresh: Completion, found: list[Entry | None], missing: list[int], 
     fresh.usage = sum_usage(usages)
 
 
+async def spliced(
+    stream: AsyncIterator[bytes], found: list[Entry | None], missing: list[int], n: int, ctx: CallContext
+) -> AsyncIterator[bytes]:
+    """A partly stored batch's stream: the stored prompts' chunks, then the upstream's for the others,
+    every choice numbered as in the whole request and the usage chunk summed."""
+    stored = sum_usage([e.usage for e in found if e is not None])
+    try:
+        for i, e in enumerate(found):
+            if e is not None:
+                for event in e.events:
+                    yield sse_event(encode(ctx.completion(reindexed(event, i * n))))
+        async for data in stream:
+            try:
+                c = _chunk(data[6:-2]) if data.startswith(b"data: {") else None
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                c = None  # an error event: relayed as it is
+            if c is None:
+                yield data
+                continue
+            for ch in c.choices:
+                p, j = divmod(ch.index, n)
+                ch.index = missing[p] * n + j
+            if c.usage is not None and stored is not None:
+                c.usage = sum_usage([c.usage, stored])
+            yield sse_event(encode(c))
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]
+
+
+_chunk = msgspec.json.Decoder(Completion).decode
+
+
 __all__ = [
     "assembled",
     "completed",
@@ -129,6 +163,7 @@ __all__ = [
     "prompt_items",
     "reindexed",
     "share_usage",
+    "spliced",
     "split_events",
     "sum_usage",
 ]

@@ -15,17 +15,15 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
-import msgspec
 from msgspec.structs import replace
 
 from gateway.cache.batch import (
     assembled,
     completed,
     prompt_items,
-    reindexed,
     share_usage,
+    spliced,
     split_events,
-    sum_usage,
 )
 from gateway.cache.entry import MAGIC, VERSION, Entry, answer, encode_entry, finished, load, replay_stream
 from gateway.cache.key import cache_key, model_tag
@@ -35,7 +33,6 @@ from gateway.config import CacheConfig, LoadedConfig
 from gateway.limits.admission import Admission, Ticket
 from gateway.ops.metrics import Metrics, Record
 from gateway.state import SharedState
-from gateway.upstream.framing import sse_event
 from providers.base import CallContext
 from wire.errors import GatewayError
 from wire.schema import Choice, Completion, CompletionRequest, Usage, encode
@@ -294,7 +291,11 @@ class Lookup:
             label = rec.label
             if label is None:
                 label = rec.label = cache.metrics.labels.fold(rec.model)
-            cache.metrics.tally.add(cache.children.get((self.state, label)) or cache.child(self.state, label))
+            pending = cache.metrics.tally.pending  # Tally.add, inlined: this runs on every lookup
+            if not pending:
+                cache.metrics.tally.arm()
+            child = cache.children.get((self.state, label)) or cache.child(self.state, label)
+            pending[child] = pending.get(child, 0.0) + 1.0
         if self.entry is not None:
             return self._replay(job, rec, make)
         found = self.found
@@ -315,7 +316,8 @@ class Lookup:
             result.headers["x-gateway-cache"] = self.state
             stream = getattr(result, "stream", None)
             if partial and stream is not None:
-                result.stream = self._spliced(stream, job)  # type: ignore[attr-defined]
+                spliced_ = spliced(stream, self.found, self.missing, self.n, job.ctx)
+                result.stream = self._released(spliced_)  # type: ignore[attr-defined]
             elif self.leading and stream is not None:
                 result.stream = self._released(stream)  # type: ignore[attr-defined]
             return result
@@ -323,7 +325,11 @@ class Lookup:
             result = await buffered(job, rec)
             fresh = self.answer
             if fresh is not None and self.policy is not None:
-                remote = self._store_batch([fresh.choices], fresh.usage, missing, (rec.provider, rec.target))
+                if len(missing) == 1:
+                    raw = self._store_one([fresh.choices], fresh.usage, missing[0], rec.provider, rec.target)
+                    remote = [(self.keys[missing[0]], raw)] if raw is not None else None
+                else:
+                    remote = self._store_batch([fresh.choices], fresh.usage, missing, (rec.provider, rec.target))
                 if remote:
                     await self._send(remote)
             if fresh is not None and len(missing) < len(self.found):
@@ -365,10 +371,45 @@ class Lookup:
         """A stream that ended normally on the target it started on: its chunks become the entries."""
         events, self.events = self.events, None
         if events is not None and self.policy is not None:
-            remote = self._store_batch(events, usage, self.missing, served)
+            missing = self.missing
+            if len(missing) == 1:
+                raw = self._store_one(events, usage, missing[0], served[0], served[1])
+                remote = [(self.keys[missing[0]], raw)] if raw is not None else None
+            else:
+                remote = self._store_batch(events, usage, missing, served)
             if remote:
                 await self._send(remote)
         self.abandon()
+
+    def _store_one(
+        self, events: list[list[Choice]], usage: Usage | None, prompt: int, provider: str, target: str
+    ) -> bytes | None:
+        """`_store_batch` for one prompt (every one-prompt request): no split, no share, no list of entries."""
+        n = self.n
+        if n == 1 and len(events) == 1 and len(events[0]) == 1:  # one choice in one event (buffered)
+            if events[0][0].finish_reason is None:
+                return None
+        elif not finished(events, n):
+            return None  # a choice without its finish reason: not an answer that completed normally
+        answer, cache, pol = self.answer, self.cache, self.policy
+        assert pol is not None
+        fingerprint = answer.system_fingerprint if answer is not None else None
+        entry = Entry(VERSION, cache.clock(), self.rec.model, provider, target, usage, events, fingerprint)
+        if self.leading and len(self.keys) == 1:
+            self.result = [entry]
+            waiter = self.waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_result(entry)
+        raw = MAGIC + encode_entry(entry)
+        if len(raw) > pol.max_entry_bytes:
+            return None
+        label, metrics = self.rec.label, cache.metrics
+        if metrics is not None and label is not None:
+            metrics.tally.add(cache.children.get(("stored", label)) or cache.child("stored", label), len(raw))
+        if pol.store is cache.memory:
+            cache.memory.keep(self.keys[prompt], self.tag, raw, pol.ttl_s)
+            return None
+        return raw
 
     def _store_batch(
         self, events: list[list[Choice]], usage: Usage | None, prompts: list[int], served: tuple[str, str]
@@ -376,29 +417,18 @@ class Lookup:
         """An answer for these prompts (by their place in the request), stored one entry per prompt: in
         memory here; what a remote store has yet to be sent is returned."""
         n = self.n
-        if len(prompts) == 1:
-            per, usages = [events], [usage]  # one prompt: its events and usage as they are
-            if n == 1 and len(events) == 1 and len(events[0]) == 1:  # one choice in one event (buffered)
-                if events[0][0].finish_reason is None:
-                    return []
-            elif not finished(events, n):
+        per = split_events(events, len(prompts), n)
+        usages = share_usage(usage, [self.prompts[i] for i in prompts], per)
+        for evs in per:
+            if not finished(evs, n):
                 return []  # a choice without its finish reason: not an answer that completed normally
-        else:
-            per = split_events(events, len(prompts), n)
-            usages = share_usage(usage, [self.prompts[i] for i in prompts], per)
-            for evs in per:
-                if not finished(evs, n):
-                    return []
         fingerprint = self.answer.system_fingerprint if self.answer is not None else None
         cache = self.cache
         now, model = cache.clock(), self.rec.model
-        if len(per) == 1:
-            entries = [Entry(VERSION, now, model, served[0], served[1], usages[0], per[0], fingerprint)]
-        else:
-            entries = [
-                Entry(VERSION, now, model, served[0], served[1], u, evs, fingerprint)
-                for evs, u in zip(per, usages, strict=True)
-            ]
+        entries = [
+            Entry(VERSION, now, model, served[0], served[1], u, evs, fingerprint)
+            for evs, u in zip(per, usages, strict=True)
+        ]
         if self.leading and len(prompts) == len(self.keys):
             self.result = entries
             waiter = self.waiter
@@ -440,34 +470,6 @@ class Lookup:
         if inflight.get(self.digest) is self:
             del inflight[self.digest]
 
-    async def _spliced(self, stream: AsyncIterator[bytes], job: JobLike) -> AsyncIterator[bytes]:
-        """A partly stored batch's stream: the stored prompts' chunks, then the upstream's for the others,
-        every choice numbered as in the whole request and the usage chunk summed."""
-        n, missing, ctx = self.n, self.missing, job.ctx
-        stored = sum_usage([e.usage for e in self.found if e is not None])
-        try:
-            for i, e in enumerate(self.found):
-                if e is not None:
-                    for event in e.events:
-                        yield sse_event(encode(ctx.completion(reindexed(event, i * n))))
-            async for data in stream:
-                try:
-                    c = _chunk(data[6:-2]) if data.startswith(b"data: {") else None
-                except (msgspec.DecodeError, msgspec.ValidationError):
-                    c = None  # an error event: relayed as it is
-                if c is None:
-                    yield data
-                    continue
-                for ch in c.choices:
-                    p, j = divmod(ch.index, n)
-                    ch.index = missing[p] * n + j
-                if c.usage is not None and stored is not None:
-                    c.usage = sum_usage([c.usage, stored])
-                yield sse_event(encode(c))
-        finally:
-            self.abandon()
-            await stream.aclose()  # type: ignore[attr-defined]
-
     async def _released(self, stream: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         try:
             async for chunk in stream:
@@ -475,9 +477,6 @@ class Lookup:
         finally:
             self.abandon()
             await stream.aclose()  # type: ignore[attr-defined]
-
-
-_chunk = msgspec.json.Decoder(Completion).decode
 
 
 def build(

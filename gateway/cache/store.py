@@ -90,12 +90,17 @@ class MemoryStore:
             return
         if key in self.entries:
             self._drop(key)
-        evicted = 0
-        while self.bytes + cost > self.max_bytes and self.entries:
-            self._drop(next(iter(self.entries)))
-            evicted += 1
+        if self.bytes + cost > self.max_bytes:
+            self._evict(cost)
         self.entries[key] = (value, self.clock() + ttl_s, tag)
         self.bytes += cost
+
+    def _evict(self, room: int) -> None:
+        """Least recently used entries out until `room` more bytes fit."""
+        evicted = 0
+        while self.bytes + room > self.max_bytes and self.entries:
+            self._drop(next(iter(self.entries)))
+            evicted += 1
         if evicted:
             self.evictions += evicted
             if self.on_evict is not None:
@@ -104,14 +109,7 @@ class MemoryStore:
     def adopt(self, previous: MemoryStore) -> None:
         """Take over `previous`'s entries (a config reload), within this store's own bound."""
         self.entries, self.bytes, self.evictions = previous.entries, previous.bytes, previous.evictions
-        evicted = 0
-        while self.bytes > self.max_bytes and self.entries:
-            self._drop(next(iter(self.entries)))
-            evicted += 1
-        if evicted:
-            self.evictions += evicted
-            if self.on_evict is not None:
-                self.on_evict(evicted)
+        self._evict(0)
 
     async def clear(self, tag: str | None) -> int:
         doomed = [k for k, (_, _, t) in self.entries.items() if tag is None or t == tag]

@@ -133,7 +133,12 @@ class Tally:
 
     def add(self, child: Any, amount: float = 1.0) -> None:
         pending = self.pending
+        if not pending:
+            self.arm()
         pending[child] = pending.get(child, 0.0) + amount
+
+    def arm(self) -> None:
+        """Flush within `FLUSH_S`: called by whoever adds to `pending` while it is empty."""
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self.FLUSH_S, self.flush)
 
