@@ -174,8 +174,9 @@ class Cache:
                     return Lookup(self, COALESCED, rec, entry=entry)
         if cc.only_if_cached:
             raise cache_miss()
-        lookup = Lookup(self, BYPASS if cc.no_cache else MISS, rec, policy=pol, digest=digest, tag=tag)
-        lookup.keys, lookup.found, lookup.prompts, lookup.n = keys, found, prompts, n
+        state = BYPASS if cc.no_cache else MISS
+        lookup = Lookup(self, state, rec, policy=pol, digest=digest, tag=tag, keys=keys, found=found, prompts=prompts)
+        lookup.n = n
         if digest not in self.inflight:
             self.inflight[digest] = lookup
             lookup.leading = True
@@ -257,6 +258,10 @@ class Lookup:
         policy: Policy | None = None,
         digest: bytes = b"",
         tag: str = "",
+        keys: list[bytes] | None = None,
+        found: list[Entry | None] | None = None,
+        prompts: list[Any] | None = None,
+        n: int = 1,
     ) -> None:
         self.cache = cache
         self.state = state
@@ -271,10 +276,10 @@ class Lookup:
         self.result: list[Entry] | None = None  # what it stored, for one that comes to wait after
         self.events: list[list[Choice]] | None = None  # a stream's chunks, as the relay sends them
         self.answer: Completion | None = None  # a buffered answer, as the pipeline encodes it
-        self.keys: list[bytes] = []  # per prompt
-        self.found: list[Entry | None] = []  # per prompt: the entry already stored
-        self.prompts: list[Any] = []
-        self.n = 1
+        self.keys: list[bytes] = keys or []  # per prompt
+        self.found: list[Entry | None] = found or []  # per prompt: the entry already stored
+        self.prompts: list[Any] = prompts or []
+        self.n = n
         self.missing: list[int] = []  # the prompts (by their place in the request) the upstream is asked for
 
     async def serve(
