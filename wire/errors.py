@@ -219,6 +219,9 @@ class UpstreamStatusError(UpstreamError):
             # the target does not serve that model. Clients get what an unknown alias gets, so the SDKs raise
             # NotFoundError; the upstream's own words stay in the message.
             code, param = "model_not_found", "model"
+        if context_window:
+            # One code for one meaning, whatever the server called it (its words stay in the message).
+            code = "context_length_exceeded"
         super().__init__(
             message,
             param=param,
