@@ -14,8 +14,9 @@ from collections.abc import AsyncIterator
 
 import msgspec
 
+from gateway import tokens
 from gateway.admission import Admission
-from gateway.attempt import UNREADABLE, Job, Opened, Services, sane_usage
+from gateway.attempt import UNREADABLE, Job, Opened, Services, ignored_n, sane_usage
 from gateway.dialects import OPENAI
 from gateway.failover import Failover
 from gateway.framing import DONE, sse_event
@@ -79,6 +80,7 @@ class Relay:
         usage: Usage | None = None
         text: list[str] = []
         sent = finished = 0
+        top = -1  # the highest choice index seen
         resumed_from = 0  # tokens streamed before the current upstream took over
         try:
             while True:
@@ -92,10 +94,17 @@ class Relay:
                             for choice in c.choices:
                                 text.append(choice.text)
                                 finished += choice.finish_reason is not None
+                                if choice.index > top:
+                                    top = choice.index
                             sent += 1
                             yield sse_event(encode(c))
                         c = await anext(opened.chunks, None)
-                    if finished < expected and usage is None:
+                    if finished < expected and ctx.n > 1 and finished == top + 1:
+                        # Every choice it started, it finished: it answered fewer than `n` asked for, the same
+                        # failure as an unstreamed answer's, and the next stream with n > 1 fails before its start.
+                        self.services.ignores_n.add(route.key)
+                        error = ignored_n(route, expected, finished)
+                    elif finished < expected and usage is None:
                         error = _stream_broke(
                             route, "ended the stream early", "upstream_stream_ended_early", "stream_ended_early"
                         )
@@ -143,7 +152,11 @@ class Relay:
         finally:
             # Settle before awaiting anything: a client that left cancels this generator, and a cancelled
             # task may be cancelled again at its next await.
-            # A finished stream is charged its reported usage; one cut short, its prompt and what it sent.
+            # A finished stream is charged its reported usage; one cut short, or one whose upstream reports
+            # none (llama-cpp-python's), the gateway's estimate: its prompt, and what it sent.
+            if usage is None and sent:
+                usage = _estimate(job, "".join(text), sent)
+                rec.usage_estimated = True
             rec.usage = usage
             for t in (job.ticket, quota):
                 if t is not None:
@@ -171,6 +184,15 @@ class Relay:
         except GatewayError:
             return None
         return outcome.value, outcome.route
+
+
+def _estimate(job: Job, text: str, chunks: int) -> Usage:
+    """Usage for a stream the upstream reported none for: the prompt as admission estimated it (or as
+    gateway/tokens.py estimates it), the output as the larger of the chunks sent and its text's estimate."""
+    ticket = job.ticket
+    prompt = ticket.prompt if ticket is not None and ticket.prompt else tokens.prompt_tokens(job.req.prompt, False, "")
+    completion = max(chunks, tokens.text_tokens(text, False, ""))
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
 
 def _stream_broke(route: Route, what: str, code: str, cause: str) -> UpstreamError:
