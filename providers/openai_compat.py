@@ -139,7 +139,7 @@ class OpenAICompatible(Adapter):
     # Ask for the usage chunk on every stream: the gateway needs it (and strips it if the client did not).
     stream_usage: ClassVar[bool] = True
     # Whether the upstream's `text_offset` counts into prompt + text as OpenAI's does; if not (vLLM counts
-    # from the start of the choice's own text), the gateway computes OpenAI's offsets itself.
+    # from the start of the choice's own text), the gateway moves them by the prompt's length (`_absolute`).
     openai_offsets: ClassVar[bool] = True
     quota_headers = (openai_counters, single_counter)
 
@@ -186,15 +186,32 @@ class OpenAICompatible(Adapter):
             # Logprobs that were asked for and came in no shape the gateway knows: never an empty list.
             raise Unreadable("logprobs without tokens for a non-empty text")
         offsets = up.text_offset
-        if offsets is None or len(offsets) != len(up.tokens) or not self.openai_offsets:
+        if offsets is None or len(offsets) != len(up.tokens):
+            # None sent (Together): counted here, from the tokens' bytes.
             start = 0 if ctx.echo else len(prompt_for_choice(ctx.prompts, index, ctx.n))
             offsets = running_offsets(ctx.offsets, ctx.state, index, start, [key_bytes(t) for t in up.tokens])
+        elif not self.openai_offsets and not ctx.echo and offsets:
+            offsets = self._absolute(offsets, index, ctx)
         return Logprobs(
             tokens=up.tokens,
             token_logprobs=up.token_logprobs,
             top_logprobs=up.top_logprobs,
             text_offset=offsets,
         )
+
+    @staticmethod
+    def _absolute(offsets: list[int], index: int, ctx: CallContext) -> list[int]:
+        """The server's offsets, moved to count into prompt + text as OpenAI's do.
+
+        vLLM counts a non-echo completion from the start of its own text (its first offset is 0); a server
+        that counts as OpenAI does (llama-cpp-python, behind a `vllm` provider) starts at the prompt's
+        length. Which one it is shows in a choice's first offset; the server's own counting is kept.
+        """
+        name = f"shift:{index}"
+        shift = ctx.state.get(name)
+        if shift is None:
+            shift = ctx.state[name] = len(prompt_for_choice(ctx.prompts, index, ctx.n)) if offsets[0] == 0 else 0
+        return [o + shift for o in offsets] if shift else offsets
 
     def _completion(self, up: UpCompletion, ctx: CallContext) -> Completion:
         if up.created:

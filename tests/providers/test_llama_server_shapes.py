@@ -137,13 +137,32 @@ def test_logprobs_asked_for_and_missing_are_an_unreadable_answer_not_an_empty_li
         VLLM.parse_response(json.dumps(body).encode(), context([PROMPT], logprobs=True))
 
 
-def test_vllm_offsets_of_byte_named_tokens_count_characters() -> None:
+@pytest.mark.parametrize(
+    ("sent", "relayed"),
+    [
+        ([0, 1, 1, 2], [23, 24, 24, 25]),  # vLLM: from the start of the completion's own text
+        ([23, 24, 24, 25], [23, 24, 24, 25]),  # llama-cpp-python: into prompt + text, as OpenAI counts
+    ],
+    ids=["vllm", "llama-cpp-python"],
+)
+def test_a_servers_own_offsets_are_kept_counted_into_prompt_and_text(sent: list[int], relayed: list[int]) -> None:
     body = json.loads(_v1(None))
     body["choices"][0]["logprobs"] = {
         "tokens": [" ", "bytes:\\xe2\\x9c", "bytes:\\x93", "!"],
         "token_logprobs": [-0.1, -0.2, -0.05, -0.3],
         "top_logprobs": None,
-        "text_offset": [0, 1, 2, 3],
+        "text_offset": sent,
+    }
+    out = VLLM.parse_response(json.dumps(body).encode(), context([PROMPT], logprobs=True))
+    assert out.choices[0].logprobs is not None
+    assert out.choices[0].logprobs.text_offset == relayed
+
+
+def test_offsets_a_server_did_not_send_are_counted_from_the_tokens_bytes() -> None:
+    body = json.loads(_v1(None))
+    body["choices"][0]["logprobs"] = {
+        "tokens": [" ", "bytes:\\xe2\\x9c", "bytes:\\x93", "!"],
+        "token_logprobs": [-0.1, -0.2, -0.05, -0.3],
     }
     out = VLLM.parse_response(json.dumps(body).encode(), context([PROMPT], logprobs=True))
     assert out.choices[0].logprobs is not None
