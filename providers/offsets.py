@@ -58,16 +58,17 @@ def running_offsets(
 ) -> list[int]:
     """Character offsets of the next tokens of choice `index`, counted from their bytes.
 
-    A token's offset is the number of characters the text before it decodes to, an unfinished multi-byte
-    character not counted (what llama-cpp-python computes, `len(detokenize(tokens[:i]).decode(errors="ignore"))`):
-    counting token strings instead drifts on every token that is only part of a character. `offsets` and
-    `state` carry the running position and the undecoded bytes across a stream's chunks.
+    A token's offset is the number of characters the bytes before it decode to, as the server's text has
+    them: a character split over tokens counts once it is whole, a byte that can start no character counts
+    as the U+FFFD llama-server writes for it. Counting token strings instead drifts on every token that is
+    only part of a character. `offsets` and `state` carry the running position and the undecoded bytes
+    across a stream's chunks.
     """
     pos = offsets.get(index, start)
     name = f"utf8:{index}"
     decoder = state.get(name)
     if decoder is None:
-        decoder = state[name] = codecs.getincrementaldecoder("utf-8")("ignore")
+        decoder = state[name] = codecs.getincrementaldecoder("utf-8")("replace")
     out: list[int] = []
     for raw in raws:
         out.append(pos)

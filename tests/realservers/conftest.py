@@ -120,7 +120,7 @@ def llama_cpp_python(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory)
 
 CONFIG = """
 server: {{host: 127.0.0.1, port: 0}}
-retries: {{attempts: 1}}
+retries: {{attempts: 2}}
 providers:
   ll: {{kind: llamacpp, base_url: "{ll}"}}
   lv: {{kind: vllm, base_url: "{ll}/v1"}}
