@@ -195,6 +195,18 @@ def test_llama_server_v1_logprobs_are_translated(
     _check_offsets(lp, PROMPT, via["text"], [bytes(c["bytes"]) for c in content])
 
 
+@pytest.mark.parametrize("provider", ["ll", "lv"])
+def test_streamed_logprobs_are_the_answers_logprobs(client: httpx.Client, gateway: GatewayThread, provider: str) -> None:
+    body = {"model": f"{provider}/{MODEL}", "prompt": RARE, "max_tokens": TOKENS, "temperature": 0, "logprobs": 3}
+    whole = _gw(client, gateway, body)["choices"][0]["logprobs"]
+    events = _stream(client, gateway.url + "/v1/completions", body)
+    parts = [c["logprobs"] for e in events for c in e["choices"] if c.get("logprobs")]
+    for field in ("tokens", "text_offset"):
+        assert [x for p in parts for x in p[field]] == whole[field], field
+    # The same alternatives (the server's floats may differ in the last digits between its two paths).
+    assert [list(t) for p in parts for t in p["top_logprobs"]] == [list(t) for t in whole["top_logprobs"]]
+
+
 def test_llama_server_native_logprobs_keep_every_alternative(
     client: httpx.Client, gateway: GatewayThread, llama_server: Server
 ) -> None:
