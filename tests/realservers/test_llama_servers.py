@@ -196,7 +196,9 @@ def test_llama_server_v1_logprobs_are_translated(
 
 
 @pytest.mark.parametrize("provider", ["ll", "lv"])
-def test_streamed_logprobs_are_the_answers_logprobs(client: httpx.Client, gateway: GatewayThread, provider: str) -> None:
+def test_streamed_logprobs_are_the_answers_logprobs(
+    client: httpx.Client, gateway: GatewayThread, provider: str
+) -> None:
     body = {"model": f"{provider}/{MODEL}", "prompt": RARE, "max_tokens": TOKENS, "temperature": 0, "logprobs": 3}
     whole = _gw(client, gateway, body)["choices"][0]["logprobs"]
     events = _stream(client, gateway.url + "/v1/completions", body)
