@@ -232,8 +232,7 @@ class Attempt:
             raise
         except Exception as exc:
             raise _unreadable(route, "response body", exc) from None
-        asked = choices_asked(req)
-        if len(answer.choices) < asked:
+        if req.n is not None and req.n > 1 and len(answer.choices) < (asked := choices_asked(req)):
             self.services.ignores_n.add(route.key)
             raise ignored_n(route, asked, len(answer.choices))
         u = answer.usage
