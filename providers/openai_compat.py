@@ -284,8 +284,7 @@ def _error_fields(body: bytes) -> tuple[str, str | None, str | None]:
     code = err.code
     if isinstance(err.error, UpErrorBody):
         e = err.error
-        # A number in `code` is an HTTP status (llama-server's envelope), not a code: its `type` says more.
-        code = e.code if isinstance(e.code, str) else e.type if e.type is not None else e.code
+        code = e.code if e.code is not None else e.type
         return e.message or "unknown error", (str(code) if code is not None else None), e.param
     if isinstance(err.error, str):
         return err.error, (str(code) if code is not None else None), None

@@ -195,11 +195,6 @@ def test_llama_cpp_python_context_error_is_recognized() -> None:
     assert err.context_window and err.code == "context_length_exceeded"
 
 
-def test_another_llama_server_error_keeps_its_type_not_a_status_number() -> None:
-    body = {"error": {"code": 400, "message": "bad", "type": "invalid_request_error"}}
-    assert VLLM.map_error(400, {}, json.dumps(body).encode(), "p").code == "invalid_request_error"
-
-
 def test_echo_of_token_ids_is_refused_where_the_gateway_echoes() -> None:
     with pytest.raises(InvalidRequestError) as err:
         emulation.plan(LLAMA, request(prompt=[1, 2, 3], echo=True), "ll", 2)
