@@ -155,7 +155,7 @@ class Relay:
             # A finished stream is charged its reported usage; one cut short, or one whose upstream reports
             # none (llama-cpp-python's), the gateway's estimate: its prompt, and what it sent.
             if usage is None and sent:
-                usage = _estimate(job, "".join(text), sent)
+                usage = _estimate(job, sent)
                 rec.usage_estimated = True
             rec.usage = usage
             for t in (job.ticket, quota):
@@ -186,13 +186,12 @@ class Relay:
         return outcome.value, outcome.route
 
 
-def _estimate(job: Job, text: str, chunks: int) -> Usage:
+def _estimate(job: Job, chunks: int) -> Usage:
     """Usage for a stream the upstream reported none for: the prompt as admission estimated it (or as
-    gateway/tokens.py estimates it), the output as the larger of the chunks sent and its text's estimate."""
+    gateway/tokens.py estimates it), and one output token per chunk sent (as a cancelled stream is charged)."""
     ticket = job.ticket
     prompt = ticket.prompt if ticket is not None and ticket.prompt else tokens.prompt_tokens(job.req.prompt, False, "")
-    completion = max(chunks, tokens.text_tokens(text, False, ""))
-    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+    return Usage(prompt_tokens=prompt, completion_tokens=chunks, total_tokens=prompt + chunks)
 
 
 def _stream_broke(route: Route, what: str, code: str, cause: str) -> UpstreamError:
