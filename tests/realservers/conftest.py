@@ -143,6 +143,14 @@ def gateway(
         yield gw
 
 
+@pytest.fixture(autouse=True)
+def fresh_target_health(request: pytest.FixtureRequest) -> None:
+    """A target one test made fail (an empty stream cools it) must not be cooling in the next test."""
+    if "gateway" in request.fixturenames:
+        gw: GatewayThread = request.getfixturevalue("gateway")
+        gw.pipeline.health.reset()
+
+
 @pytest.fixture
 def client() -> Iterator[httpx.Client]:
     with httpx.Client(trust_env=False, timeout=60) as c:

@@ -304,6 +304,23 @@ def test_a_prompt_over_the_context_has_one_code_and_falls_back(
     assert served.headers["x-gateway-provider"] == "py"
 
 
+def test_llama_cpp_pythons_context_error_has_the_same_code(
+    client: httpx.Client, gateway: GatewayThread, llama_cpp_python: Server
+) -> None:
+    longer = "hello world " * 600  # over llama-cpp-python's 1024 too
+    body = {"model": MODEL, "prompt": longer, "max_tokens": 2}
+    direct = client.post(llama_cpp_python.url + "/v1/completions", json=body)
+    assert direct.status_code == 400, direct.text
+    err = _gw(client, gateway, {**body, "model": f"py/{MODEL}"}, 400)["error"]
+    assert err["code"] == "context_length_exceeded"
+    # Streamed, the server fails inside its stream and sends a 200 with no event at all: nothing says why,
+    # and the gateway answers what it answers for any stream that ends before its first event.
+    empty = client.post(llama_cpp_python.url + "/v1/completions", json={**body, "stream": True})
+    assert (empty.status_code, empty.content) == (200, b"")
+    err = _gw(client, gateway, {**body, "model": f"py/{MODEL}", "stream": True}, 502)["error"]
+    assert err["code"] == "upstream_stream_ended_early"
+
+
 def test_a_llama_cpp_python_stream_books_estimated_usage(client: httpx.Client, gateway: GatewayThread) -> None:
     lines: list[dict[str, Any]] = []
 
