@@ -18,7 +18,7 @@ _CODES: Final = frozenset({CONTEXT_CODE, "exceed_context_size_error"})
 # Wordings, lower-cased: OpenAI and vLLM ("This model's maximum context length is N tokens"),
 # llama-server ("request (N tokens) exceeds the available context size (M tokens)"), llama-cpp-python's
 # library ("Requested tokens (N) exceed context window of M"), and vLLM's newer "longer than the maximum
-# model length" / "is too long and exceeds limit".
+# model length".
 _WORDS: Final = re.compile(
     r"maximum context length"
     r"|exceeds the available context size"
