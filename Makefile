@@ -5,15 +5,28 @@ CONFIG ?= config.yaml
 
 .PHONY: run test lint typecheck check bench docs clean
 
-.venv/bin/python: pyproject.toml
-	$(PY) -m venv $(VENV)
+# Two installs into the one .venv, each marked by a stamp file: the runtime dependencies alone (what
+# `make run` needs), and the runtime plus the dev tools (tests, lint, types). Once the dev tools are in,
+# `make run` uses that install too. `.venv/bin/python` stands for the dev install (.ci/run builds it).
+.venv/bin/python: $(VENV)/.dev
+
+$(VENV)/.dev: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
-	@touch $(BIN)/python
+	@touch $@
+
+$(VENV)/.runtime: pyproject.toml
+	@echo "installing the gateway and its runtime dependencies into $(VENV) (pip's progress follows; the dev tools come with make test)"
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip
+	$(BIN)/pip install -e .
+	@touch $@
 
 ## Start the gateway with the shipped config.yaml (in-memory state, no Redis): 127.0.0.1:8080 unless
 ## `make run PORT=9000 HOST=0.0.0.0` says otherwise (empty: the config's server.port / server.host).
-run: $(BIN)/python
+## Variables in a .env beside the config are read too; the environment's own values win.
+run: $(if $(wildcard $(VENV)/.dev),$(VENV)/.dev,$(VENV)/.runtime)
 	$(BIN)/python -m gateway serve --config $(CONFIG)$(if $(HOST), --host $(HOST))$(if $(PORT), --port $(PORT))
 
 ## Regenerate the documents generated from the code: docs/config.md and docs/providers.md.

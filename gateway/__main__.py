@@ -5,6 +5,7 @@ A bad config is one line on stderr (`<file>: <yaml path>: <problem>`) and exit s
 `serve --server granian` runs the same app factory under Granian instead of uvicorn (docs/servers.md).
 A taken port is one line and exit status 1 too; start-up facts are logged at INFO, and at WARNING only
 what needs the operator's action (docs/operations.md#start-up-and-logs). `docs` regenerates docs/config.md.
+`serve` and `check-config` first read the `.env` beside the config, if any (gateway/ops/envfile.py).
 """
 
 from __future__ import annotations
@@ -19,15 +20,23 @@ import signal
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from gateway.config import ConfigError, LoadedConfig, load_config
-from gateway.serving import LOG_FORMAT, ListenError, bind, probe, run_uvicorn
+from gateway.ops import envfile
+from gateway.ops.serving import LOG_FORMAT, ListenError, bind, probe, run_uvicorn
 
 log = logging.getLogger("gateway")
 
-APP = "gateway.app:app_from_env"  # an app factory: each worker builds its app from $GATEWAY_CONFIG
+APP = "gateway.edge.app:app_from_env"  # an app factory: each worker builds its app from $GATEWAY_CONFIG
 SERVERS = ("uvicorn", "granian")
+ENV_FILE_HELP = (
+    "VAR=value lines to add to the environment before the config is read; variables already set keep "
+    "their values (default: the .env in the config file's directory, when there is one)"
+)
 
 
 LOOPBACK = ("127.", "::1", "localhost")
@@ -39,8 +48,8 @@ def _announce(loaded: LoadedConfig, host: str | None = None) -> None:
     WARNING is kept for what needs action; a provider left without its key variable is how the shipped
     config says "not used here", so it is INFO (its requests fail naming the variable anyway).
     """
-    from gateway.auth import KeyRing
-    from gateway.routing import Router
+    from gateway.limits.auth import KeyRing
+    from gateway.path.routing import Router
 
     keys = KeyRing(loaded)
     if keys.open:
@@ -58,13 +67,55 @@ def _announce(loaded: LoadedConfig, host: str | None = None) -> None:
     if admin and not loaded.missing_for("admin.key"):
         log.info("status page and /admin/* on: GET / asks for admin.key")
     else:
-        log.info("status page and /admin/* off (they answer 404): set admin.key (GATEWAY_ADMIN_KEY in config.yaml)")
+        log.info(
+            "status page and /admin/* off (they answer 404): set admin.key (GATEWAY_ADMIN_KEY in the shipped "
+            "config.yaml, from the environment or the .env beside it)"
+        )
+
+
+def _read_env_file(args: argparse.Namespace) -> None:
+    """`--env-file`, else the `.env` beside the config when there is one (docker compose's project file)."""
+    path = Path(args.env_file) if args.env_file is not None else Path(args.config).parent / ".env"
+    if args.env_file is None and not path.is_file():
+        return
+    applied = envfile.load(path)
+    # Names only: the values are secrets.
+    log.info("read %d variable(s) from %s%s", len(applied), path, f": {', '.join(applied)}" if applied else "")
+
+
+def _in_process(kind: str) -> bool:
+    from providers import REGISTRY
+    from providers.base import LocalAdapter
+
+    return issubclass(REGISTRY[kind], LocalAdapter)
+
+
+def _first_request(loaded: LoadedConfig, host: str, port: int) -> str | None:
+    """One request that works now, as a curl line: a model of an in-process provider (it needs no key
+    and no server) when the config declares one, else the first model GET /v1/models lists."""
+    from gateway.limits.auth import KeyRing
+    from gateway.path.routing import Router
+
+    local = [f"{n}/{p.models[0]}" for n, p in loaded.providers.items() if p.models and _in_process(p.kind)]
+    listed = [m for m, owner in Router(loaded).model_ids() if owner != "gateway"]
+    model = next(iter(local + listed), None)
+    if model is None:
+        return None
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"  # listening everywhere: loopback is one of the addresses
+    elif host == "::":
+        host = "::1"
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}/v1/completions"
+    auth = " -H 'authorization: Bearer <client key>'" if not KeyRing(loaded).open else ""
+    body = msgspec.json.encode({"model": model, "prompt": "Say hello", "max_tokens": 8}).decode()
+    return f"try: curl -s {url} -H 'content-type: application/json'{auth} -d '{body}'"
 
 
 def _serve(args: argparse.Namespace) -> int:
     if args.server == "granian" and not _granian_installed():
         print(GRANIAN_MISSING, file=sys.stderr)
         return 1
+    _read_env_file(args)
     loaded = load_config(args.config)
     server = loaded.config.server
     host = args.host or server.host
@@ -87,10 +138,13 @@ def _serve(args: argparse.Namespace) -> int:
     # Both servers count whole seconds: round up, so the deadline is never shorter than configured.
     grace_s = math.ceil(server.shutdown_grace_ms / 1000)
     try:
+        example = _first_request(loaded, host, port)
         if sock is None:
-            _run_granian(host, port, workers, grace_s)
+            _run_granian(host, port, workers, grace_s, example)
             return 0
         log.info("serving on http://%s:%d with %d worker(s) (%s)", host, port, workers, args.server)
+        if example:
+            log.info("%s", example)
         return run_uvicorn(APP, sock, workers, grace_s)
     finally:
         if sock is not None:
@@ -112,7 +166,7 @@ def _granian_installed() -> bool:
     return True
 
 
-def _run_granian(host: str, port: int, workers: int, grace_s: int) -> None:
+def _run_granian(host: str, port: int, workers: int, grace_s: int, example: str | None) -> None:
     from granian.constants import HTTPModes, Interfaces, Loops
     from granian.log import LogLevels
     from granian.server.mp import MPServer
@@ -131,6 +185,8 @@ def _run_granian(host: str, port: int, workers: int, grace_s: int) -> None:
                 reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 raise ListenError(f"cannot listen on {host}:{port}: {reason}") from None
             log.info("serving on http://%s:%d with %d worker(s) (granian)", host, port, workers)
+            if example:
+                log.info("%s", example)
 
         def shutdown(self, exit_code: int = 0) -> None:
             # Granian's own lines about it are at INFO, below its log level: the drain is told here.
@@ -144,7 +200,7 @@ def _run_granian(host: str, port: int, workers: int, grace_s: int) -> None:
             log.info("drained in %.1f s; exiting", time.monotonic() - started)
 
         def signal_handler_reload(self, *args: Any, **kwargs: Any) -> None:
-            """Pass SIGHUP on to every worker, which reloads its config in place (gateway/reload.py).
+            """Pass SIGHUP on to every worker, which reloads its config in place (gateway/ops/reload.py).
 
             Granian's own answer respawns every worker: in-process state (usage, limits without Redis)
             is lost, and a worker whose new config does not load exits, which stops the whole server.
@@ -186,6 +242,7 @@ def _run_granian(host: str, port: int, workers: int, grace_s: int) -> None:
 
 
 def _check(args: argparse.Namespace) -> int:
+    _read_env_file(args)
     loaded = load_config(args.config, strict=args.strict)
     _announce(loaded)
     print(
@@ -196,7 +253,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _docs(args: argparse.Namespace) -> int:
-    from gateway import configdoc  # only this command needs it
+    from gateway.ops import configdoc  # only this command needs it
 
     return configdoc.main(["--path", args.path, *(["--check"] if args.check else [])])
 
@@ -209,10 +266,12 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
     serve.add_argument("--workers", type=int)
+    serve.add_argument("--env-file", help=ENV_FILE_HELP)
     serve.add_argument("--server", choices=SERVERS, default="uvicorn", help="the HTTP server (default: uvicorn)")
     serve.set_defaults(run=_serve)
     check = sub.add_parser("check-config", help="validate a config file and exit")
     check.add_argument("config")
+    check.add_argument("--env-file", help=ENV_FILE_HELP)
     check.add_argument("--strict", action="store_true", help="also fail on unset ${VAR} references")
     check.set_defaults(run=_check)
     docs = sub.add_parser("docs", help="regenerate docs/config.md from the typed config (--check: exit 1 if stale)")
@@ -225,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
         code: int = args.run(args)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
+        return 1
+    except envfile.EnvFileError as exc:
+        print(f"env file error: {exc}", file=sys.stderr)
         return 1
     except ListenError as exc:
         print(exc, file=sys.stderr)

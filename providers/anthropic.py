@@ -168,6 +168,7 @@ class AnthropicAdapter(Adapter):
     quota_headers = (anthropic_counters,)
     prompt_forms = frozenset({"text"})
     max_logprobs = 0
+    guarded_paths = frozenset({"messages", "max_tokens"})
     params = table(
         EMULATED_EXTRAS,
         max_tokens=Param(),

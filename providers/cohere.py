@@ -125,6 +125,7 @@ class CohereAdapter(Adapter):
     prompt_forms = frozenset({"text"})
     max_stop = 5
     max_logprobs = 0
+    guarded_paths = frozenset({"messages", "max_tokens"})
     params = table(
         EMULATED_EXTRAS,
         max_tokens=Param(),

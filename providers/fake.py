@@ -144,6 +144,8 @@ class FakeAdapter(LocalAdapter):
     kind = "fake"
     auth = "none"
     max_logprobs = 20
+    # In process: no upstream body, but the same fields, should it ever read `inference_extra_params`.
+    guarded_paths = frozenset({"prompt", "max_tokens", "n", "best_of"})
     params = table(
         max_tokens=Param(),
         stop=Param(),

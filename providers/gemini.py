@@ -283,10 +283,12 @@ def _is_exhausted_quota(err: GErrorBody) -> bool:
 
 class GeminiAdapter(Adapter):
     kind = "gemini"
+    genai_provider = "gcp.gemini"
     auth = "`x-goog-api-key`"
     default_base_url = "https://generativelanguage.googleapis.com"
     credential_headers = frozenset({"x-goog-api-key"})
     extra_params = "nested"  # generationConfig, safetySettings...
+    guarded_paths = frozenset({"contents", "generationConfig.maxOutputTokens", "generationConfig.candidateCount"})
     path: ClassVar[str] = "/v1beta/models/{model}:generateContent (stream: :streamGenerateContent?alt=sse)"
     params: ClassVar[Table] = GEMINI_PARAMS
     max_stop = 5

@@ -35,7 +35,9 @@ def _constrain(body: dict[str, Any], key: str, value: Any) -> None:
     # llama.cpp takes either a grammar or a JSON schema, once.
     if "grammar" in body or "json_schema" in body:
         raise InvalidRequestError(
-            "only one structured-output constraint may be set for provider kind 'llamacpp'", param=key
+            "only one structured-output constraint may be set for provider kind 'llamacpp'",
+            param=key,
+            code="invalid_value",
         )
     body[key] = value
 
@@ -114,6 +116,8 @@ def _stop_type(up: LlamaCompletion) -> str:
 class LlamaCppAdapter(Adapter):
     kind = "llamacpp"
     extra_params = "deep"
+    # The server reads `max_tokens` as `n_predict` when the latter is absent (tools/server/README.md).
+    guarded_paths = frozenset({"prompt", "n_predict", "max_tokens"})
     needs_base_url = True
     model_listing = ("/v1/models", True)  # base_url is the server root (/completion)
     tokenizer = LLAMACPP_TOKENIZER

@@ -48,7 +48,10 @@ requires`: a provider of the kind fails start-up without it. `credential headers
 (providers/quota.py) to cool a target whose quota is used up. `model listing`: where `GET /v1/models`
 discovery asks the server. `prompt tokens`: how prompts are counted for token rate limits. `extra params`:
 how `inference_extra_params` merge into the body (`top`: replace top-level keys; `nested`: extend an
-object one level; `deep`: at every level).
+object one level; `deep`: at every level). `guarded paths`: the body paths that carry the prompt, the
+token limit and the choice counts, which `inference_extra_params` may not write, nor replace an object
+holding one, in any spelling the upstream reads as the same field (case, `_`): a 400 naming
+`inference_extra_params.<path>` (docs/security.md).
 """
 
 RECIPE = '''
@@ -59,11 +62,14 @@ names a kind. The adapter class says what the rest of the gateway asks of a kind
 `Capabilities`): its parameter `table`, bounds (`max_stop`, `max_logprobs`, `prompt_forms`), whether the
 config must give a `base_url` or a `region`, which headers carry its credential (a client may never set
 them), how its answers report quota (`quota_headers`, readers in providers/quota.py), where it lists its
-models (`model_listing`) and whether prompts are counted with OpenAI's BPE (`openai_bpe`). It imports
+models (`model_listing`), whether prompts are counted with OpenAI's BPE (`openai_bpe`) and which body
+paths carry the prompt, the token limit and the choice counts (`guarded_paths`: `inference_extra_params`
+may not write them; registering a kind whose table writes `max_tokens`, `n` or `best_of` to a path it
+does not guard fails). It imports
 `wire` (the request, answer and error vocabulary) and `providers.base` (shared helpers), never `gateway`
 and never another adapter (tests/unit/test_import_boundaries.py).
 
-1. Write `providers/acme.py`, a pure translation (no I/O: `gateway/upstream.py` sends what it builds):
+1. Write `providers/acme.py`, a pure translation (no I/O: `gateway/upstream/client.py` sends what it builds):
 
 ```python
 """Acme Text API: `POST /v1/generate` {"model", "input", "max_output"} -> {"output", "done", "usage"}."""
@@ -103,6 +109,8 @@ class AcmeAdapter(Adapter):
     prompt_forms = frozenset({"text"})
     max_logprobs = 0
     params = table(max_tokens=Param(to="max_output"), temperature=Param(), stop=Param())
+    # Where the prompt and the token limit go: `inference_extra_params` may not write them.
+    guarded_paths = frozenset({"input", "max_output"})
 
     def build_request(self, req: CompletionRequest, endpoint: Endpoint, body: dict[str, Any]) -> UpstreamRequest:
         body |= {"model": endpoint.model, "input": req.prompt, "stream": bool(req.stream)}
@@ -183,9 +191,10 @@ def render() -> str:
         lines.append(f"| {kind} | {base} | {path} | {auth} | {stops} | {logprobs} | {forms} | {framing} |")
     lines += ["", "## What the gateway reads from each kind", "", DECLARATIONS]
     lines.append(
-        "| kind | config requires | credential headers | quota headers | model listing | prompt tokens | extra params |"
+        "| kind | config requires | credential headers | quota headers | model listing | prompt tokens | extra params "
+        "| guarded paths |"
     )
-    lines.append("|---|---|---|---|---|---|---|")
+    lines.append("|---|---|---|---|---|---|---|---|")
     for kind, cls in REGISTRY.items():
         needs = [f"`{f}`" for f, on in (("base_url", cls.needs_base_url), ("region", cls.needs_region)) if on]
         creds = ", ".join(f"`{h}`" for h in sorted(cls.credential_headers)) or "-"
@@ -196,7 +205,8 @@ def render() -> str:
             else f"`{cls.model_listing[0]}`" + (" (by default)" if cls.model_listing[1] else " (`discover: true`)")
         )
         tokens = "OpenAI BPE" if cls.openai_bpe else "estimate"
-        row = [kind, ", ".join(needs) or "-", creds, quota, listing, tokens, cls.extra_params]
+        guarded = ", ".join(f"`{p}`" for p in sorted(cls.guarded_paths)) or "-"
+        row = [kind, ", ".join(needs) or "-", creds, quota, listing, tokens, cls.extra_params, guarded]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n" + RECIPE
 

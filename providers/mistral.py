@@ -191,11 +191,14 @@ def _usage(up: MUsage) -> Usage:
 
 class MistralAdapter(Adapter):
     kind = "mistral"
+    genai_provider = "mistral_ai"
     default_base_url = "https://api.mistral.ai"
     model_listing = ("/v1/models", False)
     quota_headers = (mistral_windows,)
     path: ClassVar[str] = f"{CHAT_PATH} (with suffix: {FIM_PATH})"
     params: ClassVar[Table] = MISTRAL_PARAMS
+    # Chat (`messages`) or FIM (`prompt`), as the request has a suffix or not.
+    guarded_paths = frozenset({"messages", "prompt", "max_tokens", "n"})
     # One user turn (or one FIM prompt) per call: the gateway fans out prompt lists.
     prompt_forms = frozenset({"text"})
 

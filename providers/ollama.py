@@ -32,7 +32,9 @@ from wire.schema import Completion, CompletionRequest, Logprobs
 def _set_format(body: dict[str, Any], value: str | dict[str, Any]) -> None:
     if "format" in body:
         raise InvalidRequestError(
-            "only one structured-output constraint may be set for provider kind 'ollama'", param="response_format"
+            "only one structured-output constraint may be set for provider kind 'ollama'",
+            param="response_format",
+            code="invalid_value",
         )
     body["format"] = value
 
@@ -85,6 +87,7 @@ _decode_error = msgspec.json.Decoder(OllamaError).decode
 class OllamaAdapter(Adapter):
     kind = "ollama"
     extra_params = "deep"  # options
+    guarded_paths = frozenset({"prompt", "options.num_predict"})
     model_listing = ("/api/tags", True)
     auth = "`Authorization: Bearer` when api_key is set"
     path: ClassVar[str] = "/api/generate"

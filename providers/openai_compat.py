@@ -142,6 +142,8 @@ class OpenAICompatible(Adapter):
     # from the start of the choice's own text), the gateway moves them by the prompt's length (`_absolute`).
     openai_offsets: ClassVar[bool] = True
     quota_headers = (openai_counters, single_counter)
+    # OpenAI's names; `max_completion_tokens` is the newer API's name for the same limit.
+    guarded_paths = frozenset({"prompt", "max_tokens", "max_completion_tokens", "n", "best_of"})
 
     def url(self, endpoint: Endpoint) -> str:
         return endpoint.base_url.rstrip("/") + self.path

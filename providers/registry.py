@@ -13,6 +13,7 @@ import re
 from typing import Final
 
 from providers.base import Adapter, LocalAdapter
+from providers.guarded import limit_paths
 
 AdapterClass = type[Adapter] | type[LocalAdapter]
 
@@ -62,6 +63,12 @@ def register(adapter: AdapterClass | str) -> AdapterClass:
     kind = getattr(cls, "kind", None)
     if not isinstance(kind, str) or not _KIND.fullmatch(kind):
         raise ValueError(f"{cls.__qualname__}.kind must be a lower-case identifier, got {kind!r}")
+    unguarded = limit_paths(cls.params) - cls.guarded_paths
+    if unguarded:
+        raise ValueError(
+            f"{cls.__qualname__}.guarded_paths must hold the body paths its table writes limits and counts to: "
+            f"{sorted(unguarded)} are missing"
+        )
     held = REGISTRY.get(kind)
     if held is not None and held is not cls:
         raise ValueError(f"kind {kind!r} is already registered to {held.__module__}.{held.__qualname__}")

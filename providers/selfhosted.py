@@ -41,7 +41,9 @@ def response_schema(value: dict[str, Any]) -> tuple[bool, dict[str, Any] | None]
             code="invalid_value",
         )
     if schema is not None and not isinstance(schema, dict):
-        raise InvalidRequestError("'response_format' schema must be a JSON object", param="response_format")
+        raise InvalidRequestError(
+            "'response_format' schema must be a JSON object", param="response_format", code="invalid_value"
+        )
     return True, schema
 
 

@@ -51,7 +51,9 @@ def _set_grammar(params: dict[str, Any], grammar: dict[str, Any]) -> None:
         # normalize() rejects two guided_* fields; a schema in both guided_json and response_format is the
         # one pair left, and TGI takes one grammar.
         raise InvalidRequestError(
-            "only one structured-output constraint may be set for provider kind 'tgi'", param="response_format"
+            "only one structured-output constraint may be set for provider kind 'tgi'",
+            param="response_format",
+            code="invalid_value",
         )
     params["grammar"] = grammar
 
@@ -168,6 +170,7 @@ def _text(token: TGIToken | None) -> str:
 class TGIAdapter(Adapter):
     kind = "tgi"
     extra_params = "deep"  # parameters
+    guarded_paths = frozenset({"inputs", "parameters.max_new_tokens", "parameters.best_of"})
     needs_base_url = True
     model_listing = ("/v1/models", True)  # the server root (/generate); lists its one model_id
     tokenizer = TGI_TOKENIZER

@@ -2,7 +2,7 @@
 
 Each adapter class declares `tokenizer`: which of vLLM's `/tokenize`, `/detokenize`, `/tokenizer_info` its
 server has and how a request and its answer translate (`NO_TOKENIZER` by default, in providers/base.py).
-Pure like the adapters; gateway/tokenizer_routes.py does the I/O. Shapes per server and their sources:
+Pure like the adapters; gateway/edge/tokenizer_routes.py does the I/O. Shapes per server and their sources:
 docs/provider-notes.md#tokenizer.
 """
 

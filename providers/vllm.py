@@ -55,6 +55,8 @@ class VLLMAdapter(OpenAICompatible):
     # when the server was started with another).
     max_stop = None
     max_logprobs = 20
+    # vLLM also takes a prompt as embeddings (`prompt_embeds`).
+    guarded_paths = OpenAICompatible.guarded_paths | {"prompt_embeds"}
     params = table(
         {**OPENAI_PARAMS, **dict.fromkeys(VLLM_NATIVE, Param())},
         top_k=Param(),

@@ -8,6 +8,7 @@ clients. The class tree, `x-should-retry` and the code list: docs/dialects.md.
 
 from __future__ import annotations
 
+import re
 from typing import Final, Self
 
 RETRYABLE_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
@@ -47,7 +48,7 @@ class GatewayError(Exception):
     retry_later: bool = False
     # Extra response headers (rate-limit state on a 429).
     headers: dict[str, str] | None = None
-    # Upstream text in it has been through gateway.scrub (secrets cut out, length capped).
+    # Upstream text in it has been through gateway.upstream.scrub (secrets cut out, length capped).
     scrubbed: bool = False
 
     # The upstream that failed (`provider/model[/deployment]` and its provider), when one did.
@@ -245,6 +246,23 @@ class UpstreamStatusError(UpstreamError):
         self.same_target = self.retryable and upstream_status in SAME_TARGET_STATUSES
 
 
+_SNAKE: Final = re.compile(r"[a-z][a-z0-9]*(?:_[a-z0-9]+)*")
+_CAMEL: Final = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+_SEPARATORS: Final = re.compile(r"[-_.]+")
+_CODE_CHARS: Final = 64  # longer is not a code but text
+
+
+def snake_code(code: object) -> str | None:
+    """An upstream's error code as snake_case (`ThrottlingException` -> `throttling_exception`), or None when
+    it is not a word-like code (a number, `null`, free text: anything with a space or punctuation)."""
+    if not isinstance(code, str) or not code or len(code) > _CODE_CHARS:
+        return None
+    if _SNAKE.fullmatch(code):
+        return code
+    snake = _SEPARATORS.sub("_", _CAMEL.sub("_", code).lower()).strip("_")
+    return snake if _SNAKE.fullmatch(snake) else None
+
+
 class UpstreamConnectError(UpstreamError):
     """The connection dropped before a complete answer, or the answer was not readable HTTP."""
 
@@ -285,7 +303,7 @@ class AllTargetsCoolingError(GatewayError):
         )
 
 
-# Why an upstream call failed, as the transports (gateway/h1.py, gateway/httpx_transport.py) classify it.
+# Why an upstream call failed, as the transports (gateway/upstream/h1.py, .../httpx_transport.py) classify it.
 # Each is the log line's `cause`, the `cause` label of `gateway_upstream_failures_total` and, prefixed with
 # `upstream_`, the answer's `code`; the text is what the client's message says after "Upstream 'p' ".
 CAUSES: Final[dict[str, str]] = {
@@ -354,10 +372,13 @@ CODES: Final[dict[str, str]] = {
     "model_not_found": "unknown alias or vendor, or the upstream does not serve the model (404)",
     "model_mismatch": "a tokenizer route's model differs from its scoped path",
     "tokenizer_not_available": "the provider has no tokenizer routes (404)",
+    "context_length_exceeded": "the prompt (and max_tokens) does not fit the model's context window, whatever "
+    "the upstream called it (400)",
     "rate_limit_exceeded": "a configured rate limit (429)",
     "provider_quota": "a provider or deployment quota of the config (429)",
     "budget_exceeded": "the key's daily budget is spent (429)",
     "exceeds_token_limit": "the request alone is larger than a token limit",
+    "exceeds_request_limit": "an emulated fan-out makes more upstream calls than a provider's request limit allows",
     "rate_limiter_unavailable": "the shared limiter (Redis) cannot be reached and limits fail closed (503)",
     "all_targets_cooling": "every target is cooling down after failures (429 or 503)",
     "deadline_exceeded": "the request's own deadline passed between attempts (504)",
@@ -370,7 +391,11 @@ CODES: Final[dict[str, str]] = {
     "generation_error": "the upstream reported that the generation broke off (Mistral's finish_reason 'error')",
     "guided_output_invalid": "emulated guided decoding found no valid answer within guided_retries",
     "client_closed_request": "log only: the client left before the answer ended (499)",
+    "shutdown_deadline_exceeded": "the server was draining and cut the request at server.shutdown_grace_ms (503)",
     "internal_error": "a gateway bug; the log has the traceback (500)",
+    "not_found": "no such route (404)",
+    "method_not_allowed": "the route does not take this HTTP method (405)",
+    "invalid_request": "the HTTP request itself is malformed (400)",
     **{f"upstream_{cause}": f"the upstream {what}" for cause, what in CAUSES.items()},
 }
 

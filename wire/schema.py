@@ -1,7 +1,7 @@
 """Wire types: the one Completion request every dialect decodes into, and the one Completion shape out.
 
 Every dialect (OpenAI, Fireworks, SGP, PAIS) decodes into the same union `CompletionRequest` in one
-`msgspec` pass; `gateway.request.normalize` then folds the alias names (`max_new_tokens`,
+`msgspec` pass; `gateway.path.request.normalize` then folds the alias names (`max_new_tokens`,
 `stop_sequences`, boolean `logprobs`...) into the canonical ones, so adapters only ever read canonical
 fields. Ranges that msgspec can check are declared here as `Meta` constraints so the decoder rejects
 them with a JSON path we turn into the `param` of the error.
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import typing
+from collections.abc import Callable
 from typing import Annotated, Any, Final, Literal
 
 import msgspec
@@ -261,13 +262,35 @@ def decode_request(raw: bytes) -> CompletionRequest:
     try:
         return _decode_request(raw)
     except UnicodeDecodeError:
-        field = _utf8_field(raw)
-        where = f"'{field}'" if field else "the request body"
-        raise BodyError(f"Invalid value for {where}: it is not valid UTF-8", field, "invalid_utf8") from None
+        raise _utf8_error(raw) from None
     except RecursionError:
-        field = _deep_field(raw)
-        where = f"'{field}'" if field else "The request body's JSON"
-        raise BodyError(f"{where} is nested too deeply", field, "too_deeply_nested") from None
+        raise _depth_error(raw) from None
+
+
+_T = typing.TypeVar("_T")
+
+
+def decode_body(decode: Callable[[bytes], _T], raw: bytes) -> _T:
+    """`decode(raw)` for any other client body (the tokenizer routes, the model-scoped path), with the
+    same checks as `decode_request`: invalid UTF-8 and nesting past the recursion limit are BodyErrors."""
+    try:
+        return decode(raw)
+    except UnicodeDecodeError:
+        raise _utf8_error(raw) from None
+    except RecursionError:
+        raise _depth_error(raw) from None
+
+
+def _utf8_error(raw: bytes) -> BodyError:
+    field = _utf8_field(raw)
+    where = f"'{field}'" if field else "the request body"
+    return BodyError(f"Invalid value for {where}: it is not valid UTF-8", field, "invalid_utf8")
+
+
+def _depth_error(raw: bytes) -> BodyError:
+    field = _deep_field(raw)
+    where = f"'{field}'" if field else "The request body's JSON"
+    return BodyError(f"{where} is nested too deeply", field, "too_deeply_nested")
 
 
 encode = msgspec.json.Encoder().encode

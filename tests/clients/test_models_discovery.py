@@ -312,3 +312,49 @@ def test_a_reloaded_config_is_followed(
     path.write_text(text)
     models = poll(gw, has("ol2/codellama:13b"), timeout=15)
     assert not any(m.startswith("ol/") for m, _ in models)
+
+
+def test_a_provider_nobody_answers_for_is_left_out_until_it_answers(tmp_path: Path) -> None:
+    """A vLLM that is not up (the connection is refused) cannot serve its declared models or its alias:
+    they are not listed and the status page says why; once it listens, they are back with what it serves."""
+    late = Upstream()  # bound but not listening yet: connecting is refused
+    late.listings = Listings()
+    admin = "adm-models-late-3e1f"
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        f"""
+discovery: {{ttl_ms: 150}}
+admin: {{key: {admin}}}
+providers:
+  demo: {{kind: fake, models: [echo]}}
+  vl: {{kind: vllm, base_url: "{late.url}/vl/v1", models: [declared]}}
+models:
+  - {{name: vl-only, targets: [{{model: vl/declared}}]}}
+  - {{name: mixed, targets: [{{model: vl/declared}}, {{model: demo/echo}}]}}
+"""
+    )
+
+    def vl_status(gw: GatewayThread) -> dict[str, object]:
+        resp = httpx.get(gw.url + "/admin/status", headers={"authorization": f"Bearer {admin}"}, trust_env=False)
+        assert resp.status_code == 200, resp.text
+        return next(p for p in resp.json()["providers"] if p["name"] == "vl")
+
+    started = False
+    try:
+        with GatewayThread(path, {}) as gw:
+            deadline = time.monotonic() + 10
+            while vl_status(gw)["available"]:
+                assert time.monotonic() < deadline, "the refused listing never marked 'vl' unreachable"
+                time.sleep(0.02)
+            assert vl_status(gw)["reason"] == "Provider 'vl' is unreachable: the connection was refused"
+            assert listed(gw) == [("mixed", "gateway"), ("demo/echo", "demo")]
+
+            late.start()
+            started = True
+            models = poll(gw, has("vl-only", "vl/declared", *VL_IDS))
+            assert [m for m, _ in models][:2] == ["vl-only", "mixed"]
+            assert vl_status(gw) == {**vl_status(gw), "available": True, "reason": None}
+    finally:
+        if not started:
+            late.start()  # stop() needs the loop running
+        late.stop()

@@ -36,7 +36,7 @@ def config(faults: FaultServer) -> str:
 server: {{host: 127.0.0.1, port: 0}}
 logging: {{requests: false}}
 timeouts: {{connect_ms: 1000, first_byte_ms: 5000, total_ms: 10000}}
-cooldown: {{base_ms: 50, max_ms: 2000}}
+cooldown: {{base_ms: 50, max_ms: 2000, min_requests: 1}}
 providers:
   local: {{kind: vllm, base_url: {faults["local"].base_url}}}
   solo: {{kind: openai, api_key: sk-solo, base_url: {faults["solo"].base_url}}}
@@ -135,7 +135,7 @@ def test_vllm_model_does_not_exist_is_404_in_every_dialect(
         param="model",
         code="model_not_found",
         message=message,
-        # SGP and PAIS answer an unknown model the way PAIS documents it (gateway/dialects.py).
+        # SGP and PAIS answer an unknown model the way PAIS documents it (gateway/path/dialects.py).
         detail=f"Unknown model endpoint requested. {message}",
     )
     assert resp.headers["x-should-retry"] == "false"

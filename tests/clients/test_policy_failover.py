@@ -34,7 +34,7 @@ def config(faults: FaultServer, closed_port: int) -> str:
 server: {{host: 127.0.0.1, port: 0}}
 logging: {{requests: false}}
 timeouts: {{connect_ms: 1000, first_byte_ms: 300, total_ms: 10000}}
-cooldown: {{base_ms: 50, max_ms: 2000}}
+cooldown: {{base_ms: 50, max_ms: 2000, min_requests: 1}}
 providers:
   asked: {{kind: openai, api_key: sk-asked, base_url: {faults["asked"].base_url}}}
   fallback: {{kind: openai, api_key: sk-fallback, base_url: {faults["fallback"].base_url}}}

@@ -26,8 +26,8 @@ import openai
 import pytest
 from aiohttp import web
 
-from gateway import tokenizer_routes
 from gateway.config import ConfigError, parse_config
+from gateway.edge import tokenizer_routes
 from tests.helpers.clients import openai_client
 from tests.helpers.recordings import fixture_bytes
 from tests.helpers.servers import GatewayThread, serve_config
@@ -422,7 +422,7 @@ def test_a_hostile_model_in_the_path_is_a_400(gateway: GatewayThread, upstream: 
 
 
 def test_unknown_path_under_the_prefix_is_a_404_envelope(api: httpx.Client) -> None:
-    _error(api.post(f"{BASE}/v1/chat/completions", json={}), 404, None, param=None)
+    _error(api.post(f"{BASE}/v1/chat/completions", json={}), 404, "not_found", param=None)
 
 
 def test_wrong_method_is_a_405(api: httpx.Client) -> None:

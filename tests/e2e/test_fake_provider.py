@@ -131,6 +131,7 @@ def test_error_429_model(api: httpx.Client, route: str, stream: bool) -> None:
         status=429,
         type="rate_limit_error",
         message="demo error (429): fake failure requested by model name",
+        code="upstream_http_429",
     )
 
 
@@ -144,7 +145,7 @@ def test_error_429_through_the_sdk(oai: openai.OpenAI) -> None:
         "message": "demo error (429): fake failure requested by model name",
         "type": "rate_limit_error",
         "param": None,
-        "code": None,
+        "code": "upstream_http_429",
     }
 
 
@@ -165,6 +166,7 @@ def test_error_models_map_like_upstream_statuses(api: httpx.Client, model: str, 
         status=status,
         type=type,
         message=f"demo error ({code}): fake failure requested by model name",
+        code=f"upstream_http_{code}",
     )
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway import accesslog
+from gateway.ops import accesslog
 from tests.helpers.recordings import REPO
 from tests.helpers.servers import GatewayProcess, GatewayThread, cli_env, free_port
 
@@ -122,7 +122,11 @@ def test_request_id_is_honoured_or_made_and_logged(gw: GatewayThread, access: Li
     }
     assert (first["prompt_tokens"], first["completion_tokens"], first["stream"]) == (3, 2, False)
     assert "prompt" not in first and "completion" not in first  # prompt logging is off by default
-    assert (third["status"], third["error"], third["request_id"]) == (502, None, failed.headers["x-request-id"])
+    assert (third["status"], third["error"], third["request_id"]) == (
+        502,
+        "upstream_http_500",
+        failed.headers["x-request-id"],
+    )
 
 
 def test_metrics_add_up_across_workers(tmp_path: Path) -> None:

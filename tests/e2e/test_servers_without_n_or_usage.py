@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway import accesslog
+from gateway.ops import accesslog
 from tests.helpers.clients import sse_data
 from tests.helpers.servers import GatewayThread
 from tests.helpers.upstreams import Upstream, reply, reply_sse

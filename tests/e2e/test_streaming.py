@@ -209,7 +209,12 @@ def test_upstream_429_before_first_byte_keeps_retry_after(api: httpx.Client, ups
     resp = api.post("/v1/completions", json=DAVINCI_REQ)
     assert resp.headers["retry-after"] == "4"
     assert_error(
-        resp, "/v1/completions", status=429, type="rate_limit_error", message="openai error (429): rate limited"
+        resp,
+        "/v1/completions",
+        status=429,
+        type="rate_limit_error",
+        message="openai error (429): rate limited",
+        code="upstream_http_429",
     )
 
 

@@ -48,6 +48,7 @@ class Span:
     attributes: dict[str, Any]
     status: int
     resource: dict[str, Any] = field(default_factory=dict)
+    links: list[tuple[str, str]] = field(default_factory=list)  # (trace id, span id) of each linked span
 
 
 def _value(v: AnyValue) -> Any:
@@ -86,6 +87,7 @@ class Receiver:
                                         attributes={a.key: _value(a.value) for a in s.attributes},
                                         status=s.status.code,
                                         resource=resource,
+                                        links=[(x.trace_id.hex(), x.span_id.hex()) for x in s.links],
                                     )
                                 )
                 self.send_response(200)
@@ -391,3 +393,36 @@ def test_tracing_off_needs_no_opentelemetry(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+@pytest.mark.parametrize("flags", ["01", "00"])
+def test_client_context_link_starts_the_gateways_own_trace_linked_to_the_clients(
+    receiver: Receiver, up: Upstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: str
+) -> None:
+    """`tracing.client_context: link`: a client's traceparent (even an unsampled one) neither turns the gateway's
+    spans off nor goes upstream; the request span is a new root that links to the client's span."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{receiver.port}")
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "20")
+    up.handler = reply(DAVINCI)
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "tracing: {enabled: true, client_context: link}\n"
+        f"providers: {{up: {{kind: openai, api_key: k, base_url: '{up.url}/up/v1', models: [davinci-002]}}}}\n"
+    )
+    with GatewayThread(path, {}) as gw, httpx.Client(base_url=gw.url, trust_env=False, timeout=10) as c:
+        resp = c.post(
+            "/v1/completions",
+            json={"model": "up/davinci-002", "prompt": "x"},
+            headers={"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-{flags}"},
+        )
+        assert resp.status_code == 200, resp.text
+        spans = receiver.wait(2)
+    [server] = [s for s in spans if s.kind == SERVER]
+    [attempt] = [s for s in spans if s.kind == CLIENT]
+    assert server.trace_id != CLIENT_TRACE and server.parent == ""
+    assert server.links == [(CLIENT_TRACE, CLIENT_SPAN)]
+    assert (attempt.trace_id, attempt.parent) == (server.trace_id, server.span_id)
+    # Upstream sees the gateway's trace, sampled by the gateway, and nothing of the client's.
+    sent = up.received[-1].headers["traceparent"]
+    assert sent.startswith(f"00-{server.trace_id}-{attempt.span_id}-") and int(sent[-2:], 16) & 1  # sampled
+    assert CLIENT_TRACE not in str(up.received[-1].headers)

@@ -100,6 +100,7 @@ def test_recorded_tgi_422_passes_through(api: httpx.Client, upstream: Upstream) 
         type="invalid_request_error",
         message="tgi error (422): Input validation error: `inputs` tokens + `max_new_tokens` must be <= 1512. "
         "Given: 2 `inputs` tokens and 10000 `max_new_tokens`",
+        code="upstream_http_422",
     )
 
 
@@ -120,7 +121,7 @@ def test_recorded_tgi_422_passes_through(api: httpx.Client, upstream: Upstream) 
             b"upstream connect error or disconnect/reset before headers",
             502,
             "upstream_error",
-            None,
+            "upstream_http_503",
             "openai error (503): upstream connect error or disconnect/reset before headers",
             id="503-text-body-is-502",
         ),
@@ -132,7 +133,7 @@ def test_recorded_tgi_422_passes_through(api: httpx.Client, upstream: Upstream) 
             502,
             "upstream_error",
             "invalid_api_key",
-            # The upstream's masked echo of the gateway's key is scrubbed (gateway/scrub.py).
+            # The upstream's masked echo of the gateway's key is scrubbed (gateway/upstream/scrub.py).
             "openai error (401): Incorrect API key provided: [redacted]e2e.",
             id="provider-401-is-502-not-the-clients-fault",
         ),
@@ -150,7 +151,7 @@ def test_recorded_tgi_422_passes_through(api: httpx.Client, upstream: Upstream) 
             b"",
             504,
             "timeout_error",
-            None,
+            "upstream_http_504",
             "openai error (504): no error body",
             id="504-stays-504",
         ),

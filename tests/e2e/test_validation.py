@@ -374,19 +374,19 @@ def test_aliases_that_agree_are_accepted(api: httpx.Client, route: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("path", "method", "status", "message", "type"),
+    ("path", "method", "status", "message", "type", "code"),
     [
-        ("/v2/completions", "POST", 404, "Not Found", "not_found_error"),
-        ("/v1/completions", "GET", 405, "Method Not Allowed", "invalid_request_error"),
+        ("/v2/completions", "POST", 404, "Not Found", "not_found_error", "not_found"),
+        ("/v1/completions", "GET", 405, "Method Not Allowed", "invalid_request_error", "method_not_allowed"),
     ],
 )
 def test_unknown_path_and_method(
-    api: httpx.Client, path: str, method: str, status: int, message: str, type: str
+    api: httpx.Client, path: str, method: str, status: int, message: str, type: str, code: str
 ) -> None:
     resp = api.request(method, path)
     assert (resp.status_code, resp.json()) == (
         status,
-        {"error": {"message": message, "type": type, "param": None, "code": None}},
+        {"error": {"message": message, "type": type, "param": None, "code": code}},
     )
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from gateway.request import normalize
+from gateway.path.request import normalize
 from providers.base import Adapter, CallContext, Endpoint, UpstreamRequest, map_params
 from wire.schema import CompletionRequest, decode_request
 

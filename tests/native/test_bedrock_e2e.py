@@ -263,7 +263,7 @@ def test_recorded_throttling_reaches_the_client_as_429(api: httpx.Client, upstre
         status=429,
         type="rate_limit_error",
         message="aws error (429): Rate exceeded",
-        code="ThrottlingException",
+        code="throttling_exception",
     )
 
 
@@ -276,6 +276,7 @@ def test_recorded_invalid_model_error_reaches_the_client(api: httpx.Client, upst
         status=400,
         type="invalid_request_error",
         message="aws error (400): The provided model identifier is invalid.",
+        code="upstream_http_400",
     )
 
 
@@ -292,7 +293,7 @@ def test_exception_frame_mid_stream_becomes_an_error_event(api: httpx.Client, up
             "message": "bedrock error (424): Model stream error",
             "type": "upstream_error",
             "param": None,
-            "code": "ModelStreamErrorException",
+            "code": "model_stream_error_exception",
         }
     }
     assert data[2:] == ["[DONE]"]

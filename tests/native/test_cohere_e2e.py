@@ -122,6 +122,7 @@ def test_rate_limit_reaches_the_client_as_429(api: httpx.Client, upstream: Upstr
         status=429,
         type="rate_limit_error",
         message="co error (429): You are past the per minute request limit, please wait and try again later.",
+        code="upstream_http_429",
     )
     assert len(upstream.received) == 1
 

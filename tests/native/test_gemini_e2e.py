@@ -136,7 +136,7 @@ def test_rate_limit_passes_the_retry_delay_to_the_client(api: httpx.Client, upst
         status=429,
         type="rate_limit_error",
         message="google error (429): You exceeded your current quota... Please retry in 53.016342224s.",
-        code="RESOURCE_EXHAUSTED",
+        code="resource_exhausted",
     )
     assert resp.headers["retry-after"] == "53"
 
@@ -145,7 +145,7 @@ def test_per_day_quota_is_a_429_with_no_retry(api: httpx.Client, upstream: Upstr
     upstream.handler = reply(json.dumps(PER_DAY_429).encode(), status=429)
     resp = api.post("/v1/completions", json={"model": MODEL, "prompt": "x"})
     assert resp.status_code == 429, resp.text
-    assert resp.json()["error"]["code"] == "RESOURCE_EXHAUSTED"
+    assert resp.json()["error"]["code"] == "resource_exhausted"
     # No RetryInfo in this body, and a per-day quota is not something to wait out.
     assert "retry-after" not in resp.headers
 

@@ -143,8 +143,8 @@ def test_rate_limit_with_an_exhausted_request_window(api: httpx.Client, upstream
         "/v1/completions",
         status=429,
         type="rate_limit_error",
-        message="mistral error (429): Rate limit exceeded",
-        code="1300",
+        message="mistral error (429): Rate limit exceeded (upstream code 1300)",
+        code="upstream_http_429",
     )
     assert resp.headers["retry-after"] == "10"
 

@@ -184,8 +184,21 @@ async def test_a_stream_longer_than_the_grace_deadline_is_cut_and_the_process_ex
     assert time.monotonic() - sent < 4
     assert status == -signal.SIGTERM
     assert stream.ended_at is not None and stream.ended_at - sent < 4
-    assert "[DONE]" not in stream.data
-    assert "Cancel 1 running task(s), timeout graceful shutdown exceeded" in gateway.log.read_text()
+    # The client is told why its stream ends early, and sees it end: an error event, then [DONE].
+    assert stream.error is None
+    assert stream.data[-1] == "[DONE]"
+    assert json.loads(stream.data[-2])["error"]["code"] == "shutdown_deadline_exceeded"
+    assert len(stream.data) < 30
+    log = gateway.log.read_text()
+    assert "Cancel 1 running task(s), timeout graceful shutdown exceeded" in log
+    # One WARNING line for the cut request, no ERROR and no traceback (it is the drain deadline doing its job).
+    assert "Traceback" not in log and " ERROR " not in log, log
+    lines = [json.loads(x) for x in log.splitlines() if x.startswith("{")]
+    [access] = [x for x in lines if x["stream"]]
+    [warning] = [x for x in log.splitlines() if access["request_id"] in x and not x.startswith("{")]
+    assert " WARNING gateway" in warning and "drain deadline" in warning
+    # Booked as what it is, not as a client that left (499 client_closed_request).
+    assert (access["status"], access["error"]) == (503, "shutdown_deadline_exceeded")
 
 
 def test_shutdown_grace_defaults_to_30_s_and_must_be_positive(tmp_path: Path) -> None:

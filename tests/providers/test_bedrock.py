@@ -21,7 +21,7 @@ from yarl import URL
 
 from gateway import emulation
 from gateway.config import ConfigError, parse_config
-from gateway.framing import DECODERS, EventStreamDecoder, EventStreamError
+from gateway.upstream.framing import DECODERS, EventStreamDecoder, EventStreamError
 from providers import REGISTRY, sigv4
 from providers.base import PARAM_FIELDS, Endpoint
 from providers.bedrock import DEFAULT_BASE_URL, BedrockAdapter, credentials, error_type
@@ -492,14 +492,14 @@ def test_extra_params_merge_one_level_and_extra_headers_are_signed() -> None:
         max_tokens=3,
         top_k=5,
         inference_extra_params={
-            "inferenceConfig": {"maxTokens": 9},
+            "inferenceConfig": {"topP": 0.5},
             "additionalModelRequestFields": {"anthropic_beta": ["x"]},
             "guardrailConfig": {"guardrailIdentifier": "g1", "guardrailVersion": "DRAFT"},
         },
         inference_extra_headers={"x-trace-id": "t-1", "X-Amz-Security-Token": "not-from-the-client"},
     )
     up, body, _ = build(ADAPTER, req, endpoint)
-    assert body["inferenceConfig"] == {"maxTokens": 9}
+    assert body["inferenceConfig"] == {"maxTokens": 3, "topP": 0.5}  # maxTokens is guarded: never from extras
     assert body["additionalModelRequestFields"] == {"top_k": 5, "anthropic_beta": ["x"]}
     assert body["guardrailConfig"] == {"guardrailIdentifier": "g1", "guardrailVersion": "DRAFT"}
     assert up.headers["x-amzn-bedrock-trace"] == "ENABLED"

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from gateway.framing import SSEDecoder
+from gateway.upstream.framing import SSEDecoder
 from providers.base import PARAM_FIELDS, Endpoint, map_params
 from providers.envelope import Unreadable
 from providers.gemini import GeminiAdapter

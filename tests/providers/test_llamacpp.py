@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gateway.framing import SSEDecoder
+from gateway.upstream.framing import SSEDecoder
 from providers.base import Endpoint
 from providers.llamacpp import LlamaCppAdapter
 from tests.helpers.adapters import as_json, build, chunked, context, request

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gateway.framing import SSEDecoder
+from gateway.upstream.framing import SSEDecoder
 from providers.base import PARAM_FIELDS, Endpoint, map_params
 from providers.mistral import MistralAdapter, RateLimit, rate_limits
 from tests.helpers.adapters import NATIVE, as_json, build, chunked, context, request

@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from gateway.framing import SSEDecoder
+from gateway.upstream.framing import SSEDecoder
 from providers.base import PARAM_FIELDS, Endpoint
 from providers.tgi import TGIAdapter
 from tests.helpers.adapters import as_json, build, chunked, context, request

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.ratelimit import Bucket, Limiter
+from gateway.limits.ratelimit import Bucket, Limiter
 from gateway.state import SharedState
 from tests.helpers.clients import body, client
 from tests.helpers.redis import Cluster, load_through
@@ -28,6 +28,7 @@ redis: {{url: "{url}", on_failure: fail_closed}}
 keys:
   - {{name: four, key: k-four, limits: {{rpm: 4, concurrent: 3}}}}
   - {{name: wide, key: k-wide}}
+cooldown: {{min_requests: 1}}  # one failure cools: the cooldown keys must land on the cluster
 providers:
   demo: {{kind: fake, limits: {{rpm: 1000}}}}
 """

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.health import TargetState
+from gateway.resilience.health import TargetState
 from tests.helpers.faults import FaultServer, good, rate_limited, slow, unavailable
 from tests.helpers.pipelines import VirtualTime, ask, key, state
 from tests.helpers.redis import RedisServer
@@ -25,7 +25,7 @@ ORDERED_AB = """
     strategy: ordered
     targets: [{model: alpha/davinci-002}, {model: beta/davinci-002}]
 """
-COOLDOWN = "cooldown: {base_ms: 1000, max_ms: 5000}\n"
+COOLDOWN = "cooldown: {base_ms: 1000, max_ms: 5000, min_requests: 1}\n"
 # These tests watch cooldowns as a request fails over; retrying the same target first (the default,
 # tests/resilience/test_same_target.py) would hide that, so they fail over at once.
 AT_ONCE = ", same_target: 0"
@@ -191,7 +191,7 @@ async def test_replicas_share_cooldowns_and_the_probe_through_redis(
     # refresh_ms 0: every snapshot reads Redis, so the replicas' views are exactly Redis's.
     top = (
         f"redis: {{url: '{redis.url}', refresh_ms: 0}}\nretries: {{attempts: 2{AT_ONCE}}}\n"
-        "cooldown: {base_ms: 300, max_ms: 5000}\n"
+        "cooldown: {base_ms: 300, max_ms: 5000, min_requests: 1}\n"
     )
     one, two = make(ORDERED_AB, top=top), make(ORDERED_AB, top=top)
     faults["alpha"].script(unavailable())

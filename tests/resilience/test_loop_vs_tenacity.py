@@ -1,6 +1,6 @@
 """The failover loop against tenacity, over the same outcomes: same calls, same end, same waits.
 
-`Run.go` (gateway/failover.py) replaced an `AsyncRetrying` loop (docs/architecture.md, "Retries:
+`Run.go` (gateway/resilience/failover.py) replaced an `AsyncRetrying` loop (docs/architecture.md, "Retries:
 tenacity or a loop"). Where tenacity can express the policy (one target, so "where" is always the same
 target and the loop's turn is tenacity's attempt number), both are driven over one scripted sequence
 of upstream outcomes: the real `Failover` with an injected clock and sleep, and an `AsyncRetrying`
@@ -37,10 +37,11 @@ from tenacity import (
 from tenacity.wait import wait_base
 
 from gateway.config import parse_config
-from gateway.failover import Failover
-from gateway.health import Health
-from gateway.routing import Plan, Router
+from gateway.path.routing import Router
+from gateway.resilience.failover import Failover
+from gateway.resilience.health import Health
 from gateway.state import SharedState
+from gateway.upstream.plan import Plan
 from tests.helpers.pipelines import VirtualTime
 from wire.errors import (
     GatewayError,
@@ -164,7 +165,9 @@ async def by_tenacity(outcomes: Sequence[str], attempts: int, initial_ms: int, m
     retrying = AsyncRetrying(
         stop=stop_after_attempt(attempts),
         wait=wait_retry_after(wait_random_exponential(multiplier=initial_ms / 1000, max=max_ms / 1000)),
-        retry=retry_if_exception(lambda e: isinstance(e, GatewayError) and e.retryable),
+        # One target: only a failure a same-target retry may cure is retried; a timeout or an unreachable
+        # target ends the request at once (nothing else is left to move on to).
+        retry=retry_if_exception(lambda e: isinstance(e, GatewayError) and e.retryable and e.same_target),
         sleep=vtime.sleep,
         reraise=True,
     )
@@ -192,7 +195,9 @@ async def compare(outcomes: Sequence[str], attempts: int, initial_ms: int = 250,
         pytest.param(["503", "ok"], 3, 2, 1, id="one-503"),
         pytest.param(["503", "500", "529", "ok"], 4, 4, 3, id="5xx-burst-then-ok"),
         pytest.param(["503"], 4, 4, 3, id="always-503"),
-        pytest.param(["dropped", "timeout", "504", "unreachable", "ok"], 6, 5, 4, id="mixed-transient"),
+        pytest.param(["dropped", "500", "529", "ok"], 6, 4, 3, id="mixed-transient"),
+        pytest.param(["dropped", "timeout", "ok"], 6, 2, 1, id="timeout-ends-it"),
+        pytest.param(["503", "unreachable", "ok"], 6, 2, 1, id="unreachable-ends-it"),
         pytest.param(["429 after 2s", "503 after 0.15s", "503", "ok"], 5, 4, 3, id="retry-after-then-jitter"),
         pytest.param(["503", "400"], 5, 2, 1, id="non-retryable-ends-it"),
         pytest.param(["quota"], 5, 1, 0, id="quota-not-retried"),

@@ -74,7 +74,9 @@ def test_openai_sdk_sees_failover_as_one_ordinary_answer(faults: FaultServer, tm
 
 
 def test_all_targets_cooling_over_http(faults: FaultServer, tmp_path: Path) -> None:
-    path = write_config(tmp_path / "gateway.yaml", faults, "retries: {attempts: 2, same_target: 0}\n")
+    path = write_config(
+        tmp_path / "gateway.yaml", faults, "retries: {attempts: 2, same_target: 0}\ncooldown: {min_requests: 1}\n"
+    )
     faults["alpha"].script(unavailable(retry_after="5"))
     faults["beta"].script(rate_limited(retry_after_ms="2500"))
     with GatewayThread(path, {}) as gw, openai_client(gw.url + "/v1", "no-key-needed") as oai:
@@ -106,7 +108,10 @@ def test_all_targets_cooling_over_http(faults: FaultServer, tmp_path: Path) -> N
 def test_two_gateway_processes_agree_on_cooldowns_through_one_redis(
     faults: FaultServer, tmp_path: Path, redis: RedisServer
 ) -> None:
-    top = f"redis: {{url: '{redis.url}'}}\nretries: {{attempts: 3}}\ncooldown: {{base_ms: 1000, max_ms: 60000}}\n"
+    top = (
+        f"redis: {{url: '{redis.url}'}}\nretries: {{attempts: 3}}\n"
+        "cooldown: {base_ms: 1000, max_ms: 60000, min_requests: 1}\n"
+    )
     one = GatewayProcess(write_config(tmp_path / "one.yaml", faults, top))
     two = GatewayProcess(write_config(tmp_path / "two.yaml", faults, top))
     try:
@@ -146,7 +151,7 @@ def test_two_gateway_processes_agree_on_cooldowns_through_one_redis(
 
 
 def test_requests_never_wait_on_a_frozen_or_dead_redis(faults: FaultServer, tmp_path: Path, redis: RedisServer) -> None:
-    top = f"redis: {{url: '{redis.url}'}}\nretries: {{attempts: 3}}\n"
+    top = f"redis: {{url: '{redis.url}'}}\nretries: {{attempts: 3}}\ncooldown: {{min_requests: 1}}\n"
     gw = GatewayProcess(write_config(tmp_path / "gateway.yaml", faults, top))
     try:
         gw.wait_ready()

@@ -8,7 +8,8 @@ cooldown, failure, in-flight and latency maps that were never removed. Real `Hea
 from __future__ import annotations
 
 from gateway.config import CooldownConfig
-from gateway.health import MAX_TARGETS, Health
+from gateway.resilience.evidence import MAX_OUTCOMES, MAX_WATCHED, Evidence
+from gateway.resilience.health import MAX_TARGETS, Health
 from gateway.state import SharedState
 
 
@@ -29,3 +30,16 @@ async def test_invented_targets_do_not_grow_the_health_maps_without_bound() -> N
     assert local.inflight == {}  # a count back at zero keeps no entry
     state = (await health.snapshot(["real/model"]))["real/model"]
     assert state.cooling_ms > 0 and state.failures > 1
+
+
+def test_invented_targets_and_floods_do_not_grow_the_evidence_window_without_bound() -> None:
+    now = [0.0]
+    evidence = Evidence(CooldownConfig(min_requests=10**6), lambda: now[0])  # never decides: all is kept
+    for i in range(MAX_WATCHED + 2_000):
+        target = f"flaky/invented-{i}"
+        evidence.failure(target, "red")
+        evidence.success(target, "blue")
+    assert len(evidence.watched) <= MAX_WATCHED and len(evidence.served) <= MAX_WATCHED
+    for _ in range(MAX_OUTCOMES * 3):  # one target, one window, a flood of failures
+        evidence.failure("flaky/one", "red")
+    assert len(evidence.watched["flaky/one"]) == MAX_OUTCOMES

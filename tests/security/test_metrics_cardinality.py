@@ -31,7 +31,7 @@ redis: {{url: "{redis}"}}
 admin: {{key: "${{CARD_ADMIN_KEY}}"}}
 retries: {{attempts: 1}}
 logging: {{requests: false}}
-cooldown: {{base_ms: 60000, max_ms: 60000}}
+cooldown: {{base_ms: 60000, max_ms: 60000, min_requests: 1}}  # every failure cools: one series each
 prices:
   "demo/*": {{prompt_per_1m: 1, completion_per_1m: 1}}
 providers:

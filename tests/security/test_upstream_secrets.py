@@ -8,6 +8,7 @@ throughout: uvicorn serving the gateway, an aiohttp upstream on loopback, raw HT
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import time
@@ -17,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway import accesslog
+from gateway.ops import accesslog
 from tests.helpers.clients import sse_data
 from tests.helpers.servers import GatewayThread, serve_config
 from tests.helpers.upstreams import Upstream, reply, reply_sse
@@ -71,7 +72,7 @@ def access_lines() -> Iterator[list[bytes]]:
         accesslog.SINK.listeners.remove(lines.append)
 
 
-# A run this long of a secret's characters is a leak of it (gateway/scrub.py's FRAGMENT).
+# A run this long of a secret's characters is a leak of it (gateway/upstream/scrub.py's FRAGMENT).
 FRAGMENT = 12
 
 
@@ -116,6 +117,49 @@ def test_401_echoing_the_key_never_reaches_the_client_or_the_access_log(
     while not access_lines and time.monotonic() < deadline:
         time.sleep(0.01)
     assert access_lines and leaks(b"".join(access_lines).decode()) == []
+
+
+def _forms(secret: str) -> list[str]:
+    """What an upstream may turn a key into before quoting it back, each long enough to be a leak."""
+    raw = secret.encode()
+    return [
+        base64.b64encode(raw).decode()[:16],
+        base64.b64encode(b"Bearer " + raw).decode()[12:28],
+        raw.hex()[:16],
+        raw.hex().upper()[:16],
+        "".join(f"\\x{b:02x}" for b in raw[:8]),
+        secret.upper()[:12],
+        *(secret[i : i + 8] for i in range(0, len(secret) - 7, 8)),
+    ]
+
+
+RE_ENCODED = [
+    pytest.param(f"key {base64.b64encode(PROVIDER_KEY.encode()).decode()} rejected", None, id="base64"),
+    pytest.param(f"Basic {base64.b64encode(b'Bearer ' + PROVIDER_KEY.encode()).decode()}", None, id="base64-shifted"),
+    pytest.param(f"key 0x{PROVIDER_KEY.encode().hex()} rejected", None, id="hex"),
+    pytest.param(f"KEY {PROVIDER_KEY.encode().hex().upper()}", None, id="hex-upper"),
+    pytest.param("key " + "".join(f"\\x{b:02x}" for b in PROVIDER_KEY.encode()), None, id="x-escapes"),
+    pytest.param(f"INVALID KEY {PROVIDER_KEY.upper()}", None, id="upper-cased"),
+    pytest.param("key parts: " + ", ".join(PROVIDER_KEY[i : i + 9] for i in range(0, 36, 9)), None, id="pieces"),
+    pytest.param(f"invalid key {PROVIDER_KEY[:7]}", PROVIDER_KEY[7:13], id="split-message-param"),
+]
+
+
+@pytest.mark.parametrize(("message", "param"), RE_ENCODED)
+def test_a_re_encoded_key_never_reaches_the_client(
+    gateway: GatewayThread, upstream: Upstream, message: str, param: str | None
+) -> None:
+    body = {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": "invalid_api_key"}}
+    upstream.handler = reply(json.dumps(body).encode(), status=401)
+    with httpx.Client(trust_env=False, timeout=15) as client:
+        resp = client.post(gateway.url + "/v1/completions", json={"model": "up/davinci-002", "prompt": "x"})
+    assert resp.status_code == 502
+    error = resp.json()["error"]
+    shown = f"{error['message']}{error['param'] or ''}"
+    assert "[redacted]" in shown
+    assert [f for f in _forms(PROVIDER_KEY) if f in shown] == []
+    if param is not None:
+        assert PROVIDER_KEY[:7] not in error["message"] and PROVIDER_KEY[7:13] not in (error["param"] or "")
 
 
 def test_plain_text_500_echoing_every_kind_of_secret(gateway: GatewayThread, upstream: Upstream) -> None:

@@ -1,7 +1,9 @@
-"""The gateway's own implementations of what a provider lacks (gateway/emulation.py)."""
+"""The gateway's own implementations of what a provider lacks (gateway/emulation/planning.py)."""
 
 from __future__ import annotations
 
+import itertools
+import json
 import time
 from collections.abc import AsyncGenerator
 from typing import Any, ClassVar
@@ -13,7 +15,8 @@ from hypothesis import strategies as st
 
 from gateway import emulation
 from gateway.config import CapsConfig
-from gateway.request import normalize
+from gateway.emulation.client_schema import Work, WorkExhausted
+from gateway.path.request import normalize
 from providers.base import EMULATED, Adapter, CallContext, Param, Table, UpstreamRequest, table
 from wire.errors import InvalidRequestError, UpstreamError
 from wire.schema import Choice, Completion, CompletionRequest, Logprobs, Usage, decode_request
@@ -365,6 +368,46 @@ def test_the_linear_stop_scanner_sends_what_the_rescanning_one_did(
     assert (out, hit) == _reference_scan(pieces, stops, include)
 
 
+def _naive_find(text: str, stops: list[str]) -> tuple[int, str] | None:
+    hits = [(text.find(s), i, s) for i, s in enumerate(stops) if s and text.find(s) >= 0]
+    return min(hits)[::2] if hits else None
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    text=st.text(alphabet="abc", max_size=30),
+    stops=st.lists(st.text(alphabet="abc", max_size=5), min_size=1, max_size=5),
+    cuts=st.lists(st.integers(min_value=0, max_value=30), max_size=4),
+)
+def test_one_automaton_finds_the_earliest_stop_fed_whole_or_in_pieces(
+    text: str, stops: list[str], cuts: list[int]
+) -> None:
+    expected = _naive_find(text, stops)
+    assert emulation.find_stop(text, stops) == expected
+    # Pieces that are not final (a long chunk read a slice at a time) decide as the whole text does.
+    scanner = emulation.StopScanner(stops, include=False)
+    bounds = sorted({0, len(text), *(c for c in cuts if c < len(text))})
+    sent, stopped = "", False
+    for a, b in itertools.pairwise(bounds):
+        out, stopped = scanner.feed(text[a:b], final=b == len(text))
+        sent += out
+        if stopped:
+            break
+    if not stopped:
+        rest, stopped = scanner.flush()
+        sent += rest
+    assert (sent, stopped) == ((text[: expected[0]], True) if expected else (text, False))
+
+
+def test_one_automaton_is_linear_in_the_text_whatever_the_number_of_stops() -> None:
+    stops = ["a" * 127 + chr(0x100 + i) for i in range(64)]
+    scanner = emulation.StopScanner(stops, False)
+    start = time.perf_counter()
+    for _ in range(64):
+        scanner.feed("a" * 4096)
+    assert time.perf_counter() - start < 0.5
+
+
 def test_the_stop_scanner_is_linear_in_a_long_partial_match() -> None:
     # A 4,000-character stop the text keeps almost matching, one character per chunk.
     scanner = emulation.StopScanner(["ab" * 2000 + "!"], False)
@@ -374,7 +417,7 @@ def test_the_stop_scanner_is_linear_in_a_long_partial_match() -> None:
     assert time.perf_counter() - start < 1.0
 
 
-CAPS = CapsConfig(emulated_answer_bytes=1024 * 1024, pattern_chars=64)
+CAPS = CapsConfig(emulated_answer_bytes=1024 * 1024, pattern_chars=64, stop_chars=100)
 
 
 @pytest.mark.parametrize(
@@ -399,6 +442,17 @@ CAPS = CapsConfig(emulated_answer_bytes=1024 * 1024, pattern_chars=64)
         ),
         ({"guided_json": {"type": "strnig"}}, "guided_json"),
         ({"guided_choice": ["x" * 40_000, "y" * 40_000]}, "guided_choice"),
+        ({"stop": ["a" * 60, "b" * 60], "include_stop_str_in_output": True}, "stop"),
+        (
+            {
+                "guided_json": {
+                    "$defs": {f"d{i}": {"anyOf": [{"$ref": f"#/$defs/d{i + 1}"}] * 2} for i in range(12)}
+                    | {"d12": {"type": "integer"}},
+                    "$ref": "#/$defs/d0",
+                }
+            },
+            "guided_json",
+        ),
     ],
 )
 def test_plan_refuses_work_beyond_the_caps(fields: dict[str, Any], param: str) -> None:
@@ -436,3 +490,41 @@ def test_a_regex_check_beyond_the_match_bound_counts_as_invalid_without_running(
     start = time.perf_counter()
     assert em.guide.check("ab" * 500_000) == "is too long to check against the regex within the gateway's bound"
     assert time.perf_counter() - start < 0.1
+
+
+def test_one_work_budget_is_spent_by_every_check_of_a_request() -> None:
+    em = emulation.plan(ADAPTER, req(guided_json={"type": "array", "items": {"type": "integer"}}), "p", 2)
+    assert em is not None and em.guide is not None
+    work = Work(1000)
+    answer = json.dumps(list(range(300)))  # about 300 evaluations
+    assert em.guide.check(answer, work) is None
+    assert em.guide.check(answer, work) is None
+    assert em.guide.check(answer, work) is None
+    with pytest.raises(WorkExhausted, match="bound of 1000 evaluations"):
+        em.guide.check(answer, work)
+
+
+def test_a_regex_check_is_charged_to_the_requests_work() -> None:
+    em = emulation.plan(ADAPTER, req(guided_regex="(a|b|c|d|e|f|g)*.{0,200}z" * 10), "p", 2)
+    assert em is not None and em.guide is not None
+    with pytest.raises(WorkExhausted):
+        em.guide.check("ab" * 100_000, Work(1000))
+
+
+def test_a_check_past_the_requests_deadline_gives_up() -> None:
+    em = emulation.plan(ADAPTER, req(guided_json={"type": "array", "items": {"type": "integer"}}), "p", 2)
+    assert em is not None and em.guide is not None
+    with pytest.raises(WorkExhausted) as err:
+        em.guide.check(json.dumps(list(range(300))), Work(100_000, deadline=time.monotonic() - 1))
+    assert err.value.deadline
+
+
+def test_an_abandoned_check_stops_alone() -> None:
+    work = Work(1000)
+    mine = work.share()
+    assert mine.draw(10) == 10
+    mine.stop()
+    with pytest.raises(WorkExhausted, match="ended"):
+        mine.draw(10)
+    assert work.draw(10) == 10  # the request's other checks, and its later attempts, go on
+    assert work.left == 980

@@ -14,13 +14,13 @@ from wire.errors import CAUSES, CODES, upstream_failure
 
 REPO = Path(__file__).resolve().parents[2]
 SNAKE = re.compile(r"[a-z][a-z0-9]*(_[a-z0-9]+)*")
-# Raised with the code as their last positional argument (gateway/dialects.py, wire/schema.py).
+# Raised with the code as their last positional argument (gateway/path/dialects.py, wire/schema.py).
 POSITIONAL = {"RequestError", "BodyError"}
 
 
 def _codes_in_source() -> dict[str, str]:
     found: dict[str, str] = {}
-    for path in sorted([*REPO.glob("gateway/*.py"), *REPO.glob("providers/*.py"), *REPO.glob("wire/*.py")]):
+    for path in sorted([*REPO.glob("gateway/**/*.py"), *REPO.glob("providers/*.py"), *REPO.glob("wire/*.py")]):
         tree = ast.parse(path.read_text(), filename=str(path))
         for node in ast.walk(tree):
             if not isinstance(node, ast.Call):
@@ -75,3 +75,58 @@ def test_flags_are_set_when_an_error_is_built_and_evolve_copies() -> None:
     named = status.evolve(target="p/m")
     assert (named.upstream_status, named.cause, named.target, named.retryable) == (503, "http_503", "p/m", True)
     assert status.target is None
+
+
+# Every GatewayError class (by name) whose instances reach clients: built anywhere without `code=`, an
+# answer would carry `"code": null`.
+_ERRORS = {
+    "GatewayError",
+    "InvalidRequestError",
+    "AuthenticationError",
+    "PermissionDeniedError",
+    "ProviderUnavailableError",
+    "RateLimitError",
+    "UpstreamError",
+    "UpstreamConnectError",
+    "UpstreamUnreachableError",
+    "UpstreamTimeoutError",
+}
+
+
+def test_every_error_is_built_with_a_code() -> None:
+    codeless: list[str] = []
+    for path in sorted([*REPO.glob("gateway/*.py"), *REPO.glob("providers/*.py"), *REPO.glob("wire/*.py")]):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if not isinstance(node, ast.Call):
+                continue
+            name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
+            if name not in _ERRORS:
+                continue
+            code = next((kw.value for kw in node.keywords if kw.arg == "code"), None)
+            if code is None or (isinstance(code, ast.Constant) and code.value is None):
+                codeless.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert codeless == []
+
+
+def test_an_upstream_code_reaches_clients_in_snake_case() -> None:
+    from gateway.upstream.scrub import Scrubber
+    from wire.errors import UpstreamStatusError
+
+    scrubber = Scrubber(["sk_upstream_secret_0123456789"])
+
+    def shown(code: str | None, message: str = "p error (500): boom") -> tuple[str | None, str]:
+        err = scrubber.error(UpstreamStatusError(message, upstream_status=500, provider="p", code=code))
+        return err.code, err.message
+
+    assert shown("server_error") == ("server_error", "p error (500): boom")
+    assert shown("RESOURCE_EXHAUSTED")[0] == "resource_exhausted"
+    assert shown("ThrottlingException")[0] == "throttling_exception"
+    # A number, free text or nothing: the cause names it, and the upstream's own code stays in the message.
+    assert shown("4.2", "p error: boom") == ("upstream_http_500", "p error: boom (upstream code 4.2)")
+    assert shown("500") == ("upstream_http_500", "p error (500): boom (upstream code 500)")
+    assert shown("Internal Error!")[0] == "upstream_http_500"
+    assert shown(None) == ("upstream_http_500", "p error (500): boom")
+    assert shown("x" * 100)[0] == "upstream_http_500"
+    # A code that quotes a secret is no code, and the secret is cut out of the message it moves to.
+    code, message = shown("sk_upstream_secret_0123456789")
+    assert code == "upstream_http_500" and "0123456789" not in message

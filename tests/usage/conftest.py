@@ -24,7 +24,7 @@ CONFIG: Final = """
 redis: {{url: "{redis}"}}
 admin: {{key: "${{USAGE_ADMIN_KEY}}"}}
 retries: {{attempts: 1}}
-cooldown: {{base_ms: 30000, max_ms: 60000}}
+cooldown: {{base_ms: 30000, max_ms: 60000, min_requests: 1}}
 keys:
   - {{name: team, key: "${{USAGE_TEAM_KEY}}", max_cost_per_day: 0.05, limits: {{tpd: 1000, concurrent: 4}}}}
   - {{name: free, key: "${{USAGE_FREE_KEY}}"}}

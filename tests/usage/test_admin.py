@@ -20,7 +20,7 @@ from tests.helpers.servers import GatewayThread
 
 from .conftest import ADMIN_KEY, COST, ENV, FREE_KEY, TEAM_KEY, config, usage, wait_requests
 
-NOT_FOUND = {"error": {"message": "Not Found", "type": "not_found_error", "param": None, "code": None}}
+NOT_FOUND = {"error": {"message": "Not Found", "type": "not_found_error", "param": None, "code": "not_found"}}
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -73,6 +73,7 @@ def test_admin_routes_need_the_admin_key(gw: GatewayThread) -> None:
         bad = c.get("/admin/usage", params={"day": "2024-02-30"})
     assert bad.status_code == 400
     assert bad.json()["error"]["param"] == "day"
+    assert bad.json()["error"]["code"] == "invalid_value"
 
 
 @pytest.mark.parametrize("admin", ["", 'admin: {key: "${USAGE_UNSET_ADMIN_KEY}"}', 'admin: {key: ""}'])

@@ -83,6 +83,7 @@ class CDP:
 def gw(tmp_path: Path) -> Iterator[GatewayThread]:
     path = tmp_path / "config.yaml"
     extra = f'  - {{name: "{MARKUP_ALIAS}", targets: [{{model: demo/text}}]}}\n'
+    extra += "  - {name: gpt, targets: [{model: openai/gpt-3.5-turbo-instruct}]}\n"  # its key variable is unset
     path.write_text(config() + extra)
     with GatewayThread(path, ENV) as g:
         yield g
@@ -176,6 +177,9 @@ async def test_status_page_renders_live_data(gw: GatewayThread, page: CDP, tmp_p
     assert failing[1] == "cooling" and failing[3] == "error" and failing[4] == "1"
     assert failing[2].endswith(" s") and 20 < float(failing[2].split()[0]) <= 30  # cooldown left
     assert next(r for r in rows if r[0] == "demo/long")[1] == "ok"
+    # A target nothing can call is not "ok": the page says so, and why.
+    unset = next(r for r in rows if r[0] == "openai/gpt-3.5-turbo-instruct")
+    assert unset[1] == "unavailable" and "USAGE_UNSET_OPENAI_KEY is not set" in unset[3]
     limits = await page.eval(text("limits"))
     assert "key:team" in limits and "tpd 1,000" in limits and "990" in limits
     usage = await page.eval(

@@ -1,0 +1,101 @@
+"""Live reload as an operator drives it: `python -m gateway serve` as a child, its file edited, SIGHUP sent.
+
+One edit reloads once (a SIGHUP and the file poll do not both reload it) and says so in one INFO line; a
+file that does not load logs exactly one ERROR naming the YAML path and the running config stays, and
+the watch goes on: a later edit (a key revoked) is applied without a signal. `check-config` refuses a
+CA bundle that is not PEM in one line naming its YAML path, as the transport would fail on it.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.helpers.servers import GatewayProcess, run_cli
+from tests.helpers.waiting import wait_until
+
+POLL_S = 2.0  # gateway.ops.reload.Reloader's file poll period
+
+BASE = """
+keys:
+  - {name: alice, key: k-alice}
+  - {name: bob, key: k-bob}
+providers:
+  demo: {kind: fake, models: [echo]}
+"""
+ALIAS = "models:\n  - {name: smart, targets: [{model: demo/echo}]}\n"
+RELOADED = re.compile(r" (\w+) gateway\[\d+\]: config reloaded \((SIGHUP|file changed)\)")
+FAILED = re.compile(r" (\w+) gateway\[\d+\]: config reload \((SIGHUP|file changed)\) failed")
+
+
+def status(gw: GatewayProcess, key: str, model: str = "demo/echo") -> int:
+    with httpx.Client(base_url=gw.url, trust_env=False, timeout=10) as c:
+        body = {"model": model, "prompt": "hi", "max_tokens": 2}
+        return c.post("/v1/completions", json=body, headers={"authorization": f"Bearer {key}"}).status_code
+
+
+def not_pem(tmp_path: Path) -> Path:
+    bundle = tmp_path / "ca.pem"
+    bundle.write_text("this is not a PEM certificate\n")
+    return bundle
+
+
+def with_bad_bundle(tmp_path: Path) -> str:
+    bundle = not_pem(tmp_path)
+    return BASE + f"  tls: {{kind: openai, api_key: sk-x, base_url: https://127.0.0.1:9/v1, ca_bundle: {bundle}}}\n"
+
+
+def test_one_edit_and_a_sighup_reload_once_at_info(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(BASE)
+    gw = GatewayProcess(path)
+    try:
+        gw.wait_ready()
+        assert status(gw, "k-alice", "smart") == 404
+        path.write_text(BASE + ALIAS)
+        gw.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: status(gw, "k-alice", "smart") == 200, timeout=5)
+        # Proving that the poll does not reload the same edit again takes one poll period.
+        time.sleep(POLL_S * 1.5)
+        reloads = RELOADED.findall(gw.log.read_text())
+        assert reloads == [("INFO", "SIGHUP")], gw.log.read_text()
+    finally:
+        gw.stop()
+
+
+def test_a_bad_file_logs_one_error_and_the_watch_goes_on(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(BASE)
+    gw = GatewayProcess(path)
+    try:
+        gw.wait_ready()
+        path.write_text(with_bad_bundle(tmp_path))
+        gw.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: FAILED.search(gw.log.read_text()) is not None, timeout=5)
+        time.sleep(POLL_S * 1.5)  # the poll has seen the same bad file by now: it must not say it again
+        log = gw.log.read_text()
+        assert FAILED.findall(log) == [("ERROR", "SIGHUP")], log
+        line = next(x for x in log.splitlines() if FAILED.search(x))
+        assert "providers.tls.ca_bundle" in line and "PEM" in line, line
+        assert "Traceback" not in log, log
+        assert status(gw, "k-bob") == 200  # the running config stays
+        # A later edit, with no signal: bob's key revoked.
+        path.write_text(BASE.replace("  - {name: bob, key: k-bob}\n", ""))
+        wait_until(lambda: status(gw, "k-bob") == 401, timeout=POLL_S * 3)
+        assert status(gw, "k-alice") == 200
+    finally:
+        gw.stop()
+
+
+def test_check_config_refuses_a_ca_bundle_that_is_not_pem(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(with_bad_bundle(tmp_path))
+    done = run_cli(["check-config", str(path)])
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert f"{path}: providers.tls.ca_bundle: cannot be loaded as PEM CA certificates" in lines[0]
