@@ -158,6 +158,7 @@ class Pipeline:
             prompts=_text_prompts(req),
             n=req.n or 1,
             echo=bool(req.echo),
+            logprobs=req.logprobs is not None,
         )
         admission = self.admission if self.admission.enabled else None
         ticket = await admission.admit(key, req, plan) if admission is not None else None
