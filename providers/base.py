@@ -49,6 +49,7 @@ class CallContext(msgspec.Struct):
     prompts: list[str] | None = None  # text prompts, to compute text offsets
     n: int = 1
     echo: bool = False
+    logprobs: bool = False  # the request asked for logprobs
     # Stream state: running text offset per choice index, for providers that do not send offsets.
     offsets: dict[int, int] = msgspec.field(default_factory=dict)
     # Adapter-private stream state (e.g. Anthropic's input tokens from `message_start`, needed when

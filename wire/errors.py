@@ -220,6 +220,9 @@ class UpstreamStatusError(UpstreamError):
             # the target does not serve that model. Clients get what an unknown alias gets, so the SDKs raise
             # NotFoundError; the upstream's own words stay in the message.
             code, param = "model_not_found", "model"
+        if context_window:
+            # One code for one meaning, whatever the server called it (its words stay in the message).
+            code = "context_length_exceeded"
         super().__init__(
             message,
             param=param,
@@ -369,6 +372,8 @@ CODES: Final[dict[str, str]] = {
     "model_not_found": "unknown alias or vendor, or the upstream does not serve the model (404)",
     "model_mismatch": "a tokenizer route's model differs from its scoped path",
     "tokenizer_not_available": "the provider has no tokenizer routes (404)",
+    "context_length_exceeded": "the prompt (and max_tokens) does not fit the model's context window, whatever "
+    "the upstream called it (400)",
     "rate_limit_exceeded": "a configured rate limit (429)",
     "provider_quota": "a provider or deployment quota of the config (429)",
     "budget_exceeded": "the key's daily budget is spent (429)",
@@ -381,6 +386,8 @@ CODES: Final[dict[str, str]] = {
     "deadline_exceeded": "the request's own deadline passed between attempts (504)",
     "invalid_upstream_response": "the upstream's answer could not be read (502)",
     "upstream_stream_ended_early": "the upstream ended a stream before its end (502)",
+    "upstream_ignored_n": "the upstream answered fewer choices than 'n' asked for (502)",
+    "unsupported_logprobs_shape": "the upstream's logprobs cannot carry what was asked (echoed prompt) (502)",
     "upstream_event_too_large": "one upstream stream event is larger than caps.upstream_event_bytes (502)",
     "upstream_answer_too_large": "the upstream's answer is larger than a caps.upstream_* cap (502)",
     "generation_error": "the upstream reported that the generation broke off (Mistral's finish_reason 'error')",

@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from typing import Final
+from urllib.parse import parse_qs
 
 import msgspec
 from litestar.types import HTTPRequestEvent, HTTPScope, Receive, ReceiveMessage, Send
@@ -131,8 +132,9 @@ def _readable(provider: str) -> Iterator[None]:
 
 
 def _model_missing(route: TokenizerRoute) -> InvalidRequestError:
+    how = "add ?model=<model> to the URL" if route == "tokenizer_info" else "send 'model'"
     return InvalidRequestError(
-        f"/{route} needs a model: send 'model', use the model-scoped path /m/<model>/{route}, or configure "
+        f"/{route} needs a model: {how}, use the model-scoped path /m/<model>/{route}, or configure "
         "tokenizer.default_model",
         param="model",
         code="missing_required_parameter",
@@ -213,7 +215,12 @@ class Tokenizers:
             await send_error(send, OPENAI, exc, rec.request_id)
             return
         body = b""
-        if route != "tokenizer_info":
+        if route == "tokenizer_info":
+            # A GET has no body: the model may come as `?model=`, like the body's field on the other routes.
+            query = parse_qs(scope["query_string"].decode("latin-1")).get("model")
+            if query:
+                body = _encode({"model": query[-1]})
+        else:
             try:
                 body = await read_body(receive)
             except GatewayError as exc:
@@ -265,6 +272,8 @@ class Tokenizers:
             elif route == "detokenize":
                 detok_req = decode_body(_decode_detokenize, body)
                 body_model = detok_req.model
+            elif body:
+                body_model = _decode_model_field(body).model
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise decode_error(exc) from None
         if path_model is not None and body_model and body_model != path_model:
@@ -296,6 +305,13 @@ class Tokenizers:
                 reply = await self._call(pipeline, target, route, call, rec)
                 with _readable(target.provider):
                     tokenized = api.read_tokenize(reply.body, tok_req)
+                if not tokenized.tokens and tok_req.prompt:
+                    # Text always makes a token: none means the server did not read the request (llama-server
+                    # behind a `vllm` provider ignores vLLM's `prompt`), not an empty tokenization.
+                    raise UpstreamError(
+                        f"Upstream '{target.provider}' tokenized a non-empty prompt into no tokens",
+                        code="invalid_upstream_response",
+                    )
                 max_len = tokenized.max_model_len
                 if max_len is None:
                     max_len = await self._max_model_len(pipeline, target)
@@ -434,6 +450,8 @@ def _no_such_route(body: bytes) -> bool:
     return (
         not text
         or text in (b'{"detail":"Not Found"}', b'{"detail": "Not Found"}', b"Not Found")
+        # llama-server's handler for any path it does not serve (tools/server/server-http.cpp).
+        or (text.startswith(b'{"error":') and b'"message":"File Not Found"' in text)
         or (text.startswith(b'{"detail":"Method Not Allowed"'))
     )
 

@@ -146,6 +146,9 @@ def plan(
     echo = bool(req.echo) and _emulated(adapter, "echo")
     if echo and req.logprobs is not None:
         raise _bad(f"'echo' with 'logprobs' cannot be emulated for provider '{provider}'", "echo")
+    if echo and form in ("tokens", "token_lists"):
+        # The gateway echoes the prompt's text; of token ids it has none to put in front of the completion.
+        raise _bad(f"'echo' of a token-id prompt cannot be emulated for provider '{provider}'", "echo")
     stops: list[str] | None = None
     upstream_stop = req.stop if isinstance(req.stop, list) else None
     include = bool(req.include_stop_str_in_output)

@@ -80,6 +80,8 @@ def line(rec: Record, elapsed_s: float) -> bytes:
         "error": rec.error_code,
         "cause": rec.cause,
     }
+    if rec.usage_estimated:
+        entry["usage_estimated"] = True
     if rec.prompt is not None:
         entry["prompt"] = rec.prompt
         entry["completion"] = rec.completion

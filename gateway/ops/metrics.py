@@ -100,6 +100,8 @@ class Record(msgspec.Struct):
     status: int = 200
     stream: bool = False
     usage: Usage | None = None
+    # The upstream reported none (a stream without usage): `usage` is the gateway's estimate.
+    usage_estimated: bool = False
     # Time spent inside the failover loop (upstream calls and retry waits); a stream: to its first event.
     upstream_s: float = 0.0
     error_code: str | None = None

@@ -28,7 +28,7 @@ from gateway.upstream.client import Stream, Upstream
 from gateway.upstream.framing import DECODERS
 from gateway.upstream.plan import Plan, Route
 from gateway.upstream.transport import Timeouts
-from providers.base import Adapter, CallContext, LocalAdapter, map_params
+from providers.base import Adapter, CallContext, LocalAdapter, map_params, prompt_form
 from providers.envelope import Unreadable
 from wire.errors import GatewayError, UpstreamError
 from wire.schema import Completion, CompletionRequest, Usage
@@ -49,13 +49,16 @@ MAX_QUOTA_WAIT_S = 31 * 86400.0
 class Services:
     """What attempts use, built once per pipeline: the upstream client, health (quota headers), bounds."""
 
-    __slots__ = ("upstream", "health", "caps", "guided_retries")
+    __slots__ = ("upstream", "health", "caps", "guided_retries", "ignores_n")
 
     def __init__(self, upstream: Upstream, health: Health, caps: CapsConfig, guided_retries: int) -> None:
         self.upstream = upstream
         self.health = health
         self.caps = caps
         self.guided_retries = guided_retries
+        # Targets seen answering fewer choices than `n` asked for (llama-cpp-python's server): a later
+        # request with n > 1 fails there before its first byte, as an unstreamed one fails after the answer.
+        self.ignores_n: set[str] = set()
 
 
 class Opened:
@@ -284,6 +287,9 @@ class Attempt:
             raise
         except Exception as exc:
             raise _unreadable(route, "response body", exc) from None
+        if req.n is not None and req.n > 1 and len(answer.choices) < (asked := choices_asked(req)):
+            self.services.ignores_n.add(route.key)
+            raise ignored_n(route, asked, len(answer.choices))
         u = answer.usage
         # sane_usage's common case, inline: every answer passes here, and a call costs more than the check.
         if u is not None and not (
@@ -304,6 +310,8 @@ class Attempt:
             self.sent += 1
             local = adapter.stream(req, route.endpoint, ctx)
             return Opened(local, await anext(local, None), ctx=ctx)
+        if req.n is not None and req.n > 1 and route.key in self.services.ignores_n:
+            raise ignored_n(route, choices_asked(req), choices_asked(req) // req.n)
         upstream_req = adapter.build_request(req, route.endpoint, params)
         self.sent += 1
         stream = await self.services.upstream.open_stream(route.provider, upstream_req, self.timeouts, route.key)
@@ -374,6 +382,32 @@ def _unreadable(route: Route, what: str, exc: Exception) -> UpstreamError:
         f"Upstream '{route.key}' sent an invalid {what}",
         code="invalid_upstream_response",
         retryable=True,
+        cause="invalid_response",
+        target=route.key,
+        provider=route.provider,
+    )
+
+
+def choices_asked(req: CompletionRequest) -> int:
+    """Choices an upstream call must answer: n per prompt it was sent."""
+    prompts = len(req.prompt) if prompt_form(req.prompt) in ("texts", "token_lists") else 1
+    return (req.n or 1) * prompts
+
+
+def ignored_n(route: Route, asked: int, got: int) -> UpstreamError:
+    """An upstream that answers one choice where `n` asked for several: the answer is not the one asked for.
+
+    Not retried on that target (it will do the same), but another one may honour `n`; the target is not
+    unhealthy for it.
+    """
+    return UpstreamError(
+        f"Upstream '{route.key}' answered {got} choice(s) where the request asked for {asked}: it does not "
+        "honour 'n' (send one request per choice, or use a target that takes 'n')",
+        param="n",
+        code="upstream_ignored_n",
+        retryable=False,
+        elsewhere=True,
+        cools=False,
         cause="invalid_response",
         target=route.key,
         provider=route.provider,

@@ -163,6 +163,7 @@ class Pipeline:
             prompts=_text_prompts(req),
             n=req.n or 1,
             echo=bool(req.echo),
+            logprobs=req.logprobs is not None,
         )
         admission = self.admission if self.admission.enabled else None
         if self.cache is None:

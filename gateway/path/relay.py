@@ -14,9 +14,10 @@ from collections.abc import AsyncIterator
 
 import msgspec
 
+from gateway.limits import tokens
 from gateway.limits.admission import Admission
 from gateway.ops.metrics import Record
-from gateway.path.attempt import UNREADABLE, Job, Opened, Services, sane_usage
+from gateway.path.attempt import UNREADABLE, Job, Opened, Services, ignored_n, sane_usage
 from gateway.path.dialects import OPENAI
 from gateway.resilience.failover import Failover
 from gateway.resilience.health import Health
@@ -96,6 +97,7 @@ class Relay:
         usage: Usage | None = None
         text: list[str] = []
         sent = finished = 0
+        top = -1  # the highest choice index seen
         resumed_from = 0  # tokens streamed before the current upstream took over
         try:
             while True:
@@ -109,12 +111,19 @@ class Relay:
                             for choice in c.choices:
                                 text.append(choice.text)
                                 finished += choice.finish_reason is not None
+                                if choice.index > top:
+                                    top = choice.index
                             sent += 1
                             if cached is not None:
                                 cached.chunk(c)
                             yield sse_event(encode(c))
                         c = await anext(opened.chunks, None)
-                    if finished < expected and usage is None:
+                    if finished < expected and ctx.n > 1 and finished == top + 1:
+                        # Every choice it started, it finished: it answered fewer than `n` asked for, the same
+                        # failure as an unstreamed answer's, and the next stream with n > 1 fails before its start.
+                        self.services.ignores_n.add(route.key)
+                        error = ignored_n(route, expected, finished)
+                    elif finished < expected and usage is None:
                         error = _stream_broke(
                             route, "ended the stream early", "upstream_stream_ended_early", "stream_ended_early"
                         )
@@ -167,7 +176,11 @@ class Relay:
         finally:
             # Settle before awaiting anything: a client that left cancels this generator, and a cancelled
             # task may be cancelled again at its next await.
-            # A finished stream is charged its reported usage; one cut short, its prompt and what it sent.
+            # A finished stream is charged its reported usage; one cut short, or one whose upstream reports
+            # none (llama-cpp-python's), the gateway's estimate: its prompt, and what it sent.
+            if usage is None and sent:
+                usage = _estimate(job, sent)
+                rec.usage_estimated = True
             rec.usage = usage
             for t in (job.ticket, quota):
                 if t is not None:
@@ -210,6 +223,14 @@ def _book_failure(rec: Record, route: Route, error: GatewayError) -> None:
     rec.status, rec.error_code, rec.cause = error.status, error.code, error.cause
     # Not `failed`: this target did serve what the client received (its usage and first event count).
     rec.provider, rec.target = route.provider, route.key
+
+
+def _estimate(job: Job, chunks: int) -> Usage:
+    """Usage for a stream the upstream reported none for: the prompt as admission estimated it (or as
+    gateway/limits/tokens.py estimates it), and one output token per chunk sent (as a cancelled stream is charged)."""
+    ticket = job.ticket
+    prompt = ticket.prompt if ticket is not None and ticket.prompt else tokens.prompt_tokens(job.req.prompt, False, "")
+    return Usage(prompt_tokens=prompt, completion_tokens=chunks, total_tokens=prompt + chunks)
 
 
 def _stream_broke(route: Route, what: str, code: str, cause: str) -> UpstreamError:

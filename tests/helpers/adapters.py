@@ -30,9 +30,22 @@ def build(
 
 
 def context(
-    prompts: list[str] | None = None, *, n: int = 1, echo: bool = False, model: str = "client/model-string"
+    prompts: list[str] | None = None,
+    *,
+    n: int = 1,
+    echo: bool = False,
+    model: str = "client/model-string",
+    logprobs: bool = False,
 ) -> CallContext:
-    return CallContext(id="cmpl-gateway-test-id", created=1_700_000_000, model=model, prompts=prompts, n=n, echo=echo)
+    return CallContext(
+        id="cmpl-gateway-test-id",
+        created=1_700_000_000,
+        model=model,
+        prompts=prompts,
+        n=n,
+        echo=echo,
+        logprobs=logprobs,
+    )
 
 
 def as_json(value: Any) -> Any:

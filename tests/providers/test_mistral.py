@@ -486,7 +486,7 @@ def test_context_window_wording() -> None:
     }
     err = ADAPTER.map_error(400, {}, encode(body), "mistral")
     assert err.context_window and not err.retryable
-    assert err.code == "invalid_request_error"
+    assert err.code == "context_length_exceeded"
 
 
 def test_structured_validation_message() -> None:

@@ -23,6 +23,11 @@ def _codes_in_source() -> dict[str, str]:
     for path in sorted([*REPO.glob("gateway/**/*.py"), *REPO.glob("providers/*.py"), *REPO.glob("wire/*.py")]):
         tree = ast.parse(path.read_text(), filename=str(path))
         for node in ast.walk(tree):
+            # `code = "..."`: a code an error is given before it is built (wire.errors.UpstreamStatusError).
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+                names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+                if "code" in names and isinstance(node.value.value, str):
+                    found[node.value.value] = f"{path.relative_to(REPO)}:{node.lineno}"
             if not isinstance(node, ast.Call):
                 continue
             for kw in node.keywords:
