@@ -30,8 +30,8 @@ import msgspec
 
 from gateway.config import LedgerConfig
 from gateway.ledger.engine import Cursor, Database, LedgerDown
-from gateway.metrics import Record
-from gateway.usage import ANONYMOUS, Prices, day_of
+from gateway.limits.usage import ANONYMOUS, Prices, day_of
+from gateway.ops.metrics import Record
 
 log = logging.getLogger("gateway")
 
@@ -73,7 +73,7 @@ def row_of(pending: Pending, teams: dict[str, str], row_id: str) -> Row:
     key = rec.key or ANONYMOUS
     prompt = rec.usage.prompt_tokens if rec.usage is not None else 0
     completion = rec.usage.completion_tokens if rec.usage is not None else 0
-    served = bool(rec.provider) and not rec.failed
+    served = bool(rec.provider) and not rec.failed and not rec.cached  # a cached answer costs nothing
     cost = prices.cost_pico(rec.target, rec.model, prompt, completion) if served else 0
     return (
         row_id,
@@ -94,7 +94,7 @@ def row_of(pending: Pending, teams: dict[str, str], row_id: str) -> Row:
         prompt,
         completion,
         cost,
-        None,  # cache: the gateway has no response cache; the column is there for one
+        rec.cache_outcome,
         rec.attempts,
         rec.prompt,
         rec.completion,

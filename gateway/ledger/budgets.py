@@ -19,15 +19,15 @@ from typing import Any, Final
 
 import redis.asyncio as aioredis
 
-from gateway.auth import ClientKey
 from gateway.config import LoadedConfig
 from gateway.ledger.book import Ledger
 from gateway.ledger.engine import Cursor, LedgerDown
-from gateway.metrics import Record
-from gateway.routing import Plan
+from gateway.limits.auth import ClientKey
+from gateway.limits.tokens import reservation
+from gateway.limits.usage import PICO, Prices, day_of, to_midnight, usd
+from gateway.ops.metrics import Record
 from gateway.state import Degraded, SharedState
-from gateway.tokens import reservation
-from gateway.usage import PICO, Prices, day_of, to_midnight, usd
+from gateway.upstream.plan import Plan
 from wire.errors import RateLimitError
 from wire.schema import CompletionRequest
 
@@ -62,7 +62,7 @@ class Hold:
 
     def settle(self, rec: Record) -> None:
         """The request ended: replace the reservation with its real cost (in the background)."""
-        served = bool(rec.provider) and not rec.failed
+        served = bool(rec.provider) and not rec.failed and not rec.cached  # a cached answer costs nothing
         prompt = rec.usage.prompt_tokens if rec.usage is not None else 0
         completion = rec.usage.completion_tokens if rec.usage is not None else 0
         real = self.prices.cost_pico(rec.target, rec.model, prompt, completion) if served else 0

@@ -20,12 +20,12 @@ from typing import Any, Final
 
 import msgspec
 
-from gateway.admission import buckets_of
-from gateway.auth import ClientKey, RuntimeKeys
 from gateway.config import LimitsConfig
-from gateway.globs import ModelGlobs
 from gateway.ledger.book import Ledger
 from gateway.ledger.engine import Cursor, LedgerDown
+from gateway.limits.admission import buckets_of
+from gateway.limits.auth import ClientKey, RuntimeKeys
+from gateway.limits.globs import ModelGlobs
 
 log = logging.getLogger("gateway")
 

@@ -12,7 +12,7 @@ import msgspec
 
 from gateway.ledger.book import Ledger
 from gateway.ledger.engine import Cursor, LedgerDown
-from gateway.usage import day_of, usd
+from gateway.limits.usage import day_of, usd
 
 BY: Final = {"key": "key_name", "team": "team", "model": "model", "target": "target"}
 MAX_DAYS: Final = 366

@@ -12,18 +12,18 @@ from typing import Any, Protocol
 
 from prometheus_client import Gauge
 
-from gateway.auth import RuntimeKeys
 from gateway.config import LoadedConfig
 from gateway.ledger import keys as keystore
 from gateway.ledger.book import Ledger
 from gateway.ledger.budgets import Budgets, Counters
-from gateway.metrics import Metrics
+from gateway.limits.auth import RuntimeKeys
+from gateway.ops.metrics import Metrics
 
 log = logging.getLogger("gateway")
 
 
 class Hooked(Protocol):
-    """What the ledger needs of a pipeline: its key ring and a place for the ledger (gateway/pipeline.py)."""
+    """What the ledger needs of a pipeline: its key ring and a place for the ledger (gateway/path/pipeline.py)."""
 
     keys: Any
     loaded: LoadedConfig

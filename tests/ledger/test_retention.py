@@ -13,7 +13,7 @@ import pytest
 
 from gateway.ledger.book import commit
 from gateway.ledger.engine import Database
-from gateway.usage import day_of
+from gateway.limits.usage import day_of
 from tests.helpers.clients import body, client
 from tests.helpers.servers import GatewayThread
 from tests.helpers.waiting import wait_until

@@ -87,3 +87,15 @@ def test_a_newer_schema_is_one_line_at_start_up(tmp_path: Path) -> None:
         f"config error: {path}: ledger: the ledger's schema is at version 99, newer than this gateway's 1: "
         "run a gateway at least as new as the one that migrated it"
     )
+
+
+def test_a_cached_answer_is_booked_with_the_cache_outcome_at_no_cost(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    path = tmp_path / "config.yaml"
+    path.write_text(config(url) + "cache: {mode: always}\n")
+    with GatewayThread(path, ENV) as gw, client(gw.url, TEAM_KEY) as c:
+        seen = [c.post("/v1/completions", json=body(model="fast")).headers.get("x-gateway-cache") for _ in range(2)]
+    assert seen == ["miss", "hit"]
+    rows = query(url, "SELECT cache, cost_pico, prompt_tokens, completion_tokens FROM requests ORDER BY ts")
+    assert rows == [("miss", COST_PICO, 3, 7), ("hit", 0, 3, 7)]
+    assert totals(url)[1][4] == COST_PICO  # the rollup charges the upstream's answer only

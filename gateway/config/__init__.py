@@ -1,0 +1,75 @@
+"""The ops' YAML config, typed with msgspec and checked once at start-up.
+
+`schema` holds the typed blocks (what each key means and its default: docs/config.md is generated from
+them); `loading` reads a file into a `LoadedConfig`, resolving `${VAR}` references and checking what no
+single block can (a bad config is one `ConfigError` line). Importers take names from `gateway.config`.
+
+May import the base below it (state, ids), providers (the registry) and wire; nothing else of gateway.
+"""
+
+from gateway.config.loading import ConfigError, LoadedConfig, load_config, parse_config
+from gateway.config.schema import (
+    AdminConfig,
+    AliasConfig,
+    CacheConfig,
+    CapsConfig,
+    CooldownConfig,
+    DeploymentConfig,
+    DiscoveryConfig,
+    GatewayConfig,
+    KeyConfig,
+    LedgerConfig,
+    LimitsConfig,
+    LoggingConfig,
+    MetricsConfig,
+    ParamPolicy,
+    PriceConfig,
+    ProviderConfig,
+    RedisConfig,
+    RetriesConfig,
+    ServerConfig,
+    Strategy,
+    Strict,
+    TargetConfig,
+    TeamConfig,
+    TimeoutsConfig,
+    TokenizerConfig,
+    TracingConfig,
+    Transport,
+    same_target_of,
+)
+
+__all__ = [
+    "AdminConfig",
+    "AliasConfig",
+    "CacheConfig",
+    "CapsConfig",
+    "ConfigError",
+    "CooldownConfig",
+    "DeploymentConfig",
+    "DiscoveryConfig",
+    "GatewayConfig",
+    "KeyConfig",
+    "LedgerConfig",
+    "LimitsConfig",
+    "LoadedConfig",
+    "LoggingConfig",
+    "MetricsConfig",
+    "ParamPolicy",
+    "PriceConfig",
+    "ProviderConfig",
+    "RedisConfig",
+    "RetriesConfig",
+    "ServerConfig",
+    "Strategy",
+    "Strict",
+    "TargetConfig",
+    "TeamConfig",
+    "TimeoutsConfig",
+    "TokenizerConfig",
+    "TracingConfig",
+    "Transport",
+    "load_config",
+    "parse_config",
+    "same_target_of",
+]

@@ -1,0 +1,158 @@
+"""The key API (`/admin/keys`) and the ledger's usage report, behind the admin key.
+
+The app passes in its admin check and error renderer (gateway/edge/status.py's, which imports this
+module for the usage report). Bad input is a 400 naming the field; a name taken (by a runtime
+key or a YAML one) is a 409; an unknown or revoked id a 404. Docs: docs/ledger.md.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any, Final
+
+import msgspec
+from litestar import Request, Response, delete, get, post
+from litestar.handlers import HTTPRouteHandler
+from msgspec import Meta
+
+from gateway.config import LimitsConfig
+from gateway.ledger import keys as keystore
+from gateway.ledger.book import Ledger
+from gateway.ledger.engine import LedgerDown
+from gateway.ledger.report import ReportError, report
+from gateway.ledger.service import LedgerService
+from wire.errors import GatewayError, InvalidRequestError
+
+JSON: Final = "application/json"
+_NO_STORE: Final = {"cache-control": "no-store"}
+_MAX_GRACE_S: Final = 30 * 86_400
+_FIELD: Final = re.compile(r"`\$\.?([A-Za-z0-9_.\[\]]*)`")
+
+Authorize = Callable[[Request[Any, Any, Any]], tuple[Any, Response[bytes] | None]]
+Render = Callable[[GatewayError], Response[bytes]]
+
+
+class NewKey(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    name: Annotated[str, Meta(pattern=r"^[A-Za-z0-9._:@-]{1,64}$")]
+    team: Annotated[str, Meta(pattern=r"^[A-Za-z0-9._:@-]{1,64}$")] | None = None
+    models: Annotated[list[Annotated[str, Meta(min_length=1, max_length=256)]], Meta(max_length=256)] = msgspec.field(
+        default_factory=lambda: ["**"]
+    )
+    max_cost_per_day: Annotated[float, Meta(ge=0)] | None = None
+    expires_in_s: Annotated[int, Meta(ge=1)] | None = None
+    limits: LimitsConfig | None = None  # rps, rpm, tpm, tpd, concurrent, as a YAML key's
+
+
+class Rotation(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    grace_s: Annotated[int, Meta(ge=0, le=_MAX_GRACE_S)] = 3600
+
+
+def _json(value: Any, status: int = 200) -> Response[bytes]:
+    return Response(msgspec.json.encode(value), status_code=status, media_type=JSON, headers=_NO_STORE)
+
+
+def _bad_body(exc: msgspec.MsgspecError) -> InvalidRequestError:
+    found = _FIELD.search(str(exc))
+    return InvalidRequestError(f"Invalid body: {exc}", param=found.group(1) if found else None, code="invalid_value")
+
+
+def routes(authorize: Authorize, render: Render) -> list[HTTPRouteHandler]:
+    """The ledger's admin routes, checked by the app's admin `authorize` and rendered by its `render`."""
+
+    def service(request: Request[Any, Any, Any]) -> LedgerService:
+        svc: LedgerService = request.app.state.ledger
+        return svc
+
+    async def run(request: Request[Any, Any, Any], fn: Callable[..., Any], *args: Any) -> Any:
+        svc = service(request)
+        return await svc.ledger.call(svc.ledger.db.transaction, lambda cur: fn(cur, *args))
+
+    def unavailable(exc: LedgerDown) -> Response[bytes]:
+        return render(GatewayError(f"The ledger is unavailable: {exc}", status=503, code="ledger_unavailable"))
+
+    @post("/admin/keys", status_code=201)
+    async def create_key(request: Request[Any, Any, Any]) -> Response[bytes]:
+        _, refused = authorize(request)
+        if refused is not None:
+            return refused
+        try:
+            spec = msgspec.json.decode(await request.body(), type=NewKey)
+        except msgspec.MsgspecError as exc:
+            return render(_bad_body(exc))
+        svc = service(request)
+        if spec.name in svc.poller.yaml_names:
+            return render(GatewayError(f"A key named {spec.name!r} is in the config", status=409, code="key_exists"))
+        expires = round(time.time() + spec.expires_in_s, 3) if spec.expires_in_s else None
+        try:
+            issued = await run(
+                request, keystore.create, spec.name, spec.team, spec.models, spec.max_cost_per_day, expires, spec.limits
+            )
+        except keystore.KeyConflict as exc:
+            return render(GatewayError(str(exc), status=409, code="key_exists"))
+        except LedgerDown as exc:
+            return unavailable(exc)
+        await svc.poller.refresh()
+        return _json(issued, 201)
+
+    @get("/admin/keys")
+    async def list_keys(request: Request[Any, Any, Any]) -> Response[bytes]:
+        _, refused = authorize(request)
+        if refused is not None:
+            return refused
+        try:
+            return _json({"keys": await run(request, keystore.listing)})
+        except LedgerDown as exc:
+            return unavailable(exc)
+
+    @post("/admin/keys/{key_id:str}/rotate", status_code=200)
+    async def rotate_key(request: Request[Any, Any, Any]) -> Response[bytes]:
+        key_id = str(request.path_params["key_id"])
+        _, refused = authorize(request)
+        if refused is not None:
+            return refused
+        body = await request.body()
+        try:
+            spec = msgspec.json.decode(body, type=Rotation) if body.strip() else Rotation()
+        except msgspec.MsgspecError as exc:
+            return render(_bad_body(exc))
+        try:
+            issued = await run(request, keystore.rotate, key_id, spec.grace_s)
+        except keystore.KeyNotFound:
+            return render(GatewayError(f"No key {key_id!r}", status=404, code="not_found", type="not_found_error"))
+        except LedgerDown as exc:
+            return unavailable(exc)
+        await service(request).poller.refresh()
+        return _json(issued)
+
+    @delete("/admin/keys/{key_id:str}", status_code=200)
+    async def revoke_key(request: Request[Any, Any, Any]) -> Response[bytes]:
+        key_id = str(request.path_params["key_id"])
+        _, refused = authorize(request)
+        if refused is not None:
+            return refused
+        try:
+            await run(request, keystore.revoke, key_id)
+        except keystore.KeyNotFound:
+            return render(GatewayError(f"No key {key_id!r}", status=404, code="not_found", type="not_found_error"))
+        except LedgerDown as exc:
+            return unavailable(exc)
+        await service(request).poller.refresh()
+        return _json({"id": key_id, "revoked": True})
+
+    return [create_key, list_keys, rotate_key, revoke_key]
+
+
+REPORT_PARAMS: Final = ("from", "to", "by", "format")
+
+
+async def usage_response(ledger: Ledger, params: Mapping[str, str], render: Render) -> Response[bytes]:
+    """`GET /admin/usage?from=&to=&by=&format=`: the ledger's report (gateway/edge/status.py hands it over)."""
+    try:
+        body, media = await report(ledger, params.get("from"), params.get("to"), params.get("by"), params.get("format"))
+    except ReportError as exc:
+        return render(InvalidRequestError(str(exc), param=exc.param, code="invalid_value"))
+    except LedgerDown as exc:
+        return render(GatewayError(f"The ledger is unavailable: {exc}", status=503, code="ledger_unavailable"))
+    return Response(body, media_type=media, headers=_NO_STORE)
