@@ -28,6 +28,7 @@ from gateway.config import LoadedConfig, load_config
 from gateway.dialects import OPENAI, PAIS, SGP, Dialect
 from gateway.discovery import Discovery
 from gateway.endpoint import Endpoint, completion_endpoint, request_id, send_error
+from gateway.fleet.engine import EngineReader, watched
 from gateway.metrics import CONTENT_TYPE, Metrics
 from gateway.pipeline import Pipeline
 from gateway.reload import Reloader
@@ -166,6 +167,8 @@ def create_app(loaded: LoadedConfig) -> Front:
     collected = Metrics()
     pipeline = Pipeline(loaded, metrics=collected)
     discovery = Discovery(lambda: app.state.pipeline)  # follows reloads: the pipeline serving now
+    # Replicated providers' engine load (gateway/fleet/engine.py): off unless `routing.engine_metrics`.
+    engines = EngineReader(lambda: watched(app.state.pipeline.router.fleets, app.state.pipeline.loaded.providers))
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -177,9 +180,11 @@ def create_app(loaded: LoadedConfig) -> Front:
         app.state.reloader = reloader
         reloader.start()
         discovery.start()
+        engines.start()
         try:
             yield
         finally:
+            await engines.stop()
             await discovery.stop()
             await reloader.stop()
             await app.state.pipeline.close()

@@ -22,6 +22,7 @@ from gateway.admission import Admission, Ticket
 from gateway.client_schema import Work
 from gateway.config import CapsConfig
 from gateway.emulation import Emulation
+from gateway.fleet.picker import Hint
 from gateway.framing import DECODERS
 from gateway.health import Health
 from gateway.routing import Plan, Route
@@ -97,7 +98,7 @@ class Job:
     admission, settled when the answer (or the stream) ends.
     """
 
-    __slots__ = ("services", "admission", "req", "ctx", "plan", "dropped", "ticket", "work")
+    __slots__ = ("services", "admission", "req", "ctx", "plan", "dropped", "ticket", "work", "hint")
 
     def __init__(
         self,
@@ -116,6 +117,7 @@ class Job:
         self.dropped: dict[str, list[str]] = {}  # per route key: the parameters dropped for it
         self.ticket = ticket
         self.work: Work | None = None  # what checking guided answers may spend: every attempt's together
+        self.hint: Hint | None = None  # what a replicated provider's policy reads (gateway/fleet)
 
     async def complete(self, route: Route, timeouts: Timeouts) -> Completion:
         """One buffered attempt on `route`, within the target's own quota."""

@@ -19,6 +19,7 @@ import msgspec
 import yaml
 from msgspec import Meta
 
+from gateway.fleet.settings import ReplicaConfig, RoutingConfig, fleet_problem, replica_url
 from gateway.state import url_problem
 from providers.registry import REGISTRY, kinds
 from wire.schema import MAX_LOGPROBS
@@ -249,6 +250,11 @@ class ProviderConfig(Strict, frozen=True):
     # Ask the upstream which models it serves, for GET /v1/models (gateway/discovery.py). Unset: the kind's
     # default, on for self-hosted servers (vllm, llamacpp, tgi, ollama), off for hosted catalogs.
     discover: bool | None = None
+    # A self-hosted engine run as several replicas serving the same models, instead of one base_url: URLs,
+    # or {url, weight, drain}. Each is its own target (`<provider>@<i>`); docs/fleets.md.
+    replicas: list[str | ReplicaConfig] = msgspec.field(default_factory=list)
+    # Which replica serves each request (needs replicas:); unset: round robin.
+    routing: RoutingConfig | None = None
 
 
 class TargetConfig(Strict, frozen=True):
@@ -403,7 +409,11 @@ def _check(cfg: GatewayConfig, providers: dict[str, ProviderConfig], source: str
         if "/" in name or not name:
             fail(f"providers.{name}", "a provider name may not be empty or contain '/'")
         adapter = REGISTRY[p.kind]
-        if adapter.needs_base_url and not p.base_url:
+        if (
+            fleet := fleet_problem(name, p.replicas, p.routing, p.base_url, adapter.serves_replicas, p.kind)
+        ) is not None:
+            fail(*fleet)
+        if adapter.needs_base_url and not p.base_url and not p.replicas:
             if not p.deployments or any(not d.base_url for d in p.deployments.values()):
                 fail(f"providers.{name}.base_url", f"required for kind '{p.kind}'")
         if adapter.needs_region and p.region is None:
@@ -412,6 +422,7 @@ def _check(cfg: GatewayConfig, providers: dict[str, ProviderConfig], source: str
             [(f"providers.{name}.base_url", p.base_url)]
             + [(f"providers.{name}.deployments.{d}.base_url", dc.base_url) for d, dc in p.deployments.items()]
             + [(f"providers.{name}.tokenizer_url", p.tokenizer_url)]
+            + [(f"providers.{name}.replicas[{i}]", replica_url(r)) for i, r in enumerate(p.replicas)]
         ):
             if url and _userinfo(url):
                 # The transports would disagree on it (httpx sends it as Basic auth in place of the key, h1

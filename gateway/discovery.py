@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Final
 import msgspec
 
 from gateway.config import LoadedConfig, ProviderConfig
+from gateway.fleet.settings import first_live
 from gateway.request import check_model
 from gateway.upstream import Timeouts, Upstream
 from providers import REGISTRY
@@ -113,7 +114,7 @@ def listing_request(name: str, p: ProviderConfig) -> UpstreamRequest | None:
     found = adapter.model_listing
     if found is None or not isinstance(adapter, Adapter):
         return None
-    base = (p.base_url or getattr(adapter, "default_base_url", None) or "").rstrip("/")
+    base = (p.base_url or first_live(p.replicas) or getattr(adapter, "default_base_url", None) or "").rstrip("/")
     if not base:
         return None  # only deployments have URLs: each serves its own model, named by the config
     endpoint = Endpoint(provider=name, model="", base_url=base, api_key=p.api_key or None, headers=p.headers)

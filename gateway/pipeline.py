@@ -21,6 +21,7 @@ from gateway.auth import KeyRing
 from gateway.config import LoadedConfig
 from gateway.dialects import Dialect, decode_error
 from gateway.failover import Failover, Outcome
+from gateway.fleet.picker import Hint
 from gateway.health import Health
 from gateway.ids import unique_suffix
 from gateway.metrics import Metrics, Record
@@ -155,12 +156,16 @@ class Pipeline:
             created=int(time.time()),
             model=req.model,
             prompts=_text_prompts(req),
+            stop_reason=bool(req.include_stop_reason),
             n=req.n or 1,
             echo=bool(req.echo),
         )
         admission = self.admission if self.admission.enabled else None
         ticket = await admission.admit(key, req, plan) if admission is not None else None
-        return Job(self.services, admission, req, ctx, plan, ticket)
+        job = Job(self.services, admission, req, ctx, plan, ticket)
+        if self.router.fleets:
+            job.hint = Hint(req, headers)  # read only by a replicated provider's policy (gateway/fleet)
+        return job
 
     async def _buffered(self, job: Job, rec: Record) -> Result:
         """Every attempt of an unstreamed request, then its answer: encoded once, with its usage booked."""
@@ -173,6 +178,7 @@ class Pipeline:
                 deadline_s=_deadline(job.req),
                 tenant=rec.key,
                 client_headers=bool(job.req.inference_extra_headers),
+                hint=job.hint,
             )
             usage = done.value.usage
             used = usage.total_tokens if usage is not None else None
@@ -196,6 +202,7 @@ class Pipeline:
                 discard=job.discard,
                 tenant=rec.key,
                 client_headers=bool(job.req.inference_extra_headers),
+                hint=job.hint,
             )
         except BaseException:
             self.admission.settle(job.ticket, 0)

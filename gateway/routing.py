@@ -13,6 +13,7 @@ from typing import Final
 import msgspec
 
 from gateway.config import LoadedConfig, ProviderConfig, RetriesConfig, Strategy, TimeoutsConfig, same_target_of
+from gateway.fleet.picker import Fleet
 from gateway.upstream import Timeouts
 from providers import REGISTRY
 from providers.base import Adapter, Endpoint, LocalAdapter
@@ -32,6 +33,10 @@ class Route(msgspec.Struct, frozen=True):
     unavailable: str | None = None
     # Same-target retries of a transient failure (`retries.same_target`: the provider's, else the global).
     same_target: int = 1
+    # A provider with `replicas:`: the route stands for them all, and a request is served by one of these
+    # (`provider@i/model`, each its own health key), as `fleet` chooses (gateway/fleet).
+    replicas: tuple[Route, ...] = ()
+    fleet: Fleet | None = None
 
     def require_available(self) -> None:
         """Refuse at once, naming the missing variable, when the provider cannot be called."""
@@ -73,11 +78,15 @@ class Plan(msgspec.Struct):
         self.timeouts = Timeouts.of(self.policy.timeouts)
         groups = self.groups + self.context_groups
         seen: dict[str, None] = {}
+        fleets = False
         for g in groups:
             for r in g.routes:
                 seen.setdefault(r.key, None)
+                for replica in r.replicas:
+                    seen.setdefault(replica.key, None)
+                    fleets = True
         self.keys = tuple(seen)
-        self.tracks_inflight = any(g.strategy == "least-busy" for g in groups)
+        self.tracks_inflight = fleets or any(g.strategy == "least-busy" for g in groups)
         self.tracks_latency = any(g.strategy == "latency" for g in self.groups)
 
     @property
@@ -96,6 +105,8 @@ class Router:
         self._adapters: dict[str, Adapter | LocalAdapter] = {
             name: REGISTRY[p.kind]().configure(p.max_logprobs) for name, p in loaded.providers.items()
         }
+        # Each provider with `replicas:`, one Fleet: its policy and its drain and engine-load state.
+        self.fleets = {name: Fleet(name, p.replicas, p.routing) for name, p in loaded.providers.items() if p.replicas}
         self._drop = {
             name: (p.unsupported_params or cfg.unsupported_params) == "drop" for name, p in loaded.providers.items()
         }
@@ -171,6 +182,19 @@ class Router:
         if sep and head and last in pcfg.deployments:
             name, deployment = head, last
         key = f"{vendor}/{name}" + (f"/{deployment}" if deployment else "")
+        fleet = self.fleets.get(vendor)
+        replicas = tuple(
+            Route(
+                key=f"{replica}/{name}",
+                provider=vendor,
+                adapter=self._adapters[vendor],
+                endpoint=self._endpoint(vendor, pcfg, name, None, url),
+                drop_unsupported=self._drop[vendor],
+                unavailable=self._unavailable(vendor, pcfg, None),
+                same_target=same_target_of(pcfg.retries, self._loaded.config.retries),
+            )
+            for replica, url in (zip(fleet.names, fleet.urls, strict=True) if fleet is not None else ())
+        )
         return Route(
             key=key,
             provider=vendor,
@@ -179,12 +203,21 @@ class Router:
             drop_unsupported=self._drop[vendor],
             unavailable=self._unavailable(vendor, pcfg, deployment),
             same_target=same_target_of(pcfg.retries, self._loaded.config.retries),
+            replicas=replicas,
+            fleet=fleet,
         )
 
-    def _endpoint(self, vendor: str, p: ProviderConfig, model: str, deployment: str | None) -> Endpoint:
+    def _endpoint(
+        self, vendor: str, p: ProviderConfig, model: str, deployment: str | None, replica: str | None = None
+    ) -> Endpoint:
         d = p.deployments.get(deployment) if deployment else None
         adapter = self._adapters[vendor]
-        base = (d.base_url if d and d.base_url else None) or p.base_url or getattr(adapter, "default_base_url", None)
+        base = (
+            (d.base_url if d and d.base_url else None)
+            or replica
+            or p.base_url
+            or getattr(adapter, "default_base_url", None)
+        )
         return Endpoint(
             provider=vendor,
             model=(d.name if d and d.name else model) if adapter.deployment_renames_model else model,

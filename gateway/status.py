@@ -21,6 +21,9 @@ from litestar.exceptions import NotFoundException
 from gateway.auth import _presented_key
 from gateway.dialects import OPENAI
 from gateway.discovery import Discovery
+from gateway.fleet.admin import drain_routes
+from gateway.fleet.admin import state as fleet_state
+from gateway.fleet.picker import Fleet
 from gateway.pipeline import Pipeline
 from gateway.ratelimit import Bucket
 from gateway.render import error_response
@@ -94,6 +97,8 @@ def _targets(pipeline: Pipeline, down: Mapping[str, str]) -> dict[str, str | Non
 
     def add(route: Route) -> None:
         seen.setdefault(route.key, route.unavailable or down.get(route.provider))
+        for replica in route.replicas:  # a replicated provider's replicas are targets of their own
+            add(replica)
 
     for alias in cfg.models:
         for route in router.aliases[alias.name].routes:
@@ -175,6 +180,7 @@ async def status(pipeline: Pipeline, unreachable: Mapping[str, str] | None = Non
         "targets": targets,
         "limits": limits,
         "usage": await pipeline.usage.report(pipeline.usage.today()),
+        "fleets": {name: fleet_state(fleet) for name, fleet in pipeline.router.fleets.items()},
     }
 
 
@@ -222,6 +228,11 @@ async def status_page(request: Request[Any, Any, Any]) -> Response[bytes]:
     return Response(_PAGE, media_type="text/html", headers=_PAGE_HEADERS)
 
 
-ROUTES: Final = [admin_usage, admin_status, status_page]
+def _fleets(request: Request[Any, Any, Any]) -> tuple[Mapping[str, Fleet], Response[bytes] | None]:
+    pipeline, refused = _authorize(request)
+    return pipeline.router.fleets, refused
+
+
+ROUTES: Final = [admin_usage, admin_status, status_page, *drain_routes(_fleets, _error)]
 
 __all__ = ["ROUTES", "status"]

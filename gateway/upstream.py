@@ -18,6 +18,7 @@ import msgspec
 
 from gateway import h1, tracing
 from gateway.config import CapsConfig, LoadedConfig, ProviderConfig, TimeoutsConfig
+from gateway.fleet.settings import replica_url
 from providers import REGISTRY
 from providers.base import Adapter
 from wire.errors import (
@@ -146,6 +147,7 @@ def provider_urls(p: ProviderConfig) -> list[str]:
     """Every base URL a provider's requests can go to: its own, its deployments', or its kind's default."""
     urls = [p.base_url or getattr(REGISTRY[p.kind], "default_base_url", None) or ""]
     urls += [d.base_url for d in p.deployments.values() if d.base_url]
+    urls += [replica_url(r) for r in p.replicas]
     return [u for u in urls if u]
 
 
