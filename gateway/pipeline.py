@@ -216,7 +216,9 @@ class Pipeline:
 def _served(rec: Record, plan: Plan, outcome: Outcome[Any]) -> None:
     route = outcome.route
     rec.provider, rec.target, rec.attempts = route.provider, route.key, outcome.attempts
-    rec.fallback = all(r.key != route.key for r in plan.groups[0].routes)
+    rec.fallback = all(
+        r.key != route.key and all(x.key != route.key for x in r.replicas) for r in plan.groups[0].routes
+    )
 
 
 def _headers(outcome: Outcome[Any], job: Job) -> dict[str, str]:

@@ -109,6 +109,8 @@ def _targets(pipeline: Pipeline, down: Mapping[str, str]) -> dict[str, str | Non
     for name, p in pipeline.loaded.providers.items():
         for model in p.models:
             seen.setdefault(f"{name}/{model}", down.get(name))
+            if p.replicas:
+                add(router.resolve(f"{name}/{model}"))
     return seen
 
 

@@ -61,6 +61,7 @@ providers:
   engine:
     kind: vllm
     discover: false
+    models: [m]
     replicas: [{listed}]
     routing: {{{routing}}}
 {extra}"""

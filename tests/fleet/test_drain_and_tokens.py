@@ -56,6 +56,9 @@ def test_a_draining_replica_takes_no_new_requests_and_its_stream_finishes(
                 for n in range(6):
                     assert c.post(f"{gw.url}/v1/completions", json={"model": "engine/m", "prompt": f"{n}"}).is_success
                 assert served(replicas)[busy] == before  # no new request went to the draining replica
+                status = c.get(f"{gw.url}/admin/status", headers=ADMIN).json()
+                assert [r["draining"] for r in status["fleets"]["engine"]] == [i == busy for i in range(3)]
+                assert {t["target"] for t in status["targets"]} >= {f"engine@{i}/m" for i in range(3)}
                 release.set()
                 rest = "".join(line for line in lines)
             assert "second" in rest and "[DONE]" in rest  # the open stream finished on the draining replica

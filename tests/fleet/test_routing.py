@@ -41,8 +41,11 @@ def test_the_same_prefix_lands_on_the_same_replica(tmp_path: Path, replicas: lis
         for tail in range(4):
             for i in range(24):
                 before = served(replicas)
-                assert ask(gw.url, prompt(i, tail)).status_code == 200
-                homes[i][which(replicas, before)] += 1
+                r = ask(gw.url, prompt(i, tail))
+                assert r.status_code == 200
+                home = which(replicas, before)
+                homes[i][home] += 1
+                assert r.headers["x-gateway-model"] == f"engine@{home}/m"  # the answer names its replica
     same = sum(c.most_common(1)[0][1] for c in homes.values())
     assert same / 96 >= 0.95
     # The prefixes spread over the replicas rather than all sharing one.
