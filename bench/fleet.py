@@ -15,26 +15,26 @@ import asyncio
 import collections
 import hashlib
 import json
+import os
 import random
+import shutil
 import socket
 import statistics
-import threading
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
 import httpx
-import uvicorn
 from aiohttp import web
 
-from gateway.app import create_app
-from gateway.config import parse_config
-
 BLOCK = 256  # characters per cached block, as the engine's prefix cache sees them
-PREFILL_MS_PER_BLOCK = 8.0  # an uncached block's prefill
-CACHED_MS_PER_BLOCK = 0.2
-DECODE_MS = 30.0  # the rest of the answer after its first token
-CACHE_BLOCKS = 96  # each engine's prefix cache, in blocks: less than what all sessions or all few-shot prefixes need
+PREFILL_MS_PER_BLOCK = 24.0  # an uncached block's prefill
+CACHED_MS_PER_BLOCK = 0.5
+DECODE_MS = 20.0  # the rest of the answer after its first token
+CACHE_BLOCKS = 80  # each engine's prefix cache, in blocks: less than what all sessions or all few-shot prefixes need
 BATCH = 4  # requests running at once per engine; more wait
 
 
@@ -111,7 +111,7 @@ def workload(kind: str, n: int, lanes: int, rng: random.Random) -> list[Lane]:
     if kind == "multi-turn":
         out: list[Lane] = []
         for s in range(lanes):
-            history = text("klmnopqrst ", BLOCK * 8)
+            history = text("klmnopqrst ", BLOCK * 6)
             lane: Lane = []
             for turn in range(n // lanes):
                 history += f" turn {turn}: " + text("uvwxyz ", BLOCK // 2)
@@ -120,7 +120,7 @@ def workload(kind: str, n: int, lanes: int, rng: random.Random) -> list[Lane]:
         return out
     if kind == "few-shot":
         shots = [text("abcdefghij ", BLOCK * 12) for _ in range(12)]
-        items = [(rng.choice(shots) + f" Q{i}?", {}) for i in range(n)]
+        items: Lane = [(rng.choice(shots) + f" Q{i}?", {}) for i in range(n)]
     else:
         items = [(text("abcdefghijklmnopqrstuvwxyz ", BLOCK * 6), {}) for _ in range(n)]
     return [items[i::lanes] for i in range(lanes)]
@@ -147,56 +147,85 @@ async def drive(url: str, lanes: list[Lane]) -> tuple[float, list[float]]:
 
 
 def serve(config: str) -> tuple[str, Callable[[], None]]:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(create_app(parse_config(config)), log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
+    """`python -m gateway serve` on the config, as a child process (its own interpreter, not this one's GIL)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    folder = tempfile.mkdtemp(prefix="bench-fleet-")
+    path = os.path.join(folder, "fleet.yaml")
+    with open(path, "w") as f:
+        f.write(config)
+    env = {k: v for k, v in os.environ.items() if "PROXY" not in k.upper()}
+    cmd = [sys.executable, "-m", "gateway", "serve", "--config", path, "--port", str(port)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if httpx.get(url + "/health", trust_env=False, timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("the gateway did not start")
+        time.sleep(0.05)
 
     def stop() -> None:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(folder, ignore_errors=True)
 
-    return f"http://127.0.0.1:{sock.getsockname()[1]}", stop
+    return url, stop
+
+
+async def run_one(args: argparse.Namespace, kind: str, policy: str) -> tuple[float, list[float]]:
+    """One workload through a fresh gateway in front of fresh (cold) engines."""
+    engines = [Engine() for _ in range(args.replicas)]
+    runners = [await e.start() for e in engines]
+    listed = ", ".join(f"http://127.0.0.1:{e.port}/v1" for e in engines)
+    config = (
+        "server: {host: 127.0.0.1}\nlogging: {requests: false}\nretries: {attempts: 1}\n"
+        "providers:\n  engine:\n    kind: vllm\n    discover: false\n"
+        f"    replicas: [{listed}]\n    routing: {{policy: {policy}, epsilon: {args.epsilon}}}\n"
+    )
+    url, stop = serve(config)
+    try:
+        return await drive(url, workload(kind, args.requests, args.concurrency, random.Random(7)))
+    finally:
+        stop()
+        for r in runners:
+            await r.cleanup()
 
 
 async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every policy on every workload, `--repeat` times interleaved (the machine's load drifts); the median
+    run's throughput, and TTFT percentiles over all runs' requests."""
+    rates: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
+    ttfts: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
+    for _ in range(args.repeat):
+        for kind in args.workloads.split(","):
+            for policy in args.policies.split(","):
+                rate, times = await run_one(args, kind, policy)
+                rates[kind, policy].append(rate)
+                ttfts[kind, policy].extend(times)
     rows: list[dict[str, Any]] = []
-    for kind in ("few-shot", "multi-turn", "random"):
-        for policy in ("round_robin", "least_outstanding", "prefix", "session"):
-            engines = [Engine() for _ in range(args.replicas)]
-            runners = [await e.start() for e in engines]
-            listed = ", ".join(f"http://127.0.0.1:{e.port}/v1" for e in engines)
-            config = (
-                "logging: {requests: false}\nretries: {attempts: 1}\nproviders:\n  engine:\n    kind: vllm\n"
-                f"    discover: false\n    replicas: [{listed}]\n    routing: {{policy: {policy}}}\n"
-            )
-            url, stop = serve(config)
-            try:
-                lanes = workload(kind, args.requests, args.concurrency, random.Random(7))
-                rate, ttfts = await drive(url, lanes)
-            finally:
-                stop()
-                for r in runners:
-                    await r.cleanup()
-            ttfts.sort()
-            rows.append(
-                {
-                    "workload": kind,
-                    "policy": policy,
-                    "rps": rate,
-                    "p50": statistics.median(ttfts),
-                    "p99": ttfts[min(len(ttfts) - 1, int(len(ttfts) * 0.99))],
-                }
-            )
+    for (kind, policy), runs in rates.items():
+        times = sorted(ttfts[kind, policy])
+        rows.append(
+            {
+                "workload": kind,
+                "policy": policy,
+                "rps": statistics.median(runs),
+                "p50": statistics.median(times),
+                "p99": times[min(len(times) - 1, int(len(times) * 0.99))],
+            }
+        )
     return rows
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     base = {r["workload"]: r["rps"] for r in rows if r["policy"] == "round_robin"}
+    base = {r["workload"]: base.get(r["workload"], r["rps"]) for r in rows}
     out = [
         "| workload | policy | req/s | vs round robin | TTFT p50 ms | TTFT p99 ms |",
         "|---|---|---:|---:|---:|---:|",
@@ -214,4 +243,8 @@ if __name__ == "__main__":
     parser.add_argument("--replicas", type=int, default=4)
     parser.add_argument("--requests", type=int, default=240)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--repeat", type=int, default=3, help="runs per policy and workload (median)")
+    parser.add_argument("--epsilon", type=float, default=0.25, help="routing.epsilon of the bounded loads")
+    parser.add_argument("--workloads", default="few-shot,multi-turn,random")
+    parser.add_argument("--policies", default="round_robin,least_outstanding,prefix,session")
     print(table(asyncio.run(main(parser.parse_args()))))

@@ -42,7 +42,8 @@ def parse(text: str, gauges: EngineGauges) -> EngineLoad | None:
         name = line[:name_end]
         if name not in wanted:
             continue
-        value = line.rsplit("}", 1)[-1].split()
+        rest = line[line.find("}", name_end) + 1 :] if line[name_end] == "{" else line[name_end:]
+        value = rest.split()
         try:
             found[name] = found.get(name, 0.0) + float(value[0])
         except (IndexError, ValueError):
