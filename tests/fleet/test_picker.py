@@ -16,7 +16,7 @@ IDLE = [0, 0, 0]
 WARM = [False, False, False]
 
 
-def hint(prompt: str | list[int], **headers: str) -> Hint:
+def hint(prompt: str, **headers: str) -> Hint:
     return Hint(CompletionRequest(model="e/m", prompt=prompt), headers)
 
 
