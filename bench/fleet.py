@@ -242,7 +242,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--replicas", type=int, default=4)
     parser.add_argument("--requests", type=int, default=240)
-    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--concurrency", type=int, default=24)
     parser.add_argument("--repeat", type=int, default=3, help="runs per policy and workload (median)")
     parser.add_argument("--epsilon", type=float, default=0.25, help="routing.epsilon of the bounded loads")
     parser.add_argument("--workloads", default="few-shot,multi-turn,random")

@@ -81,13 +81,12 @@ class Fleet:
         policy = self.routing.policy
         if policy == "prefix" and hint is not None:
             r = self.routing
-            return self._bounded(
-                prefix_key(hint.req.prompt, r.block_chars, r.block_tokens, r.depth), live, inflight, cooling
-            )
+            key = prefix_key(hint.req.prompt, r.block_chars, r.block_tokens, r.depth)
+            return self._bounded(key, live, inflight, cooling, spread=True)
         if policy == "session" and hint is not None:
             session = session_of(hint.req, hint.headers, self.routing.session_header)
             if session is not None:
-                return self._bounded(session_key(session), live, inflight, cooling)
+                return self._bounded(session_key(session), live, inflight, cooling, spread=False)
         if policy == "round_robin":
             return self._round_robin(live)
         return self._least(live, inflight, cooling)
@@ -111,15 +110,27 @@ class Fleet:
         first = [best] if not self._hot(best) else []
         return first + [i for i in rest if not self._hot(i)] + [i for i in [best, *rest] if self._hot(i)]
 
-    def _bounded(self, key: int, live: list[int], inflight: Sequence[int], cooling: Sequence[bool]) -> list[int]:
-        """Consistent hashing with bounded loads: the first replica clockwise from `key` whose load is under
-        (1 + epsilon) x the mean (counting this request); when none is, the least loaded."""
+    def _bounded(
+        self, key: int, live: list[int], inflight: Sequence[int], cooling: Sequence[bool], *, spread: bool
+    ) -> list[int]:
+        """Consistent hashing with bounded loads: the first replica clockwise from `key` that is usable and
+        under ceil((1 + epsilon) x the mean load, this request counted); with `spread` (prefixes, not sessions),
+        the next such replica on the ring instead when it has at least two requests fewer in flight (a hot
+        key's traffic stays on two replicas that both cache it, and keys that never recur still spread);
+        when none is under the bound, the least loaded."""
         walk = [i for i in self.ring.walk(key) if not self.draining[i]]
         weight = sum(self.weights[i] for i in live)
         total = sum(inflight[i] for i in live) + 1
         eps = self.routing.epsilon
-        for pos, i in enumerate(walk):
+
+        def fits(i: int) -> bool:
             cap = math.ceil((1 + eps) * total * self.weights[i] / weight)
-            if not cooling[i] and not self._hot(i) and inflight[i] < cap:
-                return [i, *walk[:pos], *walk[pos + 1 :]]
-        return self._least(live, inflight, cooling)
+            return not cooling[i] and not self._hot(i) and inflight[i] < cap
+
+        found = [pos for pos, i in enumerate(walk) if fits(i)][:2]
+        if not found:
+            return self._least(live, inflight, cooling)
+        pos = found[0]
+        if spread and len(found) == 2 and inflight[walk[found[0]]] - inflight[walk[found[1]]] >= 2:
+            pos = found[1]
+        return [walk[pos], *walk[:pos], *walk[pos + 1 :]]

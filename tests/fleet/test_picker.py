@@ -89,3 +89,15 @@ vllm:num_requests_waiting_by_reason{reason="x"} 99
     assert parse("llamacpp:requests_deferred 2\n", LLAMACPP_GAUGES) == EngineLoad(2.0, 0.0)
     assert parse("<html>not metrics</html>", VLLM_GAUGES) is None
     assert parse('vllm:num_requests_waiting{a="b"} NaNx\n', VLLM_GAUGES) is None
+
+
+def test_a_prefix_spreads_to_its_ring_neighbour_when_that_is_clearly_idler_but_a_session_stays() -> None:
+    for policy, moves in (("prefix", True), ("session", False)):
+        fleet = Fleet("e", URLS, RoutingConfig(policy=policy))
+        h = hint("p" * 2000, **{"x-session-id": "s"})
+        home, nxt, last = fleet.choose(IDLE, WARM, h)
+        loads = [0, 0, 0]
+        loads[home], loads[last] = 2, 3  # home under ceil(1.25 x 6 / 3) = 3, its neighbour two fewer
+        assert fleet.choose(loads, WARM, h)[0] == (nxt if moves else home)
+        loads[home] = 1  # one fewer only: home
+        assert fleet.choose(loads, WARM, h)[0] == home
