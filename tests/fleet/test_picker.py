@@ -92,8 +92,8 @@ vllm:num_requests_waiting_by_reason{reason="x"} 99
 
 
 def test_a_prefix_spreads_to_its_ring_neighbour_when_that_is_clearly_idler_but_a_session_stays() -> None:
-    for policy, moves in (("prefix", True), ("session", False)):
-        fleet = Fleet("e", URLS, RoutingConfig(policy=policy))
+    for routing, moves in ((RoutingConfig(policy="prefix"), True), (RoutingConfig(policy="session"), False)):
+        fleet = Fleet("e", URLS, routing)
         h = hint("p" * 2000, **{"x-session-id": "s"})
         home, nxt, last = fleet.choose(IDLE, WARM, h)
         loads = [0, 0, 0]
