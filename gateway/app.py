@@ -29,6 +29,7 @@ from gateway.dialects import OPENAI, PAIS, SGP, Dialect
 from gateway.discovery import Discovery
 from gateway.endpoint import Endpoint, completion_endpoint, request_id, send_error
 from gateway.fleet.engine import EngineReader, watched
+from gateway.fleet.shared import DrainSync
 from gateway.metrics import CONTENT_TYPE, Metrics
 from gateway.pipeline import Pipeline
 from gateway.reload import Reloader
@@ -169,6 +170,7 @@ def create_app(loaded: LoadedConfig) -> Front:
     discovery = Discovery(lambda: app.state.pipeline)  # follows reloads: the pipeline serving now
     # Replicated providers' engine load (gateway/fleet/engine.py): off unless `routing.engine_metrics`.
     engines = EngineReader(lambda: watched(app.state.pipeline.router.fleets, app.state.pipeline.loaded.providers))
+    drains = DrainSync(lambda: (app.state.pipeline.shared, app.state.pipeline.router.fleets))  # with Redis only
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -181,9 +183,11 @@ def create_app(loaded: LoadedConfig) -> Front:
         reloader.start()
         discovery.start()
         engines.start()
+        drains.start()
         try:
             yield
         finally:
+            await drains.stop()
             await engines.stop()
             await discovery.stop()
             await reloader.stop()

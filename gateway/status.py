@@ -28,6 +28,7 @@ from gateway.pipeline import Pipeline
 from gateway.ratelimit import Bucket
 from gateway.render import error_response
 from gateway.routing import Route
+from gateway.state import SharedState
 from wire.errors import AuthenticationError, GatewayError, InvalidRequestError
 from wire.schema import encode
 
@@ -230,9 +231,9 @@ async def status_page(request: Request[Any, Any, Any]) -> Response[bytes]:
     return Response(_PAGE, media_type="text/html", headers=_PAGE_HEADERS)
 
 
-def _fleets(request: Request[Any, Any, Any]) -> tuple[Mapping[str, Fleet], Response[bytes] | None]:
+def _fleets(request: Request[Any, Any, Any]) -> tuple[Mapping[str, Fleet], SharedState, Response[bytes] | None]:
     pipeline, refused = _authorize(request)
-    return pipeline.router.fleets, refused
+    return pipeline.router.fleets, pipeline.shared, refused
 
 
 ROUTES: Final = [admin_usage, admin_status, status_page, *drain_routes(_fleets, _error)]

@@ -1,8 +1,8 @@
 """`POST /admin/providers/{name}/replicas/{index}/drain` and `.../undrain`: take a replica out of (or back
 into) rotation. A draining replica takes no new requests; those in flight and open streams finish.
 
-The flag lives in this process (each worker and gateway process has its own: send the call to each, or
-set `drain: true` on the replica in the config and reload). The routes are made by `drain_routes`, given
+With Redis the flag reaches every gateway process within a second (gateway/fleet/shared.py); without it,
+it lives in the process that received the call. The routes are made by `drain_routes`, given
 the admin check of the ops routes, so this wing imports nothing above it.
 """
 
@@ -15,11 +15,14 @@ from litestar import Request, Response, post
 from litestar.handlers import HTTPRouteHandler
 
 from gateway.fleet.picker import Fleet
+from gateway.fleet.shared import publish
+from gateway.state import SharedState
 from wire.errors import GatewayError, InvalidRequestError
 from wire.schema import encode
 
-# The admin check: the router's fleets, or the refusal to send (401, or 404 without an admin key).
-Authorize = Callable[[Request[Any, Any, Any]], tuple[Mapping[str, Fleet], Response[bytes] | None]]
+# The admin check: the router's fleets and the shared state, or the refusal to send (401, or 404 without
+# an admin key).
+Authorize = Callable[[Request[Any, Any, Any]], tuple[Mapping[str, Fleet], SharedState, Response[bytes] | None]]
 Render = Callable[[GatewayError], Response[bytes]]
 
 
@@ -42,8 +45,8 @@ def state(fleet: Fleet) -> list[dict[str, Any]]:
 
 
 def drain_routes(authorize: Authorize, render: Render) -> list[HTTPRouteHandler]:
-    def set_drain(request: Request[Any, Any, Any], name: str, index: int, draining: bool) -> Response[bytes]:
-        fleets, refused = authorize(request)
+    async def set_drain(request: Request[Any, Any, Any], name: str, index: int, draining: bool) -> Response[bytes]:
+        fleets, shared, refused = authorize(request)
         if refused is not None:
             return refused
         fleet = fleets.get(name)
@@ -60,14 +63,17 @@ def drain_routes(authorize: Authorize, render: Render) -> list[HTTPRouteHandler]
                 )
             )
         fleet.draining[index] = draining
-        return Response(encode({"provider": name, "replicas": state(fleet)}), media_type="application/json")
+        # With Redis every gateway process applies it within a second (gateway/fleet/shared.py).
+        everywhere = await publish(shared, fleet, index, draining)
+        answer = {"provider": name, "shared": everywhere, "replicas": state(fleet)}
+        return Response(encode(answer), media_type="application/json")
 
     @post("/admin/providers/{name:str}/replicas/{index:int}/drain", status_code=200)
     async def drain(request: Request[Any, Any, Any]) -> Response[bytes]:
-        return set_drain(request, request.path_params["name"], request.path_params["index"], True)
+        return await set_drain(request, request.path_params["name"], request.path_params["index"], True)
 
     @post("/admin/providers/{name:str}/replicas/{index:int}/undrain", status_code=200)
     async def undrain(request: Request[Any, Any, Any]) -> Response[bytes]:
-        return set_drain(request, request.path_params["name"], request.path_params["index"], False)
+        return await set_drain(request, request.path_params["name"], request.path_params["index"], False)
 
     return [drain, undrain]

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 import msgspec
 
 from gateway.fleet.affinity import Ring, prefix_key, session_key, session_of
-from gateway.fleet.settings import RoutingConfig, replica_drained, replica_url, replica_weight
+from gateway.fleet.settings import RoutingConfig, replica_drained, replica_names, replica_url, replica_weight
 from wire.schema import CompletionRequest
 
 _DEFAULT = RoutingConfig()
@@ -46,7 +46,7 @@ class Fleet:
         self.routing = routing or _DEFAULT
         self.urls = [replica_url(r).rstrip("/") for r in replicas]  # type: ignore[arg-type]
         self.weights = [replica_weight(r) for r in replicas]  # type: ignore[arg-type]
-        self.names = [f"{provider}@{i}" for i in range(len(self.urls))]
+        self.names = replica_names(provider, list(replicas))  # type: ignore[arg-type]
         self.draining = [replica_drained(r) for r in replicas]  # type: ignore[arg-type]
         # Written by the engine-metrics reader (gateway/fleet/engine.py); None: unknown, routed as idle.
         self.engine: list[EngineLoad | None] = [None] * len(self.urls)

@@ -44,6 +44,11 @@ class RoutingConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     session_header: str = "x-session-id"
 
 
+def replica_names(provider: str, replicas: list[str | ReplicaConfig]) -> list[str]:
+    """Each replica's name, the provider part of its targets (`provider@i/model`), in metrics and logs."""
+    return [f"{provider}@{i}" for i in range(len(replicas))]
+
+
 def replica_url(r: str | ReplicaConfig) -> str:
     return r if isinstance(r, str) else r.url
 

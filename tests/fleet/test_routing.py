@@ -109,6 +109,10 @@ def test_sessions_stick_and_rehome_when_their_replica_cools(tmp_path: Path, repl
             now = served(replicas)
             landed |= {i for i in range(3) if i != old and now[i] != before[i]}
         assert len(landed) == 1
+        # Metrics name the replica that cooled (declared models keep their name per replica).
+        with httpx.Client(trust_env=False, timeout=15) as c:
+            exposition = c.get(f"{gw.url}/metrics").text
+        assert f'gateway_cooldowns_total{{cause="429",target="engine@{old}/m"}}' in exposition
 
 
 def test_engine_metrics_steer_away_from_a_long_queue(tmp_path: Path, replicas: list[Upstream]) -> None:
