@@ -30,8 +30,8 @@ class RoutingConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     block_tokens: Annotated[int, Meta(ge=1, le=100_000)] = 16
     # Prefix policy: at most this many leading blocks are hashed (the whole prompt when shorter than one).
     depth: Annotated[int, Meta(ge=1, le=64)] = 4
-    # Bounded loads: no replica is given a request while it holds more than (1 + epsilon) x the mean load;
-    # the request goes to the next replica on the ring (prefix) or the least loaded (session).
+    # Bounded loads (prefix and session): a replica holding (1 + epsilon) x the mean load (this request
+    # counted) is passed over for the next one on the ring; when all are, the least loaded takes it.
     epsilon: Annotated[float, Meta(ge=0, le=100)] = 0.25
     # Read each replica's own load (vLLM's, SGLang's or llama.cpp's Prometheus `/metrics`) in the background
     # and steer new requests away from a replica whose waiting queue is at least `max_waiting`.
