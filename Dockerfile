@@ -17,7 +17,7 @@ COPY wire ./wire
 RUN python -m venv /opt/venv \
     && /opt/venv/bin/pip install --no-cache-dir . \
     && /opt/venv/bin/pip uninstall -y -q pip setuptools \
-    && /opt/venv/bin/python -c "import gateway.app, uvloop, httptools"
+    && /opt/venv/bin/python -c "import gateway.edge.app, uvloop, httptools"
 
 # ---- runtime: the virtualenv, the default config, a non-root user ------------------------------------
 FROM python:3.11-slim

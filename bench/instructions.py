@@ -16,7 +16,7 @@ the gateway's side is counted (plus this driver's few lines per request, the sam
 ``--count calls`` needs no valgrind: it counts Python-level call events per request with
 ``sys.setprofile`` over the measured requests (cheap; what tests/unit/test_bench_instructions.py runs).
 
-The driver only touches ``gateway.config.parse_config``, ``gateway.app.create_app`` and the ASGI
+The driver only touches ``gateway.config.parse_config``, ``gateway.edge.app.create_app`` and the ASGI
 protocol, so the same file runs unchanged on older trees (copy it there to compare).
 """
 
@@ -133,9 +133,9 @@ async def drive(
     around: Callable[[bool], None] | None = None,
 ) -> None:
     """Push `warmup` then `requests` completions through the app; `around(True/False)` brackets the latter."""
-    from gateway import accesslog
-    from gateway.app import create_app
     from gateway.config import parse_config
+    from gateway.edge.app import create_app
+    from gateway.ops import accesslog
 
     # The access line is built and buffered as in production; only the write goes nowhere.
     devnull, kept = os.open(os.devnull, os.O_WRONLY), accesslog.SINK.fd

@@ -15,13 +15,14 @@ from collections.abc import Awaitable, Callable
 
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
-from gateway.balancer import Selector
 from gateway.config import parse_config
-from gateway.failover import Failover, Run
-from gateway.health import Health
-from gateway.routing import Plan, Route, Router
+from gateway.path.routing import Router
+from gateway.resilience.balancer import Selector
+from gateway.resilience.failover import Failover, Run
+from gateway.resilience.health import Health
 from gateway.state import SharedState
-from gateway.upstream import Timeouts
+from gateway.upstream.plan import Plan, Route
+from gateway.upstream.transport import Timeouts
 from wire.errors import GatewayError
 
 CONFIG = """

@@ -23,7 +23,7 @@ from typing import Any
 import redis.asyncio as aioredis
 import uvloop
 
-from gateway.ratelimit import SCRIPT, Bucket, Limiter
+from gateway.limits.ratelimit import SCRIPT, Bucket, Limiter
 from gateway.state import SharedState
 
 BUCKETS = [

@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any
 
-from gateway import tracing
+from gateway.ops import tracing
 from providers.base import UpstreamRequest
 
 N = 1_000_000

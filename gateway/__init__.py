@@ -1,1 +1,22 @@
-"""The gateway: the HTTP app, the request path, limits, health and operations around the provider adapters."""
+"""The gateway: the HTTP app, the request path, limits, health and operations around the provider adapters.
+
+One sub-package (a wing) per concern; `LAYERS` orders them top to bottom. A module imports its own wing
+and the layers below it, never one above or a sibling of its layer (tests/unit/test_import_boundaries.py
+checks every import, and that there is no import cycle). A new concern gets a wing of its own in this
+list; each wing's `__init__` says what it owns. docs/architecture.md draws the picture.
+"""
+
+from typing import Final
+
+LAYERS: Final[tuple[tuple[str, ...], ...]] = (
+    ("gateway.__main__",),  # the command line: serve, check-config, docs
+    ("gateway.edge",),  # the HTTP face: app, endpoints, tokenizer routes, rendering, status page, model listing
+    ("gateway.path",),  # the request path: dialects, request folding, routing, pipeline, attempt, relay
+    ("gateway.resilience", "gateway.emulation"),  # failover, balancer, health, evidence | emulation, patterns, schemas
+    ("gateway.limits",),  # keys, admission, rate limits, token estimates, usage
+    ("gateway.upstream",),  # transports (h1, httpx), the upstream client, framing, scrubbing, plan values
+    ("gateway.fleet",),  # replicas of a self-hosted engine: the policies, drain flags, engine load
+    ("gateway.ops",),  # metrics, tracing, access log, reload, serving, .env file, the config-doc generator
+    ("gateway.config",),  # the typed config
+    ("gateway.state", "gateway.ids"),  # the shared state (Redis or in-process), unique ids
+)

@@ -5,7 +5,7 @@ A bad config is one line on stderr (`<file>: <yaml path>: <problem>`) and exit s
 `serve --server granian` runs the same app factory under Granian instead of uvicorn (docs/servers.md).
 A taken port is one line and exit status 1 too; start-up facts are logged at INFO, and at WARNING only
 what needs the operator's action (docs/operations.md#start-up-and-logs). `docs` regenerates docs/config.md.
-`serve` and `check-config` first read the `.env` beside the config, if any (gateway/envfile.py).
+`serve` and `check-config` first read the `.env` beside the config, if any (gateway/ops/envfile.py).
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ from typing import Any
 
 import msgspec
 
-from gateway import envfile
 from gateway.config import ConfigError, LoadedConfig, load_config
-from gateway.serving import LOG_FORMAT, ListenError, bind, probe, run_uvicorn
+from gateway.ops import envfile
+from gateway.ops.serving import LOG_FORMAT, ListenError, bind, probe, run_uvicorn
 
 log = logging.getLogger("gateway")
 
-APP = "gateway.app:app_from_env"  # an app factory: each worker builds its app from $GATEWAY_CONFIG
+APP = "gateway.edge.app:app_from_env"  # an app factory: each worker builds its app from $GATEWAY_CONFIG
 SERVERS = ("uvicorn", "granian")
 ENV_FILE_HELP = (
     "VAR=value lines to add to the environment before the config is read; variables already set keep "
@@ -48,8 +48,8 @@ def _announce(loaded: LoadedConfig, host: str | None = None) -> None:
     WARNING is kept for what needs action; a provider left without its key variable is how the shipped
     config says "not used here", so it is INFO (its requests fail naming the variable anyway).
     """
-    from gateway.auth import KeyRing
-    from gateway.routing import Router
+    from gateway.limits.auth import KeyRing
+    from gateway.path.routing import Router
 
     keys = KeyRing(loaded)
     if keys.open:
@@ -93,8 +93,8 @@ def _in_process(kind: str) -> bool:
 def _first_request(loaded: LoadedConfig, host: str, port: int) -> str | None:
     """One request that works now, as a curl line: a model of an in-process provider (it needs no key
     and no server) when the config declares one, else the first model GET /v1/models lists."""
-    from gateway.auth import KeyRing
-    from gateway.routing import Router
+    from gateway.limits.auth import KeyRing
+    from gateway.path.routing import Router
 
     local = [f"{n}/{p.models[0]}" for n, p in loaded.providers.items() if p.models and _in_process(p.kind)]
     listed = [m for m, owner in Router(loaded).model_ids() if owner != "gateway"]
@@ -200,7 +200,7 @@ def _run_granian(host: str, port: int, workers: int, grace_s: int, example: str 
             log.info("drained in %.1f s; exiting", time.monotonic() - started)
 
         def signal_handler_reload(self, *args: Any, **kwargs: Any) -> None:
-            """Pass SIGHUP on to every worker, which reloads its config in place (gateway/reload.py).
+            """Pass SIGHUP on to every worker, which reloads its config in place (gateway/ops/reload.py).
 
             Granian's own answer respawns every worker: in-process state (usage, limits without Redis)
             is lost, and a worker whose new config does not load exits, which stops the whole server.
@@ -253,7 +253,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _docs(args: argparse.Namespace) -> int:
-    from gateway import configdoc  # only this command needs it
+    from gateway.ops import configdoc  # only this command needs it
 
     return configdoc.main(["--path", args.path, *(["--check"] if args.check else [])])
 

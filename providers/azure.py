@@ -17,6 +17,7 @@ DEFAULT_API_VERSION = "2024-10-21"
 
 class AzureAdapter(OpenAICompatible):
     kind = "azure"
+    genai_provider = "azure.ai.openai"
     auth = "`api-key`"
     needs_base_url = True
     credential_headers = frozenset({"api-key"})

@@ -1,7 +1,7 @@
 """The adapter contract: pure translation between the gateway's Completion shapes and a vendor's API.
 
 An adapter never does I/O. It builds an `UpstreamRequest` (a plain value), parses a response body,
-parses one stream event, and maps an error response; `gateway.upstream` owns the sockets. Scalar
+parses one stream event, and maps an error response; `gateway.upstream.client` owns the sockets. Scalar
 request fields are translated through a declarative `Table` of `Param`s: a field with no entry is not
 supported by the provider and is refused (400 naming it) or dropped, never silently forwarded.
 """
@@ -50,6 +50,7 @@ class CallContext(msgspec.Struct):
     prompts: list[str] | None = None  # text prompts, to compute text offsets
     n: int = 1
     echo: bool = False
+    logprobs: bool = False  # the request asked for logprobs
     # Stream state: running text offset per choice index, for providers that do not send offsets.
     offsets: dict[int, int] = msgspec.field(default_factory=dict)
     # Adapter-private stream state (e.g. Anthropic's input tokens from `message_start`, needed when
@@ -91,7 +92,7 @@ class Param(msgspec.Struct, frozen=True):
 
     `to` is a dotted path in the vendor body (`options.num_predict`); `convert` reshapes the value;
     `apply` is the escape hatch for a field whose target depends on its value (it edits the body).
-    `emulated` means the provider lacks the feature and the gateway provides it (`gateway.emulation`):
+    `emulated` means the provider lacks the feature and the gateway provides it (`gateway.emulation.planning`):
     nothing is written to the vendor body.
     """
 
@@ -221,7 +222,7 @@ def request_headers(
     The client's layer is the lowest: it adds headers (a trace id, `openai-organization` where the operator
     pinned none) but never replaces one the gateway or the operator sets, such as SGP's
     `x-selected-account-id` (another account, with the gateway's key). Names are case-insensitive, so every
-    layer is folded to lower case before it is merged. gateway/request.py already refused the client's
+    layer is folded to lower case before it is merged. gateway/path/request.py already refused the client's
     credential, framing and hop-by-hop headers.
     """
     # Plain loops rather than `update` from generators: this runs on every upstream request, and a
@@ -318,9 +319,11 @@ class Capabilities:
     """What a provider kind can take, declared as class attributes, and the checks that follow."""
 
     kind: ClassVar[str]
+    # Its `gen_ai.provider.name` in OpenTelemetry's GenAI semantic conventions (trace spans); None: the kind.
+    genai_provider: ClassVar[str | None] = None
     params: ClassVar[Table]
     # Most stop sequences the provider takes: it is sent the first ones and the gateway enforces the rest
-    # (gateway/emulation.py). None: no limit.
+    # (gateway/emulation/planning.py). None: no limit.
     max_stop: ClassVar[int | None] = None
     # The provider leaves the matched stop sequence in its text (TGI): the gateway cuts it off
     # unless the client asked to keep it.
@@ -345,11 +348,11 @@ class Capabilities:
     needs_base_url: ClassVar[bool] = False
     # ... or a `region` (Bedrock: it names the endpoint host and the signing scope).
     needs_region: ClassVar[bool] = False
-    # Headers that carry the provider's credential: a client may never set them (gateway/request.py refuses
+    # Headers that carry the provider's credential: a client may never set them (gateway/path/request.py refuses
     # the union over every registered kind, whichever provider the request goes to).
     credential_headers: ClassVar[frozenset[str]] = frozenset({"authorization"})
     # Prompts are counted with OpenAI's BPE tables (the optional `bpe-openai` package) to reserve rate-limit
-    # tokens; other kinds are estimated from the byte length (gateway/tokens.py).
+    # tokens; other kinds are estimated from the byte length (gateway/limits/tokens.py).
     openai_bpe: ClassVar[bool] = False
     # The rate-limit headers of the provider's successful answers (providers/quota.py): an exhausted counter
     # cools the target until its reset.
@@ -430,7 +433,7 @@ class Adapter(Capabilities, abc.ABC):
     """An HTTP provider kind. Subclasses set the class attributes and implement the pure functions."""
 
     # How the upstream frames a stream: `sse` (data: lines), `ndjson` (one JSON object per line) or
-    # `eventstream` (AWS binary event-stream frames); gateway.framing.DECODERS has one decoder per value.
+    # `eventstream` (AWS binary event-stream frames); gateway.upstream.framing.DECODERS has one decoder per value.
     framing: ClassVar[Literal["sse", "ndjson", "eventstream"]] = "sse"
 
     def auth_headers(self, endpoint: Endpoint) -> dict[str, str]:

@@ -210,12 +210,13 @@ def error_type(headers: Mapping[str, str], body_type: str | None) -> str | None:
 def _model_path(model: str, provider: str) -> str:
     # Model ids hold `:` (`...-v1:0`) and ARNs `/` (inference profiles): `/` is escaped so an ARN stays one
     # segment, as the API documents; every other character yarl would decode again is kept as is, so the
-    # path signed is byte for byte the path sent (gateway/h1.py sends a URL's path verbatim).
+    # path signed is byte for byte the path sent (gateway/upstream/h1.py sends a URL's path verbatim).
     return path_segment(model, provider, slash=True, safe=":@!$&'()*,;=")
 
 
 class BedrockAdapter(Adapter):
     kind = "bedrock"
+    genai_provider = "aws.bedrock"
     auth = "SigV4 (`api_key: ACCESS_KEY_ID:SECRET[:SESSION_TOKEN]`, `region`) or `Authorization: Bearer` (API key)"
     default_base_url = DEFAULT_BASE_URL
     needs_region = True

@@ -283,6 +283,7 @@ def _is_exhausted_quota(err: GErrorBody) -> bool:
 
 class GeminiAdapter(Adapter):
     kind = "gemini"
+    genai_provider = "gcp.gemini"
     auth = "`x-goog-api-key`"
     default_base_url = "https://generativelanguage.googleapis.com"
     credential_headers = frozenset({"x-goog-api-key"})

@@ -22,10 +22,11 @@ from providers.base import (
     request_headers,
     table,
 )
+from providers.context import context_window
 from providers.engine import LLAMACPP_GAUGES
 from providers.finish import finish_reason
 from providers.retry_after import retry_after, should_retry
-from providers.selfhosted import logprobs, response_schema, top_dict, usage
+from providers.selfhosted import TokenProb, response_schema, token_probs, usage
 from providers.tokenizer import LLAMACPP_TOKENIZER
 from wire.errors import GatewayError, InvalidRequestError, UpstreamStatusError
 from wire.schema import Completion, CompletionRequest, Logprobs
@@ -77,19 +78,6 @@ def _logit_bias(value: dict[str, float]) -> list[list[float]]:
     return out
 
 
-class LlamaTop(msgspec.Struct):
-    id: int = 0
-    token: str = ""
-    logprob: float | None = None
-
-
-class LlamaProb(msgspec.Struct):
-    id: int = 0
-    token: str = ""
-    logprob: float | None = None
-    top_logprobs: list[LlamaTop] = []
-
-
 class LlamaErrorBody(msgspec.Struct):
     code: int | None = None
     message: str | None = None
@@ -105,8 +93,8 @@ class LlamaCompletion(msgspec.Struct):
     stopped_limit: bool = False
     tokens_evaluated: int = 0
     tokens_predicted: int = 0
-    completion_probabilities: list[LlamaProb] | None = None
-    probs: list[LlamaProb] | None = None
+    completion_probabilities: list[TokenProb] | None = None
+    probs: list[TokenProb] | None = None
     error: LlamaErrorBody | str | None = None
 
 
@@ -194,14 +182,7 @@ class LlamaCppAdapter(Adapter):
 
     def _completion(self, up: LlamaCompletion, ctx: CallContext) -> Completion:
         probs = up.completion_probabilities if up.completion_probabilities is not None else up.probs
-        lp: Logprobs | None = None
-        if probs is not None:
-            lp = logprobs(
-                [p.token for p in probs],
-                [p.logprob for p in probs],
-                [top_dict([(t.token, t.logprob) for t in p.top_logprobs]) for p in probs],
-                ctx,
-            )
+        lp: Logprobs | None = token_probs(probs, ctx) if probs is not None else None
         return ctx.single(
             up.content,
             finish_reason(_stop_type(up)) if up.stop else None,
@@ -236,7 +217,7 @@ class LlamaCppAdapter(Adapter):
             code=error_type,
             retry_after=retry_after(headers),
             should_retry=should_retry(headers),
-            context_window=error_type == "exceed_context_size_error" or "exceeds the available context size" in message,
+            context_window=context_window(error_type, message),
         )
 
 

@@ -69,7 +69,7 @@ does not guard fails). It imports
 `wire` (the request, answer and error vocabulary) and `providers.base` (shared helpers), never `gateway`
 and never another adapter (tests/unit/test_import_boundaries.py).
 
-1. Write `providers/acme.py`, a pure translation (no I/O: `gateway/upstream.py` sends what it builds):
+1. Write `providers/acme.py`, a pure translation (no I/O: `gateway/upstream/client.py` sends what it builds):
 
 ```python
 """Acme Text API: `POST /v1/generate` {"model", "input", "max_output"} -> {"output", "done", "usage"}."""

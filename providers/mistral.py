@@ -191,6 +191,7 @@ def _usage(up: MUsage) -> Usage:
 
 class MistralAdapter(Adapter):
     kind = "mistral"
+    genai_provider = "mistral_ai"
     default_base_url = "https://api.mistral.ai"
     model_listing = ("/v1/models", False)
     quota_headers = (mistral_windows,)

@@ -9,7 +9,9 @@ too. A prompt sent as token ids has no text the gateway knows: its continuation'
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Sequence
+from typing import Any
 
 
 def text_offsets(tokens: Sequence[str], start: int) -> list[int]:
@@ -27,3 +29,49 @@ def prompt_for_choice(prompts: Sequence[str] | None, index: int, n: int) -> str:
         return ""
     i = index // max(n, 1)
     return prompts[i] if i < len(prompts) else ""
+
+
+def token_key(text: str, raw: bytes | None) -> str:
+    """The string a token is named by in `tokens` and `top_logprobs`: its text, or, when its bytes are not
+    whole UTF-8 (a piece of a multi-byte character), OpenAI's `bytes:\\xNN...` form, so that tokens which
+    would all decode to "" (or to U+FFFD) stay apart and say what they are."""
+    if raw is None:
+        return text
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+
+
+def key_bytes(key: str) -> bytes:
+    """A token's bytes from its name (`token_key`'s inverse; any other string is its UTF-8)."""
+    if key.startswith("bytes:\\x"):
+        try:
+            return bytes(int(h, 16) for h in key[len("bytes:\\x") :].split("\\x"))
+        except ValueError:
+            pass
+    return key.encode("utf-8", "surrogatepass")
+
+
+def running_offsets(
+    offsets: dict[int, int], state: dict[str, Any], index: int, start: int, raws: Sequence[bytes]
+) -> list[int]:
+    """Character offsets of the next tokens of choice `index`, counted from their bytes.
+
+    A token's offset is the number of characters the bytes before it decode to, as the server's text has
+    them: a character split over tokens counts once it is whole, a byte that can start no character counts
+    as the U+FFFD llama-server writes for it. Counting token strings instead drifts on every token that is
+    only part of a character. `offsets` and `state` carry the running position and the undecoded bytes
+    across a stream's chunks.
+    """
+    pos = offsets.get(index, start)
+    name = f"utf8:{index}"
+    decoder = state.get(name)
+    if decoder is None:
+        decoder = state[name] = codecs.getincrementaldecoder("utf-8")("replace")
+    out: list[int] = []
+    for raw in raws:
+        out.append(pos)
+        pos += len(decoder.decode(raw))
+    offsets[index] = pos
+    return out

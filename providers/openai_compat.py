@@ -15,12 +15,14 @@ from typing import Any, ClassVar
 import msgspec
 
 from providers.base import Adapter, CallContext, Endpoint, Param, Table, UpstreamRequest, request_headers, table
+from providers.context import context_window
 from providers.envelope import Unreadable, envelope_status
 from providers.finish import finish_reason
-from providers.offsets import prompt_for_choice, text_offsets
+from providers.offsets import key_bytes, prompt_for_choice, running_offsets
 from providers.quota import openai_counters, single_counter
 from providers.retry_after import retry_after, should_retry
-from wire.errors import GatewayError, UpstreamStatusError
+from providers.selfhosted import TokenProb, token_probs
+from wire.errors import GatewayError, UpstreamError, UpstreamStatusError
 from wire.schema import (
     Choice,
     Completion,
@@ -40,6 +42,9 @@ class UpLogprobs(msgspec.Struct):
     token_logprobs: list[float | None] = []
     top_logprobs: list[dict[str, float] | None] | None = None
     text_offset: list[int] | None = None
+    # llama-server's /v1/completions answers in the chat shape, `{"content": [{id, token, bytes, logprob,
+    # top_logprobs}]}`, never with the fields above (tools/server/server-task.cpp, `to_json_oaicompat`).
+    content: list[TokenProb] | None = None
 
 
 class UpChoice(msgspec.Struct):
@@ -139,7 +144,7 @@ class OpenAICompatible(Adapter):
     # Ask for the usage chunk on every stream: the gateway needs it (and strips it if the client did not).
     stream_usage: ClassVar[bool] = True
     # Whether the upstream's `text_offset` counts into prompt + text as OpenAI's does; if not (vLLM counts
-    # from the start of the choice's own text), the gateway computes OpenAI's offsets itself.
+    # from the start of the choice's own text), the gateway moves them by the prompt's length (`_absolute`).
     openai_offsets: ClassVar[bool] = True
     quota_headers = (openai_counters, single_counter)
     # OpenAI's names; `max_completion_tokens` is the newer API's name for the same limit.
@@ -174,21 +179,46 @@ class OpenAICompatible(Adapter):
         if isinstance(up, float):
             # A stream chunk carrying only the sampled token's logprob (Together).
             up = UpLogprobs(tokens=[text], token_logprobs=[up])
+        if up.content is not None and not up.tokens:
+            if ctx.echo:
+                # llama-server does not echo: its logprobs are the completion's alone, which lm-eval would
+                # read as the prompt's. Refused rather than answered wrong.
+                raise UpstreamError(
+                    "The upstream answered logprobs in llama-server's chat shape (`logprobs.content`), which "
+                    "cannot carry the echoed prompt's logprobs",
+                    code="unsupported_logprobs_shape",
+                )
+            return token_probs(up.content, ctx, index)
+        if ctx.logprobs and not up.tokens and text:
+            # Logprobs that were asked for and came in no shape the gateway knows: never an empty list.
+            raise Unreadable("logprobs without tokens for a non-empty text")
         offsets = up.text_offset
-        if offsets is None or len(offsets) != len(up.tokens) or not self.openai_offsets:
-            if index in ctx.offsets:
-                start = ctx.offsets[index]
-            else:
-                start = 0 if ctx.echo else len(prompt_for_choice(ctx.prompts, index, ctx.n))
-            offsets = text_offsets(up.tokens, start)
-            if up.tokens:
-                ctx.offsets[index] = offsets[-1] + len(up.tokens[-1])
+        if offsets is None or len(offsets) != len(up.tokens):
+            # None sent (Together): counted here, from the tokens' bytes.
+            start = 0 if ctx.echo else len(prompt_for_choice(ctx.prompts, index, ctx.n))
+            offsets = running_offsets(ctx.offsets, ctx.state, index, start, [key_bytes(t) for t in up.tokens])
+        elif not self.openai_offsets and not ctx.echo and offsets:
+            offsets = self._absolute(offsets, index, ctx)
         return Logprobs(
             tokens=up.tokens,
             token_logprobs=up.token_logprobs,
             top_logprobs=up.top_logprobs,
             text_offset=offsets,
         )
+
+    @staticmethod
+    def _absolute(offsets: list[int], index: int, ctx: CallContext) -> list[int]:
+        """The server's offsets, moved to count into prompt + text as OpenAI's do.
+
+        vLLM counts a non-echo completion from the start of its own text (its first offset is 0); a server
+        that counts as OpenAI does (llama-cpp-python, behind a `vllm` provider) starts at the prompt's
+        length. Which one it is shows in a choice's first offset; the server's own counting is kept.
+        """
+        name = f"shift:{index}"
+        shift = ctx.state.get(name)
+        if shift is None:
+            shift = ctx.state[name] = len(prompt_for_choice(ctx.prompts, index, ctx.n)) if offsets[0] == 0 else 0
+        return [o + shift for o in offsets] if shift else offsets
 
     def _completion(self, up: UpCompletion, ctx: CallContext) -> Completion:
         if up.created:
@@ -252,9 +282,8 @@ class OpenAICompatible(Adapter):
             retry_after=retry_after(headers),
             should_retry=should_retry(headers),
             quota=status == 429 and code in QUOTA_CODES,
-            # OpenAI sends the code; vLLM and other servers only say it in words.
-            context_window=code == "context_length_exceeded"
-            or (status == 400 and "maximum context length" in message.lower()),
+            # OpenAI sends the code; vLLM, llama-server and other servers only say it in words.
+            context_window=status < 500 and context_window(code, message),
         )
 
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
+
 from providers.base import CallContext
-from providers.offsets import prompt_for_choice, text_offsets
+from providers.offsets import key_bytes, prompt_for_choice, running_offsets, token_key
 from wire.errors import InvalidRequestError
 from wire.schema import Logprobs, Usage
 
@@ -51,27 +53,84 @@ def logprobs(
     top_logprobs: Sequence[dict[str, float] | None] | None,
     ctx: CallContext,
     index: int = 0,
+    raws: Sequence[bytes] | None = None,
 ) -> Logprobs:
-    """OpenAI-shape logprobs for the next tokens of choice `index`, continuing its running text offset."""
-    start = ctx.offsets.get(index)
-    if start is None:
-        start = len(prompt_for_choice(ctx.prompts, index, ctx.n))
-    ctx.offsets[index] = start + sum(len(t) for t in tokens)
+    """OpenAI-shape logprobs for the next tokens of choice `index`, continuing its running text offset.
+
+    Offsets count characters of the tokens' bytes (`raws`, else each token's name read back as bytes).
+    """
+    start = len(prompt_for_choice(ctx.prompts, index, ctx.n))
+    if raws is None:
+        raws = [key_bytes(t) for t in tokens]
     return Logprobs(
         tokens=tokens,
         token_logprobs=token_logprobs,
         top_logprobs=list(top_logprobs) if top_logprobs is not None else None,
-        text_offset=text_offsets(tokens, start),
+        text_offset=running_offsets(ctx.offsets, ctx.state, index, start, raws),
     )
 
 
 def top_dict(pairs: Sequence[tuple[str, float | None]]) -> dict[str, float]:
-    """Alternatives as OpenAI's {token: logprob}; the first (most likely) wins when two decode alike."""
+    """Alternatives as OpenAI's {token: logprob}; the first (most likely) wins when two are the same string."""
     out: dict[str, float] = {}
     for token, logprob in pairs:
         if logprob is not None and token not in out:
             out[token] = logprob
     return out
+
+
+class TopProb(msgspec.Struct):
+    """One alternative in llama-server's logprobs (`/completion`'s `completion_probabilities[].top_logprobs`,
+    `/v1/completions`' `logprobs.content[].top_logprobs`): `token` is cut to whole UTF-8, `bytes` is all of it."""
+
+    id: int = -1
+    token: str = ""
+    logprob: float | None = None
+    raw: list[int] | None = msgspec.field(default=None, name="bytes")
+
+
+class TokenProb(msgspec.Struct):
+    id: int = -1
+    token: str = ""
+    logprob: float | None = None
+    raw: list[int] | None = msgspec.field(default=None, name="bytes")
+    top_logprobs: list[TopProb] = []
+
+
+def _raw(values: list[int] | None) -> bytes | None:
+    return bytes(b & 0xFF for b in values) if values is not None else None
+
+
+def token_probs(probs: Sequence[TokenProb], ctx: CallContext, index: int = 0) -> Logprobs:
+    """llama-server's per-token logprobs as OpenAI's legacy shape.
+
+    Every alternative is kept: a token that is part of a character is named by its bytes (`bytes:\\xe2\\x80`),
+    and two different tokens with the same name (the same text under two ids) keep the first name for the
+    more likely one and `token_id:<id>` (vLLM's form) for the other. The sampled token has the name its
+    alternative has, so `tokens[i]` is a key of `top_logprobs[i]` whenever the server listed it.
+    """
+    tokens: list[str] = []
+    values: list[float | None] = []
+    tops: list[dict[str, float] | None] = []
+    raws: list[bytes] = []
+    for p in probs:
+        top: dict[str, float] = {}
+        names: dict[int, str] = {}
+        for t in p.top_logprobs:
+            if t.logprob is None:
+                continue
+            key = token_key(t.token, _raw(t.raw))
+            if key in top:
+                key = f"token_id:{t.id}"
+            top[key] = t.logprob
+            names[t.id] = key
+        raw = _raw(p.raw)
+        name = names.get(p.id) or token_key(p.token, raw)
+        tokens.append(name)
+        values.append(p.logprob)
+        tops.append(top)
+        raws.append(raw if raw is not None else key_bytes(name))
+    return logprobs(tokens, values, tops, ctx, index, raws)
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> Usage:
@@ -81,4 +140,4 @@ def usage(prompt_tokens: int, completion_tokens: int) -> Usage:
     )
 
 
-__all__ = ["logprobs", "response_schema", "top_dict", "usage"]
+__all__ = ["TokenProb", "TopProb", "logprobs", "response_schema", "token_probs", "top_dict", "usage"]

@@ -2,7 +2,7 @@
 
 Each adapter class declares `tokenizer`: which of vLLM's `/tokenize`, `/detokenize`, `/tokenizer_info` its
 server has and how a request and its answer translate (`NO_TOKENIZER` by default, in providers/base.py).
-Pure like the adapters; gateway/tokenizer_routes.py does the I/O. Shapes per server and their sources:
+Pure like the adapters; gateway/edge/tokenizer_routes.py does the I/O. Shapes per server and their sources:
 docs/provider-notes.md#tokenizer.
 """
 
@@ -166,6 +166,9 @@ class _LlamaSettings(msgspec.Struct):
 
 class _LlamaProps(msgspec.Struct):
     default_generation_settings: _LlamaSettings | None = None
+    bos_token: str | None = None
+    eos_token: str | None = None
+    chat_template: str | None = None
 
 
 _read_llama_tokenized: Final = msgspec.json.Decoder(_LlamaTokenized).decode
@@ -182,7 +185,7 @@ def _piece_text(piece: str | list[int]) -> str:
 
 
 class LlamaCppTokenizer(TokenizerAPI):
-    routes: ClassVar[frozenset[TokenizerRoute]] = frozenset({"tokenize", "detokenize"})
+    routes: ClassVar[frozenset[TokenizerRoute]] = frozenset(ROUTES)
     limits: ClassVar[Call | None] = Call("GET", "/props")
 
     def tokenize(self, req: TokenizeRequest, model: str, provider: str) -> Call:
@@ -212,6 +215,26 @@ class LlamaCppTokenizer(TokenizerAPI):
     def read_limits(self, body: bytes) -> int | None:
         settings = _read_llama_props(body).default_generation_settings
         return settings.n_ctx if settings is not None else None
+
+    def tokenizer_info(self) -> Call:
+        return Call("GET", "/props")
+
+    def read_tokenizer_info(self, body: bytes) -> bytes:
+        # vLLM's answer is the tokenizer's settings (a Hugging Face tokenizer's init kwargs); llama-server's
+        # /props has the ones a client reads from it: the BOS and EOS tokens as text, the chat template and
+        # the context size (`model_max_length`, as Hugging Face calls it).
+        props = _read_llama_props(body)
+        settings = props.default_generation_settings
+        info: dict[str, Any] = {
+            "tokenizer_class": "llama.cpp",
+            "bos_token": props.bos_token or None,
+            "eos_token": props.eos_token or None,
+        }
+        if props.chat_template:
+            info["chat_template"] = props.chat_template
+        if settings is not None and settings.n_ctx is not None:
+            info["model_max_length"] = settings.n_ctx
+        return _json(info)
 
 
 # -- TGI --------------------------------------------------------------------------------------------------

@@ -48,7 +48,7 @@ class GatewayError(Exception):
     retry_later: bool = False
     # Extra response headers (rate-limit state on a 429).
     headers: dict[str, str] | None = None
-    # Upstream text in it has been through gateway.scrub (secrets cut out, length capped).
+    # Upstream text in it has been through gateway.upstream.scrub (secrets cut out, length capped).
     scrubbed: bool = False
 
     # The upstream that failed (`provider/model[/deployment]` and its provider), when one did.
@@ -220,6 +220,9 @@ class UpstreamStatusError(UpstreamError):
             # the target does not serve that model. Clients get what an unknown alias gets, so the SDKs raise
             # NotFoundError; the upstream's own words stay in the message.
             code, param = "model_not_found", "model"
+        if context_window:
+            # One code for one meaning, whatever the server called it (its words stay in the message).
+            code = "context_length_exceeded"
         super().__init__(
             message,
             param=param,
@@ -300,7 +303,7 @@ class AllTargetsCoolingError(GatewayError):
         )
 
 
-# Why an upstream call failed, as the transports (gateway/h1.py, gateway/httpx_transport.py) classify it.
+# Why an upstream call failed, as the transports (gateway/upstream/h1.py, .../httpx_transport.py) classify it.
 # Each is the log line's `cause`, the `cause` label of `gateway_upstream_failures_total` and, prefixed with
 # `upstream_`, the answer's `code`; the text is what the client's message says after "Upstream 'p' ".
 CAUSES: Final[dict[str, str]] = {
@@ -369,6 +372,8 @@ CODES: Final[dict[str, str]] = {
     "model_not_found": "unknown alias or vendor, or the upstream does not serve the model (404)",
     "model_mismatch": "a tokenizer route's model differs from its scoped path",
     "tokenizer_not_available": "the provider has no tokenizer routes (404)",
+    "context_length_exceeded": "the prompt (and max_tokens) does not fit the model's context window, whatever "
+    "the upstream called it (400)",
     "rate_limit_exceeded": "a configured rate limit (429)",
     "provider_quota": "a provider or deployment quota of the config (429)",
     "budget_exceeded": "the key's daily budget is spent (429)",
@@ -380,6 +385,8 @@ CODES: Final[dict[str, str]] = {
     "deadline_exceeded": "the request's own deadline passed between attempts (504)",
     "invalid_upstream_response": "the upstream's answer could not be read (502)",
     "upstream_stream_ended_early": "the upstream ended a stream before its end (502)",
+    "upstream_ignored_n": "the upstream answered fewer choices than 'n' asked for (502)",
+    "unsupported_logprobs_shape": "the upstream's logprobs cannot carry what was asked (echoed prompt) (502)",
     "upstream_event_too_large": "one upstream stream event is larger than caps.upstream_event_bytes (502)",
     "upstream_answer_too_large": "the upstream's answer is larger than a caps.upstream_* cap (502)",
     "generation_error": "the upstream reported that the generation broke off (Mistral's finish_reason 'error')",

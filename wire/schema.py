@@ -1,7 +1,7 @@
 """Wire types: the one Completion request every dialect decodes into, and the one Completion shape out.
 
 Every dialect (OpenAI, Fireworks, SGP, PAIS) decodes into the same union `CompletionRequest` in one
-`msgspec` pass; `gateway.request.normalize` then folds the alias names (`max_new_tokens`,
+`msgspec` pass; `gateway.path.request.normalize` then folds the alias names (`max_new_tokens`,
 `stop_sequences`, boolean `logprobs`...) into the canonical ones, so adapters only ever read canonical
 fields. Ranges that msgspec can check are declared here as `Meta` constraints so the decoder rejects
 them with a JSON path we turn into the `param` of the error.

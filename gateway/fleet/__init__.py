@@ -1,12 +1,12 @@
-"""The fleet wing: a self-hosted provider served by several engine replicas.
+"""A self-hosted provider served by several engine replicas: what its `replicas:` and `routing:` mean.
 
-It owns what a provider's `replicas:` and `routing:` mean: the replica targets a provider expands into
-(`provider@i/model`, one health key, cooldown and circuit breaker each), the per-request choice among
-them (round robin, least outstanding, prefix affinity, session affinity, all with bounded loads), the
-draining flags and their admin routes, and the background reader of the engines' own load (`/metrics`).
+Owns the per-request choice among a provider's replicas (`Fleet.choose`: round robin, least outstanding,
+prefix or session affinity, bounded loads, draining replicas left out), the hashes tying a prefix or a
+session to a replica, the drain flags (shared through Redis) and the background reader of the engines'
+own `/metrics`, the one socket outside upstream (never a completion). The config blocks are
+`gateway.config.fleet`; a `Route` carries its replicas, the balancer orders them, the edge serves the
+drain routes (gateway/edge/drain.py). Nothing here runs unless a provider lists `replicas:`.
 
-It sits below the request path: it may import gateway.config, wire, providers and lower wings (the
-upstream and limits modules), never the path or edge modules (pipeline, endpoint, app). The request path
-calls into it through small hooks in routing (expansion), balancer (ordering) and app (admin routes,
-the metrics poller's lifetime). Nothing here runs unless a provider lists `replicas:`.
+May import ops and the base (config, ids, state); never upstream, limits, emulation, resilience, path or
+edge.
 """

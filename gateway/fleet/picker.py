@@ -1,6 +1,6 @@
 """Which replica of a provider serves a request: the policies, bounded loads, draining and engine load.
 
-`Fleet.choose` is called once per request per replicated provider the plan may use (gateway/balancer.py),
+`Fleet.choose` is called once per request per replicated provider the plan may use (gateway/resilience/balancer.py),
 with each replica's in-flight count from this process and whether it is cooling. It returns the replicas
 to try, best first; draining replicas are left out, so they take no new requests while theirs finish.
 Rules: docs/fleets.md.
@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 
+from gateway.config import RoutingConfig, replica_drained, replica_names, replica_url, replica_weight
 from gateway.fleet.affinity import Ring, prefix_key, session_key, session_of
-from gateway.fleet.settings import RoutingConfig, replica_drained, replica_names, replica_url, replica_weight
 from wire.schema import CompletionRequest
 
 _DEFAULT = RoutingConfig()

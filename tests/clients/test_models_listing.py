@@ -1,5 +1,5 @@
 """Issue 12, item 7, the pure parts: reading a model listing, the listing request, the config, and what
-the router lists (gateway/discovery.py, gateway/routing.py)."""
+the router lists (gateway/edge/discovery.py, gateway/path/routing.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import json
 import pytest
 
 from gateway.config import ConfigError, parse_config
-from gateway.discovery import NotAListing, listed_ids, listing_request, wanted
-from gateway.routing import Router
+from gateway.edge.discovery import NotAListing, listed_ids, listing_request, wanted
+from gateway.path.routing import Router
 from tests.helpers.recordings import fixture_bytes
 
 

@@ -135,7 +135,7 @@ def test_vllm_model_does_not_exist_is_404_in_every_dialect(
         param="model",
         code="model_not_found",
         message=message,
-        # SGP and PAIS answer an unknown model the way PAIS documents it (gateway/dialects.py).
+        # SGP and PAIS answer an unknown model the way PAIS documents it (gateway/path/dialects.py).
         detail=f"Unknown model endpoint requested. {message}",
     )
     assert resp.headers["x-should-retry"] == "false"

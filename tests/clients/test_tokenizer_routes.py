@@ -17,6 +17,7 @@ The completion answer is the real vLLM recording tests/fixtures/vllm/completion_
 from __future__ import annotations
 
 import http.client
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,6 +27,7 @@ import pytest
 from aiohttp import web
 
 from gateway.config import ConfigError, parse_config
+from gateway.edge import tokenizer_routes
 from tests.helpers.clients import openai_client
 from tests.helpers.recordings import fixture_bytes
 from tests.helpers.servers import GatewayThread, serve_config
@@ -51,6 +53,7 @@ providers:
   vlold: {{kind: vllm, base_url: {u}/vlold/v1}}
   moved: {{kind: vllm, base_url: {u}/moved/v1, tokenizer_url: {u}/elsewhere}}
   ll: {{kind: llamacpp, base_url: {u}/ll}}
+  lv: {{kind: vllm, base_url: {u}/ll/v1}}
   tgi: {{kind: tgi, base_url: {u}/tgi}}
   oa: {{kind: openai, api_key: sk-tok-upstream-secret, base_url: {u}/oa/v1}}
   vlgone: {{kind: vllm, api_key: "${{T_UNSET_VLLM_KEY}}", base_url: {u}/vlgone/v1}}
@@ -99,9 +102,12 @@ async def _vllm(request: web.Request, rec: Received, served: str = SERVED) -> we
 
 async def _llamacpp(request: web.Request, rec: Received) -> web.StreamResponse:
     if rec.path == "/ll/props":
-        return _json({"default_generation_settings": {"n_ctx": 4096}, "total_slots": 1})
-    body = rec.json()
+        props = {"bos_token": "<s>", "eos_token": "</s>", "chat_template": "{{ messages }}", "model_path": "m.gguf"}
+        return _json({"default_generation_settings": {"n_ctx": 4096}, "total_slots": 1, **props})
+    body = rec.json() if rec.method == "POST" else {}
     if rec.path == "/ll/tokenize":
+        if "content" not in body:  # llama-server reads only `content`: vLLM's `prompt` tokenizes to nothing
+            return _json({"tokens": []})
         ids = _ids(body["content"], body.get("add_special", False))
         if not body.get("with_pieces"):
             return _json({"tokens": ids})
@@ -109,7 +115,9 @@ async def _llamacpp(request: web.Request, rec: Received) -> web.StreamResponse:
         return _json({"tokens": [{"id": i, "piece": [195] if i == 225 else chr(i)} for i in ids]})
     if rec.path == "/ll/detokenize":
         return _json({"content": "".join(chr(i) for i in body["tokens"] if i != BOS)})
-    return web.Response(status=404, text="Not Found")
+    # llama-server's answer to a path it does not serve (tools/server/server-http.cpp, set_error_handler).
+    not_found = {"error": {"message": "File Not Found", "type": "not_found_error", "code": 404}}
+    return web.Response(status=404, body=json.dumps(not_found, separators=(",", ":")), content_type="application/json")
 
 
 async def _tgi(request: web.Request, rec: Received) -> web.StreamResponse:
@@ -465,3 +473,41 @@ def test_config_refuses_an_unroutable_default_and_a_bad_tokenizer_url() -> None:
     with pytest.raises(ConfigError, match=r"providers\.vl\.tokenizer_url"):
         parse_config("providers: {vl: {kind: vllm, base_url: 'http://h/v1', tokenizer_url: 'h/x'}}\n", env={})
     assert parse_config(base + "tokenizer: {default_model: vl/m}\n", env={}).config.tokenizer.default_model == "vl/m"
+
+
+def test_llamacpp_tokenizer_info_is_built_from_props(api: httpx.Client, upstream: Upstream) -> None:
+    info = api.get("/m/ll/tiny/tokenizer_info")
+    assert info.status_code == 200, info.text
+    assert info.json() == {
+        "tokenizer_class": "llama.cpp",
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "chat_template": "{{ messages }}",
+        "model_max_length": 4096,
+    }
+    assert [(r.method, r.path) for r in upstream.received] == [("GET", "/ll/props")]
+
+
+def test_tokenizer_info_takes_the_model_from_the_query(api: httpx.Client, upstream: Upstream) -> None:
+    info = api.get("/tokenizer_info", params={"model": "ll/tiny"})
+    assert info.status_code == 200, info.text
+    assert info.json()["eos_token"] == "</s>"
+    assert info.headers["x-gateway-provider"] == "ll"
+
+
+def test_tokenizer_info_without_a_model_says_how_to_name_it_on_a_get() -> None:
+    # This module's gateway has a default model; the words are the ones its refusal uses without one.
+    assert "?model=" in str(tokenizer_routes._model_missing("tokenizer_info"))
+    assert "send 'model'" in str(tokenizer_routes._model_missing("tokenize"))
+
+
+def test_an_empty_tokenization_of_text_is_an_upstream_error(api: httpx.Client, upstream: Upstream) -> None:
+    resp = api.post("/m/lv/tiny/tokenize", json={"prompt": "hello"})
+    assert resp.status_code == 502, resp.text
+    assert resp.json()["error"]["code"] == "invalid_upstream_response"
+    assert upstream.only().json()["prompt"] == "hello"  # vLLM's field, which llama-server does not read
+
+
+def test_llama_servers_404_for_a_route_it_lacks_is_tokenizer_not_available(api: httpx.Client) -> None:
+    message = _error(api.get("/m/lv/tiny/tokenizer_info"), 404, "tokenizer_not_available")
+    assert "'lv'" in message

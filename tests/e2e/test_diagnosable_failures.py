@@ -20,7 +20,7 @@ import httpx
 import pytest
 import trustme
 
-from gateway import accesslog
+from gateway.ops import accesslog
 from tests.helpers.servers import GatewayThread, free_port
 
 from .test_observability import metric

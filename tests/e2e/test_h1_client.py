@@ -1,4 +1,4 @@
-"""gateway/h1.py, the upstream HTTP/1.1 client, against real loopback servers.
+"""gateway/upstream/h1.py, the upstream HTTP/1.1 client, against real loopback servers.
 
 The gateway-level suites already drive it through every provider and fault; these pin the transport
 facts they would only show indirectly: bodies larger than the stream buffer, each way a body can be
@@ -18,7 +18,7 @@ import pytest
 import trustme
 from aiohttp import web
 
-from gateway import h1
+from gateway.upstream import h1
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

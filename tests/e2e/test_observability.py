@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway import accesslog
+from gateway.ops import accesslog
 from tests.helpers.recordings import REPO
 from tests.helpers.servers import GatewayProcess, GatewayThread, cli_env, free_port
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway import accesslog
+from gateway.ops import accesslog
 from tests.helpers.clients import sse_data
 from tests.helpers.faults import FaultServer, cut
 from tests.helpers.servers import GatewayThread

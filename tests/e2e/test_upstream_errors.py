@@ -133,7 +133,7 @@ def test_recorded_tgi_422_passes_through(api: httpx.Client, upstream: Upstream) 
             502,
             "upstream_error",
             "invalid_api_key",
-            # The upstream's masked echo of the gateway's key is scrubbed (gateway/scrub.py).
+            # The upstream's masked echo of the gateway's key is scrubbed (gateway/upstream/scrub.py).
             "openai error (401): Incorrect API key provided: [redacted]e2e.",
             id="provider-401-is-502-not-the-clients-fault",
         ),

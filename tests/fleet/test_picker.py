@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections import Counter
 
+from gateway.config import ReplicaConfig, RoutingConfig
 from gateway.fleet.affinity import Ring, prefix_key
 from gateway.fleet.engine import parse
 from gateway.fleet.picker import EngineLoad, Fleet, Hint
-from gateway.fleet.settings import ReplicaConfig, RoutingConfig
 from providers.engine import LLAMACPP_GAUGES, SGLANG_GAUGES, VLLM_GAUGES
 from wire.schema import CompletionRequest
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from gateway.request import normalize
+from gateway.path.request import normalize
 from providers.base import Adapter, CallContext, Endpoint, UpstreamRequest, map_params
 from wire.schema import CompletionRequest, decode_request
 
@@ -30,9 +30,22 @@ def build(
 
 
 def context(
-    prompts: list[str] | None = None, *, n: int = 1, echo: bool = False, model: str = "client/model-string"
+    prompts: list[str] | None = None,
+    *,
+    n: int = 1,
+    echo: bool = False,
+    model: str = "client/model-string",
+    logprobs: bool = False,
 ) -> CallContext:
-    return CallContext(id="cmpl-gateway-test-id", created=1_700_000_000, model=model, prompts=prompts, n=n, echo=echo)
+    return CallContext(
+        id="cmpl-gateway-test-id",
+        created=1_700_000_000,
+        model=model,
+        prompts=prompts,
+        n=n,
+        echo=echo,
+        logprobs=logprobs,
+    )
 
 
 def as_json(value: Any) -> Any:

@@ -19,9 +19,9 @@ from typing import Any, Final
 import msgspec
 
 from gateway.config import parse_config
-from gateway.dialects import OPENAI
-from gateway.health import TargetState
-from gateway.pipeline import Pipeline
+from gateway.path.dialects import OPENAI
+from gateway.path.pipeline import Pipeline
+from gateway.resilience.health import TargetState
 from tests.helpers.faults import FaultServer
 from wire.errors import GatewayError
 

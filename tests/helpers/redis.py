@@ -18,7 +18,7 @@ from types import TracebackType
 
 import redis
 
-from gateway.ratelimit import Bucket, Limiter, RedisDown
+from gateway.limits.ratelimit import Bucket, Limiter, RedisDown
 from tests.helpers.servers import free_port
 
 

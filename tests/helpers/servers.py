@@ -1,6 +1,6 @@
 """The gateway on a real socket: `create_app` served by uvicorn in a thread, or the CLI as a child process.
 
-Nothing here stands in for the project's code. `GatewayThread` serves `gateway.app.create_app` with a
+Nothing here stands in for the project's code. `GatewayThread` serves `gateway.edge.app.create_app` with a
 real uvicorn (uvloop + httptools, as `python -m gateway serve` runs it) in a background thread with its
 own event loop; `GatewayProcess` runs `python -m gateway serve` itself, and `GatewayChild` optionally as
 PID 1 of a new PID namespace (`unshare --pid --fork`), as it runs in its container, where a signal
@@ -26,9 +26,9 @@ from typing import Self
 import httpx
 import uvicorn
 
-from gateway.app import create_app
 from gateway.config import load_config
-from gateway.pipeline import Pipeline
+from gateway.edge.app import create_app
+from gateway.path.pipeline import Pipeline
 from tests.helpers.recordings import REPO
 
 

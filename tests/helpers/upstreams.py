@@ -96,7 +96,7 @@ class Upstream(Running):
     Handler tasks are cancelled when the peer (the gateway) closes the connection, so a test can observe
     that the gateway really let go of an upstream request.
 
-    The gateway lists self-hosted upstreams' models in the background (gateway/discovery.py). Those calls
+    The gateway lists self-hosted upstreams' models in the background (gateway/edge/discovery.py). Those calls
     go to `listings` (a 404 unless a test sets one) and `listed`, never to `handler` and `received`, so
     tests that count completion calls do not see them.
     """

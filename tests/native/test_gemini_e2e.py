@@ -160,7 +160,7 @@ def test_prompt_over_the_context_window(api: httpx.Client, upstream: Upstream) -
         type="invalid_request_error",
         message="google error (400): The input token count (132478) exceeds the maximum number of tokens "
         "allowed (131072).",
-        code="invalid_argument",
+        code="context_length_exceeded",  # one code for the meaning, whatever the vendor's (providers/context.py)
     )
 
 

@@ -108,7 +108,7 @@ def test_recorded_422_reaches_the_client(api: httpx.Client, upstream: Upstream) 
         type="invalid_request_error",
         message="hf error (422): Input validation error: `inputs` tokens + `max_new_tokens` must be <= 1512. "
         "Given: 2 `inputs` tokens and 10000 `max_new_tokens`",
-        code="validation",
+        code="context_length_exceeded",
     )
 
 

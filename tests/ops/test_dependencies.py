@@ -28,8 +28,8 @@ PACKAGES: Final = ("gateway", "providers", "wire")
 # distribution -> (a file of ours that selects it, the text that does), or None when nothing names it.
 IMPLICIT: Final[dict[str, tuple[str, str] | None]] = {
     # uvicorn imports the event loop `serve` asks for by name.
-    "uvloop": ("gateway/serving.py", 'loop="uvloop"'),
-    # redis-py parses replies with it whenever it is installed (gateway/scriptchannel.py also imports it).
+    "uvloop": ("gateway/ops/serving.py", 'loop="uvloop"'),
+    # redis-py parses replies with it whenever it is installed (gateway/limits/scriptchannel.py also imports it).
     "hiredis": None,
 }
 

@@ -9,6 +9,7 @@ out of `GET /v1/models`; start-up prints one request that works, and it does.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -48,8 +49,15 @@ def test_make_run_installs_the_runtime_only_and_shows_pips_progress(tmp_path: Pa
         shutil.copy(REPO / name, tmp_path / name)
 
     def dry_run(*targets: str) -> list[str]:
+        # A `make test PYTEST_ARGS=...` above this run passes its variables down through MAKEFLAGS: drop them.
+        env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "PYTEST_ARGS")}
         result = subprocess.run(
-            ["make", "--no-print-directory", "-n", *targets], cwd=tmp_path, capture_output=True, text=True, check=True
+            ["make", "--no-print-directory", "-n", *targets],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            check=True,
+            env=env,
         )
         return result.stdout.splitlines()
 

@@ -35,7 +35,7 @@ for name in ("gateway", "providers", "wire"):
     assert package.__file__.startswith(sys.argv[1]), (name, package.__file__)
     for module in pkgutil.walk_packages(package.__path__, name + "."):
         importlib.import_module(module.name)
-import gateway.app, uvloop, httptools
+import gateway.edge.app, uvloop, httptools
 print("imported")
 """
 
@@ -93,7 +93,7 @@ def test_the_wheel_holds_every_module_and_no_tests(build_context: Path, wheel: P
         for package in ("gateway", "providers", "wire")
         for path in (build_context / package).rglob("*.py")
     }
-    assert "gateway/app.py" in expected and "providers/base.py" in expected
+    assert "gateway/edge/app.py" in expected and "providers/base.py" in expected
     assert expected <= names, sorted(expected - names)
     assert "gateway/__main__.py" in names
     assert not any(n.startswith(("tests/", "bench/")) for n in names)

@@ -18,7 +18,7 @@ import httpx
 from tests.helpers.servers import GatewayProcess, run_cli
 from tests.helpers.waiting import wait_until
 
-POLL_S = 2.0  # gateway.reload.Reloader's file poll period
+POLL_S = 2.0  # gateway.ops.reload.Reloader's file poll period
 
 BASE = """
 keys:

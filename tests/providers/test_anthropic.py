@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from gateway.framing import SSEDecoder
+from gateway.upstream.framing import SSEDecoder
 from providers import REGISTRY
 from providers.anthropic import DEFAULT_MAX_TOKENS, AnthropicAdapter, AUsage, reset_hint, usage_from
 from providers.base import PARAM_FIELDS, Endpoint, map_params

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.config import parse_config
-from gateway.routing import Router
+from gateway.path.routing import Router
 from providers.azure import DEFAULT_API_VERSION, AzureAdapter
 from providers.base import Endpoint
 from providers.openai_compat import OPENAI_PARAMS

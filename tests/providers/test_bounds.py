@@ -16,7 +16,7 @@ import pytest
 
 from gateway import emulation
 from gateway.config import ConfigError, parse_config
-from gateway.routing import Router
+from gateway.path.routing import Router
 from providers import REGISTRY
 from providers.base import PARAM_FIELDS, Endpoint, map_params
 from providers.llamacpp import LlamaCppAdapter

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gateway.framing import SSEDecoder
+from gateway.upstream.framing import SSEDecoder
 from providers import REGISTRY
 from providers.base import PARAM_FIELDS, Endpoint
 from providers.cohere import CohereAdapter, CTokens, CUsage, usage_from

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gateway.framing import SSEDecoder
+from gateway.upstream.framing import SSEDecoder
 from providers.base import Endpoint, map_params
 from providers.fireworks import FireworksAdapter
 from tests.helpers.adapters import build, chunked, context, request

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from gateway.framing import SSEDecoder
+from gateway.upstream.framing import SSEDecoder
 from providers.base import PARAM_FIELDS, Endpoint, map_params
 from providers.envelope import Unreadable
 from providers.gemini import GeminiAdapter
@@ -658,7 +658,7 @@ def test_prompt_too_long_is_a_context_window_error() -> None:
     err = ADAPTER.map_error(400, {}, encode(CONTEXT_400), "gemini")
     assert err.context_window
     assert err.status == 400 and err.type == "invalid_request_error"
-    assert err.code == "INVALID_ARGUMENT"
+    assert err.code == "context_length_exceeded"  # one code for the meaning (providers/context.py)
     assert not err.retryable
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gateway.framing import SSEDecoder
+from gateway.upstream.framing import SSEDecoder
 from providers.base import Endpoint
 from providers.llamacpp import LlamaCppAdapter
 from tests.helpers.adapters import as_json, build, chunked, context, request
@@ -292,7 +292,7 @@ def test_prompt_too_long_is_a_context_window_error() -> None:
         b' try increasing it","type":"exceed_context_size_error"}}'
     )
     err = ADAPTER.map_error(400, {}, body, "llama")
-    assert (err.status, err.code, err.context_window, err.retryable) == (400, "exceed_context_size_error", True, False)
+    assert (err.status, err.code, err.context_window, err.retryable) == (400, "context_length_exceeded", True, False)
 
 
 def test_other_error_shapes() -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gateway.framing import SSEDecoder
+from gateway.upstream.framing import SSEDecoder
 from providers.base import PARAM_FIELDS, Endpoint, map_params
 from providers.mistral import MistralAdapter, RateLimit, rate_limits
 from tests.helpers.adapters import NATIVE, as_json, build, chunked, context, request
@@ -486,7 +486,7 @@ def test_context_window_wording() -> None:
     }
     err = ADAPTER.map_error(400, {}, encode(body), "mistral")
     assert err.context_window and not err.retryable
-    assert err.code == "invalid_request_error"
+    assert err.code == "context_length_exceeded"
 
 
 def test_structured_validation_message() -> None:

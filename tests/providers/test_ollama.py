@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gateway.framing import NDJSONDecoder
+from gateway.upstream.framing import NDJSONDecoder
 from providers.base import Endpoint
 from providers.ollama import OllamaAdapter
 from tests.helpers.adapters import as_json, build, chunked, context, request

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gateway.framing import SSEDecoder
+from gateway.upstream.framing import SSEDecoder
 from providers.base import Endpoint, map_params
 from providers.openai import OpenAIAdapter
 from tests.helpers.adapters import as_json, build, chunked, context, request

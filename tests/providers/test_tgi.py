@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from gateway.framing import SSEDecoder
+from gateway.upstream.framing import SSEDecoder
 from providers.base import PARAM_FIELDS, Endpoint
 from providers.tgi import TGIAdapter
 from tests.helpers.adapters import as_json, build, chunked, context, request
@@ -422,7 +422,8 @@ def test_error_event_inside_a_stream_raises_with_the_status_of_its_type() -> Non
 def test_recorded_422_is_a_context_window_error() -> None:
     err = ADAPTER.map_error(422, {}, fixture_bytes("tgi/error_422_validation.json"), "hf-tgi")
     assert isinstance(err, UpstreamStatusError)
-    assert (err.status, err.type, err.code, err.provider) == (422, "invalid_request_error", "validation", "hf-tgi")
+    expected = (422, "invalid_request_error", "context_length_exceeded", "hf-tgi")
+    assert (err.status, err.type, err.code, err.provider) == expected
     assert err.message == (
         "hf-tgi error (422): Input validation error: `inputs` tokens + `max_new_tokens` must be <= 1512. "
         "Given: 2 `inputs` tokens and 10000 `max_new_tokens`"

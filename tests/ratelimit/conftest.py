@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway.ratelimit import Limiter
+from gateway.limits.ratelimit import Limiter
 from gateway.state import SharedState
 from tests.helpers.redis import RedisServer
 

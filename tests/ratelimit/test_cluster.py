@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.ratelimit import Bucket, Limiter
+from gateway.limits.ratelimit import Bucket, Limiter
 from gateway.state import SharedState
 from tests.helpers.clients import body, client
 from tests.helpers.redis import Cluster, load_through

@@ -12,7 +12,7 @@ import uuid
 
 import redis
 
-from gateway.ratelimit import SCRIPT, Bucket, Limiter
+from gateway.limits.ratelimit import SCRIPT, Bucket, Limiter
 from tests.helpers.redis import RedisServer
 
 

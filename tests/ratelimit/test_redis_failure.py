@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from gateway.ratelimit import SCRIPT
+from gateway.limits.ratelimit import SCRIPT
 from tests.helpers.clients import body, client
 from tests.helpers.redis import RedisServer
 from tests.helpers.servers import GatewayThread, serve_config
@@ -170,7 +170,7 @@ def test_restart_recovers_at_once_whatever_the_pool_size(redis: RedisServer, tmp
             assert set().union(*pool.map(some, range(8))) == {200}
         with redis.client() as r:
             pooled = len(r.client_list()) - 1
-        # The limit script has its own connection (gateway/scriptchannel.py); health and usage use the pool.
+        # The limit script has its own connection (gateway/limits/scriptchannel.py); health and usage use the pool.
         assert pooled >= 2, "the script connection and at least one pooled connection should be open"
 
         redis.restart()

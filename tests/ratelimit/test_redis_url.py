@@ -20,8 +20,8 @@ import pytest
 import redis
 
 from gateway.config import ConfigError, load_config
-from gateway.ratelimit import _SHA, SCRIPT, Bucket, Kind, Limiter, RedisDown
-from gateway.scriptchannel import ScriptChannel, command
+from gateway.limits.ratelimit import _SHA, SCRIPT, Bucket, Kind, Limiter, RedisDown
+from gateway.limits.scriptchannel import ScriptChannel, command
 from gateway.state import Degraded, SharedState, url_problem
 from tests.helpers.redis import RedisServer, TlsServer, wait_for
 from tests.helpers.servers import free_port

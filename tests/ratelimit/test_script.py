@@ -18,8 +18,9 @@ import uuid
 
 import pytest
 
-from gateway.admission import duration
-from gateway.ratelimit import PERIOD_S, Bucket, Decision, Kind, Limiter, _Local
+from gateway.limits.admission import duration
+from gateway.limits.gcra import _Local
+from gateway.limits.ratelimit import PERIOD_S, Bucket, Decision, Kind, Limiter
 from gateway.state import SharedState
 from tests.helpers.redis import RedisServer
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from gateway.ratelimit import Bucket, Limiter
+from gateway.limits.ratelimit import Bucket, Limiter
 from gateway.state import SharedState
 from tests.helpers.clients import body, client
 from tests.helpers.redis import Sentinels, load_through

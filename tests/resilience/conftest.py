@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from gateway.pipeline import Pipeline
+from gateway.path.pipeline import Pipeline
 from tests.helpers.faults import FaultServer
 from tests.helpers.pipelines import Answer, VirtualTime, ask, pipeline
 

@@ -8,9 +8,9 @@ from collections import Counter
 
 import pytest
 
-from gateway.balancer import order
-from gateway.health import TargetState
-from gateway.routing import Group
+from gateway.resilience.balancer import order
+from gateway.resilience.health import TargetState
+from gateway.upstream.plan import Group
 from tests.helpers.faults import FaultServer, good, slow, unavailable
 from tests.helpers.pipelines import VirtualTime, ask, key
 

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from aiohttp import web
 
-from gateway.health import TargetState
+from gateway.resilience.health import TargetState
 from tests.helpers.faults import Behaviour, FaultServer, Hit, good, respond, server_error, slow, unavailable
 from tests.helpers.pipelines import PROMPT, VirtualTime, ask, config_yaml, key, state
 from tests.helpers.servers import GatewayThread

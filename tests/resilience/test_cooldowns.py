@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.health import TargetState
+from gateway.resilience.health import TargetState
 from tests.helpers.faults import FaultServer, good, rate_limited, slow, unavailable
 from tests.helpers.pipelines import VirtualTime, ask, key, state
 from tests.helpers.redis import RedisServer

@@ -1,6 +1,6 @@
 """The failover loop against tenacity, over the same outcomes: same calls, same end, same waits.
 
-`Run.go` (gateway/failover.py) replaced an `AsyncRetrying` loop (docs/architecture.md, "Retries:
+`Run.go` (gateway/resilience/failover.py) replaced an `AsyncRetrying` loop (docs/architecture.md, "Retries:
 tenacity or a loop"). Where tenacity can express the policy (one target, so "where" is always the same
 target and the loop's turn is tenacity's attempt number), both are driven over one scripted sequence
 of upstream outcomes: the real `Failover` with an injected clock and sleep, and an `AsyncRetrying`
@@ -37,10 +37,11 @@ from tenacity import (
 from tenacity.wait import wait_base
 
 from gateway.config import parse_config
-from gateway.failover import Failover
-from gateway.health import Health
-from gateway.routing import Plan, Router
+from gateway.path.routing import Router
+from gateway.resilience.failover import Failover
+from gateway.resilience.health import Health
 from gateway.state import SharedState
+from gateway.upstream.plan import Plan
 from tests.helpers.pipelines import VirtualTime
 from wire.errors import (
     GatewayError,

@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from gateway.config import ConfigError, parse_config
-from gateway.pipeline import Pipeline
-from gateway.render import error_headers
+from gateway.edge.render import error_headers
+from gateway.path.pipeline import Pipeline
 from tests.helpers.faults import (
     SERVER_ERROR_BODY,
     Behaviour,

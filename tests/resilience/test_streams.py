@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gateway.health import TargetState
+from gateway.resilience.health import TargetState
 from tests.helpers.faults import (
     CHUNKS,
     RECORDED_COMPLETION,

@@ -1,4 +1,4 @@
-"""gateway/framing.py: stream decoders are linear in their input and hold at most one capped event.
+"""gateway/upstream/framing.py: stream decoders are linear in their input and hold at most one capped event.
 
 Before the fix an unterminated SSE line was re-concatenated on every feed (quadratic in its length) and
 never bounded. The unit tests feed the decoders byte sequences directly; the end-to-end test streams an
@@ -21,7 +21,7 @@ import pytest
 from aiohttp import web
 
 from gateway.config import CapsConfig
-from gateway.framing import (
+from gateway.upstream.framing import (
     DECODERS,
     MAX_EVENT_BYTES,
     EventStreamDecoder,

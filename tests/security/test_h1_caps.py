@@ -1,4 +1,4 @@
-"""gateway/h1.py holds at most its caps of what an upstream sends: bodies (after decoding), headers.
+"""gateway/upstream/h1.py holds at most its caps of what an upstream sends: bodies (after decoding), headers.
 
 A hostile or broken upstream answers through a real loopback socket: a gzip bomb, an oversized body,
 an oversized or endless header block. Each is refused with `h1.TooLarge` naming the cap, quickly, with
@@ -17,8 +17,8 @@ from typing import Final
 
 import pytest
 
-from gateway import h1
 from gateway.config import CapsConfig
+from gateway.upstream import h1
 from tests.security.test_h1_pool import RawServer, answer, call, read_request, well_behaved
 
 MiB: Final = 1024 * 1024

@@ -1,4 +1,4 @@
-"""Property-based fuzzing of raw upstream answers against gateway/h1.py, over a real loopback socket.
+"""Property-based fuzzing of raw upstream answers against gateway/upstream/h1.py, over a real loopback socket.
 
 Hypothesis builds an answer from parts a hostile or broken upstream could send: interim 1xx answers,
 valid and broken status lines, duplicate or conflicting Content-Length, Content-Length with
@@ -30,7 +30,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway import h1
+from gateway.upstream import h1
 from tests.security.test_h1_pool import own, read_request
 
 KiB: Final = 1024

@@ -1,4 +1,4 @@
-"""gateway/h1.py never hands one request's answer to another: interim 1xx, 101, extra bytes, early answers.
+"""gateway/upstream/h1.py never hands one request's answer to another: interim 1xx, 101, extra bytes, early answers.
 
 Each test runs two or more requests through one `h1.Client` against a real loopback server (aiohttp, or a
 raw asyncio server where the bytes must be ones no framework would send) and checks that every request
@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 import pytest
 from aiohttp import web
 
-from gateway import h1
+from gateway.upstream import h1
 
 Script = Callable[[int, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 

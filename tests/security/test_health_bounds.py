@@ -8,8 +8,8 @@ cooldown, failure, in-flight and latency maps that were never removed. Real `Hea
 from __future__ import annotations
 
 from gateway.config import CooldownConfig
-from gateway.evidence import MAX_OUTCOMES, MAX_WATCHED, Evidence
-from gateway.health import MAX_TARGETS, Health
+from gateway.resilience.evidence import MAX_OUTCOMES, MAX_WATCHED, Evidence
+from gateway.resilience.health import MAX_TARGETS, Health
 from gateway.state import SharedState
 
 

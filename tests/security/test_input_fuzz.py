@@ -13,8 +13,8 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.endpoint import _encode_headers
-from gateway.request import normalize
+from gateway.edge.endpoint import _encode_headers
+from gateway.path.request import normalize
 from providers.base import Endpoint, path_segment, request_headers
 from wire.errors import InvalidRequestError
 from wire.schema import decode_request

@@ -1,4 +1,4 @@
-"""Issue 11, item 15: the glob translation itself (gateway/globs.py), on RE2."""
+"""Issue 11, item 15: the glob translation itself (gateway/limits/globs.py), on RE2."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from gateway.globs import ModelGlobs
+from gateway.limits.globs import ModelGlobs
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from gateway.ratelimit import LEASE_TTL_MS
+from gateway.limits.ratelimit import LEASE_TTL_MS
 from tests.helpers.faults import FaultServer, slow
 from tests.helpers.redis import RedisServer
 from tests.helpers.servers import GatewayProcess, cli_env

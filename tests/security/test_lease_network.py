@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from gateway.ratelimit import Bucket, Limiter, RedisDown
+from gateway.limits.ratelimit import Bucket, Limiter, RedisDown
 from gateway.state import SharedState
 from tests.helpers.redis import RedisServer
 from tests.helpers.servers import free_port

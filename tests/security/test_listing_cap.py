@@ -18,7 +18,7 @@ import httpx
 import pytest
 from aiohttp import web
 
-from gateway.discovery import LISTING_BYTES_PER_MODEL, LISTING_SLACK_BYTES
+from gateway.edge.discovery import LISTING_BYTES_PER_MODEL, LISTING_SLACK_BYTES
 from tests.helpers.servers import GatewayThread
 from tests.helpers.upstreams import Received, Upstream, reply
 from tests.helpers.waiting import wait_until

@@ -1,10 +1,10 @@
 """Issue 13, item 2: one request-body limit and one error renderer for every route.
 
-`gateway.app.Front` enforces `caps.request_body_bytes` (64 KiB in this suite's config) before any route
+`gateway.edge.app.Front` enforces `caps.request_body_bytes` (64 KiB in this suite's config) before any route
 runs, so the raw routes (completions in four dialects, the model-scoped base path, vLLM's tokenizer
 routes), the Litestar routes and unknown paths all answer an oversized body with the same 413, in the
 path's dialect. And an error raised by a Litestar route is rendered by the same function as one raised
-on a completion route (gateway/render.py): same status, body and headers.
+on a completion route (gateway/edge/render.py): same status, body and headers.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The differential suite: every hostile upstream behaviour in `hostile.py` through both transports.
 
-Each case is sent through `gateway.upstream.Upstream` (the layer the pipeline calls) once with
+Each case is sent through `gateway.upstream.client.Upstream` (the layer the pipeline calls) once with
 `transport: h1` and once with `transport: httpx`, buffered (`send`) and relayed (`open_stream`), over
 real loopback sockets to the raw server. The outcome the gateway would act on (status and body, or
 the gateway error class and message) must be the same for both, and must be what RFC 9112 asks where
@@ -18,7 +18,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from gateway.config import parse_config
-from gateway.upstream import Timeouts, Upstream
+from gateway.upstream.client import Upstream
+from gateway.upstream.transport import Timeouts
 from wire.errors import GatewayError
 from wire.upstream import UpstreamRequest
 

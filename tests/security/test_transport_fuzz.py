@@ -19,7 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.config import parse_config
-from gateway.upstream import Timeouts, Upstream
+from gateway.upstream.client import Upstream
+from gateway.upstream.transport import Timeouts
 from wire.errors import GatewayError
 from wire.upstream import UpstreamRequest
 

@@ -28,8 +28,9 @@ import trustme
 from aiohttp import web
 
 from gateway.config import CapsConfig, ConfigError, parse_config
-from gateway.httpx_transport import HttpxTransport, _h11_state
-from gateway.upstream import H1Transport, Timeouts, Upstream
+from gateway.upstream.client import H1Transport, Upstream
+from gateway.upstream.httpx_transport import HttpxTransport, _h11_state
+from gateway.upstream.transport import Timeouts
 from tests.helpers.clients import openai_client
 from tests.helpers.faults import CHUNKS, RECORDED_JSON, RECORDED_SSE, RECORDED_STREAM_TEXT
 from tests.helpers.servers import GatewayThread

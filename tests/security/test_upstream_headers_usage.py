@@ -6,7 +6,7 @@
   MAX_RETRY_AFTER_S), in what the client is told and in how long the target cools; before the fix a
   `Retry-After: 999999999` was relayed and cooled the target for 31 years.
 - Reported token counts feed rate limits, budgets and usage rows: a negative or absurd count is clamped
-  (gateway/attempt.py MAX_REPORTED_TOKENS) and a total below its parts is raised to their sum.
+  (gateway/path/attempt.py MAX_REPORTED_TOKENS) and a total below its parts is raised to their sum.
 Real sockets: uvicorn serving the gateway, scripted aiohttp upstreams on loopback.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.attempt import MAX_QUOTA_WAIT_S, MAX_REPORTED_TOKENS
+from gateway.path.attempt import MAX_QUOTA_WAIT_S, MAX_REPORTED_TOKENS
 from tests.helpers.faults import RATE_LIMIT_BODY, RECORDED_COMPLETION, FaultServer, respond
 from tests.helpers.servers import GatewayThread, serve_config
 from wire.errors import MAX_RETRY_AFTER_S

@@ -1,4 +1,4 @@
-"""gateway.scrub on its own: what counts as a secret in a config, what is cut, and that it stays linear."""
+"""gateway.upstream.scrub on its own: what counts as a secret in a config, what is cut, and that it stays linear."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from gateway.config import ConfigError, parse_config
-from gateway.scrub import REDACTED, Scrubber, config_secrets, watch_logs
+from gateway.upstream.scrub import REDACTED, Scrubber, config_secrets, watch_logs
 
 KEY = "sk-live-7Qm2xV9pL4tR8wZ1cB6nH3jK5dF0gS"
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway import accesslog
+from gateway.ops import accesslog
 from tests.helpers.clients import sse_data
 from tests.helpers.servers import GatewayThread, serve_config
 from tests.helpers.upstreams import Upstream, reply, reply_sse
@@ -72,7 +72,7 @@ def access_lines() -> Iterator[list[bytes]]:
         accesslog.SINK.listeners.remove(lines.append)
 
 
-# A run this long of a secret's characters is a leak of it (gateway/scrub.py's FRAGMENT).
+# A run this long of a secret's characters is a leak of it (gateway/upstream/scrub.py's FRAGMENT).
 FRAGMENT = 12
 
 

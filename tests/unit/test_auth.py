@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.auth import KeyRing
 from gateway.config import parse_config
+from gateway.limits.auth import KeyRing
 from wire.errors import AuthenticationError, PermissionDeniedError
 
 CONFIG = """

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gateway.config import ConfigError, load_config, parse_config
-from gateway.routing import Router
+from gateway.path.routing import Router
 from providers.registry import REGISTRY
 
 

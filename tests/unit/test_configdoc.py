@@ -1,4 +1,4 @@
-"""docs/config.md is generated from the typed config (gateway/configdoc.py); it must never drift from it.
+"""docs/config.md is generated from the typed config (gateway/ops/configdoc.py); it must never drift from it.
 
 Stale when a key is added, removed or retyped, a default changes, or a provider kind is added, until
 `make docs` is run. The checks here do not trust the generator's walk alone: the config structs are
@@ -15,7 +15,7 @@ from pathlib import Path
 import msgspec
 
 from gateway import config as cfgmod
-from gateway import configdoc
+from gateway.ops import configdoc
 from providers import registry
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from gateway.dialects import OPENAI, PAIS, SGP, Dialect, RequestError, decode_error
+from gateway.path.dialects import OPENAI, PAIS, SGP, Dialect, RequestError, decode_error
 from wire.errors import (
     AuthenticationError,
     GatewayError,

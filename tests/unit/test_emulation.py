@@ -1,4 +1,4 @@
-"""The gateway's own implementations of what a provider lacks (gateway/emulation.py)."""
+"""The gateway's own implementations of what a provider lacks (gateway/emulation/planning.py)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway import emulation
-from gateway.client_schema import Work, WorkExhausted
 from gateway.config import CapsConfig
-from gateway.request import normalize
+from gateway.emulation.client_schema import Work, WorkExhausted
+from gateway.path.request import normalize
 from providers.base import EMULATED, Adapter, CallContext, Param, Table, UpstreamRequest, table
 from wire.errors import InvalidRequestError, UpstreamError
 from wire.schema import Choice, Completion, CompletionRequest, Logprobs, Usage, decode_request

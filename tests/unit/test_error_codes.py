@@ -14,15 +14,20 @@ from wire.errors import CAUSES, CODES, upstream_failure
 
 REPO = Path(__file__).resolve().parents[2]
 SNAKE = re.compile(r"[a-z][a-z0-9]*(_[a-z0-9]+)*")
-# Raised with the code as their last positional argument (gateway/dialects.py, wire/schema.py).
+# Raised with the code as their last positional argument (gateway/path/dialects.py, wire/schema.py).
 POSITIONAL = {"RequestError", "BodyError"}
 
 
 def _codes_in_source() -> dict[str, str]:
     found: dict[str, str] = {}
-    for path in sorted([*REPO.glob("gateway/*.py"), *REPO.glob("providers/*.py"), *REPO.glob("wire/*.py")]):
+    for path in sorted([*REPO.glob("gateway/**/*.py"), *REPO.glob("providers/*.py"), *REPO.glob("wire/*.py")]):
         tree = ast.parse(path.read_text(), filename=str(path))
         for node in ast.walk(tree):
+            # `code = "..."`: a code an error is given before it is built (wire.errors.UpstreamStatusError).
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+                names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+                if "code" in names and isinstance(node.value.value, str):
+                    found[node.value.value] = f"{path.relative_to(REPO)}:{node.lineno}"
             if not isinstance(node, ast.Call):
                 continue
             for kw in node.keywords:
@@ -109,7 +114,7 @@ def test_every_error_is_built_with_a_code() -> None:
 
 
 def test_an_upstream_code_reaches_clients_in_snake_case() -> None:
-    from gateway.scrub import Scrubber
+    from gateway.upstream.scrub import Scrubber
     from wire.errors import UpstreamStatusError
 
     scrubber = Scrubber(["sk_upstream_secret_0123456789"])

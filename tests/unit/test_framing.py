@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from gateway.framing import DONE, NDJSONDecoder, SSEDecoder, sse_event
+from gateway.upstream.framing import DONE, NDJSONDecoder, SSEDecoder, sse_event
 from tests.helpers.adapters import chunked
 from tests.helpers.recordings import fixture_bytes
 

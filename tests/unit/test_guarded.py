@@ -55,7 +55,7 @@ def test_every_kind_guards_where_it_writes_the_limit_counts_and_prompt(kind: str
 @pytest.mark.parametrize(
     ("kind", "extra", "path"),
     # OpenAI's names at the top level (`max_tokens`, `n`, ...) are refused for every kind before routing
-    # (gateway/request.py); these are the providers' own.
+    # (gateway/path/request.py); these are the providers' own.
     [
         ("llamacpp", {"n_predict": -1}, "n_predict"),
         ("tgi", {"parameters": {"max_new_tokens": 100000}}, "parameters.max_new_tokens"),

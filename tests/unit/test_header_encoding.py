@@ -1,9 +1,9 @@
-"""Response headers go through a bounded cache of encoded values (gateway/endpoint.py): the cache must never
+"""Response headers go through a bounded cache of encoded values (gateway/edge/endpoint.py): the cache must never
 change what is sent, and client-chosen values must not grow it without bound."""
 
 from __future__ import annotations
 
-from gateway import endpoint
+from gateway.edge import endpoint
 
 
 def test_cached_values_are_encoded_exactly_as_uncached_ones() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gateway.framing import SSEDecoder
+from gateway.upstream.framing import SSEDecoder
 from providers.offsets import prompt_for_choice, text_offsets
 from providers.together import TogetherAdapter
 from tests.helpers.adapters import context

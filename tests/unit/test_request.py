@@ -1,4 +1,4 @@
-"""gateway.request.normalize: alias folding, precedence, and the checks msgspec cannot express."""
+"""gateway.path.request.normalize: alias folding, precedence, and the checks msgspec cannot express."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import msgspec
 import pytest
 
 from gateway.config import CapsConfig
-from gateway.dialects import decode_error
-from gateway.request import FORBIDDEN_HEADERS, MAX_CHOICES, normalize
+from gateway.path.dialects import decode_error
+from gateway.path.request import FORBIDDEN_HEADERS, MAX_CHOICES, normalize
 from tests.helpers.adapters import request
 from wire.errors import InvalidRequestError
 from wire.schema import MAX_LOGPROBS, MAX_STOPS, CompletionRequest, decode_request

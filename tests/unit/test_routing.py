@@ -7,10 +7,10 @@ from collections import Counter
 
 import pytest
 
-from gateway.balancer import order
 from gateway.config import parse_config
-from gateway.health import TargetState
-from gateway.routing import Router
+from gateway.path.routing import Router
+from gateway.resilience.balancer import order
+from gateway.resilience.health import TargetState
 from providers.azure import AzureAdapter
 from providers.fake import FakeAdapter
 from providers.fireworks import FireworksAdapter

@@ -1,4 +1,4 @@
-"""Booking and cost arithmetic (gateway/usage.py): prices, picodollar sums, days, budgets, Redis and its outage."""
+"""Booking and cost arithmetic (gateway/limits/usage.py): prices, picodollar sums, days, budgets, Redis, its outage."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from types import SimpleNamespace
 import pytest
 
 from gateway.config import ConfigError, PriceConfig, load_config, parse_config
-from gateway.metrics import Metrics, ModelLabels, Record
-from gateway.pipeline import Pipeline
-from gateway.reload import Reloader
+from gateway.limits.usage import ANONYMOUS, PICO, Prices, UsageStore, day_of, to_midnight
+from gateway.ops.metrics import Metrics, ModelLabels, Record
+from gateway.ops.reload import Reloader
+from gateway.path.pipeline import Pipeline
 from gateway.state import SharedState
-from gateway.usage import ANONYMOUS, PICO, Prices, UsageStore, day_of, to_midnight
 from tests.helpers.redis import RedisServer
 from wire.errors import RateLimitError
 from wire.schema import Usage

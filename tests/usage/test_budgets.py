@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.usage import to_midnight
+from gateway.limits.usage import to_midnight
 from tests.helpers.clients import body, client
 from tests.helpers.redis import RedisServer
 from tests.helpers.servers import GatewayThread

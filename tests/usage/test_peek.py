@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway.ratelimit import Bucket, Limiter, peek_state
+from gateway.limits.ratelimit import Bucket, Limiter, peek_state
 from gateway.state import SharedState
 from tests.helpers.redis import RedisServer
 

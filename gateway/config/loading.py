@@ -1,0 +1,250 @@
+"""Loading the ops' YAML config: parsed, `${VAR}` references resolved, typed, checked once at start-up.
+
+A bad config raises `ConfigError`, whose text is one line naming the file, the YAML path and the
+problem; the CLI prints it and exits 1, never a traceback. Secrets are written as `${VAR}` references
+and resolved here; a reference to an unset variable does not fail the load (unless `strict`): the
+provider or key using it is marked unavailable and requests to it fail fast naming the variable.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import ssl
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import msgspec
+import yaml
+
+from gateway.config.fleet import fleet_problem, replica_url
+from gateway.config.schema import DeploymentConfig, GatewayConfig, PriceConfig, ProviderConfig
+from gateway.state import url_problem
+from providers.registry import REGISTRY, kinds
+
+
+class LoadedConfig(msgspec.Struct, frozen=True):
+    """A validated config plus what could not be resolved from the environment."""
+
+    source: str
+    config: GatewayConfig
+    providers: dict[str, ProviderConfig]
+    # YAML path (`providers.openai.api_key`) -> names of the unset variables it referenced.
+    missing_env: dict[str, list[str]]
+
+    def missing_for(self, prefix: str) -> list[str]:
+        found: list[str] = []
+        for path, names in self.missing_env.items():
+            if path == prefix or path.startswith(prefix + "."):
+                found.extend(names)
+        return found
+
+
+class ConfigError(Exception):
+    """One line: `<file>: <yaml path>: <problem>`."""
+
+
+def _tls_problem(p: ProviderConfig) -> tuple[str, str] | None:
+    """The field and the reason when the provider's CA bundle or client certificate cannot be loaded, as the
+    transport would load them: found here, at load time, not when a (re)load builds the pipeline."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    try:
+        if p.ca_bundle:
+            ctx.load_verify_locations(cafile=p.ca_bundle)
+    except (ssl.SSLError, OSError) as exc:
+        return "ca_bundle", f"cannot be loaded as PEM CA certificates ({_ssl_reason(exc)})"
+    try:
+        if p.client_cert:
+            # An encrypted key would prompt on a terminal: refused like any other unreadable key.
+            ctx.load_cert_chain(p.client_cert, p.client_key or None, password=lambda: b"")
+    except (ssl.SSLError, OSError) as exc:
+        return "client_cert", f"cannot be loaded with its key as PEM ({_ssl_reason(exc)})"
+    return None
+
+
+def _ssl_reason(exc: ssl.SSLError | OSError) -> str:
+    return str(getattr(exc, "reason", None) or exc.strerror or type(exc).__name__)
+
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_MSGSPEC_PATH = re.compile(r"^(.*?)(?: - at `\$(.*)`)?$", re.DOTALL)
+
+
+def _interpolate(node: Any, path: str, env: dict[str, str], missing: dict[str, list[str]]) -> Any:
+    if isinstance(node, str):
+        unset: list[str] = []
+
+        def sub(m: re.Match[str]) -> str:
+            value = env.get(m.group(1))
+            if value:
+                return value
+            if m.group(2) is not None:
+                return m.group(2)
+            unset.append(m.group(1))
+            return ""
+
+        out = _VAR.sub(sub, node)
+        if unset:
+            missing[path] = unset
+        return out
+    if isinstance(node, dict):
+        return {k: _interpolate(v, f"{path}.{k}" if path else str(k), env, missing) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_interpolate(v, f"{path}[{i}]", env, missing) for i, v in enumerate(node)]
+    return node
+
+
+def _convert(obj: Any, typ: type[Any], where: str, source: str) -> Any:
+    try:
+        return msgspec.convert(obj, typ, strict=True)
+    except msgspec.ValidationError as exc:
+        m = _MSGSPEC_PATH.match(str(exc))
+        assert m is not None
+        problem, sub = m.group(1), (m.group(2) or "")
+        unknown = re.match(r"Object contains unknown field `([^`]+)`", problem)
+        if unknown:
+            sub, problem = f"{sub}.{unknown.group(1)}", "unknown key"
+        missing = re.match(r"Object missing required field `([^`]+)`", problem)
+        if missing:
+            sub, problem = f"{sub}.{missing.group(1)}", "required key is missing"
+        path = (where + sub) if where else sub.lstrip(".")
+        raise ConfigError(f"{source}: {path.lstrip('.') or '(top level)'}: {problem}") from None
+
+
+def _check_kind(p: ProviderConfig, path: str, source: str) -> None:
+    if p.kind not in REGISTRY:
+        raise ConfigError(f"{source}: {path}.kind: Invalid enum value {p.kind!r}; valid kinds: {', '.join(kinds())}")
+
+
+def _check(cfg: GatewayConfig, providers: dict[str, ProviderConfig], source: str) -> None:
+    def fail(path: str, problem: str) -> None:
+        raise ConfigError(f"{source}: {path}: {problem}")
+
+    if cfg.redis.url and (problem := url_problem(cfg.redis.url)) is not None:
+        fail("redis.url", problem)  # one line naming the option; never the URL (it may hold a password)
+    for name, p in providers.items():
+        if "/" in name or not name:
+            fail(f"providers.{name}", "a provider name may not be empty or contain '/'")
+        adapter = REGISTRY[p.kind]
+        if (
+            fleet := fleet_problem(name, p.replicas, p.routing, p.base_url, adapter.serves_replicas, p.kind)
+        ) is not None:
+            fail(*fleet)
+        if adapter.needs_base_url and not p.base_url and not p.replicas:
+            if not p.deployments or any(not d.base_url for d in p.deployments.values()):
+                fail(f"providers.{name}.base_url", f"required for kind '{p.kind}'")
+        if adapter.needs_region and p.region is None:
+            fail(f"providers.{name}.region", f"required for kind '{p.kind}'")
+        for url_path, url in (
+            [(f"providers.{name}.base_url", p.base_url)]
+            + [(f"providers.{name}.deployments.{d}.base_url", dc.base_url) for d, dc in p.deployments.items()]
+            + [(f"providers.{name}.tokenizer_url", p.tokenizer_url)]
+            + [(f"providers.{name}.replicas[{i}]", replica_url(r)) for i, r in enumerate(p.replicas)]
+        ):
+            if url and _userinfo(url):
+                # The transports would disagree on it (httpx sends it as Basic auth in place of the key, h1
+                # drops it): the credential goes where the kind puts it. Never echo the URL: it holds one.
+                fail(url_path, "must not carry credentials (user:password@); set api_key (or a headers: entry)")
+            if url and not url.startswith(("http://", "https://")):
+                fail(url_path, f"must start with http:// or https://, got {url!r}")
+        if p.tokenizer_url and not p.tokenizer_url.startswith(("http://", "https://")):
+            fail(f"providers.{name}.tokenizer_url", f"must start with http:// or https://, got {p.tokenizer_url!r}")
+        if p.transport == "h1":  # h1 has no proxy, CA, client certificate or HTTP/2 support: refuse, not ignore
+            for field in ("proxy", "ca_bundle", "client_cert", "client_key", "http2"):
+                if getattr(p, field):
+                    fail(f"providers.{name}.{field}", "needs transport httpx (or auto); h1 cannot honour it")
+        if p.proxy and not p.proxy.startswith(("http://", "https://")):
+            fail(f"providers.{name}.proxy", "must start with http:// or https://")  # the URL may hold credentials
+        if p.discover and adapter.model_listing is None:
+            fail(f"providers.{name}.discover", f"kind '{p.kind}' has no model listing the gateway can read")
+        if p.client_key and not p.client_cert:
+            fail(f"providers.{name}.client_key", "needs client_cert")
+        for field in ("ca_bundle", "client_cert", "client_key"):
+            if getattr(p, field) and not os.path.isfile(getattr(p, field)):
+                fail(f"providers.{name}.{field}", f"no such file: {getattr(p, field)!r}")
+        if (tls := _tls_problem(p)) is not None:
+            fail(f"providers.{name}.{tls[0]}", tls[1])
+    seen_alias: set[str] = set()
+    for i, alias in enumerate(cfg.models):
+        if alias.name in seen_alias:
+            fail(f"models[{i}].name", f"duplicate alias {alias.name!r}")
+        seen_alias.add(alias.name)
+    for i, alias in enumerate(cfg.models):
+        for j, target in enumerate(alias.targets):
+            vendor, _, rest = target.model.partition("/")
+            if target.model in seen_alias and (vendor not in providers or not rest):
+                # The router resolves targets as vendor/model_name only; an alias of aliases would fail there.
+                fail(f"models[{i}].targets[{j}].model", f"{target.model!r} is an alias, not vendor/model_name")
+            if vendor not in providers:
+                fail(f"models[{i}].targets[{j}].model", f"unknown provider {vendor!r} in {target.model!r}")
+            if not rest:
+                fail(f"models[{i}].targets[{j}].model", f"expected vendor/model_name, got {target.model!r}")
+    for i, alias in enumerate(cfg.models):
+        for field in ("fallbacks", "context_window_fallbacks"):
+            for j, ref in enumerate(getattr(alias, field)):
+                if ref in seen_alias:
+                    continue
+                vendor, _, rest = ref.partition("/")
+                if vendor not in providers or not rest:
+                    fail(f"models[{i}].{field}[{j}]", f"{ref!r} is neither an alias nor vendor/model_name")
+    default = cfg.tokenizer.default_model
+    if default and default not in seen_alias and (default.partition("/")[0] not in providers or "/" not in default):
+        fail("tokenizer.default_model", f"{default!r} is neither an alias nor vendor/model_name")
+    seen_names: set[str] = set()
+    for i, key in enumerate(cfg.keys):
+        if key.name in seen_names:
+            fail(f"keys[{i}].name", f"duplicate key name {key.name!r}")
+        seen_names.add(key.name)
+
+
+def parse_config(text: str, source: str = "config.yaml", env: dict[str, str] | None = None) -> LoadedConfig:
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else "(yaml)"
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise ConfigError(f"{source}: {where}: {problem}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: (top level): expected a mapping, got {type(raw).__name__}")
+    missing: dict[str, list[str]] = {}
+    data = _interpolate(raw, "", dict(os.environ) if env is None else env, missing)
+    if isinstance(data.get("prices"), dict):
+        for model, price in data["prices"].items():  # one by one, so an error names the model
+            _convert(price, PriceConfig, f"prices.{model}", source)
+    cfg: GatewayConfig = _convert(data, GatewayConfig, "", source)
+    providers: dict[str, ProviderConfig] = {}
+    for name, pdata in cfg.providers.items():
+        deployments = pdata.get("deployments") if isinstance(pdata, dict) else None
+        if isinstance(deployments, dict):
+            # One by one, so an error names the deployment (msgspec reports a dict key as `[...]`).
+            for dname, ddata in deployments.items():
+                _convert(ddata, DeploymentConfig, f"providers.{name}.deployments.{dname}", source)
+        providers[str(name)] = _convert(pdata, ProviderConfig, f"providers.{name}", source)
+        _check_kind(providers[str(name)], f"providers.{name}", source)
+    _check(cfg, providers, source)
+    return LoadedConfig(source=source, config=cfg, providers=providers, missing_env=missing)
+
+
+def _userinfo(url: str) -> bool:
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return False
+    return parts.username is not None or parts.password is not None
+
+
+def load_config(path: str | Path, env: dict[str, str] | None = None, *, strict: bool = False) -> LoadedConfig:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{p}: (file): {exc.strerror or exc}") from None
+    loaded = parse_config(text, str(p), env)
+    if strict and loaded.missing_env:
+        path_, names = next(iter(loaded.missing_env.items()))
+        raise ConfigError(f"{p}: {path_}: environment variable {names[0]} is not set")
+    return loaded

@@ -1,0 +1,296 @@
+"""The config's typed blocks: every key the YAML may hold, its type, bounds and default.
+
+The comment above a field is its meaning in docs/config.md (gateway/ops/configdoc.py reads it). Loading a
+file, resolving `${VAR}` references and the checks across blocks: gateway/config/loading.py.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+from gateway.config.fleet import ReplicaConfig, RoutingConfig
+from wire.schema import MAX_LOGPROBS
+
+ParamPolicy = Literal["error", "drop"]
+
+
+class Strict(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    pass
+
+
+class ServerConfig(Strict, frozen=True):
+    host: str = "127.0.0.1"
+    port: Annotated[int, Meta(ge=0, le=65535)] = 8080
+    workers: Annotated[int, Meta(ge=1, le=64)] = 1
+    # On SIGTERM: stop accepting, let open requests and streams finish for up to this long, then cancel them.
+    shutdown_grace_ms: Annotated[int, Meta(gt=0)] = 30_000
+
+
+class RedisConfig(Strict, frozen=True):
+    # Empty: state lives in process memory, which is only correct for a single process. One node
+    # (redis://, rediss://, unix://), a Cluster (redis+cluster://h:p,h:p) or Sentinel
+    # (redis+sentinel://h:p,h:p/service); options the gateway cannot honour are refused at load.
+    url: str = ""
+    # Rate limits while Redis is unreachable: keep serving on per-process limits, or refuse (503).
+    on_failure: Literal["fail_open", "fail_closed"] = "fail_open"
+    # How old a replica's copy of the shared target health (cooldowns, in-flight counts, latencies) may be
+    # before it reads Redis again; its own changes are seen at once. 0: read on every request.
+    refresh_ms: Annotated[int, Meta(ge=0, le=10_000)] = 250
+
+
+class LimitsConfig(Strict, frozen=True):
+    rps: Annotated[int, Meta(ge=1)] | None = None
+    rpm: Annotated[int, Meta(ge=1)] | None = None
+    tpm: Annotated[int, Meta(ge=1)] | None = None
+    tpd: Annotated[int, Meta(ge=1)] | None = None
+    concurrent: Annotated[int, Meta(ge=1)] | None = None
+    # Wait up to this long for room instead of answering 429 at once.
+    max_queue_ms: Annotated[int, Meta(ge=0)] = 0
+
+
+class TimeoutsConfig(Strict, frozen=True):
+    connect_ms: Annotated[int, Meta(gt=0)] = 5_000
+    first_byte_ms: Annotated[int, Meta(gt=0)] = 120_000
+    total_ms: Annotated[int, Meta(gt=0)] = 600_000
+
+
+class LoggingConfig(Strict, frozen=True):
+    # One JSON line per request, to stderr (gateway/ops/accesslog.py).
+    requests: bool = True
+    # Include the prompt and the completion text in that line (off: they may hold personal data).
+    prompts: bool = False
+
+
+class RetriesConfig(Strict, frozen=True):
+    # Upstream calls per request, across all of its targets and fallbacks (1 = no retry).
+    attempts: Annotated[int, Meta(ge=1, le=20)] = 3
+    initial_backoff_ms: Annotated[int, Meta(ge=0)] = 250
+    max_backoff_ms: Annotated[int, Meta(ge=0)] = 8_000
+    # No retry starts once its wait would carry the request past this much time since it arrived.
+    budget_ms: Annotated[int, Meta(gt=0)] = 30_000
+    # Retries of the SAME target (after its Retry-After, else backoff) before the request moves on, for a
+    # transient failure: a 5xx, a dropped connection, a 429 whose wait fits the budget. So the answer comes
+    # from the model asked for when it can. Timeouts, unreachable targets, exhausted quotas, a 404 and
+    # context-window errors always move on at once. 0: every failure moves on at once (docs/resilience.md).
+    # Unset: an alias's targets each take their provider's value, else the global one, else 1.
+    same_target: Annotated[int, Meta(ge=0, le=10)] | None = None
+
+
+def same_target_of(*blocks: RetriesConfig | None) -> int:
+    """The first `same_target` set among these `retries` blocks (most specific first); 1 when none is."""
+    return next((b.same_target for b in blocks if b is not None and b.same_target is not None), 1)
+
+
+class CooldownConfig(Strict, frozen=True):
+    base_ms: Annotated[int, Meta(gt=0)] = 1_000
+    # Also the longest a target stays off after an outage ends (its probe follows the cooldown at once).
+    max_ms: Annotated[int, Meta(gt=0)] = 20_000
+    # A 5xx or a timeout may be the request's own doing (an input the upstream cannot take): it cools the
+    # target only once this many distinct requests failed on it within `window_ms`, at least `failure_ratio`
+    # of those it answered, and of every client key's own requests to it.
+    min_requests: Annotated[int, Meta(ge=1)] = 3
+    failure_ratio: Annotated[float, Meta(gt=0, le=1)] = 0.5
+    window_ms: Annotated[int, Meta(gt=0)] = 10_000
+
+
+Strategy = Literal["weighted", "ordered", "least-busy", "latency"]
+
+
+class KeyConfig(Strict, frozen=True):
+    name: str
+    key: str
+    # Glob patterns over the model string the client sends (`openai/*`, `fast`); `*` stops at `/`, `**`
+    # crosses it (gateway/limits/globs.py), so the default allows every model.
+    models: list[str] = msgspec.field(default_factory=lambda: ["**"])
+    limits: LimitsConfig | None = None
+    # USD per UTC day (gateway/limits/usage.py): at or over it, requests answer 429 `budget_exceeded`. 0 blocks the key.
+    max_cost_per_day: Annotated[float, Meta(ge=0)] | None = None
+
+
+class PriceConfig(Strict, frozen=True):
+    """USD per million tokens, for usage accounting and budgets."""
+
+    prompt_per_1m: Annotated[float, Meta(ge=0)] = 0.0
+    completion_per_1m: Annotated[float, Meta(ge=0)] = 0.0
+
+
+class AdminConfig(Strict, frozen=True):
+    # The admin key for /admin/* (normally `${GATEWAY_ADMIN_KEY}`); empty or unset: the admin routes answer 404.
+    key: str = ""
+
+
+class MetricsConfig(Strict, frozen=True):
+    # When set (normally `${GATEWAY_METRICS_KEY}`), GET /metrics answers only `Authorization: Bearer <key>`.
+    key: str = ""
+
+
+class TracingConfig(Strict, frozen=True):
+    # OpenTelemetry traces over OTLP/HTTP (the `otel` extra); the OTEL_* variables configure the exporter, and
+    # OTEL_TRACES_EXPORTER=otlp turns tracing on without this key (docs/observability.md).
+    enabled: bool = False
+    # What a client's `traceparent` does. `join`: the request's span is its child, so the client's trace id
+    # and sampled flag go upstream (flag 00: the gateway records no span). `link`: the request starts a new
+    # trace, sampled by the gateway's own sampler, whose span links to the client's; upstream gets only the
+    # gateway's trace (docs/observability.md).
+    client_context: Literal["join", "link"] = "join"
+
+
+class CapsConfig(Strict, frozen=True):
+    """What one request or one upstream answer may make the gateway hold or do (docs/security.md)."""
+
+    # -- upstream answers --
+    # A buffered upstream body, counted after gzip/deflate decoding (a decompression bomb stops here).
+    upstream_body_bytes: Annotated[int, Meta(ge=1024)] = 64 * 1024 * 1024
+    # One stream line or event (SSE, NDJSON), after decoding.
+    upstream_event_bytes: Annotated[int, Meta(ge=1024)] = 1024 * 1024
+    # The status line and headers of one upstream answer.
+    upstream_header_bytes: Annotated[int, Meta(ge=1024)] = 64 * 1024
+    # Upstream error text relayed to a client or a log, after secrets are scrubbed from it.
+    upstream_message_chars: Annotated[int, Meta(ge=64)] = 1000
+    # -- client requests --
+    request_body_bytes: Annotated[int, Meta(ge=1024)] = 8 * 1024 * 1024
+    # Nesting of JSON values inside free-form fields (`response_format`, `inference_extra_params`, ...).
+    json_depth: Annotated[int, Meta(ge=2, le=1000)] = 64
+    # A client-supplied pattern (`guided_regex`, a JSON-schema `pattern`), in characters.
+    pattern_chars: Annotated[int, Meta(ge=16)] = 4096
+    # Stop sequences the gateway enforces itself (beyond a provider's count, or kept where it strips them),
+    # in characters together: their automaton is built from them once per request.
+    stop_chars: Annotated[int, Meta(ge=16)] = 8 * 1024
+    # Keyword evaluations (about 10 us each) one request may spend checking its answers against a client's
+    # JSON Schema (`guided_json`, `response_format`): all its choices and retries together.
+    guided_work: Annotated[int, Meta(ge=1000)] = 200_000
+    # The most subschemas a client's schema may apply to one value through `$ref`s and in-place branches
+    # (`anyOf`, `allOf`, `oneOf`, `not`, `if`): shared `$ref` targets multiply them.
+    schema_paths: Annotated[int, Meta(ge=1)] = 1000
+    # The text an emulated answer may build (echo x n x prompts, best_of fan-outs), in bytes.
+    emulated_answer_bytes: Annotated[int, Meta(ge=1024)] = 16 * 1024 * 1024
+    # Tokens the built-in `fake` provider generates for one choice.
+    fake_max_tokens: Annotated[int, Meta(ge=1)] = 4096
+
+
+Transport = Literal["auto", "h1", "httpx"]
+
+
+class DiscoveryConfig(Strict, frozen=True):
+    """GET /v1/models lists what upstreams say they serve, refreshed in the background (docs/clients.md)."""
+
+    enabled: bool = True
+    # How often each provider's list is asked for again; a failed refresh keeps the last good list.
+    ttl_ms: Annotated[int, Meta(ge=100)] = 60_000
+    # One listing request, connect to last byte.
+    timeout_ms: Annotated[int, Meta(gt=0)] = 5_000
+    # Providers asked at the same time.
+    concurrency: Annotated[int, Meta(ge=1, le=64)] = 4
+    # Model ids kept per provider; an upstream answering more is cut here.
+    max_models: Annotated[int, Meta(ge=1, le=100_000)] = 10_000
+
+
+class DeploymentConfig(Strict, frozen=True):
+    base_url: str | None = None
+    api_key: str | None = None
+    api_version: str | None = None
+    # The upstream's own name for it (Azure deployment id) when it differs from the config key.
+    name: str | None = None
+    limits: LimitsConfig | None = None
+
+
+class ProviderConfig(Strict, frozen=True):
+    # A key of providers/registry.py REGISTRY; checked when the file is loaded (`_check_kind`).
+    kind: str
+    api_key: str | None = None
+    base_url: str | None = None
+    api_version: str | None = None
+    deployments: dict[str, DeploymentConfig] = msgspec.field(default_factory=dict)
+    # Advertised in GET /v1/models; routing does not require a model to be listed.
+    models: list[str] = msgspec.field(default_factory=list)
+    headers: dict[str, str] = msgspec.field(default_factory=dict)
+    # For providers that require a token limit (Anthropic): used when the request gives none.
+    default_max_tokens: Annotated[int, Meta(ge=1)] | None = None
+    # The largest logprobs count this server returns, when it differs from its kind's default (vLLM's
+    # `--max-logprobs`, 20 by default; TGI's `--max-top-n-tokens`, 5): larger counts are refused naming it.
+    # Up to MAX_LOGPROBS, the absolute bound every request is decoded with.
+    max_logprobs: Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)] | None = None
+    # AWS region (`us-east-1`) for kind bedrock: the endpoint host and the SigV4 credential scope.
+    # Empty is allowed here so an unset `${VAR}` does not fail the load; such a provider refuses requests.
+    region: Annotated[str, Meta(pattern=r"^$|^[a-z]{2}(-[a-z]+)+-\d+$")] | None = None
+    unsupported_params: ParamPolicy | None = None
+    timeouts: TimeoutsConfig | None = None
+    retries: RetriesConfig | None = None
+    # The upstream's own quota, enforced by the gateway so replicas stop before the upstream refuses.
+    limits: LimitsConfig | None = None
+    # Per-pool connection cap; keep-alive connections are reused across requests.
+    max_connections: Annotated[int, Meta(ge=1)] = 256
+    # The upstream HTTP client: `h1` (the fast built-in HTTP/1.1 client), `httpx`, or `auto` (h1 unless
+    # a proxy, a CA bundle, a client certificate or HTTP/2 below needs httpx).
+    transport: Transport = "auto"
+    # An HTTP(S) proxy URL for this provider; unset: HTTPS_PROXY / HTTP_PROXY / NO_PROXY from the environment.
+    proxy: str | None = None
+    # PEM file of CA certificates trusted for this provider instead of the system store.
+    ca_bundle: str | None = None
+    # mTLS: PEM client certificate and its key (the key may be in the certificate file).
+    client_cert: str | None = None
+    client_key: str | None = None
+    http2: bool = False
+    # Root URL of the server's tokenizer routes (/tokenize, /detokenize, /tokenizer_info) when they are not
+    # where they usually are: `base_url` without a trailing `/v1` (docs/clients.md).
+    tokenizer_url: str | None = None
+    # Ask the upstream which models it serves, for GET /v1/models (gateway/edge/discovery.py). Unset: the kind's
+    # default, on for self-hosted servers (vllm, llamacpp, tgi, ollama), off for hosted catalogs.
+    discover: bool | None = None
+    # A self-hosted engine run as several replicas serving the same models, instead of one base_url: URLs,
+    # or {url, weight, drain}. Each is its own target (`<provider>@<i>`); docs/fleets.md.
+    replicas: list[str | ReplicaConfig] = msgspec.field(default_factory=list)
+    # Which replica serves each request (needs replicas:); unset: round robin.
+    routing: RoutingConfig | None = None
+
+
+class TargetConfig(Strict, frozen=True):
+    model: str
+    weight: Annotated[float, Meta(gt=0)] = 1.0
+
+
+class AliasConfig(Strict, frozen=True):
+    name: str
+    targets: Annotated[list[TargetConfig], Meta(min_length=1)]
+    strategy: Strategy = "weighted"
+    # Other aliases or vendor/model strings, tried in order after every target has failed.
+    fallbacks: list[str] = msgspec.field(default_factory=list)
+    # Larger-context models to go to when a target answers that the prompt does not fit.
+    context_window_fallbacks: list[str] = msgspec.field(default_factory=list)
+    resume_streams: bool = False
+    hedge_after_ms: Annotated[int, Meta(gt=0)] | None = None
+    retries: RetriesConfig | None = None
+    timeouts: TimeoutsConfig | None = None
+    limits: LimitsConfig | None = None
+
+
+class TokenizerConfig(Strict, frozen=True):
+    # The model (an alias or vendor/model) of a bare /tokenize, /detokenize or /tokenizer_info request that
+    # names none, as lm-eval's remote tokenizer never does; empty: such a request is a 400 naming `model`.
+    default_model: str = ""
+
+
+class GatewayConfig(Strict, frozen=True):
+    server: ServerConfig = ServerConfig()
+    redis: RedisConfig = RedisConfig()
+    unsupported_params: ParamPolicy = "error"
+    logging: LoggingConfig = LoggingConfig()
+    # Re-asks after an emulated guided_* answer fails validation, before answering 502.
+    guided_retries: Annotated[int, Meta(ge=0, le=10)] = 2
+    timeouts: TimeoutsConfig = TimeoutsConfig()
+    retries: RetriesConfig = RetriesConfig()
+    cooldown: CooldownConfig = CooldownConfig()
+    keys: list[KeyConfig] = msgspec.field(default_factory=list)
+    providers: dict[str, Any] = msgspec.field(default_factory=dict)
+    models: list[AliasConfig] = msgspec.field(default_factory=list)
+    # Model string (exact, or a glob) -> price; see docs/operations.md for how a request's price is found.
+    prices: dict[str, PriceConfig] = msgspec.field(default_factory=dict)
+    admin: AdminConfig = AdminConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    tracing: TracingConfig = TracingConfig()
+    caps: CapsConfig = CapsConfig()
+    tokenizer: TokenizerConfig = TokenizerConfig()
+    discovery: DiscoveryConfig = DiscoveryConfig()

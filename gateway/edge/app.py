@@ -1,0 +1,295 @@
+"""The Litestar application: routes per dialect, the request-body limit, lifespan of shared clients.
+
+The completion routes are raw ASGI handlers (gateway/edge/endpoint.py) that decode the body themselves: one
+msgspec pass into the union request, with errors rendered in the dialect's own shape rather than
+Litestar's generic validation error. The other routes are ordinary Litestar handlers. Both kinds render
+errors with the one renderer (gateway/edge/render.py), and `Front` enforces the one body limit for all.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import hmac
+import logging
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, Final
+
+from litestar import Litestar, Request, Response, get
+from litestar.datastructures import State
+from litestar.enums import ScopeType
+from litestar.exceptions import HTTPException
+from litestar.types import ControllerRouterHandler, HTTPScope, Receive, ReceiveMessage, Scope, Send
+
+from gateway.config import LoadedConfig, load_config
+from gateway.edge.discovery import Discovery
+from gateway.edge.endpoint import Endpoint, completion_endpoint, request_id, send_error
+from gateway.edge.render import error_response
+from gateway.edge.status import ROUTES as STATUS_ROUTES
+from gateway.edge.tokenizer_routes import SCOPED_PREFIX, Tokenizers
+from gateway.fleet.engine import EngineReader, watched
+from gateway.fleet.shared import DrainSync
+from gateway.ops import accesslog
+from gateway.ops.metrics import CONTENT_TYPE, Metrics
+from gateway.ops.reload import Reloader
+from gateway.path.dialects import OPENAI, PAIS, SGP, Dialect
+from gateway.path.pipeline import Pipeline
+from wire.errors import AuthenticationError, GatewayError, InvalidRequestError
+from wire.schema import ModelCard, ModelList, encode
+
+log = logging.getLogger("gateway")
+
+JSON = "application/json"
+# GET /v1/models answers kept encoded, one per client key (a bound, should keys be many).
+_MODEL_PAGES: Final = 64
+# A route's dialect decides only the error shape; the request and Completion are the same everywhere.
+DIALECT_ROUTES: dict[str, Dialect] = {
+    "/v1/completions": OPENAI,
+    "/inference/v1/completions": OPENAI,
+    "/v4/beta/completions": SGP,
+    "/api/v1/compatibility/openai/v1/completions": PAIS,
+}
+
+
+def _pipeline(request: Request[Any, Any, Any]) -> Pipeline:
+    pipeline: Pipeline = request.app.state.pipeline
+    return pipeline
+
+
+def _services(scope: HTTPScope) -> tuple[Pipeline, Metrics | None]:
+    state = scope["app"].state
+    return state.pipeline, state.metrics
+
+
+@get("/v1/models")
+async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
+    pipeline = _pipeline(request)
+    try:
+        key = pipeline.keys.authenticate(request.headers)
+    except GatewayError as exc:
+        return error_response(OPENAI, exc)
+    # What upstreams serve, as the background refresher last heard it (gateway/edge/discovery.py): never awaited here.
+    discovery: Discovery = request.app.state.discovery
+    listed = pipeline.router.model_ids(discovery.models, discovery.unreachable)
+    # The page a key sees changes only with the listing (memoized per published value and per config): with
+    # thousands of discovered ids, matching and encoding them on every call cost tens of milliseconds.
+    pages: dict[str | None, tuple[list[tuple[str, str]], bytes]] = request.app.state.model_pages
+    who = key.name if key is not None else None
+    page = pages.get(who)
+    if page is None or page[0] is not listed:
+        cards = [ModelCard(id=m, owned_by=owner) for m, owner in listed if key is None or key.models.match(m)]
+        if len(pages) >= _MODEL_PAGES:
+            pages.clear()
+        page = pages[who] = (listed, encode(ModelList(data=cards)))
+    return Response(page[1], media_type=JSON)
+
+
+def _metrics_refused(request: Request[Any, Any, Any]) -> Response[bytes] | None:
+    """A 401 unless `metrics.key` is empty or presented as `Authorization: Bearer <key>`.
+
+    Digests of equal length compared in constant time, so the timing says nothing of how much of a
+    wrong key was right. A key whose `${VAR}` is unset keeps the route closed: a missing secret must
+    not open what the operator meant to close.
+    """
+    loaded = _pipeline(request).loaded
+    expected = loaded.config.metrics.key
+    unset = bool(loaded.missing_for("metrics.key"))
+    if not expected and not unset:
+        return None
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    token = token.strip()
+    if (
+        not unset
+        and scheme.lower() == "bearer"
+        and token
+        and hmac.compare_digest(hashlib.sha256(token.encode()).digest(), hashlib.sha256(expected.encode()).digest())
+    ):
+        return None
+    exc = AuthenticationError(
+        "Missing or incorrect metrics key: send 'Authorization: Bearer <metrics key>'",
+        code="invalid_api_key",
+        headers={"www-authenticate": "Bearer"},
+    )
+    return error_response(OPENAI, exc)
+
+
+@get("/metrics")
+async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
+    refused = _metrics_refused(request)
+    if refused is not None:
+        return refused
+    collected: Metrics = request.app.state.metrics
+    return Response(collected.render(), media_type=CONTENT_TYPE)
+
+
+@get("/health")
+async def health() -> Response[bytes]:
+    return Response(b'{"status":"ok"}', media_type=JSON)
+
+
+@get("/ready")
+async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
+    shared = _pipeline(request).shared
+    if not shared.configured:
+        return Response(encode({"status": "ready", "redis": "disabled"}), media_type=JSON)
+    if await shared.ping():
+        return Response(encode({"status": "ready", "redis": "ok"}), media_type=JSON)
+    # Still serving on in-process state, but not what ops configured: say so to the orchestrator.
+    return Response(encode({"status": "degraded", "redis": "unreachable"}), status_code=503, media_type=JSON)
+
+
+def _http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+    dialect = DIALECT_ROUTES.get(request.url.path, OPENAI)
+    kinds = {404: ("not_found_error", "not_found"), 405: ("invalid_request_error", "method_not_allowed")}
+    other = (
+        ("invalid_request_error", "invalid_request") if exc.status_code < 500 else ("server_error", "internal_error")
+    )
+    kind, code = kinds.get(exc.status_code, other)
+    return error_response(dialect, GatewayError(str(exc.detail), status=exc.status_code, code=code, type=kind))
+
+
+def _gateway_error(request: Request[Any, Any, Any], exc: GatewayError) -> Response[bytes]:
+    # A GatewayError a Litestar route lets through (the body limit's 413 from `Front`'s receive, say).
+    return error_response(DIALECT_ROUTES.get(request.url.path, OPENAI), exc)
+
+
+def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    # Never a traceback or an internal message to the client; the log keeps the detail.
+    log.exception("unhandled error on %s", request.url.path)
+    dialect = DIALECT_ROUTES.get(request.url.path, OPENAI)
+    return error_response(
+        dialect, GatewayError("The gateway failed to process the request", status=500, code="internal_error")
+    )
+
+
+def create_app(loaded: LoadedConfig) -> Front:
+    collected = Metrics()
+    pipeline = Pipeline(loaded, metrics=collected)
+    discovery = Discovery(lambda: app.state.pipeline)  # follows reloads: the pipeline serving now
+    # Replicated providers' engine load (gateway/fleet/engine.py): off unless `routing.engine_metrics`.
+    engines = EngineReader(lambda: watched(app.state.pipeline.router.fleets, app.state.pipeline.loaded.providers))
+    drains = DrainSync(lambda: (app.state.pipeline.shared, app.state.pipeline.router.fleets))  # with Redis only
+
+    @asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        # Everything built so far (Litestar, the config, pools, tables) lives as long as the process:
+        # moving it out of the collector's reach keeps full collections from stalling requests.
+        gc.collect()
+        gc.freeze()
+        reloader = Reloader(app.state, loaded.source, lambda new: Pipeline(new, metrics=collected))
+        app.state.reloader = reloader
+        reloader.start()
+        discovery.start()
+        engines.start()
+        drains.start()
+        try:
+            yield
+        finally:
+            await drains.stop()
+            await engines.stop()
+            await discovery.stop()
+            await reloader.stop()
+            await app.state.pipeline.close()
+            accesslog.SINK.flush()
+
+    handlers: list[ControllerRouterHandler] = [list_models, metrics, health, ready, *STATUS_ROUTES]
+    app = Litestar(
+        route_handlers=handlers,
+        lifespan=[lifespan],
+        exception_handlers={HTTPException: _http_exception, GatewayError: _gateway_error, Exception: _unexpected},
+        debug=False,
+        logging_config=None,
+        openapi_config=None,
+        request_max_body_size=None,  # `Front` enforces caps.request_body_bytes for every route
+    )
+    app.state.pipeline = pipeline
+    app.state.metrics = collected
+    app.state.discovery = discovery
+    app.state.model_pages = {}
+    fast = {path: completion_endpoint(path, dialect, _services) for path, dialect in DIALECT_ROUTES.items()}
+    # vLLM's tokenizer routes at the root, and the model-scoped base path /m/{model}/... (docs/clients.md).
+    tokenizers = Tokenizers(_services, completion_endpoint(SCOPED_PREFIX + "{model}/v1/completions", OPENAI, _services))
+    fast.update(tokenizers.endpoints())
+    return Front(app, fast, tokenizers.scoped)
+
+
+def too_large(limit: int) -> InvalidRequestError:
+    return InvalidRequestError(f"The request body is larger than {limit} bytes", status=413, code="request_too_large")
+
+
+def _declared_length(scope: HTTPScope) -> int | None:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            return int(value) if value.isdigit() else None
+    return None
+
+
+class _Capped:
+    """A `receive` that raises the 413 once a body without a declared length passes the limit."""
+
+    __slots__ = ("left", "limit", "receive")
+
+    def __init__(self, receive: Receive, limit: int) -> None:
+        self.receive = receive
+        self.limit = limit
+        self.left = limit
+
+    async def __call__(self) -> ReceiveMessage:
+        message = await self.receive()
+        if message["type"] == "http.request":
+            self.left -= len(message.get("body", b""))
+            if self.left < 0:
+                raise too_large(self.limit)
+        return message
+
+
+class Front:
+    """The ASGI app the server runs: the completion paths go straight to their raw endpoints, the rest
+    (and the lifespan) to Litestar; every HTTP request passes the one body limit first.
+
+    Litestar's router and exception middleware wrap every `send` of every request; on the completion
+    paths that was about 8 % of a saturated worker. Those endpoints already handle their own errors,
+    methods and disconnects (gateway/edge/endpoint.py), so they gain nothing from the wrapping.
+
+    The limit (`caps.request_body_bytes`, read per request so a reload applies) lives here so that no
+    route can miss it: a declared length over it is answered at once, before a byte of the body is read,
+    in the path's dialect; a body without one (chunked) is counted as it arrives, and the receive that
+    passes the limit raises the same 413 inside the route, which renders it like its other errors. A
+    declared length within the limit needs no counting: the server's parser ends the body there.
+    """
+
+    def __init__(self, litestar: Litestar, fast: dict[str, Endpoint], scoped: Endpoint | None = None) -> None:
+        self.litestar = litestar
+        self.fast = fast
+        self.scoped = scoped  # every path under /m/ (gateway/edge/tokenizer_routes.py)
+
+    @property
+    def state(self) -> State:
+        return self.litestar.state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == ScopeType.HTTP:
+            limit: int = self.litestar.state.pipeline.loaded.config.caps.request_body_bytes
+            declared = _declared_length(scope)
+            if declared is None:
+                receive = _Capped(receive, limit)
+            elif declared > limit:
+                headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+                dialect = DIALECT_ROUTES.get(scope["path"], OPENAI)
+                await send_error(send, dialect, too_large(limit), request_id(headers))
+                return
+            endpoint = self.fast.get(scope["path"])
+            if endpoint is None and self.scoped is not None and scope["path"].startswith(SCOPED_PREFIX):
+                endpoint = self.scoped
+            if endpoint is not None:
+                scope["app"] = self.litestar  # the endpoint finds the pipeline in the app's state
+                await endpoint(scope, receive, send)
+                return
+        await self.litestar(scope, receive, send)
+
+
+def app_from_env() -> Front:
+    """Factory for `uvicorn --factory` workers: the CLI validated the config before starting them."""
+    return create_app(load_config(os.environ["GATEWAY_CONFIG"]))

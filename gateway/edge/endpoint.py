@@ -1,0 +1,276 @@
+"""The completion endpoints as raw ASGI handlers, reached through `gateway.edge.app.Front`.
+
+This is the hot path, so it skips Litestar's per-request machinery (router, exception middleware,
+signature parsing, Response objects): it reads the body, hands it to the pipeline, and writes the
+answer with two `send` calls, or relays a stream event by event. The lifespan and every other route
+stay ordinary Litestar.
+
+A client that disconnects cancels whatever is running for it: the upstream call before the answer
+starts, or the relay of a stream (which closes the upstream connection).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+from urllib.parse import quote
+
+from litestar.types import HTTPResponseBodyEvent, HTTPResponseStartEvent, HTTPScope, Receive, Send
+
+from gateway.edge.render import render
+from gateway.ids import unique_suffix
+from gateway.ops import accesslog
+from gateway.ops.metrics import Metrics, Record
+from gateway.path.dialects import Dialect
+from gateway.path.pipeline import STREAM_FAILED, Pipeline, Result
+from gateway.path.relay import STREAM_CUT, shutdown_cut
+from wire.errors import GatewayError
+
+log = logging.getLogger("gateway")
+
+_JSON: Final = [(b"content-type", b"application/json")]
+_SSE: Final = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+
+
+def _start(status: int, headers: list[tuple[bytes, bytes]]) -> HTTPResponseStartEvent:
+    return {"type": "http.response.start", "status": status, "headers": headers}
+
+
+def _body(body: bytes, more: bool = False) -> HTTPResponseBodyEvent:
+    return {"type": "http.response.body", "body": body, "more_body": more}
+
+
+def _header_value(value: str) -> bytes:
+    # Values can carry client text (the model in `x-gateway-model`): anything that is not printable ASCII is
+    # percent-encoded as UTF-8, so a header can always be sent and never splits or breaks the response.
+    if value.isascii() and value.isprintable():
+        return value.encode("ascii")
+    return quote(value, safe=_HEADER_SAFE).encode("ascii")
+
+
+# Printable ASCII except `%`, so that an encoded value cannot be mistaken for one that was not.
+_HEADER_SAFE: Final = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
+
+
+# Header names and values as sent, by their text. Nearly all of them repeat on every answer (the names, the
+# provider, the model, the attempt count), and a dict probe costs a fraction of an encode plus the check.
+# Emptied when full, so client-chosen model names cannot grow it; the request id, new on every answer and
+# safe by construction (`request_id`), is encoded apart and never stored.
+_ENCODED: Final[dict[str, bytes]] = {}
+_ENCODED_MAX: Final = 1024
+
+
+def _encoded(text: str) -> bytes:
+    value = _header_value(text)
+    if len(_ENCODED) >= _ENCODED_MAX:
+        _ENCODED.clear()
+    _ENCODED[text] = value
+    return value
+
+
+def _encode_headers(headers: dict[str, str], rid: str | None = None) -> list[tuple[bytes, bytes]]:
+    # A loop, not a comprehension: on Python 3.11 a comprehension is a function call of its own.
+    get = _ENCODED.get
+    encoded: list[tuple[bytes, bytes]] = []
+    for k, v in headers.items():
+        encoded.append((get(k) or _encoded(k), get(v) or _encoded(v)))
+    if rid is not None:
+        encoded.append((b"x-request-id", rid.encode("ascii")))
+    return encoded
+
+
+async def _read_body(receive: Receive) -> bytes:
+    # No limit here: `gateway.edge.app.Front` caps every route's body (`caps.request_body_bytes`) before this
+    # runs, and its `receive` raises the 413 when a body without a declared length runs over.
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise asyncio.CancelledError
+        chunk: bytes = message.get("body", b"")  # type: ignore[assignment]
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+class _Watch:
+    """Cancels the running phase of a request when its client disconnects."""
+
+    __slots__ = ("current", "gone", "task")
+
+    def __init__(self, receive: Receive) -> None:
+        self.gone = False
+        self.current: asyncio.Future[Any] | None = None
+        self.task = asyncio.ensure_future(self._watch(receive))
+
+    async def _watch(self, receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.gone = True
+        if self.current is not None:
+            self.current.cancel()
+
+    async def run(self, work: Awaitable[Any]) -> Any:
+        self.current = asyncio.ensure_future(work)
+        try:
+            return await self.current
+        finally:
+            self.current = None
+
+    def stop(self) -> None:
+        self.task.cancel()
+
+
+async def _relay(result: Result, send: Send) -> None:
+    assert result.stream is not None
+    stream = result.stream
+    try:
+        async for chunk in stream:
+            await send(_body(chunk, more=True))
+        await send(_body(b""))
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]
+
+
+_REQUEST_ID: Final = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
+
+
+def request_id(headers: dict[str, str]) -> str:
+    """The client's `x-request-id` when it is a sane token (it is echoed and logged), else a new one."""
+    given = headers.get("x-request-id")
+    if given and _REQUEST_ID.fullmatch(given):
+        return given
+    return "req_" + unique_suffix()
+
+
+async def _send_error(send: Send, dialect: Dialect, exc: GatewayError, rid: str | None = None) -> None:
+    status, headers, body = render(dialect, exc)
+    await send(_start(status, _JSON + _encode_headers(headers, rid)))
+    await send(_body(body))
+
+
+Services = Callable[[HTTPScope], tuple[Pipeline, Metrics | None]]
+Endpoint = Callable[[HTTPScope, Receive, Send], Awaitable[None]]
+
+
+def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endpoint:
+    async def endpoint(scope: HTTPScope, receive: Receive, send: Send) -> None:
+        if scope["method"] != "POST":
+            exc = GatewayError(
+                "Method Not Allowed", status=405, type="invalid_request_error", code="method_not_allowed"
+            )
+            await _send_error(send, dialect, exc)
+            return
+        t0 = time.perf_counter()
+        headers: dict[str, str] = {}
+        for k, v in scope["headers"]:  # a loop, not a comprehension (a call of its own on Python 3.11)
+            headers[k.decode("latin-1")] = v.decode("latin-1")
+        rec = Record(request_id=request_id(headers), dialect=dialect.name)
+        pipeline, metrics = services(scope)
+        try:
+            body = await _read_body(receive)
+        except GatewayError as exc:
+            await _send_error(send, dialect, exc, rec.request_id)
+            return
+        except asyncio.CancelledError:
+            return  # the client left while sending its body
+        if pipeline.retiring:
+            # A reload while a slow client was sending its body retired this pipeline: the new one serves it.
+            pipeline, metrics = services(scope)
+        pipeline.enter()
+        if metrics is not None:
+            metrics.in_flight.inc()
+        # The request's server span, when tracing is on; it ends with the answer or the stream.
+        tracer = pipeline.tracing
+        span = tracer.begin(headers, dialect.name, path, link=pipeline.trace_link) if tracer is not None else None
+        watch = _Watch(receive)
+        started = False
+        try:
+            result: Result = await watch.run(pipeline.complete(body, headers, dialect, rec))
+            started = True
+            if result.stream is None:
+                await send(_start(200, _JSON + _encode_headers(result.headers, rec.request_id)))
+                await send(_body(result.body))
+                return
+            await send(_start(200, _SSE + _encode_headers(result.headers, rec.request_id)))
+            await watch.run(_relay(result, send))
+        except GatewayError as exc:
+            rec.status, rec.error_code, rec.cause = dialect.error(exc)[0], exc.code, exc.cause
+            rec.attempts = exc.attempts or rec.attempts
+            if exc.target is not None and not rec.provider:  # the log line and the metrics name what failed
+                rec.provider, rec.target, rec.failed = exc.provider or "", exc.target, True
+            if not started:
+                await _send_error(send, dialect, exc, rec.request_id)
+        except asyncio.CancelledError:
+            if watch.gone:
+                rec.status, rec.error_code = 499, "client_closed_request"
+            else:
+                # Not the client leaving: the server cut the request at its drain deadline. One line says so
+                # (a re-raise would make the server log a traceback), and the client is told, not left hanging.
+                cut = shutdown_cut()
+                rec.status, rec.error_code = cut.status, cut.code
+                log.warning(
+                    "request %s cut at the drain deadline (server.shutdown_grace_ms): %s",
+                    rec.request_id,
+                    "the stream ended with an error event" if started else "answered 503",
+                )
+                with contextlib.suppress(Exception):
+                    if not started:
+                        await _send_error(send, dialect, cut, rec.request_id)
+                    elif result.stream is not None:
+                        await send(_body(STREAM_CUT))
+        except Exception:
+            # Never a traceback or an internal message to the client; the log keeps the detail.
+            log.exception("unhandled error on %s (request %s)", path, rec.request_id)
+            rec.status, rec.error_code = 500, "internal_error"
+            if not started:
+                await _send_error(
+                    send,
+                    dialect,
+                    GatewayError("The gateway failed to process the request", code="internal_error"),
+                    rec.request_id,
+                )
+            elif result.stream is not None:
+                # A stream the client saw start still ends with an error event and [DONE].
+                with contextlib.suppress(Exception):
+                    await send(_body(STREAM_FAILED))
+        finally:
+            watch.stop()
+            pipeline.usage.book(rec)  # before exit(): a retired pipeline drains its bookings as it closes
+            pipeline.exit()
+            elapsed = time.perf_counter() - t0
+            if metrics is not None:
+                metrics.in_flight.dec()
+                metrics.observe(rec, elapsed)
+            if pipeline.log_requests:
+                accesslog.write(rec, elapsed)
+            if span is not None:
+                span.end(rec)
+
+    endpoint.__name__ = f"completions_{dialect.name}_{len(path)}"
+    return endpoint
+
+
+# The other raw routes (gateway/edge/tokenizer_routes.py) read and answer the same way.
+read_body = _read_body
+send_error = _send_error
+
+
+async def send_json(send: Send, status: int, body: bytes, headers: dict[str, str]) -> None:
+    await send(_start(status, _JSON + _encode_headers(headers)))
+    await send(_body(body))
+
+
+__all__ = [
+    "Endpoint",
+    "completion_endpoint",
+    "read_body",
+    "request_id",
+    "send_error",
+    "send_json",
+]

@@ -1,0 +1,241 @@
+"""Admin endpoints (`/admin/usage`, `/admin/status`) and the operators' status page (`GET /`).
+
+The admin routes need the admin key (compared in constant time); with none configured they and the
+page answer 404, so the admin surface is never open. Routes and auth: docs/operations.md.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import hashlib
+import hmac
+import re
+from collections.abc import Mapping
+from importlib import resources
+from typing import Any, Final
+
+from litestar import Request, Response, get
+from litestar.exceptions import NotFoundException
+
+from gateway.edge.discovery import Discovery
+from gateway.edge.drain import drain_routes
+from gateway.edge.drain import state as fleet_state
+from gateway.edge.render import error_response
+from gateway.fleet.picker import Fleet
+from gateway.limits.auth import _presented_key
+from gateway.limits.ratelimit import Bucket
+from gateway.path.dialects import OPENAI
+from gateway.path.pipeline import Pipeline
+from gateway.state import SharedState
+from gateway.upstream.plan import Route
+from wire.errors import AuthenticationError, GatewayError, InvalidRequestError
+from wire.schema import encode
+
+JSON: Final = "application/json"
+_NO_STORE: Final = {"cache-control": "no-store"}
+_DAY: Final = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+
+
+def _error(exc: GatewayError) -> Response[bytes]:
+    return error_response(OPENAI, exc, extra=_NO_STORE)
+
+
+def _require_admin_key(pipeline: Pipeline) -> None:
+    """404 unless an admin key is configured (and its variable set): then there is no admin surface at all."""
+    loaded = pipeline.loaded
+    if not loaded.config.admin.key or loaded.missing_for("admin.key"):
+        raise NotFoundException()  # rendered like any unknown route
+
+
+def _authorize(request: Request[Any, Any, Any]) -> tuple[Pipeline, Response[bytes] | None]:
+    """The pipeline, and a 401 response when the admin key is missing or wrong (404 when none is set)."""
+    pipeline: Pipeline = request.app.state.pipeline
+    _require_admin_key(pipeline)
+    expected = pipeline.loaded.config.admin.key
+    presented = _presented_key(request.headers)
+    if not presented:
+        exc = AuthenticationError(
+            "Missing admin key: send 'Authorization: Bearer <admin key>' or 'x-api-key: <admin key>'",
+            code="missing_api_key",
+            headers={"www-authenticate": "Bearer"},
+        )
+    elif not hmac.compare_digest(
+        hashlib.sha256(presented.encode()).digest(), hashlib.sha256(expected.encode()).digest()
+    ):
+        exc = AuthenticationError(
+            "Incorrect admin key provided", code="invalid_api_key", headers={"www-authenticate": "Bearer"}
+        )
+    else:
+        return pipeline, None
+    return pipeline, _error(exc)
+
+
+@get("/admin/usage")
+async def admin_usage(request: Request[Any, Any, Any]) -> Response[bytes]:
+    pipeline, refused = _authorize(request)
+    if refused is not None:
+        return refused
+    day = request.query_params.get("day") or pipeline.usage.today()
+    try:
+        if not _DAY.match(day):
+            raise ValueError
+        dt.date.fromisoformat(day)
+    except ValueError:
+        return _error(
+            InvalidRequestError(f"Invalid day {day!r}: expected YYYY-MM-DD (UTC)", param="day", code="invalid_value")
+        )
+    return Response(encode(await pipeline.usage.report(day)), media_type=JSON, headers=_NO_STORE)
+
+
+def _targets(pipeline: Pipeline, down: Mapping[str, str]) -> dict[str, str | None]:
+    """The targets the config names (alias targets, direct fallbacks, then each provider's advertised
+    models), each with why it cannot be called now, or None."""
+    cfg = pipeline.loaded.config
+    router = pipeline.router
+    aliases = {a.name for a in cfg.models}
+    seen: dict[str, str | None] = {}
+
+    def add(route: Route) -> None:
+        seen.setdefault(route.key, route.unavailable or down.get(route.provider))
+        for replica in route.replicas:  # a replicated provider's replicas are targets of their own
+            add(replica)
+
+    for alias in cfg.models:
+        for route in router.aliases[alias.name].routes:
+            add(route)
+        for ref in (*alias.fallbacks, *alias.context_window_fallbacks):
+            if ref not in aliases:
+                add(router.resolve(ref))
+    for name, p in pipeline.loaded.providers.items():
+        for model in p.models:
+            seen.setdefault(f"{name}/{model}", down.get(name))
+            if p.replicas:
+                add(router.resolve(f"{name}/{model}"))
+    return seen
+
+
+def _buckets(pipeline: Pipeline) -> list[Bucket]:
+    a = pipeline.admission
+    return [b for scope in (a.keys, a.models, a.providers, a.deployments) for bs in scope.values() for b in bs]
+
+
+async def status(pipeline: Pipeline, unreachable: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """What the status page shows; `unreachable`: the providers the discovery found nobody listening for."""
+    loaded = pipeline.loaded
+    unavailable = {**(unreachable or {}), **pipeline.router.unavailable_providers()}
+    providers = [
+        {
+            "name": name,
+            "kind": p.kind,
+            "available": name not in unavailable,
+            "reason": unavailable.get(name),
+            "models": p.models,
+        }
+        for name, p in loaded.providers.items()
+    ]
+    aliases = [
+        {
+            "name": a.name,
+            "strategy": a.strategy,
+            "targets": [{"model": t.model, "weight": t.weight} for t in a.targets],
+            "fallbacks": a.fallbacks,
+            "context_window_fallbacks": a.context_window_fallbacks,
+        }
+        for a in loaded.config.models
+    ]
+    names = _targets(pipeline, unavailable)
+    health = await pipeline.health.snapshot(list(names))
+    targets = []
+    for name, reason in names.items():
+        h = health[name]
+        # A target nothing can call is not "ok", however healthy its (empty) record looks.
+        state = "unavailable" if reason else "cooling" if h.cooling_ms > 0 else "recovering" if h.recovering else "ok"
+        targets.append(
+            {
+                "target": name,
+                "state": state,
+                "reason": reason,
+                "cooling_ms": h.cooling_ms,
+                "cause": h.cause,
+                "failures": h.failures,
+                "inflight": h.inflight,
+                "latency_ms": None if h.latency_ms is None else round(h.latency_ms, 1),
+            }
+        )
+    buckets = _buckets(pipeline)
+    limits = [
+        {
+            "scope": s.bucket.scope,
+            "kind": s.bucket.kind,
+            "limit": s.bucket.limit,
+            "remaining": s.remaining,
+            "reset_ms": s.reset_ms,
+        }
+        for s in await pipeline.admission.limiter.peek(buckets)
+    ]
+    shared = pipeline.shared
+    return {
+        "time": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "redis": "disabled" if not shared.configured else "degraded" if shared.degraded else "ok",
+        "providers": providers,
+        "aliases": aliases,
+        "targets": targets,
+        "limits": limits,
+        "usage": await pipeline.usage.report(pipeline.usage.today()),
+        "fleets": {name: fleet_state(fleet) for name, fleet in pipeline.router.fleets.items()},
+    }
+
+
+@get("/admin/status")
+async def admin_status(request: Request[Any, Any, Any]) -> Response[bytes]:
+    pipeline, refused = _authorize(request)
+    if refused is not None:
+        return refused
+    discovery: Discovery = request.app.state.discovery
+    return Response(encode(await status(pipeline, discovery.unreachable)), media_type=JSON, headers=_NO_STORE)
+
+
+def _csp_hash(page: str, tag: str) -> str:
+    found = re.search(f"<{tag}>(.*?)</{tag}>", page, re.DOTALL)
+    if found is None:
+        raise RuntimeError(f"gateway/static/status.html has no <{tag}>")
+    return "'sha256-" + base64.b64encode(hashlib.sha256(found.group(1).encode()).digest()).decode() + "'"
+
+
+def _load_page() -> tuple[bytes, dict[str, str]]:
+    page = resources.files("gateway").joinpath("static/status.html").read_text(encoding="utf-8")
+    # Only this page's own inline script and style may run, and it may only talk to this origin.
+    csp = (
+        f"default-src 'none'; script-src {_csp_hash(page, 'script')}; style-src {_csp_hash(page, 'style')}; "
+        "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    )
+    headers = {
+        "content-security-policy": csp,
+        "x-content-type-options": "nosniff",
+        "referrer-policy": "no-referrer",
+        "cache-control": "no-store",
+    }
+    return page.encode(), headers
+
+
+# Read at import: a wheel built without the page fails to import this module (tests/ops/test_packaging.py).
+_PAGE, _PAGE_HEADERS = _load_page()
+
+
+@get("/")
+async def status_page(request: Request[Any, Any, Any]) -> Response[bytes]:
+    # The page itself holds no data (it asks for the key, then polls /admin/status), but without an admin
+    # key it could never show any: the whole admin surface answers 404 then.
+    _require_admin_key(request.app.state.pipeline)
+    return Response(_PAGE, media_type="text/html", headers=_PAGE_HEADERS)
+
+
+def _fleets(request: Request[Any, Any, Any]) -> tuple[Mapping[str, Fleet], SharedState, Response[bytes] | None]:
+    pipeline, refused = _authorize(request)
+    return pipeline.router.fleets, pipeline.shared, refused
+
+
+ROUTES: Final = [admin_usage, admin_status, status_page, *drain_routes(_fleets, _error)]
+
+__all__ = ["ROUTES", "status"]

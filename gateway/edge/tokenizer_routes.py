@@ -1,0 +1,462 @@
+"""vLLM's tokenizer routes, proxied to the server behind a model, and the model-scoped base path.
+
+`/tokenize`, `/detokenize`, `/tokenizer_info`, and `/m/{model}/...` for clients (lm-evaluation-harness)
+that derive these URLs from a base URL and send no `model`. A tokenizer request is authenticated,
+authorized and admitted like a completion (never charged tokens) and makes one upstream call, not
+retried. Routes, model resolution and limits: docs/clients.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Final
+from urllib.parse import parse_qs
+
+import msgspec
+from litestar.types import HTTPRequestEvent, HTTPScope, Receive, ReceiveMessage, Send
+
+from gateway.edge.endpoint import Endpoint, read_body, request_id, send_error, send_json
+from gateway.limits.admission import Ticket, duration
+from gateway.limits.auth import ClientKey
+from gateway.limits.ratelimit import TOKEN_KINDS, Bucket
+from gateway.ops import accesslog
+from gateway.ops.metrics import Metrics, Record
+from gateway.path.dialects import OPENAI, decode_error
+from gateway.path.pipeline import Pipeline
+from gateway.path.request import check_model
+from gateway.upstream.plan import Route
+from gateway.upstream.transport import Response
+from providers.base import Adapter, UpstreamRequest, bearer
+from providers.tokenizer import (
+    ROUTES,
+    Call,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+    TokenizerRoute,
+    server_root,
+)
+from wire.errors import GatewayError, InvalidRequestError, RateLimitError, UpstreamError
+from wire.schema import decode_body
+
+log = logging.getLogger("gateway")
+
+SCOPED_PREFIX: Final = "/m/"
+COMPLETIONS_SUFFIX: Final = "/v1/completions"
+_SUFFIXES: Final[tuple[tuple[str, TokenizerRoute], ...]] = (
+    ("/tokenize", "tokenize"),
+    ("/detokenize", "detokenize"),
+    ("/tokenizer_info", "tokenizer_info"),
+)
+_METHOD: Final[dict[TokenizerRoute, str]] = {"tokenize": "POST", "detokenize": "POST", "tokenizer_info": "GET"}
+# Context sizes learned from the upstreams that do not say it in their tokenize answer, per (root, model).
+_LIMITS_CAP: Final = 1024
+_UNREADABLE: Final = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError)
+
+_decode_tokenize: Final = msgspec.json.Decoder(TokenizeRequest).decode
+_decode_detokenize: Final = msgspec.json.Decoder(DetokenizeRequest).decode
+_encode: Final = msgspec.json.encode
+
+Services = Callable[[HTTPScope], tuple[Pipeline, Metrics | None]]
+
+
+class _ModelField(msgspec.Struct):
+    model: str | None = None
+
+
+_decode_model_field: Final = msgspec.json.Decoder(_ModelField).decode
+
+
+def split_scoped(path: str) -> tuple[str, TokenizerRoute | None] | None:
+    """(model, tokenizer route) for a path under `/m/`, the route None for the completion route; None when
+    the path ends in none of the known suffixes."""
+    rest = path[len(SCOPED_PREFIX) :]
+    if rest.endswith(COMPLETIONS_SUFFIX):
+        return rest[: -len(COMPLETIONS_SUFFIX)], None
+    for suffix, route in _SUFFIXES:
+        if rest.endswith(suffix):
+            return rest[: -len(suffix)], route
+    return None
+
+
+def with_model(body: bytes, model: str) -> bytes:
+    """A completion body for the model in the path: `model` filled in when absent or null, kept when it is
+    the same string, refused when it names another model."""
+    try:
+        given = decode_body(_decode_model_field, body).model
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        # Not a JSON object, invalid UTF-8, too deep, or a `model` that is not a string: the pipeline says so
+        # in its words, as for /v1/completions.
+        return body
+    if given == model:
+        return body
+    if given:
+        raise InvalidRequestError(
+            f"'model' ({given!r}) disagrees with the model in the path ({model!r}): omit it or send the same",
+            param="model",
+            code="model_mismatch",
+        )
+    try:
+        full = decode_body(msgspec.json.decode, body)
+    except msgspec.DecodeError:
+        return body
+    full["model"] = model
+    return _encode(full)
+
+
+def _not_available(provider: str, route: TokenizerRoute, hint: str = "") -> GatewayError:
+    exc = GatewayError(
+        f"Provider '{provider}' has no /{route} route{hint}",
+        param="model",
+        status=404,
+        code="tokenizer_not_available",
+        type="invalid_request_error",
+    )
+    return exc
+
+
+@contextlib.contextmanager
+def _readable(provider: str) -> Iterator[None]:
+    """An upstream answer that cannot be read is the upstream's failure (502), not the gateway's."""
+    try:
+        yield
+    except _UNREADABLE:
+        raise UpstreamError(
+            f"Upstream '{provider}' sent an invalid tokenizer answer", code="invalid_upstream_response"
+        ) from None
+
+
+def _model_missing(route: TokenizerRoute) -> InvalidRequestError:
+    how = "add ?model=<model> to the URL" if route == "tokenizer_info" else "send 'model'"
+    return InvalidRequestError(
+        f"/{route} needs a model: {how}, use the model-scoped path /m/<model>/{route}, or configure "
+        "tokenizer.default_model",
+        param="model",
+        code="missing_required_parameter",
+    )
+
+
+class Tokenizers:
+    """The tokenizer endpoints; built once with the app, they find the pipeline serving now per request."""
+
+    def __init__(self, services: Services, completions: Endpoint) -> None:
+        self.services = services
+        self.completions = completions
+        self._limits: dict[tuple[str, str], int] = {}
+
+    def endpoints(self) -> dict[str, Endpoint]:
+        """The bare routes at the server root, as vLLM serves them."""
+        out: dict[str, Endpoint] = {}
+        for route in ROUTES:
+
+            async def endpoint(scope: HTTPScope, receive: Receive, send: Send, _r: TokenizerRoute = route) -> None:
+                await self.handle(scope, receive, send, _r, None)
+
+            out[f"/{route}"] = endpoint
+        return out
+
+    async def scoped(self, scope: HTTPScope, receive: Receive, send: Send) -> None:
+        """Everything under `/m/`: the completion route and the tokenizer routes, for the model in the path."""
+        found = split_scoped(scope["path"])
+        if found is None:
+            exc = GatewayError("Not Found", status=404, type="not_found_error", code="not_found")
+            await send_error(send, OPENAI, exc)
+            return
+        model, route = found
+        if route is not None:
+            await self.handle(scope, receive, send, route, model)
+            return
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            # Who asks before anything of what they ask is read, as on every other route.
+            self.services(scope)[0].keys.authenticate(headers)
+            check_model(model)
+        except GatewayError as exc:
+            await send_error(send, OPENAI, exc)
+            return
+        if scope["method"] != "POST":
+            await self.completions(scope, receive, send)  # it answers the 405 itself
+            return
+        try:
+            body = with_model(await read_body(receive), model)
+        except GatewayError as exc:
+            await send_error(send, OPENAI, exc)
+            return
+        except asyncio.CancelledError:
+            return  # the client left while sending its body
+        sent = False
+
+        async def replay() -> ReceiveMessage:
+            # The body once, then the client's own messages (its disconnect among them).
+            nonlocal sent
+            if not sent:
+                sent = True
+                first: HTTPRequestEvent = {"type": "http.request", "body": body, "more_body": False}
+                return first
+            return await receive()
+
+        await self.completions(scope, replay, send)
+
+    async def handle(
+        self, scope: HTTPScope, receive: Receive, send: Send, route: TokenizerRoute, path_model: str | None
+    ) -> None:
+        t0 = time.perf_counter()
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        rec = Record(request_id=request_id(headers), dialect="tokenizer")
+        if scope["method"] != _METHOD[route]:
+            exc = GatewayError(
+                "Method Not Allowed", status=405, type="invalid_request_error", code="method_not_allowed"
+            )
+            await send_error(send, OPENAI, exc, rec.request_id)
+            return
+        body = b""
+        if route == "tokenizer_info":
+            # A GET has no body: the model may come as `?model=`, like the body's field on the other routes.
+            query = parse_qs(scope["query_string"].decode("latin-1")).get("model")
+            if query:
+                body = _encode({"model": query[-1]})
+        else:
+            try:
+                body = await read_body(receive)
+            except GatewayError as exc:
+                await send_error(send, OPENAI, exc, rec.request_id)
+                return
+            except asyncio.CancelledError:
+                return
+        pipeline = self.services(scope)[0]  # after the body is in: a reload meanwhile retired the old one
+        pipeline.enter()
+        try:
+            answer, extra = await self._answer(pipeline, route, path_model, body, headers, rec)
+            extra["x-request-id"] = rec.request_id
+            await send_json(send, 200, answer, extra)
+        except GatewayError as exc:
+            rec.status, rec.error_code = exc.status, exc.code
+            await send_error(send, OPENAI, exc, rec.request_id)
+        except Exception:
+            log.exception("unhandled error on %s (request %s)", scope["path"], rec.request_id)
+            rec.status, rec.error_code = 500, "internal_error"
+            await send_error(
+                send,
+                OPENAI,
+                GatewayError("The gateway failed to process the request", code="internal_error"),
+                rec.request_id,
+            )
+        finally:
+            pipeline.exit()
+            if pipeline.log_requests:
+                accesslog.write(rec, time.perf_counter() - t0)
+
+    async def _answer(
+        self,
+        pipeline: Pipeline,
+        route: TokenizerRoute,
+        path_model: str | None,
+        body: bytes,
+        headers: dict[str, str],
+        rec: Record,
+    ) -> tuple[bytes, dict[str, str]]:
+        key = pipeline.keys.authenticate(headers)
+        rec.key = key.name if key is not None else None
+        tok_req: TokenizeRequest | None = None
+        detok_req: DetokenizeRequest | None = None
+        body_model: str | None = None
+        try:
+            if route == "tokenize":
+                tok_req = decode_body(_decode_tokenize, body)
+                body_model = tok_req.model
+            elif route == "detokenize":
+                detok_req = decode_body(_decode_detokenize, body)
+                body_model = detok_req.model
+            elif body:
+                body_model = _decode_model_field(body).model
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise decode_error(exc) from None
+        if path_model is not None and body_model and body_model != path_model:
+            raise InvalidRequestError(
+                f"'model' ({body_model!r}) disagrees with the model in the path ({path_model!r})",
+                param="model",
+                code="model_mismatch",
+            )
+        # A path's model, even an empty one, is the model: never replaced by the default.
+        model = path_model if path_model is not None else body_model or pipeline.loaded.config.tokenizer.default_model
+        if not model:
+            raise _model_missing(route)
+        check_model(model)
+        pipeline.keys.authorize(key, model)
+        target = self._target(pipeline, model)
+        rec.model, rec.provider, rec.target = model, target.provider, target.key
+        target.require_available()
+        api = target.adapter.tokenizer
+        if route not in api.routes:
+            raise _not_available(target.provider, route)
+        ticket = await self._admit(pipeline, key, model, target)
+        try:
+            out_headers = {"x-gateway-provider": target.provider, "x-gateway-model": target.key}
+            if ticket is not None:
+                out_headers.update(ticket.headers)
+            upstream_model = target.endpoint.model
+            if tok_req is not None:
+                call = api.tokenize(tok_req, upstream_model, target.provider)
+                reply = await self._call(pipeline, target, route, call, rec)
+                with _readable(target.provider):
+                    tokenized = api.read_tokenize(reply.body, tok_req)
+                if not tokenized.tokens and tok_req.prompt:
+                    # Text always makes a token: none means the server did not read the request (llama-server
+                    # behind a `vllm` provider ignores vLLM's `prompt`), not an empty tokenization.
+                    raise UpstreamError(
+                        f"Upstream '{target.provider}' tokenized a non-empty prompt into no tokens",
+                        code="invalid_upstream_response",
+                    )
+                max_len = tokenized.max_model_len
+                if max_len is None:
+                    max_len = await self._max_model_len(pipeline, target)
+                answer = TokenizeResponse(
+                    count=len(tokenized.tokens),
+                    max_model_len=max_len,
+                    tokens=tokenized.tokens,
+                    token_strs=tokenized.token_strs,
+                )
+                return _encode(answer), out_headers
+            if detok_req is not None:
+                call = api.detokenize(detok_req, upstream_model)
+                reply = await self._call(pipeline, target, route, call, rec)
+                with _readable(target.provider):
+                    prompt = api.read_detokenize(reply.body)
+                return _encode(DetokenizeResponse(prompt=prompt)), out_headers
+            reply = await self._call(pipeline, target, route, api.tokenizer_info(), rec)
+            with _readable(target.provider):
+                return api.read_tokenizer_info(reply.body), out_headers
+        finally:
+            pipeline.admission.settle(ticket, 0)
+
+    @staticmethod
+    def _target(pipeline: Pipeline, model: str) -> Route:
+        group = pipeline.router.aliases.get(model)
+        if group is not None:
+            return group.routes[0]
+        return pipeline.router.resolve(model)
+
+    @staticmethod
+    async def _admit(pipeline: Pipeline, key: ClientKey | None, model: str, target: Route) -> Ticket | None:
+        """Request-rate and concurrency limits of the key, the alias and the target; no tokens are charged."""
+        admission = pipeline.admission
+        if not admission.enabled:
+            return None
+        scopes: list[Bucket] = []
+        if key is not None:
+            scopes += admission.keys.get(key.name, ())
+        scopes += admission.models.get(model, ())
+        scopes += admission.providers.get(target.provider, ())
+        if target.endpoint.deployment:
+            scopes += admission.deployments.get((target.provider, target.endpoint.deployment), ())
+        buckets = [b for b in scopes if b.kind not in TOKEN_KINDS]
+        if not buckets:
+            return None
+        decision = await admission.acquire(buckets, 0)
+        headers: dict[str, str] = {}
+        requests = [s for s in decision.states if s.bucket.kind in ("rps", "rpm")]
+        if requests:
+            tight = min(requests, key=lambda s: (s.remaining, -s.reset_ms))
+            headers = {
+                "x-ratelimit-limit-requests": str(tight.bucket.limit),
+                "x-ratelimit-remaining-requests": str(tight.remaining),
+                "x-ratelimit-reset-requests": duration(tight.reset_ms),
+            }
+        if not decision.allowed:
+            err = RateLimitError(
+                "Rate limit reached for this key or model; retry after the time in Retry-After",
+                code="rate_limit_exceeded",
+                retry_after=decision.retry_after_ms / 1000,
+                headers=headers,
+            )
+            raise err
+        return Ticket(buckets, decision.lease, 0, headers)
+
+    @staticmethod
+    def _root(pipeline: Pipeline, target: Route) -> str:
+        p = pipeline.loaded.providers[target.provider]
+        deployment = p.deployments.get(target.endpoint.deployment) if target.endpoint.deployment else None
+        if p.tokenizer_url and not (deployment is not None and deployment.base_url):
+            return p.tokenizer_url.rstrip("/")
+        if target.fleet is not None:  # a replicated provider: any replica neither draining nor cooling
+            cooling = [pipeline.health.local.state(r.key).cooling_ms > 0 for r in target.replicas]
+            return server_root(target.fleet.healthy_url(cooling))
+        return server_root(target.endpoint.base_url)
+
+    async def _send(self, pipeline: Pipeline, target: Route, call: Call) -> Response:
+        headers = {"accept": "application/json"}
+        if call.body is not None:
+            headers["content-type"] = "application/json"
+        # The operator's headers, then the credential, as on a completion (providers/base.py request_headers).
+        headers.update((k.lower(), v) for k, v in target.endpoint.headers.items())
+        headers.update(bearer(target.endpoint))
+        req = UpstreamRequest(call.method, self._root(pipeline, target) + call.path, headers, call.body or b"")
+        try:
+            timeouts = pipeline.upstream.timeouts_for(target.provider)
+            return await pipeline.upstream.send(target.provider, req, timeouts, target.key)
+        except UpstreamError as exc:
+            raise pipeline.scrub.error(exc) from None
+
+    async def _call(
+        self, pipeline: Pipeline, target: Route, route: TokenizerRoute, call: Call, rec: Record
+    ) -> Response:
+        started = time.perf_counter()
+        rec.attempts = 1
+        try:
+            reply = await self._send(pipeline, target, call)
+        finally:
+            rec.upstream_s = time.perf_counter() - started
+        if reply.status < 400:
+            return reply
+        if reply.status in (404, 405) and _no_such_route(reply.body):
+            hint = ""
+            if route == "tokenizer_info":
+                hint = " (vLLM serves it only when started with --enable-tokenizer-info-endpoint)"
+            raise _not_available(target.provider, route, hint)
+        adapter = target.adapter
+        if not isinstance(adapter, Adapter):  # an in-process provider has no tokenizer routes to call
+            raise _not_available(target.provider, route)
+        exc = adapter.map_error(reply.status, reply.headers, reply.body, target.provider)
+        raise pipeline.scrub.error(exc)
+
+    async def _max_model_len(self, pipeline: Pipeline, target: Route) -> int:
+        """The context size from the server's own info route, asked once per upstream model; 0 when unknown."""
+        api = target.adapter.tokenizer
+        if api.limits is None:
+            return 0
+        cache_key = (self._root(pipeline, target), target.endpoint.model)
+        known = self._limits.get(cache_key)
+        if known is not None:
+            return known
+        try:
+            reply = await self._send(pipeline, target, api.limits)
+            found = api.read_limits(reply.body) if reply.status < 400 else None
+        except (GatewayError, *_UNREADABLE):
+            found = None
+        if found is None:
+            return 0  # not remembered: the next call asks again
+        if len(self._limits) >= _LIMITS_CAP:
+            self._limits.clear()
+        self._limits[cache_key] = found
+        return found
+
+
+def _no_such_route(body: bytes) -> bool:
+    """A 404/405 that says the path does not exist (FastAPI's `{"detail": "Not Found"}`, axum's and
+    llama.cpp's plain text), as opposed to one about the request, such as vLLM's unknown model."""
+    text = body.strip()
+    return (
+        not text
+        or text in (b'{"detail":"Not Found"}', b'{"detail": "Not Found"}', b"Not Found")
+        # llama-server's handler for any path it does not serve (tools/server/server-http.cpp).
+        or (text.startswith(b'{"error":') and b'"message":"File Not Found"' in text)
+        or (text.startswith(b'{"detail":"Method Not Allowed"'))
+    )
+
+
+__all__ = ["SCOPED_PREFIX", "Tokenizers", "split_scoped", "with_model"]

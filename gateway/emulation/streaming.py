@@ -1,0 +1,108 @@
+"""Streamed emulation: the client's stops found across chunk borders (a `stops.StopScanner` per choice),
+sub-streams relayed in order as one stream, and a buffered answer cut into chunks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Sequence
+
+from gateway.emulation.combine import _add, _scan
+from gateway.emulation.planning import Emulation, SubStream
+from gateway.emulation.stops import StopScanner
+from providers.base import CallContext
+from wire.schema import Choice, Completion, CompletionRequest, Usage
+
+
+async def stream(
+    em: Emulation,
+    req: CompletionRequest,
+    ctx: CallContext,
+    opens: Sequence[SubStream],
+) -> AsyncGenerator[Completion, None]:
+    """Merge the already-opened sub-streams into one, re-indexing, echoing and enforcing stops.
+
+    `opens[k]` is the k-th sub-call's stream (prompt k // fan_n, choice k % fan_n).
+    """
+    queue: asyncio.Queue[tuple[int, Completion | None | BaseException]] = asyncio.Queue()
+
+    async def pump(k: int, opened: SubStream) -> None:
+        try:
+            c = opened.first
+            while c is not None:
+                await queue.put((k, c))
+                c = await anext(opened.chunks, None)
+            await queue.put((k, None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which re-raises it
+            await queue.put((k, exc))
+
+    pumps = [asyncio.ensure_future(pump(k, o)) for k, o in enumerate(opens)]
+    scanners: dict[int, StopScanner] = {}
+    echoed: set[int] = set()
+    done: set[int] = set()
+    usage: Usage | None = None
+    live = len(opens)
+    try:
+        while live:
+            k, item = await queue.get()
+            if item is None:
+                live -= 1
+                continue
+            if isinstance(item, BaseException):
+                raise item
+            usage = _add(usage, item.usage)
+            p_index, j = divmod(k, em.fan_n)
+            out: list[Choice] = []
+            for ch in item.choices:
+                index = p_index * em.n + (j if em.fan_n > 1 else ch.index)
+                if index in done:
+                    continue
+                text, finish, lp = ch.text, ch.finish_reason, ch.logprobs
+                if em.echo and index not in echoed:
+                    echoed.add(index)
+                    prompt = em.prompts[p_index]
+                    text = (prompt if isinstance(prompt, str) else "") + text
+                if em.matcher is not None:
+                    scanner = scanners.get(index)
+                    if scanner is None:
+                        scanner = scanners[index] = StopScanner(em.matcher, em.include_stop)
+                    safe, stopped = await _scan(scanner, ch.text)
+                    if em.echo and text != ch.text:
+                        safe = text[: len(text) - len(ch.text)] + safe
+                    if not stopped and finish is not None:
+                        rest, stopped = scanner.flush()
+                        safe += rest
+                    if stopped:
+                        finish = "stop"
+                    if safe != text:
+                        lp = None  # the chunk's token logprobs no longer describe its text
+                    text = safe
+                if finish is not None:
+                    done.add(index)
+                if text or finish is not None:
+                    out.append(Choice(text, index, lp, finish))
+            if out:
+                yield ctx.completion(out)
+            if (
+                em.stops is not None
+                and done
+                and all(p * em.n + jj in done for p in range(len(em.prompts)) for jj in range(em.n))
+            ):
+                break  # every choice has stopped: no need to read (or pay for) the rest
+        if usage is not None:
+            yield ctx.completion([], usage)
+    finally:
+        for p in pumps:
+            p.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)
+
+
+def to_chunks(c: Completion) -> list[Completion]:
+    """A validated answer as stream chunks: one per choice, the last carrying the usage."""
+    chunks = [
+        Completion(id=c.id, created=c.created, model=c.model, choices=[ch], system_fingerprint=c.system_fingerprint)
+        for ch in c.choices
+    ]
+    if chunks:
+        chunks[-1].usage = c.usage
+    return chunks

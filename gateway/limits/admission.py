@@ -1,0 +1,303 @@
+"""Admission: which limits a request touches, reserving them, and settling them afterwards.
+
+Scopes (key, alias, provider, deployment) are compiled once from the config; tokens are reserved as an
+estimate and reconciled with the upstream's usage in the background. Which scope is charged when:
+docs/ratelimits.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Final
+
+import msgspec
+
+from gateway.config import LimitsConfig, LoadedConfig
+from gateway.limits.auth import ClientKey
+from gateway.limits.ratelimit import TOKEN_KINDS, Bucket, BucketState, Decision, Limiter, RedisDown
+from gateway.limits.tokens import reservation, warm
+from gateway.state import SharedState
+from gateway.upstream.plan import Plan, Route
+from providers import REGISTRY
+from wire.errors import GatewayError, InvalidRequestError, RateLimitError
+from wire.schema import CompletionRequest
+
+_KINDS: Final = ("rps", "rpm", "tpm", "tpd", "concurrent")
+# The buckets that count upstream calls: an emulated fan-out charges them once per call it makes.
+_CALL_KINDS: Final = frozenset({"rps", "rpm"})
+SETTLE_S: Final = 0.05
+
+
+def _buckets(scope: str, limits: LimitsConfig | None) -> list[Bucket]:
+    if limits is None:
+        return []
+    return [Bucket(scope, kind, getattr(limits, kind)) for kind in _KINDS if getattr(limits, kind) is not None]
+
+
+def duration(ms: int) -> str:
+    """OpenAI's reset format: `20ms`, `1.5s`, `6m0s`."""
+    if ms < 1000:
+        return f"{max(ms, 0)}ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.3f}".rstrip("0").rstrip(".") + "s"
+    minutes, rest = divmod(ms, 60_000)
+    return f"{minutes}m{rest // 1000}s"
+
+
+def _headers(states: list[BucketState]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for label, kinds in (("requests", ("rps", "rpm")), ("tokens", ("tpm", "tpd"))):
+        relevant = [s for s in states if s.bucket.kind in kinds]
+        if not relevant:
+            continue
+        tight = min(relevant, key=lambda s: (s.remaining, -s.reset_ms))
+        out[f"x-ratelimit-limit-{label}"] = str(tight.bucket.limit)
+        out[f"x-ratelimit-remaining-{label}"] = str(tight.remaining)
+        # GCRA's reset: when the bucket is full again (all of this scope's units available).
+        out[f"x-ratelimit-reset-{label}"] = duration(tight.reset_ms)
+    return out
+
+
+class Ticket(msgspec.Struct):
+    buckets: list[Bucket]
+    lease: str
+    reserved: int
+    headers: dict[str, str]
+    prompt: int = 0  # the prompt's share of `reserved`, to charge a cancelled stream what it used
+
+
+class Admission:
+    def __init__(
+        self,
+        loaded: LoadedConfig,
+        shared: SharedState,
+        *,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        cfg = loaded.config
+        self.limiter = Limiter(shared, fail_open=cfg.redis.on_failure == "fail_open")
+        self.sleep = sleep
+        self.keys = {k.name: _buckets(f"key:{k.name}", k.limits) for k in cfg.keys if k.limits}
+        self.models = {m.name: _buckets(f"model:{m.name}", m.limits) for m in cfg.models if m.limits}
+        self.providers = {n: _buckets(f"provider:{n}", p.limits) for n, p in loaded.providers.items() if p.limits}
+        self.deployments = {
+            (n, d): _buckets(f"deployment:{n}/{d}", dc.limits)
+            for n, p in loaded.providers.items()
+            for d, dc in p.deployments.items()
+            if dc.limits
+        }
+        queue: dict[str, int] = {}
+        for k in cfg.keys:
+            if k.limits:
+                queue[f"key:{k.name}"] = k.limits.max_queue_ms
+        for m in cfg.models:
+            if m.limits:
+                queue[f"model:{m.name}"] = m.limits.max_queue_ms
+        self.queue_ms = queue
+        self.enabled = bool(self.keys or self.models or self.providers or self.deployments)
+        scopes = [*self.keys.values(), *self.models.values(), *self.providers.values(), *self.deployments.values()]
+        if any(b.kind in TOKEN_KINDS for bs in scopes for b in bs) and any(
+            REGISTRY[p.kind].openai_bpe for p in loaded.providers.values()
+        ):
+            warm()
+        self._background: set[asyncio.Task[None]] = set()
+        self._pending: dict[tuple[Bucket, ...], int] = {}
+        self._timer: asyncio.TimerHandle | None = None
+
+    def _route_buckets(self, route: Route) -> list[Bucket]:
+        out = list(self.providers.get(route.provider, ()))
+        if route.endpoint.deployment:
+            out += self.deployments.get((route.provider, route.endpoint.deployment), ())
+        return out
+
+    async def admit(self, key: ClientKey | None, req: CompletionRequest, plan: Plan) -> Ticket | None:
+        buckets = list(self.keys.get(key.name, ())) if key is not None else []
+        buckets += self.models.get(req.model, ())
+        direct = plan.single
+        if direct is not None:
+            buckets += self._route_buckets(direct)
+        if not buckets:
+            return None
+        first = direct or plan.groups[0].routes[0]
+        prompt, tokens = self._tokens(req, buckets, first)
+        # Only key and alias scopes configure a queue; a provider's quota must not cancel theirs.
+        queue_ms = min((self.queue_ms[b.scope] for b in buckets if b.scope in self.queue_ms), default=0)
+        waited = 0
+        while True:
+            decision = await self.acquire(buckets, tokens)
+            headers = _headers(decision.states)
+            if decision.allowed:
+                return Ticket(buckets, decision.lease, tokens, headers, prompt)
+            wait = decision.retry_after_ms
+            if waited + wait > queue_ms:
+                err = RateLimitError(
+                    "Rate limit reached for this key or model; retry after the time in Retry-After",
+                    code="rate_limit_exceeded",
+                    retry_after=wait / 1000,
+                    headers=headers,
+                )
+                raise err
+            waited += wait
+            await self.sleep(wait / 1000)
+
+    async def admit_route(self, route: Route, req: CompletionRequest, plan: Plan) -> Ticket | None:
+        """An alias target's own provider/deployment quota, checked when the failover loop reaches it."""
+        if plan.single is not None:
+            return None  # already charged with the request
+        buckets = self._route_buckets(route)
+        if not buckets:
+            return None
+        prompt, tokens = self._tokens(req, buckets, route)
+        decision = await self.acquire(buckets, tokens)
+        if decision.allowed:
+            return Ticket(buckets, decision.lease, tokens, _headers(decision.states), prompt)
+        err = RateLimitError(
+            f"Provider '{route.provider}' is at its configured quota",
+            code="provider_quota",
+            retry_after=decision.retry_after_ms / 1000,
+            headers=_headers(decision.states),
+            # Another target may have room; this one is not unhealthy, so no cooldown.
+            retryable=True,
+            cools=False,
+            target=route.key,
+            provider=route.provider,
+        )
+        raise err
+
+    async def charge_calls(self, route: Route, more: int, param: str | None = None) -> None:
+        """`more` upstream calls on `route` beyond the one its admission charged (an emulated fan-out's
+        further sub-calls, a guided retry), to its provider's and deployment's request-rate buckets, all or
+        none, before any of them is made.
+
+        A refusal is the provider's 429, which fails the attempt (another target of an alias may still have
+        room). With `param` (the field that asked for a fan-out, refused before its first call), a fan-out
+        that no such bucket can ever hold is a 400 naming it, as a request over a token limit is, and either
+        refusal gives back the unit admission charged for the first call: no call was made.
+        """
+        buckets = [b for b in self._route_buckets(route) if b.kind in _CALL_KINDS]
+        if not buckets or more < 1:
+            return
+        if param is not None:
+            for b in buckets:
+                if more + 1 > b.limit:
+                    await self._give_back(buckets, 1)
+                    raise InvalidRequestError(
+                        f"'{param}' makes this request {more + 1} upstream calls to provider '{route.provider}' "
+                        f"(the gateway emulates it), more than the {b.kind} limit of {b.limit} for {b.scope} "
+                        "can ever allow",
+                        param=param,
+                        code="exceeds_request_limit",
+                    )
+        decision = await self.acquire(buckets, 0, more)
+        if decision.allowed:
+            return
+        if param is not None:
+            await self._give_back(buckets, 1)
+        err = RateLimitError(
+            f"Provider '{route.provider}' is at its configured quota"
+            + (f" for the {more + 1} upstream calls this request makes" if param is not None else ""),
+            code="provider_quota",
+            retry_after=decision.retry_after_ms / 1000,
+            headers=_headers(decision.states),
+            # Another target may have room; this one is not unhealthy, so no cooldown, and the same target
+            # is not tried again.
+            retryable=True,
+            cools=False,
+            elsewhere=True,
+            target=route.key,
+            provider=route.provider,
+        )
+        raise err
+
+    def give_back_calls(self, route: Route, count: int) -> None:
+        """Return `count` units charged by `charge_calls` for calls that were never made, off the request path."""
+        buckets = [b for b in self._route_buckets(route) if b.kind in _CALL_KINDS]
+        if buckets and count > 0:
+            self._spawn(self._give_back(buckets, count))
+
+    async def _give_back(self, buckets: list[Bucket], count: int) -> None:
+        try:
+            await self.limiter.give_back(buckets, count)
+        except RedisDown:
+            pass  # fail closed: the units stay charged, which errs on the provider's side
+
+    def _tokens(self, req: CompletionRequest, buckets: list[Bucket], route: Route) -> tuple[int, int]:
+        token_buckets = [b for b in buckets if b.kind in TOKEN_KINDS]
+        if not token_buckets:
+            return 0, 0
+        adapter = route.adapter
+        default = route.endpoint.default_max_tokens or adapter.default_max_tokens
+        prompt, tokens = reservation(req, adapter.openai_bpe, route.endpoint.model, default)
+        for b in token_buckets:
+            if tokens > b.limit:
+                raise InvalidRequestError(
+                    f"This request needs up to {tokens} tokens (prompt + max_tokens x choices), more than "
+                    f"the {b.kind} limit of {b.limit} for {b.scope} can ever allow; lower max_tokens",
+                    param="max_tokens",
+                    code="exceeds_token_limit",
+                )
+        return prompt, tokens
+
+    async def acquire(self, buckets: list[Bucket], tokens: int, requests: int = 1) -> Decision:
+        """The limiter's decision, or the 503 of fail-closed when Redis is unreachable."""
+        try:
+            return await self.limiter.acquire(buckets, tokens, requests)
+        except RedisDown:
+            raise GatewayError(
+                "Rate limiting is unavailable (Redis unreachable) and the gateway is set to fail closed",
+                status=503,
+                code="rate_limiter_unavailable",
+            ) from None
+
+    def settle(self, ticket: Ticket | None, used: int | None) -> None:
+        """Return unused reserved tokens (or charge overuse) and free concurrency, off the request path.
+
+        Concurrency leases are released at once (a slot must not stay taken). Token corrections are
+        summed per set of buckets and applied every SETTLE_S in one script call per set: a call per
+        request cost a saturated worker a round trip each, and a correction a few milliseconds late
+        changes no admission decision by more than that request's own difference.
+        """
+        if ticket is None:
+            return
+        delta = 0 if used is None else used - ticket.reserved
+        token_buckets = tuple(b for b in ticket.buckets if b.kind in TOKEN_KINDS)
+        if delta and token_buckets:
+            self._pending[token_buckets] = self._pending.get(token_buckets, 0) + delta
+            if self._timer is None:
+                self._timer = asyncio.get_running_loop().call_later(SETTLE_S, self._flush_soon)
+        if any(b.kind == "concurrent" for b in ticket.buckets):
+            self._spawn(self._release(ticket))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _flush_soon(self) -> None:
+        self._timer = None
+        pending, self._pending = self._pending, {}
+        self._spawn(self._adjust(pending))
+
+    async def _adjust(self, pending: dict[tuple[Bucket, ...], int]) -> None:
+        for buckets, delta in pending.items():
+            if delta:
+                try:
+                    await self.limiter.adjust(buckets, delta)
+                except RedisDown:
+                    pass
+
+    async def _release(self, ticket: Ticket) -> None:
+        try:
+            await self.limiter.release(ticket.buckets, ticket.lease)
+        except RedisDown:
+            pass
+
+    async def drain(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+            pending, self._pending = self._pending, {}
+            await self._adjust(pending)
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)

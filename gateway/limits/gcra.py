@@ -1,0 +1,173 @@
+"""The arithmetic of rate limits: GCRA over a bucket's theoretical arrival time, and the script's work
+in process memory (`_Local`), for one process or while Redis is away.
+
+The Lua script (gateway/limits/ratelimit.py) and `gcra` here are the one algorithm twice: the script's
+comments and docs/ratelimits.md say how they stay the same.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Final, Literal, NamedTuple
+
+import msgspec
+
+Kind = Literal["rps", "rpm", "tpm", "tpd", "concurrent"]
+PERIOD_S: Final[dict[str, float]] = {"rps": 1.0, "rpm": 60.0, "tpm": 60.0, "tpd": 86_400.0}
+TOKEN_KINDS: Final = frozenset({"tpm", "tpd"})
+LEASE_TTL_MS: Final = 600_000  # a replica that dies mid-request frees its concurrency lease after this
+
+
+class Bucket(msgspec.Struct, frozen=True):
+    """One limit of one scope: `scope` is e.g. `key:search-team`, `model:fast`, `provider:openai`."""
+
+    scope: str
+    kind: Kind
+    limit: int
+
+    @property
+    def redis_key(self) -> str:
+        return "rl:{" + self.scope + "}:" + self.kind
+
+    @property
+    def period_ms(self) -> int:
+        return int(PERIOD_S.get(self.kind, 0) * 1000)
+
+
+class BucketState(msgspec.Struct):
+    bucket: Bucket
+    remaining: int
+    reset_ms: int
+
+
+class Decision(msgspec.Struct):
+    allowed: bool
+    retry_after_ms: int
+    states: list[BucketState]
+    lease: str
+
+
+class Gcra(NamedTuple):
+    """One GCRA step on a rate bucket: what the script computes for it, and what it would store."""
+
+    tat: tuple[float, float]  # the bucket's new TAT as (whole ms, units), stored unless the request is denied
+    denied: bool
+    retry_ms: int  # when `denied`: how long until the charge fits
+    remaining: int  # headroom after the charge, in units
+    reset_ms: int  # until the bucket is full again, after the charge
+    remaining_now: int  # the same two before the charge: what a denial (or a peek) reports
+    reset_now_ms: int
+
+
+def gcra(limit: int, period: int, tat: tuple[float, float] | None, now: int, cost: float, mode: str) -> Gcra:
+    """The script's rate arithmetic (the `else` branch of its bucket loop), line for line, in Python.
+
+    `tat` is the stored (ms, units) (None: never charged, or expired), `now` whole milliseconds on the clock
+    that wrote it, `mode` the script's ("acquire" checks, "adjust" charges without checking and clamps a
+    refund at empty; anything else, e.g. "peek" with a cost of 0, only reads). TAT = ms + units * period /
+    limit, kept as q = (TAT - now) * limit so that the arithmetic is exact (see the script's comment).
+    tests/ratelimit/test_script.py holds this to the script, decision by decision.
+    """
+    tb, tu = tat if tat is not None else (now, 0.0)
+    q = (tb - now) * limit + tu * period
+    if q < 0:
+        tb, tu, q = now, 0.0, 0
+    nu, nq = tu + cost, q + cost * period
+    if mode == "adjust" and nq < 0:
+        tb, nu, nq = now, 0.0, 0
+    denied = mode == "acquire" and nq > period * limit
+    k = math.floor(nu / limit)
+    return Gcra(
+        tat=(tb + k * period, nu - k * limit),
+        denied=denied,
+        retry_ms=math.ceil((nq - period * limit) / limit) if denied else 0,
+        remaining=max(math.floor((period * limit - nq) / period), 0),
+        reset_ms=math.ceil(nq / limit),
+        remaining_now=max(math.floor((period * limit - q) / period), 0),
+        reset_now_ms=math.ceil(q / limit),
+    )
+
+
+def peek_state(bucket: Bucket, now: int, tat: tuple[float, float] | None = None, held: int = 0) -> BucketState:
+    """A bucket's headroom without charging it (`gcra` for a cost of 0).
+
+    `tat` is the stored (ms, units) of a rate bucket (None: never charged or expired), `held` the live
+    leases of a concurrency bucket; `now` is in whole milliseconds on the clock that wrote them.
+    """
+    if bucket.kind == "concurrent":
+        return BucketState(bucket=bucket, remaining=max(bucket.limit - held, 0), reset_ms=0)
+    step = gcra(bucket.limit, bucket.period_ms, tat, now, 0, "peek")
+    return BucketState(bucket=bucket, remaining=step.remaining_now, reset_ms=step.reset_now_ms)
+
+
+def _parse_tat(raw: bytes | str) -> tuple[float, float]:
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    base, sep, units = text.partition(":")
+    return (float(base), float(units)) if sep else (math.floor(float(base)), 0.0)
+
+
+class _Local:
+    """The script in process memory, for one process (or while Redis is away): `gcra` for rate buckets,
+    and the script's leases for concurrency ones."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        # Per rate bucket: the TAT as (whole millisecond, units), TAT = ms + units * period / limit.
+        self.tat: dict[str, tuple[float, float]] = {}
+        self.leases: dict[str, dict[str, float]] = {}
+
+    def peek(self, buckets: Sequence[Bucket]) -> list[BucketState]:
+        now = math.floor(self.clock() * 1000)
+        return [
+            peek_state(
+                b,
+                now,
+                self.tat.get(b.redis_key),
+                sum(1 for expiry in self.leases.get(b.redis_key, {}).values() if expiry > now),
+            )
+            for b in buckets
+        ]
+
+    def run(self, mode: str, lease: str, buckets: Sequence[Bucket], costs: Sequence[float]) -> list[int]:
+        now = math.floor(self.clock() * 1000)  # whole milliseconds, like the script's TIME
+        out = [1, 0]
+        news: list[tuple[float, float] | str | None] = []
+        current: dict[int, tuple[int, int]] = {}
+        denied = False
+        retry = 0
+        for b, cost in zip(buckets, costs, strict=True):
+            if b.kind == "concurrent":
+                held = {k: v for k, v in self.leases.get(b.redis_key, {}).items() if v > now}
+                self.leases[b.redis_key] = held
+                if mode == "release":
+                    held.pop(lease, None)
+                    news.append(None)
+                    out += [0, 0]
+                    continue
+                if mode == "acquire" and len(held) + 1 > b.limit:
+                    denied = True
+                    wait = max(min(int(min(held.values()) - now), 1000), 1) if held else 1000
+                    retry = max(retry, wait)
+                news.append("lease")
+                out += [max(b.limit - len(held) - 1, 0), 0]
+                continue
+            step = gcra(b.limit, b.period_ms, self.tat.get(b.redis_key), now, cost, mode)
+            if step.denied:
+                denied = True
+                retry = max(retry, step.retry_ms)
+            news.append(step.tat)
+            out += [step.remaining, step.reset_ms]
+            current[len(news) - 1] = (step.remaining_now, step.reset_now_ms)
+        if mode == "release":
+            return out
+        if denied:
+            for i, (remaining, reset) in current.items():
+                out[2 + i * 2], out[3 + i * 2] = remaining, reset
+            return [0, retry, *out[2:]]
+        for b, v in zip(buckets, news, strict=True):
+            if v == "lease":
+                self.leases.setdefault(b.redis_key, {})[lease] = now + LEASE_TTL_MS
+            elif isinstance(v, tuple):
+                self.tat[b.redis_key] = v
+        return out

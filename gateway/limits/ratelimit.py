@@ -1,0 +1,429 @@
+"""Rate limits that hold exactly across replicas: one atomic Lua script per request.
+
+GCRA for every rate (one value per bucket, O(1), a reservation returned exactly) and expiring leases for
+`concurrent`; the script charges every bucket a request touches or none, on Redis's own clock. Without
+Redis the same arithmetic runs in process memory (`gcra`, the one Python mirror of the script). The
+algorithm, key layout and Cluster hash tags: docs/ratelimits.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from typing import Final
+
+import redis.asyncio as aioredis
+
+from gateway.ids import unique_suffix
+from gateway.limits.gcra import (
+    LEASE_TTL_MS,
+    PERIOD_S,
+    TOKEN_KINDS,
+    Bucket,
+    BucketState,
+    Decision,
+    Kind,
+    _Local,
+    _parse_tat,
+    gcra,
+    peek_state,
+)
+from gateway.limits.scriptchannel import ScriptChannel, Unanswered, bulk
+from gateway.state import Degraded, SharedState
+
+# Where the callers look for them: the arithmetic lives in gateway/limits/gcra.py, the script and the
+# limiter here.
+__all__ = [
+    "CLUSTER_PREFIX",
+    "LEASE_TTL_MS",
+    "PERIOD_S",
+    "SCRIPT",
+    "TOKEN_KINDS",
+    "Bucket",
+    "BucketState",
+    "Decision",
+    "Kind",
+    "Limiter",
+    "RedisDown",
+    "gcra",
+    "peek_state",
+]
+
+
+# KEYS: one per bucket. ARGV: mode, lease id, then per bucket: kind, limit, period_ms, cost.
+# mode "acquire": all-or-nothing check and charge; returns {ok, retry_ms, b1_remaining, b1_reset_ms, ...}
+# mode "adjust": add cost (may be negative: a refund) without checking; returns {1, 0, ...}
+# mode "release": drop the lease from concurrency buckets (its acquire is known to have run).
+# mode "cancel": drop the lease and leave a marker, for a lease whose acquire may not have run yet: an
+#   acquire sent before a timeout can still be run by Redis after the cancel (it sat unread in a dropped
+#   connection), and must then write nothing.
+# A concurrency bucket is one sorted set: live leases scored by their expiry (> 0), cancel markers by
+# minus theirs (< 0), so both expire on Redis's clock and stay in the one key (and slot) the script names.
+SCRIPT: Final = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local mode, lease = ARGV[1], ARGV[2]
+local n = #KEYS
+local out = {1, 0}
+local news = {}
+local ttls = {}
+local now_state = {}
+local denied = false
+local retry = 0
+for i = 1, n do
+  local base = 2 + (i - 1) * 4
+  local kind, limit, period, cost = ARGV[base + 1], tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3]),
+    tonumber(ARGV[base + 4])
+  if kind == 'concurrent' then
+    redis.call('ZREMRANGEBYSCORE', KEYS[i], 0, now)
+    if mode == 'release' then
+      redis.call('ZREM', KEYS[i], lease)
+      news[i] = false
+      out[#out + 1] = 0; out[#out + 1] = 0
+    elseif mode == 'cancel' then
+      redis.call('ZREMRANGEBYSCORE', KEYS[i], -now, -1)
+      redis.call('ZADD', KEYS[i], -(now + LEASE_TTL), lease)
+      redis.call('PEXPIRE', KEYS[i], LEASE_TTL)
+      news[i] = false
+      out[#out + 1] = 0; out[#out + 1] = 0
+    else
+      local used = redis.call('ZCOUNT', KEYS[i], '(0', '+inf')
+      if mode == 'acquire' and used + 1 > limit then
+        denied = true
+        -- A slot frees when any request ends, which nobody knows: retry soon (the oldest lease's expiry
+        -- is only a bound, up to ten minutes away).
+        local oldest = redis.call('ZRANGEBYSCORE', KEYS[i], 1, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+        local wait = 1000
+        if oldest[2] then wait = math.max(math.min(tonumber(oldest[2]) - now, 1000), 1) end
+        if wait > retry then retry = wait end
+      end
+      news[i] = 'lease'
+      out[#out + 1] = math.max(limit - used - 1, 0); out[#out + 1] = 0
+    end
+  else
+    -- TAT = base + units * period / limit, kept as a whole millisecond and a count of units so that the
+    -- arithmetic is exact in integers: q = (TAT - now) * limit. (A TAT in float milliseconds drifts by
+    -- rounding at 1.7e12 and refused the last unit of a burst when period / limit is not whole.)
+    local tb, tu = now, 0
+    local raw = redis.call('GET', KEYS[i])
+    if raw then
+      local b, u = string.match(raw, '^(.-):(.*)$')
+      if b then tb, tu = tonumber(b), tonumber(u) else tb = math.floor(tonumber(raw)) end
+    end
+    local q = (tb - now) * limit + tu * period
+    if q < 0 then tb, tu, q = now, 0, 0 end
+    local nu, nq = tu + cost, q + cost * period
+    if mode == 'adjust' and nq < 0 then tb, nu, nq = now, 0, 0 end
+    if mode == 'acquire' and nq > period * limit then
+      denied = true
+      local wait = math.ceil((nq - period * limit) / limit)
+      if wait > retry then retry = wait end
+    end
+    local k = math.floor(nu / limit)
+    news[i] = string.format('%.17g:%.17g', tb + k * period, nu - k * limit)
+    ttls[i] = math.ceil(nq / limit) + 1000
+    out[#out + 1] = math.max(math.floor((period * limit - nq) / period), 0); out[#out + 1] = math.ceil(nq / limit)
+    now_state[i] = {math.max(math.floor((period * limit - q) / period), 0), math.ceil(q / limit)}
+  end
+end
+if mode == 'release' or mode == 'cancel' then return out end
+if denied then
+  -- Report what the buckets hold now: the denied request charged nothing.
+  out[1] = 0; out[2] = retry
+  for i = 1, n do
+    if now_state[i] then out[1 + i * 2] = now_state[i][1]; out[2 + i * 2] = now_state[i][2] end
+  end
+  return out
+end
+-- Leases first: ZADD NX meets this id's cancel marker when the acquire runs after its cancel (it sat
+-- unread in a dropped connection), and then nothing at all is written.
+for i = 1, n do
+  if news[i] == 'lease' and redis.call('ZADD', KEYS[i], 'NX', now + LEASE_TTL, lease) == 0 then
+    for j = 1, i - 1 do
+      if news[j] == 'lease' then redis.call('ZREM', KEYS[j], lease) end
+    end
+    out[1] = 0
+    return out
+  end
+end
+for i = 1, n do
+  local v = news[i]
+  if v == 'lease' then
+    redis.call('PEXPIRE', KEYS[i], LEASE_TTL)
+  elseif v then
+    redis.call('SET', KEYS[i], v, 'PX', ttls[i])
+  end
+end
+return out
+""".replace("LEASE_TTL", str(LEASE_TTL_MS))
+_SHA: Final = hashlib.sha1(SCRIPT.encode()).hexdigest().encode()
+# A call's round trip, queueing included, before Redis counts as down (SharedState's deadline).
+_DEADLINE_S: Final = 0.5
+# On a Redis Cluster every bucket lives in one hash slot, so that a request's buckets of every scope are
+# still checked and charged by one atomic script: the prefix's `{rl}` is the hash tag of every key.
+CLUSTER_PREFIX: Final = "{rl}"
+# While leases wait to be cancelled, how often to look whether Redis is back (it is retried at most once
+# a second, so this bounds the delay after that), and how many cancels go in one write.
+_CANCEL_POLL_S: Final = 0.2
+_CANCELS_PER_ROUND: Final = 1000
+
+
+class RedisDown(Exception):
+    """Redis is configured but unreachable and `redis.on_failure` is `fail_closed`."""
+
+
+class Limiter:
+    def __init__(self, shared: SharedState, *, fail_open: bool = True, clock: Callable[[], float] = time.time) -> None:
+        self.shared = shared
+        self.fail_open = fail_open
+        self.local = _Local(clock)
+        self._prefix = CLUSTER_PREFIX if shared.cluster else ""
+        self._channel = ScriptChannel(shared, SCRIPT, self._prefix + "rl:") if shared.client is not None else None
+        # The constant part of each call's command, per (mode, buckets): only the lease and costs vary.
+        self._heads: dict[tuple[str, tuple[Bucket, ...]], tuple[bytes, list[bytes]]] = {}
+        # Leases whose acquire went unanswered but which local state admitted: Redis may hold them too.
+        # Value: when to forget (monotonic), so a lease whose request never settles cannot stay forever.
+        self._doubtful: dict[str, float] = {}
+        # Leases Redis may hold that must go (see `_cancel`): lease -> (its concurrency buckets, give-up time).
+        self._cancels: dict[str, tuple[tuple[Bucket, ...], float]] = {}
+        self._canceller: asyncio.Task[None] | None = None
+        # The limiter of the config that replaced this one: it takes the cancels still pending at close.
+        self._successor: Limiter | None = None
+        self._closed = False
+
+    def adopt(self, old: Limiter) -> None:
+        """Take over the leases a replaced limiter has yet to cancel, when it closes: a reload while Redis
+        stalls must not drop them, or they would hold their slots for the lease TTL once Redis is back."""
+        old._successor = self
+
+    def _take(self, cancels: dict[str, tuple[tuple[Bucket, ...], float]]) -> None:
+        if self._closed and self._successor is not None:
+            self._successor._take(cancels)
+        elif not self._closed and self._channel is not None:  # without Redis now, no Redis lease to cancel
+            for lease, (held, until) in cancels.items():
+                self._cancels.setdefault(lease, (held, until))
+            if cancels and (self._canceller is None or self._canceller.done()):
+                self._canceller = asyncio.ensure_future(self._cancel_pending())
+
+    def _command(self, mode: str, lease: str, buckets: Sequence[Bucket], costs: Sequence[float]) -> bytes:
+        cache_key = (mode, tuple(buckets))
+        cached = self._heads.get(cache_key)
+        if cached is None:
+            n = len(buckets)
+            head = b"*%d\r\n" % (3 + n + 2 + 4 * n) + b"".join(
+                bulk(p)
+                for p in (
+                    b"EVALSHA",
+                    _SHA,
+                    b"%d" % n,
+                    *((self._prefix + b.redis_key).encode() for b in buckets),
+                    mode.encode(),
+                )
+            )
+            per = [bulk(b.kind.encode()) + bulk(b"%d" % b.limit) + bulk(b"%d" % b.period_ms) for b in buckets]
+            cached = self._heads[cache_key] = (head, per)
+        head, per = cached
+        parts = [head, bulk(lease.encode())]
+        for static, cost in zip(per, costs, strict=True):
+            parts.append(static)
+            parts.append(bulk(b"%d" % cost if cost == int(cost) else repr(cost).encode()))
+        return b"".join(parts)
+
+    def _remote(self, cmd: bytes) -> asyncio.Future[list[int]]:
+        """One script call on the channel (batched with this tick's others). The future fails with
+        Degraded when the call was not sent, and with Unanswered when Redis did not answer in time."""
+        assert self._channel is not None
+        return self._channel.call(cmd)
+
+    async def _run(self, mode: str, lease: str, buckets: Sequence[Bucket], costs: Sequence[float]) -> list[int]:
+        if self._channel is not None:
+            if not self.shared.degraded:
+                try:
+                    return await self._remote(self._command(mode, lease, buckets, costs))
+                except Degraded:
+                    pass
+            if not self.fail_open:
+                raise RedisDown
+        return self.local.run(mode, lease, buckets, costs)
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._cancels and self._successor is not None:
+            pending, self._cancels = self._cancels, {}
+            self._successor._take(pending)
+        canceller = self._canceller
+        if canceller is not None and not canceller.done():
+            # One last round for leases still to cancel (bounded); what is left expires with its TTL.
+            if self._cancels and not self.shared.degraded:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(_DEADLINE_S * 2):
+                        await self._cancel_round()
+            canceller.cancel()
+            await asyncio.gather(canceller, return_exceptions=True)
+        if self._channel is not None:
+            await self._channel.close()
+
+    # ----------------------------------------------------------------------------------------------
+    # Concurrency leases across a Redis outage
+    #
+    # A lease lives in Redis, in process memory, or (after an acquire that went unanswered) possibly in
+    # both. An unanswered acquire may still run in Redis after the request has ended (a stalled Redis
+    # runs what was written to it when it resumes), so such a lease is cancelled by id once Redis answers
+    # again, and the cancel leaves a marker that makes a later run of that acquire write nothing. A
+    # release that does not get through is turned into a cancel too. Every id is unique, so a cancel is
+    # idempotent and never touches another request's slot.
+
+    def _cancel(self, lease: str, buckets: Sequence[Bucket]) -> None:
+        held = tuple(b for b in buckets if b.kind == "concurrent")
+        # Past the lease TTL, whatever Redis holds for it has expired (unless Redis ran the acquire more
+        # than a TTL late, and then it expires a TTL later): give up then, so memory stays bounded.
+        self._cancels[lease] = (held, time.monotonic() + LEASE_TTL_MS / 1000)
+        if self._canceller is None or self._canceller.done():
+            self._canceller = asyncio.ensure_future(self._cancel_pending())
+
+    async def _cancel_pending(self) -> None:
+        while self._cancels:
+            pause = _CANCEL_POLL_S
+            if not self.shared.degraded:
+                if not await self._cancel_round():
+                    pause = 1.0  # Redis answers but refuses (an error reply): do not hammer it
+                if not self._cancels:
+                    return
+            await asyncio.sleep(pause)
+
+    async def _cancel_round(self) -> bool:
+        """Send one batch of cancels; whether any got through (or nothing was left to send)."""
+        now = time.monotonic()
+        for lease, (_, until) in list(self._cancels.items()):
+            if until < now:
+                del self._cancels[lease]
+        batch = list(itertools.islice(self._cancels.items(), _CANCELS_PER_ROUND))
+        if not batch:
+            return True
+        # Queued in one tick: one write, one round trip for the whole batch.
+        sent = [self._remote(self._command("cancel", lease, held, [0.0] * len(held))) for lease, (held, _) in batch]
+        results = await asyncio.gather(*sent, return_exceptions=True)
+        done = [lease for (lease, _), res in zip(batch, results, strict=True) if not isinstance(res, BaseException)]
+        for lease in done:
+            del self._cancels[lease]
+        return bool(done)
+
+    def _doubt(self, lease: str) -> None:
+        doubtful = self._doubtful
+        now = time.monotonic()
+        while doubtful:  # oldest first (insertion order): drop what outlived the TTL
+            oldest = next(iter(doubtful))
+            if doubtful[oldest] > now:
+                break
+            del doubtful[oldest]
+        doubtful[lease] = now + LEASE_TTL_MS / 1000
+
+    def _fallback(self, lease: str, buckets: Sequence[Bucket], costs: Sequence[float], unanswered: bool) -> list[int]:
+        """Redis did not decide: fail closed, or decide on local state. `unanswered`: Redis may yet grant it."""
+        unanswered = unanswered and bool(lease)
+        if not self.fail_open:
+            if unanswered:
+                self._cancel(lease, buckets)
+            raise RedisDown
+        out = self.local.run("acquire", lease, buckets, costs)
+        if unanswered:
+            if out[0] == 1:
+                self._doubt(lease)  # settled by `release`, which cancels it in Redis
+            else:
+                self._cancel(lease, buckets)  # refused here: nothing will release it
+        return out
+
+    async def acquire(self, buckets: Sequence[Bucket], tokens: int, requests: int = 1) -> Decision:
+        """Charge every bucket or none: `tokens` to token buckets, `requests` to request-rate ones (an
+        emulated fan-out's further upstream calls); a concurrency bucket takes one lease whatever they are."""
+        # Only a concurrency lease needs a name; ids are unique across replicas (gateway.ids).
+        lease = unique_suffix() if any(b.kind == "concurrent" for b in buckets) else ""
+        costs = [tokens if b.kind in TOKEN_KINDS else requests for b in buckets]
+        try:
+            if self._channel is None:
+                out = self.local.run("acquire", lease, buckets, costs)
+            elif self.shared.degraded:
+                out = self._fallback(lease, buckets, costs, unanswered=False)
+            else:
+                try:
+                    out = await self._remote(self._command("acquire", lease, buckets, costs))
+                except Degraded as exc:
+                    out = self._fallback(lease, buckets, costs, unanswered=isinstance(exc, Unanswered))
+        except asyncio.CancelledError:
+            # The request went away while its acquire was on the wire: Redis may grant it all the same.
+            if lease and self._channel is not None:
+                self._cancel(lease, buckets)
+            raise
+        states = [
+            BucketState(bucket=b, remaining=out[2 + i * 2], reset_ms=out[3 + i * 2]) for i, b in enumerate(buckets)
+        ]
+        return Decision(allowed=out[0] == 1, retry_after_ms=out[1], states=states, lease=lease)
+
+    async def peek(self, buckets: Sequence[Bucket]) -> list[BucketState]:
+        """Every bucket's headroom now, read-only (for the status page): one pipelined read, no script."""
+        if self._channel is not None:
+
+            async def read(r: aioredis.Redis) -> list[BucketState]:
+                pipe = r.pipeline(transaction=False)
+                if not self._prefix:
+                    pipe.time()  # a cluster pipeline takes no keyless command: TIME goes alone there
+                for b in buckets:
+                    if b.kind == "concurrent":
+                        pipe.zrange(self._prefix + b.redis_key, 0, -1, withscores=True)
+                    else:
+                        pipe.get(self._prefix + b.redis_key)
+                (sec, usec), *raw = (
+                    await pipe.execute() if not self._prefix else [await r.time(), *await pipe.execute()]
+                )
+                now = int(sec) * 1000 + int(usec) // 1000
+                return [
+                    peek_state(b, now, held=sum(1 for _, expiry in v if expiry > now))
+                    if b.kind == "concurrent"
+                    else peek_state(b, now, _parse_tat(v) if v else None)
+                    for b, v in zip(buckets, raw, strict=True)
+                ]
+
+            try:
+                return await self.shared.run(read)
+            except Degraded:
+                pass
+        return self.local.peek(buckets)
+
+    async def adjust(self, buckets: Sequence[Bucket], tokens: int) -> None:
+        """Charge (or with a negative count, return) tokens after the fact, without checking."""
+        token_buckets = [b for b in buckets if b.kind in TOKEN_KINDS]
+        if token_buckets and tokens:
+            await self._run("adjust", "", token_buckets, [float(tokens)] * len(token_buckets))
+
+    async def give_back(self, buckets: Sequence[Bucket], requests: int) -> None:
+        """Return `requests` units to the request-rate buckets among `buckets` (calls charged, never made)."""
+        rate = [b for b in buckets if b.kind not in TOKEN_KINDS and b.kind != "concurrent"]
+        if rate and requests:
+            await self._run("adjust", "", rate, [float(-requests)] * len(rate))
+
+    async def release(self, buckets: Sequence[Bucket], lease: str) -> None:
+        held = [b for b in buckets if b.kind == "concurrent"]
+        if not held:
+            return
+        zeros = [0.0] * len(held)
+        if self._channel is None:
+            self.local.run("release", lease, held, zeros)
+            return
+        leases = self.local.leases
+        if leases and any(lease in leases.get(b.redis_key, ()) for b in held):
+            # Admitted on local state during an outage: free the local slot whatever Redis does now.
+            self.local.run("release", lease, held, zeros)
+            if self._doubtful.pop(lease, None) is not None:
+                self._cancel(lease, held)
+            return
+        if self.shared.degraded:
+            self._cancel(lease, held)
+            return
+        try:
+            await self._remote(self._command("release", lease, held, zeros))
+        except Degraded:
+            self._cancel(lease, held)

@@ -1,0 +1,92 @@
+"""One structured JSON line per request, written to stderr.
+
+Lines are encoded once with msgspec and written in batches (a write per request is a system call per
+request) that stay under PIPE_BUF, so workers sharing stderr never interleave. Fields: docs/observability.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+import msgspec
+
+from gateway.ops.metrics import Record
+
+_encode = msgspec.json.Encoder().encode
+_FLUSH_BYTES: Final = 4096
+_FLUSH_S: Final = 0.2
+
+
+class Sink:
+    def __init__(self, fd: int | None = None) -> None:
+        self.fd = fd
+        self.buf = bytearray()
+        self._timer: asyncio.TimerHandle | None = None
+        # Extra receivers of every line (tests read them here instead of parsing stderr).
+        self.listeners: list[Callable[[bytes], None]] = []
+
+    def write(self, line: bytes) -> None:
+        for listener in self.listeners:
+            listener(line)
+        if len(self.buf) + len(line) + 1 > _FLUSH_BYTES:
+            self.flush()
+        self.buf += line
+        self.buf += b"\n"
+        if self._timer is None:
+            try:
+                self._timer = asyncio.get_running_loop().call_later(_FLUSH_S, self.flush)
+            except RuntimeError:
+                self.flush()  # no loop (a script or a test): write at once
+
+    def flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self.buf:
+            return
+        data, self.buf = bytes(self.buf), bytearray()
+        fd = sys.stderr.fileno() if self.fd is None else self.fd
+        try:
+            while data:
+                data = data[os.write(fd, data) :]
+        except OSError:
+            pass  # a closed or full stderr must never take a request down
+
+
+SINK = Sink()
+
+
+def line(rec: Record, elapsed_s: float) -> bytes:
+    entry: dict[str, Any] = {
+        "ts": round(time.time(), 3),
+        "request_id": rec.request_id,
+        "dialect": rec.dialect,
+        "key": rec.key,
+        "model": rec.model,
+        "provider": rec.provider or None,
+        "target": rec.target or None,
+        "status": rec.status,
+        "latency_ms": round(elapsed_s * 1000, 3),
+        "upstream_ms": round(rec.upstream_s * 1000, 3),
+        "attempts": rec.attempts,
+        "prompt_tokens": rec.usage.prompt_tokens if rec.usage else None,
+        "completion_tokens": rec.usage.completion_tokens if rec.usage else None,
+        "stream": rec.stream,
+        "error": rec.error_code,
+        "cause": rec.cause,
+    }
+    if rec.usage_estimated:
+        entry["usage_estimated"] = True
+    if rec.prompt is not None:
+        entry["prompt"] = rec.prompt
+        entry["completion"] = rec.completion
+    return _encode(entry)
+
+
+def write(rec: Record, elapsed_s: float) -> None:
+    SINK.write(line(rec, elapsed_s))

@@ -1,0 +1,241 @@
+"""Prometheus metrics, correct with several workers.
+
+With one process the values live in this process's registry. `python -m gateway serve --workers N`
+sets `PROMETHEUS_MULTIPROC_DIR` before starting the workers, so prometheus_client keeps every
+worker's values in files there and `GET /metrics`, whichever worker answers, reads them all.
+
+Label values come from the config, never from what a client sends: a route key is any string after
+a configured provider's name, so `model` and `target` keep only the names the config declares (see
+`ModelLabels`) and fold every other one into its provider's `other` bucket. A flood of random model
+names therefore adds no series: the number of series is bounded by the config.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Final, NamedTuple
+
+import msgspec
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from gateway.config import LoadedConfig, replica_names
+from wire.schema import Usage
+
+CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
+_LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_OVERHEAD = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
+_GLOB: Final = re.compile(r"[*?\[]")
+UNKNOWN: Final = "unknown"  # a model that did not resolve (no alias, no configured provider)
+_MEMO_MAX: Final = 1024
+OTHER: Final = "other"  # `<provider>/other[/<deployment>]`: every model name the config does not declare
+
+
+class ModelLabels:
+    """The `model` and `target` label values (and usage rows) one config allows.
+
+    Kept exactly: alias names, the models alias targets and fallbacks name, each provider's declared
+    `models:` (also on each of its deployments), and exact (glob-free) `prices:` keys and key `models:`
+    entries. Any other `provider/name[/deployment]` becomes `provider/other[/deployment]`; a string with no
+    configured provider becomes `unknown`. So the values are bounded by the config, whatever clients send.
+    """
+
+    def __init__(self, loaded: LoadedConfig | None = None) -> None:
+        self.known: set[str] = set()
+        self.deployments: dict[str, frozenset[str]] = {}
+        self._memo: dict[str, str] = {}
+        if loaded is None:
+            return
+        cfg = loaded.config
+        for alias in cfg.models:
+            self.known.add(alias.name)
+            self.known.update(t.model for t in alias.targets)
+            self.known.update(alias.fallbacks)
+            self.known.update(alias.context_window_fallbacks)
+        for name, p in loaded.providers.items():
+            self.deployments[name] = frozenset(p.deployments)
+            self.known.update(f"{name}/{m}" for m in p.models)
+            for replica in replica_names(name, p.replicas):  # each replica's targets are labelled as it
+                self.deployments[replica] = frozenset(p.deployments)
+                self.known.update(f"{replica}/{m}" for m in p.models)
+        exact = [*cfg.prices, *(m for k in cfg.keys for m in k.models)]
+        self.known.update(m for m in exact if not _GLOB.search(m))
+
+    def fold(self, model: str) -> str:
+        if model in self.known:
+            return model
+        # Undeclared names (every direct `vendor/model` a config does not list) are remembered, in a memo
+        # emptied when full so that client-chosen names cannot grow it.
+        folded = self._memo.get(model)
+        if folded is None:
+            if len(self._memo) >= _MEMO_MAX:
+                self._memo.clear()
+            folded = self._memo[model] = self._fold(model)
+        return folded
+
+    def _fold(self, model: str) -> str:
+        provider, _, rest = model.partition("/")
+        deployments = self.deployments.get(provider)
+        if deployments is None or not rest:
+            return UNKNOWN
+        head, sep, last = rest.rpartition("/")
+        if sep and last in deployments:
+            # A declared model on a declared deployment is as bounded as the config itself.
+            return model if f"{provider}/{head}" in self.known else f"{provider}/{OTHER}/{last}"
+        return f"{provider}/{OTHER}"
+
+
+class Record(msgspec.Struct):
+    """What one request did, filled in by the pipeline and read when the answer (or stream) ends."""
+
+    request_id: str
+    dialect: str
+    key: str | None = None
+    model: str = "unknown"
+    # The target that served the request or, when none did, the last one that failed (then `failed` is set).
+    provider: str = ""
+    target: str = ""
+    failed: bool = False
+    attempts: int = 0
+    fallback: bool = False  # served by one of the alias's fallbacks rather than its own targets
+    status: int = 200
+    stream: bool = False
+    usage: Usage | None = None
+    # The upstream reported none (a stream without usage): `usage` is the gateway's estimate.
+    usage_estimated: bool = False
+    # Time spent inside the failover loop (upstream calls and retry waits); a stream: to its first event.
+    upstream_s: float = 0.0
+    error_code: str | None = None
+    cause: str | None = None  # why the upstream failed (wire.errors.CAUSES, `http_<status>`)
+    prompt: str | None = None  # only when the config turns prompt logging on
+    completion: str | None = None
+    # `model` folded into its label value (`ModelLabels.fold`), by whichever of the usage booking and the
+    # metrics reads it first: folding twice per request was a measurable share of the request's own work.
+    label: str | None = None
+
+
+class _Children(NamedTuple):
+    requests: Counter
+    latency: Histogram
+    upstream: Histogram
+    ttft: Histogram
+    prompt_tokens: Counter
+    completion_tokens: Counter
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "gateway_requests", "Completion requests", ["dialect", "model", "provider", "status"], registry=r
+        )
+        self.latency = Histogram(
+            "gateway_request_duration_seconds",
+            "End-to-end latency (streams: until the last byte)",
+            ["dialect", "provider", "stream"],
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.upstream = Histogram(
+            "gateway_upstream_duration_seconds",
+            "Time in upstream calls and retry waits (streams: until the first event)",
+            ["provider", "stream"],
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.overhead = Histogram(
+            "gateway_overhead_seconds",
+            "Non-streaming latency the gateway adds: end-to-end minus upstream time",
+            buckets=_OVERHEAD,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "gateway_time_to_first_token_seconds",
+            "Streams: from the request to the first event from the upstream",
+            ["provider"],
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.tokens = Counter("gateway_tokens", "Tokens", ["kind", "model", "provider"], registry=r)
+        # Booked by gateway/limits/usage.py at the configured prices; `key` is a configured key name (or anonymous).
+        self.cost = Counter("gateway_cost_usd", "Spend in USD at the configured prices", ["model", "key"], registry=r)
+        self.retries = Counter(
+            "gateway_retries", "Upstream calls beyond the first for a request", ["model"], registry=r
+        )
+        self.fallbacks = Counter(
+            "gateway_fallbacks", "Requests served by a target other than their first choice", ["model"], registry=r
+        )
+        self.cooldowns = Counter("gateway_cooldowns", "Targets cooled down", ["target", "cause"], registry=r)
+        self.rate_limited = Counter(
+            "gateway_rate_limited", "Requests refused by a rate limit or budget", ["code", "model"], registry=r
+        )
+        # Requests that failed because an upstream did, under the target that failed last and why.
+        self.failures = Counter(
+            "gateway_upstream_failures",
+            "Requests failed by an upstream, by the target that failed and the cause",
+            ["provider", "target", "cause"],
+            registry=r,
+        )
+        self.in_flight = Gauge("gateway_in_flight", "Requests being served", multiprocess_mode="livesum", registry=r)
+        # The config in force decides the label values (`bind`); until one is bound, every model folds.
+        self.labels = ModelLabels()
+        # Bounded like the label values themselves (see the module docstring).
+        self._cache: dict[tuple[str, str, str, int, bool], _Children] = {}
+
+    def bind(self, labels: ModelLabels) -> None:
+        """Fold labels by this config's names from now on (a reload binds the new config's)."""
+        self.labels = labels
+
+    def cooldown(self, target: str, cause: str) -> None:
+        self.cooldowns.labels(self.labels.fold(target), cause).inc()
+
+    def _children(self, dialect: str, model: str, provider: str, status: int, stream: bool) -> _Children:
+        """The labelled series one kind of request touches, looked up once per label set rather than through
+        `labels()` (argument checks and a lock) five times per request."""
+        key = (dialect, model, provider, status, stream)
+        kids = self._cache.get(key)
+        if kids is None:
+            flag = "true" if stream else "false"
+            kids = self._cache[key] = _Children(
+                requests=self.requests.labels(dialect, model, provider, str(status)),
+                latency=self.latency.labels(dialect, provider, flag),
+                upstream=self.upstream.labels(provider, flag),
+                ttft=self.ttft.labels(provider),
+                prompt_tokens=self.tokens.labels("prompt", model, provider),
+                completion_tokens=self.tokens.labels("completion", model, provider),
+            )
+        return kids
+
+    def observe(self, rec: Record, elapsed_s: float) -> None:
+        model = rec.label
+        if model is None:
+            model = rec.label = self.labels.fold(rec.model)
+        kids = self._children(rec.dialect, model, rec.provider or "none", rec.status, rec.stream)
+        kids.requests.inc()
+        kids.latency.observe(elapsed_s)
+        if rec.provider:
+            kids.upstream.observe(rec.upstream_s)
+            if rec.stream and not rec.failed:
+                kids.ttft.observe(rec.upstream_s)
+            elif rec.status == 200:
+                self.overhead.observe(max(elapsed_s - rec.upstream_s, 0.0))
+        if rec.attempts > 1:
+            self.retries.labels(model).inc(rec.attempts - 1)
+        if rec.fallback:
+            self.fallbacks.labels(model).inc()
+        if rec.usage is not None:
+            kids.prompt_tokens.inc(rec.usage.prompt_tokens)
+            kids.completion_tokens.inc(rec.usage.completion_tokens)
+        if rec.status == 429 and rec.error_code in ("rate_limit_exceeded", "budget_exceeded", "provider_quota"):
+            self.rate_limited.labels(rec.error_code, model).inc()
+        elif rec.cause is not None and rec.provider:
+            self.failures.labels(rec.provider, self.labels.fold(rec.target), rec.cause).inc()
+
+    def render(self) -> bytes:
+        if self.multiprocess:
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+            return generate_latest(registry)
+        return generate_latest(self.registry)

@@ -1,0 +1,428 @@
+"""One attempt of one request on one target, as values, and the upstream calls it makes.
+
+A `Job` is what every attempt of a request shares (the request, its context, its plan); the failover
+loop calls `Job.complete` or `Job.open` once per attempt, which makes an `Attempt`: the job plus the
+route and the timeouts. An attempt that needs emulation (docs/emulation.md) hands its own `call` to
+gateway/emulation/planning.py, so a fan-out's sub-calls share the attempt's route, timeouts and context. A
+stream's attempt ends when its first event has been read; gateway/path/relay.py takes it from there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncGenerator, Coroutine, Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from gateway import emulation
+from gateway.config import CapsConfig
+from gateway.emulation import Emulation
+from gateway.emulation.client_schema import Work
+from gateway.fleet.picker import Hint
+from gateway.limits.admission import Admission, Ticket
+from gateway.resilience.health import Health
+from gateway.upstream.client import Stream, Upstream
+from gateway.upstream.framing import DECODERS
+from gateway.upstream.plan import Plan, Route
+from gateway.upstream.transport import Timeouts
+from providers.base import Adapter, CallContext, LocalAdapter, map_params, prompt_form
+from providers.envelope import Unreadable
+from wire.errors import GatewayError, UpstreamError
+from wire.schema import Completion, CompletionRequest, Usage
+
+log = logging.getLogger("gateway")
+
+# What an upstream answer that cannot be read raises while it is parsed: the answer is broken, not the
+# gateway (other exceptions are adapter bugs, logged with their traceback, but also a failed attempt).
+UNREADABLE = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, Unreadable)
+# The most tokens one answer may report: larger (or negative) counts from a broken upstream are clamped
+# so they cannot poison rate limits, budgets and usage rows.
+MAX_REPORTED_TOKENS = 100_000_000
+# The longest an upstream's own quota headers may keep its target off: a month (Mistral's longest window),
+# so a reset header saying "99999h" does not park the target for years.
+MAX_QUOTA_WAIT_S = 31 * 86400.0
+
+
+class Services:
+    """What attempts use, built once per pipeline: the upstream client, health (quota headers), bounds."""
+
+    __slots__ = ("upstream", "health", "caps", "guided_retries", "ignores_n")
+
+    def __init__(self, upstream: Upstream, health: Health, caps: CapsConfig, guided_retries: int) -> None:
+        self.upstream = upstream
+        self.health = health
+        self.caps = caps
+        self.guided_retries = guided_retries
+        # Targets seen answering fewer choices than `n` asked for (llama-cpp-python's server): a later
+        # request with n > 1 fails there before its first byte, as an unstreamed one fails after the answer.
+        self.ignores_n: set[str] = set()
+
+
+class Opened:
+    """A stream whose first event has arrived: nothing has been sent to the client yet."""
+
+    def __init__(
+        self,
+        chunks: AsyncGenerator[Completion, None],
+        first: Completion | None,
+        stream: Stream | None = None,
+        *,
+        ctx: CallContext,
+        children: Sequence[Opened] = (),
+    ) -> None:
+        self.chunks = chunks
+        self.first = first
+        self.stream = stream
+        self.ctx = ctx  # this call's own context: its `created` is what the stream's chunks carry
+        self.children = children  # the sub-streams an emulated fan-out merges
+        self.quota: Ticket | None = None  # an alias target's provider/deployment quota, settled with the stream
+
+    def drop(self) -> None:
+        """Close the upstream connection(s) at once (not returned to the pool half-read)."""
+        if self.stream is not None:
+            self.stream.close()
+        for child in self.children:
+            child.drop()
+
+    async def close(self) -> None:
+        self.drop()
+        await self.chunks.aclose()
+        for child in self.children:
+            await child.close()
+
+
+class Job:
+    """One admitted request as the failover loop sees it: what each of its attempts shares.
+
+    `admission` is None when the targets' own quotas are not checked (no limits configured, or a
+    resumed stream, which the original attempt's quota already covers). `ticket` is the request's
+    admission, settled when the answer (or the stream) ends.
+    """
+
+    __slots__ = ("services", "admission", "req", "ctx", "plan", "dropped", "ticket", "work", "hint")
+
+    def __init__(
+        self,
+        services: Services,
+        admission: Admission | None,
+        req: CompletionRequest,
+        ctx: CallContext,
+        plan: Plan,
+        ticket: Ticket | None = None,
+    ) -> None:
+        self.services = services
+        self.admission = admission
+        self.req = req
+        self.ctx = ctx
+        self.plan = plan
+        self.dropped: dict[str, list[str]] = {}  # per route key: the parameters dropped for it
+        self.ticket = ticket
+        self.work: Work | None = None  # what checking guided answers may spend: every attempt's together
+        self.hint: Hint | None = None  # what a replicated provider's policy reads (gateway/fleet)
+
+    async def complete(self, route: Route, timeouts: Timeouts) -> Completion:
+        """One buffered attempt on `route`, within the target's own quota."""
+        admission = self.admission
+        quota = await admission.admit_route(route, self.req, self.plan) if admission is not None else None
+        used: int | None = 0
+        try:
+            c = await Attempt(self, route, timeouts).complete()
+            used = c.usage.total_tokens if c.usage is not None else None
+            return c
+        finally:
+            if admission is not None:
+                admission.settle(quota, used)
+
+    async def open(self, route: Route, timeouts: Timeouts) -> Opened:
+        """One streamed attempt on `route`: the stream, opened to its first event, holds the target's quota."""
+        admission = self.admission
+        quota = await admission.admit_route(route, self.req, self.plan) if admission is not None else None
+        try:
+            opened = await Attempt(self, route, timeouts).open()
+        except BaseException:
+            if admission is not None:
+                admission.settle(quota, 0)
+            raise
+        opened.quota = quota
+        return opened
+
+    def discard(self, lost: Opened) -> None:
+        """A stream that lost a hedge race: closed, and its quota given back."""
+        lost.drop()
+        if self.admission is not None:
+            self.admission.settle(lost.quota, 0)
+
+
+class Attempt:
+    """One attempt of a job on one route, within `timeouts`: one upstream call, or an emulation's several."""
+
+    __slots__ = ("job", "services", "admission", "route", "req", "ctx", "timeouts", "dropped", "charged", "sent")
+
+    def __init__(self, job: Job, route: Route, timeouts: Timeouts) -> None:
+        self.job = job
+        self.services = job.services
+        self.admission = job.admission
+        self.route = route
+        self.req = job.req
+        self.ctx = job.ctx
+        self.timeouts = timeouts
+        self.dropped = job.dropped
+        # An emulation's upstream calls: charged beyond admission's one, and made (docs/ratelimits.md).
+        self.charged = 0
+        self.sent = 0
+
+    def _emulation(self) -> Emulation | None:
+        route, services = self.route, self.services
+        return emulation.plan(
+            route.adapter, self.req, route.provider, services.guided_retries, services.caps, route.endpoint
+        )
+
+    def complete(self) -> Coroutine[Any, Any, Completion]:
+        # The coroutine itself, not awaited here: one frame less on every resume of the upstream call.
+        em = self._emulation()
+        if em is None:
+            return self.call(self.req)
+        return self._complete(em, self.req)
+
+    async def _complete(self, em: Emulation, req: CompletionRequest) -> Completion:
+        await self._charge(em)
+        try:
+            work = self._work() if em.guide is not None else None
+            return await emulation.complete(em, req, self.ctx, self.call, self._again, work)
+        finally:
+            self._unsent()
+
+    async def _charge(self, em: Emulation) -> None:
+        """The fan-out's calls beyond the one admission charged, to the target's request buckets: all of
+        them before the first is made, so a refused fan-out makes no call (docs/ratelimits.md)."""
+        calls = len(em.prompts) * em.fan_n
+        if calls > 1 and self.admission is not None:
+            param = "best_of" if em.best_of else "n" if em.fan_n > 1 else "prompt"
+            await self.admission.charge_calls(self.route, calls - 1, param)
+            self.charged = calls - 1
+
+    async def _again(self, req: CompletionRequest) -> Completion:
+        """A guided output's retry: one more upstream call, charged before it is made."""
+        if self.admission is not None:
+            await self.admission.charge_calls(self.route, 1)
+            self.charged += 1
+        return await self.call(req)
+
+    def _unsent(self) -> None:
+        """Give back what was charged for calls never made: sub-calls refused before they were sent (a 400
+        from the adapter), or cancelled when another one failed. Admission's unit stays, as for any request."""
+        unsent = self.charged - max(self.sent - 1, 0)
+        if unsent > 0 and self.admission is not None:
+            self.admission.give_back_calls(self.route, unsent)
+
+    def _work(self) -> Work:
+        """The request's checking budget, made by its first guided attempt: the attempt's timeouts end at the
+        request's deadline (gateway/resilience/failover.py caps them to what is left of it)."""
+        job = self.job
+        if job.work is None:
+            job.work = Work(self.services.caps.guided_work, time.monotonic() + self.timeouts.total)
+        return job.work
+
+    async def open(self) -> Opened:
+        em = self._emulation()
+        if em is None:
+            return await self.open_one(self.req)
+        if em.guide is not None:
+            # Bytes sent cannot be taken back: a guided stream is made from an answer already validated.
+            plain = msgspec.structs.replace(self.req, stream=False, stream_options=None)
+            answer = await self._complete(em, plain)
+            chunks = _replay(emulation.to_chunks(answer))
+            return Opened(chunks, await anext(chunks, None), ctx=self.ctx)
+        await self._charge(em)
+        tasks = [asyncio.ensure_future(self.open_one(s)) for s in emulation.sub_requests(em, self.req)]
+        try:
+            opens = list(await asyncio.gather(*tasks))
+        except BaseException:
+            for t in tasks:
+                t.cancel()
+            for r in await asyncio.gather(*tasks, return_exceptions=True):
+                if isinstance(r, Opened):
+                    await r.close()
+            raise
+        finally:
+            self._unsent()
+        merged = emulation.stream(em, self.req, self.ctx, opens)
+        return Opened(merged, await anext(merged, None), ctx=opens[0].ctx, children=opens)
+
+    def _prepare(self, req: CompletionRequest) -> dict[str, Any]:
+        route = self.route
+        route.adapter.check(req, route.provider)
+        params, lost = map_params(req, route.adapter.params, route.provider, route.drop_unsupported)
+        if lost:
+            self.dropped[route.key] = lost
+        return params
+
+    async def _watch_quota(self, headers: Mapping[str, str]) -> None:
+        """An answer that says the upstream's quota is now used up: stop every replica sending more."""
+        wait = self.route.adapter.exhausted_for(headers)
+        if wait is not None:
+            await self.services.health.exhausted(self.route.key, min(wait, MAX_QUOTA_WAIT_S))
+
+    async def call(self, req: CompletionRequest) -> Completion:
+        """One upstream call for `req` (the request, or one of an emulation's sub-requests), buffered."""
+        params = self._prepare(req)
+        route = self.route
+        adapter = route.adapter
+        ctx = _fresh(self.ctx)
+        if isinstance(adapter, LocalAdapter):
+            self.sent += 1
+            return await adapter.complete(req, route.endpoint, ctx)
+        upstream_req = adapter.build_request(req, route.endpoint, params)
+        self.sent += 1
+        resp = await self.services.upstream.send(route.provider, upstream_req, self.timeouts, route.key)
+        if resp.status >= 400:
+            raise adapter.map_error(resp.status, resp.headers, resp.body, route.provider)
+        await self._watch_quota(resp.headers)
+        try:
+            answer = adapter.parse_response(resp.body, ctx)
+        except GatewayError:
+            raise
+        except Exception as exc:
+            raise _unreadable(route, "response body", exc) from None
+        if req.n is not None and req.n > 1 and len(answer.choices) < (asked := choices_asked(req)):
+            self.services.ignores_n.add(route.key)
+            raise ignored_n(route, asked, len(answer.choices))
+        u = answer.usage
+        # sane_usage's common case, inline: every answer passes here, and a call costs more than the check.
+        if u is not None and not (
+            0 <= u.prompt_tokens <= MAX_REPORTED_TOKENS
+            and 0 <= u.completion_tokens <= MAX_REPORTED_TOKENS
+            and u.prompt_tokens + u.completion_tokens <= u.total_tokens <= MAX_REPORTED_TOKENS
+        ):
+            answer.usage = sane_usage(u)
+        return answer
+
+    async def open_one(self, req: CompletionRequest) -> Opened:
+        """One upstream call for `req`, streamed: opened and read to its first event that carries something."""
+        params = self._prepare(req)
+        route = self.route
+        adapter = route.adapter
+        ctx = _fresh(self.ctx)
+        if isinstance(adapter, LocalAdapter):
+            self.sent += 1
+            local = adapter.stream(req, route.endpoint, ctx)
+            return Opened(local, await anext(local, None), ctx=ctx)
+        if req.n is not None and req.n > 1 and route.key in self.services.ignores_n:
+            raise ignored_n(route, choices_asked(req), choices_asked(req) // req.n)
+        upstream_req = adapter.build_request(req, route.endpoint, params)
+        self.sent += 1
+        stream = await self.services.upstream.open_stream(route.provider, upstream_req, self.timeouts, route.key)
+        try:
+            if stream.status >= 400:
+                body = await stream.read_all()
+                raise adapter.map_error(stream.status, stream.headers, body, route.provider)
+            await self._watch_quota(stream.headers)
+            events = _events(adapter, stream, ctx, self.services.caps.upstream_event_bytes)
+            try:
+                first = await anext(events, None)
+                # Events that carry nothing for the client (Azure's prompt-filter chunk, an empty `choices`)
+                # are not a start: the attempt is decided by the first one that does.
+                while first is not None and not first.choices and first.usage is None:
+                    first = await anext(events, None)
+            except GatewayError:
+                raise
+            except Exception as exc:
+                # Nothing reached the client yet: a first event that cannot be read is a failed attempt.
+                raise _unreadable(route, "stream event", exc) from None
+            if first is None:
+                # Nothing reached the client yet: an empty stream is a failed attempt, retried like one.
+                raise UpstreamError(
+                    f"Upstream '{route.key}' ended the stream early",
+                    code="upstream_stream_ended_early",
+                    retryable=True,
+                    cause="stream_ended_early",
+                    target=route.key,
+                    provider=route.provider,
+                )
+        except BaseException:
+            stream.close()
+            raise
+        return Opened(events, first, stream, ctx=ctx)
+
+
+async def _replay(chunks: list[Completion]) -> AsyncGenerator[Completion, None]:
+    for c in chunks:
+        yield c
+
+
+def _fresh(ctx: CallContext) -> CallContext:
+    """A context for one upstream call: attempts (and hedged pairs) never share parser state."""
+    return msgspec.structs.replace(ctx, offsets={}, state={})
+
+
+async def _events(
+    adapter: Adapter, stream: Stream, ctx: CallContext, max_event_bytes: int
+) -> AsyncGenerator[Completion, None]:
+    """Upstream bytes -> normalized chunks, as they arrive."""
+    decoder = DECODERS[adapter.framing](max_event_bytes=max_event_bytes)
+    async for chunk in stream.chunks():
+        for event, data in decoder.feed(chunk):
+            c = adapter.parse_event(event, data, ctx)
+            if c is not None:
+                yield c
+    for event, data in decoder.close():
+        c = adapter.parse_event(event, data, ctx)
+        if c is not None:
+            yield c
+
+
+def _unreadable(route: Route, what: str, exc: Exception) -> UpstreamError:
+    """An upstream answer the adapter could not read: a failed attempt (502), retried or failed over."""
+    if not isinstance(exc, UNREADABLE):
+        log.error("parsing %s's %s failed", route.provider, what, exc_info=exc)
+    return UpstreamError(
+        f"Upstream '{route.key}' sent an invalid {what}",
+        code="invalid_upstream_response",
+        retryable=True,
+        cause="invalid_response",
+        target=route.key,
+        provider=route.provider,
+    )
+
+
+def choices_asked(req: CompletionRequest) -> int:
+    """Choices an upstream call must answer: n per prompt it was sent."""
+    prompts = len(req.prompt) if prompt_form(req.prompt) in ("texts", "token_lists") else 1
+    return (req.n or 1) * prompts
+
+
+def ignored_n(route: Route, asked: int, got: int) -> UpstreamError:
+    """An upstream that answers one choice where `n` asked for several: the answer is not the one asked for.
+
+    Not retried on that target (it will do the same), but another one may honour `n`; the target is not
+    unhealthy for it.
+    """
+    return UpstreamError(
+        f"Upstream '{route.key}' answered {got} choice(s) where the request asked for {asked}: it does not "
+        "honour 'n' (send one request per choice, or use a target that takes 'n')",
+        param="n",
+        code="upstream_ignored_n",
+        retryable=False,
+        elsewhere=True,
+        cools=False,
+        cause="invalid_response",
+        target=route.key,
+        provider=route.provider,
+    )
+
+
+def _tokens(n: int) -> int:
+    return n if 0 <= n <= MAX_REPORTED_TOKENS else (0 if n < 0 else MAX_REPORTED_TOKENS)
+
+
+def sane_usage(u: Usage) -> Usage:
+    """Usage as the upstream reported it, unless a count is negative or absurd (then clamped)."""
+    p, c, t = u.prompt_tokens, u.completion_tokens, u.total_tokens
+    if 0 <= p <= MAX_REPORTED_TOKENS and 0 <= c <= MAX_REPORTED_TOKENS and p + c <= t <= MAX_REPORTED_TOKENS:
+        return u  # the common case: one comparison chain, no new struct
+    p, c = _tokens(p), _tokens(c)
+    # A total below its parts would undercount what rate limits and budgets are charged.
+    return msgspec.structs.replace(u, prompt_tokens=p, completion_tokens=c, total_tokens=max(_tokens(t), p + c))

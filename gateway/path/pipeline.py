@@ -1,0 +1,255 @@
+"""One completion request, end to end, in three steps: admit, then buffered or streamed.
+
+This is the request path, so it is kept flat: one JSON decode of the client body, one encode of the
+upstream body per attempt, one decode of the upstream answer and one encode of the client answer. The
+steps and the values passed along: docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
+
+import msgspec
+
+from gateway.config import LoadedConfig
+from gateway.fleet.picker import Hint
+from gateway.ids import unique_suffix
+from gateway.limits.admission import Admission
+from gateway.limits.auth import KeyRing
+from gateway.limits.usage import UsageStore
+from gateway.ops import tracing
+from gateway.ops.metrics import Metrics, Record
+from gateway.path.attempt import Job, Services
+from gateway.path.dialects import Dialect, decode_error
+from gateway.path.relay import STREAM_FAILED, Relay
+from gateway.path.request import normalize
+from gateway.path.routing import Router
+from gateway.resilience.failover import Failover, Outcome
+from gateway.resilience.health import Health
+from gateway.state import SharedState
+from gateway.upstream.client import Upstream
+from gateway.upstream.plan import Plan
+from gateway.upstream.scrub import Scrubber, watch_logs
+from providers.base import CallContext, prompt_form
+from wire.errors import UpstreamError
+from wire.schema import CompletionRequest, decode_request, encode
+
+# gateway/edge/endpoint.py ends a stream that failed before the relay could say so with these bytes.
+__all__ = ["STREAM_FAILED", "Pipeline", "Result"]
+
+
+def _completion_id() -> str:
+    return "cmpl-" + unique_suffix()
+
+
+class Result(msgspec.Struct):
+    """A finished answer (`body`) or an open stream (`stream`), plus headers for the client."""
+
+    headers: dict[str, str]
+    body: bytes = b""
+    stream: AsyncIterator[bytes] | None = None
+
+
+class Pipeline:
+    def __init__(
+        self,
+        loaded: LoadedConfig,
+        *,
+        sleep: Callable[[float], Awaitable[None]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.loaded = loaded
+        self.router = Router(loaded)
+        self.keys = KeyRing(loaded)
+        self.upstream = Upstream(loaded)
+        self.shared = SharedState(loaded.config.redis.url)
+        on_cooldown = metrics.cooldown if metrics is not None else None
+        self.health = Health(
+            self.shared,
+            loaded.config.cooldown,
+            clock=clock,
+            on_cooldown=on_cooldown,
+            refresh_ms=loaded.config.redis.refresh_ms,
+        )
+        self.log_prompts = loaded.config.logging.prompts
+        self.log_requests = loaded.config.logging.requests
+        self.failover = Failover(self.health, clock=clock, **({"sleep": sleep} if sleep else {}))
+        self.admission = Admission(loaded, self.shared, **({"sleep": sleep} if sleep else {}))
+        self.usage = UsageStore(loaded, self.shared, metrics=metrics)
+        # None unless tracing is on (gateway/ops/tracing.py): the endpoint then opens a span per request.
+        self.tracing = tracing.from_config(loaded)
+        self.trace_link = loaded.config.tracing.client_context == "link"
+        # Built once per config: cuts the config's secrets out of upstream text (errors, logs).
+        self.scrub = Scrubber.from_config(loaded)
+        watch_logs(self.scrub)
+        caps = loaded.config.caps
+        self.services = Services(self.upstream, self.health, caps, loaded.config.guided_retries)
+        self.relay = Relay(self.services, self.admission, self.health, self.failover, self.scrub)
+
+    # Requests hold the pipeline they started with; a reload retires this one, which closes its pools
+    # when the last of them ends.
+    active = 0
+    retiring = False  # set by a reload: the endpoint takes the new pipeline for a request not yet entered
+    _closing: asyncio.Future[None] | None = None
+
+    def enter(self) -> None:
+        self.active += 1
+
+    def exit(self) -> None:
+        self.active -= 1
+        if self.retiring and self.active == 0:
+            self._close_soon()
+
+    def retire(self) -> None:
+        self.retiring = True
+        if self.active == 0:
+            self._close_soon()
+
+    def _close_soon(self) -> None:
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self.close())
+
+    async def close(self) -> None:
+        await self.admission.drain()
+        await self.admission.limiter.close()
+        await self.usage.drain()
+        await self.upstream.close()
+        await self.shared.close()
+
+    async def complete(
+        self, raw: bytes, headers: Mapping[str, str], dialect: Dialect, rec: Record | None = None
+    ) -> Result:
+        rec = rec if rec is not None else Record(request_id="", dialect=dialect.name)
+        try:
+            job = await self._admit(raw, headers, rec)
+            if job.req.stream:
+                return await self._streamed(job, rec)
+            return await self._buffered(job, rec)
+        except UpstreamError as exc:
+            # The one way out for upstream errors before a stream starts: nothing unscrubbed passes it.
+            raise self.scrub.error(exc) from None
+
+    async def _admit(self, raw: bytes, headers: Mapping[str, str], rec: Record) -> Job:
+        """Who asks, for what, and whether they may: the request decoded, routed and admitted."""
+        key = self.keys.authenticate(headers)
+        rec.key = key.name if key is not None else None
+        try:
+            req = decode_request(raw)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise decode_error(exc) from None
+        normalize(req, self.loaded.config.caps)
+        self.keys.authorize(key, req.model)
+        rec.model = req.model  # a budget refusal counts under the model asked for (routing refines it below)
+        if key is not None and key.name in self.usage.budgets:
+            await self.usage.check(key.name)  # one HGET of today's booked spend
+        plan = self.router.plan(req.model)
+        alias = req.model in self.router.aliases
+        rec.model = req.model if alias else plan.groups[0].routes[0].key
+        rec.stream = bool(req.stream)
+        if self.log_prompts:
+            rec.prompt = req.prompt if isinstance(req.prompt, str) else encode(req.prompt).decode()
+        ctx = CallContext(
+            id=_completion_id(),
+            created=int(time.time()),
+            model=req.model,
+            prompts=_text_prompts(req),
+            stop_reason=bool(req.include_stop_reason),
+            n=req.n or 1,
+            echo=bool(req.echo),
+            logprobs=req.logprobs is not None,
+        )
+        admission = self.admission if self.admission.enabled else None
+        ticket = await admission.admit(key, req, plan) if admission is not None else None
+        job = Job(self.services, admission, req, ctx, plan, ticket)
+        if self.router.fleets:
+            job.hint = Hint(req, headers)  # read only by a replicated provider's policy (gateway/fleet)
+        return job
+
+    async def _buffered(self, job: Job, rec: Record) -> Result:
+        """Every attempt of an unstreamed request, then its answer: encoded once, with its usage booked."""
+        used: int | None = 0
+        started = time.perf_counter()
+        try:
+            done = await self.failover.run(
+                job.plan,
+                job.complete,
+                deadline_s=_deadline(job.req),
+                tenant=rec.key,
+                client_headers=bool(job.req.inference_extra_headers),
+                hint=job.hint,
+            )
+            usage = done.value.usage
+            used = usage.total_tokens if usage is not None else None
+        finally:
+            rec.upstream_s = time.perf_counter() - started
+            self.admission.settle(job.ticket, used)
+        _served(rec, job.plan, done)
+        rec.usage = done.value.usage
+        if self.log_prompts:
+            rec.completion = encode([ch.text for ch in done.value.choices]).decode()
+        return Result(_headers(done, job), body=encode(done.value))
+
+    async def _streamed(self, job: Job, rec: Record) -> Result:
+        """Every attempt of a streamed request up to its first event; then the relay has the stream."""
+        started = time.perf_counter()
+        try:
+            opened = await self.failover.run(
+                job.plan,
+                job.open,
+                deadline_s=_deadline(job.req),
+                discard=job.discard,
+                tenant=rec.key,
+                client_headers=bool(job.req.inference_extra_headers),
+                hint=job.hint,
+            )
+        except BaseException:
+            self.admission.settle(job.ticket, 0)
+            raise
+        finally:
+            rec.upstream_s = time.perf_counter() - started
+        _served(rec, job.plan, opened)
+        return Result(_headers(opened, job), stream=self.relay.stream(opened.value, opened.route, job, rec))
+
+
+def _served(rec: Record, plan: Plan, outcome: Outcome[Any]) -> None:
+    route = outcome.route
+    rec.provider, rec.target, rec.attempts = route.provider, route.key, outcome.attempts
+    rec.fallback = all(
+        r.key != route.key and all(x.key != route.key for x in r.replicas) for r in plan.groups[0].routes
+    )
+
+
+def _headers(outcome: Outcome[Any], job: Job) -> dict[str, str]:
+    """What served the answer, the parameters dropped for that target, and the request's rate-limit state."""
+    route = outcome.route
+    headers = {
+        "x-gateway-provider": route.provider,
+        "x-gateway-model": route.key,
+        "x-gateway-attempts": str(outcome.attempts),
+    }
+    lost = job.dropped.get(route.key)
+    if lost:
+        headers["x-gateway-dropped-params"] = ",".join(lost)
+    if job.ticket is not None:
+        headers |= job.ticket.headers
+    return headers
+
+
+def _deadline(req: CompletionRequest) -> float | None:
+    """The request's own `inference_timeout` (seconds): it can only shorten the plan's `total_ms`."""
+    t = req.inference_timeout
+    # A tuple, not `float | int`: that builds a union object on every call.
+    return float(t) if isinstance(t, (float, int)) else None
+
+
+def _text_prompts(req: CompletionRequest) -> list[str] | None:
+    form = prompt_form(req.prompt)
+    if form == "text":
+        return [req.prompt]  # type: ignore[list-item]
+    if form == "texts":
+        return list(req.prompt)  # type: ignore[arg-type]
+    return None

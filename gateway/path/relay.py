@@ -1,0 +1,238 @@
+"""A started stream, relayed to the client event by event, and resumed elsewhere if it breaks.
+
+Once a stream's first event has been read the failover loop is done with the request: bytes reach the
+client and nothing can be taken back. What can still go wrong is handled here: an error or an early end
+becomes an error event, and with `resume_streams` a single text continuation is reopened on another
+target from the prompt plus the text already sent (docs/resilience.md, Streams). Every stream the client
+saw start ends with [DONE], and its admission is settled whatever happened.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import msgspec
+
+from gateway.limits import tokens
+from gateway.limits.admission import Admission
+from gateway.ops.metrics import Record
+from gateway.path.attempt import UNREADABLE, Job, Opened, Services, ignored_n, sane_usage
+from gateway.path.dialects import OPENAI
+from gateway.resilience.failover import Failover
+from gateway.resilience.health import Health
+from gateway.upstream.framing import DONE, sse_event
+from gateway.upstream.plan import Route
+from gateway.upstream.scrub import Scrubber
+from wire.errors import GatewayError, UpstreamError
+from wire.schema import CompletionRequest, Usage, encode
+
+log = logging.getLogger("gateway")
+
+
+def internal() -> GatewayError:
+    """The gateway's own failure: says nothing about the target, so it neither cools nor resumes."""
+    return GatewayError("The gateway failed to process the request", code="internal_error", cools=False)
+
+
+def error_event(exc: GatewayError) -> bytes:
+    # Mid-stream, every dialect gets OpenAI's envelope: the seeds define no error event of their own.
+    return sse_event(OPENAI.error(exc)[1])
+
+
+# The end of a stream that failed after it started and before the relay could say so itself.
+STREAM_FAILED = error_event(internal()) + DONE
+
+
+def shutdown_cut() -> GatewayError:
+    """A request still running when the drain deadline (`server.shutdown_grace_ms`) cut it."""
+    return GatewayError(
+        "The gateway is shutting down and cut the request at its drain deadline; retry it",
+        code="shutdown_deadline_exceeded",
+        status=503,
+        type="service_unavailable",
+        cools=False,
+    )
+
+
+# The end of a stream cut at the drain deadline: the client learns why, and sees the stream end.
+STREAM_CUT = error_event(shutdown_cut()) + DONE
+
+
+def _resumable(job: Job) -> bool:
+    # Only a single text continuation can be resumed by appending what was sent to the prompt.
+    req = job.req
+    return (
+        job.plan.policy.resume_streams
+        and isinstance(req.prompt, str)
+        and job.ctx.n == 1
+        and not req.echo
+        and req.logprobs is None
+        and not req.suffix
+    )
+
+
+class Relay:
+    """Built once per pipeline: what relaying and resuming streams use."""
+
+    __slots__ = ("services", "admission", "health", "failover", "scrub")
+
+    def __init__(
+        self, services: Services, admission: Admission, health: Health, failover: Failover, scrub: Scrubber
+    ) -> None:
+        self.services = services
+        self.admission = admission
+        self.health = health
+        self.failover = failover
+        self.scrub = scrub
+
+    async def stream(self, opened: Opened, route: Route, job: Job, rec: Record) -> AsyncIterator[bytes]:
+        """The client's stream: `opened`'s events as SSE bytes, then the usage chunk if asked, then [DONE]."""
+        req, ctx = job.req, job.ctx
+        want_usage = bool(req.stream_options and req.stream_options.include_usage)
+        quota = opened.quota
+        expected = ctx.n * (len(ctx.prompts) if ctx.prompts else 1)
+        usage: Usage | None = None
+        text: list[str] = []
+        sent = finished = 0
+        top = -1  # the highest choice index seen
+        resumed_from = 0  # tokens streamed before the current upstream took over
+        try:
+            while True:
+                error: GatewayError | None = None
+                try:
+                    c = opened.first
+                    while c is not None:
+                        if c.usage is not None:
+                            usage, c.usage = sane_usage(c.usage), None
+                        if c.choices:
+                            for choice in c.choices:
+                                text.append(choice.text)
+                                finished += choice.finish_reason is not None
+                                if choice.index > top:
+                                    top = choice.index
+                            sent += 1
+                            yield sse_event(encode(c))
+                        c = await anext(opened.chunks, None)
+                    if finished < expected and ctx.n > 1 and finished == top + 1:
+                        # Every choice it started, it finished: it answered fewer than `n` asked for, the same
+                        # failure as an unstreamed answer's, and the next stream with n > 1 fails before its start.
+                        self.services.ignores_n.add(route.key)
+                        error = ignored_n(route, expected, finished)
+                    elif finished < expected and usage is None:
+                        error = _stream_broke(
+                            route, "ended the stream early", "upstream_stream_ended_early", "stream_ended_early"
+                        )
+                except GatewayError as exc:
+                    error = exc
+                except UNREADABLE:
+                    error = _stream_broke(
+                        route, "sent an invalid stream event", "invalid_upstream_response", "invalid_response"
+                    )
+                except Exception:
+                    # A bug (an adapter's, an emulation's): the client gets a generic error event and
+                    # the end of the stream, never a traceback; the log gets the traceback.
+                    log.exception("stream failed after it started (request %s)", rec.request_id)
+                    error = internal()
+                if error is None:
+                    break
+                await opened.close()
+                resumed = None
+                # The gateway's own failure says nothing about the target: it neither cools nor resumes.
+                if error.cools:
+                    # A stream that broke mid-way is a failed target, resumed or not (a dropped connection cools).
+                    await self.health.failure(route.key, None, "error")
+                    if _resumable(job):
+                        resumed = await self.resume(job, "".join(text), sent, rec.key)
+                if resumed is None:
+                    _book_failure(rec, route, error)
+                    yield error_event(self.scrub.error(error))
+                    break
+                opened, route = resumed
+                resumed_from = sent
+            if usage is not None and resumed_from:
+                # The continuation's prompt included the text already streamed: count it as output.
+                usage = Usage(
+                    prompt_tokens=max(usage.prompt_tokens - resumed_from, 0),
+                    completion_tokens=usage.completion_tokens + resumed_from,
+                    total_tokens=usage.total_tokens,
+                    completion_tokens_details=usage.completion_tokens_details,
+                    prompt_tokens_details=usage.prompt_tokens_details,
+                )
+            if want_usage and usage is not None:
+                last = opened.ctx.completion([], usage)
+                yield sse_event(encode(last))
+        except Exception:
+            log.exception("stream failed after it started (request %s)", rec.request_id)
+            _book_failure(rec, route, internal())
+            yield error_event(internal())
+        finally:
+            # Settle before awaiting anything: a client that left cancels this generator, and a cancelled
+            # task may be cancelled again at its next await.
+            # A finished stream is charged its reported usage; one cut short, or one whose upstream reports
+            # none (llama-cpp-python's), the gateway's estimate: its prompt, and what it sent.
+            if usage is None and sent:
+                usage = _estimate(job, sent)
+                rec.usage_estimated = True
+            rec.usage = usage
+            for t in (job.ticket, quota):
+                if t is not None:
+                    self.admission.settle(t, usage.total_tokens if usage is not None else t.prompt + sent)
+            try:
+                await opened.close()
+            except Exception:
+                log.exception("closing a stream failed (request %s)", rec.request_id)
+        # Every stream the client saw start ends with [DONE], whatever happened before it.
+        yield DONE
+
+    async def resume(self, job: Job, text: str, sent: int, tenant: str | None = None) -> tuple[Opened, Route] | None:
+        """Continue a broken stream on another target from the prompt plus the text already sent."""
+        req, ctx = job.req, job.ctx
+        left = (16 if req.max_tokens is None else req.max_tokens) - sent
+        if left <= 0:
+            return None
+        assert isinstance(req.prompt, str)
+        cont: CompletionRequest = msgspec.structs.replace(req, prompt=req.prompt + text, max_tokens=left)
+        cont_ctx = msgspec.structs.replace(ctx, prompts=[cont.prompt], offsets=dict(ctx.offsets))
+        # No admission of its own: the broken attempt's quota and the request's ticket cover the stream.
+        again = Job(self.services, None, cont, cont_ctx, job.plan)
+        try:
+            outcome = await self.failover.run(
+                job.plan,
+                again.open,
+                discard=again.discard,
+                tenant=tenant,
+                client_headers=bool(req.inference_extra_headers),
+                hint=job.hint,  # a replicated provider's policy keys the continuation as the request
+            )
+        except GatewayError:
+            return None
+        return outcome.value, outcome.route
+
+
+def _book_failure(rec: Record, route: Route, error: GatewayError) -> None:
+    """The access log, metrics and span of a stream that ended in an error event: counted as the failure it
+    is (the status its error would have had, its code and cause, the target that broke), not as the 200 the
+    client saw when the stream started."""
+    rec.status, rec.error_code, rec.cause = error.status, error.code, error.cause
+    # Not `failed`: this target did serve what the client received (its usage and first event count).
+    rec.provider, rec.target = route.provider, route.key
+
+
+def _estimate(job: Job, chunks: int) -> Usage:
+    """Usage for a stream the upstream reported none for: the prompt as admission estimated it (or as
+    gateway/limits/tokens.py estimates it), and one output token per chunk sent (as a cancelled stream is charged)."""
+    ticket = job.ticket
+    prompt = ticket.prompt if ticket is not None and ticket.prompt else tokens.prompt_tokens(job.req.prompt, False, "")
+    return Usage(prompt_tokens=prompt, completion_tokens=chunks, total_tokens=prompt + chunks)
+
+
+def _stream_broke(route: Route, what: str, code: str, cause: str) -> UpstreamError:
+    """A stream that broke after it started: the error event names the target and the cause."""
+    return UpstreamError(
+        f"Upstream '{route.key}' {what}",
+        code=code,
+        cause=cause,
+        target=route.key,
+        provider=route.provider,
+    )

@@ -1,0 +1,367 @@
+"""Attempts, retries and hedging for one request: one explicit loop over the plan's targets.
+
+Each step decides whether to go on, where (the same target or the next) and how long to wait; a failure
+that blames the target, not the request, is reported to health once per request (which cools it for
+every replica at once or on evidence, docs/resilience.md "Cooldowns"); nothing runs after a streamed byte.
+`sleep` and `clock` are injectable so tests assert exact waits. The rules: docs/resilience.md; why a loop
+and not tenacity: docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Generic, TypeVar
+
+import msgspec
+
+from gateway.fleet.picker import Hint
+from gateway.ops import tracing
+from gateway.resilience.balancer import Selector
+from gateway.resilience.health import Health, TargetState
+from gateway.upstream.plan import Plan, Route
+from gateway.upstream.transport import Timeouts
+from wire.errors import GatewayError, UpstreamConnectError, UpstreamTimeoutError
+
+T = TypeVar("T")
+Sleep = Callable[[float], Awaitable[None]]
+Call = Callable[[Route, Timeouts], Awaitable[T]]
+# Called with a result that lost a hedge race and will not be used (an open stream to close).
+Discard = Callable[[T], None]
+
+
+class Outcome(msgspec.Struct, Generic[T]):
+    value: T
+    route: Route
+    attempts: int
+
+
+def _blame(exc: GatewayError, *, client_headers: bool) -> tuple[str, bool] | None:
+    """What a failure says about its target: None when it says nothing (the request's own doing), else
+    the cooldown's cause and whether it cools at once (True) or only with the window's evidence (False).
+
+    At once: the target could not be reached or dropped the connection, rate-limited or refused the
+    gateway's own credential. A client's forwarded headers (`inference_extra_headers`, an
+    `OpenAI-Organization` of another org) may be what the upstream refused, so with them a 401, 403 or
+    429 blames the request. A 5xx or a timeout may be the request's input: evidence, not a verdict.
+    """
+    if not exc.cools:
+        return None
+    if exc.quota or exc.elsewhere or getattr(exc, "upstream_status", None) == 429:
+        if client_headers:
+            return None
+        # Neither an exhausted quota nor refused credentials come back within a retry: keep everyone off.
+        return ("quota" if exc.quota or exc.elsewhere else "429"), True
+    if not exc.retryable:
+        return None
+    if isinstance(exc, UpstreamConnectError) or exc.cause == "connect_timeout":
+        return "error", True
+    return "error", False
+
+
+def _cleared_for(tenant: str, states: dict[str, TargetState], suspects: dict[str, set[str | None]]) -> None:
+    """A target cooled on other keys' failures alone is recovering, not cooling, for this key: it may
+    claim the probe (its success ends the cooldown for everyone; its failure makes it a suspect too)."""
+    for target, st in states.items():
+        keys = suspects.get(target)
+        if keys is not None and tenant not in keys and st.cooling_ms > 0 and st.cause == "error":
+            states[target] = msgspec.structs.replace(st, cooling_ms=0, cause=None, failures=max(st.failures, 1))
+
+
+def backoff(initial_s: float, max_s: float, turn: int) -> float:
+    """Full jitter after the loop's `turn`-th attempt failed: uniform(0, min(max, initial x 2^(turn-1)))."""
+    exponent = turn - 1
+    high = max_s if exponent >= 64 else min(initial_s * 2**exponent, max_s)
+    return random.uniform(0, high)
+
+
+class Failover:
+    def __init__(
+        self,
+        health: Health,
+        *,
+        sleep: Sleep = asyncio.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.health = health
+        self.sleep = sleep
+        self.clock = clock
+
+    async def run(
+        self,
+        plan: Plan,
+        call: Call[T],
+        *,
+        deadline_s: float | None = None,
+        discard: Discard[T] | None = None,
+        tenant: str | None = None,
+        client_headers: bool = False,
+        hint: Hint | None = None,
+    ) -> Outcome[T]:
+        """`deadline_s` is the client's own (it can only shorten `total_ms`), `tenant` its key's name and
+        `client_headers` whether it forwards headers upstream: what decides whom a failure blames. `hint`
+        is what a replicated provider's policy reads (the prompt, the session), None without fleets."""
+        total = plan.timeouts.total if deadline_s is None else min(plan.timeouts.total, deadline_s)
+        deadline = self.clock() + total
+        states = await self.health.snapshot(plan.keys)
+        suspects = self.health.evidence.suspects
+        if suspects and tenant is not None:
+            _cleared_for(tenant, states, suspects)
+        selector = Selector(plan, states, self.health, probe_ttl_ms=plan.policy.timeouts.first_byte_ms, hint=hint)
+        try:
+            first = await selector.first()
+        except GatewayError as exc:
+            raise exc.evolve(attempts=0) from None  # every target is cooling: no upstream call was made
+        run = Run(self, plan, call, discard, selector, first, deadline, total)
+        run.tenant, run.client_headers = tenant, client_headers
+        run.client_deadline = deadline_s is not None and deadline_s < plan.timeouts.total
+        return await run.go()
+
+
+class Run(Generic[T]):
+    """One request's way through its plan: the state the loop carries from one attempt to the next.
+
+    `attempt` is the one place an upstream attempt starts and ends (hedges included): its target is
+    known on the way in and its outcome on the way out.
+    """
+
+    __slots__ = (
+        "failover",
+        "plan",
+        "call",
+        "discard",
+        "selector",
+        "route",
+        "deadline",
+        "total",
+        "attempts",
+        "base",
+        "tenant",
+        "client_headers",
+        "client_deadline",
+        "blamed",
+    )
+
+    def __init__(
+        self,
+        failover: Failover,
+        plan: Plan,
+        call: Call[T],
+        discard: Discard[T] | None,
+        selector: Selector,
+        first: Route,
+        deadline: float,
+        total: float,
+    ) -> None:
+        self.failover = failover
+        self.plan = plan
+        self.call = call
+        self.discard = discard
+        self.selector = selector
+        self.route = first  # the target the next attempt goes to
+        self.deadline = deadline
+        self.total = total
+        self.attempts = 0  # upstream calls made, hedges included
+        self.base = plan.timeouts
+        self.tenant: str | None = None
+        self.client_headers = False
+        self.client_deadline = False  # the client's `inference_timeout` is shorter than the plan's total
+        self.blamed: tuple[str, ...] = ()  # targets this request's failures already reported: once each
+
+    async def go(self) -> Outcome[T]:
+        f, policy = self.failover, self.plan.policy
+        r = policy.retries
+        budget_s = r.budget_ms / 1000
+        hedge_s = None if policy.hedge_after_ms is None else policy.hedge_after_ms / 1000
+        same_left = self._same_target(self.route)  # same-target retries left for `self.route`
+        started = f.clock()
+        turn = 0
+        while True:
+            turn += 1
+            try:
+                timeouts = self._timeouts()  # past the deadline no call is made, and none is counted
+                self.attempts += 1
+                if hedge_s is not None and self.attempts < r.attempts:
+                    value, served = await self._hedged(timeouts, hedge_s)
+                else:
+                    served = self.route
+                    value = await self.attempt(served, timeouts)
+                return Outcome(value=value, route=served, attempts=self.attempts)
+            except GatewayError as exc:
+                failed = exc
+            if not self._retryable(failed) or self.attempts >= r.attempts:
+                raise self._gave_up(failed, out_of_budget=False)
+            # Where the next attempt goes, and after how long. A Retry-After is the wait; else a backoff,
+            # drawn once and only for a wait taken (a move to a fresh target draws nothing).
+            pause = failed.retry_after
+            wait: float | None = None
+            if same_left > 0 and failed.same_target and not failed.elsewhere:
+                if pause is None:
+                    pause = backoff(r.initial_backoff_ms / 1000, r.max_backoff_ms / 1000, turn)
+                now = f.clock()
+                if now - started + pause < budget_s and now + pause < self.deadline:
+                    same_left -= 1  # a retry that could not start before the deadline is no retry
+                    wait = pause
+            if wait is None:
+                self.route, fresh = await self.selector.next()
+                if fresh:
+                    same_left = self._same_target(self.route)
+                    wait = 0.0
+                elif not failed.same_target:
+                    # A timeout or an unreachable target: no other target is left, and repeating this
+                    # one would only wait out the same timeout again (a one-target plan fails at once).
+                    raise self._gave_up(failed, out_of_budget=False)
+                elif pause is not None:
+                    wait = pause
+                else:
+                    wait = backoff(r.initial_backoff_ms / 1000, r.max_backoff_ms / 1000, turn)
+            if f.clock() - started + wait >= budget_s:
+                raise self._gave_up(failed, out_of_budget=True)
+            await f.sleep(wait)
+
+    async def attempt(self, route: Route, timeouts: Timeouts) -> T:
+        """One upstream attempt on `route`: counted in flight, and its outcome reported to health."""
+        health, plan = self.failover.health, self.plan
+        states = self.selector.states
+        track = plan.tracks_inflight
+        if track:
+            await health.inflight(route.key, +1)
+        started = self.failover.clock()
+        span = tracing.attempt(route)  # one span per upstream call, hedges included; None when not traced
+        try:
+            value = await self.call(route, timeouts)
+            if span is not None:
+                span.succeeded(value)
+        except GatewayError as exc:
+            await self._report(route, timeouts, exc)
+            if exc.target is None:  # made where the target was not known (an adapter's status mapping)
+                raise exc.evolve(target=route.key, provider=route.provider) from None
+            raise
+        except asyncio.CancelledError:
+            known = states.get(route.key)
+            if known is not None and known.recovering:
+                # A probe cancelled (a hedge that lost, a client gone) decided nothing: the next request probes.
+                await health.release(route.key)
+            raise
+        finally:
+            if span is not None:
+                span.close(sys.exc_info()[1])  # the exception on its way out, if any
+            if track:
+                await health.inflight(route.key, -1)
+        await health.success(route.key, states.get(route.key), self.tenant)
+        if plan.tracks_latency:
+            await health.latency(route.key, (self.failover.clock() - started) * 1000)
+        return value
+
+    async def _report(self, route: Route, timeouts: Timeouts, exc: GatewayError) -> None:
+        """Tell health what a failed attempt says about its target, if anything, once per request."""
+        health, key = self.failover.health, route.key
+        states = self.selector.states
+        known = states.get(key)
+        blame = _blame(exc, client_headers=self.client_headers)
+        if (
+            blame is not None
+            and self.client_deadline
+            and isinstance(exc, UpstreamTimeoutError)
+            and (exc.cause == "total_timeout" or timeouts.first_byte < self.base.first_byte)
+        ):
+            blame = None  # the client's own deadline ran out, not the target's time
+        if blame is None:
+            if known is not None and known.recovering and key not in self.blamed:
+                await health.release(key)  # this probe decided nothing: the next request probes
+            return
+        if key in self.blamed:
+            # This request's retry failed again: one request is one piece of evidence, and one failure
+            # of the cooldown's count; only a fresh Retry-After still extends the cooldown.
+            if exc.retry_after is not None and known is not None and known.failures > 0:
+                await health.failure(key, exc.retry_after, blame[0], count=False)
+            return
+        self.blamed += (key,)
+        cause, at_once = blame
+        evidence = health.evidence
+        if at_once:
+            evidence.suspects.pop(key, None)  # the target's own failure: nobody's input is suspected
+        elif known is None or known.failures == 0:
+            if not evidence.failure(key, self.tenant):
+                return
+        else:
+            # A target already failing (this request's probe of it, after a cooldown) needs no more
+            # evidence; this key has now seen it fail too, and probes it no more during the cooldown.
+            keys = evidence.suspects.get(key)
+            if keys is not None:
+                keys.add(self.tenant)
+        await health.failure(key, exc.retry_after, cause)
+        # Should this request retry the target and succeed, that success is its probe: it clears.
+        failed = known or TargetState()
+        states[key] = msgspec.structs.replace(failed, failures=failed.failures + 1)
+
+    async def _hedged(self, timeouts: Timeouts, after_s: float) -> tuple[T, Route]:
+        """Start a second target if the first has not answered within `after_s`; first answer wins."""
+        first = self.route
+        primary = asyncio.ensure_future(self.attempt(first, timeouts))
+        try:
+            done, _ = await asyncio.wait({primary}, timeout=after_s)
+            if done:
+                return primary.result(), first
+            second, fresh = await self.selector.next()
+            if not fresh:
+                return await primary, first
+            later = self._timeouts()
+        except BaseException:
+            primary.cancel()  # the request itself was cancelled (client gone): let go of the upstream
+            raise
+        self.attempts += 1
+        backup = asyncio.ensure_future(self.attempt(second, later))
+        routes = {primary: first, backup: second}
+        pending = {primary, backup}
+        error: BaseException | None = None
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    if task.exception() is None:
+                        winner = task
+                        for other in pending:
+                            other.cancel()
+                        for other in done - {winner}:
+                            if other.exception() is None and self.discard is not None:
+                                self.discard(other.result())
+                        return winner.result(), routes[winner]
+                    error = error or task.exception()
+        finally:
+            for task in pending:
+                task.cancel()
+        assert error is not None
+        raise error
+
+    def _timeouts(self) -> Timeouts:
+        left = self.deadline - self.failover.clock()
+        if left <= 0:
+            raise UpstreamTimeoutError(
+                f"The request's deadline of {self.total:g} s passed",
+                code="deadline_exceeded",
+                retryable=False,
+                cause="deadline_exceeded",
+            )
+        return self.base.capped(left)
+
+    def _same_target(self, route: Route) -> int:
+        policy = self.plan.policy
+        return policy.same_target if policy.same_target is not None else route.same_target
+
+    def _retryable(self, exc: GatewayError) -> bool:
+        if exc.context_window:
+            return self.selector.switch_to_context_fallbacks()
+        if exc.elsewhere:
+            return self.selector.has_untried()
+        return exc.retryable
+
+    def _gave_up(self, exc: GatewayError, *, out_of_budget: bool) -> GatewayError:
+        # The gateway spent its retries, or the failure is not one retrying helps: a client's retry would
+        # only repeat them. Left to the client: a wait the budget could not hold, and every retry where the
+        # operator had the gateway make none (`attempts: 1`).
+        later = exc.retryable and (out_of_budget or self.plan.policy.retries.attempts == 1)
+        return exc.evolve(attempts=self.attempts, retry_later=later)

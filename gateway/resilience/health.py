@@ -1,0 +1,338 @@
+"""Target health shared by every replica: cooldowns, recovery probes, in-flight counts, latency.
+
+A target that fails for everyone (what decides that: gateway/resilience/failover.py `_blame` and
+gateway/resilience/evidence.py) is cooled down for its Retry-After or a growing backoff (`cooldown.base_ms`
+doubling per consecutive failure, capped at `cooldown.max_ms`); a failure during a cooldown extends it.
+When the cooldown ends the target is "recovering": exactly one request (the one that wins the probe
+slot) may use it; its success clears the failure count, its failure starts a longer cooldown, and a
+failure that was the request's own gives the slot back.
+In Redis these are keys with TTLs (`gw:{target}:cd|cf|probe|in|lat`, hash-tagged per target), so every
+replica skips the same target; without Redis, or while Redis is unreachable, the same semantics run on
+in-process dictionaries.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Final, TypeVar
+
+import msgspec
+import redis.asyncio as aioredis
+
+from gateway.config import CooldownConfig
+from gateway.resilience.evidence import Evidence
+from gateway.state import Degraded, SharedState
+
+_V = TypeVar("_V")
+
+_INFLIGHT_TTL_MS: Final = 600_000  # a replica that dies mid-request must not leave a target "busy" forever
+_LATENCY_TTL_MS: Final = 3_600_000
+_EWMA_ALPHA: Final = 0.3
+# Distinct targets whose state one process keeps: a direct `vendor/model` target is named by the client, so
+# without a bound a tenant sending invented names to a failing provider would grow these maps forever. The
+# oldest entries go first; a target still in use is re-inserted (moved to the end) whenever it changes.
+MAX_TARGETS: Final = 10_000
+
+
+def _put(d: dict[str, _V], key: str, value: _V) -> None:
+    d.pop(key, None)
+    d[key] = value
+    while len(d) > MAX_TARGETS:
+        del d[next(iter(d))]
+
+
+_FAILURE = """
+local f
+if ARGV[6] == '1' then
+  f = redis.call('INCR', KEYS[2])
+  redis.call('PEXPIRE', KEYS[2], ARGV[4])
+else
+  f = math.max(tonumber(redis.call('GET', KEYS[2]) or '1'), 1)
+end
+local ms = tonumber(ARGV[1])
+if ms < 0 then ms = math.min(tonumber(ARGV[2]) * 2 ^ (f - 1), tonumber(ARGV[3])) end
+ms = math.max(math.floor(ms), 1)
+if redis.call('PTTL', KEYS[1]) < ms then redis.call('SET', KEYS[1], ARGV[5], 'PX', ms) end
+redis.call('DEL', KEYS[3])
+return ms
+"""
+
+_EXHAUSTED = """
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], '429', 'PX', ARGV[1]) end
+return 1
+"""
+
+_EWMA = """
+local v = redis.call('GET', KEYS[1])
+local x = tonumber(ARGV[1])
+if v then x = tonumber(ARGV[2]) * x + (1 - tonumber(ARGV[2])) * tonumber(v) end
+redis.call('SET', KEYS[1], tostring(x), 'PX', ARGV[3])
+return tostring(x)
+"""
+
+
+class TargetState(msgspec.Struct):
+    cooling_ms: int = 0
+    cause: str | None = None  # "429" when a rate limit cooled it, else "error"
+    failures: int = 0
+    inflight: int = 0
+    latency_ms: float | None = None
+
+    @property
+    def recovering(self) -> bool:
+        return self.cooling_ms <= 0 and self.failures > 0
+
+
+def _keys(target: str) -> tuple[str, str, str, str, str]:
+    tag = "gw:{" + target + "}"
+    return tag + ":cd", tag + ":cf", tag + ":probe", tag + ":in", tag + ":lat"
+
+
+class _Local:
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self.cool: dict[str, tuple[float, str]] = {}
+        self.failures: dict[str, tuple[int, float]] = {}
+        self.probes: dict[str, float] = {}
+        self.inflight: dict[str, int] = {}
+        self.latency: dict[str, float] = {}
+
+    def state(self, target: str) -> TargetState:
+        now = self.clock()
+        until, cause = self.cool.get(target, (0.0, None))
+        fails, fail_until = self.failures.get(target, (0, 0.0))
+        if fail_until <= now:
+            fails = 0
+        return TargetState(
+            cooling_ms=max(int((until - now) * 1000), 0),
+            cause=cause if until > now else None,
+            failures=fails,
+            inflight=self.inflight.get(target, 0),
+            latency_ms=self.latency.get(target),
+        )
+
+    def failure(
+        self, target: str, retry_after_ms: int | None, cause: str, cfg: CooldownConfig, count: bool = True
+    ) -> int:
+        now = self.clock()
+        fails, fail_until = self.failures.get(target, (0, 0.0))
+        fails = fails if fail_until > now else 0
+        if count or not fails:
+            fails += 1
+            _put(self.failures, target, (fails, now + cfg.max_ms * 4 / 1000))
+        ms = retry_after_ms if retry_after_ms is not None else min(cfg.base_ms * 2 ** (fails - 1), cfg.max_ms)
+        ms = max(int(ms), 1)
+        until, _ = self.cool.get(target, (0.0, cause))
+        if until < now + ms / 1000:
+            _put(self.cool, target, (now + ms / 1000, cause))
+        self.probes.pop(target, None)
+        return ms
+
+    def exhausted(self, target: str, ms: int) -> None:
+        now = self.clock()
+        until, _ = self.cool.get(target, (0.0, "429"))
+        if until < now + ms / 1000:
+            _put(self.cool, target, (now + ms / 1000, "429"))
+
+    def probe(self, target: str, ttl_ms: int) -> bool:
+        now = self.clock()
+        if self.probes.get(target, 0.0) > now:
+            return False
+        _put(self.probes, target, now + ttl_ms / 1000)
+        return True
+
+
+class Health:
+    def __init__(
+        self,
+        shared: SharedState,
+        cooldown: CooldownConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        on_cooldown: Callable[[str, str], None] | None = None,
+        refresh_ms: int = 250,
+    ) -> None:
+        self.shared = shared
+        self.cooldown = cooldown
+        self.on_cooldown = on_cooldown
+        self.clock = clock
+        # Copies of Redis's view per target, with when they were read: a round trip per request cost a
+        # saturated worker about 10 % of its time, for a picture that changes only when targets fail.
+        self.refresh_s = refresh_ms / 1000
+        self._seen: dict[str, tuple[float, TargetState]] = {}
+        self.local = _Local(clock)
+        self.evidence = Evidence(cooldown, clock)
+        self._failure_script = shared.client.register_script(_FAILURE) if shared.client is not None else None
+        self._ewma_script = shared.client.register_script(_EWMA) if shared.client is not None else None
+        self._exhausted_script = shared.client.register_script(_EXHAUSTED) if shared.client is not None else None
+
+    def reset(self) -> None:
+        """Forget this process's view of every target (cooldowns, failures, probes, counts)."""
+        self.local = _Local(self.local.clock)
+        self.evidence = Evidence(self.cooldown, self.local.clock)
+        self._seen.clear()
+
+    async def snapshot(self, targets: Sequence[str]) -> dict[str, TargetState]:
+        if self.shared.client is None:
+            return {t: self.local.state(t) for t in targets}
+        now = self.clock()
+        if self.refresh_s > 0:
+            cached = self._cached(targets, now)
+            if cached is not None:
+                return cached
+        try:
+            states = await self.shared.run(lambda r: self._redis_snapshot(r, targets))
+        except Degraded:
+            return {t: self.local.state(t) for t in targets}
+        for t, st in states.items():
+            _put(self._seen, t, (now, st))
+        return {t: msgspec.structs.replace(st) for t, st in states.items()}
+
+    def _cached(self, targets: Sequence[str], now: float) -> dict[str, TargetState] | None:
+        out: dict[str, TargetState] = {}
+        for t in targets:
+            seen = self._seen.get(t)
+            if seen is None or now - seen[0] >= self.refresh_s:
+                return None
+            age_ms = int((now - seen[0]) * 1000)
+            st = seen[1]
+            # A copy, with the cooldown counted down by the copy's age (callers may change their copy).
+            out[t] = msgspec.structs.replace(st, cooling_ms=max(st.cooling_ms - age_ms, 0))
+        return out
+
+    def forget(self, target: str) -> None:
+        """This replica changed the target's state: its next snapshot must read it back."""
+        self._seen.pop(target, None)
+
+    @staticmethod
+    async def _redis_snapshot(r: aioredis.Redis, targets: Sequence[str]) -> dict[str, TargetState]:
+        pipe = r.pipeline(transaction=False)
+        for t in targets:
+            cd, cf, _, inflight, lat = _keys(t)
+            pipe.pttl(cd)
+            pipe.get(cd)
+            pipe.get(cf)
+            pipe.get(inflight)
+            pipe.get(lat)
+        raw = await pipe.execute()
+        out: dict[str, TargetState] = {}
+        for i, t in enumerate(targets):
+            pttl, cause, fails, inflight, lat = raw[i * 5 : i * 5 + 5]
+            out[t] = TargetState(
+                cooling_ms=max(int(pttl), 0),
+                cause=cause.decode() if cause else None,
+                failures=int(fails or 0),
+                inflight=max(int(inflight or 0), 0),
+                latency_ms=float(lat) if lat else None,
+            )
+        return out
+
+    async def failure(self, target: str, retry_after_s: float | None, cause: str, *, count: bool = True) -> int:
+        """Cool a target down; returns the cooldown in ms. `count=False`: a request's repeated failure
+        on the same target, which may extend the cooldown (its Retry-After) but not lengthen the next."""
+        self.forget(target)
+        if self.on_cooldown is not None:
+            self.on_cooldown(target, cause)
+        ra = int(retry_after_s * 1000) if retry_after_s is not None else None
+        if cause == "quota":
+            # An exhausted quota will not come back within a retry: keep everyone off it for the longest time.
+            ra = self.cooldown.max_ms
+        script = self._failure_script
+        if script is not None:
+            cd, cf, probe, _, _ = _keys(target)
+            args: list[int | str] = [
+                ra if ra is not None else -1,
+                self.cooldown.base_ms,
+                self.cooldown.max_ms,
+                self.cooldown.max_ms * 4,
+                cause,
+                1 if count else 0,
+            ]
+            try:
+                return int(await self.shared.run(lambda r: script(keys=[cd, cf, probe], args=args, client=r)))
+            except Degraded:
+                pass
+        return self.local.failure(target, ra, cause, self.cooldown, count)
+
+    async def exhausted(self, target: str, seconds: float) -> None:
+        """The upstream said its quota is used up until `seconds` from now: every replica skips the target
+        until then. Not a failure: it neither counts toward longer cooldowns nor needs a probe."""
+        ms = max(int(seconds * 1000), 1)
+        self.forget(target)
+        if self.on_cooldown is not None:
+            self.on_cooldown(target, "exhausted")
+        script = self._exhausted_script
+        if script is not None:
+            key = _keys(target)[0]
+            try:
+                await self.shared.run(lambda r: script(keys=[key], args=[ms], client=r))
+                return
+            except Degraded:
+                pass
+        self.local.exhausted(target, ms)
+
+    async def success(self, target: str, state: TargetState | None, tenant: str | None = None) -> None:
+        self.evidence.success(target, tenant)
+        if state is None or state.failures == 0:
+            return
+        self.forget(target)
+        # A probe (or a request's own retry after the failure it caused) succeeded: the target is back.
+        self.local.cool.pop(target, None)
+        self.local.failures.pop(target, None)
+        self.local.probes.pop(target, None)
+        cd, cf, probe, _, _ = _keys(target)
+        try:
+            await self.shared.run(lambda r: r.delete(cd, cf, probe))
+        except Degraded:
+            pass
+
+    async def probe(self, target: str, ttl_ms: int) -> bool:
+        """Claim the one recovery probe of a target whose cooldown has ended."""
+        _, _, probe, _, _ = _keys(target)
+        try:
+            return bool(await self.shared.run(lambda r: r.set(probe, b"1", nx=True, px=max(ttl_ms, 1))))
+        except Degraded:
+            return self.local.probe(target, ttl_ms)
+
+    async def release(self, target: str) -> None:
+        """Give back a probe slot whose request said nothing about the target (it failed for its own
+        reasons): the next request probes at once instead of everyone waiting out the slot."""
+        self.forget(target)
+        self.local.probes.pop(target, None)
+        probe = _keys(target)[2]
+        try:
+            await self.shared.run(lambda r: r.delete(probe))
+        except Degraded:
+            pass
+
+    async def inflight(self, target: str, delta: int) -> None:
+        count = self.local.inflight.get(target, 0) + delta
+        if count:
+            _put(self.local.inflight, target, count)
+        else:
+            self.local.inflight.pop(target, None)
+        key = _keys(target)[3]
+
+        async def op(r: aioredis.Redis) -> None:
+            pipe = r.pipeline(transaction=False)
+            pipe.incrby(key, delta)
+            pipe.pexpire(key, _INFLIGHT_TTL_MS)
+            await pipe.execute()
+
+        try:
+            await self.shared.run(op)
+        except Degraded:
+            pass
+
+    async def latency(self, target: str, ms: float) -> None:
+        prev = self.local.latency.get(target)
+        _put(self.local.latency, target, ms if prev is None else _EWMA_ALPHA * ms + (1 - _EWMA_ALPHA) * prev)
+        script = self._ewma_script
+        if script is None:
+            return
+        key = _keys(target)[4]
+        try:
+            await self.shared.run(lambda r: script(keys=[key], args=[ms, _EWMA_ALPHA, _LATENCY_TTL_MS], client=r))
+        except Degraded:
+            pass

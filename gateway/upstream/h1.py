@@ -1,0 +1,494 @@
+"""A lean HTTP/1.1 client for the upstream hot path: keep-alive pools, llhttp parsing, flow control.
+
+aiohttp's client cost about a fifth of a saturated worker's CPU; this does only what a gateway needs
+(POST an encoded body, read a buffered or relayed answer, reuse connections, time out). A connection goes
+back to the pool only when its answer was read cleanly to the end, everything an upstream sends is
+bounded, and failures carry their cause. Details: docs/security.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from collections import deque
+from collections.abc import Mapping
+from typing import cast
+
+import httptools
+
+from gateway.upstream.h1body import _Inflate
+from gateway.upstream.h1response import Response
+from gateway.upstream.h1wire import (
+    _HOP_BY_HOP,
+    _KEEPALIVE_S,
+    MAX_BODY,
+    MAX_HEADER_BYTES,
+    MAX_HEADERS,
+    ConnectFailed,
+    Disconnected,
+    Malformed,
+    Origin,
+    TooLarge,
+    _expire,
+    _head_too_large,
+    _Stop,
+    connect_cause,
+    hop_by_hop,
+    split,
+)
+
+# The h1 client's public names, wherever they are defined (the callers say `h1.Malformed`, `h1.Response`).
+__all__ = [
+    "MAX_BODY",
+    "MAX_HEADER_BYTES",
+    "MAX_HEADERS",
+    "Client",
+    "ConnectFailed",
+    "Disconnected",
+    "Malformed",
+    "Origin",
+    "Pool",
+    "Response",
+    "TooLarge",
+    "connect_cause",
+    "hop_by_hop",
+    "split",
+]
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection carrying one exchange at a time."""
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.response: Response | None = None
+        self.headers_ready: asyncio.Future[None] | None = None
+        self.keep_alive = True
+        self.lost = False
+        self.paused = False
+        self.idle_since = 0.0
+        self._length_known = False
+        # Per exchange (reset by `exchange`):
+        self._final = False  # the final (non-1xx) answer's headers have been parsed
+        self._interim = False  # a 1xx answer is being parsed
+        self._complete = False  # the final answer was read to its end
+        self._dirty = False  # something makes the connection unfit for reuse, whatever the answer was
+        self._body_seen = False  # body bytes came out of the current data_received
+        self._gap = 0  # bytes received since the last body byte (status lines, headers, framing, trailers)
+        self._head_bytes = 0
+        self._head_count = 0
+
+    # -- asyncio.Protocol ----------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self.response is None or self._complete:
+            # Bytes nobody asked for, while idle or after the answer ended: a reply to something else
+            # (a late answer, a smuggled one, a 204's body). Whatever they are, the next request on this
+            # connection would read them as its own answer.
+            self._dirty = True
+            self.close()
+            return
+        self._body_seen = False
+        try:
+            self.parser.feed_data(data)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+            if not self._complete:
+                self._broken(Malformed(f"invalid HTTP response: {exc}"))
+            self._dirty = True
+            self.close()
+            return
+        if self._body_seen:
+            self._gap = 0
+            return
+        # httptools accumulates a header (or trailer) until it ends: a never-ending one is caught here.
+        self._gap += len(data)
+        if self._gap > self.pool.max_header_bytes and not self._complete:
+            self._broken(_head_too_large(self.pool.max_header_bytes))
+
+    def eof_received(self) -> bool:
+        return False  # let the transport close; connection_lost reports what it means
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        resp = self.response
+        if resp is None:
+            return
+        headers_ready = self.headers_ready
+        if headers_ready is not None and not headers_ready.done():
+            reset = isinstance(exc, ConnectionResetError)
+            headers_ready.set_exception(
+                Disconnected(
+                    "the server closed the connection before answering",
+                    cause="connection_reset" if reset else "connection_closed",
+                )
+            )
+        elif not self._length_known and not resp._done and exc is None:
+            # No Content-Length and not chunked: the body ends when the connection does (RFC 9112 6.3).
+            resp._finish()
+        else:
+            resp._fail(Malformed("the response body was cut short", cause="truncated_response"))
+
+    # -- httptools callbacks -------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self._complete:
+            # A second answer to one request: pipelined or smuggled, or the body of a 204/304.
+            raise _Stop
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        size = self._head_bytes = self._head_bytes + len(name) + len(value) + 4
+        count = self._head_count = self._head_count + 1
+        pool = self.pool
+        if size > pool.max_header_bytes or count > pool.max_headers:  # one test on the common path
+            if size > pool.max_header_bytes:
+                self._broken(_head_too_large(pool.max_header_bytes))
+            else:
+                self._broken(TooLarge(f"the response has more than {pool.max_headers} header fields"))
+            raise _Stop
+        if self._final:
+            return  # a trailer: counted above, never merged into headers the caller may already have read
+        headers = self.response.headers  # type: ignore[union-attr]  # set for as long as bytes are parsed
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1")
+        headers[key] = f"{headers[key]}, {text}" if key in headers else text
+
+    def on_headers_complete(self) -> None:
+        resp = self.response
+        assert resp is not None
+        status = self.parser.get_status_code()
+        headers = resp.headers
+        if status < 200:
+            if status == 101:
+                self._broken(Malformed("the server switched protocols (101) on an HTTP request"))
+                raise _Stop
+            if status < 100:
+                self._broken(Malformed(f"invalid HTTP response: status {status}"))
+                raise _Stop
+            if "content-length" in headers or "transfer-encoding" in headers:
+                # 1xx has no body (RFC 9110 15.2); llhttp would frame some of them by Content-Length.
+                self._broken(Malformed(f"invalid HTTP response: an interim {status} with a body"))
+                raise _Stop
+            # An interim answer (100 Continue, 102, 103 Early Hints): the final one follows.
+            self._interim = True
+            headers.clear()
+            return
+        self._final = True
+        resp.status = status
+        self.keep_alive = self.parser.should_keep_alive()
+        transport = self.transport
+        if transport is not None and transport.get_write_buffer_size():
+            # Answered before reading the whole request: the rest of it may be read as a next request.
+            self._dirty = True
+        self._length_known = "content-length" in headers or "chunked" in headers.get("transfer-encoding", "")
+        if (status == 204 or status == 304) and (
+            headers.get("content-length", "0") != "0" or "transfer-encoding" in headers
+        ):
+            # Framed as bodyless whatever it declares (RFC 9110 15.3.5, 15.4.5): a body the server sends
+            # anyway, perhaps a moment later, would be read as the next request's answer.
+            self._dirty = True
+        encoding = headers.get("content-encoding")
+        if encoding is not None:
+            encoding = encoding.strip().lower()
+            if encoding in ("gzip", "x-gzip"):
+                resp._decoder = _Inflate(gzip=True)
+            elif encoding == "deflate":
+                resp._decoder = _Inflate(gzip=False)
+        if self.headers_ready is not None and not self.headers_ready.done():
+            self.headers_ready.set_result(None)
+
+    def on_body(self, body: bytes) -> None:
+        self._body_seen = True
+        if self.response is not None:
+            self.response._feed(body)
+
+    def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
+        self._complete = True
+        if self.response is not None:
+            self.response._finish()
+
+    # -- used by the pool and the response -------------------------------------------------------
+
+    def _broken(self, exc: BaseException) -> None:
+        if self.headers_ready is not None and not self.headers_ready.done():
+            self.headers_ready.set_exception(exc)
+        if self.response is not None:
+            self.response._fail(exc)
+        self.close()
+
+    def pause(self) -> None:
+        if not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+
+    def resume(self) -> None:
+        if self.paused and self.transport is not None and not self.lost:
+            self.paused = False
+            self.transport.resume_reading()
+
+    def close(self) -> None:
+        self.keep_alive = False
+        if self.transport is not None:
+            self.transport.abort()
+
+    def finished(self, reusable: bool) -> None:
+        self.response = None
+        self.headers_ready = None
+        transport = self.transport
+        if (
+            reusable
+            and self._complete
+            and not self._dirty
+            and self.keep_alive
+            and not self.lost
+            and transport is not None
+            and not transport.is_closing()
+            and not transport.get_write_buffer_size()
+        ):
+            self.resume()
+            self.pool.put_back(self)
+        else:
+            self.close()
+            self.pool.forget()
+
+    async def exchange(self, request: bytes, first_byte_s: float, deadline: float, max_body: int) -> Response:
+        resp = Response(self, deadline, first_byte_s, max_body)
+        self.response = resp
+        self._final = self._interim = self._complete = self._dirty = False
+        self._length_known = False
+        self._gap = self._head_bytes = self._head_count = 0
+        loop = asyncio.get_running_loop()
+        self.headers_ready = loop.create_future()
+        assert self.transport is not None
+        self.transport.write(request)
+        remaining = deadline - time.monotonic()
+        cause = "first_byte_timeout" if first_byte_s < remaining else "total_timeout"
+        timer = loop.call_later(max(min(first_byte_s, remaining), 0.0), _expire, self.headers_ready, cause)
+        try:
+            await self.headers_ready
+        except BaseException:
+            resp._conn = None
+            self.finished(reusable=False)
+            raise
+        finally:
+            timer.cancel()
+        return resp
+
+
+class Pool:
+    """Keep-alive connections to one origin, at most `limit` open at once (the rest wait their turn)."""
+
+    def __init__(
+        self,
+        origin: Origin,
+        limit: int,
+        tls: ssl.SSLContext | None,
+        *,
+        max_body: int = MAX_BODY,
+        max_header_bytes: int = MAX_HEADER_BYTES,
+        max_headers: int = MAX_HEADERS,
+    ) -> None:
+        self.origin = origin
+        self.limit = limit
+        self.tls = tls
+        self.max_body = max_body
+        self.max_header_bytes = max_header_bytes
+        self.max_headers = max_headers
+        self.idle: deque[_Connection] = deque()
+        self.open = 0
+        self.waiters: deque[asyncio.Future[None]] = deque()
+        self.closed = False
+
+    def put_back(self, conn: _Connection) -> None:
+        if self.closed:
+            conn.close()
+            self.forget()
+            return
+        conn.idle_since = time.monotonic()
+        self.idle.append(conn)
+        self._wake_one()
+
+    def forget(self) -> None:
+        self.open -= 1
+        self._wake_one()
+
+    def _wake_one(self) -> None:
+        while self.waiters:
+            waiter = self.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def _reusable(self) -> _Connection | None:
+        now = time.monotonic()
+        while self.idle:
+            conn = self.idle.pop()  # the most recently used: the least likely to have been closed by the server
+            transport = conn.transport
+            if (
+                not conn.lost
+                and transport is not None
+                and not transport.is_closing()
+                and now - conn.idle_since < _KEEPALIVE_S
+            ):
+                return conn
+            conn.close()
+            self.open -= 1
+        return None
+
+    async def _connection(self, connect_s: float, deadline: float) -> tuple[_Connection, bool]:
+        """A pooled connection (True) or a new one (False), waiting for a free slot within the deadline."""
+        while True:
+            conn = self._reusable()
+            if conn is not None:
+                return conn, True
+            if self.open < self.limit:
+                break
+            waiter = asyncio.get_running_loop().create_future()
+            self.waiters.append(waiter)
+            try:
+                async with asyncio.timeout(max(deadline - time.monotonic(), 0)):
+                    await waiter
+            except BaseException as exc:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake_one()  # the slot this waiter was handed goes to the next one
+                waiter.cancel()
+                if isinstance(exc, TimeoutError):
+                    raise TimeoutError("pool_timeout") from None
+                raise
+        self.open += 1
+        try:
+            return await self._connect(connect_s, deadline), False
+        except BaseException:
+            self.forget()
+            raise
+
+    async def _connect(self, connect_s: float, deadline: float) -> _Connection:
+        loop = asyncio.get_running_loop()
+        origin = self.origin
+        remaining = deadline - time.monotonic()
+        timeout = min(connect_s, remaining)
+        if timeout <= 0:
+            raise TimeoutError("total_timeout")
+        try:
+            async with asyncio.timeout(timeout):
+                _, conn = await loop.create_connection(
+                    lambda: _Connection(self),
+                    origin.host,
+                    origin.port,
+                    ssl=self.tls,
+                    server_hostname=origin.host if self.tls is not None else None,
+                )
+        except TimeoutError:
+            raise TimeoutError("connect_timeout" if connect_s < remaining else "total_timeout") from None
+        except OSError as exc:
+            raise ConnectFailed(str(exc), cause=connect_cause(exc)) from None
+        return conn
+
+    async def request(self, request: bytes, connect_s: float, first_byte_s: float, total_s: float) -> Response:
+        deadline = time.monotonic() + total_s
+        # No resend here, even on a pooled connection that turns out closed: the server may have read the
+        # request, and a completion is not idempotent. The failover loop decides (it retries Disconnected).
+        conn, _ = await self._connection(connect_s, deadline)
+        return await conn.exchange(request, first_byte_s, deadline, self.max_body)
+
+    def close(self) -> None:
+        self.closed = True
+        while self.idle:
+            self.idle.pop().close()
+            self.open -= 1
+
+
+class Client:
+    """Pools per origin for one provider, and the bytes of each request.
+
+    The caps default to the config's defaults; the gateway passes `caps.upstream_body_bytes` as
+    `max_body` and `caps.upstream_header_bytes` as `max_header_bytes`.
+    """
+
+    def __init__(
+        self,
+        limit: int,
+        *,
+        max_body: int = MAX_BODY,
+        max_header_bytes: int = MAX_HEADER_BYTES,
+        max_headers: int = MAX_HEADERS,
+    ) -> None:
+        self.limit = limit
+        self.max_body = max_body
+        self.max_header_bytes = max_header_bytes
+        self.max_headers = max_headers
+        self.pools: dict[tuple[str, str, int | None], Pool] = {}
+        self._tls: ssl.SSLContext | None = None
+
+    def _pool(self, key: tuple[str, str, int | None]) -> Pool:
+        pool = self.pools.get(key)
+        if pool is None:
+            origin = Origin(*key)
+            if origin.tls and self._tls is None:
+                self._tls = ssl.create_default_context()
+            pool = self.pools[key] = Pool(
+                origin,
+                self.limit,
+                self._tls if origin.tls else None,
+                max_body=self.max_body,
+                max_header_bytes=self.max_header_bytes,
+                max_headers=self.max_headers,
+            )
+        return pool
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str],
+        body: bytes,
+        *,
+        connect_s: float,
+        first_byte_s: float,
+        total_s: float,
+    ) -> Response:
+        if method in ("HEAD", "CONNECT"):
+            # A HEAD answer's Content-Length frames no body and CONNECT ends HTTP: llhttp cannot be told.
+            raise ValueError(f"method {method} is not supported")
+        key, target = split(url)
+        if not target.isprintable() or " " in target or not target.isascii():
+            raise ValueError("the request target contains spaces, control or non-ASCII characters")
+        pool = self._pool(key)
+        lines = [f"{method} {target} HTTP/1.1\r\nhost: {pool.origin.host_header}\r\ncontent-length: {len(body)}\r\n"]
+        compression = True
+        for name, value in headers.items():
+            lowered = name.lower()
+            # `hop_by_hop` inlined: a call per header was a measurable share of this loop.
+            if lowered in _HOP_BY_HOP or lowered.startswith("proxy-"):
+                # This client owns framing and the connection: `Expect: 100-continue`, `Connection`, an
+                # `Upgrade` or a second `Content-Length` from a caller could desync the pool.
+                continue
+            if lowered == "accept-encoding":
+                compression = False
+            line = f"{name}: {value}"
+            # A line break or NUL would split the head: a smuggled header or a second request. `in` is a
+            # memchr; counting the CRLFs of the whole head instead cost more than these checks.
+            if "\n" in line or "\r" in line or "\0" in line:
+                raise ValueError(f"header {name!r} contains a line break or NUL")
+            lines.append(line + "\r\n")
+        if compression:
+            # Hosted APIs compress large answers when asked (the recorded OpenAI body was gzip); the saving
+            # on the wire outweighs the decoding here.
+            lines.append("accept-encoding: gzip, deflate\r\n")
+        lines.append("\r\n")
+        head = "".join(lines).encode("latin-1")
+        return await pool.request(head + body, connect_s, first_byte_s, total_s)
+
+    def close(self) -> None:
+        for pool in self.pools.values():
+            pool.close()
+        self.pools.clear()

@@ -1,0 +1,214 @@
+"""Response parsing for the h1 client: the status and headers of an answer, and its body as the
+connection reads it, buffered with flow control, decoded and capped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import zlib
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from gateway.upstream.h1body import _INFLATE_STEP, _Inflate
+from gateway.upstream.h1wire import _HIGH_WATER, MAX_BODY, Malformed, _body_too_large, _expire
+
+
+class Carrier(Protocol):
+    """What an answer needs of the connection that reads it (`h1._Connection`)."""
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+    def finished(self, *, reusable: bool) -> None: ...
+
+
+class Response:
+    """Status and headers of an answer whose body arrives as the connection reads it."""
+
+    __slots__ = (
+        "status",
+        "headers",
+        "_conn",
+        "_chunks",
+        "_buffered",
+        "_done",
+        "_error",
+        "_waiter",
+        "_decoder",
+        "_deadline",
+        "_read_timeout",
+        "_pausable",
+        "_max_body",
+    )
+
+    def __init__(self, conn: Carrier, deadline: float, read_timeout: float, max_body: int = MAX_BODY) -> None:
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self._conn: Carrier | None = conn
+        # Body bytes as received (still compressed, if they are): decoding is the reader's work, so a
+        # bomb expands only as far as the reader asks.
+        self._chunks: deque[bytes] = deque()
+        self._buffered = 0
+        self._done = False
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._decoder: _Inflate | None = None
+        self._deadline = deadline
+        self._read_timeout = read_timeout
+        # Only a relayed stream may pause the socket: a buffered read() must take in the whole body.
+        self._pausable = True
+        self._max_body = max_body
+
+    # -- fed by the connection -----------------------------------------------------------------
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _feed(self, data: bytes) -> None:
+        self._chunks.append(data)
+        self._buffered += len(data)
+        if self._buffered > _HIGH_WATER and self._pausable and self._conn is not None:
+            self._conn.pause()
+        self._wake()
+
+    def _finish(self) -> None:
+        self._done = True
+        self._wake()
+
+    def _fail(self, exc: BaseException) -> None:
+        if not self._done:
+            self._error = exc
+            self._done = True
+        self._wake()
+
+    def _abort(self, exc: BaseException) -> BaseException:
+        """Fail the answer from the reader's side and close its connection; returns `exc` to raise."""
+        self._done = True
+        self._error = exc
+        self._chunks.clear()
+        self._buffered = 0
+        self.release()
+        return exc
+
+    # -- read by the caller --------------------------------------------------------------------
+
+    @property
+    def at_eof(self) -> bool:
+        return self._done and not self._chunks and self._error is None
+
+    async def _wait(self) -> None:
+        remaining = self._deadline - time.monotonic()
+        timeout = min(self._read_timeout, remaining)
+        if timeout <= 0:
+            raise TimeoutError("total_timeout")
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        cause = "read_timeout" if self._read_timeout < remaining else "total_timeout"
+        timer = loop.call_later(timeout, _expire, waiter, cause)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+
+    async def read(self) -> bytes:
+        """The whole body, decoded; `TooLarge` past `max_body` decoded bytes (the connection is closed)."""
+        self._pausable = False
+        if self._conn is not None:
+            self._conn.resume()
+        cap = self._max_body
+        decoder = self._decoder
+        if decoder is None and self._done and self._error is None:
+            # The common case, a plain body that came in with the headers: no loop, no decoding.
+            chunks = self._chunks
+            body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            if len(body) > cap:
+                raise self._abort(_body_too_large(cap))
+            chunks.clear()
+            self._buffered = 0
+            self.release()
+            return body
+        if decoder is None and not self._done:
+            length = self.headers.get("content-length")
+            # llhttp has checked it is one run of digits.
+            if length is not None and int(length) > cap:
+                raise self._abort(_body_too_large(cap))
+        parts: list[bytes] = []
+        size = 0
+        chunks = self._chunks
+        while True:
+            while chunks:
+                chunk = chunks.popleft()
+                self._buffered -= len(chunk)
+                if decoder is not None:
+                    try:
+                        # One byte over the cap is enough to know the body is too large.
+                        chunk, _ = decoder.decode(chunk, cap - size + 1)
+                    except zlib.error:
+                        raise self._abort(Malformed("the response body could not be decompressed")) from None
+                size += len(chunk)
+                if size > cap:
+                    raise self._abort(_body_too_large(cap))
+                parts.append(chunk)
+            if self._done:
+                break
+            await self._wait()
+        if self._error is not None:
+            raise self._error
+        if decoder is not None:
+            try:
+                tail = decoder.flush()
+            except zlib.error:
+                raise self._abort(Malformed("the response body could not be decompressed")) from None
+            size += len(tail)
+            if size > cap:
+                raise self._abort(_body_too_large(cap))
+            parts.append(tail)
+        self.release()
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    async def iter_chunks(self) -> AsyncIterator[bytes]:
+        decoder = self._decoder
+        chunks = self._chunks
+        while True:
+            if chunks:
+                chunk = chunks.popleft()
+                self._buffered -= len(chunk)
+                if decoder is not None:
+                    try:
+                        chunk, rest = decoder.decode(chunk, _INFLATE_STEP)
+                    except zlib.error:
+                        raise self._abort(Malformed("the response body could not be decompressed")) from None
+                    if rest:
+                        chunks.appendleft(rest)
+                        self._buffered += len(rest)
+                if self._conn is not None and self._buffered <= _HIGH_WATER // 2:
+                    self._conn.resume()
+                if chunk:
+                    yield chunk
+                continue
+            if self._done:
+                if self._error is not None:
+                    raise self._error
+                tail = b""
+                if decoder is not None:
+                    try:
+                        tail = decoder.flush()
+                    except zlib.error:
+                        raise self._abort(Malformed("the response body could not be decompressed")) from None
+                self.release()
+                if tail:
+                    yield tail
+                return
+            await self._wait()
+
+    def release(self) -> None:
+        """Give the connection back: to the pool when the body was read whole, else closed."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.finished(reusable=self._done and self._error is None)

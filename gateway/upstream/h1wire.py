@@ -1,0 +1,126 @@
+"""The vocabulary of the h1 client (gateway/upstream/h1.py): its caps, the four failure kinds and their
+causes, which request headers belong to the connection, and the origin of a URL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import socket
+import ssl
+from typing import Final
+from urllib.parse import urlsplit
+
+# A stream the client reads slower than the upstream writes pauses the socket above this many bytes.
+_HIGH_WATER: Final = 1 << 20
+_KEEPALIVE_S: Final = 30.0
+
+# Caps; the gateway passes its `caps.*` config, whose defaults these equal.
+MAX_BODY: Final = 64 * 1024 * 1024  # caps.upstream_body_bytes
+MAX_HEADER_BYTES: Final = 64 * 1024  # caps.upstream_header_bytes
+MAX_HEADERS: Final = 200  # header fields (and trailers) in one answer; not configurable
+
+# Request headers a transport owns (framing, connection management) or must never forward: whatever a
+# caller passes under these names is dropped. `proxy-*` is matched by prefix (`hop_by_hop`).
+_HOP_BY_HOP: Final = frozenset(
+    {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "expect", "te", "trailer", "upgrade"}
+)
+
+
+def hop_by_hop(lowered: str) -> bool:
+    """Whether a (lower-cased) request header belongs to the connection, not to the caller: both transports
+    drop these, so neither a caller's `Expect` nor its `Proxy-Authorization` ever reaches the wire."""
+    return lowered in _HOP_BY_HOP or lowered.startswith("proxy-")
+
+
+class ConnectFailed(OSError):
+    """The connection could not be opened; `cause` says why (`connect_cause`)."""
+
+    def __init__(self, message: str, *, cause: str = "connect_failed") -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+class Disconnected(ConnectionError):
+    """The server closed or reset the connection before a response began."""
+
+    def __init__(self, message: str, *, cause: str = "connection_closed") -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+class Malformed(ConnectionError):
+    """The response was cut short or was not valid HTTP/1.1."""
+
+    def __init__(self, message: str, *, cause: str = "malformed_response") -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+def connect_cause(exc: BaseException) -> str:
+    """Why opening a connection failed, for the operator (wire.errors.CAUSES), from the OS's error or the
+    one it was raised from (httpx wraps them twice)."""
+    seen: BaseException | None = exc
+    for _ in range(6):
+        if seen is None:
+            break
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return "tls_verification_failed"
+        if isinstance(seen, ssl.SSLError):
+            return "tls_error"
+        if isinstance(seen, socket.gaierror):
+            return "dns_failure"
+        code = seen.errno if isinstance(seen, OSError) else None
+        # asyncio joins the errors of every address it tried into one OSError without an errno.
+        if code == errno.ECONNREFUSED or f"[Errno {errno.ECONNREFUSED}]" in str(seen):
+            return "connection_refused"
+        if code in (errno.ENETUNREACH, errno.EHOSTUNREACH):
+            return "network_unreachable"
+        seen = seen.__cause__ or seen.__context__
+    return "connect_failed"
+
+
+class TooLarge(Malformed):
+    """The response went over one of the client's caps; the message names the cap, never upstream bytes."""
+
+
+class _Stop(Exception):
+    """Raised from a parser callback to stop llhttp at once; the reason was already recorded."""
+
+
+def _expire(fut: asyncio.Future[None], cause: str) -> None:
+    # A plain timer per wait: asyncio.timeout's context manager cost about 3 % of a saturated worker.
+    # The TimeoutError's argument is the timeout that passed (wire.errors.CAUSES).
+    if not fut.done():
+        fut.set_exception(TimeoutError(cause))
+
+
+class Origin:
+    """Scheme, host and port of a base URL, with the request-line prefix parts it implies."""
+
+    __slots__ = ("host", "port", "tls", "host_header")
+
+    def __init__(self, scheme: str, host: str, port: int | None) -> None:
+        self.tls = scheme == "https"
+        self.host = host
+        default = 443 if self.tls else 80
+        self.port = port or default
+        shown = f"[{host}]" if ":" in host else host
+        self.host_header = shown if self.port == default else f"{shown}:{self.port}"
+
+
+def split(url: str) -> tuple[tuple[str, str, int | None], str]:
+    """(origin key, path with query) of an absolute http(s) URL, the path sent exactly as given."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConnectFailed(f"not an http(s) URL: {url!r}")
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return (parts.scheme, parts.hostname, parts.port), target
+
+
+def _body_too_large(cap: int) -> TooLarge:
+    return TooLarge(f"the response body is larger than the cap of {cap} bytes (caps.upstream_body_bytes)")
+
+
+def _head_too_large(cap: int) -> TooLarge:
+    return TooLarge(f"the response headers are larger than the cap of {cap} bytes (caps.upstream_header_bytes)")

@@ -1,0 +1,91 @@
+"""The value types of a route plan: a `Route` (one upstream target), the `Group`s balanced together, the
+`Policy` over them and the `Plan` a request tries in order.
+
+Values only: `gateway.path.routing` builds them from the config; the failover loop, the balancer,
+admission and tracing read them from the wings below the request path without importing it.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from gateway.config import RetriesConfig, Strategy, TimeoutsConfig
+from gateway.fleet.picker import Fleet
+from gateway.upstream.transport import Timeouts
+from providers.base import Adapter, Endpoint, LocalAdapter
+from wire.errors import ProviderUnavailableError
+
+
+class Route(msgspec.Struct, frozen=True):
+    # `provider/model[/deployment]`: the identity health, cooldowns and balancing are keyed on.
+    key: str
+    provider: str
+    adapter: Adapter | LocalAdapter
+    endpoint: Endpoint
+    drop_unsupported: bool
+    # Set when the provider cannot be called (its key variable is unset); requests fail fast with it.
+    unavailable: str | None = None
+    # Same-target retries of a transient failure (`retries.same_target`: the provider's, else the global).
+    same_target: int = 1
+    # A provider with `replicas:`: the route stands for them all, and a request is served by one of these
+    # (`provider@i/model`, each its own health key), as `fleet` chooses (gateway/fleet).
+    replicas: tuple[Route, ...] = ()
+    fleet: Fleet | None = None
+
+    def require_available(self) -> None:
+        """Refuse at once, naming the missing variable, when the provider cannot be called."""
+        if self.unavailable is not None:
+            raise ProviderUnavailableError(self.unavailable, param="model", code="provider_unavailable")
+
+
+class Group(msgspec.Struct, frozen=True):
+    """Routes balanced together: an alias's targets, or one fallback."""
+
+    routes: list[Route]
+    weights: list[float]
+    strategy: Strategy = "weighted"
+
+
+class Policy(msgspec.Struct, frozen=True):
+    retries: RetriesConfig
+    timeouts: TimeoutsConfig
+    resume_streams: bool = False
+    hedge_after_ms: int | None = None
+    # An alias's own `retries.same_target`, which wins over each target's provider value.
+    same_target: int | None = None
+
+
+class Plan(msgspec.Struct):
+    """Everything a request may try, in order: the targets, then each fallback."""
+
+    groups: list[Group]
+    policy: Policy
+    context_groups: list[Group] = msgspec.field(default_factory=list)
+    # Derived once from the groups, never per request: every target the plan may touch (health is read
+    # for all of them), and whether its strategies need in-flight counts or latencies recorded.
+    keys: tuple[str, ...] = ()
+    tracks_inflight: bool = False
+    tracks_latency: bool = False
+    timeouts: Timeouts = Timeouts(0.0, 0.0, 0.0)  # the policy's, in seconds (set below)
+
+    def __post_init__(self) -> None:
+        self.timeouts = Timeouts.of(self.policy.timeouts)
+        groups = self.groups + self.context_groups
+        seen: dict[str, None] = {}
+        fleets = False
+        for g in groups:
+            for r in g.routes:
+                seen.setdefault(r.key, None)
+                for replica in r.replicas:
+                    seen.setdefault(replica.key, None)
+                    fleets = True
+        self.keys = tuple(seen)
+        self.tracks_inflight = fleets or any(g.strategy == "least-busy" for g in groups)
+        self.tracks_latency = any(g.strategy == "latency" for g in self.groups)
+
+    @property
+    def single(self) -> Route | None:
+        """The one route of a direct `vendor/model` request (no alias, no fallbacks)."""
+        if len(self.groups) == 1 and len(self.groups[0].routes) == 1 and not self.context_groups:
+            return self.groups[0].routes[0]
+        return None

@@ -1,0 +1,68 @@
+"""What every transport speaks: the `Transport` protocol, the `Reply` it hands back, and `Timeouts`.
+
+A value-and-protocol module at the bottom of the upstream wing, so the transports (h1, httpx), the
+client that picks one and the wings above (a route plan's timeouts, the failover loop) share the
+types without importing the client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from typing import Protocol
+
+import msgspec
+
+from gateway.config import TimeoutsConfig
+from wire.upstream import UpstreamRequest
+
+
+class Timeouts(msgspec.Struct, frozen=True):
+    connect: float
+    first_byte: float  # bounds the wait for the first byte and every later read of a stream
+    total: float
+
+    @classmethod
+    def of(cls, cfg: TimeoutsConfig) -> Timeouts:
+        return cls(cfg.connect_ms / 1000, cfg.first_byte_ms / 1000, cfg.total_ms / 1000)
+
+    def capped(self, total: float | None) -> Timeouts:
+        """The request's own `inference_timeout` can only shorten the deadline, never extend it."""
+        if total is None or total >= self.total:
+            return self
+        return Timeouts(min(self.connect, total), min(self.first_byte, total), total)
+
+
+class Response(msgspec.Struct):
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+
+class Reply(Protocol):
+    """An answer whose status and headers have arrived and whose body is read once, whole or in chunks.
+
+    `release()` hands the connection back: to the pool only when the body was read to its end,
+    otherwise it is closed, so no later request can read what is left of this one.
+    """
+
+    @property
+    def status(self) -> int: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    async def read(self) -> bytes: ...
+
+    def iter_chunks(self) -> AsyncIterator[bytes]: ...
+
+    def release(self) -> None: ...
+
+
+class Transport(Protocol):
+    """One provider's pooled connections. Failures raise the `h1` kinds or `TimeoutError`."""
+
+    name: str
+
+    async def request(self, req: UpstreamRequest, timeouts: Timeouts) -> Reply: ...
+
+    async def close(self) -> None: ...
