@@ -13,6 +13,10 @@ answers the recorded OpenAI completion), and their streaming twins ``fake-stream
 (``--chunks`` events per stream). The upstream runs in a process of its own, outside valgrind, so only
 the gateway's side is counted (plus this driver's few lines per request, the same in every tree).
 
+``--cache always`` turns the response cache on (docs/cache.md); with ``--vary`` every request has a
+prompt of its own, so each one is a miss (compare with ``--vary`` alone); without it, every measured
+request is a hit.
+
 ``--count calls`` needs no valgrind: it counts Python-level call events per request with
 ``sys.setprofile`` over the measured requests (cheap; what tests/unit/test_bench_instructions.py runs).
 
@@ -44,17 +48,22 @@ REQUEST: dict[str, object] = {"prompt": "Say hello", "max_tokens": 16}
 _TOTALS = re.compile(rb"^(?:summary|totals):\s+(\d+)", re.MULTILINE)
 
 
-def config_text(upstream_port: int | None) -> str:
+def config_text(upstream_port: int | None, cache: str = "off") -> str:
     """The gateway config: the bench's (no keys, defaults everywhere) plus the keyless fake provider."""
     lines = ["server: {host: 127.0.0.1, port: 8080}", "providers:", "  demo: {kind: fake}"]
     if upstream_port is not None:
         lines.append(f"  up: {{kind: openai, base_url: 'http://127.0.0.1:{upstream_port}/v1', api_key: bench-key}}")
+    if cache != "off":
+        lines.append(f"cache: {{mode: {cache}}}")  # only trees with the response cache accept it
     return "\n".join(lines) + "\n"
 
 
-def request_body(path: str) -> bytes:
+def request_body(path: str, i: int | None = None) -> bytes:
     base, _, stream = path.partition("-")
-    return msgspec.json.encode({"model": MODELS[base], **REQUEST, **({"stream": True} if stream else {})})
+    req = {"model": MODELS[base], **REQUEST, **({"stream": True} if stream else {})}
+    if i is not None:
+        req["prompt"] = f"{REQUEST['prompt']} {i:07d}"  # one length for all: only the cache can tell them apart
+    return msgspec.json.encode(req)
 
 
 def _scope(body: bytes) -> dict[str, Any]:
@@ -131,6 +140,8 @@ async def drive(
     warmup: int,
     upstream_port: int | None,
     around: Callable[[bool], None] | None = None,
+    cache: str = "off",
+    vary: bool = False,
 ) -> None:
     """Push `warmup` then `requests` completions through the app; `around(True/False)` brackets the latter."""
     from gateway.config import parse_config
@@ -140,14 +151,16 @@ async def drive(
     # The access line is built and buffered as in production; only the write goes nowhere.
     devnull, kept = os.open(os.devnull, os.O_WRONLY), accesslog.SINK.fd
     accesslog.SINK.fd = devnull
-    app = create_app(parse_config(config_text(upstream_port), "bench-instructions.yaml"))
+    app = create_app(parse_config(config_text(upstream_port, cache), "bench-instructions.yaml"))
     shutdown = await _lifespan(app)
-    body = request_body(path)
+    body = request_body(path, 0 if vary else None)
     marker = b"[DONE]" if path.endswith("-stream") else b'"text_completion"'
     try:
         for i in range(warmup + requests):
             if i == warmup and around is not None:
                 around(True)
+            if vary:
+                body = request_body(path, i)
             status, answer = await _one(app, body)
             if status != 200 or marker not in answer:
                 raise RuntimeError(f"request {i} on {path}: {status} {answer[:300]!r}")
@@ -168,7 +181,9 @@ def _loop_runner() -> Callable[[Any], Any]:
     return uvloop.run
 
 
-def count_calls(path: str, requests: int, warmup: int, upstream_port: int | None) -> dict[str, float]:
+def count_calls(
+    path: str, requests: int, warmup: int, upstream_port: int | None, cache: str = "off", vary: bool = False
+) -> dict[str, float]:
     """Python function calls (and C calls) per request over `requests` measured completions."""
     counts = {"call": 0, "c_call": 0}
 
@@ -180,11 +195,13 @@ def count_calls(path: str, requests: int, warmup: int, upstream_port: int | None
         # setprofile is per thread and the loop runs here, so this brackets exactly the measured requests.
         sys.setprofile(profile if start else None)
 
-    _loop_runner()(drive(path, requests, warmup, upstream_port, around))
+    _loop_runner()(drive(path, requests, warmup, upstream_port, around, cache, vary))
     return {"python_calls": counts["call"] / requests, "c_calls": counts["c_call"] / requests}
 
 
-def _callgrind_total(path: str, requests: int, warmup: int, upstream_port: int | None, work: Path) -> int:
+def _callgrind_total(
+    path: str, requests: int, warmup: int, upstream_port: int | None, work: Path, extra: list[str]
+) -> int:
     valgrind = shutil.which("valgrind")
     if valgrind is None:
         raise SystemExit("valgrind not found (apt-get install -y valgrind)")
@@ -204,6 +221,7 @@ def _callgrind_total(path: str, requests: int, warmup: int, upstream_port: int |
         str(requests),
         "--warmup",
         str(warmup),
+        *extra,
     ]
     if upstream_port is not None:
         argv += ["--upstream-port", str(upstream_port)]
@@ -240,6 +258,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--keep", type=Path, help="keep callgrind's output files here (callgrind_annotate; per-function deltas)"
     )
+    parser.add_argument("--cache", choices=("off", "always"), default="off", help="the response cache's mode")
+    parser.add_argument("--vary", action="store_true", help="a prompt of its own per request (cache misses)")
     parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)  # the process valgrind runs
     parser.add_argument("--upstream-port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -255,7 +275,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.inner:
-        _loop_runner()(drive(args.paths[0], args.requests, args.warmup, args.upstream_port))
+        _loop_runner()(
+            drive(args.paths[0], args.requests, args.warmup, args.upstream_port, cache=args.cache, vary=args.vary)
+        )
         return 0
     needs_upstream = any(p.startswith("h1") for p in args.paths)
     upstream = _upstream(args.chunks) if needs_upstream else None
@@ -264,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for path in args.paths:
             if args.count == "calls":
-                results[path] = count_calls(path, args.requests, args.warmup, port)
+                results[path] = count_calls(path, args.requests, args.warmup, port, args.cache, args.vary)
                 print(
                     f"{path}: {results[path]['python_calls']:.1f} Python calls/request, "
                     f"{results[path]['c_calls']:.1f} C calls/request",
@@ -277,8 +299,9 @@ def main(argv: list[str] | None = None) -> int:
                 work.mkdir(parents=True, exist_ok=True)
                 for _ in range(args.repeat):
                     t0 = time.monotonic()
-                    small = _callgrind_total(path, args.small, args.warmup, port, work)
-                    large = _callgrind_total(path, args.requests, args.warmup, port, work)
+                    extra = ["--cache", args.cache, *(["--vary"] if args.vary else [])]
+                    small = _callgrind_total(path, args.small, args.warmup, port, work, extra)
+                    large = _callgrind_total(path, args.requests, args.warmup, port, work, extra)
                     per.append((large - small) / (args.requests - args.small))
                     print(
                         f"{path}: {per[-1]:,.0f} instructions/request "

@@ -26,7 +26,7 @@ from typing import Any
 import msgspec
 
 from bench import wrk
-from bench.scenarios import GRANIAN, HTTPX, LIMITS_TARGET, NOISY_PCT, TWO_WORKERS, Measurement
+from bench.scenarios import CACHE_TARGET, GRANIAN, HTTPX, LIMITS_TARGET, NOISY_PCT, TWO_WORKERS, Measurement
 from bench.upstream import COMPLETION_BODY, nginx
 
 # Above this busy share of the load generator's core, a row measures wrk rather than the server.
@@ -151,7 +151,7 @@ class _Index:
 
 def _label(target: str, result: RunResult) -> str:
     workers = result.settings.get("workers", 1)
-    if target in ("gateway", LIMITS_TARGET):
+    if target in ("gateway", LIMITS_TARGET, CACHE_TARGET):
         return f"{target} (workers={workers})"
     if target == TWO_WORKERS:
         return f"{target} (workers=2, unpinned)"
@@ -466,6 +466,14 @@ def _targets_section(t: _Template, idx: _Index, result: RunResult) -> str:
         )
         add("gateway with Redis limits, c=32 throughput ≥ 0.6 × passthrough", f"- ({why})", None)
 
+    # The response cache: hits against the same requests through the loopback upstream, same scenario.
+    hit, miss = idx.value("cached_c32", CACHE_TARGET, rps), idx.value("cached_c32", "gateway", rps)
+    title = "cache hits, c=32 throughput ≥ 2 × the same requests through the upstream"
+    if hit and miss:
+        add(title, f"{hit:,.0f} req/s = {hit / miss:.2f}x the uncached gateway ({miss:,.0f})", hit >= 2 * miss)
+    elif idx.raw("cached_c32", CACHE_TARGET) is not None:
+        add(title, f"- ({_why_missing(idx, 'cached_c32', CACHE_TARGET)})", None)
+
     # (b) c=1 added p50, gateway against passthrough.
     d, p, g = (idx.value("nonstream_c1", t, lambda m: m.p50_ms) for t in ("direct", "passthrough", "gateway"))
     if d is not None and p is not None and g is not None and p > d:
@@ -531,6 +539,7 @@ def _variants_section(t: _Template, idx: _Index, result: RunResult) -> str:
     base = idx.get("nonstream_c32", "gateway")
     passthrough = idx.get("nonstream_c32", "passthrough")
     limits_base = idx.get("limits_c32", "gateway")
+    cache_base = idx.get("cached_c32", "gateway")
     rows: list[list[str]] = []
     for scenario, target in (
         ("nonstream_c32", "gateway"),
@@ -538,6 +547,7 @@ def _variants_section(t: _Template, idx: _Index, result: RunResult) -> str:
         ("nonstream_c32", GRANIAN),
         ("nonstream_c32", HTTPX),
         ("limits_c32", LIMITS_TARGET),
+        ("cached_c32", CACHE_TARGET),
     ):
         if idx.raw(scenario, target) is None:
             continue
@@ -546,7 +556,7 @@ def _variants_section(t: _Template, idx: _Index, result: RunResult) -> str:
             rows.append([f"`{_label(target, result)}`", _why_missing(idx, scenario, target), *["-"] * 5])
             continue
         # gateway+limits is compared with the plain gateway of its own scenario, measured right before it.
-        versus = limits_base if target == LIMITS_TARGET else base
+        versus = limits_base if target == LIMITS_TARGET else cache_base if target == CACHE_TARGET else base
         rows.append(
             [
                 f"`{_label(target, result)}`",

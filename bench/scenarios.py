@@ -50,6 +50,8 @@ TWO_WORKERS = "gateway-2w"
 GRANIAN = "gateway-granian"
 HTTPX = "gateway-httpx"
 LIMITS_TARGET = "gateway+limits"
+# The gateway with `cache: {mode: always}` (docs/cache.md): after the first request, every answer is a hit.
+CACHE_TARGET = "gateway+cache"
 # What --targets may name; LIMITS_TARGET comes with --limits-config instead.
 ALL_TARGETS = (*TARGETS, TWO_WORKERS, GRANIAN, HTTPX)
 # What runs when --targets is not given: the httpx row is asked for by name.
@@ -67,11 +69,13 @@ class GatewayVariant:
     pinned: bool = True
     # The bench provider's `transport:` (None: the config default, `auto`, which is h1 on the bench).
     transport: str | None = None
+    cache: bool = False
 
 
 VARIANTS: dict[str, GatewayVariant] = {
     "gateway": GatewayVariant(),
     LIMITS_TARGET: GatewayVariant(limits=True),
+    CACHE_TARGET: GatewayVariant(cache=True),
     TWO_WORKERS: GatewayVariant(workers=2, pinned=False),
     GRANIAN: GatewayVariant(server="granian"),
     HTTPX: GatewayVariant(transport="httpx"),
@@ -249,6 +253,18 @@ def build_scenarios(settings: Settings) -> list[Scenario]:
                 targets=("passthrough", "gateway", LIMITS_TARGET),
             )
         )
+    # The response cache: the same load as nonstream_c32, every answer a hit, beside the plain gateway
+    # measured right before it (each request of the plain one goes to the upstream).
+    scenarios.append(
+        Scenario(
+            "cached_c32",
+            f"non-streaming, every answer a cache hit, {c} connections",
+            "nginx",
+            "wrk",
+            connections=c,
+            targets=("gateway", CACHE_TARGET),
+        )
+    )
     # One row per offered rate and target; rates in the outer loop so drift over the sweep hits
     # every target alike.
     scenarios += [
@@ -352,7 +368,7 @@ class Runner:
         return self.measurements
 
     def _included(self, target: str) -> bool:
-        return target == LIMITS_TARGET or target in self.settings.targets
+        return target in (LIMITS_TARGET, CACHE_TARGET) or target in self.settings.targets
 
     def _pinned(self, target: str) -> bool:
         variant = VARIANTS.get(target)
@@ -425,6 +441,8 @@ class Runner:
             # The provider's pool cap (default 256) would queue the held streams inside the gateway.
             pool = s.hold_streams + 64 if kind == "hold" else None
             config = gateway_config(upstream.port, port, extra, pool, variant.transport)
+            if variant.cache:
+                config["cache"] = {"mode": "always"}
             config_path = s.work_dir / f"{tag}.yaml"
             config_path.write_text(yaml.safe_dump(config, sort_keys=False))
             workers = variant.workers or s.workers
@@ -466,7 +484,8 @@ class Runner:
             stack.callback(upstream.stop)
             services: dict[str, Service] = {"direct": upstream}
             wanted = {t for s in group if not s.fresh for t in s.targets if self._included(t)}
-            for name in (n for n in (*ALL_TARGETS[1:], LIMITS_TARGET) if n in wanted and n not in self.skipped):
+            named = (*ALL_TARGETS[1:], LIMITS_TARGET, CACHE_TARGET)
+            for name in (n for n in named if n in wanted and n not in self.skipped):
                 service = self._try_start(name, kind, upstream)
                 if service is not None:
                     stack.callback(service.stop)

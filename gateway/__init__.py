@@ -12,7 +12,8 @@ LAYERS: Final[tuple[tuple[str, ...], ...]] = (
     ("gateway.__main__",),  # the command line: serve, check-config, docs
     ("gateway.edge",),  # the HTTP face: app, endpoints, tokenizer routes, rendering, status page, model listing
     ("gateway.path",),  # the request path: dialects, request folding, routing, pipeline, attempt, relay
-    ("gateway.resilience", "gateway.emulation"),  # failover, balancer, health, evidence | emulation, patterns, schemas
+    # failover, balancer, health, evidence | emulation, patterns, schemas | the response cache
+    ("gateway.resilience", "gateway.emulation", "gateway.cache"),
     ("gateway.limits",),  # keys, admission, rate limits, token estimates, usage
     ("gateway.upstream",),  # transports (h1, httpx), the upstream client, framing, scrubbing, plan values
     ("gateway.fleet",),  # replicas of a self-hosted engine: the policies, drain flags, engine load

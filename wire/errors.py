@@ -377,6 +377,8 @@ CODES: Final[dict[str, str]] = {
     "rate_limit_exceeded": "a configured rate limit (429)",
     "provider_quota": "a provider or deployment quota of the config (429)",
     "budget_exceeded": "the key's daily budget is spent (429)",
+    "cache_miss": "`Cache-Control: only-if-cached` and no cached answer (504; docs/cache.md)",
+    "invalid_cache_control": "a `Cache-Control` directive the cache cannot read (`max-age` not a number)",
     "exceeds_token_limit": "the request alone is larger than a token limit",
     "exceeds_request_limit": "an emulated fan-out makes more upstream calls than a provider's request limit allows",
     "rate_limiter_unavailable": "the shared limiter (Redis) cannot be reached and limits fail closed (503)",

@@ -21,6 +21,7 @@ from gateway.config.loading import ConfigError, LoadedConfig, load_config, parse
 from gateway.config.schema import (
     AdminConfig,
     AliasConfig,
+    CacheConfig,
     CapsConfig,
     CooldownConfig,
     DeploymentConfig,
@@ -57,6 +58,7 @@ __all__ = [
     "ReplicaConfig",
     "AdminConfig",
     "AliasConfig",
+    "CacheConfig",
     "CapsConfig",
     "ConfigError",
     "CooldownConfig",

@@ -245,6 +245,8 @@ class ProviderConfig(Strict, frozen=True):
     replicas: list[str | ReplicaConfig] = msgspec.field(default_factory=list)
     # Which replica serves each request (needs replicas:); unset: round robin.
     routing: RoutingConfig | None = None
+    # This provider's targets' response cache, over the top-level `cache` (an alias's own block wins).
+    cache: CacheConfig | None = None
 
 
 class TargetConfig(Strict, frozen=True):
@@ -265,6 +267,29 @@ class AliasConfig(Strict, frozen=True):
     retries: RetriesConfig | None = None
     timeouts: TimeoutsConfig | None = None
     limits: LimitsConfig | None = None
+    # This alias's response cache, over its provider's and the top-level `cache`.
+    cache: CacheConfig | None = None
+
+
+class CacheConfig(Strict, frozen=True):
+    """The response cache (docs/cache.md): top level, per provider (`providers.<name>.cache`) or per alias
+    (`models[].cache`); the most specific block wins whole."""
+
+    # off | deterministic (only answers sampling cannot change: `temperature: 0`, a `seed`, or `max_tokens: 0`)
+    # | always (every cacheable request).
+    mode: Literal["off", "deterministic", "always"] = "off"
+    # How long an entry serves, in seconds.
+    ttl_s: Annotated[int, Meta(ge=1, le=365 * 86400)] = 3600
+    # memory: per process, an LRU bounded by the top-level `max_bytes`; redis: the configured `redis.url`,
+    # shared by replicas (without a `redis.url`, memory).
+    store: Literal["memory", "redis"] = "memory"
+    # The memory store's bound (the top-level block's value sizes the one store of a process); evictions counted.
+    max_bytes: Annotated[int, Meta(ge=1024)] = 256 * 1024 * 1024
+    # An answer larger than this (encoded) is not stored; a Redis value larger than this is read as a miss.
+    max_entry_bytes: Annotated[int, Meta(ge=1024)] = 4 * 1024 * 1024
+    # key: an entry serves only the client key that stored it; shared: every key (one key reads what another
+    # paid for).
+    scope: Literal["key", "shared"] = "key"
 
 
 class TokenizerConfig(Strict, frozen=True):
@@ -294,3 +319,4 @@ class GatewayConfig(Strict, frozen=True):
     caps: CapsConfig = CapsConfig()
     tokenizer: TokenizerConfig = TokenizerConfig()
     discovery: DiscoveryConfig = DiscoveryConfig()
+    cache: CacheConfig = CacheConfig()

@@ -193,6 +193,7 @@ def create_app(loaded: LoadedConfig) -> Front:
             await reloader.stop()
             await app.state.pipeline.close()
             accesslog.SINK.flush()
+            collected.tally.flush()  # counts gathered since the last second reach the series (and their files)
 
     handlers: list[ControllerRouterHandler] = [list_models, metrics, health, ready, *STATUS_ROUTES]
     app = Litestar(

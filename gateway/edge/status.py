@@ -1,4 +1,4 @@
-"""Admin endpoints (`/admin/usage`, `/admin/status`) and the operators' status page (`GET /`).
+"""Admin endpoints (`/admin/usage`, `/admin/status`, `DELETE /admin/cache`) and the operators' status page (`GET /`).
 
 The admin routes need the admin key (compared in constant time); with none configured they and the
 page answer 404, so the admin surface is never open. Routes and auth: docs/operations.md.
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from importlib import resources
 from typing import Any, Final
 
-from litestar import Request, Response, get
+from litestar import Request, Response, delete, get
 from litestar.exceptions import NotFoundException
 
 from gateway.edge.discovery import Discovery
@@ -183,6 +183,7 @@ async def status(pipeline: Pipeline, unreachable: Mapping[str, str] | None = Non
         "targets": targets,
         "limits": limits,
         "usage": await pipeline.usage.report(pipeline.usage.today()),
+        "cache": pipeline.cache.stats() if pipeline.cache is not None else None,
         "fleets": {name: fleet_state(fleet) for name, fleet in pipeline.router.fleets.items()},
     }
 
@@ -194,6 +195,17 @@ async def admin_status(request: Request[Any, Any, Any]) -> Response[bytes]:
         return refused
     discovery: Discovery = request.app.state.discovery
     return Response(encode(await status(pipeline, discovery.unreachable)), media_type=JSON, headers=_NO_STORE)
+
+
+@delete("/admin/cache", status_code=200)
+async def admin_cache_clear(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """Every cached answer, or with `?model=` those of one model (as clients name it), deleted."""
+    pipeline, refused = _authorize(request)
+    if refused is not None:
+        return refused
+    model = request.query_params.get("model") or None
+    deleted = await pipeline.cache.clear(model) if pipeline.cache is not None else 0
+    return Response(encode({"deleted": deleted, "model": model}), media_type=JSON, headers=_NO_STORE)
 
 
 def _csp_hash(page: str, tag: str) -> str:
@@ -236,6 +248,6 @@ def _fleets(request: Request[Any, Any, Any]) -> tuple[Mapping[str, Fleet], Share
     return pipeline.router.fleets, pipeline.shared, refused
 
 
-ROUTES: Final = [admin_usage, admin_status, status_page, *drain_routes(_fleets, _error)]
+ROUTES: Final = [admin_usage, admin_status, admin_cache_clear, status_page, *drain_routes(_fleets, _error)]
 
 __all__ = ["ROUTES", "status"]

@@ -111,12 +111,17 @@ class Admission:
             out += self.deployments.get((route.provider, route.endpoint.deployment), ())
         return out
 
-    async def admit(self, key: ClientKey | None, req: CompletionRequest, plan: Plan) -> Ticket | None:
+    async def admit(
+        self, key: ClientKey | None, req: CompletionRequest, plan: Plan, *, free: bool = False
+    ) -> Ticket | None:
+        """`free`: an answer the cache serves, which costs no upstream tokens (request-rate limits still count)."""
         buckets = list(self.keys.get(key.name, ())) if key is not None else []
         buckets += self.models.get(req.model, ())
         direct = plan.single
         if direct is not None:
             buckets += self._route_buckets(direct)
+        if free:
+            buckets = [b for b in buckets if b.kind not in TOKEN_KINDS]
         if not buckets:
             return None
         first = direct or plan.groups[0].routes[0]

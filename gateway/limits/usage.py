@@ -32,7 +32,7 @@ _DAY_S: Final = 86_400
 _CACHE_LIMIT: Final = 4096
 _CACHED_CHARS: Final = 512  # longer (target, model) pairs are priced without being remembered
 _GLOB: Final = re.compile(r"[*?\[]")
-_KINDS: Final = ("requests", "prompt_tokens", "completion_tokens", "cost_pico")
+_KINDS: Final = ("requests", "prompt_tokens", "completion_tokens", "cost_pico", "cached")
 TOTAL: Final = "cost_pico"  # the key's whole-day spend, the field a budget check reads
 
 Fields = dict[str, int]
@@ -99,6 +99,7 @@ class ModelUsage(msgspec.Struct):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost: float = 0.0
+    cached: int = 0  # of `requests`, answered from the response cache (at cost 0)
 
 
 class KeyUsage(msgspec.Struct):
@@ -106,6 +107,7 @@ class KeyUsage(msgspec.Struct):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost: float = 0.0
+    cached: int = 0
     budget: float | None = None  # keys[].max_cost_per_day
     by_model: dict[str, ModelUsage] = msgspec.field(default_factory=dict)
 
@@ -129,9 +131,11 @@ def _summarize(fields: Mapping[str, int], budget: float | None) -> KeyUsage:
             prompt_tokens=v.get("prompt_tokens", 0),
             completion_tokens=v.get("completion_tokens", 0),
             cost=usd(v.get("cost_pico", 0)),
+            cached=v.get("cached", 0),
         )
         out.by_model[model] = m
         out.requests += m.requests
+        out.cached += m.cached
         out.prompt_tokens += m.prompt_tokens
         out.completion_tokens += m.completion_tokens
     out.cost = usd(fields.get(TOTAL, 0))
@@ -223,7 +227,8 @@ class UsageStore:
         key = rec.key or ANONYMOUS
         prompt = rec.usage.prompt_tokens if rec.usage is not None else 0
         completion = rec.usage.completion_tokens if rec.usage is not None else 0
-        pico = self.prices.cost_pico(rec.target, rec.model, prompt, completion)
+        # A cached answer cost no upstream tokens: booked as a request, with its stored usage, at cost 0.
+        pico = 0 if rec.cached else self.prices.cost_pico(rec.target, rec.model, prompt, completion)
         model = rec.label
         if model is None:
             model = rec.label = self.labels.fold(rec.model)
@@ -236,6 +241,8 @@ class UsageStore:
             f"cost_pico:{model}": pico,
             TOTAL: pico,
         }
+        if rec.cached:
+            fields[f"cached:{model}"] = 1
         self._keep(self.today(), key, fields)
         if self.shared.client is not None and self._timer is None:
             # Bookings gather here and reach Redis in one transaction every FLUSH_S: a round trip per

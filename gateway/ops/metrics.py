@@ -12,9 +12,10 @@ names therefore adds no series: the number of series is bounded by the config.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
-from typing import Final, NamedTuple
+from typing import Any, Final, NamedTuple
 
 import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -110,6 +111,7 @@ class Record(msgspec.Struct):
     cause: str | None = None  # why the upstream failed (wire.errors.CAUSES, `http_<status>`)
     prompt: str | None = None  # only when the config turns prompt logging on
     completion: str | None = None
+    cached: bool = False  # answered from the response cache (gateway/cache): no upstream call, no cost
     # `model` folded into its label value (`ModelLabels.fold`), by whichever of the usage booking and the
     # metrics reads it first: folding twice per request was a measurable share of the request's own work.
     label: str | None = None
@@ -122,6 +124,36 @@ class _Children(NamedTuple):
     ttft: Histogram
     prompt_tokens: Counter
     completion_tokens: Counter
+
+
+class Tally:
+    """Counter increments gathered in the process and added to their series at most `FLUSH_S` later (and
+    before every render): a series bumped on every request would pay a lock and four calls each time."""
+
+    FLUSH_S: Final = 1.0
+
+    def __init__(self) -> None:
+        self.pending: dict[Any, float] = {}  # a labelled series (its child) -> what it has yet to be added
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(self, child: Any, amount: float = 1.0) -> None:
+        pending = self.pending
+        if not pending:
+            self.arm()
+        pending[child] = pending.get(child, 0.0) + amount
+
+    def arm(self) -> None:
+        """Flush within `FLUSH_S`: called by whoever adds to `pending` while it is empty."""
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.FLUSH_S, self.flush)
+
+    def flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        pending, self.pending = self.pending, {}
+        for child, amount in pending.items():
+            child.inc(amount)
 
 
 class Metrics:
@@ -178,6 +210,17 @@ class Metrics:
             ["provider", "target", "cause"],
             registry=r,
         )
+        # The response cache (gateway/cache): lookups by result, bytes stored, memory-store evictions.
+        self.cache_requests = Counter(
+            "gateway_cache", "Cache lookups by result (hit, miss, coalesced, bypass)", ["result", "model"], registry=r
+        )
+        self.cache_stored_bytes = Counter(
+            "gateway_cache_stored_bytes", "Bytes of answers stored in the cache", ["model"], registry=r
+        )
+        self.cache_evictions = Counter(
+            "gateway_cache_evictions", "Entries the memory store evicted to stay within max_bytes", registry=r
+        )
+        self.tally = Tally()  # the cache's counts, added in batches
         self.in_flight = Gauge("gateway_in_flight", "Requests being served", multiprocess_mode="livesum", registry=r)
         # The config in force decides the label values (`bind`); until one is bound, every model folds.
         self.labels = ModelLabels()
@@ -215,7 +258,7 @@ class Metrics:
         kids = self._children(rec.dialect, model, rec.provider or "none", rec.status, rec.stream)
         kids.requests.inc()
         kids.latency.observe(elapsed_s)
-        if rec.provider:
+        if rec.provider and not rec.cached:  # a cached answer had no upstream time
             kids.upstream.observe(rec.upstream_s)
             if rec.stream and not rec.failed:
                 kids.ttft.observe(rec.upstream_s)
@@ -234,6 +277,7 @@ class Metrics:
             self.failures.labels(rec.provider, self.labels.fold(rec.target), rec.cause).inc()
 
     def render(self) -> bytes:
+        self.tally.flush()
         if self.multiprocess:
             registry = CollectorRegistry()
             MultiProcessCollector(registry)  # type: ignore[no-untyped-call]

@@ -28,6 +28,10 @@ class _Limiter(Protocol):
     def adopt(self, previous: Any, /) -> None: ...
 
 
+class _Cache(Protocol):
+    def adopt(self, previous: Any, /) -> None: ...
+
+
 class _Admission(Protocol):
     @property
     def limiter(self) -> _Limiter: ...
@@ -42,6 +46,9 @@ class Swappable(Protocol):
 
     @property
     def admission(self) -> _Admission: ...
+
+    @property
+    def cache(self) -> _Cache | None: ...
 
     def retire(self) -> None: ...
 
@@ -116,6 +123,8 @@ class Reloader:
             old: Swappable = self.state.pipeline
             new.usage.adopt(old.usage)  # in-process usage (no Redis) and budgets survive the reload
             new.admission.limiter.adopt(old.admission.limiter)  # the leases it has yet to cancel (Redis stalled)
+            if new.cache is not None and old.cache is not None:
+                new.cache.adopt(old.cache)  # so do the answers the memory store holds
             self.state.pipeline = new
             self.reloads += 1
             log.info("config reloaded (%s) from %s", why, self.path)

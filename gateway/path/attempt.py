@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from gateway import emulation
+from gateway.cache import Lookup
 from gateway.config import CapsConfig
 from gateway.emulation import Emulation
 from gateway.emulation.client_schema import Work
@@ -102,7 +103,7 @@ class Job:
     admission, settled when the answer (or the stream) ends.
     """
 
-    __slots__ = ("services", "admission", "req", "ctx", "plan", "dropped", "ticket", "work", "hint")
+    __slots__ = ("services", "admission", "req", "ctx", "plan", "dropped", "ticket", "work", "cached", "hint")
 
     def __init__(
         self,
@@ -121,6 +122,7 @@ class Job:
         self.dropped: dict[str, list[str]] = {}  # per route key: the parameters dropped for it
         self.ticket = ticket
         self.work: Work | None = None  # what checking guided answers may spend: every attempt's together
+        self.cached: Lookup | None = None  # the response cache's part in this request (gateway/cache)
         self.hint: Hint | None = None  # what a replicated provider's policy reads (gateway/fleet)
 
     async def complete(self, route: Route, timeouts: Timeouts) -> Completion:

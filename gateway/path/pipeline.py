@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from gateway import cache
 from gateway.config import LoadedConfig
 from gateway.fleet.picker import Hint
 from gateway.ids import unique_suffix
@@ -89,6 +90,8 @@ class Pipeline:
         caps = loaded.config.caps
         self.services = Services(self.upstream, self.health, caps, loaded.config.guided_retries)
         self.relay = Relay(self.services, self.admission, self.health, self.failover, self.scrub)
+        # None unless a `cache` block is on: then the request path pays one attribute check (gateway/cache).
+        self.cache = cache.build(loaded, self.shared, self.admission, metrics)
 
     # Requests hold the pipeline they started with; a reload retires this one, which closes its pools
     # when the last of them ends.
@@ -126,6 +129,8 @@ class Pipeline:
         rec = rec if rec is not None else Record(request_id="", dialect=dialect.name)
         try:
             job = await self._admit(raw, headers, rec)
+            if job.cached is not None:
+                return await job.cached.serve(job, rec, self._buffered, self._streamed, Result)
             if job.req.stream:
                 return await self._streamed(job, rec)
             return await self._buffered(job, rec)
@@ -163,8 +168,20 @@ class Pipeline:
             logprobs=req.logprobs is not None,
         )
         admission = self.admission if self.admission.enabled else None
-        ticket = await admission.admit(key, req, plan) if admission is not None else None
-        job = Job(self.services, admission, req, ctx, plan, ticket)
+        if self.cache is None:
+            ticket = await admission.admit(key, req, plan) if admission is not None else None
+            job = Job(self.services, admission, req, ctx, plan, ticket)
+        else:
+            cached = await self.cache.lookup(req, rec.key, headers, rec)
+            try:
+                free = cached is not None and cached.served
+                ticket = await admission.admit(key, req, plan, free=free) if admission is not None else None
+            except BaseException:
+                if cached is not None:
+                    cached.abandon()  # whoever waits on this request's answer asks for itself
+                raise
+            job = Job(self.services, admission, req, ctx, plan, ticket)
+            job.cached = cached
         if self.router.fleets:
             job.hint = Hint(req, headers)  # read only by a replicated provider's policy (gateway/fleet)
         return job
@@ -189,6 +206,8 @@ class Pipeline:
             self.admission.settle(job.ticket, used)
         _served(rec, job.plan, done)
         rec.usage = done.value.usage
+        if job.cached is not None:
+            job.cached.answer = done.value
         if self.log_prompts:
             rec.completion = encode([ch.text for ch in done.value.choices]).decode()
         return Result(_headers(done, job), body=encode(done.value))

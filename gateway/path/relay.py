@@ -92,6 +92,8 @@ class Relay:
         want_usage = bool(req.stream_options and req.stream_options.include_usage)
         quota = opened.quota
         expected = ctx.n * (len(ctx.prompts) if ctx.prompts else 1)
+        cached = job.cached  # the response cache's part (gateway/cache): None unless this stream may be stored
+        clean = True  # neither failed nor resumed: only such a stream is stored
         usage: Usage | None = None
         text: list[str] = []
         sent = finished = 0
@@ -112,6 +114,8 @@ class Relay:
                                 if choice.index > top:
                                     top = choice.index
                             sent += 1
+                            if cached is not None:
+                                cached.chunk(c)
                             yield sse_event(encode(c))
                         c = await anext(opened.chunks, None)
                     if finished < expected and ctx.n > 1 and finished == top + 1:
@@ -136,6 +140,7 @@ class Relay:
                     error = internal()
                 if error is None:
                     break
+                clean = False
                 await opened.close()
                 resumed = None
                 # The gateway's own failure says nothing about the target: it neither cools nor resumes.
@@ -162,6 +167,8 @@ class Relay:
             if want_usage and usage is not None:
                 last = opened.ctx.completion([], usage)
                 yield sse_event(encode(last))
+            if cached is not None and clean:
+                await cached.finish(usage, (route.provider, route.key))
         except Exception:
             log.exception("stream failed after it started (request %s)", rec.request_id)
             _book_failure(rec, route, internal())

@@ -3,5 +3,5 @@ call goes through, body framing (SSE, NDJSON, event streams), the secret scrubbe
 of a route plan.
 
 The only wing with sockets to the upstreams (the fleet reads its engines' `/metrics` itself). May import
-fleet, ops and the base; never limits, emulation, resilience, path or edge.
+fleet, ops and the base; never limits, emulation, resilience, cache, path or edge.
 """

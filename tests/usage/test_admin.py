@@ -101,10 +101,11 @@ def test_usage_values_after_a_known_sequence(gw: GatewayThread) -> None:
             "prompt_tokens": 9,
             "completion_tokens": 19,
             "cost": 0.047,
+            "cached": 0,
             "budget": 0.05,
             "by_model": {
-                "demo/long": {"requests": 2, "prompt_tokens": 6, "completion_tokens": 14, "cost": 0.034},
-                "fast": {"requests": 1, "prompt_tokens": 3, "completion_tokens": 5, "cost": 0.013},
+                "demo/long": {"requests": 2, "prompt_tokens": 6, "completion_tokens": 14, "cost": 0.034, "cached": 0},
+                "fast": {"requests": 1, "prompt_tokens": 3, "completion_tokens": 5, "cost": 0.013, "cached": 0},
             },
         },
         "free": {
@@ -112,8 +113,11 @@ def test_usage_values_after_a_known_sequence(gw: GatewayThread) -> None:
             "prompt_tokens": 3,
             "completion_tokens": 4,
             "cost": 0.0007,
+            "cached": 0,
             "budget": None,
-            "by_model": {"demo/text": {"requests": 1, "prompt_tokens": 3, "completion_tokens": 4, "cost": 0.0007}},
+            "by_model": {
+                "demo/text": {"requests": 1, "prompt_tokens": 3, "completion_tokens": 4, "cost": 0.0007, "cached": 0}
+            },
         },
     }
     # Another day: every configured key, all zero.

@@ -1,0 +1,137 @@
+"""What a cache entry holds, and how it becomes a buffered answer or a stream again.
+
+An entry keeps the choices as the upstream sent them: one event per stream chunk (the chunk boundaries
+are replayed as they came), or one event holding every choice of a buffered answer. Either serves
+either kind of request: a buffered request gets the events' choices merged per index (text, logprobs and
+finish reasons concatenated as the stream delivered them), a streamed one gets one chunk per event.
+The stored bytes are versioned and bounded; anything that does not decode as this version's entry is
+a miss, never an error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Final
+
+import msgspec
+
+from gateway.upstream.framing import DONE, sse_event
+from providers.base import CallContext
+from wire.schema import Choice, Completion, Logprobs, Usage, encode
+
+VERSION: Final = 1
+MAGIC: Final = b"gwc1:"
+
+
+class Entry(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    version: int
+    stored: float  # wall-clock seconds when the answer was stored (for `Age` and `max-age`)
+    model: str  # the model the client asked for (for `DELETE /admin/cache?model=`)
+    provider: str  # which target served the stored answer
+    target: str
+    usage: Usage | None
+    events: list[list[Choice]]
+    system_fingerprint: str | None = None
+
+
+encode_entry = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder(Entry).decode
+
+
+def dump(entry: Entry) -> bytes:
+    return MAGIC + encode_entry(entry)
+
+
+def load(raw: bytes | None, max_bytes: int) -> Entry | None:
+    """The entry in `raw`, or None for anything else: absent, too large, foreign, corrupt, another version."""
+    if raw is None or len(raw) > max_bytes or not raw.startswith(MAGIC):
+        return None
+    try:
+        entry = _decode(memoryview(raw)[len(MAGIC) :])
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError):
+        return None
+    return entry if entry.version == VERSION else None
+
+
+def merged(events: list[list[Choice]]) -> list[Choice]:
+    """The events' choices as one answer: per index, in the order the events delivered them."""
+    if len(events) == 1:
+        return events[0]
+    out: dict[int, Choice] = {}
+    for event in events:
+        for ch in event:
+            have = out.get(ch.index)
+            if have is None:
+                out[ch.index] = msgspec.structs.replace(
+                    ch, logprobs=_copy(ch.logprobs) if ch.logprobs is not None else None
+                )
+                continue
+            have.text += ch.text
+            if ch.logprobs is not None:
+                if have.logprobs is None:
+                    have.logprobs = _copy(ch.logprobs)
+                else:
+                    _extend(have.logprobs, ch.logprobs)
+            if ch.finish_reason is not None:
+                have.finish_reason = ch.finish_reason
+            if ch.prompt_logprobs is not None and have.prompt_logprobs is None:
+                have.prompt_logprobs = ch.prompt_logprobs
+    return [out[i] for i in sorted(out)]
+
+
+def _copy(lp: Logprobs) -> Logprobs:
+    top = list(lp.top_logprobs) if lp.top_logprobs is not None else None
+    return Logprobs(list(lp.tokens), list(lp.token_logprobs), top, list(lp.text_offset))
+
+
+def _extend(into: Logprobs, more: Logprobs) -> None:
+    into.tokens.extend(more.tokens)
+    into.token_logprobs.extend(more.token_logprobs)
+    into.text_offset.extend(more.text_offset)
+    if more.top_logprobs is not None:
+        if into.top_logprobs is None:
+            into.top_logprobs = [None] * (len(into.tokens) - len(more.tokens))
+        into.top_logprobs.extend(more.top_logprobs)
+    elif into.top_logprobs is not None:
+        into.top_logprobs.extend([None] * len(more.tokens))
+
+
+def answer(entry: Entry, template: Completion) -> Completion:
+    """The entry as a buffered answer with `template`'s id, time and model."""
+    template.choices = merged(entry.events)
+    template.usage = entry.usage
+    template.system_fingerprint = entry.system_fingerprint
+    return template
+
+
+def finished(events: list[list[Choice]], expected: int) -> bool:
+    """Whether every expected choice got its finish reason (a stream that ended normally)."""
+    done: set[int] = set()
+    for event in events:
+        for ch in event:
+            if ch.finish_reason is not None:
+                done.add(ch.index)
+    return len(done) >= expected
+
+
+async def replay_stream(entry: Entry, ctx: CallContext, want_usage: bool) -> AsyncIterator[bytes]:
+    """The stored answer as the upstream streamed it: one chunk per stored event, the usage, [DONE]."""
+    for event in entry.events:
+        yield sse_event(encode(ctx.completion(event, system_fingerprint=entry.system_fingerprint)))
+    if want_usage and entry.usage is not None:
+        yield sse_event(encode(ctx.completion([], entry.usage)))
+    yield DONE
+
+
+__all__ = [
+    "MAGIC",
+    "VERSION",
+    "Entry",
+    "answer",
+    "dump",
+    "encode_entry",
+    "finished",
+    "load",
+    "merged",
+    "replay_stream",
+]

@@ -1,0 +1,54 @@
+"""The cache key: a canonical encoding of everything that decides the answer, and its SHA-256.
+
+It is computed after `gateway.path.request.normalize`, so the dialects' names for one field
+(`max_new_tokens`, `max_tokens`, `max_completion_tokens`; `stop_sequences` and `stop`; boolean `logprobs`)
+are already one field. The request struct is encoded in its declared field order (a change to that order
+needs a new entry VERSION) with object keys sorted at every depth, so neither the order fields arrived in
+nor the order inside `inference_extra_params` changes the key, while every field the client set
+(provider-native fields included) does. The scope is prefixed. `stream`, `stream_options` and
+`inference_timeout` say how the answer is delivered, not what it is: left out, so a buffered request and
+a streamed one share an entry. The memory store and the requests in flight are keyed by these bytes
+themselves (exact, and no hashing on the request path); only a Redis name carries their versioned SHA-256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Final
+
+import msgspec
+
+from gateway.cache.entry import VERSION
+from wire.schema import CompletionRequest
+
+_canonical = msgspec.json.Encoder(order="deterministic").encode
+_PREFIX: Final = f"gateway-cache/v{VERSION}\x00".encode()
+
+
+def cache_key(req: CompletionRequest, scope: bytes) -> bytes:
+    """`req` (normalized) in its canonical encoding, as the answer's identity, within `scope`."""
+    if req.stream is not None or req.stream_options is not None or req.inference_timeout is not None:
+        req = msgspec.structs.replace(req, stream=None, stream_options=None, inference_timeout=None)
+    return scope + _canonical(req)
+
+
+def digest(key: bytes) -> str:
+    """The hex SHA-256 of a key with the entry version: a store name that carries no client text."""
+    return hashlib.sha256(_PREFIX + key).hexdigest()
+
+
+def model_tag(model: str) -> str:
+    """A short digest of a model name, for store keys that must not carry client text."""
+    tag = _TAGS.get(model)
+    if tag is None:
+        if len(_TAGS) >= _TAGS_MAX:
+            _TAGS.clear()  # client-chosen model names cannot grow it
+        tag = _TAGS[model] = hashlib.sha256(model.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return tag
+
+
+_TAGS: Final[dict[str, str]] = {}
+_TAGS_MAX: Final = 1024
+
+
+__all__ = ["cache_key", "digest", "model_tag"]

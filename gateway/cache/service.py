@@ -1,0 +1,498 @@
+"""The cache's policy for one request: covered or not, looked up, coalesced, replayed or stored.
+
+`Cache.lookup` runs once a request is decoded, authorized and routed, before its admission: a hit (or
+an identical request in flight whose answer this one waits for) is admitted without token costs. The
+pipeline then hands the request to `Lookup.serve`, which replays an entry or runs the upstream path and
+stores its answer: a buffered answer at once, a stream through `Lookup.chunk` / `Lookup.finish`, which
+the relay calls for each chunk and at a normal end (never for a stream that failed, was resumed on
+another target or was cut by the client).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, Protocol, TypeVar
+
+from msgspec.structs import replace
+
+from gateway.cache.batch import (
+    assembled,
+    completed,
+    prompt_items,
+    share_usage,
+    spliced,
+    split_events,
+)
+from gateway.cache.entry import MAGIC, VERSION, Entry, answer, encode_entry, finished, load, replay_stream
+from gateway.cache.key import cache_key, model_tag
+from gateway.cache.policy import BYPASS, COALESCED, HIT, MISS, NO_CONTROLS, Controls, Policy, cache_miss, deterministic
+from gateway.cache.store import MemoryStore, RedisStore, Store
+from gateway.config import CacheConfig, LoadedConfig
+from gateway.limits.admission import Admission, Ticket
+from gateway.ops.metrics import Metrics, Record
+from gateway.state import SharedState
+from providers.base import CallContext
+from wire.errors import GatewayError
+from wire.schema import Choice, Completion, CompletionRequest, Usage, encode
+
+
+class JobLike(Protocol):
+    """What the cache reads of the pipeline's job (gateway/path/attempt.py `Job`)."""
+
+    req: CompletionRequest
+    ctx: CallContext
+    ticket: Ticket | None
+
+
+class Answer(Protocol):
+    headers: dict[str, str]
+
+
+R = TypeVar("R", bound=Answer)
+J = TypeVar("J", bound=JobLike)
+Make = Callable[..., R]
+
+
+class Cache:
+    """Built once per pipeline when some `cache` block is on: the stores, the policies, the requests in flight."""
+
+    def __init__(
+        self,
+        loaded: LoadedConfig,
+        shared: SharedState,
+        admission: Admission,
+        metrics: Metrics | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        cfg = loaded.config
+        self.admission = admission
+        self.metrics = metrics
+        self.clock = clock
+        on_evict = metrics.cache_evictions.inc if metrics is not None else None
+        self.memory = MemoryStore(cfg.cache.max_bytes, on_evict=on_evict)
+        self.redis = RedisStore(shared) if shared.configured else None
+        self.total_timeout_s = cfg.timeouts.total_ms / 1000
+
+        def policy(block: CacheConfig) -> Policy | None:
+            if block.mode == "off":
+                return None
+            store: Store = self.redis if block.store == "redis" and self.redis is not None else self.memory
+            return Policy(block, store)
+
+        self.default = policy(cfg.cache)
+        self.providers = {n: policy(p.cache) for n, p in loaded.providers.items() if p.cache is not None}
+        self.aliases: dict[str, Policy | None] = {}
+        for alias in cfg.models:
+            if alias.cache is not None:
+                self.aliases[alias.name] = policy(alias.cache)
+            else:
+                vendor = alias.targets[0].model.partition("/")[0]
+                self.aliases[alias.name] = self.providers.get(vendor, self.default)
+        self.inflight: dict[bytes, Lookup] = {}  # per key: the request in flight that will store its answer
+        self.counts = {HIT: 0, MISS: 0, COALESCED: 0, BYPASS: 0}
+        self.children: dict[tuple[str, str], Any] = {}
+        self._policies: dict[str, tuple[Policy | None, str]] = {}  # per model: its policy and model tag
+        self.stores = {s.kind: s for s in (self.memory, self.redis) if s is not None}
+
+    def policy(self, model: str) -> Policy | None:
+        found = self.aliases.get(model, self)
+        if found is not self:
+            return found  # type: ignore[return-value]
+        return self.providers.get(model.partition("/")[0], self.default)
+
+    def child(self, kind: str, label: str) -> Any:
+        """A labelled series, looked up once per (kind, model): `labels()` takes a lock on every call."""
+        found = self.children.get((kind, label))
+        if found is None:
+            metrics = self.metrics
+            assert metrics is not None
+            if len(self.children) >= 4096:
+                self.children.clear()  # bounded like the label values themselves
+            if kind == "stored":
+                found = metrics.cache_stored_bytes.labels(label)
+            else:
+                found = metrics.cache_requests.labels(kind, label)
+            self.children[(kind, label)] = found
+        return found
+
+    async def lookup(
+        self, req: CompletionRequest, key: str | None, headers: Mapping[str, str], rec: Record
+    ) -> Lookup | None:
+        """None when no cache covers the request's model; else what the cache found for it."""
+        policies = self._policies
+        known = policies.get(req.model)
+        if known is None:
+            if len(policies) >= 4096:
+                policies.clear()  # client-chosen model names cannot grow it
+            known = policies[req.model] = (self.policy(req.model), model_tag(req.model))
+        pol, tag = known
+        if pol is None:
+            return None
+        header = headers.get("cache-control")
+        cc = Controls(header) if header else NO_CONTROLS
+        if cc.no_store or (pol.mode == "deterministic" and not deterministic(req)):
+            if cc.only_if_cached:
+                raise cache_miss()
+            return Lookup(self, BYPASS, rec)
+        scope = b"*\x00" if pol.shared else b"key:%s\x00" % (key or "").encode("utf-8", "surrogatepass")
+        prompt = req.prompt
+        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+            # One prompt, the common case: one key, one read (in memory, without a coroutine).
+            digest = cache_key(req, scope)
+            prompts, keys = [prompt], [digest]
+            if cc.no_cache:
+                raws = []
+            elif pol.store is self.memory:
+                raws = [self.memory.fetch(digest)]
+            else:
+                raws = [await pol.store.get(digest, tag)]
+        else:
+            prompts = prompt_items(prompt)
+            # One entry per prompt: a one-item list shares its prompt's entry with the prompt sent alone.
+            keys = [cache_key(replace(req, prompt=p), scope) for p in prompts]
+            # What identical requests in flight coalesce on: the whole request.
+            digest = keys[0] if len(keys) == 1 else cache_key(req, scope)
+            raws = await pol.store.get_many(keys, tag) if not cc.no_cache else []
+        n = req.n or 1
+        found: list[Entry | None] = [None] * len(keys)
+        if not cc.no_cache:
+            for i, raw in enumerate(raws):
+                if raw is None:
+                    continue
+                entry = load(raw, pol.max_entry_bytes)
+                if entry is not None and (cc.max_age is None or self.clock() - entry.stored <= cc.max_age):
+                    found[i] = entry
+            if None not in found:
+                return Lookup(self, HIT, rec, entry=assembled(found, n))  # type: ignore[arg-type]
+            ahead = self.inflight.get(digest)
+            if ahead is not None and not cc.only_if_cached:
+                entry = await self._wait(ahead, req, n)
+                if entry is not None:
+                    return Lookup(self, COALESCED, rec, entry=entry)
+        if cc.only_if_cached:
+            raise cache_miss()
+        state = BYPASS if cc.no_cache else MISS
+        lookup = Lookup(self, state, rec, policy=pol, digest=digest, tag=tag, keys=keys, found=found, prompts=prompts)
+        lookup.n = n
+        if digest not in self.inflight:
+            self.inflight[digest] = lookup
+            lookup.leading = True
+        return lookup
+
+    async def _wait(self, ahead: Lookup, req: CompletionRequest, n: int) -> Entry | None:
+        """The answer of the identical request in flight, within this request's own deadline. Its future
+        is made by the first request that waits: a request nobody waits for makes none."""
+        if ahead.result is not None:
+            return assembled(ahead.result, n)  # stored, its leader not yet gone from `inflight`
+        waiting = ahead.waiter
+        if waiting is None:
+            waiting = ahead.waiter = asyncio.get_running_loop().create_future()
+        t = req.inference_timeout
+        deadline = float(t) if isinstance(t, (float, int)) else self.total_timeout_s
+        try:
+            return await asyncio.wait_for(asyncio.shield(waiting), deadline)
+        except TimeoutError:
+            raise GatewayError(
+                "The identical request in flight, whose answer this one waited for, did not answer in time",
+                status=504,
+                code="deadline_exceeded",
+            ) from None
+
+    def adopt(self, previous: Cache) -> None:
+        """A config reload keeps what the memory store holds, and the counts."""
+        self.memory.adopt(previous.memory)
+        self.counts = previous.counts
+
+    async def clear(self, model: str | None) -> int:
+        tag = model_tag(model) if model is not None else None
+        return sum([await s.clear(tag) for s in self.stores.values()])
+
+    def stats(self) -> dict[str, Any]:
+        served = self.counts[HIT] + self.counts[COALESCED]
+        looked = served + self.counts[MISS]
+        entries, size = self.memory.size()
+        return {
+            **self.counts,
+            "hit_rate": round(served / looked, 4) if looked else 0.0,
+            "memory_entries": entries,
+            "memory_bytes": size,
+            "memory_max_bytes": self.memory.max_bytes,
+            "evictions": self.memory.evictions,
+        }
+
+
+class Lookup:
+    """One request's dealings with the cache, from its lookup to its answer stored (or not)."""
+
+    __slots__ = (
+        "cache",
+        "state",
+        "rec",
+        "entry",
+        "policy",
+        "digest",
+        "tag",
+        "leading",
+        "waiter",
+        "result",
+        "events",
+        "answer",
+        "keys",
+        "found",
+        "prompts",
+        "n",
+        "served",
+        "missing",
+    )
+
+    def __init__(
+        self,
+        cache: Cache,
+        state: str,
+        rec: Record,
+        *,
+        entry: Entry | None = None,
+        policy: Policy | None = None,
+        digest: bytes = b"",
+        tag: str = "",
+        keys: list[bytes] | None = None,
+        found: list[Entry | None] | None = None,
+        prompts: list[Any] | None = None,
+        n: int = 1,
+    ) -> None:
+        self.cache = cache
+        self.state = state
+        self.rec = rec
+        self.entry = entry  # what a hit (or a coalesced request) is answered with
+        self.served = entry is not None  # answered from the cache: no upstream call, no token cost
+        self.policy = policy  # set when the answer may be stored
+        self.digest = digest
+        self.tag = tag
+        self.leading = False  # the request in flight that identical ones wait for
+        self.waiter: asyncio.Future[Entry | None] | None = None  # made by the first that waits
+        self.result: list[Entry] | None = None  # what it stored, for one that comes to wait after
+        self.events: list[list[Choice]] | None = None  # a stream's chunks, as the relay sends them
+        self.answer: Completion | None = None  # a buffered answer, as the pipeline encodes it
+        self.keys: list[bytes] = keys or []  # per prompt
+        self.found: list[Entry | None] = found or []  # per prompt: the entry already stored
+        self.prompts: list[Any] = prompts or []
+        self.n = n
+        self.missing: list[int] = []  # the prompts (by their place in the request) the upstream is asked for
+
+    async def serve(
+        self,
+        job: J,
+        rec: Record,
+        buffered: Callable[[J, Record], Awaitable[R]],
+        streamed: Callable[[J, Record], Awaitable[R]],
+        make: Make[R],
+    ) -> R:
+        cache = self.cache
+        cache.counts[self.state] += 1
+        if cache.metrics is not None:
+            label = rec.label
+            if label is None:
+                label = rec.label = cache.metrics.labels.fold(rec.model)
+            pending = cache.metrics.tally.pending  # Tally.add, inlined: this runs on every lookup
+            if not pending:
+                cache.metrics.tally.arm()
+            child = cache.children.get((self.state, label)) or cache.child(self.state, label)
+            pending[child] = pending.get(child, 0.0) + 1.0
+        if self.entry is not None:
+            return self._replay(job, rec, make)
+        found = self.found
+        missing = self.missing = [0] if len(found) == 1 else [i for i, e in enumerate(found) if e is None]
+        partial = len(missing) < len(found)
+        if partial:
+            # Some prompts are stored: the upstream is asked only for the others.
+            sub = [self.prompts[i] for i in missing]
+            job.req = replace(job.req, prompt=sub)
+            job.ctx.prompts = sub if isinstance(sub[0], str) else None
+        if job.req.stream:
+            self.events = [] if self.policy is not None else None
+            try:
+                result = await streamed(job, rec)
+            except BaseException:
+                self.abandon()
+                raise
+            result.headers["x-gateway-cache"] = self.state
+            stream = getattr(result, "stream", None)
+            if partial and stream is not None:
+                spliced_ = spliced(stream, self.found, self.missing, self.n, job.ctx)
+                result.stream = self._released(spliced_)  # type: ignore[attr-defined]
+            elif self.leading and stream is not None:
+                result.stream = self._released(stream)  # type: ignore[attr-defined]
+            return result
+        try:
+            result = await buffered(job, rec)
+            fresh = self.answer
+            if fresh is not None and self.policy is not None:
+                if len(missing) == 1:
+                    raw = self._store_one([fresh.choices], fresh.usage, missing[0], rec.provider, rec.target)
+                    remote = [(self.keys[missing[0]], raw)] if raw is not None else None
+                else:
+                    remote = self._store_batch([fresh.choices], fresh.usage, missing, (rec.provider, rec.target))
+                if remote:
+                    await self._send(remote)
+            if fresh is not None and len(missing) < len(self.found):
+                completed(fresh, self.found, missing, self.n)
+                result.body = encode(fresh)  # type: ignore[attr-defined]
+        finally:
+            self.abandon()
+        result.headers["x-gateway-cache"] = self.state
+        return result
+
+    def _replay(self, job: JobLike, rec: Record, make: Make[R]) -> R:
+        entry = self.entry
+        assert entry is not None
+        self.cache.admission.settle(job.ticket, 0)
+        rec.provider, rec.target, rec.attempts, rec.usage = entry.provider, entry.target, 0, entry.usage
+        rec.cached = True
+        headers = {
+            "x-gateway-provider": entry.provider,
+            "x-gateway-model": entry.target,
+            "x-gateway-attempts": "0",
+            "x-gateway-cache": self.state,
+            "age": str(max(int(self.cache.clock() - entry.stored), 0)),
+        }
+        if job.ticket is not None:
+            headers |= job.ticket.headers
+        req, ctx = job.req, job.ctx
+        if not req.stream:
+            return make(headers, body=encode(answer(entry, ctx.completion([]))))
+        want_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return make(headers, stream=replay_stream(entry, ctx, want_usage))
+
+    # -- the hooks the relay calls on a streamed miss ----------------------------------------------
+
+    def chunk(self, c: Completion) -> None:
+        if self.events is not None:
+            self.events.append(c.choices)
+
+    async def finish(self, usage: Usage | None, served: tuple[str, str]) -> None:
+        """A stream that ended normally on the target it started on: its chunks become the entries."""
+        events, self.events = self.events, None
+        if events is not None and self.policy is not None:
+            missing = self.missing
+            if len(missing) == 1:
+                raw = self._store_one(events, usage, missing[0], served[0], served[1])
+                remote = [(self.keys[missing[0]], raw)] if raw is not None else None
+            else:
+                remote = self._store_batch(events, usage, missing, served)
+            if remote:
+                await self._send(remote)
+        self.abandon()
+
+    def _store_one(
+        self, events: list[list[Choice]], usage: Usage | None, prompt: int, provider: str, target: str
+    ) -> bytes | None:
+        """`_store_batch` for one prompt (every one-prompt request): no split, no share, no list of entries."""
+        n = self.n
+        if n == 1 and len(events) == 1 and len(events[0]) == 1:  # one choice in one event (buffered)
+            if events[0][0].finish_reason is None:
+                return None
+        elif not finished(events, n):
+            return None  # a choice without its finish reason: not an answer that completed normally
+        answer, cache, pol = self.answer, self.cache, self.policy
+        assert pol is not None
+        fingerprint = answer.system_fingerprint if answer is not None else None
+        entry = Entry(VERSION, cache.clock(), self.rec.model, provider, target, usage, events, fingerprint)
+        if self.leading and len(self.keys) == 1:
+            self.result = [entry]
+            waiter = self.waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_result(entry)
+        raw = MAGIC + encode_entry(entry)
+        if len(raw) > pol.max_entry_bytes:
+            return None
+        label, metrics = self.rec.label, cache.metrics
+        if metrics is not None and label is not None:
+            metrics.tally.add(cache.children.get(("stored", label)) or cache.child("stored", label), len(raw))
+        if pol.store is cache.memory:
+            cache.memory.keep(self.keys[prompt], self.tag, raw, pol.ttl_s)
+            return None
+        return raw
+
+    def _store_batch(
+        self, events: list[list[Choice]], usage: Usage | None, prompts: list[int], served: tuple[str, str]
+    ) -> list[tuple[bytes, bytes]]:
+        """An answer for these prompts (by their place in the request), stored one entry per prompt: in
+        memory here; what a remote store has yet to be sent is returned."""
+        n = self.n
+        per = split_events(events, len(prompts), n)
+        usages = share_usage(usage, [self.prompts[i] for i in prompts], per)
+        for evs in per:
+            if not finished(evs, n):
+                return []  # a choice without its finish reason: not an answer that completed normally
+        fingerprint = self.answer.system_fingerprint if self.answer is not None else None
+        cache = self.cache
+        now, model = cache.clock(), self.rec.model
+        entries = [
+            Entry(VERSION, now, model, served[0], served[1], u, evs, fingerprint)
+            for evs, u in zip(per, usages, strict=True)
+        ]
+        if self.leading and len(prompts) == len(self.keys):
+            self.result = entries
+            waiter = self.waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_result(assembled(entries, n))
+        pol = self.policy
+        assert pol is not None
+        memory = cache.memory if pol.store is cache.memory else None
+        remote: list[tuple[bytes, bytes]] = []
+        stored = 0
+        for i, entry in zip(prompts, entries, strict=True):
+            raw = MAGIC + encode_entry(entry)
+            if len(raw) <= pol.max_entry_bytes:
+                if memory is not None:
+                    memory.keep(self.keys[i], self.tag, raw, pol.ttl_s)
+                else:
+                    remote.append((self.keys[i], raw))
+                stored += len(raw)
+        label = self.rec.label
+        if cache.metrics is not None and label is not None and stored:
+            cache.metrics.tally.add(cache.children.get(("stored", label)) or cache.child("stored", label), stored)
+        return remote
+
+    async def _send(self, remote: list[tuple[bytes, bytes]]) -> None:
+        pol = self.policy
+        assert pol is not None
+        for key, raw in remote:
+            await pol.store.put(key, self.tag, raw, pol.ttl_s)
+
+    def abandon(self) -> None:
+        """No answer to share (an error, a stream cut short): whoever waits on this request asks for itself."""
+        if not self.leading:
+            return
+        self.leading = False
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+        inflight = self.cache.inflight
+        if inflight.get(self.digest) is self:
+            del inflight[self.digest]
+
+    async def _released(self, stream: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in stream:
+                yield chunk
+        finally:
+            self.abandon()
+            await stream.aclose()  # type: ignore[attr-defined]
+
+
+def build(
+    loaded: LoadedConfig, shared: SharedState, admission: Admission, metrics: Metrics | None = None
+) -> Cache | None:
+    """The pipeline's cache, or None when every `cache` block is off (then the request path skips it)."""
+    cfg = loaded.config
+    blocks = [cfg.cache, *(p.cache for p in loaded.providers.values()), *(m.cache for m in cfg.models)]
+    if all(b is None or b.mode == "off" for b in blocks):
+        return None
+    return Cache(loaded, shared, admission, metrics)
+
+
+__all__ = ["Cache", "Lookup", "build"]

@@ -1,0 +1,186 @@
+"""Where entries live: a per-process LRU bounded in bytes, or the configured Redis shared by replicas.
+
+Both hold encoded entries (gateway/cache/entry.py), tagged with a digest of the model name (so one model's
+entries can be deleted). The memory store keys them by the request's canonical bytes (key.py), counted
+in its bound; a Redis name carries no client text, only the tag and the key's SHA-256. A Redis that
+cannot be reached makes every read a miss and every write a no-op: the cache never fails a request.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, Final, Protocol
+
+import redis.asyncio as aioredis
+
+from gateway.cache.key import digest
+from gateway.state import Degraded, SharedState
+
+PREFIX: Final = "gwcache:"
+
+
+class Store(Protocol):
+    kind: str
+
+    async def get(self, key: bytes, tag: str) -> bytes | None: ...
+
+    async def get_many(self, keys: list[bytes], tag: str) -> list[bytes | None]: ...
+
+    async def put(self, key: bytes, tag: str, value: bytes, ttl_s: int) -> None: ...
+
+    async def clear(self, tag: str | None) -> int: ...
+
+    def size(self) -> tuple[int, int]: ...
+
+
+class MemoryStore:
+    """An LRU of encoded entries whose sizes (value plus key) never sum past `max_bytes`."""
+
+    kind = "memory"
+
+    def __init__(
+        self,
+        max_bytes: int,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        on_evict: Callable[[int], None] | None = None,
+    ) -> None:
+        self.max_bytes = max_bytes
+        self.clock = clock
+        self.on_evict = on_evict
+        self.entries: OrderedDict[bytes, tuple[bytes, float, str]] = OrderedDict()
+        self.bytes = 0
+        self.evictions = 0
+
+    @staticmethod
+    def _cost(key: bytes, value: bytes) -> int:
+        return len(value) + len(key)
+
+    def _drop(self, key: bytes) -> None:
+        value, _, _ = self.entries.pop(key)
+        self.bytes -= self._cost(key, value)
+
+    async def get(self, key: bytes, tag: str) -> bytes | None:
+        return self.fetch(key)
+
+    def fetch(self, key: bytes) -> bytes | None:
+        """`get` without a coroutine, for the request path."""
+        found = self.entries.get(key)
+        if found is None:
+            return None
+        value, expires, _ = found
+        if self.clock() >= expires:
+            self._drop(key)
+            return None
+        self.entries.move_to_end(key)
+        return value
+
+    async def get_many(self, keys: list[bytes], tag: str) -> list[bytes | None]:
+        return [self.fetch(k) for k in keys]
+
+    async def put(self, key: bytes, tag: str, value: bytes, ttl_s: int) -> None:
+        self.keep(key, tag, value, ttl_s)
+
+    def keep(self, key: bytes, tag: str, value: bytes, ttl_s: int) -> None:
+        """`put` without a coroutine, for the request path."""
+        cost = len(value) + len(key)
+        if cost > self.max_bytes:
+            return
+        if key in self.entries:
+            self._drop(key)
+        if self.bytes + cost > self.max_bytes:
+            self._evict(cost)
+        self.entries[key] = (value, self.clock() + ttl_s, tag)
+        self.bytes += cost
+
+    def _evict(self, room: int) -> None:
+        """Least recently used entries out until `room` more bytes fit."""
+        evicted = 0
+        while self.bytes + room > self.max_bytes and self.entries:
+            self._drop(next(iter(self.entries)))
+            evicted += 1
+        if evicted:
+            self.evictions += evicted
+            if self.on_evict is not None:
+                self.on_evict(evicted)
+
+    def adopt(self, previous: MemoryStore) -> None:
+        """Take over `previous`'s entries (a config reload), within this store's own bound."""
+        self.entries, self.bytes, self.evictions = previous.entries, previous.bytes, previous.evictions
+        self._evict(0)
+
+    async def clear(self, tag: str | None) -> int:
+        doomed = [k for k, (_, _, t) in self.entries.items() if tag is None or t == tag]
+        for k in doomed:
+            self._drop(k)
+        return len(doomed)
+
+    def size(self) -> tuple[int, int]:
+        return len(self.entries), self.bytes
+
+
+class RedisStore:
+    """Entries in the configured Redis under `gwcache:<model digest>:<key's SHA-256>`, with Redis's own expiry."""
+
+    kind = "redis"
+
+    def __init__(self, shared: SharedState) -> None:
+        self.shared = shared
+
+    async def get(self, key: bytes, tag: str) -> bytes | None:
+        name = f"{PREFIX}{tag}:{digest(key)}"
+        try:
+            value = await self.shared.run(lambda r: r.get(name))
+        except Degraded:
+            return None
+        return value if isinstance(value, bytes) else None
+
+    async def get_many(self, keys: list[bytes], tag: str) -> list[bytes | None]:
+        if len(keys) == 1:
+            return [await self.get(keys[0], tag)]
+        names = [f"{PREFIX}{tag}:{digest(k)}" for k in keys]
+        values: list[Any]
+        try:
+            # One round trip; on a Cluster the keys may sit in different slots, so one GET each there.
+            if self.shared.cluster:
+                values = [await self.get(k, tag) for k in keys]
+            else:
+                values = await self.shared.run(lambda r: r.mget(names))
+        except Degraded:
+            return [None] * len(keys)
+        return [v if isinstance(v, bytes) else None for v in values]
+
+    async def put(self, key: bytes, tag: str, value: bytes, ttl_s: int) -> None:
+        name = f"{PREFIX}{tag}:{digest(key)}"
+        try:
+            await self.shared.run(lambda r: r.set(name, value, ex=ttl_s))
+        except Degraded:
+            pass
+
+    async def clear(self, tag: str | None) -> int:
+        match = f"{PREFIX}{tag}:*" if tag is not None else f"{PREFIX}*"
+
+        async def sweep(r: aioredis.Redis) -> int:
+            gone = 0
+            batch: list[bytes] = []
+            async for name in r.scan_iter(match=match, count=500):
+                batch.append(name)
+                if len(batch) >= 500:
+                    gone += int(await r.delete(*batch))
+                    batch.clear()
+            if batch:
+                gone += int(await r.delete(*batch))
+            return gone
+
+        try:
+            return await self.shared.run(sweep)
+        except Degraded:
+            return 0
+
+    def size(self) -> tuple[int, int]:
+        return -1, -1  # not counted per replica: Redis's own INFO says what it holds
+
+
+__all__ = ["PREFIX", "MemoryStore", "RedisStore", "Store"]

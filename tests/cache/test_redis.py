@@ -1,0 +1,98 @@
+"""The Redis store: a real `redis-server` shared by two gateway processes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.helpers.redis import RedisServer
+from tests.helpers.servers import GatewayProcess
+from tests.helpers.upstreams import Upstream
+
+from .conftest import ALICE, BOB, MODEL, client, config
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+def pair(vllm: Any, redis_server: RedisServer, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    redis_server.client().flushall()
+    text = config(vllm[1], f"redis: {{url: '{redis_server.url}'}}").replace(
+        "cache: {mode: deterministic}", "cache: {mode: deterministic, store: redis}"
+    )
+    path = tmp_path / "gw.yaml"
+    path.write_text(text)
+    procs = [GatewayProcess(path), GatewayProcess(path)]
+    try:
+        for p in procs:
+            p.wait_ready()
+        yield procs[0].url, procs[1].url
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def body(prompt: str) -> dict[str, Any]:
+    return {"model": MODEL, "prompt": prompt, "max_tokens": 5, "temperature": 0}
+
+
+def post(url: str, payload: dict[str, Any], key: str = ALICE) -> httpx.Response:
+    with client(url, key) as c:
+        resp = c.post("/v1/completions", json=payload)
+    assert resp.status_code == 200, resp.text
+    return resp
+
+
+def test_an_answer_stored_by_one_process_is_a_hit_on_the_other(
+    pair: tuple[str, str], upstream: Upstream, redis_server: RedisServer
+) -> None:
+    first, second = pair
+    stored = post(first, body("redis: shared"))
+    assert stored.headers["x-gateway-cache"] == "miss"
+    hit = post(second, body("redis: shared"))
+    assert hit.headers["x-gateway-cache"] == "hit"
+    assert hit.json()["choices"] == stored.json()["choices"]
+    assert len(upstream.received) == 1
+    # Scope `key`: another key's identical request is its own.
+    assert post(second, body("redis: shared"), BOB).headers["x-gateway-cache"] == "miss"
+    assert len(upstream.received) == 2
+    # No prompt text in a Redis key.
+    names = [str(n) for n in redis_server.client().keys("*")]
+    assert names and all("redis: shared" not in n for n in names)
+
+
+@pytest.mark.parametrize("value", [b"\x00garbage", b"gwc1:\x93\x01\x02", b"gwc1:" + b"x" * 5_000_000])
+def test_a_corrupt_or_foreign_redis_value_is_a_miss(
+    pair: tuple[str, str], upstream: Upstream, redis_server: RedisServer, value: bytes
+) -> None:
+    first, second = pair
+    post(first, body("redis: corrupt"))
+    r = redis_server.client()
+    names = r.keys("gwcache:*")
+    assert len(names) == 1
+    r.set(names[0], value)
+    again = post(second, body("redis: corrupt"))
+    assert again.headers["x-gateway-cache"] == "miss"
+    assert len(upstream.received) == 2
+
+
+def test_a_redis_outage_makes_the_cache_a_miss(
+    pair: tuple[str, str], upstream: Upstream, redis_server: RedisServer
+) -> None:
+    first, _ = pair
+    post(first, body("redis: outage"))
+    redis_server.stop()
+    try:
+        again = post(first, body("redis: outage"))
+        assert again.headers["x-gateway-cache"] == "miss"
+    finally:
+        redis_server.start()
+    assert len(upstream.received) == 2
