@@ -16,6 +16,7 @@ LAYERS: Final[tuple[tuple[str, ...], ...]] = (
     ("gateway.resilience", "gateway.emulation", "gateway.cache", "gateway.ledger"),
     ("gateway.limits",),  # keys, admission, rate limits, token estimates, usage
     ("gateway.upstream",),  # transports (h1, httpx), the upstream client, framing, scrubbing, plan values
+    ("gateway.fleet",),  # replicas of a self-hosted engine: the policies, drain flags, engine load
     ("gateway.ops",),  # metrics, tracing, access log, reload, serving, .env file, the config-doc generator
     ("gateway.config",),  # the typed config
     ("gateway.state", "gateway.ids"),  # the shared state (Redis or in-process), unique ids

@@ -16,6 +16,7 @@ from urllib.parse import quote
 
 import msgspec
 
+from providers.engine import EngineGauges
 from providers.guarded import guarded_write
 from providers.quota import QuotaReader
 from providers.tokenizer import NO_TOKENIZER, TokenizerAPI
@@ -55,6 +56,8 @@ class CallContext(msgspec.Struct):
     # Adapter-private stream state (e.g. Anthropic's input tokens from `message_start`, needed when
     # `message_delta` brings the output tokens). One CallContext per upstream call, never shared.
     state: dict[str, Any] = msgspec.field(default_factory=dict)
+    # The request's `include_stop_reason`: relay which stop ended each choice.
+    stop_reason: bool = False
 
     def completion(
         self, choices: list[Choice], usage: Usage | None = None, system_fingerprint: str | None = None
@@ -367,6 +370,10 @@ class Capabilities:
     # write any of them, nor replace an object that holds one (400 naming `inference_extra_params.<path>`).
     # providers/registry.py refuses a kind whose table writes `max_tokens`, `n` or `best_of` elsewhere.
     guarded_paths: ClassVar[frozenset[str]] = frozenset()
+    # A self-hosted engine a provider may run as several replicas (`replicas:`, gateway/fleet), and the
+    # Prometheus gauges of its own load (providers/engine.py), read when `routing.engine_metrics` is on.
+    serves_replicas: ClassVar[bool] = False
+    engine_gauges: ClassVar[EngineGauges | None] = None
 
     def add_extra(self, body: dict[str, Any], req: CompletionRequest) -> None:
         """The client's `inference_extra_params`, merged into the upstream body as this kind declares."""

@@ -23,6 +23,7 @@ from providers.base import (
     table,
 )
 from providers.context import context_window
+from providers.engine import LLAMACPP_GAUGES
 from providers.finish import finish_reason
 from providers.retry_after import retry_after, should_retry
 from providers.selfhosted import TokenProb, response_schema, token_probs, usage
@@ -120,6 +121,8 @@ class LlamaCppAdapter(Adapter):
     guarded_paths = frozenset({"prompt", "n_predict", "max_tokens"})
     needs_base_url = True
     model_listing = ("/v1/models", True)  # base_url is the server root (/completion)
+    serves_replicas = True
+    engine_gauges = LLAMACPP_GAUGES
     tokenizer = LLAMACPP_TOKENIZER
     auth = "`Authorization: Bearer` when api_key is set"
     path: ClassVar[str] = "/completion"

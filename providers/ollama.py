@@ -89,6 +89,7 @@ class OllamaAdapter(Adapter):
     extra_params = "deep"  # options
     guarded_paths = frozenset({"prompt", "options.num_predict"})
     model_listing = ("/api/tags", True)
+    serves_replicas = True
     auth = "`Authorization: Bearer` when api_key is set"
     path: ClassVar[str] = "/api/generate"
     framing: ClassVar[Literal["sse", "ndjson"]] = "ndjson"

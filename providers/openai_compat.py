@@ -54,6 +54,11 @@ class UpChoice(msgspec.Struct):
     finish_reason: str | None = None
     # vLLM, when the request asked for `prompt_logprobs`.
     prompt_logprobs: list[dict[str, Any] | None] | None = None
+    # vLLM's and SGLang's token-native fields (`return_token_ids`), and what stopped the choice.
+    token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None
+    stop_reason: int | str | None = None
+    matched_stop: int | str | None = None
 
 
 class UpUsage(msgspec.Struct):
@@ -226,6 +231,11 @@ class OpenAICompatible(Adapter):
                 logprobs=self._logprobs(c.logprobs, c.text, c.index, ctx),
                 finish_reason=finish_reason(c.finish_reason),
                 prompt_logprobs=c.prompt_logprobs,
+                token_ids=c.token_ids,
+                prompt_token_ids=c.prompt_token_ids,
+                stop_reason=(c.stop_reason if c.stop_reason is not None else c.matched_stop)
+                if ctx.stop_reason
+                else None,
             )
             for c in up.choices or ()
         ]

@@ -24,6 +24,7 @@ BUILTIN: Final = (
     "providers.fireworks:FireworksAdapter",
     "providers.together:TogetherAdapter",
     "providers.vllm:VLLMAdapter",
+    "providers.sglang:SGLangAdapter",
     "providers.deepseek:DeepSeekAdapter",
     "providers.pais:PAISAdapter",
     "providers.sgp:SGPAdapter",

@@ -173,6 +173,7 @@ class TGIAdapter(Adapter):
     guarded_paths = frozenset({"inputs", "parameters.max_new_tokens", "parameters.best_of"})
     needs_base_url = True
     model_listing = ("/v1/models", True)  # the server root (/generate); lists its one model_id
+    serves_replicas = True
     tokenizer = TGI_TOKENIZER
     auth = "`Authorization: Bearer` when api_key is set"
     path: ClassVar[str] = "/generate, /generate_stream"

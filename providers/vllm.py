@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from providers.base import Param, table
+from providers.engine import VLLM_GAUGES
 from providers.openai_compat import OPENAI_PARAMS, OpenAICompatible
 from providers.tokenizer import VLLM_TOKENIZER
 
@@ -39,7 +40,16 @@ VLLM_NATIVE: Final = (
     "allowed_token_ids",
     "prompt_logprobs",
     "add_special_tokens",
+    "return_token_ids",
+    "return_tokens_as_token_ids",
+    "priority",
+    "cache_salt",
 )
+
+
+def _gateway_only(body: dict[str, Any], value: Any) -> None:
+    # `include_stop_reason` asks the gateway to relay vLLM's `stop_reason`, which vLLM always sends.
+    return None
 
 
 class VLLMAdapter(OpenAICompatible):
@@ -66,4 +76,7 @@ class VLLMAdapter(OpenAICompatible):
         guided_choice=Param("structured_outputs.choice"),
         guided_grammar=Param("structured_outputs.grammar"),
         response_format=Param(apply=_response_format),
+        include_stop_reason=Param(apply=_gateway_only),
     )
+    serves_replicas = True
+    engine_gauges = VLLM_GAUGES

@@ -385,6 +385,7 @@ CODES: Final[dict[str, str]] = {
     "exceeds_request_limit": "an emulated fan-out makes more upstream calls than a provider's request limit allows",
     "rate_limiter_unavailable": "the shared limiter (Redis) cannot be reached and limits fail closed (503)",
     "all_targets_cooling": "every target is cooling down after failures (429 or 503)",
+    "replicas_draining": "every replica of the model's provider is draining (503)",
     "deadline_exceeded": "the request's own deadline passed between attempts (504)",
     "invalid_upstream_response": "the upstream's answer could not be read (502)",
     "upstream_stream_ended_early": "the upstream ended a stream before its end (502)",

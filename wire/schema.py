@@ -32,6 +32,9 @@ MAX_LOGPROBS: Final = 100
 LogprobsCount = Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)]
 StopList = Annotated[list[str], Meta(max_length=MAX_STOPS)]
 PromptItem = str | int | list[int]
+# A prefix-cache salt: vLLM hashes it into its block hashes and has failed on odd values, so only a bounded
+# token of URL- and base64-safe characters passes.
+CacheSalt = Annotated[str, Meta(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._:/+=-]+$")]
 
 
 class StreamOptions(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -111,6 +114,16 @@ class CompletionRequest(msgspec.Struct, forbid_unknown_fields=True, omit_default
     mirostat_eta: Annotated[float, Meta(ge=0)] | None = None
     num_ctx: PositiveInt | None = None
     watermark: bool | None = None
+    # Token-native answers (vLLM and SGLang, for RL rollouts and evaluation): each choice's generated
+    # `token_ids` and its `prompt_token_ids`, relayed untouched; `return_tokens_as_token_ids` writes
+    # logprobs tokens as `token_id:<id>`; `priority` is the engine's scheduling priority; `cache_salt`
+    # isolates the request's prefix-cache entries; `include_stop_reason` relays which stop string or token
+    # id ended each choice (`stop_reason`). Elsewhere each is refused naming it.
+    return_token_ids: bool | None = None
+    return_tokens_as_token_ids: bool | None = None
+    priority: Annotated[int, Meta(ge=-(2**31), le=2**31 - 1)] | None = None
+    cache_salt: CacheSalt | None = None
+    include_stop_reason: bool | None = None
 
 
 # The self-hosted servers' own fields, declared last in CompletionRequest.
@@ -135,6 +148,13 @@ class Choice(msgspec.Struct, omit_defaults=True):
     # vLLM's answer to its own `prompt_logprobs` (per prompt token: null for the first, else
     # {token_id: {logprob, rank, decoded_token}}), relayed as vLLM sends it; absent unless asked for.
     prompt_logprobs: list[dict[str, Any] | None] | None = None
+    # vLLM's and SGLang's token-native answer (`return_token_ids`): the generated ids (a stream chunk's own
+    # delta) and the prompt's ids, relayed as the engine sent them; absent unless asked for.
+    token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None
+    # The stop string or token id that ended the choice (vLLM's `stop_reason`, SGLang's `matched_stop`),
+    # when the request set `include_stop_reason`.
+    stop_reason: int | str | None = None
 
 
 class CompletionTokensDetails(msgspec.Struct, omit_defaults=True):

@@ -8,8 +8,8 @@ headers). Operators' account: docs/cache.md.
 The request path calls it through thin hooks (`Cache.lookup`, `Lookup.serve`, `.chunk`, `.finish`; with
 every mode `off`, one attribute check); the edge reads its counts and deletes entries.
 
-May import limits, upstream, ops and the base; never resilience, emulation or ledger (the other wings of
-its layer), path or edge.
+May import limits, upstream, fleet, ops and the base; never resilience, emulation or ledger (the other
+wings of its layer), path or edge.
 """
 
 from __future__ import annotations

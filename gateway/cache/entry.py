@@ -76,6 +76,13 @@ def merged(events: list[list[Choice]]) -> list[Choice]:
                 have.finish_reason = ch.finish_reason
             if ch.prompt_logprobs is not None and have.prompt_logprobs is None:
                 have.prompt_logprobs = ch.prompt_logprobs
+            # vLLM's and SGLang's token-native fields: each chunk's `token_ids` are its own delta.
+            if ch.token_ids is not None:
+                have.token_ids = [*(have.token_ids or ()), *ch.token_ids]  # new list: the entry stays as stored
+            if ch.prompt_token_ids is not None and have.prompt_token_ids is None:
+                have.prompt_token_ids = ch.prompt_token_ids
+            if ch.stop_reason is not None:
+                have.stop_reason = ch.stop_reason
     return [out[i] for i in sorted(out)]
 
 

@@ -7,6 +7,16 @@ single block can (a bad config is one `ConfigError` line). Importers take names 
 May import the base below it (state, ids), providers (the registry) and wire; nothing else of gateway.
 """
 
+from gateway.config.fleet import (
+    ReplicaConfig,
+    RoutingConfig,
+    first_live,
+    fleet_problem,
+    replica_drained,
+    replica_names,
+    replica_url,
+    replica_weight,
+)
 from gateway.config.loading import ConfigError, LoadedConfig, load_config, parse_config
 from gateway.config.schema import (
     AdminConfig,
@@ -40,6 +50,14 @@ from gateway.config.schema import (
 )
 
 __all__ = [
+    "replica_weight",
+    "replica_url",
+    "replica_names",
+    "replica_drained",
+    "fleet_problem",
+    "first_live",
+    "RoutingConfig",
+    "ReplicaConfig",
     "AdminConfig",
     "AliasConfig",
     "CacheConfig",

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import msgspec
 import yaml
 
+from gateway.config.fleet import fleet_problem, replica_url
 from gateway.config.schema import DeploymentConfig, GatewayConfig, PriceConfig, ProviderConfig
 from gateway.state import url_problem
 from providers.registry import REGISTRY, kinds
@@ -126,7 +127,11 @@ def _check(cfg: GatewayConfig, providers: dict[str, ProviderConfig], source: str
         if "/" in name or not name:
             fail(f"providers.{name}", "a provider name may not be empty or contain '/'")
         adapter = REGISTRY[p.kind]
-        if adapter.needs_base_url and not p.base_url:
+        if (
+            fleet := fleet_problem(name, p.replicas, p.routing, p.base_url, adapter.serves_replicas, p.kind)
+        ) is not None:
+            fail(*fleet)
+        if adapter.needs_base_url and not p.base_url and not p.replicas:
             if not p.deployments or any(not d.base_url for d in p.deployments.values()):
                 fail(f"providers.{name}.base_url", f"required for kind '{p.kind}'")
         if adapter.needs_region and p.region is None:
@@ -135,6 +140,7 @@ def _check(cfg: GatewayConfig, providers: dict[str, ProviderConfig], source: str
             [(f"providers.{name}.base_url", p.base_url)]
             + [(f"providers.{name}.deployments.{d}.base_url", dc.base_url) for d, dc in p.deployments.items()]
             + [(f"providers.{name}.tokenizer_url", p.tokenizer_url)]
+            + [(f"providers.{name}.replicas[{i}]", replica_url(r)) for i, r in enumerate(p.replicas)]
         ):
             if url and _userinfo(url):
                 # The transports would disagree on it (httpx sends it as Basic auth in place of the key, h1

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
+from gateway.config.fleet import ReplicaConfig, RoutingConfig
 from wire.schema import MAX_LOGPROBS
 
 ParamPolicy = Literal["error", "drop"]
@@ -271,6 +272,11 @@ class ProviderConfig(Strict, frozen=True):
     # Ask the upstream which models it serves, for GET /v1/models (gateway/edge/discovery.py). Unset: the kind's
     # default, on for self-hosted servers (vllm, llamacpp, tgi, ollama), off for hosted catalogs.
     discover: bool | None = None
+    # A self-hosted engine run as several replicas serving the same models, instead of one base_url: URLs,
+    # or {url, weight, drain}. Each is its own target (`<provider>@<i>`); docs/fleets.md.
+    replicas: list[str | ReplicaConfig] = msgspec.field(default_factory=list)
+    # Which replica serves each request (needs replicas:); unset: round robin.
+    routing: RoutingConfig | None = None
     # This provider's targets' response cache, over the top-level `cache` (an alias's own block wins).
     cache: CacheConfig | None = None
 

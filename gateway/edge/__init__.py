@@ -2,6 +2,6 @@
 and the model listing (discovery).
 
 Owns everything that knows a route, a status code or a Litestar object. May import every wing below it
-(path, resilience, emulation, cache, ledger, limits, upstream, ops) and the base (config, ids, state); nothing
-imports it but `gateway.__main__`.
+(path, resilience, emulation, cache, ledger, limits, upstream, fleet, ops) and the base (config, ids,
+state); nothing imports it but `gateway.__main__`.
 """

@@ -31,6 +31,8 @@ from gateway.edge.ledger_routes import routes as ledger_routes
 from gateway.edge.render import error_response
 from gateway.edge.status import ROUTES as STATUS_ROUTES
 from gateway.edge.tokenizer_routes import SCOPED_PREFIX, Tokenizers
+from gateway.fleet.engine import EngineReader, watched
+from gateway.fleet.shared import DrainSync
 from gateway.ledger.service import LedgerService
 from gateway.ops import accesslog
 from gateway.ops.metrics import CONTENT_TYPE, Metrics
@@ -178,6 +180,9 @@ def create_app(loaded: LoadedConfig) -> Front:
 
     pipeline = build(loaded)
     discovery = Discovery(lambda: app.state.pipeline)  # follows reloads: the pipeline serving now
+    # Replicated providers' engine load (gateway/fleet/engine.py): off unless `routing.engine_metrics`.
+    engines = EngineReader(lambda: watched(app.state.pipeline.router.fleets, app.state.pipeline.loaded.providers))
+    drains = DrainSync(lambda: (app.state.pipeline.shared, app.state.pipeline.router.fleets))  # with Redis only
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -191,9 +196,13 @@ def create_app(loaded: LoadedConfig) -> Front:
         app.state.reloader = reloader
         reloader.start()
         discovery.start()
+        engines.start()
+        drains.start()
         try:
             yield
         finally:
+            await drains.stop()
+            await engines.stop()
             await discovery.stop()
             await reloader.stop()
             await app.state.pipeline.close()

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Final
 
 import msgspec
 
-from gateway.config import LoadedConfig, ProviderConfig
+from gateway.config import LoadedConfig, ProviderConfig, first_live
 from gateway.path.request import check_model
 from gateway.upstream.client import Upstream
 from gateway.upstream.transport import Timeouts
@@ -114,7 +114,7 @@ def listing_request(name: str, p: ProviderConfig) -> UpstreamRequest | None:
     found = adapter.model_listing
     if found is None or not isinstance(adapter, Adapter):
         return None
-    base = (p.base_url or getattr(adapter, "default_base_url", None) or "").rstrip("/")
+    base = (p.base_url or first_live(p.replicas) or getattr(adapter, "default_base_url", None) or "").rstrip("/")
     if not base:
         return None  # only deployments have URLs: each serves its own model, named by the config
     endpoint = Endpoint(provider=name, model="", base_url=base, api_key=p.api_key or None, headers=p.headers)

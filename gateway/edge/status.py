@@ -19,13 +19,17 @@ from litestar import Request, Response, delete, get
 from litestar.exceptions import NotFoundException
 
 from gateway.edge.discovery import Discovery
+from gateway.edge.drain import drain_routes
+from gateway.edge.drain import state as fleet_state
 from gateway.edge.ledger_routes import REPORT_PARAMS, usage_response
 from gateway.edge.render import error_response
+from gateway.fleet.picker import Fleet
 from gateway.ledger.report import spend_per_day
 from gateway.limits.auth import _presented_key
 from gateway.limits.ratelimit import Bucket
 from gateway.path.dialects import OPENAI
 from gateway.path.pipeline import Pipeline
+from gateway.state import SharedState
 from gateway.upstream.plan import Route
 from wire.errors import AuthenticationError, GatewayError, InvalidRequestError
 from wire.schema import encode
@@ -99,6 +103,8 @@ def _targets(pipeline: Pipeline, down: Mapping[str, str]) -> dict[str, str | Non
 
     def add(route: Route) -> None:
         seen.setdefault(route.key, route.unavailable or down.get(route.provider))
+        for replica in route.replicas:  # a replicated provider's replicas are targets of their own
+            add(replica)
 
     for alias in cfg.models:
         for route in router.aliases[alias.name].routes:
@@ -109,6 +115,8 @@ def _targets(pipeline: Pipeline, down: Mapping[str, str]) -> dict[str, str | Non
     for name, p in pipeline.loaded.providers.items():
         for model in p.models:
             seen.setdefault(f"{name}/{model}", down.get(name))
+            if p.replicas:
+                add(router.resolve(f"{name}/{model}"))
     return seen
 
 
@@ -182,6 +190,7 @@ async def status(pipeline: Pipeline, unreachable: Mapping[str, str] | None = Non
         "usage": await pipeline.usage.report(pipeline.usage.today()),
         "cache": pipeline.cache.stats() if pipeline.cache is not None else None,
         "spend_per_day": None if pipeline.ledger is None else await spend_per_day(pipeline.ledger, 30),
+        "fleets": {name: fleet_state(fleet) for name, fleet in pipeline.router.fleets.items()},
     }
 
 
@@ -240,6 +249,11 @@ async def status_page(request: Request[Any, Any, Any]) -> Response[bytes]:
     return Response(_PAGE, media_type="text/html", headers=_PAGE_HEADERS)
 
 
-ROUTES: Final = [admin_usage, admin_status, admin_cache_clear, status_page]
+def _fleets(request: Request[Any, Any, Any]) -> tuple[Mapping[str, Fleet], SharedState, Response[bytes] | None]:
+    pipeline, refused = _authorize(request)
+    return pipeline.router.fleets, pipeline.shared, refused
+
+
+ROUTES: Final = [admin_usage, admin_status, admin_cache_clear, status_page, *drain_routes(_fleets, _error)]
 
 __all__ = ["ROUTES", "status"]

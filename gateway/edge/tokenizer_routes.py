@@ -383,6 +383,9 @@ class Tokenizers:
         deployment = p.deployments.get(target.endpoint.deployment) if target.endpoint.deployment else None
         if p.tokenizer_url and not (deployment is not None and deployment.base_url):
             return p.tokenizer_url.rstrip("/")
+        if target.fleet is not None:  # a replicated provider: any replica neither draining nor cooling
+            cooling = [pipeline.health.local.state(r.key).cooling_ms > 0 for r in target.replicas]
+            return server_root(target.fleet.healthy_url(cooling))
         return server_root(target.endpoint.base_url)
 
     async def _send(self, pipeline: Pipeline, target: Route, call: Call) -> Response:

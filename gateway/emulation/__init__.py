@@ -3,7 +3,7 @@ guided choice, regex and JSON schema, with the client's patterns and schemas adm
 
 `plan` (planning) bounds the work before any upstream call, `complete` (combine) folds buffered answers,
 `stream` (streaming) merges sub-streams, `stops` finds the client's stop sequences. May import limits,
-upstream, ops and the base; never path, resilience, cache, ledger or edge.
+upstream, fleet, ops and the base; never path, resilience, cache, ledger or edge.
 """
 
 from gateway.emulation.combine import complete

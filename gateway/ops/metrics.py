@@ -21,7 +21,7 @@ import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from gateway.config import LoadedConfig
+from gateway.config import LoadedConfig, replica_names
 from wire.schema import Usage
 
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
@@ -57,6 +57,9 @@ class ModelLabels:
         for name, p in loaded.providers.items():
             self.deployments[name] = frozenset(p.deployments)
             self.known.update(f"{name}/{m}" for m in p.models)
+            for replica in replica_names(name, p.replicas):  # each replica's targets are labelled as it
+                self.deployments[replica] = frozenset(p.deployments)
+                self.known.update(f"{replica}/{m}" for m in p.models)
         exact = [*cfg.prices, *(m for k in cfg.keys for m in k.models)]
         self.known.update(m for m in exact if not _GLOB.search(m))
 

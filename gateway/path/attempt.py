@@ -22,6 +22,7 @@ from gateway.cache import Lookup
 from gateway.config import CapsConfig
 from gateway.emulation import Emulation
 from gateway.emulation.client_schema import Work
+from gateway.fleet.picker import Hint
 from gateway.limits.admission import Admission, Ticket
 from gateway.resilience.health import Health
 from gateway.upstream.client import Stream, Upstream
@@ -102,7 +103,7 @@ class Job:
     admission, settled when the answer (or the stream) ends.
     """
 
-    __slots__ = ("services", "admission", "req", "ctx", "plan", "dropped", "ticket", "work", "cached")
+    __slots__ = ("services", "admission", "req", "ctx", "plan", "dropped", "ticket", "work", "cached", "hint")
 
     def __init__(
         self,
@@ -122,6 +123,7 @@ class Job:
         self.ticket = ticket
         self.work: Work | None = None  # what checking guided answers may spend: every attempt's together
         self.cached: Lookup | None = None  # the response cache's part in this request (gateway/cache)
+        self.hint: Hint | None = None  # what a replicated provider's policy reads (gateway/fleet)
 
     async def complete(self, route: Route, timeouts: Timeouts) -> Completion:
         """One buffered attempt on `route`, within the target's own quota."""

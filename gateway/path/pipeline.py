@@ -16,6 +16,7 @@ import msgspec
 
 from gateway import cache
 from gateway.config import LoadedConfig
+from gateway.fleet.picker import Hint
 from gateway.ids import unique_suffix
 from gateway.limits.admission import Admission
 from gateway.limits.auth import KeyRing
@@ -171,6 +172,7 @@ class Pipeline:
             created=int(time.time()),
             model=req.model,
             prompts=_text_prompts(req),
+            stop_reason=bool(req.include_stop_reason),
             n=req.n or 1,
             echo=bool(req.echo),
             logprobs=req.logprobs is not None,
@@ -178,17 +180,20 @@ class Pipeline:
         admission = self.admission if self.admission.enabled or (key is not None and key.buckets) else None
         if self.cache is None:
             ticket = await admission.admit(key, req, plan) if admission is not None else None
-            return Job(self.services, admission, req, ctx, plan, ticket)
-        cached = await self.cache.lookup(req, rec.key, headers, rec)
-        try:
-            free = cached is not None and cached.served
-            ticket = await admission.admit(key, req, plan, free=free) if admission is not None else None
-        except BaseException:
-            if cached is not None:
-                cached.abandon()  # whoever waits on this request's answer asks for itself
-            raise
-        job = Job(self.services, admission, req, ctx, plan, ticket)
-        job.cached = cached
+            job = Job(self.services, admission, req, ctx, plan, ticket)
+        else:
+            cached = await self.cache.lookup(req, rec.key, headers, rec)
+            try:
+                free = cached is not None and cached.served
+                ticket = await admission.admit(key, req, plan, free=free) if admission is not None else None
+            except BaseException:
+                if cached is not None:
+                    cached.abandon()  # whoever waits on this request's answer asks for itself
+                raise
+            job = Job(self.services, admission, req, ctx, plan, ticket)
+            job.cached = cached
+        if self.router.fleets:
+            job.hint = Hint(req, headers)  # read only by a replicated provider's policy (gateway/fleet)
         return job
 
     async def _buffered(self, job: Job, rec: Record) -> Result:
@@ -202,6 +207,7 @@ class Pipeline:
                 deadline_s=_deadline(job.req),
                 tenant=rec.key,
                 client_headers=bool(job.req.inference_extra_headers),
+                hint=job.hint,
             )
             usage = done.value.usage
             used = usage.total_tokens if usage is not None else None
@@ -227,6 +233,7 @@ class Pipeline:
                 discard=job.discard,
                 tenant=rec.key,
                 client_headers=bool(job.req.inference_extra_headers),
+                hint=job.hint,
             )
         except BaseException:
             self.admission.settle(job.ticket, 0)
@@ -240,7 +247,9 @@ class Pipeline:
 def _served(rec: Record, plan: Plan, outcome: Outcome[Any]) -> None:
     route = outcome.route
     rec.provider, rec.target, rec.attempts = route.provider, route.key, outcome.attempts
-    rec.fallback = all(r.key != route.key for r in plan.groups[0].routes)
+    rec.fallback = all(
+        r.key != route.key and all(x.key != route.key for x in r.replicas) for r in plan.groups[0].routes
+    )
 
 
 def _headers(outcome: Outcome[Any], job: Job) -> dict[str, str]:

@@ -210,6 +210,7 @@ class Relay:
                 discard=again.discard,
                 tenant=tenant,
                 client_headers=bool(req.inference_extra_headers),
+                hint=job.hint,  # a replicated provider's policy keys the continuation as the request
             )
         except GatewayError:
             return None

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Final
 
 from gateway.config import LoadedConfig, ProviderConfig, same_target_of
+from gateway.fleet.picker import Fleet
 from gateway.upstream.plan import Group, Plan, Policy, Route
 from providers import REGISTRY
 from providers.base import Adapter, Endpoint, LocalAdapter
@@ -27,6 +28,8 @@ class Router:
         self._adapters: dict[str, Adapter | LocalAdapter] = {
             name: REGISTRY[p.kind]().configure(p.max_logprobs) for name, p in loaded.providers.items()
         }
+        # Each provider with `replicas:`, one Fleet: its policy and its drain and engine-load state.
+        self.fleets = {name: Fleet(name, p.replicas, p.routing) for name, p in loaded.providers.items() if p.replicas}
         self._drop = {
             name: (p.unsupported_params or cfg.unsupported_params) == "drop" for name, p in loaded.providers.items()
         }
@@ -103,6 +106,19 @@ class Router:
         if sep and head and last in pcfg.deployments:
             name, deployment = head, last
         key = f"{vendor}/{name}" + (f"/{deployment}" if deployment else "")
+        fleet = self.fleets.get(vendor)
+        replicas = tuple(
+            Route(
+                key=f"{replica}/{name}",
+                provider=vendor,
+                adapter=self._adapters[vendor],
+                endpoint=self._endpoint(vendor, pcfg, name, None, url),
+                drop_unsupported=self._drop[vendor],
+                unavailable=self._unavailable(vendor, pcfg, None),
+                same_target=same_target_of(pcfg.retries, self._loaded.config.retries),
+            )
+            for replica, url in (zip(fleet.names, fleet.urls, strict=True) if fleet is not None else ())
+        )
         return Route(
             key=key,
             provider=vendor,
@@ -111,12 +127,21 @@ class Router:
             drop_unsupported=self._drop[vendor],
             unavailable=self._unavailable(vendor, pcfg, deployment),
             same_target=same_target_of(pcfg.retries, self._loaded.config.retries),
+            replicas=replicas,
+            fleet=fleet,
         )
 
-    def _endpoint(self, vendor: str, p: ProviderConfig, model: str, deployment: str | None) -> Endpoint:
+    def _endpoint(
+        self, vendor: str, p: ProviderConfig, model: str, deployment: str | None, replica: str | None = None
+    ) -> Endpoint:
         d = p.deployments.get(deployment) if deployment else None
         adapter = self._adapters[vendor]
-        base = (d.base_url if d and d.base_url else None) or p.base_url or getattr(adapter, "default_base_url", None)
+        base = (
+            (d.base_url if d and d.base_url else None)
+            or replica
+            or p.base_url
+            or getattr(adapter, "default_base_url", None)
+        )
         return Endpoint(
             provider=vendor,
             model=(d.name if d and d.name else model) if adapter.deployment_renames_model else model,

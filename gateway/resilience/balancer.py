@@ -10,9 +10,10 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+from gateway.fleet.picker import Hint
 from gateway.resilience.health import Health, TargetState
 from gateway.upstream.plan import Group, Plan, Route
-from wire.errors import AllTargetsCoolingError
+from wire.errors import AllTargetsCoolingError, GatewayError
 
 
 def order(group: Group, states: dict[str, TargetState], rng: Callable[[], float] = random.random) -> list[Route]:
@@ -28,24 +29,44 @@ def order(group: Group, states: dict[str, TargetState], rng: Callable[[], float]
     return sorted(routes, key=lambda r: (states[r.key].latency_ms is not None, states[r.key].latency_ms or 0.0))
 
 
-def candidates(groups: list[Group], states: dict[str, TargetState]) -> list[Route]:
+def candidates(
+    groups: list[Group],
+    states: dict[str, TargetState],
+    hint: Hint | None = None,
+    inflight: dict[str, int] | None = None,
+) -> list[Route]:
     seen: set[str] = set()
     out: list[Route] = []
     for g in groups:
         for r in order(g, states):
-            if r.key not in seen:
-                seen.add(r.key)
-                out.append(r)
+            for x in replicas(r, states, hint, inflight) if r.fleet is not None else (r,):
+                if x.key not in seen:
+                    seen.add(x.key)
+                    out.append(x)
     return out
 
 
+def replicas(
+    route: Route, states: dict[str, TargetState], hint: Hint | None, inflight: dict[str, int] | None
+) -> list[Route]:
+    """A replicated provider's route as its replicas, in the order its fleet's policy chose (gateway/fleet)."""
+    assert route.fleet is not None
+    counts = inflight if inflight is not None else {}
+    keys = [r.key for r in route.replicas]
+    chosen = route.fleet.choose([counts.get(k, 0) for k in keys], [states[k].cooling_ms > 0 for k in keys], hint)
+    return [route.replicas[i] for i in chosen]
+
+
 class Selector:
-    def __init__(self, plan: Plan, states: dict[str, TargetState], health: Health, probe_ttl_ms: int) -> None:
+    def __init__(
+        self, plan: Plan, states: dict[str, TargetState], health: Health, probe_ttl_ms: int, hint: Hint | None = None
+    ) -> None:
         self.plan = plan
         self.states = states
         self.health = health
         self.probe_ttl_ms = probe_ttl_ms
-        self.order = candidates(plan.groups, states)
+        self.hint = hint
+        self.order = candidates(plan.groups, states, hint, health.local.inflight)
         self.tried: list[Route] = []
         self.context_switched = False
 
@@ -69,6 +90,16 @@ class Selector:
     async def first(self) -> Route:
         route = await self._fresh()
         if route is None:
+            if not self.order:
+                # Every replica of every target is draining: nothing may take a new request.
+                raise GatewayError(
+                    "Every replica serving this model is draining; retry later",
+                    code="replicas_draining",
+                    status=503,
+                    type="service_unavailable",
+                    retry_after=1.0,
+                    retry_later=True,
+                )
             if all(r.unavailable is not None for r in self.order):
                 # Nothing cooling, just nothing configured to call: say which variable is missing.
                 self.order[0].require_available()
@@ -96,7 +127,7 @@ class Selector:
         if self.context_switched or not self.plan.context_groups:
             return False
         self.context_switched = True
-        self.order = candidates(self.plan.context_groups, self.states)
+        self.order = candidates(self.plan.context_groups, self.states, self.hint, self.health.local.inflight)
         return True
 
     def _all_cooling(self) -> AllTargetsCoolingError:

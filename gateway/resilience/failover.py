@@ -18,6 +18,7 @@ from typing import Generic, TypeVar
 
 import msgspec
 
+from gateway.fleet.picker import Hint
 from gateway.ops import tracing
 from gateway.resilience.balancer import Selector
 from gateway.resilience.health import Health, TargetState
@@ -98,16 +99,18 @@ class Failover:
         discard: Discard[T] | None = None,
         tenant: str | None = None,
         client_headers: bool = False,
+        hint: Hint | None = None,
     ) -> Outcome[T]:
         """`deadline_s` is the client's own (it can only shorten `total_ms`), `tenant` its key's name and
-        `client_headers` whether it forwards headers upstream: what decides whom a failure blames."""
+        `client_headers` whether it forwards headers upstream: what decides whom a failure blames. `hint`
+        is what a replicated provider's policy reads (the prompt, the session), None without fleets."""
         total = plan.timeouts.total if deadline_s is None else min(plan.timeouts.total, deadline_s)
         deadline = self.clock() + total
         states = await self.health.snapshot(plan.keys)
         suspects = self.health.evidence.suspects
         if suspects and tenant is not None:
             _cleared_for(tenant, states, suspects)
-        selector = Selector(plan, states, self.health, probe_ttl_ms=plan.policy.timeouts.first_byte_ms)
+        selector = Selector(plan, states, self.health, probe_ttl_ms=plan.policy.timeouts.first_byte_ms, hint=hint)
         try:
             first = await selector.first()
         except GatewayError as exc:

@@ -14,7 +14,7 @@ from types import TracebackType
 from typing import Any, Final, cast
 from urllib.parse import urlsplit
 
-from gateway.config import CapsConfig, LoadedConfig, ProviderConfig
+from gateway.config import CapsConfig, LoadedConfig, ProviderConfig, replica_url
 from gateway.ops import tracing
 from gateway.upstream import h1
 from gateway.upstream.transport import Reply, Response, Timeouts, Transport
@@ -94,6 +94,7 @@ def provider_urls(p: ProviderConfig) -> list[str]:
     """Every base URL a provider's requests can go to: its own, its deployments', or its kind's default."""
     urls = [p.base_url or getattr(REGISTRY[p.kind], "default_base_url", None) or ""]
     urls += [d.base_url for d in p.deployments.values() if d.base_url]
+    urls += [replica_url(r) for r in p.replicas]
     return [u for u in urls if u]
 
 

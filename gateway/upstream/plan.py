@@ -10,6 +10,7 @@ from __future__ import annotations
 import msgspec
 
 from gateway.config import RetriesConfig, Strategy, TimeoutsConfig
+from gateway.fleet.picker import Fleet
 from gateway.upstream.transport import Timeouts
 from providers.base import Adapter, Endpoint, LocalAdapter
 from wire.errors import ProviderUnavailableError
@@ -26,6 +27,10 @@ class Route(msgspec.Struct, frozen=True):
     unavailable: str | None = None
     # Same-target retries of a transient failure (`retries.same_target`: the provider's, else the global).
     same_target: int = 1
+    # A provider with `replicas:`: the route stands for them all, and a request is served by one of these
+    # (`provider@i/model`, each its own health key), as `fleet` chooses (gateway/fleet).
+    replicas: tuple[Route, ...] = ()
+    fleet: Fleet | None = None
 
     def require_available(self) -> None:
         """Refuse at once, naming the missing variable, when the provider cannot be called."""
@@ -67,11 +72,15 @@ class Plan(msgspec.Struct):
         self.timeouts = Timeouts.of(self.policy.timeouts)
         groups = self.groups + self.context_groups
         seen: dict[str, None] = {}
+        fleets = False
         for g in groups:
             for r in g.routes:
                 seen.setdefault(r.key, None)
+                for replica in r.replicas:
+                    seen.setdefault(replica.key, None)
+                    fleets = True
         self.keys = tuple(seen)
-        self.tracks_inflight = any(g.strategy == "least-busy" for g in groups)
+        self.tracks_inflight = fleets or any(g.strategy == "least-busy" for g in groups)
         self.tracks_latency = any(g.strategy == "latency" for g in self.groups)
 
     @property

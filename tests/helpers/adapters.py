@@ -107,6 +107,11 @@ NATIVE: dict[str, Any] = {
     "mirostat_eta": 0.1,
     "num_ctx": 8192,
     "watermark": True,
+    "return_token_ids": True,
+    "return_tokens_as_token_ids": True,
+    "priority": -1,
+    "cache_salt": "salt-1",
+    "include_stop_reason": True,
 }
 SAMPLE.update(NATIVE)
 

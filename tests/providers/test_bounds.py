@@ -52,6 +52,7 @@ def test_stop_count_per_kind() -> None:
         "deepseek": 16,
         # vLLM, llama.cpp and Ollama take any number; Anthropic, Mistral and Bedrock document no small limit
         "vllm": None,
+        "sglang": None,
         "llamacpp": None,
         "ollama": None,
         "anthropic": None,

@@ -300,6 +300,12 @@ PLAUSIBLE: Final[dict[str, st.SearchStrategy[Any]]] = {
     "mirostat_eta": st.floats(min_value=0, max_value=1),
     "num_ctx": st.integers(min_value=1, max_value=32_768),
     "watermark": st.booleans(),
+    # Token-native answers (vLLM, SGLang).
+    "return_token_ids": st.booleans(),
+    "return_tokens_as_token_ids": st.booleans(),
+    "priority": st.integers(min_value=-10, max_value=10),
+    "cache_salt": st.sampled_from(["tenant-a", "", "a b", "run/17:x"]),
+    "include_stop_reason": st.booleans(),
 }
 FIELDS: Final = [f.encode_name for f in msgspec.structs.fields(CompletionRequest)]
 assert set(FIELDS) == set(PLAUSIBLE), "a new request field needs a plausible strategy here"

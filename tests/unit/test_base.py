@@ -94,6 +94,7 @@ def test_check_logprobs_limit_per_kind() -> None:
         "fireworks": 5,
         "together": 5,
         "vllm": 20,
+        "sglang": 20,
         "deepseek": 20,
         "pais": 5,
         "sgp": 20,

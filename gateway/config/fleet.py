@@ -1,0 +1,104 @@
+"""The config blocks of a fleet: `replicas:` and `routing:` on a self-hosted provider (typed, checked at load).
+
+What they mean at run time is the fleet wing's (gateway/fleet); the blocks live here, with the rest of the
+typed config, so that the config imports nothing above it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+Policy = Literal["round_robin", "least_outstanding", "prefix", "session"]
+
+
+class ReplicaConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    # One engine replica: its base URL (what `base_url` would be for a single server).
+    url: str
+    # Its share under `round_robin` (a smooth weighted round robin) and of the prefix ring's points.
+    weight: Annotated[float, Meta(gt=0, le=100)] = 1.0
+    # Start draining: the replica takes no new requests (POST .../undrain to take it back).
+    drain: bool = False
+
+
+class RoutingConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    # Which replica serves a request (docs/fleets.md): `round_robin`, `least_outstanding` (fewest requests
+    # in flight from this process), `prefix` (requests sharing a prompt prefix go to the same replica, for its
+    # prefix cache) or `session` (the same `x-session-id` header, else `user`, sticks to one replica).
+    policy: Policy = "round_robin"
+    # Prefix policy: a text prompt's leading blocks are hashed, each this many characters.
+    block_chars: Annotated[int, Meta(ge=1, le=1_000_000)] = 256
+    # Prefix policy: a token prompt's leading blocks are hashed, each this many token ids.
+    block_tokens: Annotated[int, Meta(ge=1, le=100_000)] = 16
+    # Prefix policy: at most this many leading blocks are hashed (the whole prompt when shorter than one).
+    depth: Annotated[int, Meta(ge=1, le=64)] = 4
+    # Bounded loads (prefix and session): a replica holding (1 + epsilon) x the mean load (this request
+    # counted) is passed over for the next one on the ring; when all are, the least loaded takes it.
+    epsilon: Annotated[float, Meta(ge=0, le=100)] = 0.25
+    # Read each replica's own load (vLLM's, SGLang's or llama.cpp's Prometheus `/metrics`) in the background
+    # and steer new requests away from a replica whose waiting queue is at least `max_waiting`.
+    engine_metrics: bool = False
+    # How often each replica's `/metrics` is read (in the background, never on the request path).
+    metrics_interval_ms: Annotated[int, Meta(ge=50, le=600_000)] = 1_000
+    # A replica reporting at least this many waiting requests gets new ones only when no other can.
+    max_waiting: Annotated[int, Meta(ge=1)] = 8
+    # The header that names a session (lower case); the request's `user` field when it is absent.
+    session_header: str = "x-session-id"
+
+
+def replica_names(provider: str, replicas: list[str | ReplicaConfig]) -> list[str]:
+    """Each replica's name, the provider part of its targets (`provider@i/model`), in metrics and logs."""
+    return [f"{provider}@{i}" for i in range(len(replicas))]
+
+
+def replica_url(r: str | ReplicaConfig) -> str:
+    return r if isinstance(r, str) else r.url
+
+
+def replica_weight(r: str | ReplicaConfig) -> float:
+    return 1.0 if isinstance(r, str) else r.weight
+
+
+def replica_drained(r: str | ReplicaConfig) -> bool:
+    return False if isinstance(r, str) else r.drain
+
+
+def fleet_problem(
+    name: str,
+    replicas: list[str | ReplicaConfig],
+    routing: RoutingConfig | None,
+    base_url: str | None,
+    serves_replicas: bool,
+    kind: str,
+) -> tuple[str, str] | None:
+    """The first thing wrong with a provider's `replicas:` / `routing:` blocks, as (YAML path, problem)."""
+    where = f"providers.{name}"
+    if not replicas:
+        if routing is not None:
+            return f"{where}.routing", "needs replicas:"
+        return None
+    if not serves_replicas:
+        return f"{where}.replicas", f"kind '{kind}' is not a self-hosted engine that can run as replicas"
+    if base_url:
+        return f"{where}.base_url", "give either base_url or replicas, not both"
+    seen: set[str] = set()
+    for i, r in enumerate(replicas):
+        url = replica_url(r).rstrip("/")
+        if not url.startswith(("http://", "https://")):
+            return f"{where}.replicas[{i}]", f"must start with http:// or https://, got {url!r}"
+        if url in seen:
+            return f"{where}.replicas[{i}]", "the same URL is listed twice"
+        seen.add(url)
+    if routing is not None and routing.session_header != routing.session_header.lower():
+        return f"{where}.routing.session_header", "must be lower case"
+    return None
+
+
+def first_live(replicas: list[str | ReplicaConfig]) -> str | None:
+    """The first replica the config does not drain (model discovery asks it), else the first, else None."""
+    for r in replicas:
+        if not replica_drained(r):
+            return replica_url(r)
+    return replica_url(replicas[0]) if replicas else None

@@ -1,0 +1,73 @@
+"""What ties a request to a replica: its prompt prefix or its session, hashed the same in every process.
+
+The hash is blake2b of bytes taken from the request alone (never Python's salted `hash`), so every gateway
+process, with no coordination, maps the same prefix to the same point of the same ring.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import struct
+from collections.abc import Mapping, Sequence
+from typing import Final
+
+from wire.schema import CompletionRequest
+
+# Ring points per unit of replica weight: enough that equal replicas get close to equal shares of keys.
+POINTS_PER_WEIGHT: Final = 160
+
+
+def digest(data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
+
+
+def prefix_key(prompt: str | Sequence[object], block_chars: int, block_tokens: int, depth: int) -> int:
+    """The hash of the prompt's leading blocks: up to `depth` whole blocks (the whole prompt when it is
+    shorter than one), of characters or of token ids. A batch is keyed by its first prompt."""
+    first: object = prompt
+    if not isinstance(prompt, str) and prompt and not isinstance(prompt[0], int):
+        first = prompt[0]
+    if isinstance(first, str):
+        n = min(depth, len(first) // block_chars)
+        text = first[: n * block_chars] if n else first
+        return digest(b"t" + text.encode("utf-8", "surrogatepass"))
+    ids = [t for t in first if isinstance(t, int)] if isinstance(first, list | tuple) else []
+    n = min(depth, len(ids) // block_tokens)
+    head = ids[: n * block_tokens] if n else ids
+    return digest(b"i" + struct.pack(f">{len(head)}q", *head))
+
+
+def session_key(session: str) -> int:
+    return digest(b"s" + session.encode("utf-8", "surrogatepass"))
+
+
+class Ring:
+    """A consistent-hash ring over replicas, points placed by each replica's URL (stable across config order)."""
+
+    __slots__ = ("points", "owners", "size")
+
+    def __init__(self, urls: Sequence[str], weights: Sequence[float]) -> None:
+        placed: list[tuple[int, int]] = []
+        for i, (url, w) in enumerate(zip(urls, weights, strict=True)):
+            for v in range(max(1, round(POINTS_PER_WEIGHT * w))):
+                placed.append((digest(f"{url.rstrip('/')}#{v}".encode()), i))
+        placed.sort()
+        self.points = [p for p, _ in placed]
+        self.owners = [i for _, i in placed]
+        self.size = len(urls)
+
+    def walk(self, key: int) -> list[int]:
+        """Every replica once, in the order met going clockwise from `key`."""
+        start = bisect.bisect_left(self.points, key)
+        seen: dict[int, None] = {}
+        n = len(self.points)
+        for j in range(n):
+            seen.setdefault(self.owners[(start + j) % n], None)
+            if len(seen) == self.size:
+                break
+        return list(seen)
+
+
+def session_of(req: CompletionRequest, headers: Mapping[str, str], header: str) -> str | None:
+    return headers.get(header) or req.user or None

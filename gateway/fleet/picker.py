@@ -1,0 +1,136 @@
+"""Which replica of a provider serves a request: the policies, bounded loads, draining and engine load.
+
+`Fleet.choose` is called once per request per replicated provider the plan may use (gateway/resilience/balancer.py),
+with each replica's in-flight count from this process and whether it is cooling. It returns the replicas
+to try, best first; draining replicas are left out, so they take no new requests while theirs finish.
+Rules: docs/fleets.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import msgspec
+
+from gateway.config import RoutingConfig, replica_drained, replica_names, replica_url, replica_weight
+from gateway.fleet.affinity import Ring, prefix_key, session_key, session_of
+from wire.schema import CompletionRequest
+
+_DEFAULT = RoutingConfig()
+
+
+class Hint:
+    """What a request offers the policies: its prompt and its session (header, else `user`)."""
+
+    __slots__ = ("req", "headers")
+
+    def __init__(self, req: CompletionRequest, headers: Mapping[str, str]) -> None:
+        self.req = req
+        self.headers = headers
+
+
+class EngineLoad(msgspec.Struct, frozen=True):
+    """One replica's own report of its load, as last read from its `/metrics`."""
+
+    waiting: float
+    running: float
+    kv_usage: float | None = None
+
+
+class Fleet:
+    """One provider's replicas: their URLs and weights, the policy, and the mutable drain and load state."""
+
+    def __init__(self, provider: str, replicas: Sequence[object], routing: RoutingConfig | None) -> None:
+        self.provider = provider
+        self.routing = routing or _DEFAULT
+        self.urls = [replica_url(r).rstrip("/") for r in replicas]  # type: ignore[arg-type]
+        self.weights = [replica_weight(r) for r in replicas]  # type: ignore[arg-type]
+        self.names = replica_names(provider, list(replicas))  # type: ignore[arg-type]
+        self.draining = [replica_drained(r) for r in replicas]  # type: ignore[arg-type]
+        # Written by the engine-metrics reader (gateway/fleet/engine.py); None: unknown, routed as idle.
+        self.engine: list[EngineLoad | None] = [None] * len(self.urls)
+        self.ring = Ring(self.urls, self.weights)
+        self._current = [0.0] * len(self.urls)  # smooth weighted round robin
+        self._turn = 0
+
+    @property
+    def size(self) -> int:
+        return len(self.urls)
+
+    def healthy_url(self, cooling: Sequence[bool] = ()) -> str:
+        """A replica URL for side calls (model listing, tokenizer routes): the first not draining or cooling."""
+        for i, url in enumerate(self.urls):
+            if not self.draining[i] and not (cooling and cooling[i]):
+                return url
+        return self.urls[0]
+
+    def _hot(self, i: int) -> bool:
+        load = self.engine[i]
+        return load is not None and load.waiting >= self.routing.max_waiting
+
+    def _load(self, i: int, inflight: Sequence[int]) -> float:
+        load = self.engine[i]
+        return inflight[i] + (load.waiting if load is not None else 0.0)
+
+    def choose(self, inflight: Sequence[int], cooling: Sequence[bool], hint: Hint | None) -> list[int]:
+        """The replicas to try for one request, best first (draining ones left out)."""
+        live = [i for i in range(self.size) if not self.draining[i]]
+        if not live:
+            return []
+        policy = self.routing.policy
+        if policy == "prefix" and hint is not None:
+            r = self.routing
+            key = prefix_key(hint.req.prompt, r.block_chars, r.block_tokens, r.depth)
+            return self._bounded(key, live, inflight, cooling, spread=True)
+        if policy == "session" and hint is not None:
+            session = session_of(hint.req, hint.headers, self.routing.session_header)
+            if session is not None:
+                return self._bounded(session_key(session), live, inflight, cooling, spread=False)
+        if policy == "round_robin":
+            return self._round_robin(live)
+        return self._least(live, inflight, cooling)
+
+    def _least(self, live: list[int], inflight: Sequence[int], cooling: Sequence[bool]) -> list[int]:
+        # Ties go round: idle replicas would otherwise all lose to the first one.
+        self._turn += 1
+        n, turn = self.size, self._turn
+        return sorted(live, key=lambda i: (cooling[i], self._hot(i), self._load(i, inflight), (i - turn) % n))
+
+    def _round_robin(self, live: list[int]) -> list[int]:
+        total = 0.0
+        best = live[0]
+        for i in live:
+            self._current[i] += self.weights[i]
+            total += self.weights[i]
+            if self._current[i] > self._current[best]:
+                best = i
+        self._current[best] -= total
+        rest = [i for i in live if i != best]
+        first = [best] if not self._hot(best) else []
+        return first + [i for i in rest if not self._hot(i)] + [i for i in [best, *rest] if self._hot(i)]
+
+    def _bounded(
+        self, key: int, live: list[int], inflight: Sequence[int], cooling: Sequence[bool], *, spread: bool
+    ) -> list[int]:
+        """Consistent hashing with bounded loads: the first replica clockwise from `key` that is usable and
+        under ceil((1 + epsilon) x the mean load, this request counted); with `spread` (prefixes, not sessions),
+        the next such replica on the ring instead when it has at least two requests fewer in flight (a hot
+        key's traffic stays on two replicas that both cache it, and keys that never recur still spread);
+        when none is under the bound, the least loaded."""
+        walk = [i for i in self.ring.walk(key) if not self.draining[i]]
+        weight = sum(self.weights[i] for i in live)
+        total = sum(inflight[i] for i in live) + 1
+        eps = self.routing.epsilon
+
+        def fits(i: int) -> bool:
+            cap = math.ceil((1 + eps) * total * self.weights[i] / weight)
+            return not cooling[i] and not self._hot(i) and inflight[i] < cap
+
+        found = [pos for pos, i in enumerate(walk) if fits(i)][:2]
+        if not found:
+            return self._least(live, inflight, cooling)
+        pos = found[0]
+        if spread and len(found) == 2 and inflight[walk[found[0]]] - inflight[walk[found[1]]] >= 2:
+            pos = found[1]
+        return [walk[pos], *walk[:pos], *walk[pos + 1 :]]

@@ -1,0 +1,67 @@
+"""SGLang's OpenAI-compatible server (`python -m sglang.launch_server`): `/v1/completions` plus its own fields.
+
+Its sampling extras are read from `sglang/srt/entrypoints/openai/protocol.py` CompletionRequest: vLLM's
+names where they mean the same (`top_k`, `min_p`, `min_tokens`, `repetition_penalty`, `stop_token_ids`,
+`ignore_eos`, `skip_special_tokens`), its own for constrained decoding (`regex`, `ebnf`, and `json_schema`
+as a JSON string), and the token-native fields: `return_token_ids` (each choice's `token_ids` and
+`prompt_token_ids`), `priority` and `cache_salt`. What stopped a choice comes back as `matched_stop`,
+relayed as `stop_reason` when the request sets `include_stop_reason`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from providers.base import Param, table
+from providers.engine import SGLANG_GAUGES
+from providers.openai_compat import OPENAI_PARAMS, OpenAICompatible
+
+
+def _json_schema(body: dict[str, Any], value: dict[str, Any]) -> None:
+    body["json_schema"] = msgspec.json.encode(value).decode()
+
+
+def _gateway_only(body: dict[str, Any], value: Any) -> None:
+    # `include_stop_reason` asks the gateway to relay SGLang's `matched_stop`, which it always sends.
+    return None
+
+
+class SGLangAdapter(OpenAICompatible):
+    kind = "sglang"
+    needs_base_url = True
+    model_listing = ("/models", True)  # base_url ends in /v1
+    # Offsets are computed by the gateway: SGLang's own are not documented to count into prompt + text.
+    openai_offsets = False
+    auth = "`Authorization: Bearer` when api_key is set (`--api-key`)"
+    needs_api_key = False
+    max_stop = None
+    max_logprobs = 20
+    serves_replicas = True
+    engine_gauges = SGLANG_GAUGES
+    params = table(
+        {
+            **OPENAI_PARAMS,
+            **dict.fromkeys(
+                (
+                    "top_k",
+                    "min_p",
+                    "min_tokens",
+                    "repetition_penalty",
+                    "stop_token_ids",
+                    "ignore_eos",
+                    "skip_special_tokens",
+                    "return_token_ids",
+                    "priority",
+                    "cache_salt",
+                ),
+                Param(),
+            ),
+        },
+        guided_regex=Param("regex"),
+        guided_grammar=Param("ebnf"),
+        guided_json=Param(apply=_json_schema),
+        response_format=Param(),
+        include_stop_reason=Param(apply=_gateway_only),
+    )
