@@ -266,7 +266,12 @@ async def test_sigterm_refuses_new_connections_and_drains_open_streams(tmp_path:
         assert time.monotonic() - sent < 10
         log = gateway.log.read_text()
         assert "Traceback" not in log
-        assert "refused to gracefully stop" not in log
+        # Not asserted: granian's "Killing worker-1 after it refused to gracefully stop". Its main thread and
+        # its worker-watcher thread both join the worker process; when the watcher reaps it first, the main
+        # thread's poll sees ECHILD and reports a live process for a moment, so on a loaded machine the
+        # warning is logged (and a kill sent to a dead pid) after a clean exit. A worker that really refused
+        # would be killed only after workers_kill_timeout (shutdown_grace_ms, 30 s here), past the 10 s bound
+        # asserted above; and every stream completed, and the worker's lifespan shutdown ran (below).
         # The lifespan shutdown ran (it flushes the access log): every stream has its line.
         records = [r for r in _access_records(gateway).values() if r["model"] == "demo/drip-50ms"]
         assert [r["status"] for r in records] == [200] * STREAMS
