@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from typing import Any, Protocol, TypeVar
 
 from msgspec.structs import replace
@@ -118,10 +118,12 @@ class Cache:
             self.children[(kind, label)] = found
         return found
 
-    async def lookup(
+    def lookup(
         self, req: CompletionRequest, key: str | None, headers: Mapping[str, str], rec: Record
-    ) -> Lookup | None:
-        """None when no cache covers the request's model; else what the cache found for it."""
+    ) -> Lookup | None | Coroutine[Any, Any, Lookup | None]:
+        """None when no cache covers the request's model; else what the cache found for it. Found in
+        the memory store, it is returned as is (no coroutine); a coroutine to await when a Redis read
+        or an identical request in flight must be waited for."""
         policies = self._policies
         known = policies.get(req.model)
         if known is None:
@@ -142,43 +144,61 @@ class Cache:
         if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
             # One prompt, the common case: one key, one read (in memory, without a coroutine).
             digest = cache_key(req, scope)
-            prompts, keys = [prompt], [digest]
+            lookup = Lookup(self, MISS, rec, policy=pol, digest=digest, tag=tag, keys=[digest], prompts=[prompt])
             if cc.no_cache:
-                raws = []
-            elif pol.store is self.memory:
-                raws = [self.memory.fetch(digest)]
-            else:
-                raws = [await pol.store.get(digest, tag)]
+                return self._decide(lookup, req, cc, [])
+            if pol.store is self.memory:
+                return self._decide(lookup, req, cc, [self.memory.fetch(digest)])
         else:
             prompts = prompt_items(prompt)
             # One entry per prompt: a one-item list shares its prompt's entry with the prompt sent alone.
             keys = [cache_key(replace(req, prompt=p), scope) for p in prompts]
             # What identical requests in flight coalesce on: the whole request.
             digest = keys[0] if len(keys) == 1 else cache_key(req, scope)
-            raws = await pol.store.get_many(keys, tag) if not cc.no_cache else []
-        n = req.n or 1
-        found: list[Entry | None] = [None] * len(keys)
+            lookup = Lookup(self, MISS, rec, policy=pol, digest=digest, tag=tag, keys=keys, prompts=prompts)
+            if cc.no_cache:
+                return self._decide(lookup, req, cc, [])
+        return self._read(lookup, req, cc)
+
+    async def _read(self, lookup: Lookup, req: CompletionRequest, cc: Controls) -> Lookup:
+        pol = lookup.policy
+        assert pol is not None
+        decided = self._decide(lookup, req, cc, await pol.store.get_many(lookup.keys, lookup.tag))
+        return decided if isinstance(decided, Lookup) else await decided
+
+    def _decide(
+        self, lookup: Lookup, req: CompletionRequest, cc: Controls, raws: list[bytes | None]
+    ) -> Lookup | Coroutine[Any, Any, Lookup]:
+        """What the entries read say: a hit, a wait for the identical request in flight, or a miss."""
+        n = lookup.n = req.n or 1
+        found: list[Entry | None] = [None] * len(lookup.keys)
+        lookup.found = found
         if not cc.no_cache:
+            max_entry_bytes = lookup.policy.max_entry_bytes  # type: ignore[union-attr]
             for i, raw in enumerate(raws):
                 if raw is None:
                     continue
-                entry = load(raw, pol.max_entry_bytes)
+                entry = load(raw, max_entry_bytes)
                 if entry is not None and (cc.max_age is None or self.clock() - entry.stored <= cc.max_age):
                     found[i] = entry
             if None not in found:
-                return Lookup(self, HIT, rec, entry=assembled(found, n))  # type: ignore[arg-type]
-            ahead = self.inflight.get(digest)
+                return lookup.served_by(HIT, assembled(found, n))  # type: ignore[arg-type]
+            ahead = self.inflight.get(lookup.digest)
             if ahead is not None and not cc.only_if_cached:
-                entry = await self._wait(ahead, req, n)
-                if entry is not None:
-                    return Lookup(self, COALESCED, rec, entry=entry)
+                return self._coalesce(ahead, lookup, req, cc)
+        return self._miss(lookup, cc)
+
+    async def _coalesce(self, ahead: Lookup, lookup: Lookup, req: CompletionRequest, cc: Controls) -> Lookup:
+        entry = await self._wait(ahead, req, lookup.n)
+        return lookup.served_by(COALESCED, entry) if entry is not None else self._miss(lookup, cc)
+
+    def _miss(self, lookup: Lookup, cc: Controls) -> Lookup:
         if cc.only_if_cached:
             raise cache_miss()
-        state = BYPASS if cc.no_cache else MISS
-        lookup = Lookup(self, state, rec, policy=pol, digest=digest, tag=tag, keys=keys, found=found, prompts=prompts)
-        lookup.n = n
-        if digest not in self.inflight:
-            self.inflight[digest] = lookup
+        if cc.no_cache:
+            lookup.state = BYPASS
+        if lookup.digest not in self.inflight:
+            self.inflight[lookup.digest] = lookup
             lookup.leading = True
         return lookup
 
@@ -246,6 +266,7 @@ class Lookup:
         "n",
         "served",
         "missing",
+        "direct",
     )
 
     def __init__(
@@ -281,6 +302,13 @@ class Lookup:
         self.prompts: list[Any] = prompts or []
         self.n = n
         self.missing: list[int] = []  # the prompts (by their place in the request) the upstream is asked for
+        # A miss of one prompt stored in memory: a buffered one needs no `serve` around the pipeline's call.
+        self.direct = False
+
+    def served_by(self, state: str, entry: Entry) -> Lookup:
+        """A hit, or the answer of the identical request in flight: answered from the cache, nothing stored."""
+        self.state, self.entry, self.served, self.policy = state, entry, True, None
+        return self
 
     async def serve(
         self,
@@ -290,17 +318,7 @@ class Lookup:
         streamed: Callable[[J, Record], Awaitable[R]],
         make: Make[R],
     ) -> R:
-        cache = self.cache
-        cache.counts[self.state] += 1
-        if cache.metrics is not None:
-            label = rec.label
-            if label is None:
-                label = rec.label = cache.metrics.labels.fold(rec.model)
-            pending = cache.metrics.tally.pending  # Tally.add, inlined: this runs on every lookup
-            if not pending:
-                cache.metrics.tally.arm()
-            child = cache.children.get((self.state, label)) or cache.child(self.state, label)
-            pending[child] = pending.get(child, 0.0) + 1.0
+        self.count(rec)
         if self.entry is not None:
             return self._replay(job, rec, make)
         found = self.found
@@ -344,6 +362,26 @@ class Lookup:
             self.abandon()
         result.headers["x-gateway-cache"] = self.state
         return result
+
+    def count(self, rec: Record) -> None:
+        """The lookup counted, by its state and model, once the request is admitted."""
+        cache = self.cache
+        cache.counts[self.state] += 1
+        if cache.metrics is not None:
+            label = rec.label
+            if label is None:
+                label = rec.label = cache.metrics.labels.fold(rec.model)
+            pending = cache.metrics.tally.pending  # Tally.add, inlined: this runs on every lookup
+            if not pending:
+                cache.metrics.tally.arm()
+            child = cache.children.get((self.state, label)) or cache.child(self.state, label)
+            pending[child] = pending.get(child, 0.0) + 1.0
+
+    def keep(self, rec: Record) -> None:
+        """A `direct` miss's buffered answer, as the pipeline encoded it for the client, stored in memory."""
+        fresh = self.answer
+        if fresh is not None and self.policy is not None:
+            self._store_one([fresh.choices], fresh.usage, 0, rec.provider, rec.target)
 
     def _replay(self, job: JobLike, rec: Record, make: Make[R]) -> R:
         entry = self.entry

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from gateway import cache
+from gateway.cache import Lookup
 from gateway.config import LoadedConfig
 from gateway.ids import unique_suffix
 from gateway.limits.admission import Admission
@@ -169,7 +170,9 @@ class Pipeline:
         if self.cache is None:
             ticket = await admission.admit(key, req, plan) if admission is not None else None
             return Job(self.services, admission, req, ctx, plan, ticket)
-        cached = await self.cache.lookup(req, rec.key, headers, rec)
+        cached = self.cache.lookup(req, rec.key, headers, rec)
+        if cached is not None and not isinstance(cached, Lookup):
+            cached = await cached  # a Redis read, or the identical request in flight waited for
         try:
             free = cached is not None and cached.served
             ticket = await admission.admit(key, req, plan, free=free) if admission is not None else None
