@@ -200,6 +200,7 @@ class Cache:
         if lookup.digest not in self.inflight:
             self.inflight[lookup.digest] = lookup
             lookup.leading = True
+        lookup.direct = len(lookup.keys) == 1 and lookup.policy.store is self.memory  # type: ignore[union-attr]
         return lookup
 
     async def _wait(self, ahead: Lookup, req: CompletionRequest, n: int) -> Entry | None:

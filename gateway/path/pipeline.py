@@ -129,8 +129,19 @@ class Pipeline:
         rec = rec if rec is not None else Record(request_id="", dialect=dialect.name)
         try:
             job = await self._admit(raw, headers, rec)
-            if job.cached is not None:
-                return await job.cached.serve(job, rec, self._buffered, self._streamed, Result)
+            cached = job.cached
+            if cached is not None:
+                if not cached.direct or job.req.stream:
+                    return await cached.serve(job, rec, self._buffered, self._streamed, Result)
+                # A buffered miss of one prompt: the answer stored as it comes back, without `serve`.
+                cached.count(rec)
+                try:
+                    result = await self._buffered(job, rec)
+                    cached.keep(rec)
+                finally:
+                    cached.abandon()
+                result.headers["x-gateway-cache"] = cached.state
+                return result
             if job.req.stream:
                 return await self._streamed(job, rec)
             return await self._buffered(job, rec)
