@@ -21,9 +21,8 @@ from gateway.cache.batch import (
     assembled,
     completed,
     prompt_items,
-    share_usage,
     spliced,
-    split_events,
+    store_batch,
 )
 from gateway.cache.entry import MAGIC, VERSION, Entry, answer, encode_entry, finished, load, replay_stream
 from gateway.cache.key import cache_key, model_tag
@@ -148,7 +147,13 @@ class Cache:
             if cc.no_cache:
                 return self._decide(lookup, req, cc, [])
             if pol.store is self.memory:
-                return self._decide(lookup, req, cc, [self.memory.fetch(digest)])
+                raw = self.memory.fetch(digest)
+                if raw is None and digest not in self.inflight and cc is NO_CONTROLS:
+                    # The plain miss: nothing stored, no identical request in flight, no directives.
+                    lookup.found, lookup.n, lookup.leading, lookup.direct = [None], req.n or 1, True, True
+                    self.inflight[digest] = lookup
+                    return lookup
+                return self._decide(lookup, req, cc, [raw])
         else:
             prompts = prompt_items(prompt)
             # One entry per prompt: a one-item list shares its prompt's entry with the prompt sent alone.
@@ -350,10 +355,10 @@ class Lookup:
             fresh = self.answer
             if fresh is not None and self.policy is not None:
                 if len(missing) == 1:
-                    raw = self._store_one([fresh.choices], fresh.usage, missing[0], rec.provider, rec.target)
+                    raw = self.store_one([fresh.choices], fresh.usage, missing[0], rec.provider, rec.target)
                     remote = [(self.keys[missing[0]], raw)] if raw is not None else None
                 else:
-                    remote = self._store_batch([fresh.choices], fresh.usage, missing, (rec.provider, rec.target))
+                    remote = store_batch(self, [fresh.choices], fresh.usage, missing, (rec.provider, rec.target))
                 if remote:
                     await self._send(remote)
             if fresh is not None and len(missing) < len(self.found):
@@ -377,12 +382,6 @@ class Lookup:
                 cache.metrics.tally.arm()
             child = cache.children.get((self.state, label)) or cache.child(self.state, label)
             pending[child] = pending.get(child, 0.0) + 1.0
-
-    def keep(self, rec: Record) -> None:
-        """A `direct` miss's buffered answer, as the pipeline encoded it for the client, stored in memory."""
-        fresh = self.answer
-        if fresh is not None and self.policy is not None:
-            self._store_one([fresh.choices], fresh.usage, 0, rec.provider, rec.target)
 
     def _replay(self, job: JobLike, rec: Record, make: Make[R]) -> R:
         entry = self.entry
@@ -417,18 +416,18 @@ class Lookup:
         if events is not None and self.policy is not None:
             missing = self.missing
             if len(missing) == 1:
-                raw = self._store_one(events, usage, missing[0], served[0], served[1])
+                raw = self.store_one(events, usage, missing[0], served[0], served[1])
                 remote = [(self.keys[missing[0]], raw)] if raw is not None else None
             else:
-                remote = self._store_batch(events, usage, missing, served)
+                remote = store_batch(self, events, usage, missing, served)
             if remote:
                 await self._send(remote)
         self.abandon()
 
-    def _store_one(
+    def store_one(
         self, events: list[list[Choice]], usage: Usage | None, prompt: int, provider: str, target: str
     ) -> bytes | None:
-        """`_store_batch` for one prompt (every one-prompt request): no split, no share, no list of entries."""
+        """`store_batch` for one prompt (every one-prompt request): no split, no share, no list of entries."""
         n = self.n
         if n == 1 and len(events) == 1 and len(events[0]) == 1:  # one choice in one event (buffered)
             if events[0][0].finish_reason is None:
@@ -454,47 +453,6 @@ class Lookup:
             cache.memory.keep(self.keys[prompt], self.tag, raw, pol.ttl_s)
             return None
         return raw
-
-    def _store_batch(
-        self, events: list[list[Choice]], usage: Usage | None, prompts: list[int], served: tuple[str, str]
-    ) -> list[tuple[bytes, bytes]]:
-        """An answer for these prompts (by their place in the request), stored one entry per prompt: in
-        memory here; what a remote store has yet to be sent is returned."""
-        n = self.n
-        per = split_events(events, len(prompts), n)
-        usages = share_usage(usage, [self.prompts[i] for i in prompts], per)
-        for evs in per:
-            if not finished(evs, n):
-                return []  # a choice without its finish reason: not an answer that completed normally
-        fingerprint = self.answer.system_fingerprint if self.answer is not None else None
-        cache = self.cache
-        now, model = cache.clock(), self.rec.model
-        entries = [
-            Entry(VERSION, now, model, served[0], served[1], u, evs, fingerprint)
-            for evs, u in zip(per, usages, strict=True)
-        ]
-        if self.leading and len(prompts) == len(self.keys):
-            self.result = entries
-            waiter = self.waiter
-            if waiter is not None and not waiter.done():
-                waiter.set_result(assembled(entries, n))
-        pol = self.policy
-        assert pol is not None
-        memory = cache.memory if pol.store is cache.memory else None
-        remote: list[tuple[bytes, bytes]] = []
-        stored = 0
-        for i, entry in zip(prompts, entries, strict=True):
-            raw = MAGIC + encode_entry(entry)
-            if len(raw) <= pol.max_entry_bytes:
-                if memory is not None:
-                    memory.keep(self.keys[i], self.tag, raw, pol.ttl_s)
-                else:
-                    remote.append((self.keys[i], raw))
-                stored += len(raw)
-        label = self.rec.label
-        if cache.metrics is not None and label is not None and stored:
-            cache.metrics.tally.add(cache.children.get(("stored", label)) or cache.child("stored", label), stored)
-        return remote
 
     async def _send(self, remote: list[tuple[bytes, bytes]]) -> None:
         pol = self.policy

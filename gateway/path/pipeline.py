@@ -137,7 +137,9 @@ class Pipeline:
                 cached.count(rec)
                 try:
                     result = await self._buffered(job, rec)
-                    cached.keep(rec)
+                    fresh = cached.answer
+                    if fresh is not None:
+                        cached.store_one([fresh.choices], fresh.usage, 0, rec.provider, rec.target)
                 finally:
                     cached.abandon()
                 result.headers["x-gateway-cache"] = cached.state
