@@ -3,9 +3,9 @@
 `Cache.lookup` runs once a request is decoded, authorized and routed, before its admission: a hit (or
 an identical request in flight whose answer this one waits for) is admitted without token costs. The
 pipeline then hands the request to `Lookup.serve`, which replays an entry or runs the upstream path and
-stores its answer: a buffered answer at once, a stream through `Lookup.chunk` / `Lookup.finish`, which
-the relay calls for each chunk and at a normal end (never for a stream that failed, was resumed on
-another target or was cut by the client).
+stores its answer: a buffered answer at once, a stream through `Lookup.chunk` / `Lookup.finish` (called
+by the relay at a normal end only). A buffered miss of one prompt in memory (`direct`) skips `serve`:
+the pipeline calls `Lookup.done` with the answer it has just encoded for the client.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 from msgspec.structs import replace
 
@@ -25,33 +25,16 @@ from gateway.cache.batch import (
     store_batch,
 )
 from gateway.cache.entry import MAGIC, VERSION, Entry, answer, encode_entry, finished, load, replay_stream
+from gateway.cache.job import J, JobLike, Make, R
 from gateway.cache.key import cache_key, model_tag
 from gateway.cache.policy import BYPASS, COALESCED, HIT, MISS, NO_CONTROLS, Controls, Policy, cache_miss, deterministic
 from gateway.cache.store import MemoryStore, RedisStore, Store
 from gateway.config import CacheConfig, LoadedConfig
-from gateway.limits.admission import Admission, Ticket
+from gateway.limits.admission import Admission
 from gateway.ops.metrics import Metrics, Record
 from gateway.state import SharedState
-from providers.base import CallContext
 from wire.errors import GatewayError
 from wire.schema import Choice, Completion, CompletionRequest, Usage, encode
-
-
-class JobLike(Protocol):
-    """What the cache reads of the pipeline's job (gateway/path/attempt.py `Job`)."""
-
-    req: CompletionRequest
-    ctx: CallContext
-    ticket: Ticket | None
-
-
-class Answer(Protocol):
-    headers: dict[str, str]
-
-
-R = TypeVar("R", bound=Answer)
-J = TypeVar("J", bound=JobLike)
-Make = Callable[..., R]
 
 
 class Cache:
@@ -382,6 +365,28 @@ class Lookup:
                 cache.metrics.tally.arm()
             child = cache.children.get((self.state, label)) or cache.child(self.state, label)
             pending[child] = pending.get(child, 0.0) + 1.0
+
+    def done(self, rec: Record) -> None:
+        """A `direct` miss answered: counted, its answer stored in memory and handed to whoever waits, and
+        the request released, in one step (nothing can come to wait in between)."""
+        self.count(rec)
+        fresh, pol, n, cache = self.answer, self.policy, self.n, self.cache
+        choices = fresh.choices if fresh is not None else []
+        one = n == 1 and len(choices) == 1 and choices[0].finish_reason is not None
+        if fresh is None or pol is None or not (one or finished([choices], n)):
+            self.abandon()  # no answer, or one without every finish reason: nothing stored
+            return
+        fp = fresh.system_fingerprint
+        entry = Entry(VERSION, cache.clock(), rec.model, rec.provider, rec.target, fresh.usage, [choices], fp)
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(entry)
+        self.abandon()
+        raw = MAGIC + encode_entry(entry)
+        if len(raw) <= pol.max_entry_bytes:
+            label = rec.label
+            if cache.metrics is not None and label is not None:
+                cache.metrics.tally.add(cache.children.get(("stored", label)) or cache.child("stored", label), len(raw))
+            cache.memory.keep(self.digest, self.tag, raw, pol.ttl_s)
 
     def _replay(self, job: JobLike, rec: Record, make: Make[R]) -> R:
         entry = self.entry

@@ -134,14 +134,13 @@ class Pipeline:
                 if not cached.direct or job.req.stream:
                     return await cached.serve(job, rec, self._buffered, self._streamed, Result)
                 # A buffered miss of one prompt: the answer stored as it comes back, without `serve`.
-                cached.count(rec)
                 try:
                     result = await self._buffered(job, rec)
-                    fresh = cached.answer
-                    if fresh is not None:
-                        cached.store_one([fresh.choices], fresh.usage, 0, rec.provider, rec.target)
-                finally:
+                except BaseException:
+                    cached.count(rec)
                     cached.abandon()
+                    raise
+                cached.done(rec)
                 result.headers["x-gateway-cache"] = cached.state
                 return result
             if job.req.stream:
