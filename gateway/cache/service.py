@@ -126,7 +126,7 @@ class Cache:
         if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
             # One prompt, the common case: one key, one read (in memory, without a coroutine).
             digest = cache_key(req, scope)
-            lookup = Lookup(self, MISS, rec, policy=pol, digest=digest, tag=tag, keys=[digest], prompts=[prompt])
+            lookup = Lookup(self, MISS, rec, pol, digest, tag, [digest], [prompt])
             if cc.no_cache:
                 return self._decide(lookup, req, cc, [])
             if pol.store is self.memory:
@@ -143,7 +143,7 @@ class Cache:
             keys = [cache_key(replace(req, prompt=p), scope) for p in prompts]
             # What identical requests in flight coalesce on: the whole request.
             digest = keys[0] if len(keys) == 1 else cache_key(req, scope)
-            lookup = Lookup(self, MISS, rec, policy=pol, digest=digest, tag=tag, keys=keys, prompts=prompts)
+            lookup = Lookup(self, MISS, rec, pol, digest, tag, keys, prompts)
             if cc.no_cache:
                 return self._decide(lookup, req, cc, [])
         return self._read(lookup, req, cc)
@@ -253,7 +253,6 @@ class Lookup:
         "found",
         "prompts",
         "n",
-        "served",
         "missing",
         "direct",
     )
@@ -263,21 +262,16 @@ class Lookup:
         cache: Cache,
         state: str,
         rec: Record,
-        *,
-        entry: Entry | None = None,
         policy: Policy | None = None,
         digest: bytes = b"",
         tag: str = "",
         keys: list[bytes] | None = None,
-        found: list[Entry | None] | None = None,
         prompts: list[Any] | None = None,
-        n: int = 1,
     ) -> None:
         self.cache = cache
         self.state = state
         self.rec = rec
-        self.entry = entry  # what a hit (or a coalesced request) is answered with
-        self.served = entry is not None  # answered from the cache: no upstream call, no token cost
+        self.entry: Entry | None = None  # what a hit (or a coalesced request) is answered with
         self.policy = policy  # set when the answer may be stored
         self.digest = digest
         self.tag = tag
@@ -287,16 +281,16 @@ class Lookup:
         self.events: list[list[Choice]] | None = None  # a stream's chunks, as the relay sends them
         self.answer: Completion | None = None  # a buffered answer, as the pipeline encodes it
         self.keys: list[bytes] = keys or []  # per prompt
-        self.found: list[Entry | None] = found or []  # per prompt: the entry already stored
+        self.found: list[Entry | None] = []  # per prompt: the entry already stored
         self.prompts: list[Any] = prompts or []
-        self.n = n
+        self.n = 1
         self.missing: list[int] = []  # the prompts (by their place in the request) the upstream is asked for
         # A miss of one prompt stored in memory: a buffered one needs no `serve` around the pipeline's call.
         self.direct = False
 
     def served_by(self, state: str, entry: Entry) -> Lookup:
         """A hit, or the answer of the identical request in flight: answered from the cache, nothing stored."""
-        self.state, self.entry, self.served, self.policy = state, entry, True, None
+        self.state, self.entry, self.policy = state, entry, None
         return self
 
     async def serve(
@@ -385,7 +379,11 @@ class Lookup:
         if len(raw) <= pol.max_entry_bytes:
             label = rec.label
             if cache.metrics is not None and label is not None:
-                cache.metrics.tally.add(cache.children.get(("stored", label)) or cache.child("stored", label), len(raw))
+                pending = cache.metrics.tally.pending  # Tally.add, inlined
+                if not pending:
+                    cache.metrics.tally.arm()
+                child = cache.children.get(("stored", label)) or cache.child("stored", label)
+                pending[child] = pending.get(child, 0.0) + len(raw)
             cache.memory.keep(self.digest, self.tag, raw, pol.ttl_s)
 
     def _replay(self, job: JobLike, rec: Record, make: Make[R]) -> R:

@@ -185,13 +185,15 @@ class Pipeline:
         cached = self.cache.lookup(req, rec.key, headers, rec)
         if cached is not None and not isinstance(cached, Lookup):
             cached = await cached  # a Redis read, or the identical request in flight waited for
-        try:
-            free = cached is not None and cached.served
-            ticket = await admission.admit(key, req, plan, free=free) if admission is not None else None
-        except BaseException:
-            if cached is not None:
-                cached.abandon()  # whoever waits on this request's answer asks for itself
-            raise
+        ticket = None
+        if admission is not None:
+            try:
+                # An answer the cache serves costs no upstream tokens.
+                ticket = await admission.admit(key, req, plan, free=cached is not None and cached.entry is not None)
+            except BaseException:
+                if cached is not None:
+                    cached.abandon()  # whoever waits on this request's answer asks for itself
+                raise
         job = Job(self.services, admission, req, ctx, plan, ticket)
         job.cached = cached
         return job
