@@ -12,17 +12,16 @@ text; shares are whole tokens and sum to the batch's own counts, so a rerun repo
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
 from gateway.cache.entry import MAGIC, VERSION, Entry, encode_entry, finished, merged
+from gateway.cache.job import Storing
+from gateway.cache.store import MemoryStore
 from gateway.upstream.framing import sse_event
 from providers.base import CallContext
 from wire.schema import Choice, Completion, Usage, encode
-
-if TYPE_CHECKING:
-    from gateway.cache.service import Lookup
 
 
 def prompt_items(prompt: str | list[Any]) -> list[Any]:
@@ -159,7 +158,7 @@ _chunk = msgspec.json.Decoder(Completion).decode
 
 
 def store_batch(
-    lookup: Lookup, events: list[list[Choice]], usage: Usage | None, prompts: list[int], served: tuple[str, str]
+    lookup: Storing, events: list[list[Choice]], usage: Usage | None, prompts: list[int], served: tuple[str, str]
 ) -> list[tuple[bytes, bytes]]:
     """An answer for these prompts (by their place in the request), stored one entry per prompt: in
     memory here; what a remote store has yet to be sent is returned."""
@@ -183,13 +182,14 @@ def store_batch(
             waiter.set_result(assembled(entries, n))
     pol = lookup.policy
     assert pol is not None
-    memory = cache.memory if pol.store is cache.memory else None
+    memory: MemoryStore = cache.memory
+    here = pol.store is memory  # in memory now; a remote store is sent what is returned
     remote: list[tuple[bytes, bytes]] = []
     stored = 0
     for i, entry in zip(prompts, entries, strict=True):
         raw = MAGIC + encode_entry(entry)
         if len(raw) <= pol.max_entry_bytes:
-            if memory is not None:
+            if here:
                 memory.keep(lookup.keys[i], lookup.tag, raw, pol.ttl_s)
             else:
                 remote.append((lookup.keys[i], raw))

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
+from gateway.cache.entry import Entry
+from gateway.cache.policy import Policy
 from gateway.limits.admission import Ticket
+from gateway.ops.metrics import Record
 from providers.base import CallContext
-from wire.schema import CompletionRequest
+from wire.schema import Completion, CompletionRequest
 
 
 class JobLike(Protocol):
@@ -26,4 +30,21 @@ R = TypeVar("R", bound=Answer)
 J = TypeVar("J", bound=JobLike)
 Make = Callable[..., R]
 
-__all__ = ["Answer", "J", "JobLike", "Make", "R"]
+
+class Storing(Protocol):
+    """What `batch.store_batch` reads and sets of a request's `Lookup` (service.py)."""
+
+    cache: Any  # the `Cache`, which service.py defines
+    rec: Record
+    policy: Policy | None
+    tag: str
+    keys: list[bytes]
+    prompts: list[Any]
+    n: int
+    answer: Completion | None
+    leading: bool
+    result: list[Entry] | None
+    waiter: asyncio.Future[Entry | None] | None
+
+
+__all__ = ["Answer", "J", "JobLike", "Make", "R", "Storing"]
