@@ -16,7 +16,9 @@ from typing import Any
 
 import msgspec
 
-from gateway.cache.entry import VERSION, Entry, merged
+from gateway.cache.entry import MAGIC, VERSION, Entry, encode_entry, finished, merged
+from gateway.cache.job import Storing
+from gateway.cache.store import MemoryStore
 from gateway.upstream.framing import sse_event
 from providers.base import CallContext
 from wire.schema import Choice, Completion, Usage, encode
@@ -155,7 +157,51 @@ async def spliced(
 _chunk = msgspec.json.Decoder(Completion).decode
 
 
+def store_batch(
+    lookup: Storing, events: list[list[Choice]], usage: Usage | None, prompts: list[int], served: tuple[str, str]
+) -> list[tuple[bytes, bytes]]:
+    """An answer for these prompts (by their place in the request), stored one entry per prompt: in
+    memory here; what a remote store has yet to be sent is returned."""
+    n = lookup.n
+    per = split_events(events, len(prompts), n)
+    usages = share_usage(usage, [lookup.prompts[i] for i in prompts], per)
+    for evs in per:
+        if not finished(evs, n):
+            return []  # a choice without its finish reason: not an answer that completed normally
+    fingerprint = lookup.answer.system_fingerprint if lookup.answer is not None else None
+    cache = lookup.cache
+    now, model = cache.clock(), lookup.rec.model
+    entries = [
+        Entry(VERSION, now, model, served[0], served[1], u, evs, fingerprint)
+        for evs, u in zip(per, usages, strict=True)
+    ]
+    if lookup.leading and len(prompts) == len(lookup.keys):
+        lookup.result = entries
+        waiter = lookup.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(assembled(entries, n))
+    pol = lookup.policy
+    assert pol is not None
+    memory: MemoryStore = cache.memory
+    here = pol.store is memory  # in memory now; a remote store is sent what is returned
+    remote: list[tuple[bytes, bytes]] = []
+    stored = 0
+    for i, entry in zip(prompts, entries, strict=True):
+        raw = MAGIC + encode_entry(entry)
+        if len(raw) <= pol.max_entry_bytes:
+            if here:
+                memory.keep(lookup.keys[i], lookup.tag, raw, pol.ttl_s)
+            else:
+                remote.append((lookup.keys[i], raw))
+            stored += len(raw)
+    label = lookup.rec.label
+    if cache.metrics is not None and label is not None and stored:
+        cache.metrics.tally.add(cache.children.get(("stored", label)) or cache.child("stored", label), stored)
+    return remote
+
+
 __all__ = [
+    "store_batch",
     "assembled",
     "completed",
     "join_answer",

@@ -3,17 +3,17 @@
 `Cache.lookup` runs once a request is decoded, authorized and routed, before its admission: a hit (or
 an identical request in flight whose answer this one waits for) is admitted without token costs. The
 pipeline then hands the request to `Lookup.serve`, which replays an entry or runs the upstream path and
-stores its answer: a buffered answer at once, a stream through `Lookup.chunk` / `Lookup.finish`, which
-the relay calls for each chunk and at a normal end (never for a stream that failed, was resumed on
-another target or was cut by the client).
+stores its answer: a buffered answer at once, a stream through `Lookup.chunk` / `Lookup.finish` (called
+by the relay at a normal end only). A buffered miss of one prompt in memory (`direct`) skips `serve`:
+the pipeline calls `Lookup.done` with the answer it has just encoded for the client.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any, Protocol, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from typing import Any
 
 from msgspec.structs import replace
 
@@ -21,38 +21,20 @@ from gateway.cache.batch import (
     assembled,
     completed,
     prompt_items,
-    share_usage,
     spliced,
-    split_events,
+    store_batch,
 )
 from gateway.cache.entry import MAGIC, VERSION, Entry, answer, encode_entry, finished, load, replay_stream
+from gateway.cache.job import J, JobLike, Make, R
 from gateway.cache.key import cache_key, model_tag
 from gateway.cache.policy import BYPASS, COALESCED, HIT, MISS, NO_CONTROLS, Controls, Policy, cache_miss, deterministic
 from gateway.cache.store import MemoryStore, RedisStore, Store
 from gateway.config import CacheConfig, LoadedConfig
-from gateway.limits.admission import Admission, Ticket
+from gateway.limits.admission import Admission
 from gateway.ops.metrics import Metrics, Record
 from gateway.state import SharedState
-from providers.base import CallContext
 from wire.errors import GatewayError
 from wire.schema import Choice, Completion, CompletionRequest, Usage, encode
-
-
-class JobLike(Protocol):
-    """What the cache reads of the pipeline's job (gateway/path/attempt.py `Job`)."""
-
-    req: CompletionRequest
-    ctx: CallContext
-    ticket: Ticket | None
-
-
-class Answer(Protocol):
-    headers: dict[str, str]
-
-
-R = TypeVar("R", bound=Answer)
-J = TypeVar("J", bound=JobLike)
-Make = Callable[..., R]
 
 
 class Cache:
@@ -118,10 +100,12 @@ class Cache:
             self.children[(kind, label)] = found
         return found
 
-    async def lookup(
+    def lookup(
         self, req: CompletionRequest, key: str | None, headers: Mapping[str, str], rec: Record
-    ) -> Lookup | None:
-        """None when no cache covers the request's model; else what the cache found for it."""
+    ) -> Lookup | None | Coroutine[Any, Any, Lookup | None]:
+        """None when no cache covers the request's model; else what the cache found for it. Found in
+        the memory store, it is returned as is (no coroutine); a coroutine to await when a Redis read
+        or an identical request in flight must be waited for."""
         policies = self._policies
         known = policies.get(req.model)
         if known is None:
@@ -142,44 +126,69 @@ class Cache:
         if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
             # One prompt, the common case: one key, one read (in memory, without a coroutine).
             digest = cache_key(req, scope)
-            prompts, keys = [prompt], [digest]
+            lookup = Lookup(self, MISS, rec, pol, digest, tag, [digest], [prompt])
             if cc.no_cache:
-                raws = []
-            elif pol.store is self.memory:
-                raws = [self.memory.fetch(digest)]
-            else:
-                raws = [await pol.store.get(digest, tag)]
+                return self._decide(lookup, req, cc, [])
+            if pol.store is self.memory:
+                raw = self.memory.fetch(digest)
+                if raw is None and digest not in self.inflight and cc is NO_CONTROLS:
+                    # The plain miss: nothing stored, no identical request in flight, no directives.
+                    lookup.found, lookup.n, lookup.leading, lookup.direct = [None], req.n or 1, True, True
+                    self.inflight[digest] = lookup
+                    return lookup
+                return self._decide(lookup, req, cc, [raw])
         else:
             prompts = prompt_items(prompt)
             # One entry per prompt: a one-item list shares its prompt's entry with the prompt sent alone.
             keys = [cache_key(replace(req, prompt=p), scope) for p in prompts]
             # What identical requests in flight coalesce on: the whole request.
             digest = keys[0] if len(keys) == 1 else cache_key(req, scope)
-            raws = await pol.store.get_many(keys, tag) if not cc.no_cache else []
-        n = req.n or 1
-        found: list[Entry | None] = [None] * len(keys)
+            lookup = Lookup(self, MISS, rec, pol, digest, tag, keys, prompts)
+            if cc.no_cache:
+                return self._decide(lookup, req, cc, [])
+        return self._read(lookup, req, cc)
+
+    async def _read(self, lookup: Lookup, req: CompletionRequest, cc: Controls) -> Lookup:
+        pol = lookup.policy
+        assert pol is not None
+        decided = self._decide(lookup, req, cc, await pol.store.get_many(lookup.keys, lookup.tag))
+        return decided if isinstance(decided, Lookup) else await decided
+
+    def _decide(
+        self, lookup: Lookup, req: CompletionRequest, cc: Controls, raws: list[bytes | None]
+    ) -> Lookup | Coroutine[Any, Any, Lookup]:
+        """What the entries read say: a hit, a wait for the identical request in flight, or a miss."""
+        n = lookup.n = req.n or 1
+        found: list[Entry | None] = [None] * len(lookup.keys)
+        lookup.found = found
         if not cc.no_cache:
+            max_entry_bytes = lookup.policy.max_entry_bytes  # type: ignore[union-attr]
             for i, raw in enumerate(raws):
                 if raw is None:
                     continue
-                entry = load(raw, pol.max_entry_bytes)
+                entry = load(raw, max_entry_bytes)
                 if entry is not None and (cc.max_age is None or self.clock() - entry.stored <= cc.max_age):
                     found[i] = entry
             if None not in found:
-                return Lookup(self, HIT, rec, entry=assembled(found, n))  # type: ignore[arg-type]
-            ahead = self.inflight.get(digest)
+                return lookup.served_by(HIT, assembled(found, n))  # type: ignore[arg-type]
+            ahead = self.inflight.get(lookup.digest)
             if ahead is not None and not cc.only_if_cached:
-                entry = await self._wait(ahead, req, n)
-                if entry is not None:
-                    return Lookup(self, COALESCED, rec, entry=entry)
+                return self._coalesce(ahead, lookup, req, cc)
+        return self._miss(lookup, cc)
+
+    async def _coalesce(self, ahead: Lookup, lookup: Lookup, req: CompletionRequest, cc: Controls) -> Lookup:
+        entry = await self._wait(ahead, req, lookup.n)
+        return lookup.served_by(COALESCED, entry) if entry is not None else self._miss(lookup, cc)
+
+    def _miss(self, lookup: Lookup, cc: Controls) -> Lookup:
         if cc.only_if_cached:
             raise cache_miss()
-        state = BYPASS if cc.no_cache else MISS
-        lookup = Lookup(self, state, rec, policy=pol, digest=digest, tag=tag, keys=keys, found=found, prompts=prompts)
-        lookup.n = n
-        if digest not in self.inflight:
-            self.inflight[digest] = lookup
+        if cc.no_cache:
+            lookup.state = BYPASS
+        if lookup.digest not in self.inflight:
+            self.inflight[lookup.digest] = lookup
             lookup.leading = True
+        lookup.direct = len(lookup.keys) == 1 and lookup.policy.store is self.memory  # type: ignore[union-attr]
         return lookup
 
     async def _wait(self, ahead: Lookup, req: CompletionRequest, n: int) -> Entry | None:
@@ -244,8 +253,8 @@ class Lookup:
         "found",
         "prompts",
         "n",
-        "served",
         "missing",
+        "direct",
     )
 
     def __init__(
@@ -253,21 +262,16 @@ class Lookup:
         cache: Cache,
         state: str,
         rec: Record,
-        *,
-        entry: Entry | None = None,
         policy: Policy | None = None,
         digest: bytes = b"",
         tag: str = "",
         keys: list[bytes] | None = None,
-        found: list[Entry | None] | None = None,
         prompts: list[Any] | None = None,
-        n: int = 1,
     ) -> None:
         self.cache = cache
         self.state = state
         self.rec = rec
-        self.entry = entry  # what a hit (or a coalesced request) is answered with
-        self.served = entry is not None  # answered from the cache: no upstream call, no token cost
+        self.entry: Entry | None = None  # what a hit (or a coalesced request) is answered with
         self.policy = policy  # set when the answer may be stored
         self.digest = digest
         self.tag = tag
@@ -277,10 +281,17 @@ class Lookup:
         self.events: list[list[Choice]] | None = None  # a stream's chunks, as the relay sends them
         self.answer: Completion | None = None  # a buffered answer, as the pipeline encodes it
         self.keys: list[bytes] = keys or []  # per prompt
-        self.found: list[Entry | None] = found or []  # per prompt: the entry already stored
+        self.found: list[Entry | None] = []  # per prompt: the entry already stored
         self.prompts: list[Any] = prompts or []
-        self.n = n
+        self.n = 1
         self.missing: list[int] = []  # the prompts (by their place in the request) the upstream is asked for
+        # A miss of one prompt stored in memory: a buffered one needs no `serve` around the pipeline's call.
+        self.direct = False
+
+    def served_by(self, state: str, entry: Entry) -> Lookup:
+        """A hit, or the answer of the identical request in flight: answered from the cache, nothing stored."""
+        self.state, self.entry, self.policy = state, entry, None
+        return self
 
     async def serve(
         self,
@@ -290,18 +301,7 @@ class Lookup:
         streamed: Callable[[J, Record], Awaitable[R]],
         make: Make[R],
     ) -> R:
-        cache = self.cache
-        cache.counts[self.state] += 1
-        rec.cache_outcome = self.state
-        if cache.metrics is not None:
-            label = rec.label
-            if label is None:
-                label = rec.label = cache.metrics.labels.fold(rec.model)
-            pending = cache.metrics.tally.pending  # Tally.add, inlined: this runs on every lookup
-            if not pending:
-                cache.metrics.tally.arm()
-            child = cache.children.get((self.state, label)) or cache.child(self.state, label)
-            pending[child] = pending.get(child, 0.0) + 1.0
+        self.count(rec)
         if self.entry is not None:
             return self._replay(job, rec, make)
         found = self.found
@@ -332,10 +332,10 @@ class Lookup:
             fresh = self.answer
             if fresh is not None and self.policy is not None:
                 if len(missing) == 1:
-                    raw = self._store_one([fresh.choices], fresh.usage, missing[0], rec.provider, rec.target)
+                    raw = self.store_one([fresh.choices], fresh.usage, missing[0], rec.provider, rec.target)
                     remote = [(self.keys[missing[0]], raw)] if raw is not None else None
                 else:
-                    remote = self._store_batch([fresh.choices], fresh.usage, missing, (rec.provider, rec.target))
+                    remote = store_batch(self, [fresh.choices], fresh.usage, missing, (rec.provider, rec.target))
                 if remote:
                     await self._send(remote)
             if fresh is not None and len(missing) < len(self.found):
@@ -345,6 +345,47 @@ class Lookup:
             self.abandon()
         result.headers["x-gateway-cache"] = self.state
         return result
+
+    def count(self, rec: Record) -> None:
+        """The lookup counted, by its state and model, once the request is admitted."""
+        cache = self.cache
+        cache.counts[self.state] += 1
+        rec.cache_outcome = self.state
+        if cache.metrics is not None:
+            label = rec.label
+            if label is None:
+                label = rec.label = cache.metrics.labels.fold(rec.model)
+            pending = cache.metrics.tally.pending  # Tally.add, inlined: this runs on every lookup
+            if not pending:
+                cache.metrics.tally.arm()
+            child = cache.children.get((self.state, label)) or cache.child(self.state, label)
+            pending[child] = pending.get(child, 0.0) + 1.0
+
+    def done(self, rec: Record) -> None:
+        """A `direct` miss answered: counted, its answer stored in memory and handed to whoever waits, and
+        the request released, in one step (nothing can come to wait in between)."""
+        self.count(rec)
+        fresh, pol, n, cache = self.answer, self.policy, self.n, self.cache
+        choices = fresh.choices if fresh is not None else []
+        one = n == 1 and len(choices) == 1 and choices[0].finish_reason is not None
+        if fresh is None or pol is None or not (one or finished([choices], n)):
+            self.abandon()  # no answer, or one without every finish reason: nothing stored
+            return
+        fp = fresh.system_fingerprint
+        entry = Entry(VERSION, cache.clock(), rec.model, rec.provider, rec.target, fresh.usage, [choices], fp)
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(entry)
+        self.abandon()
+        raw = MAGIC + encode_entry(entry)
+        if len(raw) <= pol.max_entry_bytes:
+            label = rec.label
+            if cache.metrics is not None and label is not None:
+                pending = cache.metrics.tally.pending  # Tally.add, inlined
+                if not pending:
+                    cache.metrics.tally.arm()
+                child = cache.children.get(("stored", label)) or cache.child("stored", label)
+                pending[child] = pending.get(child, 0.0) + len(raw)
+            cache.memory.keep(self.digest, self.tag, raw, pol.ttl_s)
 
     def _replay(self, job: JobLike, rec: Record, make: Make[R]) -> R:
         entry = self.entry
@@ -379,18 +420,18 @@ class Lookup:
         if events is not None and self.policy is not None:
             missing = self.missing
             if len(missing) == 1:
-                raw = self._store_one(events, usage, missing[0], served[0], served[1])
+                raw = self.store_one(events, usage, missing[0], served[0], served[1])
                 remote = [(self.keys[missing[0]], raw)] if raw is not None else None
             else:
-                remote = self._store_batch(events, usage, missing, served)
+                remote = store_batch(self, events, usage, missing, served)
             if remote:
                 await self._send(remote)
         self.abandon()
 
-    def _store_one(
+    def store_one(
         self, events: list[list[Choice]], usage: Usage | None, prompt: int, provider: str, target: str
     ) -> bytes | None:
-        """`_store_batch` for one prompt (every one-prompt request): no split, no share, no list of entries."""
+        """`store_batch` for one prompt (every one-prompt request): no split, no share, no list of entries."""
         n = self.n
         if n == 1 and len(events) == 1 and len(events[0]) == 1:  # one choice in one event (buffered)
             if events[0][0].finish_reason is None:
@@ -416,47 +457,6 @@ class Lookup:
             cache.memory.keep(self.keys[prompt], self.tag, raw, pol.ttl_s)
             return None
         return raw
-
-    def _store_batch(
-        self, events: list[list[Choice]], usage: Usage | None, prompts: list[int], served: tuple[str, str]
-    ) -> list[tuple[bytes, bytes]]:
-        """An answer for these prompts (by their place in the request), stored one entry per prompt: in
-        memory here; what a remote store has yet to be sent is returned."""
-        n = self.n
-        per = split_events(events, len(prompts), n)
-        usages = share_usage(usage, [self.prompts[i] for i in prompts], per)
-        for evs in per:
-            if not finished(evs, n):
-                return []  # a choice without its finish reason: not an answer that completed normally
-        fingerprint = self.answer.system_fingerprint if self.answer is not None else None
-        cache = self.cache
-        now, model = cache.clock(), self.rec.model
-        entries = [
-            Entry(VERSION, now, model, served[0], served[1], u, evs, fingerprint)
-            for evs, u in zip(per, usages, strict=True)
-        ]
-        if self.leading and len(prompts) == len(self.keys):
-            self.result = entries
-            waiter = self.waiter
-            if waiter is not None and not waiter.done():
-                waiter.set_result(assembled(entries, n))
-        pol = self.policy
-        assert pol is not None
-        memory = cache.memory if pol.store is cache.memory else None
-        remote: list[tuple[bytes, bytes]] = []
-        stored = 0
-        for i, entry in zip(prompts, entries, strict=True):
-            raw = MAGIC + encode_entry(entry)
-            if len(raw) <= pol.max_entry_bytes:
-                if memory is not None:
-                    memory.keep(self.keys[i], self.tag, raw, pol.ttl_s)
-                else:
-                    remote.append((self.keys[i], raw))
-                stored += len(raw)
-        label = self.rec.label
-        if cache.metrics is not None and label is not None and stored:
-            cache.metrics.tally.add(cache.children.get(("stored", label)) or cache.child("stored", label), stored)
-        return remote
 
     async def _send(self, remote: list[tuple[bytes, bytes]]) -> None:
         pol = self.policy

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from gateway import cache
+from gateway.cache import Lookup
 from gateway.config import LoadedConfig
 from gateway.fleet.picker import Hint
 from gateway.ids import unique_suffix
@@ -136,8 +137,20 @@ class Pipeline:
         rec = rec if rec is not None else Record(request_id="", dialect=dialect.name)
         try:
             job = await self._admit(raw, headers, rec)
-            if job.cached is not None:
-                return await job.cached.serve(job, rec, self._buffered, self._streamed, Result)
+            cached = job.cached
+            if cached is not None:
+                if not cached.direct or job.req.stream:
+                    return await cached.serve(job, rec, self._buffered, self._streamed, Result)
+                # A buffered miss of one prompt: the answer stored as it comes back, without `serve`.
+                try:
+                    result = await self._buffered(job, rec)
+                except BaseException:
+                    cached.count(rec)
+                    cached.abandon()
+                    raise
+                cached.done(rec)
+                result.headers["x-gateway-cache"] = cached.state
+                return result
             if job.req.stream:
                 return await self._streamed(job, rec)
             return await self._buffered(job, rec)
@@ -182,14 +195,19 @@ class Pipeline:
             ticket = await admission.admit(key, req, plan) if admission is not None else None
             job = Job(self.services, admission, req, ctx, plan, ticket)
         else:
-            cached = await self.cache.lookup(req, rec.key, headers, rec)
-            try:
-                free = cached is not None and cached.served
-                ticket = await admission.admit(key, req, plan, free=free) if admission is not None else None
-            except BaseException:
-                if cached is not None:
-                    cached.abandon()  # whoever waits on this request's answer asks for itself
-                raise
+            cached = self.cache.lookup(req, rec.key, headers, rec)
+            if cached is not None and not isinstance(cached, Lookup):
+                cached = await cached  # a Redis read, or the identical request in flight waited for
+            ticket = None
+            if admission is not None:
+                try:
+                    # An answer the cache serves costs no upstream tokens.
+                    free = cached is not None and cached.entry is not None
+                    ticket = await admission.admit(key, req, plan, free=free)
+                except BaseException:
+                    if cached is not None:
+                        cached.abandon()  # whoever waits on this request's answer asks for itself
+                    raise
             job = Job(self.services, admission, req, ctx, plan, ticket)
             job.cached = cached
         if self.router.fleets:
