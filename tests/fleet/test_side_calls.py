@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -10,7 +12,9 @@ from aiohttp import web
 
 from tests.helpers.servers import free_port, serve_config
 from tests.helpers.upstreams import Received, Upstream
-from tests.helpers.waiting import wait_until
+from tests.helpers.waiting import wait_for, wait_until
+
+from .conftest import answering, fleet_config, served
 
 ADMIN_KEY = "admin-side-calls-key"
 
@@ -92,3 +96,36 @@ def test_discovery_skips_a_drained_replica(tmp_path: Path) -> None:
     finally:
         for u in ups:
             u.stop()
+
+
+def test_least_busy_counts_a_fleet_in_flight_across_its_replicas(tmp_path: Path, replicas: list[Upstream]) -> None:
+    """An alias choosing the least busy of a replicated provider and a single server sees the fleet's
+    request in flight (it is counted on a replica, not on the provider's own route)."""
+    release = threading.Event()
+
+    async def held(request: web.Request, received: Received) -> web.StreamResponse:
+        if received.json()["prompt"] == "held":
+            assert await wait_for(release, 10)
+        return await answering()(request, received)
+
+    fleet, solo = replicas[:2], replicas[2]
+    for u in replicas:
+        u.handler = held
+    extra = f"""  solo: {{kind: vllm, base_url: {solo.url}/v1, discover: false, models: [m]}}
+models:
+  - name: busy
+    strategy: least-busy
+    targets: [{{model: engine/m}}, {{model: solo/m}}]
+"""
+    with serve_config(tmp_path, fleet_config(fleet, "policy: least_outstanding", extra=extra)) as gw:
+        with httpx.Client(trust_env=False, timeout=15) as c, ThreadPoolExecutor(1) as pool:
+            url = f"{gw.url}/v1/completions"
+            first = pool.submit(c.post, url, json={"model": "busy", "prompt": "held"})
+            wait_until(lambda: sum(served(fleet)) == 1, timeout=10)  # a tie: the first target took it
+            try:
+                r = c.post(url, json={"model": "busy", "prompt": "q"})
+                assert r.status_code == 200, r.text
+                assert (r.headers["x-gateway-model"], sum(served(fleet)), len(solo.received)) == ("solo/m", 1, 1)
+            finally:
+                release.set()
+            assert first.result(timeout=10).headers["x-gateway-model"].startswith("engine@")
