@@ -141,6 +141,7 @@ class Relay:
                 if error is None:
                     break
                 clean = False
+                await self.release(opened)
                 await opened.close()
                 resumed = None
                 # The gateway's own failure says nothing about the target: it neither cools nor resumes.
@@ -186,11 +187,19 @@ class Relay:
                 if t is not None:
                     self.admission.settle(t, usage.total_tokens if usage is not None else t.prompt + sent)
             try:
+                await self.release(opened)
                 await opened.close()
             except Exception:
                 log.exception("closing a stream failed (request %s)", rec.request_id)
         # Every stream the client saw start ends with [DONE], whatever happened before it.
         yield DONE
+
+    async def release(self, opened: Opened) -> None:
+        """Give back the in-flight count `opened` holds on its target, once: the stream has ended."""
+        target = opened.held
+        if target is not None:
+            opened.held = None
+            await self.health.inflight(target, -1)
 
     async def resume(self, job: Job, text: str, sent: int, tenant: str | None = None) -> tuple[Opened, Route] | None:
         """Continue a broken stream on another target from the prompt plus the text already sent."""
@@ -208,6 +217,7 @@ class Relay:
                 job.plan,
                 again.open,
                 discard=again.discard,
+                keep=again.keep,  # the continuation counts in flight on its own target
                 tenant=tenant,
                 client_headers=bool(req.inference_extra_headers),
                 hint=job.hint,  # a replicated provider's policy keys the continuation as the request

@@ -1,0 +1,126 @@
+"""An open stream counts in flight on its replica until it ends: least outstanding and the prefix policy's
+load bound see long streams, and the count goes back to 0 when a stream ends or its client leaves."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+from aiohttp import web
+
+from tests.helpers.servers import serve_config
+from tests.helpers.upstreams import Handler, Received, Upstream
+from tests.helpers.waiting import wait_for, wait_until
+
+from .conftest import completion, fleet_config, served
+
+ADMIN = {"authorization": "Bearer admin-fleet-key"}
+PREFIX = "You are grading answers. Example: the sky is blue because of Rayleigh scattering. " * 20
+
+
+def chunk(text: str) -> bytes:
+    event = {"id": "c", "object": "text_completion", "created": 1, "model": "m"}
+    event["choices"] = [{"index": 0, "text": text, "logprobs": None, "finish_reason": None}]
+    return b"data: " + json.dumps(event).encode() + b"\n\n"
+
+
+def holding(release: threading.Event, gone: threading.Event | None = None) -> Handler:
+    """Streams its first event and holds the stream open until `release`; answers unstreamed at once."""
+
+    async def handler(request: web.Request, received: Received) -> web.StreamResponse:
+        if not received.json().get("stream"):
+            return web.Response(body=completion(), content_type="application/json")
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(chunk("first "))
+        try:
+            await wait_for(release, 10)
+            await resp.write(chunk("second"))
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        except BaseException:
+            if gone is not None:
+                gone.set()
+            raise
+        return resp
+
+    return handler
+
+
+@contextmanager
+def open_stream(c: httpx.Client, url: str, prompt: str = "p") -> Iterator[tuple[httpx.Response, Iterator[str]]]:
+    """A stream opened through the gateway and read to its first event (then held by the upstream)."""
+    body = {"model": "engine/m", "prompt": prompt, "stream": True}
+    with c.stream("POST", f"{url}/v1/completions", json=body) as stream:
+        lines = stream.iter_lines()
+        assert "first" in next(line for line in lines if line.startswith("data:"))
+        yield stream, lines
+
+
+def ask(c: httpx.Client, url: str, prompt: str = "q") -> int:
+    """One unstreamed request: the replica that served it."""
+    r = c.post(f"{url}/v1/completions", json={"model": "engine/m", "prompt": prompt})
+    assert r.status_code == 200
+    return int(r.headers["x-gateway-model"].split("@")[1].split("/")[0])
+
+
+def inflight(c: httpx.Client, url: str) -> dict[str, int]:
+    status = c.get(f"{url}/admin/status", headers=ADMIN).json()
+    return {t["target"]: t["inflight"] for t in status["targets"] if t["target"].startswith("engine@")}
+
+
+def test_an_open_stream_keeps_least_outstanding_off_its_replica(tmp_path: Path, replicas: list[Upstream]) -> None:
+    two = replicas[:2]
+    release, gone = threading.Event(), threading.Event()
+    for u in two:
+        u.handler = holding(release, gone)
+    with serve_config(tmp_path, fleet_config(two, "policy: least_outstanding")) as gw:
+        with httpx.Client(trust_env=False, timeout=15) as c:
+            with open_stream(c, gw.url) as (stream, lines):
+                busy = int(stream.headers["x-gateway-model"].split("@")[1].split("/")[0])
+                # The stream is past its first event and still open: it counts, so every request goes to the other.
+                assert [ask(c, gw.url) for _ in range(4)] == [1 - busy] * 4
+                assert inflight(c, gw.url) == {f"engine@{busy}/m": 1, f"engine@{1 - busy}/m": 0}
+                release.set()
+                rest = "".join(lines)
+            assert "second" in rest and "[DONE]" in rest
+            # Ended normally: the count is back to 0.
+            wait_until(lambda: set(inflight(c, gw.url).values()) == {0})
+
+            # A client that leaves mid-stream gives the count back too.
+            release.clear()
+            with open_stream(c, gw.url) as (stream, _):
+                busy = int(stream.headers["x-gateway-model"].split("@")[1].split("/")[0])
+                assert inflight(c, gw.url)[f"engine@{busy}/m"] == 1
+            # Leaving the block closed the connection before the stream ended: the upstream stream is let go
+            # and the count is back to 0, so the next stream is again the only one counted.
+            wait_until(gone.is_set)
+            wait_until(lambda: set(inflight(c, gw.url).values()) == {0})
+            with open_stream(c, gw.url) as (stream, _):
+                busy = int(stream.headers["x-gateway-model"].split("@")[1].split("/")[0])
+                assert inflight(c, gw.url) == {f"engine@{busy}/m": 1, f"engine@{1 - busy}/m": 0}
+                release.set()
+
+
+def test_open_streams_spill_a_hot_prefix_over_the_load_bound(tmp_path: Path, replicas: list[Upstream]) -> None:
+    two = replicas[:2]
+    release = threading.Event()
+    for u in two:
+        u.handler = holding(release)
+    hot = PREFIX + " question 1?"
+    with serve_config(tmp_path, fleet_config(two, "policy: prefix, epsilon: 0.25")) as gw:
+        with httpx.Client(trust_env=False, timeout=15) as c, httpx.Client(trust_env=False, timeout=15) as c2:
+            home = ask(c, gw.url, hot)
+            assert ask(c, gw.url, hot) == home  # the prefix has a home replica
+            with open_stream(c, gw.url, hot) as (s1, _), open_stream(c2, gw.url, hot) as (s2, _):
+                # Both open streams went home (2 in flight there is under ceil(1.25 x 2 / 2) = 2 counting each).
+                assert {s.headers["x-gateway-model"] for s in (s1, s2)} == {f"engine@{home}/m"}
+                before = served(two)
+                # Home holds two open streams: ceil(1.25 x 3 / 2) = 2 is its bound, so the prefix spills.
+                assert ask(c, gw.url, hot) == 1 - home
+                assert served(two)[1 - home] == before[1 - home] + 1
+                release.set()
