@@ -210,3 +210,27 @@ def test_a_hedged_stream_counts_on_the_winner_only(tmp_path: Path, replicas: lis
                 rest = "".join(lines)
             assert "end" in rest and "[DONE]" in rest and "error" not in rest
             wait_until(lambda: set(inflight(c, gw.url).values()) == {0})
+
+
+def test_least_busy_sees_an_open_stream(tmp_path: Path, replicas: list[Upstream]) -> None:
+    release = threading.Event()
+    for u in replicas:
+        u.handler = holding(release)
+    fleet, solo = replicas[:2], replicas[2]
+    extra = f"""  solo: {{kind: vllm, base_url: {solo.url}/v1, discover: false, models: [m]}}
+models:
+  - {{name: busy, strategy: least-busy, targets: [{{model: engine/m}}, {{model: solo/m}}]}}
+"""
+    with serve_config(tmp_path, fleet_config(fleet, "policy: least_outstanding", extra=extra)) as gw:
+        with httpx.Client(trust_env=False, timeout=15) as c:
+            body = {"model": "busy", "prompt": "p", "stream": True}
+            with c.stream("POST", f"{gw.url}/v1/completions", json=body) as stream:
+                lines = stream.iter_lines()
+                assert "first" in next(line for line in lines if line.startswith("data:"))
+                assert stream.headers["x-gateway-model"].startswith("engine@")  # a tie: the first target took it
+                # The provider holds an open stream: the alias's next requests go to the idle one.
+                for _ in range(3):
+                    r = c.post(f"{gw.url}/v1/completions", json={"model": "busy", "prompt": "q"})
+                    assert r.status_code == 200 and r.headers["x-gateway-model"] == "solo/m"
+                release.set()
+                assert "[DONE]" in "".join(lines)
