@@ -4,7 +4,8 @@ Once a stream's first event has been read the failover loop is done with the req
 client and nothing can be taken back. What can still go wrong is handled here: an error or an early end
 becomes an error event, and with `resume_streams` a single text continuation is reopened on another
 target from the prompt plus the text already sent (docs/resilience.md, Streams). Every stream the client
-saw start ends with [DONE], and its admission is settled whatever happened.
+saw start ends with [DONE], and its admission is settled and its target's in-flight count
+given back (the stream counted from its attempt's start) whatever happened.
 """
 
 from __future__ import annotations
