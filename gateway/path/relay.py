@@ -188,8 +188,10 @@ class Relay:
                 if t is not None:
                     self.admission.settle(t, usage.total_tokens if usage is not None else t.prompt + sent)
             try:
-                await self.release(opened)
-                await opened.close()
+                try:
+                    await self.release(opened)  # its local count first: synchronous, before any await
+                finally:
+                    await opened.close()  # even if the shared count's write was cancelled
             except Exception:
                 log.exception("closing a stream failed (request %s)", rec.request_id)
         # Every stream the client saw start ends with [DONE], whatever happened before it.
