@@ -10,7 +10,6 @@ May import the base below it (state, ids), providers (the registry) and wire; no
 from gateway.config.fleet import (
     ReplicaConfig,
     RoutingConfig,
-    first_live,
     fleet_problem,
     replica_drained,
     replica_names,
@@ -55,7 +54,6 @@ __all__ = [
     "replica_names",
     "replica_drained",
     "fleet_problem",
-    "first_live",
     "RoutingConfig",
     "ReplicaConfig",
     "AdminConfig",

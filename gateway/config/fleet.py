@@ -94,11 +94,3 @@ def fleet_problem(
     if routing is not None and routing.session_header != routing.session_header.lower():
         return f"{where}.routing.session_header", "must be lower case"
     return None
-
-
-def first_live(replicas: list[str | ReplicaConfig]) -> str | None:
-    """The first replica the config does not drain (model discovery asks it), else the first, else None."""
-    for r in replicas:
-        if not replica_drained(r):
-            return replica_url(r)
-    return replica_url(replicas[0]) if replicas else None

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Final
 
 import msgspec
 
-from gateway.config import LoadedConfig, ProviderConfig, first_live
+from gateway.config import LoadedConfig, ProviderConfig, replica_url
 from gateway.path.request import check_model
 from gateway.upstream.client import Upstream
 from gateway.upstream.transport import Timeouts
@@ -103,9 +103,20 @@ def callable_id(provider: str, model: str, deployments: Collection[str]) -> bool
     return not (sep and head and last in deployments)
 
 
-def listing_request(name: str, p: ProviderConfig) -> UpstreamRequest | None:
-    """The GET that lists a provider's models, with its credential as its completions carry it; None
-    when the kind has no listing the gateway reads or the provider has no base URL of its own."""
+def listing_requests(name: str, p: ProviderConfig) -> tuple[UpstreamRequest, ...]:
+    """The GETs that list a provider's models: one per replica of a replicated provider (in `replicas:`
+    order), else one; none when the kind has no listing the gateway reads or no base URL of its own."""
+    if not p.replicas:
+        one = listing_request(name, p)
+        return () if one is None else (one,)
+    found = (listing_request(name, p, replica_url(r)) for r in p.replicas)
+    return tuple(req for req in found if req is not None)
+
+
+def listing_request(name: str, p: ProviderConfig, replica: str | None = None) -> UpstreamRequest | None:
+    """The GET that lists a provider's models (at `replica`, one of its replicas' URLs, if given), with its
+    credential as its completions carry it; None when the kind has no listing the gateway reads or the
+    provider has no base URL of its own."""
     # Each adapter says where its server lists models (`model_listing`). Self-hosted servers list exactly
     # what they serve, all of it callable. Hosted catalogs (OpenAI, Together, Fireworks, DeepSeek, Mistral)
     # also list chat-only, embedding and image models that a completions call refuses, so they are asked
@@ -114,7 +125,7 @@ def listing_request(name: str, p: ProviderConfig) -> UpstreamRequest | None:
     found = adapter.model_listing
     if found is None or not isinstance(adapter, Adapter):
         return None
-    base = (p.base_url or first_live(p.replicas) or getattr(adapter, "default_base_url", None) or "").rstrip("/")
+    base = (replica or p.base_url or getattr(adapter, "default_base_url", None) or "").rstrip("/")
     if not base:
         return None  # only deployments have URLs: each serves its own model, named by the config
     endpoint = Endpoint(provider=name, model="", base_url=base, api_key=p.api_key or None, headers=p.headers)
@@ -132,11 +143,14 @@ def wanted(p: ProviderConfig) -> bool:
 
 
 class _Source:
-    """One provider's listing: where it is asked, when next, and the last good answer."""
+    """One provider's listing: where it is asked (each replica's URL for a replicated provider), when
+    next, and the last good answer."""
 
-    def __init__(self, name: str, request: UpstreamRequest, deployments: frozenset[str], due: float) -> None:
+    def __init__(
+        self, name: str, requests: tuple[UpstreamRequest, ...], deployments: frozenset[str], due: float
+    ) -> None:
         self.name = name
-        self.request = request
+        self.requests = requests
         self.deployments = deployments
         self.due = due
         self.ids: tuple[str, ...] = ()
@@ -146,8 +160,8 @@ class _Source:
         self.unreachable: str | None = None
 
     def same_upstream(self, other: _Source) -> bool:
-        a, b = self.request, other.request
-        return a.url == b.url and a.headers == b.headers and self.deployments == other.deployments
+        same = [(a.url, a.headers) == (b.url, b.headers) for a, b in zip(self.requests, other.requests, strict=False)]
+        return len(self.requests) == len(other.requests) and all(same) and self.deployments == other.deployments
 
 
 class Discovery:
@@ -213,10 +227,10 @@ class Discovery:
             # An unavailable provider cannot be called, so nothing of it is listed (its key variable is unset).
             if not cfg.enabled or not wanted(p) or name in unavailable:
                 continue
-            req = listing_request(name, p)
-            if req is None:
+            reqs = listing_requests(name, p)
+            if not reqs:
                 continue
-            src = _Source(name, req, frozenset(p.deployments), now)
+            src = _Source(name, reqs, frozenset(p.deployments), now)
             old = self._sources.get(name)
             # Same URL, same credentials, same deployments: its last list and its schedule stand.
             sources[name] = old if old is not None and old.same_upstream(src) else src
@@ -241,7 +255,7 @@ class Discovery:
     async def _refresh(self, src: _Source) -> None:
         async with self._gate:
             try:
-                ids, left_out = await self._fetch(src)
+                ids, left_out = await self._first_answer(src)
             except (GatewayError, NotAListing) as exc:
                 if isinstance(exc, UpstreamUnreachableError):
                     # No URL: it may carry credentials, and the reason is shown on the status page.
@@ -271,15 +285,39 @@ class Discovery:
             src.ids = tuple(ids)
             self._publish()
 
-    async def _fetch(self, src: _Source) -> tuple[list[str], int]:
+    def _order(self, src: _Source) -> list[UpstreamRequest]:
+        """Whom to ask, in turn: a replicated provider's replicas neither draining (config or admin route) nor
+        cooling (as this process sees them) first, then the cooling ones (gateway/fleet `side_order`)."""
+        pipeline = self._current()
+        fleet = pipeline.router.fleets.get(src.name)
+        if fleet is None or fleet.size != len(src.requests):
+            return list(src.requests)
+        local = pipeline.health.local
+        cooling = [local.cooling_under(f"{name}/") for name in fleet.names]
+        return [src.requests[i] for i in fleet.side_order(cooling)]
+
+    async def _first_answer(self, src: _Source) -> tuple[list[str], int]:
+        """The first listing any replica gives. Raises a failure that is not "nobody listening" if there was
+        one, else the last: the provider is unreachable only when no replica of it was."""
+        failure: Exception | None = None
+        for req in self._order(src):
+            try:
+                return await self._fetch(src, req)
+            except Exception as exc:  # whatever one replica does, the next is asked
+                if failure is None or isinstance(failure, UpstreamUnreachableError):
+                    failure = exc
+        assert failure is not None  # a source has at least one request
+        raise failure
+
+    async def _fetch(self, src: _Source, req: UpstreamRequest) -> tuple[list[str], int]:
         upstream = self._upstream
         assert upstream is not None  # a source exists only with its transport
         try:
             try:
-                resp = await upstream.send(src.name, src.request, self._timeouts)
+                resp = await upstream.send(src.name, req, self._timeouts)
             except UpstreamConnectError:
                 # A listing is idempotent: once more at once, for a pooled connection the server had closed.
-                resp = await upstream.send(src.name, src.request, self._timeouts)
+                resp = await upstream.send(src.name, req, self._timeouts)
         except GatewayError as exc:
             if exc.code != "upstream_answer_too_large" or "body" not in exc.message:
                 raise

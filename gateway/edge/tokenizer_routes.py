@@ -378,15 +378,17 @@ class Tokenizers:
         return Ticket(buckets, decision.lease, 0, headers)
 
     @staticmethod
-    def _root(pipeline: Pipeline, target: Route) -> str:
+    def _roots(pipeline: Pipeline, target: Route) -> list[str]:
+        """Where the call may go, in turn: a replicated provider's replicas neither draining nor cooling
+        first (gateway/fleet `side_order`), else the one root."""
         p = pipeline.loaded.providers[target.provider]
         deployment = p.deployments.get(target.endpoint.deployment) if target.endpoint.deployment else None
         if p.tokenizer_url and not (deployment is not None and deployment.base_url):
-            return p.tokenizer_url.rstrip("/")
-        if target.fleet is not None:  # a replicated provider: any replica neither draining nor cooling
+            return [p.tokenizer_url.rstrip("/")]
+        if target.fleet is not None:
             cooling = [pipeline.health.local.state(r.key).cooling_ms > 0 for r in target.replicas]
-            return server_root(target.fleet.healthy_url(cooling))
-        return server_root(target.endpoint.base_url)
+            return [server_root(target.fleet.urls[i]) for i in target.fleet.side_order(cooling)]
+        return [server_root(target.endpoint.base_url)]
 
     async def _send(self, pipeline: Pipeline, target: Route, call: Call) -> Response:
         headers = {"accept": "application/json"}
@@ -395,10 +397,19 @@ class Tokenizers:
         # The operator's headers, then the credential, as on a completion (providers/base.py request_headers).
         headers.update((k.lower(), v) for k, v in target.endpoint.headers.items())
         headers.update(bearer(target.endpoint))
-        req = UpstreamRequest(call.method, self._root(pipeline, target) + call.path, headers, call.body or b"")
+        timeouts = pipeline.upstream.timeouts_for(target.provider)
+
+        def at(root: str) -> UpstreamRequest:
+            return UpstreamRequest(call.method, root + call.path, headers, call.body or b"")
+
+        *others, last = self._roots(pipeline, target)
+        for root in others:  # these calls change nothing upstream: on a failure the next replica is asked
+            with contextlib.suppress(UpstreamError):
+                reply = await pipeline.upstream.send(target.provider, at(root), timeouts, target.key)
+                if reply.status < 500:
+                    return reply
         try:
-            timeouts = pipeline.upstream.timeouts_for(target.provider)
-            return await pipeline.upstream.send(target.provider, req, timeouts, target.key)
+            return await pipeline.upstream.send(target.provider, at(last), timeouts, target.key)
         except UpstreamError as exc:
             raise pipeline.scrub.error(exc) from None
 
@@ -429,7 +440,7 @@ class Tokenizers:
         api = target.adapter.tokenizer
         if api.limits is None:
             return 0
-        cache_key = (self._root(pipeline, target), target.endpoint.model)
+        cache_key = (self._roots(pipeline, target)[0], target.endpoint.model)
         known = self._limits.get(cache_key)
         if known is not None:
             return known

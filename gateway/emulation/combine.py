@@ -63,8 +63,14 @@ async def _apply_stop(choice: Choice, stops: StopMatcher, include: bool) -> Choi
     if not stopped:
         return choice
     cut = len(sent)
+    # The engine's generated ids and stop reason describe the text before the cut; the prompt's still hold.
     return Choice(
-        text=choice.text[:cut], index=choice.index, logprobs=_cut_logprobs(choice.logprobs, cut), finish_reason="stop"
+        text=choice.text[:cut],
+        index=choice.index,
+        logprobs=_cut_logprobs(choice.logprobs, cut),
+        finish_reason="stop",
+        prompt_logprobs=choice.prompt_logprobs,
+        prompt_token_ids=choice.prompt_token_ids,
     )
 
 
@@ -188,12 +194,13 @@ async def complete(
         if em.best_of:
             mine = sorted(mine, key=_mean_logprob, reverse=True)[: em.n]
             if req.logprobs is None:
-                mine = [Choice(ch.text, ch.index, None, ch.finish_reason) for ch in mine]
+                mine = [msgspec.structs.replace(ch, logprobs=None) for ch in mine]
         for j, ch in enumerate(mine):
             if em.matcher is not None:
                 ch = await _apply_stop(ch, em.matcher, em.include_stop)
             text = (prompt if isinstance(prompt, str) else "") + ch.text if em.echo else ch.text
-            choices.append(Choice(text, p_index * em.n + j, ch.logprobs, ch.finish_reason))
+            # Replaced, not rebuilt: an engine's token-native fields (token_ids, stop_reason...) are kept.
+            choices.append(msgspec.structs.replace(ch, text=text, index=p_index * em.n + j))
     return Completion(
         id=ctx.id, created=ctx.created, model=ctx.model, choices=choices, usage=usage, system_fingerprint=fingerprint
     )

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Sequence
 
+import msgspec
+
 from gateway.emulation.combine import _add, _scan
 from gateway.emulation.planning import Emulation, SubStream
 from gateway.emulation.stops import StopScanner
@@ -58,6 +60,7 @@ async def stream(
                 if index in done:
                     continue
                 text, finish, lp = ch.text, ch.finish_reason, ch.logprobs
+                ids, reason = ch.token_ids, ch.stop_reason
                 if em.echo and index not in echoed:
                     echoed.add(index)
                     prompt = em.prompts[p_index]
@@ -75,12 +78,24 @@ async def stream(
                     if stopped:
                         finish = "stop"
                     if safe != text:
-                        lp = None  # the chunk's token logprobs no longer describe its text
+                        # The chunk's token logprobs, ids and stop reason no longer describe its text.
+                        lp, ids, reason = None, None, None
                     text = safe
                 if finish is not None:
                     done.add(index)
                 if text or finish is not None:
-                    out.append(Choice(text, index, lp, finish))
+                    # Replaced, not rebuilt: an engine's token-native fields (token_ids, stop_reason...) are kept.
+                    out.append(
+                        msgspec.structs.replace(
+                            ch,
+                            text=text,
+                            index=index,
+                            logprobs=lp,
+                            finish_reason=finish,
+                            token_ids=ids,
+                            stop_reason=reason,
+                        )
+                    )
             if out:
                 yield ctx.completion(out)
             if (

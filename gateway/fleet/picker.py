@@ -58,12 +58,14 @@ class Fleet:
     def size(self) -> int:
         return len(self.urls)
 
-    def healthy_url(self, cooling: Sequence[bool] = ()) -> str:
-        """A replica URL for side calls (model listing, tokenizer routes): the first not draining or cooling."""
-        for i, url in enumerate(self.urls):
-            if not self.draining[i] and not (cooling and cooling[i]):
-                return url
-        return self.urls[0]
+    def side_order(self, cooling: Sequence[bool]) -> list[int]:
+        """The replicas a side call (model listing, tokenizer routes) asks in turn until one answers: those
+        neither draining nor cooling, then the cooling ones; draining ones only when every replica drains
+        (a side call is no new request, and a listing or a tokenization is the same on every replica)."""
+        live = [i for i in range(self.size) if not self.draining[i]]
+        if not live:
+            return list(range(self.size))
+        return [i for i in live if not cooling[i]] + [i for i in live if cooling[i]]
 
     def _hot(self, i: int) -> bool:
         load = self.engine[i]

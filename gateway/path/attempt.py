@@ -80,6 +80,8 @@ class Opened:
         self.ctx = ctx  # this call's own context: its `created` is what the stream's chunks carry
         self.children = children  # the sub-streams an emulated fan-out merges
         self.quota: Ticket | None = None  # an alias target's provider/deployment quota, settled with the stream
+        # The target whose in-flight count this stream holds until the relay ends it (None: none held).
+        self.held: str | None = None
 
     def drop(self) -> None:
         """Close the upstream connection(s) at once (not returned to the pool half-read)."""
@@ -150,6 +152,11 @@ class Job:
             raise
         opened.quota = quota
         return opened
+
+    @staticmethod
+    def keep(opened: Opened, target: str) -> None:
+        """The stream counts in flight on `target` until the relay ends it (docs/fleets.md)."""
+        opened.held = target
 
     def discard(self, lost: Opened) -> None:
         """A stream that lost a hedge race: closed, and its quota given back."""

@@ -249,6 +249,7 @@ class Pipeline:
                 job.open,
                 deadline_s=_deadline(job.req),
                 discard=job.discard,
+                keep=job.keep,
                 tenant=rec.key,
                 client_headers=bool(job.req.inference_extra_headers),
                 hint=job.hint,

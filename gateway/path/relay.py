@@ -4,7 +4,8 @@ Once a stream's first event has been read the failover loop is done with the req
 client and nothing can be taken back. What can still go wrong is handled here: an error or an early end
 becomes an error event, and with `resume_streams` a single text continuation is reopened on another
 target from the prompt plus the text already sent (docs/resilience.md, Streams). Every stream the client
-saw start ends with [DONE], and its admission is settled whatever happened.
+saw start ends with [DONE], and its admission is settled and its target's in-flight count
+given back (the stream counted from its attempt's start) whatever happened.
 """
 
 from __future__ import annotations
@@ -141,6 +142,7 @@ class Relay:
                 if error is None:
                     break
                 clean = False
+                await self.release(opened)
                 await opened.close()
                 resumed = None
                 # The gateway's own failure says nothing about the target: it neither cools nor resumes.
@@ -186,11 +188,21 @@ class Relay:
                 if t is not None:
                     self.admission.settle(t, usage.total_tokens if usage is not None else t.prompt + sent)
             try:
-                await opened.close()
+                try:
+                    await self.release(opened)  # its local count first: synchronous, before any await
+                finally:
+                    await opened.close()  # even if the shared count's write was cancelled
             except Exception:
                 log.exception("closing a stream failed (request %s)", rec.request_id)
         # Every stream the client saw start ends with [DONE], whatever happened before it.
         yield DONE
+
+    async def release(self, opened: Opened) -> None:
+        """Give back the in-flight count `opened` holds on its target, once: the stream has ended."""
+        target = opened.held
+        if target is not None:
+            opened.held = None
+            await self.health.inflight(target, -1)
 
     async def resume(self, job: Job, text: str, sent: int, tenant: str | None = None) -> tuple[Opened, Route] | None:
         """Continue a broken stream on another target from the prompt plus the text already sent."""
@@ -208,6 +220,7 @@ class Relay:
                 job.plan,
                 again.open,
                 discard=again.discard,
+                keep=again.keep,  # the continuation counts in flight on its own target
                 tenant=tenant,
                 client_headers=bool(req.inference_extra_headers),
                 hint=job.hint,  # a replicated provider's policy keys the continuation as the request

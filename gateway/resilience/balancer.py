@@ -25,8 +25,15 @@ def order(group: Group, states: dict[str, TargetState], rng: Callable[[], float]
         keyed = sorted(((rng() ** (1.0 / w), i) for i, w in enumerate(group.weights)), reverse=True)
         return [routes[i] for _, i in keyed]
     if group.strategy == "least-busy":
-        return sorted(routes, key=lambda r: states[r.key].inflight)
+        return sorted(routes, key=lambda r: busy(r, states))
     return sorted(routes, key=lambda r: (states[r.key].latency_ms is not None, states[r.key].latency_ms or 0.0))
+
+
+def busy(route: Route, states: dict[str, TargetState]) -> int:
+    """A route's requests in flight; a replicated provider's are counted on its replicas, so they are summed."""
+    if route.replicas:
+        return sum(states[r.key].inflight for r in route.replicas)
+    return states[route.key].inflight
 
 
 def candidates(

@@ -31,6 +31,9 @@ Sleep = Callable[[float], Awaitable[None]]
 Call = Callable[[Route, Timeouts], Awaitable[T]]
 # Called with a result that lost a hedge race and will not be used (an open stream to close).
 Discard = Callable[[T], None]
+# Called with a successful attempt's result and its target's key when the result keeps the target's
+# in-flight count past the attempt (an open stream: the relay gives it back when the stream ends).
+Keep = Callable[[T, str], None]
 
 
 class Outcome(msgspec.Struct, Generic[T]):
@@ -97,6 +100,7 @@ class Failover:
         *,
         deadline_s: float | None = None,
         discard: Discard[T] | None = None,
+        keep: Keep[T] | None = None,
         tenant: str | None = None,
         client_headers: bool = False,
         hint: Hint | None = None,
@@ -117,6 +121,7 @@ class Failover:
             raise exc.evolve(attempts=0) from None  # every target is cooling: no upstream call was made
         run = Run(self, plan, call, discard, selector, first, deadline, total)
         run.tenant, run.client_headers = tenant, client_headers
+        run.keep = keep if plan.tracks_inflight else None
         run.client_deadline = deadline_s is not None and deadline_s < plan.timeouts.total
         return await run.go()
 
@@ -133,6 +138,7 @@ class Run(Generic[T]):
         "plan",
         "call",
         "discard",
+        "keep",
         "selector",
         "route",
         "deadline",
@@ -160,6 +166,7 @@ class Run(Generic[T]):
         self.plan = plan
         self.call = call
         self.discard = discard
+        self.keep: Keep[T] | None = None
         self.selector = selector
         self.route = first  # the target the next attempt goes to
         self.deadline = deadline
@@ -223,7 +230,10 @@ class Run(Generic[T]):
             await f.sleep(wait)
 
     async def attempt(self, route: Route, timeouts: Timeouts) -> T:
-        """One upstream attempt on `route`: counted in flight, and its outcome reported to health."""
+        """One upstream attempt on `route`: counted in flight, and its outcome reported to health.
+
+        With `keep`, a successful attempt's count is not given back here but passes to its result (an
+        open stream counts until the relay ends it); every other way out gives it back at once."""
         health, plan = self.failover.health, self.plan
         states = self.selector.states
         track = plan.tracks_inflight
@@ -231,10 +241,14 @@ class Run(Generic[T]):
             await health.inflight(route.key, +1)
         started = self.failover.clock()
         span = tracing.attempt(route)  # one span per upstream call, hedges included; None when not traced
+        kept = False
         try:
             value = await self.call(route, timeouts)
             if span is not None:
                 span.succeeded(value)
+            if self.keep is not None:
+                self.keep(value, route.key)
+                kept = True
         except GatewayError as exc:
             await self._report(route, timeouts, exc)
             if exc.target is None:  # made where the target was not known (an adapter's status mapping)
@@ -249,11 +263,19 @@ class Run(Generic[T]):
         finally:
             if span is not None:
                 span.close(sys.exc_info()[1])  # the exception on its way out, if any
-            if track:
+            if track and not kept:
                 await health.inflight(route.key, -1)
-        await health.success(route.key, states.get(route.key), self.tenant)
-        if plan.tracks_latency:
-            await health.latency(route.key, (self.failover.clock() - started) * 1000)
+        try:
+            await health.success(route.key, states.get(route.key), self.tenant)
+            if plan.tracks_latency:
+                await health.latency(route.key, (self.failover.clock() - started) * 1000)
+        except BaseException:
+            # Cancelled before the result reached anyone: nobody else will close it or give its count back.
+            if self.discard is not None:
+                self.discard(value)
+            if kept:
+                await health.inflight(route.key, -1)
+            raise
         return value
 
     async def _report(self, route: Route, timeouts: Timeouts, exc: GatewayError) -> None:
@@ -327,8 +349,11 @@ class Run(Generic[T]):
                         for other in pending:
                             other.cancel()
                         for other in done - {winner}:
-                            if other.exception() is None and self.discard is not None:
-                                self.discard(other.result())
+                            if other.exception() is None:
+                                if self.discard is not None:
+                                    self.discard(other.result())
+                                if self.keep is not None:  # the loser's stream counted in flight
+                                    await self.failover.health.inflight(routes[other].key, -1)
                         return winner.result(), routes[winner]
                     error = error or task.exception()
         finally:

@@ -129,6 +129,11 @@ class _Local:
         self.probes.pop(target, None)
         return ms
 
+    def cooling_under(self, prefix: str) -> bool:
+        """Whether a target whose key starts with `prefix` (a replica's: `provider@i/`) is cooling now."""
+        now = self.clock()
+        return any(until > now for key, (until, _) in self.cool.items() if key.startswith(prefix))
+
     def exhausted(self, target: str, ms: int) -> None:
         now = self.clock()
         until, _ = self.cool.get(target, (0.0, "429"))

@@ -528,3 +528,40 @@ def test_an_abandoned_check_stops_alone() -> None:
         mine.draw(10)
     assert work.draw(10) == 10  # the request's other checks, and its later attempts, go on
     assert work.left == 980
+
+
+# -- an engine's token-native fields through emulation -------------------------------------------
+
+
+def _native(c: Completion, ids: list[int]) -> Completion:
+    c.choices = [msgspec.structs.replace(ch, token_ids=ids, prompt_token_ids=[1, 2], stop_reason=7) for ch in c.choices]
+    return c
+
+
+async def test_fan_out_keeps_each_choices_token_ids_and_stop_reason() -> None:
+    r = req(n=2)
+    em = emulation.plan(ADAPTER, r, "p", 2)
+    assert em is not None
+    made = itertools.count(10)
+
+    async def call(sub: CompletionRequest) -> Completion:
+        return _native(answer("t"), [next(made)])
+
+    c = await emulation.complete(em, r, CTX, call)
+    assert [(ch.index, ch.token_ids, ch.prompt_token_ids, ch.stop_reason) for ch in c.choices] == [
+        (0, [10], [1, 2], 7),
+        (1, [11], [1, 2], 7),
+    ]
+
+
+async def test_stream_merge_keeps_token_ids_unless_the_gateway_cut_the_chunk() -> None:
+    r = req(prompt="p", n=2, stream=True, stop=["EN", "x", "y"])
+    em = emulation.plan(ADAPTER, r, "p", 2)
+    assert em is not None
+    opened = [FakeOpened(["ab"]), FakeOpened(["cd EN"])]
+    for o in opened:
+        assert o.first is not None
+        _native(o.first, [5])
+    out = [c async for c in emulation.stream(em, r, CTX, opened)]
+    got = sorted((ch.index, ch.text, ch.token_ids, ch.stop_reason) for c in out for ch in c.choices)
+    assert got == [(0, "ab", [5], 7), (1, "cd ", None, None)]
