@@ -30,7 +30,7 @@ import msgspec
 
 from gateway.config import LedgerConfig
 from gateway.ledger.engine import Cursor, Database, LedgerDown
-from gateway.limits.usage import ANONYMOUS, Prices, day_of
+from gateway.limits.usage import ANONYMOUS, day_of
 from gateway.ops.metrics import Record
 
 log = logging.getLogger("gateway")
@@ -42,8 +42,8 @@ class Settles(Protocol):
     def settle(self, rec: Record) -> None: ...
 
 
-# A waiting row: the record, its end-to-end seconds, the prices of the config that served it, its end time.
-Pending = tuple[Record, float, Prices, float]
+# A waiting row: the record (priced by the usage booking), its end-to-end seconds, its end time.
+Pending = tuple[Record, float, float]
 _COLUMNS: Final = (
     "id, request_id, ts, day, key_name, team, model, target, provider, dialect, stream, status, error, "
     "latency_ms, ttfb_ms, prompt_tokens, completion_tokens, cost_pico, cache, attempts, prompt, completion"
@@ -69,12 +69,11 @@ _decode = msgspec.json.Decoder(list[list[Any]]).decode
 
 def row_of(pending: Pending, teams: dict[str, str], row_id: str) -> Row:
     """The `requests` row of one answered request (the order of `_COLUMNS`)."""
-    rec, elapsed, prices, ended = pending
+    rec, elapsed, ended = pending
     key = rec.key or ANONYMOUS
-    prompt = rec.usage.prompt_tokens if rec.usage is not None else 0
-    completion = rec.usage.completion_tokens if rec.usage is not None else 0
-    served = bool(rec.provider) and not rec.failed and not rec.cached  # a cached answer costs nothing
-    cost = prices.cost_pico(rec.target, rec.model, prompt, completion) if served else 0
+    usage = rec.usage
+    prompt = usage.prompt_tokens if usage is not None else 0
+    completion = usage.completion_tokens if usage is not None else 0
     return (
         row_id,
         rec.request_id,
@@ -93,7 +92,7 @@ def row_of(pending: Pending, teams: dict[str, str], row_id: str) -> Row:
         rec.upstream_s * 1000 if rec.provider else None,
         prompt,
         completion,
-        cost,
+        rec.cost_pico,  # 0 when nothing served it or the cache answered
         rec.cache_outcome,
         rec.attempts,
         rec.prompt,
@@ -242,7 +241,7 @@ class Ledger:
 
     # ------------------------------------------------------------------------------ the request path
 
-    def append(self, rec: Record, elapsed_s: float, prices: Prices) -> None:
+    def append(self, rec: Record, elapsed_s: float) -> None:
         hold = rec.hold
         if hold is not None:  # a budgeted request: its reservation becomes its real cost
             rec.hold = None
@@ -251,7 +250,7 @@ class Ledger:
         if len(queue) >= self.cap:
             self.dropped += 1
             return
-        queue.append((rec, elapsed_s, prices, time.time()))
+        queue.append((rec, elapsed_s, time.time()))
         if len(queue) == self.batch_rows and self._wake is not None:
             self._wake.set()
 
