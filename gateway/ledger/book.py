@@ -49,6 +49,14 @@ _COLUMNS: Final = (
     "latency_ms, ttfb_ms, prompt_tokens, completion_tokens, cost_pico, cache, attempts, prompt, completion"
 )
 _INSERT: Final = f"INSERT INTO requests ({_COLUMNS}) VALUES ({', '.join('?' * 22)}) ON CONFLICT (day, id) DO NOTHING"
+# SQLite: the text columns that may be NULL (error, cache, prompt, completion) come as the integer 0 for
+# NULL, which NULLIF turns back into one: SQLite's driver binds a 0 for a tenth of what a None costs it,
+# and no text is ever the integer 0. Rows spilled by older versions, with None, give NULL all the same.
+_NULLABLE_TEXT: Final = (12, 18, 20, 21)
+_INSERT_SQLITE: Final = _INSERT.replace(
+    f"VALUES ({', '.join('?' * 22)})",
+    f"VALUES ({', '.join('NULLIF(?, 0)' if i in _NULLABLE_TEXT else '?' for i in range(22))})",
+)
 _ROLLUP: Final = (
     "INSERT INTO daily (day, key_name, team, model, target, requests, errors, prompt_tokens, completion_tokens,"
     " cost_pico) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (day, key_name, team, model, target) DO UPDATE"
@@ -67,8 +75,9 @@ _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder(list[list[Any]]).decode
 
 
-def row_of(pending: Pending, teams: dict[str, str], row_id: str) -> Row:
-    """The `requests` row of one answered request (the order of `_COLUMNS`)."""
+def row_of(pending: Pending, teams: dict[str, str], row_id: str, null: int | None = None) -> Row:
+    """The `requests` row of one answered request (the order of `_COLUMNS`); `null` stands for NULL in the
+    nullable text columns (0 for SQLite's `_INSERT_SQLITE`)."""
     rec, elapsed, ended = pending
     key = rec.key or ANONYMOUS
     usage = rec.usage
@@ -87,16 +96,16 @@ def row_of(pending: Pending, teams: dict[str, str], row_id: str) -> Row:
         rec.dialect,
         int(rec.stream),
         rec.status,
-        rec.error_code,
+        rec.error_code or null,  # an error code or a cache outcome is never ''
         elapsed * 1000,
         rec.upstream_s * 1000 if rec.provider else None,
         prompt,
         completion,
         rec.cost_pico,  # 0 when nothing served it or the cache answered
-        rec.cache_outcome,
+        rec.cache_outcome or null,
         rec.attempts,
-        rec.prompt,
-        rec.completion,
+        rec.prompt if rec.prompt is not None else null,
+        rec.completion if rec.completion is not None else null,
     )
 
 
@@ -117,10 +126,11 @@ def commit(cur: Cursor, rows: Sequence[Row], db: Database, replay: bool = True) 
     fresh = [r for r in rows if r[0] not in known] if known else rows
     if not fresh:
         return 0
+    insert = _INSERT if db.postgres else _INSERT_SQLITE
     if replay:
-        cur.executemany(_INSERT, fresh)
+        cur.executemany(insert, fresh)
     else:
-        cur.insert_new("requests", _COLUMNS, fresh, _INSERT)
+        cur.insert_new("requests", _COLUMNS, fresh, insert)
     sums: dict[tuple[str, str, str, str, str], list[int]] = {}
     for r in fresh:
         s = sums.setdefault((r[3], r[4], r[5], r[6], r[7]), [0, 0, 0, 0, 0])
@@ -282,9 +292,10 @@ class Ledger:
 
     def _take(self) -> list[Row]:
         queue, teams, prefix, ids = self.queue, self.teams, self._prefix, self._ids
+        null = None if self.db.postgres else 0
         rows = []
         while queue:
-            rows.append(row_of(queue.popleft(), teams, f"{prefix}{next(ids):x}"))
+            rows.append(row_of(queue.popleft(), teams, f"{prefix}{next(ids):x}", null))
         return rows
 
     async def flush(self) -> None:
