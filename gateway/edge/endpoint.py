@@ -250,7 +250,7 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
             if pipeline.log_requests:
                 accesslog.write(rec, elapsed)
             if pipeline.ledger is not None:
-                pipeline.ledger.append(rec, elapsed, pipeline.usage.prices)
+                pipeline.ledger.append(rec, elapsed)  # after usage.book, which priced it
             if span is not None:
                 span.end(rec)
 

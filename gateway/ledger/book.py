@@ -30,7 +30,7 @@ import msgspec
 
 from gateway.config import LedgerConfig
 from gateway.ledger.engine import Cursor, Database, LedgerDown
-from gateway.limits.usage import ANONYMOUS, Prices, day_of
+from gateway.limits.usage import ANONYMOUS, day_of
 from gateway.ops.metrics import Record
 
 log = logging.getLogger("gateway")
@@ -42,13 +42,21 @@ class Settles(Protocol):
     def settle(self, rec: Record) -> None: ...
 
 
-# A waiting row: the record, its end-to-end seconds, the prices of the config that served it, its end time.
-Pending = tuple[Record, float, Prices, float]
+# A waiting row: the record (priced by the usage booking), its end-to-end seconds, its end time.
+Pending = tuple[Record, float, float]
 _COLUMNS: Final = (
     "id, request_id, ts, day, key_name, team, model, target, provider, dialect, stream, status, error, "
     "latency_ms, ttfb_ms, prompt_tokens, completion_tokens, cost_pico, cache, attempts, prompt, completion"
 )
 _INSERT: Final = f"INSERT INTO requests ({_COLUMNS}) VALUES ({', '.join('?' * 22)}) ON CONFLICT (day, id) DO NOTHING"
+# SQLite: the text columns that may be NULL (error, cache, prompt, completion) come as the integer 0 for
+# NULL, which NULLIF turns back into one: SQLite's driver binds a 0 for a tenth of what a None costs it,
+# and no text is ever the integer 0. Rows spilled by older versions, with None, give NULL all the same.
+_NULLABLE_TEXT: Final = (12, 18, 20, 21)
+_INSERT_SQLITE: Final = _INSERT.replace(
+    f"VALUES ({', '.join('?' * 22)})",
+    f"VALUES ({', '.join('NULLIF(?, 0)' if i in _NULLABLE_TEXT else '?' for i in range(22))})",
+)
 _ROLLUP: Final = (
     "INSERT INTO daily (day, key_name, team, model, target, requests, errors, prompt_tokens, completion_tokens,"
     " cost_pico) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (day, key_name, team, model, target) DO UPDATE"
@@ -67,14 +75,14 @@ _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder(list[list[Any]]).decode
 
 
-def row_of(pending: Pending, teams: dict[str, str], row_id: str) -> Row:
-    """The `requests` row of one answered request (the order of `_COLUMNS`)."""
-    rec, elapsed, prices, ended = pending
+def row_of(pending: Pending, teams: dict[str, str], row_id: str, null: int | None = None) -> Row:
+    """The `requests` row of one answered request (the order of `_COLUMNS`); `null` stands for NULL in the
+    nullable text columns (0 for SQLite's `_INSERT_SQLITE`)."""
+    rec, elapsed, ended = pending
     key = rec.key or ANONYMOUS
-    prompt = rec.usage.prompt_tokens if rec.usage is not None else 0
-    completion = rec.usage.completion_tokens if rec.usage is not None else 0
-    served = bool(rec.provider) and not rec.failed and not rec.cached  # a cached answer costs nothing
-    cost = prices.cost_pico(rec.target, rec.model, prompt, completion) if served else 0
+    usage = rec.usage
+    prompt = usage.prompt_tokens if usage is not None else 0
+    completion = usage.completion_tokens if usage is not None else 0
     return (
         row_id,
         rec.request_id,
@@ -88,16 +96,16 @@ def row_of(pending: Pending, teams: dict[str, str], row_id: str) -> Row:
         rec.dialect,
         int(rec.stream),
         rec.status,
-        rec.error_code,
+        rec.error_code or null,  # an error code or a cache outcome is never ''
         elapsed * 1000,
         rec.upstream_s * 1000 if rec.provider else None,
         prompt,
         completion,
-        cost,
-        rec.cache_outcome,
+        rec.cost_pico,  # 0 when nothing served it or the cache answered
+        rec.cache_outcome or null,
         rec.attempts,
-        rec.prompt,
-        rec.completion,
+        rec.prompt if rec.prompt is not None else null,
+        rec.completion if rec.completion is not None else null,
     )
 
 
@@ -118,10 +126,11 @@ def commit(cur: Cursor, rows: Sequence[Row], db: Database, replay: bool = True) 
     fresh = [r for r in rows if r[0] not in known] if known else rows
     if not fresh:
         return 0
+    insert = _INSERT if db.postgres else _INSERT_SQLITE
     if replay:
-        cur.executemany(_INSERT, fresh)
+        cur.executemany(insert, fresh)
     else:
-        cur.insert_new("requests", _COLUMNS, fresh, _INSERT)
+        cur.insert_new("requests", _COLUMNS, fresh, insert)
     sums: dict[tuple[str, str, str, str, str], list[int]] = {}
     for r in fresh:
         s = sums.setdefault((r[3], r[4], r[5], r[6], r[7]), [0, 0, 0, 0, 0])
@@ -242,7 +251,7 @@ class Ledger:
 
     # ------------------------------------------------------------------------------ the request path
 
-    def append(self, rec: Record, elapsed_s: float, prices: Prices) -> None:
+    def append(self, rec: Record, elapsed_s: float) -> None:
         hold = rec.hold
         if hold is not None:  # a budgeted request: its reservation becomes its real cost
             rec.hold = None
@@ -251,7 +260,7 @@ class Ledger:
         if len(queue) >= self.cap:
             self.dropped += 1
             return
-        queue.append((rec, elapsed_s, prices, time.time()))
+        queue.append((rec, elapsed_s, time.time()))
         if len(queue) == self.batch_rows and self._wake is not None:
             self._wake.set()
 
@@ -283,9 +292,10 @@ class Ledger:
 
     def _take(self) -> list[Row]:
         queue, teams, prefix, ids = self.queue, self.teams, self._prefix, self._ids
+        null = None if self.db.postgres else 0
         rows = []
         while queue:
-            rows.append(row_of(queue.popleft(), teams, f"{prefix}{next(ids):x}"))
+            rows.append(row_of(queue.popleft(), teams, f"{prefix}{next(ids):x}", null))
         return rows
 
     async def flush(self) -> None:

@@ -229,6 +229,7 @@ class UsageStore:
         completion = rec.usage.completion_tokens if rec.usage is not None else 0
         # A cached answer cost no upstream tokens: booked as a request, with its stored usage, at cost 0.
         pico = 0 if rec.cached else self.prices.cost_pico(rec.target, rec.model, prompt, completion)
+        rec.cost_pico = pico
         model = rec.label
         if model is None:
             model = rec.label = self.labels.fold(rec.model)

@@ -118,6 +118,8 @@ class Record(msgspec.Struct):
     label: str | None = None
     # A budget reservation made at admission, settled when the request ends (gateway/ledger/budgets.py).
     hold: object | None = None
+    # Its cost in picodollars, priced once by the usage booking (0: not served, or cached) and read by the ledger.
+    cost_pico: int = 0
 
 
 class _Children(NamedTuple):

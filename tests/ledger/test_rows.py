@@ -10,6 +10,8 @@ import signal
 import sqlite3
 from pathlib import Path
 
+from gateway.ledger.engine import Database
+from gateway.ledger.schema import MIGRATIONS
 from tests.helpers.clients import body, client
 from tests.helpers.servers import GatewayProcess, GatewayThread, cli_env, run_cli
 
@@ -84,9 +86,28 @@ def test_a_newer_schema_is_one_line_at_start_up(tmp_path: Path) -> None:
     result = run_cli(["serve", "--config", str(path), "--port", "0"], env=cli_env(**ENV))
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == (
-        f"config error: {path}: ledger: the ledger's schema is at version 99, newer than this gateway's 1: "
+        f"config error: {path}: ledger: the ledger's schema is at version 99, newer than this gateway's 2: "
         "run a gateway at least as new as the one that migrated it"
     )
+
+
+def test_a_ledger_of_version_1_is_migrated_without_the_request_id_index(tmp_path: Path) -> None:
+    db = tmp_path / "ledger.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        for statement in MIGRATIONS[0]:
+            conn.execute(statement if isinstance(statement, str) else statement["sqlite"])
+        conn.execute("INSERT INTO schema_version VALUES (1)")
+    conn.close()
+    ledger = Database(f"sqlite:///{db}")
+    assert ledger.migrate() == 1
+    assert ledger.migrate() == 2
+    ledger.close()
+    with sqlite3.connect(db) as conn:
+        indexes = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")]
+    conn.close()
+    assert "requests_request_id" not in indexes
+    assert indexes  # the primary key's, which deduplicates replays, stays
 
 
 def test_a_cached_answer_is_booked_with_the_cache_outcome_at_no_cost(tmp_path: Path) -> None:
