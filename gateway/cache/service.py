@@ -17,14 +17,8 @@ from typing import Any
 
 from msgspec.structs import replace
 
-from gateway.cache.batch import (
-    assembled,
-    completed,
-    prompt_items,
-    spliced,
-    store_batch,
-)
-from gateway.cache.entry import MAGIC, VERSION, Entry, answer, encode_entry, finished, load, replay_stream
+from gateway.cache.batch import assembled, completed, prompt_items, spliced, store_batch
+from gateway.cache.entry import VERSION, Entry, buffered_body, dump, events_of, finished, load, replay_stream, tail
 from gateway.cache.job import J, JobLike, Make, R
 from gateway.cache.key import cache_key, model_tag
 from gateway.cache.policy import BYPASS, COALESCED, HIT, MISS, NO_CONTROLS, Controls, Policy, cache_miss, deterministic
@@ -168,7 +162,7 @@ class Cache:
                     continue
                 entry = load(raw, max_entry_bytes)
                 if entry is not None and (cc.max_age is None or self.clock() - entry.stored <= cc.max_age):
-                    found[i] = entry
+                    found[i] = entry if len(raws) == 1 else events_of(entry)  # a batch joins events
             if None not in found:
                 return lookup.served_by(HIT, assembled(found, n))  # type: ignore[arg-type]
             ahead = self.inflight.get(lookup.digest)
@@ -361,9 +355,9 @@ class Lookup:
             child = cache.children.get((self.state, label)) or cache.child(self.state, label)
             pending[child] = pending.get(child, 0.0) + 1.0
 
-    def done(self, rec: Record) -> None:
-        """A `direct` miss answered: counted, its answer stored in memory and handed to whoever waits, and
-        the request released, in one step (nothing can come to wait in between)."""
+    def done(self, rec: Record, body: bytes) -> None:
+        """A `direct` miss answered: counted, its answer (`body`, as encoded for the client) stored in memory
+        and handed to whoever waits, and the request released, in one step (nothing can come to wait in between)."""
         self.count(rec)
         fresh, pol, n, cache = self.answer, self.policy, self.n, self.cache
         choices = fresh.choices if fresh is not None else []
@@ -371,12 +365,13 @@ class Lookup:
         if fresh is None or pol is None or not (one or finished([choices], n)):
             self.abandon()  # no answer, or one without every finish reason: nothing stored
             return
-        fp = fresh.system_fingerprint
-        entry = Entry(VERSION, cache.clock(), rec.model, rec.provider, rec.target, fresh.usage, [choices], fp)
+        fp, rest = fresh.system_fingerprint, tail(body)
+        events = [choices] if rest is None else []
+        entry = Entry(VERSION, cache.clock(), rec.model, rec.provider, rec.target, fresh.usage, events, fp, rest)
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(entry)
         self.abandon()
-        raw = MAGIC + encode_entry(entry)
+        raw = dump(entry)
         if len(raw) <= pol.max_entry_bytes:
             label = rec.label
             if cache.metrics is not None and label is not None:
@@ -404,7 +399,7 @@ class Lookup:
             headers |= job.ticket.headers
         req, ctx = job.req, job.ctx
         if not req.stream:
-            return make(headers, body=encode(answer(entry, ctx.completion([]))))
+            return make(headers, body=buffered_body(entry, ctx))
         want_usage = bool(req.stream_options and req.stream_options.include_usage)
         return make(headers, stream=replay_stream(entry, ctx, want_usage))
 
@@ -447,7 +442,7 @@ class Lookup:
             waiter = self.waiter
             if waiter is not None and not waiter.done():
                 waiter.set_result(entry)
-        raw = MAGIC + encode_entry(entry)
+        raw = dump(entry)
         if len(raw) > pol.max_entry_bytes:
             return None
         label, metrics = self.rec.label, cache.metrics
