@@ -25,7 +25,7 @@ VERSION: Final = 2
 MAGIC: Final = b"gwc2:"
 
 
-class Entry(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+class Entry(msgspec.Struct, array_like=True, forbid_unknown_fields=True, gc=False):  # holds no cycle
     version: int
     stored: float  # wall-clock seconds when the answer was stored (for `Age` and `max-age`)
     model: str  # the model the client asked for (for `DELETE /admin/cache?model=`)
@@ -41,17 +41,9 @@ class _Rest(msgspec.Struct):
     choices: list[Choice]
 
 
-_TAIL: Final = b',"choices":'
 _HEAD: Final = b'{"object":"text_completion","id":%s,"created":%d,"model":%s%s'
 _json = msgspec.json.encode
 _rest = msgspec.json.Decoder(_Rest).decode
-
-
-def tail(body: bytes) -> bytes | None:
-    """The client JSON of a buffered answer from its choices on: what a hit sends after its own id, time
-    and model. A bare `"` only ever closes or opens a string, so the first `,"choices":` is the field."""
-    at = body.find(_TAIL)
-    return body[at:] if at > 0 else None
 
 
 def client_body(rest: bytes, ctx: CallContext) -> bytes:
@@ -184,5 +176,4 @@ __all__ = [
     "load",
     "merged",
     "replay_stream",
-    "tail",
 ]
