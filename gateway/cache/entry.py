@@ -4,6 +4,8 @@ An entry keeps the choices as the upstream sent them: one event per stream chunk
 are replayed as they came), or one event holding every choice of a buffered answer. Either serves
 either kind of request: a buffered request gets the events' choices merged per index (text, logprobs and
 finish reasons concatenated as the stream delivered them), a streamed one gets one chunk per event.
+A buffered answer stored as the pipeline answered it keeps its client bytes instead (`body`: the JSON
+from its `choices` on), so a buffered hit sends them back with only its own id, time and model in front.
 The stored bytes are versioned and bounded; anything that does not decode as this version's entry is
 a miss, never an error.
 """
@@ -19,11 +21,11 @@ from gateway.upstream.framing import DONE, sse_event
 from providers.base import CallContext
 from wire.schema import Choice, Completion, Logprobs, Usage, encode
 
-VERSION: Final = 1
-MAGIC: Final = b"gwc1:"
+VERSION: Final = 2
+MAGIC: Final = b"gwc2:"
 
 
-class Entry(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+class Entry(msgspec.Struct, array_like=True, forbid_unknown_fields=True, gc=False):  # holds no cycle
     version: int
     stored: float  # wall-clock seconds when the answer was stored (for `Age` and `max-age`)
     model: str  # the model the client asked for (for `DELETE /admin/cache?model=`)
@@ -32,6 +34,28 @@ class Entry(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     usage: Usage | None
     events: list[list[Choice]]
     system_fingerprint: str | None = None
+    body: bytes | None = None  # a buffered answer's client JSON from `,"choices":` on (then `events` is empty)
+
+
+class _Rest(msgspec.Struct):
+    choices: list[Choice]
+
+
+_HEAD: Final = b'{"object":"text_completion","id":%s,"created":%d,"model":%s%s'
+_json = msgspec.json.encode
+_rest = msgspec.json.Decoder(_Rest).decode
+
+
+def client_body(rest: bytes, ctx: CallContext) -> bytes:
+    """A stored `body` as this request's answer: its id, time and model, then the stored bytes."""
+    return _HEAD % (_json(ctx.id), ctx.created, _json(ctx.model), rest)
+
+
+def events_of(entry: Entry) -> Entry:
+    """`entry` with its `events`, decoded from its `body` when it holds client bytes (a batch or a stream)."""
+    if entry.body is not None and not entry.events:
+        entry.events = [_rest(b"{" + entry.body[1:]).choices]
+    return entry
 
 
 encode_entry = msgspec.msgpack.Encoder().encode
@@ -111,6 +135,13 @@ def answer(entry: Entry, template: Completion) -> Completion:
     return template
 
 
+def buffered_body(entry: Entry, ctx: CallContext) -> bytes:
+    """The entry as this request's buffered answer, in client JSON: its stored bytes when it has them."""
+    if entry.body is not None:
+        return client_body(entry.body, ctx)
+    return encode(answer(entry, ctx.completion([])))
+
+
 def finished(events: list[list[Choice]], expected: int) -> bool:
     """Whether every expected choice got its finish reason (a stream that ended normally)."""
     done: set[int] = set()
@@ -123,6 +154,7 @@ def finished(events: list[list[Choice]], expected: int) -> bool:
 
 async def replay_stream(entry: Entry, ctx: CallContext, want_usage: bool) -> AsyncIterator[bytes]:
     """The stored answer as the upstream streamed it: one chunk per stored event, the usage, [DONE]."""
+    events_of(entry)
     for event in entry.events:
         yield sse_event(encode(ctx.completion(event, system_fingerprint=entry.system_fingerprint)))
     if want_usage and entry.usage is not None:
@@ -135,7 +167,10 @@ __all__ = [
     "VERSION",
     "Entry",
     "answer",
+    "buffered_body",
+    "client_body",
     "dump",
+    "events_of",
     "encode_entry",
     "finished",
     "load",

@@ -17,14 +17,8 @@ from typing import Any
 
 from msgspec.structs import replace
 
-from gateway.cache.batch import (
-    assembled,
-    completed,
-    prompt_items,
-    spliced,
-    store_batch,
-)
-from gateway.cache.entry import MAGIC, VERSION, Entry, answer, encode_entry, finished, load, replay_stream
+from gateway.cache.batch import assembled, completed, prompt_items, spliced, store_batch
+from gateway.cache.entry import VERSION, Entry, buffered_body, dump, events_of, finished, load, replay_stream
 from gateway.cache.job import J, JobLike, Make, R
 from gateway.cache.key import cache_key, model_tag
 from gateway.cache.policy import BYPASS, COALESCED, HIT, MISS, NO_CONTROLS, Controls, Policy, cache_miss, deterministic
@@ -103,9 +97,8 @@ class Cache:
     def lookup(
         self, req: CompletionRequest, key: str | None, headers: Mapping[str, str], rec: Record
     ) -> Lookup | None | Coroutine[Any, Any, Lookup | None]:
-        """None when no cache covers the request's model; else what the cache found for it. Found in
-        the memory store, it is returned as is (no coroutine); a coroutine to await when a Redis read
-        or an identical request in flight must be waited for."""
+        """None when no cache covers the request's model; else what the cache found for it: as is when found in
+        memory, or a coroutine to await when a Redis read or an identical request in flight must be waited for."""
         policies = self._policies
         known = policies.get(req.model)
         if known is None:
@@ -136,6 +129,9 @@ class Cache:
                     lookup.found, lookup.n, lookup.leading, lookup.direct = [None], req.n or 1, True, True
                     self.inflight[digest] = lookup
                     return lookup
+                entry = load(raw, pol.max_entry_bytes) if cc is NO_CONTROLS else None
+                if entry is not None:  # the plain hit
+                    return lookup.served_by(HIT, entry)
                 return self._decide(lookup, req, cc, [raw])
         else:
             prompts = prompt_items(prompt)
@@ -168,7 +164,7 @@ class Cache:
                     continue
                 entry = load(raw, max_entry_bytes)
                 if entry is not None and (cc.max_age is None or self.clock() - entry.stored <= cc.max_age):
-                    found[i] = entry
+                    found[i] = entry if len(raws) == 1 else events_of(entry)  # a batch joins events
             if None not in found:
                 return lookup.served_by(HIT, assembled(found, n))  # type: ignore[arg-type]
             ahead = self.inflight.get(lookup.digest)
@@ -288,8 +284,7 @@ class Lookup:
         # A miss of one prompt stored in memory: a buffered one needs no `serve` around the pipeline's call.
         self.direct = False
 
-    def served_by(self, state: str, entry: Entry) -> Lookup:
-        """A hit, or the answer of the identical request in flight: answered from the cache, nothing stored."""
+    def served_by(self, state: str, entry: Entry) -> Lookup:  # answered from the cache: nothing stored
         self.state, self.entry, self.policy = state, entry, None
         return self
 
@@ -361,9 +356,9 @@ class Lookup:
             child = cache.children.get((self.state, label)) or cache.child(self.state, label)
             pending[child] = pending.get(child, 0.0) + 1.0
 
-    def done(self, rec: Record) -> None:
-        """A `direct` miss answered: counted, its answer stored in memory and handed to whoever waits, and
-        the request released, in one step (nothing can come to wait in between)."""
+    def done(self, rec: Record, body: bytes) -> None:
+        """A `direct` miss answered: counted, its answer (`body`, the client's JSON) stored in memory and handed
+        to whoever waits, and the request released, in one step (nothing can come to wait in between)."""
         self.count(rec)
         fresh, pol, n, cache = self.answer, self.policy, self.n, self.cache
         choices = fresh.choices if fresh is not None else []
@@ -371,18 +366,24 @@ class Lookup:
         if fresh is None or pol is None or not (one or finished([choices], n)):
             self.abandon()  # no answer, or one without every finish reason: nothing stored
             return
+        at = body.find(b',"choices":')  # a bare `"` only opens or closes a string: the first is the field
+        rest, events = (body[at:], []) if at > 0 else (None, [choices])
         fp = fresh.system_fingerprint
-        entry = Entry(VERSION, cache.clock(), rec.model, rec.provider, rec.target, fresh.usage, [choices], fp)
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(entry)
-        self.abandon()
-        raw = MAGIC + encode_entry(entry)
+        entry = Entry(VERSION, cache.clock(), rec.model, rec.provider, rec.target, fresh.usage, events, fp, rest)
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(entry)
+        if self.leading:  # `abandon`, its waiter already answered
+            self.leading = False
+            if cache.inflight.get(self.digest) is self:
+                del cache.inflight[self.digest]
+        raw = dump(entry)
         if len(raw) <= pol.max_entry_bytes:
-            label = rec.label
-            if cache.metrics is not None and label is not None:
-                pending = cache.metrics.tally.pending  # Tally.add, inlined
+            label, metrics = rec.label, cache.metrics
+            if metrics is not None and label is not None:
+                pending = metrics.tally.pending  # Tally.add, inlined
                 if not pending:
-                    cache.metrics.tally.arm()
+                    metrics.tally.arm()
                 child = cache.children.get(("stored", label)) or cache.child("stored", label)
                 pending[child] = pending.get(child, 0.0) + len(raw)
             cache.memory.keep(self.digest, self.tag, raw, pol.ttl_s)
@@ -404,7 +405,7 @@ class Lookup:
             headers |= job.ticket.headers
         req, ctx = job.req, job.ctx
         if not req.stream:
-            return make(headers, body=encode(answer(entry, ctx.completion([]))))
+            return make(headers, body=buffered_body(entry, ctx))
         want_usage = bool(req.stream_options and req.stream_options.include_usage)
         return make(headers, stream=replay_stream(entry, ctx, want_usage))
 
@@ -447,7 +448,7 @@ class Lookup:
             waiter = self.waiter
             if waiter is not None and not waiter.done():
                 waiter.set_result(entry)
-        raw = MAGIC + encode_entry(entry)
+        raw = dump(entry)
         if len(raw) > pol.max_entry_bytes:
             return None
         label, metrics = self.rec.label, cache.metrics

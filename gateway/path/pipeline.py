@@ -148,7 +148,7 @@ class Pipeline:
                     cached.count(rec)
                     cached.abandon()
                     raise
-                cached.done(rec)
+                cached.done(rec, result.body)
                 result.headers["x-gateway-cache"] = cached.state
                 return result
             if job.req.stream:

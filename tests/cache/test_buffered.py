@@ -37,6 +37,8 @@ def test_a_rerun_is_a_hit_with_the_same_choices_and_no_upstream_call(alice: http
     assert json.dumps(a["choices"]) == json.dumps(b["choices"])
     assert a["usage"] == b["usage"]
     assert b["id"] != a["id"]  # a new answer, made of the stored choices
+    # Served from the stored client bytes: its own time, the same model and fields.
+    assert b.keys() == a.keys() and b["model"] == a["model"] and b["created"] >= a["created"]
 
 
 def test_field_order_and_dialect_names_do_not_change_the_key(alice: httpx.Client, upstream: Upstream) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 
 from tests.helpers.redis import RedisServer
@@ -69,7 +70,16 @@ def test_an_answer_stored_by_one_process_is_a_hit_on_the_other(
     assert names and all("redis: shared" not in n for n in names)
 
 
-@pytest.mark.parametrize("value", [b"\x00garbage", b"gwc1:\x93\x01\x02", b"gwc1:" + b"x" * 5_000_000])
+# An entry of the previous format (version 1: the choices, no client bytes), well formed: a miss too.
+_V1 = b"gwc1:" + msgspec.msgpack.encode(
+    [1, 1e10, MODEL, "vllm", "m", None, [[{"text": "old", "index": 0, "logprobs": None, "finish_reason": "stop"}]]]
+)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [b"\x00garbage", b"gwc2:\x93\x01\x02", b"gwc2:" + b"x" * 5_000_000, pytest.param(_V1, id="version-1-entry")],
+)
 def test_a_corrupt_or_foreign_redis_value_is_a_miss(
     pair: tuple[str, str], upstream: Upstream, redis_server: RedisServer, value: bytes
 ) -> None:
