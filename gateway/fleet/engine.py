@@ -10,13 +10,13 @@ routed as if idle, not as if dead; its health is the failover loop's business.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Mapping
 
 import httpx
 
 from gateway.config import ProviderConfig
+from gateway.fleet.background import Background
 from gateway.fleet.picker import EngineLoad, Fleet
 from providers import REGISTRY
 from providers.engine import EngineGauges
@@ -58,23 +58,16 @@ def parse(text: str, gauges: EngineGauges) -> EngineLoad | None:
     return EngineLoad(waiting=waiting, running=first(gauges.running) or 0.0, kv_usage=first(gauges.kv_usage))
 
 
-class EngineReader:
+class EngineReader(Background):
     """One background task per pipeline: every fleet with engine metrics on, each replica in turn."""
 
     def __init__(self, fleets: Callable[[], Mapping[str, tuple[Fleet, EngineGauges, Mapping[str, str]]]]) -> None:
         self._fleets = fleets
-        self._task: asyncio.Task[None] | None = None
+        super().__init__()
 
     def start(self) -> None:
-        if self._fleets() and self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="fleet-engine-metrics")
-
-    async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if self._fleets():
+            self._spawn(self._run(), "fleet-engine-metrics")
 
     async def _run(self) -> None:
         async with httpx.AsyncClient(trust_env=False, timeout=2.0) as client:

@@ -9,13 +9,13 @@ config. Without Redis, or while it is unreachable, each process keeps its own fl
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from typing import Final
 
 import redis.asyncio as aioredis
 
+from gateway.fleet.background import Background
 from gateway.fleet.picker import Fleet
 from gateway.state import Degraded, SharedState
 
@@ -57,24 +57,17 @@ async def pull(shared: SharedState, fleets: Mapping[str, Fleet]) -> None:
                 fleet.draining[i] = value in (b"1", "1")
 
 
-class DrainSync:
+class DrainSync(Background):
     """The background reader of the shared flags: one task per process, only with Redis and fleets."""
 
     def __init__(self, source: Callable[[], tuple[SharedState, Mapping[str, Fleet]]]) -> None:
         self._source = source
-        self._task: asyncio.Task[None] | None = None
+        super().__init__()
 
     def start(self) -> None:
         shared, fleets = self._source()
-        if shared.configured and fleets and self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="fleet-drain-sync")
-
-    async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if shared.configured and fleets:
+            self._spawn(self._run(), "fleet-drain-sync")
 
     async def _run(self) -> None:
         while True:
