@@ -14,6 +14,7 @@ import httpx
 import openai
 import pytest
 
+from tests.helpers.accesslog import Lines, listening
 from tests.helpers.clients import openai_client
 from tests.helpers.servers import GatewayThread, free_port, serve_config
 from tests.helpers.upstreams import Upstream
@@ -132,3 +133,10 @@ def oai(gateway: GatewayThread) -> Iterator[openai.OpenAI]:
     """The official OpenAI SDK (sync) against the gateway's /v1 with the full-access key."""
     with openai_client(gateway.url + "/v1", FULL_KEY) as client:
         yield client
+
+
+@pytest.fixture
+def access() -> Iterator[Lines]:
+    """The access log's lines written while the test runs."""
+    with listening() as lines:
+        yield lines

@@ -8,19 +8,17 @@ The gateway is served by uvicorn on a real socket (tests/e2e/harness.py), throug
 
 from __future__ import annotations
 
-import json
 import socket
 import ssl
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 import trustme
 
-from gateway.ops import accesslog
+from tests.helpers.accesslog import Lines
 from tests.helpers.servers import GatewayThread, free_port
 
 from .test_observability import metric
@@ -114,14 +112,6 @@ CASES = {
 }
 
 
-class Lines:
-    def __init__(self) -> None:
-        self.lines: list[dict[str, Any]] = []
-
-    def __call__(self, line: bytes) -> None:
-        self.lines.append(json.loads(line))
-
-
 @pytest.fixture(params=["h1", "httpx"])
 def gw(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[GatewayThread]:
     ca = trustme.CA()
@@ -145,16 +135,6 @@ def gw(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[GatewayThread
         untrusted.close()
         mute.close()
         blackhole.close()
-
-
-@pytest.fixture
-def access() -> Iterator[Lines]:
-    lines = Lines()
-    accesslog.SINK.listeners.append(lines)
-    try:
-        yield lines
-    finally:
-        accesslog.SINK.listeners.remove(lines)
 
 
 @pytest.mark.parametrize("provider", list(CASES))

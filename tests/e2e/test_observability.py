@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.ops import accesslog
+from tests.helpers.accesslog import Lines
 from tests.helpers.recordings import REPO
 from tests.helpers.servers import GatewayProcess, GatewayThread, cli_env, free_port
 
@@ -50,24 +50,6 @@ def gw(tmp_path: Path) -> Iterator[GatewayThread]:
     path.write_text(BASE)
     with GatewayThread(path, {}) as g:
         yield g
-
-
-class Lines:
-    def __init__(self) -> None:
-        self.lines: list[dict[str, object]] = []
-
-    def __call__(self, line: bytes) -> None:
-        self.lines.append(json.loads(line))
-
-
-@pytest.fixture
-def access() -> Iterator[Lines]:
-    lines = Lines()
-    accesslog.SINK.listeners.append(lines)
-    try:
-        yield lines
-    finally:
-        accesslog.SINK.listeners.remove(lines)
 
 
 def test_metrics_after_a_known_sequence(gw: GatewayThread) -> None:

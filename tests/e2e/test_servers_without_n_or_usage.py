@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.ops import accesslog
+from tests.helpers.accesslog import Lines
 from tests.helpers.clients import sse_data
 from tests.helpers.servers import GatewayThread
 from tests.helpers.upstreams import Upstream, reply, reply_sse
@@ -51,24 +51,6 @@ def upstream(upstream_server: Upstream, gateway: GatewayThread) -> Iterator[Upst
     yield upstream_server
     upstream_server.reset()
     gateway.pipeline.services.ignores_n.clear()
-
-
-class Lines:
-    def __init__(self) -> None:
-        self.lines: list[dict[str, Any]] = []
-
-    def __call__(self, line: bytes) -> None:
-        self.lines.append(json.loads(line))
-
-
-@pytest.fixture
-def access() -> Iterator[Lines]:
-    lines = Lines()
-    accesslog.SINK.listeners.append(lines)
-    try:
-        yield lines
-    finally:
-        accesslog.SINK.listeners.remove(lines)
 
 
 def _error_of(resp: httpx.Response) -> dict[str, Any]:

@@ -15,12 +15,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.ops import accesslog
+from tests.helpers.accesslog import Lines
 from tests.helpers.clients import sse_data
 from tests.helpers.faults import FaultServer, cut
 from tests.helpers.servers import GatewayThread
 
-from .test_diagnosable_failures import Lines
 from .test_observability import metric
 
 CONFIG = """
@@ -36,16 +35,6 @@ def gw(request: pytest.FixtureRequest, tmp_path: Path, faults: FaultServer) -> I
     path.write_text(CONFIG.format(url=faults["alpha"].base_url, transport=request.param))
     with GatewayThread(path, {}) as g:
         yield g
-
-
-@pytest.fixture
-def access() -> Iterator[Lines]:
-    lines = Lines()
-    accesslog.SINK.listeners.append(lines)
-    try:
-        yield lines
-    finally:
-        accesslog.SINK.listeners.remove(lines)
 
 
 def test_a_stream_broken_after_its_first_event_is_logged_and_counted_as_a_failure(
