@@ -15,7 +15,7 @@ import math
 import re
 import time
 from collections.abc import Callable, Mapping
-from typing import Final
+from typing import Any, Final
 
 import msgspec
 import redis.asyncio as aioredis
@@ -208,6 +208,7 @@ class UsageStore:
         self.local: dict[tuple[str, str], Fields] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._timer: asyncio.TimerHandle | None = None
+        self._cost: dict[tuple[str, str], Any] = {}  # per (model label, key): its cost series
 
     def adopt(self, previous: UsageStore) -> None:
         """Take over the in-process bookings of the store this one replaces (a config reload), sharing them
@@ -233,8 +234,17 @@ class UsageStore:
         model = rec.label
         if model is None:
             model = rec.label = self.labels.fold(rec.model)
-        if self.metrics is not None:
-            self.metrics.cost.labels(model, key).inc(usd(pico))
+        metrics = self.metrics
+        if metrics is not None:
+            # The series exists from the key's first request on; adding nothing (a cached answer, no prices)
+            # is skipped: `labels()` and `inc` are a lock and several calls each.
+            cost = self._cost.get((model, key))
+            if cost is None:
+                if len(self._cost) >= _CACHE_LIMIT:
+                    self._cost.clear()
+                cost = self._cost[(model, key)] = metrics.cost.labels(model, key)
+            if pico:
+                cost.inc(usd(pico))
         fields = {
             f"requests:{model}": 1,
             f"prompt_tokens:{model}": prompt,
