@@ -296,9 +296,9 @@ class Lookup:
         streamed: Callable[[J, Record], Awaitable[R]],
         make: Make[R],
     ) -> R:
+        self.count(rec)
         if self.entry is not None:
             return self.replay(job, rec, make)
-        self.count(rec)
         found = self.found
         missing = self.missing = [0] if len(found) == 1 else [i for i, e in enumerate(found) if e is None]
         partial = len(missing) < len(found)
@@ -389,8 +389,6 @@ class Lookup:
             cache.memory.keep(self.digest, self.tag, raw, pol.ttl_s)
 
     def replay(self, job: JobLike, rec: Record, make: Make[R]) -> R:
-        """A hit or a coalesced request: counted, and answered with the entry."""
-        self.count(rec)
         entry = self.entry
         assert entry is not None
         self.cache.admission.settle(job.ticket, 0)

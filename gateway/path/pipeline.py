@@ -182,6 +182,7 @@ class Pipeline:
                 (admission.enabled or (key is not None and key.buckets)) and admission.counts_cached(key, req.model)
             ):
                 ctx = CallContext(id=_completion_id(), created=int(time.time()), model=req.model)
+                cached.count(rec)
                 return cached.replay(_Answered(req, ctx), rec, Result)
         return Front(key, req, plan, cached)
 
