@@ -200,10 +200,10 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
         try:
             if pipeline.cache is not None:
                 early = pipeline.early(body, headers, rec)
-                if type(early) is Result:
+                if isinstance(early, Result):
                     result = early
                 else:
-                    front = early  # type: ignore[assignment]
+                    front = early
             if result is None:
                 watch = _Watch(receive)
                 result = await watch.run(pipeline.complete(body, headers, dialect, rec, front))
