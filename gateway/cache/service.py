@@ -298,7 +298,7 @@ class Lookup:
     ) -> R:
         self.count(rec)
         if self.entry is not None:
-            return self._replay(job, rec, make)
+            return self.replay(job, rec, make)
         found = self.found
         missing = self.missing = [0] if len(found) == 1 else [i for i, e in enumerate(found) if e is None]
         partial = len(missing) < len(found)
@@ -388,7 +388,7 @@ class Lookup:
                 pending[child] = pending.get(child, 0.0) + len(raw)
             cache.memory.keep(self.digest, self.tag, raw, pol.ttl_s)
 
-    def _replay(self, job: JobLike, rec: Record, make: Make[R]) -> R:
+    def replay(self, job: JobLike, rec: Record, make: Make[R]) -> R:
         entry = self.entry
         assert entry is not None
         self.cache.admission.settle(job.ticket, 0)

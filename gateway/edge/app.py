@@ -62,8 +62,10 @@ def _pipeline(request: Request[Any, Any, Any]) -> Pipeline:
 
 
 def _services(scope: HTTPScope) -> tuple[Pipeline, Metrics | None]:
+    # Items, not attributes: `State` answers an attribute only after the generic lookup has failed, and
+    # raising and formatting that AttributeError cost more than the rest of this function.
     state = scope["app"].state
-    return state.pipeline, state.metrics
+    return state["pipeline"], state["metrics"]
 
 
 @get("/v1/models")
@@ -291,7 +293,7 @@ class Front:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == ScopeType.HTTP:
-            limit: int = self.litestar.state.pipeline.loaded.config.caps.request_body_bytes
+            limit: int = self.litestar.state["pipeline"].loaded.config.caps.request_body_bytes
             declared = _declared_length(scope)
             if declared is None:
                 receive = _Capped(receive, limit)

@@ -27,7 +27,7 @@ from gateway.ids import unique_suffix
 from gateway.ops import accesslog
 from gateway.ops.metrics import Metrics, Record
 from gateway.path.dialects import Dialect
-from gateway.path.pipeline import STREAM_FAILED, Pipeline, Result
+from gateway.path.pipeline import STREAM_FAILED, Front, Pipeline, Result
 from gateway.path.relay import STREAM_CUT, shutdown_cut
 from wire.errors import GatewayError
 
@@ -184,20 +184,37 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
             pipeline, metrics = services(scope)
         pipeline.enter()
         if metrics is not None:
-            metrics.in_flight.inc()
+            if metrics.multiprocess:
+                metrics.in_flight.inc()
+            else:
+                metrics.active += 1  # what the gauge reads when collected (gateway/ops/metrics.py)
         # The request's server span, when tracing is on; it ends with the answer or the stream.
         tracer = pipeline.tracing
         span = tracer.begin(headers, dialect.name, path, link=pipeline.trace_link) if tracer is not None else None
-        watch = _Watch(receive)
+        # Made when something is awaited that a client leaving should cancel: a cached answer served by
+        # `early` awaits nothing but its own sends, and costs no watcher task.
+        watch: _Watch | None = None
+        front: Front | None = None
+        result: Result | None = None
         started = False
         try:
-            result: Result = await watch.run(pipeline.complete(body, headers, dialect, rec))
+            if pipeline.cache is not None:
+                early = pipeline.early(body, headers, rec)
+                if isinstance(early, Result):
+                    result = early
+                else:
+                    front = early
+            if result is None:
+                watch = _Watch(receive)
+                result = await watch.run(pipeline.complete(body, headers, dialect, rec, front))
             started = True
             if result.stream is None:
                 await send(_start(200, _JSON + _encode_headers(result.headers, rec.request_id)))
                 await send(_body(result.body))
                 return
             await send(_start(200, _SSE + _encode_headers(result.headers, rec.request_id)))
+            if watch is None:
+                watch = _Watch(receive)
             await watch.run(_relay(result, send))
         except GatewayError as exc:
             rec.status, rec.error_code, rec.cause = dialect.error(exc)[0], exc.code, exc.cause
@@ -207,7 +224,7 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
             if not started:
                 await _send_error(send, dialect, exc, rec.request_id)
         except asyncio.CancelledError:
-            if watch.gone:
+            if watch is not None and watch.gone:
                 rec.status, rec.error_code = 499, "client_closed_request"
             else:
                 # Not the client leaving: the server cut the request at its drain deadline. One line says so
@@ -222,7 +239,7 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
                 with contextlib.suppress(Exception):
                     if not started:
                         await _send_error(send, dialect, cut, rec.request_id)
-                    elif result.stream is not None:
+                    elif result is not None and result.stream is not None:
                         await send(_body(STREAM_CUT))
         except Exception:
             # Never a traceback or an internal message to the client; the log keeps the detail.
@@ -235,17 +252,23 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
                     GatewayError("The gateway failed to process the request", code="internal_error"),
                     rec.request_id,
                 )
-            elif result.stream is not None:
+            elif result is not None and result.stream is not None:
                 # A stream the client saw start still ends with an error event and [DONE].
                 with contextlib.suppress(Exception):
                     await send(_body(STREAM_FAILED))
         finally:
-            watch.stop()
+            if watch is not None:
+                watch.stop()
+            if front is not None:
+                front.close()
             pipeline.usage.book(rec)  # before exit(): a retired pipeline drains its bookings as it closes
             pipeline.exit()
             elapsed = time.perf_counter() - t0
             if metrics is not None:
-                metrics.in_flight.dec()
+                if metrics.multiprocess:
+                    metrics.in_flight.dec()
+                else:
+                    metrics.active -= 1
                 metrics.observe(rec, elapsed)
             if pipeline.log_requests:
                 accesslog.write(rec, elapsed)

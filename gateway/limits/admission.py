@@ -114,14 +114,16 @@ class Admission:
     async def admit(
         self, key: ClientKey | None, req: CompletionRequest, plan: Plan, *, free: bool = False
     ) -> Ticket | None:
-        """`free`: an answer the cache serves, which costs no upstream tokens (request-rate limits still count)."""
+        """`free`: an answer the cache serves, which costs no upstream call: the key's and the alias's request
+        rates still count it, their tokens and the provider's and deployment's quotas do not."""
         buckets = list(self.keys.get(key.name) or key.buckets) if key is not None else []
         buckets += self.models.get(req.model, ())
         direct = plan.single
-        if direct is not None:
-            buckets += self._route_buckets(direct)
         if free:
+            # No upstream call: no provider's or deployment's quota, and no tokens.
             buckets = [b for b in buckets if b.kind not in TOKEN_KINDS]
+        elif direct is not None:
+            buckets += self._route_buckets(direct)
         if not buckets:
             return None
         first = direct or plan.groups[0].routes[0]
@@ -145,6 +147,11 @@ class Admission:
                 raise err
             waited += wait
             await self.sleep(wait / 1000)
+
+    def counts_cached(self, key: ClientKey | None, model: str) -> bool:
+        """Whether `admit(..., free=True)` has a bucket to charge: the key's or the alias's request rate."""
+        own = (self.keys.get(key.name) or key.buckets) if key is not None else ()
+        return any(b.kind not in TOKEN_KINDS for b in (*own, *self.models.get(model, ())))
 
     async def admit_route(self, route: Route, req: CompletionRequest, plan: Plan) -> Ticket | None:
         """An alias target's own provider/deployment quota, checked when the failover loop reaches it."""

@@ -15,7 +15,7 @@ import math
 import re
 import time
 from collections.abc import Callable, Mapping
-from typing import Final
+from typing import Any, Final
 
 import msgspec
 import redis.asyncio as aioredis
@@ -208,6 +208,8 @@ class UsageStore:
         self.local: dict[tuple[str, str], Fields] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._timer: asyncio.TimerHandle | None = None
+        self._cost: dict[tuple[str, str], Any] = {}  # per (model label, key): its cost series
+        self._names: dict[str, tuple[str, ...]] = {}  # per model label: its booking's field names, as `_KINDS`
 
     def adopt(self, previous: UsageStore) -> None:
         """Take over the in-process bookings of the store this one replaces (a config reload), sharing them
@@ -233,18 +235,37 @@ class UsageStore:
         model = rec.label
         if model is None:
             model = rec.label = self.labels.fold(rec.model)
-        if self.metrics is not None:
-            self.metrics.cost.labels(model, key).inc(usd(pico))
-        fields = {
-            f"requests:{model}": 1,
-            f"prompt_tokens:{model}": prompt,
-            f"completion_tokens:{model}": completion,
-            f"cost_pico:{model}": pico,
-            TOTAL: pico,
-        }
+        metrics = self.metrics
+        if metrics is not None:
+            # The series exists from the key's first request on; adding nothing (a cached answer, no prices)
+            # is skipped: `labels()` and `inc` are a lock and several calls each.
+            cost = self._cost.get((model, key))
+            if cost is None:
+                if len(self._cost) >= _CACHE_LIMIT:
+                    self._cost.clear()
+                cost = self._cost[(model, key)] = metrics.cost.labels(model, key)
+            if pico:
+                cost.inc(usd(pico))
+        names = self._names.get(model)
+        if names is None:
+            if len(self._names) >= _CACHE_LIMIT:
+                self._names.clear()
+            names = self._names[model] = tuple(f"{kind}:{model}" for kind in _KINDS)
+        day = day_of(self.clock())
+        into = self.local.get((day, key))
+        if into is None:
+            self._keep(day, key, {})  # a new day or key: yesterday's leftovers pruned first
+            into = self.local[(day, key)]
+        # `_add` inlined, with the field names made once per model: this runs on every request.
+        requests, prompt_tokens, completion_tokens, cost_pico, cached = names
+        get = into.get
+        into[requests] = get(requests, 0) + 1
+        into[prompt_tokens] = get(prompt_tokens, 0) + prompt
+        into[completion_tokens] = get(completion_tokens, 0) + completion
+        into[cost_pico] = get(cost_pico, 0) + pico
+        into[TOTAL] = get(TOTAL, 0) + pico
         if rec.cached:
-            fields[f"cached:{model}"] = 1
-        self._keep(self.today(), key, fields)
+            into[cached] = get(cached, 0) + 1
         if self.shared.client is not None and self._timer is None:
             # Bookings gather here and reach Redis in one transaction every FLUSH_S: a round trip per
             # request cost a saturated worker about 15 % of its time. Reads add what is still waiting.

@@ -62,8 +62,10 @@ SINK = Sink()
 
 
 def line(rec: Record, elapsed_s: float) -> bytes:
+    # Milliseconds to 3 decimals as `round(x, 3)` gives them (ties aside) without its decimal string round trip,
+    # which cost three times more than building the rest of the line.
     entry: dict[str, Any] = {
-        "ts": round(time.time(), 3),
+        "ts": int(time.time() * 1000.0 + 0.5) / 1000.0,
         "request_id": rec.request_id,
         "dialect": rec.dialect,
         "key": rec.key,
@@ -71,8 +73,8 @@ def line(rec: Record, elapsed_s: float) -> bytes:
         "provider": rec.provider or None,
         "target": rec.target or None,
         "status": rec.status,
-        "latency_ms": round(elapsed_s * 1000, 3),
-        "upstream_ms": round(rec.upstream_s * 1000, 3),
+        "latency_ms": int(elapsed_s * 1e6 + 0.5) / 1000.0,
+        "upstream_ms": int(rec.upstream_s * 1e6 + 0.5) / 1000.0,
         "attempts": rec.attempts,
         "prompt_tokens": rec.usage.prompt_tokens if rec.usage else None,
         "completion_tokens": rec.usage.completion_tokens if rec.usage else None,

@@ -150,7 +150,11 @@ class Tally:
     def arm(self) -> None:
         """Flush within `FLUSH_S`: called by whoever adds to `pending` while it is empty."""
         if self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self.FLUSH_S, self.flush)
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return  # no loop (a script or a test): added at the next `flush` (every render flushes)
+            self._timer = loop.call_later(self.FLUSH_S, self.flush)
 
     def flush(self) -> None:
         if self._timer is not None:
@@ -225,8 +229,13 @@ class Metrics:
         self.cache_evictions = Counter(
             "gateway_cache_evictions", "Entries the memory store evicted to stay within max_bytes", registry=r
         )
-        self.tally = Tally()  # the cache's counts, added in batches
+        self.tally = Tally()  # counts added in batches: the cache's, and with one process requests and tokens
         self.in_flight = Gauge("gateway_in_flight", "Requests being served", multiprocess_mode="livesum", registry=r)
+        # Requests being served by this process, read when the gauge is collected. With several workers each
+        # keeps its value in its file instead: the endpoint then moves the gauge itself (`in_flight.inc`).
+        self.active = 0
+        if not self.multiprocess:
+            self.in_flight.set_function(lambda: self.active)
         # The config in force decides the label values (`bind`); until one is bound, every model folds.
         self.labels = ModelLabels()
         # Bounded like the label values themselves (see the module docstring).
@@ -261,7 +270,20 @@ class Metrics:
         if model is None:
             model = rec.label = self.labels.fold(rec.model)
         kids = self._children(rec.dialect, model, rec.provider or "none", rec.status, rec.stream)
-        kids.requests.inc()
+        usage = rec.usage
+        if self.multiprocess:  # another worker's render reads the files: every count is written at once
+            kids.requests.inc()
+            if usage is not None:
+                kids.prompt_tokens.inc(usage.prompt_tokens)
+                kids.completion_tokens.inc(usage.completion_tokens)
+        else:
+            pending = self.tally.pending  # Tally.add, inlined: a counter's `inc` is four calls and a lock
+            if not pending:
+                self.tally.arm()
+            pending[kids.requests] = pending.get(kids.requests, 0.0) + 1.0
+            if usage is not None:
+                pending[kids.prompt_tokens] = pending.get(kids.prompt_tokens, 0.0) + usage.prompt_tokens
+                pending[kids.completion_tokens] = pending.get(kids.completion_tokens, 0.0) + usage.completion_tokens
         kids.latency.observe(elapsed_s)
         if rec.provider and not rec.cached:  # a cached answer had no upstream time
             kids.upstream.observe(rec.upstream_s)
@@ -273,9 +295,6 @@ class Metrics:
             self.retries.labels(model).inc(rec.attempts - 1)
         if rec.fallback:
             self.fallbacks.labels(model).inc()
-        if rec.usage is not None:
-            kids.prompt_tokens.inc(rec.usage.prompt_tokens)
-            kids.completion_tokens.inc(rec.usage.completion_tokens)
         if rec.status == 429 and rec.error_code in ("rate_limit_exceeded", "budget_exceeded", "provider_quota"):
             self.rate_limited.labels(rec.error_code, model).inc()
         elif rec.cause is not None and rec.provider:

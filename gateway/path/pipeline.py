@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import msgspec
 
@@ -19,8 +19,8 @@ from gateway.cache import Lookup
 from gateway.config import LoadedConfig
 from gateway.fleet.picker import Hint
 from gateway.ids import unique_suffix
-from gateway.limits.admission import Admission
-from gateway.limits.auth import KeyRing
+from gateway.limits.admission import Admission, Ticket
+from gateway.limits.auth import ClientKey, KeyRing
 from gateway.limits.usage import UsageStore
 from gateway.ops import tracing
 from gateway.ops.metrics import Metrics, Record
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from gateway.ledger.budgets import Budgets
 
 # gateway/edge/endpoint.py ends a stream that failed before the relay could say so with these bytes.
-__all__ = ["STREAM_FAILED", "Pipeline", "Result"]
+__all__ = ["STREAM_FAILED", "Front", "Pipeline", "Result"]
 
 
 def _completion_id() -> str:
@@ -57,6 +57,39 @@ class Result(msgspec.Struct):
     headers: dict[str, str]
     body: bytes = b""
     stream: AsyncIterator[bytes] | None = None
+
+
+# `Front.cached` of a request the cache has not been asked about yet.
+_LATER: Final = object()
+
+
+class Front(NamedTuple):
+    """What `Pipeline.early` did of a request that it did not answer, for `complete` to go on from."""
+
+    key: ClientKey | None
+    req: CompletionRequest
+    plan: Plan | None  # None: not routed yet (a spending limit is checked first)
+    cached: Any  # what the cache's lookup returned (a Lookup, None, or a coroutine to await), or _LATER
+
+    def close(self) -> None:
+        """When the request ends: whoever waits on its answer is released (a request cancelled before
+        `complete` ran), and a lookup's coroutine that never ran is closed."""
+        cached = self.cached
+        if isinstance(cached, Lookup):
+            cached.abandon()
+        elif cached is not None and cached is not _LATER:
+            cached.close()
+
+
+class _Answered:
+    """What the replay of a cached answer reads of its request (the cache's `JobLike`): no `Job` is made."""
+
+    __slots__ = ("ctx", "req", "ticket")
+
+    def __init__(self, req: CompletionRequest, ctx: CallContext) -> None:
+        self.req = req
+        self.ctx = ctx
+        self.ticket: Ticket | None = None
 
 
 class Pipeline:
@@ -131,12 +164,39 @@ class Pipeline:
         await self.upstream.close()
         await self.shared.close()
 
+    def early(self, raw: bytes, headers: Mapping[str, str], rec: Record) -> Result | Front:
+        """With a cache on, the request's front without a task or an await: decoded, authorized, routed and
+        looked up. A hit that no rate limit has to count is answered here, with nothing else built for it;
+        any other request goes on in `complete(front=...)` from where this left it."""
+        key, req = self._decoded(raw, headers, rec)
+        if self._budgeted(key):
+            return Front(key, req, None, _LATER)  # budgets are checked before the cache is looked at
+        plan = self.router.plan(req.model)
+        self._refine(req, plan, rec)
+        cache = self.cache
+        assert cache is not None
+        cached = cache.lookup(req, rec.key, headers, rec)
+        if type(cached) is Lookup and cached.entry is not None:
+            admission = self.admission
+            if not (
+                (admission.enabled or (key is not None and key.buckets)) and admission.counts_cached(key, req.model)
+            ):
+                ctx = CallContext(id=_completion_id(), created=int(time.time()), model=req.model)
+                cached.count(rec)
+                return cached.replay(_Answered(req, ctx), rec, Result)
+        return Front(key, req, plan, cached)
+
     async def complete(
-        self, raw: bytes, headers: Mapping[str, str], dialect: Dialect, rec: Record | None = None
+        self,
+        raw: bytes,
+        headers: Mapping[str, str],
+        dialect: Dialect,
+        rec: Record | None = None,
+        front: Front | None = None,
     ) -> Result:
         rec = rec if rec is not None else Record(request_id="", dialect=dialect.name)
         try:
-            job = await self._admit(raw, headers, rec)
+            job = await self._admit(raw, headers, rec, front)
             cached = job.cached
             if cached is not None:
                 if not cached.direct or job.req.stream:
@@ -158,8 +218,10 @@ class Pipeline:
             # The one way out for upstream errors before a stream starts: nothing unscrubbed passes it.
             raise self.scrub.error(exc) from None
 
-    async def _admit(self, raw: bytes, headers: Mapping[str, str], rec: Record) -> Job:
-        """Who asks, for what, and whether they may: the request decoded, routed and admitted."""
+    def _decoded(
+        self, raw: bytes, headers: Mapping[str, str], rec: Record
+    ) -> tuple[ClientKey | None, CompletionRequest]:
+        """Who asks, and for what: authenticated, decoded, normalized and authorized."""
         key = self.keys.authenticate(headers)
         rec.key = key.name if key is not None else None
         try:
@@ -169,17 +231,44 @@ class Pipeline:
         normalize(req, self.loaded.config.caps)
         self.keys.authorize(key, req.model)
         rec.model = req.model  # a budget refusal counts under the model asked for (routing refines it below)
+        return key, req
+
+    def _budgeted(self, key: ClientKey | None) -> bool:
+        """Whether a spending limit applies to the key: then it is checked before anything else."""
+        if key is None:
+            return False
         budgets = self.budgets
-        if budgets is None and key is not None and (key.name in self.usage.budgets or key.max_cost_per_day is not None):
-            await self.usage.check(key.name, key.max_cost_per_day)  # one HGET of today's booked spend
-        plan = self.router.plan(req.model)
-        if budgets is not None and key is not None and budgets.applies(key):
-            rec.hold = await budgets.reserve(key, req, plan, self.usage.prices, self.shared)
+        if budgets is not None:
+            return budgets.applies(key)
+        return key.name in self.usage.budgets or key.max_cost_per_day is not None
+
+    def _refine(self, req: CompletionRequest, plan: Plan, rec: Record) -> None:
         alias = req.model in self.router.aliases
         rec.model = req.model if alias else plan.groups[0].routes[0].key
         rec.stream = bool(req.stream)
         if self.log_prompts:
             rec.prompt = req.prompt if isinstance(req.prompt, str) else encode(req.prompt).decode()
+
+    async def _admit(self, raw: bytes, headers: Mapping[str, str], rec: Record, front: Front | None = None) -> Job:
+        """Who asks, for what, and whether they may: the request decoded, routed and admitted."""
+        if front is None:
+            key, req = self._decoded(raw, headers, rec)
+            plan: Plan | None = None
+            looked: Any = _LATER
+        else:
+            key, req, plan, looked = front
+        if plan is None:
+            budgets = self.budgets
+            if (
+                budgets is None
+                and key is not None
+                and (key.name in self.usage.budgets or key.max_cost_per_day is not None)
+            ):
+                await self.usage.check(key.name, key.max_cost_per_day)  # one HGET of today's booked spend
+            plan = self.router.plan(req.model)
+            if budgets is not None and key is not None and budgets.applies(key):
+                rec.hold = await budgets.reserve(key, req, plan, self.usage.prices, self.shared)
+            self._refine(req, plan, rec)
         ctx = CallContext(
             id=_completion_id(),
             created=int(time.time()),
@@ -195,7 +284,7 @@ class Pipeline:
             ticket = await admission.admit(key, req, plan) if admission is not None else None
             job = Job(self.services, admission, req, ctx, plan, ticket)
         else:
-            cached = self.cache.lookup(req, rec.key, headers, rec)
+            cached = self.cache.lookup(req, rec.key, headers, rec) if looked is _LATER else looked
             if cached is not None and not isinstance(cached, Lookup):
                 cached = await cached  # a Redis read, or the identical request in flight waited for
             ticket = None

@@ -14,6 +14,7 @@ import pytest
 from aiohttp import web
 
 from tests.clients.test_lm_eval_bodies import GSM8K_STOPS, ID_PROMPTS, _generate_body, _loglikelihood_body
+from tests.helpers.accesslog import listening
 from tests.helpers.servers import GatewayThread, serve_config
 from tests.helpers.upstreams import Received, Upstream
 
@@ -151,3 +152,44 @@ def test_a_hit_is_booked_as_cached_at_cost_0(upstream: Upstream, tmp_path: Path)
     assert books["requests"] == 2 and books["cached"] == 1
     assert books["prompt_tokens"] == 2 * usage["prompt_tokens"]  # the hit carries the stored usage...
     assert books["cost"] == usage["prompt_tokens"] + usage["completion_tokens"]  # ...and costs nothing
+
+
+ERIN = "gk-cache-erin-2b7c"
+
+
+def test_hits_are_not_charged_against_the_providers_quota(upstream: Upstream, tmp_path: Path) -> None:
+    # Alice has no limits of her own (her hits are answered before any admission), Erin a request rate (hers
+    # are admitted for it): neither hit is an upstream call, so neither spends the provider's quota.
+    text = config(upstream).replace("keys:\n", f'keys:\n  - {{name: erin, key: "{ERIN}", limits: {{rpm: 50}}}}\n', 1)
+    text = text.replace(f"base_url: {upstream.url}/v1}}", f"base_url: {upstream.url}/v1, limits: {{rpm: 2}}}}", 1)
+    assert "limits: {rpm: 2}" in text
+    with serve_config(tmp_path, text) as gw, client(gw.url, ALICE) as alice, client(gw.url, ERIN) as erin:
+        for c in (alice, erin):
+            assert c.post("/v1/completions", json=body("quota: a")).headers["x-gateway-cache"] == "miss"
+        for _ in range(3):
+            for c in (alice, erin):
+                hit = c.post("/v1/completions", json=body("quota: a"))
+                assert hit.status_code == 200, hit.text
+                assert hit.headers["x-gateway-cache"] == "hit"
+        # The quota is in force: the provider's two requests this minute are spent.
+        assert alice.post("/v1/completions", json=body("quota: b")).status_code == 429
+    assert len(upstream.received) == 2
+
+
+def test_a_hit_answered_early_is_logged_counted_and_booked(upstream: Upstream, tmp_path: Path) -> None:
+    with serve_config(tmp_path, config(upstream)) as gw, client(gw.url) as c, listening() as access:
+        first = c.post("/v1/completions", json=body("early: a"), headers={"x-request-id": "early-miss"})
+        hit = c.post("/v1/completions", json=body("early: a"), headers={"x-request-id": "early-hit"})
+        assert hit.status_code == 200 and hit.headers["x-gateway-cache"] == "hit"
+        assert hit.headers["x-request-id"] == "early-hit" and hit.headers["x-gateway-attempts"] == "0"
+        assert hit.json()["choices"] == first.json()["choices"]
+        metrics = c.get("/metrics").text
+        books = c.get("/admin/usage", headers={"authorization": f"Bearer {ADMIN}"}).json()["keys"]["alice"]
+    line = next(x for x in access.lines if x["request_id"] == "early-hit")
+    assert (line["status"], line["provider"], line["target"], line["attempts"]) == (200, "local", MODEL, 0)
+    assert line["completion_tokens"] == first.json()["usage"]["completion_tokens"]
+    assert (
+        'gateway_requests_total{dialect="openai",model="local/facebook/opt-125m",provider="local",status="200"} 2.0'
+        in metrics
+    )
+    assert books["requests"] == 2 and books["cached"] == 1
