@@ -196,12 +196,45 @@ def store_batch(
             stored += len(raw)
     label = lookup.rec.label
     if cache.metrics is not None and label is not None and stored:
-        cache.metrics.tally.add(cache.children.get(("stored", label)) or cache.child("stored", label), stored)
+        cache.metrics.tally.add(cache.child("stored", label), stored)
     return remote
+
+
+def store_one(
+    lookup: Storing, events: list[list[Choice]], usage: Usage | None, prompt: int, provider: str, target: str
+) -> bytes | None:
+    """`store_batch` for one prompt (every one-prompt request): no split, no share, no list of entries."""
+    n = lookup.n
+    if n == 1 and len(events) == 1 and len(events[0]) == 1:  # one choice in one event (buffered)
+        if events[0][0].finish_reason is None:
+            return None
+    elif not finished(events, n):
+        return None  # a choice without its finish reason: not an answer that completed normally
+    answer, cache, pol = lookup.answer, lookup.cache, lookup.policy
+    assert pol is not None
+    fingerprint = answer.system_fingerprint if answer is not None else None
+    entry = Entry(VERSION, cache.clock(), lookup.rec.model, provider, target, usage, events, fingerprint)
+    if lookup.leading and len(lookup.keys) == 1:
+        lookup.result = [entry]
+        waiter = lookup.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(entry)
+    raw = MAGIC + encode_entry(entry)
+    if len(raw) > pol.max_entry_bytes:
+        return None
+    label, metrics = lookup.rec.label, cache.metrics
+    if metrics is not None and label is not None:
+        metrics.tally.add(cache.child("stored", label), len(raw))
+    memory: MemoryStore = cache.memory
+    if pol.store is memory:
+        memory.keep(lookup.keys[prompt], lookup.tag, raw, pol.ttl_s)
+        return None
+    return raw
 
 
 __all__ = [
     "store_batch",
+    "store_one",
     "assembled",
     "completed",
     "join_answer",

@@ -21,7 +21,9 @@ import msgspec
 from gateway.cache.entry import VERSION
 from wire.schema import CompletionRequest
 
-_canonical = msgspec.json.Encoder(order="deterministic").encode
+canonical = msgspec.json.Encoder(
+    order="deterministic"
+).encode  # `cache_key`'s, of a request without its delivery fields
 _PREFIX: Final = f"gateway-cache/v{VERSION}\x00".encode()
 
 
@@ -29,7 +31,7 @@ def cache_key(req: CompletionRequest, scope: bytes) -> bytes:
     """`req` (normalized) in its canonical encoding, as the answer's identity, within `scope`."""
     if req.stream is not None or req.stream_options is not None or req.inference_timeout is not None:
         req = msgspec.structs.replace(req, stream=None, stream_options=None, inference_timeout=None)
-    return scope + _canonical(req)
+    return scope + canonical(req)
 
 
 def digest(key: bytes) -> str:
@@ -51,4 +53,4 @@ _TAGS: Final[dict[str, str]] = {}
 _TAGS_MAX: Final = 1024
 
 
-__all__ = ["cache_key", "digest", "model_tag"]
+__all__ = ["cache_key", "canonical", "digest", "model_tag"]

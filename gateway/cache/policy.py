@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Final
 
+from gateway.cache.key import model_tag
 from gateway.cache.store import Store
-from gateway.config import CacheConfig
+from gateway.config import CacheConfig, LoadedConfig
 from wire.errors import GatewayError
 from wire.schema import CompletionRequest
 
@@ -17,7 +18,9 @@ BYPASS: Final = "bypass"
 
 
 class Policy:
-    __slots__ = ("mode", "ttl_s", "max_entry_bytes", "shared", "store")
+    """One `cache` block, as the request path reads it: compiled once per pipeline, shared by its models."""
+
+    __slots__ = ("mode", "ttl_s", "max_entry_bytes", "shared", "store", "scope", "always", "memory")
 
     def __init__(self, cfg: CacheConfig, store: Store) -> None:
         self.mode = cfg.mode
@@ -25,6 +28,62 @@ class Policy:
         self.max_entry_bytes = cfg.max_entry_bytes
         self.shared = cfg.scope == "shared"
         self.store = store
+        self.scope = SHARED_SCOPE if self.shared else b""  # a tenant's scope is its key's (`Cache.scope`)
+        self.always = cfg.mode == "always"  # every request covered, whatever its sampling
+        self.memory = store.kind == "memory"  # read without a coroutine
+
+
+SHARED_SCOPE: Final = b"*\x00"
+
+
+class Policies:
+    """Which policy covers each model, resolved from the `cache` blocks once per model name: an alias's
+    own block, else its first target's provider's, else the top-level one; a direct `vendor/model` name
+    its provider's, else the top-level one."""
+
+    def __init__(self, loaded: LoadedConfig, memory: Store, redis: Store | None) -> None:
+        cfg = loaded.config
+
+        def policy(block: CacheConfig) -> Policy | None:
+            if block.mode == "off":
+                return None
+            return Policy(block, redis if block.store == "redis" and redis is not None else memory)
+
+        self.default = policy(cfg.cache)
+        self.providers = {n: policy(p.cache) for n, p in loaded.providers.items() if p.cache is not None}
+        self.aliases: dict[str, Policy | None] = {}
+        for alias in cfg.models:
+            if alias.cache is not None:
+                self.aliases[alias.name] = policy(alias.cache)
+            else:
+                vendor = alias.targets[0].model.partition("/")[0]
+                self.aliases[alias.name] = self.providers.get(vendor, self.default)
+        self.known: dict[str, tuple[Policy | None, str]] = {}  # per model name: its policy and model tag
+        self.scopes: dict[str | None, bytes] = {}  # per API key name: its tenant scope
+
+    def policy(self, model: str) -> Policy | None:
+        found = self.aliases.get(model, self)
+        if found is not self:
+            return found  # type: ignore[return-value]
+        return self.providers.get(model.partition("/")[0], self.default)
+
+    def of(self, model: str) -> tuple[Policy | None, str]:
+        """`model`'s policy and tag, resolved once (`known` is probed first on the request path)."""
+        if len(self.known) >= 4096:
+            self.known.clear()  # client-chosen model names cannot grow it
+        known = self.known[model] = (self.policy(model), model_tag(model))
+        return known
+
+    def scope(self, pol: Policy, key: str | None) -> bytes:
+        """What prefixes a request's canonical encoding: `*` when shared, else the API key's name."""
+        if pol.shared:
+            return SHARED_SCOPE
+        scope = self.scopes.get(key)
+        if scope is None:
+            if len(self.scopes) >= 4096:
+                self.scopes.clear()  # bounded like the keys a config names
+            scope = self.scopes[key] = b"key:%s\x00" % (key or "").encode("utf-8", "surrogatepass")
+        return scope
 
 
 class Controls:
@@ -73,4 +132,16 @@ def cache_miss() -> GatewayError:
     )
 
 
-__all__ = ["BYPASS", "COALESCED", "HIT", "MISS", "NO_CONTROLS", "Controls", "Policy", "cache_miss", "deterministic"]
+__all__ = [
+    "BYPASS",
+    "COALESCED",
+    "HIT",
+    "MISS",
+    "NO_CONTROLS",
+    "Policies",
+    "SHARED_SCOPE",
+    "Controls",
+    "Policy",
+    "cache_miss",
+    "deterministic",
+]

@@ -13,22 +13,46 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
-from typing import Any
+from typing import Any, Final
 
+import msgspec
 from msgspec.structs import replace
 
-from gateway.cache.batch import assembled, completed, prompt_items, spliced, store_batch
-from gateway.cache.entry import VERSION, Entry, buffered_body, dump, events_of, finished, load, replay_stream
+from gateway.cache.batch import assembled, completed, prompt_items, spliced, store_batch, store_one
+from gateway.cache.entry import (
+    MAGIC,
+    VERSION,
+    Entry,
+    buffered_body,
+    encode_entry,
+    events_of,
+    finished,
+    load,
+    replay_stream,
+)
 from gateway.cache.job import J, JobLike, Make, R
-from gateway.cache.key import cache_key, model_tag
-from gateway.cache.policy import BYPASS, COALESCED, HIT, MISS, NO_CONTROLS, Controls, Policy, cache_miss, deterministic
-from gateway.cache.store import MemoryStore, RedisStore, Store
-from gateway.config import CacheConfig, LoadedConfig
+from gateway.cache.key import cache_key, canonical, model_tag
+from gateway.cache.policy import (
+    BYPASS,
+    COALESCED,
+    HIT,
+    MISS,
+    NO_CONTROLS,
+    Controls,
+    Policies,
+    Policy,
+    cache_miss,
+    deterministic,
+)
+from gateway.cache.store import MemoryStore, RedisStore
+from gateway.config import LoadedConfig
 from gateway.limits.admission import Admission
 from gateway.ops.metrics import Metrics, Record
 from gateway.state import SharedState
 from wire.errors import GatewayError
 from wire.schema import Choice, Completion, CompletionRequest, Usage, encode
+
+_NONE: Final[dict[str, Any]] = {}  # no series yet (never written to)
 
 
 class Cache:
@@ -52,46 +76,29 @@ class Cache:
         self.redis = RedisStore(shared) if shared.configured else None
         self.total_timeout_s = cfg.timeouts.total_ms / 1000
 
-        def policy(block: CacheConfig) -> Policy | None:
-            if block.mode == "off":
-                return None
-            store: Store = self.redis if block.store == "redis" and self.redis is not None else self.memory
-            return Policy(block, store)
-
-        self.default = policy(cfg.cache)
-        self.providers = {n: policy(p.cache) for n, p in loaded.providers.items() if p.cache is not None}
-        self.aliases: dict[str, Policy | None] = {}
-        for alias in cfg.models:
-            if alias.cache is not None:
-                self.aliases[alias.name] = policy(alias.cache)
-            else:
-                vendor = alias.targets[0].model.partition("/")[0]
-                self.aliases[alias.name] = self.providers.get(vendor, self.default)
+        self.policies = Policies(loaded, self.memory, self.redis)
+        self._policies, self._scopes = self.policies.known, self.policies.scopes  # probed on every request
         self.inflight: dict[bytes, Lookup] = {}  # per key: the request in flight that will store its answer
         self.counts = {HIT: 0, MISS: 0, COALESCED: 0, BYPASS: 0}
-        self.children: dict[tuple[str, str], Any] = {}
-        self._policies: dict[str, tuple[Policy | None, str]] = {}  # per model: its policy and model tag
+        self.series: dict[str, dict[str, Any]] = {}  # per model label, per kind: its labelled series
         self.stores = {s.kind: s for s in (self.memory, self.redis) if s is not None}
-
-    def policy(self, model: str) -> Policy | None:
-        found = self.aliases.get(model, self)
-        if found is not self:
-            return found  # type: ignore[return-value]
-        return self.providers.get(model.partition("/")[0], self.default)
 
     def child(self, kind: str, label: str) -> Any:
         """A labelled series, looked up once per (kind, model): `labels()` takes a lock on every call."""
-        found = self.children.get((kind, label))
+        series = self.series.get(label)
+        if series is None:
+            if len(self.series) >= 1024:
+                self.series.clear()  # bounded like the label values themselves
+            series = self.series[label] = {}
+        found = series.get(kind)
         if found is None:
             metrics = self.metrics
             assert metrics is not None
-            if len(self.children) >= 4096:
-                self.children.clear()  # bounded like the label values themselves
             if kind == "stored":
                 found = metrics.cache_stored_bytes.labels(label)
             else:
                 found = metrics.cache_requests.labels(kind, label)
-            self.children[(kind, label)] = found
+            series[kind] = found
         return found
 
     def lookup(
@@ -99,30 +106,44 @@ class Cache:
     ) -> Lookup | None | Coroutine[Any, Any, Lookup | None]:
         """None when no cache covers the request's model; else what the cache found for it: as is when found in
         memory, or a coroutine to await when a Redis read or an identical request in flight must be waited for."""
-        policies = self._policies
-        known = policies.get(req.model)
-        if known is None:
-            if len(policies) >= 4096:
-                policies.clear()  # client-chosen model names cannot grow it
-            known = policies[req.model] = (self.policy(req.model), model_tag(req.model))
-        pol, tag = known
+        pol, tag = self._policies.get(req.model) or self.policies.of(req.model)
         if pol is None:
             return None
         header = headers.get("cache-control")
-        cc = Controls(header) if header else NO_CONTROLS
-        if cc.no_store or (pol.mode == "deterministic" and not deterministic(req)):
-            if cc.only_if_cached:
-                raise cache_miss()
-            return Lookup(self, BYPASS, rec)
-        scope = b"*\x00" if pol.shared else b"key:%s\x00" % (key or "").encode("utf-8", "surrogatepass")
         prompt = req.prompt
-        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+        if (
+            header is None
+            and pol.memory
+            and isinstance(prompt, str)
+            and req.stream is None
+            and req.stream_options is None
+            and req.inference_timeout is None
+            and (pol.always or deterministic(req))
+        ):
+            # The common request (no directives, one text prompt, buffered, stored in memory): its key is
+            # `cache_key`'s without a copy of the request, and a plain miss is settled here, in one step.
+            digest = (pol.scope or self._scopes.get(key) or self.policies.scope(pol, key)) + canonical(req)
+            inflight = self.inflight
+            if digest not in inflight and digest not in self.memory.entries:
+                # Nothing stored, no identical request in flight: this one asks and stores (`Lookup.done`).
+                lookup = Lookup(self, MISS, rec, pol, digest, tag, [digest], [prompt], [None], req.n or 1, True, True)
+                inflight[digest] = lookup
+                return lookup
+            cc = NO_CONTROLS
+        else:
+            cc = Controls(header) if header else NO_CONTROLS
+            if cc.no_store or (pol.mode == "deterministic" and not deterministic(req)):
+                if cc.only_if_cached:
+                    raise cache_miss()
+                return Lookup(self, BYPASS, rec)
+            digest = b""
+        if digest or isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
             # One prompt, the common case: one key, one read (in memory, without a coroutine).
-            digest = cache_key(req, scope)
+            digest = digest or cache_key(req, self.policies.scope(pol, key))
             lookup = Lookup(self, MISS, rec, pol, digest, tag, [digest], [prompt])
             if cc.no_cache:
                 return self._decide(lookup, req, cc, [])
-            if pol.store is self.memory:
+            if pol.memory:
                 raw = self.memory.fetch(digest)
                 if raw is None and digest not in self.inflight and cc is NO_CONTROLS:
                     # The plain miss: nothing stored, no identical request in flight, no directives.
@@ -135,6 +156,7 @@ class Cache:
                 return self._decide(lookup, req, cc, [raw])
         else:
             prompts = prompt_items(prompt)
+            scope = self.policies.scope(pol, key)
             # One entry per prompt: a one-item list shares its prompt's entry with the prompt sent alone.
             keys = [cache_key(replace(req, prompt=p), scope) for p in prompts]
             # What identical requests in flight coalesce on: the whole request.
@@ -229,60 +251,31 @@ class Cache:
         }
 
 
-class Lookup:
-    """One request's dealings with the cache, from its lookup to its answer stored (or not)."""
+class Lookup(msgspec.Struct):
+    """One request's dealings with the cache, from its lookup to its answer stored (or not).
 
-    __slots__ = (
-        "cache",
-        "state",
-        "rec",
-        "entry",
-        "policy",
-        "digest",
-        "tag",
-        "leading",
-        "waiter",
-        "result",
-        "events",
-        "answer",
-        "keys",
-        "found",
-        "prompts",
-        "n",
-        "missing",
-        "direct",
-    )
+    A struct, not a class with an `__init__`: it is made on every covered request, and msgspec fills its
+    fields without a Python call."""
 
-    def __init__(
-        self,
-        cache: Cache,
-        state: str,
-        rec: Record,
-        policy: Policy | None = None,
-        digest: bytes = b"",
-        tag: str = "",
-        keys: list[bytes] | None = None,
-        prompts: list[Any] | None = None,
-    ) -> None:
-        self.cache = cache
-        self.state = state
-        self.rec = rec
-        self.entry: Entry | None = None  # what a hit (or a coalesced request) is answered with
-        self.policy = policy  # set when the answer may be stored
-        self.digest = digest
-        self.tag = tag
-        self.leading = False  # the request in flight that identical ones wait for
-        self.waiter: asyncio.Future[Entry | None] | None = None  # made by the first that waits
-        self.result: list[Entry] | None = None  # what it stored, for one that comes to wait after
-        self.events: list[list[Choice]] | None = None  # a stream's chunks, as the relay sends them
-        self.answer: Completion | None = None  # a buffered answer, as the pipeline encodes it
-        self.keys: list[bytes] = keys or []  # per prompt
-        self.found: list[Entry | None] = []  # per prompt: the entry already stored
-        self.prompts: list[Any] = prompts or []
-        self.n = 1
-        self.missing: list[int] = []  # the prompts (by their place in the request) the upstream is asked for
-        # A miss of one prompt stored in memory: a buffered one needs no `serve` around the pipeline's call.
-        self.direct = False
+    cache: Cache
+    state: str
+    rec: Record
+    policy: Policy | None = None  # set when the answer may be stored
+    digest: bytes = b""
+    tag: str = ""
+    keys: list[bytes] = []  # per prompt
+    prompts: list[Any] = []
+    found: list[Entry | None] = []  # per prompt: the entry already stored
+    n: int = 1
+    leading: bool = False  # the request in flight that identical ones wait for
+    # A miss of one prompt stored in memory: a buffered one needs no `serve` around the pipeline's call.
+    direct: bool = False
+    entry: Entry | None = None  # what a hit (or a coalesced request) is answered with
+    waiter: asyncio.Future[Entry | None] | None = None  # made by the first that waits
+    result: list[Entry] | None = None  # what it stored, for one that comes to wait after
+    events: list[list[Choice]] | None = None  # a stream's chunks, as the relay sends them
+    answer: Completion | None = None  # a buffered answer, as the pipeline encodes it
+    missing: list[int] = []  # the prompts (by their place in the request) the upstream is asked for
 
     def served_by(self, state: str, entry: Entry) -> Lookup:  # answered from the cache: nothing stored
         self.state, self.entry, self.policy = state, entry, None
@@ -327,7 +320,7 @@ class Lookup:
             fresh = self.answer
             if fresh is not None and self.policy is not None:
                 if len(missing) == 1:
-                    raw = self.store_one([fresh.choices], fresh.usage, missing[0], rec.provider, rec.target)
+                    raw = store_one(self, [fresh.choices], fresh.usage, missing[0], rec.provider, rec.target)
                     remote = [(self.keys[missing[0]], raw)] if raw is not None else None
                 else:
                     remote = store_batch(self, [fresh.choices], fresh.usage, missing, (rec.provider, rec.target))
@@ -343,50 +336,80 @@ class Lookup:
 
     def count(self, rec: Record) -> None:
         """The lookup counted, by its state and model, once the request is admitted."""
-        cache = self.cache
-        cache.counts[self.state] += 1
-        rec.cache_outcome = self.state
-        if cache.metrics is not None:
+        cache, state = self.cache, self.state
+        cache.counts[state] += 1
+        rec.cache_outcome = state
+        metrics = cache.metrics
+        if metrics is not None:
             label = rec.label
             if label is None:
-                label = rec.label = cache.metrics.labels.fold(rec.model)
-            pending = cache.metrics.tally.pending  # Tally.add, inlined: this runs on every lookup
+                label = rec.label = metrics.labels.fold(rec.model)
+            pending = metrics.tally.pending  # Tally.add, inlined: this runs on every lookup
             if not pending:
-                cache.metrics.tally.arm()
-            child = cache.children.get((self.state, label)) or cache.child(self.state, label)
+                metrics.tally.arm()
+            child = cache.series.get(label, _NONE).get(state) or cache.child(state, label)
             pending[child] = pending.get(child, 0.0) + 1.0
 
     def done(self, rec: Record, body: bytes) -> None:
         """A `direct` miss answered: counted, its answer (`body`, the client's JSON) stored in memory and handed
         to whoever waits, and the request released, in one step (nothing can come to wait in between)."""
-        self.count(rec)
-        fresh, pol, n, cache = self.answer, self.policy, self.n, self.cache
+        cache, state, fresh, pol, n = self.cache, self.state, self.answer, self.policy, self.n
         choices = fresh.choices if fresh is not None else []
-        one = n == 1 and len(choices) == 1 and choices[0].finish_reason is not None
-        if fresh is None or pol is None or not (one or finished([choices], n)):
+        if (
+            fresh is None
+            or pol is None
+            or not ((n == 1 and len(choices) == 1 and choices[0].finish_reason is not None) or finished([choices], n))
+        ):
+            self.count(rec)
             self.abandon()  # no answer, or one without every finish reason: nothing stored
             return
         at = body.find(b',"choices":')  # a bare `"` only opens or closes a string: the first is the field
         rest, events = (body[at:], []) if at > 0 else (None, [choices])
-        fp = fresh.system_fingerprint
-        entry = Entry(VERSION, cache.clock(), rec.model, rec.provider, rec.target, fresh.usage, events, fp, rest)
+        fp, stored = fresh.system_fingerprint, cache.clock()
+        # The entry's encoding from its fields (an `Entry` is array-like: a tuple of them encodes the same);
+        # the struct itself is made only for a request that waits for this one.
+        raw = MAGIC + encode_entry(
+            (VERSION, stored, rec.model, rec.provider, rec.target, fresh.usage, events, fp, rest)
+        )
         waiter = self.waiter
         if waiter is not None and not waiter.done():
-            waiter.set_result(entry)
+            waiter.set_result(
+                Entry(VERSION, stored, rec.model, rec.provider, rec.target, fresh.usage, events, fp, rest)
+            )
+        digest = self.digest
         if self.leading:  # `abandon`, its waiter already answered
             self.leading = False
-            if cache.inflight.get(self.digest) is self:
-                del cache.inflight[self.digest]
-        raw = dump(entry)
-        if len(raw) <= pol.max_entry_bytes:
-            label, metrics = rec.label, cache.metrics
-            if metrics is not None and label is not None:
-                pending = metrics.tally.pending  # Tally.add, inlined
-                if not pending:
-                    metrics.tally.arm()
-                child = cache.children.get(("stored", label)) or cache.child("stored", label)
-                pending[child] = pending.get(child, 0.0) + len(raw)
-            cache.memory.keep(self.digest, self.tag, raw, pol.ttl_s)
+            inflight = cache.inflight
+            if inflight.get(digest) is self:
+                del inflight[digest]
+        # `count` and `Tally.add`, inlined with the stored bytes' count: all a plain miss adds to the request.
+        cache.counts[state] += 1
+        rec.cache_outcome = state
+        size = len(raw)
+        keep = size <= pol.max_entry_bytes
+        metrics = cache.metrics
+        if metrics is not None:
+            label = rec.label
+            if label is None:
+                label = rec.label = metrics.labels.fold(rec.model)
+            series = cache.series.get(label, _NONE)
+            pending = metrics.tally.pending
+            if not pending:
+                metrics.tally.arm()
+            child = series.get(state) or cache.child(state, label)
+            pending[child] = pending.get(child, 0.0) + 1.0
+            if keep:
+                child = series.get("stored") or cache.child("stored", label)
+                pending[child] = pending.get(child, 0.0) + size
+        if keep:
+            # `MemoryStore.keep`, inlined for its common case: a new key that fits without an eviction.
+            memory = cache.memory
+            entries, cost = memory.entries, size + len(digest)
+            if digest not in entries and memory.bytes + cost <= memory.max_bytes:
+                entries[digest] = (raw, memory.clock() + pol.ttl_s, self.tag)
+                memory.bytes += cost
+            else:
+                memory.keep(digest, self.tag, raw, pol.ttl_s)
 
     def replay(self, job: JobLike, rec: Record, make: Make[R]) -> R:
         entry = self.entry
@@ -421,43 +444,13 @@ class Lookup:
         if events is not None and self.policy is not None:
             missing = self.missing
             if len(missing) == 1:
-                raw = self.store_one(events, usage, missing[0], served[0], served[1])
+                raw = store_one(self, events, usage, missing[0], served[0], served[1])
                 remote = [(self.keys[missing[0]], raw)] if raw is not None else None
             else:
                 remote = store_batch(self, events, usage, missing, served)
             if remote:
                 await self._send(remote)
         self.abandon()
-
-    def store_one(
-        self, events: list[list[Choice]], usage: Usage | None, prompt: int, provider: str, target: str
-    ) -> bytes | None:
-        """`store_batch` for one prompt (every one-prompt request): no split, no share, no list of entries."""
-        n = self.n
-        if n == 1 and len(events) == 1 and len(events[0]) == 1:  # one choice in one event (buffered)
-            if events[0][0].finish_reason is None:
-                return None
-        elif not finished(events, n):
-            return None  # a choice without its finish reason: not an answer that completed normally
-        answer, cache, pol = self.answer, self.cache, self.policy
-        assert pol is not None
-        fingerprint = answer.system_fingerprint if answer is not None else None
-        entry = Entry(VERSION, cache.clock(), self.rec.model, provider, target, usage, events, fingerprint)
-        if self.leading and len(self.keys) == 1:
-            self.result = [entry]
-            waiter = self.waiter
-            if waiter is not None and not waiter.done():
-                waiter.set_result(entry)
-        raw = dump(entry)
-        if len(raw) > pol.max_entry_bytes:
-            return None
-        label, metrics = self.rec.label, cache.metrics
-        if metrics is not None and label is not None:
-            metrics.tally.add(cache.children.get(("stored", label)) or cache.child("stored", label), len(raw))
-        if pol.store is cache.memory:
-            cache.memory.keep(self.keys[prompt], self.tag, raw, pol.ttl_s)
-            return None
-        return raw
 
     async def _send(self, remote: list[tuple[bytes, bytes]]) -> None:
         pol = self.policy
