@@ -108,6 +108,7 @@ class Budgets:
         name = key.name
         return (
             key.max_cost_per_day is not None
+            or key.max_cost_per_month is not None
             or name in self.key_day
             or name in self.key_month
             or self.ledger.teams.get(name, "") in self.teams
@@ -120,7 +121,7 @@ class Budgets:
         per_day = self.key_day.get(name, key.max_cost_per_day)
         if per_day is not None:
             out.append(Budget(f"Key '{name}'", name, "key_name", "daily", day, day, per_day))
-        per_month = self.key_month.get(name)
+        per_month = self.key_month.get(name, key.max_cost_per_month)
         if per_month is not None:
             out.append(Budget(f"Key '{name}'", name, "key_name", "monthly", first, last, per_month))
         team_name = self.ledger.teams.get(name, "")
