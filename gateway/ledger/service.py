@@ -26,6 +26,7 @@ class Hooked(Protocol):
     """What the ledger needs of a pipeline: its key ring and a place for the ledger (gateway/path/pipeline.py)."""
 
     keys: Any
+    usage: Any
     loaded: LoadedConfig
     ledger: Ledger | None
     budgets: Budgets | None
@@ -63,6 +64,7 @@ class LedgerService:
         pipeline.keys.runtime = self.runtime
         pipeline.ledger = self.ledger
         pipeline.budgets = Budgets(pipeline.loaded, self.ledger, self.counters)
+        pipeline.usage.ledgered = True  # its budgets reserve in the ledger: no spend counters to keep
 
     async def start(self) -> None:
         await self.ledger.start()

@@ -170,8 +170,8 @@ class Pipeline:
         self.keys.authorize(key, req.model)
         rec.model = req.model  # a budget refusal counts under the model asked for (routing refines it below)
         budgets = self.budgets
-        if budgets is None and key is not None and (key.name in self.usage.budgets or key.max_cost_per_day is not None):
-            await self.usage.check(key.name, key.max_cost_per_day)  # one HGET of today's booked spend
+        if budgets is None and key is not None and (key.name in self.usage.guarded or key.max_cost_per_day is not None):
+            await self.usage.check(key.name, key.max_cost_per_day)  # one round trip: the booked spend
         plan = self.router.plan(req.model)
         if budgets is not None and key is not None and budgets.applies(key):
             rec.hold = await budgets.reserve(key, req, plan, self.usage.prices, self.shared)
