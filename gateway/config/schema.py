@@ -126,6 +126,7 @@ class TeamConfig(Strict, frozen=True):
 class LedgerConfig(Strict, frozen=True):
     # Where every answered request is booked (docs/ledger.md): `sqlite:///<path>` (a file, relative to the
     # working directory; `sqlite:////abs/path` for an absolute one) or `postgresql://...`; empty: no ledger.
+    # `ledger.*` is read at start: a reload that changes it keeps the running ledger and logs a WARNING.
     url: str = ""
     # The writer commits a batch every `flush_ms`, or sooner once `batch_rows` rows wait.
     flush_ms: Annotated[int, Meta(ge=10, le=60_000)] = 1_000
