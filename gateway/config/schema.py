@@ -108,14 +108,16 @@ class KeyConfig(Strict, frozen=True):
     limits: LimitsConfig | None = None
     # USD per UTC day (gateway/limits/usage.py): at or over it, requests answer 429 `budget_exceeded`. 0 blocks the key.
     max_cost_per_day: Annotated[float, Meta(ge=0)] | None = None
-    # USD per UTC calendar month; enforced, like a team's budgets, only with a ledger (docs/ledger.md).
+    # USD per UTC calendar month: at or over it, requests answer 429 `budget_exceeded` until the 1st (without a
+    # ledger checked against the month's booked spend, docs/operations.md; with one reserved, docs/ledger.md).
     max_cost_per_month: Annotated[float, Meta(ge=0)] | None = None
     # A team groups keys in the ledger's rows, rollups and reports, and shares its `teams:` budgets.
     team: str | None = None
 
 
 class TeamConfig(Strict, frozen=True):
-    # USD per UTC day and per UTC month for all the team's keys together (with a ledger: docs/ledger.md).
+    # USD per UTC day for all the team's keys together: at or over it, each of them answers 429 `budget_exceeded`
+    # (with or without a ledger, as a key's own budgets: docs/operations.md, docs/ledger.md).
     max_cost_per_day: Annotated[float, Meta(ge=0)] | None = None
     # USD per UTC calendar month for all the team's keys together.
     max_cost_per_month: Annotated[float, Meta(ge=0)] | None = None
@@ -124,6 +126,7 @@ class TeamConfig(Strict, frozen=True):
 class LedgerConfig(Strict, frozen=True):
     # Where every answered request is booked (docs/ledger.md): `sqlite:///<path>` (a file, relative to the
     # working directory; `sqlite:////abs/path` for an absolute one) or `postgresql://...`; empty: no ledger.
+    # `ledger.*` is read at start: a reload that changes it keeps the running ledger and logs a WARNING.
     url: str = ""
     # The writer commits a batch every `flush_ms`, or sooner once `batch_rows` rows wait.
     flush_ms: Annotated[int, Meta(ge=10, le=60_000)] = 1_000

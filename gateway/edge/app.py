@@ -33,7 +33,7 @@ from gateway.edge.status import ROUTES as STATUS_ROUTES
 from gateway.edge.tokenizer_routes import SCOPED_PREFIX, Tokenizers
 from gateway.fleet.engine import EngineReader, watched
 from gateway.fleet.shared import DrainSync
-from gateway.ledger.service import LedgerService
+from gateway.ledger.service import LedgerService, Pinned
 from gateway.ops import accesslog
 from gateway.ops.metrics import CONTENT_TYPE, Metrics
 from gateway.ops.reload import Reloader
@@ -173,11 +173,13 @@ def create_app(loaded: LoadedConfig) -> Front:
     collected = Metrics()
     # The ledger (docs/ledger.md), one per process; every pipeline, a reload's too, books into it.
     ledger = LedgerService(loaded, collected) if loaded.config.ledger.url else None
+    pinned = Pinned(loaded, collected)
 
     def build(config: LoadedConfig) -> Pipeline:
         built = Pipeline(config, metrics=collected)
         if ledger is not None:
             ledger.install(built)
+        pinned.check(config)  # a reload's `ledger.*` changes: one WARNING, counted
         return built
 
     pipeline = build(loaded)

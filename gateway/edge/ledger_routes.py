@@ -41,8 +41,9 @@ class NewKey(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
         default_factory=lambda: ["**"]
     )
     max_cost_per_day: Annotated[float, Meta(ge=0)] | None = None
+    max_cost_per_month: Annotated[float, Meta(ge=0)] | None = None
     expires_in_s: Annotated[int, Meta(ge=1)] | None = None
-    limits: LimitsConfig | None = None  # rps, rpm, tpm, tpd, concurrent, as a YAML key's
+    limits: LimitsConfig | None = None  # rps, rpm, tpm, tpd, concurrent, max_queue_ms: a YAML key's block
 
 
 class Rotation(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -87,7 +88,15 @@ def routes(authorize: Authorize, render: Render) -> list[HTTPRouteHandler]:
         expires = round(time.time() + spec.expires_in_s, 3) if spec.expires_in_s else None
         try:
             issued = await run(
-                request, keystore.create, spec.name, spec.team, spec.models, spec.max_cost_per_day, expires, spec.limits
+                request,
+                keystore.create,
+                spec.name,
+                spec.team,
+                spec.models,
+                spec.max_cost_per_day,
+                expires,
+                spec.limits,
+                spec.max_cost_per_month,
             )
         except keystore.KeyConflict as exc:
             return render(GatewayError(str(exc), status=409, code="key_exists"))

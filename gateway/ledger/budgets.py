@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import calendar
-import datetime as dt
 import time
 from typing import Any, Final
 
@@ -24,19 +23,14 @@ from gateway.ledger.book import Ledger
 from gateway.ledger.engine import Cursor, LedgerDown
 from gateway.limits.auth import ClientKey
 from gateway.limits.tokens import reservation
-from gateway.limits.usage import PICO, Prices, day_of, to_midnight, usd
+from gateway.limits.usage import PICO, Prices, budget_refusal, day_of
 from gateway.ops.metrics import Record
 from gateway.state import Degraded, SharedState
 from gateway.upstream.plan import Plan
-from wire.errors import RateLimitError
 from wire.schema import CompletionRequest
 
 _DAY_TTL_S: Final = 3 * 86_400
 _MONTH_TTL_S: Final = 33 * 86_400
-
-
-def _money(x: float) -> str:
-    return f"${x:,.6f}".rstrip("0").rstrip(".")
 
 
 class Budget:
@@ -108,6 +102,7 @@ class Budgets:
         name = key.name
         return (
             key.max_cost_per_day is not None
+            or key.max_cost_per_month is not None
             or name in self.key_day
             or name in self.key_month
             or self.ledger.teams.get(name, "") in self.teams
@@ -120,7 +115,7 @@ class Budgets:
         per_day = self.key_day.get(name, key.max_cost_per_day)
         if per_day is not None:
             out.append(Budget(f"Key '{name}'", name, "key_name", "daily", day, day, per_day))
-        per_month = self.key_month.get(name)
+        per_month = self.key_month.get(name, key.max_cost_per_month)
         if per_month is not None:
             out.append(Budget(f"Key '{name}'", name, "key_name", "monthly", first, last, per_month))
         team_name = self.ledger.teams.get(name, "")
@@ -150,7 +145,7 @@ class Budgets:
             for b in budgets:
                 spent = await self._take(b, worst, shared)
                 if spent is not None:
-                    raise _refusal(b, spent, now)
+                    raise budget_refusal(b.who, b.period, b.limit_pico, spent, now)
                 taken.append(b)
         except BaseException:
             for b in taken:
@@ -232,20 +227,3 @@ class Budgets:
     async def _settle(self, hold: Hold, real: int, shared: SharedState) -> None:
         for b in hold.budgets:
             await self._add(b, -hold.worst, real, shared)
-
-
-def _refusal(b: Budget, spent: int, now: float) -> RateLimitError:
-    if b.period == "daily":
-        wait = to_midnight(now)
-        when, resume = "today, UTC", f"00:00 UTC, in {wait} s"
-    else:
-        last = dt.date.fromisoformat(b.last_day) + dt.timedelta(days=1)
-        end = dt.datetime(last.year, last.month, last.day, tzinfo=dt.UTC).timestamp()
-        wait = max(int(end - now), 1)
-        when, resume = "this month, UTC", f"{last.isoformat()} 00:00 UTC, in {wait} s"
-    return RateLimitError(
-        f"{b.who} has reached its {b.period} budget of {_money(usd(b.limit_pico))} ({_money(usd(spent))} spent "
-        f"{when}); requests resume at {resume}",
-        code="budget_exceeded",
-        retry_after=wait,
-    )

@@ -30,7 +30,8 @@ from gateway.limits.globs import ModelGlobs
 log = logging.getLogger("gateway")
 
 _FIELDS: Final = (
-    "id, name, team, models, max_cost_per_day, expires_at, digest, old_digest, old_valid_until, created_at, limits"
+    "id, name, team, models, max_cost_per_day, expires_at, digest, old_digest, old_valid_until, created_at, limits, "
+    "max_cost_per_month"
 )
 _BUMP: Final = "UPDATE counters SET value = value + 1 WHERE name = 'keys'"
 
@@ -47,6 +48,7 @@ class KeyRow(msgspec.Struct, frozen=True):
     created_at: float
     rotated_grace_until: float | None = None
     limits: LimitsConfig | None = None
+    max_cost_per_month: float | None = None
 
 
 class Issued(msgspec.Struct, frozen=True):
@@ -83,6 +85,7 @@ def _row(r: tuple[Any, ...]) -> KeyRow:
         created_at=r[9],
         rotated_grace_until=r[8],
         limits=_limits(r[10]),
+        max_cost_per_month=r[11],
     )
 
 
@@ -101,6 +104,7 @@ def create(
     max_cost_per_day: float | None,
     expires_at: float | None,
     limits: LimitsConfig | None = None,
+    max_cost_per_month: float | None = None,
 ) -> Issued:
     if cur.rows("SELECT id FROM api_keys WHERE name = ?", (name,)):
         raise KeyConflict(f"a key named {name!r} exists already")
@@ -108,12 +112,13 @@ def create(
     secret = _secret()
     now = round(time.time(), 3)
     cur.execute(
-        f"INSERT INTO api_keys ({_FIELDS}) VALUES (?, ?, ?, ?, ?, ?, ?, NULL, NULL, ?, ?)",
+        f"INSERT INTO api_keys ({_FIELDS}) VALUES (?, ?, ?, ?, ?, ?, ?, NULL, NULL, ?, ?, ?)",
         (key_id, name, team, msgspec.json.encode(models).decode(), max_cost_per_day, expires_at, _digest(secret), now)
-        + (None if limits is None else msgspec.json.encode(limits).decode(),),
+        + (None if limits is None else msgspec.json.encode(limits).decode(), max_cost_per_month),
     )
     cur.execute(_BUMP)
-    return Issued(KeyRow(key_id, name, team, models, max_cost_per_day, expires_at, now, limits=limits), secret)
+    row = KeyRow(key_id, name, team, models, max_cost_per_day, expires_at, now, None, limits, max_cost_per_month)
+    return Issued(row, secret)
 
 
 def rotate(cur: Cursor, key_id: str, grace_s: float) -> Issued:
@@ -159,13 +164,16 @@ def _ring(rows: list[tuple[Any, ...]]) -> dict[bytes, ClientKey]:
         models = ModelGlobs(msgspec.json.decode(r[3], type=list[str]))
         expires = r[5]
         digest = bytes.fromhex(r[6])
-        buckets = tuple(buckets_of(f"key:{r[1]}", _limits(r[10])))
-        out[digest] = ClientKey(r[1], b"", models, digest, expires, r[4], buckets)
+        limits = _limits(r[10])
+        buckets = tuple(buckets_of(f"key:{r[1]}", limits))
+        queue_ms = limits.max_queue_ms if limits is not None else 0
+        key = ClientKey(r[1], b"", models, digest, expires, r[4], buckets, r[11], queue_ms)
+        out[digest] = key
         if r[7] is not None:
             old = bytes.fromhex(r[7])
             until = r[8] if expires is None else min(r[8], expires)
             if until > time.time():
-                out[old] = ClientKey(r[1], b"", models, old, until, r[4], buckets)
+                out[old] = msgspec.structs.replace(key, digest=old, valid_until=until)
     return out
 
 

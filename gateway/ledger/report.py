@@ -93,12 +93,17 @@ async def report(
 
 
 async def spend_per_day(ledger: Ledger, days: int) -> list[dict[str, Any]] | None:
-    """The status page's chart: cost per day over the last `days` days (None while the ledger is away)."""
+    """The status page's chart: cost and requests on each of the last `days` UTC days, oldest first, a day
+    with nothing booked as zeros (a chart that skipped it would draw the days around it as neighbours);
+    None while the ledger is away."""
     now = time.time()
-    first, last = day_of(now - (days - 1) * 86_400), day_of(now)
-    sql = "SELECT day, sum(cost_pico), sum(requests) FROM daily WHERE day >= ? AND day <= ? GROUP BY day ORDER BY day"
+    window = [day_of(now - ago * 86_400) for ago in range(days - 1, -1, -1)]
+    sql = "SELECT day, sum(cost_pico), sum(requests) FROM daily WHERE day >= ? AND day <= ? GROUP BY day"
     try:
-        found = await ledger.call(ledger.db.transaction, lambda cur: cur.rows(sql, (first, last)))
+        found = await ledger.call(ledger.db.transaction, lambda cur: cur.rows(sql, (window[0], window[-1])))
     except LedgerDown:
         return None
-    return [{"day": r[0], "cost": usd(int(r[1])), "requests": int(r[2])} for r in found]
+    booked = {r[0]: (int(r[1]), int(r[2])) for r in found}
+    return [
+        {"day": day, "cost": usd(booked.get(day, (0, 0))[0]), "requests": booked.get(day, (0, 0))[1]} for day in window
+    ]

@@ -79,6 +79,8 @@ MIGRATIONS: Final[list[list[Statement]]] = [
     ],
     # 2: no query looks rows up by request_id, and its index cost every insert a tenth more.
     ["DROP INDEX IF EXISTS requests_request_id"],
+    # 3: runtime keys take a monthly budget, as YAML keys do.
+    ["ALTER TABLE api_keys ADD COLUMN max_cost_per_month DOUBLE PRECISION"],
 ]
 
 VERSION: Final = len(MIGRATIONS)

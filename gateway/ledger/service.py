@@ -10,9 +10,10 @@ from __future__ import annotations
 import logging
 from typing import Any, Protocol
 
-from prometheus_client import Gauge
+import msgspec
+from prometheus_client import Counter, Gauge
 
-from gateway.config import LoadedConfig
+from gateway.config import LedgerConfig, LoadedConfig
 from gateway.ledger import keys as keystore
 from gateway.ledger.book import Ledger
 from gateway.ledger.budgets import Budgets, Counters
@@ -26,6 +27,7 @@ class Hooked(Protocol):
     """What the ledger needs of a pipeline: its key ring and a place for the ledger (gateway/path/pipeline.py)."""
 
     keys: Any
+    usage: Any
     loaded: LoadedConfig
     ledger: Ledger | None
     budgets: Budgets | None
@@ -63,6 +65,7 @@ class LedgerService:
         pipeline.keys.runtime = self.runtime
         pipeline.ledger = self.ledger
         pipeline.budgets = Budgets(pipeline.loaded, self.ledger, self.counters)
+        pipeline.usage.ledgered = True  # its budgets reserve in the ledger: no spend counters to keep
 
     async def start(self) -> None:
         await self.ledger.start()
@@ -71,3 +74,38 @@ class LedgerService:
     async def close(self) -> None:
         await self.poller.stop()
         await self.ledger.close()
+
+
+class Pinned:
+    """`ledger.*` as the process started with it. The ledger (its database, writer, queue, spill file and
+    key poller) is set up once per process, so a reload keeps it: a reload that changes `ledger.*` says
+    which settings it did not apply in one WARNING and counts them (`gateway_config_reload_ignored`)."""
+
+    def __init__(self, loaded: LoadedConfig, metrics: Metrics) -> None:
+        self.started = loaded.config.ledger
+        self.ignored = Counter(
+            "gateway_config_reload_ignored",
+            "Settings a config reload changed but did not apply (they need a restart)",
+            ["setting"],
+            registry=metrics.registry,
+        )
+
+    def check(self, loaded: LoadedConfig) -> list[str]:
+        """The `ledger.*` settings `loaded` changes from the running ones (logged and counted), if any."""
+        now = loaded.config.ledger
+        if now == self.started:
+            return []
+        before, after = msgspec.structs.asdict(self.started), msgspec.structs.asdict(now)
+        changed = [f"ledger.{name}" for name in LedgerConfig.__struct_fields__ if before[name] != after[name]]
+        for setting in changed:
+            self.ignored.labels(setting).inc()
+        running = "keeps its settings" if self.started.url else "stays off (none was configured)"
+        # Names only: `ledger.url` may hold a password.
+        log.warning(
+            "config reload: %s changed in %s but not applied: the ledger is set up at start and %s until the "
+            "gateway restarts",
+            ", ".join(changed),
+            loaded.source,
+            running,
+        )
+        return changed

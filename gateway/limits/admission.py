@@ -129,7 +129,10 @@ class Admission:
         first = direct or plan.groups[0].routes[0]
         prompt, tokens = self._tokens(req, buckets, first)
         # Only key and alias scopes configure a queue; a provider's quota must not cancel theirs.
-        queue_ms = min((self.queue_ms[b.scope] for b in buckets if b.scope in self.queue_ms), default=0)
+        queues = [self.queue_ms[b.scope] for b in buckets if b.scope in self.queue_ms]
+        if key is not None and key.buckets and key.name not in self.keys:
+            queues.append(key.queue_ms)  # a runtime key's own `limits.max_queue_ms`
+        queue_ms = min(queues, default=0)
         waited = 0
         while True:
             decision = await self.acquire(buckets, tokens)

@@ -33,8 +33,10 @@ class ClientKey(msgspec.Struct, frozen=True):
     # Runtime keys (gateway/ledger/keys.py): the key's expiry, or a rotated secret's end of grace.
     valid_until: float | None = None
     max_cost_per_day: float | None = None
-    # A runtime key's own rate limits (a YAML key's are gateway/limits/admission.py's, by name).
+    # A runtime key's own rate limits and queue (a YAML key's are gateway/limits/admission.py's, by name).
     buckets: tuple[Bucket, ...] = ()
+    max_cost_per_month: float | None = None
+    queue_ms: int = 0
 
 
 class RuntimeKeys:

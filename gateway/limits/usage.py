@@ -63,6 +63,31 @@ def _money(x: float) -> str:
     return f"${x:,.6f}".rstrip("0").rstrip(".")
 
 
+def next_month(day: str) -> dt.date:
+    """The first day of the month after `day`'s (YYYY-MM-DD)."""
+    y, m = int(day[:4]), int(day[5:7])
+    return dt.date(y + m // 12, m % 12 + 1, 1)
+
+
+def budget_refusal(who: str, period: str, limit_pico: int, spent: int, now: float) -> RateLimitError:
+    """429 `budget_exceeded` for `who` (`Key 'ci'`, `Team 'red' (key 'ci')`) over its `daily` or `monthly`
+    budget, with Retry-After until the period ends (00:00 UTC, or the first of next month)."""
+    if period == "daily":
+        wait = to_midnight(now)
+        when, resume = "today, UTC", f"00:00 UTC, in {wait} s"
+    else:
+        first = next_month(day_of(now))
+        end = dt.datetime(first.year, first.month, 1, tzinfo=dt.UTC).timestamp()
+        wait = max(math.ceil(end - now), 1)
+        when, resume = "this month, UTC", f"{first.isoformat()} 00:00 UTC, in {wait} s"
+    return RateLimitError(
+        f"{who} has reached its {period} budget of {_money(usd(limit_pico))} ({_money(usd(spent))} spent {when}); "
+        f"requests resume at {resume}",
+        code="budget_exceeded",
+        retry_after=wait,
+    )
+
+
 class Prices:
     """Price lookup: the served target (`provider/model[/deployment]`) and then the model the request
     was booked under (an alias), each by exact key first; only then glob keys, in config order."""
@@ -163,6 +188,11 @@ def index_key(day: str) -> str:
     return f"usage:{day}"
 
 
+def spend_key(period: str, kind: str, name: str) -> str:
+    """A period's spend counter (picodollars): `spend:2026-11:key:ci`, `spend:2026-11-27:team:red`."""
+    return f"spend:{period}:{kind}:{name}"
+
+
 async def _write_per_slot(r: aioredis.Redis, batch: dict[tuple[str, str], Fields]) -> None:
     """A Redis Cluster has no transaction across hash slots: the day indexes first (idempotent), then one
     MULTI per hash (one slot), each taken out of `batch` once written, so a failure keeps only the rest."""
@@ -196,6 +226,14 @@ class UsageStore:
             k.name: k.max_cost_per_day for k in cfg.keys if k.max_cost_per_day is not None
         }
         self.key_names = [k.name for k in cfg.keys]
+        # Without a ledger, monthly and team budgets are checked against these counters, booked like the
+        # day's usage (with the ledger, gateway/ledger/budgets.py reserves instead and `ledgered` is set).
+        self.key_month = {k.name: k.max_cost_per_month for k in cfg.keys if k.max_cost_per_month is not None}
+        self.team_of = {k.name: k.team for k in cfg.keys if k.team}
+        self.teams = {n: t for n, t in cfg.teams.items() if (t.max_cost_per_day, t.max_cost_per_month) != (None, None)}
+        self.guarded = {n for n in self.key_names if n in self.budgets or n in self.key_month}
+        self.guarded |= {n for n, team in self.team_of.items() if team in self.teams}
+        self.ledgered = False
         self.shared = shared
         self.metrics = metrics
         self.labels = ModelLabels(loaded)
@@ -206,6 +244,10 @@ class UsageStore:
         # (day, key) -> fields. Without Redis this is the store; with Redis, bookings that could not reach it yet.
         # Only ever mutated in place, so that a reloaded config's store can share it (`adopt`).
         self.local: dict[tuple[str, str], Fields] = {}
+        # spend_key -> picodollars: without Redis the counters themselves, with it what has not reached it yet.
+        # Shared with a reloaded config's store, like `local`.
+        self.spend: dict[str, int] = {}
+        self._counters: dict[str, tuple[str, tuple[str, ...]]] = {}  # key -> (day, its counters that day)
         self._background: set[asyncio.Task[None]] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._cost: dict[tuple[str, str], Any] = {}  # per (model label, key): its cost series
@@ -216,6 +258,9 @@ class UsageStore:
         with it, so that requests still finishing on the old config book into the same place."""
         _merge(previous.local, self.local)
         self.local = previous.local
+        for name, pico in self.spend.items():
+            previous.spend[name] = previous.spend.get(name, 0) + pico
+        self.spend = previous.spend
 
     def today(self) -> str:
         return day_of(self.clock())
@@ -266,10 +311,31 @@ class UsageStore:
         into[TOTAL] = get(TOTAL, 0) + pico
         if rec.cached:
             into[cached] = get(cached, 0) + 1
+        if pico and rec.key is not None and not self.ledgered:
+            spend = self.spend
+            for counter in self._spend_counters(rec.key, day):
+                spend[counter] = spend.get(counter, 0) + pico
         if self.shared.client is not None and self._timer is None:
             # Bookings gather here and reach Redis in one transaction every FLUSH_S: a round trip per
             # request cost a saturated worker about 15 % of its time. Reads add what is still waiting.
             self._timer = asyncio.get_running_loop().call_later(FLUSH_S, self._flush_soon)
+
+    def _spend_counters(self, key: str, day: str) -> tuple[str, ...]:
+        """The counters a booking of `key` adds to: its month, and its team's day and month (whether or not
+        a budget is set now, so one a reload sets later counts what was spent before it)."""
+        known = self._counters.get(key)
+        if known is not None and known[0] == day:
+            return known[1]
+        month = day[:7]
+        team = self.team_of.get(key)
+        counters: tuple[str, ...] = (spend_key(month, "key", key),)
+        if team is not None:
+            counters += (spend_key(day, "team", team), spend_key(month, "team", team))
+        self._counters[key] = (day, counters)
+        # A new day: counters of past periods no longer decide anything.
+        for stale in [c for c in self.spend if c.split(":", 2)[1] not in (day, month)]:
+            del self.spend[stale]
+        return counters
 
     def _flush_soon(self) -> None:
         self._timer = None
@@ -285,15 +351,23 @@ class UsageStore:
         _add(self.local.setdefault((day, key), {}), fields)
 
     async def _flush(self) -> None:
-        if not self.local:
+        if not self.local and not self.spend:
             return
         batch: dict[tuple[str, str], Fields] = {}
         _merge(batch, self.local)
         self.local.clear()
+        spend = dict(self.spend)
+        self.spend.clear()
 
         async def write(r: aioredis.Redis) -> None:
             if self.shared.cluster:
                 await _write_per_slot(r, batch)
+                for name, pico in list(spend.items()):  # one key each: atomic on its own
+                    tx = r.pipeline(transaction=True)
+                    tx.incrby(name, pico)
+                    tx.expire(name, TTL_S)
+                    await tx.execute()
+                    del spend[name]
                 return
             pipe = r.pipeline(transaction=True)
             for (d, k), f in batch.items():
@@ -303,6 +377,9 @@ class UsageStore:
                 pipe.expire(redis_key(d, k), TTL_S)
                 pipe.sadd(index_key(d), k)
                 pipe.expire(index_key(d), TTL_S)
+            for name, pico in spend.items():
+                pipe.incrby(name, pico)
+                pipe.expire(name, TTL_S)
             await pipe.execute()
 
         try:
@@ -310,6 +387,8 @@ class UsageStore:
         except Degraded:
             for (d, k), f in batch.items():
                 self._keep(d, k, f)
+            for name, pico in spend.items():
+                self.spend[name] = self.spend.get(name, 0) + pico
 
     async def drain(self) -> None:
         if self._timer is not None:
@@ -359,19 +438,59 @@ class UsageStore:
     # ---------------------------------------------------------------------------------------- budgets
 
     async def check(self, key: str, runtime_budget: float | None = None) -> None:
-        """Refuse a key at or over today's budget (429 `budget_exceeded`, Retry-After: next 00:00 UTC).
-        `runtime_budget`: a runtime key's own (gateway/ledger/keys.py)."""
-        budget = self.budgets.get(key, runtime_budget)
-        if budget is None:
-            return
+        """Refuse a key at or over a budget it falls under (429 `budget_exceeded`, Retry-After: the period's
+        end): its own daily and monthly ones, its team's. `runtime_budget`: a runtime key's own daily one
+        (gateway/ledger/keys.py)."""
         now = self.clock()
-        spent = await self.spent_pico(key, day_of(now))
-        if spent < round(budget * PICO):
+        day = day_of(now)
+        found = self._limits(key, runtime_budget, day)
+        if not found:
             return
-        wait = to_midnight(now)
-        raise RateLimitError(
-            f"Key '{key}' has reached its daily budget of {_money(budget)} ({_money(usd(spent))} spent today, "
-            f"UTC); requests resume at 00:00 UTC, in {wait} s",
-            code="budget_exceeded",
-            retry_after=wait,
-        )
+        if len(found) == 1 and found[0][3] is None:
+            spent = [await self.spent_pico(key, day)]  # a key's daily budget alone: one HGET
+        else:
+            spent = await self._read(key, day, [source for *_, source in found])
+        for (who, period, limit_pico, _), pico in zip(found, spent, strict=True):
+            if pico >= limit_pico:
+                raise budget_refusal(who, period, limit_pico, pico, now)
+
+    def _limits(self, key: str, runtime_budget: float | None, day: str) -> list[tuple[str, str, int, str | None]]:
+        """(who, period, limit, counter) of each budget `key` falls under; counter None: the day's usage hash."""
+        out: list[tuple[str, str, int, str | None]] = []
+        per_day = self.budgets.get(key, runtime_budget)
+        if per_day is not None:
+            out.append((f"Key '{key}'", "daily", round(per_day * PICO), None))
+        per_month = self.key_month.get(key)
+        if per_month is not None:
+            out.append((f"Key '{key}'", "monthly", round(per_month * PICO), spend_key(day[:7], "key", key)))
+        team = self.team_of.get(key)
+        budget = self.teams.get(team) if team is not None else None
+        if team is not None and budget is not None:
+            who = f"Team '{team}' (key '{key}')"
+            if budget.max_cost_per_day is not None:
+                out.append((who, "daily", round(budget.max_cost_per_day * PICO), spend_key(day, "team", team)))
+            if budget.max_cost_per_month is not None:
+                out.append((who, "monthly", round(budget.max_cost_per_month * PICO), spend_key(day[:7], "team", team)))
+        return out
+
+    async def _read(self, key: str, day: str, sources: list[str | None]) -> list[int]:
+        """Each source's spend: Redis's (one round trip) plus what this process has not written there yet."""
+        waiting = [self.local.get((day, key), {}).get(TOTAL, 0) if s is None else self.spend.get(s, 0) for s in sources]
+        if self.shared.client is None:
+            return waiting
+
+        async def read(r: aioredis.Redis) -> list[bytes | str | None]:
+            pipe = r.pipeline(transaction=False)  # a Cluster sends each key to its node
+            for s in sources:
+                if s is None:
+                    pipe.hget(redis_key(day, key), TOTAL)
+                else:
+                    pipe.get(s)
+            out: list[bytes | str | None] = await pipe.execute()
+            return out
+
+        try:
+            stored = await self.shared.run(read)
+        except Degraded:
+            return waiting
+        return [int(v or 0) + w for v, w in zip(stored, waiting, strict=True)]

@@ -240,7 +240,7 @@ class Pipeline:
         budgets = self.budgets
         if budgets is not None:
             return budgets.applies(key)
-        return key.name in self.usage.budgets or key.max_cost_per_day is not None
+        return key.name in self.usage.guarded or key.max_cost_per_day is not None
 
     def _refine(self, req: CompletionRequest, plan: Plan, rec: Record) -> None:
         alias = req.model in self.router.aliases
@@ -262,9 +262,9 @@ class Pipeline:
             if (
                 budgets is None
                 and key is not None
-                and (key.name in self.usage.budgets or key.max_cost_per_day is not None)
+                and (key.name in self.usage.guarded or key.max_cost_per_day is not None)
             ):
-                await self.usage.check(key.name, key.max_cost_per_day)  # one HGET of today's booked spend
+                await self.usage.check(key.name, key.max_cost_per_day)  # one round trip: the booked spend
             plan = self.router.plan(req.model)
             if budgets is not None and key is not None and budgets.applies(key):
                 rec.hold = await budgets.reserve(key, req, plan, self.usage.prices, self.shared)

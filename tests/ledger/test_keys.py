@@ -7,13 +7,19 @@ other within 2 s (`ledger.keys_poll_ms` is 200 here).
 
 from __future__ import annotations
 
+import hashlib
+import json
+import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pytest
 
+from gateway.config import KeyConfig
+from gateway.edge.ledger_routes import NewKey
+from gateway.ledger.schema import MIGRATIONS
 from tests.helpers.clients import body, client
 from tests.helpers.postgres import PostgresServer
 from tests.helpers.servers import GatewayThread, cli_env, run_cli
@@ -152,3 +158,97 @@ def test_a_runtime_keys_own_limits_and_budget(replicas: tuple[GatewayThread, Gat
     wait_until(lambda: status(a.url, secret) != 401, timeout=PROPAGATION_S)  # the first one served: $0.017
     assert status(a.url, secret) == 200  # $0.017 < $0.02
     assert status(a.url, secret) == 429  # $0.034
+
+
+def test_a_runtime_key_takes_every_field_a_yaml_key_does() -> None:
+    # The secret is made by the gateway; everything else a YAML key may set, a runtime key may too.
+    assert set(KeyConfig.__struct_fields__) - {"key"} <= set(NewKey.__struct_fields__)
+
+
+QUEUED: Final = "gk-ledger-queued-5d27"
+LIMITS: Final = {"rps": 1, "max_queue_ms": 3000}
+
+
+def test_a_runtime_keys_limits_and_monthly_budget_as_a_yaml_keys(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    path = tmp_path / "config.yaml"
+    yaml_key = f'  - {{name: yaml-queued, key: "${{LEDGER_QUEUED}}", limits: {json.dumps(LIMITS)}}}\n'
+    path.write_text(config(url).replace("keys:\n", "keys:\n" + yaml_key))
+    with GatewayThread(path, {**ENV, "LEDGER_QUEUED": QUEUED}) as gw:
+        spec = {"name": "queued", "limits": LIMITS, "max_cost_per_month": 0.02, "team": "red"}
+        made = admin(gw.url, "POST", "/admin/keys", spec)
+        assert made.status_code == 201, made.text
+        assert made.json()["key"]["limits"]["max_queue_ms"] == 3000
+        assert made.json()["key"]["max_cost_per_month"] == 0.02
+        listed = admin(gw.url, "GET", "/admin/keys").json()["keys"]
+        assert [(k["name"], k["limits"], k["max_cost_per_month"]) for k in listed] == [
+            ("queued", LIMITS | {"rpm": None, "tpm": None, "tpd": None, "concurrent": None}, 0.02)
+        ]
+        assert made.json()["secret"] not in repr(listed) and "digest" not in listed[0]
+        # rps 1 with a 3 s queue: a second request at once waits for room (about 1 s) instead of a 429,
+        # for the runtime key exactly as for the YAML key with the same block.
+        for secret in (QUEUED, made.json()["secret"]):
+            with client(gw.url, secret) as c:
+                assert c.post("/v1/completions", json=body()).status_code == 200
+                started = time.monotonic()
+                assert c.post("/v1/completions", json=body()).status_code == 200
+                assert 0.5 < time.monotonic() - started < 2.5
+        # Without the queue, the same key answers 429 at once.
+        bare = admin(gw.url, "POST", "/admin/keys", {"name": "bare", "limits": {"rps": 1}}).json()["secret"]
+        with client(gw.url, bare) as c:
+            assert c.post("/v1/completions", json=body()).status_code == 200
+            assert c.post("/v1/completions", json=body()).status_code == 429
+        # $0.017 a request against $0.02 a month: the second still fits ($0.017 spent), the third does not.
+        with client(gw.url, made.json()["secret"]) as c:
+            time.sleep(1.0)  # its rps bucket full again, so the refusal below is the budget's
+            refused = c.post("/v1/completions", json=body())
+        assert refused.status_code == 429
+        assert refused.json()["error"]["code"] == "budget_exceeded"
+        assert refused.json()["error"]["message"].startswith(
+            "Key 'queued' has reached its monthly budget of $0.02 ($0.034 spent this month, UTC)"
+        ), refused.text
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"max_cost_per_month": -0.5}, "max_cost_per_month"),
+        ({"limits": {"max_queue_ms": -1}}, "limits.max_queue_ms"),
+        ({"limits": {"rps": 0}}, "limits.rps"),
+        ({"limits": {"burst": 3}}, "limits"),
+        ({"max_cost_per_month": "lots"}, "max_cost_per_month"),
+    ],
+)
+def test_a_bad_limit_is_a_400_naming_it(
+    replicas: tuple[GatewayThread, GatewayThread, str], spec: Any, field: str
+) -> None:
+    a, _, _ = replicas
+    resp = admin(a.url, "POST", "/admin/keys", {"name": "bad", **spec})
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["param"] == field, resp.text
+    assert field.split(".")[-1] in resp.json()["error"]["message"] or field == "limits", resp.text
+    assert admin(a.url, "GET", "/admin/keys").json() == {"keys": []}
+
+
+def test_keys_made_before_monthly_budgets_keep_working_after_the_upgrade(tmp_path: Path) -> None:
+    """A ledger at schema version 2 (runtime keys without `max_cost_per_month`) is migrated at start."""
+    db = tmp_path / "ledger.db"
+    secret = "gwk-made-by-an-older-gateway"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        for version, statements in enumerate(MIGRATIONS[:2], start=1):
+            for statement in statements:
+                conn.execute(statement if isinstance(statement, str) else statement["sqlite"])
+            conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
+        conn.execute(
+            "INSERT INTO api_keys (id, name, team, models, max_cost_per_day, expires_at, digest, created_at, limits) "
+            "VALUES ('key_old', 'veteran', NULL, '[\"**\"]', NULL, NULL, ?, 0, '{\"rpm\": 5}')",
+            (hashlib.sha256(secret.encode()).hexdigest(),),
+        )
+    path = tmp_path / "config.yaml"
+    path.write_text(config(f"sqlite:///{db}"))
+    with GatewayThread(path, ENV) as gw:
+        assert status(gw.url, secret) == 200
+        [listed] = admin(gw.url, "GET", "/admin/keys").json()["keys"]
+    assert listed["name"] == "veteran" and listed["max_cost_per_month"] is None and listed["limits"]["rpm"] == 5
+    assert query(f"sqlite:///{db}", "SELECT max(version) FROM schema_version")[0][0] == len(MIGRATIONS)

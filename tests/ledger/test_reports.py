@@ -100,6 +100,9 @@ def test_usage_over_a_range(tmp_path: Path) -> None:
     )
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "by"
     assert backwards.status_code == 400 and backwards.json()["error"]["param"] == "to"
-    assert [d["day"] for d in status["spend_per_day"]] == [*days, today]
-    assert status["spend_per_day"][1] == {"day": days[1], "cost": 2 * cost, "requests": 2}
+    # Every one of the last 30 days, oldest first; a day with nothing booked as zeros.
+    spend = status["spend_per_day"]
+    assert len(spend) == 30 and [d["day"] for d in spend[-4:]] == [*days, today]
+    assert spend[-3] == {"day": days[1], "cost": 2 * cost, "requests": 2}
+    assert spend[0] == {"day": day_of(time.time() - 29 * 86_400), "cost": 0.0, "requests": 0}
     assert day_only["day"] == today and "solo" in day_only["keys"]

@@ -20,6 +20,7 @@ from gateway.state import SharedState
 from tests.helpers.clients import body, client
 from tests.helpers.redis import Cluster, load_through
 from tests.helpers.servers import serve_config
+from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -170,3 +171,32 @@ async def test_the_channel_follows_the_rl_slot_through_a_migration(cluster: Clus
     finally:
         await limiter.close()
         await shared.close()
+
+
+MONTHLY = """
+redis: {{url: "{url}"}}
+keys:
+  - {{name: capped, key: k-capped, team: ops, max_cost_per_month: 0.03}}
+teams:
+  ops: {{max_cost_per_day: 1}}
+prices:
+  demo/long: {{prompt_per_1m: 1000, completion_per_1m: 2000}}
+providers:
+  demo: {{kind: fake}}
+"""
+
+
+def test_monthly_and_team_spend_counters_live_on_the_cluster(cluster: Cluster, tmp_path: Path) -> None:
+    """Without a ledger a booking also adds to the key's month and the team's day and month counters, each
+    its own slot; a budget check reads them with the day's usage hash in one pipeline across the nodes."""
+    name = f"capped-{uuid.uuid4().hex[:8]}"  # the module's cluster outlives the test: a fresh key's counters
+    with serve_config(tmp_path, MONTHLY.format(url=cluster.url).replace("name: capped", f"name: {name}")) as gw:
+        with client(gw.url, "k-capped") as c:
+            assert [c.post("/v1/completions", json=body("demo/long")).status_code for _ in range(2)] == [200, 200]
+            wait_until(lambda: c.post("/v1/completions", json=body("demo/long")).status_code == 429, timeout=5)
+            refused = c.post("/v1/completions", json=body("demo/long")).json()["error"]["message"]
+    assert refused.startswith(f"Key '{name}' has reached its monthly budget of $0.03 ($0.034 spent this month")
+    day = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
+    with cluster.client() as r:
+        assert int(r.get(f"spend:{day[:7]}:key:{name}") or 0) == 34 * 10**9
+        assert int(r.get(f"spend:{day}:team:ops") or 0) >= 34 * 10**9
