@@ -92,6 +92,9 @@ async def test_status_page_renders_live_data(gw: GatewayThread, page: CDP, tmp_p
     )
     team = next(r for r in usage if r[0] == "team")
     assert team[1:5] == ["1", "3", "7", "$0.017"] and "$0.017 of $0.05" in team[5]
+    # No ledger: no spend-per-day chart (tests/ledger/test_status_chart.py draws one).
+    assert await page.eval("document.getElementById('spend-section').hidden") is True
+    assert await page.eval("document.querySelectorAll('#spend-chart').length") == 0
     assert MARKUP_ALIAS in await page.eval(text("aliases"))
     assert await page.eval("document.querySelectorAll('#aliases img').length") == 0  # shown as text, not markup
     assert await page.eval("document.title") == "Gateway status"
