@@ -27,7 +27,7 @@ from gateway.ids import unique_suffix
 from gateway.ops import accesslog
 from gateway.ops.metrics import Metrics, Record
 from gateway.path.dialects import Dialect
-from gateway.path.pipeline import STREAM_FAILED, Front, Pipeline, Result
+from gateway.path.pipeline import STREAM_FAILED, Front, Pipeline, Result, release
 from gateway.path.relay import STREAM_CUT, shutdown_cut
 from wire.errors import GatewayError
 
@@ -224,6 +224,8 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
             if not started:
                 await _send_error(send, dialect, exc, rec.request_id)
         except asyncio.CancelledError:
+            if front is not None:
+                release(front)  # cancelled perhaps before `complete` ran, which releases it otherwise
             if watch is not None and watch.gone:
                 rec.status, rec.error_code = 499, "client_closed_request"
             else:
@@ -259,8 +261,6 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
         finally:
             if watch is not None:
                 watch.stop()
-            if front is not None:
-                front.close()
             pipeline.usage.book(rec)  # before exit(): a retired pipeline drains its bookings as it closes
             pipeline.exit()
             elapsed = time.perf_counter() - t0

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, Final, NamedTuple
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from gateway.ledger.budgets import Budgets
 
 # gateway/edge/endpoint.py ends a stream that failed before the relay could say so with these bytes.
-__all__ = ["STREAM_FAILED", "Front", "Pipeline", "Result"]
+__all__ = ["STREAM_FAILED", "Front", "Pipeline", "Result", "release"]
 
 
 def _completion_id() -> str:
@@ -59,26 +59,24 @@ class Result(msgspec.Struct):
     stream: AsyncIterator[bytes] | None = None
 
 
-# `Front.cached` of a request the cache has not been asked about yet.
+# The lookup of a `Front` whose request the cache has not been asked about yet.
 _LATER: Final = object()
 
 
-class Front(NamedTuple):
-    """What `Pipeline.early` did of a request that it did not answer, for `complete` to go on from."""
+# What `Pipeline.early` did of a request it did not answer, for `complete` to go on from: the key, the request,
+# its plan (None: not routed yet, a spending limit is checked first) and what the cache's lookup returned (a
+# Lookup, None, or a coroutine to await; `_LATER`: not looked up yet). A tuple: this is every miss's path.
+Front = tuple[ClientKey | None, CompletionRequest, Plan | None, Any]
 
-    key: ClientKey | None
-    req: CompletionRequest
-    plan: Plan | None  # None: not routed yet (a spending limit is checked first)
-    cached: Any  # what the cache's lookup returned (a Lookup, None, or a coroutine to await), or _LATER
 
-    def close(self) -> None:
-        """When the request ends: whoever waits on its answer is released (a request cancelled before
-        `complete` ran), and a lookup's coroutine that never ran is closed."""
-        cached = self.cached
-        if isinstance(cached, Lookup):
-            cached.abandon()
-        elif cached is not None and cached is not _LATER:
-            cached.close()
+def release(front: Front) -> None:
+    """For a request cancelled before `complete` ran: whoever waits on its answer asks for itself, and a
+    lookup's coroutine that never ran is closed."""
+    cached = front[3]
+    if isinstance(cached, Lookup):
+        cached.abandon()
+    elif cached is not None and cached is not _LATER:
+        cached.close()
 
 
 class _Answered:
@@ -169,8 +167,8 @@ class Pipeline:
         looked up. A hit that no rate limit has to count is answered here, with nothing else built for it;
         any other request goes on in `complete(front=...)` from where this left it."""
         key, req = self._decoded(raw, headers, rec)
-        if self._budgeted(key):
-            return Front(key, req, None, _LATER)  # budgets are checked before the cache is looked at
+        if key is not None and self._budgeted(key):
+            return key, req, None, _LATER  # budgets are checked before the cache is looked at
         plan = self.router.plan(req.model)
         self._refine(req, plan, rec)
         cache = self.cache
@@ -184,7 +182,7 @@ class Pipeline:
                 ctx = CallContext(id=_completion_id(), created=int(time.time()), model=req.model)
                 cached.count(rec)
                 return cached.replay(_Answered(req, ctx), rec, Result)
-        return Front(key, req, plan, cached)
+        return key, req, plan, cached
 
     async def complete(
         self,
@@ -233,10 +231,8 @@ class Pipeline:
         rec.model = req.model  # a budget refusal counts under the model asked for (routing refines it below)
         return key, req
 
-    def _budgeted(self, key: ClientKey | None) -> bool:
+    def _budgeted(self, key: ClientKey) -> bool:
         """Whether a spending limit applies to the key: then it is checked before anything else."""
-        if key is None:
-            return False
         budgets = self.budgets
         if budgets is not None:
             return budgets.applies(key)
