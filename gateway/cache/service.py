@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import msgspec
 from msgspec.structs import replace
@@ -53,6 +53,7 @@ from wire.errors import GatewayError
 from wire.schema import Choice, Completion, CompletionRequest, Usage, encode
 
 _NONE: Final[dict[str, Any]] = {}  # no series yet (never written to)
+_NO_ITEMS: Final = cast(list[Any], ())
 
 
 class Cache:
@@ -126,7 +127,7 @@ class Cache:
             inflight = self.inflight
             if digest not in inflight and digest not in self.memory.entries:
                 # Nothing stored, no identical request in flight: this one asks and stores (`Lookup.done`).
-                lookup = Lookup(self, MISS, rec, pol, digest, tag, [digest], [prompt], [None], req.n or 1, True, True)
+                lookup = Lookup(self, MISS, rec, pol, digest, tag, req.n or 1, True, True)
                 inflight[digest] = lookup
                 return lookup
             cc = NO_CONTROLS
@@ -140,7 +141,7 @@ class Cache:
         if digest or isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
             # One prompt, the common case: one key, one read (in memory, without a coroutine).
             digest = digest or cache_key(req, self.policies.scope(pol, key))
-            lookup = Lookup(self, MISS, rec, pol, digest, tag, [digest], [prompt])
+            lookup = Lookup(self, MISS, rec, pol, digest, tag, 1, False, False, [digest], [prompt])
             if cc.no_cache:
                 return self._decide(lookup, req, cc, [])
             if pol.memory:
@@ -161,7 +162,7 @@ class Cache:
             keys = [cache_key(replace(req, prompt=p), scope) for p in prompts]
             # What identical requests in flight coalesce on: the whole request.
             digest = keys[0] if len(keys) == 1 else cache_key(req, scope)
-            lookup = Lookup(self, MISS, rec, pol, digest, tag, keys, prompts)
+            lookup = Lookup(self, MISS, rec, pol, digest, tag, 1, False, False, keys, prompts)
             if cc.no_cache:
                 return self._decide(lookup, req, cc, [])
         return self._read(lookup, req, cc)
@@ -263,19 +264,21 @@ class Lookup(msgspec.Struct):
     policy: Policy | None = None  # set when the answer may be stored
     digest: bytes = b""
     tag: str = ""
-    keys: list[bytes] = []  # per prompt
-    prompts: list[Any] = []
-    found: list[Entry | None] = []  # per prompt: the entry already stored
     n: int = 1
     leading: bool = False  # the request in flight that identical ones wait for
     # A miss of one prompt stored in memory: a buffered one needs no `serve` around the pipeline's call.
     direct: bool = False
+    # Per prompt (none yet for a plain miss: `serve` makes them if it ever needs them). The default is an
+    # empty tuple, not a list msgspec would copy for every request: these are replaced, never appended to.
+    keys: list[bytes] = _NO_ITEMS
+    prompts: list[Any] = _NO_ITEMS
+    found: list[Entry | None] = _NO_ITEMS  # per prompt: the entry already stored
     entry: Entry | None = None  # what a hit (or a coalesced request) is answered with
     waiter: asyncio.Future[Entry | None] | None = None  # made by the first that waits
     result: list[Entry] | None = None  # what it stored, for one that comes to wait after
     events: list[list[Choice]] | None = None  # a stream's chunks, as the relay sends them
     answer: Completion | None = None  # a buffered answer, as the pipeline encodes it
-    missing: list[int] = []  # the prompts (by their place in the request) the upstream is asked for
+    missing: list[int] = _NO_ITEMS  # the prompts (by their place in the request) the upstream is asked for
 
     def served_by(self, state: str, entry: Entry) -> Lookup:  # answered from the cache: nothing stored
         self.state, self.entry, self.policy = state, entry, None
@@ -293,6 +296,9 @@ class Lookup(msgspec.Struct):
         if self.entry is not None:
             return self.replay(job, rec, make)
         found = self.found
+        if not found:  # a plain miss (made without its per-prompt lists) served here after all
+            found, self.keys, self.prompts = [None], [self.digest], [job.req.prompt]
+            self.found = found
         missing = self.missing = [0] if len(found) == 1 else [i for i, e in enumerate(found) if e is None]
         partial = len(missing) < len(found)
         if partial:
@@ -364,7 +370,7 @@ class Lookup(msgspec.Struct):
             self.abandon()  # no answer, or one without every finish reason: nothing stored
             return
         at = body.find(b',"choices":')  # a bare `"` only opens or closes a string: the first is the field
-        rest, events = (body[at:], []) if at > 0 else (None, [choices])
+        rest, events = (body[at:], _NO_ITEMS) if at > 0 else (None, [choices])
         fp, stored = fresh.system_fingerprint, cache.clock()
         # The entry's encoding from its fields (an `Entry` is array-like: a tuple of them encodes the same);
         # the struct itself is made only for a request that waits for this one.
@@ -373,15 +379,12 @@ class Lookup(msgspec.Struct):
         )
         waiter = self.waiter
         if waiter is not None and not waiter.done():
-            waiter.set_result(
-                Entry(VERSION, stored, rec.model, rec.provider, rec.target, fresh.usage, events, fp, rest)
-            )
+            entry = Entry(VERSION, stored, rec.model, rec.provider, rec.target, fresh.usage, list(events), fp, rest)
+            waiter.set_result(entry)
         digest = self.digest
         if self.leading:  # `abandon`, its waiter already answered
             self.leading = False
-            inflight = cache.inflight
-            if inflight.get(digest) is self:
-                del inflight[digest]
+            cache.inflight.pop(digest, None)  # its own: a leading request is the one `inflight` holds
         # `count` and `Tally.add`, inlined with the stored bytes' count: all a plain miss adds to the request.
         cache.counts[state] += 1
         rec.cache_outcome = state
