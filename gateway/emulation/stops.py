@@ -13,7 +13,6 @@ request's list; a stream decides at the first chunk in which a stop is complete.
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Sequence
 
 
@@ -65,9 +64,11 @@ class StopMatcher:
                 below[node] = min(below[node], below[child])
         self.goto, self.fail, self.depth, self.out, self.below = goto, fail, depth, out, below
         self.longest = max(depth)
-        firsts = "".join(goto[0])
-        # Where no stop is under way, the scan jumps to the next character that can start one (in C).
-        self.starts = re.compile("[" + "".join(map(re.escape, firsts)) + "]") if firsts else None
+        # Where no stop is under way, the scan jumps to the next character that can start one, in C and
+        # without a regex (the stops are client text): `str.translate` marks every such character NUL and
+        # `str.find` jumps to the next mark. A NUL already in the text is a false start, which the
+        # automaton steps over like any other character that begins no stop.
+        self.starts: dict[int, int] | None = dict.fromkeys(map(ord, goto[0]), 0) if goto[0] else None
 
 
 @functools.lru_cache(maxsize=8)
@@ -107,17 +108,19 @@ class StopScanner:
         buf = self.buf + text
         state, best_at, best = self.state, self.best_at, self.best
         j, end = 0, len(text)
+        marked = None  # `text` with every character that can start a stop turned into NUL, made on first need
         decided = False
         while j < end:
             if state == 0 and best_at < 0:
                 if starts is None:
                     j = end
                     break
-                found = starts.search(text, j)
-                if found is None:
+                if marked is None:
+                    marked = text.translate(starts)
+                j = marked.find("\0", j)
+                if j < 0:
                     j = end
                     break
-                j = found.start()
             c = text[j]
             while True:
                 nxt = goto[state].get(c)
