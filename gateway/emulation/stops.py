@@ -19,7 +19,7 @@ from collections.abc import Sequence
 class StopMatcher:
     """The automaton: a trie of the stops with failure links, each node knowing the longest stop it ends with."""
 
-    __slots__ = ("stops", "longest", "goto", "fail", "depth", "out", "below", "starts")
+    __slots__ = ("stops", "longest", "goto", "fail", "depth", "out", "below", "starts", "firsts", "marks")
 
     def __init__(self, stops: Sequence[str]) -> None:
         self.stops = tuple(stops)
@@ -65,10 +65,15 @@ class StopMatcher:
         self.goto, self.fail, self.depth, self.out, self.below = goto, fail, depth, out, below
         self.longest = max(depth)
         # Where no stop is under way, the scan jumps to the next character that can start one, in C and
-        # without a regex (the stops are client text): `str.translate` marks every such character NUL and
-        # `str.find` jumps to the next mark. A NUL already in the text is a false start, which the
-        # automaton steps over like any other character that begins no stop.
-        self.starts: dict[int, int] | None = dict.fromkeys(map(ord, goto[0]), 0) if goto[0] else None
+        # without a regex (the stops are client text). ASCII text (`str.isascii` reads a flag): one pass
+        # tells whether it holds such a character at all (most stream pieces do not: skipped whole), else
+        # `str.translate` through a table covering all of ASCII (no lookup misses) marks them NUL and
+        # `str.find` jumps from mark to mark (a NUL already in the text is a false start, which the automaton
+        # steps over). Other text: `str.find` for each character a stop begins with.
+        self.starts = frozenset(goto[0])
+        self.firsts = tuple(goto[0])
+        ascii_firsts = [c for c in self.firsts if c.isascii()]
+        self.marks: dict[int, int] = {i: (0 if chr(i) in ascii_firsts else i) for i in range(128)}
 
 
 @functools.lru_cache(maxsize=8)
@@ -103,21 +108,32 @@ class StopScanner:
         """(text safe to send now, whether a stop was reached). `final`: decide with what this piece
         completes (a stream's chunk); otherwise a stop still in doubt waits for the next piece."""
         m = self.m
-        goto, fail, depth, out, below, stops, starts = m.goto, m.fail, m.depth, m.out, m.below, m.stops, m.starts
+        goto, fail, depth, out, below, stops = m.goto, m.fail, m.depth, m.out, m.below, m.stops
         base = len(self.buf)
         buf = self.buf + text
         state, best_at, best = self.state, self.best_at, self.best
         j, end = 0, len(text)
-        marked = None  # `text` with every character that can start a stop turned into NUL, made on first need
+        marked: str | None = None  # ASCII `text` with the characters that can start a stop turned NUL
         decided = False
         while j < end:
             if state == 0 and best_at < 0:
-                if starts is None:
-                    j = end
-                    break
                 if marked is None:
-                    marked = text.translate(starts)
-                j = marked.find("\0", j)
+                    if not text.isascii():
+                        marked = ""
+                    elif m.starts.isdisjoint(text):  # most pieces hold no character a stop begins with
+                        j = end
+                        break
+                    else:
+                        marked = text.translate(m.marks)
+                if marked:
+                    j = marked.find("\0", j)
+                else:
+                    first = -1
+                    for c in m.firsts:
+                        at = text.find(c, j, end if first < 0 else first)
+                        if at >= 0:
+                            first = at
+                    j = first
                 if j < 0:
                     j = end
                     break
