@@ -82,6 +82,7 @@ class Pipeline:
             clock=clock,
             on_cooldown=on_cooldown,
             refresh_ms=loaded.config.redis.refresh_ms,
+            inflight_ttl_ms=loaded.config.redis.lease_ttl_ms,
         )
         self.log_prompts = loaded.config.logging.prompts
         self.log_requests = loaded.config.logging.requests
@@ -129,6 +130,7 @@ class Pipeline:
     async def close(self) -> None:
         await self.admission.drain()
         await self.admission.limiter.close()
+        await self.health.close()
         await self.usage.drain()
         await self.upstream.close()
         await self.shared.close()
