@@ -65,15 +65,13 @@ class StopMatcher:
         self.goto, self.fail, self.depth, self.out, self.below = goto, fail, depth, out, below
         self.longest = max(depth)
         # Where no stop is under way, the scan jumps to the next character that can start one, in C and
-        # without a regex (the stops are client text). ASCII text (`str.isascii` reads a flag): one pass
-        # tells whether it holds such a character at all (most stream pieces do not: skipped whole), else
-        # `str.translate` through a table covering all of ASCII (no lookup misses) marks them NUL and
-        # `str.find` jumps from mark to mark (a NUL already in the text is a false start, which the automaton
-        # steps over). Other text: `str.find` for each character a stop begins with.
+        # without a regex (the stops are client text). One pass tells whether a piece holds such a character
+        # at all (most stream pieces do not: skipped whole). If it does and is ASCII, its bytes translated
+        # through a 256-byte table (those characters to 0, the rest to 1) let `bytes.find` jump from one to
+        # the next; other text: `str.find` for each character a stop begins with.
         self.starts = frozenset(goto[0])
         self.firsts = tuple(goto[0])
-        ascii_firsts = [c for c in self.firsts if c.isascii()]
-        self.marks: dict[int, int] = {i: (0 if chr(i) in ascii_firsts else i) for i in range(128)}
+        self.marks = bytes(0 if chr(i) in self.starts else 1 for i in range(256))
 
 
 @functools.lru_cache(maxsize=8)
@@ -108,25 +106,22 @@ class StopScanner:
         """(text safe to send now, whether a stop was reached). `final`: decide with what this piece
         completes (a stream's chunk); otherwise a stop still in doubt waits for the next piece."""
         m = self.m
-        goto, fail, depth, out, below, stops = m.goto, m.fail, m.depth, m.out, m.below, m.stops
+        goto, fail, depth, out, below, stops, starts = m.goto, m.fail, m.depth, m.out, m.below, m.stops, m.starts
         base = len(self.buf)
         buf = self.buf + text
         state, best_at, best = self.state, self.best_at, self.best
         j, end = 0, len(text)
-        marked: str | None = None  # ASCII `text` with the characters that can start a stop turned NUL
+        marked: bytes | None = None  # ASCII `text` with 0 where a stop can start, made on first need
         decided = False
         while j < end:
             if state == 0 and best_at < 0:
                 if marked is None:
-                    if not text.isascii():
-                        marked = ""
-                    elif m.starts.isdisjoint(text):  # most pieces hold no character a stop begins with
+                    if starts.isdisjoint(text):  # most pieces hold no character a stop begins with
                         j = end
                         break
-                    else:
-                        marked = text.translate(m.marks)
+                    marked = text.encode().translate(m.marks) if text.isascii() else b""
                 if marked:
-                    j = marked.find("\0", j)
+                    j = marked.find(0, j)
                 else:
                     first = -1
                     for c in m.firsts:
