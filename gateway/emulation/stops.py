@@ -19,7 +19,7 @@ from collections.abc import Sequence
 class StopMatcher:
     """The automaton: a trie of the stops with failure links, each node knowing the longest stop it ends with."""
 
-    __slots__ = ("stops", "longest", "goto", "fail", "depth", "out", "below", "starts", "firsts", "marks")
+    __slots__ = ("stops", "longest", "goto", "fail", "depth", "out", "below", "starts", "firsts", "marks", "latin")
 
     def __init__(self, stops: Sequence[str]) -> None:
         self.stops = tuple(stops)
@@ -65,13 +65,15 @@ class StopMatcher:
         self.goto, self.fail, self.depth, self.out, self.below = goto, fail, depth, out, below
         self.longest = max(depth)
         # Where no stop is under way, the scan jumps to the next character that can start one, in C and
-        # without a regex (the stops are client text). One pass tells whether a piece holds such a character
-        # at all (most stream pieces do not: skipped whole). If it does and is ASCII, its bytes translated
-        # through a 256-byte table (those characters to 0, the rest to 1) let `bytes.find` jump from one to
-        # the next; other text: `str.find` for each character a stop begins with.
+        # without a regex (the stops are client text). An ASCII piece is first checked for such a character
+        # in one pass (most stream pieces hold none: skipped whole). Otherwise the piece's bytes (latin-1,
+        # one per character) go through a 256-byte table (those characters to 0, the rest to 1) and
+        # `bytes.find` jumps from one to the next; when a stop begins beyond latin-1, `str.find` for each
+        # first character.
         self.starts = frozenset(goto[0])
         self.firsts = tuple(goto[0])
         self.marks = bytes(0 if chr(i) in self.starts else 1 for i in range(256))
+        self.latin = all(ord(c) < 256 for c in self.firsts)  # then every first character has a byte of its own
 
 
 @functools.lru_cache(maxsize=8)
@@ -116,10 +118,17 @@ class StopScanner:
         while j < end:
             if state == 0 and best_at < 0:
                 if marked is None:
-                    if starts.isdisjoint(text):  # most pieces hold no character a stop begins with
-                        j = end
-                        break
-                    marked = text.encode().translate(m.marks) if text.isascii() else b""
+                    if text.isascii():
+                        if starts.isdisjoint(text):  # most pieces hold no character a stop begins with
+                            j = end
+                            break
+                        marked = text.encode().translate(m.marks)
+                    elif m.latin:
+                        # One byte per character, `?` for those beyond latin-1 (a false start at most, when a
+                        # stop begins with `?`: the automaton steps over it).
+                        marked = text.encode("latin-1", "replace").translate(m.marks)
+                    else:
+                        marked = b""
                 if marked:
                     j = marked.find(0, j)
                 else:
