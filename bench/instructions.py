@@ -13,6 +13,10 @@ answers the recorded OpenAI completion), and their streaming twins ``fake-stream
 (``--chunks`` events per stream). The upstream runs in a process of its own, outside valgrind, so only
 the gateway's side is counted (plus this driver's few lines per request, the same in every tree).
 
+``--stops lm-eval`` adds lm-eval's HumanEval stop list (5 sequences and the end-of-text token), more than
+OpenAI takes, so the gateway enforces them itself on every chunk; ``--stops many`` adds 24 sequences with 15
+distinct first characters, some of which the answer's text contains (the stop scan's worst common case).
+
 ``--cache always`` turns the response cache on (docs/cache.md); with ``--vary`` every request has a
 prompt of its own, so each one is a miss (compare with ``--vary`` alone); without it, every measured
 request is a hit.
@@ -45,6 +49,17 @@ PATHS = ("fake", "h1", "fake-stream", "h1-stream")
 MODELS = {"fake": "demo/text", "h1": "up/bench-model"}
 # The bench's request (bench/scenarios.py REQUEST), repeated here so older trees need nothing new.
 REQUEST: dict[str, object] = {"prompt": "Say hello", "max_tokens": 16}
+# `--stops`: stop lists the gateway enforces itself (over OpenAI's 4). lm-eval's HumanEval `until` plus its EOS;
+# `many` adds prompt-format stops, some starting with characters the upstream's " tok<i>" text holds.
+STOPS: dict[str, list[str]] = {
+    "none": [],
+    "lm-eval": ["\nclass", "\ndef", "\n#", "\nif", "\nprint", "<|endoftext|>"],
+    "many": [
+        *["\nclass", "\ndef", "\n#", "\nif", "\nprint", "<|endoftext|>", "Question:", "</s>", "<|im_end|>"],
+        *["\n\n", "Q:", "A:", "Problem:", "Solution:", "###", "Human:", "Assistant:", "User:", "[INST]"],
+        *["tokens:", "ok.", "1.", "0)", " t0k"],
+    ],
+}
 _TOTALS = re.compile(rb"^(?:summary|totals):\s+(\d+)", re.MULTILINE)
 
 
@@ -63,9 +78,11 @@ def config_text(upstream_port: int | None, cache: str = "off") -> str:
     return "\n".join(lines) + "\n"
 
 
-def request_body(path: str, i: int | None = None) -> bytes:
+def request_body(path: str, i: int | None = None, stops: str = "none") -> bytes:
     base, _, stream = path.partition("-")
     req = {"model": MODELS[base], **REQUEST, **({"stream": True} if stream else {})}
+    if STOPS[stops]:
+        req["stop"] = STOPS[stops]
     if i is not None:
         req["prompt"] = f"{REQUEST['prompt']} {i:07d}"  # one length for all: only the cache can tell them apart
     return msgspec.json.encode(req)
@@ -147,6 +164,7 @@ async def drive(
     around: Callable[[bool], None] | None = None,
     cache: str = "off",
     vary: bool = False,
+    stops: str = "none",
 ) -> None:
     """Push `warmup` then `requests` completions through the app; `around(True/False)` brackets the latter."""
     from gateway.config import parse_config
@@ -158,14 +176,14 @@ async def drive(
     accesslog.SINK.fd = devnull
     app = create_app(parse_config(config_text(upstream_port, cache), "bench-instructions.yaml"))
     shutdown = await _lifespan(app)
-    body = request_body(path, 0 if vary else None)
+    body = request_body(path, 0 if vary else None, stops)
     marker = b"[DONE]" if path.endswith("-stream") else b'"text_completion"'
     try:
         for i in range(warmup + requests):
             if i == warmup and around is not None:
                 around(True)
             if vary:
-                body = request_body(path, i)
+                body = request_body(path, i, stops)
             status, answer = await _one(app, body)
             if status != 200 or marker not in answer:
                 raise RuntimeError(f"request {i} on {path}: {status} {answer[:300]!r}")
@@ -187,7 +205,13 @@ def _loop_runner() -> Callable[[Any], Any]:
 
 
 def count_calls(
-    path: str, requests: int, warmup: int, upstream_port: int | None, cache: str = "off", vary: bool = False
+    path: str,
+    requests: int,
+    warmup: int,
+    upstream_port: int | None,
+    cache: str = "off",
+    vary: bool = False,
+    stops: str = "none",
 ) -> dict[str, float]:
     """Python function calls (and C calls) per request over `requests` measured completions."""
     counts = {"call": 0, "c_call": 0}
@@ -200,7 +224,7 @@ def count_calls(
         # setprofile is per thread and the loop runs here, so this brackets exactly the measured requests.
         sys.setprofile(profile if start else None)
 
-    _loop_runner()(drive(path, requests, warmup, upstream_port, around, cache, vary))
+    _loop_runner()(drive(path, requests, warmup, upstream_port, around, cache, vary, stops))
     return {"python_calls": counts["call"] / requests, "c_calls": counts["c_call"] / requests}
 
 
@@ -265,6 +289,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--cache", choices=("off", "always"), default="off", help="the response cache's mode")
     parser.add_argument("--vary", action="store_true", help="a prompt of its own per request (cache misses)")
+    parser.add_argument("--stops", choices=tuple(STOPS), default="none", help="a stop list the gateway enforces")
     parser.add_argument("--ledger", help="a ledger URL (sqlite:///..., postgresql://...): measure with the ledger on")
     parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)  # the process valgrind runs
     parser.add_argument("--upstream-port", type=int, help=argparse.SUPPRESS)
@@ -284,7 +309,15 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["BENCH_LEDGER_URL"] = args.ledger
     if args.inner:
         _loop_runner()(
-            drive(args.paths[0], args.requests, args.warmup, args.upstream_port, cache=args.cache, vary=args.vary)
+            drive(
+                args.paths[0],
+                args.requests,
+                args.warmup,
+                args.upstream_port,
+                cache=args.cache,
+                vary=args.vary,
+                stops=args.stops,
+            )
         )
         return 0
     needs_upstream = any(p.startswith("h1") for p in args.paths)
@@ -294,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for path in args.paths:
             if args.count == "calls":
-                results[path] = count_calls(path, args.requests, args.warmup, port, args.cache, args.vary)
+                results[path] = count_calls(path, args.requests, args.warmup, port, args.cache, args.vary, args.stops)
                 print(
                     f"{path}: {results[path]['python_calls']:.1f} Python calls/request, "
                     f"{results[path]['c_calls']:.1f} C calls/request",
@@ -307,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
                 work.mkdir(parents=True, exist_ok=True)
                 for _ in range(args.repeat):
                     t0 = time.monotonic()
-                    extra = ["--cache", args.cache, *(["--vary"] if args.vary else [])]
+                    extra = ["--cache", args.cache, "--stops", args.stops, *(["--vary"] if args.vary else [])]
                     small = _callgrind_total(path, args.small, args.warmup, port, work, extra)
                     large = _callgrind_total(path, args.requests, args.warmup, port, work, extra)
                     per.append((large - small) / (args.requests - args.small))

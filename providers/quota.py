@@ -8,15 +8,18 @@ The formats and which providers send them: docs/provider-notes.md#quota.
 from __future__ import annotations
 
 import datetime as dt
-import re
 import time
 from collections.abc import Callable, Mapping
-from typing import Final
+from typing import Any, Final
+
+import re2
 
 # (headers, now) -> seconds until the exhausted counter resets, or None when none is exhausted.
 QuotaReader = Callable[[Mapping[str, str], float | None], float | None]
 
-_DURATION: Final = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+# The header value is the upstream's text (up to `caps.upstream_header_bytes`): on RE2, linear in it. On
+# Python's `re` a run of digits without a unit costs its length squared (64 KiB: minutes of the loop).
+_DURATION: Final[Any] = re2.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _UNIT_S: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _MISTRAL_WINDOWS: Final = {"req-10-second": 10.0, "tokens-minute": 60.0, "tokens-month": 30 * 86400.0}
 ANTHROPIC_LIMITS: Final = ("requests", "tokens", "input-tokens", "output-tokens")

@@ -43,7 +43,7 @@ _ERROR_STATUS: Final[dict[str, int]] = {
 _TOO_LONG = re.compile(r"`inputs` (must have less than|tokens \+ `max_new_tokens` must be <=)")
 
 # Regex metacharacters; everything else stands for itself in Python, Rust and outlines regexes.
-_REGEX_SPECIAL = re.compile(r"([\\.^$|?*+()\[\]{}])")
+_REGEX_ESCAPE = {ord(c): "\\" + c for c in "\\.^$|?*+()[]{}"}  # a translation table: no regex runs on the choices
 
 
 def _set_grammar(params: dict[str, Any], grammar: dict[str, Any]) -> None:
@@ -69,7 +69,7 @@ def _guided_regex(body: dict[str, Any], pattern: str) -> None:
 def _guided_choice(body: dict[str, Any], choices: list[str]) -> None:
     # An alternation of literals matches exactly the choices: TGI's regex guide only lets the model end
     # in an accepting state, which is how vLLM implements guided_choice too.
-    pattern = "(" + "|".join(_REGEX_SPECIAL.sub(r"\\\1", c) for c in choices) + ")"
+    pattern = "(" + "|".join(c.translate(_REGEX_ESCAPE) for c in choices) + ")"
     _guided_regex(body, pattern)
 
 

@@ -39,6 +39,10 @@ class RedisConfig(Strict, frozen=True):
     # How old a replica's copy of the shared target health (cooldowns, in-flight counts, latencies) may be
     # before it reads Redis again; its own changes are seen at once. 0: read on every request.
     refresh_ms: Annotated[int, Meta(ge=0, le=10_000)] = 250
+    # How long a concurrency lease, and a target's shared in-flight count, outlive a replica that died holding
+    # them (killed mid-request). A running request renews both every third of this, so a stream of any
+    # length keeps its slot and its count.
+    lease_ttl_ms: Annotated[int, Meta(ge=1_000, le=86_400_000)] = 600_000
 
 
 class LimitsConfig(Strict, frozen=True):

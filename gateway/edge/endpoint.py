@@ -16,7 +16,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Final
 from urllib.parse import quote
 
@@ -28,7 +28,7 @@ from gateway.ops import accesslog
 from gateway.ops.metrics import Metrics, Record
 from gateway.path.dialects import Dialect
 from gateway.path.pipeline import STREAM_FAILED, Front, Pipeline, Result, release
-from gateway.path.relay import STREAM_CUT, shutdown_cut
+from gateway.path.relay import STREAM_CUT, Held, shutdown_cut
 from wire.errors import GatewayError
 
 log = logging.getLogger("gateway")
@@ -115,7 +115,12 @@ class _Watch:
         if self.current is not None:
             self.current.cancel()
 
-    async def run(self, work: Awaitable[Any]) -> Any:
+    async def run(self, work: Coroutine[Any, Any, Any]) -> Any:
+        if self.gone:
+            # The client left while nothing could be cancelled (between two phases): nothing more is started
+            # for it, or a stream would be relayed to nobody until its upstream ended.
+            work.close()
+            raise asyncio.CancelledError
         self.current = asyncio.ensure_future(work)
         try:
             return await self.current
@@ -197,6 +202,7 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
         front: Front | None = None
         result: Result | None = None
         started = False
+        held: Held | None = None
         try:
             if pipeline.cache is not None:
                 early = pipeline.early(body, headers, rec)
@@ -208,6 +214,7 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
                 watch = _Watch(receive)
                 result = await watch.run(pipeline.complete(body, headers, dialect, rec, front))
             started = True
+            held = result.held
             if result.stream is None:
                 await send(_start(200, _JSON + _encode_headers(result.headers, rec.request_id)))
                 await send(_body(result.body))
@@ -261,6 +268,12 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
         finally:
             if watch is not None:
                 watch.stop()
+            if held is not None and not held.taken:
+                # The relay never began (the client left right after the response started, or `send` failed):
+                # what the stream holds is given back here. A second cancel (the drain deadline) must not
+                # skip the bookkeeping below.
+                with contextlib.suppress(asyncio.CancelledError):
+                    await held.release()
             pipeline.usage.book(rec)  # before exit(): a retired pipeline drains its bookings as it closes
             pipeline.exit()
             elapsed = time.perf_counter() - t0

@@ -215,10 +215,12 @@ async def admin_cache_clear(request: Request[Any, Any, Any]) -> Response[bytes]:
 
 
 def _csp_hash(page: str, tag: str) -> str:
-    found = re.search(f"<{tag}>(.*?)</{tag}>", page, re.DOTALL)
-    if found is None:
+    start = page.find(f"<{tag}>")
+    end = page.find(f"</{tag}>", start)
+    if start < 0 or end < 0:
         raise RuntimeError(f"gateway/static/status.html has no <{tag}>")
-    return "'sha256-" + base64.b64encode(hashlib.sha256(found.group(1).encode()).digest()).decode() + "'"
+    body = page[start + len(tag) + 2 : end]
+    return "'sha256-" + base64.b64encode(hashlib.sha256(body.encode()).digest()).decode() + "'"
 
 
 def _load_page() -> tuple[bytes, dict[str, str]]:

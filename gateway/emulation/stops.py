@@ -13,14 +13,13 @@ request's list; a stream decides at the first chunk in which a stop is complete.
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Sequence
 
 
 class StopMatcher:
     """The automaton: a trie of the stops with failure links, each node knowing the longest stop it ends with."""
 
-    __slots__ = ("stops", "longest", "goto", "fail", "depth", "out", "below", "starts")
+    __slots__ = ("stops", "longest", "goto", "fail", "depth", "out", "below", "starts", "firsts", "marks", "latin")
 
     def __init__(self, stops: Sequence[str]) -> None:
         self.stops = tuple(stops)
@@ -65,9 +64,16 @@ class StopMatcher:
                 below[node] = min(below[node], below[child])
         self.goto, self.fail, self.depth, self.out, self.below = goto, fail, depth, out, below
         self.longest = max(depth)
-        firsts = "".join(goto[0])
-        # Where no stop is under way, the scan jumps to the next character that can start one (in C).
-        self.starts = re.compile("[" + "".join(map(re.escape, firsts)) + "]") if firsts else None
+        # Where no stop is under way, the scan jumps to the next character that can start one, in C and
+        # without a regex (the stops are client text). An ASCII piece is first checked for such a character
+        # in one pass (most stream pieces hold none: skipped whole). Otherwise the piece's bytes (latin-1,
+        # one per character) go through a 256-byte table (those characters to 0, the rest to 1) and
+        # `bytes.find` jumps from one to the next; when a stop begins beyond latin-1, `str.find` for each
+        # first character.
+        self.starts = frozenset(goto[0])
+        self.firsts = tuple(goto[0])
+        self.marks = bytes(0 if chr(i) in self.starts else 1 for i in range(256))
+        self.latin = all(ord(c) < 256 for c in self.firsts)  # then every first character has a byte of its own
 
 
 @functools.lru_cache(maxsize=8)
@@ -107,17 +113,34 @@ class StopScanner:
         buf = self.buf + text
         state, best_at, best = self.state, self.best_at, self.best
         j, end = 0, len(text)
+        marked: bytes | None = None  # ASCII `text` with 0 where a stop can start, made on first need
         decided = False
         while j < end:
             if state == 0 and best_at < 0:
-                if starts is None:
+                if marked is None:
+                    if text.isascii():
+                        if starts.isdisjoint(text):  # most pieces hold no character a stop begins with
+                            j = end
+                            break
+                        marked = text.encode().translate(m.marks)
+                    elif m.latin:
+                        # One byte per character, `?` for those beyond latin-1 (a false start at most, when a
+                        # stop begins with `?`: the automaton steps over it).
+                        marked = text.encode("latin-1", "replace").translate(m.marks)
+                    else:
+                        marked = b""
+                if marked:
+                    j = marked.find(0, j)
+                else:
+                    first = -1
+                    for c in m.firsts:
+                        at = text.find(c, j, end if first < 0 else first)
+                        if at >= 0:
+                            first = at
+                    j = first
+                if j < 0:
                     j = end
                     break
-                found = starts.search(text, j)
-                if found is None:
-                    j = end
-                    break
-                j = found.start()
             c = text[j]
             while True:
                 nxt = goto[state].get(c)

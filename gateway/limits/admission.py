@@ -76,7 +76,9 @@ class Admission:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         cfg = loaded.config
-        self.limiter = Limiter(shared, fail_open=cfg.redis.on_failure == "fail_open")
+        self.limiter = Limiter(
+            shared, fail_open=cfg.redis.on_failure == "fail_open", lease_ttl_ms=cfg.redis.lease_ttl_ms
+        )
         self.sleep = sleep
         self.keys = {k.name: buckets_of(f"key:{k.name}", k.limits) for k in cfg.keys if k.limits}
         self.models = {m.name: buckets_of(f"model:{m.name}", m.limits) for m in cfg.models if m.limits}

@@ -16,7 +16,9 @@ import msgspec
 Kind = Literal["rps", "rpm", "tpm", "tpd", "concurrent"]
 PERIOD_S: Final[dict[str, float]] = {"rps": 1.0, "rpm": 60.0, "tpm": 60.0, "tpd": 86_400.0}
 TOKEN_KINDS: Final = frozenset({"tpm", "tpd"})
-LEASE_TTL_MS: Final = 600_000  # a replica that dies mid-request frees its concurrency lease after this
+# The default of `redis.lease_ttl_ms`: a replica that dies mid-request frees its concurrency lease after this.
+# A live request's lease never expires: the limiter renews it every third of the TTL while it is held.
+LEASE_TTL_MS: Final = 600_000
 
 
 class Bucket(msgspec.Struct, frozen=True):
@@ -111,8 +113,9 @@ class _Local:
     """The script in process memory, for one process (or while Redis is away): `gcra` for rate buckets,
     and the script's leases for concurrency ones."""
 
-    def __init__(self, clock: Callable[[], float]) -> None:
+    def __init__(self, clock: Callable[[], float], lease_ttl_ms: int = LEASE_TTL_MS) -> None:
         self.clock = clock
+        self.lease_ttl_ms = lease_ttl_ms
         # Per rate bucket: the TAT as (whole millisecond, units), TAT = ms + units * period / limit.
         self.tat: dict[str, tuple[float, float]] = {}
         self.leases: dict[str, dict[str, float]] = {}
@@ -145,6 +148,12 @@ class _Local:
                     news.append(None)
                     out += [0, 0]
                     continue
+                if mode == "refresh":
+                    if lease in held:
+                        held[lease] = now + self.lease_ttl_ms
+                    news.append(None)
+                    out += [0, 0]
+                    continue
                 if mode == "acquire" and len(held) + 1 > b.limit:
                     denied = True
                     wait = max(min(int(min(held.values()) - now), 1000), 1) if held else 1000
@@ -159,7 +168,7 @@ class _Local:
             news.append(step.tat)
             out += [step.remaining, step.reset_ms]
             current[len(news) - 1] = (step.remaining_now, step.reset_now_ms)
-        if mode == "release":
+        if mode in ("release", "refresh"):
             return out
         if denied:
             for i, (remaining, reset) in current.items():
@@ -167,7 +176,7 @@ class _Local:
             return [0, retry, *out[2:]]
         for b, v in zip(buckets, news, strict=True):
             if v == "lease":
-                self.leases.setdefault(b.redis_key, {})[lease] = now + LEASE_TTL_MS
+                self.leases.setdefault(b.redis_key, {})[lease] = now + self.lease_ttl_ms
             elif isinstance(v, tuple):
                 self.tat[b.redis_key] = v
         return out

@@ -58,12 +58,14 @@ __all__ = [
 # mode "acquire": all-or-nothing check and charge; returns {ok, retry_ms, b1_remaining, b1_reset_ms, ...}
 # mode "adjust": add cost (may be negative: a refund) without checking; returns {1, 0, ...}
 # mode "release": drop the lease from concurrency buckets (its acquire is known to have run).
+# mode "refresh": push a live lease's expiry a TTL ahead (only a live one: never a released lease, nor a
+#   cancel marker), so a request that outlives the TTL keeps its slot.
 # mode "cancel": drop the lease and leave a marker, for a lease whose acquire may not have run yet: an
 #   acquire sent before a timeout can still be run by Redis after the cancel (it sat unread in a dropped
 #   connection), and must then write nothing.
 # A concurrency bucket is one sorted set: live leases scored by their expiry (> 0), cancel markers by
 # minus theirs (< 0), so both expire on Redis's clock and stay in the one key (and slot) the script names.
-SCRIPT: Final = """
+_SCRIPT: Final = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local mode, lease = ARGV[1], ARGV[2]
@@ -82,6 +84,14 @@ for i = 1, n do
     redis.call('ZREMRANGEBYSCORE', KEYS[i], 0, now)
     if mode == 'release' then
       redis.call('ZREM', KEYS[i], lease)
+      news[i] = false
+      out[#out + 1] = 0; out[#out + 1] = 0
+    elseif mode == 'refresh' then
+      local score = redis.call('ZSCORE', KEYS[i], lease)
+      if score and tonumber(score) > 0 then
+        redis.call('ZADD', KEYS[i], now + LEASE_TTL, lease)
+        redis.call('PEXPIRE', KEYS[i], LEASE_TTL)
+      end
       news[i] = false
       out[#out + 1] = 0; out[#out + 1] = 0
     elseif mode == 'cancel' then
@@ -130,7 +140,7 @@ for i = 1, n do
     now_state[i] = {math.max(math.floor((period * limit - q) / period), 0), math.ceil(q / limit)}
   end
 end
-if mode == 'release' or mode == 'cancel' then return out end
+if mode == 'release' or mode == 'cancel' or mode == 'refresh' then return out end
 if denied then
   -- Report what the buckets hold now: the denied request charged nothing.
   out[1] = 0; out[2] = retry
@@ -159,8 +169,18 @@ for i = 1, n do
   end
 end
 return out
-""".replace("LEASE_TTL", str(LEASE_TTL_MS))
+"""
+
+
+def script_text(lease_ttl_ms: int) -> str:
+    """The script with its lease TTL (`redis.lease_ttl_ms`) written in: one script (and SHA) per TTL."""
+    return _SCRIPT.replace("LEASE_TTL", str(lease_ttl_ms))
+
+
+SCRIPT: Final = script_text(LEASE_TTL_MS)
 _SHA: Final = hashlib.sha1(SCRIPT.encode()).hexdigest().encode()
+# A lease is renewed for at most this long: a request that never settles (a bug) cannot hold a slot forever.
+MAX_RENEW_S: Final = 86_400.0
 # A call's round trip, queueing included, before Redis counts as down (SharedState's deadline).
 _DEADLINE_S: Final = 0.5
 # On a Redis Cluster every bucket lives in one hash slot, so that a request's buckets of every scope are
@@ -177,12 +197,26 @@ class RedisDown(Exception):
 
 
 class Limiter:
-    def __init__(self, shared: SharedState, *, fail_open: bool = True, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        shared: SharedState,
+        *,
+        fail_open: bool = True,
+        clock: Callable[[], float] = time.time,
+        lease_ttl_ms: int = LEASE_TTL_MS,
+    ) -> None:
         self.shared = shared
         self.fail_open = fail_open
-        self.local = _Local(clock)
+        self.lease_ttl_ms = lease_ttl_ms
+        self.local = _Local(clock, lease_ttl_ms)
         self._prefix = CLUSTER_PREFIX if shared.cluster else ""
-        self._channel = ScriptChannel(shared, SCRIPT, self._prefix + "rl:") if shared.client is not None else None
+        script = script_text(lease_ttl_ms)
+        self._sha = hashlib.sha1(script.encode()).hexdigest().encode()
+        self._channel = ScriptChannel(shared, script, self._prefix + "rl:") if shared.client is not None else None
+        # Leases of requests still running, by id: renewed every third of the TTL (`_renew`) so that a
+        # request longer than the TTL (a long stream) keeps its slot, and the count stays exact.
+        self._live: dict[str, tuple[tuple[Bucket, ...], float]] = {}  # lease -> (buckets, renew until)
+        self._renewer: asyncio.Task[None] | None = None
         # The constant part of each call's command, per (mode, buckets): only the lease and costs vary.
         self._heads: dict[tuple[str, tuple[Bucket, ...]], tuple[bytes, list[bytes]]] = {}
         # Leases whose acquire went unanswered but which local state admitted: Redis may hold them too.
@@ -218,7 +252,7 @@ class Limiter:
                 bulk(p)
                 for p in (
                     b"EVALSHA",
-                    _SHA,
+                    self._sha,
                     b"%d" % n,
                     *((self._prefix + b.redis_key).encode() for b in buckets),
                     mode.encode(),
@@ -252,6 +286,10 @@ class Limiter:
 
     async def close(self) -> None:
         self._closed = True
+        renewer = self._renewer
+        if renewer is not None:
+            renewer.cancel()
+            await asyncio.gather(renewer, return_exceptions=True)
         if self._cancels and self._successor is not None:
             pending, self._cancels = self._cancels, {}
             self._successor._take(pending)
@@ -281,7 +319,7 @@ class Limiter:
         held = tuple(b for b in buckets if b.kind == "concurrent")
         # Past the lease TTL, whatever Redis holds for it has expired (unless Redis ran the acquire more
         # than a TTL late, and then it expires a TTL later): give up then, so memory stays bounded.
-        self._cancels[lease] = (held, time.monotonic() + LEASE_TTL_MS / 1000)
+        self._cancels[lease] = (held, time.monotonic() + self.lease_ttl_ms / 1000)
         if self._canceller is None or self._canceller.done():
             self._canceller = asyncio.ensure_future(self._cancel_pending())
 
@@ -320,7 +358,7 @@ class Limiter:
             if doubtful[oldest] > now:
                 break
             del doubtful[oldest]
-        doubtful[lease] = now + LEASE_TTL_MS / 1000
+        doubtful[lease] = now + self.lease_ttl_ms / 1000
 
     def _fallback(self, lease: str, buckets: Sequence[Bucket], costs: Sequence[float], unanswered: bool) -> list[int]:
         """Redis did not decide: fail closed, or decide on local state. `unanswered`: Redis may yet grant it."""
@@ -358,10 +396,31 @@ class Limiter:
             if lease and self._channel is not None:
                 self._cancel(lease, buckets)
             raise
+        if lease and out[0] == 1:
+            self._live[lease] = (tuple(b for b in buckets if b.kind == "concurrent"), time.monotonic() + MAX_RENEW_S)
+            if self._renewer is None:
+                self._renewer = asyncio.ensure_future(self._renew())
         states = [
             BucketState(bucket=b, remaining=out[2 + i * 2], reset_ms=out[3 + i * 2]) for i, b in enumerate(buckets)
         ]
         return Decision(allowed=out[0] == 1, retry_after_ms=out[1], states=states, lease=lease)
+
+    async def _renew(self) -> None:
+        """Every third of the lease TTL, while any lease is held: each one's expiry a TTL ahead again, one
+        script call per lease, all in one write. Off the request path; what fails is retried next round,
+        two more chances before the lease would expire."""
+        try:
+            while self._live:
+                await asyncio.sleep(self.lease_ttl_ms / 3000)
+                now = time.monotonic()
+                for lease, (_, until) in list(self._live.items()):
+                    if until < now:
+                        del self._live[lease]
+                live = list(self._live.items())
+                calls = [self._run("refresh", lease, held, [0.0] * len(held)) for lease, (held, _) in live]
+                await asyncio.gather(*calls, return_exceptions=True)
+        finally:
+            self._renewer = None
 
     async def peek(self, buckets: Sequence[Bucket]) -> list[BucketState]:
         """Every bucket's headroom now, read-only (for the status page): one pipelined read, no script."""
@@ -409,6 +468,7 @@ class Limiter:
         held = [b for b in buckets if b.kind == "concurrent"]
         if not held:
             return
+        self._live.pop(lease, None)
         zeros = [0.0] * len(held)
         if self._channel is None:
             self.local.run("release", lease, held, zeros)

@@ -26,7 +26,7 @@ from gateway.ops import tracing
 from gateway.ops.metrics import Metrics, Record
 from gateway.path.attempt import Job, Services
 from gateway.path.dialects import Dialect, decode_error
-from gateway.path.relay import STREAM_FAILED, Relay
+from gateway.path.relay import STREAM_FAILED, Held, Relay
 from gateway.path.request import normalize
 from gateway.path.routing import Router
 from gateway.resilience.failover import Failover, Outcome
@@ -57,6 +57,8 @@ class Result(msgspec.Struct):
     headers: dict[str, str]
     body: bytes = b""
     stream: AsyncIterator[bytes] | None = None
+    # What the stream holds until its relay begins; the endpoint releases it if the relay never does.
+    held: Held | None = None
 
 
 # The lookup of a `Front` whose request the cache has not been asked about yet.
@@ -111,6 +113,7 @@ class Pipeline:
             clock=clock,
             on_cooldown=on_cooldown,
             refresh_ms=loaded.config.redis.refresh_ms,
+            inflight_ttl_ms=loaded.config.redis.lease_ttl_ms,
         )
         self.log_prompts = loaded.config.logging.prompts
         self.log_requests = loaded.config.logging.requests
@@ -158,6 +161,7 @@ class Pipeline:
     async def close(self) -> None:
         await self.admission.drain()
         await self.admission.limiter.close()
+        await self.health.close()
         await self.usage.drain()
         await self.upstream.close()
         await self.shared.close()
@@ -345,7 +349,9 @@ class Pipeline:
         finally:
             rec.upstream_s = time.perf_counter() - started
         _served(rec, job.plan, opened)
-        return Result(_headers(opened, job), stream=self.relay.stream(opened.value, opened.route, job, rec))
+        held = Held(self.relay, opened.value, job)
+        stream = self.relay.stream(opened.value, opened.route, job, rec, held)
+        return Result(_headers(opened, job), stream=stream, held=held)
 
 
 def _served(rec: Record, plan: Plan, outcome: Outcome[Any]) -> None:

@@ -73,6 +73,44 @@ def _resumable(job: Job) -> bool:
     )
 
 
+class Held:
+    """What an opened stream holds (the request's admission, the target's quota, its in-flight count, the
+    upstream connection) until the relay's first step takes it over.
+
+    The relay gives all of it back in its `finally`, but an async generator that never ran its first step
+    never runs its `finally` either: a client that leaves between the response start and that step (its
+    disconnect cancels the relay's task before the task ever ran) would leave it all held. The endpoint
+    calls `release` in its own `finally`; it does nothing once the relay has begun.
+    """
+
+    __slots__ = ("relay", "opened", "job", "taken")
+
+    def __init__(self, relay: Relay, opened: Opened, job: Job) -> None:
+        self.relay = relay
+        self.opened = opened
+        self.job = job
+        self.taken = False  # the relay began: its `finally` gives everything back
+
+    async def release(self) -> None:
+        if self.taken:
+            return
+        self.taken = True
+        relay, opened, job = self.relay, self.opened, self.job
+        # Synchronous first, as in the relay: a cancelled task may be cancelled again at its next await.
+        for t in (job.ticket, opened.quota):
+            if t is not None:
+                relay.admission.settle(t, t.prompt)  # nothing was sent: the prompt is all it used
+        if job.cached is not None:
+            job.cached.abandon()  # whoever waits on this answer asks for itself
+        try:
+            try:
+                await relay.release(opened)
+            finally:
+                await opened.close()  # not returned to the pool half-read
+        except Exception:
+            log.exception("closing a stream that never started failed")
+
+
 class Relay:
     """Built once per pipeline: what relaying and resuming streams use."""
 
@@ -87,8 +125,12 @@ class Relay:
         self.failover = failover
         self.scrub = scrub
 
-    async def stream(self, opened: Opened, route: Route, job: Job, rec: Record) -> AsyncIterator[bytes]:
+    async def stream(
+        self, opened: Opened, route: Route, job: Job, rec: Record, held: Held | None = None
+    ) -> AsyncIterator[bytes]:
         """The client's stream: `opened`'s events as SSE bytes, then the usage chunk if asked, then [DONE]."""
+        if held is not None:
+            held.taken = True  # from here on this generator's `finally` gives everything back
         req, ctx = job.req, job.ctx
         want_usage = bool(req.stream_options and req.stream_options.include_usage)
         quota = opened.quota

@@ -13,6 +13,8 @@ in-process dictionaries.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from typing import Final, TypeVar
@@ -26,7 +28,9 @@ from gateway.state import Degraded, SharedState
 
 _V = TypeVar("_V")
 
-_INFLIGHT_TTL_MS: Final = 600_000  # a replica that dies mid-request must not leave a target "busy" forever
+# The default (`redis.lease_ttl_ms`): a replica that dies mid-request must not leave a target "busy" forever.
+# While this process counts requests in flight on a target it renews the key every third of the TTL.
+_INFLIGHT_TTL_MS: Final = 600_000
 _LATENCY_TTL_MS: Final = 3_600_000
 _EWMA_ALPHA: Final = 0.3
 # Distinct targets whose state one process keeps: a direct `vendor/model` target is named by the client, so
@@ -157,8 +161,11 @@ class Health:
         clock: Callable[[], float] = time.monotonic,
         on_cooldown: Callable[[str, str], None] | None = None,
         refresh_ms: int = 250,
+        inflight_ttl_ms: int = _INFLIGHT_TTL_MS,
     ) -> None:
         self.shared = shared
+        self.inflight_ttl_ms = inflight_ttl_ms
+        self._renewer: asyncio.Task[None] | None = None
         self.cooldown = cooldown
         self.on_cooldown = on_cooldown
         self.clock = clock
@@ -318,17 +325,48 @@ class Health:
         else:
             self.local.inflight.pop(target, None)
         key = _keys(target)[3]
+        ttl = self.inflight_ttl_ms
+        if count > 0 and self._renewer is None and self.shared.client is not None:
+            self._renewer = asyncio.ensure_future(self._renew())
 
         async def op(r: aioredis.Redis) -> None:
             pipe = r.pipeline(transaction=False)
             pipe.incrby(key, delta)
-            pipe.pexpire(key, _INFLIGHT_TTL_MS)
+            pipe.pexpire(key, ttl)
             await pipe.execute()
 
         try:
             await self.shared.run(op)
         except Degraded:
             pass
+
+    async def _renew(self) -> None:
+        """Every third of the TTL while this process has requests in flight: their targets' shared counts
+        kept from expiring (a stream longer than the TTL would otherwise take its count below zero when
+        it ended). Off the request path, one pipelined write."""
+        ttl = self.inflight_ttl_ms
+        try:
+            while self.local.inflight:
+                await asyncio.sleep(ttl / 3000)
+                keys = [_keys(t)[3] for t in self.local.inflight]
+
+                async def op(r: aioredis.Redis, keys: list[str] = keys) -> None:
+                    pipe = r.pipeline(transaction=False)
+                    for key in keys:
+                        pipe.pexpire(key, ttl)
+                    await pipe.execute()
+
+                if keys:
+                    with contextlib.suppress(Degraded):
+                        await self.shared.run(op)
+        finally:
+            self._renewer = None
+
+    async def close(self) -> None:
+        renewer = self._renewer
+        if renewer is not None:
+            renewer.cancel()
+            await asyncio.gather(renewer, return_exceptions=True)
 
     async def latency(self, target: str, ms: float) -> None:
         prev = self.local.latency.get(target)

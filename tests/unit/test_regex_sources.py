@@ -1,0 +1,55 @@
+"""No pattern for Python's backtracking `re` is built at run time in the gateway or the providers.
+
+A pattern built from text (a client's stop sequences, a model name, an upstream's answer) is that text's
+to shape, and `re` backtracks. Such text goes to RE2 (gateway/emulation/patterns.py, gateway/limits/globs.py)
+or to plain string operations. Every `re` call here must take a pattern written in the source.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CALLS = {"compile", "search", "match", "fullmatch", "sub", "subn", "split", "findall", "finditer"}
+# Patterns built from the operator's config only, applied to text of bounded length.
+OPERATOR_ONLY = {
+    # `prices:` keys (operator globs) through fnmatch.translate, matched against model names of at most
+    # 256 characters (gateway.path.request.MAX_MODEL_CHARS).
+    "gateway/limits/usage.py",
+}
+
+
+def dynamic_patterns(source: str) -> list[int]:
+    """The lines of `re.<call>(pattern, ...)` whose pattern is not a string literal."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "re"
+            and node.func.attr in CALLS
+            and node.args
+            and not (isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str))
+        ):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_the_check_sees_a_built_pattern() -> None:
+    # The shape the stop scanner had: a character class made of the client's stops' first characters.
+    built = 'import re\nstarts = re.compile("[" + "".join(map(re.escape, firsts)) + "]")\n'
+    assert dynamic_patterns(built) == [2]
+    assert dynamic_patterns('import re\nre.compile(r"[a-z]+")\n') == []
+
+
+def test_no_re_pattern_is_built_from_text() -> None:
+    found = []
+    for package in ("gateway", "providers", "wire"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel in OPERATOR_ONLY:
+                continue
+            found += [f"{rel}:{line}" for line in dynamic_patterns(path.read_text())]
+    assert found == []
