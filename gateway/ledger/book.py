@@ -2,8 +2,8 @@
 
 `Ledger.append` is the request path's whole share: one append to a bounded deque (a full queue counts
 the row as dropped, it never waits). The writer takes what waits every `flush_ms`, or as soon as
-`batch_rows` rows wait, turns it into rows (prices, teams, the day) and commits them with their daily
-rollups in one transaction, on the ledger's own thread. When the database cannot be written, the batch
+`batch_rows` rows wait, turns it into a batch of rows (gateway/ledger/batch.py) and commits them with
+their daily rollups in one transaction, on the ledger's own thread. When the database cannot be written, the batch
 goes to a spill file of this process (bounded by `spill_bytes`), which is replayed before anything
 newer once the database answers; every row carries an id of its own, so a replay that is interrupted
 and done again books nothing twice. Spill files left by a process that died (no one holds their lock)
@@ -52,7 +52,7 @@ _decode = msgspec.json.Decoder(list[list[Any]]).decode
 
 
 def commit(cur: Cursor, rows: Sequence[Row], db: Database) -> int:
-    """Insert the rows (in the order of `_COLUMNS`: replayed from a spill file) not booked yet and add
+    """Insert the rows (in the order of `batch.COLUMNS`: replayed from a spill file) not booked yet and add
     exactly those to their rollups; how many were new."""
     by_day: dict[str, list[str]] = {}
     for r in rows:
