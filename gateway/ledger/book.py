@@ -2,8 +2,8 @@
 
 `Ledger.append` is the request path's whole share: one append to a bounded deque (a full queue counts
 the row as dropped, it never waits). The writer takes what waits every `flush_ms`, or as soon as
-`batch_rows` rows wait, turns it into rows (prices, teams, the day) and commits them with their daily
-rollups in one transaction, on the ledger's own thread. When the database cannot be written, the batch
+`batch_rows` rows wait, turns it into a batch of rows (gateway/ledger/batch.py) and commits them with
+their daily rollups in one transaction, on the ledger's own thread. When the database cannot be written, the batch
 goes to a spill file of this process (bounded by `spill_bytes`), which is replayed before anything
 newer once the database answers; every row carries an id of its own, so a replay that is interrupted
 and done again books nothing twice. Spill files left by a process that died (no one holds their lock)
@@ -29,42 +29,18 @@ from typing import Any, Final, Protocol, cast
 import msgspec
 
 from gateway.config import LedgerConfig
+from gateway.ledger.batch import INSERT, INSERT_SQLITE, ROLLUP, Batch, Pending, Row, commit_batch, take
 from gateway.ledger.engine import Cursor, Database, LedgerDown
-from gateway.limits.usage import ANONYMOUS, day_of
+from gateway.limits.usage import day_of
 from gateway.ops.metrics import Record
 
 log = logging.getLogger("gateway")
-
-Row = tuple[Any, ...]
 
 
 class Settles(Protocol):
     def settle(self, rec: Record) -> None: ...
 
 
-# A waiting row: the record (priced by the usage booking), its end-to-end seconds, its end time.
-Pending = tuple[Record, float, float]
-_COLUMNS: Final = (
-    "id, request_id, ts, day, key_name, team, model, target, provider, dialect, stream, status, error, "
-    "latency_ms, ttfb_ms, prompt_tokens, completion_tokens, cost_pico, cache, attempts, prompt, completion"
-)
-_INSERT: Final = f"INSERT INTO requests ({_COLUMNS}) VALUES ({', '.join('?' * 22)}) ON CONFLICT (day, id) DO NOTHING"
-# SQLite: the text columns that may be NULL (error, cache, prompt, completion) come as the integer 0 for
-# NULL, which NULLIF turns back into one: SQLite's driver binds a 0 for a tenth of what a None costs it,
-# and no text is ever the integer 0. Rows spilled by older versions, with None, give NULL all the same.
-_NULLABLE_TEXT: Final = (12, 18, 20, 21)
-_INSERT_SQLITE: Final = _INSERT.replace(
-    f"VALUES ({', '.join('?' * 22)})",
-    f"VALUES ({', '.join('NULLIF(?, 0)' if i in _NULLABLE_TEXT else '?' for i in range(22))})",
-)
-_ROLLUP: Final = (
-    "INSERT INTO daily (day, key_name, team, model, target, requests, errors, prompt_tokens, completion_tokens,"
-    " cost_pico) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (day, key_name, team, model, target) DO UPDATE"
-    " SET requests = daily.requests + excluded.requests, errors = daily.errors + excluded.errors,"
-    " prompt_tokens = daily.prompt_tokens + excluded.prompt_tokens,"
-    " completion_tokens = daily.completion_tokens + excluded.completion_tokens,"
-    " cost_pico = daily.cost_pico + excluded.cost_pico"
-)
 _IN_CHUNK: Final = 500
 _RETAIN_EVERY_S: Final = 3600
 _ORPHANS_EVERY_S: Final = 60
@@ -75,49 +51,15 @@ _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder(list[list[Any]]).decode
 
 
-def row_of(pending: Pending, teams: dict[str, str], row_id: str, null: int | None = None) -> Row:
-    """The `requests` row of one answered request (the order of `_COLUMNS`); `null` stands for NULL in the
-    nullable text columns (0 for SQLite's `_INSERT_SQLITE`)."""
-    rec, elapsed, ended = pending
-    key = rec.key or ANONYMOUS
-    usage = rec.usage
-    prompt = usage.prompt_tokens if usage is not None else 0
-    completion = usage.completion_tokens if usage is not None else 0
-    return (
-        row_id,
-        rec.request_id,
-        ended,
-        day_of(ended),
-        key,
-        teams.get(key, ""),
-        rec.model,
-        rec.target,
-        rec.provider,
-        rec.dialect,
-        int(rec.stream),
-        rec.status,
-        rec.error_code or null,  # an error code or a cache outcome is never ''
-        elapsed * 1000,
-        rec.upstream_s * 1000 if rec.provider else None,
-        prompt,
-        completion,
-        rec.cost_pico,  # 0 when nothing served it or the cache answered
-        rec.cache_outcome or null,
-        rec.attempts,
-        rec.prompt if rec.prompt is not None else null,
-        rec.completion if rec.completion is not None else null,
-    )
-
-
-def commit(cur: Cursor, rows: Sequence[Row], db: Database, replay: bool = True) -> int:
-    """Insert the rows not booked yet and add exactly those to their rollups; how many were new.
-    `replay=False`: rows straight from the queue, whose ids are new, so the look-up is skipped."""
+def commit(cur: Cursor, rows: Sequence[Row], db: Database) -> int:
+    """Insert the rows (in the order of `batch.COLUMNS`: replayed from a spill file) not booked yet and add
+    exactly those to their rollups; how many were new."""
     by_day: dict[str, list[str]] = {}
     for r in rows:
         by_day.setdefault(r[3], []).append(r[0])
     db.ensure_days(cur, by_day)
     known: set[str] = set()
-    for day, ids in by_day.items() if replay else ():
+    for day, ids in by_day.items():
         for i in range(0, len(ids), _IN_CHUNK):
             chunk = ids[i : i + _IN_CHUNK]
             marks = ", ".join("?" * len(chunk))
@@ -126,11 +68,7 @@ def commit(cur: Cursor, rows: Sequence[Row], db: Database, replay: bool = True) 
     fresh = [r for r in rows if r[0] not in known] if known else rows
     if not fresh:
         return 0
-    insert = _INSERT if db.postgres else _INSERT_SQLITE
-    if replay:
-        cur.executemany(insert, fresh)
-    else:
-        cur.insert_new("requests", _COLUMNS, fresh, insert)
+    cur.executemany(INSERT if db.postgres else INSERT_SQLITE, fresh)
     sums: dict[tuple[str, str, str, str, str], list[int]] = {}
     for r in fresh:
         s = sums.setdefault((r[3], r[4], r[5], r[6], r[7]), [0, 0, 0, 0, 0])
@@ -139,7 +77,7 @@ def commit(cur: Cursor, rows: Sequence[Row], db: Database, replay: bool = True) 
         s[2] += r[15]
         s[3] += r[16]
         s[4] += r[17]
-    cur.executemany(_ROLLUP, [(*k, *v) for k, v in sums.items()])
+    cur.executemany(ROLLUP, [(*k, *v) for k, v in sums.items()])
     return len(fresh)
 
 
@@ -290,13 +228,8 @@ class Ledger:
             except Exception:  # the writer must outlive any one bad turn
                 log.exception("ledger writer turn failed")
 
-    def _take(self) -> list[Row]:
-        queue, teams, prefix, ids = self.queue, self.teams, self._prefix, self._ids
-        null = None if self.db.postgres else 0
-        rows = []
-        while queue:
-            rows.append(row_of(queue.popleft(), teams, f"{prefix}{next(ids):x}", null))
-        return rows
+    def _take(self) -> Batch:
+        return take(self.queue, self.teams, self._prefix, self._ids, None if self.db.postgres else 0)
 
     async def flush(self) -> None:
         if self.dropped != self._dropped_logged:
@@ -307,7 +240,7 @@ class Ledger:
             )
             self._dropped_logged = self.dropped
         rows = self._take()
-        if rows or self.spill.waiting or self._orphans_possible():
+        if rows.size or self.spill.waiting or self._orphans_possible():
             await self.call(self._write, rows)
 
     def _orphans_possible(self) -> bool:
@@ -319,15 +252,15 @@ class Ledger:
         self._orphans_at = now + _ORPHANS_EVERY_S
         return self.spill.dir.is_dir() and any(self.spill.dir.glob(f"{_SPILL_PREFIX}*.jsonl"))
 
-    def _write(self, rows: list[Row]) -> None:
+    def _write(self, rows: Batch) -> None:
         """On the ledger's thread: spilled batches first (oldest first), then these rows; spill on failure."""
         try:
             for _path, batch in self.spill.batches():
                 spilled = [tuple(r) for r in batch]
                 self.booked += self.db.transaction(functools.partial(commit, rows=spilled, db=self.db))
             self.spill.replayed()
-            if rows:
-                self.booked += self.db.transaction(lambda cur: commit(cur, rows, self.db, replay=False))
+            if rows.size:
+                self.booked += self.db.transaction(lambda cur: commit_batch(cur, rows, self.db))
             if self.down is not None:
                 log.warning("ledger: %s answers again; spilled rows replayed", self.db.where)
                 self.down = None
@@ -335,7 +268,7 @@ class Ledger:
             if self.down is None:
                 log.warning("ledger: cannot write (%s); rows go to %s until it answers", exc, self.spill.path)
             self.down = str(exc)
-            if rows and not self.spill.write(rows):
+            if rows.size and not self.spill.write(rows.full()):
                 log.error(
                     "ledger: the spill file is full (ledger.spill_bytes = %d): %d row(s) lost so far",
                     self.spill.max_bytes,

@@ -72,16 +72,6 @@ class Cursor:
     def executemany(self, sql: str, params: Iterable[Sequence[Any]]) -> None:
         self.raw.executemany(self._sql(sql), params)
 
-    def insert_new(self, table: str, columns: str, rows: Sequence[Sequence[Any]], sql: str) -> None:
-        """Rows whose keys are new: PostgreSQL's COPY (a fraction of INSERT's client-side work per row),
-        else `sql`, an INSERT."""
-        if not self.postgres:
-            self.raw.executemany(sql, rows)
-            return
-        with self.raw.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
-            for row in rows:
-                copy.write_row(row)
-
     def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         self.raw.execute(self._sql(sql), tuple(params))
         return [tuple(r) for r in self.raw.fetchall()]

@@ -1,0 +1,123 @@
+"""A writer's batch books exactly the rows the spill file would: every column, on both engines.
+
+The writer inserts a batch in its compact form (each distinct combination of repeated values once,
+written into its own statement on SQLite when it has enough rows, or one JSON `INSERT ... SELECT` on
+PostgreSQL); a spilled batch is replayed as plain rows. Both must give the same rows and rollups.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from gateway.ledger.batch import Pending, commit_batch, take
+from gateway.ledger.book import commit
+from gateway.ledger.engine import Database
+from gateway.ops.metrics import Record
+from tests.helpers.postgres import PostgresServer
+from wire.schema import Usage
+
+from .conftest import query, totals
+
+DAY_END = 1_795_823_999.5  # 2026-11-27 23:59:59.5 UTC: a batch that spans midnight
+
+
+def records() -> list[Pending]:
+    """Rows of every shape: many of one kind (SQLite's statement with literals), a few of others (bound),
+    quotes and a NUL in text values, errors, cache outcomes, prompts kept, no usage, two days."""
+    out: list[Pending] = []
+    served = functools.partial(Record, model="fast", provider="demo", target="demo/long", attempts=1)
+    usage = Usage(prompt_tokens=3, completion_tokens=7, total_tokens=10)
+    for i in range(30):
+        rec = served(request_id=f"req-{i}", dialect="openai", key="alice", usage=usage, upstream_s=0.25)
+        rec.cost_pico = 17 * 10**9 + i
+        out.append((rec, 0.5 + i / 1000, DAY_END - 1.5 + i / 10))  # the last ten end on the next day
+    for i in range(12):  # a key name with a quote, prompts logged (one of them "0", one empty)
+        rec = served(request_id=f"q-{i}", dialect="sgp", key="o'brien", stream=True, usage=usage)
+        rec.prompt, rec.completion = ("0", "") if i == 0 else (f"say 'hi' {i}", None)
+        rec.cache_outcome = "miss"
+        out.append((rec, 1.25, DAY_END - 100))
+    for i in range(9):  # a model with a NUL: never written into a statement's text
+        out.append((Record(request_id=f"n-{i}", dialect="openai", model="bad\0model", status=404), 0.01, DAY_END - 50))
+    for i in range(10):  # refused before any call: no target, no provider, no time to a first byte
+        rec = Record(request_id=f"anon-{i}", dialect="pais", status=401, error_code="invalid_api_key", upstream_s=0.1)
+        out.append((rec, 0.002, DAY_END))
+    rec = served(request_id="cached", dialect="openai", key="alice", usage=usage, cached=True)
+    rec.cache_outcome = "hit"
+    out.append((rec, 0.003, DAY_END - 1))
+    return out
+
+
+def book_both(url_batch: str, url_rows: str, expected: int) -> None:
+    """The records into one database as a batch, into the other as the rows a spill file replays."""
+    for url, as_rows in ((url_batch, False), (url_rows, True)):
+        db = Database(url)
+        db.migrate()
+        pending = records()
+        if db.postgres:  # PostgreSQL's text cannot hold a NUL at all
+            pending = [p for p in pending if "\0" not in p[0].model]
+        batch = take(deque(pending), {"alice": "blue"}, "p", itertools.count(1), None if db.postgres else 0)
+        if as_rows:  # replayed: plain rows, looked up first
+            assert db.transaction(functools.partial(commit, rows=batch.full(), db=db)) == expected
+        else:
+            assert db.transaction(functools.partial(commit_batch, batch=batch, db=db)) == expected
+        db.close()
+
+
+def everything(url: str) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    rows = query(url, "SELECT * FROM requests ORDER BY id")
+    daily = query(url, "SELECT * FROM daily ORDER BY day, key_name, team, model, target")
+    return rows, daily
+
+
+def test_a_batch_books_what_its_rows_would_sqlite(tmp_path: Path) -> None:
+    a, b = f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'b.db'}"
+    book_both(a, b, 62)
+    assert everything(a) == everything(b)
+    rows, rolled = totals(a)
+    assert rows == rolled and rows[0] == 62
+    one = query(
+        a, "SELECT day, key_name, team, ttfb_ms, latency_ms, cost_pico FROM requests WHERE request_id = 'req-0'"
+    )
+    assert one == [("2026-11-27", "alice", "blue", 250.0, 500.0, 17 * 10**9)]
+    assert query(a, "SELECT count(*) FROM requests WHERE day = '2026-11-28'") == [(10,)]
+    quoted = query(a, "SELECT key_name, stream, prompt, completion, cache FROM requests WHERE request_id LIKE 'q-%'")
+    assert ("o'brien", 1, "0", "", "miss") in quoted and ("o'brien", 1, "say 'hi' 3", None, "miss") in quoted
+    assert query(a, "SELECT model, ttfb_ms, error FROM requests WHERE request_id = 'n-0'") == [
+        ("bad\0model", None, None)
+    ]
+    assert query(a, "SELECT key_name, target, error, ttfb_ms FROM requests WHERE request_id = 'anon-0'") == [
+        ("anonymous", "", "invalid_api_key", None)
+    ]
+
+
+def test_a_batch_books_what_its_rows_would_postgres(pg: PostgresServer) -> None:
+    a = pg.url
+    pg.fresh_database()
+    b = pg.url
+    book_both(a, b, 53)
+    assert everything(a) == everything(b)
+    rows, rolled = totals(a)
+    assert rows == rolled and rows[0] == 53
+    assert query(a, "SELECT key_name, team, ttfb_ms, stream FROM requests WHERE request_id = 'req-0'") == [
+        ("alice", "blue", 250.0, 0)
+    ]
+    assert query(a, "SELECT count(*) FROM requests WHERE day = '2026-11-28'") == [(10,)]
+    assert query(a, "SELECT key_name, prompt, completion FROM requests WHERE request_id = 'q-0'") == [
+        ("o'brien", "0", "")
+    ]
+
+
+def test_a_replayed_batch_books_nothing_twice(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    db = Database(url)
+    db.migrate()
+    batch = take(deque(records()), {}, "p", itertools.count(1), 0)
+    assert db.transaction(functools.partial(commit_batch, batch=batch, db=db)) == 62
+    assert db.transaction(functools.partial(commit, rows=batch.full(), db=db)) == 0
+    db.close()
+    rows, rolled = totals(url)
+    assert rows == rolled and rows[0] == 62
