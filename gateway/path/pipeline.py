@@ -259,15 +259,12 @@ class Pipeline:
             key, req, plan, looked = front
         if plan is None:
             budgets = self.budgets
-            if (
-                budgets is None
-                and key is not None
-                and (key.name in self.usage.guarded or key.max_cost_per_day is not None)
-            ):
-                await self.usage.check(key.name, key.max_cost_per_day)  # one round trip: the booked spend
+            budgeted = key if key is not None and self._budgeted(key) else None
+            if budgeted is not None and budgets is None:
+                await self.usage.check(budgeted.name, budgeted.max_cost_per_day)  # one round trip: the booked spend
             plan = self.router.plan(req.model)
-            if budgets is not None and key is not None and budgets.applies(key):
-                rec.hold = await budgets.reserve(key, req, plan, self.usage.prices, self.shared)
+            if budgeted is not None and budgets is not None:
+                rec.hold = await budgets.reserve(budgeted, req, plan, self.usage.prices, self.shared)
             self._refine(req, plan, rec)
         ctx = CallContext(
             id=_completion_id(),
@@ -349,7 +346,7 @@ class Pipeline:
         finally:
             rec.upstream_s = time.perf_counter() - started
         _served(rec, job.plan, opened)
-        held = Held(self.relay, opened.value, job)
+        held = Held(self.relay, opened.value, job, rec.request_id)
         stream = self.relay.stream(opened.value, opened.route, job, rec, held)
         return Result(_headers(opened, job), stream=stream, held=held)
 

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 import msgspec
 
 from gateway.limits import tokens
-from gateway.limits.admission import Admission
+from gateway.limits.admission import Admission, Ticket
 from gateway.ops.metrics import Record
 from gateway.path.attempt import UNREADABLE, Job, Opened, Services, ignored_n, sane_usage
 from gateway.path.dialects import OPENAI
@@ -83,32 +83,24 @@ class Held:
     calls `release` in its own `finally`; it does nothing once the relay has begun.
     """
 
-    __slots__ = ("relay", "opened", "job", "taken")
+    __slots__ = ("relay", "opened", "job", "request_id", "taken")
 
-    def __init__(self, relay: Relay, opened: Opened, job: Job) -> None:
+    def __init__(self, relay: Relay, opened: Opened, job: Job, request_id: str) -> None:
         self.relay = relay
         self.opened = opened
         self.job = job
+        self.request_id = request_id
         self.taken = False  # the relay began: its `finally` gives everything back
 
     async def release(self) -> None:
         if self.taken:
             return
         self.taken = True
-        relay, opened, job = self.relay, self.opened, self.job
-        # Synchronous first, as in the relay: a cancelled task may be cancelled again at its next await.
-        for t in (job.ticket, opened.quota):
-            if t is not None:
-                relay.admission.settle(t, t.prompt)  # nothing was sent: the prompt is all it used
+        job, opened = self.job, self.opened
         if job.cached is not None:
             job.cached.abandon()  # whoever waits on this answer asks for itself
-        try:
-            try:
-                await relay.release(opened)
-            finally:
-                await opened.close()  # not returned to the pool half-read
-        except Exception:
-            log.exception("closing a stream that never started failed")
+        # Nothing was sent: the prompt is all it used.
+        await self.relay.give_back(job, opened.quota, opened, None, 0, self.request_id)
 
 
 class Relay:
@@ -226,18 +218,27 @@ class Relay:
                 usage = _estimate(job, sent)
                 rec.usage_estimated = True
             rec.usage = usage
-            for t in (job.ticket, quota):
-                if t is not None:
-                    self.admission.settle(t, usage.total_tokens if usage is not None else t.prompt + sent)
-            try:
-                try:
-                    await self.release(opened)  # its local count first: synchronous, before any await
-                finally:
-                    await opened.close()  # even if the shared count's write was cancelled
-            except Exception:
-                log.exception("closing a stream failed (request %s)", rec.request_id)
+            await self.give_back(job, quota, opened, usage, sent, rec.request_id)
         # Every stream the client saw start ends with [DONE], whatever happened before it.
         yield DONE
+
+    async def give_back(
+        self, job: Job, quota: Ticket | None, opened: Opened, usage: Usage | None, sent: int, request_id: str
+    ) -> None:
+        """A stream's end, however it came: the request's ticket and the target's quota settled with what it
+        used (its usage, or its prompt and the events sent), its in-flight count given back and its upstream
+        response closed, so the connection never goes back to the pool half-read."""
+        # Settled before anything is awaited: a cancelled task may be cancelled again at its next await.
+        for t in (job.ticket, quota):
+            if t is not None:
+                self.admission.settle(t, usage.total_tokens if usage is not None else t.prompt + sent)
+        try:
+            try:
+                await self.release(opened)  # its local count first: synchronous, before any await
+            finally:
+                await opened.close()  # even if the shared count's write was cancelled
+        except Exception:
+            log.exception("closing a stream failed (request %s)", request_id)
 
     async def release(self, opened: Opened) -> None:
         """Give back the in-flight count `opened` holds on its target, once: the stream has ended."""
