@@ -6,8 +6,9 @@ either kind of request: a buffered request gets the events' choices merged per i
 finish reasons concatenated as the stream delivered them), a streamed one gets one chunk per event.
 A buffered answer stored as the pipeline answered it keeps its client bytes instead (`body`: the JSON
 from its `choices` on), so a buffered hit sends them back with only its own id, time and model in front.
-The stored bytes are versioned and bounded; anything that does not decode as this version's entry is
-a miss, never an error.
+In memory an entry is kept as it is (never changed once stored: requests share it); in Redis it is
+kept encoded (`dump`), versioned and bounded, and anything that does not decode as this version's entry
+is a miss, never an error.
 """
 
 from __future__ import annotations
@@ -52,10 +53,23 @@ def client_body(rest: bytes, ctx: CallContext) -> bytes:
 
 
 def events_of(entry: Entry) -> Entry:
-    """`entry` with its `events`, decoded from its `body` when it holds client bytes (a batch or a stream)."""
+    """`entry` with its `events` (a batch or a stream replays them): when it holds client bytes, a copy with
+    them decoded (a stored entry is shared, never changed)."""
     if entry.body is not None and not entry.events:
-        entry.events = [_rest(b"{" + entry.body[1:]).choices]
+        return msgspec.structs.replace(entry, events=[_rest(b"{" + entry.body[1:]).choices])
     return entry
+
+
+# What an entry holding a buffered answer's client bytes counts besides them (its times, names, usage and
+# fingerprint): a little more than they take encoded, so counting its `body` alone is close to its encoding.
+OVERHEAD: Final = 128
+
+
+def size(entry: Entry) -> int:
+    """What `entry` counts against `max_entry_bytes` and the memory store's `max_bytes`: its client bytes plus
+    `OVERHEAD`, or the length of its encoding (`dump`) when it holds events."""
+    body = entry.body
+    return len(body) + OVERHEAD if body is not None else len(dump(entry))
 
 
 encode_entry = msgspec.msgpack.Encoder().encode
@@ -154,8 +168,7 @@ def finished(events: list[list[Choice]], expected: int) -> bool:
 
 async def replay_stream(entry: Entry, ctx: CallContext, want_usage: bool) -> AsyncIterator[bytes]:
     """The stored answer as the upstream streamed it: one chunk per stored event, the usage, [DONE]."""
-    events_of(entry)
-    for event in entry.events:
+    for event in events_of(entry).events:
         yield sse_event(encode(ctx.completion(event, system_fingerprint=entry.system_fingerprint)))
     if want_usage and entry.usage is not None:
         yield sse_event(encode(ctx.completion([], entry.usage)))
@@ -164,6 +177,7 @@ async def replay_stream(entry: Entry, ctx: CallContext, want_usage: bool) -> Asy
 
 __all__ = [
     "MAGIC",
+    "OVERHEAD",
     "VERSION",
     "Entry",
     "answer",
@@ -176,4 +190,5 @@ __all__ = [
     "load",
     "merged",
     "replay_stream",
+    "size",
 ]

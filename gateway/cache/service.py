@@ -19,17 +19,7 @@ import msgspec
 from msgspec.structs import replace
 
 from gateway.cache.batch import assembled, completed, prompt_items, spliced, store_batch, store_one
-from gateway.cache.entry import (
-    MAGIC,
-    VERSION,
-    Entry,
-    buffered_body,
-    encode_entry,
-    events_of,
-    finished,
-    load,
-    replay_stream,
-)
+from gateway.cache.entry import OVERHEAD, VERSION, Entry, buffered_body, events_of, finished, replay_stream, size
 from gateway.cache.job import J, JobLike, Make, R
 from gateway.cache.key import cache_key, canonical, model_tag
 from gateway.cache.policy import (
@@ -145,16 +135,16 @@ class Cache:
             if cc.no_cache:
                 return self._decide(lookup, req, cc, [])
             if pol.memory:
-                raw = self.memory.fetch(digest)
-                if raw is None and digest not in self.inflight and cc is NO_CONTROLS:
-                    # The plain miss: nothing stored, no identical request in flight, no directives.
-                    lookup.found, lookup.n, lookup.leading, lookup.direct = [None], req.n or 1, True, True
-                    self.inflight[digest] = lookup
-                    return lookup
-                entry = load(raw, pol.max_entry_bytes) if cc is NO_CONTROLS else None
-                if entry is not None:  # the plain hit
-                    return lookup.served_by(HIT, entry)
-                return self._decide(lookup, req, cc, [raw])
+                entry = self.memory.fetch(digest)
+                if cc is NO_CONTROLS:
+                    if entry is not None:  # the plain hit
+                        return lookup.served_by(HIT, entry)
+                    if digest not in self.inflight:
+                        # The plain miss: nothing stored, no identical request in flight, no directives.
+                        lookup.found, lookup.n, lookup.leading, lookup.direct = [None], req.n or 1, True, True
+                        self.inflight[digest] = lookup
+                        return lookup
+                return self._decide(lookup, req, cc, [entry])
         else:
             prompts = prompt_items(prompt)
             scope = self.policies.scope(pol, key)
@@ -170,24 +160,21 @@ class Cache:
     async def _read(self, lookup: Lookup, req: CompletionRequest, cc: Controls) -> Lookup:
         pol = lookup.policy
         assert pol is not None
-        decided = self._decide(lookup, req, cc, await pol.store.get_many(lookup.keys, lookup.tag))
+        stored = await pol.store.get_many(lookup.keys, lookup.tag, pol.max_entry_bytes)
+        decided = self._decide(lookup, req, cc, stored)
         return decided if isinstance(decided, Lookup) else await decided
 
     def _decide(
-        self, lookup: Lookup, req: CompletionRequest, cc: Controls, raws: list[bytes | None]
+        self, lookup: Lookup, req: CompletionRequest, cc: Controls, stored: list[Entry | None]
     ) -> Lookup | Coroutine[Any, Any, Lookup]:
         """What the entries read say: a hit, a wait for the identical request in flight, or a miss."""
         n = lookup.n = req.n or 1
         found: list[Entry | None] = [None] * len(lookup.keys)
         lookup.found = found
         if not cc.no_cache:
-            max_entry_bytes = lookup.policy.max_entry_bytes  # type: ignore[union-attr]
-            for i, raw in enumerate(raws):
-                if raw is None:
-                    continue
-                entry = load(raw, max_entry_bytes)
+            for i, entry in enumerate(stored):
                 if entry is not None and (cc.max_age is None or self.clock() - entry.stored <= cc.max_age):
-                    found[i] = entry if len(raws) == 1 else events_of(entry)  # a batch joins events
+                    found[i] = entry if len(stored) == 1 else events_of(entry)  # a batch joins events
             if None not in found:
                 return lookup.served_by(HIT, assembled(found, n))  # type: ignore[arg-type]
             ahead = self.inflight.get(lookup.digest)
@@ -370,16 +357,35 @@ class Lookup(msgspec.Struct):
             self.abandon()  # no answer, or one without every finish reason: nothing stored
             return
         at = body.find(b',"choices":')  # a bare `"` only opens or closes a string: the first is the field
-        rest, events = (body[at:], _NO_ITEMS) if at > 0 else (None, [choices])
-        fp, stored = fresh.system_fingerprint, cache.clock()
-        # The entry's encoding from its fields (an `Entry` is array-like: a tuple of them encodes the same);
-        # the struct itself is made only for a request that waits for this one.
-        raw = MAGIC + encode_entry(
-            (VERSION, stored, rec.model, rec.provider, rec.target, fresh.usage, events, fp, rest)
-        )
+        # Stored as it is, shared by the requests it answers (nothing changes an entry once stored).
+        if at > 0:
+            rest = body[at:]
+            entry = Entry(
+                VERSION,
+                cache.clock(),
+                rec.model,
+                rec.provider,
+                rec.target,
+                fresh.usage,
+                _NO_ITEMS,
+                fresh.system_fingerprint,
+                rest,
+            )
+            counted = len(rest) + OVERHEAD  # `entry.size`, inlined
+        else:
+            entry = Entry(
+                VERSION,
+                cache.clock(),
+                rec.model,
+                rec.provider,
+                rec.target,
+                fresh.usage,
+                [choices],
+                fresh.system_fingerprint,
+            )
+            counted = size(entry)
         waiter = self.waiter
         if waiter is not None and not waiter.done():
-            entry = Entry(VERSION, stored, rec.model, rec.provider, rec.target, fresh.usage, list(events), fp, rest)
             waiter.set_result(entry)
         digest = self.digest
         if self.leading:  # `abandon`, its waiter already answered
@@ -388,8 +394,7 @@ class Lookup(msgspec.Struct):
         # `count` and `Tally.add`, inlined with the stored bytes' count: all a plain miss adds to the request.
         cache.counts[state] += 1
         rec.cache_outcome = state
-        size = len(raw)
-        keep = size <= pol.max_entry_bytes
+        keep = counted <= pol.max_entry_bytes
         metrics = cache.metrics
         if metrics is not None:
             label = rec.label
@@ -403,16 +408,16 @@ class Lookup(msgspec.Struct):
             pending[child] = pending.get(child, 0.0) + 1.0
             if keep:
                 child = series.get("stored") or cache.child("stored", label)
-                pending[child] = pending.get(child, 0.0) + size
+                pending[child] = pending.get(child, 0.0) + counted
         if keep:
             # `MemoryStore.keep`, inlined for its common case: a new key that fits without an eviction.
             memory = cache.memory
-            entries, cost = memory.entries, size + len(digest)
+            entries, cost = memory.entries, counted + len(digest)
             if digest not in entries and memory.bytes + cost <= memory.max_bytes:
-                entries[digest] = (raw, memory.clock() + pol.ttl_s, self.tag)
+                entries[digest] = (entry, memory.clock() + pol.ttl_s, self.tag, cost)
                 memory.bytes += cost
             else:
-                memory.keep(digest, self.tag, raw, pol.ttl_s)
+                memory.keep(digest, self.tag, entry, counted, pol.ttl_s)
 
     def replay(self, job: JobLike, rec: Record, make: Make[R]) -> R:
         entry = self.entry
@@ -458,8 +463,10 @@ class Lookup(msgspec.Struct):
     async def _send(self, remote: list[tuple[bytes, bytes]]) -> None:
         pol = self.policy
         assert pol is not None
+        store = pol.store
+        assert isinstance(store, RedisStore)  # a memory store is written at once, never sent entries
         for key, raw in remote:
-            await pol.store.put(key, self.tag, raw, pol.ttl_s)
+            await store.put(key, self.tag, raw, pol.ttl_s)
 
     def abandon(self) -> None:
         """No answer to share (an error, a stream cut short): whoever waits on this request asks for itself."""
