@@ -63,7 +63,8 @@ class Cache:
         self.metrics = metrics
         self.clock = clock
         on_evict = metrics.cache_evictions.inc if metrics is not None else None
-        self.memory = MemoryStore(cfg.cache.max_bytes, on_evict=on_evict)
+        # On the cache's clock: `Lookup.done` reads it once for the entry's `stored` time and its expiry.
+        self.memory = MemoryStore(cfg.cache.max_bytes, clock=clock, on_evict=on_evict)
         self.redis = RedisStore(shared) if shared.configured else None
         self.total_timeout_s = cfg.timeouts.total_ms / 1000
 
@@ -141,7 +142,8 @@ class Cache:
                         return lookup.served_by(HIT, entry)
                     if digest not in self.inflight:
                         # The plain miss: nothing stored, no identical request in flight, no directives.
-                        lookup.found, lookup.n, lookup.leading, lookup.direct = [None], req.n or 1, True, True
+                        lookup.found, lookup.n, lookup.leading = [None], req.n or 1, True
+                        lookup.direct = not req.stream  # a stream goes through `serve`
                         self.inflight[digest] = lookup
                         return lookup
                 return self._decide(lookup, req, cc, [entry])
@@ -180,13 +182,13 @@ class Cache:
             ahead = self.inflight.get(lookup.digest)
             if ahead is not None and not cc.only_if_cached:
                 return self._coalesce(ahead, lookup, req, cc)
-        return self._miss(lookup, cc)
+        return self._miss(lookup, req, cc)
 
     async def _coalesce(self, ahead: Lookup, lookup: Lookup, req: CompletionRequest, cc: Controls) -> Lookup:
         entry = await self._wait(ahead, req, lookup.n)
-        return lookup.served_by(COALESCED, entry) if entry is not None else self._miss(lookup, cc)
+        return lookup.served_by(COALESCED, entry) if entry is not None else self._miss(lookup, req, cc)
 
-    def _miss(self, lookup: Lookup, cc: Controls) -> Lookup:
+    def _miss(self, lookup: Lookup, req: CompletionRequest, cc: Controls) -> Lookup:
         if cc.only_if_cached:
             raise cache_miss()
         if cc.no_cache:
@@ -194,7 +196,8 @@ class Cache:
         if lookup.digest not in self.inflight:
             self.inflight[lookup.digest] = lookup
             lookup.leading = True
-        lookup.direct = len(lookup.keys) == 1 and lookup.policy.store is self.memory  # type: ignore[union-attr]
+        # `Pipeline.complete` calls `done` for a buffered one (a stream goes through `serve`).
+        lookup.direct = len(lookup.keys) == 1 and lookup.policy.store is self.memory and not req.stream  # type: ignore[union-attr]
         return lookup
 
     async def _wait(self, ahead: Lookup, req: CompletionRequest, n: int) -> Entry | None:
@@ -253,7 +256,7 @@ class Lookup(msgspec.Struct):
     tag: str = ""
     n: int = 1
     leading: bool = False  # the request in flight that identical ones wait for
-    # A miss of one prompt stored in memory: a buffered one needs no `serve` around the pipeline's call.
+    # A buffered miss of one prompt stored in memory: it needs no `serve` around the pipeline's call.
     direct: bool = False
     # Per prompt (none yet for a plain miss: `serve` makes them if it ever needs them). The default is an
     # empty tuple, not a list msgspec would copy for every request: these are replaced, never appended to.
@@ -346,55 +349,52 @@ class Lookup(msgspec.Struct):
     def done(self, rec: Record, body: bytes) -> None:
         """A `direct` miss answered: counted, its answer (`body`, the client's JSON) stored in memory and handed
         to whoever waits, and the request released, in one step (nothing can come to wait in between)."""
-        cache, state, fresh, pol, n = self.cache, self.state, self.answer, self.policy, self.n
-        choices = fresh.choices if fresh is not None else []
-        if (
-            fresh is None
-            or pol is None
-            or not ((n == 1 and len(choices) == 1 and choices[0].finish_reason is not None) or finished([choices], n))
-        ):
+        fresh, pol = self.answer, self.policy
+        if fresh is None or pol is None:
             self.count(rec)
-            self.abandon()  # no answer, or one without every finish reason: nothing stored
+            self.abandon()  # no answer: nothing stored
             return
+        choices = fresh.choices
+        n = self.n
+        if not ((n == 1 and len(choices) == 1 and choices[0].finish_reason is not None) or finished([choices], n)):
+            self.count(rec)
+            self.abandon()  # a choice without its finish reason: nothing stored
+            return
+        cache = self.cache
+        stored = cache.clock()
         at = body.find(b',"choices":')  # a bare `"` only opens or closes a string: the first is the field
-        # Stored as it is, shared by the requests it answers (nothing changes an entry once stored).
+        # Stored as it is: requests share it, and nothing changes an entry once stored.
         if at > 0:
             rest = body[at:]
-            entry = Entry(
-                VERSION,
-                cache.clock(),
-                rec.model,
-                rec.provider,
-                rec.target,
-                fresh.usage,
-                _NO_ITEMS,
-                fresh.system_fingerprint,
-                rest,
-            )
+            usage, fp = fresh.usage, fresh.system_fingerprint
+            entry = Entry(VERSION, stored, rec.model, rec.provider, rec.target, usage, _NO_ITEMS, fp, rest)
             counted = len(rest) + OVERHEAD  # `entry.size`, inlined
         else:
-            entry = Entry(
-                VERSION,
-                cache.clock(),
-                rec.model,
-                rec.provider,
-                rec.target,
-                fresh.usage,
-                [choices],
-                fresh.system_fingerprint,
-            )
+            usage, fp = fresh.usage, fresh.system_fingerprint
+            entry = Entry(VERSION, stored, rec.model, rec.provider, rec.target, usage, [choices], fp)
             counted = size(entry)
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(entry)
-        digest = self.digest
-        if self.leading:  # `abandon`, its waiter already answered
-            self.leading = False
-            cache.inflight.pop(digest, None)  # its own: a leading request is the one `inflight` holds
+        digest, state = self.digest, self.state
+        if self.leading:
+            # Its own: a leading request is the one `inflight` holds (and `abandon` after this finds it gone).
+            del cache.inflight[digest]
+        if counted <= pol.max_entry_bytes:
+            # `MemoryStore.keep`, inlined for its common case: a new key that fits without an eviction. The
+            # memory store's clock is the cache's: the entry expires `ttl_s` after `stored`.
+            memory = cache.memory
+            entries, cost = memory.entries, counted + len(digest)
+            if digest not in entries and memory.bytes + cost <= memory.max_bytes:
+                entries[digest] = (entry, stored + pol.ttl_s, self.tag, cost)
+                memory.bytes += cost
+            else:
+                memory.keep(digest, self.tag, entry, counted, pol.ttl_s)
+        else:
+            counted = 0
         # `count` and `Tally.add`, inlined with the stored bytes' count: all a plain miss adds to the request.
         cache.counts[state] += 1
         rec.cache_outcome = state
-        keep = counted <= pol.max_entry_bytes
         metrics = cache.metrics
         if metrics is not None:
             label = rec.label
@@ -406,18 +406,9 @@ class Lookup(msgspec.Struct):
                 metrics.tally.arm()
             child = series.get(state) or cache.child(state, label)
             pending[child] = pending.get(child, 0.0) + 1.0
-            if keep:
+            if counted:
                 child = series.get("stored") or cache.child("stored", label)
                 pending[child] = pending.get(child, 0.0) + counted
-        if keep:
-            # `MemoryStore.keep`, inlined for its common case: a new key that fits without an eviction.
-            memory = cache.memory
-            entries, cost = memory.entries, counted + len(digest)
-            if digest not in entries and memory.bytes + cost <= memory.max_bytes:
-                entries[digest] = (entry, memory.clock() + pol.ttl_s, self.tag, cost)
-                memory.bytes += cost
-            else:
-                memory.keep(digest, self.tag, entry, counted, pol.ttl_s)
 
     def replay(self, job: JobLike, rec: Record, make: Make[R]) -> R:
         entry = self.entry

@@ -175,9 +175,7 @@ class Pipeline:
             return key, req, None, _LATER  # budgets are checked before the cache is looked at
         plan = self.router.plan(req.model)
         self._refine(req, plan, rec)
-        cache = self.cache
-        assert cache is not None
-        cached = cache.lookup(req, rec.key, headers, rec)
+        cached = self.cache.lookup(req, rec.key, headers, rec)  # type: ignore[union-attr]  # the endpoint checked
         if type(cached) is Lookup and cached.entry is not None:
             admission = self.admission
             if not (
@@ -201,7 +199,7 @@ class Pipeline:
             job = await self._admit(raw, headers, rec, front)
             cached = job.cached
             if cached is not None:
-                if not cached.direct or job.req.stream:
+                if not cached.direct:  # `direct`: a buffered miss (a stream goes through `serve`)
                     return await cached.serve(job, rec, self._buffered, self._streamed, Result)
                 # A buffered miss of one prompt: the answer stored as it comes back, without `serve`.
                 try:
