@@ -194,9 +194,7 @@ def store_batch(
             else:
                 remote.append((lookup.keys[i], raw))
             stored += len(raw)
-    label = lookup.rec.label
-    if cache.metrics is not None and label is not None and stored:
-        cache.metrics.tally.add(cache.child("stored", label), stored)
+    cache.count_stored(lookup.rec, stored)
     return remote
 
 
@@ -222,9 +220,7 @@ def store_one(
     raw = dump(entry)  # an entry of events counts as its encoding, in memory too (`entry.size`)
     if len(raw) > pol.max_entry_bytes:
         return None
-    label, metrics = lookup.rec.label, cache.metrics
-    if metrics is not None and label is not None:
-        metrics.tally.add(cache.child("stored", label), len(raw))
+    cache.count_stored(lookup.rec, len(raw))
     memory: MemoryStore = cache.memory
     if pol.store is memory:
         memory.keep(lookup.keys[prompt], lookup.tag, entry, len(raw), pol.ttl_s)

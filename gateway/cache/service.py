@@ -42,7 +42,17 @@ from gateway.state import SharedState
 from wire.errors import GatewayError
 from wire.schema import Choice, Completion, CompletionRequest, Usage, encode
 
-_NONE: Final[dict[str, Any]] = {}  # no series yet (never written to)
+
+class Series(dict[str, Any]):
+    """One model's labelled cache series by kind (a lookup's state, or "stored"), and its label value."""
+
+    __slots__ = ("label",)
+
+    def __init__(self, label: str) -> None:
+        super().__init__()
+        self.label = label
+
+
 _NO_ITEMS: Final = cast(list[Any], ())
 
 
@@ -72,26 +82,35 @@ class Cache:
         self._policies, self._scopes = self.policies.known, self.policies.scopes  # probed on every request
         self.inflight: dict[bytes, Lookup] = {}  # per key: the request in flight that will store its answer
         self.counts = {HIT: 0, MISS: 0, COALESCED: 0, BYPASS: 0}
-        self.series: dict[str, dict[str, Any]] = {}  # per model label, per kind: its labelled series
+        # Per model as routed (`Record.model`): its label value (folded once) and its labelled series.
+        self.series: dict[str, Series] = {}
         self.stores = {s.kind: s for s in (self.memory, self.redis) if s is not None}
 
-    def child(self, kind: str, label: str) -> Any:
+    def series_of(self, model: str) -> Series:
+        """`model`'s series, folded once (`series` is probed first on the request path)."""
+        metrics = self.metrics
+        assert metrics is not None
+        if len(self.series) >= 1024:
+            self.series.clear()  # client-chosen model names cannot grow it
+        series = self.series[model] = Series(metrics.labels.fold(model))
+        return series
+
+    def child(self, series: Series, kind: str) -> Any:
         """A labelled series, looked up once per (kind, model): `labels()` takes a lock on every call."""
-        series = self.series.get(label)
-        if series is None:
-            if len(self.series) >= 1024:
-                self.series.clear()  # bounded like the label values themselves
-            series = self.series[label] = {}
-        found = series.get(kind)
-        if found is None:
-            metrics = self.metrics
-            assert metrics is not None
-            if kind == "stored":
-                found = metrics.cache_stored_bytes.labels(label)
-            else:
-                found = metrics.cache_requests.labels(kind, label)
-            series[kind] = found
+        metrics = self.metrics
+        assert metrics is not None
+        if kind == "stored":
+            found = series[kind] = metrics.cache_stored_bytes.labels(series.label)
+        else:
+            found = series[kind] = metrics.cache_requests.labels(kind, series.label)
         return found
+
+    def count_stored(self, rec: Record, size: int) -> None:
+        """`size` bytes stored for `rec`'s model."""
+        metrics = self.metrics
+        if metrics is not None and size:
+            series = self.series.get(rec.model) or self.series_of(rec.model)
+            metrics.tally.add(series.get("stored") or self.child(series, "stored"), size)
 
     def lookup(
         self, req: CompletionRequest, key: str | None, headers: Mapping[str, str], rec: Record
@@ -337,13 +356,12 @@ class Lookup(msgspec.Struct):
         rec.cache_outcome = state
         metrics = cache.metrics
         if metrics is not None:
-            label = rec.label
-            if label is None:
-                label = rec.label = metrics.labels.fold(rec.model)
+            series = cache.series.get(rec.model) or cache.series_of(rec.model)
+            rec.label = series.label  # for the metrics and the usage booking, which fold it otherwise
             pending = metrics.tally.pending  # Tally.add, inlined: this runs on every lookup
             if not pending:
                 metrics.tally.arm()
-            child = cache.series.get(label, _NONE).get(state) or cache.child(state, label)
+            child = series.get(state) or cache.child(series, state)
             pending[child] = pending.get(child, 0.0) + 1.0
 
     def done(self, rec: Record, body: bytes) -> None:
@@ -397,17 +415,15 @@ class Lookup(msgspec.Struct):
         rec.cache_outcome = state
         metrics = cache.metrics
         if metrics is not None:
-            label = rec.label
-            if label is None:
-                label = rec.label = metrics.labels.fold(rec.model)
-            series = cache.series.get(label, _NONE)
+            series = cache.series.get(rec.model) or cache.series_of(rec.model)
+            rec.label = series.label  # for the metrics and the usage booking, which fold it otherwise
             pending = metrics.tally.pending
             if not pending:
                 metrics.tally.arm()
-            child = series.get(state) or cache.child(state, label)
+            child = series.get(state) or cache.child(series, state)
             pending[child] = pending.get(child, 0.0) + 1.0
             if counted:
-                child = series.get("stored") or cache.child("stored", label)
+                child = series.get("stored") or cache.child(series, "stored")
                 pending[child] = pending.get(child, 0.0) + counted
 
     def replay(self, job: JobLike, rec: Record, make: Make[R]) -> R:
