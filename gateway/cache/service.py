@@ -43,14 +43,28 @@ from wire.errors import GatewayError
 from wire.schema import Choice, Completion, CompletionRequest, Usage, encode
 
 
-class Series(dict[str, Any]):
-    """One model's labelled cache series by kind (a lookup's state, or "stored"), and its label value."""
+class Series:
+    """One model's cache counts not yet added to its labelled series: the lookups per state and the bytes
+    stored. The metrics' `Tally` holds it among its pending series and calls `inc` when it flushes, so a
+    lookup adds to plain numbers here; the totals (`Cache.counts`, shared across reloads) are added then too."""
 
-    __slots__ = ("label",)
+    __slots__ = ("label", "metrics", "totals", "lookups", "stored")
 
-    def __init__(self, label: str) -> None:
-        super().__init__()
-        self.label = label
+    def __init__(self, label: str, metrics: Metrics, totals: dict[str, int]) -> None:
+        self.label = label  # `Record.model` folded into its label value, once
+        self.metrics = metrics
+        self.totals = totals
+        self.lookups: dict[str, int] = {}  # per state (hit, miss, coalesced, bypass)
+        self.stored = 0
+
+    def inc(self, _: float) -> None:
+        lookups, stored, totals, metrics = self.lookups, self.stored, self.totals, self.metrics
+        self.lookups, self.stored = {}, 0
+        for state, count in lookups.items():
+            totals[state] += count
+            metrics.cache_requests.labels(state, self.label).inc(count)
+        if stored:
+            metrics.cache_stored_bytes.labels(self.label).inc(stored)
 
 
 _NO_ITEMS: Final = cast(list[Any], ())
@@ -82,7 +96,7 @@ class Cache:
         self._policies, self._scopes = self.policies.known, self.policies.scopes  # probed on every request
         self.inflight: dict[bytes, Lookup] = {}  # per key: the request in flight that will store its answer
         self.counts = {HIT: 0, MISS: 0, COALESCED: 0, BYPASS: 0}
-        # Per model as routed (`Record.model`): its label value (folded once) and its labelled series.
+        # Per model as routed (`Record.model`), with metrics on: its counts not yet added (`Series`).
         self.series: dict[str, Series] = {}
         self.stores = {s.kind: s for s in (self.memory, self.redis) if s is not None}
 
@@ -91,26 +105,17 @@ class Cache:
         metrics = self.metrics
         assert metrics is not None
         if len(self.series) >= 1024:
-            self.series.clear()  # client-chosen model names cannot grow it
-        series = self.series[model] = Series(metrics.labels.fold(model))
+            self.series.clear()  # client-chosen model names cannot grow it (a pending one is still flushed)
+        series = self.series[model] = Series(metrics.labels.fold(model), metrics, self.counts)
         return series
-
-    def child(self, series: Series, kind: str) -> Any:
-        """A labelled series, looked up once per (kind, model): `labels()` takes a lock on every call."""
-        metrics = self.metrics
-        assert metrics is not None
-        if kind == "stored":
-            found = series[kind] = metrics.cache_stored_bytes.labels(series.label)
-        else:
-            found = series[kind] = metrics.cache_requests.labels(kind, series.label)
-        return found
 
     def count_stored(self, rec: Record, size: int) -> None:
         """`size` bytes stored for `rec`'s model."""
         metrics = self.metrics
         if metrics is not None and size:
             series = self.series.get(rec.model) or self.series_of(rec.model)
-            metrics.tally.add(series.get("stored") or self.child(series, "stored"), size)
+            metrics.tally.add(series, 0.0)  # flushed with the others
+            series.stored += size
 
     def lookup(
         self, req: CompletionRequest, key: str | None, headers: Mapping[str, str], rec: Record
@@ -239,7 +244,8 @@ class Cache:
             ) from None
 
     def adopt(self, previous: Cache) -> None:
-        """A config reload keeps what the memory store holds, and the counts."""
+        """A config reload keeps what the memory store holds, and the counts (the previous cache's `Series`
+        add theirs to the same dict)."""
         self.memory.adopt(previous.memory)
         self.counts = previous.counts
 
@@ -248,6 +254,8 @@ class Cache:
         return sum([await s.clear(tag) for s in self.stores.values()])
 
     def stats(self) -> dict[str, Any]:
+        if self.metrics is not None:
+            self.metrics.tally.flush()  # the lookups counted since the last flush reach `counts`
         served = self.counts[HIT] + self.counts[COALESCED]
         looked = served + self.counts[MISS]
         entries, size = self.memory.size()
@@ -352,17 +360,19 @@ class Lookup(msgspec.Struct):
     def count(self, rec: Record) -> None:
         """The lookup counted, by its state and model, once the request is admitted."""
         cache, state = self.cache, self.state
-        cache.counts[state] += 1
         rec.cache_outcome = state
         metrics = cache.metrics
-        if metrics is not None:
-            series = cache.series.get(rec.model) or cache.series_of(rec.model)
-            rec.label = series.label  # for the metrics and the usage booking, which fold it otherwise
-            pending = metrics.tally.pending  # Tally.add, inlined: this runs on every lookup
-            if not pending:
-                metrics.tally.arm()
-            child = series.get(state) or cache.child(series, state)
-            pending[child] = pending.get(child, 0.0) + 1.0
+        if metrics is None:
+            cache.counts[state] += 1
+            return
+        series = cache.series.get(rec.model) or cache.series_of(rec.model)
+        rec.label = series.label  # for the metrics and the usage booking, which fold it otherwise
+        pending = metrics.tally.pending  # Tally.add, inlined: this runs on every lookup
+        if not pending:
+            metrics.tally.arm()
+        pending[series] = 0.0  # the tally flushes it (`Series.inc`)
+        lookups = series.lookups
+        lookups[state] = lookups.get(state, 0) + 1
 
     def done(self, rec: Record, body: bytes) -> None:
         """A `direct` miss answered: counted, its answer (`body`, the client's JSON) stored in memory and handed
@@ -410,21 +420,21 @@ class Lookup(msgspec.Struct):
                 memory.keep(digest, self.tag, entry, counted, pol.ttl_s)
         else:
             counted = 0
-        # `count` and `Tally.add`, inlined with the stored bytes' count: all a plain miss adds to the request.
-        cache.counts[state] += 1
+        # `count`, inlined with the stored bytes' count: all a plain miss adds to the request.
         rec.cache_outcome = state
         metrics = cache.metrics
-        if metrics is not None:
-            series = cache.series.get(rec.model) or cache.series_of(rec.model)
-            rec.label = series.label  # for the metrics and the usage booking, which fold it otherwise
-            pending = metrics.tally.pending
-            if not pending:
-                metrics.tally.arm()
-            child = series.get(state) or cache.child(series, state)
-            pending[child] = pending.get(child, 0.0) + 1.0
-            if counted:
-                child = series.get("stored") or cache.child(series, "stored")
-                pending[child] = pending.get(child, 0.0) + counted
+        if metrics is None:
+            cache.counts[state] += 1
+            return
+        series = cache.series.get(rec.model) or cache.series_of(rec.model)
+        rec.label = series.label
+        pending = metrics.tally.pending
+        if not pending:
+            metrics.tally.arm()
+        pending[series] = 0.0
+        lookups = series.lookups
+        lookups[state] = lookups.get(state, 0) + 1
+        series.stored += counted
 
     def replay(self, job: JobLike, rec: Record, make: Make[R]) -> R:
         entry = self.entry
