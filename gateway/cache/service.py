@@ -126,15 +126,13 @@ class Cache:
         if pol is None:
             return None
         header = headers.get("cache-control")
-        prompt = req.prompt
         if (
             header is None
-            and pol.memory
-            and isinstance(prompt, str)
+            and isinstance(req.prompt, str)
             and req.stream is None
             and req.stream_options is None
             and req.inference_timeout is None
-            and (pol.always or deterministic(req))
+            and (pol.plain or (pol.memory and deterministic(req)))
         ):
             # The common request (no directives, one text prompt, buffered, stored in memory): its key is
             # `cache_key`'s without a copy of the request, and a plain miss is settled here, in one step.
@@ -153,6 +151,7 @@ class Cache:
                     raise cache_miss()
                 return Lookup(self, BYPASS, rec)
             digest = b""
+        prompt = req.prompt
         if digest or isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
             # One prompt, the common case: one key, one read (in memory, without a coroutine).
             digest = digest or cache_key(req, self.policies.scope(pol, key))
@@ -377,29 +376,43 @@ class Lookup(msgspec.Struct):
     def done(self, rec: Record, body: bytes) -> None:
         """A `direct` miss answered: counted, its answer (`body`, the client's JSON) stored in memory and handed
         to whoever waits, and the request released, in one step (nothing can come to wait in between)."""
-        fresh, pol = self.answer, self.policy
-        if fresh is None or pol is None:
+        fresh, n = self.answer, self.n
+        if fresh is None or not (
+            (n == 1 and len(choices := fresh.choices) == 1 and choices[0].finish_reason is not None)
+            or finished([fresh.choices], n)
+        ):
             self.count(rec)
-            self.abandon()  # no answer: nothing stored
+            self.abandon()  # no answer, or one without every finish reason: nothing stored
             return
-        choices = fresh.choices
-        n = self.n
-        if not ((n == 1 and len(choices) == 1 and choices[0].finish_reason is not None) or finished([choices], n)):
-            self.count(rec)
-            self.abandon()  # a choice without its finish reason: nothing stored
-            return
-        cache = self.cache
+        cache, pol = self.cache, self.policy  # a `direct` lookup always has its policy
         stored = cache.clock()
         at = body.find(b',"choices":')  # a bare `"` only opens or closes a string: the first is the field
         # Stored as it is: requests share it, and nothing changes an entry once stored.
         if at > 0:
             rest = body[at:]
-            usage, fp = fresh.usage, fresh.system_fingerprint
-            entry = Entry(VERSION, stored, rec.model, rec.provider, rec.target, usage, _NO_ITEMS, fp, rest)
+            entry = Entry(
+                VERSION,
+                stored,
+                rec.model,
+                rec.provider,
+                rec.target,
+                fresh.usage,
+                _NO_ITEMS,
+                fresh.system_fingerprint,
+                rest,
+            )
             counted = len(rest) + OVERHEAD  # `entry.size`, inlined
         else:
-            usage, fp = fresh.usage, fresh.system_fingerprint
-            entry = Entry(VERSION, stored, rec.model, rec.provider, rec.target, usage, [choices], fp)
+            entry = Entry(
+                VERSION,
+                stored,
+                rec.model,
+                rec.provider,
+                rec.target,
+                fresh.usage,
+                [fresh.choices],
+                fresh.system_fingerprint,
+            )
             counted = size(entry)
         waiter = self.waiter
         if waiter is not None and not waiter.done():
@@ -408,16 +421,16 @@ class Lookup(msgspec.Struct):
         if self.leading:
             # Its own: a leading request is the one `inflight` holds (and `abandon` after this finds it gone).
             del cache.inflight[digest]
-        if counted <= pol.max_entry_bytes:
+        if counted <= pol.max_entry_bytes:  # type: ignore[union-attr]
             # `MemoryStore.keep`, inlined for its common case: a new key that fits without an eviction. The
             # memory store's clock is the cache's: the entry expires `ttl_s` after `stored`.
             memory = cache.memory
             entries, cost = memory.entries, counted + len(digest)
             if digest not in entries and memory.bytes + cost <= memory.max_bytes:
-                entries[digest] = (entry, stored + pol.ttl_s, self.tag, cost)
+                entries[digest] = (entry, stored + pol.ttl_s, self.tag, cost)  # type: ignore[union-attr]
                 memory.bytes += cost
             else:
-                memory.keep(digest, self.tag, entry, counted, pol.ttl_s)
+                memory.keep(digest, self.tag, entry, counted, pol.ttl_s)  # type: ignore[union-attr]
         else:
             counted = 0
         # `count`, inlined with the stored bytes' count: all a plain miss adds to the request.
