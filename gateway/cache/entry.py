@@ -5,7 +5,9 @@ are replayed as they came), or one event holding every choice of a buffered answ
 either kind of request: a buffered request gets the events' choices merged per index (text, logprobs and
 finish reasons concatenated as the stream delivered them), a streamed one gets one chunk per event.
 A buffered answer stored as the pipeline answered it keeps its client bytes instead (`body`: the JSON
-from its `choices` on), so a buffered hit sends them back with only its own id, time and model in front.
+the client got), so a buffered hit sends them back from its `choices` on, with only its own id, time and
+model in front (the answer's own are cut off when it is served, not when it is stored: a miss stores the
+bytes it already has).
 In memory an entry is kept as it is (never changed once stored: requests share it); in Redis it is
 kept encoded (`dump`), versioned and bounded, and anything that does not decode as this version's entry
 is a miss, never an error.
@@ -35,7 +37,7 @@ class Entry(msgspec.Struct, array_like=True, forbid_unknown_fields=True, gc=Fals
     usage: Usage | None
     events: list[list[Choice]]
     system_fingerprint: str | None = None
-    body: bytes | None = None  # a buffered answer's client JSON from `,"choices":` on (then `events` is empty)
+    body: bytes | None = None  # a buffered answer's client JSON, whole (then `events` is empty)
 
 
 class _Rest(msgspec.Struct):
@@ -47,16 +49,18 @@ _json = msgspec.json.encode
 _rest = msgspec.json.Decoder(_Rest).decode
 
 
-def client_body(rest: bytes, ctx: CallContext) -> bytes:
-    """A stored `body` as this request's answer: its id, time and model, then the stored bytes."""
-    return _HEAD % (_json(ctx.id), ctx.created, _json(ctx.model), rest)
+def client_body(body: bytes, ctx: CallContext) -> bytes | None:
+    """A stored `body` as this request's answer: its id, time and model, then the stored bytes from their
+    `choices` on (None if they have none)."""
+    at = body.find(b',"choices":')  # a bare `"` only opens or closes a string: the first is the field
+    return _HEAD % (_json(ctx.id), ctx.created, _json(ctx.model), body[at:]) if at > 0 else None
 
 
 def events_of(entry: Entry) -> Entry:
     """`entry` with its `events` (a batch or a stream replays them): when it holds client bytes, a copy with
     them decoded (a stored entry is shared, never changed)."""
     if entry.body is not None and not entry.events:
-        return msgspec.structs.replace(entry, events=[_rest(b"{" + entry.body[1:]).choices])
+        return msgspec.structs.replace(entry, events=[_rest(entry.body).choices])
     return entry
 
 
@@ -152,8 +156,10 @@ def answer(entry: Entry, template: Completion) -> Completion:
 def buffered_body(entry: Entry, ctx: CallContext) -> bytes:
     """The entry as this request's buffered answer, in client JSON: its stored bytes when it has them."""
     if entry.body is not None:
-        return client_body(entry.body, ctx)
-    return encode(answer(entry, ctx.completion([])))
+        sent = client_body(entry.body, ctx)
+        if sent is not None:
+            return sent
+    return encode(answer(events_of(entry), ctx.completion([])))
 
 
 def finished(events: list[list[Choice]], expected: int) -> bool:

@@ -19,7 +19,7 @@ import msgspec
 from msgspec.structs import replace
 
 from gateway.cache.batch import assembled, completed, prompt_items, spliced, store_batch, store_one
-from gateway.cache.entry import OVERHEAD, VERSION, Entry, buffered_body, events_of, finished, replay_stream, size
+from gateway.cache.entry import OVERHEAD, VERSION, Entry, buffered_body, events_of, finished, replay_stream
 from gateway.cache.job import J, JobLike, Make, R
 from gateway.cache.key import cache_key, canonical, model_tag
 from gateway.cache.policy import (
@@ -386,34 +386,10 @@ class Lookup(msgspec.Struct):
             return
         cache, pol = self.cache, self.policy  # a `direct` lookup always has its policy
         stored = cache.clock()
-        at = body.find(b',"choices":')  # a bare `"` only opens or closes a string: the first is the field
-        # Stored as it is: requests share it, and nothing changes an entry once stored.
-        if at > 0:
-            rest = body[at:]
-            entry = Entry(
-                VERSION,
-                stored,
-                rec.model,
-                rec.provider,
-                rec.target,
-                fresh.usage,
-                _NO_ITEMS,
-                fresh.system_fingerprint,
-                rest,
-            )
-            counted = len(rest) + OVERHEAD  # `entry.size`, inlined
-        else:
-            entry = Entry(
-                VERSION,
-                stored,
-                rec.model,
-                rec.provider,
-                rec.target,
-                fresh.usage,
-                [fresh.choices],
-                fresh.system_fingerprint,
-            )
-            counted = size(entry)
+        # Stored as it is (the client's bytes, cut when served): requests share it, and nothing changes it.
+        usage, fp = fresh.usage, fresh.system_fingerprint
+        entry = Entry(VERSION, stored, rec.model, rec.provider, rec.target, usage, _NO_ITEMS, fp, body)
+        counted = len(body) + OVERHEAD  # `entry.size`, inlined
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(entry)

@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import httpx
-
 from gateway.cache.entry import OVERHEAD, VERSION, Entry, dump, events_of, size
 from gateway.cache.store import MemoryStore
 from tests.helpers.servers import serve_config
@@ -19,15 +17,20 @@ from .test_buffered import body
 from .test_streams import choices_of, streamed
 
 
-def entry(rest: bytes | None = None, text: str = "hi") -> Entry:
-    events = [] if rest is not None else [[Choice(text=text, index=0, logprobs=None, finish_reason="stop")]]
+def entry(sent: bytes | None = None, text: str = "hi") -> Entry:
+    events = [] if sent is not None else [[Choice(text=text, index=0, logprobs=None, finish_reason="stop")]]
     usage = Usage(prompt_tokens=1, completion_tokens=1, total_tokens=2)
-    return Entry(VERSION, 0.0, "m", "p", "p/m", usage, events, None, rest)
+    return Entry(VERSION, 0.0, "m", "p", "p/m", usage, events, None, sent)
+
+
+ANSWER = (
+    b'{"object":"text_completion","id":"cmpl-1","created":1,"model":"m",'
+    b'"choices":[{"text":"hi","index":0,"logprobs":null,"finish_reason":"stop"}]}'
+)
 
 
 def test_an_entry_counts_its_client_bytes_plus_the_overhead_or_its_encoding() -> None:
-    rest = b',"choices":[{"text":"hi","index":0,"finish_reason":"stop"}]}'
-    assert size(entry(rest)) == len(rest) + OVERHEAD
+    assert size(entry(ANSWER)) == len(ANSWER) + OVERHEAD
     of_events = entry(text="x" * 1000)
     assert size(of_events) == len(dump(of_events)) > 1000
 
@@ -54,7 +57,7 @@ def test_the_bound_counts_each_entry_and_its_key_and_evicts_the_least_recent() -
 
 
 def test_events_of_leaves_a_stored_entry_as_it_was() -> None:
-    stored = entry(b',"choices":[{"text":"hi","index":0,"logprobs":null,"finish_reason":"stop"}]}')
+    stored = entry(ANSWER)
     replayed = events_of(stored)
     assert replayed is not stored and replayed.events[0][0].text == "hi"
     assert stored.events == [] and stored.body is not None
