@@ -4,13 +4,11 @@ An entry keeps the choices as the upstream sent them: one event per stream chunk
 are replayed as they came), or one event holding every choice of a buffered answer. Either serves
 either kind of request: a buffered request gets the events' choices merged per index (text, logprobs and
 finish reasons concatenated as the stream delivered them), a streamed one gets one chunk per event.
-A buffered answer stored as the pipeline answered it keeps its client bytes instead (`body`: the JSON
-the client got), so a buffered hit sends them back from its `choices` on, with only its own id, time and
-model in front (the answer's own are cut off when it is served, not when it is stored: a miss stores the
-bytes it already has).
-In memory an entry is kept as it is (never changed once stored: requests share it); in Redis it is
-kept encoded (`dump`), versioned and bounded, and anything that does not decode as this version's entry
-is a miss, never an error.
+A buffered answer stored as the pipeline answered it keeps its client bytes instead (`body`, whole: cut
+when served, not when stored), so a buffered hit sends them from `choices` on behind its own id, time
+and model. In memory an entry is kept as it is (never changed once stored: requests share it); in Redis
+it is kept encoded (`dump`), versioned and bounded, and anything that does not decode as this version's
+entry is a miss, never an error.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ import msgspec
 from msgspec.structs import replace
 
 from gateway.cache.batch import assembled, completed, prompt_items, spliced, store_batch, store_one
+from gateway.cache.counts import Series
 from gateway.cache.entry import OVERHEAD, VERSION, Entry, buffered_body, events_of, finished, replay_stream
 from gateway.cache.job import J, JobLike, Make, R
 from gateway.cache.key import cache_key, canonical, model_tag
@@ -41,31 +42,6 @@ from gateway.ops.metrics import Metrics, Record
 from gateway.state import SharedState
 from wire.errors import GatewayError
 from wire.schema import Choice, Completion, CompletionRequest, Usage, encode
-
-
-class Series:
-    """One model's cache counts not yet added to its labelled series: the lookups per state and the bytes
-    stored. The metrics' `Tally` holds it among its pending series and calls `inc` when it flushes, so a
-    lookup adds to plain numbers here; the totals (`Cache.counts`, shared across reloads) are added then too."""
-
-    __slots__ = ("label", "metrics", "totals", "lookups", "stored")
-
-    def __init__(self, label: str, metrics: Metrics, totals: dict[str, int]) -> None:
-        self.label = label  # `Record.model` folded into its label value, once
-        self.metrics = metrics
-        self.totals = totals
-        self.lookups: dict[str, int] = {}  # per state (hit, miss, coalesced, bypass)
-        self.stored = 0
-
-    def inc(self, _: float) -> None:
-        lookups, stored, totals, metrics = self.lookups, self.stored, self.totals, self.metrics
-        self.lookups, self.stored = {}, 0
-        for state, count in lookups.items():
-            totals[state] += count
-            metrics.cache_requests.labels(state, self.label).inc(count)
-        if stored:
-            metrics.cache_stored_bytes.labels(self.label).inc(stored)
-
 
 _NO_ITEMS: Final = cast(list[Any], ())
 
