@@ -342,11 +342,12 @@ class Lookup(msgspec.Struct):
             return
         series = cache.series.get(rec.model) or cache.series_of(rec.model)
         rec.label = series.label  # for the metrics and the usage booking, which fold it otherwise
-        pending = metrics.tally.pending  # Tally.add, inlined: this runs on every lookup
-        if not pending:
-            metrics.tally.arm()
-        pending[series] = 0.0  # the tally flushes it (`Series.inc`)
         lookups = series.lookups
+        if not lookups:  # the model's first lookup since the tally's last flush: `Tally.add`, inlined
+            pending = metrics.tally.pending
+            if not pending:
+                metrics.tally.arm()
+            pending[series] = 0.0  # the tally flushes it (`Series.inc`)
         lookups[state] = lookups.get(state, 0) + 1
 
     def done(self, rec: Record, body: bytes) -> None:
@@ -393,11 +394,12 @@ class Lookup(msgspec.Struct):
             return
         series = cache.series.get(rec.model) or cache.series_of(rec.model)
         rec.label = series.label
-        pending = metrics.tally.pending
-        if not pending:
-            metrics.tally.arm()
-        pending[series] = 0.0
         lookups = series.lookups
+        if not lookups:
+            pending = metrics.tally.pending
+            if not pending:
+                metrics.tally.arm()
+            pending[series] = 0.0
         lookups[state] = lookups.get(state, 0) + 1
         series.stored += counted
 

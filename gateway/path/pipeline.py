@@ -279,9 +279,12 @@ class Pipeline:
             ticket = await admission.admit(key, req, plan) if admission is not None else None
             job = Job(self.services, admission, req, ctx, plan, ticket)
         else:
-            cached = self.cache.lookup(req, rec.key, headers, rec) if looked is _LATER else looked
-            if cached is not None and not isinstance(cached, Lookup):
-                cached = await cached  # a Redis read, or the identical request in flight waited for
+            cached = looked
+            if type(cached) is not Lookup:  # one test for the common case, a lookup `early` settled
+                if cached is _LATER:
+                    cached = self.cache.lookup(req, rec.key, headers, rec)
+                if cached is not None and not isinstance(cached, Lookup):
+                    cached = await cached  # a Redis read, or the identical request in flight waited for
             ticket = None
             if admission is not None:
                 try:
