@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from gateway.cache.entry import MAGIC, VERSION, Entry, encode_entry, finished, merged
+from gateway.cache.entry import VERSION, Entry, dump, finished, merged
 from gateway.cache.job import Storing
 from gateway.cache.store import MemoryStore
 from gateway.upstream.framing import sse_event
@@ -187,16 +187,14 @@ def store_batch(
     remote: list[tuple[bytes, bytes]] = []
     stored = 0
     for i, entry in zip(prompts, entries, strict=True):
-        raw = MAGIC + encode_entry(entry)
+        raw = dump(entry)  # an entry of events counts as its encoding, in memory too (`entry.size`)
         if len(raw) <= pol.max_entry_bytes:
             if here:
-                memory.keep(lookup.keys[i], lookup.tag, raw, pol.ttl_s)
+                memory.keep(lookup.keys[i], lookup.tag, entry, len(raw), pol.ttl_s)
             else:
                 remote.append((lookup.keys[i], raw))
             stored += len(raw)
-    label = lookup.rec.label
-    if cache.metrics is not None and label is not None and stored:
-        cache.metrics.tally.add(cache.child("stored", label), stored)
+    cache.count_stored(lookup.rec, stored)
     return remote
 
 
@@ -219,15 +217,13 @@ def store_one(
         waiter = lookup.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(entry)
-    raw = MAGIC + encode_entry(entry)
+    raw = dump(entry)  # an entry of events counts as its encoding, in memory too (`entry.size`)
     if len(raw) > pol.max_entry_bytes:
         return None
-    label, metrics = lookup.rec.label, cache.metrics
-    if metrics is not None and label is not None:
-        metrics.tally.add(cache.child("stored", label), len(raw))
+    cache.count_stored(lookup.rec, len(raw))
     memory: MemoryStore = cache.memory
     if pol.store is memory:
-        memory.keep(lookup.keys[prompt], lookup.tag, raw, pol.ttl_s)
+        memory.keep(lookup.keys[prompt], lookup.tag, entry, len(raw), pol.ttl_s)
         return None
     return raw
 

@@ -4,10 +4,11 @@ An entry keeps the choices as the upstream sent them: one event per stream chunk
 are replayed as they came), or one event holding every choice of a buffered answer. Either serves
 either kind of request: a buffered request gets the events' choices merged per index (text, logprobs and
 finish reasons concatenated as the stream delivered them), a streamed one gets one chunk per event.
-A buffered answer stored as the pipeline answered it keeps its client bytes instead (`body`: the JSON
-from its `choices` on), so a buffered hit sends them back with only its own id, time and model in front.
-The stored bytes are versioned and bounded; anything that does not decode as this version's entry is
-a miss, never an error.
+A buffered answer stored as the pipeline answered it keeps its client bytes instead (`body`, whole: cut
+when served, not when stored), so a buffered hit sends them from `choices` on behind its own id, time
+and model. In memory an entry is kept as it is (never changed once stored: requests share it); in Redis
+it is kept encoded (`dump`), versioned and bounded, and anything that does not decode as this version's
+entry is a miss, never an error.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class Entry(msgspec.Struct, array_like=True, forbid_unknown_fields=True, gc=Fals
     usage: Usage | None
     events: list[list[Choice]]
     system_fingerprint: str | None = None
-    body: bytes | None = None  # a buffered answer's client JSON from `,"choices":` on (then `events` is empty)
+    body: bytes | None = None  # a buffered answer's client JSON, whole (then `events` is empty)
 
 
 class _Rest(msgspec.Struct):
@@ -46,16 +47,31 @@ _json = msgspec.json.encode
 _rest = msgspec.json.Decoder(_Rest).decode
 
 
-def client_body(rest: bytes, ctx: CallContext) -> bytes:
-    """A stored `body` as this request's answer: its id, time and model, then the stored bytes."""
-    return _HEAD % (_json(ctx.id), ctx.created, _json(ctx.model), rest)
+def client_body(body: bytes, ctx: CallContext) -> bytes | None:
+    """A stored `body` as this request's answer: its id, time and model, then the stored bytes from their
+    `choices` on (None if they have none)."""
+    at = body.find(b',"choices":')  # a bare `"` only opens or closes a string: the first is the field
+    return _HEAD % (_json(ctx.id), ctx.created, _json(ctx.model), body[at:]) if at > 0 else None
 
 
 def events_of(entry: Entry) -> Entry:
-    """`entry` with its `events`, decoded from its `body` when it holds client bytes (a batch or a stream)."""
+    """`entry` with its `events` (a batch or a stream replays them): when it holds client bytes, a copy with
+    them decoded (a stored entry is shared, never changed)."""
     if entry.body is not None and not entry.events:
-        entry.events = [_rest(b"{" + entry.body[1:]).choices]
+        return msgspec.structs.replace(entry, events=[_rest(entry.body).choices])
     return entry
+
+
+# What an entry holding a buffered answer's client bytes counts besides them (its times, names, usage and
+# fingerprint): a little more than they take encoded, so counting its `body` alone is close to its encoding.
+OVERHEAD: Final = 128
+
+
+def size(entry: Entry) -> int:
+    """What `entry` counts against `max_entry_bytes` and the memory store's `max_bytes`: its client bytes plus
+    `OVERHEAD`, or the length of its encoding (`dump`) when it holds events."""
+    body = entry.body
+    return len(body) + OVERHEAD if body is not None else len(dump(entry))
 
 
 encode_entry = msgspec.msgpack.Encoder().encode
@@ -138,8 +154,10 @@ def answer(entry: Entry, template: Completion) -> Completion:
 def buffered_body(entry: Entry, ctx: CallContext) -> bytes:
     """The entry as this request's buffered answer, in client JSON: its stored bytes when it has them."""
     if entry.body is not None:
-        return client_body(entry.body, ctx)
-    return encode(answer(entry, ctx.completion([])))
+        sent = client_body(entry.body, ctx)
+        if sent is not None:
+            return sent
+    return encode(answer(events_of(entry), ctx.completion([])))
 
 
 def finished(events: list[list[Choice]], expected: int) -> bool:
@@ -154,8 +172,7 @@ def finished(events: list[list[Choice]], expected: int) -> bool:
 
 async def replay_stream(entry: Entry, ctx: CallContext, want_usage: bool) -> AsyncIterator[bytes]:
     """The stored answer as the upstream streamed it: one chunk per stored event, the usage, [DONE]."""
-    events_of(entry)
-    for event in entry.events:
+    for event in events_of(entry).events:
         yield sse_event(encode(ctx.completion(event, system_fingerprint=entry.system_fingerprint)))
     if want_usage and entry.usage is not None:
         yield sse_event(encode(ctx.completion([], entry.usage)))
@@ -164,6 +181,7 @@ async def replay_stream(entry: Entry, ctx: CallContext, want_usage: bool) -> Asy
 
 __all__ = [
     "MAGIC",
+    "OVERHEAD",
     "VERSION",
     "Entry",
     "answer",
@@ -176,4 +194,5 @@ __all__ = [
     "load",
     "merged",
     "replay_stream",
+    "size",
 ]

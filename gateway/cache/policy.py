@@ -20,7 +20,7 @@ BYPASS: Final = "bypass"
 class Policy:
     """One `cache` block, as the request path reads it: compiled once per pipeline, shared by its models."""
 
-    __slots__ = ("mode", "ttl_s", "max_entry_bytes", "shared", "store", "scope", "always", "memory")
+    __slots__ = ("mode", "ttl_s", "max_entry_bytes", "shared", "store", "scope", "always", "memory", "plain")
 
     def __init__(self, cfg: CacheConfig, store: Store) -> None:
         self.mode = cfg.mode
@@ -31,6 +31,7 @@ class Policy:
         self.scope = SHARED_SCOPE if self.shared else b""  # a tenant's scope is its key's (`Cache.scope`)
         self.always = cfg.mode == "always"  # every request covered, whatever its sampling
         self.memory = store.kind == "memory"  # read without a coroutine
+        self.plain = self.always and self.memory  # every request covered, in memory: `Cache.lookup`'s fast path
 
 
 SHARED_SCOPE: Final = b"*\x00"

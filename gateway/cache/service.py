@@ -19,17 +19,8 @@ import msgspec
 from msgspec.structs import replace
 
 from gateway.cache.batch import assembled, completed, prompt_items, spliced, store_batch, store_one
-from gateway.cache.entry import (
-    MAGIC,
-    VERSION,
-    Entry,
-    buffered_body,
-    encode_entry,
-    events_of,
-    finished,
-    load,
-    replay_stream,
-)
+from gateway.cache.counts import Series
+from gateway.cache.entry import OVERHEAD, VERSION, Entry, buffered_body, events_of, finished, replay_stream
 from gateway.cache.job import J, JobLike, Make, R
 from gateway.cache.key import cache_key, canonical, model_tag
 from gateway.cache.policy import (
@@ -52,7 +43,6 @@ from gateway.state import SharedState
 from wire.errors import GatewayError
 from wire.schema import Choice, Completion, CompletionRequest, Usage, encode
 
-_NONE: Final[dict[str, Any]] = {}  # no series yet (never written to)
 _NO_ITEMS: Final = cast(list[Any], ())
 
 
@@ -73,7 +63,8 @@ class Cache:
         self.metrics = metrics
         self.clock = clock
         on_evict = metrics.cache_evictions.inc if metrics is not None else None
-        self.memory = MemoryStore(cfg.cache.max_bytes, on_evict=on_evict)
+        # On the cache's clock: `Lookup.done` reads it once for the entry's `stored` time and its expiry.
+        self.memory = MemoryStore(cfg.cache.max_bytes, clock=clock, on_evict=on_evict)
         self.redis = RedisStore(shared) if shared.configured else None
         self.total_timeout_s = cfg.timeouts.total_ms / 1000
 
@@ -81,26 +72,26 @@ class Cache:
         self._policies, self._scopes = self.policies.known, self.policies.scopes  # probed on every request
         self.inflight: dict[bytes, Lookup] = {}  # per key: the request in flight that will store its answer
         self.counts = {HIT: 0, MISS: 0, COALESCED: 0, BYPASS: 0}
-        self.series: dict[str, dict[str, Any]] = {}  # per model label, per kind: its labelled series
+        # Per model as routed (`Record.model`), with metrics on: its counts not yet added (`Series`).
+        self.series: dict[str, Series] = {}
         self.stores = {s.kind: s for s in (self.memory, self.redis) if s is not None}
 
-    def child(self, kind: str, label: str) -> Any:
-        """A labelled series, looked up once per (kind, model): `labels()` takes a lock on every call."""
-        series = self.series.get(label)
-        if series is None:
-            if len(self.series) >= 1024:
-                self.series.clear()  # bounded like the label values themselves
-            series = self.series[label] = {}
-        found = series.get(kind)
-        if found is None:
-            metrics = self.metrics
-            assert metrics is not None
-            if kind == "stored":
-                found = metrics.cache_stored_bytes.labels(label)
-            else:
-                found = metrics.cache_requests.labels(kind, label)
-            series[kind] = found
-        return found
+    def series_of(self, model: str) -> Series:
+        """`model`'s series, folded once (`series` is probed first on the request path)."""
+        metrics = self.metrics
+        assert metrics is not None
+        if len(self.series) >= 1024:
+            self.series.clear()  # client-chosen model names cannot grow it (a pending one is still flushed)
+        series = self.series[model] = Series(metrics.labels.fold(model), metrics, self.counts)
+        return series
+
+    def count_stored(self, rec: Record, size: int) -> None:
+        """`size` bytes stored for `rec`'s model."""
+        metrics = self.metrics
+        if metrics is not None and size:
+            series = self.series.get(rec.model) or self.series_of(rec.model)
+            metrics.tally.add(series, 0.0)  # flushed with the others
+            series.stored += size
 
     def lookup(
         self, req: CompletionRequest, key: str | None, headers: Mapping[str, str], rec: Record
@@ -111,15 +102,13 @@ class Cache:
         if pol is None:
             return None
         header = headers.get("cache-control")
-        prompt = req.prompt
         if (
             header is None
-            and pol.memory
-            and isinstance(prompt, str)
+            and isinstance(req.prompt, str)
             and req.stream is None
             and req.stream_options is None
             and req.inference_timeout is None
-            and (pol.always or deterministic(req))
+            and (pol.plain or (pol.memory and deterministic(req)))
         ):
             # The common request (no directives, one text prompt, buffered, stored in memory): its key is
             # `cache_key`'s without a copy of the request, and a plain miss is settled here, in one step.
@@ -138,6 +127,7 @@ class Cache:
                     raise cache_miss()
                 return Lookup(self, BYPASS, rec)
             digest = b""
+        prompt = req.prompt
         if digest or isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
             # One prompt, the common case: one key, one read (in memory, without a coroutine).
             digest = digest or cache_key(req, self.policies.scope(pol, key))
@@ -145,16 +135,17 @@ class Cache:
             if cc.no_cache:
                 return self._decide(lookup, req, cc, [])
             if pol.memory:
-                raw = self.memory.fetch(digest)
-                if raw is None and digest not in self.inflight and cc is NO_CONTROLS:
-                    # The plain miss: nothing stored, no identical request in flight, no directives.
-                    lookup.found, lookup.n, lookup.leading, lookup.direct = [None], req.n or 1, True, True
-                    self.inflight[digest] = lookup
-                    return lookup
-                entry = load(raw, pol.max_entry_bytes) if cc is NO_CONTROLS else None
-                if entry is not None:  # the plain hit
-                    return lookup.served_by(HIT, entry)
-                return self._decide(lookup, req, cc, [raw])
+                entry = self.memory.fetch(digest)
+                if cc is NO_CONTROLS:
+                    if entry is not None:  # the plain hit
+                        return lookup.served_by(HIT, entry)
+                    if digest not in self.inflight:
+                        # The plain miss: nothing stored, no identical request in flight, no directives.
+                        lookup.found, lookup.n, lookup.leading = [None], req.n or 1, True
+                        lookup.direct = not req.stream  # a stream goes through `serve`
+                        self.inflight[digest] = lookup
+                        return lookup
+                return self._decide(lookup, req, cc, [entry])
         else:
             prompts = prompt_items(prompt)
             scope = self.policies.scope(pol, key)
@@ -170,36 +161,33 @@ class Cache:
     async def _read(self, lookup: Lookup, req: CompletionRequest, cc: Controls) -> Lookup:
         pol = lookup.policy
         assert pol is not None
-        decided = self._decide(lookup, req, cc, await pol.store.get_many(lookup.keys, lookup.tag))
+        stored = await pol.store.get_many(lookup.keys, lookup.tag, pol.max_entry_bytes)
+        decided = self._decide(lookup, req, cc, stored)
         return decided if isinstance(decided, Lookup) else await decided
 
     def _decide(
-        self, lookup: Lookup, req: CompletionRequest, cc: Controls, raws: list[bytes | None]
+        self, lookup: Lookup, req: CompletionRequest, cc: Controls, stored: list[Entry | None]
     ) -> Lookup | Coroutine[Any, Any, Lookup]:
         """What the entries read say: a hit, a wait for the identical request in flight, or a miss."""
         n = lookup.n = req.n or 1
         found: list[Entry | None] = [None] * len(lookup.keys)
         lookup.found = found
         if not cc.no_cache:
-            max_entry_bytes = lookup.policy.max_entry_bytes  # type: ignore[union-attr]
-            for i, raw in enumerate(raws):
-                if raw is None:
-                    continue
-                entry = load(raw, max_entry_bytes)
+            for i, entry in enumerate(stored):
                 if entry is not None and (cc.max_age is None or self.clock() - entry.stored <= cc.max_age):
-                    found[i] = entry if len(raws) == 1 else events_of(entry)  # a batch joins events
+                    found[i] = entry if len(stored) == 1 else events_of(entry)  # a batch joins events
             if None not in found:
                 return lookup.served_by(HIT, assembled(found, n))  # type: ignore[arg-type]
             ahead = self.inflight.get(lookup.digest)
             if ahead is not None and not cc.only_if_cached:
                 return self._coalesce(ahead, lookup, req, cc)
-        return self._miss(lookup, cc)
+        return self._miss(lookup, req, cc)
 
     async def _coalesce(self, ahead: Lookup, lookup: Lookup, req: CompletionRequest, cc: Controls) -> Lookup:
         entry = await self._wait(ahead, req, lookup.n)
-        return lookup.served_by(COALESCED, entry) if entry is not None else self._miss(lookup, cc)
+        return lookup.served_by(COALESCED, entry) if entry is not None else self._miss(lookup, req, cc)
 
-    def _miss(self, lookup: Lookup, cc: Controls) -> Lookup:
+    def _miss(self, lookup: Lookup, req: CompletionRequest, cc: Controls) -> Lookup:
         if cc.only_if_cached:
             raise cache_miss()
         if cc.no_cache:
@@ -207,7 +195,8 @@ class Cache:
         if lookup.digest not in self.inflight:
             self.inflight[lookup.digest] = lookup
             lookup.leading = True
-        lookup.direct = len(lookup.keys) == 1 and lookup.policy.store is self.memory  # type: ignore[union-attr]
+        # `Pipeline.complete` calls `done` for a buffered one (a stream goes through `serve`).
+        lookup.direct = len(lookup.keys) == 1 and lookup.policy.store is self.memory and not req.stream  # type: ignore[union-attr]
         return lookup
 
     async def _wait(self, ahead: Lookup, req: CompletionRequest, n: int) -> Entry | None:
@@ -230,7 +219,8 @@ class Cache:
             ) from None
 
     def adopt(self, previous: Cache) -> None:
-        """A config reload keeps what the memory store holds, and the counts."""
+        """A config reload keeps what the memory store holds, and the counts (the previous cache's `Series`
+        add theirs to the same dict)."""
         self.memory.adopt(previous.memory)
         self.counts = previous.counts
 
@@ -239,6 +229,8 @@ class Cache:
         return sum([await s.clear(tag) for s in self.stores.values()])
 
     def stats(self) -> dict[str, Any]:
+        if self.metrics is not None:
+            self.metrics.tally.flush()  # the lookups counted since the last flush reach `counts`
         served = self.counts[HIT] + self.counts[COALESCED]
         looked = served + self.counts[MISS]
         entries, size = self.memory.size()
@@ -266,7 +258,7 @@ class Lookup(msgspec.Struct):
     tag: str = ""
     n: int = 1
     leading: bool = False  # the request in flight that identical ones wait for
-    # A miss of one prompt stored in memory: a buffered one needs no `serve` around the pipeline's call.
+    # A buffered miss of one prompt stored in memory: it needs no `serve` around the pipeline's call.
     direct: bool = False
     # Per prompt (none yet for a plain miss: `serve` makes them if it ever needs them). The default is an
     # empty tuple, not a list msgspec would copy for every request: these are replaced, never appended to.
@@ -343,76 +335,73 @@ class Lookup(msgspec.Struct):
     def count(self, rec: Record) -> None:
         """The lookup counted, by its state and model, once the request is admitted."""
         cache, state = self.cache, self.state
-        cache.counts[state] += 1
         rec.cache_outcome = state
         metrics = cache.metrics
-        if metrics is not None:
-            label = rec.label
-            if label is None:
-                label = rec.label = metrics.labels.fold(rec.model)
-            pending = metrics.tally.pending  # Tally.add, inlined: this runs on every lookup
+        if metrics is None:
+            cache.counts[state] += 1
+            return
+        series = cache.series.get(rec.model) or cache.series_of(rec.model)
+        rec.label = series.label  # for the metrics and the usage booking, which fold it otherwise
+        lookups = series.lookups
+        if not lookups:  # the model's first lookup since the tally's last flush: `Tally.add`, inlined
+            pending = metrics.tally.pending
             if not pending:
                 metrics.tally.arm()
-            child = cache.series.get(label, _NONE).get(state) or cache.child(state, label)
-            pending[child] = pending.get(child, 0.0) + 1.0
+            pending[series] = 0.0  # the tally flushes it (`Series.inc`)
+        lookups[state] = lookups.get(state, 0) + 1
 
     def done(self, rec: Record, body: bytes) -> None:
         """A `direct` miss answered: counted, its answer (`body`, the client's JSON) stored in memory and handed
         to whoever waits, and the request released, in one step (nothing can come to wait in between)."""
-        cache, state, fresh, pol, n = self.cache, self.state, self.answer, self.policy, self.n
-        choices = fresh.choices if fresh is not None else []
-        if (
-            fresh is None
-            or pol is None
-            or not ((n == 1 and len(choices) == 1 and choices[0].finish_reason is not None) or finished([choices], n))
+        fresh, n = self.answer, self.n
+        if fresh is None or not (
+            (n == 1 and len(choices := fresh.choices) == 1 and choices[0].finish_reason is not None)
+            or finished([fresh.choices], n)
         ):
             self.count(rec)
             self.abandon()  # no answer, or one without every finish reason: nothing stored
             return
-        at = body.find(b',"choices":')  # a bare `"` only opens or closes a string: the first is the field
-        rest, events = (body[at:], _NO_ITEMS) if at > 0 else (None, [choices])
-        fp, stored = fresh.system_fingerprint, cache.clock()
-        # The entry's encoding from its fields (an `Entry` is array-like: a tuple of them encodes the same);
-        # the struct itself is made only for a request that waits for this one.
-        raw = MAGIC + encode_entry(
-            (VERSION, stored, rec.model, rec.provider, rec.target, fresh.usage, events, fp, rest)
-        )
+        cache, pol = self.cache, self.policy  # a `direct` lookup always has its policy
+        stored = cache.clock()
+        # Stored as it is (the client's bytes, cut when served): requests share it, and nothing changes it.
+        usage, fp = fresh.usage, fresh.system_fingerprint
+        entry = Entry(VERSION, stored, rec.model, rec.provider, rec.target, usage, _NO_ITEMS, fp, body)
+        counted = len(body) + OVERHEAD  # `entry.size`, inlined
         waiter = self.waiter
         if waiter is not None and not waiter.done():
-            entry = Entry(VERSION, stored, rec.model, rec.provider, rec.target, fresh.usage, list(events), fp, rest)
             waiter.set_result(entry)
-        digest = self.digest
-        if self.leading:  # `abandon`, its waiter already answered
-            self.leading = False
-            cache.inflight.pop(digest, None)  # its own: a leading request is the one `inflight` holds
-        # `count` and `Tally.add`, inlined with the stored bytes' count: all a plain miss adds to the request.
-        cache.counts[state] += 1
+        digest, state = self.digest, self.state
+        if self.leading:
+            # Its own: a leading request is the one `inflight` holds (and `abandon` after this finds it gone).
+            del cache.inflight[digest]
+        if counted <= pol.max_entry_bytes:  # type: ignore[union-attr]
+            # `MemoryStore.keep`, inlined for its common case: a new key that fits without an eviction. The
+            # memory store's clock is the cache's: the entry expires `ttl_s` after `stored`.
+            memory = cache.memory
+            entries, cost = memory.entries, counted + len(digest)
+            if digest not in entries and memory.bytes + cost <= memory.max_bytes:
+                entries[digest] = (entry, stored + pol.ttl_s, self.tag, cost)  # type: ignore[union-attr]
+                memory.bytes += cost
+            else:
+                memory.keep(digest, self.tag, entry, counted, pol.ttl_s)  # type: ignore[union-attr]
+        else:
+            counted = 0
+        # `count`, inlined with the stored bytes' count: all a plain miss adds to the request.
         rec.cache_outcome = state
-        size = len(raw)
-        keep = size <= pol.max_entry_bytes
         metrics = cache.metrics
-        if metrics is not None:
-            label = rec.label
-            if label is None:
-                label = rec.label = metrics.labels.fold(rec.model)
-            series = cache.series.get(label, _NONE)
+        if metrics is None:
+            cache.counts[state] += 1
+            return
+        series = cache.series.get(rec.model) or cache.series_of(rec.model)
+        rec.label = series.label
+        lookups = series.lookups
+        if not lookups:
             pending = metrics.tally.pending
             if not pending:
                 metrics.tally.arm()
-            child = series.get(state) or cache.child(state, label)
-            pending[child] = pending.get(child, 0.0) + 1.0
-            if keep:
-                child = series.get("stored") or cache.child("stored", label)
-                pending[child] = pending.get(child, 0.0) + size
-        if keep:
-            # `MemoryStore.keep`, inlined for its common case: a new key that fits without an eviction.
-            memory = cache.memory
-            entries, cost = memory.entries, size + len(digest)
-            if digest not in entries and memory.bytes + cost <= memory.max_bytes:
-                entries[digest] = (raw, memory.clock() + pol.ttl_s, self.tag)
-                memory.bytes += cost
-            else:
-                memory.keep(digest, self.tag, raw, pol.ttl_s)
+            pending[series] = 0.0
+        lookups[state] = lookups.get(state, 0) + 1
+        series.stored += counted
 
     def replay(self, job: JobLike, rec: Record, make: Make[R]) -> R:
         entry = self.entry
@@ -458,8 +447,10 @@ class Lookup(msgspec.Struct):
     async def _send(self, remote: list[tuple[bytes, bytes]]) -> None:
         pol = self.policy
         assert pol is not None
+        store = pol.store
+        assert isinstance(store, RedisStore)  # a memory store is written at once, never sent entries
         for key, raw in remote:
-            await pol.store.put(key, self.tag, raw, pol.ttl_s)
+            await store.put(key, self.tag, raw, pol.ttl_s)
 
     def abandon(self) -> None:
         """No answer to share (an error, a stream cut short): whoever waits on this request asks for itself."""

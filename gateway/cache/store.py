@@ -1,9 +1,12 @@
 """Where entries live: a per-process LRU bounded in bytes, or the configured Redis shared by replicas.
 
-Both hold encoded entries (gateway/cache/entry.py), tagged with a digest of the model name (so one model's
-entries can be deleted). The memory store keys them by the request's canonical bytes (key.py), counted
-in its bound; a Redis name carries no client text, only the tag and the key's SHA-256. A Redis that
-cannot be reached makes every read a miss and every write a no-op: the cache never fails a request.
+Both tag entries with a digest of the model name (so one model's entries can be deleted). The memory
+store holds them decoded (gateway/cache/entry.py `Entry`: nothing to encode on a miss, nothing to decode on
+a hit; entries are never changed once stored, so requests share them), keyed by the request's canonical
+bytes (key.py); its bound counts each entry's `size` plus its key. Redis holds them encoded, versioned,
+under a name that carries no client text, only the tag and the key's SHA-256; a value that does not decode
+is a miss. A Redis that cannot be reached makes every read a miss and every write a no-op: the cache never
+fails a request.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any, Final, Protocol
 
 import redis.asyncio as aioredis
 
+from gateway.cache.entry import Entry, load
 from gateway.cache.key import digest
 from gateway.state import Degraded, SharedState
 
@@ -24,11 +28,7 @@ PREFIX: Final = "gwcache:"
 class Store(Protocol):
     kind: str
 
-    async def get(self, key: bytes, tag: str) -> bytes | None: ...
-
-    async def get_many(self, keys: list[bytes], tag: str) -> list[bytes | None]: ...
-
-    async def put(self, key: bytes, tag: str, value: bytes, ttl_s: int) -> None: ...
+    async def get_many(self, keys: list[bytes], tag: str, max_bytes: int) -> list[Entry | None]: ...
 
     async def clear(self, tag: str | None) -> int: ...
 
@@ -36,7 +36,7 @@ class Store(Protocol):
 
 
 class MemoryStore:
-    """An LRU of encoded entries whose sizes (value plus key) never sum past `max_bytes`."""
+    """An LRU of decoded entries whose counted sizes (`entry.size`, plus the key) never sum past `max_bytes`."""
 
     kind = "memory"
 
@@ -50,49 +50,38 @@ class MemoryStore:
         self.max_bytes = max_bytes
         self.clock = clock
         self.on_evict = on_evict
-        self.entries: OrderedDict[bytes, tuple[bytes, float, str]] = OrderedDict()
+        # per key: the entry, when it expires, its model tag, and what it counts in `bytes` (key included)
+        self.entries: OrderedDict[bytes, tuple[Entry, float, str, int]] = OrderedDict()
         self.bytes = 0
         self.evictions = 0
 
-    @staticmethod
-    def _cost(key: bytes, value: bytes) -> int:
-        return len(value) + len(key)
-
     def _drop(self, key: bytes) -> None:
-        value, _, _ = self.entries.pop(key)
-        self.bytes -= self._cost(key, value)
+        self.bytes -= self.entries.pop(key)[3]
 
-    async def get(self, key: bytes, tag: str) -> bytes | None:
-        return self.fetch(key)
-
-    def fetch(self, key: bytes) -> bytes | None:
-        """`get` without a coroutine, for the request path."""
+    def fetch(self, key: bytes) -> Entry | None:
+        """The entry stored under `key`, unexpired (shared: the caller never changes it)."""
         found = self.entries.get(key)
         if found is None:
             return None
-        value, expires, _ = found
-        if self.clock() >= expires:
+        if self.clock() >= found[1]:
             self._drop(key)
             return None
         self.entries.move_to_end(key)
-        return value
+        return found[0]
 
-    async def get_many(self, keys: list[bytes], tag: str) -> list[bytes | None]:
-        return [self.fetch(k) for k in keys]
+    async def get_many(self, keys: list[bytes], tag: str, max_bytes: int) -> list[Entry | None]:
+        return [self.fetch(k) for k in keys]  # stored within `max_entry_bytes` already
 
-    async def put(self, key: bytes, tag: str, value: bytes, ttl_s: int) -> None:
-        self.keep(key, tag, value, ttl_s)
-
-    def keep(self, key: bytes, tag: str, value: bytes, ttl_s: int) -> None:
-        """`put` without a coroutine, for the request path."""
-        cost = len(value) + len(key)
+    def keep(self, key: bytes, tag: str, entry: Entry, size: int, ttl_s: int) -> None:
+        """`entry` stored under `key`, counted as `size` (`entry.size`) plus the key's length."""
+        cost = size + len(key)
         if cost > self.max_bytes:
             return
         if key in self.entries:
             self._drop(key)
         if self.bytes + cost > self.max_bytes:
             self._evict(cost)
-        self.entries[key] = (value, self.clock() + ttl_s, tag)
+        self.entries[key] = (entry, self.clock() + ttl_s, tag, cost)
         self.bytes += cost
 
     def _evict(self, room: int) -> None:
@@ -112,7 +101,7 @@ class MemoryStore:
         self._evict(0)
 
     async def clear(self, tag: str | None) -> int:
-        doomed = [k for k, (_, _, t) in self.entries.items() if tag is None or t == tag]
+        doomed = [k for k, (_, _, t, _) in self.entries.items() if tag is None or t == tag]
         for k in doomed:
             self._drop(k)
         return len(doomed)
@@ -129,7 +118,7 @@ class RedisStore:
     def __init__(self, shared: SharedState) -> None:
         self.shared = shared
 
-    async def get(self, key: bytes, tag: str) -> bytes | None:
+    async def _get(self, key: bytes, tag: str) -> bytes | None:
         name = f"{PREFIX}{tag}:{digest(key)}"
         try:
             value = await self.shared.run(lambda r: r.get(name))
@@ -137,22 +126,25 @@ class RedisStore:
             return None
         return value if isinstance(value, bytes) else None
 
-    async def get_many(self, keys: list[bytes], tag: str) -> list[bytes | None]:
+    async def get_many(self, keys: list[bytes], tag: str, max_bytes: int) -> list[Entry | None]:
+        """The entries stored under `keys`: None for each absent, larger than `max_bytes`, or not this
+        version's entry."""
         if len(keys) == 1:
-            return [await self.get(keys[0], tag)]
+            return [load(await self._get(keys[0], tag), max_bytes)]
         names = [f"{PREFIX}{tag}:{digest(k)}" for k in keys]
         values: list[Any]
         try:
             # One round trip; on a Cluster the keys may sit in different slots, so one GET each there.
             if self.shared.cluster:
-                values = [await self.get(k, tag) for k in keys]
+                values = [await self._get(k, tag) for k in keys]
             else:
                 values = await self.shared.run(lambda r: r.mget(names))
         except Degraded:
             return [None] * len(keys)
-        return [v if isinstance(v, bytes) else None for v in values]
+        return [load(v, max_bytes) if isinstance(v, bytes) else None for v in values]
 
     async def put(self, key: bytes, tag: str, value: bytes, ttl_s: int) -> None:
+        """`value` (an entry's `dump`) stored under `key` for `ttl_s`."""
         name = f"{PREFIX}{tag}:{digest(key)}"
         try:
             await self.shared.run(lambda r: r.set(name, value, ex=ttl_s))

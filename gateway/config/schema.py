@@ -322,9 +322,11 @@ class CacheConfig(Strict, frozen=True):
     # memory: per process, an LRU bounded by the top-level `max_bytes`; redis: the configured `redis.url`,
     # shared by replicas (without a `redis.url`, memory).
     store: Literal["memory", "redis"] = "memory"
-    # The memory store's bound (the top-level block's value sizes the one store of a process); evictions counted.
+    # The memory store's bound, over its entries' counted bytes and keys (docs/cache.md; the top-level block's
+    # value sizes the one store of a process); evictions counted.
     max_bytes: Annotated[int, Meta(ge=1024)] = 256 * 1024 * 1024
-    # An answer larger than this (encoded) is not stored; a Redis value larger than this is read as a miss.
+    # An answer counting more than this (its client JSON, or its encoding) is not stored; a Redis value larger
+    # than this is read as a miss.
     max_entry_bytes: Annotated[int, Meta(ge=1024)] = 4 * 1024 * 1024
     # key: an entry serves only the client key that stored it; shared: every key (one key reads what another
     # paid for).

@@ -175,9 +175,7 @@ class Pipeline:
             return key, req, None, _LATER  # budgets are checked before the cache is looked at
         plan = self.router.plan(req.model)
         self._refine(req, plan, rec)
-        cache = self.cache
-        assert cache is not None
-        cached = cache.lookup(req, rec.key, headers, rec)
+        cached = self.cache.lookup(req, rec.key, headers, rec)  # type: ignore[union-attr]  # the endpoint checked
         if type(cached) is Lookup and cached.entry is not None:
             admission = self.admission
             if not (
@@ -201,7 +199,7 @@ class Pipeline:
             job = await self._admit(raw, headers, rec, front)
             cached = job.cached
             if cached is not None:
-                if not cached.direct or job.req.stream:
+                if not cached.direct:  # `direct`: a buffered miss (a stream goes through `serve`)
                     return await cached.serve(job, rec, self._buffered, self._streamed, Result)
                 # A buffered miss of one prompt: the answer stored as it comes back, without `serve`.
                 try:
@@ -281,9 +279,12 @@ class Pipeline:
             ticket = await admission.admit(key, req, plan) if admission is not None else None
             job = Job(self.services, admission, req, ctx, plan, ticket)
         else:
-            cached = self.cache.lookup(req, rec.key, headers, rec) if looked is _LATER else looked
-            if cached is not None and not isinstance(cached, Lookup):
-                cached = await cached  # a Redis read, or the identical request in flight waited for
+            cached = looked
+            if type(cached) is not Lookup:  # one test for the common case, a lookup `early` settled
+                if cached is _LATER:
+                    cached = self.cache.lookup(req, rec.key, headers, rec)
+                if cached is not None and not isinstance(cached, Lookup):
+                    cached = await cached  # a Redis read, or the identical request in flight waited for
             ticket = None
             if admission is not None:
                 try:
