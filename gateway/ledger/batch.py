@@ -14,9 +14,9 @@ encoded in a single call.
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Iterator
-from operator import itemgetter
 from typing import Any, Final
 
 import msgspec
@@ -26,10 +26,11 @@ from gateway.limits.usage import ANONYMOUS, day_of
 from gateway.ops.metrics import Record
 
 Row = tuple[Any, ...]
-# A waiting row: the record (priced by the usage booking), its end-to-end seconds, its end time.
-Pending = tuple[Record, float, float]
+# A waiting row (`pending`): the entry's values but the day and team, then the row's own values.
+Pending = tuple[Any, ...]
 # An entry: day, key_name, team, model, target, provider, dialect, stream, status, error, cache, attempts.
 Entry = tuple[Any, ...]
+WIDTH: Final = 10  # a row's own values in a `Batch`
 
 COLUMNS: Final = (
     "id, request_id, ts, day, key_name, team, model, target, provider, dialect, stream, status, error, "
@@ -52,12 +53,11 @@ ROLLUP: Final = (
     " completion_tokens = daily.completion_tokens + excluded.completion_tokens,"
     " cost_pico = daily.cost_pico + excluded.cost_pico"
 )
-# SQLite: an entry's statement (its values as literals); `?1`..`?10` are a row's own values (`Batch.groups`).
-_ENTRY_SQLITE: Final = (
-    f"INSERT INTO requests ({COLUMNS}) VALUES (?1, ?2, ?3, {{0}}, {{1}}, {{2}}, {{3}}, {{4}}, {{5}}, {{6}}, {{7}},"
-    " {8}, {9}, ?4 * 1000, {ttfb}, ?6, ?7, ?8, {10}, {11}, NULLIF(?9, 0), NULLIF(?10, 0))"
-    " ON CONFLICT (day, id) DO NOTHING"
-)
+# SQLite: an entry's statement takes up to `_ROWS_PER_STATEMENT` of its rows at once, each a VALUES
+# tuple of the entry's values as literals and the row's own ten values as parameters. One statement per
+# row paid, per row, a run of SQLite's virtual machine from its start (cursors opened and closed) and a
+# release and take of the interpreter's lock (the driver lets go of it around every step).
+_ROWS_PER_STATEMENT: Final = (50, 8, 1)
 # Below this many rows an entry binds every column (`INSERT_SQLITE`): preparing a statement costs more.
 _LITERAL_ROWS: Final = 8
 _INSERT_POSTGRES: Final = (
@@ -70,19 +70,19 @@ _INSERT_POSTGRES: Final = (
     " json_array_elements(gs.g) AS r ON CONFLICT (day, id) DO NOTHING"
 )
 _encode = msgspec.json.Encoder().encode
-_tokens_in, _tokens_out, _cost = itemgetter(5), itemgetter(6), itemgetter(7)
 
 
 class Batch:
-    """Rows taken from the queue: `entries[i]` and its rows `groups[i]`, each row (id, request_id, ts,
-    latency_s, upstream_s, prompt_tokens, completion_tokens, cost_pico, prompt, completion), where an
-    absent prompt or completion is `null` (0 for SQLite, None for PostgreSQL)."""
+    """Rows taken from the queue: `entries[i]` and its rows `groups[i]`, one flat list of `WIDTH` values
+    per row (id, request_id, ts, latency_s, upstream_s, prompt_tokens, completion_tokens, cost_pico,
+    prompt, completion), where an absent prompt or completion is `null` (0 for SQLite, None for
+    PostgreSQL). Flat, because SQLite's statements take several rows' values as one sequence."""
 
     __slots__ = ("entries", "groups", "size")
 
     def __init__(self) -> None:
         self.entries: list[Entry] = []
-        self.groups: list[list[Row]] = []
+        self.groups: list[list[Any]] = []
         self.size = 0
 
     def full(self) -> list[Row]:
@@ -90,12 +90,17 @@ class Batch:
         return full_rows(self.entries, self.groups)
 
 
-def full_rows(entries: list[Entry], groups: list[list[Row]]) -> list[Row]:
+def _rows(group: list[Any]) -> list[list[Any]]:
+    """A group's rows, one list each."""
+    return [group[i : i + WIDTH] for i in range(0, len(group), WIDTH)]
+
+
+def full_rows(entries: list[Entry], groups: list[list[Any]]) -> list[Row]:
     """Entries and their groups as rows in the order of `COLUMNS`."""
     out = []
     for entry, group in zip(entries, groups, strict=True):
         day, key, team, model, target, provider, dialect, stream, status, error, cache, attempts = entry
-        for rid, request_id, ts, latency_s, upstream_s, prompt, completion, cost, text_in, text_out in group:
+        for rid, request_id, ts, latency_s, upstream_s, prompt, completion, cost, text_in, text_out in _rows(group):
             out.append(
                 (
                     rid,
@@ -125,56 +130,63 @@ def full_rows(entries: list[Entry], groups: list[list[Row]]) -> list[Row]:
     return out
 
 
-def take(queue: deque[Pending], teams: dict[str, str], prefix: str, ids: Iterator[int], null: int | None) -> Batch:
-    """Empty the queue into a `Batch` (on the event loop, where the records were written)."""
+def pending(rec: Record, elapsed_s: float, ended: float, null: int | None) -> Pending:
+    """What the queue holds of an answered request: its values alone, in the order `take` reads them.
+
+    A tuple of strings and numbers only: the collector stops tracking it at its first pass, where a
+    `Record` (or a tuple holding one) would be traversed by every collection until the writer took it.
+    """
+    usage = rec.usage
+    text_in, text_out = rec.prompt, rec.completion
+    return (
+        rec.key or ANONYMOUS,
+        rec.model,
+        rec.target,
+        rec.provider,
+        rec.dialect,
+        rec.stream,
+        rec.status,
+        rec.error_code,
+        rec.cache_outcome,
+        rec.attempts,
+        rec.request_id,
+        ended,
+        elapsed_s,
+        rec.upstream_s,
+        0 if usage is None else usage.prompt_tokens,
+        0 if usage is None else usage.completion_tokens,
+        rec.cost_pico,  # priced by the usage booking; 0 when nothing served it or the cache answered
+        null if text_in is None else text_in,
+        null if text_out is None else text_out,
+    )
+
+
+def take(queue: deque[Pending], teams: dict[str, str], prefix: str, ids: Iterator[int]) -> Batch:
+    """Empty the queue into a `Batch` (on the event loop, where the rows were queued)."""
     batch = Batch()
-    index: dict[tuple[Any, ...], list[Row]] = {}
+    index: dict[tuple[Any, ...], list[Any]] = {}
     entries, groups = batch.entries, batch.groups
     popleft = queue.popleft
     lo = hi = 0.0
     day = ""
     n = len(queue)
     for _ in range(n):
-        rec, elapsed, ended = popleft()
+        p = popleft()
+        ended = p[11]
         if not lo <= ended < hi:  # the day is formatted once per batch (and at midnight)
             lo = ended // 86400 * 86400
             hi = lo + 86400
             day = day_of(ended)
-        key = rec.key or ANONYMOUS
-        values = (
-            day,
-            key,
-            rec.model,
-            rec.target,
-            rec.provider,
-            rec.dialect,
-            rec.stream,
-            rec.status,
-            rec.error_code,
-            rec.cache_outcome,
-            rec.attempts,
-        )
+            index = {}  # entries are per day: a new day starts new ones
+        values = p[:10]
         group = index.get(values)
         if group is None:
             group = index[values] = []
-            entries.append((day, key, teams.get(key, ""), *values[2:6], int(rec.stream), *values[7:]))
+            key = values[0]
+            entries.append((day, key, teams.get(key, ""), *values[1:5], int(values[5]), *values[6:]))
             groups.append(group)
-        usage = rec.usage
-        text_in, text_out = rec.prompt, rec.completion
-        group.append(
-            (
-                f"{prefix}{next(ids):x}",
-                rec.request_id,
-                ended,
-                elapsed,
-                rec.upstream_s,
-                0 if usage is None else usage.prompt_tokens,
-                0 if usage is None else usage.completion_tokens,
-                rec.cost_pico,  # priced by the usage booking; 0 when nothing served it or the cache answered
-                null if text_in is None else text_in,
-                null if text_out is None else text_out,
-            )
-        )
+        group.append(f"{prefix}{next(ids)}")
+        group += p[10:]
     batch.size = n
     return batch
 
@@ -187,6 +199,22 @@ def _literal(value: Any) -> str:
     return "'" + str(value).replace("'", "''") + "'"
 
 
+@functools.lru_cache(maxsize=128)  # the same text each batch: the driver's statement cache finds it hashed
+def _entry_sql(entry: Entry, rows: int) -> str:
+    """An entry's statement for `rows` rows, the k-th row's values being parameters ?(10k+1) to ?(10k+10)."""
+    day, key, team, model, target, provider, dialect, stream, status, error, cache, attempts = map(_literal, entry)
+    tuples = []
+    for k in range(rows):
+        a = [f"?{10 * k + i}" for i in range(1, 11)]
+        ttfb = f"{a[4]} * 1000" if entry[5] else "NULL"
+        tuples.append(
+            f"({a[0]}, {a[1]}, {a[2]}, {day}, {key}, {team}, {model}, {target}, {provider}, {dialect}, {stream},"
+            f" {status}, {error}, {a[3]} * 1000, {ttfb}, {a[5]}, {a[6]}, {a[7]}, {cache}, {attempts},"
+            f" NULLIF({a[8]}, 0), NULLIF({a[9]}, 0))"
+        )
+    return f"INSERT INTO requests ({COLUMNS}) VALUES {', '.join(tuples)} ON CONFLICT (day, id) DO NOTHING"
+
+
 def commit_batch(cur: Cursor, batch: Batch, db: Database) -> int:
     """Insert a batch straight from the queue (its ids are new: no look-up) and add it to its rollups."""
     if not batch.size:
@@ -194,27 +222,34 @@ def commit_batch(cur: Cursor, batch: Batch, db: Database) -> int:
     entries, groups = batch.entries, batch.groups
     if db.postgres:
         db.ensure_days(cur, {e[0] for e in entries})
-        cur.execute(_INSERT_POSTGRES, (_encode(entries).decode(), _encode(groups).decode()))
+        nested = [_rows(g) for g in groups]
+        cur.execute(_INSERT_POSTGRES, (_encode(entries).decode(), _encode(nested).decode()))
     else:
-        few: tuple[list[Entry], list[list[Row]]] = ([], [])
+        few: tuple[list[Entry], list[list[Any]]] = ([], [])
         for entry, group in zip(entries, groups, strict=True):
-            if len(group) < _LITERAL_ROWS or any("\0" in v for v in entry if isinstance(v, str)):
+            n = len(group) // WIDTH
+            if n < _LITERAL_ROWS or any("\0" in v for v in entry if isinstance(v, str)):
                 few[0].append(entry)  # a NUL cannot be written into a statement's text
                 few[1].append(group)
                 continue
-            literals = [_literal(v) for v in entry]
-            ttfb = "?5 * 1000" if entry[5] else "NULL"
-            cur.executemany(_ENTRY_SQLITE.format(*literals, ttfb=ttfb), group)
+            start = 0
+            for rows in _ROWS_PER_STATEMENT:
+                end = start + (n - start) // rows * rows
+                if end > start:
+                    width = WIDTH * rows
+                    chunks = [group[i : i + width] for i in range(start * WIDTH, end * WIDTH, width)]
+                    cur.executemany(_entry_sql(entry, rows), chunks)
+                start = end
         if few[0]:
             cur.executemany(INSERT_SQLITE, full_rows(*few))
     sums: dict[tuple[str, str, str, str, str], list[int]] = {}
     for entry, group in zip(entries, groups, strict=True):
-        n = len(group)
+        n = len(group) // WIDTH
         s = sums.setdefault(entry[:5], [0, 0, 0, 0, 0])
         s[0] += n
         s[1] += n if entry[8] >= 400 else 0
-        s[2] += sum(map(_tokens_in, group))
-        s[3] += sum(map(_tokens_out, group))
-        s[4] += sum(map(_cost, group))
+        s[2] += sum(group[5::WIDTH])
+        s[3] += sum(group[6::WIDTH])
+        s[4] += sum(group[7::WIDTH])
     cur.executemany(ROLLUP, [(*k, *v) for k, v in sums.items()])
     return batch.size
