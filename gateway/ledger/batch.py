@@ -30,7 +30,10 @@ Row = tuple[Any, ...]
 Pending = tuple[Any, ...]
 # An entry: day, key_name, team, model, target, provider, dialect, stream, status, error, cache, attempts.
 Entry = tuple[Any, ...]
-WIDTH: Final = 10  # a row's own values in a `Batch`
+# A row's own values in a `Batch`: ten, or eight when it kept neither prompt nor completion (prompt
+# logging off, the common case: two fewer values to bind per row).
+WIDTH: Final = 10
+LEAN: Final = 8
 
 COLUMNS: Final = (
     "id, request_id, ts, day, key_name, team, model, target, provider, dialect, stream, status, error, "
@@ -73,34 +76,37 @@ _encode = msgspec.json.Encoder().encode
 
 
 class Batch:
-    """Rows taken from the queue: `entries[i]` and its rows `groups[i]`, one flat list of `WIDTH` values
-    per row (id, request_id, ts, latency_s, upstream_s, prompt_tokens, completion_tokens, cost_pico,
-    prompt, completion), where an absent prompt or completion is `null` (0 for SQLite, None for
-    PostgreSQL). Flat, because SQLite's statements take several rows' values as one sequence."""
+    """Rows taken from the queue: `entries[i]` and its rows `groups[i]`, one flat list of `widths[i]`
+    values per row (id, request_id, ts, latency_s, upstream_s, prompt_tokens, completion_tokens,
+    cost_pico, and with `WIDTH` prompt and completion, where an absent one is `null`: 0 for SQLite, None
+    for PostgreSQL). Flat, because SQLite's statements take several rows' values as one sequence."""
 
-    __slots__ = ("entries", "groups", "size")
+    __slots__ = ("entries", "groups", "size", "widths")
 
     def __init__(self) -> None:
         self.entries: list[Entry] = []
         self.groups: list[list[Any]] = []
+        self.widths: list[int] = []
         self.size = 0
 
     def full(self) -> list[Row]:
         """The rows in the order of `COLUMNS`, as the spill file and `book.commit` take them."""
-        return full_rows(self.entries, self.groups)
+        return full_rows(self.entries, self.groups, self.widths)
 
 
-def _rows(group: list[Any]) -> list[list[Any]]:
+def _rows(group: list[Any], width: int) -> list[list[Any]]:
     """A group's rows, one list each."""
-    return [group[i : i + WIDTH] for i in range(0, len(group), WIDTH)]
+    return [group[i : i + width] for i in range(0, len(group), width)]
 
 
-def full_rows(entries: list[Entry], groups: list[list[Any]]) -> list[Row]:
+def full_rows(entries: list[Entry], groups: list[list[Any]], widths: list[int]) -> list[Row]:
     """Entries and their groups as rows in the order of `COLUMNS`."""
     out = []
-    for entry, group in zip(entries, groups, strict=True):
+    for entry, group, width in zip(entries, groups, widths, strict=True):
         day, key, team, model, target, provider, dialect, stream, status, error, cache, attempts = entry
-        for rid, request_id, ts, latency_s, upstream_s, prompt, completion, cost, text_in, text_out in _rows(group):
+        for row in _rows(group, width):
+            rid, request_id, ts, latency_s, upstream_s, prompt, completion, cost = row[:LEAN]
+            text_in, text_out = row[LEAN:] or (None, None)
             out.append(
                 (
                     rid,
@@ -137,8 +143,7 @@ def pending(rec: Record, elapsed_s: float, ended: float, null: int | None) -> Pe
     `Record` (or a tuple holding one) would be traversed by every collection until the writer took it.
     """
     usage = rec.usage
-    text_in, text_out = rec.prompt, rec.completion
-    return (
+    p = (
         rec.key or ANONYMOUS,
         rec.model,
         rec.target,
@@ -149,6 +154,7 @@ def pending(rec: Record, elapsed_s: float, ended: float, null: int | None) -> Pe
         rec.error_code,
         rec.cache_outcome,
         rec.attempts,
+        LEAN,  # the row's width (`take` reads it with the entry's values)
         rec.request_id,
         ended,
         elapsed_s,
@@ -156,37 +162,40 @@ def pending(rec: Record, elapsed_s: float, ended: float, null: int | None) -> Pe
         0 if usage is None else usage.prompt_tokens,
         0 if usage is None else usage.completion_tokens,
         rec.cost_pico,  # priced by the usage booking; 0 when nothing served it or the cache answered
-        null if text_in is None else text_in,
-        null if text_out is None else text_out,
     )
+    text_in, text_out = rec.prompt, rec.completion
+    if text_in is None and text_out is None:
+        return p
+    return (*p[:10], WIDTH, *p[11:], null if text_in is None else text_in, null if text_out is None else text_out)
 
 
 def take(queue: deque[Pending], teams: dict[str, str], prefix: str, ids: Iterator[int]) -> Batch:
     """Empty the queue into a `Batch` (on the event loop, where the rows were queued)."""
     batch = Batch()
     index: dict[tuple[Any, ...], list[Any]] = {}
-    entries, groups = batch.entries, batch.groups
+    entries, groups, widths = batch.entries, batch.groups, batch.widths
     popleft = queue.popleft
     lo = hi = 0.0
     day = ""
     n = len(queue)
     for _ in range(n):
         p = popleft()
-        ended = p[11]
+        ended = p[12]
         if not lo <= ended < hi:  # the day is formatted once per batch (and at midnight)
             lo = ended // 86400 * 86400
             hi = lo + 86400
             day = day_of(ended)
             index = {}  # entries are per day: a new day starts new ones
-        values = p[:10]
+        values = p[:11]  # the entry's values and the row's width
         group = index.get(values)
         if group is None:
             group = index[values] = []
             key = values[0]
-            entries.append((day, key, teams.get(key, ""), *values[1:5], int(values[5]), *values[6:]))
+            entries.append((day, key, teams.get(key, ""), *values[1:5], int(values[5]), *values[6:10]))
             groups.append(group)
+            widths.append(values[10])
         group.append(f"{prefix}{next(ids)}")
-        group += p[10:]
+        group += p[11:]
     batch.size = n
     return batch
 
@@ -200,17 +209,18 @@ def _literal(value: Any) -> str:
 
 
 @functools.lru_cache(maxsize=128)  # the same text each batch: the driver's statement cache finds it hashed
-def _entry_sql(entry: Entry, rows: int) -> str:
-    """An entry's statement for `rows` rows, the k-th row's values being parameters ?(10k+1) to ?(10k+10)."""
+def _entry_sql(entry: Entry, rows: int, width: int) -> str:
+    """An entry's statement for `rows` rows of `width` values, the k-th row's being parameters
+    ?(width * k + 1) to ?(width * k + width)."""
     day, key, team, model, target, provider, dialect, stream, status, error, cache, attempts = map(_literal, entry)
     tuples = []
     for k in range(rows):
-        a = [f"?{10 * k + i}" for i in range(1, 11)]
+        a = [f"?{width * k + i}" for i in range(1, width + 1)]
         ttfb = f"{a[4]} * 1000" if entry[5] else "NULL"
+        texts = f"NULLIF({a[8]}, 0), NULLIF({a[9]}, 0)" if width == WIDTH else "NULL, NULL"
         tuples.append(
             f"({a[0]}, {a[1]}, {a[2]}, {day}, {key}, {team}, {model}, {target}, {provider}, {dialect}, {stream},"
-            f" {status}, {error}, {a[3]} * 1000, {ttfb}, {a[5]}, {a[6]}, {a[7]}, {cache}, {attempts},"
-            f" NULLIF({a[8]}, 0), NULLIF({a[9]}, 0))"
+            f" {status}, {error}, {a[3]} * 1000, {ttfb}, {a[5]}, {a[6]}, {a[7]}, {cache}, {attempts}, {texts})"
         )
     return f"INSERT INTO requests ({COLUMNS}) VALUES {', '.join(tuples)} ON CONFLICT (day, id) DO NOTHING"
 
@@ -219,37 +229,38 @@ def commit_batch(cur: Cursor, batch: Batch, db: Database) -> int:
     """Insert a batch straight from the queue (its ids are new: no look-up) and add it to its rollups."""
     if not batch.size:
         return 0
-    entries, groups = batch.entries, batch.groups
+    entries, groups, widths = batch.entries, batch.groups, batch.widths
     if db.postgres:
         db.ensure_days(cur, {e[0] for e in entries})
-        nested = [_rows(g) for g in groups]
+        nested = [_rows(g, w) for g, w in zip(groups, widths, strict=True)]
         cur.execute(_INSERT_POSTGRES, (_encode(entries).decode(), _encode(nested).decode()))
     else:
-        few: tuple[list[Entry], list[list[Any]]] = ([], [])
-        for entry, group in zip(entries, groups, strict=True):
-            n = len(group) // WIDTH
+        few: tuple[list[Entry], list[list[Any]], list[int]] = ([], [], [])
+        for entry, group, w in zip(entries, groups, widths, strict=True):
+            n = len(group) // w
             if n < _LITERAL_ROWS or any("\0" in v for v in entry if isinstance(v, str)):
                 few[0].append(entry)  # a NUL cannot be written into a statement's text
                 few[1].append(group)
+                few[2].append(w)
                 continue
             start = 0
             for rows in _ROWS_PER_STATEMENT:
                 end = start + (n - start) // rows * rows
                 if end > start:
-                    width = WIDTH * rows
-                    chunks = [group[i : i + width] for i in range(start * WIDTH, end * WIDTH, width)]
-                    cur.executemany(_entry_sql(entry, rows), chunks)
+                    size = w * rows
+                    chunks = [group[i : i + size] for i in range(start * w, end * w, size)]
+                    cur.executemany(_entry_sql(entry, rows, w), chunks)
                 start = end
         if few[0]:
             cur.executemany(INSERT_SQLITE, full_rows(*few))
     sums: dict[tuple[str, str, str, str, str], list[int]] = {}
-    for entry, group in zip(entries, groups, strict=True):
-        n = len(group) // WIDTH
+    for entry, group, w in zip(entries, groups, widths, strict=True):
+        n = len(group) // w
         s = sums.setdefault(entry[:5], [0, 0, 0, 0, 0])
         s[0] += n
         s[1] += n if entry[8] >= 400 else 0
-        s[2] += sum(group[5::WIDTH])
-        s[3] += sum(group[6::WIDTH])
-        s[4] += sum(group[7::WIDTH])
+        s[2] += sum(group[5::w])
+        s[3] += sum(group[6::w])
+        s[4] += sum(group[7::w])
     cur.executemany(ROLLUP, [(*k, *v) for k, v in sums.items()])
     return batch.size
