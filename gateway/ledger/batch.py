@@ -4,12 +4,13 @@ The rows a gateway answers in one `flush_ms` mostly repeat the same day, key, te
 provider, dialect, status and so on: a `Batch` holds each distinct combination once (an entry) and
 groups the rows under it, each row keeping only what is its own (its ids, times, tokens and cost).
 
-SQLite: every entry with enough rows gets a statement of its own with the entry's values written into
-it as literals, so a row binds ten values (two of them text) instead of twenty-two (eleven text); binding
-and copying the text values was the largest part of the driver's work per row. An entry with few rows
-(where preparing a statement would cost more than it saves) binds all twenty-two. PostgreSQL: the whole
-batch is one `INSERT ... SELECT` of two parameters, the entries and the rows, each one JSON array
-encoded in a single call.
+SQLite: every entry with enough rows gets statements of its own with the entry's values written into
+them as literals, each taking up to 50 rows, so a row binds eight values (ten when it kept its prompt
+or completion) instead of twenty-two; binding and copying the text values was the largest part of the
+driver's work per row, and a statement per row paid the virtual machine's start and end and a hand-off
+of the interpreter's lock for every row. An entry with few rows (where preparing a statement would cost
+more than it saves) binds all twenty-two. PostgreSQL: the whole batch is one `INSERT ... SELECT` of two
+parameters, the entries and the rows, each one JSON array encoded in a single call.
 """
 
 from __future__ import annotations
@@ -56,8 +57,9 @@ ROLLUP: Final = (
     " completion_tokens = daily.completion_tokens + excluded.completion_tokens,"
     " cost_pico = daily.cost_pico + excluded.cost_pico"
 )
-# SQLite: an entry's statement takes up to `_ROWS_PER_STATEMENT` of its rows at once, each a VALUES
-# tuple of the entry's values as literals and the row's own ten values as parameters. One statement per
+# SQLite: an entry's statement takes 50, 8 or 1 of its rows at once, each a VALUES tuple of the entry's
+# values as literals and the row's own values as parameters (a few sizes: each is prepared once and
+# kept in the driver's statement cache). One statement per
 # row paid, per row, a run of SQLite's virtual machine from its start (cursors opened and closed) and a
 # release and take of the interpreter's lock (the driver lets go of it around every step).
 _ROWS_PER_STATEMENT: Final = (50, 8, 1)
