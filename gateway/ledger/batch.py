@@ -27,8 +27,8 @@ from gateway.limits.usage import ANONYMOUS, day_of
 from gateway.ops.metrics import Record
 
 Row = tuple[Any, ...]
-# A waiting row: the record (priced by the usage booking), its end-to-end seconds, its end time.
-Pending = tuple[Record, float, float]
+# A waiting row (`pending`): the entry's values but the day and team, then the row's own values.
+Pending = tuple[Any, ...]
 # An entry: day, key_name, team, model, target, provider, dialect, stream, status, error, cache, attempts.
 Entry = tuple[Any, ...]
 # A row's own values in a `Batch`: ten, or eight when it kept neither prompt nor completion (prompt
@@ -138,8 +138,41 @@ def full_rows(entries: list[Entry], groups: list[list[Any]], widths: list[int]) 
     return out
 
 
-def take(queue: deque[Pending], teams: dict[str, str], prefix: str, ids: Iterator[int], null: int | None) -> Batch:
-    """Empty the queue into a `Batch` (on the event loop, where the records were written)."""
+def pending(rec: Record, elapsed_s: float, ended: float, null: int | None) -> Pending:
+    """What the queue holds of an answered request: its values alone, in the order `take` reads them.
+
+    A tuple of strings and numbers only: the collector stops tracking it at its first pass, where a
+    `Record` (or a tuple holding one) would be traversed by every collection until the writer took it.
+    """
+    usage = rec.usage
+    p = (
+        rec.key or ANONYMOUS,
+        rec.model,
+        rec.target,
+        rec.provider,
+        rec.dialect,
+        rec.stream,
+        rec.status,
+        rec.error_code,
+        rec.cache_outcome,
+        rec.attempts,
+        LEAN,  # the row's width (`take` reads it with the entry's values)
+        rec.request_id,
+        ended,
+        elapsed_s,
+        rec.upstream_s,
+        0 if usage is None else usage.prompt_tokens,
+        0 if usage is None else usage.completion_tokens,
+        rec.cost_pico,  # priced by the usage booking; 0 when nothing served it or the cache answered
+    )
+    text_in, text_out = rec.prompt, rec.completion
+    if text_in is None and text_out is None:
+        return p
+    return (*p[:10], WIDTH, *p[11:], null if text_in is None else text_in, null if text_out is None else text_out)
+
+
+def take(queue: deque[Pending], teams: dict[str, str], prefix: str, ids: Iterator[int]) -> Batch:
+    """Empty the queue into a `Batch` (on the event loop, where the rows were queued)."""
     batch = Batch()
     index: dict[tuple[Any, ...], list[Any]] = {}
     entries, groups, widths = batch.entries, batch.groups, batch.widths
@@ -148,47 +181,23 @@ def take(queue: deque[Pending], teams: dict[str, str], prefix: str, ids: Iterato
     day = ""
     n = len(queue)
     for _ in range(n):
-        rec, elapsed, ended = popleft()
+        p = popleft()
+        ended = p[12]
         if not lo <= ended < hi:  # the day is formatted once per batch (and at midnight)
             lo = ended // 86400 * 86400
             hi = lo + 86400
             day = day_of(ended)
             index = {}  # entries are per day: a new day starts new ones
-        text_in, text_out = rec.prompt, rec.completion
-        lean = text_in is None and text_out is None
-        values = (
-            rec.key or ANONYMOUS,
-            rec.model,
-            rec.target,
-            rec.provider,
-            rec.dialect,
-            rec.stream,
-            rec.status,
-            rec.error_code,
-            rec.cache_outcome,
-            rec.attempts,
-            lean,
-        )
+        values = p[:11]  # the entry's values and the row's width
         group = index.get(values)
         if group is None:
             group = index[values] = []
             key = values[0]
-            entries.append((day, key, teams.get(key, ""), *values[1:5], int(rec.stream), *values[6:10]))
+            entries.append((day, key, teams.get(key, ""), *values[1:5], int(values[5]), *values[6:10]))
             groups.append(group)
-            widths.append(LEAN if lean else WIDTH)
-        usage = rec.usage
-        group += (
-            f"{prefix}{next(ids)}",
-            rec.request_id,
-            ended,
-            elapsed,
-            rec.upstream_s,
-            0 if usage is None else usage.prompt_tokens,
-            0 if usage is None else usage.completion_tokens,
-            rec.cost_pico,  # priced by the usage booking; 0 when nothing served it or the cache answered
-        )
-        if not lean:
-            group += (null if text_in is None else text_in, null if text_out is None else text_out)
+            widths.append(values[10])
+        group.append(f"{prefix}{next(ids)}")
+        group += p[11:]
     batch.size = n
     return batch
 

@@ -29,7 +29,7 @@ from typing import Any, Final, Protocol, cast
 import msgspec
 
 from gateway.config import LedgerConfig
-from gateway.ledger.batch import INSERT, INSERT_SQLITE, ROLLUP, Batch, Pending, Row, commit_batch, take
+from gateway.ledger.batch import INSERT, INSERT_SQLITE, ROLLUP, Batch, Pending, Row, commit_batch, pending, take
 from gateway.ledger.engine import Cursor, Database, LedgerDown
 from gateway.limits.usage import day_of
 from gateway.ops.metrics import Record
@@ -199,7 +199,7 @@ class Ledger:
         if len(queue) >= self.cap:
             self.dropped += 1
             return
-        queue.append((rec, elapsed_s, time.time()))
+        queue.append(pending(rec, elapsed_s, time.time(), self._null))
         if len(queue) == self.batch_rows and self._wake is not None:
             self._wake.set()
 
@@ -230,7 +230,7 @@ class Ledger:
                 log.exception("ledger writer turn failed")
 
     def _take(self) -> Batch:
-        return take(self.queue, self.teams, self._prefix, self._ids, self._null)
+        return take(self.queue, self.teams, self._prefix, self._ids)
 
     async def flush(self) -> None:
         if self.dropped != self._dropped_logged:

@@ -13,7 +13,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from gateway.ledger.batch import Pending, commit_batch, take
+from gateway.ledger.batch import commit_batch, pending, take
 from gateway.ledger.book import commit
 from gateway.ledger.engine import Database
 from gateway.ops.metrics import Record
@@ -25,10 +25,10 @@ from .conftest import query, totals
 DAY_END = 1_795_823_999.5  # 2026-11-27 23:59:59.5 UTC: a batch that spans midnight
 
 
-def records() -> list[Pending]:
+def records() -> list[tuple[Record, float, float]]:
     """Rows of every shape: many of one kind (SQLite's statement with literals), a few of others (bound),
     quotes and a NUL in text values, errors, cache outcomes, prompts kept, no usage, two days."""
-    out: list[Pending] = []
+    out: list[tuple[Record, float, float]] = []
     served = functools.partial(Record, model="fast", provider="demo", target="demo/long", attempts=1)
     usage = Usage(prompt_tokens=3, completion_tokens=7, total_tokens=10)
     for i in range(30):
@@ -64,7 +64,8 @@ def book_both(url_batch: str, url_rows: str, expected: int) -> None:
         if db.postgres:  # PostgreSQL's text cannot hold a NUL at all
             recs = [r for r in recs if "\0" not in r[0].model]
         null = None if db.postgres else 0
-        batch = take(deque(recs), {"alice": "blue"}, "p", itertools.count(1), null)
+        queue = deque(pending(rec, elapsed, ended, null) for rec, elapsed, ended in recs)
+        batch = take(queue, {"alice": "blue"}, "p", itertools.count(1))
         if as_rows:  # replayed: plain rows, looked up first
             assert db.transaction(functools.partial(commit, rows=batch.full(), db=db)) == expected
         else:
@@ -120,7 +121,7 @@ def test_a_replayed_batch_books_nothing_twice(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     db = Database(url)
     db.migrate()
-    batch = take(deque(records()), {}, "p", itertools.count(1), 0)
+    batch = take(deque(pending(*r, 0) for r in records()), {}, "p", itertools.count(1))
     assert db.transaction(functools.partial(commit_batch, batch=batch, db=db)) == 132
     assert db.transaction(functools.partial(commit, rows=batch.full(), db=db)) == 0
     db.close()
