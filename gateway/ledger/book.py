@@ -159,8 +159,10 @@ class Ledger:
         self.cfg = cfg
         self.db = Database(cfg.url)
         # Row ids: drawn here, in the worker, so that forked workers never share a prefix.
-        self._prefix = os.urandom(8).hex()
-        self._ids = itertools.count(1)
+        # Ids sort in the order they are drawn (the start time first, then a counter of fixed width), so a
+        # batch's rows are appended at the end of the primary key's index instead of spread through it.
+        self._prefix = f"{int(time.time()):08x}{os.urandom(6).hex()}"
+        self._ids = itertools.count(10**9)  # ten digits for the first nine billion rows
         self.queue: deque[Pending] = deque()
         self._null = None if self.db.postgres else 0  # an absent prompt or completion (`batch.Batch`)
         self.cap = cfg.queue_rows
