@@ -4,19 +4,20 @@ The rows a gateway answers in one `flush_ms` mostly repeat the same day, key, te
 provider, dialect, status and so on: a `Batch` holds each distinct combination once (an entry) and
 groups the rows under it, each row keeping only what is its own (its ids, times, tokens and cost).
 
-SQLite: every entry with enough rows gets a statement of its own with the entry's values written into
-it as literals, so a row binds ten values (two of them text) instead of twenty-two (eleven text); binding
-and copying the text values was the largest part of the driver's work per row. An entry with few rows
-(where preparing a statement would cost more than it saves) binds all twenty-two. PostgreSQL: the whole
-batch is one `INSERT ... SELECT` of two parameters, the entries and the rows, each one JSON array
-encoded in a single call.
+SQLite: every entry with enough rows gets statements of its own with the entry's values written into
+them as literals, each taking up to 50 rows, so a row binds eight values (ten when it kept its prompt
+or completion) instead of twenty-two; binding and copying the text values was the largest part of the
+driver's work per row, and a statement per row paid the virtual machine's start and end and a hand-off
+of the interpreter's lock for every row. An entry with few rows (where preparing a statement would cost
+more than it saves) binds all twenty-two. PostgreSQL: the whole batch is one `INSERT ... SELECT` of two
+parameters, the entries and the rows, each one JSON array encoded in a single call.
 """
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Iterator
-from operator import itemgetter
 from typing import Any, Final
 
 import msgspec
@@ -26,10 +27,14 @@ from gateway.limits.usage import ANONYMOUS, day_of
 from gateway.ops.metrics import Record
 
 Row = tuple[Any, ...]
-# A waiting row: the record (priced by the usage booking), its end-to-end seconds, its end time.
-Pending = tuple[Record, float, float]
+# A waiting row (`pending`): the entry's values but the day and team, then the row's own values.
+Pending = tuple[Any, ...]
 # An entry: day, key_name, team, model, target, provider, dialect, stream, status, error, cache, attempts.
 Entry = tuple[Any, ...]
+# A row's own values in a `Batch`: ten, or eight when it kept neither prompt nor completion (prompt
+# logging off, the common case: two fewer values to bind per row).
+WIDTH: Final = 10
+LEAN: Final = 8
 
 COLUMNS: Final = (
     "id, request_id, ts, day, key_name, team, model, target, provider, dialect, stream, status, error, "
@@ -52,12 +57,12 @@ ROLLUP: Final = (
     " completion_tokens = daily.completion_tokens + excluded.completion_tokens,"
     " cost_pico = daily.cost_pico + excluded.cost_pico"
 )
-# SQLite: an entry's statement (its values as literals); `?1`..`?10` are a row's own values (`Batch.groups`).
-_ENTRY_SQLITE: Final = (
-    f"INSERT INTO requests ({COLUMNS}) VALUES (?1, ?2, ?3, {{0}}, {{1}}, {{2}}, {{3}}, {{4}}, {{5}}, {{6}}, {{7}},"
-    " {8}, {9}, ?4 * 1000, {ttfb}, ?6, ?7, ?8, {10}, {11}, NULLIF(?9, 0), NULLIF(?10, 0))"
-    " ON CONFLICT (day, id) DO NOTHING"
-)
+# SQLite: an entry's statement takes 50, 8 or 1 of its rows at once, each a VALUES tuple of the entry's
+# values as literals and the row's own values as parameters (a few sizes: each is prepared once and
+# kept in the driver's statement cache). One statement per
+# row paid, per row, a run of SQLite's virtual machine from its start (cursors opened and closed) and a
+# release and take of the interpreter's lock (the driver lets go of it around every step).
+_ROWS_PER_STATEMENT: Final = (50, 8, 1)
 # Below this many rows an entry binds every column (`INSERT_SQLITE`): preparing a statement costs more.
 _LITERAL_ROWS: Final = 8
 _INSERT_POSTGRES: Final = (
@@ -70,32 +75,40 @@ _INSERT_POSTGRES: Final = (
     " json_array_elements(gs.g) AS r ON CONFLICT (day, id) DO NOTHING"
 )
 _encode = msgspec.json.Encoder().encode
-_tokens_in, _tokens_out, _cost = itemgetter(5), itemgetter(6), itemgetter(7)
 
 
 class Batch:
-    """Rows taken from the queue: `entries[i]` and its rows `groups[i]`, each row (id, request_id, ts,
-    latency_s, upstream_s, prompt_tokens, completion_tokens, cost_pico, prompt, completion), where an
-    absent prompt or completion is `null` (0 for SQLite, None for PostgreSQL)."""
+    """Rows taken from the queue: `entries[i]` and its rows `groups[i]`, one flat list of `widths[i]`
+    values per row (id, request_id, ts, latency_s, upstream_s, prompt_tokens, completion_tokens,
+    cost_pico, and with `WIDTH` prompt and completion, where an absent one is `null`: 0 for SQLite, None
+    for PostgreSQL). Flat, because SQLite's statements take several rows' values as one sequence."""
 
-    __slots__ = ("entries", "groups", "size")
+    __slots__ = ("entries", "groups", "size", "widths")
 
     def __init__(self) -> None:
         self.entries: list[Entry] = []
-        self.groups: list[list[Row]] = []
+        self.groups: list[list[Any]] = []
+        self.widths: list[int] = []
         self.size = 0
 
     def full(self) -> list[Row]:
         """The rows in the order of `COLUMNS`, as the spill file and `book.commit` take them."""
-        return full_rows(self.entries, self.groups)
+        return full_rows(self.entries, self.groups, self.widths)
 
 
-def full_rows(entries: list[Entry], groups: list[list[Row]]) -> list[Row]:
+def _rows(group: list[Any], width: int) -> list[list[Any]]:
+    """A group's rows, one list each."""
+    return [group[i : i + width] for i in range(0, len(group), width)]
+
+
+def full_rows(entries: list[Entry], groups: list[list[Any]], widths: list[int]) -> list[Row]:
     """Entries and their groups as rows in the order of `COLUMNS`."""
     out = []
-    for entry, group in zip(entries, groups, strict=True):
+    for entry, group, width in zip(entries, groups, widths, strict=True):
         day, key, team, model, target, provider, dialect, stream, status, error, cache, attempts = entry
-        for rid, request_id, ts, latency_s, upstream_s, prompt, completion, cost, text_in, text_out in group:
+        for row in _rows(group, width):
+            rid, request_id, ts, latency_s, upstream_s, prompt, completion, cost = row[:LEAN]
+            text_in, text_out = row[LEAN:] or (None, None)
             out.append(
                 (
                     rid,
@@ -125,56 +138,66 @@ def full_rows(entries: list[Entry], groups: list[list[Row]]) -> list[Row]:
     return out
 
 
-def take(queue: deque[Pending], teams: dict[str, str], prefix: str, ids: Iterator[int], null: int | None) -> Batch:
-    """Empty the queue into a `Batch` (on the event loop, where the records were written)."""
+def pending(rec: Record, elapsed_s: float, ended: float, null: int | None) -> Pending:
+    """What the queue holds of an answered request: its values alone, in the order `take` reads them.
+
+    A tuple of strings and numbers only: the collector stops tracking it at its first pass, where a
+    `Record` (or a tuple holding one) would be traversed by every collection until the writer took it.
+    """
+    usage = rec.usage
+    p = (
+        rec.key or ANONYMOUS,
+        rec.model,
+        rec.target,
+        rec.provider,
+        rec.dialect,
+        rec.stream,
+        rec.status,
+        rec.error_code,
+        rec.cache_outcome,
+        rec.attempts,
+        LEAN,  # the row's width (`take` reads it with the entry's values)
+        rec.request_id,
+        ended,
+        elapsed_s,
+        rec.upstream_s,
+        0 if usage is None else usage.prompt_tokens,
+        0 if usage is None else usage.completion_tokens,
+        rec.cost_pico,  # priced by the usage booking; 0 when nothing served it or the cache answered
+    )
+    text_in, text_out = rec.prompt, rec.completion
+    if text_in is None and text_out is None:
+        return p
+    return (*p[:10], WIDTH, *p[11:], null if text_in is None else text_in, null if text_out is None else text_out)
+
+
+def take(queue: deque[Pending], teams: dict[str, str], prefix: str, ids: Iterator[int]) -> Batch:
+    """Empty the queue into a `Batch` (on the event loop, where the rows were queued)."""
     batch = Batch()
-    index: dict[tuple[Any, ...], list[Row]] = {}
-    entries, groups = batch.entries, batch.groups
+    index: dict[tuple[Any, ...], list[Any]] = {}
+    entries, groups, widths = batch.entries, batch.groups, batch.widths
     popleft = queue.popleft
     lo = hi = 0.0
     day = ""
     n = len(queue)
     for _ in range(n):
-        rec, elapsed, ended = popleft()
+        p = popleft()
+        ended = p[12]
         if not lo <= ended < hi:  # the day is formatted once per batch (and at midnight)
             lo = ended // 86400 * 86400
             hi = lo + 86400
             day = day_of(ended)
-        key = rec.key or ANONYMOUS
-        values = (
-            day,
-            key,
-            rec.model,
-            rec.target,
-            rec.provider,
-            rec.dialect,
-            rec.stream,
-            rec.status,
-            rec.error_code,
-            rec.cache_outcome,
-            rec.attempts,
-        )
+            index = {}  # entries are per day: a new day starts new ones
+        values = p[:11]  # the entry's values and the row's width
         group = index.get(values)
         if group is None:
             group = index[values] = []
-            entries.append((day, key, teams.get(key, ""), *values[2:6], int(rec.stream), *values[7:]))
+            key = values[0]
+            entries.append((day, key, teams.get(key, ""), *values[1:5], int(values[5]), *values[6:10]))
             groups.append(group)
-        usage = rec.usage
-        text_in, text_out = rec.prompt, rec.completion
-        group.append(
-            (
-                f"{prefix}{next(ids):x}",
-                rec.request_id,
-                ended,
-                elapsed,
-                rec.upstream_s,
-                0 if usage is None else usage.prompt_tokens,
-                0 if usage is None else usage.completion_tokens,
-                rec.cost_pico,  # priced by the usage booking; 0 when nothing served it or the cache answered
-                null if text_in is None else text_in,
-                null if text_out is None else text_out,
-            )
-        )
+            widths.append(values[10])
+        group.append(f"{prefix}{next(ids)}")
+        group += p[11:]
     batch.size = n
     return batch
 
@@ -187,34 +210,59 @@ def _literal(value: Any) -> str:
     return "'" + str(value).replace("'", "''") + "'"
 
 
+@functools.lru_cache(maxsize=128)  # the same text each batch: the driver's statement cache finds it hashed
+def _entry_sql(entry: Entry, rows: int, width: int) -> str:
+    """An entry's statement for `rows` rows of `width` values, the k-th row's being parameters
+    ?(width * k + 1) to ?(width * k + width)."""
+    day, key, team, model, target, provider, dialect, stream, status, error, cache, attempts = map(_literal, entry)
+    tuples = []
+    for k in range(rows):
+        a = [f"?{width * k + i}" for i in range(1, width + 1)]
+        ttfb = f"{a[4]} * 1000" if entry[5] else "NULL"
+        texts = f"NULLIF({a[8]}, 0), NULLIF({a[9]}, 0)" if width == WIDTH else "NULL, NULL"
+        tuples.append(
+            f"({a[0]}, {a[1]}, {a[2]}, {day}, {key}, {team}, {model}, {target}, {provider}, {dialect}, {stream},"
+            f" {status}, {error}, {a[3]} * 1000, {ttfb}, {a[5]}, {a[6]}, {a[7]}, {cache}, {attempts}, {texts})"
+        )
+    return f"INSERT INTO requests ({COLUMNS}) VALUES {', '.join(tuples)} ON CONFLICT (day, id) DO NOTHING"
+
+
 def commit_batch(cur: Cursor, batch: Batch, db: Database) -> int:
     """Insert a batch straight from the queue (its ids are new: no look-up) and add it to its rollups."""
     if not batch.size:
         return 0
-    entries, groups = batch.entries, batch.groups
+    entries, groups, widths = batch.entries, batch.groups, batch.widths
     if db.postgres:
         db.ensure_days(cur, {e[0] for e in entries})
-        cur.execute(_INSERT_POSTGRES, (_encode(entries).decode(), _encode(groups).decode()))
+        nested = [_rows(g, w) for g, w in zip(groups, widths, strict=True)]
+        cur.execute(_INSERT_POSTGRES, (_encode(entries).decode(), _encode(nested).decode()))
     else:
-        few: tuple[list[Entry], list[list[Row]]] = ([], [])
-        for entry, group in zip(entries, groups, strict=True):
-            if len(group) < _LITERAL_ROWS or any("\0" in v for v in entry if isinstance(v, str)):
+        few: tuple[list[Entry], list[list[Any]], list[int]] = ([], [], [])
+        for entry, group, w in zip(entries, groups, widths, strict=True):
+            n = len(group) // w
+            if n < _LITERAL_ROWS or any("\0" in v for v in entry if isinstance(v, str)):
                 few[0].append(entry)  # a NUL cannot be written into a statement's text
                 few[1].append(group)
+                few[2].append(w)
                 continue
-            literals = [_literal(v) for v in entry]
-            ttfb = "?5 * 1000" if entry[5] else "NULL"
-            cur.executemany(_ENTRY_SQLITE.format(*literals, ttfb=ttfb), group)
+            start = 0
+            for rows in _ROWS_PER_STATEMENT:
+                end = start + (n - start) // rows * rows
+                if end > start:
+                    size = w * rows
+                    chunks = [group[i : i + size] for i in range(start * w, end * w, size)]
+                    cur.executemany(_entry_sql(entry, rows, w), chunks)
+                start = end
         if few[0]:
             cur.executemany(INSERT_SQLITE, full_rows(*few))
     sums: dict[tuple[str, str, str, str, str], list[int]] = {}
-    for entry, group in zip(entries, groups, strict=True):
-        n = len(group)
+    for entry, group, w in zip(entries, groups, widths, strict=True):
+        n = len(group) // w
         s = sums.setdefault(entry[:5], [0, 0, 0, 0, 0])
         s[0] += n
         s[1] += n if entry[8] >= 400 else 0
-        s[2] += sum(map(_tokens_in, group))
-        s[3] += sum(map(_tokens_out, group))
-        s[4] += sum(map(_cost, group))
+        s[2] += sum(group[5::w])
+        s[3] += sum(group[6::w])
+        s[4] += sum(group[7::w])
     cur.executemany(ROLLUP, [(*k, *v) for k, v in sums.items()])
     return batch.size

@@ -29,7 +29,7 @@ from typing import Any, Final, Protocol, cast
 import msgspec
 
 from gateway.config import LedgerConfig
-from gateway.ledger.batch import INSERT, INSERT_SQLITE, ROLLUP, Batch, Pending, Row, commit_batch, take
+from gateway.ledger.batch import INSERT, INSERT_SQLITE, ROLLUP, Batch, Pending, Row, commit_batch, pending, take
 from gateway.ledger.engine import Cursor, Database, LedgerDown
 from gateway.limits.usage import day_of
 from gateway.ops.metrics import Record
@@ -159,9 +159,12 @@ class Ledger:
         self.cfg = cfg
         self.db = Database(cfg.url)
         # Row ids: drawn here, in the worker, so that forked workers never share a prefix.
-        self._prefix = os.urandom(8).hex()
-        self._ids = itertools.count(1)
+        # Ids sort in the order they are drawn (the start time first, then a counter of fixed width), so a
+        # batch's rows are appended at the end of the primary key's index instead of spread through it.
+        self._prefix = f"{int(time.time()):08x}{os.urandom(6).hex()}"
+        self._ids = itertools.count(10**9)  # ten digits for the first nine billion rows
         self.queue: deque[Pending] = deque()
+        self._null = None if self.db.postgres else 0  # an absent prompt or completion (`batch.Batch`)
         self.cap = cfg.queue_rows
         self.batch_rows = cfg.batch_rows
         self.dropped = 0  # rows the full queue turned away
@@ -198,7 +201,7 @@ class Ledger:
         if len(queue) >= self.cap:
             self.dropped += 1
             return
-        queue.append((rec, elapsed_s, time.time()))
+        queue.append(pending(rec, elapsed_s, time.time(), self._null))
         if len(queue) == self.batch_rows and self._wake is not None:
             self._wake.set()
 
@@ -229,7 +232,7 @@ class Ledger:
                 log.exception("ledger writer turn failed")
 
     def _take(self) -> Batch:
-        return take(self.queue, self.teams, self._prefix, self._ids, None if self.db.postgres else 0)
+        return take(self.queue, self.teams, self._prefix, self._ids)
 
     async def flush(self) -> None:
         if self.dropped != self._dropped_logged:

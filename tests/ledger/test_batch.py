@@ -13,7 +13,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from gateway.ledger.batch import Pending, commit_batch, take
+from gateway.ledger.batch import commit_batch, pending, take
 from gateway.ledger.book import commit
 from gateway.ledger.engine import Database
 from gateway.ops.metrics import Record
@@ -25,16 +25,20 @@ from .conftest import query, totals
 DAY_END = 1_795_823_999.5  # 2026-11-27 23:59:59.5 UTC: a batch that spans midnight
 
 
-def records() -> list[Pending]:
+def records() -> list[tuple[Record, float, float]]:
     """Rows of every shape: many of one kind (SQLite's statement with literals), a few of others (bound),
     quotes and a NUL in text values, errors, cache outcomes, prompts kept, no usage, two days."""
-    out: list[Pending] = []
+    out: list[tuple[Record, float, float]] = []
     served = functools.partial(Record, model="fast", provider="demo", target="demo/long", attempts=1)
     usage = Usage(prompt_tokens=3, completion_tokens=7, total_tokens=10)
     for i in range(30):
         rec = served(request_id=f"req-{i}", dialect="openai", key="alice", usage=usage, upstream_s=0.25)
         rec.cost_pico = 17 * 10**9 + i
         out.append((rec, 0.5 + i / 1000, DAY_END - 1.5 + i / 10))  # the last ten end on the next day
+    for i in range(70):  # enough of one kind for SQLite's statements of 50 rows, then of 8, then of one
+        rec = served(request_id=f"bulk-{i}", dialect="openai", key="solo", usage=usage, upstream_s=0.125)
+        rec.cost_pico = 5 * 10**9 + i
+        out.append((rec, 0.25 + i / 1000, DAY_END - 200 + i))
     for i in range(12):  # a key name with a quote, prompts logged (one of them "0", one empty)
         rec = served(request_id=f"q-{i}", dialect="sgp", key="o'brien", stream=True, usage=usage)
         rec.prompt, rec.completion = ("0", "") if i == 0 else (f"say 'hi' {i}", None)
@@ -56,10 +60,12 @@ def book_both(url_batch: str, url_rows: str, expected: int) -> None:
     for url, as_rows in ((url_batch, False), (url_rows, True)):
         db = Database(url)
         db.migrate()
-        pending = records()
+        recs = records()
         if db.postgres:  # PostgreSQL's text cannot hold a NUL at all
-            pending = [p for p in pending if "\0" not in p[0].model]
-        batch = take(deque(pending), {"alice": "blue"}, "p", itertools.count(1), None if db.postgres else 0)
+            recs = [r for r in recs if "\0" not in r[0].model]
+        null = None if db.postgres else 0
+        queue = deque(pending(rec, elapsed, ended, null) for rec, elapsed, ended in recs)
+        batch = take(queue, {"alice": "blue"}, "p", itertools.count(1))
         if as_rows:  # replayed: plain rows, looked up first
             assert db.transaction(functools.partial(commit, rows=batch.full(), db=db)) == expected
         else:
@@ -75,10 +81,10 @@ def everything(url: str) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
 
 def test_a_batch_books_what_its_rows_would_sqlite(tmp_path: Path) -> None:
     a, b = f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'b.db'}"
-    book_both(a, b, 62)
+    book_both(a, b, 132)
     assert everything(a) == everything(b)
     rows, rolled = totals(a)
-    assert rows == rolled and rows[0] == 62
+    assert rows == rolled and rows[0] == 132
     one = query(
         a, "SELECT day, key_name, team, ttfb_ms, latency_ms, cost_pico FROM requests WHERE request_id = 'req-0'"
     )
@@ -98,10 +104,10 @@ def test_a_batch_books_what_its_rows_would_postgres(pg: PostgresServer) -> None:
     a = pg.url
     pg.fresh_database()
     b = pg.url
-    book_both(a, b, 53)
+    book_both(a, b, 123)
     assert everything(a) == everything(b)
     rows, rolled = totals(a)
-    assert rows == rolled and rows[0] == 53
+    assert rows == rolled and rows[0] == 123
     assert query(a, "SELECT key_name, team, ttfb_ms, stream FROM requests WHERE request_id = 'req-0'") == [
         ("alice", "blue", 250.0, 0)
     ]
@@ -115,9 +121,9 @@ def test_a_replayed_batch_books_nothing_twice(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     db = Database(url)
     db.migrate()
-    batch = take(deque(records()), {}, "p", itertools.count(1), 0)
-    assert db.transaction(functools.partial(commit_batch, batch=batch, db=db)) == 62
+    batch = take(deque(pending(*r, 0) for r in records()), {}, "p", itertools.count(1))
+    assert db.transaction(functools.partial(commit_batch, batch=batch, db=db)) == 132
     assert db.transaction(functools.partial(commit, rows=batch.full(), db=db)) == 0
     db.close()
     rows, rolled = totals(url)
-    assert rows == rolled and rows[0] == 62
+    assert rows == rolled and rows[0] == 132
