@@ -208,7 +208,8 @@ async def test_a_probe_that_failed_by_its_own_deadline_hands_the_probe_to_the_ne
     # The cooldown is over: this request is alpha's probe, and its own 1 ms deadline runs out there.
     late = await ask(p, inference_timeout=0.001)
     assert late.error is not None and late.error.status == 504
-    assert faults.order() == ["alpha", "beta", "alpha", "beta"]
+    # Whether beta is still reached in what is left of 1 ms depends on how busy the machine is.
+    assert faults.order()[:3] == ["alpha", "beta", "alpha"] and faults.order()[3:] in ([], ["beta"])
     # That said nothing about alpha: it is not cooled again, and the next request is its probe at once.
     assert (await state(p, "alpha")).cooling_ms == 0
     answer = await ask(p)
