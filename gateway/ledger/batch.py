@@ -4,13 +4,11 @@ The rows a gateway answers in one `flush_ms` mostly repeat the same day, key, te
 provider, dialect, status and so on: a `Batch` holds each distinct combination once (an entry) and
 groups the rows under it, each row keeping only what is its own (its ids, times, tokens and cost).
 
-SQLite: every entry with enough rows gets statements of its own with the entry's values written into
-them as literals, each taking up to 50 rows, so a row binds eight values (ten when it kept its prompt
-or completion) instead of twenty-two; binding and copying the text values was the largest part of the
-driver's work per row, and a statement per row paid the virtual machine's start and end and a hand-off
-of the interpreter's lock for every row. An entry with few rows (where preparing a statement would cost
-more than it saves) binds all twenty-two. PostgreSQL: the whole batch is one `INSERT ... SELECT` of two
-parameters, the entries and the rows, each one JSON array encoded in a single call.
+SQLite: an entry with enough rows gets statements of its own, its values written in as literals, each
+taking up to 50 rows, so a row binds eight values (ten with its prompt or completion) instead of
+twenty-two, and SQLite's virtual machine starts once per 50 rows, not per row. An entry with few rows
+(where preparing a statement would cost more than it saves) binds all twenty-two. PostgreSQL: the whole
+batch is one `INSERT ... SELECT` of two parameters, the entries and the rows, each one JSON array.
 """
 
 from __future__ import annotations
