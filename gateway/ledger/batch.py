@@ -4,11 +4,11 @@ The rows a gateway answers in one `flush_ms` mostly repeat the same day, key, te
 provider, dialect, status and so on: a `Batch` holds each distinct combination once (an entry) and
 groups the rows under it, each row keeping only what is its own (its ids, times, tokens and cost).
 
-SQLite: an entry with enough rows gets statements of its own, its values written in as literals, each
-taking up to 50 rows, so a row binds eight values (ten with its prompt or completion) instead of
-twenty-two, and SQLite's virtual machine starts once per 50 rows, not per row. An entry with few rows
-(where preparing a statement would cost more than it saves) binds all twenty-two. PostgreSQL: the whole
-batch is one `INSERT ... SELECT` of two parameters, the entries and the rows, each one JSON array.
+SQLite: an entry's rows go in statements of up to 50 rows that bind the entry's values once for all of
+them, so a row binds eight values (ten with its prompt or completion) instead of twenty-two, and
+SQLite's virtual machine starts once per 50 rows, not per row; every entry shares the same few statement
+texts, so nothing is prepared per entry. PostgreSQL: the whole batch is one `INSERT ... SELECT` of two
+parameters, the entries and the rows, each one JSON array.
 """
 
 from __future__ import annotations
@@ -55,14 +55,10 @@ ROLLUP: Final = (
     " completion_tokens = daily.completion_tokens + excluded.completion_tokens,"
     " cost_pico = daily.cost_pico + excluded.cost_pico"
 )
-# SQLite: an entry's statement takes 50, 8 or 1 of its rows at once, each a VALUES tuple of the entry's
-# values as literals and the row's own values as parameters (a few sizes: each is prepared once and
-# kept in the driver's statement cache). One statement per
-# row paid, per row, a run of SQLite's virtual machine from its start (cursors opened and closed) and a
-# release and take of the interpreter's lock (the driver lets go of it around every step).
+# SQLite: a statement takes 50, 8 or 1 rows of one entry at once (`_rows_sql`). One statement per row paid,
+# per row, a run of SQLite's virtual machine from its start (cursors opened and closed) and a release and
+# take of the interpreter's lock (the driver lets go of it around every step).
 _ROWS_PER_STATEMENT: Final = (50, 8, 1)
-# Below this many rows an entry binds every column (`INSERT_SQLITE`): preparing a statement costs more.
-_LITERAL_ROWS: Final = 8
 _INSERT_POSTGRES: Final = (
     f"INSERT INTO requests ({COLUMNS}) SELECT r->>0, r->>1, (r->>2)::float8, e->>0, e->>1, e->>2, e->>3,"
     " e->>4, e->>5, e->>6, (e->>7)::int, (e->>8)::int, e->>9, (r->>3)::float8 * 1000,"
@@ -200,23 +196,17 @@ def take(queue: deque[Pending], teams: dict[str, str], prefix: str, ids: Iterato
     return batch
 
 
-def _literal(value: Any) -> str:
-    if value is None:
-        return "NULL"
-    if isinstance(value, int):
-        return str(int(value))
-    return "'" + str(value).replace("'", "''") + "'"
-
-
-@functools.lru_cache(maxsize=128)  # the same text each batch: the driver's statement cache finds it hashed
-def _entry_sql(entry: Entry, rows: int, width: int) -> str:
-    """An entry's statement for `rows` rows of `width` values, the k-th row's being parameters
-    ?(width * k + 1) to ?(width * k + width)."""
-    day, key, team, model, target, provider, dialect, stream, status, error, cache, attempts = map(_literal, entry)
+@functools.cache  # at most twelve texts: (50, 8 or 1 rows) x (width) x (whether an upstream served)
+def _rows_sql(rows: int, width: int, upstream: bool) -> str:
+    """A statement for `rows` rows of one entry: the k-th row's own values are the parameters ?(width * k + 1)
+    to ?(width * k + width), the entry's twelve the ones after all rows', shared by every row (SQLite lets a
+    numbered parameter appear more than once)."""
+    shared = [f"?{width * rows + i}" for i in range(1, 13)]
+    day, key, team, model, target, provider, dialect, stream, status, error, cache, attempts = shared
     tuples = []
     for k in range(rows):
         a = [f"?{width * k + i}" for i in range(1, width + 1)]
-        ttfb = f"{a[4]} * 1000" if entry[5] else "NULL"
+        ttfb = f"{a[4]} * 1000" if upstream else "NULL"
         texts = f"NULLIF({a[8]}, 0), NULLIF({a[9]}, 0)" if width == WIDTH else "NULL, NULL"
         tuples.append(
             f"({a[0]}, {a[1]}, {a[2]}, {day}, {key}, {team}, {model}, {target}, {provider}, {dialect}, {stream},"
@@ -235,24 +225,23 @@ def commit_batch(cur: Cursor, batch: Batch, db: Database) -> int:
         nested = [_rows(g, w) for g, w in zip(groups, widths, strict=True)]
         cur.execute(_INSERT_POSTGRES, (_encode(entries).decode(), _encode(nested).decode()))
     else:
-        few: tuple[list[Entry], list[list[Any]], list[int]] = ([], [], [])
+        # Every entry's rows in statements of 50, then 8, then 1, each statement's parameters its rows' own
+        # values then the entry's; one `executemany` per statement text for the whole batch.
+        runs: dict[str, list[list[Any]]] = {}
         for entry, group, w in zip(entries, groups, widths, strict=True):
+            shared = list(entry)
             n = len(group) // w
-            if n < _LITERAL_ROWS or any("\0" in v for v in entry if isinstance(v, str)):
-                few[0].append(entry)  # a NUL cannot be written into a statement's text
-                few[1].append(group)
-                few[2].append(w)
-                continue
+            upstream = bool(entry[5])
             start = 0
             for rows in _ROWS_PER_STATEMENT:
                 end = start + (n - start) // rows * rows
                 if end > start:
                     size = w * rows
-                    chunks = [group[i : i + size] for i in range(start * w, end * w, size)]
-                    cur.executemany(_entry_sql(entry, rows, w), chunks)
+                    run = runs.setdefault(_rows_sql(rows, w, upstream), [])
+                    run.extend(group[i : i + size] + shared for i in range(start * w, end * w, size))
                 start = end
-        if few[0]:
-            cur.executemany(INSERT_SQLITE, full_rows(*few))
+        for sql, params in runs.items():
+            cur.executemany(sql, params)
     sums: dict[tuple[str, str, str, str, str], list[int]] = {}
     for entry, group, w in zip(entries, groups, widths, strict=True):
         n = len(group) // w

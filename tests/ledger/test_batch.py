@@ -26,7 +26,7 @@ DAY_END = 1_795_823_999.5  # 2026-11-27 23:59:59.5 UTC: a batch that spans midni
 
 
 def records() -> list[tuple[Record, float, float]]:
-    """Rows of every shape: many of one kind (SQLite's statement with literals), a few of others (bound),
+    """Rows of every shape: many of one kind (SQLite's statements of 50 rows), a few of others,
     quotes and a NUL in text values, errors, cache outcomes, prompts kept, no usage, two days."""
     out: list[tuple[Record, float, float]] = []
     served = functools.partial(Record, model="fast", provider="demo", target="demo/long", attempts=1)
@@ -44,7 +44,7 @@ def records() -> list[tuple[Record, float, float]]:
         rec.prompt, rec.completion = ("0", "") if i == 0 else (f"say 'hi' {i}", None)
         rec.cache_outcome = "miss"
         out.append((rec, 1.25, DAY_END - 100))
-    for i in range(9):  # a model with a NUL: never written into a statement's text
+    for i in range(9):  # a model with a NUL (bound as a parameter, never part of a statement)
         out.append((Record(request_id=f"n-{i}", dialect="openai", model="bad\0model", status=404), 0.01, DAY_END - 50))
     for i in range(10):  # refused before any call: no target, no provider, no time to a first byte
         rec = Record(request_id=f"anon-{i}", dialect="pais", status=401, error_code="invalid_api_key", upstream_s=0.1)
