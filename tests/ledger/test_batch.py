@@ -13,7 +13,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from gateway.ledger.batch import commit_batch, pending, take
+from gateway.ledger.batch import _rows_sql, commit_batch, pending, take
 from gateway.ledger.book import commit
 from gateway.ledger.engine import Database
 from gateway.ops.metrics import Record
@@ -127,3 +127,25 @@ def test_a_replayed_batch_books_nothing_twice(tmp_path: Path) -> None:
     db.close()
     rows, rolled = totals(url)
     assert rows == rolled and rows[0] == 132
+
+
+def test_many_kinds_of_rows_share_a_dozen_statements(tmp_path: Path) -> None:
+    """200 keys of 9 rows each: every key's rows are booked, through the same few statement texts."""
+    url = f"sqlite:///{tmp_path / 'many.db'}"
+    db = Database(url)
+    db.migrate()
+    recs = [
+        Record(
+            request_id=f"m-{k}-{i}", dialect="openai", key=f"key-{k}", model="fast", provider="demo", target="demo/long"
+        )
+        for k in range(200)
+        for i in range(9)
+    ]
+    queue = deque(pending(rec, 0.5, DAY_END - 10, 0) for rec in recs)
+    batch = take(queue, {}, "p", itertools.count(1))
+    assert len(batch.entries) == 200
+    assert db.transaction(functools.partial(commit_batch, batch=batch, db=db)) == 1800
+    db.close()
+    assert _rows_sql.cache_info().currsize <= 12
+    assert query(url, "SELECT count(*), count(DISTINCT key_name) FROM requests") == [(1800, 200)]
+    assert query(url, "SELECT sum(requests) FROM daily") == [(1800,)]
