@@ -332,14 +332,15 @@ class Lookup(msgspec.Struct):
         result.headers["x-gateway-cache"] = self.state
         return result
 
-    def count(self, rec: Record) -> None:
-        """The lookup counted, by its state and model, once the request is admitted."""
+    def count(self, rec: Record) -> Series | None:
+        """The lookup counted, by its state and model, once the request is admitted; the model's series (None
+        without metrics), to which a miss adds the bytes it stored."""
         cache, state = self.cache, self.state
         rec.cache_outcome = state
         metrics = cache.metrics
         if metrics is None:
             cache.counts[state] += 1
-            return
+            return None
         series = cache.series.get(rec.model) or cache.series_of(rec.model)
         rec.label = series.label  # for the metrics and the usage booking, which fold it otherwise
         lookups = series.lookups
@@ -349,6 +350,7 @@ class Lookup(msgspec.Struct):
                 metrics.tally.arm()
             pending[series] = 0.0  # the tally flushes it (`Series.inc`)
         lookups[state] = lookups.get(state, 0) + 1
+        return series
 
     def done(self, rec: Record, body: bytes) -> None:
         """A `direct` miss answered: counted, its answer (`body`, the client's JSON) stored in memory and handed
@@ -370,7 +372,7 @@ class Lookup(msgspec.Struct):
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(entry)
-        digest, state = self.digest, self.state
+        digest = self.digest
         if self.leading:
             # Its own: a leading request is the one `inflight` holds (and `abandon` after this finds it gone).
             del cache.inflight[digest]
@@ -386,22 +388,9 @@ class Lookup(msgspec.Struct):
                 memory.keep(digest, self.tag, entry, counted, pol.ttl_s)  # type: ignore[union-attr]
         else:
             counted = 0
-        # `count`, inlined with the stored bytes' count: all a plain miss adds to the request.
-        rec.cache_outcome = state
-        metrics = cache.metrics
-        if metrics is None:
-            cache.counts[state] += 1
-            return
-        series = cache.series.get(rec.model) or cache.series_of(rec.model)
-        rec.label = series.label
-        lookups = series.lookups
-        if not lookups:
-            pending = metrics.tally.pending
-            if not pending:
-                metrics.tally.arm()
-            pending[series] = 0.0
-        lookups[state] = lookups.get(state, 0) + 1
-        series.stored += counted
+        series = self.count(rec)
+        if series is not None:
+            series.stored += counted
 
     def replay(self, job: JobLike, rec: Record, make: Make[R]) -> R:
         entry = self.entry
