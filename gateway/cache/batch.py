@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from gateway.cache.entry import VERSION, Entry, dump, finished, merged
+from gateway.cache.entry import VERSION, Entry, dump, dump_events, finished, held, merged
 from gateway.cache.job import Storing
 from gateway.cache.store import MemoryStore
 from gateway.upstream.framing import sse_event
@@ -190,7 +190,7 @@ def store_batch(
         raw = dump(entry)  # an entry of events counts as its encoding, in memory too (`entry.size`)
         if len(raw) <= pol.max_entry_bytes:
             if here:
-                memory.keep(lookup.keys[i], lookup.tag, entry, len(raw), pol.ttl_s)
+                memory.keep(lookup.keys[i], lookup.tag, raw, len(raw), pol.ttl_s)
             else:
                 remote.append((lookup.keys[i], raw))
             stored += len(raw)
@@ -208,22 +208,45 @@ def store_one(
             return None
     elif not finished(events, n):
         return None  # a choice without its finish reason: not an answer that completed normally
-    answer, cache, pol = lookup.answer, lookup.cache, lookup.policy
-    assert pol is not None
+    entry = _head(lookup, usage, provider, target, events)
+    return _kept(lookup, dump(entry), entry, prompt)
+
+
+def store_stream(
+    lookup: Storing, events: bytearray, count: int, usage: Usage | None, prompt: int, provider: str, target: str
+) -> bytes | None:
+    """`store_one` for a stream of one prompt whose `count` events the relay's chunks were encoded into as they
+    came (`entry.add_event`): its entry is made from them without decoding them (decoded only for a request
+    that waits for it). The caller checked that every choice got its finish reason."""
+    return _kept(lookup, dump_events(_head(lookup, usage, provider, target, []), events, count), None, prompt)
+
+
+def _head(lookup: Storing, usage: Usage | None, provider: str, target: str, events: list[list[Choice]]) -> Entry:
+    answer = lookup.answer
     fingerprint = answer.system_fingerprint if answer is not None else None
-    entry = Entry(VERSION, cache.clock(), lookup.rec.model, provider, target, usage, events, fingerprint)
+    return Entry(VERSION, lookup.cache.clock(), lookup.rec.model, provider, target, usage, events, fingerprint)
+
+
+def _kept(lookup: Storing, raw: bytes, entry: Entry | None, prompt: int) -> bytes | None:
+    """The entry `raw` (its `dump`; `entry` when made) handed to whoever waits for it, stored in memory when it
+    fits, or returned for a remote store to be sent."""
+    cache, pol = lookup.cache, lookup.policy
+    assert pol is not None
+    memory: MemoryStore = cache.memory
+    here = pol.store is memory
     if lookup.leading and len(lookup.keys) == 1:
-        lookup.result = [entry]
         waiter = lookup.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(entry)
-    raw = dump(entry)  # an entry of events counts as its encoding, in memory too (`entry.size`)
-    if len(raw) > pol.max_entry_bytes:
+        waits = waiter is not None and not waiter.done()
+        if waits or not here:  # a remote store is written after an await: one may come to wait meanwhile
+            entry = entry if entry is not None else held(raw)
+            lookup.result = [entry]
+            if waits:
+                waiter.set_result(entry)  # type: ignore[union-attr]
+    if len(raw) > pol.max_entry_bytes:  # an entry of events counts as its encoding, in memory too
         return None
     cache.count_stored(lookup.rec, len(raw))
-    memory: MemoryStore = cache.memory
-    if pol.store is memory:
-        memory.keep(lookup.keys[prompt], lookup.tag, entry, len(raw), pol.ttl_s)
+    if here:
+        memory.keep(lookup.keys[prompt], lookup.tag, raw, len(raw), pol.ttl_s)
         return None
     return raw
 
@@ -231,6 +254,7 @@ def store_one(
 __all__ = [
     "store_batch",
     "store_one",
+    "store_stream",
     "assembled",
     "completed",
     "join_answer",

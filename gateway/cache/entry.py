@@ -13,6 +13,7 @@ entry is a miss, never an error.
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 from typing import Final
 
@@ -62,9 +63,10 @@ def events_of(entry: Entry) -> Entry:
     return entry
 
 
-# What an entry holding a buffered answer's client bytes counts besides them (its times, names, usage and
-# fingerprint): a little more than they take encoded, so counting its `body` alone is close to its encoding.
-OVERHEAD: Final = 128
+# What an entry holding a buffered answer's client bytes counts besides them: the memory its struct, times,
+# names and usage take in the process (measured, rounded up: tests/cache/test_memory_held.py), which is more
+# than they take encoded.
+OVERHEAD: Final = 320
 
 
 def size(entry: Entry) -> int:
@@ -84,13 +86,67 @@ def dump(entry: Entry) -> bytes:
 
 def load(raw: bytes | None, max_bytes: int) -> Entry | None:
     """The entry in `raw`, or None for anything else: absent, too large, foreign, corrupt, another version."""
-    if raw is None or len(raw) > max_bytes or not raw.startswith(MAGIC):
+    found = read(raw, max_bytes)
+    return found if type(found) is Entry else None
+
+
+def read(raw: bytes | None, max_bytes: int) -> Entry | str | None:
+    """The entry in `raw` (from outside the process: checked whole, so that serving it cannot fail), None when
+    absent or of another version, else what is wrong with it."""
+    if raw is None:
         return None
+    if len(raw) > max_bytes:
+        return "larger than max_entry_bytes"
+    if not raw.startswith(MAGIC):
+        return None if raw.startswith(b"gwc") else "not a cache entry"  # gwc<n>: another version's
     try:
         entry = _decode(memoryview(raw)[len(MAGIC) :])
+        if entry.version != VERSION:
+            return None
+        if not math.isfinite(entry.stored):
+            return "its time is not a number"
+        if entry.body is not None and (entry.body.find(b',"choices":') <= 0 or not _rest(entry.body).choices):
+            return "its answer is not one"
     except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError):
-        return None
-    return entry if entry.version == VERSION else None
+        return "undecodable"
+    return entry
+
+
+def held(raw: bytes) -> Entry:
+    """An entry the memory store holds encoded (`dump`, made by this process): as served."""
+    return _decode(memoryview(raw)[len(MAGIC) :])
+
+
+_encode_into = msgspec.msgpack.Encoder().encode_into
+
+
+def add_event(buf: bytearray, choices: list[Choice]) -> None:
+    """One stream event's choices appended to `buf`, encoded as an entry holds them (see `dump_events`)."""
+    _encode_into(choices, buf, -1)
+
+
+def _array(count: int) -> bytes:
+    """A MessagePack array's header."""
+    if count < 16:
+        return bytes((0x90 | count,))
+    return (b"\xdc" + count.to_bytes(2, "big")) if count < 1 << 16 else (b"\xdd" + count.to_bytes(4, "big"))
+
+
+def dump_events(head: Entry, events: bytes | bytearray, count: int) -> bytes:
+    """`dump` of `head` holding the `count` events encoded one after another in `events` (`add_event`): the
+    same bytes, made without decoding them."""
+    first = encode_entry((head.version, head.stored, head.model, head.provider, head.target, head.usage))
+    last = encode_entry((head.system_fingerprint, head.body))
+    # `first` opens a 6-item array (0x96): the entry is 9 items, its events the 7th.
+    return b"".join((MAGIC, b"\x99", memoryview(first)[1:], _array(count), events, memoryview(last)[1:]))
+
+
+_events = msgspec.msgpack.Decoder(list[list[Choice]]).decode
+
+
+def decode_events(events: bytes | bytearray, count: int) -> list[list[Choice]]:
+    """The `count` events encoded one after another in `events` (`add_event`)."""
+    return _events(_array(count) + events)
 
 
 def merged(events: list[list[Choice]]) -> list[Choice]:
@@ -184,15 +240,20 @@ __all__ = [
     "OVERHEAD",
     "VERSION",
     "Entry",
+    "add_event",
     "answer",
     "buffered_body",
     "client_body",
+    "decode_events",
     "dump",
+    "dump_events",
     "events_of",
     "encode_entry",
     "finished",
+    "held",
     "load",
     "merged",
+    "read",
     "replay_stream",
     "size",
 ]

@@ -18,9 +18,11 @@ from typing import Any, Final, cast
 import msgspec
 from msgspec.structs import replace
 
-from gateway.cache.batch import assembled, completed, prompt_items, spliced, store_batch, store_one
+from gateway.cache import entry as entries  # `add_event`, `decode_events`: a stream's chunks, as they come
+from gateway.cache.batch import assembled, completed, prompt_items, spliced, store_batch, store_one, store_stream
 from gateway.cache.counts import Series
 from gateway.cache.entry import OVERHEAD, VERSION, Entry, buffered_body, events_of, finished, replay_stream
+from gateway.cache.inflight import deadline_of, wait_for
 from gateway.cache.job import J, JobLike, Make, R
 from gateway.cache.key import cache_key, canonical, model_tag
 from gateway.cache.policy import (
@@ -35,13 +37,13 @@ from gateway.cache.policy import (
     cache_miss,
     deterministic,
 )
-from gateway.cache.store import MemoryStore, RedisStore
+from gateway.cache.store import SLOT, MemoryStore, RedisStore
 from gateway.config import LoadedConfig
 from gateway.limits.admission import Admission
 from gateway.ops.metrics import Metrics, Record
 from gateway.state import SharedState
-from wire.errors import GatewayError
-from wire.schema import Choice, Completion, CompletionRequest, Usage, encode
+from gateway.upstream.plan import Plan
+from wire.schema import Completion, CompletionRequest, Usage, encode
 
 _NO_ITEMS: Final = cast(list[Any], ())
 
@@ -66,7 +68,6 @@ class Cache:
         # On the cache's clock: `Lookup.done` reads it once for the entry's `stored` time and its expiry.
         self.memory = MemoryStore(cfg.cache.max_bytes, clock=clock, on_evict=on_evict)
         self.redis = RedisStore(shared) if shared.configured else None
-        self.total_timeout_s = cfg.timeouts.total_ms / 1000
 
         self.policies = Policies(loaded, self.memory, self.redis)
         self._policies, self._scopes = self.policies.known, self.policies.scopes  # probed on every request
@@ -94,10 +95,11 @@ class Cache:
             series.stored += size
 
     def lookup(
-        self, req: CompletionRequest, key: str | None, headers: Mapping[str, str], rec: Record
+        self, req: CompletionRequest, key: str | None, headers: Mapping[str, str], rec: Record, plan: Plan
     ) -> Lookup | None | Coroutine[Any, Any, Lookup | None]:
         """None when no cache covers the request's model; else what the cache found for it: as is when found in
-        memory, or a coroutine to await when a Redis read or an identical request in flight must be waited for."""
+        memory, or a coroutine to await when a Redis read or an identical request in flight must be waited for
+        (no longer than the request's own deadline: its `inference_timeout`, else its `plan`'s `total_ms`)."""
         pol, tag = self._policies.get(req.model) or self.policies.of(req.model)
         if pol is None:
             return None
@@ -133,7 +135,7 @@ class Cache:
             digest = digest or cache_key(req, self.policies.scope(pol, key))
             lookup = Lookup(self, MISS, rec, pol, digest, tag, 1, False, False, [digest], [prompt])
             if cc.no_cache:
-                return self._decide(lookup, req, cc, [])
+                return self._decide(lookup, req, cc, [], plan)
             if pol.memory:
                 entry = self.memory.fetch(digest)
                 if cc is NO_CONTROLS:
@@ -145,7 +147,7 @@ class Cache:
                         lookup.direct = not req.stream  # a stream goes through `serve`
                         self.inflight[digest] = lookup
                         return lookup
-                return self._decide(lookup, req, cc, [entry])
+                return self._decide(lookup, req, cc, [entry], plan)
         else:
             prompts = prompt_items(prompt)
             scope = self.policies.scope(pol, key)
@@ -155,18 +157,18 @@ class Cache:
             digest = keys[0] if len(keys) == 1 else cache_key(req, scope)
             lookup = Lookup(self, MISS, rec, pol, digest, tag, 1, False, False, keys, prompts)
             if cc.no_cache:
-                return self._decide(lookup, req, cc, [])
-        return self._read(lookup, req, cc)
+                return self._decide(lookup, req, cc, [], plan)
+        return self._read(lookup, req, cc, plan)
 
-    async def _read(self, lookup: Lookup, req: CompletionRequest, cc: Controls) -> Lookup:
+    async def _read(self, lookup: Lookup, req: CompletionRequest, cc: Controls, plan: Plan) -> Lookup:
         pol = lookup.policy
         assert pol is not None
         stored = await pol.store.get_many(lookup.keys, lookup.tag, pol.max_entry_bytes)
-        decided = self._decide(lookup, req, cc, stored)
+        decided = self._decide(lookup, req, cc, stored, plan)
         return decided if isinstance(decided, Lookup) else await decided
 
     def _decide(
-        self, lookup: Lookup, req: CompletionRequest, cc: Controls, stored: list[Entry | None]
+        self, lookup: Lookup, req: CompletionRequest, cc: Controls, stored: list[Entry | None], plan: Plan
     ) -> Lookup | Coroutine[Any, Any, Lookup]:
         """What the entries read say: a hit, a wait for the identical request in flight, or a miss."""
         n = lookup.n = req.n or 1
@@ -180,12 +182,22 @@ class Cache:
                 return lookup.served_by(HIT, assembled(found, n))  # type: ignore[arg-type]
             ahead = self.inflight.get(lookup.digest)
             if ahead is not None and not cc.only_if_cached:
-                return self._coalesce(ahead, lookup, req, cc)
+                return self._coalesce(ahead, lookup, req, cc, plan)
         return self._miss(lookup, req, cc)
 
-    async def _coalesce(self, ahead: Lookup, lookup: Lookup, req: CompletionRequest, cc: Controls) -> Lookup:
-        entry = await self._wait(ahead, req, lookup.n)
-        return lookup.served_by(COALESCED, entry) if entry is not None else self._miss(lookup, req, cc)
+    async def _coalesce(
+        self, ahead: Lookup, lookup: Lookup, req: CompletionRequest, cc: Controls, plan: Plan
+    ) -> Lookup:
+        """The answer of the identical request in flight (`ahead`), by this request's own deadline: when `ahead`
+        fails, this one asks; when its client stopped reading, the first request waiting asks in its place."""
+        deadline = deadline_of(req, plan)
+        while True:
+            entry = await wait_for(ahead, lookup.n, deadline)
+            if entry is not None:
+                return lookup.served_by(COALESCED, entry)
+            ahead = self.inflight.get(lookup.digest) if ahead.blocked else None  # type: ignore[assignment]
+            if ahead is None:
+                return self._miss(lookup, req, cc)
 
     def _miss(self, lookup: Lookup, req: CompletionRequest, cc: Controls) -> Lookup:
         if cc.only_if_cached:
@@ -198,25 +210,6 @@ class Cache:
         # `Pipeline.complete` calls `done` for a buffered one (a stream goes through `serve`).
         lookup.direct = len(lookup.keys) == 1 and lookup.policy.store is self.memory and not req.stream  # type: ignore[union-attr]
         return lookup
-
-    async def _wait(self, ahead: Lookup, req: CompletionRequest, n: int) -> Entry | None:
-        """The answer of the identical request in flight, within this request's own deadline. Its future
-        is made by the first request that waits: a request nobody waits for makes none."""
-        if ahead.result is not None:
-            return assembled(ahead.result, n)  # stored, its leader not yet gone from `inflight`
-        waiting = ahead.waiter
-        if waiting is None:
-            waiting = ahead.waiter = asyncio.get_running_loop().create_future()
-        t = req.inference_timeout
-        deadline = float(t) if isinstance(t, (float, int)) else self.total_timeout_s
-        try:
-            return await asyncio.wait_for(asyncio.shield(waiting), deadline)
-        except TimeoutError:
-            raise GatewayError(
-                "The identical request in flight, whose answer this one waited for, did not answer in time",
-                status=504,
-                code="deadline_exceeded",
-            ) from None
 
     def adopt(self, previous: Cache) -> None:
         """A config reload keeps what the memory store holds, and the counts (the previous cache's `Series`
@@ -241,6 +234,7 @@ class Cache:
             "memory_bytes": size,
             "memory_max_bytes": self.memory.max_bytes,
             "evictions": self.memory.evictions,
+            "redis_not_entries": self.redis.corrupt if self.redis is not None else 0,
         }
 
 
@@ -268,7 +262,13 @@ class Lookup(msgspec.Struct):
     entry: Entry | None = None  # what a hit (or a coalesced request) is answered with
     waiter: asyncio.Future[Entry | None] | None = None  # made by the first that waits
     result: list[Entry] | None = None  # what it stored, for one that comes to wait after
-    events: list[list[Choice]] | None = None  # a stream's chunks, as the relay sends them
+    # A stream's chunks, encoded as the relay sends them (`entry.add_event`), while they can still be stored:
+    # how many, which choices got their finish reason, and what they may come to before they cannot.
+    buf: bytearray | None = None
+    parts: int = 0
+    ended: set[int] | None = None
+    room: int = 0
+    blocked: float = 0.0  # a leading stream's client has been taking a chunk since then (the loop's time)
     answer: Completion | None = None  # a buffered answer, as the pipeline encodes it
     missing: list[int] = _NO_ITEMS  # the prompts (by their place in the request) the upstream is asked for
 
@@ -299,7 +299,10 @@ class Lookup(msgspec.Struct):
             job.req = replace(job.req, prompt=sub)
             job.ctx.prompts = sub if isinstance(sub[0], str) else None
         if job.req.stream:
-            self.events = [] if self.policy is not None else None
+            pol = self.policy
+            if pol is not None:
+                # What the stream's entries could count at most: past it, nothing more is held for them.
+                self.buf, self.ended, self.room = bytearray(), set(), pol.max_entry_bytes * len(missing)
             try:
                 result = await streamed(job, rec)
             except BaseException:
@@ -380,7 +383,7 @@ class Lookup(msgspec.Struct):
             # `MemoryStore.keep`, inlined for its common case: a new key that fits without an eviction. The
             # memory store's clock is the cache's: the entry expires `ttl_s` after `stored`.
             memory = cache.memory
-            entries, cost = memory.entries, counted + len(digest)
+            entries, cost = memory.entries, counted + len(digest) + SLOT
             if digest not in entries and memory.bytes + cost <= memory.max_bytes:
                 entries[digest] = (entry, stored + pol.ttl_s, self.tag, cost)  # type: ignore[union-attr]
                 memory.bytes += cost
@@ -416,19 +419,30 @@ class Lookup(msgspec.Struct):
     # -- the hooks the relay calls on a streamed miss ----------------------------------------------
 
     def chunk(self, c: Completion) -> None:
-        if self.events is not None:
-            self.events.append(c.choices)
+        buf = self.buf
+        if buf is not None:
+            choices = c.choices
+            entries.add_event(buf, choices)
+            self.parts += 1
+            for ch in choices:
+                if ch.finish_reason is not None:
+                    self.ended.add(ch.index)  # type: ignore[union-attr]
+            if len(buf) > self.room:
+                # Too large to store: what was held is let go, and whoever waits for it asks for itself now.
+                self.buf = None
+                self.abandon()
 
     async def finish(self, usage: Usage | None, served: tuple[str, str]) -> None:
         """A stream that ended normally on the target it started on: its chunks become the entries."""
-        events, self.events = self.events, None
-        if events is not None and self.policy is not None:
+        buf, self.buf = self.buf, None
+        if buf is not None and self.policy is not None:
             missing = self.missing
             if len(missing) == 1:
-                raw = store_one(self, events, usage, missing[0], served[0], served[1])
+                whole = len(self.ended or ()) >= self.n  # every choice got its finish reason
+                raw = store_stream(self, buf, self.parts, usage, missing[0], *served) if whole else None
                 remote = [(self.keys[missing[0]], raw)] if raw is not None else None
             else:
-                remote = store_batch(self, events, usage, missing, served)
+                remote = store_batch(self, entries.decode_events(buf, self.parts), usage, missing, served)
             if remote:
                 await self._send(remote)
         self.abandon()
@@ -454,9 +468,12 @@ class Lookup(msgspec.Struct):
             del inflight[self.digest]
 
     async def _released(self, stream: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        now = asyncio.get_running_loop().time
         try:
             async for chunk in stream:
+                self.blocked = now()  # until the client has taken it (`inflight.wait_for` reads it)
                 yield chunk
+                self.blocked = 0.0
         finally:
             self.abandon()
             await stream.aclose()  # type: ignore[attr-defined]

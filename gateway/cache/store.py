@@ -11,18 +11,26 @@ fails a request.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
 import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
 
-from gateway.cache.entry import Entry, load
+from gateway.cache.entry import Entry, held, read
 from gateway.cache.key import digest
 from gateway.state import Degraded, SharedState
 
 PREFIX: Final = "gwcache:"
+# What the memory store spends on each entry besides its counted size and its key's bytes: the key's and
+# value's object headers, the expiry, the count and the LRU's own node (measured, rounded up:
+# tests/cache/test_memory_held.py).
+SLOT: Final = 288
+
+log = logging.getLogger("gateway.cache")
 
 
 class Store(Protocol):
@@ -36,7 +44,11 @@ class Store(Protocol):
 
 
 class MemoryStore:
-    """An LRU of decoded entries whose counted sizes (`entry.size`, plus the key) never sum past `max_bytes`."""
+    """An LRU of entries whose counted sizes (`entry.size`, plus the key and `SLOT`) never sum past `max_bytes`.
+
+    An entry holding a buffered answer's client bytes is kept as it is; one holding events (a stream's chunks,
+    a batch's prompt) is kept encoded (`dump`) and decoded when served: as objects its events would take
+    several times the bytes they count."""
 
     kind = "memory"
 
@@ -50,8 +62,8 @@ class MemoryStore:
         self.max_bytes = max_bytes
         self.clock = clock
         self.on_evict = on_evict
-        # per key: the entry, when it expires, its model tag, and what it counts in `bytes` (key included)
-        self.entries: OrderedDict[bytes, tuple[Entry, float, str, int]] = OrderedDict()
+        # per key: the entry (or its `dump`), when it expires, its model tag, and what it counts in `bytes`
+        self.entries: OrderedDict[bytes, tuple[Entry | bytes, float, str, int]] = OrderedDict()
         self.bytes = 0
         self.evictions = 0
 
@@ -67,14 +79,16 @@ class MemoryStore:
             self._drop(key)
             return None
         self.entries.move_to_end(key)
-        return found[0]
+        value = found[0]
+        return value if type(value) is Entry else held(value)  # type: ignore[arg-type]
 
     async def get_many(self, keys: list[bytes], tag: str, max_bytes: int) -> list[Entry | None]:
         return [self.fetch(k) for k in keys]  # stored within `max_entry_bytes` already
 
-    def keep(self, key: bytes, tag: str, entry: Entry, size: int, ttl_s: int) -> None:
-        """`entry` stored under `key`, counted as `size` (`entry.size`) plus the key's length."""
-        cost = size + len(key)
+    def keep(self, key: bytes, tag: str, entry: Entry | bytes, size: int, ttl_s: int) -> None:
+        """`entry` (or its `dump`) stored under `key`, counted as `size` (`entry.size`), the key's length and
+        `SLOT`."""
+        cost = size + len(key) + SLOT
         if cost > self.max_bytes:
             return
         if key in self.entries:
@@ -117,20 +131,37 @@ class RedisStore:
 
     def __init__(self, shared: SharedState) -> None:
         self.shared = shared
+        self.corrupt = 0  # values read that were not entries: each a miss, counted and logged once
 
     async def _get(self, key: bytes, tag: str) -> bytes | None:
         name = f"{PREFIX}{tag}:{digest(key)}"
+
+        async def get(r: aioredis.Redis) -> Any:
+            try:
+                return await r.get(name)
+            except ResponseError:
+                return None  # not a string (WRONGTYPE): that value's fault, not Redis's (`_entry` counts it)
+
         try:
-            value = await self.shared.run(lambda r: r.get(name))
+            value = await self.shared.run(get)
         except Degraded:
             return None
-        return value if isinstance(value, bytes) else None
+        return value if isinstance(value, bytes) else b"" if value is not None else None
+
+    def _entry(self, raw: Any, max_bytes: int) -> Entry | None:
+        """`raw` (a value read) as an entry, or a miss; a value that is not one is counted and logged."""
+        found = read(raw, max_bytes) if isinstance(raw, bytes) else None
+        if found is None or type(found) is Entry:
+            return found
+        self.corrupt += 1
+        log.warning("cache: a Redis value read as an entry was %s; served as a miss (it is overwritten)", found)
+        return None
 
     async def get_many(self, keys: list[bytes], tag: str, max_bytes: int) -> list[Entry | None]:
         """The entries stored under `keys`: None for each absent, larger than `max_bytes`, or not this
         version's entry."""
         if len(keys) == 1:
-            return [load(await self._get(keys[0], tag), max_bytes)]
+            return [self._entry(await self._get(keys[0], tag), max_bytes)]
         names = [f"{PREFIX}{tag}:{digest(k)}" for k in keys]
         values: list[Any]
         try:
@@ -141,7 +172,7 @@ class RedisStore:
                 values = await self.shared.run(lambda r: r.mget(names))
         except Degraded:
             return [None] * len(keys)
-        return [load(v, max_bytes) if isinstance(v, bytes) else None for v in values]
+        return [self._entry(v, max_bytes) for v in values]
 
     async def put(self, key: bytes, tag: str, value: bytes, ttl_s: int) -> None:
         """`value` (an entry's `dump`) stored under `key` for `ttl_s`."""
@@ -175,4 +206,4 @@ class RedisStore:
         return -1, -1  # not counted per replica: Redis's own INFO says what it holds
 
 
-__all__ = ["PREFIX", "MemoryStore", "RedisStore", "Store"]
+__all__ = ["PREFIX", "SLOT", "MemoryStore", "RedisStore", "Store"]

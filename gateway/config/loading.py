@@ -215,6 +215,7 @@ def parse_config(text: str, source: str = "config.yaml", env: dict[str, str] | N
     if isinstance(data.get("prices"), dict):
         for model, price in data["prices"].items():  # one by one, so an error names the model
             _convert(price, PriceConfig, f"prices.{model}", source)
+    _cache_modes(data, source)
     cfg: GatewayConfig = _convert(data, GatewayConfig, "", source)
     providers: dict[str, ProviderConfig] = {}
     for name, pdata in cfg.providers.items():
@@ -227,6 +228,27 @@ def parse_config(text: str, source: str = "config.yaml", env: dict[str, str] | N
         _check_kind(providers[str(name)], f"providers.{name}", source)
     _check(cfg, providers, source)
     return LoadedConfig(source=source, config=cfg, providers=providers, missing_env=missing)
+
+
+def _cache_modes(data: dict[str, Any], source: str) -> None:
+    """`mode: off` unquoted, which YAML 1.1 reads as the boolean false (like `no`), means `off`; an unquoted
+    `on`, `yes` or `true` (read as true) names no mode (deterministic or always?) and is refused saying so."""
+    blocks: list[tuple[str, Any]] = [("cache", data.get("cache"))]
+    providers = data.get("providers")
+    if isinstance(providers, dict):
+        blocks += [(f"providers.{name}.cache", p.get("cache")) for name, p in providers.items() if isinstance(p, dict)]
+    models = data.get("models")
+    if isinstance(models, list):
+        blocks += [(f"models[{i}].cache", m.get("cache")) for i, m in enumerate(models) if isinstance(m, dict)]
+    for path, block in blocks:
+        if not isinstance(block, dict) or not isinstance(block.get("mode"), bool):
+            continue
+        if block["mode"]:
+            raise ConfigError(
+                f"{source}: {path}.mode: YAML reads an unquoted on/yes/true as true, which names no mode; "
+                "write deterministic, always or off"
+            )
+        block["mode"] = "off"
 
 
 def _userinfo(url: str) -> bool:

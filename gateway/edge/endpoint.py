@@ -16,7 +16,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, Final
 from urllib.parse import quote
 
@@ -145,6 +145,18 @@ async def _relay(result: Result, send: Send) -> None:
 _REQUEST_ID: Final = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
 
 
+def joined(headers: dict[str, str], raw: Iterable[tuple[bytes, bytes]]) -> None:
+    """Each header the client sent on several lines as one value, its lines' values joined by commas in the
+    order sent (RFC 9110, section 5.3): `Cache-Control: no-cache` then `Cache-Control: max-age=5` read as
+    `no-cache, max-age=5`, not as the last line alone."""
+    lines: dict[str, list[str]] = {}
+    for k, v in raw:
+        lines.setdefault(k.decode("latin-1"), []).append(v.decode("latin-1"))
+    for name, values in lines.items():
+        if len(values) > 1:
+            headers[name] = ", ".join(values)
+
+
 def request_id(headers: dict[str, str]) -> str:
     """The client's `x-request-id` when it is a sane token (it is echoed and logged), else a new one."""
     given = headers.get("x-request-id")
@@ -173,8 +185,11 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
             return
         t0 = time.perf_counter()
         headers: dict[str, str] = {}
-        for k, v in scope["headers"]:  # a loop, not a comprehension (a call of its own on Python 3.11)
+        raw_headers = scope["headers"]
+        for k, v in raw_headers:  # a loop, not a comprehension (a call of its own on Python 3.11)
             headers[k.decode("latin-1")] = v.decode("latin-1")
+        if len(headers) < len(raw_headers):  # type: ignore[arg-type]  # a list, by the ASGI spec
+            joined(headers, raw_headers)  # a header sent on several lines, read whole
         rec = Record(request_id=request_id(headers), dialect=dialect.name)
         pipeline, metrics = services(scope)
         try:

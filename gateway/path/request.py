@@ -11,10 +11,12 @@ import operator
 import re
 from typing import Any, Final
 
+import msgspec
+
 from gateway.config import CapsConfig
 from providers.registry import credential_headers
 from wire.errors import InvalidRequestError
-from wire.schema import FREE_FORM, CompletionRequest
+from wire.schema import FREE_FORM, CacheSalt, CompletionRequest
 
 MAX_CHOICES: Final = 128
 # Longest model string a client may send; real ids (Bedrock ARNs, Fireworks paths) stay well under it.
@@ -261,4 +263,15 @@ def normalize(req: CompletionRequest, caps: CapsConfig = _DEFAULT_CAPS) -> Compl
         for key in _EXTRA_FORBIDDEN:
             if key in req.inference_extra_params:
                 raise _bad(f"'inference_extra_params' may not set '{key}'", "inference_extra_params")
+        salt = req.inference_extra_params.get("cache_salt")
+        if salt is not None:
+            # Sent where the top-level field goes, so held to the same rule (an engine's prefix-cache partition).
+            try:
+                msgspec.convert(salt, CacheSalt)
+            except msgspec.ValidationError:
+                raise _bad(
+                    "'inference_extra_params.cache_salt' must be 1 to 256 characters of A-Z a-z 0-9 . _ : / + = -, "
+                    "like the top-level 'cache_salt'",
+                    "inference_extra_params.cache_salt",
+                ) from None
     return req

@@ -1,5 +1,5 @@
-"""The memory store holds entries decoded and shared: what it counts against `max_bytes`, and that no
-request changes an entry it was answered with."""
+"""The memory store holds buffered answers as they were sent and shared, and entries of events encoded:
+what it counts against `max_bytes`, and that no request changes an entry it was answered with."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from gateway.cache.entry import OVERHEAD, VERSION, Entry, dump, events_of, size
-from gateway.cache.store import MemoryStore
+from gateway.cache.store import SLOT, MemoryStore
 from tests.helpers.servers import serve_config
 from tests.helpers.upstreams import Upstream
 from wire.schema import Choice, Usage
@@ -38,22 +38,33 @@ def test_an_entry_counts_its_client_bytes_plus_the_overhead_or_its_encoding() ->
 def test_the_bound_counts_each_entry_and_its_key_and_evicts_the_least_recent() -> None:
     now = [0.0]
     evicted: list[int] = []
-    store = MemoryStore(1000, clock=lambda: now[0], on_evict=evicted.append)
+    one = 300 + OVERHEAD + 5 + SLOT  # an entry's client bytes, its overhead, its key and the store's slot
+    store = MemoryStore(2 * one + 100, clock=lambda: now[0], on_evict=evicted.append)
     a, b, c = entry(b"a" * 300), entry(b"b" * 300), entry(b"c" * 300)
     store.keep(b"key-a", "t", a, size(a), 60)
     store.keep(b"key-b", "t", b, size(b), 60)
-    assert store.size() == (2, 2 * (300 + OVERHEAD + 5))
+    assert store.size() == (2, 2 * one)
     assert store.fetch(b"key-a") is a  # the stored object itself: shared, never copied
     store.keep(b"key-c", "t", c, size(c), 60)  # does not fit: the least recently used (b) goes
     assert store.fetch(b"key-b") is None and store.fetch(b"key-a") is a and store.fetch(b"key-c") is c
-    assert store.bytes == 2 * (300 + OVERHEAD + 5) <= store.max_bytes
+    assert store.bytes == 2 * one <= store.max_bytes
     assert store.evictions == 1 and evicted == [1]
     store.keep(b"key-a", "t", c, size(c), 60)  # stored again under one key: counted once
-    assert store.size() == (2, 2 * (300 + OVERHEAD + 5))
+    assert store.size() == (2, 2 * one)
     store.keep(b"huge", "t", entry(b"h" * 2000), 2000 + OVERHEAD, 60)  # larger than the whole bound
     assert store.fetch(b"huge") is None and store.size()[0] == 2
     now[0] = 61.0
-    assert store.fetch(b"key-a") is None and store.size() == (1, 300 + OVERHEAD + 5)  # expired
+    assert store.fetch(b"key-a") is None and store.size() == (1, one)  # expired
+
+
+def test_an_entry_of_events_is_held_encoded_and_served_decoded() -> None:
+    store = MemoryStore(1 << 20)
+    stored = entry(text="x" * 1000)
+    raw = dump(stored)
+    store.keep(b"key", "t", raw, len(raw), 60)
+    assert store.entries[b"key"][0] is raw  # its encoding, not its objects
+    assert store.size() == (1, len(raw) + 3 + SLOT)
+    assert store.fetch(b"key") == stored
 
 
 def test_events_of_leaves_a_stored_entry_as_it_was() -> None:
