@@ -66,7 +66,7 @@ def events_of(entry: Entry) -> Entry:
 # What an entry holding a buffered answer's client bytes counts besides them: the memory its struct, times,
 # names and usage take in the process (measured, rounded up: tests/cache/test_memory_held.py), which is more
 # than they take encoded.
-OVERHEAD: Final = 320
+OVERHEAD: Final = 384
 
 
 def size(entry: Entry) -> int:

@@ -130,7 +130,9 @@ class Relay:
         cached = job.cached  # the response cache's part (gateway/cache): None unless this stream may be stored
         clean = True  # neither failed nor resumed: only such a stream is stored
         usage: Usage | None = None
-        text: list[str] = []
+        # The text sent so far, which a resumed stream continues from: kept only when it may be resumed, so
+        # that a long stream holds nothing of what it relayed.
+        text: list[str] | None = [] if _resumable(job) else None
         sent = finished = 0
         top = -1  # the highest choice index seen
         resumed_from = 0  # tokens streamed before the current upstream took over
@@ -144,7 +146,8 @@ class Relay:
                             usage, c.usage = sane_usage(c.usage), None
                         if c.choices:
                             for choice in c.choices:
-                                text.append(choice.text)
+                                if text is not None:
+                                    text.append(choice.text)
                                 finished += choice.finish_reason is not None
                                 if choice.index > top:
                                     top = choice.index
@@ -183,7 +186,7 @@ class Relay:
                 if error.cools:
                     # A stream that broke mid-way is a failed target, resumed or not (a dropped connection cools).
                     await self.health.failure(route.key, None, "error")
-                    if _resumable(job):
+                    if text is not None:
                         resumed = await self.resume(job, "".join(text), sent, rec.key)
                 if resumed is None:
                     _book_failure(rec, route, error)
