@@ -50,7 +50,7 @@ def _stream(tag: str, chunks: int, width: int) -> bytes:
     return b"".join([*events, _event(" end", "stop"), b"data: " + json.dumps(tail).encode() + b"\n\n"])
 
 
-def _streaming(chunks: int, width: int = 6) -> Any:
+def streaming(chunks: int, width: int = 6) -> Any:
     async def handler(request: web.Request, received: Received) -> web.StreamResponse:
         body = _stream(str(len(received.body) % 7), chunks, width)
         return web.Response(body=body + b"data: [DONE]\n\n", headers={"content-type": "text/event-stream"})
@@ -105,7 +105,7 @@ def _held(url: str) -> int:
 
 
 def test_the_resident_set_grows_by_what_the_memory_store_counts(upstream: Upstream, child: GatewayProcess) -> None:
-    upstream.handler = _streaming(CHUNKS)
+    upstream.handler = streaming(CHUNKS)
     pid = child.proc.pid
     asyncio.run(_streams(child.url, [f"held: warm {i}" for i in range(100)]))  # code and buffers in use
     counted0, rss0 = _held(child.url), _status(pid)["VmRSS"]
@@ -119,7 +119,7 @@ def test_the_resident_set_grows_by_what_the_memory_store_counts(upstream: Upstre
 @pytest.mark.parametrize("child", ["cache: {mode: deterministic, max_entry_bytes: 1048576}"], indirect=True)
 def test_a_stream_too_large_to_store_holds_none_of_its_bytes(upstream: Upstream, child: GatewayProcess) -> None:
     big = 40_000  # chunks of 1,000 characters: about 45 MB of client stream, past `max_entry_bytes` early on
-    upstream.handler = _streaming(big, 1000)
+    upstream.handler = streaming(big, 1000)
     pid = child.proc.pid
     asyncio.run(_streams(child.url, ["held: warm"], concurrency=1))  # the code paths in use, a small entry
     before = _status(pid)
