@@ -140,13 +140,13 @@ class RedisStore:
             try:
                 return await r.get(name)
             except ResponseError:
-                return None  # not a string (WRONGTYPE): that value's fault, not Redis's (`_entry` counts it)
+                return b""  # not a string (WRONGTYPE): that value's fault, not Redis's (`_entry` counts it)
 
         try:
             value = await self.shared.run(get)
         except Degraded:
             return None
-        return value if isinstance(value, bytes) else b"" if value is not None else None
+        return value if isinstance(value, bytes) else None
 
     def _entry(self, raw: Any, max_bytes: int) -> Entry | None:
         """`raw` (a value read) as an entry, or a miss; a value that is not one is counted and logged."""

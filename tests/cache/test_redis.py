@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from tests.helpers.redis import RedisServer
 from tests.helpers.servers import GatewayProcess
 from tests.helpers.upstreams import Upstream
 
-from .conftest import ALICE, BOB, MODEL, client, config
+from .conftest import ADMIN, ALICE, BOB, MODEL, client, config
 
 
 @pytest.fixture(scope="module")
@@ -24,18 +25,25 @@ def redis_server() -> Iterator[RedisServer]:
 
 
 @pytest.fixture
-def pair(vllm: Any, redis_server: RedisServer, tmp_path: Path) -> Iterator[tuple[str, str]]:
+def pair(procs: list[GatewayProcess]) -> tuple[str, str]:
+    return procs[0].url, procs[1].url
+
+
+@pytest.fixture
+def procs(vllm: Any, redis_server: RedisServer, tmp_path: Path) -> Iterator[list[GatewayProcess]]:
     redis_server.client().flushall()
     text = config(vllm[1], f"redis: {{url: '{redis_server.url}'}}").replace(
         "cache: {mode: deterministic}", "cache: {mode: deterministic, store: redis}"
     )
     path = tmp_path / "gw.yaml"
     path.write_text(text)
-    procs = [GatewayProcess(path), GatewayProcess(path)]
+    other = tmp_path / "gw2.yaml"  # a config file each, so each process writes a log of its own
+    other.write_text(text)
+    procs = [GatewayProcess(path), GatewayProcess(other)]
     try:
         for p in procs:
             p.wait_ready()
-        yield procs[0].url, procs[1].url
+        yield procs
     finally:
         for p in procs:
             p.stop()
@@ -106,3 +114,56 @@ def test_a_redis_outage_makes_the_cache_a_miss(
     finally:
         redis_server.start()
     assert len(upstream.received) == 2
+
+
+def _entry(stored: float, body: bytes | None, events: list[Any] | None = None) -> bytes:
+    """A value of this version's shape, as a hostile or broken writer of the Redis could leave it."""
+    return b"gwc2:" + msgspec.msgpack.encode([2, stored, MODEL, "local", MODEL, None, events or [], None, body])
+
+
+_ANSWER = b'{"object":"text_completion","id":"x","created":1,"model":"m","choices":[{"text":"planted","index":0,'
+_ANSWER += b'"logprobs":null,"finish_reason":"stop"}]}'
+
+
+@pytest.mark.parametrize(
+    "plant",
+    [
+        pytest.param(lambda r, name: (r.delete(name), r.rpush(name, "not", "a", "string")), id="a-list-not-a-string"),
+        pytest.param(
+            lambda r, name: r.set(name, _entry(1e9, b'{"id":"x","object":"text_completion"}')), id="no-choices"
+        ),
+        pytest.param(lambda r, name: r.set(name, _entry(1e9, b'{"id":"x","choices":[{"text":')), id="cut-answer"),
+        pytest.param(lambda r, name: r.set(name, _entry(float("nan"), _ANSWER)), id="nan-time"),
+        pytest.param(lambda r, name: r.set(name, _entry(float("inf"), _ANSWER)), id="infinite-time"),
+    ],
+)
+@pytest.mark.parametrize("stream", [False, True], ids=["buffered", "streamed"])
+def test_a_planted_or_broken_entry_is_a_miss_counted_and_logged_once(
+    procs: list[GatewayProcess], upstream: Upstream, redis_server: RedisServer, plant: Any, stream: bool
+) -> None:
+    first, second = procs
+    prompt = f"redis: planted {stream}"
+    post(first.url, body(prompt))
+    r = redis_server.client()
+    names = r.keys("gwcache:*")
+    assert len(names) == 1
+    plant(r, names[0])
+    with client(second.url) as c:
+        again = c.post("/v1/completions", json=body(prompt) | {"stream": stream})
+        assert again.status_code == 200, again.text
+        assert again.headers["x-gateway-cache"] == "miss"
+        assert b"planted" not in again.content
+        status = c.get("/admin/status", headers={"authorization": f"Bearer {ADMIN}"}).json()["cache"]
+    assert len(upstream.received) == 2
+    assert status["redis_not_entries"] == 1
+    # The Redis stays in use for everything else: the miss overwrote the value, and the next read is a hit.
+    assert post(first.url, body(prompt)).headers["x-gateway-cache"] == "hit"
+    deadline = time.monotonic() + 5
+    while True:  # the log is written off the request path
+        lines = [line for line in second.log.read_text().splitlines() if "a Redis value read as an entry" in line]
+        if lines or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    time.sleep(0.2)
+    lines = [line for line in second.log.read_text().splitlines() if "a Redis value read as an entry" in line]
+    assert len(lines) == 1, second.log.read_text()[-3000:]
