@@ -35,7 +35,7 @@ models:
     cache: {{mode: always, scope: shared}}
   - name: uncached
     targets: [{{model: {model}}}]
-    cache: {{mode: "off"}}
+    cache: {{mode: off}}  # unquoted: YAML reads it as false, which means off
 cache: {{mode: deterministic}}
 {extra}
 """
