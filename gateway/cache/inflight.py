@@ -10,6 +10,7 @@ leads, the others wait for that one (docs/cache.md).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Final, Protocol
 
 from gateway.cache.batch import assembled
@@ -43,6 +44,22 @@ def deadline_of(req: CompletionRequest, plan: Plan) -> float:
     return asyncio.get_running_loop().time() + total
 
 
+async def coalesced(
+    inflight: Mapping[bytes, Leader], ahead: Leader, key: bytes, n: int, deadline: float
+) -> Entry | None:
+    """The answer of the identical request in flight (`ahead`, under `key` in `inflight`) by `deadline`; None
+    when this request must ask itself: `ahead` failed, or its client stopped reading and no other request
+    asked in its place before this one (then this one does, and those still waiting wait for it)."""
+    while True:
+        entry = await wait_for(ahead, n, deadline)
+        if entry is not None:
+            return entry
+        follow = inflight.get(key) if ahead.blocked else None
+        if follow is None:
+            return None
+        ahead = follow
+
+
 async def wait_for(ahead: Leader, n: int, deadline: float) -> Entry | None:
     """The answer of the identical request in flight, by `deadline` (a 504 after it); None when it has none to
     share: it failed, or its client has not taken a chunk of its stream for `PATIENCE_S` (then it no longer
@@ -70,4 +87,4 @@ async def wait_for(ahead: Leader, n: int, deadline: float) -> Entry | None:
                 return None
 
 
-__all__ = ["PATIENCE_S", "Leader", "deadline_of", "wait_for"]
+__all__ = ["PATIENCE_S", "Leader", "coalesced", "deadline_of", "wait_for"]

@@ -18,11 +18,20 @@ from typing import Any, Final, cast
 import msgspec
 from msgspec.structs import replace
 
-from gateway.cache import entry as entries  # `add_event`, `decode_events`: a stream's chunks, as they come
 from gateway.cache.batch import assembled, completed, prompt_items, spliced, store_batch, store_one, store_stream
 from gateway.cache.counts import Series
-from gateway.cache.entry import OVERHEAD, VERSION, Entry, buffered_body, events_of, finished, replay_stream
-from gateway.cache.inflight import deadline_of, wait_for
+from gateway.cache.entry import (
+    OVERHEAD,
+    VERSION,
+    Entry,
+    add_event,
+    buffered_body,
+    decode_events,
+    events_of,
+    finished,
+    replay_stream,
+)
+from gateway.cache.inflight import coalesced, deadline_of
 from gateway.cache.job import J, JobLike, Make, R
 from gateway.cache.key import cache_key, canonical, model_tag
 from gateway.cache.policy import (
@@ -188,16 +197,8 @@ class Cache:
     async def _coalesce(
         self, ahead: Lookup, lookup: Lookup, req: CompletionRequest, cc: Controls, plan: Plan
     ) -> Lookup:
-        """The answer of the identical request in flight (`ahead`), by this request's own deadline: when `ahead`
-        fails, this one asks; when its client stopped reading, the first request waiting asks in its place."""
-        deadline = deadline_of(req, plan)
-        while True:
-            entry = await wait_for(ahead, lookup.n, deadline)
-            if entry is not None:
-                return lookup.served_by(COALESCED, entry)
-            ahead = self.inflight.get(lookup.digest) if ahead.blocked else None  # type: ignore[assignment]
-            if ahead is None:
-                return self._miss(lookup, req, cc)
+        entry = await coalesced(self.inflight, ahead, lookup.digest, lookup.n, deadline_of(req, plan))
+        return lookup.served_by(COALESCED, entry) if entry is not None else self._miss(lookup, req, cc)
 
     def _miss(self, lookup: Lookup, req: CompletionRequest, cc: Controls) -> Lookup:
         if cc.only_if_cached:
@@ -422,7 +423,7 @@ class Lookup(msgspec.Struct):
         buf = self.buf
         if buf is not None:
             choices = c.choices
-            entries.add_event(buf, choices)
+            add_event(buf, choices)
             self.parts += 1
             for ch in choices:
                 if ch.finish_reason is not None:
@@ -442,7 +443,7 @@ class Lookup(msgspec.Struct):
                 raw = store_stream(self, buf, self.parts, usage, missing[0], *served) if whole else None
                 remote = [(self.keys[missing[0]], raw)] if raw is not None else None
             else:
-                remote = store_batch(self, entries.decode_events(buf, self.parts), usage, missing, served)
+                remote = store_batch(self, decode_events(buf, self.parts), usage, missing, served)
             if remote:
                 await self._send(remote)
         self.abandon()
