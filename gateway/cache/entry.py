@@ -6,9 +6,9 @@ either kind of request: a buffered request gets the events' choices merged per i
 finish reasons concatenated as the stream delivered them), a streamed one gets one chunk per event.
 A buffered answer stored as the pipeline answered it keeps its client bytes instead (`body`, whole: cut
 when served, not when stored), so a buffered hit sends them from `choices` on behind its own id, time
-and model. In memory an entry is kept as it is (never changed once stored: requests share it); in Redis
-it is kept encoded (`dump`), versioned and bounded, and anything that does not decode as this version's
-entry is a miss, never an error.
+and model. Such an entry is kept in memory as it is (never changed once stored: requests share it); an
+entry of events is kept encoded (`dump`), in memory as in Redis, where it is versioned and bounded, and
+anything that is not this version's entry, checked whole, is a miss, never an error.
 """
 
 from __future__ import annotations
@@ -82,12 +82,6 @@ _decode = msgspec.msgpack.Decoder(Entry).decode
 
 def dump(entry: Entry) -> bytes:
     return MAGIC + encode_entry(entry)
-
-
-def load(raw: bytes | None, max_bytes: int) -> Entry | None:
-    """The entry in `raw`, or None for anything else: absent, too large, foreign, corrupt, another version."""
-    found = read(raw, max_bytes)
-    return found if type(found) is Entry else None
 
 
 def read(raw: bytes | None, max_bytes: int) -> Entry | str | None:
@@ -251,7 +245,6 @@ __all__ = [
     "encode_entry",
     "finished",
     "held",
-    "load",
     "merged",
     "read",
     "replay_stream",

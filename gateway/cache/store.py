@@ -1,12 +1,11 @@
 """Where entries live: a per-process LRU bounded in bytes, or the configured Redis shared by replicas.
 
 Both tag entries with a digest of the model name (so one model's entries can be deleted). The memory
-store holds them decoded (gateway/cache/entry.py `Entry`: nothing to encode on a miss, nothing to decode on
-a hit; entries are never changed once stored, so requests share them), keyed by the request's canonical
-bytes (key.py); its bound counts each entry's `size` plus its key. Redis holds them encoded, versioned,
-under a name that carries no client text, only the tag and the key's SHA-256; a value that does not decode
-is a miss. A Redis that cannot be reached makes every read a miss and every write a no-op: the cache never
-fails a request.
+store holds a buffered answer's entry as it is (shared, never changed) and an entry of events encoded,
+keyed by the request's canonical bytes (key.py); its bound counts what each holds (`SLOT`). Redis holds
+them encoded, versioned, under a name that carries no client text, only the tag and the key's SHA-256; a
+value that is not an entry is a miss, counted and logged. A Redis that cannot be reached makes every read
+a miss and every write a no-op: the cache never fails a request.
 """
 
 from __future__ import annotations
