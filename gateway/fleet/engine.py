@@ -1,16 +1,11 @@
 """The engines' own load, read in the background: each replica's Prometheus `/metrics`, never on the request path.
 
 For every provider whose `routing.engine_metrics` is on and whose kind declares its gauges
-(providers/engine.py), each replica is read on its own schedule, every `routing.metrics_interval_ms`, by a
-task of its own: a replica that answers slowly (or not at all, until `metrics_timeout_ms`) delays no other
-replica's reading. A read stops at `metrics_max_bytes` on the wire and once inflated, and is parsed as it
-arrives (gateway/fleet/exposition.py), so no body is held whole. The waiting queue, the running batch and
-the KV-cache usage are stored on the provider's Fleet. A replica whose metrics cannot be read (refused,
-timed out, too large, unparsable, an invalid value, a missing series) is stored as unknown: it is routed
-as if idle, not as if dead; its health is the failover loop's business.
-
-A read is not a log line: a replica whose metrics become unreadable is one WARNING (with the cause), and
-one INFO when they are read again.
+(providers/engine.py), each replica is read by a task of its own every `routing.metrics_interval_ms`, so
+a slow replica (up to `metrics_timeout_ms`) delays no other. A read stops at `metrics_max_bytes` on the
+wire and inflated, parsed as it arrives (gateway/fleet/exposition.py). The load is stored on the Fleet;
+a replica whose metrics cannot be read is stored as unknown (routed as if idle, not as if dead). A read
+is not a log line: losing a replica's metrics is one WARNING with the cause, getting them back one INFO.
 """
 
 from __future__ import annotations

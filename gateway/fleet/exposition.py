@@ -3,7 +3,7 @@
 Nothing of a body is held whole. Each piece from the wire is inflated (gzip or deflate) at most `PIECE`
 bytes at a time, and each inflated piece is scanned for the wanted series at once, so the memory of a
 read is one piece and one unfinished line, however large or compressed the body is, and the work per
-piece is bounded (one regular-expression scan in C, Python only for the matching lines). Past `max_bytes`
+piece is bounded (a regular-expression scan in C and a set lookup per sample line). Past `max_bytes`
 on the wire or inflated, the read stops: a body that large is not metrics.
 
 A replica may send anything, so a sample that is not a number, negative, infinite, NaN or above
@@ -13,7 +13,6 @@ claiming -1e9 waiting requests would otherwise draw every request.
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 import zlib
@@ -34,12 +33,9 @@ class Unreadable(Exception):
     """Why a replica's exposition gives no load (the message is the cause, never the replica's bytes)."""
 
 
-@functools.lru_cache(maxsize=64)
-def _pattern(names: tuple[str, ...]) -> re.Pattern[bytes]:
-    # A sample line: the name, optional labels (label values may hold `}`: up to the line's last one that
-    # is followed by the value), then the value; a timestamp may follow.
-    alternatives = b"|".join(re.escape(n.encode()) for n in sorted(names, key=len, reverse=True))
-    return re.compile(rb"^(" + alternatives + rb")(?:\{[^\n]*\})?[ \t]+([^ \t\r\n]+)", re.MULTILINE)
+# A sample line: the name, optional labels (label values may hold `}`: up to the line's last one that is
+# followed by the value), then the value; a timestamp may follow. Comments and blank lines do not match.
+_SAMPLE: Final = re.compile(rb"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^\n]*\})?[ \t]+([^ \t\r\n]+)", re.MULTILINE)
 
 
 class Inflater:
@@ -83,7 +79,7 @@ class Exposition:
     def __init__(self, gauges: EngineGauges, max_bytes: int) -> None:
         self._gauges = gauges
         self._max = max_bytes
-        self._re = _pattern((*gauges.waiting, *gauges.running, *gauges.kv_usage))
+        self._wanted = frozenset(n.encode() for n in (*gauges.waiting, *gauges.running, *gauges.kv_usage))
         self._kv = frozenset(gauges.kv_usage)
         self._carry = b""
         self._skipping = False  # inside a line longer than MAX_LINE
@@ -114,8 +110,11 @@ class Exposition:
 
     def _scan(self, buf: bytes, end: int) -> None:
         sums = self._sums
-        for m in self._re.finditer(buf, 0, end):
-            name = m.group(1).decode()
+        for m in _SAMPLE.finditer(buf, 0, end):
+            raw = m.group(1)
+            if raw not in self._wanted:
+                continue
+            name = raw.decode()
             try:
                 value = float(m.group(2))
             except ValueError:

@@ -160,7 +160,7 @@ def test_a_long_listing_read_by_prefixes_says_what_the_whole_says(indent: int | 
     cards: list[dict[str, object]] = [
         {"id": f"m{i}" + ("},{x" if i % 3 == 0 else ""), "permission": [{"a": 1}, {"b": "}, {"}]} for i in range(30_000)
     ]
-    junk = [{} for _ in range(50_000)]
+    junk: list[dict[str, object]] = [{} for _ in range(50_000)]
     for envelope in ({"junk": junk, "object": "list", "data": cards}, {"models": cards}, cards):
         body = json.dumps(envelope, indent=indent).encode()
         assert len(body) > 1_000_000

@@ -14,6 +14,7 @@ import httpx
 import pytest
 from aiohttp import web
 
+from gateway.fleet.picker import EngineLoad
 from tests.helpers.servers import GatewayProcess, cli_env, serve_config
 from tests.helpers.upstreams import Received, Upstream
 from tests.helpers.waiting import wait_until
@@ -77,7 +78,7 @@ def test_a_400_mib_body_and_a_gzip_bomb_are_cut_while_read(
         return metrics(GOOD) if received.path == "/metrics" else web.Response(body=completion())
 
     for u, h in zip(replicas, (huge, gzip_bomb, fine), strict=True):
-        u.handler = h  # type: ignore[assignment]
+        u.handler = h
     config = tmp_path / "hostile.yaml"
     config.write_text(
         fleet_config(replicas, "policy: least_outstanding, engine_metrics: true, metrics_interval_ms: 100")
@@ -131,9 +132,9 @@ def test_a_slow_replica_delays_no_other_replicas_reading(tmp_path: Path, replica
     async def counting(request: web.Request, received: Received) -> web.StreamResponse:
         return metrics(f"vllm:num_requests_waiting {waiting[0]}\n".encode())
 
-    replicas[0].handler = drip  # type: ignore[assignment]
-    replicas[1].handler = counting  # type: ignore[assignment]
-    replicas[2].handler = counting  # type: ignore[assignment]
+    replicas[0].handler = drip
+    replicas[1].handler = counting
+    replicas[2].handler = counting
     routing = "policy: least_outstanding, engine_metrics: true, metrics_interval_ms: 50, metrics_timeout_ms: 1500"
     with serve_config(tmp_path, fleet_config(replicas, routing)) as gw:
         fleet = gw.pipeline.router.fleets["engine"]
@@ -142,7 +143,7 @@ def test_a_slow_replica_delays_no_other_replicas_reading(tmp_path: Path, replica
         for n in range(1, 6):  # while replica 0's first read drips on (1.5 s), the others follow within 0.3 s
             waiting[0] = n
             t = time.monotonic()
-            wait_until(lambda n=n: all(fleet.engine[i] == fleet.engine[i].__class__(n, 0.0) for i in (1, 2)))  # type: ignore[misc]
+            wait_until(lambda n=n: all(fleet.engine[i] == EngineLoad(n, 0.0) for i in (1, 2)))
             lags.append(time.monotonic() - t)
             time.sleep(0.05)
         assert max(lags) < 0.3, lags
@@ -188,7 +189,7 @@ def test_readability_changes_are_logged_once_each(
     async def flaky(request: web.Request, received: Received) -> web.StreamResponse:
         return metrics(GOOD) if up[0] else web.Response(status=500)
 
-    replicas[0].handler = flaky  # type: ignore[assignment]
+    replicas[0].handler = flaky
     routing = "policy: least_outstanding, engine_metrics: true, metrics_interval_ms: 50"
     caplog.set_level(logging.DEBUG)
     with serve_config(tmp_path, fleet_config(replicas[:1], routing)) as gw:
