@@ -14,7 +14,7 @@ import itertools
 import logging
 import re
 import time
-from collections.abc import Callable, Collection, Generator, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Final
 
@@ -73,34 +73,27 @@ def listed_ids(body: bytes, provider: str, deployments: Collection[str], limit: 
     """The callable `provider/<id>` strings in a listing body, in its order, at most `limit`, and how
     many entries were left out (not callable, or past the limit; of a long listing, of those read).
     Raises NotAListing."""
-    steps = _steps(body, provider, deployments, limit)
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            result: tuple[list[str], int] = done.value
-            return result
+    out: list[tuple[list[str], int]] = []
+    for _ in _steps(body, provider, deployments, limit, out):
+        pass
+    return out[0]
 
 
 async def read_listing(body: bytes, provider: str, deployments: Collection[str], limit: int) -> tuple[list[str], int]:
     """`listed_ids`, giving the event loop its turn between steps of a few milliseconds each."""
-    steps = _steps(body, provider, deployments, limit)
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            result: tuple[list[str], int] = done.value
-            return result
+    out: list[tuple[list[str], int]] = []
+    for _ in _steps(body, provider, deployments, limit, out):
         await asyncio.sleep(0)
+    return out[0]
 
 
 def _steps(
-    body: bytes, provider: str, deployments: Collection[str], limit: int
-) -> Generator[None, None, tuple[list[str], int]]:
-    """The work of `listed_ids`, in steps. A long body is decoded by prefixes, each about twice the last,
-    until one holds `limit` callable ids or `SCAN_FACTOR` x `limit` entries: a listing just under its
-    byte cap may hold millions of tiny entries, and decoding them all at once would hold the event loop
-    (and /health) for a large part of a second."""
+    body: bytes, provider: str, deployments: Collection[str], limit: int, out: list[tuple[list[str], int]]
+) -> Iterator[None]:
+    """The work of `listed_ids`, in steps; its result is appended to `out`. A long body is decoded by
+    prefixes, each about twice the last, until one holds `limit` callable ids or `SCAN_FACTOR` x `limit`
+    entries: a listing just under its byte cap may hold millions of tiny entries, and decoding them all at
+    once would hold the event loop (and /health) for a large part of a second."""
     picked = _Picked(provider, deployments, limit)
     for prefix in _prefixes(body):
         try:
@@ -111,7 +104,8 @@ def _steps(
         if found is not None:
             yield from picked.take(found)
             if picked.enough:
-                return picked.result(len(found))
+                out.append(picked.result(len(found)))
+                return
         yield
     try:
         decoded = _decode_listing(body)
@@ -124,7 +118,7 @@ def _steps(
         raise NotAListing("the answer is not a model list (no `data` or `models`)")
     picked = _Picked(provider, deployments, limit)  # the whole may differ from a prefix (a repeated key)
     yield from picked.take(cards)
-    return picked.result(len(cards))
+    out.append(picked.result(len(cards)))
 
 
 class _Picked:
