@@ -93,8 +93,8 @@ class EngineReader(Background):
         super().__init__()
 
     def start(self) -> None:
-        if self._fleets():
-            self._spawn(self._run(), "fleet-engine-metrics")
+        # Also without a watched fleet now: a reload may add one, and the supervisor follows reloads.
+        self._spawn(self._run(), "fleet-engine-metrics")
 
     async def _run(self) -> None:
         transport = httpx.AsyncHTTPTransport(retries=0)

@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from gateway.fleet.picker import EngineLoad
-from tests.helpers.servers import GatewayProcess, cli_env, serve_config
+from tests.helpers.servers import GatewayProcess, GatewayThread, cli_env, serve_config
 from tests.helpers.upstreams import Received, Upstream
 from tests.helpers.waiting import wait_until
 
@@ -224,3 +224,18 @@ def test_readability_changes_are_logged_once_each(
             ("INFO", "fleet: engine@0's engine metrics are read again"): 1,
         }
     ), lines
+
+
+def test_a_reload_that_turns_engine_metrics_on_starts_reading(tmp_path: Path, replicas: list[Upstream]) -> None:
+    async def engine(request: web.Request, received: Received) -> web.StreamResponse:
+        return metrics(GOOD) if received.path == "/metrics" else web.Response(body=completion())
+
+    for u in replicas:
+        u.handler = engine  # type: ignore[assignment]
+    config = tmp_path / "reloaded.yaml"
+    config.write_text(fleet_config(replicas, "policy: least_outstanding"))
+    with GatewayThread(config, {}) as gw:
+        time.sleep(0.5)
+        assert not any(r.path == "/metrics" for u in replicas for r in u.received)  # off: never read
+        config.write_text(fleet_config(replicas, "policy: least_outstanding, engine_metrics: true"))
+        wait_until(lambda: all(load is not None for load in gw.pipeline.router.fleets["engine"].engine), timeout=15)
