@@ -194,7 +194,9 @@ def create_app(loaded: LoadedConfig) -> Front:
     pipeline = build(loaded)
     discovery = Discovery(lambda: app.state.pipeline)  # follows reloads: the pipeline serving now
     # Replicated providers' engine load (gateway/fleet/engine.py): off unless `routing.engine_metrics`.
-    engines = EngineReader(lambda: watched(app.state.pipeline.router.fleets, app.state.pipeline.loaded.providers))
+    engines = EngineReader(
+        lambda: watched(app.state.pipeline.router.fleets, app.state.pipeline.loaded.providers), collected.engine_failed
+    )
     drains = DrainSync(lambda: (app.state.pipeline.shared, app.state.pipeline.router.fleets))  # with Redis only
 
     @asynccontextmanager

@@ -56,7 +56,7 @@ async def read_load(
             resp = await transport.handle_async_request(request)
             try:
                 if resp.status_code != 200:
-                    raise Unreadable(f"HTTP {resp.status_code}")
+                    raise Unreadable(f"HTTP {resp.status_code}", "http_status")
                 # A replica may compress even when asked not to: undone here, within the same cap.
                 inflater = Inflater(resp.headers.get("content-encoding", ""))
                 parsed = Exposition(gauges, max_bytes)
@@ -64,7 +64,7 @@ async def read_load(
                 async for chunk in resp.stream:  # type: ignore[union-attr]
                     wire += len(chunk)
                     if wire > max_bytes:
-                        raise Unreadable(f"larger than {max_bytes} bytes")
+                        raise Unreadable(f"larger than {max_bytes} bytes", "too_large")
                     for piece in inflater.pieces(chunk):
                         parsed.feed(piece)
                     while piece := inflater.more():
@@ -75,18 +75,17 @@ async def read_load(
             finally:
                 await resp.aclose()
     except TimeoutError:
-        raise Unreadable(f"no whole answer within {round(timeout_s * 1000)} ms") from None
-    except httpx.TransportError as exc:
-        raise Unreadable(f"{type(exc).__name__}") from None
-    except OSError as exc:
-        raise Unreadable(f"{type(exc).__name__}") from None
+        raise Unreadable(f"no whole answer within {round(timeout_s * 1000)} ms", "timeout") from None
+    except (httpx.TransportError, OSError) as exc:
+        raise Unreadable(type(exc).__name__, "transport") from None
 
 
 class EngineReader(Background):
     """Per pipeline: a supervising task that keeps one reading task per replica of every watched fleet."""
 
-    def __init__(self, fleets: Callable[[], Watched]) -> None:
+    def __init__(self, fleets: Callable[[], Watched], failed: Callable[[str, str], None] | None = None) -> None:
         self._fleets = fleets
+        self._failed = failed  # counts a failed read: (the replica's name, the cause's kind)
         self._watched: Watched = {}
         # Why each replica's metrics cannot be read now (None: they can), so that only changes are logged.
         self._trouble: dict[Key, str | None] = {}
@@ -137,12 +136,15 @@ class EngineReader(Background):
                     r.metrics_timeout_ms / 1000,
                     r.metrics_max_bytes,
                 )
-                cause = None
+                cause: str | None = None
+                kind: str | None = None
             except Unreadable as exc:
-                load, cause = None, str(exc)
+                load, cause, kind = None, str(exc), exc.kind
             except Exception as exc:  # a bug must not end the reader: keep routing on what is known
                 log.exception("reading %s's engine metrics failed", fleet.names[i])
-                load, cause = None, f"unexpected {type(exc).__name__}"
+                load, cause, kind = None, f"unexpected {type(exc).__name__}", "unexpected"
+            if kind is not None and self._failed is not None:
+                self._failed(fleet.names[i], kind)
             fleet.engine[i] = load  # None: unknown, routed as idle, not as dead
             fleet.engine_error[i] = cause
             self._note(key, fleet.names[i], cause)

@@ -30,7 +30,12 @@ MAX_GAUGE: Final = 1_000_000.0
 
 
 class Unreadable(Exception):
-    """Why a replica's exposition gives no load (the message is the cause, never the replica's bytes)."""
+    """Why a replica's exposition gives no load: the message says it (never with the replica's bytes), `kind`
+    names it in one word for a metric label."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 # A sample line: the name, optional labels (label values may hold `}`: up to the line's last one that is
@@ -48,7 +53,7 @@ class Inflater:
         elif coding in ("gzip", "x-gzip", "deflate"):
             self._z = zlib.decompressobj(32 + zlib.MAX_WBITS)  # gzip or zlib header, detected
         else:
-            raise Unreadable(f"unsupported content-encoding {coding[:32]!r}")
+            raise Unreadable(f"unsupported content-encoding {coding[:32]!r}", "encoding")
 
     def pieces(self, data: bytes) -> list[bytes]:
         """What `data` inflates to, in pieces of at most PIECE bytes; the caller counts them against its cap
@@ -59,7 +64,7 @@ class Inflater:
         try:
             out = z.decompress(data, PIECE)
         except zlib.error:
-            raise Unreadable("malformed compressed body") from None
+            raise Unreadable("malformed compressed body", "encoding") from None
         return [out] if out else []
 
     def more(self) -> bytes:
@@ -70,7 +75,7 @@ class Inflater:
         try:
             return z.decompress(z.unconsumed_tail, PIECE)
         except zlib.error:
-            raise Unreadable("malformed compressed body") from None
+            raise Unreadable("malformed compressed body", "encoding") from None
 
 
 class Exposition:
@@ -90,7 +95,7 @@ class Exposition:
     def feed(self, piece: bytes) -> None:
         self.size += len(piece)
         if self.size > self._max:
-            raise Unreadable(f"larger than {self._max} bytes")
+            raise Unreadable(f"larger than {self._max} bytes", "too_large")
         if self._skipping:
             cut = piece.find(b"\n")
             if cut < 0:
@@ -132,7 +137,7 @@ class Exposition:
             self._scan(self._carry + b"\n", len(self._carry) + 1)  # a last line without its newline
             self._carry = b""
         if self._invalid is not None:
-            raise Unreadable(f"an invalid value of {self._invalid} (negative, not finite or absurd)")
+            raise Unreadable(f"an invalid value of {self._invalid} (negative, not finite or absurd)", "invalid_value")
         sums = self._sums
 
         def first(names: tuple[str, ...]) -> float | None:
@@ -140,10 +145,10 @@ class Exposition:
 
         waiting = first(self._gauges.waiting)
         if waiting is None:
-            raise Unreadable(f"no {self._gauges.waiting[0]} series")
+            raise Unreadable(f"no {self._gauges.waiting[0]} series", "no_series")
         running = first(self._gauges.running) or 0.0
         if waiting > MAX_GAUGE or running > MAX_GAUGE or math.isinf(waiting + running):
-            raise Unreadable("an absurd total of waiting or running requests")
+            raise Unreadable("an absurd total of waiting or running requests", "invalid_value")
         return EngineLoad(waiting=waiting, running=running, kv_usage=first(self._gauges.kv_usage))
 
 

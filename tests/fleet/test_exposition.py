@@ -41,8 +41,9 @@ def test_engine_metrics_are_parsed_per_kind_and_missing_ones_are_unreadable() ->
 @pytest.mark.parametrize("value", ["-1e9", "-1", "NaN", "+Inf", "-Inf", "1e7", "1e308"])
 def test_a_negative_not_finite_or_absurd_value_makes_the_reading_unreadable(value: str) -> None:
     body = f"vllm:num_requests_waiting {value}\nvllm:num_requests_running 1\n".encode()
-    with pytest.raises(Unreadable, match="invalid value of vllm:num_requests_waiting"):
+    with pytest.raises(Unreadable, match="invalid value of vllm:num_requests_waiting") as refused:
         parse(body, VLLM_GAUGES)
+    assert refused.value.kind == "invalid_value"
     body = f"vllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc {value.replace('1e7', '1.5')}\n".encode()
     with pytest.raises(Unreadable, match="invalid value of vllm:kv_cache_usage_perc"):
         parse(body, VLLM_GAUGES)

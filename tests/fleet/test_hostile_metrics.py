@@ -100,6 +100,8 @@ def test_a_400_mib_body_and_a_gzip_bomb_are_cut_while_read(
         reads = [sum(1 for r in u.received if r.path == "/metrics") for u in replicas]
         peak = memory_kib(pid)["VmHWM"]
         shown = status(gw.url)
+        with httpx.Client(trust_env=False, timeout=5) as c:
+            exposition = c.get(f"{gw.url}/metrics").text
     finally:
         gw.stop()
     assert min(reads) >= 5, reads  # every replica was read again and again (each on its own schedule)
@@ -111,6 +113,14 @@ def test_a_400_mib_body_and_a_gzip_bomb_are_cut_while_read(
     assert shown[1]["engine"] is None and shown[1]["engine_error"] == "larger than 4194304 bytes"
     assert shown[2]["engine"] == {"waiting": 0.0, "running": 1.0, "kv_usage": None}
     assert shown[2]["engine_error"] is None
+    # Every failed read is counted, by replica and cause (the log says it once).
+    counted = {
+        line.split("{")[1].split("}")[0]: float(line.rsplit(" ", 1)[1])
+        for line in exposition.splitlines()
+        if line.startswith("gateway_engine_metrics_unreadable_total{")
+    }
+    assert set(counted) == {'cause="too_large",replica="engine@0"', 'cause="too_large",replica="engine@1"'}, counted
+    assert min(counted.values()) >= 5, counted
     log = gw.log.read_text()
     # One WARNING per replica that cannot be read, however many reads failed; no line per read.
     assert log.count("engine@0's engine metrics cannot be read (larger than 4194304 bytes)") == 1, log
