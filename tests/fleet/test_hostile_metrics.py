@@ -241,7 +241,7 @@ def test_a_reload_that_turns_engine_metrics_on_starts_reading(tmp_path: Path, re
         return metrics(GOOD) if received.path == "/metrics" else web.Response(body=completion())
 
     for u in replicas:
-        u.handler = engine  # type: ignore[assignment]
+        u.handler = engine
     config = tmp_path / "reloaded.yaml"
     config.write_text(fleet_config(replicas, "policy: least_outstanding"))
     with GatewayThread(config, {}) as gw:
