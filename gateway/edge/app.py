@@ -145,6 +145,15 @@ async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
     return Response(encode({"status": "degraded", "redis": "unreachable"}), status_code=503, media_type=JSON)
 
 
+def _one_charset(response: Response[Any]) -> Response[Any]:
+    # Litestar appends `; charset=utf-8` to every text/ media type, also to one that names its charset
+    # already (the Prometheus exposition's, the usage CSV's): such a type is sent as it is, its charset once.
+    media = response.media_type
+    if isinstance(media, str) and "charset=" in media.lower() and "content-type" not in response.headers:
+        response.headers["content-type"] = media
+    return response
+
+
 def _http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
     dialect = DIALECT_ROUTES.get(request.url.path, OPENAI)
     kinds = {404: ("not_found_error", "not_found"), 405: ("invalid_request_error", "method_not_allowed")}
@@ -185,7 +194,9 @@ def create_app(loaded: LoadedConfig) -> Front:
     pipeline = build(loaded)
     discovery = Discovery(lambda: app.state.pipeline)  # follows reloads: the pipeline serving now
     # Replicated providers' engine load (gateway/fleet/engine.py): off unless `routing.engine_metrics`.
-    engines = EngineReader(lambda: watched(app.state.pipeline.router.fleets, app.state.pipeline.loaded.providers))
+    engines = EngineReader(
+        lambda: watched(app.state.pipeline.router.fleets, app.state.pipeline.loaded.providers), collected.engine_failed
+    )
     drains = DrainSync(lambda: (app.state.pipeline.shared, app.state.pipeline.router.fleets))  # with Redis only
 
     @asynccontextmanager
@@ -222,6 +233,7 @@ def create_app(loaded: LoadedConfig) -> Front:
         route_handlers=handlers,
         lifespan=[lifespan],
         exception_handlers={HTTPException: _http_exception, GatewayError: _gateway_error, Exception: _unexpected},
+        after_request=_one_charset,
         debug=False,
         logging_config=None,
         openapi_config=None,

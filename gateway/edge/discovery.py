@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
+import re
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Final
 
@@ -69,28 +71,119 @@ class NotAListing(ValueError):
 
 def listed_ids(body: bytes, provider: str, deployments: Collection[str], limit: int) -> tuple[list[str], int]:
     """The callable `provider/<id>` strings in a listing body, in its order, at most `limit`, and how
-    many entries were left out (not callable, or past the limit). Raises NotAListing."""
+    many entries were left out (not callable, or past the limit; of a long listing, of those read).
+    Raises NotAListing."""
+    out: list[tuple[list[str], int]] = []
+    for _ in _steps(body, provider, deployments, limit, out):
+        pass
+    return out[0]
+
+
+async def read_listing(body: bytes, provider: str, deployments: Collection[str], limit: int) -> tuple[list[str], int]:
+    """`listed_ids`, giving the event loop its turn between steps of a few milliseconds each."""
+    out: list[tuple[list[str], int]] = []
+    for _ in _steps(body, provider, deployments, limit, out):
+        await asyncio.sleep(0)
+    return out[0]
+
+
+def _steps(
+    body: bytes, provider: str, deployments: Collection[str], limit: int, out: list[tuple[list[str], int]]
+) -> Iterator[None]:
+    """The work of `listed_ids`, in steps; its result is appended to `out`. A long body is decoded by
+    prefixes, each about twice the last, until one holds `limit` callable ids or `SCAN_FACTOR` x `limit`
+    entries: a listing just under its byte cap may hold millions of tiny entries, and decoding them all at
+    once would hold the event loop (and /health) for a large part of a second."""
+    picked = _Picked(provider, deployments, limit)
+    for prefix in _prefixes(body):
+        try:
+            decoded = _decode_listing(prefix)
+        except (msgspec.DecodeError, UnicodeDecodeError):
+            decoded = None  # cut inside a card, a nested list or a string: a longer prefix, or the whole body
+        found = None if decoded is None else _cards(decoded)
+        if found is not None:
+            yield from picked.take(found)
+            if picked.enough:
+                out.append(picked.result(len(found)))
+                return
+        yield
     try:
         decoded = _decode_listing(body)
     except msgspec.DecodeError as exc:  # msgspec names the JSON path and types, never the values
         raise NotAListing(f"the answer is not a model list ({exc})") from None
     except UnicodeDecodeError:  # its text would quote the upstream's bytes
         raise NotAListing("the answer is not a model list (invalid UTF-8)") from None
-    cards = decoded if isinstance(decoded, list) else decoded.data if decoded.data is not None else decoded.models
+    cards = _cards(decoded)
     if cards is None:
         raise NotAListing("the answer is not a model list (no `data` or `models`)")
-    ids: dict[str, None] = {}
-    left_out = 0
-    for seen, card in enumerate(cards, 1):
-        raw = card.id or card.name or card.model
-        if not raw or not callable_id(provider, raw, deployments):
-            left_out += 1
-            continue
-        ids[f"{provider}/{raw}"] = None
-        if len(ids) >= limit:
-            left_out += len(cards) - seen
-            break
-    return list(ids), left_out
+    picked = _Picked(provider, deployments, limit)  # the whole may differ from a prefix (a repeated key)
+    yield from picked.take(cards)
+    out.append(picked.result(len(cards)))
+
+
+class _Picked:
+    """The ids kept so far from a listing's first entries; `take` goes on where the last prefix ended."""
+
+    def __init__(self, provider: str, deployments: Collection[str], limit: int) -> None:
+        self.provider = provider
+        self.deployments = deployments
+        self.limit = limit
+        self.ids: dict[str, None] = {}
+        self.left_out = 0
+        self.seen = 0
+
+    @property
+    def enough(self) -> bool:
+        return len(self.ids) >= self.limit or self.seen >= SCAN_FACTOR * self.limit
+
+    def take(self, cards: list[_Card]) -> Iterator[None]:
+        """Look at the entries after the ones seen, until enough; a step every `_STEP_CARDS` entries."""
+        for card in itertools.islice(cards, self.seen, None):
+            if self.enough:
+                return
+            self.seen += 1
+            raw = card.id or card.name or card.model
+            if not raw or not callable_id(self.provider, raw, self.deployments):
+                self.left_out += 1
+            else:
+                self.ids[f"{self.provider}/{raw}"] = None
+            if self.seen % _STEP_CARDS == 0:
+                yield
+
+    def result(self, read: int) -> tuple[list[str], int]:
+        return list(self.ids), self.left_out + read - self.seen
+
+
+# How many entries of a long listing may be read without finding `max_models` callable ids.
+SCAN_FACTOR: Final = 4
+# Below this a listing is decoded whole (a millisecond or two at most); above, by doubling prefixes.
+_WHOLE_BYTES: Final = 64 * 1024
+# Between two entries of a list of objects (JSON allows whitespace around the comma).
+_BETWEEN: Final = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*\{")
+_LEADING: Final = re.compile(rb"[ \t\r\n]*")
+# Entries checked per step (a few milliseconds).
+_STEP_CARDS: Final = 1024
+
+
+def _prefixes(body: bytes) -> Iterator[bytes]:
+    """Ever longer prefixes of a long listing, each cut after an entry and closed as the listing opened
+    (`]` for a bare array, `]}` for an object). A cut that is not between two entries of the listing
+    itself (inside an entry, a string, another key's list) fails to decode or holds no `data`/`models`,
+    and only a longer prefix or the whole body is tried: a prefix never says what the whole does not."""
+    lead = _LEADING.match(body)
+    start = lead.end() if lead is not None else 0
+    closer = b"]" if body[start : start + 1] == b"[" else b"]}"
+    end = _WHOLE_BYTES
+    while end < len(body):
+        m = _BETWEEN.search(body, end)
+        if m is None:
+            return
+        yield body[: m.start() + 1] + closer
+        end = 2 * (m.start() + 1)
+
+
+def _cards(decoded: _Listing | list[_Card]) -> list[_Card] | None:
+    return decoded if isinstance(decoded, list) else decoded.data if decoded.data is not None else decoded.models
 
 
 def callable_id(provider: str, model: str, deployments: Collection[str]) -> bool:
@@ -274,7 +367,8 @@ class Discovery:
         if left_out and not src.partial:
             log.warning(
                 "model discovery: provider %r listed models a client could not call, or more than "
-                "discovery.max_models (%d); kept %d, left out %d",
+                "discovery.max_models (%d); kept %d, left out %d of the entries read (a long listing is read "
+                "only until it gives max_models ids or 4 x max_models entries)",
                 src.name,
                 self._limit,
                 len(ids),
@@ -327,7 +421,7 @@ class Discovery:
             ) from None
         if resp.status != 200:
             raise NotAListing(f"the upstream answered HTTP {resp.status}")
-        return listed_ids(resp.body, src.name, src.deployments, self._limit)
+        return await read_listing(resp.body, src.name, src.deployments, self._limit)
 
     def _failed(self, src: _Source, reason: str) -> None:
         if not src.failing:

@@ -39,6 +39,7 @@ def state(fleet: Fleet) -> list[dict[str, Any]]:
                 "weight": fleet.weights[i],
                 "draining": fleet.draining[i],
                 "engine": engine,
+                "engine_error": fleet.engine_error[i],
             }
         )
     return out

@@ -1,10 +1,11 @@
 """The engines' own load, read in the background: each replica's Prometheus `/metrics`, never on the request path.
 
 For every provider whose `routing.engine_metrics` is on and whose kind declares its gauges
-(providers/engine.py), one task reads each replica's exposition every `routing.metrics_interval_ms` and
-stores the waiting queue, the running batch and the KV-cache usage on the provider's Fleet. A replica
-whose metrics cannot be read (refused, timed out, unparsable, missing series) is stored as unknown: it is
-routed as if idle, not as if dead; its health is the failover loop's business.
+(providers/engine.py), each replica is read by a task of its own every `routing.metrics_interval_ms`, so
+a slow replica (up to `metrics_timeout_ms`) delays no other. A read stops at `metrics_max_bytes` on the
+wire and inflated, parsed as it arrives (gateway/fleet/exposition.py). The load is stored on the Fleet;
+a replica whose metrics cannot be read is stored as unknown (routed as if idle, not as if dead). A read
+is not a log line: losing a replica's metrics is one WARNING with the cause, getting them back one INFO.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
+from typing import Final
 
 import httpx
 
 from gateway.config import ProviderConfig
 from gateway.fleet.background import Background
+from gateway.fleet.exposition import Exposition, Inflater, Unreadable
 from gateway.fleet.picker import EngineLoad, Fleet
 from providers import REGISTRY
 from providers.engine import EngineGauges
@@ -24,80 +27,146 @@ from providers.tokenizer import server_root
 
 log = logging.getLogger("gateway.fleet")
 
-# The most of an exposition read: vLLM's is tens of kilobytes (histograms per model); more is not metrics.
-MAX_EXPOSITION_BYTES = 4 * 1024 * 1024
+Watched = Mapping[str, tuple[Fleet, EngineGauges, Mapping[str, str]]]
+# (provider, replica index, replica URL): one reading, kept across reloads that keep the replica.
+Key = tuple[str, int, str]
+
+# How often the set of replicas to read is compared with the config serving now (a reload may change it).
+_CONFIG_CHECK_S: Final = 1.0
 
 
-def parse(text: str, gauges: EngineGauges) -> EngineLoad | None:
-    """The load in one Prometheus text exposition (series summed over their labels), or None without the
-    waiting queue's series."""
-    wanted = {*gauges.waiting, *gauges.running, *gauges.kv_usage}
-    found: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        name_end = min((i for i in (line.find("{"), line.find(" ")) if i >= 0), default=-1)
-        if name_end <= 0:
-            continue
-        name = line[:name_end]
-        if name not in wanted:
-            continue
-        rest = line[line.find("}", name_end) + 1 :] if line[name_end] == "{" else line[name_end:]
-        value = rest.split()
-        try:
-            found[name] = found.get(name, 0.0) + float(value[0])
-        except (IndexError, ValueError):
-            continue
-
-    def first(names: tuple[str, ...]) -> float | None:
-        return next((found[n] for n in names if n in found), None)
-
-    waiting = first(gauges.waiting)
-    if waiting is None:
-        return None
-    return EngineLoad(waiting=waiting, running=first(gauges.running) or 0.0, kv_usage=first(gauges.kv_usage))
+async def read_load(
+    transport: httpx.AsyncBaseTransport,
+    url: str,
+    gauges: EngineGauges,
+    headers: Mapping[str, str],
+    timeout_s: float,
+    max_bytes: int,
+) -> EngineLoad:
+    """One replica's load from its exposition at `url`. Raises Unreadable with the cause."""
+    # The transport, not a client: no per-request log line, no decoding of a body it would hold whole.
+    request = httpx.Request(
+        "GET",
+        url,
+        headers={**headers, "accept": "text/plain", "accept-encoding": "identity"},
+        extensions={"timeout": dict.fromkeys(("connect", "read", "write", "pool"), timeout_s)},
+    )
+    try:
+        async with asyncio.timeout(timeout_s):  # the whole read, a body dripping byte by byte too
+            resp = await transport.handle_async_request(request)
+            try:
+                if resp.status_code != 200:
+                    raise Unreadable(f"HTTP {resp.status_code}", "http_status")
+                # A replica may compress even when asked not to: undone here, within the same cap.
+                inflater = Inflater(resp.headers.get("content-encoding", ""))
+                parsed = Exposition(gauges, max_bytes)
+                wire = 0
+                async for chunk in resp.stream:  # type: ignore[union-attr]
+                    wire += len(chunk)
+                    if wire > max_bytes:
+                        raise Unreadable(f"larger than {max_bytes} bytes", "too_large")
+                    for piece in inflater.pieces(chunk):
+                        parsed.feed(piece)
+                    while piece := inflater.more():
+                        parsed.feed(piece)
+                        await asyncio.sleep(0)  # one piece's work at a time: the loop serves requests between
+                    await asyncio.sleep(0)
+                return parsed.load()
+            finally:
+                await resp.aclose()
+    except TimeoutError:
+        raise Unreadable(f"no whole answer within {round(timeout_s * 1000)} ms", "timeout") from None
+    except (httpx.TransportError, OSError) as exc:
+        raise Unreadable(type(exc).__name__, "transport") from None
 
 
 class EngineReader(Background):
-    """One background task per pipeline: every fleet with engine metrics on, each replica in turn."""
+    """Per pipeline: a supervising task that keeps one reading task per replica of every watched fleet."""
 
-    def __init__(self, fleets: Callable[[], Mapping[str, tuple[Fleet, EngineGauges, Mapping[str, str]]]]) -> None:
+    def __init__(self, fleets: Callable[[], Watched], failed: Callable[[str, str], None] | None = None) -> None:
         self._fleets = fleets
+        self._failed = failed  # counts a failed read: (the replica's name, the cause's kind)
+        self._watched: Watched = {}
+        # Why each replica's metrics cannot be read now (None: they can), so that only changes are logged.
+        self._trouble: dict[Key, str | None] = {}
         super().__init__()
 
     def start(self) -> None:
-        if self._fleets():
-            self._spawn(self._run(), "fleet-engine-metrics")
+        # Also without a watched fleet now: a reload may add one, and the supervisor follows reloads.
+        self._spawn(self._run(), "fleet-engine-metrics")
 
     async def _run(self) -> None:
-        async with httpx.AsyncClient(trust_env=False, timeout=2.0) as client:
+        transport = httpx.AsyncHTTPTransport(retries=0)
+        readers: dict[Key, asyncio.Task[None]] = {}
+        loop = asyncio.get_running_loop()
+        try:
             while True:
-                fleets = self._fleets()
-                interval = min((f.routing.metrics_interval_ms for f, _, _ in fleets.values()), default=1000)
-                await asyncio.gather(*(self.read_fleet(client, *entry) for entry in fleets.values()))
-                await asyncio.sleep(interval / 1000)
+                self._watched = watched_now = self._fleets()
+                keys = {(n, i, u) for n, (f, _, _) in watched_now.items() for i, u in enumerate(f.urls)}
+                for key in keys - readers.keys():
+                    readers[key] = loop.create_task(
+                        self._replica(transport, key), name=f"engine-metrics {key[0]}@{key[1]}"
+                    )
+                for key in readers.keys() - keys:
+                    readers.pop(key).cancel()
+                    self._trouble.pop(key, None)
+                await asyncio.sleep(_CONFIG_CHECK_S)
+        finally:
+            for task in readers.values():
+                task.cancel()
+            await asyncio.gather(*readers.values(), return_exceptions=True)
+            await transport.aclose()
 
-    @staticmethod
-    async def read_fleet(
-        client: httpx.AsyncClient, fleet: Fleet, gauges: EngineGauges, headers: Mapping[str, str]
-    ) -> None:
-        async def one(i: int, url: str) -> None:
+    async def _replica(self, transport: httpx.AsyncBaseTransport, key: Key) -> None:
+        name, i, url = key
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            entry = self._watched.get(name)
+            if entry is None or i >= entry[0].size or entry[0].urls[i] != url:
+                return  # gone with a reload; the supervisor forgets it
+            fleet, gauges, headers = entry
+            r = fleet.routing
             try:
-                resp = await client.get(server_root(url) + gauges.path, headers=dict(headers))
-                body = resp.content[:MAX_EXPOSITION_BYTES]
-                fleet.engine[i] = parse(body.decode("utf-8", "replace"), gauges) if resp.status_code == 200 else None
-            except (httpx.HTTPError, OSError):
-                fleet.engine[i] = None  # unknown, not dead
-            except Exception:  # a bug must not end the reader: keep routing on what is known
+                load: EngineLoad | None = await read_load(
+                    transport,
+                    server_root(url) + gauges.path,
+                    gauges,
+                    headers,
+                    r.metrics_timeout_ms / 1000,
+                    r.metrics_max_bytes,
+                )
+                cause: str | None = None
+                kind: str | None = None
+            except Unreadable as exc:
+                load, cause, kind = None, str(exc), exc.kind
+            except Exception as exc:  # a bug must not end the reader: keep routing on what is known
                 log.exception("reading %s's engine metrics failed", fleet.names[i])
-                fleet.engine[i] = None
+                load, cause, kind = None, f"unexpected {type(exc).__name__}", "unexpected"
+            if kind is not None and self._failed is not None:
+                self._failed(fleet.names[i], kind)
+            fleet.engine[i] = load  # None: unknown, routed as idle, not as dead
+            fleet.engine_error[i] = cause
+            self._note(key, fleet.names[i], cause)
+            await asyncio.sleep(max(0.0, started + r.metrics_interval_ms / 1000 - loop.time()))
 
-        await asyncio.gather(*(one(i, url) for i, url in enumerate(fleet.urls)))
+    def _note(self, key: Key, replica: str, cause: str | None) -> None:
+        """Log a change of a replica's readability once: WARNING when it is lost, INFO when it is back."""
+        first = key not in self._trouble
+        before = self._trouble.get(key)
+        self._trouble[key] = cause
+        if cause is not None and (first or before is None):
+            log.warning(
+                "fleet: %s's engine metrics cannot be read (%s); it is routed as if its load were unknown "
+                "until they can",
+                replica,
+                cause,
+            )
+        elif cause is None and before is not None:
+            log.info("fleet: %s's engine metrics are read again", replica)
 
 
-def watched(
-    fleets: Mapping[str, Fleet], providers: Mapping[str, ProviderConfig]
-) -> dict[str, tuple[Fleet, EngineGauges, Mapping[str, str]]]:
+def watched(fleets: Mapping[str, Fleet], providers: Mapping[str, ProviderConfig]) -> Watched:
     """The fleets whose engine load is read: `routing.engine_metrics` on and a kind that declares gauges."""
     out: dict[str, tuple[Fleet, EngineGauges, Mapping[str, str]]] = {}
     for name, fleet in fleets.items():

@@ -50,6 +50,8 @@ class Fleet:
         self.draining = [replica_drained(r) for r in replicas]  # type: ignore[arg-type]
         # Written by the engine-metrics reader (gateway/fleet/engine.py); None: unknown, routed as idle.
         self.engine: list[EngineLoad | None] = [None] * len(self.urls)
+        # Why a replica's load is unknown (the status page shows it); None once it is read.
+        self.engine_error: list[str | None] = [None] * len(self.urls)
         self.ring = Ring(self.urls, self.weights)
         self._current = [0.0] * len(self.urls)  # smooth weighted round robin
         self._turn = 0

@@ -209,6 +209,13 @@ class Metrics:
             "gateway_fallbacks", "Requests served by a target other than their first choice", ["model"], registry=r
         )
         self.cooldowns = Counter("gateway_cooldowns", "Targets cooled down", ["target", "cause"], registry=r)
+        # Fleets with `routing.engine_metrics`: reads of a replica's /metrics that gave no load (gateway/fleet).
+        self.engine_unreadable = Counter(
+            "gateway_engine_metrics_unreadable",
+            "Reads of a replica's own metrics that gave no load, by replica and cause",
+            ["replica", "cause"],
+            registry=r,
+        )
         self.rate_limited = Counter(
             "gateway_rate_limited", "Requests refused by a rate limit or budget", ["code", "model"], registry=r
         )
@@ -244,6 +251,9 @@ class Metrics:
     def bind(self, labels: ModelLabels) -> None:
         """Fold labels by this config's names from now on (a reload binds the new config's)."""
         self.labels = labels
+
+    def engine_failed(self, replica: str, cause: str) -> None:
+        self.engine_unreadable.labels(replica, cause).inc()
 
     def cooldown(self, target: str, cause: str) -> None:
         self.cooldowns.labels(self.labels.fold(target), cause).inc()

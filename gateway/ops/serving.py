@@ -110,6 +110,9 @@ def log_config(grace_s: int) -> dict[str, Any]:
             # INFO reaches the filter, which keeps only the shutdown lines of it.
             "uvicorn.error": {"level": "INFO", "filters": ["drain"]},
             "uvicorn.access": {"level": "WARNING"},
+            # httpx writes an INFO line per request (a provider on `transport: httpx`): the access log and
+            # the gateway's own lines already say what happened, once.
+            "httpx": {"level": "WARNING"},
         },
     }
 

@@ -1,4 +1,4 @@
-"""The replica policies and the engine-metrics parser as pure functions (the socket tests are next door)."""
+"""The replica policies as pure functions (the socket tests are next door)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,7 @@ from collections import Counter
 
 from gateway.config import ReplicaConfig, RoutingConfig
 from gateway.fleet.affinity import Ring, prefix_key
-from gateway.fleet.engine import parse
 from gateway.fleet.picker import EngineLoad, Fleet, Hint
-from providers.engine import LLAMACPP_GAUGES, SGLANG_GAUGES, VLLM_GAUGES
 from wire.schema import CompletionRequest
 
 URLS = ["http://a:8000/v1", "http://b:8000/v1", "http://c:8000/v1"]
@@ -73,22 +71,6 @@ def test_least_outstanding_counts_the_engine_queue() -> None:
     fleet = Fleet("e", URLS, RoutingConfig(policy="least_outstanding"))
     fleet.engine[1] = EngineLoad(waiting=4, running=2)
     assert fleet.choose([1, 0, 2], WARM, None)[0] == 0
-
-
-def test_engine_metrics_are_parsed_per_kind_and_missing_ones_are_unknown() -> None:
-    vllm = """# HELP vllm:num_requests_waiting Number of requests waiting.
-# TYPE vllm:num_requests_waiting gauge
-vllm:num_requests_waiting{engine="0",model_name="m"} 3.0
-vllm:num_requests_waiting{engine="1",model_name="m"} 2.0
-vllm:num_requests_running{engine="0",model_name="m"} 7.0
-vllm:gpu_cache_usage_perc{model_name="m"} 0.25
-vllm:num_requests_waiting_by_reason{reason="x"} 99
-"""
-    assert parse(vllm, VLLM_GAUGES) == EngineLoad(waiting=5.0, running=7.0, kv_usage=0.25)
-    assert parse("sglang:num_queue_reqs 4\nsglang:num_running_reqs 1\n", SGLANG_GAUGES) == EngineLoad(4.0, 1.0)
-    assert parse("llamacpp:requests_deferred 2\n", LLAMACPP_GAUGES) == EngineLoad(2.0, 0.0)
-    assert parse("<html>not metrics</html>", VLLM_GAUGES) is None
-    assert parse('vllm:num_requests_waiting{a="b"} NaNx\n', VLLM_GAUGES) is None
 
 
 def test_a_prefix_spreads_to_its_ring_neighbour_when_that_is_clearly_idler_but_a_session_stays() -> None:

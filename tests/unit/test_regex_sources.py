@@ -31,7 +31,7 @@ def dynamic_patterns(source: str) -> list[int]:
             and node.func.value.id == "re"
             and node.func.attr in CALLS
             and node.args
-            and not (isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str))
+            and not (isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str | bytes))
         ):
             lines.append(node.lineno)
     return lines
@@ -42,6 +42,8 @@ def test_the_check_sees_a_built_pattern() -> None:
     built = 'import re\nstarts = re.compile("[" + "".join(map(re.escape, firsts)) + "]")\n'
     assert dynamic_patterns(built) == [2]
     assert dynamic_patterns('import re\nre.compile(r"[a-z]+")\n') == []
+    assert dynamic_patterns('import re\nre.compile(rb"[a-z]+")\n') == []  # bytes, written in the source too
+    assert dynamic_patterns('import re\nre.compile(b"[" + first + b"]")\n') == [2]
 
 
 def test_no_re_pattern_is_built_from_text() -> None:

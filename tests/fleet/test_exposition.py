@@ -1,0 +1,97 @@
+"""The engine-metrics parser and inflater as pure functions: per kind, piece by piece, hostile values refused.
+
+The reads over real sockets (a 400 MiB body, a gzip bomb, a slow replica) are in test_hostile_metrics.py.
+"""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+
+import pytest
+
+from gateway.fleet.exposition import MAX_LINE, PIECE, Exposition, Inflater, Unreadable, parse
+from gateway.fleet.picker import EngineLoad
+from providers.engine import LLAMACPP_GAUGES, SGLANG_GAUGES, VLLM_GAUGES
+
+VLLM = b"""# HELP vllm:num_requests_waiting Number of requests waiting.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 3.0
+vllm:num_requests_waiting{engine="1",model_name="m"} 2.0
+vllm:num_requests_running{engine="0",model_name="m"} 7.0
+vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.25
+vllm:gpu_cache_usage_perc{engine="1",model_name="m"} 0.5
+vllm:num_requests_waiting_by_reason{reason="x"} 99
+vllm:num_requests_waiting_total 1e9
+"""
+
+
+def test_engine_metrics_are_parsed_per_kind_and_missing_ones_are_unreadable() -> None:
+    # Waiting and running are summed over labels (one per data-parallel engine); KV usage is the fullest.
+    assert parse(VLLM, VLLM_GAUGES) == EngineLoad(waiting=5.0, running=7.0, kv_usage=0.5)
+    assert parse(b"sglang:num_queue_reqs 4\nsglang:num_running_reqs 1\n", SGLANG_GAUGES) == EngineLoad(4.0, 1.0)
+    assert parse(b"llamacpp:requests_deferred 2 1700000000000", LLAMACPP_GAUGES) == EngineLoad(2.0, 0.0)
+    assert parse(b'vllm:num_requests_waiting{a="}"} 1\n', VLLM_GAUGES) == EngineLoad(1.0, 0.0)
+    with pytest.raises(Unreadable, match="no vllm:num_requests_waiting series"):
+        parse(b"<html>not metrics</html>", VLLM_GAUGES)
+    with pytest.raises(Unreadable, match="no vllm:num_requests_waiting series"):
+        parse(b'vllm:num_requests_waiting{a="b"} NaNx\n', VLLM_GAUGES)
+
+
+@pytest.mark.parametrize("value", ["-1e9", "-1", "NaN", "+Inf", "-Inf", "1e7", "1e308"])
+def test_a_negative_not_finite_or_absurd_value_makes_the_reading_unreadable(value: str) -> None:
+    body = f"vllm:num_requests_waiting {value}\nvllm:num_requests_running 1\n".encode()
+    with pytest.raises(Unreadable, match="invalid value of vllm:num_requests_waiting") as refused:
+        parse(body, VLLM_GAUGES)
+    assert refused.value.kind == "invalid_value"
+    body = f"vllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc {value.replace('1e7', '1.5')}\n".encode()
+    with pytest.raises(Unreadable, match="invalid value of vllm:kv_cache_usage_perc"):
+        parse(body, VLLM_GAUGES)
+
+
+def test_many_valid_samples_cannot_add_up_to_an_absurd_load() -> None:
+    body = b"".join(b'vllm:num_requests_waiting{i="%d"} 900000\n' % i for i in range(3))
+    with pytest.raises(Unreadable, match="absurd total"):
+        parse(body, VLLM_GAUGES)
+
+
+def test_pieces_cut_anywhere_give_the_same_load() -> None:
+    expected = parse(VLLM, VLLM_GAUGES)
+    for size in (1, 2, 7, 33):
+        exp = Exposition(VLLM_GAUGES, 1 << 20)
+        for start in range(0, len(VLLM), size):
+            exp.feed(VLLM[start : start + size])
+        assert exp.load() == expected
+
+
+def test_the_cap_counts_every_byte_fed_and_an_overlong_line_is_skipped() -> None:
+    exp = Exposition(VLLM_GAUGES, 1000)
+    exp.feed(b"#" * 1000)
+    with pytest.raises(Unreadable, match="larger than 1000 bytes"):
+        exp.feed(b"\n")
+    # A line longer than MAX_LINE is dropped without being held; the lines after it still count.
+    exp = Exposition(VLLM_GAUGES, 1 << 30)
+    exp.feed(b"vllm:num_requests_waiting 5" + b"0" * MAX_LINE)
+    exp.feed(b"0" * MAX_LINE + b"\nvllm:num_requests_waiting 2\n")
+    assert exp.load() == EngineLoad(2.0, 0.0)
+
+
+def test_a_gzip_bomb_inflates_one_piece_at_a_time() -> None:
+    bomb = gzip.compress(b"\n" * (256 * 1024 * 1024), compresslevel=9)
+    assert len(bomb) < 300_000
+    inflater = Inflater("gzip")
+    pieces = inflater.pieces(bomb)
+    assert [len(p) for p in pieces] == [PIECE]  # not 256 MiB: the rest waits in the inflater
+    total = PIECE
+    for _ in range(10):
+        more = inflater.more()
+        assert len(more) == PIECE
+        total += len(more)
+    assert total == 11 * PIECE
+    # deflate (zlib) too; anything else, and a body that is not what it claims, is unreadable.
+    assert Inflater("deflate").pieces(zlib.compress(b"x 1\n")) == [b"x 1\n"]
+    assert Inflater("identity").pieces(b"abc") == [b"abc"]
+    with pytest.raises(Unreadable, match="unsupported content-encoding 'br'"):
+        Inflater("br")
+    with pytest.raises(Unreadable, match="malformed compressed body"):
+        Inflater("gzip").pieces(b"not gzip at all")
