@@ -11,7 +11,7 @@ CONFIG ?= config.yaml
 .venv/bin/python: $(VENV)/.dev
 
 $(VENV)/.dev: pyproject.toml
-	@echo "installing the gateway, its runtime dependencies and the dev tools (pytest, ruff, mypy, ...) into $(VENV) (pip's progress follows; once, then make test starts at once)"
+	@echo "installing the gateway, its runtime dependencies and the dev tools (pytest, ruff, mypy, ...) into $(VENV) (pip's progress follows; only the first time)"
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install -e '.[dev]'
