@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--config", default="config.yaml", metavar="PATH", help="the YAML config (default: config.yaml)")
     serve.add_argument("--host", help="address to listen on (default: the config's server.host, 127.0.0.1)")
     serve.add_argument(
-        "--port", type=int, help="port to listen on, 0 for one the kernel picks (default: the config's server.port, 8080)"
+        "--port", type=int, help="port to listen on, 0: the kernel picks one (default: server.port, 8080)"
     )
     serve.add_argument(
         "--workers",
