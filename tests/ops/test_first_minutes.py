@@ -203,3 +203,6 @@ def test_serve_help_explains_every_option_with_its_default() -> None:
     for option, text in helps.items():
         if option != "-h":
             assert "default" in text, f"{option} does not say its default: {text!r}"
+    # README's synopsis names every option serve takes.
+    synopsis = (REPO / "README.md").read_text().split("## Command line", 1)[1].split("```")[1]
+    assert {o for o in helps if o != "-h"} <= set(re.findall(r"--[a-z-]+", synopsis)), synopsis
