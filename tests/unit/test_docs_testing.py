@@ -36,7 +36,7 @@ def test_the_skip_counts_in_testing_md_are_the_collected_counts() -> None:
     page = (ROOT / "docs" / "testing.md").read_text()
     table = page.split("## What the suite needs", 1)[1].split("\n## ", 1)[0]
     claims = {path: int(n) for path, n in re.findall(r"`(tests/[\w/.]+)` \((\d+)(?: tests?)?\)", table)}
-    assert "tests/realservers/" in claims and len(claims) >= 4, claims
+    assert "tests/realservers/" in claims, claims
     assert _collected(list(claims)) == claims
     # The same count where the page explains the real-server suite.
     assert f"all {claims['tests/realservers/']} tests of\n`tests/realservers/`" in page
