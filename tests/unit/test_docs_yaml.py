@@ -99,7 +99,8 @@ def test_a_broken_whole_config_is_caught() -> None:
 
 
 def test_a_broken_fragment_is_caught() -> None:
-    found = [p for p in _planted("docs/ledger.md", "```yaml\n", "```yaml\nretries: {attempts: many}\n") if p]
+    text = (ROOT / "README.md").read_text() + "\n```yaml\nretries: {attempts: many}\n```\n"
+    found = [p for p in (problem(b, f"README.md:{line}") for line, b in blocks(text)) if p]
     assert len(found) == 1 and "retries.attempts" in found[0], found
 
 
