@@ -15,13 +15,14 @@ import pytest
 
 from gateway.config import ConfigError
 from gateway.config.loading import parse_config
+from providers.openai_compat import OpenAICompatible
 from providers.registry import REGISTRY, kinds
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 KINDS = set(kinds())
 # A paragraph that names this many kinds is taken for a list of every kind.
-MOST = 8
+MOST = 12
 # The names prose uses for the self-hosted kinds.
 PROSE = {"vllm": "vLLM", "sglang": "SGLang", "llamacpp": "llama.cpp", "tgi": "TGI", "ollama": "Ollama"}
 
@@ -65,6 +66,19 @@ def test_a_paragraph_that_lists_most_kinds_lists_every_kind() -> None:
         if len(found := {t for t in re.findall(r"`([a-z_]+)`", para) if t in KINDS}) >= MOST and found != KINDS
     }
     assert not short, short
+
+
+def test_a_list_of_the_openai_compatible_kinds_is_the_family() -> None:
+    family = {kind for kind, cls in REGISTRY.items() if issubclass(cls, OpenAICompatible)}
+    runs = [
+        (page, found)
+        for page, para in _paragraphs()
+        if "OpenAI-compatible" in para
+        for run in re.findall(r"`[a-z_]+`(?:,\s+`[a-z_]+`){4,}", para)
+        if len(found := {k for k in re.findall(r"`([a-z_]+)`", run) if k in KINDS}) >= 5
+    ]
+    assert len(runs) >= 2, runs  # README's list of kinds and provider-notes.md's
+    assert all(found == family for _, found in runs), [(p, sorted(family ^ f)) for p, f in runs if f != family]
 
 
 def test_a_table_by_kind_names_each_kind_once() -> None:
