@@ -1,9 +1,10 @@
 """The docs' lists of provider kinds agree with the registry (providers/registry.py), the one list of kinds.
 
 A kind added to the registry and forgotten in a page fails here: README's `check-config` example is the
-loader's own message; a paragraph that lists most kinds lists them all; a table keyed by `kind` names each
-kind once (or has an "every other kind" row); the lists of self-hosted kinds (replicas, discovery by
-default, native sampling fields) are the kinds whose adapters declare it. Pages are read, not rendered.
+loader's own message; a paragraph that lists most kinds lists them all; a list of the OpenAI-compatible
+kinds is the registry's subclasses of that base; a table keyed by `kind` names each kind once (or has an
+"every other kind" row); the lists of self-hosted kinds (replicas, discovery by default, native sampling
+fields) are the kinds whose adapters declare it. Pages are read, not rendered.
 """
 
 from __future__ import annotations
