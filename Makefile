@@ -11,9 +11,10 @@ CONFIG ?= config.yaml
 .venv/bin/python: $(VENV)/.dev
 
 $(VENV)/.dev: pyproject.toml
+	@echo "installing the gateway, its runtime dependencies and the dev tools (pytest, ruff, mypy, ...) into $(VENV) (pip's progress follows; only the first time)"
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install --upgrade pip
+	$(BIN)/pip install -e '.[dev]'
 	@touch $@
 
 $(VENV)/.runtime: pyproject.toml
@@ -34,9 +35,12 @@ docs: $(BIN)/python
 	$(BIN)/python -m gateway docs
 	$(BIN)/python -m providers.matrix > docs/providers.md
 
-## Run the whole test suite.
+## Run the whole test suite: each test file's name as it starts, then a mark per test and the share done;
+## skipped tests are listed at the end with their reasons (-rs). `make test PYTEST_ARGS="-x tests/cache"`
+## runs one directory (and keeps -rs).
 test: $(BIN)/python
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	@echo "collecting the tests, then running them file by file (skips and why are listed at the end; docs/testing.md)"
+	$(BIN)/python -m pytest -rs $(PYTEST_ARGS)
 
 lint: $(BIN)/python
 	$(BIN)/ruff check gateway providers wire tests bench

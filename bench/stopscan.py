@@ -1,8 +1,8 @@
 """``python -m bench.stopscan STOPS TEXT REPS``: feed one text through the stop scanner REPS times.
 
 Run it under callgrind twice with different REPS; the difference of the totals over the difference of
-the pieces fed is the scan's instructions per piece (docs/performance.md, "The stop scan without a
-regex"). STOPS: ``lm-eval`` (HumanEval's stops and the end-of-text token) or ``many`` (24 stops, 15
+the pieces fed is the scan's instructions per piece (docs/performance.md, "What each
+feature costs"). STOPS: ``lm-eval`` (HumanEval's stops and the end-of-text token) or ``many`` (24 stops, 15
 distinct first characters). TEXT: ``ascii`` (stream pieces like `` tok7``), ``code`` (pieces of Python,
 about half with a newline or ``<``), ``cjk`` (Japanese pieces) or ``long`` (one 3,250-character answer).
 """

@@ -265,22 +265,38 @@ def _docs(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gateway", description="LLM completions gateway")
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="run the gateway")
-    serve.add_argument("--config", default="config.yaml")
-    serve.add_argument("--host")
-    serve.add_argument("--port", type=int)
-    serve.add_argument("--workers", type=int)
-    serve.add_argument("--env-file", help=ENV_FILE_HELP)
-    serve.add_argument("--server", choices=SERVERS, default="uvicorn", help="the HTTP server (default: uvicorn)")
+    serve = sub.add_parser(
+        "serve",
+        help="run the gateway",
+        description="Validate the config, then serve it. Options given here override the config's server: block.",
+    )
+    serve.add_argument("--config", default="config.yaml", metavar="PATH", help="the YAML config (default: config.yaml)")
+    serve.add_argument("--host", help="address to listen on (default: the config's server.host, 127.0.0.1)")
+    serve.add_argument(
+        "--port", type=int, help="port to listen on, 0: the kernel picks one (default: server.port, 8080)"
+    )
+    serve.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="worker processes (default: server.workers, 1); without redis.url each keeps its own state",
+    )
+    serve.add_argument("--env-file", metavar="PATH", help=ENV_FILE_HELP)
+    serve.add_argument(
+        "--server",
+        choices=SERVERS,
+        default="uvicorn",
+        help="the HTTP server (default: uvicorn; granian needs the granian extra)",
+    )
     serve.set_defaults(run=_serve)
     check = sub.add_parser("check-config", help="validate a config file and exit")
-    check.add_argument("config")
-    check.add_argument("--env-file", help=ENV_FILE_HELP)
+    check.add_argument("config", metavar="PATH", help="the YAML config to validate as serve would")
+    check.add_argument("--env-file", metavar="PATH", help=ENV_FILE_HELP)
     check.add_argument("--strict", action="store_true", help="also fail on unset ${VAR} references")
     check.set_defaults(run=_check)
     docs = sub.add_parser("docs", help="regenerate docs/config.md from the typed config (--check: exit 1 if stale)")
     docs.add_argument("--check", action="store_true", help="exit 1 when the file is stale instead of writing it")
-    docs.add_argument("--path", default="docs/config.md")
+    docs.add_argument("--path", default="docs/config.md", help="the file to write (default: docs/config.md)")
     docs.set_defaults(run=_docs)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)

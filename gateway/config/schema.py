@@ -277,10 +277,10 @@ class ProviderConfig(Strict, frozen=True):
     # where they usually are: `base_url` without a trailing `/v1` (docs/clients.md).
     tokenizer_url: str | None = None
     # Ask the upstream which models it serves, for GET /v1/models (gateway/edge/discovery.py). Unset: the kind's
-    # default, on for self-hosted servers (vllm, llamacpp, tgi, ollama), off for hosted catalogs.
+    # default, on for self-hosted servers (docs/config.md lists the kinds), off for hosted catalogs.
     discover: bool | None = None
     # A self-hosted engine run as several replicas serving the same models, instead of one base_url: URLs,
-    # or {url, weight, drain}. Each is its own target (`<provider>@<i>`); docs/fleets.md.
+    # or {url, weight, drain}. Each is its own target (`<provider>@<i>`, i from 0 in list order); docs/fleets.md.
     replicas: list[str | ReplicaConfig] = msgspec.field(default_factory=list)
     # Which replica serves each request (needs replicas:); unset: round robin.
     routing: RoutingConfig | None = None

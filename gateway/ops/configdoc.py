@@ -95,7 +95,7 @@ MEANINGS: dict[str, str] = {
     "keys[].key": "the secret, normally `${VAR}`",
     "keys[].models": "model strings this key may call, matched against what the client sends: `*` and `?` stop at `/`, "
     "`**` crosses it (`openai/*`, `fireworks/**`, `fast`); everything else is literal "
-    "([security.md](security.md#key-globs-item-15--breaking-change-for-operators))",
+    "([security.md](security.md#key-globs--stops-at-))",
     "keys[].max_cost_per_day": "daily budget per UTC day: at or over it, 429 `budget_exceeded` until 00:00 UTC; `0` "
     "blocks the key ([operations.md](operations.md))",
     "prices": "model string or glob → `{prompt_per_1m, completion_per_1m}` (USD per million tokens, default 0) for "

@@ -1,9 +1,10 @@
 """A newcomer's first minutes with the shipped config, as real `python -m gateway serve` processes.
 
-`make run` installs the runtime dependencies only, with pip's progress shown; `serve` reads a `.env`
-beside the config (the environment wins); without an admin key `GET /` is 404 like the rest of the admin
-surface; what cannot be called (key unset, nobody listening) is shown unavailable with its reason and left
-out of `GET /v1/models`; start-up prints one request that works, and it does.
+`make run` installs the runtime dependencies only and `make test` the dev tools, each saying so first and
+showing pip's progress; `serve` reads a `.env` beside the config (the environment wins); without an admin key
+`GET /` is 404 like the rest of the admin surface; what cannot be called (key unset, nobody listening) is
+shown unavailable with its reason and left out of `GET /v1/models`; start-up prints one request that works,
+and it does.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def _no_vllm(**extra: str) -> dict[str, str]:
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
-def test_make_run_installs_the_runtime_only_and_shows_pips_progress(tmp_path: Path) -> None:
+def test_make_run_and_make_test_say_what_they_install_and_show_progress(tmp_path: Path) -> None:
     """On a fresh clone (no .venv): what `make run` would do, then what it does once the dev tools are in."""
     for name in ("Makefile", "pyproject.toml"):
         shutil.copy(REPO / name, tmp_path / name)
@@ -72,10 +73,15 @@ def test_make_run_installs_the_runtime_only_and_shows_pips_progress(tmp_path: Pa
     (tmp_path / ".venv" / "bin" / "python").symlink_to(shutil.which("python3") or "/usr/bin/python3")
     (tmp_path / ".venv" / ".runtime").touch()
     assert dry_run("run") == [run[-1]]
-    assert any("'.[dev]'" in line for line in dry_run(".venv/bin/python"))
+    dev = dry_run(".venv/bin/python")
+    # The first `make test` says what it installs before pip starts, and pip's progress is shown, not -q.
+    assert dev[0].startswith("echo ") and "dev tools" in dev[0], dev
+    assert any("'.[dev]'" in line for line in dev) and not any(" -q" in line for line in dev), dev
     (tmp_path / ".venv" / ".dev").touch()
     assert dry_run("run") == [run[-1]]  # the dev install holds the runtime: nothing more to install
-    assert dry_run("test") == [".venv/bin/python -m pytest -q "]
+    test = dry_run("test")
+    # What it does is said before pytest's collection (silent for seconds), and skip reasons are always listed.
+    assert test[0].startswith("echo ") and test[-1] == ".venv/bin/python -m pytest -rs ", test
 
 
 def test_serve_reads_the_env_file_beside_the_config_and_the_environment_wins(tmp_path: Path) -> None:
@@ -185,3 +191,18 @@ def test_start_up_prints_a_first_request_that_works(tmp_path: Path) -> None:
         assert resp.json()["choices"][0]["text"]
     finally:
         proc.stop()
+
+
+def test_serve_help_explains_every_option_with_its_default() -> None:
+    result = run_cli(["serve", "--help"])
+    assert result.returncode == 0, result.stderr
+    # argparse prints each option, then its help on the same line or the lines below it, up to the next option.
+    options = re.split(r"\n  (?=-)", result.stdout.split("options:", 1)[1])[1:]
+    helps = {o.split()[0].rstrip(","): " ".join(o.split()[1:]) for o in options}
+    assert set(helps) == {"-h", "--config", "--host", "--port", "--workers", "--env-file", "--server"}, helps
+    for option, text in helps.items():
+        if option != "-h":
+            assert "default" in text, f"{option} does not say its default: {text!r}"
+    # README's synopsis names every option serve takes.
+    synopsis = (REPO / "README.md").read_text().split("## Command line", 1)[1].split("```")[1]
+    assert {o for o in helps if o != "-h"} <= set(re.findall(r"--[a-z-]+", synopsis)), synopsis

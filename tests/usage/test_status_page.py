@@ -82,6 +82,10 @@ async def test_status_page_renders_live_data(gw: GatewayThread, page: CDP, tmp_p
     assert failing[1] == "cooling" and failing[3] == "error" and failing[4] == "1"
     assert failing[2].endswith(" s") and 20 < float(failing[2].split()[0]) <= 30  # cooldown left
     assert next(r for r in rows if r[0] == "demo/long")[1] == "ok"
+    # No alias here balances by latency: the column is blank for every target, and the panel says why.
+    assert {r[6] for r in rows} == {"\u2013"}
+    note = await page.eval("document.getElementById('targets').parentElement.querySelector('p').innerText")
+    assert "strategy: latency" in note and "least-busy" in note
     # A target nothing can call is not "ok": the page says so, and why.
     unset = next(r for r in rows if r[0] == "openai/gpt-3.5-turbo-instruct")
     assert unset[1] == "unavailable" and "USAGE_UNSET_OPENAI_KEY is not set" in unset[3]
