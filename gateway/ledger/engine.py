@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Final, TypeVar, cast
 
+from gateway.config import ledger_target
 from gateway.ledger.schema import MIGRATIONS, VERSION, SchemaError
 
 T = TypeVar("T")
@@ -40,15 +41,8 @@ class LedgerDown(Exception):
 
 
 def parse_url(url: str) -> tuple[str, str]:
-    """(engine, target): a SQLite file path or a PostgreSQL connection string; ValueError names the problem."""
-    if url.startswith("sqlite:///"):
-        path = url[len("sqlite:///") :]
-        if not path:
-            raise ValueError("sqlite:/// needs a file path (sqlite:///ledger.db, sqlite:////var/lib/gw/ledger.db)")
-        return SQLITE, path
-    if url.startswith(("postgresql://", "postgres://")):
-        return POSTGRES, url
-    raise ValueError(f"expected sqlite:///<path> or postgresql://..., got {url.split(':', 1)[0]!r}")
+    """(engine, target): the config's own check of `ledger.url` (gateway/config/loading.py)."""
+    return ledger_target(url)
 
 
 def _drop(cur: Cursor, name: str) -> int:
