@@ -47,6 +47,8 @@ _ORPHANS_EVERY_S: Final = 60
 _RETAIN_BATCH: Final = 5000  # SQLite: rows per DELETE (one short transaction each)
 _RETAIN_BATCHES: Final = 200  # ... and at most this many per turn; the rest waits for the next turn
 _SPILL_PREFIX: Final = "ledger-spill-"
+# Rows the database refused alone, one batch per line as in a spill file, never replayed: for the operator.
+_REJECTS_PREFIX: Final = "ledger-refused-"
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder(list[list[Any]]).decode
 
@@ -84,10 +86,10 @@ def commit(cur: Cursor, rows: Sequence[Row], db: Database) -> int:
 class Spill:
     """This process's spill file (locked while it lives) and the replay of every spill file in the directory."""
 
-    def __init__(self, directory: Path, max_bytes: int) -> None:
+    def __init__(self, directory: Path, max_bytes: int, prefix: str = "") -> None:
         self.dir = directory
         self.max_bytes = max_bytes
-        self.path = directory / f"{_SPILL_PREFIX}{os.getpid()}-{os.urandom(6).hex()}.jsonl"
+        self.path = directory / f"{prefix or _SPILL_PREFIX}{os.getpid()}-{os.urandom(6).hex()}.jsonl"
         self._fd: int | None = None
         self.size = 0
         self.lost = 0  # rows that found the spill file full
@@ -143,6 +145,11 @@ class Spill:
         self.size = 0
 
 
+def _why(exc: BaseException) -> str:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
 def _read(path: Path) -> list[list[list[Any]]]:
     out = []
     with contextlib.suppress(FileNotFoundError), path.open("rb") as f:
@@ -170,10 +177,13 @@ class Ledger:
         self.dropped = 0  # rows the full queue turned away
         self._dropped_logged = 0
         self.booked = 0
+        self.refused = 0  # rows the database refused alone (kept in `rejects`, never booked)
+        self.refused_why = ""
         self.down: str | None = None  # why the database could not be written, while it cannot
         self.teams: dict[str, str] = {}  # key name -> team, for the rows (YAML keys and runtime keys)
         spill_dir = Path(cfg.spill_dir) if cfg.spill_dir else self._default_spill_dir()
         self.spill = Spill(spill_dir, cfg.spill_bytes)
+        self.rejects = Spill(spill_dir, cfg.spill_bytes, _REJECTS_PREFIX)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="ledger")
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
@@ -257,13 +267,14 @@ class Ledger:
 
     def _write(self, rows: Batch) -> None:
         """On the ledger's thread: spilled batches first (oldest first), then these rows; spill on failure."""
+        refused = self.refused
         try:
             for _path, batch in self.spill.batches():
                 spilled = [tuple(r) for r in batch]
-                self.booked += self.db.transaction(functools.partial(commit, rows=spilled, db=self.db))
+                self._book(functools.partial(commit, rows=spilled, db=self.db), functools.partial(list, spilled))
             self.spill.replayed()
             if rows.size:
-                self.booked += self.db.transaction(lambda cur: commit_batch(cur, rows, self.db))
+                self._book(lambda cur: commit_batch(cur, rows, self.db), rows.full)
             if self.down is not None:
                 log.warning("ledger: %s answers again; spilled rows replayed", self.db.where)
                 self.down = None
@@ -271,12 +282,48 @@ class Ledger:
             if self.down is None:
                 log.warning("ledger: cannot write (%s); rows go to %s until it answers", exc, self.spill.path)
             self.down = str(exc)
+            # Rows of the batch already booked (split around a refused one) are booked once: replays skip
+            # the ids the database holds.
             if rows.size and not self.spill.write(rows.full()):
                 log.error(
                     "ledger: the spill file is full (ledger.spill_bytes = %d): %d row(s) lost so far",
                     self.spill.max_bytes,
                     self.spill.lost,
                 )
+        if self.refused != refused:
+            log.error(
+                "ledger: the database refused %d row(s) (%s); kept in %s, not booked (%d so far)",
+                self.refused - refused,
+                self.refused_why,
+                self.rejects.path,
+                self.refused,
+            )
+
+    def _book(self, body: Callable[[Cursor], int], rows: Callable[[], Sequence[Row]]) -> None:
+        """Commit a batch; one the database refuses (a value it cannot store, not an outage) is split in
+        halves, each its own transaction, down to the rows it refuses alone: those are kept aside and
+        counted, and every other row is booked. Only `LedgerDown` (an outage) leaves here."""
+        try:
+            self.booked += self.db.transaction(body)
+        except LedgerDown:
+            raise
+        except Exception as exc:  # whatever a row's values make the driver or the server refuse
+            self._split(list(rows()), exc)
+
+    def _split(self, rows: list[Row], exc: Exception) -> None:
+        if len(rows) == 1:
+            self.refused += 1
+            self.refused_why = _why(exc)
+            self.rejects.write(rows)
+            return
+        half = len(rows) // 2
+        for part in (rows[:half], rows[half:]):
+            try:
+                self.booked += self.db.transaction(functools.partial(commit, rows=part, db=self.db))
+            except LedgerDown:
+                raise
+            except Exception as again:
+                self._split(part, again)
 
     def _retain(self, days: int) -> None:
         """On the ledger's thread: remove rows older than `days` days (today counts as one)."""
