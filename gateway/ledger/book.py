@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Final, Protocol, cast
+from typing import Any, Final
 
 import msgspec
 
@@ -37,15 +37,12 @@ from gateway.ops.metrics import Record
 log = logging.getLogger("gateway")
 
 
-class Settles(Protocol):
-    def settle(self, rec: Record) -> None: ...
-
-
 _IN_CHUNK: Final = 500
 _RETAIN_EVERY_S: Final = 3600
 _ORPHANS_EVERY_S: Final = 60
 _RETAIN_BATCH: Final = 5000  # SQLite: rows per DELETE (one short transaction each)
 _RETAIN_BATCHES: Final = 200  # ... and at most this many per turn; the rest waits for the next turn
+_MARGIN_S: Final = 1.0  # what a `call` waits beyond `ledger.timeout_ms`, the database's own bound
 _SPILL_PREFIX: Final = "ledger-spill-"
 # Rows the database refused alone, one batch per line as in a spill file, never replayed: for the operator.
 _REJECTS_PREFIX: Final = "ledger-refused-"
@@ -164,7 +161,13 @@ class Ledger:
 
     def __init__(self, cfg: LedgerConfig) -> None:
         self.cfg = cfg
-        self.db = Database(cfg.url)
+        # Two connections, each on its own thread: the writer's (rows, rollups, retention) and the one
+        # everything else asks through `call` (keys, budgets' seeds, reports), so that neither waits behind
+        # the other, and every wait for the database is bounded by `timeout_ms`.
+        self.db = Database(cfg.url, cfg.timeout_ms)
+        self.rows = Database(cfg.url, cfg.timeout_ms)
+        # Why the database did not answer the last `call` (None: it did), for /ready and the budgets.
+        self.unanswered: str | None = None
         # Row ids: drawn here, in the worker, so that forked workers never share a prefix.
         # Ids sort in the order they are drawn (the start time first, then a counter of fixed width), so a
         # batch's rows are appended at the end of the primary key's index instead of spread through it.
@@ -185,6 +188,10 @@ class Ledger:
         self.spill = Spill(spill_dir, cfg.spill_bytes)
         self.rejects = Spill(spill_dir, cfg.spill_bytes, _REJECTS_PREFIX)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="ledger")
+        self._writer_pool = ThreadPoolExecutor(1, thread_name_prefix="ledger-writer")
+        # A caller waits for the database's own bound (its statement timeout), plus a margin, and no longer:
+        # a server that does not answer at all is an answer too.
+        self._wait_s = cfg.timeout_ms / 1000 + _MARGIN_S
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -203,10 +210,6 @@ class Ledger:
     # ------------------------------------------------------------------------------ the request path
 
     def append(self, rec: Record, elapsed_s: float) -> None:
-        hold = rec.hold
-        if hold is not None:  # a budgeted request: its reservation becomes its real cost
-            rec.hold = None
-            cast(Settles, hold).settle(rec)
         queue = self.queue
         if len(queue) >= self.cap:
             self.dropped += 1
@@ -218,11 +221,32 @@ class Ledger:
     # ------------------------------------------------------------------------------ the writer
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run `fn(*args)` on the ledger's thread (every database call goes through it, one at a time)."""
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        """Run `fn(*args)` on the ledger's thread (every call but the writer's goes through it, one at a
+        time); `LedgerDown` when the database does not answer within `timeout_ms` (and a margin)."""
+        work = asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        try:
+            out = await asyncio.wait_for(work, self._wait_s)
+        except TimeoutError:
+            self.unanswered = f"{self.db.where}: no answer within {self.cfg.timeout_ms} ms"
+            raise LedgerDown(self.unanswered) from None
+        except LedgerDown as exc:
+            self.unanswered = str(exc)
+            raise
+        self.unanswered = None
+        return out
+
+    @property
+    def trouble(self) -> str | None:
+        """Why the ledger cannot be used now (the writer cannot write, or the last call had no answer)."""
+        return self.down or self.unanswered
+
+    async def _writing(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run `fn(*args)` on the writer's thread (its statements are bounded by the database's timeout)."""
+        return await asyncio.get_running_loop().run_in_executor(self._writer_pool, fn, *args)
 
     async def start(self) -> None:
-        await self.call(self.db.migrate)
+        # Not `call`: a migration waits as long as it must (another replica's, say).
+        await asyncio.get_running_loop().run_in_executor(self._pool, self.db.migrate)
         self._wake = asyncio.Event()
         self._task = asyncio.ensure_future(self._run())
 
@@ -237,7 +261,7 @@ class Ledger:
                 await self.flush()
                 if self.cfg.retention_days is not None and time.monotonic() >= self._retain_at:
                     self._retain_at = time.monotonic() + _RETAIN_EVERY_S
-                    await self.call(self._retain, self.cfg.retention_days)
+                    await self._writing(self._retain, self.cfg.retention_days)
             except Exception:  # the writer must outlive any one bad turn
                 log.exception("ledger writer turn failed")
 
@@ -254,7 +278,7 @@ class Ledger:
             self._dropped_logged = self.dropped
         rows = self._take()
         if rows.size or self.spill.waiting or self._orphans_possible():
-            await self.call(self._write, rows)
+            await self._writing(self._write, rows)
 
     def _orphans_possible(self) -> bool:
         """Whether another process's spill file may wait: looked for at the first turn, then every
@@ -271,12 +295,12 @@ class Ledger:
         try:
             for _path, batch in self.spill.batches():
                 spilled = [tuple(r) for r in batch]
-                self._book(functools.partial(commit, rows=spilled, db=self.db), functools.partial(list, spilled))
+                self._book(functools.partial(commit, rows=spilled, db=self.rows), functools.partial(list, spilled))
             self.spill.replayed()
             if rows.size:
-                self._book(lambda cur: commit_batch(cur, rows, self.db), rows.full)
+                self._book(lambda cur: commit_batch(cur, rows, self.rows), rows.full)
             if self.down is not None:
-                log.warning("ledger: %s answers again; spilled rows replayed", self.db.where)
+                log.warning("ledger: %s answers again; spilled rows replayed", self.rows.where)
                 self.down = None
         except LedgerDown as exc:
             if self.down is None:
@@ -304,7 +328,7 @@ class Ledger:
         halves, each its own transaction, down to the rows it refuses alone: those are kept aside and
         counted, and every other row is booked. Only `LedgerDown` (an outage) leaves here."""
         try:
-            self.booked += self.db.transaction(body)
+            self.booked += self.rows.transaction(body)
         except LedgerDown:
             raise
         except Exception as exc:  # whatever a row's values make the driver or the server refuse
@@ -319,7 +343,7 @@ class Ledger:
         half = len(rows) // 2
         for part in (rows[:half], rows[half:]):
             try:
-                self.booked += self.db.transaction(functools.partial(commit, rows=part, db=self.db))
+                self.booked += self.rows.transaction(functools.partial(commit, rows=part, db=self.rows))
             except LedgerDown:
                 raise
             except Exception as again:
@@ -329,7 +353,7 @@ class Ledger:
         """On the ledger's thread: remove rows older than `days` days (today counts as one)."""
         before = day_of(time.time() - (days - 1) * 86_400)
         try:
-            removed = self.db.retain(before, _RETAIN_BATCH, _RETAIN_BATCHES)
+            removed = self.rows.retain(before, _RETAIN_BATCH, _RETAIN_BATCHES)
         except LedgerDown:
             self._retain_at = 0.0  # try again at the next turn
             return
@@ -348,5 +372,9 @@ class Ledger:
             await asyncio.gather(self._task, return_exceptions=True)
         with contextlib.suppress(Exception):
             await self.flush()
-        await self.call(self.db.close)
-        self._pool.shutdown(wait=True)
+        await self._writing(self.rows.close)
+        self._writer_pool.shutdown(wait=True)
+        with contextlib.suppress(LedgerDown):
+            await self.call(self.db.close)
+        # Not waiting: a call the database still holds ends at its statement timeout, on its own.
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,306 @@
+"""Budgets that concurrent requests cannot overshoot: reserve the worst case before the call, settle after.
+
+A budgeted request reserves its worst-case cost on every budget it falls under (its key's day and month,
+its team's day and month): its prompt counted as no tokenizer can exceed (one token per UTF-8 byte, or
+the exact BPE count, plus a few tokens a provider adds around it) and its `max_tokens` x choices, or
+`caps.budget_max_tokens` per choice when it sets none, at the dearest target its plan may call. It is
+admitted while `committed + reserved` (before its own reservation) is under the budget, so N concurrent
+requests together exceed a budget by at most one request's worst case. When it ends, the reservation is
+replaced by the real cost, charged in full; a stream that runs past its reservation is charged the excess
+as it goes (one token per event), so the next admissions stop before it ends.
+
+The counters live in Redis (one hash per budget and period, each changed by atomic HINCRBY) or, without
+Redis, in process memory. With a ledger, a counter not known yet (a Redis restart, a new process) is first
+seeded with what was spent before from the ledger's rollups (gateway/ledger/budgets.py); without one, the
+counters hold only the reservations, and what was spent is read from the usage counters at each admission
+(gateway/limits/usage.py), as it was booked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import calendar
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final
+
+import redis.asyncio as aioredis
+
+from gateway.config import LoadedConfig, TeamConfig
+from gateway.limits.auth import ClientKey
+from gateway.limits.tokens import prompt_bound
+from gateway.limits.usage import PICO, Counters, Prices, UsageStore, budget_refusal, day_of, spend_key
+from gateway.ops.metrics import Record
+from gateway.state import Degraded, SharedState
+from gateway.upstream.plan import Plan
+from wire.schema import CompletionRequest
+
+_DAY_TTL_S: Final = 3 * 86_400
+_MONTH_TTL_S: Final = 33 * 86_400
+STREAM_CHECK_EVENTS: Final = 16  # a stream's running cost is looked at every this many events
+
+# What was spent on a budget before this process's counter for it (None: cannot be known now).
+Seeder = Callable[["Budget"], Awaitable[int | None]]
+
+
+class Budget:
+    """One budget for one period: the counter's name, the limit, and how to say and seed it."""
+
+    __slots__ = ("column", "counter", "first_day", "last_day", "limit_pico", "period", "who", "ttl_s", "whose")
+
+    def __init__(self, who: str, whose: str, column: str, period: str, first: str, last: str, usd_: float) -> None:
+        self.who, self.whose, self.column, self.period = who, whose, column, period
+        self.first_day, self.last_day = first, last
+        self.counter = f"budget:{column}:{whose}:{first if period == 'daily' else first[:7]}"
+        self.limit_pico = round(usd_ * PICO)
+        self.ttl_s = _DAY_TTL_S if period == "daily" else _MONTH_TTL_S
+
+
+class Hold:
+    """What a request reserved: grown while a stream runs past it, settled once with its real cost."""
+
+    __slots__ = ("budgets", "grown", "out_pico", "owner", "prices", "prompt_pico", "settled", "shared", "worst")
+
+    def __init__(
+        self,
+        owner: Budgets,
+        budgets: list[Budget],
+        worst: int,
+        prices: Prices,
+        shared: SharedState,
+        prompt_pico: int,
+        out_pico: float,
+    ) -> None:
+        self.owner, self.budgets, self.worst, self.prices, self.shared = owner, budgets, worst, prices, shared
+        self.prompt_pico, self.out_pico = prompt_pico, out_pico  # the prompt's worst cost, one output token's
+        self.grown = 0  # reserved beyond `worst` by a stream that ran past it
+        self.settled = False
+
+    def streamed(self, events: int) -> None:
+        """A stream has sent `events` events (at least as many tokens): reserve what it runs past `worst`."""
+        if self.settled:
+            return
+        now = self.prompt_pico + round(events * self.out_pico)
+        excess = now - self.worst - self.grown
+        if excess > 0:
+            self.grown += excess
+            self.owner.background(self.owner._grow(self, excess))
+
+    def settle(self, rec: Record) -> None:
+        """The request ended: replace the reservation with its real cost (in the background)."""
+        if self.settled:
+            return
+        self.settled = True
+        served = bool(rec.provider) and not rec.failed and not rec.cached  # a cached answer costs nothing
+        prompt = rec.usage.prompt_tokens if rec.usage is not None else 0
+        completion = rec.usage.completion_tokens if rec.usage is not None else 0
+        real = self.prices.cost_pico(rec.target, rec.model, prompt, completion) if served else 0
+        self.owner.background(self.owner._settle(self, real))
+
+
+def month_of(day: str) -> tuple[str, str]:
+    y, m = int(day[:4]), int(day[5:7])
+    return f"{day[:7]}-01", f"{day[:7]}-{calendar.monthrange(y, m)[1]:02d}"
+
+
+class Budgets:
+    """The budgets of one config; the counters are the process's (shared across a reload)."""
+
+    def __init__(
+        self,
+        loaded: LoadedConfig,
+        counters: Counters,
+        seed: Seeder,
+        team_of: Callable[[], Mapping[str, str]],
+        *,
+        fresh: bool = False,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        cfg = loaded.config
+        self.counters = counters
+        self.seed = seed
+        # `seed` is read at every admission (the booked spend, kept elsewhere) rather than once, and the
+        # counters hold only reservations: without a ledger, the usage counters are what was spent.
+        self.fresh = fresh
+        self.clock = clock
+        self.team_of = team_of  # key name -> team, read at each request (runtime keys change it)
+        self.key_day = {k.name: k.max_cost_per_day for k in cfg.keys if k.max_cost_per_day is not None}
+        self.key_month = {k.name: k.max_cost_per_month for k in cfg.keys if k.max_cost_per_month is not None}
+        self.teams: dict[str, TeamConfig] = dict(cfg.teams)
+        self.unbounded_tokens = cfg.caps.budget_max_tokens
+
+    def background(self, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
+        self.counters.background.add(task)
+        task.add_done_callback(self.counters.background.discard)
+
+    def applies(self, key: ClientKey) -> bool:
+        name = key.name
+        team = self.teams.get(self.team_of().get(name, ""))
+        return (
+            key.max_cost_per_day is not None
+            or key.max_cost_per_month is not None
+            or name in self.key_day
+            or name in self.key_month
+            or (team is not None and (team.max_cost_per_day, team.max_cost_per_month) != (None, None))
+        )
+
+    def _budgets(self, key: ClientKey, day: str) -> list[Budget]:
+        name = key.name
+        first, last = month_of(day)
+        out = []
+        per_day = self.key_day.get(name, key.max_cost_per_day)
+        if per_day is not None:
+            out.append(Budget(f"Key '{name}'", name, "key_name", "daily", day, day, per_day))
+        per_month = self.key_month.get(name, key.max_cost_per_month)
+        if per_month is not None:
+            out.append(Budget(f"Key '{name}'", name, "key_name", "monthly", first, last, per_month))
+        team_name = self.team_of().get(name, "")
+        team = self.teams.get(team_name)
+        if team is not None:
+            who = f"Team '{team_name}' (key '{name}')"
+            if team.max_cost_per_day is not None:
+                out.append(Budget(who, team_name, "team", "daily", day, day, team.max_cost_per_day))
+            if team.max_cost_per_month is not None:
+                out.append(Budget(who, team_name, "team", "monthly", first, last, team.max_cost_per_month))
+        return out
+
+    def worst_case(self, req: CompletionRequest, plan: Plan, prices: Prices) -> tuple[int, int, float]:
+        """(worst cost, its prompt's part, one output token's price) over every target the plan may call."""
+        n_prompts = len(req.prompt) if isinstance(req.prompt, list) and not isinstance(req.prompt[0], int) else 1
+        choices = max(req.n or 1, req.best_of or 1) * n_prompts
+        worst = prompt_worst = 0
+        out = 0.0
+        for group in plan.groups:
+            for route in group.routes:
+                per_choice = req.max_tokens
+                if per_choice is None:
+                    # Nothing bounds the answer but the model's context: the documented cap, or the
+                    # provider's own limit when that is larger.
+                    default = route.endpoint.default_max_tokens or route.adapter.default_max_tokens
+                    per_choice = max(default, self.unbounded_tokens)
+                prompt = prompt_bound(req.prompt, route.adapter.openai_bpe, route.endpoint.model)
+                cost = prices.cost_pico(route.key, req.model, prompt, per_choice * choices)
+                if cost >= worst:
+                    worst, prompt_worst = cost, prices.cost_pico(route.key, req.model, prompt, 0)
+                out = max(out, float(prices.cost_pico(route.key, req.model, 0, 1)))
+        return worst, prompt_worst, out
+
+    async def reserve(
+        self, key: ClientKey, req: CompletionRequest, plan: Plan, prices: Prices, shared: SharedState
+    ) -> Hold:
+        """Reserve the request's worst case on each of its budgets, or raise 429 `budget_exceeded`."""
+        now = self.clock()
+        budgets = self._budgets(key, day_of(now))
+        worst, prompt_pico, out_pico = self.worst_case(req, plan, prices)
+        taken: list[Budget] = []
+        try:
+            for b in budgets:
+                spent = await self._take(b, worst, shared)
+                if spent is not None:
+                    raise budget_refusal(b.who, b.period, b.limit_pico, spent, now)
+                taken.append(b)
+        except BaseException:
+            for b in taken:
+                await self._add(b, -worst, 0, shared)
+            raise
+        return Hold(self, budgets, worst, prices, shared, prompt_pico, out_pico)
+
+    async def _take(self, b: Budget, worst: int, shared: SharedState) -> int | None:
+        """Reserve `worst` on `b`; None when admitted, else what was committed (the reservation undone)."""
+        if shared.client is not None:
+            try:
+                return await self._take_redis(b, worst, shared)
+            except Degraded:
+                pass
+        local = self.counters.local
+        cell = local.get(b.counter)
+        if self.fresh:
+            booked = await self.seed(b) or 0
+            cell = local.setdefault(b.counter, [0, 0, 1])
+            committed = booked
+        else:
+            if cell is None or not cell[2]:
+                seed = await self.seed(b)
+                cell = local.setdefault(b.counter, [0, 0, 0])
+                if seed is not None and not cell[2]:  # another request may have seeded it meanwhile
+                    cell[0] += seed
+                    cell[2] = 1
+            committed = cell[0]
+        if committed + cell[1] >= b.limit_pico:
+            return committed
+        cell[1] += worst
+        return None
+
+    async def _take_redis(self, b: Budget, worst: int, shared: SharedState) -> int | None:
+        async def take(r: aioredis.Redis) -> list[Any]:
+            pipe = r.pipeline(transaction=True)
+            pipe.hincrby(b.counter, "reserved", worst)
+            pipe.hget(b.counter, "committed")
+            pipe.hget(b.counter, "seeded")
+            pipe.expire(b.counter, b.ttl_s)
+            out: list[Any] = await pipe.execute()
+            return out
+
+        after, stored, seeded, _ = await shared.run(take)
+        committed = int(stored or 0)
+        if self.fresh:
+            committed = await self.seed(b) or 0
+        elif seeded is None:
+            # Redis lost the counter (or never had it): what was spent before is known elsewhere. When it
+            # cannot be known now (the ledger is away), the counter stays unseeded and a later request seeds it.
+            seed = await self.seed(b)
+            if seed is not None:
+
+                async def plant(r: aioredis.Redis) -> int:
+                    if await r.hsetnx(b.counter, "seeded", 1):
+                        return int(await r.hincrby(b.counter, "committed", seed))
+                    return int(await r.hget(b.counter, "committed") or 0)
+
+                committed = int(await shared.run(plant))
+        if committed + int(after) - worst >= b.limit_pico:
+            await shared.run(lambda r: r.hincrby(b.counter, "reserved", -worst))
+            return committed
+        return None
+
+    async def _add(self, b: Budget, reserved: int, committed: int, shared: SharedState) -> None:
+        if shared.client is not None:
+
+            async def add(r: aioredis.Redis) -> None:
+                pipe = r.pipeline(transaction=True)
+                pipe.hincrby(b.counter, "reserved", reserved)
+                pipe.hincrby(b.counter, "committed", committed)
+                pipe.expire(b.counter, b.ttl_s)
+                await pipe.execute()
+
+            try:
+                await shared.run(add)
+                return
+            except Degraded:
+                pass
+        cell = self.counters.local.get(b.counter)
+        if cell is not None:
+            cell[0] += committed
+            cell[1] += reserved
+
+    async def _grow(self, hold: Hold, excess: int) -> None:
+        for b in hold.budgets:
+            await self._add(b, excess, 0, hold.shared)
+
+    async def _settle(self, hold: Hold, real: int) -> None:
+        for b in hold.budgets:
+            await self._add(b, -(hold.worst + hold.grown), 0 if self.fresh else real, hold.shared)
+
+
+def usage_budgets(loaded: LoadedConfig, usage: UsageStore) -> Budgets:
+    """The budgets of `loaded` without a ledger: seeded from the usage counters (Redis's, or this process's)."""
+
+    async def seeded(b: Budget) -> int | None:
+        if b.column == "key_name" and b.period == "daily":
+            source = None  # the key's day is its usage hash
+        else:
+            period = b.first_day if b.period == "daily" else b.first_day[:7]
+            source = spend_key(period, "key" if b.column == "key_name" else "team", b.whose)
+        return (await usage.spent(b.whose, b.first_day, [source]))[0]
+
+    return Budgets(loaded, usage.counters, seeded, lambda: usage.team_of, fresh=True, clock=usage.clock)
