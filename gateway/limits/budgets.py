@@ -1,19 +1,14 @@
 """Budgets that concurrent requests cannot overshoot: reserve the worst case before the call, settle after.
 
-A budgeted request reserves its worst-case cost on every budget it falls under (its key's day and month,
-its team's day and month): its prompt counted as no tokenizer can exceed (one token per UTF-8 byte, or
-the exact BPE count, plus a few tokens a provider adds around it) and its `max_tokens` x choices, or
-`caps.budget_max_tokens` per choice when it sets none, at the dearest target its plan may call. It is
-admitted while `committed + reserved` (before its own reservation) is under the budget, so N concurrent
-requests together exceed a budget by at most one request's worst case. When it ends, the reservation is
-replaced by the real cost, charged in full; a stream that runs past its reservation is charged the excess
-as it goes (one token per event), so the next admissions stop before it ends.
-
-The counters live in Redis (one hash per budget and period, each changed by atomic HINCRBY) or, without
-Redis, in process memory. With a ledger, a counter not known yet (a Redis restart, a new process) is first
-seeded with what was spent before from the ledger's rollups (gateway/ledger/budgets.py); without one, the
-counters hold only the reservations, and what was spent is read from the usage counters at each admission
-(gateway/limits/usage.py), as it was booked.
+A budgeted request reserves its worst-case cost on every budget it falls under (its key's and its team's
+day and month): its prompt as no tokenizer can exceed, and its `max_tokens` x choices (or
+`caps.budget_max_tokens` per choice without one), at the dearest target its plan may call. It is admitted
+while `committed + reserved` (before its own) is under the budget, so concurrent requests exceed it by at
+most one worst case. When it ends, the reservation is replaced by the real cost, charged in full; a stream
+past its reservation is charged the excess as it runs. Counters: Redis hashes (HINCRBY) or process memory.
+With a ledger, a counter not known yet is seeded from the rollups (gateway/ledger/budgets.py); without
+one, the counters hold only reservations and the booked spend is read at each admission (usage.py).
+Docs: docs/ledger.md#budgets.
 """
 
 from __future__ import annotations
