@@ -229,7 +229,9 @@ class Budgets:
 
     async def _take_redis(self, b: Budget, worst: int, shared: SharedState) -> int | None:
         async def take(r: aioredis.Redis) -> list[Any]:
-            pipe = r.pipeline(transaction=True)
+            # One key, so one node; a Cluster's MULTI broke the request (its connection bound to another loop):
+            # there each command is atomic on its own, and the reservation is taken before it is read.
+            pipe = r.pipeline(transaction=not shared.cluster)
             pipe.hincrby(b.counter, "reserved", worst)
             pipe.hget(b.counter, "committed")
             pipe.hget(b.counter, "seeded")
@@ -262,7 +264,7 @@ class Budgets:
         if shared.client is not None:
 
             async def add(r: aioredis.Redis) -> None:
-                pipe = r.pipeline(transaction=True)
+                pipe = r.pipeline(transaction=not shared.cluster)
                 pipe.hincrby(b.counter, "reserved", reserved)
                 pipe.hincrby(b.counter, "committed", committed)
                 pipe.expire(b.counter, b.ttl_s)
