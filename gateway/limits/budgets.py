@@ -166,6 +166,7 @@ class Budgets:
         choices = max(req.n or 1, req.best_of or 1) * n_prompts
         worst = prompt_worst = 0
         out = 0.0
+        bounds: dict[tuple[bool, str], int] = {}
         for group in plan.groups:
             for route in group.routes:
                 per_choice = req.max_tokens
@@ -174,7 +175,11 @@ class Budgets:
                     # provider's own limit when that is larger.
                     default = route.endpoint.default_max_tokens or route.adapter.default_max_tokens
                     per_choice = max(default, self.unbounded_tokens)
-                prompt = prompt_bound(req.prompt, route.adapter.openai_bpe, route.endpoint.model)
+                bpe = route.adapter.openai_bpe
+                counted = (bpe, route.endpoint.model if bpe else "")  # a prompt's bytes are counted once
+                prompt = bounds.get(counted)
+                if prompt is None:
+                    prompt = bounds[counted] = prompt_bound(req.prompt, bpe, route.endpoint.model)
                 cost = prices.cost_pico(route.key, req.model, prompt, per_choice * choices)
                 if cost >= worst:
                     worst, prompt_worst = cost, prices.cost_pico(route.key, req.model, prompt, 0)
