@@ -1,9 +1,9 @@
-"""Usage accounting and daily budgets: requests, tokens and cost per key, per model and per UTC day.
+"""Usage accounting: requests, tokens and cost per key, per model and per UTC day.
 
 Every answered request is booked once, when it ends, in the background; cost is kept as integer
 picodollars so sums are exact across replicas. With Redis one hash per key and day, else process memory
-merged into Redis later. Budgets are checked after authorization against today's booked spend. Rows,
-storage and the overshoot rule: docs/operations.md.
+merged into Redis later. Without a ledger, budgets (gateway/limits/budgets.py) read the spend booked here
+and the request's reservation is settled as it is booked. Rows and storage: docs/operations.md.
 """
 
 from __future__ import annotations
