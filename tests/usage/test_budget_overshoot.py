@@ -32,6 +32,7 @@ PROMPT: Final = "word " * 80  # 400 bytes: 100 tokens by the 4-bytes estimate, 2
 UNBOUNDED_TOKENS: Final = 300  # what the upstream generates when the request sets no max_tokens
 
 CONFIG: Final = """
+{redis}
 admin: {{key: "${{OVERSHOOT_ADMIN}}"}}
 logging: {{requests: false}}
 retries: {{attempts: 1}}
@@ -88,11 +89,12 @@ def upstream() -> Iterator[Upstream]:
         yield up
 
 
-def _write(tmp_path: Path, upstream: Upstream, budget: float, ledger: bool, cap: int = 4096) -> Path:
+def _write(tmp_path: Path, upstream: Upstream, budget: float, ledger: bool, cap: int = 4096, redis: str = "") -> Path:
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     path = tmp_path / "config.yaml"
     block = f'ledger: {{url: "{url}", flush_ms: 100}}' if ledger else ""
-    path.write_text(CONFIG.format(ledger=block, budget=budget, cap=cap, url=upstream.url))
+    shared = f'redis: {{url: "{redis}"}}' if redis else ""
+    path.write_text(CONFIG.format(redis=shared, ledger=block, budget=budget, cap=cap, url=upstream.url))
     return path
 
 
@@ -117,13 +119,15 @@ def _reservation(max_tokens: int) -> int:
     return (len(PROMPT.encode()) + 16 + max_tokens) * PICO_PER_TOKEN
 
 
+@pytest.mark.parametrize("state", ["memory", "redis"])
 @pytest.mark.parametrize("ledger", [False, True], ids=["without-ledger", "with-ledger"])
 @pytest.mark.parametrize("max_tokens", [50, None], ids=["max_tokens", "no-max_tokens"])
 def test_50_requests_longer_than_estimated_overspend_by_at_most_one_reservation(
-    tmp_path: Path, upstream: Upstream, ledger: bool, max_tokens: int | None
+    tmp_path: Path, upstream: Upstream, ledger: bool, max_tokens: int | None, state: str, request: pytest.FixtureRequest
 ) -> None:
     budget_pico = 5 * 10**11  # $0.50
-    path = _write(tmp_path, upstream, budget_pico / 10**12, ledger)
+    redis = request.getfixturevalue("rds").url if state == "redis" else ""
+    path = _write(tmp_path, upstream, budget_pico / 10**12, ledger, redis=redis)
     body: dict[str, Any] = {"model": "llm/m", "prompt": PROMPT}
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
