@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import calendar
+import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
@@ -33,6 +34,21 @@ from wire.schema import CompletionRequest
 _DAY_TTL_S: Final = 3 * 86_400
 _MONTH_TTL_S: Final = 33 * 86_400
 STREAM_CHECK_EVENTS: Final = 16  # a stream's running cost is looked at every this many events
+# A change to a counter (`Budgets._change`): KEYS[1] the counter; ARGV epoch ('' : taken in process, no
+# reservation to change), reserved, committed, ttl, fresh (1: the counters hold reservations alone).
+_CHANGE: Final = """
+local epoch = redis.call('HGET', KEYS[1], 'epoch')
+if ARGV[1] ~= '' and epoch == ARGV[1] then
+  redis.call('HINCRBY', KEYS[1], 'reserved', ARGV[2])
+end
+if ARGV[3] ~= '0' and (ARGV[5] == '1' or redis.call('HEXISTS', KEYS[1], 'seeded') == 1) then
+  redis.call('HINCRBY', KEYS[1], 'committed', ARGV[3])
+end
+if epoch then
+  redis.call('EXPIRE', KEYS[1], ARGV[4])
+end
+return 0
+"""
 
 # What was spent on a budget before this process's counter for it (None: cannot be known now).
 Seeder = Callable[["Budget"], Awaitable[int | None]]
@@ -59,7 +75,7 @@ class Hold:
     def __init__(
         self,
         owner: Budgets,
-        budgets: list[Budget],
+        budgets: list[tuple[Budget, str | None]],
         worst: int,
         prices: Prices,
         shared: SharedState,
@@ -193,21 +209,22 @@ class Budgets:
         now = self.clock()
         budgets = self._budgets(key, day_of(now))
         worst, prompt_pico, out_pico = self.worst_case(req, plan, prices)
-        taken: list[Budget] = []
+        taken: list[tuple[Budget, str | None]] = []
         try:
             for b in budgets:
-                spent = await self._take(b, worst, shared)
+                spent, epoch = await self._take(b, worst, shared)
                 if spent is not None:
                     raise budget_refusal(b.who, b.period, b.limit_pico, spent, now)
-                taken.append(b)
+                taken.append((b, epoch))
         except BaseException:
-            for b in taken:
-                await self._add(b, -worst, 0, shared)
+            for b, epoch in taken:
+                await self._add(b, -worst, 0, shared, epoch)
             raise
-        return Hold(self, budgets, worst, prices, shared, prompt_pico, out_pico)
+        return Hold(self, taken, worst, prices, shared, prompt_pico, out_pico)
 
-    async def _take(self, b: Budget, worst: int, shared: SharedState) -> int | None:
-        """Reserve `worst` on `b`; None when admitted, else what was committed (the reservation undone)."""
+    async def _take(self, b: Budget, worst: int, shared: SharedState) -> tuple[int | None, str | None]:
+        """Reserve `worst` on `b`: (None when admitted, else what was committed, the reservation undone;
+        the Redis counter's epoch when it was taken there, where it must be given back, None: in process)."""
         if shared.client is not None:
             try:
                 return await self._take_redis(b, worst, shared)
@@ -228,23 +245,29 @@ class Budgets:
                     cell[2] = 1
             committed = cell[0]
         if committed + cell[1] >= b.limit_pico:
-            return committed
+            return committed, None
         cell[1] += worst
-        return None
+        return None, None
 
-    async def _take_redis(self, b: Budget, worst: int, shared: SharedState) -> int | None:
+    async def _take_redis(self, b: Budget, worst: int, shared: SharedState) -> tuple[int | None, str]:
         async def take(r: aioredis.Redis) -> list[Any]:
             # One key, so one node; a Cluster's MULTI broke the request (its connection bound to another loop):
             # there each command is atomic on its own, and the reservation is taken before it is read.
             pipe = r.pipeline(transaction=not shared.cluster)
+            # A counter made afresh (first use, or Redis lost it) gets an epoch of its own: changes owed to an
+            # earlier one are not applied to it.
+            pipe.hsetnx(b.counter, "epoch", os.urandom(8).hex())
             pipe.hincrby(b.counter, "reserved", worst)
             pipe.hget(b.counter, "committed")
             pipe.hget(b.counter, "seeded")
+            pipe.hget(b.counter, "epoch")
             pipe.expire(b.counter, b.ttl_s)
             out: list[Any] = await pipe.execute()
             return out
 
-        after, stored, seeded, _ = await shared.run(take)
+        _, after, stored, seeded, raw_epoch, _ = await shared.run(take)
+        epoch = raw_epoch.decode() if isinstance(raw_epoch, bytes) else str(raw_epoch)
+        await self._pay_owed(b, shared)
         committed = int(stored or 0)
         if self.fresh:
             committed = await self.seed(b) or 0
@@ -261,37 +284,52 @@ class Budgets:
 
                 committed = int(await shared.run(plant))
         if committed + int(after) - worst >= b.limit_pico:
-            await shared.run(lambda r: r.hincrby(b.counter, "reserved", -worst))
-            return committed
-        return None
+            await self._add(b, -worst, 0, shared, epoch)
+            return committed, epoch
+        return None, epoch
 
-    async def _add(self, b: Budget, reserved: int, committed: int, shared: SharedState) -> None:
-        if shared.client is not None:
-
-            async def add(r: aioredis.Redis) -> None:
-                pipe = r.pipeline(transaction=not shared.cluster)
-                pipe.hincrby(b.counter, "reserved", reserved)
-                pipe.hincrby(b.counter, "committed", committed)
-                pipe.expire(b.counter, b.ttl_s)
-                await pipe.execute()
-
-            try:
-                await shared.run(add)
-                return
-            except Degraded:
-                pass
+    async def _add(self, b: Budget, reserved: int, committed: int, shared: SharedState, epoch: str | None) -> None:
+        """Change a counter: the reservation where it was taken (`epoch`: in Redis, under that epoch), the
+        spend in Redis (when its counter has been seeded) and in this process's own view. What Redis cannot
+        take now is owed to it and written with the counter's next reservation."""
         cell = self.counters.local.get(b.counter)
-        if cell is not None:
+        if cell is not None:  # this process's own view, read while Redis is away
             cell[0] += committed
-            cell[1] += reserved
+            if epoch is None:
+                cell[1] += reserved
+        if epoch is None:
+            reserved = 0
+        if shared.client is None or not (reserved or committed):
+            return
+        try:
+            await self._change(b, epoch or "", reserved, committed, shared)
+        except Degraded:
+            owed = self.counters.owed.setdefault(b.counter, {})
+            before = owed.get(epoch or "", (b, 0, 0))
+            owed[epoch or ""] = (b, before[1] + reserved, before[2] + committed)
+
+    async def _change(self, b: Budget, epoch: str, reserved: int, committed: int, shared: SharedState) -> None:
+        """The reservation changes only under the epoch it was taken in (a counter Redis lost and made again
+        has lost the reservations with it); the spend only once the counter is seeded (or the counters hold
+        reservations alone), since a seed counts it."""
+        ttl, fresh = b.ttl_s, int(self.fresh)
+        await shared.run(lambda r: r.eval(_CHANGE, 1, b.counter, epoch, reserved, committed, ttl, fresh))
+
+    async def _pay_owed(self, b: Budget, shared: SharedState) -> None:
+        owed = self.counters.owed.pop(b.counter, None)
+        for epoch, (_, reserved, committed) in (owed or {}).items():
+            try:
+                await self._change(b, epoch, reserved, committed, shared)
+            except Degraded:
+                self.counters.owed.setdefault(b.counter, {})[epoch] = (b, reserved, committed)
 
     async def _grow(self, hold: Hold, excess: int) -> None:
-        for b in hold.budgets:
-            await self._add(b, excess, 0, hold.shared)
+        for b, epoch in hold.budgets:
+            await self._add(b, excess, 0, hold.shared, epoch)
 
     async def _settle(self, hold: Hold, real: int) -> None:
-        for b in hold.budgets:
-            await self._add(b, -(hold.worst + hold.grown), 0 if self.fresh else real, hold.shared)
+        for b, epoch in hold.budgets:
+            await self._add(b, -(hold.worst + hold.grown), 0 if self.fresh else real, hold.shared, epoch)
 
 
 def usage_budgets(loaded: LoadedConfig, usage: UsageStore) -> Budgets:

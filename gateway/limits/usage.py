@@ -224,6 +224,9 @@ class Counters:
     def __init__(self) -> None:
         self.local: dict[str, list[int]] = {}
         self.background: set[asyncio.Task[None]] = set()
+        # counter -> epoch -> (its budget, reserved, committed) that Redis could not take when they changed:
+        # written with the counter's next reservation, so that a Redis outage leaks no reservation.
+        self.owed: dict[str, dict[str, tuple[Any, int, int]]] = {}
 
 
 class UsageStore:
@@ -279,6 +282,7 @@ class UsageStore:
         self.spend = previous.spend
         # In place: the budgets of this config already hold `self.counters`.
         self.counters.local, self.counters.background = previous.counters.local, previous.counters.background
+        self.counters.owed = previous.counters.owed
 
     def today(self) -> str:
         return day_of(self.clock())

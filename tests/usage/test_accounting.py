@@ -378,3 +378,50 @@ def test_price_cache_keeps_no_long_client_strings() -> None:
     assert prices.find(long_name, long_name) == PriceConfig(1, 1)
     assert prices.find("demo/a", "demo/a") == PriceConfig(1, 1)
     assert list(prices._cache) == [("demo/a", "demo/a")]
+
+
+@pytest.mark.parametrize("outage", ["paused", "restarted"])
+async def test_a_reservation_redis_could_not_take_back_is_given_back_when_it_returns(
+    redis_store: tuple[UsageStore, Clock], rds: RedisServer, outage: str
+) -> None:
+    """A request reserved in Redis ends while Redis does not answer: its reservation is owed, and given back
+    with the counter's next reservation, so the outage leaves none behind to refuse the key for the rest of
+    the day. A Redis that restarted empty lost the reservation with the counter: nothing is taken from the
+    new counter's (another request's) reservations."""
+    s, clock = redis_store
+    loaded = parse_config(CONFIG, env={})
+    key = KeyRing(loaded).authenticate({"authorization": "Bearer k-team"})
+    assert key is not None
+    budgets = usage_budgets(loaded, s)
+    req = CompletionRequest(model="demo/text", prompt="x", max_tokens=1)
+    plan = Router(loaded).plan("demo/text")
+    worst = budgets.worst_case(req, plan, s.prices)[0]
+    counter = f"budget:key_name:team:{DAY0}"
+
+    def reserved() -> int:
+        with rds.client() as r:
+            return int(r.hget(counter, "reserved") or 0)
+
+    hold = await budgets.reserve(key, req, plan, s.prices, s.shared)
+    assert reserved() == worst
+    if outage == "paused":
+        with rds.client() as r:
+            r.execute_command("CLIENT", "PAUSE", 1500, "ALL")  # no answers for 1.5 s; the data stays
+    else:
+        rds.stop()
+    try:
+        hold.settle(Record(request_id="r", dialect="openai"))  # nothing served: the reservation goes back
+        await asyncio.gather(*s.counters.background)
+        assert counter in s.counters.owed
+    finally:
+        if outage == "paused":
+            await asyncio.sleep(1.6)
+        else:
+            rds.start()
+    clock.now += 1.5  # past the shared state's retry pause
+    again = await budgets.reserve(key, req, plan, s.prices, s.shared)
+    assert reserved() == worst  # this request's alone
+    assert s.counters.owed == {}
+    again.settle(Record(request_id="r", dialect="openai"))
+    await asyncio.gather(*s.counters.background)
+    assert reserved() == 0
