@@ -1,4 +1,5 @@
-"""A stalled database is an answer, not a wait: on a real PostgreSQL whose tables another session locks.
+"""A stalled database is an answer, not a wait: a real PostgreSQL whose tables another session locks, or a
+SQLite file another process holds the write lock of.
 
 While the lock is held, a budgeted request is served within `ledger.timeout_ms` (its budget counted from
 what the process knows), `POST /admin/keys` and `/admin/usage` answer 503 `ledger_unavailable` with
@@ -8,6 +9,7 @@ row answered meanwhile is booked (spilled, then replayed).
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,9 +19,9 @@ from typing import Final
 
 import httpx
 import psycopg
+import pytest
 
 from tests.helpers.clients import body, client
-from tests.helpers.postgres import PostgresServer
 from tests.helpers.servers import GatewayThread
 from tests.helpers.waiting import wait_until
 
@@ -33,23 +35,32 @@ HOLD_S: Final = 15.0
 
 
 @contextmanager
-def locked(url: str) -> Iterator[threading.Event]:
-    """Every table the gateway reads and writes, locked by another session until the block ends."""
+def locked(url: str) -> Iterator[None]:
+    """Every table the gateway reads and writes locked by another session until the block ends: PostgreSQL's
+    ACCESS EXCLUSIVE locks, or a SQLite writer that holds the file's write lock."""
     release = threading.Event()
     taken = threading.Event()
 
     def hold() -> None:
-        with psycopg.connect(url) as conn:
-            conn.execute("LOCK TABLE requests, daily, api_keys, counters IN ACCESS EXCLUSIVE MODE")
+        if url.startswith("sqlite:///"):
+            conn = sqlite3.connect(url[len("sqlite:///") :], isolation_level=None)
+            conn.execute("BEGIN EXCLUSIVE")
             taken.set()
             release.wait(HOLD_S)
             conn.rollback()
+            conn.close()
+            return
+        with psycopg.connect(url) as pg_conn:
+            pg_conn.execute("LOCK TABLE requests, daily, api_keys, counters IN ACCESS EXCLUSIVE MODE")
+            taken.set()
+            release.wait(HOLD_S)
+            pg_conn.rollback()
 
     holder = threading.Thread(target=hold, daemon=True)
     holder.start()
     assert taken.wait(10)
     try:
-        yield release
+        yield
     finally:
         release.set()
         holder.join(10)
@@ -61,17 +72,22 @@ def timed(fn: Callable[[], httpx.Response]) -> tuple[float, httpx.Response]:
     return time.monotonic() - start, out
 
 
-def test_a_locked_database_is_answered_within_the_bound(pg: PostgresServer, tmp_path: Path) -> None:
+@pytest.mark.parametrize("engine", ["postgresql", "sqlite"])
+def test_a_locked_database_is_answered_within_the_bound(
+    engine: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    if engine == "sqlite":
+        url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    else:
+        url = request.getfixturevalue("pg").url
     path = tmp_path / "config.yaml"
-    text = config(pg.url, extra=f", timeout_ms: {TIMEOUT_MS}").replace(
-        "{name: solo,", "{name: solo, max_cost_per_day: 5,"
-    )
+    text = config(url, extra=f", timeout_ms: {TIMEOUT_MS}").replace("{name: solo,", "{name: solo, max_cost_per_day: 5,")
     assert "max_cost_per_day: 5" in text
     path.write_text(text)
     with GatewayThread(path, ENV) as gw:
         with client(gw.url) as c:
             assert c.get("/ready").status_code == 200
-        with locked(pg.url), client(gw.url, SOLO_KEY) as solo, client(gw.url, ADMIN_KEY) as admin:
+        with locked(url), client(gw.url, SOLO_KEY) as solo, client(gw.url, ADMIN_KEY) as admin:
             # The budgeted key's first request: its counter is seeded from the rollups, which are locked.
             took, resp = timed(lambda: solo.post("/v1/completions", json=body()))
             assert resp.status_code == 200 and took < BOUND_S, took
@@ -94,6 +110,6 @@ def test_a_locked_database_is_answered_within_the_bound(pg: PostgresServer, tmp_
         with client(gw.url) as c:
             wait_until(lambda: c.get("/ready").status_code == 200, timeout=10)
             assert c.get("/ready").json() == {"status": "ready", "redis": "disabled", "ledger": "ok"}
-        wait_until(lambda: totals(pg.url)[0][0] == 6, timeout=10)
-    rows, rolled = totals(pg.url)
+        wait_until(lambda: totals(url)[0][0] == 6, timeout=10)
+    rows, rolled = totals(url)
     assert rows[0] == 6 and rows == rolled
