@@ -16,7 +16,7 @@ from gateway.config.fleet import (
     replica_url,
     replica_weight,
 )
-from gateway.config.loading import ConfigError, LoadedConfig, load_config, parse_config
+from gateway.config.loading import ConfigError, LoadedConfig, ledger_target, load_config, parse_config
 from gateway.config.schema import (
     AdminConfig,
     AliasConfig,
@@ -54,6 +54,7 @@ __all__ = [
     "replica_names",
     "replica_drained",
     "fleet_problem",
+    "ledger_target",
     "RoutingConfig",
     "ReplicaConfig",
     "AdminConfig",

@@ -41,6 +41,21 @@ class LoadedConfig(msgspec.Struct, frozen=True):
         return found
 
 
+def ledger_target(url: str) -> tuple[str, str]:
+    """(engine, target) of `ledger.url`: a SQLite file path or a PostgreSQL connection string; ValueError
+    names the problem. The one check of the URL's form, run by every load (`serve`, `check-config`, a reload)
+    and by the ledger's engine (gateway/ledger/engine.py)."""
+    if url.startswith("sqlite:///"):
+        path = url[len("sqlite:///") :]
+        if not path:
+            raise ValueError("sqlite:/// needs a file path (sqlite:///ledger.db, sqlite:////var/lib/gw/ledger.db)")
+        return "sqlite", path
+    if url.startswith(("postgresql://", "postgres://")):
+        return "postgresql", url
+    # Only the scheme: the rest may hold a password.
+    raise ValueError(f"expected sqlite:///<path> or postgresql://..., got {url.split(':', 1)[0]!r}")
+
+
 class ConfigError(Exception):
     """One line: `<file>: <yaml path>: <problem>`."""
 
@@ -123,6 +138,11 @@ def _check(cfg: GatewayConfig, providers: dict[str, ProviderConfig], source: str
 
     if cfg.redis.url and (problem := url_problem(cfg.redis.url)) is not None:
         fail("redis.url", problem)  # one line naming the option; never the URL (it may hold a password)
+    if cfg.ledger.url:
+        try:
+            ledger_target(cfg.ledger.url)
+        except ValueError as exc:
+            fail("ledger.url", str(exc))
     for name, p in providers.items():
         if "/" in name or not name:
             fail(f"providers.{name}", "a provider name may not be empty or contain '/'")

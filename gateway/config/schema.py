@@ -147,6 +147,9 @@ class LedgerConfig(Strict, frozen=True):
     keys_poll_ms: Annotated[int, Meta(ge=50, le=2_000)] = 500
     # Rows older than this many days are removed in bounded batches; unset: kept for ever.
     retention_days: Annotated[int, Meta(ge=1)] | None = None
+    # How long the gateway waits for the database (a lock, a stalled server) before it counts as unavailable:
+    # the admin routes answer 503 with Retry-After, budgets count from what is known, rows are spilled.
+    timeout_ms: Annotated[int, Meta(ge=100, le=60_000)] = 2_000
 
 
 class PriceConfig(Strict, frozen=True):
@@ -193,6 +196,9 @@ class CapsConfig(Strict, frozen=True):
     request_body_bytes: Annotated[int, Meta(ge=1024)] = 8 * 1024 * 1024
     # Nesting of JSON values inside free-form fields (`response_format`, `inference_extra_params`, ...).
     json_depth: Annotated[int, Meta(ge=2, le=1000)] = 64
+    # Completion tokens a budget reserves per choice for a request that sets no max_tokens (nothing else bounds
+    # its answer but the model's context); an answer past it is charged in full (docs/ledger.md#budgets).
+    budget_max_tokens: Annotated[int, Meta(ge=1)] = 4096
     # A client-supplied pattern (`guided_regex`, a JSON-schema `pattern`), in characters.
     pattern_chars: Annotated[int, Meta(ge=16)] = 4096
     # Stop sequences the gateway enforces itself (beyond a provider's count, or kept where it strips them),

@@ -137,12 +137,19 @@ async def health() -> Response[bytes]:
 @get("/ready")
 async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
     shared = _pipeline(request).shared
-    if not shared.configured:
-        return Response(encode({"status": "ready", "redis": "disabled"}), media_type=JSON)
-    if await shared.ping():
-        return Response(encode({"status": "ready", "redis": "ok"}), media_type=JSON)
-    # Still serving on in-process state, but not what ops configured: say so to the orchestrator.
-    return Response(encode({"status": "degraded", "redis": "unreachable"}), status_code=503, media_type=JSON)
+    body: dict[str, str] = {"status": "ready", "redis": "disabled"}
+    if shared.configured:
+        body["redis"] = "ok" if await shared.ping() else "unreachable"
+    ledger: LedgerService | None = request.app.state.ledger
+    if ledger is not None:
+        # The writer could not write, or the last call (a key poll every keys_poll_ms) had no answer.
+        trouble = ledger.ledger.trouble
+        body["ledger"] = "ok" if trouble is None else f"unavailable: {trouble}"
+    if body["redis"] == "unreachable" or body.get("ledger", "ok") != "ok":
+        # Still serving (in-process state, spilled rows), but not what ops configured: say so to the orchestrator.
+        body["status"] = "degraded"
+        return Response(encode(body), status_code=503, media_type=JSON)
+    return Response(encode(body), media_type=JSON)
 
 
 def _one_charset(response: Response[Any]) -> Response[Any]:

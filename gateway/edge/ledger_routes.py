@@ -71,7 +71,7 @@ def routes(authorize: Authorize, render: Render) -> list[HTTPRouteHandler]:
         return await svc.ledger.call(svc.ledger.db.transaction, lambda cur: fn(cur, *args))
 
     def unavailable(exc: LedgerDown) -> Response[bytes]:
-        return render(GatewayError(f"The ledger is unavailable: {exc}", status=503, code="ledger_unavailable"))
+        return render(unavailable_error(exc))
 
     @post("/admin/keys", status_code=201)
     async def create_key(request: Request[Any, Any, Any]) -> Response[bytes]:
@@ -154,6 +154,7 @@ def routes(authorize: Authorize, render: Render) -> list[HTTPRouteHandler]:
 
 
 REPORT_PARAMS: Final = ("from", "to", "by", "format")
+RETRY_AFTER_S: Final = 2  # a 503 `ledger_unavailable`'s Retry-After
 
 
 async def usage_response(ledger: Ledger, params: Mapping[str, str], render: Render) -> Response[bytes]:
@@ -163,5 +164,12 @@ async def usage_response(ledger: Ledger, params: Mapping[str, str], render: Rend
     except ReportError as exc:
         return render(InvalidRequestError(str(exc), param=exc.param, code="invalid_value"))
     except LedgerDown as exc:
-        return render(GatewayError(f"The ledger is unavailable: {exc}", status=503, code="ledger_unavailable"))
+        return render(unavailable_error(exc))
     return Response(body, media_type=media, headers=_NO_STORE)
+
+
+def unavailable_error(exc: LedgerDown) -> GatewayError:
+    """503 `ledger_unavailable`: the database did not answer (within `ledger.timeout_ms`); worth a retry soon."""
+    return GatewayError(
+        f"The ledger is unavailable: {exc}", status=503, code="ledger_unavailable", retry_after=RETRY_AFTER_S
+    )

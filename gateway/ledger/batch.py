@@ -162,7 +162,14 @@ def pending(rec: Record, elapsed_s: float, ended: float, null: int | None) -> Pe
     text_in, text_out = rec.prompt, rec.completion
     if text_in is None and text_out is None:
         return p
-    return (*p[:10], WIDTH, *p[11:], null if text_in is None else text_in, null if text_out is None else text_out)
+    kept_in = null if text_in is None else text(text_in)
+    return (*p[:10], WIDTH, *p[11:], kept_in, null if text_out is None else text(text_out))
+
+
+def text(value: str) -> str:
+    """A prompt or completion as the ledger stores it: U+0000, which a PostgreSQL text column cannot hold
+    (and which would fail the whole batch's insert), becomes U+FFFD on both engines, so both hold the same."""
+    return value.replace("\x00", "\ufffd") if "\x00" in value else value
 
 
 def take(queue: deque[Pending], teams: dict[str, str], prefix: str, ids: Iterator[int]) -> Batch:

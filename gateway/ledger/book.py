@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Final, Protocol, cast
+from typing import Any, Final
 
 import msgspec
 
@@ -37,16 +37,15 @@ from gateway.ops.metrics import Record
 log = logging.getLogger("gateway")
 
 
-class Settles(Protocol):
-    def settle(self, rec: Record) -> None: ...
-
-
 _IN_CHUNK: Final = 500
 _RETAIN_EVERY_S: Final = 3600
 _ORPHANS_EVERY_S: Final = 60
 _RETAIN_BATCH: Final = 5000  # SQLite: rows per DELETE (one short transaction each)
 _RETAIN_BATCHES: Final = 200  # ... and at most this many per turn; the rest waits for the next turn
+_MARGIN_S: Final = 1.0  # what a `call` waits beyond `ledger.timeout_ms`, the database's own bound
 _SPILL_PREFIX: Final = "ledger-spill-"
+# Rows the database refused alone, one batch per line as in a spill file, never replayed: for the operator.
+_REJECTS_PREFIX: Final = "ledger-refused-"
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder(list[list[Any]]).decode
 
@@ -84,10 +83,10 @@ def commit(cur: Cursor, rows: Sequence[Row], db: Database) -> int:
 class Spill:
     """This process's spill file (locked while it lives) and the replay of every spill file in the directory."""
 
-    def __init__(self, directory: Path, max_bytes: int) -> None:
+    def __init__(self, directory: Path, max_bytes: int, prefix: str = "") -> None:
         self.dir = directory
         self.max_bytes = max_bytes
-        self.path = directory / f"{_SPILL_PREFIX}{os.getpid()}-{os.urandom(6).hex()}.jsonl"
+        self.path = directory / f"{prefix or _SPILL_PREFIX}{os.getpid()}-{os.urandom(6).hex()}.jsonl"
         self._fd: int | None = None
         self.size = 0
         self.lost = 0  # rows that found the spill file full
@@ -143,6 +142,11 @@ class Spill:
         self.size = 0
 
 
+def _why(exc: BaseException) -> str:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
 def _read(path: Path) -> list[list[list[Any]]]:
     out = []
     with contextlib.suppress(FileNotFoundError), path.open("rb") as f:
@@ -157,7 +161,13 @@ class Ledger:
 
     def __init__(self, cfg: LedgerConfig) -> None:
         self.cfg = cfg
-        self.db = Database(cfg.url)
+        # Two connections, each on its own thread: the writer's (rows, rollups, retention) and the one
+        # everything else asks through `call` (keys, budgets' seeds, reports), so that neither waits behind
+        # the other, and every wait for the database is bounded by `timeout_ms`.
+        self.db = Database(cfg.url, cfg.timeout_ms)
+        self.rows = Database(cfg.url, cfg.timeout_ms)
+        # Why the database did not answer the last `call` (None: it did), for /ready and the budgets.
+        self.unanswered: str | None = None
         # Row ids: drawn here, in the worker, so that forked workers never share a prefix.
         # Ids sort in the order they are drawn (the start time first, then a counter of fixed width), so a
         # batch's rows are appended at the end of the primary key's index instead of spread through it.
@@ -170,11 +180,18 @@ class Ledger:
         self.dropped = 0  # rows the full queue turned away
         self._dropped_logged = 0
         self.booked = 0
+        self.refused = 0  # rows the database refused alone (kept in `rejects`, never booked)
+        self.refused_why = ""
         self.down: str | None = None  # why the database could not be written, while it cannot
         self.teams: dict[str, str] = {}  # key name -> team, for the rows (YAML keys and runtime keys)
         spill_dir = Path(cfg.spill_dir) if cfg.spill_dir else self._default_spill_dir()
         self.spill = Spill(spill_dir, cfg.spill_bytes)
+        self.rejects = Spill(spill_dir, cfg.spill_bytes, _REJECTS_PREFIX)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="ledger")
+        self._writer_pool = ThreadPoolExecutor(1, thread_name_prefix="ledger-writer")
+        # A caller waits for the database's own bound (its statement timeout), plus a margin, and no longer:
+        # a server that does not answer at all is an answer too.
+        self._wait_s = cfg.timeout_ms / 1000 + _MARGIN_S
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -193,10 +210,6 @@ class Ledger:
     # ------------------------------------------------------------------------------ the request path
 
     def append(self, rec: Record, elapsed_s: float) -> None:
-        hold = rec.hold
-        if hold is not None:  # a budgeted request: its reservation becomes its real cost
-            rec.hold = None
-            cast(Settles, hold).settle(rec)
         queue = self.queue
         if len(queue) >= self.cap:
             self.dropped += 1
@@ -208,11 +221,32 @@ class Ledger:
     # ------------------------------------------------------------------------------ the writer
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run `fn(*args)` on the ledger's thread (every database call goes through it, one at a time)."""
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        """Run `fn(*args)` on the ledger's thread (every call but the writer's goes through it, one at a
+        time); `LedgerDown` when the database does not answer within `timeout_ms` (and a margin)."""
+        work = asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        try:
+            out = await asyncio.wait_for(work, self._wait_s)
+        except TimeoutError:
+            self.unanswered = f"{self.db.where}: no answer within {self.cfg.timeout_ms} ms"
+            raise LedgerDown(self.unanswered) from None
+        except LedgerDown as exc:
+            self.unanswered = str(exc)
+            raise
+        self.unanswered = None
+        return out
+
+    @property
+    def trouble(self) -> str | None:
+        """Why the ledger cannot be used now (the writer cannot write, or the last call had no answer)."""
+        return self.down or self.unanswered
+
+    async def _writing(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run `fn(*args)` on the writer's thread (its statements are bounded by the database's timeout)."""
+        return await asyncio.get_running_loop().run_in_executor(self._writer_pool, fn, *args)
 
     async def start(self) -> None:
-        await self.call(self.db.migrate)
+        # Not `call`: a migration waits as long as it must (another replica's, say).
+        await asyncio.get_running_loop().run_in_executor(self._pool, self.db.migrate)
         self._wake = asyncio.Event()
         self._task = asyncio.ensure_future(self._run())
 
@@ -227,7 +261,7 @@ class Ledger:
                 await self.flush()
                 if self.cfg.retention_days is not None and time.monotonic() >= self._retain_at:
                     self._retain_at = time.monotonic() + _RETAIN_EVERY_S
-                    await self.call(self._retain, self.cfg.retention_days)
+                    await self._writing(self._retain, self.cfg.retention_days)
             except Exception:  # the writer must outlive any one bad turn
                 log.exception("ledger writer turn failed")
 
@@ -244,7 +278,7 @@ class Ledger:
             self._dropped_logged = self.dropped
         rows = self._take()
         if rows.size or self.spill.waiting or self._orphans_possible():
-            await self.call(self._write, rows)
+            await self._writing(self._write, rows)
 
     def _orphans_possible(self) -> bool:
         """Whether another process's spill file may wait: looked for at the first turn, then every
@@ -257,32 +291,69 @@ class Ledger:
 
     def _write(self, rows: Batch) -> None:
         """On the ledger's thread: spilled batches first (oldest first), then these rows; spill on failure."""
+        refused = self.refused
         try:
             for _path, batch in self.spill.batches():
                 spilled = [tuple(r) for r in batch]
-                self.booked += self.db.transaction(functools.partial(commit, rows=spilled, db=self.db))
+                self._book(functools.partial(commit, rows=spilled, db=self.rows), functools.partial(list, spilled))
             self.spill.replayed()
             if rows.size:
-                self.booked += self.db.transaction(lambda cur: commit_batch(cur, rows, self.db))
+                self._book(lambda cur: commit_batch(cur, rows, self.rows), rows.full)
             if self.down is not None:
-                log.warning("ledger: %s answers again; spilled rows replayed", self.db.where)
+                log.warning("ledger: %s answers again; spilled rows replayed", self.rows.where)
                 self.down = None
         except LedgerDown as exc:
             if self.down is None:
                 log.warning("ledger: cannot write (%s); rows go to %s until it answers", exc, self.spill.path)
             self.down = str(exc)
+            # Rows of the batch already booked (split around a refused one) are booked once: replays skip
+            # the ids the database holds.
             if rows.size and not self.spill.write(rows.full()):
                 log.error(
                     "ledger: the spill file is full (ledger.spill_bytes = %d): %d row(s) lost so far",
                     self.spill.max_bytes,
                     self.spill.lost,
                 )
+        if self.refused != refused:
+            log.error(
+                "ledger: the database refused %d row(s) (%s); kept in %s, not booked (%d so far)",
+                self.refused - refused,
+                self.refused_why,
+                self.rejects.path,
+                self.refused,
+            )
+
+    def _book(self, body: Callable[[Cursor], int], rows: Callable[[], Sequence[Row]]) -> None:
+        """Commit a batch; one the database refuses (a value it cannot store, not an outage) is split in
+        halves, each its own transaction, down to the rows it refuses alone: those are kept aside and
+        counted, and every other row is booked. Only `LedgerDown` (an outage) leaves here."""
+        try:
+            self.booked += self.rows.transaction(body)
+        except LedgerDown:
+            raise
+        except Exception as exc:  # whatever a row's values make the driver or the server refuse
+            self._split(list(rows()), exc)
+
+    def _split(self, rows: list[Row], exc: Exception) -> None:
+        if len(rows) == 1:
+            self.refused += 1
+            self.refused_why = _why(exc)
+            self.rejects.write(rows)
+            return
+        half = len(rows) // 2
+        for part in (rows[:half], rows[half:]):
+            try:
+                self.booked += self.rows.transaction(functools.partial(commit, rows=part, db=self.rows))
+            except LedgerDown:
+                raise
+            except Exception as again:
+                self._split(part, again)
 
     def _retain(self, days: int) -> None:
         """On the ledger's thread: remove rows older than `days` days (today counts as one)."""
         before = day_of(time.time() - (days - 1) * 86_400)
         try:
-            removed = self.db.retain(before, _RETAIN_BATCH, _RETAIN_BATCHES)
+            removed = self.rows.retain(before, _RETAIN_BATCH, _RETAIN_BATCHES)
         except LedgerDown:
             self._retain_at = 0.0  # try again at the next turn
             return
@@ -301,5 +372,9 @@ class Ledger:
             await asyncio.gather(self._task, return_exceptions=True)
         with contextlib.suppress(Exception):
             await self.flush()
-        await self.call(self.db.close)
-        self._pool.shutdown(wait=True)
+        await self._writing(self.rows.close)
+        self._writer_pool.shutdown(wait=True)
+        with contextlib.suppress(LedgerDown):
+            await self.call(self.db.close)
+        # Not waiting: a call the database still holds ends at its statement timeout, on its own.
+        self._pool.shutdown(wait=False, cancel_futures=True)

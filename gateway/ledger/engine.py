@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Final, TypeVar, cast
 
+from gateway.config import ledger_target
 from gateway.ledger.schema import MIGRATIONS, VERSION, SchemaError
 
 T = TypeVar("T")
@@ -40,15 +41,8 @@ class LedgerDown(Exception):
 
 
 def parse_url(url: str) -> tuple[str, str]:
-    """(engine, target): a SQLite file path or a PostgreSQL connection string; ValueError names the problem."""
-    if url.startswith("sqlite:///"):
-        path = url[len("sqlite:///") :]
-        if not path:
-            raise ValueError("sqlite:/// needs a file path (sqlite:///ledger.db, sqlite:////var/lib/gw/ledger.db)")
-        return SQLITE, path
-    if url.startswith(("postgresql://", "postgres://")):
-        return POSTGRES, url
-    raise ValueError(f"expected sqlite:///<path> or postgresql://..., got {url.split(':', 1)[0]!r}")
+    """(engine, target): the config's own check of `ledger.url` (gateway/config/loading.py)."""
+    return ledger_target(url)
 
 
 def _drop(cur: Cursor, name: str) -> int:
@@ -80,8 +74,11 @@ class Cursor:
 class Database:
     """One connection, opened on first use and again after a failure; used from one thread only."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, timeout_ms: int | None = None) -> None:
         self.engine, self.target = parse_url(url)
+        # How long one statement may wait (for a lock, or a busy server) before it fails as `LedgerDown`;
+        # None: as long as it takes (`serve`'s migrations before the workers start).
+        self.timeout_ms = timeout_ms
         self.postgres = self.engine == POSTGRES
         self._conn: Any = None
         self._days: set[str] = set()  # PostgreSQL day partitions known to exist
@@ -100,10 +97,21 @@ class Database:
         if self.postgres:
             import psycopg
 
-            return psycopg.connect(self.target, connect_timeout=_CONNECT_S, autocommit=True)
+            if self.timeout_ms is None:
+                return psycopg.connect(self.target, connect_timeout=_CONNECT_S, autocommit=True)
+            import psycopg.conninfo
+
+            # The server ends a statement that waits longer (a lock held elsewhere, a stalled server): the
+            # caller gets `LedgerDown` instead of waiting as long as the lock is held. Added to the URL's own.
+            own = psycopg.conninfo.conninfo_to_dict(self.target).get("options") or ""
+            bound = f"-c statement_timeout={self.timeout_ms} -c lock_timeout={self.timeout_ms}"
+            return psycopg.connect(
+                self.target, connect_timeout=_CONNECT_S, autocommit=True, options=f"{own} {bound}".strip()
+            )
         Path(self.target).parent.mkdir(parents=True, exist_ok=True)
+        busy_s = (_BUSY_MS if self.timeout_ms is None else self.timeout_ms) / 1000
         # Autocommit mode: every transaction is an explicit BEGIN IMMEDIATE ... COMMIT below.
-        conn = sqlite3.connect(self.target, timeout=_BUSY_MS / 1000, isolation_level=None, check_same_thread=False)
+        conn = sqlite3.connect(self.target, timeout=busy_s, isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")  # readers never wait for the writer; replicas on one host share it
         conn.execute("PRAGMA synchronous=NORMAL")  # durable across a process crash (WAL), as the issue asks
         return conn
@@ -206,6 +214,9 @@ class Database:
 
         def run(cur: Cursor) -> int:
             if self.postgres:
+                # Migrations take as long as they take (a replica waits for another's to end): no bound.
+                cur.execute("SET LOCAL statement_timeout = 0")
+                cur.execute("SET LOCAL lock_timeout = 0")
                 cur.execute("SELECT pg_advisory_xact_lock(?)", (_LOCK_ID,))  # replicas starting together
             cur.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
             found = cur.rows("SELECT max(version) FROM schema_version")[0][0] or 0

@@ -16,8 +16,10 @@ from prometheus_client import Counter, Gauge
 from gateway.config import LedgerConfig, LoadedConfig
 from gateway.ledger import keys as keystore
 from gateway.ledger.book import Ledger
-from gateway.ledger.budgets import Budgets, Counters
+from gateway.ledger.budgets import ledger_budgets
 from gateway.limits.auth import RuntimeKeys
+from gateway.limits.budgets import Budgets
+from gateway.limits.usage import Counters
 from gateway.ops.metrics import Metrics
 
 log = logging.getLogger("gateway")
@@ -30,7 +32,7 @@ class Hooked(Protocol):
     usage: Any
     loaded: LoadedConfig
     ledger: Ledger | None
-    budgets: Budgets | None
+    budgets: Budgets
 
 
 def _yaml(loaded: LoadedConfig) -> tuple[list[str], dict[str, str]]:
@@ -53,6 +55,7 @@ class LedgerService:
             for name, doc, read in (
                 ("gateway_ledger_dropped_rows", "Ledger rows turned away by the full queue", lambda: ledger.dropped),
                 ("gateway_ledger_spill_lost_rows", "Ledger rows lost to a full spill file", lambda: ledger.spill.lost),
+                ("gateway_ledger_refused_rows", "Ledger rows the database refused", lambda: ledger.refused),
                 ("gateway_ledger_queued_rows", "Ledger rows waiting for the writer", lambda: len(ledger.queue)),
                 ("gateway_ledger_spilled", "1 while the ledger's rows go to its spill file", lambda: ledger.spilling),
             ):
@@ -64,8 +67,8 @@ class LedgerService:
     def install(self, pipeline: Hooked) -> None:
         pipeline.keys.runtime = self.runtime
         pipeline.ledger = self.ledger
-        pipeline.budgets = Budgets(pipeline.loaded, self.ledger, self.counters)
-        pipeline.usage.ledgered = True  # its budgets reserve in the ledger: no spend counters to keep
+        pipeline.budgets = ledger_budgets(pipeline.loaded, self.ledger, self.counters)
+        pipeline.usage.ledgered = True  # its budgets are seeded from the ledger: no spend counters to keep
 
     async def start(self) -> None:
         await self.ledger.start()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 from gateway.config import ConfigError, LoadedConfig
-from gateway.ledger.engine import Cursor, Database, LedgerDown, parse_url
+from gateway.ledger.engine import Cursor, Database, LedgerDown
 from gateway.ledger.schema import VERSION, SchemaError
 
 log = logging.getLogger("gateway")
@@ -24,13 +24,9 @@ def clashes(cur: Cursor, yaml_names: list[str]) -> list[str]:
 
 
 def prepare(loaded: LoadedConfig) -> None:
-    """Check the URL, migrate, refuse runtime keys named like YAML ones: a `ConfigError` line otherwise."""
-    url = loaded.config.ledger.url
-    try:
-        parse_url(url)
-    except ValueError as exc:
-        raise ConfigError(f"{loaded.source}: ledger.url: {exc}") from None
-    db = Database(url)
+    """Migrate, refuse runtime keys named like YAML ones: a `ConfigError` line otherwise (the URL's form was
+    checked with the rest of the config, by `load_config`, as `check-config` checks it)."""
+    db = Database(loaded.config.ledger.url)
     names = [k.name for k in loaded.config.keys]
     try:
         db.migrate()

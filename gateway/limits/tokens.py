@@ -86,3 +86,33 @@ def reservation(
     choices = max(req.n or 1, req.best_of or 1) * n_prompts
     prompt = prompt_tokens(req.prompt, bpe, model)
     return prompt, prompt + per_choice * choices
+
+
+# Tokens a provider may add around each prompt (a start token, a chat template's few), beyond its text's.
+FRAMING_TOKENS = 16
+
+
+def prompt_bound(prompt: str | list[Any], bpe: bool, model: str) -> int:
+    """The most tokens `prompt` can be, for budgets (a reservation must cover the real count, not guess it):
+    a text's exact BPE count where `bpe` and the tables are there, else its UTF-8 bytes (no byte-level or
+    byte-fallback tokenizer makes more tokens than bytes), plus FRAMING_TOKENS per prompt; token ids exactly."""
+    texts: list[str]
+    if isinstance(prompt, str):
+        texts = [prompt]
+    elif isinstance(prompt[0], str):
+        texts = prompt
+    elif isinstance(prompt[0], int):
+        return len(prompt) + FRAMING_TOKENS
+    else:
+        return sum(len(p) for p in prompt) + FRAMING_TOKENS * len(prompt)
+    total = 0
+    for text in texts:
+        enc = _encoding(model) if bpe else None
+        counted = None
+        if enc is not None:
+            try:
+                counted = len(enc.encode_ordinary(text))
+            except ValueError:
+                pass
+        total += (len(text.encode("utf-8")) if counted is None else counted) + FRAMING_TOKENS
+    return total

@@ -1,9 +1,9 @@
-"""Usage accounting and daily budgets: requests, tokens and cost per key, per model and per UTC day.
+"""Usage accounting: requests, tokens and cost per key, per model and per UTC day.
 
 Every answered request is booked once, when it ends, in the background; cost is kept as integer
 picodollars so sums are exact across replicas. With Redis one hash per key and day, else process memory
-merged into Redis later. Budgets are checked after authorization against today's booked spend. Rows,
-storage and the overshoot rule: docs/operations.md.
+merged into Redis later. Without a ledger, budgets (gateway/limits/budgets.py) read the spend booked here
+and the request's reservation is settled as it is booked. Rows and storage: docs/operations.md.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import math
 import re
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Final
+from typing import Any, Final, Protocol, cast
 
 import msgspec
 import redis.asyncio as aioredis
@@ -211,6 +211,24 @@ async def _write_per_slot(r: aioredis.Redis, batch: dict[tuple[str, str], Fields
         del batch[(d, k)]
 
 
+class Settles(Protocol):
+    """A budget reservation (gateway/limits/budgets.py `Hold`), settled when its request is booked."""
+
+    def settle(self, rec: Record) -> None: ...
+
+
+class Counters:
+    """The process's budget counters (gateway/limits/budgets.py) without Redis, or while it is away:
+    counter -> [committed, reserved, seeded]; shared by every config a reload builds."""
+
+    def __init__(self) -> None:
+        self.local: dict[str, list[int]] = {}
+        self.background: set[asyncio.Task[None]] = set()
+        # counter -> epoch -> (its budget, reserved, committed) that Redis could not take when they changed:
+        # written with the counter's next reservation, so that a Redis outage leaks no reservation.
+        self.owed: dict[str, dict[str, tuple[Any, int, int]]] = {}
+
+
 class UsageStore:
     def __init__(
         self,
@@ -249,6 +267,7 @@ class UsageStore:
         self.spend: dict[str, int] = {}
         self._counters: dict[str, tuple[str, tuple[str, ...]]] = {}  # key -> (day, its counters that day)
         self._background: set[asyncio.Task[None]] = set()
+        self.counters = Counters()  # without a ledger, the budgets' (gateway/limits/budgets.py)
         self._timer: asyncio.TimerHandle | None = None
         self._cost: dict[tuple[str, str], Any] = {}  # per (model label, key): its cost series
         self._names: dict[str, tuple[str, ...]] = {}  # per model label: its booking's field names, as `_KINDS`
@@ -261,6 +280,9 @@ class UsageStore:
         for name, pico in self.spend.items():
             previous.spend[name] = previous.spend.get(name, 0) + pico
         self.spend = previous.spend
+        # In place: the budgets of this config already hold `self.counters`.
+        self.counters.local, self.counters.background = previous.counters.local, previous.counters.background
+        self.counters.owed = previous.counters.owed
 
     def today(self) -> str:
         return day_of(self.clock())
@@ -269,6 +291,10 @@ class UsageStore:
 
     def book(self, rec: Record) -> None:
         """Book a finished request (off the request path). Requests no target served book nothing."""
+        hold = rec.hold
+        if hold is not None:  # a budgeted request: its reservation becomes its real cost, served or not
+            rec.hold = None
+            cast(Settles, hold).settle(rec)
         if not rec.provider or rec.failed:  # a failed request names the target that failed; none served it
             return
         key = rec.key or ANONYMOUS
@@ -437,43 +463,7 @@ class UsageStore:
 
     # ---------------------------------------------------------------------------------------- budgets
 
-    async def check(self, key: str, runtime_budget: float | None = None) -> None:
-        """Refuse a key at or over a budget it falls under (429 `budget_exceeded`, Retry-After: the period's
-        end): its own daily and monthly ones, its team's. `runtime_budget`: a runtime key's own daily one
-        (gateway/ledger/keys.py)."""
-        now = self.clock()
-        day = day_of(now)
-        found = self._limits(key, runtime_budget, day)
-        if not found:
-            return
-        if len(found) == 1 and found[0][3] is None:
-            spent = [await self.spent_pico(key, day)]  # a key's daily budget alone: one HGET
-        else:
-            spent = await self._read(key, day, [source for *_, source in found])
-        for (who, period, limit_pico, _), pico in zip(found, spent, strict=True):
-            if pico >= limit_pico:
-                raise budget_refusal(who, period, limit_pico, pico, now)
-
-    def _limits(self, key: str, runtime_budget: float | None, day: str) -> list[tuple[str, str, int, str | None]]:
-        """(who, period, limit, counter) of each budget `key` falls under; counter None: the day's usage hash."""
-        out: list[tuple[str, str, int, str | None]] = []
-        per_day = self.budgets.get(key, runtime_budget)
-        if per_day is not None:
-            out.append((f"Key '{key}'", "daily", round(per_day * PICO), None))
-        per_month = self.key_month.get(key)
-        if per_month is not None:
-            out.append((f"Key '{key}'", "monthly", round(per_month * PICO), spend_key(day[:7], "key", key)))
-        team = self.team_of.get(key)
-        budget = self.teams.get(team) if team is not None else None
-        if team is not None and budget is not None:
-            who = f"Team '{team}' (key '{key}')"
-            if budget.max_cost_per_day is not None:
-                out.append((who, "daily", round(budget.max_cost_per_day * PICO), spend_key(day, "team", team)))
-            if budget.max_cost_per_month is not None:
-                out.append((who, "monthly", round(budget.max_cost_per_month * PICO), spend_key(day[:7], "team", team)))
-        return out
-
-    async def _read(self, key: str, day: str, sources: list[str | None]) -> list[int]:
+    async def spent(self, key: str, day: str, sources: list[str | None]) -> list[int]:
         """Each source's spend: Redis's (one round trip) plus what this process has not written there yet."""
         waiting = [self.local.get((day, key), {}).get(TOTAL, 0) if s is None else self.spend.get(s, 0) for s in sources]
         if self.shared.client is None:

@@ -106,6 +106,9 @@ MEANINGS: dict[str, str] = {
     "caps.request_body_bytes": "a client request body; 413 beyond it, in the route's dialect",
     "caps.json_depth": "nesting inside free-form fields (`response_format`, `guided_json`, `inference_extra_params`, "
     "...); 400 beyond it",
+    "caps.budget_max_tokens": "completion tokens a budgeted request without `max_tokens` reserves per choice (nothing "
+    "else bounds its answer but the model's context); an answer past it is charged in full, a stream as it runs "
+    "([ledger.md](ledger.md#budgets))",
     "caps.pattern_chars": "a client pattern (`guided_regex`, a schema `pattern`) and a gateway-enforced stop sequence, "
     "in characters",
     "caps.stop_chars": "stop sequences the gateway enforces itself (beyond a provider's count, or kept where it "

@@ -21,6 +21,7 @@ from gateway.fleet.picker import Hint
 from gateway.ids import unique_suffix
 from gateway.limits.admission import Admission, Ticket
 from gateway.limits.auth import ClientKey, KeyRing
+from gateway.limits.budgets import Budgets, usage_budgets
 from gateway.limits.usage import UsageStore
 from gateway.ops import tracing
 from gateway.ops.metrics import Metrics, Record
@@ -41,7 +42,6 @@ from wire.schema import CompletionRequest, decode_request, encode
 
 if TYPE_CHECKING:
     from gateway.ledger.book import Ledger
-    from gateway.ledger.budgets import Budgets
 
 # gateway/edge/endpoint.py ends a stream that failed before the relay could say so with these bytes.
 __all__ = ["STREAM_FAILED", "Front", "Pipeline", "Result", "release"]
@@ -120,6 +120,8 @@ class Pipeline:
         self.failover = Failover(self.health, clock=clock, **({"sleep": sleep} if sleep else {}))
         self.admission = Admission(loaded, self.shared, **({"sleep": sleep} if sleep else {}))
         self.usage = UsageStore(loaded, self.shared, metrics=metrics)
+        # Budgets by reservation (gateway/limits/budgets.py); with a ledger, the ledger's replace them.
+        self.budgets: Budgets = usage_budgets(loaded, self.usage)
         # None unless tracing is on (gateway/ops/tracing.py): the endpoint then opens a span per request.
         self.tracing = tracing.from_config(loaded)
         self.trace_link = loaded.config.tracing.client_context == "link"
@@ -133,7 +135,6 @@ class Pipeline:
         self.cache = cache.build(loaded, self.shared, self.admission, metrics)
 
     ledger: Ledger | None = None  # the process's ledger, when one is configured (gateway/ledger/service.py)
-    budgets: Budgets | None = None  # with a ledger: budgets by reservation (gateway/ledger/budgets.py)
 
     # Requests hold the pipeline they started with; a reload retires this one, which closes its pools
     # when the last of them ends.
@@ -235,10 +236,7 @@ class Pipeline:
 
     def _budgeted(self, key: ClientKey) -> bool:
         """Whether a spending limit applies to the key: then it is checked before anything else."""
-        budgets = self.budgets
-        if budgets is not None:
-            return budgets.applies(key)
-        return key.name in self.usage.guarded or key.max_cost_per_day is not None
+        return self.budgets.applies(key)
 
     def _refine(self, req: CompletionRequest, plan: Plan, rec: Record) -> None:
         alias = req.model in self.router.aliases
@@ -256,13 +254,10 @@ class Pipeline:
         else:
             key, req, plan, looked = front
         if plan is None:
-            budgets = self.budgets
             budgeted = key if key is not None and self._budgeted(key) else None
-            if budgeted is not None and budgets is None:
-                await self.usage.check(budgeted.name, budgeted.max_cost_per_day)  # one round trip: the booked spend
             plan = self.router.plan(req.model)
-            if budgeted is not None and budgets is not None:
-                rec.hold = await budgets.reserve(budgeted, req, plan, self.usage.prices, self.shared)
+            if budgeted is not None:
+                rec.hold = await self.budgets.reserve(budgeted, req, plan, self.usage.prices, self.shared)
             self._refine(req, plan, rec)
         ctx = CallContext(
             id=_completion_id(),

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from typing import cast
 
 import msgspec
 
 from gateway.limits import tokens
 from gateway.limits.admission import Admission, Ticket
+from gateway.limits.budgets import STREAM_CHECK_EVENTS, Hold
 from gateway.ops.metrics import Record
 from gateway.path.attempt import UNREADABLE, Job, Opened, Services, ignored_n, sane_usage
 from gateway.path.dialects import OPENAI
@@ -136,6 +138,8 @@ class Relay:
         sent = finished = 0
         top = -1  # the highest choice index seen
         resumed_from = 0  # tokens streamed before the current upstream took over
+        # A budgeted stream is charged as it runs past its reservation, so the next admissions stop before it ends.
+        hold = cast("Hold | None", rec.hold)
         try:
             while True:
                 error: GatewayError | None = None
@@ -152,6 +156,8 @@ class Relay:
                                 if choice.index > top:
                                     top = choice.index
                             sent += 1
+                            if hold is not None and not sent % STREAM_CHECK_EVENTS:
+                                hold.streamed(sent)
                             if cached is not None:
                                 cached.chunk(c)
                             yield sse_event(encode(c))

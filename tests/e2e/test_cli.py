@@ -60,6 +60,17 @@ BAD_CONFIGS = [
     pytest.param(
         "keys:\n  - {name: a, key: k1}\n  - {name: a, key: k2}\n", "keys[1].name: duplicate key name 'a'", id="dup-key"
     ),
+    pytest.param(
+        # The password is never echoed: only the scheme.
+        "ledger: {url: 'mongodb://admin:hunter2-pw@db.internal/ledger'}\n",
+        "ledger.url: expected sqlite:///<path> or postgresql://..., got 'mongodb'",
+        id="ledger-url-scheme",
+    ),
+    pytest.param(
+        "ledger: {url: 'sqlite:///'}\n",
+        "ledger.url: sqlite:/// needs a file path (sqlite:///ledger.db, sqlite:////var/lib/gw/ledger.db)",
+        id="ledger-url-no-path",
+    ),
     pytest.param("providers: [\n", "line 2: expected the node content, but found '<stream end>'", id="invalid-yaml"),
     pytest.param("- just\n- a list\n", "(top level): expected a mapping, got list", id="not-a-mapping"),
 ]
@@ -79,7 +90,9 @@ def test_check_config_bad(tmp_path: Path, text: str, where_problem: str) -> None
     _one_line_error(run_cli(["check-config", str(path)]), path, where_problem)
 
 
-@pytest.mark.parametrize(("text", "where_problem"), [BAD_CONFIGS[0], BAD_CONFIGS[5]])
+@pytest.mark.parametrize(
+    ("text", "where_problem"), [p for p in BAD_CONFIGS if p.id in ("bad-kind", "missing-base-url", "ledger-url-scheme")]
+)
 def test_serve_with_bad_config_exits_1(tmp_path: Path, text: str, where_problem: str) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(text)

@@ -1,9 +1,9 @@
 """Budgets that concurrent requests cannot overshoot, and that survive a restart of the gateway or of Redis.
 
 A budgeted request reserves its worst case (prompt tokens + max_tokens at the target's price) before the
-call and settles its real cost after it. One `body()` on demo/slow-300ms: 3 prompt tokens at $1000/1M and
-at most 7 completion tokens at $2000/1M, a worst case of $0.017; the fake answer is held 300 ms, so 20
-requests sent together all arrive before any has ended.
+call and settles its real cost after it. One `body()` on demo/slow-300ms costs 3 prompt tokens at $1000/1M
+and 7 completion tokens at $2000/1M, $0.017; the fake answer is held 300 ms, so 20 requests sent together
+all arrive before any has ended.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from .conftest import query
 KEY: Final = "gk-budget-3a9e"
 MATE: Final = "gk-budget-mate-71c0"
 ENV: Final = {"BUDGET_KEY": KEY, "BUDGET_MATE": MATE}
-WORST_PICO: Final = 17 * 10**9
+COST_PICO: Final = 17 * 10**9  # what one body() costs
+RESERVED_PICO: Final = 41 * 10**9  # what it reserves: its worst case
 BUDGET_PICO: Final = 5 * 10**10  # $0.05
 SLOW: Final = "demo/slow-300ms"
 
@@ -73,10 +74,11 @@ def test_20_concurrent_first_requests_overshoot_by_at_most_one_worst_case(tmp_pa
     path, url = write(tmp_path, state)
     with GatewayThread(path, ENV) as gw:
         statuses = asyncio.run(together(gw.url, KEY, 20))
-        # $0 + $0.017 + $0.034 reserved were under $0.05: three admitted, the other seventeen refused.
-        assert sorted(statuses) == [200] * 3 + [429] * 17
+        # Each reserves its worst case, $0.041: its 11 prompt bytes as 11 tokens, plus 16 a provider may add,
+        # and 7 completion tokens. $0 and $0.041 reserved were under $0.05: two admitted, eighteen refused.
+        assert sorted(statuses) == [200] * 2 + [429] * 18
         wait_until(lambda: query(url, "SELECT count(*) FROM requests")[0][0] == 20)
-    assert spent(url) <= BUDGET_PICO + WORST_PICO
+    assert spent(url) <= BUDGET_PICO + RESERVED_PICO
 
 
 def test_spend_survives_a_gateway_restart(tmp_path: Path) -> None:
@@ -96,8 +98,8 @@ def test_spend_survives_a_redis_restart(tmp_path: Path, redis: RedisServer) -> N
     with GatewayThread(path, ENV) as gw, client(gw.url, KEY) as c:
         for _ in range(3):
             assert c.post("/v1/completions", json=body(model=SLOW)).status_code == 200
-        wait_until(lambda: query(url, "SELECT count(*) FROM daily")[0][0] > 0 and spent(url) == 3 * WORST_PICO)
-        wait_until(lambda: not gw.pipeline.budgets.counters.background)  # type: ignore[union-attr]
+        wait_until(lambda: query(url, "SELECT count(*) FROM daily")[0][0] > 0 and spent(url) == 3 * COST_PICO)
+        wait_until(lambda: not gw.pipeline.budgets.counters.background)
         redis.restart()  # no persistence: every counter is gone
         wait_until(lambda: c.post("/v1/completions", json=body(model=SLOW)).status_code == 429, timeout=10)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -9,14 +10,17 @@ from types import SimpleNamespace
 import pytest
 
 from gateway.config import ConfigError, PriceConfig, load_config, parse_config
+from gateway.limits.auth import KeyRing
+from gateway.limits.budgets import usage_budgets
 from gateway.limits.usage import ANONYMOUS, PICO, Prices, UsageStore, day_of, to_midnight
 from gateway.ops.metrics import Metrics, ModelLabels, Record
 from gateway.ops.reload import Reloader
 from gateway.path.pipeline import Pipeline
+from gateway.path.routing import Router
 from gateway.state import SharedState
 from tests.helpers.redis import RedisServer
 from wire.errors import RateLimitError
-from wire.schema import Usage
+from wire.schema import CompletionRequest, Usage
 
 # 2023-11-14T22:13:20Z: 6400 s before midnight UTC.
 T0 = 1_700_000_000.0
@@ -49,6 +53,21 @@ def rec(key: str | None, model: str, target: str, prompt: int | None, completion
     usage = None if prompt is None else Usage(prompt, completion, prompt + completion)
     provider = target.partition("/")[0]
     return Record(request_id="r", dialect="openai", key=key, model=model, provider=provider, target=target, usage=usage)
+
+
+async def admit(s: UsageStore, key: str) -> None:
+    """A request of key `key` admitted by the budgets (its reservation given back at once, as by a request no
+    target served), or their 429 `budget_exceeded` (RateLimitError)."""
+    loaded = parse_config(CONFIG, env={})
+    found = KeyRing(loaded).authenticate({"authorization": f"Bearer k-{key}"})
+    assert found is not None
+    budgets = usage_budgets(loaded, s)
+    if not budgets.applies(found):
+        return
+    req = CompletionRequest(model="demo/text", prompt="x", max_tokens=1)
+    hold = await budgets.reserve(found, req, Router(loaded).plan("demo/text"), s.prices, s.shared)
+    hold.settle(Record(request_id="r", dialect="openai"))
+    await asyncio.gather(*s.counters.background)
 
 
 def store(redis_url: str = "", clock: Clock | None = None, metrics: Metrics | None = None) -> UsageStore:
@@ -130,19 +149,19 @@ async def test_budget_refuses_at_or_over_todays_spend_until_midnight() -> None:
     s = store(clock=clock)
     for _ in range(2):
         s.book(rec("team", "demo/long", "demo/long", 3, 7))
-    await s.check("team")  # $0.034 < $0.05
-    await s.check("free")  # no budget
+    await admit(s, "team")  # $0.034 < $0.05
+    await admit(s, "free")  # no budget
     s.book(rec("team", "demo/long", "demo/long", 3, 7))
     with pytest.raises(RateLimitError) as caught:
-        await s.check("team")  # $0.051 >= $0.05
+        await admit(s, "team")  # $0.051 >= $0.05
     err = caught.value
     assert (err.status, err.type, err.code) == (429, "rate_limit_error", "budget_exceeded")
     assert err.retry_after == 6400
     assert "Key 'team'" in err.message and "$0.05 " in err.message and "$0.051 spent" in err.message
     with pytest.raises(RateLimitError):
-        await s.check("frozen")  # a budget of 0 blocks the key
+        await admit(s, "frozen")  # a budget of 0 blocks the key
     clock.now = T0 + 6400  # next UTC day
-    await s.check("team")
+    await admit(s, "team")
 
 
 async def test_adopt_keeps_in_process_bookings_across_a_reload() -> None:
@@ -154,7 +173,7 @@ async def test_adopt_keeps_in_process_bookings_across_a_reload() -> None:
     old.book(rec("team", "demo/long", "demo/long", 3, 7))  # a request that finished on the old config
     assert (await new.report(DAY0)).keys["team"].requests == 3
     with pytest.raises(RateLimitError):
-        await new.check("team")
+        await admit(new, "team")
 
 
 @pytest.fixture
@@ -212,7 +231,7 @@ async def test_redis_outage_books_locally_and_flushes_when_it_returns(
         # While Redis is away a budget sees only what this process booked meanwhile: here $0.051, over $0.05.
         assert await s.spent_pico("team", DAY0) == 3 * 17 * 10**9
         with pytest.raises(RateLimitError):
-            await s.check("team")
+            await admit(s, "team")
     finally:
         rds.start()
     clock.now += 1.5  # past the shared state's retry pause: the next call tries Redis again
@@ -273,7 +292,7 @@ async def test_a_config_reload_keeps_in_process_usage_and_budgets(tmp_path: Path
         assert (await new.usage.report(new.usage.today())).keys["team"].cost == 0.051
         old.usage.book(rec("team", "demo/long", "demo/long", 3, 7))  # finished on the old config
         with pytest.raises(RateLimitError):
-            await new.usage.check("team")  # $0.068 >= $0.06
+            await admit(new.usage, "team")  # $0.068 >= $0.06
     finally:
         await old.close()
         await new.close()
@@ -359,3 +378,50 @@ def test_price_cache_keeps_no_long_client_strings() -> None:
     assert prices.find(long_name, long_name) == PriceConfig(1, 1)
     assert prices.find("demo/a", "demo/a") == PriceConfig(1, 1)
     assert list(prices._cache) == [("demo/a", "demo/a")]
+
+
+@pytest.mark.parametrize("outage", ["paused", "restarted"])
+async def test_a_reservation_redis_could_not_take_back_is_given_back_when_it_returns(
+    redis_store: tuple[UsageStore, Clock], rds: RedisServer, outage: str
+) -> None:
+    """A request reserved in Redis ends while Redis does not answer: its reservation is owed, and given back
+    with the counter's next reservation, so the outage leaves none behind to refuse the key for the rest of
+    the day. A Redis that restarted empty lost the reservation with the counter: nothing is taken from the
+    new counter's (another request's) reservations."""
+    s, clock = redis_store
+    loaded = parse_config(CONFIG, env={})
+    key = KeyRing(loaded).authenticate({"authorization": "Bearer k-team"})
+    assert key is not None
+    budgets = usage_budgets(loaded, s)
+    req = CompletionRequest(model="demo/text", prompt="x", max_tokens=1)
+    plan = Router(loaded).plan("demo/text")
+    worst = budgets.worst_case(req, plan, s.prices)[0]
+    counter = f"budget:key_name:team:{DAY0}"
+
+    def reserved() -> int:
+        with rds.client() as r:
+            return int(r.hget(counter, "reserved") or 0)
+
+    hold = await budgets.reserve(key, req, plan, s.prices, s.shared)
+    assert reserved() == worst
+    if outage == "paused":
+        with rds.client() as r:
+            r.execute_command("CLIENT", "PAUSE", 1500, "ALL")  # no answers for 1.5 s; the data stays
+    else:
+        rds.stop()
+    try:
+        hold.settle(Record(request_id="r", dialect="openai"))  # nothing served: the reservation goes back
+        await asyncio.gather(*s.counters.background)
+        assert counter in s.counters.owed
+    finally:
+        if outage == "paused":
+            await asyncio.sleep(1.6)
+        else:
+            rds.start()
+    clock.now += 1.5  # past the shared state's retry pause
+    again = await budgets.reserve(key, req, plan, s.prices, s.shared)
+    assert reserved() == worst  # this request's alone
+    assert s.counters.owed == {}
+    again.settle(Record(request_id="r", dialect="openai"))
+    await asyncio.gather(*s.counters.background)
+    assert reserved() == 0

@@ -1,0 +1,115 @@
+"""A stalled database is an answer, not a wait: a real PostgreSQL whose tables another session locks, or a
+SQLite file another process holds the write lock of.
+
+While the lock is held, a budgeted request is served within `ledger.timeout_ms` (its budget counted from
+what the process knows), `POST /admin/keys` and `/admin/usage` answer 503 `ledger_unavailable` with
+Retry-After, and `/ready` answers 503 naming the ledger. When the lock goes, `/ready` is 200 again and every
+row answered meanwhile is booked (spilled, then replayed).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Final
+
+import httpx
+import psycopg
+import pytest
+
+from tests.helpers.clients import body, client
+from tests.helpers.servers import GatewayThread
+from tests.helpers.waiting import wait_until
+
+from .conftest import ADMIN_KEY, ENV, SOLO_KEY, TEAM_KEY, config, totals
+
+TIMEOUT_MS: Final = 500
+# What any answer may take while the database is stalled: its bound, the caller's margin, and slack for a
+# loaded machine. Far below the lock's hold.
+BOUND_S: Final = TIMEOUT_MS / 1000 + 1.0 + 1.0
+HOLD_S: Final = 15.0
+
+
+@contextmanager
+def locked(url: str) -> Iterator[None]:
+    """Every table the gateway reads and writes locked by another session until the block ends: PostgreSQL's
+    ACCESS EXCLUSIVE locks, or a SQLite writer that holds the file's write lock."""
+    release = threading.Event()
+    taken = threading.Event()
+
+    def hold() -> None:
+        if url.startswith("sqlite:///"):
+            conn = sqlite3.connect(url[len("sqlite:///") :], isolation_level=None)
+            conn.execute("BEGIN EXCLUSIVE")
+            taken.set()
+            release.wait(HOLD_S)
+            conn.rollback()
+            conn.close()
+            return
+        with psycopg.connect(url) as pg_conn:
+            pg_conn.execute("LOCK TABLE requests, daily, api_keys, counters IN ACCESS EXCLUSIVE MODE")
+            taken.set()
+            release.wait(HOLD_S)
+            pg_conn.rollback()
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    assert taken.wait(10)
+    try:
+        yield
+    finally:
+        release.set()
+        holder.join(10)
+
+
+def timed(fn: Callable[[], httpx.Response]) -> tuple[float, httpx.Response]:
+    start = time.monotonic()
+    out = fn()
+    return time.monotonic() - start, out
+
+
+@pytest.mark.parametrize("engine", ["postgresql", "sqlite"])
+def test_a_locked_database_is_answered_within_the_bound(
+    engine: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    if engine == "sqlite":
+        url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    else:
+        url = request.getfixturevalue("pg").url
+    path = tmp_path / "config.yaml"
+    text = config(url, extra=f", timeout_ms: {TIMEOUT_MS}").replace("{name: solo,", "{name: solo, max_cost_per_day: 5,")
+    assert "max_cost_per_day: 5" in text
+    path.write_text(text)
+    with GatewayThread(path, ENV) as gw:
+        with client(gw.url) as c:
+            assert c.get("/ready").status_code == 200
+        with locked(url), client(gw.url, SOLO_KEY) as solo, client(gw.url, ADMIN_KEY) as admin:
+            # The budgeted key's first request: its counter is seeded from the rollups, which are locked.
+            took, resp = timed(lambda: solo.post("/v1/completions", json=body()))
+            assert resp.status_code == 200 and took < BOUND_S, took
+            took, resp = timed(lambda: admin.post("/admin/keys", json={"name": "ci-bot"}))
+            assert resp.status_code == 503 and took < BOUND_S, took
+            assert resp.json()["error"]["code"] == "ledger_unavailable"
+            assert resp.headers["retry-after"] == "2"
+            took, resp = timed(lambda: admin.get("/admin/usage", params={"from": "2026-01-01", "to": "2026-01-02"}))
+            assert resp.status_code == 503 and took < BOUND_S, took
+            assert resp.headers["retry-after"] == "2"
+            # The key poller's reads go unanswered too: /ready says so, with the reason.
+            wait_until(lambda: admin.get("/ready").status_code == 503, timeout=BOUND_S * 2)
+            ready = admin.get("/ready").json()
+            assert ready["status"] == "degraded" and ready["ledger"].startswith("unavailable: "), ready
+            for _ in range(4):
+                took, resp = timed(lambda: solo.post("/v1/completions", json=body()))
+                assert resp.status_code == 200 and took < BOUND_S, took
+            with client(gw.url, TEAM_KEY) as team:
+                assert team.post("/v1/completions", json=body()).status_code == 200
+        with client(gw.url) as c:
+            wait_until(lambda: c.get("/ready").status_code == 200, timeout=10)
+            assert c.get("/ready").json() == {"status": "ready", "redis": "disabled", "ledger": "ok"}
+        wait_until(lambda: totals(url)[0][0] == 6, timeout=10)
+    rows, rolled = totals(url)
+    assert rows[0] == 6 and rows == rolled

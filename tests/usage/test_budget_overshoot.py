@@ -1,0 +1,177 @@
+"""Budgets hold under concurrency when answers cost more than a guess would say: over real sockets.
+
+A loopback upstream (an OpenAI-compatible server, as vLLM or llama.cpp) reports twice the prompt tokens
+the 4-bytes-per-token estimate gives, and, with no `max_tokens`, generates 300 tokens where the API's
+default would be 16 (llama.cpp generates until the context ends). 50 requests sent together against a
+small budget overspend it by at most one request's reservation, with and without a ledger. A stream that
+runs past its reservation is charged as it runs: the next request is refused before it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Final
+
+import httpx
+import pytest
+from aiohttp import web
+
+from tests.helpers.clients import client
+from tests.helpers.servers import GatewayThread
+from tests.helpers.upstreams import Received, Upstream
+from tests.helpers.waiting import wait_until
+
+KEY: Final = "gk-overshoot-5d1e"
+ADMIN: Final = "adm-overshoot-77a0"
+ENV: Final = {"OVERSHOOT_KEY": KEY, "OVERSHOOT_ADMIN": ADMIN}
+PICO_PER_TOKEN: Final = 10**8  # $100 per 1M tokens, prompt and completion alike
+PROMPT: Final = "word " * 80  # 400 bytes: 100 tokens by the 4-bytes estimate, 200 by the upstream's count
+UNBOUNDED_TOKENS: Final = 300  # what the upstream generates when the request sets no max_tokens
+
+CONFIG: Final = """
+{redis}
+admin: {{key: "${{OVERSHOOT_ADMIN}}"}}
+logging: {{requests: false}}
+retries: {{attempts: 1}}
+{ledger}
+keys:
+  - {{name: capped, key: "${{OVERSHOOT_KEY}}", max_cost_per_day: {budget}}}
+prices:
+  "llm/*": {{prompt_per_1m: 100, completion_per_1m: 100}}
+caps: {{budget_max_tokens: {cap}}}
+providers:
+  llm: {{kind: vllm, base_url: "{url}/v1", models: [m]}}
+"""
+
+
+def _completion(got: dict[str, Any], completion: int) -> dict[str, Any]:
+    prompt = len(got["prompt"].encode()) // 2  # twice the gateway's old estimate
+    return {
+        "id": "cmpl-1",
+        "object": "text_completion",
+        "created": 1,
+        "model": "m",
+        "choices": [{"index": 0, "text": " x" * min(completion, 50), "finish_reason": "length", "logprobs": None}],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+    }
+
+
+async def _longer_than_estimated(request: web.Request, received: Received) -> web.StreamResponse:
+    got = received.json()
+    await asyncio.sleep(0.4)  # all 50 arrive before any ends
+    if got.get("stream"):
+        return await _stream(request, got)
+    completion = got["max_tokens"] if got.get("max_tokens") is not None else UNBOUNDED_TOKENS
+    return web.json_response(_completion(got, completion))
+
+
+async def _stream(request: web.Request, got: dict[str, Any]) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+    await resp.prepare(request)
+    for _ in range(UNBOUNDED_TOKENS):
+        chunk = {"id": "c", "object": "text_completion", "created": 1, "model": "m"}
+        chunk["choices"] = [{"index": 0, "text": " x", "finish_reason": None, "logprobs": None}]
+        await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await asyncio.sleep(0.01)
+    last = _completion(got, UNBOUNDED_TOKENS)
+    last["choices"][0]["text"] = ""
+    await resp.write(f"data: {json.dumps(last)}\n\ndata: [DONE]\n\n".encode())
+    return resp
+
+
+@pytest.fixture
+def upstream() -> Iterator[Upstream]:
+    with Upstream() as up:
+        up.handler = _longer_than_estimated
+        yield up
+
+
+def _write(tmp_path: Path, upstream: Upstream, budget: float, ledger: bool, cap: int = 4096, redis: str = "") -> Path:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    path = tmp_path / "config.yaml"
+    block = f'ledger: {{url: "{url}", flush_ms: 100}}' if ledger else ""
+    shared = f'redis: {{url: "{redis}"}}' if redis else ""
+    path.write_text(CONFIG.format(redis=shared, ledger=block, budget=budget, cap=cap, url=upstream.url))
+    return path
+
+
+async def _together(url: str, n: int, body: dict[str, Any]) -> list[int]:
+    async with httpx.AsyncClient(trust_env=False, timeout=30, headers={"authorization": f"Bearer {KEY}"}) as c:
+        answers = await asyncio.gather(*(c.post(f"{url}/v1/completions", json=body) for _ in range(n)))
+    return [a.status_code for a in answers]
+
+
+def _spent(gw: GatewayThread) -> int:
+    """Today's spend of the key, in picodollars, as `/admin/usage` reports it."""
+    with client(gw.url, ADMIN) as c:
+        usage = c.get("/admin/usage")
+    assert usage.status_code == 200, usage.text
+    cost: float = usage.json()["keys"]["capped"]["cost"]
+    return round(cost * 10**12)
+
+
+def _reservation(max_tokens: int) -> int:
+    """One request's worst case as docs/ledger.md#budgets says it: every prompt byte a token, 16 more, and
+    its max_tokens (or caps.budget_max_tokens), at the price."""
+    return (len(PROMPT.encode()) + 16 + max_tokens) * PICO_PER_TOKEN
+
+
+@pytest.mark.parametrize("state", ["memory", "redis"])
+@pytest.mark.parametrize("ledger", [False, True], ids=["without-ledger", "with-ledger"])
+@pytest.mark.parametrize("max_tokens", [50, None], ids=["max_tokens", "no-max_tokens"])
+def test_50_requests_longer_than_estimated_overspend_by_at_most_one_reservation(
+    tmp_path: Path, upstream: Upstream, ledger: bool, max_tokens: int | None, state: str, request: pytest.FixtureRequest
+) -> None:
+    budget_pico = 5 * 10**11  # $0.50
+    redis = request.getfixturevalue("rds").url if state == "redis" else ""
+    path = _write(tmp_path, upstream, budget_pico / 10**12, ledger, redis=redis)
+    body: dict[str, Any] = {"model": "llm/m", "prompt": PROMPT}
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
+    cost = (len(PROMPT.encode()) // 2 + (max_tokens or UNBOUNDED_TOKENS)) * PICO_PER_TOKEN
+    worst = _reservation(max_tokens or 4096)
+    with GatewayThread(path, ENV) as gw:
+        statuses = asyncio.run(_together(gw.url, 50, body))
+        served = statuses.count(200)
+        assert served + statuses.count(429) == 50
+        # Admitted while the reservations before it were under the budget: no more than that many.
+        assert 1 <= served <= budget_pico // worst + 1
+        wait_until(lambda: _spent(gw) == served * cost, timeout=10)
+        # Then one at a time until the budget refuses: the spend stops within one reservation of it.
+        for _ in range(50):
+            status = asyncio.run(_together(gw.url, 1, body))[0]
+            if status == 429:
+                break
+            assert status == 200
+            served += 1
+            wait_until(lambda n=served: _spent(gw) == n * cost, timeout=10)
+        assert status == 429
+        assert budget_pico <= served * cost <= budget_pico + worst
+
+
+@pytest.mark.parametrize("ledger", [False, True], ids=["without-ledger", "with-ledger"])
+def test_a_stream_past_its_reservation_stops_the_next_admissions_before_it_ends(
+    tmp_path: Path, upstream: Upstream, ledger: bool
+) -> None:
+    """caps.budget_max_tokens 10: the stream reserves 426 tokens ($0.0426) of a $0.06 budget, and a request sent
+    beside it would be admitted on that alone. Charged as it runs (416 prompt tokens at most, then one per
+    event), it holds more than the budget from its 184th event on: the request sent at its 250th is refused."""
+    path = _write(tmp_path, upstream, 0.06, ledger, cap=10)
+    body = {"model": "llm/m", "prompt": PROMPT, "stream": True}
+    with GatewayThread(path, ENV) as gw, client(gw.url, KEY, timeout=30) as c:
+        with c.stream("POST", "/v1/completions", json=body) as resp:
+            assert resp.status_code == 200
+            events = 0
+            probe = None
+            for line in resp.iter_lines():
+                if line.startswith("data: {"):
+                    events += 1
+                if events == 250 and probe is None:
+                    probe = asyncio.run(_together(gw.url, 1, {**body, "stream": False}))[0]
+            assert events == UNBOUNDED_TOKENS + 1  # and the usage chunk
+        assert probe == 429
+        # Charged in full once it ended: 200 prompt and 300 completion tokens.
+        wait_until(lambda: _spent(gw) == 500 * PICO_PER_TOKEN, timeout=10)
