@@ -29,7 +29,19 @@ from typing import Any, Final, Protocol, cast
 import msgspec
 
 from gateway.config import LedgerConfig
-from gateway.ledger.batch import INSERT, INSERT_SQLITE, ROLLUP, Batch, Pending, Row, commit_batch, pending, take
+from gateway.ledger.batch import (
+    CACHED,
+    INSERT,
+    INSERT_SQLITE,
+    ROLLUP,
+    Batch,
+    Pending,
+    Rollups,
+    Row,
+    commit_batch,
+    pending,
+    take,
+)
 from gateway.ledger.engine import Cursor, Database, LedgerDown
 from gateway.limits.usage import day_of
 from gateway.ops.metrics import Record
@@ -53,7 +65,9 @@ _decode = msgspec.json.Decoder(list[list[Any]]).decode
 
 def commit(cur: Cursor, rows: Sequence[Row], db: Database) -> int:
     """Insert the rows (in the order of `batch.COLUMNS`: replayed from a spill file) not booked yet and add
-    exactly those to their rollups; how many were new."""
+    exactly those to their rollups; how many were new. A row of 22 values (spilled before rows named their
+    key's identity) books an empty `key_id`."""
+    rows = [r if len(r) > 22 else (*r, "") for r in rows]
     by_day: dict[str, list[str]] = {}
     for r in rows:
         by_day.setdefault(r[3], []).append(r[0])
@@ -69,14 +83,15 @@ def commit(cur: Cursor, rows: Sequence[Row], db: Database) -> int:
     if not fresh:
         return 0
     cur.executemany(INSERT if db.postgres else INSERT_SQLITE, fresh)
-    sums: dict[tuple[str, str, str, str, str], list[int]] = {}
+    sums: Rollups = {}
     for r in fresh:
-        s = sums.setdefault((r[3], r[4], r[5], r[6], r[7]), [0, 0, 0, 0, 0])
+        s = sums.setdefault((r[3], r[4], r[5], r[6], r[7], r[22]), [0, 0, 0, 0, 0, 0])
         s[0] += 1
         s[1] += r[11] >= 400
         s[2] += r[15]
         s[3] += r[16]
         s[4] += r[17]
+        s[5] += r[18] in CACHED
     cur.executemany(ROLLUP, [(*k, *v) for k, v in sums.items()])
     return len(fresh)
 
@@ -171,7 +186,6 @@ class Ledger:
         self._dropped_logged = 0
         self.booked = 0
         self.down: str | None = None  # why the database could not be written, while it cannot
-        self.teams: dict[str, str] = {}  # key name -> team, for the rows (YAML keys and runtime keys)
         spill_dir = Path(cfg.spill_dir) if cfg.spill_dir else self._default_spill_dir()
         self.spill = Spill(spill_dir, cfg.spill_bytes)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="ledger")
@@ -232,7 +246,7 @@ class Ledger:
                 log.exception("ledger writer turn failed")
 
     def _take(self) -> Batch:
-        return take(self.queue, self.teams, self._prefix, self._ids)
+        return take(self.queue, self._prefix, self._ids)
 
     async def flush(self) -> None:
         if self.dropped != self._dropped_logged:

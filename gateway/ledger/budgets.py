@@ -105,7 +105,7 @@ class Budgets:
             or key.max_cost_per_month is not None
             or name in self.key_day
             or name in self.key_month
-            or self.ledger.teams.get(name, "") in self.teams
+            or (key.team or "") in self.teams
         )
 
     def _budgets(self, key: ClientKey, day: str) -> list[Budget]:
@@ -118,7 +118,7 @@ class Budgets:
         per_month = self.key_month.get(name, key.max_cost_per_month)
         if per_month is not None:
             out.append(Budget(f"Key '{name}'", name, "key_name", "monthly", first, last, per_month))
-        team_name = self.ledger.teams.get(name, "")
+        team_name = key.team or ""
         team = self.teams.get(team_name)
         if team is not None:
             who = f"Team '{team_name}' (key '{name}')"

@@ -33,19 +33,12 @@ class Hooked(Protocol):
     budgets: Budgets | None
 
 
-def _yaml(loaded: LoadedConfig) -> tuple[list[str], dict[str, str]]:
-    keys = loaded.config.keys
-    return [k.name for k in keys], {k.name: k.team for k in keys if k.team}
-
-
 class LedgerService:
     def __init__(self, loaded: LoadedConfig, metrics: Metrics | None = None) -> None:
         self.ledger = Ledger(loaded.config.ledger)
         self.runtime = RuntimeKeys()
-        names, self.yaml_teams = _yaml(loaded)
         self.counters = Counters()
-        self.poller = keystore.KeyPoller(self.ledger, self.runtime, names, self._teams)
-        self.ledger.teams = dict(self.yaml_teams)
+        self.poller = keystore.KeyPoller(self.ledger, self.runtime, [k.name for k in loaded.config.keys])
         if metrics is not None:
             # Read at scrape time: the request path only appends. Per process (each worker has its queue).
             r = metrics.registry
@@ -58,11 +51,9 @@ class LedgerService:
             ):
                 Gauge(name, doc, registry=r, multiprocess_mode="max").set_function(read)
 
-    def _teams(self) -> None:
-        self.ledger.teams = {**self.yaml_teams, **self.poller.teams}
-
     def install(self, pipeline: Hooked) -> None:
         pipeline.keys.runtime = self.runtime
+        self.poller.names([k.name for k in pipeline.loaded.config.keys])
         pipeline.ledger = self.ledger
         pipeline.budgets = Budgets(pipeline.loaded, self.ledger, self.counters)
         pipeline.usage.ledgered = True  # its budgets reserve in the ledger: no spend counters to keep

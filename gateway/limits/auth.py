@@ -3,6 +3,10 @@
 Keys are looked up by their SHA-256 digest and then compared with `hmac.compare_digest`, so a lookup's
 timing says nothing about how much of a wrong key was right. A key whose `${VAR}` is unset can never
 match, but still counts as configured: a missing secret must not turn the gateway open.
+
+A key is an identity, not a name (`ClientKey.ident`): a runtime key's id, or for a YAML key a fingerprint
+of its secret, so the cache's tenant scope and the ledger's rows tell apart two keys named alike (a YAML
+key and a later runtime key, or the keys of two differently configured gateways sharing one Redis).
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import hashlib
 import hmac
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import msgspec
 
@@ -23,6 +27,24 @@ if TYPE_CHECKING:
     # Not at run time: the CLI imports this module before Granian forks its workers, and gateway.ratelimit
     # imports gateway.ids, whose per-process id prefix must be drawn in each worker.
     from gateway.limits.ratelimit import Bucket
+
+
+_ID_SALT: Final = b"completions-gateway key id"
+# A slow derivation: the fingerprint is stored in the ledger and shown in reports, and a short YAML secret
+# must not be found from it by trying candidates at a hash's speed. About 4 ms a key, once per secret.
+_ID_ROUNDS: Final = 10_000
+_fingerprints: dict[bytes, str] = {}
+
+
+def fingerprint(secret: bytes) -> str:
+    """A YAML key's identity: `cfg_` and 16 hex digits derived from its secret (the secret cannot be read back)."""
+    found = _fingerprints.get(secret)
+    if found is None:
+        if len(_fingerprints) >= 4096:
+            _fingerprints.clear()
+        derived = hashlib.pbkdf2_hmac("sha256", secret, _ID_SALT, _ID_ROUNDS)
+        found = _fingerprints[secret] = "cfg_" + derived[:8].hex()
+    return found
 
 
 class ClientKey(msgspec.Struct, frozen=True):
@@ -37,18 +59,26 @@ class ClientKey(msgspec.Struct, frozen=True):
     buckets: tuple[Bucket, ...] = ()
     max_cost_per_month: float | None = None
     queue_ms: int = 0
+    # Who the key is (a runtime key's id, a YAML key's `fingerprint`): the cache's tenant scope and the
+    # ledger's `key_id`. Its team as configured now: a row is booked under the team of the moment it ran.
+    ident: str = ""
+    team: str | None = None
 
 
 class RuntimeKeys:
-    """The ledger's keys, shared by every pipeline of the process; `by_digest` is replaced whole on a change."""
+    """The ledger's keys, shared by every pipeline of the process; `by_digest` is replaced whole on a change.
+    `ever`: the ledger has held a runtime key (revoked or not), which keeps a gateway without YAML keys
+    closed under `keyless: auto`."""
 
     by_digest: dict[bytes, ClientKey] = {}
+    ever: bool = False
 
 
 class KeyRing:
     def __init__(self, loaded: LoadedConfig) -> None:
         self._by_digest: dict[bytes, ClientKey] = {}
         self.configured = bool(loaded.config.keys)
+        self.keyless = loaded.config.keyless
         self.runtime: RuntimeKeys | None = None  # set by the app when the ledger is on
         self.disabled: list[str] = []
         for i, k in enumerate(loaded.config.keys):
@@ -57,16 +87,38 @@ class KeyRing:
                 continue
             secret = k.key.encode()
             digest = hashlib.sha256(secret).digest()
-            self._by_digest[digest] = ClientKey(k.name, secret, ModelGlobs(k.models), digest)
+            ident = fingerprint(secret)
+            self._by_digest[digest] = ClientKey(k.name, secret, ModelGlobs(k.models), digest, ident=ident, team=k.team)
 
     @property
     def open(self) -> bool:
-        return not self.configured and (self.runtime is None or not self.runtime.by_digest)
+        """Whether requests without a key are served: no key in force, and `keyless` allows it (`auto`: while
+        no key was ever configured, so revoking the last runtime key never opens the gateway)."""
+        if self.configured or self.keyless == "closed":
+            return False
+        runtime = self.runtime
+        if runtime is None:
+            return True
+        return not runtime.by_digest and (self.keyless == "open" or not runtime.ever)
+
+    def describe(self) -> str:
+        """One line for the log: whether the gateway is open to requests without a key, and why."""
+        runtime = self.runtime
+        live = len({k.ident for k in runtime.by_digest.values()}) if runtime is not None else 0
+        if self.open:
+            return "no client keys configured: the gateway is open to anyone who can reach it"
+        found = f"{len(self._by_digest) + len(self.disabled)} in keys:"
+        if runtime is not None:
+            found += f", {live} runtime key(s) in the ledger"
+        if not self.configured and not live:
+            why = "keyless: closed" if self.keyless == "closed" else "the ledger has held runtime keys"
+            return f"client keys: {found} ({why}): requests without a key are refused"
+        return f"client keys: {found}: requests without a key are refused"
 
     def authenticate(self, headers: Mapping[str, str]) -> ClientKey | None:
         """The calling key, or None when the gateway is open; raises 401 otherwise."""
         runtime = self.runtime
-        if not self.configured and (runtime is None or not runtime.by_digest):
+        if not self.configured and (runtime is None or not runtime.by_digest) and self.open:
             return None
         presented = _presented_key(headers)
         if not presented:
