@@ -42,23 +42,21 @@ ENV_FILE_HELP = (
 LOOPBACK = ("127.", "::1", "localhost")
 
 
-def _announce(loaded: LoadedConfig, host: str | None = None) -> None:
+def _announce(loaded: LoadedConfig, host: str | None = None, runtime: tuple[int, bool] | None = None) -> None:
     """Start-up facts an operator must see once, not once per worker.
 
     WARNING is kept for what needs action; a provider left without its key variable is how the shipped
     config says "not used here", so it is INFO (its requests fail naming the variable anyway).
     """
-    from gateway.limits.auth import KeyRing
+    from gateway.limits.auth import OPEN_LINE, KeyRing, door
     from gateway.path.routing import Router
 
     keys = KeyRing(loaded)
-    if keys.open:
-        # Open on loopback is the out-of-the-box `make run`; open on a reachable address needs keys.
-        exposed = host is not None and not host.startswith(LOOPBACK)
-        log.log(
-            logging.WARNING if exposed else logging.INFO,
-            "no client keys configured: the gateway is open to anyone who can reach it",
-        )
+    # `runtime`: the ledger's runtime keys not revoked, and whether it ever held one (None: no ledger).
+    line = door(loaded.config.keyless, len(loaded.config.keys), *(runtime or (None, False)))
+    # Open on loopback is the out-of-the-box `make run`; open on a reachable address needs keys.
+    exposed = host is not None and not host.startswith(LOOPBACK)
+    log.log(logging.WARNING if line == OPEN_LINE and exposed else logging.INFO, "%s", line)
     for name in keys.disabled:
         log.warning("client key %r is disabled: its key variable is not set", name)
     for reason in Router(loaded).unavailable_providers().values():
@@ -117,10 +115,11 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     _read_env_file(args)
     loaded = load_config(args.config)
+    runtime = None
     if loaded.config.ledger.url:
         from gateway.ledger.startup import prepare
 
-        prepare(loaded)  # migrations, and a schema or key-name clash as one line, before any worker starts
+        runtime = prepare(loaded)  # migrations, and a schema or key-name clash as one line, before any worker starts
     server = loaded.config.server
     host = args.host or server.host
     port = server.port if args.port is None else args.port
@@ -131,7 +130,7 @@ def _serve(args: argparse.Namespace) -> int:
         probe(host, port)
     else:
         port = sock.getsockname()[1]  # port 0: the one the kernel chose
-    _announce(loaded, host)
+    _announce(loaded, host, runtime)
     if workers > 1 and not loaded.config.redis.url:
         log.warning("%d workers without redis.url: each worker keeps its own state", workers)
     os.environ["GATEWAY_CONFIG"] = os.path.abspath(args.config)

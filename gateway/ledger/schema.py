@@ -45,7 +45,7 @@ _DAILY_COLUMNS: Final = (
 _DAILY: Final = """(
             day TEXT NOT NULL,
             key_name TEXT NOT NULL,
-            key_id TEXT NOT NULL,
+            key_id TEXT NOT NULL DEFAULT '',
             team TEXT NOT NULL,
             model TEXT NOT NULL,
             target TEXT NOT NULL,
@@ -54,7 +54,7 @@ _DAILY: Final = """(
             prompt_tokens BIGINT NOT NULL,
             completion_tokens BIGINT NOT NULL,
             cost_pico BIGINT NOT NULL,
-            cached BIGINT NOT NULL,
+            cached BIGINT NOT NULL DEFAULT 0,
             PRIMARY KEY (day, key_name, key_id, team, model, target)
         )"""
 

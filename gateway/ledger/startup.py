@@ -23,8 +23,15 @@ def clashes(cur: Cursor, yaml_names: list[str]) -> list[str]:
     return sorted(names & set(yaml_names))
 
 
-def prepare(loaded: LoadedConfig) -> None:
-    """Check the URL, migrate, refuse runtime keys named like YAML ones: a `ConfigError` line otherwise."""
+def census(cur: Cursor) -> tuple[int, bool]:
+    """Runtime keys not revoked, and whether the ledger ever held one."""
+    live = int(cur.rows("SELECT count(*) FROM api_keys WHERE revoked_at IS NULL")[0][0])
+    return live, live > 0 or bool(cur.rows("SELECT 1 FROM api_keys LIMIT 1"))
+
+
+def prepare(loaded: LoadedConfig) -> tuple[int, bool]:
+    """Check the URL, migrate, refuse runtime keys named like YAML ones: a `ConfigError` line otherwise.
+    The runtime keys not revoked, and whether any was ever made (for the start-up line on keyless requests)."""
     url = loaded.config.ledger.url
     try:
         parse_url(url)
@@ -35,6 +42,7 @@ def prepare(loaded: LoadedConfig) -> None:
     try:
         db.migrate()
         clash = db.transaction(lambda cur: clashes(cur, names))
+        found = db.transaction(census)
     except (LedgerDown, SchemaError) as exc:
         raise ConfigError(f"{loaded.source}: ledger: {exc}") from None
     finally:
@@ -45,3 +53,4 @@ def prepare(loaded: LoadedConfig) -> None:
             "(rename the YAML key or revoke the runtime one)"
         )
     log.info("ledger: %s at schema version %d", db.where, VERSION)
+    return found

@@ -74,6 +74,29 @@ class RuntimeKeys:
     ever: bool = False
 
 
+def keyless_open(keyless: str, configured: bool, live: bool, ever: bool) -> bool:
+    """Whether requests without a key are served: no key in force (`configured`: YAML keys; `live`: runtime
+    keys), and `keyless` allows it (`auto`: while the ledger never held a runtime key, so revoking the last
+    one never opens the gateway)."""
+    if configured or live or keyless == "closed":
+        return False
+    return keyless == "open" or not ever
+
+
+OPEN_LINE: Final = "no client keys configured: the gateway is open to anyone who can reach it"
+
+
+def door(keyless: str, yaml_keys: int, runtime_keys: int | None, ever: bool) -> str:
+    """The log line saying whether the gateway serves requests without a key; `runtime_keys` None: no ledger."""
+    if keyless_open(keyless, bool(yaml_keys), bool(runtime_keys), ever):
+        return OPEN_LINE
+    found = f"{yaml_keys} in keys:" + ("" if runtime_keys is None else f", {runtime_keys} runtime key(s) in the ledger")
+    why = ""
+    if not yaml_keys and not runtime_keys:
+        why = " (keyless: closed)" if keyless == "closed" else " (the ledger has held runtime keys; keyless: auto)"
+    return f"client keys: {found}{why}: requests without a key are refused"
+
+
 class KeyRing:
     def __init__(self, loaded: LoadedConfig) -> None:
         self._by_digest: dict[bytes, ClientKey] = {}
@@ -81,6 +104,7 @@ class KeyRing:
         self.keyless = loaded.config.keyless
         self.runtime: RuntimeKeys | None = None  # set by the app when the ledger is on
         self.disabled: list[str] = []
+        self.daily: dict[str, float | None] = {k.name: k.max_cost_per_day for k in loaded.config.keys}
         for i, k in enumerate(loaded.config.keys):
             if loaded.missing_for(f"keys[{i}].key") or not k.key:
                 self.disabled.append(k.name)
@@ -92,33 +116,30 @@ class KeyRing:
 
     @property
     def open(self) -> bool:
-        """Whether requests without a key are served: no key in force, and `keyless` allows it (`auto`: while
-        no key was ever configured, so revoking the last runtime key never opens the gateway)."""
-        if self.configured or self.keyless == "closed":
-            return False
+        """Whether requests without a key are served (`keyless_open`)."""
         runtime = self.runtime
-        if runtime is None:
-            return True
-        return not runtime.by_digest and (self.keyless == "open" or not runtime.ever)
+        live, ever = (bool(runtime.by_digest), runtime.ever) if runtime is not None else (False, False)
+        return keyless_open(self.keyless, self.configured, live, ever)
+
+    def roster(self) -> dict[str, float | None]:
+        """Every key in force by name (YAML keys, disabled ones too, and runtime keys), with its daily budget."""
+        out = dict(self.daily)
+        if self.runtime is not None:
+            for k in self.runtime.by_digest.values():
+                out.setdefault(k.name, k.max_cost_per_day)
+        return out
 
     def describe(self) -> str:
         """One line for the log: whether the gateway is open to requests without a key, and why."""
         runtime = self.runtime
-        live = len({k.ident for k in runtime.by_digest.values()}) if runtime is not None else 0
-        if self.open:
-            return "no client keys configured: the gateway is open to anyone who can reach it"
-        found = f"{len(self._by_digest) + len(self.disabled)} in keys:"
-        if runtime is not None:
-            found += f", {live} runtime key(s) in the ledger"
-        if not self.configured and not live:
-            why = "keyless: closed" if self.keyless == "closed" else "the ledger has held runtime keys"
-            return f"client keys: {found} ({why}): requests without a key are refused"
-        return f"client keys: {found}: requests without a key are refused"
+        if runtime is None:
+            return door(self.keyless, len(self.daily), None, False)
+        return door(self.keyless, len(self.daily), len({k.ident for k in runtime.by_digest.values()}), runtime.ever)
 
     def authenticate(self, headers: Mapping[str, str]) -> ClientKey | None:
         """The calling key, or None when the gateway is open; raises 401 otherwise."""
         runtime = self.runtime
-        if not self.configured and (runtime is None or not runtime.by_digest) and self.open:
+        if not self.configured and (runtime is None or not runtime.by_digest) and self.open:  # rare: no key in force
             return None
         presented = _presented_key(headers)
         if not presented:
