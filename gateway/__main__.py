@@ -88,10 +88,10 @@ def _in_process(kind: str) -> bool:
     return issubclass(REGISTRY[kind], LocalAdapter)
 
 
-def _first_request(loaded: LoadedConfig, host: str, port: int) -> str | None:
+def _first_request(loaded: LoadedConfig, host: str, port: int, runtime: tuple[int, bool] | None = None) -> str | None:
     """One request that works now, as a curl line: a model of an in-process provider (it needs no key
     and no server) when the config declares one, else the first model GET /v1/models lists."""
-    from gateway.limits.auth import KeyRing
+    from gateway.limits.auth import keyless_open
     from gateway.path.routing import Router
 
     local = [f"{n}/{p.models[0]}" for n, p in loaded.providers.items() if p.models and _in_process(p.kind)]
@@ -104,7 +104,9 @@ def _first_request(loaded: LoadedConfig, host: str, port: int) -> str | None:
     elif host == "::":
         host = "::1"
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}/v1/completions"
-    auth = " -H 'authorization: Bearer <client key>'" if not KeyRing(loaded).open else ""
+    live, ever = runtime or (0, False)
+    served = keyless_open(loaded.config.keyless, bool(loaded.config.keys), bool(live), ever)
+    auth = " -H 'authorization: Bearer <client key>'" if not served else ""
     body = msgspec.json.encode({"model": model, "prompt": "Say hello", "max_tokens": 8}).decode()
     return f"try: curl -s {url} -H 'content-type: application/json'{auth} -d '{body}'"
 
@@ -141,7 +143,7 @@ def _serve(args: argparse.Namespace) -> int:
     # Both servers count whole seconds: round up, so the deadline is never shorter than configured.
     grace_s = math.ceil(server.shutdown_grace_ms / 1000)
     try:
-        example = _first_request(loaded, host, port)
+        example = _first_request(loaded, host, port, runtime)
         if sock is None:
             _run_granian(host, port, workers, grace_s, example)
             return 0

@@ -90,7 +90,9 @@ def door(keyless: str, yaml_keys: int, runtime_keys: int | None, ever: bool) -> 
     """The log line saying whether the gateway serves requests without a key; `runtime_keys` None: no ledger."""
     if keyless_open(keyless, bool(yaml_keys), bool(runtime_keys), ever):
         return OPEN_LINE
-    found = f"{yaml_keys} in keys:" + ("" if runtime_keys is None else f", {runtime_keys} runtime key(s) in the ledger")
+    found = f"{yaml_keys} in the config" + (
+        "" if runtime_keys is None else f", {runtime_keys} runtime key(s) in the ledger"
+    )
     why = ""
     if not yaml_keys and not runtime_keys:
         why = " (keyless: closed)" if keyless == "closed" else " (the ledger has held runtime keys; keyless: auto)"

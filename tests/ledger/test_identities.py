@@ -114,7 +114,7 @@ def test_revoking_the_last_runtime_key_never_opens_the_gateway(
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("config reload: ")]
     assert "config reload: no client keys configured: the gateway is open to anyone who can reach it" in said
     assert (
-        "config reload: client keys: 0 in keys:, 0 runtime key(s) in the ledger (keyless: closed): "
+        "config reload: client keys: 0 in the config, 0 runtime key(s) in the ledger (keyless: closed): "
         "requests without a key are refused"
     ) in said
     # A new process on the same ledger starts closed, and says why.
@@ -127,7 +127,7 @@ def test_revoking_the_last_runtime_key_never_opens_the_gateway(
         gw2.stop()
     assert (
         "INFO gateway" in gw2.log.read_text()
-        and "client keys: 0 in keys:, 0 runtime key(s) in the ledger (the ledger has held runtime keys; "
+        and "client keys: 0 in the config, 0 runtime key(s) in the ledger (the ledger has held runtime keys; "
         "keyless: auto): requests without a key are refused"
         in gw2.log.read_text()
     )
