@@ -7,6 +7,7 @@ revoked, a team moved, a reload) and is written only when the gateway stops.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from pathlib import Path
@@ -14,7 +15,10 @@ from typing import Any
 
 import pytest
 
+from gateway.ledger.engine import Cursor, Database
+from gateway.ledger.schema import MIGRATIONS
 from tests.helpers.clients import body, client
+from tests.helpers.postgres import PostgresServer
 from tests.helpers.servers import GatewayProcess, GatewayThread, cli_env
 from tests.helpers.waiting import wait_until
 
@@ -168,3 +172,66 @@ def test_csv_cells_that_start_like_a_formula_are_quoted(tmp_path: Path) -> None:
     assert "\n" + time.strftime("%Y-%m-%d", time.gmtime()) + ",'@ops,key_" in reports["key"]
     assert ",'-red," in reports["team"] and ",-red," not in reports["team"]
     assert ",'=1+2," in reports["model"] and ",=1+2," not in reports["model"]
+
+
+def at_version_3(url: str, new: str, old: str) -> None:
+    """A ledger as the gateway before key identities left it: a rollup, a key rotated a minute ago."""
+    db = Database(url)
+
+    def run(cur: Cursor) -> None:
+        cur.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        for version, statements in enumerate(MIGRATIONS[:3], start=1):
+            for statement in statements:
+                cur.execute(statement if isinstance(statement, str) else statement[db.engine])
+            cur.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
+        cur.execute(
+            "INSERT INTO daily (day, key_name, team, model, target, requests, errors, prompt_tokens, "
+            "completion_tokens, cost_pico) VALUES ('2026-11-01', 'alice', 'blue', 'fast', 'demo/long', 5, 1, 15, 35, "
+            "85)"
+        )
+        cur.execute(
+            "INSERT INTO api_keys (id, name, team, models, digest, old_digest, old_valid_until, created_at) "
+            "VALUES ('key_old', 'veteran', NULL, '[\"**\"]', ?, ?, ?, 0)",
+            (hashlib.sha256(new.encode()).hexdigest(), hashlib.sha256(old.encode()).hexdigest(), time.time() + 60),
+        )
+
+    try:
+        db.transaction(run)
+    finally:
+        db.close()
+
+
+def migrated(tmp_path: Path, url: str) -> None:
+    new, old = "gwk-veteran-new-1a", "gwk-veteran-old-2b"
+    at_version_3(url, new, old)
+    path = tmp_path / "config.yaml"
+    path.write_text(config(url))
+    with GatewayThread(path, ENV) as gw:
+        assert status(gw.url, new) == 200 and status(gw.url, old) == 200  # the rotation's grace survives
+        rows = admin(gw.url, "GET", "/admin/usage", **{"from": "2026-11-01", "by": "key"}).json()["rows"]
+        assert rows == [
+            {
+                "day": "2026-11-01",
+                "key": "alice",
+                "key_id": "",
+                "requests": 5,
+                "errors": 1,
+                "prompt_tokens": 15,
+                "completion_tokens": 35,
+                "cost": 85 / 10**12,
+            }
+        ]
+        third = admin(gw.url, "POST", "/admin/keys/key_old/rotate", {"grace_s": 1}).json()["secret"]
+        assert [status(gw.url, s) for s in (old, new, third)] == [200, 200, 200]
+    assert query(url, "SELECT max(version) FROM schema_version")[0][0] == len(MIGRATIONS)
+    assert query(url, "SELECT key_id, cached FROM daily WHERE day = '2026-11-01'") == [("", 0)]
+
+
+def test_a_ledger_of_the_previous_schema_keeps_its_rollups_and_graces_sqlite(tmp_path: Path) -> None:
+    migrated(tmp_path, f"sqlite:///{tmp_path / 'ledger.db'}")
+
+
+def test_a_ledger_of_the_previous_schema_keeps_its_rollups_and_graces_postgres(
+    tmp_path: Path, pg: PostgresServer
+) -> None:
+    migrated(tmp_path, pg.url)
