@@ -42,21 +42,12 @@ _REQUESTS: Final = """(
 _DAILY_COLUMNS: Final = (
     "day, key_name, key_id, team, model, target, requests, errors, prompt_tokens, completion_tokens, cost_pico, cached"
 )
-_DAILY: Final = """(
-            day TEXT NOT NULL,
-            key_name TEXT NOT NULL,
-            key_id TEXT NOT NULL DEFAULT '',
-            team TEXT NOT NULL,
-            model TEXT NOT NULL,
-            target TEXT NOT NULL,
-            requests BIGINT NOT NULL,
-            errors BIGINT NOT NULL,
-            prompt_tokens BIGINT NOT NULL,
-            completion_tokens BIGINT NOT NULL,
-            cost_pico BIGINT NOT NULL,
-            cached BIGINT NOT NULL DEFAULT 0,
-            PRIMARY KEY (day, key_name, key_id, team, model, target)
-        )"""
+_DAILY: Final = (
+    "(day TEXT NOT NULL, key_name TEXT NOT NULL, key_id TEXT NOT NULL DEFAULT '', team TEXT NOT NULL,"
+    " model TEXT NOT NULL, target TEXT NOT NULL, requests BIGINT NOT NULL, errors BIGINT NOT NULL,"
+    " prompt_tokens BIGINT NOT NULL, completion_tokens BIGINT NOT NULL, cost_pico BIGINT NOT NULL,"
+    " cached BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (day, key_name, key_id, team, model, target))"
+)
 
 MIGRATIONS: Final[list[list[Statement]]] = [
     # 1: rows, daily rollups, runtime keys, the counters replicas poll.

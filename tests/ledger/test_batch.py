@@ -31,16 +31,9 @@ def records() -> list[tuple[Record, float, float]]:
     out: list[tuple[Record, float, float]] = []
     served = functools.partial(Record, model="fast", provider="demo", target="demo/long", attempts=1)
     usage = Usage(prompt_tokens=3, completion_tokens=7, total_tokens=10)
+    alice: dict[str, Any] = {"key": "alice", "key_id": "cfg_a1", "team": "blue"}
     for i in range(30):
-        rec = served(
-            request_id=f"req-{i}",
-            dialect="openai",
-            key="alice",
-            key_id="cfg_a1",
-            team="blue",
-            usage=usage,
-            upstream_s=0.25,
-        )
+        rec = served(request_id=f"req-{i}", dialect="openai", usage=usage, upstream_s=0.25, **alice)
         rec.cost_pico = 17 * 10**9 + i
         out.append((rec, 0.5 + i / 1000, DAY_END - 1.5 + i / 10))  # the last ten end on the next day
     for i in range(70):  # enough of one kind for SQLite's statements of 50 rows, then of 8, then of one
@@ -57,9 +50,7 @@ def records() -> list[tuple[Record, float, float]]:
     for i in range(10):  # refused before any call: no target, no provider, no time to a first byte
         rec = Record(request_id=f"anon-{i}", dialect="pais", status=401, error_code="invalid_api_key", upstream_s=0.1)
         out.append((rec, 0.002, DAY_END))
-    rec = served(
-        request_id="cached", dialect="openai", key="alice", key_id="cfg_a1", team="blue", usage=usage, cached=True
-    )
+    rec = served(request_id="cached", dialect="openai", usage=usage, cached=True, **alice)
     rec.cache_outcome = "hit"
     out.append((rec, 0.003, DAY_END - 1))
     return out
