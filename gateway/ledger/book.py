@@ -223,7 +223,12 @@ class Ledger:
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run `fn(*args)` on the ledger's thread (every database call goes through it, one at a time)."""
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        return await self.submit(fn, *args)
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+        """`fn(*args)` handed to the ledger's thread in this very step (the usage views count on it: what
+        they copy of the queue and what they read are one moment, gateway/ledger/report.py)."""
+        return asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     async def start(self) -> None:
         await self.call(self.db.migrate)

@@ -61,8 +61,10 @@ async def read(
     The queue is copied and the query handed to the ledger's one thread in the same step (nothing awaited
     in between): a row is either still in the copy, or in a batch the writer took before, whose commit the
     thread runs before this query."""
-    waiting = rollups(take(deque(ledger.queue), "", itertools.repeat(0)))
-    found: list[tuple[Any, ...]] = await ledger.call(ledger.db.transaction, body)
+    copied = deque(ledger.queue)
+    asked = ledger.submit(ledger.db.transaction, body)  # no await between the copy and this
+    waiting = rollups(take(copied, "", itertools.repeat(0)))
+    found: list[tuple[Any, ...]] = await asked
     return found, waiting
 
 
