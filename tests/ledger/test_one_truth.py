@@ -166,3 +166,28 @@ def test_a_range_report_counts_rows_still_queued(tmp_path: Path, fmt: str) -> No
     else:
         (row,) = resp.json()["rows"]
         assert row["key"] == "solo" and row["requests"] == 2 and row["key_id"].startswith("cfg_")
+
+
+def test_runtime_keys_are_listed_with_their_budgets(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    path = tmp_path / "config.yaml"
+    path.write_text(config(url, flush_ms=60_000))
+    with GatewayThread(path, ENV) as gw:
+        with client(gw.url, ADMIN_KEY) as c:
+            made = c.post("/admin/keys", json={"name": "ci-bot", "max_cost_per_day": 5}).json()
+            c.post("/admin/keys", json={"name": "idle", "max_cost_per_day": 0.5})
+        send(gw.url, made["secret"], 2)
+        day, _, _, status = views(gw.url)
+    for books in (day, status["usage"]):
+        assert books["keys"]["ci-bot"]["budget"] == 5 and books["keys"]["ci-bot"]["requests"] == 2
+        assert books["keys"]["idle"] == {
+            "requests": 0,
+            "errors": 0,
+            "prompt_tokens": 0,
+            "completion_tokens": 0,
+            "cost": 0.0,
+            "cached": 0,
+            "budget": 0.5,
+            "by_model": {},
+        }
+        assert books["keys"]["solo"]["budget"] is None  # a YAML key without one
