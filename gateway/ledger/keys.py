@@ -17,7 +17,7 @@ import hashlib
 import logging
 import secrets
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any, Final
 
 import msgspec
@@ -211,10 +211,17 @@ def _ring(rows: list[tuple[Any, ...]], earlier: list[tuple[Any, ...]]) -> dict[b
 class KeyPoller:
     """Keeps `runtime` equal to the ledger's keys: reads the version every `keys_poll_ms`, reloads on a change."""
 
-    def __init__(self, ledger: Ledger, runtime: RuntimeKeys, yaml_names: Collection[str]) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        runtime: RuntimeKeys,
+        yaml_names: Collection[str],
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
         self.ledger = ledger
         self.runtime = runtime
         self.yaml_names = frozenset(yaml_names)
+        self.on_change = on_change
         self.seen = -1
         self._task: asyncio.Task[None] | None = None
 
@@ -242,6 +249,8 @@ class KeyPoller:
         self.runtime.by_digest = _ring(rows, found.secrets)
         self.runtime.ever = found.ever
         self.seen = found.version
+        if self.on_change is not None:
+            self.on_change()
 
     async def start(self) -> None:
         await self.refresh(force=True)

@@ -115,6 +115,12 @@ def test_revoking_the_last_runtime_key_never_opens_the_gateway(
         assert status(gw.url, None) == 200  # the operator said so in the config
         reload_to(gw, path, NO_KEYS.format(url=url, keyless="keyless: closed"), lambda cfg: cfg.keyless == "closed")
         assert status(gw.url, None) == 401
+    # The first runtime key closed the gateway: said once, when it was loaded.
+    changed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("runtime keys changed: ")]
+    assert changed == [
+        "runtime keys changed: client keys: 0 in the config, 1 runtime key(s) in the ledger: "
+        "requests without a key are refused"
+    ]
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("config reload: ")]
     assert "config reload: no client keys configured: the gateway is open to anyone who can reach it" in said
     assert (
