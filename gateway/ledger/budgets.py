@@ -22,8 +22,9 @@ from gateway.config import LoadedConfig
 from gateway.ledger.book import Ledger
 from gateway.ledger.engine import Cursor, LedgerDown
 from gateway.limits.auth import ClientKey
+from gateway.limits.prices import Prices
 from gateway.limits.tokens import reservation
-from gateway.limits.usage import PICO, Prices, budget_refusal, day_of
+from gateway.limits.usage import PICO, budget_refusal, day_of
 from gateway.ops.metrics import Record
 from gateway.state import Degraded, SharedState
 from gateway.upstream.plan import Plan
@@ -34,13 +35,29 @@ _MONTH_TTL_S: Final = 33 * 86_400
 
 
 class Budget:
-    """One budget for one period: the counter's name, the limit, and how to say and seed it."""
+    """One budget for one period: the counter's name, the limit, and how to say and seed it. A key's budget
+    is counted per key identity (`ClientKey.ident`, column `key_id`), never per name, which a key of another
+    config sharing the Redis or the ledger may also hold; `legacy`: the name its rows were booked under
+    before rows named their key's identity, still counted."""
 
-    __slots__ = ("column", "counter", "first_day", "last_day", "limit_pico", "period", "who", "ttl_s", "whose")
+    __slots__ = (
+        "column",
+        "counter",
+        "first_day",
+        "last_day",
+        "legacy",
+        "limit_pico",
+        "period",
+        "who",
+        "ttl_s",
+        "whose",
+    )
 
-    def __init__(self, who: str, whose: str, column: str, period: str, first: str, last: str, usd_: float) -> None:
+    def __init__(
+        self, who: str, whose: str, column: str, period: str, first: str, last: str, usd_: float, legacy: str = ""
+    ) -> None:
         self.who, self.whose, self.column, self.period = who, whose, column, period
-        self.first_day, self.last_day = first, last
+        self.first_day, self.last_day, self.legacy = first, last, legacy
         self.counter = f"budget:{column}:{whose}:{first if period == 'daily' else first[:7]}"
         self.limit_pico = round(usd_ * PICO)
         self.ttl_s = _DAY_TTL_S if period == "daily" else _MONTH_TTL_S
@@ -80,10 +97,14 @@ def _month(day: str) -> tuple[str, str]:
 
 
 def _seed(cur: Cursor, b: Budget) -> int:
-    found = cur.rows(
-        f"SELECT coalesce(sum(cost_pico), 0) FROM daily WHERE {b.column} = ? AND day >= ? AND day <= ?",
-        (b.whose, b.first_day, b.last_day),
-    )
+    sums = "SELECT coalesce(sum(cost_pico), 0) FROM daily WHERE day >= ? AND day <= ?"
+    if b.legacy:
+        found = cur.rows(
+            f"{sums} AND ({b.column} = ? OR ({b.column} = '' AND key_name = ?))",
+            (b.first_day, b.last_day, b.whose, b.legacy),
+        )
+    else:
+        found = cur.rows(f"{sums} AND {b.column} = ?", (b.first_day, b.last_day, b.whose))
     return int(found[0][0])
 
 
@@ -114,10 +135,10 @@ class Budgets:
         out = []
         per_day = self.key_day.get(name, key.max_cost_per_day)
         if per_day is not None:
-            out.append(Budget(f"Key '{name}'", name, "key_name", "daily", day, day, per_day))
+            out.append(Budget(f"Key '{name}'", key.ident, "key_id", "daily", day, day, per_day, name))
         per_month = self.key_month.get(name, key.max_cost_per_month)
         if per_month is not None:
-            out.append(Budget(f"Key '{name}'", name, "key_name", "monthly", first, last, per_month))
+            out.append(Budget(f"Key '{name}'", key.ident, "key_id", "monthly", first, last, per_month, name))
         team_name = key.team or ""
         team = self.teams.get(team_name)
         if team is not None:

@@ -191,7 +191,7 @@ def _ring(rows: list[tuple[Any, ...]], earlier: list[tuple[Any, ...]]) -> dict[b
         expires = r[5]
         digest = bytes.fromhex(r[6])
         limits = _limits(r[10])
-        buckets = tuple(buckets_of(f"key:{r[1]}", limits))
+        buckets = tuple(buckets_of(f"key:{r[1]}", limits, f"key:{r[0]}"))
         queue_ms = limits.max_queue_ms if limits is not None else 0
         key = ClientKey(r[1], b"", models, digest, expires, r[4], buckets, r[11], queue_ms, ident=r[0], team=r[2])
         out[digest] = by_id[r[0]] = key

@@ -260,7 +260,9 @@ class Pipeline:
             budgets = self.budgets
             budgeted = key if key is not None and self._budgeted(key) else None
             if budgeted is not None and budgets is None:
-                await self.usage.check(budgeted.name, budgeted.max_cost_per_day)  # one round trip: the booked spend
+                await self.usage.check(
+                    budgeted.name, budgeted.ident, budgeted.max_cost_per_day
+                )  # one round trip: the booked spend
             plan = self.router.plan(req.model)
             if budgeted is not None and budgets is not None:
                 rec.hold = await budgets.reserve(budgeted, req, plan, self.usage.prices, self.shared)

@@ -9,7 +9,9 @@ from types import SimpleNamespace
 import pytest
 
 from gateway.config import ConfigError, PriceConfig, load_config, parse_config
-from gateway.limits.usage import ANONYMOUS, PICO, Prices, UsageStore, day_of, to_midnight
+from gateway.limits.auth import fingerprint
+from gateway.limits.prices import Prices
+from gateway.limits.usage import ANONYMOUS, PICO, UsageStore, day_of, to_midnight
 from gateway.ops.metrics import Metrics, ModelLabels, Record
 from gateway.ops.reload import Reloader
 from gateway.path.pipeline import Pipeline
@@ -45,10 +47,24 @@ class Clock:
         return self.now
 
 
+def ident(key: str) -> str:
+    """The identity CONFIG's key `key` is booked under (its secret is `k-<name>`)."""
+    return fingerprint(f"k-{key}".encode())
+
+
 def rec(key: str | None, model: str, target: str, prompt: int | None, completion: int = 0) -> Record:
     usage = None if prompt is None else Usage(prompt, completion, prompt + completion)
     provider = target.partition("/")[0]
-    return Record(request_id="r", dialect="openai", key=key, model=model, provider=provider, target=target, usage=usage)
+    return Record(
+        request_id="r",
+        dialect="openai",
+        key=key,
+        key_id=ident(key) if key is not None else "",
+        model=model,
+        provider=provider,
+        target=target,
+        usage=usage,
+    )
 
 
 def store(redis_url: str = "", clock: Clock | None = None, metrics: Metrics | None = None) -> UsageStore:
@@ -130,19 +146,19 @@ async def test_budget_refuses_at_or_over_todays_spend_until_midnight() -> None:
     s = store(clock=clock)
     for _ in range(2):
         s.book(rec("team", "demo/long", "demo/long", 3, 7))
-    await s.check("team")  # $0.034 < $0.05
-    await s.check("free")  # no budget
+    await s.check("team", ident("team"))  # $0.034 < $0.05
+    await s.check("free", ident("free"))  # no budget
     s.book(rec("team", "demo/long", "demo/long", 3, 7))
     with pytest.raises(RateLimitError) as caught:
-        await s.check("team")  # $0.051 >= $0.05
+        await s.check("team", ident("team"))  # $0.051 >= $0.05
     err = caught.value
     assert (err.status, err.type, err.code) == (429, "rate_limit_error", "budget_exceeded")
     assert err.retry_after == 6400
     assert "Key 'team'" in err.message and "$0.05 " in err.message and "$0.051 spent" in err.message
     with pytest.raises(RateLimitError):
-        await s.check("frozen")  # a budget of 0 blocks the key
+        await s.check("frozen", ident("frozen"))  # a budget of 0 blocks the key
     clock.now = T0 + 6400  # next UTC day
-    await s.check("team")
+    await s.check("team", ident("team"))
 
 
 async def test_adopt_keeps_in_process_bookings_across_a_reload() -> None:
@@ -154,7 +170,7 @@ async def test_adopt_keeps_in_process_bookings_across_a_reload() -> None:
     old.book(rec("team", "demo/long", "demo/long", 3, 7))  # a request that finished on the old config
     assert (await new.report(DAY0)).keys["team"].requests == 3
     with pytest.raises(RateLimitError):
-        await new.check("team")
+        await new.check("team", ident("team"))
 
 
 @pytest.fixture
@@ -175,9 +191,11 @@ async def test_redis_booking_is_one_hash_per_key_and_day(
     s.book(rec("team", "fast", "demo/text", 5, 10))
     await s.drain()
     with rds.client() as r:
-        fields = r.hgetall(f"usage:{DAY0}:team")
-        assert r.smembers(f"usage:{DAY0}") == {"team"}
-        ttl = r.ttl(f"usage:{DAY0}:team")
+        # Stored under the key's identity, never its name; the day's index names it.
+        fields = r.hgetall(f"usage:{DAY0}:{ident('team')}")
+        assert not r.exists(f"usage:{DAY0}:team")
+        assert r.hgetall(f"usage-keys:{DAY0}") == {ident("team"): "team"}
+        ttl = r.ttl(f"usage:{DAY0}:{ident('team')}")
     assert fields == {
         "requests:demo/long": "1",
         "prompt_tokens:demo/long": "3",
@@ -191,7 +209,7 @@ async def test_redis_booking_is_one_hash_per_key_and_day(
     }
     assert 39 * 86_400 < ttl <= 40 * 86_400
     assert s.local == {}
-    assert await s.spent_pico("team", DAY0) == 17 * 10**9 + 250 * 10**6
+    assert await s.spent_pico(ident("team"), DAY0) == 17 * 10**9 + 250 * 10**6
 
 
 async def test_redis_outage_books_locally_and_flushes_when_it_returns(
@@ -205,14 +223,14 @@ async def test_redis_outage_books_locally_and_flushes_when_it_returns(
         s.book(rec("team", "demo/long", "demo/long", 3, 7))
         await s.drain()
         assert s.shared.degraded
-        assert s.local[(DAY0, "team")]["requests:demo/long"] == 1  # kept in process, not lost
+        assert s.local[(DAY0, ident("team"))]["requests:demo/long"] == 1  # kept in process, not lost
         s.book(rec("team", "demo/long", "demo/long", 3, 7))
         s.book(rec("team", "demo/long", "demo/long", 3, 7))
         await s.drain()
         # While Redis is away a budget sees only what this process booked meanwhile: here $0.051, over $0.05.
-        assert await s.spent_pico("team", DAY0) == 3 * 17 * 10**9
+        assert await s.spent_pico(ident("team"), DAY0) == 3 * 17 * 10**9
         with pytest.raises(RateLimitError):
-            await s.check("team")
+            await s.check("team", ident("team"))
     finally:
         rds.start()
     clock.now += 1.5  # past the shared state's retry pause: the next call tries Redis again
@@ -222,8 +240,8 @@ async def test_redis_outage_books_locally_and_flushes_when_it_returns(
     # The restarted redis-server (no persistence) forgot the booking made before the outage; the three booked
     # during it went along with the next booking that reached Redis.
     with rds.client() as r:
-        assert r.hget(f"usage:{DAY0}:team", "requests:demo/long") == "3"
-        assert r.hget(f"usage:{DAY0}:free", "requests:demo/text") == "1"
+        assert r.hget(f"usage:{DAY0}:{ident('team')}", "requests:demo/long") == "3"
+        assert r.hget(f"usage:{DAY0}:{ident('free')}", "requests:demo/text") == "1"
     report = await s.report(DAY0)
     assert report.keys["team"].requests == 3
     assert report.keys["team"].cost == 0.051
@@ -273,7 +291,7 @@ async def test_a_config_reload_keeps_in_process_usage_and_budgets(tmp_path: Path
         assert (await new.usage.report(new.usage.today())).keys["team"].cost == 0.051
         old.usage.book(rec("team", "demo/long", "demo/long", 3, 7))  # finished on the old config
         with pytest.raises(RateLimitError):
-            await new.usage.check("team")  # $0.068 >= $0.06
+            await new.usage.check("team", ident("team"))  # $0.068 >= $0.06
     finally:
         await old.close()
         await new.close()
