@@ -42,23 +42,21 @@ ENV_FILE_HELP = (
 LOOPBACK = ("127.", "::1", "localhost")
 
 
-def _announce(loaded: LoadedConfig, host: str | None = None) -> None:
+def _announce(loaded: LoadedConfig, host: str | None = None, runtime: tuple[int, bool] | None = None) -> None:
     """Start-up facts an operator must see once, not once per worker.
 
     WARNING is kept for what needs action; a provider left without its key variable is how the shipped
     config says "not used here", so it is INFO (its requests fail naming the variable anyway).
     """
-    from gateway.limits.auth import KeyRing
+    from gateway.limits.auth import OPEN_LINE, KeyRing, door
     from gateway.path.routing import Router
 
     keys = KeyRing(loaded)
-    if keys.open:
-        # Open on loopback is the out-of-the-box `make run`; open on a reachable address needs keys.
-        exposed = host is not None and not host.startswith(LOOPBACK)
-        log.log(
-            logging.WARNING if exposed else logging.INFO,
-            "no client keys configured: the gateway is open to anyone who can reach it",
-        )
+    # `runtime`: the ledger's runtime keys not revoked, and whether it ever held one (None: no ledger).
+    line = door(loaded.config.keyless, len(loaded.config.keys), *(runtime or (None, False)))
+    # Open on loopback is the out-of-the-box `make run`; open on a reachable address needs keys.
+    exposed = host is not None and not host.startswith(LOOPBACK)
+    log.log(logging.WARNING if line == OPEN_LINE and exposed else logging.INFO, "%s", line)
     for name in keys.disabled:
         log.warning("client key %r is disabled: its key variable is not set", name)
     for reason in Router(loaded).unavailable_providers().values():
@@ -90,10 +88,10 @@ def _in_process(kind: str) -> bool:
     return issubclass(REGISTRY[kind], LocalAdapter)
 
 
-def _first_request(loaded: LoadedConfig, host: str, port: int) -> str | None:
+def _first_request(loaded: LoadedConfig, host: str, port: int, runtime: tuple[int, bool] | None = None) -> str | None:
     """One request that works now, as a curl line: a model of an in-process provider (it needs no key
     and no server) when the config declares one, else the first model GET /v1/models lists."""
-    from gateway.limits.auth import KeyRing
+    from gateway.limits.auth import keyless_open
     from gateway.path.routing import Router
 
     local = [f"{n}/{p.models[0]}" for n, p in loaded.providers.items() if p.models and _in_process(p.kind)]
@@ -106,7 +104,9 @@ def _first_request(loaded: LoadedConfig, host: str, port: int) -> str | None:
     elif host == "::":
         host = "::1"
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}/v1/completions"
-    auth = " -H 'authorization: Bearer <client key>'" if not KeyRing(loaded).open else ""
+    live, ever = runtime or (0, False)
+    served = keyless_open(loaded.config.keyless, bool(loaded.config.keys), bool(live), ever)
+    auth = " -H 'authorization: Bearer <client key>'" if not served else ""
     body = msgspec.json.encode({"model": model, "prompt": "Say hello", "max_tokens": 8}).decode()
     return f"try: curl -s {url} -H 'content-type: application/json'{auth} -d '{body}'"
 
@@ -117,10 +117,11 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     _read_env_file(args)
     loaded = load_config(args.config)
+    runtime = None
     if loaded.config.ledger.url:
         from gateway.ledger.startup import prepare
 
-        prepare(loaded)  # migrations, and a schema or key-name clash as one line, before any worker starts
+        runtime = prepare(loaded)  # migrations, and a schema or key-name clash as one line, before any worker starts
     server = loaded.config.server
     host = args.host or server.host
     port = server.port if args.port is None else args.port
@@ -131,7 +132,7 @@ def _serve(args: argparse.Namespace) -> int:
         probe(host, port)
     else:
         port = sock.getsockname()[1]  # port 0: the one the kernel chose
-    _announce(loaded, host)
+    _announce(loaded, host, runtime)
     if workers > 1 and not loaded.config.redis.url:
         log.warning("%d workers without redis.url: each worker keeps its own state", workers)
     os.environ["GATEWAY_CONFIG"] = os.path.abspath(args.config)
@@ -142,7 +143,7 @@ def _serve(args: argparse.Namespace) -> int:
     # Both servers count whole seconds: round up, so the deadline is never shorter than configured.
     grace_s = math.ceil(server.shutdown_grace_ms / 1000)
     try:
-        example = _first_request(loaded, host, port)
+        example = _first_request(loaded, host, port, runtime)
         if sock is None:
             _run_granian(host, port, workers, grace_s, example)
             return 0

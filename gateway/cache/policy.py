@@ -60,7 +60,7 @@ class Policies:
                 vendor = alias.targets[0].model.partition("/")[0]
                 self.aliases[alias.name] = self.providers.get(vendor, self.default)
         self.known: dict[str, tuple[Policy | None, str]] = {}  # per model name: its policy and model tag
-        self.scopes: dict[str | None, bytes] = {}  # per API key name: its tenant scope
+        self.scopes: dict[str | None, bytes] = {}  # per API key identity (`ClientKey.ident`): its tenant scope
 
     def policy(self, model: str) -> Policy | None:
         found = self.aliases.get(model, self)
@@ -76,7 +76,8 @@ class Policies:
         return known
 
     def scope(self, pol: Policy, key: str | None) -> bytes:
-        """What prefixes a request's canonical encoding: `*` when shared, else the API key's name."""
+        """What prefixes a request's canonical encoding: `*` when shared, else the API key's identity (a runtime
+        key's id, a YAML key's fingerprint of its secret: never its name, which another key may share)."""
         if pol.shared:
             return SHARED_SCOPE
         scope = self.scopes.get(key)

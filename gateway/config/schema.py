@@ -356,6 +356,11 @@ class GatewayConfig(Strict, frozen=True):
     retries: RetriesConfig = RetriesConfig()
     cooldown: CooldownConfig = CooldownConfig()
     keys: list[KeyConfig] = msgspec.field(default_factory=list)
+    # Requests without a client key, when no key is in force (no `keys:`, no runtime key in the ledger):
+    # `auto` serves them while no client key was ever configured (the ledger has never held a runtime key:
+    # revoking the last one keeps the gateway closed); `open` serves them whenever no key is in force;
+    # `closed` never does (a ledger-managed gateway closed from its first second).
+    keyless: Literal["auto", "open", "closed"] = "auto"
     providers: dict[str, Any] = msgspec.field(default_factory=dict)
     models: list[AliasConfig] = msgspec.field(default_factory=list)
     # Model string (exact, or a glob) -> price; see docs/operations.md for how a request's price is found.

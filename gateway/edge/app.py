@@ -196,9 +196,14 @@ def create_app(loaded: LoadedConfig) -> Front:
         if ledger is not None:
             ledger.install(built)
         pinned.check(config)  # a reload's `ledger.*` changes: one WARNING, counted
+        if reloading:  # `serve` said it at start, once for all workers; a reload says it again
+            log.info("config reload: %s", built.keys.describe())
         return built
 
+    reloading = False
+
     pipeline = build(loaded)
+    reloading = True
     discovery = Discovery(lambda: app.state.pipeline)  # follows reloads: the pipeline serving now
     # Replicated providers' engine load (gateway/fleet/engine.py): off unless `routing.engine_metrics`.
     engines = EngineReader(

@@ -24,7 +24,8 @@ from gateway.edge.drain import state as fleet_state
 from gateway.edge.ledger_routes import REPORT_PARAMS, usage_response
 from gateway.edge.render import error_response
 from gateway.fleet.picker import Fleet
-from gateway.ledger.report import spend_per_day
+from gateway.ledger.engine import LedgerDown
+from gateway.ledger.report import day_usage, spend_per_day
 from gateway.limits.auth import _presented_key
 from gateway.limits.ratelimit import Bucket
 from gateway.path.dialects import OPENAI
@@ -78,9 +79,9 @@ async def admin_usage(request: Request[Any, Any, Any]) -> Response[bytes]:
     pipeline, refused = _authorize(request)
     if refused is not None:
         return refused
-    ledger = request.app.state.ledger
+    ledger = pipeline.ledger
     if ledger is not None and any(p in request.query_params for p in REPORT_PARAMS):
-        return await usage_response(ledger.ledger, request.query_params, _error)  # any range, from the ledger
+        return await usage_response(ledger, request.query_params, _error)  # any range, from the ledger
     day = request.query_params.get("day") or pipeline.usage.today()
     try:
         if not _DAY.match(day):
@@ -90,7 +91,25 @@ async def admin_usage(request: Request[Any, Any, Any]) -> Response[bytes]:
         return _error(
             InvalidRequestError(f"Invalid day {day!r}: expected YYYY-MM-DD (UTC)", param="day", code="invalid_value")
         )
+    if ledger is not None:  # with a ledger every view of usage is the ledger's
+        try:
+            books = await day_usage(ledger, day, pipeline.keys.roster())
+        except LedgerDown as exc:
+            return _error(GatewayError(f"The ledger is unavailable: {exc}", status=503, code="ledger_unavailable"))
+        return Response(encode(books), media_type=JSON, headers=_NO_STORE)
     return Response(encode(await pipeline.usage.report(day)), media_type=JSON, headers=_NO_STORE)
+
+
+async def _today(pipeline: Pipeline) -> Any:
+    """The status page's "Usage today": the ledger's books when there is one (with `unavailable` while it
+    cannot be read), else the usage store's."""
+    day = pipeline.usage.today()
+    if pipeline.ledger is None:
+        return await pipeline.usage.report(day)
+    try:
+        return await day_usage(pipeline.ledger, day, pipeline.keys.roster())
+    except LedgerDown as exc:
+        return {"day": day, "keys": {}, "unavailable": f"the ledger is unavailable: {exc}"}
 
 
 def _targets(pipeline: Pipeline, down: Mapping[str, str]) -> dict[str, str | None]:
@@ -187,7 +206,7 @@ async def status(pipeline: Pipeline, unreachable: Mapping[str, str] | None = Non
         "aliases": aliases,
         "targets": targets,
         "limits": limits,
-        "usage": await pipeline.usage.report(pipeline.usage.today()),
+        "usage": await _today(pipeline),
         "cache": pipeline.cache.stats() if pipeline.cache is not None else None,
         "spend_per_day": None if pipeline.ledger is None else await spend_per_day(pipeline.ledger, 30),
         "fleets": {name: fleet_state(fleet) for name, fleet in pipeline.router.fleets.items()},

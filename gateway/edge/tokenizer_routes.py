@@ -349,7 +349,7 @@ class Tokenizers:
             return None
         scopes: list[Bucket] = []
         if key is not None:
-            scopes += admission.keys.get(key.name, ())
+            scopes += admission.keys.get(key.ident) or key.buckets
         scopes += admission.models.get(model, ())
         scopes += admission.providers.get(target.provider, ())
         if target.endpoint.deployment:

@@ -25,10 +25,14 @@ from gateway.limits.usage import ANONYMOUS, day_of
 from gateway.ops.metrics import Record
 
 Row = tuple[Any, ...]
-# A waiting row (`pending`): the entry's values but the day and team, then the row's own values.
+# A waiting row (`pending`): the entry's values but the day, then the row's own values.
 Pending = tuple[Any, ...]
-# An entry: day, key_name, team, model, target, provider, dialect, stream, status, error, cache, attempts.
+# An entry: day, key_name, team, model, target, provider, dialect, stream, status, error, cache, attempts, key_id.
 Entry = tuple[Any, ...]
+# A rollup's key: day, key_name, team, model, target, key_id; its sums: requests, errors, prompt_tokens,
+# completion_tokens, cost_pico, cached.
+Rollups = dict[tuple[str, str, str, str, str, str], list[int]]
+CACHED: Final = frozenset(("hit", "coalesced"))  # the `cache` outcomes that answered from the cache
 # A row's own values in a `Batch`: ten, or eight when it kept neither prompt nor completion (prompt
 # logging off, the common case: two fewer values to bind per row).
 WIDTH: Final = 10
@@ -36,24 +40,25 @@ LEAN: Final = 8
 
 COLUMNS: Final = (
     "id, request_id, ts, day, key_name, team, model, target, provider, dialect, stream, status, error, "
-    "latency_ms, ttfb_ms, prompt_tokens, completion_tokens, cost_pico, cache, attempts, prompt, completion"
+    "latency_ms, ttfb_ms, prompt_tokens, completion_tokens, cost_pico, cache, attempts, prompt, completion, key_id"
 )
-INSERT: Final = f"INSERT INTO requests ({COLUMNS}) VALUES ({', '.join('?' * 22)}) ON CONFLICT (day, id) DO NOTHING"
+INSERT: Final = f"INSERT INTO requests ({COLUMNS}) VALUES ({', '.join('?' * 23)}) ON CONFLICT (day, id) DO NOTHING"
 # SQLite: the text columns that may be NULL (error, cache, prompt, completion) come as the integer 0 for
 # NULL, which NULLIF turns back into one: SQLite's driver binds a 0 for a tenth of what a None costs it,
 # and no text is ever the integer 0. Rows spilled with None give NULL all the same.
 _NULLABLE_TEXT: Final = (12, 18, 20, 21)
 INSERT_SQLITE: Final = INSERT.replace(
-    f"VALUES ({', '.join('?' * 22)})",
-    f"VALUES ({', '.join('NULLIF(?, 0)' if i in _NULLABLE_TEXT else '?' for i in range(22))})",
+    f"VALUES ({', '.join('?' * 23)})",
+    f"VALUES ({', '.join('NULLIF(?, 0)' if i in _NULLABLE_TEXT else '?' for i in range(23))})",
 )
 ROLLUP: Final = (
-    "INSERT INTO daily (day, key_name, team, model, target, requests, errors, prompt_tokens, completion_tokens,"
-    " cost_pico) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (day, key_name, team, model, target) DO UPDATE"
+    "INSERT INTO daily (day, key_name, team, model, target, key_id, requests, errors, prompt_tokens,"
+    " completion_tokens, cost_pico, cached) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (day, key_name, key_id, team, model, target) DO UPDATE"
     " SET requests = daily.requests + excluded.requests, errors = daily.errors + excluded.errors,"
     " prompt_tokens = daily.prompt_tokens + excluded.prompt_tokens,"
     " completion_tokens = daily.completion_tokens + excluded.completion_tokens,"
-    " cost_pico = daily.cost_pico + excluded.cost_pico"
+    " cost_pico = daily.cost_pico + excluded.cost_pico, cached = daily.cached + excluded.cached"
 )
 # SQLite: a statement takes 50, 8 or 1 rows of one entry at once (`_rows_sql`). One statement per row paid,
 # per row, a run of SQLite's virtual machine from its start (cursors opened and closed) and a release and
@@ -63,7 +68,7 @@ _INSERT_POSTGRES: Final = (
     f"INSERT INTO requests ({COLUMNS}) SELECT r->>0, r->>1, (r->>2)::float8, e->>0, e->>1, e->>2, e->>3,"
     " e->>4, e->>5, e->>6, (e->>7)::int, (e->>8)::int, e->>9, (r->>3)::float8 * 1000,"
     " CASE WHEN e->>5 <> '' THEN (r->>4)::float8 * 1000 END, (r->>5)::bigint, (r->>6)::bigint,"
-    " (r->>7)::bigint, e->>10, (e->>11)::int, r->>8, r->>9"
+    " (r->>7)::bigint, e->>10, (e->>11)::int, r->>8, r->>9, e->>12"
     " FROM json_array_elements(?::json) WITH ORDINALITY AS es(e, n)"
     " JOIN json_array_elements(?::json) WITH ORDINALITY AS gs(g, m) ON m = n,"
     " json_array_elements(gs.g) AS r ON CONFLICT (day, id) DO NOTHING"
@@ -99,7 +104,7 @@ def full_rows(entries: list[Entry], groups: list[list[Any]], widths: list[int]) 
     """Entries and their groups as rows in the order of `COLUMNS`."""
     out = []
     for entry, group, width in zip(entries, groups, widths, strict=True):
-        day, key, team, model, target, provider, dialect, stream, status, error, cache, attempts = entry
+        day, key, team, model, target, provider, dialect, stream, status, error, cache, attempts, key_id = entry
         for row in _rows(group, width):
             rid, request_id, ts, latency_s, upstream_s, prompt, completion, cost = row[:LEAN]
             text_in, text_out = row[LEAN:] or (None, None)
@@ -127,6 +132,7 @@ def full_rows(entries: list[Entry], groups: list[list[Any]], widths: list[int]) 
                     attempts,
                     text_in if isinstance(text_in, str) else None,
                     text_out if isinstance(text_out, str) else None,
+                    key_id,
                 )
             )
     return out
@@ -150,6 +156,8 @@ def pending(rec: Record, elapsed_s: float, ended: float, null: int | None) -> Pe
         rec.error_code,
         rec.cache_outcome,
         rec.attempts,
+        rec.team,  # the key's team and identity as they were when it was answered
+        rec.key_id,
         LEAN,  # the row's width (`take` reads it with the entry's values)
         rec.request_id,
         ended,
@@ -163,7 +171,7 @@ def pending(rec: Record, elapsed_s: float, ended: float, null: int | None) -> Pe
     if text_in is None and text_out is None:
         return p
     kept_in = null if text_in is None else text(text_in)
-    return (*p[:10], WIDTH, *p[11:], kept_in, null if text_out is None else text(text_out))
+    return (*p[:12], WIDTH, *p[13:], kept_in, null if text_out is None else text(text_out))
 
 
 def text(value: str) -> str:
@@ -172,7 +180,7 @@ def text(value: str) -> str:
     return value.replace("\x00", "\ufffd") if "\x00" in value else value
 
 
-def take(queue: deque[Pending], teams: dict[str, str], prefix: str, ids: Iterator[int]) -> Batch:
+def take(queue: deque[Pending], prefix: str, ids: Iterator[int]) -> Batch:
     """Empty the queue into a `Batch` (on the event loop, where the rows were queued)."""
     batch = Batch()
     index: dict[tuple[Any, ...], list[Any]] = {}
@@ -183,22 +191,21 @@ def take(queue: deque[Pending], teams: dict[str, str], prefix: str, ids: Iterato
     n = len(queue)
     for _ in range(n):
         p = popleft()
-        ended = p[12]
+        ended = p[14]
         if not lo <= ended < hi:  # the day is formatted once per batch (and at midnight)
             lo = ended // 86400 * 86400
             hi = lo + 86400
             day = day_of(ended)
             index = {}  # entries are per day: a new day starts new ones
-        values = p[:11]  # the entry's values and the row's width
+        values = p[:13]  # the entry's values and the row's width
         group = index.get(values)
         if group is None:
             group = index[values] = []
-            key = values[0]
-            entries.append((day, key, teams.get(key, ""), *values[1:5], int(values[5]), *values[6:10]))
+            entries.append((day, values[0], values[10], *values[1:5], int(values[5]), *values[6:10], values[11]))
             groups.append(group)
-            widths.append(values[10])
+            widths.append(values[12])
         group.append(f"{prefix}{next(ids)}")
-        group += p[11:]
+        group += p[13:]
     batch.size = n
     return batch
 
@@ -206,10 +213,10 @@ def take(queue: deque[Pending], teams: dict[str, str], prefix: str, ids: Iterato
 @functools.cache  # at most twelve texts: (50, 8 or 1 rows) x (width) x (whether an upstream served)
 def _rows_sql(rows: int, width: int, upstream: bool) -> str:
     """A statement for `rows` rows of one entry: the k-th row's own values are the parameters ?(width * k + 1)
-    to ?(width * k + width), the entry's twelve the ones after all rows', shared by every row (SQLite lets a
+    to ?(width * k + width), the entry's thirteen the ones after all rows', shared by every row (SQLite lets a
     numbered parameter appear more than once)."""
-    shared = [f"?{width * rows + i}" for i in range(1, 13)]
-    day, key, team, model, target, provider, dialect, stream, status, error, cache, attempts = shared
+    shared = [f"?{width * rows + i}" for i in range(1, 14)]
+    day, key, team, model, target, provider, dialect, stream, status, error, cache, attempts, key_id = shared
     tuples = []
     for k in range(rows):
         a = [f"?{width * k + i}" for i in range(1, width + 1)]
@@ -217,7 +224,8 @@ def _rows_sql(rows: int, width: int, upstream: bool) -> str:
         texts = f"NULLIF({a[8]}, 0), NULLIF({a[9]}, 0)" if width == WIDTH else "NULL, NULL"
         tuples.append(
             f"({a[0]}, {a[1]}, {a[2]}, {day}, {key}, {team}, {model}, {target}, {provider}, {dialect}, {stream},"
-            f" {status}, {error}, {a[3]} * 1000, {ttfb}, {a[5]}, {a[6]}, {a[7]}, {cache}, {attempts}, {texts})"
+            f" {status}, {error}, {a[3]} * 1000, {ttfb}, {a[5]}, {a[6]}, {a[7]}, {cache}, {attempts}, {texts},"
+            f" {key_id})"
         )
     return f"INSERT INTO requests ({COLUMNS}) VALUES {', '.join(tuples)} ON CONFLICT (day, id) DO NOTHING"
 
@@ -249,14 +257,20 @@ def commit_batch(cur: Cursor, batch: Batch, db: Database) -> int:
                 start = end
         for sql, params in runs.items():
             cur.executemany(sql, params)
-    sums: dict[tuple[str, str, str, str, str], list[int]] = {}
-    for entry, group, w in zip(entries, groups, widths, strict=True):
+    cur.executemany(ROLLUP, [(*k, *v) for k, v in rollups(batch).items()])
+    return batch.size
+
+
+def rollups(batch: Batch, into: Rollups | None = None) -> Rollups:
+    """The batch's sums per rollup (what it adds to `daily`), added to `into` when given."""
+    sums: Rollups = {} if into is None else into
+    for entry, group, w in zip(batch.entries, batch.groups, batch.widths, strict=True):
         n = len(group) // w
-        s = sums.setdefault(entry[:5], [0, 0, 0, 0, 0])
+        s = sums.setdefault((*entry[:5], entry[12]), [0, 0, 0, 0, 0, 0])
         s[0] += n
         s[1] += n if entry[8] >= 400 else 0
         s[2] += sum(group[5::w])
         s[3] += sum(group[6::w])
         s[4] += sum(group[7::w])
-    cur.executemany(ROLLUP, [(*k, *v) for k, v in sums.items()])
-    return batch.size
+        s[5] += n if entry[10] in CACHED else 0
+    return sums

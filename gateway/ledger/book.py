@@ -21,7 +21,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final
@@ -29,7 +29,19 @@ from typing import Any, Final
 import msgspec
 
 from gateway.config import LedgerConfig
-from gateway.ledger.batch import INSERT, INSERT_SQLITE, ROLLUP, Batch, Pending, Row, commit_batch, pending, take
+from gateway.ledger.batch import (
+    CACHED,
+    INSERT,
+    INSERT_SQLITE,
+    ROLLUP,
+    Batch,
+    Pending,
+    Rollups,
+    Row,
+    commit_batch,
+    pending,
+    take,
+)
 from gateway.ledger.engine import Cursor, Database, LedgerDown
 from gateway.limits.usage import day_of
 from gateway.ops.metrics import Record
@@ -52,7 +64,9 @@ _decode = msgspec.json.Decoder(list[list[Any]]).decode
 
 def commit(cur: Cursor, rows: Sequence[Row], db: Database) -> int:
     """Insert the rows (in the order of `batch.COLUMNS`: replayed from a spill file) not booked yet and add
-    exactly those to their rollups; how many were new."""
+    exactly those to their rollups; how many were new. A row of 22 values (spilled before rows named their
+    key's identity) books an empty `key_id`."""
+    rows = [r if len(r) > 22 else (*r, "") for r in rows]
     by_day: dict[str, list[str]] = {}
     for r in rows:
         by_day.setdefault(r[3], []).append(r[0])
@@ -68,14 +82,15 @@ def commit(cur: Cursor, rows: Sequence[Row], db: Database) -> int:
     if not fresh:
         return 0
     cur.executemany(INSERT if db.postgres else INSERT_SQLITE, fresh)
-    sums: dict[tuple[str, str, str, str, str], list[int]] = {}
+    sums: Rollups = {}
     for r in fresh:
-        s = sums.setdefault((r[3], r[4], r[5], r[6], r[7]), [0, 0, 0, 0, 0])
+        s = sums.setdefault((r[3], r[4], r[5], r[6], r[7], r[22]), [0, 0, 0, 0, 0, 0])
         s[0] += 1
         s[1] += r[11] >= 400
         s[2] += r[15]
         s[3] += r[16]
         s[4] += r[17]
+        s[5] += r[18] in CACHED
     cur.executemany(ROLLUP, [(*k, *v) for k, v in sums.items()])
     return len(fresh)
 
@@ -183,7 +198,6 @@ class Ledger:
         self.refused = 0  # rows the database refused alone (kept in `rejects`, never booked)
         self.refused_why = ""
         self.down: str | None = None  # why the database could not be written, while it cannot
-        self.teams: dict[str, str] = {}  # key name -> team, for the rows (YAML keys and runtime keys)
         spill_dir = Path(cfg.spill_dir) if cfg.spill_dir else self._default_spill_dir()
         self.spill = Spill(spill_dir, cfg.spill_bytes)
         self.rejects = Spill(spill_dir, cfg.spill_bytes, _REJECTS_PREFIX)
@@ -223,7 +237,15 @@ class Ledger:
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run `fn(*args)` on the ledger's thread (every call but the writer's goes through it, one at a
         time); `LedgerDown` when the database does not answer within `timeout_ms` (and a margin)."""
-        work = asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        return await self.submit(fn, *args)
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Coroutine[Any, Any, Any]:
+        """`fn(*args)` handed to the ledger's thread in this very step (the usage views count on it: what
+        they copy of the queue and what they read are one moment, gateway/ledger/report.py); awaiting the
+        result waits as `call` does, no longer than `timeout_ms` (and a margin)."""
+        return self._answer(asyncio.get_running_loop().run_in_executor(self._pool, fn, *args))
+
+    async def _answer(self, work: asyncio.Future[Any]) -> Any:
         try:
             out = await asyncio.wait_for(work, self._wait_s)
         except TimeoutError:
@@ -266,7 +288,7 @@ class Ledger:
                 log.exception("ledger writer turn failed")
 
     def _take(self) -> Batch:
-        return take(self.queue, self.teams, self._prefix, self._ids)
+        return take(self.queue, self._prefix, self._ids)
 
     async def flush(self) -> None:
         if self.dropped != self._dropped_logged:

@@ -1,9 +1,10 @@
 """Budgets with a ledger: the reservations of gateway/limits/budgets.py, seeded from the ledger's rollups.
 
 A counter Redis does not have (a Redis restart) or a process has not seen (a restart) starts from what the
-rollups hold for its budget and period, so a restart forgets no spend booked before it. While the ledger
-does not answer (within `ledger.timeout_ms`, or a call failed a moment ago), a counter starts from what
-this process knows and is seeded as soon as the ledger answers again: requests are never held up.
+rollups hold for its budget and period, so a restart forgets no spend booked before it. A key's counter is
+its identity's (`key_id`), plus the rows its name booked before rows named their key's identity. While the
+ledger does not answer (within `ledger.timeout_ms`, or a call failed a moment ago), a counter starts from
+what this process knows and is seeded as soon as the ledger answers again: requests are never held up.
 """
 
 from __future__ import annotations
@@ -16,15 +17,19 @@ from gateway.limits.usage import Counters
 
 
 def _seed(cur: Cursor, b: Budget) -> int:
-    found = cur.rows(
-        f"SELECT coalesce(sum(cost_pico), 0) FROM daily WHERE {b.column} = ? AND day >= ? AND day <= ?",
-        (b.whose, b.first_day, b.last_day),
-    )
+    sums = "SELECT coalesce(sum(cost_pico), 0) FROM daily WHERE day >= ? AND day <= ?"
+    if b.legacy:
+        found = cur.rows(
+            f"{sums} AND ({b.column} = ? OR ({b.column} = '' AND key_name = ?))",
+            (b.first_day, b.last_day, b.whose, b.legacy),
+        )
+    else:
+        found = cur.rows(f"{sums} AND {b.column} = ?", (b.first_day, b.last_day, b.whose))
     return int(found[0][0])
 
 
 def ledger_budgets(loaded: LoadedConfig, ledger: Ledger, counters: Counters) -> Budgets:
-    """The budgets of `loaded`, seeded from `ledger`; teams as the ledger books them (runtime keys too)."""
+    """The budgets of `loaded`, seeded from `ledger`."""
 
     async def seeded(b: Budget) -> int | None:
         if ledger.unanswered is not None:
@@ -35,4 +40,4 @@ def ledger_budgets(loaded: LoadedConfig, ledger: Ledger, counters: Counters) -> 
             return None
         return value
 
-    return Budgets(loaded, counters, seeded, lambda: ledger.teams)
+    return Budgets(loaded, counters, seeded)

@@ -1,7 +1,9 @@
 """Client keys made at runtime (`/admin/keys`), stored in the ledger beside the YAML ones.
 
 The ledger keeps a key's SHA-256 and a stable public id, never its secret: the secret is shown once,
-when the key is made or rotated. A rotation keeps the previous secret valid until its grace ends. Every
+when the key is made or rotated. A rotation keeps the previous secret valid until its grace ends, and
+every earlier secret until its own (table `key_secrets`): a second rotation never cuts the first one's
+grace short. A key's identity is its id, which a rotation keeps (`ClientKey.ident`). Every
 change bumps one counter in the same transaction; each replica reads that counter every
 `ledger.keys_poll_ms` and reloads the keys only when it moved, so a new, rotated or revoked key applies
 on every replica within that time while authentication stays one dictionary lookup.
@@ -74,7 +76,7 @@ def _secret() -> str:
     return "gwk-" + secrets.token_urlsafe(32)
 
 
-def _row(r: tuple[Any, ...]) -> KeyRow:
+def _row(r: tuple[Any, ...], grace: dict[str, float]) -> KeyRow:
     return KeyRow(
         id=r[0],
         name=r[1],
@@ -83,7 +85,7 @@ def _row(r: tuple[Any, ...]) -> KeyRow:
         max_cost_per_day=r[4],
         expires_at=r[5],
         created_at=r[9],
-        rotated_grace_until=r[8],
+        rotated_grace_until=grace.get(r[0]),
         limits=_limits(r[10]),
         max_cost_per_month=r[11],
     )
@@ -126,54 +128,83 @@ def rotate(cur: Cursor, key_id: str, grace_s: float) -> Issued:
     if not found:
         raise KeyNotFound(key_id)
     secret = _secret()
-    until = round(time.time() + grace_s, 3)
-    cur.execute(
-        "UPDATE api_keys SET old_digest = digest, old_valid_until = ?, digest = ? WHERE id = ?",
-        (until, _digest(secret), key_id),
-    )
+    now = time.time()
+    until = round(now + grace_s, 3)
+    cur.execute("DELETE FROM key_secrets WHERE key_id = ? AND valid_until <= ?", (key_id, now))
+    if until > now:  # the secret in force joins the earlier ones, each valid until its own grace ends
+        cur.execute(
+            "INSERT INTO key_secrets (digest, key_id, valid_until) SELECT digest, id, ? FROM api_keys WHERE id = ?",
+            (until, key_id),
+        )
+    cur.execute("UPDATE api_keys SET digest = ? WHERE id = ?", (_digest(secret), key_id))
     cur.execute(_BUMP)
-    r = found[0]
-    return Issued(_row((*r[:8], until, *r[9:])), secret)
+    return Issued(_row(found[0], _graces(cur, now)), secret)
 
 
 def revoke(cur: Cursor, key_id: str) -> None:
     if not cur.execute("UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL", (time.time(), key_id)):
         raise KeyNotFound(key_id)
+    cur.execute("DELETE FROM key_secrets WHERE key_id = ?", (key_id,))
     cur.execute(_BUMP)
 
 
+def _graces(cur: Cursor, now: float) -> dict[str, float]:
+    """Per key, when the last of its earlier secrets stops working (keys with one in its grace only)."""
+    sql = "SELECT key_id, max(valid_until) FROM key_secrets WHERE valid_until > ? GROUP BY key_id"
+    return {r[0]: float(r[1]) for r in cur.rows(sql, (now,))}
+
+
 def listing(cur: Cursor) -> list[KeyRow]:
-    return [_row(r) for r in cur.rows(f"SELECT {_FIELDS} FROM api_keys WHERE revoked_at IS NULL ORDER BY created_at")]
+    grace = _graces(cur, time.time())
+    rows = cur.rows(f"SELECT {_FIELDS} FROM api_keys WHERE revoked_at IS NULL ORDER BY created_at")
+    return [_row(r, grace) for r in rows]
 
 
 def version(cur: Cursor) -> int:
     return int(cur.rows("SELECT value FROM counters WHERE name = 'keys'")[0][0])
 
 
-def load(cur: Cursor) -> tuple[int, list[tuple[Any, ...]]]:
+class Loaded(msgspec.Struct, frozen=True):
+    """The keys in force: their rows, their earlier secrets still in grace, whether any key was ever made."""
+
+    version: int
+    rows: list[tuple[Any, ...]]
+    secrets: list[tuple[Any, ...]]  # (key_id, digest, valid_until)
+    ever: bool
+
+
+def load(cur: Cursor) -> Loaded:
     rows = cur.rows(f"SELECT {_FIELDS} FROM api_keys WHERE revoked_at IS NULL")
-    return version(cur), rows
+    secrets_ = cur.rows("SELECT key_id, digest, valid_until FROM key_secrets WHERE valid_until > ?", (time.time(),))
+    ever = bool(rows) or bool(cur.rows("SELECT 1 FROM api_keys LIMIT 1"))
+    return Loaded(version(cur), rows, secrets_, ever)
 
 
 # ---------------------------------------------------------------------------- on the event loop
 
 
-def _ring(rows: list[tuple[Any, ...]]) -> dict[bytes, ClientKey]:
+def _ring(rows: list[tuple[Any, ...]], earlier: list[tuple[Any, ...]]) -> dict[bytes, ClientKey]:
     out: dict[bytes, ClientKey] = {}
+    by_id: dict[str, ClientKey] = {}
     for r in rows:
         models = ModelGlobs(msgspec.json.decode(r[3], type=list[str]))
         expires = r[5]
         digest = bytes.fromhex(r[6])
         limits = _limits(r[10])
-        buckets = tuple(buckets_of(f"key:{r[1]}", limits))
+        buckets = tuple(buckets_of(f"key:{r[1]}", limits, f"key:{r[0]}"))
         queue_ms = limits.max_queue_ms if limits is not None else 0
-        key = ClientKey(r[1], b"", models, digest, expires, r[4], buckets, r[11], queue_ms)
-        out[digest] = key
-        if r[7] is not None:
-            old = bytes.fromhex(r[7])
-            until = r[8] if expires is None else min(r[8], expires)
-            if until > time.time():
-                out[old] = msgspec.structs.replace(key, digest=old, valid_until=until)
+        key = ClientKey(r[1], b"", models, digest, expires, r[4], buckets, r[11], queue_ms, ident=r[0], team=r[2])
+        out[digest] = by_id[r[0]] = key
+    now = time.time()
+    for key_id, old_hex, grace_until in earlier:
+        current = by_id.get(key_id)
+        if current is None:
+            continue
+        expires = current.valid_until
+        until = grace_until if expires is None else min(grace_until, expires)
+        if until > now:
+            old = bytes.fromhex(old_hex)
+            out[old] = msgspec.structs.replace(current, digest=old, valid_until=until)
     return out
 
 
@@ -181,31 +212,45 @@ class KeyPoller:
     """Keeps `runtime` equal to the ledger's keys: reads the version every `keys_poll_ms`, reloads on a change."""
 
     def __init__(
-        self, ledger: Ledger, runtime: RuntimeKeys, yaml_names: Collection[str], on_teams: Callable[[], None]
+        self,
+        ledger: Ledger,
+        runtime: RuntimeKeys,
+        yaml_names: Collection[str],
+        on_change: Callable[[], None] | None = None,
     ) -> None:
         self.ledger = ledger
         self.runtime = runtime
-        self.yaml_names = set(yaml_names)
-        self.on_teams = on_teams
+        self.yaml_names = frozenset(yaml_names)
+        self.on_change = on_change
         self.seen = -1
-        self.teams: dict[str, str] = {}
         self._task: asyncio.Task[None] | None = None
+
+    def names(self, yaml_names: Collection[str]) -> None:
+        """The YAML keys' names of the config in force (a reload's): runtime keys that share one are ignored,
+        from the next poll on."""
+        names = frozenset(yaml_names)
+        if names != self.yaml_names:
+            self.yaml_names = names
+            self.seen = -1
 
     async def refresh(self, *, force: bool = False) -> None:
         if not force:
             current = await self.ledger.call(self.ledger.db.transaction, version)
             if current == self.seen:
                 return
-        seen, rows = await self.ledger.call(self.ledger.db.transaction, load)
+        found: Loaded = await self.ledger.call(self.ledger.db.transaction, load)
+        rows = found.rows
         clash = sorted({r[1] for r in rows} & self.yaml_names)
         if clash:
-            # Refused at start-up; here only if a key was made on a replica whose YAML lacked the name.
+            # Refused at start-up and by `POST /admin/keys`; here when a reload (or a replica's YAML) named
+            # a key like a runtime one: the YAML key wins, and the runtime key stops working.
             log.error("ledger: runtime key name(s) %s also in keys: (YAML); those runtime keys are ignored", clash)
             rows = [r for r in rows if r[1] not in self.yaml_names]
-        self.runtime.by_digest = _ring(rows)
-        self.teams = {r[1]: r[2] for r in rows if r[2]}
-        self.on_teams()
-        self.seen = seen
+        self.runtime.by_digest = _ring(rows, found.secrets)
+        self.runtime.ever = found.ever
+        self.seen = found.version
+        if self.on_change is not None:
+            self.on_change()
 
     async def start(self) -> None:
         await self.refresh(force=True)

@@ -1,22 +1,37 @@
-"""Usage over any range of days, from the rollups (which equal the sum of their rows), as JSON or CSV."""
+"""Usage from the ledger: over any range of days (JSON or CSV), one day per key and model, spend per day.
+
+Every view reads the rollups (which equal the sum of their rows) plus this process's rows the writer has
+not committed yet: the queue is copied in the same step as the query is handed to the ledger's thread,
+behind any batch the writer has taken from it, so each row is counted once, whether committed or waiting.
+Rows other processes have not committed yet (at most their last `flush_ms`) show once they are.
+"""
 
 from __future__ import annotations
 
 import csv
 import datetime as dt
 import io
+import itertools
 import time
+from collections import deque
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import msgspec
 
+from gateway.ledger.batch import Rollups, rollups, take
 from gateway.ledger.book import Ledger
 from gateway.ledger.engine import Cursor, LedgerDown
 from gateway.limits.usage import day_of, usd
 
-BY: Final = {"key": "key_name", "team": "team", "model": "model", "target": "target"}
+# Per grouping, its columns and their places in a rollup's key (day, key_name, team, model, target, key_id).
+BY: Final = {"key": ("key_name", "key_id"), "team": ("team",), "model": ("model",), "target": ("target",)}
+_AT: Final = {"key_name": 1, "team": 2, "model": 3, "target": 4, "key_id": 5}
+_NAMES: Final = {"key_name": "key", "key_id": "key_id"}
 MAX_DAYS: Final = 366
 _FIELDS: Final = ("requests", "errors", "prompt_tokens", "completion_tokens", "cost")
+_SUMS: Final = "sum(requests), sum(errors), sum(prompt_tokens), sum(completion_tokens), sum(cost_pico), sum(cached)"
+_FORMULA: Final = ("=", "+", "-", "@", "\t", "\r")  # what a spreadsheet reads as the start of a formula
 
 
 class ReportError(ValueError):
@@ -38,12 +53,24 @@ def _fail(value: str, param: str) -> str:
     raise ReportError(f"Invalid {param} {value!r}: expected YYYY-MM-DD (UTC)", param)
 
 
-def _query(cur: Cursor, start: str, end: str, column: str) -> list[tuple[Any, ...]]:
-    return cur.rows(
-        f"SELECT day, {column}, sum(requests), sum(errors), sum(prompt_tokens), sum(completion_tokens), "
-        f"sum(cost_pico) FROM daily WHERE day >= ? AND day <= ? GROUP BY day, {column} ORDER BY day, {column}",
-        (start, end),
-    )
+async def read(
+    ledger: Ledger, body: Callable[[Cursor], list[tuple[Any, ...]]]
+) -> tuple[list[tuple[Any, ...]], Rollups]:
+    """`body`'s rows from the ledger, and the sums of this process's rows still waiting for the writer.
+
+    The queue is copied and the query handed to the ledger's one thread in the same step (nothing awaited
+    in between): a row is either still in the copy, or in a batch the writer took before, whose commit the
+    thread runs before this query."""
+    copied = deque(ledger.queue)
+    asked = ledger.submit(ledger.db.transaction, body)  # no await between the copy and this
+    waiting = rollups(take(copied, "", itertools.repeat(0)))
+    found: list[tuple[Any, ...]] = await asked
+    return found, waiting
+
+
+def _cell(value: Any) -> Any:
+    """A CSV cell a spreadsheet will not run: text that starts like a formula gets a leading quote."""
+    return "'" + value if isinstance(value, str) and value.startswith(_FORMULA) else value
 
 
 async def report(
@@ -62,27 +89,36 @@ async def report(
     kind = fmt or "json"
     if kind not in ("json", "csv"):
         raise ReportError(f"Invalid format {kind!r}: json or csv", "format")
-    column = BY[group]
-    found: list[tuple[Any, ...]] = await ledger.call(
-        ledger.db.transaction, lambda cur: _query(cur, first, last, column)
-    )
+    columns = BY[group]
+    listed = ", ".join(columns)
+    sql = f"SELECT day, {listed}, {_SUMS} FROM daily WHERE day >= ? AND day <= ? GROUP BY day, {listed}"
+    found, waiting = await read(ledger, lambda cur: cur.rows(sql, (first, last)))
+    sums: dict[tuple[Any, ...], list[int]] = {}
+    for f in found:
+        sums[tuple(f[: 1 + len(columns)])] = [int(v) for v in f[1 + len(columns) :]]
+    for k, v in waiting.items():
+        if first <= k[0] <= last:
+            into = sums.setdefault((k[0], *(k[_AT[c]] for c in columns)), [0] * 6)
+            for i, x in enumerate(v):
+                into[i] += x
+    names = [_NAMES.get(c, c) for c in columns]
     rows = [
         {
-            "day": r[0],
-            group: r[1],
-            "requests": int(r[2]),
-            "errors": int(r[3]),
-            "prompt_tokens": int(r[4]),
-            "completion_tokens": int(r[5]),
-            "cost": usd(int(r[6])),
+            "day": k[0],
+            **dict(zip(names, k[1:], strict=True)),
+            "requests": v[0],
+            "errors": v[1],
+            "prompt_tokens": v[2],
+            "completion_tokens": v[3],
+            "cost": usd(v[4]),
         }
-        for r in found
+        for k, v in sorted(sums.items())
     ]
     if kind == "csv":
         out = io.StringIO()
-        writer = csv.DictWriter(out, fieldnames=["day", group, *_FIELDS], lineterminator="\n")
+        writer = csv.DictWriter(out, fieldnames=["day", *names, *_FIELDS], lineterminator="\n")
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows({f: _cell(v) for f, v in r.items()} for r in rows)
         return out.getvalue().encode(), "text/csv; charset=utf-8"
     totals = {f: sum(r[f] for r in rows) for f in _FIELDS}
     days: dict[str, float] = {}
@@ -90,6 +126,42 @@ async def report(
         days[r["day"]] = days.get(r["day"], 0.0) + r["cost"]
     body = {"from": first, "to": last, "by": group, "rows": rows, "totals": totals, "cost_per_day": days}
     return msgspec.json.encode(body), "application/json"
+
+
+def _usage(v: list[int]) -> dict[str, Any]:
+    return {
+        "requests": v[0],
+        "errors": v[1],
+        "prompt_tokens": v[2],
+        "completion_tokens": v[3],
+        "cost": usd(v[4]),
+        "cached": v[5],
+    }
+
+
+async def day_usage(ledger: Ledger, day: str, roster: Mapping[str, float | None]) -> dict[str, Any]:
+    """One UTC day's books per key name and model, in `/admin/usage?day=`'s shape: every key of `roster`
+    (name -> its daily budget) listed, zeros when unused, plus any other key name booked that day."""
+    sql = f"SELECT key_name, model, {_SUMS} FROM daily WHERE day = ? GROUP BY key_name, model"
+    found, waiting = await read(ledger, lambda cur: cur.rows(sql, (day,)))
+    per: dict[str, dict[str, list[int]]] = {name: {} for name in roster}
+    for f in found:
+        per.setdefault(f[0], {})[f[1]] = [int(v) for v in f[2:]]
+    for k, v in waiting.items():
+        if k[0] == day:
+            into = per.setdefault(k[1], {}).setdefault(k[3], [0] * 6)
+            for i, x in enumerate(v):
+                into[i] += x
+    keys = {}
+    for name in sorted(per):
+        models = per[name]
+        whole = [sum(m[i] for m in models.values()) for i in range(6)]
+        keys[name] = {
+            **_usage(whole),
+            "budget": roster.get(name),
+            "by_model": {model: _usage(models[model]) for model in sorted(models)},
+        }
+    return {"day": day, "keys": keys}
 
 
 async def spend_per_day(ledger: Ledger, days: int) -> list[dict[str, Any]] | None:

@@ -39,6 +39,16 @@ _REQUESTS: Final = """(
             PRIMARY KEY (day, id)
         )"""
 
+_DAILY_COLUMNS: Final = (
+    "day, key_name, key_id, team, model, target, requests, errors, prompt_tokens, completion_tokens, cost_pico, cached"
+)
+_DAILY: Final = (
+    "(day TEXT NOT NULL, key_name TEXT NOT NULL, key_id TEXT NOT NULL DEFAULT '', team TEXT NOT NULL,"
+    " model TEXT NOT NULL, target TEXT NOT NULL, requests BIGINT NOT NULL, errors BIGINT NOT NULL,"
+    " prompt_tokens BIGINT NOT NULL, completion_tokens BIGINT NOT NULL, cost_pico BIGINT NOT NULL,"
+    " cached BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (day, key_name, key_id, team, model, target))"
+)
+
 MIGRATIONS: Final[list[list[Statement]]] = [
     # 1: rows, daily rollups, runtime keys, the counters replicas poll.
     [
@@ -81,6 +91,21 @@ MIGRATIONS: Final[list[list[Statement]]] = [
     ["DROP INDEX IF EXISTS requests_request_id"],
     # 3: runtime keys take a monthly budget, as YAML keys do.
     ["ALTER TABLE api_keys ADD COLUMN max_cost_per_month DOUBLE PRECISION"],
+    # 4: a row names its key's identity (a runtime key's id, a YAML key's fingerprint), the rollups are kept
+    # per identity and count the answers the cache gave; a rotated key's earlier secrets each keep their grace.
+    [
+        "ALTER TABLE requests ADD COLUMN key_id TEXT NOT NULL DEFAULT ''",
+        f"CREATE TABLE daily_next {_DAILY}",
+        f"INSERT INTO daily_next ({_DAILY_COLUMNS}) SELECT day, key_name, '', team, model, target, requests, errors,"
+        " prompt_tokens, completion_tokens, cost_pico, 0 FROM daily",
+        "DROP TABLE daily",
+        "ALTER TABLE daily_next RENAME TO daily",
+        "CREATE TABLE key_secrets (digest TEXT PRIMARY KEY, key_id TEXT NOT NULL,"
+        " valid_until DOUBLE PRECISION NOT NULL)",
+        "INSERT INTO key_secrets (digest, key_id, valid_until) SELECT old_digest, id, old_valid_until FROM api_keys"
+        " WHERE old_digest IS NOT NULL AND revoked_at IS NULL",
+        "UPDATE api_keys SET old_digest = NULL, old_valid_until = NULL",
+    ],
 ]
 
 VERSION: Final = len(MIGRATIONS)

@@ -35,19 +35,16 @@ class Hooked(Protocol):
     budgets: Budgets
 
 
-def _yaml(loaded: LoadedConfig) -> tuple[list[str], dict[str, str]]:
-    keys = loaded.config.keys
-    return [k.name for k in keys], {k.name: k.team for k in keys if k.team}
-
-
 class LedgerService:
     def __init__(self, loaded: LoadedConfig, metrics: Metrics | None = None) -> None:
         self.ledger = Ledger(loaded.config.ledger)
         self.runtime = RuntimeKeys()
-        names, self.yaml_teams = _yaml(loaded)
         self.counters = Counters()
-        self.poller = keystore.KeyPoller(self.ledger, self.runtime, names, self._teams)
-        self.ledger.teams = dict(self.yaml_teams)
+        self.poller = keystore.KeyPoller(
+            self.ledger, self.runtime, [k.name for k in loaded.config.keys], on_change=self._changed
+        )
+        self.keys: Any = None  # the key ring of the config in force
+        self._open: bool | None = None  # whether it served requests without a key, as last said
         if metrics is not None:
             # Read at scrape time: the request path only appends. Per process (each worker has its queue).
             r = metrics.registry
@@ -61,14 +58,26 @@ class LedgerService:
             ):
                 Gauge(name, doc, registry=r, multiprocess_mode="max").set_function(read)
 
-    def _teams(self) -> None:
-        self.ledger.teams = {**self.yaml_teams, **self.poller.teams}
-
     def install(self, pipeline: Hooked) -> None:
         pipeline.keys.runtime = self.runtime
+        self.poller.names([k.name for k in pipeline.loaded.config.keys])
+        self.keys = pipeline.keys
+        if self._open is not None:
+            self._open = pipeline.keys.open  # a reload says it in its own line
         pipeline.ledger = self.ledger
         pipeline.budgets = ledger_budgets(pipeline.loaded, self.ledger, self.counters)
         pipeline.usage.ledgered = True  # its budgets are seeded from the ledger: no spend counters to keep
+
+    def _changed(self) -> None:
+        """The runtime keys were reloaded: one INFO line when that opened or closed the gateway to requests
+        without a key (the first runtime key made, say; start-up and reloads say it themselves)."""
+        keys = self.keys
+        if keys is None:
+            return
+        now = keys.open
+        if self._open is not None and now != self._open:
+            log.info("runtime keys changed: %s", keys.describe())
+        self._open = now
 
     async def start(self) -> None:
         await self.ledger.start()

@@ -23,14 +23,22 @@ def clashes(cur: Cursor, yaml_names: list[str]) -> list[str]:
     return sorted(names & set(yaml_names))
 
 
-def prepare(loaded: LoadedConfig) -> None:
+def census(cur: Cursor) -> tuple[int, bool]:
+    """Runtime keys not revoked, and whether the ledger ever held one."""
+    live = int(cur.rows("SELECT count(*) FROM api_keys WHERE revoked_at IS NULL")[0][0])
+    return live, live > 0 or bool(cur.rows("SELECT 1 FROM api_keys LIMIT 1"))
+
+
+def prepare(loaded: LoadedConfig) -> tuple[int, bool]:
     """Migrate, refuse runtime keys named like YAML ones: a `ConfigError` line otherwise (the URL's form was
-    checked with the rest of the config, by `load_config`, as `check-config` checks it)."""
+    checked with the rest of the config, by `load_config`, as `check-config` checks it). The runtime keys
+    not revoked, and whether any was ever made (for the start-up line on keyless requests)."""
     db = Database(loaded.config.ledger.url)
     names = [k.name for k in loaded.config.keys]
     try:
         db.migrate()
         clash = db.transaction(lambda cur: clashes(cur, names))
+        found = db.transaction(census)
     except (LedgerDown, SchemaError) as exc:
         raise ConfigError(f"{loaded.source}: ledger: {exc}") from None
     finally:
@@ -41,3 +49,4 @@ def prepare(loaded: LoadedConfig) -> None:
             "(rename the YAML key or revoke the runtime one)"
         )
     log.info("ledger: %s at schema version %d", db.where, VERSION)
+    return found

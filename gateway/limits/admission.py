@@ -14,7 +14,7 @@ from typing import Any, Final
 import msgspec
 
 from gateway.config import LimitsConfig, LoadedConfig
-from gateway.limits.auth import ClientKey
+from gateway.limits.auth import ClientKey, fingerprint
 from gateway.limits.ratelimit import TOKEN_KINDS, Bucket, BucketState, Decision, Limiter, RedisDown
 from gateway.limits.tokens import reservation, warm
 from gateway.state import SharedState
@@ -29,10 +29,13 @@ _CALL_KINDS: Final = frozenset({"rps", "rpm"})
 SETTLE_S: Final = 0.05
 
 
-def buckets_of(scope: str, limits: LimitsConfig | None) -> list[Bucket]:
+def buckets_of(scope: str, limits: LimitsConfig | None, shared_as: str = "") -> list[Bucket]:
+    """`scope`'s buckets, named `scope` to clients and operators; `shared_as`: `Bucket.shared_as`."""
     if limits is None:
         return []
-    return [Bucket(scope, kind, getattr(limits, kind)) for kind in _KINDS if getattr(limits, kind) is not None]
+    return [
+        Bucket(scope, kind, getattr(limits, kind), shared_as) for kind in _KINDS if getattr(limits, kind) is not None
+    ]
 
 
 def duration(ms: int) -> str:
@@ -80,7 +83,13 @@ class Admission:
             shared, fail_open=cfg.redis.on_failure == "fail_open", lease_ttl_ms=cfg.redis.lease_ttl_ms
         )
         self.sleep = sleep
-        self.keys = {k.name: buckets_of(f"key:{k.name}", k.limits) for k in cfg.keys if k.limits}
+        # Per key identity (`ClientKey.ident`), never its name: another config's key may be named alike.
+        self.keys = {
+            ident: buckets_of(f"key:{k.name}", k.limits, f"key:{ident}")
+            for k in cfg.keys
+            if k.limits and k.key
+            for ident in (fingerprint(k.key.encode()),)
+        }
         self.models = {m.name: buckets_of(f"model:{m.name}", m.limits) for m in cfg.models if m.limits}
         self.providers = {n: buckets_of(f"provider:{n}", p.limits) for n, p in loaded.providers.items() if p.limits}
         self.deployments = {
@@ -118,7 +127,7 @@ class Admission:
     ) -> Ticket | None:
         """`free`: an answer the cache serves, which costs no upstream call: the key's and the alias's request
         rates still count it, their tokens and the provider's and deployment's quotas do not."""
-        buckets = list(self.keys.get(key.name) or key.buckets) if key is not None else []
+        buckets = list(self.keys.get(key.ident) or key.buckets) if key is not None else []
         buckets += self.models.get(req.model, ())
         direct = plan.single
         if free:
@@ -132,7 +141,7 @@ class Admission:
         prompt, tokens = self._tokens(req, buckets, first)
         # Only key and alias scopes configure a queue; a provider's quota must not cancel theirs.
         queues = [self.queue_ms[b.scope] for b in buckets if b.scope in self.queue_ms]
-        if key is not None and key.buckets and key.name not in self.keys:
+        if key is not None and key.buckets and key.ident not in self.keys:
             queues.append(key.queue_ms)  # a runtime key's own `limits.max_queue_ms`
         queue_ms = min(queues, default=0)
         waited = 0
@@ -155,7 +164,7 @@ class Admission:
 
     def counts_cached(self, key: ClientKey | None, model: str) -> bool:
         """Whether `admit(..., free=True)` has a bucket to charge: the key's or the alias's request rate."""
-        own = (self.keys.get(key.name) or key.buckets) if key is not None else ()
+        own = (self.keys.get(key.ident) or key.buckets) if key is not None else ()
         return any(b.kind not in TOKEN_KINDS for b in (*own, *self.models.get(model, ())))
 
     async def admit_route(self, route: Route, req: CompletionRequest, plan: Plan) -> Ticket | None:

@@ -3,6 +3,10 @@
 Keys are looked up by their SHA-256 digest and then compared with `hmac.compare_digest`, so a lookup's
 timing says nothing about how much of a wrong key was right. A key whose `${VAR}` is unset can never
 match, but still counts as configured: a missing secret must not turn the gateway open.
+
+A key is an identity, not a name (`ClientKey.ident`): a runtime key's id, or for a YAML key a fingerprint
+of its secret, so the cache's tenant scope and the ledger's rows tell apart two keys named alike (a YAML
+key and a later runtime key, or the keys of two differently configured gateways sharing one Redis).
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import hashlib
 import hmac
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import msgspec
 
@@ -23,6 +27,24 @@ if TYPE_CHECKING:
     # Not at run time: the CLI imports this module before Granian forks its workers, and gateway.ratelimit
     # imports gateway.ids, whose per-process id prefix must be drawn in each worker.
     from gateway.limits.ratelimit import Bucket
+
+
+_ID_SALT: Final = b"completions-gateway key id"
+# A slow derivation: the fingerprint is stored in the ledger and shown in reports, and a short YAML secret
+# must not be found from it by trying candidates at a hash's speed. About 4 ms a key, once per secret.
+_ID_ROUNDS: Final = 10_000
+_fingerprints: dict[bytes, str] = {}
+
+
+def fingerprint(secret: bytes) -> str:
+    """A YAML key's identity: `cfg_` and 16 hex digits derived from its secret (the secret cannot be read back)."""
+    found = _fingerprints.get(secret)
+    if found is None:
+        if len(_fingerprints) >= 4096:
+            _fingerprints.clear()
+        derived = hashlib.pbkdf2_hmac("sha256", secret, _ID_SALT, _ID_ROUNDS)
+        found = _fingerprints[secret] = "cfg_" + derived[:8].hex()
+    return found
 
 
 class ClientKey(msgspec.Struct, frozen=True):
@@ -37,36 +59,89 @@ class ClientKey(msgspec.Struct, frozen=True):
     buckets: tuple[Bucket, ...] = ()
     max_cost_per_month: float | None = None
     queue_ms: int = 0
+    # Who the key is (a runtime key's id, a YAML key's `fingerprint`): the cache's tenant scope and the
+    # ledger's `key_id`. Its team as configured now: a row is booked under the team of the moment it ran.
+    ident: str = ""
+    team: str | None = None
 
 
 class RuntimeKeys:
-    """The ledger's keys, shared by every pipeline of the process; `by_digest` is replaced whole on a change."""
+    """The ledger's keys, shared by every pipeline of the process; `by_digest` is replaced whole on a change.
+    `ever`: the ledger has held a runtime key (revoked or not), which keeps a gateway without YAML keys
+    closed under `keyless: auto`."""
 
     by_digest: dict[bytes, ClientKey] = {}
+    ever: bool = False
+
+
+def keyless_open(keyless: str, configured: bool, live: bool, ever: bool) -> bool:
+    """Whether requests without a key are served: no key in force (`configured`: YAML keys; `live`: runtime
+    keys), and `keyless` allows it (`auto`: while the ledger never held a runtime key, so revoking the last
+    one never opens the gateway)."""
+    if configured or live or keyless == "closed":
+        return False
+    return keyless == "open" or not ever
+
+
+OPEN_LINE: Final = "no client keys configured: the gateway is open to anyone who can reach it"
+
+
+def door(keyless: str, yaml_keys: int, runtime_keys: int | None, ever: bool) -> str:
+    """The log line saying whether the gateway serves requests without a key; `runtime_keys` None: no ledger."""
+    if keyless_open(keyless, bool(yaml_keys), bool(runtime_keys), ever):
+        return OPEN_LINE
+    found = f"{yaml_keys} in the config" + (
+        "" if runtime_keys is None else f", {runtime_keys} runtime key(s) in the ledger"
+    )
+    why = ""
+    if not yaml_keys and not runtime_keys:
+        why = " (keyless: closed)" if keyless == "closed" else " (the ledger has held runtime keys; keyless: auto)"
+    return f"client keys: {found}{why}: requests without a key are refused"
 
 
 class KeyRing:
     def __init__(self, loaded: LoadedConfig) -> None:
         self._by_digest: dict[bytes, ClientKey] = {}
         self.configured = bool(loaded.config.keys)
+        self.keyless = loaded.config.keyless
         self.runtime: RuntimeKeys | None = None  # set by the app when the ledger is on
         self.disabled: list[str] = []
+        self.daily: dict[str, float | None] = {k.name: k.max_cost_per_day for k in loaded.config.keys}
         for i, k in enumerate(loaded.config.keys):
             if loaded.missing_for(f"keys[{i}].key") or not k.key:
                 self.disabled.append(k.name)
                 continue
             secret = k.key.encode()
             digest = hashlib.sha256(secret).digest()
-            self._by_digest[digest] = ClientKey(k.name, secret, ModelGlobs(k.models), digest)
+            ident = fingerprint(secret)
+            self._by_digest[digest] = ClientKey(k.name, secret, ModelGlobs(k.models), digest, ident=ident, team=k.team)
 
     @property
     def open(self) -> bool:
-        return not self.configured and (self.runtime is None or not self.runtime.by_digest)
+        """Whether requests without a key are served (`keyless_open`)."""
+        runtime = self.runtime
+        live, ever = (bool(runtime.by_digest), runtime.ever) if runtime is not None else (False, False)
+        return keyless_open(self.keyless, self.configured, live, ever)
+
+    def roster(self) -> dict[str, float | None]:
+        """Every key in force by name (YAML keys, disabled ones too, and runtime keys), with its daily budget."""
+        out = dict(self.daily)
+        if self.runtime is not None:
+            for k in self.runtime.by_digest.values():
+                out.setdefault(k.name, k.max_cost_per_day)
+        return out
+
+    def describe(self) -> str:
+        """One line for the log: whether the gateway is open to requests without a key, and why."""
+        runtime = self.runtime
+        if runtime is None:
+            return door(self.keyless, len(self.daily), None, False)
+        return door(self.keyless, len(self.daily), len({k.ident for k in runtime.by_digest.values()}), runtime.ever)
 
     def authenticate(self, headers: Mapping[str, str]) -> ClientKey | None:
         """The calling key, or None when the gateway is open; raises 401 otherwise."""
         runtime = self.runtime
-        if not self.configured and (runtime is None or not runtime.by_digest):
+        if not self.configured and (runtime is None or not runtime.by_digest) and self.open:  # rare: no key in force
             return None
         presented = _presented_key(headers)
         if not presented:

@@ -17,15 +17,16 @@ import asyncio
 import calendar
 import os
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import redis.asyncio as aioredis
 
 from gateway.config import LoadedConfig, TeamConfig
 from gateway.limits.auth import ClientKey
+from gateway.limits.prices import Prices
 from gateway.limits.tokens import prompt_bound
-from gateway.limits.usage import PICO, Counters, Prices, UsageStore, budget_refusal, day_of, spend_key
+from gateway.limits.usage import PICO, Counters, UsageStore, budget_refusal, day_of, spend_key
 from gateway.ops.metrics import Record
 from gateway.state import Degraded, SharedState
 from gateway.upstream.plan import Plan
@@ -55,13 +56,29 @@ Seeder = Callable[["Budget"], Awaitable[int | None]]
 
 
 class Budget:
-    """One budget for one period: the counter's name, the limit, and how to say and seed it."""
+    """One budget for one period: the counter's name, the limit, and how to say and seed it. A key's budget
+    is counted per key identity (`ClientKey.ident`, column `key_id`), never per name, which a key of another
+    config sharing the Redis or the ledger may also hold; `legacy`: the name its rows were booked under
+    before rows named their key's identity, still counted."""
 
-    __slots__ = ("column", "counter", "first_day", "last_day", "limit_pico", "period", "who", "ttl_s", "whose")
+    __slots__ = (
+        "column",
+        "counter",
+        "first_day",
+        "last_day",
+        "legacy",
+        "limit_pico",
+        "period",
+        "who",
+        "ttl_s",
+        "whose",
+    )
 
-    def __init__(self, who: str, whose: str, column: str, period: str, first: str, last: str, usd_: float) -> None:
+    def __init__(
+        self, who: str, whose: str, column: str, period: str, first: str, last: str, usd_: float, legacy: str = ""
+    ) -> None:
         self.who, self.whose, self.column, self.period = who, whose, column, period
-        self.first_day, self.last_day = first, last
+        self.first_day, self.last_day, self.legacy = first, last, legacy
         self.counter = f"budget:{column}:{whose}:{first if period == 'daily' else first[:7]}"
         self.limit_pico = round(usd_ * PICO)
         self.ttl_s = _DAY_TTL_S if period == "daily" else _MONTH_TTL_S
@@ -122,7 +139,6 @@ class Budgets:
         loaded: LoadedConfig,
         counters: Counters,
         seed: Seeder,
-        team_of: Callable[[], Mapping[str, str]],
         *,
         fresh: bool = False,
         clock: Callable[[], float] = time.time,
@@ -134,7 +150,6 @@ class Budgets:
         # counters hold only reservations: without a ledger, the usage counters are what was spent.
         self.fresh = fresh
         self.clock = clock
-        self.team_of = team_of  # key name -> team, read at each request (runtime keys change it)
         self.key_day = {k.name: k.max_cost_per_day for k in cfg.keys if k.max_cost_per_day is not None}
         self.key_month = {k.name: k.max_cost_per_month for k in cfg.keys if k.max_cost_per_month is not None}
         self.teams: dict[str, TeamConfig] = dict(cfg.teams)
@@ -147,7 +162,7 @@ class Budgets:
 
     def applies(self, key: ClientKey) -> bool:
         name = key.name
-        team = self.teams.get(self.team_of().get(name, ""))
+        team = self.teams.get(key.team or "")  # the key's team now (a runtime key's changes with it)
         return (
             key.max_cost_per_day is not None
             or key.max_cost_per_month is not None
@@ -162,11 +177,11 @@ class Budgets:
         out = []
         per_day = self.key_day.get(name, key.max_cost_per_day)
         if per_day is not None:
-            out.append(Budget(f"Key '{name}'", name, "key_name", "daily", day, day, per_day))
+            out.append(Budget(f"Key '{name}'", key.ident, "key_id", "daily", day, day, per_day, name))
         per_month = self.key_month.get(name, key.max_cost_per_month)
         if per_month is not None:
-            out.append(Budget(f"Key '{name}'", name, "key_name", "monthly", first, last, per_month))
-        team_name = self.team_of().get(name, "")
+            out.append(Budget(f"Key '{name}'", key.ident, "key_id", "monthly", first, last, per_month, name))
+        team_name = key.team or ""
         team = self.teams.get(team_name)
         if team is not None:
             who = f"Team '{team_name}' (key '{name}')"
@@ -336,11 +351,11 @@ def usage_budgets(loaded: LoadedConfig, usage: UsageStore) -> Budgets:
     """The budgets of `loaded` without a ledger: seeded from the usage counters (Redis's, or this process's)."""
 
     async def seeded(b: Budget) -> int | None:
-        if b.column == "key_name" and b.period == "daily":
-            source = None  # the key's day is its usage hash
+        if b.column == "key_id" and b.period == "daily":
+            source = None  # the key's day is its identity's usage hash
         else:
             period = b.first_day if b.period == "daily" else b.first_day[:7]
-            source = spend_key(period, "key" if b.column == "key_name" else "team", b.whose)
+            source = spend_key(period, "key" if b.column == "key_id" else "team", b.whose)
         return (await usage.spent(b.whose, b.first_day, [source]))[0]
 
-    return Budgets(loaded, usage.counters, seeded, lambda: usage.team_of, fresh=True, clock=usage.clock)
+    return Budgets(loaded, usage.counters, seeded, fresh=True, clock=usage.clock)

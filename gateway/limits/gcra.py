@@ -27,10 +27,14 @@ class Bucket(msgspec.Struct, frozen=True):
     scope: str
     kind: Kind
     limit: int
+    # What names the bucket in shared state when the scope's name is not unique beyond this config: a key's
+    # identity (`key:<ClientKey.ident>`), so that same-named keys of two configs sharing a Redis never share
+    # a bucket, while replicas of one config (the same secret) do.
+    shared_as: str = ""
 
     @property
     def redis_key(self) -> str:
-        return "rl:{" + self.scope + "}:" + self.kind
+        return "rl:{" + (self.shared_as or self.scope) + "}:" + self.kind
 
     @property
     def period_ms(self) -> int:

@@ -2,17 +2,17 @@
 
 Every answered request is booked once, when it ends, in the background; cost is kept as integer
 picodollars so sums are exact across replicas. With Redis one hash per key and day, else process memory
-merged into Redis later. Without a ledger, budgets (gateway/limits/budgets.py) read the spend booked here
-and the request's reservation is settled as it is booked. Rows and storage: docs/operations.md.
+merged into Redis later. A key's counters are its identity's (`ClientKey.ident`), never its name's: a key
+of another config sharing the Redis may be named alike; reports show names. Without a ledger, budgets
+(gateway/limits/budgets.py) read the spend booked here and the request's reservation is settled as it is
+booked. Rows and storage: docs/operations.md.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import fnmatch
 import math
-import re
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Protocol, cast
@@ -20,7 +20,9 @@ from typing import Any, Final, Protocol, cast
 import msgspec
 import redis.asyncio as aioredis
 
-from gateway.config import LoadedConfig, PriceConfig
+from gateway.config import LoadedConfig
+from gateway.limits.auth import fingerprint
+from gateway.limits.prices import Prices
 from gateway.ops.metrics import Metrics, ModelLabels, Record
 from gateway.state import Degraded, SharedState
 from wire.errors import RateLimitError
@@ -30,8 +32,6 @@ TTL_S: Final = 40 * 86_400
 PICO: Final = 10**12  # picodollars per dollar
 _DAY_S: Final = 86_400
 _CACHE_LIMIT: Final = 4096
-_CACHED_CHARS: Final = 512  # longer (target, model) pairs are priced without being remembered
-_GLOB: Final = re.compile(r"[*?\[]")
 _KINDS: Final = ("requests", "prompt_tokens", "completion_tokens", "cost_pico", "cached")
 TOTAL: Final = "cost_pico"  # the key's whole-day spend, the field a budget check reads
 
@@ -86,37 +86,6 @@ def budget_refusal(who: str, period: str, limit_pico: int, spent: int, now: floa
         code="budget_exceeded",
         retry_after=wait,
     )
-
-
-class Prices:
-    """Price lookup: the served target (`provider/model[/deployment]`) and then the model the request
-    was booked under (an alias), each by exact key first; only then glob keys, in config order."""
-
-    def __init__(self, prices: Mapping[str, PriceConfig]) -> None:
-        self.exact = dict(prices)
-        self.globs = [(re.compile(fnmatch.translate(k)), p) for k, p in prices.items() if _GLOB.search(k)]
-        self._cache: dict[tuple[str, str], PriceConfig | None] = {}
-
-    def find(self, target: str, model: str) -> PriceConfig | None:
-        cache_key = (target, model)
-        if cache_key in self._cache:
-            return self._cache[cache_key]
-        found = self.exact.get(target) or self.exact.get(model)
-        if found is None:
-            found = next((p for pattern, p in self.globs for m in (target, model) if pattern.match(m)), None)
-        if len(target) + len(model) > _CACHED_CHARS:
-            return found  # the names are the client's: long ones would make the bounded cache large anyway
-        if len(self._cache) >= _CACHE_LIMIT:
-            self._cache.clear()
-        self._cache[cache_key] = found
-        return found
-
-    def cost_pico(self, target: str, model: str, prompt_tokens: int, completion_tokens: int) -> int:
-        price = self.find(target, model)
-        if price is None:
-            return 0
-        # USD per 1M tokens = 1e6 picodollars per token.
-        return round(prompt_tokens * price.prompt_per_1m * 1e6 + completion_tokens * price.completion_per_1m * 1e6)
 
 
 class ModelUsage(msgspec.Struct):
@@ -180,25 +149,26 @@ def _merge(into: dict[tuple[str, str], Fields], other: Mapping[tuple[str, str], 
 FLUSH_S = 0.5
 
 
-def redis_key(day: str, key: str) -> str:
-    return f"usage:{day}:{key}"
+def redis_key(day: str, ident: str) -> str:
+    return f"usage:{day}:{ident}"
 
 
 def index_key(day: str) -> str:
-    return f"usage:{day}"
+    """The day's keys: a hash of each booked key identity to its name (what reports show)."""
+    return f"usage-keys:{day}"
 
 
 def spend_key(period: str, kind: str, name: str) -> str:
-    """A period's spend counter (picodollars): `spend:2026-11:key:ci`, `spend:2026-11-27:team:red`."""
+    """A period's spend counter (picodollars): `spend:2026-11:key:<key identity>`, `spend:2026-11-27:team:red`."""
     return f"spend:{period}:{kind}:{name}"
 
 
-async def _write_per_slot(r: aioredis.Redis, batch: dict[tuple[str, str], Fields]) -> None:
+async def _write_per_slot(r: aioredis.Redis, batch: dict[tuple[str, str], Fields], names: Mapping[str, str]) -> None:
     """A Redis Cluster has no transaction across hash slots: the day indexes first (idempotent), then one
     MULTI per hash (one slot), each taken out of `batch` once written, so a failure keeps only the rest."""
     pipe = r.pipeline(transaction=False)
     for d, k in batch:
-        pipe.sadd(index_key(d), k)
+        pipe.hset(index_key(d), k, names.get(k, k))
         pipe.expire(index_key(d), TTL_S)
     await pipe.execute()
     for (d, k), f in list(batch.items()):
@@ -243,7 +213,9 @@ class UsageStore:
         self.budgets: dict[str, float] = {
             k.name: k.max_cost_per_day for k in cfg.keys if k.max_cost_per_day is not None
         }
-        self.key_names = [k.name for k in cfg.keys]
+        # This config's keys, by identity (a key whose secret is unset, which never books, by its name).
+        self.own = {fingerprint(k.key.encode()) if k.key else "-" + k.name: k.name for k in cfg.keys}
+        self.key_names = list(self.own.values())
         # Without a ledger, monthly and team budgets are checked against these counters, booked like the
         # day's usage (with the ledger, gateway/ledger/budgets.py reserves instead and `ledgered` is set).
         self.key_month = {k.name: k.max_cost_per_month for k in cfg.keys if k.max_cost_per_month is not None}
@@ -265,7 +237,8 @@ class UsageStore:
         # spend_key -> picodollars: without Redis the counters themselves, with it what has not reached it yet.
         # Shared with a reloaded config's store, like `local`.
         self.spend: dict[str, int] = {}
-        self._counters: dict[str, tuple[str, tuple[str, ...]]] = {}  # key -> (day, its counters that day)
+        self.names: dict[str, str] = {}  # per key identity booked in `local`: its name (shared like `local`)
+        self._counters: dict[str, tuple[str, tuple[str, ...]]] = {}  # ident -> (day, its counters that day)
         self._background: set[asyncio.Task[None]] = set()
         self.counters = Counters()  # without a ledger, the budgets' (gateway/limits/budgets.py)
         self._timer: asyncio.TimerHandle | None = None
@@ -283,6 +256,8 @@ class UsageStore:
         # In place: the budgets of this config already hold `self.counters`.
         self.counters.local, self.counters.background = previous.counters.local, previous.counters.background
         self.counters.owed = previous.counters.owed
+        previous.names.update(self.names)
+        self.names = previous.names
 
     def today(self) -> str:
         return day_of(self.clock())
@@ -298,6 +273,7 @@ class UsageStore:
         if not rec.provider or rec.failed:  # a failed request names the target that failed; none served it
             return
         key = rec.key or ANONYMOUS
+        ident = (rec.key_id or key) if rec.key is not None else ANONYMOUS
         prompt = rec.usage.prompt_tokens if rec.usage is not None else 0
         completion = rec.usage.completion_tokens if rec.usage is not None else 0
         # A cached answer cost no upstream tokens: booked as a request, with its stored usage, at cost 0.
@@ -323,10 +299,13 @@ class UsageStore:
                 self._names.clear()
             names = self._names[model] = tuple(f"{kind}:{model}" for kind in _KINDS)
         day = day_of(self.clock())
-        into = self.local.get((day, key))
+        into = self.local.get((day, ident))
         if into is None:
-            self._keep(day, key, {})  # a new day or key: yesterday's leftovers pruned first
-            into = self.local[(day, key)]
+            self._keep(day, ident, {})  # a new day or key: yesterday's leftovers pruned first
+            into = self.local[(day, ident)]
+            if len(self.names) >= _CACHE_LIMIT:
+                self.names.clear()
+            self.names[ident] = key
         # `_add` inlined, with the field names made once per model: this runs on every request.
         requests, prompt_tokens, completion_tokens, cost_pico, cached = names
         get = into.get
@@ -339,25 +318,25 @@ class UsageStore:
             into[cached] = get(cached, 0) + 1
         if pico and rec.key is not None and not self.ledgered:
             spend = self.spend
-            for counter in self._spend_counters(rec.key, day):
+            for counter in self._spend_counters(rec.key, ident, day):
                 spend[counter] = spend.get(counter, 0) + pico
         if self.shared.client is not None and self._timer is None:
             # Bookings gather here and reach Redis in one transaction every FLUSH_S: a round trip per
             # request cost a saturated worker about 15 % of its time. Reads add what is still waiting.
             self._timer = asyncio.get_running_loop().call_later(FLUSH_S, self._flush_soon)
 
-    def _spend_counters(self, key: str, day: str) -> tuple[str, ...]:
-        """The counters a booking of `key` adds to: its month, and its team's day and month (whether or not
-        a budget is set now, so one a reload sets later counts what was spent before it)."""
-        known = self._counters.get(key)
+    def _spend_counters(self, key: str, ident: str, day: str) -> tuple[str, ...]:
+        """The counters a booking of `key` (identity `ident`) adds to: its month, and its team's day and month
+        (whether or not a budget is set now, so one a reload sets later counts what was spent before it)."""
+        known = self._counters.get(ident)
         if known is not None and known[0] == day:
             return known[1]
         month = day[:7]
         team = self.team_of.get(key)
-        counters: tuple[str, ...] = (spend_key(month, "key", key),)
+        counters: tuple[str, ...] = (spend_key(month, "key", ident),)
         if team is not None:
             counters += (spend_key(day, "team", team), spend_key(month, "team", team))
-        self._counters[key] = (day, counters)
+        self._counters[ident] = (day, counters)
         # A new day: counters of past periods no longer decide anything.
         for stale in [c for c in self.spend if c.split(":", 2)[1] not in (day, month)]:
             del self.spend[stale]
@@ -384,10 +363,11 @@ class UsageStore:
         self.local.clear()
         spend = dict(self.spend)
         self.spend.clear()
+        names = dict(self.names)
 
         async def write(r: aioredis.Redis) -> None:
             if self.shared.cluster:
-                await _write_per_slot(r, batch)
+                await _write_per_slot(r, batch, names)
                 for name, pico in list(spend.items()):  # one key each: atomic on its own
                     tx = r.pipeline(transaction=True)
                     tx.incrby(name, pico)
@@ -401,7 +381,7 @@ class UsageStore:
                     if value:
                         pipe.hincrby(redis_key(d, k), name, value)
                 pipe.expire(redis_key(d, k), TTL_S)
-                pipe.sadd(index_key(d), k)
+                pipe.hset(index_key(d), k, names.get(k, k))
                 pipe.expire(index_key(d), TTL_S)
             for name, pico in spend.items():
                 pipe.incrby(name, pico)
@@ -427,45 +407,56 @@ class UsageStore:
 
     # ---------------------------------------------------------------------------------------- reading
 
-    async def spent_pico(self, key: str, day: str) -> int:
-        """What `key` has spent on `day`, in picodollars: one HGET (plus anything not yet in Redis)."""
-        waiting = self.local.get((day, key), {}).get(TOTAL, 0)
+    async def spent_pico(self, ident: str, day: str) -> int:
+        """What the key `ident` has spent on `day`, in picodollars: one HGET (plus anything not yet in Redis)."""
+        waiting = self.local.get((day, ident), {}).get(TOTAL, 0)
         if self.shared.client is None:
             return waiting
         try:
-            raw = await self.shared.run(lambda r: r.hget(redis_key(day, key), TOTAL))
+            raw = await self.shared.run(lambda r: r.hget(redis_key(day, ident), TOTAL))
         except Degraded:
             return waiting
         return int(raw or 0) + waiting
 
     async def report(self, day: str) -> DayUsage:
-        """Every key's usage on `day`: configured keys (zero when unused) and any other key booked that day."""
-        merged: dict[str, Fields] = {name: {} for name in self.key_names}
+        """Every key's usage on `day` by name: configured keys (zero when unused) and any other key booked that
+        day; a key named like one listed before it (another config's, sharing the Redis) as `name (identity)`."""
+        merged: dict[str, Fields] = {ident: {} for ident in self.own}
+        names = dict(self.own)
         if self.shared.client is not None:
 
-            async def read(r: aioredis.Redis) -> dict[str, Fields]:
-                names = sorted(n.decode() if isinstance(n, bytes) else n for n in await r.smembers(index_key(day)))
+            async def read(r: aioredis.Redis) -> tuple[dict[Any, Any], list[dict[Any, Any]]]:
+                index = await r.hgetall(index_key(day))
                 pipe = r.pipeline(transaction=False)
-                for name in names:
-                    pipe.hgetall(redis_key(day, name))
-                hashes = await pipe.execute()
-                return {n: {k.decode(): int(v) for k, v in h.items()} for n, h in zip(names, hashes, strict=True)}
+                for ident in index:
+                    pipe.hgetall(redis_key(day, _text(ident)))
+                return index, await pipe.execute()
 
             try:
-                for name, fields in (await self.shared.run(read)).items():
-                    _add(merged.setdefault(name, {}), fields)
+                index, hashes = await self.shared.run(read)
+                for (ident, name), fields in zip(index.items(), hashes, strict=True):
+                    names.setdefault(_text(ident), _text(name))
+                    _add(merged.setdefault(_text(ident), {}), {_text(k): int(v) for k, v in fields.items()})
             except Degraded:
                 pass
-        for (d, name), fields in self.local.items():
+        for (d, ident), fields in self.local.items():
             if d == day:
-                _add(merged.setdefault(name, {}), fields)
-        return DayUsage(day=day, keys={n: _summarize(f, self.budgets.get(n)) for n, f in merged.items()})
+                names.setdefault(ident, self.names.get(ident, ident))
+                _add(merged.setdefault(ident, {}), fields)
+        keys: dict[str, KeyUsage] = {}
+        for ident in sorted(merged, key=lambda i: (i not in self.own, names[i], i)):
+            name = names[ident]
+            budget = self.budgets.get(name) if ident in self.own else None
+            keys[name if name not in keys else f"{name} ({ident})"] = _summarize(merged[ident], budget)
+        return DayUsage(day=day, keys=keys)
 
     # ---------------------------------------------------------------------------------------- budgets
 
-    async def spent(self, key: str, day: str, sources: list[str | None]) -> list[int]:
+    async def spent(self, ident: str, day: str, sources: list[str | None]) -> list[int]:
         """Each source's spend: Redis's (one round trip) plus what this process has not written there yet."""
-        waiting = [self.local.get((day, key), {}).get(TOTAL, 0) if s is None else self.spend.get(s, 0) for s in sources]
+        waiting = [
+            self.local.get((day, ident), {}).get(TOTAL, 0) if s is None else self.spend.get(s, 0) for s in sources
+        ]
         if self.shared.client is None:
             return waiting
 
@@ -473,7 +464,7 @@ class UsageStore:
             pipe = r.pipeline(transaction=False)  # a Cluster sends each key to its node
             for s in sources:
                 if s is None:
-                    pipe.hget(redis_key(day, key), TOTAL)
+                    pipe.hget(redis_key(day, ident), TOTAL)
                 else:
                     pipe.get(s)
             out: list[bytes | str | None] = await pipe.execute()
@@ -484,3 +475,7 @@ class UsageStore:
         except Degraded:
             return waiting
         return [int(v or 0) + w for v, w in zip(stored, waiting, strict=True)]
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -93,6 +93,9 @@ class Record(msgspec.Struct):
     request_id: str
     dialect: str
     key: str | None = None
+    # The key's identity (`ClientKey.ident`) and its team when the request ran: what the ledger books.
+    key_id: str = ""
+    team: str = ""
     model: str = "unknown"
     # The target that served the request or, when none did, the last one that failed (then `failed` is set).
     provider: str = ""

@@ -176,7 +176,7 @@ class Pipeline:
             return key, req, None, _LATER  # budgets are checked before the cache is looked at
         plan = self.router.plan(req.model)
         self._refine(req, plan, rec)
-        cached = self.cache.lookup(req, rec.key, headers, rec, plan)  # type: ignore[union-attr]  # the endpoint checked
+        cached = self.cache.lookup(req, rec.key_id, headers, rec, plan)  # type: ignore[union-attr]  # the endpoint checked
         if type(cached) is Lookup and cached.entry is not None:
             admission = self.admission
             if not (
@@ -224,7 +224,8 @@ class Pipeline:
     ) -> tuple[ClientKey | None, CompletionRequest]:
         """Who asks, and for what: authenticated, decoded, normalized and authorized."""
         key = self.keys.authenticate(headers)
-        rec.key = key.name if key is not None else None
+        if key is not None:
+            rec.key, rec.key_id, rec.team = key.name, key.ident, key.team or ""
         try:
             req = decode_request(raw)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -277,7 +278,7 @@ class Pipeline:
             cached = looked
             if type(cached) is not Lookup:  # one test for the common case, a lookup `early` settled
                 if cached is _LATER:
-                    cached = self.cache.lookup(req, rec.key, headers, rec, plan)
+                    cached = self.cache.lookup(req, rec.key_id, headers, rec, plan)
                 if cached is not None and not isinstance(cached, Lookup):
                     cached = await cached  # a Redis read, or the identical request in flight waited for
             ticket = None

@@ -31,8 +31,9 @@ def records() -> list[tuple[Record, float, float]]:
     out: list[tuple[Record, float, float]] = []
     served = functools.partial(Record, model="fast", provider="demo", target="demo/long", attempts=1)
     usage = Usage(prompt_tokens=3, completion_tokens=7, total_tokens=10)
+    alice: dict[str, Any] = {"key": "alice", "key_id": "cfg_a1", "team": "blue"}
     for i in range(30):
-        rec = served(request_id=f"req-{i}", dialect="openai", key="alice", usage=usage, upstream_s=0.25)
+        rec = served(request_id=f"req-{i}", dialect="openai", usage=usage, upstream_s=0.25, **alice)
         rec.cost_pico = 17 * 10**9 + i
         out.append((rec, 0.5 + i / 1000, DAY_END - 1.5 + i / 10))  # the last ten end on the next day
     for i in range(70):  # enough of one kind for SQLite's statements of 50 rows, then of 8, then of one
@@ -49,7 +50,7 @@ def records() -> list[tuple[Record, float, float]]:
     for i in range(10):  # refused before any call: no target, no provider, no time to a first byte
         rec = Record(request_id=f"anon-{i}", dialect="pais", status=401, error_code="invalid_api_key", upstream_s=0.1)
         out.append((rec, 0.002, DAY_END))
-    rec = served(request_id="cached", dialect="openai", key="alice", usage=usage, cached=True)
+    rec = served(request_id="cached", dialect="openai", usage=usage, cached=True, **alice)
     rec.cache_outcome = "hit"
     out.append((rec, 0.003, DAY_END - 1))
     return out
@@ -65,7 +66,7 @@ def book_both(url_batch: str, url_rows: str, expected: int) -> None:
             recs = [r for r in recs if "\0" not in r[0].model]
         null = None if db.postgres else 0
         queue = deque(pending(rec, elapsed, ended, null) for rec, elapsed, ended in recs)
-        batch = take(queue, {"alice": "blue"}, "p", itertools.count(1))
+        batch = take(queue, "p", itertools.count(1))
         if as_rows:  # replayed: plain rows, looked up first
             assert db.transaction(functools.partial(commit, rows=batch.full(), db=db)) == expected
         else:
@@ -86,9 +87,13 @@ def test_a_batch_books_what_its_rows_would_sqlite(tmp_path: Path) -> None:
     rows, rolled = totals(a)
     assert rows == rolled and rows[0] == 132
     one = query(
-        a, "SELECT day, key_name, team, ttfb_ms, latency_ms, cost_pico FROM requests WHERE request_id = 'req-0'"
+        a, "SELECT day, key_name, key_id, team, ttfb_ms, latency_ms, cost_pico FROM requests WHERE request_id = 'req-0'"
     )
-    assert one == [("2026-11-27", "alice", "blue", 250.0, 500.0, 17 * 10**9)]
+    assert one == [("2026-11-27", "alice", "cfg_a1", "blue", 250.0, 500.0, 17 * 10**9)]
+    # The rollups keep the key's identity and count the cache's answers.
+    assert query(
+        a, "SELECT key_id, sum(requests), sum(cached) FROM daily WHERE key_name = 'alice' GROUP BY key_id"
+    ) == [("cfg_a1", 31, 1)]
     assert query(a, "SELECT count(*) FROM requests WHERE day = '2026-11-28'") == [(10,)]
     quoted = query(a, "SELECT key_name, stream, prompt, completion, cache FROM requests WHERE request_id LIKE 'q-%'")
     assert ("o'brien", 1, "0", "", "miss") in quoted and ("o'brien", 1, "say 'hi' 3", None, "miss") in quoted
@@ -108,9 +113,10 @@ def test_a_batch_books_what_its_rows_would_postgres(pg: PostgresServer) -> None:
     assert everything(a) == everything(b)
     rows, rolled = totals(a)
     assert rows == rolled and rows[0] == 123
-    assert query(a, "SELECT key_name, team, ttfb_ms, stream FROM requests WHERE request_id = 'req-0'") == [
-        ("alice", "blue", 250.0, 0)
+    assert query(a, "SELECT key_name, key_id, team, ttfb_ms, stream FROM requests WHERE request_id = 'req-0'") == [
+        ("alice", "cfg_a1", "blue", 250.0, 0)
     ]
+    assert query(a, "SELECT sum(cached) FROM daily WHERE key_name = 'alice'") == [(1,)]
     assert query(a, "SELECT count(*) FROM requests WHERE day = '2026-11-28'") == [(10,)]
     assert query(a, "SELECT key_name, prompt, completion FROM requests WHERE request_id = 'q-0'") == [
         ("o'brien", "0", "")
@@ -121,7 +127,7 @@ def test_a_replayed_batch_books_nothing_twice(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     db = Database(url)
     db.migrate()
-    batch = take(deque(pending(*r, 0) for r in records()), {}, "p", itertools.count(1))
+    batch = take(deque(pending(*r, 0) for r in records()), "p", itertools.count(1))
     assert db.transaction(functools.partial(commit_batch, batch=batch, db=db)) == 132
     assert db.transaction(functools.partial(commit, rows=batch.full(), db=db)) == 0
     db.close()
@@ -142,7 +148,7 @@ def test_many_kinds_of_rows_share_a_dozen_statements(tmp_path: Path) -> None:
         for i in range(9)
     ]
     queue = deque(pending(rec, 0.5, DAY_END - 10, 0) for rec in recs)
-    batch = take(queue, {}, "p", itertools.count(1))
+    batch = take(queue, "p", itertools.count(1))
     assert len(batch.entries) == 200
     assert db.transaction(functools.partial(commit_batch, batch=batch, db=db)) == 1800
     db.close()

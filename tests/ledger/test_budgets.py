@@ -9,6 +9,7 @@ all arrive before any has ended.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
@@ -118,3 +119,26 @@ def test_a_team_budget_is_shared_by_its_keys(tmp_path: Path) -> None:
         "Team 'blue' (key 'capped') has reached its monthly budget of $0.03 ($0.034 spent this month, UTC); "
         "requests resume at "
     ), message
+
+
+def test_a_keys_budget_counts_its_identity_and_its_rows_from_before_identities(tmp_path: Path) -> None:
+    """Rebuilt from the rollups, a key's budget counts its own identity's rows and the rows booked under its
+    name before rows named an identity (`key_id` ''), never those of another key named alike."""
+    path, url = write(tmp_path)
+    with GatewayThread(path, ENV):
+        pass  # the ledger's schema, made at start-up
+    day = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
+    insert = (
+        "INSERT INTO daily (day, key_name, key_id, team, model, target, requests, errors, prompt_tokens,"
+        " completion_tokens, cost_pico, cached) VALUES ('{day}', 'capped', '{ident}', 'blue', 'demo/long',"
+        " 'demo/long', 1, 0, 0, 0, {pico}, 0)"
+    )
+    query(url, insert.format(day=day, ident="", pico=4 * 10**10))  # $0.04 before the upgrade
+    query(url, insert.format(day=day, ident="cfg_0000000000000000", pico=10**12))  # another 'capped': $1
+    with GatewayThread(path, ENV) as gw, client(gw.url, KEY) as c:
+        # $0.04 committed is under $0.05: one more request is admitted, the next refused.
+        assert c.post("/v1/completions", json=body(model=SLOW)).status_code == 200
+        wait_until(lambda: not gw.pipeline.budgets.counters.background)  # settled
+        refused = c.post("/v1/completions", json=body(model=SLOW))
+    assert refused.status_code == 429
+    assert "($0.057 spent today, UTC)" in refused.json()["error"]["message"]

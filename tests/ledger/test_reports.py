@@ -95,8 +95,8 @@ def test_usage_over_a_range(tmp_path: Path) -> None:
     assert by_team["totals"]["requests"] == 6 and by_team["totals"]["cost"] == 6 * cost
     assert csv.headers["content-type"].startswith("text/csv")
     assert csv.text == (
-        "day,key,requests,errors,prompt_tokens,completion_tokens,cost\n"
-        f"{days[1]},alice,1,0,3,7,{cost}\n{days[1]},bob,1,0,3,7,{cost}\n"
+        "day,key,key_id,requests,errors,prompt_tokens,completion_tokens,cost\n"
+        f"{days[1]},alice,,1,0,3,7,{cost}\n{days[1]},bob,,1,0,3,7,{cost}\n"
     )
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "by"
     assert backwards.status_code == 400 and backwards.json()["error"]["param"] == "to"

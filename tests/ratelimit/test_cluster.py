@@ -18,6 +18,7 @@ import pytest
 from gateway.limits.ratelimit import Bucket, Limiter
 from gateway.state import SharedState
 from tests.helpers.clients import body, client
+from tests.helpers.identity import bucket, month_spend, usage
 from tests.helpers.redis import Cluster, load_through
 from tests.helpers.servers import serve_config
 from tests.helpers.waiting import wait_until
@@ -68,9 +69,9 @@ def test_limits_cooldowns_and_usage_live_on_the_cluster(cluster: Cluster, tmp_pa
             # Cooldowns are per-target keys (`gw:{target}:...`): a 500 from the upstream cools the target.
             assert c.post("/v1/completions", json=body("demo/error-500")).status_code == 502
     with cluster.client() as r:
-        assert r.exists("{rl}rl:{key:four}:rpm") and r.exists("{rl}rl:{provider:demo}:rpm")
+        assert r.exists("{rl}" + bucket("k-four", "rpm")) and r.exists("{rl}rl:{provider:demo}:rpm")
         day = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
-        assert int(r.hget(f"usage:{day}:four", "requests:demo/other") or 0) == 4
+        assert int(r.hget(usage(day, "k-four"), "requests:demo/other") or 0) == 4
         assert any(b"demo/error-500" in k for k in r.scan_iter(match="gw:*", target_nodes="all"))
 
 
@@ -199,5 +200,5 @@ def test_monthly_and_team_spend_counters_live_on_the_cluster(cluster: Cluster, t
     assert refused.startswith(f"Key '{name}' has reached its monthly budget of $0.03 ($0.034 spent this month")
     day = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
     with cluster.client() as r:
-        assert int(r.get(f"spend:{day[:7]}:key:{name}") or 0) == 34 * 10**9
+        assert int(r.get(month_spend(day[:7], "k-capped")) or 0) == 34 * 10**9
         assert int(r.get(f"spend:{day}:team:ops") or 0) >= 34 * 10**9

@@ -19,6 +19,7 @@ import pytest
 from aiohttp import web
 
 from tests.helpers.clients import body, client, limit_headers, parse_duration
+from tests.helpers.identity import bucket
 from tests.helpers.redis import RedisServer
 from tests.helpers.servers import GatewayThread, serve_config
 from tests.helpers.upstreams import Handler, Received, Upstream
@@ -175,7 +176,7 @@ def test_request_that_can_never_fit_is_400_in_each_dialect(g: GatewayThread) -> 
 
 
 def test_unused_reservation_is_returned(g: GatewayThread, rds: RedisServer) -> None:
-    key = "rl:{key:tok}:tpd"
+    key = bucket("k-tok", "tpd")
     resp = post(g, "k-tok", body("demo/text", max_tokens=200))
     assert resp.status_code == 200
     # Reserved 3 + 200 up front...
@@ -202,7 +203,7 @@ def _stream_and_hang_up(gw: GatewayThread, key: str, payload: dict[str, Any], ke
 
 
 def test_cancelled_stream_is_charged_prompt_plus_chunks_received(g: GatewayThread, rds: RedisServer) -> None:
-    key = "rl:{key:tok}:tpd"
+    key = bucket("k-tok", "tpd")
     payload = body("demo/drip-50ms", prompt_words=3, max_tokens=40, stream=True)
     got = _stream_and_hang_up(g, "k-tok", payload, keep=3)
     assert len(got) == 3
@@ -218,7 +219,7 @@ def test_finished_stream_is_charged_its_usage(g: GatewayThread, rds: RedisServer
     assert resp.status_code == 200 and resp.text.endswith("data: [DONE]\n\n")
     chunks = [line for line in resp.text.split("\n\n") if line.startswith('data: {"object"')]
     # Without include_usage the client sees no usage, but the gateway still settles on it: 3 + the words.
-    wait_until(lambda: units(rds, "rl:{key:tok}:tpd") == 3 + len(chunks))
+    wait_until(lambda: units(rds, bucket("k-tok", "tpd")) == 3 + len(chunks))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -237,7 +238,7 @@ def test_concurrent_limit_and_lease_release(g: GatewayThread, rds: RedisServer) 
     assert refused.headers["retry-after"] == "1"
     # Both answers released their slots.
     with rds.client() as r:
-        wait_until(lambda: r.zcard("rl:{key:slots}:concurrent") == 0)
+        wait_until(lambda: r.zcard(bucket("k-slots", "concurrent")) == 0)
     assert post(g, "k-slots", body("demo/long")).status_code == 200
 
 
@@ -444,7 +445,7 @@ def test_in_process_limits_are_exact(tmp_path: Path) -> None:
             8640 - 10 * k for k in range(5, 0, -1)
         ]
         local = gwt.pipeline.admission.limiter.local
-        assert local.tat["rl:{key:burst}:tpd"][1] == 50
+        assert local.tat[bucket("k-burst", "tpd")][1] == 50
 
         def slow(i: int) -> httpx.Response:
             return post(gwt, "k-slots", body("demo/slow-400ms"))
@@ -452,5 +453,5 @@ def test_in_process_limits_are_exact(tmp_path: Path) -> None:
         with ThreadPoolExecutor(6) as pool:
             slowed = list(pool.map(slow, range(6)))
         assert sorted(r.status_code for r in slowed) == [200] * 3 + [429] * 3
-        wait_until(lambda: len(local.leases.get("rl:{key:slots}:concurrent", {})) == 0)
+        wait_until(lambda: len(local.leases.get(bucket("k-slots", "concurrent"), {})) == 0)
         assert post(gwt, "k-slots", body("demo/long")).status_code == 200

@@ -19,11 +19,12 @@ import httpx
 import pytest
 
 from tests.helpers.faults import CHUNKS, FaultServer, stream
+from tests.helpers.identity import bucket
 from tests.helpers.redis import RedisServer
 from tests.helpers.servers import serve_config
 from tests.helpers.waiting import wait_until
 
-KEY = "rl:{key:one}:concurrent"
+KEY = bucket("k-one", "concurrent")
 INFLIGHT = "gw:{up/davinci-002}:in"  # the target's in-flight count, shared by every replica
 TTL_MS = 1_000
 BODY = {"model": "busy", "prompt": "Say this is a test", "max_tokens": 7, "stream": True}

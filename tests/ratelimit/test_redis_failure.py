@@ -16,6 +16,7 @@ import httpx
 
 from gateway.limits.ratelimit import SCRIPT
 from tests.helpers.clients import body, client
+from tests.helpers.identity import bucket
 from tests.helpers.redis import RedisServer
 from tests.helpers.servers import GatewayThread, serve_config
 from tests.helpers.waiting import wait_until
@@ -66,7 +67,7 @@ def script_loaded(server: RedisServer) -> bool:
 
 def bucket_exists(server: RedisServer) -> bool:
     with server.client() as r:
-        return bool(r.exists("rl:{key:four}:rpm"))
+        return bool(r.exists(bucket("k-four", "rpm")))
 
 
 class Background:

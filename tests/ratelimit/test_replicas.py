@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from tests.helpers.clients import body, parse_duration
+from tests.helpers.identity import bucket
 from tests.helpers.redis import RedisServer
 from tests.helpers.servers import GatewayProcess, cli_env
 
@@ -147,7 +148,7 @@ async def test_tokens_per_minute_hold_exactly_across_replicas(gws: list[GatewayP
     # Settling found nothing to return: the bucket's TAT (stored as "<ms>:<units>", TAT = ms + units x
     # 200 ms) is exactly 10 tokens x 200 ms per admitted request after the first admission.
     with redis3.client() as r:
-        raw = r.get("rl:{key:tok}:tpm")
+        raw = r.get(bucket("k-tok", "tpm"))
     assert raw is not None
     base, units = (int(x) for x in raw.split(":"))
     assert start <= base + units * 200 - len(ok) * 10 * 200 <= start + elapsed
@@ -162,8 +163,8 @@ async def test_concurrency_holds_exactly_across_replicas(gws: list[GatewayProces
     with redis3.client() as r:
         # Every admitted request gave its slot back when it answered.
         deadline = time.monotonic() + 5
-        while r.zcard("rl:{key:slots}:concurrent") and time.monotonic() < deadline:
+        while r.zcard(bucket("k-slots", "concurrent")) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        assert r.zcard("rl:{key:slots}:concurrent") == 0
+        assert r.zcard(bucket("k-slots", "concurrent")) == 0
     again = await drive([g.url for g in gws], "k-slots", body("demo/long"), 3)
     assert [r.status_code for r in again] == [200] * 3

@@ -17,6 +17,7 @@ import redis
 from gateway.limits.ratelimit import Bucket, Limiter
 from gateway.state import SharedState
 from tests.helpers.clients import body, client
+from tests.helpers.identity import bucket, usage
 from tests.helpers.redis import Sentinels, load_through
 from tests.helpers.servers import serve_config
 
@@ -50,8 +51,8 @@ providers:
         assert codes == [200, 200, 200, 429]
     day = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
     with master(sentinels) as r:
-        assert r.exists("rl:{key:three}:rpm")
-        assert int(r.hget(f"usage:{day}:three", "requests:demo/other") or 0) == 3
+        assert r.exists(bucket("k-three", "rpm"))
+        assert int(r.hget(usage(day, "k-three"), "requests:demo/other") or 0) == 3
 
 
 @pytest.mark.parametrize("fail_open", [True, False])

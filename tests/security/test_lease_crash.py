@@ -12,11 +12,12 @@ import httpx
 
 from gateway.limits.ratelimit import LEASE_TTL_MS
 from tests.helpers.faults import FaultServer, slow
+from tests.helpers.identity import bucket
 from tests.helpers.redis import RedisServer
 from tests.helpers.servers import GatewayProcess, cli_env
 from tests.helpers.waiting import wait_until
 
-KEY = "rl:{key:lim}:concurrent"
+KEY = bucket("k-lim", "concurrent")
 
 
 def test_a_killed_worker_holds_its_lease_for_at_most_the_lease_ttl(

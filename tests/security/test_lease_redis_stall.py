@@ -26,12 +26,13 @@ import pytest
 
 from tests.helpers.clients import client
 from tests.helpers.faults import FaultServer, good, slow
+from tests.helpers.identity import bucket
 from tests.helpers.redis import RedisServer
 from tests.helpers.servers import GatewayThread, serve_config
 from tests.helpers.waiting import wait_until
 
 MODEL = "davinci-002"
-KEY = "rl:{key:lim}:concurrent"
+KEY = bucket("k-lim", "concurrent")
 
 
 def config(redis: RedisServer, faults: FaultServer, mode: str, limit: int, targets: tuple[str, ...]) -> str:

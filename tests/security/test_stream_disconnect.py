@@ -20,11 +20,12 @@ import httpx
 from aiohttp import web
 
 from tests.helpers.faults import CHUNKS, FaultServer, Hit
+from tests.helpers.identity import bucket
 from tests.helpers.redis import RedisServer
 from tests.helpers.servers import serve_config
 from tests.helpers.waiting import wait_until
 
-KEY = "rl:{key:one}:concurrent"
+KEY = bucket("k-one", "concurrent")
 REPEATS = 12
 
 

@@ -10,9 +10,10 @@ from types import SimpleNamespace
 import pytest
 
 from gateway.config import ConfigError, PriceConfig, load_config, parse_config
-from gateway.limits.auth import KeyRing
+from gateway.limits.auth import KeyRing, fingerprint
 from gateway.limits.budgets import usage_budgets
-from gateway.limits.usage import ANONYMOUS, PICO, Prices, UsageStore, day_of, to_midnight
+from gateway.limits.prices import Prices
+from gateway.limits.usage import ANONYMOUS, PICO, UsageStore, day_of, to_midnight
 from gateway.ops.metrics import Metrics, ModelLabels, Record
 from gateway.ops.reload import Reloader
 from gateway.path.pipeline import Pipeline
@@ -49,10 +50,24 @@ class Clock:
         return self.now
 
 
+def ident(key: str) -> str:
+    """The identity CONFIG's key `key` is booked under (its secret is `k-<name>`)."""
+    return fingerprint(f"k-{key}".encode())
+
+
 def rec(key: str | None, model: str, target: str, prompt: int | None, completion: int = 0) -> Record:
     usage = None if prompt is None else Usage(prompt, completion, prompt + completion)
     provider = target.partition("/")[0]
-    return Record(request_id="r", dialect="openai", key=key, model=model, provider=provider, target=target, usage=usage)
+    return Record(
+        request_id="r",
+        dialect="openai",
+        key=key,
+        key_id=ident(key) if key is not None else "",
+        model=model,
+        provider=provider,
+        target=target,
+        usage=usage,
+    )
 
 
 async def admit(s: UsageStore, key: str) -> None:
@@ -194,9 +209,11 @@ async def test_redis_booking_is_one_hash_per_key_and_day(
     s.book(rec("team", "fast", "demo/text", 5, 10))
     await s.drain()
     with rds.client() as r:
-        fields = r.hgetall(f"usage:{DAY0}:team")
-        assert r.smembers(f"usage:{DAY0}") == {"team"}
-        ttl = r.ttl(f"usage:{DAY0}:team")
+        # Stored under the key's identity, never its name; the day's index names it.
+        fields = r.hgetall(f"usage:{DAY0}:{ident('team')}")
+        assert not r.exists(f"usage:{DAY0}:team")
+        assert r.hgetall(f"usage-keys:{DAY0}") == {ident("team"): "team"}
+        ttl = r.ttl(f"usage:{DAY0}:{ident('team')}")
     assert fields == {
         "requests:demo/long": "1",
         "prompt_tokens:demo/long": "3",
@@ -210,7 +227,7 @@ async def test_redis_booking_is_one_hash_per_key_and_day(
     }
     assert 39 * 86_400 < ttl <= 40 * 86_400
     assert s.local == {}
-    assert await s.spent_pico("team", DAY0) == 17 * 10**9 + 250 * 10**6
+    assert await s.spent_pico(ident("team"), DAY0) == 17 * 10**9 + 250 * 10**6
 
 
 async def test_redis_outage_books_locally_and_flushes_when_it_returns(
@@ -224,12 +241,12 @@ async def test_redis_outage_books_locally_and_flushes_when_it_returns(
         s.book(rec("team", "demo/long", "demo/long", 3, 7))
         await s.drain()
         assert s.shared.degraded
-        assert s.local[(DAY0, "team")]["requests:demo/long"] == 1  # kept in process, not lost
+        assert s.local[(DAY0, ident("team"))]["requests:demo/long"] == 1  # kept in process, not lost
         s.book(rec("team", "demo/long", "demo/long", 3, 7))
         s.book(rec("team", "demo/long", "demo/long", 3, 7))
         await s.drain()
         # While Redis is away a budget sees only what this process booked meanwhile: here $0.051, over $0.05.
-        assert await s.spent_pico("team", DAY0) == 3 * 17 * 10**9
+        assert await s.spent_pico(ident("team"), DAY0) == 3 * 17 * 10**9
         with pytest.raises(RateLimitError):
             await admit(s, "team")
     finally:
@@ -241,8 +258,8 @@ async def test_redis_outage_books_locally_and_flushes_when_it_returns(
     # The restarted redis-server (no persistence) forgot the booking made before the outage; the three booked
     # during it went along with the next booking that reached Redis.
     with rds.client() as r:
-        assert r.hget(f"usage:{DAY0}:team", "requests:demo/long") == "3"
-        assert r.hget(f"usage:{DAY0}:free", "requests:demo/text") == "1"
+        assert r.hget(f"usage:{DAY0}:{ident('team')}", "requests:demo/long") == "3"
+        assert r.hget(f"usage:{DAY0}:{ident('free')}", "requests:demo/text") == "1"
     report = await s.report(DAY0)
     assert report.keys["team"].requests == 3
     assert report.keys["team"].cost == 0.051

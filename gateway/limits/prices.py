@@ -1,0 +1,45 @@
+"""Prices: what an answer cost, from the config's `prices` (USD per million prompt and completion tokens)."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Mapping
+from typing import Final
+
+from gateway.config import PriceConfig
+
+_CACHE_LIMIT: Final = 4096
+_CACHED_CHARS: Final = 512  # longer (target, model) pairs are priced without being remembered
+_GLOB: Final = re.compile(r"[*?\[]")
+
+
+class Prices:
+    """Price lookup: the served target (`provider/model[/deployment]`) and then the model the request
+    was booked under (an alias), each by exact key first; only then glob keys, in config order."""
+
+    def __init__(self, prices: Mapping[str, PriceConfig]) -> None:
+        self.exact = dict(prices)
+        self.globs = [(re.compile(fnmatch.translate(k)), p) for k, p in prices.items() if _GLOB.search(k)]
+        self._cache: dict[tuple[str, str], PriceConfig | None] = {}
+
+    def find(self, target: str, model: str) -> PriceConfig | None:
+        cache_key = (target, model)
+        if cache_key in self._cache:
+            return self._cache[cache_key]
+        found = self.exact.get(target) or self.exact.get(model)
+        if found is None:
+            found = next((p for pattern, p in self.globs for m in (target, model) if pattern.match(m)), None)
+        if len(target) + len(model) > _CACHED_CHARS:
+            return found  # the names are the client's: long ones would make the bounded cache large anyway
+        if len(self._cache) >= _CACHE_LIMIT:
+            self._cache.clear()
+        self._cache[cache_key] = found
+        return found
+
+    def cost_pico(self, target: str, model: str, prompt_tokens: int, completion_tokens: int) -> int:
+        price = self.find(target, model)
+        if price is None:
+            return 0
+        # USD per 1M tokens = 1e6 picodollars per token.
+        return round(prompt_tokens * price.prompt_per_1m * 1e6 + completion_tokens * price.completion_per_1m * 1e6)
