@@ -16,7 +16,7 @@ CALLS = {"compile", "search", "match", "fullmatch", "sub", "subn", "split", "fin
 OPERATOR_ONLY = {
     # `prices:` keys (operator globs) through fnmatch.translate, matched against model names of at most
     # 256 characters (gateway.path.request.MAX_MODEL_CHARS).
-    "gateway/limits/usage.py",
+    "gateway/limits/prices.py",
 }
 
 
