@@ -413,7 +413,7 @@ async def test_a_reservation_redis_could_not_take_back_is_given_back_when_it_ret
     req = CompletionRequest(model="demo/text", prompt="x", max_tokens=1)
     plan = Router(loaded).plan("demo/text")
     worst = budgets.worst_case(req, plan, s.prices)[0]
-    counter = f"budget:key_name:team:{DAY0}"
+    counter = f"budget:key_id:{ident('team')}:{DAY0}"
 
     def reserved() -> int:
         with rds.client() as r:
