@@ -21,7 +21,7 @@ from litestar.exceptions import NotFoundException
 from gateway.edge.discovery import Discovery
 from gateway.edge.drain import drain_routes
 from gateway.edge.drain import state as fleet_state
-from gateway.edge.ledger_routes import REPORT_PARAMS, usage_response
+from gateway.edge.ledger_routes import REPORT_PARAMS, unavailable_error, usage_response
 from gateway.edge.render import error_response
 from gateway.fleet.picker import Fleet
 from gateway.ledger.engine import LedgerDown
@@ -95,7 +95,7 @@ async def admin_usage(request: Request[Any, Any, Any]) -> Response[bytes]:
         try:
             books = await day_usage(ledger, day, pipeline.keys.roster())
         except LedgerDown as exc:
-            return _error(GatewayError(f"The ledger is unavailable: {exc}", status=503, code="ledger_unavailable"))
+            return _error(unavailable_error(exc))
         return Response(encode(books), media_type=JSON, headers=_NO_STORE)
     return Response(encode(await pipeline.usage.report(day)), media_type=JSON, headers=_NO_STORE)
 

@@ -1,5 +1,6 @@
 """A stalled database is an answer, not a wait: a real PostgreSQL whose tables another session locks, or a
-SQLite file another process holds the write lock of.
+SQLite file another process holds the write lock of, or a PostgreSQL whose processes are stopped (no
+statement timeout can fire: the gateway's own bound answers).
 
 While the lock is held, a budgeted request is served within `ledger.timeout_ms` (its budget counted from
 what the process knows), `POST /admin/keys` and `/admin/usage` answer 503 `ledger_unavailable` with
@@ -9,6 +10,8 @@ row answered meanwhile is booked (spilled, then replayed).
 
 from __future__ import annotations
 
+import os
+import signal
 import sqlite3
 import threading
 import time
@@ -22,6 +25,7 @@ import psycopg
 import pytest
 
 from tests.helpers.clients import body, client
+from tests.helpers.postgres import PostgresServer, binaries
 from tests.helpers.servers import GatewayThread
 from tests.helpers.waiting import wait_until
 
@@ -98,6 +102,14 @@ def test_a_locked_database_is_answered_within_the_bound(
             took, resp = timed(lambda: admin.get("/admin/usage", params={"from": "2026-01-01", "to": "2026-01-02"}))
             assert resp.status_code == 503 and took < BOUND_S, took
             assert resp.headers["retry-after"] == "2"
+            # Today's books without a range read the ledger too (with this process's queued rows), as bounded.
+            took, resp = timed(lambda: admin.get("/admin/usage"))
+            assert resp.status_code == 503 and took < BOUND_S, took
+            assert resp.json()["error"]["code"] == "ledger_unavailable"
+            assert resp.headers["retry-after"] == "2"
+            took, resp = timed(lambda: admin.get("/admin/status"))
+            assert resp.status_code == 200 and took < BOUND_S * 2, took
+            assert resp.json()["usage"]["unavailable"].startswith("the ledger is unavailable: "), resp.json()["usage"]
             # The key poller's reads go unanswered too: /ready says so, with the reason.
             wait_until(lambda: admin.get("/ready").status_code == 503, timeout=BOUND_S * 2)
             ready = admin.get("/ready").json()
@@ -113,3 +125,47 @@ def test_a_locked_database_is_answered_within_the_bound(
         wait_until(lambda: totals(url)[0][0] == 6, timeout=10)
     rows, rolled = totals(url)
     assert rows[0] == 6 and rows == rolled
+
+
+def server_processes(server: PostgresServer) -> list[int]:
+    """The postmaster and its children (each backend is a session of its own, so not its process group)."""
+    postmaster = int((server.data / "postmaster.pid").read_text().split()[0])
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue  # ended meanwhile
+        if int(fields[1]) == postmaster:
+            children.append(int(stat.parent.name))
+    return [postmaster, *children]
+
+
+def test_a_frozen_database_server_is_answered_within_the_bound(tmp_path: Path) -> None:
+    """A PostgreSQL that answers nothing at all (its processes stopped: no statement timeout can fire) is
+    answered by the gateway's own bound: today's books, the status page and `POST /admin/keys` within it."""
+    if binaries() is None:
+        pytest.skip("PostgreSQL is not installed")
+    with PostgresServer() as server:
+        server.fresh_database()
+        path = tmp_path / "config.yaml"
+        path.write_text(config(server.url, extra=f", timeout_ms: {TIMEOUT_MS}"))
+        with GatewayThread(path, ENV) as gw, client(gw.url, ADMIN_KEY) as admin:
+            assert admin.get("/admin/usage").status_code == 200
+            frozen = server_processes(server)
+            for pid in frozen:
+                os.kill(pid, signal.SIGSTOP)
+            try:
+                took, resp = timed(lambda: admin.get("/admin/usage"))
+                assert resp.status_code == 503 and took < BOUND_S, took
+                assert resp.json()["error"]["code"] == "ledger_unavailable"
+                assert resp.headers["retry-after"] == "2"
+                took, resp = timed(lambda: admin.post("/admin/keys", json={"name": "ci-bot"}))
+                assert resp.status_code == 503 and took < BOUND_S, took
+                took, resp = timed(lambda: admin.get("/admin/status"))
+                assert resp.status_code == 200 and took < BOUND_S * 2, took
+                assert resp.json()["usage"]["unavailable"].startswith("the ledger is unavailable: ")
+            finally:
+                for pid in frozen:
+                    os.kill(pid, signal.SIGCONT)
+            wait_until(lambda: admin.get("/admin/usage").status_code == 200, timeout=10)
