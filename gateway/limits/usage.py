@@ -216,8 +216,8 @@ class UsageStore:
         # This config's keys, by identity (a key whose secret is unset, which never books, by its name).
         self.own = {fingerprint(k.key.encode()) if k.key else "-" + k.name: k.name for k in cfg.keys}
         self.key_names = list(self.own.values())
-        # Without a ledger, monthly and team budgets are checked against these counters, booked like the
-        # day's usage (with the ledger, gateway/ledger/budgets.py reserves instead and `ledgered` is set).
+        # Without a ledger, monthly and team budgets (gateway/limits/budgets.py) read these counters, booked
+        # like the day's usage (with the ledger its rollups seed them instead and `ledgered` is set).
         self.key_month = {k.name: k.max_cost_per_month for k in cfg.keys if k.max_cost_per_month is not None}
         self.team_of = {k.name: k.team for k in cfg.keys if k.team}
         self.teams = {n: t for n, t in cfg.teams.items() if (t.max_cost_per_day, t.max_cost_per_month) != (None, None)}
