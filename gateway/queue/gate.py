@@ -1,0 +1,202 @@
+"""One server's slots and the requests waiting for them.
+
+A slot is held from an attempt's start to its end (a stream's last byte). Without Redis the gate counts its
+slots in this process; with `redis:` each slot is a concurrency lease in Redis (gateway/limits/ratelimit.py,
+the one used by `limits.concurrent`), so the cap holds across workers and replicas, and a process that dies
+holding one gives it back by the lease's expiry. Waiters are served in `FairOrder`; with Redis a slot freed
+by another process is not announced, so while requests wait the gate asks again every `POLL_S`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Final
+
+from gateway.limits.gcra import Bucket
+from gateway.limits.ratelimit import Limiter, RedisDown
+from gateway.ops.metrics import Metrics
+from gateway.queue.fair import PRIORITIES, FairOrder, Waiter
+
+# With Redis: how often waiters look for a slot another process freed (their own process's wake them at once).
+POLL_S: Final = 0.02
+
+
+class Slot:
+    """One slot of one gate, held by one attempt; `done` gives it back once (later calls do nothing)."""
+
+    __slots__ = ("gate", "lease", "limiter", "tenant", "weight", "cost", "since", "waited")
+
+    def __init__(self, gate: Gate, lease: str, limiter: Limiter | None, w: Waiter, waited: float) -> None:
+        self.gate: Gate | None = gate
+        self.lease = lease
+        self.limiter = limiter  # the limiter that holds its lease (a reload may have swapped the gate's since)
+        self.tenant = w.tenant
+        self.weight = w.weight
+        self.cost = w.cost
+        self.since = time.monotonic()
+        self.waited = waited  # seconds spent in the queue (0 when a slot was free)
+
+    def done(self, used: int | None) -> None:
+        """The attempt ended having used `used` tokens (None: unknown, the estimate stands)."""
+        gate = self.gate
+        if gate is not None:
+            self.gate = None
+            gate.release(self, used)
+
+
+class Gate:
+    """The slots of one server (a provider's base_url, or one of its replicas) and its fair queue."""
+
+    def __init__(self, name: str, cap: int, limiter: Limiter | None, metrics: Metrics | None) -> None:
+        self.name = name
+        self.cap = cap
+        self.limiter = limiter  # None: slots counted in this process only
+        self.bucket = Bucket(f"queue:{name}", "concurrent", cap)
+        self.metrics = metrics
+        self.order = FairOrder()
+        self.in_use = 0  # slots this process holds
+        self.hold_s = 1.0  # a moving average of how long a slot is held, for Retry-After
+        self._pump: asyncio.Task[None] | None = None
+        self._freed: asyncio.Event | None = None
+        self._background: set[asyncio.Task[None]] = set()  # lease releases under way
+
+    def resize(self, cap: int, limiter: Limiter | None, metrics: Metrics | None) -> None:
+        """A reload: the same server under the new config (its waiters and held slots stay)."""
+        self.cap, self.limiter, self.metrics = cap, limiter, metrics
+        self.bucket = Bucket(f"queue:{self.name}", "concurrent", cap)
+        self._wake()
+
+    def room(self) -> bool:
+        """Whether a request could start here now (as far as this process knows)."""
+        return self.in_use < self.cap and not self.order.depth
+
+    async def take(self, w: Waiter) -> Slot | None:
+        """A slot at once if one is free and nobody waits for it, else None (the caller then queues)."""
+        if self.order.depth or self.in_use >= self.cap:
+            return None
+        limiter = self.limiter
+        if limiter is None:
+            self.in_use += 1
+            return self._grant(w, "", None, 0.0)
+        self.in_use += 1  # counted before the await, so two requests of this process cannot both pass
+        try:
+            lease = await self._lease(limiter)
+        except BaseException:
+            self.in_use -= 1
+            raise
+        if lease is None:
+            self.in_use -= 1
+            return None
+        return self._grant(w, lease, limiter, 0.0)
+
+    async def _lease(self, limiter: Limiter) -> str | None:
+        try:
+            decision = await limiter.acquire([self.bucket], 0)
+        except RedisDown:
+            return None  # fail closed and Redis away: wait (the queue's max_wait bounds it)
+        return decision.lease if decision.allowed else None
+
+    def _grant(self, w: Waiter, lease: str, limiter: Limiter | None, waited: float) -> Slot:
+        self.order.charge(w.tenant, w.cost, w.weight)
+        return Slot(self, lease, limiter, w, waited)
+
+    def enqueue(self, w: Waiter) -> None:
+        self.order.push(w)
+        if self.metrics is not None:
+            self.metrics.queue_waiting.labels(self.name, PRIORITIES[w.rank]).inc()
+        self._wake()
+
+    def leave(self, w: Waiter) -> None:
+        """A waiter that stopped waiting without a slot: out of the order at once."""
+        if self.order.remove(w) and self.metrics is not None:
+            self.metrics.queue_waiting.labels(self.name, PRIORITIES[w.rank]).dec()
+
+    def release(self, slot: Slot, used: int | None) -> None:
+        self.in_use -= 1
+        held = time.monotonic() - slot.since
+        self.hold_s += (held - self.hold_s) * 0.1
+        if used is not None and used != slot.cost:
+            self.order.charge(slot.tenant, used - slot.cost, slot.weight)
+        if self.metrics is not None and used:
+            self.metrics.queue_service.labels(self.name, slot.tenant).inc(used)
+        if slot.limiter is not None:
+            task = asyncio.ensure_future(_release(slot.limiter, self.bucket, slot.lease))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+        self._wake()
+
+    def _wake(self) -> None:
+        if not self.order.depth:
+            return
+        if self.limiter is None:
+            self._dispatch_local()
+            return
+        if self._freed is not None:
+            self._freed.set()
+        if self._pump is None:
+            self._pump = asyncio.ensure_future(self._run_pump())
+
+    def _dispatch_local(self) -> None:
+        while self.in_use < self.cap:
+            w = self._next()
+            if w is None:
+                return
+            self.in_use += 1
+            w.future.set_result(self._grant(w, "", None, time.monotonic() - w.since))
+
+    def _next(self) -> Waiter | None:
+        """The next waiter still waiting (one whose future is done was cancelled and is skipped)."""
+        while True:
+            w = self.order.pop()
+            if w is None:
+                return None
+            if self.metrics is not None:
+                self.metrics.queue_waiting.labels(self.name, PRIORITIES[w.rank]).dec()
+            if not w.future.done():
+                return w
+
+    async def _run_pump(self) -> None:
+        """With Redis: while requests wait, take a lease for the next of them whenever one is free."""
+        freed = self._freed = asyncio.Event()
+        try:
+            while self.order.depth:
+                limiter = self.limiter
+                if limiter is None:
+                    self._dispatch_local()
+                    return
+                if self.in_use >= self.cap:
+                    lease = None
+                else:
+                    self.in_use += 1
+                    try:
+                        lease = await self._lease(limiter)
+                    finally:
+                        self.in_use -= 1
+                if lease is not None:
+                    w = self._next()
+                    if w is None:
+                        await _release(limiter, self.bucket, lease)
+                        return
+                    self.in_use += 1
+                    w.future.set_result(self._grant(w, lease, limiter, time.monotonic() - w.since))
+                    continue
+                freed.clear()
+                try:
+                    await asyncio.wait_for(freed.wait(), POLL_S)
+                except TimeoutError:
+                    pass
+        finally:
+            self._pump = None
+            self._freed = None
+
+    def retry_after(self) -> float:
+        """A guess at when room comes back: the waiters ahead, served `cap` at a time, each for the usual hold."""
+        return min(max(self.hold_s * (self.order.depth + 1) / self.cap, 1.0), 60.0)
+
+
+async def _release(limiter: Limiter, bucket: Bucket, lease: str) -> None:
+    try:
+        await limiter.release([bucket], lease)
+    except RedisDown:
+        pass  # the limiter cancels it once Redis answers again; at worst it expires with its TTL
