@@ -53,8 +53,7 @@ class FairOrder:
         tenant = w.tenant
         if not self.waiting(tenant):
             floor = min((self.service[t] for c in self.classes for t in c), default=self.last)
-            if self.service.get(tenant, 0.0) < floor:
-                self.service[tenant] = floor
+            self.service[tenant] = max(self.service.get(tenant, 0.0), floor)
         self.classes[w.rank].setdefault(tenant, deque()).append(w)
         self.depth += 1
         self.counts[w.rank] += 1
