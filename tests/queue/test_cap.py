@@ -13,7 +13,9 @@ from tests.helpers.servers import serve_config
 from tests.queue.conftest import ask, body, config, gate
 
 
-async def test_the_cap_holds_for_buffered_requests_and_streams_to_their_last_byte(tmp_path: Path, engine: Engine) -> None:
+async def test_the_cap_holds_for_buffered_requests_and_streams_to_their_last_byte(
+    tmp_path: Path, engine: Engine
+) -> None:
     engine.hold_s = 0.05
     with serve_config(tmp_path, config(engine, 2)) as gw:
         async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
@@ -25,9 +27,7 @@ async def test_the_cap_holds_for_buffered_requests_and_streams_to_their_last_byt
                     headers={"authorization": "Bearer k-quiet"},
                 )
 
-            answers = await asyncio.gather(
-                *(ask(client, "noisy") for _ in range(8)), *(streamed(i) for i in range(8))
-            )
+            answers = await asyncio.gather(*(ask(client, "noisy") for _ in range(8)), *(streamed(i) for i in range(8)))
     assert [r.status_code for r in answers] == [200] * 16
     assert all(r.text.rstrip().endswith("data: [DONE]") for r in answers[8:])
     assert engine.peak == 2  # reached, never passed
@@ -57,7 +57,14 @@ async def test_two_gateways_sharing_redis_hold_one_cap(tmp_path: Path, rds: obje
                 answers = await asyncio.gather(
                     *(ask(ca, "noisy") for _ in range(10)),
                     *(ask(cb, "quiet") for _ in range(10)),
-                    *(ca.post("/v1/completions", json=body("quiet", stream=True), headers={"authorization": "Bearer k-quiet"}) for _ in range(4)),
+                    *(
+                        ca.post(
+                            "/v1/completions",
+                            json=body("quiet", stream=True),
+                            headers={"authorization": "Bearer k-quiet"},
+                        )
+                        for _ in range(4)
+                    ),
                 )
             assert gate(a).in_use == 0 and gate(b).in_use == 0
     assert [r.status_code for r in answers] == [200] * 24

@@ -1,0 +1,184 @@
+"""What a client of a saturated server sees: the priority header's refusals, the queue's 429s, its own
+deadline counted in the queue, a client that leaves never reaching the upstream, a reload that keeps the
+requests waiting, and an alias that spills to a target with room."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.helpers.engine import Engine
+from tests.helpers.servers import serve_config
+from tests.queue.conftest import ask, body, config, gate, until
+
+ROUTES = ["/v1/completions", "/v4/beta/completions", "/api/v1/compatibility/openai/v1/completions"]
+
+
+@pytest.mark.parametrize("route", ROUTES)
+async def test_a_priority_above_the_keys_max_is_a_403_naming_both_on_every_dialect(
+    tmp_path: Path, engine: Engine, route: str
+) -> None:
+    with serve_config(tmp_path, config(engine, 1)) as gw:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+            refused = await client.post(
+                route, json=body("noisy"), headers={"authorization": "Bearer k-noisy", "x-gateway-priority": "high"}
+            )
+            allowed = await client.post(
+                route, json=body("boss"), headers={"authorization": "Bearer k-boss", "x-gateway-priority": "high"}
+            )
+    assert refused.status_code == 403
+    text = refused.text
+    assert "'high'" in text and "max_priority is 'normal'" in text
+    if route == "/v1/completions":
+        assert refused.json()["error"]["code"] == "priority_not_allowed"
+    assert allowed.status_code == 200
+    assert engine.order == ["boss"]  # the refused request never reached the upstream
+
+
+async def test_an_unknown_priority_is_a_400_naming_the_header(tmp_path: Path, engine: Engine) -> None:
+    with serve_config(tmp_path, config(engine, 1)) as gw:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+            resp = await ask(client, "noisy", x_gateway_priority="urgent")
+    assert resp.status_code == 400
+    err = resp.json()["error"]
+    assert (err["code"], err["param"]) == ("invalid_priority", "x-gateway-priority")
+    assert engine.order == []
+
+
+async def test_a_full_queue_answers_429_queue_full_at_once(tmp_path: Path, engine: Engine) -> None:
+    with serve_config(tmp_path, config(engine, 1, queue="max_depth: 2")) as gw:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+            engine.running.clear()
+            held = [asyncio.ensure_future(ask(client, "noisy")) for _ in range(3)]
+            await until(lambda: engine.inflight == 1 and gate(gw).order.depth == 2)
+            started = time.monotonic()
+            full = await ask(client, "quiet")
+            took = time.monotonic() - started
+            engine.running.set()
+            answers = await asyncio.gather(*held)
+    assert full.status_code == 429 and took < 1.0
+    assert full.json()["error"]["code"] == "queue_full"
+    assert float(full.headers["retry-after"]) >= 1
+    assert [r.status_code for r in answers] == [200] * 3
+    assert "quiet" not in engine.order
+
+
+async def test_a_wait_past_max_wait_is_a_429_queue_timeout_with_retry_after(tmp_path: Path, engine: Engine) -> None:
+    with serve_config(tmp_path, config(engine, 1, queue="max_wait_ms: 300")) as gw:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+            engine.running.clear()
+            blocker = asyncio.ensure_future(ask(client, "noisy"))
+            await until(lambda: engine.inflight == 1)
+            started = time.monotonic()
+            late = await ask(client, "quiet")
+            waited = time.monotonic() - started
+            assert gate(gw).order.depth == 0  # out of the queue once refused
+            engine.running.set()
+            assert (await blocker).status_code == 200
+    assert late.status_code == 429
+    assert late.json()["error"]["code"] == "queue_timeout"
+    assert float(late.headers["retry-after"]) >= 1
+    assert 0.25 < waited < 2.0
+    assert engine.order == ["noisy"]
+
+
+async def test_the_requests_own_deadline_counts_its_time_in_the_queue(tmp_path: Path, engine: Engine) -> None:
+    with serve_config(tmp_path, config(engine, 1)) as gw:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+            engine.running.clear()
+            blocker = asyncio.ensure_future(ask(client, "noisy"))
+            await until(lambda: engine.inflight == 1)
+            started = time.monotonic()
+            late = await client.post(
+                "/v1/completions",
+                json=body("quiet", inference_timeout=0.3),
+                headers={"authorization": "Bearer k-quiet"},
+            )
+            waited = time.monotonic() - started
+            engine.running.set()
+            assert (await blocker).status_code == 200
+    assert late.status_code == 504
+    assert late.json()["error"]["code"] == "deadline_exceeded"
+    assert 0.25 < waited < 2.0
+    assert engine.order == ["noisy"]
+
+
+async def test_a_client_that_leaves_while_queued_never_reaches_the_upstream(tmp_path: Path, engine: Engine) -> None:
+    with serve_config(tmp_path, config(engine, 1)) as gw:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+            engine.running.clear()
+            blocker = asyncio.ensure_future(ask(client, "noisy"))
+            await until(lambda: engine.inflight == 1)
+            async with httpx.AsyncClient(base_url=gw.url, timeout=0.3) as impatient:
+                with pytest.raises(httpx.ReadTimeout):
+                    await ask(impatient, "quiet")
+            await until(lambda: gate(gw).order.depth == 0)  # removed at once, before any slot freed
+            engine.running.set()
+            assert (await blocker).status_code == 200
+            after = await ask(client, "noisy")
+            await until(lambda: gate(gw).in_use == 0)
+    assert after.status_code == 200
+    assert engine.order == ["noisy", "noisy"]
+
+
+async def test_a_reload_keeps_the_requests_that_wait(tmp_path: Path, engine: Engine) -> None:
+    with serve_config(tmp_path, config(engine, 1)) as gw:
+        first = gw.pipeline
+        old = gate(gw)
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+            engine.running.clear()
+            blocker = asyncio.ensure_future(ask(client, "noisy"))
+            await until(lambda: engine.inflight == 1)
+            waiting = [asyncio.ensure_future(ask(client, "quiet")) for _ in range(3)]
+            await until(lambda: old.order.depth == 3)
+            path = Path(gw.app.state.reloader.path)
+            path.write_text(config(engine, 2))
+            gw.app.state.reloader.trigger()
+            await until(lambda: gw.pipeline is not first)
+            assert gate(gw) is old and old.cap == 2  # the same queue, under the new cap
+            await until(lambda: engine.inflight == 2)  # the raised cap let one waiter through at once
+            engine.running.set()
+            answers = await asyncio.gather(blocker, *waiting)
+    assert [r.status_code for r in answers] == [200] * 4
+    assert engine.peak == 2
+    assert sorted(engine.order) == ["noisy", "quiet", "quiet", "quiet"]
+
+
+async def test_an_alias_spills_from_a_saturated_primary_to_a_target_with_room(tmp_path: Path, engine: Engine) -> None:
+    with Engine() as spare:
+        provider = f"""  spare:
+    kind: vllm
+    base_url: {spare.url}/v1
+    discover: false
+    max_concurrency: 1
+"""
+        models = """models:
+  - name: shared
+    strategy: ordered
+    targets: [{model: engine/m}, {model: spare/m}]
+retries: {attempts: 2}
+"""
+        text = config(engine, 1, provider=provider, extra=models).replace("retries: {attempts: 1}\n", "")
+        with serve_config(tmp_path, text) as gw:
+            async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+                engine.running.clear()
+                spare.running.clear()
+                hdrs = {"authorization": "Bearer k-noisy"}
+                req = {**body("noisy"), "model": "shared"}
+                a = asyncio.ensure_future(client.post("/v1/completions", json=req, headers=hdrs))
+                await until(lambda: engine.inflight == 1)
+                b = asyncio.ensure_future(client.post("/v1/completions", json=req, headers=hdrs))
+                await until(lambda: spare.inflight == 1)  # went to the spare at once, no wait
+                c = asyncio.ensure_future(client.post("/v1/completions", json=req, headers=hdrs))
+                await until(lambda: gate(gw).order.depth == 1)  # both full: it waits for the primary
+                engine.running.set()
+                spare.running.set()
+                answers = await asyncio.gather(a, b, c)
+    assert [r.status_code for r in answers] == [200] * 3
+    assert answers[1].headers["x-gateway-provider"] == "spare"
+    assert engine.order == ["noisy", "noisy"] and spare.order == ["noisy"]
+    assert engine.peak == 1 and spare.peak == 1
