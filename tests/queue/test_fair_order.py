@@ -13,9 +13,15 @@ from tests.helpers.engine import Engine
 from tests.helpers.servers import GatewayThread, serve_config
 from tests.queue.conftest import ask, config, gate, until
 
+Ask = tuple[str, int, dict[str, str]]  # a request to queue: its key, its max_tokens, its headers
+
+
+def many(key: str, tokens: int, count: int, **headers: str) -> list[Ask]:
+    return [(key, tokens, dict(headers))] * count
+
 
 async def _queued(
-    gw: GatewayThread, engine: Engine, client: httpx.AsyncClient, asks: list[tuple[str, int, dict[str, str]]]
+    gw: GatewayThread, engine: Engine, client: httpx.AsyncClient, asks: list[Ask]
 ) -> list[httpx.Response]:
     """Hold the one slot with a blocker, queue `asks` (key, tokens, headers) one by one in that order, then let
     the engine run; the answers, and `engine.order` without the blocker."""
@@ -37,8 +43,8 @@ async def _queued(
 async def test_a_quiet_tenant_is_served_beside_a_flood_not_after_it(tmp_path: Path, engine: Engine) -> None:
     with serve_config(tmp_path, config(engine, 1)) as gw:
         async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
-            flood = [("noisy", 1, {})] * 12
-            answers = await _queued(gw, engine, client, flood + [("quiet", 1, {})] * 3)
+            flood = many("noisy", 1, 12)
+            answers = await _queued(gw, engine, client, flood + many("quiet", 1, 3))
     assert [r.status_code for r in answers] == [200] * 15
     # First come, first served would put the quiet tenant's three last (positions 12 to 14).
     quiet_at = [i for i, t in enumerate(engine.order) if t == "quiet"]
@@ -50,7 +56,7 @@ async def test_service_is_counted_in_tokens_so_long_generations_do_not_take_shor
 ) -> None:
     with serve_config(tmp_path, config(engine, 1)) as gw:
         async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
-            asks = [("noisy", 90, {})] * 8 + [("quiet", 9, {})] * 16
+            asks = many("noisy", 90, 8) + many("quiet", 9, 16)
             await _queued(gw, engine, client, asks)
     # Equal token shares: while both wait, the short tenant gets about ten requests per long one.
     first = engine.order[:12]
@@ -60,7 +66,8 @@ async def test_service_is_counted_in_tokens_so_long_generations_do_not_take_shor
 async def test_weights_set_the_shares(tmp_path: Path, engine: Engine) -> None:
     with serve_config(tmp_path, config(engine, 1)) as gw:
         async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
-            await _queued(gw, engine, client, [("noisy", 10, {})] * 12 + [("heavy", 10, {})] * 12)
+            asks = many("noisy", 10, 12) + many("heavy", 10, 12)
+            await _queued(gw, engine, client, asks)
     first = engine.order[:16]  # both tenants still waiting throughout
     assert 11 <= first.count("heavy") <= 13, engine.order  # weight 3 against 1: three quarters
 
@@ -73,7 +80,7 @@ async def test_teams_share_when_fair_by_team(tmp_path: Path, engine: Engine) -> 
     text = text.replace("{name: quiet, key: k-quiet}", "{name: quiet, key: k-quiet, team: blue}")
     with serve_config(tmp_path, text) as gw:
         async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
-            asks = [("noisy", 5, {})] * 8 + [("heavy", 5, {})] * 8 + [("quiet", 5, {})] * 8
+            asks = many("noisy", 5, 8) + many("heavy", 5, 8) + many("quiet", 5, 8)
             await _queued(gw, engine, client, asks)
     first = engine.order[:12]
     # Two keys of team red against one of team blue: blue still gets half, not a third.
@@ -84,10 +91,10 @@ async def test_higher_classes_go_first_and_low_only_when_nothing_else_waits(tmp_
     with serve_config(tmp_path, config(engine, 1)) as gw:
         async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
             asks = (
-                [("batch", 1, {})] * 2  # low by the key's own default
-                + [("quiet", 1, {"x_gateway_priority": "low"})] * 2
-                + [("noisy", 1, {})] * 2
-                + [("boss", 1, {"x_gateway_priority": "high"})] * 2
+                many("batch", 1, 2)  # low by the key's own default
+                + many("quiet", 1, 2, x_gateway_priority="low")
+                + many("noisy", 1, 2)
+                + many("boss", 1, 2, x_gateway_priority="high")
             )
             answers = await _queued(gw, engine, client, asks)
     assert [r.status_code for r in answers] == [200] * 8
