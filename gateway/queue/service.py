@@ -236,6 +236,26 @@ class Queues:
                         return True
         return False
 
+    async def status(self) -> list[dict[str, object]]:
+        """Each capped server for the status page: its cap, the slots in use (with Redis, by every process;
+        else this process's) and the requests waiting here per class."""
+        out: list[dict[str, object]] = []
+        for gate in self.gates.values():
+            in_use = gate.in_use
+            if self.limiter is not None:
+                peeked = await self.limiter.peek([gate.bucket])
+                in_use = max(gate.cap - peeked[0].remaining, 0) if peeked else in_use
+            counts = gate.order.counts
+            out.append(
+                {
+                    "server": gate.name,
+                    "cap": gate.cap,
+                    "in_use": in_use,
+                    "waiting": {p: counts[i] for i, p in enumerate(PRIORITIES)},
+                }
+            )
+        return out
+
     def _rejected(self, gate: Gate, reason: str) -> None:
         if self.metrics is not None:
             self.metrics.queue_rejected.labels(gate.name, reason).inc()
