@@ -134,16 +134,20 @@ class TeamConfig(Strict, frozen=True):
     max_cost_per_month: Annotated[float, Meta(ge=0)] | None = None
     # The team's share of a saturated server against the other teams waiting (`queue.fair_by: team`).
     weight: Annotated[float, Meta(gt=0, le=10_000)] = 1.0
-    # The default `priority` and `max_priority` of the team's keys that set none.
+    # The `priority` of the team's keys that set none.
     priority: Priority | None = None
+    # The `max_priority` of the team's keys that set none.
     max_priority: Priority | None = None
 
 
 class QueueWaitConfig(Strict, frozen=True):
     """The longest wait of each priority class, over `queue.max_wait_ms`."""
 
+    # The longest a `high` request waits; unset: `queue.max_wait_ms`.
     high: Annotated[int, Meta(ge=0, le=86_400_000)] | None = None
+    # The longest a `normal` request waits; unset: `queue.max_wait_ms`.
     normal: Annotated[int, Meta(ge=0, le=86_400_000)] | None = None
+    # The longest a `low` request waits (background work may wait longer); unset: `queue.max_wait_ms`.
     low: Annotated[int, Meta(ge=0, le=86_400_000)] | None = None
 
 
