@@ -322,7 +322,7 @@ class ProviderConfig(Strict, frozen=True):
     # default, on for self-hosted servers (vllm, llamacpp, tgi, ollama), off for hosted catalogs.
     discover: bool | None = None
     # A self-hosted engine run as several replicas serving the same models, instead of one base_url: URLs,
-    # or {url, weight, drain}. Each is its own target (`<provider>@<i>`); docs/fleets.md.
+    # or {url, weight, drain, max_concurrency}. Each is its own target (`<provider>@<i>`); docs/fleets.md.
     replicas: list[str | ReplicaConfig] = msgspec.field(default_factory=list)
     # Which replica serves each request (needs replicas:); unset: round robin.
     routing: RoutingConfig | None = None

@@ -31,6 +31,11 @@ _ROUTES_LIMIT: Final = 4096
 _ANONYMOUS: Final = "anonymous"
 
 
+class Spilled(RateLimitError):
+    """An attempt that found its server full while another target of the plan had room: no upstream call was
+    made, and the failover loop moves on to the next target without counting it as an attempt."""
+
+
 class Ask:
     """Who one request is to the queue: its tenant, the tenant's weight, its class and its prompt's cost."""
 
@@ -156,7 +161,7 @@ class Queues:
         metrics = self.metrics
         if self._room_elsewhere(ask, route, plan):
             self._rejected(gate, "spilled")
-            raise RateLimitError(
+            raise Spilled(
                 f"Server '{gate.name}' is at its max_concurrency of {gate.cap}; another target has room",
                 code="server_saturated",
                 retryable=True,

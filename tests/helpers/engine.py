@@ -30,6 +30,7 @@ class Engine(Upstream):
         self.peak = 0
         self.order: list[str] = []
         self.done: list[tuple[str, float, int]] = []  # (tenant, finished at, tokens) per request answered
+        self.failures = 0  # the next this many requests answer 503 after their hold (retries, failover)
         self.running = threading.Event()
         self.running.set()
         self._sem: asyncio.Semaphore | None = None
@@ -58,6 +59,12 @@ class Engine(Upstream):
     async def _answer(
         self, request: web.Request, body: dict[str, object], prompt: str, tenant: str, tokens: int
     ) -> web.StreamResponse:
+        if self.failures > 0:
+            self.failures -= 1
+            await asyncio.sleep(self.hold_s)
+            return web.Response(
+                status=503, text='{"error": {"message": "overloaded"}}', content_type="application/json"
+            )
         usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": tokens}
         usage["total_tokens"] = usage["prompt_tokens"] + tokens
         if not body.get("stream"):

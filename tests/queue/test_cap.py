@@ -10,7 +10,7 @@ import httpx
 
 from tests.helpers.engine import Engine
 from tests.helpers.servers import serve_config
-from tests.queue.conftest import ask, body, config, gate
+from tests.queue.conftest import ask, body, config, gate, until
 
 
 async def test_the_cap_holds_for_buffered_requests_and_streams_to_their_last_byte(
@@ -69,3 +69,50 @@ async def test_two_gateways_sharing_redis_hold_one_cap(tmp_path: Path, rds: obje
             assert gate(a).in_use == 0 and gate(b).in_use == 0
     assert [r.status_code for r in answers] == [200] * 24
     assert engine.peak == 3
+
+
+async def test_each_replica_has_its_own_cap(tmp_path: Path) -> None:
+    with Engine(hold_s=0.05) as one, Engine(hold_s=0.05) as two:
+        text = config(one, 1).replace(
+            f"    base_url: {one.url}/v1\n",
+            f"    replicas: [{{url: {one.url}/v1}}, {{url: {two.url}/v1, max_concurrency: 3}}]\n"
+            "    routing: {policy: least_outstanding}\n",
+        )
+        with serve_config(tmp_path, text) as gw:
+            async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+                answers = await asyncio.gather(*(ask(client, "noisy") for _ in range(16)))
+            assert gate(gw, "engine@0").cap == 1 and gate(gw, "engine@1").cap == 3
+    assert [r.status_code for r in answers] == [200] * 16
+    assert (one.peak, two.peak) == (1, 3)
+    assert len(one.order) + len(two.order) == 16
+
+
+async def test_hedges_and_retries_each_hold_a_slot(tmp_path: Path) -> None:
+    with Engine(hold_s=0.15) as slow, Engine(hold_s=0.02) as fast:
+        provider = f"""  spare:
+    kind: vllm
+    base_url: {fast.url}/v1
+    discover: false
+    max_concurrency: 2
+"""
+        models = """models:
+  - name: hedged
+    strategy: ordered
+    hedge_after_ms: 30
+    targets: [{model: engine/m}, {model: spare/m}]
+retries: {attempts: 3, initial_backoff_ms: 0, max_backoff_ms: 0}
+"""
+        text = config(slow, 2, provider=provider, extra=models).replace("retries: {attempts: 1}\n", "")
+        slow.failures = 3  # the first attempts fail and are retried
+        with serve_config(tmp_path, text) as gw:
+            async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+                req = {"model": "hedged", "prompt": "noisy hello", "max_tokens": 1}
+                hdrs = {"authorization": "Bearer k-noisy"}
+                answers = await asyncio.gather(
+                    *(client.post("/v1/completions", json=req, headers=hdrs) for _ in range(12)),
+                    *(client.post("/v1/completions", json={**req, "stream": True}, headers=hdrs) for _ in range(4)),
+                )
+            await until(lambda: gate(gw).in_use == 0 and gate(gw, "spare").in_use == 0)
+    assert [r.status_code for r in answers] == [200] * 16
+    assert slow.peak == 2 and fast.peak == 2  # both served, neither past its cap
+    assert len(slow.order) + len(fast.order) > 16  # hedges and retries made more calls than requests
