@@ -171,7 +171,8 @@ def report_one(name: str, tenants: list[Tenant], runs: dict[str, Any]) -> str:
         f"### {name}",
         "",
         ", ".join(
-            f"`{t.name}`: {t.lanes} lanes, {t.tokens} tokens" + (f", weight {t.weight:g}" if t.weight != 1 else "")
+            f"`{t.name}`: {t.lanes} lanes, {t.tokens} tokens"
+            + (f", weight {t.weight:g}" if t.weight != 1 else "")
             + (f", {t.priority}" if t.priority != "normal" else "")
             for t in tenants
         ),

@@ -27,7 +27,7 @@ class Waiter:
         self.tenant = tenant
         self.weight = weight
         self.rank = rank
-        self.cost = cost  # the tokens charged when it gets its slot (its prompt's estimate)
+        self.cost = cost  # the tokens charged when it gets its slot (an estimate, corrected at its end)
         self.future = future
         self.since = since
 

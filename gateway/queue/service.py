@@ -29,6 +29,10 @@ from wire.schema import CompletionRequest
 HEADER: Final = "x-gateway-priority"
 _ROUTES_LIMIT: Final = 4096
 _ANONYMOUS: Final = "anonymous"
+# A request without max_tokens is charged this many generated tokens until its usage is known (OpenAI's
+# completions default); any is charged at most _MAX_CHARGE, so one huge max_tokens cannot park a tenant.
+_DEFAULT_MAX_TOKENS: Final = 16
+_MAX_CHARGE: Final = 32_768
 
 
 class Spilled(RateLimitError):
@@ -148,8 +152,11 @@ class Queues:
                     code="priority_not_allowed",
                 )
             rank = r
-        # The prompt's estimate is charged when a slot is granted; what the answer used corrects it at its end.
-        return Ask(self, t.name, t.weight, rank, prompt_tokens(req.prompt, False, ""))
+        # Charged when a slot is granted: the prompt's estimate and the most it may generate, so a request
+        # counts while it runs (a tenant of long generations cannot start many at once); what the answer
+        # used corrects it at its end.
+        most = (req.max_tokens if req.max_tokens is not None else _DEFAULT_MAX_TOKENS) * (req.n or 1)
+        return Ask(self, t.name, t.weight, rank, prompt_tokens(req.prompt, False, "") + min(most, _MAX_CHARGE))
 
     async def wait(self, ask: Ask, gate: Gate, route: Route, timeouts: Timeouts, plan: Plan) -> tuple[Slot, Timeouts]:
         """A slot on `gate` for one attempt of `ask`'s request: at once, or after waiting in its fair order."""
