@@ -23,12 +23,14 @@ class Waiter:
 
     __slots__ = ("tenant", "weight", "rank", "cost", "future", "since")
 
-    def __init__(self, tenant: str, weight: float, rank: int, cost: int, future: asyncio.Future[Any], since: float):
+    def __init__(
+        self, tenant: str, weight: float, rank: int, cost: int, future: asyncio.Future[Any] | None, since: float
+    ) -> None:
         self.tenant = tenant
         self.weight = weight
         self.rank = rank
         self.cost = cost  # the tokens charged when it gets its slot (an estimate, corrected at its end)
-        self.future = future
+        self.future: asyncio.Future[Any] = future  # type: ignore[assignment]  # set before it is queued
         self.since = since
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Final
+from typing import Any, Final
 
 from gateway.limits.gcra import Bucket
 from gateway.limits.ratelimit import Limiter, RedisDown
@@ -60,10 +60,12 @@ class Gate:
         self._pump: asyncio.Task[None] | None = None
         self._freed: asyncio.Event | None = None
         self._background: set[asyncio.Task[None]] = set()  # lease releases under way
+        self._service: dict[str, Any] = {}  # tenant -> its service counter's child (bounded by the tenants)
 
     def resize(self, cap: int, limiter: Limiter | None, metrics: Metrics | None) -> None:
         """A reload: the same server under the new config (its waiters and held slots stay)."""
         self.cap, self.limiter, self.metrics = cap, limiter, metrics
+        self._service = {}  # the new metrics' children
         self.bucket = Bucket(f"queue:{self.name}", "concurrent", cap)
         self._wake()
 
@@ -119,7 +121,10 @@ class Gate:
         if used is not None and used != slot.cost:
             self.order.charge(slot.tenant, used - slot.cost, slot.weight)
         if self.metrics is not None and used:
-            self.metrics.queue_service.labels(self.name, slot.tenant).inc(used)
+            child = self._service.get(slot.tenant)
+            if child is None:  # one labels() lookup per tenant, not per request
+                child = self._service[slot.tenant] = self.metrics.queue_service.labels(self.name, slot.tenant)
+            child.inc(used)
         if slot.limiter is not None:
             task = asyncio.ensure_future(_release(slot.limiter, self.bucket, slot.lease))
             self._background.add(task)

@@ -160,11 +160,12 @@ class Queues:
 
     async def wait(self, ask: Ask, gate: Gate, route: Route, timeouts: Timeouts, plan: Plan) -> tuple[Slot, Timeouts]:
         """A slot on `gate` for one attempt of `ask`'s request: at once, or after waiting in its fair order."""
-        loop = asyncio.get_running_loop()
-        w = Waiter(ask.tenant, ask.weight, ask.rank, ask.cost, loop.create_future(), time.monotonic())
+        w = Waiter(ask.tenant, ask.weight, ask.rank, ask.cost, None, 0.0)
         slot = await gate.take(w)
         if slot is not None:
             return slot, timeouts
+        # Only a request that waits gets a future and a start time: a free slot costs neither.
+        w.future, w.since = asyncio.get_running_loop().create_future(), time.monotonic()
         metrics = self.metrics
         if self._room_elsewhere(ask, route, plan):
             self._rejected(gate, "spilled")
