@@ -27,13 +27,15 @@ class Slot:
 
     __slots__ = ("gate", "lease", "limiter", "tenant", "weight", "cost", "since", "waited")
 
-    def __init__(self, gate: Gate, lease: str, limiter: Limiter | None, w: Waiter, waited: float) -> None:
+    def __init__(
+        self, gate: Gate, lease: str, limiter: Limiter | None, tenant: str, weight: float, cost: int, waited: float
+    ) -> None:
         self.gate: Gate | None = gate
         self.lease = lease
         self.limiter = limiter  # the limiter that holds its lease (a reload may have swapped the gate's since)
-        self.tenant = w.tenant
-        self.weight = w.weight
-        self.cost = w.cost
+        self.tenant = tenant
+        self.weight = weight
+        self.cost = cost
         self.since = time.monotonic()
         self.waited = waited  # seconds spent in the queue (0 when a slot was free)
 
@@ -100,8 +102,20 @@ class Gate:
         return decision.lease if decision.allowed else None
 
     def _grant(self, w: Waiter, lease: str, limiter: Limiter | None, waited: float) -> Slot:
-        self.order.charge(w.tenant, w.cost, w.weight)
-        return Slot(self, lease, limiter, w, waited)
+        return self.grant(w.tenant, w.weight, w.cost, lease, limiter, waited)
+
+    def grant(
+        self,
+        tenant: str,
+        weight: float,
+        cost: int,
+        lease: str = "",
+        limiter: Limiter | None = None,
+        waited: float = 0.0,
+    ) -> Slot:
+        """A slot already counted in `in_use`, its estimated cost charged to its tenant."""
+        self.order.charge(tenant, cost, weight)
+        return Slot(self, lease, limiter, tenant, weight, cost, waited)
 
     def enqueue(self, w: Waiter) -> None:
         self.order.push(w)
@@ -120,11 +134,12 @@ class Gate:
         self.hold_s += (held - self.hold_s) * 0.1
         if used is not None and used != slot.cost:
             self.order.charge(slot.tenant, used - slot.cost, slot.weight)
-        if self.metrics is not None and used:
+        metrics = self.metrics
+        if metrics is not None and used:
             child = self._service.get(slot.tenant)
             if child is None:  # one labels() lookup per tenant, not per request
-                child = self._service[slot.tenant] = self.metrics.queue_service.labels(self.name, slot.tenant)
-            child.inc(used)
+                child = self._service[slot.tenant] = metrics.queue_service.labels(self.name, slot.tenant)
+            metrics.tally.add(child, used)  # added in batches: a lock per request is not worth it
         if slot.limiter is not None:
             task = asyncio.ensure_future(_release(slot.limiter, self.bucket, slot.lease))
             self._background.add(task)

@@ -60,6 +60,9 @@ class Ask:
         gate = self.queues.gate(route)
         if gate is None:
             return None, timeouts
+        if gate.limiter is None and gate.in_use < gate.cap and not gate.order.depth:
+            gate.in_use += 1  # a free slot of this process: nothing to await
+            return gate.grant(self.tenant, self.weight, self.cost), timeouts
         return await self.queues.wait(self, gate, route, timeouts, plan)
 
 
