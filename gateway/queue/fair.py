@@ -37,7 +37,7 @@ class Waiter:
 class FairOrder:
     """The waiters of one server by class and tenant, and every tenant's weighted service there."""
 
-    __slots__ = ("classes", "service", "depth", "counts", "last")
+    __slots__ = ("classes", "service", "depth", "counts", "last", "turns", "turn")
 
     def __init__(self) -> None:
         # Per class: tenant -> its waiters, oldest first (a dict keeps tenants in arrival order for ties).
@@ -47,6 +47,10 @@ class FairOrder:
         self.depth = 0
         self.counts = [0, 0, 0]  # waiters per class
         self.last = 0.0  # the service of the tenant served last: the floor for a tenant nobody waits beside
+        # Tenant -> the grant it last had: between equal services, the tenant served longest ago goes first
+        # (a tenant that just started waiting, lifted to the others' service, does not queue behind them).
+        self.turns: dict[str, int] = {}
+        self.turn = 0
 
     def waiting(self, tenant: str) -> bool:
         return any(tenant in c for c in self.classes)
@@ -64,8 +68,8 @@ class FairOrder:
         """The next waiter: of the highest class waiting, the one of its least-served tenant."""
         for rank, c in enumerate(self.classes):
             if c:
-                service = self.service
-                tenant = min(c, key=lambda t: service.get(t, 0.0))
+                service, turns = self.service, self.turns
+                tenant = min(c, key=lambda t: (service.get(t, 0.0), turns.get(t, 0)))
                 queue = c[tenant]
                 w = queue.popleft()
                 if not queue:
@@ -90,6 +94,12 @@ class FairOrder:
         self.depth -= 1
         self.counts[w.rank] -= 1
         return True
+
+    def grant(self, tenant: str, tokens: float, weight: float) -> None:
+        """A slot went to `tenant`: charged its estimate, and stamped with its turn."""
+        self.turn += 1
+        self.turns[tenant] = self.turn
+        self.charge(tenant, tokens, weight)
 
     def charge(self, tenant: str, tokens: float, weight: float) -> None:
         served = self.service.get(tenant, 0.0) + tokens / weight

@@ -114,7 +114,7 @@ class Gate:
         waited: float = 0.0,
     ) -> Slot:
         """A slot already counted in `in_use`, its estimated cost charged to its tenant."""
-        self.order.charge(tenant, cost, weight)
+        self.order.grant(tenant, cost, weight)
         return Slot(self, lease, limiter, tenant, weight, cost, waited)
 
     def enqueue(self, w: Waiter) -> None:
