@@ -152,6 +152,7 @@ def test_figures_land_in_their_sections() -> None:
         "Memory over 1,000,000 requests",
         "Memory holding 1,000 slow streams",
         "Fleet routing",
+        "Fair share under saturation",
         "Upstream ceilings",
         "All measurements",
         "Setup",
