@@ -172,26 +172,25 @@ class Queues:
         metrics = self.metrics
         if self._room_elsewhere(ask, route, plan):
             self._rejected(gate, "spilled")
-            raise Spilled(
+            raise _refused(
+                Spilled,
+                gate,
+                route,
                 f"Server '{gate.name}' is at its max_concurrency of {gate.cap}; another target has room",
                 code="server_saturated",
-                retryable=True,
+                retry_after=None,
                 elsewhere=True,
-                cools=False,
-                target=route.key,
-                provider=route.provider,
             )
         if gate.order.depth >= self.config.max_depth:
             self._rejected(gate, "queue_full")
-            raise RateLimitError(
+            raise _refused(
+                RateLimitError,
+                gate,
+                route,
                 f"The queue for server '{gate.name}' is full ({self.config.max_depth} requests wait); retry later",
                 code="queue_full",
                 retry_after=gate.retry_after(),
-                retryable=True,
                 elsewhere=True,
-                cools=False,
-                target=route.key,
-                provider=route.provider,
             )
         max_wait = self.max_wait_s[ask.rank]
         deadline_first = timeouts.total < max_wait
@@ -211,14 +210,14 @@ class Queues:
                         retryable=False,
                         cause="deadline_exceeded",
                     ) from None
-                raise RateLimitError(
+                raise _refused(
+                    RateLimitError,
+                    gate,
+                    route,
                     f"Waited {max_wait:g} s for a slot on server '{gate.name}' (queue.max_wait_ms); retry later",
                     code="queue_timeout",
                     retry_after=gate.retry_after(),
-                    retryable=False,
-                    cools=False,
-                    target=route.key,
-                    provider=route.provider,
+                    elsewhere=False,
                 ) from None
         except BaseException as exc:
             if w.future.done() and not w.future.cancelled() and w.future.exception() is None:
@@ -275,6 +274,29 @@ class Queues:
     def _rejected(self, gate: Gate, reason: str) -> None:
         if self.metrics is not None:
             self.metrics.queue_rejected.labels(gate.name, reason).inc()
+
+
+def _refused(
+    kind: type[RateLimitError],
+    gate: Gate,
+    route: Route,
+    message: str,
+    *,
+    code: str,
+    retry_after: float | None,
+    elsewhere: bool,
+) -> RateLimitError:
+    """A queue's 429: never the target's fault (no cooldown); `elsewhere`: another target may have room."""
+    return kind(
+        message,
+        code=code,
+        retry_after=retry_after,
+        retryable=elsewhere,
+        elsewhere=elsewhere,
+        cools=False,
+        target=route.key,
+        provider=route.provider,
+    )
 
 
 def build(loaded: LoadedConfig, limiter: Limiter, metrics: Metrics | None) -> Queues | None:

@@ -70,3 +70,21 @@ async def until(predicate: Any, timeout: float = 10.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "condition not reached in time"
         await asyncio.sleep(0.005)
+
+
+async def hold_one(client: httpx.AsyncClient, engine: Engine, key: str = "noisy") -> asyncio.Future[httpx.Response]:
+    """Stop the engine and send one request, which takes the one slot and stays in the engine until it runs."""
+    engine.running.clear()
+    held = asyncio.ensure_future(ask(client, key))
+    await until(lambda: engine.inflight == 1)
+    return held
+
+
+def provider(name: str, engine: Engine, cap: int) -> str:
+    """One more capped `vllm` provider in front of `engine`, for `config(provider=...)`."""
+    return f"""  {name}:
+    kind: vllm
+    base_url: {engine.url}/v1
+    discover: false
+    max_concurrency: {cap}
+"""

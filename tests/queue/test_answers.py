@@ -13,7 +13,7 @@ import pytest
 
 from tests.helpers.engine import Engine
 from tests.helpers.servers import serve_config
-from tests.queue.conftest import ask, body, config, gate, until
+from tests.queue.conftest import ask, body, config, gate, hold_one, provider, until
 
 ROUTES = ["/v1/completions", "/v4/beta/completions", "/api/v1/compatibility/openai/v1/completions"]
 
@@ -67,42 +67,33 @@ async def test_a_full_queue_answers_429_queue_full_at_once(tmp_path: Path, engin
     assert "quiet" not in engine.order
 
 
-async def test_a_wait_past_max_wait_is_a_429_queue_timeout_with_retry_after(tmp_path: Path, engine: Engine) -> None:
-    with serve_config(tmp_path, config(engine, 1, queue="max_wait_ms: 300")) as gw:
+@pytest.mark.parametrize(
+    ("queue", "extra", "status", "code"),
+    [
+        # Past queue.max_wait_ms: a 429 with Retry-After.
+        ("max_wait_ms: 300", {}, 429, "queue_timeout"),
+        # The request's own deadline ran out first: its time in the queue counted.
+        ("", {"inference_timeout": 0.3}, 504, "deadline_exceeded"),
+    ],
+)
+async def test_a_wait_ends_at_max_wait_or_at_the_requests_own_deadline(
+    tmp_path: Path, engine: Engine, queue: str, extra: dict[str, float], status: int, code: str
+) -> None:
+    with serve_config(tmp_path, config(engine, 1, queue=queue)) as gw:
         async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
-            engine.running.clear()
-            blocker = asyncio.ensure_future(ask(client, "noisy"))
-            await until(lambda: engine.inflight == 1)
+            blocker = await hold_one(client, engine)
             started = time.monotonic()
-            late = await ask(client, "quiet")
+            late = await client.post(
+                "/v1/completions", json=body("quiet", **extra), headers={"authorization": "Bearer k-quiet"}
+            )
             waited = time.monotonic() - started
             assert gate(gw).order.depth == 0  # out of the queue once refused
             engine.running.set()
             assert (await blocker).status_code == 200
-    assert late.status_code == 429
-    assert late.json()["error"]["code"] == "queue_timeout"
-    assert float(late.headers["retry-after"]) >= 1
-    assert 0.25 < waited < 2.0
-    assert engine.order == ["noisy"]
-
-
-async def test_the_requests_own_deadline_counts_its_time_in_the_queue(tmp_path: Path, engine: Engine) -> None:
-    with serve_config(tmp_path, config(engine, 1)) as gw:
-        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
-            engine.running.clear()
-            blocker = asyncio.ensure_future(ask(client, "noisy"))
-            await until(lambda: engine.inflight == 1)
-            started = time.monotonic()
-            late = await client.post(
-                "/v1/completions",
-                json=body("quiet", inference_timeout=0.3),
-                headers={"authorization": "Bearer k-quiet"},
-            )
-            waited = time.monotonic() - started
-            engine.running.set()
-            assert (await blocker).status_code == 200
-    assert late.status_code == 504
-    assert late.json()["error"]["code"] == "deadline_exceeded"
+    assert late.status_code == status
+    assert late.json()["error"]["code"] == code
+    if status == 429:
+        assert float(late.headers["retry-after"]) >= 1
     assert 0.25 < waited < 2.0
     assert engine.order == ["noisy"]
 
@@ -110,9 +101,7 @@ async def test_the_requests_own_deadline_counts_its_time_in_the_queue(tmp_path: 
 async def test_a_client_that_leaves_while_queued_never_reaches_the_upstream(tmp_path: Path, engine: Engine) -> None:
     with serve_config(tmp_path, config(engine, 1)) as gw:
         async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
-            engine.running.clear()
-            blocker = asyncio.ensure_future(ask(client, "noisy"))
-            await until(lambda: engine.inflight == 1)
+            blocker = await hold_one(client, engine)
             async with httpx.AsyncClient(base_url=gw.url, timeout=0.3) as impatient:
                 with pytest.raises(httpx.ReadTimeout):
                     await ask(impatient, "quiet")
@@ -130,9 +119,7 @@ async def test_a_reload_keeps_the_requests_that_wait(tmp_path: Path, engine: Eng
         first = gw.pipeline
         old = gate(gw)
         async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
-            engine.running.clear()
-            blocker = asyncio.ensure_future(ask(client, "noisy"))
-            await until(lambda: engine.inflight == 1)
+            blocker = await hold_one(client, engine)
             waiting = [asyncio.ensure_future(ask(client, "quiet")) for _ in range(3)]
             await until(lambda: old.order.depth == 3)
             path = Path(gw.app.state.reloader.path)
@@ -150,19 +137,15 @@ async def test_a_reload_keeps_the_requests_that_wait(tmp_path: Path, engine: Eng
 
 async def test_an_alias_spills_from_a_saturated_primary_to_a_target_with_room(tmp_path: Path, engine: Engine) -> None:
     with Engine() as spare:
-        provider = f"""  spare:
-    kind: vllm
-    base_url: {spare.url}/v1
-    discover: false
-    max_concurrency: 1
-"""
         models = """models:
   - name: shared
     strategy: ordered
     targets: [{model: engine/m}, {model: spare/m}]
 retries: {attempts: 2}
 """
-        text = config(engine, 1, provider=provider, extra=models).replace("retries: {attempts: 1}\n", "")
+        text = config(engine, 1, provider=provider("spare", spare, 1), extra=models).replace(
+            "retries: {attempts: 1}\n", ""
+        )
         with serve_config(tmp_path, text) as gw:
             async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
                 engine.running.clear()

@@ -10,7 +10,7 @@ import httpx
 
 from tests.helpers.engine import Engine
 from tests.helpers.servers import serve_config
-from tests.queue.conftest import ask, body, config, gate, until
+from tests.queue.conftest import ask, body, config, gate, provider, until
 
 
 async def test_the_cap_holds_for_buffered_requests_and_streams_to_their_last_byte(
@@ -89,12 +89,6 @@ async def test_each_replica_has_its_own_cap(tmp_path: Path) -> None:
 
 async def test_hedges_and_retries_each_hold_a_slot(tmp_path: Path) -> None:
     with Engine(hold_s=0.15) as slow, Engine(hold_s=0.02) as fast:
-        provider = f"""  spare:
-    kind: vllm
-    base_url: {fast.url}/v1
-    discover: false
-    max_concurrency: 2
-"""
         models = """models:
   - name: hedged
     strategy: ordered
@@ -102,7 +96,9 @@ async def test_hedges_and_retries_each_hold_a_slot(tmp_path: Path) -> None:
     targets: [{model: engine/m}, {model: spare/m}]
 retries: {attempts: 3, initial_backoff_ms: 0, max_backoff_ms: 0}
 """
-        text = config(slow, 2, provider=provider, extra=models).replace("retries: {attempts: 1}\n", "")
+        text = config(slow, 2, provider=provider("spare", fast, 2), extra=models).replace(
+            "retries: {attempts: 1}\n", ""
+        )
         slow.failures = 3  # the first attempts fail and are retried
         with serve_config(tmp_path, text) as gw:
             async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:

@@ -11,7 +11,7 @@ import httpx
 
 from tests.helpers.engine import Engine
 from tests.helpers.servers import GatewayThread, serve_config
-from tests.queue.conftest import ask, config, gate, until
+from tests.queue.conftest import ask, config, gate, hold_one, until
 
 Ask = tuple[str, int, dict[str, str]]  # a request to queue: its key, its max_tokens, its headers
 
@@ -25,9 +25,7 @@ async def _queued(
 ) -> list[httpx.Response]:
     """Hold the one slot with a blocker, queue `asks` (key, tokens, headers) one by one in that order, then let
     the engine run; the answers, and `engine.order` without the blocker."""
-    engine.running.clear()
-    blocker = asyncio.ensure_future(ask(client, "blocker"))
-    await until(lambda: engine.inflight == 1)
+    blocker = await hold_one(client, engine, "blocker")
     g = gate(gw)
     tasks = []
     for i, (key, tokens, headers) in enumerate(asks):

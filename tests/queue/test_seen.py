@@ -12,7 +12,7 @@ import httpx
 from tests.helpers.accesslog import listening
 from tests.helpers.engine import Engine
 from tests.helpers.servers import serve_config
-from tests.queue.conftest import ask, config, gate, until
+from tests.queue.conftest import ask, config, gate, hold_one, until
 
 
 def _sample(text: str, name: str, **labels: str) -> float:
@@ -29,9 +29,7 @@ async def test_status_metrics_and_access_log_show_the_queue(tmp_path: Path, engi
     admin = {"authorization": "Bearer admin-q"}
     with serve_config(tmp_path, text) as gw, listening() as access:
         async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
-            engine.running.clear()
-            blocker = asyncio.ensure_future(ask(client, "blocker"))
-            await until(lambda: engine.inflight == 1)
+            blocker = await hold_one(client, engine, "blocker")
             high = asyncio.ensure_future(ask(client, "boss", x_gateway_priority="high"))
             await until(lambda: gate(gw).order.depth == 1)
             low = asyncio.ensure_future(ask(client, "batch"))
