@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -77,7 +78,7 @@ async def test_a_full_queue_answers_429_queue_full_at_once(tmp_path: Path, engin
     ],
 )
 async def test_a_wait_ends_at_max_wait_or_at_the_requests_own_deadline(
-    tmp_path: Path, engine: Engine, queue: str, extra: dict[str, float], status: int, code: str
+    tmp_path: Path, engine: Engine, queue: str, extra: dict[str, Any], status: int, code: str
 ) -> None:
     with serve_config(tmp_path, config(engine, 1, queue=queue)) as gw:
         async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
