@@ -1,5 +1,5 @@
 """What an operator sees of a queue: the status page's slots and waiters, the metrics, the access log's
-`queue_ms`."""
+`queue_ms`, and a wait's span (exported to a real OTLP/HTTP receiver)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import re
 from pathlib import Path
 
 import httpx
+import pytest
 
+from tests.e2e.test_tracing import SERVER, Receiver
 from tests.helpers.accesslog import listening
 from tests.helpers.engine import Engine
 from tests.helpers.servers import serve_config
@@ -59,3 +61,27 @@ async def test_status_metrics_and_access_log_show_the_queue(tmp_path: Path, engi
     assert engine.order == ["blocker", "boss", "batch"]  # high before low
     assert lines["quiet"]["error"] == "queue_full"
     assert re.search(r'gateway_queue_rejected_total\{reason="queue_full",target="engine"\}', metrics)
+
+
+async def test_a_wait_is_a_span_of_its_request(tmp_path: Path, engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    receiver = Receiver()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{receiver.port}")
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "20")
+    try:
+        with serve_config(tmp_path, config(engine, 1, extra="tracing: {enabled: true}")) as gw:
+            async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+                blocker = await hold_one(client, engine, "blocker")
+                waiting = asyncio.ensure_future(ask(client, "boss", x_gateway_priority="high"))
+                await until(lambda: gate(gw).order.depth == 1)
+                await asyncio.sleep(0.05)
+                engine.running.set()
+                assert [r.status_code for r in await asyncio.gather(blocker, waiting)] == [200, 200]
+        spans = receiver.wait(5)  # two requests, two attempts, one wait
+    finally:
+        receiver.close()
+    waits = [s for s in spans if s.name == "queue wait"]
+    assert len(waits) == 1
+    wait = waits[0]
+    assert wait.attributes == {"gateway.queue.server": "engine", "gateway.queue.priority": "high"}
+    request = next(s for s in spans if s.span_id == wait.parent)
+    assert request.kind == SERVER and request.trace_id == wait.trace_id
