@@ -7,9 +7,11 @@ import asyncio
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.helpers.engine import Engine
-from tests.helpers.servers import serve_config
+from tests.helpers.redis import RedisServer
+from tests.helpers.servers import GatewayProcess, serve_config
 from tests.queue.conftest import ask, body, config, gate, provider, until
 
 
@@ -45,8 +47,8 @@ async def test_a_provider_without_max_concurrency_builds_no_queue(tmp_path: Path
     assert engine.peak == 6  # every request went at once: nothing held them back
 
 
-async def test_two_gateways_sharing_redis_hold_one_cap(tmp_path: Path, rds: object) -> None:
-    url = rds.url  # type: ignore[attr-defined]
+async def test_two_gateways_sharing_redis_hold_one_cap(tmp_path: Path, rds: RedisServer) -> None:
+    url = rds.url
     with Engine(hold_s=0.05) as engine:
         text = config(engine, 3, extra=f"redis: {{url: '{url}'}}")
         with serve_config(tmp_path, text) as a, serve_config(tmp_path, text) as b:
@@ -112,3 +114,36 @@ retries: {attempts: 3, initial_backoff_ms: 0, max_backoff_ms: 0}
     assert [r.status_code for r in answers] == [200] * 16
     assert slow.peak == 2 and fast.peak == 2  # both served, neither past its cap
     assert len(slow.order) + len(fast.order) > 16  # hedges and retries made more calls than requests
+
+
+@pytest.mark.parametrize("shared", [True, False])
+async def test_two_workers_hold_one_cap_with_redis_and_one_each_without(
+    tmp_path: Path, rds: RedisServer, shared: bool
+) -> None:
+    with Engine(hold_s=0.08) as engine:
+        text = config(engine, 3, extra=f"redis: {{url: '{rds.url}'}}" if shared else "")
+        path = tmp_path / "workers.yaml"
+        path.write_text(text.replace("server: {host: 127.0.0.1, port: 0}", "server: {host: 127.0.0.1, workers: 2}"))
+        gw = GatewayProcess(path)
+        try:
+            gw.wait_ready()
+            async with httpx.AsyncClient(base_url=gw.url, timeout=30, trust_env=False) as client:
+                for _ in range(3):  # new connections each round, so both workers take some
+                    answers = await asyncio.gather(
+                        *(ask(client, "noisy") for _ in range(12)),
+                        *(
+                            client.post(
+                                "/v1/completions",
+                                json=body("quiet", stream=True),
+                                headers={"authorization": "Bearer k-quiet"},
+                            )
+                            for _ in range(4)
+                        ),
+                    )
+                    assert [r.status_code for r in answers] == [200] * 16
+        finally:
+            gw.stop()
+    if shared:
+        assert engine.peak == 3
+    else:
+        assert 3 <= engine.peak <= 6  # per process: each worker keeps its own three
