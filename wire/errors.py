@@ -380,7 +380,7 @@ CODES: Final[dict[str, str]] = {
     "priority_not_allowed": "the `x-gateway-priority` asked is above the key's `max_priority` (403)",
     "queue_full": "the queue of a server with `max_concurrency` already holds `queue.max_depth` requests (429)",
     "queue_timeout": "the request waited `queue.max_wait_ms` for a slot of a server with `max_concurrency` (429)",
-    "server_saturated": "a server at its `max_concurrency` while another target had room; seen only when that one failed too (429)",
+    "server_saturated": "a server was at its `max_concurrency` and the target with room failed too (429)",
     "budget_exceeded": "the key's daily budget is spent, or with a ledger its monthly or its team's (429)",
     "key_exists": "a runtime key's name is taken, by a runtime key or one in the config (409; docs/ledger.md)",
     "ledger_unavailable": "the ledger's database cannot be reached for a key or report request (503)",
