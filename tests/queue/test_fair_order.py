@@ -122,3 +122,15 @@ async def test_low_starves_under_steady_normal_traffic_by_design(tmp_path: Path,
     assert low.json()["error"]["code"] == "queue_timeout"
     assert "batch" not in engine.order[:-1]
     assert after.status_code == 200 and engine.order[-1] == "batch"
+
+
+async def test_a_tenant_that_was_idle_does_not_bank_credit(tmp_path: Path, engine: Engine) -> None:
+    with serve_config(tmp_path, config(engine, 1)) as gw:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+            for _ in range(8):  # `noisy` alone, never waiting: 8 requests of service while `quiet` is idle
+                assert (await ask(client, "noisy", tokens=20)).status_code == 200
+            engine.order.clear()
+            await _queued(gw, engine, client, many("noisy", 20, 6) + many("quiet", 20, 6))
+    # Had `quiet` kept its zero while `noisy` was served, it would now take its six first.
+    assert engine.order[:6].count("noisy") >= 2, engine.order
+    assert engine.order[:4].count("quiet") >= 1, engine.order
