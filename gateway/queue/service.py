@@ -121,7 +121,12 @@ class Queues:
                 gate.resize(mine.cap, self.limiter, self.metrics)
                 self.gates[where] = gate
             else:
-                gate.resize(1_000_000_000, None, gate.metrics)  # uncapped now: everyone waiting goes
+                _lift(gate)
+
+    def lift(self) -> None:
+        """A reload to a config that caps no server: everyone waiting goes at once."""
+        for gate in self.gates.values():
+            _lift(gate)
 
     def gate(self, route: Route) -> Gate | None:
         found = self._routes.get(route.key, self)
@@ -274,6 +279,10 @@ class Queues:
     def _rejected(self, gate: Gate, reason: str) -> None:
         if self.metrics is not None:
             self.metrics.queue_rejected.labels(gate.name, reason).inc()
+
+
+def _lift(gate: Gate) -> None:
+    gate.resize(1_000_000_000, None, gate.metrics)  # uncapped now: its waiters go, its slots end as they do
 
 
 def _refused(

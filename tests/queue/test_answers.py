@@ -166,3 +166,21 @@ retries: {attempts: 2}
     assert answers[1].headers["x-gateway-provider"] == "spare"
     assert engine.order == ["noisy", "noisy"] and spare.order == ["noisy"]
     assert engine.peak == 1 and spare.peak == 1
+
+
+async def test_a_reload_that_removes_the_cap_lets_the_waiters_go(tmp_path: Path, engine: Engine) -> None:
+    with serve_config(tmp_path, config(engine, 1)) as gw:
+        first = gw.pipeline
+        old = gate(gw)
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+            blocker = await hold_one(client, engine)
+            waiting = [asyncio.ensure_future(ask(client, "quiet")) for _ in range(3)]
+            await until(lambda: old.order.depth == 3)
+            Path(gw.app.state.reloader.path).write_text(config(engine, 1).replace("    max_concurrency: 1\n", ""))
+            gw.app.state.reloader.trigger()
+            await until(lambda: gw.pipeline is not first)
+            assert gw.pipeline.queues is None
+            await until(lambda: engine.inflight == 4)  # the three waiters went at once
+            engine.running.set()
+            answers = await asyncio.gather(blocker, *waiting)
+    assert [r.status_code for r in answers] == [200] * 4
