@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from typing import Any
 
 import httpx
@@ -88,3 +88,8 @@ def provider(name: str, engine: Engine, cap: int) -> str:
     discover: false
     max_concurrency: {cap}
 """
+
+
+def streamed(client: httpx.AsyncClient, key: str) -> Awaitable[httpx.Response]:
+    """A streamed request of `key` (the whole stream read: the slot is held to its last byte)."""
+    return client.post("/v1/completions", json=body(key, stream=True), headers={"authorization": f"Bearer k-{key}"})

@@ -12,7 +12,7 @@ import pytest
 from tests.helpers.engine import Engine
 from tests.helpers.redis import RedisServer
 from tests.helpers.servers import GatewayProcess, serve_config
-from tests.queue.conftest import ask, body, config, gate, provider, until
+from tests.queue.conftest import ask, body, config, gate, provider, streamed, until
 
 
 async def test_the_cap_holds_for_buffered_requests_and_streams_to_their_last_byte(
@@ -59,14 +59,7 @@ async def test_two_gateways_sharing_redis_hold_one_cap(tmp_path: Path, rds: Redi
                 answers = await asyncio.gather(
                     *(ask(ca, "noisy") for _ in range(10)),
                     *(ask(cb, "quiet") for _ in range(10)),
-                    *(
-                        ca.post(
-                            "/v1/completions",
-                            json=body("quiet", stream=True),
-                            headers={"authorization": "Bearer k-quiet"},
-                        )
-                        for _ in range(4)
-                    ),
+                    *(streamed(ca, "quiet") for _ in range(4)),
                 )
             assert gate(a).in_use == 0 and gate(b).in_use == 0
     assert [r.status_code for r in answers] == [200] * 24
@@ -131,14 +124,7 @@ async def test_two_workers_hold_one_cap_with_redis_and_one_each_without(
                 for _ in range(3):  # new connections each round, so both workers take some
                     answers = await asyncio.gather(
                         *(ask(client, "noisy") for _ in range(12)),
-                        *(
-                            client.post(
-                                "/v1/completions",
-                                json=body("quiet", stream=True),
-                                headers={"authorization": "Bearer k-quiet"},
-                            )
-                            for _ in range(4)
-                        ),
+                        *(streamed(client, "quiet") for _ in range(4)),
                     )
                     assert [r.status_code for r in answers] == [200] * 16
         finally:
