@@ -63,6 +63,9 @@ class Gate:
         self._freed: asyncio.Event | None = None
         self._background: set[asyncio.Task[None]] = set()  # lease releases under way
         self._service: dict[str, Any] = {}  # tenant -> its service counter's child (bounded by the tenants)
+        # Requests waiting on another server that this one may also serve (another target of their alias):
+        # when a slot frees here and nobody waits here, the first of them is told (its future gets None).
+        self.watchers: dict[asyncio.Future[Any], None] = {}
 
     def resize(self, cap: int, limiter: Limiter | None, metrics: Metrics | None) -> None:
         """A reload: the same server under the new config (its waiters and held slots stay)."""
@@ -148,6 +151,8 @@ class Gate:
 
     def _wake(self) -> None:
         if not self.order.depth:
+            if self.watchers and self.in_use < self.cap:
+                self._call_watcher()
             return
         if self.limiter is None:
             self._dispatch_local()
@@ -156,6 +161,16 @@ class Gate:
             self._freed.set()
         if self._pump is None:
             self._pump = asyncio.ensure_future(self._run_pump())
+
+    def _call_watcher(self) -> None:
+        """Tell one request waiting elsewhere that a slot is free here (it comes and takes it, or not)."""
+        watchers = self.watchers
+        while watchers:
+            future = next(iter(watchers))
+            del watchers[future]
+            if not future.done():
+                future.set_result(None)
+                return
 
     def _dispatch_local(self) -> None:
         while self.in_use < self.cap:

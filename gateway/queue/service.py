@@ -175,17 +175,9 @@ class Queues:
         # Only a request that waits gets a future and a start time: a free slot costs neither.
         w.future, w.since = asyncio.get_running_loop().create_future(), time.monotonic()
         metrics = self.metrics
-        if self._room_elsewhere(ask, route, plan):
-            self._rejected(gate, "spilled")
-            raise _refused(
-                Spilled,
-                gate,
-                route,
-                f"Server '{gate.name}' is at its max_concurrency of {gate.cap}; another target has room",
-                code="server_saturated",
-                retry_after=None,
-                elsewhere=True,
-            )
+        room, others = self._elsewhere(ask, route, plan)
+        if room:
+            raise self._spilled(gate, route)
         if gate.order.depth >= self.config.max_depth:
             self._rejected(gate, "queue_full")
             raise _refused(
@@ -201,10 +193,15 @@ class Queues:
         deadline_first = timeouts.total < max_wait
         span = tracing.wait(gate.name, PRIORITIES[ask.rank])
         gate.enqueue(w)
+        for other in others:  # the alias's other full servers: whichever frees a slot first may take it
+            other.watchers[w.future] = None
         try:
             try:
                 async with asyncio.timeout(min(max_wait, timeouts.total)):
                     slot = await w.future
+                if slot is None:  # another target freed a slot first: the attempt moves on to it
+                    gate.leave(w)
+                    raise self._spilled(gate, route)
             except TimeoutError:
                 gate.leave(w)
                 self._rejected(gate, "deadline" if deadline_first else "queue_timeout")
@@ -226,13 +223,18 @@ class Queues:
                 ) from None
         except BaseException as exc:
             if w.future.done() and not w.future.cancelled() and w.future.exception() is None:
-                w.future.result().done(0)  # granted as the request went away: the slot goes to the next
+                granted = w.future.result()
+                if granted is not None:
+                    granted.done(0)  # granted as the request went away: the slot goes to the next
             else:
                 w.future.cancel()
                 gate.leave(w)
             if span is not None:
                 span.close(exc)
             raise
+        finally:
+            for other in others:
+                other.watchers.pop(w.future, None)
         if span is not None:
             span.close(None)
         ask.waited += slot.waited
@@ -240,21 +242,35 @@ class Queues:
             metrics.queue_wait.labels(gate.name, PRIORITIES[ask.rank]).observe(slot.waited)
         return slot, timeouts.capped(max(timeouts.total - slot.waited, 0.001))
 
-    def _room_elsewhere(self, ask: Ask, route: Route, plan: Plan) -> bool:
-        """Whether another target of the plan, not yet tried by this request, could start it now."""
+    def _elsewhere(self, ask: Ask, route: Route, plan: Plan) -> tuple[bool, list[Gate]]:
+        """Whether another target of the plan, not yet tried by this request, could start it now; if none
+        can, the servers of those others (each full), which a slot freed first may still call it to."""
+        full: list[Gate] = []
         if plan.single is not None and not route.replicas and not plan.single.replicas:
-            return False
+            return False, full
         for g in plan.groups:
             for r in g.routes:
                 for x in r.replicas or (r,):
-                    if x.key == route.key:
-                        continue
-                    if x.key in ask.tried or x.unavailable is not None:
+                    if x.key == route.key or x.key in ask.tried or x.unavailable is not None:
                         continue
                     other = self.gate(x)
                     if other is None or other.room():
-                        return True
-        return False
+                        return True, full
+                    if other not in full:
+                        full.append(other)
+        return False, full
+
+    def _spilled(self, gate: Gate, route: Route) -> Spilled:
+        self._rejected(gate, "spilled")
+        return _refused(  # type: ignore[return-value]  # `kind` is Spilled
+            Spilled,
+            gate,
+            route,
+            f"Server '{gate.name}' is at its max_concurrency of {gate.cap}; another target has room",
+            code="server_saturated",
+            retry_after=None,
+            elsewhere=True,
+        )
 
     async def status(self) -> list[dict[str, object]]:
         """Each capped server for the status page: its cap, the slots in use (with Redis, by every process;

@@ -171,3 +171,40 @@ retries: {attempts: 2}
     assert answers[1].headers["x-gateway-provider"] == "spare"
     assert engine.order == ["noisy", "noisy"] and spare.order == ["noisy"]
     assert engine.peak == 1 and spare.peak == 1
+
+
+async def test_a_request_waiting_on_a_full_primary_takes_the_slot_a_fallback_frees_first(
+    tmp_path: Path, engine: Engine
+) -> None:
+    with Engine() as spare:
+        models = """models:
+  - name: shared
+    strategy: ordered
+    targets: [{model: engine/m}, {model: spare/m}]
+retries: {attempts: 2}
+"""
+        text = config(engine, 1, provider=provider("spare", spare, 1), extra=models).replace(
+            "retries: {attempts: 1}\n", ""
+        )
+        with serve_config(tmp_path, text) as gw:
+            async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+                engine.running.clear()
+                spare.running.clear()
+                hdrs = {"authorization": "Bearer k-noisy"}
+                req = {**body("noisy"), "model": "shared"}
+                a = asyncio.ensure_future(client.post("/v1/completions", json=req, headers=hdrs))
+                await until(lambda: engine.inflight == 1)
+                b = asyncio.ensure_future(client.post("/v1/completions", json=req, headers=hdrs))
+                await until(lambda: spare.inflight == 1)
+                c = asyncio.ensure_future(client.post("/v1/completions", json={**req, "prompt": "quiet"}, headers=hdrs))
+                await until(lambda: gate(gw).order.depth == 1)  # both full: it waits on the primary
+                spare.running.set()  # the fallback frees its slot first
+                await until(lambda: c.done())
+                assert not a.done()  # the primary still holds its one request
+                engine.running.set()
+                answers = await asyncio.gather(a, b, c)
+    assert [r.status_code for r in answers] == [200] * 3
+    assert answers[2].headers["x-gateway-provider"] == "spare"
+    assert answers[2].headers["x-gateway-attempts"] == "1"  # moving on was no attempt: no call was made
+    assert spare.order == ["noisy", "quiet"] and engine.order == ["noisy"]
+    assert gate(gw).order.depth == 0
