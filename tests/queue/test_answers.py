@@ -164,7 +164,8 @@ retries: {attempts: 2}
                 await until(lambda: spare.inflight == 1)  # went to the spare at once, no wait
                 c = asyncio.ensure_future(client.post("/v1/completions", json=req, headers=hdrs))
                 await until(lambda: gate(gw).order.depth == 1)  # both full: it waits for the primary
-                engine.running.set()
+                engine.running.set()  # the primary frees its slot first: the request waiting there takes it
+                await until(lambda: a.done() and c.done())
                 spare.running.set()
                 answers = await asyncio.gather(a, b, c)
     assert [r.status_code for r in answers] == [200] * 3
