@@ -25,7 +25,7 @@ POLL_S: Final = 0.02
 class Slot:
     """One slot of one gate, held by one attempt; `done` gives it back once (later calls do nothing)."""
 
-    __slots__ = ("gate", "lease", "limiter", "tenant", "weight", "cost", "since", "waited")
+    __slots__ = ("gate", "lease", "limiter", "tenant", "weight", "cost", "waited")
 
     def __init__(
         self, gate: Gate, lease: str, limiter: Limiter | None, tenant: str, weight: float, cost: int, waited: float
@@ -36,7 +36,6 @@ class Slot:
         self.tenant = tenant
         self.weight = weight
         self.cost = cost
-        self.since = time.monotonic()
         self.waited = waited  # seconds spent in the queue (0 when a slot was free)
 
     def done(self, used: int | None) -> None:
@@ -58,7 +57,7 @@ class Gate:
         self.metrics = metrics
         self.order = FairOrder()
         self.in_use = 0  # slots this process holds
-        self.hold_s = 1.0  # a moving average of how long a slot is held, for Retry-After
+        self.wait_s = 1.0  # a moving average of how long requests that waited here waited, for Retry-After
         self._pump: asyncio.Task[None] | None = None
         self._freed: asyncio.Event | None = None
         self._background: set[asyncio.Task[None]] = set()  # lease releases under way
@@ -105,6 +104,8 @@ class Gate:
         return decision.lease if decision.allowed else None
 
     def _grant(self, w: Waiter, lease: str, limiter: Limiter | None, waited: float) -> Slot:
+        if waited:
+            self.wait_s += (waited - self.wait_s) * 0.1
         return self.grant(w.tenant, w.weight, w.cost, lease, limiter, waited)
 
     def grant(
@@ -133,8 +134,6 @@ class Gate:
 
     def release(self, slot: Slot, used: int | None) -> None:
         self.in_use -= 1
-        held = time.monotonic() - slot.since
-        self.hold_s += (held - self.hold_s) * 0.1
         if used is not None and used != slot.cost:
             self.order.charge(slot.tenant, used - slot.cost, slot.weight)
         metrics = self.metrics
@@ -226,8 +225,8 @@ class Gate:
             self._freed = None
 
     def retry_after(self) -> float:
-        """A guess at when room comes back: the waiters ahead, served `cap` at a time, each for the usual hold."""
-        return min(max(self.hold_s * (self.order.depth + 1) / self.cap, 1.0), 60.0)
+        """A guess at when room comes back: about as long as the requests that got a slot here lately waited."""
+        return min(max(self.wait_s, 1.0), 60.0)
 
 
 async def _release(limiter: Limiter, bucket: Bucket, lease: str) -> None:
