@@ -141,7 +141,12 @@ async def test_a_reload_keeps_the_requests_that_wait(tmp_path: Path, engine: Eng
     assert sorted(engine.order) == ["noisy", "quiet", "quiet", "quiet"]
 
 
-async def test_an_alias_spills_from_a_saturated_primary_to_a_target_with_room(tmp_path: Path, engine: Engine) -> None:
+@pytest.mark.parametrize("frees_first", ["engine", "spare"])
+async def test_an_alias_takes_the_first_of_its_targets_with_a_slot(
+    tmp_path: Path, engine: Engine, frees_first: str
+) -> None:
+    """A full primary spills to a fallback with room at once; with both full, the request waits on the
+    primary and takes whichever frees a slot first."""
     with Engine() as spare:
         models = """models:
   - name: shared
@@ -162,50 +167,18 @@ retries: {attempts: 2}
                 await until(lambda: engine.inflight == 1)
                 b = asyncio.ensure_future(client.post("/v1/completions", json=req, headers=hdrs))
                 await until(lambda: spare.inflight == 1)  # went to the spare at once, no wait
-                c = asyncio.ensure_future(client.post("/v1/completions", json=req, headers=hdrs))
-                await until(lambda: gate(gw).order.depth == 1)  # both full: it waits for the primary
-                engine.running.set()  # the primary frees its slot first: the request waiting there takes it
-                await until(lambda: a.done() and c.done())
-                spare.running.set()
+                c = asyncio.ensure_future(client.post("/v1/completions", json={**req, "prompt": "quiet"}, headers=hdrs))
+                await until(lambda: gate(gw).order.depth == 1)  # both full: it waits on the primary
+                first, other = (engine, spare) if frees_first == "engine" else (spare, engine)
+                first.running.set()
+                await until(lambda: c.done())
+                assert other.inflight == 1  # the other target still holds its one request
+                other.running.set()
                 answers = await asyncio.gather(a, b, c)
     assert [r.status_code for r in answers] == [200] * 3
     assert answers[1].headers["x-gateway-provider"] == "spare"
-    assert engine.order == ["noisy", "noisy"] and spare.order == ["noisy"]
-    assert engine.peak == 1 and spare.peak == 1
-
-
-async def test_a_request_waiting_on_a_full_primary_takes_the_slot_a_fallback_frees_first(
-    tmp_path: Path, engine: Engine
-) -> None:
-    with Engine() as spare:
-        models = """models:
-  - name: shared
-    strategy: ordered
-    targets: [{model: engine/m}, {model: spare/m}]
-retries: {attempts: 2}
-"""
-        text = config(engine, 1, provider=provider("spare", spare, 1), extra=models).replace(
-            "retries: {attempts: 1}\n", ""
-        )
-        with serve_config(tmp_path, text) as gw:
-            async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
-                engine.running.clear()
-                spare.running.clear()
-                hdrs = {"authorization": "Bearer k-noisy"}
-                req = {**body("noisy"), "model": "shared"}
-                a = asyncio.ensure_future(client.post("/v1/completions", json=req, headers=hdrs))
-                await until(lambda: engine.inflight == 1)
-                b = asyncio.ensure_future(client.post("/v1/completions", json=req, headers=hdrs))
-                await until(lambda: spare.inflight == 1)
-                c = asyncio.ensure_future(client.post("/v1/completions", json={**req, "prompt": "quiet"}, headers=hdrs))
-                await until(lambda: gate(gw).order.depth == 1)  # both full: it waits on the primary
-                spare.running.set()  # the fallback frees its slot first
-                await until(lambda: c.done())
-                assert not a.done()  # the primary still holds its one request
-                engine.running.set()
-                answers = await asyncio.gather(a, b, c)
-    assert [r.status_code for r in answers] == [200] * 3
-    assert answers[2].headers["x-gateway-provider"] == "spare"
+    assert answers[2].headers["x-gateway-provider"] == frees_first
     assert answers[2].headers["x-gateway-attempts"] == "1"  # moving on was no attempt: no call was made
-    assert spare.order == ["noisy", "quiet"] and engine.order == ["noisy"]
+    assert first.order == ["noisy", "quiet"] and other.order == ["noisy"]
+    assert engine.peak == 1 and spare.peak == 1
     assert gate(gw).order.depth == 0
