@@ -70,6 +70,9 @@ def config_text(upstream_port: int | None, cache: str = "off") -> str:
         lines.append(f"  up: {{kind: openai, base_url: 'http://127.0.0.1:{upstream_port}/v1', api_key: bench-key}}")
     if cache != "off":
         lines.append(f"cache: {{mode: {cache}}}")  # only trees with the response cache accept it
+    cap = os.environ.get("BENCH_MAX_CONCURRENCY")  # `--max-concurrency`: every provider's server has a queue
+    if cap:
+        lines = [line[:-1] + f", max_concurrency: {int(cap)}}}" if line.startswith("  ") else line for line in lines]
     ledger = os.environ.get("BENCH_LEDGER_URL")  # `--ledger`: every request booked (valgrind's child inherits it)
     if ledger:
         # As a saturated gateway runs it: the writer commits full batches (batch_rows, 500), not whatever one
@@ -290,6 +293,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--cache", choices=("off", "always"), default="off", help="the response cache's mode")
     parser.add_argument("--vary", action="store_true", help="a prompt of its own per request (cache misses)")
     parser.add_argument("--stops", choices=tuple(STOPS), default="none", help="a stop list the gateway enforces")
+    parser.add_argument(
+        "--max-concurrency", type=int, help="a max_concurrency on every provider: the queue with no contention"
+    )
     parser.add_argument("--ledger", help="a ledger URL (sqlite:///..., postgresql://...): measure with the ledger on")
     parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)  # the process valgrind runs
     parser.add_argument("--upstream-port", type=int, help=argparse.SUPPRESS)
@@ -307,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.ledger:
         os.environ["BENCH_LEDGER_URL"] = args.ledger
+    if args.max_concurrency:
+        os.environ["BENCH_MAX_CONCURRENCY"] = str(args.max_concurrency)  # valgrind's child inherits it
     if args.inner:
         _loop_runner()(
             drive(

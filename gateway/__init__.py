@@ -14,6 +14,7 @@ LAYERS: Final[tuple[tuple[str, ...], ...]] = (
     ("gateway.path",),  # the request path: dialects, request folding, routing, pipeline, attempt, relay
     # failover, balancer, health, evidence | emulation, patterns, schemas | the response cache | the ledger
     ("gateway.resilience", "gateway.emulation", "gateway.cache", "gateway.ledger"),
+    ("gateway.queue",),  # the fair wait queue of servers with max_concurrency: gates, slots, fair order
     ("gateway.limits",),  # keys, admission, rate limits, token estimates, usage
     ("gateway.upstream",),  # transports (h1, httpx), the upstream client, framing, scrubbing, plan values
     ("gateway.fleet",),  # replicas of a self-hosted engine: the policies, drain flags, engine load

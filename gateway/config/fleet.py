@@ -21,6 +21,9 @@ class ReplicaConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     weight: Annotated[float, Meta(gt=0, le=100)] = 1.0
     # Start draining: the replica takes no new requests (POST .../undrain to take it back).
     drain: bool = False
+    # Requests in flight to this replica at most (over the provider's `max_concurrency`); others wait in the
+    # gateway's fair queue (docs/fairness.md).
+    max_concurrency: Annotated[int, Meta(ge=1, le=100_000)] | None = None
 
 
 class RoutingConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -69,6 +72,12 @@ def replica_weight(r: str | ReplicaConfig) -> float:
 
 def replica_drained(r: str | ReplicaConfig) -> bool:
     return False if isinstance(r, str) else r.drain
+
+
+def replica_cap(r: str | ReplicaConfig, provider_cap: int | None) -> int | None:
+    """A replica's own `max_concurrency`, else its provider's (None: no cap, no queue)."""
+    own = None if isinstance(r, str) else r.max_concurrency
+    return own if own is not None else provider_cap
 
 
 def fleet_problem(

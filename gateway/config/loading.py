@@ -216,6 +216,14 @@ def _check(cfg: GatewayConfig, providers: dict[str, ProviderConfig], source: str
         if key.name in seen_names:
             fail(f"keys[{i}].name", f"duplicate key name {key.name!r}")
         seen_names.add(key.name)
+        team = cfg.teams.get(key.team) if key.team else None
+        asks = key.priority or (team.priority if team else None) or "normal"
+        most = key.max_priority or (team.max_priority if team else None) or "normal"
+        if _RANK[asks] > _RANK[most]:
+            fail(f"keys[{i}].priority", f"{asks!r} is above the key's max_priority {most!r}")
+
+
+_RANK = {"low": 0, "normal": 1, "high": 2}
 
 
 def parse_config(text: str, source: str = "config.yaml", env: dict[str, str] | None = None) -> LoadedConfig:

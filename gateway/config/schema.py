@@ -101,6 +101,7 @@ class CooldownConfig(Strict, frozen=True):
 
 
 Strategy = Literal["weighted", "ordered", "least-busy", "latency"]
+Priority = Literal["high", "normal", "low"]
 
 
 class KeyConfig(Strict, frozen=True):
@@ -117,6 +118,12 @@ class KeyConfig(Strict, frozen=True):
     max_cost_per_month: Annotated[float, Meta(ge=0)] | None = None
     # A team groups keys in the ledger's rows, rollups and reports, and shares its `teams:` budgets.
     team: str | None = None
+    # This key's share of a saturated server against the other keys waiting (`queue.fair_by: key`; docs/fairness.md).
+    weight: Annotated[float, Meta(gt=0, le=10_000)] = 1.0
+    # The priority of a request without an `x-gateway-priority` header; unset: the team's, else `normal`.
+    priority: Priority | None = None
+    # The highest priority this key may ask for; unset: the team's, else `normal` (a higher ask is a 403).
+    max_priority: Priority | None = None
 
 
 class TeamConfig(Strict, frozen=True):
@@ -125,6 +132,38 @@ class TeamConfig(Strict, frozen=True):
     max_cost_per_day: Annotated[float, Meta(ge=0)] | None = None
     # USD per UTC calendar month for all the team's keys together.
     max_cost_per_month: Annotated[float, Meta(ge=0)] | None = None
+    # The team's share of a saturated server against the other teams waiting (`queue.fair_by: team`).
+    weight: Annotated[float, Meta(gt=0, le=10_000)] = 1.0
+    # The `priority` of the team's keys that set none.
+    priority: Priority | None = None
+    # The `max_priority` of the team's keys that set none.
+    max_priority: Priority | None = None
+
+
+class QueueWaitConfig(Strict, frozen=True):
+    """The longest wait of each priority class, over `queue.max_wait_ms`."""
+
+    # The longest a `high` request waits; unset: `queue.max_wait_ms`.
+    high: Annotated[int, Meta(ge=0, le=86_400_000)] | None = None
+    # The longest a `normal` request waits; unset: `queue.max_wait_ms`.
+    normal: Annotated[int, Meta(ge=0, le=86_400_000)] | None = None
+    # The longest a `low` request waits (background work may wait longer); unset: `queue.max_wait_ms`.
+    low: Annotated[int, Meta(ge=0, le=86_400_000)] | None = None
+
+
+class QueueConfig(Strict, frozen=True):
+    """The wait queue in front of servers with `max_concurrency` (docs/fairness.md); unused without one."""
+
+    # The longest a request waits for a slot: past it, a 429 `queue_timeout` with Retry-After. The request's
+    # own deadline (`timeout`, `inference_timeout`) counts its time in the queue too.
+    max_wait_ms: Annotated[int, Meta(ge=0, le=86_400_000)] = 30_000
+    # Per priority class: `{low: 600000}` lets background work wait longer.
+    max_wait_by_priority: QueueWaitConfig = QueueWaitConfig()
+    # Requests waiting for one server at most; one more is a 429 `queue_full` at once.
+    max_depth: Annotated[int, Meta(ge=1, le=1_000_000)] = 1000
+    # Who a saturated server's capacity is shared between: each client key, or each team (`keys[].team`;
+    # keys without a team are each their own tenant).
+    fair_by: Literal["key", "team"] = "key"
 
 
 class LedgerConfig(Strict, frozen=True):
@@ -266,6 +305,9 @@ class ProviderConfig(Strict, frozen=True):
     retries: RetriesConfig | None = None
     # The upstream's own quota, enforced by the gateway so replicas stop before the upstream refuses.
     limits: LimitsConfig | None = None
+    # Requests in flight to each of this provider's servers (its base_url, or each of its replicas) at most;
+    # more wait in the gateway's fair queue (`queue:`, docs/fairness.md). Unset: no cap, no queue.
+    max_concurrency: Annotated[int, Meta(ge=1, le=100_000)] | None = None
     # Per-pool connection cap; keep-alive connections are reused across requests.
     max_connections: Annotated[int, Meta(ge=1)] = 256
     # The upstream HTTP client: `h1` (the fast built-in HTTP/1.1 client), `httpx`, or `auto` (h1 unless
@@ -286,7 +328,8 @@ class ProviderConfig(Strict, frozen=True):
     # default, on for self-hosted servers (docs/config.md lists the kinds), off for hosted catalogs.
     discover: bool | None = None
     # A self-hosted engine run as several replicas serving the same models, instead of one base_url: URLs,
-    # or {url, weight, drain}. Each is its own target (`<provider>@<i>`, i from 0 in list order); docs/fleets.md.
+    # or {url, weight, drain, max_concurrency}. Each is its own target (`<provider>@<i>`, i from 0 in list
+    # order); docs/fleets.md.
     replicas: list[str | ReplicaConfig] = msgspec.field(default_factory=list)
     # Which replica serves each request (needs replicas:); unset: round robin.
     routing: RoutingConfig | None = None
@@ -375,3 +418,5 @@ class GatewayConfig(Strict, frozen=True):
     ledger: LedgerConfig = LedgerConfig()
     # Budgets shared by the keys that name the team (`keys[].team`).
     teams: dict[str, TeamConfig] = msgspec.field(default_factory=dict)
+    # The fair wait queue of servers with `max_concurrency` (docs/fairness.md).
+    queue: QueueConfig = QueueConfig()

@@ -210,6 +210,7 @@ async def status(pipeline: Pipeline, unreachable: Mapping[str, str] | None = Non
         "cache": pipeline.cache.stats() if pipeline.cache is not None else None,
         "spend_per_day": None if pipeline.ledger is None else await spend_per_day(pipeline.ledger, 30),
         "fleets": {name: fleet_state(fleet) for name, fleet in pipeline.router.fleets.items()},
+        "queues": await pipeline.queues.status() if pipeline.queues is not None else [],
     }
 
 

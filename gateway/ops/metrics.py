@@ -110,6 +110,8 @@ class Record(msgspec.Struct):
     usage_estimated: bool = False
     # Time spent inside the failover loop (upstream calls and retry waits); a stream: to its first event.
     upstream_s: float = 0.0
+    # Time waiting for slots of servers with max_concurrency (gateway/queue); None: no such server asked.
+    queue_s: float | None = None
     error_code: str | None = None
     cause: str | None = None  # why the upstream failed (wire.errors.CAUSES, `http_<status>`)
     prompt: str | None = None  # only when the config turns prompt logging on
@@ -238,6 +240,33 @@ class Metrics:
         )
         self.cache_evictions = Counter(
             "gateway_cache_evictions", "Entries the memory store evicted to stay within max_bytes", registry=r
+        )
+        # The fair queue of servers with max_concurrency (gateway/queue): waiting, waits, refusals, service.
+        self.queue_waiting = Gauge(
+            "gateway_queue_waiting",
+            "Requests waiting for a slot, by server and priority",
+            ["target", "priority"],
+            multiprocess_mode="livesum",
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "gateway_queue_wait_seconds",
+            "Time a request waited for a slot (only requests that waited)",
+            ["target", "priority"],
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.queue_rejected = Counter(
+            "gateway_queue_rejected",
+            "Requests refused by a server's queue (queue_full, queue_timeout, deadline) or sent elsewhere (spilled)",
+            ["target", "reason"],
+            registry=r,
+        )
+        self.queue_service = Counter(
+            "gateway_queue_service_tokens",
+            "Tokens (prompt and generated) served by capped servers, per server and tenant",
+            ["target", "tenant"],
+            registry=r,
         )
         self.tally = Tally()  # counts added in batches: the cache's, and with one process requests and tokens
         self.in_flight = Gauge("gateway_in_flight", "Requests being served", multiprocess_mode="livesum", registry=r)

@@ -32,6 +32,12 @@ class _Cache(Protocol):
     def adopt(self, previous: Any, /) -> None: ...
 
 
+class _Queues(Protocol):
+    def adopt(self, previous: Any, /) -> None: ...
+
+    def lift(self) -> None: ...
+
+
 class _Admission(Protocol):
     @property
     def limiter(self) -> _Limiter: ...
@@ -49,6 +55,9 @@ class Swappable(Protocol):
 
     @property
     def cache(self) -> _Cache | None: ...
+
+    @property
+    def queues(self) -> _Queues | None: ...
 
     def retire(self) -> None: ...
 
@@ -125,6 +134,11 @@ class Reloader:
             new.admission.limiter.adopt(old.admission.limiter)  # the leases it has yet to cancel (Redis stalled)
             if new.cache is not None and old.cache is not None:
                 new.cache.adopt(old.cache)  # so do the answers the memory store holds
+            if old.queues is not None:
+                if new.queues is not None:
+                    new.queues.adopt(old.queues)  # requests waiting for a slot, and slots held, carry over
+                else:
+                    old.queues.lift()  # no server is capped any more: whoever waits goes now
             self.state.pipeline = new
             self.reloads += 1
             log.info("config reloaded (%s) from %s", why, self.path)

@@ -269,6 +269,39 @@ def attempt(route: Target) -> _Attempt | None:
     return None if request is None else request.attempt(route)
 
 
+class _Wait:
+    """A request's wait for a slot in a server's queue (gateway/queue), as an internal span."""
+
+    __slots__ = ("span",)
+
+    def __init__(self, span: Span) -> None:
+        self.span = span
+
+    def close(self, error: BaseException | None) -> None:
+        from opentelemetry.trace import Status, StatusCode
+
+        from wire.errors import GatewayError
+
+        if error is not None:
+            code = error.code if isinstance(error, GatewayError) else None
+            self.span.set_attribute("error.type", code or type(error).__name__)
+            self.span.set_status(Status(StatusCode.ERROR))
+        self.span.end()
+
+
+def wait(server: str, priority: str) -> _Wait | None:
+    """Start the span of a wait in a server's queue; None when the request is not traced."""
+    request = _REQUEST.get()
+    if request is None:
+        return None
+    span = request.tracing.tracer.start_span(
+        "queue wait",
+        context=request.context,
+        attributes={"gateway.queue.server": server, "gateway.queue.priority": priority},
+    )
+    return _Wait(span)
+
+
 def outgoing(req: UpstreamRequest) -> UpstreamRequest:
     """`req` with the running attempt's `traceparent` (and `tracestate`) when one is traced.
 

@@ -24,6 +24,8 @@ from gateway.emulation import Emulation
 from gateway.emulation.client_schema import Work
 from gateway.fleet.picker import Hint
 from gateway.limits.admission import Admission, Ticket
+from gateway.queue.gate import Slot
+from gateway.queue.service import Ask
 from gateway.resilience.health import Health
 from gateway.upstream.client import Stream, Upstream
 from gateway.upstream.framing import DECODERS
@@ -82,6 +84,7 @@ class Opened:
         self.quota: Ticket | None = None  # an alias target's provider/deployment quota, settled with the stream
         # The target whose in-flight count this stream holds until the relay ends it (None: none held).
         self.held: str | None = None
+        self.slot: Slot | None = None  # its server's slot (max_concurrency), given back at the stream's end
 
     def drop(self) -> None:
         """Close the upstream connection(s) at once (not returned to the pool half-read)."""
@@ -105,7 +108,7 @@ class Job:
     admission, settled when the answer (or the stream) ends.
     """
 
-    __slots__ = ("services", "admission", "req", "ctx", "plan", "dropped", "ticket", "work", "cached", "hint")
+    __slots__ = ("services", "admission", "req", "ctx", "plan", "dropped", "ticket", "work", "cached", "hint", "ask")
 
     def __init__(
         self,
@@ -126,31 +129,51 @@ class Job:
         self.work: Work | None = None  # what checking guided answers may spend: every attempt's together
         self.cached: Lookup | None = None  # the response cache's part in this request (gateway/cache)
         self.hint: Hint | None = None  # what a replicated provider's policy reads (gateway/fleet)
+        self.ask: Ask | None = None  # who asks, when a server has max_concurrency (gateway/queue)
 
     async def complete(self, route: Route, timeouts: Timeouts) -> Completion:
-        """One buffered attempt on `route`, within the target's own quota."""
+        """One buffered attempt on `route`, within the target's own quota and its server's slots."""
+        ask = self.ask
+        slot = None
+        if ask is not None:
+            slot, timeouts = await ask.slot(route, timeouts, self.plan)
         admission = self.admission
-        quota = await admission.admit_route(route, self.req, self.plan) if admission is not None else None
         used: int | None = 0
         try:
-            c = await Attempt(self, route, timeouts).complete()
-            used = c.usage.total_tokens if c.usage is not None else None
-            return c
+            quota = await admission.admit_route(route, self.req, self.plan) if admission is not None else None
+            try:
+                c = await Attempt(self, route, timeouts).complete()
+                used = c.usage.total_tokens if c.usage is not None else None
+                return c
+            finally:
+                if admission is not None:
+                    admission.settle(quota, used)
         finally:
-            if admission is not None:
-                admission.settle(quota, used)
+            if slot is not None:
+                slot.done(used)
 
     async def open(self, route: Route, timeouts: Timeouts) -> Opened:
-        """One streamed attempt on `route`: the stream, opened to its first event, holds the target's quota."""
+        """One streamed attempt on `route`: the stream, opened to its first event, holds the target's quota
+        and its server's slot until it ends."""
+        ask = self.ask
+        slot = None
+        if ask is not None:
+            slot, timeouts = await ask.slot(route, timeouts, self.plan)
         admission = self.admission
-        quota = await admission.admit_route(route, self.req, self.plan) if admission is not None else None
         try:
-            opened = await Attempt(self, route, timeouts).open()
+            quota = await admission.admit_route(route, self.req, self.plan) if admission is not None else None
+            try:
+                opened = await Attempt(self, route, timeouts).open()
+            except BaseException:
+                if admission is not None:
+                    admission.settle(quota, 0)
+                raise
         except BaseException:
-            if admission is not None:
-                admission.settle(quota, 0)
+            if slot is not None:
+                slot.done(0)
             raise
         opened.quota = quota
+        opened.slot = slot
         return opened
 
     @staticmethod
@@ -159,10 +182,13 @@ class Job:
         opened.held = target
 
     def discard(self, lost: Opened) -> None:
-        """A stream that lost a hedge race: closed, and its quota given back."""
+        """A stream that lost a hedge race: closed, and its quota and slot given back."""
         lost.drop()
         if self.admission is not None:
             self.admission.settle(lost.quota, 0)
+        if lost.slot is not None:
+            lost.slot.done(0)
+            lost.slot = None
 
 
 class Attempt:

@@ -30,6 +30,7 @@ from gateway.path.dialects import Dialect, decode_error
 from gateway.path.relay import STREAM_FAILED, Held, Relay
 from gateway.path.request import normalize
 from gateway.path.routing import Router
+from gateway.queue import service as queue
 from gateway.resilience.failover import Failover, Outcome
 from gateway.resilience.health import Health
 from gateway.state import SharedState
@@ -133,6 +134,8 @@ class Pipeline:
         self.relay = Relay(self.services, self.admission, self.health, self.failover, self.scrub)
         # None unless a `cache` block is on: then the request path pays one attribute check (gateway/cache).
         self.cache = cache.build(loaded, self.shared, self.admission, metrics)
+        # None unless a server has `max_concurrency`: then each attempt waits for a slot (gateway/queue).
+        self.queues = queue.build(loaded, self.admission.limiter, metrics)
 
     ledger: Ledger | None = None  # the process's ledger, when one is configured (gateway/ledger/service.py)
 
@@ -270,6 +273,8 @@ class Pipeline:
             echo=bool(req.echo),
             logprobs=req.logprobs is not None,
         )
+        # Who asks, for the fair queue (a priority the key may not ask for is refused before anything is charged).
+        ask = self.queues.ask(key, headers, req) if self.queues is not None else None
         admission = self.admission if self.admission.enabled or (key is not None and key.buckets) else None
         if self.cache is None:
             ticket = await admission.admit(key, req, plan) if admission is not None else None
@@ -293,6 +298,7 @@ class Pipeline:
                     raise
             job = Job(self.services, admission, req, ctx, plan, ticket)
             job.cached = cached
+        job.ask = ask
         if self.router.fleets:
             job.hint = Hint(req, headers)  # read only by a replicated provider's policy (gateway/fleet)
         return job
@@ -314,6 +320,8 @@ class Pipeline:
             used = usage.total_tokens if usage is not None else None
         finally:
             rec.upstream_s = time.perf_counter() - started
+            if job.ask is not None:
+                rec.queue_s = job.ask.waited
             self.admission.settle(job.ticket, used)
         _served(rec, job.plan, done)
         rec.usage = done.value.usage
@@ -342,6 +350,8 @@ class Pipeline:
             raise
         finally:
             rec.upstream_s = time.perf_counter() - started
+            if job.ask is not None:
+                rec.queue_s = job.ask.waited
         _served(rec, job.plan, opened)
         held = Held(self.relay, opened.value, job, rec.request_id)
         stream = self.relay.stream(opened.value, opened.route, job, rec, held)

@@ -243,14 +243,20 @@ class Relay:
                 self.admission.settle(t, usage.total_tokens if usage is not None else t.prompt + sent)
         try:
             try:
-                await self.release(opened)  # its local count first: synchronous, before any await
+                # Its slot and local count first: synchronous, before any await.
+                await self.release(opened, usage.total_tokens if usage is not None else None)
             finally:
                 await opened.close()  # even if the shared count's write was cancelled
         except Exception:
             log.exception("closing a stream failed (request %s)", request_id)
 
-    async def release(self, opened: Opened) -> None:
-        """Give back the in-flight count `opened` holds on its target, once: the stream has ended."""
+    async def release(self, opened: Opened, used: int | None = None) -> None:
+        """Give back the server slot and the in-flight count `opened` holds on its target, once: the stream has
+        ended, having used `used` tokens (None: not known)."""
+        slot = opened.slot
+        if slot is not None:
+            opened.slot = None
+            slot.done(used)
         target = opened.held
         if target is not None:
             opened.held = None
@@ -267,6 +273,7 @@ class Relay:
         cont_ctx = msgspec.structs.replace(ctx, prompts=[cont.prompt], offsets=dict(ctx.offsets))
         # No admission of its own: the broken attempt's quota and the request's ticket cover the stream.
         again = Job(self.services, None, cont, cont_ctx, job.plan)
+        again.ask = job.ask  # the continuation waits for (and holds) a slot of its own, as the same tenant
         try:
             outcome = await self.failover.run(
                 job.plan,

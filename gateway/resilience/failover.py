@@ -20,6 +20,7 @@ import msgspec
 
 from gateway.fleet.picker import Hint
 from gateway.ops import tracing
+from gateway.queue.service import Spilled
 from gateway.resilience.balancer import Selector
 from gateway.resilience.health import Health, TargetState
 from gateway.upstream.plan import Plan, Route
@@ -199,6 +200,8 @@ class Run(Generic[T]):
                 return Outcome(value=value, route=served, attempts=self.attempts)
             except GatewayError as exc:
                 failed = exc
+                if type(exc) is Spilled:
+                    self.attempts -= 1  # its server was full and another target has room: no call was made
             if not self._retryable(failed) or self.attempts >= r.attempts:
                 raise self._gave_up(failed, out_of_budget=False)
             # Where the next attempt goes, and after how long. A Retry-After is the wait; else a backoff,

@@ -1,0 +1,236 @@
+"""One server's slots and the requests waiting for them.
+
+A slot is held from an attempt's start to its end (a stream's last byte). Without Redis the gate counts its
+slots in this process; with `redis:` each slot is a concurrency lease in Redis (gateway/limits/ratelimit.py,
+the one used by `limits.concurrent`), so the cap holds across workers and replicas, and a process that dies
+holding one gives it back by the lease's expiry. Waiters are served in `FairOrder`; with Redis a slot freed
+by another process is not announced, so while requests wait the gate asks again every `POLL_S`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Final
+
+from gateway.limits.gcra import Bucket
+from gateway.limits.ratelimit import Limiter, RedisDown
+from gateway.ops.metrics import Metrics
+from gateway.queue.fair import PRIORITIES, FairOrder, Waiter
+
+# With Redis: how often waiters look for a slot another process freed (their own process's wake them at once).
+POLL_S: Final = 0.02
+
+
+class Slot:
+    """One slot of one gate, held by one attempt; `done` gives it back once (later calls do nothing)."""
+
+    __slots__ = ("gate", "lease", "limiter", "tenant", "weight", "cost", "waited")
+
+    def __init__(
+        self, gate: Gate, lease: str, limiter: Limiter | None, tenant: str, weight: float, cost: int, waited: float
+    ) -> None:
+        self.gate: Gate | None = gate
+        self.lease = lease
+        self.limiter = limiter  # the limiter that holds its lease (a reload may have swapped the gate's since)
+        self.tenant = tenant
+        self.weight = weight
+        self.cost = cost
+        self.waited = waited  # seconds spent in the queue (0 when a slot was free)
+
+    def done(self, used: int | None) -> None:
+        """The attempt ended having used `used` tokens (None: unknown, the estimate stands)."""
+        gate = self.gate
+        if gate is not None:
+            self.gate = None
+            gate.release(self, used)
+
+
+class Gate:
+    """The slots of one server (a provider's base_url, or one of its replicas) and its fair queue."""
+
+    def __init__(self, name: str, cap: int, limiter: Limiter | None, metrics: Metrics | None) -> None:
+        self.name = name
+        self.cap = cap
+        self.limiter = limiter  # None: slots counted in this process only
+        self.bucket = Bucket(f"queue:{name}", "concurrent", cap)
+        self.metrics = metrics
+        self.order = FairOrder()
+        self.in_use = 0  # slots this process holds
+        self.wait_s = 1.0  # a moving average of how long requests that waited here waited, for Retry-After
+        self._pump: asyncio.Task[None] | None = None
+        self._freed: asyncio.Event | None = None
+        self._background: set[asyncio.Task[None]] = set()  # lease releases under way
+        self._service: dict[str, Any] = {}  # tenant -> its service counter's child (bounded by the tenants)
+        # Requests waiting on another server that this one may also serve (another target of their alias):
+        # when a slot frees here and nobody waits here, the first of them is told (its future gets None).
+        self.watchers: dict[asyncio.Future[Any], None] = {}
+
+    def resize(self, cap: int, limiter: Limiter | None, metrics: Metrics | None) -> None:
+        """A reload: the same server under the new config (its waiters and held slots stay)."""
+        self.cap, self.limiter, self.metrics = cap, limiter, metrics
+        self._service = {}  # the new metrics' children
+        self.bucket = Bucket(f"queue:{self.name}", "concurrent", cap)
+        self._wake()
+
+    def room(self) -> bool:
+        """Whether a request could start here now (as far as this process knows)."""
+        return self.in_use < self.cap and not self.order.depth
+
+    async def take(self, w: Waiter) -> Slot | None:
+        """A slot at once if one is free and nobody waits for it, else None (the caller then queues)."""
+        if self.order.depth or self.in_use >= self.cap:
+            return None
+        limiter = self.limiter
+        if limiter is None:
+            self.in_use += 1
+            return self._grant(w, "", None, 0.0)
+        self.in_use += 1  # counted before the await, so two requests of this process cannot both pass
+        try:
+            lease = await self._lease(limiter)
+        except BaseException:
+            self.in_use -= 1
+            raise
+        if lease is None:
+            self.in_use -= 1
+            return None
+        return self._grant(w, lease, limiter, 0.0)
+
+    async def _lease(self, limiter: Limiter) -> str | None:
+        try:
+            decision = await limiter.acquire([self.bucket], 0)
+        except RedisDown:
+            return None  # fail closed and Redis away: wait (the queue's max_wait bounds it)
+        return decision.lease if decision.allowed else None
+
+    def _grant(self, w: Waiter, lease: str, limiter: Limiter | None, waited: float) -> Slot:
+        if waited:
+            self.wait_s += (waited - self.wait_s) * 0.1
+        return self.grant(w.tenant, w.weight, w.cost, lease, limiter, waited)
+
+    def grant(
+        self,
+        tenant: str,
+        weight: float,
+        cost: int,
+        lease: str = "",
+        limiter: Limiter | None = None,
+        waited: float = 0.0,
+    ) -> Slot:
+        """A slot already counted in `in_use`, its estimated cost charged to its tenant."""
+        self.order.grant(tenant, cost, weight)
+        return Slot(self, lease, limiter, tenant, weight, cost, waited)
+
+    def enqueue(self, w: Waiter) -> None:
+        self.order.push(w)
+        if self.metrics is not None:
+            self.metrics.queue_waiting.labels(self.name, PRIORITIES[w.rank]).inc()
+        self._wake()
+
+    def leave(self, w: Waiter) -> None:
+        """A waiter that stopped waiting without a slot: out of the order at once."""
+        if self.order.remove(w) and self.metrics is not None:
+            self.metrics.queue_waiting.labels(self.name, PRIORITIES[w.rank]).dec()
+
+    def release(self, slot: Slot, used: int | None) -> None:
+        self.in_use -= 1
+        if used is not None and used != slot.cost:
+            self.order.charge(slot.tenant, used - slot.cost, slot.weight)
+        metrics = self.metrics
+        if metrics is not None and used:
+            child = self._service.get(slot.tenant)
+            if child is None:  # one labels() lookup per tenant, not per request
+                child = self._service[slot.tenant] = metrics.queue_service.labels(self.name, slot.tenant)
+            metrics.tally.add(child, used)  # added in batches: a lock per request is not worth it
+        if slot.limiter is not None:
+            task = asyncio.ensure_future(_release(slot.limiter, self.bucket, slot.lease))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+        self._wake()
+
+    def _wake(self) -> None:
+        if not self.order.depth:
+            if self.watchers and self.in_use < self.cap:
+                self._call_watcher()
+            return
+        if self.limiter is None:
+            self._dispatch_local()
+            return
+        if self._freed is not None:
+            self._freed.set()
+        if self._pump is None:
+            self._pump = asyncio.ensure_future(self._run_pump())
+
+    def _call_watcher(self) -> None:
+        """Tell one request waiting elsewhere that a slot is free here (it comes and takes it, or not)."""
+        watchers = self.watchers
+        while watchers:
+            future = next(iter(watchers))
+            del watchers[future]
+            if not future.done():
+                future.set_result(None)
+                return
+
+    def _dispatch_local(self) -> None:
+        while self.in_use < self.cap:
+            w = self._next()
+            if w is None:
+                return
+            self.in_use += 1
+            w.future.set_result(self._grant(w, "", None, time.monotonic() - w.since))
+
+    def _next(self) -> Waiter | None:
+        """The next waiter still waiting (one whose future is done was cancelled and is skipped)."""
+        while True:
+            w = self.order.pop()
+            if w is None:
+                return None
+            if self.metrics is not None:
+                self.metrics.queue_waiting.labels(self.name, PRIORITIES[w.rank]).dec()
+            if not w.future.done():
+                return w
+
+    async def _run_pump(self) -> None:
+        """With Redis: while requests wait, take a lease for the next of them whenever one is free."""
+        freed = self._freed = asyncio.Event()
+        try:
+            while self.order.depth:
+                limiter = self.limiter
+                if limiter is None:
+                    self._dispatch_local()
+                    return
+                if self.in_use >= self.cap:
+                    lease = None
+                else:
+                    self.in_use += 1
+                    try:
+                        lease = await self._lease(limiter)
+                    finally:
+                        self.in_use -= 1
+                if lease is not None:
+                    w = self._next()
+                    if w is None:
+                        await _release(limiter, self.bucket, lease)
+                        return
+                    self.in_use += 1
+                    w.future.set_result(self._grant(w, lease, limiter, time.monotonic() - w.since))
+                    continue
+                freed.clear()
+                try:
+                    await asyncio.wait_for(freed.wait(), POLL_S)
+                except TimeoutError:
+                    pass
+        finally:
+            self._pump = None
+            self._freed = None
+
+    def retry_after(self) -> float:
+        """A guess at when room comes back: about as long as the requests that got a slot here lately waited."""
+        return min(max(self.wait_s, 1.0), 60.0)
+
+
+async def _release(limiter: Limiter, bucket: Bucket, lease: str) -> None:
+    try:
+        await limiter.release([bucket], lease)
+    except RedisDown:
+        pass  # the limiter cancels it once Redis answers again; at worst it expires with its TTL

@@ -1,0 +1,330 @@
+"""The queue of one pipeline: the gates of the config's capped servers, who asks, and an attempt's wait.
+
+Built once per config. A pipeline without any `max_concurrency` builds none and the request path never
+calls here. A reload's new pipeline adopts the old one's gates (`adopt`), so requests waiting, and slots
+held, carry over to the new config.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from typing import Final
+
+from gateway.config import LoadedConfig, QueueConfig, replica_cap, replica_names, replica_url
+from gateway.limits.auth import ClientKey
+from gateway.limits.ratelimit import Limiter
+from gateway.limits.tokens import prompt_tokens
+from gateway.ops import tracing
+from gateway.ops.metrics import Metrics
+from gateway.queue.fair import PRIORITIES, RANK, Waiter
+from gateway.queue.gate import Gate, Slot
+from gateway.upstream.plan import Plan, Route
+from gateway.upstream.transport import Timeouts
+from providers import REGISTRY
+from wire.errors import InvalidRequestError, PermissionDeniedError, RateLimitError, UpstreamTimeoutError
+from wire.schema import CompletionRequest
+
+HEADER: Final = "x-gateway-priority"
+_ROUTES_LIMIT: Final = 4096
+_ANONYMOUS: Final = "anonymous"
+# A request without max_tokens is charged this many generated tokens until its usage is known (OpenAI's
+# completions default); any is charged at most _MAX_CHARGE, so one huge max_tokens cannot park a tenant.
+_DEFAULT_MAX_TOKENS: Final = 16
+_MAX_CHARGE: Final = 32_768
+
+
+class Spilled(RateLimitError):
+    """An attempt that found its server full while another target of the plan had room: no upstream call was
+    made, and the failover loop moves on to the next target without counting it as an attempt."""
+
+
+class Ask:
+    """Who one request is to the queue: its tenant, the tenant's weight, its class and its prompt's cost."""
+
+    __slots__ = ("queues", "tenant", "weight", "rank", "cost", "tried", "waited")
+
+    def __init__(self, queues: Queues, tenant: str, weight: float, rank: int, cost: int) -> None:
+        self.queues = queues
+        self.tenant = tenant
+        self.weight = weight
+        self.rank = rank
+        self.cost = cost
+        self.tried: set[str] = set()  # the targets this request's attempts have gone to
+        self.waited = 0.0  # seconds its attempts spent in queues, for the access log
+
+    async def slot(self, route: Route, timeouts: Timeouts, plan: Plan) -> tuple[Slot | None, Timeouts]:
+        """A slot on `route`'s server (None: it has no cap) and the attempt's timeouts less the time waited."""
+        self.tried.add(route.key)
+        gate = self.queues.gate(route)
+        if gate is None:
+            return None, timeouts
+        if gate.limiter is None and gate.in_use < gate.cap and not gate.order.depth:
+            gate.in_use += 1  # a free slot of this process: nothing to await
+            return gate.grant(self.tenant, self.weight, self.cost), timeouts
+        return await self.queues.wait(self, gate, route, timeouts, plan)
+
+
+class _Tenant:
+    __slots__ = ("name", "weight", "rank", "most")
+
+    def __init__(self, name: str, weight: float, rank: int, most: int) -> None:
+        self.name, self.weight, self.rank, self.most = name, weight, rank, most
+
+
+class Queues:
+    def __init__(self, loaded: LoadedConfig, limiter: Limiter | None, metrics: Metrics | None) -> None:
+        """`limiter`: the one whose concurrency leases hold slots across processes (None: no Redis)."""
+        cfg = loaded.config
+        self.config: QueueConfig = cfg.queue
+        self.limiter = limiter
+        self.metrics = metrics
+        # (provider, base URL) -> its gate; routes of the same server share it.
+        self.gates: dict[tuple[str, str], Gate] = {}
+        for name, p in loaded.providers.items():
+            if p.replicas:
+                for replica, r in zip(replica_names(name, p.replicas), p.replicas, strict=True):
+                    cap = replica_cap(r, p.max_concurrency)
+                    if cap is not None:
+                        self.gates[(name, replica_url(r).rstrip("/"))] = Gate(replica, cap, limiter, metrics)
+            elif p.max_concurrency is not None:
+                base = p.base_url or getattr(REGISTRY[p.kind], "default_base_url", None) or ""
+                self.gates[(name, base)] = Gate(name, p.max_concurrency, limiter, metrics)
+                for d, dc in p.deployments.items():
+                    if dc.base_url and dc.base_url != base:
+                        self.gates[(name, dc.base_url)] = Gate(f"{name}/{d}", p.max_concurrency, limiter, metrics)
+        self._routes: dict[str, Gate | None] = {}
+        self.fair_by_team = self.config.fair_by == "team"
+        teams = cfg.teams
+        self.tenants: dict[str, _Tenant] = {}
+        for k in cfg.keys:
+            team = teams.get(k.team) if k.team else None
+            by_team = self.fair_by_team and k.team is not None
+            weight = (team.weight if team is not None else 1.0) if by_team else k.weight
+            asks = k.priority or (team.priority if team else None) or "normal"
+            most = k.max_priority or (team.max_priority if team else None) or "normal"
+            tenant = f"team:{k.team}" if by_team else k.name
+            self.tenants[k.name] = _Tenant(tenant, weight, RANK[asks], RANK[most])
+        waits = self.config.max_wait_by_priority
+        self.max_wait_s = tuple(
+            (w if w is not None else self.config.max_wait_ms) / 1000 for w in (waits.high, waits.normal, waits.low)
+        )
+        self._normal = _Tenant(_ANONYMOUS, 1.0, RANK["normal"], RANK["normal"])
+
+    def adopt(self, old: Queues) -> None:
+        """A reload: the servers both configs cap keep their gate (its waiters, slots held and service) under
+        the new cap; a server no longer capped lets its waiters through at once."""
+        for where, gate in old.gates.items():
+            mine = self.gates.get(where)
+            if mine is not None:
+                gate.resize(mine.cap, self.limiter, self.metrics)
+                self.gates[where] = gate
+            else:
+                _lift(gate)
+
+    def lift(self) -> None:
+        """A reload to a config that caps no server: everyone waiting goes at once."""
+        for gate in self.gates.values():
+            _lift(gate)
+
+    def gate(self, route: Route) -> Gate | None:
+        found = self._routes.get(route.key, self)
+        if found is self:
+            found = self.gates.get((route.provider, route.endpoint.base_url))
+            if len(self._routes) >= _ROUTES_LIMIT:
+                self._routes.clear()  # direct model strings are the client's: keep them from growing this
+            self._routes[route.key] = found
+        return found  # type: ignore[return-value]
+
+    def ask(self, key: ClientKey | None, headers: Mapping[str, str], req: CompletionRequest) -> Ask:
+        """Who asks: the tenant of `key`, and the class its `x-gateway-priority` header (or its default) asks for."""
+        t = self._normal if key is None else self.tenants.get(key.name)
+        if t is None:  # a runtime key (the ledger's): its own tenant, weight 1, normal at most
+            t = _Tenant(key.name, 1.0, RANK["normal"], RANK["normal"])  # type: ignore[union-attr]
+        rank = t.rank
+        asked = headers.get(HEADER)
+        if asked is not None:
+            asked = asked.strip().lower()
+            r = RANK.get(asked)
+            if r is None:
+                raise InvalidRequestError(
+                    f"'{HEADER}' must be one of high, normal, low; got {asked[:40]!r}",
+                    param=HEADER,
+                    code="invalid_priority",
+                )
+            if r < t.most:
+                raise PermissionDeniedError(
+                    f"This key may not ask for priority '{asked}': its max_priority is '{PRIORITIES[t.most]}'",
+                    param=HEADER,
+                    code="priority_not_allowed",
+                )
+            rank = r
+        # Charged when a slot is granted: the prompt's estimate and the most it may generate, so a request
+        # counts while it runs (a tenant of long generations cannot start many at once); what the answer
+        # used corrects it at its end.
+        most = (req.max_tokens if req.max_tokens is not None else _DEFAULT_MAX_TOKENS) * (req.n or 1)
+        return Ask(self, t.name, t.weight, rank, prompt_tokens(req.prompt, False, "") + min(most, _MAX_CHARGE))
+
+    async def wait(self, ask: Ask, gate: Gate, route: Route, timeouts: Timeouts, plan: Plan) -> tuple[Slot, Timeouts]:
+        """A slot on `gate` for one attempt of `ask`'s request: at once, or after waiting in its fair order."""
+        w = Waiter(ask.tenant, ask.weight, ask.rank, ask.cost, None, 0.0)
+        slot = await gate.take(w)
+        if slot is not None:
+            return slot, timeouts
+        # Only a request that waits gets a future and a start time: a free slot costs neither.
+        w.future, w.since = asyncio.get_running_loop().create_future(), time.monotonic()
+        metrics = self.metrics
+        room, others = self._elsewhere(ask, route, plan)
+        if room:
+            raise self._spilled(gate, route)
+        if gate.order.depth >= self.config.max_depth:
+            self._rejected(gate, "queue_full")
+            raise _refused(
+                RateLimitError,
+                gate,
+                route,
+                f"The queue for server '{gate.name}' is full ({self.config.max_depth} requests wait); retry later",
+                code="queue_full",
+                retry_after=gate.retry_after(),
+                elsewhere=True,
+            )
+        max_wait = self.max_wait_s[ask.rank]
+        deadline_first = timeouts.total < max_wait
+        span = tracing.wait(gate.name, PRIORITIES[ask.rank])
+        gate.enqueue(w)
+        for other in others:  # the alias's other full servers: whichever frees a slot first may take it
+            other.watchers[w.future] = None
+        try:
+            try:
+                async with asyncio.timeout(min(max_wait, timeouts.total)):
+                    slot = await w.future
+                if slot is None:  # another target freed a slot first: the attempt moves on to it
+                    gate.leave(w)
+                    raise self._spilled(gate, route)
+            except TimeoutError:
+                gate.leave(w)
+                self._rejected(gate, "deadline" if deadline_first else "queue_timeout")
+                if deadline_first:
+                    raise UpstreamTimeoutError(
+                        "The request's deadline passed while it waited for a slot",
+                        code="deadline_exceeded",
+                        retryable=False,
+                        cause="deadline_exceeded",
+                    ) from None
+                raise _refused(
+                    RateLimitError,
+                    gate,
+                    route,
+                    f"Waited {max_wait:g} s for a slot on server '{gate.name}' (queue.max_wait_ms); retry later",
+                    code="queue_timeout",
+                    retry_after=gate.retry_after(),
+                    elsewhere=False,
+                ) from None
+        except BaseException as exc:
+            if w.future.done() and not w.future.cancelled() and w.future.exception() is None:
+                granted = w.future.result()
+                if granted is not None:
+                    granted.done(0)  # granted as the request went away: the slot goes to the next
+            else:
+                w.future.cancel()
+                gate.leave(w)
+            if span is not None:
+                span.close(exc)
+            raise
+        finally:
+            for other in others:
+                other.watchers.pop(w.future, None)
+        if span is not None:
+            span.close(None)
+        ask.waited += slot.waited
+        if metrics is not None:
+            metrics.queue_wait.labels(gate.name, PRIORITIES[ask.rank]).observe(slot.waited)
+        return slot, timeouts.capped(max(timeouts.total - slot.waited, 0.001))
+
+    def _elsewhere(self, ask: Ask, route: Route, plan: Plan) -> tuple[bool, list[Gate]]:
+        """Whether another target of the plan, not yet tried by this request, could start it now; if none
+        can, the servers of those others (each full), which a slot freed first may still call it to."""
+        full: list[Gate] = []
+        if plan.single is not None and not route.replicas and not plan.single.replicas:
+            return False, full
+        for g in plan.groups:
+            for r in g.routes:
+                for x in r.replicas or (r,):
+                    if x.key == route.key or x.key in ask.tried or x.unavailable is not None:
+                        continue
+                    other = self.gate(x)
+                    if other is None or other.room():
+                        return True, full
+                    if other not in full:
+                        full.append(other)
+        return False, full
+
+    def _spilled(self, gate: Gate, route: Route) -> Spilled:
+        self._rejected(gate, "spilled")
+        return _refused(  # type: ignore[return-value]  # `kind` is Spilled
+            Spilled,
+            gate,
+            route,
+            f"Server '{gate.name}' is at its max_concurrency of {gate.cap}; another target has room",
+            code="server_saturated",
+            retry_after=None,
+            elsewhere=True,
+        )
+
+    async def status(self) -> list[dict[str, object]]:
+        """Each capped server for the status page: its cap, the slots in use (with Redis, by every process;
+        else this process's) and the requests waiting here per class."""
+        out: list[dict[str, object]] = []
+        for gate in self.gates.values():
+            in_use = gate.in_use
+            if self.limiter is not None:
+                peeked = await self.limiter.peek([gate.bucket])
+                in_use = max(gate.cap - peeked[0].remaining, 0) if peeked else in_use
+            counts = gate.order.counts
+            out.append(
+                {
+                    "server": gate.name,
+                    "cap": gate.cap,
+                    "in_use": in_use,
+                    "waiting": {p: counts[i] for i, p in enumerate(PRIORITIES)},
+                }
+            )
+        return out
+
+    def _rejected(self, gate: Gate, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.queue_rejected.labels(gate.name, reason).inc()
+
+
+def _lift(gate: Gate) -> None:
+    gate.resize(1_000_000_000, None, gate.metrics)  # uncapped now: its waiters go, its slots end as they do
+
+
+def _refused(
+    kind: type[RateLimitError],
+    gate: Gate,
+    route: Route,
+    message: str,
+    *,
+    code: str,
+    retry_after: float | None,
+    elsewhere: bool,
+) -> RateLimitError:
+    """A queue's 429: never the target's fault (no cooldown); `elsewhere`: another target may have room."""
+    return kind(
+        message,
+        code=code,
+        retry_after=retry_after,
+        retryable=elsewhere,
+        elsewhere=elsewhere,
+        cools=False,
+        target=route.key,
+        provider=route.provider,
+    )
+
+
+def build(loaded: LoadedConfig, limiter: Limiter, metrics: Metrics | None) -> Queues | None:
+    """The config's queues, or None when no server has a `max_concurrency` (then nothing of this runs)."""
+    queues = Queues(loaded, limiter if loaded.config.redis.url else None, metrics)
+    return queues if queues.gates else None

@@ -1,0 +1,102 @@
+"""A loopback inference engine: an `Upstream` that counts the requests it has in flight and runs them as a
+server with a bounded running batch would.
+
+It answers OpenAI-style completions (buffered or SSE with a usage chunk). A request's prompt starts with its
+tenant's name (`"quiet hello"`), which `order` records in arrival order; `max_tokens` is how many tokens it
+generates, each taking `per_token_s` once it runs. With `batch`, at most that many run at once and the rest
+wait in the engine's own first-come queue, as vLLM's scheduler queues what does not fit. While `running` is
+clear every request waits before it starts (a test fills the gateway's queue meanwhile).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+from aiohttp import web
+
+from tests.helpers.upstreams import Received, Upstream
+
+
+class Engine(Upstream):
+    def __init__(self, *, batch: int | None = None, per_token_s: float = 0.0, hold_s: float = 0.0) -> None:
+        super().__init__()
+        self.batch = batch
+        self.per_token_s = per_token_s
+        self.hold_s = hold_s
+        self.inflight = 0
+        self.peak = 0
+        self.order: list[str] = []
+        self.done: list[tuple[str, float, int]] = []  # (tenant, finished at, tokens) per request answered
+        self.failures = 0  # the next this many requests answer 503 after their hold (retries, failover)
+        self.running = threading.Event()
+        self.running.set()
+        self._sem: asyncio.Semaphore | None = None
+        self.handler = self._serve
+
+    async def _serve(self, request: web.Request, received: Received) -> web.StreamResponse:
+        body = received.json()
+        prompt = str(body["prompt"])
+        tenant = prompt.split()[0]
+        tokens = int(body.get("max_tokens") or 1)
+        self.order.append(tenant)
+        self.inflight += 1
+        self.peak = max(self.peak, self.inflight)
+        try:
+            while not self.running.is_set():
+                await asyncio.sleep(0.002)
+            if self.batch is not None:
+                if self._sem is None:
+                    self._sem = asyncio.Semaphore(self.batch)
+                async with self._sem:
+                    return await self._answer(request, body, prompt, tenant, tokens)
+            return await self._answer(request, body, prompt, tenant, tokens)
+        finally:
+            self.inflight -= 1
+
+    async def _answer(
+        self, request: web.Request, body: dict[str, object], prompt: str, tenant: str, tokens: int
+    ) -> web.StreamResponse:
+        if self.failures > 0:
+            self.failures -= 1
+            await asyncio.sleep(self.hold_s)
+            return web.Response(
+                status=503, text='{"error": {"message": "overloaded"}}', content_type="application/json"
+            )
+        usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": tokens}
+        usage["total_tokens"] = usage["prompt_tokens"] + tokens
+        if not body.get("stream"):
+            await asyncio.sleep(self.hold_s + tokens * self.per_token_s)
+            self.done.append((tenant, time.monotonic(), usage["total_tokens"]))
+            return web.Response(body=_completion("x" * tokens, usage), content_type="application/json")
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(_event({"choices": [{"index": 0, "text": "x", "logprobs": None, "finish_reason": None}]}))
+        # Still generating after the first byte: the request is in flight until its last.
+        await asyncio.sleep(self.hold_s + tokens * self.per_token_s)
+        await resp.write(_event({"choices": [{"index": 0, "text": "y", "logprobs": None, "finish_reason": "length"}]}))
+        await resp.write(_event({"choices": [], "usage": usage}))
+        await resp.write(b"data: [DONE]\n\n")
+        self.done.append((tenant, time.monotonic(), usage["total_tokens"]))
+        await resp.write_eof()
+        return resp
+
+
+def _completion(text: str, usage: dict[str, int]) -> bytes:
+    return json.dumps(
+        {
+            "id": "cmpl-engine",
+            "object": "text_completion",
+            "created": 1700000000,
+            "model": "m",
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}],
+            "usage": usage,
+        }
+    ).encode()
+
+
+def _event(fields: dict[str, object]) -> bytes:
+    chunk = {"id": "cmpl-engine", "object": "text_completion", "created": 1700000000, "model": "m", **fields}
+    return b"data: " + json.dumps(chunk).encode() + b"\n\n"

@@ -1,0 +1,135 @@
+"""`max_concurrency`: a server never has more requests in flight from the gateway than its cap, streams
+counted to their last byte; without Redis per process, with Redis across gateways."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.helpers.engine import Engine
+from tests.helpers.redis import RedisServer
+from tests.helpers.servers import GatewayProcess, serve_config
+from tests.queue.conftest import ask, body, config, gate, provider, streamed, until
+
+
+async def test_the_cap_holds_for_buffered_requests_and_streams_to_their_last_byte(
+    tmp_path: Path, engine: Engine
+) -> None:
+    engine.hold_s = 0.05
+    with serve_config(tmp_path, config(engine, 2)) as gw:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+
+            async def streamed(i: int) -> httpx.Response:
+                return await client.post(
+                    "/v1/completions",
+                    json=body("quiet", stream=True),
+                    headers={"authorization": "Bearer k-quiet"},
+                )
+
+            answers = await asyncio.gather(*(ask(client, "noisy") for _ in range(8)), *(streamed(i) for i in range(8)))
+    assert [r.status_code for r in answers] == [200] * 16
+    assert all(r.text.rstrip().endswith("data: [DONE]") for r in answers[8:])
+    assert engine.peak == 2  # reached, never passed
+    assert len(engine.order) == 16
+
+
+async def test_a_provider_without_max_concurrency_builds_no_queue(tmp_path: Path, engine: Engine) -> None:
+    engine.hold_s = 0.05
+    text = config(engine, 1).replace("    max_concurrency: 1\n", "")
+    with serve_config(tmp_path, text) as gw:
+        assert gw.pipeline.queues is None
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+            answers = await asyncio.gather(*(ask(client, "noisy") for _ in range(6)))
+    assert [r.status_code for r in answers] == [200] * 6
+    assert engine.peak == 6  # every request went at once: nothing held them back
+
+
+async def test_two_gateways_sharing_redis_hold_one_cap(tmp_path: Path, rds: RedisServer) -> None:
+    url = rds.url
+    with Engine(hold_s=0.05) as engine:
+        text = config(engine, 3, extra=f"redis: {{url: '{url}'}}")
+        with serve_config(tmp_path, text) as a, serve_config(tmp_path, text) as b:
+            async with (
+                httpx.AsyncClient(base_url=a.url, timeout=30) as ca,
+                httpx.AsyncClient(base_url=b.url, timeout=30) as cb,
+            ):
+                answers = await asyncio.gather(
+                    *(ask(ca, "noisy") for _ in range(10)),
+                    *(ask(cb, "quiet") for _ in range(10)),
+                    *(streamed(ca, "quiet") for _ in range(4)),
+                )
+            assert gate(a).in_use == 0 and gate(b).in_use == 0
+    assert [r.status_code for r in answers] == [200] * 24
+    assert engine.peak == 3
+
+
+async def test_each_replica_has_its_own_cap(tmp_path: Path) -> None:
+    with Engine(hold_s=0.05) as one, Engine(hold_s=0.05) as two:
+        text = config(one, 1).replace(
+            f"    base_url: {one.url}/v1\n",
+            f"    replicas: [{{url: {one.url}/v1}}, {{url: {two.url}/v1, max_concurrency: 3}}]\n"
+            "    routing: {policy: least_outstanding}\n",
+        )
+        with serve_config(tmp_path, text) as gw:
+            async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+                answers = await asyncio.gather(*(ask(client, "noisy") for _ in range(16)))
+            assert gate(gw, "engine@0").cap == 1 and gate(gw, "engine@1").cap == 3
+    assert [r.status_code for r in answers] == [200] * 16
+    assert (one.peak, two.peak) == (1, 3)
+    assert len(one.order) + len(two.order) == 16
+
+
+async def test_hedges_and_retries_each_hold_a_slot(tmp_path: Path) -> None:
+    with Engine(hold_s=0.15) as slow, Engine(hold_s=0.02) as fast:
+        models = """models:
+  - name: hedged
+    strategy: ordered
+    hedge_after_ms: 30
+    targets: [{model: engine/m}, {model: spare/m}]
+retries: {attempts: 3, initial_backoff_ms: 0, max_backoff_ms: 0}
+"""
+        text = config(slow, 2, provider=provider("spare", fast, 2), extra=models).replace(
+            "retries: {attempts: 1}\n", ""
+        )
+        slow.failures = 3  # the first attempts fail and are retried
+        with serve_config(tmp_path, text) as gw:
+            async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+                req = {"model": "hedged", "prompt": "noisy hello", "max_tokens": 1}
+                hdrs = {"authorization": "Bearer k-noisy"}
+                answers = await asyncio.gather(
+                    *(client.post("/v1/completions", json=req, headers=hdrs) for _ in range(12)),
+                    *(client.post("/v1/completions", json={**req, "stream": True}, headers=hdrs) for _ in range(4)),
+                )
+            await until(lambda: gate(gw).in_use == 0 and gate(gw, "spare").in_use == 0)
+    assert [r.status_code for r in answers] == [200] * 16
+    assert slow.peak == 2 and fast.peak == 2  # both served, neither past its cap
+    assert len(slow.order) + len(fast.order) > 16  # hedges and retries made more calls than requests
+
+
+@pytest.mark.parametrize("shared", [True, False])
+async def test_two_workers_hold_one_cap_with_redis_and_one_each_without(
+    tmp_path: Path, rds: RedisServer, shared: bool
+) -> None:
+    with Engine(hold_s=0.08) as engine:
+        text = config(engine, 3, extra=f"redis: {{url: '{rds.url}'}}" if shared else "")
+        path = tmp_path / "workers.yaml"
+        path.write_text(text.replace("server: {host: 127.0.0.1, port: 0}", "server: {host: 127.0.0.1, workers: 2}"))
+        gw = GatewayProcess(path)
+        try:
+            gw.wait_ready()
+            async with httpx.AsyncClient(base_url=gw.url, timeout=30, trust_env=False) as client:
+                for _ in range(3):  # new connections each round, so both workers take some
+                    answers = await asyncio.gather(
+                        *(ask(client, "noisy") for _ in range(12)),
+                        *(streamed(client, "quiet") for _ in range(4)),
+                    )
+                    assert [r.status_code for r in answers] == [200] * 16
+        finally:
+            gw.stop()
+    if shared:
+        assert engine.peak == 3
+    else:
+        assert 3 <= engine.peak <= 6  # per process: each worker keeps its own three
