@@ -246,6 +246,12 @@ class Server:
         async def stop() -> None:
             assert self._server is not None
             self._server.close()
+            # Handlers still pausing between pieces would otherwise be destroyed pending when the loop
+            # closes, and their warnings land in whichever test the collector runs next.
+            handlers = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in handlers:
+                task.cancel()
+            await asyncio.gather(*handlers, return_exceptions=True)
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(1):
                     await self._server.wait_closed()
