@@ -81,6 +81,8 @@ MIGRATIONS: Final[list[list[Statement]]] = [
     ["DROP INDEX IF EXISTS requests_request_id"],
     # 3: runtime keys take a monthly budget, as YAML keys do.
     ["ALTER TABLE api_keys ADD COLUMN max_cost_per_month DOUBLE PRECISION"],
+    # 4: which endpoint a row answered (completions or chat); rows written before it were completions.
+    ["ALTER TABLE requests ADD COLUMN endpoint TEXT NOT NULL DEFAULT 'completions'"],
 ]
 
 VERSION: Final = len(MIGRATIONS)

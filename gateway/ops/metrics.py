@@ -92,6 +92,7 @@ class Record(msgspec.Struct):
 
     request_id: str
     dialect: str
+    endpoint: str = "completions"  # which endpoint served it: completions or chat
     key: str | None = None
     model: str = "unknown"
     # The target that served the request or, when none did, the last one that failed (then `failed` is set).

@@ -14,9 +14,10 @@ from typing import Any, Final
 import msgspec
 
 from gateway.config import CapsConfig
+from gateway.path.dialects import decode_error
 from providers.registry import credential_headers
-from wire.errors import InvalidRequestError
 from wire.chat import CHAT_SHAPES, ChatRequest, render
+from wire.errors import InvalidRequestError
 from wire.schema import FREE_FORM, CacheSalt, CompletionRequest
 
 MAX_CHOICES: Final = 128
@@ -292,9 +293,9 @@ def normalize_chat(req: ChatRequest, caps: CapsConfig = _DEFAULT_CAPS) -> ChatRe
             try:
                 msgspec.convert(value, shape)
             except msgspec.ValidationError as exc:
-                at = str(exc).rpartition(" - at `$")
-                where = name + at[2].rstrip("`") if at[1] else name
-                raise _bad(f"Invalid value for '{where}': {at[0] if at[1] else exc}", where) from None
+                # Named from the body's root, as the decoder names any other field.
+                problem, at, path = str(exc).partition(" - at `$")
+                raise decode_error(msgspec.ValidationError(f"{problem} - at `$.{name}{path if at else '`'}")) from None
     if req.tool_choice is not None and not req.tools:
         raise _bad("'tool_choice' is only allowed when 'tools' are given", "tool_choice")
     if req.parallel_tool_calls is not None and not req.tools:
