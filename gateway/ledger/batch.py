@@ -41,15 +41,14 @@ COLUMNS: Final = (
 )
 # A full row's values (`COLUMNS`); a row spilled before `endpoint` was recorded has one fewer.
 ROW_WIDTH: Final = 23
-INSERT: Final = (
-    f"INSERT INTO requests ({COLUMNS}) VALUES ({', '.join('?' * ROW_WIDTH)}) ON CONFLICT (day, id) DO NOTHING"
-)
+_MARKS: Final = ", ".join("?" * ROW_WIDTH)
+INSERT: Final = f"INSERT INTO requests ({COLUMNS}) VALUES ({_MARKS}) ON CONFLICT (day, id) DO NOTHING"
 # SQLite: the text columns that may be NULL (error, cache, prompt, completion) come as the integer 0 for
 # NULL, which NULLIF turns back into one: SQLite's driver binds a 0 for a tenth of what a None costs it,
 # and no text is ever the integer 0. Rows spilled with None give NULL all the same.
 _NULLABLE_TEXT: Final = (12, 18, 20, 21)
 INSERT_SQLITE: Final = INSERT.replace(
-    f"VALUES ({', '.join('?' * ROW_WIDTH)})",
+    f"VALUES ({_MARKS})",
     f"VALUES ({', '.join('NULLIF(?, 0)' if i in _NULLABLE_TEXT else '?' for i in range(ROW_WIDTH))})",
 )
 ROLLUP: Final = (

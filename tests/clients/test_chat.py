@@ -21,13 +21,14 @@ import openai
 import pytest
 from aiohttp import web
 
+from tests.helpers.clients import openai_client
 from tests.helpers.recordings import fixture_json
 from tests.helpers.servers import GatewayThread, serve_config
 from tests.helpers.upstreams import Received, Upstream
 
 KEY = "gk-chat-3f1a"
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-TOOLS = [
+TOOLS: list[Any] = [
     {
         "type": "function",
         "function": {
@@ -114,9 +115,8 @@ def received(upstream: Upstream) -> Iterator[list[Received]]:
 
 
 @pytest.fixture(scope="module")
-def client(gateway: GatewayThread) -> Iterator[openai.OpenAI]:
-    with httpx.Client(trust_env=False, timeout=15) as http:
-        yield openai.OpenAI(base_url=gateway.url + "/v1", api_key=KEY, max_retries=0, http_client=http)
+def client(gateway: GatewayThread) -> openai.OpenAI:
+    return openai_client(gateway.url + "/v1", KEY)
 
 
 @pytest.fixture(scope="module")
@@ -172,8 +172,8 @@ def test_stream_tool_call_deltas(client: openai.OpenAI, received: list[Received]
     """The SDK reassembles the provider's arguments byte for byte from the relayed deltas."""
     recorded = _data(_sse("openai/chat_stream_tool_calls_parallel.sse.txt"))
     want: dict[int, dict[str, str]] = {}
-    for chunk in recorded:
-        for ch in chunk["choices"]:
+    for event in recorded:
+        for ch in event["choices"]:
             for tc in ch["delta"].get("tool_calls") or ():
                 slot = want.setdefault(tc["index"], {"id": "", "name": "", "arguments": ""})
                 slot["id"] += tc.get("id") or ""
@@ -186,12 +186,12 @@ def test_stream_tool_call_deltas(client: openai.OpenAI, received: list[Received]
     assert chunks[0].choices[0].delta.role == "assistant"
     for chunk in chunks:
         assert chunk.object == "chat.completion.chunk" and chunk.model == "oa/gpt-3.5-turbo"
-        for ch in chunk.choices:
-            for tc in ch.delta.tool_calls or ():
-                slot = got.setdefault(tc.index, {"id": "", "name": "", "arguments": ""})
-                slot["id"] += tc.id or ""
-                slot["name"] += (tc.function.name if tc.function else None) or ""
-                slot["arguments"] += (tc.function.arguments if tc.function else None) or ""
+        for sc in chunk.choices:
+            for call in sc.delta.tool_calls or ():
+                slot = got.setdefault(call.index, {"id": "", "name": "", "arguments": ""})
+                slot["id"] += call.id or ""
+                slot["name"] += (call.function.name if call.function else None) or ""
+                slot["arguments"] += (call.function.arguments if call.function else None) or ""
     assert got == want
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
     # The gateway asked for the usage chunk (it settles limits on it) though the client did not.
