@@ -211,7 +211,7 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services, op: Ope
                 metrics.active += 1  # what the gauge reads when collected (gateway/ops/metrics.py)
         # The request's server span, when tracing is on; it ends with the answer or the stream.
         tracer = pipeline.tracing
-        span = tracer.begin(headers, dialect.name, path, link=pipeline.trace_link) if tracer is not None else None
+        span = tracer.begin(headers, dialect.name, path, pipeline.trace_link, op.genai) if tracer is not None else None
         # Made when something is awaited that a client leaving should cancel: a cached answer served by
         # `early` awaits nothing but its own sends, and costs no watcher task.
         watch: _Watch | None = None

@@ -24,7 +24,7 @@ class Operation:
     """One endpoint's steps: its name (recorded in the access log, metrics and ledger), how its body is
     decoded and normalized, its answers' id prefix, and the job its attempts run in."""
 
-    __slots__ = ("name", "chat", "decode", "normalize", "prefix", "job")
+    __slots__ = ("name", "chat", "decode", "normalize", "prefix", "job", "genai")
 
     def __init__(
         self,
@@ -41,6 +41,8 @@ class Operation:
         self.normalize = normalize
         self.prefix = prefix
         self.job = job
+        # OpenTelemetry's GenAI `gen_ai.operation.name` for the request's spans.
+        self.genai = "chat" if chat else "text_completion"
 
     def new_id(self) -> str:
         return self.prefix + unique_suffix()
