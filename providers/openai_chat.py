@@ -27,9 +27,9 @@ from providers.base import (
     request_headers,
     table,
 )
-from providers.envelope import Unreadable, envelope_status
+from providers.envelope import Unreadable
 from providers.finish import finish_reason
-from providers.openai_compat import UpErrorBody, UpUsage, usage_from
+from providers.openai_compat import UpEnvelope, UpUsage, usage_from
 from wire.chat import (
     ChatChoice,
     ChatChunk,
@@ -47,7 +47,7 @@ from wire.chat import (
     ToolCallDelta,
     TopLogprob,
 )
-from wire.errors import GatewayError, InvalidRequestError, UnsupportedParamError
+from wire.errors import InvalidRequestError, UnsupportedParamError
 from wire.schema import Completion, Usage
 
 # Where the kind's engine reads the token limit, the choice count and the conversation on chat: what the
@@ -161,16 +161,11 @@ class _UpChoice(msgspec.Struct):
     logprobs: _UpLogprobs | None = None
 
 
-class _UpChat(msgspec.Struct):
+class _UpChat(UpEnvelope):
     choices: list[_UpChoice] | None = None
     created: int = 0
     system_fingerprint: str | None = None
     usage: UpUsage | None = None
-    error: UpErrorBody | str | None = None
-    error_type: Any = None
-    object: Any = None
-    type: Any = None
-    code: Any = None
 
 
 _decode_chat = msgspec.json.Decoder(_UpChat).decode
@@ -262,18 +257,10 @@ class OpenAIChat(Adapter):
             stream=bool(req.stream),
         )
 
-    def _chat_envelope(self, up: _UpChat, body: bytes) -> GatewayError:
-        e = up.error
-        if isinstance(e, UpErrorBody):
-            status = envelope_status(e.code, e.type, up.code)
-        else:
-            status = envelope_status(up.code, up.error_type, up.type)
-        return self.map_error(status, {}, body, "upstream")
-
     def parse_chat_response(self, body: bytes, ctx: CallContext) -> ChatCompletion:
         up = _decode_chat(body)
-        if up.error is not None or up.object == "error":
-            raise self._chat_envelope(up, body)
+        if up.failed():
+            raise self.map_error(up.status(), {}, body, "upstream")
         if not up.choices:
             raise Unreadable("a chat completion without choices")
         if up.created:
@@ -306,8 +293,8 @@ class OpenAIChat(Adapter):
         if data == b"[DONE]":
             return None
         up = _decode_chat(data)
-        if up.error is not None or up.object == "error":
-            raise self._chat_envelope(up, data)
+        if up.failed():
+            raise self.map_error(up.status(), {}, data, "upstream")
         if up.choices is None and up.usage is None:
             raise Unreadable("a chat stream event without choices")
         if up.created:

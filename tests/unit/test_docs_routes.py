@@ -1,8 +1,8 @@
 """README's table of endpoints names every route the gateway serves.
 
 The routes are read from the source: each Litestar route decorator's path in gateway/edge/, the dialect
-routes (`DIALECT_ROUTES`), the chat routes (`CHAT_ROUTES`) and the tokenizer routes (also under `/m/<vendor>/<model>`). A path
-parameter (`{name:str}`) matches any `<...>` the table writes in its place.
+routes (`DIALECT_ROUTES`), the chat routes (`CHAT_ROUTES`) and the tokenizer routes (also under
+`/m/<vendor>/<model>`). A path parameter (`{name:str}`) matches any `<...>` the table writes in its place.
 """
 
 from __future__ import annotations
