@@ -31,6 +31,8 @@ class ChatAttempt(Attempt):
             raise unsupported_endpoint(route.provider, adapter.kind)
         req = cast(ChatRequest, self.req)  # a ChatJob holds a ChatRequest
         check_chat(adapter, req, route.provider)
+        if isinstance(adapter, LocalAdapter):
+            adapter.admit(req, route.endpoint, self.services.caps)  # its work runs on the gateway's loop
         params, lost = map_params(req, table, route.provider, route.drop_unsupported)
         if lost:
             self.dropped[route.key] = lost

@@ -307,6 +307,8 @@ def test_ledger_row_records_the_endpoint(api: httpx.Client, db: Path) -> None:
             "invalid_value",
         ),
         ({"model": "oa/m", "messages": MESSAGES, "top_k": 5}, "top_k", "unsupported_parameter"),
+        # The in-process provider's bound on the work a request may make the gateway's loop do.
+        ({"model": "demo/echo", "messages": MESSAGES, "max_tokens": 10**9}, "max_tokens", "invalid_value"),
     ],
 )
 def test_bad_requests_name_the_field(
