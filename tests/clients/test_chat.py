@@ -57,7 +57,12 @@ providers:
   hosted: {{kind: vllm, base_url: {u}/v1}}
   demo: {{kind: fake}}
   claude: {{kind: anthropic, base_url: {u}, api_key: sk-ant}}
+  down: {{kind: vllm, base_url: "http://127.0.0.1:1/v1"}}
 models:
+  - name: resilient
+    targets: [{{model: down/served}}]
+    fallbacks: [oa/gpt-3.5-turbo]
+    retries: {{attempts: 2}}
   - name: cached
     targets: [{{model: hosted/served}}]
     cache: {{mode: always}}
@@ -262,6 +267,15 @@ def test_cache_hit_on_identical_chat(api: httpx.Client, received: list[Received]
     ):
         assert api.post("/v1/chat/completions", json=changed).headers["x-gateway-cache"] == "miss"
     assert len(received) == 4
+
+
+def test_fallback_serves_chat(api: httpx.Client, received: list[Received]) -> None:
+    """The same failover loop: the alias's target refuses the connection, its fallback answers."""
+    resp = api.post("/v1/chat/completions", json={"model": "resilient", "messages": MESSAGES})
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["x-gateway-provider"] == "oa" and resp.headers["x-gateway-attempts"] == "2"
+    assert resp.json()["choices"][0]["message"]["content"]
+    assert len(received) == 1
 
 
 def test_ledger_row_records_the_endpoint(api: httpx.Client, db: Path) -> None:
