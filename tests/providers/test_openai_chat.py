@@ -18,8 +18,8 @@ from tests.helpers.recordings import fixture_bytes, fixture_json
 from wire.chat import ChatChunk, decode_chat
 from wire.errors import InvalidRequestError
 
-CHAT_KINDS = ("openai", "azure", "fireworks", "together", "vllm", "sglang", "deepseek", "pais", "mistral", "tgi")
-CHAT_KINDS += ("ollama", "llamacpp")
+CHAT_KINDS = {"openai", "azure", "fireworks", "together", "vllm", "sglang", "deepseek", "pais", "mistral", "tgi"}
+CHAT_KINDS |= {"ollama", "llamacpp"}
 
 
 def _adapter(kind: str) -> OpenAIChat:
