@@ -48,9 +48,10 @@ class Operation:
         return self.prefix + unique_suffix()
 
     def cacheable(self, req: CompletionRequest, headers: Mapping[str, str]) -> bool:
-        """Whether the response cache may take the request: on chat, buffered answers without Cache-Control
-        directives (what the cache stores of them is the answer's bytes; docs/chat.md)."""
-        return not self.chat or (not req.stream and "cache-control" not in headers)
+        """Whether the response cache may take a chat request (the pipeline asks only for chat): a buffered
+        answer without Cache-Control directives (what the cache stores of it is the answer's bytes;
+        docs/chat.md)."""
+        return not req.stream and "cache-control" not in headers
 
 
 COMPLETIONS: Final = Operation("completions", False, decode_request, normalize, "cmpl-", Job)

@@ -171,7 +171,7 @@ class Pipeline:
             return key, req, None, _LATER  # budgets are checked before the cache is looked at
         plan = self.router.plan(req.model)
         self._refine(req, plan, rec)
-        if not op.cacheable(req, headers):
+        if op.chat and not op.cacheable(req, headers):
             return key, req, plan, None
         cached = self.cache.lookup(req, rec.key, headers, rec, plan)  # type: ignore[union-attr]  # the endpoint checked
         if op.chat:
@@ -280,7 +280,8 @@ class Pipeline:
             cached = looked
             if type(cached) is not Lookup:  # one test for the common case, a lookup `early` settled
                 if cached is _LATER:
-                    cached = self.cache.lookup(req, rec.key, headers, rec, plan) if op.cacheable(req, headers) else None
+                    uncached = op.chat and not op.cacheable(req, headers)
+                    cached = None if uncached else self.cache.lookup(req, rec.key, headers, rec, plan)
                 if cached is not None and not isinstance(cached, Lookup):
                     cached = await cached  # a Redis read, or the identical request in flight waited for
                 if op.chat:
