@@ -13,9 +13,9 @@ from typing import Any, ClassVar, Final
 
 import msgspec
 
+from providers.anthropic_chat import CHAT_PARAMS, chat_answer, chat_chunk, chat_delta, to_messages
 from providers.base import (
     EMULATED_EXTRAS,
-    Adapter,
     CallContext,
     Endpoint,
     Param,
@@ -27,8 +27,10 @@ from providers.base import (
 )
 from providers.envelope import Unreadable
 from providers.finish import finish_reason
+from providers.openai_chat import OpenAIChat, chat_finish
 from providers.quota import anthropic_counters, anthropic_resets
 from providers.retry_after import retry_after, should_retry
+from wire.chat import ChatChunk, ChatCompletion, ChatRequest, Delta
 from wire.errors import GatewayError, UnsupportedParamError, UpstreamStatusError
 from wire.schema import Completion, CompletionRequest, PromptTokensDetails, Usage
 
@@ -71,6 +73,10 @@ class AErrorBody(msgspec.Struct):
 class AContent(msgspec.Struct):
     type: str = ""
     text: str = ""
+    # tool_use blocks
+    id: str = ""
+    name: str = ""
+    input: Any = None
 
 
 class AUsage(msgspec.Struct):
@@ -90,14 +96,18 @@ class AMessage(msgspec.Struct):
 
 
 class ADelta(msgspec.Struct):
-    # content_block_delta: {type: text_delta, text}; message_delta: {stop_reason, ...}.
+    # content_block_delta: {type: text_delta, text} or {type: input_json_delta, partial_json};
+    # message_delta: {stop_reason, ...}.
     type: str | None = None
     text: str | None = None
     stop_reason: str | None = None
+    partial_json: str | None = None
 
 
 class AEvent(msgspec.Struct):
     type: str = ""
+    index: int | None = None
+    content_block: AContent | None = None
     message: AMessage | None = None
     delta: ADelta | None = None
     usage: AUsage | None = None
@@ -158,7 +168,7 @@ def reset_hint(headers: Mapping[str, str], now: float | None = None) -> float | 
     return max(max(chosen) - (time.time() if now is None else now), 0.0)
 
 
-class AnthropicAdapter(Adapter):
+class AnthropicAdapter(OpenAIChat):
     kind = "anthropic"
     auth = "`x-api-key` + `anthropic-version`"
     default_max_tokens = DEFAULT_MAX_TOKENS
@@ -178,6 +188,9 @@ class AnthropicAdapter(Adapter):
         stop=Param(to="stop_sequences", convert=stop_list),
         user=Param(to="metadata.user_id"),
     )
+    # Chat (`system`, tools as `tool_use` / `tool_result` blocks): providers/anthropic_chat.py.
+    chat_path: ClassVar[str] = "/v1/messages"
+    chat_params = CHAT_PARAMS
 
     def check(self, req: CompletionRequest, provider: str) -> None:
         super().check(req, provider)
@@ -191,11 +204,29 @@ class AnthropicAdapter(Adapter):
     def build_request(self, req: CompletionRequest, endpoint: Endpoint, params: dict[str, Any]) -> UpstreamRequest:
         if not isinstance(req.prompt, str):
             raise UnsupportedParamError("prompt", endpoint.provider)
+        return self._request(req, endpoint, params, [{"role": "user", "content": req.prompt}], None)
+
+    def build_chat_request(self, req: ChatRequest, endpoint: Endpoint, params: dict[str, Any]) -> UpstreamRequest:
+        if req.temperature is not None and req.temperature > 1:
+            raise out_of_range(endpoint.provider, "temperature", req.temperature, 0, 1)
+        system, messages = to_messages(req.messages)
+        return self._request(req, endpoint, params, messages, system)
+
+    def _request(
+        self,
+        req: CompletionRequest,
+        endpoint: Endpoint,
+        params: dict[str, Any],
+        messages: list[dict[str, Any]],
+        system: str | None,
+    ) -> UpstreamRequest:
         body: dict[str, Any] = {
             "model": endpoint.model,
-            "messages": [{"role": "user", "content": req.prompt}],
+            "messages": messages,
             "max_tokens": endpoint.default_max_tokens or DEFAULT_MAX_TOKENS,
         }
+        if system:
+            body["system"] = system
         body.update(params)
         if req.stream:
             body["stream"] = True
@@ -254,6 +285,38 @@ class AnthropicAdapter(Adapter):
             kind_of = ev.error.type if ev.error is not None else None
             raise self.map_error(_ERROR_STATUS.get(kind_of or "", 500), {}, data, self.kind)
         # ping, content_block_start/stop, message_stop and event types added later.
+        return None
+
+    def parse_chat_response(self, body: bytes, ctx: CallContext) -> ChatCompletion:
+        msg = _decode_message(body)
+        if msg.type == "error" or msg.error is not None:
+            kind_of = msg.error.type if msg.error is not None else None
+            raise self.map_error(_ERROR_STATUS.get(kind_of or "", 500), {}, body, self.kind)
+        if msg.content is None:
+            raise Unreadable("a message without content")
+        usage = usage_from(msg.usage) if msg.usage is not None else None
+        return chat_answer(msg.content, chat_finish(msg.stop_reason), usage, ctx)
+
+    def parse_chat_event(self, event: str | None, data: bytes, ctx: CallContext) -> ChatChunk | None:
+        ev = _decode_event(data)
+        kind = ev.type or event
+        if kind == "content_block_delta" or kind == "content_block_start":
+            return chat_delta(ev.index, ev.content_block, ev.delta, ctx)
+        if kind == "message_start":
+            if ev.message is not None and ev.message.usage is not None:
+                ctx.state["usage"] = ev.message.usage
+            return chat_chunk(ctx, Delta(role="assistant", content=""))
+        if kind == "message_delta":
+            if ev.usage is not None:
+                ctx.state["usage"] = _merge(ctx.state.get("usage"), ev.usage)
+            if ev.delta is None or not ev.delta.stop_reason:
+                return None
+            usage: AUsage | None = ctx.state.get("usage")
+            finish = chat_finish(ev.delta.stop_reason)
+            return chat_chunk(ctx, Delta(), finish, usage_from(usage) if usage is not None else None)
+        if kind == "error":
+            kind_of = ev.error.type if ev.error is not None else None
+            raise self.map_error(_ERROR_STATUS.get(kind_of or "", 500), {}, data, self.kind)
         return None
 
     def map_error(self, status: int, headers: Mapping[str, str], body: bytes, provider: str) -> GatewayError:

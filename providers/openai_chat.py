@@ -175,7 +175,7 @@ def chat_finish(word: str | None) -> ChatFinishReason | None:
     """A chat finish reason: the tool-call words stay `tool_calls`, the rest fold as on completions."""
     if not word:
         return None
-    if word in ("tool_calls", "function_call"):
+    if word in ("tool_calls", "function_call", "tool_use"):
         return "tool_calls"
     return finish_reason(word)
 
