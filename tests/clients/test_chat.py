@@ -20,6 +20,7 @@ import httpx
 import openai
 import pytest
 from aiohttp import web
+from openai.types.chat import ChatCompletionMessageFunctionToolCall
 
 from tests.helpers.clients import openai_client
 from tests.helpers.recordings import fixture_json
@@ -57,6 +58,7 @@ providers:
   hosted: {{kind: vllm, base_url: {u}/v1}}
   demo: {{kind: fake}}
   claude: {{kind: anthropic, base_url: {u}, api_key: sk-ant}}
+  gem: {{kind: gemini, base_url: {u}, api_key: g-key}}
   down: {{kind: vllm, base_url: "http://127.0.0.1:1/v1"}}
 models:
   - name: resilient
@@ -80,6 +82,8 @@ def _data(events: list[bytes]) -> list[dict[str, Any]]:
 
 
 async def _handler(request: web.Request, received: Received) -> web.StreamResponse:
+    if received.path == "/v1/messages":
+        return await _anthropic(request, received)
     if not received.path.endswith("/chat/completions"):
         return web.json_response({"error": {"message": "not found"}}, status=404)
     body = received.json()
@@ -90,6 +94,18 @@ async def _handler(request: web.Request, received: Received) -> web.StreamRespon
     resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
     await resp.prepare(request)
     for event in _sse(name):
+        await resp.write(event + b"\n\n")
+    await resp.write_eof()
+    return resp
+
+
+async def _anthropic(request: web.Request, received: Received) -> web.StreamResponse:
+    if not received.json().get("stream"):
+        body = (FIXTURES / "anthropic/messages_tool_use.json").read_bytes()
+        return web.Response(body=body, content_type="application/json")
+    resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+    await resp.prepare(request)
+    for event in _sse("anthropic/messages_stream_tool_use.sse.txt"):
         await resp.write(event + b"\n\n")
     await resp.write_eof()
     return resp
@@ -338,10 +354,10 @@ def test_bad_requests_name_the_field(
 
 
 def test_kind_without_chat_is_a_400_naming_the_provider(api: httpx.Client, received: list[Received]) -> None:
-    resp = api.post("/v1/chat/completions", json={"model": "claude/claude-3-5-haiku", "messages": MESSAGES})
+    resp = api.post("/v1/chat/completions", json={"model": "gem/gemini-2.0-flash", "messages": MESSAGES})
     assert resp.status_code == 400
     error = resp.json()["error"]
-    assert error["code"] == "unsupported_endpoint" and "'claude'" in error["message"]
+    assert error["code"] == "unsupported_endpoint" and "'gem'" in error["message"]
     assert received == []
 
 
@@ -349,3 +365,47 @@ def test_pais_route_speaks_fastapi(api: httpx.Client) -> None:
     resp = api.post("/api/v1/compatibility/openai/v1/chat/completions", json={"model": "oa/m", "messages": []})
     assert resp.status_code == 422
     assert resp.json()["detail"][0]["loc"] == ["body", "messages"]
+
+
+def test_anthropic_tool_calls_through_the_sdk(client: openai.OpenAI, received: list[Received]) -> None:
+    """Anthropic's Messages API behind the chat route: its tool_use blocks are the SDK's tool calls, and its
+    streamed `input_json_delta` pieces reassemble into each call's arguments."""
+    recorded = fixture_json("anthropic/messages_tool_use.json")
+    answer = client.chat.completions.create(
+        model="claude/claude-3-5-sonnet-20240620",
+        messages=[{"role": "system", "content": "Be brief."}, *MESSAGES],
+        tools=TOOLS,
+        max_tokens=300,
+    )
+    calls = [
+        c for c in answer.choices[0].message.tool_calls or () if isinstance(c, ChatCompletionMessageFunctionToolCall)
+    ]
+    uses = [b for b in recorded["content"] if b["type"] == "tool_use"]
+    assert [(c.id, c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        (b["id"], b["name"], b["input"]) for b in uses
+    ]
+    assert answer.choices[0].finish_reason == "tool_calls"
+    sent = received[0]
+    assert sent.path == "/v1/messages" and sent.headers["x-api-key"] == "sk-ant"
+    assert sent.json()["system"] == "Be brief." and sent.json()["max_tokens"] == 300
+
+    chunks = list(
+        client.chat.completions.create(
+            model="claude/claude-3-5-sonnet-20240620",
+            messages=MESSAGES,
+            tools=TOOLS,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    args: dict[int, str] = {}
+    for chunk in chunks:
+        for sc in chunk.choices:
+            for call in sc.delta.tool_calls or ():
+                args[call.index] = args.get(call.index, "") + (
+                    (call.function.arguments if call.function else None) or ""
+                )
+    assert [sorted(json.loads(a)) for _, a in sorted(args.items())] == [["location", "unit"], ["timezone"]]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 153
