@@ -1,18 +1,12 @@
 """OpenAI's chat conversation as Anthropic's Messages API, and Anthropic's answers back as `chat.completion`.
 
-Requests: `system` and `developer` messages become the `system` text; user content becomes `text` and
-`image` blocks; an assistant's `tool_calls` become `tool_use` blocks (`input` is the call's arguments,
-which must be a JSON object); `tool` messages become `tool_result` blocks of a user turn (consecutive
-turns of one role are merged, as the API requires them to alternate). `tools` become
-`{name, description, input_schema}`, `tool_choice` `auto | any | none | tool`, `parallel_tool_calls: false`
-`disable_parallel_tool_use`.
-
-Answers: `text` blocks join into the message's content, `tool_use` blocks become `tool_calls` (their
-`input` encoded as the arguments). Streams: `message_start` gives the role chunk, `content_block_start` of
-a `tool_use` block the call's `id` and `name` (its tool-call `index` counts tool blocks only),
-`input_json_delta` the arguments' pieces as sent, `text_delta` the content, `message_delta` the finish
-reason and the usage. Sources: the recordings in tests/fixtures/anthropic (SOURCES.md) and
-docs.claude.com's Messages API reference.
+Requests: `system` and `developer` messages become `system`; user content `text` and `image` blocks; an
+assistant's `tool_calls` `tool_use` blocks (arguments must be a JSON object); `tool` messages
+`tool_result` blocks of a user turn (turns of one role are merged: the API wants them to alternate).
+Answers: `text` blocks join into the content, `tool_use` blocks become `tool_calls`. Streams:
+`message_start` gives the role chunk, a `tool_use` block's start its `id` and `name` (its tool-call index
+counts tool blocks only), `input_json_delta` the arguments' pieces as sent, `message_delta` the finish
+reason and usage. What maps to what: docs/chat.md; the recordings: tests/fixtures/SOURCES.md.
 """
 
 from __future__ import annotations
