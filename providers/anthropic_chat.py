@@ -57,7 +57,7 @@ class BlockDelta(Protocol):
     partial_json: str | None
 
 
-def _top_k(body: dict[str, Any], value: int) -> None:
+def top_k(body: dict[str, Any], value: int) -> None:
     if value >= 0:  # the gateway's -1 means every token, which is Anthropic's default
         body["top_k"] = value
 
@@ -87,13 +87,17 @@ def _parallel(body: dict[str, Any], parallel: bool) -> None:
         choice["disable_parallel_tool_use"] = True
 
 
-CHAT_PARAMS: Final[Table] = table(
+# What both of Anthropic's routes (completions and chat) take the same way.
+SAMPLING: Final[Table] = table(
     max_tokens=Param(),
     temperature=Param(),
     top_p=Param(),
-    top_k=Param(apply=_top_k),
+    top_k=Param(apply=top_k),
     stop=Param(to="stop_sequences", convert=stop_list),
     user=Param(to="metadata.user_id"),
+)
+CHAT_PARAMS: Final[Table] = table(
+    SAMPLING,
     tools=Param(apply=_tools),
     tool_choice=Param(apply=_tool_choice),
     parallel_tool_calls=Param(apply=_parallel),
@@ -208,4 +212,4 @@ def chat_delta(index: int | None, block: Block | None, delta: BlockDelta | None,
     return None  # thinking, signatures and delta types added later
 
 
-__all__ = ["CHAT_PARAMS", "chat_answer", "chat_chunk", "chat_delta", "to_messages"]
+__all__ = ["CHAT_PARAMS", "SAMPLING", "chat_answer", "chat_chunk", "chat_delta", "to_messages", "top_k"]

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping, Sequence
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, TypeVar, cast
 
 import msgspec
 
@@ -300,12 +300,7 @@ class Attempt:
         if resp.status >= 400:
             raise adapter.map_error(resp.status, resp.headers, resp.body, route.provider)
         await self._watch_quota(resp.headers)
-        try:
-            answer = adapter.parse_response(resp.body, ctx)
-        except GatewayError:
-            raise
-        except Exception as exc:
-            raise _unreadable(route, "response body", exc) from None
+        answer = parsed(route, adapter.parse_response, resp.body, ctx)
         if req.n is not None and req.n > 1 and len(answer.choices) < (asked := choices_asked(req)):
             self.services.ignores_n.add(route.key)
             raise ignored_n(route, asked, len(answer.choices))
@@ -401,6 +396,19 @@ async def _events(
         c = parse(event, data, ctx)
         if c is not None:
             yield c
+
+
+_A = TypeVar("_A")
+
+
+def parsed(route: Route, parse: Callable[[bytes, CallContext], _A], body: bytes, ctx: CallContext) -> _A:
+    """An upstream answer read by the adapter's `parse`; one it cannot read is a failed attempt."""
+    try:
+        return parse(body, ctx)
+    except GatewayError:
+        raise
+    except Exception as exc:
+        raise _unreadable(route, "response body", exc) from None
 
 
 def _unreadable(route: Route, what: str, exc: Exception) -> UpstreamError:

@@ -11,11 +11,10 @@ from __future__ import annotations
 from collections.abc import Coroutine
 from typing import Any, cast
 
-from gateway.path.attempt import Attempt, Job, Opened, _fresh, _unreadable, ignored_n, sane_usage
+from gateway.path.attempt import Attempt, Job, Opened, _fresh, ignored_n, parsed, sane_usage
 from providers.base import LocalAdapter, map_params
 from providers.openai_chat import OpenAIChat, check_chat, chunks_from, from_completion, unsupported_endpoint
 from wire.chat import ChatCompletion, ChatRequest
-from wire.errors import GatewayError
 
 
 class ChatAttempt(Attempt):
@@ -54,12 +53,7 @@ class ChatAttempt(Attempt):
         if resp.status >= 400:
             raise adapter.map_error(resp.status, resp.headers, resp.body, route.provider)
         await self._watch_quota(resp.headers)
-        try:
-            answer = adapter.parse_chat_response(resp.body, ctx)
-        except GatewayError:
-            raise
-        except Exception as exc:
-            raise _unreadable(route, "response body", exc) from None
+        answer = parsed(route, adapter.parse_chat_response, resp.body, ctx)
         asked = req.n or 1
         if asked > 1 and len(answer.choices) < asked:
             self.services.ignores_n.add(route.key)
