@@ -26,3 +26,4 @@ class TogetherAdapter(OpenAIChat, OpenAICompatible):
         min_p=Param(),
     )
     chat_params = chat_table(params)
+    chat_stream_usage = False  # as on completions: its usage comes on the last chunk unasked
