@@ -13,22 +13,22 @@ from typing import Any, ClassVar, Final
 
 import msgspec
 
+from providers.anthropic_chat import CHAT_PARAMS, SAMPLING, chat_answer, chat_chunk, chat_delta, to_messages
 from providers.base import (
     EMULATED_EXTRAS,
-    Adapter,
     CallContext,
     Endpoint,
-    Param,
     UpstreamRequest,
     out_of_range,
     request_headers,
-    stop_list,
     table,
 )
 from providers.envelope import Unreadable
 from providers.finish import finish_reason
+from providers.openai_chat import OpenAIChat, chat_finish
 from providers.quota import anthropic_counters, anthropic_resets
 from providers.retry_after import retry_after, should_retry
+from wire.chat import ChatChunk, ChatCompletion, ChatRequest, Delta
 from wire.errors import GatewayError, UnsupportedParamError, UpstreamStatusError
 from wire.schema import Completion, CompletionRequest, PromptTokensDetails, Usage
 
@@ -56,12 +56,6 @@ _ERROR_STATUS: Final[dict[str, int]] = {
 }
 
 
-def _top_k(body: dict[str, Any], value: int) -> None:
-    # The gateway's -1 means "consider every token", which is Anthropic's behaviour without top_k.
-    if value >= 0:
-        body["top_k"] = value
-
-
 class AErrorBody(msgspec.Struct):
     type: str | None = None
     message: str | None = None
@@ -71,6 +65,10 @@ class AErrorBody(msgspec.Struct):
 class AContent(msgspec.Struct):
     type: str = ""
     text: str = ""
+    # tool_use blocks
+    id: str = ""
+    name: str = ""
+    input: Any = None
 
 
 class AUsage(msgspec.Struct):
@@ -90,14 +88,18 @@ class AMessage(msgspec.Struct):
 
 
 class ADelta(msgspec.Struct):
-    # content_block_delta: {type: text_delta, text}; message_delta: {stop_reason, ...}.
+    # content_block_delta: {type: text_delta, text} or {type: input_json_delta, partial_json};
+    # message_delta: {stop_reason, ...}.
     type: str | None = None
     text: str | None = None
     stop_reason: str | None = None
+    partial_json: str | None = None
 
 
 class AEvent(msgspec.Struct):
     type: str = ""
+    index: int | None = None
+    content_block: AContent | None = None
     message: AMessage | None = None
     delta: ADelta | None = None
     usage: AUsage | None = None
@@ -158,7 +160,7 @@ def reset_hint(headers: Mapping[str, str], now: float | None = None) -> float | 
     return max(max(chosen) - (time.time() if now is None else now), 0.0)
 
 
-class AnthropicAdapter(Adapter):
+class AnthropicAdapter(OpenAIChat):
     kind = "anthropic"
     auth = "`x-api-key` + `anthropic-version`"
     default_max_tokens = DEFAULT_MAX_TOKENS
@@ -169,15 +171,10 @@ class AnthropicAdapter(Adapter):
     prompt_forms = frozenset({"text"})
     max_logprobs = 0
     guarded_paths = frozenset({"messages", "max_tokens"})
-    params = table(
-        EMULATED_EXTRAS,
-        max_tokens=Param(),
-        temperature=Param(),
-        top_p=Param(),
-        top_k=Param(apply=_top_k),
-        stop=Param(to="stop_sequences", convert=stop_list),
-        user=Param(to="metadata.user_id"),
-    )
+    params = table({**EMULATED_EXTRAS, **SAMPLING})
+    # Chat (`system`, tools as `tool_use` / `tool_result` blocks): providers/anthropic_chat.py.
+    chat_path: ClassVar[str] = "/v1/messages"
+    chat_params = CHAT_PARAMS
 
     def check(self, req: CompletionRequest, provider: str) -> None:
         super().check(req, provider)
@@ -191,11 +188,29 @@ class AnthropicAdapter(Adapter):
     def build_request(self, req: CompletionRequest, endpoint: Endpoint, params: dict[str, Any]) -> UpstreamRequest:
         if not isinstance(req.prompt, str):
             raise UnsupportedParamError("prompt", endpoint.provider)
+        return self._request(req, endpoint, params, [{"role": "user", "content": req.prompt}], None)
+
+    def build_chat_request(self, req: ChatRequest, endpoint: Endpoint, params: dict[str, Any]) -> UpstreamRequest:
+        if req.temperature is not None and req.temperature > 1:
+            raise out_of_range(endpoint.provider, "temperature", req.temperature, 0, 1)
+        system, messages = to_messages(req.messages)
+        return self._request(req, endpoint, params, messages, system)
+
+    def _request(
+        self,
+        req: CompletionRequest,
+        endpoint: Endpoint,
+        params: dict[str, Any],
+        messages: list[dict[str, Any]],
+        system: str | None,
+    ) -> UpstreamRequest:
         body: dict[str, Any] = {
             "model": endpoint.model,
-            "messages": [{"role": "user", "content": req.prompt}],
+            "messages": messages,
             "max_tokens": endpoint.default_max_tokens or DEFAULT_MAX_TOKENS,
         }
+        if system:
+            body["system"] = system
         body.update(params)
         if req.stream:
             body["stream"] = True
@@ -216,16 +231,40 @@ class AnthropicAdapter(Adapter):
             stream=bool(req.stream),
         )
 
-    def parse_response(self, body: bytes, ctx: CallContext) -> Completion:
+    def _message(self, body: bytes) -> tuple[list[AContent], Usage | None, str | None]:
+        """An answer's content blocks, usage and stop reason (an error in a 200 raised as its status)."""
         msg = _decode_message(body)
         if msg.type == "error" or msg.error is not None:
             kind_of = msg.error.type if msg.error is not None else None
             raise self.map_error(_ERROR_STATUS.get(kind_of or "", 500), {}, body, self.kind)
         if msg.content is None:
             raise Unreadable("a message without content")
-        text = "".join(block.text for block in msg.content if block.type == "text")
-        usage = usage_from(msg.usage) if msg.usage is not None else None
-        return ctx.single(text, finish_reason(msg.stop_reason), usage=usage)
+        return msg.content, usage_from(msg.usage) if msg.usage is not None else None, msg.stop_reason
+
+    def _bookkeeping(self, kind: str | None, ev: AEvent, data: bytes, ctx: CallContext) -> str | None:
+        """The events both routes read alike: the usage of `message_start` and `message_delta` kept, an
+        `error` raised; the stop reason of the last `message_delta`, else None."""
+        if kind == "message_start":
+            if ev.message is not None and ev.message.usage is not None:
+                ctx.state["usage"] = ev.message.usage
+        elif kind == "message_delta":
+            if ev.usage is not None:
+                ctx.state["usage"] = _merge(ctx.state.get("usage"), ev.usage)
+            if ev.delta is not None and ev.delta.stop_reason:
+                return ev.delta.stop_reason
+        elif kind == "error":
+            kind_of = ev.error.type if ev.error is not None else None
+            raise self.map_error(_ERROR_STATUS.get(kind_of or "", 500), {}, data, self.kind)
+        return None
+
+    def _usage(self, ctx: CallContext) -> Usage | None:
+        usage: AUsage | None = ctx.state.get("usage")
+        return usage_from(usage) if usage is not None else None
+
+    def parse_response(self, body: bytes, ctx: CallContext) -> Completion:
+        blocks, usage, stop = self._message(body)
+        text = "".join(block.text for block in blocks if block.type == "text")
+        return ctx.single(text, finish_reason(stop), usage=usage)
 
     def parse_event(self, event: str | None, data: bytes, ctx: CallContext) -> Completion | None:
         ev = _decode_event(data)
@@ -236,25 +275,24 @@ class AnthropicAdapter(Adapter):
             if d is None or d.type != "text_delta" or not d.text:
                 return None
             return ctx.single(d.text, None)
+        stop = self._bookkeeping(kind, ev, data, ctx)
+        # The last chunk: message_stop that follows carries nothing. Pings, block starts and stops,
+        # message_stop and event types added later carry nothing either.
+        return ctx.single("", finish_reason(stop), usage=self._usage(ctx)) if stop else None
+
+    def parse_chat_response(self, body: bytes, ctx: CallContext) -> ChatCompletion:
+        blocks, usage, stop = self._message(body)
+        return chat_answer(blocks, chat_finish(stop), usage, ctx)
+
+    def parse_chat_event(self, event: str | None, data: bytes, ctx: CallContext) -> ChatChunk | None:
+        ev = _decode_event(data)
+        kind = ev.type or event
+        if kind == "content_block_delta" or kind == "content_block_start":
+            return chat_delta(ev.index, ev.content_block, ev.delta, ctx)
+        stop = self._bookkeeping(kind, ev, data, ctx)
         if kind == "message_start":
-            if ev.message is not None and ev.message.usage is not None:
-                ctx.state["usage"] = ev.message.usage
-            return None
-        if kind == "message_delta":
-            if ev.usage is not None:
-                ctx.state["usage"] = _merge(ctx.state.get("usage"), ev.usage)
-            if ev.delta is None or not ev.delta.stop_reason:
-                return None
-            usage: AUsage | None = ctx.state.get("usage")
-            # The last chunk: message_stop that follows carries nothing.
-            return ctx.single(
-                "", finish_reason(ev.delta.stop_reason), usage=usage_from(usage) if usage is not None else None
-            )
-        if kind == "error":
-            kind_of = ev.error.type if ev.error is not None else None
-            raise self.map_error(_ERROR_STATUS.get(kind_of or "", 500), {}, data, self.kind)
-        # ping, content_block_start/stop, message_stop and event types added later.
-        return None
+            return chat_chunk(ctx, Delta(role="assistant", content=""))
+        return chat_chunk(ctx, Delta(), chat_finish(stop), self._usage(ctx)) if stop else None
 
     def map_error(self, status: int, headers: Mapping[str, str], body: bytes, provider: str) -> GatewayError:
         message, kind, details = _error_fields(body)

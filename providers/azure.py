@@ -9,13 +9,14 @@ from __future__ import annotations
 from typing import ClassVar
 from urllib.parse import quote
 
-from providers.base import Endpoint, path_segment
+from providers.base import Endpoint, Param, path_segment
+from providers.openai_chat import OpenAIChat, chat_table
 from providers.openai_compat import OpenAICompatible
 
 DEFAULT_API_VERSION = "2024-10-21"
 
 
-class AzureAdapter(OpenAICompatible):
+class AzureAdapter(OpenAIChat, OpenAICompatible):
     kind = "azure"
     genai_provider = "azure.ai.openai"
     auth = "`api-key`"
@@ -24,6 +25,9 @@ class AzureAdapter(OpenAICompatible):
     openai_bpe = True
     deployment_renames_model = False  # the model already is the deployment id, in the URL
     path: ClassVar[str] = "/openai/deployments/{model}/completions?api-version={api_version}"
+    chat_path: ClassVar[str] = "/openai/deployments/{model}/chat/completions?api-version={api_version}"
+    # The chat API's current name for the limit, as on OpenAI.
+    chat_params = chat_table(OpenAICompatible.params, max_tokens=Param(to="max_completion_tokens"))
 
     def url(self, endpoint: Endpoint) -> str:
         # A deployment id is one segment of letters, digits, `_`, `-` and `.` (the client's text: encoded,
@@ -36,3 +40,6 @@ class AzureAdapter(OpenAICompatible):
 
     def auth_headers(self, endpoint: Endpoint) -> dict[str, str]:
         return {"api-key": endpoint.api_key} if endpoint.api_key else {}
+
+    def chat_url(self, endpoint: Endpoint) -> str:
+        return self.url(endpoint).replace("/completions?", "/chat/completions?", 1)

@@ -58,6 +58,7 @@ class CallContext(msgspec.Struct):
     state: dict[str, Any] = msgspec.field(default_factory=dict)
     # The request's `include_stop_reason`: relay which stop ended each choice.
     stop_reason: bool = False
+    chat: bool = False  # a chat request: its chunks are `chat.completion.chunk`s
 
     def completion(
         self, choices: list[Choice], usage: Usage | None = None, system_fingerprint: str | None = None
@@ -242,6 +243,7 @@ def request_headers(
 
 
 ExtraMerge = Literal["top", "nested", "deep"]
+Guarded = frozenset[str] | None
 
 
 def merge_extra(body: dict[str, Any], extra: Mapping[str, Any], how: ExtraMerge) -> None:
@@ -322,6 +324,8 @@ class Capabilities:
     # Its `gen_ai.provider.name` in OpenTelemetry's GenAI semantic conventions (trace spans); None: the kind.
     genai_provider: ClassVar[str | None] = None
     params: ClassVar[Table]
+    # The kind's chat parameters (providers/openai_chat.py `chat_table`); None: it does not serve chat yet.
+    chat_params: ClassVar[Table | None] = None
     # Most stop sequences the provider takes: it is sent the first ones and the gateway enforces the rest
     # (gateway/emulation/planning.py). None: no limit.
     max_stop: ClassVar[int | None] = None
@@ -375,11 +379,20 @@ class Capabilities:
     serves_replicas: ClassVar[bool] = False
     engine_gauges: ClassVar[EngineGauges | None] = None
 
-    def add_extra(self, body: dict[str, Any], req: CompletionRequest) -> None:
-        """The client's `inference_extra_params`, merged into the upstream body as this kind declares."""
+    def add_extra(
+        self,
+        body: dict[str, Any],
+        req: CompletionRequest,
+        guarded: frozenset[str] | None = None,
+        how: ExtraMerge | None = None,
+    ) -> None:
+        """The client's `inference_extra_params`, merged into the upstream body as this kind declares (or as
+        `guarded` and `how` say, for a route whose body differs: chat)."""
         extra = req.inference_extra_params
         if extra:
-            path = guarded_write(extra, self.guarded_paths, self.extra_params)
+            guarded = self.guarded_paths if guarded is None else guarded
+            how = self.extra_params if how is None else how
+            path = guarded_write(extra, guarded, how)
             if path is not None:
                 raise InvalidRequestError(
                     f"'inference_extra_params' may not set '{path}' for provider kind '{self.kind}': it carries "
@@ -388,7 +401,7 @@ class Capabilities:
                     param=f"inference_extra_params.{path}",
                     code="invalid_value",
                 )
-            merge_extra(body, extra, self.extra_params)
+            merge_extra(body, extra, how)
 
     def exhausted_for(self, headers: Mapping[str, str], now: float | None = None) -> float | None:
         """Seconds until the exhausted quota counter of a successful answer resets; None when none is."""

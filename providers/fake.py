@@ -20,6 +20,7 @@ import msgspec
 
 from providers.base import CallContext, Endpoint, LocalAdapter, LocalCaps, Param, table
 from providers.offsets import text_offsets
+from providers.openai_chat import chat_table
 from wire.errors import InvalidRequestError, UpstreamStatusError
 from wire.schema import Choice, Completion, CompletionRequest, FinishReason, Logprobs, Usage
 
@@ -161,6 +162,9 @@ class FakeAdapter(LocalAdapter):
         presence_penalty=Param(),
         user=Param(),
     )
+    # Chat answers are its completions as the assistant's message (providers/openai_chat.py `from_completion`),
+    # which carry no chat logprobs.
+    chat_params = chat_table(params, drop=("logprobs",))
 
     def admit(self, req: CompletionRequest, endpoint: Endpoint, caps: LocalCaps) -> None:
         limit = caps.fake_max_tokens

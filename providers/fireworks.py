@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from providers.base import Param, table
+from providers.openai_chat import OpenAIChat, chat_table
 from providers.openai_compat import OPENAI_PARAMS, OpenAICompatible
 
 
-class FireworksAdapter(OpenAICompatible):
+class FireworksAdapter(OpenAIChat, OpenAICompatible):
     kind = "fireworks"
     default_base_url = "https://api.fireworks.ai/inference/v1"
     model_listing = ("/models", False)
@@ -19,3 +20,4 @@ class FireworksAdapter(OpenAICompatible):
         context_length_exceeded_behavior=Param(),
         images=Param(),
     )
+    chat_params = chat_table(params)

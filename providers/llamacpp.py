@@ -13,7 +13,6 @@ import msgspec
 
 from providers.base import (
     EMULATED,
-    Adapter,
     CallContext,
     Endpoint,
     Param,
@@ -25,6 +24,7 @@ from providers.base import (
 from providers.context import context_window
 from providers.engine import LLAMACPP_GAUGES
 from providers.finish import finish_reason
+from providers.openai_chat import OpenAIChat, chat_table
 from providers.retry_after import retry_after, should_retry
 from providers.selfhosted import TokenProb, response_schema, token_probs, usage
 from providers.tokenizer import LLAMACPP_TOKENIZER
@@ -114,7 +114,7 @@ def _stop_type(up: LlamaCompletion) -> str:
     return kind if kind in ("eos", "word") else "limit"
 
 
-class LlamaCppAdapter(Adapter):
+class LlamaCppAdapter(OpenAIChat):
     kind = "llamacpp"
     extra_params = "deep"
     # The server reads `max_tokens` as `n_predict` when the latter is absent (tools/server/README.md).
@@ -160,6 +160,9 @@ class LlamaCppAdapter(Adapter):
         guided_regex=EMULATED,
         guided_choice=EMULATED,
     )
+    # llama-server's `/v1/chat/completions` reads the same sampling fields as `/completion`.
+    chat_path: ClassVar[str] = "/v1/chat/completions"
+    chat_params = chat_table(params)
 
     def build_request(self, req: CompletionRequest, endpoint: Endpoint, body: dict[str, Any]) -> UpstreamRequest:
         # `model` picks the model on a llama-server running several (router mode); a single-model server

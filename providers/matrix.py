@@ -12,6 +12,7 @@ import sys
 
 from providers import REGISTRY
 from providers.base import PARAM_FIELDS, Adapter, Param
+from providers.openai_chat import OpenAIChat
 
 HEADER = """# Providers
 
@@ -153,6 +154,14 @@ a completion and a stream through the gateway from a loopback upstream.
 '''
 
 
+CHAT_INTRO = """What `/v1/chat/completions` sends each kind (docs/chat.md): `=` the same name, a name where the
+kind's server reads it elsewhere, `fn` a translation (`logprobs` becomes `logprobs: true` plus
+`top_logprobs`), `-` refused naming the field and the provider. `messages`, `stream` and
+`stream_options` are sent to every kind that has a chat route; a kind with `no chat` answers every chat
+request with a 400 `unsupported_endpoint` naming the provider.
+"""
+
+
 def _cell(name: str, rule: Param | None) -> str:
     if rule is None:
         return "-"
@@ -173,6 +182,21 @@ def render() -> str:
     for field in PARAM_FIELDS:
         cells = [_cell(field, REGISTRY[k].params.get(field)) for k in kinds]
         lines.append(f"| `{field}` | " + " | ".join(cells) + " |")
+    lines += ["", "## Chat parameters", "", CHAT_INTRO]
+    lines.append("| field | " + " | ".join(kinds) + " |")
+    lines.append("|---" * (len(kinds) + 1) + "|")
+    routes = []
+    for k in kinds:
+        cls = REGISTRY[k]
+        if cls.chat_params is None:
+            routes.append("no chat")
+        else:
+            routes.append(f"`{cls.chat_path}`" if issubclass(cls, OpenAIChat) else "in process")
+    lines.append("| (route) | " + " | ".join(routes) + " |")
+    for field in PARAM_FIELDS:
+        rules = [(REGISTRY[k].chat_params or {}).get(field) for k in kinds]
+        if any(r is not None for r in rules):
+            lines.append(f"| `{field}` | " + " | ".join(_cell(field, r) for r in rules) + " |")
     lines += ["", "## Endpoints and limits", ""]
     lines.append("| kind | default base URL | path | auth | max stop | max logprobs | prompt forms | stream |")
     lines.append("|---|---|---|---|---|---|---|---|")

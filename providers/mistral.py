@@ -13,7 +13,6 @@ import msgspec
 
 from providers.base import (
     EMULATED,
-    Adapter,
     CallContext,
     Endpoint,
     Param,
@@ -25,6 +24,7 @@ from providers.base import (
 )
 from providers.envelope import Unreadable, envelope_status
 from providers.finish import finish_reason
+from providers.openai_chat import OpenAIChat, chat_table
 from providers.quota import mistral_windows
 from providers.retry_after import retry_after, should_retry
 from wire.errors import GatewayError, InvalidRequestError, UnsupportedParamError, UpstreamStatusError
@@ -189,7 +189,7 @@ def _usage(up: MUsage) -> Usage:
     )
 
 
-class MistralAdapter(Adapter):
+class MistralAdapter(OpenAIChat):
     kind = "mistral"
     genai_provider = "mistral_ai"
     default_base_url = "https://api.mistral.ai"
@@ -197,6 +197,10 @@ class MistralAdapter(Adapter):
     quota_headers = (mistral_windows,)
     path: ClassVar[str] = f"{CHAT_PATH} (with suffix: {FIM_PATH})"
     params: ClassVar[Table] = MISTRAL_PARAMS
+    chat_path: ClassVar[str] = CHAT_PATH
+    # Mistral sends usage on its last chunk and documents no `stream_options`.
+    chat_stream_usage: ClassVar[bool] = False
+    chat_params = chat_table(MISTRAL_PARAMS, seed=Param(to="random_seed"))
     # Chat (`messages`) or FIM (`prompt`), as the request has a suffix or not.
     guarded_paths = frozenset({"messages", "prompt", "max_tokens", "n"})
     # One user turn (or one FIM prompt) per call: the gateway fans out prompt lists.

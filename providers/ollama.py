@@ -13,7 +13,6 @@ import msgspec
 
 from providers.base import (
     EMULATED,
-    Adapter,
     CallContext,
     Endpoint,
     Param,
@@ -23,6 +22,7 @@ from providers.base import (
     table,
 )
 from providers.finish import finish_reason
+from providers.openai_chat import OpenAIChat, chat_table
 from providers.retry_after import retry_after, should_retry
 from providers.selfhosted import logprobs, response_schema, top_dict, usage
 from wire.errors import GatewayError, InvalidRequestError, UpstreamStatusError
@@ -84,7 +84,7 @@ _decode_chunk = msgspec.json.Decoder(OllamaChunk).decode
 _decode_error = msgspec.json.Decoder(OllamaError).decode
 
 
-class OllamaAdapter(Adapter):
+class OllamaAdapter(OpenAIChat):
     kind = "ollama"
     extra_params = "deep"  # options
     guarded_paths = frozenset({"prompt", "options.num_predict"})
@@ -123,6 +123,12 @@ class OllamaAdapter(Adapter):
         guided_regex=EMULATED,
         guided_choice=EMULATED,
         guided_grammar=EMULATED,
+    )
+    # Its OpenAI-compatible chat route (docs/openai.md of ollama/ollama): no `n`, `logit_bias`, `logprobs`
+    # or `tool_choice`; `options` is not read there.
+    chat_path: ClassVar[str] = "/v1/chat/completions"
+    chat_params = chat_table(
+        params, native=False, drop=("n", "logit_bias", "logprobs", "user", "tool_choice", "parallel_tool_calls")
     )
 
     def build_request(self, req: CompletionRequest, endpoint: Endpoint, body: dict[str, Any]) -> UpstreamRequest:

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+from providers.base import Param
+from providers.openai_chat import OpenAIChat, chat_table
 from providers.openai_compat import OpenAICompatible
 
 
-class OpenAIAdapter(OpenAICompatible):
+class OpenAIAdapter(OpenAIChat, OpenAICompatible):
     kind = "openai"
     default_base_url = "https://api.openai.com/v1"
     openai_bpe = True
     model_listing = ("/models", False)
+    # OpenAI's current name for the limit (o-series models refuse `max_tokens`).
+    chat_params = chat_table(
+        OpenAICompatible.params,
+        max_tokens=Param(to="max_completion_tokens"),
+        audio=Param(),
+        modalities=Param(),
+        prediction=Param(),
+    )

@@ -76,20 +76,36 @@ class UpErrorBody(msgspec.Struct):
     code: str | int | None = None
 
 
-class UpCompletion(msgspec.Struct):
-    # None: the field is missing, which no answer may be (a usage-only stream chunk sends `[]`).
-    choices: list[UpChoice] | None = None
-    created: int = 0
-    system_fingerprint: str | None = None
-    usage: UpUsage | None = None
-    # Some servers report a failure as a `200` carrying only an error object (or mid-stream, as an event):
-    # `{"error": {...}}`, `{"error": "text", "error_type": ...}`, older vLLM's `{"object": "error", ...}`.
-    # Any: an odd type in a field only read when the answer is an error must not invalidate an answer.
+class UpEnvelope(msgspec.Struct):
+    """What an answer carries when it is an error after all.
+
+    Some servers report a failure as a `200` carrying only an error object (or mid-stream, as an event):
+    `{"error": {...}}`, `{"error": "text", "error_type": ...}`, older vLLM's `{"object": "error", ...}`.
+    Any: an odd type in a field only read when the answer is an error must not invalidate an answer."""
+
     error: UpErrorBody | str | None = None
     error_type: Any = None
     object: Any = None
     type: Any = None
     code: Any = None
+
+    def failed(self) -> bool:
+        return self.error is not None or self.object == "error"
+
+    def status(self) -> int:
+        """The HTTP status the error's words mean."""
+        e = self.error
+        if isinstance(e, UpErrorBody):
+            return envelope_status(e.code, e.type, self.code)
+        return envelope_status(self.code, self.error_type, self.type)
+
+
+class UpCompletion(UpEnvelope):
+    # None: the field is missing, which no answer may be (a usage-only stream chunk sends `[]`).
+    choices: list[UpChoice] | None = None
+    created: int = 0
+    system_fingerprint: str | None = None
+    usage: UpUsage | None = None
 
 
 class UpError(msgspec.Struct):
@@ -261,15 +277,10 @@ class OpenAICompatible(Adapter):
             raise Unreadable("a stream event without choices")
         return self._completion(up, ctx)
 
-    def _envelope(self, up: UpCompletion, body: bytes) -> GatewayError:
+    def _envelope(self, up: UpEnvelope, body: bytes) -> GatewayError:
         """An error inside a 200 (answer or stream event), handled as the status its words mean."""
-        e = up.error
-        if isinstance(e, UpErrorBody):
-            status = envelope_status(e.code, e.type, up.code)
-        else:
-            status = envelope_status(up.code, up.error_type, up.type)
         # The adapter does not know the provider's configured name: the message says "upstream".
-        return self.map_error(status, {}, body, "upstream")
+        return self.map_error(up.status(), {}, body, "upstream")
 
     def map_error(self, status: int, headers: Mapping[str, str], body: bytes, provider: str) -> GatewayError:
         message, code, param = _error_fields(body)
@@ -307,4 +318,4 @@ def _error_fields(body: bytes) -> tuple[str, str | None, str | None]:
     return "unknown error", None, None
 
 
-__all__ = ["OPENAI_PARAMS", "OpenAICompatible", "UpCompletion", "usage_from"]
+__all__ = ["OPENAI_PARAMS", "OpenAICompatible", "UpCompletion", "UpEnvelope", "usage_from"]

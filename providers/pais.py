@@ -6,10 +6,11 @@ The seed documents only these request fields, a string prompt, and `stop` as a n
 from __future__ import annotations
 
 from providers.base import Param, stop_list, table
+from providers.openai_chat import OpenAIChat, chat_table
 from providers.openai_compat import OpenAICompatible
 
 
-class PAISAdapter(OpenAICompatible):
+class PAISAdapter(OpenAIChat, OpenAICompatible):
     kind = "pais"
     auth = "`Authorization: Bearer` when api_key is set"
     needs_api_key = False
@@ -23,3 +24,4 @@ class PAISAdapter(OpenAICompatible):
         max_tokens=Param(),
         seed=Param(),
     )
+    chat_params = chat_table(params)

@@ -14,6 +14,7 @@ from typing import Final
 
 from providers.base import Adapter, LocalAdapter
 from providers.guarded import limit_paths
+from providers.openai_chat import CHAT_GUARDED
 
 AdapterClass = type[Adapter] | type[LocalAdapter]
 
@@ -70,6 +71,9 @@ def register(adapter: AdapterClass | str) -> AdapterClass:
             f"{cls.__qualname__}.guarded_paths must hold the body paths its table writes limits and counts to: "
             f"{sorted(unguarded)} are missing"
         )
+    chat = cls.chat_params
+    if chat is not None and limit_paths(chat) - CHAT_GUARDED:
+        raise ValueError(f"{cls.__qualname__}.chat_params writes limits and counts where chat does not guard them")
     held = REGISTRY.get(kind)
     if held is not None and held is not cls:
         raise ValueError(f"kind {kind!r} is already registered to {held.__module__}.{held.__qualname__}")

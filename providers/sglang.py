@@ -16,6 +16,7 @@ import msgspec
 
 from providers.base import Param, table
 from providers.engine import SGLANG_GAUGES
+from providers.openai_chat import OpenAIChat, chat_table
 from providers.openai_compat import OPENAI_PARAMS, OpenAICompatible
 
 
@@ -28,7 +29,7 @@ def _gateway_only(body: dict[str, Any], value: Any) -> None:
     return None
 
 
-class SGLangAdapter(OpenAICompatible):
+class SGLangAdapter(OpenAIChat, OpenAICompatible):
     kind = "sglang"
     needs_base_url = True
     model_listing = ("/models", True)  # base_url ends in /v1
@@ -65,3 +66,4 @@ class SGLangAdapter(OpenAICompatible):
         response_format=Param(),
         include_stop_reason=Param(apply=_gateway_only),
     )
+    chat_params = chat_table(params)

@@ -14,7 +14,6 @@ import msgspec
 
 from providers.base import (
     EMULATED,
-    Adapter,
     CallContext,
     Endpoint,
     Param,
@@ -25,6 +24,7 @@ from providers.base import (
 )
 from providers.envelope import Unreadable
 from providers.finish import finish_reason
+from providers.openai_chat import OpenAIChat, chat_table
 from providers.retry_after import retry_after, should_retry
 from providers.selfhosted import logprobs, response_schema, top_dict, usage
 from providers.tokenizer import TGI_TOKENIZER
@@ -167,7 +167,7 @@ def _text(token: TGIToken | None) -> str:
     return "" if token is None or token.special else token.text
 
 
-class TGIAdapter(Adapter):
+class TGIAdapter(OpenAIChat):
     kind = "tgi"
     extra_params = "deep"  # parameters
     guarded_paths = frozenset({"inputs", "parameters.max_new_tokens", "parameters.best_of"})
@@ -206,6 +206,12 @@ class TGIAdapter(Adapter):
         echo=EMULATED,
         include_stop_str_in_output=EMULATED,
         guided_grammar=EMULATED,
+    )
+    # The Messages API (`/v1/chat/completions`): OpenAI's fields, without `n`, `logit_bias` or TGI's own
+    # `response_format` shape; its `parameters` fields are not read there.
+    chat_path: ClassVar[str] = "/v1/chat/completions"
+    chat_params = chat_table(
+        params, native=False, drop=("n", "logit_bias", "user", "response_format", "parallel_tool_calls")
     )
 
     def check(self, req: CompletionRequest, provider: str) -> None:

@@ -8,10 +8,11 @@ and `min_p` included; it documents no stop count, so OpenAI's 4 apply); the resp
 from __future__ import annotations
 
 from providers.base import Param, table
+from providers.openai_chat import OpenAIChat, chat_table
 from providers.openai_compat import OPENAI_PARAMS, OpenAICompatible
 
 
-class TogetherAdapter(OpenAICompatible):
+class TogetherAdapter(OpenAIChat, OpenAICompatible):
     kind = "together"
     default_base_url = "https://api.together.xyz/v1"
     model_listing = ("/models", False)
@@ -24,3 +25,5 @@ class TogetherAdapter(OpenAICompatible):
         repetition_penalty=Param(),
         min_p=Param(),
     )
+    chat_params = chat_table(params)
+    chat_stream_usage = False  # as on completions: its usage comes on the last chunk unasked

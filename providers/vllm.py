@@ -10,6 +10,7 @@ from typing import Any, Final
 
 from providers.base import Param, table
 from providers.engine import VLLM_GAUGES
+from providers.openai_chat import OpenAIChat, chat_table
 from providers.openai_compat import OPENAI_PARAMS, OpenAICompatible
 from providers.tokenizer import VLLM_TOKENIZER
 
@@ -52,7 +53,7 @@ def _gateway_only(body: dict[str, Any], value: Any) -> None:
     return None
 
 
-class VLLMAdapter(OpenAICompatible):
+class VLLMAdapter(OpenAIChat, OpenAICompatible):
     kind = "vllm"
     needs_base_url = True
     model_listing = ("/models", True)  # base_url ends in /v1
@@ -80,3 +81,4 @@ class VLLMAdapter(OpenAICompatible):
     )
     serves_replicas = True
     engine_gauges = VLLM_GAUGES
+    chat_params = chat_table(params)

@@ -364,6 +364,7 @@ CODES: Final[dict[str, str]] = {
     "invalid_value": "a field's value is out of range or of the wrong type",
     "too_deeply_nested": "a JSON value nests deeper than the gateway reads",
     "unsupported_parameter": "the chosen provider cannot honour a field",
+    "unsupported_endpoint": "the chosen provider's kind does not serve this endpoint (chat) through the gateway",
     "request_too_large": "the body is larger than caps.request_body_bytes (413)",
     "provider_unavailable": "the provider is configured but cannot be called (its key variable is unset)",
     "missing_api_key": "no key was sent (401)",

@@ -44,6 +44,7 @@ class _Rest(msgspec.Struct):
 
 
 _HEAD: Final = b'{"object":"text_completion","id":%s,"created":%d,"model":%s%s'
+_CHAT_HEAD: Final = b'{"object":"chat.completion","id":%s,"created":%d,"model":%s%s'
 _json = msgspec.json.encode
 _rest = msgspec.json.Decoder(_Rest).decode
 
@@ -52,7 +53,8 @@ def client_body(body: bytes, ctx: CallContext) -> bytes | None:
     """A stored `body` as this request's answer: its id, time and model, then the stored bytes from their
     `choices` on (None if they have none)."""
     at = body.find(b',"choices":')  # a bare `"` only opens or closes a string: the first is the field
-    return _HEAD % (_json(ctx.id), ctx.created, _json(ctx.model), body[at:]) if at > 0 else None
+    head = _CHAT_HEAD if ctx.chat else _HEAD
+    return head % (_json(ctx.id), ctx.created, _json(ctx.model), body[at:]) if at > 0 else None
 
 
 def events_of(entry: Entry) -> Entry:

@@ -38,6 +38,7 @@ from gateway.ops import accesslog
 from gateway.ops.metrics import CONTENT_TYPE, Metrics
 from gateway.ops.reload import Reloader
 from gateway.path.dialects import OPENAI, PAIS, SGP, Dialect
+from gateway.path.operation import CHAT
 from gateway.path.pipeline import Pipeline
 from wire.errors import AuthenticationError, GatewayError, InvalidRequestError
 from wire.schema import ModelCard, ModelList, encode
@@ -53,6 +54,12 @@ DIALECT_ROUTES: dict[str, Dialect] = {
     "/inference/v1/completions": OPENAI,
     "/v4/beta/completions": SGP,
     "/api/v1/compatibility/openai/v1/completions": PAIS,
+}
+# The chat routes: the same pipeline, keys, routing and error shapes as the completion route of their dialect.
+CHAT_ROUTES: dict[str, Dialect] = {
+    "/v1/chat/completions": OPENAI,
+    "/inference/v1/chat/completions": OPENAI,
+    "/api/v1/compatibility/openai/v1/chat/completions": PAIS,
 }
 
 
@@ -257,8 +264,13 @@ def create_app(loaded: LoadedConfig) -> Front:
     app.state.ledger = ledger
     app.state.model_pages = {}
     fast = {path: completion_endpoint(path, dialect, _services) for path, dialect in DIALECT_ROUTES.items()}
+    fast |= {path: completion_endpoint(path, dialect, _services, CHAT) for path, dialect in CHAT_ROUTES.items()}
     # vLLM's tokenizer routes at the root, and the model-scoped base path /m/{model}/... (docs/clients.md).
-    tokenizers = Tokenizers(_services, completion_endpoint(SCOPED_PREFIX + "{model}/v1/completions", OPENAI, _services))
+    tokenizers = Tokenizers(
+        _services,
+        completion_endpoint(SCOPED_PREFIX + "{model}/v1/completions", OPENAI, _services),
+        completion_endpoint(SCOPED_PREFIX + "{model}/v1/chat/completions", OPENAI, _services, CHAT),
+    )
     fast.update(tokenizers.endpoints())
     return Front(app, fast, tokenizers.scoped)
 

@@ -27,6 +27,7 @@ from gateway.ids import unique_suffix
 from gateway.ops import accesslog
 from gateway.ops.metrics import Metrics, Record
 from gateway.path.dialects import Dialect
+from gateway.path.operation import COMPLETIONS, Operation
 from gateway.path.pipeline import STREAM_FAILED, Front, Pipeline, Result, release
 from gateway.path.relay import STREAM_CUT, Held, shutdown_cut
 from wire.errors import GatewayError
@@ -175,7 +176,7 @@ Services = Callable[[HTTPScope], tuple[Pipeline, Metrics | None]]
 Endpoint = Callable[[HTTPScope, Receive, Send], Awaitable[None]]
 
 
-def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endpoint:
+def completion_endpoint(path: str, dialect: Dialect, services: Services, op: Operation = COMPLETIONS) -> Endpoint:
     async def endpoint(scope: HTTPScope, receive: Receive, send: Send) -> None:
         if scope["method"] != "POST":
             exc = GatewayError(
@@ -190,7 +191,7 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
             headers[k.decode("latin-1")] = v.decode("latin-1")
         if len(headers) < len(raw_headers):  # type: ignore[arg-type]  # a list, by the ASGI spec
             joined(headers, raw_headers)  # a header sent on several lines, read whole
-        rec = Record(request_id=request_id(headers), dialect=dialect.name)
+        rec = Record(request_id=request_id(headers), dialect=dialect.name, endpoint=op.name)
         pipeline, metrics = services(scope)
         try:
             body = await _read_body(receive)
@@ -210,7 +211,7 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
                 metrics.active += 1  # what the gauge reads when collected (gateway/ops/metrics.py)
         # The request's server span, when tracing is on; it ends with the answer or the stream.
         tracer = pipeline.tracing
-        span = tracer.begin(headers, dialect.name, path, link=pipeline.trace_link) if tracer is not None else None
+        span = tracer.begin(headers, dialect.name, path, pipeline.trace_link, op.genai) if tracer is not None else None
         # Made when something is awaited that a client leaving should cancel: a cached answer served by
         # `early` awaits nothing but its own sends, and costs no watcher task.
         watch: _Watch | None = None
@@ -220,14 +221,14 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
         held: Held | None = None
         try:
             if pipeline.cache is not None:
-                early = pipeline.early(body, headers, rec)
+                early = pipeline.early(body, headers, rec, op)
                 if isinstance(early, Result):
                     result = early
                 else:
                     front = early
             if result is None:
                 watch = _Watch(receive)
-                result = await watch.run(pipeline.complete(body, headers, dialect, rec, front))
+                result = await watch.run(pipeline.complete(body, headers, dialect, rec, front, op))
             started = True
             held = result.held
             if result.stream is None:
@@ -305,7 +306,7 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services) -> Endp
             if span is not None:
                 span.end(rec)
 
-    endpoint.__name__ = f"completions_{dialect.name}_{len(path)}"
+    endpoint.__name__ = f"{op.name}_{dialect.name}_{len(path)}"
     return endpoint
 
 

@@ -48,6 +48,7 @@ log = logging.getLogger("gateway")
 
 SCOPED_PREFIX: Final = "/m/"
 COMPLETIONS_SUFFIX: Final = "/v1/completions"
+CHAT_SUFFIX: Final = "/v1/chat/completions"
 _SUFFIXES: Final[tuple[tuple[str, TokenizerRoute], ...]] = (
     ("/tokenize", "tokenize"),
     ("/detokenize", "detokenize"),
@@ -144,9 +145,10 @@ def _model_missing(route: TokenizerRoute) -> InvalidRequestError:
 class Tokenizers:
     """The tokenizer endpoints; built once with the app, they find the pipeline serving now per request."""
 
-    def __init__(self, services: Services, completions: Endpoint) -> None:
+    def __init__(self, services: Services, completions: Endpoint, chat: Endpoint) -> None:
         self.services = services
         self.completions = completions
+        self.chat = chat
         self._limits: dict[tuple[str, str], int] = {}
 
     def endpoints(self) -> dict[str, Endpoint]:
@@ -161,8 +163,15 @@ class Tokenizers:
         return out
 
     async def scoped(self, scope: HTTPScope, receive: Receive, send: Send) -> None:
-        """Everything under `/m/`: the completion route and the tokenizer routes, for the model in the path."""
-        found = split_scoped(scope["path"])
+        """Everything under `/m/`: the completion and chat routes and the tokenizer routes, for the model in the
+        path."""
+        path = scope["path"]
+        serve = self.completions
+        if path.endswith(CHAT_SUFFIX):
+            found: tuple[str, TokenizerRoute | None] | None = (path[len(SCOPED_PREFIX) : -len(CHAT_SUFFIX)], None)
+            serve = self.chat
+        else:
+            found = split_scoped(path)
         if found is None:
             exc = GatewayError("Not Found", status=404, type="not_found_error", code="not_found")
             await send_error(send, OPENAI, exc)
@@ -180,7 +189,7 @@ class Tokenizers:
             await send_error(send, OPENAI, exc)
             return
         if scope["method"] != "POST":
-            await self.completions(scope, receive, send)  # it answers the 405 itself
+            await serve(scope, receive, send)  # it answers the 405 itself
             return
         try:
             body = with_model(await read_body(receive), model)
@@ -200,7 +209,7 @@ class Tokenizers:
                 return first
             return await receive()
 
-        await self.completions(scope, replay, send)
+        await serve(scope, replay, send)
 
     async def handle(
         self, scope: HTTPScope, receive: Receive, send: Send, route: TokenizerRoute, path_model: str | None

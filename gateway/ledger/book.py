@@ -34,6 +34,7 @@ from gateway.ledger.batch import (
     INSERT,
     INSERT_SQLITE,
     ROLLUP,
+    ROW_WIDTH,
     Batch,
     Pending,
     Rollups,
@@ -65,8 +66,9 @@ _decode = msgspec.json.Decoder(list[list[Any]]).decode
 def commit(cur: Cursor, rows: Sequence[Row], db: Database) -> int:
     """Insert the rows (in the order of `batch.COLUMNS`: replayed from a spill file) not booked yet and add
     exactly those to their rollups; how many were new. A row of 22 values (spilled before rows named their
-    key's identity) books an empty `key_id`."""
-    rows = [r if len(r) > 22 else (*r, "") for r in rows]
+    key's identity) books an empty `key_id`; one of 22 or 23 (spilled before rows recorded their endpoint)
+    books `completions`, the only endpoint there was."""
+    rows = [r if len(r) == ROW_WIDTH else _widen(r) for r in rows]
     by_day: dict[str, list[str]] = {}
     for r in rows:
         by_day.setdefault(r[3], []).append(r[0])
@@ -93,6 +95,11 @@ def commit(cur: Cursor, rows: Sequence[Row], db: Database) -> int:
         s[5] += r[18] in CACHED
     cur.executemany(ROLLUP, [(*k, *v) for k, v in sums.items()])
     return len(fresh)
+
+
+def _widen(row: Row) -> Row:
+    """A row spilled in an older layout in the order of `batch.COLUMNS`."""
+    return (*row, "", "completions") if len(row) == ROW_WIDTH - 2 else (*row, "completions")
 
 
 class Spill:

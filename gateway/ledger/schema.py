@@ -49,6 +49,9 @@ _DAILY: Final = (
     " cached BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (day, key_name, key_id, team, model, target))"
 )
 
+# Which endpoint a row answered. Self-contained: one migration, nothing else depends on its number.
+_ENDPOINT: Final[list[Statement]] = ["ALTER TABLE requests ADD COLUMN endpoint TEXT NOT NULL DEFAULT 'completions'"]
+
 MIGRATIONS: Final[list[list[Statement]]] = [
     # 1: rows, daily rollups, runtime keys, the counters replicas poll.
     [
@@ -106,6 +109,8 @@ MIGRATIONS: Final[list[list[Statement]]] = [
         " WHERE old_digest IS NOT NULL AND revoked_at IS NULL",
         "UPDATE api_keys SET old_digest = NULL, old_valid_until = NULL",
     ],
+    # 5: which endpoint a row answered (completions or chat); rows written before it were completions.
+    _ENDPOINT,
 ]
 
 VERSION: Final = len(MIGRATIONS)

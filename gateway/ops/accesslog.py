@@ -68,6 +68,7 @@ def line(rec: Record, elapsed_s: float) -> bytes:
         "ts": int(time.time() * 1000.0 + 0.5) / 1000.0,
         "request_id": rec.request_id,
         "dialect": rec.dialect,
+        "endpoint": rec.endpoint,
         "key": rec.key,
         "model": rec.model,
         "provider": rec.provider or None,

@@ -92,6 +92,7 @@ class Record(msgspec.Struct):
 
     request_id: str
     dialect: str
+    endpoint: str = "completions"  # which endpoint served it: completions or chat
     key: str | None = None
     # The key's identity (`ClientKey.ident`) and its team when the request ran: what the ledger books.
     key_id: str = ""

@@ -93,7 +93,9 @@ class Tracing:
         self.tracer: Tracer = self.provider.get_tracer("completions-gateway")
         self.propagator = TraceContextTextMapPropagator()
 
-    def begin(self, headers: Mapping[str, str], dialect: str, path: str, link: bool = False) -> _Request:
+    def begin(
+        self, headers: Mapping[str, str], dialect: str, path: str, link: bool = False, operation: str = OPERATION
+    ) -> _Request:
         """Start the request's server span: the child of the client's `traceparent` when it sent a valid one,
         or with `link` (`tracing.client_context: link`) the root of a new trace with a link to it."""
         from opentelemetry import trace
@@ -116,11 +118,11 @@ class Tracing:
             attributes={
                 "http.request.method": "POST",
                 "url.path": path,
-                "gen_ai.operation.name": OPERATION,
+                "gen_ai.operation.name": operation,
                 "gateway.dialect": dialect,
             },
         )
-        request = _Request(self, span, trace.set_span_in_context(span, parent))
+        request = _Request(self, span, trace.set_span_in_context(span, parent), operation)
         request.token = _REQUEST.set(request)
         return request
 
@@ -180,8 +182,9 @@ class _Attempt:
 class _Request:
     """One traced request: its server span and what its attempts so far were."""
 
-    def __init__(self, tracing: Tracing, span: Span, context: Any) -> None:
+    def __init__(self, tracing: Tracing, span: Span, context: Any, operation: str = OPERATION) -> None:
         self.tracing = tracing
+        self.operation = operation  # GenAI's `gen_ai.operation.name`: text_completion or chat
         self.span = span
         self.context = context
         self.token: Any = None
@@ -207,11 +210,11 @@ class _Request:
         kind = getattr(route.adapter, "genai_provider", None) or getattr(route.adapter, "kind", route.provider)
         endpoint = route.endpoint
         span = self.tracing.tracer.start_span(
-            f"{OPERATION} {endpoint.model}",
+            f"{self.operation} {endpoint.model}",
             context=self.context,
             kind=SpanKind.CLIENT,
             attributes={
-                "gen_ai.operation.name": OPERATION,
+                "gen_ai.operation.name": self.operation,
                 "gen_ai.provider.name": kind,
                 "gen_ai.request.model": endpoint.model,
                 "gateway.provider": route.provider,

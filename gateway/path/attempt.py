@@ -12,15 +12,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, Coroutine, Mapping, Sequence
-from typing import Any
+from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping, Sequence
+from typing import Any, ClassVar, TypeVar, cast
 
 import msgspec
 
 from gateway import emulation
 from gateway.cache import Lookup
 from gateway.config import CapsConfig
-from gateway.emulation import Emulation
+from gateway.emulation import Emulation, SubStream
 from gateway.emulation.client_schema import Work
 from gateway.fleet.picker import Hint
 from gateway.limits.admission import Admission, Ticket
@@ -33,10 +33,17 @@ from gateway.upstream.plan import Plan, Route
 from gateway.upstream.transport import Timeouts
 from providers.base import Adapter, CallContext, LocalAdapter, map_params, prompt_form
 from providers.envelope import Unreadable
+from wire.chat import ChatChunk, ChatCompletion
 from wire.errors import GatewayError, UpstreamError
 from wire.schema import Completion, CompletionRequest, Usage
 
 log = logging.getLogger("gateway")
+
+# A client answer and a stream chunk, of a completion or a chat request.
+Answer = Completion | ChatCompletion
+Chunk = Completion | ChatChunk
+# An adapter's stream-event parser (`parse_event`, or `parse_chat_event` on chat).
+Parse = Callable[[str | None, bytes, CallContext], Chunk | None]
 
 # What an upstream answer that cannot be read raises while it is parsed: the answer is broken, not the
 # gateway (other exceptions are adapter bugs, logged with their traceback, but also a failed attempt).
@@ -69,8 +76,8 @@ class Opened:
 
     def __init__(
         self,
-        chunks: AsyncGenerator[Completion, None],
-        first: Completion | None,
+        chunks: AsyncGenerator[Chunk, None],
+        first: Chunk | None,
         stream: Stream | None = None,
         *,
         ctx: CallContext,
@@ -109,6 +116,8 @@ class Job:
     """
 
     __slots__ = ("services", "admission", "req", "ctx", "plan", "dropped", "ticket", "work", "cached", "hint", "ask")
+    # What makes each attempt: `Attempt`, or chat's (gateway/path/chat.py), set below the class.
+    attempt: ClassVar[type[Attempt]]
 
     def __init__(
         self,
@@ -131,7 +140,7 @@ class Job:
         self.hint: Hint | None = None  # what a replicated provider's policy reads (gateway/fleet)
         self.ask: Ask | None = None  # who asks, when a server has max_concurrency (gateway/queue)
 
-    async def complete(self, route: Route, timeouts: Timeouts) -> Completion:
+    async def complete(self, route: Route, timeouts: Timeouts) -> Answer:
         """One buffered attempt on `route`, within the target's own quota and its server's slots."""
         ask = self.ask
         slot = None
@@ -142,7 +151,7 @@ class Job:
         try:
             quota = await admission.admit_route(route, self.req, self.plan) if admission is not None else None
             try:
-                c = await Attempt(self, route, timeouts).complete()
+                c = await self.attempt(self, route, timeouts).complete()
                 used = c.usage.total_tokens if c.usage is not None else None
                 return c
             finally:
@@ -163,7 +172,7 @@ class Job:
         try:
             quota = await admission.admit_route(route, self.req, self.plan) if admission is not None else None
             try:
-                opened = await Attempt(self, route, timeouts).open()
+                opened = await self.attempt(self, route, timeouts).open()
             except BaseException:
                 if admission is not None:
                     admission.settle(quota, 0)
@@ -215,7 +224,7 @@ class Attempt:
             route.adapter, self.req, route.provider, services.guided_retries, services.caps, route.endpoint
         )
 
-    def complete(self) -> Coroutine[Any, Any, Completion]:
+    def complete(self) -> Coroutine[Any, Any, Answer]:
         # The coroutine itself, not awaited here: one frame less on every resume of the upstream call.
         em = self._emulation()
         if em is None:
@@ -284,7 +293,8 @@ class Attempt:
             raise
         finally:
             self._unsent()
-        merged = emulation.stream(em, self.req, self.ctx, opens)
+        # A completion attempt's sub-streams carry completion chunks (chat is never emulated).
+        merged = emulation.stream(em, self.req, self.ctx, cast("list[SubStream]", opens))
         return Opened(merged, await anext(merged, None), ctx=opens[0].ctx, children=opens)
 
     def _prepare(self, req: CompletionRequest) -> dict[str, Any]:
@@ -316,12 +326,7 @@ class Attempt:
         if resp.status >= 400:
             raise adapter.map_error(resp.status, resp.headers, resp.body, route.provider)
         await self._watch_quota(resp.headers)
-        try:
-            answer = adapter.parse_response(resp.body, ctx)
-        except GatewayError:
-            raise
-        except Exception as exc:
-            raise _unreadable(route, "response body", exc) from None
+        answer = parsed(route, adapter.parse_response, resp.body, ctx)
         if req.n is not None and req.n > 1 and len(answer.choices) < (asked := choices_asked(req)):
             self.services.ignores_n.add(route.key)
             raise ignored_n(route, asked, len(answer.choices))
@@ -350,12 +355,19 @@ class Attempt:
         upstream_req = adapter.build_request(req, route.endpoint, params)
         self.sent += 1
         stream = await self.services.upstream.open_stream(route.provider, upstream_req, self.timeouts, route.key)
+        return await self.first_event(stream, adapter, adapter.parse_event, adapter.framing, ctx)
+
+    async def first_event(
+        self, stream: Stream, adapter: Adapter, parse: Parse, framing: str, ctx: CallContext
+    ) -> Opened:
+        """An opened upstream stream, read to its first event that carries something (or failed)."""
+        route = self.route
         try:
             if stream.status >= 400:
                 body = await stream.read_all()
                 raise adapter.map_error(stream.status, stream.headers, body, route.provider)
             await self._watch_quota(stream.headers)
-            events = _events(adapter, stream, ctx, self.services.caps.upstream_event_bytes)
+            events = _events(parse, framing, stream, ctx, self.services.caps.upstream_event_bytes)
             try:
                 first = await anext(events, None)
                 # Events that carry nothing for the client (Azure's prompt-filter chunk, an empty `choices`)
@@ -383,6 +395,9 @@ class Attempt:
         return Opened(events, first, stream, ctx=ctx)
 
 
+Job.attempt = Attempt
+
+
 async def _replay(chunks: list[Completion]) -> AsyncGenerator[Completion, None]:
     for c in chunks:
         yield c
@@ -394,19 +409,32 @@ def _fresh(ctx: CallContext) -> CallContext:
 
 
 async def _events(
-    adapter: Adapter, stream: Stream, ctx: CallContext, max_event_bytes: int
-) -> AsyncGenerator[Completion, None]:
+    parse: Parse, framing: str, stream: Stream, ctx: CallContext, max_event_bytes: int
+) -> AsyncGenerator[Chunk, None]:
     """Upstream bytes -> normalized chunks, as they arrive."""
-    decoder = DECODERS[adapter.framing](max_event_bytes=max_event_bytes)
+    decoder = DECODERS[framing](max_event_bytes=max_event_bytes)
     async for chunk in stream.chunks():
         for event, data in decoder.feed(chunk):
-            c = adapter.parse_event(event, data, ctx)
+            c = parse(event, data, ctx)
             if c is not None:
                 yield c
     for event, data in decoder.close():
-        c = adapter.parse_event(event, data, ctx)
+        c = parse(event, data, ctx)
         if c is not None:
             yield c
+
+
+_A = TypeVar("_A")
+
+
+def parsed(route: Route, parse: Callable[[bytes, CallContext], _A], body: bytes, ctx: CallContext) -> _A:
+    """An upstream answer read by the adapter's `parse`; one it cannot read is a failed attempt."""
+    try:
+        return parse(body, ctx)
+    except GatewayError:
+        raise
+    except Exception as exc:
+        raise _unreadable(route, "response body", exc) from None
 
 
 def _unreadable(route: Route, what: str, exc: Exception) -> UpstreamError:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import msgspec
 
@@ -18,7 +18,6 @@ from gateway import cache
 from gateway.cache import Lookup
 from gateway.config import LoadedConfig
 from gateway.fleet.picker import Hint
-from gateway.ids import unique_suffix
 from gateway.limits.admission import Admission, Ticket
 from gateway.limits.auth import ClientKey, KeyRing
 from gateway.limits.budgets import Budgets, usage_budgets
@@ -27,8 +26,8 @@ from gateway.ops import tracing
 from gateway.ops.metrics import Metrics, Record
 from gateway.path.attempt import Job, Services
 from gateway.path.dialects import Dialect, decode_error
+from gateway.path.operation import COMPLETIONS, Operation
 from gateway.path.relay import STREAM_FAILED, Held, Relay
-from gateway.path.request import normalize
 from gateway.path.routing import Router
 from gateway.queue import service as queue
 from gateway.resilience.failover import Failover, Outcome
@@ -39,17 +38,13 @@ from gateway.upstream.plan import Plan
 from gateway.upstream.scrub import Scrubber, watch_logs
 from providers.base import CallContext, prompt_form
 from wire.errors import UpstreamError
-from wire.schema import CompletionRequest, decode_request, encode
+from wire.schema import Completion, CompletionRequest, encode
 
 if TYPE_CHECKING:
     from gateway.ledger.book import Ledger
 
 # gateway/edge/endpoint.py ends a stream that failed before the relay could say so with these bytes.
 __all__ = ["STREAM_FAILED", "Front", "Pipeline", "Result", "release"]
-
-
-def _completion_id() -> str:
-    return "cmpl-" + unique_suffix()
 
 
 class Result(msgspec.Struct):
@@ -170,22 +165,26 @@ class Pipeline:
         await self.upstream.close()
         await self.shared.close()
 
-    def early(self, raw: bytes, headers: Mapping[str, str], rec: Record) -> Result | Front:
+    def early(self, raw: bytes, headers: Mapping[str, str], rec: Record, op: Operation = COMPLETIONS) -> Result | Front:
         """With a cache on, the request's front without a task or an await: decoded, authorized, routed and
         looked up. A hit that no rate limit has to count is answered here, with nothing else built for it;
         any other request goes on in `complete(front=...)` from where this left it."""
-        key, req = self._decoded(raw, headers, rec)
+        key, req = self._decoded(raw, headers, rec, op)
         if key is not None and self._budgeted(key):
             return key, req, None, _LATER  # budgets are checked before the cache is looked at
         plan = self.router.plan(req.model)
         self._refine(req, plan, rec)
+        if op.chat and not op.cacheable(req, headers):
+            return key, req, plan, None
         cached = self.cache.lookup(req, rec.key_id, headers, rec, plan)  # type: ignore[union-attr]  # the endpoint checked
+        if op.chat:
+            cached = _chat_lookup(cached)
         if type(cached) is Lookup and cached.entry is not None:
             admission = self.admission
             if not (
                 (admission.enabled or (key is not None and key.buckets)) and admission.counts_cached(key, req.model)
             ):
-                ctx = CallContext(id=_completion_id(), created=int(time.time()), model=req.model)
+                ctx = CallContext(id=op.new_id(), created=int(time.time()), model=req.model, chat=op.chat)
                 cached.count(rec)
                 return cached.replay(_Answered(req, ctx), rec, Result)
         return key, req, plan, cached
@@ -197,10 +196,11 @@ class Pipeline:
         dialect: Dialect,
         rec: Record | None = None,
         front: Front | None = None,
+        op: Operation = COMPLETIONS,
     ) -> Result:
         rec = rec if rec is not None else Record(request_id="", dialect=dialect.name)
         try:
-            job = await self._admit(raw, headers, rec, front)
+            job = await self._admit(raw, headers, rec, front, op)
             cached = job.cached
             if cached is not None:
                 if not cached.direct:  # `direct`: a buffered miss (a stream goes through `serve`)
@@ -223,17 +223,17 @@ class Pipeline:
             raise self.scrub.error(exc) from None
 
     def _decoded(
-        self, raw: bytes, headers: Mapping[str, str], rec: Record
+        self, raw: bytes, headers: Mapping[str, str], rec: Record, op: Operation
     ) -> tuple[ClientKey | None, CompletionRequest]:
         """Who asks, and for what: authenticated, decoded, normalized and authorized."""
         key = self.keys.authenticate(headers)
         if key is not None:
             rec.key, rec.key_id, rec.team = key.name, key.ident, key.team or ""
         try:
-            req = decode_request(raw)
+            req = op.decode(raw)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise decode_error(exc) from None
-        normalize(req, self.loaded.config.caps)
+        op.normalize(req, self.loaded.config.caps)
         self.keys.authorize(key, req.model)
         rec.model = req.model  # a budget refusal counts under the model asked for (routing refines it below)
         return key, req
@@ -249,10 +249,12 @@ class Pipeline:
         if self.log_prompts:
             rec.prompt = req.prompt if isinstance(req.prompt, str) else encode(req.prompt).decode()
 
-    async def _admit(self, raw: bytes, headers: Mapping[str, str], rec: Record, front: Front | None = None) -> Job:
+    async def _admit(
+        self, raw: bytes, headers: Mapping[str, str], rec: Record, front: Front | None, op: Operation
+    ) -> Job:
         """Who asks, for what, and whether they may: the request decoded, routed and admitted."""
         if front is None:
-            key, req = self._decoded(raw, headers, rec)
+            key, req = self._decoded(raw, headers, rec, op)
             plan: Plan | None = None
             looked: Any = _LATER
         else:
@@ -264,7 +266,7 @@ class Pipeline:
                 rec.hold = await self.budgets.reserve(budgeted, req, plan, self.usage.prices, self.shared)
             self._refine(req, plan, rec)
         ctx = CallContext(
-            id=_completion_id(),
+            id=op.new_id(),
             created=int(time.time()),
             model=req.model,
             prompts=_text_prompts(req),
@@ -272,20 +274,24 @@ class Pipeline:
             n=req.n or 1,
             echo=bool(req.echo),
             logprobs=req.logprobs is not None,
+            chat=op.chat,
         )
         # Who asks, for the fair queue (a priority the key may not ask for is refused before anything is charged).
         ask = self.queues.ask(key, headers, req) if self.queues is not None else None
         admission = self.admission if self.admission.enabled or (key is not None and key.buckets) else None
         if self.cache is None:
             ticket = await admission.admit(key, req, plan) if admission is not None else None
-            job = Job(self.services, admission, req, ctx, plan, ticket)
+            job = op.job(self.services, admission, req, ctx, plan, ticket)
         else:
             cached = looked
             if type(cached) is not Lookup:  # one test for the common case, a lookup `early` settled
                 if cached is _LATER:
-                    cached = self.cache.lookup(req, rec.key_id, headers, rec, plan)
+                    uncached = op.chat and not op.cacheable(req, headers)
+                    cached = None if uncached else self.cache.lookup(req, rec.key_id, headers, rec, plan)
                 if cached is not None and not isinstance(cached, Lookup):
                     cached = await cached  # a Redis read, or the identical request in flight waited for
+                if op.chat:
+                    cached = _chat_lookup(cached)
             ticket = None
             if admission is not None:
                 try:
@@ -296,7 +302,7 @@ class Pipeline:
                     if cached is not None:
                         cached.abandon()  # whoever waits on this request's answer asks for itself
                     raise
-            job = Job(self.services, admission, req, ctx, plan, ticket)
+            job = op.job(self.services, admission, req, ctx, plan, ticket)
             job.cached = cached
         job.ask = ask
         if self.router.fleets:
@@ -326,7 +332,8 @@ class Pipeline:
         _served(rec, job.plan, done)
         rec.usage = done.value.usage
         if job.cached is not None:
-            job.cached.answer = done.value
+            # A chat answer is stored by `done` alone, which reads what both shapes have (Operation.cacheable).
+            job.cached.answer = cast(Completion, done.value)
         if self.log_prompts:
             rec.completion = encode([ch.text for ch in done.value.choices]).decode()
         return Result(_headers(done, job), body=encode(done.value))
@@ -387,6 +394,18 @@ def _deadline(req: CompletionRequest) -> float | None:
     t = req.inference_timeout
     # A tuple, not `float | int`: that builds a union object on every call.
     return float(t) if isinstance(t, (float, int)) else None
+
+
+def _chat_lookup(cached: Any) -> Any:
+    """What the cache does for a chat request: a hit, or a buffered miss stored in memory as the answer's
+    bytes (`direct`); any other way (a Redis-backed policy, which stores choices) goes uncached."""
+    if type(cached) is Lookup and cached.entry is None and not cached.direct:
+        cached.abandon()
+        return None
+    if cached is not None and type(cached) is not Lookup:
+        cached.close()  # a Redis read not made
+        return None
+    return cached
 
 
 def _text_prompts(req: CompletionRequest) -> list[str] | None:

@@ -27,8 +27,9 @@ from gateway.resilience.health import Health
 from gateway.upstream.framing import DONE, sse_event
 from gateway.upstream.plan import Route
 from gateway.upstream.scrub import Scrubber
+from providers.openai_chat import usage_chunk
 from wire.errors import GatewayError, UpstreamError
-from wire.schema import CompletionRequest, Usage, encode
+from wire.schema import Completion, CompletionRequest, Usage, encode
 
 log = logging.getLogger("gateway")
 
@@ -72,6 +73,7 @@ def _resumable(job: Job) -> bool:
         and not req.echo
         and req.logprobs is None
         and not req.suffix
+        and not job.ctx.chat  # a chat turn continues as an assistant message, which the relay does not do
     )
 
 
@@ -159,7 +161,7 @@ class Relay:
                             if hold is not None and not sent % STREAM_CHECK_EVENTS:
                                 hold.streamed(sent)
                             if cached is not None:
-                                cached.chunk(c)
+                                cached.chunk(cast(Completion, c))  # chat streams are not stored
                             yield sse_event(encode(c))
                         c = await anext(opened.chunks, None)
                     if finished < expected and ctx.n > 1 and finished == top + 1:
@@ -210,7 +212,7 @@ class Relay:
                     prompt_tokens_details=usage.prompt_tokens_details,
                 )
             if want_usage and usage is not None:
-                last = opened.ctx.completion([], usage)
+                last = usage_chunk(opened.ctx, usage)
                 yield sse_event(encode(last))
             if cached is not None and clean:
                 await cached.finish(usage, (route.provider, route.key))

@@ -14,7 +14,9 @@ from typing import Any, Final
 import msgspec
 
 from gateway.config import CapsConfig
+from gateway.path.dialects import decode_error
 from providers.registry import credential_headers
+from wire.chat import CHAT_SHAPES, ChatRequest, render
 from wire.errors import InvalidRequestError
 from wire.schema import FREE_FORM, CacheSalt, CompletionRequest
 
@@ -274,4 +276,30 @@ def normalize(req: CompletionRequest, caps: CapsConfig = _DEFAULT_CAPS) -> Compl
                     "like the top-level 'cache_salt'",
                     "inference_extra_params.cache_salt",
                 ) from None
+    return req
+
+
+_CHAT_SHAPES: Final = CHAT_SHAPES
+
+
+def normalize_chat(req: ChatRequest, caps: CapsConfig = _DEFAULT_CAPS) -> ChatRequest:
+    """`normalize` for a chat request: `logprobs` is a boolean there, `tools`, `tool_choice` and
+    `response_format` must have OpenAI's shapes, and `prompt` becomes the rendered conversation."""
+    if req.logprobs is not None and not isinstance(req.logprobs, bool):
+        raise _bad("'logprobs' must be a boolean on chat completions; 'top_logprobs' sets the count", "logprobs")
+    for name, shape in _CHAT_SHAPES:
+        value = getattr(req, name)
+        if value is not None:
+            try:
+                msgspec.convert(value, shape)
+            except msgspec.ValidationError as exc:
+                # Named from the body's root, as the decoder names any other field.
+                problem, at, path = str(exc).partition(" - at `$")
+                raise decode_error(msgspec.ValidationError(f"{problem} - at `$.{name}{path if at else '`'}")) from None
+    if req.tool_choice is not None and not req.tools:
+        raise _bad("'tool_choice' is only allowed when 'tools' are given", "tool_choice")
+    if req.parallel_tool_calls is not None and not req.tools:
+        raise _bad("'parallel_tool_calls' is only allowed when 'tools' are given", "parallel_tool_calls")
+    req.prompt = render(req.messages)
+    normalize(req, caps)
     return req

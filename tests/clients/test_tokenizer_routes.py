@@ -422,7 +422,7 @@ def test_a_hostile_model_in_the_path_is_a_400(gateway: GatewayThread, upstream: 
 
 
 def test_unknown_path_under_the_prefix_is_a_404_envelope(api: httpx.Client) -> None:
-    _error(api.post(f"{BASE}/v1/chat/completions", json={}), 404, "not_found", param=None)
+    _error(api.post(f"{BASE}/v1/embeddings", json={}), 404, "not_found", param=None)
 
 
 def test_wrong_method_is_a_405(api: httpx.Client) -> None:

@@ -1,8 +1,9 @@
 """A loopback inference engine: an `Upstream` that counts the requests it has in flight and runs them as a
 server with a bounded running batch would.
 
-It answers OpenAI-style completions (buffered or SSE with a usage chunk). A request's prompt starts with its
-tenant's name (`"quiet hello"`), which `order` records in arrival order; `max_tokens` is how many tokens it
+It answers OpenAI-style completions and chat completions (buffered or SSE with a usage chunk). A request's
+prompt (a chat request's last message) starts with its tenant's name (`"quiet hello"`), which `order` records
+in arrival order; `max_tokens` is how many tokens it
 generates, each taking `per_token_s` once it runs. With `batch`, at most that many run at once and the rest
 wait in the engine's own first-come queue, as vLLM's scheduler queues what does not fit. While `running` is
 clear every request waits before it starts (a test fills the gateway's queue meanwhile).
@@ -38,9 +39,10 @@ class Engine(Upstream):
 
     async def _serve(self, request: web.Request, received: Received) -> web.StreamResponse:
         body = received.json()
-        prompt = str(body["prompt"])
+        messages = body.get("messages")
+        prompt = str(body["prompt"] if messages is None else messages[-1]["content"])
         tenant = prompt.split()[0]
-        tokens = int(body.get("max_tokens") or 1)
+        tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 1)
         self.order.append(tenant)
         self.inflight += 1
         self.peak = max(self.peak, self.inflight)
@@ -67,17 +69,19 @@ class Engine(Upstream):
             )
         usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": tokens}
         usage["total_tokens"] = usage["prompt_tokens"] + tokens
+        chat = "messages" in body
         if not body.get("stream"):
             await asyncio.sleep(self.hold_s + tokens * self.per_token_s)
             self.done.append((tenant, time.monotonic(), usage["total_tokens"]))
-            return web.Response(body=_completion("x" * tokens, usage), content_type="application/json")
+            answer = _chat_completion if chat else _completion
+            return web.Response(body=answer("x" * tokens, usage), content_type="application/json")
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
-        await resp.write(_event({"choices": [{"index": 0, "text": "x", "logprobs": None, "finish_reason": None}]}))
+        await resp.write(_event(_choice(chat, "x", None), chat))
         # Still generating after the first byte: the request is in flight until its last.
         await asyncio.sleep(self.hold_s + tokens * self.per_token_s)
-        await resp.write(_event({"choices": [{"index": 0, "text": "y", "logprobs": None, "finish_reason": "length"}]}))
-        await resp.write(_event({"choices": [], "usage": usage}))
+        await resp.write(_event(_choice(chat, "y", "length"), chat))
+        await resp.write(_event({"choices": [], "usage": usage}, chat))
         await resp.write(b"data: [DONE]\n\n")
         self.done.append((tenant, time.monotonic(), usage["total_tokens"]))
         await resp.write_eof()
@@ -85,18 +89,29 @@ class Engine(Upstream):
 
 
 def _completion(text: str, usage: dict[str, int]) -> bytes:
-    return json.dumps(
-        {
-            "id": "cmpl-engine",
-            "object": "text_completion",
-            "created": 1700000000,
-            "model": "m",
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}],
-            "usage": usage,
-        }
-    ).encode()
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
+    return _body(("cmpl-engine", "text_completion"), choice, usage)
 
 
-def _event(fields: dict[str, object]) -> bytes:
-    chunk = {"id": "cmpl-engine", "object": "text_completion", "created": 1700000000, "model": "m", **fields}
+def _chat_completion(text: str, usage: dict[str, int]) -> bytes:
+    message = {"role": "assistant", "content": text}
+    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": "length"}
+    return _body(("chatcmpl-engine", "chat.completion"), choice, usage)
+
+
+def _body(head: tuple[str, str], choice: dict[str, object], usage: dict[str, int]) -> bytes:
+    answer = {"id": head[0], "object": head[1], "created": 1700000000, "model": "m", "choices": [choice]}
+    return json.dumps(answer | {"usage": usage}).encode()
+
+
+def _choice(chat: bool, text: str, finish: str | None) -> dict[str, object]:
+    """A stream chunk's one choice: a completion's `text`, or a chat delta."""
+    choice: dict[str, object] = {"index": 0, "logprobs": None, "finish_reason": finish}
+    choice |= {"delta": {"role": "assistant", "content": text}} if chat else {"text": text}
+    return {"choices": [choice]}
+
+
+def _event(fields: dict[str, object], chat: bool = False) -> bytes:
+    head = ("chatcmpl-engine", "chat.completion.chunk") if chat else ("cmpl-engine", "text_completion")
+    chunk = {"id": head[0], "object": head[1], "created": 1700000000, "model": "m", **fields}
     return b"data: " + json.dumps(chunk).encode() + b"\n\n"

@@ -53,6 +53,9 @@ def records() -> list[tuple[Record, float, float]]:
     rec = served(request_id="cached", dialect="openai", usage=usage, cached=True, **alice)
     rec.cache_outcome = "hit"
     out.append((rec, 0.003, DAY_END - 1))
+    for i in range(3):  # chat requests of the same key and model: entries of their own
+        rec = served(request_id=f"chat-{i}", dialect="openai", usage=usage, endpoint="chat", **alice)
+        out.append((rec, 0.2, DAY_END - 2))
     return out
 
 
@@ -82,10 +85,10 @@ def everything(url: str) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
 
 def test_a_batch_books_what_its_rows_would_sqlite(tmp_path: Path) -> None:
     a, b = f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'b.db'}"
-    book_both(a, b, 132)
+    book_both(a, b, 135)
     assert everything(a) == everything(b)
     rows, rolled = totals(a)
-    assert rows == rolled and rows[0] == 132
+    assert rows == rolled and rows[0] == 135
     one = query(
         a, "SELECT day, key_name, key_id, team, ttfb_ms, latency_ms, cost_pico FROM requests WHERE request_id = 'req-0'"
     )
@@ -93,8 +96,12 @@ def test_a_batch_books_what_its_rows_would_sqlite(tmp_path: Path) -> None:
     # The rollups keep the key's identity and count the cache's answers.
     assert query(
         a, "SELECT key_id, sum(requests), sum(cached) FROM daily WHERE key_name = 'alice' GROUP BY key_id"
-    ) == [("cfg_a1", 31, 1)]
+    ) == [("cfg_a1", 34, 1)]
     assert query(a, "SELECT count(*) FROM requests WHERE day = '2026-11-28'") == [(10,)]
+    assert query(a, "SELECT endpoint, count(*) FROM requests GROUP BY endpoint ORDER BY endpoint") == [
+        ("chat", 3),
+        ("completions", 132),
+    ]
     quoted = query(a, "SELECT key_name, stream, prompt, completion, cache FROM requests WHERE request_id LIKE 'q-%'")
     assert ("o'brien", 1, "0", "", "miss") in quoted and ("o'brien", 1, "say 'hi' 3", None, "miss") in quoted
     assert query(a, "SELECT model, ttfb_ms, error FROM requests WHERE request_id = 'n-0'") == [
@@ -109,14 +116,15 @@ def test_a_batch_books_what_its_rows_would_postgres(pg: PostgresServer) -> None:
     a = pg.url
     pg.fresh_database()
     b = pg.url
-    book_both(a, b, 123)
+    book_both(a, b, 126)
     assert everything(a) == everything(b)
     rows, rolled = totals(a)
-    assert rows == rolled and rows[0] == 123
+    assert rows == rolled and rows[0] == 126
     assert query(a, "SELECT key_name, key_id, team, ttfb_ms, stream FROM requests WHERE request_id = 'req-0'") == [
         ("alice", "cfg_a1", "blue", 250.0, 0)
     ]
     assert query(a, "SELECT sum(cached) FROM daily WHERE key_name = 'alice'") == [(1,)]
+    assert query(a, "SELECT key_id, endpoint FROM requests WHERE request_id = 'chat-0'") == [("cfg_a1", "chat")]
     assert query(a, "SELECT count(*) FROM requests WHERE day = '2026-11-28'") == [(10,)]
     assert query(a, "SELECT key_name, prompt, completion FROM requests WHERE request_id = 'q-0'") == [
         ("o'brien", "0", "")
@@ -128,11 +136,11 @@ def test_a_replayed_batch_books_nothing_twice(tmp_path: Path) -> None:
     db = Database(url)
     db.migrate()
     batch = take(deque(pending(*r, 0) for r in records()), "p", itertools.count(1))
-    assert db.transaction(functools.partial(commit_batch, batch=batch, db=db)) == 132
+    assert db.transaction(functools.partial(commit_batch, batch=batch, db=db)) == 135
     assert db.transaction(functools.partial(commit, rows=batch.full(), db=db)) == 0
     db.close()
     rows, rolled = totals(url)
-    assert rows == rolled and rows[0] == 132
+    assert rows == rolled and rows[0] == 135
 
 
 def test_many_kinds_of_rows_share_a_dozen_statements(tmp_path: Path) -> None:
@@ -155,3 +163,26 @@ def test_many_kinds_of_rows_share_a_dozen_statements(tmp_path: Path) -> None:
     assert _rows_sql.cache_info().currsize <= 12
     assert query(url, "SELECT count(*), count(DISTINCT key_name) FROM requests") == [(1800, 200)]
     assert query(url, "SELECT sum(requests) FROM daily") == [(1800,)]
+
+
+def test_rows_spilled_in_older_layouts_replay(tmp_path: Path) -> None:
+    """A spill file written before rows named their key's identity (22 values) or recorded their endpoint
+    (23 values) replays: an empty `key_id`, and `completions`, the only endpoint there was."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    db = Database(url)
+    db.migrate()
+    recs = records()
+    batch = take(deque(pending(*r, 0) for r in recs), "p", itertools.count(1))
+    full = batch.full()
+    assert {len(r) for r in full} == {24}
+    old = [r[:22] for r in full[:60]] + [r[:23] for r in full[60:]]
+    assert db.transaction(functools.partial(commit, rows=old, db=db)) == len(recs)
+    db.close()
+    rows, rolled = totals(url)
+    assert rows == rolled and rows[0] == len(recs)
+    assert query(url, "SELECT DISTINCT endpoint FROM requests") == [("completions",)]
+    assert full[0][1] == "req-0" and full[-1][1] == "chat-2"
+    assert query(url, "SELECT key_id FROM requests WHERE request_id IN ('req-0', 'chat-2') ORDER BY request_id") == [
+        ("cfg_a1",),
+        ("",),
+    ]

@@ -52,11 +52,26 @@ def body(tenant: str, tokens: int = 1, **extra: Any) -> dict[str, Any]:
     return {"model": "engine/m", "prompt": f"{tenant} hello there", "max_tokens": tokens, **extra}
 
 
+def chat_body(tenant: str, tokens: int = 1, **extra: Any) -> dict[str, Any]:
+    """The chat request of `tenant`: its one message starts with the tenant's name, as a prompt does."""
+    return {"model": "engine/m", "messages": [{"role": "user", "content": f"{tenant} hello there"}], **extra} | {
+        "max_completion_tokens": tokens
+    }
+
+
 async def ask(
     client: httpx.AsyncClient, key: str, tenant: str | None = None, tokens: int = 1, **headers: str
 ) -> httpx.Response:
-    hdrs = {"authorization": f"Bearer k-{key}", **{k.replace("_", "-"): v for k, v in headers.items()}}
-    return await client.post("/v1/completions", json=body(tenant or key, tokens), headers=hdrs)
+    return await client.post("/v1/completions", json=body(tenant or key, tokens), headers=_headers(key, headers))
+
+
+async def ask_chat(client: httpx.AsyncClient, key: str, **headers: str) -> httpx.Response:
+    """`ask`, on the chat route."""
+    return await client.post("/v1/chat/completions", json=chat_body(key), headers=_headers(key, headers))
+
+
+def _headers(key: str, headers: dict[str, str]) -> dict[str, str]:
+    return {"authorization": f"Bearer k-{key}", **{k.replace("_", "-"): v for k, v in headers.items()}}
 
 
 def gate(gw: GatewayThread, name: str = "engine") -> Gate:

@@ -12,7 +12,7 @@ import pytest
 from tests.helpers.engine import Engine
 from tests.helpers.redis import RedisServer
 from tests.helpers.servers import GatewayProcess, serve_config
-from tests.queue.conftest import ask, body, config, gate, provider, streamed, until
+from tests.queue.conftest import ask, body, chat_body, config, gate, provider, streamed, until
 
 
 async def test_the_cap_holds_for_buffered_requests_and_streams_to_their_last_byte(
@@ -34,6 +34,26 @@ async def test_the_cap_holds_for_buffered_requests_and_streams_to_their_last_byt
     assert all(r.text.rstrip().endswith("data: [DONE]") for r in answers[8:])
     assert engine.peak == 2  # reached, never passed
     assert len(engine.order) == 16
+
+
+async def test_chat_requests_hold_the_same_slots_as_completions(tmp_path: Path, engine: Engine) -> None:
+    """Chat, buffered and streamed to its last byte, waits for the same server's slots as completions do."""
+    engine.hold_s = 0.05
+    with serve_config(tmp_path, config(engine, 2)) as gw:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+            hdrs = {"authorization": "Bearer k-quiet"}
+            chats = [client.post("/v1/chat/completions", json=chat_body("quiet"), headers=hdrs) for _ in range(6)]
+            streams = [
+                client.post("/v1/chat/completions", json=chat_body("quiet", stream=True), headers=hdrs)
+                for _ in range(4)
+            ]
+            answers = await asyncio.gather(*chats, *streams, *(ask(client, "noisy") for _ in range(6)))
+            assert gate(gw).in_use == 0
+    assert [r.status_code for r in answers] == [200] * 16
+    assert [r.json()["object"] for r in answers[:6]] == ["chat.completion"] * 6
+    assert all('"chat.completion.chunk"' in r.text and r.text.rstrip().endswith("data: [DONE]") for r in answers[6:10])
+    assert engine.peak == 2  # reached, never passed
+    assert engine.order.count("quiet") == 10 and engine.order.count("noisy") == 6
 
 
 async def test_a_provider_without_max_concurrency_builds_no_queue(tmp_path: Path, engine: Engine) -> None:

@@ -11,7 +11,7 @@ import httpx
 
 from tests.helpers.engine import Engine
 from tests.helpers.servers import GatewayThread, serve_config
-from tests.queue.conftest import ask, config, gate, hold_one, until
+from tests.queue.conftest import ask, ask_chat, config, gate, hold_one, until
 
 Ask = tuple[str, int, dict[str, str]]  # a request to queue: its key, its max_tokens, its headers
 
@@ -99,6 +99,26 @@ async def test_higher_classes_go_first_and_low_only_when_nothing_else_waits(tmp_
     assert engine.order[:2] == ["boss", "boss"]
     assert engine.order[2:4] == ["noisy", "noisy"]
     assert sorted(engine.order[4:]) == ["batch", "batch", "quiet", "quiet"]
+
+
+async def test_chat_requests_wait_in_the_queue_in_their_priority_class(tmp_path: Path, engine: Engine) -> None:
+    """Chat requests queue behind a full server like completions, and `x-gateway-priority` orders them."""
+    with serve_config(tmp_path, config(engine, 1)) as gw:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+            blocker = await hold_one(client, engine, "blocker")
+            g = gate(gw)
+            asks = [("batch", {}), ("noisy", {}), ("boss", {"x_gateway_priority": "high"}), ("noisy", {})]
+            tasks = []
+            for i, (key, headers) in enumerate(asks):
+                tasks.append(asyncio.ensure_future(ask_chat(client, key, **headers)))
+                await until(lambda i=i: g.order.depth == i + 1)  # waiting in the gateway, not at the engine
+            assert engine.inflight == 1
+            engine.running.set()
+            answers = await asyncio.gather(*tasks)
+            assert (await blocker).status_code == 200
+    assert [r.status_code for r in answers] == [200] * 4
+    assert {r.json()["object"] for r in answers} == {"chat.completion"}
+    assert engine.order == ["blocker", "boss", "noisy", "noisy", "batch"]
 
 
 async def test_low_starves_under_steady_normal_traffic_by_design(tmp_path: Path, engine: Engine) -> None:

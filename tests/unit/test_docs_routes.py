@@ -1,8 +1,8 @@
 """README's table of endpoints names every route the gateway serves.
 
 The routes are read from the source: each Litestar route decorator's path in gateway/edge/, the dialect
-routes (`DIALECT_ROUTES`) and the tokenizer routes (also under `/m/<vendor>/<model>`). A path
-parameter (`{name:str}`) matches any `<...>` the table writes in its place.
+routes (`DIALECT_ROUTES`), the chat routes (`CHAT_ROUTES`) and the tokenizer routes (also under
+`/m/<vendor>/<model>`). A path parameter (`{name:str}`) matches any `<...>` the table writes in its place.
 """
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from gateway.edge.app import DIALECT_ROUTES
+from gateway.edge.app import CHAT_ROUTES, DIALECT_ROUTES
 from gateway.edge.tokenizer_routes import _METHOD, SCOPED_PREFIX
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def served() -> set[str]:
-    paths = set(DIALECT_ROUTES) | {f"/{route}" for route in _METHOD}
+    paths = set(DIALECT_ROUTES) | set(CHAT_ROUTES) | {f"/{route}" for route in _METHOD}
     for module in (ROOT / "gateway" / "edge").glob("*.py"):
         paths |= set(re.findall(r"@(?:get|post|delete|put|patch)\(\s*\"([^\"]+)\"", module.read_text()))
     return paths
@@ -39,6 +39,7 @@ def test_every_route_is_in_readmes_table() -> None:
     table = _table()
     assert not [p for p in sorted(paths) if not _listed(p, table)]
     assert f"`{SCOPED_PREFIX}<vendor>/<model>/v1/completions`" in table
+    assert f"`{SCOPED_PREFIX}<vendor>/<model>/v1/chat/completions`" in table
 
 
 def test_a_path_parameter_matches_its_placeholder() -> None:

@@ -1,0 +1,60 @@
+"""What the request path does differently for each endpoint it serves: `/v1/completions` and
+`/v1/chat/completions` share the pipeline, and differ only in these few steps, held by one value per
+endpoint (no branch on the endpoint in the pipeline)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+from gateway.config import CapsConfig
+from gateway.ids import unique_suffix
+from gateway.path.attempt import Job
+from gateway.path.chat import ChatJob
+from gateway.path.request import normalize, normalize_chat
+from wire.chat import decode_chat
+from wire.schema import CompletionRequest, decode_body, decode_request
+
+
+def _chat_decode(raw: bytes) -> CompletionRequest:
+    return decode_body(decode_chat, raw)
+
+
+class Operation:
+    """One endpoint's steps: its name (recorded in the access log, metrics and ledger), how its body is
+    decoded and normalized, its answers' id prefix, and the job its attempts run in."""
+
+    __slots__ = ("name", "chat", "decode", "normalize", "prefix", "job", "genai")
+
+    def __init__(
+        self,
+        name: str,
+        chat: bool,
+        decode: Callable[[bytes], CompletionRequest],
+        normalize: Callable[[Any, CapsConfig], Any],
+        prefix: str,
+        job: type[Job],
+    ) -> None:
+        self.name = name
+        self.chat = chat
+        self.decode = decode
+        self.normalize = normalize
+        self.prefix = prefix
+        self.job = job
+        # OpenTelemetry's GenAI `gen_ai.operation.name` for the request's spans.
+        self.genai = "chat" if chat else "text_completion"
+
+    def new_id(self) -> str:
+        return self.prefix + unique_suffix()
+
+    def cacheable(self, req: CompletionRequest, headers: Mapping[str, str]) -> bool:
+        """Whether the response cache may take a chat request (the pipeline asks only for chat): a buffered
+        answer without Cache-Control directives (what the cache stores of it is the answer's bytes;
+        docs/chat.md)."""
+        return not req.stream and "cache-control" not in headers
+
+
+COMPLETIONS: Final = Operation("completions", False, decode_request, normalize, "cmpl-", Job)
+CHAT: Final = Operation("chat", True, _chat_decode, normalize_chat, "chatcmpl-", ChatJob)
+
+__all__ = ["CHAT", "COMPLETIONS", "Operation"]

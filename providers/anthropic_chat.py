@@ -1,0 +1,215 @@
+"""OpenAI's chat conversation as Anthropic's Messages API, and Anthropic's answers back as `chat.completion`.
+
+Requests: `system` and `developer` messages become `system`; user content `text` and `image` blocks; an
+assistant's `tool_calls` `tool_use` blocks (arguments must be a JSON object); `tool` messages
+`tool_result` blocks of a user turn (turns of one role are merged: the API wants them to alternate).
+Answers: `text` blocks join into the content, `tool_use` blocks become `tool_calls`. Streams:
+`message_start` gives the role chunk, a `tool_use` block's start its `id` and `name` (its tool-call index
+counts tool blocks only), `input_json_delta` the arguments' pieces as sent, `message_delta` the finish
+reason and usage. What maps to what: docs/chat.md; the recordings: tests/fixtures/SOURCES.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, Protocol
+
+import msgspec
+
+from providers.base import CallContext, Param, Table, stop_list, table
+from wire.chat import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunk,
+    ChatCompletion,
+    ChatFinishReason,
+    ChatMessage,
+    ChunkChoice,
+    Delta,
+    DeveloperMessage,
+    FunctionCall,
+    FunctionDelta,
+    ImagePart,
+    Message,
+    SystemMessage,
+    TextPart,
+    ToolCall,
+    ToolCallDelta,
+    ToolMessage,
+    UserMessage,
+)
+from wire.errors import InvalidRequestError
+from wire.schema import Usage
+
+
+class Block(Protocol):
+    """A content block as the adapter decodes it."""
+
+    type: str
+    text: str
+    id: str
+    name: str
+    input: Any
+
+
+class BlockDelta(Protocol):
+    type: str | None
+    text: str | None
+    partial_json: str | None
+
+
+def top_k(body: dict[str, Any], value: int) -> None:
+    if value >= 0:  # the gateway's -1 means every token, which is Anthropic's default
+        body["top_k"] = value
+
+
+def _tools(body: dict[str, Any], tools: list[dict[str, Any]]) -> None:
+    body["tools"] = [
+        {
+            "name": t["function"]["name"],
+            **({"description": t["function"]["description"]} if t["function"].get("description") else {}),
+            "input_schema": t["function"].get("parameters") or {"type": "object", "properties": {}},
+        }
+        for t in tools
+    ]
+
+
+def _tool_choice(body: dict[str, Any], choice: str | dict[str, Any]) -> None:
+    if isinstance(choice, dict):
+        chosen: dict[str, Any] = {"type": "tool", "name": choice["function"]["name"]}
+    else:
+        chosen = {"type": {"auto": "auto", "required": "any", "none": "none"}[choice]}
+    body["tool_choice"] = body.get("tool_choice", {}) | chosen
+
+
+def _parallel(body: dict[str, Any], parallel: bool) -> None:
+    choice = body.setdefault("tool_choice", {"type": "auto"})
+    if not parallel and choice.get("type") != "none":
+        choice["disable_parallel_tool_use"] = True
+
+
+# What both of Anthropic's routes (completions and chat) take the same way.
+SAMPLING: Final[Table] = table(
+    max_tokens=Param(),
+    temperature=Param(),
+    top_p=Param(),
+    top_k=Param(apply=top_k),
+    stop=Param(to="stop_sequences", convert=stop_list),
+    user=Param(to="metadata.user_id"),
+)
+CHAT_PARAMS: Final[Table] = table(
+    SAMPLING,
+    tools=Param(apply=_tools),
+    tool_choice=Param(apply=_tool_choice),
+    parallel_tool_calls=Param(apply=_parallel),
+)
+
+
+def _text(content: str | list[TextPart]) -> str:
+    return content if isinstance(content, str) else "".join(p.text for p in content)
+
+
+def _image(url: str) -> dict[str, Any]:
+    if url.startswith("data:") and ";base64," in url:
+        media, _, data = url[len("data:") :].partition(";base64,")
+        return {"type": "image", "source": {"type": "base64", "media_type": media, "data": data}}
+    return {"type": "image", "source": {"type": "url", "url": url}}
+
+
+def _user(m: UserMessage) -> list[dict[str, Any]]:
+    if isinstance(m.content, str):
+        return [{"type": "text", "text": m.content}]
+    return [
+        {"type": "text", "text": p.text} if isinstance(p, TextPart) else _image(p.image_url.url)
+        for p in m.content
+        if isinstance(p, TextPart | ImagePart)
+    ]
+
+
+def _assistant(m: AssistantMessage) -> list[dict[str, Any]]:
+    blocks: list[dict[str, Any]] = []
+    content = m.content
+    text = content if isinstance(content, str) else "".join(getattr(p, "text", "") for p in content or ())
+    if text:
+        blocks.append({"type": "text", "text": text})
+    for call in m.tool_calls or ():
+        try:
+            args = msgspec.json.decode(call.function.arguments or "{}")
+        except msgspec.DecodeError:
+            args = None
+        if not isinstance(args, dict):
+            raise InvalidRequestError(
+                f"Tool call '{call.id}' has arguments that are not a JSON object, which Anthropic requires",
+                param="messages",
+                code="invalid_value",
+            )
+        blocks.append({"type": "tool_use", "id": call.id, "name": call.function.name, "input": args})
+    return blocks
+
+
+def to_messages(messages: list[Message]) -> tuple[str | None, list[dict[str, Any]]]:
+    """The `system` text and the alternating turns of Anthropic's request."""
+    system: list[str] = []
+    turns: list[dict[str, Any]] = []
+    for m in messages:
+        if isinstance(m, SystemMessage | DeveloperMessage):
+            system.append(_text(m.content))
+            continue
+        if isinstance(m, UserMessage):
+            role, blocks = "user", _user(m)
+        elif isinstance(m, AssistantMessage):
+            role, blocks = "assistant", _assistant(m)
+        else:
+            assert isinstance(m, ToolMessage)
+            role, blocks = "user", [{"type": "tool_result", "tool_use_id": m.tool_call_id, "content": _text(m.content)}]
+        if turns and turns[-1]["role"] == role:
+            turns[-1]["content"].extend(blocks)
+        else:
+            turns.append({"role": role, "content": blocks})
+    return ("\n\n".join(system) or None), turns
+
+
+def chat_chunk(
+    ctx: CallContext, delta: Delta, finish: ChatFinishReason | None = None, usage: Usage | None = None
+) -> ChatChunk:
+    return ChatChunk(ctx.id, ctx.created, ctx.model, [ChunkChoice(0, delta, finish)], usage=usage)
+
+
+def chat_answer(
+    blocks: list[Any], finish: ChatFinishReason | None, usage: Usage | None, ctx: CallContext
+) -> ChatCompletion:
+    text = "".join(b.text for b in blocks if b.type == "text")
+    calls = [
+        ToolCall(id=b.id, function=FunctionCall(name=b.name, arguments=msgspec.json.encode(b.input or {}).decode()))
+        for b in blocks
+        if b.type == "tool_use"
+    ]
+    message = ChatMessage(role="assistant", content=text or (None if calls else ""), tool_calls=calls or None)
+    return ChatCompletion(ctx.id, ctx.created, ctx.model, [ChatChoice(0, message, finish)], usage=usage)
+
+
+def chat_delta(index: int | None, block: Block | None, delta: BlockDelta | None, ctx: CallContext) -> ChatChunk | None:
+    """A `content_block_start` (`block` set) or `content_block_delta` (`delta` set) as a chat chunk."""
+    calls: dict[int, int] = ctx.state.setdefault("tool_index", {})
+    if block is not None:
+        if block.type != "tool_use":
+            return None  # a text block's text comes in its deltas
+        calls[index if index is not None else -1] = len(calls)
+        start = ToolCallDelta(
+            index=len(calls) - 1, id=block.id, type="function", function=FunctionDelta(name=block.name, arguments="")
+        )
+        return chat_chunk(ctx, Delta(tool_calls=[start]))
+    if delta is None:
+        return None
+    if delta.type == "text_delta" and delta.text:
+        return chat_chunk(ctx, Delta(content=delta.text))
+    if delta.type == "input_json_delta" and delta.partial_json:
+        at = calls.get(index if index is not None else -1)
+        if at is None:
+            return None  # arguments of a block that never started: nothing to attach them to
+        return chat_chunk(
+            ctx, Delta(tool_calls=[ToolCallDelta(index=at, function=FunctionDelta(arguments=delta.partial_json))])
+        )
+    return None  # thinking, signatures and delta types added later
+
+
+__all__ = ["CHAT_PARAMS", "SAMPLING", "chat_answer", "chat_chunk", "chat_delta", "to_messages", "top_k"]

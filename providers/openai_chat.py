@@ -1,0 +1,418 @@
+"""OpenAI's chat wire (`POST .../chat/completions`), for every kind whose server speaks it.
+
+A kind takes chat by inheriting `OpenAIChat` and declaring `chat_params`, made by `chat_table` from its
+completion table: OpenAI's chat parameters restricted to the sampling fields the kind takes at all, plus
+the vendor sampling fields as its completion table maps them (vLLM, SGLang, llama.cpp and the hosted
+engines read them under the same names on both routes), plus chat's own (`tools`, `tool_choice`,
+`parallel_tool_calls`, `response_format`). A field without an entry is refused naming the provider, as on
+completions. Answers are decoded into lenient structs and written in the one `chat.completion` shape;
+stream events become `chat.completion.chunk`s one for one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Any, ClassVar, Final, Literal
+
+import msgspec
+
+from providers.base import (
+    Adapter,
+    CallContext,
+    Capabilities,
+    Endpoint,
+    Param,
+    Table,
+    UpstreamRequest,
+    request_headers,
+    table,
+)
+from providers.envelope import Unreadable
+from providers.finish import finish_reason
+from providers.openai_compat import UpEnvelope, UpUsage, usage_from
+from wire.chat import (
+    ChatChoice,
+    ChatChunk,
+    ChatCompletion,
+    ChatFinishReason,
+    ChatLogprobs,
+    ChatMessage,
+    ChatRequest,
+    ChunkChoice,
+    Delta,
+    FunctionCall,
+    FunctionDelta,
+    TokenLogprob,
+    ToolCall,
+    ToolCallDelta,
+    TopLogprob,
+)
+from wire.errors import InvalidRequestError, UnsupportedParamError
+from wire.schema import Completion, Usage
+
+# Where the kind's engine reads the token limit, the choice count and the conversation on chat: what the
+# client's `inference_extra_params` may not overwrite.
+CHAT_GUARDED: Final = frozenset({"messages", "max_tokens", "max_completion_tokens", "n"})
+
+
+def _logprobs(body: dict[str, Any], count: int) -> None:
+    # normalize() folded `logprobs: true` + `top_logprobs: k` into the count k.
+    body["logprobs"] = True
+    if count:
+        body["top_logprobs"] = count
+
+
+# OpenAI's chat parameters (openai-python `chat/completion_create_params.py`) the gateway translates.
+OPENAI_CHAT_PARAMS: Final[Table] = table(
+    max_tokens=Param(),
+    temperature=Param(),
+    top_p=Param(),
+    n=Param(),
+    stop=Param(),
+    seed=Param(),
+    logit_bias=Param(),
+    frequency_penalty=Param(),
+    presence_penalty=Param(),
+    user=Param(),
+    logprobs=Param(apply=_logprobs),
+    response_format=Param(),
+    tools=Param(),
+    tool_choice=Param(),
+    parallel_tool_calls=Param(),
+)
+_CHAT_OWN: Final = frozenset({"response_format", "tools", "tool_choice", "parallel_tool_calls"})
+# Completion fields that are not chat's (the prompt's own), and vendor fields whose answer the chat shape
+# does not carry (token ids, stop reasons, prompt logprobs).
+_NOT_CHAT: Final = frozenset(
+    {
+        "echo",
+        "best_of",
+        "suffix",
+        "images",
+        "context_length_exceeded_behavior",
+        "return_token_ids",
+        "include_stop_reason",
+        "prompt_logprobs",
+    }
+)
+
+
+def chat_table(
+    completions: Table, *, native: bool = True, drop: tuple[str, ...] = (), **extra: Param
+) -> dict[str, Param]:
+    """A kind's chat table from its completion table (module docstring): `native=False` for a kind whose
+    completion table writes its vendor fields into a native body (TGI's `parameters`, Ollama's `options`)
+    that its OpenAI-compatible chat route does not read."""
+    out = {
+        name: rule
+        for name, rule in OPENAI_CHAT_PARAMS.items()
+        if (name in _CHAT_OWN or (name in completions and not completions[name].emulated)) and name not in drop
+    }
+    if native:
+        for name, rule in completions.items():
+            if name not in OPENAI_CHAT_PARAMS and name not in _NOT_CHAT and not rule.emulated and name not in drop:
+                out[name] = rule
+    out.update(extra)
+    return table(out)
+
+
+class _UpFunction(msgspec.Struct):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class _UpToolCall(msgspec.Struct):
+    index: int | None = None
+    id: str | None = None
+    type: str | None = None
+    function: _UpFunction | None = None
+
+
+class _UpMessage(msgspec.Struct):
+    role: str | None = None
+    content: str | None = None
+    refusal: str | None = None
+    tool_calls: list[_UpToolCall] | None = None
+
+
+class _UpTop(msgspec.Struct):
+    token: str = ""
+    logprob: float = 0.0
+    bytes: list[int] | None = None
+
+
+class _UpToken(msgspec.Struct):
+    token: str = ""
+    logprob: float = 0.0
+    bytes: list[int] | None = None
+    top_logprobs: list[_UpTop] | None = None
+
+
+class _UpLogprobs(msgspec.Struct):
+    content: list[_UpToken] | None = None
+    refusal: list[_UpToken] | None = None
+
+
+class _UpChoice(msgspec.Struct):
+    index: int = 0
+    message: _UpMessage | None = None
+    delta: _UpMessage | None = None
+    finish_reason: str | None = None
+    logprobs: _UpLogprobs | None = None
+
+
+class _UpChat(UpEnvelope):
+    choices: list[_UpChoice] | None = None
+    created: int = 0
+    system_fingerprint: str | None = None
+    usage: UpUsage | None = None
+
+
+_decode_chat = msgspec.json.Decoder(_UpChat).decode
+
+
+def chat_finish(word: str | None) -> ChatFinishReason | None:
+    """A chat finish reason: the tool-call words stay `tool_calls`, the rest fold as on completions."""
+    if not word:
+        return None
+    if word in ("tool_calls", "function_call", "tool_use"):
+        return "tool_calls"
+    return finish_reason(word)
+
+
+def _tokens(up: list[_UpToken] | None) -> list[TokenLogprob] | None:
+    if up is None:
+        return None
+    return [
+        TokenLogprob(
+            token=t.token,
+            logprob=t.logprob,
+            bytes=t.bytes,
+            top_logprobs=[TopLogprob(token=a.token, logprob=a.logprob, bytes=a.bytes) for a in t.top_logprobs or ()],
+        )
+        for t in up
+    ]
+
+
+def _chat_logprobs(up: _UpLogprobs | None) -> ChatLogprobs | None:
+    if up is None:
+        return None
+    return ChatLogprobs(content=_tokens(up.content), refusal=_tokens(up.refusal))
+
+
+def _calls(up: list[_UpToolCall] | None) -> list[ToolCall] | None:
+    if not up:
+        return None
+    return [
+        ToolCall(
+            id=c.id or "",
+            function=FunctionCall(
+                name=(c.function.name or "") if c.function else "",
+                arguments=(c.function.arguments or "") if c.function else "",
+            ),
+        )
+        for c in up
+    ]
+
+
+def _call_deltas(up: list[_UpToolCall] | None) -> list[ToolCallDelta] | None:
+    if not up:
+        return None
+    return [
+        ToolCallDelta(
+            index=c.index if c.index is not None else i,
+            id=c.id,
+            type="function" if c.type is not None or c.id is not None else None,
+            function=FunctionDelta(name=c.function.name, arguments=c.function.arguments) if c.function else None,
+        )
+        for i, c in enumerate(up)
+    ]
+
+
+class OpenAIChat(Adapter):
+    """The chat route of a kind whose server speaks OpenAI's chat wire (module docstring)."""
+
+    # After the base URL: the hosted APIs' base URLs end in `/v1`; self-hosted servers' are their root.
+    chat_path: ClassVar[str] = "/chat/completions"
+    # Ask every stream for its usage chunk (stripped by the relay when the client did not ask).
+    chat_stream_usage: ClassVar[bool] = True
+    chat_framing: ClassVar[Literal["sse"]] = "sse"  # whatever the kind's native route frames with
+
+    def chat_url(self, endpoint: Endpoint) -> str:
+        return endpoint.base_url.rstrip("/") + self.chat_path
+
+    def build_chat_request(self, req: ChatRequest, endpoint: Endpoint, params: dict[str, Any]) -> UpstreamRequest:
+        body: dict[str, Any] = {"model": endpoint.model, "messages": req.messages}
+        body.update(params)
+        if req.stream:
+            body["stream"] = True
+            if self.chat_stream_usage:
+                body["stream_options"] = {"include_usage": True}
+        self.add_extra(body, req, CHAT_GUARDED, "top")
+        return UpstreamRequest(
+            method="POST",
+            url=self.chat_url(endpoint),
+            headers=request_headers(req, endpoint, auth=self.auth_headers(endpoint)),
+            body=msgspec.json.encode(body),
+            stream=bool(req.stream),
+        )
+
+    def parse_chat_response(self, body: bytes, ctx: CallContext) -> ChatCompletion:
+        up = _decode_chat(body)
+        if up.failed():
+            raise self.map_error(up.status(), {}, body, "upstream")
+        if not up.choices:
+            raise Unreadable("a chat completion without choices")
+        if up.created:
+            ctx.created = up.created
+        choices = []
+        for c in up.choices:
+            m = c.message or _UpMessage()
+            message = ChatMessage(
+                role="assistant", content=m.content, tool_calls=_calls(m.tool_calls), refusal=m.refusal
+            )
+            choices.append(
+                ChatChoice(
+                    index=c.index,
+                    message=message,
+                    finish_reason=chat_finish(c.finish_reason),
+                    logprobs=_chat_logprobs(c.logprobs),
+                )
+            )
+        usage = usage_from(up.usage) if up.usage is not None else None
+        return ChatCompletion(
+            id=ctx.id,
+            created=ctx.created,
+            model=ctx.model,
+            choices=choices,
+            system_fingerprint=up.system_fingerprint or None,
+            usage=usage,
+        )
+
+    def parse_chat_event(self, event: str | None, data: bytes, ctx: CallContext) -> ChatChunk | None:
+        if data == b"[DONE]":
+            return None
+        up = _decode_chat(data)
+        if up.failed():
+            raise self.map_error(up.status(), {}, data, "upstream")
+        if up.choices is None and up.usage is None:
+            raise Unreadable("a chat stream event without choices")
+        if up.created:
+            ctx.created = up.created
+        choices = []
+        for c in up.choices or ():
+            d = c.delta or _UpMessage()
+            delta = Delta(
+                role="assistant" if d.role else None,
+                content=d.content,
+                tool_calls=_call_deltas(d.tool_calls),
+                refusal=d.refusal,
+            )
+            choices.append(
+                ChunkChoice(
+                    index=c.index,
+                    delta=delta,
+                    finish_reason=chat_finish(c.finish_reason),
+                    logprobs=_chat_logprobs(c.logprobs),
+                )
+            )
+        return ChatChunk(
+            id=ctx.id,
+            created=ctx.created,
+            model=ctx.model,
+            choices=choices,
+            system_fingerprint=up.system_fingerprint or None,
+            usage=usage_from(up.usage) if up.usage is not None else None,
+        )
+
+
+def from_completion(answer: Completion) -> ChatCompletion:
+    """An in-process provider's completion (the `fake`) as a chat answer: each choice's text is the
+    assistant's message."""
+    return ChatCompletion(
+        id=answer.id,
+        created=answer.created,
+        model=answer.model,
+        choices=[
+            ChatChoice(
+                index=c.index,
+                message=ChatMessage(role="assistant", content=c.text),
+                finish_reason=c.finish_reason,
+            )
+            for c in answer.choices
+        ],
+        system_fingerprint=answer.system_fingerprint,
+        usage=answer.usage,
+    )
+
+
+async def chunks_from(chunks: AsyncGenerator[Completion, None]) -> AsyncGenerator[ChatChunk, None]:
+    """An in-process provider's completion stream as chat chunks: the role first, then content deltas."""
+    started: set[int] = set()
+    try:
+        async for c in chunks:
+            out = []
+            for ch in c.choices:
+                role = None
+                if ch.index not in started:
+                    started.add(ch.index)
+                    role = "assistant"
+                delta = Delta(role=role, content=ch.text)  # type: ignore[arg-type]
+                out.append(ChunkChoice(index=ch.index, delta=delta, finish_reason=ch.finish_reason))
+            yield ChatChunk(
+                id=c.id,
+                created=c.created,
+                model=c.model,
+                choices=out,
+                system_fingerprint=c.system_fingerprint,
+                usage=c.usage,
+            )
+    finally:
+        await chunks.aclose()
+
+
+def usage_chunk(ctx: CallContext, usage: Usage) -> Completion | ChatChunk:
+    """A stream's last chunk, carrying only its usage, in the request's shape."""
+    if ctx.chat:
+        return ChatChunk(id=ctx.id, created=ctx.created, model=ctx.model, choices=[], usage=usage)
+    return ctx.completion([], usage)
+
+
+def check_chat(adapter: Capabilities, req: ChatRequest, provider: str) -> None:
+    """Refuse what the provider cannot honour on chat, before any I/O: more stop sequences than it takes
+    (the gateway does not cut chat text itself), more logprobs than it returns."""
+    limit = adapter.max_stop
+    if req.stop is not None and limit is not None and len(req.stop) > limit:
+        raise UnsupportedParamError(
+            "stop", provider, f"Provider '{provider}' takes at most {limit} stop sequences on chat, got {len(req.stop)}"
+        )
+    if req.logprobs is not None and req.logprobs > adapter.max_logprobs:
+        raise UnsupportedParamError(
+            "top_logprobs",
+            provider,
+            f"Provider '{provider}' returns at most {adapter.max_logprobs} top_logprobs, got {req.logprobs}",
+        )
+
+
+def unsupported_endpoint(provider: str, kind: str) -> InvalidRequestError:
+    """The 400 for a chat request routed to a kind whose chat API the gateway does not speak yet."""
+    return InvalidRequestError(
+        f"Provider '{provider}' (kind '{kind}') does not serve /v1/chat/completions through the gateway; "
+        "send it to /v1/completions, or route the model to a provider that serves chat",
+        param="messages",
+        code="unsupported_endpoint",
+    )
+
+
+__all__ = [
+    "CHAT_GUARDED",
+    "OPENAI_CHAT_PARAMS",
+    "OpenAIChat",
+    "chat_finish",
+    "check_chat",
+    "chat_table",
+    "chunks_from",
+    "from_completion",
+    "unsupported_endpoint",
+    "usage_chunk",
+]

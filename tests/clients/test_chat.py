@@ -1,0 +1,411 @@
+"""`/v1/chat/completions` through the gateway, with the official `openai` SDK, over real sockets.
+
+The upstream is a loopback server speaking OpenAI's chat wire from recordings (tests/fixtures/SOURCES.md):
+a plain answer, a tool call, a stream of two parallel tool calls (arguments in pieces), and Azure's text
+stream (its prompt-filter chunk first). The gateway serves them on the chat routes of every dialect, with
+the same keys, routing, response cache and ledger as completions; what a chat request may not say is a
+400 naming the field, and a provider kind without a chat route is a 400 naming the provider.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from aiohttp import web
+from openai.types.chat import ChatCompletionMessageFunctionToolCall
+
+from tests.helpers.clients import openai_client
+from tests.helpers.recordings import fixture_json
+from tests.helpers.servers import GatewayThread, serve_config
+from tests.helpers.upstreams import Received, Upstream
+
+KEY = "gk-chat-3f1a"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+TOOLS: list[Any] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_current_weather",
+            "description": "Get the current weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"location": {"type": "string", "description": "The city and state"}},
+                "required": ["location"],
+            },
+        },
+    }
+]
+MESSAGES: list[Any] = [{"role": "user", "content": "What's the weather like in San Francisco?"}]
+
+CONFIG = """
+server: {{host: 127.0.0.1, port: 0}}
+unsupported_params: error
+timeouts: {{connect_ms: 2000, first_byte_ms: 10000, total_ms: 20000}}
+retries: {{attempts: 1}}
+ledger: {{url: "sqlite:///{db}", flush_ms: 50}}
+keys:
+  - {{name: chat, key: "${{CHAT_KEY}}"}}
+providers:
+  oa: {{kind: openai, base_url: {u}/v1, api_key: sk-upstream}}
+  hosted: {{kind: vllm, base_url: {u}/v1}}
+  demo: {{kind: fake}}
+  claude: {{kind: anthropic, base_url: {u}, api_key: sk-ant}}
+  gem: {{kind: gemini, base_url: {u}, api_key: g-key}}
+  down: {{kind: vllm, base_url: "http://127.0.0.1:1/v1"}}
+models:
+  - name: resilient
+    targets: [{{model: down/served}}]
+    fallbacks: [oa/gpt-3.5-turbo]
+    retries: {{attempts: 2}}
+  - name: cached
+    targets: [{{model: hosted/served}}]
+    cache: {{mode: always}}
+"""
+
+
+def _sse(name: str) -> list[bytes]:
+    """A recorded stream's `data:` events, as recorded."""
+    text = (FIXTURES / name).read_bytes()
+    return [e.strip() for e in text.split(b"\n\n") if e.strip()]
+
+
+def _data(events: list[bytes]) -> list[dict[str, Any]]:
+    return [json.loads(e[len(b"data: ") :]) for e in events if e != b"data: [DONE]"]
+
+
+async def _handler(request: web.Request, received: Received) -> web.StreamResponse:
+    if received.path == "/v1/messages":
+        return await _anthropic(request, received)
+    if not received.path.endswith("/chat/completions"):
+        return web.json_response({"error": {"message": "not found"}}, status=404)
+    body = received.json()
+    if not body.get("stream"):
+        name = "openai/chat_tool_calls.json" if body.get("tools") else "openai/chat_completion.json"
+        return web.Response(body=(FIXTURES / name).read_bytes(), content_type="application/json")
+    name = "openai/chat_stream_tool_calls_parallel.sse.txt" if body.get("tools") else "azure/chat_stream_usage.sse.txt"
+    resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+    await resp.prepare(request)
+    for event in _sse(name):
+        await resp.write(event + b"\n\n")
+    await resp.write_eof()
+    return resp
+
+
+async def _anthropic(request: web.Request, received: Received) -> web.StreamResponse:
+    if not received.json().get("stream"):
+        body = (FIXTURES / "anthropic/messages_tool_use.json").read_bytes()
+        return web.Response(body=body, content_type="application/json")
+    resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+    await resp.prepare(request)
+    for event in _sse("anthropic/messages_stream_tool_use.sse.txt"):
+        await resp.write(event + b"\n\n")
+    await resp.write_eof()
+    return resp
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[Upstream]:
+    with Upstream() as server:
+        server.handler = _handler
+        yield server
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("chat-ledger") / "ledger.db"
+
+
+@pytest.fixture(scope="module")
+def gateway(upstream: Upstream, db: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
+    with serve_config(tmp_path_factory.mktemp("chat"), CONFIG.format(u=upstream.url, db=db), {"CHAT_KEY": KEY}) as gw:
+        yield gw
+
+
+@pytest.fixture
+def received(upstream: Upstream) -> Iterator[list[Received]]:
+    upstream.received = []
+    yield upstream.received
+
+
+@pytest.fixture(scope="module")
+def client(gateway: GatewayThread) -> openai.OpenAI:
+    return openai_client(gateway.url + "/v1", KEY)
+
+
+@pytest.fixture(scope="module")
+def api(gateway: GatewayThread) -> Iterator[httpx.Client]:
+    with httpx.Client(
+        base_url=gateway.url, trust_env=False, timeout=15, headers={"authorization": f"Bearer {KEY}"}
+    ) as http:
+        yield http
+
+
+def test_create(client: openai.OpenAI, received: list[Received]) -> None:
+    recorded = fixture_json("openai/chat_completion.json")
+    answer = client.chat.completions.create(
+        model="oa/gpt-3.5-turbo", messages=[{"role": "user", "content": "Tell me a joke"}], max_tokens=40, seed=3
+    )
+    assert answer.object == "chat.completion" and answer.id.startswith("chatcmpl-")
+    assert answer.model == "oa/gpt-3.5-turbo"
+    assert answer.choices[0].message.role == "assistant"
+    assert answer.choices[0].message.content == recorded["choices"][0]["message"]["content"]
+    assert answer.choices[0].finish_reason == "stop"
+    assert answer.usage is not None and answer.usage.total_tokens == recorded["usage"]["total_tokens"]
+    assert answer.system_fingerprint == recorded["system_fingerprint"]
+    (sent,) = received
+    assert sent.path == "/v1/chat/completions"
+    assert sent.headers["authorization"] == "Bearer sk-upstream"
+    body = sent.json()
+    # OpenAI's current name for the limit: its o-series models refuse `max_tokens`.
+    assert body == {
+        "model": "gpt-3.5-turbo",
+        "messages": [{"role": "user", "content": "Tell me a joke"}],
+        "max_completion_tokens": 40,
+        "seed": 3,
+    }
+
+
+def test_tools(client: openai.OpenAI, received: list[Received]) -> None:
+    recorded = fixture_json("openai/chat_tool_calls.json")["choices"][0]["message"]["tool_calls"][0]
+    answer = client.chat.completions.create(
+        model="oa/gpt-3.5-turbo", messages=MESSAGES, tools=TOOLS, tool_choice="auto", parallel_tool_calls=True
+    )
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    (call,) = choice.message.tool_calls or []
+    assert call.type == "function" and call.id == recorded["id"]
+    assert call.function.name == recorded["function"]["name"]
+    assert call.function.arguments == recorded["function"]["arguments"]
+    body = received[0].json()
+    assert body["tools"] == TOOLS and body["tool_choice"] == "auto" and body["parallel_tool_calls"] is True
+
+
+def test_stream_tool_call_deltas(client: openai.OpenAI, received: list[Received]) -> None:
+    """The SDK reassembles the provider's arguments byte for byte from the relayed deltas."""
+    recorded = _data(_sse("openai/chat_stream_tool_calls_parallel.sse.txt"))
+    want: dict[int, dict[str, str]] = {}
+    for event in recorded:
+        for ch in event["choices"]:
+            for tc in ch["delta"].get("tool_calls") or ():
+                slot = want.setdefault(tc["index"], {"id": "", "name": "", "arguments": ""})
+                slot["id"] += tc.get("id") or ""
+                slot["name"] += (tc.get("function") or {}).get("name") or ""
+                slot["arguments"] += (tc.get("function") or {}).get("arguments") or ""
+    assert len(want) == 2  # the recording holds two parallel calls
+
+    got: dict[int, dict[str, str]] = {}
+    chunks = list(client.chat.completions.create(model="oa/gpt-3.5-turbo", messages=MESSAGES, tools=TOOLS, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    for chunk in chunks:
+        assert chunk.object == "chat.completion.chunk" and chunk.model == "oa/gpt-3.5-turbo"
+        for sc in chunk.choices:
+            for call in sc.delta.tool_calls or ():
+                slot = got.setdefault(call.index, {"id": "", "name": "", "arguments": ""})
+                slot["id"] += call.id or ""
+                slot["name"] += (call.function.name if call.function else None) or ""
+                slot["arguments"] += (call.function.arguments if call.function else None) or ""
+    assert got == want
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    # The gateway asked for the usage chunk (it settles limits on it) though the client did not.
+    assert received[0].json()["stream_options"] == {"include_usage": True}
+
+
+def test_stream_text_and_done(api: httpx.Client) -> None:
+    recorded = _data(_sse("azure/chat_stream_usage.sse.txt"))
+    text = "".join(ch["delta"].get("content") or "" for c in recorded for ch in c["choices"])
+    body = {"model": "oa/gpt-4.1-mini", "messages": [{"role": "user", "content": "a joke"}], "stream": True}
+    with api.stream("POST", "/v1/chat/completions", json=body) as resp:
+        assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in resp.iter_lines() if line]
+    assert events[-1] == "data: [DONE]"
+    chunks = [json.loads(e[len("data: ") :]) for e in events[:-1]]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    # Azure's prompt-filter event carries nothing for the client: it is not relayed.
+    assert all(c["choices"] for c in chunks)
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == text
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_fake_provider(client: openai.OpenAI) -> None:
+    plain = client.chat.completions.create(model="demo/echo", messages=[{"role": "user", "content": "hi"}])
+    assert plain.choices[0].message.content and plain.choices[0].finish_reason in ("stop", "length")
+    chunks = list(
+        client.chat.completions.create(
+            model="demo/echo",
+            messages=[{"role": "user", "content": "hi"}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == plain.choices[0].message.content
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+
+
+def test_every_route(api: httpx.Client, received: list[Received]) -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    for path, model in (
+        ("/v1/chat/completions", "oa/gpt-3.5-turbo"),
+        ("/inference/v1/chat/completions", "oa/gpt-3.5-turbo"),
+        ("/api/v1/compatibility/openai/v1/chat/completions", "oa/gpt-3.5-turbo"),
+        ("/m/oa/gpt-3.5-turbo/v1/chat/completions", None),
+    ):
+        resp = api.post(path, json=body | ({"model": model} if model else {}))
+        assert resp.status_code == 200, (path, resp.text)
+        assert resp.json()["object"] == "chat.completion"
+    assert len(received) == 4 and {r.json()["model"] for r in received} == {"gpt-3.5-turbo"}
+
+
+def test_cache_hit_on_identical_chat(api: httpx.Client, received: list[Received]) -> None:
+    body = {"model": "cached", "messages": [{"role": "user", "content": "cache me"}], "tools": TOOLS}
+    first = api.post("/v1/chat/completions", json=body)
+    second = api.post("/v1/chat/completions", json=body)
+    assert first.headers["x-gateway-cache"] == "miss" and second.headers["x-gateway-cache"] == "hit"
+    one, two = first.json(), second.json()
+    assert two["object"] == "chat.completion" and two["id"] != one["id"]
+    assert two["choices"] == one["choices"] and two["usage"] == one["usage"]
+    # The key holds the messages, the tools and the response format: any change is another entry.
+    for changed in (
+        body | {"messages": [{"role": "user", "content": "cache me too"}]},
+        {k: v for k, v in body.items() if k != "tools"},
+        body | {"response_format": {"type": "json_object"}},
+    ):
+        assert api.post("/v1/chat/completions", json=changed).headers["x-gateway-cache"] == "miss"
+    assert len(received) == 4
+
+
+def test_fallback_serves_chat(api: httpx.Client, received: list[Received]) -> None:
+    """The same failover loop: the alias's target refuses the connection, its fallback answers."""
+    resp = api.post("/v1/chat/completions", json={"model": "resilient", "messages": MESSAGES})
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["x-gateway-provider"] == "oa" and resp.headers["x-gateway-attempts"] == "2"
+    assert resp.json()["choices"][0]["message"]["content"]
+    assert len(received) == 1
+
+
+def test_ledger_row_records_the_endpoint(api: httpx.Client, db: Path) -> None:
+    rid = f"chat-ledger-{time.monotonic_ns()}"
+    body = {"model": "demo/echo", "messages": [{"role": "user", "content": "book me"}]}
+    assert api.post("/v1/chat/completions", json=body, headers={"x-request-id": rid}).status_code == 200
+    deadline = time.monotonic() + 10
+    rows: list[tuple[Any, ...]] = []
+    while not rows and time.monotonic() < deadline:
+        with sqlite3.connect(db, timeout=10) as conn:
+            rows = conn.execute(
+                "SELECT endpoint, dialect, model, status, completion_tokens FROM requests WHERE request_id = ?", (rid,)
+            ).fetchall()
+        time.sleep(0.05)
+    assert rows and rows[0][:4] == ("chat", "openai", "demo/echo", 200) and rows[0][4] > 0
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "code"),
+    [
+        ({"model": "oa/m", "messages": MESSAGES, "prompt": "x"}, "prompt", "unknown_parameter"),
+        ({"model": "oa/m", "messages": MESSAGES, "echo": True}, "echo", "unknown_parameter"),
+        ({"model": "oa/m", "messages": MESSAGES, "temprature": 1}, "temprature", "unknown_parameter"),
+        ({"model": "oa/m"}, "messages", "missing_required_parameter"),
+        ({"model": "oa/m", "messages": []}, "messages", "invalid_value"),
+        ({"model": "oa/m", "messages": [{"role": "robot", "content": "x"}]}, "messages.role", "invalid_value"),
+        (
+            {"model": "oa/m", "messages": [{"role": "tool", "content": "x"}]},
+            "messages.tool_call_id",
+            "missing_required_parameter",
+        ),
+        ({"model": "oa/m", "messages": MESSAGES, "logprobs": 3}, "logprobs", "invalid_value"),
+        ({"model": "oa/m", "messages": MESSAGES, "temperature": 9}, "temperature", "invalid_value"),
+        ({"model": "oa/m", "messages": MESSAGES, "tool_choice": "auto"}, "tool_choice", "invalid_value"),
+        (
+            {"model": "oa/m", "messages": MESSAGES, "tools": [{"type": "function"}]},
+            "tools.function",
+            "missing_required_parameter",
+        ),
+        (
+            {"model": "oa/m", "messages": MESSAGES, "response_format": {"type": "yaml"}},
+            "response_format.type",
+            "invalid_value",
+        ),
+        ({"model": "oa/m", "messages": MESSAGES, "top_k": 5}, "top_k", "unsupported_parameter"),
+        # The in-process provider's bound on the work a request may make the gateway's loop do.
+        ({"model": "demo/echo", "messages": MESSAGES, "max_tokens": 10**9}, "max_tokens", "invalid_value"),
+    ],
+)
+def test_bad_requests_name_the_field(
+    api: httpx.Client, received: list[Received], body: dict[str, Any], param: str, code: str | None
+) -> None:
+    resp = api.post("/v1/chat/completions", json=body)
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["param"] == param, error
+    if code is not None:
+        assert error["code"] == code, error
+    assert received == []
+
+
+def test_kind_without_chat_is_a_400_naming_the_provider(api: httpx.Client, received: list[Received]) -> None:
+    resp = api.post("/v1/chat/completions", json={"model": "gem/gemini-2.0-flash", "messages": MESSAGES})
+    assert resp.status_code == 400
+    error = resp.json()["error"]
+    assert error["code"] == "unsupported_endpoint" and "'gem'" in error["message"]
+    assert received == []
+
+
+def test_pais_route_speaks_fastapi(api: httpx.Client) -> None:
+    resp = api.post("/api/v1/compatibility/openai/v1/chat/completions", json={"model": "oa/m", "messages": []})
+    assert resp.status_code == 422
+    assert resp.json()["detail"][0]["loc"] == ["body", "messages"]
+
+
+def test_anthropic_tool_calls_through_the_sdk(client: openai.OpenAI, received: list[Received]) -> None:
+    """Anthropic's Messages API behind the chat route: its tool_use blocks are the SDK's tool calls, and its
+    streamed `input_json_delta` pieces reassemble into each call's arguments."""
+    recorded = fixture_json("anthropic/messages_tool_use.json")
+    answer = client.chat.completions.create(
+        model="claude/claude-3-5-sonnet-20240620",
+        messages=[{"role": "system", "content": "Be brief."}, *MESSAGES],
+        tools=TOOLS,
+        max_tokens=300,
+    )
+    calls = [
+        c for c in answer.choices[0].message.tool_calls or () if isinstance(c, ChatCompletionMessageFunctionToolCall)
+    ]
+    uses = [b for b in recorded["content"] if b["type"] == "tool_use"]
+    assert [(c.id, c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        (b["id"], b["name"], b["input"]) for b in uses
+    ]
+    assert answer.choices[0].finish_reason == "tool_calls"
+    sent = received[0]
+    assert sent.path == "/v1/messages" and sent.headers["x-api-key"] == "sk-ant"
+    assert sent.json()["system"] == "Be brief." and sent.json()["max_tokens"] == 300
+
+    chunks = list(
+        client.chat.completions.create(
+            model="claude/claude-3-5-sonnet-20240620",
+            messages=MESSAGES,
+            tools=TOOLS,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    args: dict[int, str] = {}
+    for chunk in chunks:
+        for sc in chunk.choices:
+            for call in sc.delta.tool_calls or ():
+                args[call.index] = args.get(call.index, "") + (
+                    (call.function.arguments if call.function else None) or ""
+                )
+    assert [sorted(json.loads(a)) for _, a in sorted(args.items())] == [["location", "unit"], ["timezone"]]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 153

@@ -1,0 +1,149 @@
+"""Chat on Anthropic's Messages API (providers/anthropic_chat.py): the conversation as Anthropic's turns, and
+the recorded answers and streams (text, two tool calls, `input_json_delta` pieces) as chat shapes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+import pytest
+
+from gateway.path.request import normalize_chat
+from gateway.upstream.framing import DECODERS
+from providers.anthropic import AnthropicAdapter
+from providers.base import CallContext, Endpoint, map_params
+from tests.helpers.recordings import fixture_bytes, fixture_json
+from wire.chat import ChatChunk, ChatRequest, decode_chat
+from wire.errors import InvalidRequestError, UnsupportedParamError
+
+ENDPOINT = Endpoint(provider="claude", model="claude-3-5-sonnet-20240620", base_url="https://api.anthropic.com")
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+
+
+def _ctx() -> CallContext:
+    return CallContext(id="chatcmpl-a", created=1, model="claude/x", chat=True)
+
+
+def _req(**body: Any) -> ChatRequest:
+    req = decode_chat(msgspec.json.encode({"model": "claude/x", **body}))
+    normalize_chat(req)
+    return req
+
+
+def _sent(req: ChatRequest) -> dict[str, Any]:
+    adapter = AnthropicAdapter()
+    assert adapter.chat_params is not None
+    params, _ = map_params(req, adapter.chat_params, "claude", False)
+    out: dict[str, Any] = json.loads(adapter.build_chat_request(req, ENDPOINT, params).body)
+    return out
+
+
+def test_the_conversation_as_anthropic_turns() -> None:
+    call = {"id": "toolu_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"SF"}'}}
+    body = _sent(
+        _req(
+            messages=[
+                {"role": "system", "content": "Be brief."},
+                {"role": "developer", "content": "Use tools."},
+                {"role": "user", "content": [{"type": "text", "text": "Weather?"}]},
+                {"role": "assistant", "content": "Checking.", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "toolu_1", "content": "sunny"},
+                {"role": "user", "content": "Thanks"},
+            ],
+            tools=TOOLS,
+            tool_choice="required",
+            parallel_tool_calls=False,
+            stop="END",
+            max_tokens=50,
+        )
+    )
+    assert body["system"] == "Be brief.\n\nUse tools."
+    assert body["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "Weather?"}]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Checking."},
+                {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "SF"}},
+            ],
+        },
+        # The tool's result and the next user turn: one user turn, as the API wants turns to alternate.
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"},
+                {"type": "text", "text": "Thanks"},
+            ],
+        },
+    ]
+    assert body["tools"] == [{"name": "get_weather", "input_schema": {"type": "object"}}]
+    assert body["tool_choice"] == {"type": "any", "disable_parallel_tool_use": True}
+    assert body["stop_sequences"] == ["END"] and body["max_tokens"] == 50
+
+
+def test_what_anthropic_cannot_honour_is_refused() -> None:
+    user = [{"role": "user", "content": "hi"}]
+    with pytest.raises(UnsupportedParamError) as caught:
+        _sent(_req(messages=user, n=2))
+    assert caught.value.param == "n"
+    with pytest.raises(InvalidRequestError) as range_error:
+        _sent(_req(messages=user, temperature=1.5))
+    assert range_error.value.param == "temperature"
+    bad = {"id": "t", "type": "function", "function": {"name": "f", "arguments": "[1]"}}
+    with pytest.raises(InvalidRequestError):
+        _sent(_req(messages=[*user, {"role": "assistant", "tool_calls": [bad]}]))
+
+
+def test_recorded_tool_use_answer() -> None:
+    recorded = fixture_json("anthropic/messages_tool_use.json")
+    answer = AnthropicAdapter().parse_chat_response(fixture_bytes("anthropic/messages_tool_use.json"), _ctx())
+    (choice,) = answer.choices
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content == recorded["content"][0]["text"]
+    uses = [b for b in recorded["content"] if b["type"] == "tool_use"]
+    calls = choice.message.tool_calls or []
+    assert [(c.id, c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        (b["id"], b["name"], b["input"]) for b in uses
+    ]
+    assert answer.usage is not None and answer.usage.completion_tokens == recorded["usage"]["output_tokens"]
+
+
+def test_recorded_tool_use_stream() -> None:
+    raw = fixture_bytes("anthropic/messages_stream_tool_use.sse.txt")
+    decoder = DECODERS["sse"](max_event_bytes=1 << 20)
+    adapter, ctx = AnthropicAdapter(), _ctx()
+    chunks: list[ChatChunk] = []
+    for event, data in [*decoder.feed(raw), *decoder.close()]:
+        chunk = adapter.parse_chat_event(event, data, ctx)
+        if chunk is not None:
+            chunks.append(chunk)
+    # What the recording sent, per content block: the text, and each tool block's id, name and JSON pieces.
+    events = [json.loads(line[len("data: ") :]) for line in raw.decode().splitlines() if line.startswith("data: ")]
+    text = "".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta")
+    starts = [e["content_block"] for e in events if e["type"] == "content_block_start"]
+    tools = [b for b in starts if b["type"] == "tool_use"]
+    pieces = {
+        e["index"]: "".join(
+            x["delta"].get("partial_json", "") for x in events if x.get("index") == e["index"] and "delta" in x
+        )
+        for e in events
+        if e["type"] == "content_block_start" and e["content_block"]["type"] == "tool_use"
+    }
+
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == text
+    got: dict[int, list[str]] = {}
+    for c in chunks:
+        for tc in c.choices[0].delta.tool_calls or ():
+            slot = got.setdefault(tc.index, ["", "", ""])
+            slot[0] += tc.id or ""
+            slot[1] += (tc.function.name if tc.function else None) or ""
+            slot[2] += (tc.function.arguments if tc.function else None) or ""
+    assert got == {
+        i: [b["id"], b["name"], args] for i, (b, args) in enumerate(zip(tools, pieces.values(), strict=True))
+    }
+    assert all(json.loads(args) for _, _, args in got.values())
+    last = chunks[-1]
+    assert last.choices[0].finish_reason == "tool_calls"
+    assert last.usage is not None and last.usage.completion_tokens == 153

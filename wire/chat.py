@@ -1,0 +1,302 @@
+"""Wire types of the chat route: OpenAI's chat request, strict, and the `chat.completion` answer and chunk.
+
+`ChatRequest` is a `CompletionRequest` with `messages` in place of `prompt`, so a chat request travels the
+same request path as a completion (keys, routing, limits, budgets, cache, ledger) and adapters read the
+same canonical fields. What a chat client may not send (the completion-only fields) is renamed out of the
+JSON names, so the decoder refuses it as an unknown field with the same 400 as any other. `prompt` is the
+conversation rendered as text (`render`, set by `gateway.path.request.normalize_chat`): what token
+estimates, prefix routing and prompt logging read.
+
+Message content and tools are checked against OpenAI's shapes here (tagged unions by `role` and `type`),
+so a bad value is a 400 with its JSON path.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Final, Literal
+
+import msgspec
+from msgspec import Meta
+
+from wire.schema import CompletionRequest, PromptItem, StopList, Usage
+
+# A message's `name` and a function's name: OpenAI's pattern and bound.
+FunctionName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")]
+
+
+class ImageURL(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class TextPart(msgspec.Struct, forbid_unknown_fields=True, tag_field="type", tag="text"):
+    text: str
+
+
+class ImagePart(msgspec.Struct, forbid_unknown_fields=True, tag_field="type", tag="image_url"):
+    image_url: ImageURL
+
+
+class RefusalPart(msgspec.Struct, forbid_unknown_fields=True, tag_field="type", tag="refusal"):
+    refusal: str
+
+
+class FunctionCall(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+    arguments: str
+
+
+class ToolCall(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=False):
+    id: str
+    function: FunctionCall
+    type: Literal["function"] = "function"
+
+
+Texts = str | list[TextPart]
+
+
+class SystemMessage(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, tag_field="role", tag="system"):
+    content: Texts
+    name: FunctionName | None = None
+
+
+class DeveloperMessage(
+    msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, tag_field="role", tag="developer"
+):
+    content: Texts
+    name: FunctionName | None = None
+
+
+class UserMessage(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, tag_field="role", tag="user"):
+    content: str | list[TextPart | ImagePart]
+    name: FunctionName | None = None
+
+
+class AssistantMessage(
+    msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, tag_field="role", tag="assistant"
+):
+    content: str | list[TextPart | RefusalPart] | None = None
+    tool_calls: Annotated[list[ToolCall], Meta(min_length=1)] | None = None
+    refusal: str | None = None
+    name: FunctionName | None = None
+
+
+class ToolMessage(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, tag_field="role", tag="tool"):
+    content: Texts
+    tool_call_id: str
+
+
+Message = SystemMessage | DeveloperMessage | UserMessage | AssistantMessage | ToolMessage
+
+
+class ChatRequest(CompletionRequest, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    """OpenAI's chat request (openai-python `completion_create_params.py` of `chat`), plus the vendor
+    sampling fields the completion routes take. `logprobs` is a boolean here, `top_logprobs` its count."""
+
+    messages: Annotated[list[Message], Meta(min_length=1)]
+    # The rendered conversation (`render`), under a name no JSON client sends: set by normalize_chat.
+    prompt: str | list[PromptItem] = msgspec.field(default="", name=" rendered")
+    # Completion-only fields: not OpenAI chat's, so refused by name as unknown fields.
+    best_of: int | None = msgspec.field(default=None, name=" best_of")
+    echo: bool | None = msgspec.field(default=None, name=" echo")
+    suffix: str | None = msgspec.field(default=None, name=" suffix")
+    max_new_tokens: int | None = msgspec.field(default=None, name=" max_new_tokens")
+    stop_sequences: StopList | None = msgspec.field(default=None, name=" stop_sequences")
+    return_token_log_probs: bool | None = msgspec.field(default=None, name=" return_token_log_probs")
+    images: list[str] | None = msgspec.field(default=None, name=" images")
+    context_length_exceeded_behavior: Literal["truncate", "error"] | None = msgspec.field(
+        default=None, name=" context_length_exceeded_behavior"
+    )
+
+
+# What `tools`, `tool_choice` and `response_format` (free-form on the union request) must look like on chat:
+# checked by `msgspec.convert` in normalize_chat, so a bad value names its path.
+class FunctionDef(msgspec.Struct, forbid_unknown_fields=True):
+    name: FunctionName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(msgspec.Struct, forbid_unknown_fields=True):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(msgspec.Struct, forbid_unknown_fields=True):
+    name: FunctionName
+
+
+class NamedToolChoice(msgspec.Struct, forbid_unknown_fields=True):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JSONSchema(msgspec.Struct, forbid_unknown_fields=True):
+    name: Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    description: str | None = None
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class TextFormat(msgspec.Struct, forbid_unknown_fields=True, tag_field="type", tag="text"):
+    pass
+
+
+class JSONObjectFormat(msgspec.Struct, forbid_unknown_fields=True, tag_field="type", tag="json_object"):
+    pass
+
+
+class JSONSchemaFormat(msgspec.Struct, forbid_unknown_fields=True, tag_field="type", tag="json_schema"):
+    json_schema: JSONSchema
+
+
+ResponseFormat = TextFormat | JSONObjectFormat | JSONSchemaFormat
+CHAT_SHAPES: Final = (
+    ("tools", list[Tool]),
+    ("tool_choice", Literal["none", "auto", "required"] | NamedToolChoice),
+    ("response_format", ResponseFormat),
+)
+
+
+def _text(content: object) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for part in content:  # type: ignore[attr-defined]
+        if isinstance(part, TextPart):
+            parts.append(part.text)
+        elif isinstance(part, RefusalPart):
+            parts.append(part.refusal)
+        else:
+            parts.append("[image]")
+    return "".join(parts)
+
+
+def render(messages: list[Message]) -> str:
+    """The conversation as one text, `role: content` per line (tool calls as their name and arguments):
+    the same conversation always renders the same, and a longer one starts with a shorter one's text."""
+    lines = []
+    for m in messages:
+        text = _text(m.content)
+        if isinstance(m, AssistantMessage) and m.tool_calls:
+            text += "".join(f"{c.function.name}({c.function.arguments})" for c in m.tool_calls)
+        role = type(m).__struct_config__.tag
+        lines.append(f"{role}: {text}\n")
+    return "".join(lines)
+
+
+# --- the answer ---------------------------------------------------------------------------------------
+
+ChatFinishReason = Literal["stop", "length", "tool_calls", "content_filter"]
+
+
+class TopLogprob(msgspec.Struct):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(msgspec.Struct):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(msgspec.Struct, omit_defaults=True):
+    content: list[TokenLogprob] | None
+    refusal: list[TokenLogprob] | None = None
+
+
+class ChatMessage(msgspec.Struct, omit_defaults=True):
+    role: Literal["assistant"]
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
+    refusal: str | None = None
+
+
+class ChatChoice(msgspec.Struct):
+    index: int
+    message: ChatMessage
+    finish_reason: ChatFinishReason | None
+    logprobs: ChatLogprobs | None = None
+
+    @property
+    def text(self) -> str:
+        """What prompt logging records of the choice (a completion choice's `text`)."""
+        return self.message.content or ""
+
+
+class ChatCompletion(msgspec.Struct, omit_defaults=True, tag_field="object", tag="chat.completion"):
+    id: str
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    system_fingerprint: str | None = None
+    usage: Usage | None = None
+
+
+class FunctionDelta(msgspec.Struct, omit_defaults=True):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(msgspec.Struct, omit_defaults=True):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionDelta | None = None
+
+
+class Delta(msgspec.Struct, omit_defaults=True):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
+    refusal: str | None = None
+
+
+class ChunkChoice(msgspec.Struct):
+    index: int
+    delta: Delta
+    finish_reason: ChatFinishReason | None
+    logprobs: ChatLogprobs | None = None
+
+    @property
+    def text(self) -> str:
+        return self.delta.content or ""
+
+
+class ChatChunk(msgspec.Struct, omit_defaults=True, tag_field="object", tag="chat.completion.chunk"):
+    id: str
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    system_fingerprint: str | None = None
+    usage: Usage | None = None
+
+
+decode_chat = msgspec.json.Decoder(ChatRequest).decode
+
+__all__ = [
+    "CHAT_SHAPES",
+    "ChatChoice",
+    "ChatChunk",
+    "ChatCompletion",
+    "ChatFinishReason",
+    "ChatLogprobs",
+    "ChatMessage",
+    "ChatRequest",
+    "ChunkChoice",
+    "Delta",
+    "FunctionDelta",
+    "Message",
+    "TokenLogprob",
+    "ToolCall",
+    "ToolCallDelta",
+    "TopLogprob",
+    "decode_chat",
+    "render",
+]
