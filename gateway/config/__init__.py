@@ -20,6 +20,7 @@ from gateway.config.loading import ConfigError, LoadedConfig, ledger_target, loa
 from gateway.config.schema import (
     AdminConfig,
     AliasConfig,
+    BatchesConfig,
     CacheConfig,
     CapsConfig,
     CooldownConfig,
@@ -67,6 +68,7 @@ __all__ = [
     "DiscoveryConfig",
     "GatewayConfig",
     "KeyConfig",
+    "BatchesConfig",
     "LedgerConfig",
     "LimitsConfig",
     "LoadedConfig",

@@ -84,6 +84,14 @@ class KeyRing:
             raise AuthenticationError("This API key has expired", code="invalid_api_key")
         return key
 
+    def named(self, name: str) -> ClientKey | None:
+        """The key called `name` (YAML or runtime), for work done on its behalf without its secret (a batch)."""
+        runtime: list[ClientKey] = list(self.runtime.by_digest.values()) if self.runtime is not None else []
+        for key in [*self._by_digest.values(), *runtime]:
+            if key.name == name:
+                return key
+        return None
+
     @staticmethod
     def authorize(key: ClientKey | None, model: str) -> None:
         if key is not None and not key.models.match(model):

@@ -84,6 +84,8 @@ def line(rec: Record, elapsed_s: float) -> bytes:
     }
     if rec.usage_estimated:
         entry["usage_estimated"] = True
+    if rec.batch_id is not None:
+        entry["batch_id"] = rec.batch_id
     if rec.prompt is not None:
         entry["prompt"] = rec.prompt
         entry["completion"] = rec.completion
