@@ -59,8 +59,9 @@ def upload(client: openai.OpenAI, data: bytes) -> str:
     return client.files.create(file=("input.jsonl", io.BytesIO(data)), purpose="batch").id
 
 
-def wait_batch(client: openai.OpenAI, batch_id: str, done: Callable[[Any], bool] | None = None,
-               timeout: float = 60) -> Any:
+def wait_batch(
+    client: openai.OpenAI, batch_id: str, done: Callable[[Any], bool] | None = None, timeout: float = 60
+) -> Any:
     """Poll the batch as a client would until it ends (or `done` says so)."""
     deadline = time.monotonic() + timeout
     while True:

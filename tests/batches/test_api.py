@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
+import openai
 
 from tests.helpers.servers import GatewayThread
 
-from .conftest import ENV, EVAL_KEY, config, jsonl, line, results, sdk, upload, wait_batch
+from .conftest import ADMIN_KEY, ENV, EVAL_KEY, OTHER_KEY, config, jsonl, line, results, sdk, upload, wait_batch
 
 
 def test_a_batch_completes_every_line_once_with_the_direct_answer(tmp_path: Path) -> None:
@@ -25,7 +26,11 @@ def test_a_batch_completes_every_line_once_with_the_direct_answer(tmp_path: Path
         batch = wait_batch(client, made.id)
         assert batch.status == "completed", batch
         assert batch.request_counts is not None
-        assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (300, 300, 0)
+        assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (
+            300,
+            300,
+            0,
+        )
         assert batch.error_file_id is None and batch.output_file_id is not None
         out = results(client, batch.output_file_id)
         assert [o["custom_id"] for o in out] == [f"q-{i}" for i in range(300)]
@@ -36,5 +41,183 @@ def test_a_batch_completes_every_line_once_with_the_direct_answer(tmp_path: Path
                 got = o["response"]["body"]
                 assert o["response"]["status_code"] == 200 and o["error"] is None
                 assert got["choices"] == direct["choices"] and got["usage"] == direct["usage"]
-        assert client.files.retrieve(batch.output_file_id).bytes == len(client.files.content(batch.output_file_id).content)
+        assert client.files.retrieve(batch.output_file_id).bytes == len(
+            client.files.content(batch.output_file_id).content
+        )
         assert made.id in [b.id for b in client.batches.list()]
+
+
+def _errors(batch: object) -> list[tuple[str, int | None]]:
+    errors = getattr(batch, "errors", None)
+    assert errors is not None and errors.data
+    return [(e.code, e.line) for e in errors.data]
+
+
+def test_bad_files_fail_the_batch_naming_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(config(f"sqlite:///{tmp_path / 'ledger.db'}", extra=", max_lines: 5, max_file_bytes: 4096"))
+    good = jsonl([line("a"), line("b")])
+    cases = {
+        "not json": (good + b"this is not json\n", [("invalid_json_line", 3)]),
+        "no custom_id": (
+            jsonl([line("a"), {"method": "POST", "url": "/v1/completions", "body": {}}]),
+            [("missing_required_parameter", 2)],
+        ),
+        "duplicate": (jsonl([line("a"), line("b"), line("a")]), [("duplicate_custom_id", 3)]),
+        "other endpoint": (jsonl([line("a"), {**line("b"), "url": "/v1/chat/completions"}]), [("invalid_url", 2)]),
+        "too many": (jsonl([line(f"x{i}") for i in range(6)]), [("too_many_lines", None)]),
+    }
+    with GatewayThread(path, ENV) as gw:
+        client = sdk(gw.url, EVAL_KEY)
+        for name, (data, expected) in cases.items():
+            made = client.batches.create(
+                input_file_id=upload(client, data), endpoint="/v1/completions", completion_window="24h"
+            )
+            batch = wait_batch(client, made.id)
+            assert batch.status == "failed", name
+            assert batch.failed_at is not None and batch.output_file_id is None
+            assert _errors(batch) == expected, name
+        # Over batches.max_file_bytes: the upload itself is refused, naming the limit.
+        try:
+            upload(client, jsonl([line(f"y{i}", prompt="p" * 1000) for i in range(5)]))
+            raise AssertionError("a file over max_file_bytes was stored")
+        except openai.APIStatusError as exc:
+            assert exc.status_code == 413 and "batches.max_file_bytes" in exc.message
+        for bad, param in (
+            ({"endpoint": "/v1/chat/completions"}, "endpoint"),
+            ({"completion_window": "soon"}, "completion_window"),
+        ):
+            try:
+                client.batches.create(
+                    **{
+                        "input_file_id": upload(client, good),
+                        "endpoint": "/v1/completions",
+                        "completion_window": "24h",
+                        **bad,
+                    }
+                )  # type: ignore[arg-type]
+                raise AssertionError(f"accepted {bad}")
+            except openai.BadRequestError as exc:
+                assert exc.status_code == 400 and exc.param == param
+
+
+def test_refused_lines_go_to_the_error_file(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(config(f"sqlite:///{tmp_path / 'ledger.db'}"))
+    lines = [
+        line("ok-1"),
+        line("unknown-model", model="nope/nothing"),
+        line("bad-field", max_tokens="many"),
+        line("streams", stream=True),
+        line("ok-2", prompt="another"),
+    ]
+    with GatewayThread(path, ENV) as gw:
+        client = sdk(gw.url, EVAL_KEY)
+        made = client.batches.create(
+            input_file_id=upload(client, jsonl(lines)), endpoint="/v1/completions", completion_window="24h"
+        )
+        batch = wait_batch(client, made.id)
+        assert batch.status == "completed"
+        assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (5, 2, 3)
+        out, err = results(client, batch.output_file_id), results(client, batch.error_file_id)
+        assert [o["custom_id"] for o in out] == ["ok-1", "ok-2"]
+        refused = {e["custom_id"]: e["response"] for e in err}
+        assert sorted(refused) == ["bad-field", "streams", "unknown-model"]
+        assert refused["unknown-model"]["status_code"] == 404
+        assert refused["unknown-model"]["body"]["error"]["code"] == "model_not_found"
+        assert (
+            refused["bad-field"]["status_code"] == 400
+            and refused["bad-field"]["body"]["error"]["param"] == "max_tokens"
+        )
+        assert refused["streams"]["status_code"] == 400 and refused["streams"]["body"]["error"]["param"] == "stream"
+        assert all(e["error"] is None and e["id"].startswith("batch_req_") for e in err)
+
+
+def test_cancel_mid_run_reports_every_line_once(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(config(f"sqlite:///{tmp_path / 'ledger.db'}", concurrency=2))
+    lines = [line(f"c-{i}", model="slower", prompt=f"p {i}") for i in range(30)]
+    with GatewayThread(path, ENV) as gw:
+        client = sdk(gw.url, EVAL_KEY)
+        made = client.batches.create(
+            input_file_id=upload(client, jsonl(lines)), endpoint="/v1/completions", completion_window="24h"
+        )
+        wait_batch(client, made.id, lambda b: b.request_counts is not None and b.request_counts.completed >= 2)
+        cancelling = client.batches.cancel(made.id)
+        assert cancelling.status in ("cancelling", "cancelled") and cancelling.cancelling_at is not None
+        batch = wait_batch(client, made.id)
+        assert batch.status == "cancelled" and batch.cancelled_at is not None
+        out, err = results(client, batch.output_file_id), results(client, batch.error_file_id)
+        ids = [o["custom_id"] for o in out] + [e["custom_id"] for e in err]
+        assert sorted(ids) == sorted(x["custom_id"] for x in lines)
+        assert 2 <= len(out) < 30
+        assert {e["error"]["code"] for e in err} == {"batch_cancelled"}
+        assert batch.request_counts.completed == len(out) and batch.request_counts.failed == len(err)
+
+
+def test_expiry_reports_the_lines_left_expired(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(config(f"sqlite:///{tmp_path / 'ledger.db'}", concurrency=1))
+    lines = [line(f"e-{i}", model="slower", prompt=f"p {i}") for i in range(20)]
+    with GatewayThread(path, ENV) as gw:
+        client = sdk(gw.url, EVAL_KEY)
+        made = client.batches.create(
+            input_file_id=upload(client, jsonl(lines)), endpoint="/v1/completions", completion_window="2s"
+        )  # type: ignore[arg-type]
+        batch = wait_batch(client, made.id)
+        assert batch.status == "expired" and batch.expired_at is not None
+        out, err = results(client, batch.output_file_id), results(client, batch.error_file_id)
+        assert 1 <= len(out) < 20
+        assert sorted([o["custom_id"] for o in out] + [e["custom_id"] for e in err]) == sorted(
+            x["custom_id"] for x in lines
+        )
+        assert {e["error"]["code"] for e in err} == {"batch_expired"} and all(e["response"] is None for e in err)
+
+
+def test_a_key_sees_only_its_own(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(config(f"sqlite:///{tmp_path / 'ledger.db'}"))
+    with GatewayThread(path, ENV) as gw:
+        mine, theirs = sdk(gw.url, EVAL_KEY), sdk(gw.url, OTHER_KEY)
+        file_id = upload(mine, jsonl([line("t-1")]))
+        made = mine.batches.create(input_file_id=file_id, endpoint="/v1/completions", completion_window="24h")
+        batch = wait_batch(mine, made.id)
+        for call in (
+            lambda: theirs.files.retrieve(file_id),
+            lambda: theirs.files.content(file_id),
+            lambda: theirs.files.content(batch.output_file_id),
+            lambda: theirs.files.delete(file_id),
+            lambda: theirs.batches.retrieve(made.id),
+            lambda: theirs.batches.cancel(made.id),
+            lambda: theirs.batches.create(input_file_id=file_id, endpoint="/v1/completions", completion_window="24h"),
+        ):
+            try:
+                call()
+                raise AssertionError("another key's object was served")
+            except openai.NotFoundError as exc:
+                assert exc.status_code == 404
+        assert list(theirs.batches.list()) == [] and list(theirs.files.list()) == []
+        assert [f.id for f in mine.files.list()].count(file_id) == 1
+        with httpx.Client(base_url=gw.url) as c:
+            assert c.get("/admin/batches", headers={"authorization": f"Bearer {EVAL_KEY}"}).status_code == 401
+            admin = c.get("/admin/batches", headers={"authorization": f"Bearer {ADMIN_KEY}"}).json()
+            assert [(b["id"], b["owner"]) for b in admin["data"]] == [(made.id, "eval")]
+            assert c.get("/v1/batches").status_code == 401
+        assert mine.files.delete(file_id).deleted
+        try:
+            mine.files.retrieve(file_id)
+            raise AssertionError("a deleted file was served")
+        except openai.NotFoundError:
+            pass
+
+
+def test_without_a_ledger_the_batch_api_says_it_needs_one(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("providers:\n  demo: {kind: fake, models: [text]}\n")
+    with GatewayThread(path, {}) as gw:
+        client = sdk(gw.url, "anything")
+        try:
+            client.batches.list()
+            raise AssertionError("served without a ledger")
+        except openai.NotFoundError as exc:
+            assert "ledger" in exc.message
