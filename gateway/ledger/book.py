@@ -29,7 +29,18 @@ from typing import Any, Final
 import msgspec
 
 from gateway.config import LedgerConfig
-from gateway.ledger.batch import INSERT, INSERT_SQLITE, ROLLUP, Batch, Pending, Row, commit_batch, pending, take
+from gateway.ledger.batch import (
+    INSERT,
+    INSERT_SQLITE,
+    NCOLUMNS,
+    ROLLUP,
+    Batch,
+    Pending,
+    Row,
+    commit_batch,
+    pending,
+    take,
+)
 from gateway.ledger.engine import Cursor, Database, LedgerDown
 from gateway.limits.usage import day_of
 from gateway.ops.metrics import Record
@@ -67,6 +78,8 @@ def commit(cur: Cursor, rows: Sequence[Row], db: Database) -> int:
     fresh = [r for r in rows if r[0] not in known] if known else rows
     if not fresh:
         return 0
+    # A row spilled by a gateway from before the `batch_id` column holds one value fewer: it was no batch's line.
+    fresh = [r if len(r) == NCOLUMNS else (*r, None) for r in fresh]
     cur.executemany(INSERT if db.postgres else INSERT_SQLITE, fresh)
     sums: dict[tuple[str, str, str, str, str], list[int]] = {}
     for r in fresh:

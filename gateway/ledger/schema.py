@@ -100,6 +100,8 @@ _BATCH_TABLES: Final[list[Statement]] = [
         PRIMARY KEY (batch_id, idx)
     )""",
     "CREATE INDEX batch_lines_state ON batch_lines (batch_id, state, idx)",
+    # Each line's row in `requests` names its batch.
+    "ALTER TABLE requests ADD COLUMN batch_id TEXT",
 ]
 
 MIGRATIONS: Final[list[list[Statement]]] = [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import httpx
@@ -45,6 +46,13 @@ def test_a_batch_completes_every_line_once_with_the_direct_answer(tmp_path: Path
             client.files.content(batch.output_file_id).content
         )
         assert made.id in [b.id for b in client.batches.list()]
+    # Every line is a row of the ledger naming its batch; the direct requests name none.
+    with sqlite3.connect(tmp_path / "ledger.db") as conn:
+        booked = conn.execute(
+            "SELECT batch_id, count(*), count(DISTINCT request_id), min(status), max(status) FROM requests "
+            "GROUP BY batch_id ORDER BY batch_id NULLS FIRST"
+        ).fetchall()
+    assert booked == [(None, 9, 9, 200, 200), (made.id, 300, 300, 200, 200)]
 
 
 def _errors(batch: object) -> list[tuple[str, int | None]]:
