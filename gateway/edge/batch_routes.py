@@ -116,6 +116,19 @@ def _limit(request: Request[Any, Any, Any], most: int) -> int | Response[bytes]:
     return int(raw)
 
 
+_STATUS_BATCHES: Final = 50  # the status page lists at most this many running batches, oldest first
+
+
+async def running_batches(api: Batches) -> list[dict[str, Any]] | None:
+    """The batches being run, with their progress, for the status page (None: the database did not answer)."""
+    try:
+        rows = await api.store.run(store.running, _STATUS_BATCHES)
+    except LedgerDown:
+        return None
+    names = ("id", "owner", "status", "total", "completed", "failed", "created_at")
+    return [dict(zip(names, r, strict=True)) for r in rows]
+
+
 def routes(authorize_admin: Authorize) -> list[HTTPRouteHandler]:
     """The routes; each finds the Batch API in the app's state (None: no ledger, a 404 saying so)."""
 

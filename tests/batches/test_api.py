@@ -151,6 +151,10 @@ def test_cancel_mid_run_reports_every_line_once(tmp_path: Path) -> None:
             input_file_id=upload(client, jsonl(lines)), endpoint="/v1/completions", completion_window="24h"
         )
         wait_batch(client, made.id, lambda b: b.request_counts is not None and b.request_counts.completed >= 2)
+        with httpx.Client(base_url=gw.url, headers={"authorization": f"Bearer {ADMIN_KEY}"}) as c:
+            shown = c.get("/admin/status").json()["batches"]
+        assert [(b["id"], b["owner"], b["status"], b["total"]) for b in shown] == [(made.id, "eval", "in_progress", 30)]
+        assert shown[0]["completed"] >= 2
         cancelling = client.batches.cancel(made.id)
         assert cancelling.status in ("cancelling", "cancelled") and cancelling.cancelling_at is not None
         batch = wait_batch(client, made.id)
