@@ -22,7 +22,6 @@ from typing import Final
 from prometheus_client import Counter, Gauge
 
 from gateway.batches import store
-from gateway.batches.lines import parse
 from gateway.batches.objects import ACTIVE, ERR, OK, TERMINAL, answered, unanswered
 from gateway.batches.send import Sent, send
 from gateway.config import BatchesConfig
@@ -165,13 +164,9 @@ class Drive:
     async def run(self) -> None:
         r = self.runner
         try:
-            status, expires_at, input_file, endpoint, owner, _ = await r.store.run(
-                store.state, self.id, r.me, r.lease_s
-            )
+            status, _, _, _, owner, _ = await r.store.run(store.state, self.id, r.me, r.lease_s)
             if status == "validating":
-                data = await r.store.run(store.input_data, input_file)
-                lines, errors = parse(data, endpoint, r.cfg.max_lines)
-                await r.store.run(store.validated, self.id, r.me, r.lease_s, lines, errors)
+                await r.store.run(store.validate, self.id, r.me, r.lease_s, r.cfg.max_lines)
             await self._lines(owner)
         finally:
             for task in self.tasks:

@@ -17,8 +17,8 @@ from typing import Any, Final, TypeVar
 
 import msgspec
 
-from gateway.batches.lines import Line
-from gateway.batches.objects import ACTIVE, ERR, OK, SENT, TERMINAL, TODO, BatchError, answered
+from gateway.batches.lines import parse
+from gateway.batches.objects import ACTIVE, ERR, OK, SENT, TERMINAL, TODO, answered
 from gateway.ids import unique_suffix
 from gateway.ledger.engine import Cursor, Database
 
@@ -231,12 +231,14 @@ def state(cur: Cursor, batch_id: str, me: str, lease_s: float) -> tuple[Any, ...
     return _held(cur, batch_id, me, lease_s)
 
 
-def validated(cur: Cursor, batch_id: str, me: str, lease_s: float, lines: list[Line], errors: list[BatchError]) -> None:
-    """Store the lines (or the errors that fail the batch) and start it; nothing when it was cancelled meanwhile."""
-    status = _held(cur, batch_id, me, lease_s)[0]
-    now = time.time()
+def validate(cur: Cursor, batch_id: str, me: str, lease_s: float, max_lines: int) -> None:
+    """Read the input file, check it (on this thread, never the event loop's: a file may hold 50,000 lines)
+    and store its lines, or the errors that fail the batch; nothing when it was cancelled meanwhile."""
+    status, _, input_file, endpoint = _held(cur, batch_id, me, lease_s)[:4]
     if status != "validating":
         return  # cancelling: the runner ends it without lines
+    lines, errors = parse(input_data(cur, input_file), endpoint, max_lines)
+    now = time.time()
     if errors:
         cur.execute(
             "UPDATE batches SET status = 'failed', failed_at = ?, errors = ?, lease_until = 0 WHERE id = ?",

@@ -31,8 +31,9 @@ def test_another_replica_takes_over_a_dead_ones_batch(tmp_path: Path, pg: Postgr
         a.wait_ready()
         b.wait_ready()
         client = sdk(a.url, EVAL_KEY)
-        made = client.batches.create(input_file_id=upload(client, jsonl(lines)), endpoint="/v1/completions",
-                                     completion_window="24h")
+        made = client.batches.create(
+            input_file_id=upload(client, jsonl(lines)), endpoint="/v1/completions", completion_window="24h"
+        )
         deadline = time.monotonic() + 30
         while _runner(pg.url, made.id)[1] < 30:
             assert time.monotonic() < deadline
