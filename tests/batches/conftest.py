@@ -5,13 +5,10 @@ from __future__ import annotations
 import io
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Final
 
 import openai
-import pytest
-
-from tests.helpers.postgres import PostgresServer
 
 ADMIN_KEY: Final = "adm-batches-5e1c"
 EVAL_KEY: Final = "gk-batches-eval-7a21"
@@ -80,18 +77,3 @@ def results(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
         return []
     text = client.files.content(file_id).text
     return [json.loads(x) for x in text.splitlines()]
-
-
-@pytest.fixture(scope="session")
-def postgres_server() -> Iterator[PostgresServer]:
-    with PostgresServer() as server:
-        yield server
-
-
-@pytest.fixture
-def pg(postgres_server: PostgresServer) -> PostgresServer:
-    """The session's PostgreSQL server, running, with a fresh empty database for this test."""
-    if not postgres_server.running:
-        postgres_server.start()
-    postgres_server.fresh_database()
-    return postgres_server
