@@ -8,7 +8,7 @@ another key's id is a 404, never a 403 that would confirm it exists. Without `le
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Final
 
 import msgspec
@@ -129,255 +129,202 @@ async def running_batches(api: Batches) -> list[dict[str, Any]] | None:
     return [dict(zip(names, r, strict=True)) for r in rows]
 
 
+NEEDS_LEDGER: Final = GatewayError(
+    "The Batch API needs a ledger: set `ledger.url` in the gateway's config (docs/batches.md)",
+    status=404,
+    code="batches_need_ledger",
+    type="not_found_error",
+)
+
+
+def _who(request: Request[Any, Any, Any]) -> tuple[Batches, str] | Response[bytes]:
+    """The Batch API and who asks (the calling key's name), or the answer that refuses them."""
+    api: Batches | None = request.app.state.batches
+    if api is None:
+        return _render(NEEDS_LEDGER)
+    try:
+        key = request.app.state.pipeline.keys.authenticate(request.headers)
+    except GatewayError as exc:
+        return _render(exc)
+    return api, key.name if key is not None else ANONYMOUS
+
+
+Work = Callable[[Request[Any, Any, Any], Batches, str], Awaitable[Response[Any]]]
+
+
+def _serving(work: Work) -> Callable[[Request[Any, Any, Any]], Awaitable[Response[Any]]]:
+    """A route: the caller authenticated, `work` run as them, a database that does not answer a 503."""
+
+    async def handler(request: Request[Any, Any, Any]) -> Response[Any]:
+        found = _who(request)
+        if isinstance(found, Response):
+            return found
+        try:
+            return await work(request, *found)
+        except LedgerDown as exc:
+            return _render(unavailable_error(exc))
+
+    handler.__name__ = work.__name__.lstrip("_")
+    return handler
+
+
+async def _upload(request: Request[Any, Any, Any], api: Batches, owner: str) -> Response[Any]:
+    form = await request.form()
+    if form.get("purpose") != "batch":
+        return _bad("purpose must be 'batch' (the gateway stores files for the Batch API only)", "purpose")
+    upload = form.get("file")
+    if not isinstance(upload, UploadFile):
+        return _bad("file is required: the JSONL input file, sent as multipart form data", "file")
+    data = await upload.read()
+    if len(data) > api.cfg.max_file_bytes:
+        return _render(
+            InvalidRequestError(
+                f"The file is larger than {api.cfg.max_file_bytes} bytes (batches.max_file_bytes)",
+                status=413,
+                param="file",
+                code="file_too_large",
+            )
+        )
+    name = (upload.filename or "input.jsonl")[:256]
+    try:
+        row = await api.store.run(store.add_file, owner, name, "batch", data, api.cfg.max_files)
+    except store.TooManyFiles as exc:
+        return _render(
+            GatewayError(f"Too many files: {exc}", status=409, code="too_many_files", type="invalid_request_error")
+        )
+    return _json(file_object(row))
+
+
+async def _list_files(request: Request[Any, Any, Any], api: Batches, owner: str) -> Response[Any]:
+    limit = _limit(request, 10_000)
+    if isinstance(limit, Response):
+        return limit
+    purpose = request.query_params.get("purpose")
+    extra = ("purpose = ?", (purpose,)) if purpose else ("", ())
+    after = request.query_params.get("after")
+    rows = await api.store.run(store.page, "batch_files", store.FILE_COLUMNS, owner, after, limit, extra)
+    return _json(_page(rows, limit, file_object))
+
+
+async def _one_file(request: Request[Any, Any, Any], api: Batches, owner: str) -> tuple[Any, ...] | Response[Any]:
+    file_id = str(request.path_params["file_id"])
+    row = await api.store.run(store.file_row, file_id, owner)
+    return _missing("file", file_id) if row is None else row
+
+
+async def _get_file(request: Request[Any, Any, Any], api: Batches, owner: str) -> Response[Any]:
+    row = await _one_file(request, api, owner)
+    return row if isinstance(row, Response) else _json(file_object(row))
+
+
+async def _file_content(request: Request[Any, Any, Any], api: Batches, owner: str) -> Response[Any]:
+    row = await _one_file(request, api, owner)
+    if isinstance(row, Response):
+        return row
+    if row[7] == "input":
+        data = await api.store.run(store.input_data, row[0])
+        return Response(data, media_type="application/octet-stream", headers=_NO_STORE)
+    batch_id, line_state = row[6], row[7]
+
+    async def lines() -> AsyncIterator[bytes]:
+        after = -1
+        while True:
+            chunk = await api.store.run(store.result_chunk, batch_id, line_state, after, _CONTENT_LINES)
+            if not chunk:
+                return
+            after = chunk[-1][0]
+            yield "".join(f"{text}\n" for _, text in chunk).encode()
+
+    return Stream(lines(), media_type="application/octet-stream", headers=_NO_STORE)
+
+
+async def _delete_file(request: Request[Any, Any, Any], api: Batches, owner: str) -> Response[Any]:
+    file_id = str(request.path_params["file_id"])
+    gone = await api.store.run(store.delete_file, file_id, owner)
+    return _json(Deleted(file_id, True)) if gone else _missing("file", file_id)
+
+
+async def _create_batch(request: Request[Any, Any, Any], api: Batches, owner: str) -> Response[Any]:
+    try:
+        spec = msgspec.json.decode(await request.body(), type=NewBatch)
+    except msgspec.MsgspecError as exc:
+        field = re.search(r"`\$\.?([A-Za-z0-9_.]*)`", str(exc))
+        missing = re.search(r"missing required field `([a-z_]+)`", str(exc))
+        param = missing.group(1) if missing else field.group(1) if field else None
+        return _bad(f"Invalid body: {exc}", param)
+    if spec.endpoint != ENDPOINT:
+        return _bad(f"endpoint must be {ENDPOINT!r}: the gateway runs batches of completions", "endpoint")
+    window = _WINDOW.match(spec.completion_window)
+    window_s = int(window.group(1)) * _UNIT_S[window.group(2)] if window else 0
+    if not 1 <= window_s <= _MAX_WINDOW_S:
+        return _bad(
+            "completion_window must be '24h' (or another '<N>h', '<N>m', '<N>s' up to 7 days)", "completion_window"
+        )
+    if spec.metadata is not None and (
+        len(spec.metadata) > 16 or any(len(k) > 64 or len(v) > 512 for k, v in spec.metadata.items())
+    ):
+        return _bad("metadata holds at most 16 pairs, keys of 64 characters, values of 512", "metadata")
+    row = await api.store.run(store.file_row, spec.input_file_id, owner)
+    if row is None or row[7] != "input":
+        return _missing("file", spec.input_file_id)
+    window_spec = (spec.completion_window, window_s)
+    batch_id = await api.store.run(store.add_batch, owner, spec.input_file_id, ENDPOINT, *window_spec, spec.metadata)
+    made = await api.store.run(store.batch_row, batch_id, owner)
+    api.runner.poke()
+    return _json(batch_object(made)) if made is not None else _missing("batch", batch_id)
+
+
+async def _get_batch(request: Request[Any, Any, Any], api: Batches, owner: str) -> Response[Any]:
+    batch_id = str(request.path_params["batch_id"])
+    row = await api.store.run(store.batch_row, batch_id, owner)
+    return _missing("batch", batch_id) if row is None else _json(batch_object(row))
+
+
+async def _cancel_batch(request: Request[Any, Any, Any], api: Batches, owner: str) -> Response[Any]:
+    batch_id = str(request.path_params["batch_id"])
+    row = await api.store.run(store.cancel, batch_id, owner)
+    if row is None:
+        return _missing("batch", batch_id)
+    api.runner.poke()
+    return _json(batch_object(row))
+
+
+async def _listing(request: Request[Any, Any, Any], api: Batches, owner: str | None) -> Response[Any]:
+    """Batches newest first: the caller's own, or (`owner` None: the admin) every key's, each with its owner."""
+    limit = _limit(request, 100)
+    if isinstance(limit, Response):
+        return limit
+    after = request.query_params.get("after")
+    rows = await api.store.run(store.page, "batches", store.BATCH_COLUMNS, owner, after, limit)
+    if owner is not None:
+        return _json(_page(rows, limit, batch_object))
+    return _json(_page(rows, limit, lambda r: {**msgspec.structs.asdict(batch_object(r)), "owner": r[1]}))
+
+
 def routes(authorize_admin: Authorize) -> list[HTTPRouteHandler]:
     """The routes; each finds the Batch API in the app's state (None: no ledger, a 404 saying so)."""
 
-    def who(request: Request[Any, Any, Any]) -> tuple[Batches, str] | Response[bytes]:
-        api: Batches | None = request.app.state.batches
-        if api is None:
-            return _render(
-                GatewayError(
-                    "The Batch API needs a ledger: set `ledger.url` in the gateway's config (docs/batches.md)",
-                    status=404,
-                    code="batches_need_ledger",
-                    type="not_found_error",
-                )
-            )
-        try:
-            key = request.app.state.pipeline.keys.authenticate(request.headers)
-        except GatewayError as exc:
-            return _render(exc)
-        return api, key.name if key is not None else ANONYMOUS
-
-    async def run(api: Batches, fn: Callable[..., Any], *args: Any) -> Any:
-        return await api.store.run(fn, *args)
-
-    @post("/v1/files", status_code=200)
-    async def upload(request: Request[Any, Any, Any]) -> Response[bytes]:
-        found = who(request)
-        if isinstance(found, Response):
-            return found
-        api, owner = found
-        form = await request.form()
-        purpose = form.get("purpose")
-        if purpose != "batch":
-            return _bad("purpose must be 'batch' (the gateway stores files for the Batch API only)", "purpose")
-        upload = form.get("file")
-        if not isinstance(upload, UploadFile):
-            return _bad("file is required: the JSONL input file, sent as multipart form data", "file")
-        data = await upload.read()
-        if len(data) > api.cfg.max_file_bytes:
-            return _render(
-                InvalidRequestError(
-                    f"The file is larger than {api.cfg.max_file_bytes} bytes (batches.max_file_bytes)",
-                    status=413,
-                    param="file",
-                    code="file_too_large",
-                )
-            )
-        name = (upload.filename or "input.jsonl")[:256]
-        try:
-            row = await run(api, store.add_file, owner, name, "batch", data, api.cfg.max_files)
-        except store.TooManyFiles as exc:
-            return _render(
-                GatewayError(f"Too many files: {exc}", status=409, code="too_many_files", type="invalid_request_error")
-            )
-        except LedgerDown as exc:
-            return _render(unavailable_error(exc))
-        return _json(file_object(row))
-
-    @get("/v1/files")
-    async def list_files(request: Request[Any, Any, Any]) -> Response[bytes]:
-        found = who(request)
-        if isinstance(found, Response):
-            return found
-        api, owner = found
-        limit = _limit(request, 10_000)
-        if isinstance(limit, Response):
-            return limit
-        purpose = request.query_params.get("purpose")
-        extra = ("purpose = ?", (purpose,)) if purpose else ("", ())
-        try:
-            rows = await run(
-                api,
-                store.page,
-                "batch_files",
-                store.FILE_COLUMNS,
-                owner,
-                request.query_params.get("after"),
-                limit,
-                extra,
-            )
-        except LedgerDown as exc:
-            return _render(unavailable_error(exc))
-        return _json(_page(rows, limit, file_object))
-
-    async def one_file(request: Request[Any, Any, Any]) -> tuple[Batches, tuple[Any, ...]] | Response[bytes]:
-        found = who(request)
-        if isinstance(found, Response):
-            return found
-        api, owner = found
-        file_id = str(request.path_params["file_id"])
-        try:
-            row = await run(api, store.file_row, file_id, owner)
-        except LedgerDown as exc:
-            return _render(unavailable_error(exc))
-        return _missing("file", file_id) if row is None else (api, row)
-
-    @get("/v1/files/{file_id:str}")
-    async def get_file(request: Request[Any, Any, Any]) -> Response[bytes]:
-        found = await one_file(request)
-        return found if isinstance(found, Response) else _json(file_object(found[1]))
-
-    @get("/v1/files/{file_id:str}/content")
-    async def file_content(request: Request[Any, Any, Any]) -> Response[Any]:
-        found = await one_file(request)
-        if isinstance(found, Response):
-            return found
-        api, row = found
-        if row[7] == "input":
-            try:
-                data = await run(api, store.input_data, row[0])
-            except LedgerDown as exc:
-                return _render(unavailable_error(exc))
-            return Response(data, media_type="application/octet-stream", headers=_NO_STORE)
-        batch_id, line_state = row[6], row[7]
-
-        async def lines() -> AsyncIterator[bytes]:
-            after = -1
-            while True:
-                chunk = await run(api, store.result_chunk, batch_id, line_state, after, _CONTENT_LINES)
-                if not chunk:
-                    return
-                after = chunk[-1][0]
-                yield "".join(f"{text}\n" for _, text in chunk).encode()
-
-        return Stream(lines(), media_type="application/octet-stream", headers=_NO_STORE)
-
-    @delete("/v1/files/{file_id:str}", status_code=200)
-    async def delete_file(request: Request[Any, Any, Any]) -> Response[bytes]:
-        found = who(request)
-        if isinstance(found, Response):
-            return found
-        api, owner = found
-        file_id = str(request.path_params["file_id"])
-        try:
-            gone = await run(api, store.delete_file, file_id, owner)
-        except LedgerDown as exc:
-            return _render(unavailable_error(exc))
-        return _json(Deleted(file_id, True)) if gone else _missing("file", file_id)
-
-    @post("/v1/batches", status_code=200)
-    async def create_batch(request: Request[Any, Any, Any]) -> Response[bytes]:
-        found = who(request)
-        if isinstance(found, Response):
-            return found
-        api, owner = found
-        try:
-            spec = msgspec.json.decode(await request.body(), type=NewBatch)
-        except msgspec.MsgspecError as exc:
-            field = re.search(r"`\$\.?([A-Za-z0-9_.]*)`", str(exc))
-            missing = re.search(r"missing required field `([a-z_]+)`", str(exc))
-            param = missing.group(1) if missing else field.group(1) if field else None
-            return _bad(f"Invalid body: {exc}", param)
-        if spec.endpoint != ENDPOINT:
-            return _bad(f"endpoint must be {ENDPOINT!r}: the gateway runs batches of completions", "endpoint")
-        window = _WINDOW.match(spec.completion_window)
-        window_s = int(window.group(1)) * _UNIT_S[window.group(2)] if window else 0
-        if not 1 <= window_s <= _MAX_WINDOW_S:
-            return _bad(
-                "completion_window must be '24h' (or another '<N>h', '<N>m', '<N>s' up to 7 days)", "completion_window"
-            )
-        if spec.metadata is not None and (
-            len(spec.metadata) > 16 or any(len(k) > 64 or len(v) > 512 for k, v in spec.metadata.items())
-        ):
-            return _bad("metadata holds at most 16 pairs, keys of 64 characters, values of 512", "metadata")
-        try:
-            row = await run(api, store.file_row, spec.input_file_id, owner)
-            if row is None or row[7] != "input":
-                return _missing("file", spec.input_file_id)
-            batch_id = await run(
-                api,
-                store.add_batch,
-                owner,
-                spec.input_file_id,
-                spec.endpoint,
-                spec.completion_window,
-                window_s,
-                spec.metadata,
-            )
-            made = await run(api, store.batch_row, batch_id, owner)
-        except LedgerDown as exc:
-            return _render(unavailable_error(exc))
-        api.runner.poke()
-        return _json(batch_object(made))
-
-    async def one_batch(request: Request[Any, Any, Any], fn: Callable[..., Any]) -> Response[bytes]:
-        found = who(request)
-        if isinstance(found, Response):
-            return found
-        api, owner = found
-        batch_id = str(request.path_params["batch_id"])
-        try:
-            row = await run(api, fn, batch_id, owner)
-        except LedgerDown as exc:
-            return _render(unavailable_error(exc))
-        if row is None:
-            return _missing("batch", batch_id)
-        if fn is store.cancel:
-            api.runner.poke()
-        return _json(batch_object(row))
-
-    @get("/v1/batches/{batch_id:str}")
-    async def get_batch(request: Request[Any, Any, Any]) -> Response[bytes]:
-        return await one_batch(request, store.batch_row)
-
-    @post("/v1/batches/{batch_id:str}/cancel", status_code=200)
-    async def cancel_batch(request: Request[Any, Any, Any]) -> Response[bytes]:
-        return await one_batch(request, store.cancel)
-
-    async def listing(request: Request[Any, Any, Any], api: Batches, owner: str | None) -> Response[bytes]:
-        limit = _limit(request, 100)
-        if isinstance(limit, Response):
-            return limit
-        try:
-            rows = await run(
-                api, store.page, "batches", store.BATCH_COLUMNS, owner, request.query_params.get("after"), limit
-            )
-        except LedgerDown as exc:
-            return _render(unavailable_error(exc))
-        if owner is not None:
-            return _json(_page(rows, limit, batch_object))
-        return _json(_page(rows, limit, lambda r: {**msgspec.structs.asdict(batch_object(r)), "owner": r[1]}))
-
-    @get("/v1/batches")
-    async def list_batches(request: Request[Any, Any, Any]) -> Response[bytes]:
-        found = who(request)
-        if isinstance(found, Response):
-            return found
-        return await listing(request, *found)
-
     @get("/admin/batches")
-    async def admin_batches(request: Request[Any, Any, Any]) -> Response[bytes]:
+    async def admin_batches(request: Request[Any, Any, Any]) -> Response[Any]:
         _, refused = authorize_admin(request)
         if refused is not None:
             return refused
-        api: Batches | None = request.app.state.batches
-        if api is None:
-            found = who(request)
-            assert isinstance(found, Response)
-            return found
-        return await listing(request, api, None)
+        if request.app.state.batches is None:
+            return _render(NEEDS_LEDGER)
+        try:
+            return await _listing(request, request.app.state.batches, None)
+        except LedgerDown as exc:
+            return _render(unavailable_error(exc))
 
     return [
-        upload,
-        list_files,
-        get_file,
-        file_content,
-        delete_file,
-        create_batch,
-        get_batch,
-        cancel_batch,
-        list_batches,
+        post("/v1/files", status_code=200)(_serving(_upload)),
+        get("/v1/files")(_serving(_list_files)),
+        get("/v1/files/{file_id:str}")(_serving(_get_file)),
+        get("/v1/files/{file_id:str}/content")(_serving(_file_content)),
+        delete("/v1/files/{file_id:str}", status_code=200)(_serving(_delete_file)),
+        post("/v1/batches", status_code=200)(_serving(_create_batch)),
+        get("/v1/batches")(_serving(_listing)),
+        get("/v1/batches/{batch_id:str}")(_serving(_get_batch)),
+        post("/v1/batches/{batch_id:str}/cancel", status_code=200)(_serving(_cancel_batch)),
         admin_batches,
     ]

@@ -77,3 +77,14 @@ def results(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
         return []
     text = client.files.content(file_id).text
     return [json.loads(x) for x in text.splitlines()]
+
+
+def start(client: openai.OpenAI, lines: list[dict[str, Any]], window: str = "24h") -> str:
+    """Upload the lines and make a batch of them, as a client would; the batch's id."""
+    file_id = upload(client, jsonl(lines))
+    made = client.batches.create(
+        input_file_id=file_id,
+        endpoint="/v1/completions",
+        completion_window=window,  # type: ignore[arg-type]  # the SDK's type says 24h; the gateway takes more
+    )
+    return made.id

@@ -11,7 +11,7 @@ import openai
 
 from tests.helpers.servers import GatewayThread
 
-from .conftest import ADMIN_KEY, ENV, EVAL_KEY, OTHER_KEY, config, jsonl, line, results, sdk, upload, wait_batch
+from .conftest import ADMIN_KEY, ENV, EVAL_KEY, OTHER_KEY, config, jsonl, line, results, sdk, start, upload, wait_batch
 
 
 def test_a_batch_completes_every_line_once_with_the_direct_answer(tmp_path: Path) -> None:
@@ -147,17 +147,15 @@ def test_cancel_mid_run_reports_every_line_once(tmp_path: Path) -> None:
     lines = [line(f"c-{i}", model="slower", prompt=f"p {i}") for i in range(30)]
     with GatewayThread(path, ENV) as gw:
         client = sdk(gw.url, EVAL_KEY)
-        made = client.batches.create(
-            input_file_id=upload(client, jsonl(lines)), endpoint="/v1/completions", completion_window="24h"
-        )
-        wait_batch(client, made.id, lambda b: b.request_counts is not None and b.request_counts.completed >= 2)
+        made_id = start(client, lines)
+        wait_batch(client, made_id, lambda b: b.request_counts is not None and b.request_counts.completed >= 2)
         with httpx.Client(base_url=gw.url, headers={"authorization": f"Bearer {ADMIN_KEY}"}) as c:
             shown = c.get("/admin/status").json()["batches"]
-        assert [(b["id"], b["owner"], b["status"], b["total"]) for b in shown] == [(made.id, "eval", "in_progress", 30)]
+        assert [(b["id"], b["owner"], b["status"], b["total"]) for b in shown] == [(made_id, "eval", "in_progress", 30)]
         assert shown[0]["completed"] >= 2
-        cancelling = client.batches.cancel(made.id)
+        cancelling = client.batches.cancel(made_id)
         assert cancelling.status in ("cancelling", "cancelled") and cancelling.cancelling_at is not None
-        batch = wait_batch(client, made.id)
+        batch = wait_batch(client, made_id)
         assert batch.status == "cancelled" and batch.cancelled_at is not None
         out, err = results(client, batch.output_file_id), results(client, batch.error_file_id)
         ids = [o["custom_id"] for o in out] + [e["custom_id"] for e in err]
@@ -173,12 +171,7 @@ def test_expiry_reports_the_lines_left_expired(tmp_path: Path) -> None:
     lines = [line(f"e-{i}", model="slower", prompt=f"p {i}") for i in range(20)]
     with GatewayThread(path, ENV) as gw:
         client = sdk(gw.url, EVAL_KEY)
-        made = client.batches.create(
-            input_file_id=upload(client, jsonl(lines)),
-            endpoint="/v1/completions",
-            completion_window="2s",  # type: ignore[arg-type]  # the SDK's type says 24h; the gateway takes more
-        )
-        batch = wait_batch(client, made.id)
+        batch = wait_batch(client, start(client, lines, window="2s"))
         assert batch.status == "expired" and batch.expired_at is not None
         out, err = results(client, batch.output_file_id), results(client, batch.error_file_id)
         assert 1 <= len(out) < 20
