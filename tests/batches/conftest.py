@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, Final
 
 import openai
+
+from tests.helpers.servers import GatewayThread
 
 ADMIN_KEY: Final = "adm-batches-5e1c"
 EVAL_KEY: Final = "gk-batches-eval-7a21"
@@ -88,3 +92,12 @@ def start(client: openai.OpenAI, lines: list[dict[str, Any]], window: str = "24h
         completion_window=window,  # type: ignore[arg-type]  # the SDK's type says 24h; the gateway takes more
     )
     return made.id
+
+
+@contextlib.contextmanager
+def served(tmp_path: Path, **settings: Any) -> Iterator[tuple[GatewayThread, openai.OpenAI]]:
+    """The gateway in a thread on a fresh SQLite ledger (`config(**settings)`), and the eval key's SDK client."""
+    path = tmp_path / "config.yaml"
+    path.write_text(config(f"sqlite:///{tmp_path / 'ledger.db'}", **settings))
+    with GatewayThread(path, ENV) as gw:
+        yield gw, sdk(gw.url, EVAL_KEY)

@@ -11,7 +11,21 @@ import openai
 
 from tests.helpers.servers import GatewayThread
 
-from .conftest import ADMIN_KEY, ENV, EVAL_KEY, OTHER_KEY, config, jsonl, line, results, sdk, start, upload, wait_batch
+from .conftest import (
+    ADMIN_KEY,
+    ENV,
+    EVAL_KEY,
+    OTHER_KEY,
+    config,
+    jsonl,
+    line,
+    results,
+    sdk,
+    served,
+    start,
+    upload,
+    wait_batch,
+)
 
 
 def test_a_batch_completes_every_line_once_with_the_direct_answer(tmp_path: Path) -> None:
@@ -142,11 +156,8 @@ def test_refused_lines_go_to_the_error_file(tmp_path: Path) -> None:
 
 
 def test_cancel_mid_run_reports_every_line_once(tmp_path: Path) -> None:
-    path = tmp_path / "config.yaml"
-    path.write_text(config(f"sqlite:///{tmp_path / 'ledger.db'}", concurrency=2))
     lines = [line(f"c-{i}", model="slower", prompt=f"p {i}") for i in range(30)]
-    with GatewayThread(path, ENV) as gw:
-        client = sdk(gw.url, EVAL_KEY)
+    with served(tmp_path, concurrency=2) as (gw, client):
         made_id = start(client, lines)
         wait_batch(client, made_id, lambda b: b.request_counts is not None and b.request_counts.completed >= 2)
         with httpx.Client(base_url=gw.url, headers={"authorization": f"Bearer {ADMIN_KEY}"}) as c:
@@ -166,11 +177,8 @@ def test_cancel_mid_run_reports_every_line_once(tmp_path: Path) -> None:
 
 
 def test_expiry_reports_the_lines_left_expired(tmp_path: Path) -> None:
-    path = tmp_path / "config.yaml"
-    path.write_text(config(f"sqlite:///{tmp_path / 'ledger.db'}", concurrency=1))
     lines = [line(f"e-{i}", model="slower", prompt=f"p {i}") for i in range(20)]
-    with GatewayThread(path, ENV) as gw:
-        client = sdk(gw.url, EVAL_KEY)
+    with served(tmp_path, concurrency=1) as (_, client):
         batch = wait_batch(client, start(client, lines, window="2s"))
         assert batch.status == "expired" and batch.expired_at is not None
         out, err = results(client, batch.output_file_id), results(client, batch.error_file_id)
