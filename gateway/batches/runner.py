@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Callable
 from typing import Final
@@ -68,7 +67,7 @@ class Runner:
         self.current = current
         self.metrics = metrics
         self.counted = BatchMetrics(metrics) if metrics is not None else None
-        self.me = f"{os.uname().nodename}:{os.getpid()}:{os.urandom(4).hex()}"
+        self.me = store.owner_name()
         self.lease_s = cfg.lease_ms / 1000
         self.in_flight = 0
         self.slots = asyncio.Event()  # set when a line ends: a driver waiting for room looks again

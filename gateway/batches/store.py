@@ -10,6 +10,8 @@ line still `sent` takes one, so two runners can never both book the same line.
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -194,26 +196,66 @@ def running(cur: Cursor, limit: int) -> list[tuple[Any, ...]]:
 
 
 def claim(cur: Cursor, me: str, lease_s: float, busy: Sequence[str]) -> str | None:
-    """Take the oldest batch with work left whose lease is free (new, released, or its runner dead).
+    """Take the oldest batch with work left whose lease is free: new, handed back, its lease run out, or
+    held by a process of this host that is gone (a gateway restarted after a SIGKILL resumes its batches at
+    once, without waiting for their leases).
 
     Lines a dead runner had sent are sent again: their answers were never booked (so each crash sends a
     line in flight at most once more)."""
     now = time.time()
     marks = ", ".join("?" * len(ACTIVE))
     candidates = cur.rows(
-        f"SELECT id FROM batches WHERE status IN ({marks}) AND lease_until < ? ORDER BY created_at LIMIT 8",
+        f"SELECT id, lease_owner, lease_until FROM batches WHERE status IN ({marks}) AND lease_until < ? "
+        "ORDER BY created_at LIMIT 8",
         (*ACTIVE, now),
     )
-    for (batch_id,) in candidates:
+    host = me.split(":", 1)[0] + ":"
+    candidates += [
+        row
+        for row in cur.rows(
+            f"SELECT id, lease_owner, lease_until FROM batches WHERE status IN ({marks}) AND lease_until >= ? "
+            "AND lease_owner LIKE ? ORDER BY created_at LIMIT 64",
+            (*ACTIVE, now, host + "%"),
+        )
+        if gone(row[1], me)
+    ]
+    for batch_id, owner, until in candidates:
         if batch_id in busy:
             continue
+        # Compare and set: another process claiming the same batch now changes what this one matches.
         if cur.execute(
-            "UPDATE batches SET lease_owner = ?, lease_until = ? WHERE id = ? AND lease_until < ?",
-            (me, now + lease_s, batch_id, now),
+            "UPDATE batches SET lease_owner = ?, lease_until = ? WHERE id = ? AND lease_until = ? "
+            "AND coalesce(lease_owner, '') = ?",
+            (me, now + lease_s, batch_id, until, owner or ""),
         ):
             cur.execute(f"UPDATE batch_lines SET state = '{TODO}' WHERE batch_id = ? AND state = '{SENT}'", (batch_id,))
             return str(batch_id)
     return None
+
+
+def owner_name() -> str:
+    """This process as a lease holder: host, pid, and a random part that no later process with its pid shares."""
+    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
+
+
+def gone(owner: str | None, me: str) -> bool:
+    """Whether `owner`, a runner of this host, has ended: its pid is not alive, or is this process's own
+    under another name (a restart that reused the pid, as PID 1 of a container does)."""
+    if owner is None or owner == me:
+        return False
+    host, _, rest = owner.partition(":")
+    pid = rest.partition(":")[0]
+    if host != me.partition(":")[0] or not pid.isdigit():
+        return False
+    if int(pid) == os.getpid():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # alive, another user's
+    return False
 
 
 def _held(cur: Cursor, batch_id: str, me: str, lease_s: float) -> tuple[Any, ...]:

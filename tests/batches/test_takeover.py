@@ -1,8 +1,11 @@
-"""Two gateways share a PostgreSQL ledger; the one running a batch is SIGKILLed and the other takes the batch
-over when its lease runs out: every custom_id answered exactly once."""
+"""Two gateways share a PostgreSQL ledger; the one running a batch stalls (SIGSTOP) and the other takes the batch
+over when its lease runs out; the stalled one wakes (SIGCONT) and writes nothing more: every custom_id is
+answered exactly once."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -21,7 +24,7 @@ def _runner(url: str, batch_id: str) -> tuple[str | None, int]:
     return row[0], int(row[1])
 
 
-def test_another_replica_takes_over_a_dead_ones_batch(tmp_path: Path, pg: PostgresServer) -> None:
+def test_another_replica_takes_over_a_stalled_ones_batch(tmp_path: Path, pg: PostgresServer) -> None:
     path = tmp_path / "config.yaml"
     path.write_text(config(pg.url, lease_ms=1000, concurrency=4))
     lines = [line(f"p-{i}", model="slow", prompt=f"prompt {i}") for i in range(120)]
@@ -40,11 +43,17 @@ def test_another_replica_takes_over_a_dead_ones_batch(tmp_path: Path, pg: Postgr
             time.sleep(0.02)
         owner = _runner(pg.url, made.id)[0]
         assert owner is not None
-        # Kill whichever replica holds the lease (the pid is part of the owner's name).
+        # Stall whichever replica holds the lease (the pid is part of the owner's name).
         pid = int(owner.split(":")[1])
-        running, survivor = (a, b) if pid == a.server_pid else (b, a)
-        assert pid == running.server_pid
-        running.stop()
+        survivor = b if pid == a.server_pid else a
+        assert pid in (a.server_pid, b.server_pid)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            while _runner(pg.url, made.id)[0] == owner:
+                assert time.monotonic() < deadline + 30
+                time.sleep(0.05)
+        finally:
+            os.kill(pid, signal.SIGCONT)  # it wakes with lines in flight and a lease it no longer holds
         batch = wait_batch(sdk(survivor.url, EVAL_KEY), made.id)
         assert batch.status == "completed"
         out = results(sdk(survivor.url, EVAL_KEY), batch.output_file_id)
