@@ -26,6 +26,7 @@ from gateway.batches.send import Sent, send
 from gateway.config import BatchesConfig
 from gateway.ids import unique_suffix
 from gateway.ledger.engine import LedgerDown
+from gateway.limits.usage import ANONYMOUS
 from gateway.ops.metrics import Metrics
 from gateway.path.pipeline import Pipeline
 from wire.schema import encode
@@ -167,6 +168,12 @@ class Drive:
             if status == "validating":
                 await r.store.run(store.validate, self.id, r.me, r.lease_s, r.cfg.max_lines)
             await self._lines(owner)
+        except asyncio.CancelledError:
+            # SIGTERM: answers that came already are booked, so only the lines still in flight are sent again.
+            with contextlib.suppress(Exception):
+                await self._collect(wait=False)
+                await self._flush()
+            raise
         finally:
             for task in self.tasks:
                 task.cancel()
@@ -204,23 +211,29 @@ class Drive:
                 await self._end(ended)
                 return
             pipeline = r.current()
-            key = None if owner == "anonymous" else pipeline.keys.named(owner)
+            # A batch made on an open gateway runs keyless only while the gateway is still open.
+            key = pipeline.keys.named(owner)
+            keyless = owner == ANONYMOUS and key is None and pipeline.keys.open
+            started = 0
             for idx, custom_id, body in lines:
-                if owner != "anonymous" and key is None:
+                if key is None and not keyless:
                     sent = _gone(owner, custom_id)
                     self.done.append((idx, sent.state, sent.result.decode()))
                     continue
                 task = asyncio.ensure_future(send(pipeline, r.metrics, key, self.id, custom_id, body.encode()))
                 self.tasks[task] = idx
-            r.in_flight += len(lines)
+                started += 1
+            r.in_flight += started
             self._gauge()
             await self._collect()
             await self._flush()
 
-    async def _collect(self) -> None:
+    async def _collect(self, wait: bool = True) -> None:
         """Wait for a line to end (or a short while), and take every answer there is."""
         r = self.runner
-        if self.tasks:
+        if not wait:
+            pass
+        elif self.tasks:
             await asyncio.wait(list(self.tasks), timeout=_FLUSH_S * 4, return_when=asyncio.FIRST_COMPLETED)
         else:
             r.slots.clear()

@@ -11,10 +11,11 @@ from collections.abc import Callable
 from gateway.batches.runner import Runner
 from gateway.batches.store import Store
 from gateway.config import LoadedConfig
+from gateway.limits.usage import ANONYMOUS
 from gateway.ops.metrics import Metrics
 from gateway.path.pipeline import Pipeline
 
-ANONYMOUS = "anonymous"
+__all__ = ["ANONYMOUS", "Batches"]
 
 
 class Batches:

@@ -438,6 +438,7 @@ def retain(cur: Cursor, before: float, limit: int) -> int:
     ]
     for batch_id in old:
         cur.execute("DELETE FROM batch_lines WHERE batch_id = ?", (batch_id,))
+        cur.execute("DELETE FROM batch_files WHERE batch_id = ?", (batch_id,))  # its output and error files
         cur.execute("DELETE FROM batches WHERE id = ?", (batch_id,))
     # A file a running batch still reads is kept: its batch is not finished, so it is not old.
     files = [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -262,3 +263,29 @@ def test_a_budget_exhausted_mid_batch_fails_it_keeping_what_ran(tmp_path: Path) 
     refused = [e for e in err if e["response"] is not None]
     assert [e["response"]["body"]["error"]["code"] for e in refused] == ["budget_exceeded"]
     assert {e["error"]["code"] for e in err if e["response"] is None} == {"batch_failed"}
+
+
+def test_files_are_bounded_and_old_ones_deleted(tmp_path: Path) -> None:
+    with served(tmp_path, extra=", max_files: 3, retain_days: 1") as (_, client):
+        batch = wait_batch(client, start(client, [line("old-1")]))  # its input and output: two files
+        kept = upload(client, jsonl([line("new-1")]))
+        try:
+            upload(client, jsonl([line("one-too-many")]))
+            raise AssertionError("a fourth file was stored")
+        except openai.ConflictError as exc:
+            assert exc.status_code == 409 and "batches.max_files" in exc.message
+    # Two days pass for the first batch and its files (the clock of the rows, as an operator would move it).
+    with sqlite3.connect(tmp_path / "ledger.db") as conn:
+        conn.execute("UPDATE batches SET created_at = created_at - 2 * 86400")
+        conn.execute("UPDATE batch_files SET created_at = created_at - 2 * 86400 WHERE id <> ?", (kept,))
+    with served(tmp_path, extra=", max_files: 3, retain_days: 1") as (_, client):
+        deadline = time.monotonic() + 10
+        while True:  # retention runs at the runner's first turn
+            try:
+                client.batches.retrieve(batch.id)
+            except openai.NotFoundError:
+                break
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert [f.id for f in client.files.list()] == [kept]
+        assert sqlite3.connect(tmp_path / "ledger.db").execute("SELECT count(*) FROM batch_lines").fetchone() == (0,)
