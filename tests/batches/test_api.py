@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import openai
 
+from tests.helpers.accesslog import listening
 from tests.helpers.servers import GatewayThread
 
 from .conftest import (
@@ -289,3 +290,18 @@ def test_files_are_bounded_and_old_ones_deleted(tmp_path: Path) -> None:
             time.sleep(0.05)
         assert [f.id for f in client.files.list()] == [kept]
         assert sqlite3.connect(tmp_path / "ledger.db").execute("SELECT count(*) FROM batch_lines").fetchone() == (0,)
+
+
+def test_lines_are_seen_in_the_access_log_and_the_metrics(tmp_path: Path) -> None:
+    lines = [line(f"m-{i}") for i in range(6)] + [line("m-bad", model="nope/nothing")]
+    with listening() as log, served(tmp_path, more="") as (gw, client):
+        gw.pipeline.log_requests = True  # the suite's config turns the access log off; this test reads it
+        batch = wait_batch(client, start(client, lines))
+        with httpx.Client(base_url=gw.url) as c:
+            text = c.get("/metrics").text
+    entries = [e for e in log.lines if e.get("batch_id") == batch.id]
+    assert len(entries) == 7 and sorted(e["status"] for e in entries) == [200] * 6 + [404]
+    assert all(e["request_id"].startswith("batch_req_") and e["key"] == "eval" for e in entries)
+    assert 'gateway_batch_lines_total{status="completed"} 6.0' in text
+    assert 'gateway_batch_lines_total{status="failed"} 1.0' in text
+    assert "gateway_batch_lines_in_flight 0.0" in text
