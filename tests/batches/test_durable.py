@@ -58,3 +58,39 @@ def test_sigkill_three_times_then_exactly_once(tmp_path: Path) -> None:
     # A line is sent again only when it was in flight at a kill: at most `concurrency` lines per kill, once each.
     assert all(1 <= s <= 1 + kills for s in sends)
     assert len(sends) < sum(sends) <= len(sends) + kills * concurrency
+
+
+def test_sigterm_hands_the_batch_back_for_the_next_gateway(tmp_path: Path) -> None:
+    db = tmp_path / "ledger.db"
+    path = tmp_path / "config.yaml"
+    path.write_text(config(f"sqlite:///{db}", lease_ms=600_000, concurrency=4))
+    lines = [line(f"t-{i}", model="slow", prompt=f"prompt {i}") for i in range(80)]
+    gw = GatewayChild(path, env=cli_env(**ENV))
+    try:
+        gw.wait_ready()
+        client = sdk(gw.url, EVAL_KEY)
+        made = client.batches.create(
+            input_file_id=upload(client, jsonl(lines)), endpoint="/v1/completions", completion_window="24h"
+        )
+        deadline = time.monotonic() + 60
+        while _progress(db, made.id)[1] < 20:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        gw.sigterm()
+        gw.proc.wait(20)
+        gw.stop()  # closes its log
+        with sqlite3.connect(db) as conn:
+            until, sent = conn.execute(
+                "SELECT lease_until, (SELECT count(*) FROM batch_lines WHERE batch_id = ? AND sends > 0 "
+                "AND result IS NULL) FROM batches WHERE id = ?",
+                (made.id, made.id),
+            ).fetchone()
+        assert until == 0  # handed back: no process waits for the lease to run out
+        assert sent <= 4  # only lines in flight at the signal are unanswered: every answer that came is booked
+        gw = GatewayChild(path, env=cli_env(**ENV))
+        gw.wait_ready()
+        batch = wait_batch(sdk(gw.url, EVAL_KEY), made.id)
+        out = results(sdk(gw.url, EVAL_KEY), batch.output_file_id)
+    finally:
+        gw.stop()
+    assert batch.status == "completed" and [o["custom_id"] for o in out] == [x["custom_id"] for x in lines]
