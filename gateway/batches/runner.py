@@ -60,16 +60,12 @@ class BatchMetrics:
 
 
 class Runner:
-    def __init__(
-        self, db: store.Store, cfg: BatchesConfig, current: Callable[[], Pipeline], metrics: Metrics | None
-    ) -> None:
+    def __init__(self, db: store.Store, current: Callable[[], Pipeline], metrics: Metrics | None) -> None:
         self.store = db
-        self.cfg = cfg
         self.current = current
         self.metrics = metrics
         self.counted = BatchMetrics(metrics) if metrics is not None else None
         self.me = store.owner_name()
-        self.lease_s = cfg.lease_ms / 1000
         self.in_flight = 0
         self.slots = asyncio.Event()  # set when a line ends: a driver waiting for room looks again
         self.driving: dict[str, asyncio.Task[None]] = {}
@@ -78,6 +74,15 @@ class Runner:
         self._stopping = False
         self._retain_at = 0.0
         self._down_logged = False
+
+    @property
+    def cfg(self) -> BatchesConfig:
+        """`batches.*` of the config serving now: a reload applies to the batches running too."""
+        return self.current().loaded.config.batches
+
+    @property
+    def lease_s(self) -> float:
+        return self.cfg.lease_ms / 1000
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._loop())

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from gateway.batches.runner import Runner
 from gateway.batches.store import Store
-from gateway.config import LoadedConfig
+from gateway.config import BatchesConfig, LoadedConfig
 from gateway.limits.usage import ANONYMOUS
 from gateway.ops.metrics import Metrics
 from gateway.path.pipeline import Pipeline
@@ -20,10 +20,13 @@ __all__ = ["ANONYMOUS", "Batches"]
 
 class Batches:
     def __init__(self, loaded: LoadedConfig, current: Callable[[], Pipeline], metrics: Metrics | None) -> None:
-        cfg = loaded.config
-        self.cfg = cfg.batches  # read at start, as `ledger.*` is: the runner and its store live as long as the process
-        self.store = Store(cfg.ledger.url, cfg.ledger.timeout_ms)
-        self.runner = Runner(self.store, self.cfg, current, metrics)
+        # The database is the ledger's, set up at start as the ledger is; `batches.*` follow config reloads.
+        self.store = Store(loaded.config.ledger.url, loaded.config.ledger.timeout_ms)
+        self.runner = Runner(self.store, current, metrics)
+
+    @property
+    def cfg(self) -> BatchesConfig:
+        return self.runner.cfg
 
     async def start(self) -> None:
         self.runner.start()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sqlite3
 import time
 from pathlib import Path
@@ -11,7 +12,8 @@ import httpx
 import openai
 
 from tests.helpers.accesslog import listening
-from tests.helpers.servers import GatewayThread
+from tests.helpers.servers import GatewayProcess, GatewayThread, cli_env
+from tests.helpers.waiting import wait_until
 
 from .conftest import (
     ADMIN_KEY,
@@ -305,3 +307,24 @@ def test_lines_are_seen_in_the_access_log_and_the_metrics(tmp_path: Path) -> Non
     assert 'gateway_batch_lines_total{status="completed"} 6.0' in text
     assert 'gateway_batch_lines_total{status="failed"} 1.0' in text
     assert "gateway_batch_lines_in_flight 0.0" in text
+
+
+def test_a_reload_applies_to_the_batches_running(tmp_path: Path) -> None:
+    lines = [line(f"r-{i}", model="slower", prompt=f"p {i}") for i in range(30)]  # 400 ms each
+    path = tmp_path / "config.yaml"
+    path.write_text(config(f"sqlite:///{tmp_path / 'ledger.db'}", concurrency=1))
+    gw = GatewayProcess(path, cli_env(**ENV))
+    try:
+        gw.wait_ready()
+        client = sdk(gw.url, EVAL_KEY)
+        made_id = start(client, lines)
+        wait_batch(client, made_id, lambda b: b.request_counts is not None and b.request_counts.completed >= 2)
+        path.write_text(config(f"sqlite:///{tmp_path / 'ledger.db'}", concurrency=10))
+        gw.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: "config reloaded (SIGHUP)" in gw.log.read_text(), timeout=5)
+        reloaded = time.monotonic()
+        batch = wait_batch(client, made_id)
+    finally:
+        gw.stop()
+    # One at a time the lines left would take 11 s; ten at a time, about one.
+    assert batch.status == "completed" and time.monotonic() - reloaded < 5
