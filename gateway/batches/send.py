@@ -22,7 +22,7 @@ from gateway.ops import accesslog
 from gateway.ops.metrics import Metrics, Record
 from gateway.path.dialects import OPENAI
 from gateway.path.pipeline import Pipeline
-from wire.errors import GatewayError
+from wire.errors import GatewayError, InvalidRequestError
 
 log = logging.getLogger("gateway")
 ENDPOINT: Final = "/v1/completions"
@@ -58,6 +58,11 @@ async def send(
     span = tracer.begin(headers, OPENAI.name, ENDPOINT, link=False) if tracer is not None else None
     try:
         try:
+            limit = pipeline.loaded.config.caps.request_body_bytes
+            if len(body) > limit:  # the bound an interactive request meets at the door
+                raise InvalidRequestError(
+                    f"The request body is larger than {limit} bytes", status=413, code="request_too_large"
+                )
             front = pipeline.front_as(key, body, rec)
             result = await pipeline.complete(body, headers, OPENAI, rec, front)
         except GatewayError as exc:

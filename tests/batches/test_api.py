@@ -328,3 +328,20 @@ def test_a_reload_applies_to_the_batches_running(tmp_path: Path) -> None:
         gw.stop()
     # One at a time the lines left would take 11 s; ten at a time, about one.
     assert batch.status == "completed" and time.monotonic() - reloaded < 5
+
+
+def test_a_file_of_several_megabytes_is_stored_whole_and_lines_meet_the_body_cap(tmp_path: Path) -> None:
+    big = "word " * 200_000  # one line of about a megabyte: over the cap set below
+    lines = [line(f"w-{i}", prompt=f"{i} " + "filler " * 150) for i in range(3000)] + [line("huge", prompt=big)]
+    data = jsonl(lines)
+    assert len(data) > 3 * 1024 * 1024  # stored in several chunks
+    more = "caps: {request_body_bytes: 524288}"
+    with served(tmp_path, more=more) as (_, client):
+        file_id = upload(client, data)
+        assert client.files.retrieve(file_id).bytes == len(data)
+        assert client.files.content(file_id).content == data
+        batch = wait_batch(client, start(client, lines))
+        err = results(client, batch.error_file_id)
+    assert batch.status == "completed" and batch.request_counts.completed == 3000
+    assert [(e["custom_id"], e["response"]["status_code"]) for e in err] == [("huge", 413)]
+    assert err[0]["response"]["body"]["error"]["code"] == "request_too_large"
