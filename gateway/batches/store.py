@@ -117,8 +117,9 @@ def page(
     after: str | None,
     limit: int,
     extra: tuple[str, Sequence[Any]] = ("", ()),
+    oldest_first: bool = False,
 ) -> list[tuple[Any, ...]]:
-    """Newest first, `limit + 1` rows (the caller says `has_more`), those after the object `after`."""
+    """Newest first (or oldest), `limit + 1` rows (the caller says `has_more`), those after the object `after`."""
     where, params = ["1 = 1"], []
     if owner is not None:
         where.append("owner = ?")
@@ -129,9 +130,11 @@ def page(
     if after:
         mark = cur.rows(f"SELECT created_at FROM {table} WHERE id = ?", (after,))
         if mark:
-            where.append("(created_at < ? OR (created_at = ? AND id < ?))")
+            beyond = ">" if oldest_first else "<"
+            where.append(f"(created_at {beyond} ? OR (created_at = ? AND id {beyond} ?))")
             params += [mark[0][0], mark[0][0], after]
-    sql = f"SELECT {columns} FROM {table} WHERE {' AND '.join(where)} ORDER BY created_at DESC, id DESC LIMIT ?"
+    order = "ASC" if oldest_first else "DESC"
+    sql = f"SELECT {columns} FROM {table} WHERE {' AND '.join(where)} ORDER BY created_at {order}, id {order} LIMIT ?"
     return cur.rows(sql, [*params, limit + 1])
 
 

@@ -202,7 +202,11 @@ async def _list_files(request: Request[Any, Any, Any], api: Batches, owner: str)
     purpose = request.query_params.get("purpose")
     extra = ("purpose = ?", (purpose,)) if purpose else ("", ())
     after = request.query_params.get("after")
-    rows = await api.store.run(store.page, "batch_files", store.FILE_COLUMNS, owner, after, limit, extra)
+    order = request.query_params.get("order", "desc")
+    if order not in ("asc", "desc"):
+        return _bad("order must be 'asc' or 'desc'", "order")
+    args = (owner, after, limit, extra, order == "asc")
+    rows = await api.store.run(store.page, "batch_files", store.FILE_COLUMNS, *args)
     return _json(_page(rows, limit, file_object))
 
 

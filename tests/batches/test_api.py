@@ -217,6 +217,10 @@ def test_a_key_sees_only_its_own(tmp_path: Path) -> None:
                 assert exc.status_code == 404
         assert list(theirs.batches.list()) == [] and list(theirs.files.list()) == []
         assert [f.id for f in mine.files.list()].count(file_id) == 1
+        # Paged as the SDK pages: every file once, in either order.
+        newest = [f.id for f in mine.files.list(limit=1)]  # auto-paging through `after`
+        oldest = [f.id for f in mine.files.list(limit=1, order="asc")]
+        assert len(newest) == 2 and newest == oldest[::-1] and file_id in newest
         with httpx.Client(base_url=gw.url) as c:
             assert c.get("/admin/batches", headers={"authorization": f"Bearer {EVAL_KEY}"}).status_code == 401
             admin = c.get("/admin/batches", headers={"authorization": f"Bearer {ADMIN_KEY}"}).json()
