@@ -194,10 +194,13 @@ class Drive:
     async def _lines(self, owner: str) -> None:
         r = self.runner
         while True:
-            room = r.cfg.concurrency - r.in_flight
-            held, lines, waiting = await r.store.run(
-                store.take, self.id, r.me, r.lease_s, room if self.stop is None else 0
-            )
+            # Room is reserved before the await, so that batches taking lines at once share it, never exceed it.
+            room = max(r.cfg.concurrency - r.in_flight, 0) if self.stop is None else 0
+            r.in_flight += room
+            try:
+                held, lines, waiting = await r.store.run(store.take, self.id, r.me, r.lease_s, room)
+            finally:
+                r.in_flight -= room
             status, expires_at = held[0], held[1]
             if status in TERMINAL:
                 return

@@ -390,13 +390,13 @@ def finish(
     from the lines, and the batch takes its final `status` (completed, failed, expired, cancelled)."""
     _held(cur, batch_id, me, lease_s)
     now = time.time()
-    closed_n = 0
-    for idx, result in closed:
-        closed_n += cur.execute(
-            f"UPDATE batch_lines SET state = '{ERR}', result = ? WHERE batch_id = ? AND idx = ? "
-            f"AND state IN ('{TODO}', '{SENT}')",
-            (result, batch_id, idx),
-        )
+    # The lines closed were read unanswered under this lease, which is still held: each of them is updated.
+    cur.executemany(
+        f"UPDATE batch_lines SET state = '{ERR}', result = ? WHERE batch_id = ? AND idx = ? "
+        f"AND state IN ('{TODO}', '{SENT}')",
+        [(result, batch_id, idx) for idx, result in closed],
+    )
+    closed_n = len(closed)
     owner = cur.rows("SELECT owner FROM batches WHERE id = ?", (batch_id,))[0][0]
     ids: dict[str, str | None] = {}
     for line_state, purpose in ((OK, "output"), (ERR, "error")):
