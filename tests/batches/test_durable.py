@@ -94,3 +94,31 @@ def test_sigterm_hands_the_batch_back_for_the_next_gateway(tmp_path: Path) -> No
     finally:
         gw.stop()
     assert batch.status == "completed" and [o["custom_id"] for o in out] == [x["custom_id"] for x in lines]
+
+
+def test_two_workers_each_line_sent_once(tmp_path: Path) -> None:
+    db = tmp_path / "ledger.db"
+    path = tmp_path / "config.yaml"
+    path.write_text(config(f"sqlite:///{db}", concurrency=4, more="server: {workers: 2}"))
+    gw = GatewayChild(path, env=cli_env(**ENV))
+    try:
+        gw.wait_ready()
+        client = sdk(gw.url, EVAL_KEY)
+        made = [
+            client.batches.create(
+                input_file_id=upload(
+                    client, jsonl([line(f"{b}-{i}", model="slow", prompt=f"{b} {i}") for i in range(40)])
+                ),
+                endpoint="/v1/completions",
+                completion_window="24h",
+            ).id
+            for b in "ab"
+        ]
+        batches = [wait_batch(client, m) for m in made]
+        outs = [results(client, b.output_file_id) for b in batches]
+    finally:
+        gw.stop()
+    for b, out in zip("ab", outs, strict=True):
+        assert [o["custom_id"] for o in out] == [f"{b}-{i}" for i in range(40)]
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT max(sends) FROM batch_lines").fetchone() == (1,)
