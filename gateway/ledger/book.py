@@ -33,6 +33,7 @@ from gateway.ledger.batch import (
     CACHED,
     INSERT,
     INSERT_SQLITE,
+    NCOLUMNS,
     ROLLUP,
     Batch,
     Pending,
@@ -64,9 +65,9 @@ _decode = msgspec.json.Decoder(list[list[Any]]).decode
 
 def commit(cur: Cursor, rows: Sequence[Row], db: Database) -> int:
     """Insert the rows (in the order of `batch.COLUMNS`: replayed from a spill file) not booked yet and add
-    exactly those to their rollups; how many were new. A row of 22 values (spilled before rows named their
-    key's identity) books an empty `key_id`."""
-    rows = [r if len(r) > 22 else (*r, "") for r in rows]
+    exactly those to their rollups; how many were new. Rows spilled by an older gateway are replayed as
+    such (`_current`)."""
+    rows = [r if len(r) == NCOLUMNS else _current(r) for r in rows]
     by_day: dict[str, list[str]] = {}
     for r in rows:
         by_day.setdefault(r[3], []).append(r[0])
@@ -93,6 +94,18 @@ def commit(cur: Cursor, rows: Sequence[Row], db: Database) -> int:
         s[5] += r[18] in CACHED
     cur.executemany(ROLLUP, [(*k, *v) for k, v in sums.items()])
     return len(fresh)
+
+
+def _current(row: Row) -> Row:
+    """A spilled row of an older layout in the order of `COLUMNS`: 22 values (before rows named their key's
+    identity or their batch) book an empty `key_id` and no batch; 23 values end with either the `key_id` or
+    the `batch_id`, told apart by their values: a batch id is None or `batch_...`, a key id never is."""
+    if len(row) == NCOLUMNS - 2:
+        return (*row, "", None)
+    last = row[-1]
+    if last is None or (isinstance(last, str) and last.startswith("batch_")):
+        return (*row[:-1], "", last)
+    return (*row, None)
 
 
 class Spill:
