@@ -11,6 +11,7 @@ from typing import Final
 LAYERS: Final[tuple[tuple[str, ...], ...]] = (
     ("gateway.__main__",),  # the command line: serve, check-config, docs
     ("gateway.edge",),  # the HTTP face: app, endpoints, tokenizer routes, rendering, status page, model listing
+    ("gateway.batches",),  # the Batch API: files, batches and lines in the ledger's database, the runner
     ("gateway.path",),  # the request path: dialects, request folding, routing, pipeline, attempt, relay
     # failover, balancer, health, evidence | emulation, patterns, schemas | the response cache | the ledger
     ("gateway.resilience", "gateway.emulation", "gateway.cache", "gateway.ledger"),

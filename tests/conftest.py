@@ -1,4 +1,4 @@
-"""Fixtures every suite may ask for: real redis-servers, a loopback upstream and a fault-injecting one.
+"""Fixtures every suite may ask for: real redis-servers and PostgreSQL, a loopback upstream, a faulty one.
 
 Each starts only when a test asks for it and stops by itself. The helpers they are built from live in
 tests/helpers/ (docs/testing.md); a suite's own gateway and upstream fixtures live in its conftest.py.
@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.helpers.faults import FaultServer
+from tests.helpers.postgres import PostgresServer
 from tests.helpers.redis import RedisServer
 from tests.helpers.upstreams import Upstream
 
@@ -33,6 +34,21 @@ def rds(redis_server: RedisServer) -> RedisServer:
         r.flushall()
         r.script_flush()
     return redis_server
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    with PostgresServer() as server:
+        yield server
+
+
+@pytest.fixture
+def pg(postgres_server: PostgresServer) -> PostgresServer:
+    """The session's PostgreSQL server, running, with a fresh empty database for this test."""
+    if not postgres_server.running:
+        postgres_server.start()
+    postgres_server.fresh_database()
+    return postgres_server
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from gateway.config.loading import ConfigError, LoadedConfig, ledger_target, loa
 from gateway.config.schema import (
     AdminConfig,
     AliasConfig,
+    BatchesConfig,
     CacheConfig,
     CapsConfig,
     CooldownConfig,
@@ -72,6 +73,7 @@ __all__ = [
     "DiscoveryConfig",
     "GatewayConfig",
     "KeyConfig",
+    "BatchesConfig",
     "LedgerConfig",
     "LimitsConfig",
     "LoadedConfig",

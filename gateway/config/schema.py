@@ -191,6 +191,25 @@ class LedgerConfig(Strict, frozen=True):
     timeout_ms: Annotated[int, Meta(ge=100, le=60_000)] = 2_000
 
 
+class BatchesConfig(Strict, frozen=True):
+    """The Batch API (docs/batches.md): needs `ledger:`, whose database holds files, batches and lines."""
+
+    # Lines one gateway process has in flight at once, over every batch it runs.
+    concurrency: Annotated[int, Meta(ge=1, le=10_000)] = 32
+    # Lines one input file may hold; a batch over a longer file fails at validation, naming the limit.
+    max_lines: Annotated[int, Meta(ge=1, le=1_000_000)] = 50_000
+    # Bytes one uploaded file may hold (the upload is refused with 413 beyond it).
+    max_file_bytes: Annotated[int, Meta(ge=1024, le=1024 * 1024 * 1024)] = 100 * 1024 * 1024
+    # Files one key may keep at once (uploads and batch results); one more is refused with 409.
+    max_files: Annotated[int, Meta(ge=1, le=100_000)] = 1_000
+    # How long a process holds a batch without renewing its lease; after it, another process takes it over.
+    lease_ms: Annotated[int, Meta(ge=1_000, le=3_600_000)] = 30_000
+    # How often each process looks for batches to run (new, or whose runner's lease ran out).
+    poll_ms: Annotated[int, Meta(ge=50, le=60_000)] = 1_000
+    # Files and finished batches older than this many days are deleted, with their lines.
+    retain_days: Annotated[int, Meta(ge=1, le=3_650)] = 30
+
+
 class PriceConfig(Strict, frozen=True):
     """USD per million tokens, for usage accounting and budgets."""
 
@@ -416,6 +435,7 @@ class GatewayConfig(Strict, frozen=True):
     discovery: DiscoveryConfig = DiscoveryConfig()
     cache: CacheConfig = CacheConfig()
     ledger: LedgerConfig = LedgerConfig()
+    batches: BatchesConfig = BatchesConfig()
     # Budgets shared by the keys that name the team (`keys[].team`).
     teams: dict[str, TeamConfig] = msgspec.field(default_factory=dict)
     # The fair wait queue of servers with `max_concurrency` (docs/fairness.md).

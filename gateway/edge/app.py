@@ -23,8 +23,10 @@ from litestar.enums import ScopeType
 from litestar.exceptions import HTTPException
 from litestar.types import ControllerRouterHandler, HTTPScope, Receive, ReceiveMessage, Scope, Send
 
+from gateway.batches.service import Batches
 from gateway.config import LoadedConfig, load_config
 from gateway.edge import status
+from gateway.edge.batch_routes import routes as batch_routes
 from gateway.edge.discovery import Discovery
 from gateway.edge.endpoint import Endpoint, completion_endpoint, request_id, send_error
 from gateway.edge.ledger_routes import routes as ledger_routes
@@ -46,6 +48,8 @@ from wire.schema import ModelCard, ModelList, encode
 log = logging.getLogger("gateway")
 
 JSON = "application/json"
+FILES: Final = "/v1/files"
+_MULTIPART_SLACK: Final = 64 * 1024  # a multipart upload's boundaries and part headers around the file
 # GET /v1/models answers kept encoded, one per client key (a bound, should keys be many).
 _MODEL_PAGES: Final = 64
 # A route's dialect decides only the error shape; the request and Completion are the same everywhere.
@@ -211,6 +215,8 @@ def create_app(loaded: LoadedConfig) -> Front:
 
     pipeline = build(loaded)
     reloading = True
+    # The Batch API (docs/batches.md): its files, batches and lines live in the ledger's database.
+    batches = Batches(loaded, lambda: app.state.pipeline, collected) if ledger is not None else None
     discovery = Discovery(lambda: app.state.pipeline)  # follows reloads: the pipeline serving now
     # Replicated providers' engine load (gateway/fleet/engine.py): off unless `routing.engine_metrics`.
     engines = EngineReader(
@@ -226,6 +232,8 @@ def create_app(loaded: LoadedConfig) -> Front:
         gc.freeze()
         if ledger is not None:
             await ledger.start()
+        if batches is not None:
+            await batches.start()
         reloader = Reloader(app.state, loaded.source, build)
         app.state.reloader = reloader
         reloader.start()
@@ -239,6 +247,8 @@ def create_app(loaded: LoadedConfig) -> Front:
             await engines.stop()
             await discovery.stop()
             await reloader.stop()
+            if batches is not None:
+                await batches.close()  # its lines in flight are cancelled: the next runner sends them again
             await app.state.pipeline.close()
             if ledger is not None:
                 await ledger.close()  # after the requests: every answered one is queued by now
@@ -246,6 +256,7 @@ def create_app(loaded: LoadedConfig) -> Front:
             collected.tally.flush()  # counts gathered since the last second reach the series (and their files)
 
     handlers: list[ControllerRouterHandler] = [list_models, metrics, health, ready, *STATUS_ROUTES]
+    handlers += batch_routes(status._authorize)  # without a ledger: 404s that say the Batch API needs one
     if ledger is not None:
         handlers += ledger_routes(status._authorize, status._error)
     app = Litestar(
@@ -262,6 +273,7 @@ def create_app(loaded: LoadedConfig) -> Front:
     app.state.metrics = collected
     app.state.discovery = discovery
     app.state.ledger = ledger
+    app.state.batches = batches
     app.state.model_pages = {}
     fast = {path: completion_endpoint(path, dialect, _services) for path, dialect in DIALECT_ROUTES.items()}
     fast |= {path: completion_endpoint(path, dialect, _services, CHAT) for path, dialect in CHAT_ROUTES.items()}
@@ -331,7 +343,10 @@ class Front:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == ScopeType.HTTP:
-            limit: int = self.litestar.state["pipeline"].loaded.config.caps.request_body_bytes
+            config = self.litestar.state["pipeline"].loaded.config
+            limit: int = config.caps.request_body_bytes
+            if scope["path"] == FILES:  # an upload of a batch's input file: its own, larger bound
+                limit = max(limit, config.batches.max_file_bytes + _MULTIPART_SLACK)
             declared = _declared_length(scope)
             if declared is None:
                 receive = _Capped(receive, limit)

@@ -18,6 +18,8 @@ from typing import Any, Final
 from litestar import Request, Response, delete, get
 from litestar.exceptions import NotFoundException
 
+from gateway.batches.service import Batches
+from gateway.edge.batch_routes import running_batches
 from gateway.edge.discovery import Discovery
 from gateway.edge.drain import drain_routes
 from gateway.edge.drain import state as fleet_state
@@ -220,7 +222,11 @@ async def admin_status(request: Request[Any, Any, Any]) -> Response[bytes]:
     if refused is not None:
         return refused
     discovery: Discovery = request.app.state.discovery
-    return Response(encode(await status(pipeline, discovery.unreachable)), media_type=JSON, headers=_NO_STORE)
+    body = await status(pipeline, discovery.unreachable)
+    batches: Batches | None = request.app.state.batches
+    if batches is not None:
+        body["batches"] = await running_batches(batches, pipeline.keys)
+    return Response(encode(body), media_type=JSON, headers=_NO_STORE)
 
 
 @delete("/admin/cache", status_code=200)

@@ -5,7 +5,7 @@ provider, dialect, status and so on: a `Batch` holds each distinct combination o
 groups the rows under it, each row keeping only what is its own (its ids, times, tokens and cost).
 
 SQLite: an entry's rows go in statements of up to 50 rows that bind the entry's values once for all of
-them, so a row binds eight values (ten with its prompt or completion) instead of twenty-four, and
+them, so a row binds eight values (ten with its prompt or completion) instead of twenty-five, and
 SQLite's virtual machine starts once per 50 rows, not per row; every entry shares the same few statement
 texts, so nothing is prepared per entry. PostgreSQL: the whole batch is one `INSERT ... SELECT` of two
 parameters, the entries and the rows, each one JSON array.
@@ -28,7 +28,7 @@ Row = tuple[Any, ...]
 # A waiting row (`pending`): the entry's values but the day, then the row's own values.
 Pending = tuple[Any, ...]
 # An entry: day, key_name, team, model, target, provider, dialect, stream, status, error, cache, attempts, key_id,
-# endpoint.
+# batch_id (the Batch API's batch the request is a line of, or None), endpoint.
 Entry = tuple[Any, ...]
 # A rollup's key: day, key_name, team, model, target, key_id; its sums: requests, errors, prompt_tokens,
 # completion_tokens, cost_pico, cached.
@@ -41,21 +41,20 @@ LEAN: Final = 8
 
 COLUMNS: Final = (
     "id, request_id, ts, day, key_name, team, model, target, provider, dialect, stream, status, error, "
-    "latency_ms, ttfb_ms, prompt_tokens, completion_tokens, cost_pico, cache, attempts, prompt, completion, key_id,"
-    " endpoint"
+    "latency_ms, ttfb_ms, prompt_tokens, completion_tokens, cost_pico, cache, attempts, prompt, completion, key_id, "
+    "batch_id, endpoint"
 )
-# A full row's values (`COLUMNS`); a row spilled before rows named their key's identity has two fewer (`commit`
-# books an empty `key_id` and `completions`), one spilled before they recorded their endpoint one fewer.
-ROW_WIDTH: Final = 24
-_MARKS: Final = ", ".join("?" * ROW_WIDTH)
-INSERT: Final = f"INSERT INTO requests ({COLUMNS}) VALUES ({_MARKS}) ON CONFLICT (day, id) DO NOTHING"
+NCOLUMNS: Final = 25
+INSERT: Final = (
+    f"INSERT INTO requests ({COLUMNS}) VALUES ({', '.join('?' * NCOLUMNS)}) ON CONFLICT (day, id) DO NOTHING"
+)
 # SQLite: the text columns that may be NULL (error, cache, prompt, completion) come as the integer 0 for
 # NULL, which NULLIF turns back into one: SQLite's driver binds a 0 for a tenth of what a None costs it,
 # and no text is ever the integer 0. Rows spilled with None give NULL all the same.
 _NULLABLE_TEXT: Final = (12, 18, 20, 21)
 INSERT_SQLITE: Final = INSERT.replace(
-    f"VALUES ({_MARKS})",
-    f"VALUES ({', '.join('NULLIF(?, 0)' if i in _NULLABLE_TEXT else '?' for i in range(ROW_WIDTH))})",
+    f"VALUES ({', '.join('?' * NCOLUMNS)})",
+    f"VALUES ({', '.join('NULLIF(?, 0)' if i in _NULLABLE_TEXT else '?' for i in range(NCOLUMNS))})",
 )
 ROLLUP: Final = (
     "INSERT INTO daily (day, key_name, team, model, target, key_id, requests, errors, prompt_tokens,"
@@ -74,7 +73,7 @@ _INSERT_POSTGRES: Final = (
     f"INSERT INTO requests ({COLUMNS}) SELECT r->>0, r->>1, (r->>2)::float8, e->>0, e->>1, e->>2, e->>3,"
     " e->>4, e->>5, e->>6, (e->>7)::int, (e->>8)::int, e->>9, (r->>3)::float8 * 1000,"
     " CASE WHEN e->>5 <> '' THEN (r->>4)::float8 * 1000 END, (r->>5)::bigint, (r->>6)::bigint,"
-    " (r->>7)::bigint, e->>10, (e->>11)::int, r->>8, r->>9, e->>12, e->>13"
+    " (r->>7)::bigint, e->>10, (e->>11)::int, r->>8, r->>9, e->>12, e->>13, e->>14"
     " FROM json_array_elements(?::json) WITH ORDINALITY AS es(e, n)"
     " JOIN json_array_elements(?::json) WITH ORDINALITY AS gs(g, m) ON m = n,"
     " json_array_elements(gs.g) AS r ON CONFLICT (day, id) DO NOTHING"
@@ -110,7 +109,7 @@ def full_rows(entries: list[Entry], groups: list[list[Any]], widths: list[int]) 
     """Entries and their groups as rows in the order of `COLUMNS`."""
     out = []
     for entry, group, width in zip(entries, groups, widths, strict=True):
-        day, key, team, model, target, provider, dialect, stream, status, error, cache, attempts, key_id, endpoint = (
+        day, key, team, model, target, provider, dialect, stream, status, error, cache, attempts, key_id, batch, op = (
             entry
         )
         for row in _rows(group, width):
@@ -141,7 +140,8 @@ def full_rows(entries: list[Entry], groups: list[list[Any]], widths: list[int]) 
                     text_in if isinstance(text_in, str) else None,
                     text_out if isinstance(text_out, str) else None,
                     key_id,
-                    endpoint,
+                    batch,
+                    op,
                 )
             )
     return out
@@ -167,6 +167,7 @@ def pending(rec: Record, elapsed_s: float, ended: float, null: int | None) -> Pe
         rec.attempts,
         rec.team,  # the key's team and identity as they were when it was answered
         rec.key_id,
+        rec.batch_id,
         rec.endpoint,
         LEAN,  # the row's width (`take` reads it with the entry's values)
         rec.request_id,
@@ -181,7 +182,7 @@ def pending(rec: Record, elapsed_s: float, ended: float, null: int | None) -> Pe
     if text_in is None and text_out is None:
         return p
     kept_in = null if text_in is None else text(text_in)
-    return (*p[:13], WIDTH, *p[14:], kept_in, null if text_out is None else text(text_out))
+    return (*p[:14], WIDTH, *p[15:], kept_in, null if text_out is None else text(text_out))
 
 
 def text(value: str) -> str:
@@ -201,21 +202,21 @@ def take(queue: deque[Pending], prefix: str, ids: Iterator[int]) -> Batch:
     n = len(queue)
     for _ in range(n):
         p = popleft()
-        ended = p[15]
+        ended = p[16]
         if not lo <= ended < hi:  # the day is formatted once per batch (and at midnight)
             lo = ended // 86400 * 86400
             hi = lo + 86400
             day = day_of(ended)
             index = {}  # entries are per day: a new day starts new ones
-        values = p[:14]  # the entry's values and the row's width
+        values = p[:15]  # the entry's values and the row's width
         group = index.get(values)
         if group is None:
             group = index[values] = []
-            entries.append((day, values[0], values[10], *values[1:5], int(values[5]), *values[6:10], *values[11:13]))
+            entries.append((day, values[0], values[10], *values[1:5], int(values[5]), *values[6:10], *values[11:14]))
             groups.append(group)
-            widths.append(values[13])
+            widths.append(values[14])
         group.append(f"{prefix}{next(ids)}")
-        group += p[14:]
+        group += p[15:]
     batch.size = n
     return batch
 
@@ -223,10 +224,10 @@ def take(queue: deque[Pending], prefix: str, ids: Iterator[int]) -> Batch:
 @functools.cache  # at most twelve texts: (50, 8 or 1 rows) x (width) x (whether an upstream served)
 def _rows_sql(rows: int, width: int, upstream: bool) -> str:
     """A statement for `rows` rows of one entry: the k-th row's own values are the parameters ?(width * k + 1)
-    to ?(width * k + width), the entry's fourteen the ones after all rows', shared by every row (SQLite lets a
+    to ?(width * k + width), the entry's fifteen the ones after all rows', shared by every row (SQLite lets a
     numbered parameter appear more than once)."""
-    shared = [f"?{width * rows + i}" for i in range(1, 15)]
-    day, key, team, model, target, provider, dialect, stream, status, error, cache, attempts, key_id, endpoint = shared
+    shared = [f"?{width * rows + i}" for i in range(1, 16)]
+    day, key, team, model, target, provider, dialect, stream, status, error, cache, attempts, key_id, batch, op = shared
     tuples = []
     for k in range(rows):
         a = [f"?{width * k + i}" for i in range(1, width + 1)]
@@ -235,7 +236,7 @@ def _rows_sql(rows: int, width: int, upstream: bool) -> str:
         tuples.append(
             f"({a[0]}, {a[1]}, {a[2]}, {day}, {key}, {team}, {model}, {target}, {provider}, {dialect}, {stream},"
             f" {status}, {error}, {a[3]} * 1000, {ttfb}, {a[5]}, {a[6]}, {a[7]}, {cache}, {attempts}, {texts},"
-            f" {key_id}, {endpoint})"
+            f" {key_id}, {batch}, {op})"
         )
     return f"INSERT INTO requests ({COLUMNS}) VALUES {', '.join(tuples)} ON CONFLICT (day, id) DO NOTHING"
 

@@ -33,8 +33,8 @@ from gateway.ledger.batch import (
     CACHED,
     INSERT,
     INSERT_SQLITE,
+    NCOLUMNS,
     ROLLUP,
-    ROW_WIDTH,
     Batch,
     Pending,
     Rollups,
@@ -61,14 +61,14 @@ _SPILL_PREFIX: Final = "ledger-spill-"
 _REJECTS_PREFIX: Final = "ledger-refused-"
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder(list[list[Any]]).decode
+_COMPLETIONS: Final = "completions"  # the endpoint of every row spilled before rows recorded theirs
 
 
 def commit(cur: Cursor, rows: Sequence[Row], db: Database) -> int:
     """Insert the rows (in the order of `batch.COLUMNS`: replayed from a spill file) not booked yet and add
-    exactly those to their rollups; how many were new. A row of 22 values (spilled before rows named their
-    key's identity) books an empty `key_id`; one of 22 or 23 (spilled before rows recorded their endpoint)
-    books `completions`, the only endpoint there was."""
-    rows = [r if len(r) == ROW_WIDTH else _widen(r) for r in rows]
+    exactly those to their rollups; how many were new. Rows spilled by an older gateway are replayed as
+    such (`_current`)."""
+    rows = [r if len(r) == NCOLUMNS else _current(r) for r in rows]
     by_day: dict[str, list[str]] = {}
     for r in rows:
         by_day.setdefault(r[3], []).append(r[0])
@@ -97,9 +97,19 @@ def commit(cur: Cursor, rows: Sequence[Row], db: Database) -> int:
     return len(fresh)
 
 
-def _widen(row: Row) -> Row:
-    """A row spilled in an older layout in the order of `batch.COLUMNS`."""
-    return (*row, "", "completions") if len(row) == ROW_WIDTH - 2 else (*row, "completions")
+def _current(row: Row) -> Row:
+    """A spilled row of an older layout in the order of `COLUMNS`: 22 values (before rows named their key's
+    identity or their batch) book an empty `key_id` and no batch; 23 values end with either the `key_id` or
+    the `batch_id`, told apart by their values: a batch id is None or `batch_...`, a key id never is; 24
+    values end with both. Every row of an older layout was a completion (chat came with `endpoint`)."""
+    if len(row) == NCOLUMNS - 3:
+        return (*row, "", None, _COMPLETIONS)
+    if len(row) == NCOLUMNS - 1:
+        return (*row, _COMPLETIONS)
+    last = row[-1]
+    if last is None or (isinstance(last, str) and last.startswith("batch_")):
+        return (*row[:-1], "", last, _COMPLETIONS)
+    return (*row, None, _COMPLETIONS)
 
 
 class Spill:

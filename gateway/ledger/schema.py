@@ -49,6 +49,71 @@ _DAILY: Final = (
     " cached BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (day, key_name, key_id, team, model, target))"
 )
 
+# The Batch API's tables (gateway/batches, docs/batches.md): uploaded files in chunks, batches with their
+# lease, and each line's state and answer, so that a batch resumes where its process died. Self-contained:
+# one migration, nothing else depends on its number.
+_BATCH_TABLES: Final[list[Statement]] = [
+    """CREATE TABLE batch_files (
+        id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        filename TEXT NOT NULL,
+        purpose TEXT NOT NULL,
+        bytes BIGINT NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL,
+        batch_id TEXT,
+        kind TEXT NOT NULL
+    )""",
+    "CREATE INDEX batch_files_owner ON batch_files (owner, created_at)",
+    {
+        "sqlite": "CREATE TABLE batch_file_chunks (file_id TEXT NOT NULL, seq INTEGER NOT NULL, data BLOB NOT NULL,"
+        " PRIMARY KEY (file_id, seq))",
+        "postgresql": "CREATE TABLE batch_file_chunks (file_id TEXT NOT NULL, seq INTEGER NOT NULL,"
+        " data BYTEA NOT NULL, PRIMARY KEY (file_id, seq))",
+    },
+    """CREATE TABLE batches (
+        id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        endpoint TEXT NOT NULL,
+        input_file_id TEXT NOT NULL,
+        completion_window TEXT NOT NULL,
+        status TEXT NOT NULL,
+        metadata TEXT,
+        errors TEXT,
+        reason TEXT,
+        created_at DOUBLE PRECISION NOT NULL,
+        expires_at DOUBLE PRECISION NOT NULL,
+        in_progress_at DOUBLE PRECISION,
+        finalizing_at DOUBLE PRECISION,
+        completed_at DOUBLE PRECISION,
+        failed_at DOUBLE PRECISION,
+        expired_at DOUBLE PRECISION,
+        cancelling_at DOUBLE PRECISION,
+        cancelled_at DOUBLE PRECISION,
+        total BIGINT NOT NULL,
+        completed BIGINT NOT NULL,
+        failed BIGINT NOT NULL,
+        output_file_id TEXT,
+        error_file_id TEXT,
+        lease_owner TEXT,
+        lease_until DOUBLE PRECISION NOT NULL
+    )""",
+    "CREATE INDEX batches_owner ON batches (owner, created_at)",
+    "CREATE INDEX batches_status ON batches (status)",
+    """CREATE TABLE batch_lines (
+        batch_id TEXT NOT NULL,
+        idx INTEGER NOT NULL,
+        custom_id TEXT NOT NULL,
+        body TEXT NOT NULL,
+        state TEXT NOT NULL,
+        sends INTEGER NOT NULL,
+        result TEXT,
+        PRIMARY KEY (batch_id, idx)
+    )""",
+    "CREATE INDEX batch_lines_state ON batch_lines (batch_id, state, idx)",
+    # Each line's row in `requests` names its batch.
+    "ALTER TABLE requests ADD COLUMN batch_id TEXT",
+]
+
 # Which endpoint a row answered. Self-contained: one migration, nothing else depends on its number.
 _ENDPOINT: Final[list[Statement]] = ["ALTER TABLE requests ADD COLUMN endpoint TEXT NOT NULL DEFAULT 'completions'"]
 
@@ -109,7 +174,9 @@ MIGRATIONS: Final[list[list[Statement]]] = [
         " WHERE old_digest IS NOT NULL AND revoked_at IS NULL",
         "UPDATE api_keys SET old_digest = NULL, old_valid_until = NULL",
     ],
-    # 5: which endpoint a row answered (completions or chat); rows written before it were completions.
+    # 5: the Batch API's files, batches and lines.
+    _BATCH_TABLES,
+    # 6: which endpoint a row answered (completions or chat); rows written before it were completions.
     _ENDPOINT,
 ]
 

@@ -159,6 +159,21 @@ class KeyRing:
             raise AuthenticationError("This API key has expired", code="invalid_api_key")
         return key
 
+    def identified(self, ident: str) -> ClientKey | None:
+        """The key in force whose identity is `ident` (YAML or runtime), for work done on its behalf without its
+        secret (a batch): never another key that merely shares its name."""
+        runtime: list[ClientKey] = list(self.runtime.by_digest.values()) if self.runtime is not None else []
+        for key in [*self._by_digest.values(), *runtime]:
+            if key.ident == ident:
+                return key
+        return None
+
+    def name_of(self, ident: str) -> str:
+        """The name of the key in force whose identity is `ident`; the identity itself for a key no longer in force
+        (and `anonymous` for the keyless)."""
+        key = self.identified(ident)
+        return ident if key is None else key.name
+
     @staticmethod
     def authorize(key: ClientKey | None, model: str) -> None:
         if key is not None and not key.models.match(model):

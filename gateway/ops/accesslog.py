@@ -87,6 +87,8 @@ def line(rec: Record, elapsed_s: float) -> bytes:
         entry["usage_estimated"] = True
     if rec.queue_s is not None:  # a request that passed a server with max_concurrency: its time waiting there
         entry["queue_ms"] = int(rec.queue_s * 1e6 + 0.5) / 1000.0
+    if rec.batch_id is not None:
+        entry["batch_id"] = rec.batch_id
     if rec.prompt is not None:
         entry["prompt"] = rec.prompt
         entry["completion"] = rec.completion

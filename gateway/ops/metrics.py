@@ -126,6 +126,8 @@ class Record(msgspec.Struct):
     hold: object | None = None
     # Its cost in picodollars, priced once by the usage booking (0: not served, or cached) and read by the ledger.
     cost_pico: int = 0
+    # The batch a line of which this request is (gateway/batches): its access-log entry and span carry it.
+    batch_id: str | None = None
 
 
 class _Children(NamedTuple):

@@ -253,6 +253,8 @@ class _Request:
             attrs["error.type"] = rec.error_code
         if rec.cause is not None:
             attrs["gateway.failure.cause"] = rec.cause
+        if rec.batch_id is not None:
+            attrs["gateway.batch_id"] = rec.batch_id
         span.set_attributes(attrs)
         if rec.status >= 500:
             # HTTP semantic conventions: a server span is an error only for a 5xx; a 4xx is the client's.

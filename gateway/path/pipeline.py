@@ -227,6 +227,15 @@ class Pipeline:
     ) -> tuple[ClientKey | None, CompletionRequest]:
         """Who asks, and for what: authenticated, decoded, normalized and authorized."""
         key = self.keys.authenticate(headers)
+        return key, self._checked(key, raw, rec, op)
+
+    def front_as(self, key: ClientKey | None, raw: bytes, rec: Record) -> Front:
+        """A request made on behalf of `key` without its secret (a batch's line, gateway/batches): decoded,
+        normalized and authorized as the key's own would be; `complete(front=...)` does the rest. A batch's
+        lines are completions."""
+        return key, self._checked(key, raw, rec, COMPLETIONS), None, _LATER
+
+    def _checked(self, key: ClientKey | None, raw: bytes, rec: Record, op: Operation) -> CompletionRequest:
         if key is not None:
             rec.key, rec.key_id, rec.team = key.name, key.ident, key.team or ""
         try:
@@ -236,7 +245,7 @@ class Pipeline:
         op.normalize(req, self.loaded.config.caps)
         self.keys.authorize(key, req.model)
         rec.model = req.model  # a budget refusal counts under the model asked for (routing refines it below)
-        return key, req
+        return req
 
     def _budgeted(self, key: ClientKey) -> bool:
         """Whether a spending limit applies to the key: then it is checked before anything else."""

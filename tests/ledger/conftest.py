@@ -8,12 +8,7 @@ millionths of a dollar, 17 x 10^9 picodollars.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
 from typing import Any, Final
-
-import pytest
-
-from tests.helpers.postgres import PostgresServer
 
 ADMIN_KEY: Final = "adm-ledger-0d4f"
 TEAM_KEY: Final = "gk-ledger-team-61b2"
@@ -64,18 +59,3 @@ def totals(url: str) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         url, "SELECT sum(requests), sum(errors), sum(prompt_tokens), sum(completion_tokens), sum(cost_pico) FROM daily"
     )[0]
     return tuple(int(v or 0) for v in rows), tuple(int(v or 0) for v in rolled)
-
-
-@pytest.fixture(scope="session")
-def postgres_server() -> Iterator[PostgresServer]:
-    with PostgresServer() as server:
-        yield server
-
-
-@pytest.fixture
-def pg(postgres_server: PostgresServer) -> PostgresServer:
-    """The session's PostgreSQL server, running, with a fresh empty database for this test."""
-    if not postgres_server.running:
-        postgres_server.start()
-    postgres_server.fresh_database()
-    return postgres_server

@@ -163,26 +163,3 @@ def test_many_kinds_of_rows_share_a_dozen_statements(tmp_path: Path) -> None:
     assert _rows_sql.cache_info().currsize <= 12
     assert query(url, "SELECT count(*), count(DISTINCT key_name) FROM requests") == [(1800, 200)]
     assert query(url, "SELECT sum(requests) FROM daily") == [(1800,)]
-
-
-def test_rows_spilled_in_older_layouts_replay(tmp_path: Path) -> None:
-    """A spill file written before rows named their key's identity (22 values) or recorded their endpoint
-    (23 values) replays: an empty `key_id`, and `completions`, the only endpoint there was."""
-    url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    db = Database(url)
-    db.migrate()
-    recs = records()
-    batch = take(deque(pending(*r, 0) for r in recs), "p", itertools.count(1))
-    full = batch.full()
-    assert {len(r) for r in full} == {24}
-    old = [r[:22] for r in full[:60]] + [r[:23] for r in full[60:]]
-    assert db.transaction(functools.partial(commit, rows=old, db=db)) == len(recs)
-    db.close()
-    rows, rolled = totals(url)
-    assert rows == rolled and rows[0] == len(recs)
-    assert query(url, "SELECT DISTINCT endpoint FROM requests") == [("completions",)]
-    assert full[0][1] == "req-0" and full[-1][1] == "chat-2"
-    assert query(url, "SELECT key_id FROM requests WHERE request_id IN ('req-0', 'chat-2') ORDER BY request_id") == [
-        ("cfg_a1",),
-        ("",),
-    ]

@@ -1,0 +1,182 @@
+"""``python -m bench.batch``: a batch's throughput against a client's, and interactive latency beside a batch.
+
+Real processes on loopback: the Python upstream (``bench.upstream.server``, ``--latency-ms`` per answer)
+and ``python -m gateway serve`` (one worker, a SQLite ledger in a temporary directory, ``batches.concurrency``
+= ``--concurrency``). Three measurements, one after the other:
+
+- **client**: ``--lines`` requests sent by this process at ``--concurrency`` connections: lines per second;
+- **batch**: the same lines as one batch through the Batch API (upload, create, poll until `completed`):
+  lines per second from the create to the end, and the ratio to the client's (the goal: at least 0.9x);
+- **interactive**: one closed-loop client's p50 and p99 for ``--seconds``, without a batch, then while a
+  batch of the same lines runs (the goal: p99 within 1.2x).
+
+Bounded: the lines, the seconds and the concurrency are flags with small defaults; nothing leaves loopback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import msgspec
+import uvloop
+import yaml
+
+from bench import processes
+from bench.scenarios import REQUEST, child_env
+
+KEY = "bench-batch-key"
+AUTH = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+_TERMINAL = ("completed", "failed", "expired", "cancelled")
+
+
+def _gateway(upstream_port: int, concurrency: int, work: Path) -> processes.Service:
+    port = processes.free_port()
+    config: dict[str, Any] = {
+        "server": {"host": "127.0.0.1", "port": port},
+        "logging": {"requests": False},
+        "keys": [{"name": "bench", "key": KEY}],
+        "providers": {"up": {"kind": "openai", "base_url": f"http://127.0.0.1:{upstream_port}/v1", "api_key": "k"}},
+        "ledger": {"url": f"sqlite:///{work / 'ledger.db'}"},
+        "batches": {"concurrency": concurrency, "poll_ms": 100},
+    }
+    path = work / "gateway.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    argv = [sys.executable, "-m", "gateway", "serve", "--config", str(path), "--port", str(port)]
+    return processes.start("gateway-batch", argv, port, work, timeout=45.0, env=child_env())
+
+
+def _bodies(n: int) -> list[bytes]:
+    return [msgspec.json.encode({**REQUEST, "prompt": f"item {i}: say hello"}) for i in range(n)]
+
+
+async def _client(base: str, bodies: list[bytes], concurrency: int) -> dict[str, Any]:
+    todo = iter(bodies)
+    ok = 0
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector, headers=AUTH) as session:
+
+        async def worker() -> None:
+            nonlocal ok
+            for body in todo:
+                async with session.post(base + "/v1/completions", data=body) as resp:
+                    await resp.read()
+                    ok += resp.status == 200
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        took = time.perf_counter() - started
+    return {"lines": len(bodies), "ok": ok, "seconds": round(took, 3), "lines_per_s": round(len(bodies) / took, 1)}
+
+
+async def _batch(base: str, bodies: list[bytes]) -> dict[str, Any]:
+    lines = b"".join(
+        msgspec.json.encode({"custom_id": f"l-{i}", "method": "POST", "url": "/v1/completions", "body": msgspec.Raw(b)})
+        + b"\n"
+        for i, b in enumerate(bodies)
+    )
+    async with aiohttp.ClientSession(headers={"Authorization": AUTH["Authorization"]}) as session:
+        form = aiohttp.FormData()
+        form.add_field("purpose", "batch")
+        form.add_field("file", lines, filename="bench.jsonl", content_type="application/jsonl")
+        async with session.post(base + "/v1/files", data=form) as resp:
+            file_id = (await resp.json())["id"]
+        spec = {"input_file_id": file_id, "endpoint": "/v1/completions", "completion_window": "24h"}
+        started = time.perf_counter()
+        async with session.post(base + "/v1/batches", json=spec) as resp:
+            batch = await resp.json()
+        while batch["status"] not in _TERMINAL:
+            await asyncio.sleep(0.05)
+            async with session.get(base + f"/v1/batches/{batch['id']}") as resp:
+                batch = await resp.json()
+        took = time.perf_counter() - started
+    counts = batch["request_counts"]
+    return {
+        "lines": len(bodies),
+        "status": batch["status"],
+        "completed": counts["completed"],
+        "failed": counts["failed"],
+        "seconds": round(took, 3),
+        "lines_per_s": round(len(bodies) / took, 1),
+    }
+
+
+async def _interactive(base: str, seconds: float) -> dict[str, Any]:
+    latencies: list[float] = []
+    body = msgspec.json.encode({**REQUEST, "prompt": "interactive: say hello"})
+    stop = time.perf_counter() + seconds
+    async with aiohttp.ClientSession(headers=AUTH) as session:
+        while time.perf_counter() < stop:
+            t0 = time.perf_counter()
+            async with session.post(base + "/v1/completions", data=body) as resp:
+                await resp.read()
+            latencies.append((time.perf_counter() - t0) * 1000)
+    cuts = statistics.quantiles(latencies, n=100)
+    return {"requests": len(latencies), "p50_ms": round(cuts[49], 3), "p99_ms": round(cuts[98], 3)}
+
+
+async def _beside_batch(base: str, bodies: list[bytes], seconds: float) -> dict[str, Any]:
+    batch = asyncio.ensure_future(_batch(base, bodies))
+    await asyncio.sleep(0.3)  # the batch validated and running
+    measured = await _interactive(base, seconds)
+    measured["batch_still_running"] = not batch.done()
+    await batch
+    return measured
+
+
+def run(lines: int, concurrency: int, seconds: float, latency_ms: float, work: Path) -> dict[str, Any]:
+    port = processes.free_port()
+    argv = [sys.executable, "-m", "bench.upstream.server", "--port", str(port), "--latency-ms", str(latency_ms)]
+    upstream = processes.start("batch-upstream", argv, port, work)
+    try:
+        gw = _gateway(port, concurrency, work)
+        try:
+            bodies = _bodies(lines)
+            client = uvloop.run(_client(gw.base_url, bodies, concurrency))
+            batch = uvloop.run(_batch(gw.base_url, bodies))
+            alone = uvloop.run(_interactive(gw.base_url, seconds))
+            beside = uvloop.run(_beside_batch(gw.base_url, _bodies(lines * 4), seconds))
+        finally:
+            gw.stop()
+    finally:
+        upstream.stop()
+    return {
+        "settings": {"lines": lines, "concurrency": concurrency, "seconds": seconds, "upstream_latency_ms": latency_ms},
+        "client": client,
+        "batch": batch,
+        "batch_vs_client": round(batch["lines_per_s"] / client["lines_per_s"], 2),
+        "interactive_alone": alone,
+        "interactive_beside_batch": beside,
+        "p99_ratio": round(beside["p99_ms"] / alone["p99_ms"], 2),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.batch", description=__doc__)
+    parser.add_argument("--lines", type=int, default=2000, help="lines of the measured batch (at most 50,000)")
+    parser.add_argument("--concurrency", type=int, default=32, help="the client's connections and batches.concurrency")
+    parser.add_argument("--seconds", type=float, default=5.0, help="each interactive measurement")
+    parser.add_argument("--latency-ms", type=float, default=20.0, help="the upstream's time per answer")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args(argv)
+    if not 1 <= args.lines <= 12_500:  # the interactive batch holds four times as many, at most 50,000
+        parser.error("--lines must be 1 to 12,500")
+    with tempfile.TemporaryDirectory(prefix="bench-batch-") as temp:
+        results = run(args.lines, args.concurrency, args.seconds, args.latency_ms, Path(temp))
+    text = msgspec.json.format(msgspec.json.encode(results)).decode()
+    print(text)
+    if args.json is not None:
+        args.json.write_text(text + "\n")
+    ok = results["batch"]["status"] == "completed" and results["batch"]["completed"] == args.lines
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""An input file's validation, up front: every line, or the errors that fail the batch, naming the line.
+
+What fails the whole batch (as OpenAI does): a line that is not a JSON object of `custom_id`, `method`,
+`url` and `body`; a `custom_id` missing or used twice; a `url` other than the batch's endpoint; more lines
+than `batches.max_lines`. What only fails its own line (the error file): anything the request path refuses
+when the line runs (a bad field, an unknown model) and a line asking to stream, which a batch cannot.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import msgspec
+
+from gateway.batches.objects import BatchError
+
+# OpenAI stops listing after this many; the batch fails on the first anyway.
+MAX_ERRORS: Final = 100
+
+
+class _Line(msgspec.Struct):
+    custom_id: Any = None
+    method: Any = None
+    url: Any = None
+    body: msgspec.Raw = msgspec.Raw(b"")
+
+
+class _Streams(msgspec.Struct):
+    stream: Any = None
+
+
+_line = msgspec.json.Decoder(_Line).decode
+_streams = msgspec.json.Decoder(_Streams).decode
+
+
+class Line(msgspec.Struct, frozen=True):
+    """One valid line: its custom_id, its request body (bytes, as sent) and its refusal when it has one."""
+
+    custom_id: str
+    body: bytes
+    refusal: str | None = None
+
+
+def parse(data: bytes, endpoint: str, max_lines: int) -> tuple[list[Line], list[BatchError]]:
+    """The file's lines, or the errors that fail the batch (at most MAX_ERRORS, 1-based line numbers)."""
+    lines: list[Line] = []
+    errors: list[BatchError] = []
+    seen: set[str] = set()
+
+    def fail(code: str, message: str, number: int | None, param: str | None = None) -> None:
+        if len(errors) < MAX_ERRORS:
+            errors.append(BatchError(code, message, param, number))
+
+    rows = data.split(b"\n")
+    if rows and not rows[-1].strip():
+        rows.pop()  # the newline that ends the last line
+    if not rows:
+        fail("empty_file", "The input file has no lines", None)
+    if len(rows) > max_lines:
+        fail("too_many_lines", f"The input file has {len(rows)} lines; at most {max_lines} (batches.max_lines)", None)
+        return [], errors
+    for number, raw in enumerate(rows, 1):
+        if not raw.strip():
+            fail("invalid_json_line", "This line is empty: every line must be one JSON object", number)
+            continue
+        try:
+            line = _line(raw)
+        except msgspec.MsgspecError:
+            fail("invalid_json_line", "This line is not valid JSON: every line must be one JSON object", number)
+            continue
+        cid = line.custom_id
+        if not isinstance(cid, str) or not cid:
+            fail("missing_required_parameter", "This line has no custom_id (a non-empty string)", number, "custom_id")
+            continue
+        if cid in seen:
+            fail("duplicate_custom_id", f"The custom_id {cid!r} is used by an earlier line", number, "custom_id")
+            continue
+        seen.add(cid)
+        if line.method != "POST":
+            fail("invalid_method", "The method must be POST", number, "method")
+            continue
+        if line.url != endpoint:
+            fail("invalid_url", f"The url {line.url!r} is not the batch's endpoint {endpoint!r}", number, "url")
+            continue
+        body = bytes(line.body)
+        if not body.lstrip().startswith(b"{"):
+            fail("invalid_request", "The body must be a JSON object: a request to the endpoint", number, "body")
+            continue
+        try:
+            wants_stream = _streams(body).stream not in (None, False)
+        except msgspec.MsgspecError:
+            wants_stream = False  # the request path refuses the body itself, naming the field
+        refusal = "A batch's lines cannot stream: remove `stream` from the body" if wants_stream else None
+        lines.append(Line(cid, body, refusal))
+    return lines, errors

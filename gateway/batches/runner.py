@@ -1,0 +1,306 @@
+"""The runner: a background task of every gateway process that runs the batches whose lease it holds.
+
+Every `batches.poll_ms` it claims batches with work left whose lease is free (new ones, and those of a
+process that died: a lease not renewed for `batches.lease_ms`), at most `_MAX_BATCHES` at once, and drives
+each: validate its file into lines, then send lines (at most `batches.concurrency` in flight over the
+process), book their answers in small transactions, renew the lease with every write, and end it as
+completed, failed (a budget exhausted), expired (its `completion_window` over) or cancelled. A line is
+marked `sent` before it is sent and booked once answered: a line booked is never sent again, and a line in
+flight when its process died is sent once more by whoever takes the batch over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Final
+
+from prometheus_client import Counter, Gauge
+
+from gateway.batches import store
+from gateway.batches.objects import ACTIVE, ERR, OK, TERMINAL, answered, unanswered
+from gateway.batches.send import Sent, send
+from gateway.config import BatchesConfig
+from gateway.ids import unique_suffix
+from gateway.ledger.engine import LedgerDown
+from gateway.limits.usage import ANONYMOUS
+from gateway.ops.metrics import Metrics
+from gateway.path.pipeline import Pipeline
+from wire.schema import encode
+
+log = logging.getLogger("gateway")
+
+_MAX_BATCHES: Final = 4  # batches one process drives at once (their lines share `batches.concurrency`)
+_FLUSH_S: Final = 0.05  # answers are booked at least this often (and whenever a turn has some)
+_RETAIN_EVERY_S: Final = 3600
+_RETAIN_LIMIT: Final = 1000
+_ENDED: Final = {
+    "expired": ("batch_expired", "This request could not be executed before the completion window expired."),
+    "cancelled": ("batch_cancelled", "This request was not executed: the batch was cancelled."),
+    "failed": ("batch_failed", "This request was not executed: the batch failed."),
+}
+
+
+class BatchMetrics:
+    def __init__(self, metrics: Metrics) -> None:
+        r = metrics.registry
+        self.lines = Counter("gateway_batch_lines", "Batch lines ended, by how", ["status"], registry=r)
+        self.batches = Gauge(
+            "gateway_batches", "Batches in the ledger, by status", ["status"], registry=r, multiprocess_mode="max"
+        )
+        self.in_flight = Gauge(
+            "gateway_batch_lines_in_flight",
+            "Batch lines being sent by this process",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+
+
+class Runner:
+    def __init__(self, db: store.Store, current: Callable[[], Pipeline], metrics: Metrics | None) -> None:
+        self.store = db
+        self.current = current
+        self.metrics = metrics
+        self.counted = BatchMetrics(metrics) if metrics is not None else None
+        self.me = store.owner_name()
+        self.in_flight = 0
+        self.slots = asyncio.Event()  # set when a line ends: a driver waiting for room looks again
+        self.driving: dict[str, asyncio.Task[None]] = {}
+        self.wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._retain_at = 0.0
+        self._down_logged = False
+
+    @property
+    def cfg(self) -> BatchesConfig:
+        """`batches.*` of the config serving now: a reload applies to the batches running too."""
+        return self.current().loaded.config.batches
+
+    @property
+    def lease_s(self) -> float:
+        return self.cfg.lease_ms / 1000
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._loop())
+
+    def poke(self) -> None:
+        """A batch was made (or cancelled) here: look now instead of at the next poll."""
+        self.wake.set()
+
+    async def _loop(self) -> None:
+        while not self._stopping:
+            try:
+                await self._turn()
+                self._down_logged = False
+            except LedgerDown as exc:
+                if not self._down_logged:
+                    log.warning("batches: the ledger's database does not answer (%s); retrying", exc)
+                    self._down_logged = True
+            except Exception:  # the runner must outlive any one bad turn
+                log.exception("batch runner turn failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), self.cfg.poll_ms / 1000)
+            self.wake.clear()
+
+    async def _turn(self) -> None:
+        for batch_id, task in list(self.driving.items()):
+            if task.done():
+                del self.driving[batch_id]
+        while len(self.driving) < _MAX_BATCHES:
+            claimed = await self.store.run(store.claim, self.me, self.lease_s, list(self.driving))
+            if claimed is None:
+                break
+            self.driving[claimed] = asyncio.ensure_future(self._drive(claimed))
+        if self.counted is not None:
+            found = await self.store.run(store.counts)
+            for status in (*ACTIVE, *TERMINAL):
+                self.counted.batches.labels(status).set(found.get(status, 0))
+        if time.monotonic() >= self._retain_at:
+            self._retain_at = time.monotonic() + _RETAIN_EVERY_S
+            gone = await self.store.run(store.retain, time.time() - self.cfg.retain_days * 86_400, _RETAIN_LIMIT)
+            if gone:
+                log.info("batches: retention deleted %d batch(es) and file(s)", gone)
+                if gone >= _RETAIN_LIMIT:
+                    self._retain_at = 0.0  # more to delete: at the next turn
+
+    async def _drive(self, batch_id: str) -> None:
+        try:
+            await Drive(self, batch_id).run()
+        except store.LostLease:
+            log.warning("batches: %s was taken over by another process (its lease ran out here)", batch_id)
+        except LedgerDown as exc:
+            log.warning("batches: %s paused, the ledger's database does not answer (%s)", batch_id, exc)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await self.store.run(store.release, batch_id, self.me)
+            raise
+        except Exception:
+            log.exception("batches: running %s failed; it resumes when its lease runs out", batch_id)
+
+    def ended(self, status: str, n: int = 1) -> None:
+        if self.counted is not None and n:
+            self.counted.lines.labels(status).inc(n)
+
+    async def close(self) -> None:
+        """SIGTERM: stop claiming, stop every batch (its lines in flight are sent again by the next runner)."""
+        self._stopping = True
+        self.wake.set()
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+        for task in self.driving.values():
+            task.cancel()
+        await asyncio.gather(*self.driving.values(), return_exceptions=True)
+
+
+class Drive:
+    """One batch, run by this process while it holds the lease."""
+
+    def __init__(self, runner: Runner, batch_id: str) -> None:
+        self.runner = runner
+        self.id = batch_id
+        self.tasks: dict[asyncio.Task[Sent], int] = {}
+        self.done: list[tuple[int, str, str]] = []
+        self.stop: str | None = None  # why the batch fails (a budget exhausted)
+
+    async def run(self) -> None:
+        r = self.runner
+        try:
+            status, _, _, _, owner, _ = await r.store.run(store.state, self.id, r.me, r.lease_s)
+            if status == "validating":
+                await r.store.run(store.validate, self.id, r.me, r.lease_s, r.cfg.max_lines)
+            await self._lines(owner)
+        except asyncio.CancelledError:
+            # SIGTERM: answers that came already are booked, so only the lines still in flight are sent again.
+            with contextlib.suppress(Exception):
+                await self._collect(wait=False)
+                await self._flush()
+            raise
+        finally:
+            for task in self.tasks:
+                task.cancel()
+            if self.tasks:
+                await asyncio.gather(*self.tasks, return_exceptions=True)
+                r.in_flight -= len(self.tasks)
+                self._gauge()
+
+    def _gauge(self) -> None:
+        if self.runner.counted is not None:
+            self.runner.counted.in_flight.set(self.runner.in_flight)
+
+    async def _lines(self, owner: str) -> None:
+        r = self.runner
+        while True:
+            # Room is reserved before the await, so that batches taking lines at once share it, never exceed it.
+            room = max(r.cfg.concurrency - r.in_flight, 0) if self.stop is None else 0
+            r.in_flight += room
+            try:
+                held, lines, waiting = await r.store.run(store.take, self.id, r.me, r.lease_s, room)
+            finally:
+                r.in_flight -= room
+            status, expires_at = held[0], held[1]
+            if status in TERMINAL:
+                return
+            ended = None
+            if status == "cancelling":
+                ended = "cancelled"
+            elif time.time() >= expires_at:
+                ended = "expired"
+            elif self.stop is not None:
+                ended = "failed"
+            elif status == "finalizing" or (waiting == 0 and not self.tasks and not self.done):
+                await self._flush()
+                await r.store.run(store.finish, self.id, r.me, r.lease_s, "completed", [])
+                return
+            if ended is not None:
+                await self._end(ended)
+                return
+            pipeline = r.current()
+            # A batch made on an open gateway runs keyless only while the gateway is still open.
+            key = pipeline.keys.identified(owner)
+            keyless = owner == ANONYMOUS and key is None and pipeline.keys.open
+            started = 0
+            for idx, custom_id, body in lines:
+                if key is None and not keyless:
+                    sent = _gone(owner, custom_id)
+                    self.done.append((idx, sent.state, sent.result.decode()))
+                    continue
+                task = asyncio.ensure_future(send(pipeline, r.metrics, key, self.id, custom_id, body.encode()))
+                self.tasks[task] = idx
+                started += 1
+            r.in_flight += started
+            self._gauge()
+            await self._collect()
+            await self._flush()
+
+    async def _collect(self, wait: bool = True) -> None:
+        """Wait for a line to end (or a short while), and take every answer there is."""
+        r = self.runner
+        if not wait:
+            pass
+        elif self.tasks:
+            await asyncio.wait(list(self.tasks), timeout=_FLUSH_S * 4, return_when=asyncio.FIRST_COMPLETED)
+        else:
+            r.slots.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(r.slots.wait(), _FLUSH_S * 4)
+        finished = [t for t in self.tasks if t.done()]
+        for task in finished:
+            idx = self.tasks.pop(task)
+            sent = task.result()
+            if sent.stop is not None and self.stop is None:
+                self.stop = sent.stop
+            self.done.append((idx, sent.state, sent.result.decode()))
+        if finished:
+            r.in_flight -= len(finished)
+            r.slots.set()
+            self._gauge()
+
+    async def _flush(self) -> None:
+        if not self.done:
+            return
+        r = self.runner
+        done, self.done = self.done, []
+        await r.store.run(store.record, self.id, r.me, r.lease_s, done)
+        r.ended("completed", sum(1 for d in done if d[1] == OK))
+        r.ended("failed", sum(1 for d in done if d[1] == ERR))
+
+    async def _end(self, status: str) -> None:
+        """Cancelled, expired or failed: stop the lines in flight, book what was answered, close the rest."""
+        r = self.runner
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        for task, idx in self.tasks.items():
+            if not task.cancelled() and task.exception() is None:
+                sent = task.result()
+                self.done.append((idx, sent.state, sent.result.decode()))
+        r.in_flight -= len(self.tasks)
+        self.tasks.clear()
+        self._gauge()
+        await self._flush()
+        left = await r.store.run(store.left, self.id)
+        code, message = _ENDED[status]
+        if status == "failed" and self.stop is not None:
+            message = f"This request was not executed: the batch failed ({self.stop})."
+        closed = [(idx, unanswered("batch_req_" + unique_suffix(), cid, code, message).decode()) for idx, cid in left]
+        await r.store.run(store.finish, self.id, r.me, r.lease_s, status, closed, self.stop)
+        r.ended(status, len(closed))
+
+
+def _gone(owner: str, custom_id: str) -> Sent:
+    line_id = "batch_req_" + unique_suffix()
+    body = encode(
+        {
+            "error": {
+                "message": f"The key {owner!r} that made this batch no longer exists",
+                "type": "authentication_error",
+                "param": None,
+                "code": "invalid_api_key",
+            }
+        }
+    )
+    return Sent(ERR, answered(line_id, custom_id, 401, line_id, body))

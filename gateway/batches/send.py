@@ -1,0 +1,98 @@
+"""One line of a batch, sent through the request path exactly as the batch's key would send it interactively.
+
+The pipeline serving now (a config reload's too) decodes, authorizes, budgets, routes, caches and
+fails over the line as it does a request to `/v1/completions`; what the endpoint does around a request
+(usage, metrics, the access log, the ledger's row, the trace) is done here the same way, with the batch's
+id on the record. Lines ask for `low` priority (the `x-gateway-priority` header): where a server's queue
+orders waiting requests by priority, interactive traffic goes first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Final
+
+from gateway.batches.objects import ERR, OK, answered
+from gateway.ids import unique_suffix
+from gateway.limits.auth import ClientKey
+from gateway.ops import accesslog
+from gateway.ops.metrics import Metrics, Record
+from gateway.path.dialects import OPENAI
+from gateway.path.pipeline import Pipeline
+from gateway.queue.service import HEADER
+from wire.errors import GatewayError, InvalidRequestError
+
+log = logging.getLogger("gateway")
+ENDPOINT: Final = "/v1/completions"
+# A batch line is the least urgent work there is: where a server has `max_concurrency`, its queue grants
+# every waiting interactive (normal or high) request a slot before a line (gateway/queue).
+PRIORITY: Final = {HEADER: "low"}
+BUDGET_CODE: Final = "budget_exceeded"
+_INTERNAL: Final = GatewayError("The gateway failed to process the request", code="internal_error")
+
+
+class Sent:
+    """A line's outcome: its state (ok or err), its result line, and the refusal that stops the batch, if any."""
+
+    __slots__ = ("result", "state", "stop")
+
+    def __init__(self, state: str, result: bytes, stop: str | None = None) -> None:
+        self.state = state
+        self.result = result
+        self.stop = stop
+
+
+Owner = Callable[[Pipeline], ClientKey | None]
+
+
+async def send(
+    pipeline: Pipeline, metrics: Metrics | None, key: ClientKey | None, batch_id: str, custom_id: str, body: bytes
+) -> Sent:
+    line_id = "batch_req_" + unique_suffix()
+    rec = Record(request_id=line_id, dialect=OPENAI.name, batch_id=batch_id)
+    headers = {**PRIORITY, "x-request-id": line_id}
+    t0 = time.perf_counter()
+    pipeline.enter()
+    tracer = pipeline.tracing
+    span = tracer.begin(headers, OPENAI.name, ENDPOINT, link=False) if tracer is not None else None
+    try:
+        try:
+            limit = pipeline.loaded.config.caps.request_body_bytes
+            if len(body) > limit:  # the bound an interactive request meets at the door
+                raise InvalidRequestError(
+                    f"The request body is larger than {limit} bytes", status=413, code="request_too_large"
+                )
+            front = pipeline.front_as(key, body, rec)
+            result = await pipeline.complete(body, headers, OPENAI, rec, front)
+        except GatewayError as exc:
+            status, error_body = OPENAI.error(exc)
+            rec.status, rec.error_code, rec.cause = status, exc.code, exc.cause
+            rec.attempts = exc.attempts or rec.attempts
+            if exc.target is not None and not rec.provider:
+                rec.provider, rec.target, rec.failed = exc.provider or "", exc.target, True
+            stop = f"{exc.message}" if exc.code == BUDGET_CODE else None
+            return Sent(ERR, answered(line_id, custom_id, status, line_id, error_body), stop)
+        except asyncio.CancelledError:
+            rec.status, rec.error_code = 499, "client_closed_request"  # the batch stopped (cancel, expiry, shutdown)
+            raise
+        except Exception:
+            log.exception("unhandled error on batch %s line %s", batch_id, custom_id)
+            rec.status, rec.error_code = 500, "internal_error"
+            status, error_body = OPENAI.error(_INTERNAL)
+            return Sent(ERR, answered(line_id, custom_id, status, line_id, error_body))
+        return Sent(OK, answered(line_id, custom_id, 200, line_id, result.body))
+    finally:
+        pipeline.usage.book(rec)
+        pipeline.exit()
+        elapsed = time.perf_counter() - t0
+        if metrics is not None:
+            metrics.observe(rec, elapsed)
+        if pipeline.log_requests:
+            accesslog.write(rec, elapsed)
+        if pipeline.ledger is not None:
+            pipeline.ledger.append(rec, elapsed)
+        if span is not None:
+            span.end(rec)

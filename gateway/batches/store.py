@@ -1,0 +1,465 @@
+"""Files, batches and lines in the ledger's database: every statement the Batch API runs, one transaction each.
+
+`Store` holds its own connection on its own thread (the routes and the runner wait on it, never the event
+loop, and never behind the ledger's writer). A runner holds a batch by its lease (`lease_owner`,
+`lease_until`): every write a runner makes checks that it still holds it, so a process that lost its lease
+(it stalled, another took the batch over) writes nothing more. A line's answer is written once: only a
+line still `sent` takes one, so two runners can never both book the same line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Final, TypeVar
+
+import msgspec
+
+from gateway.batches.lines import parse
+from gateway.batches.objects import ACTIVE, ERR, OK, SENT, TERMINAL, TODO, answered
+from gateway.ids import unique_suffix
+from gateway.ledger.engine import Cursor, Database
+
+T = TypeVar("T")
+CHUNK_BYTES: Final = 1024 * 1024  # an uploaded file is stored in chunks of this size
+_IN_CHUNK: Final = 500  # lines per INSERT / UPDATE statement batch
+
+BATCH_COLUMNS: Final = (
+    "id, owner, endpoint, input_file_id, completion_window, status, metadata, errors, reason, created_at, "
+    "expires_at, in_progress_at, finalizing_at, completed_at, failed_at, expired_at, cancelling_at, "
+    "cancelled_at, total, completed, failed, output_file_id, error_file_id"
+)
+FILE_COLUMNS: Final = "id, owner, filename, purpose, bytes, created_at, batch_id, kind"
+
+
+class LostLease(Exception):
+    """This process no longer holds the batch's lease: another took it over, or the batch is gone."""
+
+
+class TooManyFiles(Exception):
+    """The key holds `batches.max_files` files already."""
+
+
+class Store:
+    """The Batch API's connection and thread."""
+
+    def __init__(self, url: str, timeout_ms: int) -> None:
+        self.db = Database(url, timeout_ms)
+        # How long a view that must answer anyway (the status page) waits: the database's own bound, which a
+        # server that stopped answering altogether (no statement timeout fires) never reaches, and a margin.
+        self.wait_s = timeout_ms / 1000 + 1.0
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="batches")
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(cur, *args)` in one transaction on the store's thread."""
+        loop = asyncio.get_running_loop()
+        out: T = await loop.run_in_executor(self._pool, self.db.transaction, lambda cur: fn(cur, *args))
+        return out
+
+    async def close(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._pool, self.db.close)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+# ---------------------------------------------------------------------------------------------- files
+
+
+def add_file(cur: Cursor, owner: str, filename: str, purpose: str, data: bytes, max_files: int) -> tuple[Any, ...]:
+    held = cur.rows("SELECT count(*) FROM batch_files WHERE owner = ?", (owner,))[0][0]
+    if held >= max_files:
+        raise TooManyFiles(f"this key holds {held} files, the most batches.max_files allows: delete some first")
+    row = ("file-" + unique_suffix(), owner, filename, purpose, len(data), time.time(), None, "input")
+    cur.execute(f"INSERT INTO batch_files ({FILE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", row)
+    cur.executemany(
+        "INSERT INTO batch_file_chunks (file_id, seq, data) VALUES (?, ?, ?)",
+        [(row[0], i, data[at : at + CHUNK_BYTES]) for i, at in enumerate(range(0, len(data), CHUNK_BYTES))],
+    )
+    return row
+
+
+def file_row(cur: Cursor, file_id: str, owner: str | None) -> tuple[Any, ...] | None:
+    """The file, if `owner` (None: the admin) may see it."""
+    found = cur.rows(f"SELECT {FILE_COLUMNS} FROM batch_files WHERE id = ?", (file_id,))
+    if not found or (owner is not None and found[0][1] != owner):
+        return None
+    return found[0]
+
+
+def input_data(cur: Cursor, file_id: str) -> bytes:
+    rows = cur.rows("SELECT data FROM batch_file_chunks WHERE file_id = ? ORDER BY seq", (file_id,))
+    return b"".join(bytes(r[0]) for r in rows)
+
+
+def result_chunk(cur: Cursor, batch_id: str, state: str, after: int, limit: int) -> list[tuple[int, str]]:
+    """A result file's lines after line `after` (by position in the input file), at most `limit`."""
+    rows = cur.rows(
+        "SELECT idx, result FROM batch_lines WHERE batch_id = ? AND state = ? AND idx > ? ORDER BY idx LIMIT ?",
+        (batch_id, state, after, limit),
+    )
+    return [(int(r[0]), str(r[1])) for r in rows]
+
+
+def delete_file(cur: Cursor, file_id: str, owner: str | None) -> bool:
+    row = file_row(cur, file_id, owner)
+    if row is None:
+        return False
+    cur.execute("DELETE FROM batch_file_chunks WHERE file_id = ?", (file_id,))
+    cur.execute("DELETE FROM batch_files WHERE id = ?", (file_id,))
+    return True
+
+
+def page(
+    cur: Cursor,
+    table: str,
+    columns: str,
+    owner: str | None,
+    after: str | None,
+    limit: int,
+    extra: tuple[str, Sequence[Any]] = ("", ()),
+    oldest_first: bool = False,
+) -> list[tuple[Any, ...]]:
+    """Newest first (or oldest), `limit + 1` rows (the caller says `has_more`), those after the object `after`."""
+    where, params = ["1 = 1"], []
+    if owner is not None:
+        where.append("owner = ?")
+        params.append(owner)
+    if extra[0]:
+        where.append(extra[0])
+        params.extend(extra[1])
+    if after:
+        mark = cur.rows(f"SELECT created_at FROM {table} WHERE id = ?", (after,))
+        if mark:
+            beyond = ">" if oldest_first else "<"
+            where.append(f"(created_at {beyond} ? OR (created_at = ? AND id {beyond} ?))")
+            params += [mark[0][0], mark[0][0], after]
+    order = "ASC" if oldest_first else "DESC"
+    sql = f"SELECT {columns} FROM {table} WHERE {' AND '.join(where)} ORDER BY created_at {order}, id {order} LIMIT ?"
+    return cur.rows(sql, [*params, limit + 1])
+
+
+# ---------------------------------------------------------------------------------------------- batches
+
+
+def add_batch(
+    cur: Cursor,
+    owner: str,
+    input_file_id: str,
+    endpoint: str,
+    window: str,
+    window_s: float,
+    metadata: dict[str, str] | None,
+) -> str:
+    now = time.time()
+    batch_id = "batch_" + unique_suffix()
+    cur.execute(
+        "INSERT INTO batches (id, owner, endpoint, input_file_id, completion_window, status, metadata, created_at, "
+        "expires_at, total, completed, failed, lease_until) VALUES (?, ?, ?, ?, ?, 'validating', ?, ?, ?, 0, 0, 0, 0)",
+        (batch_id, owner, endpoint, input_file_id, window, _json(metadata), now, now + window_s),
+    )
+    return batch_id
+
+
+def batch_row(cur: Cursor, batch_id: str, owner: str | None) -> tuple[Any, ...] | None:
+    found = cur.rows(f"SELECT {BATCH_COLUMNS} FROM batches WHERE id = ?", (batch_id,))
+    if not found or (owner is not None and found[0][1] != owner):
+        return None
+    return found[0]
+
+
+def cancel(cur: Cursor, batch_id: str, owner: str | None) -> tuple[Any, ...] | None:
+    """Ask the batch's runner to stop (`cancelling`); the runner cancels what is left and ends it `cancelled`."""
+    row = batch_row(cur, batch_id, owner)
+    if row is None:
+        return None
+    if row[5] in ("validating", "in_progress"):
+        cur.execute(
+            "UPDATE batches SET status = 'cancelling', cancelling_at = ? WHERE id = ? AND status = ?",
+            (time.time(), batch_id, row[5]),
+        )
+        return batch_row(cur, batch_id, owner)
+    return row
+
+
+def counts(cur: Cursor) -> dict[str, int]:
+    return {str(s): int(n) for s, n in cur.rows("SELECT status, count(*) FROM batches GROUP BY status")}
+
+
+def running(cur: Cursor, limit: int) -> list[tuple[Any, ...]]:
+    """The batches being run (for the status page): id, owner, status, total, completed, failed, created_at."""
+    marks = ", ".join("?" * len(ACTIVE))
+    return cur.rows(
+        f"SELECT id, owner, status, total, completed, failed, created_at FROM batches WHERE status IN ({marks}) "
+        "ORDER BY created_at LIMIT ?",
+        (*ACTIVE, limit),
+    )
+
+
+# ---------------------------------------------------------------------------------------------- the runner's
+
+
+def claim(cur: Cursor, me: str, lease_s: float, busy: Sequence[str]) -> str | None:
+    """Take the oldest batch with work left whose lease is free: new, handed back, its lease run out, or
+    held by a process of this host that is gone (a gateway restarted after a SIGKILL resumes its batches at
+    once, without waiting for their leases).
+
+    Lines a dead runner had sent are sent again: their answers were never booked (so each crash sends a
+    line in flight at most once more)."""
+    now = time.time()
+    marks = ", ".join("?" * len(ACTIVE))
+    candidates = cur.rows(
+        f"SELECT id, lease_owner, lease_until FROM batches WHERE status IN ({marks}) AND lease_until < ? "
+        "ORDER BY created_at LIMIT 8",
+        (*ACTIVE, now),
+    )
+    host = me.split(":", 1)[0] + ":"
+    candidates += [
+        row
+        for row in cur.rows(
+            f"SELECT id, lease_owner, lease_until FROM batches WHERE status IN ({marks}) AND lease_until >= ? "
+            "AND lease_owner LIKE ? ORDER BY created_at LIMIT 64",
+            (*ACTIVE, now, host + "%"),
+        )
+        if gone(row[1], me)
+    ]
+    for batch_id, owner, until in candidates:
+        if batch_id in busy:
+            continue
+        # Compare and set: another process claiming the same batch now changes what this one matches.
+        if cur.execute(
+            "UPDATE batches SET lease_owner = ?, lease_until = ? WHERE id = ? AND lease_until = ? "
+            "AND coalesce(lease_owner, '') = ?",
+            (me, now + lease_s, batch_id, until, owner or ""),
+        ):
+            cur.execute(f"UPDATE batch_lines SET state = '{TODO}' WHERE batch_id = ? AND state = '{SENT}'", (batch_id,))
+            return str(batch_id)
+    return None
+
+
+def owner_name() -> str:
+    """This process as a lease holder: host, pid, and a random part that no later process with its pid shares."""
+    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
+
+
+def gone(owner: str | None, me: str) -> bool:
+    """Whether `owner`, a runner of this host, has ended: its pid is not alive, or is this process's own
+    under another name (a restart that reused the pid, as PID 1 of a container does)."""
+    if owner is None or owner == me:
+        return False
+    host, _, rest = owner.partition(":")
+    pid = rest.partition(":")[0]
+    if host != me.partition(":")[0] or not pid.isdigit():
+        return False
+    if int(pid) == os.getpid():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # alive, another user's
+    return False
+
+
+def _held(cur: Cursor, batch_id: str, me: str, lease_s: float) -> tuple[Any, ...]:
+    """The batch's status, expiry and input file, its lease renewed; `LostLease` when another holds it."""
+    found = cur.rows(
+        "SELECT status, expires_at, input_file_id, endpoint, owner, lease_owner FROM batches WHERE id = ?", (batch_id,)
+    )
+    if not found or found[0][5] != me:
+        raise LostLease(batch_id)
+    cur.execute("UPDATE batches SET lease_until = ? WHERE id = ?", (time.time() + lease_s, batch_id))
+    return found[0]
+
+
+def state(cur: Cursor, batch_id: str, me: str, lease_s: float) -> tuple[Any, ...]:
+    return _held(cur, batch_id, me, lease_s)
+
+
+def validate(cur: Cursor, batch_id: str, me: str, lease_s: float, max_lines: int) -> None:
+    """Read the input file, check it (on this thread, never the event loop's: a file may hold 50,000 lines)
+    and store its lines, or the errors that fail the batch; nothing when it was cancelled meanwhile."""
+    status, _, input_file, endpoint = _held(cur, batch_id, me, lease_s)[:4]
+    if status != "validating":
+        return  # cancelling: the runner ends it without lines
+    lines, errors = parse(input_data(cur, input_file), endpoint, max_lines)
+    now = time.time()
+    if errors:
+        cur.execute(
+            "UPDATE batches SET status = 'failed', failed_at = ?, errors = ?, lease_until = 0 WHERE id = ?",
+            (now, _json([msgspec.structs.asdict(e) for e in errors]), batch_id),
+        )
+        return
+    cur.execute("DELETE FROM batch_lines WHERE batch_id = ?", (batch_id,))
+    rows: list[tuple[str, int, str, str, str, int, str | None]] = []
+    refused = 0
+    for i, line in enumerate(lines):
+        if line.refusal is None:
+            rows.append((batch_id, i, line.custom_id, line.body.decode(), TODO, 0, None))
+            continue
+        refused += 1
+        err = msgspec.json.encode(
+            {
+                "error": {
+                    "message": line.refusal,
+                    "type": "invalid_request_error",
+                    "param": "stream",
+                    "code": "invalid_value",
+                }
+            }
+        )
+        line_id = "batch_req_" + unique_suffix()
+        result = answered(line_id, line.custom_id, 400, line_id, err).decode()
+        rows.append((batch_id, i, line.custom_id, line.body.decode(), ERR, 0, result))
+    for at in range(0, len(rows), _IN_CHUNK):
+        cur.executemany(
+            "INSERT INTO batch_lines (batch_id, idx, custom_id, body, state, sends, result) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            rows[at : at + _IN_CHUNK],
+        )
+    cur.execute(
+        "UPDATE batches SET status = 'in_progress', in_progress_at = ?, total = ?, failed = ? WHERE id = ?",
+        (now, len(lines), refused, batch_id),
+    )
+
+
+def take(
+    cur: Cursor, batch_id: str, me: str, lease_s: float, n: int
+) -> tuple[tuple[Any, ...], list[tuple[Any, ...]], int]:
+    """The batch's state, up to `n` lines to send now (marked `sent`, one more send each), and how many
+    lines were not answered yet (counted only when none is taken)."""
+    held = _held(cur, batch_id, me, lease_s)
+    if held[0] != "in_progress":
+        return held, [], -1
+    lines = []
+    if n > 0:
+        lines = cur.rows(
+            f"SELECT idx, custom_id, body FROM batch_lines WHERE batch_id = ? AND state = '{TODO}' "
+            "ORDER BY idx LIMIT ?",
+            (batch_id, n),
+        )
+    if lines:
+        cur.executemany(
+            f"UPDATE batch_lines SET state = '{SENT}', sends = sends + 1 WHERE batch_id = ? AND idx = ?",
+            [(batch_id, r[0]) for r in lines],
+        )
+        return held, lines, -1
+    waiting = cur.rows(
+        f"SELECT count(*) FROM batch_lines WHERE batch_id = ? AND state IN ('{TODO}', '{SENT}')", (batch_id,)
+    )[0][0]
+    return held, lines, int(waiting)
+
+
+def record(cur: Cursor, batch_id: str, me: str, lease_s: float, results: list[tuple[int, str, str]]) -> int:
+    """Book answered lines (idx, state ok|err, result line): each only if still `sent`; how many were booked."""
+    _held(cur, batch_id, me, lease_s)
+    done = {OK: 0, ERR: 0}
+    for idx, line_state, result in results:
+        if cur.execute(
+            f"UPDATE batch_lines SET state = ?, result = ? WHERE batch_id = ? AND idx = ? AND state = '{SENT}'",
+            (line_state, result, batch_id, idx),
+        ):
+            done[line_state] += 1
+    if done[OK] or done[ERR]:
+        cur.execute(
+            "UPDATE batches SET completed = completed + ?, failed = failed + ? WHERE id = ?",
+            (done[OK], done[ERR], batch_id),
+        )
+    return done[OK] + done[ERR]
+
+
+def left(cur: Cursor, batch_id: str) -> list[tuple[int, str]]:
+    """The lines not answered yet (idx, custom_id)."""
+    rows = cur.rows(
+        f"SELECT idx, custom_id FROM batch_lines WHERE batch_id = ? AND state IN ('{TODO}', '{SENT}') ORDER BY idx",
+        (batch_id,),
+    )
+    return [(int(r[0]), str(r[1])) for r in rows]
+
+
+def finish(
+    cur: Cursor,
+    batch_id: str,
+    me: str,
+    lease_s: float,
+    status: str,
+    closed: list[tuple[int, str]],
+    reason: str | None = None,
+) -> None:
+    """End the batch: the lines in `closed` (idx, error line) go to the error file, the result files are made
+    from the lines, and the batch takes its final `status` (completed, failed, expired, cancelled)."""
+    _held(cur, batch_id, me, lease_s)
+    now = time.time()
+    # The lines closed were read unanswered under this lease, which is still held: each of them is updated.
+    cur.executemany(
+        f"UPDATE batch_lines SET state = '{ERR}', result = ? WHERE batch_id = ? AND idx = ? "
+        f"AND state IN ('{TODO}', '{SENT}')",
+        [(result, batch_id, idx) for idx, result in closed],
+    )
+    closed_n = len(closed)
+    owner = cur.rows("SELECT owner FROM batches WHERE id = ?", (batch_id,))[0][0]
+    ids: dict[str, str | None] = {}
+    for line_state, purpose in ((OK, "output"), (ERR, "error")):
+        size = 0
+        for (result,) in cur.rows(
+            "SELECT result FROM batch_lines WHERE batch_id = ? AND state = ?", (batch_id, line_state)
+        ):
+            size += len(str(result).encode()) + 1
+        if not size:
+            ids[purpose] = None
+            continue
+        file_id = ids[purpose] = "file-" + unique_suffix()
+        cur.execute(
+            f"INSERT INTO batch_files ({FILE_COLUMNS}) VALUES (?, ?, ?, 'batch_output', ?, ?, ?, ?)",
+            (file_id, owner, f"{batch_id}_{purpose}.jsonl", size, now, batch_id, line_state),
+        )
+    stamp = {"completed": "completed_at", "failed": "failed_at", "expired": "expired_at", "cancelled": "cancelled_at"}
+    errors = None
+    if reason is not None:
+        errors = _json([{"code": "batch_failed", "message": reason, "param": None, "line": None}])
+    cur.execute(
+        f"UPDATE batches SET status = ?, {stamp[status]} = ?, finalizing_at = coalesce(finalizing_at, ?), "
+        "failed = failed + ?, output_file_id = ?, error_file_id = ?, reason = ?, errors = coalesce(?, errors), "
+        "lease_owner = NULL, lease_until = ? WHERE id = ?",
+        (status, now, now, closed_n, ids["output"], ids["error"], reason, errors, 0, batch_id),
+    )
+
+
+def release(cur: Cursor, batch_id: str, me: str) -> None:
+    """Give the lease back (a clean stop): the next runner, here or elsewhere, takes the batch at once."""
+    cur.execute("UPDATE batches SET lease_until = 0 WHERE id = ? AND lease_owner = ?", (batch_id, me))
+
+
+def retain(cur: Cursor, before: float, limit: int) -> int:
+    """Delete finished batches, their lines and files, and files, made before `before`; how many objects."""
+    marks = ", ".join("?" * len(TERMINAL))
+    old = [
+        r[0]
+        for r in cur.rows(
+            f"SELECT id FROM batches WHERE status IN ({marks}) AND created_at < ? LIMIT ?", (*TERMINAL, before, limit)
+        )
+    ]
+    for batch_id in old:
+        cur.execute("DELETE FROM batch_lines WHERE batch_id = ?", (batch_id,))
+        cur.execute("DELETE FROM batch_files WHERE batch_id = ?", (batch_id,))  # its output and error files
+        cur.execute("DELETE FROM batches WHERE id = ?", (batch_id,))
+    # A file a running batch still reads is kept: its batch is not finished, so it is not old.
+    files = [
+        r[0]
+        for r in cur.rows(
+            f"SELECT id FROM batch_files WHERE created_at < ? AND id NOT IN (SELECT input_file_id FROM batches "
+            f"WHERE status NOT IN ({marks})) LIMIT ?",
+            (before, *TERMINAL, limit),
+        )
+    ]
+    for file_id in files:
+        cur.execute("DELETE FROM batch_file_chunks WHERE file_id = ?", (file_id,))
+        cur.execute("DELETE FROM batch_files WHERE id = ?", (file_id,))
+    return len(old) + len(files)
+
+
+def _json(value: Any) -> str | None:
+    return None if value is None else msgspec.json.encode(value).decode()

@@ -1,0 +1,344 @@
+"""The OpenAI Files and Batches API (`/v1/files`, `/v1/batches`) and the admin's `/admin/batches`.
+
+Every route authenticates the client key as a completion request does and serves only what that key owns:
+another key's id is a 404, never a 403 that would confirm it exists. Without `ledger:` every route answers
+404 saying the Batch API needs one. Bad input is a 400 naming the field. Docs: docs/batches.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Final
+
+import msgspec
+from litestar import Request, Response, delete, get, post
+from litestar.datastructures import UploadFile
+from litestar.handlers import HTTPRouteHandler
+from litestar.response import Stream
+
+from gateway.batches import store
+from gateway.batches.objects import (
+    BatchError,
+    BatchObject,
+    Deleted,
+    ErrorList,
+    FileObject,
+    Page,
+    RequestCounts,
+    ts,
+)
+from gateway.batches.send import ENDPOINT
+from gateway.batches.service import ANONYMOUS, Batches
+from gateway.edge.ledger_routes import unavailable_error
+from gateway.edge.render import error_response
+from gateway.ledger.engine import LedgerDown
+from gateway.limits.auth import KeyRing
+from gateway.path.dialects import OPENAI
+from wire.errors import GatewayError, InvalidRequestError
+
+JSON: Final = "application/json"
+_NO_STORE: Final = {"cache-control": "no-store"}
+_WINDOW: Final = re.compile(r"^(\d{1,6})([smh])$")
+_UNIT_S: Final = {"s": 1, "m": 60, "h": 3600}
+_MAX_WINDOW_S: Final = 7 * 86_400
+_CONTENT_LINES: Final = 1000  # result lines read per turn while a result file is sent
+_errors_list = msgspec.json.Decoder(list[BatchError]).decode
+
+Authorize = Callable[[Request[Any, Any, Any]], tuple[Any, Response[bytes] | None]]
+
+
+class NewBatch(msgspec.Struct, forbid_unknown_fields=True):
+    input_file_id: str
+    endpoint: str
+    completion_window: str
+    metadata: dict[str, str] | None = None
+
+
+def _json(value: Any, status: int = 200) -> Response[bytes]:
+    return Response(msgspec.json.encode(value), status_code=status, media_type=JSON, headers=_NO_STORE)
+
+
+def _render(exc: GatewayError) -> Response[bytes]:
+    return error_response(OPENAI, exc, extra=_NO_STORE)
+
+
+def _missing(what: str, ident: str) -> Response[bytes]:
+    return _render(GatewayError(f"No {what} with id {ident!r}", status=404, code="not_found", type="not_found_error"))
+
+
+def _bad(message: str, param: str | None) -> Response[bytes]:
+    return _render(InvalidRequestError(message, param=param, code="invalid_value"))
+
+
+def file_object(row: tuple[Any, ...]) -> FileObject:
+    return FileObject(id=row[0], bytes=int(row[4]), created_at=int(row[5]), filename=row[2], purpose=row[3])
+
+
+def batch_object(row: tuple[Any, ...]) -> BatchObject:
+    errors = ErrorList(_errors_list(row[7])) if row[7] else None
+    return BatchObject(
+        id=row[0],
+        endpoint=row[2],
+        errors=errors,
+        input_file_id=row[3],
+        completion_window=row[4],
+        status=row[5],
+        output_file_id=row[21],
+        error_file_id=row[22],
+        created_at=int(row[9]),
+        in_progress_at=ts(row[11]),
+        expires_at=ts(row[10]),
+        finalizing_at=ts(row[12]),
+        completed_at=ts(row[13]),
+        failed_at=ts(row[14]),
+        expired_at=ts(row[15]),
+        cancelling_at=ts(row[16]),
+        cancelled_at=ts(row[17]),
+        request_counts=RequestCounts(total=int(row[18]), completed=int(row[19]), failed=int(row[20])),
+        metadata=msgspec.json.decode(row[6]) if row[6] else None,
+    )
+
+
+def _page(rows: list[tuple[Any, ...]], limit: int, shape: Callable[[tuple[Any, ...]], Any]) -> Page:
+    data = [shape(r) for r in rows[:limit]]
+    return Page(
+        data=data,
+        first_id=rows[0][0] if rows else None,
+        last_id=rows[:limit][-1][0] if rows else None,
+        has_more=len(rows) > limit,
+    )
+
+
+def _limit(request: Request[Any, Any, Any], most: int) -> int | Response[bytes]:
+    raw = request.query_params.get("limit", "20")
+    if not raw.isdigit() or not 1 <= int(raw) <= most:
+        return _bad(f"limit must be a whole number from 1 to {most}", "limit")
+    return int(raw)
+
+
+_STATUS_BATCHES: Final = 50  # the status page lists at most this many running batches, oldest first
+
+
+async def running_batches(api: Batches, keys: KeyRing) -> list[dict[str, Any]] | None:
+    """The batches being run, with their progress, for the status page (None: the database did not answer);
+    each owner by its key's name."""
+    try:
+        rows = await asyncio.wait_for(api.store.run(store.running, _STATUS_BATCHES), api.store.wait_s)
+    except (LedgerDown, TimeoutError):
+        return None
+    names = ("id", "owner", "status", "total", "completed", "failed", "created_at")
+    return [{**dict(zip(names, r, strict=True)), "owner": keys.name_of(r[1]), "owner_id": r[1]} for r in rows]
+
+
+NEEDS_LEDGER: Final = GatewayError(
+    "The Batch API needs a ledger: set `ledger.url` in the gateway's config (docs/batches.md)",
+    status=404,
+    code="batches_need_ledger",
+    type="not_found_error",
+)
+
+
+def _who(request: Request[Any, Any, Any]) -> tuple[Batches, str] | Response[bytes]:
+    """The Batch API and who asks (the calling key's identity), or the answer that refuses them."""
+    api: Batches | None = request.app.state.batches
+    if api is None:
+        return _render(NEEDS_LEDGER)
+    try:
+        key = request.app.state.pipeline.keys.authenticate(request.headers)
+    except GatewayError as exc:
+        return _render(exc)
+    return api, key.ident if key is not None else ANONYMOUS
+
+
+Work = Callable[[Request[Any, Any, Any], Batches, str], Awaitable[Response[Any]]]
+
+
+def _serving(work: Work) -> Callable[[Request[Any, Any, Any]], Awaitable[Response[Any]]]:
+    """A route: the caller authenticated, `work` run as them, a database that does not answer a 503."""
+
+    async def handler(request: Request[Any, Any, Any]) -> Response[Any]:
+        found = _who(request)
+        if isinstance(found, Response):
+            return found
+        try:
+            return await work(request, *found)
+        except LedgerDown as exc:
+            return _render(unavailable_error(exc))
+
+    handler.__name__ = work.__name__.lstrip("_")
+    return handler
+
+
+async def _upload(request: Request[Any, Any, Any], api: Batches, owner: str) -> Response[Any]:
+    form = await request.form()
+    if form.get("purpose") != "batch":
+        return _bad("purpose must be 'batch' (the gateway stores files for the Batch API only)", "purpose")
+    upload = form.get("file")
+    if not isinstance(upload, UploadFile):
+        return _bad("file is required: the JSONL input file, sent as multipart form data", "file")
+    data = await upload.read()
+    if len(data) > api.cfg.max_file_bytes:
+        return _render(
+            InvalidRequestError(
+                f"The file is larger than {api.cfg.max_file_bytes} bytes (batches.max_file_bytes)",
+                status=413,
+                param="file",
+                code="file_too_large",
+            )
+        )
+    name = (upload.filename or "input.jsonl")[:256]
+    try:
+        row = await api.store.run(store.add_file, owner, name, "batch", data, api.cfg.max_files)
+    except store.TooManyFiles as exc:
+        return _render(
+            GatewayError(f"Too many files: {exc}", status=409, code="too_many_files", type="invalid_request_error")
+        )
+    return _json(file_object(row))
+
+
+async def _list_files(request: Request[Any, Any, Any], api: Batches, owner: str) -> Response[Any]:
+    limit = _limit(request, 10_000)
+    if isinstance(limit, Response):
+        return limit
+    purpose = request.query_params.get("purpose")
+    extra = ("purpose = ?", (purpose,)) if purpose else ("", ())
+    after = request.query_params.get("after")
+    order = request.query_params.get("order", "desc")
+    if order not in ("asc", "desc"):
+        return _bad("order must be 'asc' or 'desc'", "order")
+    args = (owner, after, limit, extra, order == "asc")
+    rows = await api.store.run(store.page, "batch_files", store.FILE_COLUMNS, *args)
+    return _json(_page(rows, limit, file_object))
+
+
+async def _one_file(request: Request[Any, Any, Any], api: Batches, owner: str) -> tuple[Any, ...] | Response[Any]:
+    file_id = str(request.path_params["file_id"])
+    row = await api.store.run(store.file_row, file_id, owner)
+    return _missing("file", file_id) if row is None else row
+
+
+async def _get_file(request: Request[Any, Any, Any], api: Batches, owner: str) -> Response[Any]:
+    row = await _one_file(request, api, owner)
+    return row if isinstance(row, Response) else _json(file_object(row))
+
+
+async def _file_content(request: Request[Any, Any, Any], api: Batches, owner: str) -> Response[Any]:
+    row = await _one_file(request, api, owner)
+    if isinstance(row, Response):
+        return row
+    if row[7] == "input":
+        data = await api.store.run(store.input_data, row[0])
+        return Response(data, media_type="application/octet-stream", headers=_NO_STORE)
+    batch_id, line_state = row[6], row[7]
+
+    async def lines() -> AsyncIterator[bytes]:
+        after = -1
+        while True:
+            chunk = await api.store.run(store.result_chunk, batch_id, line_state, after, _CONTENT_LINES)
+            if not chunk:
+                return
+            after = chunk[-1][0]
+            yield "".join(f"{text}\n" for _, text in chunk).encode()
+
+    return Stream(lines(), media_type="application/octet-stream", headers=_NO_STORE)
+
+
+async def _delete_file(request: Request[Any, Any, Any], api: Batches, owner: str) -> Response[Any]:
+    file_id = str(request.path_params["file_id"])
+    gone = await api.store.run(store.delete_file, file_id, owner)
+    return _json(Deleted(file_id, True)) if gone else _missing("file", file_id)
+
+
+async def _create_batch(request: Request[Any, Any, Any], api: Batches, owner: str) -> Response[Any]:
+    try:
+        spec = msgspec.json.decode(await request.body(), type=NewBatch)
+    except msgspec.MsgspecError as exc:
+        field = re.search(r"`\$\.?([A-Za-z0-9_.]*)`", str(exc))
+        missing = re.search(r"missing required field `([a-z_]+)`", str(exc))
+        param = missing.group(1) if missing else field.group(1) if field else None
+        return _bad(f"Invalid body: {exc}", param)
+    if spec.endpoint != ENDPOINT:
+        return _bad(f"endpoint must be {ENDPOINT!r}: the gateway runs batches of completions", "endpoint")
+    window = _WINDOW.match(spec.completion_window)
+    window_s = int(window.group(1)) * _UNIT_S[window.group(2)] if window else 0
+    if not 1 <= window_s <= _MAX_WINDOW_S:
+        return _bad(
+            "completion_window must be '24h' (or another '<N>h', '<N>m', '<N>s' up to 7 days)", "completion_window"
+        )
+    if spec.metadata is not None and (
+        len(spec.metadata) > 16 or any(len(k) > 64 or len(v) > 512 for k, v in spec.metadata.items())
+    ):
+        return _bad("metadata holds at most 16 pairs, keys of 64 characters, values of 512", "metadata")
+    row = await api.store.run(store.file_row, spec.input_file_id, owner)
+    if row is None or row[7] != "input":
+        return _missing("file", spec.input_file_id)
+    window_spec = (spec.completion_window, window_s)
+    batch_id = await api.store.run(store.add_batch, owner, spec.input_file_id, ENDPOINT, *window_spec, spec.metadata)
+    made = await api.store.run(store.batch_row, batch_id, owner)
+    api.runner.poke()
+    return _json(batch_object(made)) if made is not None else _missing("batch", batch_id)
+
+
+async def _get_batch(request: Request[Any, Any, Any], api: Batches, owner: str) -> Response[Any]:
+    batch_id = str(request.path_params["batch_id"])
+    row = await api.store.run(store.batch_row, batch_id, owner)
+    return _missing("batch", batch_id) if row is None else _json(batch_object(row))
+
+
+async def _cancel_batch(request: Request[Any, Any, Any], api: Batches, owner: str) -> Response[Any]:
+    batch_id = str(request.path_params["batch_id"])
+    row = await api.store.run(store.cancel, batch_id, owner)
+    if row is None:
+        return _missing("batch", batch_id)
+    api.runner.poke()
+    return _json(batch_object(row))
+
+
+async def _listing(request: Request[Any, Any, Any], api: Batches, owner: str | None) -> Response[Any]:
+    """Batches newest first: the caller's own, or (`owner` None: the admin) every key's, each with its owner."""
+    limit = _limit(request, 100)
+    if isinstance(limit, Response):
+        return limit
+    after = request.query_params.get("after")
+    rows = await api.store.run(store.page, "batches", store.BATCH_COLUMNS, owner, after, limit)
+    if owner is not None:
+        return _json(_page(rows, limit, batch_object))
+    keys: KeyRing = request.app.state.pipeline.keys
+    return _json(
+        _page(
+            rows,
+            limit,
+            lambda r: {**msgspec.structs.asdict(batch_object(r)), "owner": keys.name_of(r[1]), "owner_id": r[1]},
+        )
+    )
+
+
+def routes(authorize_admin: Authorize) -> list[HTTPRouteHandler]:
+    """The routes; each finds the Batch API in the app's state (None: no ledger, a 404 saying so)."""
+
+    @get("/admin/batches")
+    async def admin_batches(request: Request[Any, Any, Any]) -> Response[Any]:
+        _, refused = authorize_admin(request)
+        if refused is not None:
+            return refused
+        if request.app.state.batches is None:
+            return _render(NEEDS_LEDGER)
+        try:
+            return await _listing(request, request.app.state.batches, None)
+        except LedgerDown as exc:
+            return _render(unavailable_error(exc))
+
+    return [
+        post("/v1/files", status_code=200)(_serving(_upload)),
+        get("/v1/files")(_serving(_list_files)),
+        get("/v1/files/{file_id:str}")(_serving(_get_file)),
+        get("/v1/files/{file_id:str}/content")(_serving(_file_content)),
+        delete("/v1/files/{file_id:str}", status_code=200)(_serving(_delete_file)),
+        post("/v1/batches", status_code=200)(_serving(_create_batch)),
+        get("/v1/batches")(_serving(_listing)),
+        get("/v1/batches/{batch_id:str}")(_serving(_get_batch)),
+        post("/v1/batches/{batch_id:str}/cancel", status_code=200)(_serving(_cancel_batch)),
+        admin_batches,
+    ]

@@ -1,0 +1,103 @@
+"""The Batch API suite's config and helpers: the real gateway, a real SQLite file, the `openai` SDK unmodified."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Final
+
+import openai
+
+from tests.helpers.servers import GatewayThread
+
+ADMIN_KEY: Final = "adm-batches-5e1c"
+EVAL_KEY: Final = "gk-batches-eval-7a21"
+OTHER_KEY: Final = "gk-batches-other-c3d9"
+ENV: Final = {"BATCH_ADMIN_KEY": ADMIN_KEY, "BATCH_EVAL_KEY": EVAL_KEY, "BATCH_OTHER_KEY": OTHER_KEY}
+
+CONFIG: Final = """
+admin: {{key: "${{BATCH_ADMIN_KEY}}"}}
+logging: {{requests: false}}
+retries: {{attempts: 1}}
+ledger: {{url: "{url}", flush_ms: 100}}
+batches: {{poll_ms: 100, lease_ms: {lease_ms}, concurrency: {concurrency}{extra}}}
+keys:
+  - {{name: eval, key: "${{BATCH_EVAL_KEY}}"}}
+  - {{name: other, key: "${{BATCH_OTHER_KEY}}", models: [fast]}}
+providers:
+  demo: {{kind: fake, models: [text, slow-40ms, slow-400ms]}}
+{more}
+models:
+  - {{name: fast, targets: [{{model: demo/text}}]}}
+  - {{name: slow, targets: [{{model: demo/slow-40ms}}]}}
+  - {{name: slower, targets: [{{model: demo/slow-400ms}}]}}
+"""
+
+
+def config(url: str, *, lease_ms: int = 30_000, concurrency: int = 32, extra: str = "", more: str = "") -> str:
+    return CONFIG.format(url=url, lease_ms=lease_ms, concurrency=concurrency, extra=extra, more=more)
+
+
+def sdk(base: str, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0, timeout=30)
+
+
+def line(custom_id: str, model: str = "fast", prompt: str = "hello", **body: Any) -> dict[str, Any]:
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/completions",
+        "body": {"model": model, "prompt": prompt, "max_tokens": 5, **body},
+    }
+
+
+def jsonl(lines: list[dict[str, Any]]) -> bytes:
+    return b"".join(json.dumps(x).encode() + b"\n" for x in lines)
+
+
+def upload(client: openai.OpenAI, data: bytes) -> str:
+    return client.files.create(file=("input.jsonl", io.BytesIO(data)), purpose="batch").id
+
+
+def wait_batch(
+    client: openai.OpenAI, batch_id: str, done: Callable[[Any], bool] | None = None, timeout: float = 60
+) -> Any:
+    """Poll the batch as a client would until it ends (or `done` says so)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        batch = client.batches.retrieve(batch_id)
+        if (done or (lambda b: b.status in ("completed", "failed", "expired", "cancelled")))(batch):
+            return batch
+        assert time.monotonic() < deadline, f"batch still {batch.status}: {batch.request_counts}"
+        time.sleep(0.1)
+
+
+def results(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
+    if file_id is None:
+        return []
+    text = client.files.content(file_id).text
+    return [json.loads(x) for x in text.splitlines()]
+
+
+def start(client: openai.OpenAI, lines: list[dict[str, Any]], window: str = "24h") -> str:
+    """Upload the lines and make a batch of them, as a client would; the batch's id."""
+    file_id = upload(client, jsonl(lines))
+    made = client.batches.create(
+        input_file_id=file_id,
+        endpoint="/v1/completions",
+        completion_window=window,  # type: ignore[arg-type]  # the SDK's type says 24h; the gateway takes more
+    )
+    return made.id
+
+
+@contextlib.contextmanager
+def served(tmp_path: Path, **settings: Any) -> Iterator[tuple[GatewayThread, openai.OpenAI]]:
+    """The gateway in a thread on a fresh SQLite ledger (`config(**settings)`), and the eval key's SDK client."""
+    path = tmp_path / "config.yaml"
+    path.write_text(config(f"sqlite:///{tmp_path / 'ledger.db'}", **settings))
+    with GatewayThread(path, ENV) as gw:
+        yield gw, sdk(gw.url, EVAL_KEY)

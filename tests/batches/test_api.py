@@ -1,0 +1,351 @@
+"""The Batch API as the unmodified `openai` SDK calls it, over a real socket, booking into a real SQLite file."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+
+from tests.helpers.accesslog import listening
+from tests.helpers.servers import GatewayProcess, GatewayThread, cli_env
+from tests.helpers.waiting import wait_until
+
+from .conftest import (
+    ADMIN_KEY,
+    ENV,
+    EVAL_KEY,
+    OTHER_KEY,
+    config,
+    jsonl,
+    line,
+    results,
+    sdk,
+    served,
+    start,
+    upload,
+    wait_batch,
+)
+
+
+def test_a_batch_completes_every_line_once_with_the_direct_answer(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(config(f"sqlite:///{tmp_path / 'ledger.db'}"))
+    lines = [line(f"q-{i}", prompt=f"question {i} about foxes") for i in range(300)]
+    with GatewayThread(path, ENV) as gw:
+        client = sdk(gw.url, EVAL_KEY)
+        file_id = upload(client, jsonl(lines))
+        made = client.batches.create(
+            input_file_id=file_id, endpoint="/v1/completions", completion_window="24h", metadata={"suite": "mmlu"}
+        )
+        assert made.status == "validating" and made.metadata == {"suite": "mmlu"}
+        batch = wait_batch(client, made.id)
+        assert batch.status == "completed", batch
+        assert batch.request_counts is not None
+        assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (
+            300,
+            300,
+            0,
+        )
+        assert batch.error_file_id is None and batch.output_file_id is not None
+        out = results(client, batch.output_file_id)
+        assert [o["custom_id"] for o in out] == [f"q-{i}" for i in range(300)]
+        with httpx.Client(base_url=gw.url, headers={"authorization": f"Bearer {EVAL_KEY}"}) as c:
+            for o in out[::37]:
+                i = int(o["custom_id"][2:])
+                direct = c.post("/v1/completions", json=lines[i]["body"]).json()
+                got = o["response"]["body"]
+                assert o["response"]["status_code"] == 200 and o["error"] is None
+                assert got["choices"] == direct["choices"] and got["usage"] == direct["usage"]
+        assert client.files.retrieve(batch.output_file_id).bytes == len(
+            client.files.content(batch.output_file_id).content
+        )
+        assert made.id in [b.id for b in client.batches.list()]
+    # Every line is a row of the ledger naming its batch; the direct requests name none.
+    with sqlite3.connect(tmp_path / "ledger.db") as conn:
+        booked = conn.execute(
+            "SELECT batch_id, count(*), count(DISTINCT request_id), min(status), max(status) FROM requests "
+            "GROUP BY batch_id ORDER BY batch_id NULLS FIRST"
+        ).fetchall()
+    assert booked == [(None, 9, 9, 200, 200), (made.id, 300, 300, 200, 200)]
+
+
+def _errors(batch: object) -> list[tuple[str, int | None]]:
+    errors = getattr(batch, "errors", None)
+    assert errors is not None and errors.data
+    return [(e.code, e.line) for e in errors.data]
+
+
+def test_bad_files_fail_the_batch_naming_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(config(f"sqlite:///{tmp_path / 'ledger.db'}", extra=", max_lines: 5, max_file_bytes: 4096"))
+    good = jsonl([line("a"), line("b")])
+    cases = {
+        "not json": (good + b"this is not json\n", [("invalid_json_line", 3)]),
+        "no custom_id": (
+            jsonl([line("a"), {"method": "POST", "url": "/v1/completions", "body": {}}]),
+            [("missing_required_parameter", 2)],
+        ),
+        "duplicate": (jsonl([line("a"), line("b"), line("a")]), [("duplicate_custom_id", 3)]),
+        "other endpoint": (jsonl([line("a"), {**line("b"), "url": "/v1/chat/completions"}]), [("invalid_url", 2)]),
+        "too many": (jsonl([line(f"x{i}") for i in range(6)]), [("too_many_lines", None)]),
+    }
+    with GatewayThread(path, ENV) as gw:
+        client = sdk(gw.url, EVAL_KEY)
+        for name, (data, expected) in cases.items():
+            made = client.batches.create(
+                input_file_id=upload(client, data), endpoint="/v1/completions", completion_window="24h"
+            )
+            batch = wait_batch(client, made.id)
+            assert batch.status == "failed", name
+            assert batch.failed_at is not None and batch.output_file_id is None
+            assert _errors(batch) == expected, name
+        # Over batches.max_file_bytes: the upload itself is refused, naming the limit.
+        try:
+            upload(client, jsonl([line(f"y{i}", prompt="p" * 1000) for i in range(5)]))
+            raise AssertionError("a file over max_file_bytes was stored")
+        except openai.APIStatusError as exc:
+            assert exc.status_code == 413 and "batches.max_file_bytes" in exc.message
+        for bad, param in (
+            ({"endpoint": "/v1/chat/completions"}, "endpoint"),
+            ({"completion_window": "soon"}, "completion_window"),
+        ):
+            try:
+                spec: dict[str, Any] = {
+                    "input_file_id": upload(client, good),
+                    "endpoint": "/v1/completions",
+                    "completion_window": "24h",
+                    **bad,
+                }
+                client.batches.create(**spec)
+                raise AssertionError(f"accepted {bad}")
+            except openai.BadRequestError as exc:
+                assert exc.status_code == 400 and exc.param == param
+
+
+def test_refused_lines_go_to_the_error_file(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(config(f"sqlite:///{tmp_path / 'ledger.db'}"))
+    lines = [
+        line("ok-1"),
+        line("unknown-model", model="nope/nothing"),
+        line("bad-field", max_tokens="many"),
+        line("streams", stream=True),
+        line("ok-2", prompt="another"),
+    ]
+    with GatewayThread(path, ENV) as gw:
+        client = sdk(gw.url, EVAL_KEY)
+        made = client.batches.create(
+            input_file_id=upload(client, jsonl(lines)), endpoint="/v1/completions", completion_window="24h"
+        )
+        batch = wait_batch(client, made.id)
+        assert batch.status == "completed"
+        assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (5, 2, 3)
+        out, err = results(client, batch.output_file_id), results(client, batch.error_file_id)
+        assert [o["custom_id"] for o in out] == ["ok-1", "ok-2"]
+        refused = {e["custom_id"]: e["response"] for e in err}
+        assert sorted(refused) == ["bad-field", "streams", "unknown-model"]
+        assert refused["unknown-model"]["status_code"] == 404
+        assert refused["unknown-model"]["body"]["error"]["code"] == "model_not_found"
+        assert (
+            refused["bad-field"]["status_code"] == 400
+            and refused["bad-field"]["body"]["error"]["param"] == "max_tokens"
+        )
+        assert refused["streams"]["status_code"] == 400 and refused["streams"]["body"]["error"]["param"] == "stream"
+        assert all(e["error"] is None and e["id"].startswith("batch_req_") for e in err)
+
+
+def test_cancel_mid_run_reports_every_line_once(tmp_path: Path) -> None:
+    lines = [line(f"c-{i}", model="slower", prompt=f"p {i}") for i in range(30)]
+    with served(tmp_path, concurrency=2) as (gw, client):
+        made_id = start(client, lines)
+        wait_batch(client, made_id, lambda b: b.request_counts is not None and b.request_counts.completed >= 2)
+        with httpx.Client(base_url=gw.url, headers={"authorization": f"Bearer {ADMIN_KEY}"}) as c:
+            shown = c.get("/admin/status").json()["batches"]
+        assert [(b["id"], b["owner"], b["status"], b["total"]) for b in shown] == [(made_id, "eval", "in_progress", 30)]
+        assert shown[0]["completed"] >= 2
+        cancelling = client.batches.cancel(made_id)
+        assert cancelling.status in ("cancelling", "cancelled") and cancelling.cancelling_at is not None
+        batch = wait_batch(client, made_id)
+        assert batch.status == "cancelled" and batch.cancelled_at is not None
+        out, err = results(client, batch.output_file_id), results(client, batch.error_file_id)
+        ids = [o["custom_id"] for o in out] + [e["custom_id"] for e in err]
+        assert sorted(ids) == sorted(x["custom_id"] for x in lines)
+        assert 2 <= len(out) < 30
+        assert {e["error"]["code"] for e in err} == {"batch_cancelled"}
+        assert batch.request_counts.completed == len(out) and batch.request_counts.failed == len(err)
+
+
+def test_expiry_reports_the_lines_left_expired(tmp_path: Path) -> None:
+    lines = [line(f"e-{i}", model="slower", prompt=f"p {i}") for i in range(20)]
+    with served(tmp_path, concurrency=1) as (_, client):
+        batch = wait_batch(client, start(client, lines, window="2s"))
+        assert batch.status == "expired" and batch.expired_at is not None
+        out, err = results(client, batch.output_file_id), results(client, batch.error_file_id)
+        assert 1 <= len(out) < 20
+        assert sorted([o["custom_id"] for o in out] + [e["custom_id"] for e in err]) == sorted(
+            x["custom_id"] for x in lines
+        )
+        assert {e["error"]["code"] for e in err} == {"batch_expired"} and all(e["response"] is None for e in err)
+
+
+def test_a_key_sees_only_its_own(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(config(f"sqlite:///{tmp_path / 'ledger.db'}"))
+    with GatewayThread(path, ENV) as gw:
+        mine, theirs = sdk(gw.url, EVAL_KEY), sdk(gw.url, OTHER_KEY)
+        file_id = upload(mine, jsonl([line("t-1")]))
+        made = mine.batches.create(input_file_id=file_id, endpoint="/v1/completions", completion_window="24h")
+        batch = wait_batch(mine, made.id)
+        for call in (
+            lambda: theirs.files.retrieve(file_id),
+            lambda: theirs.files.content(file_id),
+            lambda: theirs.files.content(batch.output_file_id),
+            lambda: theirs.files.delete(file_id),
+            lambda: theirs.batches.retrieve(made.id),
+            lambda: theirs.batches.cancel(made.id),
+            lambda: theirs.batches.create(input_file_id=file_id, endpoint="/v1/completions", completion_window="24h"),
+        ):
+            try:
+                call()
+                raise AssertionError("another key's object was served")
+            except openai.NotFoundError as exc:
+                assert exc.status_code == 404
+        assert list(theirs.batches.list()) == [] and list(theirs.files.list()) == []
+        assert [f.id for f in mine.files.list()].count(file_id) == 1
+        # Paged as the SDK pages: every file once, in either order.
+        newest = [f.id for f in mine.files.list(limit=1)]  # auto-paging through `after`
+        oldest = [f.id for f in mine.files.list(limit=1, order="asc")]
+        assert len(newest) == 2 and newest == oldest[::-1] and file_id in newest
+        with httpx.Client(base_url=gw.url) as c:
+            assert c.get("/admin/batches", headers={"authorization": f"Bearer {EVAL_KEY}"}).status_code == 401
+            admin = c.get("/admin/batches", headers={"authorization": f"Bearer {ADMIN_KEY}"}).json()
+            assert [(b["id"], b["owner"]) for b in admin["data"]] == [(made.id, "eval")]
+            assert c.get("/v1/batches").status_code == 401
+        assert mine.files.delete(file_id).deleted
+        try:
+            mine.files.retrieve(file_id)
+            raise AssertionError("a deleted file was served")
+        except openai.NotFoundError:
+            pass
+
+
+def test_without_a_ledger_the_batch_api_says_it_needs_one(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("providers:\n  demo: {kind: fake, models: [text]}\n")
+    with GatewayThread(path, {}) as gw:
+        client = sdk(gw.url, "anything")
+        try:
+            client.batches.list()
+            raise AssertionError("served without a ledger")
+        except openai.NotFoundError as exc:
+            assert "ledger" in exc.message
+
+
+def test_a_budget_exhausted_mid_batch_fails_it_keeping_what_ran(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    text = config(f"sqlite:///{tmp_path / 'ledger.db'}", concurrency=1)
+    text = text.replace(
+        '  - {name: eval, key: "${BATCH_EVAL_KEY}"}',
+        '  - {name: eval, key: "${BATCH_EVAL_KEY}", max_cost_per_day: 2.0}',
+    )
+    path.write_text(text + "prices:\n  demo/text: {prompt_per_1m: 0, completion_per_1m: 100000}\n")
+    lines = [line(f"b-{i}", prompt=f"p {i}") for i in range(20)]  # 5 tokens each: $0.50 a line
+    with GatewayThread(path, ENV) as gw:
+        client = sdk(gw.url, EVAL_KEY)
+        made = client.batches.create(
+            input_file_id=upload(client, jsonl(lines)), endpoint="/v1/completions", completion_window="24h"
+        )
+        batch = wait_batch(client, made.id)
+        assert batch.status == "failed" and batch.failed_at is not None
+        assert batch.errors is not None and "budget" in (batch.errors.data[0].message or "")
+        out, err = results(client, batch.output_file_id), results(client, batch.error_file_id)
+    assert 1 <= len(out) <= 4
+    assert [o["custom_id"] for o in out] == [f"b-{i}" for i in range(len(out))]
+    assert sorted(o["custom_id"] for o in out + err) == sorted(x["custom_id"] for x in lines)
+    refused = [e for e in err if e["response"] is not None]
+    assert [e["response"]["body"]["error"]["code"] for e in refused] == ["budget_exceeded"]
+    assert {e["error"]["code"] for e in err if e["response"] is None} == {"batch_failed"}
+
+
+def test_files_are_bounded_and_old_ones_deleted(tmp_path: Path) -> None:
+    with served(tmp_path, extra=", max_files: 3, retain_days: 1") as (_, client):
+        batch = wait_batch(client, start(client, [line("old-1")]))  # its input and output: two files
+        kept = upload(client, jsonl([line("new-1")]))
+        try:
+            upload(client, jsonl([line("one-too-many")]))
+            raise AssertionError("a fourth file was stored")
+        except openai.ConflictError as exc:
+            assert exc.status_code == 409 and "batches.max_files" in exc.message
+    # Two days pass for the first batch and its files (the clock of the rows, as an operator would move it).
+    with sqlite3.connect(tmp_path / "ledger.db") as conn:
+        conn.execute("UPDATE batches SET created_at = created_at - 2 * 86400")
+        conn.execute("UPDATE batch_files SET created_at = created_at - 2 * 86400 WHERE id <> ?", (kept,))
+    with served(tmp_path, extra=", max_files: 3, retain_days: 1") as (_, client):
+        deadline = time.monotonic() + 10
+        while True:  # retention runs at the runner's first turn
+            try:
+                client.batches.retrieve(batch.id)
+            except openai.NotFoundError:
+                break
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert [f.id for f in client.files.list()] == [kept]
+        assert sqlite3.connect(tmp_path / "ledger.db").execute("SELECT count(*) FROM batch_lines").fetchone() == (0,)
+
+
+def test_lines_are_seen_in_the_access_log_and_the_metrics(tmp_path: Path) -> None:
+    lines = [line(f"m-{i}") for i in range(6)] + [line("m-bad", model="nope/nothing")]
+    with listening() as log, served(tmp_path, more="") as (gw, client):
+        gw.pipeline.log_requests = True  # the suite's config turns the access log off; this test reads it
+        batch = wait_batch(client, start(client, lines))
+        with httpx.Client(base_url=gw.url) as c:
+            text = c.get("/metrics").text
+    entries = [e for e in log.lines if e.get("batch_id") == batch.id]
+    assert len(entries) == 7 and sorted(e["status"] for e in entries) == [200] * 6 + [404]
+    assert all(e["request_id"].startswith("batch_req_") and e["key"] == "eval" for e in entries)
+    assert 'gateway_batch_lines_total{status="completed"} 6.0' in text
+    assert 'gateway_batch_lines_total{status="failed"} 1.0' in text
+    assert "gateway_batch_lines_in_flight 0.0" in text
+
+
+def test_a_reload_applies_to_the_batches_running(tmp_path: Path) -> None:
+    lines = [line(f"r-{i}", model="slower", prompt=f"p {i}") for i in range(30)]  # 400 ms each
+    path = tmp_path / "config.yaml"
+    path.write_text(config(f"sqlite:///{tmp_path / 'ledger.db'}", concurrency=1))
+    gw = GatewayProcess(path, cli_env(**ENV))
+    try:
+        gw.wait_ready()
+        client = sdk(gw.url, EVAL_KEY)
+        made_id = start(client, lines)
+        wait_batch(client, made_id, lambda b: b.request_counts is not None and b.request_counts.completed >= 2)
+        path.write_text(config(f"sqlite:///{tmp_path / 'ledger.db'}", concurrency=10))
+        gw.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: "config reloaded (SIGHUP)" in gw.log.read_text(), timeout=5)
+        reloaded = time.monotonic()
+        batch = wait_batch(client, made_id)
+    finally:
+        gw.stop()
+    # One at a time the lines left would take 11 s; ten at a time, about one.
+    assert batch.status == "completed" and time.monotonic() - reloaded < 5
+
+
+def test_a_file_of_several_megabytes_is_stored_whole_and_lines_meet_the_body_cap(tmp_path: Path) -> None:
+    big = "word " * 200_000  # one line of about a megabyte: over the cap set below
+    lines = [line(f"w-{i}", prompt=f"{i} " + "filler " * 150) for i in range(3000)] + [line("huge", prompt=big)]
+    data = jsonl(lines)
+    assert len(data) > 3 * 1024 * 1024  # stored in several chunks
+    more = "caps: {request_body_bytes: 524288}"
+    with served(tmp_path, more=more) as (_, client):
+        file_id = upload(client, data)
+        assert client.files.retrieve(file_id).bytes == len(data)
+        assert client.files.content(file_id).content == data
+        batch = wait_batch(client, start(client, lines))
+        err = results(client, batch.error_file_id)
+    assert batch.status == "completed" and batch.request_counts.completed == 3000
+    assert [(e["custom_id"], e["response"]["status_code"]) for e in err] == [("huge", 413)]
+    assert err[0]["response"]["body"]["error"]["code"] == "request_too_large"

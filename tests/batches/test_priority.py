@@ -1,0 +1,63 @@
+"""A batch's lines run at `low` priority: against a server with `max_concurrency`, interactive requests that
+wait beside a batch's lines are sent first, even the batch's own key's, and the batch still ends whole."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.helpers.engine import Engine
+from tests.helpers.servers import GatewayThread
+from tests.queue.conftest import gate, until
+
+from .conftest import ENV, EVAL_KEY, config, line, results, sdk, start, wait_batch
+
+LINES = 30
+CONCURRENCY = 8  # lines one batch has in flight: one holds the server's one slot, the others wait for it
+INTERACTIVE = 3
+
+
+async def test_interactive_requests_go_before_the_lines_of_a_running_batch(tmp_path: Path) -> None:
+    with Engine(hold_s=0.02) as engine:
+        more = f'  engine: {{kind: vllm, base_url: "{engine.url}/v1", discover: false, max_concurrency: 1}}'
+        path = tmp_path / "config.yaml"
+        path.write_text(config(f"sqlite:///{tmp_path / 'ledger.db'}", concurrency=CONCURRENCY, more=more))
+        with GatewayThread(path, ENV) as gw:
+            client = sdk(gw.url, EVAL_KEY)
+            g = gate(gw)
+            # The engine holds what reaches it: the batch's first line keeps the slot, the rest queue up.
+            engine.running.clear()
+            lines = [line(f"l-{i}", model="engine/m", prompt=f"batch item {i}") for i in range(LINES)]
+            batch_id = start(client, lines)
+            await until(lambda: engine.inflight == 1 and g.order.depth == CONCURRENCY - 1)
+            async with httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
+                # The same key as the batch's, so no fair share between tenants explains the order: only priority.
+                asks = [
+                    asyncio.ensure_future(
+                        http.post(
+                            "/v1/completions",
+                            json={"model": "engine/m", "prompt": f"inter {i}", "max_tokens": 1},
+                            headers={"authorization": f"Bearer {EVAL_KEY}"},
+                        )
+                    )
+                    for i in range(INTERACTIVE)
+                ]
+                await until(lambda: g.order.depth == CONCURRENCY - 1 + INTERACTIVE)
+                engine.running.set()
+                t0 = time.monotonic()
+                answers = await asyncio.gather(*asks)
+                waited = time.monotonic() - t0
+                lines_done = sum(1 for tenant, _, _ in engine.done if tenant == "batch")
+            batch = await asyncio.to_thread(wait_batch, client, batch_id)
+            out = await asyncio.to_thread(results, client, batch.output_file_id)
+    assert [r.status_code for r in answers] == [200] * INTERACTIVE
+    # First come, first served would put them after the seven lines waiting before them.
+    assert engine.order[: 1 + INTERACTIVE] == ["batch"] + ["inter"] * INTERACTIVE, engine.order
+    # Their wait was the one line in the server when they came, not the batch's queue (seven more lines).
+    assert lines_done <= 1 + INTERACTIVE, (lines_done, waited)
+    assert batch.status == "completed" and batch.request_counts.completed == LINES
+    assert sorted(o["custom_id"] for o in out) == sorted(f"l-{i}" for i in range(LINES))
+    assert engine.order.count("batch") == LINES
