@@ -173,6 +173,12 @@ MIGRATIONS: Final[list[list[Statement]]] = [
     ],
     # 5: the Batch API's files, batches and lines.
     _BATCH_TABLES,
+    # 6: runtime keys take a YAML key's share of a saturated server: its weight and priorities.
+    [
+        "ALTER TABLE api_keys ADD COLUMN weight DOUBLE PRECISION",
+        "ALTER TABLE api_keys ADD COLUMN priority TEXT",
+        "ALTER TABLE api_keys ADD COLUMN max_priority TEXT",
+    ],
 ]
 
 VERSION: Final = len(MIGRATIONS)
