@@ -17,7 +17,7 @@ from litestar import Request, Response, delete, get, post
 from litestar.handlers import HTTPRouteHandler
 from msgspec import Meta
 
-from gateway.config import LimitsConfig
+from gateway.config import LimitsConfig, Priority
 from gateway.ledger import keys as keystore
 from gateway.ledger.book import Ledger
 from gateway.ledger.engine import LedgerDown
@@ -28,6 +28,7 @@ from wire.errors import GatewayError, InvalidRequestError
 JSON: Final = "application/json"
 _NO_STORE: Final = {"cache-control": "no-store"}
 _MAX_GRACE_S: Final = 30 * 86_400
+_RANK: Final = {"high": 0, "normal": 1, "low": 2}
 _FIELD: Final = re.compile(r"`\$\.?([A-Za-z0-9_.\[\]]*)`")
 
 Authorize = Callable[[Request[Any, Any, Any]], tuple[Any, Response[bytes] | None]]
@@ -44,6 +45,10 @@ class NewKey(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     max_cost_per_month: Annotated[float, Meta(ge=0)] | None = None
     expires_in_s: Annotated[int, Meta(ge=1)] | None = None
     limits: LimitsConfig | None = None  # rps, rpm, tpm, tpd, concurrent, max_queue_ms: a YAML key's block
+    # The key's share of a saturated server, as a YAML key's (docs/fairness.md).
+    weight: Annotated[float, Meta(gt=0, le=10_000)] = 1.0
+    priority: Priority | None = None
+    max_priority: Priority | None = None
 
 
 class Rotation(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -82,6 +87,14 @@ def routes(authorize: Authorize, render: Render) -> list[HTTPRouteHandler]:
             spec = msgspec.json.decode(await request.body(), type=NewKey)
         except msgspec.MsgspecError as exc:
             return render(_bad_body(exc))
+        if spec.priority and spec.max_priority and _RANK[spec.priority] < _RANK[spec.max_priority]:
+            return render(
+                InvalidRequestError(
+                    f"priority {spec.priority!r} is above the key's max_priority {spec.max_priority!r}",
+                    param="priority",
+                    code="invalid_value",
+                )
+            )
         svc = service(request)
         if spec.name in svc.poller.yaml_names:
             return render(GatewayError(f"A key named {spec.name!r} is in the config", status=409, code="key_exists"))
@@ -97,6 +110,7 @@ def routes(authorize: Authorize, render: Render) -> list[HTTPRouteHandler]:
                 expires,
                 spec.limits,
                 spec.max_cost_per_month,
+                (spec.weight, spec.priority, spec.max_priority),
             )
         except keystore.KeyConflict as exc:
             return render(GatewayError(str(exc), status=409, code="key_exists"))

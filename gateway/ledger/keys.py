@@ -22,7 +22,7 @@ from typing import Any, Final
 
 import msgspec
 
-from gateway.config import LimitsConfig
+from gateway.config import LimitsConfig, Priority
 from gateway.ledger.book import Ledger
 from gateway.ledger.engine import Cursor, LedgerDown
 from gateway.limits.admission import buckets_of
@@ -33,8 +33,10 @@ log = logging.getLogger("gateway")
 
 _FIELDS: Final = (
     "id, name, team, models, max_cost_per_day, expires_at, digest, old_digest, old_valid_until, created_at, limits, "
-    "max_cost_per_month"
+    "max_cost_per_month, weight, priority, max_priority"
 )
+# A key's share of a saturated server: weight, default priority, highest priority it may ask for.
+Share = tuple[float, "Priority | None", "Priority | None"]
 _BUMP: Final = "UPDATE counters SET value = value + 1 WHERE name = 'keys'"
 
 
@@ -51,6 +53,9 @@ class KeyRow(msgspec.Struct, frozen=True):
     rotated_grace_until: float | None = None
     limits: LimitsConfig | None = None
     max_cost_per_month: float | None = None
+    weight: float = 1.0
+    priority: Priority | None = None
+    max_priority: Priority | None = None
 
 
 class Issued(msgspec.Struct, frozen=True):
@@ -88,6 +93,9 @@ def _row(r: tuple[Any, ...], grace: dict[str, float]) -> KeyRow:
         rotated_grace_until=grace.get(r[0]),
         limits=_limits(r[10]),
         max_cost_per_month=r[11],
+        weight=1.0 if r[12] is None else r[12],
+        priority=r[13],
+        max_priority=r[14],
     )
 
 
@@ -107,6 +115,7 @@ def create(
     expires_at: float | None,
     limits: LimitsConfig | None = None,
     max_cost_per_month: float | None = None,
+    share: Share = (1.0, None, None),
 ) -> Issued:
     if cur.rows("SELECT id FROM api_keys WHERE name = ?", (name,)):
         raise KeyConflict(f"a key named {name!r} exists already")
@@ -114,12 +123,14 @@ def create(
     secret = _secret()
     now = round(time.time(), 3)
     cur.execute(
-        f"INSERT INTO api_keys ({_FIELDS}) VALUES (?, ?, ?, ?, ?, ?, ?, NULL, NULL, ?, ?, ?)",
+        f"INSERT INTO api_keys ({_FIELDS}) VALUES (?, ?, ?, ?, ?, ?, ?, NULL, NULL, ?, ?, ?, ?, ?, ?)",
         (key_id, name, team, msgspec.json.encode(models).decode(), max_cost_per_day, expires_at, _digest(secret), now)
-        + (None if limits is None else msgspec.json.encode(limits).decode(), max_cost_per_month),
+        + (None if limits is None else msgspec.json.encode(limits).decode(), max_cost_per_month, *share),
     )
     cur.execute(_BUMP)
-    row = KeyRow(key_id, name, team, models, max_cost_per_day, expires_at, now, None, limits, max_cost_per_month)
+    row = KeyRow(
+        key_id, name, team, models, max_cost_per_day, expires_at, now, None, limits, max_cost_per_month, *share
+    )
     return Issued(row, secret)
 
 
@@ -193,7 +204,22 @@ def _ring(rows: list[tuple[Any, ...]], earlier: list[tuple[Any, ...]]) -> dict[b
         limits = _limits(r[10])
         buckets = tuple(buckets_of(f"key:{r[1]}", limits, f"key:{r[0]}"))
         queue_ms = limits.max_queue_ms if limits is not None else 0
-        key = ClientKey(r[1], b"", models, digest, expires, r[4], buckets, r[11], queue_ms, ident=r[0], team=r[2])
+        key = ClientKey(
+            r[1],
+            b"",
+            models,
+            digest,
+            expires,
+            r[4],
+            buckets,
+            r[11],
+            queue_ms,
+            ident=r[0],
+            team=r[2],
+            weight=1.0 if r[12] is None else r[12],
+            priority=r[13],
+            max_priority=r[14],
+        )
         out[digest] = by_id[r[0]] = key
     now = time.time()
     for key_id, old_hex, grace_until in earlier:

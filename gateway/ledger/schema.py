@@ -176,7 +176,13 @@ MIGRATIONS: Final[list[list[Statement]]] = [
     ],
     # 5: the Batch API's files, batches and lines.
     _BATCH_TABLES,
-    # 6: which endpoint a row answered (completions or chat); rows written before it were completions.
+    # 6: runtime keys take a YAML key's share of a saturated server: its weight and priorities.
+    [
+        "ALTER TABLE api_keys ADD COLUMN weight DOUBLE PRECISION",
+        "ALTER TABLE api_keys ADD COLUMN priority TEXT",
+        "ALTER TABLE api_keys ADD COLUMN max_priority TEXT",
+    ],
+    # 7: which endpoint a row answered (completions or chat); rows written before it were completions.
     _ENDPOINT,
 ]
 

@@ -63,6 +63,10 @@ class ClientKey(msgspec.Struct, frozen=True):
     # ledger's `key_id`. Its team as configured now: a row is booked under the team of the moment it ran.
     ident: str = ""
     team: str | None = None
+    # A runtime key's share of a saturated server (a YAML key's are read by the queue from the config).
+    weight: float = 1.0
+    priority: str | None = None
+    max_priority: str | None = None
 
 
 class RuntimeKeys:

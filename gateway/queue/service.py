@@ -98,19 +98,24 @@ class Queues:
         self.fair_by_team = self.config.fair_by == "team"
         teams = cfg.teams
         self.tenants: dict[str, _Tenant] = {}
+        self.teams = teams
         for k in cfg.keys:
-            team = teams.get(k.team) if k.team else None
-            by_team = self.fair_by_team and k.team is not None
-            weight = (team.weight if team is not None else 1.0) if by_team else k.weight
-            asks = k.priority or (team.priority if team else None) or "normal"
-            most = k.max_priority or (team.max_priority if team else None) or "normal"
-            tenant = f"team:{k.team}" if by_team else k.name
-            self.tenants[k.name] = _Tenant(tenant, weight, RANK[asks], RANK[most])
+            self.tenants[k.name] = self._tenant(k.name, k.team, k.weight, k.priority, k.max_priority)
         waits = self.config.max_wait_by_priority
         self.max_wait_s = tuple(
             (w if w is not None else self.config.max_wait_ms) / 1000 for w in (waits.high, waits.normal, waits.low)
         )
         self._normal = _Tenant(_ANONYMOUS, 1.0, RANK["normal"], RANK["normal"])
+
+    def _tenant(self, name: str, team_name: str | None, w: float, asks: str | None, most: str | None) -> _Tenant:
+        """A key's place in the fair order: its team's when `fair_by: team`, its priorities or else its team's."""
+        team = self.teams.get(team_name) if team_name else None
+        by_team = self.fair_by_team and team_name is not None
+        weight = (team.weight if team is not None else 1.0) if by_team else w
+        asks = asks or (team.priority if team else None) or "normal"
+        most = most or (team.max_priority if team else None) or "normal"
+        # A runtime key's default never passes what it may ask for (the config refuses such a YAML key).
+        return _Tenant(f"team:{team_name}" if by_team else name, weight, max(RANK[asks], RANK[most]), RANK[most])
 
     def adopt(self, old: Queues) -> None:
         """A reload: the servers both configs cap keep their gate (its waiters, slots held and service) under
@@ -140,8 +145,9 @@ class Queues:
     def ask(self, key: ClientKey | None, headers: Mapping[str, str], req: CompletionRequest) -> Ask:
         """Who asks: the tenant of `key`, and the class its `x-gateway-priority` header (or its default) asks for."""
         t = self._normal if key is None else self.tenants.get(key.name)
-        if t is None:  # a runtime key (the ledger's): its own tenant, weight 1, normal at most
-            t = _Tenant(key.name, 1.0, RANK["normal"], RANK["normal"])  # type: ignore[union-attr]
+        if t is None:  # a runtime key (the ledger's): its own share, stored with it
+            k: ClientKey = key  # type: ignore[assignment]
+            t = self._tenant(k.name, k.team, k.weight, k.priority, k.max_priority)
         rank = t.rank
         asked = headers.get(HEADER)
         if asked is not None:

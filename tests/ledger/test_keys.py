@@ -252,3 +252,29 @@ def test_keys_made_before_monthly_budgets_keep_working_after_the_upgrade(tmp_pat
         [listed] = admin(gw.url, "GET", "/admin/keys").json()["keys"]
     assert listed["name"] == "veteran" and listed["max_cost_per_month"] is None and listed["limits"]["rpm"] == 5
     assert query(f"sqlite:///{db}", "SELECT max(version) FROM schema_version")[0][0] == len(MIGRATIONS)
+
+
+def test_a_runtime_keys_share_of_a_saturated_server_as_a_yaml_keys(tmp_path: Path) -> None:
+    # A server with max_concurrency turns the priority header on; a runtime key's priorities decide it.
+    path = tmp_path / "config.yaml"
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    path.write_text(config(url).replace("models: [long, text]}", "models: [long, text], max_concurrency: 4}"))
+    with GatewayThread(path, ENV) as gw:
+        spec = {"name": "urgent", "weight": 3, "priority": "high", "max_priority": "high"}
+        made = admin(gw.url, "POST", "/admin/keys", spec)
+        assert made.status_code == 201, made.text
+        assert (made.json()["key"]["weight"], made.json()["key"]["priority"]) == (3, "high")
+        plain = admin(gw.url, "POST", "/admin/keys", {"name": "plain"}).json()["secret"]
+        listed = {k["name"]: k for k in admin(gw.url, "GET", "/admin/keys").json()["keys"]}
+        assert (listed["urgent"]["weight"], listed["urgent"]["max_priority"]) == (3, "high")
+        assert (listed["plain"]["weight"], listed["plain"]["max_priority"]) == (1, None)
+        high = {"x-gateway-priority": "high"}
+        with client(gw.url, made.json()["secret"]) as c:
+            assert c.post("/v1/completions", json=body(), headers=high).status_code == 200
+        with client(gw.url, plain) as c:
+            refused = c.post("/v1/completions", json=body(), headers=high)
+            assert refused.status_code == 403 and refused.json()["error"]["code"] == "priority_not_allowed"
+        above = admin(gw.url, "POST", "/admin/keys", {"name": "x", "priority": "high", "max_priority": "low"})
+        assert above.status_code == 400 and above.json()["error"]["param"] == "priority"
+        bad = admin(gw.url, "POST", "/admin/keys", {"name": "y", "weight": 0})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "weight"
