@@ -76,7 +76,8 @@ class Cache:
         on_evict = metrics.cache_evictions.inc if metrics is not None else None
         # On the cache's clock: `Lookup.done` reads it once for the entry's `stored` time and its expiry.
         self.memory = MemoryStore(cfg.cache.max_bytes, clock=clock, on_evict=on_evict)
-        self.redis = RedisStore(shared) if shared.configured else None
+        on_corrupt = metrics.cache_redis_not_entries.inc if metrics is not None else None
+        self.redis = RedisStore(shared, on_corrupt) if shared.configured else None
 
         self.policies = Policies(loaded, self.memory, self.redis)
         self._policies, self._scopes = self.policies.known, self.policies.scopes  # probed on every request

@@ -128,9 +128,10 @@ class RedisStore:
 
     kind = "redis"
 
-    def __init__(self, shared: SharedState) -> None:
+    def __init__(self, shared: SharedState, on_corrupt: Callable[[], None] | None = None) -> None:
         self.shared = shared
         self.corrupt = 0  # values read that were not entries: each a miss, counted and logged once
+        self.on_corrupt = on_corrupt
 
     async def _get(self, key: bytes, tag: str) -> bytes | None:
         name = f"{PREFIX}{tag}:{digest(key)}"
@@ -153,6 +154,8 @@ class RedisStore:
         if found is None or type(found) is Entry:
             return found
         self.corrupt += 1
+        if self.on_corrupt is not None:
+            self.on_corrupt()
         log.warning("cache: a Redis value read as an entry was %s; served as a miss (it is overwritten)", found)
         return None
 

@@ -16,7 +16,7 @@ import msgspec
 from gateway.config import LimitsConfig, LoadedConfig
 from gateway.limits.auth import ClientKey, fingerprint
 from gateway.limits.ratelimit import TOKEN_KINDS, Bucket, BucketState, Decision, Limiter, RedisDown
-from gateway.limits.tokens import reservation, warm
+from gateway.limits.tokens import reservation, unbounded_completion, warm
 from gateway.state import SharedState
 from gateway.upstream.plan import Plan, Route
 from providers import REGISTRY
@@ -83,6 +83,7 @@ class Admission:
             shared, fail_open=cfg.redis.on_failure == "fail_open", lease_ttl_ms=cfg.redis.lease_ttl_ms
         )
         self.sleep = sleep
+        self.unbounded_tokens = cfg.caps.budget_max_tokens
         # Per key identity (`ClientKey.ident`), never its name: another config's key may be named alike.
         self.keys = {
             ident: buckets_of(f"key:{k.name}", k.limits, f"key:{ident}")
@@ -252,9 +253,16 @@ class Admission:
         token_buckets = [b for b in buckets if b.kind in TOKEN_KINDS]
         if not token_buckets:
             return 0, 0
-        adapter = route.adapter
-        default = route.endpoint.default_max_tokens or adapter.default_max_tokens
-        prompt, tokens = reservation(req, adapter.openai_bpe, route.endpoint.model, default)
+        per_choice = req.max_tokens
+        if per_choice is None:
+            per_choice = unbounded_completion(route, self.unbounded_tokens)
+        prompt, tokens = reservation(req, route.adapter.openai_bpe, route.endpoint.model, per_choice)
+        if req.max_tokens is None:
+            # The worst case may exceed a small limit the request can still fit: it then waits for a whole
+            # bucket rather than being refused for a max_tokens it never set.
+            room = min(b.limit for b in token_buckets)
+            if prompt < room < tokens:
+                tokens = room
         for b in token_buckets:
             if tokens > b.limit:
                 raise InvalidRequestError(

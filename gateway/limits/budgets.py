@@ -25,7 +25,7 @@ import redis.asyncio as aioredis
 from gateway.config import LoadedConfig, TeamConfig
 from gateway.limits.auth import ClientKey
 from gateway.limits.prices import Prices
-from gateway.limits.tokens import prompt_bound
+from gateway.limits.tokens import prompt_bound, unbounded_completion
 from gateway.limits.usage import PICO, Counters, UsageStore, budget_refusal, day_of, spend_key
 from gateway.ops.metrics import Record
 from gateway.state import Degraded, SharedState
@@ -202,10 +202,7 @@ class Budgets:
             for route in group.routes:
                 per_choice = req.max_tokens
                 if per_choice is None:
-                    # Nothing bounds the answer but the model's context: the documented cap, or the
-                    # provider's own limit when that is larger.
-                    default = route.endpoint.default_max_tokens or route.adapter.default_max_tokens
-                    per_choice = max(default, self.unbounded_tokens)
+                    per_choice = unbounded_completion(route, self.unbounded_tokens)
                 bpe = route.adapter.openai_bpe
                 counted = (bpe, route.endpoint.model if bpe else "")  # a prompt's bytes are counted once
                 prompt = bounds.get(counted)

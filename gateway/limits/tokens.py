@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from wire.schema import CompletionRequest
 
+if TYPE_CHECKING:
+    from gateway.upstream.plan import Route
+
 BYTES_PER_TOKEN = 4
-DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default when the request gives none
 
 
 class _Encoding(Protocol):
@@ -72,17 +74,20 @@ def prompt_tokens(prompt: str | list[Any], bpe: bool, model: str) -> int:
     return sum(len(p) for p in prompt)
 
 
-def reservation(
-    req: CompletionRequest, bpe: bool, model: str, default_max_tokens: int = DEFAULT_MAX_TOKENS
-) -> tuple[int, int]:
-    """(prompt tokens, prompt tokens + the most the request may generate: max_tokens x choices).
+def unbounded_completion(route: Route, cap: int) -> int:
+    """Completion tokens per choice a request without `max_tokens` may generate, as budgets and token limits
+    count it: nothing bounds the answer but the model's context, so the documented cap
+    (`caps.budget_max_tokens`), or the provider's own default (configured, else the adapter's) when larger."""
+    return max(route.endpoint.default_max_tokens or route.adapter.default_max_tokens, cap)
 
-    `bpe`: the provider's adapter counts with OpenAI's tables (`openai_bpe`).
-    Without a `max_tokens` the provider's own default applies (`default_max_tokens`: the configured
-    one, else the adapter's, e.g. 4096 for Anthropic, 16 for OpenAI).
+
+def reservation(req: CompletionRequest, bpe: bool, model: str, per_choice: int) -> tuple[int, int]:
+    """(prompt tokens, prompt tokens + the most the request may generate: `per_choice` x choices).
+
+    `bpe`: the provider's adapter counts with OpenAI's tables (`openai_bpe`). `per_choice`: the request's
+    `max_tokens`, or `unbounded_completion` without one.
     """
     n_prompts = len(req.prompt) if isinstance(req.prompt, list) and not isinstance(req.prompt[0], int) else 1
-    per_choice = default_max_tokens if req.max_tokens is None else req.max_tokens
     choices = max(req.n or 1, req.best_of or 1) * n_prompts
     prompt = prompt_tokens(req.prompt, bpe, model)
     return prompt, prompt + per_choice * choices

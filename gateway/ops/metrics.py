@@ -244,6 +244,11 @@ class Metrics:
         self.cache_evictions = Counter(
             "gateway_cache_evictions", "Entries the memory store evicted to stay within max_bytes", registry=r
         )
+        self.cache_redis_not_entries = Counter(
+            "gateway_cache_redis_not_entries",
+            "Redis values read as cache entries that were not entries (each served as a miss)",
+            registry=r,
+        )
         # The fair queue of servers with max_concurrency (gateway/queue): waiting, waits, refusals, service.
         self.queue_waiting = Gauge(
             "gateway_queue_waiting",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -154,8 +155,13 @@ def test_a_planted_or_broken_entry_is_a_miss_counted_and_logged_once(
         assert again.headers["x-gateway-cache"] == "miss"
         assert b"planted" not in again.content
         status = c.get("/admin/status", headers={"authorization": f"Bearer {ADMIN}"}).json()["cache"]
+        metrics = c.get("/metrics").text
     assert len(upstream.received) == 2
     assert status["redis_not_entries"] == 1
+    # The same count, once per bad read, for Prometheus; the process that stored it read nothing bad.
+    assert re.search(r"^gateway_cache_redis_not_entries_total 1\.0$", metrics, re.M), metrics[-2000:]
+    with client(first.url) as c:
+        assert re.search(r"^gateway_cache_redis_not_entries_total 0\.0$", c.get("/metrics").text, re.M)
     # The Redis stays in use for everything else: the miss overwrote the value, and the next read is a hit.
     assert post(first.url, body(prompt)).headers["x-gateway-cache"] == "hit"
     deadline = time.monotonic() + 5

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from aiohttp import web
 
-from tests.helpers.clients import body, client, limit_headers, parse_duration
+from tests.helpers.clients import body, client, limit_headers, parse_duration, words
 from tests.helpers.identity import bucket
 from tests.helpers.redis import RedisServer
 from tests.helpers.servers import GatewayThread, serve_config
@@ -34,6 +34,7 @@ keys:
   - {{name: tiny, key: k-tiny, limits: {{rpm: 2}}}}
   - {{name: tok, key: k-tok, limits: {{tpd: 8640}}}}
   - {{name: small, key: k-small, limits: {{tpm: 100}}}}
+  - {{name: open, key: k-open, limits: {{tpm: 6000}}}}
   - {{name: slots, key: k-slots, limits: {{concurrent: 2}}}}
   - {{name: queue, key: k-queue, limits: {{rps: 4, max_queue_ms: 1000}}}}
   - {{name: noqueue, key: k-noqueue, limits: {{rps: 1, max_queue_ms: 300}}}}
@@ -169,6 +170,38 @@ def test_request_that_can_never_fit_is_400_in_each_dialect(g: GatewayThread) -> 
     assert fits.status_code == 200 and fits.headers["x-ratelimit-remaining-tokens"] == "0"
     # Refused requests charged nothing: the one that fit took the whole bucket, and now it is full.
     assert post(g, "k-small", body("demo/long", max_tokens=1)).status_code == 429
+
+
+def _exists(rds: RedisServer, key: str) -> bool:
+    with rds.client() as r:
+        return bool(r.exists(key))
+
+
+def test_request_without_max_tokens_reserves_the_worst_case(g: GatewayThread, rds: RedisServer) -> None:
+    """No max_tokens: the reservation is caps.budget_max_tokens (4096) per choice, as budgets count it, so
+    a second request sent while the first runs is refused where 16 tokens each would have let both in."""
+    unbounded = {"model": "demo/slow-1500ms", "prompt": words(3)}
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(post, g, "k-open", unbounded)
+        wait_until(lambda: _exists(rds, bucket("k-open", "tpm")))
+        second = post(g, "k-open", unbounded)
+        assert second.status_code == 429, second.text
+        # tpm 6000 drips back 100 tokens a second: a few may have since the first was admitted.
+        assert 6000 - 3 - 4096 <= int(second.headers["x-ratelimit-remaining-tokens"]) < 3 + 4096
+        done = first.result()
+    assert done.status_code == 200 and done.headers["x-ratelimit-remaining-tokens"] == str(6000 - 3 - 4096)
+    # Settled to what it used, so the next one is admitted.
+    used = done.json()["usage"]["total_tokens"]
+    wait_until(lambda: units(rds, bucket("k-open", "tpm")) <= used + 1)
+    assert post(g, "k-open", body("demo/long", max_tokens=1)).status_code == 200
+
+
+def test_request_without_max_tokens_under_a_small_limit_waits_for_the_whole_bucket(g: GatewayThread) -> None:
+    """tpm 100 is below the worst case: a request without max_tokens is not refused as one that can never fit,
+    it is admitted and reserves the whole bucket."""
+    first = post(g, "k-small", {"model": "demo/text", "prompt": words(3)})
+    assert first.status_code == 200, first.text
+    assert first.headers["x-ratelimit-remaining-tokens"] == "0"
 
 
 # --------------------------------------------------------------------------------------------------
