@@ -36,6 +36,7 @@ from providers.envelope import Unreadable
 from wire.chat import ChatChunk, ChatCompletion
 from wire.errors import GatewayError, UpstreamError
 from wire.schema import Completion, CompletionRequest, Usage
+from wire.upstream import UpstreamRequest
 
 log = logging.getLogger("gateway")
 
@@ -311,6 +312,16 @@ class Attempt:
         if wait is not None:
             await self.services.health.exhausted(self.route.key, min(wait, MAX_QUOTA_WAIT_S))
 
+    async def exchange(self, adapter: Adapter, upstream_req: UpstreamRequest) -> bytes:
+        """One buffered upstream call of this attempt's route: the answer's body, or the provider's error."""
+        route = self.route
+        self.sent += 1
+        resp = await self.services.upstream.send(route.provider, upstream_req, self.timeouts, route.key)
+        if resp.status >= 400:
+            raise adapter.map_error(resp.status, resp.headers, resp.body, route.provider)
+        await self._watch_quota(resp.headers)
+        return resp.body
+
     async def call(self, req: CompletionRequest) -> Completion:
         """One upstream call for `req` (the request, or one of an emulation's sub-requests), buffered."""
         params = self._prepare(req)
@@ -320,13 +331,8 @@ class Attempt:
         if isinstance(adapter, LocalAdapter):
             self.sent += 1
             return await adapter.complete(req, route.endpoint, ctx)
-        upstream_req = adapter.build_request(req, route.endpoint, params)
-        self.sent += 1
-        resp = await self.services.upstream.send(route.provider, upstream_req, self.timeouts, route.key)
-        if resp.status >= 400:
-            raise adapter.map_error(resp.status, resp.headers, resp.body, route.provider)
-        await self._watch_quota(resp.headers)
-        answer = parsed(route, adapter.parse_response, resp.body, ctx)
+        body = await self.exchange(adapter, adapter.build_request(req, route.endpoint, params))
+        answer = parsed(route, adapter.parse_response, body, ctx)
         if req.n is not None and req.n > 1 and len(answer.choices) < (asked := choices_asked(req)):
             self.services.ignores_n.add(route.key)
             raise ignored_n(route, asked, len(answer.choices))

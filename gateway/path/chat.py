@@ -47,13 +47,8 @@ class ChatAttempt(Attempt):
         if isinstance(adapter, LocalAdapter):
             self.sent += 1
             return from_completion(await adapter.complete(req, route.endpoint, ctx))
-        upstream_req = adapter.build_chat_request(req, route.endpoint, params)
-        self.sent += 1
-        resp = await self.services.upstream.send(route.provider, upstream_req, self.timeouts, route.key)
-        if resp.status >= 400:
-            raise adapter.map_error(resp.status, resp.headers, resp.body, route.provider)
-        await self._watch_quota(resp.headers)
-        answer = parsed(route, adapter.parse_chat_response, resp.body, ctx)
+        body = await self.exchange(adapter, adapter.build_chat_request(req, route.endpoint, params))
+        answer = parsed(route, adapter.parse_chat_response, body, ctx)
         asked = req.n or 1
         if asked > 1 and len(answer.choices) < asked:
             self.services.ignores_n.add(route.key)
