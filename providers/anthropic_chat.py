@@ -15,7 +15,7 @@ from typing import Any, Final, Protocol
 
 import msgspec
 
-from providers.base import CallContext, Param, Table, stop_list, table
+from providers.base import EMULATED, CallContext, Param, Table, stop_list, table
 from wire.chat import (
     AssistantMessage,
     ChatChoice,
@@ -98,6 +98,7 @@ SAMPLING: Final[Table] = table(
 )
 CHAT_PARAMS: Final[Table] = table(
     SAMPLING,
+    n=EMULATED,  # one Messages call per choice (gateway/emulation/chat.py)
     tools=Param(apply=_tools),
     tool_choice=Param(apply=_tool_choice),
     parallel_tool_calls=Param(apply=_parallel),

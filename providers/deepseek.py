@@ -6,6 +6,8 @@ JSON and SSE decoders tolerate both.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from providers.base import table
 from providers.openai_chat import OpenAIChat, chat_table
 from providers.openai_compat import OPENAI_PARAMS, OpenAICompatible
@@ -20,3 +22,6 @@ class DeepSeekAdapter(OpenAIChat, OpenAICompatible):
     max_logprobs = 20
     params = table(OPENAI_PARAMS, drop=("n", "best_of", "seed", "logit_bias", "user"))
     chat_params = chat_table(params)
+    # api-docs.deepseek.com/api/create-chat-completion: `response_format` is `text` or `json_object`, and the
+    # API has no guided decoding a JSON schema could be sent as.
+    chat_formats: ClassVar[frozenset[str]] = frozenset({"text", "json_object"})

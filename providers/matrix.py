@@ -154,11 +154,14 @@ a completion and a stream through the gateway from a loopback upstream.
 '''
 
 
-CHAT_INTRO = """What `/v1/chat/completions` sends each kind (docs/chat.md): `=` the same name, a name where the
-kind's server reads it elsewhere, `fn` a translation (`logprobs` becomes `logprobs: true` plus
-`top_logprobs`), `-` refused naming the field and the provider. `messages`, `stream` and
-`stream_options` are sent to every kind that has a chat route; a kind with `no chat` answers every chat
-request with a 400 `unsupported_endpoint` naming the provider.
+CHAT_INTRO = """What `/v1/chat/completions` sends each kind (docs/chat.md): `=` the same name, a name where the kind's
+server reads it elsewhere, `fn` a translation (`logprobs` becomes `logprobs: true` plus `top_logprobs`;
+TGI's `response_format` and `guided_*` become its grammar), `emulated` done by the gateway (`n`: one
+call per choice, docs/emulation.md), `-` refused naming the field and the provider. Stop sequences
+beyond the kind's count (the table below) are cut by the gateway; a `response_format` type the kind's
+chat route takes neither natively nor as its guided decoding is refused (docs/chat.md says which).
+`messages`, `stream` and `stream_options` are sent to every kind that has a chat route; a kind with `no
+chat` answers every chat request with a 400 `unsupported_endpoint` naming the provider.
 """
 
 

@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Final, Literal
 import msgspec
 
 from providers.base import (
+    EMULATED,
     Adapter,
     CallContext,
     Capabilities,
@@ -113,6 +114,8 @@ def chat_table(
             if name not in OPENAI_CHAT_PARAMS and name not in _NOT_CHAT and not rule.emulated and name not in drop:
                 out[name] = rule
     out.update(extra)
+    # A chat route without `n` gets it from the gateway: one call per choice (gateway/emulation/chat.py).
+    out.setdefault("n", EMULATED)
     return table(out)
 
 
@@ -237,6 +240,9 @@ class OpenAIChat(Adapter):
     # Ask every stream for its usage chunk (stripped by the relay when the client did not ask).
     chat_stream_usage: ClassVar[bool] = True
     chat_framing: ClassVar[Literal["sse"]] = "sse"  # whatever the kind's native route frames with
+    # The `response_format` types its chat route takes, natively or through its table's translation into
+    # the engine's guided decoding; another is a 400 naming the field and the provider.
+    chat_formats: ClassVar[frozenset[str]] = frozenset({"text", "json_object", "json_schema"})
 
     def chat_url(self, endpoint: Endpoint) -> str:
         return endpoint.base_url.rstrip("/") + self.chat_path
@@ -379,18 +385,22 @@ def usage_chunk(ctx: CallContext, usage: Usage) -> Completion | ChatChunk:
 
 
 def check_chat(adapter: Capabilities, req: ChatRequest, provider: str) -> None:
-    """Refuse what the provider cannot honour on chat, before any I/O: more stop sequences than it takes
-    (the gateway does not cut chat text itself), more logprobs than it returns."""
-    limit = adapter.max_stop
-    if req.stop is not None and limit is not None and len(req.stop) > limit:
-        raise UnsupportedParamError(
-            "stop", provider, f"Provider '{provider}' takes at most {limit} stop sequences on chat, got {len(req.stop)}"
-        )
+    """Refuse what the provider cannot honour on chat, before any I/O: more logprobs than it returns, a
+    `response_format` type its chat route takes neither natively nor as its guided decoding. (More stop
+    sequences than it takes are cut by the gateway.)"""
     if req.logprobs is not None and req.logprobs > adapter.max_logprobs:
         raise UnsupportedParamError(
             "top_logprobs",
             provider,
             f"Provider '{provider}' returns at most {adapter.max_logprobs} top_logprobs, got {req.logprobs}",
+        )
+    rf = req.response_format
+    if rf is not None and isinstance(adapter, OpenAIChat) and rf.get("type") not in adapter.chat_formats:
+        raise UnsupportedParamError(
+            "response_format",
+            provider,
+            f"Provider '{provider}' takes no 'response_format' of type '{rf.get('type')}' on chat, and has no "
+            "guided decoding the gateway could send it as",
         )
 
 

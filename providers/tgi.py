@@ -66,11 +66,39 @@ def _guided_regex(body: dict[str, Any], pattern: str) -> None:
     _set_grammar(body.setdefault("parameters", {}), {"type": "regex", "value": pattern})
 
 
-def _guided_choice(body: dict[str, Any], choices: list[str]) -> None:
+def _choice_pattern(choices: list[str]) -> str:
     # An alternation of literals matches exactly the choices: TGI's regex guide only lets the model end
     # in an accepting state, which is how vLLM implements guided_choice too.
-    pattern = "(" + "|".join(c.translate(_REGEX_ESCAPE) for c in choices) + ")"
-    _guided_regex(body, pattern)
+    return "(" + "|".join(c.translate(_REGEX_ESCAPE) for c in choices) + ")"
+
+
+def _guided_choice(body: dict[str, Any], choices: list[str]) -> None:
+    _guided_regex(body, _choice_pattern(choices))
+
+
+def _chat_grammar(body: dict[str, Any], kind: str, value: Any) -> None:
+    """The Messages API's grammar: its `response_format`, one per request."""
+    if "response_format" in body:
+        raise InvalidRequestError(
+            "only one structured-output constraint may be set for provider kind 'tgi'",
+            param="response_format",
+            code="invalid_value",
+        )
+    body["response_format"] = {"type": kind, "value": value}
+
+
+def _chat_response_format(body: dict[str, Any], value: dict[str, Any]) -> None:
+    # `chat_formats` let through only `text` (nothing to send) and `json_schema`.
+    _, schema = response_schema(value)
+    if value.get("type") != "json_schema":
+        return
+    if schema is None:
+        raise InvalidRequestError(
+            "'response_format.json_schema.schema' is required for provider kind 'tgi': its JSON grammar is a schema",
+            param="response_format",
+            code="invalid_value",
+        )
+    _chat_grammar(body, "json", schema)
 
 
 def _response_format(body: dict[str, Any], value: dict[str, Any]) -> None:
@@ -207,11 +235,19 @@ class TGIAdapter(OpenAIChat):
         include_stop_str_in_output=EMULATED,
         guided_grammar=EMULATED,
     )
-    # The Messages API (`/v1/chat/completions`): OpenAI's fields, without `n`, `logit_bias` or TGI's own
-    # `response_format` shape; its `parameters` fields are not read there.
+    # The Messages API (`/v1/chat/completions`): OpenAI's fields, without `n` or `logit_bias`; its
+    # `parameters` fields are not read there. Its `response_format` is TGI's grammar (`{"type": "json" |
+    # "regex", "value"}`, router `GrammarType`): a JSON schema and the guided fields are sent as one.
     chat_path: ClassVar[str] = "/v1/chat/completions"
+    chat_formats: ClassVar[frozenset[str]] = frozenset({"text", "json_schema"})
     chat_params = chat_table(
-        params, native=False, drop=("n", "logit_bias", "user", "response_format", "parallel_tool_calls")
+        params,
+        native=False,
+        drop=("n", "logit_bias", "user", "parallel_tool_calls"),
+        response_format=Param(apply=_chat_response_format),
+        guided_json=Param(apply=lambda body, schema: _chat_grammar(body, "json", schema)),
+        guided_regex=Param(apply=lambda body, pattern: _chat_grammar(body, "regex", pattern)),
+        guided_choice=Param(apply=lambda body, choices: _chat_grammar(body, "regex", _choice_pattern(choices))),
     )
 
     def check(self, req: CompletionRequest, provider: str) -> None:

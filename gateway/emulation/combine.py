@@ -5,8 +5,8 @@ client asked for: stops cut, logprobs trimmed, best_of chosen, usage summed, gui
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
-from typing import Any
+from collections.abc import Awaitable, Sequence
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -16,6 +16,8 @@ from gateway.emulation.stops import StopMatcher, StopScanner
 from providers.base import CallContext
 from wire.errors import UpstreamError, UpstreamTimeoutError
 from wire.schema import Choice, Completion, CompletionRequest, Logprobs, Usage
+
+_T = TypeVar("_T")
 
 
 def _cut_logprobs(lp: Logprobs | None, keep: int) -> Logprobs | None:
@@ -104,7 +106,7 @@ def _add(total: Usage | None, u: Usage | None) -> Usage | None:
     )
 
 
-async def _gather(calls: list[Awaitable[Completion]]) -> list[Completion]:
+async def gather(calls: Sequence[Awaitable[_T]]) -> list[_T]:
     """All in parallel; the first failure cancels the rest (one attempt fails as a whole)."""
     tasks = [asyncio.ensure_future(c) for c in calls]
     try:
@@ -181,7 +183,7 @@ async def complete(
         calls = [_guided_call(em, sub, call, retry, spend) for sub in sub_requests(em, req)]
     else:
         calls = [call(sub) for sub in sub_requests(em, req)]
-    results = await _gather(calls)
+    results = await gather(calls)
     choices: list[Choice] = []
     usage: Usage | None = None
     fingerprint = None

@@ -183,27 +183,9 @@ def plan(
     guide = _guide(adapter, req, provider, caps) if guided else None
     if len(prompts) == 1 and fan_n == 1 and not echo and stops is None and guide is None:
         return None
-    found: StopMatcher | None = None
-    if stops is not None:
-        for s in stops:
-            if len(s) > caps.pattern_chars:
-                raise InvalidRequestError(
-                    f"'stop' has a sequence of {len(s)} characters; the gateway enforces stop sequences for "
-                    f"provider '{provider}' and takes at most {caps.pattern_chars}",
-                    param="stop",
-                    code="invalid_value",
-                )
-        total = sum(map(len, stops))
-        if total > caps.stop_chars:
-            raise InvalidRequestError(
-                f"'stop' has {total} characters in all; the gateway enforces stop sequences for provider "
-                f"'{provider}' and takes at most {caps.stop_chars} characters together",
-                param="stop",
-                code="invalid_value",
-            )
-        found = matcher(stops)
+    found = bound_stops(stops, provider, caps) if stops is not None else None
     if fan_n > 1 or echo:
-        _bound_copies(prompts, fan_n, n if echo else 0, caps.emulated_answer_bytes, best_of is not None)
+        bound_copies(prompts, fan_n, n if echo else 0, caps.emulated_answer_bytes, best_of is not None)
     return Emulation(
         prompts=prompts,
         fan_n=fan_n,
@@ -219,6 +201,27 @@ def plan(
     )
 
 
+def bound_stops(stops: list[str], provider: str, caps: CapsConfig) -> StopMatcher:
+    """The automaton for the stops the gateway enforces, once they are within `caps` (else a 400 naming `stop`)."""
+    for s in stops:
+        if len(s) > caps.pattern_chars:
+            raise InvalidRequestError(
+                f"'stop' has a sequence of {len(s)} characters; the gateway enforces stop sequences for "
+                f"provider '{provider}' and takes at most {caps.pattern_chars}",
+                param="stop",
+                code="invalid_value",
+            )
+    total = sum(map(len, stops))
+    if total > caps.stop_chars:
+        raise InvalidRequestError(
+            f"'stop' has {total} characters in all; the gateway enforces stop sequences for provider "
+            f"'{provider}' and takes at most {caps.stop_chars} characters together",
+            param="stop",
+            code="invalid_value",
+        )
+    return matcher(stops)
+
+
 def _size(prompt: str | list[int]) -> int:
     """Bytes of a prompt as UTF-8 (a token id as up to 8 bytes of JSON)."""
     if isinstance(prompt, str):
@@ -226,7 +229,7 @@ def _size(prompt: str | list[int]) -> int:
     return 8 * len(prompt)
 
 
-def _bound_copies(prompts: Sequence[str | list[int]], fan_n: int, echoes: int, limit: int, best_of: bool) -> None:
+def bound_copies(prompts: Sequence[str | list[int]], fan_n: int, echoes: int, limit: int, best_of: bool) -> None:
     """Each fanned-out call carries its prompt and each echoed choice repeats it: computed before any call."""
     copies = (fan_n if fan_n > 1 else 0) + echoes
     total = sum(_size(p) for p in prompts) * copies

@@ -294,7 +294,7 @@ class Attempt:
             raise
         finally:
             self._unsent()
-        # A completion attempt's sub-streams carry completion chunks (chat is never emulated).
+        # A completion attempt's sub-streams carry completion chunks (chat's: gateway/path/chat.py).
         merged = emulation.stream(em, self.req, self.ctx, cast("list[SubStream]", opens))
         return Opened(merged, await anext(merged, None), ctx=opens[0].ctx, children=opens)
 

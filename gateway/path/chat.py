@@ -1,16 +1,19 @@
 """A chat request's attempts: the same job, failover loop, quotas and relay as a completion's, with the
 adapter's chat route (providers/openai_chat.py) in place of its completion route.
 
-A kind without one answers a 400 naming the provider before any I/O; the gateway's completion emulations
-(fan-out, stops cut from the text, guided checks) are not applied to chat: a field the provider cannot
-honour is refused by its table.
+A kind without one answers a 400 naming the provider before any I/O. Where the chat route lacks `n`, or
+takes fewer stop sequences than the request has, the attempt hands its own `chat_call` / `chat_open` to
+gateway/emulation/chat.py, which fans the choices out and cuts the stops (docs/emulation.md).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Coroutine
 from typing import Any, cast
 
+from gateway.emulation import chat as emulation
+from gateway.emulation.chat import ChatEmulation, ChatSubStream
 from gateway.path.attempt import Attempt, Job, Opened, _fresh, ignored_n, parsed, sane_usage
 from providers.base import LocalAdapter, map_params
 from providers.openai_chat import OpenAIChat, check_chat, chunks_from, from_completion, unsupported_endpoint
@@ -18,30 +21,62 @@ from wire.chat import ChatCompletion, ChatRequest
 
 
 class ChatAttempt(Attempt):
-    """One attempt of a chat job on one route: one upstream call to the kind's chat route."""
+    """One attempt of a chat job on one route: one upstream call to the kind's chat route, or an emulation's
+    several."""
 
     __slots__ = ()
 
-    def _chat(self) -> tuple[OpenAIChat | LocalAdapter, ChatRequest, dict[str, Any]]:
+    def _adapter(self) -> OpenAIChat | LocalAdapter:
+        adapter = self.route.adapter
+        if adapter.chat_params is None or not isinstance(adapter, OpenAIChat | LocalAdapter):
+            raise unsupported_endpoint(self.route.provider, adapter.kind)
+        return adapter
+
+    def _plan(self) -> ChatEmulation | None:
+        """The request checked against the route's chat table and bounds, and what must be emulated."""
         route = self.route
-        adapter = route.adapter
-        table = adapter.chat_params
-        if table is None or not isinstance(adapter, OpenAIChat | LocalAdapter):
-            raise unsupported_endpoint(route.provider, adapter.kind)
+        adapter = self._adapter()
         req = cast(ChatRequest, self.req)  # a ChatJob holds a ChatRequest
         check_chat(adapter, req, route.provider)
+        caps = self.services.caps
         if isinstance(adapter, LocalAdapter):
-            adapter.admit(req, route.endpoint, self.services.caps)  # its work runs on the gateway's loop
+            adapter.admit(req, route.endpoint, caps)  # its work runs on the gateway's loop
+        assert adapter.chat_params is not None
+        return emulation.plan(adapter, adapter.chat_params, req, route.provider, caps)
+
+    def _params(self, req: ChatRequest) -> dict[str, Any]:
+        route = self.route
+        table = route.adapter.chat_params
+        assert table is not None
         params, lost = map_params(req, table, route.provider, route.drop_unsupported)
         if lost:
             self.dropped[route.key] = lost
-        return adapter, req, params
+        return params
+
+    async def _charge_n(self, em: ChatEmulation) -> None:
+        """The fan-out's calls beyond the one admission charged, all before the first is made."""
+        if em.fan_n > 1 and self.admission is not None:
+            await self.admission.charge_calls(self.route, em.fan_n - 1, "n")
+            self.charged = em.fan_n - 1
 
     def complete(self) -> Coroutine[Any, Any, ChatCompletion]:
-        return self.chat()
+        em = self._plan()
+        req = cast(ChatRequest, self.req)
+        if em is None:
+            return self.chat_call(req)
+        return self._emulated(em, req)
 
-    async def chat(self) -> ChatCompletion:
-        adapter, req, params = self._chat()
+    async def _emulated(self, em: ChatEmulation, req: ChatRequest) -> ChatCompletion:
+        await self._charge_n(em)
+        try:
+            return await emulation.complete(em, req, self.chat_call)
+        finally:
+            self._unsent()
+
+    async def chat_call(self, req: ChatRequest) -> ChatCompletion:
+        """One upstream call for `req` (the request, or one of an emulation's sub-requests), buffered."""
+        adapter = self._adapter()
+        params = self._params(req)
         route = self.route
         ctx = _fresh(self.ctx)
         if isinstance(adapter, LocalAdapter):
@@ -58,7 +93,30 @@ class ChatAttempt(Attempt):
         return answer
 
     async def open(self) -> Opened:
-        adapter, req, params = self._chat()
+        em = self._plan()
+        req = cast(ChatRequest, self.req)
+        if em is None:
+            return await self.chat_open(req)
+        await self._charge_n(em)
+        tasks = [asyncio.ensure_future(self.chat_open(s)) for s in emulation.sub_requests(em, req)]
+        try:
+            opens = list(await asyncio.gather(*tasks))
+        except BaseException:
+            for t in tasks:
+                t.cancel()
+            for r in await asyncio.gather(*tasks, return_exceptions=True):
+                if isinstance(r, Opened):
+                    await r.close()
+            raise
+        finally:
+            self._unsent()
+        merged = emulation.stream(em, cast("list[ChatSubStream]", opens))
+        return Opened(merged, await anext(merged, None), ctx=opens[0].ctx, children=opens)
+
+    async def chat_open(self, req: ChatRequest) -> Opened:
+        """One upstream call for `req`, streamed: opened and read to its first event that carries something."""
+        adapter = self._adapter()
+        params = self._params(req)
         route = self.route
         ctx = _fresh(self.ctx)
         if isinstance(adapter, LocalAdapter):

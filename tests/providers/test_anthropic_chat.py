@@ -85,8 +85,8 @@ def test_the_conversation_as_anthropic_turns() -> None:
 def test_what_anthropic_cannot_honour_is_refused() -> None:
     user = [{"role": "user", "content": "hi"}]
     with pytest.raises(UnsupportedParamError) as caught:
-        _sent(_req(messages=user, n=2))
-    assert caught.value.param == "n"
+        _sent(_req(messages=user, response_format={"type": "json_object"}))
+    assert caught.value.param == "response_format"
     with pytest.raises(InvalidRequestError) as range_error:
         _sent(_req(messages=user, temperature=1.5))
     assert range_error.value.param == "temperature"

@@ -1,0 +1,231 @@
+"""Chat emulation: `n` fanned out for a chat route that lacks it, and stop sequences beyond the provider's
+count cut from the assistant's content by the gateway, buffered and streamed (docs/emulation.md).
+
+The same rules as completions': one call per choice, choice `index` = the call's place, usage summed; the
+provider is sent the first `max_stop` stops and the gateway finds all of them with one automaton, holding
+back in a stream only what could still start one. A choice cut at a stop ends there: `finish_reason`
+`stop`, and the tool calls it would have made after that text are not made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Protocol
+
+import msgspec
+
+from gateway.config import CapsConfig
+from gateway.emulation.combine import _add, _scan, gather
+from gateway.emulation.planning import bound_copies, bound_stops
+from gateway.emulation.stops import StopMatcher, StopScanner
+from providers.base import Capabilities, Param
+from wire.chat import (
+    ChatChoice,
+    ChatChunk,
+    ChatCompletion,
+    ChatLogprobs,
+    ChatMessage,
+    ChatRequest,
+    ChunkChoice,
+    Delta,
+    TokenLogprob,
+)
+from wire.schema import Usage
+
+# One upstream call of the attempt for one chat (sub-)request.
+ChatCall = Callable[[ChatRequest], Awaitable[ChatCompletion]]
+
+
+class ChatSubStream(Protocol):
+    """One opened sub-call's stream: its first chunk, then the rest."""
+
+    @property
+    def first(self) -> ChatChunk | None: ...
+
+    @property
+    def chunks(self) -> AsyncIterator[ChatChunk]: ...
+
+
+class ChatEmulation(msgspec.Struct):
+    fan_n: int  # calls (1 when the provider takes n natively)
+    n: int  # choices the client asked for
+    stops: list[str] | None  # enforced here
+    matcher: StopMatcher | None
+    upstream_stop: list[str] | None  # what the provider is sent
+
+
+def plan(
+    adapter: Capabilities, table: Mapping[str, Param], req: ChatRequest, provider: str, caps: CapsConfig
+) -> ChatEmulation | None:
+    """What the gateway does for this chat request on this provider; None when the provider does it all.
+    Refuses (400 naming the field) what would make the gateway work beyond `caps`."""
+    n = req.n or 1
+    stop = req.stop if isinstance(req.stop, list) else None
+    limit = adapter.max_stop
+    too_many = stop is not None and limit is not None and len(stop) > limit
+    if n == 1 and not too_many:
+        return None  # the common case: two comparisons
+    rule = table.get("n")
+    fan_n = n if n > 1 and rule is not None and rule.emulated else 1
+    stops: list[str] | None = None
+    upstream = stop
+    if too_many:
+        assert stop is not None and limit is not None
+        stops, upstream = stop, stop[:limit] or None
+    if fan_n == 1 and stops is None:
+        return None
+    found = bound_stops(stops, provider, caps) if stops is not None else None
+    if fan_n > 1:
+        bound_copies([req.prompt], fan_n, 0, caps.emulated_answer_bytes, False)  # type: ignore[list-item]
+    return ChatEmulation(fan_n=fan_n, n=n, stops=stops, matcher=found, upstream_stop=upstream)
+
+
+def sub_requests(em: ChatEmulation, req: ChatRequest) -> list[ChatRequest]:
+    """The upstream calls: `fan_n` copies asking for one choice each, with the stops the provider takes."""
+    sub = msgspec.structs.replace(req, n=None if em.fan_n > 1 else req.n, stop=em.upstream_stop)
+    return [sub] * em.fan_n
+
+
+def _cut_tokens(lp: ChatLogprobs | None, keep: int) -> ChatLogprobs | None:
+    """Token logprobs for the first `keep` characters of the content."""
+    if lp is None or lp.content is None:
+        return lp
+    out: list[TokenLogprob] = []
+    used = 0
+    for tok in lp.content:
+        if used >= keep:
+            break
+        piece = tok.token[: keep - used]
+        out.append(msgspec.structs.replace(tok, token=piece) if piece != tok.token else tok)
+        used += len(piece)
+    return ChatLogprobs(content=out, refusal=lp.refusal)
+
+
+async def _cut(choice: ChatChoice, stops: StopMatcher) -> ChatChoice:
+    content = choice.message.content
+    if not content:
+        return choice
+    sent, stopped = await _scan(StopScanner(stops, False), content)
+    if not stopped:
+        return choice
+    message = ChatMessage(role="assistant", content=sent, refusal=choice.message.refusal)
+    return ChatChoice(choice.index, message, "stop", _cut_tokens(choice.logprobs, len(sent)))
+
+
+async def complete(em: ChatEmulation, req: ChatRequest, call: ChatCall) -> ChatCompletion:
+    """The sub-calls' answers as one: choices re-indexed and cut at the stops, usage summed."""
+    results = await gather([call(sub) for sub in sub_requests(em, req)])
+    choices: list[ChatChoice] = []
+    usage: Usage | None = None
+    fingerprint = None
+    for j, answer in enumerate(results):
+        usage = _add(usage, answer.usage)
+        fingerprint = fingerprint or answer.system_fingerprint
+        for ch in sorted(answer.choices, key=lambda c: c.index):
+            if em.matcher is not None:
+                ch = await _cut(ch, em.matcher)
+            index = j if em.fan_n > 1 else ch.index
+            choices.append(ch if index == ch.index else msgspec.structs.replace(ch, index=index))
+    first = results[0]
+    return ChatCompletion(
+        id=first.id,
+        created=first.created,
+        model=first.model,
+        choices=choices,
+        system_fingerprint=fingerprint,
+        usage=usage,
+    )
+
+
+class _Choices:
+    """The stream's per-choice state: each choice's stop scanner, and the choices already finished."""
+
+    __slots__ = ("em", "scanners", "done")
+
+    def __init__(self, em: ChatEmulation) -> None:
+        self.em = em
+        self.scanners: dict[int, StopScanner] = {}
+        self.done: set[int] = set()
+
+    async def relay(self, ch: ChunkChoice, index: int) -> ChunkChoice | None:
+        """The choice as the client gets it (re-indexed, cut at a stop), or None when nothing is left of it."""
+        if index in self.done:
+            return None
+        delta, finish, lp = ch.delta, ch.finish_reason, ch.logprobs
+        matcher = self.em.matcher
+        if matcher is not None:
+            scanner = self.scanners.get(index)
+            if scanner is None:
+                scanner = self.scanners[index] = StopScanner(matcher, False)
+            content = delta.content or ""
+            safe, stopped = await _scan(scanner, content) if content else ("", False)
+            if not stopped and (finish is not None or delta.tool_calls):
+                # The content is over (the choice ends, or turns to tool calls): what was held back goes out.
+                rest, stopped = scanner.flush()
+                safe += rest
+            if stopped:
+                finish = "stop"
+                delta = Delta(role=delta.role, content=safe)
+            elif safe != content:
+                delta = msgspec.structs.replace(delta, content=safe or None)
+            if safe != content:
+                lp = None  # the chunk's token logprobs no longer describe its content
+        if finish is not None:
+            self.done.add(index)
+        if finish is None and lp is None and delta == _EMPTY:
+            return None
+        return ChunkChoice(index, delta, finish, lp)
+
+
+_EMPTY = Delta()
+
+
+async def stream(em: ChatEmulation, opens: Sequence[ChatSubStream]) -> AsyncGenerator[ChatChunk, None]:
+    """Merge the opened sub-streams into one as their chunks arrive: re-indexed, cut at the stops, the
+    usage summed onto a last chunk of its own. `opens[j]` is the j-th call's stream."""
+    queue: asyncio.Queue[tuple[int, ChatChunk | None | BaseException]] = asyncio.Queue()
+
+    async def pump(k: int, opened: ChatSubStream) -> None:
+        try:
+            c = opened.first
+            while c is not None:
+                await queue.put((k, c))
+                c = await anext(opened.chunks, None)
+            await queue.put((k, None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which re-raises it
+            await queue.put((k, exc))
+
+    pumps = [asyncio.ensure_future(pump(k, o)) for k, o in enumerate(opens)]
+    state = _Choices(em)
+    usage: Usage | None = None
+    last: ChatChunk | None = None
+    live = len(opens)
+    try:
+        while live:
+            k, item = await queue.get()
+            if item is None:
+                live -= 1
+                continue
+            if isinstance(item, BaseException):
+                raise item
+            last = item
+            usage = _add(usage, item.usage)
+            out = []
+            for ch in item.choices:
+                relayed = await state.relay(ch, k if em.fan_n > 1 else ch.index)
+                if relayed is not None:
+                    out.append(relayed)
+            if out:
+                yield ChatChunk(item.id, item.created, item.model, out, system_fingerprint=item.system_fingerprint)
+            if em.stops is not None and len(state.done) >= em.n:
+                break  # every choice has stopped: no need to read (or pay for) the rest
+        if usage is not None and last is not None:
+            yield ChatChunk(last.id, last.created, last.model, [], usage=usage)
+    finally:
+        for p in pumps:
+            p.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)
+
+
+__all__ = ["ChatCall", "ChatEmulation", "ChatSubStream", "complete", "plan", "stream", "sub_requests"]
