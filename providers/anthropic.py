@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, ClassVar, Final
 
 import msgspec
@@ -175,6 +176,9 @@ class AnthropicAdapter(OpenAIChat):
     # Chat (`system`, tools as `tool_use` / `tool_result` blocks): providers/anthropic_chat.py.
     chat_path: ClassVar[str] = "/v1/messages"
     chat_params = CHAT_PARAMS
+    # A trailing assistant message is a prefill Anthropic continues, refused when it ends in white space.
+    chat_continue = MappingProxyType({})
+    chat_continue_strips = True
 
     def check(self, req: CompletionRequest, provider: str) -> None:
         super().check(req, provider)

@@ -11,7 +11,7 @@ stream events become `chat.completion.chunk`s one for one.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any, ClassVar, Final, Literal
 
 import msgspec
@@ -243,6 +243,12 @@ class OpenAIChat(Adapter):
     # The `response_format` types its chat route takes, natively or through its table's translation into
     # the engine's guided decoding; another is a 400 naming the field and the provider.
     chat_formats: ClassVar[frozenset[str]] = frozenset({"text", "json_object", "json_schema"})
+    # Body fields that make the chat route continue a trailing assistant message rather than answer it (a
+    # broken stream resumed, docs/resilience.md); None: the route cannot, and such a stream ends in an error.
+    chat_continue: ClassVar[Mapping[str, Any] | None] = None
+    # The route refuses a continued message that ends in white space: it is sent without it, and the
+    # continuation's own leading white space that repeats it is not relayed.
+    chat_continue_strips: ClassVar[bool] = False
 
     def chat_url(self, endpoint: Endpoint) -> str:
         return endpoint.base_url.rstrip("/") + self.chat_path

@@ -10,6 +10,7 @@ relayed as `stop_reason` when the request sets `include_stop_reason`.
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
 import msgspec
@@ -67,3 +68,5 @@ class SGLangAdapter(OpenAIChat, OpenAICompatible):
         include_stop_reason=Param(apply=_gateway_only),
     )
     chat_params = chat_table(params)
+    # sglang `ChatCompletionRequest.continue_final_message`: the trailing assistant message is continued.
+    chat_continue = MappingProxyType({"continue_final_message": True})

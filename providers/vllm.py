@@ -6,6 +6,7 @@ carrying them would come back 200 and unconstrained: they must become `structure
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any, Final
 
 from providers.base import Param, table
@@ -82,3 +83,6 @@ class VLLMAdapter(OpenAIChat, OpenAICompatible):
     serves_replicas = True
     engine_gauges = VLLM_GAUGES
     chat_params = chat_table(params)
+    # The chat route's `continue_final_message` (vllm `ChatCompletionRequest`): the trailing assistant message
+    # is left open and continued, as a broken stream's resumption needs; it excludes `add_generation_prompt`.
+    chat_continue = MappingProxyType({"continue_final_message": True, "add_generation_prompt": False})

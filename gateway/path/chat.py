@@ -9,15 +9,18 @@ gateway/emulation/chat.py, which fans the choices out and cuts the stops (docs/e
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import AsyncGenerator, Coroutine
 from typing import Any, cast
+
+import msgspec
 
 from gateway.emulation import chat as emulation
 from gateway.emulation.chat import ChatEmulation, ChatSubStream
 from gateway.path.attempt import Attempt, Job, Opened, _fresh, ignored_n, parsed, sane_usage
+from gateway.upstream.plan import Group, Plan, Route
 from providers.base import LocalAdapter, map_params
 from providers.openai_chat import OpenAIChat, check_chat, chunks_from, from_completion, unsupported_endpoint
-from wire.chat import ChatCompletion, ChatRequest
+from wire.chat import AssistantMessage, ChatChunk, ChatCompletion, ChatRequest, Delta, render
 
 
 class ChatAttempt(Attempt):
@@ -139,4 +142,100 @@ class ChatJob(Job):
     attempt = ChatAttempt
 
 
-__all__ = ["ChatAttempt", "ChatJob"]
+class ContinueAttempt(ChatAttempt):
+    """An attempt of a broken chat stream's continuation: the conversation ends with the assistant message
+    streamed so far, and the route is told (its adapter's `chat_continue`) to continue it rather than answer."""
+
+    __slots__ = ()
+
+    def _params(self, req: ChatRequest) -> dict[str, Any]:
+        params = super()._params(req)
+        params.update(cast(OpenAIChat, self.route.adapter).chat_continue or {})
+        return params
+
+    async def chat_open(self, req: ChatRequest) -> Opened:
+        pending = ""
+        last = req.messages[-1]
+        if cast(OpenAIChat, self.route.adapter).chat_continue_strips and isinstance(last.content, str):
+            kept = last.content.rstrip()
+            pending = last.content[len(kept) :]
+            if pending:
+                req = msgspec.structs.replace(req, messages=[*req.messages[:-1], AssistantMessage(content=kept)])
+        opened = await super().chat_open(req)
+        going_on = _GoingOn(pending)
+        chunks = going_on.chunks(cast("AsyncGenerator[ChatChunk, None]", opened.chunks))
+        first = going_on.strip(cast(ChatChunk, opened.first)) if opened.first is not None else None
+        return Opened(chunks, first, opened.stream, ctx=opened.ctx, children=opened.children)
+
+
+class _GoingOn:
+    """A continuation's chunks as the rest of the client's stream: no second `role`, and the white space the
+    continued message was sent without not repeated."""
+
+    __slots__ = ("pending",)
+
+    def __init__(self, pending: str) -> None:
+        self.pending = pending
+
+    def strip(self, c: ChatChunk) -> ChatChunk:
+        out = []
+        for ch in c.choices:
+            d = ch.delta
+            content = d.content
+            if self.pending and content:
+                k = 0
+                while k < len(self.pending) and k < len(content) and content[k] == self.pending[k]:
+                    k += 1
+                content = content[k:]
+                self.pending = self.pending[k:] if not content else ""
+            if d.role is not None or content != d.content:
+                d = msgspec.structs.replace(d, role=None, content=content or None)
+            if d == _EMPTY and ch.finish_reason is None and ch.logprobs is None:
+                continue  # the continuation's role chunk: the client's stream already began
+            out.append(ch if d is ch.delta else msgspec.structs.replace(ch, delta=d))
+        c.choices = out
+        return c
+
+    async def chunks(self, upstream: AsyncGenerator[ChatChunk, None]) -> AsyncGenerator[ChatChunk, None]:
+        try:
+            async for c in upstream:
+                yield self.strip(c)
+        finally:
+            await upstream.aclose()
+
+
+_EMPTY = Delta()
+
+
+class ContinueJob(ChatJob):
+    """The continuation of a broken chat stream (gateway/path/relay.py `Relay.resume`)."""
+
+    __slots__ = ()
+    attempt = ContinueAttempt
+
+
+def _continues(route: Route) -> bool:
+    adapter = route.adapter
+    return isinstance(adapter, OpenAIChat) and adapter.chat_params is not None and adapter.chat_continue is not None
+
+
+def continuation(job: Job, text: str, left: int | None) -> ContinueJob | None:
+    """The job that continues a chat stream broken after `text`, on the plan's targets whose chat route can
+    continue an assistant message; None when none can (the stream then ends with its error)."""
+    groups = []
+    for g in job.plan.groups:
+        kept = [(r, w) for r, w in zip(g.routes, g.weights, strict=True) if _continues(r)]
+        if kept:
+            groups.append(Group([r for r, _ in kept], [w for _, w in kept], g.strategy))
+    if not groups:
+        return None
+    req = cast(ChatRequest, job.req)
+    messages = [*req.messages, AssistantMessage(content=text)]
+    cont = msgspec.structs.replace(req, messages=messages, prompt=render(messages), max_tokens=left)
+    # No admission of its own: the broken attempt's quota and the request's ticket cover the stream.
+    again = ContinueJob(job.services, None, cont, job.ctx, Plan(groups, job.plan.policy))
+    again.ask = job.ask  # the continuation waits for (and holds) a slot of its own, as the same tenant
+    return again
+
+
+__all__ = ["ChatAttempt", "ChatJob", "ContinueJob", "continuation"]

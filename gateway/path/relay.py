@@ -21,6 +21,7 @@ from gateway.limits.admission import Admission, Ticket
 from gateway.limits.budgets import STREAM_CHECK_EVENTS, Hold
 from gateway.ops.metrics import Record
 from gateway.path.attempt import UNREADABLE, Job, Opened, Services, ignored_n, sane_usage
+from gateway.path.chat import continuation
 from gateway.path.dialects import OPENAI
 from gateway.resilience.failover import Failover
 from gateway.resilience.health import Health
@@ -28,6 +29,7 @@ from gateway.upstream.framing import DONE, sse_event
 from gateway.upstream.plan import Route
 from gateway.upstream.scrub import Scrubber
 from providers.openai_chat import usage_chunk
+from wire.chat import ChunkChoice
 from wire.errors import GatewayError, UpstreamError
 from wire.schema import Completion, CompletionRequest, Usage, encode
 
@@ -64,7 +66,8 @@ STREAM_CUT = error_event(shutdown_cut()) + DONE
 
 
 def _resumable(job: Job) -> bool:
-    # Only a single text continuation can be resumed by appending what was sent to the prompt.
+    # Only a single text continuation can be resumed by appending what was sent to the prompt (on chat: as
+    # the assistant message the continuation goes on with).
     req = job.req
     return (
         job.plan.policy.resume_streams
@@ -73,7 +76,6 @@ def _resumable(job: Job) -> bool:
         and not req.echo
         and req.logprobs is None
         and not req.suffix
-        and not job.ctx.chat  # a chat turn continues as an assistant message, which the relay does not do
     )
 
 
@@ -138,6 +140,7 @@ class Relay:
         # that a long stream holds nothing of what it relayed.
         text: list[str] | None = [] if _resumable(job) else None
         sent = finished = 0
+        blank = 0  # of those sent, chat chunks that carry no token (the role's): not counted as output
         top = -1  # the highest choice index seen
         resumed_from = 0  # tokens streamed before the current upstream took over
         # A budgeted stream is charged as it runs past its reservation, so the next admissions stop before it ends.
@@ -153,7 +156,11 @@ class Relay:
                         if c.choices:
                             for choice in c.choices:
                                 if text is not None:
-                                    text.append(choice.text)
+                                    if ctx.chat and _not_text(cast(ChunkChoice, choice)):
+                                        text = None  # a chat stream's tool calls cannot be continued as text
+                                    else:
+                                        text.append(choice.text)
+                                        blank += ctx.chat and not choice.text and choice.finish_reason is None
                                 finished += choice.finish_reason is not None
                                 if choice.index > top:
                                     top = choice.index
@@ -195,13 +202,13 @@ class Relay:
                     # A stream that broke mid-way is a failed target, resumed or not (a dropped connection cools).
                     await self.health.failure(route.key, None, "error")
                     if text is not None:
-                        resumed = await self.resume(job, "".join(text), sent, rec.key)
+                        resumed = await self.resume(job, "".join(text), sent - blank, rec.key)
                 if resumed is None:
                     _book_failure(rec, route, error)
                     yield error_event(self.scrub.error(error))
                     break
                 opened, route = resumed
-                resumed_from = sent
+                resumed_from = sent - blank
             if usage is not None and resumed_from:
                 # The continuation's prompt included the text already streamed: count it as output.
                 usage = Usage(
@@ -265,20 +272,29 @@ class Relay:
             await self.health.inflight(target, -1)
 
     async def resume(self, job: Job, text: str, sent: int, tenant: str | None = None) -> tuple[Opened, Route] | None:
-        """Continue a broken stream on another target from the prompt plus the text already sent."""
+        """Continue a broken stream on another target from the prompt plus the text already sent (a chat
+        stream: from the conversation plus the assistant message sent so far, where a target can continue it)."""
         req, ctx = job.req, job.ctx
-        left = (16 if req.max_tokens is None else req.max_tokens) - sent
-        if left <= 0:
+        # Chat's limit is optional (none: the provider's own): the continuation then has none either.
+        limit = req.max_tokens if req.max_tokens is not None or ctx.chat else 16
+        left = None if limit is None else limit - sent
+        if left is not None and left <= 0:
             return None
-        assert isinstance(req.prompt, str)
-        cont: CompletionRequest = msgspec.structs.replace(req, prompt=req.prompt + text, max_tokens=left)
-        cont_ctx = msgspec.structs.replace(ctx, prompts=[cont.prompt], offsets=dict(ctx.offsets))
-        # No admission of its own: the broken attempt's quota and the request's ticket cover the stream.
-        again = Job(self.services, None, cont, cont_ctx, job.plan)
-        again.ask = job.ask  # the continuation waits for (and holds) a slot of its own, as the same tenant
+        again: Job | None
+        if ctx.chat:
+            again = continuation(job, text, left)
+            if again is None:
+                return None
+        else:
+            assert isinstance(req.prompt, str)
+            cont: CompletionRequest = msgspec.structs.replace(req, prompt=req.prompt + text, max_tokens=left)
+            cont_ctx = msgspec.structs.replace(ctx, prompts=[cont.prompt], offsets=dict(ctx.offsets))
+            # No admission of its own: the broken attempt's quota and the request's ticket cover the stream.
+            again = Job(self.services, None, cont, cont_ctx, job.plan)
+            again.ask = job.ask  # the continuation waits for (and holds) a slot of its own, as the same tenant
         try:
             outcome = await self.failover.run(
-                job.plan,
+                again.plan,
                 again.open,
                 discard=again.discard,
                 keep=again.keep,  # the continuation counts in flight on its own target
@@ -289,6 +305,11 @@ class Relay:
         except GatewayError:
             return None
         return outcome.value, outcome.route
+
+
+def _not_text(choice: ChunkChoice) -> bool:
+    delta = choice.delta
+    return bool(delta.tool_calls or delta.refusal)
 
 
 def _book_failure(rec: Record, route: Route, error: GatewayError) -> None:

@@ -1,0 +1,283 @@
+"""`resume_streams` on chat, over real sockets: a chat stream that breaks mid-way continues on a target whose
+chat route can continue the assistant message (vLLM's and SGLang's `continue_final_message`, Anthropic's
+prefill), and the client sees one stream; where no target can (or the stream was making tool calls), it
+ends with the break's error event and `[DONE]`.
+
+The gateway runs under uvicorn (tests/helpers/servers.py); the upstreams are one loopback server whose
+paths play each provider. The vLLM-shaped chunks follow vLLM's chat stream (a role chunk with empty
+content, one content chunk per token, the finish chunk, the usage chunk), Anthropic's events its
+recordings (tests/fixtures/anthropic/messages_stream.sse.txt).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from aiohttp import web
+
+from tests.e2e.test_observability import metric
+from tests.helpers.clients import sse_data
+from tests.helpers.servers import GatewayThread, serve_config
+from tests.helpers.upstreams import Received, Upstream
+
+CONFIG = """
+server: {{host: 127.0.0.1, port: 0}}
+unsupported_params: error
+retries: {{attempts: 3, same_target: 0}}
+timeouts: {{connect_ms: 2000, first_byte_ms: 5000, total_ms: 20000}}
+providers:
+  alpha: {{kind: vllm, base_url: {u}/alpha/v1}}
+  beta: {{kind: vllm, base_url: {u}/beta/v1}}
+  claude: {{kind: anthropic, base_url: {u}/claude, api_key: sk-ant, default_max_tokens: 64}}
+  oa: {{kind: openai, base_url: {u}/oa/v1, api_key: sk-oa}}
+models:
+  - name: smart
+    strategy: ordered
+    targets: [{{model: alpha/m}}, {{model: beta/m}}]
+    resume_streams: true
+  - name: to-claude
+    strategy: ordered
+    targets: [{{model: alpha/m}}, {{model: claude/claude-sonnet}}]
+    resume_streams: true
+  - name: to-openai
+    strategy: ordered
+    targets: [{{model: alpha/m}}, {{model: oa/gpt-4o-mini}}]
+    resume_streams: true
+"""
+MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+PIECES = ["The", " capital", " of", " France", " is", " Paris", "."]
+Behave = Callable[[web.Request, Received], Awaitable[web.StreamResponse]]
+
+
+def _chunk(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
+    body = {
+        "id": "chatcmpl-up",
+        "object": "chat.completion.chunk",
+        "created": 1700000000,
+        "model": "m",
+        "choices": choices,
+        "usage": usage,
+    }
+    return b"data: " + json.dumps(body).encode()
+
+
+def _delta(delta: dict[str, Any], finish: str | None = None) -> bytes:
+    return _chunk([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}])
+
+
+def _vllm(pieces: list[str], *, usage: tuple[int, int] | None, cut: bool = False) -> Behave:
+    """A vLLM chat stream of `pieces`; `cut`: the connection is reset after them (no finish)."""
+
+    async def behave(request: web.Request, received: Received) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        events = [_delta({"role": "assistant", "content": ""})] + [_delta({"content": p}) for p in pieces]
+        if not cut:
+            events.append(_delta({}, "stop"))
+            if usage is not None:
+                p, c = usage
+                events.append(_chunk([], {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}))
+            events.append(b"data: [DONE]")
+        for e in events:
+            await resp.write(e + b"\n\n")
+        if cut:
+            await asyncio.sleep(0.05)  # the chunks reach the gateway before the reset
+            assert request.transport is not None
+            request.transport.abort()
+            await asyncio.sleep(5)
+        else:
+            await resp.write_eof()
+        return resp
+
+    return behave
+
+
+def _tool_call_then_cut() -> Behave:
+    async def behave(request: web.Request, received: Received) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"ci'}}
+        for e in (_delta({"role": "assistant", "content": ""}), _delta({"tool_calls": [call]})):
+            await resp.write(e + b"\n\n")
+        await asyncio.sleep(0.05)
+        assert request.transport is not None
+        request.transport.abort()
+        await asyncio.sleep(5)
+        return resp
+
+    return behave
+
+
+def _anthropic(texts: list[str]) -> Behave:
+    """Anthropic's Messages stream (the recording's events) with `texts` as the text deltas."""
+
+    def event(name: str, data: dict[str, Any]) -> bytes:
+        return f"event: {name}\ndata: {json.dumps(data)}".encode()
+
+    async def behave(request: web.Request, received: Received) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        start: dict[str, Any] = {
+            "id": "msg_1",
+            "type": "message",
+            "role": "assistant",
+            "content": [],
+            "model": "claude-sonnet",
+        }
+        start["usage"] = {"input_tokens": 30, "output_tokens": 1}
+        events = [
+            event("message_start", {"type": "message_start", "message": start}),
+            event(
+                "content_block_start",
+                {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+            ),
+        ]
+        for t in texts:
+            delta = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": t}}
+            events.append(event("content_block_delta", delta))
+        events += [
+            event("content_block_stop", {"type": "content_block_stop", "index": 0}),
+            event(
+                "message_delta",
+                {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 4}},
+            ),
+            event("message_stop", {"type": "message_stop"}),
+        ]
+        for e in events:
+            await resp.write(e + b"\n\n")
+        await resp.write_eof()
+        return resp
+
+    return behave
+
+
+class Script:
+    """What each upstream path does, per test, and what each received."""
+
+    def __init__(self) -> None:
+        self.behaviours: dict[str, Behave] = {}
+        self.received: dict[str, list[Received]] = {}
+
+    async def __call__(self, request: web.Request, received: Received) -> web.StreamResponse:
+        name = received.path.split("/")[1]
+        self.received.setdefault(name, []).append(received)
+        behave = self.behaviours.get(name)
+        if behave is None:
+            return web.json_response({"error": {"message": f"nothing scripted for {name}"}}, status=599)
+        return await behave(request, received)
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[Upstream]:
+    with Upstream() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def gateway(upstream: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
+    with serve_config(tmp_path_factory.mktemp("chat-resume"), CONFIG.format(u=upstream.url), {}) as gw:
+        yield gw
+
+
+@pytest.fixture
+def script(upstream: Upstream, gateway: GatewayThread) -> Script:
+    s = Script()
+    upstream.handler = s
+    gateway.pipeline.health.reset()
+    return s
+
+
+def _stream(gateway: GatewayThread, model: str, **extra: Any) -> list[str]:
+    body = {"model": model, "messages": MESSAGES, "stream": True, **extra}
+    with httpx.Client(base_url=gateway.url, trust_env=False, timeout=15) as http:
+        resp = http.post("/v1/chat/completions", json=body)
+    assert resp.status_code == 200, resp.text
+    return sse_data(resp.text)
+
+
+def _content(chunks: list[dict[str, Any]]) -> str:
+    return "".join(ch["delta"].get("content") or "" for c in chunks for ch in c["choices"])
+
+
+def test_a_broken_chat_stream_continues_the_assistant_message(gateway: GatewayThread, script: Script) -> None:
+    script.behaviours["alpha"] = _vllm(PIECES[:3], usage=None, cut=True)
+    script.behaviours["beta"] = _vllm(PIECES[3:], usage=(23, 4))
+    before = _cooldowns(gateway)
+    data = _stream(gateway, "smart", max_tokens=20, stream_options={"include_usage": True})
+    assert data[-1] == "[DONE]"
+    chunks = [json.loads(d) for d in data[:-1]]
+    assert all("error" not in c for c in chunks)
+    # One stream: one id, one role chunk, the whole text, one finish, then the usage.
+    assert len({c["id"] for c in chunks}) == 1
+    roles = [ch for c in chunks for ch in c["choices"] if ch["delta"].get("role")]
+    assert len(roles) == 1 and chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert _content(chunks) == "".join(PIECES)
+    assert [ch["finish_reason"] for c in chunks for ch in c["choices"] if ch["finish_reason"]] == ["stop"]
+    # The continuation's prompt held the three tokens streamed before the break: counted as output.
+    assert chunks[-1]["choices"] == []
+    assert chunks[-1]["usage"] == {"prompt_tokens": 20, "completion_tokens": 7, "total_tokens": 27}
+    # beta was asked to continue the assistant message, with what is left of the limit.
+    (sent,) = script.received["beta"]
+    first = script.received["alpha"][0].json()
+    assert sent.json() == {
+        **first,
+        "messages": [*MESSAGES, {"role": "assistant", "content": "".join(PIECES[:3])}],
+        "max_tokens": 17,
+        "continue_final_message": True,
+        "add_generation_prompt": False,
+    }
+    assert "continue_final_message" not in first
+    # The broken target failed once: cooled once, and beta, which served, not at all.
+    after = _cooldowns(gateway)
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 0)
+
+
+def _cooldowns(gateway: GatewayThread) -> tuple[float, float]:
+    with httpx.Client(base_url=gateway.url, trust_env=False, timeout=15) as http:
+        text = http.get("/metrics").text
+    return tuple(metric(text, "gateway_cooldowns_total", target=t, cause="error") for t in ("alpha/m", "beta/m"))  # type: ignore[return-value]
+
+
+def test_anthropic_continues_as_a_prefill_without_trailing_white_space(gateway: GatewayThread, script: Script) -> None:
+    script.behaviours["alpha"] = _vllm(["The capital of France", " is "], usage=None, cut=True)
+    script.behaviours["claude"] = _anthropic([" Paris", "."])
+    data = _stream(gateway, "to-claude")
+    chunks = [json.loads(d) for d in data[:-1]]
+    assert all("error" not in c for c in chunks), chunks
+    # The white space Anthropic would refuse at the end of the prefill is not sent, nor repeated.
+    assert _content(chunks) == "The capital of France is Paris."
+    (sent,) = script.received["claude"]
+    body = sent.json()
+    assert sent.path == "/claude/v1/messages"
+    assert body["messages"][-1] == {
+        "role": "assistant",
+        "content": [{"type": "text", "text": "The capital of France is"}],
+    }
+    assert body["max_tokens"] == 64  # the request set no limit: the provider's own
+
+
+def test_no_target_that_can_continue_is_a_clean_error(gateway: GatewayThread, script: Script) -> None:
+    script.behaviours["alpha"] = _vllm(PIECES[:2], usage=None, cut=True)
+    data = _stream(gateway, "to-openai")
+    assert data[-1] == "[DONE]"
+    chunks = [json.loads(d) for d in data[:-1]]
+    assert _content(chunks[:-1]) == "".join(PIECES[:2])
+    assert chunks[-1]["error"]["code"] == "upstream_truncated_response"
+    assert "oa" not in script.received  # OpenAI cannot continue a message: never asked
+
+
+def test_a_broken_tool_call_stream_is_not_resumed(gateway: GatewayThread, script: Script) -> None:
+    script.behaviours["alpha"] = _tool_call_then_cut()
+    script.behaviours["beta"] = _vllm(PIECES, usage=None)
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    data = _stream(gateway, "smart", tools=tools)
+    assert data[-1] == "[DONE]"
+    chunks = [json.loads(d) for d in data[:-1]]
+    assert chunks[-1]["error"]["code"] == "upstream_truncated_response"
+    assert chunks[-2]["choices"][0]["delta"]["tool_calls"][0]["id"] == "call_1"
+    assert "beta" not in script.received
