@@ -199,6 +199,7 @@ async def stream(em: ChatEmulation, opens: Sequence[ChatSubStream]) -> AsyncGene
     pumps = [asyncio.ensure_future(pump(k, o)) for k, o in enumerate(opens)]
     state = _Choices(em)
     usage: Usage | None = None
+    usages = 0  # sub-streams whose usage arrived
     last: ChatChunk | None = None
     live = len(opens)
     try:
@@ -210,7 +211,8 @@ async def stream(em: ChatEmulation, opens: Sequence[ChatSubStream]) -> AsyncGene
             if isinstance(item, BaseException):
                 raise item
             last = item
-            usage = _add(usage, item.usage)
+            if item.usage is not None:
+                usage, usages = _add(usage, item.usage), usages + 1
             out = []
             for ch in item.choices:
                 relayed = await state.relay(ch, k if em.fan_n > 1 else ch.index)
@@ -219,7 +221,10 @@ async def stream(em: ChatEmulation, opens: Sequence[ChatSubStream]) -> AsyncGene
             if out:
                 yield ChatChunk(item.id, item.created, item.model, out, system_fingerprint=item.system_fingerprint)
             if em.stops is not None and len(state.done) >= em.n:
-                break  # every choice has stopped: no need to read (or pay for) the rest
+                # Every choice has stopped: no need to read (or pay for) the rest. A usage that lacks some
+                # call's is not the answer's: none is reported, and the relay estimates it.
+                usage = usage if usages == len(opens) else None
+                break
         if usage is not None and last is not None:
             yield ChatChunk(last.id, last.created, last.model, [], usage=usage)
     finally:
