@@ -52,7 +52,24 @@ LLAMA = reply(
 )
 
 
+# TGI's Messages API answer (its OpenAI chat shape): one choice per call.
+CHAT = reply(
+    json.dumps(
+        {
+            "object": "chat.completion",
+            "id": "",
+            "created": 1,
+            "model": "m",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "yes"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+        }
+    ).encode()
+)
+
+
 async def _upstream(request: web.Request, received: Received) -> web.StreamResponse:
+    if received.path == "/v1/chat/completions":
+        return await CHAT(request, received)
     if received.path == "/completion":
         return await LLAMA(request, received)
     return await (STREAM if received.path.endswith("_stream") else ANSWER)(request, received)
@@ -179,3 +196,19 @@ def test_calls_refused_before_they_are_sent_are_given_back(
     assert upstream.received == []
     wait_until(lambda: units(rds, "rl:{provider:hf}:rpm") == 1)
     assert post(g, "k-b", {"model": "hf/m", "prompt": "test", "max_tokens": 1, "n": 9}).status_code == 200
+
+
+def test_chat_fan_out_charges_each_call(g: GatewayThread, rds: RedisServer, upstream: Upstream) -> None:
+    """TGI's Messages API has no `n`: a chat request for three choices is three calls, charged before the first."""
+    chat = {"model": "hf/m", "messages": [{"role": "user", "content": "test"}], "max_tokens": 1, "n": 3}
+    with client(g.url, "k-a") as c:
+        resp = c.post("/v1/chat/completions", json=chat)
+        assert resp.status_code == 200, resp.text
+        assert [ch["index"] for ch in resp.json()["choices"]] == [0, 1, 2]
+        assert len(upstream.received) == 3
+        assert units(rds, "rl:{provider:hf}:rpm") == 3
+        # Seven are left of rpm 10: a fan-out of eight is refused whole, before any of its calls.
+        refused = c.post("/v1/chat/completions", json={**chat, "n": 8})
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["error"]["code"] == "provider_quota"
+    assert len(upstream.received) == 3
