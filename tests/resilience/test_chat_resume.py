@@ -35,6 +35,7 @@ providers:
   beta: {{kind: vllm, base_url: {u}/beta/v1}}
   claude: {{kind: anthropic, base_url: {u}/claude, api_key: sk-ant, default_max_tokens: 64}}
   oa: {{kind: openai, base_url: {u}/oa/v1, api_key: sk-oa}}
+  gamma: {{kind: sglang, base_url: {u}/gamma/v1}}
 models:
   - name: smart
     strategy: ordered
@@ -47,6 +48,10 @@ models:
   - name: to-openai
     strategy: ordered
     targets: [{{model: alpha/m}}, {{model: oa/gpt-4o-mini}}]
+    resume_streams: true
+  - name: past-openai
+    strategy: ordered
+    targets: [{{model: alpha/m}}, {{model: oa/gpt-4o-mini}}, {{model: gamma/m}}]
     resume_streams: true
 """
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
@@ -281,3 +286,19 @@ def test_a_broken_tool_call_stream_is_not_resumed(gateway: GatewayThread, script
     assert chunks[-1]["error"]["code"] == "upstream_truncated_response"
     assert chunks[-2]["choices"][0]["delta"]["tool_calls"][0]["id"] == "call_1"
     assert "beta" not in script.received
+
+
+def test_the_continuation_skips_targets_that_cannot_continue(gateway: GatewayThread, script: Script) -> None:
+    """OpenAI is next in the alias's order, but cannot continue a message: SGLang, after it, does."""
+    script.behaviours["alpha"] = _vllm(PIECES[:4], usage=None, cut=True)
+    script.behaviours["gamma"] = _vllm(PIECES[4:], usage=None)
+    data = _stream(gateway, "past-openai", max_tokens=10)
+    chunks = [json.loads(d) for d in data[:-1]]
+    assert all("error" not in c for c in chunks), chunks
+    assert _content(chunks) == "".join(PIECES)
+    assert "oa" not in script.received
+    (sent,) = script.received["gamma"]
+    body = sent.json()
+    assert body["messages"][-1] == {"role": "assistant", "content": "".join(PIECES[:4])}
+    assert body["continue_final_message"] is True and "add_generation_prompt" not in body
+    assert body["max_tokens"] == 6
