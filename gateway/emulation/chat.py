@@ -17,10 +17,11 @@ import msgspec
 
 from gateway.config import CapsConfig
 from gateway.emulation.combine import _add, _scan, gather
-from gateway.emulation.planning import bound_copies, bound_stops
+from gateway.emulation.planning import bound_stops
 from gateway.emulation.stops import StopMatcher, StopScanner
 from providers.base import Capabilities, Param
 from wire.chat import (
+    AssistantMessage,
     ChatChoice,
     ChatChunk,
     ChatCompletion,
@@ -29,8 +30,11 @@ from wire.chat import (
     ChatRequest,
     ChunkChoice,
     Delta,
+    ImagePart,
+    Message,
     TokenLogprob,
 )
+from wire.errors import InvalidRequestError
 from wire.schema import Usage
 
 # One upstream call of the attempt for one chat (sub-)request.
@@ -77,8 +81,29 @@ def plan(
         return None
     found = bound_stops(stops, provider, caps) if stops is not None else None
     if fan_n > 1:
-        bound_copies([req.prompt], fan_n, 0, caps.emulated_answer_bytes, False)  # type: ignore[list-item]
+        _bound_fan_out(req.messages, fan_n, caps.emulated_answer_bytes)
     return ChatEmulation(fan_n=fan_n, n=n, stops=stops, matcher=found, upstream_stop=upstream)
+
+
+def _bound_fan_out(messages: list[Message], calls: int, limit: int) -> None:
+    """Each call of a fan-out carries the whole conversation (images' data URLs too): bounded before any."""
+    size = 0
+    for m in messages:
+        content = m.content
+        if isinstance(content, str):
+            size += len(content)
+        elif content is not None:
+            for part in content:
+                size += len(part.image_url.url) if isinstance(part, ImagePart) else len(getattr(part, "text", ""))
+        if isinstance(m, AssistantMessage):
+            size += sum(len(c.function.arguments) for c in m.tool_calls or ())
+    if size * calls > limit:
+        raise InvalidRequestError(
+            f"'n' would make the gateway send {size * calls} bytes of the conversation (one call per choice); "
+            f"at most {limit} are allowed",
+            param="n",
+            code="invalid_value",
+        )
 
 
 def sub_requests(em: ChatEmulation, req: ChatRequest) -> list[ChatRequest]:

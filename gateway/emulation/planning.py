@@ -185,7 +185,7 @@ def plan(
         return None
     found = bound_stops(stops, provider, caps) if stops is not None else None
     if fan_n > 1 or echo:
-        bound_copies(prompts, fan_n, n if echo else 0, caps.emulated_answer_bytes, best_of is not None)
+        _bound_copies(prompts, fan_n, n if echo else 0, caps.emulated_answer_bytes, best_of is not None)
     return Emulation(
         prompts=prompts,
         fan_n=fan_n,
@@ -229,7 +229,7 @@ def _size(prompt: str | list[int]) -> int:
     return 8 * len(prompt)
 
 
-def bound_copies(prompts: Sequence[str | list[int]], fan_n: int, echoes: int, limit: int, best_of: bool) -> None:
+def _bound_copies(prompts: Sequence[str | list[int]], fan_n: int, echoes: int, limit: int, best_of: bool) -> None:
     """Each fanned-out call carries its prompt and each echoed choice repeats it: computed before any call."""
     copies = (fan_n if fan_n > 1 else 0) + echoes
     total = sum(_size(p) for p in prompts) * copies

@@ -66,6 +66,12 @@ def test_bounds_are_refused_naming_the_field() -> None:
     with pytest.raises(InvalidRequestError) as n:
         _plan("anthropic", n=3, messages=[{"role": "user", "content": big}])
     assert n.value.param == "n"
+    # An image is copied into every call too, though the rendered conversation holds only its place.
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + big}}
+    with pytest.raises(InvalidRequestError) as n:
+        _plan("anthropic", n=3, messages=[{"role": "user", "content": [{"type": "text", "text": "what?"}, image]}])
+    assert n.value.param == "n"
+    assert _plan("anthropic", n=1, messages=[{"role": "user", "content": [image]}]) is None
 
 
 def _answer(content: str, usage: int, logprobs: list[str] | None = None) -> ChatCompletion:
