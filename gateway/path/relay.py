@@ -139,6 +139,9 @@ class Relay:
         # The text sent so far, which a resumed stream continues from: kept only when it may be resumed, so
         # that a long stream holds nothing of what it relayed.
         text: list[str] | None = [] if _resumable(job) else None
+        # What a continuation carries back upstream is bounded as an emulation's copies are: beyond it, the
+        # text is let go and the stream is no longer resumed (a chat stream may have no token limit).
+        room = self.services.caps.emulated_answer_bytes
         sent = finished = 0
         blank = 0  # of those sent, chat chunks that carry no token (the role's): not counted as output
         top = -1  # the highest choice index seen
@@ -161,6 +164,9 @@ class Relay:
                                     else:
                                         text.append(choice.text)
                                         blank += ctx.chat and not choice.text and choice.finish_reason is None
+                                        room -= len(choice.text)
+                                        if room < 0:
+                                            text = None
                                 finished += choice.finish_reason is not None
                                 if choice.index > top:
                                     top = choice.index

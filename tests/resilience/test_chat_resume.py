@@ -30,6 +30,7 @@ server: {{host: 127.0.0.1, port: 0}}
 unsupported_params: error
 retries: {{attempts: 3, same_target: 0}}
 timeouts: {{connect_ms: 2000, first_byte_ms: 5000, total_ms: 20000}}
+caps: {{emulated_answer_bytes: 1024}}
 providers:
   alpha: {{kind: vllm, base_url: {u}/alpha/v1}}
   beta: {{kind: vllm, base_url: {u}/beta/v1}}
@@ -302,3 +303,15 @@ def test_the_continuation_skips_targets_that_cannot_continue(gateway: GatewayThr
     assert body["messages"][-1] == {"role": "assistant", "content": "".join(PIECES[:4])}
     assert body["continue_final_message"] is True and "add_generation_prompt" not in body
     assert body["max_tokens"] == 6
+
+
+def test_a_stream_longer_than_a_continuation_may_carry_is_not_resumed(gateway: GatewayThread, script: Script) -> None:
+    """The text a continuation would carry back upstream is bounded (`caps.emulated_answer_bytes`, 1024 here)."""
+    long = ["x" * 40] * 30
+    script.behaviours["alpha"] = _vllm(long, usage=None, cut=True)
+    script.behaviours["beta"] = _vllm(PIECES, usage=None)
+    data = _stream(gateway, "smart")
+    chunks = [json.loads(d) for d in data[:-1]]
+    assert _content(chunks[:-1]) == "".join(long)
+    assert chunks[-1]["error"]["code"] == "upstream_truncated_response"
+    assert "beta" not in script.received
