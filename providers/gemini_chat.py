@@ -223,10 +223,11 @@ def chat_answer(candidates: list[Any], usage: Usage | None, ctx: CallContext) ->
     return ChatCompletion(ctx.id, ctx.created, ctx.model, choices, usage=usage)
 
 
-def chat_chunk(candidates: list[Any], usage: Usage | None, ctx: CallContext) -> ChatChunk:
+def chat_chunk(candidates: list[Any], usage: Usage | None, ctx: CallContext) -> ChatChunk | None:
     """One `streamGenerateContent` event as one chunk: per candidate, the role on its first delta, its
     text, each whole `functionCall` as one tool-call delta (id, name and all its arguments), its finish;
-    `usage` (the event's running count) only on the chunk that finishes."""
+    `usage` (the event's running count) only on the chunk that finishes. None for an event that adds
+    nothing (a thought summary's)."""
     started: set[int] = ctx.state.setdefault("started", set())
     seen: dict[int, int] = ctx.state.setdefault("calls", {})
     choices = []
@@ -247,11 +248,16 @@ def chat_chunk(candidates: list[Any], usage: Usage | None, ctx: CallContext) -> 
         started.add(index)
         finish = _finish(c.finish_reason, seen.get(index, 0) > 0)
         final = final or finish is not None
+        logprobs = _logprobs(c.logprobs_result)
+        if role is None and not text and not deltas and finish is None and logprobs is None:
+            continue
         delta = Delta(role=role, content=text or (None if deltas or finish else ""), tool_calls=deltas or None)
-        choices.append(ChunkChoice(index, delta, finish, _logprobs(c.logprobs_result)))
+        choices.append(ChunkChoice(index, delta, finish, logprobs))
     if not candidates:  # a blocked prompt
         choices = [ChunkChoice(i, Delta(role="assistant", content=""), "content_filter") for i in range(ctx.n)]
         final = True
+    if not choices:
+        return None
     return ChatChunk(ctx.id, ctx.created, ctx.model, choices, usage=usage if final else None)
 
 

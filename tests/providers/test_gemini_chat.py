@@ -302,3 +302,12 @@ def test_blocked_prompt_and_errors() -> None:
     with pytest.raises(UpstreamStatusError) as caught:
         GeminiAdapter().parse_chat_event(None, error, _ctx())
     assert caught.value.upstream_status == 429
+
+
+def test_an_event_that_adds_nothing_is_skipped() -> None:
+    ctx = _ctx()
+    adapter = GeminiAdapter()
+    first = b'{"candidates": [{"content": {"parts": [{"text": "Hi"}], "role": "model"}, "index": 0}]}'
+    thought = b'{"candidates": [{"content": {"parts": [{"text": "pondering", "thought": true}]}, "index": 0}]}'
+    assert adapter.parse_chat_event(None, first, ctx) is not None
+    assert adapter.parse_chat_event(None, thought, ctx) is None
