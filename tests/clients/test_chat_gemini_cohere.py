@@ -15,6 +15,7 @@ import openai
 import pytest
 from aiohttp import web
 from openai.types.chat import ChatCompletionMessageFunctionToolCall
+from pydantic import BaseModel
 
 from tests.helpers.clients import openai_client
 from tests.helpers.recordings import fixture_bytes, fixture_json, sse_events
@@ -73,11 +74,12 @@ async def _handler(request: web.Request, received: Received) -> web.StreamRespon
             if received.json().get("tools"):
                 return await _sse(request, sse_events(fixture_bytes("gemini/stream_function_call.sse.txt")))
             return await _sse(request, sse_events(fixture_bytes("gemini/stream_generate_content.sse.txt")))
-        name = (
-            "gemini/generate_content_function_args.json"
-            if received.json().get("tools")
-            else "gemini/generate_content_stop_sequence.json"
-        )
+        body = received.json()
+        name = "gemini/generate_content_stop_sequence.json"
+        if body.get("tools"):
+            name = "gemini/generate_content_function_args.json"
+        elif "responseJsonSchema" in body.get("generationConfig", {}):
+            name = "gemini/generate_content_json_schema.json"
         return web.Response(body=fixture_bytes(name), content_type="application/json")
     if path == "/cohere/v2/chat":
         body = received.json()
@@ -210,6 +212,29 @@ def test_gemini_streamed_tool_call_and_text(client: openai.OpenAI, received: lis
     text = list(client.chat.completions.create(model="gem/gemini-2.0-flash-exp", messages=MESSAGES, stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in text if c.choices) == "The capital of France is Paris.\n"
     assert all(c.choices for c in text)  # no usage chunk: the client did not ask for one
+
+
+class CityLocation(BaseModel):
+    city: str
+    country: str
+
+
+def test_gemini_structured_output_through_parse(client: openai.OpenAI, received: list[Received]) -> None:
+    """`chat.completions.parse` with a Pydantic model: its JSON schema goes to Gemini as
+    `responseJsonSchema`, and Gemini's JSON text parses into the model."""
+    answer = client.chat.completions.parse(
+        model="gem/gemini-2.0-flash",
+        messages=[{"role": "user", "content": "What is the largest city in Mexico?"}],
+        response_format=CityLocation,
+    )
+    parsed = answer.choices[0].message.parsed
+    assert parsed == CityLocation(city="Mexico City", country="Mexico")
+    config = received[0].json()["generationConfig"]
+    assert config["responseMimeType"] == "application/json"
+    assert config["responseJsonSchema"]["properties"] == {
+        "city": {"title": "City", "type": "string"},
+        "country": {"title": "Country", "type": "string"},
+    }
 
 
 def test_gemini_error_keeps_its_status(api: httpx.Client) -> None:
