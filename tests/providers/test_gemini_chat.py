@@ -311,3 +311,26 @@ def test_an_event_that_adds_nothing_is_skipped() -> None:
     thought = b'{"candidates": [{"content": {"parts": [{"text": "pondering", "thought": true}]}, "index": 0}]}'
     assert adapter.parse_chat_event(None, first, ctx) is not None
     assert adapter.parse_chat_event(None, thought, ctx) is None
+
+
+def test_n_is_candidate_count_and_each_candidate_a_choice() -> None:
+    _, body = _sent(_req(messages=[{"role": "user", "content": "hi"}], n=2))
+    assert body["generationConfig"] == {"candidateCount": 2}
+    two = {
+        "candidates": [
+            {"content": {"parts": [{"text": "A"}]}, "finishReason": "STOP", "index": 0},
+            {"content": {"parts": [{"text": "B"}]}, "finishReason": "MAX_TOKENS", "index": 1},
+        ]
+    }
+    answer = GeminiAdapter().parse_chat_response(json.dumps(two).encode(), _ctx(n=2))
+    assert [(c.index, c.message.content, c.finish_reason) for c in answer.choices] == [
+        (0, "A", "stop"),
+        (1, "B", "length"),
+    ]
+    ctx = _ctx(n=2)
+    first = GeminiAdapter().parse_chat_event(None, json.dumps(two).encode(), ctx)
+    assert first is not None
+    assert [(c.index, c.delta.role, c.delta.content) for c in first.choices] == [
+        (0, "assistant", "A"),
+        (1, "assistant", "B"),
+    ]
