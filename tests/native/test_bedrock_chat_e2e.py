@@ -97,7 +97,7 @@ def test_sdk_tool_call_from_the_recorded_answer(oai: openai.OpenAI, upstream: Up
 
 def test_sdk_the_tool_result_turn_and_the_recorded_text_answer(oai: openai.OpenAI, upstream: Upstream) -> None:
     upstream.handler = reply(fixture_bytes("bedrock/converse_end_turn.json"))
-    call = {
+    call: Any = {
         "id": "tooluse_1",
         "type": "function",
         "function": {"name": "get_temperature", "arguments": '{"city":"Paris"}'},
