@@ -157,4 +157,9 @@ def test_extra_params_may_not_replace_the_conversation() -> None:
 
 
 def test_which_kinds_serve_chat() -> None:
-    assert {k for k, cls in REGISTRY.items() if cls.chat_params is not None} == {*CHAT_KINDS, "anthropic", "fake"}
+    assert {k for k, cls in REGISTRY.items() if cls.chat_params is not None} == {
+        *CHAT_KINDS,
+        "anthropic",
+        "bedrock",
+        "fake",
+    }
