@@ -271,3 +271,17 @@ def test_what_converse_cannot_do_is_refused_before_any_call(
         code="unsupported_parameter",
     )
     assert upstream.received == []
+
+
+def test_an_exception_frame_before_any_event_is_the_chat_streams_error_status(
+    api: httpx.Client, upstream: Upstream
+) -> None:
+    upstream.handler = reply_eventstream(exception("throttlingException", "Too many requests, please wait."), 3)
+    resp = api.post("/v1/chat/completions", json={"model": MODEL, "messages": USER, "stream": True})
+    assert_error(
+        resp,
+        status=429,
+        type="rate_limit_error",
+        message="bedrock error (429): Too many requests, please wait.",
+        code="throttling_exception",
+    )
