@@ -315,7 +315,7 @@ class GeminiAdapter(OpenAIChat):
     chat_path: ClassVar[str] = "/v1beta/models/{model}:generateContent"
     chat_params = GEMINI_CHAT_PARAMS
     # Chat's body carries the limit and the count where completions' does: its extras are guarded the same.
-    chat_guarded = guarded_paths
+    chat_guarded_paths = guarded_paths
 
     def url(self, req: CompletionRequest, endpoint: Endpoint) -> str:
         # Config may name the model as the API's resource name ("models/gemini-2.0-flash"). The id is one

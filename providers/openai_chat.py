@@ -236,10 +236,10 @@ class OpenAIChat(Adapter):
     chat_path: ClassVar[str] = "/chat/completions"
     # Ask every stream for its usage chunk (stripped by the relay when the client did not ask).
     chat_stream_usage: ClassVar[bool] = True
-    chat_framing: ClassVar[Literal["sse"]] = "sse"  # whatever the kind's native route frames with
-    # The body paths of the chat request that carry the conversation, the limit and the count: what the
-    # client's `inference_extra_params` may not write (providers/registry.py checks `chat_params` against it).
-    chat_guarded: ClassVar[frozenset[str]] = CHAT_GUARDED
+    chat_framing: ClassVar[Literal["sse", "ndjson", "eventstream"]] = "sse"
+    # What `inference_extra_params` may not write on the chat route (a kind whose chat body is its native
+    # one guards its native paths).
+    chat_guarded_paths: ClassVar[frozenset[str]] = CHAT_GUARDED
 
     def chat_url(self, endpoint: Endpoint) -> str:
         return endpoint.base_url.rstrip("/") + self.chat_path
@@ -251,7 +251,7 @@ class OpenAIChat(Adapter):
             body["stream"] = True
             if self.chat_stream_usage:
                 body["stream_options"] = {"include_usage": True}
-        self.add_extra(body, req, self.chat_guarded, "top")
+        self.add_extra(body, req, self.chat_guarded_paths, "top")
         return UpstreamRequest(
             method="POST",
             url=self.chat_url(endpoint),

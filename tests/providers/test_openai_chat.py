@@ -158,5 +158,5 @@ def test_extra_params_may_not_replace_the_conversation() -> None:
 
 
 def test_which_kinds_serve_chat() -> None:
-    native = {"anthropic", "gemini", "cohere", "fake"}
+    native = {"anthropic", "bedrock", "gemini", "cohere", "fake"}
     assert {k for k, cls in REGISTRY.items() if cls.chat_params is not None} == CHAT_KINDS | native

@@ -1,4 +1,4 @@
-"""`chat_guarded`: the chat body paths carrying the conversation, the token limit and the choice count, which
+"""`chat_guarded_paths`: the chat body paths carrying the conversation, the token limit and the choice count, which
 `inference_extra_params` may not write (providers/openai_chat.py), for kinds whose chat body puts them
 elsewhere than OpenAI's names (Gemini's `generationConfig.maxOutputTokens`)."""
 
@@ -47,7 +47,14 @@ def test_the_client_may_not_write_the_chat_limit_or_conversation(kind: str) -> N
         req = normalize_chat(decode_chat(msgspec.json.encode(raw)))
         assert cls.chat_params is not None
         params, _ = map_params(req, cls.chat_params, "p", True)
-        endpoint = Endpoint(provider="p", model="m", base_url="http://127.0.0.1:9", api_key="k", api_version="v")
+        endpoint = Endpoint(
+            provider="p",
+            model="m",
+            base_url="http://127.0.0.1:9",
+            api_key="AKID:secret",
+            api_version="v",
+            region="us-east-1",
+        )
         body: dict[str, Any] = json.loads(cls().build_chat_request(req, endpoint, params).body)
         return body
 
@@ -59,7 +66,7 @@ def test_the_client_may_not_write_the_chat_limit_or_conversation(kind: str) -> N
             sent(_nested(path, 1))
         # A request field's own name at the top is refused while the request is read, before any adapter.
         assert caught.value.param in (f"inference_extra_params.{path}", "inference_extra_params"), kind
-    assert limit_paths(cls.chat_params) <= cls.chat_guarded
+    assert limit_paths(cls.chat_params) <= cls.chat_guarded_paths
 
 
 def test_a_chat_table_writing_its_limit_outside_chat_guarded_is_not_registered() -> None:
@@ -74,7 +81,7 @@ def test_a_chat_table_writing_its_limit_outside_chat_guarded_is_not_registered()
     class Declared(VLLMAdapter):
         kind = "chat_declared_test_kind"
         chat_params = table(max_tokens=Param(to="limits.output"))
-        chat_guarded = CHAT_GUARDED | {"limits.output"}
+        chat_guarded_paths = CHAT_GUARDED | {"limits.output"}
 
     try:
         assert register(Declared) is Declared
