@@ -54,9 +54,9 @@ SIGNATURE: Final = "~sig~"
 # Request
 
 
-def tools(body: dict[str, Any], tools: list[dict[str, Any]]) -> None:
+def tools(body: dict[str, Any], value: list[dict[str, Any]]) -> None:
     declarations = []
-    for t in tools:
+    for t in value:
         fn = t["function"]
         decl: dict[str, Any] = {"name": fn["name"]}
         if fn.get("description"):
@@ -115,7 +115,10 @@ def _assistant(m: AssistantMessage, names: dict[str, str]) -> list[dict[str, Any
             )
         names[call.id] = call.function.name
         call_id, _, signature = call.id.partition(SIGNATURE)
-        part: dict[str, Any] = {"functionCall": {"name": call.function.name, "args": args, "id": call_id}}
+        function: dict[str, Any] = {"name": call.function.name, "args": args}
+        if call_id:
+            function["id"] = call_id
+        part: dict[str, Any] = {"functionCall": function}
         if signature:
             part["thoughtSignature"] = signature
         parts.append(part)
@@ -132,8 +135,11 @@ def _tool(m: ToolMessage, names: dict[str, str]) -> list[dict[str, Any]]:
             param="messages",
             code="invalid_value",
         )
+    response: dict[str, Any] = {"name": name, "response": {"content": _texts(m.content)}}
     call_id = m.tool_call_id.partition(SIGNATURE)[0]
-    return [{"functionResponse": {"name": name, "id": call_id, "response": {"content": _texts(m.content)}}}]
+    if call_id:
+        response["id"] = call_id
+    return [{"functionResponse": response}]
 
 
 def to_contents(messages: list[Message], provider: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
