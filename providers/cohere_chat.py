@@ -196,7 +196,10 @@ def chat_event(kind: str | None, index: int | None, message: Any, ctx: CallConte
         calls[at] = len(calls)
         arguments = _field(call, "function", "arguments")
         function = FunctionDelta(name=name, arguments=arguments if isinstance(arguments, str) else "")
-        start = ToolCallDelta(index=calls[at], id=_field(call, "id") or "", type="function", function=function)
+        call_id = _field(call, "id")
+        start = ToolCallDelta(
+            index=calls[at], id=call_id if isinstance(call_id, str) else "", type="function", function=function
+        )
         return _chunk(ctx, Delta(tool_calls=[start]))
     if kind == "tool-call-delta":
         piece = _field(message, "tool_calls", "function", "arguments")
