@@ -84,7 +84,9 @@ async def _client(base: str, bodies: list[bytes], concurrency: int) -> dict[str,
     return {"lines": len(bodies), "ok": ok, "seconds": round(took, 3), "lines_per_s": round(len(bodies) / took, 1)}
 
 
-async def _batch(base: str, bodies: list[bytes], stop: asyncio.Event | None = None) -> dict[str, Any]:
+async def _batch(
+    base: str, bodies: list[bytes], stop: asyncio.Event | None = None, running: asyncio.Event | None = None
+) -> dict[str, Any]:
     lines = b"".join(
         msgspec.json.encode({"custom_id": f"l-{i}", "method": "POST", "url": "/v1/completions", "body": msgspec.Raw(b)})
         + b"\n"
@@ -103,6 +105,8 @@ async def _batch(base: str, bodies: list[bytes], stop: asyncio.Event | None = No
         cancelled = False
         while batch["status"] not in _TERMINAL:
             await asyncio.sleep(0.05)
+            if running is not None and batch["status"] == "in_progress":
+                running.set()
             if stop is not None and stop.is_set() and not cancelled:
                 async with session.post(base + f"/v1/batches/{batch['id']}/cancel") as resp:
                     await resp.read()
@@ -136,9 +140,10 @@ async def _interactive(base: str, seconds: float) -> dict[str, Any]:
 
 
 async def _beside_batch(base: str, bodies: list[bytes], seconds: float) -> dict[str, Any]:
-    stop = asyncio.Event()
-    batch = asyncio.ensure_future(_batch(base, bodies, stop))
-    await asyncio.sleep(0.3)  # the batch validated and running
+    stop, running = asyncio.Event(), asyncio.Event()
+    batch = asyncio.ensure_future(_batch(base, bodies, stop, running))
+    await running.wait()  # validated: its lines are being sent
+    await asyncio.sleep(0.3)
     before = await _queue_waits(base)
     measured = await _interactive(base, seconds)
     after = await _queue_waits(base)
