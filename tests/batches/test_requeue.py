@@ -68,6 +68,14 @@ async def test_a_line_whose_queue_wait_ran_out_is_sent_again_later(tmp_path: Pat
             batch_id = await asyncio.to_thread(start, client, lines)
             # Both lines in flight wait 100 ms, are refused, wait about a second, and are refused again.
             await until(lambda: _requeued(httpx.get(gw.url + "/metrics").text) >= 4, timeout=15)
+            # The lines put back kept their places in batches.concurrency (2): no other line was taken meanwhile.
+            with sqlite3.connect(tmp_path / "ledger.db") as conn:
+                states = dict(
+                    conn.execute(
+                        "SELECT state, count(*) FROM batch_lines WHERE batch_id = ? GROUP BY state", (batch_id,)
+                    ).fetchall()
+                )
+            assert states == {"sent": 2, "todo": LINES - 2}, states
             engine.running.set()
             assert (await held).status_code == 200
             batch = await asyncio.to_thread(wait_batch, client, batch_id)
