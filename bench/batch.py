@@ -114,6 +114,8 @@ async def _batch(
             async with session.get(base + f"/v1/batches/{batch['id']}") as resp:
                 batch = await resp.json()
         took = time.perf_counter() - started
+    if running is not None:
+        running.set()  # ended without running (a failed file): whoever waits for it must not wait forever
     counts = batch["request_counts"]
     return {
         "lines": len(bodies),
