@@ -16,7 +16,6 @@ from yarl import URL
 
 from providers.base import (
     EMULATED,
-    Adapter,
     CallContext,
     Endpoint,
     Param,
@@ -28,10 +27,22 @@ from providers.base import (
     stop_list,
     table,
 )
+from providers.bedrock_chat import (
+    CHAT_PARAMS,
+    TOP_K_MARK,
+    ToolUse,
+    chat_answer,
+    chat_event,
+    refused,
+    to_converse,
+    usage_only,
+)
 from providers.envelope import Unreadable
 from providers.finish import finish_reason
+from providers.openai_chat import OpenAIChat
 from providers.retry_after import retry_after
 from providers.sigv4 import sign
+from wire.chat import ChatChunk, ChatCompletion, ChatRequest
 from wire.errors import (
     GatewayError,
     ProviderUnavailableError,
@@ -53,8 +64,6 @@ _TOP_K: Final[tuple[tuple[str, str], ...]] = (
     ("anthropic.", "top_k"),
     ("amazon.nova", "inferenceConfig.topK"),
 )
-# A private marker: top_k's target depends on the model, which the parameter table does not see.
-_TOP_K_MARK: Final = "__top_k"
 
 # HTTP status of each error type (botocore service-2.json), for exceptions that arrive inside a 200 stream.
 _STATUS: Final[dict[str, int]] = {
@@ -88,18 +97,12 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-def _top_k(body: dict[str, Any], value: int) -> None:
-    # -1 (and 0) mean "no top-k cut", which is every model's behaviour without the field.
-    if value > 0:
-        body[_TOP_K_MARK] = value
-
-
 BEDROCK_PARAMS: Table = table(
     max_tokens=Param(to="inferenceConfig.maxTokens"),
     temperature=Param(to="inferenceConfig.temperature"),
     top_p=Param(to="inferenceConfig.topP"),
     stop=Param(to="inferenceConfig.stopSequences", convert=stop_list),
-    top_k=Param(apply=_top_k),
+    top_k=CHAT_PARAMS["top_k"],
     user=Param(to="requestMetadata.user"),
     n=EMULATED,
     best_of=EMULATED,
@@ -116,9 +119,10 @@ BEDROCK_PARAMS: Table = table(
 # Upstream shapes (lenient: unknown fields ignored, everything optional)
 
 
-class BContent(msgspec.Struct):
+class BContent(msgspec.Struct, rename="camel"):
     # reasoningContent, toolUse and other blocks have no `text`: not completion text.
     text: str | None = None
+    tool_use: ToolUse | None = None  # chat's tool calls
 
 
 class BMessage(msgspec.Struct):
@@ -214,7 +218,7 @@ def _model_path(model: str, provider: str) -> str:
     return path_segment(model, provider, slash=True, safe=":@!$&'()*,;=")
 
 
-class BedrockAdapter(Adapter):
+class BedrockAdapter(OpenAIChat):
     kind = "bedrock"
     genai_provider = "aws.bedrock"
     auth = "SigV4 (`api_key: ACCESS_KEY_ID:SECRET[:SESSION_TOKEN]`, `region`) or `Authorization: Bearer` (API key)"
@@ -242,6 +246,15 @@ class BedrockAdapter(Adapter):
     # string, which changes nothing for a model that already left it out (it would have stopped before it).
     stop_in_output = True
 
+    # Chat (`system` blocks, `toolConfig`, `toolUse` / `toolResult` blocks): providers/bedrock_chat.py.
+    chat_path: ClassVar[str] = path
+    chat_params = CHAT_PARAMS
+    chat_framing = "eventstream"
+    chat_guarded_paths = guarded_paths
+    # Converse's structured output (`outputConfig.textFormat`) constrains to a JSON schema only; it has no
+    # JSON mode without one.
+    chat_formats: ClassVar[frozenset[str]] = frozenset({"text", "json_schema"})
+
     def __init__(self, clock: Callable[[], datetime] = _now) -> None:
         # The request time goes into the signature; tests pin it.
         self.clock = clock
@@ -262,6 +275,20 @@ class BedrockAdapter(Adapter):
         return str(URL(f"{base}/model/{_model_path(endpoint.model, endpoint.provider)}/{operation}"))
 
     def build_request(self, req: CompletionRequest, endpoint: Endpoint, params: dict[str, Any]) -> UpstreamRequest:
+        body: dict[str, Any] = {"messages": [{"role": "user", "content": [{"text": req.prompt}]}]}
+        return self._request(req, endpoint, params, body)
+
+    def build_chat_request(self, req: ChatRequest, endpoint: Endpoint, params: dict[str, Any]) -> UpstreamRequest:
+        refused(req, endpoint.provider)
+        system, messages = to_converse(req.messages, endpoint.provider)
+        body: dict[str, Any] = {"messages": messages}
+        if system:
+            body["system"] = system
+        return self._request(req, endpoint, params, body)
+
+    def _request(
+        self, req: CompletionRequest, endpoint: Endpoint, params: dict[str, Any], body: dict[str, Any]
+    ) -> UpstreamRequest:
         region = endpoint.region
         if not region:
             raise ProviderUnavailableError(
@@ -269,8 +296,7 @@ class BedrockAdapter(Adapter):
                 param="model",
                 code="provider_unavailable",
             )
-        body: dict[str, Any] = {"messages": [{"role": "user", "content": [{"text": req.prompt}]}]}
-        top_k = params.pop(_TOP_K_MARK, None)
+        top_k = params.pop(TOP_K_MARK, None)
         body.update(params)
         if top_k is not None:
             _place_top_k(body, top_k, endpoint)
@@ -303,11 +329,22 @@ class BedrockAdapter(Adapter):
             headers["authorization"] = f"Bearer {key}"
         return UpstreamRequest(method="POST", url=url, headers=headers, body=payload, stream=bool(req.stream))
 
+    def _raise_in_200(self, body: bytes, body_type: str | None) -> None:
+        """An error body inside a 200 (`{"message", "__type"}`), raised as its status."""
+        etype = error_type({}, body_type) or "InternalServerException"
+        raise self.map_error(_STATUS.get(etype, 500), {"x-amzn-errortype": etype}, body, self.kind)
+
+    def _raise_exception_event(self, event: str, data: bytes) -> None:
+        """A stream's `exception:` or `error:` frame, raised as the error it names."""
+        kind, _, name = event.partition(":")
+        etype = error_type({}, name) or "InternalServerException"
+        body = data if kind == "exception" else msgspec.json.encode({"message": data.decode("utf-8", "replace")})
+        raise self.map_error(_STATUS.get(etype, 500), {"x-amzn-errortype": etype}, body, self.kind)
+
     def parse_response(self, body: bytes, ctx: CallContext) -> Completion:
         up = _decode_response(body)
         if up.output is None and up.type is not None:
-            etype = error_type({}, up.type) or "InternalServerException"
-            raise self.map_error(_STATUS.get(etype, 500), {"x-amzn-errortype": etype}, body, self.kind)
+            self._raise_in_200(body, up.type)
         if up.output is None or up.output.message is None:
             raise Unreadable("an answer without an output message")
         text = "".join(c.text for c in up.output.message.content if c.text is not None)
@@ -317,10 +354,7 @@ class BedrockAdapter(Adapter):
 
     def parse_event(self, event: str | None, data: bytes, ctx: CallContext) -> Completion | None:
         if event is not None and event.startswith(("exception:", "error:")):
-            kind, _, name = event.partition(":")
-            etype = error_type({}, name) or "InternalServerException"
-            body = data if kind == "exception" else msgspec.json.encode({"message": data.decode("utf-8", "replace")})
-            raise self.map_error(_STATUS.get(etype, 500), {"x-amzn-errortype": etype}, body, self.kind)
+            self._raise_exception_event(event, data)
         if event == "contentBlockDelta":
             ev = _decode_event(data)
             # reasoningContent and toolUse deltas carry no `text`.
@@ -337,6 +371,23 @@ class BedrockAdapter(Adapter):
             return ctx.single("", finish_reason(ctx.state.get("stop")), usage=usage)
         # messageStart, contentBlockStart/Stop and event types added later.
         return None
+
+    def parse_chat_response(self, body: bytes, ctx: CallContext) -> ChatCompletion:
+        up = _decode_response(body)
+        if up.output is None and up.type is not None:
+            self._raise_in_200(body, up.type)
+        if up.output is None or up.output.message is None:
+            raise Unreadable("an answer without an output message")
+        usage = usage_from(up.usage) if up.usage is not None else None
+        return chat_answer(up.output.message.content, up.stop_reason, usage, ctx)
+
+    def parse_chat_event(self, event: str | None, data: bytes, ctx: CallContext) -> ChatChunk | None:
+        if event is not None and event.startswith(("exception:", "error:")):
+            self._raise_exception_event(event, data)
+        if event == "metadata":
+            ev = _decode_event(data)
+            return usage_only(ctx, usage_from(ev.usage)) if ev.usage is not None else None
+        return chat_event(event, data, ctx)
 
     def map_error(self, status: int, headers: Mapping[str, str], body: bytes, provider: str) -> GatewayError:
         message, body_type = _error_fields(body)

@@ -12,8 +12,8 @@ from typing import Any, ClassVar, Final
 import msgspec
 
 from providers.base import (
+    EMULATED,
     EMULATED_EXTRAS,
-    Adapter,
     CallContext,
     Endpoint,
     Param,
@@ -24,10 +24,13 @@ from providers.base import (
     stop_list,
     table,
 )
+from providers.cohere_chat import chat_answer, chat_end, chat_event, response_format, to_messages, tool_choice, tools
 from providers.finish import finish_reason
+from providers.openai_chat import OpenAIChat
 from providers.retry_after import retry_after, should_retry
+from wire.chat import ChatChunk, ChatCompletion, ChatRequest
 from wire.errors import GatewayError, UnsupportedParamError, UpstreamStatusError
-from wire.schema import Completion, CompletionRequest, FinishReason, Usage
+from wire.schema import Completion, CompletionRequest, FinishReason, PromptTokensDetails, Usage
 
 # Finish reasons that mean the generation failed, as the status the failure would have had as a response:
 # a failed generation may come back on another attempt; a timed-out one is a timeout.
@@ -44,8 +47,19 @@ class CContent(msgspec.Struct):
     text: str = ""
 
 
+class CFunction(msgspec.Struct):
+    name: str = ""
+    arguments: str = ""
+
+
+class CToolCall(msgspec.Struct):
+    id: str | None = None
+    function: CFunction | None = None
+
+
 class CMessage(msgspec.Struct):
     content: list[CContent] = []
+    tool_calls: list[CToolCall] | None = None  # chat's (providers/cohere_chat.py)
 
 
 class CTokens(msgspec.Struct):
@@ -57,6 +71,7 @@ class CTokens(msgspec.Struct):
 class CUsage(msgspec.Struct):
     billed_units: CTokens | None = None
     tokens: CTokens | None = None
+    cached_tokens: float | None = None
 
 
 class CResponse(msgspec.Struct):
@@ -69,6 +84,7 @@ class CDeltaMessage(msgspec.Struct):
     # `{text}` or `{thinking}` in content-delta. Other events put other things under `delta.message`
     # (role, tool calls, citations), and the SDK allows extra fields everywhere: stay shape-agnostic.
     content: Any = None
+    tool_calls: Any = None
 
 
 class CDelta(msgspec.Struct):
@@ -80,6 +96,7 @@ class CDelta(msgspec.Struct):
 
 class CEvent(msgspec.Struct):
     type: str = ""
+    index: int | None = None
     delta: CDelta | None = None
 
 
@@ -106,7 +123,13 @@ def usage_from(u: CUsage) -> Usage | None:
     if prompt is None and completion is None:
         return None
     prompt, completion = prompt or 0, completion or 0
-    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+    cached = PromptTokensDetails(cached_tokens=int(u.cached_tokens)) if u.cached_tokens is not None else None
+    return Usage(
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+        prompt_tokens_details=cached,
+    )
 
 
 # Cohere's documented ranges where they are narrower than the gateway's (OpenAI's) own.
@@ -118,7 +141,20 @@ _RANGES: Final[tuple[tuple[str, float, float], ...]] = (
 )
 
 
-class CohereAdapter(Adapter):
+# Cohere's sampling fields, the same on both routes.
+SAMPLING: Final = table(
+    max_tokens=Param(),
+    temperature=Param(),
+    top_p=Param(to="p"),
+    top_k=Param(to="k", convert=_k),
+    seed=Param(),
+    frequency_penalty=Param(),
+    presence_penalty=Param(),
+    stop=Param(to="stop_sequences", convert=stop_list),
+)
+
+
+class CohereAdapter(OpenAIChat):
     kind = "cohere"
     path: ClassVar[str] = "/v2/chat"
     default_base_url = "https://api.cohere.com"
@@ -126,20 +162,22 @@ class CohereAdapter(Adapter):
     max_stop = 5
     max_logprobs = 0
     guarded_paths = frozenset({"messages", "max_tokens"})
-    params = table(
-        EMULATED_EXTRAS,
-        max_tokens=Param(),
-        temperature=Param(),
-        top_p=Param(to="p"),
-        top_k=Param(to="k", convert=_k),
-        seed=Param(),
-        frequency_penalty=Param(),
-        presence_penalty=Param(),
-        stop=Param(to="stop_sequences", convert=stop_list),
+    params = table({**EMULATED_EXTRAS, **SAMPLING})
+    # Chat (v2 messages, tools, `response_format`): providers/cohere_chat.py.
+    chat_path: ClassVar[str] = "/v2/chat"
+    chat_params = table(
+        SAMPLING,
+        n=EMULATED,  # /v2/chat answers one message: one call per choice (gateway/emulation/chat.py)
+        tools=Param(apply=tools),
+        tool_choice=Param(apply=tool_choice),
+        response_format=Param(apply=response_format),
     )
 
     def check(self, req: CompletionRequest, provider: str) -> None:
         super().check(req, provider)
+        self._ranges(req, provider)
+
+    def _ranges(self, req: CompletionRequest, provider: str) -> None:
         # Refused rather than clamped: a clamped value would silently change the sampling asked for.
         for field, low, high in _RANGES:
             value = getattr(req, field)
@@ -149,7 +187,16 @@ class CohereAdapter(Adapter):
     def build_request(self, req: CompletionRequest, endpoint: Endpoint, params: dict[str, Any]) -> UpstreamRequest:
         if not isinstance(req.prompt, str):
             raise UnsupportedParamError("prompt", endpoint.provider)
-        body: dict[str, Any] = {"model": endpoint.model, "messages": [{"role": "user", "content": req.prompt}]}
+        return self._request(req, endpoint, params, [{"role": "user", "content": req.prompt}])
+
+    def build_chat_request(self, req: ChatRequest, endpoint: Endpoint, params: dict[str, Any]) -> UpstreamRequest:
+        self._ranges(req, endpoint.provider)
+        return self._request(req, endpoint, params, to_messages(req.messages))
+
+    def _request(
+        self, req: CompletionRequest, endpoint: Endpoint, params: dict[str, Any], messages: list[dict[str, Any]]
+    ) -> UpstreamRequest:
+        body: dict[str, Any] = {"model": endpoint.model, "messages": messages}
         body.update(params)
         if req.stream:
             body["stream"] = True
@@ -204,6 +251,27 @@ class CohereAdapter(Adapter):
             return ctx.single("", finish, usage=usage)
         # message-start, content-start/-end, tool-*, citation-*, debug.
         return None
+
+    def parse_chat_response(self, body: bytes, ctx: CallContext) -> ChatCompletion:
+        resp = _decode_response(body)
+        self._finish(resp.finish_reason, None)  # a failed generation raised as its status
+        usage = usage_from(resp.usage) if resp.usage is not None else None
+        return chat_answer(resp.message, resp.finish_reason, usage, ctx)
+
+    def parse_chat_event(self, event: str | None, data: bytes, ctx: CallContext) -> ChatChunk | None:
+        if data == b"[DONE]":
+            return None
+        ev = _decode_event(data)
+        kind = ev.type or event
+        d = ev.delta
+        if kind == "message-end":
+            if d is None:
+                return None
+            self._finish(d.finish_reason, d.error)
+            return chat_end(d.finish_reason, usage_from(d.usage) if d.usage is not None else None, ctx)
+        message = d.message if d is not None else None
+        fields = {"content": message.content, "tool_calls": message.tool_calls} if message is not None else None
+        return chat_event(kind, ev.index, fields, ctx)
 
     def map_error(self, status: int, headers: Mapping[str, str], body: bytes, provider: str) -> GatewayError:
         message = _error_message(body)

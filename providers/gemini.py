@@ -15,7 +15,6 @@ import msgspec
 
 from providers.base import (
     EMULATED,
-    Adapter,
     CallContext,
     Endpoint,
     Param,
@@ -27,8 +26,11 @@ from providers.base import (
 )
 from providers.envelope import Unreadable, envelope_status
 from providers.finish import finish_reason
+from providers.gemini_chat import chat_answer, chat_chunk, to_contents, tool_choice, tools
 from providers.offsets import prompt_for_choice, text_offsets
+from providers.openai_chat import OpenAIChat
 from providers.retry_after import retry_after
+from wire.chat import ChatChunk, ChatCompletion, ChatRequest
 from wire.errors import GatewayError, InvalidRequestError, UpstreamStatusError
 from wire.schema import (
     Choice,
@@ -52,10 +54,19 @@ _RETRY_IN_WORDS: Final = re.compile(r"retry in (\d+(?:\.\d+)?)s", re.IGNORECASE)
 # Upstream shapes (lenient: unknown fields ignored, everything optional)
 
 
-class GPart(msgspec.Struct):
+class GFunctionCall(msgspec.Struct):
+    name: str = ""
+    args: Any = None
+    id: str | None = None
+
+
+class GPart(msgspec.Struct, rename="camel"):
     text: str | None = None
     # Thought summaries (includeThoughts) are parts flagged `thought: true`: not completion text.
     thought: bool = False
+    # Chat's (providers/gemini_chat.py): a call of a declared function, and the signature Gemini 3 wants back.
+    function_call: GFunctionCall | None = None
+    thought_signature: str | None = None
 
 
 class GContent(msgspec.Struct):
@@ -226,6 +237,12 @@ GEMINI_PARAMS: Table = table(
     best_of=EMULATED,
     include_stop_str_in_output=EMULATED,
 )
+# What chat sends (providers/gemini_chat.py): the sampling fields as on completions, and the tools.
+GEMINI_CHAT_PARAMS: Table = table(
+    {name: rule for name, rule in GEMINI_PARAMS.items() if not rule.emulated},
+    tools=Param(apply=tools),
+    tool_choice=Param(apply=tool_choice),
+)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -281,7 +298,7 @@ def _is_exhausted_quota(err: GErrorBody) -> bool:
     return "limit: 0," in (err.message or "")
 
 
-class GeminiAdapter(Adapter):
+class GeminiAdapter(OpenAIChat):
     kind = "gemini"
     genai_provider = "gcp.gemini"
     auth = "`x-goog-api-key`"
@@ -295,6 +312,10 @@ class GeminiAdapter(Adapter):
     max_logprobs = 20
     # One `contents` turn per call: the gateway fans out prompt lists.
     prompt_forms = frozenset({"text"})
+    chat_path: ClassVar[str] = "/v1beta/models/{model}:generateContent"
+    chat_params = GEMINI_CHAT_PARAMS
+    # Chat's body carries the limit and the count where completions' does: its extras are guarded the same.
+    chat_guarded_paths = guarded_paths
 
     def url(self, req: CompletionRequest, endpoint: Endpoint) -> str:
         # Config may name the model as the API's resource name ("models/gemini-2.0-flash"). The id is one
@@ -309,7 +330,18 @@ class GeminiAdapter(Adapter):
         return {"x-goog-api-key": endpoint.api_key} if endpoint.api_key else {}
 
     def build_request(self, req: CompletionRequest, endpoint: Endpoint, params: dict[str, Any]) -> UpstreamRequest:
-        body: dict[str, Any] = {"contents": [{"role": "user", "parts": [{"text": req.prompt}]}]}
+        return self._request(req, endpoint, params, {"contents": [{"role": "user", "parts": [{"text": req.prompt}]}]})
+
+    def build_chat_request(self, req: ChatRequest, endpoint: Endpoint, params: dict[str, Any]) -> UpstreamRequest:
+        system, contents = to_contents(req.messages, endpoint.provider)
+        body: dict[str, Any] = {"contents": contents}
+        if system is not None:
+            body["systemInstruction"] = system
+        return self._request(req, endpoint, params, body)
+
+    def _request(
+        self, req: CompletionRequest, endpoint: Endpoint, params: dict[str, Any], body: dict[str, Any]
+    ) -> UpstreamRequest:
         body.update(params)
         self.add_extra(body, req)
         headers = request_headers(
@@ -390,6 +422,22 @@ class GeminiAdapter(Adapter):
         else:
             return None
         return ctx.completion(choices, _usage(up.usage_metadata) if final else None)
+
+    def parse_chat_response(self, body: bytes, ctx: CallContext) -> ChatCompletion:
+        up = _decode_response(body)
+        if up.error is not None:
+            raise self.map_error(envelope_status(up.error.code, up.error.status), {}, body, self.kind)
+        if not up.candidates and not (up.prompt_feedback is not None and up.prompt_feedback.block_reason):
+            raise Unreadable("an answer without candidates")
+        return chat_answer(up.candidates, _usage(up.usage_metadata), ctx)
+
+    def parse_chat_event(self, event: str | None, data: bytes, ctx: CallContext) -> ChatChunk | None:
+        up = _decode_response(data)
+        if up.error is not None:
+            raise self.map_error(envelope_status(up.error.code, up.error.status), {}, data, self.kind)
+        if not up.candidates and not (up.prompt_feedback is not None and up.prompt_feedback.block_reason):
+            return None
+        return chat_chunk(up.candidates, _usage(up.usage_metadata), ctx)
 
     def map_error(self, status: int, headers: Mapping[str, str], body: bytes, provider: str) -> GatewayError:
         err = _error_body(body)

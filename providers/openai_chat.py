@@ -239,7 +239,10 @@ class OpenAIChat(Adapter):
     chat_path: ClassVar[str] = "/chat/completions"
     # Ask every stream for its usage chunk (stripped by the relay when the client did not ask).
     chat_stream_usage: ClassVar[bool] = True
-    chat_framing: ClassVar[Literal["sse"]] = "sse"  # whatever the kind's native route frames with
+    chat_framing: ClassVar[Literal["sse", "ndjson", "eventstream"]] = "sse"
+    # What `inference_extra_params` may not write on the chat route (a kind whose chat body is its native
+    # one guards its native paths).
+    chat_guarded_paths: ClassVar[frozenset[str]] = CHAT_GUARDED
     # The `response_format` types its chat route takes, natively or through its table's translation into
     # the engine's guided decoding; another is a 400 naming the field and the provider.
     chat_formats: ClassVar[frozenset[str]] = frozenset({"text", "json_object", "json_schema"})
@@ -260,7 +263,7 @@ class OpenAIChat(Adapter):
             body["stream"] = True
             if self.chat_stream_usage:
                 body["stream_options"] = {"include_usage": True}
-        self.add_extra(body, req, CHAT_GUARDED, "top")
+        self.add_extra(body, req, self.chat_guarded_paths, "top")
         return UpstreamRequest(
             method="POST",
             url=self.chat_url(endpoint),

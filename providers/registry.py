@@ -72,7 +72,7 @@ def register(adapter: AdapterClass | str) -> AdapterClass:
             f"{sorted(unguarded)} are missing"
         )
     chat = cls.chat_params
-    if chat is not None and limit_paths(chat) - CHAT_GUARDED:
+    if chat is not None and limit_paths(chat) - getattr(cls, "chat_guarded_paths", CHAT_GUARDED):
         raise ValueError(f"{cls.__qualname__}.chat_params writes limits and counts where chat does not guard them")
     held = REGISTRY.get(kind)
     if held is not None and held is not cls:

@@ -1,5 +1,8 @@
 """Scale GenAI Platform `POST /v4/beta/completions` (seed 003) as an upstream: `x-api-key` auth, a
 string prompt, llm-engine's field names, and `logprobs` as a boolean with `top_logprobs` as the count.
+
+Chat is SGP's `POST /v4/beta/chat/completions` (its SDK's `beta.chat.completions.create`): OpenAI's chat
+request and answer, with the same llm-engine sampling fields as the completion route.
 """
 
 from __future__ import annotations
@@ -7,6 +10,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from providers.base import Endpoint, Param, table
+from providers.openai_chat import OpenAIChat, chat_table
 from providers.openai_compat import OpenAICompatible
 
 
@@ -16,7 +20,7 @@ def _logprobs(body: dict[str, Any], count: int) -> None:
         body["top_logprobs"] = count
 
 
-class SGPAdapter(OpenAICompatible):
+class SGPAdapter(OpenAIChat, OpenAICompatible):
     kind = "sgp"
     auth = "`x-api-key`"
     needs_base_url = True
@@ -52,6 +56,9 @@ class SGPAdapter(OpenAICompatible):
         parallel_tool_calls=Param(),
         prediction=Param(),
     )
+
+    chat_path: ClassVar[str] = "/v4/beta/chat/completions"
+    chat_params = chat_table(params)
 
     def auth_headers(self, endpoint: Endpoint) -> dict[str, str]:
         return {"x-api-key": endpoint.api_key} if endpoint.api_key else {}

@@ -19,6 +19,9 @@ TODO: Final = "todo"
 SENT: Final = "sent"
 OK: Final = "ok"
 ERR: Final = "err"
+# Not a state in the database: a line the gateway had no room for, which stays `sent` there while its runner
+# holds it to send again (a runner that takes the batch over sends it again too).
+LATER: Final = "later"
 
 
 class FileObject(msgspec.Struct, omit_defaults=False):

@@ -6,14 +6,19 @@ each: validate its file into lines, then send lines (at most `batches.concurrenc
 process), book their answers in small transactions, renew the lease with every write, and end it as
 completed, failed (a budget exhausted), expired (its `completion_window` over) or cancelled. A line is
 marked `sent` before it is sent and booked once answered: a line booked is never sent again, and a line in
-flight when its process died is sent once more by whoever takes the batch over.
+flight when its process died is sent once more by whoever takes the batch over. A line the gateway had no
+room for (a server's queue timed out or was full, a rate limit) is sent again after a backoff, as long as
+its batch's window lasts; while it waits it holds its place in `batches.concurrency`, so a saturated server
+slows the whole batch down instead of filling memory with lines waiting to retry.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import logging
+import random
 import time
 from collections.abc import Callable
 from typing import Final
@@ -21,7 +26,7 @@ from typing import Final
 from prometheus_client import Counter, Gauge
 
 from gateway.batches import store
-from gateway.batches.objects import ACTIVE, ERR, OK, TERMINAL, answered, unanswered
+from gateway.batches.objects import ACTIVE, ERR, LATER, OK, TERMINAL, answered, unanswered
 from gateway.batches.send import Sent, send
 from gateway.config import BatchesConfig
 from gateway.ids import unique_suffix
@@ -37,6 +42,11 @@ _MAX_BATCHES: Final = 4  # batches one process drives at once (their lines share
 _FLUSH_S: Final = 0.05  # answers are booked at least this often (and whenever a turn has some)
 _RETAIN_EVERY_S: Final = 3600
 _RETAIN_LIMIT: Final = 1000
+# A line sent again later waits this long after its first refusal, doubling with each one up to the most
+# (a refusal's Retry-After, when longer, is waited instead); less a random part, so lines refused together
+# do not all come back at once.
+_BACKOFF_S: Final = 1.0
+_BACKOFF_MAX_S: Final = 60.0
 _ENDED: Final = {
     "expired": ("batch_expired", "This request could not be executed before the completion window expired."),
     "cancelled": ("batch_cancelled", "This request was not executed: the batch was cancelled."),
@@ -57,6 +67,12 @@ class BatchMetrics:
             registry=r,
             multiprocess_mode="livesum",
         )
+        self.requeued = Counter(
+            "gateway_batch_lines_requeued",
+            "Batch lines the gateway had no room for, put back to be sent again after a backoff, by why",
+            ["code"],
+            registry=r,
+        )
 
 
 class Runner:
@@ -67,6 +83,7 @@ class Runner:
         self.counted = BatchMetrics(metrics) if metrics is not None else None
         self.me = store.owner_name()
         self.in_flight = 0
+        self.deferred = 0  # lines waiting to be sent again: they hold their place in `batches.concurrency`
         self.slots = asyncio.Event()  # set when a line ends: a driver waiting for room looks again
         self.driving: dict[str, asyncio.Task[None]] = {}
         self.wake = asyncio.Event()
@@ -162,9 +179,11 @@ class Drive:
     def __init__(self, runner: Runner, batch_id: str) -> None:
         self.runner = runner
         self.id = batch_id
-        self.tasks: dict[asyncio.Task[Sent], int] = {}
+        self.tasks: dict[asyncio.Task[Sent], tuple[int, str, str]] = {}  # -> the line: idx, custom_id, body
         self.done: list[tuple[int, str, str]] = []
         self.stop: str | None = None  # why the batch fails (a budget exhausted)
+        self.later: list[tuple[float, int, str, str]] = []  # lines to send again: (when, idx, custom_id, body)
+        self.refusals: dict[int, int] = {}  # idx -> how many times in a row the line was put back
 
     async def run(self) -> None:
         r = self.runner
@@ -186,6 +205,29 @@ class Drive:
                 await asyncio.gather(*self.tasks, return_exceptions=True)
                 r.in_flight -= len(self.tasks)
                 self._gauge()
+            # Still `sent` in the database: whoever runs the batch next sends them again.
+            r.deferred -= len(self.later)
+            self.later.clear()
+
+    def _due(self) -> list[tuple[int, str, str]]:
+        """The lines put back whose wait is over, taken out of the runner's deferred count."""
+        now = time.monotonic()
+        due = []
+        while self.later and self.later[0][0] <= now:
+            _, idx, custom_id, body = heapq.heappop(self.later)
+            due.append((idx, custom_id, body))
+        self.runner.deferred -= len(due)
+        return due
+
+    def _defer(self, idx: int, custom_id: str, body: str, sent: Sent) -> None:
+        """Send the line again after a backoff (it stays `sent` in the database meanwhile)."""
+        refusals = self.refusals[idx] = self.refusals.get(idx, 0) + 1
+        wait = min(_BACKOFF_S * 2 ** (refusals - 1), _BACKOFF_MAX_S) * random.uniform(0.5, 1.0)
+        wait = max(wait, sent.retry_after or 0.0)
+        heapq.heappush(self.later, (time.monotonic() + wait, idx, custom_id, body))
+        self.runner.deferred += 1
+        if self.runner.counted is not None:
+            self.runner.counted.requeued.labels(sent.code or "").inc()
 
     def _gauge(self) -> None:
         if self.runner.counted is not None:
@@ -195,7 +237,7 @@ class Drive:
         r = self.runner
         while True:
             # Room is reserved before the await, so that batches taking lines at once share it, never exceed it.
-            room = max(r.cfg.concurrency - r.in_flight, 0) if self.stop is None else 0
+            room = max(r.cfg.concurrency - r.in_flight - r.deferred, 0) if self.stop is None else 0
             r.in_flight += room
             try:
                 held, lines, waiting = await r.store.run(store.take, self.id, r.me, r.lease_s, room)
@@ -223,13 +265,13 @@ class Drive:
             key = pipeline.keys.identified(owner)
             keyless = owner == ANONYMOUS and key is None and pipeline.keys.open
             started = 0
-            for idx, custom_id, body in lines:
+            for idx, custom_id, body in [*self._due(), *lines]:
                 if key is None and not keyless:
                     sent = _gone(owner, custom_id)
                     self.done.append((idx, sent.state, sent.result.decode()))
                     continue
                 task = asyncio.ensure_future(send(pipeline, r.metrics, key, self.id, custom_id, body.encode()))
-                self.tasks[task] = idx
+                self.tasks[task] = (idx, custom_id, body)
                 started += 1
             r.in_flight += started
             self._gauge()
@@ -249,8 +291,12 @@ class Drive:
                 await asyncio.wait_for(r.slots.wait(), _FLUSH_S * 4)
         finished = [t for t in self.tasks if t.done()]
         for task in finished:
-            idx = self.tasks.pop(task)
+            idx, custom_id, body = self.tasks.pop(task)
             sent = task.result()
+            if sent.state == LATER:
+                self._defer(idx, custom_id, body, sent)
+                continue
+            self.refusals.pop(idx, None)
             if sent.stop is not None and self.stop is None:
                 self.stop = sent.stop
             self.done.append((idx, sent.state, sent.result.decode()))
@@ -274,12 +320,15 @@ class Drive:
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
-        for task, idx in self.tasks.items():
+        for task, (idx, _, _) in self.tasks.items():
             if not task.cancelled() and task.exception() is None:
                 sent = task.result()
-                self.done.append((idx, sent.state, sent.result.decode()))
+                if sent.state != LATER:
+                    self.done.append((idx, sent.state, sent.result.decode()))
         r.in_flight -= len(self.tasks)
         self.tasks.clear()
+        r.deferred -= len(self.later)
+        self.later.clear()  # the lines put back are closed with the rest of those not answered
         self._gauge()
         await self._flush()
         left = await r.store.run(store.left, self.id)

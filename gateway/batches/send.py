@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Final
 
-from gateway.batches.objects import ERR, OK, answered
+from gateway.batches.objects import ERR, LATER, OK, answered
 from gateway.ids import unique_suffix
 from gateway.limits.auth import ClientKey
 from gateway.ops import accesslog
@@ -31,18 +31,31 @@ ENDPOINT: Final = "/v1/completions"
 # every waiting interactive (normal or high) request a slot before a line (gateway/queue).
 PRIORITY: Final = {HEADER: "low"}
 BUDGET_CODE: Final = "budget_exceeded"
+# The gateway had no room for the line now (a server's queue, a rate limit): nothing is wrong with the line,
+# so it is sent again later rather than written to the error file (the runner backs off, up to its window).
+LATER_CODES: Final = frozenset({"queue_timeout", "queue_full", "rate_limit_exceeded"})
 _INTERNAL: Final = GatewayError("The gateway failed to process the request", code="internal_error")
 
 
 class Sent:
-    """A line's outcome: its state (ok or err), its result line, and the refusal that stops the batch, if any."""
+    """A line's outcome: its state (ok, err, or later: to be sent again), its result line, the refusal that
+    stops the batch, if any, and for a line to send later, why and the wait its refusal asked for."""
 
-    __slots__ = ("result", "state", "stop")
+    __slots__ = ("code", "result", "retry_after", "state", "stop")
 
-    def __init__(self, state: str, result: bytes, stop: str | None = None) -> None:
+    def __init__(
+        self,
+        state: str,
+        result: bytes,
+        stop: str | None = None,
+        code: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
         self.state = state
         self.result = result
         self.stop = stop
+        self.code = code
+        self.retry_after = retry_after
 
 
 Owner = Callable[[Pipeline], ClientKey | None]
@@ -73,6 +86,8 @@ async def send(
             rec.attempts = exc.attempts or rec.attempts
             if exc.target is not None and not rec.provider:
                 rec.provider, rec.target, rec.failed = exc.provider or "", exc.target, True
+            if status == 429 and exc.code in LATER_CODES:
+                return Sent(LATER, b"", code=exc.code, retry_after=exc.retry_after)
             stop = f"{exc.message}" if exc.code == BUDGET_CODE else None
             return Sent(ERR, answered(line_id, custom_id, status, line_id, error_body), stop)
         except asyncio.CancelledError:

@@ -203,8 +203,8 @@ def running(cur: Cursor, limit: int) -> list[tuple[Any, ...]]:
 
 def claim(cur: Cursor, me: str, lease_s: float, busy: Sequence[str]) -> str | None:
     """Take the oldest batch with work left whose lease is free: new, handed back, its lease run out, or
-    held by a process of this host that is gone (a gateway restarted after a SIGKILL resumes its batches at
-    once, without waiting for their leases).
+    held by a process of this host and PID namespace that is gone (a gateway restarted after a SIGKILL
+    resumes its batches at once, without waiting for their leases).
 
     Lines a dead runner had sent are sent again: their answers were never booked (so each crash sends a
     line in flight at most once more)."""
@@ -215,7 +215,7 @@ def claim(cur: Cursor, me: str, lease_s: float, busy: Sequence[str]) -> str | No
         "ORDER BY created_at LIMIT 8",
         (*ACTIVE, now),
     )
-    host = me.split(":", 1)[0] + ":"
+    host = ":".join(me.split(":")[:2]) + ":"  # this host and PID namespace: the runners `gone` can see
     candidates += [
         row
         for row in cur.rows(
@@ -240,23 +240,32 @@ def claim(cur: Cursor, me: str, lease_s: float, busy: Sequence[str]) -> str | No
 
 
 def owner_name() -> str:
-    """This process as a lease holder: host, pid, and a random part that no later process with its pid shares."""
-    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
+    """This process as a lease holder: host, PID namespace, pid, and a random part that no later process with
+    its pid shares. The namespace tells two containers of one host name apart (both PID 1, say)."""
+    return f"{socket.gethostname()}:{_pid_namespace()}:{os.getpid()}:{os.urandom(4).hex()}"
+
+
+def _pid_namespace() -> str:
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return "0"  # no /proc: one namespace for the whole host
 
 
 def gone(owner: str | None, me: str) -> bool:
-    """Whether `owner`, a runner of this host, has ended: its pid is not alive, or is this process's own
-    under another name (a restart that reused the pid, as PID 1 of a container does)."""
+    """Whether `owner`, a runner of this host and PID namespace, has ended: its pid is not alive, or is this
+    process's own under another name (a restart that reused the pid). A runner of another namespace (another
+    container) cannot be seen from here: its batches wait for its lease to run out."""
     if owner is None or owner == me:
         return False
-    host, _, rest = owner.partition(":")
-    pid = rest.partition(":")[0]
-    if host != me.partition(":")[0] or not pid.isdigit():
+    parts, mine = owner.split(":"), me.split(":")
+    if len(parts) != 4 or parts[:2] != mine[:2] or not parts[2].isdigit():
         return False
-    if int(pid) == os.getpid():
+    pid = int(parts[2])
+    if pid == os.getpid():
         return True
     try:
-        os.kill(int(pid), 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return True
     except OSError:

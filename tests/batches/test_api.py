@@ -349,3 +349,19 @@ def test_a_file_of_several_megabytes_is_stored_whole_and_lines_meet_the_body_cap
     assert batch.status == "completed" and batch.request_counts.completed == 3000
     assert [(e["custom_id"], e["response"]["status_code"]) for e in err] == [("huge", 413)]
     assert err[0]["response"]["body"]["error"]["code"] == "request_too_large"
+
+
+def test_batches_are_listed_newest_first_page_by_page(tmp_path: Path) -> None:
+    with served(tmp_path) as (gw, client):
+        made = [start(client, [line(f"l-{i}")]) for i in range(5)]
+        other = sdk(gw.url, OTHER_KEY)
+        theirs = start(other, [line("theirs")])
+        first = client.batches.list(limit=2)
+        paged = [b.id for b in client.batches.list(limit=2)]  # the SDK follows `after` from page to page
+        with httpx.Client(base_url=gw.url, headers={"authorization": f"Bearer {EVAL_KEY}"}) as c:
+            tail = c.get("/v1/batches", params={"limit": 2, "after": made[1]}).json()
+            too_many = c.get("/v1/batches", params={"limit": 101})
+    assert first.has_more and [b.id for b in first.data] == made[::-1][:2]
+    assert paged == made[::-1] and theirs not in paged
+    assert [b["id"] for b in tail["data"]] == [made[0]] and tail["has_more"] is False
+    assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "limit"

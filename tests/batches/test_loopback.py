@@ -77,8 +77,8 @@ def test_a_500_line_batch_over_two_replicas_answers_as_directly(tmp_path: Path) 
             assert len(one.received) > 100 and len(two.received) > 100  # both replicas served lines
             assert len(one.received) + len(two.received) == 500
             with httpx.Client(base_url=gw.url, headers={"authorization": f"Bearer {EVAL_KEY}"}) as c:
-                direct = [c.post("/v1/completions", json=x["body"]).json() for x in lines[::50]]
+                direct = [c.post("/v1/completions", json=x["body"]).json() for x in lines]
     assert [o["custom_id"] for o in out] == [x["custom_id"] for x in lines]
-    for got, want in zip(out[::50], direct, strict=True):
+    for got, want in zip(out, direct, strict=True):  # every line's body is the interactive answer
         body = got["response"]["body"]
         assert (body["model"], body["choices"], body["usage"]) == (want["model"], want["choices"], want["usage"])

@@ -22,6 +22,8 @@ import pytest
 from aiohttp import web
 from openai.types.chat import ChatCompletionMessageFunctionToolCall
 
+from providers.openai_compat import OpenAICompatible
+from providers.registry import register, unregister
 from tests.helpers.clients import openai_client
 from tests.helpers.recordings import fixture_json
 from tests.helpers.servers import GatewayThread, serve_config
@@ -58,7 +60,7 @@ providers:
   hosted: {{kind: vllm, base_url: {u}/v1}}
   demo: {{kind: fake}}
   claude: {{kind: anthropic, base_url: {u}, api_key: sk-ant}}
-  gem: {{kind: gemini, base_url: {u}, api_key: g-key}}
+  legacy: {{kind: nochat, base_url: {u}/v1}}
   down: {{kind: vllm, base_url: "http://127.0.0.1:1/v1"}}
 models:
   - name: resilient
@@ -123,8 +125,24 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("chat-ledger") / "ledger.db"
 
 
+class NoChatAdapter(OpenAICompatible):
+    """A kind with a completion route only: the gateway speaks no chat route for it."""
+
+    kind = "nochat"
+    needs_api_key = False
+
+
 @pytest.fixture(scope="module")
-def gateway(upstream: Upstream, db: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
+def nochat() -> Iterator[None]:
+    register(NoChatAdapter)
+    yield
+    unregister("nochat")
+
+
+@pytest.fixture(scope="module")
+def gateway(
+    upstream: Upstream, db: Path, tmp_path_factory: pytest.TempPathFactory, nochat: None
+) -> Iterator[GatewayThread]:
     with serve_config(tmp_path_factory.mktemp("chat"), CONFIG.format(u=upstream.url, db=db), {"CHAT_KEY": KEY}) as gw:
         yield gw
 
@@ -136,8 +154,10 @@ def received(upstream: Upstream) -> Iterator[list[Received]]:
 
 
 @pytest.fixture(scope="module")
-def client(gateway: GatewayThread) -> openai.OpenAI:
-    return openai_client(gateway.url + "/v1", KEY)
+def client(gateway: GatewayThread) -> Iterator[openai.OpenAI]:
+    sdk = openai_client(gateway.url + "/v1", KEY)
+    yield sdk
+    sdk.close()
 
 
 @pytest.fixture(scope="module")
@@ -354,10 +374,10 @@ def test_bad_requests_name_the_field(
 
 
 def test_kind_without_chat_is_a_400_naming_the_provider(api: httpx.Client, received: list[Received]) -> None:
-    resp = api.post("/v1/chat/completions", json={"model": "gem/gemini-2.0-flash", "messages": MESSAGES})
+    resp = api.post("/v1/chat/completions", json={"model": "legacy/served", "messages": MESSAGES})
     assert resp.status_code == 400
     error = resp.json()["error"]
-    assert error["code"] == "unsupported_endpoint" and "'gem'" in error["message"]
+    assert error["code"] == "unsupported_endpoint" and "'legacy'" in error["message"]
     assert received == []
 
 

@@ -19,7 +19,7 @@ from wire.chat import ChatChunk, decode_chat
 from wire.errors import InvalidRequestError
 
 CHAT_KINDS = {"openai", "azure", "fireworks", "together", "vllm", "sglang", "deepseek", "pais", "mistral", "tgi"}
-CHAT_KINDS |= {"ollama", "llamacpp"}
+CHAT_KINDS |= {"ollama", "llamacpp", "sgp"}
 
 
 def _adapter(kind: str) -> OpenAIChat:
@@ -122,6 +122,7 @@ def _request(body: dict[str, Any]) -> Any:
         ("ollama", "http://127.0.0.1:11434", "http://127.0.0.1:11434/v1/chat/completions"),
         ("llamacpp", "http://llama:8080", "http://llama:8080/v1/chat/completions"),
         ("mistral", "https://api.mistral.ai", "https://api.mistral.ai/v1/chat/completions"),
+        ("sgp", "https://api.egp.scale.com", "https://api.egp.scale.com/v4/beta/chat/completions"),
         (
             "azure",
             "https://res.openai.azure.com",
@@ -157,4 +158,5 @@ def test_extra_params_may_not_replace_the_conversation() -> None:
 
 
 def test_which_kinds_serve_chat() -> None:
-    assert {k for k, cls in REGISTRY.items() if cls.chat_params is not None} == {*CHAT_KINDS, "anthropic", "fake"}
+    native = {"anthropic", "bedrock", "gemini", "cohere", "fake"}
+    assert {k for k, cls in REGISTRY.items() if cls.chat_params is not None} == CHAT_KINDS | native
