@@ -80,6 +80,11 @@ async def _handler(request: web.Request, received: Received) -> web.StreamRespon
             name = "gemini/generate_content_function_args.json"
         elif "responseJsonSchema" in body.get("generationConfig", {}):
             name = "gemini/generate_content_json_schema.json"
+        elif body.get("generationConfig", {}).get("candidateCount") == 2:
+            # No recording holds two candidates: the recorded one and a copy at `index` 1 (Candidate.index).
+            answer = fixture_json(name)
+            answer["candidates"].append({**answer["candidates"][0], "index": 1})
+            return web.json_response(answer)
         return web.Response(body=fixture_bytes(name), content_type="application/json")
     if path == "/cohere/v2/chat":
         body = received.json()
@@ -327,3 +332,93 @@ def test_sgp_chat_route(client: openai.OpenAI, received: list[Received]) -> None
     body = sent.json()
     assert body["model"] == "gpt-4o" and body["messages"] == MESSAGES
     assert (body["logprobs"], body["top_logprobs"], body["top_k"]) == (True, 2, 5)
+
+
+# Emulation on these kinds' chat routes (docs/chat.md#emulation): Cohere's /v2/chat answers one message,
+# so `n` is one call per choice; Gemini's `candidateCount` is its own. Both take 5 stop sequences: a sixth
+# is the gateway's to cut.
+STOPS_5 = ["s1", "s2", "s3", "s4", "s5"]
+
+
+def _sse_chunks(resp: httpx.Response) -> list[dict[str, Any]]:
+    lines = [line.removeprefix("data: ") for line in resp.text.splitlines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]", lines
+    return [json.loads(line) for line in lines[:-1]]
+
+
+def test_cohere_n_is_fanned_out(api: httpx.Client, received: list[Received]) -> None:
+    recorded = fixture_json("cohere/v2_chat_stop_sequence.json")
+    one = api.post("/v1/chat/completions", json={"model": "co/command-a", "messages": MESSAGES}).json()
+    received.clear()
+    resp = api.post("/v1/chat/completions", json={"model": "co/command-a", "messages": MESSAGES, "n": 2})
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    text = recorded["message"]["content"][0]["text"]
+    assert [(c["index"], c["message"]["content"]) for c in body["choices"]] == [(0, text), (1, text)]
+    assert body["usage"]["prompt_tokens"] == 2 * one["usage"]["prompt_tokens"]
+    assert body["usage"]["completion_tokens"] == 2 * one["usage"]["completion_tokens"]
+    # Two plain /v2/chat calls: `n` never reaches Cohere.
+    assert [r.path for r in received] == ["/cohere/v2/chat"] * 2
+    assert all("n" not in r.json() and r.json()["messages"] == received[0].json()["messages"] for r in received)
+
+
+def test_cohere_n_is_fanned_out_in_streams(api: httpx.Client, received: list[Received]) -> None:
+    body = {"model": "co/command-a", "messages": MESSAGES, "n": 2, "stream": True}
+    resp = api.post("/v1/chat/completions", json=body)
+    assert resp.status_code == 200, resp.text
+    per: dict[int, list[dict[str, Any]]] = {}
+    for c in _sse_chunks(resp):
+        for ch in c["choices"]:
+            per.setdefault(ch["index"], []).append(ch)
+    assert sorted(per) == [0, 1]
+    for choices in per.values():  # the recording: "Coca-Cola", cut by max_tokens
+        assert choices[0]["delta"].get("role") == "assistant"
+        assert "".join(ch["delta"].get("content") or "" for ch in choices) == "Coca-Cola"
+        assert choices[-1]["finish_reason"] == "length"
+    assert len(received) == 2 and all("n" not in r.json() for r in received)
+
+
+def test_cohere_stops_beyond_five_are_cut_by_the_gateway(api: httpx.Client, received: list[Received]) -> None:
+    stops = [*STOPS_5, "France"]
+    resp = api.post("/v1/chat/completions", json={"model": "co/command-a", "messages": MESSAGES, "stop": stops})
+    assert resp.status_code == 200, resp.text
+    (choice,) = resp.json()["choices"]
+    assert (choice["message"]["content"], choice["finish_reason"]) == ("The capital of ", "stop")
+    assert received[0].json()["stop_sequences"] == STOPS_5
+    # Streamed: the recording's "Coca-Cola" ends before the sixth stop.
+    received.clear()
+    body = {"model": "co/command-a", "messages": MESSAGES, "stop": [*STOPS_5, "-"], "stream": True}
+    resp = api.post("/v1/chat/completions", json=body)
+    assert resp.status_code == 200, resp.text
+    choices = [ch for c in _sse_chunks(resp) for ch in c["choices"]]
+    assert "".join(ch["delta"].get("content") or "" for ch in choices) == "Coca"
+    assert choices[-1]["finish_reason"] == "stop"
+    assert received[0].json()["stop_sequences"] == STOPS_5
+
+
+def test_gemini_n_is_its_candidate_count(api: httpx.Client, received: list[Received]) -> None:
+    resp = api.post("/v1/chat/completions", json={"model": "gem/gemini-2.0-flash", "messages": MESSAGES, "n": 2})
+    assert resp.status_code == 200, resp.text
+    text = fixture_json("gemini/generate_content_stop_sequence.json")["candidates"][0]["content"]["parts"][0]["text"]
+    assert [(c["index"], c["message"]["content"]) for c in resp.json()["choices"]] == [(0, text), (1, text)]
+    (sent,) = received  # one call: Gemini answers both
+    assert sent.json()["generationConfig"]["candidateCount"] == 2
+
+
+def test_gemini_stops_beyond_five_are_cut_by_the_gateway(api: httpx.Client, received: list[Received]) -> None:
+    stops = [*STOPS_5, "iconic"]
+    body = {"model": "gem/gemini-2.0-flash", "messages": MESSAGES, "stop": stops}
+    resp = api.post("/v1/chat/completions", json=body)
+    assert resp.status_code == 200, resp.text
+    (choice,) = resp.json()["choices"]
+    assert (choice["message"]["content"], choice["finish_reason"]) == ("The most ", "stop")
+    assert received[0].json()["generationConfig"]["stopSequences"] == STOPS_5
+    # Streamed: the recording's "The capital of France is Paris.\n" ends before the sixth stop.
+    received.clear()
+    body = {"model": "gem/gemini-2.0-flash", "messages": MESSAGES, "stop": [*STOPS_5, " is"], "stream": True}
+    resp = api.post("/v1/chat/completions", json=body)
+    assert resp.status_code == 200, resp.text
+    choices = [ch for c in _sse_chunks(resp) for ch in c["choices"]]
+    assert "".join(ch["delta"].get("content") or "" for ch in choices) == "The capital of France"
+    assert choices[-1]["finish_reason"] == "stop"
+    assert received[0].json()["generationConfig"]["stopSequences"] == STOPS_5

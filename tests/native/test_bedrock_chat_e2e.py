@@ -284,3 +284,57 @@ def test_an_exception_frame_before_any_event_is_the_chat_streams_error_status(
         message="bedrock error (429): Too many requests, please wait.",
         code="throttling_exception",
     )
+
+
+def test_n_is_fanned_out_one_converse_call_per_choice(api: httpx.Client, upstream: Upstream) -> None:
+    checked = Checked()
+    upstream.handler = checked.wrap(reply(fixture_bytes("bedrock/converse_end_turn.json")))
+    recorded = fixture_json("bedrock/converse_end_turn.json")
+    resp = api.post("/v1/chat/completions", json={"model": MODEL, "messages": USER, "n": 2})
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    text = recorded["output"]["message"]["content"][0]["text"]
+    assert [(c["index"], c["message"]["content"], c["finish_reason"]) for c in body["choices"]] == [
+        (0, text, "stop"),
+        (1, text, "stop"),
+    ]
+    usage = recorded["usage"]
+    assert (body["usage"]["prompt_tokens"], body["usage"]["completion_tokens"]) == (
+        2 * usage["inputTokens"],
+        2 * usage["outputTokens"],
+    )
+    # Two signed Converse calls, neither naming a count (Converse has none).
+    assert checked.verdicts == [None, None]
+    assert [r.json() for r in upstream.received] == [
+        {"messages": [{"role": "user", "content": [{"text": USER[0]["content"]}]}]}
+    ] * 2
+
+
+def test_n_is_fanned_out_in_streams(api: httpx.Client, upstream: Upstream) -> None:
+    upstream.handler = reply_eventstream(fixture_bytes(TOOL_STREAM), 13)
+    body = {"model": MODEL, "messages": USER, "tools": TOOLS, "n": 2, "stream": True}
+    resp = api.post("/v1/chat/completions", json=body)
+    assert resp.status_code == 200, resp.text
+    data = sse_data(resp.text)
+    assert data[-1] == "[DONE]"
+    per: dict[int, list[dict[str, Any]]] = {}
+    for c in (json.loads(d) for d in data[:-1]):
+        for ch in c["choices"]:
+            per.setdefault(ch["index"], []).append(ch)
+    assert sorted(per) == [0, 1]
+    for choices in per.values():  # each choice the whole recorded turn: its text, then its tool call
+        assert choices[0]["delta"].get("role") == "assistant"
+        calls = [tc for ch in choices for tc in ch["delta"].get("tool_calls") or ()]
+        assert "".join(tc["function"].get("arguments") or "" for tc in calls) == '{"city":"Paris"}'
+        assert choices[-1]["finish_reason"] == "tool_calls"
+    assert len(upstream.received) == 2
+    assert all(r.path == f"/model/{NOVA}/converse-stream" for r in upstream.received)
+
+
+def test_stops_all_reach_converse(api: httpx.Client, upstream: Upstream) -> None:
+    # Converse takes up to 2500 stop sequences, more than a request may carry (64): none is the gateway's.
+    upstream.handler = reply(fixture_bytes("bedrock/converse_end_turn.json"))
+    stops = [f"s{i}" for i in range(10)]
+    resp = api.post("/v1/chat/completions", json={"model": MODEL, "messages": USER, "stop": stops})
+    assert resp.status_code == 200, resp.text
+    assert upstream.only().json()["inferenceConfig"]["stopSequences"] == stops
