@@ -407,7 +407,7 @@ def test_gemini_n_is_its_candidate_count(api: httpx.Client, received: list[Recei
 
 def test_gemini_stops_beyond_five_are_cut_by_the_gateway(api: httpx.Client, received: list[Received]) -> None:
     stops = [*STOPS_5, "iconic"]
-    body = {"model": "gem/gemini-2.0-flash", "messages": MESSAGES, "stop": stops}
+    body: dict[str, Any] = {"model": "gem/gemini-2.0-flash", "messages": MESSAGES, "stop": stops}
     resp = api.post("/v1/chat/completions", json=body)
     assert resp.status_code == 200, resp.text
     (choice,) = resp.json()["choices"]
