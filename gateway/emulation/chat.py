@@ -1,5 +1,6 @@
 """Chat emulation: `n` fanned out for a chat route that lacks it, and stop sequences beyond the provider's
-count cut from the assistant's content by the gateway, buffered and streamed (docs/emulation.md).
+count (or every stop, for a provider that keeps the one it matched) cut from the assistant's content by the
+gateway, buffered and streamed (docs/emulation.md).
 
 The same rules as completions': one call per choice, choice `index` = the call's place, usage summed; the
 provider is sent the first `max_stop` stops and the gateway finds all of them with one automaton, holding
@@ -68,8 +69,11 @@ def plan(
     stop = req.stop if isinstance(req.stop, list) else None
     limit = adapter.max_stop
     too_many = stop is not None and limit is not None and len(stop) > limit
-    if n == 1 and not too_many:
-        return None  # the common case: two comparisons
+    # A provider that keeps the matched stop in its text (TGI; models behind Bedrock's Converse) still gets
+    # every stop, to end early; the gateway removes what it kept.
+    kept = bool(stop) and adapter.stop_in_output
+    if n == 1 and not too_many and not kept:
+        return None  # the common case: three comparisons
     rule = table.get("n")
     fan_n = n if n > 1 and rule is not None and rule.emulated else 1
     stops: list[str] | None = None
@@ -77,6 +81,8 @@ def plan(
     if too_many:
         assert stop is not None and limit is not None
         stops, upstream = stop, stop[:limit] or None
+    elif kept:
+        stops = stop
     if fan_n == 1 and stops is None:
         return None
     found = bound_stops(stops, provider, caps) if stops is not None else None

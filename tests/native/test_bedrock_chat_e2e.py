@@ -338,3 +338,13 @@ def test_stops_all_reach_converse(api: httpx.Client, upstream: Upstream) -> None
     resp = api.post("/v1/chat/completions", json={"model": MODEL, "messages": USER, "stop": stops})
     assert resp.status_code == 200, resp.text
     assert upstream.only().json()["inferenceConfig"]["stopSequences"] == stops
+
+
+def test_the_stop_nova_kept_is_cut_by_the_gateway(api: httpx.Client, upstream: Upstream) -> None:
+    # Recorded: Amazon Nova answered "Paris" to stopSequences ["Paris"], keeping the stop it matched.
+    upstream.handler = reply(fixture_bytes("bedrock/converse_stop_nova_keeps_stop_text.json"))
+    resp = api.post("/v1/chat/completions", json={"model": MODEL, "messages": USER, "stop": ["Paris"]})
+    assert resp.status_code == 200, resp.text
+    (choice,) = resp.json()["choices"]
+    assert (choice["message"]["content"], choice["finish_reason"]) == ("", "stop")
+    assert upstream.only().json()["inferenceConfig"]["stopSequences"] == ["Paris"]

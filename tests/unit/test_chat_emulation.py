@@ -56,6 +56,16 @@ def test_what_is_planned_per_kind() -> None:
     assert em is not None and (em.fan_n, em.upstream_stop) == (2, stops[:4])
     subs = emulation.sub_requests(em, _req(n=2, stop=stops))
     assert [(s.n, s.stop) for s in subs] == [(None, stops[:4])] * 2
+    # Bedrock fans `n` out and, keeping the stop it matched, is sent every stop for the gateway to cut.
+    em = _plan("bedrock", n=2, stop=stops)
+    assert em is not None and (em.fan_n, em.stops, em.upstream_stop) == (2, stops, stops)
+    em = _plan("bedrock", stop=["a"])
+    assert em is not None and (em.fan_n, em.stops, em.upstream_stop) == (1, ["a"], ["a"])
+    assert _plan("cohere", stop=stops) is None  # Cohere takes five
+    em = _plan("cohere", n=2, stop=[*stops, "f"])
+    assert em is not None and (em.fan_n, em.upstream_stop) == (2, stops)
+    em = _plan("gemini", n=2, stop=[*stops, "f"])
+    assert em is not None and (em.fan_n, em.upstream_stop) == (1, stops)  # `candidateCount` is Gemini's
 
 
 def test_bounds_are_refused_naming_the_field() -> None:
