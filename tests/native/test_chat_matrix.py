@@ -11,16 +11,14 @@ and body a completions client gets for the same upstream answer.
 from __future__ import annotations
 
 import json
-import struct
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.helpers.chat_answers import NATIVE_CASES, OPENAI_CASES, Want, joined
 from tests.helpers.clients import sse_data
-from tests.helpers.eventstream import split_frames
 from tests.helpers.recordings import fixture_bytes, fixture_json, sse_events
 from tests.helpers.servers import GatewayThread
 from tests.helpers.upstreams import Handler, Upstream, reply, reply_sse
@@ -117,282 +115,6 @@ SCHEMA = {
 JSON_FORMAT = {"type": "json_schema", "json_schema": {"name": "CityLocation", "schema": SCHEMA, "strict": True}}
 
 
-# --- what each recording says the client should get -------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Want:
-    """The answer as a client reads it: text, tool calls (id or None when the provider gives none, name,
-    arguments), OpenAI's finish reason, usage (prompt, completion, total)."""
-
-    content: str | None
-    calls: list[tuple[str | None, str, str]]
-    finish: str
-    usage: tuple[int, int, int] | None
-
-
-def _openai_plain(rel: str) -> Want:
-    body = fixture_json(rel)
-    choice, usage = body["choices"][0], body["usage"]
-    calls = [
-        (c["id"], c["function"]["name"], c["function"]["arguments"]) for c in choice["message"].get("tool_calls") or ()
-    ]
-    return Want(
-        choice["message"]["content"],
-        calls,
-        choice["finish_reason"],
-        (usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]),
-    )
-
-
-def _joined(deltas: list[tuple[int, str | None, str | None, str]]) -> list[tuple[str | None, str, str]]:
-    slots: dict[int, list[Any]] = {}
-    for index, call_id, name, piece in deltas:
-        slot = slots.setdefault(index, [None, "", ""])
-        slot[0] = slot[0] or call_id
-        slot[1] += name or ""
-        slot[2] += piece
-    return [(s[0], s[1], s[2]) for _, s in sorted(slots.items())]
-
-
-def _openai_stream(rel: str, usage: tuple[int, int, int] | None) -> Want:
-    text, finish, deltas = "", "", []
-    for event in sse_events(fixture_bytes(rel)):
-        data = event.split(b"data:", 1)[1].strip()
-        if data == b"[DONE]":
-            continue
-        for choice in json.loads(data)["choices"]:
-            text += choice["delta"].get("content") or ""
-            finish = choice.get("finish_reason") or finish
-            for tc in choice["delta"].get("tool_calls") or ():
-                fn = tc.get("function") or {}
-                deltas.append((tc["index"], tc.get("id"), fn.get("name"), fn.get("arguments") or ""))
-    return Want(text or None, _joined(deltas), finish, usage)
-
-
-def _named_events(rel: str) -> list[dict[str, Any]]:
-    return [json.loads(e.split(b"data:", 1)[1]) for e in sse_events(fixture_bytes(rel)) if b"data:" in e]
-
-
-def _anthropic_plain(rel: str, finish: str) -> Want:
-    body = fixture_json(rel)
-    text = "".join(b["text"] for b in body["content"] if b["type"] == "text")
-    calls = [
-        (b["id"], b["name"], json.dumps(b["input"], separators=(",", ":")))
-        for b in body["content"]
-        if b["type"] == "tool_use"
-    ]
-    u = body["usage"]
-    return Want(text, calls, finish, (u["input_tokens"], u["output_tokens"], u["input_tokens"] + u["output_tokens"]))
-
-
-def _anthropic_stream(rel: str, finish: str) -> Want:
-    text, deltas, usage = "", [], [0, 0]
-    for e in _named_events(rel):
-        if e["type"] == "message_start":
-            usage[0] = e["message"]["usage"]["input_tokens"]
-        elif e["type"] == "content_block_start" and e["content_block"]["type"] == "tool_use":
-            deltas.append((e["index"], e["content_block"]["id"], e["content_block"]["name"], ""))
-        elif e["type"] == "content_block_delta" and e["delta"]["type"] == "text_delta":
-            text += e["delta"]["text"]
-        elif e["type"] == "content_block_delta" and e["delta"]["type"] == "input_json_delta":
-            deltas.append((e["index"], None, None, e["delta"]["partial_json"]))
-        elif e["type"] == "message_delta":
-            usage[1] = e["usage"]["output_tokens"]
-    return Want(text, _joined(deltas), finish, (usage[0], usage[1], usage[0] + usage[1]))
-
-
-def _gemini_parts(candidate: dict[str, Any]) -> tuple[str, list[tuple[str | None, str, str]]]:
-    parts = candidate.get("content", {}).get("parts", [])
-    text = "".join(p.get("text", "") for p in parts if not p.get("thought"))
-    calls: list[tuple[str | None, str, str]] = [
-        (None, p["functionCall"]["name"], json.dumps(p["functionCall"]["args"], separators=(",", ":")))
-        for p in parts
-        if "functionCall" in p
-    ]
-    return text, calls
-
-
-def _gemini_plain(rel: str, finish: str, usage: tuple[int, int, int]) -> Want:
-    text, calls = _gemini_parts(fixture_json(rel)["candidates"][0])
-    return Want(text or None, calls, finish, usage)
-
-
-def _gemini_stream(rel: str, finish: str, usage: tuple[int, int, int]) -> Want:
-    text, calls = "", list[tuple[str | None, str, str]]()
-    for e in _named_events(rel):
-        more, more_calls = _gemini_parts(e["candidates"][0])
-        text, calls = text + more, calls + more_calls
-    return Want(text or None, calls, finish, usage)
-
-
-def _cohere_plain(rel: str, finish: str, usage: tuple[int, int, int]) -> Want:
-    message = fixture_json(rel)["message"]
-    text = "".join(c["text"] for c in message.get("content") or () if c["type"] == "text")
-    calls = [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or ()]
-    return Want(text or None, calls, finish, usage)
-
-
-def _cohere_stream(rel: str, finish: str, usage: tuple[int, int, int]) -> Want:
-    text, deltas = "", []
-    for e in _named_events(rel):
-        message = e.get("delta", {}).get("message", {})
-        if e["type"] == "content-delta":
-            text += message["content"]["text"]
-        elif e["type"] == "tool-call-start":
-            call = message["tool_calls"]
-            deltas.append((e["index"], call["id"], call["function"]["name"], call["function"].get("arguments", "")))
-        elif e["type"] == "tool-call-delta":
-            deltas.append((e["index"], None, None, message["tool_calls"]["function"]["arguments"]))
-    return Want(text or None, _joined(deltas), finish, usage)
-
-
-def _bedrock_plain(rel: str, finish: str) -> Want:
-    body = fixture_json(rel)
-    blocks = body["output"]["message"]["content"]
-    text = "".join(b.get("text", "") for b in blocks)
-    calls = [
-        (b["toolUse"]["toolUseId"], b["toolUse"]["name"], json.dumps(b["toolUse"]["input"], separators=(",", ":")))
-        for b in blocks
-        if "toolUse" in b
-    ]
-    u = body["usage"]
-    return Want(text or None, calls, finish, (u["inputTokens"], u["outputTokens"], u["totalTokens"]))
-
-
-def _frame_event(raw: bytes) -> tuple[str, dict[str, Any]]:
-    """An event-stream frame's `:event-type` and JSON payload (layout: tests/helpers/eventstream.py)."""
-    total, headers_len = struct.unpack_from(">II", raw)
-    headers, i, event_type = raw[12 : 12 + headers_len], 0, ""
-    while i < len(headers):
-        name_len = headers[i]
-        name = headers[i + 1 : i + 1 + name_len].decode()
-        (value_len,) = struct.unpack_from(">H", headers, i + 2 + name_len)
-        value = headers[i + 4 + name_len : i + 4 + name_len + value_len].decode()
-        event_type = value if name == ":event-type" else event_type
-        i += 4 + name_len + value_len
-    return event_type, json.loads(raw[12 + headers_len : total - 4])
-
-
-def _bedrock_stream(rel: str, finish: str) -> Want:
-    text, deltas, usage = "", [], (0, 0, 0)
-    for event_type, payload in (_frame_event(f) for f in split_frames(fixture_bytes(rel))):
-        if event_type == "contentBlockStart" and "toolUse" in payload["start"]:
-            start = payload["start"]["toolUse"]
-            deltas.append((payload["contentBlockIndex"], start["toolUseId"], start["name"], ""))
-        elif event_type == "contentBlockDelta" and "text" in payload["delta"]:
-            text += payload["delta"]["text"]
-        elif event_type == "contentBlockDelta" and "toolUse" in payload["delta"]:
-            deltas.append((payload["contentBlockIndex"], None, None, payload["delta"]["toolUse"]["input"]))
-        elif event_type == "metadata":
-            u = payload["usage"]
-            usage = (u["inputTokens"], u["outputTokens"], u["totalTokens"])
-    return Want(text or None, _joined(deltas), finish, usage)
-
-
-# Usage where the provider's own fields need a rule: Gemini's completion count holds its thoughts
-# (candidates + thoughts, so the three add up to totalTokenCount); Cohere's are `usage.billed_units`, as
-# on completions (providers/cohere.py). A stream whose recording reports no usage gets no usage chunk.
-OPENAI_CASES: dict[str, tuple[Callable[[], Want], str]] = {
-    "text": (lambda: _openai_plain("openai/chat_completion.json"), "openai/chat_completion.json"),
-    "text_stream": (
-        lambda: _openai_stream("fireworks/chat_stream_via_hf_router.sse.txt", (46, 20, 66)),
-        "fireworks/chat_stream_via_hf_router.sse.txt",
-    ),
-    "tool": (lambda: _openai_plain("openai/chat_tool_calls.json"), "openai/chat_tool_calls.json"),
-    "tool_stream": (
-        lambda: _openai_stream("openai/chat_stream_tool_calls_parallel.sse.txt", None),
-        "openai/chat_stream_tool_calls_parallel.sse.txt",
-    ),
-    "json": (lambda: _openai_plain("openai/chat_json_schema.json"), "openai/chat_json_schema.json"),
-}
-NATIVE_CASES: dict[str, dict[str, tuple[Callable[[], Want], str]]] = {
-    "anthropic": {
-        "text": (
-            lambda: _anthropic_plain("anthropic/messages_end_turn.json", "stop"),
-            "anthropic/messages_end_turn.json",
-        ),
-        "text_stream": (
-            lambda: _anthropic_stream("anthropic/messages_stream.sse.txt", "stop"),
-            "anthropic/messages_stream.sse.txt",
-        ),
-        "tool": (
-            lambda: _anthropic_plain("anthropic/messages_tool_use.json", "tool_calls"),
-            "anthropic/messages_tool_use.json",
-        ),
-        "tool_stream": (
-            lambda: _anthropic_stream("anthropic/messages_stream_tool_use.sse.txt", "tool_calls"),
-            "anthropic/messages_stream_tool_use.sse.txt",
-        ),
-    },
-    "gemini": {
-        "text": (
-            lambda: _gemini_plain("gemini/generate_content_stop_sequence.json", "stop", (25, 8, 33)),
-            "gemini/generate_content_stop_sequence.json",
-        ),
-        "text_stream": (
-            lambda: _gemini_stream("gemini/stream_generate_content.sse.txt", "stop", (13, 8, 21)),
-            "gemini/stream_generate_content.sse.txt",
-        ),
-        "tool": (
-            lambda: _gemini_plain("gemini/generate_content_function_args.json", "tool_calls", (723, 172, 895)),
-            "gemini/generate_content_function_args.json",
-        ),
-        "tool_stream": (
-            lambda: _gemini_stream("gemini/stream_function_call.sse.txt", "tool_calls", (29, 120, 149)),
-            "gemini/stream_function_call.sse.txt",
-        ),
-        "json": (
-            lambda: _gemini_plain("gemini/generate_content_json_schema.json", "stop", (8, 20, 28)),
-            "gemini/generate_content_json_schema.json",
-        ),
-    },
-    "cohere": {
-        "text": (
-            lambda: _cohere_plain("cohere/v2_chat_stop_sequence.json", "stop", (25, 9, 34)),
-            "cohere/v2_chat_stop_sequence.json",
-        ),
-        "text_stream": (
-            lambda: _cohere_stream("cohere/v2_chat_stream_text.sse.txt", "length", (20, 4, 24)),
-            "cohere/v2_chat_stream_text.sse.txt",
-        ),
-        "tool": (
-            lambda: _cohere_plain("cohere/v2_chat_tool_call.json", "tool_calls", (35, 22, 57)),
-            "cohere/v2_chat_tool_call.json",
-        ),
-        "tool_stream": (
-            lambda: _cohere_stream("cohere/v2_chat_stream_tool_calls.sse.txt", "tool_calls", (37, 28, 65)),
-            "cohere/v2_chat_stream_tool_calls.sse.txt",
-        ),
-        # No Cohere answer to a JSON request was ever published: the recorded text answer stands in for
-        # it, and the JSON cell checks the request's translation and that the text is relayed as it is.
-        "json": (
-            lambda: _cohere_plain("cohere/v2_chat_stop_sequence.json", "stop", (25, 9, 34)),
-            "cohere/v2_chat_stop_sequence.json",
-        ),
-    },
-    "bedrock": {
-        "text": (lambda: _bedrock_plain("bedrock/converse_end_turn.json", "stop"), "bedrock/converse_end_turn.json"),
-        "text_stream": (
-            lambda: _bedrock_stream("bedrock/converse_stream.eventstream", "stop"),
-            "bedrock/converse_stream.eventstream",
-        ),
-        "tool": (
-            lambda: _bedrock_plain("bedrock/converse_tool_use.json", "tool_calls"),
-            "bedrock/converse_tool_use.json",
-        ),
-        "tool_stream": (
-            lambda: _bedrock_stream("bedrock/converse_stream_tool_use.eventstream", "tool_calls"),
-            "bedrock/converse_stream_tool_use.eventstream",
-        ),
-        "json": (
-            lambda: _bedrock_plain("bedrock/converse_json_schema.json", "stop"),
-            "bedrock/converse_json_schema.json",
-        ),
-    },
-}
-
-
 # Kinds whose chat route takes no `response_format` (docs/chat.md): a 400 naming the provider, no call.
 REFUSE_JSON = ("anthropic", "tgi")
 
@@ -467,10 +189,10 @@ def _read_stream(resp: httpx.Response, model: str) -> Want:
                 fn = tc.get("function") or {}
                 deltas.append((tc["index"], tc.get("id"), fn.get("name"), fn.get("arguments") or ""))
     if last is None:
-        return Want(text or None, _joined(deltas), finishes[0], None)
+        return Want(text or None, joined(deltas), finishes[0], None)
     u = last["usage"]
     return Want(
-        text or None, _joined(deltas), finishes[0], (u["prompt_tokens"], u["completion_tokens"], u["total_tokens"])
+        text or None, joined(deltas), finishes[0], (u["prompt_tokens"], u["completion_tokens"], u["total_tokens"])
     )
 
 
@@ -691,3 +413,61 @@ def test_upstream_error_as_on_completions(
     message = chat.json()["error"]["message"]
     assert message.startswith(f"{kind} error ({status}): ") and "{" not in message, message
     assert len(upstream.received) == 2
+
+
+# --- finish reasons and usage details -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kind", "rel", "extra", "content", "finish"),
+    [
+        # Azure's filtered answer carries no message at all.
+        ("azure", "azure/chat_finish_reason_content_filter.json", {}, None, "content_filter"),
+        ("mistral", "mistral/chat_with_ratelimit_headers.json", {}, "Here's a light-hearted", "stop"),
+        ("openai", "openai/chat_o3mini_stop_sequence.json", {"stop": ["Paris"]}, "The capital of France is ", "stop"),
+        ("anthropic", "anthropic/messages_stop_sequence.json", {"stop": ["Paris"]}, "The beautiful city of ", "stop"),
+        ("bedrock", "bedrock/converse_max_tokens.json", {"max_tokens": 5}, "The capital of France is", "length"),
+        ("cohere", "cohere/v2_chat_stop_sequence.json", {"stop": ["Paris"]}, "The capital of France is", "stop"),
+    ],
+    ids=[
+        "azure-content_filter",
+        "mistral-stop",
+        "openai-stop",
+        "anthropic-stop_sequence",
+        "bedrock-max_tokens",
+        "cohere-stop",
+    ],
+)
+def test_finish_reason(
+    api: httpx.Client, upstream: Upstream, kind: str, rel: str, extra: dict[str, Any], content: str | None, finish: str
+) -> None:
+    upstream.handler = _handler(rel)
+    resp = api.post("/v1/chat/completions", json={"model": MODEL[kind], "messages": MESSAGES, **extra})
+    assert resp.status_code == 200, resp.text
+    (choice,) = resp.json()["choices"]
+    assert choice["finish_reason"] == finish
+    if content is None:
+        assert choice["message"]["content"] is None
+    else:
+        assert choice["message"]["content"].startswith(content)
+
+
+def test_usage_details_reach_the_client(api: httpx.Client, upstream: Upstream) -> None:
+    """Reasoning tokens (OpenAI's o-series) and tokens read from the provider's prompt cache (Bedrock's
+    `cacheReadInputTokens`) keep their place in OpenAI's usage."""
+    recorded = fixture_json("openai/chat_o3mini_stop_sequence.json")["usage"]
+    upstream.handler = _handler("openai/chat_o3mini_stop_sequence.json")
+    usage = api.post("/v1/chat/completions", json={"model": MODEL["openai"], "messages": MESSAGES}).json()["usage"]
+    assert (
+        usage["completion_tokens_details"]["reasoning_tokens"]
+        == recorded["completion_tokens_details"]["reasoning_tokens"]
+    )
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (
+        recorded["prompt_tokens"],
+        recorded["completion_tokens"],
+    )
+
+    cached = fixture_json("bedrock/converse_cache_read.json")["usage"]
+    upstream.handler = _handler("bedrock/converse_cache_read.json")
+    usage = api.post("/v1/chat/completions", json={"model": MODEL["bedrock"], "messages": MESSAGES}).json()["usage"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] == cached["cacheReadInputTokens"]
