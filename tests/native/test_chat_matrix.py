@@ -471,3 +471,35 @@ def test_usage_details_reach_the_client(api: httpx.Client, upstream: Upstream) -
     upstream.handler = _handler("bedrock/converse_cache_read.json")
     usage = api.post("/v1/chat/completions", json={"model": MODEL["bedrock"], "messages": MESSAGES}).json()["usage"]
     assert usage["prompt_tokens_details"]["cached_tokens"] == cached["cacheReadInputTokens"]
+
+
+def test_anthropic_error_event_mid_stream(api: httpx.Client, upstream: Upstream) -> None:
+    """Anthropic's `event: error` after the stream started (its documented `overloaded_error`): the text so
+    far, then the error event in OpenAI's envelope, then [DONE]."""
+    events = sse_events(fixture_bytes("anthropic/messages_stream.sse.txt"))[:4]  # through the first text delta
+    events.append(b'event: error\ndata: {"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}')
+    upstream.handler = reply_sse(events)
+    resp = api.post("/v1/chat/completions", json={"model": MODEL["anthropic"], "messages": MESSAGES, "stream": True})
+    assert resp.status_code == 200
+    data = sse_data(resp.text)
+    assert [json.loads(d)["choices"][0]["delta"].get("content") for d in data[:2]] == ["", "2"]
+    assert json.loads(data[2]) == {
+        "error": {
+            "message": "anthropic error (529): Overloaded",
+            "type": "upstream_error",
+            "param": None,
+            "code": "overloaded_error",
+        }
+    }
+    assert data[3:] == ["[DONE]"]
+
+
+def test_error_as_the_first_stream_event_is_the_streams_status(api: httpx.Client, upstream: Upstream) -> None:
+    """An OpenAI-compatible server that answers 200 and then only an error event (OpenAI's envelope): the
+    client gets the error's status, as before any byte was sent."""
+    upstream.handler = reply_sse(
+        [b'data: {"error":{"message":"The server had an error","type":"server_error","param":null,"code":null}}']
+    )
+    resp = api.post("/v1/chat/completions", json={"model": MODEL["vllm"], "messages": MESSAGES, "stream": True})
+    assert resp.status_code == 502
+    assert resp.json()["error"]["message"] == "upstream error (500): The server had an error"
