@@ -76,8 +76,14 @@ class OllamaChunk(msgspec.Struct):
     error: str | None = None
 
 
+class OllamaOpenAIError(msgspec.Struct):
+    message: str | None = None
+
+
 class OllamaError(msgspec.Struct):
-    error: str | None = None
+    # The native API's errors are `{"error": "..."}`; its OpenAI route's (where chat goes) are OpenAI's
+    # envelope, `{"error": {"message", "type", ...}}` (ollama/ollama openai/openai.go, NewError).
+    error: str | OllamaOpenAIError | None = None
 
 
 _decode_chunk = msgspec.json.Decoder(OllamaChunk).decode
@@ -188,7 +194,8 @@ class OllamaAdapter(OpenAIChat):
 
     def map_error(self, status: int, headers: Mapping[str, str], body: bytes, provider: str) -> GatewayError:
         try:
-            message = _decode_error(body).error or "unknown error"
+            error = _decode_error(body).error
+            message = (error.message if isinstance(error, OllamaOpenAIError) else error) or "unknown error"
         except (msgspec.DecodeError, msgspec.ValidationError):
             message = body.decode("utf-8", "replace").strip()[:500] or "no error body"
         return UpstreamStatusError(
