@@ -187,3 +187,15 @@ def test_logprobs_and_n(client: openai.OpenAI, chat_upstream: Upstream, chat_lik
             if c.logprobs is not None and c.logprobs.content:
                 streamed.setdefault(c.index, []).extend(t.model_dump() for t in c.logprobs.content)
     assert streamed == {i: c["logprobs"]["content"] for i, c in enumerate(direct["choices"])}
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_parse_with_a_pydantic_function_tool(client: openai.OpenAI, chat_upstream: Upstream, model: str) -> None:
+    answer = client.chat.completions.parse(
+        model=model, messages=MESSAGES, tools=[openai.pydantic_function_tool(Forecast)]
+    )
+    (call,) = answer.choices[0].message.tool_calls or []
+    assert isinstance(call.function.parsed_arguments, Forecast)
+    (tool,) = _sent(chat_upstream)["tools"]
+    assert tool["function"]["name"] == "Forecast" and tool["function"]["strict"] is True
+    assert tool["function"]["parameters"]["additionalProperties"] is False
