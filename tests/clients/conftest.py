@@ -2,8 +2,8 @@
 
 One gateway (uvicorn in a thread, `tests/helpers/servers.py`) serves the keyless `demo` fake, `local`, a vLLM
 server played by a loopback aiohttp upstream (`VLLMLike`), and `oa` (kind openai) and `vc` (kind vllm) in front
-of a loopback OpenAI chat route (`chatlike.ChatLike`). The upstream answers the
-way vLLM's OpenAI server does; where its shape comes from:
+of a loopback OpenAI chat route (`chatlike.ChatLike`, whose module says where its shape comes from).
+`VLLMLike` answers the way vLLM's OpenAI server does; where its shape comes from:
 
 - the envelope and a choice's keys: the recorded vLLM answer `tests/fixtures/vllm/completion_opt125m.json`
   (`stop_reason` beside `finish_reason`, `usage` with `total_tokens` before `completion_tokens`), which is
