@@ -53,11 +53,15 @@ class ToolCall(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=False):
 
 
 Texts = str | list[TextPart]
+# lm-evaluation-harness's chat requests (its 0.4 releases) mark every message `"type": "text"`, which OpenAI
+# and vLLM ignore: taken here, and cleared by normalize_chat so that no upstream (a strict one refuses it) sees it.
+Mark = Literal["text"] | None
 
 
 class SystemMessage(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, tag_field="role", tag="system"):
     content: Texts
     name: FunctionName | None = None
+    type: Mark = None
 
 
 class DeveloperMessage(
@@ -65,11 +69,13 @@ class DeveloperMessage(
 ):
     content: Texts
     name: FunctionName | None = None
+    type: Mark = None
 
 
 class UserMessage(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, tag_field="role", tag="user"):
     content: str | list[TextPart | ImagePart]
     name: FunctionName | None = None
+    type: Mark = None
 
 
 class AssistantMessage(
@@ -79,11 +85,13 @@ class AssistantMessage(
     tool_calls: Annotated[list[ToolCall], Meta(min_length=1)] | None = None
     refusal: str | None = None
     name: FunctionName | None = None
+    type: Mark = None
 
 
 class ToolMessage(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, tag_field="role", tag="tool"):
     content: Texts
     tool_call_id: str
+    type: Mark = None
 
 
 Message = SystemMessage | DeveloperMessage | UserMessage | AssistantMessage | ToolMessage

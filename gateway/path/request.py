@@ -300,6 +300,9 @@ def normalize_chat(req: ChatRequest, caps: CapsConfig = _DEFAULT_CAPS) -> ChatRe
         raise _bad("'tool_choice' is only allowed when 'tools' are given", "tool_choice")
     if req.parallel_tool_calls is not None and not req.tools:
         raise _bad("'parallel_tool_calls' is only allowed when 'tools' are given", "parallel_tool_calls")
+    for m in req.messages:
+        if m.type is not None:
+            m.type = None  # lm-eval's mark (wire.chat.Mark), for no upstream
     req.prompt = render(req.messages)
     normalize(req, caps)
     return req

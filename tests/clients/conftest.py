@@ -1,8 +1,9 @@
 """The gateway as the clients people already run see it, over real sockets.
 
-One gateway (uvicorn in a thread, `tests/helpers/servers.py`) serves two providers: the keyless `demo` fake
-and `local`, a vLLM server played by a loopback aiohttp upstream (`VLLMLike`). The upstream answers the
-way vLLM's OpenAI server does; where its shape comes from:
+One gateway (uvicorn in a thread, `tests/helpers/servers.py`) serves the keyless `demo` fake, `local`, a vLLM
+server played by a loopback aiohttp upstream (`VLLMLike`), and `oa` (kind openai) and `vc` (kind vllm) in front
+of a loopback OpenAI chat route (`chatlike.ChatLike`, whose module says where its shape comes from).
+`VLLMLike` answers the way vLLM's OpenAI server does; where its shape comes from:
 
 - the envelope and a choice's keys: the recorded vLLM answer `tests/fixtures/vllm/completion_opt125m.json`
   (`stop_reason` beside `finish_reason`, `usage` with `total_tokens` before `completion_tokens`), which is
@@ -43,6 +44,8 @@ from tests.helpers.recordings import fixture_json
 from tests.helpers.servers import GatewayThread, serve_config
 from tests.helpers.upstreams import Received, Upstream
 
+from .chatlike import ChatLike
+
 CLIENTS_KEY = "gk-clients-5e0c9a"
 VLLM_MODEL = "facebook/opt-125m"  # the model of the vLLM recording the answers are built on
 LOCAL = f"local/{VLLM_MODEL}"  # what a client asks the gateway for
@@ -62,6 +65,8 @@ keys:
 providers:
   demo: {{kind: fake}}
   local: {{kind: vllm, base_url: {u}/v1}}
+  oa: {{kind: openai, base_url: {c}/v1, api_key: sk-chat-upstream}}
+  vc: {{kind: vllm, base_url: {c}/v1}}
 """
 
 
@@ -287,10 +292,32 @@ def upstream(vllm_upstream: Upstream, vllm_like: VLLMLike) -> Iterator[Upstream]
 
 
 @pytest.fixture(scope="session")
-def gateway(vllm_upstream: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
-    with serve_config(
-        tmp_path_factory.mktemp("clients"), CONFIG.format(u=vllm_upstream.url), {"CLIENTS_KEY": CLIENTS_KEY}
-    ) as gw:
+def chat_like() -> ChatLike:
+    return ChatLike()
+
+
+@pytest.fixture(scope="session")
+def chat_server(chat_like: ChatLike) -> Iterator[Upstream]:
+    """OpenAI's chat route (`chatlike.py`), behind the providers `oa` (kind openai) and `vc` (kind vllm)."""
+    with Upstream() as server:
+        server.handler = chat_like.handler
+        yield server
+
+
+@pytest.fixture
+def chat_upstream(chat_server: Upstream) -> Iterator[Upstream]:
+    """The chat upstream with what it received emptied."""
+    chat_server.received = []
+    yield chat_server
+    chat_server.received = []
+
+
+@pytest.fixture(scope="session")
+def gateway(
+    vllm_upstream: Upstream, chat_server: Upstream, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayThread]:
+    config = CONFIG.format(u=vllm_upstream.url, c=chat_server.url)
+    with serve_config(tmp_path_factory.mktemp("clients"), config, {"CLIENTS_KEY": CLIENTS_KEY}) as gw:
         yield gw
 
 

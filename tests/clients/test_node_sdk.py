@@ -1,6 +1,8 @@
 """The official openai Node SDK (npm `openai`, the version pinned in tests/clients/node/package.json) against
 the gateway over a real socket: a completion with logprobs, a stream with its usage chunk, and a refused field
-raised as the SDK's `BadRequestError`.
+raised as the SDK's `BadRequestError`; on chat (node/chat.mjs), `chat.completions.create` plain and streamed,
+tool calls plain and streamed (reassembled by hand and by the SDK's `chat.completions.stream` helper), a tool
+result sent back, against the loopback OpenAI chat route (`ChatLike`) behind providers of kind openai and vllm.
 
 The package is installed once into a cache directory (`.ci/run` does it; otherwise the first run does, from
 the npm registry). Without `node` and `npm`, or when the install fails, the test is skipped with the reason
@@ -21,7 +23,9 @@ import httpx
 import pytest
 
 from tests.helpers.servers import GatewayThread
+from tests.helpers.upstreams import Upstream
 
+from .chatlike import ChatLike
 from .conftest import CLIENTS_KEY
 
 NODE_DIR = Path(__file__).parent / "node"
@@ -72,12 +76,15 @@ def node_sdk() -> Iterator[tuple[str, Path]]:
         if problem is not None or _installed(where) != PINNED:
             pytest.skip(f"the openai npm package {PINNED} could not be installed: {problem}")
     # The script must sit next to node_modules for Node's ESM resolution to find the package.
-    shutil.copy(NODE_DIR / "completions.mjs", where / "completions.mjs")
-    yield node, where / "completions.mjs"
+    for script in ("completions.mjs", "chat.mjs"):
+        shutil.copy(NODE_DIR / script, where / script)
+    yield node, where
 
 
-def _run(node_sdk: tuple[str, Path], gateway: GatewayThread, model: str, prompt: str) -> dict[str, Any]:
-    node, script = node_sdk
+def _run(
+    node_sdk: tuple[str, Path], gateway: GatewayThread, model: str, prompt: str = "", script: str = "completions.mjs"
+) -> dict[str, Any]:
+    node, where = node_sdk
     env = {k: v for k, v in os.environ.items() if "PROXY" not in k.upper()}
     env |= {
         "GATEWAY_URL": gateway.url + "/v1",
@@ -85,7 +92,7 @@ def _run(node_sdk: tuple[str, Path], gateway: GatewayThread, model: str, prompt:
         "GATEWAY_MODEL": model,
         "GATEWAY_PROMPT": prompt,
     }
-    done = subprocess.run([node, str(script)], capture_output=True, text=True, timeout=60, env=env, check=False)
+    done = subprocess.run([node, str(where / script)], capture_output=True, text=True, timeout=60, env=env, check=False)
     assert done.returncode == 0, done.stderr
     out: dict[str, Any] = json.loads(done.stdout)
     return out
@@ -112,3 +119,50 @@ def test_node_sdk_completion_stream_and_error(
     assert last["choices"] == [] and last["usage"] == plain["usage"]
 
     assert out["error"] == {"name": "BadRequestError", "status": 400, "param": "temperature", "code": "invalid_value"}
+
+
+@pytest.mark.parametrize("model", ["oa/gpt-4o-mini", "vc/Qwen/Qwen2.5-1.5B-Instruct"])
+def test_node_sdk_chat(
+    node_sdk: tuple[str, Path], gateway: GatewayThread, chat_upstream: Upstream, chat_like: ChatLike, model: str
+) -> None:
+    out = _run(node_sdk, gateway, model, script="chat.mjs")
+    bodies = [r.json() for r in chat_upstream.received]
+
+    plain = out["plain"]
+    direct = chat_like.answer(bodies[0])
+    assert plain["object"] == "chat.completion" and plain["model"] == model
+    assert plain["choices"][0]["message"]["content"] == direct["choices"][0]["message"]["content"]
+    assert plain["usage"] == direct["usage"]
+
+    *content, last = out["chunks"]
+    assert content[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert (
+        "".join(c["choices"][0]["delta"].get("content") or "" for c in content)
+        == direct["choices"][0]["message"]["content"]
+    )
+    assert last["choices"] == [] and last["usage"] == plain["usage"]
+
+    (call,) = out["toolPlain"]["choices"][0]["message"]["tool_calls"]
+    assert out["toolPlain"]["choices"][0]["finish_reason"] == "tool_calls"
+    assert call["function"] == direct_call(chat_like, bodies[2])
+    (streamed,) = out["calls"].values()
+    assert streamed["pieces"] > 3 and out["toolFinish"] == "tool_calls"
+    assert {k: streamed[k] for k in ("id", "name", "arguments")} == {
+        "id": call["id"],
+        "name": call["function"]["name"],
+        "arguments": call["function"]["arguments"],
+    }
+    (helper,) = out["helperFinal"]["choices"][0]["message"]["tool_calls"]
+    assert helper["id"] == call["id"] and helper["function"] == call["function"]
+
+    assert out["answered"]["choices"][0]["message"]["content"] == " The tool said: 21 degrees"
+    sent = bodies[-1]["messages"]
+    assert sent[2]["tool_calls"][0]["id"] == call["id"] and sent[3]["tool_call_id"] == call["id"]
+
+    assert out["error"] == {"name": "BadRequestError", "status": 400, "param": "temperature", "code": "invalid_value"}
+
+
+def direct_call(chat_like: ChatLike, body: dict[str, Any]) -> dict[str, str]:
+    """The function of the call the upstream answers `body` with."""
+    function: dict[str, str] = chat_like.answer(body)["choices"][0]["message"]["tool_calls"][0]["function"]
+    return function
