@@ -578,9 +578,7 @@ class Runner:
                 ledger = self._stores[variant.ledger].url if variant.ledger != "sqlite" else None
                 config = merge(
                     config,
-                    everything.fragment(
-                        self._stores["redis"].url, ledger or everything.sqlite_url(s.work_dir, tag)
-                    ),
+                    everything.fragment(self._stores["redis"].url, ledger or everything.sqlite_url(s.work_dir, tag)),
                 )
             config_path = s.work_dir / f"{tag}.yaml"
             config_path.write_text(yaml.safe_dump(config, sort_keys=False))

@@ -25,9 +25,7 @@ CHAT_COMPLETION: dict[str, object] = {
     "object": "chat.completion",
     "created": 1700000000,
     "model": "bench-model",
-    "choices": [
-        {"index": 0, "message": {"role": "assistant", "content": " hello world"}, "finish_reason": "length"}
-    ],
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": " hello world"}, "finish_reason": "length"}],
     "usage": {"prompt_tokens": 5, "completion_tokens": 16, "total_tokens": 21},
 }
 

@@ -25,7 +25,7 @@ def find_nginx() -> str | None:
 
 
 def render_config(port: int, prefix: Path) -> str:
-    """Return an nginx.conf serving the fixed completion (a chat completion on /v1/chat/completions) on 127.0.0.1:<port>.
+    """Return an nginx.conf serving the fixed completion (a chat one on /v1/chat/completions) on 127.0.0.1:<port>.
 
     Every path nginx might write to is kept under ``prefix`` so the bench never touches
     /var/log/nginx or /run, and ``daemon off`` keeps nginx a child the bench can stop by pid.
