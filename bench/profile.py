@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import redis as redis_py
 import yaml
 
 from bench import everything, processes, stores, wrk
@@ -54,6 +55,21 @@ def area(frame: str) -> str:
     return path
 
 
+def redis_traffic(counter: redis_py.Redis, requests: int) -> str:
+    """Redis's side of the load, per request: commands, and reads of a client socket (a write from the gateway)."""
+    if requests <= 0:
+        return ""
+    stats = counter.info("stats")
+    commands = counter.info("commandstats")
+    scripts = sum(v["calls"] for k, v in commands.items() if k in ("cmdstat_evalsha", "cmdstat_eval"))
+    reads = stats.get("total_reads_processed")
+    per = f"{reads / requests:.2f} socket reads" if reads is not None else "socket reads not reported"
+    return (
+        f"Redis per request: {stats['total_commands_processed'] / requests:.2f} commands "
+        f"({scripts / requests:.2f} script calls), {per} (a write from the gateway each, batched per loop tick)."
+    )
+
+
 def summarise(raw: str, top: int) -> str:
     own: collections.Counter[str] = collections.Counter()
     total: collections.Counter[str] = collections.Counter()
@@ -67,7 +83,9 @@ def summarise(raw: str, top: int) -> str:
         count = int(count_text)
         frames = stack.split(";")
         samples += count
-        threads[frames[0].split(" (")[0] if frames[0].startswith(("thread", "process")) else "main"] += count
+        # `--threads` puts "thread (0x...): name" first; a pool's numbered threads count as the pool.
+        head = frames[0].split(": ", 1)[-1] if frames[0].startswith(("thread", "process")) else "main"
+        threads[head.rstrip("0123456789").rstrip("_")] += count
         frames = [f for f in frames if " (" in f and not f.startswith(("thread", "process"))]
         if not frames:
             continue
@@ -137,9 +155,13 @@ def main(argv: list[str] | None = None) -> int:
             spy = [py_spy, "record", "--format", "raw", "--rate", str(args.rate), "--threads", "--nonblocking"]
             spy += ["--duration", str(round(args.seconds)), "--output", str(raw_path), "--pid", str(gateway.proc.pid)]
             spy += ["--gil"] if args.gil else []
+            counter = redis_py.Redis.from_url(redis.url)
+            counter.config_resetstat()
             sampler = subprocess.Popen(spy, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             time.sleep(0.5)
             load = wrk.run(url, script, args.connections, args.seconds + 1.0)
+            redis_note = redis_traffic(counter, load.requests)
+            counter.close()
             _, err = sampler.communicate(timeout=args.seconds + 60)
             if not raw_path.exists():
                 print(f"py-spy wrote nothing: {err.decode(errors='replace')[-500:]}", file=sys.stderr)
@@ -159,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{'every answer a cache hit' if args.hits else 'every request a cache miss'}, "
         f"{load.rps:,.0f} req/s during the {args.seconds:g} s sampled (py-spy at {args.rate} Hz"
         f"{', GIL holder only' if args.gil else ''}; {os.cpu_count()} cores).\n\n"
+        f"{redis_note}\n\n"
     )
     text = head + summarise(raw, args.top)
     if args.out is not None:
