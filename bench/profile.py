@@ -128,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     if py_spy is None or wrk.find_wrk() is None or nginx.find_nginx() is None:
         print("bench.profile needs py-spy (pip install py-spy), wrk and nginx", file=sys.stderr)
         return 2
+    # Other processes' CPU use before the run: on a busy machine, time in a write that wakes another
+    # process grows with the competition, so the summary says how busy the machine was.
+    busy = processes.foreign_load_pct(1.0)
     with tempfile.TemporaryDirectory(prefix="bench-profile-") as temp:
         work = Path(temp)
         started: list[processes.Service] = []
@@ -180,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: wrk c={args.connections} on `{path}`, "
         f"{'every answer a cache hit' if args.hits else 'every request a cache miss'}, "
         f"{load.rps:,.0f} req/s during the {args.seconds:g} s sampled (py-spy at {args.rate} Hz"
-        f"{', GIL holder only' if args.gil else ''}; {os.cpu_count()} cores).\n\n"
+        f"{', GIL holder only' if args.gil else ''}; {os.cpu_count()} cores; before the run, other processes "
+        f"used {busy:.0f} % of one core).\n\n"
         f"{redis_note}\n\n"
     )
     text = head + summarise(raw, args.top)
