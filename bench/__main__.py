@@ -1,6 +1,6 @@
 """``python -m bench``: run every scenario against direct, passthrough and gateway, then report.
 
-Default mode takes about twelve minutes on the 2-core reference machine, almost half of it the
+Default mode takes about sixteen minutes on the 2-core reference machine, a third of it the
 memory soak (1,000,000 requests through the gateway at ~3,000 req/s); it rewrites
 docs/benchmarks.md, docs/benchmarks.png and bench/results/latest.json. ``--quick`` is a smoke run
 of about two minutes that writes only under bench/results/, so it never dirties the published
