@@ -205,12 +205,18 @@ class Health:
         reading = self._reading.get(key)
         if reading is None:
             reading = self._reading[key] = asyncio.ensure_future(self._read(targets, now))
-            reading.add_done_callback(lambda done: self._reading.pop(key) if self._reading.get(key) is done else None)
+            reading.add_done_callback(lambda done: self._read_done(key, done))
         # Shielded: one caller's cancellation (a client gone) must not cancel the read the others wait for.
         states = await asyncio.shield(reading)
         if states is None:
             return {t: self.local.state(t) for t in targets}
         return {t: msgspec.structs.replace(st) for t, st in states.items()}
+
+    def _read_done(self, key: tuple[str, ...], done: asyncio.Future[dict[str, TargetState] | None]) -> None:
+        if self._reading.get(key) is done:
+            del self._reading[key]
+        if not done.cancelled():
+            done.exception()  # retrieved: when every waiter went away, an error is not logged as unretrieved
 
     async def _read(self, targets: Sequence[str], now: float) -> dict[str, TargetState] | None:
         """Redis's view of `targets`, kept as this replica's copies; None while Redis is degraded."""
