@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 CONFIG ?= config.yaml
 
-.PHONY: run test lint typecheck check bench docs clean
+.PHONY: run test lint typecheck check bench bench-everything docs clean
 
 # Two installs into the one .venv, each marked by a stamp file: the runtime dependencies alone (what
 # `make run` needs), and the runtime plus the dev tools (tests, lint, types). Once the dev tools are in,
@@ -53,6 +53,11 @@ check: lint typecheck test
 
 bench: $(BIN)/python
 	$(BIN)/python -m bench
+
+# The everything-on rows alone (about five minutes); written under bench/results/, never over docs/.
+bench-everything: $(BIN)/python
+	$(BIN)/python -m bench --only everything --json bench/results/everything.json \
+		--markdown bench/results/everything.md --plot bench/results/everything.png
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,6 +1,6 @@
 """``python -m bench``: run every scenario against direct, passthrough and gateway, then report.
 
-Default mode takes about twelve minutes on the 2-core reference machine, almost half of it the
+Default mode takes about sixteen minutes on the 2-core reference machine, a third of it the
 memory soak (1,000,000 requests through the gateway at ~3,000 req/s); it rewrites
 docs/benchmarks.md, docs/benchmarks.png and bench/results/latest.json. ``--quick`` is a smoke run
 of about two minutes that writes only under bench/results/, so it never dirties the published
@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 
-from bench import report, wrk
+from bench import everything, report, wrk
 from bench.processes import foreign_load_pct
 from bench.scenarios import ALL_TARGETS, DEFAULT_TARGETS, NOISY_PCT, Runner, Settings
 from bench.upstream import nginx
@@ -80,7 +80,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--only",
         help="comma-separated scenario names to run (default: all): nonstream_c32, nonstream_c1, limits_c32, "
-        "load_sweep, soak, pyupstream_c32, stream_c32, stream_ttfb, slow_fixed_rate, hold_streams",
+        "cached_c32, load_sweep, soak, pyupstream_c32, stream_c32, stream_ttfb, slow_fixed_rate, hold_streams, "
+        f"{', '.join(everything.SCENARIOS)}; `{everything.GROUP}` names all of the all_* rows "
+        "(every feature on, about five minutes)",
     )
     parser.add_argument(
         "--targets",
@@ -119,6 +121,15 @@ def raise_fd_limit(streams: int) -> str | None:
             return f"{streams} held streams need {needed} open files, but the hard limit is {hard} (ulimit -Hn)"
         resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
     return None
+
+
+def expand_only(only: str | None) -> frozenset[str] | None:
+    if not only:
+        return None
+    names = {x.strip() for x in only.split(",") if x.strip()}
+    if everything.GROUP in names:
+        names = (names - {everything.GROUP}) | set(everything.SCENARIOS)
+    return frozenset(names)
 
 
 def check_tools() -> list[str]:
@@ -208,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
             sweep_seconds=args.sweep_seconds or (1.0 if quick else Settings.sweep_seconds),
             sweep_warmup_s=0.25 if quick else Settings.sweep_warmup_s,
             targets=targets,
-            only=frozenset(x.strip() for x in args.only.split(",")) if args.only else None,
+            only=expand_only(args.only),
             limits_config=args.limits_config,
             wait_idle_s=max(0.0, args.wait_idle - (time.monotonic() - t0_wait)),
         )

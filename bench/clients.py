@@ -287,7 +287,9 @@ async def _preflight(url: str, body: bytes, stream: bool) -> str | None:
         return None
     try:
         decoded = msgspec.json.decode(raw)
-        text = decoded["choices"][0]["text"]
+        choice = decoded["choices"][0]
+        # A completion carries `text`; a chat completion its message's `content`.
+        text = choice["message"]["content"] if "message" in choice else choice["text"]
     except (msgspec.DecodeError, KeyError, IndexError, TypeError):
         return f"not a completion body: {raw[:300].decode(errors='replace')}"
     if not isinstance(text, str):

@@ -21,6 +21,15 @@ distinct first characters, some of which the answer's text contains (the stop sc
 prompt of its own, so each one is a miss (compare with ``--vary`` alone); without it, every measured
 request is a hit.
 
+``--limits`` gives the client's key rpm + tpm limits far above what the run reaches (in process, or in the
+Redis ``--redis URL`` names); ``--all`` is the everything-on configuration of the bench's ``all_*`` rows
+(bench/everything.py: Redis limits, the cache with ``--vary`` misses, the ledger, ``max_concurrency``; it needs
+``--redis`` and ``--ledger``).
+
+``--count cpu`` needs no valgrind either: process CPU time (every thread: the ledger's writer too) and wall
+time per measured request, one request at a time; wall time includes the waits on Redis and the upstream,
+and both drift with the machine's load.
+
 ``--count calls`` needs no valgrind: it counts Python-level call events per request with
 ``sys.setprofile`` over the measured requests (cheap; what tests/unit/test_bench_instructions.py runs).
 
@@ -73,6 +82,11 @@ def config_text(upstream_port: int | None, cache: str = "off") -> str:
     cap = os.environ.get("BENCH_MAX_CONCURRENCY")  # `--max-concurrency`: every provider's server has a queue
     if cap:
         lines = [line[:-1] + f", max_concurrency: {int(cap)}}}" if line.startswith("  ") else line for line in lines]
+    redis = os.environ.get("BENCH_REDIS_URL")  # `--redis`
+    if redis:
+        lines.append(f"redis: {{url: '{redis}'}}")
+    if os.environ.get("BENCH_LIMITS"):  # `--limits`: checked and charged on every request, never refused
+        lines += ["keys:", "  - {name: bench, key: bench-key, limits: {rpm: 100000000, tpm: 10000000000}}"]
     ledger = os.environ.get("BENCH_LEDGER_URL")  # `--ledger`: every request booked (valgrind's child inherits it)
     if ledger:
         # As a saturated gateway runs it: the writer commits full batches (batch_rows, 500), not whatever one
@@ -231,6 +245,26 @@ def count_calls(
     return {"python_calls": counts["call"] / requests, "c_calls": counts["c_call"] / requests}
 
 
+def time_requests(
+    path: str,
+    requests: int,
+    warmup: int,
+    upstream_port: int | None,
+    cache: str = "off",
+    vary: bool = False,
+    stops: str = "none",
+) -> dict[str, float]:
+    """Process CPU time (all threads) and wall time per request over `requests` measured completions."""
+    marks: list[tuple[float, float]] = []
+
+    def around(start: bool) -> None:
+        marks.append((time.process_time(), time.perf_counter()))
+
+    _loop_runner()(drive(path, requests, warmup, upstream_port, around, cache, vary, stops))
+    (cpu0, wall0), (cpu1, wall1) = marks
+    return {"cpu_us": (cpu1 - cpu0) / requests * 1e6, "wall_us": (wall1 - wall0) / requests * 1e6}
+
+
 def _callgrind_total(
     path: str, requests: int, warmup: int, upstream_port: int | None, work: Path, extra: list[str]
 ) -> int:
@@ -280,7 +314,7 @@ def _upstream(chunks: int) -> Any:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.instructions", description=__doc__)
     parser.add_argument("--paths", default="fake,h1", help=f"comma-separated, of {', '.join(PATHS)}")
-    parser.add_argument("--count", choices=("instructions", "calls"), default="instructions")
+    parser.add_argument("--count", choices=("instructions", "calls", "cpu"), default="instructions")
     parser.add_argument("--small", type=int, default=200, help="N1: requests in the shorter callgrind run")
     parser.add_argument("--requests", type=int, default=1000, help="N2 (calls: the measured requests)")
     parser.add_argument("--warmup", type=int, default=200, help="unmeasured requests first, in every run")
@@ -297,10 +331,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--max-concurrency", type=int, help="a max_concurrency on every provider: the queue with no contention"
     )
     parser.add_argument("--ledger", help="a ledger URL (sqlite:///..., postgresql://...): measure with the ledger on")
+    parser.add_argument("--redis", help="a redis.url: shared state (and the limits, with --limits) in Redis")
+    parser.add_argument("--limits", action="store_true", help="rpm + tpm limits on the client's key")
+    parser.add_argument(
+        "--all", action="store_true", help="everything on: --limits, --cache always, --max-concurrency 100000"
+    )
     parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)  # the process valgrind runs
     parser.add_argument("--upstream-port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.paths = [p.strip() for p in args.paths.split(",") if p.strip()]
+    if args.all:
+        if not (args.redis and args.ledger):
+            parser.error("--all needs --redis and --ledger")
+        args.limits, args.cache, args.max_concurrency = True, "always", args.max_concurrency or 100_000
     for p in args.paths:
         if p not in PATHS:
             parser.error(f"--paths: unknown path {p!r} (one of {', '.join(PATHS)})")
@@ -315,6 +358,10 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["BENCH_LEDGER_URL"] = args.ledger
     if args.max_concurrency:
         os.environ["BENCH_MAX_CONCURRENCY"] = str(args.max_concurrency)  # valgrind's child inherits it
+    if args.redis:
+        os.environ["BENCH_REDIS_URL"] = args.redis
+    if args.limits:
+        os.environ["BENCH_LIMITS"] = "1"
     if args.inner:
         _loop_runner()(
             drive(
@@ -334,6 +381,14 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {}
     try:
         for path in args.paths:
+            if args.count == "cpu":
+                results[path] = time_requests(path, args.requests, args.warmup, port, args.cache, args.vary, args.stops)
+                print(
+                    f"{path}: {results[path]['cpu_us']:.1f} us CPU/request, "
+                    f"{results[path]['wall_us']:.1f} us wall/request",
+                    flush=True,
+                )
+                continue
             if args.count == "calls":
                 results[path] = count_calls(path, args.requests, args.warmup, port, args.cache, args.vary, args.stops)
                 print(

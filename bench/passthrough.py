@@ -5,6 +5,9 @@ one pooled aiohttp ClientSession, decode and re-encode the answer (every SSE eve
 streaming) - and nothing else. Whatever the gateway costs beyond this is the price of its
 features, which is why the bench reports gateway figures against this one as well as direct.
 
+It answers /v1/chat/completions the same way, forwarded to the same path upstream. With ``--workers N``
+it runs N processes sharing the port (SO_REUSEPORT), the floor for a gateway with N workers.
+
 Run: ``python -m bench.passthrough --port 9100 --upstream http://127.0.0.1:9000``.
 """
 
@@ -12,6 +15,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import subprocess
+import sys
 
 import aiohttp
 import msgspec
@@ -24,7 +30,7 @@ _UPSTREAM = web.AppKey("upstream", str)
 
 async def completions(request: web.Request) -> web.StreamResponse:
     payload = msgspec.json.decode(await request.read())
-    session, url = request.app[_SESSION], request.app[_UPSTREAM] + "/v1/completions"
+    session, url = request.app[_SESSION], request.app[_UPSTREAM] + request.path
     headers = {"Content-Type": "application/json", "Authorization": "Bearer bench-key"}
     async with session.post(url, data=msgspec.json.encode(payload), headers=headers) as upstream:
         if not (isinstance(payload, dict) and payload.get("stream")):
@@ -48,10 +54,11 @@ async def health(_: web.Request) -> web.Response:
     return web.Response(text="ok")
 
 
-async def serve(host: str, port: int, upstream: str) -> None:
+async def serve(host: str, port: int, upstream: str, reuse_port: bool = False) -> None:
     app = web.Application()
     app[_UPSTREAM] = upstream.rstrip("/")
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", completions)
     app.router.add_get("/health", health)
     # No pool cap (aiohttp's default is 100): with many streams open at once a cap would queue them
     # here, and the bench would measure the cap instead of what holding them costs.
@@ -59,7 +66,7 @@ async def serve(host: str, port: int, upstream: str) -> None:
         app[_SESSION] = session
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
-        await web.TCPSite(runner, host, port, backlog=4096).start()
+        await web.TCPSite(runner, host, port, backlog=4096, reuse_port=reuse_port).start()
         try:
             await asyncio.Event().wait()
         finally:
@@ -71,10 +78,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--upstream", required=True, help="base URL without /v1, e.g. http://127.0.0.1:9000")
+    parser.add_argument("--workers", type=int, default=1, help="processes sharing the port (SO_REUSEPORT)")
     args = parser.parse_args(argv)
+    reuse = args.workers > 1 or os.environ.get("BENCH_PASSTHROUGH_CHILD") == "1"
+    children = [
+        # Children share this process group, so stopping the bench's target stops them too.
+        subprocess.Popen(
+            [sys.executable, "-m", "bench.passthrough", "--host", args.host, "--port", str(args.port)]
+            + ["--upstream", args.upstream],
+            env={**os.environ, "BENCH_PASSTHROUGH_CHILD": "1"},
+        )
+        for _ in range(args.workers - 1)
+    ]
     # uvloop because the gateway runs on it too; the floor should not be handicapped by the loop.
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(serve(args.host, args.port, args.upstream))
+        try:
+            runner.run(serve(args.host, args.port, args.upstream, reuse))
+        finally:
+            for child in children:
+                child.terminate()
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from bench import wrk
+from bench import report_everything, wrk
 from bench.scenarios import CACHE_TARGET, GRANIAN, HTTPX, LIMITS_TARGET, NOISY_PCT, TWO_WORKERS, Measurement
 from bench.upstream import COMPLETION_BODY, nginx
 
@@ -236,6 +236,7 @@ def render_markdown(
             dagger_note=t.fill("dagger_note", **common) + " " if noisy else "",
             soak_passthrough_note="" if s.get("soak_passthrough") else t.fill("soak_passthrough_note"),
             variants=_variants_section(t, idx, result),
+            everything=_everything(t, result),
             sweep=_sweep_section(t, idx, result, plot, plot_note, md_dir),
             soak=_soak_section(t, idx, result, common),
             hold=_hold_section(t, idx, result, common),
@@ -275,6 +276,11 @@ def render_markdown(
         )
         + "\n"
     )
+
+
+def _everything(t: _Template, result: RunResult) -> str:
+    table = report_everything.section(result.measurements, _table)
+    return t.section("everything", table=table) if table else ""
 
 
 def _problems_section(t: _Template, result: RunResult, noisy: list[Measurement]) -> str:

@@ -22,13 +22,17 @@ from typing import Literal
 import msgspec
 import yaml
 
-from bench import clients, processes, wrk
+from bench import clients, everything, processes, stores, wrk
+from bench.everything import EVERYTHING, EVERYTHING_2W, EVERYTHING_PG, EVERYTHING_TARGETS, PASSTHROUGH_2W
 from bench.processes import Service, StartupError
 from bench.upstream import nginx
 
 REQUEST: dict[str, object] = {"model": "up/bench-model", "prompt": "Say hello", "max_tokens": 16}
 BODY = msgspec.json.encode(REQUEST)
 STREAM_BODY = msgspec.json.encode({**REQUEST, "stream": True})
+CHAT_BODY = msgspec.json.encode(everything.CHAT_REQUEST)
+CHAT_STREAM_BODY = msgspec.json.encode({**everything.CHAT_REQUEST, "stream": True})
+CHAT_PATH = "/v1/chat/completions"
 
 TARGET_CPU = 0
 LOADGEN_CPU = 1
@@ -70,6 +74,9 @@ class GatewayVariant:
     # The bench provider's `transport:` (None: the config default, `auto`, which is h1 on the bench).
     transport: str | None = None
     cache: bool = False
+    # bench/everything.py's configuration, with its ledger on "sqlite" or "postgresql".
+    everything: bool = False
+    ledger: str = "sqlite"
 
 
 VARIANTS: dict[str, GatewayVariant] = {
@@ -79,7 +86,12 @@ VARIANTS: dict[str, GatewayVariant] = {
     TWO_WORKERS: GatewayVariant(workers=2, pinned=False),
     GRANIAN: GatewayVariant(server="granian"),
     HTTPX: GatewayVariant(transport="httpx"),
+    EVERYTHING: GatewayVariant(everything=True),
+    EVERYTHING_PG: GatewayVariant(everything=True, ledger="postgresql"),
+    EVERYTHING_2W: GatewayVariant(everything=True, workers=2, pinned=False),
 }
+# Targets the runner adds by itself when their scenarios run (not named in --targets).
+IMPLIED_TARGETS = (LIMITS_TARGET, CACHE_TARGET, *EVERYTHING_TARGETS, PASSTHROUGH_2W)
 
 
 class Measurement(msgspec.Struct):
@@ -145,6 +157,9 @@ class Scenario:
     # "shared": every process on LOADGEN_CPU. For one-at-a-time latency: on a VM a wake-up across
     # cores can cost milliseconds and would drown the microseconds a hop adds.
     placement: Placement = "split"
+    # The route the load goes to, and whether every request carries a prompt of its own (a cache miss).
+    path: str = "/v1/completions"
+    vary: bool = False
 
 
 @dataclass(frozen=True)
@@ -265,6 +280,7 @@ def build_scenarios(settings: Settings) -> list[Scenario]:
             targets=("gateway", CACHE_TARGET),
         )
     )
+    scenarios += everything_scenarios(c)
     # One row per offered rate and target; rates in the outer loop so drift over the sweep hits
     # every target alike.
     scenarios += [
@@ -295,6 +311,95 @@ def build_scenarios(settings: Settings) -> list[Scenario]:
     )
     wanted = settings.only
     return [s for s in scenarios if wanted is None or s.name in wanted]
+
+
+def everything_scenarios(c: int) -> list[Scenario]:
+    """The rows of bench/everything.py's configuration, each beside the passthrough in the same scenario."""
+    plain = ("passthrough", "gateway", EVERYTHING)
+    return [
+        Scenario(
+            "all_c32",
+            f"everything on, every request a cache miss, {c} connections",
+            "nginx",
+            "wrk",
+            connections=c,
+            vary=True,
+            targets=(*plain, EVERYTHING_PG),
+        ),
+        Scenario(
+            "all_hits_c32",
+            f"everything on, every answer a cache hit, {c} connections",
+            "nginx",
+            "wrk",
+            connections=c,
+            targets=("passthrough", EVERYTHING),
+        ),
+        Scenario(
+            "all_chat_c32",
+            f"everything on, chat, every request a miss, {c} connections",
+            "nginx",
+            "wrk",
+            connections=c,
+            vary=True,
+            path=CHAT_PATH,
+            targets=plain,
+        ),
+        Scenario(
+            "all_stream_c32",
+            f"everything on, streamed, every request a miss, {c} connections",
+            "fast",
+            "wrk",
+            stream=True,
+            connections=c,
+            vary=True,
+            targets=plain,
+        ),
+        Scenario(
+            "all_chat_stream_c32",
+            f"everything on, chat streamed, every request a miss, {c} connections",
+            "fast",
+            "wrk",
+            stream=True,
+            connections=c,
+            vary=True,
+            path=CHAT_PATH,
+            targets=("passthrough", EVERYTHING),
+        ),
+        Scenario(
+            "all_c1",
+            "everything on, every request a miss, 1 connection",
+            "nginx",
+            "wrk",
+            placement="shared",
+            vary=True,
+            targets=("direct", *plain),
+        ),
+        Scenario(
+            "all_chat_c1",
+            "everything on, chat, every request a miss, 1 connection",
+            "nginx",
+            "wrk",
+            placement="shared",
+            vary=True,
+            path=CHAT_PATH,
+            targets=("direct", "passthrough", EVERYTHING),
+        ),
+        Scenario(
+            "all_2w_c32",
+            f"everything on, two workers, every request a miss, {c} connections",
+            "nginx",
+            "wrk",
+            connections=c,
+            vary=True,
+            targets=(PASSTHROUGH_2W, TWO_WORKERS, EVERYTHING_2W),
+        ),
+    ]
+
+
+def request_body(scenario: Scenario) -> bytes:
+    if scenario.path == CHAT_PATH:
+        return CHAT_STREAM_BODY if scenario.stream else CHAT_BODY
+    return STREAM_BODY if scenario.stream else BODY
 
 
 def child_env() -> dict[str, str]:
@@ -351,6 +456,8 @@ class Runner:
 
     def __post_init__(self) -> None:
         self._idle_budget = self.settings.wait_idle_s
+        # The everything-on rows' Redis and PostgreSQL, started by run() when those rows are wanted.
+        self._stores: dict[str, stores.Store] = {}
 
     def run(self) -> list[Measurement]:
         if self.settings.pin:
@@ -361,18 +468,40 @@ class Runner:
                 "granian is not installed in this Python environment (`pip install -e '.[granian]'`)"
             )
         scenarios = build_scenarios(self.settings)
-        for kind in ("nginx", "fast", "slow", "hold"):
-            group = [s for s in scenarios if s.upstream == kind]
-            if group:
-                self._run_group(kind, group)
+        try:
+            self._start_stores(scenarios)
+            for kind in ("nginx", "fast", "slow", "hold"):
+                group = [s for s in scenarios if s.upstream == kind]
+                if group:
+                    self._run_group(kind, group)
+        finally:
+            for store in self._stores.values():
+                store.stop()
         return self.measurements
 
+    def _start_stores(self, scenarios: list[Scenario]) -> None:
+        """Start Redis (and PostgreSQL) for the everything-on rows; a target whose store fails is skipped."""
+        wanted = {t for s in scenarios for t in s.targets}
+        if not wanted & set(EVERYTHING_TARGETS):
+            return
+        try:
+            self._stores["redis"] = stores.start_redis()
+        except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+            for target in EVERYTHING_TARGETS:
+                self.skipped[target] = f"no Redis: {exc}"
+            return
+        if EVERYTHING_PG in wanted:
+            try:
+                self._stores["postgresql"] = stores.start_postgres()
+            except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+                self.skipped[EVERYTHING_PG] = f"no PostgreSQL: {first_line(str(exc))}"
+
     def _included(self, target: str) -> bool:
-        return target in (LIMITS_TARGET, CACHE_TARGET) or target in self.settings.targets
+        return target in IMPLIED_TARGETS or target in self.settings.targets
 
     def _pinned(self, target: str) -> bool:
         variant = VARIANTS.get(target)
-        return self.settings.pin and (variant is None or variant.pinned)
+        return self.settings.pin and target != PASSTHROUGH_2W and (variant is None or variant.pinned)
 
     # -- process setup -------------------------------------------------------------------------
 
@@ -435,6 +564,8 @@ class Runner:
                 str(port),
                 "--upstream",
                 upstream.base_url,
+                "--workers",
+                "2" if name == PASSTHROUGH_2W else "1",
             ]
         else:
             extra = s.limits_config if variant.limits else None
@@ -443,6 +574,12 @@ class Runner:
             config = gateway_config(upstream.port, port, extra, pool, variant.transport)
             if variant.cache:
                 config["cache"] = {"mode": "always"}
+            if variant.everything:
+                ledger = self._stores[variant.ledger].url if variant.ledger != "sqlite" else None
+                config = merge(
+                    config,
+                    everything.fragment(self._stores["redis"].url, ledger or everything.sqlite_url(s.work_dir, tag)),
+                )
             config_path = s.work_dir / f"{tag}.yaml"
             config_path.write_text(yaml.safe_dump(config, sort_keys=False))
             workers = variant.workers or s.workers
@@ -484,7 +621,7 @@ class Runner:
             stack.callback(upstream.stop)
             services: dict[str, Service] = {"direct": upstream}
             wanted = {t for s in group if not s.fresh for t in s.targets if self._included(t)}
-            named = (*ALL_TARGETS[1:], LIMITS_TARGET, CACHE_TARGET)
+            named = (*ALL_TARGETS[1:], *IMPLIED_TARGETS)
             for name in (n for n in named if n in wanted and n not in self.skipped):
                 service = self._try_start(name, kind, upstream)
                 if service is not None:
@@ -588,6 +725,8 @@ class Runner:
         if not self._pinned(target):
             variant = VARIANTS.get(target)
             workers = variant.workers if variant is not None and variant.workers else self.settings.workers
+            if target == PASSTHROUGH_2W:
+                return "unpinned (2 processes on both cores, sharing them with the load)"
             return f"unpinned ({workers} workers on both cores, sharing them with the load)"
         return scenario.placement
 
@@ -639,8 +778,8 @@ class Runner:
         return measured
 
     def _measure_once(self, scenario: Scenario, target: str, service: Service) -> Measurement:
-        url = service.base_url + "/v1/completions"
-        body = STREAM_BODY if scenario.stream else BODY
+        url = service.base_url + scenario.path
+        body = request_body(scenario)
         problem = clients.preflight(url, body, scenario.stream)
         if service.proc.poll() is not None:
             # A dead server explains any preflight error better than the error itself does.
@@ -679,9 +818,13 @@ class Runner:
 
     def _measure_wrk(self, scenario: Scenario, target: str, service: Service, url: str, body: bytes) -> Measurement:
         s = self.settings
-        script = wrk.write_script(body, s.work_dir, f"{scenario.name}-{target}".replace("+", "-"))
+        name = f"{scenario.name}-{target}".replace("+", "-")
+        vary = "Say hello" if scenario.vary else None
         if s.warmup_s > 0:
-            wrk.run(url, script, scenario.connections, s.warmup_s)
+            warmup = wrk.write_script(body, s.work_dir, f"{name}-warmup", vary=vary)
+            wrk.run(url, warmup, scenario.connections, s.warmup_s)
+        # Written after the warm-up: a varied script's prompts are unique to it, so none was cached then.
+        script = wrk.write_script(body, s.work_dir, name, vary=vary)
         window = processes.Window(service)
         summary = wrk.run(url, script, scenario.connections, s.duration_s)
         window.close()

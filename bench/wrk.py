@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import msgspec
@@ -33,6 +34,17 @@ done = function(summary, latency, requests)
     summary.requests, summary.duration, summary.bytes, e.connect, e.read, e.write, e.status,
     e.timeout, latency.mean, latency:percentile(50), latency:percentile(90),
     latency:percentile(99), latency.max))
+end
+"""
+
+
+# Appended for a run where every request carries a prompt of its own: the body with the marked text
+# prefixed by this script's nonce and a counter, so no two requests of any run share a prompt.
+_VARY = """
+local head, tail, n = [==[%(head)s]==], [==[%(tail)s]==], 0
+request = function()
+  n = n + 1
+  return wrk.format(nil, nil, nil, head .. "%(nonce)s-" .. n .. " " .. tail)
 end
 """
 
@@ -83,8 +95,13 @@ def find_wrk() -> str | None:
     return shutil.which("wrk")
 
 
-def write_script(body: bytes, directory: Path, name: str, stop_after: int | None = None) -> Path:
-    """Write the Lua script; with ``stop_after`` wrk stops by itself after that many answers (use -t1)."""
+def write_script(
+    body: bytes, directory: Path, name: str, stop_after: int | None = None, vary: str | None = None
+) -> Path:
+    """Write the Lua script; with ``stop_after`` wrk stops by itself after that many answers (use -t1).
+
+    With ``vary`` (a text in the body), each request's copy of that text gets a unique prefix.
+    """
     text = body.decode()
     if "]==]" in text:
         raise ValueError("request body would end the Lua long string early")
@@ -94,6 +111,11 @@ def write_script(body: bytes, directory: Path, name: str, stop_after: int | None
         if stop_after < 1:
             raise ValueError("stop_after must be at least 1")
         script += _STOP_AFTER % {"count": stop_after, "stopped": _STOPPED}
+    if vary is not None:
+        head, found, rest = text.partition(vary)
+        if not found:
+            raise ValueError(f"{vary!r} is not in the request body")
+        script += _VARY % {"head": head, "tail": vary + rest, "nonce": f"{time.time_ns():x}"}
     path.write_text(script)
     return path
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from bench.upstream import COMPLETION_BODY
+from bench.upstream import CHAT_BODY, COMPLETION_BODY
 
 APT_HINT = "apt-get install -y nginx wrk"
 
@@ -25,13 +25,13 @@ def find_nginx() -> str | None:
 
 
 def render_config(port: int, prefix: Path) -> str:
-    """Return an nginx.conf serving the fixed completion on 127.0.0.1:<port>.
+    """Return an nginx.conf serving the fixed completion (a chat one on /v1/chat/completions) on 127.0.0.1:<port>.
 
     Every path nginx might write to is kept under ``prefix`` so the bench never touches
     /var/log/nginx or /run, and ``daemon off`` keeps nginx a child the bench can stop by pid.
     """
-    body = COMPLETION_BODY.decode()
-    if "'" in body or "$" in body:
+    body, chat = COMPLETION_BODY.decode(), CHAT_BODY.decode()
+    if any("'" in text or "$" in text for text in (body, chat)):
         # The body goes into a single-quoted nginx string where $ would expand a variable.
         raise ValueError("completion body cannot be embedded in nginx config")
     temp = prefix / "tmp"
@@ -59,6 +59,10 @@ http {{
         location = /health {{
             default_type text/plain;
             return 200 'ok';
+        }}
+        location = /v1/chat/completions {{
+            default_type application/json;
+            return 200 '{chat}';
         }}
         location / {{
             default_type application/json;

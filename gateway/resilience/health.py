@@ -173,6 +173,12 @@ class Health:
         # saturated worker about 10 % of its time, for a picture that changes only when targets fail.
         self.refresh_s = refresh_ms / 1000
         self._seen: dict[str, tuple[float, TargetState]] = {}
+        # The read under way per target list: when the copies go stale under load, every request arriving
+        # in the round trip would start a read of its own (dozens at 32 connections); they share one.
+        self._reading: dict[tuple[str, ...], asyncio.Future[dict[str, TargetState] | None]] = {}
+        # Bumped by forget(): a read started before this replica changed a target is neither joined by
+        # later requests nor kept as the copy.
+        self._changes = 0
         self.local = _Local(clock)
         self.evidence = Evidence(cooldown, clock)
         self._failure_script = shared.client.register_script(_FAILURE) if shared.client is not None else None
@@ -184,6 +190,8 @@ class Health:
         self.local = _Local(self.local.clock)
         self.evidence = Evidence(self.cooldown, self.local.clock)
         self._seen.clear()
+        self._reading.clear()
+        self._changes += 1
 
     async def snapshot(self, targets: Sequence[str]) -> dict[str, TargetState]:
         if self.shared.client is None:
@@ -193,13 +201,34 @@ class Health:
             cached = self._cached(targets, now)
             if cached is not None:
                 return cached
+        key = tuple(targets)
+        reading = self._reading.get(key)
+        if reading is None:
+            reading = self._reading[key] = asyncio.ensure_future(self._read(targets, now))
+            reading.add_done_callback(lambda done: self._read_done(key, done))
+        # Shielded: one caller's cancellation (a client gone) must not cancel the read the others wait for.
+        states = await asyncio.shield(reading)
+        if states is None:
+            return {t: self.local.state(t) for t in targets}
+        return {t: msgspec.structs.replace(st) for t, st in states.items()}
+
+    def _read_done(self, key: tuple[str, ...], done: asyncio.Future[dict[str, TargetState] | None]) -> None:
+        if self._reading.get(key) is done:
+            del self._reading[key]
+        if not done.cancelled():
+            done.exception()  # retrieved: when every waiter went away, an error is not logged as unretrieved
+
+    async def _read(self, targets: Sequence[str], now: float) -> dict[str, TargetState] | None:
+        """Redis's view of `targets`, kept as this replica's copies; None while Redis is degraded."""
+        changes = self._changes
         try:
             states = await self.shared.run(lambda r: self._redis_snapshot(r, targets))
         except Degraded:
-            return {t: self.local.state(t) for t in targets}
-        for t, st in states.items():
-            _put(self._seen, t, (now, st))
-        return {t: msgspec.structs.replace(st) for t, st in states.items()}
+            return None
+        if changes == self._changes:
+            for t, st in states.items():
+                _put(self._seen, t, (now, st))
+        return states
 
     def _cached(self, targets: Sequence[str], now: float) -> dict[str, TargetState] | None:
         out: dict[str, TargetState] = {}
@@ -216,6 +245,9 @@ class Health:
     def forget(self, target: str) -> None:
         """This replica changed the target's state: its next snapshot must read it back."""
         self._seen.pop(target, None)
+        self._changes += 1
+        for key in [k for k in self._reading if target in k]:
+            del self._reading[key]
 
     @staticmethod
     async def _redis_snapshot(r: aioredis.Redis, targets: Sequence[str]) -> dict[str, TargetState]:

@@ -265,3 +265,43 @@ def test_fairness_report_puts_each_run_beside_the_others() -> None:
     assert "Throughput with the queue: 0.98x the run without it." in md
     assert "`quiet` p50: 1.50x its solo p50 with the queue, 5.00x without it." in md
     assert set(results) <= set(SCENARIOS)
+
+
+def test_everything_on_rows_are_set_against_the_passthrough_of_their_scenario() -> None:
+    from bench.everything import EVERYTHING, EVERYTHING_2W, PASSTHROUGH_2W
+
+    run = synthetic()
+    assert "## Everything on" not in render_markdown(run)  # only a run with the all_* rows has the section
+    run.measurements += [
+        _m("all_c32", "passthrough", rps=2_000.0),
+        _m("all_c32", "gateway", rps=2_500.0),
+        _m("all_c32", EVERYTHING, rps=3_100.0),
+        _m("all_2w_c32", PASSTHROUGH_2W, rps=4_000.0),
+        _m("all_2w_c32", EVERYTHING_2W, rps=5_000.0),
+        _m("all_c1", "direct", p50_ms=0.100),
+        _m("all_c1", "passthrough", p50_ms=0.300),
+        _m("all_c1", EVERYTHING, p50_ms=0.500),
+    ]
+    text = section(render_markdown(run), "Everything on")
+    miss = row(text, "`all_c32` completions, every request a cache miss")
+    assert "| 2,000 | 2,500 | 3,100 | 1.55x | 1.24x |" in miss
+    assert "1.25x (**below**)" in row(text, "`all_2w_c32` two workers, completions, misses")
+    # c=1: the gateway adds 0.4 ms where the passthrough adds 0.2 ms: 2x, above the 1.5x goal.
+    assert "+0.200 | - | +0.400 | 2.00x (**above**)" in row(text, "`all_c1` completions, one connection")
+
+
+def test_a_varied_wrk_script_gives_every_request_a_prompt_of_its_own(tmp_path: Path) -> None:
+    from bench import wrk
+
+    body = b'{"model":"m","prompt":"Say hello","max_tokens":16}'
+    one, two = (wrk.write_script(body, tmp_path, name, vary="Say hello").read_text() for name in ("a", "b"))
+    assert "request = function()" in one and "n = n + 1" in one
+    nonce = re.compile(r'head \.\. "([0-9a-f]+)-"')
+    found = [nonce.search(text) for text in (one, two)]
+    assert found[0] is not None and found[1] is not None and found[0].group(1) != found[1].group(1)
+    try:
+        wrk.write_script(body, tmp_path, "c", vary="absent")
+    except ValueError as exc:
+        assert "absent" in str(exc)
+    else:
+        raise AssertionError("a marker missing from the body must be refused")

@@ -250,3 +250,34 @@ async def test_a_request_out_of_attempts_does_not_take_the_next_targets_probe(
     assert second.served_by == key("beta") and second.attempts == 1
     assert faults.order() == ["alpha", "beta"]
     assert await state(p, "beta") == TargetState()
+
+
+async def test_requests_arriving_while_shared_health_is_read_share_one_read(
+    make: MakePipeline, vtime: VirtualTime, redis: RedisServer
+) -> None:
+    import redis as redis_py
+
+    top = f"redis: {{url: '{redis.url}', refresh_ms: 250}}\n" + COOLDOWN
+    replica = make(ORDERED_AB, top=top)
+    targets = [key("alpha"), key("beta")]
+    counter = redis_py.Redis(port=redis.port)
+    counter.config_resetstat()
+
+    def reads() -> int:
+        # One PTTL per target per read of the shared health (gateway/resilience/health.py).
+        return int(counter.info("commandstats").get("cmdstat_pttl", {}).get("calls", 0))
+
+    # Twenty requests find the copies stale at once: one read answers them all, each with its own copy.
+    views = await asyncio.gather(*(replica.health.snapshot(targets) for _ in range(20)))
+    assert reads() == 2
+    assert all(view == views[0] for view in views) and views[0][key("alpha")] is not views[1][key("alpha")]
+    # A change this replica makes is never answered from a read that started before it.
+    vtime.advance(0.3)
+    pending = asyncio.ensure_future(replica.health.snapshot(targets))
+    await asyncio.sleep(0)
+    replica.health.forget(key("alpha"))
+    after = await replica.health.snapshot(targets)
+    await pending
+    assert reads() == 6
+    assert after == views[0]
+    counter.close()

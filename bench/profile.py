@@ -1,0 +1,199 @@
+"""``python -m bench.profile``: a sampling profile of the everything-on gateway under load, summarised.
+
+Starts the nginx upstream, a redis-server and the gateway with bench/everything.py's configuration (SQLite
+ledger), puts wrk's load on it (c=32, every request a cache miss, or ``--hits``), and samples the gateway
+with py-spy (``pip install py-spy``; `--py-spy PATH` or PATH) for ``--seconds``. The summary (markdown):
+the share of samples by thread, by area of the code (the innermost frame of the project's own code, or the
+library it is in), and the functions with the most samples of their own and in total. ``--raw`` keeps
+py-spy's collapsed stacks for flame graphs.
+
+    python -m bench.profile --seconds 20 --out docs/profile-everything.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import redis as redis_py
+import yaml
+
+from bench import everything, processes, stores, wrk
+from bench.scenarios import BODY, CHAT_BODY, CHAT_PATH, gateway_config, merge
+from bench.upstream import nginx
+
+
+def find_py_spy(given: str | None) -> str | None:
+    if given:
+        return given
+    beside = Path(sys.executable).with_name("py-spy")
+    return shutil.which("py-spy") or (str(beside) if beside.exists() else None)
+
+
+def area(frame: str) -> str:
+    """`func (path/to/file.py:123)` -> a short area name: a project package, or the library."""
+    path = frame.rsplit(" (", 1)[-1].rstrip(")").rsplit(":", 1)[0]
+    for marker in ("/site-packages/", "/lib/python3"):
+        if marker in path:
+            rest = path.split(marker, 1)[1].lstrip("/")
+            if marker == "/lib/python3":
+                rest = rest.split("/", 1)[1] if "/" in rest else rest
+                return "stdlib:" + rest.split("/")[0].removesuffix(".py")
+            return rest.split("/")[0].removesuffix(".py")
+    parts = Path(path).parts
+    for root in ("gateway", "providers", "wire"):
+        if root in parts:
+            i = parts.index(root)
+            return "/".join(parts[i : i + 2]).removesuffix(".py")
+    return path
+
+
+def redis_traffic(counter: redis_py.Redis, requests: int) -> str:
+    """Redis's side of the load, per request: commands, and reads of a client socket (a write from the gateway)."""
+    if requests <= 0:
+        return ""
+    stats = counter.info("stats")
+    commands = counter.info("commandstats")
+    scripts = sum(v["calls"] for k, v in commands.items() if k in ("cmdstat_evalsha", "cmdstat_eval"))
+    reads = stats.get("total_reads_processed")
+    per = f"{reads / requests:.2f} socket reads" if reads is not None else "socket reads not reported"
+    return (
+        f"Redis per request: {stats['total_commands_processed'] / requests:.2f} commands "
+        f"({scripts / requests:.2f} script calls), {per} (a write from the gateway each, batched per loop tick)."
+    )
+
+
+def summarise(raw: str, top: int) -> str:
+    own: collections.Counter[str] = collections.Counter()
+    total: collections.Counter[str] = collections.Counter()
+    areas: collections.Counter[str] = collections.Counter()
+    threads: collections.Counter[str] = collections.Counter()
+    samples = 0
+    for line in raw.splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        frames = stack.split(";")
+        samples += count
+        # `--threads` puts "thread (0x...): name" first; a pool's numbered threads count as the pool.
+        head = frames[0].split(": ", 1)[-1] if frames[0].startswith(("thread", "process")) else "main"
+        threads[head.rstrip("0123456789").rstrip("_")] += count
+        frames = [f for f in frames if " (" in f and not f.startswith(("thread", "process"))]
+        if not frames:
+            continue
+        own[frames[-1]] += count
+        for f in set(frames):
+            total[f] += count
+        ours = [f for f in frames if any(f"/{r}/" in f for r in ("gateway", "providers", "wire"))]
+        leaf_area = area(frames[-1])
+        areas[leaf_area if ":" in leaf_area or "/" not in leaf_area else area(ours[-1]) if ours else leaf_area] += count
+
+    def pct(n: int) -> str:
+        return f"{100.0 * n / samples:.1f} %" if samples else "-"
+
+    lines = [f"{samples:,} samples.", "", "| thread | share |", "|---|---|"]
+    lines += [f"| {name} | {pct(n)} |" for name, n in threads.most_common(8)]
+    lines += ["", "| where the sampled frame is (own time) | share |", "|---|---|"]
+    lines += [f"| {name} | {pct(n)} |" for name, n in areas.most_common(top)]
+    lines += ["", "| function, own samples | share |", "|---|---|"]
+    lines += [f"| `{name}` | {pct(n)} |" for name, n in own.most_common(top)]
+    lines += ["", "| function, including what it calls | share |", "|---|---|"]
+    lines += [f"| `{name}` | {pct(n)} |" for name, n in total.most_common(top)]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
+    parser.add_argument("--hits", action="store_true", help="one prompt for all: every answer a cache hit")
+    parser.add_argument("--chat", action="store_true", help="load /v1/chat/completions instead")
+    parser.add_argument("--plain", action="store_true", help="the gateway with nothing on, for comparison")
+    parser.add_argument("--gil", action="store_true", help="sample only the thread holding the GIL")
+    parser.add_argument("--py-spy", dest="py_spy", help="the py-spy binary")
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--raw", type=Path, help="keep py-spy's collapsed stacks here")
+    parser.add_argument("--out", type=Path, help="write the markdown summary here (default: stdout)")
+    args = parser.parse_args(argv)
+    py_spy = find_py_spy(args.py_spy)
+    if py_spy is None or wrk.find_wrk() is None or nginx.find_nginx() is None:
+        print("bench.profile needs py-spy (pip install py-spy), wrk and nginx", file=sys.stderr)
+        return 2
+    # Other processes' CPU use before the run: on a busy machine, time in a write that wakes another
+    # process grows with the competition, so the summary says how busy the machine was.
+    busy = processes.foreign_load_pct(1.0)
+    with tempfile.TemporaryDirectory(prefix="bench-profile-") as temp:
+        work = Path(temp)
+        started: list[processes.Service] = []
+        redis = stores.start_redis()
+        try:
+            port = processes.free_port()
+            upstream = processes.start("upstream-nginx", nginx.prepare(port, work / "nginx"), port, work)
+            started.append(upstream)
+            gw_port = processes.free_port()
+            config = gateway_config(upstream.port, gw_port, None)
+            if not args.plain:
+                config = merge(config, everything.fragment(redis.url, everything.sqlite_url(work, "profile")))
+            (work / "gateway.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+            argv_gw = [sys.executable, "-m", "gateway", "serve", "--config", str(work / "gateway.yaml")]
+            argv_gw += ["--host", "127.0.0.1", "--port", str(gw_port), "--workers", "1"]
+            gateway = processes.start("gateway", argv_gw, gw_port, work, timeout=45.0)
+            started.append(gateway)
+            path = CHAT_PATH if args.chat else "/v1/completions"
+            body = CHAT_BODY if args.chat else BODY
+            vary = None if args.hits else "Say hello"
+            url = gateway.base_url + path
+            wrk.run(url, wrk.write_script(body, work, "warmup", vary=vary), args.connections, 3.0)
+            script = wrk.write_script(body, work, "load", vary=vary)
+            raw_path = work / "profile.txt"
+            spy = [py_spy, "record", "--format", "raw", "--rate", str(args.rate), "--threads", "--nonblocking"]
+            spy += ["--duration", str(round(args.seconds)), "--output", str(raw_path), "--pid", str(gateway.proc.pid)]
+            spy += ["--gil"] if args.gil else []
+            counter = redis_py.Redis.from_url(redis.url)
+            counter.config_resetstat()
+            sampler = subprocess.Popen(spy, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            time.sleep(0.5)
+            load = wrk.run(url, script, args.connections, args.seconds + 1.0)
+            redis_note = redis_traffic(counter, load.requests)
+            counter.close()
+            _, err = sampler.communicate(timeout=args.seconds + 60)
+            if not raw_path.exists():
+                print(f"py-spy wrote nothing: {err.decode(errors='replace')[-500:]}", file=sys.stderr)
+                return 1
+            raw = raw_path.read_text()
+            if args.raw is not None:
+                args.raw.write_text(raw)
+        finally:
+            for service in reversed(started):
+                service.stop()
+            redis.stop()
+    what = "nothing on" if args.plain else "everything on (bench/everything.py, SQLite ledger)"
+    head = (
+        f"# Profile: the gateway with {what}, under load\n\n"
+        f"`python -m bench.profile {' '.join(argv if argv is not None else sys.argv[1:])}` on "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: wrk c={args.connections} on `{path}`, "
+        f"{'every answer a cache hit' if args.hits else 'every request a cache miss'}, "
+        f"{load.rps:,.0f} req/s during the {args.seconds:g} s sampled (py-spy at {args.rate} Hz"
+        f"{', GIL holder only' if args.gil else ''}; {os.cpu_count()} cores; before the run, other processes "
+        f"used {busy:.0f} % of one core).\n\n"
+        f"{redis_note}\n\n"
+    )
+    text = head + summarise(raw, args.top)
+    if args.out is not None:
+        args.out.write_text(text)
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
