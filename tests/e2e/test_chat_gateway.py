@@ -274,7 +274,8 @@ def test_the_status_page_shows_chat_traffic(gw: GatewayThread, servers: Servers)
     wait_until(lambda: booked() == before + 2, timeout=5)  # chat requests are booked in today's usage
 
     def down() -> dict[str, Any]:
-        [target] = [t for t in admin(gw, "/admin/status")["targets"] if t["target"] == "down/m"]
+        targets: list[dict[str, Any]] = admin(gw, "/admin/status")["targets"]
+        [target] = [t for t in targets if t["target"] == "down/m"]
         return target
 
     # The target the chat requests fell back past is shown failing, then cooling.
