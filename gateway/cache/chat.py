@@ -177,7 +177,9 @@ async def replay(entry: Entry, ctx: CallContext, want_usage: bool) -> AsyncItera
 
     for ch in stored.choices:
         i, msg = ch.index, ch.message
-        yield chunk(ChunkChoice(index=i, delta=Delta(role="assistant", content=""), finish_reason=None))
+        # OpenAI's first chunk: the role, with an empty content unless the answer has none (tool calls only).
+        role = Delta(role="assistant", content="" if msg.content is not None else None)
+        yield chunk(ChunkChoice(index=i, delta=role, finish_reason=None))
         if msg.content:
             content = Delta(content=msg.content)
             yield chunk(ChunkChoice(index=i, delta=content, finish_reason=None, logprobs=ch.logprobs))

@@ -170,6 +170,9 @@ def test_streamed_tool_calls_replay_with_their_arguments_byte_for_byte(gw: Gatew
     want = assembled(sent)
     assert len(want["calls"]) == 2 and want["finish"] == "tool_calls"
     assert assembled(replayed) == want
+    # The answer has no content: the role comes alone, as the upstream sent it (no empty content).
+    assert replayed[0]["choices"][0]["delta"] == {"role": "assistant"}
+    assert [len(c["choices"][0]["delta"].get("tool_calls", ())) for c in replayed[1:3]] == [1, 1]
     # A buffered request gets the same answer as one `chat.completion`.
     buffered = post(gw, ask("weather, streamed", tools=TOOLS))
     assert buffered.headers["x-gateway-cache"] == "hit" and len(up.received) == 1
