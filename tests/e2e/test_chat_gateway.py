@@ -10,6 +10,7 @@ answer a recorded OpenAI chat completion.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,8 @@ from tests.helpers.recordings import fixture_bytes
 from tests.helpers.servers import GatewayThread, serve_config
 from tests.helpers.upstreams import Received, Upstream, reply
 from tests.helpers.waiting import wait_until
+from tests.queue.conftest import ask_chat, gate, hold_one, until
+from tests.queue.conftest import config as queue_config
 
 ADMIN = "adm-chat-everything-4d2e"
 CLAUDE = fixture_bytes("anthropic/messages_end_turn.json")
@@ -312,3 +315,23 @@ def test_a_chat_request_is_a_chat_span(traced: tuple[GatewayThread, Receiver]) -
     assert server.attributes["gen_ai.operation.name"] == "chat"
     assert server.attributes["gen_ai.request.model"] == "demo/text"
     assert server.attributes["gen_ai.usage.output_tokens"] == 3
+
+
+async def test_a_quiet_tenants_chats_are_served_beside_a_flood(tmp_path: Path) -> None:
+    """Fair share on chat: with the one slot of a `max_concurrency: 1` server taken, 12 chat requests of one
+    tenant then 3 of another wait in the gateway's queue; the quiet tenant's are not served last."""
+    with Engine() as engine, serve_config(tmp_path, queue_config(engine, 1)) as gw:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+            blocker = await hold_one(client, engine, "blocker")
+            g = gate(gw)
+            tasks = []
+            for i, key in enumerate(["noisy"] * 12 + ["quiet"] * 3):
+                tasks.append(asyncio.ensure_future(ask_chat(client, key)))
+                await until(lambda i=i: g.order.depth == i + 1)
+            engine.running.set()
+            answers = await asyncio.gather(*tasks)
+            assert (await blocker).status_code == 200
+    assert [r.status_code for r in answers] == [200] * 15
+    assert {r.json()["object"] for r in answers} == {"chat.completion"}
+    order = [t for t in engine.order if t != "blocker"]
+    assert max(i for i, t in enumerate(order) if t == "quiet") <= 6, order
