@@ -209,7 +209,7 @@ def store_one(
     elif not finished(events, n):
         return None  # a choice without its finish reason: not an answer that completed normally
     entry = _head(lookup, usage, provider, target, events)
-    return _kept(lookup, dump(entry), entry, prompt)
+    return kept(lookup, dump(entry), entry, prompt)
 
 
 def store_stream(
@@ -218,7 +218,7 @@ def store_stream(
     """`store_one` for a stream of one prompt whose `count` events the relay's chunks were encoded into as they
     came (`entry.add_event`): its entry is made from them without decoding them (decoded only for a request
     that waits for it). The caller checked that every choice got its finish reason."""
-    return _kept(lookup, dump_events(_head(lookup, usage, provider, target, []), events, count), None, prompt)
+    return kept(lookup, dump_events(_head(lookup, usage, provider, target, []), events, count), None, prompt)
 
 
 def _head(lookup: Storing, usage: Usage | None, provider: str, target: str, events: list[list[Choice]]) -> Entry:
@@ -227,7 +227,7 @@ def _head(lookup: Storing, usage: Usage | None, provider: str, target: str, even
     return Entry(VERSION, lookup.cache.clock(), lookup.rec.model, provider, target, usage, events, fingerprint)
 
 
-def _kept(lookup: Storing, raw: bytes, entry: Entry | None, prompt: int) -> bytes | None:
+def kept(lookup: Storing, raw: bytes, entry: Entry | None, prompt: int) -> bytes | None:
     """The entry `raw` (its `dump`; `entry` when made) handed to whoever waits for it, stored in memory when it
     fits, or returned for a remote store to be sent."""
     cache, pol = lookup.cache, lookup.policy

@@ -7,6 +7,9 @@ labelled series and the cache's totals (`Cache.counts`, what `/admin/status` sho
 
 from __future__ import annotations
 
+from typing import Any
+
+from gateway.cache.policy import COALESCED, HIT, MISS
 from gateway.ops.metrics import Metrics
 
 
@@ -34,4 +37,23 @@ class Series:
             metrics.cache_stored_bytes.labels(self.label).inc(stored)
 
 
-__all__ = ["Series"]
+def stats(cache: Any) -> dict[str, Any]:
+    """What `/admin/status` shows of the cache (service.py `Cache`): its totals, hit rate and stores."""
+    if cache.metrics is not None:
+        cache.metrics.tally.flush()  # the lookups counted since the last flush reach `counts`
+    counts = cache.counts
+    served = counts[HIT] + counts[COALESCED]
+    looked = served + counts[MISS]
+    entries, size = cache.memory.size()
+    return {
+        **counts,
+        "hit_rate": round(served / looked, 4) if looked else 0.0,
+        "memory_entries": entries,
+        "memory_bytes": size,
+        "memory_max_bytes": cache.memory.max_bytes,
+        "evictions": cache.memory.evictions,
+        "redis_not_entries": cache.redis.corrupt if cache.redis is not None else 0,
+    }
+
+
+__all__ = ["Series", "stats"]

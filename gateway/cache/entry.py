@@ -21,6 +21,7 @@ import msgspec
 
 from gateway.upstream.framing import DONE, sse_event
 from providers.base import CallContext
+from wire.chat import ChatChoice
 from wire.schema import Choice, Completion, Logprobs, Usage, encode
 
 VERSION: Final = 2
@@ -43,10 +44,16 @@ class _Rest(msgspec.Struct):
     choices: list[Choice]
 
 
+class _ChatRest(msgspec.Struct):
+    choices: list[ChatChoice]
+
+
 _HEAD: Final = b'{"object":"text_completion","id":%s,"created":%d,"model":%s%s'
 _CHAT_HEAD: Final = b'{"object":"chat.completion","id":%s,"created":%d,"model":%s%s'
 _json = msgspec.json.encode
 _rest = msgspec.json.Decoder(_Rest).decode
+_chat_rest = msgspec.json.Decoder(_ChatRest).decode
+_CHAT: Final = b'{"object":"chat.completion",'  # how a stored chat answer's bytes begin (its tag first)
 
 
 def client_body(body: bytes, ctx: CallContext) -> bytes | None:
@@ -101,7 +108,10 @@ def read(raw: bytes | None, max_bytes: int) -> Entry | str | None:
             return None
         if not math.isfinite(entry.stored):
             return "its time is not a number"
-        if entry.body is not None and (entry.body.find(b',"choices":') <= 0 or not _rest(entry.body).choices):
+        body = entry.body
+        if body is not None and (
+            body.find(b',"choices":') <= 0 or not (_chat_rest if body.startswith(_CHAT) else _rest)(body).choices
+        ):
             return "its answer is not one"
     except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError):
         return "undecodable"

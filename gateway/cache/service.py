@@ -19,7 +19,8 @@ import msgspec
 from msgspec.structs import replace
 
 from gateway.cache.batch import assembled, completed, prompt_items, spliced, store_batch, store_one, store_stream
-from gateway.cache.counts import Series
+from gateway.cache.chat import Assembly, replay, store_answer
+from gateway.cache.counts import Series, stats
 from gateway.cache.entry import (
     OVERHEAD,
     VERSION,
@@ -224,20 +225,7 @@ class Cache:
         return sum([await s.clear(tag) for s in self.stores.values()])
 
     def stats(self) -> dict[str, Any]:
-        if self.metrics is not None:
-            self.metrics.tally.flush()  # the lookups counted since the last flush reach `counts`
-        served = self.counts[HIT] + self.counts[COALESCED]
-        looked = served + self.counts[MISS]
-        entries, size = self.memory.size()
-        return {
-            **self.counts,
-            "hit_rate": round(served / looked, 4) if looked else 0.0,
-            "memory_entries": entries,
-            "memory_bytes": size,
-            "memory_max_bytes": self.memory.max_bytes,
-            "evictions": self.memory.evictions,
-            "redis_not_entries": self.redis.corrupt if self.redis is not None else 0,
-        }
+        return stats(self)
 
 
 class Lookup(msgspec.Struct):
@@ -272,6 +260,7 @@ class Lookup(msgspec.Struct):
     room: int = 0
     blocked: float = 0.0  # a leading stream's client has been taking a chunk since then (the loop's time)
     answer: Completion | None = None  # a buffered answer, as the pipeline encodes it
+    assembly: Assembly | None = None  # a chat stream's chunks added up, while they can still be stored
     missing: list[int] = _NO_ITEMS  # the prompts (by their place in the request) the upstream is asked for
 
     def served_by(self, state: str, entry: Entry) -> Lookup:  # answered from the cache: nothing stored
@@ -302,7 +291,9 @@ class Lookup(msgspec.Struct):
             job.ctx.prompts = sub if isinstance(sub[0], str) else None
         if job.req.stream:
             pol = self.policy
-            if pol is not None:
+            if pol is not None and job.ctx.chat:
+                self.assembly = Assembly(pol.max_entry_bytes)  # a chat stream is stored as its answer
+            elif pol is not None:
                 # What the stream's entries could count at most: past it, nothing more is held for them.
                 self.buf, self.ended, self.room = bytearray(), set(), pol.max_entry_bytes * len(missing)
             try:
@@ -322,7 +313,10 @@ class Lookup(msgspec.Struct):
             result = await buffered(job, rec)
             fresh = self.answer
             if fresh is not None and self.policy is not None:
-                if len(missing) == 1:
+                if job.ctx.chat:
+                    raw = store_answer(self, fresh, rec.provider, rec.target)  # type: ignore[arg-type]
+                    remote = [(self.digest, raw)] if raw is not None else None
+                elif len(missing) == 1:
                     raw = store_one(self, [fresh.choices], fresh.usage, missing[0], rec.provider, rec.target)
                     remote = [(self.keys[missing[0]], raw)] if raw is not None else None
                 else:
@@ -416,7 +410,7 @@ class Lookup(msgspec.Struct):
         if not req.stream:
             return make(headers, body=buffered_body(entry, ctx))
         want_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return make(headers, stream=replay_stream(entry, ctx, want_usage))
+        return make(headers, stream=(replay if ctx.chat else replay_stream)(entry, ctx, want_usage))
 
     # -- the hooks the relay calls on a streamed miss ----------------------------------------------
 
@@ -433,6 +427,9 @@ class Lookup(msgspec.Struct):
                 # Too large to store: what was held is let go, and whoever waits for it asks for itself now.
                 self.buf = None
                 self.abandon()
+        elif self.assembly is not None and not self.assembly.add(c):  # type: ignore[arg-type]  # a ChatChunk
+            self.assembly = None
+            self.abandon()
 
     async def finish(self, usage: Usage | None, served: tuple[str, str]) -> None:
         """A stream that ended normally on the target it started on: its chunks become the entries."""
@@ -447,6 +444,11 @@ class Lookup(msgspec.Struct):
                 remote = store_batch(self, decode_events(buf, self.parts), usage, missing, served)
             if remote:
                 await self._send(remote)
+        elif (assembly := self.assembly) is not None and self.policy is not None:
+            self.assembly, answer = None, assembly.answer(usage, self.n)
+            raw = store_answer(self, answer, *served) if answer is not None else None
+            if raw is not None:
+                await self._send([(self.digest, raw)])
         self.abandon()
 
     async def _send(self, remote: list[tuple[bytes, bytes]]) -> None:

@@ -12,6 +12,7 @@ import struct
 from collections.abc import Mapping, Sequence
 from typing import Final
 
+from wire.chat import ChatRequest, UserMessage, render
 from wire.schema import CompletionRequest
 
 # Ring points per unit of replica weight: enough that equal replicas get close to equal shares of keys.
@@ -36,6 +37,20 @@ def prefix_key(prompt: str | Sequence[object], block_chars: int, block_tokens: i
     n = min(depth, len(ids) // block_tokens)
     head = ids[: n * block_tokens] if n else ids
     return digest(b"i" + struct.pack(f">{len(head)}q", *head))
+
+
+def prefix_of(req: CompletionRequest) -> str | Sequence[object]:
+    """What a request's prefix key is taken from: its prompt; for a chat, its conversation up to its first
+    user message. Every later turn of the conversation starts with that text, so its key, and its replica,
+    stay the same as the conversation grows (the whole conversation's leading blocks would change with each
+    turn until it is `depth` blocks long)."""
+    if type(req) is not ChatRequest:
+        return req.prompt
+    messages = req.messages
+    for i, m in enumerate(messages):
+        if type(m) is UserMessage:
+            return render(messages[: i + 1]) if i + 1 < len(messages) else req.prompt
+    return req.prompt
 
 
 def session_key(session: str) -> int:

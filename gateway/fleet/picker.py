@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 import msgspec
 
 from gateway.config import RoutingConfig, replica_drained, replica_names, replica_url, replica_weight
-from gateway.fleet.affinity import Ring, prefix_key, session_key, session_of
+from gateway.fleet.affinity import Ring, prefix_key, prefix_of, session_key, session_of
 from wire.schema import CompletionRequest
 
 _DEFAULT = RoutingConfig()
@@ -85,7 +85,7 @@ class Fleet:
         policy = self.routing.policy
         if policy == "prefix" and hint is not None:
             r = self.routing
-            key = prefix_key(hint.req.prompt, r.block_chars, r.block_tokens, r.depth)
+            key = prefix_key(prefix_of(hint.req), r.block_chars, r.block_tokens, r.depth)
             return self._bounded(key, live, inflight, cooling, spread=True)
         if policy == "session" and hint is not None:
             session = session_of(hint.req, hint.headers, self.routing.session_header)

@@ -178,12 +178,15 @@ class Metrics:
         self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
         r = self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
-            "gateway_requests", "Completion requests", ["dialect", "model", "provider", "status"], registry=r
+            "gateway_requests",
+            "Requests by endpoint (completions, chat) and outcome",
+            ["endpoint", "dialect", "model", "provider", "status"],
+            registry=r,
         )
         self.latency = Histogram(
             "gateway_request_duration_seconds",
             "End-to-end latency (streams: until the last byte)",
-            ["dialect", "provider", "stream"],
+            ["endpoint", "dialect", "provider", "stream"],
             buckets=_LATENCY,
             registry=r,
         )
@@ -286,7 +289,7 @@ class Metrics:
         # The config in force decides the label values (`bind`); until one is bound, every model folds.
         self.labels = ModelLabels()
         # Bounded like the label values themselves (see the module docstring).
-        self._cache: dict[tuple[str, str, str, int, bool], _Children] = {}
+        self._cache: dict[tuple[str, str, str, str, int, bool], _Children] = {}
 
     def bind(self, labels: ModelLabels) -> None:
         """Fold labels by this config's names from now on (a reload binds the new config's)."""
@@ -298,16 +301,16 @@ class Metrics:
     def cooldown(self, target: str, cause: str) -> None:
         self.cooldowns.labels(self.labels.fold(target), cause).inc()
 
-    def _children(self, dialect: str, model: str, provider: str, status: int, stream: bool) -> _Children:
+    def _children(self, endpoint: str, dialect: str, model: str, provider: str, status: int, stream: bool) -> _Children:
         """The labelled series one kind of request touches, looked up once per label set rather than through
         `labels()` (argument checks and a lock) five times per request."""
-        key = (dialect, model, provider, status, stream)
+        key = (endpoint, dialect, model, provider, status, stream)
         kids = self._cache.get(key)
         if kids is None:
             flag = "true" if stream else "false"
             kids = self._cache[key] = _Children(
-                requests=self.requests.labels(dialect, model, provider, str(status)),
-                latency=self.latency.labels(dialect, provider, flag),
+                requests=self.requests.labels(endpoint, dialect, model, provider, str(status)),
+                latency=self.latency.labels(endpoint, dialect, provider, flag),
                 upstream=self.upstream.labels(provider, flag),
                 ttft=self.ttft.labels(provider),
                 prompt_tokens=self.tokens.labels("prompt", model, provider),
@@ -319,7 +322,7 @@ class Metrics:
         model = rec.label
         if model is None:
             model = rec.label = self.labels.fold(rec.model)
-        kids = self._children(rec.dialect, model, rec.provider or "none", rec.status, rec.stream)
+        kids = self._children(rec.endpoint, rec.dialect, model, rec.provider or "none", rec.status, rec.stream)
         usage = rec.usage
         if self.multiprocess:  # another worker's render reads the files: every count is written at once
             kids.requests.inc()

@@ -4,7 +4,7 @@ endpoint (no branch on the endpoint in the pipeline)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, Final
 
 from gateway.config import CapsConfig
@@ -46,12 +46,6 @@ class Operation:
 
     def new_id(self) -> str:
         return self.prefix + unique_suffix()
-
-    def cacheable(self, req: CompletionRequest, headers: Mapping[str, str]) -> bool:
-        """Whether the response cache may take a chat request (the pipeline asks only for chat): a buffered
-        answer without Cache-Control directives (what the cache stores of it is the answer's bytes;
-        docs/chat.md)."""
-        return not req.stream and "cache-control" not in headers
 
 
 COMPLETIONS: Final = Operation("completions", False, decode_request, normalize, "cmpl-", Job)

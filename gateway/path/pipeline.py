@@ -174,11 +174,7 @@ class Pipeline:
             return key, req, None, _LATER  # budgets are checked before the cache is looked at
         plan = self.router.plan(req.model)
         self._refine(req, plan, rec)
-        if op.chat and not op.cacheable(req, headers):
-            return key, req, plan, None
         cached = self.cache.lookup(req, rec.key_id, headers, rec, plan)  # type: ignore[union-attr]  # the endpoint checked
-        if op.chat:
-            cached = _chat_lookup(cached)
         if type(cached) is Lookup and cached.entry is not None:
             admission = self.admission
             if not (
@@ -295,12 +291,9 @@ class Pipeline:
             cached = looked
             if type(cached) is not Lookup:  # one test for the common case, a lookup `early` settled
                 if cached is _LATER:
-                    uncached = op.chat and not op.cacheable(req, headers)
-                    cached = None if uncached else self.cache.lookup(req, rec.key_id, headers, rec, plan)
+                    cached = self.cache.lookup(req, rec.key_id, headers, rec, plan)
                 if cached is not None and not isinstance(cached, Lookup):
                     cached = await cached  # a Redis read, or the identical request in flight waited for
-                if op.chat:
-                    cached = _chat_lookup(cached)
             ticket = None
             if admission is not None:
                 try:
@@ -341,7 +334,7 @@ class Pipeline:
         _served(rec, job.plan, done)
         rec.usage = done.value.usage
         if job.cached is not None:
-            # A chat answer is stored by `done` alone, which reads what both shapes have (Operation.cacheable).
+            # A chat answer too: the cache stores it by what both shapes have (gateway/cache/chat.py).
             job.cached.answer = cast(Completion, done.value)
         if self.log_prompts:
             rec.completion = encode([ch.text for ch in done.value.choices]).decode()
@@ -403,18 +396,6 @@ def _deadline(req: CompletionRequest) -> float | None:
     t = req.inference_timeout
     # A tuple, not `float | int`: that builds a union object on every call.
     return float(t) if isinstance(t, (float, int)) else None
-
-
-def _chat_lookup(cached: Any) -> Any:
-    """What the cache does for a chat request: a hit, or a buffered miss stored in memory as the answer's
-    bytes (`direct`); any other way (a Redis-backed policy, which stores choices) goes uncached."""
-    if type(cached) is Lookup and cached.entry is None and not cached.direct:
-        cached.abandon()
-        return None
-    if cached is not None and type(cached) is not Lookup:
-        cached.close()  # a Redis read not made
-        return None
-    return cached
 
 
 def _text_prompts(req: CompletionRequest) -> list[str] | None:

@@ -174,7 +174,7 @@ class Relay:
                             if hold is not None and not sent % STREAM_CHECK_EVENTS:
                                 hold.streamed(sent)
                             if cached is not None:
-                                cached.chunk(cast(Completion, c))  # chat streams are not stored
+                                cached.chunk(cast(Completion, c))  # or a chat chunk (gateway/cache/chat.py)
                             yield sse_event(encode(c))
                         c = await anext(opened.chunks, None)
                     if finished < expected and ctx.n > 1 and finished == top + 1:

@@ -189,7 +189,7 @@ def test_a_hit_answered_early_is_logged_counted_and_booked(upstream: Upstream, t
     assert (line["status"], line["provider"], line["target"], line["attempts"]) == (200, "local", MODEL, 0)
     assert line["completion_tokens"] == first.json()["usage"]["completion_tokens"]
     assert (
-        'gateway_requests_total{dialect="openai",model="local/facebook/opt-125m",provider="local",status="200"} 2.0'
-        in metrics
-    )
+        'gateway_requests_total{dialect="openai",endpoint="completions",'
+        'model="local/facebook/opt-125m",provider="local",status="200"} 2.0'
+    ) in metrics
     assert books["requests"] == 2 and books["cached"] == 1

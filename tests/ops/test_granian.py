@@ -333,7 +333,7 @@ def test_sighup_reloads_the_config_inside_every_worker_and_metrics_span_the_work
         # client read it: wait for the total, then check that every later scrape (any worker) agrees.
         def total() -> float:
             text = client.get(gateway.url + "/metrics", headers={"connection": "close"}).text
-            return _metric(text, 'gateway_requests_total{dialect="openai",model="demo/echo"')
+            return _metric(text, 'gateway_requests_total{dialect="openai",endpoint="completions",model="demo/echo"')
 
         _poll(lambda: total() == sum(answered.values()), 5, "every worker's requests in /metrics")
         for _ in range(4):

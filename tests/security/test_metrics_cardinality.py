@@ -127,10 +127,18 @@ def test_random_model_names_leave_metrics_and_usage_bounded(tmp_path: Path, upst
     assert len(text) < 64 * 1024, len(text)
     models = _label_values(text, "model")
     assert models <= {"demo/text", "fast", "demo/other", "unknown"}, sorted(models)[:10]
-    assert 'gateway_requests_total{dialect="openai",model="demo/other",provider="demo",status="200"} 500.0' in text
+    assert (
+        'gateway_requests_total{dialect="openai",endpoint="completions",'
+        'model="demo/other",provider="demo",status="200"} 500.0'
+    ) in text
     # Declared models and aliases are still counted exactly.
-    assert 'gateway_requests_total{dialect="openai",model="demo/text",provider="demo",status="200"} 3.0' in text
-    assert 'gateway_requests_total{dialect="openai",model="fast",provider="demo",status="200"} 2.0' in text
+    assert (
+        'gateway_requests_total{dialect="openai",endpoint="completions",'
+        'model="demo/text",provider="demo",status="200"} 3.0'
+    ) in text
+    assert (
+        'gateway_requests_total{dialect="openai",endpoint="completions",model="fast",provider="demo",status="200"} 2.0'
+    ) in text
 
     by_model = usage["keys"]["anonymous"]["by_model"]
     assert set(by_model) == {"demo/text", "fast", "demo/other"}, sorted(by_model)[:10]
@@ -185,5 +193,11 @@ def test_labels_follow_the_reloaded_config(tmp_path: Path, upstream: Upstream) -
         assert gw.app.state.reloader.reloads > before, "the config was not reloaded"
         assert _flood(gw, ["demo/echo"]) == [200]
         text = _metrics(gw)
-    assert 'gateway_requests_total{dialect="openai",model="demo/other",provider="demo",status="200"} 1.0' in text
-    assert 'gateway_requests_total{dialect="openai",model="demo/echo",provider="demo",status="200"} 1.0' in text
+    assert (
+        'gateway_requests_total{dialect="openai",endpoint="completions",'
+        'model="demo/other",provider="demo",status="200"} 1.0'
+    ) in text
+    assert (
+        'gateway_requests_total{dialect="openai",endpoint="completions",'
+        'model="demo/echo",provider="demo",status="200"} 1.0'
+    ) in text

@@ -61,7 +61,10 @@ def test_metrics_with_a_key_answers_with_it(gw: GatewayThread) -> None:
     resp = _get(gw, {"authorization": f"Bearer {KEY}"})
     assert resp.status_code == 200
     assert resp.headers["content-type"].startswith("text/plain")
-    assert 'gateway_requests_total{dialect="openai",model="demo/text",provider="demo",status="200"} 1.0' in resp.text
+    assert (
+        'gateway_requests_total{dialect="openai",endpoint="completions",'
+        'model="demo/text",provider="demo",status="200"} 1.0'
+    ) in resp.text
 
 
 def test_metrics_without_a_key_stay_open(tmp_path: Path) -> None:

@@ -369,7 +369,8 @@ def test_model_labels_without_a_config_fold_everything() -> None:
     metrics.tally.flush()  # what every render does first: counts are added to their series in batches
     assert (
         metrics.registry.get_sample_value(
-            "gateway_requests_total", {"dialect": "openai", "model": "unknown", "provider": "demo", "status": "200"}
+            "gateway_requests_total",
+            {"endpoint": "completions", "dialect": "openai", "model": "unknown", "provider": "demo", "status": "200"},
         )
         == 1
     )

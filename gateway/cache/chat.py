@@ -1,0 +1,199 @@
+"""Chat answers in the cache: always stored as the `chat.completion` the client would get buffered (an
+entry's `body`), whether the miss was buffered or streamed, and replayed to a streamed request as a
+`chat.completion.chunk` stream made from it.
+
+A chat stream's chunks are not kept as they came (their deltas say nothing a client needs beyond what
+they add up to): `Assembly` adds them up as the relay sends them, the content, refusal and tool-call
+arguments joined per choice, the logprobs concatenated, so one entry serves both kinds of request and a
+client reassembling the replayed deltas gets the stored answer exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Final
+
+import msgspec
+
+from gateway.cache.batch import kept
+from gateway.cache.entry import VERSION, Entry, dump
+from gateway.cache.job import Storing
+from gateway.upstream.framing import DONE, sse_event
+from providers.base import CallContext
+from wire.chat import (
+    ChatChoice,
+    ChatChunk,
+    ChatCompletion,
+    ChatFinishReason,
+    ChatLogprobs,
+    ChatMessage,
+    ChunkChoice,
+    Delta,
+    FunctionCall,
+    FunctionDelta,
+    TokenLogprob,
+    ToolCall,
+    ToolCallDelta,
+)
+from wire.schema import Usage, encode
+
+# What one logprob entry counts against the entry's room besides its token (its numbers and keys, encoded).
+_LOGPROB: Final = 48
+
+
+class _Call:
+    __slots__ = ("id", "name", "arguments")
+
+    def __init__(self) -> None:
+        self.id = ""
+        self.name = ""
+        self.arguments: list[str] = []
+
+
+class _Choice:
+    """One choice's deltas so far."""
+
+    __slots__ = ("content", "refusal", "calls", "logprobs", "finish")
+
+    def __init__(self) -> None:
+        self.content: list[str] | None = None
+        self.refusal: list[str] | None = None
+        self.calls: dict[int, _Call] = {}
+        self.logprobs: list[TokenLogprob] | None = None
+        self.finish: ChatFinishReason | None = None
+
+    def answer(self, index: int) -> ChatChoice:
+        calls = [
+            ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments="".join(c.arguments)))
+            for _, c in sorted(self.calls.items())
+        ]
+        message = ChatMessage(
+            role="assistant",
+            content="".join(self.content) if self.content is not None else None,
+            tool_calls=calls or None,
+            refusal="".join(self.refusal) if self.refusal is not None else None,
+        )
+        lp = ChatLogprobs(content=self.logprobs) if self.logprobs is not None else None
+        return ChatChoice(index=index, message=message, finish_reason=self.finish, logprobs=lp)
+
+
+class Assembly:
+    """A chat stream's chunks added up into its answer, within `room` bytes (past it, `add` says False and the
+    stream is not stored)."""
+
+    __slots__ = ("choices", "fingerprint", "size", "room")
+
+    def __init__(self, room: int) -> None:
+        self.choices: dict[int, _Choice] = {}
+        self.fingerprint: str | None = None
+        self.size = 0
+        self.room = room
+
+    def add(self, chunk: ChatChunk) -> bool:
+        if chunk.system_fingerprint:
+            self.fingerprint = chunk.system_fingerprint
+        size = self.size
+        for ch in chunk.choices:
+            have = self.choices.get(ch.index)
+            if have is None:
+                have = self.choices[ch.index] = _Choice()
+            d = ch.delta
+            if d.content is not None:
+                (have.content if have.content is not None else _start(have, "content")).append(d.content)
+                size += len(d.content)
+            if d.refusal is not None:
+                (have.refusal if have.refusal is not None else _start(have, "refusal")).append(d.refusal)
+                size += len(d.refusal)
+            for t in d.tool_calls or ():
+                call = have.calls.get(t.index)
+                if call is None:
+                    call = have.calls[t.index] = _Call()
+                if t.id:
+                    call.id = t.id
+                f = t.function
+                if f is not None:
+                    if f.name:
+                        call.name = f.name
+                    if f.arguments:
+                        call.arguments.append(f.arguments)
+                        size += len(f.arguments)
+                size += 64
+            lp = ch.logprobs
+            if lp is not None and lp.content:
+                (have.logprobs if have.logprobs is not None else _start(have, "logprobs")).extend(lp.content)
+                size += sum(len(t.token) + _LOGPROB * (1 + len(t.top_logprobs)) for t in lp.content)
+            if ch.finish_reason is not None:
+                have.finish = ch.finish_reason
+        self.size = size
+        return size <= self.room
+
+    def answer(self, usage: Usage | None, n: int) -> ChatCompletion | None:
+        """What the stream came to; None unless every choice got its finish reason."""
+        choices = self.choices
+        if len(choices) < n or any(c.finish is None for c in choices.values()):
+            return None
+        return ChatCompletion(
+            id="",
+            created=0,
+            model="",
+            choices=[c.answer(i) for i, c in sorted(choices.items())],
+            system_fingerprint=self.fingerprint,
+            usage=usage,
+        )
+
+
+def _start(choice: _Choice, field: str) -> list[object]:
+    parts: list[object] = []
+    setattr(choice, field, parts)
+    return parts
+
+
+def store_answer(lookup: Storing, answer: ChatCompletion, provider: str, target: str) -> bytes | None:
+    """A chat answer stored as its client bytes (`Entry.body`): in memory, or returned for a remote store;
+    nothing unless every choice got its finish reason."""
+    if len(answer.choices) < lookup.n or any(c.finish_reason is None for c in answer.choices):
+        return None
+    body = encode(answer)
+    cache = lookup.cache
+    entry = Entry(
+        VERSION, cache.clock(), lookup.rec.model, provider, target, answer.usage, [], answer.system_fingerprint, body
+    )
+    return kept(lookup, dump(entry), entry, 0)
+
+
+_answer = msgspec.json.Decoder(ChatCompletion).decode
+
+
+async def replay(entry: Entry, ctx: CallContext, want_usage: bool) -> AsyncIterator[bytes]:
+    """A stored chat answer as this request's stream: per choice the role, its content (with its logprobs),
+    its refusal, its tool calls (each whole, with its `index`), its finish; then the usage, then [DONE]."""
+    assert entry.body is not None
+    stored = _answer(entry.body)
+    fp = entry.system_fingerprint
+
+    def chunk(choice: ChunkChoice) -> bytes:
+        c = ChatChunk(id=ctx.id, created=ctx.created, model=ctx.model, choices=[choice], system_fingerprint=fp)
+        return sse_event(encode(c))
+
+    for ch in stored.choices:
+        i, msg = ch.index, ch.message
+        # OpenAI's first chunk: the role, with an empty content unless the answer has none (tool calls only).
+        role = Delta(role="assistant", content="" if msg.content is not None else None)
+        yield chunk(ChunkChoice(index=i, delta=role, finish_reason=None))
+        if msg.content:
+            content = Delta(content=msg.content)
+            yield chunk(ChunkChoice(index=i, delta=content, finish_reason=None, logprobs=ch.logprobs))
+        if msg.refusal:
+            yield chunk(ChunkChoice(index=i, delta=Delta(refusal=msg.refusal), finish_reason=None))
+        for k, call in enumerate(msg.tool_calls or ()):
+            fn = FunctionDelta(name=call.function.name, arguments=call.function.arguments)
+            delta = Delta(tool_calls=[ToolCallDelta(index=k, id=call.id, type="function", function=fn)])
+            yield chunk(ChunkChoice(index=i, delta=delta, finish_reason=None))
+        yield chunk(ChunkChoice(index=i, delta=Delta(), finish_reason=ch.finish_reason))
+    if want_usage and entry.usage is not None:
+        last = ChatChunk(id=ctx.id, created=ctx.created, model=ctx.model, choices=[], usage=entry.usage)
+        yield sse_event(encode(last))
+    yield DONE
+
+
+__all__ = ["Assembly", "replay", "store_answer"]
