@@ -70,7 +70,8 @@ async def test_a_provider_without_max_concurrency_builds_no_queue(tmp_path: Path
 async def test_two_gateways_sharing_redis_hold_one_cap(tmp_path: Path, rds: RedisServer) -> None:
     url = rds.url
     with Engine(hold_s=0.05) as engine:
-        text = config(engine, 3, extra=f"redis: {{url: '{url}'}}")
+        # fail_closed: exact only while Redis answers, which fail_open does not wait for on a loaded machine.
+        text = config(engine, 3, extra=f"redis: {{url: '{url}', on_failure: fail_closed}}")
         with serve_config(tmp_path, text) as a, serve_config(tmp_path, text) as b:
             async with (
                 httpx.AsyncClient(base_url=a.url, timeout=30) as ca,
@@ -102,31 +103,61 @@ async def test_each_replica_has_its_own_cap(tmp_path: Path) -> None:
     assert len(one.order) + len(two.order) == 16
 
 
-async def test_hedges_and_retries_each_hold_a_slot(tmp_path: Path) -> None:
-    with Engine(hold_s=0.15) as slow, Engine(hold_s=0.02) as fast:
-        models = """models:
+_HEDGED = """models:
   - name: hedged
     strategy: ordered
     hedge_after_ms: 30
     targets: [{model: engine/m}, {model: spare/m}]
 retries: {attempts: 3, initial_backoff_ms: 0, max_backoff_ms: 0}
 """
-        text = config(slow, 2, provider=provider("spare", fast, 2), extra=models).replace(
+
+
+async def _hedged(client: httpx.AsyncClient) -> list[httpx.Response]:
+    """Twelve buffered and four streamed requests to the hedged alias, all at once."""
+    req = {"model": "hedged", "prompt": "noisy hello", "max_tokens": 1}
+    hdrs = {"authorization": "Bearer k-noisy"}
+    return await asyncio.gather(
+        *(client.post("/v1/completions", json=req, headers=hdrs) for _ in range(12)),
+        *(client.post("/v1/completions", json={**req, "stream": True}, headers=hdrs) for _ in range(4)),
+    )
+
+
+async def test_hedges_and_retries_each_hold_a_slot(tmp_path: Path) -> None:
+    with Engine(hold_s=0.15) as slow, Engine(hold_s=0.02) as fast:
+        text = config(slow, 2, provider=provider("spare", fast, 2), extra=_HEDGED).replace(
             "retries: {attempts: 1}\n", ""
         )
         slow.failures = 3  # the first attempts fail and are retried
         with serve_config(tmp_path, text) as gw:
             async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
-                req = {"model": "hedged", "prompt": "noisy hello", "max_tokens": 1}
-                hdrs = {"authorization": "Bearer k-noisy"}
-                answers = await asyncio.gather(
-                    *(client.post("/v1/completions", json=req, headers=hdrs) for _ in range(12)),
-                    *(client.post("/v1/completions", json={**req, "stream": True}, headers=hdrs) for _ in range(4)),
-                )
+                answers = await _hedged(client)
             await until(lambda: gate(gw).in_use == 0 and gate(gw, "spare").in_use == 0)
     assert [r.status_code for r in answers] == [200] * 16
     assert slow.peak == 2 and fast.peak == 2  # both served, neither past its cap
     assert len(slow.order) + len(fast.order) > 16  # hedges and retries made more calls than requests
+
+
+async def test_two_gateways_sharing_redis_hold_one_cap_with_hedges_retries_and_streams(
+    tmp_path: Path, rds: RedisServer
+) -> None:
+    with Engine(hold_s=0.15) as slow, Engine(hold_s=0.02) as fast:
+        # fail_closed: a Redis answer slower than its deadline on this loaded machine would otherwise let each
+        # gateway decide on its own count (fail_open, the default, is per process while Redis does not answer).
+        redis = f"redis: {{url: '{rds.url}', on_failure: fail_closed}}"
+        text = config(slow, 2, provider=provider("spare", fast, 2), extra=_HEDGED + redis)
+        text = text.replace("retries: {attempts: 1}\n", "")
+        slow.failures = 4  # the first attempts fail and are retried, on either gateway
+        with serve_config(tmp_path, text) as a, serve_config(tmp_path, text) as b:
+            async with (
+                httpx.AsyncClient(base_url=a.url, timeout=30) as ca,
+                httpx.AsyncClient(base_url=b.url, timeout=30) as cb,
+            ):
+                answers = [*(await asyncio.gather(_hedged(ca), _hedged(cb)))]
+            for gw in (a, b):
+                await until(lambda gw=gw: gate(gw).in_use == 0 and gate(gw, "spare").in_use == 0)
+    assert [r.status_code for rs in answers for r in rs] == [200] * 32
+    assert slow.peak == 2 and fast.peak == 2  # one cap per server across both gateways, not one each
+    assert len(slow.order) + len(fast.order) > 32  # hedges and retries made more calls than requests
 
 
 @pytest.mark.parametrize("shared", [True, False])
