@@ -9,7 +9,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gateway.config import parse_config
+from gateway.path.pipeline import Pipeline
 from tests.helpers.engine import Engine
+from tests.helpers.faults import FaultServer, continuation, cut
+from tests.helpers.pipelines import VirtualTime, config_yaml
+from tests.helpers.pipelines import ask as ask_pipeline
 from tests.helpers.redis import RedisServer
 from tests.helpers.servers import GatewayProcess, serve_config
 from tests.queue.conftest import ask, body, chat_body, config, gate, provider, streamed, until
@@ -184,3 +189,32 @@ async def test_two_workers_hold_one_cap_with_redis_and_one_each_without(
         assert engine.peak == 3
     else:
         assert 3 <= engine.peak <= 6  # per process: each worker keeps its own three
+
+
+async def test_a_resumed_stream_holds_a_slot_of_its_own_where_it_resumes(faults: FaultServer) -> None:
+    """A stream broken mid-way and resumed on another target: the continuation takes (and gives back) a
+    slot of the server it resumes on, as the same tenant."""
+    models = """  - name: smart
+    strategy: ordered
+    resume_streams: true
+    targets: [{model: alpha/davinci-002}, {model: beta/davinci-002}]
+"""
+    top = "retries: {attempts: 3}\ntimeouts: {connect_ms: 1000, first_byte_ms: 300, total_ms: 5000}\n"
+    text = config_yaml(faults, models, top=top, providers=("alpha", "beta"))
+    text = text.replace("/v1}", "/v1, max_concurrency: 1}")
+    assert text.count("max_concurrency: 1") == 2
+    faults["alpha"].script(cut(5))
+    faults["beta"].script(continuation(prompt_tokens=8 + 5))
+    vtime = VirtualTime()
+    p = Pipeline(parse_config(text, "queue.yaml", env={}), sleep=vtime.sleep, clock=vtime.clock)
+    try:
+        answer = await ask_pipeline(p, stream=True, stream_options={"include_usage": True})
+        assert p.queues is not None
+        alpha, beta = (next(g for g in p.queues.gates.values() if g.name == n) for n in ("alpha", "beta"))
+        await until(lambda: alpha.in_use == 0 and beta.in_use == 0)  # both given back at the stream's end
+    finally:
+        await p.close()
+    assert faults.order() == ["alpha", "beta"]
+    assert len(answer.chunks()) == 17  # sixteen content chunks and the usage, one stream
+    assert (alpha.order.turn, beta.order.turn) == (1, 1)  # the continuation was granted beta's slot
+    assert beta.order.service.keys() == alpha.order.service.keys() == {"anonymous"}  # as the same tenant
