@@ -62,12 +62,15 @@ async def test_chat_requests_hold_the_same_slots_as_completions(tmp_path: Path, 
 
 
 async def test_a_provider_without_max_concurrency_builds_no_queue(tmp_path: Path, engine: Engine) -> None:
-    engine.hold_s = 0.05
     text = config(engine, 1).replace("    max_concurrency: 1\n", "")
     with serve_config(tmp_path, text) as gw:
         assert gw.pipeline.queues is None
         async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
-            answers = await asyncio.gather(*(ask(client, "noisy") for _ in range(6)))
+            engine.running.clear()  # the engine holds each request until all six have reached it
+            sent = asyncio.gather(*(ask(client, "noisy") for _ in range(6)))
+            await until(lambda: engine.inflight == 6)
+            engine.running.set()
+            answers = await sent
     assert [r.status_code for r in answers] == [200] * 6
     assert engine.peak == 6  # every request went at once: nothing held them back
 
