@@ -224,6 +224,7 @@ def report(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> str:
         f"The machine's load average (1 min) was {args.load[0]:.1f} when the runs started and {args.load[1]:.1f} "
         f"when they ended, on {os.cpu_count()} cores: latencies and throughput move with it.",
         "",
+        "",
     ]
     return "\n".join(head) + "\n".join(report_one(n, SCENARIOS[n], r) for n, r in results.items())
 
