@@ -176,7 +176,11 @@ class Queues:
                     code="priority_not_allowed",
                 )
             rank = r
-        choices = max(req.n or 1, req.best_of or 1)
+        prompts = req.prompt
+        # Choices as the budgets count them (gateway/limits/tokens.py `reservation`): every prompt's answers.
+        choices = max(req.n or 1, req.best_of or 1) * (
+            len(prompts) if isinstance(prompts, list) and not isinstance(prompts[0], int) else 1
+        )
         most = req.max_tokens * choices if req.max_tokens is not None else None
         return Ask(self, t.name, t.weight, rank, prompt_tokens(req.prompt, False, ""), most, choices)
 
