@@ -132,8 +132,8 @@ class FairOrder:
         turn = self.turn = self.turn + 1
         self.turns[tenant] = turn
         charge = tokens / weight
-        credit = self.credit.get(tenant)
-        if credit is not None:  # rare on the hot path: only after an answer shorter than its estimate
+        credit = self.credit.get(tenant) if self.credit else None  # none at all while estimates hold
+        if credit is not None:
             if credit > charge:
                 self.credit[tenant] = credit - charge
                 charge = 0.0

@@ -144,7 +144,9 @@ class Gate:
 
     def release(self, slot: Slot, used: int | None) -> None:
         self.in_use -= 1
-        if used is not None:
+        # Nothing to correct, nor to learn, when the answer used what it was charged (the usual case once its
+        # tenant's answers are known; a first answer that used all its max_tokens leaves that as the estimate).
+        if used is not None and used != slot.cost:
             self.order.settle(slot.tenant, slot.cost, slot.prompt, used, slot.weight)
         metrics = self.metrics
         if metrics is not None and used:
