@@ -125,7 +125,7 @@ class FairOrder:
         length = self.lengths.get(tenant)
         if length is None:
             return most
-        return int(length + 0.5) if most is None or length < most else most
+        return most if most is not None and length >= most else int(length + 0.5)
 
     def grant(self, tenant: str, tokens: float, weight: float) -> None:
         """A slot went to `tenant`: charged its estimate (less any credit), and stamped with its turn."""
@@ -147,9 +147,10 @@ class FairOrder:
     def settle(self, tenant: str, charged: int, prompt: int, used: int, weight: float) -> None:
         """A request of `tenant` charged `charged` tokens (`prompt` of them for its prompt) used `used`."""
         if used > 0:  # an attempt that ended without an answer (failed, lost a hedge, left) says nothing
-            generated = max(used - prompt, 0)
-            length = self.lengths.get(tenant)
-            self.lengths[tenant] = generated if length is None else length + (generated - length) * _LEARN
+            generated = used - prompt if used > prompt else 0
+            lengths = self.lengths
+            length = lengths.get(tenant)
+            lengths[tenant] = generated if length is None else length + (generated - length) * _LEARN
         if used > charged:
             self.service[tenant] = self.service.get(tenant, 0.0) + (used - charged) / weight
         elif used < charged:

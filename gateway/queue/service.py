@@ -68,7 +68,7 @@ class Ask:
         generated = gate.order.expect(self.tenant, self.most)
         if generated is None:  # no max_tokens, and no answer of this tenant here yet: the budgets' worst case
             generated = unbounded_completion(route, self.queues.unbounded_tokens) * self.choices
-        cost = self.prompt + min(generated, _MAX_CHARGE)
+        cost = self.prompt + (generated if generated < _MAX_CHARGE else _MAX_CHARGE)
         if gate.limiter is None and gate.in_use < gate.cap and not gate.order.depth:
             gate.in_use += 1  # a free slot of this process: nothing to await
             return gate.grant(self.tenant, self.weight, cost, self.prompt), timeouts
