@@ -65,13 +65,8 @@ class Ask:
         # Charged at its grant: its prompt and the answer its tenant's recent requests here had (within its
         # max_tokens), so a request counts while it runs and a tenant of long generations cannot start many
         # at once; what the answer used corrects it at its end (gateway/queue/fair.py).
-        # `FairOrder.expect`, inline: every request passes here.
-        length, most = gate.order.lengths.get(self.tenant), self.most
-        if length is not None:
-            generated = most if most is not None and length >= most else int(length + 0.5)
-        elif most is not None:
-            generated = most
-        else:  # no max_tokens, and no answer of this tenant here yet: the budgets' worst case
+        generated = gate.order.expect(self.tenant, self.most)
+        if generated is None:  # no max_tokens, and no answer of this tenant here yet: the budgets' worst case
             generated = unbounded_completion(route, self.queues.unbounded_tokens) * self.choices
         cost = self.prompt + (generated if generated < _MAX_CHARGE else _MAX_CHARGE)
         if gate.limiter is None and gate.in_use < gate.cap and not gate.order.depth:
