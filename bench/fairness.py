@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import socket
 import statistics
@@ -220,6 +221,10 @@ def report(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> str:
         f"`max_concurrency: {args.batch}` in the runs with the queue. Each run lasts {args.seconds:g} s; the first "
         "second is not counted. A token share counts prompt plus generated tokens, as the queue does.",
         "",
+        f"The machine's load average (1 min) was {args.load[0]:.1f} when the runs started and {args.load[1]:.1f} "
+        f"when they ended, on {os.cpu_count()} cores: latencies and throughput move with it.",
+        "",
+        "",
     ]
     return "\n".join(head) + "\n".join(report_one(n, SCENARIOS[n], r) for n, r in results.items())
 
@@ -235,7 +240,9 @@ def cli() -> None:
     args = parser.parse_args()
     args.seconds = min(max(args.seconds, 2.0), 120.0)
     args.jitter = min(max(args.jitter, 0.0), 0.9)
+    start = os.getloadavg()[0]
     results = asyncio.run(main(args))
+    args.load = (start, os.getloadavg()[0])
     if args.markdown:
         args.markdown.write_text(report(args, results))
 

@@ -6,6 +6,13 @@ in Serving Large Language Models", OSDI 2024): each tenant's service is the toke
 its requests used, divided by its weight, and the next slot goes to the waiting tenant with the least. A
 tenant that starts waiting again is lifted to the least service among those already waiting (or to the last
 served one's, when nobody waits), so time spent idle is not banked as credit.
+
+The VTC charges generated tokens as the engine makes them; a gateway sees them only at the end. So a request
+is charged an estimate when it gets its slot (its prompt and the answer length its tenant's recent requests
+had, at most its `max_tokens`), and its end corrects that. A correction upward is charged at once. One
+downward (the answer was shorter than charged) is kept as the tenant's credit and taken off its next charge
+(or off its count when it next starts waiting) instead: a waiting tenant's service then never goes down, so
+a tenant lifted to it stays level with it, and is not overtaken by the refunds of requests it has no part in.
 """
 
 from __future__ import annotations
@@ -16,15 +23,24 @@ from typing import Any, Final
 
 PRIORITIES: Final = ("high", "normal", "low")
 RANK: Final = {"high": 0, "normal": 1, "low": 2}
+# A tenant's expected answer length follows its last answers with this weight per answer (about its last eight).
+_LEARN: Final = 0.125
 
 
 class Waiter:
     """One request waiting for a slot: whose it is, its share, its class, and the future its slot comes in."""
 
-    __slots__ = ("tenant", "weight", "rank", "cost", "future", "since")
+    __slots__ = ("tenant", "weight", "rank", "cost", "future", "since", "prompt")
 
     def __init__(
-        self, tenant: str, weight: float, rank: int, cost: int, future: asyncio.Future[Any] | None, since: float
+        self,
+        tenant: str,
+        weight: float,
+        rank: int,
+        cost: int,
+        future: asyncio.Future[Any] | None,
+        since: float,
+        prompt: int = 0,
     ) -> None:
         self.tenant = tenant
         self.weight = weight
@@ -32,18 +48,24 @@ class Waiter:
         self.cost = cost  # the tokens charged when it gets its slot (an estimate, corrected at its end)
         self.future: asyncio.Future[Any] = future  # type: ignore[assignment]  # set before it is queued
         self.since = since
+        self.prompt = prompt  # the part of `cost` that is its prompt's
 
 
 class FairOrder:
     """The waiters of one server by class and tenant, and every tenant's weighted service there."""
 
-    __slots__ = ("classes", "service", "depth", "counts", "last", "turns", "turn")
+    __slots__ = ("classes", "service", "credit", "lengths", "depth", "counts", "last", "turns", "turn")
 
     def __init__(self) -> None:
         # Per class: tenant -> its waiters, oldest first (a dict keeps tenants in arrival order for ties).
         self.classes: tuple[dict[str, deque[Waiter]], ...] = ({}, {}, {})
-        # Tenant -> tokens served / weight. Bounded by the tenants there are (configured and runtime keys).
+        # Tenant -> tokens served / weight. Bounded by the tenants there are (configured and runtime keys), as
+        # are `credit`, `lengths` and `turns`.
         self.service: dict[str, float] = {}
+        # Tenant -> weighted tokens charged beyond what its ended requests used, owed back at its next charge.
+        self.credit: dict[str, float] = {}
+        # Tenant -> the generated tokens its recent answers here had: the estimate charged at a grant.
+        self.lengths: dict[str, float] = {}
         self.depth = 0
         self.counts = [0, 0, 0]  # waiters per class
         self.last = 0.0  # the service of the tenant served last: the floor for a tenant nobody waits beside
@@ -59,7 +81,9 @@ class FairOrder:
         tenant = w.tenant
         if not self.waiting(tenant):
             floor = min((self.service[t] for c in self.classes for t in c), default=self.last)
-            self.service[tenant] = max(self.service.get(tenant, 0.0), floor)
+            # Its credit is settled here, before it is compared with anyone: what lifting takes of it is gone.
+            own = self.service.get(tenant, 0.0) - self.credit.pop(tenant, 0.0)
+            self.service[tenant] = max(own, floor)
         self.classes[w.rank].setdefault(tenant, deque()).append(w)
         self.depth += 1
         self.counts[w.rank] += 1
@@ -95,18 +119,42 @@ class FairOrder:
         self.counts[w.rank] -= 1
         return True
 
+    def expect(self, tenant: str, most: int | None) -> int | None:
+        """The generated tokens to charge a request of `tenant` that may generate at most `most` (None: no
+        bound it gave): its recent answers' length, within `most`; None when the tenant has none here yet."""
+        length = self.lengths.get(tenant)
+        if length is None:
+            return most
+        return most if most is not None and length >= most else int(length + 0.5)
+
     def grant(self, tenant: str, tokens: float, weight: float) -> None:
-        """A slot went to `tenant`: charged its estimate, and stamped with its turn."""
+        """A slot went to `tenant`: charged its estimate (less any credit), and stamped with its turn."""
         turn = self.turn = self.turn + 1
         self.turns[tenant] = turn
-        served = self.service.get(tenant, 0.0) + tokens / weight  # `charge`, inline: every request passes here
+        charge = tokens / weight
+        credit = self.credit.get(tenant) if self.credit else None  # none at all while estimates hold
+        if credit is not None:
+            if credit > charge:
+                self.credit[tenant] = credit - charge
+                charge = 0.0
+            else:
+                del self.credit[tenant]
+                charge -= credit
+        served = self.service.get(tenant, 0.0) + charge
         self.service[tenant] = served
         self.last = served
 
-    def charge(self, tenant: str, tokens: float, weight: float) -> None:
-        served = self.service.get(tenant, 0.0) + tokens / weight
-        self.service[tenant] = served
-        self.last = served
+    def settle(self, tenant: str, charged: int, prompt: int, used: int, weight: float) -> None:
+        """A request of `tenant` charged `charged` tokens (`prompt` of them for its prompt) used `used`."""
+        if used > 0:  # an attempt that ended without an answer (failed, lost a hedge, left) says nothing
+            generated = used - prompt if used > prompt else 0
+            lengths = self.lengths
+            length = lengths.get(tenant)
+            lengths[tenant] = generated if length is None else length + (generated - length) * _LEARN
+        if used > charged:
+            self.service[tenant] = self.service.get(tenant, 0.0) + (used - charged) / weight
+        elif used < charged:
+            self.credit[tenant] = self.credit.get(tenant, 0.0) + (charged - used) / weight
 
     def drain(self) -> list[Waiter]:
         """Every waiter, in no particular order, leaving the order empty (the gate is being replaced)."""

@@ -25,17 +25,26 @@ POLL_S: Final = 0.02
 class Slot:
     """One slot of one gate, held by one attempt; `done` gives it back once (later calls do nothing)."""
 
-    __slots__ = ("gate", "lease", "limiter", "tenant", "weight", "cost", "waited")
+    __slots__ = ("gate", "lease", "limiter", "tenant", "weight", "cost", "prompt", "waited")
 
     def __init__(
-        self, gate: Gate, lease: str, limiter: Limiter | None, tenant: str, weight: float, cost: int, waited: float
+        self,
+        gate: Gate,
+        lease: str,
+        limiter: Limiter | None,
+        tenant: str,
+        weight: float,
+        cost: int,
+        prompt: int,
+        waited: float,
     ) -> None:
         self.gate: Gate | None = gate
         self.lease = lease
         self.limiter = limiter  # the limiter that holds its lease (a reload may have swapped the gate's since)
         self.tenant = tenant
         self.weight = weight
-        self.cost = cost
+        self.cost = cost  # the tokens its tenant was charged for it, `prompt` of them for its prompt
+        self.prompt = prompt
         self.waited = waited  # seconds spent in the queue (0 when a slot was free)
 
     def done(self, used: int | None) -> None:
@@ -106,20 +115,21 @@ class Gate:
     def _grant(self, w: Waiter, lease: str, limiter: Limiter | None, waited: float) -> Slot:
         if waited:
             self.wait_s += (waited - self.wait_s) * 0.1
-        return self.grant(w.tenant, w.weight, w.cost, lease, limiter, waited)
+        return self.grant(w.tenant, w.weight, w.cost, w.prompt, lease, limiter, waited)
 
     def grant(
         self,
         tenant: str,
         weight: float,
         cost: int,
+        prompt: int,
         lease: str = "",
         limiter: Limiter | None = None,
         waited: float = 0.0,
     ) -> Slot:
         """A slot already counted in `in_use`, its estimated cost charged to its tenant."""
         self.order.grant(tenant, cost, weight)
-        return Slot(self, lease, limiter, tenant, weight, cost, waited)
+        return Slot(self, lease, limiter, tenant, weight, cost, prompt, waited)
 
     def enqueue(self, w: Waiter) -> None:
         self.order.push(w)
@@ -134,8 +144,10 @@ class Gate:
 
     def release(self, slot: Slot, used: int | None) -> None:
         self.in_use -= 1
+        # Nothing to correct, nor to learn, when the answer used what it was charged (the usual case once its
+        # tenant's answers are known; a first answer that used all its max_tokens leaves that as the estimate).
         if used is not None and used != slot.cost:
-            self.order.charge(slot.tenant, used - slot.cost, slot.weight)
+            self.order.settle(slot.tenant, slot.cost, slot.prompt, used, slot.weight)
         metrics = self.metrics
         if metrics is not None and used:
             child = self._service.get(slot.tenant)

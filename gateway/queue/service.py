@@ -15,7 +15,7 @@ from typing import Final
 from gateway.config import LoadedConfig, QueueConfig, replica_cap, replica_names, replica_url
 from gateway.limits.auth import ClientKey
 from gateway.limits.ratelimit import Limiter
-from gateway.limits.tokens import prompt_tokens
+from gateway.limits.tokens import prompt_tokens, unbounded_completion
 from gateway.ops import tracing
 from gateway.ops.metrics import Metrics
 from gateway.queue.fair import PRIORITIES, RANK, Waiter
@@ -29,9 +29,7 @@ from wire.schema import CompletionRequest
 HEADER: Final = "x-gateway-priority"
 _ROUTES_LIMIT: Final = 4096
 _ANONYMOUS: Final = "anonymous"
-# A request without max_tokens is charged this many generated tokens until its usage is known (OpenAI's
-# completions default); any is charged at most _MAX_CHARGE, so one huge max_tokens cannot park a tenant.
-_DEFAULT_MAX_TOKENS: Final = 16
+# The most one request is charged before its usage is known, so one huge max_tokens cannot park a tenant.
 _MAX_CHARGE: Final = 32_768
 
 
@@ -41,16 +39,20 @@ class Spilled(RateLimitError):
 
 
 class Ask:
-    """Who one request is to the queue: its tenant, the tenant's weight, its class and its prompt's cost."""
+    """Who one request is to the queue: its tenant, the tenant's weight, its class and what it may cost."""
 
-    __slots__ = ("queues", "tenant", "weight", "rank", "cost", "tried", "waited")
+    __slots__ = ("queues", "tenant", "weight", "rank", "prompt", "most", "choices", "tried", "waited")
 
-    def __init__(self, queues: Queues, tenant: str, weight: float, rank: int, cost: int) -> None:
+    def __init__(
+        self, queues: Queues, tenant: str, weight: float, rank: int, prompt: int, most: int | None, choices: int
+    ) -> None:
         self.queues = queues
         self.tenant = tenant
         self.weight = weight
         self.rank = rank
-        self.cost = cost
+        self.prompt = prompt  # its prompt's tokens, estimated
+        self.most = most  # the most it may generate (max_tokens x choices), None without max_tokens
+        self.choices = choices
         self.tried: set[str] = set()  # the targets this request's attempts have gone to
         self.waited = 0.0  # seconds its attempts spent in queues, for the access log
 
@@ -60,10 +62,17 @@ class Ask:
         gate = self.queues.gate(route)
         if gate is None:
             return None, timeouts
+        # Charged at its grant: its prompt and the answer its tenant's recent requests here had (within its
+        # max_tokens), so a request counts while it runs and a tenant of long generations cannot start many
+        # at once; what the answer used corrects it at its end (gateway/queue/fair.py).
+        generated = gate.order.expect(self.tenant, self.most)
+        if generated is None:  # no max_tokens, and no answer of this tenant here yet: the budgets' worst case
+            generated = unbounded_completion(route, self.queues.unbounded_tokens) * self.choices
+        cost = self.prompt + (generated if generated < _MAX_CHARGE else _MAX_CHARGE)
         if gate.limiter is None and gate.in_use < gate.cap and not gate.order.depth:
             gate.in_use += 1  # a free slot of this process: nothing to await
-            return gate.grant(self.tenant, self.weight, self.cost), timeouts
-        return await self.queues.wait(self, gate, route, timeouts, plan)
+            return gate.grant(self.tenant, self.weight, cost, self.prompt), timeouts
+        return await self.queues.wait(self, cost, gate, route, timeouts, plan)
 
 
 class _Tenant:
@@ -80,6 +89,7 @@ class Queues:
         self.config: QueueConfig = cfg.queue
         self.limiter = limiter
         self.metrics = metrics
+        self.unbounded_tokens = cfg.caps.budget_max_tokens
         # (provider, base URL) -> its gate; routes of the same server share it.
         self.gates: dict[tuple[str, str], Gate] = {}
         for name, p in loaded.providers.items():
@@ -166,15 +176,20 @@ class Queues:
                     code="priority_not_allowed",
                 )
             rank = r
-        # Charged when a slot is granted: the prompt's estimate and the most it may generate, so a request
-        # counts while it runs (a tenant of long generations cannot start many at once); what the answer
-        # used corrects it at its end.
-        most = (req.max_tokens if req.max_tokens is not None else _DEFAULT_MAX_TOKENS) * (req.n or 1)
-        return Ask(self, t.name, t.weight, rank, prompt_tokens(req.prompt, False, "") + min(most, _MAX_CHARGE))
+        prompts = req.prompt
+        # Choices as the budgets count them (gateway/limits/tokens.py `reservation`): every prompt's answers.
+        choices = max(req.n or 1, req.best_of or 1) * (
+            len(prompts) if isinstance(prompts, list) and not isinstance(prompts[0], int) else 1
+        )
+        most = req.max_tokens * choices if req.max_tokens is not None else None
+        return Ask(self, t.name, t.weight, rank, prompt_tokens(req.prompt, False, ""), most, choices)
 
-    async def wait(self, ask: Ask, gate: Gate, route: Route, timeouts: Timeouts, plan: Plan) -> tuple[Slot, Timeouts]:
-        """A slot on `gate` for one attempt of `ask`'s request: at once, or after waiting in its fair order."""
-        w = Waiter(ask.tenant, ask.weight, ask.rank, ask.cost, None, 0.0)
+    async def wait(
+        self, ask: Ask, cost: int, gate: Gate, route: Route, timeouts: Timeouts, plan: Plan
+    ) -> tuple[Slot, Timeouts]:
+        """A slot on `gate` for one attempt of `ask`'s request, charged `cost`: at once, or after waiting in
+        its fair order."""
+        w = Waiter(ask.tenant, ask.weight, ask.rank, cost, None, 0.0, ask.prompt)
         slot = await gate.take(w)
         if slot is not None:
             return slot, timeouts

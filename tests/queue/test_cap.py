@@ -9,7 +9,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gateway.config import parse_config
+from gateway.path.pipeline import Pipeline
 from tests.helpers.engine import Engine
+from tests.helpers.faults import FaultServer, continuation, cut
+from tests.helpers.pipelines import VirtualTime, config_yaml
+from tests.helpers.pipelines import ask as ask_pipeline
 from tests.helpers.redis import RedisServer
 from tests.helpers.servers import GatewayProcess, serve_config
 from tests.queue.conftest import ask, body, chat_body, config, gate, provider, streamed, until
@@ -57,12 +62,15 @@ async def test_chat_requests_hold_the_same_slots_as_completions(tmp_path: Path, 
 
 
 async def test_a_provider_without_max_concurrency_builds_no_queue(tmp_path: Path, engine: Engine) -> None:
-    engine.hold_s = 0.05
     text = config(engine, 1).replace("    max_concurrency: 1\n", "")
     with serve_config(tmp_path, text) as gw:
         assert gw.pipeline.queues is None
         async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
-            answers = await asyncio.gather(*(ask(client, "noisy") for _ in range(6)))
+            engine.running.clear()  # the engine holds each request until all six have reached it
+            sent = asyncio.gather(*(ask(client, "noisy") for _ in range(6)))
+            await until(lambda: engine.inflight == 6)
+            engine.running.set()
+            answers = await sent
     assert [r.status_code for r in answers] == [200] * 6
     assert engine.peak == 6  # every request went at once: nothing held them back
 
@@ -70,7 +78,8 @@ async def test_a_provider_without_max_concurrency_builds_no_queue(tmp_path: Path
 async def test_two_gateways_sharing_redis_hold_one_cap(tmp_path: Path, rds: RedisServer) -> None:
     url = rds.url
     with Engine(hold_s=0.05) as engine:
-        text = config(engine, 3, extra=f"redis: {{url: '{url}'}}")
+        # fail_closed: exact only while Redis answers, which fail_open does not wait for on a loaded machine.
+        text = config(engine, 3, extra=f"redis: {{url: '{url}', on_failure: fail_closed}}")
         with serve_config(tmp_path, text) as a, serve_config(tmp_path, text) as b:
             async with (
                 httpx.AsyncClient(base_url=a.url, timeout=30) as ca,
@@ -102,31 +111,61 @@ async def test_each_replica_has_its_own_cap(tmp_path: Path) -> None:
     assert len(one.order) + len(two.order) == 16
 
 
-async def test_hedges_and_retries_each_hold_a_slot(tmp_path: Path) -> None:
-    with Engine(hold_s=0.15) as slow, Engine(hold_s=0.02) as fast:
-        models = """models:
+_HEDGED = """models:
   - name: hedged
     strategy: ordered
     hedge_after_ms: 30
     targets: [{model: engine/m}, {model: spare/m}]
 retries: {attempts: 3, initial_backoff_ms: 0, max_backoff_ms: 0}
 """
-        text = config(slow, 2, provider=provider("spare", fast, 2), extra=models).replace(
+
+
+async def _hedged(client: httpx.AsyncClient) -> list[httpx.Response]:
+    """Twelve buffered and four streamed requests to the hedged alias, all at once."""
+    req = {"model": "hedged", "prompt": "noisy hello", "max_tokens": 1}
+    hdrs = {"authorization": "Bearer k-noisy"}
+    return await asyncio.gather(
+        *(client.post("/v1/completions", json=req, headers=hdrs) for _ in range(12)),
+        *(client.post("/v1/completions", json={**req, "stream": True}, headers=hdrs) for _ in range(4)),
+    )
+
+
+async def test_hedges_and_retries_each_hold_a_slot(tmp_path: Path) -> None:
+    with Engine(hold_s=0.15) as slow, Engine(hold_s=0.02) as fast:
+        text = config(slow, 2, provider=provider("spare", fast, 2), extra=_HEDGED).replace(
             "retries: {attempts: 1}\n", ""
         )
         slow.failures = 3  # the first attempts fail and are retried
         with serve_config(tmp_path, text) as gw:
             async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
-                req = {"model": "hedged", "prompt": "noisy hello", "max_tokens": 1}
-                hdrs = {"authorization": "Bearer k-noisy"}
-                answers = await asyncio.gather(
-                    *(client.post("/v1/completions", json=req, headers=hdrs) for _ in range(12)),
-                    *(client.post("/v1/completions", json={**req, "stream": True}, headers=hdrs) for _ in range(4)),
-                )
+                answers = await _hedged(client)
             await until(lambda: gate(gw).in_use == 0 and gate(gw, "spare").in_use == 0)
     assert [r.status_code for r in answers] == [200] * 16
     assert slow.peak == 2 and fast.peak == 2  # both served, neither past its cap
     assert len(slow.order) + len(fast.order) > 16  # hedges and retries made more calls than requests
+
+
+async def test_two_gateways_sharing_redis_hold_one_cap_with_hedges_retries_and_streams(
+    tmp_path: Path, rds: RedisServer
+) -> None:
+    with Engine(hold_s=0.15) as slow, Engine(hold_s=0.02) as fast:
+        # fail_closed: a Redis answer slower than its deadline on this loaded machine would otherwise let each
+        # gateway decide on its own count (fail_open, the default, is per process while Redis does not answer).
+        redis = f"redis: {{url: '{rds.url}', on_failure: fail_closed}}"
+        text = config(slow, 2, provider=provider("spare", fast, 2), extra=_HEDGED + redis)
+        text = text.replace("retries: {attempts: 1}\n", "")
+        slow.failures = 4  # the first attempts fail and are retried, on either gateway
+        with serve_config(tmp_path, text) as a, serve_config(tmp_path, text) as b:
+            async with (
+                httpx.AsyncClient(base_url=a.url, timeout=30) as ca,
+                httpx.AsyncClient(base_url=b.url, timeout=30) as cb,
+            ):
+                answers = [*(await asyncio.gather(_hedged(ca), _hedged(cb)))]
+            for gw in (a, b):
+                await until(lambda gw=gw: gate(gw).in_use == 0 and gate(gw, "spare").in_use == 0)
+    assert [r.status_code for rs in answers for r in rs] == [200] * 32
+    assert slow.peak == 2 and fast.peak == 2  # one cap per server across both gateways, not one each
+    assert len(slow.order) + len(fast.order) > 32  # hedges and retries made more calls than requests
 
 
 @pytest.mark.parametrize("shared", [True, False])
@@ -153,3 +192,32 @@ async def test_two_workers_hold_one_cap_with_redis_and_one_each_without(
         assert engine.peak == 3
     else:
         assert 3 <= engine.peak <= 6  # per process: each worker keeps its own three
+
+
+async def test_a_resumed_stream_holds_a_slot_of_its_own_where_it_resumes(faults: FaultServer) -> None:
+    """A stream broken mid-way and resumed on another target: the continuation takes (and gives back) a
+    slot of the server it resumes on, as the same tenant."""
+    models = """  - name: smart
+    strategy: ordered
+    resume_streams: true
+    targets: [{model: alpha/davinci-002}, {model: beta/davinci-002}]
+"""
+    top = "retries: {attempts: 3}\ntimeouts: {connect_ms: 1000, first_byte_ms: 300, total_ms: 5000}\n"
+    text = config_yaml(faults, models, top=top, providers=("alpha", "beta"))
+    text = text.replace("/v1}", "/v1, max_concurrency: 1}")
+    assert text.count("max_concurrency: 1") == 2
+    faults["alpha"].script(cut(5))
+    faults["beta"].script(continuation(prompt_tokens=8 + 5))
+    vtime = VirtualTime()
+    p = Pipeline(parse_config(text, "queue.yaml", env={}), sleep=vtime.sleep, clock=vtime.clock)
+    try:
+        answer = await ask_pipeline(p, stream=True, stream_options={"include_usage": True})
+        assert p.queues is not None
+        alpha, beta = (next(g for g in p.queues.gates.values() if g.name == n) for n in ("alpha", "beta"))
+        await until(lambda: alpha.in_use == 0 and beta.in_use == 0)  # both given back at the stream's end
+    finally:
+        await p.close()
+    assert faults.order() == ["alpha", "beta"]
+    assert len(answer.chunks()) == 17  # sixteen content chunks and the usage, one stream
+    assert (alpha.order.turn, beta.order.turn) == (1, 1)  # the continuation was granted beta's slot
+    assert beta.order.service.keys() == alpha.order.service.keys() == {"anonymous"}  # as the same tenant

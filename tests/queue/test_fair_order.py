@@ -85,6 +85,19 @@ async def test_teams_share_when_fair_by_team(tmp_path: Path, engine: Engine) -> 
     assert 5 <= first.count("quiet") <= 7, engine.order
 
 
+async def test_a_teams_weight_sets_its_share_when_fair_by_team(tmp_path: Path, engine: Engine) -> None:
+    extra = "teams: {red: {weight: 3}, blue: {weight: 1}}"
+    text = config(engine, 1, queue="fair_by: team", extra=extra)
+    text = text.replace("{name: noisy, key: k-noisy}", "{name: noisy, key: k-noisy, team: red}")
+    # A key's own weight does not count when the team is the tenant.
+    text = text.replace("{name: heavy, key: k-heavy, weight: 3}", "{name: heavy, key: k-heavy, weight: 3, team: blue}")
+    with serve_config(tmp_path, text) as gw:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+            await _queued(gw, engine, client, many("noisy", 10, 12) + many("heavy", 10, 12))
+    first = engine.order[:16]  # both teams still waiting throughout
+    assert 11 <= first.count("noisy") <= 13, engine.order  # team red, weight 3 against 1: three quarters
+
+
 async def test_higher_classes_go_first_and_low_only_when_nothing_else_waits(tmp_path: Path, engine: Engine) -> None:
     with serve_config(tmp_path, config(engine, 1)) as gw:
         async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:

@@ -13,6 +13,7 @@ import pytest
 from tests.e2e.test_tracing import SERVER, Receiver
 from tests.helpers.accesslog import listening
 from tests.helpers.engine import Engine
+from tests.helpers.redis import RedisServer
 from tests.helpers.servers import serve_config
 from tests.queue.conftest import ask, config, gate, hold_one, until
 
@@ -85,3 +86,25 @@ async def test_a_wait_is_a_span_of_its_request(tmp_path: Path, engine: Engine, m
     assert wait.attributes == {"gateway.queue.server": "engine", "gateway.queue.priority": "high"}
     request = next(s for s in spans if s.span_id == wait.parent)
     assert request.kind == SERVER and request.trace_id == wait.trace_id
+
+
+async def test_with_redis_the_status_page_counts_the_slots_every_gateway_holds(
+    tmp_path: Path, engine: Engine, rds: RedisServer
+) -> None:
+    text = config(engine, 2, extra=f"admin: {{key: admin-q}}\nredis: {{url: '{rds.url}', on_failure: fail_closed}}")
+    admin = {"authorization": "Bearer admin-q"}
+    with serve_config(tmp_path, text) as a, serve_config(tmp_path, text) as b:
+        async with (
+            httpx.AsyncClient(base_url=a.url, timeout=30) as ca,
+            httpx.AsyncClient(base_url=b.url, timeout=30) as cb,
+        ):
+            held = await hold_one(ca, engine)  # gateway a holds one of the two slots
+            waiting = [asyncio.ensure_future(ask(cb, "quiet")) for _ in range(2)]  # b takes the other; one waits
+            await until(lambda: engine.inflight == 2 and gate(b).order.depth == 1)
+            seen = [(await c.get("/admin/status", headers=admin)).json()["queues"] for c in (ca, cb)]
+            engine.running.set()
+            answers = await asyncio.gather(held, *waiting)
+    assert [r.status_code for r in answers] == [200] * 3
+    # Slots in use are read from Redis (both gateways'); requests waiting are each process's own.
+    assert seen[0] == [{"server": "engine", "cap": 2, "in_use": 2, "waiting": {"high": 0, "normal": 0, "low": 0}}]
+    assert seen[1] == [{"server": "engine", "cap": 2, "in_use": 2, "waiting": {"high": 0, "normal": 1, "low": 0}}]

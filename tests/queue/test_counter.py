@@ -1,0 +1,101 @@
+"""The virtual token counter's arithmetic: what a grant charges, what an answer's end corrects, and how a
+tenant's estimate follows its answers. The order is driven directly (no server), then once through a gateway
+for a request without max_tokens."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+
+from gateway.limits.tokens import prompt_tokens
+from gateway.queue.fair import FairOrder, Waiter
+from tests.helpers.engine import Engine
+from tests.helpers.servers import serve_config
+from tests.queue.conftest import _headers, config, gate, until
+
+
+def _waiter(tenant: str) -> Waiter:
+    return Waiter(tenant, 1.0, 1, 0, None, 0.0)
+
+
+def test_a_tenant_that_starts_waiting_is_not_overtaken_by_refunds_of_a_backlogged_ones_running_requests() -> None:
+    order = FairOrder()
+    for _ in range(3):  # `noisy` runs three requests, each charged its max_tokens of 97 and a 3-token prompt
+        order.grant("noisy", 100, 1.0)
+    for _ in range(5):
+        order.push(_waiter("noisy"))
+    order.push(_waiter("quiet"))  # starts waiting: level with `noisy`, and served longer ago
+    order.settle("noisy", 100, 3, 20, 1.0)  # one of noisy's requests ends, far shorter than charged
+    # Had the refund lowered noisy's count at once, noisy would now be below `quiet` and take this slot.
+    assert order.pop().tenant == "quiet"  # type: ignore[union-attr]
+    assert order.pop().tenant == "noisy"  # type: ignore[union-attr]
+
+
+def test_a_refund_comes_off_the_tenants_next_charges_so_its_service_is_what_it_used() -> None:
+    order = FairOrder()
+    order.grant("t", 100, 1.0)
+    order.settle("t", 100, 3, 20, 1.0)  # 80 charged too much
+    assert order.service["t"] == 100 and order.credit["t"] == 80
+    order.grant("t", 50, 1.0)  # paid out of the credit
+    assert order.service["t"] == 100 and order.credit["t"] == 30
+    order.grant("t", 50, 1.0)  # the rest of the credit, then 20 more
+    assert order.service["t"] == 120 and "t" not in order.credit  # 20 + 50 + 50 used
+    order.settle("t", 50, 3, 90, 1.0)  # a longer answer than charged: charged at once
+    assert order.service["t"] == 160
+    order.grant("w", 30, 3.0)  # a weight divides the tokens
+    order.settle("w", 30, 3, 15, 3.0)
+    assert order.service["w"] == 10 and order.credit["w"] == 5
+
+
+def test_a_credit_is_no_banked_time_a_tenant_that_starts_waiting_settles_it_before_its_lift() -> None:
+    order = FairOrder()
+    order.grant("quiet", 100, 1.0)
+    order.settle("quiet", 100, 3, 10, 1.0)  # 90 of credit, then idle while `noisy` is served
+    for _ in range(4):
+        order.grant("noisy", 40, 1.0)
+    order.push(_waiter("noisy"))
+    order.push(_waiter("quiet"))
+    # Its own count less its credit (10) is below noisy's 160: lifted there, the credit spent on the way.
+    assert order.service["quiet"] == 160 and "quiet" not in order.credit
+
+
+def test_the_estimate_follows_the_tenants_recent_answers_within_its_max_tokens() -> None:
+    order = FairOrder()
+    assert order.expect("t", 200) == 200  # nothing known yet: the most it may generate
+    assert order.expect("t", None) is None  # and without max_tokens, nothing at all (the caller decides)
+    order.settle("t", 203, 3, 43, 1.0)  # generated 40
+    assert order.expect("t", 200) == 40 and order.expect("t", None) == 40
+    assert order.expect("t", 25) == 25  # never past the request's own bound
+    order.settle("t", 43, 3, 0, 1.0)  # an attempt that ended without an answer teaches nothing
+    assert order.expect("t", 200) == 40
+    for _ in range(30):  # the tenant moves to longer answers: the estimate follows
+        order.settle("t", 43, 3, 123, 1.0)
+    assert 115 <= order.expect("t", None) <= 120  # type: ignore[operator]
+
+
+async def test_a_request_without_max_tokens_is_charged_the_budgets_worst_case_then_its_tenants_answers(
+    tmp_path: Path, engine: Engine
+) -> None:
+    text = config(engine, 1, extra="caps: {budget_max_tokens: 500}")
+    req = {"model": "engine/m", "prompt": "quiet hello there"}  # the engine answers one token
+    prompt = prompt_tokens(req["prompt"], False, "")
+    with serve_config(tmp_path, text) as gw:
+        order = gate(gw).order
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+            first = await client.post("/v1/completions", json=req, headers=_headers("quiet", {}))
+            await until(lambda: gate(gw).in_use == 0)
+            # Charged its prompt and the budgets' worst case (the vllm adapter's own default is smaller)...
+            assert order.service["quiet"] == prompt + 500
+            assert order.credit["quiet"] == prompt + 500 - 4  # ...and it used 3 + 1: the rest is owed back
+            generated = max(4 - prompt, 0)  # what it used beyond its prompt's estimate
+            assert order.lengths["quiet"] == generated
+            engine.running.clear()
+            second = asyncio.ensure_future(client.post("/v1/completions", json=req, headers=_headers("quiet", {})))
+            await until(lambda: engine.inflight == 1)
+            # Now charged what its answers were (paid from its credit): the worst case only without history.
+            assert order.credit["quiet"] == prompt + 500 - 4 - (prompt + generated)
+            engine.running.set()
+            assert (await second).status_code == 200
+    assert first.status_code == 200
