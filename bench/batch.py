@@ -4,7 +4,8 @@ Real processes on loopback: the Python upstream (``bench.upstream.server``, ``--
 and ``python -m gateway serve`` (one worker, a SQLite ledger in a temporary directory, ``batches.concurrency``
 = ``--concurrency``). The upstream provider has ``max_concurrency: --max-concurrency``, as an operator
 running batches on a shared fleet sets it (the engine's running batch): requests over the cap wait in the
-gateway's queue, where a batch's lines are ``low`` priority and interactive requests ``normal``. Three
+gateway's queue, where a batch's lines are ``low`` priority and interactive requests ``normal``, and
+``queue.low_share: --low-share`` keeps the rest of the slots free for interactive arrivals. Three
 measurements, one after the other, all through the same cap:
 
 - **client**: ``--lines`` requests sent by this process at ``--concurrency`` connections: lines per second;
@@ -42,7 +43,7 @@ AUTH = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
 _TERMINAL = ("completed", "failed", "expired", "cancelled")
 
 
-def _gateway(upstream_port: int, concurrency: int, cap: int, work: Path) -> processes.Service:
+def _gateway(upstream_port: int, concurrency: int, cap: int, low_share: float, work: Path) -> processes.Service:
     port = processes.free_port()
     upstream = {"kind": "openai", "base_url": f"http://127.0.0.1:{upstream_port}/v1", "api_key": "k"}
     config: dict[str, Any] = {
@@ -51,7 +52,8 @@ def _gateway(upstream_port: int, concurrency: int, cap: int, work: Path) -> proc
         "keys": [{"name": "bench", "key": KEY}],
         "providers": {"up": {**upstream, "max_concurrency": cap}},
         # Batch work waits for the capacity interactive traffic leaves (docs/batches.md).
-        "queue": {"max_wait_by_priority": {"low": 600_000}},
+        # and leaves interactive arrivals slots of their own (docs/fairness.md).
+        "queue": {"max_wait_by_priority": {"low": 600_000}, "low_share": low_share},
         "ledger": {"url": f"sqlite:///{work / 'ledger.db'}"},
         "batches": {"concurrency": concurrency, "poll_ms": 100},
     }
@@ -190,12 +192,14 @@ def _measured(gw: processes.Service, phase: Coroutine[Any, Any, dict[str, Any]])
     return out
 
 
-def run(lines: int, concurrency: int, cap: int, seconds: float, latency_ms: float, work: Path) -> dict[str, Any]:
+def run(
+    lines: int, concurrency: int, cap: int, low_share: float, seconds: float, latency_ms: float, work: Path
+) -> dict[str, Any]:
     port = processes.free_port()
     argv = [sys.executable, "-m", "bench.upstream.server", "--port", str(port), "--latency-ms", str(latency_ms)]
     upstream = processes.start("batch-upstream", argv, port, work)
     try:
-        gw = _gateway(port, concurrency, cap, work)
+        gw = _gateway(port, concurrency, cap, low_share, work)
         try:
             bodies = _bodies(lines)
             client = _measured(gw, _client(gw.base_url, bodies, concurrency))
@@ -211,6 +215,7 @@ def run(lines: int, concurrency: int, cap: int, seconds: float, latency_ms: floa
             "lines": lines,
             "concurrency": concurrency,
             "max_concurrency": cap,
+            "low_share": low_share,
             "seconds": seconds,
             "upstream_latency_ms": latency_ms,
         },
@@ -230,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--max-concurrency", type=int, default=16, help="the upstream's max_concurrency (both sides meet it)"
     )
+    parser.add_argument(
+        "--low-share", type=float, default=0.75, help="queue.low_share: the share of the cap batch lines may hold"
+    )
     parser.add_argument("--seconds", type=float, default=5.0, help="each interactive measurement")
     parser.add_argument("--latency-ms", type=float, default=20.0, help="the upstream's time per answer")
     parser.add_argument("--json", type=Path, help="also write the figures here")
@@ -237,7 +245,15 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= args.lines <= 12_500:  # the interactive batch holds four times as many, at most 50,000
         parser.error("--lines must be 1 to 12,500")
     with tempfile.TemporaryDirectory(prefix="bench-batch-") as temp:
-        results = run(args.lines, args.concurrency, args.max_concurrency, args.seconds, args.latency_ms, Path(temp))
+        results = run(
+            args.lines,
+            args.concurrency,
+            args.max_concurrency,
+            args.low_share,
+            args.seconds,
+            args.latency_ms,
+            Path(temp),
+        )
     text = msgspec.json.format(msgspec.json.encode(results)).decode()
     print(text)
     if args.json is not None:

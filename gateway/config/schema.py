@@ -164,6 +164,10 @@ class QueueConfig(Strict, frozen=True):
     # Who a saturated server's capacity is shared between: each client key, or each team (`keys[].team`;
     # keys without a team are each their own tenant).
     fair_by: Literal["key", "team"] = "key"
+    # The share of each server's slots `low` requests (batch lines, background work) may hold at once: the
+    # rest stay free for `normal` and `high` arrivals, which then start without waiting for a `low` request to
+    # end. 1: `low` may fill the server when nothing else waits. At least one slot is always theirs.
+    low_share: Annotated[float, Meta(gt=0, le=1)] = 1.0
 
 
 class LedgerConfig(Strict, frozen=True):

@@ -88,9 +88,19 @@ class FairOrder:
         self.depth += 1
         self.counts[w.rank] += 1
 
-    def pop(self) -> Waiter | None:
-        """The next waiter: of the highest class waiting, the one of its least-served tenant."""
+    def head(self) -> int | None:
+        """The highest class with a waiter (its rank), None when nobody waits."""
         for rank, c in enumerate(self.classes):
+            if c:
+                return rank
+        return None
+
+    def pop(self, most: int = 2) -> Waiter | None:
+        """The next waiter: of the highest class waiting, the one of its least-served tenant; None when only
+        classes ranked below `most` wait."""
+        for rank, c in enumerate(self.classes):
+            if rank > most:
+                return None
             if c:
                 service, turns = self.service, self.turns
                 tenant = min(c, key=lambda t: (service.get(t, 0.0), turns.get(t, 0)))

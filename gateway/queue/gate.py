@@ -16,10 +16,11 @@ from typing import Any, Final
 from gateway.limits.gcra import Bucket
 from gateway.limits.ratelimit import Limiter, RedisDown
 from gateway.ops.metrics import Metrics
-from gateway.queue.fair import PRIORITIES, FairOrder, Waiter
+from gateway.queue.fair import PRIORITIES, RANK, FairOrder, Waiter
 
 # With Redis: how often waiters look for a slot another process freed (their own process's wake them at once).
 POLL_S: Final = 0.02
+LOW: Final = RANK["low"]
 
 
 class Slot:
@@ -58,11 +59,12 @@ class Slot:
 class Gate:
     """The slots of one server (a provider's base_url, or one of its replicas) and its fair queue."""
 
-    def __init__(self, name: str, cap: int, limiter: Limiter | None, metrics: Metrics | None) -> None:
+    def __init__(
+        self, name: str, cap: int, limiter: Limiter | None, metrics: Metrics | None, low_share: float = 1.0
+    ) -> None:
         self.name = name
-        self.cap = cap
         self.limiter = limiter  # None: slots counted in this process only
-        self.bucket = Bucket(f"queue:{name}", "concurrent", cap)
+        self._cap(cap, low_share)
         self.metrics = metrics
         self.order = FairOrder()
         self.in_use = 0  # slots this process holds
@@ -75,11 +77,22 @@ class Gate:
         # when a slot frees here and nobody waits here, the first of them is told (its future gets None).
         self.watchers: dict[asyncio.Future[Any], None] = {}
 
-    def resize(self, cap: int, limiter: Limiter | None, metrics: Metrics | None) -> None:
-        """A reload: the same server under the new config (its waiters and held slots stay)."""
-        self.cap, self.limiter, self.metrics = cap, limiter, metrics
-        self._service = {}  # the new metrics' children
+    def _cap(self, cap: int, low_share: float) -> None:
+        self.cap = cap
+        # A `low` request starts only while fewer than `low_cap` slots are in use, so the rest stay free for
+        # `normal` and `high` arrivals (queue.low_share). Its lease is checked against the same Redis key with
+        # the smaller limit, so the reserve holds across processes as the cap does.
+        self.low_cap = cap if low_share >= 1 else max(1, int(cap * low_share))
         self.bucket = Bucket(f"queue:{self.name}", "concurrent", cap)
+        self.low_bucket = (
+            self.bucket if self.low_cap == cap else Bucket(f"queue:{self.name}", "concurrent", self.low_cap)
+        )
+
+    def resize(self, cap: int, limiter: Limiter | None, metrics: Metrics | None, low_share: float = 1.0) -> None:
+        """A reload: the same server under the new config (its waiters and held slots stay)."""
+        self.limiter, self.metrics = limiter, metrics
+        self._service = {}  # the new metrics' children
+        self._cap(cap, low_share)
         self._wake()
 
     def room(self) -> bool:
@@ -88,7 +101,8 @@ class Gate:
 
     async def take(self, w: Waiter) -> Slot | None:
         """A slot at once if one is free and nobody waits for it, else None (the caller then queues)."""
-        if self.order.depth or self.in_use >= self.cap:
+        low = w.rank == LOW
+        if self.order.depth or self.in_use >= (self.low_cap if low else self.cap):
             return None
         limiter = self.limiter
         if limiter is None:
@@ -96,7 +110,7 @@ class Gate:
             return self._grant(w, "", None, 0.0)
         self.in_use += 1  # counted before the await, so two requests of this process cannot both pass
         try:
-            lease = await self._lease(limiter)
+            lease = await self._lease(limiter, self.low_bucket if low else self.bucket)
         except BaseException:
             self.in_use -= 1
             raise
@@ -105,9 +119,9 @@ class Gate:
             return None
         return self._grant(w, lease, limiter, 0.0)
 
-    async def _lease(self, limiter: Limiter) -> str | None:
+    async def _lease(self, limiter: Limiter, bucket: Bucket) -> str | None:
         try:
-            decision = await limiter.acquire([self.bucket], 0)
+            decision = await limiter.acquire([bucket], 0)
         except RedisDown:
             return None  # fail closed and Redis away: wait (the queue's max_wait bounds it)
         return decision.lease if decision.allowed else None
@@ -185,16 +199,17 @@ class Gate:
 
     def _dispatch_local(self) -> None:
         while self.in_use < self.cap:
-            w = self._next()
+            w = self._next(LOW if self.in_use < self.low_cap else LOW - 1)
             if w is None:
                 return
             self.in_use += 1
             w.future.set_result(self._grant(w, "", None, time.monotonic() - w.since))
 
-    def _next(self) -> Waiter | None:
-        """The next waiter still waiting (one whose future is done was cancelled and is skipped)."""
+    def _next(self, most: int = LOW) -> Waiter | None:
+        """The next waiter still waiting, of a class up to `most` (one whose future is done was cancelled and
+        is skipped)."""
         while True:
-            w = self.order.pop()
+            w = self.order.pop(most)
             if w is None:
                 return None
             if self.metrics is not None:
@@ -211,19 +226,21 @@ class Gate:
                 if limiter is None:
                     self._dispatch_local()
                     return
-                if self.in_use >= self.cap:
+                low = self.order.head() == LOW
+                if self.in_use >= (self.low_cap if low else self.cap):
                     lease = None
                 else:
                     self.in_use += 1
                     try:
-                        lease = await self._lease(limiter)
+                        lease = await self._lease(limiter, self.low_bucket if low else self.bucket)
                     finally:
                         self.in_use -= 1
                 if lease is not None:
-                    w = self._next()
+                    # A lease checked against the full cap goes to a `normal` or `high` waiter only.
+                    w = self._next(LOW if low else LOW - 1)
                     if w is None:
                         await _release(limiter, self.bucket, lease)
-                        return
+                        continue
                     self.in_use += 1
                     w.future.set_result(self._grant(w, lease, limiter, time.monotonic() - w.since))
                     continue
