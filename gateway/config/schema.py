@@ -168,6 +168,9 @@ class QueueConfig(Strict, frozen=True):
     # rest stay free for `normal` and `high` arrivals, which then start without waiting for a `low` request to
     # end. 1: `low` may fill the server when nothing else waits. At least one slot is always theirs.
     low_share: Annotated[float, Meta(gt=0, le=1)] = 1.0
+    # The reserve holds while `normal` or `high` requests asked for the server within this time; after a
+    # quiet spell `low` may fill the server again, and the first interactive request waits for a slot to free.
+    low_share_hold_ms: Annotated[int, Meta(ge=1, le=3_600_000)] = 2_000
 
 
 class LedgerConfig(Strict, frozen=True):

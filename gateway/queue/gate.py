@@ -60,11 +60,18 @@ class Gate:
     """The slots of one server (a provider's base_url, or one of its replicas) and its fair queue."""
 
     def __init__(
-        self, name: str, cap: int, limiter: Limiter | None, metrics: Metrics | None, low_share: float = 1.0
+        self,
+        name: str,
+        cap: int,
+        limiter: Limiter | None,
+        metrics: Metrics | None,
+        low_share: float = 1.0,
+        hold_s: float = 2.0,
     ) -> None:
         self.name = name
         self.limiter = limiter  # None: slots counted in this process only
-        self._cap(cap, low_share)
+        self.seen = -1e9  # when a `normal` or `high` request last asked for a slot here (with a reserve)
+        self._cap(cap, low_share, hold_s)
         self.metrics = metrics
         self.order = FairOrder()
         self.in_use = 0  # slots this process holds
@@ -77,23 +84,39 @@ class Gate:
         # when a slot frees here and nobody waits here, the first of them is told (its future gets None).
         self.watchers: dict[asyncio.Future[Any], None] = {}
 
-    def _cap(self, cap: int, low_share: float) -> None:
+    def _cap(self, cap: int, low_share: float, hold_s: float) -> None:
         self.cap = cap
-        # A `low` request starts only while fewer than `low_cap` slots are in use, so the rest stay free for
-        # `normal` and `high` arrivals (queue.low_share). Its lease is checked against the same Redis key with
-        # the smaller limit, so the reserve holds across processes as the cap does.
+        self.hold_s = hold_s
+        # While `normal` or `high` requests came here in the last `hold_s`, a `low` request starts only while
+        # fewer than `low_cap` slots are in use, so the rest stay free for their arrivals (queue.low_share);
+        # with none lately, `low` may fill the server (capacity nobody else asks for is not kept). Its lease
+        # is checked against the same Redis key with the smaller limit, so the reserve holds across processes
+        # as the cap does.
         self.low_cap = cap if low_share >= 1 else max(1, int(cap * low_share))
         self.bucket = Bucket(f"queue:{self.name}", "concurrent", cap)
         self.low_bucket = (
             self.bucket if self.low_cap == cap else Bucket(f"queue:{self.name}", "concurrent", self.low_cap)
         )
 
-    def resize(self, cap: int, limiter: Limiter | None, metrics: Metrics | None, low_share: float = 1.0) -> None:
+    def resize(
+        self,
+        cap: int,
+        limiter: Limiter | None,
+        metrics: Metrics | None,
+        low_share: float = 1.0,
+        hold_s: float = 2.0,
+    ) -> None:
         """A reload: the same server under the new config (its waiters and held slots stay)."""
         self.limiter, self.metrics = limiter, metrics
         self._service = {}  # the new metrics' children
-        self._cap(cap, low_share)
+        self._cap(cap, low_share, hold_s)
         self._wake()
+
+    def low_limit(self) -> tuple[int, Bucket]:
+        """The slots `low` requests may fill now, and the lease bucket that counts them against it."""
+        if self.low_cap < self.cap and time.monotonic() - self.seen < self.hold_s:
+            return self.low_cap, self.low_bucket
+        return self.cap, self.bucket
 
     def room(self) -> bool:
         """Whether a request could start here now (as far as this process knows)."""
@@ -101,8 +124,8 @@ class Gate:
 
     async def take(self, w: Waiter) -> Slot | None:
         """A slot at once if one is free and nobody waits for it, else None (the caller then queues)."""
-        low = w.rank == LOW
-        if self.order.depth or self.in_use >= (self.low_cap if low else self.cap):
+        limit, bucket = self.low_limit() if w.rank == LOW else (self.cap, self.bucket)
+        if self.order.depth or self.in_use >= limit:
             return None
         limiter = self.limiter
         if limiter is None:
@@ -110,7 +133,7 @@ class Gate:
             return self._grant(w, "", None, 0.0)
         self.in_use += 1  # counted before the await, so two requests of this process cannot both pass
         try:
-            lease = await self._lease(limiter, self.low_bucket if low else self.bucket)
+            lease = await self._lease(limiter, bucket)
         except BaseException:
             self.in_use -= 1
             raise
@@ -199,7 +222,7 @@ class Gate:
 
     def _dispatch_local(self) -> None:
         while self.in_use < self.cap:
-            w = self._next(LOW if self.in_use < self.low_cap else LOW - 1)
+            w = self._next(LOW if self.in_use < self.low_limit()[0] else LOW - 1)
             if w is None:
                 return
             self.in_use += 1
@@ -227,12 +250,13 @@ class Gate:
                     self._dispatch_local()
                     return
                 low = self.order.head() == LOW
-                if self.in_use >= (self.low_cap if low else self.cap):
+                limit, bucket = self.low_limit() if low else (self.cap, self.bucket)
+                if self.in_use >= limit:
                     lease = None
                 else:
                     self.in_use += 1
                     try:
-                        lease = await self._lease(limiter, self.low_bucket if low else self.bucket)
+                        lease = await self._lease(limiter, bucket)
                     finally:
                         self.in_use -= 1
                 if lease is not None:

@@ -69,11 +69,13 @@ class Ask:
         if generated is None:  # no max_tokens, and no answer of this tenant here yet: the budgets' worst case
             generated = unbounded_completion(route, self.queues.unbounded_tokens) * self.choices
         cost = self.prompt + (generated if generated < _MAX_CHARGE else _MAX_CHARGE)
-        if (
-            gate.limiter is None
-            and gate.in_use < (gate.low_cap if self.rank == LOW else gate.cap)
-            and not gate.order.depth
-        ):
+        if self.rank != LOW:
+            if gate.low_cap < gate.cap:
+                gate.seen = time.monotonic()  # the reserve holds while such requests come
+            limit = gate.cap
+        else:
+            limit = gate.low_limit()[0]
+        if gate.limiter is None and gate.in_use < limit and not gate.order.depth:
             gate.in_use += 1  # a free slot of this process: nothing to await
             return gate.grant(self.tenant, self.weight, cost, self.prompt), timeouts
         return await self.queues.wait(self, cost, gate, route, timeouts, plan)
@@ -96,16 +98,18 @@ class Queues:
         self.unbounded_tokens = cfg.caps.budget_max_tokens
         # (provider, base URL) -> its gate; routes of the same server share it.
         self.gates: dict[tuple[str, str], Gate] = {}
-        share = self.config.low_share
+        share, hold = self.config.low_share, self.config.low_share_hold_ms / 1000
         for name, p in loaded.providers.items():
             if p.replicas:
                 for replica, r in zip(replica_names(name, p.replicas), p.replicas, strict=True):
                     cap = replica_cap(r, p.max_concurrency)
                     if cap is not None:
-                        self.gates[(name, replica_url(r).rstrip("/"))] = Gate(replica, cap, limiter, metrics, share)
+                        self.gates[(name, replica_url(r).rstrip("/"))] = Gate(
+                            replica, cap, limiter, metrics, share, hold
+                        )
             elif p.max_concurrency is not None:
                 base = p.base_url or getattr(REGISTRY[p.kind], "default_base_url", None) or ""
-                self.gates[(name, base)] = Gate(name, p.max_concurrency, limiter, metrics, share)
+                self.gates[(name, base)] = Gate(name, p.max_concurrency, limiter, metrics, share, hold)
                 for d, dc in p.deployments.items():
                     if dc.base_url and dc.base_url != base:
                         self.gates[(name, dc.base_url)] = Gate(
@@ -140,7 +144,7 @@ class Queues:
         for where, gate in old.gates.items():
             mine = self.gates.get(where)
             if mine is not None:
-                gate.resize(mine.cap, self.limiter, self.metrics, self.config.low_share)
+                gate.resize(mine.cap, self.limiter, self.metrics, self.config.low_share, mine.hold_s)
                 self.gates[where] = gate
             else:
                 _lift(gate)

@@ -24,6 +24,7 @@ async def test_low_requests_leave_the_reserve_free_for_normal_ones(
     extra = f"redis: {{url: '{rds.url}', on_failure: fail_closed}}" if shared else ""
     with serve_config(tmp_path, config(engine, 4, queue="low_share: 0.5", extra=extra)) as gw:
         async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+            assert (await ask(client, "quiet")).status_code == 200  # interactive traffic: the reserve holds
             engine.running.clear()  # the engine holds every request until told to run
             lows = [asyncio.ensure_future(ask(client, "batch")) for _ in range(6)]
             g = gate(gw)
@@ -37,6 +38,22 @@ async def test_low_requests_leave_the_reserve_free_for_normal_ones(
             answers = await asyncio.gather(normal, *lows)
     assert [r.status_code for r in answers] == [200] * 7
     assert engine.peak == 3
+
+
+async def test_after_a_quiet_spell_low_requests_fill_the_server(tmp_path: Path, engine: Engine) -> None:
+    """No `normal` request for `low_share_hold_ms`: capacity nobody else asks for goes to `low`."""
+    queue = "low_share: 0.5, low_share_hold_ms: 300"
+    with serve_config(tmp_path, config(engine, 4, queue=queue)) as gw:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+            assert (await ask(client, "quiet")).status_code == 200
+            await asyncio.sleep(0.4)
+            engine.running.clear()
+            lows = [asyncio.ensure_future(ask(client, "batch")) for _ in range(6)]
+            g = gate(gw)
+            await until(lambda: engine.inflight == 4 and g.order.depth == 2)
+            engine.running.set()
+            answers = await asyncio.gather(*lows)
+    assert [r.status_code for r in answers] == [200] * 6
 
 
 async def test_without_a_low_share_low_requests_fill_the_server(tmp_path: Path, engine: Engine) -> None:
