@@ -15,9 +15,10 @@ from typing import cast
 import httptools
 import uvloop
 
-from bench.upstream import COMPLETION_BODY, stream_events
+from bench.upstream import CHAT_BODY, COMPLETION_BODY, chat_stream_events, stream_events
 
 _JSON_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n" % len(COMPLETION_BODY)
+_CHAT_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n" % len(CHAT_BODY)
 _SSE_HEAD = (
     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n"
 )
@@ -28,6 +29,7 @@ _CLOSE = b"Connection: close\r\n\r\n"
 _KEEP = b"\r\n"
 # Matching bytes instead of decoding JSON keeps the upstream's per-request cost negligible.
 _STREAM_MARKERS = (b'"stream":true', b'"stream": true')
+_CHAT_PATH = b"/chat/completions"
 
 
 class Settings:
@@ -45,6 +47,8 @@ class Settings:
         # Chunked transfer-encoding frames are precomputed once; serving is then pure writes.
         self.frames = [b"%x\r\n%s\r\n" % (len(ev), ev) for ev in stream_events(chunks)]
         self.burst = b"".join(self.frames) + _LAST_CHUNK
+        self.chat_frames = [b"%x\r\n%s\r\n" % (len(ev), ev) for ev in chat_stream_events(chunks)]
+        self.chat_burst = b"".join(self.chat_frames) + _LAST_CHUNK
 
 
 class UpstreamProtocol(asyncio.Protocol):
@@ -55,6 +59,7 @@ class UpstreamProtocol(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpRequestParser(self)
         self._body = bytearray()
+        self._url = b""
         self._tasks: set[asyncio.Task[None]] = set()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -75,6 +80,9 @@ class UpstreamProtocol(asyncio.Protocol):
                 self._transport.close()
 
     # httptools parser callbacks.
+    def on_url(self, url: bytes) -> None:
+        self._url = url
+
     def on_body(self, body: bytes) -> None:
         self._body += body
 
@@ -82,12 +90,14 @@ class UpstreamProtocol(asyncio.Protocol):
         keep_alive = bool(self._parser.should_keep_alive())
         method = bytes(self._parser.get_method())
         wants_stream = any(marker in self._body for marker in _STREAM_MARKERS)
+        chat = self._url.split(b"?", 1)[0].endswith(_CHAT_PATH)
         self._body.clear()
         tail = _KEEP if keep_alive else _CLOSE
+        answer = _CHAT_HEAD + tail + CHAT_BODY if chat else _JSON_HEAD + tail + COMPLETION_BODY
         if method != b"POST":
             self._send(_HEALTH + tail + b"ok", keep_alive)
         elif wants_stream:
-            task = asyncio.get_running_loop().create_task(self._stream(tail, keep_alive))
+            task = asyncio.get_running_loop().create_task(self._stream(tail, keep_alive, chat))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         elif self._settings.latency_s > 0 or self._settings.slow_every:
@@ -97,11 +107,11 @@ class UpstreamProtocol(asyncio.Protocol):
             asyncio.get_running_loop().call_later(
                 settings.slow_s if slow else settings.latency_s,
                 self._send,
-                _JSON_HEAD + tail + COMPLETION_BODY,
+                answer,
                 keep_alive,
             )
         else:
-            self._send(_JSON_HEAD + tail + COMPLETION_BODY, keep_alive)
+            self._send(answer, keep_alive)
 
     def _send(self, payload: bytes, keep_alive: bool) -> None:
         if self._transport is None or self._transport.is_closing():
@@ -110,7 +120,7 @@ class UpstreamProtocol(asyncio.Protocol):
         if not keep_alive:
             self._transport.close()
 
-    async def _stream(self, tail: bytes, keep_alive: bool) -> None:
+    async def _stream(self, tail: bytes, keep_alive: bool, chat: bool) -> None:
         settings = self._settings
         if settings.latency_s > 0:
             await asyncio.sleep(settings.latency_s)
@@ -118,10 +128,10 @@ class UpstreamProtocol(asyncio.Protocol):
             return
         if settings.chunk_interval_s <= 0:
             # One write: the cost under test is the gateway's per-event work, not ours.
-            self._send(_SSE_HEAD + tail + settings.burst, keep_alive)
+            self._send(_SSE_HEAD + tail + (settings.chat_burst if chat else settings.burst), keep_alive)
             return
         self._transport.write(_SSE_HEAD + tail)
-        for index, frame in enumerate(settings.frames):
+        for index, frame in enumerate(settings.chat_frames if chat else settings.frames):
             if index:
                 await asyncio.sleep(settings.chunk_interval_s)
             if self._transport is None or self._transport.is_closing():
