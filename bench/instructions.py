@@ -17,7 +17,8 @@ Chat (``/v1/chat/completions``, on trees that serve it): ``chat`` and ``chat-str
 the same upstream, which answers chat with the completion's twin (the same text and usage in OpenAI's chat
 shape; a stream of as many events, bench/upstream/__init__.py), and ``fake-chat``, ``fake-chat-stream`` on the
 in-process provider; the request is the completion's prompt as one user message. A tree without the chat
-route reports the chat paths as skipped.
+route reports the chat paths as skipped. The gateway does not cut chat text itself, so ``--stops`` lists
+longer than the provider takes are a 400 there.
 
 ``--stops lm-eval`` adds lm-eval's HumanEval stop list (5 sequences and the end-of-text token), more than
 OpenAI takes, so the gateway enforces them itself on every chunk; ``--stops many`` adds 24 sequences with 15
