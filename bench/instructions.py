@@ -13,6 +13,13 @@ answers the recorded OpenAI completion), and their streaming twins ``fake-stream
 (``--chunks`` events per stream). The upstream runs in a process of its own, outside valgrind, so only
 the gateway's side is counted (plus this driver's few lines per request, the same in every tree).
 
+Chat (``/v1/chat/completions``, on trees that serve it): ``chat`` and ``chat-stream`` over the h1 client to
+the same upstream, which answers chat with the completion's twin (the same text and usage in OpenAI's chat
+shape; a stream of as many events, bench/upstream/__init__.py), and ``fake-chat``, ``fake-chat-stream`` on the
+in-process provider; the request is the completion's prompt as one user message. A tree without the chat
+route reports the chat paths as skipped. The gateway does not cut chat text itself, so ``--stops`` lists
+longer than the provider takes are a 400 there.
+
 ``--stops lm-eval`` adds lm-eval's HumanEval stop list (5 sequences and the end-of-text token), more than
 OpenAI takes, so the gateway enforces them itself on every chunk; ``--stops many`` adds 24 sequences with 15
 distinct first characters, some of which the answer's text contains (the stop scan's worst common case).
@@ -54,8 +61,9 @@ from typing import Any
 
 import msgspec
 
-PATHS = ("fake", "h1", "fake-stream", "h1-stream")
+PATHS = ("fake", "h1", "fake-stream", "h1-stream", "chat", "chat-stream", "fake-chat", "fake-chat-stream")
 MODELS = {"fake": "demo/text", "h1": "up/bench-model"}
+NOT_SERVED = 3  # the inner run's exit status when the tree has no route for the path (chat on older trees)
 # The bench's request (bench/scenarios.py REQUEST), repeated here so older trees need nothing new.
 REQUEST: dict[str, object] = {"prompt": "Say hello", "max_tokens": 16}
 # `--stops`: stop lists the gateway enforces itself (over OpenAI's 4). lm-eval's HumanEval `until` plus its EOS;
@@ -95,17 +103,31 @@ def config_text(upstream_port: int | None, cache: str = "off") -> str:
     return "\n".join(lines) + "\n"
 
 
+class NotServed(Exception):
+    """The tree answers the path's route with 404 or 405: it predates it."""
+
+
+def is_chat(path: str) -> bool:
+    return "chat" in path.split("-")
+
+
+def needs_upstream(path: str) -> bool:
+    return not path.startswith("fake")
+
+
 def request_body(path: str, i: int | None = None, stops: str = "none") -> bytes:
-    base, _, stream = path.partition("-")
-    req = {"model": MODELS[base], **REQUEST, **({"stream": True} if stream else {})}
+    model = MODELS["fake" if path.startswith("fake") else "h1"]
+    req: dict[str, object] = {"model": model, **REQUEST, **({"stream": True} if path.endswith("-stream") else {})}
     if STOPS[stops]:
         req["stop"] = STOPS[stops]
     if i is not None:
         req["prompt"] = f"{REQUEST['prompt']} {i:07d}"  # one length for all: only the cache can tell them apart
+    if is_chat(path):
+        req["messages"] = [{"role": "user", "content": req.pop("prompt")}]
     return msgspec.json.encode(req)
 
 
-def _scope(body: bytes) -> dict[str, Any]:
+def _scope(body: bytes, route: str = "/v1/completions") -> dict[str, Any]:
     # What uvicorn's httptools protocol hands an app for the bench's wrk request.
     headers = [
         (b"host", b"127.0.0.1:8080"),
@@ -122,15 +144,15 @@ def _scope(body: bytes) -> dict[str, Any]:
         "scheme": "http",
         "method": "POST",
         "root_path": "",
-        "path": "/v1/completions",
-        "raw_path": b"/v1/completions",
+        "path": route,
+        "raw_path": route.encode(),
         "query_string": b"",
         "headers": headers,
         "state": {},
     }
 
 
-async def _one(app: Any, body: bytes) -> tuple[int, bytes]:
+async def _one(app: Any, body: bytes, route: str = "/v1/completions") -> tuple[int, bytes]:
     answer: dict[str, Any] = {"status": 0, "body": bytearray()}
     sent = False
     never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -149,7 +171,7 @@ async def _one(app: Any, body: bytes) -> tuple[int, bytes]:
         else:
             answer["body"] += message.get("body", b"")
 
-    await app(_scope(body), receive, send)
+    await app(_scope(body, route), receive, send)
     return answer["status"], bytes(answer["body"])
 
 
@@ -194,14 +216,18 @@ async def drive(
     app = create_app(parse_config(config_text(upstream_port, cache), "bench-instructions.yaml"))
     shutdown = await _lifespan(app)
     body = request_body(path, 0 if vary else None, stops)
-    marker = b"[DONE]" if path.endswith("-stream") else b'"text_completion"'
+    chat = is_chat(path)
+    route = "/v1/chat/completions" if chat else "/v1/completions"
+    marker = b"[DONE]" if path.endswith("-stream") else b'"chat.completion"' if chat else b'"text_completion"'
     try:
         for i in range(warmup + requests):
             if i == warmup and around is not None:
                 around(True)
             if vary:
                 body = request_body(path, i, stops)
-            status, answer = await _one(app, body)
+            status, answer = await _one(app, body, route)
+            if i == 0 and chat and status in (404, 405):
+                raise NotServed(path)
             if status != 200 or marker not in answer:
                 raise RuntimeError(f"request {i} on {path}: {status} {answer[:300]!r}")
         if around is not None:
@@ -267,7 +293,8 @@ def time_requests(
 
 def _callgrind_total(
     path: str, requests: int, warmup: int, upstream_port: int | None, work: Path, extra: list[str]
-) -> int:
+) -> int | None:
+    """The run's instruction total, or None when the tree does not serve the path."""
     valgrind = shutil.which("valgrind")
     if valgrind is None:
         raise SystemExit("valgrind not found (apt-get install -y valgrind)")
@@ -294,6 +321,8 @@ def _callgrind_total(
     # A fixed hash seed makes dict and set layouts, and so the instruction count, repeatable run to run.
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     done = subprocess.run(argv, env=env, cwd=Path(__file__).resolve().parent.parent, check=False)
+    if done.returncode == NOT_SERVED:
+        return None
     if done.returncode != 0:
         raise SystemExit(f"callgrind run failed ({done.returncode}); see {work / 'valgrind.log'}")
     found = _TOTALS.search(out.read_bytes())
@@ -363,20 +392,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.limits:
         os.environ["BENCH_LIMITS"] = "1"
     if args.inner:
-        _loop_runner()(
-            drive(
-                args.paths[0],
-                args.requests,
-                args.warmup,
-                args.upstream_port,
-                cache=args.cache,
-                vary=args.vary,
-                stops=args.stops,
+        try:
+            _loop_runner()(
+                drive(
+                    args.paths[0],
+                    args.requests,
+                    args.warmup,
+                    args.upstream_port,
+                    cache=args.cache,
+                    vary=args.vary,
+                    stops=args.stops,
+                )
             )
-        )
+        except NotServed:
+            return NOT_SERVED
         return 0
-    needs_upstream = any(p.startswith("h1") for p in args.paths)
-    upstream = _upstream(args.chunks) if needs_upstream else None
+    upstream = _upstream(args.chunks) if any(needs_upstream(p) for p in args.paths) else None
     port = upstream.port if upstream is not None else None
     results: dict[str, Any] = {}
     try:
@@ -390,7 +421,13 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 continue
             if args.count == "calls":
-                results[path] = count_calls(path, args.requests, args.warmup, port, args.cache, args.vary, args.stops)
+                try:
+                    results[path] = count_calls(
+                        path, args.requests, args.warmup, port, args.cache, args.vary, args.stops
+                    )
+                except NotServed:
+                    print(f"{path}: skipped (this tree does not serve it)", flush=True)
+                    continue
                 print(
                     f"{path}: {results[path]['python_calls']:.1f} Python calls/request, "
                     f"{results[path]['c_calls']:.1f} C calls/request",
@@ -405,13 +442,19 @@ def main(argv: list[str] | None = None) -> int:
                     t0 = time.monotonic()
                     extra = ["--cache", args.cache, "--stops", args.stops, *(["--vary"] if args.vary else [])]
                     small = _callgrind_total(path, args.small, args.warmup, port, work, extra)
+                    if small is None:
+                        break
                     large = _callgrind_total(path, args.requests, args.warmup, port, work, extra)
+                    assert large is not None
                     per.append((large - small) / (args.requests - args.small))
                     print(
                         f"{path}: {per[-1]:,.0f} instructions/request "
                         f"(N1={args.small}: {small:,}, N2={args.requests}: {large:,}; {time.monotonic() - t0:.0f} s)",
                         flush=True,
                     )
+            if not per:
+                print(f"{path}: skipped (this tree does not serve it)", flush=True)
+                continue
             results[path] = {"instructions_per_request": sorted(per)[len(per) // 2], "runs": per}
     finally:
         if upstream is not None:

@@ -2,6 +2,12 @@
 
 Both upstreams must answer byte-for-byte the same body, otherwise "direct" and "through the
 gateway" would not be comparing like with like.
+
+The chat answers (the Python server's, on a path ending in ``/chat/completions``) are the completion's
+twins, so a chat request and a completion are measured on answers of the same size: the same text and
+usage in OpenAI's recorded ``chat.completion`` shape (tests/fixtures/openai/chat_completion.json), and a
+stream of as many events, shaped as OpenAI streams chat (the role first, content deltas, an empty delta
+with the finish reason; tests/fixtures/openai/chat_stream_tool_calls_parallel.sse.txt).
 """
 
 from __future__ import annotations
@@ -19,17 +25,24 @@ COMPLETION: dict[str, object] = {
 
 COMPLETION_BODY: bytes = msgspec.json.encode(COMPLETION)
 
-# What both upstreams answer on /v1/chat/completions: the same text and usage in the chat shape.
-CHAT_COMPLETION: dict[str, object] = {
+CHAT: dict[str, object] = {
     "id": "chatcmpl-bench",
     "object": "chat.completion",
     "created": 1700000000,
     "model": "bench-model",
-    "choices": [{"index": 0, "message": {"role": "assistant", "content": " hello world"}, "finish_reason": "length"}],
+    "choices": [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": " hello world"},
+            "logprobs": None,
+            "finish_reason": "length",
+        }
+    ],
     "usage": {"prompt_tokens": 5, "completion_tokens": 16, "total_tokens": 21},
+    "system_fingerprint": "fp_bench",
 }
 
-CHAT_BODY: bytes = msgspec.json.encode(CHAT_COMPLETION)
+CHAT_BODY: bytes = msgspec.json.encode(CHAT)
 
 
 def stream_events(chunks: int) -> list[bytes]:
@@ -61,17 +74,23 @@ def stream_events(chunks: int) -> list[bytes]:
 
 
 def chat_stream_events(chunks: int) -> list[bytes]:
-    """The SSE events of one streamed chat completion: ``chat.completion.chunk`` deltas, then ``[DONE]``."""
+    """Return the SSE events of one streamed chat answer, as many as `stream_events` gives, ``[DONE]`` included:
+    the role (with empty content) first, content deltas, then an empty delta carrying the finish reason."""
     events: list[bytes] = []
     for index in range(chunks):
         last = index == chunks - 1
-        delta: dict[str, str] = {"role": "assistant", "content": ""} if index == 0 else {"content": f" tok{index}"}
+        delta: dict[str, object] = {}
+        if index == 0:
+            delta = {"role": "assistant", "content": ""}
+        elif not last:
+            delta = {"content": f" tok{index}"}
         chunk = {
             "id": "chatcmpl-bench",
             "object": "chat.completion.chunk",
             "created": 1700000000,
             "model": "bench-model",
-            "choices": [{"index": 0, "delta": delta, "finish_reason": "length" if last else None}],
+            "system_fingerprint": "fp_bench",
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": "length" if last else None}],
         }
         events.append(b"data: " + msgspec.json.encode(chunk) + b"\n\n")
     events.append(b"data: [DONE]\n\n")

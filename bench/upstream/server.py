@@ -29,6 +29,7 @@ _CLOSE = b"Connection: close\r\n\r\n"
 _KEEP = b"\r\n"
 # Matching bytes instead of decoding JSON keeps the upstream's per-request cost negligible.
 _STREAM_MARKERS = (b'"stream":true', b'"stream": true')
+_CHAT_PATH = b"/chat/completions"
 
 
 class Settings:
@@ -58,8 +59,8 @@ class UpstreamProtocol(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpRequestParser(self)
         self._body = bytearray()
+        self._url = b""
         self._tasks: set[asyncio.Task[None]] = set()
-        self._chat = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's TCPTransport implements asyncio.Transport without subclassing it.
@@ -80,7 +81,7 @@ class UpstreamProtocol(asyncio.Protocol):
 
     # httptools parser callbacks.
     def on_url(self, url: bytes) -> None:
-        self._chat = url.endswith(b"/chat/completions")
+        self._url = url
 
     def on_body(self, body: bytes) -> None:
         self._body += body
@@ -89,13 +90,14 @@ class UpstreamProtocol(asyncio.Protocol):
         keep_alive = bool(self._parser.should_keep_alive())
         method = bytes(self._parser.get_method())
         wants_stream = any(marker in self._body for marker in _STREAM_MARKERS)
+        chat = self._url.split(b"?", 1)[0].endswith(_CHAT_PATH)
         self._body.clear()
         tail = _KEEP if keep_alive else _CLOSE
-        head, body = (_CHAT_HEAD, CHAT_BODY) if self._chat else (_JSON_HEAD, COMPLETION_BODY)
+        answer = _CHAT_HEAD + tail + CHAT_BODY if chat else _JSON_HEAD + tail + COMPLETION_BODY
         if method != b"POST":
             self._send(_HEALTH + tail + b"ok", keep_alive)
         elif wants_stream:
-            task = asyncio.get_running_loop().create_task(self._stream(tail, keep_alive, self._chat))
+            task = asyncio.get_running_loop().create_task(self._stream(tail, keep_alive, chat))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         elif self._settings.latency_s > 0 or self._settings.slow_every:
@@ -105,11 +107,11 @@ class UpstreamProtocol(asyncio.Protocol):
             asyncio.get_running_loop().call_later(
                 settings.slow_s if slow else settings.latency_s,
                 self._send,
-                head + tail + body,
+                answer,
                 keep_alive,
             )
         else:
-            self._send(head + tail + body, keep_alive)
+            self._send(answer, keep_alive)
 
     def _send(self, payload: bytes, keep_alive: bool) -> None:
         if self._transport is None or self._transport.is_closing():
@@ -120,17 +122,16 @@ class UpstreamProtocol(asyncio.Protocol):
 
     async def _stream(self, tail: bytes, keep_alive: bool, chat: bool) -> None:
         settings = self._settings
-        frames, burst = (settings.chat_frames, settings.chat_burst) if chat else (settings.frames, settings.burst)
         if settings.latency_s > 0:
             await asyncio.sleep(settings.latency_s)
         if self._transport is None:
             return
         if settings.chunk_interval_s <= 0:
             # One write: the cost under test is the gateway's per-event work, not ours.
-            self._send(_SSE_HEAD + tail + burst, keep_alive)
+            self._send(_SSE_HEAD + tail + (settings.chat_burst if chat else settings.burst), keep_alive)
             return
         self._transport.write(_SSE_HEAD + tail)
-        for index, frame in enumerate(frames):
+        for index, frame in enumerate(settings.chat_frames if chat else settings.frames):
             if index:
                 await asyncio.sleep(settings.chunk_interval_s)
             if self._transport is None or self._transport.is_closing():

@@ -11,10 +11,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from bench import instructions
 from bench.processes import free_port
+from bench.upstream import CHAT, COMPLETION, chat_stream_events, stream_events
 
 
 @pytest.fixture(scope="module")
@@ -28,11 +30,28 @@ def upstream() -> Iterator[Any]:
 
 @pytest.mark.parametrize("path", instructions.PATHS)
 def test_calls_per_request(path: str, upstream: Any) -> None:
-    port = upstream.port if path.startswith("h1") else None
+    port = upstream.port if instructions.needs_upstream(path) else None
     figures = instructions.count_calls(path, requests=8, warmup=2, upstream_port=port)
     # A completion runs hundreds of Python functions; a count near zero would mean nothing was measured.
     assert figures["python_calls"] > 50
     assert figures["c_calls"] > 50
+
+
+def test_chat_is_measured_on_the_completions_twin() -> None:
+    # The chat paths are compared with the completion ones: the upstream's answers must be of the same size.
+    assert CHAT["usage"] == COMPLETION["usage"]
+    assert CHAT["choices"][0]["message"]["content"] == COMPLETION["choices"][0]["text"]  # type: ignore[index]
+    for chunks in (1, 3, 20):
+        assert len(chat_stream_events(chunks)) == len(stream_events(chunks))
+    assert b'"role":"assistant"' in chat_stream_events(3)[0]
+    assert b'"finish_reason":"length"' in chat_stream_events(3)[-2]
+
+
+def test_chat_requests_go_to_the_chat_route() -> None:
+    body = msgspec.json.decode(instructions.request_body("chat-stream", 7))
+    assert body["messages"] == [{"role": "user", "content": "Say hello 0000007"}]
+    assert "prompt" not in body and body["stream"] is True
+    assert instructions._scope(b"{}", "/v1/chat/completions")["raw_path"] == b"/v1/chat/completions"
 
 
 def test_a_failed_request_stops_the_run() -> None:
