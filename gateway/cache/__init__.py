@@ -3,8 +3,7 @@
 This wing owns the key (`key.py`), entries and their replay (`entry.py`), per-prompt entries of a batch
 (`batch.py`), chat answers stored and replayed as streams (`chat.py`), the stores (`store.py`: a bounded
 in-process LRU, or Redis), what a request asks of it (`policy.py`), each request's part (`service.py`),
-waiting for an identical request in flight (`inflight.py`) and its counts (`counts.py`). Operators'
-account: docs/cache.md.
+waiting for an identical request in flight (`inflight.py`) and its counts (`counts.py`); docs/cache.md.
 
 The request path calls it through thin hooks (`Cache.lookup`, `Lookup.serve`, `.chunk`, `.finish`; with
 every mode `off`, one attribute check); the edge reads its counts and deletes entries.

@@ -1,18 +1,14 @@
 """The order in which the requests waiting for one server get its next free slot.
 
-Priority classes first: a `high` request always before a `normal` one, a `normal` before a `low` one (so
-`low` runs only when nothing else waits). Within a class the Virtual Token Counter (Sheng et al., "Fairness
-in Serving Large Language Models", OSDI 2024): each tenant's service is the tokens (prompt plus generated)
-its requests used, divided by its weight, and the next slot goes to the waiting tenant with the least. A
-tenant that starts waiting again is lifted to the least service among those already waiting (or to the last
-served one's, when nobody waits), so time spent idle is not banked as credit.
+Priority classes first (`high`, `normal`, then `low`, which runs only when nothing else waits). Within a
+class the Virtual Token Counter (Sheng et al., OSDI 2024): the next slot goes to the waiting tenant with the
+least service (tokens used / weight). A tenant that starts waiting again is lifted to the least service
+among those waiting (or the last served one's), so idle time is not banked as credit.
 
-The VTC charges generated tokens as the engine makes them; a gateway sees them only at the end. So a request
-is charged an estimate when it gets its slot (its prompt and the answer length its tenant's recent requests
-had, at most its `max_tokens`), and its end corrects that. A correction upward is charged at once. One
-downward (the answer was shorter than charged) is kept as the tenant's credit and taken off its next charge
-(or off its count when it next starts waiting) instead: a waiting tenant's service then never goes down, so
-a tenant lifted to it stays level with it, and is not overtaken by the refunds of requests it has no part in.
+A gateway sees generated tokens only at the end, so a request is charged an estimate at its grant (its
+prompt and its tenant's recent answer length, within `max_tokens`) and corrected at its end: upward at once;
+downward as credit off the tenant's next charge, so a waiting tenant's service never goes down and is not
+overtaken by refunds of requests it has no part in (docs/fairness.md).
 """
 
 from __future__ import annotations
