@@ -16,6 +16,7 @@ from typing import Any, Final, Protocol
 import msgspec
 
 from providers.base import EMULATED, CallContext, Param, Table, stop_list, table
+from providers.chat_parts import assistant_text, call_arguments
 from wire.chat import (
     AssistantMessage,
     ChatChoice,
@@ -37,7 +38,6 @@ from wire.chat import (
     ToolMessage,
     UserMessage,
 )
-from wire.errors import InvalidRequestError
 from wire.schema import Usage
 
 
@@ -128,21 +128,11 @@ def _user(m: UserMessage) -> list[dict[str, Any]]:
 
 def _assistant(m: AssistantMessage) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
-    content = m.content
-    text = content if isinstance(content, str) else "".join(getattr(p, "text", "") for p in content or ())
+    text = assistant_text(m)
     if text:
         blocks.append({"type": "text", "text": text})
     for call in m.tool_calls or ():
-        try:
-            args = msgspec.json.decode(call.function.arguments or "{}")
-        except msgspec.DecodeError:
-            args = None
-        if not isinstance(args, dict):
-            raise InvalidRequestError(
-                f"Tool call '{call.id}' has arguments that are not a JSON object, which Anthropic requires",
-                param="messages",
-                code="invalid_value",
-            )
+        args = call_arguments(call, "Anthropic")
         blocks.append({"type": "tool_use", "id": call.id, "name": call.function.name, "input": args})
     return blocks
 

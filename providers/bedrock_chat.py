@@ -22,6 +22,7 @@ from typing import Any, Final, Protocol
 import msgspec
 
 from providers.base import EMULATED, CallContext, Param, Table, out_of_range, stop_list, table
+from providers.chat_parts import assistant_text, call_arguments
 from providers.openai_chat import chat_finish
 from wire.chat import (
     AssistantMessage,
@@ -173,21 +174,11 @@ def _user(m: UserMessage, provider: str) -> list[dict[str, Any]]:
 
 def _assistant(m: AssistantMessage) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
-    content = m.content
-    text = content if isinstance(content, str) else "".join(getattr(p, "text", "") for p in content or ())
+    text = assistant_text(m)
     if text:  # Converse refuses a blank text block
         blocks.append({"text": text})
     for call in m.tool_calls or ():
-        try:
-            args = msgspec.json.decode(call.function.arguments or "{}")
-        except msgspec.DecodeError:
-            args = None
-        if not isinstance(args, dict):
-            raise InvalidRequestError(
-                f"Tool call '{call.id}' has arguments that are not a JSON object, which Bedrock's toolUse requires",
-                param="messages",
-                code="invalid_value",
-            )
+        args = call_arguments(call, "Bedrock's toolUse")
         blocks.append({"toolUse": {"toolUseId": call.id, "name": call.function.name, "input": args}})
     return blocks
 

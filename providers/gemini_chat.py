@@ -19,6 +19,7 @@ from typing import Any, Final, Literal
 import msgspec
 
 from providers.base import CallContext
+from providers.chat_parts import assistant_text, call_arguments
 from providers.finish import finish_reason
 from wire.chat import (
     AssistantMessage,
@@ -98,21 +99,11 @@ def _user(m: UserMessage, provider: str) -> list[dict[str, Any]]:
 
 def _assistant(m: AssistantMessage, names: dict[str, str]) -> list[dict[str, Any]]:
     parts: list[dict[str, Any]] = []
-    content = m.content
-    text = content if isinstance(content, str) else "".join(getattr(p, "text", "") for p in content or ())
+    text = assistant_text(m)
     if text:
         parts.append({"text": text})
     for call in m.tool_calls or ():
-        try:
-            args = msgspec.json.decode(call.function.arguments or "{}")
-        except msgspec.DecodeError:
-            args = None
-        if not isinstance(args, dict):
-            raise InvalidRequestError(
-                f"Tool call '{call.id}' has arguments that are not a JSON object, which Gemini requires",
-                param="messages",
-                code="invalid_value",
-            )
+        args = call_arguments(call, "Gemini")
         names[call.id] = call.function.name
         call_id, _, signature = call.id.partition(SIGNATURE)
         function: dict[str, Any] = {"name": call.function.name, "args": args}

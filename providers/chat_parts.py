@@ -1,0 +1,32 @@
+"""An assistant turn read for APIs that take it as typed blocks (Anthropic, Gemini, Bedrock's Converse):
+its text joined, and each tool call's arguments as the JSON object those APIs require."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from wire.chat import AssistantMessage, ToolCall
+from wire.errors import InvalidRequestError
+
+
+def assistant_text(m: AssistantMessage) -> str:
+    """The turn's text: its string, or its text parts joined (refusal parts carry none)."""
+    content = m.content
+    return content if isinstance(content, str) else "".join(getattr(p, "text", "") for p in content or ())
+
+
+def call_arguments(call: ToolCall, provider: str) -> dict[str, Any]:
+    """A tool call's arguments decoded; arguments that are not a JSON object are a 400 naming `provider`."""
+    try:
+        args = msgspec.json.decode(call.function.arguments or "{}")
+    except msgspec.DecodeError:
+        args = None
+    if not isinstance(args, dict):
+        raise InvalidRequestError(
+            f"Tool call '{call.id}' has arguments that are not a JSON object, which {provider} requires",
+            param="messages",
+            code="invalid_value",
+        )
+    return args
