@@ -9,7 +9,6 @@ stream's attempt ends when its first event has been read; gateway/path/relay.py 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping, Sequence
@@ -24,6 +23,7 @@ from gateway.emulation import Emulation, SubStream
 from gateway.emulation.client_schema import Work
 from gateway.fleet.picker import Hint
 from gateway.limits.admission import Admission, Ticket
+from gateway.path.fanout import open_all
 from gateway.queue.gate import Slot
 from gateway.queue.service import Ask
 from gateway.resilience.health import Health
@@ -282,16 +282,8 @@ class Attempt:
             chunks = _replay(emulation.to_chunks(answer))
             return Opened(chunks, await anext(chunks, None), ctx=self.ctx)
         await self._charge(em)
-        tasks = [asyncio.ensure_future(self.open_one(s)) for s in emulation.sub_requests(em, self.req)]
         try:
-            opens = list(await asyncio.gather(*tasks))
-        except BaseException:
-            for t in tasks:
-                t.cancel()
-            for r in await asyncio.gather(*tasks, return_exceptions=True):
-                if isinstance(r, Opened):
-                    await r.close()
-            raise
+            opens = await open_all([self.open_one(s) for s in emulation.sub_requests(em, self.req)])
         finally:
             self._unsent()
         # A completion attempt's sub-streams carry completion chunks (chat's: gateway/path/chat.py).

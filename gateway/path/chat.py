@@ -8,7 +8,6 @@ gateway/emulation/chat.py, which fans the choices out and cuts the stops (docs/e
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncGenerator, Coroutine
 from typing import Any, cast
 
@@ -17,6 +16,7 @@ import msgspec
 from gateway.emulation import chat as emulation
 from gateway.emulation.chat import ChatEmulation, ChatSubStream
 from gateway.path.attempt import Attempt, Job, Opened, _fresh, ignored_n, parsed, sane_usage
+from gateway.path.fanout import open_all
 from gateway.upstream.plan import Group, Plan, Route
 from providers.base import LocalAdapter, map_params
 from providers.openai_chat import OpenAIChat, check_chat, chunks_from, from_completion, unsupported_endpoint
@@ -101,16 +101,8 @@ class ChatAttempt(Attempt):
         if em is None:
             return await self.chat_open(req)
         await self._charge_n(em)
-        tasks = [asyncio.ensure_future(self.chat_open(s)) for s in emulation.sub_requests(em, req)]
         try:
-            opens = list(await asyncio.gather(*tasks))
-        except BaseException:
-            for t in tasks:
-                t.cancel()
-            for r in await asyncio.gather(*tasks, return_exceptions=True):
-                if isinstance(r, Opened):
-                    await r.close()
-            raise
+            opens = await open_all([self.chat_open(s) for s in emulation.sub_requests(em, req)])
         finally:
             self._unsent()
         merged = emulation.stream(em, cast("list[ChatSubStream]", opens))
