@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from gateway.path.attempt import Opened
+from typing import Any, Protocol, TypeVar
 
 
-async def open_all(calls: list[Coroutine[Any, Any, Opened]]) -> list[Opened]:
+class Closable(Protocol):
+    """What open_all closes when a sibling failed: a stream already opened."""
+
+    async def close(self) -> None: ...
+
+
+OpenT = TypeVar("OpenT", bound=Closable)
+
+
+async def open_all(calls: list[Coroutine[Any, Any, OpenT]]) -> list[OpenT]:
     """Open the sub-streams at once; if one fails, the others are cancelled, or closed if already open."""
     tasks = [asyncio.ensure_future(c) for c in calls]
     try:
