@@ -64,9 +64,12 @@ def redis_traffic(counter: redis_py.Redis, requests: int) -> str:
     scripts = sum(v["calls"] for k, v in commands.items() if k in ("cmdstat_evalsha", "cmdstat_eval"))
     reads = stats.get("total_reads_processed")
     per = f"{reads / requests:.2f} socket reads" if reads is not None else "socket reads not reported"
+    each = sorted(((v["calls"] / requests, k.removeprefix("cmdstat_")) for k, v in commands.items()), reverse=True)
+    which = ", ".join(f"{name} {n:.2f}" for n, name in each if n >= 0.01)
     return (
         f"Redis per request: {stats['total_commands_processed'] / requests:.2f} commands "
-        f"({scripts / requests:.2f} script calls), {per} (a write from the gateway each, batched per loop tick)."
+        f"({scripts / requests:.2f} script calls), {per} (a write from the gateway each, batched per loop tick). "
+        f"By command: {which}."
     )
 
 
