@@ -10,14 +10,15 @@ back in a stream only what could still start one. A choice cut at a stop ends th
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import aclosing
 from typing import Protocol
 
 import msgspec
 
 from gateway.config import CapsConfig
 from gateway.emulation.combine import _add, _scan, gather
+from gateway.emulation.merge import merged
 from gateway.emulation.planning import bound_stops
 from gateway.emulation.stops import StopMatcher, StopScanner
 from providers.base import Capabilities, Param
@@ -215,32 +216,12 @@ _EMPTY = Delta()
 async def stream(em: ChatEmulation, opens: Sequence[ChatSubStream]) -> AsyncGenerator[ChatChunk, None]:
     """Merge the opened sub-streams into one as their chunks arrive: re-indexed, cut at the stops, the
     usage summed onto a last chunk of its own. `opens[j]` is the j-th call's stream."""
-    queue: asyncio.Queue[tuple[int, ChatChunk | None | BaseException]] = asyncio.Queue()
-
-    async def pump(k: int, opened: ChatSubStream) -> None:
-        try:
-            c = opened.first
-            while c is not None:
-                await queue.put((k, c))
-                c = await anext(opened.chunks, None)
-            await queue.put((k, None))
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which re-raises it
-            await queue.put((k, exc))
-
-    pumps = [asyncio.ensure_future(pump(k, o)) for k, o in enumerate(opens)]
     state = _Choices(em)
     usage: Usage | None = None
     usages = 0  # sub-streams whose usage arrived
     last: ChatChunk | None = None
-    live = len(opens)
-    try:
-        while live:
-            k, item = await queue.get()
-            if item is None:
-                live -= 1
-                continue
-            if isinstance(item, BaseException):
-                raise item
+    async with aclosing(merged(opens)) as chunks:
+        async for k, item in chunks:
             last = item
             if item.usage is not None:
                 usage, usages = _add(usage, item.usage), usages + 1
@@ -256,12 +237,8 @@ async def stream(em: ChatEmulation, opens: Sequence[ChatSubStream]) -> AsyncGene
                 # call's is not the answer's: none is reported, and the relay estimates it.
                 usage = usage if usages == len(opens) else None
                 break
-        if usage is not None and last is not None:
-            yield ChatChunk(last.id, last.created, last.model, [], usage=usage)
-    finally:
-        for p in pumps:
-            p.cancel()
-        await asyncio.gather(*pumps, return_exceptions=True)
+    if usage is not None and last is not None:
+        yield ChatChunk(last.id, last.created, last.model, [], usage=usage)
 
 
 __all__ = ["ChatCall", "ChatEmulation", "ChatSubStream", "complete", "plan", "stream", "sub_requests"]

@@ -4,12 +4,13 @@ sub-streams relayed in order as one stream, and a buffered answer cut into chunk
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncGenerator, Sequence
+from contextlib import aclosing
 
 import msgspec
 
 from gateway.emulation.combine import _add, _scan
+from gateway.emulation.merge import merged
 from gateway.emulation.planning import Emulation, SubStream
 from gateway.emulation.stops import StopScanner
 from providers.base import CallContext
@@ -26,32 +27,12 @@ async def stream(
 
     `opens[k]` is the k-th sub-call's stream (prompt k // fan_n, choice k % fan_n).
     """
-    queue: asyncio.Queue[tuple[int, Completion | None | BaseException]] = asyncio.Queue()
-
-    async def pump(k: int, opened: SubStream) -> None:
-        try:
-            c = opened.first
-            while c is not None:
-                await queue.put((k, c))
-                c = await anext(opened.chunks, None)
-            await queue.put((k, None))
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which re-raises it
-            await queue.put((k, exc))
-
-    pumps = [asyncio.ensure_future(pump(k, o)) for k, o in enumerate(opens)]
     scanners: dict[int, StopScanner] = {}
     echoed: set[int] = set()
     done: set[int] = set()
     usage: Usage | None = None
-    live = len(opens)
-    try:
-        while live:
-            k, item = await queue.get()
-            if item is None:
-                live -= 1
-                continue
-            if isinstance(item, BaseException):
-                raise item
+    async with aclosing(merged(opens)) as chunks:
+        async for k, item in chunks:
             usage = _add(usage, item.usage)
             p_index, j = divmod(k, em.fan_n)
             out: list[Choice] = []
@@ -104,12 +85,8 @@ async def stream(
                 and all(p * em.n + jj in done for p in range(len(em.prompts)) for jj in range(em.n))
             ):
                 break  # every choice has stopped: no need to read (or pay for) the rest
-        if usage is not None:
-            yield ctx.completion([], usage)
-    finally:
-        for p in pumps:
-            p.cancel()
-        await asyncio.gather(*pumps, return_exceptions=True)
+    if usage is not None:
+        yield ctx.completion([], usage)
 
 
 def to_chunks(c: Completion) -> list[Completion]:

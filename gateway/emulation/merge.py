@@ -1,0 +1,58 @@
+"""Sub-streams read together: each chunk handed on as it arrives, tagged with its sub-stream's index.
+
+Completion and chat emulation both merge the streams of their sub-calls this way; what they do with a
+chunk (re-index it, cut it at a stop, sum its usage) is theirs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from typing import Generic, Protocol, TypeVar
+
+ChunkT = TypeVar("ChunkT")
+ChunkT_co = TypeVar("ChunkT_co", covariant=True)
+
+
+class Opened(Protocol, Generic[ChunkT_co]):
+    """One opened sub-call's stream: its first chunk, then the rest."""
+
+    @property
+    def first(self) -> ChunkT_co | None: ...
+
+    @property
+    def chunks(self) -> AsyncIterator[ChunkT_co]: ...
+
+
+async def merged(opens: Sequence[Opened[ChunkT]]) -> AsyncGenerator[tuple[int, ChunkT], None]:
+    """`(k, chunk)` in arrival order until every sub-stream has ended; a sub-stream's error is raised here.
+
+    Close the generator (`contextlib.aclosing`) when leaving early: that cancels the readers still running.
+    """
+    queue: asyncio.Queue[tuple[int, ChunkT | None | BaseException]] = asyncio.Queue()
+
+    async def pump(k: int, opened: Opened[ChunkT]) -> None:
+        try:
+            c = opened.first
+            while c is not None:
+                await queue.put((k, c))
+                c = await anext(opened.chunks, None)
+            await queue.put((k, None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which re-raises it
+            await queue.put((k, exc))
+
+    pumps = [asyncio.ensure_future(pump(k, o)) for k, o in enumerate(opens)]
+    live = len(opens)
+    try:
+        while live:
+            k, item = await queue.get()
+            if item is None:
+                live -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield k, item
+    finally:
+        for p in pumps:
+            p.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)
