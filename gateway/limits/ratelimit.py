@@ -226,7 +226,8 @@ class Limiter:
         # Leases Redis may hold that must go (see `_cancel`): lease -> (its concurrency buckets, give-up time).
         self._cancels: _Held = {}
         self._canceller: asyncio.Task[None] | None = None
-        # The limiter of the config that replaced this one: it takes the cancels still pending at close.
+        # The limiter of the config that replaced this one: at close it takes the cancels still pending and the
+        # leases still live.
         self._successor: Limiter | None = None
         self._closed = False
 
