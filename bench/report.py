@@ -280,7 +280,10 @@ def render_markdown(
 
 def _everything(t: _Template, result: RunResult) -> str:
     table = report_everything.section(result.measurements, _table)
-    return t.section("everything", table=table) if table else ""
+    soak = report_everything.soak(result.measurements, _table)
+    soak_n = f"{result.settings.get('soak_requests', 0):,}"
+    soak = t.fill("everything_soak", table=soak, soak_requests=soak_n) if soak else ""
+    return t.section("everything", table=table, soak=soak) if table or soak else ""
 
 
 def _problems_section(t: _Template, result: RunResult, noisy: list[Measurement]) -> str:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from bench.everything import EVERYTHING, EVERYTHING_2W, EVERYTHING_PG, PASSTHROUGH_2W
 from bench.scenarios import TWO_WORKERS, Measurement
+from bench.soak_everything import SCENARIO as SOAK
 
 # The goals: every feature on, at least this many times the thin proxy's throughput, and the latency it adds at
 # one connection at most this many times the thin proxy's.
@@ -47,8 +48,8 @@ def _x(value: float | None, base: float | None) -> str:
 
 
 def section(measurements: list[Measurement], table: Callable[[list[str], list[list[str]]], list[str]]) -> str:
-    """Markdown for the everything-on rows; empty when none was run."""
-    if not any(m.scenario.startswith("all_") for m in measurements):
+    """Markdown for the everything-on rows; empty when none was run (the soak has a table of its own)."""
+    if not any(m.scenario.startswith("all_") and m.scenario != SOAK for m in measurements):
         return ""
     rows: list[list[str]] = []
     for scenario, target, what in _THROUGHPUT_ROWS:
@@ -122,3 +123,55 @@ def section(measurements: list[Measurement], table: Callable[[list[str], list[li
             latency,
         )
     return "\n".join(lines)
+
+
+def soak(measurements: list[Measurement], table: Callable[[list[str], list[list[str]]], list[str]]) -> str:
+    """Markdown for the everything-on soak: RSS before the load, after every tenth and at the end, and what the
+    cache's memory store held then against its bound; empty when it was not run."""
+    rows: list[list[str]] = []
+    for m in measurements:
+        if m.scenario != SOAK or m.skipped:
+            continue
+        series = m.rss_series_mib or []
+        rows.append(
+            [
+                f"`{m.target}`",
+                _fmt(m.requests, 0) if m.requests else "failed, see Problems",
+                _fmt(m.rss_idle_mib, 1),
+                " → ".join(f"{rss:.0f}" for _, rss in series[1:-1]) or "-",
+                _fmt(m.rss_end_mib, 1),
+                "-" if m.rss_growth_pct is None else f"{m.rss_growth_pct:+.1f} %",
+                "-" if m.cache_entries is None else f"{m.cache_entries:,}",
+                _held(m.cache_bytes, m.cache_max_bytes),
+                "-" if m.cache_evictions is None else f"{m.cache_evictions:,}",
+                _fmt(m.rps, 0),
+                _fmt(m.errors, 0),
+            ]
+        )
+    if not rows:
+        return ""
+    return "\n".join(
+        table(
+            [
+                "target",
+                "requests",
+                "RSS at start MiB",
+                "RSS after each tenth MiB",
+                "RSS at end MiB",
+                "growth after the first tenth",
+                "cache entries at end",
+                "cache MiB of its bound",
+                "evictions",
+                "req/s",
+                "errors",
+            ],
+            rows,
+        )
+    )
+
+
+def _held(size: int | None, bound: int | None) -> str:
+    if size is None or not bound:
+        return "-"
+    mib = 1024 * 1024
+    return f"{size / mib:.1f} of {bound / mib:.0f} ({size / bound:.0%})"

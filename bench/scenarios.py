@@ -22,7 +22,7 @@ from typing import Literal
 import msgspec
 import yaml
 
-from bench import clients, everything, processes, stores, wrk
+from bench import clients, everything, processes, soak_everything, stores, wrk
 from bench.everything import EVERYTHING, EVERYTHING_2W, EVERYTHING_PG, EVERYTHING_TARGETS, PASSTHROUGH_2W
 from bench.processes import Service, StartupError
 from bench.upstream import nginx
@@ -133,6 +133,13 @@ class Measurement(msgspec.Struct):
     rss_checkpoint_mib: float | None = None
     rss_end_mib: float | None = None
     rss_growth_pct: float | None = None
+    # all_soak (bench/soak_everything.py): [requests, RSS MiB] before the load and after each tenth; what the
+    # cache's memory store held at the end (entries, bytes counted against its bound) and had evicted.
+    rss_series_mib: list[list[float]] | None = None
+    cache_entries: int | None = None
+    cache_bytes: int | None = None
+    cache_max_bytes: int | None = None
+    cache_evictions: int | None = None
     # hold_streams: RSS before the streams opened, peak RSS while they were open, most open at once.
     rss_idle_mib: float | None = None
     rss_hold_mib: float | None = None
@@ -296,6 +303,19 @@ def build_scenarios(settings: Settings) -> list[Scenario]:
             connections=c,
             targets=("passthrough", "gateway") if settings.soak_passthrough else ("gateway",),
             fresh=True,
+        )
+    )
+    # The everything-on soak (bench/soak_everything.py): RSS over --soak-requests misses the cache keeps.
+    scenarios.append(
+        Scenario(
+            soak_everything.SCENARIO,
+            f"everything on, memory over {settings.soak_requests:,} requests, each a cache miss, {c} connections",
+            "nginx",
+            "soak",
+            connections=c,
+            targets=(EVERYTHING,),
+            fresh=True,
+            vary=True,
         )
     )
     scenarios.append(
@@ -580,6 +600,8 @@ class Runner:
                     config,
                     everything.fragment(self._stores["redis"].url, ledger or everything.sqlite_url(s.work_dir, tag)),
                 )
+                if fresh_for == soak_everything.SCENARIO:
+                    config = merge(config, soak_everything.FRAGMENT)
             config_path = s.work_dir / f"{tag}.yaml"
             config_path.write_text(yaml.safe_dump(config, sort_keys=False))
             workers = variant.workers or s.workers
@@ -861,6 +883,9 @@ class Runner:
         return None
 
     def _measure_soak(self, scenario: Scenario, target: str, service: Service, url: str, body: bytes) -> Measurement:
+        if scenario.name == soak_everything.SCENARIO:
+            placement = self._placement(scenario, target)
+            return soak_everything.measure(self, scenario, target, service, url, body, placement)
         s = self.settings
         expected_rps = self._c32_rps(target) or 1000.0
 

@@ -190,6 +190,7 @@ CLUSTER_PREFIX: Final = "{rl}"
 # a second, so this bounds the delay after that), and how many cancels go in one write.
 _CANCEL_POLL_S: Final = 0.2
 _CANCELS_PER_ROUND: Final = 1000
+_Held = dict[str, tuple[tuple[Bucket, ...], float]]  # lease -> (its concurrency buckets, a time)
 
 
 class RedisDown(Exception):
@@ -215,7 +216,7 @@ class Limiter:
         self._channel = ScriptChannel(shared, script, self._prefix + "rl:") if shared.client is not None else None
         # Leases of requests still running, by id: renewed every third of the TTL (`_renew`) so that a
         # request longer than the TTL (a long stream) keeps its slot, and the count stays exact.
-        self._live: dict[str, tuple[tuple[Bucket, ...], float]] = {}  # lease -> (buckets, renew until)
+        self._live: _Held = {}  # lease -> (buckets, renew until)
         self._renewer: asyncio.Task[None] | None = None
         # The constant part of each call's command, per (mode, buckets): only the lease and costs vary.
         self._heads: dict[tuple[str, tuple[Bucket, ...]], tuple[bytes, list[bytes]]] = {}
@@ -223,25 +224,31 @@ class Limiter:
         # Value: when to forget (monotonic), so a lease whose request never settles cannot stay forever.
         self._doubtful: dict[str, float] = {}
         # Leases Redis may hold that must go (see `_cancel`): lease -> (its concurrency buckets, give-up time).
-        self._cancels: dict[str, tuple[tuple[Bucket, ...], float]] = {}
+        self._cancels: _Held = {}
         self._canceller: asyncio.Task[None] | None = None
-        # The limiter of the config that replaced this one: it takes the cancels still pending at close.
+        # The limiter of the config that replaced this one: at close it takes the cancels still pending and the
+        # leases still live.
         self._successor: Limiter | None = None
         self._closed = False
 
     def adopt(self, old: Limiter) -> None:
         """Take over the leases a replaced limiter has yet to cancel, when it closes: a reload while Redis
-        stalls must not drop them, or they would hold their slots for the lease TTL once Redis is back."""
+        stalls must not drop them, or they would hold their slots for the lease TTL once Redis is back. So
+        too the leases of its requests still running (renewed here, and released through this one)."""
         old._successor = self
 
-    def _take(self, cancels: dict[str, tuple[tuple[Bucket, ...], float]]) -> None:
+    def _take(self, cancels: _Held, live: _Held | None = None) -> None:
         if self._closed and self._successor is not None:
-            self._successor._take(cancels)
+            self._successor._take(cancels, live)
         elif not self._closed and self._channel is not None:  # without Redis now, no Redis lease to cancel
             for lease, (held, until) in cancels.items():
                 self._cancels.setdefault(lease, (held, until))
             if cancels and (self._canceller is None or self._canceller.done()):
                 self._canceller = asyncio.ensure_future(self._cancel_pending())
+            if live:  # a request can outlive the config whose limiter leased its slot (the queue's, a reload)
+                self._live.update(live)
+                if self._renewer is None:
+                    self._renewer = asyncio.ensure_future(self._renew())
 
     def _command(self, mode: str, lease: str, buckets: Sequence[Bucket], costs: Sequence[float]) -> bytes:
         cache_key = (mode, tuple(buckets))
@@ -290,9 +297,9 @@ class Limiter:
         if renewer is not None:
             renewer.cancel()
             await asyncio.gather(renewer, return_exceptions=True)
-        if self._cancels and self._successor is not None:
-            pending, self._cancels = self._cancels, {}
-            self._successor._take(pending)
+        if (self._cancels or self._live) and self._successor is not None:
+            pending, live, self._cancels, self._live = self._cancels, self._live, {}, {}
+            self._successor._take(pending, live)
         canceller = self._canceller
         if canceller is not None and not canceller.done():
             # One last round for leases still to cancel (bounded); what is left expires with its TTL.
@@ -465,6 +472,8 @@ class Limiter:
             await self._run("adjust", "", rate, [float(-requests)] * len(rate))
 
     async def release(self, buckets: Sequence[Bucket], lease: str) -> None:
+        if self._closed and self._successor is not None:  # its request outlived this config (see `_take`)
+            return await self._successor.release(buckets, lease)
         held = [b for b in buckets if b.kind == "concurrent"]
         if not held:
             return

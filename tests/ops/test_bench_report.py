@@ -305,3 +305,50 @@ def test_a_varied_wrk_script_gives_every_request_a_prompt_of_its_own(tmp_path: P
         assert "absent" in str(exc)
     else:
         raise AssertionError("a marker missing from the body must be refused")
+
+
+def test_the_everything_on_soak_reports_rss_over_time_and_the_cache_against_its_bound() -> None:
+    from bench.everything import EVERYTHING
+
+    run = synthetic()
+    mib = 1024 * 1024
+    series = [[0, 180.5], *([n * 100_000, 200.0 + n / 10] for n in range(1, 10)), [1_000_000, 211.7]]
+    run.measurements.append(
+        _m(
+            "all_soak",
+            EVERYTHING,
+            tool="soak",
+            requests=1_000_000,
+            rps=1_234.0,
+            rss_idle_mib=180.5,
+            rss_checkpoint_mib=200.1,
+            rss_end_mib=211.7,
+            rss_growth_pct=5.8,
+            rss_series_mib=series,
+            cache_entries=16_155,
+            cache_bytes=8 * mib,
+            cache_max_bytes=16 * mib,
+            cache_evictions=983_845,
+        )
+    )
+    text = section(render_markdown(run), "Everything on")
+    assert "### Memory over 1,000,000 requests, everything on" in text
+    line = row(text, f"`{EVERYTHING}`")
+    assert "| 1,000,000 | 180.5 | 200 → 200 → 200 → 200 → 200 → 201 → 201 → 201 → 201 | 211.7 | +5.8 % |" in line
+    assert "| 16,155 | 8.0 of 16 (50%) | 983,845 | 1,234 | 0 |" in line
+    assert "`all_c32`" not in text  # the throughput rows were not run: no table of theirs
+
+
+def test_the_everything_on_soak_follows_soak_requests_and_runs_only_by_itself_or_in_a_full_run() -> None:
+    from bench.__main__ import expand_only
+    from bench.scenarios import Settings, build_scenarios
+
+    base = Settings(10, 2, 32, 100, 0, 50, 500, 5000, 500, 30, 3, 1, False, Path("."), Path("."), 20_000, 2_000)
+
+    def scenarios(only: str | None) -> dict[str, Any]:
+        return {x.name: x for x in build_scenarios(Settings(**{**vars(base), "only": expand_only(only)}))}
+
+    assert list(scenarios("all_soak")) == ["all_soak"]
+    assert "all_soak" not in scenarios("everything")  # the throughput rows alone stay about five minutes
+    soak = scenarios(None)["all_soak"]
+    assert "20,000 requests" in soak.title and soak.fresh and soak.vary and soak.tool == "soak"
