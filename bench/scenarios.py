@@ -22,7 +22,7 @@ from typing import Literal
 import msgspec
 import yaml
 
-from bench import clients, everything, processes, soak_everything, stores, wrk
+from bench import clients, everything, features, processes, soak_everything, stores, wrk
 from bench.everything import EVERYTHING, EVERYTHING_2W, EVERYTHING_PG, EVERYTHING_TARGETS, PASSTHROUGH_2W
 from bench.processes import Service, StartupError
 from bench.upstream import nginx
@@ -77,6 +77,8 @@ class GatewayVariant:
     # bench/everything.py's configuration, with its ledger on "sqlite" or "postgresql".
     everything: bool = False
     ledger: str = "sqlite"
+    # bench/features.py: the access log off and this one feature on ("nothing": none).
+    feature: str | None = None
 
 
 VARIANTS: dict[str, GatewayVariant] = {
@@ -89,9 +91,13 @@ VARIANTS: dict[str, GatewayVariant] = {
     EVERYTHING: GatewayVariant(everything=True),
     EVERYTHING_PG: GatewayVariant(everything=True, ledger="postgresql"),
     EVERYTHING_2W: GatewayVariant(everything=True, workers=2, pinned=False),
+    features.NOTHING: GatewayVariant(feature="nothing"),
+    **{f.target: GatewayVariant(feature=f.name) for f in features.FEATURES},
 }
 # Targets the runner adds by itself when their scenarios run (not named in --targets).
-IMPLIED_TARGETS = (LIMITS_TARGET, CACHE_TARGET, *EVERYTHING_TARGETS, PASSTHROUGH_2W)
+IMPLIED_TARGETS = (LIMITS_TARGET, CACHE_TARGET, *EVERYTHING_TARGETS, PASSTHROUGH_2W, *features.TARGETS)
+# Targets that need the Redis the bench starts.
+REDIS_TARGETS = (*EVERYTHING_TARGETS, *features.REDIS_TARGETS)
 
 
 class Measurement(msgspec.Struct):
@@ -288,6 +294,19 @@ def build_scenarios(settings: Settings) -> list[Scenario]:
         )
     )
     scenarios += everything_scenarios(c)
+    # Each feature alone (bench/features.py), right after the gateway with nothing on.
+    scenarios += [
+        Scenario(
+            f.scenario,
+            f"{f.name} alone against nothing on, every request a miss, {c} connections",
+            "nginx",
+            "wrk",
+            connections=c,
+            vary=True,
+            targets=(features.NOTHING, f.target),
+        )
+        for f in features.FEATURES
+    ]
     # One row per offered rate and target; rates in the outer loop so drift over the sweep hits
     # every target alike.
     scenarios += [
@@ -500,14 +519,14 @@ class Runner:
         return self.measurements
 
     def _start_stores(self, scenarios: list[Scenario]) -> None:
-        """Start Redis (and PostgreSQL) for the everything-on rows; a target whose store fails is skipped."""
+        """Start Redis (and PostgreSQL) for the all_* and feature_* rows; a target whose store fails is skipped."""
         wanted = {t for s in scenarios for t in s.targets}
-        if not wanted & set(EVERYTHING_TARGETS):
+        if not wanted & set(REDIS_TARGETS):
             return
         try:
             self._stores["redis"] = stores.start_redis()
         except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
-            for target in EVERYTHING_TARGETS:
+            for target in REDIS_TARGETS:
                 self.skipped[target] = f"no Redis: {exc}"
             return
         if EVERYTHING_PG in wanted:
@@ -602,6 +621,9 @@ class Runner:
                 )
                 if fresh_for == soak_everything.SCENARIO:
                     config = merge(config, soak_everything.FRAGMENT)
+            if variant.feature is not None:
+                redis = self._stores["redis"].url if "redis" in self._stores else None
+                config = merge(config, features.fragment(variant.feature, redis, s.work_dir, tag))
             config_path = s.work_dir / f"{tag}.yaml"
             config_path.write_text(yaml.safe_dump(config, sort_keys=False))
             workers = variant.workers or s.workers
