@@ -1,9 +1,9 @@
 """``python -m bench``: run every scenario against direct, passthrough and gateway, then report.
 
-Default mode takes about 27 minutes on the 2-core reference machine, sixteen of them the two
+Default mode takes about 30 minutes on the 2-core reference machine, sixteen of them the two
 memory soaks (1,000,000 requests each: the plain gateway at ~3,000 req/s, everything on at ~1,600); it rewrites
 docs/benchmarks.md, docs/benchmarks.png and bench/results/latest.json. ``--quick`` is a smoke run
-of about two minutes that writes only under bench/results/, so it never dirties the published
+of about three minutes that writes only under bench/results/, so it never dirties the published
 figures.
 """
 
