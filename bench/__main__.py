@@ -23,7 +23,8 @@ from types import FrameType
 
 from bench import everything, features, report, wrk
 from bench.processes import foreign_load_pct
-from bench.scenarios import ALL_TARGETS, DEFAULT_TARGETS, NOISY_PCT, Runner, Settings
+from bench.runner import Runner
+from bench.scenarios import ALL_TARGETS, DEFAULT_TARGETS, NOISY_PCT, Settings
 from bench.upstream import nginx
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,9 +12,10 @@ import yaml
 
 from bench import everything, features
 from bench.__main__ import expand_only
+from bench.configs import gateway_config, merge
 from bench.features import FEATURES, NOTHING
 from bench.report import render_markdown
-from bench.scenarios import Settings, build_scenarios, gateway_config, merge
+from bench.scenarios import Settings, build_scenarios
 from gateway.config.loading import parse_config
 from tests.ops.test_bench_report import _m, row, section, synthetic
 
@@ -22,7 +23,10 @@ REDIS = "redis://127.0.0.1:6399/0"
 
 
 def _config(name: str, tmp_path: Path) -> dict[str, Any]:
-    return merge(gateway_config(9001, 9002, None), features.fragment(name, REDIS, tmp_path, f"only-{name}"))
+    config: dict[str, Any] = merge(
+        gateway_config(9001, 9002, None), features.fragment(name, REDIS, tmp_path, f"only-{name}")
+    )
+    return config
 
 
 def test_the_everything_on_fragment_is_the_union_of_the_parts_the_feature_rows_take_one_by_one() -> None:
