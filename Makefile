@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 CONFIG ?= config.yaml
 
-.PHONY: run test lint typecheck check bench bench-everything docs clean
+.PHONY: run test lint typecheck check bench bench-everything bench-features docs clean
 
 # Two installs into the one .venv, each marked by a stamp file: the runtime dependencies alone (what
 # `make run` needs), and the runtime plus the dev tools (tests, lint, types). Once the dev tools are in,
@@ -58,6 +58,11 @@ bench: $(BIN)/python
 bench-everything: $(BIN)/python
 	$(BIN)/python -m bench --only everything --json bench/results/everything.json \
 		--markdown bench/results/everything.md --plot bench/results/everything.png
+
+# Each feature alone beside nothing on (about three minutes; also part of `make bench`); under bench/results/.
+bench-features: $(BIN)/python
+	$(BIN)/python -m bench --only features --json bench/results/features.json \
+		--markdown bench/results/features.md --no-plot
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,9 +1,9 @@
 """``python -m bench``: run every scenario against direct, passthrough and gateway, then report.
 
-Default mode takes about 27 minutes on the 2-core reference machine, sixteen of them the two
+Default mode takes about 30 minutes on the 2-core reference machine, sixteen of them the two
 memory soaks (1,000,000 requests each: the plain gateway at ~3,000 req/s, everything on at ~1,600); it rewrites
 docs/benchmarks.md, docs/benchmarks.png and bench/results/latest.json. ``--quick`` is a smoke run
-of about two minutes that writes only under bench/results/, so it never dirties the published
+of about three minutes that writes only under bench/results/, so it never dirties the published
 figures.
 """
 
@@ -21,9 +21,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 
-from bench import everything, report, wrk
+from bench import everything, features, report, wrk
 from bench.processes import foreign_load_pct
-from bench.scenarios import ALL_TARGETS, DEFAULT_TARGETS, NOISY_PCT, Runner, Settings
+from bench.runner import Runner
+from bench.scenarios import ALL_TARGETS, DEFAULT_TARGETS, NOISY_PCT, Settings
 from bench.upstream import nginx
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,8 +83,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--only",
         help="comma-separated scenario names to run (default: all): nonstream_c32, nonstream_c1, limits_c32, "
         "cached_c32, load_sweep, soak, pyupstream_c32, stream_c32, stream_ttfb, slow_fixed_rate, hold_streams, "
-        f"{', '.join(everything.SCENARIOS)}, all_soak; `{everything.GROUP}` names the all_* rows but the soak "
-        "(every feature on, about five minutes)",
+        f"{', '.join(everything.SCENARIOS)}, all_soak, {', '.join(features.SCENARIOS)}; `{everything.GROUP}` "
+        "names the all_* rows but the soak (every feature on, about five minutes), "
+        f"`{features.GROUP}` the feature_* rows (each feature alone beside nothing on, about three minutes)",
     )
     parser.add_argument(
         "--targets",
@@ -128,8 +130,9 @@ def expand_only(only: str | None) -> frozenset[str] | None:
     if not only:
         return None
     names = {x.strip() for x in only.split(",") if x.strip()}
-    if everything.GROUP in names:
-        names = (names - {everything.GROUP}) | set(everything.SCENARIOS)
+    for group, scenarios in ((everything.GROUP, everything.SCENARIOS), (features.GROUP, features.SCENARIOS)):
+        if group in names:
+            names = (names - {group}) | set(scenarios)
     return frozenset(names)
 
 

@@ -36,7 +36,8 @@ import uvloop
 import yaml
 
 from bench import processes
-from bench.scenarios import REQUEST, child_env
+from bench.configs import child_env
+from bench.scenarios import REQUEST
 
 KEY = "bench-batch-key"
 AUTH = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}

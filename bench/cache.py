@@ -32,7 +32,8 @@ import yaml
 from aiohttp import web
 
 from bench import processes
-from bench.scenarios import BODY, LOADGEN_CPU, TARGET_CPU, child_env, gateway_config
+from bench.configs import child_env, gateway_config
+from bench.scenarios import BODY, LOADGEN_CPU, TARGET_CPU
 from bench.upstream import COMPLETION_BODY
 
 HEADERS = {"Content-Type": "application/json"}

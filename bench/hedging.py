@@ -18,7 +18,7 @@ import msgspec
 import yaml
 
 from bench import clients, processes
-from bench.scenarios import child_env
+from bench.configs import child_env
 
 BODY = msgspec.json.encode({"model": "tail", "prompt": "Say hello", "max_tokens": 16})
 DOC = Path(__file__).resolve().parents[1] / "docs" / "hedging.md"

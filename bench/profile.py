@@ -26,7 +26,8 @@ import redis as redis_py
 import yaml
 
 from bench import everything, processes, stores, wrk
-from bench.scenarios import BODY, CHAT_BODY, CHAT_PATH, gateway_config, merge
+from bench.configs import gateway_config, merge
+from bench.scenarios import BODY, CHAT_BODY, CHAT_PATH
 from bench.upstream import nginx
 
 

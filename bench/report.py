@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from bench import report_everything, wrk
+from bench import report_everything, report_features, wrk
 from bench.scenarios import CACHE_TARGET, GRANIAN, HTTPX, LIMITS_TARGET, NOISY_PCT, TWO_WORKERS, Measurement
 from bench.upstream import COMPLETION_BODY, nginx
 
@@ -280,10 +280,12 @@ def render_markdown(
 
 def _everything(t: _Template, result: RunResult) -> str:
     table = report_everything.section(result.measurements, _table)
+    alone = report_features.section(result.measurements, _table)
+    alone = t.fill("everything_features", table=alone) if alone else ""
     soak = report_everything.soak(result.measurements, _table)
     soak_n = f"{result.settings.get('soak_requests', 0):,}"
     soak = t.fill("everything_soak", table=soak, soak_requests=soak_n) if soak else ""
-    return t.section("everything", table=table, soak=soak) if table or soak else ""
+    return t.section("everything", table=table, features=alone, soak=soak) if table or alone or soak else ""
 
 
 def _problems_section(t: _Template, result: RunResult, noisy: list[Measurement]) -> str:

@@ -18,7 +18,8 @@ from bench import wrk
 from bench.processes import Service, Window
 
 if TYPE_CHECKING:
-    from bench.scenarios import Measurement, Runner, Scenario
+    from bench.runner import Runner
+    from bench.scenarios import Measurement, Scenario
 
 SCENARIO: Final = "all_soak"
 # The memory store's bound in this soak (the default is 256 MiB): a few percent of a million misses fill it.
@@ -44,7 +45,8 @@ def measure(
     runner: Runner, scenario: Scenario, target: str, service: Service, url: str, body: bytes, placement: str
 ) -> Measurement:
     """The soak of one freshly started target; `placement` as the runner describes it."""
-    from bench.scenarios import Measurement, cpu_per_1k, wrk_errors  # it imports this module
+    from bench.measuring import cpu_per_1k, wrk_errors  # it imports this module
+    from bench.scenarios import Measurement
 
     s = runner.settings
     known = [m.rps for m in runner.measurements if m.scenario == "all_c32" and m.target == target and m.ok]

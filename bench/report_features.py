@@ -1,0 +1,69 @@
+"""The "Each feature alone" table of docs/benchmarks.md: every ``feature_*`` row against nothing on.
+
+Each ratio is taken against the gateway with nothing on measured seconds before it in the same scenario, so the
+machine's drift over the run does not enter it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from bench.features import FEATURES, NOTHING, RATIO_GOAL
+from bench.scenarios import Measurement
+
+
+def _get(measurements: list[Measurement], scenario: str, target: str) -> Measurement | None:
+    for m in measurements:
+        if m.scenario == scenario and m.target == target and m.ok and m.requests:
+            return m
+    return None
+
+
+def _fmt(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def section(measurements: list[Measurement], table: Callable[[list[str], list[list[str]]], list[str]]) -> str:
+    """Markdown for the feature rows; empty when none was run."""
+    rows: list[list[str]] = []
+    for feature in FEATURES:
+        if not any(m.scenario == feature.scenario for m in measurements):
+            continue
+        base, on = (_get(measurements, feature.scenario, t) for t in (NOTHING, feature.target))
+        ratio = on.rps / base.rps if on and on.rps and base and base.rps else None
+        added = (
+            (on.cpu_s_per_1k - base.cpu_s_per_1k) * 1000.0
+            if on and base and on.cpu_s_per_1k is not None and base.cpu_s_per_1k is not None
+            else None
+        )
+        rows.append(
+            [
+                f"`{feature.scenario}` {feature.what}",
+                _fmt(base.rps if base else None, 0),
+                _fmt(on.rps, 0) if on else "failed or not run",
+                "-" if ratio is None else f"{ratio:.2f}x" + ("" if ratio >= RATIO_GOAL else " (**below**)"),
+                _fmt(base.cpu_s_per_1k if base else None, 3),
+                _fmt(on.cpu_s_per_1k if on else None, 3),
+                "-" if added is None else f"{added:+,.0f}",
+                _fmt(base.p99_ms if base else None, 2),
+                _fmt(on.p99_ms if on else None, 2),
+            ]
+        )
+    if not rows:
+        return ""
+    return "\n".join(
+        table(
+            [
+                "feature alone (c=32)",
+                "nothing on req/s",
+                "feature on req/s",
+                f"on / nothing on (goal ≥ {RATIO_GOAL:.2f}x)",
+                "nothing on CPU s/1k",
+                "on CPU s/1k",
+                "CPU added µs/request",
+                "nothing on p99 ms",
+                "on p99 ms",
+            ],
+            rows,
+        )
+    )

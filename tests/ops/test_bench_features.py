@@ -1,0 +1,115 @@
+"""The bench's feature-alone rows (bench/features.py): what each target's config holds, which runs select the
+rows, and their table in docs/benchmarks.md rendered from a synthetic run. No benchmark runs here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from bench import everything, features
+from bench.__main__ import expand_only
+from bench.configs import gateway_config, merge
+from bench.features import FEATURES, NOTHING
+from bench.report import render_markdown
+from bench.scenarios import Settings, build_scenarios
+from gateway.config.loading import parse_config
+from tests.ops.test_bench_report import _m, row, section, synthetic
+
+REDIS = "redis://127.0.0.1:6399/0"
+
+
+def _config(name: str, tmp_path: Path) -> dict[str, Any]:
+    config: dict[str, Any] = merge(
+        gateway_config(9001, 9002, None), features.fragment(name, REDIS, tmp_path, f"only-{name}")
+    )
+    return config
+
+
+def test_the_everything_on_fragment_is_the_union_of_the_parts_the_feature_rows_take_one_by_one() -> None:
+    assert everything.fragment(REDIS, "sqlite:///l.db") == {
+        "redis": {"url": REDIS},
+        "keys": [{"name": "bench", "key": "bench-key", "limits": {"rpm": 100_000_000, "tpm": 10_000_000_000}}],
+        "cache": {"mode": "always"},
+        "ledger": {"url": "sqlite:///l.db"},
+        "providers": {"up": {"max_concurrency": 100_000}},
+        "logging": {"requests": True},
+    }
+
+
+def test_nothing_on_turns_the_default_access_log_off_and_each_target_adds_exactly_its_part(tmp_path: Path) -> None:
+    nothing = _config("nothing", tmp_path)
+    assert nothing["logging"] == {"requests": False}
+    # The gateway logs every request unless told not to: "nothing on" has to say so.
+    assert parse_config(yaml.safe_dump(gateway_config(9001, 9002, None))).config.logging.requests is True
+    assert parse_config(yaml.safe_dump(nothing)).config.logging.requests is False
+    added = {
+        "limits": {"redis", "keys"},
+        "cache": {"cache"},
+        "ledger": {"ledger"},
+        "queue": {"providers"},
+        "queue-redis": {"redis", "providers"},
+        "log": {"logging"},
+    }
+    assert set(added) == {f.name for f in FEATURES}
+    for name, keys in added.items():
+        on = _config(name, tmp_path)
+        assert {k for k in on if on[k] != nothing.get(k)} == keys, name
+        loaded = parse_config(yaml.safe_dump(on), f"{name}.yaml").config  # the gateway accepts it
+        assert loaded.logging.requests is (name == "log")
+        assert bool(loaded.redis.url) is (name in ("limits", "queue-redis"))
+    assert _config("queue-redis", tmp_path)["providers"]["up"]["max_concurrency"] == 100_000
+    assert _config("ledger", tmp_path)["ledger"]["url"] == f"sqlite:///{tmp_path / 'ledger-only-ledger.db'}"
+    with pytest.raises(ValueError, match="Redis"):
+        features.fragment("limits", None, tmp_path, "x")
+
+
+def test_the_feature_rows_run_by_default_and_with_only_features_each_beside_nothing_on() -> None:
+    base = Settings(10, 2, 32, 100, 0, 50, 500, 5000, 500, 30, 3, 1, False, Path("."), Path("."), 20_000, 2_000)
+
+    def scenarios(only: str | None) -> dict[str, Any]:
+        return {x.name: x for x in build_scenarios(Settings(**{**vars(base), "only": expand_only(only)}))}
+
+    chosen = scenarios("features")
+    assert list(chosen) == list(features.SCENARIOS) and len(chosen) == len(FEATURES) == 6
+    for f in FEATURES:
+        s = chosen[f.scenario]
+        assert s.targets == (NOTHING, f.target) and s.vary and s.connections == 32 and s.tool == "wrk"
+        assert not s.stream and s.path == "/v1/completions"
+    assert set(features.SCENARIOS) <= set(scenarios(None))
+    assert not set(features.SCENARIOS) & set(scenarios("everything"))
+    assert set(scenarios("everything,features")) == set(everything.SCENARIOS) | set(features.SCENARIOS)
+
+
+def test_each_feature_is_set_against_the_nothing_on_of_its_own_scenario() -> None:
+    limits, cache, *_ = FEATURES
+    run = synthetic()
+    assert "Each feature alone" not in render_markdown(run)
+    run.measurements += [
+        # A nothing-on row of another scenario must not be the base of this one.
+        _m(limits.scenario, NOTHING, rps=4_000.0, cpu_s_per_1k=0.250, p99_ms=9.5),
+        _m(limits.scenario, limits.target, rps=3_400.0, cpu_s_per_1k=0.300, p99_ms=12.25),
+        _m(cache.scenario, NOTHING, rps=3_000.0, cpu_s_per_1k=0.320),
+        _m(cache.scenario, cache.target, rps=2_850.0, cpu_s_per_1k=0.330),
+    ]
+    text = section(render_markdown(run), "Everything on")
+    assert "### Each feature alone" in text
+    line = row(text, f"`{limits.scenario}` {limits.what}")
+    assert "| 4,000 | 3,400 | 0.85x (**below**) | 0.250 | 0.300 | +50 | 9.50 | 12.25 |" in line
+    assert "| 3,000 | 2,850 | 0.95x | 0.320 | 0.330 | +10 |" in row(text, f"`{cache.scenario}` {cache.what}")
+    assert "feature_ledger_c32" not in text  # not run: no row
+    assert "`all_c32`" not in text  # the everything-on rows were not run: no table of theirs
+
+
+def test_a_failed_feature_row_is_said_so_and_has_no_ratio() -> None:
+    ledger = FEATURES[2]
+    run = synthetic()
+    run.measurements += [
+        _m(ledger.scenario, NOTHING, rps=4_000.0),
+        _m(ledger.scenario, ledger.target, ok=False, rps=10.0, errors=5, note="errors"),
+    ]
+    line = row(section(render_markdown(run), "Everything on"), f"`{ledger.scenario}` {ledger.what}")
+    assert "| 4,000 | failed or not run | - |" in line
