@@ -92,6 +92,7 @@ class Gate:
         self._born: dict[str, float] = {}
         self._stale: set[str] = set()  # pooled leases in use that go back to Redis at their end
         self._reserving = False
+        self.blocks = 0  # blocks taken so far (the status of a test, or of a curious operator)
         self._trimmer: asyncio.TimerHandle | None = None
         self.wait_s = 1.0  # a moving average of how long requests that waited here waited, for Retry-After
         self._pump: asyncio.Task[None] | None = None
@@ -204,6 +205,7 @@ class Gate:
         for lease in leases:
             self._born[lease] = born
         self.spare.extend(leases)
+        self.blocks += 1
         self.pooled += len(leases)
         self.peak = max(self.peak, self.in_use + 1)
         if self._trimmer is None:
@@ -247,6 +249,15 @@ class Gate:
             self._born.pop(lease, None)
             self._stale.discard(lease)
         self.pooled -= len(leases)
+
+    async def close(self) -> None:
+        """Shutdown: spare leases back to Redis now (not at their expiry), and the releases under way done."""
+        if self._trimmer is not None:
+            self._trimmer.cancel()
+            self._trimmer = None
+        self._give_back(list(self.spare))
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
 
     def _release_later(self, limiter: Limiter | None, lease: str) -> None:
         if limiter is not None:

@@ -15,7 +15,7 @@ from typing import Final
 from gateway.config import LoadedConfig, QueueConfig, replica_cap, replica_names, replica_url
 from gateway.limits.auth import ClientKey
 from gateway.limits.ratelimit import Limiter
-from gateway.limits.tokens import prompt_tokens, unbounded_completion
+from gateway.limits.tokens import prompt_tokens, text_tokens, unbounded_completion
 from gateway.ops import tracing
 from gateway.ops.metrics import Metrics
 from gateway.queue.fair import PRIORITIES, RANK, Waiter
@@ -170,6 +170,12 @@ class Queues:
                 self.gates[where] = gate
             else:
                 _lift(gate)
+        old.gates = {where: g for where, g in old.gates.items() if self.gates.get(where) is not g}  # its own to close
+
+    async def close(self) -> None:
+        """Shutdown (or the end of a replaced config): every gate's spare leases back to Redis."""
+        for gate in self.gates.values():
+            await gate.close()
 
     def lift(self) -> None:
         """A reload to a config that caps no server: everyone waiting goes at once."""
@@ -211,11 +217,15 @@ class Queues:
             rank = r
         prompts = req.prompt
         # Choices as the budgets count them (gateway/limits/tokens.py `reservation`): every prompt's answers.
-        choices = max(req.n or 1, req.best_of or 1) * (
-            len(prompts) if isinstance(prompts, list) and not isinstance(prompts[0], int) else 1
-        )
+        choices = 1 if req.n is None and req.best_of is None else max(req.n or 1, req.best_of or 1)
+        if type(prompts) is str:  # the usual prompt: one text
+            prompt = text_tokens(prompts, False, "")
+        else:
+            prompt = prompt_tokens(prompts, False, "")
+            if isinstance(prompts, list) and not isinstance(prompts[0], int):
+                choices *= len(prompts)
         most = req.max_tokens * choices if req.max_tokens is not None else None
-        return Ask(self, t.name, t.weight, rank, prompt_tokens(req.prompt, False, ""), most, choices)
+        return Ask(self, t.name, t.weight, rank, prompt, most, choices)
 
     async def wait(
         self, ask: Ask, cost: int, gate: Gate, route: Route, timeouts: Timeouts, plan: Plan
