@@ -27,7 +27,8 @@ async def _held(rds: RedisServer) -> list[str]:
     client = aioredis.Redis.from_url(rds.url)
     try:
         now = (await client.time())[0] * 1000
-        return [m.decode() for m in await client.zrangebyscore(KEY, now, "+inf")]
+        members = await client.zrangebyscore(KEY, now, "+inf")
+        return [m.decode() for m in members if isinstance(m, bytes)]
     finally:
         await client.aclose()
 
@@ -41,11 +42,13 @@ async def test_two_processes_taking_blocks_never_pass_the_cap(rds: RedisServer) 
 
         async def one(gate: Gate) -> None:
             nonlocal running, peak
-            slot = await gate.take(_waiter())
-            if slot is None:  # full: wait in the queue, as a request does
+            taken = await gate.take(_waiter())
+            if taken is None:  # full: wait in the queue, as a request does
                 w = _waiter()
                 gate.enqueue(w)
-                slot = await asyncio.wait_for(w.future, 10)
+                taken = await asyncio.wait_for(w.future, 10)
+            assert taken is not None
+            slot: Slot = taken
             running += 1
             peak = max(peak, running, len(await _held(rds)) - sum(len(g.spare) for g in gates))
             await asyncio.sleep(0.01)
@@ -54,9 +57,9 @@ async def test_two_processes_taking_blocks_never_pass_the_cap(rds: RedisServer) 
 
         firsts = [await gate.take(_waiter()) for gate in gates]  # far from full: each process takes a block
         assert all(s is not None and s.pooled for s in firsts) and [g.blocks for g in gates] == [1, 1]
-        for s in firsts:
-            assert s is not None
-            s.done(10)
+        for first in firsts:
+            assert first is not None
+            first.done(10)
         await asyncio.gather(*(one(gates[i % 2]) for i in range(200)))
         assert 8 < peak <= 16  # busy, never past the cap, spares of blocks not counted as running
         assert len(await _held(rds)) <= 8 + 2  # in blocks, at most half the cap (and a block) stays held
@@ -65,8 +68,8 @@ async def test_two_processes_taking_blocks_never_pass_the_cap(rds: RedisServer) 
             await gate.close()
         for limiter in limiters:
             await limiter.close()
-        for s in states:
-            await s.close()
+        for state in states:
+            await state.close()
     assert await _held(rds) == []  # shutdown gave every spare lease back
 
 
