@@ -221,11 +221,14 @@ class Gate:
 
     def _trim(self) -> None:
         """Every TRIM_S while blocks are held: spare leases beyond the most used at once since the last
-        look go back to Redis, and so do leases near their last renewal (MAX_RENEW_S)."""
+        look go back to Redis, and so do leases near their last renewal (MAX_RENEW_S), and every one while
+        Redis does not answer (their renewals fail: they would outlive their leases)."""
         self._trimmer = None
         spare = self.spare
         keep = len(spare) if self.order.depth else max(self.peak - self.in_use, 0)
         old = time.monotonic() - MAX_RENEW_S / 2
+        if self.limiter is not None and self.limiter.shared.degraded:
+            old, keep = float("inf"), 0
         stale = {lease for lease, born in self._born.items() if born < old}
         idle_stale = []
         if stale:

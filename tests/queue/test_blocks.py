@@ -5,11 +5,12 @@ one lease per request again near the cap."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import redis.asyncio as aioredis
 
-from gateway.limits.ratelimit import Bucket, Limiter
+from gateway.limits.ratelimit import Bucket, Limiter, RedisDown
 from gateway.queue.fair import Waiter
 from gateway.queue.gate import TRIM_S, Gate, Slot
 from gateway.state import SharedState
@@ -22,21 +23,23 @@ def _waiter() -> Waiter:
     return Waiter("tenant", 1.0, 1, 10, asyncio.get_running_loop().create_future(), time.monotonic())
 
 
-async def _held(rds: RedisServer) -> list[str]:
+async def _held(rds: RedisServer, client: aioredis.Redis | None = None) -> list[str]:
     """The live leases Redis holds for the server."""
-    client = aioredis.Redis.from_url(rds.url)
+    mine = client or aioredis.Redis.from_url(rds.url)
     try:
-        now = (await client.time())[0] * 1000
-        members = await client.zrangebyscore(KEY, now, "+inf")
+        now = (await mine.time())[0] * 1000
+        members = await mine.zrangebyscore(KEY, now, "+inf")
         return [m.decode() for m in members if isinstance(m, bytes)]
     finally:
-        await client.aclose()
+        if client is None:
+            await mine.aclose()
 
 
 async def test_two_processes_taking_blocks_never_pass_the_cap(rds: RedisServer) -> None:
     states = [SharedState(rds.url), SharedState(rds.url)]
     limiters = [Limiter(s, fail_open=False) for s in states]
     gates = [Gate("engine", 16, limiter, None) for limiter in limiters]
+    client = aioredis.Redis.from_url(rds.url)
     try:
         running = peak = 0
 
@@ -46,11 +49,11 @@ async def test_two_processes_taking_blocks_never_pass_the_cap(rds: RedisServer) 
             if taken is None:  # full: wait in the queue, as a request does
                 w = _waiter()
                 gate.enqueue(w)
-                taken = await asyncio.wait_for(w.future, 10)
+                taken = await asyncio.wait_for(w.future, 60)
             assert taken is not None
             slot: Slot = taken
             running += 1
-            peak = max(peak, running, len(await _held(rds)) - sum(len(g.spare) for g in gates))
+            peak = max(peak, running, len(await _held(rds, client)) - sum(len(g.spare) for g in gates))
             await asyncio.sleep(0.01)
             running -= 1
             slot.done(10)
@@ -60,10 +63,11 @@ async def test_two_processes_taking_blocks_never_pass_the_cap(rds: RedisServer) 
         for first in firsts:
             assert first is not None
             first.done(10)
-        await asyncio.gather(*(one(gates[i % 2]) for i in range(200)))
+        await asyncio.gather(*(one(gates[i % 2]) for i in range(100)))
         assert 8 < peak <= 16  # busy, never past the cap, spares of blocks not counted as running
         assert len(await _held(rds)) <= 8 + 2  # in blocks, at most half the cap (and a block) stays held
     finally:
+        await client.aclose()
         for gate in gates:
             await gate.close()
         for limiter in limiters:
@@ -148,3 +152,28 @@ async def test_a_block_held_by_a_dead_process_comes_back_when_its_leases_expire(
         await live.close()
         await dead_state.close()
         await live_state.close()
+
+
+async def test_spare_leases_are_dropped_while_redis_does_not_answer(rds: RedisServer) -> None:
+    state = SharedState(rds.url)
+    limiter = Limiter(state, fail_open=False)
+    gate = Gate("engine", 16, limiter, None)  # blocks of 2
+    try:
+        running = await gate.take(_waiter())
+        spare = await gate.take(_waiter())
+        assert running is not None and spare is not None and running.pooled and spare.pooled
+        spare.done(10)
+        assert len(gate.spare) == 1
+        rds.stop()
+        with contextlib.suppress(RedisDown):  # any call finds Redis away
+            await limiter.acquire([Bucket("queue:other", "concurrent", 1)], 0)
+        assert state.degraded
+        await asyncio.sleep(TRIM_S * 1.5)
+        assert gate.spare == []  # no request starts on a lease nobody renews
+        running.done(10)
+        assert gate.spare == [] and gate.pooled == 0  # nor on the one in use, once it ends
+    finally:
+        rds.start()
+        await gate.close()
+        await limiter.close()
+        await state.close()
