@@ -9,7 +9,6 @@ and is reconciled with the usage the upstream reports. Token-id prompts are coun
 
 from __future__ import annotations
 
-import math
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -60,7 +59,8 @@ def text_tokens(text: str, bpe: bool, model: str) -> int:
                 return len(enc.encode_ordinary(text))
             except ValueError:  # over the library's own size limits: the estimate still reserves something
                 pass
-    return math.ceil(len(text.encode("utf-8")) / BYTES_PER_TOKEN)
+    size = len(text) if text.isascii() else len(text.encode("utf-8"))  # ASCII: a byte a character, no copy
+    return -(-size // BYTES_PER_TOKEN)
 
 
 def prompt_tokens(prompt: str | list[Any], bpe: bool, model: str) -> int:

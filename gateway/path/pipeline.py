@@ -159,6 +159,8 @@ class Pipeline:
 
     async def close(self) -> None:
         await self.admission.drain()
+        if self.queues is not None:
+            await self.queues.close()  # spare leases go back before the limiter closes
         await self.admission.limiter.close()
         await self.health.close()
         await self.usage.drain()

@@ -3,8 +3,9 @@
 A slot is held from an attempt's start to its end (a stream's last byte). Without Redis the gate counts its
 slots in this process; with `redis:` each slot is a concurrency lease in Redis (gateway/limits/ratelimit.py,
 the one used by `limits.concurrent`), so the cap holds across workers and replicas, and a process that dies
-holding one gives it back by the lease's expiry. Waiters are served in `FairOrder`; with Redis a slot freed
-by another process is not announced, so while requests wait the gate asks again every `POLL_S`.
+holding one gives it back by the lease's expiry. Far below the cap a process takes a block of leases in one
+call and hands them out itself (`spare`). Waiters are served in `FairOrder`; with Redis a slot freed by
+another process is not announced, so while requests wait the gate asks again every `POLL_S`.
 """
 
 from __future__ import annotations
@@ -14,19 +15,24 @@ import time
 from typing import Any, Final
 
 from gateway.limits.gcra import Bucket
-from gateway.limits.ratelimit import Limiter, RedisDown
+from gateway.limits.ratelimit import MAX_RENEW_S, Limiter, RedisDown
 from gateway.ops.metrics import Metrics
 from gateway.queue.fair import PRIORITIES, RANK, FairOrder, Waiter
 
 # With Redis: how often waiters look for a slot another process freed (their own process's wake them at once).
 POLL_S: Final = 0.02
 LOW: Final = RANK["low"]
+# With Redis, a server with a cap of at least BLOCK_MIN takes its leases in blocks of cap // 8 while every
+# process together holds at most half its cap (and one lease per request above that); a process's spare
+# leases beyond what it has used at once since the last look, every TRIM_S, go back.
+BLOCK_MIN: Final = 16
+TRIM_S: Final = 1.0
 
 
 class Slot:
     """One slot of one gate, held by one attempt; `done` gives it back once (later calls do nothing)."""
 
-    __slots__ = ("gate", "lease", "limiter", "tenant", "weight", "cost", "prompt", "waited")
+    __slots__ = ("gate", "lease", "limiter", "tenant", "weight", "cost", "prompt", "waited", "pooled")
 
     def __init__(
         self,
@@ -38,6 +44,7 @@ class Slot:
         cost: int,
         prompt: int,
         waited: float,
+        pooled: bool = False,
     ) -> None:
         self.gate: Gate | None = gate
         self.lease = lease
@@ -47,6 +54,7 @@ class Slot:
         self.cost = cost  # the tokens its tenant was charged for it, `prompt` of them for its prompt
         self.prompt = prompt
         self.waited = waited  # seconds spent in the queue (0 when a slot was free)
+        self.pooled = pooled  # its lease is one of a block: it goes back to the gate's spares, not to Redis
 
     def done(self, used: int | None) -> None:
         """The attempt ended having used `used` tokens (None: unknown, the estimate stands)."""
@@ -74,7 +82,18 @@ class Gate:
         self._cap(cap, low_share, hold_s)
         self.metrics = metrics
         self.order = FairOrder()
-        self.in_use = 0  # slots this process holds
+        self.in_use = 0  # slots this process holds (in use: spare leases of its blocks are not counted)
+        # With Redis: leases of blocks this process holds and no request uses, how many of them it holds in
+        # all, the most in use at once since the last trim, and when each was taken (for MAX_RENEW_S).
+        self.spare: list[str] = []
+        self.pooled = 0
+        self.peak = 0
+        self.headroom = cap  # free slots across processes, as Redis last said
+        self._born: dict[str, float] = {}
+        self._stale: set[str] = set()  # pooled leases in use that go back to Redis at their end
+        self._reserving = False
+        self.blocks = 0  # blocks taken so far (the status of a test, or of a curious operator)
+        self._trimmer: asyncio.TimerHandle | None = None
         self.wait_s = 1.0  # a moving average of how long requests that waited here waited, for Retry-After
         self._pump: asyncio.Task[None] | None = None
         self._freed: asyncio.Event | None = None
@@ -97,6 +116,9 @@ class Gate:
         self.low_bucket = (
             self.bucket if self.low_cap == cap else Bucket(f"queue:{self.name}", "concurrent", self.low_cap)
         )
+        # Blocks: taken against half the cap (the same key), so the leases in blocks never pass it.
+        self.block = cap // 8 if cap >= BLOCK_MIN else 0
+        self.block_bucket = Bucket(f"queue:{self.name}", "concurrent", cap // 2)
 
     def resize(
         self,
@@ -107,6 +129,7 @@ class Gate:
         hold_s: float = 2.0,
     ) -> None:
         """A reload: the same server under the new config (its waiters and held slots stay)."""
+        self._give_back(list(self.spare))  # the old limiter's; a pooled slot in use goes back to Redis at its end
         self.limiter, self.metrics = limiter, metrics
         self._service = {}  # the new metrics' children
         self._cap(cap, low_share, hold_s)
@@ -131,6 +154,17 @@ class Gate:
         if limiter is None:
             self.in_use += 1
             return self._grant(w, "", None, 0.0)
+        if limit == self.cap and self.block:
+            if not self.spare and not self._reserving and self.headroom >= self.cap - self.cap // 2 + self.block:
+                self.in_use += 1  # the place it takes while the block comes
+                try:
+                    await self._reserve(limiter)
+                finally:
+                    self.in_use -= 1
+            if self.spare and not self.order.depth and self.in_use < limit:
+                return self.from_block(w.tenant, w.weight, w.cost, w.prompt)
+            if self.order.depth or self.in_use >= limit:  # taken while the block came (or was refused)
+                return None
         self.in_use += 1  # counted before the await, so two requests of this process cannot both pass
         try:
             lease = await self._lease(limiter, bucket)
@@ -147,7 +181,92 @@ class Gate:
             decision = await limiter.acquire([bucket], 0)
         except RedisDown:
             return None  # fail closed and Redis away: wait (the queue's max_wait bounds it)
+        if bucket is self.bucket and decision.states:
+            self.headroom = decision.states[0].remaining
         return decision.lease if decision.allowed else None
+
+    async def _reserve(self, limiter: Limiter) -> None:
+        """A block of leases into `spare`, in one Redis call, if all processes together hold few enough."""
+        self._reserving = True
+        try:
+            leases, left = await limiter.acquire_block(self.block_bucket, self.block)
+        finally:
+            self._reserving = False
+        # Free slots across processes, as the answer says (none when refused: one lease a request until a
+        # per-request answer says there is room again).
+        self.headroom = left + self.cap - self.cap // 2 if leases else 0
+        if not leases:
+            return
+        if limiter is not self.limiter:  # a reload while it came
+            for lease in leases:
+                self._release_later(limiter, lease)
+            return
+        born = time.monotonic()
+        for lease in leases:
+            self._born[lease] = born
+        self.spare.extend(leases)
+        self.blocks += 1
+        self.pooled += len(leases)
+        self.peak = max(self.peak, self.in_use + 1)
+        if self._trimmer is None:
+            self._trimmer = asyncio.get_running_loop().call_later(TRIM_S, self._trim)
+
+    def from_block(self, tenant: str, weight: float, cost: int, prompt: int, waited: float = 0.0) -> Slot:
+        """A slot on a spare lease of a block (the caller saw one, and that the request may start)."""
+        in_use = self.in_use = self.in_use + 1
+        if in_use > self.peak:
+            self.peak = in_use
+        self.order.grant(tenant, cost, weight)
+        return Slot(self, self.spare.pop(), self.limiter, tenant, weight, cost, prompt, waited, True)
+
+    def _trim(self) -> None:
+        """Every TRIM_S while blocks are held: spare leases beyond the most used at once since the last
+        look go back to Redis, and so do leases near their last renewal (MAX_RENEW_S), and every one while
+        Redis does not answer (their renewals fail: they would outlive their leases)."""
+        self._trimmer = None
+        spare = self.spare
+        keep = len(spare) if self.order.depth else max(self.peak - self.in_use, 0)
+        old = time.monotonic() - MAX_RENEW_S / 2
+        if self.limiter is not None and self.limiter.shared.degraded:
+            old, keep = float("inf"), 0
+        stale = {lease for lease, born in self._born.items() if born < old}
+        idle_stale = []
+        if stale:
+            self._stale |= stale  # those in use go back to Redis at their end
+            idle_stale = [lease for lease in spare if lease in stale]
+            spare[:] = [lease for lease in spare if lease not in stale]
+        give = spare[keep:]
+        del spare[keep:]
+        self._give_back(give + idle_stale)
+        self.peak = self.in_use
+        if self.pooled and self.limiter is not None:
+            self._trimmer = asyncio.get_running_loop().call_later(TRIM_S, self._trim)
+
+    def _give_back(self, leases: list[str]) -> None:
+        """Pooled leases that no request uses, back to Redis (`spare` no longer holds them)."""
+        spare = set(self.spare)
+        for lease in leases:
+            if lease in spare:
+                self.spare.remove(lease)
+            self._release_later(self.limiter, lease)
+            self._born.pop(lease, None)
+            self._stale.discard(lease)
+        self.pooled -= len(leases)
+
+    async def close(self) -> None:
+        """Shutdown: spare leases back to Redis now (not at their expiry), and the releases under way done."""
+        if self._trimmer is not None:
+            self._trimmer.cancel()
+            self._trimmer = None
+        self._give_back(list(self.spare))
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+
+    def _release_later(self, limiter: Limiter | None, lease: str) -> None:
+        if limiter is not None:
+            task = asyncio.ensure_future(_release(limiter, self.bucket, lease))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     def _grant(self, w: Waiter, lease: str, limiter: Limiter | None, waited: float) -> Slot:
         if waited:
@@ -192,10 +311,17 @@ class Gate:
                 child = self._service[slot.tenant] = metrics.queue_service.labels(self.name, slot.tenant)
             metrics.tally.add(child, used)  # added in batches: a lock per request is not worth it
         if slot.limiter is not None:
-            task = asyncio.ensure_future(_release(slot.limiter, self.bucket, slot.lease))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
-        self._wake()
+            if not slot.pooled:
+                self._release_later(slot.limiter, slot.lease)
+            elif slot.limiter is self.limiter and not (self._stale and slot.lease in self._stale):
+                self.spare.append(slot.lease)  # for the next request, without Redis
+            else:  # a reload since, or a lease near its last renewal
+                self._release_later(slot.limiter, slot.lease)
+                self._born.pop(slot.lease, None)
+                self._stale.discard(slot.lease)
+                self.pooled -= 1
+        if self.order.depth or self.watchers:
+            self._wake()
 
     def _wake(self) -> None:
         if not self.order.depth:
@@ -251,6 +377,13 @@ class Gate:
                     return
                 low = self.order.head() == LOW
                 limit, bucket = self.low_limit() if low else (self.cap, self.bucket)
+                if self.spare and limit == self.cap and self.in_use < limit:
+                    w = self._next()
+                    if w is not None:
+                        waited = time.monotonic() - w.since
+                        self.wait_s += (waited - self.wait_s) * 0.1
+                        w.future.set_result(self.from_block(w.tenant, w.weight, w.cost, w.prompt, waited))
+                    continue
                 if self.in_use >= limit:
                     lease = None
                 else:

@@ -15,7 +15,7 @@ from typing import Final
 from gateway.config import LoadedConfig, QueueConfig, replica_cap, replica_names, replica_url
 from gateway.limits.auth import ClientKey
 from gateway.limits.ratelimit import Limiter
-from gateway.limits.tokens import prompt_tokens, unbounded_completion
+from gateway.limits.tokens import prompt_tokens, text_tokens, unbounded_completion
 from gateway.ops import tracing
 from gateway.ops.metrics import Metrics
 from gateway.queue.fair import PRIORITIES, RANK, Waiter
@@ -41,7 +41,7 @@ class Spilled(RateLimitError):
 class Ask:
     """Who one request is to the queue: its tenant, the tenant's weight, its class and what it may cost."""
 
-    __slots__ = ("queues", "tenant", "weight", "rank", "prompt", "most", "choices", "tried", "waited")
+    __slots__ = ("queues", "tenant", "weight", "rank", "prompt", "most", "choices", "first", "tried", "waited")
 
     def __init__(
         self, queues: Queues, tenant: str, weight: float, rank: int, prompt: int, most: int | None, choices: int
@@ -53,13 +53,30 @@ class Ask:
         self.prompt = prompt  # its prompt's tokens, estimated
         self.most = most  # the most it may generate (max_tokens x choices), None without max_tokens
         self.choices = choices
-        self.tried: set[str] = set()  # the targets this request's attempts have gone to
+        # The targets this request's attempts have gone to: the first, and a set only once there are others.
+        self.first = ""
+        self.tried: set[str] | None = None
         self.waited = 0.0  # seconds its attempts spent in queues, for the access log
+
+    def has_tried(self, key: str) -> bool:
+        return key == self.first or (self.tried is not None and key in self.tried)
 
     async def slot(self, route: Route, timeouts: Timeouts, plan: Plan) -> tuple[Slot | None, Timeouts]:
         """A slot on `route`'s server (None: it has no cap) and the attempt's timeouts less the time waited."""
-        self.tried.add(route.key)
-        gate = self.queues.gate(route)
+        key = route.key
+        first = self.first
+        if not first:
+            self.first = key
+        elif key != first:
+            if self.tried is None:
+                self.tried = {key}
+            else:
+                self.tried.add(key)
+        queues = self.queues
+        try:
+            gate = queues.routes[key]
+        except KeyError:
+            gate = queues.gate(route)
         if gate is None:
             return None, timeouts
         # Charged at its grant: its prompt and the answer its tenant's recent requests here had (within its
@@ -75,9 +92,14 @@ class Ask:
             limit = gate.cap
         else:
             limit = gate.low_limit()[0]
-        if gate.limiter is None and gate.in_use < limit and not gate.order.depth:
-            gate.in_use += 1  # a free slot of this process: nothing to await
-            return gate.grant(self.tenant, self.weight, cost, self.prompt), timeouts
+        if gate.in_use < limit and not gate.order.depth:
+            # A free slot of this process, or (with Redis) a spare one of a block it holds: nothing to await.
+            if gate.limiter is None:
+                gate.in_use += 1
+                gate.order.grant(self.tenant, cost, self.weight)
+                return Slot(gate, "", None, self.tenant, self.weight, cost, self.prompt, 0.0), timeouts
+            if gate.spare and limit == gate.cap:
+                return gate.from_block(self.tenant, self.weight, cost, self.prompt), timeouts
         return await self.queues.wait(self, cost, gate, route, timeouts, plan)
 
 
@@ -115,7 +137,7 @@ class Queues:
                         self.gates[(name, dc.base_url)] = Gate(
                             f"{name}/{d}", p.max_concurrency, limiter, metrics, share
                         )
-        self._routes: dict[str, Gate | None] = {}
+        self.routes: dict[str, Gate | None] = {}  # route key -> its gate (None: its server has no cap)
         self.fair_by_team = self.config.fair_by == "team"
         teams = cfg.teams
         self.tenants: dict[str, _Tenant] = {}
@@ -148,6 +170,12 @@ class Queues:
                 self.gates[where] = gate
             else:
                 _lift(gate)
+        old.gates = {where: g for where, g in old.gates.items() if self.gates.get(where) is not g}  # its own to close
+
+    async def close(self) -> None:
+        """Shutdown (or the end of a replaced config): every gate's spare leases back to Redis."""
+        for gate in self.gates.values():
+            await gate.close()
 
     def lift(self) -> None:
         """A reload to a config that caps no server: everyone waiting goes at once."""
@@ -155,12 +183,12 @@ class Queues:
             _lift(gate)
 
     def gate(self, route: Route) -> Gate | None:
-        found = self._routes.get(route.key, self)
+        found = self.routes.get(route.key, self)
         if found is self:
             found = self.gates.get((route.provider, route.endpoint.base_url))
-            if len(self._routes) >= _ROUTES_LIMIT:
-                self._routes.clear()  # direct model strings are the client's: keep them from growing this
-            self._routes[route.key] = found
+            if len(self.routes) >= _ROUTES_LIMIT:
+                self.routes.clear()  # direct model strings are the client's: keep them from growing this
+            self.routes[route.key] = found
         return found  # type: ignore[return-value]
 
     def ask(self, key: ClientKey | None, headers: Mapping[str, str], req: CompletionRequest) -> Ask:
@@ -189,11 +217,15 @@ class Queues:
             rank = r
         prompts = req.prompt
         # Choices as the budgets count them (gateway/limits/tokens.py `reservation`): every prompt's answers.
-        choices = max(req.n or 1, req.best_of or 1) * (
-            len(prompts) if isinstance(prompts, list) and not isinstance(prompts[0], int) else 1
-        )
+        choices = 1 if req.n is None and req.best_of is None else max(req.n or 1, req.best_of or 1)
+        if type(prompts) is str:  # the usual prompt: one text
+            prompt = text_tokens(prompts, False, "")
+        else:
+            prompt = prompt_tokens(prompts, False, "")
+            if isinstance(prompts, list) and not isinstance(prompts[0], int):
+                choices *= len(prompts)
         most = req.max_tokens * choices if req.max_tokens is not None else None
-        return Ask(self, t.name, t.weight, rank, prompt_tokens(req.prompt, False, ""), most, choices)
+        return Ask(self, t.name, t.weight, rank, prompt, most, choices)
 
     async def wait(
         self, ask: Ask, cost: int, gate: Gate, route: Route, timeouts: Timeouts, plan: Plan
@@ -283,7 +315,7 @@ class Queues:
         for g in plan.groups:
             for r in g.routes:
                 for x in r.replicas or (r,):
-                    if x.key == route.key or x.key in ask.tried or x.unavailable is not None:
+                    if x.key == route.key or ask.has_tried(x.key) or x.unavailable is not None:
                         continue
                     other = self.gate(x)
                     if other is None or other.room():
@@ -312,7 +344,8 @@ class Queues:
             in_use = gate.in_use
             if self.limiter is not None:
                 peeked = await self.limiter.peek([gate.bucket])
-                in_use = max(gate.cap - peeked[0].remaining, 0) if peeked else in_use
+                # Spare leases of this process's blocks are held in Redis but run nothing.
+                in_use = max(gate.cap - peeked[0].remaining - len(gate.spare), 0) if peeked else in_use
             counts = gate.order.counts
             out.append(
                 {

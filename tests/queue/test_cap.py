@@ -75,24 +75,29 @@ async def test_a_provider_without_max_concurrency_builds_no_queue(tmp_path: Path
     assert engine.peak == 6  # every request went at once: nothing held them back
 
 
-async def test_two_gateways_sharing_redis_hold_one_cap(tmp_path: Path, rds: RedisServer) -> None:
+@pytest.mark.parametrize("cap", [3, 16])  # 16: far below it, each gateway takes its leases in blocks
+async def test_two_gateways_sharing_redis_hold_one_cap(tmp_path: Path, rds: RedisServer, cap: int) -> None:
     url = rds.url
-    with Engine(hold_s=0.05) as engine:
+    each = 10 if cap < 16 else 30
+    with Engine(hold_s=0.05 if cap < 16 else 0.2) as engine:
         # fail_closed: exact only while Redis answers, which fail_open does not wait for on a loaded machine.
-        text = config(engine, 3, extra=f"redis: {{url: '{url}', on_failure: fail_closed}}")
+        text = config(engine, cap, extra=f"redis: {{url: '{url}', on_failure: fail_closed}}")
         with serve_config(tmp_path, text) as a, serve_config(tmp_path, text) as b:
             async with (
                 httpx.AsyncClient(base_url=a.url, timeout=30) as ca,
                 httpx.AsyncClient(base_url=b.url, timeout=30) as cb,
             ):
+                if cap >= 16:  # one request each first, far from full: a block each
+                    assert [(await ask(c, "quiet")).status_code for c in (ca, cb)] == [200, 200]
+                    assert gate(a).blocks == 1 and gate(b).blocks == 1
                 answers = await asyncio.gather(
-                    *(ask(ca, "noisy") for _ in range(10)),
-                    *(ask(cb, "quiet") for _ in range(10)),
+                    *(ask(ca, "noisy") for _ in range(each)),
+                    *(ask(cb, "quiet") for _ in range(each)),
                     *(streamed(ca, "quiet") for _ in range(4)),
                 )
             assert gate(a).in_use == 0 and gate(b).in_use == 0
-    assert [r.status_code for r in answers] == [200] * 24
-    assert engine.peak == 3
+    assert [r.status_code for r in answers] == [200] * (2 * each + 4)
+    assert cap // 2 < engine.peak <= cap  # past what blocks may hold: per-request leases near the cap
 
 
 async def test_each_replica_has_its_own_cap(tmp_path: Path) -> None:
