@@ -19,6 +19,7 @@ from typing import Final
 import redis.asyncio as aioredis
 
 from gateway.ids import unique_suffix
+from gateway.limits.bucketset import BucketSet
 from gateway.limits.gcra import (
     LEASE_TTL_MS,
     PERIOD_S,
@@ -32,11 +33,12 @@ from gateway.limits.gcra import (
     gcra,
     peek_state,
 )
-from gateway.limits.scriptchannel import ScriptChannel, Unanswered, bulk
+from gateway.limits.script import SCRIPT, script_text
+from gateway.limits.scriptchannel import ScriptChannel, Unanswered
 from gateway.state import Degraded, SharedState
 
-# Where the callers look for them: the arithmetic lives in gateway/limits/gcra.py, the script and the
-# limiter here.
+# Where the callers look for them: the arithmetic lives in gateway/limits/gcra.py, the script in
+# gateway/limits/script.py, the limiter here.
 __all__ = [
     "CLUSTER_PREFIX",
     "LEASE_TTL_MS",
@@ -44,6 +46,7 @@ __all__ = [
     "SCRIPT",
     "TOKEN_KINDS",
     "Bucket",
+    "BucketSet",
     "BucketState",
     "Decision",
     "Kind",
@@ -52,132 +55,6 @@ __all__ = [
     "gcra",
     "peek_state",
 ]
-
-
-# KEYS: one per bucket. ARGV: mode, lease id, then per bucket: kind, limit, period_ms, cost.
-# mode "acquire": all-or-nothing check and charge; returns {ok, retry_ms, b1_remaining, b1_reset_ms, ...}
-# mode "adjust": add cost (may be negative: a refund) without checking; returns {1, 0, ...}
-# mode "release": drop the lease from concurrency buckets (its acquire is known to have run).
-# mode "refresh": push a live lease's expiry a TTL ahead (only a live one: never a released lease, nor a
-#   cancel marker), so a request that outlives the TTL keeps its slot.
-# mode "cancel": drop the lease and leave a marker, for a lease whose acquire may not have run yet: an
-#   acquire sent before a timeout can still be run by Redis after the cancel (it sat unread in a dropped
-#   connection), and must then write nothing.
-# A concurrency bucket is one sorted set: live leases scored by their expiry (> 0), cancel markers by
-# minus theirs (< 0), so both expire on Redis's clock and stay in the one key (and slot) the script names.
-_SCRIPT: Final = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local mode, lease = ARGV[1], ARGV[2]
-local n = #KEYS
-local out = {1, 0}
-local news = {}
-local ttls = {}
-local now_state = {}
-local denied = false
-local retry = 0
-for i = 1, n do
-  local base = 2 + (i - 1) * 4
-  local kind, limit, period, cost = ARGV[base + 1], tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3]),
-    tonumber(ARGV[base + 4])
-  if kind == 'concurrent' then
-    redis.call('ZREMRANGEBYSCORE', KEYS[i], 0, now)
-    if mode == 'release' then
-      redis.call('ZREM', KEYS[i], lease)
-      news[i] = false
-      out[#out + 1] = 0; out[#out + 1] = 0
-    elseif mode == 'refresh' then
-      local score = redis.call('ZSCORE', KEYS[i], lease)
-      if score and tonumber(score) > 0 then
-        redis.call('ZADD', KEYS[i], now + LEASE_TTL, lease)
-        redis.call('PEXPIRE', KEYS[i], LEASE_TTL)
-      end
-      news[i] = false
-      out[#out + 1] = 0; out[#out + 1] = 0
-    elseif mode == 'cancel' then
-      redis.call('ZREMRANGEBYSCORE', KEYS[i], -now, -1)
-      redis.call('ZADD', KEYS[i], -(now + LEASE_TTL), lease)
-      redis.call('PEXPIRE', KEYS[i], LEASE_TTL)
-      news[i] = false
-      out[#out + 1] = 0; out[#out + 1] = 0
-    else
-      local used = redis.call('ZCOUNT', KEYS[i], '(0', '+inf')
-      if mode == 'acquire' and used + 1 > limit then
-        denied = true
-        -- A slot frees when any request ends, which nobody knows: retry soon (the oldest lease's expiry
-        -- is only a bound, up to ten minutes away).
-        local oldest = redis.call('ZRANGEBYSCORE', KEYS[i], 1, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
-        local wait = 1000
-        if oldest[2] then wait = math.max(math.min(tonumber(oldest[2]) - now, 1000), 1) end
-        if wait > retry then retry = wait end
-      end
-      news[i] = 'lease'
-      out[#out + 1] = math.max(limit - used - 1, 0); out[#out + 1] = 0
-    end
-  else
-    -- TAT = base + units * period / limit, kept as a whole millisecond and a count of units so that the
-    -- arithmetic is exact in integers: q = (TAT - now) * limit. (A TAT in float milliseconds drifts by
-    -- rounding at 1.7e12 and refused the last unit of a burst when period / limit is not whole.)
-    local tb, tu = now, 0
-    local raw = redis.call('GET', KEYS[i])
-    if raw then
-      local b, u = string.match(raw, '^(.-):(.*)$')
-      if b then tb, tu = tonumber(b), tonumber(u) else tb = math.floor(tonumber(raw)) end
-    end
-    local q = (tb - now) * limit + tu * period
-    if q < 0 then tb, tu, q = now, 0, 0 end
-    local nu, nq = tu + cost, q + cost * period
-    if mode == 'adjust' and nq < 0 then tb, nu, nq = now, 0, 0 end
-    if mode == 'acquire' and nq > period * limit then
-      denied = true
-      local wait = math.ceil((nq - period * limit) / limit)
-      if wait > retry then retry = wait end
-    end
-    local k = math.floor(nu / limit)
-    news[i] = string.format('%.17g:%.17g', tb + k * period, nu - k * limit)
-    ttls[i] = math.ceil(nq / limit) + 1000
-    out[#out + 1] = math.max(math.floor((period * limit - nq) / period), 0); out[#out + 1] = math.ceil(nq / limit)
-    now_state[i] = {math.max(math.floor((period * limit - q) / period), 0), math.ceil(q / limit)}
-  end
-end
-if mode == 'release' or mode == 'cancel' or mode == 'refresh' then return out end
-if denied then
-  -- Report what the buckets hold now: the denied request charged nothing.
-  out[1] = 0; out[2] = retry
-  for i = 1, n do
-    if now_state[i] then out[1 + i * 2] = now_state[i][1]; out[2 + i * 2] = now_state[i][2] end
-  end
-  return out
-end
--- Leases first: ZADD NX meets this id's cancel marker when the acquire runs after its cancel (it sat
--- unread in a dropped connection), and then nothing at all is written.
-for i = 1, n do
-  if news[i] == 'lease' and redis.call('ZADD', KEYS[i], 'NX', now + LEASE_TTL, lease) == 0 then
-    for j = 1, i - 1 do
-      if news[j] == 'lease' then redis.call('ZREM', KEYS[j], lease) end
-    end
-    out[1] = 0
-    return out
-  end
-end
-for i = 1, n do
-  local v = news[i]
-  if v == 'lease' then
-    redis.call('PEXPIRE', KEYS[i], LEASE_TTL)
-  elseif v then
-    redis.call('SET', KEYS[i], v, 'PX', ttls[i])
-  end
-end
-return out
-"""
-
-
-def script_text(lease_ttl_ms: int) -> str:
-    """The script with its lease TTL (`redis.lease_ttl_ms`) written in: one script (and SHA) per TTL."""
-    return _SCRIPT.replace("LEASE_TTL", str(lease_ttl_ms))
-
-
-SCRIPT: Final = script_text(LEASE_TTL_MS)
 _SHA: Final = hashlib.sha1(SCRIPT.encode()).hexdigest().encode()
 # A lease is renewed for at most this long: a request that never settles (a bug) cannot hold a slot forever.
 MAX_RENEW_S: Final = 86_400.0
@@ -190,6 +67,8 @@ CLUSTER_PREFIX: Final = "{rl}"
 # a second, so this bounds the delay after that), and how many cancels go in one write.
 _CANCEL_POLL_S: Final = 0.2
 _CANCELS_PER_ROUND: Final = 1000
+# Compiled bucket sets kept (`Limiter.compiled`): far more than a config's scopes combine into.
+_SETS_KEPT: Final = 4096
 
 
 class RedisDown(Exception):
@@ -217,8 +96,8 @@ class Limiter:
         # request longer than the TTL (a long stream) keeps its slot, and the count stays exact.
         self._live: dict[str, tuple[tuple[Bucket, ...], float]] = {}  # lease -> (buckets, renew until)
         self._renewer: asyncio.Task[None] | None = None
-        # The constant part of each call's command, per (mode, buckets): only the lease and costs vary.
-        self._heads: dict[tuple[str, tuple[Bucket, ...]], tuple[bytes, list[bytes]]] = {}
+        # Each set of buckets charged together, compiled once (its keys, periods, command bytes).
+        self._sets: dict[tuple[Bucket, ...], BucketSet] = {}
         # Leases whose acquire went unanswered but which local state admitted: Redis may hold them too.
         # Value: when to forget (monotonic), so a lease whose request never settles cannot stay forever.
         self._doubtful: dict[str, float] = {}
@@ -243,29 +122,18 @@ class Limiter:
             if cancels and (self._canceller is None or self._canceller.done()):
                 self._canceller = asyncio.ensure_future(self._cancel_pending())
 
+    def compiled(self, buckets: Sequence[Bucket]) -> BucketSet:
+        """`buckets` compiled for this limiter (its key prefix and script), once per distinct set."""
+        key = tuple(buckets)
+        found = self._sets.get(key)
+        if found is None:
+            if len(self._sets) >= _SETS_KEPT:
+                self._sets.clear()  # bounded whatever the callers combine; rebuilt as they come back
+            found = self._sets[key] = BucketSet(key, self._prefix, self._sha)
+        return found
+
     def _command(self, mode: str, lease: str, buckets: Sequence[Bucket], costs: Sequence[float]) -> bytes:
-        cache_key = (mode, tuple(buckets))
-        cached = self._heads.get(cache_key)
-        if cached is None:
-            n = len(buckets)
-            head = b"*%d\r\n" % (3 + n + 2 + 4 * n) + b"".join(
-                bulk(p)
-                for p in (
-                    b"EVALSHA",
-                    self._sha,
-                    b"%d" % n,
-                    *((self._prefix + b.redis_key).encode() for b in buckets),
-                    mode.encode(),
-                )
-            )
-            per = [bulk(b.kind.encode()) + bulk(b"%d" % b.limit) + bulk(b"%d" % b.period_ms) for b in buckets]
-            cached = self._heads[cache_key] = (head, per)
-        head, per = cached
-        parts = [head, bulk(lease.encode())]
-        for static, cost in zip(per, costs, strict=True):
-            parts.append(static)
-            parts.append(bulk(b"%d" % cost if cost == int(cost) else repr(cost).encode()))
-        return b"".join(parts)
+        return self.compiled(buckets).command(mode, lease, costs)
 
     def _remote(self, cmd: bytes) -> asyncio.Future[list[int]]:
         """One script call on the channel (batched with this tick's others). The future fails with
@@ -375,35 +243,37 @@ class Limiter:
                 self._cancel(lease, buckets)  # refused here: nothing will release it
         return out
 
-    async def acquire(self, buckets: Sequence[Bucket], tokens: int, requests: int = 1) -> Decision:
+    async def acquire(self, buckets: Sequence[Bucket] | BucketSet, tokens: int, requests: int = 1) -> Decision:
         """Charge every bucket or none: `tokens` to token buckets, `requests` to request-rate ones (an
-        emulated fan-out's further upstream calls); a concurrency bucket takes one lease whatever they are."""
+        emulated fan-out's further upstream calls); a concurrency bucket takes one lease whatever they are.
+        `buckets` may be compiled already (`compiled`), as a caller that charges the same set again keeps it."""
+        bset = buckets if isinstance(buckets, BucketSet) else self.compiled(buckets)
         # Only a concurrency lease needs a name; ids are unique across replicas (gateway.ids).
-        lease = unique_suffix() if any(b.kind == "concurrent" for b in buckets) else ""
-        costs = [tokens if b.kind in TOKEN_KINDS else requests for b in buckets]
+        lease = unique_suffix() if bset.leased else ""
+        costs = [tokens if t else requests for t in bset.token_mask]
+        channel = self._channel
         try:
-            if self._channel is None:
-                out = self.local.run("acquire", lease, buckets, costs)
+            if channel is None:
+                out = self.local.run_specs("acquire", lease, bset.specs, costs)
             elif self.shared.degraded:
-                out = self._fallback(lease, buckets, costs, unanswered=False)
+                out = self._fallback(lease, bset.buckets, costs, unanswered=False)
             else:
                 try:
-                    out = await self._remote(self._command("acquire", lease, buckets, costs))
+                    out = await channel.call(bset.command("acquire", lease, costs))
                 except Degraded as exc:
-                    out = self._fallback(lease, buckets, costs, unanswered=isinstance(exc, Unanswered))
+                    out = self._fallback(lease, bset.buckets, costs, unanswered=isinstance(exc, Unanswered))
         except asyncio.CancelledError:
             # The request went away while its acquire was on the wire: Redis may grant it all the same.
-            if lease and self._channel is not None:
-                self._cancel(lease, buckets)
+            if lease and channel is not None:
+                self._cancel(lease, bset.buckets)
             raise
         if lease and out[0] == 1:
-            self._live[lease] = (tuple(b for b in buckets if b.kind == "concurrent"), time.monotonic() + MAX_RENEW_S)
+            self._live[lease] = (bset.concurrent, time.monotonic() + MAX_RENEW_S)
             if self._renewer is None:
                 self._renewer = asyncio.ensure_future(self._renew())
-        states = [
-            BucketState(bucket=b, remaining=out[2 + i * 2], reset_ms=out[3 + i * 2]) for i, b in enumerate(buckets)
-        ]
-        return Decision(allowed=out[0] == 1, retry_after_ms=out[1], states=states, lease=lease)
+        pairs = zip(bset.buckets, out[2::2], out[3::2], strict=True)
+        states = [BucketState(b, remaining, reset) for b, remaining, reset in pairs]
+        return Decision(out[0] == 1, out[1], states, lease)
 
     async def _renew(self) -> None:
         """Every third of the lease TTL, while any lease is held: each one's expiry a TTL ahead again, one

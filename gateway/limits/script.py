@@ -1,0 +1,137 @@
+"""The rate-limit script: one atomic Lua call that checks and charges every bucket of a request, or none.
+
+GCRA for rate buckets, sorted-set leases for `concurrent`, on Redis's own clock. `gcra` in
+gateway/limits/gcra.py is the same arithmetic in Python (tests/ratelimit/test_script.py holds the two
+together, decision by decision); the algorithm and key layout: docs/ratelimits.md.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from gateway.limits.gcra import LEASE_TTL_MS
+
+# KEYS: one per bucket. ARGV: mode, lease id, then per bucket: kind, limit, period_ms, cost.
+# mode "acquire": all-or-nothing check and charge; returns {ok, retry_ms, b1_remaining, b1_reset_ms, ...}
+# mode "adjust": add cost (may be negative: a refund) without checking; returns {1, 0, ...}
+# mode "release": drop the lease from concurrency buckets (its acquire is known to have run).
+# mode "refresh": push a live lease's expiry a TTL ahead (only a live one: never a released lease, nor a
+#   cancel marker), so a request that outlives the TTL keeps its slot.
+# mode "cancel": drop the lease and leave a marker, for a lease whose acquire may not have run yet: an
+#   acquire sent before a timeout can still be run by Redis after the cancel (it sat unread in a dropped
+#   connection), and must then write nothing.
+# A concurrency bucket is one sorted set: live leases scored by their expiry (> 0), cancel markers by
+# minus theirs (< 0), so both expire on Redis's clock and stay in the one key (and slot) the script names.
+_SCRIPT: Final = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local mode, lease = ARGV[1], ARGV[2]
+local n = #KEYS
+local out = {1, 0}
+local news = {}
+local ttls = {}
+local now_state = {}
+local denied = false
+local retry = 0
+for i = 1, n do
+  local base = 2 + (i - 1) * 4
+  local kind, limit, period, cost = ARGV[base + 1], tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3]),
+    tonumber(ARGV[base + 4])
+  if kind == 'concurrent' then
+    redis.call('ZREMRANGEBYSCORE', KEYS[i], 0, now)
+    if mode == 'release' then
+      redis.call('ZREM', KEYS[i], lease)
+      news[i] = false
+      out[#out + 1] = 0; out[#out + 1] = 0
+    elseif mode == 'refresh' then
+      local score = redis.call('ZSCORE', KEYS[i], lease)
+      if score and tonumber(score) > 0 then
+        redis.call('ZADD', KEYS[i], now + LEASE_TTL, lease)
+        redis.call('PEXPIRE', KEYS[i], LEASE_TTL)
+      end
+      news[i] = false
+      out[#out + 1] = 0; out[#out + 1] = 0
+    elseif mode == 'cancel' then
+      redis.call('ZREMRANGEBYSCORE', KEYS[i], -now, -1)
+      redis.call('ZADD', KEYS[i], -(now + LEASE_TTL), lease)
+      redis.call('PEXPIRE', KEYS[i], LEASE_TTL)
+      news[i] = false
+      out[#out + 1] = 0; out[#out + 1] = 0
+    else
+      local used = redis.call('ZCOUNT', KEYS[i], '(0', '+inf')
+      if mode == 'acquire' and used + 1 > limit then
+        denied = true
+        -- A slot frees when any request ends, which nobody knows: retry soon (the oldest lease's expiry
+        -- is only a bound, up to ten minutes away).
+        local oldest = redis.call('ZRANGEBYSCORE', KEYS[i], 1, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+        local wait = 1000
+        if oldest[2] then wait = math.max(math.min(tonumber(oldest[2]) - now, 1000), 1) end
+        if wait > retry then retry = wait end
+      end
+      news[i] = 'lease'
+      out[#out + 1] = math.max(limit - used - 1, 0); out[#out + 1] = 0
+    end
+  else
+    -- TAT = base + units * period / limit, kept as a whole millisecond and a count of units so that the
+    -- arithmetic is exact in integers: q = (TAT - now) * limit. (A TAT in float milliseconds drifts by
+    -- rounding at 1.7e12 and refused the last unit of a burst when period / limit is not whole.)
+    local tb, tu = now, 0
+    local raw = redis.call('GET', KEYS[i])
+    if raw then
+      local b, u = string.match(raw, '^(.-):(.*)$')
+      if b then tb, tu = tonumber(b), tonumber(u) else tb = math.floor(tonumber(raw)) end
+    end
+    local q = (tb - now) * limit + tu * period
+    if q < 0 then tb, tu, q = now, 0, 0 end
+    local nu, nq = tu + cost, q + cost * period
+    if mode == 'adjust' and nq < 0 then tb, nu, nq = now, 0, 0 end
+    if mode == 'acquire' and nq > period * limit then
+      denied = true
+      local wait = math.ceil((nq - period * limit) / limit)
+      if wait > retry then retry = wait end
+    end
+    local k = math.floor(nu / limit)
+    news[i] = string.format('%.17g:%.17g', tb + k * period, nu - k * limit)
+    ttls[i] = math.ceil(nq / limit) + 1000
+    out[#out + 1] = math.max(math.floor((period * limit - nq) / period), 0); out[#out + 1] = math.ceil(nq / limit)
+    now_state[i] = {math.max(math.floor((period * limit - q) / period), 0), math.ceil(q / limit)}
+  end
+end
+if mode == 'release' or mode == 'cancel' or mode == 'refresh' then return out end
+if denied then
+  -- Report what the buckets hold now: the denied request charged nothing.
+  out[1] = 0; out[2] = retry
+  for i = 1, n do
+    if now_state[i] then out[1 + i * 2] = now_state[i][1]; out[2 + i * 2] = now_state[i][2] end
+  end
+  return out
+end
+-- Leases first: ZADD NX meets this id's cancel marker when the acquire runs after its cancel (it sat
+-- unread in a dropped connection), and then nothing at all is written.
+for i = 1, n do
+  if news[i] == 'lease' and redis.call('ZADD', KEYS[i], 'NX', now + LEASE_TTL, lease) == 0 then
+    for j = 1, i - 1 do
+      if news[j] == 'lease' then redis.call('ZREM', KEYS[j], lease) end
+    end
+    out[1] = 0
+    return out
+  end
+end
+for i = 1, n do
+  local v = news[i]
+  if v == 'lease' then
+    redis.call('PEXPIRE', KEYS[i], LEASE_TTL)
+  elseif v then
+    redis.call('SET', KEYS[i], v, 'PX', ttls[i])
+  end
+end
+return out
+"""
+
+
+def script_text(lease_ttl_ms: int) -> str:
+    """The script with its lease TTL (`redis.lease_ttl_ms`) written in: one script (and SHA) per TTL."""
+    return _SCRIPT.replace("LEASE_TTL", str(lease_ttl_ms))
+
+
+SCRIPT: Final = script_text(LEASE_TTL_MS)
