@@ -184,13 +184,16 @@ class _Local:
                 news.append("lease")
                 out += [max(limit - len(held) - 1, 0), 0]
                 continue
-            step = gcra(limit, period, tats.get(key), now, cost, mode)
-            if step.denied:
+            tat, refused, retry_ms, remaining, reset_ms, remaining_now, reset_now_ms = gcra(
+                limit, period, tats.get(key), now, cost, mode
+            )
+            if refused:
                 denied = True
-                retry = max(retry, step.retry_ms)
-            news.append(step.tat)
-            out += [step.remaining, step.reset_ms]
-            current[len(news) - 1] = (step.remaining_now, step.reset_now_ms)
+                retry = max(retry, retry_ms)
+            current[len(news)] = (remaining_now, reset_now_ms)
+            news.append(tat)
+            out.append(remaining)
+            out.append(reset_ms)
         if mode in ("release", "refresh"):
             return out
         if denied:
