@@ -15,7 +15,7 @@ import msgspec
 
 from gateway.config import LimitsConfig, LoadedConfig
 from gateway.limits.auth import ClientKey, fingerprint
-from gateway.limits.ratelimit import TOKEN_KINDS, Bucket, BucketState, Decision, Limiter, RedisDown
+from gateway.limits.ratelimit import TOKEN_KINDS, Bucket, BucketSet, BucketState, Decision, Limiter, RedisDown
 from gateway.limits.tokens import reservation, unbounded_completion, warm
 from gateway.state import SharedState
 from gateway.upstream.plan import Plan, Route
@@ -27,6 +27,9 @@ _KINDS: Final = ("rps", "rpm", "tpm", "tpd", "concurrent")
 # The buckets that count upstream calls: an emulated fan-out charges them once per call it makes.
 _CALL_KINDS: Final = frozenset({"rps", "rpm"})
 SETTLE_S: Final = 0.05
+# Combinations of scopes compiled (`Admission._compile`): a config's keys x aliases x routes, bounded
+# whatever models clients name.
+_SCOPES_KEPT: Final = 4096
 
 
 def buckets_of(scope: str, limits: LimitsConfig | None, shared_as: str = "") -> list[Bucket]:
@@ -48,18 +51,48 @@ def duration(ms: int) -> str:
     return f"{minutes}m{rest // 1000}s"
 
 
+_REQUEST_KINDS: Final = ("rps", "rpm")
+_TOKEN_KINDS: Final = ("tpm", "tpd")
+
+
 def _headers(states: list[BucketState]) -> dict[str, str]:
+    # Per label, the tightest bucket: the least remaining, then the longest reset (the first of equals).
+    requests: BucketState | None = None
+    tokens: BucketState | None = None
+    for s in states:
+        kind = s.bucket.kind
+        if kind in _REQUEST_KINDS:
+            if requests is None or (s.remaining, -s.reset_ms) < (requests.remaining, -requests.reset_ms):
+                requests = s
+        elif kind in _TOKEN_KINDS and (
+            tokens is None or (s.remaining, -s.reset_ms) < (tokens.remaining, -tokens.reset_ms)
+        ):
+            tokens = s
     out: dict[str, str] = {}
-    for label, kinds in (("requests", ("rps", "rpm")), ("tokens", ("tpm", "tpd"))):
-        relevant = [s for s in states if s.bucket.kind in kinds]
-        if not relevant:
-            continue
-        tight = min(relevant, key=lambda s: (s.remaining, -s.reset_ms))
-        out[f"x-ratelimit-limit-{label}"] = str(tight.bucket.limit)
-        out[f"x-ratelimit-remaining-{label}"] = str(tight.remaining)
+    if requests is not None:
+        out["x-ratelimit-limit-requests"] = str(requests.bucket.limit)
+        out["x-ratelimit-remaining-requests"] = str(requests.remaining)
         # GCRA's reset: when the bucket is full again (all of this scope's units available).
-        out[f"x-ratelimit-reset-{label}"] = duration(tight.reset_ms)
+        out["x-ratelimit-reset-requests"] = duration(requests.reset_ms)
+    if tokens is not None:
+        out["x-ratelimit-limit-tokens"] = str(tokens.bucket.limit)
+        out["x-ratelimit-remaining-tokens"] = str(tokens.remaining)
+        out["x-ratelimit-reset-tokens"] = duration(tokens.reset_ms)
     return out
+
+
+class _Scopes:
+    """One combination of scopes a request charges (its key's, its alias's, its route's), compiled once:
+    the buckets, the token buckets among them and the smallest token limit, and the queue to wait in."""
+
+    __slots__ = ("buckets", "charges", "queue_ms", "room", "tokens")
+
+    def __init__(self, buckets: list[Bucket], charges: BucketSet, queue_ms: int) -> None:
+        self.buckets = buckets
+        self.charges = charges
+        self.tokens = [b for b in buckets if b.kind in TOKEN_KINDS]
+        self.room = min((b.limit for b in self.tokens), default=0)
+        self.queue_ms = queue_ms
 
 
 class Ticket(msgspec.Struct):
@@ -68,6 +101,7 @@ class Ticket(msgspec.Struct):
     reserved: int
     headers: dict[str, str]
     prompt: int = 0  # the prompt's share of `reserved`, to charge a cancelled stream what it used
+    charges: BucketSet | None = None  # `buckets` compiled (the limiter's), when admission had them
 
 
 class Admission:
@@ -113,6 +147,7 @@ class Admission:
             REGISTRY[p.kind].openai_bpe for p in loaded.providers.values()
         ):
             warm()
+        self._scopes: dict[tuple[object, ...], _Scopes] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._pending: dict[tuple[Bucket, ...], int] = {}
         self._timer: asyncio.TimerHandle | None = None
@@ -123,34 +158,51 @@ class Admission:
             out += self.deployments.get((route.provider, route.endpoint.deployment), ())
         return out
 
-    async def admit(
-        self, key: ClientKey | None, req: CompletionRequest, plan: Plan, *, free: bool = False
-    ) -> Ticket | None:
-        """`free`: an answer the cache serves, which costs no upstream call: the key's and the alias's request
-        rates still count it, their tokens and the provider's and deployment's quotas do not."""
+    def _compile(self, key: ClientKey | None, model: str, direct: Route | None, free: bool) -> _Scopes:
         buckets = list(self.keys.get(key.ident) or key.buckets) if key is not None else []
-        buckets += self.models.get(req.model, ())
-        direct = plan.single
+        buckets += self.models.get(model, ())
         if free:
             # No upstream call: no provider's or deployment's quota, and no tokens.
             buckets = [b for b in buckets if b.kind not in TOKEN_KINDS]
         elif direct is not None:
             buckets += self._route_buckets(direct)
-        if not buckets:
-            return None
-        first = direct or plan.groups[0].routes[0]
-        prompt, tokens = self._tokens(req, buckets, first)
         # Only key and alias scopes configure a queue; a provider's quota must not cancel theirs.
         queues = [self.queue_ms[b.scope] for b in buckets if b.scope in self.queue_ms]
         if key is not None and key.buckets and key.ident not in self.keys:
             queues.append(key.queue_ms)  # a runtime key's own `limits.max_queue_ms`
-        queue_ms = min(queues, default=0)
+        return _Scopes(buckets, self.limiter.compiled(buckets), min(queues, default=0))
+
+    async def admit(
+        self, key: ClientKey | None, req: CompletionRequest, plan: Plan, *, free: bool = False
+    ) -> Ticket | None:
+        """`free`: an answer the cache serves, which costs no upstream call: the key's and the alias's request
+        rates still count it, their tokens and the provider's and deployment's quotas do not."""
+        direct = plan.single
+        # What decides the buckets: the key (a runtime key's own limits are on it), the model, the route.
+        route = None if free or direct is None else (direct.provider, direct.endpoint.deployment)
+        sig = (None if key is None else (key.ident, key.buckets, key.queue_ms), req.model, free, route)
+        scopes = self._scopes.get(sig)
+        if scopes is None:
+            if len(self._scopes) >= _SCOPES_KEPT:
+                self._scopes.clear()
+            scopes = self._scopes[sig] = self._compile(key, req.model, direct, free)
+        buckets = scopes.buckets
+        if not buckets:
+            return None
+        if scopes.tokens:
+            prompt, tokens = self._reserve(req, scopes.tokens, scopes.room, direct or plan.groups[0].routes[0])
+        else:
+            prompt = tokens = 0
+        charges, queue_ms, limiter = scopes.charges, scopes.queue_ms, self.limiter
         waited = 0
         while True:
-            decision = await self.acquire(buckets, tokens)
+            try:
+                decision = await limiter.acquire(charges, tokens)
+            except RedisDown:
+                raise _unavailable() from None
             headers = _headers(decision.states)
             if decision.allowed:
-                return Ticket(buckets, decision.lease, tokens, headers, prompt)
+                return Ticket(buckets, decision.lease, tokens, headers, prompt, charges)
             wait = decision.retry_after_ms
             if waited + wait > queue_ms:
                 err = RateLimitError(
@@ -253,6 +305,10 @@ class Admission:
         token_buckets = [b for b in buckets if b.kind in TOKEN_KINDS]
         if not token_buckets:
             return 0, 0
+        return self._reserve(req, token_buckets, min(b.limit for b in token_buckets), route)
+
+    def _reserve(self, req: CompletionRequest, token_buckets: list[Bucket], room: int, route: Route) -> tuple[int, int]:
+        """(prompt tokens, tokens to reserve) against `token_buckets`, whose smallest limit is `room`."""
         per_choice = req.max_tokens
         if per_choice is None:
             per_choice = unbounded_completion(route, self.unbounded_tokens)
@@ -260,17 +316,17 @@ class Admission:
         if req.max_tokens is None:
             # The worst case may exceed a small limit the request can still fit: it then waits for a whole
             # bucket rather than being refused for a max_tokens it never set.
-            room = min(b.limit for b in token_buckets)
             if prompt < room < tokens:
                 tokens = room
-        for b in token_buckets:
-            if tokens > b.limit:
-                raise InvalidRequestError(
-                    f"This request needs up to {tokens} tokens (prompt + max_tokens x choices), more than "
-                    f"the {b.kind} limit of {b.limit} for {b.scope} can ever allow; lower max_tokens",
-                    param="max_tokens",
-                    code="exceeds_token_limit",
-                )
+        if tokens > room:
+            for b in token_buckets:
+                if tokens > b.limit:
+                    raise InvalidRequestError(
+                        f"This request needs up to {tokens} tokens (prompt + max_tokens x choices), more than "
+                        f"the {b.kind} limit of {b.limit} for {b.scope} can ever allow; lower max_tokens",
+                        param="max_tokens",
+                        code="exceeds_token_limit",
+                    )
         return prompt, tokens
 
     async def acquire(self, buckets: list[Bucket], tokens: int, requests: int = 1) -> Decision:
@@ -278,11 +334,7 @@ class Admission:
         try:
             return await self.limiter.acquire(buckets, tokens, requests)
         except RedisDown:
-            raise GatewayError(
-                "Rate limiting is unavailable (Redis unreachable) and the gateway is set to fail closed",
-                status=503,
-                code="rate_limiter_unavailable",
-            ) from None
+            raise _unavailable() from None
 
     def settle(self, ticket: Ticket | None, used: int | None) -> None:
         """Return unused reserved tokens (or charge overuse) and free concurrency, off the request path.
@@ -295,12 +347,15 @@ class Admission:
         if ticket is None:
             return
         delta = 0 if used is None else used - ticket.reserved
-        token_buckets = tuple(b for b in ticket.buckets if b.kind in TOKEN_KINDS)
+        charges = ticket.charges
+        if charges is None:
+            charges = self.limiter.compiled(ticket.buckets)
+        token_buckets = charges.token_buckets
         if delta and token_buckets:
             self._pending[token_buckets] = self._pending.get(token_buckets, 0) + delta
             if self._timer is None:
                 self._timer = asyncio.get_running_loop().call_later(SETTLE_S, self._flush_soon)
-        if any(b.kind == "concurrent" for b in ticket.buckets):
+        if charges.leased:
             self._spawn(self._release(ticket))
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
@@ -335,3 +390,12 @@ class Admission:
             await self._adjust(pending)
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
+
+
+def _unavailable() -> GatewayError:
+    """The 503 of fail-closed when Redis is unreachable."""
+    return GatewayError(
+        "Rate limiting is unavailable (Redis unreachable) and the gateway is set to fail closed",
+        status=503,
+        code="rate_limiter_unavailable",
+    )

@@ -21,7 +21,7 @@ TOKEN_KINDS: Final = frozenset({"tpm", "tpd"})
 LEASE_TTL_MS: Final = 600_000
 
 
-class Bucket(msgspec.Struct, frozen=True):
+class Bucket(msgspec.Struct, frozen=True, cache_hash=True):
     """One limit of one scope: `scope` is e.g. `key:search-team`, `model:fast`, `provider:openai`."""
 
     scope: str
@@ -39,6 +39,19 @@ class Bucket(msgspec.Struct, frozen=True):
     @property
     def period_ms(self) -> int:
         return int(PERIOD_S.get(self.kind, 0) * 1000)
+
+
+class Spec(NamedTuple):
+    """What the arithmetic reads of a bucket, looked up once (gateway/limits/bucketset.py), not per call."""
+
+    key: str  # `Bucket.redis_key`: also the in-process state's key
+    kind: str
+    limit: int
+    period_ms: int
+
+
+def spec(b: Bucket) -> Spec:
+    return Spec(b.redis_key, b.kind, b.limit, b.period_ms)
 
 
 class BucketState(msgspec.Struct):
@@ -82,16 +95,17 @@ def gcra(limit: int, period: int, tat: tuple[float, float] | None, now: int, cos
     nu, nq = tu + cost, q + cost * period
     if mode == "adjust" and nq < 0:
         tb, nu, nq = now, 0.0, 0
-    denied = mode == "acquire" and nq > period * limit
+    full = period * limit
+    denied = mode == "acquire" and nq > full
     k = math.floor(nu / limit)
     return Gcra(
-        tat=(tb + k * period, nu - k * limit),
-        denied=denied,
-        retry_ms=math.ceil((nq - period * limit) / limit) if denied else 0,
-        remaining=max(math.floor((period * limit - nq) / period), 0),
-        reset_ms=math.ceil(nq / limit),
-        remaining_now=max(math.floor((period * limit - q) / period), 0),
-        reset_now_ms=math.ceil(q / limit),
+        (tb + k * period, nu - k * limit),  # tat
+        denied,
+        math.ceil((nq - full) / limit) if denied else 0,  # retry_ms
+        max(math.floor((full - nq) / period), 0),  # remaining
+        math.ceil(nq / limit),  # reset_ms
+        max(math.floor((full - q) / period), 0),  # remaining_now
+        math.ceil(q / limit),  # reset_now_ms
     )
 
 
@@ -137,16 +151,21 @@ class _Local:
         ]
 
     def run(self, mode: str, lease: str, buckets: Sequence[Bucket], costs: Sequence[float]) -> list[int]:
+        return self.run_specs(mode, lease, [spec(b) for b in buckets], costs)
+
+    def run_specs(self, mode: str, lease: str, specs: Sequence[Spec], costs: Sequence[float]) -> list[int]:
+        """The script's work on `specs` (with `costs`, one each), in process memory; its reply."""
         now = math.floor(self.clock() * 1000)  # whole milliseconds, like the script's TIME
         out = [1, 0]
         news: list[tuple[float, float] | str | None] = []
         current: dict[int, tuple[int, int]] = {}
         denied = False
         retry = 0
-        for b, cost in zip(buckets, costs, strict=True):
-            if b.kind == "concurrent":
-                held = {k: v for k, v in self.leases.get(b.redis_key, {}).items() if v > now}
-                self.leases[b.redis_key] = held
+        tats = self.tat
+        for (key, kind, limit, period), cost in zip(specs, costs, strict=True):
+            if kind == "concurrent":
+                held = {k: v for k, v in self.leases.get(key, {}).items() if v > now}
+                self.leases[key] = held
                 if mode == "release":
                     held.pop(lease, None)
                     news.append(None)
@@ -158,29 +177,32 @@ class _Local:
                     news.append(None)
                     out += [0, 0]
                     continue
-                if mode == "acquire" and len(held) + 1 > b.limit:
+                if mode == "acquire" and len(held) + 1 > limit:
                     denied = True
                     wait = max(min(int(min(held.values()) - now), 1000), 1) if held else 1000
                     retry = max(retry, wait)
                 news.append("lease")
-                out += [max(b.limit - len(held) - 1, 0), 0]
+                out += [max(limit - len(held) - 1, 0), 0]
                 continue
-            step = gcra(b.limit, b.period_ms, self.tat.get(b.redis_key), now, cost, mode)
-            if step.denied:
+            tat, refused, retry_ms, remaining, reset_ms, remaining_now, reset_now_ms = gcra(
+                limit, period, tats.get(key), now, cost, mode
+            )
+            if refused:
                 denied = True
-                retry = max(retry, step.retry_ms)
-            news.append(step.tat)
-            out += [step.remaining, step.reset_ms]
-            current[len(news) - 1] = (step.remaining_now, step.reset_now_ms)
+                retry = max(retry, retry_ms)
+            current[len(news)] = (remaining_now, reset_now_ms)
+            news.append(tat)
+            out.append(remaining)
+            out.append(reset_ms)
         if mode in ("release", "refresh"):
             return out
         if denied:
             for i, (remaining, reset) in current.items():
                 out[2 + i * 2], out[3 + i * 2] = remaining, reset
             return [0, retry, *out[2:]]
-        for b, v in zip(buckets, news, strict=True):
+        for s, v in zip(specs, news, strict=True):
             if v == "lease":
-                self.leases.setdefault(b.redis_key, {})[lease] = now + self.lease_ttl_ms
+                self.leases.setdefault(s.key, {})[lease] = now + self.lease_ttl_ms
             elif isinstance(v, tuple):
-                self.tat[b.redis_key] = v
+                tats[s.key] = v
         return out

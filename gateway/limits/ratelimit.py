@@ -19,6 +19,7 @@ from typing import Final
 import redis.asyncio as aioredis
 
 from gateway.ids import unique_suffix
+from gateway.limits.bucketset import BucketSet
 from gateway.limits.gcra import (
     LEASE_TTL_MS,
     PERIOD_S,
@@ -33,11 +34,11 @@ from gateway.limits.gcra import (
     peek_state,
 )
 from gateway.limits.script import script_text
-from gateway.limits.scriptchannel import ScriptChannel, Unanswered, bulk
+from gateway.limits.scriptchannel import ScriptChannel, Unanswered
 from gateway.state import Degraded, SharedState
 
-# Where the callers look for them: the arithmetic lives in gateway/limits/gcra.py, the script and the
-# limiter here.
+# Where the callers look for them: the arithmetic lives in gateway/limits/gcra.py, the script in
+# gateway/limits/script.py, the limiter here.
 __all__ = [
     "CLUSTER_PREFIX",
     "LEASE_TTL_MS",
@@ -45,6 +46,7 @@ __all__ = [
     "SCRIPT",
     "TOKEN_KINDS",
     "Bucket",
+    "BucketSet",
     "BucketState",
     "Decision",
     "Kind",
@@ -69,6 +71,8 @@ CLUSTER_PREFIX: Final = "{rl}"
 _CANCEL_POLL_S: Final = 0.2
 _CANCELS_PER_ROUND: Final = 1000
 _Held = dict[str, tuple[tuple[Bucket, ...], float]]  # lease -> (its concurrency buckets, a time)
+# Compiled bucket sets kept (`Limiter.compiled`): far more than a config's scopes combine into.
+_SETS_KEPT: Final = 4096
 
 
 class RedisDown(Exception):
@@ -96,8 +100,8 @@ class Limiter:
         # request longer than the TTL (a long stream) keeps its slot, and the count stays exact.
         self._live: _Held = {}  # lease -> (buckets, renew until)
         self._renewer: asyncio.Task[None] | None = None
-        # The constant part of each call's command, per (mode, buckets): only the lease and costs vary.
-        self._heads: dict[tuple[str, tuple[Bucket, ...]], tuple[bytes, list[bytes]]] = {}
+        # Each set of buckets charged together, compiled once (its keys, periods, command bytes).
+        self._sets: dict[tuple[Bucket, ...], BucketSet] = {}
         # Leases whose acquire went unanswered but which local state admitted: Redis may hold them too.
         # Value: when to forget (monotonic), so a lease whose request never settles cannot stay forever.
         self._doubtful: dict[str, float] = {}
@@ -128,29 +132,18 @@ class Limiter:
                 if self._renewer is None:
                     self._renewer = asyncio.ensure_future(self._renew())
 
+    def compiled(self, buckets: Sequence[Bucket]) -> BucketSet:
+        """`buckets` compiled for this limiter (its key prefix and script), once per distinct set."""
+        key = tuple(buckets)
+        found = self._sets.get(key)
+        if found is None:
+            if len(self._sets) >= _SETS_KEPT:
+                self._sets.clear()  # bounded whatever the callers combine; rebuilt as they come back
+            found = self._sets[key] = BucketSet(key, self._prefix, self._sha)
+        return found
+
     def _command(self, mode: str, lease: str, buckets: Sequence[Bucket], costs: Sequence[float]) -> bytes:
-        cache_key = (mode, tuple(buckets))
-        cached = self._heads.get(cache_key)
-        if cached is None:
-            n = len(buckets)
-            head = b"*%d\r\n" % (3 + n + 2 + 4 * n) + b"".join(
-                bulk(p)
-                for p in (
-                    b"EVALSHA",
-                    self._sha,
-                    b"%d" % n,
-                    *((self._prefix + b.redis_key).encode() for b in buckets),
-                    mode.encode(),
-                )
-            )
-            per = [bulk(b.kind.encode()) + bulk(b"%d" % b.limit) + bulk(b"%d" % b.period_ms) for b in buckets]
-            cached = self._heads[cache_key] = (head, per)
-        head, per = cached
-        parts = [head, bulk(lease.encode())]
-        for static, cost in zip(per, costs, strict=True):
-            parts.append(static)
-            parts.append(bulk(b"%d" % cost if cost == int(cost) else repr(cost).encode()))
-        return b"".join(parts)
+        return self.compiled(buckets).command(mode, lease, costs)
 
     def _remote(self, cmd: bytes) -> asyncio.Future[list[int]]:
         """One script call on the channel (batched with this tick's others). The future fails with
@@ -260,33 +253,35 @@ class Limiter:
                 self._cancel(lease, buckets)  # refused here: nothing will release it
         return out
 
-    async def acquire(self, buckets: Sequence[Bucket], tokens: int, requests: int = 1) -> Decision:
+    async def acquire(self, buckets: Sequence[Bucket] | BucketSet, tokens: int, requests: int = 1) -> Decision:
         """Charge every bucket or none: `tokens` to token buckets, `requests` to request-rate ones (an
-        emulated fan-out's further upstream calls); a concurrency bucket takes one lease whatever they are."""
+        emulated fan-out's further upstream calls); a concurrency bucket takes one lease whatever they are.
+        `buckets` may be compiled already (`compiled`), as a caller that charges the same set again keeps it."""
+        bset = buckets if isinstance(buckets, BucketSet) else self.compiled(buckets)
         # Only a concurrency lease needs a name; ids are unique across replicas (gateway.ids).
-        lease = unique_suffix() if any(b.kind == "concurrent" for b in buckets) else ""
-        costs = [tokens if b.kind in TOKEN_KINDS else requests for b in buckets]
+        lease = unique_suffix() if bset.leased else ""
+        costs = [tokens if t else requests for t in bset.token_mask]
+        channel = self._channel
         try:
-            if self._channel is None:
-                out = self.local.run("acquire", lease, buckets, costs)
+            if channel is None:
+                out = self.local.run_specs("acquire", lease, bset.specs, costs)
             elif self.shared.degraded:
-                out = self._fallback(lease, buckets, costs, unanswered=False)
+                out = self._fallback(lease, bset.buckets, costs, unanswered=False)
             else:
                 try:
-                    out = await self._remote(self._command("acquire", lease, buckets, costs))
+                    out = await channel.call(bset.command("acquire", lease, costs))
                 except Degraded as exc:
-                    out = self._fallback(lease, buckets, costs, unanswered=isinstance(exc, Unanswered))
+                    out = self._fallback(lease, bset.buckets, costs, unanswered=isinstance(exc, Unanswered))
         except asyncio.CancelledError:
             # The request went away while its acquire was on the wire: Redis may grant it all the same.
-            if lease and self._channel is not None:
-                self._cancel(lease, buckets)
+            if lease and channel is not None:
+                self._cancel(lease, bset.buckets)
             raise
         if lease and out[0] == 1:
-            self._hold((lease,), tuple(b for b in buckets if b.kind == "concurrent"))
-        states = [
-            BucketState(bucket=b, remaining=out[2 + i * 2], reset_ms=out[3 + i * 2]) for i, b in enumerate(buckets)
-        ]
-        return Decision(allowed=out[0] == 1, retry_after_ms=out[1], states=states, lease=lease)
+            self._hold((lease,), bset.concurrent)
+        pairs = zip(bset.buckets, out[2::2], out[3::2], strict=True)
+        states = [BucketState(b, remaining, reset) for b, remaining, reset in pairs]
+        return Decision(out[0] == 1, out[1], states, lease)
 
     async def acquire_block(self, bucket: Bucket, count: int) -> tuple[list[str], int]:
         """`count` leases of the concurrency `bucket` in one call, all or none, and the headroom left; only

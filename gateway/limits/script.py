@@ -1,6 +1,9 @@
-"""The one Lua script of the rate limits: GCRA rates and concurrency leases, charged all or none.
+"""The rate-limit script: one atomic Lua call that checks and charges every bucket of a request, or none.
 
-Run by `Limiter` (gateway/limits/ratelimit.py) on Redis's own clock; `gcra` mirrors it in process memory.
+GCRA for rate buckets, sorted-set leases for `concurrent` (one at a time, or a block of them for the fair
+queue), on Redis's own clock. `gcra` in gateway/limits/gcra.py is the same arithmetic in Python
+(tests/ratelimit/test_script.py holds the two together, decision by decision); the algorithm and key
+layout: docs/ratelimits.md.
 """
 
 from __future__ import annotations

@@ -9,8 +9,9 @@ and is reconciled with the usage the upstream reports. Token-id prompts are coun
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from wire.schema import CompletionRequest
 
@@ -18,6 +19,15 @@ if TYPE_CHECKING:
     from gateway.upstream.plan import Route
 
 BYTES_PER_TOKEN = 4
+# The library's own bound on a text it encodes (it raises ValueError at and past it).
+_MAX_CHARS: Final = 1_000_000
+# Texts on which the backend's count must agree with the library's encoder before it is trusted.
+_PROBES: Final = (
+    "",
+    "Say hello",
+    "  x\n\n\tdef f(a, b):\n    return a+b # 12345678",
+    "naïve 😀 中文 <|endoftext|> 's 'll",
+)
 
 
 class _Encoding(Protocol):
@@ -43,20 +53,57 @@ def _encoding(model: str) -> _Encoding | None:
     return enc  # type: ignore[no-any-return]
 
 
+@lru_cache(maxsize=32)
+def _counter(model: str) -> Callable[[str], int] | None:
+    """What `len(enc.encode_ordinary(text))` is for `model`'s tables, without the wrapper's per-call work (a
+    UTF-8 check, a copy of the token list, a limit read through two objects): the Rust backend's own
+    `count`, where this version of the library has one that agrees with its encoder. Raises ValueError
+    where the library does (a text too long, too many tokens)."""
+    enc = _encoding(model)
+    if enc is None:
+        return None
+
+    def encoded(text: str) -> int:
+        return len(enc.encode_ordinary(text))
+
+    count = getattr(getattr(enc, "_backend", None), "count", None)
+    limit = getattr(getattr(enc, "_runtime", None), "chunk_limit", None)
+    if not callable(count) or type(limit) is not int or limit <= 0:
+        return encoded
+    try:
+        if any(count(p) != encoded(p) for p in _PROBES):
+            return encoded
+    except Exception:
+        return encoded
+
+    def counted(text: str) -> int:
+        if len(text) >= _MAX_CHARS:
+            return encoded(text)  # the library's own refusal (after its clean-up, which can shorten a text)
+        try:
+            n: int = count(text)
+        except UnicodeEncodeError:  # lone surrogates: the library cleans the text up first
+            return encoded(text)
+        if n > limit:
+            raise ValueError(f"{n} tokens, over the tokenizer's limit of {limit}")
+        return n
+
+    return counted
+
+
 def warm() -> None:
     """Load the BPE tables now: importing bpe-openai takes ~0.7 s, which would otherwise block the event
     loop (every request in flight) on the first OpenAI-family request with a token limit."""
-    _encoding("gpt-3.5-turbo-instruct")
+    _counter("gpt-3.5-turbo-instruct")
 
 
 def text_tokens(text: str, bpe: bool, model: str) -> int:
     if bpe:
-        enc = _encoding(model)
-        if enc is not None:
-            # encode_ordinary: a prompt's "<|endoftext|>" is text the client sent, which `encode` would refuse
-            # with an exception (and it skips the per-call special-token scan and metrics hook of `encode`).
+        # As encode_ordinary counts: a prompt's "<|endoftext|>" is text the client sent, which `encode` would
+        # refuse with an exception.
+        count = _counter(model)
+        if count is not None:
             try:
-                return len(enc.encode_ordinary(text))
+                return count(text)
             except ValueError:  # over the library's own size limits: the estimate still reserves something
                 pass
     size = len(text) if text.isascii() else len(text.encode("utf-8"))  # ASCII: a byte a character, no copy
@@ -112,11 +159,11 @@ def prompt_bound(prompt: str | list[Any], bpe: bool, model: str) -> int:
         return sum(len(p) for p in prompt) + FRAMING_TOKENS * len(prompt)
     total = 0
     for text in texts:
-        enc = _encoding(model) if bpe else None
+        count = _counter(model) if bpe else None
         counted = None
-        if enc is not None:
+        if count is not None:
             try:
-                counted = len(enc.encode_ordinary(text))
+                counted = count(text)
             except ValueError:
                 pass
         total += (len(text.encode("utf-8")) if counted is None else counted) + FRAMING_TOKENS

@@ -1,0 +1,71 @@
+"""A call's buckets, compiled once: what charging them needs that is the same on every call.
+
+A gateway charges the same few sets of buckets over and over (a key's, with an alias's or a provider's),
+so each set's Redis keys, periods, which of its buckets count tokens, and the constant bytes of its
+script command are worked out the first time the set is seen, and only the lease and the costs are
+written per call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gateway.limits.gcra import TOKEN_KINDS, Bucket, Spec
+from gateway.limits.scriptchannel import bulk
+
+_NO_LEASE = bulk(b"")
+
+
+def _cost(cost: float) -> bytes:
+    # An int is the common case (every acquire); a float cost is written as the script has always read it.
+    if type(cost) is int:
+        return bulk(b"%d" % cost)
+    return bulk(b"%d" % cost if cost == int(cost) else repr(cost).encode())
+
+
+class BucketSet:
+    """`buckets` in order, with their `specs` (for the in-process arithmetic), `token_mask` (which ones a
+    call's token count charges; the others take its request count), the concurrency buckets and the token
+    buckets among them, and the script command (`command`) built from per-mode constant parts."""
+
+    __slots__ = ("_heads", "_prefix", "_sha", "buckets", "concurrent", "leased", "specs", "token_buckets", "token_mask")
+
+    def __init__(self, buckets: Sequence[Bucket], prefix: str = "", sha: bytes = b"") -> None:
+        self.buckets = tuple(buckets)
+        self.specs = tuple(Spec(b.redis_key, b.kind, b.limit, b.period_ms) for b in self.buckets)
+        self.token_mask = tuple(b.kind in TOKEN_KINDS for b in self.buckets)
+        self.token_buckets = tuple(b for b in self.buckets if b.kind in TOKEN_KINDS)
+        self.concurrent = tuple(b for b in self.buckets if b.kind == "concurrent")
+        self.leased = bool(self.concurrent)  # an acquire takes a lease, which needs an id
+        self._prefix = prefix
+        self._sha = sha
+        self._heads: dict[str, tuple[bytes, tuple[bytes, ...]]] = {}
+
+    def costs(self, tokens: int, requests: int) -> list[int]:
+        return [tokens if t else requests for t in self.token_mask]
+
+    def _head(self, mode: str) -> tuple[bytes, tuple[bytes, ...]]:
+        # EVALSHA sha numkeys key... mode lease (kind limit period_ms cost)... : all but the lease and costs.
+        n = len(self.buckets)
+        head = b"*%d\r\n" % (3 + n + 2 + 4 * n) + b"".join(
+            bulk(p)
+            for p in (
+                b"EVALSHA",
+                self._sha,
+                b"%d" % n,
+                *((self._prefix + b.redis_key).encode() for b in self.buckets),
+                mode.encode(),
+            )
+        )
+        per = tuple(bulk(b.kind.encode()) + bulk(b"%d" % b.limit) + bulk(b"%d" % b.period_ms) for b in self.buckets)
+        self._heads[mode] = (head, per)
+        return head, per
+
+    def command(self, mode: str, lease: str, costs: Sequence[float]) -> bytes:
+        """The script call for `mode` on these buckets, as RESP bytes."""
+        head, per = self._heads.get(mode) or self._head(mode)
+        parts = [head, bulk(lease.encode()) if lease else _NO_LEASE]
+        for static, cost in zip(per, costs, strict=True):
+            parts.append(static)
+            parts.append(_cost(cost))
+        return b"".join(parts)
