@@ -114,7 +114,8 @@ class _Watch:
         self.owner = owner if type(owner) is asyncio.Task else None
         # The request's task while a phase runs (or the phase's own task): what a disconnect cancels.
         self.armed: asyncio.Future[Any] | None = None
-        self.task = asyncio.ensure_future(self._watch(receive))
+        # `create_task`, not `ensure_future`: four Python calls fewer for what is always a coroutine.
+        self.task = asyncio.get_running_loop().create_task(self._watch(receive))
 
     async def _watch(self, receive: Receive) -> None:
         while (await receive())["type"] != "http.disconnect":
@@ -130,7 +131,7 @@ class _Watch:
             work.close()
             raise asyncio.CancelledError
         if self.owner is None:
-            self.armed = asyncio.ensure_future(work)
+            self.armed = asyncio.get_running_loop().create_task(work)
             try:
                 return await self.armed
             finally:
