@@ -12,9 +12,11 @@ import itertools
 import os
 
 _PREFIX = os.urandom(8).hex()
-_COUNTER = itertools.count(1)
+# The counter's hex digits, drawn by C code alone: counting from 2**32 + 1, the last eight digits are the
+# counter from 1 (wrapping after 4 billion), as `f"{n & 0xFFFFFFFF:08x}"` would give them at a third of its cost.
+_DIGITS = map(hex, itertools.count(2**32 + 1))
 
 
 def unique_suffix() -> str:
     """24 hex characters: the process prefix and an 8-digit counter (wrapping after 4 billion)."""
-    return f"{_PREFIX}{next(_COUNTER) & 0xFFFFFFFF:08x}"
+    return _PREFIX + next(_DIGITS)[-8:]

@@ -13,7 +13,7 @@ import hashlib
 import hmac
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, Final
 
@@ -28,7 +28,7 @@ from gateway.config import LoadedConfig, load_config
 from gateway.edge import status
 from gateway.edge.batch_routes import routes as batch_routes
 from gateway.edge.discovery import Discovery
-from gateway.edge.endpoint import Endpoint, completion_endpoint, request_id, send_error
+from gateway.edge.endpoint import Endpoint, Services, completion_endpoint, request_id, send_error
 from gateway.edge.ledger_routes import routes as ledger_routes
 from gateway.edge.render import error_response
 from gateway.edge.status import ROUTES as STATUS_ROUTES
@@ -72,11 +72,21 @@ def _pipeline(request: Request[Any, Any, Any]) -> Pipeline:
     return pipeline
 
 
-def _services(scope: HTTPScope) -> tuple[Pipeline, Metrics | None]:
-    # Items, not attributes: `State` answers an attribute only after the generic lookup has failed, and
-    # raising and formatting that AttributeError cost more than the rest of this function.
-    state = scope["app"].state
-    return state["pipeline"], state["metrics"]
+def _services_of(state: State) -> Services:
+    """What the raw endpoints read the pipeline in force (and the metrics) from, once per request."""
+    items = _items(state)
+
+    def services(scope: HTTPScope) -> tuple[Pipeline, Metrics | None]:
+        return items["pipeline"], items["metrics"]
+
+    return services
+
+
+def _items(state: State) -> Mapping[str, Any]:
+    """The dict behind the app's `State` when it has one (read without a Python call per item), else the
+    `State` itself: a reload's `state.pipeline = ...` writes that dict."""
+    items = getattr(state, "_state", None)
+    return items if isinstance(items, dict) else state
 
 
 @get("/v1/models")
@@ -275,6 +285,7 @@ def create_app(loaded: LoadedConfig) -> Front:
     app.state.ledger = ledger
     app.state.batches = batches
     app.state.model_pages = {}
+    _services = _services_of(app.state)
     fast = {path: completion_endpoint(path, dialect, _services) for path, dialect in DIALECT_ROUTES.items()}
     fast |= {path: completion_endpoint(path, dialect, _services, CHAT) for path, dialect in CHAT_ROUTES.items()}
     # vLLM's tokenizer routes at the root, and the model-scoped base path /m/{model}/... (docs/clients.md).
@@ -334,6 +345,7 @@ class Front:
 
     def __init__(self, litestar: Litestar, fast: dict[str, Endpoint], scoped: Endpoint | None = None) -> None:
         self.litestar = litestar
+        self.items = _items(litestar.state)  # the pipeline in force, read on every request
         self.fast = fast
         self.scoped = scoped  # every path under /m/ (gateway/edge/tokenizer_routes.py)
 
@@ -343,7 +355,7 @@ class Front:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == ScopeType.HTTP:
-            config = self.litestar.state["pipeline"].loaded.config
+            config = self.items["pipeline"].loaded.config
             limit: int = config.caps.request_body_bytes
             if scope["path"] == FILES:  # an upload of a batch's input file: its own, larger bound
                 limit = max(limit, config.batches.max_file_bytes + _MULTIPART_SLACK)
@@ -359,7 +371,7 @@ class Front:
             if endpoint is None and self.scoped is not None and scope["path"].startswith(SCOPED_PREFIX):
                 endpoint = self.scoped
             if endpoint is not None:
-                scope["app"] = self.litestar  # the endpoint finds the pipeline in the app's state
+                scope["app"] = self.litestar  # as Litestar sets it for the routes it serves
                 await endpoint(scope, receive, send)
                 return
         await self.litestar(scope, receive, send)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+from bisect import bisect_left
 from typing import Any, Final, NamedTuple
 
 import msgspec
@@ -130,11 +131,43 @@ class Record(msgspec.Struct):
     batch_id: str | None = None
 
 
+class Observed:
+    """A histogram series' observations since the tally's last flush: their sum and their count per bucket,
+    added to the series at the flush (`inc`, as `Tally.flush` calls it). A histogram's own `observe` takes
+    five calls and two locks per value; with one process nobody reads the series between two flushes."""
+
+    __slots__ = ("bounds", "counts", "series", "sum")
+
+    def __init__(self, series: Histogram) -> None:
+        self.series = series
+        self.bounds: tuple[float, ...] = tuple(series._upper_bounds)  # the last is +Inf
+        self.counts = [0] * len(self.bounds)
+        self.sum = 0.0
+
+    def add(self, amount: float, tally: Tally) -> None:
+        pending = tally.pending
+        if not pending:
+            tally.arm()
+        pending[self] = 0.0
+        self.sum += amount
+        # The first bucket whose bound is at least `amount`, as `Histogram.observe` finds it.
+        self.counts[bisect_left(self.bounds, amount)] += 1
+
+    def inc(self, _: float) -> None:
+        series, counts = self.series, self.counts
+        series._sum.inc(self.sum)
+        for i, n in enumerate(counts):
+            if n:
+                series._buckets[i].inc(n)
+                counts[i] = 0
+        self.sum = 0.0
+
+
 class _Children(NamedTuple):
     requests: Counter
-    latency: Histogram
-    upstream: Histogram
-    ttft: Histogram
+    latency: Observed | Histogram  # Observed with one process, the series itself with several
+    upstream: Observed | Histogram
+    ttft: Observed | Histogram
     prompt_tokens: Counter
     completion_tokens: Counter
 
@@ -279,6 +312,7 @@ class Metrics:
             ["target", "tenant"],
             registry=r,
         )
+        self._overhead = Observed(self.overhead)  # with one process (`observe`)
         self.tally = Tally()  # counts added in batches: the cache's, and with one process requests and tokens
         self.in_flight = Gauge("gateway_in_flight", "Requests being served", multiprocess_mode="livesum", registry=r)
         # Requests being served by this process, read when the gauge is collected. With several workers each
@@ -310,13 +344,18 @@ class Metrics:
             flag = "true" if stream else "false"
             kids = self._cache[key] = _Children(
                 requests=self.requests.labels(endpoint, dialect, model, provider, str(status)),
-                latency=self.latency.labels(endpoint, dialect, provider, flag),
-                upstream=self.upstream.labels(provider, flag),
-                ttft=self.ttft.labels(provider),
+                latency=self._observed(self.latency.labels(endpoint, dialect, provider, flag)),
+                upstream=self._observed(self.upstream.labels(provider, flag)),
+                ttft=self._observed(self.ttft.labels(provider)),
                 prompt_tokens=self.tokens.labels("prompt", model, provider),
                 completion_tokens=self.tokens.labels("completion", model, provider),
             )
         return kids
+
+    def _observed(self, series: Histogram) -> Observed | Histogram:
+        # Every series of a label set gets its own `Observed`, even one shared with another label set (two
+        # `_children` entries with the same provider share `upstream`): both add to the same series.
+        return series if self.multiprocess else Observed(series)
 
     def observe(self, rec: Record, elapsed_s: float) -> None:
         model = rec.label
@@ -329,21 +368,29 @@ class Metrics:
             if usage is not None:
                 kids.prompt_tokens.inc(usage.prompt_tokens)
                 kids.completion_tokens.inc(usage.completion_tokens)
+            kids.latency.observe(elapsed_s)  # type: ignore[union-attr]  # the series itself with several
+            if rec.provider and not rec.cached:  # a cached answer had no upstream time
+                kids.upstream.observe(rec.upstream_s)  # type: ignore[union-attr]
+                if rec.stream and not rec.failed:
+                    kids.ttft.observe(rec.upstream_s)  # type: ignore[union-attr]
+                elif rec.status == 200:
+                    self.overhead.observe(max(elapsed_s - rec.upstream_s, 0.0))
         else:
-            pending = self.tally.pending  # Tally.add, inlined: a counter's `inc` is four calls and a lock
+            tally = self.tally
+            pending = tally.pending  # Tally.add, inlined: a counter's `inc` is four calls and a lock
             if not pending:
-                self.tally.arm()
+                tally.arm()
             pending[kids.requests] = pending.get(kids.requests, 0.0) + 1.0
             if usage is not None:
                 pending[kids.prompt_tokens] = pending.get(kids.prompt_tokens, 0.0) + usage.prompt_tokens
                 pending[kids.completion_tokens] = pending.get(kids.completion_tokens, 0.0) + usage.completion_tokens
-        kids.latency.observe(elapsed_s)
-        if rec.provider and not rec.cached:  # a cached answer had no upstream time
-            kids.upstream.observe(rec.upstream_s)
-            if rec.stream and not rec.failed:
-                kids.ttft.observe(rec.upstream_s)
-            elif rec.status == 200:
-                self.overhead.observe(max(elapsed_s - rec.upstream_s, 0.0))
+            kids.latency.add(elapsed_s, tally)  # type: ignore[union-attr]  # an Observed with one process
+            if rec.provider and not rec.cached:
+                kids.upstream.add(rec.upstream_s, tally)  # type: ignore[union-attr]
+                if rec.stream and not rec.failed:
+                    kids.ttft.add(rec.upstream_s, tally)  # type: ignore[union-attr]
+                elif rec.status == 200:
+                    self._overhead.add(max(elapsed_s - rec.upstream_s, 0.0), tally)
         if rec.attempts > 1:
             self.retries.labels(model).inc(rec.attempts - 1)
         if rec.fallback:

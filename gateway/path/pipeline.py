@@ -371,10 +371,17 @@ class Pipeline:
 
 def _served(rec: Record, plan: Plan, outcome: Outcome[Any]) -> None:
     route = outcome.route
-    rec.provider, rec.target, rec.attempts = route.provider, route.key, outcome.attempts
-    rec.fallback = all(
-        r.key != route.key and all(x.key != route.key for x in r.replicas) for r in plan.groups[0].routes
-    )
+    key = rec.target = route.key
+    rec.provider, rec.attempts = route.provider, outcome.attempts
+    # Served by a fallback: by none of the first group's routes, nor any of their replicas. Loops, not `all`
+    # over generators: each generator is a call of its own.
+    for r in plan.groups[0].routes:
+        if r.key == key:
+            return
+        for x in r.replicas:
+            if x.key == key:
+                return
+    rec.fallback = True
 
 
 def _headers(outcome: Outcome[Any], job: Job) -> dict[str, str]:

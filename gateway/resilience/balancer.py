@@ -77,21 +77,20 @@ class Selector:
         self.tried: list[Route] = []
         self.context_switched = False
 
-    async def _usable(self, route: Route) -> bool:
-        if route.unavailable is not None:
-            return False
-        state = self.states[route.key]
-        if state.cooling_ms > 0:
-            return False
-        if state.recovering:
-            return await self.health.probe(route.key, self.probe_ttl_ms)
-        return True
-
     async def _fresh(self) -> Route | None:
-        tried = {r.key for r in self.tried}
+        """The first route in order not tried yet that may be called: configured, not cooling, and when
+        recovering (not cooling, failed before) only once its probe is claimed."""
+        tried = {r.key for r in self.tried} if self.tried else ()
+        states = self.states
         for route in self.order:
-            if route.key not in tried and await self._usable(route):
-                return route
+            if route.unavailable is not None or route.key in tried:
+                continue
+            state = states[route.key]
+            if state.cooling_ms > 0:
+                continue
+            if state.failures > 0 and not await self.health.probe(route.key, self.probe_ttl_ms):
+                continue  # recovering, and another request has its probe
+            return route
         return None
 
     async def first(self) -> Route:

@@ -76,7 +76,10 @@ return tostring(x)
 """
 
 
-class TargetState(msgspec.Struct):
+class TargetState(msgspec.Struct, frozen=True):
+    """A target's state as one request sees it. Frozen: a state is shared (`IDLE`, the copies of Redis's
+    view), and a caller that would change its own makes a new one (`msgspec.structs.replace`)."""
+
     cooling_ms: int = 0
     cause: str | None = None  # "429" when a rate limit cooled it, else "error"
     failures: int = 0
@@ -86,6 +89,9 @@ class TargetState(msgspec.Struct):
     @property
     def recovering(self) -> bool:
         return self.cooling_ms <= 0 and self.failures > 0
+
+
+IDLE: Final = TargetState()  # nothing cooling, failing, in flight or measured
 
 
 def _keys(target: str) -> tuple[str, str, str, str, str]:
@@ -103,6 +109,12 @@ class _Local:
         self.latency: dict[str, float] = {}
 
     def state(self, target: str) -> TargetState:
+        if target not in self.cool and target not in self.failures:
+            # The common case, without a clock read: nothing cooled or failed there.
+            inflight, latency = self.inflight.get(target, 0), self.latency.get(target)
+            if not inflight and latency is None:
+                return IDLE
+            return TargetState(inflight=inflight, latency_ms=latency)
         now = self.clock()
         until, cause = self.cool.get(target, (0.0, None))
         fails, fail_until = self.failures.get(target, (0, 0.0))
@@ -195,7 +207,10 @@ class Health:
 
     async def snapshot(self, targets: Sequence[str]) -> dict[str, TargetState]:
         if self.shared.client is None:
-            return {t: self.local.state(t) for t in targets}
+            state, out = self.local.state, {}
+            for t in targets:  # a loop, not a comprehension (a call of its own on Python 3.11)
+                out[t] = state(t)
+            return out
         now = self.clock()
         if self.refresh_s > 0:
             cached = self._cached(targets, now)
@@ -210,7 +225,7 @@ class Health:
         states = await asyncio.shield(reading)
         if states is None:
             return {t: self.local.state(t) for t in targets}
-        return {t: msgspec.structs.replace(st) for t, st in states.items()}
+        return dict(states)  # the states are frozen: the waiters share them, each with a dict of its own
 
     def _read_done(self, key: tuple[str, ...], done: asyncio.Future[dict[str, TargetState] | None]) -> None:
         if self._reading.get(key) is done:
@@ -236,10 +251,12 @@ class Health:
             seen = self._seen.get(t)
             if seen is None or now - seen[0] >= self.refresh_s:
                 return None
-            age_ms = int((now - seen[0]) * 1000)
             st = seen[1]
-            # A copy, with the cooldown counted down by the copy's age (callers may change their copy).
-            out[t] = msgspec.structs.replace(st, cooling_ms=max(st.cooling_ms - age_ms, 0))
+            if st.cooling_ms:
+                # The cooldown counted down by the copy's age (a state is frozen: one not cooling is shared).
+                age_ms = int((now - seen[0]) * 1000)
+                st = msgspec.structs.replace(st, cooling_ms=max(st.cooling_ms - age_ms, 0))
+            out[t] = st
         return out
 
     def forget(self, target: str) -> None:

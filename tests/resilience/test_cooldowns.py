@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from gateway.resilience.health import TargetState
 from tests.helpers.faults import FaultServer, good, rate_limited, slow, unavailable
 from tests.helpers.pipelines import VirtualTime, ask, key, state
@@ -267,10 +269,15 @@ async def test_requests_arriving_while_shared_health_is_read_share_one_read(
         # One PTTL per target per read of the shared health (gateway/resilience/health.py).
         return int(counter.info("commandstats").get("cmdstat_pttl", {}).get("calls", 0))
 
-    # Twenty requests find the copies stale at once: one read answers them all, each with its own copy.
+    # Twenty requests find the copies stale at once: one read answers them all, each with a view of its own
+    # (the states in it are shared, and frozen: a request changes its view, never a state another one reads).
     views = await asyncio.gather(*(replica.health.snapshot(targets) for _ in range(20)))
     assert reads() == 2
-    assert all(view == views[0] for view in views) and views[0][key("alpha")] is not views[1][key("alpha")]
+    assert all(view == views[0] for view in views) and views[0] is not views[1]
+    views[2][key("alpha")] = TargetState(cooling_ms=5)
+    assert views[1][key("alpha")] == TargetState()
+    with pytest.raises(AttributeError):
+        views[1][key("alpha")].cooling_ms = 5  # type: ignore[misc]
     # A change this replica makes is never answered from a read that started before it.
     vtime.advance(0.3)
     pending = asyncio.ensure_future(replica.health.snapshot(targets))
