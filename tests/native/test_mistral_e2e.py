@@ -15,7 +15,8 @@ from tests.helpers.clients import sse_data
 from tests.helpers.errors import assert_error
 from tests.helpers.recordings import fixture_bytes, fixture_headers, fixture_json
 from tests.helpers.upstreams import Received, Upstream, reply, reply_sse
-from tests.providers.test_mistral import RATE_LIMITED, STREAM_EVENTS, STREAM_TEXTS
+from tests.providers.test_mistral_errors import RATE_LIMITED
+from tests.providers.test_mistral_response import STREAM_EVENTS, STREAM_TEXTS
 
 UPSTREAM_KEY = "ms-upstream-e2e"
 MODEL = "mistral/mistral-tiny"
