@@ -1,6 +1,6 @@
 """Mistral end to end: the gateway (uvicorn, real socket) in front of a loopback upstream replaying the real
 chat recordings (tests/fixtures/mistral with its recorded rate-limit headers, and the recorded stream quoted in
-tests/providers/test_mistral.py). Clients are the official `openai` SDK and raw httpx: they ask for a legacy
+tests/providers/test_mistral_response.py). Clients are the official `openai` SDK and raw httpx: they ask for a legacy
 completion and get exactly the recorded text, finish reason and usage; the upstream sees a chat (or, with
 `suffix`, a FIM) request with a Bearer key."""
 
