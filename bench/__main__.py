@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 
-from bench import everything, features, report, wrk
+from bench import everything, features, report, report_run, report_sweep, wrk
 from bench.processes import foreign_load_pct
 from bench.runner import Runner
 from bench.scenarios import ALL_TARGETS, DEFAULT_TARGETS, NOISY_PCT, Settings
@@ -237,24 +237,27 @@ def main(argv: list[str] | None = None) -> int:
     }
     settings_dict["targets"] = ",".join(settings.targets)
     settings_dict["sweep_rates"] = ",".join(f"{r:g}" for r in settings.sweep_rates)
-    result = report.RunResult(
+    result = report_run.RunResult(
         started_at=started.strftime("%Y-%m-%d %H:%M:%S UTC"),
         finished_at=datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
         elapsed_s=round(time.monotonic() - t0, 1),
         mode=mode,
         command=".venv/bin/python -m bench" + ("" if not raw_argv else " " + shlex.join(raw_argv)),
-        machine={**report.describe_machine(), "busy before run": f"{background:.0f}% of one core (other processes)"},
-        versions=report.tool_versions(),
+        machine={
+            **report_run.describe_machine(),
+            "busy before run": f"{background:.0f}% of one core (other processes)",
+        },
+        versions=report_run.tool_versions(),
         settings=settings_dict,
         startup_errors=runner.startup_errors,
         skipped=runner.skipped,
         measurements=measurements,
     )
-    report.write_json(result, json_path)
+    report_run.write_json(result, json_path)
     md_path.parent.mkdir(parents=True, exist_ok=True)
     # The plot first: the markdown links it only if this run wrote it, never a stale one.
     plot_path = args.plot or md_path.with_suffix(".png")
-    plot_note = "plot skipped: --no-plot" if args.no_plot else report.write_plot(result, plot_path)
+    plot_note = "plot skipped: --no-plot" if args.no_plot else report_sweep.write_plot(result, plot_path)
     written = plot_path if plot_note.startswith("plot written") else None
     md_path.write_text(report.render_markdown(result, plot=written, plot_note=plot_note, md_dir=md_path.parent))
     print(f"[bench] wrote {json_path} and {md_path} ({result.elapsed_s:.0f} s)", file=sys.stderr)

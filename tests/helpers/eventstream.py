@@ -1,6 +1,6 @@
 """A minimal AWS event-stream *encoder* for tests: frames the recordings lack (exception frames, a
 guardrail stop) are built from the documented layout, the same one the recorded Bedrock stream uses
-(tests/fixtures/bedrock/converse_stream.eventstream). test_bedrock.py proves it byte-exact on a recorded
+(tests/fixtures/bedrock/converse_stream.eventstream). test_bedrock_eventstream.py proves it byte-exact on a recorded
 frame before relying on it.
 
 Frame: total length, headers length, CRC32 of those 8 bytes (all big-endian uint32), headers (name length

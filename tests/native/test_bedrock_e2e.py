@@ -27,7 +27,7 @@ from tests.helpers.errors import assert_error
 from tests.helpers.eventstream import exception, split_frames
 from tests.helpers.recordings import fixture_bytes
 from tests.helpers.upstreams import Handler, Received, Upstream, reply
-from tests.providers.test_bedrock import RECORDED_TEXT
+from tests.providers.test_bedrock_response import RECORDED_TEXT
 
 AKID = "AKIDEXAMPLE"
 SECRET = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"

@@ -1,11 +1,10 @@
-"""Chat on every built-in kind, one matrix: {text, tool call} x {plain, streamed}, JSON output, and the
-upstream's errors, each through the gateway (uvicorn, real socket) in front of a loopback upstream that
-speaks the kind's own wire from a recording (tests/fixtures/SOURCES.md, "Chat matrix").
+"""Chat on every built-in kind, one matrix: {text, tool call} x {plain, streamed} and JSON output, each through
+the gateway (uvicorn, real socket) in front of a loopback upstream that speaks the kind's own wire from a
+recording (tests/fixtures/SOURCES.md, "Chat matrix").
 
 What the client gets is compared with what the recording holds: OpenAI's `chat.completion` and
 `chat.completion.chunk` shapes, the text, each tool call's id, name and arguments byte for byte, the
-finish reason as OpenAI names it, and the usage. An upstream error reaches a chat client with the status
-and body a completions client gets for the same upstream answer.
+finish reason as OpenAI names it, and the usage.
 """
 
 from __future__ import annotations
@@ -19,58 +18,14 @@ import pytest
 
 from tests.helpers.chat_answers import NATIVE_CASES, OPENAI_CASES, Want, joined
 from tests.helpers.clients import sse_data
-from tests.helpers.recordings import fixture_bytes, fixture_json, sse_events
-from tests.helpers.servers import GatewayThread
-from tests.helpers.upstreams import Handler, Upstream, reply, reply_sse
-from tests.native.test_bedrock_e2e import AKID, SECRET, reply_eventstream
+from tests.helpers.upstreams import Upstream
+from tests.native import chat_matrix_setup
+from tests.native.chat_matrix_setup import KINDS, MESSAGES, MODEL, OPENAI_FAMILY, kind_handler
 
-OPENAI_FAMILY = (
-    "openai",
-    "azure",
-    "fireworks",
-    "together",
-    "deepseek",
-    "mistral",
-    "vllm",
-    "sglang",
-    "llamacpp",
-    "tgi",
-    "ollama",
-    "pais",
-    "sgp",
-)
-NATIVE = ("anthropic", "gemini", "cohere", "bedrock")
-KINDS = (*OPENAI_FAMILY, *NATIVE)
+# The gateway fixture (tests/native/conftest.py) reads these from the test module.
+CONFIG, GATEWAY_ENV = chat_matrix_setup.CONFIG, chat_matrix_setup.GATEWAY_ENV
 
-CONFIG = """
-unsupported_params: error
-retries: {{attempts: 1}}
-providers:
-  openai: {{kind: openai, api_key: k, base_url: {url}/openai/v1}}
-  azure: {{kind: azure, api_key: k, base_url: {url}/azure, api_version: "2024-06-01"}}
-  fireworks: {{kind: fireworks, api_key: k, base_url: {url}/fireworks/inference/v1}}
-  together: {{kind: together, api_key: k, base_url: {url}/together/v1}}
-  deepseek: {{kind: deepseek, api_key: k, base_url: {url}/deepseek}}
-  mistral: {{kind: mistral, api_key: k, base_url: {url}/mistral}}
-  vllm: {{kind: vllm, base_url: {url}/vllm/v1, discover: false}}
-  sglang: {{kind: sglang, base_url: {url}/sglang/v1, discover: false}}
-  llamacpp: {{kind: llamacpp, base_url: {url}/llamacpp, discover: false}}
-  tgi: {{kind: tgi, base_url: {url}/tgi, discover: false}}
-  ollama: {{kind: ollama, base_url: {url}/ollama, discover: false}}
-  pais: {{kind: pais, base_url: {url}/pais/api/v1/compatibility/openai/v1}}
-  sgp: {{kind: sgp, api_key: k, base_url: {url}/sgp}}
-  anthropic: {{kind: anthropic, api_key: k, base_url: {url}/anthropic}}
-  gemini: {{kind: gemini, api_key: k, base_url: {url}/gemini}}
-  cohere: {{kind: cohere, api_key: k, base_url: {url}/cohere}}
-  bedrock:
-    kind: bedrock
-    region: us-east-1
-    api_key: ${{AWS_ACCESS_KEY_ID}}:${{AWS_SECRET_ACCESS_KEY}}
-    base_url: {url}/bedrock
-"""
-GATEWAY_ENV = {"AWS_ACCESS_KEY_ID": AKID, "AWS_SECRET_ACCESS_KEY": SECRET}
 
-MODEL = {kind: f"{kind}/m" for kind in KINDS} | {"bedrock": "bedrock/amazon.nova-micro-v1:0"}
 CHAT_PATH = {
     "openai": "/openai/v1/chat/completions",
     "azure": "/azure/openai/deployments/m/chat/completions",
@@ -105,7 +60,8 @@ TOOLS: list[Any] = [
         },
     }
 ]
-MESSAGES: list[Any] = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"}]
+
+
 SCHEMA = {
     "type": "object",
     "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
@@ -126,15 +82,6 @@ def _case(kind: str, case: str) -> tuple[Callable[[], Want], str] | None:
     if kind in OPENAI_FAMILY:
         return OPENAI_CASES[case]
     return NATIVE_CASES[kind].get(case)
-
-
-def _handler(rel: str) -> Handler:
-    raw = fixture_bytes(rel)
-    if rel.endswith(".eventstream"):
-        return reply_eventstream(raw, 97)
-    if rel.endswith(".sse.txt"):
-        return reply_sse(sse_events(raw))
-    return reply(raw)
 
 
 def _request(case: str) -> dict[str, Any]:
@@ -218,7 +165,7 @@ def test_answer(api: httpx.Client, upstream: Upstream, kind: str, case: str) -> 
     found = _case(kind, case)
     assert found is not None
     want, rel = found
-    upstream.handler = _handler(rel)
+    upstream.handler = kind_handler(rel)
     resp = api.post("/v1/chat/completions", json={"model": MODEL[kind], **_request(case)})
     got = _read_stream(resp, MODEL[kind]) if case.endswith("_stream") else _read_plain(resp, MODEL[kind])
     _same(got, want())
@@ -270,240 +217,3 @@ def test_json_output_refused(api: httpx.Client, upstream: Upstream, kind: str) -
     assert (error["param"], error["code"]) == ("response_format", "unsupported_parameter")
     assert f"'{kind}'" in error["message"]
     assert upstream.received == []
-
-
-# --- upstream errors ---------------------------------------------------------------------------------
-
-
-def _openai_error(status: int, type_: str, code: str | None, message: str) -> bytes:
-    """OpenAI's envelope as recorded (openai/error_400_model_not_found.json), with another status's values."""
-    body: dict[str, Any] = fixture_json("openai/error_400_model_not_found.json")
-    body["error"].update(message=message, type=type_, code=code, param=None)
-    return json.dumps(body).encode()
-
-
-Error = tuple[int, bytes, bytes, dict[str, str]]  # status, chat route's body, completion route's body, headers
-
-
-def _same_body(status: int, body: bytes, headers: dict[str, str] | None = None) -> Error:
-    return (status, body, body, headers or {})
-
-
-def _errors(kind: str) -> list[Error]:
-    """Errors in the kind's own shape: recorded where a recording exists, else the shape its documentation
-    or source gives (SOURCES.md, "Chat matrix"). Ollama's OpenAI route (chat) and its native API
-    (completions) answer in different shapes."""
-    if kind == "anthropic":
-        return [
-            _same_body(400, fixture_bytes("anthropic/error_400_invalid_request.json")),
-            _same_body(429, b'{"type":"error","error":{"type":"rate_limit_error","message":"Rate limited"}}'),
-            _same_body(529, b'{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}'),
-        ]
-    if kind == "gemini":
-        return [
-            _same_body(400, b'{"error":{"code":400,"message":"Invalid value","status":"INVALID_ARGUMENT"}}'),
-            _same_body(
-                429, b'{"error":{"code":429,"message":"Resource has been exhausted","status":"RESOURCE_EXHAUSTED"}}'
-            ),
-            _same_body(500, b'{"error":{"code":500,"message":"An internal error has occurred","status":"INTERNAL"}}'),
-        ]
-    if kind == "cohere":
-        return [
-            _same_body(400, b'{"id":"e1","message":"invalid request: message must be at least 1 token long"}'),
-            _same_body(
-                429, b'{"id":"e2","message":"You are using a Trial key, which is limited to 20 API calls / minute."}'
-            ),
-            _same_body(500, b'{"id":"e3","message":"internal server error, this has been reported to our developers"}'),
-        ]
-    if kind == "bedrock":
-        return [
-            _same_body(400, fixture_bytes("bedrock/error_400_invalid_model.json")),
-            _same_body(
-                429,
-                fixture_bytes("bedrock/error_429_throttling.json"),
-                {"x-amzn-ErrorType": "ThrottlingException:http://internal.amazon.com/coral/com.amazon.bedrock/"},
-            ),
-            _same_body(500, b'{"message":"Internal server error"}', {"x-amzn-ErrorType": "InternalServerException"}),
-        ]
-    if kind == "mistral":
-        return [
-            _same_body(
-                400,
-                b'{"object":"error","message":"Invalid model: m","type":"invalid_model","param":null,"code":"1500"}',
-            ),
-            _same_body(
-                429,
-                b'{"object":"error","message":"Rate limit exceeded","type":"rate_limited","param":null,"code":"1300"}',
-                {"retry-after": "7"},
-            ),
-            _same_body(
-                500, b'{"object":"error","message":"Internal error","type":"internal_error","param":null,"code":null}'
-            ),
-        ]
-    if kind == "llamacpp":
-        return [
-            _same_body(400, b'{"error":{"code":400,"message":"\\"prompt\\" is empty","type":"invalid_request_error"}}'),
-            _same_body(503, b'{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}'),
-            _same_body(500, b'{"error":{"code":500,"message":"Failed to tokenize","type":"server_error"}}'),
-        ]
-    if kind == "tgi":
-        return [
-            _same_body(422, fixture_bytes("tgi/error_422_validation.json")),
-            _same_body(429, b'{"error":"Model is overloaded","error_type":"overloaded"}'),
-            _same_body(
-                424, b'{"error":"Request failed during generation: CUDA out of memory","error_type":"generation"}'
-            ),
-        ]
-    if kind == "ollama":
-        return [
-            (
-                404,
-                b'{"error":{"message":"model \\"m\\" not found, try pulling it first","type":"not_found_error",'
-                b'"param":null,"code":null}}',
-                b'{"error":"model \\"m\\" not found, try pulling it first"}',
-                {},
-            ),
-            (
-                400,
-                b'{"error":{"message":"invalid message format","type":"invalid_request_error",'
-                b'"param":null,"code":null}}',
-                b'{"error":"invalid message format"}',
-                {},
-            ),
-            (
-                500,
-                b'{"error":{"message":"llama runner process has terminated","type":"api_error",'
-                b'"param":null,"code":null}}',
-                b'{"error":"llama runner process has terminated"}',
-                {},
-            ),
-        ]
-    first = _same_body(400, fixture_bytes("openai/error_400_model_not_found.json"))
-    if kind == "vllm":
-        first = _same_body(404, fixture_bytes("vllm/error_404_model_not_found.json"))
-    return [
-        first,
-        _same_body(
-            429, _openai_error(429, "requests", "rate_limit_exceeded", "Rate limit reached"), {"retry-after": "7"}
-        ),
-        _same_body(500, _openai_error(500, "server_error", None, "The server had an error")),
-    ]
-
-
-ERROR_CELLS = [pytest.param(kind, i, id=f"{kind}-{i}") for kind in KINDS for i in range(3)]
-
-
-@pytest.mark.parametrize(("kind", "which"), ERROR_CELLS)
-@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
-def test_upstream_error_as_on_completions(
-    api: httpx.Client, gateway: GatewayThread, upstream: Upstream, kind: str, which: int, stream: bool
-) -> None:
-    status, chat_body, completion_body, headers = _errors(kind)[which]
-    extra = {"stream": True} if stream else {}
-    upstream.handler = reply(completion_body, status=status, headers=headers)
-    completion = api.post("/v1/completions", json={"model": MODEL[kind], "prompt": "Weather in Paris?", **extra})
-    upstream.handler = reply(chat_body, status=status, headers=headers)
-    gateway.pipeline.health.reset()  # the first failure must not cool the target down for the second call
-    chat = api.post("/v1/chat/completions", json={"model": MODEL[kind], "messages": MESSAGES, **extra})
-    assert chat.status_code == completion.status_code, (chat.text, completion.text)
-    assert chat.json() == completion.json()
-    assert chat.headers["content-type"].startswith("application/json")
-    assert chat.headers.get("retry-after") == completion.headers.get("retry-after")
-    if status in (400, 404, 422, 429):
-        assert chat.status_code == status
-    else:  # the upstream's own failure (TGI's 424 is a failed generation): a gateway error
-        assert chat.status_code >= 500
-    # The provider's own words reach the client, never its raw body.
-    message = chat.json()["error"]["message"]
-    assert message.startswith(f"{kind} error ({status}): ") and "{" not in message, message
-    assert len(upstream.received) == 2
-
-
-# --- finish reasons and usage details -----------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("kind", "rel", "extra", "content", "finish"),
-    [
-        # Azure's filtered answer carries no message at all.
-        ("azure", "azure/chat_finish_reason_content_filter.json", {}, None, "content_filter"),
-        ("mistral", "mistral/chat_with_ratelimit_headers.json", {}, "Here's a light-hearted", "stop"),
-        ("openai", "openai/chat_o3mini_stop_sequence.json", {"stop": ["Paris"]}, "The capital of France is ", "stop"),
-        ("anthropic", "anthropic/messages_stop_sequence.json", {"stop": ["Paris"]}, "The beautiful city of ", "stop"),
-        ("bedrock", "bedrock/converse_max_tokens.json", {"max_tokens": 5}, "The capital of France is", "length"),
-        ("cohere", "cohere/v2_chat_stop_sequence.json", {"stop": ["Paris"]}, "The capital of France is", "stop"),
-    ],
-    ids=[
-        "azure-content_filter",
-        "mistral-stop",
-        "openai-stop",
-        "anthropic-stop_sequence",
-        "bedrock-max_tokens",
-        "cohere-stop",
-    ],
-)
-def test_finish_reason(
-    api: httpx.Client, upstream: Upstream, kind: str, rel: str, extra: dict[str, Any], content: str | None, finish: str
-) -> None:
-    upstream.handler = _handler(rel)
-    resp = api.post("/v1/chat/completions", json={"model": MODEL[kind], "messages": MESSAGES, **extra})
-    assert resp.status_code == 200, resp.text
-    (choice,) = resp.json()["choices"]
-    assert choice["finish_reason"] == finish
-    if content is None:
-        assert choice["message"]["content"] is None
-    else:
-        assert choice["message"]["content"].startswith(content)
-
-
-def test_usage_details_reach_the_client(api: httpx.Client, upstream: Upstream) -> None:
-    """Reasoning tokens (OpenAI's o-series) and tokens read from the provider's prompt cache (Bedrock's
-    `cacheReadInputTokens`) keep their place in OpenAI's usage."""
-    recorded = fixture_json("openai/chat_o3mini_stop_sequence.json")["usage"]
-    upstream.handler = _handler("openai/chat_o3mini_stop_sequence.json")
-    usage = api.post("/v1/chat/completions", json={"model": MODEL["openai"], "messages": MESSAGES}).json()["usage"]
-    assert (
-        usage["completion_tokens_details"]["reasoning_tokens"]
-        == recorded["completion_tokens_details"]["reasoning_tokens"]
-    )
-    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (
-        recorded["prompt_tokens"],
-        recorded["completion_tokens"],
-    )
-
-    cached = fixture_json("bedrock/converse_cache_read.json")["usage"]
-    upstream.handler = _handler("bedrock/converse_cache_read.json")
-    usage = api.post("/v1/chat/completions", json={"model": MODEL["bedrock"], "messages": MESSAGES}).json()["usage"]
-    assert usage["prompt_tokens_details"]["cached_tokens"] == cached["cacheReadInputTokens"]
-
-
-def test_anthropic_error_event_mid_stream(api: httpx.Client, upstream: Upstream) -> None:
-    """Anthropic's `event: error` after the stream started (its documented `overloaded_error`): the text so
-    far, then the error event in OpenAI's envelope, then [DONE]."""
-    events = sse_events(fixture_bytes("anthropic/messages_stream.sse.txt"))[:4]  # through the first text delta
-    events.append(b'event: error\ndata: {"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}')
-    upstream.handler = reply_sse(events)
-    resp = api.post("/v1/chat/completions", json={"model": MODEL["anthropic"], "messages": MESSAGES, "stream": True})
-    assert resp.status_code == 200
-    data = sse_data(resp.text)
-    assert [json.loads(d)["choices"][0]["delta"].get("content") for d in data[:2]] == ["", "2"]
-    assert json.loads(data[2]) == {
-        "error": {
-            "message": "anthropic error (529): Overloaded",
-            "type": "upstream_error",
-            "param": None,
-            "code": "overloaded_error",
-        }
-    }
-    assert data[3:] == ["[DONE]"]
-
-
-def test_error_as_the_first_stream_event_is_the_streams_status(api: httpx.Client, upstream: Upstream) -> None:
-    """An OpenAI-compatible server that answers 200 and then only an error event (OpenAI's envelope): the
-    client gets the error's status, as before any byte was sent."""
-    upstream.handler = reply_sse(
-        [b'data: {"error":{"message":"The server had an error","type":"server_error","param":null,"code":null}}']
-    )
-    resp = api.post("/v1/chat/completions", json={"model": MODEL["vllm"], "messages": MESSAGES, "stream": True})
-    assert resp.status_code == 502
-    assert resp.json()["error"]["message"] == "upstream error (500): The server had an error"

@@ -17,7 +17,8 @@ from tests.helpers.clients import sse_data
 from tests.helpers.errors import assert_error
 from tests.helpers.recordings import fixture_bytes
 from tests.helpers.upstreams import Handler, Received, Upstream, reply
-from tests.providers.test_gemini import BLOCKED, CONTEXT_400, PER_DAY_429, RETRY_INFO_429
+from tests.providers.test_gemini_errors import CONTEXT_400, PER_DAY_429, RETRY_INFO_429
+from tests.providers.test_gemini_response import BLOCKED
 
 UPSTREAM_KEY = "gm-upstream-e2e"
 MODEL = "google/gemini-1.5-flash"

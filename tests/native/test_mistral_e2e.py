@@ -1,6 +1,6 @@
 """Mistral end to end: the gateway (uvicorn, real socket) in front of a loopback upstream replaying the real
 chat recordings (tests/fixtures/mistral with its recorded rate-limit headers, and the recorded stream quoted in
-tests/providers/test_mistral.py). Clients are the official `openai` SDK and raw httpx: they ask for a legacy
+tests/providers/test_mistral_response.py). Clients are the official `openai` SDK and raw httpx: they ask for a legacy
 completion and get exactly the recorded text, finish reason and usage; the upstream sees a chat (or, with
 `suffix`, a FIM) request with a Bearer key."""
 
@@ -15,7 +15,8 @@ from tests.helpers.clients import sse_data
 from tests.helpers.errors import assert_error
 from tests.helpers.recordings import fixture_bytes, fixture_headers, fixture_json
 from tests.helpers.upstreams import Received, Upstream, reply, reply_sse
-from tests.providers.test_mistral import RATE_LIMITED, STREAM_EVENTS, STREAM_TEXTS
+from tests.providers.test_mistral_errors import RATE_LIMITED
+from tests.providers.test_mistral_response import STREAM_EVENTS, STREAM_TEXTS
 
 UPSTREAM_KEY = "ms-upstream-e2e"
 MODEL = "mistral/mistral-tiny"

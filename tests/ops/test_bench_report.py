@@ -10,7 +10,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from bench.report import TEMPLATE, RunResult, render_markdown
+from bench.report import TEMPLATE, render_markdown
+from bench.report_run import RunResult
 from bench.scenarios import GRANIAN, HTTPX, LIMITS_TARGET, TWO_WORKERS, Measurement
 
 SETTINGS: dict[str, Any] = {

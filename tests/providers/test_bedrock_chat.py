@@ -2,7 +2,7 @@
 `toolConfig`, signed like a completion, and the recorded answers and streams (text, tool use, reasoning
 beside a tool call, structured output, `toolUse` input deltas) as chat shapes (tests/fixtures/SOURCES.md).
 Frames the recordings lack (arguments in several pieces, two tools, exception frames) are built with
-tests/helpers/eventstream.py, which test_bedrock.py proves byte-exact on a recorded frame."""
+tests/helpers/eventstream.py, which test_bedrock_eventstream.py proves byte-exact on a recorded frame."""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ ORDERED_AB = """
 """
 COOLDOWN = "cooldown: {base_ms: 1000, max_ms: 5000, min_requests: 1}\n"
 # These tests watch cooldowns as a request fails over; retrying the same target first (the default,
-# tests/resilience/test_same_target.py) would hide that, so they fail over at once.
+# tests/resilience/test_same_target_*.py) would hide that, so they fail over at once.
 AT_ONCE = ", same_target: 0"
 
 

@@ -11,25 +11,29 @@ recorded bodies in tests/fixtures with only the generated text replaced. `/healt
 request runs to show that the worker's event loop keeps answering.
 
 Both sets are module-scoped: every test module gets servers of its own. A module that defines a fixture
-of the same name (`gateway`, `api`, `client`, `up`) uses its own.
+of the same name (`gateway`, `api`, `client`, `up`) uses its own. The httpx transport tests
+(test_transport_httpx*.py) ask for `proxy` and `pki` (tests/security/httpx_rig.py).
 """
 
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import trustme
 from aiohttp import web
 
 from tests.helpers.recordings import fixture_bytes, fixture_json
 from tests.helpers.servers import GatewayThread, serve_config
 from tests.helpers.upstreams import Handler, Received, Recorder, Upstream
+from tests.security.httpx_rig import Pki, Proxy
 
 FULL_KEY = "gk-sec-input-full"
 LIMITED_KEY = "gk-sec-input-limited"
@@ -207,3 +211,23 @@ def rss_bytes() -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise AssertionError("no VmRSS in /proc/self/status")
+
+
+@pytest.fixture
+async def proxy() -> AsyncIterator[Proxy]:
+    p = Proxy()
+    await p.start()
+    try:
+        yield p
+    finally:
+        await p.stop()
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> Pki:
+    ca = trustme.CA()
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("localhost").configure_cert(server)
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    return Pki(ca, ca_file, server)

@@ -1,0 +1,66 @@
+"""The gateway's variants (workers, server, transport, limits, cache) under the same c=32 load."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from bench.report_format import Index, markdown_table, num, ratio, target_label, why_missing
+from bench.report_run import RunResult
+from bench.report_template import Template
+from bench.scenarios import CACHE_TARGET, GRANIAN, HTTPX, LIMITS_TARGET, TWO_WORKERS, Measurement
+
+
+def variants_section(t: Template, idx: Index, result: RunResult) -> str:
+    """The gateway's variants under the same c=32 load, against the 1-worker gateway and the passthrough."""
+    base = idx.get("nonstream_c32", "gateway")
+    passthrough = idx.get("nonstream_c32", "passthrough")
+    limits_base = idx.get("limits_c32", "gateway")
+    cache_base = idx.get("cached_c32", "gateway")
+    rows: list[list[str]] = []
+    for scenario, target in (
+        ("nonstream_c32", "gateway"),
+        ("nonstream_c32", TWO_WORKERS),
+        ("nonstream_c32", GRANIAN),
+        ("nonstream_c32", HTTPX),
+        ("limits_c32", LIMITS_TARGET),
+        ("cached_c32", CACHE_TARGET),
+    ):
+        if idx.raw(scenario, target) is None:
+            continue
+        m = idx.get(scenario, target)
+        if m is None:
+            rows.append([f"`{target_label(target, result)}`", why_missing(idx, scenario, target), *["-"] * 5])
+            continue
+        # gateway+limits is compared with the plain gateway of its own scenario, measured right before it.
+        versus = limits_base if target == LIMITS_TARGET else cache_base if target == CACHE_TARGET else base
+        rows.append(
+            [
+                f"`{target_label(target, result)}`",
+                num(m.rps, 0),
+                ratio(m.rps, versus.rps if versus else None),
+                ratio(m.rps, passthrough.rps if passthrough else None),
+                num(m.p99_ms, 3),
+                num(m.cpu_s_per_1k, 3),
+                m.placement or "-",
+            ]
+        )
+    table = markdown_table(
+        ["target", "req/s", "vs 1-worker gateway", "vs passthrough", "p99 ms", "CPU s/1k", "placement"], rows
+    )
+    granian: list[str] = []
+    if idx.raw("nonstream_c1", GRANIAN) is not None:
+        slow = f"{result.settings['latency_ms']:g} ms upstream at {result.settings['rate']:g} req/s"
+        picks: list[tuple[str, str, Callable[[Measurement], float | None]]] = [
+            ("c=1 p50 ms", "nonstream_c1", lambda m: m.p50_ms),
+            ("c=1 p99 ms", "nonstream_c1", lambda m: m.p99_ms),
+            (f"{slow}: p50 ms", "slow_fixed_rate", lambda m: m.p50_ms),
+            (f"{slow}: p99 ms", "slow_fixed_rate", lambda m: m.p99_ms),
+        ]
+        granian = markdown_table(
+            ["same load", "gateway on uvicorn", "gateway on granian"],
+            (
+                [title, *(num(idx.value(scenario, target, pick), 3) for target in ("gateway", GRANIAN))]
+                for title, scenario, pick in picks
+            ),
+        )
+    return t.section("variants", table="\n".join(table), granian_table="\n".join(granian))

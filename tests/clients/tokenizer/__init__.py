@@ -1,0 +1,1 @@
+"""vLLM-style tokenizer routes and the model-scoped base path, over real sockets."""

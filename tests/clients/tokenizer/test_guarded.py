@@ -1,0 +1,88 @@
+"""The tokenizer routes' auth, limits and hostile paths."""
+
+from __future__ import annotations
+
+import http.client
+
+import httpx
+import pytest
+
+from tests.clients.tokenizer.upstreams import AUTH, BASE, MODEL, NARROW_KEY, SLOW_KEY, error_envelope
+from tests.helpers.servers import GatewayThread
+from tests.helpers.upstreams import Upstream
+
+# -- auth, limits, hostile paths --------------------------------------------------------------------------------
+
+
+def test_tokenizer_routes_need_a_key_and_respect_its_globs(gateway: GatewayThread, upstream: Upstream) -> None:
+    with httpx.Client(base_url=gateway.url, trust_env=False, timeout=15) as bare:
+        for path in ("/tokenize", f"{BASE}/tokenize"):
+            error_envelope(bare.post(path, json={"prompt": "x"}), 401, "missing_api_key", param=None)
+        narrow = {"authorization": f"Bearer {NARROW_KEY}"}
+        message = error_envelope(
+            bare.post(f"{BASE}/tokenize", json={"prompt": "x"}, headers=narrow), 403, "model_not_allowed"
+        )
+        assert MODEL in message
+        error_envelope(
+            bare.get("/tokenizer_info", headers=narrow), 403, "model_not_allowed"
+        )  # the default is not allowed either
+        ok = bare.post("/m/ll/tiny/detokenize", json={"tokens": [104]}, headers=narrow)
+        assert ok.status_code == 200, ok.text
+    assert [r.path for r in upstream.received] == ["/ll/detokenize"]
+
+
+def test_tokenizer_requests_count_against_the_request_rate(gateway: GatewayThread, upstream: Upstream) -> None:
+    with httpx.Client(base_url=gateway.url, trust_env=False, timeout=15) as bare:
+        slow = {"authorization": f"Bearer {SLOW_KEY}"}
+        first = bare.post(f"{BASE}/tokenize", json={"prompt": "x"}, headers=slow)
+        assert first.status_code == 200, first.text
+        assert first.headers["x-ratelimit-limit-requests"] == "1"
+        second = bare.post(f"{BASE}/detokenize", json={"tokens": [1]}, headers=slow)
+        error_envelope(second, 429, "rate_limit_exceeded", param=None)
+        assert int(second.headers["retry-after"]) > 0
+    assert len(upstream.received) == 1
+
+
+@pytest.mark.parametrize(
+    "raw_path",
+    [
+        pytest.param("/m/vl/../oa/x/tokenize", id="dot-dot"),
+        pytest.param("/m/vl/%2E%2E/oa/x/tokenize", id="encoded-dot-dot"),
+        pytest.param("/m/vl%2F..%2Foa/tokenize", id="encoded-slash-dot-dot"),
+        pytest.param("/m/vl/a%00b/tokenize", id="nul"),
+        pytest.param("/m/vl/a%0D%0Ax-injected:%201/tokenize", id="crlf"),
+        pytest.param("/m/vl/a%3Fb/tokenize", id="question-mark"),
+        pytest.param("/m//tokenize", id="empty"),
+        pytest.param("/m/vl/a%5Cb/v1/completions", id="backslash-completions"),
+    ],
+)
+def test_a_hostile_model_in_the_path_is_a_400(gateway: GatewayThread, upstream: Upstream, raw_path: str) -> None:
+    # http.client sends the path as written: no client-side dot-segment removal or re-encoding.
+    conn = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=15)
+    try:
+        conn.request("POST", raw_path, body=b'{"prompt": "x"}', headers={**AUTH, "content-type": "application/json"})
+        resp = conn.getresponse()
+        status, body = resp.status, resp.read()
+    finally:
+        conn.close()
+    assert status == 400, body
+    err = httpx.Response(400, content=body).json()["error"]
+    assert err["param"] == "model" and err["type"] == "invalid_request_error"
+    assert upstream.received == []
+
+
+def test_unknown_path_under_the_prefix_is_a_404_envelope(api: httpx.Client) -> None:
+    error_envelope(api.post(f"{BASE}/v1/embeddings", json={}), 404, "not_found", param=None)
+
+
+def test_wrong_method_is_a_405(api: httpx.Client) -> None:
+    assert api.get(f"{BASE}/tokenize").status_code == 405
+    assert api.post("/tokenizer_info").status_code == 405
+
+
+def test_bad_bodies_are_400s_naming_the_field(api: httpx.Client, upstream: Upstream) -> None:
+    error_envelope(api.post(f"{BASE}/tokenize", json={"prompt": 5}), 400, "invalid_value", param="prompt")
+    error_envelope(api.post(f"{BASE}/detokenize", json={"tokens": [-1]}), 400, "invalid_value", param="tokens")
+    error_envelope(api.post(f"{BASE}/tokenize", json={"prompt": "x", "max": 1}), 400, "unknown_parameter", param="max")
+    error_envelope(api.post(f"{BASE}/tokenize", json={"prompt": "x", "model": "vl/other"}), 400, "model_mismatch")
+    assert upstream.received == []

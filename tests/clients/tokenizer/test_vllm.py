@@ -1,0 +1,125 @@
+"""vLLM's tokenizer routes in the client's own dialect, through the gateway to a loopback vLLM."""
+
+from __future__ import annotations
+
+import httpx
+
+from tests.clients.tokenizer.upstreams import BASE, BOS, FULL_KEY, MODEL, SERVED, VLLM_KEY, error_envelope
+from tests.helpers.servers import GatewayThread
+from tests.helpers.upstreams import Upstream
+
+# -- vLLM: the client's own dialect -------------------------------------------------------------------------
+
+
+def test_tokenize_reaches_vllm_at_its_root_with_its_own_model_name(api: httpx.Client, upstream: Upstream) -> None:
+    resp = api.post(f"{BASE}/tokenize", json={"prompt": "Hi", "add_special_tokens": False, "return_token_strs": True})
+    assert resp.status_code == 200, resp.text
+    assert resp.json() == {"count": 2, "max_model_len": 2048, "tokens": [72, 105], "token_strs": ["H", "i"]}
+    assert resp.headers["x-gateway-provider"] == "vl"
+    assert resp.headers["x-gateway-model"] == MODEL
+    sent = upstream.only()
+    assert (sent.method, sent.path) == ("POST", "/vl/tokenize")  # base_url .../vl/v1 minus its /v1
+    assert sent.json() == {"model": SERVED, "prompt": "Hi", "add_special_tokens": False, "return_token_strs": True}
+    # The client's key is the gateway's business; vl has no upstream key, so nothing is sent.
+    assert "authorization" not in sent.headers
+
+
+def test_tokenize_defaults_and_token_strs_null_as_vllm_answers(api: httpx.Client, upstream: Upstream) -> None:
+    resp = api.post(f"{BASE}/tokenize", json={"prompt": "a"})
+    assert resp.status_code == 200, resp.text
+    assert resp.json() == {"count": 2, "max_model_len": 2048, "tokens": [BOS, 97], "token_strs": None}
+    assert upstream.only().json() == {"model": SERVED, "prompt": "a", "add_special_tokens": True}
+
+
+def test_detokenize_and_tokenizer_info_under_the_model_path(api: httpx.Client, upstream: Upstream) -> None:
+    resp = api.post(f"{BASE}/detokenize", json={"tokens": [BOS, 72, 105]})
+    assert resp.status_code == 200, resp.text
+    assert resp.json() == {"prompt": "Hi"}
+    assert upstream.received[0].json() == {"model": SERVED, "tokens": [BOS, 72, 105]}
+    info = api.get(f"{BASE}/tokenizer_info")
+    assert info.status_code == 200, info.text
+    assert info.json()["eos_token"] == "</s>"
+    assert [(r.method, r.path) for r in upstream.received] == [
+        ("POST", "/vl/detokenize"),
+        ("GET", "/vl/tokenizer_info"),
+    ]
+
+
+def test_bare_routes_take_the_body_model_then_the_configured_default(api: httpx.Client, upstream: Upstream) -> None:
+    named = api.post("/tokenize", json={"model": MODEL, "prompt": "x"})
+    assert named.status_code == 200, named.text
+    # No model at all (lm-eval's remote tokenizer sends none): tokenizer.default_model, an alias of vl.
+    default = api.post("/tokenize", json={"prompt": "x", "add_special_tokens": False})
+    assert default.status_code == 200, default.text
+    assert default.json()["tokens"] == [120]
+    assert api.post("/detokenize", json={"tokens": [120]}).json() == {"prompt": "x"}
+    assert api.get("/tokenizer_info").status_code == 200
+    assert [r.path for r in upstream.received] == ["/vl/tokenize"] * 2 + ["/vl/detokenize", "/vl/tokenizer_info"]
+    assert all(r.json()["model"] == SERVED for r in upstream.received if r.method == "POST")
+
+
+def test_an_alias_in_the_path_tokenizes_with_its_first_target(api: httpx.Client, upstream: Upstream) -> None:
+    resp = api.post("/m/evalmodel/tokenize", json={"prompt": "x", "add_special_tokens": False})
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["x-gateway-model"] == MODEL
+    assert upstream.only().json()["model"] == SERVED
+
+
+def test_a_provider_whose_key_variable_is_unset_fails_fast(api: httpx.Client, upstream: Upstream) -> None:
+    message = error_envelope(api.post("/m/vlgone/m/tokenize", json={"prompt": "x"}), 400, "provider_unavailable")
+    assert "T_UNSET_VLLM_KEY" in message
+    assert upstream.received == []
+
+
+def test_lm_eval_remote_tokenizer_sequence(gateway: GatewayThread, upstream: Upstream) -> None:
+    """What lm-eval's `check_remote_tokenizer_support` and `RemoteTokenizer` send (lm_eval/utils.py), from a
+    `base_url` with `/v1/completions` cut off, with `auth_token` as a Bearer header and no model."""
+    base_url = f"{gateway.url}{BASE}/v1/completions"
+    server_base = base_url.replace("/v1/completions", "").rstrip("/")
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {FULL_KEY}"}
+    with httpx.Client(trust_env=False, timeout=15, headers=headers) as client:
+        info = client.get(f"{server_base}/tokenizer_info")
+        assert info.status_code == 200 and "eos_token" in info.json(), info.text
+        tokens = client.post(f"{server_base}/tokenize", json={"prompt": "test", "add_special_tokens": False})
+        assert tokens.status_code == 200 and isinstance(tokens.json()["tokens"], list), tokens.text
+        eos = client.post(
+            f"{server_base}/tokenize", json={"prompt": info.json()["eos_token"], "add_special_tokens": False}
+        )
+        assert eos.json()["tokens"][0] == ord("<")
+        text = client.post(f"{server_base}/detokenize", json={"tokens": tokens.json()["tokens"]})
+        assert text.json() == {"prompt": "test"}
+
+
+def test_vllm_without_tokenizer_info_is_a_404_that_says_how_to_enable_it(api: httpx.Client) -> None:
+    message = error_envelope(api.get("/m/vlold/m1/tokenizer_info"), 404, "tokenizer_not_available")
+    assert "'vlold'" in message and "--enable-tokenizer-info-endpoint" in message
+
+
+def test_an_unknown_upstream_model_is_a_client_error_not_a_gateway_failure(api: httpx.Client) -> None:
+    resp = api.post("/m/vl/not-served/tokenize", json={"prompt": "x"})
+    assert resp.status_code in (400, 404), resp.text
+    assert "does not exist" in resp.json()["error"]["message"]
+
+
+def test_tokenizer_url_overrides_the_derived_root(api: httpx.Client, upstream: Upstream) -> None:
+    resp = api.post(f"/m/moved/{SERVED}/tokenize", json={"prompt": "x"})
+    assert resp.status_code == 200, resp.text
+    assert upstream.only().path == "/elsewhere/tokenize"
+
+
+def test_the_upstream_gets_the_providers_key_and_headers_never_the_clients(
+    api: httpx.Client, upstream: Upstream
+) -> None:
+    resp = api.post(f"/m/vlkey/{SERVED}/tokenize", json={"prompt": "x"}, headers={"x-tenant": "client-says"})
+    assert resp.status_code == 200, resp.text
+    sent = upstream.only().headers
+    assert sent["authorization"] == f"Bearer {VLLM_KEY}"
+    assert sent["x-tenant"] == "eval"
+    assert FULL_KEY not in str(sent)
+
+
+def test_upstream_error_text_is_scrubbed(api: httpx.Client, upstream: Upstream) -> None:
+    resp = api.post(f"/m/vlkey/{SERVED}/tokenize", json={"prompt": "leak"})
+    assert resp.status_code == 400, resp.text
+    assert VLLM_KEY not in resp.text
+    assert "[redacted]" in resp.json()["error"]["message"]
