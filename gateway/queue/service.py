@@ -72,11 +72,7 @@ class Ask:
                 self.tried = {key}
             else:
                 self.tried.add(key)
-        queues = self.queues
-        try:
-            gate = queues.routes[key]
-        except KeyError:
-            gate = queues.gate(route)
+        gate = self.queues.gate(route)
         if gate is None:
             return None, timeouts
         # Charged at its grant: its prompt and the answer its tenant's recent requests here had (within its
@@ -96,8 +92,7 @@ class Ask:
             # A free slot of this process, or (with Redis) a spare one of a block it holds: nothing to await.
             if gate.limiter is None:
                 gate.in_use += 1
-                gate.order.grant(self.tenant, cost, self.weight)
-                return Slot(gate, "", None, self.tenant, self.weight, cost, self.prompt, 0.0), timeouts
+                return gate.grant(self.tenant, self.weight, cost, self.prompt), timeouts
             if gate.spare and limit == gate.cap:
                 return gate.from_block(self.tenant, self.weight, cost, self.prompt), timeouts
         return await self.queues.wait(self, cost, gate, route, timeouts, plan)
@@ -137,7 +132,7 @@ class Queues:
                         self.gates[(name, dc.base_url)] = Gate(
                             f"{name}/{d}", p.max_concurrency, limiter, metrics, share
                         )
-        self.routes: dict[str, Gate | None] = {}  # route key -> its gate (None: its server has no cap)
+        self._routes: dict[str, Gate | None] = {}  # route key -> its gate (None: its server has no cap)
         self.fair_by_team = self.config.fair_by == "team"
         teams = cfg.teams
         self.tenants: dict[str, _Tenant] = {}
@@ -183,12 +178,12 @@ class Queues:
             _lift(gate)
 
     def gate(self, route: Route) -> Gate | None:
-        found = self.routes.get(route.key, self)
+        found = self._routes.get(route.key, self)
         if found is self:
             found = self.gates.get((route.provider, route.endpoint.base_url))
-            if len(self.routes) >= _ROUTES_LIMIT:
-                self.routes.clear()  # direct model strings are the client's: keep them from growing this
-            self.routes[route.key] = found
+            if len(self._routes) >= _ROUTES_LIMIT:
+                self._routes.clear()  # direct model strings are the client's: keep them from growing this
+            self._routes[route.key] = found
         return found  # type: ignore[return-value]
 
     def ask(self, key: ClientKey | None, headers: Mapping[str, str], req: CompletionRequest) -> Ask:
