@@ -5,6 +5,12 @@ fails over the line as it does a request to `/v1/completions`; what the endpoint
 (usage, metrics, the access log, the ledger's row, the trace) is done here the same way, with the batch's
 id on the record. Lines ask for `low` priority (the `x-gateway-priority` header): where a server's queue
 orders waiting requests by priority, interactive traffic goes first.
+
+A line the gateway had no room for (put back to be sent again: `LATER_CODES`) was not answered and is not a
+request of the key's: it books no ledger row and no request metrics (the runner counts it in
+`gateway_batch_lines_requeued_total`), so the ledger holds one row per line the request path answered, and
+reports count a nightly batch's lines once however often they waited. Its access-log entry and span stay,
+with status 429 and the batch's id: what the gateway did, for whoever looks into a slow batch.
 """
 
 from __future__ import annotations
@@ -68,6 +74,7 @@ async def send(
     rec = Record(request_id=line_id, dialect=OPENAI.name, batch_id=batch_id)
     headers = {**PRIORITY, "x-request-id": line_id}
     t0 = time.perf_counter()
+    later = False
     pipeline.enter()
     tracer = pipeline.tracing
     span = tracer.begin(headers, OPENAI.name, ENDPOINT, link=False) if tracer is not None else None
@@ -87,6 +94,7 @@ async def send(
             if exc.target is not None and not rec.provider:
                 rec.provider, rec.target, rec.failed = exc.provider or "", exc.target, True
             if status == 429 and exc.code in LATER_CODES:
+                later = True
                 return Sent(LATER, b"", code=exc.code, retry_after=exc.retry_after)
             stop = f"{exc.message}" if exc.code == BUDGET_CODE else None
             return Sent(ERR, answered(line_id, custom_id, status, line_id, error_body), stop)
@@ -100,14 +108,14 @@ async def send(
             return Sent(ERR, answered(line_id, custom_id, status, line_id, error_body))
         return Sent(OK, answered(line_id, custom_id, 200, line_id, result.body))
     finally:
-        pipeline.usage.book(rec)
+        pipeline.usage.book(rec)  # settles a budget's hold; a line no target served books no usage
         pipeline.exit()
         elapsed = time.perf_counter() - t0
-        if metrics is not None:
+        if metrics is not None and not later:
             metrics.observe(rec, elapsed)
         if pipeline.log_requests:
             accesslog.write(rec, elapsed)
-        if pipeline.ledger is not None:
+        if pipeline.ledger is not None and not later:
             pipeline.ledger.append(rec, elapsed)
         if span is not None:
             span.end(rec)

@@ -1,5 +1,6 @@
 """A line the gateway has no room for (its wait in a server's queue ran out: 429 `queue_timeout`) is not an
-error line: it is put back and sent again after a backoff, for as long as the batch's window lasts."""
+error line: it is put back and sent again after a backoff, for as long as the batch's window lasts. A line put
+back is not a request the gateway answered: no ledger row, no request metrics; its access-log entry stays."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.helpers.accesslog import listening
 from tests.helpers.engine import Engine
 from tests.helpers.servers import GatewayThread
 from tests.queue.conftest import until
@@ -61,7 +63,8 @@ def _requeued(text: str) -> float:
 
 async def test_a_line_whose_queue_wait_ran_out_is_sent_again_later(tmp_path: Path, engine: Engine) -> None:
     lines = [line(f"q-{i}", model="engine/m", prompt=f"batch item {i}") for i in range(LINES)]
-    with _served(tmp_path, engine) as gw:
+    with listening() as log, _served(tmp_path, engine) as gw:
+        gw.pipeline.log_requests = True  # the suite's config turns the access log off; this test reads it
         client = sdk(gw.url, EVAL_KEY)
         async with httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
             held = await _hold_the_slot(http, engine)
@@ -89,14 +92,16 @@ async def test_a_line_whose_queue_wait_ran_out_is_sent_again_later(tmp_path: Pat
     assert engine.order.count("batch") == LINES
     assert _requeued(text) >= 4
     assert 'gateway_batch_lines_total{status="failed"}' not in text
-    # Each attempt is a row of the ledger naming the batch: the refusals too, as an interactive one would be.
+    # A line put back was not answered: the ledger holds one row per line, its reports count each line once,
+    # and no request of the key's was counted as refused. The access log shows every refusal, with the batch.
     with sqlite3.connect(tmp_path / "ledger.db") as conn:
-        rows = dict(
-            conn.execute(
-                "SELECT status, count(*) FROM requests WHERE batch_id = ? GROUP BY status", (batch_id,)
-            ).fetchall()
-        )
-    assert rows[200] == LINES and rows[429] >= 4
+        rows = conn.execute("SELECT status, count(*) FROM requests WHERE batch_id = ? GROUP BY status", (batch_id,))
+        assert rows.fetchall() == [(200, LINES)]
+        daily = conn.execute("SELECT sum(requests), sum(errors) FROM daily WHERE key_name = 'eval'").fetchone()
+    assert daily == (LINES + 1, 0)  # the lines and the interactive request that held the slot
+    assert not [x for x in text.splitlines() if x.startswith("gateway_requests_total") and 'status="429"' in x]
+    refusals = [e for e in log.lines if e.get("batch_id") == batch_id and e["status"] == 429]
+    assert len(refusals) >= 4 and {e["error"] for e in refusals} == {"queue_timeout"}
 
 
 async def test_lines_put_back_until_the_window_ends_are_expired(tmp_path: Path, engine: Engine) -> None:
