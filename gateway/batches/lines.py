@@ -2,8 +2,10 @@
 
 What fails the whole batch (as OpenAI does): a line that is not a JSON object of `custom_id`, `method`,
 `url` and `body`; a `custom_id` missing or used twice; a `url` other than the batch's endpoint; more lines
-than `batches.max_lines`. What only fails its own line (the error file): anything the request path refuses
-when the line runs (a bad field, an unknown model) and a line asking to stream, which a batch cannot.
+than `batches.max_lines` or bytes than `batches.max_file_bytes` (each naming the first line over: a file
+stored before a reload lowered the cap). What only fails its own line (the error file): anything the
+request path refuses when the line runs (a bad field, an unknown model) and a line asking to stream, which
+a batch cannot.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ class Line(msgspec.Struct, frozen=True):
     refusal: str | None = None
 
 
-def parse(data: bytes, endpoint: str, max_lines: int) -> tuple[list[Line], list[BatchError]]:
+def parse(data: bytes, endpoint: str, max_lines: int, max_bytes: int) -> tuple[list[Line], list[BatchError]]:
     """The file's lines, or the errors that fail the batch (at most MAX_ERRORS, 1-based line numbers)."""
     lines: list[Line] = []
     errors: list[BatchError] = []
@@ -51,13 +53,18 @@ def parse(data: bytes, endpoint: str, max_lines: int) -> tuple[list[Line], list[
         if len(errors) < MAX_ERRORS:
             errors.append(BatchError(code, message, param, number))
 
+    if len(data) > max_bytes:  # stored under a larger `batches.max_file_bytes` (a reload lowered it since)
+        over = data.count(b"\n", 0, max_bytes) + 1  # the line holding the first byte over
+        message = f"The input file has {len(data)} bytes; at most {max_bytes} (batches.max_file_bytes)"
+        return [], [BatchError("file_too_large", message, None, over)]
     rows = data.split(b"\n")
     if rows and not rows[-1].strip():
         rows.pop()  # the newline that ends the last line
     if not rows:
         fail("empty_file", "The input file has no lines", None)
     if len(rows) > max_lines:
-        fail("too_many_lines", f"The input file has {len(rows)} lines; at most {max_lines} (batches.max_lines)", None)
+        message = f"The input file has {len(rows)} lines; at most {max_lines} (batches.max_lines)"
+        fail("too_many_lines", message, max_lines + 1)  # the first line over
         return [], errors
     for number, raw in enumerate(rows, 1):
         if not raw.strip():

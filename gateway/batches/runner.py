@@ -26,6 +26,7 @@ from typing import Final
 from prometheus_client import Counter, Gauge
 
 from gateway.batches import store
+from gateway.batches.lines import parse
 from gateway.batches.objects import ACTIVE, ERR, LATER, OK, TERMINAL, answered, unanswered
 from gateway.batches.send import Sent, send
 from gateway.config import BatchesConfig
@@ -190,7 +191,13 @@ class Drive:
         try:
             status, _, _, _, owner, _ = await r.store.run(store.state, self.id, r.me, r.lease_s)
             if status == "validating":
-                await r.store.run(store.validate, self.id, r.me, r.lease_s, r.cfg.max_lines)
+                found = await r.store.run(store.to_validate, self.id, r.me, r.lease_s)
+                if found is not None:
+                    cfg = r.cfg
+                    lines, errors = await asyncio.to_thread(
+                        parse, found[1], found[0], cfg.max_lines, cfg.max_file_bytes
+                    )
+                    await r.store.run(store.validated, self.id, r.me, r.lease_s, lines, errors)
             await self._lines(owner)
         except asyncio.CancelledError:
             # SIGTERM: answers that came already are booked, so only the lines still in flight are sent again.

@@ -19,8 +19,8 @@ from typing import Any, Final, TypeVar
 
 import msgspec
 
-from gateway.batches.lines import parse
-from gateway.batches.objects import ACTIVE, ERR, OK, SENT, TERMINAL, TODO, answered
+from gateway.batches.lines import Line
+from gateway.batches.objects import ACTIVE, ERR, OK, SENT, TERMINAL, TODO, BatchError, answered
 from gateway.ids import unique_suffix
 from gateway.ledger.engine import Cursor, Database
 
@@ -288,13 +288,19 @@ def state(cur: Cursor, batch_id: str, me: str, lease_s: float) -> tuple[Any, ...
     return _held(cur, batch_id, me, lease_s)
 
 
-def validate(cur: Cursor, batch_id: str, me: str, lease_s: float, max_lines: int) -> None:
-    """Read the input file, check it (on this thread, never the event loop's: a file may hold 50,000 lines)
-    and store its lines, or the errors that fail the batch; nothing when it was cancelled meanwhile."""
+def to_validate(cur: Cursor, batch_id: str, me: str, lease_s: float) -> tuple[str, bytes] | None:
+    """The batch's endpoint and input file's bytes, to check outside any transaction (a file may hold 100 MiB
+    and 50,000 lines: no lock is held while it is parsed); None when it was cancelled meanwhile."""
     status, _, input_file, endpoint = _held(cur, batch_id, me, lease_s)[:4]
     if status != "validating":
-        return  # cancelling: the runner ends it without lines
-    lines, errors = parse(input_data(cur, input_file), endpoint, max_lines)
+        return None  # cancelling: the runner ends it without lines
+    return str(endpoint), input_data(cur, input_file)
+
+
+def validated(cur: Cursor, batch_id: str, me: str, lease_s: float, lines: list[Line], errors: list[BatchError]) -> None:
+    """Store the batch's lines, or the errors that fail it; nothing when it was cancelled meanwhile."""
+    if _held(cur, batch_id, me, lease_s)[0] != "validating":
+        return
     now = time.time()
     if errors:
         cur.execute(

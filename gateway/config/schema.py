@@ -203,9 +203,10 @@ class BatchesConfig(Strict, frozen=True):
 
     # Lines one gateway process has in flight at once, over every batch it runs.
     concurrency: Annotated[int, Meta(ge=1, le=10_000)] = 32
-    # Lines one input file may hold; a batch over a longer file fails at validation, naming the limit.
+    # Lines one input file may hold; a batch over a longer file fails at validation, naming the first line over.
     max_lines: Annotated[int, Meta(ge=1, le=1_000_000)] = 50_000
-    # Bytes one uploaded file may hold (the upload is refused with 413 beyond it).
+    # Bytes one uploaded file may hold (the upload is refused with 413 beyond it; a batch of a file stored
+    # before a reload lowered it fails at validation, naming the first line over).
     max_file_bytes: Annotated[int, Meta(ge=1024, le=1024 * 1024 * 1024)] = 100 * 1024 * 1024
     # Files one key may keep at once (uploads and batch results); one more is refused with 409.
     max_files: Annotated[int, Meta(ge=1, le=100_000)] = 1_000

@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import openai
+import pytest
 
 from tests.helpers.accesslog import listening
 from tests.helpers.servers import GatewayProcess, GatewayThread, cli_env
@@ -80,7 +81,9 @@ def _errors(batch: object) -> list[tuple[str, int | None]]:
     return [(e.code, e.line) for e in errors.data]
 
 
-def test_bad_files_fail_the_batch_naming_the_line(tmp_path: Path) -> None:
+def test_bad_files_fail_the_batch_naming_the_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in ENV.items():  # a reload reads the process's environment
+        monkeypatch.setenv(name, value)
     path = tmp_path / "config.yaml"
     path.write_text(config(f"sqlite:///{tmp_path / 'ledger.db'}", extra=", max_lines: 5, max_file_bytes: 4096"))
     good = jsonl([line("a"), line("b")])
@@ -92,7 +95,7 @@ def test_bad_files_fail_the_batch_naming_the_line(tmp_path: Path) -> None:
         ),
         "duplicate": (jsonl([line("a"), line("b"), line("a")]), [("duplicate_custom_id", 3)]),
         "other endpoint": (jsonl([line("a"), {**line("b"), "url": "/v1/chat/completions"}]), [("invalid_url", 2)]),
-        "too many": (jsonl([line(f"x{i}") for i in range(6)]), [("too_many_lines", None)]),
+        "too many": (jsonl([line(f"x{i}") for i in range(6)]), [("too_many_lines", 6)]),
     }
     with GatewayThread(path, ENV) as gw:
         client = sdk(gw.url, EVAL_KEY)
@@ -125,6 +128,13 @@ def test_bad_files_fail_the_batch_naming_the_line(tmp_path: Path) -> None:
                 raise AssertionError(f"accepted {bad}")
             except openai.BadRequestError as exc:
                 assert exc.status_code == 400 and exc.param == param
+        # A file stored under a larger cap, then a reload lowers it: the batch fails naming the first line over.
+        stored = upload(client, jsonl([line(f"z{i}", prompt="p" * 300) for i in range(5)]))  # 5 lines of 422 bytes
+        path.write_text(config(f"sqlite:///{tmp_path / 'ledger.db'}", extra=", max_lines: 5, max_file_bytes: 1024"))
+        wait_until(lambda: gw.pipeline.loaded.config.batches.max_file_bytes == 1024, timeout=10)
+        made = client.batches.create(input_file_id=stored, endpoint="/v1/completions", completion_window="24h")
+        batch = wait_batch(client, made.id)
+        assert batch.status == "failed" and _errors(batch) == [("file_too_large", 3)]
 
 
 def test_refused_lines_go_to_the_error_file(tmp_path: Path) -> None:
