@@ -23,7 +23,7 @@ __all__ = ["ANONYMOUS", "Batches"]
 class Batches:
     def __init__(self, loaded: LoadedConfig, current: Callable[[], Pipeline], metrics: Metrics | None) -> None:
         # The database is the ledger's, set up at start as the ledger is; `batches.*` follow config reloads.
-        self.store = Store(loaded.config.ledger.url, loaded.config.ledger.timeout_ms)
+        self.store = Store(loaded.config.ledger.url, loaded.config.ledger.timeout_ms, lambda: self.cfg.lease_ms)
         self.runner = Runner(self.store, current, metrics)
 
     @property

@@ -47,8 +47,13 @@ class TooManyFiles(Exception):
 class Store:
     """The Batch API's connection and thread."""
 
-    def __init__(self, url: str, timeout_ms: int) -> None:
+    def __init__(self, url: str, timeout_ms: int, lease_ms: Callable[[], int] | None = None) -> None:
         self.db = Database(url, timeout_ms)
+        # PostgreSQL: a session of this store idle inside a transaction this long (`batches.lease_ms`, as a
+        # reload sets it) is ended by the server. A process stalled mid-transaction (stopped, swapped out, a
+        # VM paused) would otherwise keep the row locks of its batch, and no replica could take it over when
+        # its lease runs out; no transaction of this store waits on its client that long while alive.
+        self.lease_ms = lease_ms
         # How long a view that must answer anyway (the status page) waits: the database's own bound, which a
         # server that stopped answering altogether (no statement timeout fires) never reaches, and a margin.
         self.wait_s = timeout_ms / 1000 + 1.0
@@ -57,7 +62,14 @@ class Store:
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(cur, *args)` in one transaction on the store's thread."""
         loop = asyncio.get_running_loop()
-        out: T = await loop.run_in_executor(self._pool, self.db.transaction, lambda cur: fn(cur, *args))
+        idle_ms = self.lease_ms() if self.lease_ms is not None and self.db.postgres else 0
+
+        def body(cur: Cursor) -> T:
+            if idle_ms:
+                cur.execute(f"SET LOCAL idle_in_transaction_session_timeout = {int(idle_ms)}")
+            return fn(cur, *args)
+
+        out: T = await loop.run_in_executor(self._pool, self.db.transaction, body)
         return out
 
     async def close(self) -> None:

@@ -120,7 +120,9 @@ class Database:
         if self.postgres:
             import psycopg
 
-            return (psycopg.OperationalError, psycopg.InterfaceError)
+            # The server ending a session idle too long in a transaction (a process stalled mid-transaction:
+            # gateway/batches/store.py sets the bound) is an outage of this connection, as a broken one is.
+            return (psycopg.OperationalError, psycopg.InterfaceError, psycopg.errors.IdleInTransactionSessionTimeout)
         return (sqlite3.OperationalError,)
 
     def transaction(self, body: Callable[[Cursor], T]) -> T:

@@ -1,0 +1,65 @@
+"""A replica stalled in the middle of one of its batch's transactions (stopped, swapped out, its VM paused)
+holds that batch's row locks on PostgreSQL. The server ends its session once it has been idle in the
+transaction for `batches.lease_ms`, so another replica takes the batch over when the lease runs out, instead
+of when the stalled one wakes; the stalled one, awake, writes nothing.
+
+Two `Store`s of the gateway's own on one real PostgreSQL stand for the two replicas: the stalled one's
+transaction renews its lease and then waits, as a process stopped between two statements would."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Final
+
+import pytest
+
+from gateway.batches import store
+from gateway.ledger.engine import Cursor, Database, LedgerDown
+from tests.helpers.postgres import PostgresServer
+
+LEASE_MS: Final = 1000
+STALL_S: Final = 6.0
+# Holders of two hosts: neither can see the other's processes, so each waits for the other's lease.
+STALLED: Final = "host-a:1:100:aaaa"
+SURVIVOR: Final = "host-b:1:100:bbbb"
+
+
+async def test_a_holder_stalled_inside_a_transaction_loses_its_batch_when_its_lease_runs_out(
+    pg: PostgresServer,
+) -> None:
+    db = Database(pg.url)
+    db.migrate()
+    db.close()
+    stalled, survivor = (store.Store(pg.url, 500, lambda: LEASE_MS) for _ in range(2))
+    try:
+        batch_id = await stalled.run(store.add_batch, "owner", "file-x", "/v1/completions", "24h", 86_400.0, None)
+        assert await stalled.run(store.claim, STALLED, LEASE_MS / 1000, []) == batch_id
+
+        def stall(cur: Cursor) -> Any:
+            held = store.state(cur, batch_id, STALLED, LEASE_MS / 1000)  # the batch's row locked, lease renewed
+            time.sleep(STALL_S)  # stopped between two statements
+            return held
+
+        asleep = asyncio.ensure_future(stalled.run(stall))
+        t0 = time.monotonic()
+        await asyncio.sleep(0.1)
+        while True:
+            try:
+                if await survivor.run(store.claim, SURVIVOR, LEASE_MS / 1000, []) == batch_id:
+                    break
+            except LedgerDown:
+                pass  # the row is still locked: the statement's lock_timeout
+            assert time.monotonic() - t0 < STALL_S - 1, "the stalled holder's locks held the batch"
+            await asyncio.sleep(0.1)
+        taken = time.monotonic() - t0
+        with pytest.raises(LedgerDown):  # the server ended the stalled session: its renewal never committed
+            await asyncio.wait_for(asleep, STALL_S + 5)
+        with pytest.raises(store.LostLease):  # awake again, it holds nothing
+            await stalled.run(store.state, batch_id, STALLED, LEASE_MS / 1000)
+        owner = await survivor.run(lambda cur: cur.rows("SELECT lease_owner FROM batches WHERE id = ?", (batch_id,)))
+    finally:
+        await stalled.close()
+        await survivor.close()
+    assert owner == [(SURVIVOR,)]
+    assert taken < LEASE_MS / 1000 + 2.5, taken  # about the lease: the session idle a lease long was ended
