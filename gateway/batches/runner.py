@@ -271,10 +271,11 @@ class Drive:
             # A batch made on an open gateway runs keyless only while the gateway is still open.
             key = pipeline.keys.identified(owner)
             keyless = owner == ANONYMOUS and key is None and pipeline.keys.open
+            expired = key is not None and key.valid_until is not None and key.valid_until <= time.time()
             started = 0
             for idx, custom_id, body in [*self._due(), *lines]:
-                if key is None and not keyless:
-                    sent = _gone(owner, custom_id)
+                if (key is None and not keyless) or expired:
+                    sent = _gone(custom_id, expired)
                     self.done.append((idx, sent.state, sent.result.decode()))
                     continue
                 task = asyncio.ensure_future(send(pipeline, r.metrics, key, self.id, custom_id, body.encode()))
@@ -347,16 +348,16 @@ class Drive:
         r.ended(status, len(closed))
 
 
-def _gone(owner: str, custom_id: str) -> Sent:
+def _gone(custom_id: str, expired: bool) -> Sent:
+    """The line of a batch whose key is not in force: the 401 an interactive request of that key gets."""
     line_id = "batch_req_" + unique_suffix()
+    message = (
+        "The API key that made this batch has expired"
+        if expired
+        else "The API key that made this batch is no longer in force (revoked, removed, or its name now a key "
+        "of the gateway's config)"
+    )
     body = encode(
-        {
-            "error": {
-                "message": f"The key {owner!r} that made this batch no longer exists",
-                "type": "authentication_error",
-                "param": None,
-                "code": "invalid_api_key",
-            }
-        }
+        {"error": {"message": message, "type": "authentication_error", "param": None, "code": "invalid_api_key"}}
     )
     return Sent(ERR, answered(line_id, custom_id, 401, line_id, body))

@@ -1,9 +1,10 @@
 """A batch belongs to its key's identity, not its name: a YAML key given a runtime key's name while that key's
 batch runs neither sees the batch nor has its lines run as itself; the key that made it reads it again once
-it is back in force."""
+it is back in force. A key that expires mid-batch has the lines left refused, as its own requests are."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 from typing import Final
@@ -68,3 +69,30 @@ def test_a_batch_never_runs_as_another_key_of_its_name(tmp_path: Path, monkeypat
     with sqlite3.connect(tmp_path / "ledger.db") as conn:
         booked = conn.execute("SELECT batch_id, key_id, count(*) FROM requests GROUP BY batch_id, key_id")
         assert sorted(booked.fetchall()) == sorted([(mine.id, yaml_id, 3), (batch_id, key_id, len(out))])
+
+
+def test_the_lines_left_of_a_batch_whose_key_expired_are_refused_as_its_requests_are(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(config(f"sqlite:///{tmp_path / 'ledger.db'}", concurrency=1))
+    lines = [line(f"x-{i}", model="slower", prompt=f"p {i}") for i in range(12)]  # 400 ms each, one at a time
+    with GatewayThread(path, ENV) as gw:
+        with httpx.Client(base_url=gw.url, headers={"authorization": f"Bearer {ADMIN_KEY}"}) as adm:
+            made = adm.post("/admin/keys", json={"name": "brief", "expires_in_s": 3}).json()
+            brief = sdk(gw.url, made["secret"])
+            batch_id = start(brief, lines)
+            wait_until(lambda: adm.get("/admin/batches").json()["data"][0]["status"] == "completed", timeout=30)
+            with pytest.raises(openai.AuthenticationError):  # the key's own requests: refused too
+                brief.completions.create(model="fast", prompt="hello", max_tokens=1)
+    with sqlite3.connect(tmp_path / "ledger.db") as conn:
+        done = dict(conn.execute("SELECT custom_id, result FROM batch_lines WHERE batch_id = ?", (batch_id,)))
+        booked = conn.execute(
+            "SELECT count(*), min(status), max(status) FROM requests WHERE batch_id = ?", (batch_id,)
+        ).fetchone()
+    parsed = {cid: json.loads(result) for cid, result in done.items()}
+    answered = [c for c, r in parsed.items() if r["response"]["status_code"] == 200]
+    refused = [r["response"] for r in parsed.values() if r["response"]["status_code"] != 200]
+    assert sorted(parsed) == sorted(x["custom_id"] for x in lines)
+    assert 1 <= len(answered) < len(lines) and len(answered) + len(refused) == len(lines)
+    assert {(r["status_code"], r["body"]["error"]["code"]) for r in refused} == {(401, "invalid_api_key")}
+    assert all("expired" in r["body"]["error"]["message"] for r in refused)
+    assert booked == (len(answered), 200, 200)  # no refused line reached the request path
