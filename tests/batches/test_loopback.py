@@ -1,5 +1,6 @@
-"""Batches over real loopback upstreams: a 500-line file over a fleet of two replicas, answered as directly, with batches.concurrency lines in flight at most;
-a rerun of the same file answered by the response cache, with no upstream call."""
+"""Batches over real loopback upstreams: a 500-line file over a fleet of two replicas, answered as directly,
+with `batches.concurrency` lines in flight at most; a rerun of the same file answered by the response cache,
+with no upstream call."""
 
 from __future__ import annotations
 
