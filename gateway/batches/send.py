@@ -6,11 +6,9 @@ fails over the line as it does a request to `/v1/completions`; what the endpoint
 id on the record. Lines ask for `low` priority (the `x-gateway-priority` header): where a server's queue
 orders waiting requests by priority, interactive traffic goes first.
 
-A line the gateway had no room for (put back to be sent again: `LATER_CODES`) was not answered and is not a
-request of the key's: it books no ledger row and no request metrics (the runner counts it in
-`gateway_batch_lines_requeued_total`), so the ledger holds one row per line the request path answered, and
-reports count a nightly batch's lines once however often they waited. Its access-log entry and span stay,
-with status 429 and the batch's id: what the gateway did, for whoever looks into a slow batch.
+A line put back for want of room (`LATER_CODES`) was not answered: no ledger row, no request metrics (the
+runner counts it as requeued), so the ledger holds one row per answered line. Its access-log entry and span
+stay (a 429 with the batch's id). docs/batches.md.
 """
 
 from __future__ import annotations
