@@ -192,15 +192,17 @@ def test_cancel_mid_run_reports_every_line_once(tmp_path: Path) -> None:
 
 def test_expiry_reports_the_lines_left_expired(tmp_path: Path) -> None:
     lines = [line(f"e-{i}", model="slower", prompt=f"p {i}") for i in range(20)]
-    with served(tmp_path, concurrency=1) as (_, client):
+    with served(tmp_path, concurrency=1) as (gw, client):
         batch = wait_batch(client, start(client, lines, window="2s"))
         assert batch.status == "expired" and batch.expired_at is not None
         out, err = results(client, batch.output_file_id), results(client, batch.error_file_id)
+        text = httpx.get(gw.url + "/metrics").text
         assert 1 <= len(out) < 20
         assert sorted([o["custom_id"] for o in out] + [e["custom_id"] for e in err]) == sorted(
             x["custom_id"] for x in lines
         )
         assert {e["error"]["code"] for e in err} == {"batch_expired"} and all(e["response"] is None for e in err)
+    assert f'gateway_batch_lines_total{{status="expired"}} {float(len(err))}' in text
 
 
 def test_a_key_sees_only_its_own(tmp_path: Path) -> None:
