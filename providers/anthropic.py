@@ -26,7 +26,7 @@ from providers.base import (
 )
 from providers.envelope import Unreadable
 from providers.finish import finish_reason
-from providers.openai_chat import OpenAIChat, chat_finish
+from providers.openai_chat import OpenAIChat, chat_finish, guides_checked
 from providers.quota import anthropic_counters, anthropic_resets
 from providers.retry_after import retry_after, should_retry
 from wire.chat import ChatChunk, ChatCompletion, ChatRequest, Delta
@@ -175,7 +175,7 @@ class AnthropicAdapter(OpenAIChat):
     params = table({**EMULATED_EXTRAS, **SAMPLING})
     # Chat (`system`, tools as `tool_use` / `tool_result` blocks): providers/anthropic_chat.py.
     chat_path: ClassVar[str] = "/v1/messages"
-    chat_params = CHAT_PARAMS
+    chat_params = guides_checked(CHAT_PARAMS, params)
     # A trailing assistant message is a prefill Anthropic continues, refused when it ends in white space.
     chat_continue = MappingProxyType({})
     chat_continue_strips = True

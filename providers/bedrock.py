@@ -39,7 +39,7 @@ from providers.bedrock_chat import (
 )
 from providers.envelope import Unreadable
 from providers.finish import finish_reason
-from providers.openai_chat import OpenAIChat
+from providers.openai_chat import OpenAIChat, guides_checked
 from providers.retry_after import retry_after
 from providers.sigv4 import sign
 from wire.chat import ChatChunk, ChatCompletion, ChatRequest
@@ -248,7 +248,7 @@ class BedrockAdapter(OpenAIChat):
 
     # Chat (`system` blocks, `toolConfig`, `toolUse` / `toolResult` blocks): providers/bedrock_chat.py.
     chat_path: ClassVar[str] = path
-    chat_params = CHAT_PARAMS
+    chat_params = guides_checked(CHAT_PARAMS, BEDROCK_PARAMS)
     chat_framing = "eventstream"
     chat_guarded_paths = guarded_paths
     # Converse's structured output (`outputConfig.textFormat`) constrains to a JSON schema only; it has no

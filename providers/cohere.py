@@ -26,7 +26,7 @@ from providers.base import (
 )
 from providers.cohere_chat import chat_answer, chat_end, chat_event, response_format, to_messages, tool_choice, tools
 from providers.finish import finish_reason
-from providers.openai_chat import OpenAIChat
+from providers.openai_chat import OpenAIChat, guides_checked
 from providers.retry_after import retry_after, should_retry
 from wire.chat import ChatChunk, ChatCompletion, ChatRequest
 from wire.errors import GatewayError, UnsupportedParamError, UpstreamStatusError
@@ -165,12 +165,15 @@ class CohereAdapter(OpenAIChat):
     params = table({**EMULATED_EXTRAS, **SAMPLING})
     # Chat (v2 messages, tools, `response_format`): providers/cohere_chat.py.
     chat_path: ClassVar[str] = "/v2/chat"
-    chat_params = table(
-        SAMPLING,
-        n=EMULATED,  # /v2/chat answers one message: one call per choice (gateway/emulation/chat.py)
-        tools=Param(apply=tools),
-        tool_choice=Param(apply=tool_choice),
-        response_format=Param(apply=response_format),
+    chat_params = guides_checked(
+        table(
+            SAMPLING,
+            n=EMULATED,  # /v2/chat answers one message: one call per choice (gateway/emulation/chat.py)
+            tools=Param(apply=tools),
+            tool_choice=Param(apply=tool_choice),
+            response_format=Param(apply=response_format),
+        ),
+        params,
     )
 
     def check(self, req: CompletionRequest, provider: str) -> None:

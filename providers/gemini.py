@@ -28,7 +28,7 @@ from providers.envelope import Unreadable, envelope_status
 from providers.finish import finish_reason
 from providers.gemini_chat import chat_answer, chat_chunk, to_contents, tool_choice, tools
 from providers.offsets import prompt_for_choice, text_offsets
-from providers.openai_chat import OpenAIChat
+from providers.openai_chat import OpenAIChat, guides_checked
 from providers.retry_after import retry_after
 from wire.chat import ChatChunk, ChatCompletion, ChatRequest
 from wire.errors import GatewayError, InvalidRequestError, UpstreamStatusError
@@ -313,7 +313,7 @@ class GeminiAdapter(OpenAIChat):
     # One `contents` turn per call: the gateway fans out prompt lists.
     prompt_forms = frozenset({"text"})
     chat_path: ClassVar[str] = "/v1beta/models/{model}:generateContent"
-    chat_params = GEMINI_CHAT_PARAMS
+    chat_params = guides_checked(GEMINI_CHAT_PARAMS, GEMINI_PARAMS)
     # Chat's body carries the limit and the count where completions' does: its extras are guarded the same.
     chat_guarded_paths = guarded_paths
 

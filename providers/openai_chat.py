@@ -98,6 +98,21 @@ _NOT_CHAT: Final = frozenset(
 )
 
 
+_GUIDED: Final = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+
+
+def guides_checked(chat: Table, completions: Table) -> dict[str, Param]:
+    """A chat table with the gateway's check of each guided field the kind's completion route has checked
+    rather than decoded (`EMULATED` there): on chat too the gateway checks the answer's content and asks
+    again (gateway/emulation/chat.py), and refuses a grammar, which it cannot check."""
+    out = dict(chat)
+    for name in _GUIDED:
+        rule = completions.get(name)
+        if name not in out and rule is not None and rule.emulated:
+            out[name] = EMULATED
+    return table(out)
+
+
 def chat_table(
     completions: Table, *, native: bool = True, drop: tuple[str, ...] = (), **extra: Param
 ) -> dict[str, Param]:
@@ -116,7 +131,7 @@ def chat_table(
     out.update(extra)
     # A chat route without `n` gets it from the gateway: one call per choice (gateway/emulation/chat.py).
     out.setdefault("n", EMULATED)
-    return table(out)
+    return guides_checked(out, completions)
 
 
 class _UpFunction(msgspec.Struct):
@@ -432,6 +447,7 @@ __all__ = [
     "chat_table",
     "chunks_from",
     "from_completion",
+    "guides_checked",
     "unsupported_endpoint",
     "usage_chunk",
 ]

@@ -13,6 +13,7 @@ so a bad value is a 400 with its JSON path.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Annotated, Any, Final, Literal
 
 import msgspec
@@ -286,6 +287,30 @@ class ChatChunk(msgspec.Struct, omit_defaults=True, tag_field="object", tag="cha
     usage: Usage | None = None
 
 
+def answer_chunks(answer: ChatCompletion) -> Iterator[ChatChunk]:
+    """A whole chat answer as the stream a client reassembles into it exactly: per choice the role (with an
+    empty content unless the answer has none, as OpenAI's first chunk), its content with its logprobs, its
+    refusal, each tool call whole with its `index`, its finish; then the usage, when it has one."""
+    ident, created, model, fp = answer.id, answer.created, answer.model, answer.system_fingerprint
+
+    def chunk(choice: ChunkChoice) -> ChatChunk:
+        return ChatChunk(id=ident, created=created, model=model, choices=[choice], system_fingerprint=fp)
+
+    for ch in answer.choices:
+        i, msg = ch.index, ch.message
+        yield chunk(ChunkChoice(i, Delta(role="assistant", content="" if msg.content is not None else None), None))
+        if msg.content:
+            yield chunk(ChunkChoice(i, Delta(content=msg.content), None, ch.logprobs))
+        if msg.refusal:
+            yield chunk(ChunkChoice(i, Delta(refusal=msg.refusal), None))
+        for k, call in enumerate(msg.tool_calls or ()):
+            fn = FunctionDelta(name=call.function.name, arguments=call.function.arguments)
+            yield chunk(ChunkChoice(i, Delta(tool_calls=[ToolCallDelta(k, call.id, "function", fn)]), None))
+        yield chunk(ChunkChoice(i, Delta(), ch.finish_reason))
+    if answer.usage is not None:
+        yield ChatChunk(id=ident, created=created, model=model, choices=[], usage=answer.usage)
+
+
 decode_chat = msgspec.json.Decoder(ChatRequest).decode
 
 __all__ = [
@@ -305,6 +330,7 @@ __all__ = [
     "ToolCall",
     "ToolCallDelta",
     "TopLogprob",
+    "answer_chunks",
     "decode_chat",
     "render",
 ]

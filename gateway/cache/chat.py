@@ -27,13 +27,10 @@ from wire.chat import (
     ChatFinishReason,
     ChatLogprobs,
     ChatMessage,
-    ChunkChoice,
-    Delta,
     FunctionCall,
-    FunctionDelta,
     TokenLogprob,
     ToolCall,
-    ToolCallDelta,
+    answer_chunks,
 )
 from wire.schema import Usage, encode
 
@@ -165,34 +162,19 @@ _answer = msgspec.json.Decoder(ChatCompletion).decode
 
 
 async def replay(entry: Entry, ctx: CallContext, want_usage: bool) -> AsyncIterator[bytes]:
-    """A stored chat answer as this request's stream: per choice the role, its content (with its logprobs),
-    its refusal, its tool calls (each whole, with its `index`), its finish; then the usage, then [DONE]."""
+    """A stored chat answer as this request's stream (wire/chat.py `answer_chunks`: per choice the role, its
+    content with its logprobs, its refusal, its tool calls each whole, its finish; then the usage), [DONE]."""
     assert entry.body is not None
-    stored = _answer(entry.body)
-    fp = entry.system_fingerprint
-
-    def chunk(choice: ChunkChoice) -> bytes:
-        c = ChatChunk(id=ctx.id, created=ctx.created, model=ctx.model, choices=[choice], system_fingerprint=fp)
-        return sse_event(encode(c))
-
-    for ch in stored.choices:
-        i, msg = ch.index, ch.message
-        # OpenAI's first chunk: the role, with an empty content unless the answer has none (tool calls only).
-        role = Delta(role="assistant", content="" if msg.content is not None else None)
-        yield chunk(ChunkChoice(index=i, delta=role, finish_reason=None))
-        if msg.content:
-            content = Delta(content=msg.content)
-            yield chunk(ChunkChoice(index=i, delta=content, finish_reason=None, logprobs=ch.logprobs))
-        if msg.refusal:
-            yield chunk(ChunkChoice(index=i, delta=Delta(refusal=msg.refusal), finish_reason=None))
-        for k, call in enumerate(msg.tool_calls or ()):
-            fn = FunctionDelta(name=call.function.name, arguments=call.function.arguments)
-            delta = Delta(tool_calls=[ToolCallDelta(index=k, id=call.id, type="function", function=fn)])
-            yield chunk(ChunkChoice(index=i, delta=delta, finish_reason=None))
-        yield chunk(ChunkChoice(index=i, delta=Delta(), finish_reason=ch.finish_reason))
-    if want_usage and entry.usage is not None:
-        last = ChatChunk(id=ctx.id, created=ctx.created, model=ctx.model, choices=[], usage=entry.usage)
-        yield sse_event(encode(last))
+    stored = msgspec.structs.replace(
+        _answer(entry.body),
+        id=ctx.id,
+        created=ctx.created,
+        model=ctx.model,
+        system_fingerprint=entry.system_fingerprint,
+        usage=entry.usage if want_usage else None,
+    )
+    for chunk in answer_chunks(stored):
+        yield sse_event(encode(chunk))
     yield DONE
 
 

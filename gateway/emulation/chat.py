@@ -1,11 +1,13 @@
-"""Chat emulation: `n` fanned out for a chat route that lacks it, and stop sequences beyond the provider's
+"""Chat emulation: `n` fanned out for a chat route that lacks it, stop sequences beyond the provider's
 count (or every stop, for a provider that keeps the one it matched) cut from the assistant's content by the
-gateway, buffered and streamed (docs/emulation.md).
+gateway, buffered and streamed, and guided output the route does not decode checked (docs/emulation.md).
 
 The same rules as completions': one call per choice, choice `index` = the call's place, usage summed; the
 provider is sent the first `max_stop` stops and the gateway finds all of them with one automaton, holding
 back in a stream only what could still start one. A choice cut at a stop ends there: `finish_reason`
-`stop`, and the tool calls it would have made after that text are not made.
+`stop`, and the tool calls it would have made after that text are not made. Guided output (`guided_json`,
+`guided_regex`, `guided_choice`) goes through completions' own check and retry (combine.py `checked`) on
+each choice's `message.content`; a guided stream is made from an answer already checked.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from typing import Protocol
 import msgspec
 
 from gateway.config import CapsConfig
-from gateway.emulation.combine import _add, _scan, gather
+from gateway.emulation.client_schema import Work
+from gateway.emulation.combine import _add, _scan, checked, gather, ready
 from gateway.emulation.merge import merged
-from gateway.emulation.planning import bound_stops
+from gateway.emulation.planning import _DEFAULT_CAPS, Guide, bound_stops, make_guide
 from gateway.emulation.stops import StopMatcher, StopScanner
 from providers.base import Capabilities, Param
 from wire.chat import (
@@ -35,6 +38,7 @@ from wire.chat import (
     ImagePart,
     Message,
     TokenLogprob,
+    answer_chunks,
 )
 from wire.errors import InvalidRequestError
 from wire.schema import Usage
@@ -59,13 +63,21 @@ class ChatEmulation(msgspec.Struct):
     stops: list[str] | None  # enforced here
     matcher: StopMatcher | None
     upstream_stop: list[str] | None  # what the provider is sent
+    guide: Guide | None = None  # guided output the gateway checks
+    guided_retries: int = 0
 
 
 def plan(
-    adapter: Capabilities, table: Mapping[str, Param], req: ChatRequest, provider: str, caps: CapsConfig
+    adapter: Capabilities,
+    table: Mapping[str, Param],
+    req: ChatRequest,
+    provider: str,
+    caps: CapsConfig,
+    retries: int = 0,
 ) -> ChatEmulation | None:
     """What the gateway does for this chat request on this provider; None when the provider does it all.
-    Refuses (400 naming the field) what would make the gateway work beyond `caps`."""
+    Refuses (400 naming the field) what would make the gateway work beyond `caps`. `retries`: a guided
+    output's further calls (config `guided_retries`)."""
     n = req.n or 1
     stop = req.stop if isinstance(req.stop, list) else None
     limit = adapter.max_stop
@@ -73,8 +85,15 @@ def plan(
     # A provider that keeps the matched stop in its text (TGI; models behind Bedrock's Converse) still gets
     # every stop, to end early; the gateway removes what it kept.
     kept = bool(stop) and adapter.stop_in_output
-    if n == 1 and not too_many and not kept:
-        return None  # the common case: three comparisons
+    guided = (
+        req.guided_json is not None
+        or req.guided_regex is not None
+        or req.guided_choice is not None
+        or req.guided_grammar is not None
+    )
+    if n == 1 and not too_many and not kept and not guided:
+        return None  # the common case: a few comparisons
+    guide = make_guide(table, req, provider, caps) if guided else None
     rule = table.get("n")
     fan_n = n if n > 1 and rule is not None and rule.emulated else 1
     stops: list[str] | None = None
@@ -84,12 +103,14 @@ def plan(
         stops, upstream = stop, stop[:limit] or None
     elif kept:
         stops = stop
-    if fan_n == 1 and stops is None:
+    if fan_n == 1 and stops is None and guide is None:
         return None
     found = bound_stops(stops, provider, caps) if stops is not None else None
     if fan_n > 1:
         _bound_fan_out(req.messages, fan_n, caps.emulated_answer_bytes)
-    return ChatEmulation(fan_n=fan_n, n=n, stops=stops, matcher=found, upstream_stop=upstream)
+    return ChatEmulation(
+        fan_n=fan_n, n=n, stops=stops, matcher=found, upstream_stop=upstream, guide=guide, guided_retries=retries
+    )
 
 
 def _bound_fan_out(messages: list[Message], calls: int, limit: int) -> None:
@@ -116,6 +137,8 @@ def _bound_fan_out(messages: list[Message], calls: int, limit: int) -> None:
 def sub_requests(em: ChatEmulation, req: ChatRequest) -> list[ChatRequest]:
     """The upstream calls: `fan_n` copies asking for one choice each, with the stops the provider takes."""
     sub = msgspec.structs.replace(req, n=None if em.fan_n > 1 else req.n, stop=em.upstream_stop)
+    if em.guide is not None:
+        sub = msgspec.structs.replace(sub, guided_json=None, guided_regex=None, guided_choice=None)
     return [sub] * em.fan_n
 
 
@@ -145,9 +168,30 @@ async def _cut(choice: ChatChoice, stops: StopMatcher) -> ChatChoice:
     return ChatChoice(choice.index, message, "stop", _cut_tokens(choice.logprobs, len(sent)))
 
 
-async def complete(em: ChatEmulation, req: ChatRequest, call: ChatCall) -> ChatCompletion:
-    """The sub-calls' answers as one: choices re-indexed and cut at the stops, usage summed."""
-    results = await gather([call(sub) for sub in sub_requests(em, req)])
+def _contents(answer: ChatCompletion) -> list[str]:
+    """What a guided chat answer's check reads: each choice's content (a filtered choice, or a refusal, has
+    none to check: it is the model saying it will not answer)."""
+    return [
+        ch.message.content or ""
+        for ch in answer.choices
+        if ch.finish_reason != "content_filter" and ch.message.refusal is None
+    ]
+
+
+async def complete(
+    em: ChatEmulation, req: ChatRequest, call: ChatCall, again: ChatCall | None = None, work: Work | None = None
+) -> ChatCompletion:
+    """The sub-calls' answers as one: each checked against the guide (and asked again), choices re-indexed
+    and cut at the stops, usage summed. `again` makes a guided retry (charged as it is made); `work`: what
+    checking may spend, the request's."""
+    subs = sub_requests(em, req)
+    if em.guide is not None:
+        await ready(em.guide)
+        spend = work if work is not None else Work(_DEFAULT_CAPS.guided_work)
+        retry = again or call
+        results = await gather([checked(em.guide, em.guided_retries, s, call, retry, spend, _contents) for s in subs])
+    else:
+        results = await gather([call(sub) for sub in subs])
     choices: list[ChatChoice] = []
     usage: Usage | None = None
     fingerprint = None
@@ -241,4 +285,20 @@ async def stream(em: ChatEmulation, opens: Sequence[ChatSubStream]) -> AsyncGene
         yield ChatChunk(last.id, last.created, last.model, [], usage=usage)
 
 
-__all__ = ["ChatCall", "ChatEmulation", "ChatSubStream", "complete", "plan", "stream", "sub_requests"]
+async def replayed(answer: ChatCompletion) -> AsyncGenerator[ChatChunk, None]:
+    """A checked answer as the stream the client asked for (bytes sent cannot be taken back, so a guided
+    stream starts once its answer passed): wire/chat.py `answer_chunks`."""
+    for chunk in answer_chunks(answer):
+        yield chunk
+
+
+__all__ = [
+    "ChatCall",
+    "ChatEmulation",
+    "ChatSubStream",
+    "complete",
+    "plan",
+    "replayed",
+    "stream",
+    "sub_requests",
+]

@@ -5,19 +5,21 @@ client asked for: stops cut, logprobs trimmed, best_of chosen, usage summed, gui
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import msgspec
 
 from gateway.emulation.client_schema import Work, WorkExhausted
-from gateway.emulation.planning import _CHECKS, _DEFAULT_CAPS, Call, Emulation, sub_requests
+from gateway.emulation.planning import _CHECKS, _DEFAULT_CAPS, Call, Emulation, Guide, sub_requests
 from gateway.emulation.stops import StopMatcher, StopScanner
 from providers.base import CallContext
 from wire.errors import UpstreamError, UpstreamTimeoutError
 from wire.schema import Choice, Completion, CompletionRequest, Logprobs, Usage
 
 _T = TypeVar("_T")
+_R = TypeVar("_R")  # a sub-request
+_A = TypeVar("_A")  # its answer
 
 
 def _cut_logprobs(lp: Logprobs | None, keep: int) -> Logprobs | None:
@@ -118,46 +120,64 @@ async def gather(calls: Sequence[Awaitable[_T]]) -> list[_T]:
         raise
 
 
-async def _guided_call(em: Emulation, sub: CompletionRequest, call: Call, again: Call, work: Work) -> Completion:
-    assert em.guide is not None
+async def ready(guide: Guide) -> None:
+    """The guide's schema compiled in full (on the checks' thread) before its first answer is checked."""
+    checker = guide.checker
+    if checker is not None and not checker.ready:
+        await asyncio.get_running_loop().run_in_executor(_CHECKS, checker.finish)
+
+
+async def checked(
+    guide: Guide,
+    retries: int,
+    sub: _R,
+    call: Callable[[_R], Awaitable[_A]],
+    again: Callable[[_R], Awaitable[_A]],
+    work: Work,
+    texts: Callable[[_A], list[str]],
+) -> _A:
+    """One sub-call whose answer's `texts` (a completion's choices, a chat answer's message contents) must
+    each satisfy `guide`: made again up to `retries` times, then a 502 `guided_output_invalid`."""
     why = ""
-    for attempt in range(em.guided_retries + 1):
-        c = await (again if attempt else call)(sub)
+    for attempt in range(retries + 1):
+        answer = await (again if attempt else call)(sub)
         try:
-            failures = [
-                await em.guide.verdict(ch.text, work) for ch in c.choices if ch.finish_reason != "content_filter"
-            ]
+            failures = [await guide.verdict(text, work) for text in texts(answer)]
         except WorkExhausted as exc:
-            raise _unchecked(em, exc) from None
+            raise _unchecked(guide, exc) from None
         bad = [f for f in failures if f is not None]
         if not bad:
-            return c
+            return answer
         why = bad[0]
     err = UpstreamError(
-        f"The model's output {why}, after {em.guided_retries + 1} attempts; '{em.guide.param}' is enforced by "
+        f"The model's output {why}, after {retries + 1} attempts; '{guide.param}' is enforced by "
         "the gateway for this provider and an unvalidated answer is never returned",
         code="guided_output_invalid",
-        param=em.guide.param,
+        param=guide.param,
         retryable=False,
     )
     raise err
 
 
-def _unchecked(em: Emulation, exc: WorkExhausted) -> UpstreamError:
+def _texts(c: Completion) -> list[str]:
+    """What a guided completion's check reads: each choice's text (a filtered one has nothing to check)."""
+    return [ch.text for ch in c.choices if ch.finish_reason != "content_filter"]
+
+
+def _unchecked(guide: Guide, exc: WorkExhausted) -> UpstreamError:
     """The request's checking budget or deadline ran out: no retry (it would only be refused unchecked)."""
-    assert em.guide is not None
     if exc.deadline:
         return UpstreamTimeoutError(
-            f"The request's deadline passed while the gateway checked its answer against '{em.guide.param}'",
+            f"The request's deadline passed while the gateway checked its answer against '{guide.param}'",
             code="deadline_exceeded",
             retryable=False,
             cause="deadline_exceeded",
         )
     return UpstreamError(
-        f"The model's output could not be checked: {exc}; '{em.guide.param}' is enforced by the gateway for "
+        f"The model's output could not be checked: {exc}; '{guide.param}' is enforced by the gateway for "
         "this provider and an unvalidated answer is never returned",
         code="guided_output_invalid",
-        param=em.guide.param,
+        param=guide.param,
         retryable=False,
     )
 
@@ -175,12 +195,10 @@ async def complete(
     checking the answers may spend, the request's (shared with its other attempts)."""
     calls: list[Awaitable[Completion]]
     if em.guide is not None:
-        checker = em.guide.checker
-        if checker is not None and not checker.ready:
-            await asyncio.get_running_loop().run_in_executor(_CHECKS, checker.finish)
+        await ready(em.guide)
         spend = work if work is not None else Work(_DEFAULT_CAPS.guided_work)
         retry = again or call
-        calls = [_guided_call(em, sub, call, retry, spend) for sub in sub_requests(em, req)]
+        calls = [checked(em.guide, em.guided_retries, sub, call, retry, spend, _texts) for sub in sub_requests(em, req)]
     else:
         calls = [call(sub) for sub in sub_requests(em, req)]
     results = await gather(calls)

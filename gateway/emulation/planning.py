@@ -20,7 +20,7 @@ from gateway.config import CapsConfig
 from gateway.emulation.client_schema import Checker, Work, admit, match_steps
 from gateway.emulation.patterns import affordable, compile_pattern
 from gateway.emulation.stops import StopMatcher, matcher
-from providers.base import Adapter, Endpoint, LocalAdapter, prompt_form
+from providers.base import Adapter, Endpoint, LocalAdapter, Table, prompt_form
 from wire.errors import InvalidRequestError
 from wire.schema import Completion, CompletionRequest
 
@@ -113,8 +113,8 @@ class Emulation(msgspec.Struct):
     guided_retries: int
 
 
-def _emulated(adapter: Adapter | LocalAdapter, name: str) -> bool:
-    rule = adapter.params.get(name)
+def _emulated(params: Table, name: str) -> bool:
+    rule = params.get(name)
     return rule is not None and rule.emulated
 
 
@@ -136,14 +136,14 @@ def plan(
     form = prompt_form(req.prompt)
     fan_prompts = form in ("texts", "token_lists") and form not in adapter.prompt_forms
     prompts: list[str | list[int]] = list(req.prompt) if fan_prompts else [req.prompt]  # type: ignore[arg-type, list-item]
-    fan_n = n if n > 1 and _emulated(adapter, "n") else 1
-    best_of = req.best_of if req.best_of and req.best_of > 1 and _emulated(adapter, "best_of") else None
+    fan_n = n if n > 1 and _emulated(adapter.params, "n") else 1
+    best_of = req.best_of if req.best_of and req.best_of > 1 and _emulated(adapter.params, "best_of") else None
     if best_of is not None:
         lp = adapter.params.get("logprobs")
         if lp is None or lp.emulated:
             raise _bad(f"'best_of' cannot be emulated for provider '{provider}': it returns no logprobs", "best_of")
         fan_n = best_of
-    echo = bool(req.echo) and _emulated(adapter, "echo")
+    echo = bool(req.echo) and _emulated(adapter.params, "echo")
     if echo and req.logprobs is not None:
         raise _bad(f"'echo' with 'logprobs' cannot be emulated for provider '{provider}'", "echo")
     if echo and form in ("tokens", "token_lists"):
@@ -153,7 +153,7 @@ def plan(
     upstream_stop = req.stop if isinstance(req.stop, list) else None
     include = bool(req.include_stop_str_in_output)
     if upstream_stop:
-        if include and _emulated(adapter, "include_stop_str_in_output"):
+        if include and _emulated(adapter.params, "include_stop_str_in_output"):
             # A provider that strips the stop string must not see it: the gateway stops, keeping it.
             # One that keeps it (TGI) still gets it, to end early; the gateway makes the cut exact.
             stops = upstream_stop
@@ -180,7 +180,7 @@ def plan(
         or req.guided_regex is not None
         or req.guided_choice is not None
     )
-    guide = _guide(adapter, req, provider, caps) if guided else None
+    guide = make_guide(adapter.params, req, provider, caps) if guided else None
     if len(prompts) == 1 and fan_n == 1 and not echo and stops is None and guide is None:
         return None
     found = bound_stops(stops, provider, caps) if stops is not None else None
@@ -243,16 +243,19 @@ def _bound_copies(prompts: Sequence[str | list[int]], fan_n: int, echoes: int, l
         )
 
 
-def _guide(adapter: Adapter | LocalAdapter, req: CompletionRequest, provider: str, caps: CapsConfig) -> Guide | None:
-    # `plan` calls this only when one of the five fields read here is set: a new one goes in both places.
-    if req.guided_grammar is not None and _emulated(adapter, "guided_grammar"):
+def make_guide(params: Table, req: CompletionRequest, provider: str, caps: CapsConfig) -> Guide | None:
+    """The check of a guided field the provider's table (its completion or its chat table) marks emulated;
+    None when the provider decodes it natively. Refuses a grammar, and bounds the client's schema and regex."""
+    # `plan` calls this only when one of the five fields read here is set: a new one goes in both places
+    # (and in gateway/emulation/chat.py's `plan`).
+    if req.guided_grammar is not None and _emulated(params, "guided_grammar"):
         raise _bad(
             f"'guided_grammar' is not supported by provider '{provider}', and a grammar cannot be checked "
             "by the gateway",
             "guided_grammar",
         )
     depth = caps.json_depth
-    if req.guided_json is not None and _emulated(adapter, "guided_json"):
+    if req.guided_json is not None and _emulated(params, "guided_json"):
         checker = admit(
             req.guided_json,
             param="guided_json",
@@ -262,7 +265,7 @@ def _guide(adapter: Adapter | LocalAdapter, req: CompletionRequest, provider: st
         )
         return Guide("json", "guided_json", checker=checker, depth=depth)
     rf = req.response_format
-    if rf is not None and _emulated(adapter, "response_format") and rf.get("type") == "json_object":
+    if rf is not None and _emulated(params, "response_format") and rf.get("type") == "json_object":
         schema = rf.get("schema")
         if isinstance(schema, dict):
             checker = admit(
@@ -270,10 +273,10 @@ def _guide(adapter: Adapter | LocalAdapter, req: CompletionRequest, provider: st
             )
             return Guide("json", "response_format", checker=checker, depth=depth)
         return Guide("json", "response_format", depth=depth)
-    if req.guided_regex is not None and _emulated(adapter, "guided_regex"):
+    if req.guided_regex is not None and _emulated(params, "guided_regex"):
         pattern = compile_pattern(req.guided_regex, param="guided_regex", limit=caps.pattern_chars)
         return Guide("regex", "guided_regex", pattern=pattern)
-    if req.guided_choice is not None and _emulated(adapter, "guided_choice"):
+    if req.guided_choice is not None and _emulated(params, "guided_choice"):
         choices = req.guided_choice
         if len(choices) > GUIDED_CHOICES or sum(map(len, choices)) > GUIDED_CHOICE_CHARS:
             raise InvalidRequestError(

@@ -251,10 +251,13 @@ class Attempt:
 
     async def _again(self, req: CompletionRequest) -> Completion:
         """A guided output's retry: one more upstream call, charged before it is made."""
+        await self._charge_again()
+        return await self.call(req)
+
+    async def _charge_again(self) -> None:
         if self.admission is not None:
             await self.admission.charge_calls(self.route, 1)
             self.charged += 1
-        return await self.call(req)
 
     def _unsent(self) -> None:
         """Give back what was charged for calls never made: sub-calls refused before they were sent (a 400

@@ -1,9 +1,10 @@
 """A chat request's attempts: the same job, failover loop, quotas and relay as a completion's, with the
 adapter's chat route (providers/openai_chat.py) in place of its completion route.
 
-A kind without one answers a 400 naming the provider before any I/O. Where the chat route lacks `n`, or
-takes fewer stop sequences than the request has, the attempt hands its own `chat_call` / `chat_open` to
-gateway/emulation/chat.py, which fans the choices out and cuts the stops (docs/emulation.md).
+A kind without one answers a 400 naming the provider before any I/O. Where the chat route lacks `n`, takes
+fewer stop sequences than the request has, or does not decode a guided field, the attempt hands its own
+`chat_call` / `chat_open` to gateway/emulation/chat.py, which fans the choices out, cuts the stops and
+checks the guided output (docs/emulation.md).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class ChatAttempt(Attempt):
         if isinstance(adapter, LocalAdapter):
             adapter.admit(req, route.endpoint, caps)  # its work runs on the gateway's loop
         assert adapter.chat_params is not None
-        return emulation.plan(adapter, adapter.chat_params, req, route.provider, caps)
+        return emulation.plan(adapter, adapter.chat_params, req, route.provider, caps, self.services.guided_retries)
 
     def _params(self, req: ChatRequest) -> dict[str, Any]:
         route = self.route
@@ -72,9 +73,15 @@ class ChatAttempt(Attempt):
     async def _emulated(self, em: ChatEmulation, req: ChatRequest) -> ChatCompletion:
         await self._charge_n(em)
         try:
-            return await emulation.complete(em, req, self.chat_call)
+            work = self._work() if em.guide is not None else None
+            return await emulation.complete(em, req, self.chat_call, self._chat_again, work)
         finally:
             self._unsent()
+
+    async def _chat_again(self, req: ChatRequest) -> ChatCompletion:
+        """A guided output's retry: one more upstream call, charged before it is made."""
+        await self._charge_again()
+        return await self.chat_call(req)
 
     async def chat_call(self, req: ChatRequest) -> ChatCompletion:
         """One upstream call for `req` (the request, or one of an emulation's sub-requests), buffered."""
@@ -100,6 +107,11 @@ class ChatAttempt(Attempt):
         req = cast(ChatRequest, self.req)
         if em is None:
             return await self.chat_open(req)
+        if em.guide is not None:
+            # Bytes sent cannot be taken back: a guided stream is made from an answer already checked.
+            answer = await self._emulated(em, msgspec.structs.replace(req, stream=False, stream_options=None))
+            chunks = emulation.replayed(answer)
+            return Opened(chunks, await anext(chunks, None), ctx=self.ctx)
         await self._charge_n(em)
         try:
             opens = await open_all([self.chat_open(s) for s in emulation.sub_requests(em, req)])

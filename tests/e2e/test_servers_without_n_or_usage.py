@@ -1,4 +1,4 @@
-"""Upstreams that ignore `n` or report no usage in streams, as llama-cpp-python's server does
+"""Upstreams that ignore `n` or report no usage in streams (completion and chat), as llama-cpp-python's server does
 (`llama_cpp/server/app.py` answers one choice whatever `n` asks; its stream chunks carry no `usage`), over
 real sockets through the `vllm` provider of the e2e config. The answers below are that server's shapes
 (`llama_cpp/llama.py` `_create_completion`); tests/realservers/ runs the server itself.
@@ -98,3 +98,44 @@ def test_a_stream_without_usage_books_the_gateways_estimate(
     line = access.lines[-1]
     # 22 bytes at 4 bytes a token; three chunks carried choices.
     assert (line["prompt_tokens"], line["completion_tokens"], line["usage_estimated"]) == (6, 3, True)
+
+
+def _chat_chunk(delta: dict[str, Any], finish: str | None) -> bytes:
+    # llama-cpp-python's chat stream (`llama_chat_format.py`, `_convert_text_completion_chunks_to_chat`): the
+    # role first, then the text, then the finish; no usage.
+    body = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 1_700_000_000,
+        "model": "tiny",
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+    }
+    return b"data: " + json.dumps(body).encode()
+
+
+CHAT_STREAM = [
+    _chat_chunk({"role": "assistant"}, None),
+    _chat_chunk({"content": " one"}, None),
+    _chat_chunk({"content": " two"}, None),
+    _chat_chunk({}, "length"),
+    b"data: [DONE]",
+]
+
+
+def test_a_chat_stream_without_usage_books_the_gateways_estimate_of_the_conversation(
+    api: httpx.Client, upstream: Upstream, access: Lines
+) -> None:
+    upstream.handler = reply_sse(CHAT_STREAM)
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "a prompt of twenty-two"}]
+    body = {"model": MODEL, "messages": messages, "max_tokens": 2, "stream": True}
+    with api.stream("POST", "/v1/chat/completions", json=body) as resp:
+        events = sse_data(resp.read().decode())
+    assert events[-1] == "[DONE]" and all("error" not in e for e in events)
+    assert all(json.loads(e)["choices"] for e in events[:-1])  # no usage chunk: the client did not ask
+    wait_until(lambda: access.lines)
+    line = access.lines[-1]
+    assert line["endpoint"] == "chat" and line["usage_estimated"] is True
+    # The conversation as the gateway renders it, `role: text` a line: 46 bytes at 4 bytes a token; four
+    # chunks carried choices.
+    rendered = "system: be brief\nuser: a prompt of twenty-two\n"
+    assert (line["prompt_tokens"], line["completion_tokens"]) == (-(-len(rendered) // 4), 4)

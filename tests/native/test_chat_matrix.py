@@ -136,6 +136,11 @@ def _read_stream(resp: httpx.Response, model: str) -> Want:
             for tc in ch["delta"].get("tool_calls") or ():
                 fn = tc.get("function") or {}
                 deltas.append((tc["index"], tc.get("id"), fn.get("name"), fn.get("arguments") or ""))
+    # Each call's `id` and `function.name` come once, in its first delta; its arguments may come in pieces.
+    for index in {d[0] for d in deltas}:
+        mine = [d for d in deltas if d[0] == index]
+        assert mine[0][1] is not None and mine[0][2] is not None, mine
+        assert all(d[1] is None and d[2] is None for d in mine[1:]), mine
     if last is None:
         return Want(text or None, joined(deltas), finishes[0], None)
     u = last["usage"]

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -76,6 +77,70 @@ def test_usage_details_reach_the_client(api: httpx.Client, upstream: Upstream) -
     upstream.handler = kind_handler("bedrock/converse_cache_read.json")
     usage = api.post("/v1/chat/completions", json={"model": MODEL["bedrock"], "messages": MESSAGES}).json()["usage"]
     assert usage["prompt_tokens_details"]["cached_tokens"] == cached["cacheReadInputTokens"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "rel", "cached"),
+    [
+        # OpenAI's own `prompt_tokens_details`, passed on.
+        ("openai", "openai/chat_json_schema.json", lambda u: u["prompt_tokens_details"]["cached_tokens"]),
+        ("anthropic", "anthropic/messages_end_turn.json", lambda u: u["cache_read_input_tokens"]),
+        ("cohere", "cohere/v2_chat_tool_call.json", lambda u: u["cached_tokens"]),
+    ],
+    ids=["openai", "anthropic", "cohere"],
+)
+def test_cached_prompt_tokens_where_the_provider_reports_them(
+    api: httpx.Client, upstream: Upstream, kind: str, rel: str, cached: Callable[[dict[str, Any]], int]
+) -> None:
+    want = cached(fixture_json(rel)["usage"])
+    upstream.handler = kind_handler(rel)
+    resp = api.post("/v1/chat/completions", json={"model": MODEL[kind], "messages": MESSAGES})
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == want
+
+
+REFUSAL = "openai/chat_refusal_docs.json"
+
+
+def test_a_refusal_reaches_the_client(api: httpx.Client, upstream: Upstream) -> None:
+    """The model's refusal (OpenAI's documented answer, tests/fixtures/SOURCES.md) is `message.refusal`, with
+    no content, as the SDKs' `parse` helpers read it."""
+    recorded = fixture_json(REFUSAL)["choices"][0]
+    upstream.handler = kind_handler(REFUSAL)
+    body = {"model": MODEL["openai"], "messages": MESSAGES, "response_format": {"type": "json_object"}}
+    resp = api.post("/v1/chat/completions", json=body)
+    assert resp.status_code == 200, resp.text
+    (choice,) = resp.json()["choices"]
+    assert choice["message"] == {"role": "assistant", "content": None, "refusal": recorded["message"]["refusal"]}
+    assert choice["finish_reason"] == "stop"
+
+
+def test_a_streamed_refusal_reaches_the_client_in_its_pieces(api: httpx.Client, upstream: Upstream) -> None:
+    """`delta.refusal` pieces (OpenAI's chunk shape) are relayed as they come, after the role chunk."""
+    text = fixture_json(REFUSAL)["choices"][0]["message"]["refusal"]
+    pieces = [text[:7], text[7:20], text[20:]]
+    head = {"id": "chatcmpl-r", "object": "chat.completion.chunk", "created": 1721596428, "model": "gpt-4o"}
+
+    def event(choices: list[Any], **more: Any) -> bytes:
+        return b"data: " + json.dumps(head | {"choices": choices} | more).encode()
+
+    events = [event([{"index": 0, "delta": {"role": "assistant", "refusal": ""}, "finish_reason": None}])]
+    events += [event([{"index": 0, "delta": {"refusal": p}, "finish_reason": None}]) for p in pieces]
+    events.append(event([{"index": 0, "delta": {}, "finish_reason": "stop"}]))
+    events.append(event([], usage={"prompt_tokens": 81, "completion_tokens": 11, "total_tokens": 92}))
+    events.append(b"data: [DONE]")
+    upstream.handler = reply_sse(events)
+    body = {"model": MODEL["openai"], "messages": MESSAGES, "stream": True, "stream_options": {"include_usage": True}}
+    resp = api.post("/v1/chat/completions", json=body)
+    assert resp.status_code == 200, resp.text
+    data = sse_data(resp.text)
+    assert data[-1] == "[DONE]"
+    chunks = [json.loads(d) for d in data[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    got = [c["choices"][0]["delta"].get("refusal") for c in chunks if c["choices"]]
+    assert [g for g in got if g] == pieces
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "stop"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["total_tokens"] == 92
 
 
 def test_anthropic_error_event_mid_stream(api: httpx.Client, upstream: Upstream) -> None:
