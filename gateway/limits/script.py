@@ -23,14 +23,15 @@ from typing import Final
 # A concurrency bucket is one sorted set: live leases scored by their expiry (> 0), cancel markers by
 # minus theirs (< 0), so both expire on Redis's clock and stay in the one key (and slot) the script names.
 _SCRIPT: Final = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local call, floor, ceil, max, find, sub = redis.call, math.floor, math.ceil, math.max, string.find, string.sub
+local t = call('TIME')
+local now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
 local function one(k, n, a)
   local mode, lease = ARGV[a + 1], ARGV[a + 2]
   local out = {1, 0}
   local news = {}
   local ttls = {}
-  local now_state = {}
+  local qs = {}
   local denied = false
   local retry = 0
   for i = 1, n do
@@ -38,50 +39,50 @@ local function one(k, n, a)
     local kind, limit, period, cost = ARGV[base + 1], tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3]),
       tonumber(ARGV[base + 4])
     if kind == 'concurrent' then
-      redis.call('ZREMRANGEBYSCORE', KEYS[k + i], 0, now)
+      call('ZREMRANGEBYSCORE', KEYS[k + i], 0, now)
       if mode == 'release' then
-        redis.call('ZREM', KEYS[k + i], lease)
+        call('ZREM', KEYS[k + i], lease)
         news[i] = false
         out[#out + 1] = 0; out[#out + 1] = 0
       elseif mode == 'refresh' then
-        local score = redis.call('ZSCORE', KEYS[k + i], lease)
+        local score = call('ZSCORE', KEYS[k + i], lease)
         if score and tonumber(score) > 0 then
-          redis.call('ZADD', KEYS[k + i], now + LEASE_TTL, lease)
-          redis.call('PEXPIRE', KEYS[k + i], LEASE_TTL)
+          call('ZADD', KEYS[k + i], now + LEASE_TTL, lease)
+          call('PEXPIRE', KEYS[k + i], LEASE_TTL)
         end
         news[i] = false
         out[#out + 1] = 0; out[#out + 1] = 0
       elseif mode == 'cancel' then
-        redis.call('ZREMRANGEBYSCORE', KEYS[k + i], -now, -1)
-        redis.call('ZADD', KEYS[k + i], -(now + LEASE_TTL), lease)
-        redis.call('PEXPIRE', KEYS[k + i], LEASE_TTL)
+        call('ZREMRANGEBYSCORE', KEYS[k + i], -now, -1)
+        call('ZADD', KEYS[k + i], -(now + LEASE_TTL), lease)
+        call('PEXPIRE', KEYS[k + i], LEASE_TTL)
         news[i] = false
         out[#out + 1] = 0; out[#out + 1] = 0
       else
-        local used = redis.call('ZCOUNT', KEYS[k + i], '(0', '+inf')
+        local used = call('ZCOUNT', KEYS[k + i], '(0', '+inf')
         local want = 1
         if mode == 'block' then want = cost end
         if mode ~= 'adjust' and used + want > limit then
           denied = true
           -- A slot frees when any request ends, which nobody knows: retry soon (the oldest lease's expiry
           -- is only a bound, up to ten minutes away).
-          local oldest = redis.call('ZRANGEBYSCORE', KEYS[k + i], 1, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+          local oldest = call('ZRANGEBYSCORE', KEYS[k + i], 1, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
           local wait = 1000
-          if oldest[2] then wait = math.max(math.min(tonumber(oldest[2]) - now, 1000), 1) end
+          if oldest[2] then wait = max(math.min(tonumber(oldest[2]) - now, 1000), 1) end
           if wait > retry then retry = wait end
         end
         news[i] = 'lease'
-        out[#out + 1] = math.max(limit - used - want, 0); out[#out + 1] = 0
+        out[#out + 1] = max(limit - used - want, 0); out[#out + 1] = 0
       end
     else
       -- TAT = base + units * period / limit, kept as a whole millisecond and a count of units so that the
       -- arithmetic is exact in integers: q = (TAT - now) * limit. (A TAT in float milliseconds drifts by
       -- rounding at 1.7e12 and refused the last unit of a burst when period / limit is not whole.)
       local tb, tu = now, 0
-      local raw = redis.call('GET', KEYS[k + i])
+      local raw = call('GET', KEYS[k + i])
       if raw then
-        local b, u = string.match(raw, '^(.-):(.*)$')
-        if b then tb, tu = tonumber(b), tonumber(u) else tb = math.floor(tonumber(raw)) end
+        local c = find(raw, ':', 1, true)
+        if c then tb, tu = tonumber(sub(raw, 1, c - 1)), tonumber(sub(raw, c + 1)) else tb = floor(tonumber(raw)) end
       end
       local q = (tb - now) * limit + tu * period
       if q < 0 then tb, tu, q = now, 0, 0 end
@@ -89,14 +90,14 @@ local function one(k, n, a)
       if mode == 'adjust' and nq < 0 then tb, nu, nq = now, 0, 0 end
       if mode == 'acquire' and nq > period * limit then
         denied = true
-        local wait = math.ceil((nq - period * limit) / limit)
+        local wait = ceil((nq - period * limit) / limit)
         if wait > retry then retry = wait end
       end
-      local whole = math.floor(nu / limit)
+      local whole = floor(nu / limit)
       news[i] = string.format('%.17g:%.17g', tb + whole * period, nu - whole * limit)
-      ttls[i] = math.ceil(nq / limit) + 1000
-      out[#out + 1] = math.max(math.floor((period * limit - nq) / period), 0); out[#out + 1] = math.ceil(nq / limit)
-      now_state[i] = {math.max(math.floor((period * limit - q) / period), 0), math.ceil(q / limit)}
+      ttls[i] = ceil(nq / limit) + 1000
+      out[#out + 1] = max(floor((period * limit - nq) / period), 0); out[#out + 1] = ceil(nq / limit)
+      qs[i] = q
     end
   end
   if mode == 'release' or mode == 'cancel' or mode == 'refresh' then return out end
@@ -104,7 +105,11 @@ local function one(k, n, a)
     -- Report what the buckets hold now: the denied request charged nothing.
     out[1] = 0; out[2] = retry
     for i = 1, n do
-      if now_state[i] then out[1 + i * 2] = now_state[i][1]; out[2 + i * 2] = now_state[i][2] end
+      local q = qs[i]
+      if q then
+        local limit, period = tonumber(ARGV[a + 2 + i * 4 - 2]), tonumber(ARGV[a + 2 + i * 4 - 1])
+        out[1 + i * 2] = max(floor((period * limit - q) / period), 0); out[2 + i * 2] = ceil(q / limit)
+      end
     end
     return out
   end
@@ -119,8 +124,8 @@ local function one(k, n, a)
         for j = 1, tonumber(ARGV[a + 6]) do ids[j] = lease .. '/' .. j end
       end
       for _, id in ipairs(ids) do
-        if redis.call('ZADD', KEYS[k + i], 'NX', now + LEASE_TTL, id) == 0 then
-          for _, e in ipairs(added) do redis.call('ZREM', e[1], e[2]) end
+        if call('ZADD', KEYS[k + i], 'NX', now + LEASE_TTL, id) == 0 then
+          for _, e in ipairs(added) do call('ZREM', e[1], e[2]) end
           out[1] = 0
           return out
         end
@@ -131,9 +136,9 @@ local function one(k, n, a)
   for i = 1, n do
     local v = news[i]
     if v == 'lease' then
-      redis.call('PEXPIRE', KEYS[k + i], LEASE_TTL)
+      call('PEXPIRE', KEYS[k + i], LEASE_TTL)
     elseif v then
-      redis.call('SET', KEYS[k + i], v, 'PX', ttls[i])
+      call('SET', KEYS[k + i], v, 'PX', ttls[i])
     end
   end
   return out
