@@ -9,6 +9,7 @@ written per call.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Final
 
 from gateway.limits.gcra import TOKEN_KINDS, Bucket, Spec
 from gateway.limits.scriptchannel import Part, bulk
@@ -19,8 +20,14 @@ _NO_LEASE = bulk(b"")
 def _cost(cost: float) -> bytes:
     # An int is the common case (every acquire); a float cost is written as the script has always read it.
     if type(cost) is int:
-        return bulk(b"%d" % cost)
-    return bulk(b"%d" % cost if cost == int(cost) else repr(cost).encode())
+        digits = b"%d" % cost
+    else:
+        digits = b"%d" % cost if cost == int(cost) else repr(cost).encode()
+    return b"$%d\r\n%b\r\n" % (len(digits), digits)
+
+
+# The costs most calls carry (a request's 1, a token count that fits), written once.
+_COSTS: Final = {n: _cost(n) for n in range(4096)}
 
 
 class BucketSet:
@@ -58,9 +65,10 @@ class BucketSet:
         """The script call for `mode` on these buckets, which the channel may merge with others."""
         single, keys, head, per = self._heads.get(mode) or self._head(mode)
         parts = [head, bulk(lease.encode()) if lease else _NO_LEASE]
+        cached = _COSTS.get
         for static, cost in zip(per, costs, strict=True):
             parts.append(static)
-            parts.append(_cost(cost))
+            parts.append(cached(cost) or _cost(cost))  # type: ignore[call-overload]
         return Part(single, keys, len(per), b"".join(parts))
 
     def command(self, mode: str, lease: str, costs: Sequence[float]) -> bytes:
