@@ -11,6 +11,9 @@ from __future__ import annotations
 from typing import Final
 
 # KEYS: one per bucket. ARGV: mode, lease id, then per bucket: kind, limit, period_ms, cost.
+# mode "batch": several such calls in one (the channel merges the calls of one loop tick): KEYS are every
+#   call's keys in turn, ARGV is "batch" then per call its key count and its own ARGV; each call is decided
+#   as if it ran alone, in order, on one reading of the clock, and the reply is the list of their replies.
 # mode "acquire": all-or-nothing check and charge; returns {ok, retry_ms, b1_remaining, b1_reset_ms, ...}
 # mode "adjust": add cost (may be negative: a refund) without checking; returns {1, 0, ...}
 # mode "block": as "acquire" on one concurrency bucket, for `cost` leases at once (ids `lease/1`..`lease/cost`).

@@ -1,5 +1,8 @@
 """The rate-limit script's own Redis connection: pipelined, batched per event-loop tick, self-repairing.
 
+The calls of one tick leave in one write, and those that may be (`call_part`) as one script call of the
+script's `batch` mode, which decides each as if it ran alone and answers each on its own.
+
 It costs a third of redis-py's CPU per call with the same batching (`python -m bench.redis_channel`),
 and is set up by redis-py's own connection class from the same parsed URL, so the two cannot disagree
 about an option. It owns NOSCRIPT reloads, Cluster MOVED/ASK and Sentinel re-discovery: docs/ratelimits.md.
