@@ -3,7 +3,8 @@
 `python -m bench.redis_channel [--seconds S] [--rounds N]` starts a redis-server on a free loopback port
 and drives one acquire (three buckets, as a key with rpm+tpm behind an alias with rps) from C
 concurrent tasks in one uvloop event loop, for each client in turn, interleaved round by round, and
-prints calls per second and the client process's CPU per call (what a saturated gateway worker pays).
+prints calls per second, the client process's CPU per call (what a saturated gateway worker pays) and
+the redis-server's CPU per call (its INFO: what the Redis a fleet shares pays).
 The variants: the gateway's `Limiter` (its channel), redis-py `evalsha` per call (pooled connections,
 hiredis parser), and redis-py with the same per-tick batching through a non-transactional pipeline.
 Figures and the decision they support are in docs/ratelimits.md ("The Redis channel").
@@ -20,6 +21,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import redis
 import redis.asyncio as aioredis
 import uvloop
 
@@ -46,8 +48,17 @@ def argv(lease: str) -> list[Any]:
     return out
 
 
-async def drive(call: Callable[[], Awaitable[Any]], concurrency: int, seconds: float) -> tuple[float, float]:
-    """Calls per second and client CPU microseconds per call."""
+def redis_cpu_s(url: str) -> float:
+    """The redis-server's own CPU seconds so far (user + system, its INFO)."""
+    with redis.Redis.from_url(url) as r:
+        info = r.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+async def drive(
+    call: Callable[[], Awaitable[Any]], concurrency: int, seconds: float, url: str
+) -> tuple[float, float, float]:
+    """Calls per second, client CPU microseconds per call and the redis-server's CPU microseconds per call."""
     done = 0
     stop = time.monotonic() + seconds
 
@@ -58,19 +69,21 @@ async def drive(call: Callable[[], Awaitable[Any]], concurrency: int, seconds: f
             done += 1
 
     await call()  # connect, load the script
+    server = redis_cpu_s(url)
     cpu, wall = time.process_time(), time.monotonic()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     cpu, wall = time.process_time() - cpu, time.monotonic() - wall
-    return done / wall, cpu / done * 1e6
+    server = redis_cpu_s(url) - server
+    return done / wall, cpu / done * 1e6, server / done * 1e6
 
 
-async def variant(name: str, url: str, concurrency: int, seconds: float) -> tuple[float, float]:
+async def variant(name: str, url: str, concurrency: int, seconds: float) -> tuple[float, float, float]:
     keys = [b.redis_key for b in BUCKETS]
     if name == "channel":
         shared = SharedState(url)
         limiter = Limiter(shared, fail_open=False)
         try:
-            return await drive(lambda: limiter.acquire(BUCKETS, 10), concurrency, seconds)
+            return await drive(lambda: limiter.acquire(BUCKETS, 10), concurrency, seconds, url)
         finally:
             await limiter.close()
             await shared.close()
@@ -78,7 +91,7 @@ async def variant(name: str, url: str, concurrency: int, seconds: float) -> tupl
     script = client.register_script(SCRIPT)
     try:
         if name == "redis-py":
-            return await drive(lambda: script(keys=keys, args=argv("")), concurrency, seconds)
+            return await drive(lambda: script(keys=keys, args=argv("")), concurrency, seconds, url)
         # redis-py with the channel's batching: every call of one loop tick in one pipeline.
         queue: list[asyncio.Future[Any]] = []
 
@@ -98,7 +111,7 @@ async def variant(name: str, url: str, concurrency: int, seconds: float) -> tupl
                 asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(flush()))
             return fut
 
-        return await drive(call, concurrency, seconds)
+        return await drive(call, concurrency, seconds, url)
     finally:
         await client.aclose()
 
@@ -118,18 +131,19 @@ def main() -> None:
         time.sleep(0.3)
         url = f"redis://127.0.0.1:{port}/0"
         names = ["channel", "redis-py", "redis-py-batched"]
-        results: dict[tuple[str, int], list[tuple[float, float]]] = {}
+        results: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
         for _ in range(args.rounds):
             for c in args.concurrency:
                 for name in names:
                     results.setdefault((name, c), []).append(uvloop.run(variant(name, url, c, args.seconds)))
-        print(f"{'client':18} {'tasks':>5} {'calls/s (median)':>17} {'CPU µs/call':>12}")
+        print(f"{'client':18} {'tasks':>5} {'calls/s (median)':>17} {'CPU µs/call':>12} {'Redis µs/call':>14}")
         for c in args.concurrency:
             for name in names:
                 rows = results[(name, c)]
-                rate = statistics.median(r for r, _ in rows)
-                cpu = statistics.median(u for _, u in rows)
-                print(f"{name:18} {c:5d} {rate:17.0f} {cpu:12.1f}")
+                rate = statistics.median(r for r, _, _ in rows)
+                cpu = statistics.median(u for _, u, _ in rows)
+                server = statistics.median(s for _, _, s in rows)
+                print(f"{name:18} {c:5d} {rate:17.0f} {cpu:12.1f} {server:14.1f}")
     finally:
         proc.terminate()
         proc.wait(10)

@@ -9,9 +9,10 @@ written per call.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Final
 
 from gateway.limits.gcra import TOKEN_KINDS, Bucket, Spec
-from gateway.limits.scriptchannel import bulk
+from gateway.limits.scriptchannel import Part, bulk
 
 _NO_LEASE = bulk(b"")
 
@@ -19,8 +20,14 @@ _NO_LEASE = bulk(b"")
 def _cost(cost: float) -> bytes:
     # An int is the common case (every acquire); a float cost is written as the script has always read it.
     if type(cost) is int:
-        return bulk(b"%d" % cost)
-    return bulk(b"%d" % cost if cost == int(cost) else repr(cost).encode())
+        digits = b"%d" % cost
+    else:
+        digits = b"%d" % cost if cost == int(cost) else repr(cost).encode()
+    return b"$%d\r\n%b\r\n" % (len(digits), digits)
+
+
+# The costs most calls carry (a request's 1, a token count that fits), written once.
+_COSTS: Final = {n: _cost(n) for n in range(4096)}
 
 
 class BucketSet:
@@ -39,33 +46,31 @@ class BucketSet:
         self.leased = bool(self.concurrent)  # an acquire takes a lease, which needs an id
         self._prefix = prefix
         self._sha = sha
-        self._heads: dict[str, tuple[bytes, tuple[bytes, ...]]] = {}
+        self._heads: dict[str, tuple[bytes, bytes, bytes, tuple[bytes, ...]]] = {}
 
     def costs(self, tokens: int, requests: int) -> list[int]:
         return [tokens if t else requests for t in self.token_mask]
 
-    def _head(self, mode: str) -> tuple[bytes, tuple[bytes, ...]]:
-        # EVALSHA sha numkeys key... mode lease (kind limit period_ms cost)... : all but the lease and costs.
+    def _head(self, mode: str) -> tuple[bytes, bytes, bytes, tuple[bytes, ...]]:
+        # EVALSHA sha numkeys key... mode lease (kind limit period_ms cost)... : all but the lease and costs,
+        # as the command's head through the key count, the keys, and the mode.
         n = len(self.buckets)
-        head = b"*%d\r\n" % (3 + n + 2 + 4 * n) + b"".join(
-            bulk(p)
-            for p in (
-                b"EVALSHA",
-                self._sha,
-                b"%d" % n,
-                *((self._prefix + b.redis_key).encode() for b in self.buckets),
-                mode.encode(),
-            )
-        )
+        single = b"*%d\r\n" % (3 + n + 2 + 4 * n) + bulk(b"EVALSHA") + bulk(self._sha) + bulk(b"%d" % n)
+        keys = b"".join(bulk((self._prefix + b.redis_key).encode()) for b in self.buckets)
         per = tuple(bulk(b.kind.encode()) + bulk(b"%d" % b.limit) + bulk(b"%d" % b.period_ms) for b in self.buckets)
-        self._heads[mode] = (head, per)
-        return head, per
+        found = self._heads[mode] = (single, keys, bulk(mode.encode()), per)
+        return found
 
-    def command(self, mode: str, lease: str, costs: Sequence[float]) -> bytes:
-        """The script call for `mode` on these buckets, as RESP bytes."""
-        head, per = self._heads.get(mode) or self._head(mode)
+    def part(self, mode: str, lease: str, costs: Sequence[float]) -> Part:
+        """The script call for `mode` on these buckets, which the channel may merge with others."""
+        single, keys, head, per = self._heads.get(mode) or self._head(mode)
         parts = [head, bulk(lease.encode()) if lease else _NO_LEASE]
+        cached = _COSTS.get
         for static, cost in zip(per, costs, strict=True):
             parts.append(static)
-            parts.append(_cost(cost))
-        return b"".join(parts)
+            parts.append(cached(cost) or _cost(cost))  # type: ignore[call-overload]
+        return Part(single, keys, len(per), b"".join(parts))
+
+    def command(self, mode: str, lease: str, costs: Sequence[float]) -> bytes:
+        """The script call for `mode` on these buckets, alone, as RESP bytes."""
+        return self.part(mode, lease, costs).command()

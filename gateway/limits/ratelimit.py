@@ -34,7 +34,7 @@ from gateway.limits.gcra import (
     peek_state,
 )
 from gateway.limits.script import script_text
-from gateway.limits.scriptchannel import ScriptChannel, Unanswered
+from gateway.limits.scriptchannel import Part, ScriptChannel, Unanswered
 from gateway.state import Degraded, SharedState
 
 # Where the callers look for them: the arithmetic lives in gateway/limits/gcra.py, the script in
@@ -142,14 +142,14 @@ class Limiter:
             found = self._sets[key] = BucketSet(key, self._prefix, self._sha)
         return found
 
-    def _command(self, mode: str, lease: str, buckets: Sequence[Bucket], costs: Sequence[float]) -> bytes:
-        return self.compiled(buckets).command(mode, lease, costs)
+    def _command(self, mode: str, lease: str, buckets: Sequence[Bucket], costs: Sequence[float]) -> Part:
+        return self.compiled(buckets).part(mode, lease, costs)
 
-    def _remote(self, cmd: bytes) -> asyncio.Future[list[int]]:
-        """One script call on the channel (batched with this tick's others). The future fails with
+    def _remote(self, part: Part) -> asyncio.Future[list[int]]:
+        """One script call on the channel (merged with this tick's others). The future fails with
         Degraded when the call was not sent, and with Unanswered when Redis did not answer in time."""
         assert self._channel is not None
-        return self._channel.call(cmd)
+        return self._channel.call_part(part)
 
     async def _run(self, mode: str, lease: str, buckets: Sequence[Bucket], costs: Sequence[float]) -> list[int]:
         if self._channel is not None:
@@ -269,7 +269,7 @@ class Limiter:
                 out = self._fallback(lease, bset.buckets, costs, unanswered=False)
             else:
                 try:
-                    out = await channel.call(bset.command("acquire", lease, costs))
+                    out = await channel.call_part(bset.part("acquire", lease, costs))
                 except Degraded as exc:
                     out = self._fallback(lease, bset.buckets, costs, unanswered=isinstance(exc, Unanswered))
         except asyncio.CancelledError:

@@ -11,6 +11,9 @@ from __future__ import annotations
 from typing import Final
 
 # KEYS: one per bucket. ARGV: mode, lease id, then per bucket: kind, limit, period_ms, cost.
+# mode "batch": several such calls in one (the channel merges the calls of one loop tick): KEYS are every
+#   call's keys in turn, ARGV is "batch" then per call its key count and its own ARGV; each call is decided
+#   as if it ran alone, in order, on one reading of the clock, and the reply is the list of their replies.
 # mode "acquire": all-or-nothing check and charge; returns {ok, retry_ms, b1_remaining, b1_reset_ms, ...}
 # mode "adjust": add cost (may be negative: a refund) without checking; returns {1, 0, ...}
 # mode "block": as "acquire" on one concurrency bucket, for `cost` leases at once (ids `lease/1`..`lease/cost`).
@@ -23,120 +26,138 @@ from typing import Final
 # A concurrency bucket is one sorted set: live leases scored by their expiry (> 0), cancel markers by
 # minus theirs (< 0), so both expire on Redis's clock and stay in the one key (and slot) the script names.
 _SCRIPT: Final = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local mode, lease = ARGV[1], ARGV[2]
-local n = #KEYS
-local out = {1, 0}
-local news = {}
-local ttls = {}
-local now_state = {}
-local denied = false
-local retry = 0
-for i = 1, n do
-  local base = 2 + (i - 1) * 4
-  local kind, limit, period, cost = ARGV[base + 1], tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3]),
-    tonumber(ARGV[base + 4])
-  if kind == 'concurrent' then
-    redis.call('ZREMRANGEBYSCORE', KEYS[i], 0, now)
-    if mode == 'release' then
-      redis.call('ZREM', KEYS[i], lease)
-      news[i] = false
-      out[#out + 1] = 0; out[#out + 1] = 0
-    elseif mode == 'refresh' then
-      local score = redis.call('ZSCORE', KEYS[i], lease)
-      if score and tonumber(score) > 0 then
-        redis.call('ZADD', KEYS[i], now + LEASE_TTL, lease)
-        redis.call('PEXPIRE', KEYS[i], LEASE_TTL)
+local call, floor, ceil, max, find, sub = redis.call, math.floor, math.ceil, math.max, string.find, string.sub
+local t = call('TIME')
+local now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
+local function one(k, n, a)
+  local mode, lease = ARGV[a + 1], ARGV[a + 2]
+  local out = {1, 0}
+  local news = {}
+  local ttls = {}
+  local qs = {}
+  local denied = false
+  local retry = 0
+  for i = 1, n do
+    local base = a + 2 + (i - 1) * 4
+    local kind, limit, period, cost = ARGV[base + 1], tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3]),
+      tonumber(ARGV[base + 4])
+    if kind == 'concurrent' then
+      call('ZREMRANGEBYSCORE', KEYS[k + i], 0, now)
+      if mode == 'release' then
+        call('ZREM', KEYS[k + i], lease)
+        news[i] = false
+        out[#out + 1] = 0; out[#out + 1] = 0
+      elseif mode == 'refresh' then
+        local score = call('ZSCORE', KEYS[k + i], lease)
+        if score and tonumber(score) > 0 then
+          call('ZADD', KEYS[k + i], now + LEASE_TTL, lease)
+          call('PEXPIRE', KEYS[k + i], LEASE_TTL)
+        end
+        news[i] = false
+        out[#out + 1] = 0; out[#out + 1] = 0
+      elseif mode == 'cancel' then
+        call('ZREMRANGEBYSCORE', KEYS[k + i], -now, -1)
+        call('ZADD', KEYS[k + i], -(now + LEASE_TTL), lease)
+        call('PEXPIRE', KEYS[k + i], LEASE_TTL)
+        news[i] = false
+        out[#out + 1] = 0; out[#out + 1] = 0
+      else
+        local used = call('ZCOUNT', KEYS[k + i], '(0', '+inf')
+        local want = 1
+        if mode == 'block' then want = cost end
+        if mode ~= 'adjust' and used + want > limit then
+          denied = true
+          -- A slot frees when any request ends, which nobody knows: retry soon (the oldest lease's expiry
+          -- is only a bound, up to ten minutes away).
+          local oldest = call('ZRANGEBYSCORE', KEYS[k + i], 1, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+          local wait = 1000
+          if oldest[2] then wait = max(math.min(tonumber(oldest[2]) - now, 1000), 1) end
+          if wait > retry then retry = wait end
+        end
+        news[i] = 'lease'
+        out[#out + 1] = max(limit - used - want, 0); out[#out + 1] = 0
       end
-      news[i] = false
-      out[#out + 1] = 0; out[#out + 1] = 0
-    elseif mode == 'cancel' then
-      redis.call('ZREMRANGEBYSCORE', KEYS[i], -now, -1)
-      redis.call('ZADD', KEYS[i], -(now + LEASE_TTL), lease)
-      redis.call('PEXPIRE', KEYS[i], LEASE_TTL)
-      news[i] = false
-      out[#out + 1] = 0; out[#out + 1] = 0
     else
-      local used = redis.call('ZCOUNT', KEYS[i], '(0', '+inf')
-      local want = 1
-      if mode == 'block' then want = cost end
-      if mode ~= 'adjust' and used + want > limit then
+      -- TAT = base + units * period / limit, kept as a whole millisecond and a count of units so that the
+      -- arithmetic is exact in integers: q = (TAT - now) * limit. (A TAT in float milliseconds drifts by
+      -- rounding at 1.7e12 and refused the last unit of a burst when period / limit is not whole.)
+      local tb, tu = now, 0
+      local raw = call('GET', KEYS[k + i])
+      if raw then
+        local c = find(raw, ':', 1, true)
+        if c then tb, tu = tonumber(sub(raw, 1, c - 1)), tonumber(sub(raw, c + 1)) else tb = floor(tonumber(raw)) end
+      end
+      local q = (tb - now) * limit + tu * period
+      if q < 0 then tb, tu, q = now, 0, 0 end
+      local nu, nq = tu + cost, q + cost * period
+      if mode == 'adjust' and nq < 0 then tb, nu, nq = now, 0, 0 end
+      if mode == 'acquire' and nq > period * limit then
         denied = true
-        -- A slot frees when any request ends, which nobody knows: retry soon (the oldest lease's expiry
-        -- is only a bound, up to ten minutes away).
-        local oldest = redis.call('ZRANGEBYSCORE', KEYS[i], 1, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
-        local wait = 1000
-        if oldest[2] then wait = math.max(math.min(tonumber(oldest[2]) - now, 1000), 1) end
+        local wait = ceil((nq - period * limit) / limit)
         if wait > retry then retry = wait end
       end
-      news[i] = 'lease'
-      out[#out + 1] = math.max(limit - used - want, 0); out[#out + 1] = 0
+      local whole = floor(nu / limit)
+      news[i] = string.format('%.17g:%.17g', tb + whole * period, nu - whole * limit)
+      ttls[i] = ceil(nq / limit) + 1000
+      out[#out + 1] = max(floor((period * limit - nq) / period), 0); out[#out + 1] = ceil(nq / limit)
+      qs[i] = q
     end
-  else
-    -- TAT = base + units * period / limit, kept as a whole millisecond and a count of units so that the
-    -- arithmetic is exact in integers: q = (TAT - now) * limit. (A TAT in float milliseconds drifts by
-    -- rounding at 1.7e12 and refused the last unit of a burst when period / limit is not whole.)
-    local tb, tu = now, 0
-    local raw = redis.call('GET', KEYS[i])
-    if raw then
-      local b, u = string.match(raw, '^(.-):(.*)$')
-      if b then tb, tu = tonumber(b), tonumber(u) else tb = math.floor(tonumber(raw)) end
-    end
-    local q = (tb - now) * limit + tu * period
-    if q < 0 then tb, tu, q = now, 0, 0 end
-    local nu, nq = tu + cost, q + cost * period
-    if mode == 'adjust' and nq < 0 then tb, nu, nq = now, 0, 0 end
-    if mode == 'acquire' and nq > period * limit then
-      denied = true
-      local wait = math.ceil((nq - period * limit) / limit)
-      if wait > retry then retry = wait end
-    end
-    local k = math.floor(nu / limit)
-    news[i] = string.format('%.17g:%.17g', tb + k * period, nu - k * limit)
-    ttls[i] = math.ceil(nq / limit) + 1000
-    out[#out + 1] = math.max(math.floor((period * limit - nq) / period), 0); out[#out + 1] = math.ceil(nq / limit)
-    now_state[i] = {math.max(math.floor((period * limit - q) / period), 0), math.ceil(q / limit)}
   end
-end
-if mode == 'release' or mode == 'cancel' or mode == 'refresh' then return out end
-if denied then
-  -- Report what the buckets hold now: the denied request charged nothing.
-  out[1] = 0; out[2] = retry
+  if mode == 'release' or mode == 'cancel' or mode == 'refresh' then return out end
+  if denied then
+    -- Report what the buckets hold now: the denied request charged nothing.
+    out[1] = 0; out[2] = retry
+    for i = 1, n do
+      local q = qs[i]
+      if q then
+        local limit, period = tonumber(ARGV[a + 2 + i * 4 - 2]), tonumber(ARGV[a + 2 + i * 4 - 1])
+        out[1 + i * 2] = max(floor((period * limit - q) / period), 0); out[2 + i * 2] = ceil(q / limit)
+      end
+    end
+    return out
+  end
+  -- Leases first: ZADD NX meets this id's cancel marker when the acquire runs after its cancel (it sat
+  -- unread in a dropped connection), and then nothing at all is written.
+  local added = {}
   for i = 1, n do
-    if now_state[i] then out[1 + i * 2] = now_state[i][1]; out[2 + i * 2] = now_state[i][2] end
+    if news[i] == 'lease' then
+      local ids = {lease}
+      if mode == 'block' then
+        ids = {}
+        for j = 1, tonumber(ARGV[a + 6]) do ids[j] = lease .. '/' .. j end
+      end
+      for _, id in ipairs(ids) do
+        if call('ZADD', KEYS[k + i], 'NX', now + LEASE_TTL, id) == 0 then
+          for _, e in ipairs(added) do call('ZREM', e[1], e[2]) end
+          out[1] = 0
+          return out
+        end
+        added[#added + 1] = {KEYS[k + i], id}
+      end
+    end
+  end
+  for i = 1, n do
+    local v = news[i]
+    if v == 'lease' then
+      call('PEXPIRE', KEYS[k + i], LEASE_TTL)
+    elseif v then
+      call('SET', KEYS[k + i], v, 'PX', ttls[i])
+    end
   end
   return out
 end
--- Leases first: ZADD NX meets this id's cancel marker when the acquire runs after its cancel (it sat
--- unread in a dropped connection), and then nothing at all is written.
-local added = {}
-for i = 1, n do
-  if news[i] == 'lease' then
-    local ids = {lease}
-    if mode == 'block' then
-      ids = {}
-      for j = 1, tonumber(ARGV[6]) do ids[j] = lease .. '/' .. j end
-    end
-    for _, id in ipairs(ids) do
-      if redis.call('ZADD', KEYS[i], 'NX', now + LEASE_TTL, id) == 0 then
-        for _, a in ipairs(added) do redis.call('ZREM', a[1], a[2]) end
-        out[1] = 0
-        return out
-      end
-      added[#added + 1] = {KEYS[i], id}
-    end
+if ARGV[1] == 'batch' then
+  -- Several calls in one: ARGV is 'batch', then per call its key count, mode, lease and buckets; KEYS are
+  -- every call's keys in turn. Each is decided as if it ran alone, in order; the reply is one per call.
+  local replies, k, a = {}, 0, 1
+  while a < #ARGV do
+    local n = tonumber(ARGV[a + 1])
+    replies[#replies + 1] = one(k, n, a + 1)
+    k, a = k + n, a + 3 + 4 * n
   end
+  return replies
 end
-for i = 1, n do
-  local v = news[i]
-  if v == 'lease' then
-    redis.call('PEXPIRE', KEYS[i], LEASE_TTL)
-  elseif v then
-    redis.call('SET', KEYS[i], v, 'PX', ttls[i])
-  end
-end
-return out
+return one(0, #KEYS, 0)
 """
 
 

@@ -1,5 +1,8 @@
 """The rate-limit script's own Redis connection: pipelined, batched per event-loop tick, self-repairing.
 
+The calls of one tick leave in one write, and those that may be (`call_part`) as one script call of the
+script's `batch` mode, which decides each as if it ran alone and answers each on its own.
+
 It costs a third of redis-py's CPU per call with the same batching (`python -m bench.redis_channel`),
 and is set up by redis-py's own connection class from the same parsed URL, so the two cannot disagree
 about an option. It owns NOSCRIPT reloads, Cluster MOVED/ASK and Sentinel re-discovery: docs/ratelimits.md.
@@ -11,7 +14,7 @@ import asyncio
 import hashlib
 from collections import deque
 from collections.abc import Coroutine
-from typing import Any, Final, cast
+from typing import Any, Final, NamedTuple, cast
 
 import hiredis
 
@@ -104,7 +107,66 @@ class _Protocol(asyncio.Protocol):
         return futures
 
 
-_Batch = list[tuple[bytes, asyncio.Future[Any]]]
+# Calls merged into one script call (`call_part`) per write, at most: the script runs them one after
+# another while Redis serves nothing else, so a burst is cut into calls of this many.
+PARTS_PER_CALL: Final = 64
+_BATCH: Final = bulk(b"batch")
+
+
+class Part(NamedTuple):
+    """One script call that may share a script call with others queued in the same tick: `keys` its
+    `nkeys` keys as RESP bulk strings, `args` its 2 + 4 * nkeys arguments (mode, lease, per bucket kind,
+    limit, period, cost), and `single` the command's head when it goes alone (through the key count)."""
+
+    single: bytes
+    keys: bytes
+    nkeys: int
+    args: bytes
+
+    def command(self) -> bytes:
+        return self.single + self.keys + self.args
+
+
+# What waits for a command's reply: one caller, or (a merged call) one per part, in order.
+_Target = asyncio.Future[Any] | list[asyncio.Future[Any]]
+_Batch = list[tuple[bytes, _Target]]
+
+
+def _merged(sha: bytes, parts: list[Part]) -> bytes:
+    """`parts` as one call of the script's `batch` mode: every part's keys, then every part's arguments."""
+    nkeys = sum(p.nkeys for p in parts)
+    head = b"*%d\r\n" % (3 + nkeys + 1 + sum(3 + 4 * p.nkeys for p in parts))
+    return b"".join(
+        [
+            head,
+            bulk(b"EVALSHA"),
+            bulk(sha),
+            bulk(b"%d" % nkeys),
+            *[p.keys for p in parts],
+            _BATCH,
+            *[bulk(b"%d" % p.nkeys) + p.args for p in parts],
+        ]
+    )
+
+
+def _answer(target: _Target, result: Any) -> None:
+    """A reply to its caller, or a merged call's replies to theirs (a caller that went away is skipped)."""
+    if isinstance(target, list):
+        for fut, one in zip(target, result, strict=True):
+            if not fut.done():
+                fut.set_result(one)
+    elif not target.done():
+        target.set_result(result)
+
+
+def _raise(target: _Target, kind: type[Degraded]) -> None:
+    for fut in target if isinstance(target, list) else (target,):
+        if not fut.done():
+            fut.set_exception(kind())
+
+
+def _pending(target: _Target) -> bool:
+    return any(not f.done() for f in target) if isinstance(target, list) else not target.done()
 
 
 class ScriptChannel:
@@ -124,7 +186,7 @@ class ScriptChannel:
         self._address: tuple[str, int] | None = None  # the node to use (cluster, sentinel); None: resolve
         self._protocol: _Protocol | None = None
         self._connecting: asyncio.Future[_Protocol] | None = None
-        self._queue: _Batch = []
+        self._queue: list[tuple[bytes | Part, asyncio.Future[Any]]] = []
         self._sending: set[asyncio.Task[None]] = set()
         self._closed = False
 
@@ -224,10 +286,34 @@ class ScriptChannel:
             loop.call_soon(self._send_queued)
         return fut
 
+    def call_part(self, part: Part) -> asyncio.Future[Any]:
+        """As `call`, for a call that may be merged with the others queued in this tick (`_send_queued`)."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        self._queue.append((part, fut))
+        if len(self._queue) == 1:
+            loop.call_soon(self._send_queued)
+        return fut
+
     def _send_queued(self) -> None:
         """Every call queued in one loop tick goes to Redis in one write: one round trip for all the
-        requests that arrived together (each call is still its own atomic script)."""
-        batch, self._queue = self._queue, []
+        requests that arrived together. The parts among them go as one script call (up to PARTS_PER_CALL
+        in each), which decides each in turn exactly as if it ran alone, and answers each on its own."""
+        queued, self._queue = self._queue, []
+        batch: _Batch = []
+        parts: list[Part] = []
+        waiting: list[asyncio.Future[Any]] = []
+        for cmd, fut in queued:
+            if isinstance(cmd, bytes):
+                batch.append((cmd, fut))
+            else:
+                parts.append(cmd)
+                waiting.append(fut)
+        if len(parts) == 1:
+            batch.append((parts[0].command(), waiting[0]))
+        else:
+            for i in range(0, len(parts), PARTS_PER_CALL):
+                batch.append((_merged(self.sha, parts[i : i + PARTS_PER_CALL]), waiting[i : i + PARTS_PER_CALL]))
         if self._closed:
             self._fail(None, batch, ChannelError("closed"), sent=False)
             return
@@ -261,22 +347,22 @@ class ScriptChannel:
         self, proto: _Protocol, batch: _Batch, replies: list[asyncio.Future[Any]], timer: asyncio.TimerHandle
     ) -> None:
         timer.cancel()
-        for (cmd, fut), reply in zip(batch, replies, strict=True):
+        for (cmd, target), reply in zip(batch, replies, strict=True):
             exc = reply.exception()
             if exc is not None:
                 for other in replies:
                     other.exception()  # retrieved, so none is logged as "never retrieved"
                 self._fail(proto, batch, exc, sent=True)
                 return
-            if fut.done():
+            if not _pending(target):
                 continue  # the caller was cancelled: `acquire` cancels its lease; a token charge is repaid
             result = reply.result()
             if isinstance(result, ScriptError):
-                self._refused(proto, cmd, fut, result)
+                self._refused(proto, cmd, target, result)
             else:
-                fut.set_result(result)
+                _answer(target, result)
 
-    def _refused(self, proto: _Protocol, cmd: bytes, fut: asyncio.Future[Any], error: ScriptError) -> None:
+    def _refused(self, proto: _Protocol, cmd: bytes, fut: _Target, error: ScriptError) -> None:
         """An error reply: none of these ran the script, so resending is safe."""
         text = str(error).encode()
         redirect = _redirect(error)
@@ -297,12 +383,11 @@ class ScriptChannel:
             if self._protocol is proto:
                 self._move(None)
             self._shared.mark_down(error)
-            if not fut.done():
-                fut.set_exception(Degraded())
-        elif not fut.done():
-            fut.set_exception(Degraded())
+            _raise(fut, Degraded)
+        else:
+            _raise(fut, Degraded)
 
-    async def _resend(self, fut: asyncio.Future[Any], commands: list[bytes], elsewhere: tuple[str, int] | None) -> None:
+    async def _resend(self, fut: _Target, commands: list[bytes], elsewhere: tuple[str, int] | None) -> None:
         """Send `commands` (the last is the call) on the channel, or on a one-off connection to `elsewhere`."""
         result: Any = None
         try:
@@ -319,14 +404,12 @@ class ScriptChannel:
             if elsewhere is None:
                 self._fail(None, [], exc, sent=True)
             result = None
-        if fut.done():
-            return
         if result is None:
-            fut.set_exception(Unanswered())
+            _raise(fut, Unanswered)
         elif isinstance(result, ScriptError):
-            fut.set_exception(Degraded())  # refused again (it did not run): no second resend
+            _raise(fut, Degraded)  # refused again (it did not run): no second resend
         else:
-            fut.set_result(result)
+            _answer(fut, result)
 
     def _fail(self, proto: _Protocol | None, batch: _Batch, exc: BaseException, *, sent: bool) -> None:
         # Dropping the connection does not take back what was written: Redis reads and runs it when it
@@ -335,6 +418,5 @@ class ScriptChannel:
             self.abort()
             self._address = None  # a lost node may be a failed master: ask again who the master is
         self._shared.mark_down(exc)
-        for _cmd, fut in batch:
-            if not fut.done():
-                fut.set_exception(Unanswered() if sent else Degraded())
+        for _cmd, target in batch:
+            _raise(target, Unanswered if sent else Degraded)

@@ -8,6 +8,7 @@ talks to that slot's master and follows it through a failover (MOVED, or the con
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import uuid
 from collections.abc import Iterator
@@ -100,6 +101,22 @@ async def test_one_slot_for_every_bucket_of_a_call(cluster: Cluster) -> None:
             await limiter.release(buckets, d.lease)
         with cluster.node(master) as r:
             assert r.zcard(f"{{rl}}{buckets[3].redis_key}") == 0
+    finally:
+        await limiter.close()
+        await shared.close()
+
+
+async def test_merged_calls_of_many_scopes_on_the_cluster(cluster: Cluster) -> None:
+    """Admissions of many scopes queued in one tick go as one script call (the `batch` mode) naming all
+    their keys: on a cluster that works because every key is in the `{rl}` slot. Exact per scope."""
+    shared = SharedState(cluster.url)
+    limiter = Limiter(shared, fail_open=False)
+    tag = uuid.uuid4().hex[:8]
+    buckets = [Bucket(scope=f"key:{tag}-{i}", kind="rpm", limit=2) for i in range(10)]
+    try:
+        decisions = await asyncio.gather(*(limiter.acquire([b], 0) for b in buckets for _ in range(3)))
+        assert [d.allowed for d in decisions] == [True, True, False] * 10
+        assert [s.remaining for s in await limiter.peek(buckets)] == [0] * 10
     finally:
         await limiter.close()
         await shared.close()
