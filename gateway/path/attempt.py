@@ -146,7 +146,9 @@ class Job:
         ask = self.ask
         slot = None
         if ask is not None:
-            slot, timeouts = await ask.slot(route, timeouts, self.plan)
+            slot = ask.take(route)  # a free slot (NO_CAP's where the server has no cap); None: it must wait
+            if slot is None:
+                slot, timeouts = await ask.wait(route, timeouts, self.plan)
         admission = self.admission
         used: int | None = 0
         try:
@@ -168,7 +170,9 @@ class Job:
         ask = self.ask
         slot = None
         if ask is not None:
-            slot, timeouts = await ask.slot(route, timeouts, self.plan)
+            slot = ask.take(route)  # a free slot (NO_CAP's where the server has no cap); None: it must wait
+            if slot is None:
+                slot, timeouts = await ask.wait(route, timeouts, self.plan)
         admission = self.admission
         try:
             quota = await admission.admit_route(route, self.req, self.plan) if admission is not None else None

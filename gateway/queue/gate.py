@@ -14,6 +14,8 @@ import asyncio
 import time
 from typing import Any, Final
 
+import msgspec
+
 from gateway.limits.gcra import Bucket
 from gateway.limits.ratelimit import MAX_RENEW_S, Limiter, RedisDown
 from gateway.ops.metrics import Metrics
@@ -29,32 +31,20 @@ BLOCK_MIN: Final = 16
 TRIM_S: Final = 1.0
 
 
-class Slot:
-    """One slot of one gate, held by one attempt; `done` gives it back once (later calls do nothing)."""
+class Slot(msgspec.Struct, eq=False):
+    """One slot of one gate, held by one attempt; `done` gives it back once (later calls do nothing).
 
-    __slots__ = ("gate", "lease", "limiter", "tenant", "weight", "cost", "prompt", "waited", "pooled")
+    A Struct: built in C, without an `__init__` frame, once per attempt."""
 
-    def __init__(
-        self,
-        gate: Gate,
-        lease: str,
-        limiter: Limiter | None,
-        tenant: str,
-        weight: float,
-        cost: int,
-        prompt: int,
-        waited: float,
-        pooled: bool = False,
-    ) -> None:
-        self.gate: Gate | None = gate
-        self.lease = lease
-        self.limiter = limiter  # the limiter that holds its lease (a reload may have swapped the gate's since)
-        self.tenant = tenant
-        self.weight = weight
-        self.cost = cost  # the tokens its tenant was charged for it, `prompt` of them for its prompt
-        self.prompt = prompt
-        self.waited = waited  # seconds spent in the queue (0 when a slot was free)
-        self.pooled = pooled  # its lease is one of a block: it goes back to the gate's spares, not to Redis
+    gate: Gate | None
+    lease: str
+    limiter: Limiter | None  # the limiter that holds its lease (a reload may have swapped the gate's since)
+    tenant: str
+    weight: float
+    cost: int  # the tokens its tenant was charged for it, `prompt` of them for its prompt
+    prompt: int
+    waited: float  # seconds spent in the queue (0 when a slot was free)
+    pooled: bool = False  # its lease is one of a block: it goes back to the gate's spares, not to Redis
 
     def done(self, used: int | None) -> None:
         """The attempt ended having used `used` tokens (None: unknown, the estimate stands)."""
@@ -62,6 +52,10 @@ class Slot:
         if gate is not None:
             self.gate = None
             gate.release(self, used)
+
+
+# The slot of a server without a cap: nothing to give back.
+NO_CAP: Final = Slot(None, "", None, "", 1.0, 0, 0, 0.0)
 
 
 class Gate:

@@ -12,6 +12,8 @@ import time
 from collections.abc import Mapping
 from typing import Final
 
+import msgspec
+
 from gateway.config import LoadedConfig, QueueConfig, replica_cap, replica_names, replica_url
 from gateway.limits.auth import ClientKey
 from gateway.limits.ratelimit import Limiter
@@ -19,7 +21,7 @@ from gateway.limits.tokens import prompt_tokens, text_tokens, unbounded_completi
 from gateway.ops import tracing
 from gateway.ops.metrics import Metrics
 from gateway.queue.fair import PRIORITIES, RANK, Waiter
-from gateway.queue.gate import LOW, Gate, Slot
+from gateway.queue.gate import LOW, NO_CAP, Gate, Slot
 from gateway.upstream.plan import Plan, Route
 from gateway.upstream.transport import Timeouts
 from providers import REGISTRY
@@ -38,31 +40,29 @@ class Spilled(RateLimitError):
     made, and the failover loop moves on to the next target without counting it as an attempt."""
 
 
-class Ask:
-    """Who one request is to the queue: its tenant, the tenant's weight, its class and what it may cost."""
+class Ask(msgspec.Struct, eq=False):
+    """Who one request is to the queue: its tenant, the tenant's weight, its class and what it may cost.
 
-    __slots__ = ("queues", "tenant", "weight", "rank", "prompt", "most", "choices", "first", "tried", "waited")
+    A Struct: built in C, without an `__init__` frame, once per request."""
 
-    def __init__(
-        self, queues: Queues, tenant: str, weight: float, rank: int, prompt: int, most: int | None, choices: int
-    ) -> None:
-        self.queues = queues
-        self.tenant = tenant
-        self.weight = weight
-        self.rank = rank
-        self.prompt = prompt  # its prompt's tokens, estimated
-        self.most = most  # the most it may generate (max_tokens x choices), None without max_tokens
-        self.choices = choices
-        # The targets this request's attempts have gone to: the first, and a set only once there are others.
-        self.first = ""
-        self.tried: set[str] | None = None
-        self.waited = 0.0  # seconds its attempts spent in queues, for the access log
+    queues: Queues
+    tenant: str
+    weight: float
+    rank: int
+    prompt: int  # its prompt's tokens, estimated
+    most: int | None  # the most it may generate (max_tokens x choices), None without max_tokens
+    choices: int
+    # The targets this request's attempts have gone to: the first, and a set only once there are others.
+    first: str = ""
+    tried: set[str] | None = None
+    waited: float = 0.0  # seconds its attempts spent in queues, for the access log
 
     def has_tried(self, key: str) -> bool:
         return key == self.first or (self.tried is not None and key in self.tried)
 
-    async def slot(self, route: Route, timeouts: Timeouts, plan: Plan) -> tuple[Slot | None, Timeouts]:
-        """A slot on `route`'s server (None: it has no cap) and the attempt's timeouts less the time waited."""
+    def take(self, route: Route) -> Slot | None:
+        """A slot on `route`'s server that needs no waiting: a free one, or `NO_CAP` where the server has no
+        cap; None when the attempt must `wait` for one (the server is full, or with Redis has no spare lease)."""
         key = route.key
         first = self.first
         if not first:
@@ -74,14 +74,7 @@ class Ask:
                 self.tried.add(key)
         gate = self.queues.gate(route)
         if gate is None:
-            return None, timeouts
-        # Charged at its grant: its prompt and the answer its tenant's recent requests here had (within its
-        # max_tokens), so a request counts while it runs and a tenant of long generations cannot start many
-        # at once; what the answer used corrects it at its end (gateway/queue/fair.py).
-        generated = gate.order.expect(self.tenant, self.most)
-        if generated is None:  # no max_tokens, and no answer of this tenant here yet: the budgets' worst case
-            generated = unbounded_completion(route, self.queues.unbounded_tokens) * self.choices
-        cost = self.prompt + (generated if generated < _MAX_CHARGE else _MAX_CHARGE)
+            return NO_CAP
         if self.rank != LOW:
             if gate.low_cap < gate.cap:
                 gate.seen = time.monotonic()  # the reserve holds while such requests come
@@ -92,10 +85,25 @@ class Ask:
             # A free slot of this process, or (with Redis) a spare one of a block it holds: nothing to await.
             if gate.limiter is None:
                 gate.in_use += 1
-                return gate.grant(self.tenant, self.weight, cost, self.prompt), timeouts
+                return gate.grant(self.tenant, self.weight, self.cost(gate, route), self.prompt)
             if gate.spare and limit == gate.cap:
-                return gate.from_block(self.tenant, self.weight, cost, self.prompt), timeouts
-        return await self.queues.wait(self, cost, gate, route, timeouts, plan)
+                return gate.from_block(self.tenant, self.weight, self.cost(gate, route), self.prompt)
+        return None
+
+    async def wait(self, route: Route, timeouts: Timeouts, plan: Plan) -> tuple[Slot, Timeouts]:
+        """A slot on `route`'s server, which `take` found without one to give at once, and the attempt's
+        timeouts less the time waited."""
+        gate: Gate = self.queues.gate(route)  # type: ignore[assignment]  # `take` found it
+        return await self.queues.wait(self, self.cost(gate, route), gate, route, timeouts, plan)
+
+    def cost(self, gate: Gate, route: Route) -> int:
+        """The tokens charged at its grant: its prompt and the answer its tenant's recent requests here had
+        (within its max_tokens), so a request counts while it runs and a tenant of long generations cannot
+        start many at once; what the answer used corrects it at its end (gateway/queue/fair.py)."""
+        generated = gate.order.expect(self.tenant, self.most)
+        if generated is None:  # no max_tokens, and no answer of this tenant here yet: the budgets' worst case
+            generated = unbounded_completion(route, self.queues.unbounded_tokens) * self.choices
+        return self.prompt + (generated if generated < _MAX_CHARGE else _MAX_CHARGE)
 
 
 class _Tenant:
