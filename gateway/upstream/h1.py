@@ -20,7 +20,6 @@ import httptools
 from gateway.upstream.h1body import _Inflate
 from gateway.upstream.h1response import Response
 from gateway.upstream.h1wire import (
-    _HOP_BY_HOP,
     _KEEPALIVE_S,
     MAX_BODY,
     MAX_HEADER_BYTES,
@@ -34,7 +33,9 @@ from gateway.upstream.h1wire import (
     _head_too_large,
     _Stop,
     connect_cause,
+    header_lines,
     hop_by_hop,
+    request_line,
     split,
 )
 
@@ -459,34 +460,10 @@ class Client:
         if method in ("HEAD", "CONNECT"):
             # A HEAD answer's Content-Length frames no body and CONNECT ends HTTP: llhttp cannot be told.
             raise ValueError(f"method {method} is not supported")
-        key, target = split(url)
-        if not target.isprintable() or " " in target or not target.isascii():
-            raise ValueError("the request target contains spaces, control or non-ASCII characters")
-        pool = self._pool(key)
-        lines = [f"{method} {target} HTTP/1.1\r\nhost: {pool.origin.host_header}\r\ncontent-length: {len(body)}\r\n"]
-        compression = True
-        for name, value in headers.items():
-            lowered = name.lower()
-            # `hop_by_hop` inlined: a call per header was a measurable share of this loop.
-            if lowered in _HOP_BY_HOP or lowered.startswith("proxy-"):
-                # This client owns framing and the connection: `Expect: 100-continue`, `Connection`, an
-                # `Upgrade` or a second `Content-Length` from a caller could desync the pool.
-                continue
-            if lowered == "accept-encoding":
-                compression = False
-            line = f"{name}: {value}"
-            # A line break or NUL would split the head: a smuggled header or a second request. `in` is a
-            # memchr; counting the CRLFs of the whole head instead cost more than these checks.
-            if "\n" in line or "\r" in line or "\0" in line:
-                raise ValueError(f"header {name!r} contains a line break or NUL")
-            lines.append(line + "\r\n")
-        if compression:
-            # Hosted APIs compress large answers when asked (the recorded OpenAI body was gzip); the saving
-            # on the wire outweighs the decoding here.
-            lines.append("accept-encoding: gzip, deflate\r\n")
-        lines.append("\r\n")
-        head = "".join(lines).encode("latin-1")
-        return await pool.request(head + body, connect_s, first_byte_s, total_s)
+        key, line = request_line(method, url)
+        pool = self.pools.get(key) or self._pool(key)
+        head = f"{line}host: {pool.origin.host_header}\r\ncontent-length: {len(body)}\r\n{header_lines(headers)}"
+        return await pool.request(head.encode("latin-1") + body, connect_s, first_byte_s, total_s)
 
     def close(self) -> None:
         for pool in self.pools.values():
