@@ -17,7 +17,7 @@ import msgspec
 
 from providers.engine import EngineGauges
 from providers.guarded import guarded_write
-from providers.quota import QuotaReader
+from providers.quota import QuotaReader, counter_names
 from providers.tokenizer import NO_TOKENIZER, TokenizerAPI
 from wire.errors import GatewayError, InvalidRequestError, UnsupportedParamError
 from wire.schema import NATIVE_FIELDS, Choice, Completion, CompletionRequest, FinishReason, Logprobs, Usage
@@ -412,6 +412,13 @@ class Capabilities:
 
     def exhausted_for(self, headers: Mapping[str, str], now: float | None = None) -> float | None:
         """Seconds until the exhausted quota counter of a successful answer resets; None when none is."""
+        names = counter_names(self.quota_headers)
+        if names is not None:
+            for name in names:
+                if name in headers:
+                    break
+            else:
+                return None  # no counter at all (nearly every self-hosted server's answers)
         # A loop, not a comprehension: on every answer, and a comprehension is a call of its own.
         longest: float | None = None
         for read in self.quota_headers:
