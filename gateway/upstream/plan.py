@@ -87,4 +87,3 @@ class Plan(msgspec.Struct):
         self.tracks_latency = any(g.strategy == "latency" for g in self.groups)
         if len(self.groups) == 1 and len(self.groups[0].routes) == 1 and not self.context_groups:
             self.single = self.groups[0].routes[0]
-
