@@ -107,9 +107,7 @@ class Param(msgspec.Struct, frozen=True):
         if self.apply is not None:
             self.apply(body, value)
             return
-        path = self.to or name
-        if self.convert is not None:
-            value = self.convert(value)
+        path, value = self.to or name, self.convert(value) if self.convert else value
         if "." in path:
             _set_path(body, path, value)
         else:
@@ -169,10 +167,8 @@ def table(base: Table | None = None, *, drop: tuple[str, ...] = (), **params: Pa
     return out
 
 
-# Every field a table can map, in the order they are written to the body (the self-hosted servers' own last),
-# with its place in the request struct: one C call (`astuple`) reads them all, about three times cheaper than
-# a `getattr` per field or an `attrgetter`. A struct that subclasses the request (chat's) orders its fields
-# otherwise, so the places are worked out once per struct type.
+# Every field a table can map, in body order (the self-hosted servers' own last), by its place in the request
+# struct, per struct type (chat's orders them otherwise): one `astuple` reads them all, not a `getattr` each.
 _ORDER: tuple[str, ...] = (*(f for f in PARAM_FIELDS if f not in NATIVE_FIELDS), *NATIVE_FIELDS)
 _PLACES: dict[type, tuple[tuple[int, str], ...]] = {}
 _astuple = msgspec.structs.astuple
@@ -180,8 +176,7 @@ _astuple = msgspec.structs.astuple
 
 def _places(kind: type[CompletionRequest]) -> tuple[tuple[int, str], ...]:
     where = {f: i for i, f in enumerate(kind.__struct_fields__)}
-    found = _PLACES[kind] = tuple((where[f], f) for f in _ORDER)
-    return found
+    return _PLACES.setdefault(kind, tuple((where[f], f) for f in _ORDER))
 
 
 def map_params(
@@ -191,13 +186,10 @@ def map_params(
     body: dict[str, Any] = {}
     dropped: list[str] = []
     values = _astuple(req)
-    rules = params.get
     for i, name in _PLACES.get(type(req)) or _places(type(req)):
-        value = values[i]
-        if value is None:
+        if (value := values[i]) is None:
             continue
-        rule = rules(name)
-        if rule is not None:
+        if (rule := params.get(name)) is not None:
             rule.write(body, name, value)
         elif drop_unsupported:
             dropped.append(name)
@@ -413,12 +405,8 @@ class Capabilities:
     def exhausted_for(self, headers: Mapping[str, str], now: float | None = None) -> float | None:
         """Seconds until the exhausted quota counter of a successful answer resets; None when none is."""
         names = counter_names(self.quota_headers)
-        if names is not None:
-            for name in names:
-                if name in headers:
-                    break
-            else:
-                return None  # no counter at all (nearly every self-hosted server's answers)
+        if names is not None and headers.keys().isdisjoint(names):
+            return None  # no counter at all (nearly every self-hosted server's answers)
         # A loop, not a comprehension: on every answer, and a comprehension is a call of its own.
         longest: float | None = None
         for read in self.quota_headers:
