@@ -9,7 +9,6 @@ supported by the provider and is refused (400 naming it) or dropped, never silen
 from __future__ import annotations
 
 import abc
-import operator
 from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any, ClassVar, Literal, Protocol, Self
 from urllib.parse import quote
@@ -18,7 +17,7 @@ import msgspec
 
 from providers.engine import EngineGauges
 from providers.guarded import guarded_write
-from providers.quota import QuotaReader
+from providers.quota import QuotaReader, counter_names
 from providers.tokenizer import NO_TOKENIZER, TokenizerAPI
 from wire.errors import GatewayError, InvalidRequestError, UnsupportedParamError
 from wire.schema import NATIVE_FIELDS, Choice, Completion, CompletionRequest, FinishReason, Logprobs, Usage
@@ -108,7 +107,11 @@ class Param(msgspec.Struct, frozen=True):
         if self.apply is not None:
             self.apply(body, value)
             return
-        _set_path(body, self.to or name, self.convert(value) if self.convert else value)
+        path, value = self.to or name, self.convert(value) if self.convert else value
+        if "." in path:
+            _set_path(body, path, value)
+        else:
+            body[path] = value  # a top-level field, as nearly all are: no split, no walk
 
 
 Table = Mapping[str, Param]
@@ -164,9 +167,16 @@ def table(base: Table | None = None, *, drop: tuple[str, ...] = (), **params: Pa
     return out
 
 
-# The self-hosted servers' own fields are seldom set: one C call and one count pass over them all.
-_SEED_FIELDS: tuple[str, ...] = tuple(f for f in PARAM_FIELDS if f not in NATIVE_FIELDS)
-_native_values: Callable[[CompletionRequest], tuple[Any, ...]] = operator.attrgetter(*NATIVE_FIELDS)
+# Every field a table can map, in body order (the self-hosted servers' own last), by its place in the request
+# struct, per struct type (chat's orders them otherwise): one `astuple` reads them all, not a `getattr` each.
+_ORDER: tuple[str, ...] = (*(f for f in PARAM_FIELDS if f not in NATIVE_FIELDS), *NATIVE_FIELDS)
+_PLACES: dict[type, tuple[tuple[int, str], ...]] = {}
+_astuple = msgspec.structs.astuple
+
+
+def _places(kind: type[CompletionRequest]) -> tuple[tuple[int, str], ...]:
+    where = {f: i for i, f in enumerate(kind.__struct_fields__)}
+    return _PLACES.setdefault(kind, tuple((where[f], f) for f in _ORDER))
 
 
 def map_params(
@@ -175,28 +185,17 @@ def map_params(
     """Translate every set canonical field; return the vendor body fragment and what was dropped."""
     body: dict[str, Any] = {}
     dropped: list[str] = []
-    for name in _SEED_FIELDS:
-        value = getattr(req, name)
-        if value is not None:
-            _map_field(body, dropped, params, name, value, provider, drop_unsupported)
-    native = _native_values(req)
-    if native.count(None) != len(native):
-        for name, value in zip(NATIVE_FIELDS, native, strict=True):
-            if value is not None:
-                _map_field(body, dropped, params, name, value, provider, drop_unsupported)
+    values = _astuple(req)
+    for i, name in _PLACES.get(type(req)) or _places(type(req)):
+        if (value := values[i]) is None:
+            continue
+        if (rule := params.get(name)) is not None:
+            rule.write(body, name, value)
+        elif drop_unsupported:
+            dropped.append(name)
+        else:
+            raise UnsupportedParamError(name, provider)
     return body, dropped
-
-
-def _map_field(
-    body: dict[str, Any], dropped: list[str], params: Table, name: str, value: Any, provider: str, drop: bool
-) -> None:
-    rule = params.get(name)
-    if rule is not None:
-        rule.write(body, name, value)
-    elif drop:
-        dropped.append(name)
-    else:
-        raise UnsupportedParamError(name, provider)
 
 
 PromptForm = Literal["text", "texts", "tokens", "token_lists"]
@@ -405,6 +404,9 @@ class Capabilities:
 
     def exhausted_for(self, headers: Mapping[str, str], now: float | None = None) -> float | None:
         """Seconds until the exhausted quota counter of a successful answer resets; None when none is."""
+        names = counter_names(self.quota_headers)
+        if names is not None and headers.keys().isdisjoint(names):
+            return None  # no counter at all (nearly every self-hosted server's answers)
         # A loop, not a comprehension: on every answer, and a comprehension is a call of its own.
         longest: float | None = None
         for read in self.quota_headers:

@@ -8,6 +8,7 @@ The formats and which providers send them: docs/provider-notes.md#quota.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final
@@ -121,3 +122,25 @@ def exhausted_for(headers: Mapping[str, str], now: float | None = None) -> float
     """Seconds until an exhausted counter of any known format resets; None when nothing is exhausted (or unknown)."""
     now = time.time() if now is None else now
     return _longest([w for read in EVERY_FORMAT if (w := read(headers, now)) is not None])
+
+
+# The headers each reader needs one of to find a counter at zero: an answer that has none of a provider's
+# (a server that sends no counters) is read no further, without a call per reader.
+_NEEDS: Final[dict[QuotaReader, tuple[str, ...]]] = {
+    openai_counters: ("x-ratelimit-remaining-requests", "x-ratelimit-remaining-tokens"),
+    single_counter: ("x-ratelimit-remaining",),
+    anthropic_counters: tuple(f"anthropic-ratelimit-{limit}-remaining" for limit in ANTHROPIC_LIMITS),
+    mistral_windows: tuple(f"x-ratelimit-remaining-{window}" for window in _MISTRAL_WINDOWS),
+}
+
+
+@functools.cache
+def counter_names(readers: tuple[QuotaReader, ...]) -> tuple[str, ...] | None:
+    """Every header `readers` may find a counter at zero in; None when one of them is not known here."""
+    names: list[str] = []
+    for read in readers:
+        needs = _NEEDS.get(read)
+        if needs is None:
+            return None
+        names += needs
+    return tuple(names)

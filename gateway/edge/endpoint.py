@@ -67,7 +67,11 @@ _ENCODED_MAX: Final = 1024
 
 
 def _encoded(text: str) -> bytes:
-    value = _header_value(text)
+    # `_header_value`, inlined: a value new on every answer (a rate limit's remaining count) comes here each time.
+    if text.isascii() and text.isprintable():
+        value = text.encode("ascii")
+    else:
+        value = quote(text, safe=_HEADER_SAFE).encode("ascii")
     if len(_ENCODED) >= _ENCODED_MAX:
         _ENCODED.clear()
     _ENCODED[text] = value

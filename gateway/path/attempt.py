@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
 from typing import Any, ClassVar, TypeVar, cast
 
 import msgspec
@@ -305,11 +305,10 @@ class Attempt:
             self.dropped[route.key] = lost
         return params
 
-    async def _watch_quota(self, headers: Mapping[str, str]) -> None:
-        """An answer that says the upstream's quota is now used up: stop every replica sending more."""
-        wait = self.route.adapter.exhausted_for(headers)
-        if wait is not None:
-            await self.services.health.exhausted(self.route.key, min(wait, MAX_QUOTA_WAIT_S))
+    async def _quota_used_up(self, wait: float) -> None:
+        """An answer said the upstream's quota is now used up (`adapter.exhausted_for`): stop every replica
+        sending more. Its callers read the headers themselves, so the common answer awaits nothing more."""
+        await self.services.health.exhausted(self.route.key, min(wait, MAX_QUOTA_WAIT_S))
 
     async def exchange(self, adapter: Adapter, upstream_req: UpstreamRequest) -> bytes:
         """One buffered upstream call of this attempt's route: the answer's body, or the provider's error."""
@@ -318,7 +317,9 @@ class Attempt:
         resp = await self.services.upstream.send(route.provider, upstream_req, self.timeouts, route.key)
         if resp.status >= 400:
             raise adapter.map_error(resp.status, resp.headers, resp.body, route.provider)
-        await self._watch_quota(resp.headers)
+        wait = route.adapter.exhausted_for(resp.headers)
+        if wait is not None:
+            await self._quota_used_up(wait)
         return resp.body
 
     async def call(self, req: CompletionRequest) -> Completion:
@@ -371,7 +372,9 @@ class Attempt:
             if stream.status >= 400:
                 body = await stream.read_all()
                 raise adapter.map_error(stream.status, stream.headers, body, route.provider)
-            await self._watch_quota(stream.headers)
+            wait = route.adapter.exhausted_for(stream.headers)
+            if wait is not None:
+                await self._quota_used_up(wait)
             events = _events(parse, framing, stream, ctx, self.services.caps.upstream_event_bytes)
             try:
                 first = await anext(events, None)

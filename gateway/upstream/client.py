@@ -206,7 +206,10 @@ class Upstream:
         self, provider: str, req: UpstreamRequest, timeouts: Timeouts, target: str | None = None
     ) -> Response:
         """One buffered exchange; `target` (`provider/model[/deployment]`) is named by its errors."""
-        resp = await self._open(provider, req, timeouts, target)
+        try:  # `_open`, inlined: a coroutine less on every buffered request
+            resp = await self.transport(provider).request(tracing.outgoing(req), timeouts)
+        except _TRANSPORT as exc:
+            raise map_transport_error(exc, provider, target) from None
         try:
             body = await resp.read()
         except _TRANSPORT as exc:

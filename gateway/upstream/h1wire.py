@@ -8,6 +8,7 @@ import asyncio
 import errno
 import socket
 import ssl
+from collections.abc import Mapping
 from typing import Final
 from urllib.parse import urlsplit
 
@@ -116,6 +117,64 @@ def split(url: str) -> tuple[tuple[str, str, int | None], str]:
         raise ConnectFailed(f"not an http(s) URL: {url!r}")
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     return (parts.scheme, parts.hostname, parts.port), target
+
+
+# What `request_line` and `header_lines` made, by what they were made from: a provider's URL and its headers
+# repeat on nearly every request, and parsing the URL (urllib) and checking each header line again cost more
+# than a dict probe. Emptied when full, so per-request values (a trace id) cannot grow them; a URL or header
+# that fails its checks is never stored, so it fails every time.
+_LINES: Final[dict[tuple[str, str], tuple[tuple[str, str, int | None], str]]] = {}
+_HEADERS: Final[dict[tuple[tuple[str, str], ...], str]] = {}
+_LINES_MAX: Final = 1024
+
+
+def request_line(method: str, url: str) -> tuple[tuple[str, str, int | None], str]:
+    """(origin key, `METHOD target HTTP/1.1` and its line end) of a request to an absolute http(s) URL."""
+    found = _LINES.get((method, url))
+    if found is not None:
+        return found
+    key, target = split(url)
+    if not target.isprintable() or " " in target or not target.isascii():
+        raise ValueError("the request target contains spaces, control or non-ASCII characters")
+    if len(_LINES) >= _LINES_MAX:
+        _LINES.clear()
+    found = _LINES[(method, url)] = key, f"{method} {target} HTTP/1.1\r\n"
+    return found
+
+
+def header_lines(headers: Mapping[str, str]) -> str:
+    """The caller's header lines as sent, the blank line that ends the head included: the connection's own
+    (`hop_by_hop`) dropped, and `accept-encoding: gzip, deflate` added unless the caller named an encoding."""
+    items = tuple(headers.items())
+    found = _HEADERS.get(items)
+    if found is not None:
+        return found
+    lines: list[str] = []
+    compression = True
+    for name, value in items:
+        lowered = name.lower()
+        # `hop_by_hop` inlined: a call per header was a measurable share of this loop.
+        if lowered in _HOP_BY_HOP or lowered.startswith("proxy-"):
+            # This client owns framing and the connection: `Expect: 100-continue`, `Connection`, an
+            # `Upgrade` or a second `Content-Length` from a caller could desync the pool.
+            continue
+        if lowered == "accept-encoding":
+            compression = False
+        line = f"{name}: {value}"
+        # A line break or NUL would split the head: a smuggled header or a second request. `in` is a
+        # memchr; counting the CRLFs of the whole head instead cost more than these checks.
+        if "\n" in line or "\r" in line or "\0" in line:
+            raise ValueError(f"header {name!r} contains a line break or NUL")
+        lines.append(line + "\r\n")
+    if compression:
+        # Hosted APIs compress large answers when asked (the recorded OpenAI body was gzip); the saving
+        # on the wire outweighs the decoding here.
+        lines.append("accept-encoding: gzip, deflate\r\n")
+    lines.append("\r\n")
+    if len(_HEADERS) >= _LINES_MAX:
+        _HEADERS.clear()
+    found = _HEADERS[items] = "".join(lines)
+    return found
 
 
 def _body_too_large(cap: int) -> TooLarge:

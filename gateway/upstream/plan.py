@@ -67,6 +67,9 @@ class Plan(msgspec.Struct):
     tracks_inflight: bool = False
     tracks_latency: bool = False
     timeouts: Timeouts = Timeouts(0.0, 0.0, 0.0)  # the policy's, in seconds (set below)
+    # The one route of a direct `vendor/model` request (no alias, no fallbacks), else None (set below): read on
+    # every request by the limits and the queue.
+    single: Route | None = None
 
     def __post_init__(self) -> None:
         self.timeouts = Timeouts.of(self.policy.timeouts)
@@ -82,10 +85,5 @@ class Plan(msgspec.Struct):
         self.keys = tuple(seen)
         self.tracks_inflight = fleets or any(g.strategy == "least-busy" for g in groups)
         self.tracks_latency = any(g.strategy == "latency" for g in self.groups)
-
-    @property
-    def single(self) -> Route | None:
-        """The one route of a direct `vendor/model` request (no alias, no fallbacks)."""
         if len(self.groups) == 1 and len(self.groups[0].routes) == 1 and not self.context_groups:
-            return self.groups[0].routes[0]
-        return None
+            self.single = self.groups[0].routes[0]
