@@ -24,10 +24,13 @@ from gateway.queue.fair import PRIORITIES, RANK, FairOrder, Waiter
 # With Redis: how often waiters look for a slot another process freed (their own process's wake them at once).
 POLL_S: Final = 0.02
 LOW: Final = RANK["low"]
-# With Redis, a server with a cap of at least BLOCK_MIN takes its leases in blocks of cap // 8 while every
-# process together holds at most half its cap (and one lease per request above that); a process's spare
-# leases beyond what it has used at once since the last look, every TRIM_S, go back.
+# With Redis, a server with a cap of at least BLOCK_MIN takes its leases in blocks of cap // 8 (at most
+# BLOCK_MAX) while every process together holds at most half its cap (and one lease per request above
+# that); a process's spare leases beyond what it has used at once since the last look, every TRIM_S, go
+# back. BLOCK_MAX because every lease held is a member Redis stores, renews and is given back one by one:
+# a cap far above the load (100,000) would otherwise move 12,500 leases a second for a few dozen requests.
 BLOCK_MIN: Final = 16
+BLOCK_MAX: Final = 64
 TRIM_S: Final = 1.0
 
 
@@ -111,7 +114,7 @@ class Gate:
             self.bucket if self.low_cap == cap else Bucket(f"queue:{self.name}", "concurrent", self.low_cap)
         )
         # Blocks: taken against half the cap (the same key), so the leases in blocks never pass it.
-        self.block = cap // 8 if cap >= BLOCK_MIN else 0
+        self.block = min(cap // 8, BLOCK_MAX) if cap >= BLOCK_MIN else 0
         self.block_bucket = Bucket(f"queue:{self.name}", "concurrent", cap // 2)
 
     def resize(

@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 
 from gateway.limits.ratelimit import Bucket, Limiter, RedisDown
 from gateway.queue.fair import Waiter
-from gateway.queue.gate import TRIM_S, Gate, Slot
+from gateway.queue.gate import BLOCK_MAX, TRIM_S, Gate, Slot
 from gateway.state import SharedState
 from tests.helpers.redis import RedisServer
 
@@ -103,6 +103,30 @@ async def test_far_below_the_cap_one_call_serves_a_block_and_spares_go_back_when
         await gate.close()
         await limiter.close()
         await state.close()
+
+
+async def test_a_cap_far_above_the_load_takes_blocks_of_at_most_block_max(rds: RedisServer) -> None:
+    """A cap of 100,000 (an operator's "never queue here") moves BLOCK_MAX leases, not 12,500."""
+    state = SharedState(rds.url)
+    limiter = Limiter(state, fail_open=False)
+    gate = Gate("engine", 100_000, limiter, None)
+    try:
+        first = await gate.take(_waiter())
+        assert first is not None and first.pooled and gate.blocks == 1
+        assert len(await _held(rds)) == BLOCK_MAX and len(gate.spare) == BLOCK_MAX - 1
+        slots: list[Slot] = [first]
+        for _ in range(BLOCK_MAX):  # one more than a block: a second block
+            slot = await gate.take(_waiter())
+            assert slot is not None and slot.pooled
+            slots.append(slot)
+        assert gate.blocks == 2 and len(await _held(rds)) == 2 * BLOCK_MAX
+        for slot in slots:
+            slot.done(10)
+    finally:
+        await gate.close()
+        await limiter.close()
+        await state.close()
+    assert await _held(rds) == []
 
 
 async def test_near_the_cap_each_request_takes_its_own_lease(rds: RedisServer) -> None:
