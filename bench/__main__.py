@@ -2,7 +2,8 @@
 
 Default mode takes about 30 minutes on the 2-core reference machine, sixteen of them the two
 memory soaks (1,000,000 requests each: the plain gateway at ~3,000 req/s, everything on at ~1,600); it rewrites
-docs/benchmarks.md, docs/benchmarks.png and bench/results/latest.json. ``--quick`` is a smoke run
+docs/benchmarks.md, docs/benchmarks.png and bench/results/latest.json, and appends its everything-on figures
+to bench/history/everything.jsonl. ``--quick`` is a smoke run
 of about three minutes that writes only under bench/results/, so it never dirties the published
 figures.
 """
@@ -21,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 
-from bench import everything, features, report, report_run, report_sweep, wrk
+from bench import everything, features, history, report, report_run, report_sweep, wrk
 from bench.processes import foreign_load_pct
 from bench.runner import Runner
 from bench.scenarios import ALL_TARGETS, DEFAULT_TARGETS, NOISY_PCT, Settings
@@ -195,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
             f"[bench] warning: other processes already use {background:.0f}% of a core; figures will be noisy",
             file=sys.stderr,
         )
+    # The tree measured: read before the run, which rewrites docs/benchmarks.md itself.
+    commit, dirty = history.git_state(ROOT)
     started = datetime.now(UTC)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-") as work:
@@ -254,12 +257,18 @@ def main(argv: list[str] | None = None) -> int:
         measurements=measurements,
     )
     report_run.write_json(result, json_path)
+    # A full run of every scenario that publishes docs/benchmarks.md is a line of the everything-on history, and its
+    # report shows the history; a run written elsewhere appends nothing.
+    published = md_path.resolve() == (ROOT / "docs" / "benchmarks.md").resolve()
+    past = history.record(result, settings.only, commit, dirty) if published else []
     md_path.parent.mkdir(parents=True, exist_ok=True)
     # The plot first: the markdown links it only if this run wrote it, never a stale one.
     plot_path = args.plot or md_path.with_suffix(".png")
     plot_note = "plot skipped: --no-plot" if args.no_plot else report_sweep.write_plot(result, plot_path)
     written = plot_path if plot_note.startswith("plot written") else None
-    md_path.write_text(report.render_markdown(result, plot=written, plot_note=plot_note, md_dir=md_path.parent))
+    md_path.write_text(
+        report.render_markdown(result, plot=written, plot_note=plot_note, md_dir=md_path.parent, past=past)
+    )
     print(f"[bench] wrote {json_path} and {md_path} ({result.elapsed_s:.0f} s)", file=sys.stderr)
     print(f"[bench] {plot_note}", file=sys.stderr)
     failed = [m for m in measurements if not m.ok and not m.skipped]

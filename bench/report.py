@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench import report_everything, report_features
+from bench import history, report_everything, report_features
 from bench.report_format import Index, loadgen_bound, markdown_table, num
 from bench.report_headline import headline_table
 from bench.report_memory import hold_section, soak_section
@@ -28,9 +28,14 @@ TEMPLATE = Path(__file__).with_name("report_template.md")
 
 
 def render_markdown(
-    result: RunResult, plot: Path | None = None, plot_note: str = "", md_dir: Path | None = None
+    result: RunResult,
+    plot: Path | None = None,
+    plot_note: str = "",
+    md_dir: Path | None = None,
+    past: list[history.Entry] | None = None,
 ) -> str:
-    """docs/benchmarks.md for one run: bench/report_template.md filled with this run's figures."""
+    """docs/benchmarks.md for one run: bench/report_template.md filled with this run's figures; ``past`` is the
+    everything-on history (bench/history.py) the Everything-on section shows, this run's line among them."""
     t = Template(TEMPLATE)
     idx = Index(result.measurements)
     s = result.settings
@@ -60,7 +65,7 @@ def render_markdown(
             dagger_note=t.fill("dagger_note", **common) + " " if noisy else "",
             soak_passthrough_note="" if s.get("soak_passthrough") else t.fill("soak_passthrough_note"),
             variants=variants_section(t, idx, result),
-            everything=_everything(t, result),
+            everything=_everything(t, result, past or []),
             sweep=sweep_section(t, idx, result, plot, plot_note, md_dir),
             soak=soak_section(t, idx, result, common),
             hold=hold_section(t, idx, result, common),
@@ -102,14 +107,18 @@ def render_markdown(
     )
 
 
-def _everything(t: Template, result: RunResult) -> str:
+def _everything(t: Template, result: RunResult, past: list[history.Entry]) -> str:
     table = report_everything.section(result.measurements, markdown_table)
+    lines = history.section(past, markdown_table)
+    lines = t.fill("everything_history", table=lines) if lines else ""
     alone = report_features.section(result.measurements, markdown_table)
     alone = t.fill("everything_features", table=alone) if alone else ""
     soak = report_everything.soak(result.measurements, markdown_table)
     soak_n = f"{result.settings.get('soak_requests', 0):,}"
     soak = t.fill("everything_soak", table=soak, soak_requests=soak_n) if soak else ""
-    return t.section("everything", table=table, features=alone, soak=soak) if table or alone or soak else ""
+    return (
+        t.section("everything", table=table, history=lines, features=alone, soak=soak) if table or alone or soak else ""
+    )
 
 
 def _problems_section(t: Template, result: RunResult, noisy: list[Measurement]) -> str:

@@ -17,7 +17,7 @@ from bench.soak_everything import SCENARIO as SOAK
 THROUGHPUT_GOAL = 1.5
 ADDED_P50_GOAL = 1.5
 
-_THROUGHPUT_ROWS = (
+THROUGHPUT_ROWS = (
     ("all_c32", EVERYTHING, "completions, every request a cache miss"),
     ("all_c32", EVERYTHING_PG, "the same, ledger on PostgreSQL"),
     ("all_hits_c32", EVERYTHING, "completions, every answer a cache hit"),
@@ -26,13 +26,13 @@ _THROUGHPUT_ROWS = (
     ("all_chat_stream_c32", EVERYTHING, "chat streamed, misses"),
     ("all_2w_c32", EVERYTHING_2W, "two workers, completions, misses"),
 )
-_LATENCY_ROWS = (
+LATENCY_ROWS = (
     ("all_c1", "completions, one connection"),
     ("all_chat_c1", "chat, one connection"),
 )
 
 
-def _get(measurements: list[Measurement], scenario: str, target: str) -> Measurement | None:
+def get(measurements: list[Measurement], scenario: str, target: str) -> Measurement | None:
     for m in measurements:
         if m.scenario == scenario and m.target == target and m.ok and m.requests:
             return m
@@ -52,10 +52,10 @@ def section(measurements: list[Measurement], table: Callable[[list[str], list[li
     if not any(m.scenario.startswith("all_") and m.scenario != SOAK for m in measurements):
         return ""
     rows: list[list[str]] = []
-    for scenario, target, what in _THROUGHPUT_ROWS:
+    for scenario, target, what in THROUGHPUT_ROWS:
         floor_name = PASSTHROUGH_2W if target == EVERYTHING_2W else "passthrough"
         plain_name = TWO_WORKERS if target == EVERYTHING_2W else "gateway"
-        m, floor, plain = (_get(measurements, scenario, t) for t in (target, floor_name, plain_name))
+        m, floor, plain = (get(measurements, scenario, t) for t in (target, floor_name, plain_name))
         if m is None and floor is None:
             continue
         ratio = m.rps / floor.rps if m and m.rps and floor and floor.rps else None
@@ -87,9 +87,9 @@ def section(measurements: list[Measurement], table: Callable[[list[str], list[li
         rows,
     )
     latency: list[list[str]] = []
-    for scenario, what in _LATENCY_ROWS:
+    for scenario, what in LATENCY_ROWS:
         direct, floor, plain, m = (
-            _get(measurements, scenario, t) for t in ("direct", "passthrough", "gateway", EVERYTHING)
+            get(measurements, scenario, t) for t in ("direct", "passthrough", "gateway", EVERYTHING)
         )
         if direct is None or direct.p50_ms is None:
             continue
