@@ -122,10 +122,13 @@ def split(url: str) -> tuple[tuple[str, str, int | None], str]:
 # What `request_line` and `header_lines` made, by what they were made from: a provider's URL and its headers
 # repeat on nearly every request, and parsing the URL (urllib) and checking each header line again cost more
 # than a dict probe. Emptied when full, so per-request values (a trace id) cannot grow them; a URL or header
-# that fails its checks is never stored, so it fails every time.
+# that fails its checks is never stored, so it fails every time. Only short ones are kept: a client's
+# `inference_extra_headers` (or a long model name in a URL) are its own text, and 1,024 of a megabyte each
+# would be a gigabyte held for nobody; the bound keeps both tables under about 5 MB.
 _LINES: Final[dict[tuple[str, str], tuple[tuple[str, str, int | None], str]]] = {}
 _HEADERS: Final[dict[tuple[tuple[str, str], ...], str]] = {}
 _LINES_MAX: Final = 1024
+_KEPT_MAX_CHARS: Final = 2048
 
 
 def request_line(method: str, url: str) -> tuple[tuple[str, str, int | None], str]:
@@ -136,9 +139,11 @@ def request_line(method: str, url: str) -> tuple[tuple[str, str, int | None], st
     key, target = split(url)
     if not target.isprintable() or " " in target or not target.isascii():
         raise ValueError("the request target contains spaces, control or non-ASCII characters")
-    if len(_LINES) >= _LINES_MAX:
-        _LINES.clear()
-    found = _LINES[(method, url)] = key, f"{method} {target} HTTP/1.1\r\n"
+    found = key, f"{method} {target} HTTP/1.1\r\n"
+    if len(url) <= _KEPT_MAX_CHARS:
+        if len(_LINES) >= _LINES_MAX:
+            _LINES.clear()
+        _LINES[(method, url)] = found
     return found
 
 
@@ -171,9 +176,11 @@ def header_lines(headers: Mapping[str, str]) -> str:
         # on the wire outweighs the decoding here.
         lines.append("accept-encoding: gzip, deflate\r\n")
     lines.append("\r\n")
-    if len(_HEADERS) >= _LINES_MAX:
-        _HEADERS.clear()
-    found = _HEADERS[items] = "".join(lines)
+    found = "".join(lines)
+    if len(found) <= _KEPT_MAX_CHARS:
+        if len(_HEADERS) >= _LINES_MAX:
+            _HEADERS.clear()
+        _HEADERS[items] = found
     return found
 
 
