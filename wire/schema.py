@@ -276,6 +276,12 @@ def _deep_field(raw: bytes) -> str | None:
     return None
 
 
+def _invalid_utf8(exc: msgspec.DecodeError) -> bool:
+    """msgspec 0.23 and later report invalid UTF-8 as a DecodeError of their own (earlier releases let
+    Python's UnicodeDecodeError through): either way it is the field's UTF-8 the client is told about."""
+    return not isinstance(exc, msgspec.ValidationError) and "UTF-8" in str(exc)
+
+
 def decode_request(raw: bytes) -> CompletionRequest:
     """One msgspec decode; a body it fails on in a way other than a DecodeError or ValidationError becomes a
     DecodeError too, so every undecodable body is a 400 and never a 500."""
@@ -285,6 +291,10 @@ def decode_request(raw: bytes) -> CompletionRequest:
         raise _utf8_error(raw) from None
     except RecursionError:
         raise _depth_error(raw) from None
+    except msgspec.DecodeError as exc:
+        if _invalid_utf8(exc):
+            raise _utf8_error(raw) from None
+        raise
 
 
 _T = typing.TypeVar("_T")
@@ -299,6 +309,10 @@ def decode_body(decode: Callable[[bytes], _T], raw: bytes) -> _T:
         raise _utf8_error(raw) from None
     except RecursionError:
         raise _depth_error(raw) from None
+    except msgspec.DecodeError as exc:
+        if _invalid_utf8(exc):
+            raise _utf8_error(raw) from None
+        raise
 
 
 def _utf8_error(raw: bytes) -> BodyError:
