@@ -276,7 +276,7 @@ def _deep_field(raw: bytes) -> str | None:
     return None
 
 
-def _invalid_utf8(exc: msgspec.DecodeError) -> bool:
+def _invalid_utf8(exc: Exception) -> bool:
     """msgspec 0.23 and later report invalid UTF-8 as a DecodeError of their own (earlier releases let
     Python's UnicodeDecodeError through): either way it is the field's UTF-8 the client is told about."""
     return not isinstance(exc, msgspec.ValidationError) and "UTF-8" in str(exc)
@@ -287,14 +287,8 @@ def decode_request(raw: bytes) -> CompletionRequest:
     DecodeError too, so every undecodable body is a 400 and never a 500."""
     try:
         return _decode_request(raw)
-    except UnicodeDecodeError:
-        raise _utf8_error(raw) from None
-    except RecursionError:
-        raise _depth_error(raw) from None
-    except msgspec.DecodeError as exc:
-        if _invalid_utf8(exc):
-            raise _utf8_error(raw) from None
-        raise
+    except (UnicodeDecodeError, RecursionError, msgspec.DecodeError) as exc:
+        raise _refusal(exc, raw) from None
 
 
 _T = typing.TypeVar("_T")
@@ -305,14 +299,19 @@ def decode_body(decode: Callable[[bytes], _T], raw: bytes) -> _T:
     same checks as `decode_request`: invalid UTF-8 and nesting past the recursion limit are BodyErrors."""
     try:
         return decode(raw)
-    except UnicodeDecodeError:
-        raise _utf8_error(raw) from None
-    except RecursionError:
-        raise _depth_error(raw) from None
-    except msgspec.DecodeError as exc:
-        if _invalid_utf8(exc):
-            raise _utf8_error(raw) from None
-        raise
+    except (UnicodeDecodeError, RecursionError, msgspec.DecodeError) as exc:
+        raise _refusal(exc, raw) from None
+
+
+def _refusal(exc: Exception, raw: bytes) -> msgspec.DecodeError:
+    """What a failed decode of `raw` is answered with: invalid UTF-8 and nesting past the recursion limit as
+    BodyErrors naming their field, any other DecodeError (a ValidationError too) as it is."""
+    if isinstance(exc, RecursionError):
+        return _depth_error(raw)
+    if isinstance(exc, UnicodeDecodeError) or _invalid_utf8(exc):
+        return _utf8_error(raw)
+    assert isinstance(exc, msgspec.DecodeError)
+    return exc
 
 
 def _utf8_error(raw: bytes) -> BodyError:
