@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, Final, NamedTuple, cast
 
 import hiredis
@@ -53,15 +53,34 @@ def _redirect(error: ScriptError) -> tuple[str, tuple[str, int]] | None:
     return parts[0], (host.strip("[]"), int(port))
 
 
+# What waits for a command's reply: one caller, or (a merged call) one per part, in order.
+_Target = asyncio.Future[Any] | list[asyncio.Future[Any]]
+_Batch = list[tuple[bytes, _Target]]
+# A channel's command on the wire: its bytes (to send again after an error reply), who waits for its reply,
+# and, on a write's last command, the timer that drops the connection if that reply does not come.
+_Call = tuple[bytes, _Target, "asyncio.TimerHandle | None"]
+
+
 class _Protocol(asyncio.Protocol):
-    def __init__(self, address: tuple[str, int] | None) -> None:
+    """The socket's replies, in order, to what waits for them: a future (a raw `submit`), or a channel's
+    call, handed to `on_reply` as its reply is read (no future per command, no callback scheduled per
+    reply); `on_lost` gets the calls still due when the connection goes."""
+
+    def __init__(
+        self,
+        address: tuple[str, int] | None,
+        on_reply: Callable[[_Protocol, _Call, Any], None] | None = None,
+        on_lost: Callable[[_Protocol, list[_Call]], None] | None = None,
+    ) -> None:
         self.address = address
         self.reader = hiredis.Reader(replyError=ScriptError)
-        self.waiting: deque[asyncio.Future[Any]] = deque()
+        self.waiting: deque[asyncio.Future[Any] | _Call] = deque()
         self.transport: asyncio.Transport | None = None
         self.lost = False
         self.retired = False  # no new commands: closed once the replies still due have come back
         self.streams: tuple[object, object] | None = None
+        self.on_reply = on_reply
+        self.on_lost = on_lost
 
     def data_received(self, data: bytes) -> None:
         reader = self.reader
@@ -70,18 +89,26 @@ class _Protocol(asyncio.Protocol):
         while (reply := reader.gets()) is not False:
             if not waiting:
                 break  # a reply nobody waits for cannot happen on a FIFO connection; never crash on it
-            fut = waiting.popleft()
-            if not fut.done():
-                fut.set_result(reply)
+            item = waiting.popleft()
+            if isinstance(item, tuple):
+                assert self.on_reply is not None
+                self.on_reply(self, item, reply)
+            elif not item.done():
+                item.set_result(reply)
         if self.retired and not waiting:
             self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
         waiting, self.waiting = self.waiting, deque()
-        for fut in waiting:
-            if not fut.done():
-                fut.set_exception(ChannelError("redis connection lost"))
+        calls: list[_Call] = []
+        for item in waiting:
+            if isinstance(item, tuple):
+                calls.append(item)
+            elif not item.done():
+                item.set_exception(ChannelError("redis connection lost"))
+        if calls and self.on_lost is not None:
+            self.on_lost(self, calls)
 
     def retire(self) -> None:
         self.retired = True
@@ -106,6 +133,12 @@ class _Protocol(asyncio.Protocol):
         self.transport.write(b"".join(commands))
         return futures
 
+    def send(self, calls: list[_Call], data: bytes) -> None:
+        """`calls` written as `data` (their commands, in order): each one's reply goes to `on_reply`."""
+        self.waiting.extend(calls)
+        assert self.transport is not None
+        self.transport.write(data)
+
 
 # Calls merged into one script call (`call_part`) per write, at most: the script runs them one after
 # another while Redis serves nothing else, so a burst is cut into calls of this many.
@@ -125,11 +158,6 @@ class Part(NamedTuple):
 
     def command(self) -> bytes:
         return self.single + self.keys + self.args
-
-
-# What waits for a command's reply: one caller, or (a merged call) one per part, in order.
-_Target = asyncio.Future[Any] | list[asyncio.Future[Any]]
-_Batch = list[tuple[bytes, _Target]]
 
 
 def _merged(sha: bytes, parts: list[Part]) -> bytes:
@@ -152,6 +180,9 @@ def _merged(sha: bytes, parts: list[Part]) -> bytes:
 def _answer(target: _Target, result: Any) -> None:
     """A reply to its caller, or a merged call's replies to theirs (a caller that went away is skipped)."""
     if isinstance(target, list):
+        if type(result) is not list or len(result) != len(target):
+            _raise(target, Degraded)  # not the batch's answer: never pair a reply with the wrong caller
+            return
         for fut, one in zip(target, result, strict=True):
             if not fut.done():
                 fut.set_result(one)
@@ -211,7 +242,7 @@ class ScriptChannel:
         reader, writer = conn._reader, conn._writer
         assert reader is not None and writer is not None
         conn._reader = conn._writer = None  # so that redis-py never closes the transport it handed over
-        proto = _Protocol(address)
+        proto = _Protocol(address, self._reply, self._lost)
         # Held for the connection's life: a StreamWriter that is collected closes its transport.
         proto.streams = (reader, writer)
         transport = cast(asyncio.Transport, writer.transport)
@@ -319,8 +350,7 @@ class ScriptChannel:
             return
         proto = self._protocol
         if proto is not None and not proto.lost:
-            # The common case costs no task: a callback on the last reply (replies come back in order).
-            self._await_replies(proto, batch, proto.submit([cmd for cmd, _ in batch]))
+            self._write(proto, batch)  # the common case costs no task
         else:
             self._spawn(self._connect_and_send(batch))
 
@@ -335,32 +365,35 @@ class ScriptChannel:
         except ChannelError as exc:
             self._fail(None, batch, exc, sent=False)
             return
-        self._await_replies(proto, batch, proto.submit([cmd for cmd, _ in batch]))
+        self._write(proto, batch)
 
-    def _await_replies(self, proto: _Protocol, batch: _Batch, replies: list[asyncio.Future[Any]]) -> None:
+    def _write(self, proto: _Protocol, batch: _Batch) -> None:
         # A reply that never comes: drop the connection, which fails every reply still due (and keeps
-        # late replies from pairing with the next batch's commands).
+        # late replies from pairing with the next batch's commands). Replies come back in order, so the
+        # last one's arrival stops the timer for the whole write.
         timer = asyncio.get_running_loop().call_later(self._deadline_s, proto.abort)
-        replies[-1].add_done_callback(lambda _: self._deliver(proto, batch, replies, timer))
+        calls: list[_Call] = [(cmd, target, None) for cmd, target in batch]
+        cmd, target = batch[-1]
+        calls[-1] = (cmd, target, timer)
+        proto.send(calls, b"".join([cmd for cmd, _ in batch]) if len(batch) > 1 else cmd)
 
-    def _deliver(
-        self, proto: _Protocol, batch: _Batch, replies: list[asyncio.Future[Any]], timer: asyncio.TimerHandle
-    ) -> None:
-        timer.cancel()
-        for (cmd, target), reply in zip(batch, replies, strict=True):
-            exc = reply.exception()
-            if exc is not None:
-                for other in replies:
-                    other.exception()  # retrieved, so none is logged as "never retrieved"
-                self._fail(proto, batch, exc, sent=True)
-                return
-            if not _pending(target):
-                continue  # the caller was cancelled: `acquire` cancels its lease; a token charge is repaid
-            result = reply.result()
-            if isinstance(result, ScriptError):
-                self._refused(proto, cmd, target, result)
-            else:
-                _answer(target, result)
+    def _reply(self, proto: _Protocol, call: _Call, reply: Any) -> None:
+        """A call's reply, as the protocol reads it: to its caller, or (an error reply) handled here."""
+        cmd, target, timer = call
+        if timer is not None:
+            timer.cancel()
+        if isinstance(reply, ScriptError):
+            if _pending(target):  # else the caller was cancelled: `acquire` cancels its lease
+                self._refused(proto, cmd, target, reply)
+        else:
+            _answer(target, reply)
+
+    def _lost(self, proto: _Protocol, calls: list[_Call]) -> None:
+        """The connection went with `calls` still unanswered (a timeout aborted it, or Redis went away)."""
+        for _, _, timer in calls:
+            if timer is not None:
+                timer.cancel()
+        self._fail(proto, [(cmd, target) for cmd, target, _ in calls], ChannelError("redis connection lost"), sent=True)
 
     def _refused(self, proto: _Protocol, cmd: bytes, fut: _Target, error: ScriptError) -> None:
         """An error reply: none of these ran the script, so resending is safe."""
