@@ -17,7 +17,7 @@ from gateway.config import LimitsConfig, LoadedConfig
 from gateway.limits.auth import ClientKey, fingerprint
 from gateway.limits.ratelimit import TOKEN_KINDS, Bucket, BucketSet, BucketState, Decision, Limiter, RedisDown
 from gateway.limits.tokens import reservation, unbounded_completion, warm
-from gateway.state import SharedState
+from gateway.state import Degraded, SharedState
 from gateway.upstream.plan import Plan, Route
 from providers import REGISTRY
 from wire.errors import GatewayError, InvalidRequestError, RateLimitError
@@ -53,6 +53,8 @@ def duration(ms: int) -> str:
 
 _REQUEST_KINDS: Final = ("rps", "rpm")
 _TOKEN_KINDS: Final = ("tpm", "tpd")
+_REQUEST_NAMES: Final = ("x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests")
+_TOKEN_NAMES: Final = ("x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens")
 
 
 def _headers(states: list[BucketState]) -> dict[str, str]:
@@ -85,7 +87,7 @@ class _Scopes:
     """One combination of scopes a request charges (its key's, its alias's, its route's), compiled once:
     the buckets, the token buckets among them and the smallest token limit, and the queue to wait in."""
 
-    __slots__ = ("buckets", "charges", "queue_ms", "room", "tokens")
+    __slots__ = ("buckets", "charges", "queue_ms", "request_rows", "room", "token_rows", "tokens")
 
     def __init__(self, buckets: list[Bucket], charges: BucketSet, queue_ms: int) -> None:
         self.buckets = buckets
@@ -93,6 +95,25 @@ class _Scopes:
         self.tokens = [b for b in buckets if b.kind in TOKEN_KINDS]
         self.room = min((b.limit for b in self.tokens), default=0)
         self.queue_ms = queue_ms
+        # Per header label, its buckets' places in the script's reply and their limits, written once.
+        self.request_rows = tuple((2 + 2 * i, str(b.limit)) for i, b in enumerate(buckets) if b.kind in _REQUEST_KINDS)
+        self.token_rows = tuple((2 + 2 * i, str(b.limit)) for i, b in enumerate(buckets) if b.kind in _TOKEN_KINDS)
+
+    def headers(self, out: list[int]) -> dict[str, str]:
+        """`_headers` read straight from the script's reply `out` (no BucketState per bucket)."""
+        headers: dict[str, str] = {}
+        for rows, names in ((self.request_rows, _REQUEST_NAMES), (self.token_rows, _TOKEN_NAMES)):
+            if not rows:
+                continue
+            at, limit = rows[0]
+            remaining, reset = out[at], out[at + 1]
+            for j, other in rows[1:]:  # the tightest: the least remaining, then the longest reset (the first of equals)
+                if out[j] < remaining or (out[j] == remaining and out[j + 1] > reset):
+                    limit, remaining, reset = other, out[j], out[j + 1]
+            headers[names[0]] = limit
+            headers[names[1]] = str(remaining)
+            headers[names[2]] = duration(reset)
+        return headers
 
 
 class Ticket(msgspec.Struct):
@@ -197,13 +218,24 @@ class Admission:
         waited = 0
         while True:
             try:
-                decision = await limiter.acquire(charges, tokens)
+                # The common case (Redis answering, no lease): the channel's future awaited here, the reply
+                # read as it comes, without the limiter's coroutine and a BucketState per bucket.
+                pending = limiter.acquiring(charges, tokens)
+                if pending is None:
+                    decision = await limiter.acquire(charges, tokens)
+                    allowed, wait, lease = decision.allowed, decision.retry_after_ms, decision.lease
+                    headers = _headers(decision.states)
+                else:
+                    try:
+                        out = await pending
+                    except Degraded:
+                        out = limiter.refused_call(charges, tokens)
+                    allowed, wait, lease = out[0] == 1, out[1], ""
+                    headers = scopes.headers(out)
             except RedisDown:
                 raise _unavailable() from None
-            headers = _headers(decision.states)
-            if decision.allowed:
-                return Ticket(buckets, decision.lease, tokens, headers, prompt, charges)
-            wait = decision.retry_after_ms
+            if allowed:
+                return Ticket(buckets, lease, tokens, headers, prompt, charges)
             if waited + wait > queue_ms:
                 err = RateLimitError(
                     "Rate limit reached for this key or model; retry after the time in Retry-After",

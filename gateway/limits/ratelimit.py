@@ -283,6 +283,21 @@ class Limiter:
         states = [BucketState(b, remaining, reset) for b, remaining, reset in pairs]
         return Decision(out[0] == 1, out[1], states, lease)
 
+    def acquiring(self, bset: BucketSet, tokens: int) -> asyncio.Future[list[int]] | None:
+        """`acquire`'s common case without a coroutine of its own, for a caller on the request path: a set
+        that takes no lease, charged one request and `tokens`, while Redis answers. The future's result is
+        the script's reply (allowed, retry ms, then remaining and reset per bucket); when it fails with
+        Degraded, `refused_call` decides instead. None: use `acquire` (no Redis, Redis failing, a lease)."""
+        channel = self._channel
+        if channel is None or bset.leased or self.shared.degraded:
+            return None
+        return channel.call_part(bset.part("acquire", "", [tokens if t else 1 for t in bset.token_mask]))
+
+    def refused_call(self, bset: BucketSet, tokens: int) -> list[int]:
+        """The decision when `acquiring`'s call got no answer: fail closed (RedisDown), or decide on local
+        state. It took no lease, so nothing of it is left to cancel in Redis."""
+        return self._fallback("", bset.buckets, [tokens if t else 1 for t in bset.token_mask], unanswered=False)
+
     async def acquire_block(self, bucket: Bucket, count: int) -> tuple[list[str], int]:
         """`count` leases of the concurrency `bucket` in one call, all or none, and the headroom left; only
         from a Redis that answers (else none, and the caller takes one lease per request, outages and all)."""
