@@ -70,10 +70,6 @@ def _encoded(text: str) -> bytes:
     # `_header_value`, inlined: a value new on every answer (a rate limit's remaining count) comes here each time.
     if text.isascii() and text.isprintable():
         value = text.encode("ascii")
-        if text.isdigit():
-            # A count (a rate limit's remaining) differs answer to answer: kept, it would fill the table and
-            # empty it of the names and values that do repeat.
-            return value
     else:
         value = quote(text, safe=_HEADER_SAFE).encode("ascii")
     if len(_ENCODED) >= _ENCODED_MAX:
