@@ -134,9 +134,22 @@ def reservation(req: CompletionRequest, bpe: bool, model: str, per_choice: int) 
     `bpe`: the provider's adapter counts with OpenAI's tables (`openai_bpe`). `per_choice`: the request's
     `max_tokens`, or `unbounded_completion` without one.
     """
-    n_prompts = len(req.prompt) if isinstance(req.prompt, list) and not isinstance(req.prompt[0], int) else 1
-    choices = max(req.n or 1, req.best_of or 1) * n_prompts
-    prompt = prompt_tokens(req.prompt, bpe, model)
+    text = req.prompt
+    n, best_of = req.n, req.best_of
+    choices = 1 if n is None and best_of is None else max(n or 1, best_of or 1)
+    if type(text) is str:  # the common case, counted here: three calls fewer on every request with a token limit
+        count = _counter(model) if bpe else None
+        if count is not None:
+            try:
+                prompt = count(text)
+            except ValueError:  # as `text_tokens`
+                prompt = text_tokens(text, False, model)
+        else:
+            prompt = text_tokens(text, False, model)
+        return prompt, prompt + per_choice * choices
+    if not isinstance(text[0], int):
+        choices *= len(text)
+    prompt = prompt_tokens(text, bpe, model)
     return prompt, prompt + per_choice * choices
 
 

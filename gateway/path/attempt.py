@@ -149,7 +149,8 @@ class Job:
             slot = ask.take(route)  # a free slot (NO_CAP's where the server has no cap); None: it must wait
             if slot is None:
                 slot, timeouts = await ask.wait(route, timeouts, self.plan)
-        admission = self.admission
+        # A request of one route was charged its route's quota with the request (`Admission.admit`).
+        admission = self.admission if self.plan.single is None else None
         used: int | None = 0
         try:
             quota = await admission.admit_route(route, self.req, self.plan) if admission is not None else None
@@ -173,7 +174,7 @@ class Job:
             slot = ask.take(route)  # a free slot (NO_CAP's where the server has no cap); None: it must wait
             if slot is None:
                 slot, timeouts = await ask.wait(route, timeouts, self.plan)
-        admission = self.admission
+        admission = self.admission if self.plan.single is None else None  # as in `complete`
         try:
             quota = await admission.admit_route(route, self.req, self.plan) if admission is not None else None
             try:
