@@ -160,21 +160,25 @@ class Part(NamedTuple):
         return self.single + self.keys + self.args
 
 
+_EVALSHA: Final = bulk(b"EVALSHA")
+# A part's key count as the batch's arguments carry it, for the counts calls have (a set's few buckets).
+_COUNTS: Final = tuple(bulk(b"%d" % n) for n in range(16))
+
+
 def _merged(sha: bytes, parts: list[Part]) -> bytes:
     """`parts` as one call of the script's `batch` mode: every part's keys, then every part's arguments."""
-    nkeys = sum(p.nkeys for p in parts)
-    head = b"*%d\r\n" % (3 + nkeys + 1 + sum(3 + 4 * p.nkeys for p in parts))
-    return b"".join(
-        [
-            head,
-            bulk(b"EVALSHA"),
-            bulk(sha),
-            bulk(b"%d" % nkeys),
-            *[p.keys for p in parts],
-            _BATCH,
-            *[bulk(b"%d" % p.nkeys) + p.args for p in parts],
-        ]
-    )
+    keys: list[bytes] = []
+    args: list[bytes] = [_BATCH]
+    nkeys = 0
+    for p in parts:  # one loop: it runs for every merged call, on up to PARTS_PER_CALL parts
+        n = p.nkeys
+        nkeys += n
+        keys.append(p.keys)
+        args.append(_COUNTS[n] if n < 16 else bulk(b"%d" % n))
+        args.append(p.args)
+    # EVALSHA, sha, numkeys, the keys, "batch", then per part its count, mode, lease and 4 per bucket.
+    head = b"*%d\r\n" % (4 + nkeys + 3 * len(parts) + 4 * nkeys)
+    return b"".join([head, _EVALSHA, bulk(sha), bulk(b"%d" % nkeys), *keys, *args])
 
 
 def _answer(target: _Target, result: Any) -> None:
