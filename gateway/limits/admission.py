@@ -112,7 +112,7 @@ class _Scopes:
                     limit, remaining, reset = other, out[j], out[j + 1]
             headers[names[0]] = limit
             headers[names[1]] = str(remaining)
-            headers[names[2]] = duration(reset)
+            headers[names[2]] = f"{reset}ms" if 0 <= reset < 1000 else duration(reset)  # `duration`, inlined
         return headers
 
 

@@ -35,7 +35,18 @@ class BucketSet:
     call's token count charges; the others take its request count), the concurrency buckets and the token
     buckets among them, and the script command (`command`) built from per-mode constant parts."""
 
-    __slots__ = ("_heads", "_prefix", "_sha", "buckets", "concurrent", "leased", "specs", "token_buckets", "token_mask")
+    __slots__ = (
+        "_acquire",
+        "_heads",
+        "_prefix",
+        "_sha",
+        "buckets",
+        "concurrent",
+        "leased",
+        "specs",
+        "token_buckets",
+        "token_mask",
+    )
 
     def __init__(self, buckets: Sequence[Bucket], prefix: str = "", sha: bytes = b"") -> None:
         self.buckets = tuple(buckets)
@@ -47,6 +58,7 @@ class BucketSet:
         self._prefix = prefix
         self._sha = sha
         self._heads: dict[str, tuple[bytes, bytes, bytes, tuple[bytes, ...]]] = {}
+        self._acquire: tuple[bytes, bytes, int, tuple[bytes, ...]] | None = None
 
     def costs(self, tokens: int, requests: int) -> list[int]:
         return [tokens if t else requests for t in self.token_mask]
@@ -70,6 +82,27 @@ class BucketSet:
             parts.append(static)
             parts.append(cached(cost) or _cost(cost))  # type: ignore[call-overload]
         return Part(single, keys, len(per), b"".join(parts))
+
+    def acquire_part(self, tokens: int) -> Part:
+        """`part("acquire", "", costs(tokens, 1))`, the request path's call, from its constant segments: the
+        arguments are those segments joined by the token count, the one thing that changes call to call."""
+        single, keys, n, segments = self._acquire or self._acquire_segments()
+        return Part(single, keys, n, (_COSTS.get(tokens) or _cost(tokens)).join(segments))
+
+    def _acquire_segments(self) -> tuple[bytes, bytes, int, tuple[bytes, ...]]:
+        single, keys, head, per = self._heads.get("acquire") or self._head("acquire")
+        segments: list[bytes] = []
+        current = head + _NO_LEASE
+        for static, token in zip(per, self.token_mask, strict=True):
+            current += static
+            if token:  # the token count goes here
+                segments.append(current)
+                current = b""
+            else:
+                current += _COSTS[1]
+        segments.append(current)
+        found = self._acquire = (single, keys, len(per), tuple(segments))
+        return found
 
     def command(self, mode: str, lease: str, costs: Sequence[float]) -> bytes:
         """The script call for `mode` on these buckets, alone, as RESP bytes."""

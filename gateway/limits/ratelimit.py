@@ -291,7 +291,7 @@ class Limiter:
         channel = self._channel
         if channel is None or bset.leased or self.shared.degraded:
             return None
-        return channel.call_part(bset.part("acquire", "", [tokens if t else 1 for t in bset.token_mask]))
+        return channel.call_part(bset.acquire_part(tokens))
 
     def refused_call(self, bset: BucketSet, tokens: int) -> list[int]:
         """The decision when `acquiring`'s call got no answer: fail closed (RedisDown), or decide on local

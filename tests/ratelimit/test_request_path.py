@@ -1,0 +1,46 @@
+"""The request path's shortcuts say exactly what the general code says.
+
+Admission's common acquire writes its script call from constant segments (`BucketSet.acquire_part`) and its
+x-ratelimit headers straight from the script's reply (`_Scopes.headers`); both must match, byte for byte and
+header for header, what the general `part` and `_headers` (one BucketState per bucket) give.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+from gateway.limits.admission import _headers, _Scopes
+from gateway.limits.bucketset import BucketSet
+from gateway.limits.gcra import BucketState
+from gateway.limits.ratelimit import Bucket
+
+KINDS = ("rps", "rpm", "tpm", "tpd", "concurrent")
+
+
+def sets(most: int = 3) -> list[list[Bucket]]:
+    return [
+        [Bucket(f"key:s{i}", kind, 10 + i, f"key:id{i}") for i, kind in enumerate(combo)]
+        for n in range(1, most + 1)
+        for combo in itertools.product(KINDS, repeat=n)
+    ]
+
+
+def test_the_acquire_part_is_the_general_part_for_every_set_of_kinds_and_token_count() -> None:
+    for buckets in sets():
+        for prefix in ("", "{rl}"):
+            bset = BucketSet(buckets, prefix, b"f" * 40)
+            for tokens in (0, 1, 17, 4095, 4096, 10**12):
+                assert bset.acquire_part(tokens) == bset.part("acquire", "", bset.costs(tokens, 1))
+
+
+def test_headers_read_from_the_reply_are_those_of_the_bucket_states() -> None:
+    rng = random.Random(7)
+    for buckets in sets():
+        scopes = _Scopes(buckets, BucketSet(buckets), 0)
+        for _ in range(20):
+            # Small ranges, so that ties (equal remaining, equal reset) come up often.
+            pairs = [(rng.randint(0, 3), rng.choice((0, 5, 999, 1000, 1500, 61_000))) for _ in buckets]
+            out = [rng.randint(0, 1), rng.randint(0, 9)] + [x for pair in pairs for x in pair]
+            states = [BucketState(b, rem, reset) for b, (rem, reset) in zip(buckets, pairs, strict=True)]
+            assert scopes.headers(out) == _headers(states)
