@@ -13,9 +13,9 @@ import random
 from gateway.limits.admission import _headers, _Scopes
 from gateway.limits.bucketset import BucketSet
 from gateway.limits.gcra import BucketState
-from gateway.limits.ratelimit import Bucket
+from gateway.limits.ratelimit import Bucket, Kind
 
-KINDS = ("rps", "rpm", "tpm", "tpd", "concurrent")
+KINDS: tuple[Kind, ...] = ("rps", "rpm", "tpm", "tpd", "concurrent")
 
 
 def sets(most: int = 3) -> list[list[Bucket]]:
