@@ -33,6 +33,11 @@ Redis ``--redis URL`` names); ``--all`` is the everything-on configuration of th
 (bench/everything.py: Redis limits, the cache with ``--vary`` misses, the ledger, ``max_concurrency``; it needs
 ``--redis`` and ``--ledger``).
 
+``--concurrency C`` sends with C clients at once (each its own share of the requests, the warm-up as
+well): what a loaded server batches (the rate limits' script calls of one loop tick go as one call) then
+counts as it does there. Under valgrind the gateway runs tens of times slower than the upstream and Redis,
+so a tick gathers more calls than on a real server: compare trees at the same C, side by side.
+
 ``--count cpu`` needs no valgrind either: process CPU time (every thread: the ledger's writer too) and wall
 time per measured request, one request at a time; wall time includes the waits on Redis and the upstream,
 and both drift with the machine's load.
@@ -219,7 +224,24 @@ async def drive(
     chat = is_chat(path)
     route = "/v1/chat/completions" if chat else "/v1/completions"
     marker = b"[DONE]" if path.endswith("-stream") else b'"chat.completion"' if chat else b'"text_completion"'
+    concurrency = int(os.environ.get("BENCH_CONCURRENCY") or 1)  # `--concurrency`
+
+    async def client(first: int, end: int) -> None:
+        # Requests first, first + concurrency, ... before `end`: one of `concurrency` clients.
+        for i in range(first, end, concurrency):
+            status, answer = await _one(app, request_body(path, i, stops) if vary else body, route)
+            if status != 200 or marker not in answer:
+                raise RuntimeError(f"request {i} on {path}: {status} {answer[:300]!r}")
+
     try:
+        if concurrency > 1:
+            await asyncio.gather(*(client(k, warmup) for k in range(concurrency)))
+            if around is not None:
+                around(True)
+            await asyncio.gather(*(client(warmup + k, warmup + requests) for k in range(concurrency)))
+            if around is not None:
+                around(False)
+            return
         for i in range(warmup + requests):
             if i == warmup and around is not None:
                 around(True)
@@ -362,6 +384,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--ledger", help="a ledger URL (sqlite:///..., postgresql://...): measure with the ledger on")
     parser.add_argument("--redis", help="a redis.url: shared state (and the limits, with --limits) in Redis")
     parser.add_argument("--limits", action="store_true", help="rpm + tpm limits on the client's key")
+    parser.add_argument("--concurrency", type=int, default=1, help="clients sending at once (1: one request at a time)")
     parser.add_argument(
         "--all", action="store_true", help="everything on: --limits, --cache always, --max-concurrency 100000"
     )
@@ -391,6 +414,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["BENCH_REDIS_URL"] = args.redis
     if args.limits:
         os.environ["BENCH_LIMITS"] = "1"
+    if args.concurrency > 1:
+        os.environ["BENCH_CONCURRENCY"] = str(args.concurrency)  # valgrind's child inherits it
     if args.inner:
         try:
             _loop_runner()(

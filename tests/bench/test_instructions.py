@@ -76,3 +76,12 @@ def test_unknown_path_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         instructions.parse_args(["--paths", "fake,h2"])
     assert "--paths: unknown path 'h2'" in capsys.readouterr().err
+
+
+def test_concurrent_clients_send_every_request(upstream: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `--concurrency`: the requests shared among clients that send at once, each one answered.
+    monkeypatch.setenv("BENCH_CONCURRENCY", "4")
+    figures = instructions.count_calls("h1", requests=10, warmup=3, upstream_port=upstream.port)
+    assert figures["python_calls"] > 50
+    with pytest.raises(RuntimeError, match="on h1: 50"):
+        instructions.count_calls("h1", requests=4, warmup=0, upstream_port=free_port())
