@@ -68,9 +68,10 @@ def redis_traffic(counter: redis_py.Redis, requests: int) -> str:
     each = sorted(((v["calls"] / requests, k.removeprefix("cmdstat_")) for k, v in commands.items()), reverse=True)
     which = ", ".join(f"{name} {n:.2f}" for n, name in each if n >= 0.01)
     return (
-        f"Redis per request: {stats['total_commands_processed'] / requests:.2f} commands "
-        f"({scripts / requests:.2f} script calls), {per} (a write from the gateway each, batched per loop tick). "
-        f"By command: {which}."
+        f"Redis per request: {stats['total_commands_processed'] / requests:.2f} commands run "
+        f"({scripts / requests:.2f} script calls; Redis counts the commands a script runs inside it too, which "
+        f"are no round trips: `python -m bench.roundtrips` counts those), "
+        f"{per} (a write from the gateway each, batched per loop tick). By command: {which}."
     )
 
 

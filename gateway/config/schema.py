@@ -37,7 +37,8 @@ class RedisConfig(Strict, frozen=True):
     # Rate limits while Redis is unreachable: keep serving on per-process limits, or refuse (503).
     on_failure: Literal["fail_open", "fail_closed"] = "fail_open"
     # How old a replica's copy of the shared target health (cooldowns, in-flight counts, latencies) may be
-    # before it reads Redis again; its own changes are seen at once. 0: read on every request.
+    # before it reads Redis again; its own changes are seen at once. 0: read on every request. A request
+    # that finds the copy past three quarters of this age starts the read without waiting for it.
     refresh_ms: Annotated[int, Meta(ge=0, le=10_000)] = 250
     # How long a concurrency lease, and a target's shared in-flight count, outlive a replica that died holding
     # them (killed mid-request). A running request renews both every third of this, so a stream of any

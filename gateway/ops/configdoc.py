@@ -70,7 +70,8 @@ MEANINGS: dict[str, str] = {
     "redis.on_failure": "rate limits while Redis is unreachable: per-process limits, or 503 "
     "([ratelimits.md](ratelimits.md))",
     "redis.refresh_ms": "how old a replica's copy of the shared target health may be before it reads Redis again; its "
-    "own changes are seen at once; 0 reads on every request",
+    "own changes are seen at once; 0 reads on every request. A request that finds the copy past three quarters "
+    "of this age starts the read and does not wait for it",
     "logging.requests": "one JSON line per request on stderr ([observability.md](observability.md))",
     "logging.prompts": "include prompt and completion text in that line",
     "guided_retries": "re-asks after an emulated `guided_*` answer fails validation ([emulation.md](emulation.md))",

@@ -37,6 +37,8 @@ _EWMA_ALPHA: Final = 0.3
 # without a bound a tenant sending invented names to a failing provider would grow these maps forever. The
 # oldest entries go first; a target still in use is re-inserted (moved to the end) whenever it changes.
 MAX_TARGETS: Final = 10_000
+# The share of `redis.refresh_ms` after which a request renews the copies of the shared health ahead of time.
+_AHEAD: Final = 0.75
 
 
 def _put(d: dict[str, _V], key: str, value: _V) -> None:
@@ -184,6 +186,10 @@ class Health:
         # Copies of Redis's view per target, with when they were read: a round trip per request cost a
         # saturated worker about 10 % of its time, for a picture that changes only when targets fail.
         self.refresh_s = refresh_ms / 1000
+        # A request that finds copies this old (but not yet `refresh_s`) uses them and starts their read in the
+        # background: with requests coming steadily the copies are renewed before they expire, and no request
+        # waits for the read, while none is answered from a copy older than `refresh_s` either.
+        self.ahead_s = self.refresh_s * _AHEAD
         self._seen: dict[str, tuple[float, TargetState]] = {}
         # The read under way per target list: when the copies go stale under load, every request arriving
         # in the round trip would start a read of its own (dozens at 32 connections); they share one.
@@ -216,16 +222,20 @@ class Health:
             cached = self._cached(targets, now)
             if cached is not None:
                 return cached
+        # Shielded: one caller's cancellation (a client gone) must not cancel the read the others wait for.
+        states = await asyncio.shield(self._reading_of(targets, now))
+        if states is None:
+            return {t: self.local.state(t) for t in targets}
+        return dict(states)  # the states are frozen: the waiters share them, each with a dict of its own
+
+    def _reading_of(self, targets: Sequence[str], now: float) -> asyncio.Future[dict[str, TargetState] | None]:
+        """The read of `targets` under way, or a new one."""
         key = tuple(targets)
         reading = self._reading.get(key)
         if reading is None:
             reading = self._reading[key] = asyncio.ensure_future(self._read(targets, now))
             reading.add_done_callback(lambda done: self._read_done(key, done))
-        # Shielded: one caller's cancellation (a client gone) must not cancel the read the others wait for.
-        states = await asyncio.shield(reading)
-        if states is None:
-            return {t: self.local.state(t) for t in targets}
-        return dict(states)  # the states are frozen: the waiters share them, each with a dict of its own
+        return reading
 
     def _read_done(self, key: tuple[str, ...], done: asyncio.Future[dict[str, TargetState] | None]) -> None:
         if self._reading.get(key) is done:
@@ -247,16 +257,23 @@ class Health:
 
     def _cached(self, targets: Sequence[str], now: float) -> dict[str, TargetState] | None:
         out: dict[str, TargetState] = {}
+        due = False
         for t in targets:
             seen = self._seen.get(t)
-            if seen is None or now - seen[0] >= self.refresh_s:
+            if seen is None:
                 return None
+            age = now - seen[0]
+            if age >= self.refresh_s:
+                return None
+            if age >= self.ahead_s:
+                due = True
             st = seen[1]
             if st.cooling_ms:
                 # The cooldown counted down by the copy's age (a state is frozen: one not cooling is shared).
-                age_ms = int((now - seen[0]) * 1000)
-                st = msgspec.structs.replace(st, cooling_ms=max(st.cooling_ms - age_ms, 0))
+                st = msgspec.structs.replace(st, cooling_ms=max(st.cooling_ms - int(age * 1000), 0))
             out[t] = st
+        if due:
+            self._reading_of(targets, now)  # not awaited: the copies are still fresh enough for this request
         return out
 
     def forget(self, target: str) -> None:
@@ -416,6 +433,10 @@ class Health:
         if renewer is not None:
             renewer.cancel()
             await asyncio.gather(renewer, return_exceptions=True)
+        reading = list(self._reading.values())  # reads started ahead, which no request waits for
+        for read in reading:
+            read.cancel()
+        await asyncio.gather(*reading, return_exceptions=True)
 
     async def latency(self, target: str, ms: float) -> None:
         prev = self.local.latency.get(target)

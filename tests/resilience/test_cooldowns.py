@@ -237,6 +237,44 @@ async def test_a_replica_reads_shared_health_again_after_refresh_ms(
     assert faults.order()[6:] == ["beta"]
 
 
+async def test_copies_near_refresh_ms_are_renewed_ahead_without_a_request_waiting(
+    make: MakePipeline, vtime: VirtualTime, redis: RedisServer
+) -> None:
+    import redis as redis_py
+
+    top = f"redis: {{url: '{redis.url}', refresh_ms: 250}}\n" + COOLDOWN
+    one, two = make(ORDERED_AB, top=top), make(ORDERED_AB, top=top)
+    targets = [key("alpha"), key("beta")]
+    counter = redis_py.Redis(port=redis.port)
+
+    def reads() -> int:
+        # One PTTL per target per read of the shared health.
+        return int(counter.info("commandstats").get("cmdstat_pttl", {}).get("calls", 0))
+
+    assert (await two.health.snapshot(targets))[key("alpha")] == TargetState()  # two's copies, read at 0 s
+    await one.health.failure(key("alpha"), 30.0, "error")  # another replica cools alpha in Redis
+    counter.config_resetstat()
+    # At 0.1 s the copies are fresh: nothing is read.
+    vtime.advance(0.1)
+    assert (await two.health.snapshot(targets))[key("alpha")] == TargetState()
+    assert reads() == 0
+    # At 0.2 s (past three quarters of refresh_ms) the request is answered from the copies at once, still
+    # younger than refresh_ms, and their read starts in the background...
+    vtime.advance(0.1)
+    assert (await two.health.snapshot(targets))[key("alpha")] == TargetState()
+    for _ in range(200):
+        if reads() == 2:
+            break
+        await asyncio.sleep(0.01)
+    assert reads() == 2
+    # ...so the next request, still before refresh_ms, sees alpha cooling without waiting for a read of its own.
+    await asyncio.sleep(0.05)  # the read's answer stored as the copies
+    seen = (await two.health.snapshot(targets))[key("alpha")]
+    assert seen.cooling_ms > 29_000 and seen.cause == "error"
+    assert reads() == 2
+    counter.close()
+
+
 async def test_a_request_out_of_attempts_does_not_take_the_next_targets_probe(
     make: MakePipeline, faults: FaultServer, vtime: VirtualTime, reference: Reference
 ) -> None:
