@@ -21,19 +21,22 @@ PRIORITIES: Final = ("high", "normal", "low")
 RANK: Final = {"high": 0, "normal": 1, "low": 2}
 # A tenant's expected answer length follows its last answers with this weight per answer (about its last eight).
 _LEARN: Final = 0.125
+# The most one request is charged for its answer before its usage is known, so one huge max_tokens cannot park
+# a tenant.
+MAX_CHARGE: Final = 32_768
 
 
 class Waiter:
     """One request waiting for a slot: whose it is, its share, its class, and the future its slot comes in."""
 
-    __slots__ = ("tenant", "weight", "rank", "cost", "future", "since", "prompt")
+    __slots__ = ("tenant", "weight", "rank", "most", "future", "since", "prompt")
 
     def __init__(
         self,
         tenant: str,
         weight: float,
         rank: int,
-        cost: int,
+        most: int,
         future: asyncio.Future[Any] | None,
         since: float,
         prompt: int = 0,
@@ -41,10 +44,10 @@ class Waiter:
         self.tenant = tenant
         self.weight = weight
         self.rank = rank
-        self.cost = cost  # the tokens charged when it gets its slot (an estimate, corrected at its end)
+        self.most = most  # the most it may generate: what its charge at its grant is estimated within
         self.future: asyncio.Future[Any] = future  # type: ignore[assignment]  # set before it is queued
         self.since = since
-        self.prompt = prompt  # the part of `cost` that is its prompt's
+        self.prompt = prompt  # its prompt's tokens, estimated
 
 
 class FairOrder:
@@ -125,16 +128,14 @@ class FairOrder:
         self.counts[w.rank] -= 1
         return True
 
-    def expect(self, tenant: str, most: int | None) -> int | None:
-        """The generated tokens to charge a request of `tenant` that may generate at most `most` (None: no
-        bound it gave): its recent answers' length, within `most`; None when the tenant has none here yet."""
+    def charge(self, tenant: str, prompt: int, most: int, weight: float) -> int:
+        """A slot went to `tenant` for a request of `prompt` tokens that may generate at most `most`: the tokens
+        it is charged (its prompt and its tenant's recent answers' length here, within `most` and `MAX_CHARGE`;
+        `most` where the tenant has no answer here yet), less any credit, and its turn stamped. The charge is
+        made at the grant, where the latest answers are known, and corrected by `settle` at its end."""
         length = self.lengths.get(tenant)
-        if length is None:
-            return most
-        return most if most is not None and length >= most else int(length + 0.5)
-
-    def grant(self, tenant: str, tokens: float, weight: float) -> None:
-        """A slot went to `tenant`: charged its estimate (less any credit), and stamped with its turn."""
+        generated = most if length is None or length >= most else int(length + 0.5)
+        tokens = prompt + (generated if generated < MAX_CHARGE else MAX_CHARGE)
         turn = self.turn = self.turn + 1
         self.turns[tenant] = turn
         charge = tokens / weight
@@ -149,6 +150,7 @@ class FairOrder:
         served = self.service.get(tenant, 0.0) + charge
         self.service[tenant] = served
         self.last = served
+        return tokens
 
     def settle(self, tenant: str, charged: int, prompt: int, used: int, weight: float) -> None:
         """A request of `tenant` charged `charged` tokens (`prompt` of them for its prompt) used `used`."""
