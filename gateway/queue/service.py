@@ -70,7 +70,10 @@ class Ask(msgspec.Struct, eq=False):
                 self.tried = {key}
             else:
                 self.tried.add(key)
-        gate = self.queues.gate(route)
+        queues = self.queues
+        routes = queues.routes
+        # `Queues.gate`'s table read here, without its call, once the route has been seen.
+        gate = routes[key] if key in routes else queues.gate(route)
         if gate is None:
             return NO_CAP
         if self.rank != LOW:
@@ -140,7 +143,7 @@ class Queues:
                         self.gates[(name, dc.base_url)] = Gate(
                             f"{name}/{d}", p.max_concurrency, limiter, metrics, share
                         )
-        self._routes: dict[str, Gate | None] = {}  # route key -> its gate (None: its server has no cap)
+        self.routes: dict[str, Gate | None] = {}  # route key -> its gate (None: its server has no cap)
         self.fair_by_team = self.config.fair_by == "team"
         teams = cfg.teams
         self.tenants: dict[str, _Tenant] = {}
@@ -186,12 +189,12 @@ class Queues:
             _lift(gate)
 
     def gate(self, route: Route) -> Gate | None:
-        found = self._routes.get(route.key, self)
+        found = self.routes.get(route.key, self)
         if found is self:
             found = self.gates.get((route.provider, route.endpoint.base_url))
-            if len(self._routes) >= _ROUTES_LIMIT:
-                self._routes.clear()  # direct model strings are the client's: keep them from growing this
-            self._routes[route.key] = found
+            if len(self.routes) >= _ROUTES_LIMIT:
+                self.routes.clear()  # direct model strings are the client's: keep them from growing this
+            self.routes[route.key] = found
         return found  # type: ignore[return-value]
 
     def ask(self, key: ClientKey | None, headers: Mapping[str, str], req: CompletionRequest) -> Ask:
