@@ -61,18 +61,11 @@ class Slot(msgspec.Struct, eq=False):
         # tenant's answers are known; a first answer that used all its max_tokens leaves that as the estimate).
         if used is not None and used != self.cost:
             gate.order.settle(self.tenant, self.cost, self.prompt, used, self.weight)
-        metrics = gate.metrics
-        if metrics is not None and used:
-            child = gate.service.get(self.tenant)
-            if child is None:  # one labels() lookup per tenant, not per request
-                child = gate.service[self.tenant] = metrics.queue_service.labels(gate.name, self.tenant)
-            # Tally.add, inlined as the request metrics inline it (a call per request is a measurable share of an
-            # uncontended slot's cost): added to the series in batches, as a lock per request is not worth it.
-            tally = metrics.tally
-            pending = tally.pending
-            if not pending:
-                tally.arm()
-            pending[child] = pending.get(child, 0.0) + used
+        if used and gate.metrics is not None:
+            served = gate.served
+            if not served:  # its first since the tally's last flush, which then calls `Gate.inc`
+                gate.metrics.tally.add(gate, 0.0)
+            served[self.tenant] = served.get(self.tenant, 0) + used
         if self.limiter is not None:
             gate.give_back(self)
         if gate.order.depth or gate.watchers:
@@ -118,6 +111,8 @@ class Gate:
         self._freed: asyncio.Event | None = None
         self._background: set[asyncio.Task[None]] = set()  # lease releases under way
         self.service: dict[str, Any] = {}  # tenant -> its service counter's child (bounded by the tenants)
+        # Tenant -> the tokens its requests used here since the metrics' last flush (`inc` adds them to `service`).
+        self.served: dict[str, int] = {}
         # Requests waiting on another server that this one may also serve (another target of their alias):
         # when a slot frees here and nobody waits here, the first of them is told (its future gets None).
         self.watchers: dict[asyncio.Future[Any], None] = {}
@@ -149,10 +144,24 @@ class Gate:
     ) -> None:
         """A reload: the same server under the new config (its waiters and held slots stay)."""
         self._give_back(list(self.spare))  # the old limiter's; a pooled slot in use goes back to Redis at its end
+        self.inc(0.0)  # what was served under the old metrics goes to their series
         self.limiter, self.metrics = limiter, metrics
         self.service = {}  # the new metrics' children
         self._cap(cap, low_share, hold_s)
         self.wake()
+
+    def inc(self, _: float) -> None:
+        """The metrics' tally flushing: the tokens served here per tenant since its last flush, into their series
+        (counted per request in `served`: a counter's own `inc` per request is four calls and a lock)."""
+        served, self.served = self.served, {}
+        metrics = self.metrics
+        if metrics is None:
+            return
+        for tenant, used in served.items():
+            child = self.service.get(tenant)
+            if child is None:  # one labels() lookup per tenant, not per flush
+                child = self.service[tenant] = metrics.queue_service.labels(self.name, tenant)
+            child.inc(used)
 
     def low_limit(self) -> tuple[int, Bucket]:
         """The slots `low` requests may fill now, and the lease bucket that counts them against it."""
