@@ -53,7 +53,7 @@ class Waiter:
 class FairOrder:
     """The waiters of one server by class and tenant, and every tenant's weighted service there."""
 
-    __slots__ = ("classes", "service", "credit", "lengths", "depth", "counts", "last", "turns", "turn")
+    __slots__ = ("classes", "service", "credit", "lengths", "misses", "depth", "counts", "last", "turns", "turn")
 
     def __init__(self) -> None:
         # Per class: tenant -> its waiters, oldest first (a dict keeps tenants in arrival order for ties).
@@ -65,6 +65,10 @@ class FairOrder:
         self.credit: dict[str, float] = {}
         # Tenant -> the generated tokens its recent answers here had: the estimate charged at a grant.
         self.lengths: dict[str, float] = {}
+        # Tenant -> what the prompt estimate (a token per four bytes) missed of its recent prompts' real tokens,
+        # as their answers' usage reported them: added to its charges, so a tenant of steady requests is
+        # charged what they use and nothing needs correcting at their end.
+        self.misses: dict[str, float] = {}
         self.depth = 0
         self.counts = [0, 0, 0]  # waiters per class
         self.last = 0.0  # the service of the tenant served last: the floor for a tenant nobody waits beside
@@ -136,6 +140,10 @@ class FairOrder:
         length = self.lengths.get(tenant)
         generated = most if length is None or length >= most else int(length + 0.5)
         tokens = prompt + (generated if generated < MAX_CHARGE else MAX_CHARGE)
+        if self.misses:
+            miss = self.misses.get(tenant)
+            if miss is not None:
+                tokens += max(round(miss), -prompt)
         turn = self.turn = self.turn + 1
         self.turns[tenant] = turn
         charge = tokens / weight
@@ -152,10 +160,18 @@ class FairOrder:
         self.last = served
         return tokens
 
-    def settle(self, tenant: str, charged: int, prompt: int, used: int, weight: float) -> None:
-        """A request of `tenant` charged `charged` tokens (`prompt` of them for its prompt) used `used`."""
+    def settle(self, tenant: str, charged: int, prompt: int, used: int, weight: float, real: int | None = None) -> None:
+        """A request of `tenant` charged `charged` tokens (`prompt` of them for its prompt, as estimated) used
+        `used`, `real` of them its prompt's as its answer reported (None: not reported, or not known)."""
         if used > 0:  # an attempt that ended without an answer (failed, lost a hedge, left) says nothing
-            generated = used - prompt if used > prompt else 0
+            if real is not None and 0 <= real <= used:
+                miss = real - prompt
+                misses = self.misses
+                known = misses.get(tenant)
+                misses[tenant] = miss if known is None else known + (miss - known) * _LEARN
+                generated = used - real
+            else:
+                generated = used - prompt if used > prompt else 0
             lengths = self.lengths
             length = lengths.get(tenant)
             lengths[tenant] = generated if length is None else length + (generated - length) * _LEARN

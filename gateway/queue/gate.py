@@ -49,9 +49,9 @@ class Slot(msgspec.Struct, eq=False):
     waited: float  # seconds spent in the queue (0 when a slot was free)
     pooled: bool = False  # its lease is one of a block: it goes back to the gate's spares, not to Redis
 
-    def done(self, used: int | None) -> None:
-        """The attempt ended having used `used` tokens (None: unknown, the estimate stands): the slot goes back to
-        its gate, and its tenant's charge is corrected."""
+    def done(self, used: int | None, prompt: int | None = None) -> None:
+        """The attempt ended having used `used` tokens (None: unknown, the estimate stands), `prompt` of them its
+        prompt's (None: not reported): the slot goes back to its gate, and its tenant's charge is corrected."""
         gate = self.gate
         if gate is None:
             return
@@ -60,7 +60,7 @@ class Slot(msgspec.Struct, eq=False):
         # Nothing to correct, nor to learn, when the answer used what it was charged (the usual case once its
         # tenant's answers are known; a first answer that used all its max_tokens leaves that as the estimate).
         if used is not None and used != self.cost:
-            gate.order.settle(self.tenant, self.cost, self.prompt, used, self.weight)
+            gate.order.settle(self.tenant, self.cost, self.prompt, used, self.weight, prompt)
         if used and gate.metrics is not None:
             served = gate.served
             if not served:  # its first since the tally's last flush, which then calls `Gate.inc`

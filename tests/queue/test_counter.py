@@ -76,6 +76,26 @@ def test_the_charge_follows_the_tenants_recent_answers_within_its_max_tokens() -
     assert order.charge("new", 5, 10**9, 1.0) == 5 + MAX_CHARGE
 
 
+def test_a_tenant_whose_prompts_the_estimate_misses_is_charged_their_real_tokens_once_its_answers_say_so() -> None:
+    order = FairOrder()
+    # Estimated at 3 prompt tokens, really 5 (the usage says so), 16 generated of max_tokens 16.
+    first = order.charge("t", 3, 16, 1.0)
+    assert first == 19
+    order.settle("t", first, 3, 21, 1.0, real=5)
+    assert order.service["t"] == 21 and not order.credit  # the 2 the estimate missed, charged at once
+    for _ in range(5):  # steady requests: each charged what it uses, so its end has nothing to correct
+        assert order.charge("t", 3, 16, 1.0) == 21
+    assert order.service["t"] == 21 * 6
+    # The generated part stays within the request's own max_tokens; the prompt's miss is added to it.
+    assert order.charge("t", 3, 4, 1.0) == 3 + 2 + 4
+    # An estimate that overcounts lowers the charge, never below the generated part.
+    order.settle("u", order.charge("u", 40, 10, 1.0), 40, 12, 1.0, real=2)
+    assert order.charge("u", 40, 10, 1.0) == 2 + 10
+    # A usage that does not add up (a prompt larger than the total) teaches only the length, as before.
+    order.settle("v", order.charge("v", 3, 10, 1.0), 3, 8, 1.0, real=50)
+    assert "v" not in order.misses and order.lengths["v"] == 5
+
+
 async def test_a_request_without_max_tokens_is_charged_the_budgets_worst_case_then_its_tenants_answers(
     tmp_path: Path, engine: Engine
 ) -> None:
@@ -90,13 +110,13 @@ async def test_a_request_without_max_tokens_is_charged_the_budgets_worst_case_th
             # Charged its prompt and the budgets' worst case (the vllm adapter's own default is smaller)...
             assert order.service["quiet"] == prompt + 500
             assert order.credit["quiet"] == prompt + 500 - 4  # ...and it used 3 + 1: the rest is owed back
-            generated = max(4 - prompt, 0)  # what it used beyond its prompt's estimate
-            assert order.lengths["quiet"] == generated
+            assert order.lengths["quiet"] == 1  # what it generated, as its usage says
+            assert order.misses["quiet"] == 3 - prompt  # what the prompt's estimate missed of its real 3 tokens
             engine.running.clear()
             second = asyncio.ensure_future(client.post("/v1/completions", json=req, headers=_headers("quiet", {})))
             await until(lambda: engine.inflight == 1)
             # Now charged what its answers were (paid from its credit): the worst case only without history.
-            assert order.credit["quiet"] == prompt + 500 - 4 - (prompt + generated)
+            assert order.credit["quiet"] == prompt + 500 - 4 - 4
             engine.running.set()
             assert (await second).status_code == 200
     assert first.status_code == 200
