@@ -152,18 +152,23 @@ class Job:
         # A request of one route was charged its route's quota with the request (`Admission.admit`).
         admission = self.admission if self.plan.single is None else None
         used: int | None = 0
+        prompt: int | None = None
         try:
             quota = await admission.admit_route(route, self.req, self.plan) if admission is not None else None
             try:
                 c = await self.attempt(self, route, timeouts).complete()
-                used = c.usage.total_tokens if c.usage is not None else None
+                usage = c.usage
+                if usage is not None:
+                    used, prompt = usage.total_tokens, usage.prompt_tokens
+                else:
+                    used = None
                 return c
             finally:
                 if admission is not None:
                     admission.settle(quota, used)
         finally:
             if slot is not None:
-                slot.done(used)
+                slot.done(used, prompt)
 
     async def open(self, route: Route, timeouts: Timeouts) -> Opened:
         """One streamed attempt on `route`: the stream, opened to its first event, holds the target's quota

@@ -21,19 +21,22 @@ PRIORITIES: Final = ("high", "normal", "low")
 RANK: Final = {"high": 0, "normal": 1, "low": 2}
 # A tenant's expected answer length follows its last answers with this weight per answer (about its last eight).
 _LEARN: Final = 0.125
+# The most one request is charged for its answer before its usage is known, so one huge max_tokens cannot park
+# a tenant.
+MAX_CHARGE: Final = 32_768
 
 
 class Waiter:
     """One request waiting for a slot: whose it is, its share, its class, and the future its slot comes in."""
 
-    __slots__ = ("tenant", "weight", "rank", "cost", "future", "since", "prompt")
+    __slots__ = ("tenant", "weight", "rank", "most", "future", "since", "prompt")
 
     def __init__(
         self,
         tenant: str,
         weight: float,
         rank: int,
-        cost: int,
+        most: int,
         future: asyncio.Future[Any] | None,
         since: float,
         prompt: int = 0,
@@ -41,16 +44,16 @@ class Waiter:
         self.tenant = tenant
         self.weight = weight
         self.rank = rank
-        self.cost = cost  # the tokens charged when it gets its slot (an estimate, corrected at its end)
+        self.most = most  # the most it may generate: what its charge at its grant is estimated within
         self.future: asyncio.Future[Any] = future  # type: ignore[assignment]  # set before it is queued
         self.since = since
-        self.prompt = prompt  # the part of `cost` that is its prompt's
+        self.prompt = prompt  # its prompt's tokens, estimated
 
 
 class FairOrder:
     """The waiters of one server by class and tenant, and every tenant's weighted service there."""
 
-    __slots__ = ("classes", "service", "credit", "lengths", "depth", "counts", "last", "turns", "turn")
+    __slots__ = ("classes", "service", "credit", "lengths", "misses", "depth", "counts", "last", "turns", "turn")
 
     def __init__(self) -> None:
         # Per class: tenant -> its waiters, oldest first (a dict keeps tenants in arrival order for ties).
@@ -62,6 +65,10 @@ class FairOrder:
         self.credit: dict[str, float] = {}
         # Tenant -> the generated tokens its recent answers here had: the estimate charged at a grant.
         self.lengths: dict[str, float] = {}
+        # Tenant -> what the prompt estimate (a token per four bytes) missed of its recent prompts' real tokens,
+        # as their answers' usage reported them: added to its charges, so a tenant of steady requests is
+        # charged what they use and nothing needs correcting at their end.
+        self.misses: dict[str, float] = {}
         self.depth = 0
         self.counts = [0, 0, 0]  # waiters per class
         self.last = 0.0  # the service of the tenant served last: the floor for a tenant nobody waits beside
@@ -125,16 +132,18 @@ class FairOrder:
         self.counts[w.rank] -= 1
         return True
 
-    def expect(self, tenant: str, most: int | None) -> int | None:
-        """The generated tokens to charge a request of `tenant` that may generate at most `most` (None: no
-        bound it gave): its recent answers' length, within `most`; None when the tenant has none here yet."""
+    def charge(self, tenant: str, prompt: int, most: int, weight: float) -> int:
+        """A slot went to `tenant` for a request of `prompt` tokens that may generate at most `most`: the tokens
+        it is charged (its prompt and its tenant's recent answers' length here, within `most` and `MAX_CHARGE`;
+        `most` where the tenant has no answer here yet), less any credit, and its turn stamped. The charge is
+        made at the grant, where the latest answers are known, and corrected by `settle` at its end."""
         length = self.lengths.get(tenant)
-        if length is None:
-            return most
-        return most if most is not None and length >= most else int(length + 0.5)
-
-    def grant(self, tenant: str, tokens: float, weight: float) -> None:
-        """A slot went to `tenant`: charged its estimate (less any credit), and stamped with its turn."""
+        generated = most if length is None or length >= most else int(length + 0.5)
+        tokens = prompt + (generated if generated < MAX_CHARGE else MAX_CHARGE)
+        if self.misses:
+            miss = self.misses.get(tenant)
+            if miss is not None:
+                tokens += max(round(miss), -prompt)
         turn = self.turn = self.turn + 1
         self.turns[tenant] = turn
         charge = tokens / weight
@@ -149,11 +158,20 @@ class FairOrder:
         served = self.service.get(tenant, 0.0) + charge
         self.service[tenant] = served
         self.last = served
+        return tokens
 
-    def settle(self, tenant: str, charged: int, prompt: int, used: int, weight: float) -> None:
-        """A request of `tenant` charged `charged` tokens (`prompt` of them for its prompt) used `used`."""
+    def settle(self, tenant: str, charged: int, prompt: int, used: int, weight: float, real: int | None = None) -> None:
+        """A request of `tenant` charged `charged` tokens (`prompt` of them for its prompt, as estimated) used
+        `used`, `real` of them its prompt's as its answer reported (None: not reported, or not known)."""
         if used > 0:  # an attempt that ended without an answer (failed, lost a hedge, left) says nothing
-            generated = used - prompt if used > prompt else 0
+            if real is not None and 0 <= real <= used:
+                miss = real - prompt
+                misses = self.misses
+                known = misses.get(tenant)
+                misses[tenant] = miss if known is None else known + (miss - known) * _LEARN
+                generated = used - real
+            else:
+                generated = used - prompt if used > prompt else 0
             lengths = self.lengths
             length = lengths.get(tenant)
             lengths[tenant] = generated if length is None else length + (generated - length) * _LEARN

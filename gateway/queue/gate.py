@@ -49,12 +49,27 @@ class Slot(msgspec.Struct, eq=False):
     waited: float  # seconds spent in the queue (0 when a slot was free)
     pooled: bool = False  # its lease is one of a block: it goes back to the gate's spares, not to Redis
 
-    def done(self, used: int | None) -> None:
-        """The attempt ended having used `used` tokens (None: unknown, the estimate stands)."""
+    def done(self, used: int | None, prompt: int | None = None) -> None:
+        """The attempt ended having used `used` tokens (None: unknown, the estimate stands), `prompt` of them its
+        prompt's (None: not reported): the slot goes back to its gate, and its tenant's charge is corrected."""
         gate = self.gate
-        if gate is not None:
-            self.gate = None
-            gate.release(self, used)
+        if gate is None:
+            return
+        self.gate = None
+        gate.in_use -= 1
+        # Nothing to correct, nor to learn, when the answer used what it was charged (the usual case once its
+        # tenant's answers are known; a first answer that used all its max_tokens leaves that as the estimate).
+        if used is not None and used != self.cost:
+            gate.order.settle(self.tenant, self.cost, self.prompt, used, self.weight, prompt)
+        if used and gate.metrics is not None:
+            served = gate.served
+            if not served:  # its first since the tally's last flush, which then calls `Gate.inc`
+                gate.metrics.tally.add(gate, 0.0)
+            served[self.tenant] = served.get(self.tenant, 0) + used
+        if self.limiter is not None:
+            gate.give_back(self)
+        if gate.order.depth or gate.watchers:
+            gate.wake()
 
 
 # The slot of a server without a cap: nothing to give back.
@@ -95,7 +110,9 @@ class Gate:
         self._pump: asyncio.Task[None] | None = None
         self._freed: asyncio.Event | None = None
         self._background: set[asyncio.Task[None]] = set()  # lease releases under way
-        self._service: dict[str, Any] = {}  # tenant -> its service counter's child (bounded by the tenants)
+        self.service: dict[str, Any] = {}  # tenant -> its service counter's child (bounded by the tenants)
+        # Tenant -> the tokens its requests used here since the metrics' last flush (`inc` adds them to `service`).
+        self.served: dict[str, int] = {}
         # Requests waiting on another server that this one may also serve (another target of their alias):
         # when a slot frees here and nobody waits here, the first of them is told (its future gets None).
         self.watchers: dict[asyncio.Future[Any], None] = {}
@@ -127,10 +144,24 @@ class Gate:
     ) -> None:
         """A reload: the same server under the new config (its waiters and held slots stay)."""
         self._give_back(list(self.spare))  # the old limiter's; a pooled slot in use goes back to Redis at its end
+        self.inc(0.0)  # what was served under the old metrics goes to their series
         self.limiter, self.metrics = limiter, metrics
-        self._service = {}  # the new metrics' children
+        self.service = {}  # the new metrics' children
         self._cap(cap, low_share, hold_s)
-        self._wake()
+        self.wake()
+
+    def inc(self, _: float) -> None:
+        """The metrics' tally flushing: the tokens served here per tenant since its last flush, into their series
+        (counted per request in `served`: a counter's own `inc` per request is four calls and a lock)."""
+        served, self.served = self.served, {}
+        metrics = self.metrics
+        if metrics is None:
+            return
+        for tenant, used in served.items():
+            child = self.service.get(tenant)
+            if child is None:  # one labels() lookup per tenant, not per flush
+                child = self.service[tenant] = metrics.queue_service.labels(self.name, tenant)
+            child.inc(used)
 
     def low_limit(self) -> tuple[int, Bucket]:
         """The slots `low` requests may fill now, and the lease bucket that counts them against it."""
@@ -159,7 +190,7 @@ class Gate:
                 finally:
                     self.in_use -= 1
             if self.spare and not self.order.depth and self.in_use < limit:
-                return self.from_block(w.tenant, w.weight, w.cost, w.prompt)
+                return self.from_block(w.tenant, w.weight, w.prompt, w.most)
             if self.order.depth or self.in_use >= limit:  # taken while the block came (or was refused)
                 return None
         self.in_use += 1  # counted before the await, so two requests of this process cannot both pass
@@ -208,12 +239,12 @@ class Gate:
         if self._trimmer is None:
             self._trimmer = asyncio.get_running_loop().call_later(TRIM_S, self._trim)
 
-    def from_block(self, tenant: str, weight: float, cost: int, prompt: int, waited: float = 0.0) -> Slot:
+    def from_block(self, tenant: str, weight: float, prompt: int, most: int, waited: float = 0.0) -> Slot:
         """A slot on a spare lease of a block (the caller saw one, and that the request may start)."""
         in_use = self.in_use = self.in_use + 1
         if in_use > self.peak:
             self.peak = in_use
-        self.order.grant(tenant, cost, weight)
+        cost = self.order.charge(tenant, prompt, most, weight)
         return Slot(self, self.spare.pop(), self.limiter, tenant, weight, cost, prompt, waited, True)
 
     def _trim(self) -> None:
@@ -268,59 +299,47 @@ class Gate:
     def _grant(self, w: Waiter, lease: str, limiter: Limiter | None, waited: float) -> Slot:
         if waited:
             self.wait_s += (waited - self.wait_s) * 0.1
-        return self.grant(w.tenant, w.weight, w.cost, w.prompt, lease, limiter, waited)
+        return self.grant(w.tenant, w.weight, w.prompt, w.most, lease, limiter, waited)
 
     def grant(
         self,
         tenant: str,
         weight: float,
-        cost: int,
         prompt: int,
+        most: int,
         lease: str = "",
         limiter: Limiter | None = None,
         waited: float = 0.0,
     ) -> Slot:
         """A slot already counted in `in_use`, its estimated cost charged to its tenant."""
-        self.order.grant(tenant, cost, weight)
-        return Slot(self, lease, limiter, tenant, weight, cost, prompt, waited)
+        return Slot(
+            self, lease, limiter, tenant, weight, self.order.charge(tenant, prompt, most, weight), prompt, waited
+        )
 
     def enqueue(self, w: Waiter) -> None:
         self.order.push(w)
         if self.metrics is not None:
             self.metrics.queue_waiting.labels(self.name, PRIORITIES[w.rank]).inc()
-        self._wake()
+        self.wake()
 
     def leave(self, w: Waiter) -> None:
         """A waiter that stopped waiting without a slot: out of the order at once."""
         if self.order.remove(w) and self.metrics is not None:
             self.metrics.queue_waiting.labels(self.name, PRIORITIES[w.rank]).dec()
 
-    def release(self, slot: Slot, used: int | None) -> None:
-        self.in_use -= 1
-        # Nothing to correct, nor to learn, when the answer used what it was charged (the usual case once its
-        # tenant's answers are known; a first answer that used all its max_tokens leaves that as the estimate).
-        if used is not None and used != slot.cost:
-            self.order.settle(slot.tenant, slot.cost, slot.prompt, used, slot.weight)
-        metrics = self.metrics
-        if metrics is not None and used:
-            child = self._service.get(slot.tenant)
-            if child is None:  # one labels() lookup per tenant, not per request
-                child = self._service[slot.tenant] = metrics.queue_service.labels(self.name, slot.tenant)
-            metrics.tally.add(child, used)  # added in batches: a lock per request is not worth it
-        if slot.limiter is not None:
-            if not slot.pooled:
-                self._release_later(slot.limiter, slot.lease)
-            elif slot.limiter is self.limiter and not (self._stale and slot.lease in self._stale):
-                self.spare.append(slot.lease)  # for the next request, without Redis
-            else:  # a reload since, or a lease near its last renewal
-                self._release_later(slot.limiter, slot.lease)
-                self._born.pop(slot.lease, None)
-                self._stale.discard(slot.lease)
-                self.pooled -= 1
-        if self.order.depth or self.watchers:
-            self._wake()
+    def give_back(self, slot: Slot) -> None:
+        """The lease of a slot that ended (with Redis): back to the spares, or to Redis."""
+        if not slot.pooled:
+            self._release_later(slot.limiter, slot.lease)
+        elif slot.limiter is self.limiter and not (self._stale and slot.lease in self._stale):
+            self.spare.append(slot.lease)  # for the next request, without Redis
+        else:  # a reload since, or a lease near its last renewal
+            self._release_later(slot.limiter, slot.lease)
+            self._born.pop(slot.lease, None)
+            self._stale.discard(slot.lease)
+            self.pooled -= 1
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
         if not self.order.depth:
             if self.watchers and self.in_use < self.cap:
                 self._call_watcher()
@@ -379,7 +398,7 @@ class Gate:
                     if w is not None:
                         waited = time.monotonic() - w.since
                         self.wait_s += (waited - self.wait_s) * 0.1
-                        w.future.set_result(self.from_block(w.tenant, w.weight, w.cost, w.prompt, waited))
+                        w.future.set_result(self.from_block(w.tenant, w.weight, w.prompt, w.most, waited))
                     continue
                 if self.in_use >= limit:
                     lease = None

@@ -31,8 +31,6 @@ from wire.schema import CompletionRequest
 HEADER: Final = "x-gateway-priority"
 _ROUTES_LIMIT: Final = 4096
 _ANONYMOUS: Final = "anonymous"
-# The most one request is charged before its usage is known, so one huge max_tokens cannot park a tenant.
-_MAX_CHARGE: Final = 32_768
 
 
 class Spilled(RateLimitError):
@@ -72,7 +70,10 @@ class Ask(msgspec.Struct, eq=False):
                 self.tried = {key}
             else:
                 self.tried.add(key)
-        gate = self.queues.gate(route)
+        queues = self.queues
+        routes = queues.routes
+        # `Queues.gate`'s table read here, without its call, once the route has been seen.
+        gate = routes[key] if key in routes else queues.gate(route)
         if gate is None:
             return NO_CAP
         if self.rank != LOW:
@@ -83,27 +84,29 @@ class Ask(msgspec.Struct, eq=False):
             limit = gate.low_limit()[0]
         if gate.in_use < limit and not gate.order.depth:
             # A free slot of this process, or (with Redis) a spare one of a block it holds: nothing to await.
+            most = self.most
+            if most is None:
+                most = self.unbounded(route)
             if gate.limiter is None:
                 gate.in_use += 1
-                return gate.grant(self.tenant, self.weight, self.cost(gate, route), self.prompt)
+                return gate.grant(self.tenant, self.weight, self.prompt, most)
             if gate.spare and limit == gate.cap:
-                return gate.from_block(self.tenant, self.weight, self.cost(gate, route), self.prompt)
+                return gate.from_block(self.tenant, self.weight, self.prompt, most)
         return None
 
     async def wait(self, route: Route, timeouts: Timeouts, plan: Plan) -> tuple[Slot, Timeouts]:
         """A slot on `route`'s server, which `take` found without one to give at once, and the attempt's
         timeouts less the time waited."""
         gate: Gate = self.queues.gate(route)  # type: ignore[assignment]  # `take` found it
-        return await self.queues.wait(self, self.cost(gate, route), gate, route, timeouts, plan)
+        most = self.most if self.most is not None else self.unbounded(route)
+        return await self.queues.wait(self, most, gate, route, timeouts, plan)
 
-    def cost(self, gate: Gate, route: Route) -> int:
-        """The tokens charged at its grant: its prompt and the answer its tenant's recent requests here had
-        (within its max_tokens), so a request counts while it runs and a tenant of long generations cannot
-        start many at once; what the answer used corrects it at its end (gateway/queue/fair.py)."""
-        generated = gate.order.expect(self.tenant, self.most)
-        if generated is None:  # no max_tokens, and no answer of this tenant here yet: the budgets' worst case
-            generated = unbounded_completion(route, self.queues.unbounded_tokens) * self.choices
-        return self.prompt + (generated if generated < _MAX_CHARGE else _MAX_CHARGE)
+    def unbounded(self, route: Route) -> int:
+        """The most a request without `max_tokens` may generate on `route`: the budgets' worst case. Its charge
+        at a grant is its prompt and the answer its tenant's recent requests there had, within this (or
+        `max_tokens`), so a request counts while it runs and a tenant of long generations cannot start many
+        at once; what the answer used corrects it at its end (gateway/queue/fair.py)."""
+        return unbounded_completion(route, self.queues.unbounded_tokens) * self.choices
 
 
 class _Tenant:
@@ -140,7 +143,7 @@ class Queues:
                         self.gates[(name, dc.base_url)] = Gate(
                             f"{name}/{d}", p.max_concurrency, limiter, metrics, share
                         )
-        self._routes: dict[str, Gate | None] = {}  # route key -> its gate (None: its server has no cap)
+        self.routes: dict[str, Gate | None] = {}  # route key -> its gate (None: its server has no cap)
         self.fair_by_team = self.config.fair_by == "team"
         teams = cfg.teams
         self.tenants: dict[str, _Tenant] = {}
@@ -186,12 +189,12 @@ class Queues:
             _lift(gate)
 
     def gate(self, route: Route) -> Gate | None:
-        found = self._routes.get(route.key, self)
+        found = self.routes.get(route.key, self)
         if found is self:
             found = self.gates.get((route.provider, route.endpoint.base_url))
-            if len(self._routes) >= _ROUTES_LIMIT:
-                self._routes.clear()  # direct model strings are the client's: keep them from growing this
-            self._routes[route.key] = found
+            if len(self.routes) >= _ROUTES_LIMIT:
+                self.routes.clear()  # direct model strings are the client's: keep them from growing this
+            self.routes[route.key] = found
         return found  # type: ignore[return-value]
 
     def ask(self, key: ClientKey | None, headers: Mapping[str, str], req: CompletionRequest) -> Ask:
@@ -231,11 +234,11 @@ class Queues:
         return Ask(self, t.name, t.weight, rank, prompt, most, choices)
 
     async def wait(
-        self, ask: Ask, cost: int, gate: Gate, route: Route, timeouts: Timeouts, plan: Plan
+        self, ask: Ask, most: int, gate: Gate, route: Route, timeouts: Timeouts, plan: Plan
     ) -> tuple[Slot, Timeouts]:
-        """A slot on `gate` for one attempt of `ask`'s request, charged `cost`: at once, or after waiting in
-        its fair order."""
-        w = Waiter(ask.tenant, ask.weight, ask.rank, cost, None, 0.0, ask.prompt)
+        """A slot on `gate` for one attempt of `ask`'s request, which may generate at most `most` tokens: at
+        once, or after waiting in its fair order."""
+        w = Waiter(ask.tenant, ask.weight, ask.rank, most, None, 0.0, ask.prompt)
         slot = await gate.take(w)
         if slot is not None:
             return slot, timeouts

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 
 from gateway.limits.tokens import prompt_tokens
-from gateway.queue.fair import FairOrder, Waiter
+from gateway.queue.fair import MAX_CHARGE, FairOrder, Waiter
 from tests.helpers.engine import Engine
 from tests.helpers.servers import serve_config
 from tests.queue.conftest import _headers, config, gate, until
@@ -23,7 +23,7 @@ def _waiter(tenant: str) -> Waiter:
 def test_a_tenant_that_starts_waiting_is_not_overtaken_by_refunds_of_a_backlogged_ones_running_requests() -> None:
     order = FairOrder()
     for _ in range(3):  # `noisy` runs three requests, each charged its max_tokens of 97 and a 3-token prompt
-        order.grant("noisy", 100, 1.0)
+        order.charge("noisy", 100, 0, 1.0)
     for _ in range(5):
         order.push(_waiter("noisy"))
     order.push(_waiter("quiet"))  # starts waiting: level with `noisy`, and served longer ago
@@ -35,44 +35,65 @@ def test_a_tenant_that_starts_waiting_is_not_overtaken_by_refunds_of_a_backlogge
 
 def test_a_refund_comes_off_the_tenants_next_charges_so_its_service_is_what_it_used() -> None:
     order = FairOrder()
-    order.grant("t", 100, 1.0)
+    order.charge("t", 100, 0, 1.0)
     order.settle("t", 100, 3, 20, 1.0)  # 80 charged too much
     assert order.service["t"] == 100 and order.credit["t"] == 80
-    order.grant("t", 50, 1.0)  # paid out of the credit
+    order.charge("t", 50, 0, 1.0)  # paid out of the credit
     assert order.service["t"] == 100 and order.credit["t"] == 30
-    order.grant("t", 50, 1.0)  # the rest of the credit, then 20 more
+    order.charge("t", 50, 0, 1.0)  # the rest of the credit, then 20 more
     assert order.service["t"] == 120 and "t" not in order.credit  # 20 + 50 + 50 used
     order.settle("t", 50, 3, 90, 1.0)  # a longer answer than charged: charged at once
     assert order.service["t"] == 160
-    order.grant("w", 30, 3.0)  # a weight divides the tokens
+    order.charge("w", 30, 0, 3.0)  # a weight divides the tokens
     order.settle("w", 30, 3, 15, 3.0)
     assert order.service["w"] == 10 and order.credit["w"] == 5
 
 
 def test_a_credit_is_no_banked_time_a_tenant_that_starts_waiting_settles_it_before_its_lift() -> None:
     order = FairOrder()
-    order.grant("quiet", 100, 1.0)
+    order.charge("quiet", 100, 0, 1.0)
     order.settle("quiet", 100, 3, 10, 1.0)  # 90 of credit, then idle while `noisy` is served
     for _ in range(4):
-        order.grant("noisy", 40, 1.0)
+        order.charge("noisy", 40, 0, 1.0)
     order.push(_waiter("noisy"))
     order.push(_waiter("quiet"))
     # Its own count less its credit (10) is below noisy's 160: lifted there, the credit spent on the way.
     assert order.service["quiet"] == 160 and "quiet" not in order.credit
 
 
-def test_the_estimate_follows_the_tenants_recent_answers_within_its_max_tokens() -> None:
+def test_the_charge_follows_the_tenants_recent_answers_within_its_max_tokens() -> None:
     order = FairOrder()
-    assert order.expect("t", 200) == 200  # nothing known yet: the most it may generate
-    assert order.expect("t", None) is None  # and without max_tokens, nothing at all (the caller decides)
+    assert order.charge("t", 3, 200, 1.0) == 203  # nothing known yet: its prompt and the most it may generate
     order.settle("t", 203, 3, 43, 1.0)  # generated 40
-    assert order.expect("t", 200) == 40 and order.expect("t", None) == 40
-    assert order.expect("t", 25) == 25  # never past the request's own bound
+    assert order.charge("t", 3, 200, 1.0) == 43
+    assert order.charge("t", 3, 25, 1.0) == 28  # never past the request's own bound
     order.settle("t", 43, 3, 0, 1.0)  # an attempt that ended without an answer teaches nothing
-    assert order.expect("t", 200) == 40
+    assert order.charge("t", 3, 200, 1.0) == 43
     for _ in range(30):  # the tenant moves to longer answers: the estimate follows
         order.settle("t", 43, 3, 123, 1.0)
-    assert 115 <= order.expect("t", None) <= 120  # type: ignore[operator]
+    assert 118 <= order.charge("t", 3, 10**6, 1.0) <= 123
+    # One huge max_tokens is charged at most MAX_CHARGE for its answer until its usage is known.
+    assert order.charge("new", 5, 10**9, 1.0) == 5 + MAX_CHARGE
+
+
+def test_a_tenant_whose_prompts_the_estimate_misses_is_charged_their_real_tokens_once_its_answers_say_so() -> None:
+    order = FairOrder()
+    # Estimated at 3 prompt tokens, really 5 (the usage says so), 16 generated of max_tokens 16.
+    first = order.charge("t", 3, 16, 1.0)
+    assert first == 19
+    order.settle("t", first, 3, 21, 1.0, real=5)
+    assert order.service["t"] == 21 and not order.credit  # the 2 the estimate missed, charged at once
+    for _ in range(5):  # steady requests: each charged what it uses, so its end has nothing to correct
+        assert order.charge("t", 3, 16, 1.0) == 21
+    assert order.service["t"] == 21 * 6
+    # The generated part stays within the request's own max_tokens; the prompt's miss is added to it.
+    assert order.charge("t", 3, 4, 1.0) == 3 + 2 + 4
+    # An estimate that overcounts lowers the charge, never below the generated part.
+    order.settle("u", order.charge("u", 40, 10, 1.0), 40, 12, 1.0, real=2)
+    assert order.charge("u", 40, 10, 1.0) == 2 + 10
+    # A usage that does not add up (a prompt larger than the total) teaches only the length, as before.
+    order.settle("v", order.charge("v", 3, 10, 1.0), 3, 8, 1.0, real=50)
+    assert "v" not in order.misses and order.lengths["v"] == 5
 
 
 async def test_a_request_without_max_tokens_is_charged_the_budgets_worst_case_then_its_tenants_answers(
@@ -89,13 +110,13 @@ async def test_a_request_without_max_tokens_is_charged_the_budgets_worst_case_th
             # Charged its prompt and the budgets' worst case (the vllm adapter's own default is smaller)...
             assert order.service["quiet"] == prompt + 500
             assert order.credit["quiet"] == prompt + 500 - 4  # ...and it used 3 + 1: the rest is owed back
-            generated = max(4 - prompt, 0)  # what it used beyond its prompt's estimate
-            assert order.lengths["quiet"] == generated
+            assert order.lengths["quiet"] == 1  # what it generated, as its usage says
+            assert order.misses["quiet"] == 3 - prompt  # what the prompt's estimate missed of its real 3 tokens
             engine.running.clear()
             second = asyncio.ensure_future(client.post("/v1/completions", json=req, headers=_headers("quiet", {})))
             await until(lambda: engine.inflight == 1)
             # Now charged what its answers were (paid from its credit): the worst case only without history.
-            assert order.credit["quiet"] == prompt + 500 - 4 - (prompt + generated)
+            assert order.credit["quiet"] == prompt + 500 - 4 - 4
             engine.running.set()
             assert (await second).status_code == 200
     assert first.status_code == 200
