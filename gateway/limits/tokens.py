@@ -137,15 +137,8 @@ def reservation(req: CompletionRequest, bpe: bool, model: str, per_choice: int) 
     text = req.prompt
     n, best_of = req.n, req.best_of
     choices = 1 if n is None and best_of is None else max(n or 1, best_of or 1)
-    if type(text) is str:  # the common case, counted here: three calls fewer on every request with a token limit
-        count = _counter(model) if bpe else None
-        if count is not None:
-            try:
-                prompt = count(text)
-            except ValueError:  # as `text_tokens`
-                prompt = text_tokens(text, False, model)
-        else:
-            prompt = text_tokens(text, False, model)
+    if type(text) is str:  # the common case: one text, counted without `prompt_tokens`'s dispatch
+        prompt = text_tokens(text, bpe, model)
         return prompt, prompt + per_choice * choices
     if not isinstance(text[0], int):
         choices *= len(text)

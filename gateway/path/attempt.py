@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
-from typing import Any, ClassVar, TypeVar, cast
+from typing import Any, ClassVar, cast
 
 import msgspec
 
@@ -23,6 +23,7 @@ from gateway.emulation import Emulation, SubStream
 from gateway.emulation.client_schema import Work
 from gateway.fleet.picker import Hint
 from gateway.limits.admission import Admission, Ticket
+from gateway.path.answers import MAX_REPORTED_TOKENS, choices_asked, ignored_n, parsed, sane_usage, unreadable
 from gateway.path.fanout import open_all
 from gateway.queue.gate import Slot
 from gateway.queue.service import Ask
@@ -31,11 +32,10 @@ from gateway.upstream.client import Stream, Upstream
 from gateway.upstream.framing import DECODERS
 from gateway.upstream.plan import Plan, Route
 from gateway.upstream.transport import Timeouts
-from providers.base import Adapter, CallContext, LocalAdapter, map_params, prompt_form
-from providers.envelope import Unreadable
+from providers.base import Adapter, CallContext, LocalAdapter, map_params
 from wire.chat import ChatChunk, ChatCompletion
 from wire.errors import GatewayError, UpstreamError
-from wire.schema import Completion, CompletionRequest, Usage
+from wire.schema import Completion, CompletionRequest
 from wire.upstream import UpstreamRequest
 
 log = logging.getLogger("gateway")
@@ -46,12 +46,6 @@ Chunk = Completion | ChatChunk
 # An adapter's stream-event parser (`parse_event`, or `parse_chat_event` on chat).
 Parse = Callable[[str | None, bytes, CallContext], Chunk | None]
 
-# What an upstream answer that cannot be read raises while it is parsed: the answer is broken, not the
-# gateway (other exceptions are adapter bugs, logged with their traceback, but also a failed attempt).
-UNREADABLE = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, Unreadable)
-# The most tokens one answer may report: larger (or negative) counts from a broken upstream are clamped
-# so they cannot poison rate limits, budgets and usage rows.
-MAX_REPORTED_TOKENS = 100_000_000
 # The longest an upstream's own quota headers may keep its target off: a month (Mistral's longest window),
 # so a reset header saying "99999h" does not park the target for years.
 MAX_QUOTA_WAIT_S = 31 * 86400.0
@@ -152,16 +146,13 @@ class Job:
         # A request of one route was charged its route's quota with the request (`Admission.admit`).
         admission = self.admission if self.plan.single is None else None
         used: int | None = 0
-        prompt: int | None = None
+        prompt: int | None = None  # its prompt's tokens as the answer's usage reports them
         try:
             quota = await admission.admit_route(route, self.req, self.plan) if admission is not None else None
             try:
                 c = await self.attempt(self, route, timeouts).complete()
-                usage = c.usage
-                if usage is not None:
-                    used, prompt = usage.total_tokens, usage.prompt_tokens
-                else:
-                    used = None
+                u = c.usage
+                used, prompt = (u.total_tokens, u.prompt_tokens) if u is not None else (None, None)
                 return c
             finally:
                 if admission is not None:
@@ -392,7 +383,7 @@ class Attempt:
                 raise
             except Exception as exc:
                 # Nothing reached the client yet: a first event that cannot be read is a failed attempt.
-                raise _unreadable(route, "stream event", exc) from None
+                raise unreadable(route, "stream event", exc) from None
             if first is None:
                 # Nothing reached the client yet: an empty stream is a failed attempt, retried like one.
                 raise UpstreamError(
@@ -436,70 +427,3 @@ async def _events(
         c = parse(event, data, ctx)
         if c is not None:
             yield c
-
-
-_A = TypeVar("_A")
-
-
-def parsed(route: Route, parse: Callable[[bytes, CallContext], _A], body: bytes, ctx: CallContext) -> _A:
-    """An upstream answer read by the adapter's `parse`; one it cannot read is a failed attempt."""
-    try:
-        return parse(body, ctx)
-    except GatewayError:
-        raise
-    except Exception as exc:
-        raise _unreadable(route, "response body", exc) from None
-
-
-def _unreadable(route: Route, what: str, exc: Exception) -> UpstreamError:
-    """An upstream answer the adapter could not read: a failed attempt (502), retried or failed over."""
-    if not isinstance(exc, UNREADABLE):
-        log.error("parsing %s's %s failed", route.provider, what, exc_info=exc)
-    return UpstreamError(
-        f"Upstream '{route.key}' sent an invalid {what}",
-        code="invalid_upstream_response",
-        retryable=True,
-        cause="invalid_response",
-        target=route.key,
-        provider=route.provider,
-    )
-
-
-def choices_asked(req: CompletionRequest) -> int:
-    """Choices an upstream call must answer: n per prompt it was sent."""
-    prompts = len(req.prompt) if prompt_form(req.prompt) in ("texts", "token_lists") else 1
-    return (req.n or 1) * prompts
-
-
-def ignored_n(route: Route, asked: int, got: int) -> UpstreamError:
-    """An upstream that answers one choice where `n` asked for several: the answer is not the one asked for.
-
-    Not retried on that target (it will do the same), but another one may honour `n`; the target is not
-    unhealthy for it.
-    """
-    return UpstreamError(
-        f"Upstream '{route.key}' answered {got} choice(s) where the request asked for {asked}: it does not "
-        "honour 'n' (send one request per choice, or use a target that takes 'n')",
-        param="n",
-        code="upstream_ignored_n",
-        retryable=False,
-        elsewhere=True,
-        cools=False,
-        cause="invalid_response",
-        target=route.key,
-        provider=route.provider,
-    )
-
-
-def _tokens(n: int) -> int:
-    return n if 0 <= n <= MAX_REPORTED_TOKENS else (0 if n < 0 else MAX_REPORTED_TOKENS)
-
-
-def sane_usage(u: Usage) -> Usage:
-    """Usage as the upstream reported it, unless a count is negative or absurd (then clamped)."""
-    p, c, t = u.prompt_tokens, u.completion_tokens, u.total_tokens
-    if 0 <= p <= MAX_REPORTED_TOKENS and 0 <= c <= MAX_REPORTED_TOKENS and p + c <= t <= MAX_REPORTED_TOKENS:
-        return u  # the common case: one comparison chain, no new struct
-    p, c = _tokens(p), _tokens(c)
-    # A total below its parts would undercount what rate limits and budgets are charged.
-    return msgspec.structs.replace(u, prompt_tokens=p, completion_tokens=c, total_tokens=max(_tokens(t), p + c))

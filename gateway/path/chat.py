@@ -16,7 +16,8 @@ import msgspec
 
 from gateway.emulation import chat as emulation
 from gateway.emulation.chat import ChatEmulation, ChatSubStream
-from gateway.path.attempt import Attempt, Job, Opened, _fresh, ignored_n, parsed, sane_usage
+from gateway.path.answers import ignored_n, parsed, sane_usage
+from gateway.path.attempt import Attempt, Job, Opened, _fresh
 from gateway.path.fanout import open_all
 from gateway.upstream.plan import Group, Plan, Route
 from providers.base import LocalAdapter, map_params

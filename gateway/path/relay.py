@@ -20,7 +20,8 @@ from gateway.limits import tokens
 from gateway.limits.admission import Admission, Ticket
 from gateway.limits.budgets import STREAM_CHECK_EVENTS, Hold
 from gateway.ops.metrics import Record
-from gateway.path.attempt import UNREADABLE, Job, Opened, Services, ignored_n, sane_usage
+from gateway.path.answers import UNREADABLE, ignored_n, sane_usage
+from gateway.path.attempt import Job, Opened, Services
 from gateway.path.chat import continuation
 from gateway.path.dialects import OPENAI
 from gateway.resilience.failover import Failover

@@ -19,7 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.path.attempt import MAX_QUOTA_WAIT_S, MAX_REPORTED_TOKENS
+from gateway.path.answers import MAX_REPORTED_TOKENS
+from gateway.path.attempt import MAX_QUOTA_WAIT_S
 from tests.helpers.faults import RATE_LIMIT_BODY, RECORDED_COMPLETION, FaultServer, respond
 from tests.helpers.servers import GatewayThread, serve_config
 from wire.errors import MAX_RETRY_AFTER_S

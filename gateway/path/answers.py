@@ -1,0 +1,93 @@
+"""An upstream's answer, checked before anyone reads it: one the adapter cannot read, one that ignored `n`,
+and usage counts out of all reason, each a failed attempt or a clamped count rather than a crash or a
+poisoned budget."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TypeVar
+
+import msgspec
+
+from gateway.upstream.plan import Route
+from providers.base import CallContext, prompt_form
+from providers.envelope import Unreadable
+from wire.errors import GatewayError, UpstreamError
+from wire.schema import CompletionRequest, Usage
+
+log = logging.getLogger("gateway")
+
+# What an upstream answer that cannot be read raises while it is parsed: the answer is broken, not the
+# gateway (other exceptions are adapter bugs, logged with their traceback, but also a failed attempt).
+UNREADABLE = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, Unreadable)
+# The most tokens one answer may report: larger (or negative) counts from a broken upstream are clamped
+# so they cannot poison rate limits, budgets and usage rows.
+MAX_REPORTED_TOKENS = 100_000_000
+
+
+_A = TypeVar("_A")
+
+
+def parsed(route: Route, parse: Callable[[bytes, CallContext], _A], body: bytes, ctx: CallContext) -> _A:
+    """An upstream answer read by the adapter's `parse`; one it cannot read is a failed attempt."""
+    try:
+        return parse(body, ctx)
+    except GatewayError:
+        raise
+    except Exception as exc:
+        raise unreadable(route, "response body", exc) from None
+
+
+def unreadable(route: Route, what: str, exc: Exception) -> UpstreamError:
+    """An upstream answer the adapter could not read: a failed attempt (502), retried or failed over."""
+    if not isinstance(exc, UNREADABLE):
+        log.error("parsing %s's %s failed", route.provider, what, exc_info=exc)
+    return UpstreamError(
+        f"Upstream '{route.key}' sent an invalid {what}",
+        code="invalid_upstream_response",
+        retryable=True,
+        cause="invalid_response",
+        target=route.key,
+        provider=route.provider,
+    )
+
+
+def choices_asked(req: CompletionRequest) -> int:
+    """Choices an upstream call must answer: n per prompt it was sent."""
+    prompts = len(req.prompt) if prompt_form(req.prompt) in ("texts", "token_lists") else 1
+    return (req.n or 1) * prompts
+
+
+def ignored_n(route: Route, asked: int, got: int) -> UpstreamError:
+    """An upstream that answers one choice where `n` asked for several: the answer is not the one asked for.
+
+    Not retried on that target (it will do the same), but another one may honour `n`; the target is not
+    unhealthy for it.
+    """
+    return UpstreamError(
+        f"Upstream '{route.key}' answered {got} choice(s) where the request asked for {asked}: it does not "
+        "honour 'n' (send one request per choice, or use a target that takes 'n')",
+        param="n",
+        code="upstream_ignored_n",
+        retryable=False,
+        elsewhere=True,
+        cools=False,
+        cause="invalid_response",
+        target=route.key,
+        provider=route.provider,
+    )
+
+
+def _tokens(n: int) -> int:
+    return n if 0 <= n <= MAX_REPORTED_TOKENS else (0 if n < 0 else MAX_REPORTED_TOKENS)
+
+
+def sane_usage(u: Usage) -> Usage:
+    """Usage as the upstream reported it, unless a count is negative or absurd (then clamped)."""
+    p, c, t = u.prompt_tokens, u.completion_tokens, u.total_tokens
+    if 0 <= p <= MAX_REPORTED_TOKENS and 0 <= c <= MAX_REPORTED_TOKENS and p + c <= t <= MAX_REPORTED_TOKENS:
+        return u  # the common case: one comparison chain, no new struct
+    p, c = _tokens(p), _tokens(c)
+    # A total below its parts would undercount what rate limits and budgets are charged.
+    return msgspec.structs.replace(u, prompt_tokens=p, completion_tokens=c, total_tokens=max(_tokens(t), p + c))
