@@ -9,6 +9,7 @@ and is reconciled with the usage the upstream reports. Token-id prompts are coun
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -36,6 +37,14 @@ class _Encoding(Protocol):
 
 @lru_cache(maxsize=32)
 def _encoding(model: str) -> _Encoding | None:
+    # Its import reads its tables through a deprecated importlib call: a process run with warnings as
+    # errors (`-W error`, pytest's filterwarnings) would otherwise lose the real count for good.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return _load(model)
+
+
+def _load(model: str) -> _Encoding | None:
     try:
         import bpe_openai  # type: ignore[import-untyped, import-not-found, unused-ignore]
     except Exception:  # not installed, or it failed to load its tables: use the estimate, never fail a request

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import math
 import random
+import subprocess
+import sys
 
 import pytest
 
 from gateway.limits.tokens import BYTES_PER_TOKEN, _encoding, prompt_bound, text_tokens
-
-pytestmark = pytest.mark.filterwarnings("ignore:open_binary is deprecated:DeprecationWarning")
 
 # cl100k (gpt-3.5-turbo-instruct) and o200k (gpt-4o): the tables the package embeds.
 MODELS = ("gpt-3.5-turbo-instruct", "gpt-4o-mini")
@@ -66,3 +66,11 @@ def test_budgets_bound_uses_the_same_count() -> None:
         pytest.skip("bpe-openai is not installed")
     texts = EDGES[:8]
     assert prompt_bound(texts, True, model) == sum(len(enc.encode_ordinary(t)) + 16 for t in texts)
+
+
+def test_the_tables_load_in_a_process_that_treats_warnings_as_errors() -> None:
+    # The library's import reads its tables through a deprecated importlib call; with `-W error` that warning
+    # would be an exception, and the failed load would be remembered: every count an estimate from then on.
+    code = "from gateway.limits.tokens import _encoding; import sys; sys.exit(_encoding('gpt-4o-mini') is None)"
+    done = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
