@@ -8,7 +8,7 @@ docs/ratelimits.md.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Final
 
 import msgspec
@@ -55,32 +55,42 @@ _REQUEST_KINDS: Final = ("rps", "rpm")
 _TOKEN_KINDS: Final = ("tpm", "tpd")
 _REQUEST_NAMES: Final = ("x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests")
 _TOKEN_NAMES: Final = ("x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens")
+_Rows = tuple[tuple[int, str], ...]
+
+
+def _rows(buckets: Sequence[Bucket]) -> tuple[_Rows, _Rows]:
+    """Per header label (requests, tokens): its buckets' places in a script reply (remaining, then reset)
+    and their limits as header values."""
+    requests = tuple((2 + 2 * i, str(b.limit)) for i, b in enumerate(buckets) if b.kind in _REQUEST_KINDS)
+    tokens = tuple((2 + 2 * i, str(b.limit)) for i, b in enumerate(buckets) if b.kind in _TOKEN_KINDS)
+    return requests, tokens
+
+
+def _reply_headers(out: Sequence[int], requests: _Rows, tokens: _Rows) -> dict[str, str]:
+    """The x-ratelimit headers of a script reply `out`: per label, its tightest bucket's (the least
+    remaining, then the longest reset, the first of equals)."""
+    headers: dict[str, str] = {}
+    for rows, names in ((requests, _REQUEST_NAMES), (tokens, _TOKEN_NAMES)):
+        if not rows:
+            continue
+        at, limit = rows[0]
+        remaining, reset = out[at], out[at + 1]
+        for j, other in rows[1:]:
+            if out[j] < remaining or (out[j] == remaining and out[j + 1] > reset):
+                limit, remaining, reset = other, out[j], out[j + 1]
+        headers[names[0]] = limit
+        headers[names[1]] = str(remaining)
+        # GCRA's reset: when the bucket is full again (all of this scope's units available).
+        headers[names[2]] = f"{reset}ms" if 0 <= reset < 1000 else duration(reset)  # `duration`, inlined
+    return headers
 
 
 def _headers(states: list[BucketState]) -> dict[str, str]:
-    # Per label, the tightest bucket: the least remaining, then the longest reset (the first of equals).
-    requests: BucketState | None = None
-    tokens: BucketState | None = None
+    """The x-ratelimit headers of a decision's bucket states, as `_reply_headers` reads them off a reply."""
+    out = [0, 0]
     for s in states:
-        kind = s.bucket.kind
-        if kind in _REQUEST_KINDS:
-            if requests is None or (s.remaining, -s.reset_ms) < (requests.remaining, -requests.reset_ms):
-                requests = s
-        elif kind in _TOKEN_KINDS and (
-            tokens is None or (s.remaining, -s.reset_ms) < (tokens.remaining, -tokens.reset_ms)
-        ):
-            tokens = s
-    out: dict[str, str] = {}
-    if requests is not None:
-        out["x-ratelimit-limit-requests"] = str(requests.bucket.limit)
-        out["x-ratelimit-remaining-requests"] = str(requests.remaining)
-        # GCRA's reset: when the bucket is full again (all of this scope's units available).
-        out["x-ratelimit-reset-requests"] = duration(requests.reset_ms)
-    if tokens is not None:
-        out["x-ratelimit-limit-tokens"] = str(tokens.bucket.limit)
-        out["x-ratelimit-remaining-tokens"] = str(tokens.remaining)
-        out["x-ratelimit-reset-tokens"] = duration(tokens.reset_ms)
-    return out
+        out += (s.remaining, s.reset_ms)
+    return _reply_headers(out, *_rows([s.bucket for s in states]))
 
 
 class _Scopes:
@@ -95,25 +105,7 @@ class _Scopes:
         self.tokens = [b for b in buckets if b.kind in TOKEN_KINDS]
         self.room = min((b.limit for b in self.tokens), default=0)
         self.queue_ms = queue_ms
-        # Per header label, its buckets' places in the script's reply and their limits, written once.
-        self.request_rows = tuple((2 + 2 * i, str(b.limit)) for i, b in enumerate(buckets) if b.kind in _REQUEST_KINDS)
-        self.token_rows = tuple((2 + 2 * i, str(b.limit)) for i, b in enumerate(buckets) if b.kind in _TOKEN_KINDS)
-
-    def headers(self, out: list[int]) -> dict[str, str]:
-        """`_headers` read straight from the script's reply `out` (no BucketState per bucket)."""
-        headers: dict[str, str] = {}
-        for rows, names in ((self.request_rows, _REQUEST_NAMES), (self.token_rows, _TOKEN_NAMES)):
-            if not rows:
-                continue
-            at, limit = rows[0]
-            remaining, reset = out[at], out[at + 1]
-            for j, other in rows[1:]:  # the tightest: the least remaining, then the longest reset (the first of equals)
-                if out[j] < remaining or (out[j] == remaining and out[j + 1] > reset):
-                    limit, remaining, reset = other, out[j], out[j + 1]
-            headers[names[0]] = limit
-            headers[names[1]] = str(remaining)
-            headers[names[2]] = f"{reset}ms" if 0 <= reset < 1000 else duration(reset)  # `duration`, inlined
-        return headers
+        self.request_rows, self.token_rows = _rows(buckets)  # worked out once, read off every reply
 
 
 class Ticket(msgspec.Struct):
@@ -231,7 +223,7 @@ class Admission:
                     except Degraded:
                         out = limiter.refused_call(charges, tokens)
                     allowed, wait, lease = out[0] == 1, out[1], ""
-                    headers = scopes.headers(out)
+                    headers = _reply_headers(out, scopes.request_rows, scopes.token_rows)
             except RedisDown:
                 raise _unavailable() from None
             if allowed:

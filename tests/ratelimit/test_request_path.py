@@ -1,7 +1,7 @@
 """The request path's shortcuts say exactly what the general code says.
 
 Admission's common acquire writes its script call from constant segments (`BucketSet.acquire_part`) and its
-x-ratelimit headers straight from the script's reply (`_Scopes.headers`); both must match, byte for byte and
+x-ratelimit headers straight from the script's reply (`_reply_headers`); both must match, byte for byte and
 header for header, what the general `part` and `_headers` (one BucketState per bucket) give.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import random
 
-from gateway.limits.admission import _headers, _Scopes
+from gateway.limits.admission import _headers, _reply_headers, _Scopes, duration
 from gateway.limits.bucketset import BucketSet
 from gateway.limits.gcra import BucketState
 from gateway.limits.ratelimit import Bucket, Kind
@@ -43,4 +43,18 @@ def test_headers_read_from_the_reply_are_those_of_the_bucket_states() -> None:
             pairs = [(rng.randint(0, 3), rng.choice((0, 5, 999, 1000, 1500, 61_000))) for _ in buckets]
             out = [rng.randint(0, 1), rng.randint(0, 9)] + [x for pair in pairs for x in pair]
             states = [BucketState(b, rem, reset) for b, (rem, reset) in zip(buckets, pairs, strict=True)]
-            assert scopes.headers(out) == _headers(states)
+            assert _reply_headers(out, scopes.request_rows, scopes.token_rows) == _headers(states)
+            assert _headers(states) == _tightest(states)
+
+
+def _tightest(states: list[BucketState]) -> dict[str, str]:
+    """Per label, the bucket with the least remaining, then the longest reset, the first of equals."""
+    headers: dict[str, str] = {}
+    for kinds, label in ((("rps", "rpm"), "requests"), (("tpm", "tpd"), "tokens")):
+        mine = [(s.remaining, -s.reset_ms, i, s) for i, s in enumerate(states) if s.bucket.kind in kinds]
+        if mine:
+            s = min(mine, key=lambda m: m[:3])[3]
+            headers[f"x-ratelimit-limit-{label}"] = str(s.bucket.limit)
+            headers[f"x-ratelimit-remaining-{label}"] = str(s.remaining)
+            headers[f"x-ratelimit-reset-{label}"] = duration(s.reset_ms)
+    return headers
