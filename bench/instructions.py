@@ -157,7 +157,10 @@ def _scope(body: bytes, route: str = "/v1/completions") -> dict[str, Any]:
     }
 
 
-async def _one(app: Any, body: bytes, route: str = "/v1/completions") -> tuple[int, bytes]:
+async def _one(
+    app: Any, body: bytes, route: str = "/v1/completions", answered: Callable[[], None] | None = None
+) -> tuple[int, bytes]:
+    """One request through the ASGI app: its status and body; `answered` is called at the body's last byte."""
     answer: dict[str, Any] = {"status": 0, "body": bytearray()}
     sent = False
     never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -175,6 +178,8 @@ async def _one(app: Any, body: bytes, route: str = "/v1/completions") -> tuple[i
             answer["status"] = message["status"]
         else:
             answer["body"] += message.get("body", b"")
+            if answered is not None and not message.get("more_body", False):
+                answered()
 
     await app(_scope(body, route), receive, send)
     return answer["status"], bytes(answer["body"])

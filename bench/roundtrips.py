@@ -40,7 +40,7 @@ from urllib.parse import urlparse
 
 import redis as redis_py
 
-from bench.instructions import _lifespan, _loop_runner, _scope, _upstream, config_text, is_chat, request_body
+from bench.instructions import _lifespan, _loop_runner, _one, _upstream, config_text, is_chat, request_body
 
 # What the run sends MONITOR to bracket the measured requests (ECHO runs no script and touches no key).
 _START: Final = "bench-roundtrips-start"
@@ -63,6 +63,9 @@ class Window:
     start: float
     answered: float = 0.0
     end: float = 0.0
+
+    def answer_sent(self) -> None:
+        self.answered = time.time()  # the answer's last byte
 
 
 @dataclass
@@ -203,7 +206,7 @@ async def _drive(path: str, requests: int, warmup: int, port: int, vary: bool, r
                 await loop.run_in_executor(None, recorder.started.wait, 10.0)
             body = request_body(path, i if vary else None)
             window = Window(start=time.time())
-            status = await _one(app, _scope(body, route), body, window)
+            status, _ = await _one(app, body, route, window.answer_sent)
             window.end = time.time()
             if status != 200:
                 raise RuntimeError(f"request {i} on {path}: {status}")
@@ -216,30 +219,6 @@ async def _drive(path: str, requests: int, warmup: int, port: int, vary: bool, r
         accesslog.SINK.fd = kept
         os.close(devnull)
     return windows
-
-
-async def _one(app: Any, scope: dict[str, Any], body: bytes, window: Window) -> int:
-    status = 0
-    sent = False
-    never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    async def receive() -> dict[str, Any]:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        await never  # the client stays connected; the endpoint cancels its watcher when done
-        return {"type": "http.disconnect"}
-
-    async def send(message: dict[str, Any]) -> None:
-        nonlocal status
-        if message["type"] == "http.response.start":
-            status = message["status"]
-        elif not message.get("more_body", False):
-            window.answered = time.time()  # the answer's last byte
-
-    await app(scope, receive, send)
-    return status
 
 
 def measure(
