@@ -165,9 +165,9 @@ class Observed:
 
 class _Children(NamedTuple):
     requests: Counter
-    latency: Observed | Histogram  # Observed with one process, the series itself with several
-    upstream: Observed | Histogram
-    ttft: Observed | Histogram
+    latency: Observed
+    upstream: Observed
+    ttft: Observed
     prompt_tokens: Counter
     completion_tokens: Counter
 
@@ -312,11 +312,13 @@ class Metrics:
             ["target", "tenant"],
             registry=r,
         )
-        self._overhead = Observed(self.overhead)  # with one process (`observe`)
-        self.tally = Tally()  # counts added in batches: the cache's, and with one process requests and tokens
+        self._overhead = Observed(self.overhead)
+        # Counts added in batches: requests, tokens, latencies, the cache's and the queue's. With several
+        # workers the files other workers read are written at the flush, or at once by an idle worker.
+        self.tally = Tally()
         self.in_flight = Gauge("gateway_in_flight", "Requests being served", multiprocess_mode="livesum", registry=r)
         # Requests being served by this process, read when the gauge is collected. With several workers each
-        # keeps its value in its file instead: the endpoint then moves the gauge itself (`in_flight.inc`).
+        # keeps its value in its file too: the endpoint then also moves the gauge itself (`in_flight.inc`).
         self.active = 0
         if not self.multiprocess:
             self.in_flight.set_function(lambda: self.active)
@@ -344,18 +346,15 @@ class Metrics:
             flag = "true" if stream else "false"
             kids = self._cache[key] = _Children(
                 requests=self.requests.labels(endpoint, dialect, model, provider, str(status)),
-                latency=self._observed(self.latency.labels(endpoint, dialect, provider, flag)),
-                upstream=self._observed(self.upstream.labels(provider, flag)),
-                ttft=self._observed(self.ttft.labels(provider)),
+                # Every series of a label set gets its own `Observed`, even one shared with another label
+                # set (two entries with the same provider share `upstream`): both add to the same series.
+                latency=Observed(self.latency.labels(endpoint, dialect, provider, flag)),
+                upstream=Observed(self.upstream.labels(provider, flag)),
+                ttft=Observed(self.ttft.labels(provider)),
                 prompt_tokens=self.tokens.labels("prompt", model, provider),
                 completion_tokens=self.tokens.labels("completion", model, provider),
             )
         return kids
-
-    def _observed(self, series: Histogram) -> Observed | Histogram:
-        # Every series of a label set gets its own `Observed`, even one shared with another label set (two
-        # `_children` entries with the same provider share `upstream`): both add to the same series.
-        return series if self.multiprocess else Observed(series)
 
     def observe(self, rec: Record, elapsed_s: float) -> None:
         model = rec.label
@@ -363,34 +362,21 @@ class Metrics:
             model = rec.label = self.labels.fold(rec.model)
         kids = self._children(rec.endpoint, rec.dialect, model, rec.provider or "none", rec.status, rec.stream)
         usage = rec.usage
-        if self.multiprocess:  # another worker's render reads the files: every count is written at once
-            kids.requests.inc()
-            if usage is not None:
-                kids.prompt_tokens.inc(usage.prompt_tokens)
-                kids.completion_tokens.inc(usage.completion_tokens)
-            kids.latency.observe(elapsed_s)  # type: ignore[union-attr]  # the series itself with several
-            if rec.provider and not rec.cached:  # a cached answer had no upstream time
-                kids.upstream.observe(rec.upstream_s)  # type: ignore[union-attr]
-                if rec.stream and not rec.failed:
-                    kids.ttft.observe(rec.upstream_s)  # type: ignore[union-attr]
-                elif rec.status == 200:
-                    self.overhead.observe(max(elapsed_s - rec.upstream_s, 0.0))
-        else:
-            tally = self.tally
-            pending = tally.pending  # Tally.add, inlined: a counter's `inc` is four calls and a lock
-            if not pending:
-                tally.arm()
-            pending[kids.requests] = pending.get(kids.requests, 0.0) + 1.0
-            if usage is not None:
-                pending[kids.prompt_tokens] = pending.get(kids.prompt_tokens, 0.0) + usage.prompt_tokens
-                pending[kids.completion_tokens] = pending.get(kids.completion_tokens, 0.0) + usage.completion_tokens
-            kids.latency.add(elapsed_s, tally)  # type: ignore[union-attr]  # an Observed with one process
-            if rec.provider and not rec.cached:
-                kids.upstream.add(rec.upstream_s, tally)  # type: ignore[union-attr]
-                if rec.stream and not rec.failed:
-                    kids.ttft.add(rec.upstream_s, tally)  # type: ignore[union-attr]
-                elif rec.status == 200:
-                    self._overhead.add(max(elapsed_s - rec.upstream_s, 0.0), tally)
+        tally = self.tally
+        pending = tally.pending  # Tally.add, inlined: a counter's `inc` is four calls and a lock
+        if not pending:
+            tally.arm()
+        pending[kids.requests] = pending.get(kids.requests, 0.0) + 1.0
+        if usage is not None:
+            pending[kids.prompt_tokens] = pending.get(kids.prompt_tokens, 0.0) + usage.prompt_tokens
+            pending[kids.completion_tokens] = pending.get(kids.completion_tokens, 0.0) + usage.completion_tokens
+        kids.latency.add(elapsed_s, tally)
+        if rec.provider and not rec.cached:  # a cached answer had no upstream time
+            kids.upstream.add(rec.upstream_s, tally)
+            if rec.stream and not rec.failed:
+                kids.ttft.add(rec.upstream_s, tally)
+            elif rec.status == 200:
+                self._overhead.add(max(elapsed_s - rec.upstream_s, 0.0), tally)
         if rec.attempts > 1:
             self.retries.labels(model).inc(rec.attempts - 1)
         if rec.fallback:
@@ -399,6 +385,10 @@ class Metrics:
             self.rate_limited.labels(rec.error_code, model).inc()
         elif rec.cause is not None and rec.provider:
             self.failures.labels(rec.provider, self.labels.fold(rec.target), rec.cause).inc()
+        if self.multiprocess and not self.active:
+            # Another worker's render reads this one's files and cannot flush its tally: a worker with
+            # nothing in flight writes what it gathered at once, so an idle fleet's counts are exact.
+            tally.flush()
 
     def render(self) -> bytes:
         self.tally.flush()
