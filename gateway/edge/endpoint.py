@@ -224,9 +224,7 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services, op: Ope
             pipeline, metrics = services(scope)
         pipeline.enter()
         if metrics is not None:
-            metrics.active += 1  # what the gauge reads when collected (gateway/ops/metrics.py)
-            if metrics.multiprocess:
-                metrics.in_flight.inc()
+            metrics.started()
         # The request's server span, when tracing is on; it ends with the answer or the stream.
         tracer = pipeline.tracing
         span = tracer.begin(headers, dialect.name, path, pipeline.trace_link, op.genai) if tracer is not None else None
@@ -314,9 +312,7 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services, op: Ope
             pipeline.exit()
             elapsed = time.perf_counter() - t0
             if metrics is not None:
-                metrics.active -= 1
-                if metrics.multiprocess:
-                    metrics.in_flight.dec()
+                metrics.ended()
                 metrics.observe(rec, elapsed)
             if pipeline.log_requests:
                 accesslog.write(rec, elapsed)

@@ -206,6 +206,18 @@ class Tally:
             child.inc(amount)
 
 
+class _InFlight:
+    """The in-flight gauge's write at a flush of the tally (with several workers): the process's count then."""
+
+    __slots__ = ("metrics",)
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def inc(self, _: float) -> None:
+        self.metrics.in_flight.set(self.metrics.active)
+
+
 class Metrics:
     def __init__(self) -> None:
         self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
@@ -318,10 +330,12 @@ class Metrics:
         self.tally = Tally()
         self.in_flight = Gauge("gateway_in_flight", "Requests being served", multiprocess_mode="livesum", registry=r)
         # Requests being served by this process, read when the gauge is collected. With several workers each
-        # keeps its value in its file too: the endpoint then also moves the gauge itself (`in_flight.inc`).
+        # worker writes it to its file instead: when it leaves or reaches 0 (`started`, `observe`), and at every
+        # flush of the tally in between, so a busy fleet's sum may be a second old and an idle one's is exact.
         self.active = 0
         if not self.multiprocess:
             self.in_flight.set_function(lambda: self.active)
+        self._in_flight = _InFlight(self)
         # The config in force decides the label values (`bind`); until one is bound, every model folds.
         self.labels = ModelLabels()
         # Bounded like the label values themselves (see the module docstring).
@@ -355,6 +369,22 @@ class Metrics:
                 completion_tokens=self.tokens.labels("completion", model, provider),
             )
         return kids
+
+    def started(self) -> None:
+        """A request is being served (`ended` when it is answered)."""
+        self.active += 1
+        if self.multiprocess:
+            pending = self.tally.pending
+            if not pending:
+                self.tally.arm()
+            pending[self._in_flight] = 0.0
+            if self.active == 1:
+                self.in_flight.set(1)
+
+    def ended(self) -> None:
+        self.active -= 1
+        if self.multiprocess and not self.active:
+            self.in_flight.set(0)
 
     def observe(self, rec: Record, elapsed_s: float) -> None:
         model = rec.label

@@ -111,7 +111,9 @@ def test_request_id_is_honoured_or_made_and_logged(gw: GatewayThread, access: Li
     )
 
 
-def test_metrics_add_up_across_workers(tmp_path: Path) -> None:
+@pytest.fixture
+def two_workers(tmp_path: Path) -> Iterator[str]:
+    """`serve --workers 2` on the base config: its URL."""
     path = tmp_path / "config.yaml"
     path.write_text(BASE)
     port = free_port()
@@ -136,18 +138,42 @@ def test_metrics_add_up_across_workers(tmp_path: Path) -> None:
                 pass
             assert time.monotonic() < deadline, "the gateway did not start"
             time.sleep(0.1)
-        # Separate connections, so the kernel spreads them over both workers.
-        for _ in range(20):
-            with httpx.Client(trust_env=False, timeout=10) as c:
-                assert c.post(url + "/v1/completions", json={"model": "demo/text", "prompt": "x"}).status_code == 200
-        # Whichever worker answers /metrics, it reports all 20.
-        for _ in range(6):
-            with httpx.Client(trust_env=False, timeout=10) as c:
-                text = c.get(url + "/metrics").text
-            assert metric(text, "gateway_requests_total", model="demo/text", status="200") == 20
+        yield url
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(15)
+
+
+def _scrape(url: str) -> str:
+    # A connection of its own, so the kernel may hand it to either worker.
+    with httpx.Client(trust_env=False, timeout=10) as c:
+        return c.get(url + "/metrics").text
+
+
+def test_metrics_add_up_across_workers(two_workers: str) -> None:
+    url = two_workers
+    # Separate connections, so the kernel spreads them over both workers.
+    for _ in range(20):
+        with httpx.Client(trust_env=False, timeout=10) as c:
+            assert c.post(url + "/v1/completions", json={"model": "demo/text", "prompt": "x"}).status_code == 200
+    # Whichever worker answers /metrics, it reports all 20: an idle worker has written what it counted.
+    for _ in range(6):
+        assert metric(_scrape(url), "gateway_requests_total", model="demo/text", status="200") == 20
+
+
+def test_in_flight_across_workers_counts_an_open_stream_then_nothing(two_workers: str) -> None:
+    url = two_workers
+    body = {"model": "demo/drip-300ms", "prompt": "x", "max_tokens": 8, "stream": True}
+    with httpx.Client(trust_env=False, timeout=20) as c, c.stream("POST", url + "/v1/completions", json=body) as s:
+        chunks = s.iter_raw()  # one iterator: a dropped one closes the stream
+        next(chunks)
+        # The worker serving the stream wrote its 1 when the stream started, whichever worker is scraped.
+        for _ in range(6):
+            assert metric(_scrape(url), "gateway_in_flight") == 1
+        for _ in chunks:
+            pass
+    for _ in range(6):
+        assert metric(_scrape(url), "gateway_in_flight") == 0
 
 
 def _wait_for(check: object, timeout: float = 6.0) -> None:
