@@ -103,6 +103,11 @@ async def _read_body(receive: Receive) -> bytes:
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
+# A server may offer, in the scope's extensions, a function that takes a callback to call once if the client
+# disconnects before the answer is complete (gateway/server does): a watcher then needs no task of its own.
+DISCONNECT: Final = "gateway.disconnect"
+
+
 class _Watch:
     """Cancels the running phase of a request when its client disconnects.
 
@@ -112,18 +117,28 @@ class _Watch:
 
     __slots__ = ("armed", "gone", "owner", "task")
 
-    def __init__(self, receive: Receive) -> None:
+    def __init__(self, receive: Receive, scope: HTTPScope) -> None:
         self.gone = False
         owner = asyncio.current_task()
         self.owner = owner if type(owner) is asyncio.Task else None
         # The request's task while a phase runs (or the phase's own task): what a disconnect cancels.
         self.armed: asyncio.Future[Any] | None = None
-        # `create_task`, not `ensure_future`: four Python calls fewer for what is always a coroutine.
-        self.task = asyncio.get_running_loop().create_task(self._watch(receive))
+        extensions: dict[str, Any] | None = scope.get("extensions")
+        subscribe: Callable[[Callable[[], None]], None] | None = extensions.get(DISCONNECT) if extensions else None
+        if subscribe is not None:
+            # The server calls `left` when the client goes: no task waits on `receive` for it.
+            self.task: asyncio.Task[None] | None = None
+            subscribe(self.left)
+        else:
+            # `create_task`, not `ensure_future`: four Python calls fewer for what is always a coroutine.
+            self.task = asyncio.get_running_loop().create_task(self._watch(receive))
 
     async def _watch(self, receive: Receive) -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
+        self.left()
+
+    def left(self) -> None:
         self.gone = True
         if self.armed is not None:
             self.armed.cancel()
@@ -148,7 +163,8 @@ class _Watch:
             self.armed = None
 
     def stop(self) -> None:
-        self.task.cancel()
+        if self.task is not None:
+            self.task.cancel()
 
 
 async def _relay(result: Result, send: Send) -> None:
@@ -243,7 +259,7 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services, op: Ope
                 else:
                     front = early
             if result is None:
-                watch = _Watch(receive)
+                watch = _Watch(receive, scope)
                 result = await watch.run(pipeline.complete(body, headers, dialect, rec, front, op))
             started = True
             held = result.held
@@ -255,7 +271,7 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services, op: Ope
                 return
             await send(_start(200, _SSE + _encode_headers(result.headers, rec.request_id)))
             if watch is None:
-                watch = _Watch(receive)
+                watch = _Watch(receive, scope)
             await watch.run(_relay(result, send))
         except GatewayError as exc:
             rec.status, rec.error_code, rec.cause = dialect.error(exc)[0], exc.code, exc.cause
