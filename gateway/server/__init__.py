@@ -3,7 +3,9 @@
 
 uvicorn keeps the server's life (sockets, workers, signals, lifespan, graceful shutdown); `H1Protocol` is
 the class it builds per connection (`uvicorn.Config(http=H1Protocol)`). It is a generic ASGI protocol:
-nothing here imports the rest of the gateway. docs/servers.md lists its caps and defaults.
+docs/servers.md lists its caps and defaults.
+
+May import nothing else of the gateway (uvicorn and httptools only); ops (serving) imports it.
 """
 
 from gateway.server.h1 import H1Protocol

@@ -10,18 +10,37 @@ from __future__ import annotations
 import asyncio
 import http
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from gateway.server.h1 import H1Protocol
+from typing import Any, Protocol
 
 Scope = dict[str, Any]
 Message = Mapping[str, Any]
-App = Callable[[Scope, Callable[[], Awaitable[dict[str, Any]]], Callable[[Message], Awaitable[None]]], Awaitable[object]]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[Message], Awaitable[None]]
+App = Callable[[Scope, Receive, Send], Awaitable[object]]
 
 # uvicorn's logger and words, for whoever watches its log for failed requests.
 log = logging.getLogger("uvicorn.error")
+
+
+class Connection(Protocol):
+    """What a request needs of its connection (`H1Protocol`)."""
+
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+    tasks: set[asyncio.Task[None]]
+    write_paused: bool
+    draining: bool
+    pipeline: deque[Any]
+
+    def default_head(self) -> bytes: ...
+
+    def response_done(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+    async def drain(self) -> None: ...
 
 
 def _status_line(code: int) -> bytes:
@@ -83,7 +102,7 @@ class Cycle:
         "waiter",
     )
 
-    def __init__(self, conn: H1Protocol, scope: Scope, keep_alive: bool, expect_100: bool) -> None:
+    def __init__(self, conn: Connection, scope: Scope, keep_alive: bool, expect_100: bool) -> None:
         self.conn = conn
         self.scope = scope
         self.keep_alive = keep_alive
