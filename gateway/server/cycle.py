@@ -197,9 +197,9 @@ class Cycle:
         if not self.started:
             if kind != "http.response.start":
                 raise RuntimeError(f"Expected ASGI message 'http.response.start', but got '{kind}'.")
-            self.started = True
             self.expect_100 = False
             self._start(message["status"], message.get("headers", ()))
+            self.started = True  # not before: a head refused leaves room for the 500
             return
         if self.complete:
             raise RuntimeError(f"Unexpected ASGI message '{kind}' sent, after response already completed.")
