@@ -1,8 +1,9 @@
 """One request and its answer on a connection: the ASGI `receive` and `send` that `H1Protocol` hands the app.
 
-The answer's head is held back until the first body message when the app gave a content-length, so a
-whole answer leaves in one `transport.write` (one send, one segment on loopback); a stream without one is
-chunked, its head written at once so the client sees the status before the first event.
+An answer's head is held back until its first body message, so a whole answer leaves in one
+`transport.write` (one send, one segment on loopback). An answer without a content-length is given one
+when its first body message is also its last; otherwise it is chunked, and its head leaves at the loop's
+next turn if the first piece is not there by then, so a stream's client sees its status at once.
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ class Cycle:
         "head",
         "keep_alive",
         "more_body",
+        "open_tail",
         "remaining",
         "scope",
         "started",
@@ -119,6 +121,7 @@ class Cycle:
         self.chunked = False
         self.remaining = -1  # content-length bytes still to send; -1: none given
         self.bodiless = False  # HEAD, 204, 304: no body goes out
+        self.open_tail: bytes | None = None  # the held head's end, when its framing is not decided yet
 
     def wake(self) -> None:
         waiter = self.waiter
@@ -207,6 +210,8 @@ class Cycle:
             raise RuntimeError(f"Expected ASGI message 'http.response.body', but got '{kind}'.")
         body: bytes = message.get("body", b"")
         more: bool = message.get("more_body", False)
+        if self.open_tail is not None:
+            self._frame(len(body), not more)
         head = self.head
         self.head = None
         if self.bodiless:
@@ -260,21 +265,42 @@ class Cycle:
             self.keep_alive = False
         bodiless = self.bodiless = self.scope["method"] == "HEAD" or status in _BODILESS
         tail = b"\r\n" if close or self.keep_alive else b"connection: close\r\n\r\n"
+        head = STATUS_LINE[status] + conn.default_head() + block
         if chunked:
             self.chunked = not bodiless
-        elif length >= 0:
+            conn.transport.write(head + tail)
+        elif length >= 0 or bodiless:
             self.remaining = length
-        elif not bodiless:
-            if self.scope["http_version"] == "1.0":
-                # No chunked encoding in HTTP/1.0: the body runs to the connection's close.
-                if self.keep_alive:
-                    self.keep_alive = False
-                    tail = b"connection: close\r\n\r\n"
-            else:
-                self.chunked = True
-                tail = b"transfer-encoding: chunked\r\n" + tail
-        head = STATUS_LINE[status] + conn.default_head() + block + tail
-        if length >= 0 or bodiless:
-            self.head = head  # goes out with the body
+            self.head = head + tail  # goes out with the body
         else:
-            conn.transport.write(head)
+            # The framing waits for the first body message: the whole answer (content-length, one write),
+            # or the first piece of a stream (chunked). Should the app wait for something before it, the
+            # head leaves on its own at the loop's next turn, so a stream's client sees its status at once.
+            if self.scope["http_version"] == "1.0" and self.keep_alive:
+                self.keep_alive = False
+                tail = b"connection: close\r\n\r\n"
+            self.head = head
+            self.open_tail = tail
+            conn.loop.call_soon(self._flush)
+
+    def _frame(self, length: int, whole: bool) -> None:
+        """Completes the held head with its framing: a content-length when `whole`, else chunked."""
+        tail = self.open_tail
+        self.open_tail = None
+        if whole:
+            self.head = b"%scontent-length: %d\r\n%s" % (self.head, length, tail)
+            self.remaining = length
+        elif self.scope["http_version"] == "1.0":
+            # No chunked encoding in HTTP/1.0: the body runs to the connection's close.
+            self.head = b"%s%s" % (self.head, tail)
+        else:
+            self.chunked = True
+            self.head = b"%stransfer-encoding: chunked\r\n%s" % (self.head, tail)
+
+    def _flush(self) -> None:
+        if self.open_tail is None or self.disconnected or self.complete:
+            return
+        self._frame(0, False)
+        head, self.head = self.head, None
+        if head:
+            self.conn.transport.write(head)

@@ -280,6 +280,27 @@ def test_a_content_length_answer_leaves_in_one_write(http: str, expected: int) -
         assert writes[-1].endswith(response.body)
 
 
+async def unframed(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """One body message, no content-length (as the gateway's endpoints answer)."""
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": b'{"whole": true}', "more_body": False})
+
+
+@pytest.mark.parametrize(("http", "expected"), [("ours", 1), ("httptools", 2)])
+def test_a_whole_answer_without_content_length_is_given_one_and_leaves_in_one_write(http: str, expected: int) -> None:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    protocol, writes = counting(H1Protocol if http == "ours" else HttpToolsProtocol)
+    with serve(unframed, http=protocol) as server:
+        client = Client(server.config.port)
+        client.send(get() + get())
+        first, second = client.response(), client.response()
+        assert first.body == second.body == b'{"whole": true}'
+        wait_for(lambda: len(writes) == 2 * expected)
+        if http == "ours":
+            assert first.header("content-length") == "15" and first.header("transfer-encoding") is None
+
+
 def test_shutdown_closes_idle_connections_at_once_and_lets_one_in_flight_finish() -> None:
     started = threading.Event()
 
