@@ -99,6 +99,7 @@ class Cycle:
         "open_tail",
         "remaining",
         "scope",
+        "sent",
         "started",
         "task",
         "waiter",
@@ -115,6 +116,7 @@ class Cycle:
         self.waiter: asyncio.Future[None] | None = None  # a `receive` waiting for body or disconnect
         self.task: asyncio.Task[None] | None = None
         self.started = False  # `http.response.start` came
+        self.sent = False  # a byte of the answer went out
         self.complete = False  # the answer's last byte went out
         self.disconnected = False  # the client left before that
         self.head: bytes | None = None  # the answer's head, held back to go with the body
@@ -135,7 +137,7 @@ class Cycle:
             result = await app(self.scope, self.receive, self.send)
         except BaseException as exc:
             log.error("Exception in ASGI application\n", exc_info=exc)
-            if self.head is not None or not self.started:
+            if not self.sent:
                 self._fail()  # nothing of the answer went out yet: a whole 500 can
             elif not self.complete:
                 self.conn.transport.close()
@@ -231,11 +233,13 @@ class Cycle:
             elif len(body) <= ONE_WRITE_MAX:
                 out = head + body
             else:  # a copy of a large body costs more than a second write
+                self.sent = True
                 conn.transport.write(head)
                 out = body
         if not more and self.remaining > 0 and not self.bodiless:
             raise RuntimeError("Response content shorter than Content-Length")
         if out:
+            self.sent = True
             conn.transport.write(out)
         if not more:
             self._finish()
@@ -268,6 +272,7 @@ class Cycle:
         head = STATUS_LINE[status] + conn.default_head() + block
         if chunked:
             self.chunked = not bodiless
+            self.sent = True
             conn.transport.write(head + tail)
         elif length >= 0 or bodiless:
             self.remaining = length
@@ -303,4 +308,5 @@ class Cycle:
         self._frame(0, False)
         head, self.head = self.head, None
         if head:
+            self.sent = True
             self.conn.transport.write(head)

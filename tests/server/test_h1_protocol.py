@@ -225,6 +225,18 @@ def test_a_header_that_would_split_the_answer_is_refused_with_500(
     assert "Exception in ASGI application" in caplog.text
 
 
+def test_a_body_longer_than_its_content_length_is_a_500_while_nothing_went_out() -> None:
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"too long"})
+
+    with serve(app) as server:
+        client = Client(server.config.port)
+        client.send(get())
+        response = client.response()
+        assert (response.status, response.body) == (500, b"Internal Server Error")
+
+
 def test_an_app_that_fails_after_its_stream_began_has_its_connection_closed(caplog: pytest.LogCaptureFixture) -> None:
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": []})
