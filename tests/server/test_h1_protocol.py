@@ -397,3 +397,60 @@ def test_an_upgrade_request_is_answered_as_plain_http_and_closes(caplog: pytest.
         assert response.status == 200 and response.body.startswith(b"GET /ws")
         assert client.closed()
     assert "Unsupported upgrade request." in caplog.text
+
+
+def test_a_client_that_does_not_read_holds_the_app_at_send() -> None:
+    """Write flow control: `send` waits while the transport's buffer is full, and goes on as it drains."""
+    sent = 0
+    piece = b"x" * 65536
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        nonlocal sent
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for _ in range(400):  # 25 MiB, far more than the socket buffers hold
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+            sent += len(piece)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    with serve(app) as server:
+        client = Client(server.config.port, timeout=10)
+        client.send(get())
+        time.sleep(0.5)
+        held = sent
+        assert held < 16 * 1024 * 1024
+        time.sleep(0.2)
+        assert sent == held  # stalled, not merely slow
+        response = client.response()
+        assert len(response.body) == 400 * 65536 and sent == 400 * 65536
+
+
+def test_a_large_request_body_read_slowly_arrives_whole() -> None:
+    """Read flow control: reading pauses while the app has a body piece unread, and resumes as it reads."""
+    pieces: list[int] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        while True:
+            message = await receive()
+            pieces.append(len(message["body"]))
+            await asyncio.sleep(0.001)
+            if not message["more_body"]:
+                break
+        await answer(send, str(sum(pieces)).encode())
+
+    body = bytes(range(256)) * 32768  # 8 MiB
+    with serve(app) as server:
+        client = Client(server.config.port, timeout=20)
+        client.send(f"POST / HTTP/1.1\r\nhost: t\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body)
+        assert client.response().body == str(len(body)).encode()
+        # Paused at the high-water mark: no piece handed over is much larger than one read past it.
+        assert max(pieces) < 1024 * 1024
+
+
+def test_answered_requests_are_counted_for_uvicorns_limit_max_requests() -> None:
+    with serve(echo, limit_max_requests=2) as server:
+        client = Client(server.config.port)
+        client.send(get() + get())
+        client.response(), client.response()
+        wait_for(lambda: server.should_exit or server.server_state.total_requests >= 2)
+        assert server.server_state.total_requests == 2
+        assert client.closed(within=3)  # the server stopped after its second answer
