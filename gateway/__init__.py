@@ -20,6 +20,7 @@ LAYERS: Final[tuple[tuple[str, ...], ...]] = (
     ("gateway.upstream",),  # transports (h1, httpx), the upstream client, framing, scrubbing, plan values
     ("gateway.fleet",),  # replicas of a self-hosted engine: the policies, drain flags, engine load
     ("gateway.ops",),  # metrics, tracing, access log, reload, serving, .env file, the config-doc generator
+    ("gateway.server",),  # the HTTP/1.1 protocol uvicorn runs per connection: parsing, keep-alive, answers
     ("gateway.config",),  # the typed config
     ("gateway.state", "gateway.ids"),  # the shared state (Redis or in-process), unique ids
 )

@@ -27,7 +27,7 @@ import msgspec
 
 from gateway.config import ConfigError, LoadedConfig, load_config
 from gateway.ops import envfile
-from gateway.ops.serving import LOG_FORMAT, ListenError, bind, probe, run_uvicorn
+from gateway.ops.serving import HTTP_PROTOCOLS, LOG_FORMAT, ListenError, bind, probe, run_uvicorn
 
 log = logging.getLogger("gateway")
 
@@ -150,7 +150,7 @@ def _serve(args: argparse.Namespace) -> int:
         log.info("serving on http://%s:%d with %d worker(s) (%s)", host, port, workers, args.server)
         if example:
             log.info("%s", example)
-        return run_uvicorn(APP, sock, workers, grace_s)
+        return run_uvicorn(APP, sock, workers, grace_s, args.http)
     finally:
         if sock is not None:
             sock.close()
@@ -288,6 +288,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=SERVERS,
         default="uvicorn",
         help="the HTTP server (default: uvicorn; granian needs the granian extra)",
+    )
+    serve.add_argument(
+        "--http",
+        choices=HTTP_PROTOCOLS,
+        default="gateway",
+        help="under uvicorn, the HTTP/1.1 protocol: the gateway's own (default) or uvicorn's httptools one",
     )
     serve.set_defaults(run=_serve)
     check = sub.add_parser("check-config", help="validate a config file and exit")

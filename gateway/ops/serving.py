@@ -7,11 +7,14 @@ docs/operations.md.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import socket
 import time
 from typing import Any
+
+from gateway.server import H1Protocol
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s"
 
@@ -117,7 +120,18 @@ def log_config(grace_s: int) -> dict[str, Any]:
     }
 
 
-def run_uvicorn(app: str, sock: socket.socket, workers: int, grace_s: int) -> int:
+# `serve --http`: the HTTP/1.1 protocol uvicorn runs per connection (docs/servers.md).
+HTTP_PROTOCOLS = ("gateway", "httptools")
+
+
+def protocol(name: str = "gateway") -> type[asyncio.Protocol] | str:
+    """What `uvicorn.Config(http=...)` takes for `serve --http NAME`."""
+    if name == "httptools":
+        return "httptools"  # uvicorn's own, kept to compare against
+    return H1Protocol
+
+
+def run_uvicorn(app: str, sock: socket.socket, workers: int, grace_s: int, http: str = "gateway") -> int:
     """Serve `app` (an app factory's import string) on `sock`; the exit status."""
     import uvicorn
     from uvicorn.supervisors import Multiprocess
@@ -127,7 +141,7 @@ def run_uvicorn(app: str, sock: socket.socket, workers: int, grace_s: int) -> in
         factory=True,
         workers=workers,
         loop="uvloop",
-        http="httptools",
+        http=protocol(http),
         log_config=log_config(grace_s),
         log_level=None,  # the levels are log_config's
         access_log=False,

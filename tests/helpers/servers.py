@@ -1,10 +1,11 @@
 """The gateway on a real socket: `create_app` served by uvicorn in a thread, or the CLI as a child process.
 
 Nothing here stands in for the project's code. `GatewayThread` serves `gateway.edge.app.create_app` with a
-real uvicorn (uvloop + httptools, as `python -m gateway serve` runs it) in a background thread with its
-own event loop; `GatewayProcess` runs `python -m gateway serve` itself, and `GatewayChild` optionally as
-PID 1 of a new PID namespace (`unshare --pid --fork`), as it runs in its container, where a signal
-without a handler does not kill it. Everything binds to loopback and is stopped by whoever started it.
+real uvicorn (uvloop and gateway.server's HTTP/1.1 protocol, as `python -m gateway serve` runs it) in a
+background thread with its own event loop; `GatewayProcess` runs `python -m gateway serve` itself, and
+`GatewayChild` optionally as PID 1 of a new PID namespace (`unshare --pid --fork`), as it runs in its
+container, where a signal without a handler does not kill it. Everything binds to loopback and is
+stopped by whoever started it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import uvicorn
 
 from gateway.config import load_config
 from gateway.edge.app import create_app
+from gateway.ops.serving import protocol
 from gateway.path.pipeline import Pipeline
 from tests.helpers.recordings import REPO
 
@@ -62,9 +64,11 @@ def free_port() -> int:
 
 
 class GatewayThread(Running):
-    """`create_app(load_config(path))` served by uvicorn in a thread, like `serve` (uvloop, httptools)."""
+    """`create_app(load_config(path))` served by uvicorn in a thread, like `serve` (uvloop, gateway.server).
 
-    def __init__(self, config_path: Path, env: Mapping[str, str]) -> None:
+    `http="httptools"` serves it with uvicorn's own protocol instead, to compare the two."""
+
+    def __init__(self, config_path: Path, env: Mapping[str, str], http: str = "gateway") -> None:
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.bind(("127.0.0.1", 0))
         self.port = int(self._sock.getsockname()[1])
@@ -72,7 +76,7 @@ class GatewayThread(Running):
         config = uvicorn.Config(
             app,
             loop="uvloop",
-            http="httptools",
+            http=protocol(http),
             lifespan="on",
             log_level="warning",
             access_log=False,

@@ -199,7 +199,7 @@ def test_serve_help_explains_every_option_with_its_default() -> None:
     # argparse prints each option, then its help on the same line or the lines below it, up to the next option.
     options = re.split(r"\n  (?=-)", result.stdout.split("options:", 1)[1])[1:]
     helps = {o.split()[0].rstrip(","): " ".join(o.split()[1:]) for o in options}
-    assert set(helps) == {"-h", "--config", "--host", "--port", "--workers", "--env-file", "--server"}, helps
+    assert set(helps) == {"-h", "--config", "--host", "--port", "--workers", "--env-file", "--server", "--http"}, helps
     for option, text in helps.items():
         if option != "-h":
             assert "default" in text, f"{option} does not say its default: {text!r}"

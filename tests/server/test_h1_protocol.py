@@ -1,0 +1,456 @@
+"""gateway.server's HTTP/1.1 protocol under a real uvicorn, spoken to over raw sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from gateway.server import H1Protocol
+from tests.helpers.rawhttp import Client, answer, get, read_body, serve, wait_for
+
+
+async def echo(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Answers with what it saw: method, path, query, body, and the client's port."""
+    body = await read_body(receive)
+    text = f"{scope['method']} {scope['path']} {scope['query_string'].decode()} {scope['client'][1]} "
+    await answer(send, text.encode() + body)
+
+
+def test_keep_alive_serves_several_requests_on_one_connection() -> None:
+    with serve(echo) as server:
+        client = Client(server.config.port)
+        client.send(get("/one"))
+        first = client.response()
+        client.send(get("/two%20x?q=1"))
+        second = client.response()
+        port = client.sock.getsockname()[1]
+        assert first.body == f"GET /one  {port} ".encode()
+        assert second.body == f"GET /two x q=1 {port} ".encode()
+        assert first.header("connection") is None
+        assert first.header("date") is not None
+
+
+def test_pipelined_requests_are_answered_in_order_one_at_a_time() -> None:
+    running = 0
+    most = 0
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        # The first waits longest: answered in arrival order all the same.
+        await asyncio.sleep({"/a": 0.1, "/b": 0.05, "/c": 0}[scope["path"]])
+        await read_body(receive)
+        running -= 1
+        await answer(send, scope["path"].encode())
+
+    with serve(app) as server:
+        client = Client(server.config.port)
+        client.send(get("/a") + b"POST /b HTTP/1.1\r\nhost: t\r\ncontent-length: 2\r\n\r\nhi" + get("/c"))
+        assert [client.response().body for _ in range(3)] == [b"/a", b"/b", b"/c"]
+        assert most == 1
+
+
+def test_chunked_request_body() -> None:
+    with serve(echo) as server:
+        client = Client(server.config.port)
+        client.send(b"POST /up HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n")
+        time.sleep(0.05)
+        client.send(b"6\r\n world\r\n0\r\n\r\n")
+        assert client.response().body.endswith(b" hello world")
+
+
+def test_expect_100_continue_is_answered_when_the_app_reads_the_body() -> None:
+    with serve(echo) as server:
+        client = Client(server.config.port)
+        client.send(b"POST /e HTTP/1.1\r\nhost: t\r\nexpect: 100-continue\r\ncontent-length: 4\r\n\r\n")
+        assert client.head() == (100, [])
+        client.send(b"data")
+        assert client.response().body.endswith(b" data")
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"GET / HTTP/1.1\r\nhost: t\r\nx-big: " + b"a" * 70_000 + b"\r\n\r\n",
+        b"GET / HTTP/1.1\r\nhost: t\r\n" + b"".join(b"x-h%d: v\r\n" % i for i in range(101)) + b"\r\n",
+    ],
+    ids=["one-big-header", "too-many-headers"],
+)
+def test_an_oversized_head_is_431_and_closes(head: bytes) -> None:
+    with serve(echo) as server:
+        client = Client(server.config.port)
+        client.send(head)
+        response = client.response()
+        assert response.status == 431
+        assert response.header("connection") == "close"
+        assert client.closed()
+
+
+def test_a_head_sent_in_pieces_past_the_cap_is_431() -> None:
+    with serve(echo) as server:
+        client = Client(server.config.port)
+        client.send(b"GET / HTTP/1.1\r\nhost: t\r\nx-big: ")
+        for _ in range(20):  # never ends its line: the parser holds it, the bytes are counted
+            client.send(b"a" * 4096)
+        assert client.response().status == 431
+
+
+def test_a_malformed_request_is_400_and_closes() -> None:
+    with serve(echo) as server:
+        client = Client(server.config.port)
+        client.send(b"GARBAGE\x00 / HTTP/1.1\r\n\r\n")
+        response = client.response()
+        assert response.status == 400
+        assert response.body == b"Invalid HTTP request received."
+        assert client.closed()
+
+
+def test_head_and_204_carry_no_body() -> None:
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["path"] == "/none":
+            await send({"type": "http.response.start", "status": 204, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+        else:
+            await answer(send, b"twelve bytes")
+
+    with serve(app) as server:
+        client = Client(server.config.port)
+        client.send(b"HEAD / HTTP/1.1\r\nhost: t\r\n\r\n" + get("/none") + get("/"))
+        head = client.response("HEAD")
+        assert head.header("content-length") == "12"
+        nothing = client.response()
+        assert nothing.status == 204
+        assert nothing.header("transfer-encoding") is None
+        assert client.response().body == b"twelve bytes"  # so nothing stray came before it
+
+
+def test_a_stream_is_chunked_and_each_chunk_leaves_when_sent() -> None:
+    go_on = threading.Event()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        await send({"type": "http.response.body", "body": b"first", "more_body": True})
+        while not go_on.is_set():
+            await asyncio.sleep(0.01)
+        await send({"type": "http.response.body", "body": b"second", "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    with serve(app) as server:
+        client = Client(server.config.port)
+        client.send(get())
+        status, headers = client.head()
+        assert status == 200 and ("transfer-encoding", "chunked") in headers
+        # The first chunk arrives while the app still holds the second back.
+        client.sock.settimeout(3)
+        while b"first\r\n" not in client.buf:
+            client.buf += client.sock.recv(65536)
+        assert client.buf == b"5\r\nfirst\r\n"
+        go_on.set()
+        client.send(get())  # the connection stays usable after the stream's last chunk
+        client.buf = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + client.buf
+        assert client.response().chunks == [b"first", b"second"]
+
+
+def test_a_client_that_leaves_mid_stream_is_seen_as_http_disconnect() -> None:
+    seen: list[str] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await read_body(receive)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"tick", "more_body": True})
+        seen.append((await receive())["type"])  # waits: the body is all read
+
+    with serve(app) as server:
+        client = Client(server.config.port)
+        client.send(get())
+        client.head()
+        client.close()
+        wait_for(lambda: seen == ["http.disconnect"], within=2)
+
+
+def test_the_watcher_of_an_answered_request_hears_disconnect_at_once() -> None:
+    """A task waiting on `receive` after the body ends is let go when the answer is out, not at close."""
+    seen: list[str] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await read_body(receive)
+
+        async def watch() -> None:
+            seen.append((await receive())["type"])
+
+        task = asyncio.get_running_loop().create_task(watch())
+        await answer(send, b"ok")
+        await task
+
+    with serve(app) as server:
+        client = Client(server.config.port)
+        client.send(get())
+        assert client.response().body == b"ok"
+        wait_for(lambda: seen == ["http.disconnect"], within=2)
+        client.send(get())
+        assert client.response().body == b"ok"
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        (b"x-evil", b"a\r\nset-cookie: pwned=1"),
+        (b"x-evil", b"a\nset-cookie: pwned=1"),
+        (b"x-evil", b"a\x00b"),
+        (b"x-evil\r\nset-cookie", b"pwned=1"),
+        (b"x evil", b"v"),
+    ],
+)
+def test_a_header_that_would_split_the_answer_is_refused_with_500(
+    header: tuple[bytes, bytes], caplog: pytest.LogCaptureFixture
+) -> None:
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await answer(send, b"never", headers=[header])
+
+    with caplog.at_level(logging.ERROR, "uvicorn.error"), serve(app) as server:
+        client = Client(server.config.port)
+        client.send(get())
+        response = client.response()
+        assert response.status == 500
+        assert response.body == b"Internal Server Error"
+        assert not any(name in ("set-cookie", "x-evil") for name, _ in response.headers)
+        assert client.closed()
+        assert client.buf == b""  # nothing after the 500: no second answer smuggled in
+    assert "Exception in ASGI application" in caplog.text
+
+
+def test_a_body_longer_than_its_content_length_is_a_500_while_nothing_went_out() -> None:
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"too long"})
+
+    with serve(app) as server:
+        client = Client(server.config.port)
+        client.send(get())
+        response = client.response()
+        assert (response.status, response.body) == (500, b"Internal Server Error")
+
+
+def test_an_app_that_fails_after_its_stream_began_has_its_connection_closed(caplog: pytest.LogCaptureFixture) -> None:
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"part", "more_body": True})
+        raise ValueError("boom")
+
+    with caplog.at_level(logging.ERROR, "uvicorn.error"), serve(app) as server:
+        client = Client(server.config.port)
+        client.send(get())
+        with pytest.raises(ConnectionError):
+            client.response()
+        assert b"boom" not in client.buf and b"Traceback" not in client.buf
+    assert "Exception in ASGI application" in caplog.text
+
+
+class _Wrapped:
+    """A transport whose `write` is counted (uvloop's transports do not take new attributes)."""
+
+    def __init__(self, transport: Any, writes: list[bytes]) -> None:
+        self._transport = transport
+        self._writes = writes
+
+    def write(self, data: bytes) -> None:
+        self._writes.append(bytes(data))
+        self._transport.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+def counting(base: type[Any]) -> tuple[type[Any], list[bytes]]:
+    writes: list[bytes] = []
+
+    class Counted(base):  # type: ignore[misc]
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(_Wrapped(transport, writes))
+
+    return Counted, writes
+
+
+@pytest.mark.parametrize(("http", "expected"), [("ours", 1), ("httptools", 2)])
+def test_a_content_length_answer_leaves_in_one_write(http: str, expected: int) -> None:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    protocol, writes = counting(H1Protocol if http == "ours" else HttpToolsProtocol)
+    with serve(echo, http=protocol) as server:
+        client = Client(server.config.port)
+        client.send(get("/w"))
+        response = client.response()
+        assert response.body.startswith(b"GET /w")
+        wait_for(lambda: writes)
+        assert len(writes) == expected
+        assert writes[-1].endswith(response.body)
+
+
+async def unframed(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """One body message, no content-length (as the gateway's endpoints answer)."""
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": b'{"whole": true}', "more_body": False})
+
+
+@pytest.mark.parametrize(("http", "expected"), [("ours", 1), ("httptools", 2)])
+def test_a_whole_answer_without_content_length_is_given_one_and_leaves_in_one_write(http: str, expected: int) -> None:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    protocol, writes = counting(H1Protocol if http == "ours" else HttpToolsProtocol)
+    with serve(unframed, http=protocol) as server:
+        client = Client(server.config.port)
+        client.send(get() + get())
+        first, second = client.response(), client.response()
+        assert first.body == second.body == b'{"whole": true}'
+        wait_for(lambda: len(writes) == 2 * expected)
+        if http == "ours":
+            assert first.header("content-length") == "15" and first.header("transfer-encoding") is None
+
+
+def test_shutdown_closes_idle_connections_at_once_and_lets_one_in_flight_finish() -> None:
+    started = threading.Event()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["path"] == "/slow":
+            started.set()
+            await asyncio.sleep(0.5)
+        await answer(send, scope["path"].encode())
+
+    with serve(app, timeout_keep_alive=30) as server:
+        idle = Client(server.config.port)
+        idle.send(get("/quick"))
+        assert idle.response().body == b"/quick"
+        busy = Client(server.config.port)
+        busy.send(get("/slow"))
+        assert started.wait(3)
+        began = time.monotonic()
+        server.should_exit = True
+        assert idle.closed(within=1)
+        assert time.monotonic() - began < 0.5  # before the request in flight is done
+        response = busy.response()
+        assert response.body == b"/slow"
+        assert response.header("connection") == "close"
+        assert busy.closed()
+
+
+def test_an_idle_connection_is_closed_after_the_keep_alive_timeout() -> None:
+    with serve(echo, timeout_keep_alive=1) as server:
+        client = Client(server.config.port)
+        client.send(get())
+        client.response()
+        began = time.monotonic()
+        assert client.closed(within=3)
+        assert 0.9 < time.monotonic() - began < 2.5
+        silent = Client(server.config.port)  # a connection that never sends anything is closed too
+        assert silent.closed(within=3)
+
+
+def test_a_head_that_never_ends_is_cut_at_the_head_timeout() -> None:
+    class Quick(H1Protocol):
+        head_timeout_s = 1.5
+
+    with serve(echo, http=Quick, timeout_keep_alive=1) as server:
+        client = Client(server.config.port)
+        began = time.monotonic()
+        for piece in (b"GET / HTTP/1.1\r\n", b"x", b"y"):  # a piece at a time, each within the keep-alive timeout
+            client.send(piece)
+            time.sleep(0.5)
+        assert client.closed(within=3)
+        assert 1.4 < time.monotonic() - began < 3
+
+
+def test_http_1_0_gets_its_answer_and_a_close() -> None:
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        assert scope["http_version"] == "1.0"
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"to the ", "more_body": True})
+        await send({"type": "http.response.body", "body": b"end"})
+
+    with serve(app) as server:
+        client = Client(server.config.port)
+        client.send(b"GET / HTTP/1.0\r\n\r\n")
+        response = client.response()
+        assert response.header("transfer-encoding") is None
+        assert response.header("connection") == "close"
+        assert response.body == b"to the end"
+
+
+def test_connection_close_from_the_client_closes_after_the_answer() -> None:
+    with serve(echo) as server:
+        client = Client(server.config.port)
+        client.send(get(extra="connection: close\r\n"))
+        assert client.response().header("connection") == "close"
+        assert client.closed()
+
+
+def test_an_upgrade_request_is_answered_as_plain_http_and_closes(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, "uvicorn.error"), serve(echo) as server:
+        client = Client(server.config.port)
+        client.send(get("/ws", "connection: upgrade\r\nupgrade: websocket\r\n") + get("/after"))
+        response = client.response()
+        assert response.status == 200 and response.body.startswith(b"GET /ws")
+        assert client.closed()
+    assert "Unsupported upgrade request." in caplog.text
+
+
+def test_a_client_that_does_not_read_holds_the_app_at_send() -> None:
+    """Write flow control: `send` waits while the transport's buffer is full, and goes on as it drains."""
+    sent = 0
+    piece = b"x" * 65536
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        nonlocal sent
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for _ in range(400):  # 25 MiB, far more than the socket buffers hold
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+            sent += len(piece)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    with serve(app) as server:
+        client = Client(server.config.port, timeout=10)
+        client.send(get())
+        time.sleep(0.5)
+        held = sent
+        assert held < 16 * 1024 * 1024
+        time.sleep(0.2)
+        assert sent == held  # stalled, not merely slow
+        response = client.response()
+        assert len(response.body) == 400 * 65536 and sent == 400 * 65536
+
+
+def test_a_large_request_body_read_slowly_arrives_whole() -> None:
+    """Read flow control: reading pauses while the app has a body piece unread, and resumes as it reads."""
+    pieces: list[int] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        while True:
+            message = await receive()
+            pieces.append(len(message["body"]))
+            await asyncio.sleep(0.001)
+            if not message["more_body"]:
+                break
+        await answer(send, str(sum(pieces)).encode())
+
+    body = bytes(range(256)) * 32768  # 8 MiB
+    with serve(app) as server:
+        client = Client(server.config.port, timeout=20)
+        client.send(f"POST / HTTP/1.1\r\nhost: t\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body)
+        assert client.response().body == str(len(body)).encode()
+        # Paused at the high-water mark: no piece handed over is much larger than one read past it.
+        assert max(pieces) < 1024 * 1024
+
+
+def test_answered_requests_are_counted_for_uvicorns_limit_max_requests() -> None:
+    with serve(echo, limit_max_requests=2) as server:
+        client = Client(server.config.port)
+        client.send(get() + get())
+        client.response(), client.response()
+        wait_for(lambda: server.should_exit or server.server_state.total_requests >= 2)
+        assert server.server_state.total_requests == 2
+        assert client.closed(within=3)  # the server stopped after its second answer
