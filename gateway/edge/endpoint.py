@@ -30,6 +30,7 @@ from gateway.path.dialects import Dialect
 from gateway.path.operation import COMPLETIONS, Operation
 from gateway.path.pipeline import STREAM_FAILED, Front, Pipeline, Result, release
 from gateway.path.relay import STREAM_CUT, Held, shutdown_cut
+from gateway.server import DISCONNECT
 from wire.errors import GatewayError
 
 log = logging.getLogger("gateway")
@@ -103,11 +104,6 @@ async def _read_body(receive: Receive) -> bytes:
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-# A server may offer, in the scope's extensions, a function that takes a callback to call once if the client
-# disconnects before the answer is complete (gateway/server does): a watcher then needs no task of its own.
-DISCONNECT: Final = "gateway.disconnect"
-
-
 class _Watch:
     """Cancels the running phase of a request when its client disconnects.
 
@@ -124,6 +120,8 @@ class _Watch:
         # The request's task while a phase runs (or the phase's own task): what a disconnect cancels.
         self.armed: asyncio.Future[Any] | None = None
         extensions: dict[str, Any] | None = scope.get("extensions")
+        # A server may offer a function that takes a callback to call once if the client disconnects before
+        # the answer is complete (gateway/server does): then no task waits on `receive` to learn it.
         subscribe: Callable[[Callable[[], None]], None] | None = extensions.get(DISCONNECT) if extensions else None
         if subscribe is not None:
             # The server calls `left` when the client goes: no task waits on `receive` for it.
@@ -266,6 +264,8 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services, op: Ope
             if result.stream is None:
                 # The events as literals, not `_start` and `_body`: two calls fewer on every answer.
                 headers_out = _JSON + _encode_headers(result.headers, rec.request_id)
+                # Its length, so that no server frames it in chunks, and the head needs no wait for its framing.
+                headers_out.append((b"content-length", b"%d" % len(result.body)))
                 await send({"type": "http.response.start", "status": 200, "headers": headers_out})
                 await send({"type": "http.response.body", "body": result.body, "more_body": False})
                 return

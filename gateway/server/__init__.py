@@ -8,6 +8,7 @@ docs/servers.md lists its caps and defaults.
 May import nothing else of the gateway (uvicorn and httptools only); ops (serving) imports it.
 """
 
+from gateway.server.cycle import DISCONNECT
 from gateway.server.h1 import H1Protocol
 
-__all__ = ["H1Protocol"]
+__all__ = ["DISCONNECT", "H1Protocol"]

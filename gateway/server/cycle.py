@@ -21,6 +21,9 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[Message], Awaitable[None]]
 App = Callable[[Scope, Receive, Send], Awaitable[object]]
 
+# The scope's extension (`Cycle.subscribe`) that tells an app of its client leaving without a `receive`.
+DISCONNECT = "gateway.disconnect"
+
 # uvicorn's logger and words, for whoever watches its log for failed requests.
 log = logging.getLogger("uvicorn.error")
 
@@ -93,6 +96,7 @@ class Cycle:
         "delivered",
         "disconnected",
         "expect_100",
+        "gone",
         "head",
         "keep_alive",
         "more_body",
@@ -124,6 +128,24 @@ class Cycle:
         self.remaining = -1  # content-length bytes still to send; -1: none given
         self.bodiless = False  # HEAD, 204, 304: no body goes out
         self.open_tail: bytes | None = None  # the held head's end, when its framing is not decided yet
+        self.gone: Callable[[], None] | None = None  # the app's callback for the client leaving (`subscribe`)
+
+    def subscribe(self, gone: Callable[[], None]) -> None:
+        """The scope's `gateway.disconnect` extension: `gone` is called once if the client leaves before the
+        answer is complete, so an app need not keep a task waiting in `receive` to learn it."""
+        if self.disconnected:
+            self.conn.loop.call_soon(gone)
+        elif not self.complete:
+            self.gone = gone
+
+    def left(self) -> None:
+        """The connection was lost before the answer was complete."""
+        self.disconnected = True
+        self.wake()
+        gone = self.gone
+        if gone is not None:
+            self.gone = None
+            gone()
 
     def wake(self) -> None:
         waiter = self.waiter
@@ -164,6 +186,7 @@ class Cycle:
     def _finish(self) -> None:
         self.complete = True
         self.head = None
+        self.gone = None
         self.wake()
         if not self.keep_alive:
             self.conn.transport.close()

@@ -20,7 +20,7 @@ import httptools
 from uvicorn.protocols.http.flow_control import service_unavailable
 from uvicorn.protocols.utils import get_local_addr, get_remote_addr, is_ssl
 
-from gateway.server.cycle import App, Cycle, answer
+from gateway.server.cycle import DISCONNECT, App, Cycle, answer
 
 if TYPE_CHECKING:
     from uvicorn.config import Config
@@ -113,8 +113,7 @@ class H1Protocol(asyncio.Protocol):
         self.connections.discard(self)
         current = self.current
         if current is not None and not current.complete:
-            current.disconnected = True
-            current.wake()
+            current.left()
         self.pipeline.clear()
         self.resume_writing()
         if self.timer is not None:
@@ -214,6 +213,7 @@ class H1Protocol(asyncio.Protocol):
             "state": self.app_state.copy(),
         }
         cycle = self.parsing = Cycle(self, scope, version != "1.0" and parser.should_keep_alive(), expect_100)
+        scope["extensions"] = {DISCONNECT: cycle.subscribe}
         if parser.should_upgrade():
             # No upgrade is served (websocket, h2c): the request is answered as plain HTTP/1.1, and the
             # connection closes after it, as what the client sends next would be in the other protocol.
