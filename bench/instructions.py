@@ -133,7 +133,8 @@ def request_body(path: str, i: int | None = None, stops: str = "none") -> bytes:
 
 
 def _scope(body: bytes, route: str = "/v1/completions") -> dict[str, Any]:
-    # What uvicorn's httptools protocol hands an app for the bench's wrk request.
+    # What the gateway's HTTP/1.1 protocol (gateway/server) hands an app for the bench's wrk request; the
+    # disconnect extension is given a fresh callback slot per request, as a connection's request cycle does.
     headers = [
         (b"host", b"127.0.0.1:8080"),
         (b"content-length", str(len(body)).encode()),
@@ -154,7 +155,21 @@ def _scope(body: bytes, route: str = "/v1/completions") -> dict[str, Any]:
         "query_string": b"",
         "headers": headers,
         "state": {},
+        "extensions": {"gateway.disconnect": _Gone().subscribe},
     }
+
+
+class _Gone:
+    """A request's disconnect callback, held as `gateway.server`'s request cycle holds it (never called: the
+    bench's client stays)."""
+
+    __slots__ = ("gone",)
+
+    def __init__(self) -> None:
+        self.gone: Callable[[], None] | None = None
+
+    def subscribe(self, gone: Callable[[], None]) -> None:
+        self.gone = gone
 
 
 async def _one(
