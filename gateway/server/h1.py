@@ -30,6 +30,7 @@ log = logging.getLogger("uvicorn.error")
 
 MAX_HEAD_BYTES = 65_536  # request line and headers; more: 431 (a longer URL alone: 414)
 MAX_HEADERS = 100  # header lines in a request; more: 431
+MAX_PIPELINED = 64  # requests parsed and waiting behind the one being answered; more: 503, then close
 HEAD_TIMEOUT_S = 10.0  # from the end of the previous answer (or the connection's start) to a whole head
 BODY_HIGH_WATER = 65_536  # request body buffered, unread by the app, before reading pauses
 
@@ -225,6 +226,11 @@ class H1Protocol(asyncio.Protocol):
             app = cast(App, service_unavailable)
         if self.current is None:
             self._run(cycle, app)
+        elif len(self.pipeline) >= MAX_PIPELINED:
+            # One read can hold thousands of tiny requests: each waiting one is a scope and a cycle. The
+            # ones already queued are answered, then this refusal, then the connection closes.
+            self.refusal = (503, b"Too many pipelined requests.")
+            raise _Refused
         else:
             self.pipeline.append((cycle, app))
             self.pause_reading()

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from gateway.server import DISCONNECT, H1Protocol
+from gateway.server.h1 import MAX_PIPELINED
 from tests.helpers.rawhttp import Client, answer, get, read_body, serve, wait_for
 
 
@@ -54,6 +55,29 @@ def test_pipelined_requests_are_answered_in_order_one_at_a_time() -> None:
         client.send(get("/a") + b"POST /b HTTP/1.1\r\nhost: t\r\ncontent-length: 2\r\n\r\nhi" + get("/c"))
         assert [client.response().body for _ in range(3)] == [b"/a", b"/b", b"/c"]
         assert most == 1
+
+
+def test_a_pipelined_flood_is_answered_up_to_the_cap_then_refused_and_closed() -> None:
+    """Thousands of tiny requests in one write: 1 answered + 64 waiting, then a 503 and the close, not a
+    cycle and a scope kept for each."""
+    started = 0
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        nonlocal started
+        started += 1
+        await read_body(receive)
+        await asyncio.sleep(0.001)
+        await answer(send, b"ok")
+
+    with serve(app) as server:
+        client = Client(server.config.port)
+        client.send(get() * 2000)
+        bodies = [client.response().body for _ in range(1 + MAX_PIPELINED)]
+        assert bodies == [b"ok"] * (1 + MAX_PIPELINED)
+        refused = client.response()
+        assert refused.status == 503
+        assert client.closed()
+        assert started == 1 + MAX_PIPELINED
 
 
 def test_chunked_request_body() -> None:
