@@ -6,7 +6,16 @@ import math
 from collections.abc import Callable, Iterable
 
 from bench.report_run import RunResult
-from bench.scenarios import CACHE_TARGET, GRANIAN, HTTPX, LIMITS_TARGET, NOISY_PCT, TWO_WORKERS, Measurement
+from bench.scenarios import (
+    CACHE_TARGET,
+    GRANIAN,
+    HTTPTOOLS,
+    HTTPX,
+    LIMITS_TARGET,
+    NOISY_PCT,
+    TWO_WORKERS,
+    Measurement,
+)
 
 # Above this busy share of the load generator's core, a row measures wrk rather than the server.
 LOADGEN_SATURATED = 90.0
@@ -67,6 +76,8 @@ def target_label(target: str, result: RunResult) -> str:
         return f"{target} (workers=2, unpinned)"
     if target == GRANIAN:
         return f"{target} (granian, workers={workers})"
+    if target == HTTPTOOLS:
+        return f"{target} (uvicorn's httptools protocol, workers={workers})"
     if target == HTTPX:
         return f"{target} (transport: httpx, workers={workers})"
     return target

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from bench.report_format import Index, delta, markdown_table, num, ratio, why_missing
 from bench.report_run import RunResult
-from bench.scenarios import GRANIAN, TWO_WORKERS, Measurement
+from bench.scenarios import GRANIAN, HTTPTOOLS, TWO_WORKERS, Measurement
 
 
 def headline_table(idx: Index, result: RunResult) -> list[str]:
@@ -62,20 +62,24 @@ def headline_table(idx: Index, result: RunResult) -> list[str]:
         "ratio",
         gateway=TWO_WORKERS,
     )
-    granian = idx.value("nonstream_c32", GRANIAN, rps)
-    row(
-        "Throughput, c=32, gateway on granian (req/s; "
-        + (
-            f"{ratio(granian, single)} uvicorn)"
-            if granian and single
-            else f"{why_missing(idx, 'nonstream_c32', GRANIAN)})"
-        ),
-        "nonstream_c32",
-        rps,
-        0,
-        "ratio",
-        gateway=GRANIAN,
-    )
+    for target, title, versus in (
+        (GRANIAN, "gateway on granian", "uvicorn"),
+        (HTTPTOOLS, "gateway on uvicorn's httptools protocol", "the gateway's own protocol"),
+    ):
+        value = idx.value("nonstream_c32", target, rps)
+        row(
+            f"Throughput, c=32, {title} (req/s; "
+            + (
+                f"{ratio(value, single)} {versus})"
+                if value and single
+                else f"{why_missing(idx, 'nonstream_c32', target)})"
+            ),
+            "nonstream_c32",
+            rps,
+            0,
+            "ratio",
+            gateway=target,
+        )
     row("CPU s per 1,000 req, c=32 (server process)", "nonstream_c32", lambda m: m.cpu_s_per_1k, 3, "ratio")
     row("Peak RSS, MiB (server process tree)", "nonstream_c32", lambda m: m.peak_rss_mib, 1, "ratio")
     row("Latency p50 at c=1, ms (direct; others: added)", "nonstream_c1", lambda m: m.p50_ms, 3, "delta")

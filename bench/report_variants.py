@@ -1,4 +1,4 @@
-"""The gateway's variants (workers, server, transport, limits, cache) under the same c=32 load."""
+"""The gateway's variants (workers, server, HTTP protocol, transport, limits, cache) under the same c=32 load."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Callable
 from bench.report_format import Index, markdown_table, num, ratio, target_label, why_missing
 from bench.report_run import RunResult
 from bench.report_template import Template
-from bench.scenarios import CACHE_TARGET, GRANIAN, HTTPX, LIMITS_TARGET, TWO_WORKERS, Measurement
+from bench.scenarios import CACHE_TARGET, GRANIAN, HTTPTOOLS, HTTPX, LIMITS_TARGET, TWO_WORKERS, Measurement
 
 
 def variants_section(t: Template, idx: Index, result: RunResult) -> str:
@@ -21,6 +21,7 @@ def variants_section(t: Template, idx: Index, result: RunResult) -> str:
         ("nonstream_c32", "gateway"),
         ("nonstream_c32", TWO_WORKERS),
         ("nonstream_c32", GRANIAN),
+        ("nonstream_c32", HTTPTOOLS),
         ("nonstream_c32", HTTPX),
         ("limits_c32", LIMITS_TARGET),
         ("cached_c32", CACHE_TARGET),
@@ -47,8 +48,14 @@ def variants_section(t: Template, idx: Index, result: RunResult) -> str:
     table = markdown_table(
         ["target", "req/s", "vs 1-worker gateway", "vs passthrough", "p99 ms", "CPU s/1k", "placement"], rows
     )
-    granian: list[str] = []
-    if idx.raw("nonstream_c1", GRANIAN) is not None:
+    # The same gateway under the other servers and protocols, at one connection and at a fixed rate.
+    servers = [
+        (target, title)
+        for target, title in ((GRANIAN, "gateway on granian"), (HTTPTOOLS, "gateway on uvicorn's httptools protocol"))
+        if idx.raw("nonstream_c1", target) is not None
+    ]
+    servers_table: list[str] = []
+    if servers:
         slow = f"{result.settings['latency_ms']:g} ms upstream at {result.settings['rate']:g} req/s"
         picks: list[tuple[str, str, Callable[[Measurement], float | None]]] = [
             ("c=1 p50 ms", "nonstream_c1", lambda m: m.p50_ms),
@@ -56,11 +63,14 @@ def variants_section(t: Template, idx: Index, result: RunResult) -> str:
             (f"{slow}: p50 ms", "slow_fixed_rate", lambda m: m.p50_ms),
             (f"{slow}: p99 ms", "slow_fixed_rate", lambda m: m.p99_ms),
         ]
-        granian = markdown_table(
-            ["same load", "gateway on uvicorn", "gateway on granian"],
-            (
-                [title, *(num(idx.value(scenario, target, pick), 3) for target in ("gateway", GRANIAN))]
-                for title, scenario, pick in picks
-            ),
+        targets = ["gateway", *(target for target, _ in servers)]
+        servers_table = markdown_table(
+            ["same load", "gateway (uvicorn, the gateway's own HTTP/1.1 protocol)", *(title for _, title in servers)],
+            ([title, *(_cell(idx, scenario, target, pick) for target in targets)] for title, scenario, pick in picks),
         )
-    return t.section("variants", table="\n".join(table), granian_table="\n".join(granian))
+    return t.section("variants", table="\n".join(table), servers_table="\n".join(servers_table))
+
+
+def _cell(idx: Index, scenario: str, target: str, pick: Callable[[Measurement], float | None]) -> str:
+    m = idx.get(scenario, target)
+    return num(pick(m), 3) if m is not None else why_missing(idx, scenario, target)

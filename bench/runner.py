@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import yaml
 
@@ -34,6 +35,7 @@ from bench.scenarios import (
     REDIS_TARGETS,
     TARGET_CPU,
     VARIANTS,
+    GatewayVariant,
     Measurement,
     Scenario,
     Settings,
@@ -42,6 +44,17 @@ from bench.scenarios import (
     request_body,
 )
 from bench.upstream import nginx
+
+
+def serve_argv(variant: GatewayVariant, config_path: Path, port: int, workers: int) -> list[str]:
+    """The command line that starts one gateway variant on loopback."""
+    argv = [sys.executable, "-m", "gateway", "serve", "--config", str(config_path)]
+    argv += ["--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)]
+    if variant.server != "uvicorn":
+        argv += ["--server", variant.server]
+    if variant.http != "gateway":
+        argv += ["--http", variant.http]
+    return argv
 
 
 @dataclass
@@ -186,22 +199,7 @@ class Runner:
             config_path = s.work_dir / f"{tag}.yaml"
             config_path.write_text(yaml.safe_dump(config, sort_keys=False))
             workers = variant.workers or s.workers
-            argv = [
-                sys.executable,
-                "-m",
-                "gateway",
-                "serve",
-                "--config",
-                str(config_path),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--workers",
-                str(workers),
-            ]
-            if variant.server != "uvicorn":
-                argv += ["--server", variant.server]
+            argv = serve_argv(variant, config_path, port, workers)
             if workers > 1:
                 # Otherwise the gateway makes its own metrics directory in /tmp and leaves it there.
                 metrics_dir = s.work_dir / f"metrics-{tag}"

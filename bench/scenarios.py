@@ -2,7 +2,8 @@
 
 Targets of one scenario share one upstream process and run back to back (bench/runner.py), so "direct",
 "passthrough" and "gateway" differ only in what sits between the load generator and the upstream. CPU
-placement, the gateway variants (``gateway-2w``, ``gateway-granian``, ``gateway-httpx``, ``gateway+limits``)
+placement, the gateway variants (``gateway-2w``, ``gateway-granian``, ``gateway-httptools``, ``gateway-httpx``,
+``gateway+limits``)
 and the memory rows: docs/bench-harness.md.
 """
 
@@ -42,14 +43,16 @@ Placement = Literal["split", "shared"]
 TARGETS = ("direct", "passthrough", "gateway")
 TWO_WORKERS = "gateway-2w"
 GRANIAN = "gateway-granian"
+# The gateway under uvicorn with uvicorn's httptools protocol instead of its own (docs/servers.md).
+HTTPTOOLS = "gateway-httptools"
 HTTPX = "gateway-httpx"
 LIMITS_TARGET = "gateway+limits"
 # The gateway with `cache: {mode: always}` (docs/cache.md): after the first request, every answer is a hit.
 CACHE_TARGET = "gateway+cache"
 # What --targets may name; LIMITS_TARGET comes with --limits-config instead.
-ALL_TARGETS = (*TARGETS, TWO_WORKERS, GRANIAN, HTTPX)
+ALL_TARGETS = (*TARGETS, TWO_WORKERS, GRANIAN, HTTPTOOLS, HTTPX)
 # What runs when --targets is not given: the httpx row is asked for by name.
-DEFAULT_TARGETS = (*TARGETS, TWO_WORKERS, GRANIAN)
+DEFAULT_TARGETS = (*TARGETS, TWO_WORKERS, GRANIAN, HTTPTOOLS)
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,8 @@ class GatewayVariant:
 
     workers: int | None = None
     server: str = "uvicorn"
+    # Under uvicorn, the HTTP/1.1 protocol (`serve --http`): the gateway's own, or uvicorn's "httptools".
+    http: str = "gateway"
     limits: bool = False
     # More than one worker process cannot be confined to the one core a measured server gets.
     pinned: bool = True
@@ -77,6 +82,7 @@ VARIANTS: dict[str, GatewayVariant] = {
     CACHE_TARGET: GatewayVariant(cache=True),
     TWO_WORKERS: GatewayVariant(workers=2, pinned=False),
     GRANIAN: GatewayVariant(server="granian"),
+    HTTPTOOLS: GatewayVariant(http="httptools"),
     HTTPX: GatewayVariant(transport="httpx"),
     EVERYTHING: GatewayVariant(everything=True),
     EVERYTHING_PG: GatewayVariant(everything=True, ledger="postgresql"),
@@ -211,7 +217,7 @@ def build_scenarios(settings: Settings) -> list[Scenario]:
             "nginx",
             "wrk",
             connections=c,
-            targets=(*TARGETS, TWO_WORKERS, GRANIAN, HTTPX),
+            targets=(*TARGETS, TWO_WORKERS, GRANIAN, HTTPTOOLS, HTTPX),
         ),
         Scenario(
             "nonstream_c1",
@@ -220,7 +226,7 @@ def build_scenarios(settings: Settings) -> list[Scenario]:
             "wrk",
             connections=1,
             placement="shared",
-            targets=(*TARGETS, GRANIAN, HTTPX),
+            targets=(*TARGETS, GRANIAN, HTTPTOOLS, HTTPX),
         ),
         Scenario(
             "pyupstream_c32",
@@ -253,7 +259,7 @@ def build_scenarios(settings: Settings) -> list[Scenario]:
             f"{settings.latency_ms:g} ms upstream at {settings.rate:g} req/s",
             "slow",
             "fixed-rate",
-            targets=(*TARGETS, GRANIAN, HTTPX),
+            targets=(*TARGETS, GRANIAN, HTTPTOOLS, HTTPX),
         ),
     ]
     if settings.limits_config is not None:

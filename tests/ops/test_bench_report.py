@@ -353,3 +353,59 @@ def test_the_everything_on_soak_follows_soak_requests_and_runs_only_by_itself_or
     assert "all_soak" not in scenarios("everything")  # the throughput rows alone stay about five minutes
     soak = scenarios(None)["all_soak"]
     assert "20,000 requests" in soak.title and soak.fresh and soak.vary and soak.tool == "soak"
+
+
+def test_the_httptools_variant_is_reported_beside_the_gateways_own_protocol() -> None:
+    from bench.scenarios import HTTPTOOLS
+
+    run = synthetic()
+    run.measurements += [
+        _m("nonstream_c32", HTTPTOOLS, rps=3_900.0, p99_ms=4.321, cpu_s_per_1k=0.256),
+        _m("nonstream_c1", GRANIAN, ok=False, skipped=True, requests=None, note="not run: granian missing (pip)"),
+        _m("nonstream_c1", HTTPTOOLS, p50_ms=0.455, p99_ms=0.987, placement="shared"),
+        _m("slow_fixed_rate", HTTPTOOLS, "rate", p50_ms=50.7, p99_ms=54.1),
+    ]
+    md = render_markdown(run)
+    headline = section(md, "Headline")
+    title = "Throughput, c=32, gateway on uvicorn's httptools protocol (req/s; 0.90x the gateway's own protocol)"
+    assert row(headline, title) == f"| {title} | 41,111 | 5,222 | 3,900 | 0.09x | 0.75x |"
+    assert "In the 2-worker, granian and httptools rows the gateway column is that variant." in headline
+
+    variants = section(md, "Gateway variants (non-streaming, c=32)")
+    line = row(variants, f"`{HTTPTOOLS} (uvicorn's httptools protocol, workers=1)`")
+    assert "| 3,900 | 0.90x | 0.75x | 4.321 | 0.256 | split |" in line
+    assert "`gateway-httptools` is the same gateway under the same uvicorn with uvicorn's httptools" in variants
+    assert "what the HTTP/1.1 protocol costs" in variants
+    # The c=1 table: a column for each server measured there, a reason where a figure is missing.
+    header = (
+        "| same load | gateway (uvicorn, the gateway's own HTTP/1.1 protocol) | gateway on granian"
+        " | gateway on uvicorn's httptools protocol |"
+    )
+    assert header in variants
+    assert row(variants, "c=1 p50 ms") == "| c=1 p50 ms | 0.391 | not run: granian missing | 0.455 |"
+    assert row(variants, "c=1 p99 ms") == "| c=1 p99 ms | 3.000 | not run: granian missing | 0.987 |"
+    slow = "50 ms upstream at 500 req/s"
+    assert row(variants, f"{slow}: p50 ms") == f"| {slow}: p50 ms | 50.600 | not run | 50.700 |"
+
+
+def test_a_missing_httptools_variant_is_explained_where_its_figures_would_be() -> None:
+    from bench.scenarios import HTTPTOOLS
+
+    run = synthetic()
+    assert "(req/s; not run)" in row(
+        section(render_markdown(run), "Headline"),
+        "Throughput, c=32, gateway on uvicorn's httptools protocol (req/s; not run)",
+    )
+    run.measurements += [
+        _m("nonstream_c32", HTTPTOOLS, rps=3_900.0, ok=False, note="server exited during the run with code 1"),
+        _m("nonstream_c1", HTTPTOOLS, ok=False, note="errors: 3 non-2xx answers", placement="shared"),
+    ]
+    md = render_markdown(run)
+    title = "Throughput, c=32, gateway on uvicorn's httptools protocol (req/s; failed, see Problems)"
+    assert row(section(md, "Headline"), title) == f"| {title} | 41,111 | 5,222 | - | - | - |"
+    variants = section(md, "Gateway variants (non-streaming, c=32)")
+    assert row(variants, f"`{HTTPTOOLS} (uvicorn's httptools protocol, workers=1)`").endswith(
+        "| failed, see Problems | - | - | - | - | - |"
+    )
+    assert row(variants, "c=1 p50 ms") == "| c=1 p50 ms | 0.391 | failed, see Problems |"
+    assert f"- `nonstream_c1` / `{HTTPTOOLS}`: errors: 3 non-2xx answers" in section(md, "Problems in this run")
