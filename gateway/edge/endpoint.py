@@ -124,7 +124,6 @@ class _Watch:
         # the answer is complete (gateway/server does): then no task waits on `receive` to learn it.
         subscribe: Callable[[Callable[[], None]], None] | None = extensions.get(DISCONNECT) if extensions else None
         if subscribe is not None:
-            # The server calls `left` when the client goes: no task waits on `receive` for it.
             self.task: asyncio.Task[None] | None = None
             subscribe(self.left)
         else:

@@ -43,11 +43,16 @@ def unreadable(route: Route, what: str, exc: Exception) -> UpstreamError:
     """An upstream answer the adapter could not read: a failed attempt (502), retried or failed over."""
     if not isinstance(exc, UNREADABLE):
         log.error("parsing %s's %s failed", route.provider, what, exc_info=exc)
+    return failed_attempt(route, f"sent an invalid {what}", "invalid_upstream_response", "invalid_response")
+
+
+def failed_attempt(route: Route, what: str, code: str, cause: str) -> UpstreamError:
+    """An attempt on `route` that failed before anything reached the client: retried or failed over."""
     return UpstreamError(
-        f"Upstream '{route.key}' sent an invalid {what}",
-        code="invalid_upstream_response",
+        f"Upstream '{route.key}' {what}",
+        code=code,
         retryable=True,
-        cause="invalid_response",
+        cause=cause,
         target=route.key,
         provider=route.provider,
     )

@@ -23,7 +23,15 @@ from gateway.emulation import Emulation, SubStream
 from gateway.emulation.client_schema import Work
 from gateway.fleet.picker import Hint
 from gateway.limits.admission import Admission, Ticket
-from gateway.path.answers import MAX_REPORTED_TOKENS, choices_asked, ignored_n, parsed, sane_usage, unreadable
+from gateway.path.answers import (
+    MAX_REPORTED_TOKENS,
+    choices_asked,
+    failed_attempt,
+    ignored_n,
+    parsed,
+    sane_usage,
+    unreadable,
+)
 from gateway.path.fanout import open_all
 from gateway.queue.gate import Slot
 from gateway.queue.service import Ask
@@ -34,7 +42,7 @@ from gateway.upstream.plan import Plan, Route
 from gateway.upstream.transport import Timeouts
 from providers.base import Adapter, CallContext, LocalAdapter, map_params
 from wire.chat import ChatChunk, ChatCompletion
-from wire.errors import GatewayError, UpstreamError
+from wire.errors import GatewayError
 from wire.schema import Completion, CompletionRequest
 from wire.upstream import UpstreamRequest
 
@@ -386,13 +394,8 @@ class Attempt:
                 raise unreadable(route, "stream event", exc) from None
             if first is None:
                 # Nothing reached the client yet: an empty stream is a failed attempt, retried like one.
-                raise UpstreamError(
-                    f"Upstream '{route.key}' ended the stream early",
-                    code="upstream_stream_ended_early",
-                    retryable=True,
-                    cause="stream_ended_early",
-                    target=route.key,
-                    provider=route.provider,
+                raise failed_attempt(
+                    route, "ended the stream early", "upstream_stream_ended_early", "stream_ended_early"
                 )
         except BaseException:
             stream.close()

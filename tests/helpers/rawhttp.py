@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from typing import Any
 import uvicorn
 
 from gateway.server import H1Protocol
+from tests.helpers.servers import UvicornThread
 
 
 @contextlib.contextmanager
@@ -24,26 +24,13 @@ def serve(app: Any, http: Any = H1Protocol, **options: Any) -> Iterator[uvicorn.
     """`app` served by uvicorn (uvloop) on a loopback port in a thread; `server.config.port` is the port.
 
     uvicorn leaves logging alone (`log_config=None`): its records reach pytest's `caplog`."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(app, loop="uvloop", http=http, lifespan="off", log_config=None, **options)
-    config.port = int(sock.getsockname()[1])
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.01)
-    try:
-        yield server
-    finally:
-        while _OPEN:
-            _OPEN.pop().close()
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
-        assert not thread.is_alive(), "the server did not stop"
+    running = UvicornThread(app, http=http, lifespan="off", log_config=None, **options)
+    with running:
+        try:
+            yield running.server
+        finally:
+            while _OPEN:
+                _OPEN.pop().close()
 
 
 @dataclass

@@ -63,28 +63,50 @@ def free_port() -> int:
 # The gateway
 
 
-class GatewayThread(Running):
+class UvicornThread(Running):
+    """An ASGI app served by a real uvicorn (uvloop) on a loopback port, in a background thread with its own
+    event loop; `options` are `uvicorn.Config`'s."""
+
+    def __init__(self, app: object, **options: object) -> None:
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.bind(("127.0.0.1", 0))
+        self.port = int(self._sock.getsockname()[1])
+        config = uvicorn.Config(app, loop="uvloop", **options)  # type: ignore[arg-type]
+        config.port = self.port
+        self.server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self._sock]}, name="test-uvicorn", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+        deadline = time.monotonic() + 15
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self._thread.join(15)
+        self._sock.close()
+        assert not self._thread.is_alive(), "the server did not stop"
+
+
+class GatewayThread(UvicornThread):
     """`create_app(load_config(path))` served by uvicorn in a thread, like `serve` (uvloop, gateway.server).
 
     `http="httptools"` serves it with uvicorn's own protocol instead, to compare the two."""
 
     def __init__(self, config_path: Path, env: Mapping[str, str], http: str = "gateway") -> None:
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.bind(("127.0.0.1", 0))
-        self.port = int(self._sock.getsockname()[1])
         app = self.app = create_app(load_config(config_path, env=dict(env)))
-        config = uvicorn.Config(
+        super().__init__(
             app,
-            loop="uvloop",
             http=protocol(http),
             lifespan="on",
             log_level="warning",
             access_log=False,
             timeout_graceful_shutdown=2,
-        )
-        self.server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self.server.run, kwargs={"sockets": [self._sock]}, name="test-gateway", daemon=True
         )
 
     @property
@@ -96,20 +118,6 @@ class GatewayThread(Running):
         """The pipeline serving now (a config reload replaces it)."""
         current: Pipeline = self.app.state.pipeline
         return current
-
-    def start(self) -> None:
-        self._thread.start()
-        deadline = time.monotonic() + 15
-        while not self.server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the gateway did not start")
-            time.sleep(0.01)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self._thread.join(15)
-        self._sock.close()
-        assert not self._thread.is_alive(), "the gateway did not stop"
 
 
 @contextlib.contextmanager
