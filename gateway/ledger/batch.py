@@ -25,8 +25,8 @@ from gateway.limits.usage import ANONYMOUS, day_of
 from gateway.ops.metrics import Record
 
 Row = tuple[Any, ...]
-# A waiting row (`pending`): the entry's values but the day, then the row's own values.
-Pending = tuple[Any, ...]
+# A waiting row (`pending`): the entry's values but the day (and the row's width), and the row's own values.
+Pending = tuple[tuple[Any, ...], tuple[Any, ...]]
 # An entry: day, key_name, team, model, target, provider, dialect, stream, status, error, cache, attempts, key_id,
 # batch_id (the Batch API's batch the request is a line of, or None), endpoint.
 Entry = tuple[Any, ...]
@@ -148,13 +148,16 @@ def full_rows(entries: list[Entry], groups: list[list[Any]], widths: list[int]) 
 
 
 def pending(rec: Record, elapsed_s: float, ended: float, null: int | None) -> Pending:
-    """What the queue holds of an answered request: its values alone, in the order `take` reads them.
+    """What the queue holds of an answered request: two tuples, the values its entry is found by (with the
+    row's width last) and the row's own, in the order `take` reads them (no slicing there).
 
-    A tuple of strings and numbers only: the collector stops tracking it at its first pass, where a
+    Tuples of strings and numbers only: the collector stops tracking them at its first pass, where a
     `Record` (or a tuple holding one) would be traversed by every collection until the writer took it.
     """
     usage = rec.usage
-    p = (
+    text_in, text_out = rec.prompt, rec.completion
+    lean = text_in is None and text_out is None
+    entry = (
         rec.key or ANONYMOUS,
         rec.model,
         rec.target,
@@ -169,7 +172,9 @@ def pending(rec: Record, elapsed_s: float, ended: float, null: int | None) -> Pe
         rec.key_id,
         rec.batch_id,
         rec.endpoint,
-        LEAN,  # the row's width (`take` reads it with the entry's values)
+        LEAN if lean else WIDTH,  # the row's width
+    )
+    own = (
         rec.request_id,
         ended,
         elapsed_s,
@@ -178,11 +183,9 @@ def pending(rec: Record, elapsed_s: float, ended: float, null: int | None) -> Pe
         0 if usage is None else usage.completion_tokens,
         rec.cost_pico,  # priced by the usage booking; 0 when nothing served it or the cache answered
     )
-    text_in, text_out = rec.prompt, rec.completion
-    if text_in is None and text_out is None:
-        return p
-    kept_in = null if text_in is None else text(text_in)
-    return (*p[:14], WIDTH, *p[15:], kept_in, null if text_out is None else text(text_out))
+    if lean:
+        return entry, own
+    return entry, (*own, null if text_in is None else text(text_in), null if text_out is None else text(text_out))
 
 
 def text(value: str) -> str:
@@ -201,14 +204,13 @@ def take(queue: deque[Pending], prefix: str, ids: Iterator[int]) -> Batch:
     day = ""
     n = len(queue)
     for _ in range(n):
-        p = popleft()
-        ended = p[16]
+        values, own = popleft()  # the entry's values and the row's width; the row's own values
+        ended = own[1]
         if not lo <= ended < hi:  # the day is formatted once per batch (and at midnight)
             lo = ended // 86400 * 86400
             hi = lo + 86400
             day = day_of(ended)
             index = {}  # entries are per day: a new day starts new ones
-        values = p[:15]  # the entry's values and the row's width
         group = index.get(values)
         if group is None:
             group = index[values] = []
@@ -216,7 +218,7 @@ def take(queue: deque[Pending], prefix: str, ids: Iterator[int]) -> Batch:
             groups.append(group)
             widths.append(values[14])
         group.append(f"{prefix}{next(ids)}")
-        group += p[15:]
+        group += own
     batch.size = n
     return batch
 

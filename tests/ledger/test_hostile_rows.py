@@ -61,7 +61,7 @@ def _queue(ledger: Ledger, good: int, start: int) -> None:
     for i in range(start, start + good):
         ledger.queue.append(pending(_rec(i), 0.1, 1_795_800_000.0 + i, None))
     bad = pending(_rec(start + good), 0.1, 1_795_800_000.0, None)
-    ledger.queue.append((*bad[:-2], "raw\0nul", None))
+    ledger.queue.append((bad[0], (*bad[1][:-2], "raw\0nul", None)))
 
 
 def test_a_row_the_database_refuses_is_split_out_and_counted_postgres(pg: PostgresServer, tmp_path: Path) -> None:
