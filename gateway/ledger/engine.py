@@ -66,6 +66,14 @@ class Cursor:
     def executemany(self, sql: str, params: Iterable[Sequence[Any]]) -> None:
         self.raw.executemany(self._sql(sql), params)
 
+    def copy(self, sql: str, types: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+        """PostgreSQL: `rows` through `COPY ... FROM STDIN (FORMAT BINARY)`, each column of its type in `types`."""
+        with self.raw.copy(sql) as copy:
+            copy.set_types(types)
+            write = copy.write_row
+            for row in rows:
+                write(row)
+
     def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         self.raw.execute(self._sql(sql), tuple(params))
         return [tuple(r) for r in self.raw.fetchall()]
