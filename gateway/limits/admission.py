@@ -55,33 +55,36 @@ _REQUEST_KINDS: Final = ("rps", "rpm")
 _TOKEN_KINDS: Final = ("tpm", "tpd")
 _REQUEST_NAMES: Final = ("x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests")
 _TOKEN_NAMES: Final = ("x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens")
-_Rows = tuple[tuple[int, str], ...]
+# Per header label: its three names, then its buckets' places in a script reply (remaining, then reset) with
+# their limits as header values, the first bucket's apart (most labels have one bucket).
+_Label = tuple[str, str, str, int, str, tuple[tuple[int, str], ...]]
+# A reset under a second as `duration` writes it, for the resets most replies carry.
+_MS: Final = tuple(f"{ms}ms" for ms in range(1000))
 
 
-def _rows(buckets: Sequence[Bucket]) -> tuple[_Rows, _Rows]:
-    """Per header label (requests, tokens): its buckets' places in a script reply (remaining, then reset)
-    and their limits as header values."""
-    requests = tuple((2 + 2 * i, str(b.limit)) for i, b in enumerate(buckets) if b.kind in _REQUEST_KINDS)
-    tokens = tuple((2 + 2 * i, str(b.limit)) for i, b in enumerate(buckets) if b.kind in _TOKEN_KINDS)
-    return requests, tokens
+def _labels(buckets: Sequence[Bucket]) -> tuple[_Label, ...]:
+    """What `_reply_headers` reads of a set of buckets, worked out once per set."""
+    labels: list[_Label] = []
+    for kinds, names in ((_REQUEST_KINDS, _REQUEST_NAMES), (_TOKEN_KINDS, _TOKEN_NAMES)):
+        rows = [(2 + 2 * i, str(b.limit)) for i, b in enumerate(buckets) if b.kind in kinds]
+        if rows:
+            labels.append((*names, *rows[0], tuple(rows[1:])))
+    return tuple(labels)
 
 
-def _reply_headers(out: Sequence[int], requests: _Rows, tokens: _Rows) -> dict[str, str]:
+def _reply_headers(out: Sequence[int], labels: tuple[_Label, ...]) -> dict[str, str]:
     """The x-ratelimit headers of a script reply `out`: per label, its tightest bucket's (the least
     remaining, then the longest reset, the first of equals)."""
     headers: dict[str, str] = {}
-    for rows, names in ((requests, _REQUEST_NAMES), (tokens, _TOKEN_NAMES)):
-        if not rows:
-            continue
-        at, limit = rows[0]
+    for limit_name, remaining_name, reset_name, at, limit, others in labels:
         remaining, reset = out[at], out[at + 1]
-        for j, other in rows[1:]:
+        for j, other in others:
             if out[j] < remaining or (out[j] == remaining and out[j + 1] > reset):
                 limit, remaining, reset = other, out[j], out[j + 1]
-        headers[names[0]] = limit
-        headers[names[1]] = str(remaining)
+        headers[limit_name] = limit
+        headers[remaining_name] = str(remaining)
         # GCRA's reset: when the bucket is full again (all of this scope's units available).
-        headers[names[2]] = f"{reset}ms" if 0 <= reset < 1000 else duration(reset)  # `duration`, inlined
+        headers[reset_name] = _MS[reset] if 0 <= reset < 1000 else duration(reset)
     return headers
 
 
@@ -90,14 +93,14 @@ def _headers(states: list[BucketState]) -> dict[str, str]:
     out = [0, 0]
     for s in states:
         out += (s.remaining, s.reset_ms)
-    return _reply_headers(out, *_rows([s.bucket for s in states]))
+    return _reply_headers(out, _labels([s.bucket for s in states]))
 
 
 class _Scopes:
     """One combination of scopes a request charges (its key's, its alias's, its route's), compiled once:
     the buckets, the token buckets among them and the smallest token limit, and the queue to wait in."""
 
-    __slots__ = ("buckets", "charges", "queue_ms", "request_rows", "room", "token_rows", "tokens")
+    __slots__ = ("buckets", "charges", "labels", "queue_ms", "room", "tokens")
 
     def __init__(self, buckets: list[Bucket], charges: BucketSet, queue_ms: int) -> None:
         self.buckets = buckets
@@ -105,7 +108,7 @@ class _Scopes:
         self.tokens = [b for b in buckets if b.kind in TOKEN_KINDS]
         self.room = min((b.limit for b in self.tokens), default=0)
         self.queue_ms = queue_ms
-        self.request_rows, self.token_rows = _rows(buckets)  # worked out once, read off every reply
+        self.labels = _labels(buckets)  # worked out once, read off every reply
 
 
 class Ticket(msgspec.Struct):
@@ -162,7 +165,7 @@ class Admission:
             warm()
         self._scopes: dict[tuple[object, ...], _Scopes] = {}
         self._background: set[asyncio.Task[None]] = set()
-        self._pending: dict[tuple[Bucket, ...], int] = {}
+        self._pending: dict[BucketSet, int] = {}  # per set's token buckets (`BucketSet.tokens_only`)
         self._timer: asyncio.TimerHandle | None = None
 
     def _route_buckets(self, route: Route) -> list[Bucket]:
@@ -223,7 +226,7 @@ class Admission:
                     except Degraded:
                         out = limiter.refused_call(charges, tokens)
                     allowed, wait, lease = out[0] == 1, out[1], ""
-                    headers = _reply_headers(out, scopes.request_rows, scopes.token_rows)
+                    headers = _reply_headers(out, scopes.labels)
             except RedisDown:
                 raise _unavailable() from None
             if allowed:
@@ -374,9 +377,9 @@ class Admission:
         charges = ticket.charges
         if charges is None:
             charges = self.limiter.compiled(ticket.buckets)
-        token_buckets = charges.token_buckets
-        if delta and token_buckets:
-            self._pending[token_buckets] = self._pending.get(token_buckets, 0) + delta
+        tset = charges.tokens_only
+        if delta and tset is not None:
+            self._pending[tset] = self._pending.get(tset, 0) + delta
             if self._timer is None:
                 self._timer = asyncio.get_running_loop().call_later(SETTLE_S, self._flush_soon)
         if charges.leased:
@@ -392,11 +395,11 @@ class Admission:
         pending, self._pending = self._pending, {}
         self._spawn(self._adjust(pending))
 
-    async def _adjust(self, pending: dict[tuple[Bucket, ...], int]) -> None:
-        for buckets, delta in pending.items():
+    async def _adjust(self, pending: dict[BucketSet, int]) -> None:
+        for tset, delta in pending.items():
             if delta:
                 try:
-                    await self.limiter.adjust(buckets, delta)
+                    await self.limiter.adjust(tset, delta)
                 except RedisDown:
                     pass
 

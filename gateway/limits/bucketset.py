@@ -15,6 +15,8 @@ from gateway.limits.gcra import TOKEN_KINDS, Bucket, Spec
 from gateway.limits.scriptchannel import Part, bulk
 
 _NO_LEASE = bulk(b"")
+# A Part made in C: the named tuple's own constructor is a Python function, a frame on every request.
+_part: Final = tuple.__new__
 
 
 def _cost(cost: float) -> bytes:
@@ -46,6 +48,7 @@ class BucketSet:
         "specs",
         "token_buckets",
         "token_mask",
+        "tokens_only",
     )
 
     def __init__(self, buckets: Sequence[Bucket], prefix: str = "", sha: bytes = b"") -> None:
@@ -59,6 +62,11 @@ class BucketSet:
         self._sha = sha
         self._heads: dict[str, tuple[bytes, bytes, bytes, tuple[bytes, ...]]] = {}
         self._acquire: tuple[bytes, bytes, int, tuple[bytes, ...]] | None = None
+        # Its token buckets as a set of their own (what a settlement charges), compiled with it; None: none.
+        self.tokens_only: BucketSet | None = None
+        if self.token_buckets:
+            whole = len(self.token_buckets) == len(self.buckets)
+            self.tokens_only = self if whole else BucketSet(self.token_buckets, prefix, sha)
 
     def costs(self, tokens: int, requests: int) -> list[int]:
         return [tokens if t else requests for t in self.token_mask]
@@ -87,7 +95,7 @@ class BucketSet:
         """`part("acquire", "", costs(tokens, 1))`, the request path's call, from its constant segments: the
         arguments are those segments joined by the token count, the one thing that changes call to call."""
         single, keys, n, segments = self._acquire or self._acquire_segments()
-        return Part(single, keys, n, (_COSTS.get(tokens) or _cost(tokens)).join(segments))
+        return _part(Part, (single, keys, n, (_COSTS.get(tokens) or _cost(tokens)).join(segments)))
 
     def _acquire_segments(self) -> tuple[bytes, bytes, int, tuple[bytes, ...]]:
         single, keys, head, per = self._heads.get("acquire") or self._head("acquire")

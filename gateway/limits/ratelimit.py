@@ -151,16 +151,19 @@ class Limiter:
         assert self._channel is not None
         return self._channel.call_part(part)
 
-    async def _run(self, mode: str, lease: str, buckets: Sequence[Bucket], costs: Sequence[float]) -> list[int]:
+    async def _run(
+        self, mode: str, lease: str, buckets: Sequence[Bucket] | BucketSet, costs: Sequence[float]
+    ) -> list[int]:
+        bset, plain = (buckets, buckets.buckets) if isinstance(buckets, BucketSet) else (None, buckets)
         if self._channel is not None:
             if not self.shared.degraded:
                 try:
-                    return await self._remote(self._command(mode, lease, buckets, costs))
+                    return await self._remote((bset or self.compiled(plain)).part(mode, lease, costs))
                 except Degraded:
                     pass
             if not self.fail_open:
                 raise RedisDown
-        return self.local.run(mode, lease, buckets, costs)
+        return self.local.run(mode, lease, plain, costs)
 
     async def close(self) -> None:
         self._closed = True
@@ -374,8 +377,14 @@ class Limiter:
                 pass
         return self.local.peek(buckets)
 
-    async def adjust(self, buckets: Sequence[Bucket], tokens: int) -> None:
-        """Charge (or with a negative count, return) tokens after the fact, without checking."""
+    async def adjust(self, buckets: Sequence[Bucket] | BucketSet, tokens: int) -> None:
+        """Charge (or with a negative count, return) tokens after the fact, without checking, to the token
+        buckets among `buckets`, which may be compiled already (`compiled`)."""
+        if isinstance(buckets, BucketSet):
+            tset = buckets.tokens_only  # compiled with the set, not looked up per settlement
+            if tset is not None and tokens:
+                await self._run("adjust", "", tset, [float(tokens)] * len(tset.buckets))
+            return
         token_buckets = [b for b in buckets if b.kind in TOKEN_KINDS]
         if token_buckets and tokens:
             await self._run("adjust", "", token_buckets, [float(tokens)] * len(token_buckets))

@@ -57,8 +57,9 @@ def _redirect(error: ScriptError) -> tuple[str, tuple[str, int]] | None:
 _Target = asyncio.Future[Any] | list[asyncio.Future[Any]]
 _Batch = list[tuple[bytes, _Target]]
 # A channel's command on the wire: its bytes (to send again after an error reply), who waits for its reply,
-# and, on a write's last command, the timer that drops the connection if that reply does not come.
-_Call = tuple[bytes, _Target, "asyncio.TimerHandle | None"]
+# and, on a write's last command, the loop time by which that reply must have come (else the watchdog drops
+# the connection).
+_Call = tuple[bytes, _Target, float | None]
 
 
 class _Protocol(asyncio.Protocol):
@@ -81,6 +82,7 @@ class _Protocol(asyncio.Protocol):
         self.streams: tuple[object, object] | None = None
         self.on_reply = on_reply
         self.on_lost = on_lost
+        self.watchdog: asyncio.TimerHandle | None = None  # armed while a write's reply is due (`ScriptChannel._watch`)
 
     def data_received(self, data: bytes) -> None:
         reader = self.reader
@@ -336,19 +338,23 @@ class ScriptChannel:
         in each), which decides each in turn exactly as if it ran alone, and answers each on its own."""
         queued, self._queue = self._queue, []
         batch: _Batch = []
-        parts: list[Part] = []
-        waiting: list[asyncio.Future[Any]] = []
-        for cmd, fut in queued:
-            if isinstance(cmd, bytes):
-                batch.append((cmd, fut))
-            else:
-                parts.append(cmd)
-                waiting.append(fut)
-        if len(parts) == 1:
-            batch.append((parts[0].command(), waiting[0]))
+        if len(queued) == 1:  # one call this tick (a lone request): it goes as it is
+            one, fut = queued[0]
+            batch.append((one if type(one) is bytes else one.single + one.keys + one.args, fut))  # type: ignore[union-attr]
         else:
-            for i in range(0, len(parts), PARTS_PER_CALL):
-                batch.append((_merged(self.sha, parts[i : i + PARTS_PER_CALL]), waiting[i : i + PARTS_PER_CALL]))
+            parts: list[Part] = []
+            waiting: list[asyncio.Future[Any]] = []
+            for cmd, fut in queued:
+                if isinstance(cmd, bytes):
+                    batch.append((cmd, fut))
+                else:
+                    parts.append(cmd)
+                    waiting.append(fut)
+            if len(parts) == 1:
+                batch.append((parts[0].command(), waiting[0]))
+            else:
+                for i in range(0, len(parts), PARTS_PER_CALL):
+                    batch.append((_merged(self.sha, parts[i : i + PARTS_PER_CALL]), waiting[i : i + PARTS_PER_CALL]))
         if self._closed:
             self._fail(None, batch, ChannelError("closed"), sent=False)
             return
@@ -373,19 +379,41 @@ class ScriptChannel:
 
     def _write(self, proto: _Protocol, batch: _Batch) -> None:
         # A reply that never comes: drop the connection, which fails every reply still due (and keeps
-        # late replies from pairing with the next batch's commands). Replies come back in order, so the
-        # last one's arrival stops the timer for the whole write.
-        timer = asyncio.get_running_loop().call_later(self._deadline_s, proto.abort)
-        calls: list[_Call] = [(cmd, target, None) for cmd, target in batch]
-        cmd, target = batch[-1]
-        calls[-1] = (cmd, target, timer)
-        proto.send(calls, b"".join([cmd for cmd, _ in batch]) if len(batch) > 1 else cmd)
+        # late replies from pairing with the next batch's commands). The write's deadline rides on its last
+        # command (replies come back in order); one watchdog per connection enforces the oldest one due,
+        # where a timer per write cost a timer's start and cancel on every round trip.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._deadline_s
+        if len(batch) == 1:
+            cmd, target = batch[0]
+            proto.send([(cmd, target, deadline)], cmd)
+        else:
+            calls: list[_Call] = [(cmd, target, None) for cmd, target in batch]
+            cmd, target = batch[-1]
+            calls[-1] = (cmd, target, deadline)
+            proto.send(calls, b"".join([cmd for cmd, _ in batch]))
+        if proto.watchdog is None:
+            proto.watchdog = loop.call_at(deadline, self._watch, proto)
+
+    def _watch(self, proto: _Protocol) -> None:
+        """The watchdog: drop the connection when its oldest write still unanswered is past its deadline;
+        else wait for that write's deadline (none due: the next write arms it again)."""
+        proto.watchdog = None
+        if proto.lost:
+            return
+        for item in proto.waiting:
+            if isinstance(item, tuple) and item[2] is not None:  # the oldest write's last command
+                deadline = item[2]
+                loop = asyncio.get_running_loop()
+                if deadline <= loop.time():
+                    proto.abort()
+                else:
+                    proto.watchdog = loop.call_at(deadline, self._watch, proto)
+                return
 
     def _reply(self, proto: _Protocol, call: _Call, reply: Any) -> None:
         """A call's reply, as the protocol reads it: to its caller, or (an error reply) handled here."""
-        cmd, target, timer = call
-        if timer is not None:
-            timer.cancel()
+        cmd, target, _ = call
         if isinstance(reply, ScriptError):
             if _pending(target):  # else the caller was cancelled: `acquire` cancels its lease
                 self._refused(proto, cmd, target, reply)
@@ -394,9 +422,9 @@ class ScriptChannel:
 
     def _lost(self, proto: _Protocol, calls: list[_Call]) -> None:
         """The connection went with `calls` still unanswered (a timeout aborted it, or Redis went away)."""
-        for _, _, timer in calls:
-            if timer is not None:
-                timer.cancel()
+        if proto.watchdog is not None:
+            proto.watchdog.cancel()
+            proto.watchdog = None
         self._fail(proto, [(cmd, target) for cmd, target, _ in calls], ChannelError("redis connection lost"), sent=True)
 
     def _refused(self, proto: _Protocol, cmd: bytes, fut: _Target, error: ScriptError) -> None:

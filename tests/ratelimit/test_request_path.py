@@ -43,7 +43,7 @@ def test_headers_read_from_the_reply_are_those_of_the_bucket_states() -> None:
             pairs = [(rng.randint(0, 3), rng.choice((0, 5, 999, 1000, 1500, 61_000))) for _ in buckets]
             out = [rng.randint(0, 1), rng.randint(0, 9)] + [x for pair in pairs for x in pair]
             states = [BucketState(b, rem, reset) for b, (rem, reset) in zip(buckets, pairs, strict=True)]
-            assert _reply_headers(out, scopes.request_rows, scopes.token_rows) == _headers(states)
+            assert _reply_headers(out, scopes.labels) == _headers(states)
             assert _headers(states) == _tightest(states)
 
 

@@ -1,0 +1,93 @@
+"""A script call whose reply does not come in time fails as Unanswered at its write's deadline, and the
+connection is dropped (a late reply must never pair with a later call). One watchdog per connection keeps
+every write's deadline: after replies that came, after a quiet spell, and behind a write still answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import hiredis
+import pytest
+
+from gateway.limits.scriptchannel import ScriptChannel, Unanswered, command
+from gateway.state import SharedState
+
+TIMEOUT_S = 0.1  # the URL's socket_timeout: a call's deadline is twice it
+
+
+class Stub:
+    """A Redis that answers `:1` to every command until told to stall, then reads and answers nothing."""
+
+    def __init__(self) -> None:
+        self.stalled = False
+        self.server: asyncio.Server | None = None
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        parser = hiredis.Reader()
+        while data := await reader.read(65536):
+            parser.feed(data)
+            while parser.gets() is not False:
+                if not self.stalled:
+                    writer.write(b":1\r\n")
+        writer.close()
+
+    @property
+    def port(self) -> int:
+        assert self.server is not None
+        return int(self.server.sockets[0].getsockname()[1])
+
+
+@pytest.fixture
+async def channel() -> AsyncIterator[tuple[ScriptChannel, Stub]]:
+    stub = Stub()
+    stub.server = await asyncio.start_server(stub.handle, "127.0.0.1", 0)
+    shared = SharedState(f"redis://127.0.0.1:{stub.port}/0?socket_timeout={TIMEOUT_S}")
+    chan = ScriptChannel(shared, "return 1", "rl:")
+    try:
+        yield chan, stub
+    finally:
+        await chan.close()
+        await shared.close()
+        stub.server.close()
+
+
+async def unanswered_after(chan: ScriptChannel) -> float:
+    started = time.monotonic()
+    with pytest.raises(Unanswered):
+        await chan.call(command(b"PING"))
+    return time.monotonic() - started
+
+
+async def test_a_stalled_reply_fails_at_the_deadline_and_drops_the_connection(
+    channel: tuple[ScriptChannel, Stub],
+) -> None:
+    chan, stub = channel
+    assert await chan.call(command(b"PING")) == 1
+    stub.stalled = True
+    waited = await unanswered_after(chan)
+    assert 2 * TIMEOUT_S * 0.9 <= waited < 2 * TIMEOUT_S + 0.5
+    assert not chan.connected
+
+
+async def test_the_deadline_holds_after_a_quiet_spell(channel: tuple[ScriptChannel, Stub]) -> None:
+    """The watchdog found nothing due and stopped: the next write arms it again, at that write's deadline."""
+    chan, stub = channel
+    assert await chan.call(command(b"PING")) == 1
+    await asyncio.sleep(3 * TIMEOUT_S)
+    stub.stalled = True
+    waited = await unanswered_after(chan)
+    assert 2 * TIMEOUT_S * 0.9 <= waited < 2 * TIMEOUT_S + 0.5
+
+
+async def test_a_write_behind_an_answered_one_keeps_its_own_deadline(channel: tuple[ScriptChannel, Stub]) -> None:
+    """The watchdog armed for the first write finds it answered and waits for the next one's deadline."""
+    chan, stub = channel
+    assert await chan.call(command(b"PING")) == 1
+    await asyncio.sleep(TIMEOUT_S)  # half the deadline: the watchdog armed by the first write is still due
+    assert await chan.call(command(b"PING")) == 1
+    stub.stalled = True
+    waited = await unanswered_after(chan)
+    assert 2 * TIMEOUT_S * 0.9 <= waited < 2 * TIMEOUT_S + 0.5
