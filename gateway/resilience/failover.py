@@ -111,15 +111,20 @@ class Failover:
         is what a replicated provider's policy reads (the prompt, the session), None without fleets."""
         total = plan.timeouts.total if deadline_s is None else min(plan.timeouts.total, deadline_s)
         deadline = self.clock() + total
-        states = await self.health.snapshot(plan.keys)
-        suspects = self.health.evidence.suspects
+        health = self.health
+        states = health.at_hand(plan.keys)
+        if states is None:
+            states = await health.snapshot(plan.keys)
+        suspects = health.evidence.suspects
         if suspects and tenant is not None:
             _cleared_for(tenant, states, suspects)
-        selector = Selector(plan, states, self.health, probe_ttl_ms=plan.policy.timeouts.first_byte_ms, hint=hint)
-        try:
-            first = await selector.first()
-        except GatewayError as exc:
-            raise exc.evolve(attempts=0) from None  # every target is cooling: no upstream call was made
+        selector = Selector(plan, states, health, probe_ttl_ms=plan.policy.timeouts.first_byte_ms, hint=hint)
+        first = selector.first_now()
+        if first is None:
+            try:
+                first = await selector.first()
+            except GatewayError as exc:
+                raise exc.evolve(attempts=0) from None  # every target is cooling: no upstream call was made
         run = Run(self, plan, call, discard, selector, first, deadline, total)
         run.tenant, run.client_headers = tenant, client_headers
         run.keep = keep if plan.tracks_inflight else None
@@ -269,7 +274,9 @@ class Run(Generic[T]):
             if track and not kept:
                 await health.inflight(route.key, -1)
         try:
-            await health.success(route.key, states.get(route.key), self.tenant)
+            recovered = health.success(route.key, states.get(route.key), self.tenant)
+            if recovered is not None:
+                await recovered
             if plan.tracks_latency:
                 await health.latency(route.key, (self.failover.clock() - started) * 1000)
         except BaseException:
