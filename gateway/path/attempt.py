@@ -333,9 +333,10 @@ class Attempt:
         route = self.route
         adapter = route.adapter
         ctx = _fresh(self.ctx)
-        if isinstance(adapter, LocalAdapter):
+        if adapter.in_process:
             self.sent += 1
-            return await adapter.complete(req, route.endpoint, ctx)
+            return await cast(LocalAdapter, adapter).complete(req, route.endpoint, ctx)
+        adapter = cast(Adapter, adapter)
         body = await self.exchange(adapter, adapter.build_request(req, route.endpoint, params))
         answer = parsed(route, adapter.parse_response, body, ctx)
         if req.n is not None and req.n > 1 and len(answer.choices) < (asked := choices_asked(req)):
@@ -357,10 +358,11 @@ class Attempt:
         route = self.route
         adapter = route.adapter
         ctx = _fresh(self.ctx)
-        if isinstance(adapter, LocalAdapter):
+        if adapter.in_process:
             self.sent += 1
-            local = adapter.stream(req, route.endpoint, ctx)
+            local = cast(LocalAdapter, adapter).stream(req, route.endpoint, ctx)
             return Opened(local, await anext(local, None), ctx=ctx)
+        adapter = cast(Adapter, adapter)
         if req.n is not None and req.n > 1 and route.key in self.services.ignores_n:
             raise ignored_n(route, choices_asked(req), choices_asked(req) // req.n)
         upstream_req = adapter.build_request(req, route.endpoint, params)
