@@ -143,8 +143,15 @@ class Job:
         self.hint: Hint | None = None  # what a replicated provider's policy reads (gateway/fleet)
         self.ask: Ask | None = None  # who asks, when a server has max_concurrency (gateway/queue)
 
-    async def complete(self, route: Route, timeouts: Timeouts) -> Answer:
+    def complete(self, route: Route, timeouts: Timeouts) -> Coroutine[Any, Any, Answer]:
         """One buffered attempt on `route`, within the target's own quota and its server's slots."""
+        if self.ask is None and (self.admission is None or self.plan.single is not None):
+            # No slot to take and no route quota to charge (nothing optional on): the attempt's coroutine
+            # itself, not one awaiting it, a frame less on every resume of the upstream call.
+            return self.attempt(self, route, timeouts).complete()
+        return self._complete(route, timeouts)
+
+    async def _complete(self, route: Route, timeouts: Timeouts) -> Answer:
         ask = self.ask
         slot = None
         if ask is not None:
