@@ -49,7 +49,9 @@ async def _start(failover: Failover, plan: Plan) -> Run[str]:
     states = await failover.health.snapshot(plan.keys)
     selector = Selector(plan, states, failover.health, probe_ttl_ms=t.first_byte_ms)
     first = await selector.first()
-    return Run(failover, plan, answer, None, selector, first, failover.clock() + total, total)
+    run = Run(failover, plan, answer, None, failover.clock() + total, total)
+    run.selector, run.route = selector, first
+    return run
 
 
 async def loop(failover: Failover, plan: Plan) -> str:

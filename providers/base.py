@@ -320,16 +320,15 @@ class Capabilities:
     """What a provider kind can take, declared as class attributes, and the checks that follow."""
 
     kind: ClassVar[str]
+    in_process: ClassVar[bool] = False  # a `LocalAdapter`: tested per request, where an ABC isinstance costs more
     # Its `gen_ai.provider.name` in OpenTelemetry's GenAI semantic conventions (trace spans); None: the kind.
     genai_provider: ClassVar[str | None] = None
     params: ClassVar[Table]
     # The kind's chat parameters (providers/openai_chat.py `chat_table`); None: it does not serve chat yet.
     chat_params: ClassVar[Table | None] = None
-    # Most stop sequences the provider takes: it is sent the first ones and the gateway enforces the rest
-    # (gateway/emulation/planning.py). None: no limit.
+    # Most stop sequences it takes: it is sent the first ones, the gateway enforces the rest (emulation); None: any.
     max_stop: ClassVar[int | None] = None
-    # The provider leaves the matched stop sequence in its text (TGI): the gateway cuts it off
-    # unless the client asked to keep it.
+    # The provider leaves the matched stop sequence in its text (TGI): the gateway cuts it off unless asked to keep it.
     stop_in_output: ClassVar[bool] = False
     # Largest logprobs count the provider returns; a larger one is refused naming the bound. Not a ClassVar:
     # a self-hosted server's own flag (vLLM's --max-logprobs) is configured per provider (`configure`).
@@ -485,6 +484,7 @@ class LocalAdapter(Capabilities, abc.ABC):
     """A provider served inside the gateway process (the built-in `fake`)."""
 
     max_logprobs = 20
+    in_process: ClassVar[bool] = True
     needs_api_key: ClassVar[bool] = False
     credential_headers: ClassVar[frozenset[str]] = frozenset()
 

@@ -12,7 +12,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import msgspec
 
@@ -130,8 +130,8 @@ def plan(
 
     Refuses (400 naming the field) what would make the gateway itself work beyond `caps`.
     """
-    if endpoint is not None and isinstance(adapter, LocalAdapter):
-        adapter.admit(req, endpoint, caps)
+    if endpoint is not None and adapter.in_process:
+        cast(LocalAdapter, adapter).admit(req, endpoint, caps)
     n = req.n or 1
     form = prompt_form(req.prompt)
     fan_prompts = form in ("texts", "token_lists") and form not in adapter.prompt_forms

@@ -143,8 +143,15 @@ class Job:
         self.hint: Hint | None = None  # what a replicated provider's policy reads (gateway/fleet)
         self.ask: Ask | None = None  # who asks, when a server has max_concurrency (gateway/queue)
 
-    async def complete(self, route: Route, timeouts: Timeouts) -> Answer:
+    def complete(self, route: Route, timeouts: Timeouts) -> Coroutine[Any, Any, Answer]:
         """One buffered attempt on `route`, within the target's own quota and its server's slots."""
+        if self.ask is None and (self.admission is None or self.plan.single is not None):
+            # No slot to take and no route quota to charge (nothing optional on): the attempt's coroutine
+            # itself, not one awaiting it, a frame less on every resume of the upstream call.
+            return self.attempt(self, route, timeouts).complete()
+        return self._complete(route, timeouts)
+
+    async def _complete(self, route: Route, timeouts: Timeouts) -> Answer:
         ask = self.ask
         slot = None
         if ask is not None:
@@ -333,9 +340,10 @@ class Attempt:
         route = self.route
         adapter = route.adapter
         ctx = _fresh(self.ctx)
-        if isinstance(adapter, LocalAdapter):
+        if adapter.in_process:
             self.sent += 1
-            return await adapter.complete(req, route.endpoint, ctx)
+            return await cast(LocalAdapter, adapter).complete(req, route.endpoint, ctx)
+        adapter = cast(Adapter, adapter)
         body = await self.exchange(adapter, adapter.build_request(req, route.endpoint, params))
         answer = parsed(route, adapter.parse_response, body, ctx)
         if req.n is not None and req.n > 1 and len(answer.choices) < (asked := choices_asked(req)):
@@ -357,10 +365,11 @@ class Attempt:
         route = self.route
         adapter = route.adapter
         ctx = _fresh(self.ctx)
-        if isinstance(adapter, LocalAdapter):
+        if adapter.in_process:
             self.sent += 1
-            local = adapter.stream(req, route.endpoint, ctx)
+            local = cast(LocalAdapter, adapter).stream(req, route.endpoint, ctx)
             return Opened(local, await anext(local, None), ctx=ctx)
+        adapter = cast(Adapter, adapter)
         if req.n is not None and req.n > 1 and route.key in self.services.ignores_n:
             raise ignored_n(route, choices_asked(req), choices_asked(req) // req.n)
         upstream_req = adapter.build_request(req, route.endpoint, params)

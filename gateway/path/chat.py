@@ -44,8 +44,8 @@ class ChatAttempt(Attempt):
         req = cast(ChatRequest, self.req)  # a ChatJob holds a ChatRequest
         check_chat(adapter, req, route.provider)
         caps = self.services.caps
-        if isinstance(adapter, LocalAdapter):
-            adapter.admit(req, route.endpoint, caps)  # its work runs on the gateway's loop
+        if adapter.in_process:
+            cast(LocalAdapter, adapter).admit(req, route.endpoint, caps)  # its work runs on the gateway's loop
         assert adapter.chat_params is not None
         return emulation.plan(adapter, adapter.chat_params, req, route.provider, caps, self.services.guided_retries)
 
@@ -90,9 +90,10 @@ class ChatAttempt(Attempt):
         params = self._params(req)
         route = self.route
         ctx = _fresh(self.ctx)
-        if isinstance(adapter, LocalAdapter):
+        if adapter.in_process:
             self.sent += 1
-            return from_completion(await adapter.complete(req, route.endpoint, ctx))
+            return from_completion(await cast(LocalAdapter, adapter).complete(req, route.endpoint, ctx))
+        adapter = cast(OpenAIChat, adapter)
         body = await self.exchange(adapter, adapter.build_chat_request(req, route.endpoint, params))
         answer = parsed(route, adapter.parse_chat_response, body, ctx)
         asked = req.n or 1
@@ -127,10 +128,11 @@ class ChatAttempt(Attempt):
         params = self._params(req)
         route = self.route
         ctx = _fresh(self.ctx)
-        if isinstance(adapter, LocalAdapter):
+        if adapter.in_process:
             self.sent += 1
-            local = chunks_from(adapter.stream(req, route.endpoint, ctx))
+            local = chunks_from(cast(LocalAdapter, adapter).stream(req, route.endpoint, ctx))
             return Opened(local, await anext(local, None), ctx=ctx)
+        adapter = cast(OpenAIChat, adapter)
         asked = req.n or 1
         if asked > 1 and route.key in self.services.ignores_n:
             raise ignored_n(route, asked, 1)

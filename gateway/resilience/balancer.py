@@ -8,7 +8,7 @@ targets. The strategies and the selector's rules: docs/resilience.md.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from gateway.fleet.picker import Hint
 from gateway.resilience.health import Health, TargetState
@@ -73,7 +73,10 @@ class Selector:
         self.health = health
         self.probe_ttl_ms = probe_ttl_ms
         self.hint = hint
-        self.order = candidates(plan.groups, states, hint, health.local.inflight)
+        fixed = plan.fixed_order
+        self.order: Sequence[Route] = (
+            fixed if fixed is not None else candidates(plan.groups, states, hint, health.local.inflight)
+        )
         self.tried: list[Route] = []
         self.context_switched = False
 
@@ -112,6 +115,22 @@ class Selector:
             raise self._all_cooling()
         self.tried.append(route)
         return route
+
+    def first_now(self) -> Route | None:
+        """`first`'s common case without a coroutine: the first route in order, when it may be called and
+        needs no probe claimed. None: `first` decides (a probe to claim, or nothing to call)."""
+        states = self.states
+        for route in self.order:
+            if route.unavailable is not None:
+                continue
+            state = states[route.key]
+            if state.cooling_ms > 0:
+                continue
+            if state.failures > 0:
+                return None
+            self.tried.append(route)
+            return route
+        return None
 
     def has_untried(self) -> bool:
         """Whether a target not yet tried could still be called (cooling and unavailable ones cannot)."""

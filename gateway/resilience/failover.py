@@ -13,8 +13,8 @@ import asyncio
 import random
 import sys
 import time
-from collections.abc import Awaitable, Callable
-from typing import Generic, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Generic, TypeVar
 
 import msgspec
 
@@ -94,7 +94,7 @@ class Failover:
         self.sleep = sleep
         self.clock = clock
 
-    async def run(
+    def run(
         self,
         plan: Plan,
         call: Call[T],
@@ -105,25 +105,44 @@ class Failover:
         tenant: str | None = None,
         client_headers: bool = False,
         hint: Hint | None = None,
-    ) -> Outcome[T]:
+    ) -> Coroutine[Any, Any, Outcome[T]]:
         """`deadline_s` is the client's own (it can only shorten `total_ms`), `tenant` its key's name and
         `client_headers` whether it forwards headers upstream: what decides whom a failure blames. `hint`
-        is what a replicated provider's policy reads (the prompt, the session), None without fleets."""
+        is what a replicated provider's policy reads (the prompt, the session), None without fleets.
+
+        The loop's own coroutine when the targets' states and the first target are at hand (nearly every
+        request): one frame less on every resume of the upstream call."""
         total = plan.timeouts.total if deadline_s is None else min(plan.timeouts.total, deadline_s)
-        deadline = self.clock() + total
-        states = await self.health.snapshot(plan.keys)
+        run = Run(self, plan, call, discard, self.clock() + total, total)
+        run.tenant, run.client_headers = tenant, client_headers
+        run.keep = keep if plan.tracks_inflight else None
+        run.client_deadline = deadline_s is not None and deadline_s < plan.timeouts.total
+        states = self.health.at_hand(plan.keys)
+        if states is None:
+            return self._begin(run, None, hint)
+        selector = self._selector(plan, states, tenant, hint)
+        first = selector.first_now()
+        if first is None:
+            return self._begin(run, selector, hint)
+        run.selector, run.route = selector, first
+        return run.go()
+
+    def _selector(self, plan: Plan, states: dict[str, TargetState], tenant: str | None, hint: Hint | None) -> Selector:
         suspects = self.health.evidence.suspects
         if suspects and tenant is not None:
             _cleared_for(tenant, states, suspects)
-        selector = Selector(plan, states, self.health, probe_ttl_ms=plan.policy.timeouts.first_byte_ms, hint=hint)
+        return Selector(plan, states, self.health, probe_ttl_ms=plan.policy.timeouts.first_byte_ms, hint=hint)
+
+    async def _begin(self, run: Run[T], selector: Selector | None, hint: Hint | None) -> Outcome[T]:
+        """The way in when the states must be read or the first target needs a probe claimed."""
+        if selector is None:
+            states = await self.health.snapshot(run.plan.keys)
+            selector = self._selector(run.plan, states, run.tenant, hint)
         try:
             first = await selector.first()
         except GatewayError as exc:
             raise exc.evolve(attempts=0) from None  # every target is cooling: no upstream call was made
-        run = Run(self, plan, call, discard, selector, first, deadline, total)
-        run.tenant, run.client_headers = tenant, client_headers
-        run.keep = keep if plan.tracks_inflight else None
-        run.client_deadline = deadline_s is not None and deadline_s < plan.timeouts.total
+        run.selector, run.route = selector, first
         return await run.go()
 
 
@@ -158,8 +177,6 @@ class Run(Generic[T]):
         plan: Plan,
         call: Call[T],
         discard: Discard[T] | None,
-        selector: Selector,
-        first: Route,
         deadline: float,
         total: float,
     ) -> None:
@@ -168,8 +185,8 @@ class Run(Generic[T]):
         self.call = call
         self.discard = discard
         self.keep: Keep[T] | None = None
-        self.selector = selector
-        self.route = first  # the target the next attempt goes to
+        self.selector: Selector  # set with the first target, before `go`
+        self.route: Route  # the target the next attempt goes to
         self.deadline = deadline
         self.total = total
         self.attempts = 0  # upstream calls made, hedges included
@@ -269,7 +286,9 @@ class Run(Generic[T]):
             if track and not kept:
                 await health.inflight(route.key, -1)
         try:
-            await health.success(route.key, states.get(route.key), self.tenant)
+            recovered = health.success(route.key, states.get(route.key), self.tenant)
+            if recovered is not None:
+                await recovered
             if plan.tracks_latency:
                 await health.latency(route.key, (self.failover.clock() - started) * 1000)
         except BaseException:

@@ -16,8 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Sequence
-from typing import Final, TypeVar
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, Final, TypeVar
 
 import msgspec
 import redis.asyncio as aioredis
@@ -211,17 +211,23 @@ class Health:
         self._reading.clear()
         self._changes += 1
 
-    async def snapshot(self, targets: Sequence[str]) -> dict[str, TargetState]:
+    def at_hand(self, targets: Sequence[str]) -> dict[str, TargetState] | None:
+        """The targets' states when they need no wait (no Redis, or copies fresh enough): `snapshot` without
+        a coroutine. None: `snapshot` reads them."""
         if self.shared.client is None:
             state, out = self.local.state, {}
             for t in targets:  # a loop, not a comprehension (a call of its own on Python 3.11)
                 out[t] = state(t)
             return out
-        now = self.clock()
         if self.refresh_s > 0:
-            cached = self._cached(targets, now)
-            if cached is not None:
-                return cached
+            return self._cached(targets, self.clock())
+        return None
+
+    async def snapshot(self, targets: Sequence[str]) -> dict[str, TargetState]:
+        states = self.at_hand(targets)
+        if states is not None:
+            return states
+        now = self.clock()
         # Shielded: one caller's cancellation (a client gone) must not cancel the read the others wait for.
         states = await asyncio.shield(self._reading_of(targets, now))
         if states is None:
@@ -350,10 +356,17 @@ class Health:
                 pass
         self.local.exhausted(target, ms)
 
-    async def success(self, target: str, state: TargetState | None, tenant: str | None = None) -> None:
+    def success(
+        self, target: str, state: TargetState | None, tenant: str | None = None
+    ) -> Coroutine[Any, Any, None] | None:
+        """Note a served request; the coroutine to await when the target was failing (it is back), else None:
+        nearly every success changes nothing shared, and pays no coroutine for it."""
         self.evidence.success(target, tenant)
         if state is None or state.failures == 0:
-            return
+            return None
+        return self._recovered(target)
+
+    async def _recovered(self, target: str) -> None:
         self.forget(target)
         # A probe (or a request's own retry after the failure it caused) succeeded: the target is back.
         self.local.cool.pop(target, None)

@@ -29,7 +29,7 @@ from gateway.upstream.h1wire import (
     Malformed,
     Origin,
     TooLarge,
-    _expire,
+    Watchdog,
     _head_too_large,
     _Stop,
     connect_cause,
@@ -63,6 +63,7 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
+        self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.response: Response | None = None
@@ -81,6 +82,7 @@ class _Connection(asyncio.Protocol):
         self._gap = 0  # bytes received since the last body byte (status lines, headers, framing, trailers)
         self._head_bytes = 0
         self._head_count = 0
+        self.watchdog = Watchdog(self.loop)  # times the head's wait and each read of the body
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
 
@@ -118,6 +120,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        self.watchdog.idle()
         resp = self.response
         if resp is None:
             return
@@ -267,21 +270,20 @@ class _Connection(asyncio.Protocol):
         self._final = self._interim = self._complete = self._dirty = False
         self._length_known = False
         self._gap = self._head_bytes = self._head_count = 0
-        loop = asyncio.get_running_loop()
-        self.headers_ready = loop.create_future()
+        ready = self.headers_ready = self.loop.create_future()
         assert self.transport is not None
         self.transport.write(request)
         remaining = deadline - time.monotonic()
-        cause = "first_byte_timeout" if first_byte_s < remaining else "total_timeout"
-        timer = loop.call_later(max(min(first_byte_s, remaining), 0.0), _expire, self.headers_ready, cause)
+        if first_byte_s < remaining:
+            self.watchdog.watch(ready, first_byte_s, "first_byte_timeout")
+        else:
+            self.watchdog.watch(ready, max(remaining, 0.0), "total_timeout")
         try:
-            await self.headers_ready
+            await ready
         except BaseException:
             resp._conn = None
             self.finished(reusable=False)
             raise
-        finally:
-            timer.cancel()
         return resp
 
 

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Protocol
 
 from gateway.upstream.h1body import _INFLATE_STEP, _Inflate
-from gateway.upstream.h1wire import _HIGH_WATER, MAX_BODY, Malformed, _body_too_large, _expire
+from gateway.upstream.h1wire import _HIGH_WATER, MAX_BODY, Malformed, Watchdog, _body_too_large
 
 
 class Carrier(Protocol):
@@ -24,6 +24,8 @@ class Carrier(Protocol):
 
     def finished(self, *, reusable: bool) -> None: ...
 
+    watchdog: Watchdog
+
 
 class Response:
     """Status and headers of an answer whose body arrives as the connection reads it."""
@@ -32,6 +34,7 @@ class Response:
         "status",
         "headers",
         "_conn",
+        "_watchdog",
         "_chunks",
         "_buffered",
         "_done",
@@ -48,6 +51,8 @@ class Response:
         self.status = 0
         self.headers: dict[str, str] = {}
         self._conn: Carrier | None = conn
+        # The connection's watchdog times every wait, also one begun after the connection was let go.
+        self._watchdog = conn.watchdog
         # Body bytes as received (still compressed, if they are): decoding is the reader's work, so a
         # bomb expands only as far as the reader asks.
         self._chunks: deque[bytes] = deque()
@@ -106,14 +111,13 @@ class Response:
         timeout = min(self._read_timeout, remaining)
         if timeout <= 0:
             raise TimeoutError("total_timeout")
-        loop = asyncio.get_running_loop()
-        waiter = self._waiter = loop.create_future()
         cause = "read_timeout" if self._read_timeout < remaining else "total_timeout"
-        timer = loop.call_later(timeout, _expire, waiter, cause)
+        watchdog = self._watchdog
+        waiter = self._waiter = watchdog.loop.create_future()
+        watchdog.watch(waiter, timeout, cause)
         try:
             await waiter
         finally:
-            timer.cancel()
             self._waiter = None
 
     async def read(self) -> bytes:

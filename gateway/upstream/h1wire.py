@@ -1,5 +1,6 @@
 """The vocabulary of the h1 client (gateway/upstream/h1.py): its caps, the four failure kinds and their
-causes, which request headers belong to the connection, and the origin of a URL.
+causes, the watchdog that times a connection's waits, which request headers belong to the connection, and
+the origin of a URL.
 """
 
 from __future__ import annotations
@@ -89,11 +90,65 @@ class _Stop(Exception):
     """Raised from a parser callback to stop llhttp at once; the reason was already recorded."""
 
 
-def _expire(fut: asyncio.Future[None], cause: str) -> None:
-    # A plain timer per wait: asyncio.timeout's context manager cost about 3 % of a saturated worker.
-    # The TimeoutError's argument is the timeout that passed (wire.errors.CAUSES).
-    if not fut.done():
-        fut.set_exception(TimeoutError(cause))
+# A timer firing this close to its wait's due time ends the wait: loops round a timer's delay (uvloop to
+# the millisecond), so one armed for exactly that time may fire a hair before it by the loop's clock.
+_EARLY_S: Final = 0.001
+
+
+class Watchdog:
+    """The timeouts of one connection's waits (for the head, for each read of the body), one at a time.
+
+    One timer per connection, not one per wait: a wait only records its future and when it is due (loop
+    time); the timer is armed only when none is or the armed one would fire too late, and at each firing
+    it fails the current wait if its time is up, or arms itself again for it. On a busy keep-alive
+    connection it fires about once per timeout instead of being armed and cancelled on every request.
+    """
+
+    __slots__ = ("loop", "_waiting", "_due", "_cause", "_timer", "_timer_at")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._waiting: asyncio.Future[None] | None = None
+        self._due = 0.0
+        self._cause = ""
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+
+    def watch(self, fut: asyncio.Future[None], delay: float, cause: str) -> None:
+        """Fail `fut` with `TimeoutError(cause)` if it is not done in `delay` seconds (the wait before, if
+        any, is over)."""
+        loop = self.loop
+        self._waiting = fut
+        due = self._due = loop.time() + delay
+        self._cause = cause
+        timer = self._timer
+        if timer is None or due < self._timer_at:
+            if timer is not None:
+                timer.cancel()
+            self._timer = loop.call_later(delay, self._fire)
+            self._timer_at = due
+
+    def idle(self) -> None:
+        """The connection is gone: the timer goes unless a wait is still pending (an answer another task
+        gave up on), which it still ends."""
+        waiting, timer = self._waiting, self._timer
+        if timer is not None and (waiting is None or waiting.done()):
+            timer.cancel()
+            self._timer = None
+
+    def _fire(self) -> None:
+        self._timer = None
+        fut = self._waiting
+        if fut is None or fut.done():
+            self._waiting = None
+            return
+        if self._due - self.loop.time() > _EARLY_S:
+            # A later wait than the one the timer was armed for: its own time is not up yet.
+            self._timer = self.loop.call_at(self._due, self._fire)
+            self._timer_at = self._due
+            return
+        self._waiting = None
+        fut.set_exception(TimeoutError(self._cause))  # the timeout that passed (wire.errors.CAUSES)
 
 
 class Origin:

@@ -70,6 +70,9 @@ class Plan(msgspec.Struct):
     # The one route of a direct `vendor/model` request (no alias, no fallbacks), else None (set below): read on
     # every request by the limits and the queue.
     single: Route | None = None
+    # The order a request tries the groups' routes in, when nothing per request changes it (every group one
+    # route or `ordered`, no replicated provider): the balancer's `candidates`, made once here. Else None.
+    fixed_order: tuple[Route, ...] | None = None
 
     def __post_init__(self) -> None:
         self.timeouts = Timeouts.of(self.policy.timeouts)
@@ -87,3 +90,11 @@ class Plan(msgspec.Struct):
         self.tracks_latency = any(g.strategy == "latency" for g in self.groups)
         if len(self.groups) == 1 and len(self.groups[0].routes) == 1 and not self.context_groups:
             self.single = self.groups[0].routes[0]
+        routes = [r for g in self.groups for r in g.routes]
+        if all(len(g.routes) == 1 or g.strategy == "ordered" for g in self.groups) and all(
+            r.fleet is None for r in routes
+        ):
+            first: dict[str, Route] = {}
+            for r in routes:
+                first.setdefault(r.key, r)  # a target named twice is tried once, where it first comes
+            self.fixed_order = tuple(first.values())

@@ -151,6 +151,37 @@ async def test_keep_alive_reuses_one_connection_and_the_limit_queues_the_rest(se
         client.close()
 
 
+async def test_each_wait_on_a_reused_connection_is_timed_from_its_own_start(server: Server) -> None:
+    """The connection's one timer, armed by an earlier request, neither ends a later wait early nor lets it
+    run past its own timeout, whether that timeout is longer or shorter than the earlier one's."""
+    loop = asyncio.get_running_loop()
+
+    async def after(request: web.Request) -> web.StreamResponse:
+        await asyncio.sleep(float(request.query["s"]))
+        return web.Response(body=b"{}")
+
+    server.handler = after
+    client = h1.Client(1)
+    try:
+        await (await call(client, server.url + "/?s=0", first_byte_s=1.0)).read()  # the timer: due in 1 s
+        await asyncio.sleep(0.6)
+        # Answered 1.2 s after the first request began, within its own 1 s: the timer fires first and waits on.
+        await (await call(client, server.url + "/?s=0.6", first_byte_s=1.0)).read()
+        started = loop.time()
+        with pytest.raises(TimeoutError, match="first_byte_timeout"):
+            await call(client, server.url + "/?s=5", first_byte_s=0.5)
+        assert 0.45 <= loop.time() - started < 2.0
+        # A shorter wait than the one the timer is armed for: it still ends on time.
+        await (await call(client, server.url + "/?s=0", first_byte_s=5.0)).read()
+        started = loop.time()
+        with pytest.raises(TimeoutError, match="first_byte_timeout"):
+            await call(client, server.url + "/?s=5", first_byte_s=0.3)
+        assert 0.25 <= loop.time() - started < 2.0
+        assert len(set(server.peers[:2])) == 1  # the first two shared one connection
+    finally:
+        client.close()
+
+
 async def test_a_close_delimited_body_ends_with_the_connection() -> None:
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
