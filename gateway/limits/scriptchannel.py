@@ -340,7 +340,7 @@ class ScriptChannel:
         batch: _Batch = []
         if len(queued) == 1:  # one call this tick (a lone request): it goes as it is
             one, fut = queued[0]
-            batch.append((one if type(one) is bytes else one.single + one.keys + one.args, fut))  # type: ignore[union-attr]
+            batch.append((one if isinstance(one, bytes) else one.command(), fut))
         else:
             parts: list[Part] = []
             waiting: list[asyncio.Future[Any]] = []
@@ -384,14 +384,10 @@ class ScriptChannel:
         # where a timer per write cost a timer's start and cancel on every round trip.
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._deadline_s
-        if len(batch) == 1:
-            cmd, target = batch[0]
-            proto.send([(cmd, target, deadline)], cmd)
-        else:
-            calls: list[_Call] = [(cmd, target, None) for cmd, target in batch]
-            cmd, target = batch[-1]
-            calls[-1] = (cmd, target, deadline)
-            proto.send(calls, b"".join([cmd for cmd, _ in batch]))
+        calls: list[_Call] = [(cmd, target, None) for cmd, target in batch]
+        cmd, target = batch[-1]
+        calls[-1] = (cmd, target, deadline)
+        proto.send(calls, b"".join([cmd for cmd, _ in batch]) if len(batch) > 1 else cmd)
         if proto.watchdog is None:
             proto.watchdog = loop.call_at(deadline, self._watch, proto)
 
