@@ -10,7 +10,9 @@ stopped by whoever started it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import gc
 import os
 import shutil
 import signal
@@ -19,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -51,6 +54,22 @@ class Running:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def stacks() -> str:
+    """Every thread's stack and every running event loop's tasks now: what a server that does not stop is
+    waiting for."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    out = [
+        f"--- thread {names.get(ident, ident)}\n" + "".join(traceback.format_stack(frame))
+        for ident, frame in sys._current_frames().items()
+    ]
+    loops = [o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop) and o.is_running()]
+    for loop in loops:
+        for task in asyncio.all_tasks(loop):
+            frames = "".join(line for f in task.get_stack() for line in traceback.format_stack(f, limit=1))
+            out.append(f"--- task {task.get_name()} {task.get_coro()!r}\n{frames}")
+    return "\n".join(out)
 
 
 def free_port() -> int:
@@ -90,7 +109,7 @@ class UvicornThread(Running):
         self.server.should_exit = True
         self._thread.join(15)
         self._sock.close()
-        assert not self._thread.is_alive(), "the server did not stop"
+        assert not self._thread.is_alive(), "the server did not stop; where each thread is:\n" + stacks()
 
 
 class GatewayThread(UvicornThread):
