@@ -59,7 +59,7 @@ bench-everything: $(BIN)/python
 	$(BIN)/python -m bench --only everything --json bench/results/everything.json \
 		--markdown bench/results/everything.md --plot bench/results/everything.png
 
-# Each feature alone beside nothing on (about three minutes; also part of `make bench`); under bench/results/.
+# Each feature alone beside nothing on, three rounds each (about eight minutes; also part of `make bench`); under bench/results/.
 bench-features: $(BIN)/python
 	$(BIN)/python -m bench --only features --json bench/results/features.json \
 		--markdown bench/results/features.md --no-plot

@@ -75,6 +75,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--sweep-seconds", type=float, help="measured seconds per sweep point (default 4, quick 1)")
     parser.add_argument(
+        "--feature-rounds",
+        type=int,
+        help="rounds of nothing on and the feature on in each feature_* row, each round in the order opposite "
+        "the last; a row's ratio is the median of its rounds' (default 3, quick 1)",
+    )
+    parser.add_argument(
         "--limits-config",
         type=Path,
         help="YAML fragment merged into the gateway config; adds the limits_c32 scenario "
@@ -86,7 +92,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "cached_c32, load_sweep, soak, pyupstream_c32, stream_c32, stream_ttfb, slow_fixed_rate, hold_streams, "
         f"{', '.join(everything.SCENARIOS)}, all_soak, {', '.join(features.SCENARIOS)}; `{everything.GROUP}` "
         "names the all_* rows but the soak (every feature on, about five minutes), "
-        f"`{features.GROUP}` the feature_* rows (each feature alone beside nothing on, about three minutes)",
+        f"`{features.GROUP}` the feature_* rows (each feature alone beside nothing on, in three rounds, "
+        "about eight minutes)",
     )
     parser.add_argument(
         "--targets",
@@ -109,7 +116,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="PNG path (default: next to the markdown: docs/benchmarks.png, quick: bench/results/quick.png)",
     )
     parser.add_argument("--no-plot", action="store_true", help="skip the optional matplotlib PNG")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.feature_rounds is not None and args.feature_rounds < 1:
+        parser.error("--feature-rounds must be at least 1")
+    return args
 
 
 def raise_fd_limit(streams: int) -> str | None:
@@ -229,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             only=expand_only(args.only),
             limits_config=args.limits_config,
             wait_idle_s=max(0.0, args.wait_idle - (time.monotonic() - t0_wait)),
+            feature_rounds=args.feature_rounds or (1 if quick else 3),
         )
         runner = Runner(settings)
         measurements = runner.run()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import msgspec
 
+from bench import report_features
 from bench.everything import EVERYTHING, EVERYTHING_2W, EVERYTHING_PG, PASSTHROUGH_2W
 from bench.features import FEATURES, NOTHING
 from bench.report_everything import LATENCY_ROWS, THROUGHPUT_ROWS, get
@@ -102,7 +103,9 @@ def entry_from(result: RunResult, commit: str, dirty: bool | None) -> Entry | No
         latency[scenario] = Latency(_r(base, 3), _r(f_add, 3), _r(p_add, 3), _r(m_add, 3), _div(m_add, f_add))
     features: dict[str, float] = {}
     for feature in FEATURES:
-        ratio = _div(_rps(get(ms, feature.scenario, feature.target)), _rps(get(ms, feature.scenario, NOTHING)))
+        ratio = _r(
+            report_features.ratio(get(ms, feature.scenario, NOTHING), get(ms, feature.scenario, feature.target)), 3
+        )
         if ratio is not None:
             features[feature.name] = ratio
     soak = next((m for m in ms if m.scenario == SOAK and m.target == EVERYTHING and m.rss_growth_pct is not None), None)

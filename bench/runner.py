@@ -41,7 +41,9 @@ from bench.scenarios import (
     Settings,
     UpstreamKind,
     build_scenarios,
+    median_run,
     request_body,
+    round_order,
 )
 from bench.upstream import nginx
 
@@ -230,18 +232,26 @@ class Runner:
                     services[name] = service
             restarts: dict[str, int] = {}
             for scenario in group:
-                for target in scenario.targets:
+                runs: dict[str, list[Measurement]] = {}
+                for target in round_order(scenario.targets, scenario.rounds):
                     if not self._included(target):
                         continue
                     if target in self.skipped:
-                        self._record(self._skip(scenario, target, self.skipped[target]))
+                        measured = self._skip(scenario, target, self.skipped[target])
                     elif scenario.fresh and target != "direct":
-                        self._record(self._measure_fresh(scenario, target, kind, upstream))
+                        measured = self._measure_fresh(scenario, target, kind, upstream)
                     elif target not in services:
                         error = self.startup_errors.get(f"{target}@{kind}", "not started")
-                        self._record(self._failed(scenario, target, f"did not start: {summary_line(error)}"))
+                        measured = self._failed(scenario, target, f"did not start: {summary_line(error)}")
                     else:
-                        self._record(self._measure_restarting(scenario, target, kind, services, restarts, stack))
+                        measured = self._measure_restarting(scenario, target, kind, services, restarts, stack)
+                    if scenario.rounds == 1:
+                        self._record(measured)
+                    else:
+                        print(f"[bench]   run {len(runs.get(target, [])) + 1}: {describe(measured)}", file=sys.stderr)
+                        runs.setdefault(target, []).append(measured)
+                for target in (t for t in scenario.targets if t in runs):
+                    self._record(median_run(runs[target]))
 
     def _try_start(
         self, name: str, kind: UpstreamKind, upstream: Service, fresh_for: str | None = None

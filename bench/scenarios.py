@@ -130,6 +130,9 @@ class Measurement(msgspec.Struct):
     skipped: bool = False
     # load_sweep: the rate the open-loop client offered (rps is what was achieved).
     offered_rps: float | None = None
+    # A scenario of rounds (Scenario.rounds): req/s of each of this target's runs in round order (None: a run
+    # that failed); the other fields are its median run's.
+    runs_rps: list[float | None] | None = None
     # soak: current RSS (VmRSS, whole tree) after the first checkpoint_requests and after all requests.
     checkpoint_requests: int | None = None
     rss_checkpoint_mib: float | None = None
@@ -169,6 +172,9 @@ class Scenario:
     # The route the load goes to, and whether every request carries a prompt of its own (a cache miss).
     path: str = "/v1/completions"
     vary: bool = False
+    # Measure the targets this many times, each round in the order opposite the last (A B, B A, A B): every
+    # target's row is its median run, and each of its runs sits next to one of the others'.
+    rounds: int = 1
 
 
 @dataclass(frozen=True)
@@ -206,6 +212,8 @@ class Settings:
     limits_config: Path | None = None
     # Total seconds the run may spend waiting for other processes to quieten down before measuring.
     wait_idle_s: float = 0.0
+    # The feature_* rows: rounds of nothing on and the feature on (Scenario.rounds).
+    feature_rounds: int = 3
 
 
 def build_scenarios(settings: Settings) -> list[Scenario]:
@@ -300,6 +308,7 @@ def build_scenarios(settings: Settings) -> list[Scenario]:
             connections=c,
             vary=True,
             targets=(features.NOTHING, f.target),
+            rounds=settings.feature_rounds,
         )
         for f in features.FEATURES
     ]
@@ -429,6 +438,31 @@ def everything_scenarios(c: int) -> list[Scenario]:
             targets=(PASSTHROUGH_2W, TWO_WORKERS, EVERYTHING_2W),
         ),
     ]
+
+
+def round_order(targets: tuple[str, ...], rounds: int) -> list[str]:
+    """The order a scenario's targets are measured in: each round the reverse of the last (A B, B A, A B)."""
+    order: list[str] = []
+    for n in range(rounds):
+        order += targets if n % 2 == 0 else targets[::-1]
+    return order
+
+
+def median_run(runs: list[Measurement]) -> Measurement:
+    """A target's row from its runs: the run of median req/s among those that succeeded (the lower of the two
+    middle ones for an even count), with every run's req/s; the first run when none succeeded."""
+    ok = sorted((m for m in runs if m.ok and m.rps), key=lambda m: m.rps or 0.0)
+    chosen = ok[(len(ok) - 1) // 2] if ok else runs[0]
+    every = [m.rps if m.ok and m.rps else None for m in runs]
+    note = chosen.note
+    if ok and len(ok) < len(runs):
+        failed = f"{len(runs) - len(ok)} of its {len(runs)} runs failed ({_first_failure(runs)})"
+        note = f"{note}; {failed}" if note else failed
+    return msgspec.structs.replace(chosen, runs_rps=every, note=note)
+
+
+def _first_failure(runs: list[Measurement]) -> str:
+    return next((m.note or "no answer" for m in runs if not (m.ok and m.rps)), "")
 
 
 def request_body(scenario: Scenario) -> bytes:

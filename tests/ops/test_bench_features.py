@@ -11,11 +11,12 @@ import pytest
 import yaml
 
 from bench import everything, features
-from bench.__main__ import expand_only
+from bench.__main__ import expand_only, parse_args
 from bench.configs import gateway_config, merge
 from bench.features import FEATURES, NOTHING
 from bench.report import render_markdown
-from bench.scenarios import Settings, build_scenarios
+from bench.report_features import ratio, round_ratios
+from bench.scenarios import Settings, build_scenarios, median_run, round_order
 from gateway.config.loading import parse_config
 from tests.ops.test_bench_report import _m, row, section, synthetic
 
@@ -78,6 +79,7 @@ def test_the_feature_rows_run_by_default_and_with_only_features_each_beside_noth
     for f in FEATURES:
         s = chosen[f.scenario]
         assert s.targets == (NOTHING, f.target) and s.vary and s.connections == 32 and s.tool == "wrk"
+        assert s.rounds == 3  # the default: three rounds of the pair
         assert not s.stream and s.path == "/v1/completions"
     assert set(features.SCENARIOS) <= set(scenarios(None))
     assert not set(features.SCENARIOS) & set(scenarios("everything"))
@@ -98,8 +100,8 @@ def test_each_feature_is_set_against_the_nothing_on_of_its_own_scenario() -> Non
     text = section(render_markdown(run), "Everything on")
     assert "### Each feature alone" in text
     line = row(text, f"`{limits.scenario}` {limits.what}")
-    assert "| 4,000 | 3,400 | 0.85x (**below**) | 0.250 | 0.300 | +50 | 9.50 | 12.25 |" in line
-    assert "| 3,000 | 2,850 | 0.95x | 0.320 | 0.330 | +10 |" in row(text, f"`{cache.scenario}` {cache.what}")
+    assert "| 4,000 | 3,400 | 0.85x (**below**) | - | 0.250 | 0.300 | +50 | 9.50 | 12.25 |" in line
+    assert "| 3,000 | 2,850 | 0.95x | - | 0.320 | 0.330 | +10 |" in row(text, f"`{cache.scenario}` {cache.what}")
     assert "feature_ledger_c32" not in text  # not run: no row
     assert "`all_c32`" not in text  # the everything-on rows were not run: no table of theirs
 
@@ -113,3 +115,58 @@ def test_a_failed_feature_row_is_said_so_and_has_no_ratio() -> None:
     ]
     line = row(section(render_markdown(run), "Everything on"), f"`{ledger.scenario}` {ledger.what}")
     assert "| 4,000 | failed or not run | - |" in line
+
+
+def test_rounds_alternate_the_order_so_each_run_sits_beside_one_of_the_others() -> None:
+    assert round_order(("a", "b"), 1) == ["a", "b"]
+    assert round_order(("a", "b"), 3) == ["a", "b", "b", "a", "a", "b"]
+    assert round_order(("a", "b"), 4) == ["a", "b", "b", "a", "a", "b", "b", "a"]
+    base = Settings(10, 2, 32, 100, 0, 50, 500, 5000, 500, 30, 3, 1, False, Path("."), Path("."), feature_rounds=5)
+    chosen = {s.name: s for s in build_scenarios(Settings(**{**vars(base), "only": expand_only("features")}))}
+    assert {s.rounds for s in chosen.values()} == {5}
+    # Only the feature rows take rounds.
+    assert {s.rounds for s in build_scenarios(base) if s.name not in chosen} == {1}
+
+
+def test_a_target_of_rounds_is_its_median_run_and_keeps_every_run() -> None:
+    runs = [
+        _m("x", NOTHING, rps=5_000.0, cpu_s_per_1k=0.5),
+        _m("x", NOTHING, rps=3_000.0, cpu_s_per_1k=0.3),
+        _m("x", NOTHING, ok=False, rps=10.0, errors=9, note="errors"),
+        _m("x", NOTHING, rps=4_000.0, cpu_s_per_1k=0.4, p99_ms=7.0),
+    ]
+    merged = median_run(runs)
+    assert merged.rps == 4_000.0 and merged.cpu_s_per_1k == 0.4 and merged.p99_ms == 7.0  # one run, whole
+    assert merged.runs_rps == [5_000.0, 3_000.0, None, 4_000.0]
+    assert merged.ok and merged.note == "1 of its 4 runs failed (errors)"
+    assert median_run(runs[:2]).note is None  # nothing to say when every run succeeded
+    # An even count: the lower of the two middle runs, not a mean no run measured.
+    assert median_run(runs[:2]).rps == 3_000.0
+    failed = median_run([runs[2]])
+    assert not failed.ok and failed.runs_rps == [None]
+
+
+def test_a_row_of_rounds_is_the_median_of_its_rounds_ratios_each_listed() -> None:
+    cache = FEATURES[1]
+    run = synthetic()
+    # Round 2's nothing on ran slow (the machine busy): its ratio (1.10x) is not the row's, nor is the ratio of
+    # the median runs (4,000 / 4,200 = 0.95x): the row's is the median round's.
+    base = _m(cache.scenario, NOTHING, rps=4_200.0, runs_rps=[4_200.0, 3_000.0, 5_000.0])
+    on = _m(cache.scenario, cache.target, rps=4_000.0, runs_rps=[3_570.0, 3_300.0, 4_000.0])
+    run.measurements += [base, on]
+    line = row(section(render_markdown(run), "Everything on"), f"`{cache.scenario}` {cache.what}")
+    assert "| 4,200 | 4,000 | 0.85x (**below**) | 0.85x, 1.10x, 0.80x |" in line
+    assert round_ratios(base, on) == pytest.approx([0.85, 1.1, 0.8]) and ratio(base, on) == pytest.approx(0.85)
+    # A round the feature's run failed in has no ratio; an even count of rounds: the mean of the middle two.
+    on.runs_rps = [3_570.0, None, 4_000.0, 2_400.0]
+    base.runs_rps = [4_200.0, 3_000.0, 5_000.0, 3_000.0]
+    assert round_ratios(base, on) == pytest.approx([0.85, 0.8, 0.8]) and ratio(base, on) == pytest.approx(0.8)
+    on.runs_rps = [3_570.0, 2_400.0]
+    assert ratio(base, on) == pytest.approx((0.85 + 0.8) / 2)
+    assert ratio(base, None) is None and round_ratios(None, on) == []
+
+
+def test_feature_rounds_below_one_are_refused() -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--feature-rounds", "0"])
+    assert parse_args(["--feature-rounds", "5"]).feature_rounds == 5
