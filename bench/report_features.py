@@ -39,6 +39,16 @@ def ratio(base: Measurement | None, on: Measurement | None) -> float | None:
     return found[mid] if len(found) % 2 else (found[mid - 1] + found[mid]) / 2
 
 
+def _verdict(found: float | None) -> str:
+    if found is None:
+        return "-"
+    if found >= RATIO_GOAL:
+        return f"{found:.2f}x"
+    # Below the goal by less than the last digit shown: one digit more, so the figure does not read as met.
+    shown = f"{found:.2f}x" if f"{found:.2f}" != f"{RATIO_GOAL:.2f}" else f"{found:.3f}x"
+    return f"{shown} (**below**)"
+
+
 def _fmt(value: float | None, digits: int) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
@@ -62,7 +72,7 @@ def section(measurements: list[Measurement], table: Callable[[list[str], list[li
                 f"`{feature.scenario}` {feature.what}",
                 _fmt(base.rps if base else None, 0),
                 _fmt(on.rps, 0) if on else "failed or not run",
-                "-" if found is None else f"{found:.2f}x" + ("" if found >= RATIO_GOAL else " (**below**)"),
+                _verdict(found),
                 ", ".join(f"{r:.2f}x" for r in rounds) if len(rounds) > 1 else "-",
                 _fmt(base.cpu_s_per_1k if base else None, 3),
                 _fmt(on.cpu_s_per_1k if on else None, 3),

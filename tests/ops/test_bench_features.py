@@ -164,6 +164,10 @@ def test_a_row_of_rounds_is_the_median_of_its_rounds_ratios_each_listed() -> Non
     on.runs_rps = [3_570.0, 2_400.0]
     assert ratio(base, on) == pytest.approx((0.85 + 0.8) / 2)
     assert ratio(base, None) is None and round_ratios(None, on) == []
+    # Just below the goal: a digit more than 0.90x, which would read as met.
+    base.runs_rps, on.runs_rps = [1_000.0], [899.0]
+    line = row(section(render_markdown(run), "Everything on"), f"`{cache.scenario}` {cache.what}")
+    assert "| 0.899x (**below**) |" in line
 
 
 def test_feature_rounds_below_one_are_refused() -> None:
