@@ -74,6 +74,8 @@ class Report:
     before: collections.Counter[str] = field(default_factory=collections.Counter)
     after: collections.Counter[str] = field(default_factory=collections.Counter)
     scripted: collections.Counter[str] = field(default_factory=collections.Counter)
+    # Each command the gateway sent before an answer, by kind, whether alone or in a pipeline with others.
+    commands_before: collections.Counter[str] = field(default_factory=collections.Counter)
     to_first_us: list[float] = field(default_factory=list)  # request start to its first round trip at Redis
 
     def as_dict(self) -> dict[str, Any]:
@@ -85,6 +87,7 @@ class Report:
             "before_answer": {k: v / n for k, v in self.before.most_common()},
             "after_answer": {k: v / n for k, v in self.after.most_common()},
             "script_commands": {k: v / n for k, v in self.scripted.most_common()},
+            "commands_before_answer": {k: v / n for k, v in self.commands_before.most_common()},
             "start_to_first_round_trip_us_p50": statistics.median(self.to_first_us) if self.to_first_us else None,
         }
 
@@ -127,6 +130,10 @@ def attribute(commands: list[Command], windows: list[Window]) -> Report:
     for cmd in commands:
         if cmd.client == "lua":
             report.scripted[cmd.name] += 1
+        else:
+            w = _window(cmd.at, windows)
+            if w is not None and cmd.at < w.answered:
+                report.commands_before[kind(cmd)] += 1
     trips = round_trips(commands)
     i = 0
     first_seen: set[int] = set()
@@ -144,6 +151,18 @@ def attribute(commands: list[Command], windows: list[Window]) -> Report:
         else:
             report.after[what] += 1
     return report
+
+
+def _window(at: float, windows: list[Window]) -> Window | None:
+    """The measured request during which `at` falls (from its start to the next one's), if any."""
+    found = None
+    for w in windows:
+        if at < w.start:
+            break
+        found = w
+    if found is not None and found is windows[-1] and at > found.end:
+        return None
+    return found
 
 
 class Recorder(threading.Thread):
