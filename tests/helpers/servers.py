@@ -107,7 +107,9 @@ class UvicornThread(Running):
 
     def stop(self) -> None:
         self.server.should_exit = True
-        self._thread.join(15)
+        # Its own shutdown is bounded (2 s of graceful shutdown, then the lifespan's closes, each bounded by a
+        # database's or Redis's timeout); a loaded CI machine may still take its time over them.
+        self._thread.join(30)
         self._sock.close()
         assert not self._thread.is_alive(), "the server did not stop; where each thread is:\n" + stacks()
 
