@@ -22,8 +22,14 @@ from tests.helpers.upstreams import Received, Upstream
 
 
 class Engine(Upstream):
-    def __init__(self, *, batch: int | None = None, per_token_s: float = 0.0, hold_s: float = 0.0) -> None:
+    def __init__(
+        self, *, batch: int | None = None, per_token_s: float = 0.0, hold_s: float = 0.0, settle: bool = False
+    ) -> None:
         super().__init__()
+        # `settle`: a request that arrives in the same moment as another's disconnect (a hedge or an attempt
+        # the gateway gave up on, whose slot it gave back as it closed that connection) is counted in flight
+        # after that disconnect, whose cancelled handler runs in the same loop passes; else at once.
+        self.settle = settle
         self.batch = batch
         self.per_token_s = per_token_s
         self.hold_s = hold_s
@@ -44,6 +50,9 @@ class Engine(Upstream):
         tenant = prompt.split()[0]
         tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 1)
         self.order.append(tenant)
+        if self.settle:
+            for _ in range(3):
+                await asyncio.sleep(0)
         self.inflight += 1
         self.peak = max(self.peak, self.inflight)
         try:

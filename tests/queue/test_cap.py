@@ -136,7 +136,8 @@ async def _hedged(client: httpx.AsyncClient) -> list[httpx.Response]:
 
 
 async def test_hedges_and_retries_each_hold_a_slot(tmp_path: Path) -> None:
-    with Engine(hold_s=0.15) as slow, Engine(hold_s=0.02) as fast:
+    # A hedge's loser is cancelled by closing its connection: counted gone once the engine has read that.
+    with Engine(hold_s=0.15, settle=True) as slow, Engine(hold_s=0.02, settle=True) as fast:
         text = config(slow, 2, provider=provider("spare", fast, 2), extra=_HEDGED).replace(
             "retries: {attempts: 1}\n", ""
         )
@@ -153,7 +154,7 @@ async def test_hedges_and_retries_each_hold_a_slot(tmp_path: Path) -> None:
 async def test_two_gateways_sharing_redis_hold_one_cap_with_hedges_retries_and_streams(
     tmp_path: Path, rds: RedisServer
 ) -> None:
-    with Engine(hold_s=0.15) as slow, Engine(hold_s=0.02) as fast:
+    with Engine(hold_s=0.15, settle=True) as slow, Engine(hold_s=0.02, settle=True) as fast:
         # fail_closed: a Redis answer slower than its deadline on this loaded machine would otherwise let each
         # gateway decide on its own count (fail_open, the default, is per process while Redis does not answer).
         redis = f"redis: {{url: '{rds.url}', on_failure: fail_closed}}"
