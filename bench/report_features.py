@@ -7,6 +7,7 @@ median of its rounds' ratios and its req/s and CPU are each target's median run.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 
 from bench.features import FEATURES, NOTHING, RATIO_GOAL
@@ -32,11 +33,8 @@ def round_ratios(base: Measurement | None, on: Measurement | None) -> list[float
 def ratio(base: Measurement | None, on: Measurement | None) -> float | None:
     """What the feature leaves of nothing on's throughput: the median of its rounds' ratios, each taken
     between two runs seconds apart, so the machine's drift over the rounds does not enter it."""
-    found = sorted(round_ratios(base, on))
-    if not found:
-        return None
-    mid = len(found) // 2
-    return found[mid] if len(found) % 2 else (found[mid - 1] + found[mid]) / 2
+    found = round_ratios(base, on)
+    return statistics.median(found) if found else None
 
 
 def _verdict(found: float | None) -> str:

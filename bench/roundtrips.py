@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import collections
 import json
 import os
@@ -127,22 +128,20 @@ def _label(names: list[str]) -> str:
 def attribute(commands: list[Command], windows: list[Window]) -> Report:
     """Each round trip to the request it arrived during (before or after that request's answer)."""
     report = Report(requests=len(windows))
+    starts = [w.start for w in windows]
     for cmd in commands:
         if cmd.client == "lua":
             report.scripted[cmd.name] += 1
         else:
-            w = _window(cmd.at, windows)
-            if w is not None and cmd.at < w.answered:
+            i = _window(cmd.at, windows, starts)
+            if i is not None and cmd.at < windows[i].answered:
                 report.commands_before[kind(cmd)] += 1
-    trips = round_trips(commands)
-    i = 0
     first_seen: set[int] = set()
-    for at, what in trips:
-        while i + 1 < len(windows) and at >= windows[i + 1].start:
-            i += 1
-        w = windows[i]
-        if at < w.start or (i == len(windows) - 1 and at > w.end):
+    for at, what in round_trips(commands):
+        i = _window(at, windows, starts)
+        if i is None:
             continue  # before the first measured request or after the last one
+        w = windows[i]
         if at < w.answered:
             report.before[what] += 1
             if i not in first_seen:
@@ -153,16 +152,13 @@ def attribute(commands: list[Command], windows: list[Window]) -> Report:
     return report
 
 
-def _window(at: float, windows: list[Window]) -> Window | None:
-    """The measured request during which `at` falls (from its start to the next one's), if any."""
-    found = None
-    for w in windows:
-        if at < w.start:
-            break
-        found = w
-    if found is not None and found is windows[-1] and at > found.end:
+def _window(at: float, windows: list[Window], starts: list[float]) -> int | None:
+    """The index of the measured request during which `at` falls (from its start to the next one's start, the
+    last one's end for the last), if any; `starts` are the windows' starts."""
+    i = bisect.bisect_right(starts, at) - 1
+    if i < 0 or (i == len(windows) - 1 and at > windows[i].end):
         return None
-    return found
+    return i
 
 
 class Recorder(threading.Thread):
