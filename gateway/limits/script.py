@@ -29,63 +29,82 @@ _SCRIPT: Final = """
 local call, floor, ceil, max, find, sub = redis.call, math.floor, math.ceil, math.max, string.find, string.sub
 local t = call('TIME')
 local now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
+-- A rate bucket is read at most once and written at most once per script call, however many calls of a
+-- batch charge it: `slot[key]` is the key's place j in `st`, which holds at j the key, then its base and
+-- units as the calls so far left them, then the PX of its last charge (false while nothing charged it).
+-- They are written at the end: the last charge's value and TTL, which is what sequential SETs leave.
+-- `w` holds the call being decided, per bucket i at 4i-3: its new base (or 'lease', or false), units, PX
+-- and q. Tables are few and made once per script call: each table and each growth costs Redis more
+-- than the arithmetic (hence the sizes they start with).
+local slot, used = {}, 0
+local st = {false, false, false, false, false, false, false, false}
+local w = {false, false, false, false, false, false, false, false, false, false, false, false}
 local function one(k, n, a)
   local mode, lease = ARGV[a + 1], ARGV[a + 2]
   local out = {1, 0}
-  local news = {}
-  local ttls = {}
-  local qs = {}
   local denied = false
   local retry = 0
+  local leased = false
   for i = 1, n do
-    local base = a + 2 + (i - 1) * 4
+    local base, o = a + 2 + (i - 1) * 4, 4 * i - 3
     local kind, limit, period, cost = ARGV[base + 1], tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3]),
       tonumber(ARGV[base + 4])
     if kind == 'concurrent' then
-      call('ZREMRANGEBYSCORE', KEYS[k + i], 0, now)
+      local key = KEYS[k + i]
+      call('ZREMRANGEBYSCORE', key, 0, now)
+      w[o] = false
       if mode == 'release' then
-        call('ZREM', KEYS[k + i], lease)
-        news[i] = false
+        call('ZREM', key, lease)
         out[#out + 1] = 0; out[#out + 1] = 0
       elseif mode == 'refresh' then
-        local score = call('ZSCORE', KEYS[k + i], lease)
+        local score = call('ZSCORE', key, lease)
         if score and tonumber(score) > 0 then
-          call('ZADD', KEYS[k + i], now + LEASE_TTL, lease)
-          call('PEXPIRE', KEYS[k + i], LEASE_TTL)
+          call('ZADD', key, now + LEASE_TTL, lease)
+          call('PEXPIRE', key, LEASE_TTL)
         end
-        news[i] = false
         out[#out + 1] = 0; out[#out + 1] = 0
       elseif mode == 'cancel' then
-        call('ZREMRANGEBYSCORE', KEYS[k + i], -now, -1)
-        call('ZADD', KEYS[k + i], -(now + LEASE_TTL), lease)
-        call('PEXPIRE', KEYS[k + i], LEASE_TTL)
-        news[i] = false
+        call('ZREMRANGEBYSCORE', key, -now, -1)
+        call('ZADD', key, -(now + LEASE_TTL), lease)
+        call('PEXPIRE', key, LEASE_TTL)
         out[#out + 1] = 0; out[#out + 1] = 0
       else
-        local used = call('ZCOUNT', KEYS[k + i], '(0', '+inf')
+        local held = call('ZCOUNT', key, '(0', '+inf')
         local want = 1
         if mode == 'block' then want = cost end
-        if mode ~= 'adjust' and used + want > limit then
+        if mode ~= 'adjust' and held + want > limit then
           denied = true
           -- A slot frees when any request ends, which nobody knows: retry soon (the oldest lease's expiry
           -- is only a bound, up to ten minutes away).
-          local oldest = call('ZRANGEBYSCORE', KEYS[k + i], 1, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+          local oldest = call('ZRANGEBYSCORE', key, 1, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
           local wait = 1000
           if oldest[2] then wait = max(math.min(tonumber(oldest[2]) - now, 1000), 1) end
           if wait > retry then retry = wait end
         end
-        news[i] = 'lease'
-        out[#out + 1] = max(limit - used - want, 0); out[#out + 1] = 0
+        w[o] = 'lease'
+        leased = true
+        out[#out + 1] = max(limit - held - want, 0); out[#out + 1] = 0
       end
     else
       -- TAT = base + units * period / limit, kept as a whole millisecond and a count of units so that the
       -- arithmetic is exact in integers: q = (TAT - now) * limit. (A TAT in float milliseconds drifts by
       -- rounding at 1.7e12 and refused the last unit of a burst when period / limit is not whole.)
-      local tb, tu = now, 0
-      local raw = call('GET', KEYS[k + i])
-      if raw then
-        local c = find(raw, ':', 1, true)
-        if c then tb, tu = tonumber(sub(raw, 1, c - 1)), tonumber(sub(raw, c + 1)) else tb = floor(tonumber(raw)) end
+      local key = KEYS[k + i]
+      local j = slot[key]
+      local tb, tu
+      if j then
+        tb, tu = st[j + 1], st[j + 2]
+      else
+        tb, tu = now, 0
+        local raw = call('GET', key)
+        if raw then
+          local c = find(raw, ':', 1, true)
+          if c then tb, tu = tonumber(sub(raw, 1, c - 1)), tonumber(sub(raw, c + 1)) else tb = floor(tonumber(raw)) end
+        end
+        j = used + 1
+        used = used + 4
+        slot[key] = j
+        st[j], st[j + 1], st[j + 2], st[j + 3] = key, tb, tu, false
       end
       local q = (tb - now) * limit + tu * period
       if q < 0 then tb, tu, q = now, 0, 0 end
@@ -97,10 +116,8 @@ local function one(k, n, a)
         if wait > retry then retry = wait end
       end
       local whole = floor(nu / limit)
-      news[i] = string.format('%.17g:%.17g', tb + whole * period, nu - whole * limit)
-      ttls[i] = ceil(nq / limit) + 1000
+      w[o], w[o + 1], w[o + 2], w[o + 3] = tb + whole * period, nu - whole * limit, ceil(nq / limit) + 1000, q
       out[#out + 1] = max(floor((period * limit - nq) / period), 0); out[#out + 1] = ceil(nq / limit)
-      qs[i] = q
     end
   end
   if mode == 'release' or mode == 'cancel' or mode == 'refresh' then return out end
@@ -108,8 +125,10 @@ local function one(k, n, a)
     -- Report what the buckets hold now: the denied request charged nothing.
     out[1] = 0; out[2] = retry
     for i = 1, n do
-      local q = qs[i]
-      if q then
+      local o = 4 * i - 3
+      local v = w[o]
+      if v and v ~= 'lease' then
+        local q = w[o + 3]
         local limit, period = tonumber(ARGV[a + 2 + i * 4 - 2]), tonumber(ARGV[a + 2 + i * 4 - 1])
         out[1 + i * 2] = max(floor((period * limit - q) / period), 0); out[2 + i * 2] = ceil(q / limit)
       end
@@ -117,47 +136,58 @@ local function one(k, n, a)
     return out
   end
   -- Leases first: ZADD NX meets this id's cancel marker when the acquire runs after its cancel (it sat
-  -- unread in a dropped connection), and then nothing at all is written.
-  local added = {}
-  for i = 1, n do
-    if news[i] == 'lease' then
-      local ids = {lease}
-      if mode == 'block' then
-        ids = {}
-        for j = 1, tonumber(ARGV[a + 6]) do ids[j] = lease .. '/' .. j end
-      end
-      for _, id in ipairs(ids) do
-        if call('ZADD', KEYS[k + i], 'NX', now + LEASE_TTL, id) == 0 then
-          for _, e in ipairs(added) do call('ZREM', e[1], e[2]) end
-          out[1] = 0
-          return out
+  -- unread in a dropped connection), and then nothing at all is written, rate buckets included.
+  if leased then
+    local added = {}
+    for i = 1, n do
+      if w[4 * i - 3] == 'lease' then
+        local ids = {lease}
+        if mode == 'block' then
+          ids = {}
+          for j = 1, tonumber(ARGV[a + 6]) do ids[j] = lease .. '/' .. j end
         end
-        added[#added + 1] = {KEYS[k + i], id}
+        for _, id in ipairs(ids) do
+          if call('ZADD', KEYS[k + i], 'NX', now + LEASE_TTL, id) == 0 then
+            for _, e in ipairs(added) do call('ZREM', e[1], e[2]) end
+            out[1] = 0
+            return out
+          end
+          added[#added + 1] = {KEYS[k + i], id}
+        end
       end
     end
   end
   for i = 1, n do
-    local v = news[i]
+    local o = 4 * i - 3
+    local v = w[o]
     if v == 'lease' then
       call('PEXPIRE', KEYS[k + i], LEASE_TTL)
     elseif v then
-      call('SET', KEYS[k + i], v, 'PX', ttls[i])
+      local j = slot[KEYS[k + i]]
+      st[j + 1], st[j + 2], st[j + 3] = v, w[o + 1], w[o + 2]
     end
   end
   return out
 end
+local replies
 if ARGV[1] == 'batch' then
   -- Several calls in one: ARGV is 'batch', then per call its key count, mode, lease and buckets; KEYS are
   -- every call's keys in turn. Each is decided as if it ran alone, in order; the reply is one per call.
-  local replies, k, a = {}, 0, 1
+  local k, a = 0, 1
+  replies = {}
   while a < #ARGV do
     local n = tonumber(ARGV[a + 1])
     replies[#replies + 1] = one(k, n, a + 1)
     k, a = k + n, a + 3 + 4 * n
   end
-  return replies
+else
+  replies = one(0, #KEYS, 0)
 end
-return one(0, #KEYS, 0)
+for j = 1, used, 4 do
+  local px = st[j + 3]
+  if px then call('SET', st[j], string.format('%.17g:%.17g', st[j + 1], st[j + 2]), 'PX', px) end
+end
+return replies
 """
 
 

@@ -15,6 +15,7 @@ import uuid
 import pytest
 
 from gateway.limits.ratelimit import Bucket, Limiter
+from gateway.limits.script import script_text
 from gateway.limits.scriptchannel import PARTS_PER_CALL
 from gateway.state import SharedState
 from tests.helpers.redis import RedisServer
@@ -110,3 +111,110 @@ async def test_more_than_one_calls_worth_in_a_tick_is_cut_into_calls(
     assert evalsha_calls(rds) - before == 2
     assert all(d.allowed for d in decisions)
     assert (await limiter.peek([rpm]))[0].remaining == 1000 - count
+
+
+# One script call at the level of its arguments: (mode, lease, [(key name, kind, limit, period ms, cost)]).
+Call = tuple[str, str, list[tuple[str, str, int, int, float]]]
+
+
+def _argv(prefix: str, call: Call) -> tuple[list[str], list[str | int | float]]:
+    mode, lease, buckets = call
+    argv: list[str | int | float] = [mode, lease]
+    for _, kind, limit, period, cost in buckets:
+        argv += [kind, limit, period, cost]
+    return [prefix + name for name, *_ in buckets], argv
+
+
+def _state(rds: RedisServer, prefix: str, names: list[str]) -> dict[str, tuple[object, int]]:
+    """Every key's value (a rate bucket's `base:units`, a lease set's members and scores) and PTTL."""
+    out: dict[str, tuple[object, int]] = {}
+    with rds.client() as r:
+        for name in names:
+            key = prefix + name
+            value = r.get(key) if r.type(key) == "string" else dict(r.zrange(key, 0, -1, withscores=True))
+            out[name] = (value, r.pttl(key))
+    return out
+
+
+def _commands(rds: RedisServer) -> dict[str, int]:
+    with rds.client() as r:
+        stats = r.info("commandstats")
+    return {c: int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("get", "set")}
+
+
+async def test_a_batch_on_shared_keys_leaves_what_the_calls_one_by_one_leave(rds: RedisServer) -> None:
+    """Eighteen calls on a few shared keys, as one batch and one by one on twin keys: the same replies
+    and the same final Redis state (clock readings within the time both runs took). Among them a refused
+    part in the middle, a refund and an overuse charge, lease and rate buckets in one call, a release, a
+    refresh, and two acquires that meet their lease's cancel marker (all-or-nothing: their rate buckets
+    are not charged). The batch reads and writes each rate bucket once."""
+    hour = 3_600_000  # emission intervals of seconds: the runs' few ms apart change no count
+    r6, t1000, o100 = ("r", "rpm", 6, 60_000), ("t", "tpm", 1000, hour), ("o", "rpm", 100, 60_000)
+    c2, d5 = ("c", "concurrent", 2, 0), ("d", "concurrent", 5, 0)
+    calls: list[Call] = [
+        ("acquire", "", [(*r6, 1), (*t1000, 300)]),
+        ("acquire", "", [(*r6, 1), (*t1000, 300)]),
+        ("acquire", "", [(*o100, 1)]),
+        ("acquire", "", [(*r6, 1), (*t1000, 600)]),  # refused: 1200 tokens of 1000
+        ("adjust", "", [(*t1000, -200)]),  # a refund
+        ("acquire", "L1", [(*c2, 1), (*r6, 1)]),
+        ("acquire", "", [(*r6, 1), (*t1000, 500)]),  # fits only after the refund
+        ("acquire", "L2", [(*c2, 1), (*r6, 1)]),
+        ("acquire", "L3", [(*c2, 1), (*r6, 1)]),  # refused by the lease bucket: r is not charged
+        ("acquire", "L4", [(*d5, 1), (*o100, 1), (*t1000, 50)]),  # meets L4's cancel marker: nothing written
+        ("acquire", "", [(*r6, 1)]),  # the 6th request of 6
+        ("acquire", "", [(*r6, 1)]),  # refused
+        ("adjust", "", [(*o100, 2), (*t1000, 50)]),  # overuse charged after the fact
+        ("release", "L1", [(*c2, 0)]),
+        ("acquire", "L5", [(*c2, 1)]),
+        ("refresh", "L2", [(*c2, 0)]),
+        ("cancel", "L9", [(*d5, 0)]),
+        ("acquire", "L9", [(*d5, 1), (*o100, 1)]),  # sent before its cancel, run after: nothing written
+    ]
+    names = ["r", "t", "o", "c", "d"]
+    with rds.client() as r:
+        sha = r.script_load(script_text(600_000))
+        start = rds.time_ms()
+        single_prefix, batch_prefix = "{rl}:" + uuid.uuid4().hex[:8] + ":", "{rl}:" + uuid.uuid4().hex[:8] + ":"
+        for prefix in (single_prefix, batch_prefix):  # L4's acquire comes after its cancel
+            r.evalsha(sha, *_argv_call(prefix, ("cancel", "L4", [(*d5, 0)])))
+        one_by_one = [r.evalsha(sha, *_argv_call(single_prefix, call)) for call in calls]
+        keys: list[str] = []
+        argv: list[str | int | float] = ["batch"]
+        for call in calls:
+            k, a = _argv(batch_prefix, call)
+            keys += k
+            argv += [len(k), *a]
+        before = _commands(rds)
+        batched = r.evalsha(sha, len(keys), *keys, *argv)
+        after = _commands(rds)
+    singles, merged_state = _state(rds, single_prefix, names), _state(rds, batch_prefix, names)
+    tolerance = rds.time_ms() - start + 1  # the calls ran, and their TTLs were read, within this
+    assert after["get"] - before["get"] == 3 and after["set"] - before["set"] == 3, "each rate bucket once"
+    assert [reply[0] for reply in one_by_one] == [1, 1, 1, 0, 1, 1, 1, 1, 0, 0, 1, 0, 1, 1, 1, 1, 1, 0]
+    assert len(batched) == len(one_by_one)
+    for single, merged in zip(one_by_one, batched, strict=True):
+        assert len(single) == len(merged)
+        assert (single[0], single[2::2]) == (merged[0], merged[2::2]), "allowed and remaining exactly"
+        for x, y in zip([single[1], *single[3::2]], [merged[1], *merged[3::2]], strict=True):
+            assert abs(x - y) <= tolerance, "retry and reset ms: the same but for the clock"
+    for name in names:
+        (value, pttl), (value2, pttl2) = singles[name], merged_state[name]
+        assert abs(pttl - pttl2) <= tolerance, name
+        if isinstance(value, str):
+            assert isinstance(value2, str)
+            base, units = value.split(":")
+            base2, units2 = value2.split(":")
+            assert units == units2 and abs(float(base) - float(base2)) <= tolerance, name
+        else:
+            assert isinstance(value, dict) and isinstance(value2, dict)
+            assert sorted(value) == sorted(value2), name
+            assert all(abs(value[m] - value2[m]) <= tolerance for m in value), name
+    c, d = singles["c"][0], singles["d"][0]
+    assert isinstance(c, dict) and sorted(c) == ["L2", "L5"]
+    assert isinstance(d, dict) and sorted(m for m, score in d.items() if score > 0) == [], "only cancel markers"
+
+
+def _argv_call(prefix: str, call: Call) -> list[str | int | float]:
+    keys, argv = _argv(prefix, call)
+    return [len(keys), *keys, *argv]
