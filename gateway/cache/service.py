@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from functools import partial
 from typing import Any, Final, cast
 
 import msgspec
@@ -74,8 +75,8 @@ class Cache:
         self.admission = admission
         self.metrics = metrics
         self.clock = clock
-        on_evict = metrics.cache_evictions.inc if metrics is not None else None
-        # On the cache's clock: `Lookup.done` reads it once for the entry's `stored` time and its expiry.
+        on_evict = partial(metrics.tally.add, metrics.cache_evictions) if metrics is not None else None
+        # On the cache's clock (`Lookup.done`); evictions counted by the tally (a full store evicts on every miss).
         self.memory = MemoryStore(cfg.cache.max_bytes, clock=clock, on_evict=on_evict)
         on_corrupt = metrics.cache_redis_not_entries.inc if metrics is not None else None
         self.redis = RedisStore(shared, on_corrupt) if shared.configured else None
@@ -376,11 +377,13 @@ class Lookup(msgspec.Struct):
             # Its own: a leading request is the one `inflight` holds (and `abandon` after this finds it gone).
             del cache.inflight[digest]
         if counted <= pol.max_entry_bytes:  # type: ignore[union-attr]
-            # `MemoryStore.keep`, inlined for its common case: a new key that fits without an eviction. The
-            # memory store's clock is the cache's: the entry expires `ttl_s` after `stored`.
+            # `MemoryStore.keep`, inlined for its common case: a new key that fits (once the least recently used
+            # are out, when full). The memory store's clock is the cache's: the entry expires `ttl_s` after `stored`.
             memory = cache.memory
             entries, cost = memory.entries, counted + len(digest) + SLOT
-            if digest not in entries and memory.bytes + cost <= memory.max_bytes:
+            if digest not in entries and cost <= memory.max_bytes:
+                if memory.bytes + cost > memory.max_bytes:
+                    memory.evict(cost)
                 entries[digest] = (entry, stored + pol.ttl_s, self.tag, cost)  # type: ignore[union-attr]
                 memory.bytes += cost
             else:

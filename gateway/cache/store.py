@@ -90,19 +90,22 @@ class MemoryStore:
         cost = size + len(key) + SLOT
         if cost > self.max_bytes:
             return
-        if key in self.entries:
-            self._drop(key)
+        entries = self.entries
+        if key in entries:
+            self.bytes -= entries.pop(key)[3]
         if self.bytes + cost > self.max_bytes:
-            self._evict(cost)
-        self.entries[key] = (entry, self.clock() + ttl_s, tag, cost)
+            self.evict(cost)  # a full store's every miss: no call per entry evicted
+        entries[key] = (entry, self.clock() + ttl_s, tag, cost)
         self.bytes += cost
 
-    def _evict(self, room: int) -> None:
+    def evict(self, room: int) -> None:
         """Least recently used entries out until `room` more bytes fit."""
+        entries, limit, counted = self.entries, self.max_bytes - room, self.bytes
         evicted = 0
-        while self.bytes + room > self.max_bytes and self.entries:
-            self._drop(next(iter(self.entries)))
+        while counted > limit and entries:
+            counted -= entries.popitem(last=False)[1][3]
             evicted += 1
+        self.bytes = counted
         if evicted:
             self.evictions += evicted
             if self.on_evict is not None:
@@ -111,7 +114,7 @@ class MemoryStore:
     def adopt(self, previous: MemoryStore) -> None:
         """Take over `previous`'s entries (a config reload), within this store's own bound."""
         self.entries, self.bytes, self.evictions = previous.entries, previous.bytes, previous.evictions
-        self._evict(0)
+        self.evict(0)
 
     async def clear(self, tag: str | None) -> int:
         doomed = [k for k, (_, _, t, _) in self.entries.items() if tag is None or t == tag]

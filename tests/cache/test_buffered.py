@@ -211,6 +211,9 @@ def test_the_memory_store_never_exceeds_max_bytes(upstream: Upstream, tmp_path: 
             cache = c.get("/admin/status", headers=admin).json()["cache"]
             assert 0 < cache["memory_bytes"] <= 2048
         assert cache["evictions"] > 0
+        # A full store evicts on every miss; the metric counts each eviction as the status does.
+        evicted = re.search(r"^gateway_cache_evictions_total (\S+)$", c.get("/metrics").text, re.M)
+        assert evicted is not None and float(evicted.group(1)) == cache["evictions"]
         # The most recent answers are kept, the oldest evicted.
         assert c.post("/v1/completions", json=body("bound: 11")).headers["x-gateway-cache"] == "hit"
         assert c.post("/v1/completions", json=body("bound: 0")).headers["x-gateway-cache"] == "miss"
