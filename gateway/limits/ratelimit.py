@@ -292,7 +292,9 @@ class Limiter:
         the script's reply (allowed, retry ms, then remaining and reset per bucket); when it fails with
         Degraded, `refused_call` decides instead. None: use `acquire` (no Redis, Redis failing, a lease)."""
         channel = self._channel
-        if channel is None or bset.leased or self.shared.degraded:
+        shared = self.shared
+        # `shared.degraded`, inlined (a channel means a client): a call fewer on every request.
+        if channel is None or bset.leased or shared.clock() < shared.down_until:
             return None
         return channel.call_part(bset.acquire_part(tokens))
 

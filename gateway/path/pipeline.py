@@ -172,7 +172,7 @@ class Pipeline:
         looked up. A hit that no rate limit has to count is answered here, with nothing else built for it;
         any other request goes on in `complete(front=...)` from where this left it."""
         key, req = self._decoded(raw, headers, rec, op)
-        if key is not None and self._budgeted(key):
+        if key is not None and self.budgets.applies(key):
             return key, req, None, _LATER  # budgets are checked before the cache is looked at
         plan = self.router.plan(req.model)
         self._refine(req, plan, rec)
@@ -245,10 +245,6 @@ class Pipeline:
         rec.model = req.model  # a budget refusal counts under the model asked for (routing refines it below)
         return req
 
-    def _budgeted(self, key: ClientKey) -> bool:
-        """Whether a spending limit applies to the key: then it is checked before anything else."""
-        return self.budgets.applies(key)
-
     def _refine(self, req: CompletionRequest, plan: Plan, rec: Record) -> None:
         alias = req.model in self.router.aliases
         rec.model = req.model if alias else plan.groups[0].routes[0].key
@@ -267,7 +263,7 @@ class Pipeline:
         else:
             key, req, plan, looked = front
         if plan is None:
-            budgeted = key if key is not None and self._budgeted(key) else None
+            budgeted = key if key is not None and self.budgets.applies(key) else None
             plan = self.router.plan(req.model)
             if budgeted is not None:
                 rec.hold = await self.budgets.reserve(budgeted, req, plan, self.usage.prices, self.shared)

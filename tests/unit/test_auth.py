@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
+import time
+
 import pytest
 
 from gateway.config import parse_config
-from gateway.limits.auth import KeyRing
+from gateway.limits.auth import ClientKey, KeyRing, RuntimeKeys
+from gateway.limits.globs import ModelGlobs
 from wire.errors import AuthenticationError, PermissionDeniedError
 
 CONFIG = """
@@ -114,3 +118,48 @@ def test_no_keys_is_open() -> None:
     assert keys.open is True
     assert keys.authenticate({}) is None
     KeyRing.authorize(None, "any/model")
+
+
+def test_a_key_seen_again_is_checked_against_the_keys_in_force() -> None:
+    keys = ring()
+    secret = "rk-runtime-789"
+    digest = hashlib.sha256(secret.encode()).digest()
+    runtime = RuntimeKeys()
+    runtime.by_digest = {digest: ClientKey("rt", b"", ModelGlobs(["*"]), digest, ident="key_rt")}
+    keys.runtime = runtime
+    for _ in range(3):  # the second and third by the remembered digest
+        for bearer, name in ((secret, "rt"), ("gk-full-123", "full")):
+            key = keys.authenticate({"authorization": f"Bearer {bearer}"})
+            assert key is not None and key.name == name
+    # Expired since it was remembered: refused as expired, not let in by the remembered digest.
+    gone = ClientKey("rt", b"", ModelGlobs(["*"]), digest, ident="key_rt", valid_until=time.time() - 1)
+    runtime.by_digest = {digest: gone}
+    with pytest.raises(AuthenticationError, match="expired"):
+        keys.authenticate({"authorization": f"Bearer {secret}"})
+    runtime.by_digest = {}  # revoked
+    with pytest.raises(AuthenticationError, match="Incorrect"):
+        keys.authenticate({"authorization": f"Bearer {secret}"})
+    assert f"Bearer {secret}" not in keys._known  # no revoked key's secret is kept
+    assert keys.authenticate({"authorization": "Bearer gk-full-123"}) is not None
+
+
+def test_wrong_keys_are_never_remembered() -> None:
+    keys = ring()
+    for i in range(3000):
+        with pytest.raises(AuthenticationError):
+            keys.authenticate({"authorization": f"Bearer gk-wrong-{i}"})
+    for i in range(3000):
+        with pytest.raises(AuthenticationError):
+            keys.authenticate({"x-api-key": f"gk-wrong-{i}"})
+    assert keys._known == {} and keys._known_x == {}
+    for _ in range(2):  # the second by the remembered digest
+        assert keys.authenticate({"x-api-key": "gk-limited-456"}).name == "limited"  # type: ignore[union-attr]
+    assert list(keys._known_x) == ["gk-limited-456"]
+    # A key sent as x-api-key beside another Authorization value is not remembered by that value.
+    assert keys.authenticate({"authorization": "Basic Zm9v", "x-api-key": "gk-full-123"}) is not None
+    with pytest.raises(AuthenticationError):
+        keys.authenticate({"authorization": "Basic Zm9v", "x-api-key": "nope"})
+    # Bounded however many distinct keys authenticate.
+    for i in range(3000):
+        assert keys.authenticate({"authorization": "Bearer " + " " * (i % 50) + "gk-full-123" + " " * (i // 50)})
+    assert 0 < len(keys._known) <= 1024
