@@ -127,7 +127,7 @@ def _serve(args: argparse.Namespace) -> int:
     port = server.port if args.port is None else args.port
     workers = args.workers or server.workers
     # Before anything is announced: a taken port must be the one line the operator sees.
-    sock = bind(host, port) if args.server == "uvicorn" else None
+    sock = bind(host, port, workers) if args.server == "uvicorn" else None
     if sock is None:
         probe(host, port)
     else:

@@ -1,8 +1,9 @@
 """How `python -m gateway serve` listens, logs and stops under uvicorn.
 
-The socket is bound in the main process before anything is announced (a taken port is one line and exit
-1), and one logging dictConfig is applied in the main process and every worker. Details:
-docs/operations.md.
+The port is bound in the main process before anything is announced (a taken port is one line and exit
+1): the socket the workers share, or, with several workers where SO_REUSEPORT exists, one that holds the
+port while each worker listens on a socket of its own. One logging dictConfig is applied in the main
+process and every worker. Details: docs/operations.md.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import asyncio
 import inspect
 import logging
 import socket
+import sys
 import time
 from typing import Any
 
@@ -23,13 +25,52 @@ class ListenError(Exception):
     """The server could not open its listening socket."""
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """The listening socket uvicorn would bind (SO_REUSEADDR, inheritable), or a one-line `ListenError`."""
+def own_sockets(workers: int) -> bool:
+    """Whether each worker listens on a socket of its own (SO_REUSEPORT) rather than on one they share.
+
+    One shared socket is accepted from by whichever worker wakes first, and it takes the whole burst of
+    connections waiting (the event loop accepts until none is left): a pool of keep-alive connections
+    opened at once may all land on one worker. With a socket each, the kernel spreads new connections
+    over the workers by a hash of their addresses. Platforms without SO_REUSEPORT keep the shared one.
+    """
+    return workers > 1 and hasattr(socket, "SO_REUSEPORT")
+
+
+def _bound(host: str, port: int, reuse_port: bool) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family=family)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
+def bind(host: str, port: int, workers: int = 1) -> socket.socket:
+    """The main process's socket on the port, or a one-line `ListenError`.
+
+    Shared by the workers (`own_sockets` false): listening (SO_REUSEADDR, inheritable), as uvicorn binds
+    it. Otherwise bound with SO_REUSEPORT and not listening: it holds the port for the workers' sockets
+    (`WorkerSocket`), and it must not listen, or the kernel would give it a share of the connections
+    that no worker ever accepts.
+    """
+    if own_sockets(workers):
+        sock = _bound(host, port, reuse_port=True)
+        # SO_REUSEPORT alone would join the listening group of another process of this user on the port (a
+        # second gateway started by mistake) and share its connections. A socket without it cannot bind
+        # beside any listener, yet can beside this one, which does not listen: a taken port is still caught.
+        try:
+            _bound(host, sock.getsockname()[1], reuse_port=False).close()
+        except ListenError:
+            sock.close()
+            raise
+        return sock
+    sock = _bound(host, port, reuse_port=False)
+    try:
         # Listening from here on: a client that connects before the workers are up waits in the backlog
         # (uvicorn's size) instead of being refused.
         sock.listen(2048)
@@ -37,6 +78,39 @@ def bind(host: str, port: int) -> socket.socket:
         sock.close()
         raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     sock.set_inheritable(True)
+    return sock
+
+
+class WorkerSocket:
+    """What uvicorn hands each worker in place of the main process's socket, when `own_sockets`.
+
+    uvicorn pickles its sockets to every worker it spawns, a replacement for a dead worker included; this
+    one travels as the held socket's address and is unpickled in the worker as a socket of the worker's
+    own, bound with SO_REUSEPORT. uvicorn starts listening on it once the worker's app is up, so the
+    kernel sends a worker no connection before it can answer.
+    """
+
+    def __init__(self, held: socket.socket) -> None:
+        self.family = held.family
+        self.address = held.getsockname()  # IPv6's four fields included: a link-local scope stays
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return _worker_socket, (self.family, self.address)
+
+
+def _worker_socket(family: socket.AddressFamily, address: tuple[Any, ...]) -> socket.socket:
+    sock = socket.socket(family=family)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(address)
+    except OSError as exc:
+        from uvicorn.config import STARTUP_FAILURE
+
+        # Before uvicorn configures the worker's logging. A start-up failure, so that uvicorn's supervisor
+        # stops instead of replacing this worker with one that would fail alike.
+        print(f"cannot listen on {address[0]}:{address[1]}: {exc.strerror or exc}", file=sys.stderr)
+        sys.exit(STARTUP_FAILURE)
     return sock
 
 
@@ -152,11 +226,12 @@ def run_uvicorn(app: str, sock: socket.socket, workers: int, grace_s: int, http:
     )
     server = uvicorn.Server(config)
     if workers > 1:
+        sockets: list[Any] = [WorkerSocket(sock) if own_sockets(workers) else sock]
         # uvicorn 0.36 dropped Multiprocess's `target` (each worker builds its own Server from the config).
         if "target" in inspect.signature(Multiprocess).parameters:
-            Multiprocess(config, target=server.run, sockets=[sock]).run()  # type: ignore[call-arg]
+            Multiprocess(config, target=server.run, sockets=sockets).run()  # type: ignore[call-arg]
         else:
-            Multiprocess(config, sockets=[sock]).run()
+            Multiprocess(config, sockets=sockets).run()
         return 0
     server.run(sockets=[sock])
     # A lifespan start-up failure has been logged by uvicorn already.
