@@ -235,10 +235,8 @@ class SharedState:
         self.parsed: RedisUrl | None = parse_redis_url(url) if url else None
         self.client: aioredis.Redis | None = _client(self.parsed, url) if self.parsed is not None else None
         self.timeout_s = self.parsed.timeout_s if self.parsed is not None else _SOCKET_TIMEOUT_S
-        # Redis is taken as down until `clock()` passes `down_until`: both read as `degraded` is, without the
-        # property's call, by the limiter's request path (`Limiter.acquiring`).
-        self.clock = clock
-        self.down_until = 0.0
+        self._clock = clock
+        self._down_until = 0.0
         self._last_warning = -_WARN_EVERY_S
         self.failures = 0
 
@@ -252,12 +250,12 @@ class SharedState:
 
     @property
     def degraded(self) -> bool:
-        return self.client is not None and self.clock() < self.down_until
+        return self.client is not None and self._clock() < self._down_until
 
     async def run(self, op: Callable[[aioredis.Redis], Awaitable[T]]) -> T:
         """Run one Redis operation, or raise Degraded at once when Redis is absent or failing."""
         client = self.client
-        if client is None or self.clock() < self.down_until:
+        if client is None or self._clock() < self._down_until:
             raise Degraded
         try:
             return await asyncio.wait_for(op(client), timeout=self.timeout_s * 2)
@@ -301,9 +299,9 @@ class SharedState:
         raise problem
 
     def mark_down(self, exc: BaseException) -> None:
-        now = self.clock()
+        now = self._clock()
         self.failures += 1
-        self.down_until = now + _RETRY_EVERY_S
+        self._down_until = now + _RETRY_EVERY_S
         if now - self._last_warning >= _WARN_EVERY_S:
             self._last_warning = now
             log.warning("redis unreachable (%s): using in-process state until it answers", type(exc).__name__)
@@ -315,7 +313,7 @@ class SharedState:
             await self.run(lambda r: r.ping())
         except Degraded:
             return False
-        self.down_until = 0.0
+        self._down_until = 0.0
         return True
 
     async def close(self) -> None:

@@ -24,7 +24,6 @@ from litestar.types import HTTPResponseBodyEvent, HTTPResponseStartEvent, HTTPSc
 
 from gateway.edge.render import render
 from gateway.ids import unique_suffix
-from gateway.limits.admission import CHANGING_HEADERS
 from gateway.ops import accesslog
 from gateway.ops.metrics import Metrics, Record
 from gateway.path.dialects import Dialect
@@ -63,15 +62,13 @@ _HEADER_SAFE: Final = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%"
 # Header names and values as sent, by their text. Nearly all of them repeat on every answer (the names, the
 # provider, the model, the attempt count), and a dict probe costs a fraction of an encode plus the check.
 # Emptied when full, so client-chosen model names cannot grow it; the request id, new on every answer and
-# safe by construction (`request_id`), is encoded apart and never stored; a rate limit's remaining count or
-# reset (`CHANGING_HEADERS`) fills at most half of it.
+# safe by construction (`request_id`), is encoded apart and never stored.
 _ENCODED: Final[dict[str, bytes]] = {}
 _ENCODED_MAX: Final = 1024
-_CHANGING_ROOM: Final = _ENCODED_MAX // 2
 
 
 def _encoded(text: str) -> bytes:
-    # `_header_value`, inlined: every value the map misses comes here.
+    # `_header_value`, inlined: a value new on every answer (a rate limit's remaining count) comes here each time.
     if text.isascii() and text.isprintable():
         value = text.encode("ascii")
     else:
@@ -87,16 +84,7 @@ def _encode_headers(headers: dict[str, str], rid: str | None = None) -> list[tup
     get = _ENCODED.get
     encoded: list[tuple[bytes, bytes]] = []
     for k, v in headers.items():
-        value = get(v)
-        if value is None:
-            # A rate limit's remaining count or reset, new on many answers, is stored only while the map is
-            # less than half full: past that it is encoded unstored, so that counts never fill the map and
-            # empty it of the values that repeat (a count that holds still, far from its limit, still hits).
-            if k in CHANGING_HEADERS and len(_ENCODED) >= _CHANGING_ROOM:
-                value = _header_value(v)
-            else:
-                value = _encoded(v)
-        encoded.append((get(k) or _encoded(k), value))
+        encoded.append((get(k) or _encoded(k), get(v) or _encoded(v)))
     if rid is not None:
         encoded.append((b"x-request-id", rid.encode("ascii")))
     return encoded

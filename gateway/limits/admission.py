@@ -55,8 +55,6 @@ _REQUEST_KINDS: Final = ("rps", "rpm")
 _TOKEN_KINDS: Final = ("tpm", "tpd")
 _REQUEST_NAMES: Final = ("x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests")
 _TOKEN_NAMES: Final = ("x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens")
-# The headers whose values change from answer to answer (gateway/edge/endpoint.py encodes them unstored).
-CHANGING_HEADERS: Final = frozenset((*_REQUEST_NAMES[1:], *_TOKEN_NAMES[1:]))
 # Per header label: its three names, then its buckets' places in a script reply (remaining, then reset) with
 # their limits as header values, the first bucket's apart (most labels have one bucket).
 _Label = tuple[str, str, str, int, str, tuple[tuple[int, str], ...]]

@@ -292,9 +292,7 @@ class Limiter:
         the script's reply (allowed, retry ms, then remaining and reset per bucket); when it fails with
         Degraded, `refused_call` decides instead. None: use `acquire` (no Redis, Redis failing, a lease)."""
         channel = self._channel
-        shared = self.shared
-        # `shared.degraded`, inlined (a channel means a client): a call fewer on every request.
-        if channel is None or bset.leased or shared.clock() < shared.down_until:
+        if channel is None or bset.leased or self.shared.degraded:
             return None
         return channel.call_part(bset.acquire_part(tokens))
 

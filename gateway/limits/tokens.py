@@ -147,15 +147,7 @@ def reservation(req: CompletionRequest, bpe: bool, model: str, per_choice: int) 
     n, best_of = req.n, req.best_of
     choices = 1 if n is None and best_of is None else max(n or 1, best_of or 1)
     if type(text) is str:  # the common case: one text, counted without `prompt_tokens`'s dispatch
-        # `text_tokens`, its BPE count inlined (a call fewer per request); the estimate where it would use one.
-        count = _counter(model) if bpe else None
-        if count is not None:
-            try:
-                prompt = count(text)
-                return prompt, prompt + per_choice * choices
-            except ValueError:
-                pass
-        prompt = text_tokens(text, False, model)
+        prompt = text_tokens(text, bpe, model)
         return prompt, prompt + per_choice * choices
     if not isinstance(text[0], int):
         choices *= len(text)
