@@ -1,7 +1,7 @@
 """Client keys: who may call the gateway and which models each key may use.
 
 Keys are looked up by their SHA-256 digest and then compared with `hmac.compare_digest`, so a lookup's
-timing says nothing about how much of a wrong key was right. The digest of a header value that
+timing says nothing about how much of a wrong key was right. The digest of a presented key that
 authenticated is remembered (`KeyRing._known`), so a key's SHA-256 runs once, not on every request. A key
 whose `${VAR}` is unset can never match, but still counts as configured: a missing secret must not turn the
 gateway open.
@@ -36,8 +36,8 @@ _ID_SALT: Final = b"completions-gateway key id"
 # must not be found from it by trying candidates at a hash's speed. About 4 ms a key, once per secret.
 _ID_ROUNDS: Final = 10_000
 _fingerprints: dict[bytes, str] = {}
-# Header values remembered with their digest (`KeyRing._known`), per header: emptied when full. Only values that
-# authenticated go in, so wrong keys, random or not, never grow it nor stay in memory.
+# Presented keys remembered with their digest (`KeyRing._known`): emptied when full. Only keys that authenticated
+# go in, so wrong keys, random or not, never grow it nor stay in memory.
 _KNOWN_MAX: Final = 1024
 
 
@@ -115,14 +115,12 @@ class KeyRing:
         self.keyless = loaded.config.keyless
         self.runtime: RuntimeKeys | None = None  # set by the app when the ledger is on
         self.disabled: list[str] = []
-        # An `Authorization` (`x-api-key`) value that authenticated -> its key's digest: the header's parse and
-        # SHA-256 skipped when the same key comes again. The digest is still looked up in the key tables in
-        # force, so a key revoked or expired since is refused as before; the maps are emptied when the runtime
-        # keys change, so they keep no secret of a revoked key. A wrong key is never in them, and a probe's timing
-        # cannot tell how much of one was right: a dict compares the text only once its (per-process keyed)
-        # hash matched in full.
+        # A presented key that authenticated -> its digest: the SHA-256 skipped when the same key comes again.
+        # The digest is still looked up in the key tables in force, so a key revoked or expired since is refused
+        # as before; the map is emptied when the runtime keys change, so it keeps no secret of a revoked key. A
+        # wrong key is never in it, and a probe's timing cannot tell how much of one was right: a dict compares
+        # the text only once its (per-process keyed) hash matched in full.
         self._known: dict[str, bytes] = {}
-        self._known_x: dict[str, bytes] = {}
         self._known_for: dict[bytes, ClientKey] | None = None  # the runtime table `_known` was filled under
         self.daily: dict[str, float | None] = {k.name: k.max_cost_per_day for k in loaded.config.keys}
         for i, k in enumerate(loaded.config.keys):
@@ -162,28 +160,20 @@ class KeyRing:
         if not self.configured and (runtime is None or not runtime.by_digest) and self.open:  # rare: no key in force
             return None
         table = runtime.by_digest if runtime is not None else None
-        if table is not self._known_for:
-            self._known.clear()  # runtime keys changed: no revoked key's text stays here
-            self._known_x.clear()
-            self._known_for = table
-        # The header the key is read from, and the map that remembers that header's values.
-        text = headers.get("authorization")
         known = self._known
-        if text is None:
-            text = headers.get("x-api-key")
-            known = self._known_x
-        digest = known.get(text) if text else None
-        remember = False
+        if table is not self._known_for:
+            known.clear()  # runtime keys changed: no revoked key's text stays here
+            self._known_for = table
+        presented = _presented_key(headers)
+        if not presented:
+            raise AuthenticationError(
+                "Missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
+                code="missing_api_key",
+            )
+        digest = known.get(presented)
+        remember = digest is None
         if digest is None:
-            presented = _presented_key(headers)
-            if not presented:
-                raise AuthenticationError(
-                    "Missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
-                    code="missing_api_key",
-                )
             digest = hashlib.sha256(presented.encode()).digest()
-            # Not a key sent as `x-api-key` beside an `Authorization` value that is not a bearer key.
-            remember = text is not None and (known is self._known_x or _bearer(text) is not None)
         key = self._by_digest.get(digest)
         if key is None and table is not None:
             key = table.get(digest)
@@ -192,7 +182,7 @@ class KeyRing:
         if remember:
             if len(known) >= _KNOWN_MAX:
                 known.clear()
-            known[text] = digest  # type: ignore[index]  # `remember` is only set with a header
+            known[presented] = digest
         if key.valid_until is not None and key.valid_until <= time.time():
             raise AuthenticationError("This API key has expired", code="invalid_api_key")
         return key
@@ -220,19 +210,11 @@ class KeyRing:
             )
 
 
-def _bearer(auth: str) -> str | None:
-    """The key of an `Authorization: Bearer <key>` value, None for any other value."""
-    scheme, _, token = auth.partition(" ")
-    if scheme.lower() == "bearer" and token.strip():
-        return token.strip()
-    return None
-
-
 def _presented_key(headers: Mapping[str, str]) -> str | None:
     auth = headers.get("authorization")
     if auth:
-        token = _bearer(auth)
-        if token is not None:
-            return token
+        scheme, _, token = auth.partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            return token.strip()
     key = headers.get("x-api-key")
     return key.strip() if key else None
