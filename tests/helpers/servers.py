@@ -72,9 +72,9 @@ def stacks() -> str:
     return "\n".join(out)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 
@@ -187,12 +187,17 @@ class GatewayProcess:
         *,
         flags: Sequence[str] = (),
         prefix: Sequence[str] = (),
+        host: str | None = None,
     ) -> None:
-        """`flags`: further `serve` flags (e.g. `--server granian`); `prefix`: a command that runs it (unshare)."""
-        self.port = free_port()
+        """`flags`: further `serve` flags (e.g. `--server granian`); `prefix`: a command that runs it (unshare);
+        `host`: `--host` (the config's, 127.0.0.1, when None)."""
+        self.host = host or "127.0.0.1"
+        self.port = free_port(self.host)
         self.log = config_path.with_suffix(".log")
         self._log_file = self.log.open("wb")
         cmd = [sys.executable, "-m", "gateway", "serve", "--config", str(config_path), "--port", str(self.port)]
+        if host is not None:
+            cmd += ["--host", host]
         self.proc = subprocess.Popen(
             [*prefix, *cmd, *flags],
             cwd=REPO,
@@ -204,7 +209,7 @@ class GatewayProcess:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://[{self.host}]:{self.port}" if ":" in self.host else f"http://{self.host}:{self.port}"
 
     def wait_ready(self, timeout: float = 20) -> None:
         deadline = time.monotonic() + timeout

@@ -9,8 +9,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -19,8 +17,7 @@ import httpx
 import pytest
 
 from gateway.ops.serving import own_sockets
-from tests.helpers.recordings import REPO
-from tests.helpers.servers import GatewayProcess, cli_env, run_cli
+from tests.helpers.servers import GatewayProcess, cli_env, free_port, run_cli
 from tests.helpers.upstreams import Upstream, reply
 
 ANSWER = (
@@ -157,25 +154,13 @@ def test_a_taken_port_is_one_line_with_two_workers(tmp_path: Path) -> None:
 
 def test_both_workers_answer_on_ipv6_loopback(tmp_path: Path) -> None:
     try:
-        with socket.socket(socket.AF_INET6) as free:
-            free.bind(("::1", 0))
-            port = free.getsockname()[1]
+        free_port("::1")
     except OSError:
         pytest.skip("no IPv6 loopback")
     with Upstream() as upstream:
         upstream.handler = reply(ANSWER)
-        argv = ["serve", "--config", str(_config(tmp_path, upstream)), "--host", "::1", "--port", str(port)]
-        with (tmp_path / "v6.log").open("wb") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "gateway", *argv],
-                cwd=REPO,
-                env=cli_env(),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        gw = GatewayProcess(_config(tmp_path, upstream), cli_env(), host="::1")
         try:
-            _until_both_answer(f"http://[::1]:{port}")
+            _until_both_answer(gw.url)
         finally:
-            proc.terminate()
-            proc.wait(20)
+            gw.stop()
