@@ -258,7 +258,8 @@ class SharedState:
         if client is None or self._clock() < self._down_until:
             raise Degraded
         try:
-            return await asyncio.wait_for(op(client), timeout=self.timeout_s * 2)
+            async with asyncio.timeout(self.timeout_s * 2):
+                return await op(client)
         except (RedisError, OSError, TimeoutError) as exc:
             self.mark_down(exc)
             raise Degraded from None

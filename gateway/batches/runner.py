@@ -121,7 +121,8 @@ class Runner:
             except Exception:  # the runner must outlive any one bad turn
                 log.exception("batch runner turn failed")
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), self.cfg.poll_ms / 1000)
+                async with asyncio.timeout(self.cfg.poll_ms / 1000):
+                    await self.wake.wait()
             self.wake.clear()
 
     async def _turn(self) -> None:
@@ -296,7 +297,8 @@ class Drive:
         else:
             r.slots.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(r.slots.wait(), _FLUSH_S * 4)
+                async with asyncio.timeout(_FLUSH_S * 4):
+                    await r.slots.wait()
         finished = [t for t in self.tasks if t.done()]
         for task in finished:
             idx, custom_id, body = self.tasks.pop(task)

@@ -79,7 +79,8 @@ async def wait_for(ahead: Leader, n: int, deadline: float) -> Entry | None:
                 code="deadline_exceeded",
             )
         try:
-            return await asyncio.wait_for(asyncio.shield(waiting), min(left, PATIENCE_S))
+            async with asyncio.timeout(min(left, PATIENCE_S)):
+                return await asyncio.shield(waiting)
         except TimeoutError:
             blocked = ahead.blocked
             if blocked and loop.time() - blocked >= PATIENCE_S:

@@ -125,7 +125,8 @@ async def running_batches(api: Batches, keys: KeyRing) -> list[dict[str, Any]] |
     """The batches being run, with their progress, for the status page (None: the database did not answer);
     each owner by its key's name."""
     try:
-        rows = await asyncio.wait_for(api.store.run(store.running, _STATUS_BATCHES), api.store.wait_s)
+        async with asyncio.timeout(api.store.wait_s):
+            rows = await api.store.run(store.running, _STATUS_BATCHES)
     except (LedgerDown, TimeoutError):
         return None
     names = ("id", "owner", "status", "total", "completed", "failed", "created_at")

@@ -264,7 +264,8 @@ class Ledger:
 
     async def _answer(self, work: asyncio.Future[Any]) -> Any:
         try:
-            out = await asyncio.wait_for(work, self._wait_s)
+            async with asyncio.timeout(self._wait_s):
+                out = await work
         except TimeoutError:
             self.unanswered = f"{self.db.where}: no answer within {self.cfg.timeout_ms} ms"
             raise LedgerDown(self.unanswered) from None
@@ -294,7 +295,8 @@ class Ledger:
         interval = self.cfg.flush_ms / 1000
         while not self._stopping:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), interval)
+                async with asyncio.timeout(interval):
+                    await self._wake.wait()
             self._wake.clear()
             try:
                 await self.flush()

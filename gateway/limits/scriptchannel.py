@@ -260,17 +260,18 @@ class ScriptChannel:
         return proto
 
     async def _resolve_and_open(self) -> _Protocol:
-        address = self._address
-        if address is None and self._shared.parsed is not None and self._shared.parsed.mode != "node":
-            address = self._address = await self._shared.master_address(self._route_key)
-        return await self._open(address)
+        async with asyncio.timeout(self._deadline_s):
+            address = self._address
+            if address is None and self._shared.parsed is not None and self._shared.parsed.mode != "node":
+                address = self._address = await self._shared.master_address(self._route_key)
+            return await self._open(address)
 
     async def _connected(self) -> _Protocol:
         proto = self._protocol
         if proto is not None and not proto.lost:
             return proto
         if self._connecting is None:
-            self._connecting = asyncio.ensure_future(asyncio.wait_for(self._resolve_and_open(), self._deadline_s))
+            self._connecting = asyncio.ensure_future(self._resolve_and_open())
         connecting = self._connecting
         try:
             proto = await asyncio.shield(connecting)

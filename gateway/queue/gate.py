@@ -11,6 +11,7 @@ another process is not announced, so while requests wait the gate asks again eve
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any, Final
 
@@ -418,10 +419,9 @@ class Gate:
                     w.future.set_result(self._grant(w, lease, limiter, time.monotonic() - w.since))
                     continue
                 freed.clear()
-                try:
-                    await asyncio.wait_for(freed.wait(), POLL_S)
-                except TimeoutError:
-                    pass
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(POLL_S):
+                        await freed.wait()
         finally:
             self._pump = None
             self._freed = None
