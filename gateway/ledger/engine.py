@@ -116,7 +116,11 @@ class Database:
             return psycopg.connect(
                 self.target, connect_timeout=_CONNECT_S, autocommit=True, options=f"{own} {bound}".strip()
             )
-        Path(self.target).parent.mkdir(parents=True, exist_ok=True)
+        folder = Path(self.target).parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # an outage like any other: one line at start-up, the spill file later
+            raise sqlite3.OperationalError(f"cannot make the directory {folder}: {exc.strerror or exc}") from None
         busy_s = (_BUSY_MS if self.timeout_ms is None else self.timeout_ms) / 1000
         # Autocommit mode: every transaction is an explicit BEGIN IMMEDIATE ... COMMIT below.
         conn = sqlite3.connect(self.target, timeout=busy_s, isolation_level=None, check_same_thread=False)

@@ -91,6 +91,19 @@ def test_a_newer_schema_is_one_line_at_start_up(tmp_path: Path) -> None:
     )
 
 
+def test_a_sqlite_file_whose_directory_cannot_be_made_is_one_line_at_start_up(tmp_path: Path) -> None:
+    (tmp_path / "plain").write_text("a file where the ledger's directory would go")
+    db = tmp_path / "plain" / "ledger" / "ledger.db"
+    path = tmp_path / "config.yaml"
+    path.write_text(config(f"sqlite:///{db}"))
+    for workers in ("1", "2"):
+        result = run_cli(["serve", "--config", str(path), "--port", "0", "--workers", workers], env=cli_env(**ENV))
+        assert (result.returncode, result.stdout) == (1, ""), result.stderr
+        assert result.stderr.strip().splitlines()[-1] == (
+            f"config error: {path}: ledger: sqlite file {db}: cannot make the directory {db.parent}: Not a directory"
+        ), result.stderr
+
+
 def test_a_ledger_of_version_1_is_migrated_without_the_request_id_index(tmp_path: Path) -> None:
     db = tmp_path / "ledger.db"
     with sqlite3.connect(db) as conn:
