@@ -59,16 +59,18 @@ class Running:
 def stacks() -> str:
     """Every thread's stack and every running event loop's tasks now: what a server that does not stop is
     waiting for."""
-    names = {t.ident: t.name for t in threading.enumerate()}
-    out = [
-        f"--- thread {names.get(ident, ident)}\n" + "".join(traceback.format_stack(frame))
-        for ident, frame in sys._current_frames().items()
-    ]
+    # The tasks first: a truncated report (CI keeps a failure's head and tail) still names what is awaited.
+    out = []
     loops = [o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop) and o.is_running()]
     for loop in loops:
         for task in asyncio.all_tasks(loop):
             frames = "".join(line for f in task.get_stack() for line in traceback.format_stack(f, limit=1))
             out.append(f"--- task {task.get_name()} {task.get_coro()!r}\n{frames}")
+    names = {t.ident: t.name for t in threading.enumerate()}
+    out += [
+        f"--- thread {names.get(ident, ident)}\n" + "".join(traceback.format_stack(frame))
+        for ident, frame in sys._current_frames().items()
+    ]
     return "\n".join(out)
 
 
