@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from gateway.config import ConfigError, LoadedConfig, load_config
+from gateway.config import ConfigError, LoadedConfig, load_config, parse_config, read_config, started
 from gateway.ops import envfile
 from gateway.ops.serving import HTTP_PROTOCOLS, LOG_FORMAT, ListenError, bind, probe, run_uvicorn
 
@@ -116,7 +116,8 @@ def _serve(args: argparse.Namespace) -> int:
         print(GRANIAN_MISSING, file=sys.stderr)
         return 1
     _read_env_file(args)
-    loaded = load_config(args.config)
+    text = read_config(args.config)
+    loaded = parse_config(text, args.config)
     runtime = None
     if loaded.config.ledger.url:
         from gateway.ledger.startup import prepare
@@ -135,7 +136,12 @@ def _serve(args: argparse.Namespace) -> int:
     _announce(loaded, host, runtime)
     if workers > 1 and not loaded.config.redis.url:
         log.warning("%d workers without redis.url: each worker keeps its own state", workers)
-    os.environ["GATEWAY_CONFIG"] = os.path.abspath(args.config)
+    os.environ[started.PATH_ENV] = os.path.abspath(args.config)
+    kept = None
+    if workers > 1:
+        # What a worker started later falls back to, should the file be broken by then (gateway/config/started.py).
+        kept = started.keep(text)
+        os.environ[started.KEPT_ENV] = str(kept)
     metrics_dir = None
     if workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         # Every worker writes its metric values here, so /metrics on any worker reports them all.
@@ -154,6 +160,8 @@ def _serve(args: argparse.Namespace) -> int:
     finally:
         if sock is not None:
             sock.close()
+        if kept is not None:
+            started.forget(kept)
         if metrics_dir is not None:
             # Only a directory this process made: an operator's own PROMETHEUS_MULTIPROC_DIR is theirs.
             shutil.rmtree(metrics_dir, ignore_errors=True)

@@ -17,7 +17,14 @@ from gateway.config.fleet import (
     replica_url,
     replica_weight,
 )
-from gateway.config.loading import ConfigError, LoadedConfig, ledger_target, load_config, parse_config
+from gateway.config.loading import (
+    ConfigError,
+    LoadedConfig,
+    ledger_target,
+    load_config,
+    parse_config,
+    read_config,
+)
 from gateway.config.schema import (
     AdminConfig,
     AliasConfig,
@@ -98,5 +105,6 @@ __all__ = [
     "Transport",
     "load_config",
     "parse_config",
+    "read_config",
     "same_target_of",
 ]

@@ -287,13 +287,17 @@ def _userinfo(url: str) -> bool:
     return parts.username is not None or parts.password is not None
 
 
+def read_config(path: str | Path) -> str:
+    """The config file's text; a `ConfigError` line when it cannot be read."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: (file): {exc.strerror or exc}") from None
+
+
 def load_config(path: str | Path, env: dict[str, str] | None = None, *, strict: bool = False) -> LoadedConfig:
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{p}: (file): {exc.strerror or exc}") from None
-    loaded = parse_config(text, str(p), env)
+    loaded = parse_config(read_config(p), str(p), env)
     if strict and loaded.missing_env:
         path_, names = next(iter(loaded.missing_env.items()))
         raise ConfigError(f"{p}: {path_}: environment variable {names[0]} is not set")

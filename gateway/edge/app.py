@@ -12,7 +12,6 @@ import gc
 import hashlib
 import hmac
 import logging
-import os
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, Final
@@ -24,7 +23,7 @@ from litestar.exceptions import HTTPException
 from litestar.types import ControllerRouterHandler, HTTPScope, Receive, ReceiveMessage, Scope, Send
 
 from gateway.batches.service import Batches
-from gateway.config import LoadedConfig, load_config
+from gateway.config import LoadedConfig, started
 from gateway.edge import status
 from gateway.edge.batch_routes import routes as batch_routes
 from gateway.edge.discovery import Discovery
@@ -379,4 +378,4 @@ class Front:
 
 def app_from_env() -> Front:
     """Factory for `uvicorn --factory` workers: the CLI validated the config before starting them."""
-    return create_app(load_config(os.environ["GATEWAY_CONFIG"]))
+    return create_app(started.for_worker())

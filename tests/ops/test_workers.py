@@ -164,3 +164,42 @@ def test_both_workers_answer_on_ipv6_loopback(tmp_path: Path) -> None:
             _until_both_answer(gw.url)
         finally:
             gw.stop()
+
+
+def test_a_worker_replaced_while_the_config_is_broken_starts_with_the_one_validated(tmp_path: Path) -> None:
+    """A worker started after the operator broke the file mid-edit serves the config `serve` validated (one
+    ERROR line says so) instead of failing and being replaced again and again; the validated copy is
+    private and goes with the gateway."""
+    with Upstream() as upstream:
+        upstream.handler = reply(ANSWER)
+        path = _config(tmp_path, upstream)
+        gw = GatewayProcess(path, cli_env())
+        try:
+            gw.wait_ready()
+            before = _until_both_answer(gw.url)
+            # What uvicorn's spawn gave a worker (the main process's own /proc environ is from its exec).
+            env = Path(f"/proc/{_workers(gw.proc.pid)[0]}/environ").read_bytes().split(b"\0")
+            kept = Path(next(v for v in env if v.startswith(b"GATEWAY_CONFIG_STARTED=")).split(b"=", 1)[1].decode())
+            assert kept.read_text() == path.read_text()
+            assert (kept.stat().st_mode & 0o777, kept.parent.stat().st_mode & 0o777) == (0o600, 0o700)
+            path.write_text("providers: [\n")  # the operator's edit, half saved
+            killed = _workers(gw.proc.pid)[0]
+            os.kill(killed, signal.SIGKILL)
+            after = _until_both_answer(gw.url)
+            assert len(before & after) == 1, (before, after)
+            time.sleep(1)  # a replacement failing would be replaced again within this
+            workers = _workers(gw.proc.pid)
+            assert len(workers) == 2 and killed not in workers, workers
+        finally:
+            gw.stop()
+    log = gw.log.read_text()
+    assert "Traceback" not in log, log
+    problem = f"{path}: line 2: expected the node content, but found '<stream end>'"
+    errors = [line.split(": ", 1)[1] for line in log.splitlines() if " ERROR " in line]
+    # The replacement's line once, and (when its poll came round) the survivor's reload keeping its config.
+    assert [e for e in errors if e.startswith("config error: ")] == [
+        f"config error: {problem}; this worker starts with the config the gateway was started with"
+    ], log
+    survivor = f"config reload (file changed) failed, keeping the running config: {problem}"
+    assert all(e == survivor for e in errors if not e.startswith("config error: ")), log
+    assert not kept.parent.exists()
