@@ -208,6 +208,7 @@ def protocol(name: str = "gateway") -> type[asyncio.Protocol] | str:
 def run_uvicorn(app: str, sock: socket.socket, workers: int, grace_s: int, http: str = "gateway") -> int:
     """Serve `app` (an app factory's import string) on `sock`; the exit status."""
     import uvicorn
+    from uvicorn.config import STARTUP_FAILURE
     from uvicorn.supervisors import Multiprocess
 
     config = uvicorn.Config(
@@ -229,10 +230,13 @@ def run_uvicorn(app: str, sock: socket.socket, workers: int, grace_s: int, http:
         sockets: list[Any] = [WorkerSocket(sock) if own_sockets(workers) else sock]
         # uvicorn 0.36 dropped Multiprocess's `target` (each worker builds its own Server from the config).
         if "target" in inspect.signature(Multiprocess).parameters:
-            Multiprocess(config, target=server.run, sockets=sockets).run()  # type: ignore[call-arg]
+            supervisor = Multiprocess(config, target=server.run, sockets=sockets)  # type: ignore[call-arg]
         else:
-            Multiprocess(config, sockets=sockets).run()
-        return 0
+            supervisor = Multiprocess(config, sockets=sockets)
+        supervisor.run()
+        # A worker that failed to start (its app's start-up, its socket) stops them all; the exit status says
+        # so, for a service manager that restarts the gateway on failure.
+        return 1 if any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes) else 0
     server.run(sockets=[sock])
     # A lifespan start-up failure has been logged by uvicorn already.
     return 0 if server.started else 1

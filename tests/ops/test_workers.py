@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -17,6 +19,7 @@ import httpx
 import pytest
 
 from gateway.ops.serving import own_sockets
+from tests.helpers.recordings import REPO
 from tests.helpers.servers import GatewayProcess, cli_env, free_port, run_cli
 from tests.helpers.upstreams import Upstream, reply
 
@@ -203,3 +206,27 @@ def test_a_worker_replaced_while_the_config_is_broken_starts_with_the_one_valida
     survivor = f"config reload (file changed) failed, keeping the running config: {problem}"
     assert all(e == survivor for e in errors if not e.startswith("config error: ")), log
     assert not kept.parent.exists()
+
+
+def failing_app() -> object:
+    """An app factory (for the test below, in uvicorn's workers) whose app refuses to start."""
+
+    async def app(scope: dict[str, object], receive: object, send: object) -> None:
+        assert scope["type"] == "lifespan"
+        await receive()  # type: ignore[operator]
+        await send({"type": "lifespan.startup.failed", "message": "refused on purpose"})  # type: ignore[operator]
+
+    return app
+
+
+def test_a_worker_that_fails_to_start_stops_the_gateway_with_status_1() -> None:
+    """Not 0: a service manager restarting the gateway on failure must see one."""
+    code = (
+        "import sys; from gateway.ops.serving import bind, run_uvicorn; "
+        "sys.exit(run_uvicorn('tests.ops.test_workers:failing_app', bind('127.0.0.1', 0, 2), 2, 1))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 1, result.stderr
+    assert "refused on purpose" in result.stderr, result.stderr
