@@ -237,6 +237,10 @@ def run_uvicorn(app: str, sock: socket.socket, workers: int, grace_s: int, http:
         # A worker that failed to start (its app's start-up, its socket) stops them all; the exit status says
         # so, for a service manager that restarts the gateway on failure.
         return 1 if any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes) else 0
-    server.run(sockets=[sock])
+    try:
+        server.run(sockets=[sock])
+    except SystemExit as exc:
+        if exc.code != STARTUP_FAILURE:
+            raise
     # A lifespan start-up failure has been logged by uvicorn already.
     return 0 if server.started else 1

@@ -219,11 +219,12 @@ def failing_app() -> object:
     return app
 
 
-def test_a_worker_that_fails_to_start_stops_the_gateway_with_status_1() -> None:
-    """Not 0: a service manager restarting the gateway on failure must see one."""
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_worker_that_fails_to_start_stops_the_gateway_with_status_1(workers: int) -> None:
+    """Not 0 (nor uvicorn's own 3): a service manager restarting the gateway on failure must see one."""
     code = (
         "import sys; from gateway.ops.serving import bind, run_uvicorn; "
-        "sys.exit(run_uvicorn('tests.ops.test_workers:failing_app', bind('127.0.0.1', 0, 2), 2, 1))"
+        f"sys.exit(run_uvicorn('tests.ops.test_workers:failing_app', bind('127.0.0.1', 0, {workers}), {workers}, 1))"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=60, check=False
