@@ -127,11 +127,18 @@ class Cache:
             # The common request (no directives, one text prompt, buffered, stored in memory): its key is
             # `cache_key`'s without a copy of the request, and a plain miss is settled here, in one step.
             digest = (pol.scope or self._scopes.get(key) or self.policies.scope(pol, key)) + canonical(req)
-            inflight = self.inflight
-            if digest not in inflight and digest not in self.memory.entries:
+            memory = self.memory
+            kept = memory.entries.get(digest)
+            if kept is not None:
+                if type(kept[0]) is Entry and self.clock() < kept[1]:
+                    # The plain hit of a buffered answer: `MemoryStore.fetch` and `served_by`, inlined. A hit
+                    # stores nothing, so it needs no per-prompt lists and no policy.
+                    memory.entries.move_to_end(digest)
+                    return Lookup(self, HIT, rec, None, digest, tag, entry=kept[0])
+            elif digest not in self.inflight:
                 # Nothing stored, no identical request in flight: this one asks and stores (`Lookup.done`).
                 lookup = Lookup(self, MISS, rec, pol, digest, tag, req.n or 1, True, True)
-                inflight[digest] = lookup
+                self.inflight[digest] = lookup
                 return lookup
             cc = NO_CONTROLS
         else:
@@ -397,18 +404,20 @@ class Lookup(msgspec.Struct):
     def replay(self, job: JobLike, rec: Record, make: Make[R]) -> R:
         entry = self.entry
         assert entry is not None
-        self.cache.admission.settle(job.ticket, 0)
         rec.provider, rec.target, rec.attempts, rec.usage = entry.provider, entry.target, 0, entry.usage
         rec.cached = True
+        age = int(self.cache.clock() - entry.stored)
         headers = {
             "x-gateway-provider": entry.provider,
             "x-gateway-model": entry.target,
             "x-gateway-attempts": "0",
             "x-gateway-cache": self.state,
-            "age": str(max(int(self.cache.clock() - entry.stored), 0)),
+            "age": str(age) if age > 0 else "0",
         }
-        if job.ticket is not None:
-            headers |= job.ticket.headers
+        ticket = job.ticket
+        if ticket is not None:  # none for a hit no rate limit counts (`Pipeline.early`)
+            self.cache.admission.settle(ticket, 0)
+            headers |= ticket.headers
         req, ctx = job.req, job.ctx
         if not req.stream:
             return make(headers, body=buffered_body(entry, ctx))
