@@ -204,7 +204,8 @@ _NONE_SET: Final = (None,) * len(_RARE)
 def normalize(req: CompletionRequest, caps: CapsConfig = _DEFAULT_CAPS) -> CompletionRequest:
     """Canonicalize in place and return the same object (one decode, no copies)."""
     check_model(req.model)
-    n_prompts = _check_prompt(req.prompt)
+    prompt = req.prompt
+    n_prompts = 1 if isinstance(prompt, str) else _check_prompt(prompt)  # one text, the common case: no call
     if _rare(req) == _NONE_SET:
         # The common request: of the checks below, only the stops' bound and the choice count apply (one C
         # call tells; the full pass costs several times the request's decode).
