@@ -80,13 +80,11 @@ class Cache:
         self.memory = MemoryStore(cfg.cache.max_bytes, clock=clock, on_evict=on_evict)
         on_corrupt = metrics.cache_redis_not_entries.inc if metrics is not None else None
         self.redis = RedisStore(shared, on_corrupt) if shared.configured else None
-
         self.policies = Policies(loaded, self.memory, self.redis)
         self._policies, self._scopes = self.policies.known, self.policies.scopes  # probed on every request
         self.inflight: dict[bytes, Lookup] = {}  # per key: the request in flight that will store its answer
         self.counts = {HIT: 0, MISS: 0, COALESCED: 0, BYPASS: 0}
-        # Per model as routed (`Record.model`), with metrics on: its counts not yet added (`Series`).
-        self.series: dict[str, Series] = {}
+        self.series: dict[str, Series] = {}  # per model as routed, with metrics on: its counts not yet added
         self.stores = {s.kind: s for s in (self.memory, self.redis) if s is not None}
 
     def series_of(self, model: str) -> Series:
@@ -124,15 +122,18 @@ class Cache:
             and req.inference_timeout is None
             and (pol.plain or (pol.memory and deterministic(req)))
         ):
-            # The common request (no directives, one text prompt, buffered, stored in memory): its key is
-            # `cache_key`'s without a copy of the request, and a plain miss is settled here, in one step.
+            # The common request (no directives, one text prompt, buffered, in memory): keyed and settled here.
             digest = (pol.scope or self._scopes.get(key) or self.policies.scope(pol, key)) + canonical(req)
-            inflight = self.inflight
-            if digest not in inflight and digest not in self.memory.entries:
+            entries = self.memory.entries
+            kept = entries.get(digest)
+            if kept is None and digest not in self.inflight:
                 # Nothing stored, no identical request in flight: this one asks and stores (`Lookup.done`).
-                lookup = Lookup(self, MISS, rec, pol, digest, tag, req.n or 1, True, True)
-                inflight[digest] = lookup
+                lookup = self.inflight[digest] = Lookup(self, MISS, rec, pol, digest, tag, req.n or 1, True, True)
                 return lookup
+            if kept is not None and type(kept[0]) is Entry and self.clock() < kept[1]:
+                # A buffered answer's plain hit (`MemoryStore.fetch`, `served_by` inlined): no lists, no policy.
+                entries.move_to_end(digest)
+                return Lookup(self, HIT, rec, None, digest, tag, entry=kept[0])
             cc = NO_CONTROLS
         else:
             cc = Controls(header) if header else NO_CONTROLS
@@ -243,8 +244,7 @@ class Lookup(msgspec.Struct):
     tag: str = ""
     n: int = 1
     leading: bool = False  # the request in flight that identical ones wait for
-    # A buffered miss of one prompt stored in memory: it needs no `serve` around the pipeline's call.
-    direct: bool = False
+    direct: bool = False  # a buffered miss of one prompt stored in memory: no `serve` around the pipeline's call
     # Per prompt (none yet for a plain miss: `serve` makes them if it ever needs them). The default is an
     # empty tuple, not a list msgspec would copy for every request: these are replaced, never appended to.
     keys: list[bytes] = _NO_ITEMS
@@ -397,7 +397,6 @@ class Lookup(msgspec.Struct):
     def replay(self, job: JobLike, rec: Record, make: Make[R]) -> R:
         entry = self.entry
         assert entry is not None
-        self.cache.admission.settle(job.ticket, 0)
         rec.provider, rec.target, rec.attempts, rec.usage = entry.provider, entry.target, 0, entry.usage
         rec.cached = True
         headers = {
@@ -407,7 +406,8 @@ class Lookup(msgspec.Struct):
             "x-gateway-cache": self.state,
             "age": str(max(int(self.cache.clock() - entry.stored), 0)),
         }
-        if job.ticket is not None:
+        if job.ticket is not None:  # none for a hit no rate limit counts (`Pipeline.early`)
+            self.cache.admission.settle(job.ticket, 0)
             headers |= job.ticket.headers
         req, ctx = job.req, job.ctx
         if not req.stream:

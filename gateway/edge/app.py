@@ -301,13 +301,6 @@ def too_large(limit: int) -> InvalidRequestError:
     return InvalidRequestError(f"The request body is larger than {limit} bytes", status=413, code="request_too_large")
 
 
-def _declared_length(scope: HTTPScope) -> int | None:
-    for name, value in scope["headers"]:
-        if name == b"content-length":
-            return int(value) if value.isdigit() else None
-    return None
-
-
 class _Capped:
     """A `receive` that raises the 413 once a body without a declared length passes the limit."""
 
@@ -358,7 +351,11 @@ class Front:
             limit: int = config.caps.request_body_bytes
             if scope["path"] == FILES:  # an upload of a batch's input file: its own, larger bound
                 limit = max(limit, config.batches.max_file_bytes + _MULTIPART_SLACK)
-            declared = _declared_length(scope)
+            declared: int | None = None
+            for name, value in scope["headers"]:  # the declared length (a loop here, not a call: every request)
+                if name == b"content-length":
+                    declared = int(value) if value.isdigit() else None
+                    break
             if declared is None:
                 receive = _Capped(receive, limit)
             elif declared > limit:

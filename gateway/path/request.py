@@ -86,6 +86,8 @@ def _refused_header(name: str) -> bool:
 def check_model(model: str) -> None:
     """Refuse a model string that could not be routed safely: it is echoed in a response header and a log
     line, matched against key globs, and may become part of an upstream URL."""
+    if model in _MODELS_OK:  # nearly every request names a model asked for before: one probe
+        return
     if not model or len(model) > MAX_MODEL_CHARS or not model.isprintable():
         raise _bad(
             f"'model' must be 1 to {MAX_MODEL_CHARS} printable characters (no control or format characters)",
@@ -96,6 +98,14 @@ def check_model(model: str) -> None:
         raise _bad("'model' may not contain '?', '#' or a backslash", "model")
     if "/." in "/" + model and any(seg in (".", "..") for seg in model.split("/")):
         raise _bad("'model' may not contain '.' or '..' segments", "model")
+    if len(_MODELS_OK) >= _MODELS_MAX:
+        _MODELS_OK.clear()  # client-chosen model names cannot grow it
+    _MODELS_OK.add(model)
+
+
+# Model strings `check_model` passed: emptied when full.
+_MODELS_OK: Final[set[str]] = set()
+_MODELS_MAX: Final = 1024
 
 
 def _check_depth(value: Any, limit: int, field: str) -> None:
@@ -163,10 +173,52 @@ def _check_guided(req: CompletionRequest) -> None:
         raise _bad("'guided_choice' must not be empty", "guided_choice")
 
 
+# The fields most requests leave unset whose checks and folds `normalize` skips when none is set: the token
+# limit's and stops' other names, the logprobs' forms, `best_of`, `stream_options`, the structured-output and
+# free-form fields, `inference_timeout` and the escape hatches.
+_RARE: Final = tuple(
+    dict.fromkeys(
+        (
+            "max_new_tokens",
+            "max_completion_tokens",
+            "stop_sequences",
+            "logprobs",
+            "top_logprobs",
+            "return_token_log_probs",
+            "best_of",
+            "stream_options",
+            "guided_json",
+            "guided_regex",
+            "guided_choice",
+            "guided_grammar",
+            "inference_timeout",
+            "inference_extra_headers",
+            *FREE_FORM,
+        )
+    )
+)
+_rare: Final = operator.attrgetter(*_RARE)
+_NONE_SET: Final = (None,) * len(_RARE)
+
+
 def normalize(req: CompletionRequest, caps: CapsConfig = _DEFAULT_CAPS) -> CompletionRequest:
     """Canonicalize in place and return the same object (one decode, no copies)."""
     check_model(req.model)
-    n_prompts = _check_prompt(req.prompt)
+    prompt = req.prompt
+    n_prompts = 1 if isinstance(prompt, str) else _check_prompt(prompt)  # one text, the common case: no call
+    if _rare(req) == _NONE_SET:
+        # The common request: of the checks below, only the stops' bound and the choice count apply (one C
+        # call tells; the full pass costs several times the request's decode).
+        stop = req.stop
+        if stop is not None:
+            if isinstance(stop, str):
+                stop = [stop]
+            if stop and max(map(len, stop)) > caps.pattern_chars:
+                raise _bad(f"'stop' may hold sequences of at most {caps.pattern_chars} characters", "stop")
+            req.stop = stop or None
+        if (req.n or 1) * n_prompts > MAX_CHOICES:
+            raise _bad(f"at most {MAX_CHOICES} choices per request (prompts x n)", "n")
+        return req
 
     limit: int | None = None
     for name in ("max_tokens", "max_new_tokens", "max_completion_tokens"):

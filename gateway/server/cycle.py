@@ -35,6 +35,7 @@ class Connection(Protocol):
     transport: asyncio.Transport
     tasks: set[asyncio.Task[None]]
     write_paused: bool
+    read_paused: bool
     draining: bool
     pipeline: deque[Any]
 
@@ -64,6 +65,8 @@ _TOKEN = b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz"
 _NAMES_OK: set[bytes] = {b"content-type", b"content-length", b"cache-control", b"x-request-id"}
 _NAMES_CAP = 1024
 _BODILESS = frozenset((204, 304))
+# The names whose values decide the answer's framing or the connection's end.
+_FRAMING = frozenset((b"content-length", b"transfer-encoding", b"connection"))
 
 
 def _check_name(name: bytes) -> None:
@@ -206,7 +209,9 @@ class Cycle:
                 body, self.body = self.body, b""
                 more = self.more_body
                 self.delivered = not more
-                self.conn.resume_reading()
+                conn = self.conn
+                if conn.read_paused:  # `resume_reading` checks it first: no call when reading runs
+                    conn.resume_reading()
                 return {"type": "http.request", "body": body, "more_body": more}
             # Reading must run to bring the rest of the body, or to see the client leave.
             self.conn.resume_reading()
@@ -270,22 +275,28 @@ class Cycle:
     def _start(self, status: int, headers: Iterable[tuple[bytes, bytes]]) -> None:
         length = -1
         chunked = close = False
-        lines = []
+        parts: list[bytes] = []
         for raw, value in headers:
-            name = raw.lower()
-            if name not in _NAMES_OK:
-                _check_name(name)
-            if name == b"content-length":
-                if length < 0:
-                    length = int(value)
-            elif name == b"transfer-encoding":
-                chunked = value.lower() == b"chunked"
-            elif name == b"connection" and b"close" in [t.strip() for t in value.lower().split(b",")]:
-                close = True
-            lines.append(b"%s: %s\r\n" % (name, value))
-        block = b"".join(lines)
+            if raw in _NAMES_OK:  # seen valid, hence lowercase already: no `lower()` for the usual names
+                name = raw
+            else:
+                name = raw.lower()
+                if name not in _NAMES_OK:
+                    _check_name(name)
+            if name in _FRAMING:
+                if name == b"content-length":
+                    if length < 0:
+                        length = int(value)
+                elif name == b"transfer-encoding":
+                    chunked = value.lower() == b"chunked"
+                elif b"close" in [t.strip() for t in value.lower().split(b",")]:  # connection
+                    close = True
+            # A line's four parts, joined once below: no format per header.
+            parts += (name, b": ", value, b"\r\n")
+        block = b"".join(parts)
+        lines = len(parts) >> 2
         # The names are tokens; a value must not end its line early (CR, LF) or hold NUL: one scan of all.
-        if block.count(b"\n") != len(lines) or block.count(b"\r") != len(lines) or b"\0" in block:
+        if block.count(b"\n") != lines or block.count(b"\r") != lines or b"\0" in block:
             raise RuntimeError("Invalid HTTP header value: CR, LF or NUL.")
         conn = self.conn
         if close or (conn.draining and not conn.pipeline):

@@ -282,7 +282,8 @@ class H1Protocol(asyncio.Protocol):
         elif self.draining:
             self.transport.close()
         else:
-            self.resume_reading()
+            if self.read_paused:  # `resume_reading` checks it first: no call when reading runs
+                self.resume_reading()
             self._idle()
 
     # Flow control

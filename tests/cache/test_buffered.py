@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -234,3 +235,15 @@ def test_a_config_reload_keeps_the_stored_answers(upstream: Upstream, tmp_path: 
         wait_until(lambda: gw.app.state.reloader.reloads > before, timeout=10)
         assert c.post("/v1/completions", json=body("reload: kept")).headers["x-gateway-cache"] == "hit"
     assert len(upstream.received) == 1
+
+
+def test_an_expired_entry_is_not_served(upstream: Upstream, tmp_path: Path) -> None:
+    short = config(upstream).replace("cache: {mode: deterministic}", "cache: {mode: deterministic, ttl_s: 1}")
+    with serve_config(tmp_path, short) as gw, client(gw.url) as c:
+        assert c.post("/v1/completions", json=body("ttl: gone")).headers["x-gateway-cache"] == "miss"
+        assert c.post("/v1/completions", json=body("ttl: gone")).headers["x-gateway-cache"] == "hit"
+        time.sleep(1.2)
+        # Past its ttl_s the entry is dropped: the rerun asks the upstream again and stores the fresh answer.
+        assert c.post("/v1/completions", json=body("ttl: gone")).headers["x-gateway-cache"] == "miss"
+        assert c.post("/v1/completions", json=body("ttl: gone")).headers["x-gateway-cache"] == "hit"
+    assert len(upstream.received) == 2
