@@ -14,7 +14,9 @@ five times as much per row: each column's value was read back out of the row's t
 
 from __future__ import annotations
 
+import collections
 import functools
+import itertools
 from collections import deque
 from collections.abc import Iterator
 from typing import Any, Final
@@ -192,7 +194,8 @@ def text(value: str) -> str:
 
 
 def take(queue: deque[Pending], prefix: str, ids: Iterator[int]) -> Batch:
-    """Empty the queue into a `Batch` (on the event loop, where the rows were queued)."""
+    """Empty the queue into a `Batch` (on the event loop, where the rows were queued); the rows' ids are
+    `prefix` and the next numbers of `ids`, in the queue's order."""
     batch = Batch()
     index: dict[tuple[Any, ...], list[Any]] = {}
     entries, groups, widths = batch.entries, batch.groups, batch.widths
@@ -200,7 +203,9 @@ def take(queue: deque[Pending], prefix: str, ids: Iterator[int]) -> Batch:
     lo = hi = 0.0
     day = ""
     n = len(queue)
-    for _ in range(n):
+    last: tuple[Any, ...] | None = None
+    group: list[Any] = []
+    for rid in row_ids(prefix, ids, n):
         values, own = popleft()  # the entry's values and the row's width; the row's own values
         ended = own[1]
         if not lo <= ended < hi:  # the day is formatted once per batch (and at midnight)
@@ -208,16 +213,48 @@ def take(queue: deque[Pending], prefix: str, ids: Iterator[int]) -> Batch:
             hi = lo + 86400
             day = day_of(ended)
             index = {}  # entries are per day: a new day starts new ones
-        group = index.get(values)
-        if group is None:
-            group = index[values] = []
-            entries.append((day, values[0], values[10], *values[1:5], int(values[5]), *values[6:10], *values[11:14]))
-            groups.append(group)
-            widths.append(values[14])
-        group.append(f"{prefix}{next(ids)}")
+            last = None
+        # Rows in a row mostly share their entry: equal values are compared, not hashed (the strings decoded
+        # from each request are objects of their own, whose hash is computed at its first use).
+        if values != last:
+            found = index.get(values)
+            if found is None:
+                found = index[values] = []
+                entries.append(
+                    (day, values[0], values[10], *values[1:5], int(values[5]), *values[6:10], *values[11:14])
+                )
+                groups.append(found)
+                widths.append(values[14])
+            group, last = found, values
+        group.append(rid)
         group += own
     batch.size = n
     return batch
+
+
+_TAILS: Final = tuple(f"{k:03d}" for k in range(1000))
+
+
+def row_ids(prefix: str, ids: Iterator[int], n: int) -> list[str]:
+    """`prefix` and each of the next `n` numbers of `ids` (consecutive, as a count's): `f"{prefix}{i}"`, with
+    each thousand's leading digits formatted once and the last three taken from a table (formatting each
+    number cost a row about 2,000 instructions, a fifth of its share of the event loop)."""
+    if not n:
+        return []
+    first = next(ids)
+    if n > 1:
+        collections.deque(itertools.islice(ids, n - 1), maxlen=0)  # drawn, as n calls of next would
+    if first < 1000:
+        return [f"{prefix}{i}" for i in range(first, first + n)]
+    out: list[str] = []
+    thousands, k = divmod(first, 1000)
+    while n:
+        m = min(1000 - k, n)
+        out += map(f"{prefix}{thousands}".__add__, _TAILS[k : k + m])
+        n -= m
+        thousands += 1
+        k = 0
+    return out
 
 
 @functools.cache  # at most twelve texts: (50, 8 or 1 rows) x (width) x (whether an upstream served)

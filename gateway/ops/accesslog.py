@@ -8,6 +8,7 @@ docs/observability.md.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import sys
 import time
@@ -20,6 +21,7 @@ from msgspec import UNSET, UnsetType
 from gateway.ops.metrics import Record
 
 _encode_into = msgspec.json.Encoder().encode_into
+_floor = math.floor
 _FLUSH_BYTES: Final = 4096
 _FLUSH_S: Final = 0.2
 
@@ -103,10 +105,11 @@ class _Line(msgspec.Struct, gc=False):  # holds no container, so no cycle
 def write(rec: Record, elapsed_s: float) -> None:
     """`rec`'s line onto the sink's buffer: encoded there, with no bytes object of its own and no copy."""
     # Milliseconds to 3 decimals as `round(x, 3)` gives them (ties aside) without its decimal string round trip,
-    # which cost three times more than building the rest of the line; `// 1` is `int()` without its call.
+    # which cost three times more than building the rest of the line; `math.floor` costs less than `// 1`
+    # (a float's floor division computes its remainder too) and `int()`.
     usage = rec.usage
     entry = _Line(
-        (time.time() * 1000.0 + 0.5) // 1 / 1000.0,
+        _floor(time.time() * 1000.0 + 0.5) / 1000.0,
         rec.request_id,
         rec.dialect,
         rec.endpoint,
@@ -115,8 +118,8 @@ def write(rec: Record, elapsed_s: float) -> None:
         rec.provider or None,
         rec.target or None,
         rec.status,
-        (elapsed_s * 1e6 + 0.5) // 1 / 1000.0,
-        (rec.upstream_s * 1e6 + 0.5) // 1 / 1000.0,
+        _floor(elapsed_s * 1e6 + 0.5) / 1000.0,
+        _floor(rec.upstream_s * 1e6 + 0.5) / 1000.0,
         rec.attempts,
         usage.prompt_tokens if usage else None,
         usage.completion_tokens if usage else None,
@@ -127,7 +130,7 @@ def write(rec: Record, elapsed_s: float) -> None:
     if rec.usage_estimated:
         entry.usage_estimated = True
     if rec.queue_s is not None:  # a request that passed a server with max_concurrency: its time waiting there
-        entry.queue_ms = (rec.queue_s * 1e6 + 0.5) // 1 / 1000.0
+        entry.queue_ms = _floor(rec.queue_s * 1e6 + 0.5) / 1000.0
     if rec.batch_id is not None:
         entry.batch_id = rec.batch_id
     if rec.prompt is not None:
