@@ -124,16 +124,13 @@ class Cache:
         ):
             # The common request (no directives, one text prompt, buffered, in memory): keyed and settled here.
             digest = (pol.scope or self._scopes.get(key) or self.policies.scope(pol, key)) + canonical(req)
-            entries = self.memory.entries
-            kept = entries.get(digest)
-            if kept is None and digest not in self.inflight:
+            entry = self.memory.fetch(digest)
+            if entry is not None:  # a plain hit: no lists, no policy
+                return Lookup(self, HIT, rec, None, digest, tag, entry=entry)
+            if digest not in self.inflight:
                 # Nothing stored, no identical request in flight: this one asks and stores (`Lookup.done`).
                 lookup = self.inflight[digest] = Lookup(self, MISS, rec, pol, digest, tag, req.n or 1, True, True)
                 return lookup
-            if kept is not None and type(kept[0]) is Entry and self.clock() < kept[1]:
-                # A buffered answer's plain hit (`MemoryStore.fetch`, `served_by` inlined): no lists, no policy.
-                entries.move_to_end(digest)
-                return Lookup(self, HIT, rec, None, digest, tag, entry=kept[0])
             cc = NO_CONTROLS
         else:
             cc = Controls(header) if header else NO_CONTROLS

@@ -223,11 +223,7 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services, op: Ope
             headers[k.decode("latin-1")] = v.decode("latin-1")
         if len(headers) < len(raw_headers):  # type: ignore[arg-type]  # a list, by the ASGI spec
             joined(headers, raw_headers)  # a header sent on several lines, read whole
-        # `request_id`, inlined: it runs on every request.
-        rid = headers.get("x-request-id")
-        if not rid or not _REQUEST_ID.fullmatch(rid):
-            rid = "req_" + unique_suffix()
-        rec = Record(request_id=rid, dialect=dialect.name, endpoint=op.name)
+        rec = Record(request_id=request_id(headers), dialect=dialect.name, endpoint=op.name)
         pipeline, metrics = services(scope)
         try:
             body = await _read_body(receive)

@@ -298,10 +298,7 @@ class UsageStore:
             if len(self._names) >= _CACHE_LIMIT:
                 self._names.clear()
             names = self._names[model] = tuple(f"{kind}:{model}" for kind in _KINDS)
-        now = self.clock()
-        # `day_of`, inlined for its common case (the day it formatted last): this runs on every request.
-        last = _day_cache
-        day = last[1] if last[0] == int(now // 86400) else day_of(now)
+        day = day_of(self.clock())
         into = self.local.get((day, ident))
         if into is None:
             self._keep(day, ident, {})  # a new day or key: yesterday's leftovers pruned first

@@ -201,6 +201,19 @@ _rare: Final = operator.attrgetter(*_RARE)
 _NONE_SET: Final = (None,) * len(_RARE)
 
 
+def _bounded_stops(stop: list[str] | None, name: str, caps: CapsConfig) -> list[str] | None:
+    # Whichever provider serves the request, the gateway may have to find these in the text itself (stops
+    # beyond a provider's count, a failover to one that takes fewer): each is held to a pattern's bound.
+    if stop and max(map(len, stop)) > caps.pattern_chars:
+        raise _bad(f"'{name}' may hold sequences of at most {caps.pattern_chars} characters", name)
+    return stop or None
+
+
+def _check_choices(n: int, n_prompts: int) -> None:
+    if n * n_prompts > MAX_CHOICES:
+        raise _bad(f"at most {MAX_CHOICES} choices per request (prompts x n)", "n")
+
+
 def normalize(req: CompletionRequest, caps: CapsConfig = _DEFAULT_CAPS) -> CompletionRequest:
     """Canonicalize in place and return the same object (one decode, no copies)."""
     check_model(req.model)
@@ -211,13 +224,8 @@ def normalize(req: CompletionRequest, caps: CapsConfig = _DEFAULT_CAPS) -> Compl
         # call tells; the full pass costs several times the request's decode).
         stop = req.stop
         if stop is not None:
-            if isinstance(stop, str):
-                stop = [stop]
-            if stop and max(map(len, stop)) > caps.pattern_chars:
-                raise _bad(f"'stop' may hold sequences of at most {caps.pattern_chars} characters", "stop")
-            req.stop = stop or None
-        if (req.n or 1) * n_prompts > MAX_CHOICES:
-            raise _bad(f"at most {MAX_CHOICES} choices per request (prompts x n)", "n")
+            req.stop = _bounded_stops([stop] if isinstance(stop, str) else stop, "stop", caps)
+        _check_choices(req.n or 1, n_prompts)
         return req
 
     limit: int | None = None
@@ -235,12 +243,8 @@ def normalize(req: CompletionRequest, caps: CapsConfig = _DEFAULT_CAPS) -> Compl
         if stop is not None and stop != req.stop_sequences:
             raise _bad("'stop_sequences' disagrees with 'stop'", "stop_sequences")
         stop = req.stop_sequences
-    # Whichever provider serves the request, the gateway may have to find these in the text itself (stops
-    # beyond a provider's count, a failover to one that takes fewer): each is held to a pattern's bound.
-    if stop and max(map(len, stop)) > caps.pattern_chars:
-        name = "stop_sequences" if req.stop_sequences is not None else "stop"
-        raise _bad(f"'{name}' may hold sequences of at most {caps.pattern_chars} characters", name)
-    req.stop, req.stop_sequences = (stop or None), None
+    req.stop = _bounded_stops(stop, "stop_sequences" if req.stop_sequences is not None else "stop", caps)
+    req.stop_sequences = None
 
     lp = req.logprobs
     count: int | None
@@ -264,8 +268,7 @@ def normalize(req: CompletionRequest, caps: CapsConfig = _DEFAULT_CAPS) -> Compl
             raise _bad("'best_of' must be greater than or equal to 'n'", "best_of")
         if req.stream:
             raise _bad("'best_of' cannot be used with 'stream'", "best_of")
-    if n * n_prompts > MAX_CHOICES or (req.best_of or 0) * n_prompts > MAX_CHOICES:
-        raise _bad(f"at most {MAX_CHOICES} choices per request (prompts x n)", "n")
+    _check_choices(max(n, req.best_of or 0), n_prompts)
 
     if req.stream_options is not None and not req.stream:
         raise _bad("'stream_options' is only allowed when 'stream' is true", "stream_options")
