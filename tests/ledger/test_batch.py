@@ -13,7 +13,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from gateway.ledger.batch import _rows_sql, commit_batch, pending, take
+from gateway.ledger.batch import _rows_sql, commit_batch, pending, row_ids, take
 from gateway.ledger.book import commit
 from gateway.ledger.engine import Database
 from gateway.ops.metrics import Record
@@ -163,3 +163,11 @@ def test_many_kinds_of_rows_share_a_dozen_statements(tmp_path: Path) -> None:
     assert _rows_sql.cache_info().currsize <= 12
     assert query(url, "SELECT count(*), count(DISTINCT key_name) FROM requests") == [(1800, 200)]
     assert query(url, "SELECT sum(requests) FROM daily") == [(1800,)]
+
+
+def test_row_ids_are_the_prefix_and_each_number_drawn_across_thousands() -> None:
+    for first in (1, 998, 999, 1_000, 10**9 - 1, 10**9, 10**9 + 997):
+        for n in (0, 1, 2, 3, 1_000, 2_501):
+            ids = itertools.count(first)
+            assert row_ids("p-", ids, n) == [f"p-{i}" for i in range(first, first + n)], (first, n)
+            assert next(ids) == first + n  # exactly n drawn: the next batch goes on from there
