@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from gateway.server import DISCONNECT, H1Protocol
-from gateway.server.h1 import MAX_PIPELINED
+from gateway.server.h1 import MAX_HEAD_BYTES, MAX_PIPELINED
 from tests.helpers.rawhttp import Client, answer, get, read_body, serve, wait_for
 
 
@@ -119,9 +119,16 @@ def test_an_oversized_head_is_431_and_closes(head: bytes) -> None:
 def test_a_head_sent_in_pieces_past_the_cap_is_431() -> None:
     with serve(echo) as server:
         client = Client(server.config.port)
-        client.send(b"GET / HTTP/1.1\r\nhost: t\r\nx-big: ")
-        for _ in range(20):  # never ends its line: the parser holds it, the bytes are counted
-            client.send(b"a" * 4096)
+        head = b"GET / HTTP/1.1\r\nhost: t\r\nx-big: "
+        client.send(head)
+        left = MAX_HEAD_BYTES - len(head)  # the cap reached, not passed: all of it is read
+        while left:  # never ends its line: the parser holds it, the bytes are counted
+            piece = min(left, 4096)
+            client.send(b"a" * piece)
+            left -= piece
+        # One byte past the cap, and the client's last: the server closes with nothing unread (a client still
+        # sending after the refusal would get a reset instead of the answer, and a broken pipe).
+        client.send(b"a")
         assert client.response().status == 431
 
 
