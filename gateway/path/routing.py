@@ -74,7 +74,7 @@ class Router:
         found = self._plans.get(model)
         if found is not None:
             return found
-        route = self._cache.get(model) or self.resolve(model)  # `resolve`'s probe first: no call when known
+        route = self.resolve(model)
         found = self._direct_plans.get(route.key)
         if found is None:
             p = self._providers[route.provider]

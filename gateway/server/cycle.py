@@ -35,7 +35,6 @@ class Connection(Protocol):
     transport: asyncio.Transport
     tasks: set[asyncio.Task[None]]
     write_paused: bool
-    read_paused: bool
     draining: bool
     pipeline: deque[Any]
 
@@ -209,9 +208,7 @@ class Cycle:
                 body, self.body = self.body, b""
                 more = self.more_body
                 self.delivered = not more
-                conn = self.conn
-                if conn.read_paused:  # `resume_reading` checks it first: no call when reading runs
-                    conn.resume_reading()
+                self.conn.resume_reading()
                 return {"type": "http.request", "body": body, "more_body": more}
             # Reading must run to bring the rest of the body, or to see the client leave.
             self.conn.resume_reading()

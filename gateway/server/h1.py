@@ -282,8 +282,7 @@ class H1Protocol(asyncio.Protocol):
         elif self.draining:
             self.transport.close()
         else:
-            if self.read_paused:  # `resume_reading` checks it first: no call when reading runs
-                self.resume_reading()
+            self.resume_reading()
             self._idle()
 
     # Flow control
