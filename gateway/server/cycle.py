@@ -42,6 +42,8 @@ class Connection(Protocol):
 
     def response_done(self) -> None: ...
 
+    def end(self) -> None: ...
+
     def resume_reading(self) -> None: ...
 
     async def drain(self) -> None: ...
@@ -191,7 +193,7 @@ class Cycle:
         self.gone = None
         self.wake()
         if not self.keep_alive:
-            self.conn.transport.close()
+            self.conn.end()
         self.conn.response_done()
 
     # ASGI

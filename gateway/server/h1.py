@@ -33,6 +33,8 @@ MAX_HEADERS = 100  # header lines in a request; more: 431
 MAX_PIPELINED = 64  # requests parsed and waiting behind the one being answered; more: 503, then close
 HEAD_TIMEOUT_S = 10.0  # from the end of the previous answer (or the connection's start) to a whole head
 BODY_HIGH_WATER = 65_536  # request body buffered, unread by the app, before reading pauses
+LINGER_S = 2.0  # after an answer that ends the connection early, what the client still sends is dropped this long
+LINGER_BYTES = 1_048_576  # ... and at most this much, then the close
 
 
 class _Refused(Exception):
@@ -45,6 +47,8 @@ class H1Protocol(asyncio.Protocol):
     max_head_bytes = MAX_HEAD_BYTES
     max_headers = MAX_HEADERS
     head_timeout_s = HEAD_TIMEOUT_S
+    linger_s = LINGER_S
+    linger_bytes = LINGER_BYTES
 
     def __init__(
         self,
@@ -96,6 +100,8 @@ class H1Protocol(asyncio.Protocol):
         self.waiting = True  # no request in progress: the timer may close the connection
         self.idle_at = 0.0
         self.timer: asyncio.TimerHandle | None = None
+        self.linger: asyncio.TimerHandle | None = None  # set while closing: our side is shut, reads are dropped
+        self.linger_left = 0
         self._default_src: list[tuple[bytes, bytes]] | None = None
         self._default_head = b""
 
@@ -120,6 +126,8 @@ class H1Protocol(asyncio.Protocol):
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+        if self.linger is not None:
+            self.linger.cancel()
         if exc is None:
             self.transport.close()
 
@@ -128,7 +136,12 @@ class H1Protocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.hold_reading:
-            return  # read before reading paused: the connection ends after the answers under way
+            # Read before reading paused (the connection ends after the answers under way), or while closing.
+            if self.linger is not None:
+                self.linger_left -= len(data)
+                if self.linger_left < 0:
+                    self.transport.close()
+            return
         if self.in_head:
             self.head_bytes += len(data)
         try:
@@ -267,7 +280,7 @@ class H1Protocol(asyncio.Protocol):
         """The current request's answer is out: start the next pipelined one, or wait for one."""
         self.state.total_requests += 1
         self.current = None
-        if self.transport.is_closing():
+        if self.linger is not None or self.transport.is_closing():
             return
         if self.pipeline:
             cycle, app = self.pipeline.popleft()
@@ -278,7 +291,7 @@ class H1Protocol(asyncio.Protocol):
             self._run(cycle, app)
         elif self.failed is not None:
             self.transport.write(self.failed)
-            self.transport.close()
+            self.close_lingering()
         elif self.draining:
             self.transport.close()
         else:
@@ -320,9 +333,40 @@ class H1Protocol(asyncio.Protocol):
         if self.current is None and not self.pipeline:
             if not self.transport.is_closing():
                 self.transport.write(data)
-                self.transport.close()
+                self.close_lingering()
         else:
             self.failed = data
+
+    def end(self) -> None:
+        """Closes after the answer just written: lingering when the client may still be sending its request."""
+        if self.in_head:
+            self.transport.close()
+        else:  # the parser is inside a request: the rest of its body is on its way
+            self.close_lingering()
+
+    def close_lingering(self) -> None:
+        """Closes after an answer the client may still be sending into (a refusal, a body left unread).
+
+        A socket closed with bytes unread, or receiving more after its close, is reset by the kernel, and a
+        reset can destroy the answer before the client reads it. So the answer leaves with a FIN instead,
+        and what arrives after it is read and dropped until the client closes its side, or `linger_s` or
+        `linger_bytes` run out (as nginx's lingering close).
+        """
+        transport = self.transport
+        if transport.is_closing() or self.linger is not None:
+            return
+        if not transport.can_write_eof():  # TLS: no half-close
+            transport.close()
+            return
+        transport.write_eof()
+        self.hold_reading = True
+        self.waiting = False
+        self.pipeline.clear()
+        self.linger_left = self.linger_bytes
+        self.linger = self.loop.call_later(self.linger_s, transport.close)
+        if self.read_paused:
+            self.read_paused = False
+            transport.resume_reading()
 
     def _upgrade(self) -> None:
         log.warning("Unsupported upgrade request.")

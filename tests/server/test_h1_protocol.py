@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import socket
 import threading
 import time
 from typing import Any
@@ -126,10 +128,73 @@ def test_a_head_sent_in_pieces_past_the_cap_is_431() -> None:
             piece = min(left, 4096)
             client.send(b"a" * piece)
             left -= piece
-        # One byte past the cap, and the client's last: the server closes with nothing unread (a client still
-        # sending after the refusal would get a reset instead of the answer, and a broken pipe).
+        # One byte past the cap.
         client.send(b"a")
         assert client.response().status == 431
+
+
+def _past_the_head_cap(client: Client) -> None:
+    client.send(b"GET / HTTP/1.1\r\nhost: t\r\nx-big: " + b"a" * (MAX_HEAD_BYTES + 1))
+
+
+def test_a_client_still_sending_after_a_refusal_gets_the_answer_not_a_reset() -> None:
+    """The refusal leaves with a FIN and what follows is read and dropped: the client's sends all succeed,
+    it reads its 431, and the server closes as soon as the client closes its side."""
+
+    class Patient(H1Protocol):
+        linger_s = 30.0
+
+    with serve(echo, http=Patient) as server:
+        client = Client(server.config.port)
+        _past_the_head_cap(client)
+        for _ in range(8):  # closed at once, the server's kernel would answer these with a reset
+            time.sleep(0.02)
+            client.send(b"a" * 65_536)
+        assert client.response().status == 431
+        began = time.monotonic()
+        client.sock.shutdown(socket.SHUT_WR)
+        wait_for(lambda: not server.server_state.connections, within=3)
+        assert time.monotonic() - began < 2
+
+
+def test_an_answer_that_closes_before_the_body_is_read_lets_the_client_finish_sending() -> None:
+    async def refuse(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await answer(send, b"too large", status=413, headers=[(b"connection", b"close")])
+
+    with serve(refuse) as server:
+        client = Client(server.config.port)
+        client.send(b"POST / HTTP/1.1\r\nhost: t\r\ncontent-length: 1000000\r\n\r\n" + b"x" * 65_536)
+        for _ in range(7):
+            time.sleep(0.02)
+            client.send(b"x" * 65_536)
+        response = client.response()
+        assert (response.status, response.body) == (413, b"too large")
+        assert client.closed()
+
+
+def test_lingering_ends_after_its_time_or_its_bytes() -> None:
+    class Brief(H1Protocol):
+        linger_s = 0.5
+
+    with serve(echo, http=Brief) as server:
+        silent = Client(server.config.port)  # refused, then neither sends nor closes: closed at linger_s
+        _past_the_head_cap(silent)
+        assert silent.response().status == 431
+        began = time.monotonic()
+        wait_for(lambda: not server.server_state.connections, within=3)
+        assert 0.3 < time.monotonic() - began < 2
+
+    class Patient(H1Protocol):
+        linger_s = 30.0
+        linger_bytes = 200_000
+
+    with serve(echo, http=Patient) as server:
+        flood = Client(server.config.port)  # goes on sending: closed once past linger_bytes
+        _past_the_head_cap(flood)
+        with contextlib.suppress(OSError):
+            for _ in range(20):
+                flood.send(b"a" * 65_536)
+        wait_for(lambda: not server.server_state.connections, within=5)
 
 
 def test_a_malformed_request_is_400_and_closes() -> None:
