@@ -403,7 +403,15 @@ class Admission:
     def _flush_soon(self) -> None:
         self._timer = None
         pending, self._pending = self._pending, {}
-        self._spawn(self._adjust(pending))
+        local = self.limiter.local_only
+        if local is None:
+            self._spawn(self._adjust(pending))
+            return
+        # In process memory the corrections are applied here, as `Limiter.adjust` would: nothing to wait for,
+        # so no task, no coroutine per set.
+        for tset, delta in pending.items():
+            if delta:
+                local.run_specs("adjust", "", tset.specs, [float(delta)] * len(tset.specs))
 
     async def _adjust(self, pending: dict[BucketSet, int]) -> None:
         for tset, delta in pending.items():
