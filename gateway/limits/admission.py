@@ -88,12 +88,13 @@ def _reply_headers(out: Sequence[int], labels: tuple[_Label, ...]) -> dict[str, 
     return headers
 
 
-def _headers(states: list[BucketState]) -> dict[str, str]:
-    """The x-ratelimit headers of a decision's bucket states, as `_reply_headers` reads them off a reply."""
+def _headers(states: list[BucketState], labels: tuple[_Label, ...] | None = None) -> dict[str, str]:
+    """The x-ratelimit headers of a decision's bucket states, as `_reply_headers` reads them off a reply;
+    `labels`: their buckets' (`_labels`), when the caller has them worked out already."""
     out = [0, 0]
     for s in states:
         out += (s.remaining, s.reset_ms)
-    return _reply_headers(out, _labels([s.bucket for s in states]))
+    return _reply_headers(out, _labels([s.bucket for s in states]) if labels is None else labels)
 
 
 class _Scopes:
@@ -210,25 +211,34 @@ class Admission:
         else:
             prompt = tokens = 0
         charges, queue_ms, limiter = scopes.charges, scopes.queue_ms, self.limiter
+        # In process memory, a set that takes no lease is decided here, its reply read as the script's is: the
+        # limiter's coroutine, a BucketState per bucket and a Decision would only be read back into the same
+        # headers.
+        local = limiter.local_only if not charges.leased else None
         waited = 0
         while True:
-            try:
-                # The common case (Redis answering, no lease): the channel's future awaited here, the reply
-                # read as it comes, without the limiter's coroutine and a BucketState per bucket.
-                pending = limiter.acquiring(charges, tokens)
-                if pending is None:
-                    decision = await limiter.acquire(charges, tokens)
-                    allowed, wait, lease = decision.allowed, decision.retry_after_ms, decision.lease
-                    headers = _headers(decision.states)
-                else:
-                    try:
-                        out = await pending
-                    except Degraded:
-                        out = limiter.refused_call(charges, tokens)
-                    allowed, wait, lease = out[0] == 1, out[1], ""
-                    headers = _reply_headers(out, scopes.labels)
-            except RedisDown:
-                raise _unavailable() from None
+            if local is not None:
+                out = local.acquire_rates(charges.specs, charges.token_mask, tokens)
+                allowed, wait, lease = out[0] == 1, out[1], ""
+                headers = _reply_headers(out, scopes.labels)
+            else:
+                try:
+                    # The common case (Redis answering, no lease): the channel's future awaited here, the reply
+                    # read as it comes, without the limiter's coroutine and a BucketState per bucket.
+                    pending = limiter.acquiring(charges, tokens)
+                    if pending is None:
+                        decision = await limiter.acquire(charges, tokens)
+                        allowed, wait, lease = decision.allowed, decision.retry_after_ms, decision.lease
+                        headers = _headers(decision.states, scopes.labels)
+                    else:
+                        try:
+                            out = await pending
+                        except Degraded:
+                            out = limiter.refused_call(charges, tokens)
+                        allowed, wait, lease = out[0] == 1, out[1], ""
+                        headers = _reply_headers(out, scopes.labels)
+                except RedisDown:
+                    raise _unavailable() from None
             if allowed:
                 return Ticket(buckets, lease, tokens, headers, prompt, charges)
             if waited + wait > queue_ms:
@@ -393,7 +403,15 @@ class Admission:
     def _flush_soon(self) -> None:
         self._timer = None
         pending, self._pending = self._pending, {}
-        self._spawn(self._adjust(pending))
+        local = self.limiter.local_only
+        if local is None:
+            self._spawn(self._adjust(pending))
+            return
+        # In process memory the corrections are applied here, as `Limiter.adjust` would: nothing to wait for,
+        # so no task, no coroutine per set.
+        for tset, delta in pending.items():
+            if delta:
+                local.run_specs("adjust", "", tset.specs, [float(delta)] * len(tset.specs))
 
     async def _adjust(self, pending: dict[BucketSet, int]) -> None:
         for tset, delta in pending.items():

@@ -79,6 +79,10 @@ class Gcra(NamedTuple):
     reset_now_ms: int
 
 
+# A Gcra made in C: the named tuple's own constructor is a Python function, a frame on every bucket charged.
+_gcra: Final = tuple.__new__
+
+
 def gcra(limit: int, period: int, tat: tuple[float, float] | None, now: int, cost: float, mode: str) -> Gcra:
     """The script's rate arithmetic (the `else` branch of its bucket loop), line for line, in Python.
 
@@ -98,14 +102,17 @@ def gcra(limit: int, period: int, tat: tuple[float, float] | None, now: int, cos
     full = period * limit
     denied = mode == "acquire" and nq > full
     k = math.floor(nu / limit)
-    return Gcra(
-        (tb + k * period, nu - k * limit),  # tat
-        denied,
-        math.ceil((nq - full) / limit) if denied else 0,  # retry_ms
-        max(math.floor((full - nq) / period), 0),  # remaining
-        math.ceil(nq / limit),  # reset_ms
-        max(math.floor((full - q) / period), 0),  # remaining_now
-        math.ceil(q / limit),  # reset_now_ms
+    return _gcra(
+        Gcra,
+        (
+            (tb + k * period, nu - k * limit),  # tat
+            denied,
+            math.ceil((nq - full) / limit) if denied else 0,  # retry_ms
+            max(math.floor((full - nq) / period), 0),  # remaining
+            math.ceil(nq / limit),  # reset_ms
+            max(math.floor((full - q) / period), 0),  # remaining_now
+            math.ceil(q / limit),  # reset_now_ms
+        ),
     )
 
 
@@ -152,6 +159,35 @@ class _Local:
 
     def run(self, mode: str, lease: str, buckets: Sequence[Bucket], costs: Sequence[float]) -> list[int]:
         return self.run_specs(mode, lease, [spec(b) for b in buckets], costs)
+
+    def acquire_rates(self, specs: Sequence[Spec], token_mask: Sequence[bool], tokens: int) -> list[int]:
+        """`run_specs("acquire", "", specs, costs)` for `specs` of rate buckets only (no concurrency bucket, so no
+        lease), charged `tokens` where `token_mask` says so and one request elsewhere: the request path's call,
+        without the lease's and the other modes' branches. The same `gcra` steps, the same reply."""
+        now = math.floor(self.clock() * 1000)  # whole milliseconds, like the script's TIME
+        tats = self.tat
+        out = [1, 0]
+        steps: list[Gcra] = []
+        denied = False
+        for (key, _, limit, period), token in zip(specs, token_mask, strict=True):
+            step = gcra(limit, period, tats.get(key), now, tokens if token else 1, "acquire")
+            steps.append(step)
+            out.append(step[3])  # remaining
+            out.append(step[4])  # reset_ms
+            if step[1]:
+                denied = True
+        if denied:
+            # As the script answers a refusal: the longest wait, and every bucket as it stands, uncharged.
+            retry = 0
+            now_out = []
+            for step in steps:
+                retry = max(retry, step[2])  # retry_ms
+                now_out.append(step[5])  # remaining_now
+                now_out.append(step[6])  # reset_now_ms
+            return [0, retry, *now_out]
+        for s, step in zip(specs, steps, strict=True):
+            tats[s[0]] = step[0]  # the new TAT
+        return out
 
     def run_specs(self, mode: str, lease: str, specs: Sequence[Spec], costs: Sequence[float]) -> list[int]:
         """The script's work on `specs` (with `costs`, one each), in process memory; its reply."""

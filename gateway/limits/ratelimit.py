@@ -96,6 +96,8 @@ class Limiter:
         script = script_text(lease_ttl_ms)
         self._sha = hashlib.sha1(script.encode()).hexdigest().encode()
         self._channel = ScriptChannel(shared, script, self._prefix + "rl:") if shared.client is not None else None
+        # Without Redis, the in-process state that decides every call (`local`); None: Redis decides.
+        self.local_only = self.local if self._channel is None else None
         # Leases of requests still running, by id: renewed every third of the TTL (`_renew`) so that a
         # request longer than the TTL (a long stream) keeps its slot, and the count stays exact.
         self._live: _Held = {}  # lease -> (buckets, renew until)

@@ -456,6 +456,7 @@ NO_REDIS = """
 keys:
   - {name: burst, key: k-burst, limits: {rpm: 5, tpd: 8640}}
   - {name: slots, key: k-slots, limits: {concurrent: 3}}
+  - {name: tok, key: k-tok, limits: {tpd: 8640}}
 providers:
   demo: {kind: fake}
 """
@@ -488,3 +489,12 @@ def test_in_process_limits_are_exact(tmp_path: Path) -> None:
         assert sorted(r.status_code for r in slowed) == [200] * 3 + [429] * 3
         wait_until(lambda: len(local.leases.get(bucket("k-slots", "concurrent"), {})) == 0)
         assert post(gwt, "k-slots", body("demo/long")).status_code == 200
+
+        # A reservation is settled to the reported usage in process memory too.
+        resp = post(gwt, "k-tok", body("demo/text", max_tokens=200))
+        assert resp.headers["x-ratelimit-remaining-tokens"] == str(8640 - 203)
+        used = resp.json()["usage"]["total_tokens"]
+        assert 3 + 8 <= used <= 3 + 47  # the fake's `text` writes 8 to 47 words
+        wait_until(lambda: local.tat[bucket("k-tok", "tpd")][1] == used)
+        nxt = post(gwt, "k-tok", body("demo/long", max_tokens=1))
+        assert nxt.headers["x-ratelimit-remaining-tokens"] == str(8640 - used - 4)
