@@ -82,6 +82,7 @@ class _Connection(asyncio.Protocol):
         self._gap = 0  # bytes received since the last body byte (status lines, headers, framing, trailers)
         self._head_bytes = 0
         self._head_count = 0
+        self._first_byte_s = self._deadline = 0.0  # the exchange's timeouts, for each wait of its head
         self.watchdog = Watchdog(self.loop)  # times the head's wait and each read of the body
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
@@ -114,6 +115,11 @@ class _Connection(asyncio.Protocol):
         self._gap += len(data)
         if self._gap > self.pool.max_header_bytes and not self._complete:
             self._broken(_head_too_large(self.pool.max_header_bytes))
+        ready = self.headers_ready
+        if ready is not None and not ready.done():
+            # first_byte_ms bounds each wait for the head's bytes, as it bounds each read of a body (and as httpx
+            # does): a head arriving in pieces, none of them late, is no timeout; total_ms still bounds it.
+            self._watch_head(ready)
 
     def eof_received(self) -> bool:
         return False  # let the transport close; connection_lost reports what it means
@@ -264,6 +270,13 @@ class _Connection(asyncio.Protocol):
             self.close()
             self.pool.forget()
 
+    def _watch_head(self, ready: asyncio.Future[None]) -> None:
+        remaining = self._deadline - time.monotonic()
+        if self._first_byte_s < remaining:
+            self.watchdog.watch(ready, self._first_byte_s, "first_byte_timeout")
+        else:
+            self.watchdog.watch(ready, max(remaining, 0.0), "total_timeout")
+
     async def exchange(self, request: bytes, first_byte_s: float, deadline: float, max_body: int) -> Response:
         resp = Response(self, deadline, first_byte_s, max_body)
         self.response = resp
@@ -273,11 +286,8 @@ class _Connection(asyncio.Protocol):
         ready = self.headers_ready = self.loop.create_future()
         assert self.transport is not None
         self.transport.write(request)
-        remaining = deadline - time.monotonic()
-        if first_byte_s < remaining:
-            self.watchdog.watch(ready, first_byte_s, "first_byte_timeout")
-        else:
-            self.watchdog.watch(ready, max(remaining, 0.0), "total_timeout")
+        self._first_byte_s, self._deadline = first_byte_s, deadline
+        self._watch_head(ready)
         try:
             await ready
         except BaseException:

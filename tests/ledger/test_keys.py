@@ -113,9 +113,16 @@ def test_bad_requests_name_the_field(replicas: tuple[GatewayThread, GatewayThrea
 
 def test_expiry(replicas: tuple[GatewayThread, GatewayThread, str]) -> None:
     a, b, _ = replicas
-    secret = admin(a.url, "POST", "/admin/keys", {"name": "brief", "expires_in_s": 1}).json()["secret"]
-    assert status(a.url, secret) == 200
-    wait_until(lambda: status(a.url, secret) == 401 and status(b.url, secret) == 401, timeout=4)
+    # The expiry runs from the moment the replica takes the request: 3 s leaves room for making the key and
+    # sending the first request on a loaded machine, where that alone can take more than a second.
+    made = admin(a.url, "POST", "/admin/keys", {"name": "brief", "expires_in_s": 3}).json()
+    secret, expires_at = made["secret"], made["key"]["expires_at"]
+    sent = time.time()
+    assert status(a.url, secret) == 200, f"sent {expires_at - sent:.2f} s before its expiry"
+    wait_until(
+        lambda: status(a.url, secret) == 401 and status(b.url, secret) == 401, timeout=expires_at - time.time() + 4
+    )
+    assert time.time() >= expires_at, "refused before its expiry"
 
 
 def test_a_runtime_key_named_like_a_yaml_key_is_a_start_up_error(tmp_path: Path) -> None:

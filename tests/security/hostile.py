@@ -330,6 +330,18 @@ CASES: list[Case] = [
     Case("interim_then_close", [head("100 Continue"), Close()], ("error", CONNECT)),
     # -- time ----------------------------------------------------------------------------------------------
     Case("trickle_within_timeouts", trickle(ok(), 0.01), ("ok", 200, BODY)),
+    Case(
+        "head_in_pieces_past_first_byte",
+        [
+            b"HTTP/1.1 200 OK\r\n",
+            Wait(0.6),
+            b"content-type: application/json\r\n",
+            Wait(0.6),
+            b"content-length: 8\r\n\r\n" + BODY,
+        ],
+        ("ok", 200, BODY),
+        "first_byte_ms bounds each wait for the head, not the whole head: no piece is late",
+    ),
     Case("trickle_past_total", [head("200 OK", "content-length: 200"), *trickle(b"x" * 200, 0.05)], ("error", TIMEOUT)),
     Case("silent", [Wait(30)], ("error", TIMEOUT)),
     Case("headers_then_silent", [head("200 OK", "content-length: 100"), Wait(30)], ("error", TIMEOUT)),
