@@ -82,7 +82,8 @@ class _Protocol(asyncio.Protocol):
         self.streams: tuple[object, object] | None = None
         self.on_reply = on_reply
         self.on_lost = on_lost
-        self.watchdog: asyncio.TimerHandle | None = None  # armed while a write's reply is due (`ScriptChannel._watch`)
+        self.watchdog: asyncio.Handle | None = None  # armed while a write's reply is due (`ScriptChannel._watch`)
+        self.looked = 0.0  # the deadline last given one more read of the socket before the drop
 
     def data_received(self, data: bytes) -> None:
         reader = self.reader
@@ -402,11 +403,21 @@ class ScriptChannel:
             if isinstance(item, tuple) and item[2] is not None:  # the oldest write's last command
                 deadline = item[2]
                 loop = asyncio.get_running_loop()
-                if deadline <= loop.time():
-                    proto.abort()
-                else:
+                if deadline > loop.time():
                     proto.watchdog = loop.call_at(deadline, self._watch, proto)
+                elif proto.looked != deadline:
+                    # A busy loop runs its due timers before it reads the sockets that became ready meanwhile:
+                    # the reply may be here already, late only in being read. Look again after the loop's next
+                    # read of its sockets, so that the gateway's own lag is not taken for Redis failing.
+                    proto.looked = deadline
+                    proto.watchdog = loop.call_soon(self._look_again, proto)
+                else:
+                    proto.abort()
                 return
+
+    def _look_again(self, proto: _Protocol) -> None:
+        # Scheduled from a callback: this one runs before the loop polls its sockets, the next one after.
+        proto.watchdog = asyncio.get_running_loop().call_soon(self._watch, proto)
 
     def _reply(self, proto: _Protocol, call: _Call, reply: Any) -> None:
         """A call's reply, as the protocol reads it: to its caller, or (an error reply) handled here."""

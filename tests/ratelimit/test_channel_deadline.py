@@ -6,14 +6,17 @@ every write's deadline: after replies that came, after a quiet spell, and behind
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import AsyncIterator
 
 import hiredis
 import pytest
+import uvloop
 
 from gateway.limits.scriptchannel import ScriptChannel, Unanswered, command
 from gateway.state import SharedState
+from tests.helpers.redis import RedisServer
 
 TIMEOUT_S = 0.1  # the URL's socket_timeout: a call's deadline is twice it
 
@@ -91,3 +94,38 @@ async def test_a_write_behind_an_answered_one_keeps_its_own_deadline(channel: tu
     stub.stalled = True
     waited = await unanswered_after(chan)
     assert 2 * TIMEOUT_S * 0.9 <= waited < 2 * TIMEOUT_S + 0.5
+
+
+def test_a_reply_that_came_in_time_while_the_loop_was_busy_is_read_not_taken_for_a_stall(rds: RedisServer) -> None:
+    """uvloop (the server's loop) runs its due timers before it polls its sockets again: a loop held busy in an
+    I/O callback past a call's deadline must still read the reply waiting in the socket before it calls Redis
+    stalled (and drops the connection, failing the call)."""
+
+    async def main() -> tuple[object, bool]:
+        loop = asyncio.get_running_loop()
+        shared = SharedState(f"redis://127.0.0.1:{rds.port}/0?socket_timeout={TIMEOUT_S}")
+        chan = ScriptChannel(shared, "return 1", "rl:")
+        busy, poke = socket.socketpair()
+
+        def other_work() -> None:  # another connection's, in its I/O callback, holding the loop past the deadline
+            busy.recv(1)
+            time.sleep(3 * 2 * TIMEOUT_S)
+
+        loop.add_reader(busy, other_work)
+        try:
+            assert await chan.call(command(b"PING")) == b"PONG"  # connected
+            reply = chan.call(command(b"PING"))
+            loop.call_soon(poke.send, b"x")  # right after the call's write: the poll that follows runs it
+            return await reply, chan.connected
+        finally:
+            loop.remove_reader(busy)
+            busy.close()
+            poke.close()
+            await chan.close()
+            await shared.close()
+
+    loop = uvloop.new_event_loop()
+    try:
+        assert loop.run_until_complete(main()) == (b"PONG", True)
+    finally:
+        loop.close()
