@@ -211,14 +211,11 @@ class Admission:
         else:
             prompt = tokens = 0
         charges, queue_ms, limiter = scopes.charges, scopes.queue_ms, self.limiter
-        # In process memory, a set that takes no lease is decided here, its reply read as the script's is: the
-        # limiter's coroutine, a BucketState per bucket and a Decision would only be read back into the same
-        # headers.
-        local = limiter.local_only if not charges.leased else None
         waited = 0
         while True:
-            if local is not None:
-                out = local.acquire_rates(charges.specs, charges.token_mask, tokens)
+            # Without Redis, decided on the spot, its reply read as the script's is.
+            out = limiter.decided(charges, tokens)
+            if out is not None:
                 allowed, wait, lease = out[0] == 1, out[1], ""
                 headers = _reply_headers(out, scopes.labels)
             else:
@@ -403,15 +400,10 @@ class Admission:
     def _flush_soon(self) -> None:
         self._timer = None
         pending, self._pending = self._pending, {}
-        local = self.limiter.local_only
-        if local is None:
-            self._spawn(self._adjust(pending))
-            return
-        # In process memory the corrections are applied here, as `Limiter.adjust` would: nothing to wait for,
-        # so no task, no coroutine per set.
-        for tset, delta in pending.items():
-            if delta:
-                local.run_specs("adjust", "", tset.specs, [float(delta)] * len(tset.specs))
+        # In process memory the corrections are applied here: nothing to wait for, so no task, no coroutine.
+        left = {tset: delta for tset, delta in pending.items() if not self.limiter.adjusted(tset, delta)}
+        if left:
+            self._spawn(self._adjust(left))
 
     async def _adjust(self, pending: dict[BucketSet, int]) -> None:
         for tset, delta in pending.items():

@@ -96,8 +96,6 @@ class Limiter:
         script = script_text(lease_ttl_ms)
         self._sha = hashlib.sha1(script.encode()).hexdigest().encode()
         self._channel = ScriptChannel(shared, script, self._prefix + "rl:") if shared.client is not None else None
-        # Without Redis, the in-process state that decides every call (`local`); None: Redis decides.
-        self.local_only = self.local if self._channel is None else None
         # Leases of requests still running, by id: renewed every third of the TTL (`_renew`) so that a
         # request longer than the TTL (a long stream) keeps its slot, and the count stays exact.
         self._live: _Held = {}  # lease -> (buckets, renew until)
@@ -287,6 +285,25 @@ class Limiter:
         pairs = zip(bset.buckets, out[2::2], out[3::2], strict=True)
         states = [BucketState(b, remaining, reset) for b, remaining, reset in pairs]
         return Decision(out[0] == 1, out[1], states, lease)
+
+    def decided(self, bset: BucketSet, tokens: int) -> list[int] | None:
+        """`acquire`'s reply decided at once, for a caller on the request path: with no Redis, a set that
+        takes no lease is decided in process memory without a coroutine, a BucketState per bucket or a
+        Decision. The reply is the script's (allowed, retry ms, then remaining and reset per bucket). None:
+        use `acquiring` or `acquire`."""
+        if self._channel is not None or bset.leased:
+            return None
+        return self.local.acquire_rates(bset.specs, bset.token_mask, tokens)
+
+    def adjusted(self, bset: BucketSet, tokens: int) -> bool:
+        """`adjust` done at once in process memory when there is no Redis (nothing to wait for); False:
+        nothing done, use `adjust`."""
+        if self._channel is not None:
+            return False
+        tset = bset.tokens_only
+        if tset is not None and tokens:
+            self.local.run_specs("adjust", "", tset.specs, [float(tokens)] * len(tset.specs))
+        return True
 
     def acquiring(self, bset: BucketSet, tokens: int) -> asyncio.Future[list[int]] | None:
         """`acquire`'s common case without a coroutine of its own, for a caller on the request path: a set
