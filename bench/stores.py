@@ -33,15 +33,23 @@ class Store:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            # SIGINT is PostgreSQL's fast shutdown; redis-server exits on it too.
-            self.proc.send_signal(signal.SIGINT)
+            # SIGINT is PostgreSQL's fast shutdown; redis-server exits on it too. It goes to the server's whole
+            # process group (its own session): as root, `runuser` stands between us and postgres and does not pass
+            # SIGINT on, so signalling only the process we started would leave postgres running.
+            self._signal(signal.SIGINT)
             try:
                 self.proc.wait(15)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
+                self._signal(signal.SIGKILL)
                 self.proc.wait(5)
         if self.home is not None:
             shutil.rmtree(self.home, ignore_errors=True)
+
+    def _signal(self, sig: signal.Signals) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
 
 
 def _redis_pong(port: int) -> bool:
