@@ -6,19 +6,22 @@ a Redis Cluster, `redis+sentinel://h:p,h:p/service` the master a set of Sentinel
 Every option in the URL is either honoured by both Redis clients (redis-py's and the rate-limit channel,
 which sets its connection up with redis-py's own connection class) or refused at start-up naming it.
 
-Every Redis-backed feature goes through `SharedState.run`, which gives each call a short deadline and,
-on failure, reports "degraded" so the caller falls back to its in-process state. While degraded, Redis
-is retried at most once a second (so a dead Redis costs no latency), and the warning is logged at most
-once a minute. `/ready` reports the degradation.
+Every Redis-backed feature goes through `SharedState.run`, which gives each call a short deadline
+(`Deadline`: connecting, writing and reading all within it) and, on failure, reports "degraded" so the
+caller falls back to its in-process state. While degraded, Redis is retried at most once a second (so a
+dead Redis costs no latency), and the warning is logged at most once a minute. `/ready` reports the
+degradation.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any, Final, Literal, TypeVar, cast
 from urllib.parse import urlsplit
 
@@ -57,6 +60,47 @@ _POOL_OPTIONS: Final = frozenset({"max_connections"})
 
 class Degraded(Exception):
     """Redis is not configured or not reachable right now: use local state."""
+
+
+class Deadline:
+    """`asyncio.timeout(delay)`, except that a block still waiting when the delay is up is given the loop's
+    next read of its sockets, and what that read wakes, before it times out.
+
+    A loop held busy past the delay (a burst of callbacks, a slow request) finds its timers due when it is
+    free again and runs them before it reads the sockets that became ready meanwhile (uvloop); asyncio reads
+    first but cancels the waiting call before it runs. Either way a reply that came in time would be dropped
+    and the gateway's own lag taken for Redis failing. So the verdict is passed on, one loop pass at a time:
+    from the timer to before the next poll, to after it (ahead of the callbacks that poll woke), and then,
+    by `reschedule`, to after those. A Redis that does not answer still fails the block a few passes late.
+    """
+
+    __slots__ = ("_delay", "_handle", "_passes", "_timeout")
+
+    def __init__(self, delay: float) -> None:
+        self._delay = delay
+        self._timeout = asyncio.timeout(None)
+        self._handle: asyncio.Handle | None = None
+        self._passes = 2
+
+    async def __aenter__(self) -> None:
+        await self._timeout.__aenter__()
+        self._handle = asyncio.get_running_loop().call_later(self._delay, self._due)
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        await self._timeout.__aexit__(exc_type, exc, tb)
+
+    def _due(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._passes:
+            self._passes -= 1
+            self._handle = loop.call_soon(self._due)
+        else:
+            self._handle = None
+            self._timeout.reschedule(loop.time())
 
 
 @dataclass(frozen=True)
@@ -192,11 +236,14 @@ def url_problem(url: str) -> str | None:
     return None
 
 
-def _client(parsed: RedisUrl, url: str) -> aioredis.Redis:
+def _client(parsed: RedisUrl) -> aioredis.Redis:
     timeout = parsed.timeout_s
     common: dict[str, Any] = {
-        "socket_timeout": timeout,
-        "socket_connect_timeout": timeout,
+        # Every call runs within `SharedState.run`'s deadline, which covers connecting, writing and reading.
+        # redis-py's own timeouts are plain timers: on a busy loop they would fire before the reply that came
+        # in time is read, so they are off (a connect timeout the URL sets explicitly is honoured).
+        "socket_timeout": None,
+        "socket_connect_timeout": parsed.options.get("socket_connect_timeout"),
         "health_check_interval": 0,
         # A pooled connection Redis dropped (it restarted, or failed over) is replaced on its next use
         # instead of failing the call, which would mean a degraded second per stale connection. One
@@ -204,7 +251,8 @@ def _client(parsed: RedisUrl, url: str) -> aioredis.Redis:
         "retry": Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
     }
     if parsed.mode == "node":
-        return aioredis.Redis.from_url(url, retry_on_timeout=False, **common)
+        # Not `from_url`: there the URL's options win over the gateway's.
+        return aioredis.Redis.from_pool(aioredis.ConnectionPool(**{**parsed.options, **common}))
     options = {k: v for k, v in parsed.options.items() if k != "connection_class"}
     options.update(common)
     if parsed.mode == "cluster":
@@ -233,7 +281,7 @@ class SharedState:
     def __init__(self, url: str, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.url = url
         self.parsed: RedisUrl | None = parse_redis_url(url) if url else None
-        self.client: aioredis.Redis | None = _client(self.parsed, url) if self.parsed is not None else None
+        self.client: aioredis.Redis | None = _client(self.parsed) if self.parsed is not None else None
         self.timeout_s = self.parsed.timeout_s if self.parsed is not None else _SOCKET_TIMEOUT_S
         self._clock = clock
         self._down_until = 0.0
@@ -258,7 +306,7 @@ class SharedState:
         if client is None or self._clock() < self._down_until:
             raise Degraded
         try:
-            async with asyncio.timeout(self.timeout_s * 2):
+            async with Deadline(self.timeout_s * 2):
                 return await op(client)
         except (RedisError, OSError, TimeoutError) as exc:
             self.mark_down(exc)
@@ -319,7 +367,11 @@ class SharedState:
 
     async def close(self) -> None:
         if self.client is not None:
-            await self.client.aclose()
+            # Closing waits for each connection's buffered writes, which a stalled Redis never takes: the
+            # connections have no timeout of their own (`_client`), so the deadline bounds the wait.
+            with contextlib.suppress(TimeoutError):
+                async with Deadline(self.timeout_s * 2):
+                    await self.client.aclose()
             # The sentinels' own clients are not closed with the master's.
             manager = getattr(getattr(self.client, "connection_pool", None), "sentinel_manager", None)
             for sentinel in getattr(manager, "sentinels", ()):

@@ -35,7 +35,7 @@ from gateway.limits.gcra import (
 )
 from gateway.limits.script import script_text
 from gateway.limits.scriptchannel import Part, ScriptChannel, Unanswered
-from gateway.state import Degraded, SharedState
+from gateway.state import Deadline, Degraded, SharedState
 
 # Where the callers look for them: the arithmetic lives in gateway/limits/gcra.py, the script in
 # gateway/limits/script.py, the limiter here.
@@ -179,7 +179,7 @@ class Limiter:
             # One last round for leases still to cancel (bounded); what is left expires with its TTL.
             if self._cancels and not self.shared.degraded:
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(_DEADLINE_S * 2):
+                    async with Deadline(_DEADLINE_S * 2):
                         await self._cancel_round()
             canceller.cancel()
             await asyncio.gather(canceller, return_exceptions=True)

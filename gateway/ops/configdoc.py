@@ -65,8 +65,8 @@ MEANINGS: dict[str, str] = {
     "redis.url": "`redis://host:port/db` (`rediss://` TLS, `unix://`), `redis+cluster://h:p,h:p` (Redis Cluster) or "
     "`redis+sentinel://h:p,h:p/service` (Sentinel); options in the query string, refused at load when the gateway "
     "cannot honour them ([ratelimits.md](ratelimits.md#redis-deployments-one-node-cluster-sentinel)). Empty: state "
-    "(cooldowns, limits) lives in process memory. When set, `/ready` PINGs it; every Redis call has a 0.25 s socket "
-    "timeout (or the URL's `socket_timeout`)",
+    "(cooldowns, limits) lives in process memory. When set, `/ready` PINGs it; every Redis call has a deadline of "
+    "twice the URL's `socket_timeout` (0.25 s by default, so 0.5 s)",
     "redis.on_failure": "rate limits while Redis is unreachable: per-process limits, or 503 "
     "([ratelimits.md](ratelimits.md))",
     "redis.refresh_ms": "how old a replica's copy of the shared target health may be before it reads Redis again; its "
