@@ -93,6 +93,7 @@ class _Stop(Exception):
 # A timer firing this close to its wait's due time ends the wait: loops round a timer's delay (uvloop to
 # the millisecond), so one armed for exactly that time may fire a hair before it by the loop's clock.
 _EARLY_S: Final = 0.001
+_LOOKS: Final = 2  # loop passes a due wait is given before it fails (`Watchdog`)
 
 
 class Watchdog:
@@ -102,17 +103,22 @@ class Watchdog:
     time); the timer is armed only when none is or the armed one would fire too late, and at each firing
     it fails the current wait if its time is up, or arms itself again for it. On a busy keep-alive
     connection it fires about once per timeout instead of being armed and cancelled on every request.
+
+    A wait whose time is up is failed only after the loop has read its sockets once more: a loop held busy past
+    the due time (a burst of callbacks, a slow request) runs its due timers before it reads what arrived
+    meanwhile (uvloop), so an answer that came in time would otherwise be taken for an upstream timing out.
     """
 
-    __slots__ = ("loop", "_waiting", "_due", "_cause", "_timer", "_timer_at")
+    __slots__ = ("loop", "_waiting", "_due", "_cause", "_timer", "_timer_at", "_looks")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self._waiting: asyncio.Future[None] | None = None
         self._due = 0.0
         self._cause = ""
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.Handle | None = None
         self._timer_at = 0.0
+        self._looks = _LOOKS
 
     def watch(self, fut: asyncio.Future[None], delay: float, cause: str) -> None:
         """Fail `fut` with `TimeoutError(cause)` if it is not done in `delay` seconds (the wait before, if
@@ -121,6 +127,7 @@ class Watchdog:
         self._waiting = fut
         due = self._due = loop.time() + delay
         self._cause = cause
+        self._looks = _LOOKS
         timer = self._timer
         if timer is None or due < self._timer_at:
             if timer is not None:
@@ -146,6 +153,11 @@ class Watchdog:
             # A later wait than the one the timer was armed for: its own time is not up yet.
             self._timer = self.loop.call_at(self._due, self._fire)
             self._timer_at = self._due
+            return
+        if self._looks:
+            # Once before the loop's next poll and once after it: the wait is failed after that poll's reads.
+            self._looks -= 1
+            self._timer = self.loop.call_soon(self._fire)
             return
         self._waiting = None
         fut.set_exception(TimeoutError(self._cause))  # the timeout that passed (wire.errors.CAUSES)

@@ -8,14 +8,18 @@ framed, connection reuse and its limit, and what each kind of failure is reporte
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import socket
 import ssl
+import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 
 import pytest
 import trustme
+import uvloop
 from aiohttp import web
 
 from gateway.upstream import h1
@@ -295,3 +299,57 @@ async def test_https_verifies_the_upstream_certificate(tmp_path: Path, monkeypat
             trusting.close()
     finally:
         await runner.cleanup()
+
+
+def test_an_answer_that_came_in_time_while_the_loop_was_busy_is_read_not_taken_for_a_timeout() -> None:
+    """uvloop (the server's loop) runs its due timers before it polls its sockets again: a loop held busy in
+    another connection's I/O callback past `first_byte_s` must still read the answer waiting in the socket before
+    it calls the upstream late."""
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-type: application/json\r\n\r\n{}"
+
+    def upstream() -> None:  # in a thread of its own: it answers while the client's loop is held
+        conn, _ = listener.accept()
+        with conn, contextlib.suppress(OSError):  # a client that gave up resets the connection
+            for _ in range(2):
+                got = b""
+                while b"\r\n\r\n" not in got or not got.endswith(b"{}"):
+                    got += conn.recv(65536)
+                time.sleep(0.05)  # after the poll that starts the hold, well before the hold ends
+                conn.sendall(answer)
+            conn.recv(1)
+
+    thread = threading.Thread(target=upstream, daemon=True)
+    thread.start()
+
+    async def main() -> bytes:
+        loop = asyncio.get_running_loop()
+        client = h1.Client(4)
+        busy, poke = socket.socketpair()
+
+        def other_work() -> None:  # another connection's, in its I/O callback, holding the loop past the timeout
+            busy.recv(1)
+            time.sleep(0.6)
+
+        loop.add_reader(busy, other_work)
+        try:
+            url = f"http://127.0.0.1:{port}/"
+            await (await call(client, url)).read()  # connected; the second exchange reuses the connection
+            exchange = asyncio.ensure_future(call(client, url, first_byte_s=0.2))
+            loop.call_soon(poke.send, b"x")  # right after the exchange's write: the poll that follows runs it
+            return await (await exchange).read()
+        finally:
+            loop.remove_reader(busy)
+            busy.close()
+            poke.close()
+            client.close()
+
+    loop = uvloop.new_event_loop()
+    try:
+        assert loop.run_until_complete(main()) == b"{}"
+    finally:
+        loop.close()
+        listener.close()
+        thread.join(2)
