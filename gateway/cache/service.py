@@ -403,14 +403,15 @@ class Lookup(msgspec.Struct):
             "x-gateway-cache": self.state,
             "age": str(max(int(self.cache.clock() - entry.stored), 0)),
         }
-        if job.ticket is not None:  # none for a hit no rate limit counts (`Pipeline.early`)
-            self.cache.admission.settle(job.ticket, 0)
-            headers |= job.ticket.headers
+        ticket = job.ticket
+        if ticket is not None:  # none for a hit no rate limit counts (`Pipeline.early`)
+            self.cache.admission.settle(ticket, 0)
+        limits = None if ticket is None else ticket.headers
         req, ctx = job.req, job.ctx
         if not req.stream:
-            return make(headers, body=buffered_body(entry, ctx))
+            return make(headers, body=buffered_body(entry, ctx), limits=limits)
         want_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return make(headers, stream=(replay if ctx.chat else replay_stream)(entry, ctx, want_usage))
+        return make(headers, stream=(replay if ctx.chat else replay_stream)(entry, ctx, want_usage), limits=limits)
 
     # -- the hooks the relay calls on a streamed miss ----------------------------------------------
 

@@ -51,6 +51,8 @@ FILES: Final = "/v1/files"
 _MULTIPART_SLACK: Final = 64 * 1024  # a multipart upload's boundaries and part headers around the file
 # GET /v1/models answers kept encoded, one per client key (a bound, should keys be many).
 _MODEL_PAGES: Final = 64
+# Net allocations of GC-tracked objects before a young collection (CPython's default: 700); see `lifespan`.
+_YOUNG_COLLECTION_AT: Final = 10_000
 # A route's dialect decides only the error shape; the request and Completion are the same everywhere.
 DIALECT_ROUTES: dict[str, Dialect] = {
     "/v1/completions": OPENAI,
@@ -239,6 +241,11 @@ def create_app(loaded: LoadedConfig) -> Front:
         # moving it out of the collector's reach keeps full collections from stalling requests.
         gc.collect()
         gc.freeze()
+        # Requests that resume together (the rate limits' script replies of one tick, answered at once) allocate
+        # their next phase together: at CPython's 700 allocations, nearly every such wave ran a young collection
+        # that walked every request in flight. Requests free what they allocate, so a higher mark costs memory
+        # only for the rare cycle.
+        gc.set_threshold(_YOUNG_COLLECTION_AT, *gc.get_threshold()[1:])
         if ledger is not None:
             await ledger.start()
         if batches is not None:

@@ -79,12 +79,17 @@ def _encoded(text: str) -> bytes:
     return value
 
 
-def _encode_headers(headers: dict[str, str], rid: str | None = None) -> list[tuple[bytes, bytes]]:
+def _encode_headers(
+    headers: dict[str, str], rid: str | None = None, more: list[tuple[bytes, bytes]] | None = None
+) -> list[tuple[bytes, bytes]]:
+    """`headers`, then `more` (encoded already: the rate limits'), then the request id."""
     # A loop, not a comprehension: on Python 3.11 a comprehension is a function call of its own.
     get = _ENCODED.get
     encoded: list[tuple[bytes, bytes]] = []
     for k, v in headers.items():
         encoded.append((get(k) or _encoded(k), get(v) or _encoded(v)))
+    if more is not None:
+        encoded += more
     if rid is not None:
         encoded.append((b"x-request-id", rid.encode("ascii")))
     return encoded
@@ -262,13 +267,13 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services, op: Ope
             held = result.held
             if result.stream is None:
                 # The events as literals, not `_start` and `_body`: two calls fewer on every answer.
-                headers_out = _JSON + _encode_headers(result.headers, rec.request_id)
+                headers_out = _JSON + _encode_headers(result.headers, rec.request_id, result.limits)
                 # Its length, so that no server frames it in chunks, and the head needs no wait for its framing.
                 headers_out.append((b"content-length", b"%d" % len(result.body)))
                 await send({"type": "http.response.start", "status": 200, "headers": headers_out})
                 await send({"type": "http.response.body", "body": result.body, "more_body": False})
                 return
-            await send(_start(200, _SSE + _encode_headers(result.headers, rec.request_id)))
+            await send(_start(200, _SSE + _encode_headers(result.headers, rec.request_id, result.limits)))
             if watch is None:
                 watch = _Watch(receive, scope)
             await watch.run(_relay(result, send))

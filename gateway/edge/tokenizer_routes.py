@@ -20,7 +20,7 @@ import msgspec
 from litestar.types import HTTPRequestEvent, HTTPScope, Receive, ReceiveMessage, Send
 
 from gateway.edge.endpoint import Endpoint, read_body, request_id, send_error, send_json
-from gateway.limits.admission import Ticket, duration
+from gateway.limits.admission import Ticket, as_text, rate_headers
 from gateway.limits.auth import ClientKey
 from gateway.limits.ratelimit import TOKEN_KINDS, Bucket
 from gateway.ops import accesslog
@@ -307,7 +307,7 @@ class Tokenizers:
         try:
             out_headers = {"x-gateway-provider": target.provider, "x-gateway-model": target.key}
             if ticket is not None:
-                out_headers.update(ticket.headers)
+                out_headers.update(as_text(ticket.headers))
             upstream_model = target.endpoint.model
             if tok_req is not None:
                 call = api.tokenize(tok_req, upstream_model, target.provider)
@@ -367,21 +367,14 @@ class Tokenizers:
         if not buckets:
             return None
         decision = await admission.acquire(buckets, 0)
-        headers: dict[str, str] = {}
-        requests = [s for s in decision.states if s.bucket.kind in ("rps", "rpm")]
-        if requests:
-            tight = min(requests, key=lambda s: (s.remaining, -s.reset_ms))
-            headers = {
-                "x-ratelimit-limit-requests": str(tight.bucket.limit),
-                "x-ratelimit-remaining-requests": str(tight.remaining),
-                "x-ratelimit-reset-requests": duration(tight.reset_ms),
-            }
+        # The request-rate buckets' headers only: no tokens are charged here.
+        headers = rate_headers([s for s in decision.states if s.bucket.kind in ("rps", "rpm")])
         if not decision.allowed:
             err = RateLimitError(
                 "Rate limit reached for this key or model; retry after the time in Retry-After",
                 code="rate_limit_exceeded",
                 retry_after=decision.retry_after_ms / 1000,
-                headers=headers,
+                headers=as_text(headers),
             )
             raise err
         return Ticket(buckets, decision.lease, 0, headers)

@@ -53,48 +53,62 @@ def duration(ms: int) -> str:
 
 _REQUEST_KINDS: Final = ("rps", "rpm")
 _TOKEN_KINDS: Final = ("tpm", "tpd")
-_REQUEST_NAMES: Final = ("x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests")
-_TOKEN_NAMES: Final = ("x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens")
+_REQUEST_NAMES: Final = (
+    b"x-ratelimit-limit-requests",
+    b"x-ratelimit-remaining-requests",
+    b"x-ratelimit-reset-requests",
+)
+_TOKEN_NAMES: Final = (b"x-ratelimit-limit-tokens", b"x-ratelimit-remaining-tokens", b"x-ratelimit-reset-tokens")
+# The x-ratelimit headers as the endpoint sends them (names and values encoded): made from the script's reply
+# straight into bytes, they cost no encoding, no merge and no lookup of a value new on every answer.
+Lines = list[tuple[bytes, bytes]]
 # Per header label: its three names, then its buckets' places in a script reply (remaining, then reset) with
 # their limits as header values, the first bucket's apart (most labels have one bucket).
-_Label = tuple[str, str, str, int, str, tuple[tuple[int, str], ...]]
+_Label = tuple[bytes, bytes, bytes, int, bytes, tuple[tuple[int, bytes], ...]]
 # A reset under a second as `duration` writes it, for the resets most replies carry.
-_MS: Final = tuple(f"{ms}ms" for ms in range(1000))
+_MS: Final = tuple(b"%dms" % ms for ms in range(1000))
 
 
 def _labels(buckets: Sequence[Bucket]) -> tuple[_Label, ...]:
     """What `_reply_headers` reads of a set of buckets, worked out once per set."""
     labels: list[_Label] = []
     for kinds, names in ((_REQUEST_KINDS, _REQUEST_NAMES), (_TOKEN_KINDS, _TOKEN_NAMES)):
-        rows = [(2 + 2 * i, str(b.limit)) for i, b in enumerate(buckets) if b.kind in kinds]
+        rows = [(2 + 2 * i, b"%d" % b.limit) for i, b in enumerate(buckets) if b.kind in kinds]
         if rows:
             labels.append((*names, *rows[0], tuple(rows[1:])))
     return tuple(labels)
 
 
-def _reply_headers(out: Sequence[int], labels: tuple[_Label, ...]) -> dict[str, str]:
+def _reply_headers(out: Sequence[int], labels: tuple[_Label, ...]) -> Lines:
     """The x-ratelimit headers of a script reply `out`: per label, its tightest bucket's (the least
     remaining, then the longest reset, the first of equals)."""
-    headers: dict[str, str] = {}
+    headers: Lines = []
     for limit_name, remaining_name, reset_name, at, limit, others in labels:
         remaining, reset = out[at], out[at + 1]
         for j, other in others:
             if out[j] < remaining or (out[j] == remaining and out[j + 1] > reset):
                 limit, remaining, reset = other, out[j], out[j + 1]
-        headers[limit_name] = limit
-        headers[remaining_name] = str(remaining)
         # GCRA's reset: when the bucket is full again (all of this scope's units available).
-        headers[reset_name] = _MS[reset] if 0 <= reset < 1000 else duration(reset)
+        headers += (
+            (limit_name, limit),
+            (remaining_name, b"%d" % remaining),
+            (reset_name, _MS[reset] if 0 <= reset < 1000 else duration(reset).encode()),
+        )
     return headers
 
 
-def _headers(states: list[BucketState], labels: tuple[_Label, ...] | None = None) -> dict[str, str]:
+def rate_headers(states: list[BucketState], labels: tuple[_Label, ...] | None = None) -> Lines:
     """The x-ratelimit headers of a decision's bucket states, as `_reply_headers` reads them off a reply;
     `labels`: their buckets' (`_labels`), when the caller has them worked out already."""
     out = [0, 0]
     for s in states:
         out += (s.remaining, s.reset_ms)
     return _reply_headers(out, _labels([s.bucket for s in states]) if labels is None else labels)
+
+
+def as_text(headers: Lines) -> dict[str, str]:
+    """Encoded headers as text, for what builds its headers as text (an error's, a route off the hot path)."""
+    return {name.decode("ascii"): value.decode("ascii") for name, value in headers}
 
 
 class _Scopes:
@@ -116,7 +130,7 @@ class Ticket(msgspec.Struct):
     buckets: list[Bucket]
     lease: str
     reserved: int
-    headers: dict[str, str]
+    headers: Lines  # the x-ratelimit headers, encoded
     prompt: int = 0  # the prompt's share of `reserved`, to charge a cancelled stream what it used
     charges: BucketSet | None = None  # `buckets` compiled (the limiter's), when admission had them
 
@@ -226,7 +240,7 @@ class Admission:
                     if pending is None:
                         decision = await limiter.acquire(charges, tokens)
                         allowed, wait, lease = decision.allowed, decision.retry_after_ms, decision.lease
-                        headers = _headers(decision.states, scopes.labels)
+                        headers = rate_headers(decision.states, scopes.labels)
                     else:
                         try:
                             out = await pending
@@ -243,7 +257,7 @@ class Admission:
                     "Rate limit reached for this key or model; retry after the time in Retry-After",
                     code="rate_limit_exceeded",
                     retry_after=wait / 1000,
-                    headers=headers,
+                    headers=as_text(headers),
                 )
                 raise err
             waited += wait
@@ -264,12 +278,12 @@ class Admission:
         prompt, tokens = self._tokens(req, buckets, route)
         decision = await self.acquire(buckets, tokens)
         if decision.allowed:
-            return Ticket(buckets, decision.lease, tokens, _headers(decision.states), prompt)
+            return Ticket(buckets, decision.lease, tokens, rate_headers(decision.states), prompt)
         err = RateLimitError(
             f"Provider '{route.provider}' is at its configured quota",
             code="provider_quota",
             retry_after=decision.retry_after_ms / 1000,
-            headers=_headers(decision.states),
+            headers=as_text(rate_headers(decision.states)),
             # Another target may have room; this one is not unhealthy, so no cooldown.
             retryable=True,
             cools=False,
@@ -312,7 +326,7 @@ class Admission:
             + (f" for the {more + 1} upstream calls this request makes" if param is not None else ""),
             code="provider_quota",
             retry_after=decision.retry_after_ms / 1000,
-            headers=_headers(decision.states),
+            headers=as_text(rate_headers(decision.states)),
             # Another target may have room; this one is not unhealthy, so no cooldown, and the same target
             # is not tried again.
             retryable=True,

@@ -18,7 +18,7 @@ from gateway import cache
 from gateway.cache import Lookup
 from gateway.config import LoadedConfig
 from gateway.fleet.picker import Hint
-from gateway.limits.admission import Admission, Ticket
+from gateway.limits.admission import Admission, Lines, Ticket
 from gateway.limits.auth import ClientKey, KeyRing
 from gateway.limits.budgets import Budgets, usage_budgets
 from gateway.limits.usage import UsageStore
@@ -55,6 +55,8 @@ class Result(msgspec.Struct):
     stream: AsyncIterator[bytes] | None = None
     # What the stream holds until its relay begins; the endpoint releases it if the relay never does.
     held: Held | None = None
+    # The request's x-ratelimit headers (`Ticket.headers`), encoded already: sent after `headers`.
+    limits: Lines | None = None
 
 
 # The lookup of a `Front` whose request the cache has not been asked about yet.
@@ -334,7 +336,7 @@ class Pipeline:
             job.cached.answer = done.value  # type: ignore[assignment]  # not `cast`: a call per request
         if self.log_prompts:
             rec.completion = encode([ch.text for ch in done.value.choices]).decode()
-        return Result(_headers(done, job), body=encode(done.value))
+        return Result(_headers(done, job), body=encode(done.value), limits=_limits(job))
 
     async def _streamed(self, job: Job, rec: Record) -> Result:
         """Every attempt of a streamed request up to its first event; then the relay has the stream."""
@@ -360,7 +362,7 @@ class Pipeline:
         _served(rec, job.plan, opened)
         held = Held(self.relay, opened.value, job, rec.request_id)
         stream = self.relay.stream(opened.value, opened.route, job, rec, held)
-        return Result(_headers(opened, job), stream=stream, held=held)
+        return Result(_headers(opened, job), stream=stream, held=held, limits=_limits(job))
 
 
 def _served(rec: Record, plan: Plan, outcome: Outcome[Any]) -> None:
@@ -379,7 +381,7 @@ def _served(rec: Record, plan: Plan, outcome: Outcome[Any]) -> None:
 
 
 def _headers(outcome: Outcome[Any], job: Job) -> dict[str, str]:
-    """What served the answer, the parameters dropped for that target, and the request's rate-limit state."""
+    """What served the answer and the parameters dropped for that target (the rate-limit state: `_limits`)."""
     route = outcome.route
     headers = {
         "x-gateway-provider": route.provider,
@@ -389,9 +391,12 @@ def _headers(outcome: Outcome[Any], job: Job) -> dict[str, str]:
     lost = job.dropped.get(route.key)
     if lost:
         headers["x-gateway-dropped-params"] = ",".join(lost)
-    if job.ticket is not None:
-        headers |= job.ticket.headers
     return headers
+
+
+def _limits(job: Job) -> Lines | None:
+    ticket = job.ticket
+    return None if ticket is None else ticket.headers
 
 
 def _deadline(req: CompletionRequest) -> float | None:
