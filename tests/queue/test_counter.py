@@ -96,6 +96,25 @@ def test_a_tenant_whose_prompts_the_estimate_misses_is_charged_their_real_tokens
     assert "v" not in order.misses and order.lengths["v"] == 5
 
 
+def test_a_charge_rounds_the_learned_length_and_miss_as_the_estimate_always_did() -> None:
+    # The estimate: the prompt, the learned answer length rounded half up (the whole `most` when the length
+    # reaches it, `MAX_CHARGE` at most) and the learned prompt miss rounded half to even, never below -prompt.
+    def expected(order: FairOrder, tenant: str, prompt: int, most: int) -> int:
+        length = order.lengths.get(tenant)
+        generated = most if length is None or length >= most else int(length + 0.5)
+        miss = order.misses.get(tenant)
+        return prompt + min(generated, MAX_CHARGE) + (max(round(miss), -prompt) if miss is not None else 0)
+
+    order = FairOrder()
+    # Prompts estimated at 3 tokens, really 5, 9, 2...: lengths and misses that fall on halves (16 then 20
+    # generated: 16.5; a miss of 2 then 6: 2.5) and between them (each answer moves them by an eighth).
+    for used, real in [(21, 5), (29, 9), (17, 2), (12, 3), (40_005, 5), (2, 2), (3, None), (25, 2), (14, 2)]:
+        for prompt, most in [(3, 16), (3, 15), (0, 4), (1, 0), (3, 100_000), (40, 10)]:
+            assert order.charge("t", prompt, most, 1.0) == expected(order, "t", prompt, most)
+        order.settle("t", 0, 3, used, 1.0, real)
+    assert order.misses["t"] % 1 and order.lengths["t"] % 1  # still fractional after the last answer
+
+
 async def test_a_request_without_max_tokens_is_charged_the_budgets_worst_case_then_its_tenants_answers(
     tmp_path: Path, engine: Engine
 ) -> None:
