@@ -6,11 +6,10 @@ a Redis Cluster, `redis+sentinel://h:p,h:p/service` the master a set of Sentinel
 Every option in the URL is either honoured by both Redis clients (redis-py's and the rate-limit channel,
 which sets its connection up with redis-py's own connection class) or refused at start-up naming it.
 
-Every Redis-backed feature goes through `SharedState.run`, which gives each call a short deadline
-(`Deadline`: connecting, writing and reading all within it) and, on failure, reports "degraded" so the
-caller falls back to its in-process state. While degraded, Redis is retried at most once a second (so a
-dead Redis costs no latency), and the warning is logged at most once a minute. `/ready` reports the
-degradation.
+Every Redis-backed feature goes through `SharedState.run`: each call has one short deadline (`Deadline`,
+connecting, writing and reading within it) and, on failure, reports "degraded" so the caller falls back to
+in-process state. While degraded, Redis is retried at most once a second (a dead Redis costs no latency)
+and the warning is logged at most once a minute. `/ready` reports the degradation.
 """
 
 from __future__ import annotations
