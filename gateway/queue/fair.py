@@ -53,19 +53,7 @@ class Waiter:
 class FairOrder:
     """The waiters of one server by class and tenant, and every tenant's weighted service there."""
 
-    __slots__ = (
-        "classes",
-        "service",
-        "credit",
-        "lengths",
-        "misses",
-        "estimates",
-        "depth",
-        "counts",
-        "last",
-        "turns",
-        "turn",
-    )
+    __slots__ = ("classes", "service", "credit", "lengths", "misses", "depth", "counts", "last", "turns", "turn")
 
     def __init__(self) -> None:
         # Per class: tenant -> its waiters, oldest first (a dict keeps tenants in arrival order for ties).
@@ -81,9 +69,6 @@ class FairOrder:
         # as their answers' usage reported them: added to its charges, so a tenant of steady requests is
         # charged what they use and nothing needs correcting at their end.
         self.misses: dict[str, float] = {}
-        # Tenant -> `lengths` and `misses` as whole tokens (a miss not known yet is 0): what `charge` adds, rounded
-        # once where they change (`settle`) rather than at every grant.
-        self.estimates: dict[str, tuple[int, int]] = {}
         self.depth = 0
         self.counts = [0, 0, 0]  # waiters per class
         self.last = 0.0  # the service of the tenant served last: the floor for a tenant nobody waits beside
@@ -152,16 +137,13 @@ class FairOrder:
         it is charged (its prompt and its tenant's recent answers' length here, within `most` and `MAX_CHARGE`;
         `most` where the tenant has no answer here yet), less any credit, and its turn stamped. The charge is
         made at the grant, where the latest answers are known, and corrected by `settle` at its end."""
-        estimate = self.estimates.get(tenant)
-        if estimate is None:
-            tokens = prompt + (most if most < MAX_CHARGE else MAX_CHARGE)
-        else:
-            # The answer length rounded is `most` or less exactly when the length itself is (`most` is whole).
-            length, miss = estimate
-            generated = length if length < most else most
-            tokens = prompt + (generated if generated < MAX_CHARGE else MAX_CHARGE)
-            if miss:
-                tokens += miss if miss > -prompt else -prompt
+        length = self.lengths.get(tenant)
+        generated = most if length is None or length >= most else int(length + 0.5)
+        tokens = prompt + (generated if generated < MAX_CHARGE else MAX_CHARGE)
+        if self.misses:
+            miss = self.misses.get(tenant)
+            if miss is not None:
+                tokens += max(round(miss), -prompt)
         turn = self.turn = self.turn + 1
         self.turns[tenant] = turn
         charge = tokens / weight
@@ -192,8 +174,7 @@ class FairOrder:
                 generated = used - prompt if used > prompt else 0
             lengths = self.lengths
             length = lengths.get(tenant)
-            length = lengths[tenant] = generated if length is None else length + (generated - length) * _LEARN
-            self.estimates[tenant] = (int(length + 0.5), round(self.misses.get(tenant, 0.0)))
+            lengths[tenant] = generated if length is None else length + (generated - length) * _LEARN
         if used > charged:
             self.service[tenant] = self.service.get(tenant, 0.0) + (used - charged) / weight
         elif used < charged:
