@@ -9,6 +9,10 @@ set -euo pipefail
 version="${LM_EVAL_VERSION:-0.4.13}"
 root="${XDG_CACHE_HOME:-$HOME/.cache}/completions-gateway/lm-eval-${version}"
 stamp="$root/.complete"
+# Two runs at once (a session's and a CI run's) take turns: the second finds the first's stamp.
+mkdir -p "$(dirname "$root")"
+exec 9>"$root.lock"
+flock 9
 if [ -f "$stamp" ]; then
   exit 0
 fi
