@@ -192,6 +192,8 @@ def parse_redis_url(url: str) -> RedisUrl:
     for name, why in _REFUSED.items():
         if name in options:
             raise UrlError(f"option '{name}' is not supported: {why}")
+    # redis-py 8 opens connections with `HELLO 3` unless told otherwise; the gateway reads RESP2's replies.
+    options["protocol"] = 2
     sentinel_options: dict[str, Any] = {}
     if mode == "sentinel":
         # The sentinels get the socket and TLS options; their own credentials, if any, come as
@@ -199,7 +201,8 @@ def parse_redis_url(url: str) -> RedisUrl:
         for k in list(options):
             if k.startswith("sentinel_"):
                 sentinel_options[k.removeprefix("sentinel_")] = options.pop(k)
-        sentinel_options.update({k: v for k, v in options.items() if k.startswith(("socket_", "ssl_"))})
+        shared = {k: v for k, v in options.items() if k.startswith(("socket_", "ssl_")) or k == "protocol"}
+        sentinel_options.update(shared)
         if base == "rediss":
             sentinel_options["connection_class"] = SSLConnection
     if mode != "node":

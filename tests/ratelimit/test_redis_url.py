@@ -239,3 +239,21 @@ async def test_the_limit_script_answers_like_redis_py(rds: RedisServer) -> None:
         await limiter.close()
         await lib.aclose()
         await shared.close()
+
+
+async def test_both_clients_speak_resp2_whatever_redis_py_defaults_to(rds: RedisServer) -> None:
+    # redis-py 8 says `HELLO 3` by default; the gateway's reply handling (the channel's parser, the reply
+    # shapes it reads) is RESP2's, so every connection it opens asks for RESP2.
+    shared = SharedState(rds.url)
+    limiter = Limiter(shared, fail_open=False)
+    try:
+        assert (await limiter.acquire([Bucket(scope="key:resp", kind="rpm", limit=5)], 0)).allowed
+        assert await shared.ping()
+        with redis.Redis(host="127.0.0.1", port=rds.port, protocol=2, decode_responses=True) as r:
+            mine = r.client_id()
+            others = [c for c in r.client_list() if int(c["id"]) != mine]
+        assert len(others) >= 2  # the shared client's pool and the script channel
+        assert {c["resp"] for c in others} == {"2"}
+    finally:
+        await limiter.close()
+        await shared.close()
