@@ -316,6 +316,8 @@ class SharedState:
             return None
         if parsed.mode == "cluster":
             return await self._slot_master(parsed, key_slot(key.encode()))
+        # The sentinels are asked in turn by redis-py, each within the socket timeout of redis-py's own (plain)
+        # timers: the pool's discovery shares these clients, and needs them to move on from a stalled sentinel.
         sentinel = cast(Any, client).connection_pool.sentinel_manager
         host, port = await sentinel.discover_master(parsed.service)
         return str(host), int(port)
@@ -325,16 +327,20 @@ class SharedState:
         of our own, so redis-py's cached slot table, which it refreshes by itself, is left alone."""
         problem: Exception = RedisConnectionError("no start-up node answered")
         for host, port in parsed.nodes:
-            conn = parsed.connection(host, port)
+            # Each node is given the socket timeout (a `Deadline`, not redis-py's plain timers), then the next.
+            conn = parsed.connection(
+                host, port, socket_timeout=None, socket_connect_timeout=parsed.options.get("socket_connect_timeout")
+            )
             try:
-                await conn.connect()  # type: ignore[no-untyped-call]
-                await conn.send_command("CLUSTER", "SLOTS")
-                ranges = await conn.read_response()
+                async with Deadline(parsed.timeout_s):
+                    await conn.connect()  # type: ignore[no-untyped-call]
+                    await conn.send_command("CLUSTER", "SLOTS")
+                    ranges = await conn.read_response()
             except (RedisError, OSError) as exc:
                 problem = exc
                 continue
             finally:
-                await conn.disconnect()
+                await conn.disconnect(nowait=True)  # a stalled node is not waited for again
             for first, last, master, *_ in ranges:
                 if int(first) <= slot <= int(last):
                     address = master[0].decode() if isinstance(master[0], bytes) else str(master[0])
