@@ -23,4 +23,5 @@ LAYERS: Final[tuple[tuple[str, ...], ...]] = (
     ("gateway.server",),  # the HTTP/1.1 protocol uvicorn runs per connection: parsing, keep-alive, answers
     ("gateway.config",),  # the typed config
     ("gateway.state", "gateway.ids"),  # the shared state (Redis or in-process), unique ids
+    ("gateway.grace",),  # a wait past its time is given the loop's next read of its sockets before it fails
 )

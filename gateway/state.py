@@ -34,6 +34,8 @@ from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
+from gateway.grace import Grace
+
 log = logging.getLogger("gateway.state")
 
 T = TypeVar("T")
@@ -63,23 +65,19 @@ class Degraded(Exception):
 
 class Deadline:
     """`asyncio.timeout(delay)`, except that a block still waiting when the delay is up is given the loop's
-    next read of its sockets, and what that read wakes, before it times out.
+    next read of its sockets, and what that read wakes, before it times out (gateway/grace.py says why).
 
-    A loop held busy past the delay (a burst of callbacks, a slow request) finds its timers due when it is
-    free again and runs them before it reads the sockets that became ready meanwhile (uvloop); asyncio reads
-    first but cancels the waiting call before it runs. Either way a reply that came in time would be dropped
-    and the gateway's own lag taken for Redis failing. So the verdict is passed on, one loop pass at a time:
-    from the timer to before the next poll, to after it (ahead of the callbacks that poll woke), and then,
-    by `reschedule`, to after those. A Redis that does not answer still fails the block a few passes late.
+    The verdict is passed on from the timer to before the next poll, to after it (`Grace`), and then, by
+    `reschedule`, to after the callbacks that poll woke. A Redis that does not answer still fails the block
+    a few passes late.
     """
 
-    __slots__ = ("_delay", "_handle", "_passes", "_timeout")
+    __slots__ = ("_delay", "_handle", "_timeout")
 
     def __init__(self, delay: float) -> None:
         self._delay = delay
         self._timeout = asyncio.timeout(None)
-        self._handle: asyncio.Handle | None = None
-        self._passes = 2
+        self._handle: asyncio.Handle | Grace | None = None
 
     async def __aenter__(self) -> None:
         await self._timeout.__aenter__()
@@ -93,13 +91,11 @@ class Deadline:
         await self._timeout.__aexit__(exc_type, exc, tb)
 
     def _due(self) -> None:
-        loop = asyncio.get_running_loop()
-        if self._passes:
-            self._passes -= 1
-            self._handle = loop.call_soon(self._due)
-        else:
-            self._handle = None
-            self._timeout.reschedule(loop.time())
+        self._handle = Grace(asyncio.get_running_loop(), self._expire)
+
+    def _expire(self) -> None:
+        self._handle = None
+        self._timeout.reschedule(asyncio.get_running_loop().time())
 
 
 @dataclass(frozen=True)
@@ -323,6 +319,8 @@ class SharedState:
             return None
         if parsed.mode == "cluster":
             return await self._slot_master(parsed, key_slot(key.encode()))
+        # The sentinels are asked in turn by redis-py, each within the socket timeout of redis-py's own (plain)
+        # timers: the pool's discovery shares these clients, and needs them to move on from a stalled sentinel.
         sentinel = cast(Any, client).connection_pool.sentinel_manager
         host, port = await sentinel.discover_master(parsed.service)
         return str(host), int(port)
@@ -332,16 +330,20 @@ class SharedState:
         of our own, so redis-py's cached slot table, which it refreshes by itself, is left alone."""
         problem: Exception = RedisConnectionError("no start-up node answered")
         for host, port in parsed.nodes:
-            conn = parsed.connection(host, port)
+            # Each node is given the socket timeout (a `Deadline`, not redis-py's plain timers), then the next.
+            conn = parsed.connection(
+                host, port, socket_timeout=None, socket_connect_timeout=parsed.options.get("socket_connect_timeout")
+            )
             try:
-                await conn.connect()  # type: ignore[no-untyped-call]
-                await conn.send_command("CLUSTER", "SLOTS")
-                ranges = await conn.read_response()
+                async with Deadline(parsed.timeout_s):
+                    await conn.connect()  # type: ignore[no-untyped-call]
+                    await conn.send_command("CLUSTER", "SLOTS")
+                    ranges = await conn.read_response()
             except (RedisError, OSError) as exc:
                 problem = exc
                 continue
             finally:
-                await conn.disconnect()
+                await conn.disconnect(nowait=True)  # a stalled node is not waited for again
             for first, last, master, *_ in ranges:
                 if int(first) <= slot <= int(last):
                     address = master[0].decode() if isinstance(master[0], bytes) else str(master[0])

@@ -18,7 +18,8 @@ from typing import Any, Final, NamedTuple, cast
 
 import hiredis
 
-from gateway.state import Degraded, SharedState
+from gateway.grace import Grace
+from gateway.state import Deadline, Degraded, SharedState
 
 # Error replies after which the script has not run and the node is not (or no longer) the right one.
 _NOT_MASTER: Final = (b"READONLY", b"MASTERDOWN", b"CLUSTERDOWN", b"TRYAGAIN", b"LOADING")
@@ -82,7 +83,8 @@ class _Protocol(asyncio.Protocol):
         self.streams: tuple[object, object] | None = None
         self.on_reply = on_reply
         self.on_lost = on_lost
-        self.watchdog: asyncio.Handle | None = None  # armed while a write's reply is due (`ScriptChannel._watch`)
+        # Armed while a write's reply is due (`ScriptChannel._watch`); a `Grace` while one past it is looked for.
+        self.watchdog: asyncio.Handle | Grace | None = None
         self.looked = 0.0  # the deadline last given one more read of the socket before the drop
 
     def data_received(self, data: bytes) -> None:
@@ -234,8 +236,15 @@ class ScriptChannel:
         parsed = self._shared.parsed
         assert parsed is not None
         # No CLIENT SETINFO (the library's name and version): a reconnect, which happens while Redis is
-        # failing, costs only what the URL asks for (AUTH, SELECT, CLIENT SETNAME).
-        conn = parsed.connection(*address, driver_info=None) if address else parsed.connection(driver_info=None)
+        # failing, costs only what the URL asks for (AUTH, SELECT, CLIENT SETNAME). No read timer of
+        # redis-py's either: the caller's `Deadline` bounds the set-up, and gives a reply read late its grace
+        # (a connect timeout the URL sets explicitly is honoured, as in the shared client's pool).
+        kw: dict[str, Any] = {
+            "driver_info": None,
+            "socket_timeout": None,
+            "socket_connect_timeout": parsed.options.get("socket_connect_timeout"),
+        }
+        conn = parsed.connection(*address, **kw) if address else parsed.connection(**kw)
         # redis-py sets the connection up (TLS, AUTH, SELECT, CLIENT SETNAME): every option of the URL is
         # applied by the same code as the pool's. Then the socket is ours.
         try:
@@ -261,7 +270,7 @@ class ScriptChannel:
         return proto
 
     async def _resolve_and_open(self) -> _Protocol:
-        async with asyncio.timeout(self._deadline_s):
+        async with Deadline(self._deadline_s):
             address = self._address
             if address is None and self._shared.parsed is not None and self._shared.parsed.mode != "node":
                 address = self._address = await self._shared.master_address(self._route_key)
@@ -406,18 +415,13 @@ class ScriptChannel:
                 if deadline > loop.time():
                     proto.watchdog = loop.call_at(deadline, self._watch, proto)
                 elif proto.looked != deadline:
-                    # A busy loop runs its due timers before it reads the sockets that became ready meanwhile:
-                    # the reply may be here already, late only in being read. Look again after the loop's next
-                    # read of its sockets, so that the gateway's own lag is not taken for Redis failing.
+                    # The reply may be here already, late only in being read (gateway/grace.py): look again
+                    # after the loop's next read of its sockets.
                     proto.looked = deadline
-                    proto.watchdog = loop.call_soon(self._look_again, proto)
+                    proto.watchdog = Grace(loop, self._watch, proto)
                 else:
                     proto.abort()
                 return
-
-    def _look_again(self, proto: _Protocol) -> None:
-        # Scheduled from a callback: this one runs before the loop polls its sockets, the next one after.
-        proto.watchdog = asyncio.get_running_loop().call_soon(self._watch, proto)
 
     def _reply(self, proto: _Protocol, call: _Call, reply: Any) -> None:
         """A call's reply, as the protocol reads it: to its caller, or (an error reply) handled here."""
@@ -464,7 +468,7 @@ class ScriptChannel:
         """Send `commands` (the last is the call) on the channel, or on a one-off connection to `elsewhere`."""
         result: Any = None
         try:
-            async with asyncio.timeout(self._deadline_s):
+            async with Deadline(self._deadline_s):
                 if elsewhere is None:
                     result = await (await self._connected()).submit(commands)[-1]
                 else:

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from typing import Final
 from urllib.parse import urlsplit
 
+from gateway.grace import Grace
+
 # A stream the client reads slower than the upstream writes pauses the socket above this many bytes.
 _HIGH_WATER: Final = 1 << 20
 _KEEPALIVE_S: Final = 30.0
@@ -93,7 +95,6 @@ class _Stop(Exception):
 # A timer firing this close to its wait's due time ends the wait: loops round a timer's delay (uvloop to
 # the millisecond), so one armed for exactly that time may fire a hair before it by the loop's clock.
 _EARLY_S: Final = 0.001
-_LOOKS: Final = 2  # loop passes a due wait is given before it fails (`Watchdog`)
 
 
 class Watchdog:
@@ -104,21 +105,19 @@ class Watchdog:
     it fails the current wait if its time is up, or arms itself again for it. On a busy keep-alive
     connection it fires about once per timeout instead of being armed and cancelled on every request.
 
-    A wait whose time is up is failed only after the loop has read its sockets once more: a loop held busy past
-    the due time (a burst of callbacks, a slow request) runs its due timers before it reads what arrived
-    meanwhile (uvloop), so an answer that came in time would otherwise be taken for an upstream timing out.
+    A wait whose time is up is failed only after the loop has read its sockets once more (`Grace`, which
+    holds the timer's place meanwhile): an answer that came in time is not taken for an upstream timing out.
     """
 
-    __slots__ = ("loop", "_waiting", "_due", "_cause", "_timer", "_timer_at", "_looks")
+    __slots__ = ("loop", "_waiting", "_due", "_cause", "_timer", "_timer_at")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self._waiting: asyncio.Future[None] | None = None
         self._due = 0.0
         self._cause = ""
-        self._timer: asyncio.Handle | None = None
+        self._timer: asyncio.Handle | Grace | None = None
         self._timer_at = 0.0
-        self._looks = _LOOKS
 
     def watch(self, fut: asyncio.Future[None], delay: float, cause: str) -> None:
         """Fail `fut` with `TimeoutError(cause)` if it is not done in `delay` seconds (the wait before, if
@@ -127,7 +126,6 @@ class Watchdog:
         self._waiting = fut
         due = self._due = loop.time() + delay
         self._cause = cause
-        self._looks = _LOOKS
         timer = self._timer
         if timer is None or due < self._timer_at:
             if timer is not None:
@@ -149,16 +147,20 @@ class Watchdog:
         if fut is None or fut.done():
             self._waiting = None
             return
-        if self._due - self.loop.time() > _EARLY_S:
+        due = self._due
+        if due - self.loop.time() > _EARLY_S:
             # A later wait than the one the timer was armed for: its own time is not up yet.
-            self._timer = self.loop.call_at(self._due, self._fire)
-            self._timer_at = self._due
+            self._timer = self.loop.call_at(due, self._fire)
+            self._timer_at = due
             return
-        if self._looks:
-            # Once before the loop's next poll and once after it: the wait is failed after that poll's reads.
-            self._looks -= 1
-            self._timer = self.loop.call_soon(self._fire)
+        self._timer = Grace(self.loop, self._expire, due)
+
+    def _expire(self, due: float) -> None:
+        fut = self._waiting
+        if self._due != due or fut is None or fut.done():
+            self._fire()  # answered in the grace; a later wait, if any, gets its timer (or grace) now
             return
+        self._timer = None
         self._waiting = None
         fut.set_exception(TimeoutError(self._cause))  # the timeout that passed (wire.errors.CAUSES)
 

@@ -6,7 +6,9 @@ every write's deadline: after replies that came, after a quiet spell, and behind
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
+import threading
 import time
 from collections.abc import AsyncIterator
 
@@ -129,3 +131,60 @@ def test_a_reply_that_came_in_time_while_the_loop_was_busy_is_read_not_taken_for
         assert loop.run_until_complete(main()) == (b"PONG", True)
     finally:
         loop.close()
+
+
+def test_a_handshake_reply_that_came_in_time_while_the_loop_was_busy_is_taken() -> None:
+    """Connecting (here: SELECT, for a database other than 0) is bounded by the call's deadline alone, with
+    the same grace: a loop held past the socket timeout, while the reply to the handshake is already in the
+    socket, still connects and answers the call."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    busy, poke = socket.socketpair()
+
+    def redis_stub() -> None:  # in a thread of its own: it answers while the client's loop is held
+        conn, _ = listener.accept()
+        with conn, contextlib.suppress(OSError):
+            parser = hiredis.Reader()
+            while True:
+                data = conn.recv(65536)
+                if not data:
+                    return
+                parser.feed(data)
+                while (cmd := parser.gets()) is not False:
+                    if cmd[0].upper() == b"SELECT":
+                        time.sleep(0.02)  # the client is reading the reply, its read timer (if any) armed
+                        poke.send(b"x")  # the client's next poll runs the hold
+                        time.sleep(0.05)  # the hold has begun
+                        conn.sendall(b"+OK\r\n")
+                    else:
+                        conn.sendall(b"+PONG\r\n")
+
+    thread = threading.Thread(target=redis_stub, daemon=True)
+    thread.start()
+
+    async def main() -> tuple[object, bool]:
+        loop = asyncio.get_running_loop()
+        port = listener.getsockname()[1]
+        shared = SharedState(f"redis://127.0.0.1:{port}/1?socket_timeout={TIMEOUT_S}")
+        chan = ScriptChannel(shared, "return 1", "rl:")
+
+        def other_work() -> None:  # another connection's: past the socket timeout, within the call's deadline
+            busy.recv(1)
+            time.sleep(1.5 * TIMEOUT_S)
+
+        loop.add_reader(busy, other_work)
+        try:
+            return await chan.call(command(b"PING")), chan.connected
+        finally:
+            loop.remove_reader(busy)
+            await chan.close()
+            await shared.close()
+
+    loop = uvloop.new_event_loop()
+    try:
+        assert loop.run_until_complete(main()) == (b"PONG", True)
+    finally:
+        loop.close()
+        listener.close()
+        busy.close()
+        poke.close()
+        thread.join(2)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import socket
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -190,6 +192,25 @@ async def test_the_channel_follows_the_rl_slot_through_a_migration(cluster: Clus
     finally:
         await limiter.close()
         await shared.close()
+
+
+async def test_a_silent_start_up_node_costs_the_socket_timeout_and_the_next_one_is_asked(cluster: Cluster) -> None:
+    """The slot's master is asked of the start-up nodes in turn, each within the socket timeout (a `Deadline`;
+    redis-py's own timers are off): a node that accepts and never answers costs that long, then the next answers."""
+    timeout_s = 0.1
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # the kernel accepts for it; nothing ever answers
+        port = silent.getsockname()[1]
+        shared = SharedState(
+            f"redis+cluster://127.0.0.1:{port},127.0.0.1:{cluster.ports[0]}?socket_timeout={timeout_s}"
+        )
+        try:
+            started = time.monotonic()
+            address = await shared.master_address("{rl}")
+            waited = time.monotonic() - started
+        finally:
+            await shared.close()
+    assert address == ("127.0.0.1", cluster.master_of("{rl}"))
+    assert timeout_s * 0.9 <= waited < timeout_s + 0.4
 
 
 MONTHLY = """
