@@ -157,19 +157,22 @@ class Choice(msgspec.Struct, omit_defaults=True):
     stop_reason: int | str | None = None
 
 
-class CompletionTokensDetails(msgspec.Struct, omit_defaults=True):
+# Usage and its details hold numbers only, so they can be in no cycle: not tracked by the collector
+# (`gc=False`). A cached answer keeps its usage for as long as it is stored, and a tracked object kept
+# counts toward the next young collection, which walks every request in flight.
+class CompletionTokensDetails(msgspec.Struct, omit_defaults=True, gc=False):
     accepted_prediction_tokens: int | None = None
     audio_tokens: int | None = None
     reasoning_tokens: int | None = None
     rejected_prediction_tokens: int | None = None
 
 
-class PromptTokensDetails(msgspec.Struct, omit_defaults=True):
+class PromptTokensDetails(msgspec.Struct, omit_defaults=True, gc=False):
     audio_tokens: int | None = None
     cached_tokens: int | None = None
 
 
-class Usage(msgspec.Struct, omit_defaults=True):
+class Usage(msgspec.Struct, omit_defaults=True, gc=False):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int

@@ -48,7 +48,7 @@ from gateway.cache.policy import (
     cache_miss,
     deterministic,
 )
-from gateway.cache.store import SLOT, MemoryStore, RedisStore
+from gateway.cache.store import SLOT, Kept, MemoryStore, RedisStore
 from gateway.config import LoadedConfig
 from gateway.limits.admission import Admission
 from gateway.ops.metrics import Metrics, Record
@@ -381,7 +381,7 @@ class Lookup(msgspec.Struct):
             if digest not in entries and cost <= memory.max_bytes:
                 if memory.bytes + cost > memory.max_bytes:
                     memory.evict(cost)
-                entries[digest] = (entry, stored + pol.ttl_s, self.tag, cost)  # type: ignore[union-attr]
+                entries[digest] = Kept(entry, stored + pol.ttl_s, self.tag, cost)  # type: ignore[union-attr]
                 memory.bytes += cost
             else:
                 memory.keep(digest, self.tag, entry, counted, pol.ttl_s)  # type: ignore[union-attr]

@@ -16,6 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
+import msgspec
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
@@ -30,6 +31,18 @@ PREFIX: Final = "gwcache:"
 SLOT: Final = 288
 
 log = logging.getLogger("gateway.cache")
+
+
+class Kept(msgspec.Struct, gc=False):  # holds no container, so no cycle
+    """What the memory store keeps per key: the entry (or its `dump`), when it expires, its model tag, and what
+    it counts in `bytes`. Not a tuple: a tuple is allocated tracked by the collector, so every stored entry
+    counted toward the next young collection (one every few thousand misses, walking every request in
+    flight); this struct is never tracked."""
+
+    entry: Entry | bytes
+    expires: float
+    tag: str
+    cost: int
 
 
 class Store(Protocol):
@@ -61,24 +74,23 @@ class MemoryStore:
         self.max_bytes = max_bytes
         self.clock = clock
         self.on_evict = on_evict
-        # per key: the entry (or its `dump`), when it expires, its model tag, and what it counts in `bytes`
-        self.entries: OrderedDict[bytes, tuple[Entry | bytes, float, str, int]] = OrderedDict()
+        self.entries: OrderedDict[bytes, Kept] = OrderedDict()
         self.bytes = 0
         self.evictions = 0
 
     def _drop(self, key: bytes) -> None:
-        self.bytes -= self.entries.pop(key)[3]
+        self.bytes -= self.entries.pop(key).cost
 
     def fetch(self, key: bytes) -> Entry | None:
         """The entry stored under `key`, unexpired (shared: the caller never changes it)."""
         found = self.entries.get(key)
         if found is None:
             return None
-        if self.clock() >= found[1]:
+        if self.clock() >= found.expires:
             self._drop(key)
             return None
         self.entries.move_to_end(key)
-        value = found[0]
+        value = found.entry
         return value if type(value) is Entry else held(value)  # type: ignore[arg-type]
 
     async def get_many(self, keys: list[bytes], tag: str, max_bytes: int) -> list[Entry | None]:
@@ -92,10 +104,10 @@ class MemoryStore:
             return
         entries = self.entries
         if key in entries:
-            self.bytes -= entries.pop(key)[3]
+            self.bytes -= entries.pop(key).cost
         if self.bytes + cost > self.max_bytes:
             self.evict(cost)  # a full store's every miss: no call per entry evicted
-        entries[key] = (entry, self.clock() + ttl_s, tag, cost)
+        entries[key] = Kept(entry, self.clock() + ttl_s, tag, cost)
         self.bytes += cost
 
     def evict(self, room: int) -> None:
@@ -103,7 +115,7 @@ class MemoryStore:
         entries, limit, counted = self.entries, self.max_bytes - room, self.bytes
         evicted = 0
         while counted > limit and entries:
-            counted -= entries.popitem(last=False)[1][3]
+            counted -= entries.popitem(last=False)[1].cost
             evicted += 1
         self.bytes = counted
         if evicted:
@@ -117,7 +129,7 @@ class MemoryStore:
         self.evict(0)
 
     async def clear(self, tag: str | None) -> int:
-        doomed = [k for k, (_, _, t, _) in self.entries.items() if tag is None or t == tag]
+        doomed = [k for k, kept in self.entries.items() if tag is None or kept.tag == tag]
         for k in doomed:
             self._drop(k)
         return len(doomed)
@@ -211,4 +223,4 @@ class RedisStore:
         return -1, -1  # not counted per replica: Redis's own INFO says what it holds
 
 
-__all__ = ["PREFIX", "SLOT", "MemoryStore", "RedisStore", "Store"]
+__all__ = ["PREFIX", "SLOT", "Kept", "MemoryStore", "RedisStore", "Store"]

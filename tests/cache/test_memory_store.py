@@ -62,7 +62,7 @@ def test_an_entry_of_events_is_held_encoded_and_served_decoded() -> None:
     stored = entry(text="x" * 1000)
     raw = dump(stored)
     store.keep(b"key", "t", raw, len(raw), 60)
-    assert store.entries[b"key"][0] is raw  # its encoding, not its objects
+    assert store.entries[b"key"].entry is raw  # its encoding, not its objects
     assert store.size() == (1, len(raw) + 3 + SLOT)
     assert store.fetch(b"key") == stored
 
