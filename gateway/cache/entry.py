@@ -64,6 +64,26 @@ def client_body(body: bytes, ctx: CallContext) -> bytes | None:
     return head % (_json(ctx.id), ctx.created, _json(ctx.model), body[at:]) if at > 0 else None
 
 
+# `client_body`'s heads for an id of the gateway's own (`Operation.new_id`: a prefix and hex digits, nothing to
+# escape), and the model's JSON per model asked for (client text: escaped once, bounded).
+_OWN_HEAD: Final = b'{"object":"text_completion","id":"%s","created":%d,"model":%s%s'
+_OWN_CHAT_HEAD: Final = b'{"object":"chat.completion","id":"%s","created":%d,"model":%s%s'
+_MODELS: Final[dict[str, bytes]] = {}
+
+
+def stamped(body: bytes, id_: str, created: int, model: str, chat: bool) -> bytes | None:
+    """`client_body` for an id the gateway made (`Operation.new_id`)."""
+    at = body.find(b',"choices":')
+    if at <= 0:
+        return None
+    quoted = _MODELS.get(model)
+    if quoted is None:
+        if len(_MODELS) >= 1024:
+            _MODELS.clear()  # client-chosen model names cannot grow it
+        quoted = _MODELS[model] = _json(model)
+    return (_OWN_CHAT_HEAD if chat else _OWN_HEAD) % (id_.encode(), created, quoted, body[at:])
+
+
 def events_of(entry: Entry) -> Entry:
     """`entry` with its `events` (a batch or a stream replays them): when it holds client bytes, a copy with
     them decoded (a stored entry is shared, never changed)."""
@@ -261,4 +281,5 @@ __all__ = [
     "read",
     "replay_stream",
     "size",
+    "stamped",
 ]

@@ -124,9 +124,17 @@ class Cache:
         ):
             # The common request (no directives, one text prompt, buffered, in memory): keyed and settled here.
             digest = (pol.scope or self._scopes.get(key) or self.policies.scope(pol, key)) + canonical(req)
-            entry = self.memory.fetch(digest)
-            if entry is not None:  # a plain hit: no lists, no policy
-                return Lookup(self, HIT, rec, None, digest, tag, entry=entry)
+            memory = self.memory
+            found = memory.entries.get(digest)
+            if found is not None:
+                # `MemoryStore.fetch`, inlined for an unexpired entry kept as it is; any other goes through it.
+                kept = found[0]
+                if type(kept) is Entry and memory.clock() < found[1]:
+                    memory.entries.move_to_end(digest)
+                    return Lookup(self, HIT, rec, None, digest, tag, entry=kept)  # a plain hit: no lists, no policy
+                entry = memory.fetch(digest)
+                if entry is not None:
+                    return Lookup(self, HIT, rec, None, digest, tag, entry=entry)
             if digest not in self.inflight:
                 # Nothing stored, no identical request in flight: this one asks and stores (`Lookup.done`).
                 lookup = self.inflight[digest] = Lookup(self, MISS, rec, pol, digest, tag, req.n or 1, True, True)
@@ -484,15 +492,4 @@ class Lookup(msgspec.Struct):
             await stream.aclose()  # type: ignore[attr-defined]
 
 
-def build(
-    loaded: LoadedConfig, shared: SharedState, admission: Admission, metrics: Metrics | None = None
-) -> Cache | None:
-    """The pipeline's cache, or None when every `cache` block is off (then the request path skips it)."""
-    cfg = loaded.config
-    blocks = [cfg.cache, *(p.cache for p in loaded.providers.values()), *(m.cache for m in cfg.models)]
-    if all(b is None or b.mode == "off" for b in blocks):
-        return None
-    return Cache(loaded, shared, admission, metrics)
-
-
-__all__ = ["Cache", "Lookup", "build"]
+__all__ = ["Cache", "Lookup"]

@@ -31,12 +31,14 @@ from gateway.path.operation import COMPLETIONS, Operation
 from gateway.path.pipeline import STREAM_FAILED, Front, Pipeline, Result, release
 from gateway.path.relay import STREAM_CUT, Held, shutdown_cut
 from gateway.server import DISCONNECT
+from gateway.server.values import HEADER_SAFE
 from wire.errors import GatewayError
 
 log = logging.getLogger("gateway")
 
 _JSON: Final = [(b"content-type", b"application/json")]
 _SSE: Final = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+_NO_LINES: Final[list[tuple[bytes, bytes]]] = []  # copied, never changed
 
 
 def _start(status: int, headers: list[tuple[bytes, bytes]]) -> HTTPResponseStartEvent:
@@ -45,18 +47,6 @@ def _start(status: int, headers: list[tuple[bytes, bytes]]) -> HTTPResponseStart
 
 def _body(body: bytes, more: bool = False) -> HTTPResponseBodyEvent:
     return {"type": "http.response.body", "body": body, "more_body": more}
-
-
-def _header_value(value: str) -> bytes:
-    # Values can carry client text (the model in `x-gateway-model`): anything that is not printable ASCII is
-    # percent-encoded as UTF-8, so a header can always be sent and never splits or breaks the response.
-    if value.isascii() and value.isprintable():
-        return value.encode("ascii")
-    return quote(value, safe=_HEADER_SAFE).encode("ascii")
-
-
-# Printable ASCII except `%`, so that an encoded value cannot be mistaken for one that was not.
-_HEADER_SAFE: Final = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
 
 
 # Header names and values as sent, by their text. Nearly all of them repeat on every answer (the names, the
@@ -68,11 +58,12 @@ _ENCODED_MAX: Final = 1024
 
 
 def _encoded(text: str) -> bytes:
-    # `_header_value`, inlined: a value new on every answer (a rate limit's remaining count) comes here each time.
+    # `header_value`, inlined: a value new on every answer (a rate limit's remaining count) comes here each time.
+    # Values can carry client text (the model in `x-gateway-model`).
     if text.isascii() and text.isprintable():
         value = text.encode("ascii")
     else:
-        value = quote(text, safe=_HEADER_SAFE).encode("ascii")
+        value = quote(text, safe=HEADER_SAFE).encode("ascii")
     if len(_ENCODED) >= _ENCODED_MAX:
         _ENCODED.clear()
     _ENCODED[text] = value
@@ -80,12 +71,16 @@ def _encoded(text: str) -> bytes:
 
 
 def _encode_headers(
-    headers: dict[str, str], rid: str | None = None, more: list[tuple[bytes, bytes]] | None = None
+    headers: dict[str, str],
+    rid: str | None = None,
+    more: list[tuple[bytes, bytes]] | None = None,
+    first: list[tuple[bytes, bytes]] = _NO_LINES,
 ) -> list[tuple[bytes, bytes]]:
-    """`headers`, then `more` (encoded already: the rate limits'), then the request id."""
+    """A new list: `first` (the content type's lines), `headers`, then `more` (encoded already: the rate limits',
+    a cached answer's), then the request id."""
     # A loop, not a comprehension: on Python 3.11 a comprehension is a function call of its own.
     get = _ENCODED.get
-    encoded: list[tuple[bytes, bytes]] = []
+    encoded = first.copy()
     for k, v in headers.items():
         encoded.append((get(k) or _encoded(k), get(v) or _encoded(v)))
     if more is not None:
@@ -95,18 +90,21 @@ def _encode_headers(
     return encoded
 
 
-async def _read_body(receive: Receive) -> bytes:
+async def _read_body(receive: Receive, message: Any = None) -> bytes:
+    """The request's body; `message` is its first message when the caller has received it already."""
     # No limit here: `gateway.edge.app.Front` caps every route's body (`caps.request_body_bytes`) before this
     # runs, and its `receive` raises the 413 when a body without a declared length runs over.
     chunks: list[bytes] = []
     while True:
-        message = await receive()
+        if message is None:
+            message = await receive()
         if message["type"] == "http.disconnect":
             raise asyncio.CancelledError
-        chunk: bytes = message.get("body", b"")  # type: ignore[assignment]
+        chunk: bytes = message.get("body", b"")
         chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        message = None
 
 
 class _Watch:
@@ -205,7 +203,7 @@ def request_id(headers: dict[str, str]) -> str:
 
 async def _send_error(send: Send, dialect: Dialect, exc: GatewayError, rid: str | None = None) -> None:
     status, headers, body = render(dialect, exc)
-    await send(_start(status, _JSON + _encode_headers(headers, rid)))
+    await send(_start(status, _encode_headers(headers, rid, first=_JSON)))
     await send(_body(body))
 
 
@@ -231,7 +229,11 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services, op: Ope
         rec = Record(request_id=request_id(headers), dialect=dialect.name, endpoint=op.name)
         pipeline, metrics = services(scope)
         try:
-            body = await _read_body(receive)
+            message = await receive()
+            if message["type"] == "http.request" and not message.get("more_body", False):
+                body: bytes = message.get("body", b"")  # the whole body in one message: no coroutine
+            else:
+                body = await _read_body(receive, message)
         except GatewayError as exc:
             await _send_error(send, dialect, exc, rec.request_id)
             return
@@ -267,13 +269,13 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services, op: Ope
             held = result.held
             if result.stream is None:
                 # The events as literals, not `_start` and `_body`: two calls fewer on every answer.
-                headers_out = _JSON + _encode_headers(result.headers, rec.request_id, result.limits)
+                headers_out = _encode_headers(result.headers, rec.request_id, result.limits, _JSON)
                 # Its length, so that no server frames it in chunks, and the head needs no wait for its framing.
                 headers_out.append((b"content-length", b"%d" % len(result.body)))
                 await send({"type": "http.response.start", "status": 200, "headers": headers_out})
                 await send({"type": "http.response.body", "body": result.body, "more_body": False})
                 return
-            await send(_start(200, _SSE + _encode_headers(result.headers, rec.request_id, result.limits)))
+            await send(_start(200, _encode_headers(result.headers, rec.request_id, result.limits, _SSE)))
             if watch is None:
                 watch = _Watch(receive, scope)
             await watch.run(_relay(result, send))
@@ -351,7 +353,7 @@ send_error = _send_error
 
 
 async def send_json(send: Send, status: int, body: bytes, headers: dict[str, str]) -> None:
-    await send(_start(status, _JSON + _encode_headers(headers)))
+    await send(_start(status, _encode_headers(headers, first=_JSON)))
     await send(_body(body))
 
 

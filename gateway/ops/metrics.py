@@ -390,7 +390,10 @@ class Metrics:
         model = rec.label
         if model is None:
             model = rec.label = self.labels.fold(rec.model)
-        kids = self._children(rec.endpoint, rec.dialect, model, rec.provider or "none", rec.status, rec.stream)
+        labels = (rec.endpoint, rec.dialect, model, rec.provider or "none", rec.status, rec.stream)
+        kids = self._cache.get(labels)  # `_children`'s probe, inlined: its call only for a new label set
+        if kids is None:
+            kids = self._children(*labels)
         usage = rec.usage
         tally = self.tally
         pending = tally.pending  # Tally.add, inlined: a counter's `inc` is four calls and a lock

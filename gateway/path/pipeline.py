@@ -16,6 +16,7 @@ import msgspec
 
 from gateway import cache
 from gateway.cache import Lookup
+from gateway.cache.hit import answered
 from gateway.config import LoadedConfig
 from gateway.fleet.picker import Hint
 from gateway.limits.admission import Admission, Lines, Ticket
@@ -55,7 +56,8 @@ class Result(msgspec.Struct):
     stream: AsyncIterator[bytes] | None = None
     # What the stream holds until its relay begins; the endpoint releases it if the relay never does.
     held: Held | None = None
-    # The request's x-ratelimit headers (`Ticket.headers`), encoded already: sent after `headers`.
+    # Header lines encoded already, sent after `headers`: the request's x-ratelimit headers (`Ticket.headers`),
+    # or an early cached answer's (gateway/cache/hit.py).
     limits: Lines | None = None
 
 
@@ -182,8 +184,14 @@ class Pipeline:
             if not (
                 (admission.enabled or (key is not None and key.buckets)) and admission.counts_cached(key, req.model)
             ):
-                ctx = CallContext(id=op.new_id(), created=int(time.time()), model=req.model, chat=op.chat)
                 cached.count(rec)
+                if not req.stream:  # its bytes and header lines made without a call context or headers dict
+                    now = self.cache.clock()  # type: ignore[union-attr]
+                    body, lines = answered(
+                        cached.entry, cached.state, now, rec, op.new_id(), int(time.time()), req.model, op.chat
+                    )
+                    return Result({}, body, None, None, lines)
+                ctx = CallContext(id=op.new_id(), created=int(time.time()), model=req.model, chat=op.chat)
                 return cached.replay(_Answered(req, ctx), rec, Result)
         return key, req, plan, cached
 
@@ -241,7 +249,8 @@ class Pipeline:
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise decode_error(exc) from None
         op.normalize(req, self.loaded.config.caps)
-        self.keys.authorize(key, req.model)
+        if key is not None:  # an open gateway's requests have none to check
+            self.keys.authorize(key, req.model)
         rec.model = req.model  # a budget refusal counts under the model asked for (routing refines it below)
         return req
 

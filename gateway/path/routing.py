@@ -59,6 +59,7 @@ class Router:
                 context_groups=ctx,
             )
         self._direct_plans: dict[str, Plan] = {}
+        self._model_plans: dict[str, Plan] = {}  # the same plans, by the direct string asked for
         # GET /v1/models, built on first use and again when the discovery publishes new lists.
         self._listed: list[tuple[str, str]] | None = None
         self._listed_from: Mapping[str, Sequence[str]] | None = None
@@ -74,6 +75,9 @@ class Router:
         found = self._plans.get(model)
         if found is not None:
             return found
+        found = self._model_plans.get(model)  # a direct string asked for before: one probe, no `resolve`
+        if found is not None:
+            return found
         route = self.resolve(model)
         found = self._direct_plans.get(route.key)
         if found is None:
@@ -83,7 +87,11 @@ class Router:
             found = Plan(groups=[Group([route], [1.0])], policy=policy)
             if len(self._direct_plans) >= _CACHE_LIMIT:
                 self._direct_plans.clear()
+                self._model_plans.clear()  # every string that names a route keeps that route's one plan
             self._direct_plans[route.key] = found
+        if len(self._model_plans) >= _CACHE_LIMIT:
+            self._model_plans.clear()
+        self._model_plans[model] = found
         return found
 
     def resolve(self, model: str) -> Route:
