@@ -128,8 +128,8 @@ class Cache:
             found = memory.entries.get(digest)
             if found is not None:
                 # `MemoryStore.fetch`, inlined for an unexpired entry kept as it is; any other goes through it.
-                kept = found[0]
-                if type(kept) is Entry and memory.clock() < found[1]:
+                kept = found.entry
+                if type(kept) is Entry and memory.clock() < found.expires:
                     memory.entries.move_to_end(digest)
                     return Lookup(self, HIT, rec, None, digest, tag, entry=kept)  # a plain hit: no lists, no policy
                 entry = memory.fetch(digest)
