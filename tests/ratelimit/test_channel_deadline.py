@@ -18,6 +18,7 @@ import uvloop
 
 from gateway.limits.scriptchannel import ScriptChannel, Unanswered, command
 from gateway.state import SharedState
+from tests.helpers.loops import run_on
 from tests.helpers.redis import RedisServer
 
 TIMEOUT_S = 0.1  # the URL's socket_timeout: a call's deadline is twice it
@@ -126,11 +127,7 @@ def test_a_reply_that_came_in_time_while_the_loop_was_busy_is_read_not_taken_for
             await chan.close()
             await shared.close()
 
-    loop = uvloop.new_event_loop()
-    try:
-        assert loop.run_until_complete(main()) == (b"PONG", True)
-    finally:
-        loop.close()
+    assert run_on(uvloop.new_event_loop, main()) == (b"PONG", True)
 
 
 def test_a_handshake_reply_that_came_in_time_while_the_loop_was_busy_is_taken() -> None:
@@ -179,11 +176,9 @@ def test_a_handshake_reply_that_came_in_time_while_the_loop_was_busy_is_taken() 
             await chan.close()
             await shared.close()
 
-    loop = uvloop.new_event_loop()
     try:
-        assert loop.run_until_complete(main()) == (b"PONG", True)
+        assert run_on(uvloop.new_event_loop, main()) == (b"PONG", True)
     finally:
-        loop.close()
         listener.close()
         busy.close()
         poke.close()

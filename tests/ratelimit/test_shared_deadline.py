@@ -17,6 +17,7 @@ import pytest
 import uvloop
 
 from gateway.state import Degraded, SharedState
+from tests.helpers.loops import LOOPS, run_on
 from tests.helpers.redis import RedisServer
 
 TIMEOUT_S = 0.2  # the URL's socket_timeout: a call's deadline is twice it
@@ -24,19 +25,6 @@ HOLD_S = 5 * TIMEOUT_S  # how long another connection's callback holds the loop:
 # Redis answers a BLPOP on an empty list when its timeout is up: a reply that comes, deterministically,
 # half-way to redis-py's socket timeout and a quarter of the way to the call's deadline.
 REPLY_AFTER_S = TIMEOUT_S / 2
-
-LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
-    "uvloop": uvloop.new_event_loop,
-    "asyncio": asyncio.new_event_loop,
-}
-
-
-def run_on(make_loop: Callable[[], asyncio.AbstractEventLoop], main: Awaitable[Any]) -> Any:
-    loop = make_loop()
-    try:
-        return loop.run_until_complete(main)
-    finally:
-        loop.close()
 
 
 class Busy:

@@ -8,29 +8,16 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Callable
 
 import pytest
 import uvloop
 
 from gateway.grace import PASSES, Grace
+from tests.helpers.loops import LOOPS, run_on
 
 DUE_S = 0.05  # the wait's timer
 HOLD_S = 0.3  # another connection's callback holds the loop from before the reply until well past DUE_S
-
-LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
-    "uvloop": uvloop.new_event_loop,
-    "asyncio": asyncio.new_event_loop,
-}
-
-
-def run_on(make_loop: Callable[[], asyncio.AbstractEventLoop], main: Awaitable[Any]) -> Any:
-    loop = make_loop()
-    try:
-        return loop.run_until_complete(main)
-    finally:
-        loop.close()
 
 
 class Reader(asyncio.Protocol):
