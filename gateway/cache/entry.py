@@ -56,32 +56,23 @@ _chat_rest = msgspec.json.Decoder(_ChatRest).decode
 _CHAT: Final = b'{"object":"chat.completion",'  # how a stored chat answer's bytes begin (its tag first)
 
 
-def client_body(body: bytes, ctx: CallContext) -> bytes | None:
+def client_body(body: bytes, id_: str, created: int, model: str, chat: bool) -> bytes | None:
     """A stored `body` as this request's answer: its id, time and model, then the stored bytes from their
     `choices` on (None if they have none)."""
     at = body.find(b',"choices":')  # a bare `"` only opens or closes a string: the first is the field
-    head = _CHAT_HEAD if ctx.chat else _HEAD
-    return head % (_json(ctx.id), ctx.created, _json(ctx.model), body[at:]) if at > 0 else None
-
-
-# `client_body`'s heads for an id of the gateway's own (`Operation.new_id`: a prefix and hex digits, nothing to
-# escape), and the model's JSON per model asked for (client text: escaped once, bounded).
-_OWN_HEAD: Final = b'{"object":"text_completion","id":"%s","created":%d,"model":%s%s'
-_OWN_CHAT_HEAD: Final = b'{"object":"chat.completion","id":"%s","created":%d,"model":%s%s'
-_MODELS: Final[dict[str, bytes]] = {}
-
-
-def stamped(body: bytes, id_: str, created: int, model: str, chat: bool) -> bytes | None:
-    """`client_body` for an id the gateway made (`Operation.new_id`)."""
-    at = body.find(b',"choices":')
     if at <= 0:
         return None
     quoted = _MODELS.get(model)
     if quoted is None:
-        if len(_MODELS) >= 1024:
+        if len(_MODELS) >= _MODELS_MAX:
             _MODELS.clear()  # client-chosen model names cannot grow it
         quoted = _MODELS[model] = _json(model)
-    return (_OWN_CHAT_HEAD if chat else _OWN_HEAD) % (id_.encode(), created, quoted, body[at:])
+    return (_CHAT_HEAD if chat else _HEAD) % (_json(id_), created, quoted, body[at:])
+
+
+# The model's JSON per model name asked for (client text: escaped once per name, not per hit).
+_MODELS: Final[dict[str, bytes]] = {}
+_MODELS_MAX: Final = 1024
 
 
 def events_of(entry: Entry) -> Entry:
@@ -236,7 +227,7 @@ def answer(entry: Entry, template: Completion) -> Completion:
 def buffered_body(entry: Entry, ctx: CallContext) -> bytes:
     """The entry as this request's buffered answer, in client JSON: its stored bytes when it has them."""
     if entry.body is not None:
-        sent = client_body(entry.body, ctx)
+        sent = client_body(entry.body, ctx.id, ctx.created, ctx.model, ctx.chat)
         if sent is not None:
             return sent
     return encode(answer(events_of(entry), ctx.completion([])))
@@ -281,5 +272,4 @@ __all__ = [
     "read",
     "replay_stream",
     "size",
-    "stamped",
 ]

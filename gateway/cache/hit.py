@@ -3,14 +3,14 @@
 What every such answer repeats is made once: the header lines of a target and outcome (encoded, bounded like
 the endpoint's own encoded values, since a target can carry a client's model name), and the JSON of the model
 the client asked for. Per hit, only the stored client bytes behind this request's id, time and model
-(`entry.stamped`) and the `Age` line are new; no call context, headers dict or answer struct is built.
+(`entry.client_body`) and the `Age` line are new; no call context, headers dict or answer struct is built.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-from gateway.cache.entry import Entry, buffered_body, stamped
+from gateway.cache.entry import Entry, buffered_body, client_body
 from gateway.limits.admission import Lines
 from gateway.ops.metrics import Record
 from gateway.server.values import header_value
@@ -42,7 +42,7 @@ def answered(
     rec.provider, rec.target, rec.attempts, rec.usage = provider, target, 0, entry.usage
     rec.cached = True
     body = entry.body
-    sent = stamped(body, id_, created, model, chat) if body is not None else None
+    sent = client_body(body, id_, created, model, chat) if body is not None else None
     if sent is None:  # an entry of events (a stored stream): merged into one answer
         sent = buffered_body(entry, CallContext(id=id_, created=created, model=model, chat=chat))
     head = _LINES.get((provider, target, state)) or _lines(provider, target, state)

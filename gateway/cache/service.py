@@ -48,7 +48,7 @@ from gateway.cache.policy import (
     cache_miss,
     deterministic,
 )
-from gateway.cache.store import SLOT, Kept, MemoryStore, RedisStore
+from gateway.cache.store import MemoryStore, RedisStore
 from gateway.config import LoadedConfig
 from gateway.limits.admission import Admission
 from gateway.ops.metrics import Metrics, Record
@@ -124,17 +124,9 @@ class Cache:
         ):
             # The common request (no directives, one text prompt, buffered, in memory): keyed and settled here.
             digest = (pol.scope or self._scopes.get(key) or self.policies.scope(pol, key)) + canonical(req)
-            memory = self.memory
-            found = memory.entries.get(digest)
-            if found is not None:
-                # `MemoryStore.fetch`, inlined for an unexpired entry kept as it is; any other goes through it.
-                kept = found.entry
-                if type(kept) is Entry and memory.clock() < found.expires:
-                    memory.entries.move_to_end(digest)
-                    return Lookup(self, HIT, rec, None, digest, tag, entry=kept)  # a plain hit: no lists, no policy
-                entry = memory.fetch(digest)
-                if entry is not None:
-                    return Lookup(self, HIT, rec, None, digest, tag, entry=entry)
+            entry = self.memory.fetch(digest)
+            if entry is not None:  # a plain hit: no lists, no policy
+                return Lookup(self, HIT, rec, None, digest, tag, entry=entry)
             if digest not in self.inflight:
                 # Nothing stored, no identical request in flight: this one asks and stores (`Lookup.done`).
                 lookup = self.inflight[digest] = Lookup(self, MISS, rec, pol, digest, tag, req.n or 1, True, True)
@@ -382,17 +374,7 @@ class Lookup(msgspec.Struct):
             # Its own: a leading request is the one `inflight` holds (and `abandon` after this finds it gone).
             del cache.inflight[digest]
         if counted <= pol.max_entry_bytes:  # type: ignore[union-attr]
-            # `MemoryStore.keep`, inlined for its common case: a new key that fits (once the least recently used
-            # are out, when full). The memory store's clock is the cache's: the entry expires `ttl_s` after `stored`.
-            memory = cache.memory
-            entries, cost = memory.entries, counted + len(digest) + SLOT
-            if digest not in entries and cost <= memory.max_bytes:
-                if memory.bytes + cost > memory.max_bytes:
-                    memory.evict(cost)
-                entries[digest] = Kept(entry, stored + pol.ttl_s, self.tag, cost)  # type: ignore[union-attr]
-                memory.bytes += cost
-            else:
-                memory.keep(digest, self.tag, entry, counted, pol.ttl_s)  # type: ignore[union-attr]
+            cache.memory.keep(digest, self.tag, entry, counted, pol.ttl_s)  # type: ignore[union-attr]
         else:
             counted = 0
         series = self.count(rec)

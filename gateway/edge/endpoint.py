@@ -18,7 +18,6 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, Final
-from urllib.parse import quote
 
 from litestar.types import HTTPResponseBodyEvent, HTTPResponseStartEvent, HTTPScope, Receive, Send
 
@@ -31,7 +30,7 @@ from gateway.path.operation import COMPLETIONS, Operation
 from gateway.path.pipeline import STREAM_FAILED, Front, Pipeline, Result, release
 from gateway.path.relay import STREAM_CUT, Held, shutdown_cut
 from gateway.server import DISCONNECT
-from gateway.server.values import HEADER_SAFE
+from gateway.server.values import header_value
 from wire.errors import GatewayError
 
 log = logging.getLogger("gateway")
@@ -58,12 +57,7 @@ _ENCODED_MAX: Final = 1024
 
 
 def _encoded(text: str) -> bytes:
-    # `header_value`, inlined: a value new on every answer (a rate limit's remaining count) comes here each time.
-    # Values can carry client text (the model in `x-gateway-model`).
-    if text.isascii() and text.isprintable():
-        value = text.encode("ascii")
-    else:
-        value = quote(text, safe=HEADER_SAFE).encode("ascii")
+    value = header_value(text)  # values can carry client text (the model in `x-gateway-model`)
     if len(_ENCODED) >= _ENCODED_MAX:
         _ENCODED.clear()
     _ENCODED[text] = value
