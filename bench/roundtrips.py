@@ -16,7 +16,8 @@ Each round trip is put in the request during whose answer it reached Redis (afte
 handed to the app, before its answer's last byte was sent: the answer may have waited for it) or after
 that answer (before the next request: work moved off the answer's path, and the timers' batches). With
 one request at a time, every round trip before the answer that the answer awaits is serial latency.
-Script calls are named by their mode (``acquire``, ``adjust``, ``release``, ``block``, ``batch``, ...).
+Script calls are named by their mode (``acquire``, ``adjust``, ``release``, ``block``, ...); a tick's calls
+merged into one (mode ``batch``) by the modes it carries, each counted among the commands before the answer.
 
 MONITOR costs Redis time, so read the counts, not the wall times, of this run. Give it a redis-server of
 its own or a database number nobody else uses: commands on other databases are left out.
@@ -93,13 +94,31 @@ class Report:
         }
 
 
+def calls(cmd: Command) -> tuple[list[str], bool]:
+    """What a command decides, and whether it is a merged script call: a script call by its mode (the argument
+    after its keys), a merged one (mode `batch`: per call its key count, mode, lease and 4 arguments per key) by
+    each of its calls' modes; any other command by its name."""
+    args = cmd.args
+    if cmd.name not in ("EVALSHA", "EVAL") or len(args) < 2 or not args[1].isdigit():
+        return [cmd.name], False
+    at = 2 + int(args[1])
+    mode = args[at] if len(args) > at else "?"
+    if mode != "batch":
+        return [f"script {mode}"], False
+    modes: list[str] = []
+    at += 1
+    while at + 1 < len(args) and args[at].isdigit():
+        modes.append(f"script {args[at + 1]}")
+        at += 3 + 4 * int(args[at])
+    return modes, True
+
+
 def kind(cmd: Command) -> str:
-    """A script call by its mode (the argument after its keys); any other command by its name."""
-    if cmd.name in ("EVALSHA", "EVAL") and len(cmd.args) >= 2 and cmd.args[1].isdigit():
-        nkeys = int(cmd.args[1])
-        mode = cmd.args[2 + nkeys] if len(cmd.args) > 2 + nkeys else "?"
-        return f"script {mode}"
-    return cmd.name
+    """A command by what it decides (`calls`); a merged script call as `script batch (acquire, adjust)`."""
+    decided, merged = calls(cmd)
+    if not merged:
+        return decided[0]
+    return "script batch (" + ", ".join(d.removeprefix("script ") for d in decided) + ")"
 
 
 def round_trips(commands: list[Command]) -> list[tuple[float, str]]:
@@ -135,7 +154,8 @@ def attribute(commands: list[Command], windows: list[Window]) -> Report:
         else:
             i = _window(cmd.at, windows, starts)
             if i is not None and cmd.at < windows[i].answered:
-                report.commands_before[kind(cmd)] += 1
+                for decided in calls(cmd)[0]:  # a merged script call: each call it carried
+                    report.commands_before[decided] += 1
     first_seen: set[int] = set()
     for at, what in round_trips(commands):
         i = _window(at, windows, starts)

@@ -80,3 +80,18 @@ def test_everything_on_one_request_at_a_time(rds: RedisServer, tmp_path: Path) -
     assert figures["round_trips_before_answer"] < 1.2
     assert figures["script_commands"]["TIME"] >= 1.0
     assert figures["script_commands"]["GET"] >= 2.0
+
+
+def test_a_merged_script_call_is_named_and_counted_by_the_calls_it_carries() -> None:
+    a = "127.0.0.1:1000"
+    windows = [Window(start=10.0, answered=10.5, end=10.6)]
+    # A tick's acquire (two buckets) and a timer's token correction (one bucket) in one `batch` call.
+    acquire = ["2", "acquire", "", "rpm", "60", "60000", "1", "tpm", "1000", "60000", "20"]
+    adjust = ["1", "adjust", "", "tpm", "1000", "60000", "-4"]
+    merged = _cmd(10.1, a, "EVALSHA", "sha", "3", "k1", "k2", "k3", "batch", *acquire, *adjust)
+    report = roundtrips.attribute([merged], windows).as_dict()
+    assert report["before_answer"] == {"script batch (acquire, adjust)": 1.0}
+    assert report["commands_before_answer"] == {"script acquire": 1.0, "script adjust": 1.0}
+    assert roundtrips.kind(_cmd(1.0, a, "EVALSHA", "sha", "1", "k", "acquire", "", "rpm", "1", "1", "1")) == (
+        "script acquire"
+    )
