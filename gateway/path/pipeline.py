@@ -249,8 +249,7 @@ class Pipeline:
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise decode_error(exc) from None
         op.normalize(req, self.loaded.config.caps)
-        if key is not None:  # an open gateway's requests have none to check
-            self.keys.authorize(key, req.model)
+        self.keys.authorize(key, req.model)
         rec.model = req.model  # a budget refusal counts under the model asked for (routing refines it below)
         return req
 
