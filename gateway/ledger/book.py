@@ -142,11 +142,12 @@ class Spill:
     def waiting(self) -> bool:
         return self.size > 0
 
-    def batches(self) -> Iterator[tuple[Path, list[list[Any]]]]:
-        """Every spilled batch: this process's own, then those of processes that died (their lock is free)."""
+    def batches(self, others: bool = True) -> Iterator[tuple[Path, list[list[Any]]]]:
+        """Every spilled batch: this process's own, then (with `others`) those of processes that died (their
+        lock is free)."""
         if self._fd is not None:
             yield from ((self.path, b) for b in _read(self.path))
-        if not self.dir.is_dir():
+        if not others or not self.dir.is_dir():
             return
         for other in sorted(self.dir.glob(f"{_SPILL_PREFIX}*.jsonl")):
             if other == self.path:
@@ -318,8 +319,10 @@ class Ledger:
             )
             self._dropped_logged = self.dropped
         rows = self._take()
-        if rows.size or self.spill.waiting or self._orphans_possible():
-            await self._writing(self._write, rows)
+        # Asked every turn, so that the listing's own schedule holds even while every turn has rows to write.
+        orphans = self._orphans_possible()
+        if rows.size or self.spill.waiting or orphans:
+            await self._writing(self._write, rows, orphans)
 
     def _orphans_possible(self) -> bool:
         """Whether another process's spill file may wait: looked for at the first turn, then every
@@ -330,11 +333,12 @@ class Ledger:
         self._orphans_at = now + _ORPHANS_EVERY_S
         return self.spill.dir.is_dir() and any(self.spill.dir.glob(f"{_SPILL_PREFIX}*.jsonl"))
 
-    def _write(self, rows: Batch) -> None:
-        """On the ledger's thread: spilled batches first (oldest first), then these rows; spill on failure."""
+    def _write(self, rows: Batch, orphans: bool = False) -> None:
+        """On the ledger's thread: spilled batches first (oldest first; another process's only when `orphans`
+        says they may wait), then these rows; spill on failure."""
         refused = self.refused
         try:
-            for _path, batch in self.spill.batches():
+            for _path, batch in self.spill.batches(orphans):
                 spilled = [tuple(r) for r in batch]
                 self._book(functools.partial(commit, rows=spilled, db=self.rows), functools.partial(list, spilled))
             self.spill.replayed()
@@ -347,6 +351,8 @@ class Ledger:
             if self.down is None:
                 log.warning("ledger: cannot write (%s); rows go to %s until it answers", exc, self.spill.path)
             self.down = str(exc)
+            if orphans:
+                self._orphans_at = 0.0  # another process's file may be half replayed: look again once it answers
             # Rows of the batch already booked (split around a refused one) are booked once: replays skip
             # the ids the database holds.
             if rows.size and not self.spill.write(rows.full()):
