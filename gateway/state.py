@@ -135,6 +135,13 @@ class RedisUrl:
             kw.pop("db", None)
         return cast(Connection, cls(**kw))
 
+    def deadline_connection(self, host: str | None = None, port: int | None = None, **extra: Any) -> Connection:
+        """`connection` for a caller whose `Deadline` bounds its every wait: no read timer of redis-py's (a reply
+        read late is given its grace), and a connect timeout only where the URL sets one explicitly (as the
+        shared client's pool honours it)."""
+        connect_s = self.options.get("socket_connect_timeout")
+        return self.connection(host, port, socket_timeout=None, socket_connect_timeout=connect_s, **extra)
+
 
 class UrlError(ValueError):
     """`redis.url` cannot be honoured; the message names the option and never repeats a credential."""
@@ -331,9 +338,7 @@ class SharedState:
         problem: Exception = RedisConnectionError("no start-up node answered")
         for host, port in parsed.nodes:
             # Each node is given the socket timeout (a `Deadline`, not redis-py's plain timers), then the next.
-            conn = parsed.connection(
-                host, port, socket_timeout=None, socket_connect_timeout=parsed.options.get("socket_connect_timeout")
-            )
+            conn = parsed.deadline_connection(host, port)
             try:
                 async with Deadline(parsed.timeout_s):
                     await conn.connect()  # type: ignore[no-untyped-call]

@@ -236,15 +236,10 @@ class ScriptChannel:
         parsed = self._shared.parsed
         assert parsed is not None
         # No CLIENT SETINFO (the library's name and version): a reconnect, which happens while Redis is
-        # failing, costs only what the URL asks for (AUTH, SELECT, CLIENT SETNAME). No read timer of
-        # redis-py's either: the caller's `Deadline` bounds the set-up, and gives a reply read late its grace
-        # (a connect timeout the URL sets explicitly is honoured, as in the shared client's pool).
-        kw: dict[str, Any] = {
-            "driver_info": None,
-            "socket_timeout": None,
-            "socket_connect_timeout": parsed.options.get("socket_connect_timeout"),
-        }
-        conn = parsed.connection(*address, **kw) if address else parsed.connection(**kw)
+        # failing, costs only what the URL asks for (AUTH, SELECT, CLIENT SETNAME). The caller's `Deadline`
+        # bounds the set-up.
+        host, port = address if address is not None else (None, None)
+        conn = parsed.deadline_connection(host, port, driver_info=None)
         # redis-py sets the connection up (TLS, AUTH, SELECT, CLIENT SETNAME): every option of the URL is
         # applied by the same code as the pool's. Then the socket is ours.
         try:
