@@ -142,7 +142,7 @@ class Spill:
     def waiting(self) -> bool:
         return self.size > 0
 
-    def batches(self, others: bool = True) -> Iterator[tuple[Path, list[list[Any]]]]:
+    def batches(self, others: bool) -> Iterator[tuple[Path, list[list[Any]]]]:
         """Every spilled batch: this process's own, then (with `others`) those of processes that died (their
         lock is free)."""
         if self._fd is not None:
@@ -333,7 +333,7 @@ class Ledger:
         self._orphans_at = now + _ORPHANS_EVERY_S
         return self.spill.dir.is_dir() and any(self.spill.dir.glob(f"{_SPILL_PREFIX}*.jsonl"))
 
-    def _write(self, rows: Batch, orphans: bool = False) -> None:
+    def _write(self, rows: Batch, orphans: bool) -> None:
         """On the ledger's thread: spilled batches first (oldest first; another process's only when `orphans`
         says they may wait), then these rows; spill on failure."""
         refused = self.refused
