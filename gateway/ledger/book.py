@@ -142,14 +142,18 @@ class Spill:
     def waiting(self) -> bool:
         return self.size > 0
 
+    def files(self) -> list[Path]:
+        """Every spill file in the directory, this process's own included, oldest process first."""
+        return sorted(self.dir.glob(f"{_SPILL_PREFIX}*.jsonl")) if self.dir.is_dir() else []
+
     def batches(self, others: bool) -> Iterator[tuple[Path, list[list[Any]]]]:
         """Every spilled batch: this process's own, then (with `others`) those of processes that died (their
         lock is free)."""
         if self._fd is not None:
             yield from ((self.path, b) for b in _read(self.path))
-        if not others or not self.dir.is_dir():
+        if not others:
             return
-        for other in sorted(self.dir.glob(f"{_SPILL_PREFIX}*.jsonl")):
+        for other in self.files():
             if other == self.path:
                 continue
             try:
@@ -331,7 +335,7 @@ class Ledger:
         if self.down is not None or now < self._orphans_at:
             return False
         self._orphans_at = now + _ORPHANS_EVERY_S
-        return self.spill.dir.is_dir() and any(self.spill.dir.glob(f"{_SPILL_PREFIX}*.jsonl"))
+        return bool(self.spill.files())
 
     def _write(self, rows: Batch, orphans: bool) -> None:
         """On the ledger's thread: spilled batches first (oldest first; another process's only when `orphans`
