@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any, Final
 
 import openai
+import pytest
 
+from tests.helpers.clients import openai_client
 from tests.helpers.servers import GatewayThread
 
 ADMIN_KEY: Final = "adm-batches-5e1c"
@@ -42,8 +44,22 @@ def config(url: str, *, lease_ms: int = 30_000, concurrency: int = 32, extra: st
     return CONFIG.format(url=url, lease_ms=lease_ms, concurrency=concurrency, extra=extra, more=more)
 
 
+_MADE: list[openai.OpenAI] = []
+
+
 def sdk(base: str, key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0, timeout=30)
+    """The SDK on the gateway as `key`; closed when the test ends (`_close_clients`), so none of its pooled
+    sockets is left for a later test's collection to find unclosed."""
+    made = openai_client(base + "/v1", key, timeout=30)
+    _MADE.append(made)
+    return made
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    yield
+    while _MADE:
+        _MADE.pop().close()
 
 
 def line(custom_id: str, model: str = "fast", prompt: str = "hello", **body: Any) -> dict[str, Any]:

@@ -13,13 +13,13 @@ import httpx
 import openai
 
 
-def openai_client(base_url: str, api_key: str, **kwargs: Any) -> openai.OpenAI:
+def openai_client(base_url: str, api_key: str, *, timeout: float = 15, **kwargs: Any) -> openai.OpenAI:
     """The official SDK pointed at the gateway: no retries (tests assert single attempts), no proxies."""
     return openai.OpenAI(
         base_url=base_url,
         api_key=api_key,
         max_retries=0,
-        timeout=15,
+        timeout=timeout,
         http_client=openai.DefaultHttpxClient(trust_env=False),
         **kwargs,
     )
