@@ -321,6 +321,7 @@ class Capabilities:
 
     kind: ClassVar[str]
     in_process: ClassVar[bool] = False  # a `LocalAdapter`: tested per request, where an ABC isinstance costs more
+    chat_route: ClassVar[bool] = False  # an `OpenAIChat`, likewise (`registry.register` holds both to the class)
     # Its `gen_ai.provider.name` in OpenTelemetry's GenAI semantic conventions (trace spans); None: the kind.
     genai_provider: ClassVar[str | None] = None
     params: ClassVar[Table]
@@ -446,8 +447,7 @@ class Capabilities:
 class Adapter(Capabilities, abc.ABC):
     """An HTTP provider kind. Subclasses set the class attributes and implement the pure functions."""
 
-    # How the upstream frames a stream: `sse` (data: lines), `ndjson` (one JSON object per line) or
-    # `eventstream` (AWS binary event-stream frames); gateway.upstream.framing.DECODERS has one decoder per value.
+    # How the upstream frames a stream: `sse`, `ndjson` or AWS's binary `eventstream` (gateway.upstream.framing).
     framing: ClassVar[Literal["sse", "ndjson", "eventstream"]] = "sse"
 
     def auth_headers(self, endpoint: Endpoint) -> dict[str, str]:

@@ -250,6 +250,7 @@ def _call_deltas(up: list[_UpToolCall] | None) -> list[ToolCallDelta] | None:
 class OpenAIChat(Adapter):
     """The chat route of a kind whose server speaks OpenAI's chat wire (module docstring)."""
 
+    chat_route: ClassVar[bool] = True
     # After the base URL: the hosted APIs' base URLs end in `/v1`; self-hosted servers' are their root.
     chat_path: ClassVar[str] = "/chat/completions"
     # Ask every stream for its usage chunk (stripped by the relay when the client did not ask).

@@ -14,7 +14,7 @@ from typing import Final
 
 from providers.base import Adapter, LocalAdapter
 from providers.guarded import limit_paths
-from providers.openai_chat import CHAT_GUARDED
+from providers.openai_chat import CHAT_GUARDED, OpenAIChat
 
 AdapterClass = type[Adapter] | type[LocalAdapter]
 
@@ -65,6 +65,9 @@ def register(adapter: AdapterClass | str) -> AdapterClass:
     kind = getattr(cls, "kind", None)
     if not isinstance(kind, str) or not _KIND.fullmatch(kind):
         raise ValueError(f"{cls.__qualname__}.kind must be a lower-case identifier, got {kind!r}")
+    # The request path reads these instead of an isinstance on an abstract class: a class may not say otherwise.
+    if cls.in_process != issubclass(cls, LocalAdapter) or cls.chat_route != issubclass(cls, OpenAIChat):
+        raise ValueError(f"{cls.__qualname__}.in_process and .chat_route are its class's to set, not its own")
     unguarded = limit_paths(cls.params) - cls.guarded_paths
     if unguarded:
         raise ValueError(

@@ -33,9 +33,9 @@ class ChatAttempt(Attempt):
 
     def _adapter(self) -> OpenAIChat | LocalAdapter:
         adapter = self.route.adapter
-        if adapter.chat_params is None or not isinstance(adapter, OpenAIChat | LocalAdapter):
+        if adapter.chat_params is None or not (adapter.chat_route or adapter.in_process):
             raise unsupported_endpoint(self.route.provider, adapter.kind)
-        return adapter
+        return cast(OpenAIChat | LocalAdapter, adapter)
 
     def _plan(self) -> ChatEmulation | None:
         """The request checked against the route's chat table and bounds, and what must be emulated."""

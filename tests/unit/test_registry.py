@@ -49,6 +49,9 @@ def test_the_credential_an_adapter_sends_is_in_the_headers_it_declares(kind: str
         ("providers.vllm:NoSuchClass", AttributeError, "NoSuchClass"),
         (type("Upper", (VLLMAdapter,), {"kind": "Shouty"}), ValueError, "lower-case identifier"),
         (type("Twin", (VLLMAdapter,), {}), ValueError, "already registered to providers.vllm.VLLMAdapter"),
+        (type("Local", (VLLMAdapter,), {"kind": "local", "in_process": True}), ValueError, "in_process"),
+        (type("NoChat", (VLLMAdapter,), {"kind": "nochat2", "chat_route": False}), ValueError, "chat_route"),
+        (type("Chat", (Adapter,), {"kind": "chat2", "chat_route": True}), ValueError, "chat_route"),
     ],
 )
 def test_register_refuses(adapter: Any, error: type[Exception], match: str) -> None:
