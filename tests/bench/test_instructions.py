@@ -7,6 +7,7 @@ exercised here, with a few requests: real ASGI app, real pipeline, a real loopba
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -85,3 +86,13 @@ def test_concurrent_clients_send_every_request(upstream: Any, monkeypatch: pytes
     assert figures["python_calls"] > 50
     with pytest.raises(RuntimeError, match="on h1: 50"):
         instructions.count_calls("h1", requests=4, warmup=0, upstream_port=free_port())
+
+
+def test_the_ledgers_schema_is_made_before_the_measured_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Were the N1 run the first on a new database, it alone would pay for creating it, and (N2 - N1) would
+    # take that off the ledger's cost per request.
+    db = tmp_path / "ledger.db"
+    monkeypatch.setenv("BENCH_LEDGER_URL", f"sqlite:///{db}")
+    instructions.prime_ledger("fake", None, ["--cache", "off", "--stops", "none"])
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT count(*) FROM requests").fetchone() == (1,)
