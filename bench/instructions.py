@@ -347,20 +347,8 @@ def _callgrind_total(
         "--tool=callgrind",
         f"--callgrind-out-file={out}",
         f"--log-file={work / 'valgrind.log'}",
-        sys.executable,
-        "-m",
-        "bench.instructions",
-        "--inner",
-        "--paths",
-        path,
-        "--requests",
-        str(requests),
-        "--warmup",
-        str(warmup),
-        *extra,
+        *_inner_argv(path, requests, warmup, upstream_port, extra),
     ]
-    if upstream_port is not None:
-        argv += ["--upstream-port", str(upstream_port)]
     # A fixed hash seed makes dict and set layouts, and so the instruction count, repeatable run to run.
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     done = subprocess.run(argv, env=env, cwd=Path(__file__).resolve().parent.parent, check=False)
@@ -374,14 +362,20 @@ def _callgrind_total(
     return int(found.group(1))
 
 
+def _inner_argv(path: str, requests: int, warmup: int, upstream_port: int | None, extra: list[str]) -> list[str]:
+    """The command of one run of the driver in a process of its own (`--inner`)."""
+    argv = [sys.executable, "-m", "bench.instructions", "--inner", "--paths", path]
+    argv += ["--requests", str(requests), "--warmup", str(warmup), *extra]
+    if upstream_port is not None:
+        argv += ["--upstream-port", str(upstream_port)]
+    return argv
+
+
 def prime_ledger(path: str, upstream_port: int | None, extra: list[str]) -> None:
     """Serve one request outside valgrind, so that the `--ledger` database and its schema exist before the
     N1 and N2 runs: otherwise the N1 run alone creates them (about 12 million instructions on SQLite, its
     statements parsed and run), and `(N2 - N1)` takes that off the ledger's cost per request."""
-    argv = [sys.executable, "-m", "bench.instructions", "--inner", "--paths", path, "--requests", "1", "--warmup", "0"]
-    argv += extra
-    if upstream_port is not None:
-        argv += ["--upstream-port", str(upstream_port)]
+    argv = _inner_argv(path, 1, 0, upstream_port, extra)
     done = subprocess.run(argv, cwd=Path(__file__).resolve().parent.parent, check=False)
     if done.returncode not in (0, NOT_SERVED):
         raise SystemExit(f"the run that creates the ledger's schema failed ({done.returncode})")
