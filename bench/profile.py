@@ -5,7 +5,9 @@ ledger), puts wrk's load on it (c=32, every request a cache miss, or ``--hits``)
 with py-spy (``pip install py-spy``; `--py-spy PATH` or PATH) for ``--seconds``. The summary (markdown):
 the share of samples by thread, by area of the code (the innermost frame of the project's own code, or the
 library it is in), and the functions with the most samples of their own and in total. ``--raw`` keeps
-py-spy's collapsed stacks for flame graphs.
+py-spy's collapsed stacks for flame graphs. ``--feature NAME`` profiles one part of that configuration alone
+instead (bench/features.py's rows: ``nothing``, ``limits``, ``cache``, ``ledger``, ``queue``, ``queue-redis``,
+``log``), to see where a feature row's cost goes.
 
     python -m bench.profile --seconds 20 --out docs/profile-everything.md
 """
@@ -25,7 +27,7 @@ from pathlib import Path
 import redis as redis_py
 import yaml
 
-from bench import everything, processes, stores, wrk
+from bench import everything, features, processes, stores, wrk
 from bench.configs import gateway_config, merge
 from bench.scenarios import BODY, CHAT_BODY, CHAT_PATH
 from bench.upstream import nginx
@@ -123,6 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hits", action="store_true", help="one prompt for all: every answer a cache hit")
     parser.add_argument("--chat", action="store_true", help="load /v1/chat/completions instead")
     parser.add_argument("--plain", action="store_true", help="the gateway with nothing on, for comparison")
+    parser.add_argument(
+        "--feature",
+        choices=("nothing", *(f.name for f in features.FEATURES)),
+        help="one part of the configuration alone, as a feature_* row runs it (nothing: the access log off too)",
+    )
     parser.add_argument("--gil", action="store_true", help="sample only the thread holding the GIL")
     parser.add_argument("--py-spy", dest="py_spy", help="the py-spy binary")
     parser.add_argument("--top", type=int, default=25)
@@ -146,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
             started.append(upstream)
             gw_port = processes.free_port()
             config = gateway_config(upstream.port, gw_port, None)
-            if not args.plain:
+            if args.feature is not None:
+                config = merge(config, features.fragment(args.feature, redis.url, work, "profile"))
+            elif not args.plain:
                 config = merge(config, everything.fragment(redis.url, everything.sqlite_url(work, "profile")))
             (work / "gateway.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
             argv_gw = [sys.executable, "-m", "gateway", "serve", "--config", str(work / "gateway.yaml")]
@@ -182,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
                 service.stop()
             redis.stop()
     what = "nothing on" if args.plain else "everything on (bench/everything.py, SQLite ledger)"
+    if args.feature is not None:
+        what = "nothing on, the access log off too" if args.feature == "nothing" else f"only {args.feature} on"
     head = (
         f"# Profile: the gateway with {what}, under load\n\n"
         f"`python -m bench.profile {' '.join(argv if argv is not None else sys.argv[1:])}` on "
