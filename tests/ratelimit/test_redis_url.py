@@ -27,6 +27,9 @@ from tests.helpers.redis import RedisServer, TlsServer, wait_for
 from tests.helpers.servers import free_port
 
 pytestmark = pytest.mark.timeout(60)
+# The default socket timeouts (0.25 s) are shorter than a TLS handshake can take on a loaded machine; these tests
+# are about what the URL's TLS options do, so they give the handshake time.
+_PATIENT = "socket_timeout=5&socket_connect_timeout=5"
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +55,7 @@ async def charged(url: str, scope: str) -> bool:
 
 
 async def test_rediss_with_the_urls_ca_reaches_redis(tls: TlsServer) -> None:
-    url = f"rediss://127.0.0.1:{tls.port}/0?ssl_ca_certs={tls.ca_file}&ssl_cert_reqs=required"
+    url = f"rediss://127.0.0.1:{tls.port}/0?ssl_ca_certs={tls.ca_file}&ssl_cert_reqs=required&{_PATIENT}"
     assert await charged(url, "key:tls")
     with tls.client() as r:
         assert r.exists("rl:{key:tls}:rpm")
@@ -66,7 +69,7 @@ async def test_rediss_with_the_urls_ca_reaches_redis(tls: TlsServer) -> None:
 async def test_rediss_verifies_the_server_unless_the_url_says_not_to(tls: TlsServer) -> None:
     # The throwaway CA is not in the system store: verification fails, on both clients.
     assert not await charged(f"rediss://127.0.0.1:{tls.port}/0", "key:unverified")
-    assert await charged(f"rediss://127.0.0.1:{tls.port}/0?ssl_cert_reqs=none", "key:unverified")
+    assert await charged(f"rediss://127.0.0.1:{tls.port}/0?ssl_cert_reqs=none&{_PATIENT}", "key:unverified")
     with tls.client() as r:
         assert r.exists("rl:{key:unverified}:rpm")
 
