@@ -61,6 +61,8 @@ class Entry(msgspec.Struct, omit_defaults=True):
     # Feature name -> feature on / nothing on.
     features: dict[str, float] = msgspec.field(default_factory=dict)
     soak_rss_growth_pct: float | None = None
+    # The machine's noise: the slowest run of the gateway with nothing on over its fastest, over the feature rows.
+    nothing_on_spread: float | None = None
 
 
 def row_key(scenario: str, target: str) -> str:
@@ -121,6 +123,7 @@ def entry_from(result: RunResult, commit: str, dirty: bool | None) -> Entry | No
         latency=latency,
         features=features,
         soak_rss_growth_pct=_r(soak.rss_growth_pct, 2) if soak else None,
+        nothing_on_spread=_r(report_features.spread(ms), 3),
     )
 
 
@@ -194,6 +197,7 @@ def section(entries: list[Entry], table: Callable[[list[str], list[list[str]]], 
                 _ratio(c1.on_per_passthrough),
                 _ratio(chat_c1.on_per_passthrough),
                 "-" if lowest is None else f"{lowest[1]:.2f}x ({lowest[0]})",
+                _ratio(e.nothing_on_spread),
                 "-" if e.soak_rss_growth_pct is None else f"{e.soak_rss_growth_pct:+.1f} %",
             ]
         )
@@ -216,6 +220,7 @@ def section(entries: list[Entry], table: Callable[[list[str], list[list[str]]], 
                 "`all_c1` on / passthrough",
                 "`all_chat_c1`",
                 "lowest feature alone",
+                "nothing on, slowest / fastest run",
                 "soak RSS growth",
             ],
             rows,

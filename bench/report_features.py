@@ -37,6 +37,42 @@ def ratio(base: Measurement | None, on: Measurement | None) -> float | None:
     return statistics.median(found) if found else None
 
 
+def nothing_on_runs(measurements: list[Measurement]) -> list[float]:
+    """Every run of the gateway with nothing on over the feature rows: one configuration, the same in every row,
+    measured again and again over minutes."""
+    runs: list[float] = []
+    for feature in FEATURES:
+        base = _get(measurements, feature.scenario, NOTHING)
+        if base is not None:
+            runs += [r for r in (base.runs_rps if base.runs_rps is not None else [base.rps]) if r]
+    return runs
+
+
+def spread(measurements: list[Measurement]) -> float | None:
+    """The machine's own noise in a run: its slowest run of nothing on over its fastest (1.0: none at all)."""
+    runs = nothing_on_runs(measurements)
+    return min(runs) / max(runs) if len(runs) > 1 else None
+
+
+def _noise(measurements: list[Measurement]) -> str:
+    runs = nothing_on_runs(measurements)
+    found = spread(measurements)
+    if found is None:
+        return ""
+    text = (
+        f"The machine's own noise in this run: the gateway with nothing on, the same configuration in every row, "
+        f"ran {len(runs)} times over these rows and served {min(runs):,.0f} to {max(runs):,.0f} req/s, its slowest "
+        f"run {found:.2f}x its fastest."
+    )
+    if found < RATIO_GOAL:
+        text += (
+            f" That is a wider swing than the {1 - RATIO_GOAL:.0%} a feature may cost: in this run a row can meet or"
+            " miss the goal on the machine's noise alone, so read its rounds, the History table's other runs and the"
+            " instruction counts before the verdict."
+        )
+    return text
+
+
 def _verdict(found: float | None) -> str:
     if found is None:
         return "-"
@@ -81,6 +117,7 @@ def section(measurements: list[Measurement], table: Callable[[list[str], list[li
         )
     if not rows:
         return ""
+    noise = _noise(measurements)
     return "\n".join(
         table(
             [
@@ -97,4 +134,5 @@ def section(measurements: list[Measurement], table: Callable[[list[str], list[li
             ],
             rows,
         )
+        + ([f"\n{noise}"] if noise else [])
     )

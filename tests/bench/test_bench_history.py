@@ -74,6 +74,7 @@ def test_a_full_run_becomes_one_line_of_its_everything_on_figures() -> None:
     assert entry.features == {"limits": 0.967, "cache": 0.933, "ledger": 0.9, "queue": 0.867,
                               "queue-redis": 0.833, "log": 0.8}  # fmt: skip
     assert entry.soak_rss_growth_pct == 3.46
+    assert entry.nothing_on_spread == 1.0  # nothing on served 3,000 req/s in every row
     # Bounded: a fixed set of keys, whatever the run measured besides; the whole line stays small.
     assert len(msgspec.json.encode(entry)) < 2_000
 
@@ -107,8 +108,8 @@ def test_the_history_table_is_newest_first_and_marks_recovered_and_dirty_runs() 
     assert new is not None
     lines = history.section([old, new], markdown_table).splitlines()
     assert lines[2].startswith("| 2026-12-02 01:00 | `def5678` (uncommitted changes) | 3,100 | 1.55x | 0.85x | 1.20x |")
-    assert lines[2].endswith("| +0.400 | 2.00x | - | 0.80x (log) | +3.5 % |")
-    assert lines[3] == "| 2026-11-29 03:38 * | `84eb967` | 1,606 | 0.56x | - | - | - | - | - | - | - | - | - | - | - |"
+    assert lines[2].endswith("| +0.400 | 2.00x | - | 0.80x (log) | 1.00x | +3.5 % |")
+    assert lines[3] == "| 2026-11-29 03:38 * | `84eb967` | 1,606 | 0.56x |" + " - |" * 12
     assert history.section([], markdown_table) == ""
 
 

@@ -15,7 +15,7 @@ from bench.__main__ import expand_only, parse_args
 from bench.configs import gateway_config, merge
 from bench.features import FEATURES, NOTHING
 from bench.report import render_markdown
-from bench.report_features import ratio, round_ratios
+from bench.report_features import nothing_on_runs, ratio, round_ratios, spread
 from bench.scenarios import Settings, build_scenarios, median_run, round_order
 from gateway.config.loading import parse_config
 from tests.ops.test_bench_report import _m, row, section, synthetic
@@ -168,6 +168,27 @@ def test_a_row_of_rounds_is_the_median_of_its_rounds_ratios_each_listed() -> Non
     base.runs_rps, on.runs_rps = [1_000.0], [899.0]
     line = row(section(render_markdown(run), "Everything on"), f"`{cache.scenario}` {cache.what}")
     assert "| 0.899x (**below**) |" in line
+
+
+def test_the_machines_noise_is_the_spread_of_nothing_on_over_every_feature_row() -> None:
+    limits, cache = FEATURES[0], FEATURES[1]
+    run = synthetic()
+    assert spread(run.measurements) is None and "machine's own noise" not in render_markdown(run)
+    run.measurements += [
+        _m(limits.scenario, NOTHING, rps=4_000.0, runs_rps=[4_000.0, 3_900.0, None]),
+        _m(limits.scenario, limits.target, rps=3_800.0, runs_rps=[3_800.0, 3_700.0, 3_600.0]),
+        _m(cache.scenario, NOTHING, rps=4_100.0, runs_rps=[4_100.0, 4_200.0, 4_050.0]),
+        _m(cache.scenario, cache.target, rps=4_000.0, runs_rps=[4_000.0, 4_000.0, 4_000.0]),
+    ]
+    # Only nothing on's runs, over both rows (a failed run has none): 3,900 to 4,200.
+    assert nothing_on_runs(run.measurements) == [4_000.0, 3_900.0, 4_100.0, 4_200.0, 4_050.0]
+    assert spread(run.measurements) == pytest.approx(3_900 / 4_200)
+    text = section(render_markdown(run), "Everything on")
+    assert "ran 5 times over these rows and served 3,900 to 4,200 req/s, its slowest run 0.93x its fastest." in text
+    assert "on the machine's noise alone" not in text  # within the 10 % a feature may cost
+    run.measurements[-2].runs_rps = [4_100.0, 6_000.0, 4_050.0]
+    text = section(render_markdown(run), "Everything on")
+    assert "its slowest run 0.65x its fastest. That is a wider swing than the 10% a feature may cost" in text
 
 
 def test_feature_rounds_below_one_are_refused() -> None:
