@@ -198,9 +198,10 @@ class Ledger:
 
     def __init__(self, cfg: LedgerConfig) -> None:
         self.cfg = cfg
-        # Two connections, each on its own thread: the writer's (rows, rollups, retention) and the one
-        # everything else asks through `call` (keys, budgets' seeds, reports), so that neither waits behind
-        # the other, and every wait for the database is bounded by `timeout_ms`.
+        # Two connections, each on its own thread: the writer's (rows, rollups, retention, and the usage views,
+        # which must read behind the batches it has taken: `behind_writer`) and the one everything else asks
+        # through `call` (keys, budgets' seeds), so that neither waits behind the other, and every wait for
+        # the database is bounded by `timeout_ms`.
         self.db = Database(cfg.url, cfg.timeout_ms)
         self.rows = Database(cfg.url, cfg.timeout_ms)
         # Why the database did not answer the last `call` (None: it did), for /ready and the budgets.
@@ -259,13 +260,14 @@ class Ledger:
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run `fn(*args)` on the ledger's thread (every call but the writer's goes through it, one at a
         time); `LedgerDown` when the database does not answer within `timeout_ms` (and a margin)."""
-        return await self.submit(fn, *args)
+        return await self._answer(asyncio.get_running_loop().run_in_executor(self._pool, fn, *args))
 
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Coroutine[Any, Any, Any]:
-        """`fn(*args)` handed to the ledger's thread in this very step (the usage views count on it: what
-        they copy of the queue and what they read are one moment, gateway/ledger/report.py); awaiting the
-        result waits as `call` does, no longer than `timeout_ms` (and a margin)."""
-        return self._answer(asyncio.get_running_loop().run_in_executor(self._pool, fn, *args))
+    def behind_writer(self, fn: Callable[..., Any], *args: Any) -> Coroutine[Any, Any, Any]:
+        """`fn(*args)` handed to the writer's thread in this very step, so that it runs after every batch the
+        writer has taken from the queue so far is committed (or spilled), and before any it takes later: what a
+        view adds of the queue's rows to what it reads is then never counted twice nor missed
+        (gateway/ledger/report.py). `fn` uses the writer's connection, `rows`. Awaited as `call` is."""
+        return self._answer(asyncio.get_running_loop().run_in_executor(self._writer_pool, fn, *args))
 
     async def _answer(self, work: asyncio.Future[Any]) -> Any:
         try:

@@ -1,7 +1,7 @@
 """Usage from the ledger: over any range of days (JSON or CSV), one day per key and model, spend per day.
 
 Every view reads the rollups (which equal the sum of their rows) plus this process's rows the writer has
-not committed yet: the queue is copied in the same step as the query is handed to the ledger's thread,
+not committed yet: the queue is copied in the same step as the query is handed to the writer's thread,
 behind any batch the writer has taken from it, so each row is counted once, whether committed or waiting.
 Rows other processes have not committed yet (at most their last `flush_ms`) show once they are.
 """
@@ -58,11 +58,12 @@ async def read(
 ) -> tuple[list[tuple[Any, ...]], Rollups]:
     """`body`'s rows from the ledger, and the sums of this process's rows still waiting for the writer.
 
-    The queue is copied and the query handed to the ledger's one thread in the same step (nothing awaited
-    in between): a row is either still in the copy, or in a batch the writer took before, whose commit the
-    thread runs before this query."""
+    The queue is copied and the query handed to the writer's thread in the same step (nothing awaited in
+    between): a row is either still in the copy, or in a batch the writer took before, whose commit that
+    thread runs before this query. (Asked on the thread of the other calls, the query could run while the
+    writer commits a batch taken before the copy, and miss its rows.)"""
     copied = deque(ledger.queue)
-    asked = ledger.submit(ledger.db.transaction, body)  # no await between the copy and this
+    asked = ledger.behind_writer(ledger.rows.transaction, body)  # no await between the copy and this
     waiting = rollups(take(copied, "", itertools.repeat(0)))
     found: list[tuple[Any, ...]] = await asked
     return found, waiting
