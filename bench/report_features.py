@@ -50,13 +50,16 @@ def nothing_on_runs(measurements: list[Measurement]) -> list[float]:
 
 def spread(measurements: list[Measurement]) -> float | None:
     """The machine's own noise in a run: its slowest run of nothing on over its fastest (1.0: none at all)."""
-    runs = nothing_on_runs(measurements)
+    return _spread(nothing_on_runs(measurements))
+
+
+def _spread(runs: list[float]) -> float | None:
     return min(runs) / max(runs) if len(runs) > 1 else None
 
 
 def _noise(measurements: list[Measurement]) -> str:
     runs = nothing_on_runs(measurements)
-    found = spread(measurements)
+    found = _spread(runs)
     if found is None:
         return ""
     text = (

@@ -262,12 +262,13 @@ class Ledger:
         time); `LedgerDown` when the database does not answer within `timeout_ms` (and a margin)."""
         return await self._answer(asyncio.get_running_loop().run_in_executor(self._pool, fn, *args))
 
-    def behind_writer(self, fn: Callable[..., Any], *args: Any) -> Coroutine[Any, Any, Any]:
-        """`fn(*args)` handed to the writer's thread in this very step, so that it runs after every batch the
-        writer has taken from the queue so far is committed (or spilled), and before any it takes later: what a
-        view adds of the queue's rows to what it reads is then never counted twice nor missed
-        (gateway/ledger/report.py). `fn` uses the writer's connection, `rows`. Awaited as `call` is."""
-        return self._answer(asyncio.get_running_loop().run_in_executor(self._writer_pool, fn, *args))
+    def behind_writer(self, body: Callable[[Cursor], Any]) -> Coroutine[Any, Any, Any]:
+        """`body` in a transaction of the writer's connection, handed to its thread in this very step, so that it
+        runs after every batch the writer has taken from the queue so far is committed (or spilled), and before
+        any it takes later: what a view adds of the queue's rows to what it reads is then never counted twice
+        nor missed (gateway/ledger/report.py). Awaited as `call` is."""
+        loop = asyncio.get_running_loop()
+        return self._answer(loop.run_in_executor(self._writer_pool, self.rows.transaction, body))
 
     async def _answer(self, work: asyncio.Future[Any]) -> Any:
         try:

@@ -63,7 +63,7 @@ async def read(
     thread runs before this query. (Asked on the thread of the other calls, the query could run while the
     writer commits a batch taken before the copy, and miss its rows.)"""
     copied = deque(ledger.queue)
-    asked = ledger.behind_writer(ledger.rows.transaction, body)  # no await between the copy and this
+    asked = ledger.behind_writer(body)  # no await between the copy and this
     waiting = rollups(take(copied, "", itertools.repeat(0)))
     found: list[tuple[Any, ...]] = await asked
     return found, waiting

@@ -40,7 +40,7 @@ def test_a_view_counts_a_batch_being_committed_once(tmp_path: Path) -> None:
             for i in range(5):
                 ledger.append(_record(i), 0.01)
             release = threading.Event()
-            held = ledger.behind_writer(release.wait, 10)  # the writer's thread, busy until released
+            held = ledger.behind_writer(lambda _cur: release.wait(10))  # the writer's thread, busy until released
             taking = asyncio.ensure_future(ledger.flush())
             await asyncio.sleep(0)  # the flush takes the five rows and hands their batch to the held thread
             assert not ledger.queue
