@@ -41,6 +41,7 @@ from gateway.ledger.batch import (
     Row,
     commit_batch,
     pending,
+    rollups,
     take,
 )
 from gateway.ledger.engine import Cursor, Database, LedgerDown
@@ -198,10 +199,10 @@ class Ledger:
 
     def __init__(self, cfg: LedgerConfig) -> None:
         self.cfg = cfg
-        # Two connections, each on its own thread: the writer's (rows, rollups, retention, and the usage views,
-        # which must read behind the batches it has taken: `behind_writer`) and the one everything else asks
-        # through `call` (keys, budgets' seeds), so that neither waits behind the other, and every wait for
-        # the database is bounded by `timeout_ms`.
+        # Two connections, each on its own thread: the writer's (rows, rollups, retention, and whatever adds the
+        # queue's rows to what it reads: the usage views and budgets' seeds, which must read behind the batches
+        # it has taken: `read`) and the one everything else asks through `call` (keys), so that neither waits
+        # behind the other, and every wait for the database is bounded by `timeout_ms`.
         self.db = Database(cfg.url, cfg.timeout_ms)
         self.rows = Database(cfg.url, cfg.timeout_ms)
         # Why the database did not answer the last `call` (None: it did), for /ready and the budgets.
@@ -269,6 +270,20 @@ class Ledger:
         nor missed (gateway/ledger/report.py). Awaited as `call` is."""
         loop = asyncio.get_running_loop()
         return self._answer(loop.run_in_executor(self._writer_pool, self.rows.transaction, body))
+
+    async def read(self, body: Callable[[Cursor], Any]) -> tuple[Any, Rollups]:
+        """What `body` reads of the committed rows, and the rollups of this process's rows still waiting for
+        the writer: every row of this process counted once, whether committed or waiting.
+
+        The queue is copied and `body` handed to the writer's thread in the same step (nothing awaited in
+        between): a row is either still in the copy, or in a batch the writer took before, whose commit that
+        thread runs before `body`. (Asked on the thread of the other calls, `body` could run while the writer
+        commits a batch taken before the copy, and miss its rows.) Rows other processes have not committed yet
+        (at most their last `flush_ms`) show once they are."""
+        copied = deque(self.queue)
+        asked = self.behind_writer(body)  # no await between the copy and this
+        waiting = rollups(take(copied, "", itertools.repeat(0)))
+        return await asked, waiting
 
     async def _answer(self, work: asyncio.Future[Any]) -> Any:
         try:

@@ -1,9 +1,8 @@
 """Usage from the ledger: over any range of days (JSON or CSV), one day per key and model, spend per day.
 
 Every view reads the rollups (which equal the sum of their rows) plus this process's rows the writer has
-not committed yet: the queue is copied in the same step as the query is handed to the writer's thread,
-behind any batch the writer has taken from it, so each row is counted once, whether committed or waiting.
-Rows other processes have not committed yet (at most their last `flush_ms`) show once they are.
+not committed yet (`Ledger.read`), so each row is counted once, whether committed or waiting. Rows other
+processes have not committed yet (at most their last `flush_ms`) show once they are.
 """
 
 from __future__ import annotations
@@ -11,17 +10,14 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import io
-import itertools
 import time
-from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Final
 
 import msgspec
 
-from gateway.ledger.batch import Rollups, rollups, take
 from gateway.ledger.book import Ledger
-from gateway.ledger.engine import Cursor, LedgerDown
+from gateway.ledger.engine import LedgerDown
 from gateway.limits.usage import day_of, usd
 
 # Per grouping, its columns and their places in a rollup's key (day, key_name, team, model, target, key_id).
@@ -53,22 +49,6 @@ def _fail(value: str, param: str) -> str:
     raise ReportError(f"Invalid {param} {value!r}: expected YYYY-MM-DD (UTC)", param)
 
 
-async def read(
-    ledger: Ledger, body: Callable[[Cursor], list[tuple[Any, ...]]]
-) -> tuple[list[tuple[Any, ...]], Rollups]:
-    """`body`'s rows from the ledger, and the sums of this process's rows still waiting for the writer.
-
-    The queue is copied and the query handed to the writer's thread in the same step (nothing awaited in
-    between): a row is either still in the copy, or in a batch the writer took before, whose commit that
-    thread runs before this query. (Asked on the thread of the other calls, the query could run while the
-    writer commits a batch taken before the copy, and miss its rows.)"""
-    copied = deque(ledger.queue)
-    asked = ledger.behind_writer(body)  # no await between the copy and this
-    waiting = rollups(take(copied, "", itertools.repeat(0)))
-    found: list[tuple[Any, ...]] = await asked
-    return found, waiting
-
-
 def _cell(value: Any) -> Any:
     """A CSV cell a spreadsheet will not run: text that starts like a formula gets a leading quote."""
     return "'" + value if isinstance(value, str) and value.startswith(_FORMULA) else value
@@ -93,7 +73,7 @@ async def report(
     columns = BY[group]
     listed = ", ".join(columns)
     sql = f"SELECT day, {listed}, {_SUMS} FROM daily WHERE day >= ? AND day <= ? GROUP BY day, {listed}"
-    found, waiting = await read(ledger, lambda cur: cur.rows(sql, (first, last)))
+    found, waiting = await ledger.read(lambda cur: cur.rows(sql, (first, last)))
     sums: dict[tuple[Any, ...], list[int]] = {}
     for f in found:
         sums[tuple(f[: 1 + len(columns)])] = [int(v) for v in f[1 + len(columns) :]]
@@ -144,7 +124,7 @@ async def day_usage(ledger: Ledger, day: str, roster: Mapping[str, float | None]
     """One UTC day's books per key name and model, in `/admin/usage?day=`'s shape: every key of `roster`
     (name -> its daily budget) listed, zeros when unused, plus any other key name booked that day."""
     sql = f"SELECT key_name, model, {_SUMS} FROM daily WHERE day = ? GROUP BY key_name, model"
-    found, waiting = await read(ledger, lambda cur: cur.rows(sql, (day,)))
+    found, waiting = await ledger.read(lambda cur: cur.rows(sql, (day,)))
     per: dict[str, dict[str, list[int]]] = {name: {} for name in roster}
     for f in found:
         per.setdefault(f[0], {})[f[1]] = [int(v) for v in f[2:]]
@@ -173,10 +153,15 @@ async def spend_per_day(ledger: Ledger, days: int) -> list[dict[str, Any]] | Non
     window = [day_of(now - ago * 86_400) for ago in range(days - 1, -1, -1)]
     sql = "SELECT day, sum(cost_pico), sum(requests) FROM daily WHERE day >= ? AND day <= ? GROUP BY day"
     try:
-        found = await ledger.call(ledger.db.transaction, lambda cur: cur.rows(sql, (window[0], window[-1])))
+        found, waiting = await ledger.read(lambda cur: cur.rows(sql, (window[0], window[-1])))
     except LedgerDown:
         return None
-    booked = {r[0]: (int(r[1]), int(r[2])) for r in found}
+    booked = {r[0]: [int(r[1]), int(r[2])] for r in found}
+    for k, v in waiting.items():
+        if window[0] <= k[0] <= window[-1]:
+            into = booked.setdefault(k[0], [0, 0])
+            into[0] += v[4]
+            into[1] += v[0]
     return [
-        {"day": day, "cost": usd(booked.get(day, (0, 0))[0]), "requests": booked.get(day, (0, 0))[1]} for day in window
+        {"day": day, "cost": usd(booked.get(day, [0, 0])[0]), "requests": booked.get(day, [0, 0])[1]} for day in window
     ]

@@ -36,7 +36,7 @@ CONFIG: Final = """
 redis: {{url: "{redis}"}}
 logging: {{requests: false}}
 retries: {{attempts: 1}}
-ledger: {{url: "{url}", flush_ms: 100}}
+ledger: {{url: "{url}", flush_ms: {flush_ms}, batch_rows: 1000}}
 keys:
   - {{name: capped, key: "${{BUDGET_KEY}}", max_cost_per_day: 0.05, team: blue}}
   - {{name: mate, key: "${{BUDGET_MATE}}", team: blue}}
@@ -49,10 +49,10 @@ providers:
 """
 
 
-def write(tmp_path: Path, redis: str = "", team_month: float = 100.0) -> tuple[Path, str]:
+def write(tmp_path: Path, redis: str = "", team_month: float = 100.0, flush_ms: int = 100) -> tuple[Path, str]:
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     path = tmp_path / "config.yaml"
-    path.write_text(CONFIG.format(redis=redis, url=url, team_month=team_month))
+    path.write_text(CONFIG.format(redis=redis, url=url, team_month=team_month, flush_ms=flush_ms))
     return path, url
 
 
@@ -103,6 +103,27 @@ def test_spend_survives_a_redis_restart(tmp_path: Path, redis: RedisServer) -> N
         wait_until(lambda: not gw.pipeline.budgets.counters.background)
         redis.restart()  # no persistence: every counter is gone
         wait_until(lambda: c.post("/v1/completions", json=body(model=SLOW)).status_code == 429, timeout=10)
+
+
+def test_spend_the_writer_has_not_committed_survives_a_redis_restart(tmp_path: Path, redis: RedisServer) -> None:
+    # The writer waits a minute: the three rows are still in this process's queue when Redis forgets the
+    # counter, so the rebuilt counter must count them from the queue (the rollups have none).
+    path, url = write(tmp_path, redis.url, flush_ms=60_000)
+    with GatewayThread(path, ENV) as gw, client(gw.url, KEY) as c:
+        for _ in range(3):
+            assert c.post("/v1/completions", json=body(model=SLOW)).status_code == 200
+        wait_until(lambda: not gw.pipeline.budgets.counters.background)
+        assert query(url, "SELECT count(*) FROM requests")[0][0] == 0
+        redis.restart()  # no persistence: every counter is gone
+        statuses: list[int] = []
+
+        def refused() -> bool:
+            statuses.append(c.post("/v1/completions", json=body(model=SLOW)).status_code)
+            return statuses[-1] == 429
+
+        wait_until(refused, timeout=10)
+        assert 200 not in statuses, statuses  # $0.051 spent: the first request after the restart is refused
+        assert query(url, "SELECT count(*) FROM requests")[0][0] == 0
 
 
 def test_a_team_budget_is_shared_by_its_keys(tmp_path: Path) -> None:

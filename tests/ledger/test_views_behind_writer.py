@@ -1,7 +1,7 @@
-"""A usage view asked while the writer holds a batch it has taken but not committed counts that batch's rows
-once: not missed (they are no longer in the queue the view copies, and not yet in the database), and not
-twice (rows still in the queue when the view is asked, committed by a later turn before the view's query
-ends).
+"""A usage view (the day's usage, the status page's spend per day) asked while the writer holds a batch it
+has taken but not committed counts that batch's rows once: not missed (they are no longer in the queue
+the view copies, and not yet in the database), and not twice (rows still in the queue when the view is
+asked, committed by a later turn before the view's query ends).
 
 The writer's thread is held on purpose with a job of its own (`behind_writer`, a real thread and a real
 SQLite file), so the batch stays taken and uncommitted for as long as the test needs.
@@ -18,7 +18,7 @@ import uvloop
 
 from gateway.config import LedgerConfig
 from gateway.ledger.book import Ledger
-from gateway.ledger.report import day_usage
+from gateway.ledger.report import day_usage, spend_per_day
 from gateway.limits.usage import day_of
 from gateway.ops.metrics import Record
 
@@ -47,7 +47,8 @@ def test_a_view_counts_a_batch_being_committed_once(tmp_path: Path) -> None:
             for i in range(5, 8):
                 ledger.append(_record(i), 0.01)  # still waiting when the view is asked
             view = asyncio.ensure_future(day_usage(ledger, day, {}))
-            await asyncio.sleep(0)  # the view copies the queue (three rows) and asks behind the batch
+            chart = asyncio.ensure_future(spend_per_day(ledger, 30))
+            await asyncio.sleep(0)  # each view copies the queue (three rows) and asks behind the batch
             later = asyncio.ensure_future(ledger.flush())  # the three rows are committed after the view's query
             await asyncio.sleep(0)
             release.set()
@@ -56,6 +57,8 @@ def test_a_view_counts_a_batch_being_committed_once(tmp_path: Path) -> None:
             await later
             usage = await view
             assert usage["keys"]["alice"]["by_model"]["fast"]["requests"] == 8
+            spend = await chart
+            assert spend is not None and spend[-1] == {"day": day, "cost": 0.0, "requests": 8}
             # Afterwards, everything is committed and the view reads it all from the database.
             assert not ledger.queue and ledger.booked == 8
             assert (await day_usage(ledger, day, {}))["keys"]["alice"]["requests"] == 8
