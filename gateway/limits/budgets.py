@@ -53,6 +53,8 @@ return 0
 
 # What was spent on a budget before this process's counter for it (None: cannot be known now).
 Seeder = Callable[["Budget"], Awaitable[int | None]]
+# The same for several budgets, asked together (None: cannot be known now).
+Reseeder = Callable[[list["Budget"]], Awaitable[list[int] | None]]
 
 
 class Budget:
@@ -123,12 +125,19 @@ class Hold:
         prompt = rec.usage.prompt_tokens if rec.usage is not None else 0
         completion = rec.usage.completion_tokens if rec.usage is not None else 0
         real = self.prices.cost_pico(rec.target, rec.model, prompt, completion) if served else 0
+        # This process's own view now, before the request's row is queued for the ledger (`_reseed`); Redis's
+        # in the background.
+        self.owner._settle_here(self, real)
         self.owner.background(self.owner._settle(self, real))
 
 
 def month_of(day: str) -> tuple[str, str]:
     y, m = int(day[:4]), int(day[5:7])
     return f"{day[:7]}-01", f"{day[:7]}-{calendar.monthrange(y, m)[1]:02d}"
+
+
+def _now_ms() -> int:
+    return int(time.monotonic() * 1000)
 
 
 class Budgets:
@@ -142,6 +151,8 @@ class Budgets:
         *,
         fresh: bool = False,
         clock: Callable[[], float] = time.time,
+        reseed: Reseeder | None = None,
+        refresh_s: float = 1.0,
     ) -> None:
         cfg = loaded.config
         self.counters = counters
@@ -150,6 +161,13 @@ class Budgets:
         # counters hold only reservations: without a ledger, the usage counters are what was spent.
         self.fresh = fresh
         self.clock = clock
+        # With `reseed`, a counter in process memory is seeded again every `refresh_s` while in use, so that
+        # what other processes booked since its seed counts against it; its own spend since then is kept.
+        # The counters due are seeded together, one call at a time.
+        self.reseed = reseed
+        self.refresh_ms = round(refresh_s * 1000)
+        self._due: dict[str, tuple[Budget, list[int]]] = {}
+        self._reseeding = False
         self.key_day = {k.name: k.max_cost_per_day for k in cfg.keys if k.max_cost_per_day is not None}
         self.key_month = {k.name: k.max_cost_per_month for k in cfg.keys if k.max_cost_per_month is not None}
         self.teams: dict[str, TeamConfig] = dict(cfg.teams)
@@ -246,20 +264,48 @@ class Budgets:
         cell = local.get(b.counter)
         if self.fresh:
             booked = await self.seed(b) or 0
-            cell = local.setdefault(b.counter, [0, 0, 1])
+            cell = local.setdefault(b.counter, [0, 0, 1, 0])
             committed = booked
         else:
             if cell is None or not cell[2]:
                 seed = await self.seed(b)
-                cell = local.setdefault(b.counter, [0, 0, 0])
+                cell = local.setdefault(b.counter, [0, 0, 0, 0])
                 if seed is not None and not cell[2]:  # another request may have seeded it meanwhile
                     cell[0] += seed
                     cell[2] = 1
+                    cell[3] = _now_ms()
+            elif self.reseed is not None and _now_ms() - cell[3] >= self.refresh_ms:
+                cell[3] = _now_ms()  # due again once this seeding is as old
+                self._due[b.counter] = (b, cell)
+                if not self._reseeding:
+                    self._reseeding = True
+                    self.background(self._reseed_due())
             committed = cell[0]
         if committed + cell[1] >= b.limit_pico:
             return committed, None
         cell[1] += worst
         return None, None
+
+    async def _reseed_due(self) -> None:
+        """Seed the counters due in process memory again: what the ledger holds now (every process's rows it
+        has committed, and this process's still queued), plus what this process settled after it was asked.
+
+        `before` is read in the step that copies this process's queue for the seed (`reseed` runs to its first
+        wait before anything else does), and every request's cost reaches the counter before its row is
+        queued (`Hold.settle`): each row of this process is then in the seed or in what was settled after
+        it, never in both. Counters the ledger cannot seed now keep their value until they are due again."""
+        assert self.reseed is not None
+        try:
+            while self._due:
+                due, self._due = list(self._due.values()), {}
+                before = [cell[0] for _, cell in due]
+                seeds = await self.reseed([b for b, _ in due])
+                if seeds is None:
+                    return
+                for (_, cell), was, seed in zip(due, before, seeds, strict=True):
+                    cell[0] = seed + (cell[0] - was)
+        finally:
+            self._reseeding = False
 
     async def _take_redis(self, b: Budget, worst: int, shared: SharedState) -> tuple[int | None, str]:
         async def take(r: aioredis.Redis) -> list[Any]:
@@ -304,11 +350,21 @@ class Budgets:
         """Change a counter: the reservation where it was taken (`epoch`: in Redis, under that epoch), the
         spend in Redis (when its counter has been seeded) and in this process's own view. What Redis cannot
         take now is owed to it and written with the counter's next reservation."""
+        self._add_here(b, reserved, committed, epoch)
+        await self._add_shared(b, reserved, committed, shared, epoch)
+
+    def _add_here(self, b: Budget, reserved: int, committed: int, epoch: str | None) -> None:
+        """`_add`'s change to this process's own view, read while Redis is away (or without it)."""
         cell = self.counters.local.get(b.counter)
-        if cell is not None:  # this process's own view, read while Redis is away
+        if cell is not None:
             cell[0] += committed
             if epoch is None:
                 cell[1] += reserved
+
+    async def _add_shared(
+        self, b: Budget, reserved: int, committed: int, shared: SharedState, epoch: str | None
+    ) -> None:
+        """`_add`'s change to Redis's counter."""
         if epoch is None:
             reserved = 0
         if shared.client is None or not (reserved or committed):
@@ -339,9 +395,13 @@ class Budgets:
         for b, epoch in hold.budgets:
             await self._add(b, excess, 0, hold.shared, epoch)
 
+    def _settle_here(self, hold: Hold, real: int) -> None:
+        for b, epoch in hold.budgets:
+            self._add_here(b, -(hold.worst + hold.grown), 0 if self.fresh else real, epoch)
+
     async def _settle(self, hold: Hold, real: int) -> None:
         for b, epoch in hold.budgets:
-            await self._add(b, -(hold.worst + hold.grown), 0 if self.fresh else real, hold.shared, epoch)
+            await self._add_shared(b, -(hold.worst + hold.grown), 0 if self.fresh else real, hold.shared, epoch)
 
 
 def usage_budgets(loaded: LoadedConfig, usage: UsageStore) -> Budgets:

@@ -189,7 +189,8 @@ class Settles(Protocol):
 
 class Counters:
     """The process's budget counters (gateway/limits/budgets.py) without Redis, or while it is away:
-    counter -> [committed, reserved, seeded]; shared by every config a reload builds."""
+    counter -> [committed, reserved, seeded, when it was last seeded (monotonic ms)]; shared by every config a
+    reload builds."""
 
     def __init__(self) -> None:
         self.local: dict[str, list[int]] = {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
@@ -124,6 +125,40 @@ def test_spend_the_writer_has_not_committed_survives_a_redis_restart(tmp_path: P
         wait_until(refused, timeout=10)
         assert 200 not in statuses, statuses  # $0.051 spent: the first request after the restart is refused
         assert query(url, "SELECT count(*) FROM requests")[0][0] == 0
+
+
+def test_a_budget_in_process_memory_counts_what_another_process_booked_since_its_seed(tmp_path: Path) -> None:
+    # Two gateways on one ledger, no Redis: each keeps the key's counter in its own memory. B seeds it
+    # first; A then spends the rest of the budget. B's counter, seeded again from the ledger while in use
+    # (every flush_ms), must count A's spend: one more request of B's (the one that finds its counter due
+    # for a seed, admitted on what it held) and then a refusal, where a counter seeded once admits two.
+    path, url = write(tmp_path)
+    with GatewayThread(path, ENV) as a, GatewayThread(path, ENV) as b:
+        with client(b.url, KEY) as cb:
+            assert cb.post("/v1/completions", json=body(model=SLOW)).status_code == 200  # B: $0.017
+            wait_until(lambda: spent(url) == COST_PICO)
+            with client(a.url, KEY) as ca:
+                statuses = [ca.post("/v1/completions", json=body(model=SLOW)).status_code for _ in range(3)]
+            assert statuses == [200, 200, 429]  # A seeds $0.017: admitted at $0.017 and $0.034
+            wait_until(lambda: spent(url) == 3 * COST_PICO)
+            time.sleep(0.2)  # past B's flush_ms since its seed
+            later = [cb.post("/v1/completions", json=body(model=SLOW)).status_code for _ in range(3)]
+    assert later == [200, 429, 429], later
+    wait_until(lambda: spent(url) == 4 * COST_PICO)
+    assert spent(url) <= BUDGET_PICO + RESERVED_PICO
+
+
+def test_a_counter_seeded_again_counts_this_processs_own_spend_once(tmp_path: Path) -> None:
+    # Each request comes after flush_ms: each admission finds the counter due and seeds it again while the
+    # request runs. Its own earlier spend is then in the ledger (or its queue) and in the counter's history:
+    # counted once, the budget admits at $0, $0.017 and $0.034 and refuses at $0.051.
+    path, url = write(tmp_path)
+    statuses = []
+    with GatewayThread(path, ENV) as gw, client(gw.url, KEY) as c:
+        for _ in range(5):
+            time.sleep(0.15)
+            statuses.append(c.post("/v1/completions", json=body(model=SLOW)).status_code)
+    assert statuses == [200, 200, 200, 429, 429], statuses
 
 
 def test_a_team_budget_is_shared_by_its_keys(tmp_path: Path) -> None:

@@ -1,0 +1,45 @@
+"""What a budget's seed adds of this process's rows still queued for the writer: the cost of the rows its
+key (by identity, or by name for rows booked without one) or its team answered within its period, every
+budget due summed in one pass (gateway/ledger/budgets.py), over rows the real `pending` makes."""
+
+from __future__ import annotations
+
+import calendar
+import datetime as dt
+from collections import deque
+
+from gateway.ledger.batch import Pending, pending
+from gateway.ledger.budgets import _waiting
+from gateway.limits.budgets import Budget
+from gateway.ops.metrics import Record
+
+DAY = "2026-11-30"
+NOON = calendar.timegm(dt.date.fromisoformat(DAY).timetuple()) + 12 * 3600
+
+
+def _row(key: str, key_id: str, team: str, cost: int, ended: float = NOON) -> Pending:
+    rec = Record(request_id="r", dialect="openai", key=key, model="m", provider="p", target="p/m")
+    rec.key_id, rec.team, rec.cost_pico = key_id, team, cost
+    return pending(rec, 0.01, ended, 0)
+
+
+def test_each_budget_sums_its_own_rows_in_its_period() -> None:
+    rows = deque(
+        [
+            _row("capped", "id-capped", "blue", 1),
+            _row("capped", "", "blue", 10),  # booked under the name, before rows named an identity
+            _row("capped", "id-other-config", "", 100),  # a same-named key of another config
+            _row("mate", "id-mate", "blue", 1_000),
+            _row("capped", "id-capped", "blue", 10_000, NOON - 86_400),  # yesterday: in the month only
+            _row("capped", "id-capped", "blue", 100_000, NOON + 40 * 86_400),  # next month: in neither
+        ]
+    )
+    budgets = [
+        Budget("Key 'capped'", "id-capped", "key_id", "daily", DAY, DAY, 1.0, "capped"),
+        Budget("Key 'capped'", "id-capped", "key_id", "monthly", "2026-11-01", "2026-11-30", 1.0, "capped"),
+        Budget("Team 'blue'", "blue", "team", "daily", DAY, DAY, 1.0),
+        Budget("Key 'mate'", "id-mate", "key_id", "daily", DAY, DAY, 1.0),
+        Budget("Key 'new'", "id-new", "key_id", "daily", DAY, DAY, 1.0),  # no name of its own booked
+    ]
+    assert _waiting(budgets)(rows) == [11, 10_011, 1_011, 1_000, 0]
+    assert len(rows) == 6  # read, not taken
