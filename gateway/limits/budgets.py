@@ -163,11 +163,9 @@ class Budgets:
         self.clock = clock
         # With `reseed`, a counter in process memory is seeded again every `refresh_s` while in use, so that
         # what other processes booked since its seed counts against it; its own spend since then is kept.
-        # The counters due are seeded together, one call at a time.
+        # The counters due are seeded together, one call at a time in the process (`Counters.due`).
         self.reseed = reseed
         self.refresh_ms = round(refresh_s * 1000)
-        self._due: dict[str, tuple[Budget, list[int]]] = {}
-        self._reseeding = False
         self.key_day = {k.name: k.max_cost_per_day for k in cfg.keys if k.max_cost_per_day is not None}
         self.key_month = {k.name: k.max_cost_per_month for k in cfg.keys if k.max_cost_per_month is not None}
         self.teams: dict[str, TeamConfig] = dict(cfg.teams)
@@ -276,9 +274,10 @@ class Budgets:
                     cell[3] = _now_ms()
             elif self.reseed is not None and _now_ms() - cell[3] >= self.refresh_ms:
                 cell[3] = _now_ms()  # due again once this seeding is as old
-                self._due[b.counter] = (b, cell)
-                if not self._reseeding:
-                    self._reseeding = True
+                counters = self.counters
+                counters.due[b.counter] = (b, cell)
+                if not counters.reseeding:
+                    counters.reseeding = True
                     self.background(self._reseed_due())
             committed = cell[0]
         if committed + cell[1] >= b.limit_pico:
@@ -295,9 +294,11 @@ class Budgets:
         queued (`Hold.settle`): each row of this process is then in the seed or in what was settled after
         it, never in both. Counters the ledger cannot seed now keep their value until they are due again."""
         assert self.reseed is not None
+        counters = self.counters
         try:
-            while self._due:
-                due, self._due = list(self._due.values()), {}
+            while counters.due:
+                due = list(counters.due.values())
+                counters.due.clear()
                 before = [cell[0] for _, cell in due]
                 seeds = await self.reseed([b for b, _ in due])
                 if seeds is None:
@@ -305,7 +306,7 @@ class Budgets:
                 for (_, cell), was, seed in zip(due, before, seeds, strict=True):
                     cell[0] = seed + (cell[0] - was)
         finally:
-            self._reseeding = False
+            counters.reseeding = False
 
     async def _take_redis(self, b: Budget, worst: int, shared: SharedState) -> tuple[int | None, str]:
         async def take(r: aioredis.Redis) -> list[Any]:

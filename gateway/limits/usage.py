@@ -198,6 +198,11 @@ class Counters:
         # counter -> epoch -> (its budget, reserved, committed) that Redis could not take when they changed:
         # written with the counter's next reservation, so that a Redis outage leaks no reservation.
         self.owed: dict[str, dict[str, tuple[Any, int, int]]] = {}
+        # counter -> (its budget, its cell): due to be seeded again from the ledger; one seeding runs at a
+        # time in the process (`reseeding`), whichever config's budgets started it, so that two never
+        # overlap on one counter.
+        self.due: dict[str, tuple[Any, list[int]]] = {}
+        self.reseeding = False
 
 
 class UsageStore:
@@ -257,6 +262,7 @@ class UsageStore:
         # In place: the budgets of this config already hold `self.counters`.
         self.counters.local, self.counters.background = previous.counters.local, previous.counters.background
         self.counters.owed = previous.counters.owed
+        self.counters.due = previous.counters.due
         previous.names.update(self.names)
         self.names = previous.names
 
