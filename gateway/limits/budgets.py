@@ -125,7 +125,7 @@ class Hold:
         prompt = rec.usage.prompt_tokens if rec.usage is not None else 0
         completion = rec.usage.completion_tokens if rec.usage is not None else 0
         real = self.prices.cost_pico(rec.target, rec.model, prompt, completion) if served else 0
-        # This process's own view now, before the request's row is queued for the ledger (`_reseed`); Redis's
+        # This process's own view now, before the request's row is queued for the ledger (`_reseed_due`); Redis's
         # in the background.
         self.owner._settle_here(self, real)
         self.owner.background(self.owner._settle(self, real))
