@@ -37,6 +37,7 @@ from gateway.fleet.shared import DrainSync
 from gateway.ledger.service import LedgerService, Pinned
 from gateway.ops import accesslog
 from gateway.ops.metrics import CONTENT_TYPE, Metrics
+from gateway.ops.orphans import end_with_supervisor
 from gateway.ops.reload import Reloader
 from gateway.path.dialects import OPENAI, PAIS, SGP, Dialect
 from gateway.path.operation import CHAT
@@ -382,4 +383,5 @@ class Front:
 
 def app_from_env() -> Front:
     """Factory for `uvicorn --factory` workers: the CLI validated the config before starting them."""
+    end_with_supervisor()
     return create_app(started.for_worker())

@@ -138,6 +138,51 @@ def test_a_worker_killed_is_replaced_by_one_with_a_socket_of_its_own(tmp_path: P
             gw.stop()
 
 
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie left for its new parent to reap has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("server", ["uvicorn", "granian"])
+def test_workers_end_when_their_supervisor_is_killed(tmp_path: Path, server: str) -> None:
+    # SIGKILL (the OOM killer's) gives the supervisor no chance to stop its workers: each asked the kernel
+    # for SIGTERM when it dies, and drains and exits instead of serving the port on its own forever.
+    if server == "granian":
+        pytest.importorskip("granian")
+    with Upstream() as upstream:
+        upstream.handler = reply(ANSWER)
+        gw = GatewayProcess(_config(tmp_path, upstream), cli_env(), flags=("--server", server))
+        try:
+            gw.wait_ready()
+            _until_both_answer(gw.url)
+            workers = _serving(gw.proc.pid)
+            assert len(workers) == 2, workers
+            os.kill(gw.proc.pid, signal.SIGKILL)
+            gw.proc.wait(5)
+            deadline = time.monotonic() + 15
+            while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not any(_alive(pid) for pid in workers), (workers, gw.log.read_text()[-2000:])
+        finally:
+            gw.stop()
+            for pid in _still_alive(workers):
+                os.kill(pid, signal.SIGKILL)  # a failed run leaves nothing behind
+
+
+def _serving(main_pid: int) -> list[int]:
+    """The main process's children that serve (uvicorn spawns its workers, Granian forks them), without the
+    resource tracker multiprocessing starts beside uvicorn's."""
+    children = Path(f"/proc/{main_pid}/task/{main_pid}/children").read_text().split()
+    return [pid for pid in map(int, children) if b"resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_bytes()]
+
+
+def _still_alive(pids: list[int]) -> list[int]:
+    return [pid for pid in pids if _alive(pid)]
+
+
 def test_a_taken_port_is_one_line_with_two_workers(tmp_path: Path) -> None:
     config = tmp_path / "workers.yaml"
     config.write_text("server: {workers: 2}\nproviders:\n  demo: {kind: fake}\n")
