@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 import msgspec
 
@@ -49,7 +49,6 @@ from gateway.limits.usage import day_of
 from gateway.ops.metrics import Record
 
 log = logging.getLogger("gateway")
-T = TypeVar("T")
 
 
 _IN_CHUNK: Final = 500
@@ -195,10 +194,6 @@ def _read(path: Path) -> list[list[list[Any]]]:
     return out
 
 
-def _rollups(rows: deque[Pending]) -> Rollups:
-    return rollups(take(rows, "", itertools.repeat(0)))
-
-
 class Ledger:
     """The process's ledger: the queue, the writer task, the database thread, and the keys' poller."""
 
@@ -277,12 +272,8 @@ class Ledger:
         return self._answer(loop.run_in_executor(self._writer_pool, self.rows.transaction, body))
 
     async def read(self, body: Callable[[Cursor], Any]) -> tuple[Any, Rollups]:
-        """`read_folded` with the rollups of the rows still waiting."""
-        return await self.read_folded(body, _rollups)
-
-    async def read_folded(self, body: Callable[[Cursor], Any], fold: Callable[[deque[Pending]], T]) -> tuple[Any, T]:
-        """What `body` reads of the committed rows, and what `fold` makes of this process's rows still waiting
-        for the writer: every row of this process counted once, whether committed or waiting.
+        """What `body` reads of the committed rows, and the rollups of this process's rows still waiting for
+        the writer: every row of this process counted once, whether committed or waiting.
 
         The queue is copied and `body` handed to the writer's thread in the same step (nothing awaited in
         between): a row is either still in the copy, or in a batch the writer took before, whose commit that
@@ -291,7 +282,7 @@ class Ledger:
         (at most their last `flush_ms`) show once they are."""
         copied = deque(self.queue)
         asked = self.behind_writer(body)  # no await between the copy and this
-        waiting = fold(copied)
+        waiting = rollups(take(copied, "", itertools.repeat(0)))
         return await asked, waiting
 
     async def _answer(self, work: asyncio.Future[Any]) -> Any:

@@ -127,8 +127,9 @@ class Hold:
         real = self.prices.cost_pico(rec.target, rec.model, prompt, completion) if served else 0
         # This process's own view now, before the request's row is queued for the ledger (`_reseed_due`); Redis's
         # in the background.
-        self.owner._settle_here(self, real)
-        self.owner.background(self.owner._settle(self, real))
+        reserved, committed = -(self.worst + self.grown), 0 if self.owner.fresh else real
+        self.owner._settle_here(self, reserved, committed)
+        self.owner.background(self.owner._settle(self, reserved, committed))
 
 
 def month_of(day: str) -> tuple[str, str]:
@@ -272,8 +273,8 @@ class Budgets:
                     cell[0] += seed
                     cell[2] = 1
                     cell[3] = _now_ms()
-            elif self.reseed is not None and _now_ms() - cell[3] >= self.refresh_ms:
-                cell[3] = _now_ms()  # due again once this seeding is as old
+            elif self.reseed is not None and (now := _now_ms()) - cell[3] >= self.refresh_ms:
+                cell[3] = now  # due again once this seeding is as old
                 counters = self.counters
                 counters.due[b.counter] = (b, cell)
                 if not counters.reseeding:
@@ -396,13 +397,13 @@ class Budgets:
         for b, epoch in hold.budgets:
             await self._add(b, excess, 0, hold.shared, epoch)
 
-    def _settle_here(self, hold: Hold, real: int) -> None:
+    def _settle_here(self, hold: Hold, reserved: int, committed: int) -> None:
         for b, epoch in hold.budgets:
-            self._add_here(b, -(hold.worst + hold.grown), 0 if self.fresh else real, epoch)
+            self._add_here(b, reserved, committed, epoch)
 
-    async def _settle(self, hold: Hold, real: int) -> None:
+    async def _settle(self, hold: Hold, reserved: int, committed: int) -> None:
         for b, epoch in hold.budgets:
-            await self._add_shared(b, -(hold.worst + hold.grown), 0 if self.fresh else real, hold.shared, epoch)
+            await self._add_shared(b, reserved, committed, hold.shared, epoch)
 
 
 def usage_budgets(loaded: LoadedConfig, usage: UsageStore) -> Budgets:

@@ -262,7 +262,6 @@ class UsageStore:
         # In place: the budgets of this config already hold `self.counters`.
         self.counters.local, self.counters.background = previous.counters.local, previous.counters.background
         self.counters.owed = previous.counters.owed
-        self.counters.due = previous.counters.due
         previous.names.update(self.names)
         self.names = previous.names
 

@@ -1,14 +1,16 @@
 """What a budget's seed adds of this process's rows still queued for the writer: the cost of the rows its
 key (by identity, or by name for rows booked without one) or its team answered within its period, every
-budget due summed in one pass (gateway/ledger/budgets.py), over rows the real `pending` makes."""
+budget due summed at once (gateway/ledger/budgets.py), over the rollups `Ledger.read` makes of rows the
+real `pending` queues."""
 
 from __future__ import annotations
 
 import calendar
 import datetime as dt
+import itertools
 from collections import deque
 
-from gateway.ledger.batch import Pending, pending
+from gateway.ledger.batch import Pending, pending, rollups, take
 from gateway.ledger.budgets import _waiting
 from gateway.limits.budgets import Budget
 from gateway.ops.metrics import Record
@@ -41,5 +43,5 @@ def test_each_budget_sums_its_own_rows_in_its_period() -> None:
         Budget("Key 'mate'", "id-mate", "key_id", "daily", DAY, DAY, 1.0),
         Budget("Key 'new'", "id-new", "key_id", "daily", DAY, DAY, 1.0),  # no name of its own booked
     ]
-    assert _waiting(budgets)(rows) == [11, 10_011, 1_011, 1_000, 0]
-    assert len(rows) == 6  # read, not taken
+    waiting = rollups(take(rows, "", itertools.repeat(0)))  # as `Ledger.read` makes them of a copy
+    assert _waiting(waiting, budgets) == [11, 10_011, 1_011, 1_000, 0]
