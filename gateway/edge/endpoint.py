@@ -157,8 +157,12 @@ class _Watch:
             self.armed = None
 
     def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
+        task = self.task
+        if task is not None:
+            # Let go of it: the task's end (its CancelledError's traceback) holds this watch, and the two would
+            # be a cycle left to the collector at every request a server without `gateway.disconnect` serves.
+            self.task = None
+            task.cancel()
 
 
 async def _relay(result: Result, send: Send) -> None:

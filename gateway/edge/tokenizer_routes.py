@@ -370,13 +370,12 @@ class Tokenizers:
         # The request-rate buckets' headers only: no tokens are charged here.
         headers = rate_headers([s for s in decision.states if s.bucket.kind in ("rps", "rpm")])
         if not decision.allowed:
-            err = RateLimitError(
+            raise RateLimitError(
                 "Rate limit reached for this key or model; retry after the time in Retry-After",
                 code="rate_limit_exceeded",
                 retry_after=decision.retry_after_ms / 1000,
                 headers=as_text(headers),
             )
-            raise err
         return Ticket(buckets, decision.lease, 0, headers)
 
     @staticmethod

@@ -149,14 +149,13 @@ async def checked(
         if not bad:
             return answer
         why = bad[0]
-    err = UpstreamError(
+    raise UpstreamError(
         f"The model's output {why}, after {retries + 1} attempts; '{guide.param}' is enforced by "
         "the gateway for this provider and an unvalidated answer is never returned",
         code="guided_output_invalid",
         param=guide.param,
         retryable=False,
     )
-    raise err
 
 
 def _texts(c: Completion) -> list[str]:

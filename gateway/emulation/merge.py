@@ -49,7 +49,10 @@ async def merged(opens: Sequence[Opened[ChunkT]]) -> AsyncGenerator[tuple[int, C
             if item is None:
                 live -= 1
             elif isinstance(item, BaseException):
-                raise item
+                try:
+                    raise item
+                finally:
+                    item = None  # the traceback holds this frame: no cycle through it back to the exception
             else:
                 yield k, item
     finally:

@@ -253,13 +253,12 @@ class Admission:
             if allowed:
                 return Ticket(buckets, lease, tokens, headers, prompt, charges)
             if waited + wait > queue_ms:
-                err = RateLimitError(
+                raise RateLimitError(
                     "Rate limit reached for this key or model; retry after the time in Retry-After",
                     code="rate_limit_exceeded",
                     retry_after=wait / 1000,
                     headers=as_text(headers),
                 )
-                raise err
             waited += wait
             await self.sleep(wait / 1000)
 
@@ -279,7 +278,7 @@ class Admission:
         decision = await self.acquire(buckets, tokens)
         if decision.allowed:
             return Ticket(buckets, decision.lease, tokens, rate_headers(decision.states), prompt)
-        err = RateLimitError(
+        raise RateLimitError(
             f"Provider '{route.provider}' is at its configured quota",
             code="provider_quota",
             retry_after=decision.retry_after_ms / 1000,
@@ -290,7 +289,6 @@ class Admission:
             target=route.key,
             provider=route.provider,
         )
-        raise err
 
     async def charge_calls(self, route: Route, more: int, param: str | None = None) -> None:
         """`more` upstream calls on `route` beyond the one its admission charged (an emulated fan-out's
@@ -321,7 +319,7 @@ class Admission:
             return
         if param is not None:
             await self._give_back(buckets, 1)
-        err = RateLimitError(
+        raise RateLimitError(
             f"Provider '{route.provider}' is at its configured quota"
             + (f" for the {more + 1} upstream calls this request makes" if param is not None else ""),
             code="provider_quota",
@@ -335,7 +333,6 @@ class Admission:
             target=route.key,
             provider=route.provider,
         )
-        raise err
 
     def give_back_calls(self, route: Route, count: int) -> None:
         """Return `count` units charged by `charge_calls` for calls that were never made, off the request path."""

@@ -216,7 +216,10 @@ class Run(Generic[T]):
                     value = await self.attempt(served, timeouts)
                 return Outcome(value=value, route=served, attempts=self.attempts)
             except GatewayError as exc:
-                failed = exc
+                # Kept without its traceback, which holds this very frame (and through it `failed`): a cycle the
+                # collector alone would free, at every request that fails over or gives up. What reaches the
+                # client and the log is `_gave_up`'s copy, which has a traceback of its own.
+                failed = exc.with_traceback(None)
                 if type(exc) is Spilled:
                     self.attempts -= 1  # its server was full and another target has room: no call was made
             if not self._retryable(failed) or self.attempts >= r.attempts:
@@ -382,7 +385,12 @@ class Run(Generic[T]):
             for task in pending:
                 task.cancel()
         assert error is not None
-        raise error
+        try:
+            raise error
+        finally:
+            # The traceback holds this frame: the exception and the tasks that hold it let go of, no cycle left.
+            error = task = None  # type: ignore[assignment]
+            done = pending = set()
 
     def _timeouts(self) -> Timeouts:
         left = self.deadline - self.failover.clock()

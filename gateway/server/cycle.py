@@ -179,6 +179,11 @@ class Cycle:
                 self.conn.transport.close()
         finally:
             self.conn.tasks.discard(self.task)
+            # Both hold this cycle (the task through its coroutine, the scope through `subscribe`): left in
+            # place, every request would leave a reference cycle of a dozen objects that only the collector
+            # frees (a young collection of ~11,000 of them every ~800 requests, milliseconds long).
+            self.task = None
+            self.scope.pop("extensions", None)
 
     def _fail(self) -> None:
         if self.disconnected or self.complete:

@@ -130,6 +130,10 @@ class H1Protocol(asyncio.Protocol):
             self.linger.cancel()
         if exc is None:
             self.transport.close()
+        # No more bytes come: the parser (whose callbacks are this protocol's methods) and the requests it
+        # parsed are let go of, else each closed connection would be a cycle the collector alone frees.
+        self.parser = None  # type: ignore[assignment]
+        self.parsing = self.current = None
 
     def eof_received(self) -> None:
         """A client's half-close ends the connection (as under uvicorn): the transport closes."""

@@ -127,6 +127,9 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
         self.watchdog.idle()
+        # No more bytes come: the parser, whose callbacks are this connection's methods, is let go of, else each
+        # closed connection would be a cycle the collector alone frees.
+        self.parser = None  # type: ignore[assignment]
         resp = self.response
         if resp is None:
             return

@@ -1,0 +1,211 @@
+"""A served request leaves no reference cycle behind: what it allocated is freed when its answer is out.
+
+An object in a cycle outlives its request until the collector finds it; at thousands of requests a second,
+a dozen such objects per request made every young collection walk ~11,000 of them (milliseconds each, every
+few hundred requests, stalling every request in flight). Each test sends requests over real sockets to a
+real uvicorn on a loopback port, then asks the collector what it would free (`gc.DEBUG_SAVEALL` keeps it in
+`gc.garbage` to be looked at).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import gc
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from gateway.server import DISCONNECT
+from tests.helpers.faults import RECORDED_400, RECORDED_JSON, RECORDED_SSE
+from tests.helpers.rawhttp import Client, answer, get, read_body, serve
+from tests.helpers.recordings import fixture_bytes, sse_events
+from tests.helpers.redis import RedisServer
+from tests.helpers.servers import GatewayThread
+from tests.helpers.upstreams import Handler, Received, Upstream, reply, reply_sse
+
+KEY = "gk-no-cycles-71d2"
+REQUESTS = 150
+
+
+def _ours(obj: object) -> bool:
+    """An object the gateway made: its type is the gateway's, or it is a coroutine, task or frame of its code."""
+    kind = type(obj)
+    if kind.__module__.split(".")[0] in ("gateway", "providers", "wire"):
+        return True
+    code = getattr(obj, "cr_code", None) or getattr(obj, "f_code", None)
+    if isinstance(obj, asyncio.Task):
+        code = getattr(obj.get_coro(), "cr_code", None)
+    return code is not None and "/gateway/" in code.co_filename
+
+
+def left_in_cycles(send: Callable[[int], None], requests: int = REQUESTS) -> collections.Counter[str]:
+    """What of the gateway's own is left in reference cycles by `requests` calls of `send`, by type."""
+    send(5)  # first-use work (connections, caches, lazily built tables) is not per request
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        send(requests)
+        gc.collect()
+        return collections.Counter(type(o).__qualname__ for o in gc.garbage if _ours(o))
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+
+
+def test_a_served_request_that_subscribes_to_its_clients_leaving_leaves_no_cycle() -> None:
+    """The protocol's own objects: the request's state, its task, the scope's disconnect extension."""
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        scope["extensions"][DISCONNECT](lambda: None)  # as the gateway's endpoints do
+        await read_body(receive)
+        await answer(send, b"ok")
+
+    with serve(app) as server:
+        client = Client(server.config.port)
+
+        def send(n: int) -> None:
+            for _ in range(n):
+                client.send(get("/x"))
+                assert client.response().body == b"ok"
+
+        assert left_in_cycles(send) == {}
+
+
+# What the everything-on gateway adds: rpm + tpm limits on the key in Redis (and a key whose one request a
+# minute is spent at once: every later one a 429), the response cache (every request after the first of a
+# body a hit), the ledger on SQLite and the fair queue, as a platform team runs it (bench/everything.py).
+EVERYTHING = """
+redis: {{url: "{redis}"}}
+keys:
+  - {{name: k, key: "{key}", limits: {{rpm: 100000000, tpm: 10000000000}}}}
+  - {{name: spent, key: "{spent}", limits: {{rpm: 1}}}}
+cache: {{mode: always}}
+ledger: {{url: "sqlite:///{ledger}"}}
+providers:
+  up: {{kind: openai, base_url: "{upstream}/v1", api_key: sk-upstream, max_concurrency: 100000}}
+"""
+PLAIN = """
+keys: [{{name: k, key: "{key}"}}, {{name: spent, key: "{spent}", limits: {{rpm: 1}}}}]
+providers:
+  up: {{kind: openai, base_url: "{upstream}/v1", api_key: sk-upstream}}
+"""
+# A failing target is retried once at once, and never cools down: every request below reaches the upstream.
+COMMON = """
+server: {{host: 127.0.0.1, port: 0}}
+retries: {{attempts: 2, initial_backoff_ms: 0, max_backoff_ms: 0}}
+cooldown: {{min_requests: 100000}}
+"""
+SPENT = "gk-no-cycles-spent-44a0"
+
+
+@pytest.fixture(
+    scope="module",
+    params=[("gateway", PLAIN), ("httptools", PLAIN), ("gateway", EVERYTHING)],
+    ids=["own protocol", "uvicorn's httptools", "everything on"],
+)
+def gateway(
+    request: pytest.FixtureRequest, redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[int, Upstream]]:
+    """The gateway behind its own HTTP/1.1 protocol (the default), behind uvicorn's (`serve --http
+    httptools`), and with every feature on."""
+    http, features = request.param
+    directory: Path = tmp_path_factory.mktemp("no-cycles")
+    with Upstream() as upstream:
+        config = (COMMON + features).format(
+            key=KEY, spent=SPENT, upstream=upstream.url, redis=redis_server.url, ledger=directory / "ledger.db"
+        )
+        (directory / "gw.yaml").write_text(config)
+        with GatewayThread(directory / "gw.yaml", {}, http=http) as gw:
+            yield gw.port, upstream
+
+
+def _post(path: str, body: bytes, key: str = KEY) -> bytes:
+    head = f"POST {path} HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+    return head.encode() + f"authorization: Bearer {key}\r\n\r\n".encode() + body
+
+
+COMPLETION = b'{"model": "up/davinci-002", "prompt": "Say this is a test", "max_tokens": 7}'
+# Prompts of their own: with the cache on, a case must not be answered from another's entry.
+FAILING = b'{"model": "up/davinci-002", "prompt": "Say this fails", "max_tokens": 7}'
+SPEND = b'{"model": "up/davinci-002", "prompt": "Spend the minute", "max_tokens": 7}'
+STREAM = b'{"model": "up/davinci-002", "prompt": "Say this is a test", "max_tokens": 7, "stream": true}'
+CHAT = b'{"model": "up/o3-mini", "messages": [{"role": "user", "content": "Say this is a test"}]}'
+# (request body, what the upstream answers, the statuses the client may get, what its answer holds)
+CASES: dict[str, tuple[bytes, Handler, tuple[int, ...], bytes]] = {
+    "completion": (COMPLETION, reply(RECORDED_JSON), (200,), b'"text_completion"'),
+    "streamed completion": (STREAM, reply_sse(sse_events(RECORDED_SSE)), (200,), b"[DONE]"),
+    "chat": (CHAT, reply(fixture_bytes("openai/chat_o3mini_stop_sequence.json")), (200,), b'"chat.completion"'),
+    "invalid request": (
+        b'{"model": "up/davinci-002", "prompt": "x", "max_tokens": -1}',
+        reply(b""),
+        (400,),
+        b"max_tokens",
+    ),
+    "upstream refuses": (FAILING, reply(RECORDED_400, status=400), (400,), b"model_not_found"),
+    "upstream fails": (FAILING, reply(b'{"error": {"message": "boom"}}', status=500), (502,), b"error"),
+    "rate limited": (FAILING, reply(RECORDED_JSON), (429,), b"rate_limit"),
+    "unknown key": (COMPLETION, reply(RECORDED_JSON), (401,), b"error"),
+}
+# The key each case presents: a key whose one request a minute went in the warm-up, one no one issued.
+KEYS = {"rate limited": SPENT, "unknown key": "gk-no-cycles-unknown-0000"}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_request_through_the_gateway_leaves_no_cycle(gateway: tuple[int, Upstream], case: str) -> None:
+    port, upstream = gateway
+    body, handler, statuses, holds = CASES[case]
+    upstream.handler = handler
+    client = Client(port)
+    route = "/v1/chat/completions" if b'"messages"' in body else "/v1/completions"
+    key = KEYS.get(case, KEY)
+    try:
+        if key == SPENT:  # its one request a minute, answered
+            client.send(_post(route, SPEND, key))
+            assert client.response().status == 200
+
+        def send(n: int) -> None:
+            for _ in range(n):
+                client.send(_post(route, body, key))
+                response = client.response()
+                assert response.status in statuses, response.body
+                assert holds in response.body
+
+        assert left_in_cycles(send) == {}
+    finally:
+        client.close()
+
+
+def test_a_client_that_leaves_mid_stream_leaves_no_cycle(gateway: tuple[int, Upstream]) -> None:
+    """The 499 path: the client hangs up after the first event; the gateway cancels its upstream call."""
+    port, upstream = gateway
+    first = sse_events(RECORDED_SSE)[0]
+    ended = threading.Semaphore(0)
+
+    async def first_then_hang(request: web.Request, received: Received) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(first + b"\n\n")
+        try:
+            await asyncio.sleep(30)
+        finally:
+            ended.release()  # cancelled: the gateway hung up on it
+        return resp
+
+    upstream.handler = first_then_hang
+    body = b'{"model": "up/davinci-002", "prompt": "Leave midway", "max_tokens": 7, "stream": true}'
+
+    def send(n: int) -> None:
+        for _ in range(n):
+            client = Client(port)
+            client.send(_post("/v1/completions", body))
+            assert client.head()[0] == 200
+            client._until(b"data: ")  # the first event reached the client
+            client.close()
+            assert ended.acquire(timeout=5), "the gateway did not hang up on its upstream"
+
+    assert left_in_cycles(send, requests=40) == {}
