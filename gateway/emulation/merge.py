@@ -49,10 +49,7 @@ async def merged(opens: Sequence[Opened[ChunkT]]) -> AsyncGenerator[tuple[int, C
             if item is None:
                 live -= 1
             elif isinstance(item, BaseException):
-                try:
-                    raise item
-                finally:
-                    item = None  # the traceback holds this frame: no cycle through it back to the exception
+                raise item
             else:
                 yield k, item
     finally:

@@ -385,12 +385,7 @@ class Run(Generic[T]):
             for task in pending:
                 task.cancel()
         assert error is not None
-        try:
-            raise error
-        finally:
-            # The traceback holds this frame: the exception and the tasks that hold it let go of, no cycle left.
-            error = task = None  # type: ignore[assignment]
-            done = pending = set()
+        raise error
 
     def _timeouts(self) -> Timeouts:
         left = self.deadline - self.failover.clock()

@@ -88,17 +88,24 @@ cache: {{mode: always}}
 ledger: {{url: "sqlite:///{ledger}"}}
 providers:
   up: {{kind: openai, base_url: "{upstream}/v1", api_key: sk-upstream, max_concurrency: 100000}}
+  again: {{kind: openai, base_url: "{upstream}/v1", api_key: sk-upstream, max_concurrency: 100000}}
 """
 PLAIN = """
 keys: [{{name: k, key: "{key}"}}, {{name: spent, key: "{spent}", limits: {{rpm: 1}}}}]
 providers:
   up: {{kind: openai, base_url: "{upstream}/v1", api_key: sk-upstream}}
+  again: {{kind: openai, base_url: "{upstream}/v1", api_key: sk-upstream}}
 """
 # A failing target is retried once at once, and never cools down: every request below reaches the upstream.
 COMMON = """
 server: {{host: 127.0.0.1, port: 0}}
 retries: {{attempts: 2, initial_backoff_ms: 0, max_backoff_ms: 0}}
 cooldown: {{min_requests: 100000}}
+# A second call goes to the other target when the first has not answered within 5 ms.
+models:
+  - name: hedged
+    hedge_after_ms: 5
+    targets: [{{model: up/davinci-002}}, {{model: again/davinci-002}}]
 """
 SPENT = "gk-no-cycles-spent-44a0"
 
@@ -133,8 +140,21 @@ COMPLETION = b'{"model": "up/davinci-002", "prompt": "Say this is a test", "max_
 # Prompts of their own: with the cache on, a case must not be answered from another's entry.
 FAILING = b'{"model": "up/davinci-002", "prompt": "Say this fails", "max_tokens": 7}'
 SPEND = b'{"model": "up/davinci-002", "prompt": "Spend the minute", "max_tokens": 7}'
+HEDGED = b'{"model": "hedged", "prompt": "Say this fails twice", "max_tokens": 7}'
 STREAM = b'{"model": "up/davinci-002", "prompt": "Say this is a test", "max_tokens": 7, "stream": true}'
 CHAT = b'{"model": "up/o3-mini", "messages": [{"role": "user", "content": "Say this is a test"}]}'
+
+
+def slowly(status: int) -> Handler:
+    """An error answered after 20 ms: late enough for the hedge to start its second call."""
+
+    async def handler(request: web.Request, received: Received) -> web.StreamResponse:
+        await asyncio.sleep(0.02)
+        return web.Response(status=status, text='{"error": {"message": "boom"}}', content_type="application/json")
+
+    return handler
+
+
 # (request body, what the upstream answers, the statuses the client may get, what its answer holds)
 CASES: dict[str, tuple[bytes, Handler, tuple[int, ...], bytes]] = {
     "completion": (COMPLETION, reply(RECORDED_JSON), (200,), b'"text_completion"'),
@@ -148,6 +168,7 @@ CASES: dict[str, tuple[bytes, Handler, tuple[int, ...], bytes]] = {
     ),
     "upstream refuses": (FAILING, reply(RECORDED_400, status=400), (400,), b"model_not_found"),
     "upstream fails": (FAILING, reply(b'{"error": {"message": "boom"}}', status=500), (502,), b"error"),
+    "both hedged calls fail": (HEDGED, slowly(500), (502,), b"error"),
     "rate limited": (FAILING, reply(RECORDED_JSON), (429,), b"rate_limit"),
     "unknown key": (COMPLETION, reply(RECORDED_JSON), (401,), b"error"),
 }
