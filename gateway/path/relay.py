@@ -188,7 +188,9 @@ class Relay:
                             route, "ended the stream early", "upstream_stream_ended_early", "stream_ended_early"
                         )
                 except GatewayError as exc:
-                    error = exc
+                    # Kept without its traceback, which holds this frame (and through it `error`): a cycle the
+                    # collector alone would free, at every stream that breaks after it started.
+                    error = exc.with_traceback(None)
                 except UNREADABLE:
                     error = _stream_broke(
                         route, "sent an invalid stream event", "invalid_upstream_response", "invalid_response"

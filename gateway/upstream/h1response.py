@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Protocol
 
 from gateway.upstream.h1body import _INFLATE_STEP, _Inflate
-from gateway.upstream.h1wire import _HIGH_WATER, MAX_BODY, Malformed, Watchdog, _body_too_large
+from gateway.upstream.h1wire import _HIGH_WATER, MAX_BODY, Malformed, Spent, Watchdog, _body_too_large
 
 
 class Carrier(Protocol):
@@ -58,7 +58,7 @@ class Response:
         self._chunks: deque[bytes] = deque()
         self._buffered = 0
         self._done = False
-        self._error: BaseException | None = None
+        self._error: BaseException | type[Spent] | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._decoder: _Inflate | None = None
         self._deadline = deadline
@@ -216,3 +216,7 @@ class Response:
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.finished(reusable=self._done and self._error is None)
+        if self._error is not None:
+            # Raised, the error's traceback holds the frames that read this answer, and so this answer: let go
+            # of the error once its reader is done with it, or the two would be a cycle left to the collector.
+            self._error = Spent

@@ -61,6 +61,13 @@ class Malformed(ConnectionError):
         self.cause = cause
 
 
+class Spent(Malformed):
+    """A failed answer read again after its reader released it (the failure itself was raised already)."""
+
+    def __init__(self) -> None:
+        super().__init__("the response failed and was released")
+
+
 def connect_cause(exc: BaseException) -> str:
     """Why opening a connection failed, for the operator (wire.errors.CAUSES), from the OS's error or the
     one it was raised from (httpx wraps them twice)."""

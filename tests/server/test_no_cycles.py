@@ -80,7 +80,7 @@ def test_a_served_request_that_subscribes_to_its_clients_leaving_leaves_no_cycle
 # minute is spent at once: every later one a 429), the response cache (every request after the first of a
 # body a hit), the ledger on SQLite and the fair queue, as a platform team runs it (bench/everything.py).
 EVERYTHING = """
-redis: {{url: "{redis}"}}
+redis: {{url: "{redis}", refresh_ms: 0}}
 keys:
   - {{name: k, key: "{key}", limits: {{rpm: 100000000, tpm: 10000000000}}}}
   - {{name: spent, key: "{spent}", limits: {{rpm: 1}}}}
@@ -96,11 +96,12 @@ providers:
   up: {{kind: openai, base_url: "{upstream}/v1", api_key: sk-upstream}}
   again: {{kind: openai, base_url: "{upstream}/v1", api_key: sk-upstream}}
 """
-# A failing target is retried once at once, and never cools down: every request below reaches the upstream.
+# A failing target is retried once at once, and cools down for a millisecond at most (a dropped connection cools
+# it at once): every request below reaches the upstream.
 COMMON = """
 server: {{host: 127.0.0.1, port: 0}}
 retries: {{attempts: 2, initial_backoff_ms: 0, max_backoff_ms: 0}}
-cooldown: {{min_requests: 100000}}
+cooldown: {{min_requests: 100000, base_ms: 1, max_ms: 1}}
 # A second call goes to the other target when the first has not answered within 5 ms.
 models:
   - name: hedged
@@ -117,7 +118,7 @@ SPENT = "gk-no-cycles-spent-44a0"
 )
 def gateway(
     request: pytest.FixtureRequest, redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[int, Upstream]]:
+) -> Iterator[tuple[GatewayThread, Upstream]]:
     """The gateway behind its own HTTP/1.1 protocol (the default), behind uvicorn's (`serve --http
     httptools`), and with every feature on."""
     http, features = request.param
@@ -128,7 +129,7 @@ def gateway(
         )
         (directory / "gw.yaml").write_text(config)
         with GatewayThread(directory / "gw.yaml", {}, http=http) as gw:
-            yield gw.port, upstream
+            yield gw, upstream
 
 
 def _post(path: str, body: bytes, key: str = KEY) -> bytes:
@@ -140,6 +141,7 @@ COMPLETION = b'{"model": "up/davinci-002", "prompt": "Say this is a test", "max_
 # Prompts of their own: with the cache on, a case must not be answered from another's entry.
 FAILING = b'{"model": "up/davinci-002", "prompt": "Say this fails", "max_tokens": 7}'
 SPEND = b'{"model": "up/davinci-002", "prompt": "Spend the minute", "max_tokens": 7}'
+CUT = b'{"model": "up/davinci-002", "prompt": "Cut this", "max_tokens": 7, "stream": true}'
 HEDGED = b'{"model": "hedged", "prompt": "Say this fails twice", "max_tokens": 7}'
 STREAM = b'{"model": "up/davinci-002", "prompt": "Say this is a test", "max_tokens": 7, "stream": true}'
 CHAT = b'{"model": "up/o3-mini", "messages": [{"role": "user", "content": "Say this is a test"}]}'
@@ -151,6 +153,35 @@ def slowly(status: int) -> Handler:
     async def handler(request: web.Request, received: Received) -> web.StreamResponse:
         await asyncio.sleep(0.02)
         return web.Response(status=status, text='{"error": {"message": "boom"}}', content_type="application/json")
+
+    return handler
+
+
+def cut(events: int) -> Handler:
+    """A stream that sends `events` of the recording's events, then drops the connection."""
+
+    async def handler(request: web.Request, received: Received) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        for event in sse_events(RECORDED_SSE)[:events]:
+            await resp.write(event + b"\n\n")
+        assert request.transport is not None
+        request.transport.close()
+        return resp
+
+    return handler
+
+
+def cut_short(request_body: bytes = b'{"id": "x"') -> Handler:
+    """An answer that promises 1,000 bytes, sends a few, then drops the connection."""
+
+    async def handler(request: web.Request, received: Received) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"content-type": "application/json", "content-length": "1000"})
+        await resp.prepare(request)
+        await resp.write(request_body)
+        assert request.transport is not None
+        request.transport.close()
+        return resp
 
     return handler
 
@@ -169,6 +200,10 @@ CASES: dict[str, tuple[bytes, Handler, tuple[int, ...], bytes]] = {
     "upstream refuses": (FAILING, reply(RECORDED_400, status=400), (400,), b"model_not_found"),
     "upstream fails": (FAILING, reply(b'{"error": {"message": "boom"}}', status=500), (502,), b"error"),
     "both hedged calls fail": (HEDGED, slowly(500), (502,), b"error"),
+    "upstream body cut short": (FAILING, cut_short(), (502,), b"error"),
+    # With the targets' health shared through Redis, a broken stream may keep its target cooling for the next
+    # request (its probe's hold): a 503 then, and the next reaches the upstream again.
+    "upstream stream cut midway": (CUT, cut(3), (200, 503), b"error"),
     "rate limited": (FAILING, reply(RECORDED_JSON), (429,), b"rate_limit"),
     "unknown key": (COMPLETION, reply(RECORDED_JSON), (401,), b"error"),
 }
@@ -177,8 +212,9 @@ KEYS = {"rate limited": SPENT, "unknown key": "gk-no-cycles-unknown-0000"}
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_a_request_through_the_gateway_leaves_no_cycle(gateway: tuple[int, Upstream], case: str) -> None:
-    port, upstream = gateway
+def test_a_request_through_the_gateway_leaves_no_cycle(gateway: tuple[GatewayThread, Upstream], case: str) -> None:
+    gw, upstream = gateway
+    port = gw.port
     body, handler, statuses, holds = CASES[case]
     upstream.handler = handler
     client = Client(port)
@@ -197,13 +233,16 @@ def test_a_request_through_the_gateway_leaves_no_cycle(gateway: tuple[int, Upstr
                 assert holds in response.body
 
         assert left_in_cycles(send) == {}
+        if body == CUT:  # most of them reached the upstream and broke midway
+            assert sum(r.body.find(b"Cut this") >= 0 for r in upstream.received) > REQUESTS // 2
     finally:
         client.close()
 
 
-def test_a_client_that_leaves_mid_stream_leaves_no_cycle(gateway: tuple[int, Upstream]) -> None:
+def test_a_client_that_leaves_mid_stream_leaves_no_cycle(gateway: tuple[GatewayThread, Upstream]) -> None:
     """The 499 path: the client hangs up after the first event; the gateway cancels its upstream call."""
-    port, upstream = gateway
+    gw, upstream = gateway
+    port = gw.port
     first = sse_events(RECORDED_SSE)[0]
     ended = threading.Semaphore(0)
 
