@@ -401,7 +401,10 @@ class Discovery:
                 if failure is None or isinstance(failure, UpstreamUnreachableError):
                     failure = exc
         assert failure is not None  # a source has at least one request
-        raise failure
+        try:
+            raise failure
+        finally:
+            failure = None  # the traceback holds this frame: no cycle through it back to the exception
 
     async def _fetch(self, src: _Source, req: UpstreamRequest) -> tuple[list[str], int]:
         upstream = self._upstream

@@ -13,6 +13,7 @@ import asyncio
 import collections
 import gc
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -87,13 +88,13 @@ keys:
 cache: {{mode: always}}
 ledger: {{url: "sqlite:///{ledger}"}}
 providers:
-  up: {{kind: openai, base_url: "{upstream}/v1", api_key: sk-upstream, max_concurrency: 100000}}
+  up: {{kind: openai, base_url: "{upstream}/v1", api_key: sk-upstream, max_concurrency: 100000, discover: true}}
   again: {{kind: openai, base_url: "{upstream}/v1", api_key: sk-upstream, max_concurrency: 100000}}
 """
 PLAIN = """
 keys: [{{name: k, key: "{key}"}}, {{name: spent, key: "{spent}", limits: {{rpm: 1}}}}]
 providers:
-  up: {{kind: openai, base_url: "{upstream}/v1", api_key: sk-upstream}}
+  up: {{kind: openai, base_url: "{upstream}/v1", api_key: sk-upstream, discover: true}}
   again: {{kind: openai, base_url: "{upstream}/v1", api_key: sk-upstream}}
 """
 # A failing target is retried once at once, and cools down for a millisecond at most (a dropped connection cools
@@ -102,6 +103,8 @@ COMMON = """
 server: {{host: 127.0.0.1, port: 0}}
 retries: {{attempts: 2, initial_backoff_ms: 0, max_backoff_ms: 0}}
 cooldown: {{min_requests: 100000, base_ms: 1, max_ms: 1}}
+# The upstream lists no models (a 404): the background discovery of `up` fails every 100 ms, during every test here.
+discovery: {{ttl_ms: 100}}
 # A second call goes to the other target when the first has not answered within 5 ms.
 models:
   - name: hedged
@@ -269,3 +272,17 @@ def test_a_client_that_leaves_mid_stream_leaves_no_cycle(gateway: tuple[GatewayT
             assert ended.acquire(timeout=5), "the gateway did not hang up on its upstream"
 
     assert left_in_cycles(send, requests=40) == {}
+
+
+def test_a_failing_model_listing_leaves_no_cycle(gateway: tuple[GatewayThread, Upstream]) -> None:
+    """The background discovery, whose listing call fails (the upstream answers 404): no request involved."""
+    _, upstream = gateway
+
+    def wait(n: int) -> None:
+        asked = len(upstream.listed)
+        deadline = time.monotonic() + 10
+        while len(upstream.listed) < asked + n // 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(upstream.listed) >= asked + n // 5, "discovery did not ask the upstream again"
+
+    assert left_in_cycles(wait, requests=100) == {}
