@@ -122,6 +122,12 @@ def get(path: str = "/", extra: str = "") -> bytes:
     return f"GET {path} HTTP/1.1\r\nhost: t\r\n{extra}\r\n".encode()
 
 
+def post(path: str, body: bytes, extra: str = "") -> bytes:
+    """A JSON POST with its content-length; `extra` is more header lines, each ending in CRLF."""
+    head = f"POST {path} HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+    return head.encode() + extra.encode() + b"\r\n" + body
+
+
 async def read_body(receive: Any) -> bytes:
     body: bytes = b""
     while True:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.rawhttp import Client, Response
+from tests.helpers.rawhttp import Client, Response, post
 from tests.helpers.servers import GatewayThread
 
 KEY = "gk-same-answers-5c1e"
@@ -31,8 +31,7 @@ AUTH = f"authorization: Bearer {KEY}\r\n"
 
 
 def _post(path: str, body: bytes, extra: str = AUTH) -> bytes:
-    head = f"POST {path} HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
-    return head.encode() + extra.encode() + b"\r\n" + body
+    return post(path, body, extra)
 
 
 def _get(path: str, method: str = "GET", extra: str = AUTH) -> bytes:
