@@ -144,6 +144,13 @@ async def answer(send: Any, body: bytes, status: int = 200, headers: list[tuple[
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
+async def echo(scope: Any, receive: Any, send: Any) -> None:
+    """Answers with what it saw: method, path, query, body, and the client's port."""
+    body = await read_body(receive)
+    text = f"{scope['method']} {scope['path']} {scope['query_string'].decode()} {scope['client'][1]} "
+    await answer(send, text.encode() + body)
+
+
 def wait_for(predicate: Any, within: float = 5) -> None:
     deadline = time.monotonic() + within
     while not predicate():
