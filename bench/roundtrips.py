@@ -42,7 +42,7 @@ from urllib.parse import urlparse
 
 import redis as redis_py
 
-from bench.instructions import _lifespan, _loop_runner, _one, _upstream, config_text, is_chat, request_body
+from bench.inprocess import config_text, is_chat, lifespan, loop_runner, request_body, send_one, start_upstream
 
 # What the run sends MONITOR to bracket the measured requests (ECHO runs no script and touches no key).
 _START: Final = "bench-roundtrips-start"
@@ -229,7 +229,7 @@ async def _drive(path: str, requests: int, warmup: int, port: int, vary: bool, r
     devnull, kept = os.open(os.devnull, os.O_WRONLY), accesslog.SINK.fd
     accesslog.SINK.fd = devnull
     app = create_app(parse_config(config_text(port, "always"), "bench-roundtrips.yaml"))
-    shutdown = await _lifespan(app)
+    shutdown = await lifespan(app)
     route = "/v1/chat/completions" if is_chat(path) else "/v1/completions"
     windows: list[Window] = []
     loop = asyncio.get_running_loop()
@@ -241,7 +241,7 @@ async def _drive(path: str, requests: int, warmup: int, port: int, vary: bool, r
                 await loop.run_in_executor(None, recorder.started.wait, 10.0)
             body = request_body(path, i if vary else None)
             window = Window(start=time.time())
-            status, _ = await _one(app, body, route, window.answer_sent)
+            status, _ = await send_one(app, body, route, window.answer_sent)
             window.end = time.time()
             if status != 200:
                 raise RuntimeError(f"request {i} on {path}: {status}")
@@ -259,7 +259,7 @@ async def _drive(path: str, requests: int, warmup: int, port: int, vary: bool, r
 def measure(
     path: str, redis_url: str, ledger_url: str, requests: int, warmup: int, hits: bool, max_concurrency: int = 100_000
 ) -> Report:
-    # bench.instructions' `--all`, read by its `config_text` from the environment; put back afterwards.
+    # bench.instructions' `--all`, read by bench.inprocess' `config_text` from the environment; put back afterwards.
     wanted = {
         "BENCH_REDIS_URL": redis_url,
         "BENCH_LEDGER_URL": ledger_url,
@@ -268,11 +268,11 @@ def measure(
     }
     saved = {k: os.environ.get(k) for k in wanted}
     os.environ.update(wanted)
-    upstream = _upstream(20)
+    upstream = start_upstream(20)
     recorder = Recorder(redis_url)
     recorder.start()
     try:
-        windows = _loop_runner()(_drive(path, requests, warmup, upstream.port, not hits, recorder))
+        windows = loop_runner()(_drive(path, requests, warmup, upstream.port, not hits, recorder))
     finally:
         upstream.stop()
         recorder.mark(_STOP)  # again if the run stopped early: the recorder ends either way

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.instructions import PATHS, _loop_runner, _upstream, drive
+from bench.inprocess import PATHS, drive, loop_runner, start_upstream
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,7 +45,7 @@ def _place(filename: str) -> str:
 
 def shares(path: str, requests: int, warmup: int, chunks: int) -> tuple[float, list[tuple[str, float]]]:
     """CPU seconds per request without the profiler, and (place, share of the CPU time) largest first."""
-    upstream = _upstream(chunks) if path.startswith("h1") else None
+    upstream = start_upstream(chunks) if path.startswith("h1") else None
     port = None if upstream is None else upstream.port
     profiler = cProfile.Profile(time.process_time)
     spent = [0.0]
@@ -60,8 +60,8 @@ def shares(path: str, requests: int, warmup: int, chunks: int) -> tuple[float, l
             profiler.disable()
 
     try:
-        _loop_runner()(drive(path, requests, warmup, port, timed))
-        _loop_runner()(drive(path, requests, warmup, port, around))
+        loop_runner()(drive(path, requests, warmup, port, timed))
+        loop_runner()(drive(path, requests, warmup, port, around))
     finally:
         if upstream is not None:
             upstream.stop()

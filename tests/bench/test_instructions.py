@@ -15,23 +15,23 @@ from typing import Any
 import msgspec
 import pytest
 
-from bench import instructions
+from bench import inprocess, instructions
 from bench.processes import free_port
 from bench.upstream import CHAT, COMPLETION, chat_stream_events, stream_events
 
 
 @pytest.fixture(scope="module")
 def upstream() -> Iterator[Any]:
-    service = instructions._upstream(chunks=3)
+    service = inprocess.start_upstream(chunks=3)
     try:
         yield service
     finally:
         service.stop()
 
 
-@pytest.mark.parametrize("path", instructions.PATHS)
+@pytest.mark.parametrize("path", inprocess.PATHS)
 def test_calls_per_request(path: str, upstream: Any) -> None:
-    port = upstream.port if instructions.needs_upstream(path) else None
+    port = upstream.port if inprocess.needs_upstream(path) else None
     figures = instructions.count_calls(path, requests=8, warmup=2, upstream_port=port)
     # A completion runs hundreds of Python functions; a count near zero would mean nothing was measured.
     assert figures["python_calls"] > 50
@@ -49,10 +49,10 @@ def test_chat_is_measured_on_the_completions_twin() -> None:
 
 
 def test_chat_requests_go_to_the_chat_route() -> None:
-    body = msgspec.json.decode(instructions.request_body("chat-stream", 7))
+    body = msgspec.json.decode(inprocess.request_body("chat-stream", 7))
     assert body["messages"] == [{"role": "user", "content": "Say hello 0000007"}]
     assert "prompt" not in body and body["stream"] is True
-    assert instructions._scope(b"{}", "/v1/chat/completions")["raw_path"] == b"/v1/chat/completions"
+    assert inprocess.scope_of(b"{}", "/v1/chat/completions")["raw_path"] == b"/v1/chat/completions"
 
 
 def test_a_failed_request_stops_the_run() -> None:

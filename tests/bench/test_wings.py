@@ -1,6 +1,6 @@
 """`python -m bench.wings` runs: the shares of a request's CPU time by wing, over a few real requests.
 
-The driver is bench.instructions' (real ASGI app, real pipeline, a real loopback upstream for `h1`).
+The driver is bench.inprocess' (real ASGI app, real pipeline, a real loopback upstream for `h1`).
 """
 
 from __future__ import annotations
