@@ -1,6 +1,6 @@
 """``python -m bench.wings``: where a request's CPU goes, as shares by wing of gateway/ and by library.
 
-The driver of ``bench.instructions`` pushes completions through the real ASGI app and pipeline in
+The driver of ``bench.inprocess`` pushes completions through the real ASGI app and pipeline in
 process (no HTTP server in front: uvicorn's share is not in it); cProfile, on a CPU-time clock so waiting
 for the upstream counts nothing, brackets the measured requests, and each function's own time is summed
 by where its code lives: a wing of gateway/ (``gateway/path``, ``gateway/upstream``, ...), providers/,
