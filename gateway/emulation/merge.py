@@ -56,3 +56,7 @@ async def merged(opens: Sequence[Opened[ChunkT]]) -> AsyncGenerator[tuple[int, C
         for p in pumps:
             p.cancel()
         await asyncio.gather(*pumps, return_exceptions=True)
+        # What the pumps handed on after the merge ended (a cancelled pump hands on its CancelledError) is let
+        # go of: such an exception holds its pump's frame through its traceback, and that frame the queue.
+        while not queue.empty():
+            queue.get_nowait()

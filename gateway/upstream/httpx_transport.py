@@ -357,7 +357,10 @@ class HttpxTransport:
         problem = _head_problem(resp.headers.raw, self._caps.upstream_header_bytes) or _framing_problem(resp)
         if problem is not None:
             self.close_later(resp)
-            raise problem
+            try:
+                raise problem
+            finally:
+                problem = None  # the traceback holds this frame: no cycle through it back to the exception
         return HttpxReply(self, resp, deadline, timeouts.first_byte, self._caps.upstream_body_bytes)
 
     async def close(self) -> None:

@@ -22,6 +22,7 @@ import pytest
 from aiohttp import web
 
 from gateway.server import DISCONNECT
+from gateway.upstream.h1 import MAX_HEADERS
 from tests.helpers.faults import RECORDED_400, RECORDED_JSON, RECORDED_SSE
 from tests.helpers.rawhttp import Client, answer, get, post, read_body, serve
 from tests.helpers.recordings import fixture_bytes, sse_events
@@ -90,12 +91,16 @@ ledger: {{url: "sqlite:///{ledger}"}}
 providers:
   up: {{kind: openai, base_url: "{upstream}/v1", api_key: sk-upstream, max_concurrency: 100000, discover: true}}
   again: {{kind: openai, base_url: "{upstream}/v1", api_key: sk-upstream, max_concurrency: 100000}}
+  viahttpx: {{kind: openai, base_url: "{upstream}/v1", api_key: sk-upstream, transport: httpx, max_concurrency: 100000}}
+  native: {{kind: ollama, base_url: "{upstream}", max_concurrency: 100000}}
 """
 PLAIN = """
 keys: [{{name: k, key: "{key}"}}, {{name: spent, key: "{spent}", limits: {{rpm: 1}}}}]
 providers:
   up: {{kind: openai, base_url: "{upstream}/v1", api_key: sk-upstream, discover: true}}
   again: {{kind: openai, base_url: "{upstream}/v1", api_key: sk-upstream}}
+  viahttpx: {{kind: openai, base_url: "{upstream}/v1", api_key: sk-upstream, transport: httpx}}
+  native: {{kind: ollama, base_url: "{upstream}"}}
 """
 # A failing target is retried once at once, and cools down for a millisecond at most (a dropped connection cools
 # it at once): every request below reaches the upstream.
@@ -146,6 +151,9 @@ SPEND = b'{"model": "up/davinci-002", "prompt": "Spend the minute", "max_tokens"
 CUT = b'{"model": "up/davinci-002", "prompt": "Cut this", "max_tokens": 7, "stream": true}'
 HEDGED = b'{"model": "hedged", "prompt": "Say this fails twice", "max_tokens": 7}'
 STREAM = b'{"model": "up/davinci-002", "prompt": "Say this is a test", "max_tokens": 7, "stream": true}'
+VIA_HTTPX = b'{"model": "viahttpx/davinci-002", "prompt": "Say this fails through httpx", "max_tokens": 7}'
+# Two choices from a provider that answers one per call: the gateway makes two calls and merges their streams.
+FAN_OUT = b'{"model": "native/llama3", "prompt": "Cut these two", "max_tokens": 7, "n": 2, "stream": true}'
 CHAT = b'{"model": "up/o3-mini", "messages": [{"role": "user", "content": "Say this is a test"}]}'
 
 
@@ -167,6 +175,32 @@ def cut(events: int) -> Handler:
         await resp.prepare(request)
         for event in sse_events(RECORDED_SSE)[:events]:
             await resp.write(event + b"\n\n")
+        assert request.transport is not None
+        request.transport.close()
+        return resp
+
+    return handler
+
+
+def too_many_headers() -> Handler:
+    """An answer with more header fields than the gateway takes from an upstream."""
+
+    async def handler(request: web.Request, received: Received) -> web.StreamResponse:
+        headers = {f"x-filler-{i}": "x" for i in range(MAX_HEADERS + 1)}
+        return web.Response(body=RECORDED_JSON, content_type="application/json", headers=headers)
+
+    return handler
+
+
+def cut_lines(lines: int) -> Handler:
+    """An NDJSON stream (Ollama's) that sends `lines` of the recording's lines, then drops the connection."""
+    recorded = fixture_bytes("ollama/generate_stream.ndjson").splitlines(keepends=True)
+
+    async def handler(request: web.Request, received: Received) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"content-type": "application/x-ndjson"})
+        await resp.prepare(request)
+        for line in recorded[:lines]:
+            await resp.write(line)
         assert request.transport is not None
         request.transport.close()
         return resp
@@ -203,6 +237,8 @@ CASES: dict[str, tuple[bytes, Handler, tuple[int, ...], bytes]] = {
     "upstream fails": (FAILING, reply(b'{"error": {"message": "boom"}}', status=500), (502,), b"error"),
     "both hedged calls fail": (HEDGED, slowly(500), (502,), b"error"),
     "upstream body cut short": (FAILING, cut_short(), (502,), b"error"),
+    "refused head through httpx": (VIA_HTTPX, too_many_headers(), (502,), b"error"),
+    "a fanned-out stream cut midway": (FAN_OUT, cut_lines(3), (200, 503), b"error"),
     # With the targets' health shared through Redis, a broken stream may keep its target cooling for the next
     # request (its probe's hold): a 503 then, and the next reaches the upstream again.
     "upstream stream cut midway": (CUT, cut(3), (200, 503), b"error"),
@@ -235,8 +271,9 @@ def test_a_request_through_the_gateway_leaves_no_cycle(gateway: tuple[GatewayThr
                 assert holds in response.body
 
         assert left_in_cycles(send) == {}
-        if body == CUT:  # most of them reached the upstream and broke midway
-            assert sum(b"Cut this" in r.body for r in upstream.received) > REQUESTS // 2
+        if body in (CUT, FAN_OUT):  # most of them reached the upstream and broke midway
+            prompt = b"Cut this" if body == CUT else b"Cut these two"
+            assert sum(prompt in r.body for r in upstream.received) > REQUESTS // 2
     finally:
         client.close()
 
