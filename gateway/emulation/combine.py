@@ -117,6 +117,8 @@ async def gather(calls: Sequence[Awaitable[_T]]) -> list[_T]:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        # A failed task holds its exception, whose traceback (the one raised here) holds this frame.
+        del tasks
         raise
 
 

@@ -296,6 +296,7 @@ class _Connection(asyncio.Protocol):
         except BaseException:
             resp._conn = None
             self.finished(reusable=False)
+            del ready  # it holds the exception, whose traceback holds this frame: no cycle back to it
             raise
         return resp
 

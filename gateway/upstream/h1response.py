@@ -119,6 +119,7 @@ class Response:
             await waiter
         finally:
             self._waiter = None
+            del waiter  # failed, it holds the exception, whose traceback holds this frame: no cycle back
 
     async def read(self) -> bytes:
         """The whole body, decoded; `TooLarge` past `max_body` decoded bytes (the connection is closed)."""

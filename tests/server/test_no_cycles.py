@@ -93,6 +93,7 @@ providers:
   again: {{kind: openai, base_url: "{upstream}/v1", api_key: sk-upstream, max_concurrency: 100000}}
   viahttpx: {{kind: openai, base_url: "{upstream}/v1", api_key: sk-upstream, transport: httpx, max_concurrency: 100000}}
   native: {{kind: ollama, base_url: "{upstream}", max_concurrency: 100000}}
+  slow: {{kind: openai, base_url: "{upstream}/v1", api_key: sk-upstream, timeouts: {{first_byte_ms: 20}}}}
 """
 PLAIN = """
 keys: [{{name: k, key: "{key}"}}, {{name: spent, key: "{spent}", limits: {{rpm: 1}}}}]
@@ -101,6 +102,7 @@ providers:
   again: {{kind: openai, base_url: "{upstream}/v1", api_key: sk-upstream}}
   viahttpx: {{kind: openai, base_url: "{upstream}/v1", api_key: sk-upstream, transport: httpx}}
   native: {{kind: ollama, base_url: "{upstream}"}}
+  slow: {{kind: openai, base_url: "{upstream}/v1", api_key: sk-upstream, timeouts: {{first_byte_ms: 20}}}}
 """
 # A failing target is retried once at once, and cools down for a millisecond at most (a dropped connection cools
 # it at once): every request below reaches the upstream.
@@ -154,6 +156,10 @@ STREAM = b'{"model": "up/davinci-002", "prompt": "Say this is a test", "max_toke
 VIA_HTTPX = b'{"model": "viahttpx/davinci-002", "prompt": "Say this fails through httpx", "max_tokens": 7}'
 # Two choices from a provider that answers one per call: the gateway makes two calls and merges their streams.
 FAN_OUT = b'{"model": "native/llama3", "prompt": "Cut these two", "max_tokens": 7, "n": 2, "stream": true}'
+FAN_OUT_FAILS = b'{"model": "native/llama3", "prompt": "Both of these fail", "max_tokens": 7, "n": 2}'
+# `slow` waits 20 ms for an answer to begin and between two reads of it.
+SLOW = b'{"model": "slow/davinci-002", "prompt": "Too slow", "max_tokens": 7}'
+STALLS = b'{"model": "slow/davinci-002", "prompt": "Stalls midway", "max_tokens": 7, "stream": true}'
 CHAT = b'{"model": "up/o3-mini", "messages": [{"role": "user", "content": "Say this is a test"}]}'
 
 
@@ -222,6 +228,30 @@ def cut_short() -> Handler:
     return handler
 
 
+def late(seconds: float) -> Handler:
+    """The recorded answer, `seconds` late: past the `slow` provider's 20 ms for a first byte."""
+
+    async def handler(request: web.Request, received: Received) -> web.StreamResponse:
+        await asyncio.sleep(seconds)
+        return web.Response(body=RECORDED_JSON, content_type="application/json")
+
+    return handler
+
+
+def stalls(events: int) -> Handler:
+    """A stream that sends `events` of the recording's events, then nothing for longer than a read may wait."""
+
+    async def handler(request: web.Request, received: Received) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        for event in sse_events(RECORDED_SSE)[:events]:
+            await resp.write(event + b"\n\n")
+        await asyncio.sleep(0.1)
+        return resp
+
+    return handler
+
+
 # (request body, what the upstream answers, the statuses the client may get, what its answer holds)
 CASES: dict[str, tuple[bytes, Handler, tuple[int, ...], bytes]] = {
     "completion": (COMPLETION, reply(RECORDED_JSON), (200,), b'"text_completion"'),
@@ -239,6 +269,9 @@ CASES: dict[str, tuple[bytes, Handler, tuple[int, ...], bytes]] = {
     "upstream body cut short": (FAILING, cut_short(), (502,), b"error"),
     "refused head through httpx": (VIA_HTTPX, too_many_headers(), (502,), b"error"),
     "a fanned-out stream cut midway": (FAN_OUT, cut_lines(3), (200, 503), b"error"),
+    "upstream too slow to answer": (SLOW, late(0.1), (502, 503, 504), b"error"),
+    "upstream stream stalls": (STALLS, stalls(2), (200, 503, 504), b"error"),
+    "every call of a fan-out fails": (FAN_OUT_FAILS, reply(b'{"error": "boom"}', status=500), (502, 503), b"error"),
     # With the targets' health shared through Redis, a broken stream may keep its target cooling for the next
     # request (its probe's hold): a 503 then, and the next reaches the upstream again.
     "upstream stream cut midway": (CUT, cut(3), (200, 503), b"error"),
