@@ -65,7 +65,8 @@ class _Connection(asyncio.Protocol):
         self.pool = pool
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpResponseParser(self)
+        # Made once connected: a connection that never is gets no connection_lost to let go of it (below).
+        self.parser: httptools.HttpResponseParser
         self.response: Response | None = None
         self.headers_ready: asyncio.Future[None] | None = None
         self.keep_alive = True
@@ -90,6 +91,7 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self.transport = cast(asyncio.Transport, transport)
+        self.parser = httptools.HttpResponseParser(self)
 
     def data_received(self, data: bytes) -> None:
         if self.response is None or self._complete:

@@ -27,7 +27,7 @@ from tests.helpers.faults import RECORDED_400, RECORDED_JSON, RECORDED_SSE
 from tests.helpers.rawhttp import Client, answer, get, post, read_body, serve
 from tests.helpers.recordings import fixture_bytes, sse_events
 from tests.helpers.redis import RedisServer
-from tests.helpers.servers import GatewayThread
+from tests.helpers.servers import GatewayThread, free_port
 from tests.helpers.upstreams import Handler, Received, Upstream, reply, reply_sse
 
 KEY = "gk-no-cycles-71d2"
@@ -94,6 +94,7 @@ providers:
   viahttpx: {{kind: openai, base_url: "{upstream}/v1", api_key: sk-upstream, transport: httpx, max_concurrency: 100000}}
   native: {{kind: ollama, base_url: "{upstream}", max_concurrency: 100000}}
   slow: {{kind: openai, base_url: "{upstream}/v1", api_key: sk-upstream, timeouts: {{first_byte_ms: 20}}}}
+  down: {{kind: openai, base_url: "http://127.0.0.1:{closed}/v1", api_key: sk-upstream}}
 """
 PLAIN = """
 keys: [{{name: k, key: "{key}"}}, {{name: spent, key: "{spent}", limits: {{rpm: 1}}}}]
@@ -103,6 +104,7 @@ providers:
   viahttpx: {{kind: openai, base_url: "{upstream}/v1", api_key: sk-upstream, transport: httpx}}
   native: {{kind: ollama, base_url: "{upstream}"}}
   slow: {{kind: openai, base_url: "{upstream}/v1", api_key: sk-upstream, timeouts: {{first_byte_ms: 20}}}}
+  down: {{kind: openai, base_url: "http://127.0.0.1:{closed}/v1", api_key: sk-upstream}}
 """
 # A failing target is retried once at once, and cools down for a millisecond at most (a dropped connection cools
 # it at once): every request below reaches the upstream.
@@ -135,7 +137,12 @@ def gateway(
     directory: Path = tmp_path_factory.mktemp("no-cycles")
     with Upstream() as upstream:
         config = (COMMON + features).format(
-            key=KEY, spent=SPENT, upstream=upstream.url, redis=redis_server.url, ledger=directory / "ledger.db"
+            key=KEY,
+            spent=SPENT,
+            upstream=upstream.url,
+            closed=free_port(),  # free a moment ago: nothing listens there
+            redis=redis_server.url,
+            ledger=directory / "ledger.db",
         )
         (directory / "gw.yaml").write_text(config)
         with GatewayThread(directory / "gw.yaml", {}, http=http) as gw:
@@ -157,6 +164,8 @@ VIA_HTTPX = b'{"model": "viahttpx/davinci-002", "prompt": "Say this fails throug
 # Two choices from a provider that answers one per call: the gateway makes two calls and merges their streams.
 FAN_OUT = b'{"model": "native/llama3", "prompt": "Cut these two", "max_tokens": 7, "n": 2, "stream": true}'
 FAN_OUT_FAILS = b'{"model": "native/llama3", "prompt": "Both of these fail", "max_tokens": 7, "n": 2}'
+# `down` is a port nothing listens on.
+REFUSED = b'{"model": "down/davinci-002", "prompt": "Nobody there", "max_tokens": 7}'
 # `slow` waits 20 ms for an answer to begin and between two reads of it.
 SLOW = b'{"model": "slow/davinci-002", "prompt": "Too slow", "max_tokens": 7}'
 STALLS = b'{"model": "slow/davinci-002", "prompt": "Stalls midway", "max_tokens": 7, "stream": true}'
@@ -271,6 +280,7 @@ CASES: dict[str, tuple[bytes, Handler, tuple[int, ...], bytes]] = {
     "a fanned-out stream cut midway": (FAN_OUT, cut_lines(3), (200, 503), b"error"),
     "upstream too slow to answer": (SLOW, late(0.1), (502, 503, 504), b"error"),
     "upstream stream stalls": (STALLS, stalls(2), (200, 503, 504), b"error"),
+    "upstream refuses connections": (REFUSED, reply(b""), (502, 503), b"error"),
     "every call of a fan-out fails": (FAN_OUT_FAILS, reply(b'{"error": "boom"}', status=500), (502, 503), b"error"),
     # With the targets' health shared through Redis, a broken stream may keep its target cooling for the next
     # request (its probe's hold): a 503 then, and the next reaches the upstream again.
