@@ -54,7 +54,7 @@ check: lint typecheck test
 bench: $(BIN)/python
 	$(BIN)/python -m bench
 
-# The everything-on rows alone (about five minutes); written under bench/results/, never over docs/.
+# The everything-on rows alone (about eight minutes); written under bench/results/, never over docs/.
 bench-everything: $(BIN)/python
 	$(BIN)/python -m bench --only everything --json bench/results/everything.json \
 		--markdown bench/results/everything.md --plot bench/results/everything.png

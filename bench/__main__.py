@@ -81,6 +81,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "the last; a row's ratio is the median of its rounds' (default 3, quick 1)",
     )
     parser.add_argument(
+        "--everything-rounds",
+        type=int,
+        help="rounds of the everything-on rows the goals are read off (all_c32, all_c1, all_chat_c1), each in the "
+        "order opposite the last; a row's ratio is the median of its rounds' (default 3, quick 1)",
+    )
+    parser.add_argument(
         "--limits-config",
         type=Path,
         help="YAML fragment merged into the gateway config; adds the limits_c32 scenario "
@@ -91,7 +97,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="comma-separated scenario names to run (default: all): nonstream_c32, nonstream_c1, limits_c32, "
         "cached_c32, load_sweep, soak, pyupstream_c32, stream_c32, stream_ttfb, slow_fixed_rate, hold_streams, "
         f"{', '.join(everything.SCENARIOS)}, all_soak, {', '.join(features.SCENARIOS)}; `{everything.GROUP}` "
-        "names the all_* rows but the soak (every feature on, about five minutes), "
+        "names the all_* rows but the soak (every feature on, about eight minutes), "
         f"`{features.GROUP}` the feature_* rows (each feature alone beside nothing on, in three rounds, "
         "about eight minutes)",
     )
@@ -117,8 +123,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--no-plot", action="store_true", help="skip the optional matplotlib PNG")
     args = parser.parse_args(argv)
-    if args.feature_rounds is not None and args.feature_rounds < 1:
-        parser.error("--feature-rounds must be at least 1")
+    for name in ("feature_rounds", "everything_rounds"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
     return args
 
 
@@ -240,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
             limits_config=args.limits_config,
             wait_idle_s=max(0.0, args.wait_idle - (time.monotonic() - t0_wait)),
             feature_rounds=args.feature_rounds or (1 if quick else 3),
+            everything_rounds=args.everything_rounds or (1 if quick else 3),
         )
         runner = Runner(settings)
         measurements = runner.run()

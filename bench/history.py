@@ -19,7 +19,7 @@ from bench.everything import EVERYTHING, EVERYTHING_2W, EVERYTHING_PG, PASSTHROU
 from bench.features import FEATURES, NOTHING
 from bench.report_everything import LATENCY_ROWS, THROUGHPUT_ROWS, get
 from bench.report_run import RunResult
-from bench.scenarios import TWO_WORKERS, Measurement
+from bench.scenarios import TWO_WORKERS, Measurement, median_ratio
 from bench.soak_everything import SCENARIO as SOAK
 
 PATH = Path(__file__).resolve().parent / "history" / "everything.jsonl"
@@ -85,11 +85,12 @@ def entry_from(result: RunResult, commit: str, dirty: bool | None) -> Entry | No
         floor_name, plain_name = (
             (PASSTHROUGH_2W, TWO_WORKERS) if target == EVERYTHING_2W else ("passthrough", "gateway")
         )
-        on, floor, plain = (_rps(get(ms, scenario, t)) for t in (target, floor_name, plain_name))
+        on_m, floor_m = get(ms, scenario, target), get(ms, scenario, floor_name)
+        on, floor, plain = _rps(on_m), _rps(floor_m), _rps(get(ms, scenario, plain_name))
         if on is None and floor is None:
             continue
         throughput[row_key(scenario, target)] = Throughput(
-            _r(floor, 0), _r(plain, 0), _r(on, 0), _div(on, floor), _div(on, plain)
+            _r(floor, 0), _r(plain, 0), _r(on, 0), _r(median_ratio(floor_m, on_m), 3), _div(on, plain)
         )
     latency: dict[str, Latency] = {}
     for scenario, _ in LATENCY_ROWS:

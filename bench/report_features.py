@@ -7,11 +7,10 @@ median of its rounds' ratios and its req/s and CPU are each target's median run.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable
 
 from bench.features import FEATURES, NOTHING, RATIO_GOAL
-from bench.scenarios import Measurement
+from bench.scenarios import Measurement, median_ratio, round_ratios
 
 
 def _get(measurements: list[Measurement], scenario: str, target: str) -> Measurement | None:
@@ -21,20 +20,9 @@ def _get(measurements: list[Measurement], scenario: str, target: str) -> Measure
     return None
 
 
-def round_ratios(base: Measurement | None, on: Measurement | None) -> list[float]:
-    """On / nothing on of each round both ran in (one for a row measured once)."""
-    if base is None or on is None:
-        return []
-    if base.runs_rps is None or on.runs_rps is None:
-        return [on.rps / base.rps] if on.rps and base.rps else []
-    return [o / b for b, o in zip(base.runs_rps, on.runs_rps, strict=False) if b and o]
-
-
 def ratio(base: Measurement | None, on: Measurement | None) -> float | None:
-    """What the feature leaves of nothing on's throughput: the median of its rounds' ratios, each taken
-    between two runs seconds apart, so the machine's drift over the rounds does not enter it."""
-    found = round_ratios(base, on)
-    return statistics.median(found) if found else None
+    """What the feature leaves of nothing on's throughput: the median of its rounds' ratios."""
+    return median_ratio(base, on)
 
 
 def nothing_on_runs(measurements: list[Measurement]) -> list[float]:

@@ -9,6 +9,7 @@ and the memory rows: docs/bench-harness.md.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -214,6 +215,8 @@ class Settings:
     wait_idle_s: float = 0.0
     # The feature_* rows: rounds of nothing on and the feature on (Scenario.rounds).
     feature_rounds: int = 3
+    # The everything-on rows the goals are read off (`all_c32`, `all_c1`, `all_chat_c1`): rounds of their targets.
+    everything_rounds: int = 3
 
 
 def build_scenarios(settings: Settings) -> list[Scenario]:
@@ -297,7 +300,7 @@ def build_scenarios(settings: Settings) -> list[Scenario]:
             targets=("gateway", CACHE_TARGET),
         )
     )
-    scenarios += everything_scenarios(c)
+    scenarios += everything_scenarios(c, settings.everything_rounds)
     # Each feature alone (bench/features.py), right after the gateway with nothing on.
     scenarios += [
         Scenario(
@@ -357,8 +360,9 @@ def build_scenarios(settings: Settings) -> list[Scenario]:
     return [s for s in scenarios if wanted is None or s.name in wanted]
 
 
-def everything_scenarios(c: int) -> list[Scenario]:
-    """The rows of bench/everything.py's configuration, each beside the passthrough in the same scenario."""
+def everything_scenarios(c: int, rounds: int = 1) -> list[Scenario]:
+    """The rows of bench/everything.py's configuration, each beside the passthrough in the same scenario; the
+    rows the goals are read off in `rounds` rounds (each round's ratio against the passthrough beside it)."""
     plain = ("passthrough", "gateway", EVERYTHING)
     return [
         Scenario(
@@ -369,6 +373,7 @@ def everything_scenarios(c: int) -> list[Scenario]:
             connections=c,
             vary=True,
             targets=(*plain, EVERYTHING_PG),
+            rounds=rounds,
         ),
         Scenario(
             "all_hits_c32",
@@ -417,6 +422,7 @@ def everything_scenarios(c: int) -> list[Scenario]:
             placement="shared",
             vary=True,
             targets=("direct", *plain),
+            rounds=rounds,
         ),
         Scenario(
             "all_chat_c1",
@@ -427,6 +433,7 @@ def everything_scenarios(c: int) -> list[Scenario]:
             vary=True,
             path=CHAT_PATH,
             targets=("direct", "passthrough", EVERYTHING),
+            rounds=rounds,
         ),
         Scenario(
             "all_2w_c32",
@@ -446,6 +453,22 @@ def round_order(targets: tuple[str, ...], rounds: int) -> list[str]:
     for n in range(rounds):
         order += targets if n % 2 == 0 else targets[::-1]
     return order
+
+
+def round_ratios(base: Measurement | None, on: Measurement | None) -> list[float]:
+    """`on`'s req/s over `base`'s in each round both ran in (one for a scenario measured once)."""
+    if base is None or on is None:
+        return []
+    if base.runs_rps is None or on.runs_rps is None:
+        return [on.rps / base.rps] if on.rps and base.rps else []
+    return [o / b for b, o in zip(base.runs_rps, on.runs_rps, strict=False) if b and o]
+
+
+def median_ratio(base: Measurement | None, on: Measurement | None) -> float | None:
+    """`on` against `base`: the median of their rounds' ratios, each taken between two runs seconds apart, so
+    the machine's drift over the rounds does not enter it."""
+    found = round_ratios(base, on)
+    return statistics.median(found) if found else None
 
 
 def median_run(runs: list[Measurement]) -> Measurement:

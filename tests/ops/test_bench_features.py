@@ -103,7 +103,7 @@ def test_each_feature_is_set_against_the_nothing_on_of_its_own_scenario() -> Non
     assert "| 4,000 | 3,400 | 0.85x (**below**) | - | 0.250 | 0.300 | +50 | 9.50 | 12.25 |" in line
     assert "| 3,000 | 2,850 | 0.95x | - | 0.320 | 0.330 | +10 |" in row(text, f"`{cache.scenario}` {cache.what}")
     assert "feature_ledger_c32" not in text  # not run: no row
-    assert "`all_c32`" not in text  # the everything-on rows were not run: no table of theirs
+    assert "| `all_c32`" not in text  # the everything-on rows were not run: no table of theirs
 
 
 def test_a_failed_feature_row_is_said_so_and_has_no_ratio() -> None:
@@ -121,11 +121,32 @@ def test_rounds_alternate_the_order_so_each_run_sits_beside_one_of_the_others() 
     assert round_order(("a", "b"), 1) == ["a", "b"]
     assert round_order(("a", "b"), 3) == ["a", "b", "b", "a", "a", "b"]
     assert round_order(("a", "b"), 4) == ["a", "b", "b", "a", "a", "b", "b", "a"]
-    base = Settings(10, 2, 32, 100, 0, 50, 500, 5000, 500, 30, 3, 1, False, Path("."), Path("."), feature_rounds=5)
+    base = Settings(
+        10,
+        2,
+        32,
+        100,
+        0,
+        50,
+        500,
+        5000,
+        500,
+        30,
+        3,
+        1,
+        False,
+        Path("."),
+        Path("."),
+        feature_rounds=5,
+        everything_rounds=4,
+    )
     chosen = {s.name: s for s in build_scenarios(Settings(**{**vars(base), "only": expand_only("features")}))}
     assert {s.rounds for s in chosen.values()} == {5}
-    # Only the feature rows take rounds.
-    assert {s.rounds for s in build_scenarios(base) if s.name not in chosen} == {1}
+    # The everything-on rows the goals are read off take theirs.
+    goals = {"all_c32", "all_c1", "all_chat_c1"}
+    assert {s.name for s in build_scenarios(base) if s.rounds == 4} == goals
+    # No other row takes rounds.
+    assert {s.rounds for s in build_scenarios(base) if s.name not in chosen and s.name not in goals} == {1}
 
 
 def test_a_target_of_rounds_is_its_median_run_and_keeps_every_run() -> None:
