@@ -15,8 +15,8 @@ from bench.__main__ import expand_only, parse_args
 from bench.configs import gateway_config, merge
 from bench.features import FEATURES, NOTHING
 from bench.report import render_markdown
-from bench.report_features import nothing_on_runs, ratio, round_ratios, spread
-from bench.scenarios import Settings, build_scenarios, median_run, round_order
+from bench.report_features import nothing_on_runs, ratio, spread
+from bench.scenarios import Settings, build_scenarios, median_run, round_order, round_ratios
 from gateway.config.loading import parse_config
 from tests.ops.test_bench_report import _m, row, section, synthetic
 
