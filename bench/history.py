@@ -73,8 +73,13 @@ def _r(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
 
 
+# A ratio keeps enough digits that the History table prints it as the run's own tables do (1.0350 rounded to
+# three digits, 1.035, would print as 1.03x where the table shows 1.04x).
+_RATIO_DIGITS = 6
+
+
 def _div(a: float | None, b: float | None) -> float | None:
-    return round(a / b, 3) if a is not None and b else None
+    return round(a / b, _RATIO_DIGITS) if a is not None and b else None
 
 
 def entry_from(result: RunResult, commit: str, dirty: bool | None) -> Entry | None:
@@ -90,7 +95,7 @@ def entry_from(result: RunResult, commit: str, dirty: bool | None) -> Entry | No
         if on is None and floor is None:
             continue
         throughput[row_key(scenario, target)] = Throughput(
-            _r(floor, 0), _r(plain, 0), _r(on, 0), _r(median_ratio(floor_m, on_m), 3), _div(on, plain)
+            _r(floor, 0), _r(plain, 0), _r(on, 0), _r(median_ratio(floor_m, on_m), _RATIO_DIGITS), _div(on, plain)
         )
     latency: dict[str, Latency] = {}
     for scenario, _ in LATENCY_ROWS:
@@ -107,7 +112,8 @@ def entry_from(result: RunResult, commit: str, dirty: bool | None) -> Entry | No
     features: dict[str, float] = {}
     for feature in FEATURES:
         ratio = _r(
-            report_features.ratio(get(ms, feature.scenario, NOTHING), get(ms, feature.scenario, feature.target)), 3
+            report_features.ratio(get(ms, feature.scenario, NOTHING), get(ms, feature.scenario, feature.target)),
+            _RATIO_DIGITS,
         )
         if ratio is not None:
             features[feature.name] = ratio
@@ -124,7 +130,7 @@ def entry_from(result: RunResult, commit: str, dirty: bool | None) -> Entry | No
         latency=latency,
         features=features,
         soak_rss_growth_pct=_r(soak.rss_growth_pct, 2) if soak else None,
-        nothing_on_spread=_r(report_features.spread(ms), 3),
+        nothing_on_spread=_r(report_features.spread(ms), _RATIO_DIGITS),
     )
 
 

@@ -308,6 +308,24 @@ def test_an_everything_on_row_of_rounds_is_the_median_of_its_rounds_ratios() -> 
     assert entry is not None and entry.throughput["all_c32"].on_per_passthrough == 1.55
 
 
+def test_the_history_prints_a_ratio_as_the_runs_own_table_does() -> None:
+    from bench import history
+    from bench.everything import EVERYTHING
+
+    run = synthetic()
+    # Rounds of a real run: 0.995x, 1.060x, 1.0350x. Kept to three digits, 1.035 would print as 1.03x.
+    run.measurements += [
+        _m("all_c32", "passthrough", rps=6_120.0, runs_rps=[6_370.0, 5_830.0, 6_120.0]),
+        _m("all_c32", EVERYTHING, rps=6_335.0, runs_rps=[6_338.0, 6_177.0, 6_335.0]),
+    ]
+    entry = history.entry_from(run, "abc1234", False)
+    assert entry is not None
+    text = section(render_markdown(run, past=[entry]), "Everything on")
+    miss = row(text, "`all_c32` completions, every request a cache miss")
+    assert "| 1.04x (**below**) | 0.99x, 1.06x, 1.04x |" in miss
+    assert "| `abc1234` | 6,335 | 1.04x |" in text
+
+
 def test_a_varied_wrk_script_gives_every_request_a_prompt_of_its_own(tmp_path: Path) -> None:
     from bench import wrk
 
