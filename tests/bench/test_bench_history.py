@@ -68,11 +68,11 @@ def test_a_full_run_becomes_one_line_of_its_everything_on_figures() -> None:
     assert entry.throughput["all_c32_pg"] == history.Throughput(2_000.0, 2_500.0, 1_700.0, 0.85, 0.68)
     assert entry.throughput["all_hits_c32"] == history.Throughput(3_000.0, None, 3_600.0, 1.2, None)
     # Two workers: against the two-process passthrough and gateway-2w, not the one-process rows.
-    assert entry.throughput["all_2w_c32"] == history.Throughput(4_000.0, 4_400.0, 5_000.0, 1.25, 1.136)
+    assert entry.throughput["all_2w_c32"] == history.Throughput(4_000.0, 4_400.0, 5_000.0, 1.25, 1.136364)
     assert "all_chat_c32" not in entry.throughput  # not run: no key
     assert entry.latency == {"all_c1": history.Latency(0.1, 0.2, 0.25, 0.4, 2.0)}
-    assert entry.features == {"limits": 0.967, "cache": 0.933, "ledger": 0.9, "queue": 0.867,
-                              "queue-redis": 0.833, "log": 0.8}  # fmt: skip
+    assert entry.features == {"limits": 0.966667, "cache": 0.933333, "ledger": 0.9, "queue": 0.866667,
+                              "queue-redis": 0.833333, "log": 0.8}  # fmt: skip
     assert entry.soak_rss_growth_pct == 3.46
     assert entry.nothing_on_spread == 1.0  # nothing on served 3,000 req/s in every row
     # Bounded: a fixed set of keys, whatever the run measured besides; the whole line stays small.
