@@ -7,10 +7,11 @@ the same scenario, so the machine's drift over the run does not enter the ratio;
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 
 from bench.everything import EVERYTHING, EVERYTHING_2W, EVERYTHING_PG, PASSTHROUGH_2W
-from bench.scenarios import TWO_WORKERS, Measurement, median_ratio, round_ratios
+from bench.scenarios import TWO_WORKERS, Measurement, round_ratios
 from bench.soak_everything import SCENARIO as SOAK
 
 # The goals: every feature on, at least this many times the thin proxy's throughput, and the latency it adds at
@@ -59,8 +60,8 @@ def section(measurements: list[Measurement], table: Callable[[list[str], list[li
         m, floor, plain = (get(measurements, scenario, t) for t in (target, floor_name, plain_name))
         if m is None and floor is None:
             continue
-        ratio = median_ratio(floor, m)
         rounds = round_ratios(floor, m)
+        ratio = statistics.median(rounds) if rounds else None
         rows.append(
             [
                 f"`{scenario}` {what}",

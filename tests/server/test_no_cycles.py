@@ -182,19 +182,24 @@ def slowly(status: int) -> Handler:
     return handler
 
 
-def cut(events: int) -> Handler:
-    """A stream that sends `events` of the recording's events, then drops the connection."""
+def dropped(pieces: list[bytes], headers: dict[str, str]) -> Handler:
+    """An answer that sends `pieces`, then drops the connection."""
 
     async def handler(request: web.Request, received: Received) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        resp = web.StreamResponse(headers=headers)
         await resp.prepare(request)
-        for event in sse_events(RECORDED_SSE)[:events]:
-            await resp.write(event + b"\n\n")
+        for piece in pieces:
+            await resp.write(piece)
         assert request.transport is not None
         request.transport.close()
         return resp
 
     return handler
+
+
+def cut(events: int) -> Handler:
+    """A stream that sends `events` of the recording's events, then drops the connection."""
+    return dropped([e + b"\n\n" for e in sse_events(RECORDED_SSE)[:events]], {"content-type": "text/event-stream"})
 
 
 def too_many_headers() -> Handler:
@@ -210,31 +215,12 @@ def too_many_headers() -> Handler:
 def cut_lines(lines: int) -> Handler:
     """An NDJSON stream (Ollama's) that sends `lines` of the recording's lines, then drops the connection."""
     recorded = fixture_bytes("ollama/generate_stream.ndjson").splitlines(keepends=True)
-
-    async def handler(request: web.Request, received: Received) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"content-type": "application/x-ndjson"})
-        await resp.prepare(request)
-        for line in recorded[:lines]:
-            await resp.write(line)
-        assert request.transport is not None
-        request.transport.close()
-        return resp
-
-    return handler
+    return dropped(recorded[:lines], {"content-type": "application/x-ndjson"})
 
 
 def cut_short() -> Handler:
     """An answer that promises 1,000 bytes, sends a few, then drops the connection."""
-
-    async def handler(request: web.Request, received: Received) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"content-type": "application/json", "content-length": "1000"})
-        await resp.prepare(request)
-        await resp.write(b'{"id": "x"')
-        assert request.transport is not None
-        request.transport.close()
-        return resp
-
-    return handler
+    return dropped([b'{"id": "x"'], {"content-type": "application/json", "content-length": "1000"})
 
 
 def late(seconds: float) -> Handler:
