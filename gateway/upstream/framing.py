@@ -74,6 +74,23 @@ class SSEDecoder:
             nl = chunk.find(b"\n", start)
             if nl < 0:
                 break
+            # An event whole in the chunk, as nearly every upstream sends one: a `data: ` line, LF-ended, its
+            # blank line right after it, nothing of an event before it. Taken in one step: the line-by-line
+            # way below costs two calls and a partition per event and gives the same pair.
+            end = nl + 1
+            if (
+                end < len(chunk)
+                and chunk[end] == 10
+                and chunk.startswith(b"data: ", start)
+                and chunk[nl - 1] != 13
+                and not self._data
+                and self._event is None
+            ):
+                if nl - start - 6 > self._max:
+                    raise EventTooLarge(self._max)
+                events.append((None, chunk[start + 6 : nl]))
+                start = end + 1
+                continue
             line = chunk[start:nl]
             start = nl + 1
             if line.endswith(b"\r"):

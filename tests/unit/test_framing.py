@@ -4,10 +4,11 @@ named events, Ollama NDJSON) split at every byte boundary, plus the spec corners
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
-from gateway.upstream.framing import DONE, NDJSONDecoder, SSEDecoder, sse_event
+from gateway.upstream.framing import DONE, EventTooLarge, NDJSONDecoder, SSEDecoder, sse_event
 from tests.helpers.adapters import chunked
 from tests.helpers.recordings import fixture_bytes
 
@@ -142,3 +143,68 @@ def test_ndjson_blank_lines_crlf_and_unterminated_last_line() -> None:
     events = ndjson_all([b'{"a":1}\r\n\n  \n{"b"', b":2}"])
     assert [(name, json.loads(data)) for name, data in events] == [(None, {"a": 1}), (None, {"b": 2})]
     assert ndjson_all([b"\n\n"]) == []
+
+
+def reference_sse(raw: bytes) -> list[Event]:
+    """The spec's reading of a whole stream, one line at a time: what the decoder must give however the
+    stream is cut into chunks, and whether or not an event takes its one-step way."""
+    events: list[Event] = []
+    data: list[bytes] = []
+    name: str | None = None
+    lines = raw.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()  # the last line ended; a last line without its LF is still a line (`close`)
+    for line in [*lines, b""]:
+        line = line[:-1] if line.endswith(b"\r") else line
+        if not line:
+            if data:
+                events.append((name, b"\n".join(data)))
+            data, name = [], None
+            continue
+        if line.startswith(b":"):
+            continue
+        field, _, value = line.partition(b":")
+        value = value[1:] if value.startswith(b" ") else value
+        if field == b"data":
+            data.append(value)
+        elif field == b"event":
+            name = value.decode()
+    return events
+
+
+_PIECES = [
+    b'data: {"a":1}\n\n',
+    b"data: [DONE]\n\n",
+    b"data:{}\n\n",
+    b"data: x\r\n\r\n",
+    b"data: two\ndata: lines\n\n",
+    b"event: named\ndata: y\n\n",
+    b": keep-alive\n\n",
+    b"\n",
+    b"data: \n\n",
+    b"data:  spaced\n\n",
+    b"id: 3\ndata: z\n\n",
+    b"data: a\n",  # an event whose blank line comes with a later piece
+    b"data: cr\r\n\n",
+]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_any_stream_any_chunks_reads_as_the_spec_does(seed: int) -> None:
+    rng = random.Random(seed)
+    raw = b"".join(rng.choice(_PIECES) for _ in range(rng.randint(1, 30)))
+    cuts = sorted(rng.sample(range(len(raw) + 1), min(len(raw) + 1, rng.randint(0, 12))))
+    parts = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True)]
+    assert sse_all(parts) == reference_sse(raw)
+    assert sse_all([raw]) == reference_sse(raw)
+
+
+def test_a_whole_event_over_the_cap_is_refused_as_a_split_one_is() -> None:
+    big = b"data: " + b"x" * 65 + b"\n\n"
+    for parts in ([big], [big[:10], big[10:]]):
+        decoder = SSEDecoder(max_event_bytes=64)
+        with pytest.raises(EventTooLarge):
+            for part in parts:
+                decoder.feed(part)
+    at_cap = b"data: " + b"x" * 64 + b"\n\n"
+    assert SSEDecoder(max_event_bytes=64).feed(at_cap) == [(None, b"x" * 64)]
