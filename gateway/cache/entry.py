@@ -14,7 +14,7 @@ anything that is not this version's entry, checked whole, is a miss, never an er
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Final
 
 import msgspec
@@ -134,12 +134,9 @@ def held(raw: bytes) -> Entry:
     return _decode(memoryview(raw)[len(MAGIC) :])
 
 
-_encode_into = msgspec.msgpack.Encoder().encode_into
-
-
-def add_event(buf: bytearray, choices: list[Choice]) -> None:
-    """One stream event's choices appended to `buf`, encoded as an entry holds them (see `dump_events`)."""
-    _encode_into(choices, buf, -1)
+# `add_event(choices, buf, -1)`: one stream event's choices appended to `buf`, encoded as an entry holds them
+# (see `dump_events`). The encoder's own method, not a function around it: it runs once per streamed event.
+add_event: Final[Callable[[list[Choice], bytearray, int], None]] = msgspec.msgpack.Encoder().encode_into
 
 
 def _array(count: int) -> bytes:

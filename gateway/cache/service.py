@@ -302,10 +302,10 @@ class Lookup(msgspec.Struct):
             result.headers["x-gateway-cache"] = self.state
             stream = getattr(result, "stream", None)
             if partial and stream is not None:
+                # The client takes the spliced stream, stored events first: its pace is timed there. An unspliced
+                # stream's is timed by the relay, which lets go of whoever waits when it ends (`chunk`, `abandon`).
                 spliced_ = spliced(stream, self.found, self.missing, self.n, job.ctx)
                 result.stream = self._released(spliced_)  # type: ignore[attr-defined]
-            elif self.leading and stream is not None:
-                result.stream = self._released(stream)  # type: ignore[attr-defined]
             return result
         try:
             result = await buffered(job, rec)
@@ -409,7 +409,7 @@ class Lookup(msgspec.Struct):
         buf = self.buf
         if buf is not None:
             choices = c.choices
-            add_event(buf, choices)
+            add_event(choices, buf, -1)
             self.parts += 1
             for ch in choices:
                 if ch.finish_reason is not None:

@@ -10,6 +10,7 @@ given back (the stream counted from its attempt's start) whatever happened.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import cast
@@ -32,7 +33,7 @@ from gateway.upstream.scrub import Scrubber
 from providers.openai_chat import usage_chunk
 from wire.chat import ChunkChoice
 from wire.errors import GatewayError, UpstreamError
-from wire.schema import Completion, CompletionRequest, Usage, encode
+from wire.schema import CompletionRequest, Usage, encode
 
 log = logging.getLogger("gateway")
 
@@ -135,6 +136,9 @@ class Relay:
         quota = opened.quota
         expected = ctx.n * (len(ctx.prompts) if ctx.prompts else 1)
         cached = job.cached  # the response cache's part (gateway/cache): None unless this stream may be stored
+        # While the client takes an event, the time it began: requests waiting for this stream's answer
+        # (gateway/cache/inflight.py) stop waiting on a client that takes none for a while.
+        now = asyncio.get_running_loop().time
         clean = True  # neither failed nor resumed: only such a stream is stored
         usage: Usage | None = None
         # The text sent so far, which a resumed stream continues from: kept only when it may be resumed, so
@@ -160,7 +164,7 @@ class Relay:
                         if c.choices:
                             for choice in c.choices:
                                 if text is not None:
-                                    if ctx.chat and _not_text(cast(ChunkChoice, choice)):
+                                    if ctx.chat and _not_text(choice):  # type: ignore[arg-type]  # a chat chunk's
                                         text = None  # a chat stream's tool calls cannot be continued as text
                                     else:
                                         text.append(choice.text)
@@ -175,8 +179,13 @@ class Relay:
                             if hold is not None and not sent % STREAM_CHECK_EVENTS:
                                 hold.streamed(sent)
                             if cached is not None:
-                                cached.chunk(cast(Completion, c))  # or a chat chunk (gateway/cache/chat.py)
-                            yield sse_event(encode(c))
+                                # A completion or a chat chunk (gateway/cache/chat.py); not `cast`: a call per event.
+                                cached.chunk(c)  # type: ignore[arg-type]
+                                cached.blocked = now()
+                                yield sse_event(encode(c))
+                                cached.blocked = 0.0
+                            else:
+                                yield sse_event(encode(c))
                         c = await anext(opened.chunks, None)
                     if finished < expected and ctx.n > 1 and finished == top + 1:
                         # Every choice it started, it finished: it answered fewer than `n` asked for, the same
@@ -214,6 +223,8 @@ class Relay:
                         resumed = await self.resume(job, "".join(text), sent - blank, rec.key)
                 if resumed is None:
                     _book_failure(rec, route, error)
+                    if cached is not None:
+                        cached.abandon()  # nothing to store: whoever waits asks for itself, not after the client
                     yield error_event(self.scrub.error(error))
                     break
                 opened, route = resumed
@@ -229,14 +240,22 @@ class Relay:
                 )
             if want_usage and usage is not None:
                 last = usage_chunk(opened.ctx, usage)
+                if cached is not None:
+                    cached.blocked = now()
                 yield sse_event(encode(last))
+                if cached is not None:
+                    cached.blocked = 0.0
             if cached is not None and clean:
                 await cached.finish(usage, (route.provider, route.key))
         except Exception:
             log.exception("stream failed after it started (request %s)", rec.request_id)
             _book_failure(rec, route, internal())
+            if cached is not None:
+                cached.abandon()
             yield error_event(internal())
         finally:
+            if cached is not None:
+                cached.abandon()  # a stream cut or failed (a stored one let go of its waiters already)
             # Settle before awaiting anything: a client that left cancels this generator, and a cancelled
             # task may be cancelled again at its next await.
             # A finished stream is charged its reported usage; one cut short, or one whose upstream reports

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -122,6 +123,37 @@ def test_a_stream_that_failed_is_not_stored(own: httpx.Client, upstream: Upstrea
         "/v1/completions", json=body("broken: x", logprobs=None), headers={"cache-control": "only-if-cached"}
     )
     assert resp.status_code == 504 and resp.json()["error"]["code"] == "cache_miss"
+
+
+def test_a_request_waiting_on_a_stream_that_breaks_asks_for_itself(own: httpx.Client, upstream: Upstream) -> None:
+    calls: list[str] = []
+
+    async def breaks_once(request: web.Request, received: Received) -> web.StreamResponse:
+        calls.append(received.path)
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        chunk = {"id": "x", "object": "text_completion", "created": 1, "model": "m"}
+        chunk |= {"choices": [{"index": 0, "text": " half", "logprobs": None, "finish_reason": None}]}
+        await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        await asyncio.sleep(0.5)  # the identical request comes to wait meanwhile
+        await resp.write_eof()  # no finish reason, no [DONE]
+        return resp
+
+    upstream.handler = breaks_once
+    payload = body("breaks under a waiter: x", logprobs=None)
+    with own.stream("POST", "/v1/completions", json=payload | {"stream": True}) as leader:
+        assert leader.status_code == 200
+        wait_until(lambda: len(calls) == 1)
+        started = time.monotonic()
+        follower = own.post("/v1/completions", json=payload)
+        waited = time.monotonic() - started
+        events = sse_data(leader.read().decode())
+    assert any("error" in json.loads(e) for e in events if e != "[DONE]")
+    # Neither served the broken stream's part nor left waiting on it until its deadline: once the stream broke,
+    # it asked for itself, and found the target cooling after that failure (the only target: a 503, not a 504).
+    assert follower.status_code == 503, follower.text
+    assert follower.json()["error"]["code"] == "all_targets_cooling"
+    assert waited < 5
 
 
 def test_a_stream_the_client_cut_is_not_stored(own: httpx.Client, upstream: Upstream) -> None:
