@@ -240,21 +240,25 @@ class OpenAICompatible(Adapter):
         if up.created:
             # Keep the upstream's time, and make every later chunk (the usage chunk too) carry the same.
             ctx.created = up.created
-        choices = [
-            Choice(
-                text=c.text,
-                index=c.index,
-                logprobs=self._logprobs(c.logprobs, c.text, c.index, ctx),
-                finish_reason=finish_reason(c.finish_reason),
-                prompt_logprobs=c.prompt_logprobs,
-                token_ids=c.token_ids,
-                prompt_token_ids=c.prompt_token_ids,
-                stop_reason=(c.stop_reason if c.stop_reason is not None else c.matched_stop)
-                if ctx.stop_reason
-                else None,
+        # Runs for every stream event: a loop, not a comprehension (a call of its own on Python 3.11), and no
+        # call for what most events lack (logprobs, a finish reason).
+        choices: list[Choice] = []
+        for c in up.choices or ():
+            lp, raw = c.logprobs, c.finish_reason
+            choices.append(
+                Choice(
+                    text=c.text,
+                    index=c.index,
+                    logprobs=None if lp is None else self._logprobs(lp, c.text, c.index, ctx),
+                    finish_reason=finish_reason(raw) if raw else None,
+                    prompt_logprobs=c.prompt_logprobs,
+                    token_ids=c.token_ids,
+                    prompt_token_ids=c.prompt_token_ids,
+                    stop_reason=(c.stop_reason if c.stop_reason is not None else c.matched_stop)
+                    if ctx.stop_reason
+                    else None,
+                )
             )
-            for c in up.choices or ()
-        ]
         usage = usage_from(up.usage) if up.usage is not None else None
         return ctx.completion(choices, usage, up.system_fingerprint or None)
 
