@@ -30,7 +30,7 @@ from wire.upstream import UpstreamRequest
 
 log = logging.getLogger("gateway.upstream")  # the name it had as one module: operators filter on it
 
-_TRANSPORT: Final = (OSError, TimeoutError, ValueError)
+_TRANSPORT: Final = h1.FAILURES
 
 
 def transport_cause(exc: BaseException) -> str:
@@ -148,12 +148,12 @@ class Stream:
         except _TRANSPORT as exc:
             raise map_transport_error(exc, self.provider, self.target) from None
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in self._resp.iter_chunks():
-                yield chunk
-        except _TRANSPORT as exc:
-            raise map_transport_error(exc, self.provider, self.target) from None
+    def chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives; a transport failure raises the gateway error naming this stream's target."""
+        return self._resp.iter_chunks(self._failed)
+
+    def _failed(self, exc: BaseException) -> BaseException:
+        return map_transport_error(exc, self.provider, self.target)
 
     def close(self) -> None:
         # A fully read connection goes back to the pool; one cut short is closed, which is also how a

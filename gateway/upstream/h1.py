@@ -21,6 +21,7 @@ from gateway.upstream.h1body import _Inflate
 from gateway.upstream.h1response import Response
 from gateway.upstream.h1wire import (
     _KEEPALIVE_S,
+    FAILURES,
     MAX_BODY,
     MAX_HEADER_BYTES,
     MAX_HEADERS,
@@ -41,6 +42,7 @@ from gateway.upstream.h1wire import (
 
 # The h1 client's public names, wherever they are defined (the callers say `h1.Malformed`, `h1.Response`).
 __all__ = [
+    "FAILURES",
     "MAX_BODY",
     "MAX_HEADER_BYTES",
     "MAX_HEADERS",

@@ -8,11 +8,11 @@ import asyncio
 import time
 import zlib
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
 from gateway.upstream.h1body import _INFLATE_STEP, _Inflate
-from gateway.upstream.h1wire import _HIGH_WATER, MAX_BODY, Malformed, Spent, Watchdog, _body_too_large
+from gateway.upstream.h1wire import _HIGH_WATER, FAILURES, MAX_BODY, Malformed, Spent, Watchdog, _body_too_large
 
 
 class Carrier(Protocol):
@@ -177,40 +177,47 @@ class Response:
         self.release()
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    async def iter_chunks(self) -> AsyncIterator[bytes]:
+    async def iter_chunks(self, failed: Callable[[BaseException], BaseException] | None = None) -> AsyncIterator[bytes]:
+        """The body as it arrives; a failure (`FAILURES`) raises `failed(exc)` in its place when given: the
+        caller's mapping, made here rather than by a generator around this one that every chunk would pass."""
         decoder = self._decoder
         chunks = self._chunks
-        while True:
-            if chunks:
-                chunk = chunks.popleft()
-                self._buffered -= len(chunk)
-                if decoder is not None:
-                    try:
-                        chunk, rest = decoder.decode(chunk, _INFLATE_STEP)
-                    except zlib.error:
-                        raise self._abort(Malformed("the response body could not be decompressed")) from None
-                    if rest:
-                        chunks.appendleft(rest)
-                        self._buffered += len(rest)
-                if self._conn is not None and self._buffered <= _HIGH_WATER // 2:
-                    self._conn.resume()
-                if chunk:
-                    yield chunk
-                continue
-            if self._done:
-                if self._error is not None:
-                    raise self._error
-                tail = b""
-                if decoder is not None:
-                    try:
-                        tail = decoder.flush()
-                    except zlib.error:
-                        raise self._abort(Malformed("the response body could not be decompressed")) from None
-                self.release()
-                if tail:
-                    yield tail
-                return
-            await self._wait()
+        try:
+            while True:
+                if chunks:
+                    chunk = chunks.popleft()
+                    self._buffered -= len(chunk)
+                    if decoder is not None:
+                        try:
+                            chunk, rest = decoder.decode(chunk, _INFLATE_STEP)
+                        except zlib.error:
+                            raise self._abort(Malformed("the response body could not be decompressed")) from None
+                        if rest:
+                            chunks.appendleft(rest)
+                            self._buffered += len(rest)
+                    if self._conn is not None and self._buffered <= _HIGH_WATER // 2:
+                        self._conn.resume()
+                    if chunk:
+                        yield chunk
+                    continue
+                if self._done:
+                    if self._error is not None:
+                        raise self._error
+                    tail = b""
+                    if decoder is not None:
+                        try:
+                            tail = decoder.flush()
+                        except zlib.error:
+                            raise self._abort(Malformed("the response body could not be decompressed")) from None
+                    self.release()
+                    if tail:
+                        yield tail
+                    return
+                await self._wait()
+        except FAILURES as exc:
+            if failed is None:
+                raise
+            raise failed(exc) from None
 
     def release(self) -> None:
         """Give the connection back: to the pool when the body was read whole, else closed."""

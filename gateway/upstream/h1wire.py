@@ -37,6 +37,11 @@ def hop_by_hop(lowered: str) -> bool:
     return lowered in _HOP_BY_HOP or lowered.startswith("proxy-")
 
 
+# What a transport raises when an exchange or a body read fails: this client's kinds below (each an OSError),
+# its timeouts, and what the httpx transport raises in their place.
+FAILURES: Final = (OSError, TimeoutError, ValueError)
+
+
 class ConnectFailed(OSError):
     """The connection could not be opened; `cause` says why (`connect_cause`)."""
 

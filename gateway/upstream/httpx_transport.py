@@ -20,7 +20,7 @@ import httpx
 
 from gateway.config import CapsConfig, ProviderConfig
 from gateway.upstream import h1
-from gateway.upstream.transport import Timeouts
+from gateway.upstream.transport import Failed, Timeouts
 from wire.upstream import UpstreamRequest
 
 _KEEPALIVE_S: Final = 30.0  # as h1's pool
@@ -275,10 +275,14 @@ class HttpxReply:
             self.release()
         return bytes(body)
 
-    async def iter_chunks(self) -> AsyncIterator[bytes]:
+    async def iter_chunks(self, failed: Failed | None = None) -> AsyncIterator[bytes]:
         try:
             async for piece in self._pieces():
                 yield piece
+        except h1.FAILURES as exc:
+            if failed is None:
+                raise
+            raise failed(exc) from None
         finally:
             self.release()
 

@@ -7,13 +7,17 @@ types without importing the client.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Protocol
 
 import msgspec
 
 from gateway.config import TimeoutsConfig
 from wire.upstream import UpstreamRequest
+
+# What a body's reader raises in place of a transport failure (`h1wire.FAILURES`): the gateway error that names
+# the provider, the target and the cause.
+Failed = Callable[[BaseException], BaseException]
 
 
 class Timeouts(msgspec.Struct, frozen=True):
@@ -53,7 +57,9 @@ class Reply(Protocol):
 
     async def read(self) -> bytes: ...
 
-    def iter_chunks(self) -> AsyncIterator[bytes]: ...
+    def iter_chunks(self, failed: Failed | None = None) -> AsyncIterator[bytes]:
+        """The body as it arrives; a failure (`h1wire.FAILURES`) raises `failed(exc)` in its place when given."""
+        ...
 
     def release(self) -> None: ...
 
