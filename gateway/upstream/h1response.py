@@ -18,6 +18,8 @@ from gateway.upstream.h1wire import _HIGH_WATER, FAILURES, MAX_BODY, Malformed, 
 class Carrier(Protocol):
     """What an answer needs of the connection that reads it (`h1._Connection`)."""
 
+    paused: bool  # reading is paused (`pause`) until `resume`
+
     def pause(self) -> None: ...
 
     def resume(self) -> None: ...
@@ -79,7 +81,10 @@ class Response:
         self._buffered += len(data)
         if self._buffered > _HIGH_WATER and self._pausable and self._conn is not None:
             self._conn.pause()
-        self._wake()
+        # `_wake`, inlined: this runs for every piece of every body.
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def _finish(self) -> None:
         self._done = True
@@ -195,8 +200,9 @@ class Response:
                         if rest:
                             chunks.appendleft(rest)
                             self._buffered += len(rest)
-                    if self._conn is not None and self._buffered <= _HIGH_WATER // 2:
-                        self._conn.resume()
+                    conn = self._conn
+                    if conn is not None and conn.paused and self._buffered <= _HIGH_WATER // 2:
+                        conn.resume()
                     if chunk:
                         yield chunk
                     continue
