@@ -330,21 +330,23 @@ class OpenAIChat(Adapter):
             raise Unreadable("a chat stream event without choices")
         if up.created:
             ctx.created = up.created
+        # Runs for every stream event: no call for what most events lack (tool calls, a finish reason, logprobs).
         choices = []
         for c in up.choices or ():
             d = c.delta or _UpMessage()
+            calls, word, lp = d.tool_calls, c.finish_reason, c.logprobs
             delta = Delta(
                 role="assistant" if d.role else None,
                 content=d.content,
-                tool_calls=_call_deltas(d.tool_calls),
+                tool_calls=_call_deltas(calls) if calls else None,
                 refusal=d.refusal,
             )
             choices.append(
                 ChunkChoice(
                     index=c.index,
                     delta=delta,
-                    finish_reason=chat_finish(c.finish_reason),
-                    logprobs=_chat_logprobs(c.logprobs),
+                    finish_reason=chat_finish(word) if word else None,
+                    logprobs=None if lp is None else _chat_logprobs(lp),
                 )
             )
         return ChatChunk(
