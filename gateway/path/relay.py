@@ -182,10 +182,9 @@ class Relay:
                                 # A completion or a chat chunk (gateway/cache/chat.py); not `cast`: a call per event.
                                 cached.chunk(c)  # type: ignore[arg-type]
                                 cached.blocked = now()
-                                yield sse_event(encode(c))
+                            yield sse_event(encode(c))
+                            if cached is not None:
                                 cached.blocked = 0.0
-                            else:
-                                yield sse_event(encode(c))
                         c = await anext(opened.chunks, None)
                     if finished < expected and ctx.n > 1 and finished == top + 1:
                         # Every choice it started, it finished: it answered fewer than `n` asked for, the same

@@ -11,7 +11,7 @@ import logging
 import urllib.request
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from types import TracebackType
-from typing import Any, Final, cast
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 from gateway.config import CapsConfig, LoadedConfig, ProviderConfig, replica_url
@@ -29,8 +29,6 @@ from wire.errors import (
 from wire.upstream import UpstreamRequest
 
 log = logging.getLogger("gateway.upstream")  # the name it had as one module: operators filter on it
-
-_TRANSPORT: Final = h1.FAILURES
 
 
 def transport_cause(exc: BaseException) -> str:
@@ -145,7 +143,7 @@ class Stream:
     async def read_all(self) -> bytes:
         try:
             return await self._resp.read()
-        except _TRANSPORT as exc:
+        except h1.FAILURES as exc:
             raise map_transport_error(exc, self.provider, self.target) from None
 
     def chunks(self) -> AsyncIterator[bytes]:
@@ -199,7 +197,7 @@ class Upstream:
     async def _open(self, provider: str, req: UpstreamRequest, timeouts: Timeouts, target: str | None) -> Reply:
         try:
             return await self.transport(provider).request(tracing.outgoing(req), timeouts)
-        except _TRANSPORT as exc:
+        except h1.FAILURES as exc:
             raise map_transport_error(exc, provider, target) from None
 
     async def send(
@@ -208,11 +206,11 @@ class Upstream:
         """One buffered exchange; `target` (`provider/model[/deployment]`) is named by its errors."""
         try:  # `_open`, inlined: a coroutine less on every buffered request
             resp = await self.transport(provider).request(tracing.outgoing(req), timeouts)
-        except _TRANSPORT as exc:
+        except h1.FAILURES as exc:
             raise map_transport_error(exc, provider, target) from None
         try:
             body = await resp.read()
-        except _TRANSPORT as exc:
+        except h1.FAILURES as exc:
             raise map_transport_error(exc, provider, target) from None
         finally:
             resp.release()

@@ -8,11 +8,11 @@ import asyncio
 import time
 import zlib
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Protocol
 
 from gateway.upstream.h1body import _INFLATE_STEP, _Inflate
-from gateway.upstream.h1wire import _HIGH_WATER, FAILURES, MAX_BODY, Malformed, Spent, Watchdog, _body_too_large
+from gateway.upstream.h1wire import _HIGH_WATER, FAILURES, MAX_BODY, Failed, Malformed, Spent, Watchdog, _body_too_large
 
 
 class Carrier(Protocol):
@@ -182,7 +182,7 @@ class Response:
         self.release()
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    async def iter_chunks(self, failed: Callable[[BaseException], BaseException] | None = None) -> AsyncIterator[bytes]:
+    async def iter_chunks(self, failed: Failed | None = None) -> AsyncIterator[bytes]:
         """The body as it arrives; a failure (`FAILURES`) raises `failed(exc)` in its place when given: the
         caller's mapping, made here rather than by a generator around this one that every chunk would pass."""
         decoder = self._decoder

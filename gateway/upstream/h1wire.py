@@ -9,7 +9,7 @@ import asyncio
 import errno
 import socket
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Final
 from urllib.parse import urlsplit
 
@@ -40,6 +40,9 @@ def hop_by_hop(lowered: str) -> bool:
 # What a transport raises when an exchange or a body read fails: this client's kinds below (each an OSError),
 # its timeouts, and what the httpx transport raises in their place.
 FAILURES: Final = (OSError, TimeoutError, ValueError)
+# What a body's reader raises in place of one of those when its caller hands it this mapping: the gateway error
+# that names the provider, the target and the cause.
+Failed = Callable[[BaseException], BaseException]
 
 
 class ConnectFailed(OSError):

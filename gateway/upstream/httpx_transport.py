@@ -20,7 +20,8 @@ import httpx
 
 from gateway.config import CapsConfig, ProviderConfig
 from gateway.upstream import h1
-from gateway.upstream.transport import Failed, Timeouts
+from gateway.upstream.h1wire import Failed
+from gateway.upstream.transport import Timeouts
 from wire.upstream import UpstreamRequest
 
 _KEEPALIVE_S: Final = 30.0  # as h1's pool

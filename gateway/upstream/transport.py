@@ -7,17 +7,14 @@ types without importing the client.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Protocol
 
 import msgspec
 
 from gateway.config import TimeoutsConfig
+from gateway.upstream.h1wire import Failed
 from wire.upstream import UpstreamRequest
-
-# What a body's reader raises in place of a transport failure (`h1wire.FAILURES`): the gateway error that names
-# the provider, the target and the cause.
-Failed = Callable[[BaseException], BaseException]
 
 
 class Timeouts(msgspec.Struct, frozen=True):
