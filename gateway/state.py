@@ -354,7 +354,12 @@ class SharedState:
                     address = master[0].decode() if isinstance(master[0], bytes) else str(master[0])
                     return address or host, int(master[1])
             problem = RedisError(f"no master serves slot {slot}")
-        raise problem
+        try:
+            raise problem
+        finally:
+            # The raised error's traceback holds this frame, whose local holds the error: a cycle per failed
+            # lookup, left to the collector, unless the local goes.
+            del problem
 
     def mark_down(self, exc: BaseException) -> None:
         now = self._clock()

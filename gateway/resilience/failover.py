@@ -385,7 +385,10 @@ class Run(Generic[T]):
             for task in pending:
                 task.cancel()
         assert error is not None
-        raise error
+        try:
+            raise error
+        finally:
+            error = None  # the traceback holds this frame: no cycle through it back to the exception
 
     def _timeouts(self) -> Timeouts:
         left = self.deadline - self.failover.clock()

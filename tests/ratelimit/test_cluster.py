@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import gc
 import socket
 import time
 import uuid
@@ -17,13 +18,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 
 from gateway.limits.ratelimit import Bucket, Limiter
 from gateway.state import SharedState
 from tests.helpers.clients import body, client
 from tests.helpers.identity import bucket, month_spend, usage
 from tests.helpers.redis import Cluster, load_through
-from tests.helpers.servers import serve_config
+from tests.helpers.servers import free_port, serve_config
 from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -211,6 +214,30 @@ async def test_a_silent_start_up_node_costs_the_socket_timeout_and_the_next_one_
             await shared.close()
     assert address == ("127.0.0.1", cluster.master_of("{rl}"))
     assert timeout_s * 0.9 <= waited < timeout_s + 0.4
+
+
+async def test_no_start_up_node_answering_is_the_last_nodes_error_and_leaves_no_cycle() -> None:
+    """Every start-up node refusing: the lookup raises the last node's error (the channel then fails its
+    calls as Redis down) and, like every path a failing Redis takes often, leaves no reference cycle for the
+    collector: the error's traceback holds the lookup's frame, which must not hold the error in turn."""
+    shared = SharedState(f"redis+cluster://127.0.0.1:{free_port()},127.0.0.1:{free_port()}?socket_timeout=0.5")
+    lookup = SharedState._slot_master.__code__
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        raised: type[BaseException] | None = None
+        try:
+            await shared.master_address("{rl}")
+        except (RedisError, OSError) as exc:
+            raised = type(exc)
+        gc.collect()
+        cycled = [o for o in gc.garbage if getattr(o, "f_code", None) is lookup]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        await shared.close()
+    assert raised is not None and issubclass(raised, RedisConnectionError)
+    assert cycled == []
 
 
 MONTHLY = """
