@@ -1,0 +1,186 @@
+"""``python -m bench.cpusplit``: the gateway's user and system CPU per request at 32 connections, per feature.
+
+Where the benchmark's ``feature_*`` rows give each feature's throughput beside nothing on, this asks the other
+question too: what each part costs *inside* the everything-on configuration. It serves the same load (wrk,
+c=32, a prompt of its own per request, the nginx upstream, a redis-server of its own) to the gateway with:
+nothing on (the access log off too), each part alone, everything on (bench/everything.py, SQLite ledger),
+and everything on but one part. Each configuration is a fresh gateway, warmed, then loaded for ``--seconds``;
+its user and system CPU (every thread: the ledger's writer is in it) are read from /proc before and after,
+divided by the requests served. ``--rounds`` rounds, each in the order opposite the last; each figure is the
+median of its rounds. A part costs more inside everything on than alone when "everything but it" saves more
+than "it alone" adds.
+
+    python -m bench.cpusplit --rounds 3 --seconds 8 --out /tmp/cpusplit.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from bench import everything, features, processes, stores, wrk
+from bench.configs import gateway_config, merge
+from bench.scenarios import BODY
+from bench.upstream import nginx
+
+# The parts of bench/everything.py's configuration that "everything but" leaves out, one at a time.
+PARTS = ("limits", "cache", "ledger", "queue", "log")
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def without(part: str, redis_url: str, ledger_url: str) -> dict[str, object]:
+    """bench/everything.py's fragment with `part` left out (the log: turned off, as it is on by default)."""
+    frag = everything.fragment(redis_url, ledger_url)
+    match part:
+        case "limits":  # the key, its limits and Redis (only they bring it: the queue keeps its slots in process)
+            del frag["keys"], frag["redis"]
+        case "cache":
+            del frag["cache"]
+        case "ledger":
+            del frag["ledger"]
+        case "queue":
+            del frag["providers"]
+        case "log":
+            frag["logging"] = {"requests": False}
+        case _:
+            raise ValueError(f"no part {part!r} (one of {', '.join(PARTS)})")
+    return frag
+
+
+def configurations(redis_url: str, work: Path, tag: str) -> dict[str, dict[str, object]]:
+    """Every configuration measured, by its row's name: fragments merged into the bench's gateway config."""
+    ledger_url = everything.sqlite_url(work, tag)
+    out: dict[str, dict[str, object]] = {"nothing on": features.fragment("nothing", redis_url, work, tag)}
+    for f in features.FEATURES:
+        out[f"{f.name} alone"] = features.fragment(f.name, redis_url, work, f"{tag}-{f.name}")
+    out["everything on"] = everything.fragment(redis_url, ledger_url)
+    for part in PARTS:
+        out[f"everything but {part}"] = without(part, redis_url, everything.sqlite_url(work, f"{tag}-no-{part}"))
+    return out
+
+
+def user_system_s(pid: int) -> tuple[float, float]:
+    """The process's user and system CPU seconds so far, every thread's (utime and stime of stat(5))."""
+    raw = Path(f"/proc/{pid}/stat").read_text()
+    fields = raw[raw.rfind(")") + 2 :].split()
+    return int(fields[11]) / _TICK, int(fields[12]) / _TICK
+
+
+@dataclass(frozen=True)
+class Run:
+    rps: float
+    user_us: float  # per request
+    system_us: float
+
+
+def summary(runs: dict[str, list[Run]]) -> list[tuple[str, float, float, float]]:
+    """(name, median req/s, median user µs, median system µs) per configuration, in measuring order."""
+    return [
+        (
+            name,
+            statistics.median(r.rps for r in rows),
+            statistics.median(r.user_us for r in rows),
+            statistics.median(r.system_us for r in rows),
+        )
+        for name, rows in runs.items()
+        if rows
+    ]
+
+
+def report(rows: list[tuple[str, float, float, float]], head: str) -> str:
+    base = {name: (user + system) for name, _, user, system in rows}
+    nothing, on = base.get("nothing on"), base.get("everything on")
+    lines = [head, "", "| configuration | req/s | user µs/request | system µs/request | CPU µs/request | against |"]
+    lines.append("|---|---|---|---|---|---|")
+    for name, rps, user, system in rows:
+        total = user + system
+        if name.startswith("everything but") and on is not None:
+            against = f"{total - on:+.1f} µs against everything on"
+        elif name != "nothing on" and nothing is not None:
+            against = f"{total - nothing:+.1f} µs against nothing on"
+        else:
+            against = ""
+        lines.append(f"| {name} | {rps:,.0f} | {user:.1f} | {system:.1f} | {total:.1f} | {against} |")
+    return "\n".join(lines) + "\n"
+
+
+def measure(url: str, work: Path, seconds: float, pid: int) -> Run:
+    wrk.run(url, wrk.write_script(BODY, work, "warmup", vary="Say hello"), 32, 2.0)
+    u0, s0 = user_system_s(pid)
+    load = wrk.run(url, wrk.write_script(BODY, work, "load", vary="Say hello"), 32, seconds)
+    u1, s1 = user_system_s(pid)
+    if load.errors or not load.requests:
+        raise RuntimeError(f"{url}: {load.errors} errors in {load.requests} requests")
+    n = load.requests
+    return Run(load.rps, (u1 - u0) / n * 1e6, (s1 - s0) / n * 1e6)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.cpusplit", description=__doc__)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--only", help="comma-separated row names to measure (default: every row)")
+    parser.add_argument("--out", type=Path, help="write the markdown table here (default: stdout)")
+    args = parser.parse_args(argv)
+    if wrk.find_wrk() is None or nginx.find_nginx() is None:
+        print("bench.cpusplit needs wrk and nginx", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="bench-cpusplit-") as temp:
+        work = Path(temp)
+        redis = stores.start_redis()
+        port = processes.free_port()
+        upstream = processes.start("upstream-nginx", nginx.prepare(port, work / "nginx"), port, work)
+        try:
+            names = list(configurations(redis.url, work, "probe"))
+            if args.only:
+                wanted = [n.strip() for n in args.only.split(",")]
+                unknown = set(wanted) - set(names)
+                if unknown:
+                    parser.error(f"--only: no row {sorted(unknown)} (rows: {', '.join(names)})")
+                names = [n for n in names if n in wanted]
+            runs: dict[str, list[Run]] = {n: [] for n in names}
+            for r in range(args.rounds):
+                configs = configurations(redis.url, work, f"r{r}")
+                for name in names if r % 2 == 0 else names[::-1]:
+                    gw_port = processes.free_port()
+                    config = merge(gateway_config(upstream.port, gw_port, None), configs[name])
+                    (work / "gateway.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+                    argv_gw = [sys.executable, "-m", "gateway", "serve", "--config", str(work / "gateway.yaml")]
+                    argv_gw += ["--host", "127.0.0.1", "--port", str(gw_port), "--workers", "1"]
+                    gateway = processes.start("gateway", argv_gw, gw_port, work, timeout=45.0)
+                    try:
+                        run = measure(gateway.base_url + "/v1/completions", work, args.seconds, gateway.proc.pid)
+                    finally:
+                        gateway.stop()
+                    runs[name].append(run)
+                    print(
+                        f"[cpusplit] round {r + 1}: {name}: {run.rps:,.0f} req/s, user {run.user_us:.1f} µs, "
+                        f"system {run.system_us:.1f} µs per request",
+                        file=sys.stderr,
+                    )
+        finally:
+            upstream.stop()
+            redis.stop()
+    head = (
+        f"`python -m bench.cpusplit {' '.join(argv if argv is not None else sys.argv[1:])}` on "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: wrk c=32 on `/v1/completions`, every request a "
+        f"cache miss, {args.seconds:g} s per run, the median of {args.rounds} rounds."
+    )
+    text = report(summary(runs), head)
+    if args.out is not None:
+        args.out.write_text(text)
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,76 @@
+"""bench.cpusplit's configurations and arithmetic: each "everything but" leaves out exactly its part, every
+configuration is one the gateway starts with, and the CPU it reads is the process's own."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bench import everything
+from bench.configs import gateway_config, merge
+from bench.cpusplit import PARTS, Run, configurations, report, summary, user_system_s, without
+from gateway.config import parse_config
+
+REDIS = "redis://127.0.0.1:6399/0"
+
+
+@pytest.mark.parametrize("part", PARTS)
+def test_everything_but_a_part_differs_from_everything_in_that_part_alone(part: str) -> None:
+    full = everything.fragment(REDIS, "sqlite:///x.db")
+    less = without(part, REDIS, "sqlite:///x.db")
+    changed = {k for k in full.keys() | less.keys() if full.get(k) != less.get(k)}
+    assert (
+        changed
+        == {
+            "limits": {"keys", "redis"},
+            "cache": {"cache"},
+            "ledger": {"ledger"},
+            "queue": {"providers"},
+            "log": {"logging"},
+        }[part]
+    )
+    assert full == everything.fragment(REDIS, "sqlite:///x.db")  # the shared fragment is left as it was
+
+
+def test_an_unknown_part_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="'tracing'"):
+        without("tracing", REDIS, "sqlite:///x.db")
+
+
+def test_every_configuration_is_one_the_gateway_starts_with(tmp_path: Path) -> None:
+    configs = configurations(REDIS, tmp_path, "t")
+    assert list(configs)[:1] == ["nothing on"] and "everything on" in configs
+    assert [n for n in configs if n.startswith("everything but")] == [f"everything but {p}" for p in PARTS]
+    for name, fragment in configs.items():
+        text = yaml.safe_dump(merge(gateway_config(9, 8, None), fragment), sort_keys=False)
+        parse_config(text, f"{name}.yaml")  # typed, unknown fields refused: raises on a bad fragment
+
+
+def test_the_cpu_read_is_this_processs_own() -> None:
+    u0, s0 = user_system_s(os.getpid())
+    before = time.process_time()
+    while time.process_time() - before < 0.3:
+        sum(range(20_000))  # a fraction of a millisecond of user time per read of the clock (a system call)
+    u1, s1 = user_system_s(os.getpid())
+    spent = time.process_time() - before
+    # /proc counts in clock ticks (10 ms): within a few ticks of what the process measures itself.
+    assert abs((u1 - u0) + (s1 - s0) - spent) < 0.05
+    assert u1 - u0 >= 0.2
+
+
+def test_the_report_compares_parts_alone_to_nothing_and_everything_but_to_everything() -> None:
+    runs = {
+        "nothing on": [Run(100.0, 50.0, 20.0), Run(90.0, 52.0, 22.0), Run(110.0, 48.0, 18.0)],
+        "cache alone": [Run(95.0, 55.0, 20.0)],
+        "everything on": [Run(70.0, 80.0, 30.0)],
+        "everything but cache": [Run(75.0, 70.0, 28.0)],
+    }
+    rows = summary(runs)
+    assert rows[0] == ("nothing on", 100.0, 50.0, 20.0)  # medians, each figure on its own
+    text = report(rows, "head")
+    assert "| cache alone | 95 | 55.0 | 20.0 | 75.0 | +5.0 µs against nothing on |" in text
+    assert "| everything but cache | 75 | 70.0 | 28.0 | 98.0 | -12.0 µs against everything on |" in text
