@@ -175,10 +175,11 @@ def main(argv: list[str] | None = None) -> int:
         f"cache miss, {args.seconds:g} s per run, the median of {args.rounds} rounds."
     )
     text = report(summary(runs), head)
-    if args.out is not None:
-        args.out.write_text(text)
-    else:
+    if args.out is None:
         print(text)
+        return 0
+    args.out.write_text(text)
+    print(f"[cpusplit] wrote {args.out}", file=sys.stderr)
     return 0
 
 
