@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import yaml
+
+from bench import processes
 
 
 def child_env() -> dict[str, str]:
@@ -50,3 +53,15 @@ def gateway_config(
             raise ValueError(f"{extra} must hold a YAML mapping")
         config = merge(config, fragment)
     return config
+
+
+def start_gateway(config: dict[str, object], work: Path) -> processes.Service:
+    """One worker of the gateway serving `config` (written to `work`/gateway.yaml) on the port it names."""
+    server = config["server"]
+    assert isinstance(server, dict)
+    port = int(server["port"])
+    path = work / "gateway.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    argv = [sys.executable, "-m", "gateway", "serve", "--config", str(path)]
+    argv += ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    return processes.start("gateway", argv, port, work, timeout=45.0)

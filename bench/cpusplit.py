@@ -16,7 +16,6 @@ than "it alone" adds.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -24,16 +23,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from bench import everything, features, processes, stores, wrk
-from bench.configs import gateway_config, merge
+from bench.configs import gateway_config, merge, start_gateway
 from bench.scenarios import BODY
 from bench.upstream import nginx
 
 # The parts of bench/everything.py's configuration that "everything but" leaves out, one at a time.
 PARTS = ("limits", "cache", "ledger", "queue", "log")
-_TICK = os.sysconf("SC_CLK_TCK")
 
 
 def without(part: str, redis_url: str, ledger_url: str) -> dict[str, object]:
@@ -65,13 +61,6 @@ def configurations(redis_url: str, work: Path, tag: str) -> dict[str, dict[str, 
     for part in PARTS:
         out[f"everything but {part}"] = without(part, redis_url, everything.sqlite_url(work, f"{tag}-no-{part}"))
     return out
-
-
-def user_system_s(pid: int) -> tuple[float, float]:
-    """The process's user and system CPU seconds so far, every thread's (utime and stime of stat(5))."""
-    raw = Path(f"/proc/{pid}/stat").read_text()
-    fields = raw[raw.rfind(")") + 2 :].split()
-    return int(fields[11]) / _TICK, int(fields[12]) / _TICK
 
 
 @dataclass(frozen=True)
@@ -114,9 +103,9 @@ def report(rows: list[tuple[str, float, float, float]], head: str) -> str:
 
 def measure(url: str, work: Path, seconds: float, pid: int) -> Run:
     wrk.run(url, wrk.write_script(BODY, work, "warmup", vary="Say hello"), 32, 2.0)
-    u0, s0 = user_system_s(pid)
+    u0, s0 = processes.user_system_seconds(pid)
     load = wrk.run(url, wrk.write_script(BODY, work, "load", vary="Say hello"), 32, seconds)
-    u1, s1 = user_system_s(pid)
+    u1, s1 = processes.user_system_seconds(pid)
     if load.errors or not load.requests:
         raise RuntimeError(f"{url}: {load.errors} errors in {load.requests} requests")
     n = load.requests
@@ -150,12 +139,8 @@ def main(argv: list[str] | None = None) -> int:
             for r in range(args.rounds):
                 configs = configurations(redis.url, work, f"r{r}")
                 for name in names if r % 2 == 0 else names[::-1]:
-                    gw_port = processes.free_port()
-                    config = merge(gateway_config(upstream.port, gw_port, None), configs[name])
-                    (work / "gateway.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-                    argv_gw = [sys.executable, "-m", "gateway", "serve", "--config", str(work / "gateway.yaml")]
-                    argv_gw += ["--host", "127.0.0.1", "--port", str(gw_port), "--workers", "1"]
-                    gateway = processes.start("gateway", argv_gw, gw_port, work, timeout=45.0)
+                    config = merge(gateway_config(upstream.port, processes.free_port(), None), configs[name])
+                    gateway = start_gateway(config, work)
                     try:
                         run = measure(gateway.base_url + "/v1/completions", work, args.seconds, gateway.proc.pid)
                     finally:

@@ -175,12 +175,17 @@ def _read_stat(pid: int) -> list[str] | None:
     return raw[raw.rfind(")") + 2 :].split()
 
 
-def _cpu_seconds(pid: int) -> float:
+def user_system_seconds(pid: int) -> tuple[float, float]:
+    """The process's user and system CPU seconds so far, every thread's; (0, 0) when it has gone."""
     stat = _read_stat(pid)
     if stat is None:
-        return 0.0
+        return 0.0, 0.0
     # utime and stime are fields 14 and 15 of stat(5), i.e. 11 and 12 after the name.
-    return (int(stat[11]) + int(stat[12])) / _CLK_TCK
+    return int(stat[11]) / _CLK_TCK, int(stat[12]) / _CLK_TCK
+
+
+def _cpu_seconds(pid: int) -> float:
+    return sum(user_system_seconds(pid))
 
 
 def rss_mib(pids: Sequence[int]) -> float:

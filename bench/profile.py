@@ -25,10 +25,9 @@ import time
 from pathlib import Path
 
 import redis as redis_py
-import yaml
 
 from bench import everything, features, processes, stores, wrk
-from bench.configs import gateway_config, merge
+from bench.configs import gateway_config, merge, start_gateway
 from bench.scenarios import BODY, CHAT_BODY, CHAT_PATH
 from bench.upstream import nginx
 
@@ -151,16 +150,12 @@ def main(argv: list[str] | None = None) -> int:
             port = processes.free_port()
             upstream = processes.start("upstream-nginx", nginx.prepare(port, work / "nginx"), port, work)
             started.append(upstream)
-            gw_port = processes.free_port()
-            config = gateway_config(upstream.port, gw_port, None)
+            config = gateway_config(upstream.port, processes.free_port(), None)
             if args.feature is not None:
                 config = merge(config, features.fragment(args.feature, redis.url, work, "profile"))
             elif not args.plain:
                 config = merge(config, everything.fragment(redis.url, everything.sqlite_url(work, "profile")))
-            (work / "gateway.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-            argv_gw = [sys.executable, "-m", "gateway", "serve", "--config", str(work / "gateway.yaml")]
-            argv_gw += ["--host", "127.0.0.1", "--port", str(gw_port), "--workers", "1"]
-            gateway = processes.start("gateway", argv_gw, gw_port, work, timeout=45.0)
+            gateway = start_gateway(config, work)
             started.append(gateway)
             path = CHAT_PATH if args.chat else "/v1/completions"
             body = CHAT_BODY if args.chat else BODY

@@ -12,7 +12,8 @@ import yaml
 
 from bench import everything
 from bench.configs import gateway_config, merge
-from bench.cpusplit import PARTS, Run, configurations, report, summary, user_system_s, without
+from bench.cpusplit import PARTS, Run, configurations, report, summary, without
+from bench.processes import user_system_seconds
 from gateway.config import parse_config
 
 REDIS = "redis://127.0.0.1:6399/0"
@@ -51,11 +52,11 @@ def test_every_configuration_is_one_the_gateway_starts_with(tmp_path: Path) -> N
 
 
 def test_the_cpu_read_is_this_processs_own() -> None:
-    u0, s0 = user_system_s(os.getpid())
+    u0, s0 = user_system_seconds(os.getpid())
     before = time.process_time()
     while time.process_time() - before < 0.3:
         sum(range(20_000))  # a fraction of a millisecond of user time per read of the clock (a system call)
-    u1, s1 = user_system_s(os.getpid())
+    u1, s1 = user_system_seconds(os.getpid())
     spent = time.process_time() - before
     # /proc counts in clock ticks (10 ms): within a few ticks of what the process measures itself.
     assert abs((u1 - u0) + (s1 - s0) - spent) < 0.05
