@@ -19,13 +19,13 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from bench import everything, features, processes, stores, wrk
 from bench.configs import gateway_config, merge, start_gateway
 from bench.scenarios import BODY
+from bench.tool_report import emit, invoked
 from bench.upstream import nginx
 
 # The parts of bench/everything.py's configuration that "everything but" leaves out, one at a time.
@@ -155,16 +155,11 @@ def main(argv: list[str] | None = None) -> int:
             upstream.stop()
             redis.stop()
     head = (
-        f"`python -m bench.cpusplit {' '.join(argv if argv is not None else sys.argv[1:])}` on "
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: wrk c=32 on `/v1/completions`, every request a "
+        f"{invoked('cpusplit', argv)}: wrk c=32 on `/v1/completions`, every request a "
         f"cache miss, {args.seconds:g} s per run, the median of {args.rounds} rounds."
     )
     text = report(summary(runs), head)
-    if args.out is None:
-        print(text)
-        return 0
-    args.out.write_text(text)
-    print(f"[cpusplit] wrote {args.out}", file=sys.stderr)
+    emit(text, args.out, "cpusplit")
     return 0
 
 

@@ -29,6 +29,7 @@ import redis as redis_py
 from bench import everything, features, processes, stores, wrk
 from bench.configs import gateway_config, merge, start_gateway
 from bench.scenarios import BODY, CHAT_BODY, CHAT_PATH
+from bench.tool_report import emit, invoked
 from bench.upstream import nginx
 
 
@@ -190,8 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         what = "nothing on, the access log off too" if args.feature == "nothing" else f"only {args.feature} on"
     head = (
         f"# Profile: the gateway with {what}, under load\n\n"
-        f"`python -m bench.profile {' '.join(argv if argv is not None else sys.argv[1:])}` on "
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: wrk c={args.connections} on `{path}`, "
+        f"{invoked('profile', argv)}: wrk c={args.connections} on `{path}`, "
         f"{'every answer a cache hit' if args.hits else 'every request a cache miss'}, "
         f"{load.rps:,.0f} req/s during the {args.seconds:g} s sampled (py-spy at {args.rate} Hz"
         f"{', GIL holder only' if args.gil else ''}; {os.cpu_count()} cores; before the run, other processes "
@@ -199,10 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{redis_note}\n\n"
     )
     text = head + summarise(raw, args.top)
-    if args.out is not None:
-        args.out.write_text(text)
-    else:
-        print(text)
+    emit(text, args.out, "profile")
     return 0
 
 

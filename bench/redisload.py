@@ -32,6 +32,8 @@ from typing import Final
 import redis as redis_py
 
 from bench import processes, stores
+from bench.tool_report import emit, invoked
+from gateway.limits.bucketset import BucketSet
 from gateway.limits.gcra import Bucket
 from gateway.limits.ratelimit import Limiter
 from gateway.state import SharedState
@@ -71,14 +73,14 @@ def _evalsha(client: redis_py.Redis) -> tuple[int, float]:
     return int(stats["calls"]), float(stats["usec"])
 
 
-async def _load(limiter: Limiter, batch: int, own_keys: bool, seconds: float) -> int:
-    """Rounds of `batch` admissions issued together for `seconds`; the admissions made."""
-    if own_keys:
-        sets = [
-            limiter.compiled([Bucket(f"key:t{t}", "rpm", RPM), Bucket(f"key:t{t}", "tpm", TPM)]) for t in range(TENANTS)
-        ]
-    else:
-        sets = [limiter.compiled([Bucket("key:bench", "rpm", RPM), Bucket("key:bench", "tpm", TPM)])]
+def _sets(limiter: Limiter, own_keys: bool) -> list[BucketSet]:
+    """The bucket sets charged in turn: one key's rpm + tpm, or each of TENANTS keys'."""
+    keys = [f"key:t{t}" for t in range(TENANTS)] if own_keys else ["key:bench"]
+    return [limiter.compiled([Bucket(k, "rpm", RPM), Bucket(k, "tpm", TPM)]) for k in keys]
+
+
+async def _load(limiter: Limiter, sets: list[BucketSet], batch: int, seconds: float) -> int:
+    """Rounds of `batch` admissions issued together for `seconds`, charging `sets` in turn; the admissions made."""
     turn = 0
     made = 0
     end = time.monotonic() + seconds
@@ -103,10 +105,11 @@ async def measure(url: str, pid: int, batch: int, own_keys: bool, seconds: float
     limiter = Limiter(shared, fail_open=False)
     client = redis_py.Redis.from_url(url)
     try:
-        await _load(limiter, batch, own_keys, min(seconds / 4, 1.0))
+        sets = _sets(limiter, own_keys)
+        await _load(limiter, sets, batch, min(seconds / 4, 1.0))
         calls0, usec0 = _evalsha(client)
         user0, system0 = processes.user_system_seconds(pid)
-        made = await _load(limiter, batch, own_keys, seconds)
+        made = await _load(limiter, sets, batch, seconds)
         user1, system1 = processes.user_system_seconds(pid)
         calls1, usec1 = _evalsha(client)
     finally:
@@ -173,16 +176,9 @@ def main(argv: list[str] | None = None) -> int:
                 )
     finally:
         redis.stop()
-    head = (
-        f"`python -m bench.redisload {' '.join(argv if argv is not None else sys.argv[1:])}` on "
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: rpm + tpm on the key, {args.seconds:g} s per row."
-    )
+    head = f"{invoked('redisload', argv)}: rpm + tpm on the key, {args.seconds:g} s per row."
     text = report(rows, head)
-    if args.out is None:
-        print(text)
-        return 0
-    args.out.write_text(text)
-    print(f"[redisload] wrote {args.out}", file=sys.stderr)
+    emit(text, args.out, "redisload")
     return 0
 
 

@@ -1,5 +1,5 @@
 """bench.redisload against a real redis-server: the admissions of one tick go to Redis as one script call,
-whether they charge one key or a key each, and the CPU it reports is the redis-server's own."""
+whether they charge one key or a key each, as Redis's own count of script calls says."""
 
 from __future__ import annotations
 
