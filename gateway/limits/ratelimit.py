@@ -132,6 +132,12 @@ class Limiter:
                 if self._renewer is None:
                     self._renewer = asyncio.ensure_future(self._renew())
 
+    def solo(self, alone: Callable[[], bool]) -> None:
+        """`alone()` says whether one request at most is in flight: its calls to Redis then leave at once
+        instead of at the end of the loop's tick, where they would wait for others to merge with."""
+        if self._channel is not None:
+            self._channel.alone = alone
+
     def compiled(self, buckets: Sequence[Bucket]) -> BucketSet:
         """`buckets` compiled for this limiter (its key prefix and script), once per distinct set."""
         key = tuple(buckets)

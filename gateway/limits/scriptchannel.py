@@ -229,6 +229,9 @@ class ScriptChannel:
         self._queue: list[tuple[bytes | Part, asyncio.Future[Any]]] = []
         self._sending: set[asyncio.Task[None]] = set()
         self._closed = False
+        # Whether the caller is the only request in flight (`Limiter.solo`): then no other call can join
+        # this tick's write, and waiting for the tick's end would only cost a lone request a loop turn.
+        self.alone: Callable[[], bool] | None = None
 
     # ---------------------------------------------------------------------------------------- connection
 
@@ -326,7 +329,7 @@ class ScriptChannel:
         fut: asyncio.Future[Any] = loop.create_future()
         self._queue.append((cmd, fut))
         if len(self._queue) == 1:
-            loop.call_soon(self._send_queued)
+            self._schedule(loop)
         return fut
 
     def call_part(self, part: Part) -> asyncio.Future[Any]:
@@ -335,8 +338,16 @@ class ScriptChannel:
         fut: asyncio.Future[Any] = loop.create_future()
         self._queue.append((part, fut))
         if len(self._queue) == 1:
-            loop.call_soon(self._send_queued)
+            self._schedule(loop)
         return fut
+
+    def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The first call of a tick: sent now when it is alone (nothing can join it), else at the tick's end."""
+        alone = self.alone
+        if alone is not None and alone():
+            self._send_queued()
+        else:
+            loop.call_soon(self._send_queued)
 
     def _send_queued(self) -> None:
         """Every call queued in one loop tick goes to Redis in one write: one round trip for all the

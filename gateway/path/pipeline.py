@@ -117,6 +117,7 @@ class Pipeline:
         self.log_requests = loaded.config.logging.requests
         self.failover = Failover(self.health, clock=clock, **({"sleep": sleep} if sleep else {}))
         self.admission = Admission(loaded, self.shared, **({"sleep": sleep} if sleep else {}))
+        self.admission.limiter.solo(self._alone)
         self.usage = UsageStore(loaded, self.shared, metrics=metrics)
         # Budgets by reservation (gateway/limits/budgets.py); with a ledger, the ledger's replace them.
         self.budgets: Budgets = usage_budgets(loaded, self.usage)
@@ -141,6 +142,9 @@ class Pipeline:
     active = 0
     retiring = False  # set by a reload: the endpoint takes the new pipeline for a request not yet entered
     _closing: asyncio.Future[None] | None = None
+
+    def _alone(self) -> bool:
+        return self.active <= 1
 
     def enter(self) -> None:
         self.active += 1

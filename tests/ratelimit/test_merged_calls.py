@@ -113,6 +113,35 @@ async def test_more_than_one_calls_worth_in_a_tick_is_cut_into_calls(
     assert (await limiter.peek([rpm]))[0].remaining == 1000 - count
 
 
+async def test_calls_made_while_other_requests_are_in_flight_still_wait_for_the_tick_to_merge(
+    limiter: Limiter, rds: RedisServer
+) -> None:
+    """The gateway tells the limiter whether one request at most is in flight (`solo`); while others are,
+    the calls of one tick still go as one script call."""
+    limiter.solo(lambda: False)
+    rpm = Bucket(scope(), "rpm", 100)
+    assert (await limiter.acquire([Bucket(scope(), "rpm", 10)], 0)).allowed
+    before = evalsha_calls(rds)
+    decisions = await asyncio.gather(*(limiter.acquire([rpm], 0) for _ in range(10)))
+    assert evalsha_calls(rds) - before == 1
+    assert all(d.allowed for d in decisions)
+
+
+async def test_a_lone_request_s_call_leaves_at_once_and_decides_the_same(limiter: Limiter, rds: RedisServer) -> None:
+    """With one request in flight nothing can join its call, so it is written when made, not at the tick's
+    end (a loop turn saved on every lone request). Calls made that way go one script call each, and are
+    decided exactly as merged ones: ten acquires on an rpm of 6, six admitted, remaining 5 down to 0."""
+    limiter.solo(lambda: True)
+    rpm = Bucket(scope(), "rpm", 6)
+    assert (await limiter.acquire([Bucket(scope(), "rpm", 10)], 0)).allowed
+    before = evalsha_calls(rds)
+    decisions = await asyncio.gather(*(limiter.acquire([rpm], 0) for _ in range(10)))
+    assert evalsha_calls(rds) - before == 10
+    assert [d.allowed for d in decisions] == [True] * 6 + [False] * 4
+    assert [d.states[0].remaining for d in decisions[:6]] == [5, 4, 3, 2, 1, 0]
+    assert (await limiter.peek([rpm]))[0].remaining == 0
+
+
 # One script call at the level of its arguments: (mode, lease, [(key name, kind, limit, period ms, cost)]).
 Call = tuple[str, str, list[tuple[str, str, int, int, float]]]
 
