@@ -322,32 +322,23 @@ class ScriptChannel:
 
     # ---------------------------------------------------------------------------------------- calls
 
-    def call(self, cmd: bytes) -> asyncio.Future[Any]:
-        """Queue one command for this tick's write. The future fails with Degraded when the call was not
-        sent (or Redis refused it unrun), and with Unanswered when it was sent but no answer came in time."""
+    def call(self, cmd: bytes | Part) -> asyncio.Future[Any]:
+        """Queue one command (or a `Part`, which may share a script call with the tick's others:
+        `_send_queued`) for this tick's write: sent at once when it is alone (nothing can join it), else at
+        the tick's end. The future fails with Degraded when the call was not sent (or Redis refused it
+        unrun), and with Unanswered when it was sent but no answer came in time."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         self._queue.append((cmd, fut))
         if len(self._queue) == 1:
-            self._schedule(loop)
+            alone = self.alone
+            if alone is not None and alone():
+                self._send_queued()
+            else:
+                loop.call_soon(self._send_queued)
         return fut
 
-    def call_part(self, part: Part) -> asyncio.Future[Any]:
-        """As `call`, for a call that may be merged with the others queued in this tick (`_send_queued`)."""
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Any] = loop.create_future()
-        self._queue.append((part, fut))
-        if len(self._queue) == 1:
-            self._schedule(loop)
-        return fut
-
-    def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
-        """The first call of a tick: sent now when it is alone (nothing can join it), else at the tick's end."""
-        alone = self.alone
-        if alone is not None and alone():
-            self._send_queued()
-        else:
-            loop.call_soon(self._send_queued)
+    call_part = call
 
     def _send_queued(self) -> None:
         """Every call queued in one loop tick goes to Redis in one write: one round trip for all the
