@@ -1,6 +1,6 @@
 """A wait whose time is up is failed only after the event loop has read its sockets once more (`Grace`):
-the one rule behind the Redis calls' deadline (`state.Deadline`), the h1 client's `Watchdog` and the
-rate-limit channel's watchdog.
+the one rule behind the Redis calls' deadline (`state.Deadline`), the h1 client's `Watchdog`, the
+rate-limit channel's watchdog and the server's keep-alive and head timeouts (gateway/server/h1.py).
 
 A loop held busy past a due time (a burst of callbacks, a slow request) finds its timers due when it is
 free again and runs them before it reads the sockets that became ready meanwhile (uvloop); asyncio reads

@@ -20,6 +20,7 @@ import httptools
 from uvicorn.protocols.http.flow_control import service_unavailable
 from uvicorn.protocols.utils import get_local_addr, get_remote_addr, is_ssl
 
+from gateway.grace import Grace
 from gateway.server.cycle import DISCONNECT, App, Cycle, answer
 
 if TYPE_CHECKING:
@@ -99,7 +100,8 @@ class H1Protocol(asyncio.Protocol):
         self.failed: bytes | None = None  # an error answer to send once the answers before it are out
         self.waiting = True  # no request in progress: the timer may close the connection
         self.idle_at = 0.0
-        self.timer: asyncio.TimerHandle | None = None
+        self.timer: asyncio.TimerHandle | Grace | None = None
+        self.looked = 0.0  # the deadline last given one more read of the socket before the close
         self.linger: asyncio.TimerHandle | None = None  # set while closing: our side is shut, reads are dropped
         self.linger_left = 0
         self._default_src: list[tuple[bytes, bytes]] | None = None
@@ -392,7 +394,12 @@ class H1Protocol(asyncio.Protocol):
             return  # a request is in progress: the timer is armed again when the connection waits again
         limit = self.head_timeout_s if self.head_bytes else self.keep_alive_s
         deadline = self.idle_at + max(limit, self.keep_alive_s)
-        if self.loop.time() >= deadline:
-            self.transport.close()
-        else:
+        if self.loop.time() < deadline:
             self.timer = self.loop.call_at(deadline, self._on_timer)
+        elif self.looked != deadline:
+            # A request may have come in time, only not read yet: a loop held busy past the deadline runs
+            # its timers before it reads its sockets (gateway/grace.py). Look again after the next read.
+            self.looked = deadline
+            self.timer = Grace(self.loop, self._on_timer)
+        else:
+            self.transport.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import threading
 import time
 from typing import Any
@@ -51,6 +52,40 @@ def test_an_idle_connection_is_closed_after_the_keep_alive_timeout() -> None:
         assert 0.9 < time.monotonic() - began < 2.5
         silent = Client(server.config.port)  # a connection that never sends anything is closed too
         assert silent.closed(within=3)
+
+
+def test_a_request_sent_in_time_is_answered_though_the_loop_was_busy_past_the_keep_alive_timeout() -> None:
+    """The loop held busy (an overloaded worker) past a keep-alive deadline finds the timer due before it reads
+    the socket: a request that came in time is read and answered, not taken for an idle connection."""
+    blocked = threading.Event()
+
+    def hold(reader: socket.socket) -> None:
+        asyncio.get_running_loop().remove_reader(reader)
+        blocked.set()
+        time.sleep(2.0)  # holds the whole event loop, in its read of the sockets, as a saturated worker does
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["path"] == "/block":
+            # Held from a socket's callback: after it, uvloop runs the timers due before it reads again.
+            reader, writer = socket.socketpair()
+            asyncio.get_running_loop().add_reader(reader, hold, reader)
+            writer.send(b"x")
+            await asyncio.sleep(0.1)
+            reader.close()
+            writer.close()
+        await answer(send, scope["path"].encode())
+
+    with serve(app, timeout_keep_alive=1) as server:
+        waiting = Client(server.config.port)
+        waiting.send(get("/first"))
+        assert waiting.response().body == b"/first"  # idle from here: its keep-alive deadline is 1 s away
+        busy = Client(server.config.port)
+        busy.send(get("/block"))
+        assert blocked.wait(3)
+        time.sleep(0.3)
+        waiting.send(get("/in-time"))  # well within its deadline, while the loop cannot read it
+        assert busy.response().body == b"/block"
+        assert waiting.response().body == b"/in-time"
 
 
 def test_a_head_that_never_ends_is_cut_at_the_head_timeout() -> None:
