@@ -155,7 +155,7 @@ class Limiter:
         """One script call on the channel (merged with this tick's others). The future fails with
         Degraded when the call was not sent, and with Unanswered when Redis did not answer in time."""
         assert self._channel is not None
-        return self._channel.call_part(part)
+        return self._channel.call(part)
 
     async def _run(
         self, mode: str, lease: str, buckets: Sequence[Bucket] | BucketSet, costs: Sequence[float]
@@ -278,7 +278,7 @@ class Limiter:
                 out = self._fallback(lease, bset.buckets, costs, unanswered=False)
             else:
                 try:
-                    out = await channel.call_part(bset.part("acquire", lease, costs))
+                    out = await channel.call(bset.part("acquire", lease, costs))
                 except Degraded as exc:
                     out = self._fallback(lease, bset.buckets, costs, unanswered=isinstance(exc, Unanswered))
         except asyncio.CancelledError:
@@ -319,7 +319,7 @@ class Limiter:
         channel = self._channel
         if channel is None or bset.leased or self.shared.degraded:
             return None
-        return channel.call_part(bset.acquire_part(tokens))
+        return channel.call(bset.acquire_part(tokens))
 
     def refused_call(self, bset: BucketSet, tokens: int) -> list[int]:
         """The decision when `acquiring`'s call got no answer: fail closed (RedisDown), or decide on local

@@ -1,6 +1,6 @@
 """The rate-limit script's own Redis connection: pipelined, batched per event-loop tick, self-repairing.
 
-The calls of one tick leave in one write, and those that may be (`call_part`) as one script call of the
+The calls of one tick leave in one write, and those that may be (a `Part`) as one script call of the
 script's `batch` mode, which decides each as if it ran alone and answers each on its own.
 
 It costs a third of redis-py's CPU per call with the same batching (`python -m bench.redis_channel`),
@@ -145,7 +145,7 @@ class _Protocol(asyncio.Protocol):
         self.transport.write(data)
 
 
-# Calls merged into one script call (`call_part`) per write, at most: the script runs them one after
+# Calls merged into one script call (`Part`s) per write, at most: the script runs them one after
 # another while Redis serves nothing else, so a burst is cut into calls of this many.
 PARTS_PER_CALL: Final = 64
 _BATCH: Final = bulk(b"batch")
@@ -337,8 +337,6 @@ class ScriptChannel:
             else:
                 loop.call_soon(self._send_queued)
         return fut
-
-    call_part = call
 
     def _send_queued(self) -> None:
         """Every call queued in one loop tick goes to Redis in one write: one round trip for all the

@@ -14,6 +14,7 @@ import uuid
 
 import pytest
 
+from gateway.limits.gcra import Decision
 from gateway.limits.ratelimit import Bucket, Limiter
 from gateway.limits.script import script_text
 from gateway.limits.scriptchannel import PARTS_PER_CALL
@@ -113,17 +114,23 @@ async def test_more_than_one_calls_worth_in_a_tick_is_cut_into_calls(
     assert (await limiter.peek([rpm]))[0].remaining == 1000 - count
 
 
+async def ten_in_one_tick(limiter: Limiter, rds: RedisServer, rpm: Bucket) -> tuple[int, list[Decision]]:
+    """Ten acquires on `rpm` issued in one tick, after a first call that connects and loads the script: the
+    script calls Redis ran for them, and their decisions."""
+    assert (await limiter.acquire([Bucket(scope(), "rpm", 10)], 0)).allowed
+    before = evalsha_calls(rds)
+    decisions = await asyncio.gather(*(limiter.acquire([rpm], 0) for _ in range(10)))
+    return evalsha_calls(rds) - before, decisions
+
+
 async def test_calls_made_while_other_requests_are_in_flight_still_wait_for_the_tick_to_merge(
     limiter: Limiter, rds: RedisServer
 ) -> None:
     """The gateway tells the limiter whether one request at most is in flight (`solo`); while others are,
     the calls of one tick still go as one script call."""
     limiter.solo(lambda: False)
-    rpm = Bucket(scope(), "rpm", 100)
-    assert (await limiter.acquire([Bucket(scope(), "rpm", 10)], 0)).allowed
-    before = evalsha_calls(rds)
-    decisions = await asyncio.gather(*(limiter.acquire([rpm], 0) for _ in range(10)))
-    assert evalsha_calls(rds) - before == 1
+    calls, decisions = await ten_in_one_tick(limiter, rds, Bucket(scope(), "rpm", 100))
+    assert calls == 1
     assert all(d.allowed for d in decisions)
 
 
@@ -133,10 +140,8 @@ async def test_a_lone_request_s_call_leaves_at_once_and_decides_the_same(limiter
     decided exactly as merged ones: ten acquires on an rpm of 6, six admitted, remaining 5 down to 0."""
     limiter.solo(lambda: True)
     rpm = Bucket(scope(), "rpm", 6)
-    assert (await limiter.acquire([Bucket(scope(), "rpm", 10)], 0)).allowed
-    before = evalsha_calls(rds)
-    decisions = await asyncio.gather(*(limiter.acquire([rpm], 0) for _ in range(10)))
-    assert evalsha_calls(rds) - before == 10
+    calls, decisions = await ten_in_one_tick(limiter, rds, rpm)
+    assert calls == 10
     assert [d.allowed for d in decisions] == [True] * 6 + [False] * 4
     assert [d.states[0].remaining for d in decisions[:6]] == [5, 4, 3, 2, 1, 0]
     assert (await limiter.peek([rpm]))[0].remaining == 0
