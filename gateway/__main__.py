@@ -26,7 +26,7 @@ from typing import Any
 import msgspec
 
 from gateway.config import ConfigError, LoadedConfig, load_config, parse_config, read_config, started
-from gateway.ops import envfile
+from gateway.ops import cores, envfile
 from gateway.ops.serving import HTTP_PROTOCOLS, LOG_FORMAT, ListenError, bind, probe, run_uvicorn
 
 log = logging.getLogger("gateway")
@@ -146,6 +146,10 @@ def _serve(args: argparse.Namespace) -> int:
     if workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         # Every worker writes its metric values here, so /metrics on any worker reports them all.
         metrics_dir = os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="gateway-metrics-")
+    claims = None
+    if server.pin_workers:
+        # Where each worker claims its core (gateway/ops/cores.py).
+        claims = os.environ[cores.CLAIMS_ENV] = cores.claims_dir()
     # Both servers count whole seconds: round up, so the deadline is never shorter than configured.
     grace_s = math.ceil(server.shutdown_grace_ms / 1000)
     try:
@@ -165,6 +169,8 @@ def _serve(args: argparse.Namespace) -> int:
         if metrics_dir is not None:
             # Only a directory this process made: an operator's own PROMETHEUS_MULTIPROC_DIR is theirs.
             shutil.rmtree(metrics_dir, ignore_errors=True)
+        if claims is not None:
+            shutil.rmtree(claims, ignore_errors=True)
 
 
 BACKPRESSURE = 65_536

@@ -27,6 +27,8 @@ class ServerConfig(Strict, frozen=True):
     workers: Annotated[int, Meta(ge=1, le=64)] = 1
     # On SIGTERM: stop accepting, let open requests and streams finish for up to this long, then cancel them.
     shutdown_grace_ms: Annotated[int, Meta(gt=0)] = 30_000
+    # Each worker and every thread it starts on a core of its own (Linux), for hosts whose cores are all busy.
+    pin_workers: bool = False
 
 
 class RedisConfig(Strict, frozen=True):

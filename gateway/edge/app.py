@@ -35,7 +35,7 @@ from gateway.edge.tokenizer_routes import SCOPED_PREFIX, Tokenizers
 from gateway.fleet.engine import EngineReader, watched
 from gateway.fleet.shared import DrainSync
 from gateway.ledger.service import LedgerService, Pinned
-from gateway.ops import accesslog
+from gateway.ops import accesslog, cores
 from gateway.ops.metrics import CONTENT_TYPE, Metrics
 from gateway.ops.orphans import end_with_supervisor
 from gateway.ops.reload import Reloader
@@ -247,6 +247,8 @@ def create_app(loaded: LoadedConfig) -> Front:
         # that walked every request in flight. Requests free what they allocate, so a higher mark costs memory
         # only for the rare cycle.
         gc.set_threshold(_YOUNG_COLLECTION_AT, *gc.get_threshold()[1:])
+        if loaded.config.server.pin_workers:
+            cores.pin_worker()  # before the ledger and the batches start their threads: they inherit the core
         if ledger is not None:
             await ledger.start()
         if batches is not None:

@@ -59,6 +59,10 @@ MEANINGS: dict[str, str] = {
     "server.port": "listen port (`serve --port` overrides)",
     "server.workers": "worker processes (`serve --workers` overrides); more than one without Redis means per-process "
     "state",
+    "server.pin_workers": "Linux: each worker process, with the threads it starts (the ledger's writer), on a core "
+    "of its own, the first free one of those the process may use; a worker that finds none free runs unpinned. "
+    "For hosts whose cores are all busy; not where other services' processes were given the same cores "
+    "([performance.md](performance.md#the-ledger))",
     "server.shutdown_grace_ms": "on SIGTERM: stop accepting at once, let requests and streams in flight finish for up "
     "to this long (whole seconds, rounded up), then cut them and exit; keep Docker's `stop_grace_period` and "
     "Kubernetes' `terminationGracePeriodSeconds` (less the preStop pause) above it ([deploy.md](deploy.md))",

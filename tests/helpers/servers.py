@@ -240,6 +240,27 @@ class GatewayProcess:
             self._log_file.close()
 
 
+def answering_workers(url: str, body: bytes, workers: int, timeout: float = 30) -> set[str]:
+    """`body` posted to `url`/v1/completions on new connections until `workers` workers of a `serve` have
+    answered (a worker still starting does not listen yet, so the kernel gives it nothing): the workers,
+    each by its process's id prefix in `x-request-id` (gateway/ids.py)."""
+    seen: set[str] = set()
+    deadline = time.monotonic() + timeout
+    while len(seen) < workers:
+        assert time.monotonic() < deadline, seen
+        try:
+            with httpx.Client(trust_env=False, timeout=5) as client:
+                answer = client.post(
+                    f"{url}/v1/completions", content=body, headers={"content-type": "application/json"}
+                )
+        except httpx.TransportError:
+            time.sleep(0.05)  # nobody listens yet
+            continue
+        assert answer.status_code == 200, answer.text
+        seen.add(answer.headers["x-request-id"][4:20])
+    return seen
+
+
 def unshare_pid_works() -> bool:
     """Whether this machine lets us start a process as PID 1 of a new PID namespace."""
     if shutil.which("unshare") is None:

@@ -15,12 +15,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import httpx
 import pytest
 
 from gateway.ops.serving import own_sockets
 from tests.helpers.recordings import REPO
-from tests.helpers.servers import GatewayProcess, cli_env, free_port, run_cli
+from tests.helpers.servers import GatewayProcess, answering_workers, cli_env, free_port, run_cli
 from tests.helpers.upstreams import Upstream, reply
 
 ANSWER = (
@@ -76,24 +75,8 @@ def _burst(port: int, n: int = 32) -> Counter[str]:
             conn.close()
 
 
-def _until_both_answer(url: str, timeout: float = 30) -> set[str]:
-    """Requests on new connections until both workers have answered: a worker still starting does not
-    listen yet, so the kernel gives it nothing."""
-    workers: set[str] = set()
-    deadline = time.monotonic() + timeout
-    while len(workers) < 2:
-        assert time.monotonic() < deadline, workers
-        try:
-            with httpx.Client(trust_env=False, timeout=5) as client:
-                answer = client.post(
-                    f"{url}/v1/completions", content=BODY, headers={"content-type": "application/json"}
-                )
-        except httpx.TransportError:
-            time.sleep(0.05)  # nobody listens yet
-            continue
-        assert answer.status_code == 200, answer.text
-        workers.add(answer.headers["x-request-id"][4:20])
-    return workers
+def _until_both_answer(url: str) -> set[str]:
+    return answering_workers(url, BODY, 2)
 
 
 def test_a_burst_of_keep_alive_connections_is_spread_over_both_workers(tmp_path: Path) -> None:
