@@ -24,8 +24,8 @@ log = logging.getLogger("gateway")
 # Where the workers of one `serve` claim their cores; set by `serve` before any worker starts.
 CLAIMS_ENV = "GATEWAY_CORE_CLAIMS"
 
-# The claim held by this process: its file stays open (and locked) for the process's life.
-_held: list[int] = []
+# The claim held by this process, (its file, the core): the file stays open (and locked) for the process's life.
+_held: list[tuple[int, int]] = []
 
 
 def claims_dir() -> str:
@@ -34,9 +34,10 @@ def claims_dir() -> str:
 
 
 def claim(directory: str, cores: Iterable[int]) -> int | None:
-    """The first of `cores` no other process holds in `directory`, now held by this one; None when all are."""
+    """The first of `cores` no other process holds in `directory`, now held by this one (the one it holds
+    already, when it has claimed before: an app started twice in one process); None when all are held."""
     if _held:
-        return None  # one claim per process
+        return _held[0][1]
     for core in cores:
         fd = os.open(os.path.join(directory, f"core-{core}"), os.O_RDWR | os.O_CREAT, 0o600)
         try:
@@ -44,7 +45,7 @@ def claim(directory: str, cores: Iterable[int]) -> int | None:
         except OSError:
             os.close(fd)
             continue
-        _held.append(fd)
+        _held.append((fd, core))
         return core
     return None
 
@@ -55,12 +56,10 @@ def pin_worker() -> int | None:
     if not (hasattr(os, "sched_setaffinity") and os.path.isdir("/proc/self/task")):
         log.warning("server.pin_workers: this platform cannot pin a process to a core; the worker is not pinned")
         return None
-    directory = os.environ.get(CLAIMS_ENV)
-    if directory is None or not os.path.isdir(directory):
-        # Not started by `serve` (an embedded server): a directory of this process's own.
-        directory = os.environ[CLAIMS_ENV] = claims_dir()
     allowed = sorted(os.sched_getaffinity(0))
-    core = claim(directory, allowed)
+    directory = os.environ.get(CLAIMS_ENV)
+    # Not started by `serve` (an embedded server): one process, with no sibling to share the cores with.
+    core = claim(directory, allowed) if directory is not None and os.path.isdir(directory) else allowed[0]
     if core is None:
         log.warning(
             "server.pin_workers: every one of the %d cores this process may use is held by another worker; "

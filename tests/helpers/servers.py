@@ -240,6 +240,12 @@ class GatewayProcess:
             self._log_file.close()
 
 
+def spawned_workers(main_pid: int) -> list[int]:
+    """The worker processes uvicorn spawned from a `serve`'s main process (not multiprocessing's tracker)."""
+    children = Path(f"/proc/{main_pid}/task/{main_pid}/children").read_text().split()
+    return [pid for pid in map(int, children) if b"multiprocessing.spawn" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+
+
 def answering_workers(url: str, body: bytes, workers: int, timeout: float = 30) -> set[str]:
     """`body` posted to `url`/v1/completions on new connections until `workers` workers of a `serve` have
     answered (a worker still starting does not listen yet, so the kernel gives it nothing): the workers,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.servers import GatewayProcess, answering_workers, cli_env
+from tests.helpers.servers import GatewayProcess, answering_workers, cli_env, spawned_workers
 from tests.helpers.upstreams import Upstream, reply
 
 ANSWER = (
@@ -50,16 +50,11 @@ def _threads(pid: int) -> dict[int, str]:
     return {int(tid): _allowed(pid, int(tid)) for tid in os.listdir(f"/proc/{pid}/task")}
 
 
-def _workers(main_pid: int) -> list[int]:
-    children = Path(f"/proc/{main_pid}/task/{main_pid}/children").read_text().split()
-    return [pid for pid in map(int, children) if b"multiprocessing.spawn" in Path(f"/proc/{pid}/cmdline").read_bytes()]
-
-
 def _settled(main_pid: int, workers: int, timeout: float = 10) -> dict[int, dict[int, str]]:
     """Each worker's threads once every worker runs its ledger writer beside its loop (more than one thread)."""
     deadline = time.monotonic() + timeout
     while True:
-        found = {pid: _threads(pid) for pid in _workers(main_pid)}
+        found = {pid: _threads(pid) for pid in spawned_workers(main_pid)}
         if len(found) == workers and all(len(threads) > 1 for threads in found.values()):
             return found
         assert time.monotonic() < deadline, found
@@ -85,7 +80,7 @@ def test_each_worker_and_its_threads_hold_a_core_of_their_own_and_a_replacement_
             freed = next(iter(before[killed].values()))
             os.kill(killed, signal.SIGKILL)
             deadline = time.monotonic() + 30
-            while killed in _workers(gw.proc.pid) or len(_workers(gw.proc.pid)) < 2:
+            while killed in spawned_workers(gw.proc.pid) or len(spawned_workers(gw.proc.pid)) < 2:
                 assert time.monotonic() < deadline, gw.log.read_text()[-2000:]
                 time.sleep(0.05)
             answering_workers(gw.url, BODY, 2)

@@ -19,7 +19,7 @@ import pytest
 
 from gateway.ops.serving import own_sockets
 from tests.helpers.recordings import REPO
-from tests.helpers.servers import GatewayProcess, answering_workers, cli_env, free_port, run_cli
+from tests.helpers.servers import GatewayProcess, answering_workers, cli_env, free_port, run_cli, spawned_workers
 from tests.helpers.upstreams import Upstream, reply
 
 ANSWER = (
@@ -96,12 +96,6 @@ def test_a_burst_of_keep_alive_connections_is_spread_over_both_workers(tmp_path:
     assert len({worker for burst in bursts for worker in burst}) == 2, bursts
 
 
-def _workers(main_pid: int) -> list[int]:
-    """The worker processes uvicorn spawned from the main one."""
-    children = Path(f"/proc/{main_pid}/task/{main_pid}/children").read_text().split()
-    return [pid for pid in map(int, children) if b"multiprocessing.spawn" in Path(f"/proc/{pid}/cmdline").read_bytes()]
-
-
 def test_a_worker_killed_is_replaced_by_one_with_a_socket_of_its_own(tmp_path: Path) -> None:
     with Upstream() as upstream:
         upstream.handler = reply(ANSWER)
@@ -109,12 +103,12 @@ def test_a_worker_killed_is_replaced_by_one_with_a_socket_of_its_own(tmp_path: P
         try:
             gw.wait_ready()
             before = _until_both_answer(gw.url)
-            killed = _workers(gw.proc.pid)[0]
+            killed = spawned_workers(gw.proc.pid)[0]
             os.kill(killed, signal.SIGKILL)
             # The survivor alone takes new connections meanwhile, then its new sibling its share.
             after = _until_both_answer(gw.url)
             assert len(before & after) == 1, (before, after)
-            assert killed not in _workers(gw.proc.pid)
+            assert killed not in spawned_workers(gw.proc.pid)
             burst = _burst(gw.port)
             assert len(burst) == 2 and min(burst.values()) >= 4, burst
         finally:
@@ -209,17 +203,17 @@ def test_a_worker_replaced_while_the_config_is_broken_starts_with_the_one_valida
             gw.wait_ready()
             before = _until_both_answer(gw.url)
             # What uvicorn's spawn gave a worker (the main process's own /proc environ is from its exec).
-            env = Path(f"/proc/{_workers(gw.proc.pid)[0]}/environ").read_bytes().split(b"\0")
+            env = Path(f"/proc/{spawned_workers(gw.proc.pid)[0]}/environ").read_bytes().split(b"\0")
             kept = Path(next(v for v in env if v.startswith(b"GATEWAY_CONFIG_STARTED=")).split(b"=", 1)[1].decode())
             assert kept.read_text() == path.read_text()
             assert (kept.stat().st_mode & 0o777, kept.parent.stat().st_mode & 0o777) == (0o600, 0o700)
             path.write_text("providers: [\n")  # the operator's edit, half saved
-            killed = _workers(gw.proc.pid)[0]
+            killed = spawned_workers(gw.proc.pid)[0]
             os.kill(killed, signal.SIGKILL)
             after = _until_both_answer(gw.url)
             assert len(before & after) == 1, (before, after)
             time.sleep(1)  # a replacement failing would be replaced again within this
-            workers = _workers(gw.proc.pid)
+            workers = spawned_workers(gw.proc.pid)
             assert len(workers) == 2 and killed not in workers, workers
         finally:
             gw.stop()
