@@ -204,10 +204,17 @@ class Admission:
         return _Scopes(buckets, self.limiter.compiled(buckets), min(queues, default=0))
 
     async def admit(
-        self, key: ClientKey | None, req: CompletionRequest, plan: Plan, *, free: bool = False
+        self,
+        key: ClientKey | None,
+        req: CompletionRequest,
+        plan: Plan,
+        *,
+        free: bool = False,
+        meanwhile: Callable[[], None] | None = None,
     ) -> Ticket | None:
         """`free`: an answer the cache serves, which costs no upstream call: the key's and the alias's request
-        rates still count it, their tokens and the provider's and deployment's quotas do not."""
+        rates still count it, their tokens and the provider's and deployment's quotas do not. `meanwhile`:
+        work to do while the decision is on its way from Redis (called once, and only then)."""
         direct = plan.single
         # What decides the buckets: the key (a runtime key's own limits are on it), the model, the route.
         route = None if free or direct is None else (direct.provider, direct.endpoint.deployment)
@@ -242,6 +249,9 @@ class Admission:
                         allowed, wait, lease = decision.allowed, decision.retry_after_ms, decision.lease
                         headers = rate_headers(decision.states, scopes.labels)
                     else:
+                        if meanwhile is not None:
+                            meanwhile()
+                            meanwhile = None
                         try:
                             out = await pending
                         except Degraded:

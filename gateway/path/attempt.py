@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from typing import Any, ClassVar, cast
 
 import msgspec
@@ -33,7 +33,7 @@ from gateway.path.answers import (
     unreadable,
 )
 from gateway.path.fanout import open_all
-from gateway.queue.gate import Slot
+from gateway.path.opened import Chunk, Opened
 from gateway.queue.service import Ask
 from gateway.resilience.health import Health
 from gateway.upstream.client import Stream, Upstream
@@ -41,16 +41,15 @@ from gateway.upstream.framing import DECODERS
 from gateway.upstream.plan import Plan, Route
 from gateway.upstream.transport import Timeouts
 from providers.base import Adapter, CallContext, LocalAdapter, map_params
-from wire.chat import ChatChunk, ChatCompletion
+from wire.chat import ChatCompletion
 from wire.errors import GatewayError
 from wire.schema import Completion, CompletionRequest
 from wire.upstream import UpstreamRequest
 
 log = logging.getLogger("gateway")
 
-# A client answer and a stream chunk, of a completion or a chat request.
+# A client answer, of a completion or a chat request.
 Answer = Completion | ChatCompletion
-Chunk = Completion | ChatChunk
 # An adapter's stream-event parser (`parse_event`, or `parse_chat_event` on chat).
 Parse = Callable[[str | None, bytes, CallContext], Chunk | None]
 
@@ -74,42 +73,6 @@ class Services:
         self.ignores_n: set[str] = set()
 
 
-class Opened:
-    """A stream whose first event has arrived: nothing has been sent to the client yet."""
-
-    def __init__(
-        self,
-        chunks: AsyncGenerator[Chunk, None],
-        first: Chunk | None,
-        stream: Stream | None = None,
-        *,
-        ctx: CallContext,
-        children: Sequence[Opened] = (),
-    ) -> None:
-        self.chunks = chunks
-        self.first = first
-        self.stream = stream
-        self.ctx = ctx  # this call's own context: its `created` is what the stream's chunks carry
-        self.children = children  # the sub-streams an emulated fan-out merges
-        self.quota: Ticket | None = None  # an alias target's provider/deployment quota, settled with the stream
-        # The target whose in-flight count this stream holds until the relay ends it (None: none held).
-        self.held: str | None = None
-        self.slot: Slot | None = None  # its server's slot (max_concurrency), given back at the stream's end
-
-    def drop(self) -> None:
-        """Close the upstream connection(s) at once (not returned to the pool half-read)."""
-        if self.stream is not None:
-            self.stream.close()
-        for child in self.children:
-            child.drop()
-
-    async def close(self) -> None:
-        self.drop()
-        await self.chunks.aclose()
-        for child in self.children:
-            await child.close()
-
-
 class Job:
     """One admitted request as the failover loop sees it: what each of its attempts shares.
 
@@ -118,7 +81,20 @@ class Job:
     admission, settled when the answer (or the stream) ends.
     """
 
-    __slots__ = ("services", "admission", "req", "ctx", "plan", "dropped", "ticket", "work", "cached", "hint", "ask")
+    __slots__ = (
+        "services",
+        "admission",
+        "req",
+        "ctx",
+        "plan",
+        "dropped",
+        "ticket",
+        "work",
+        "cached",
+        "hint",
+        "ask",
+        "ahead",
+    )
     # What makes each attempt: `Attempt`, or chat's (gateway/path/chat.py), set below the class.
     attempt: ClassVar[type[Attempt]]
 
@@ -142,6 +118,36 @@ class Job:
         self.cached: Lookup | None = None  # the response cache's part in this request (gateway/cache)
         self.hint: Hint | None = None  # what a replicated provider's policy reads (gateway/fleet)
         self.ask: Ask | None = None  # who asks, when a server has max_concurrency (gateway/queue)
+        # The first attempt's upstream request made while admission waited (`prepare`): its route, the request
+        # and the parameters dropped for it. Taken by the first attempt on that route.
+        self.ahead: tuple[Route, UpstreamRequest, list[str]] | None = None
+
+    def prepare(self) -> None:
+        """Make the first attempt's upstream request now, while admission's call to Redis is on the wire, so
+        that its CPU overlaps the round trip instead of following it (the pipeline asks only when this request
+        is the loop's one: under load other requests' work fills the wait). Only where the first target is
+        known before the failover loop runs (one route, or routes tried in a fixed order; no fleet); whatever
+        fails here is left for the attempt to raise again, where it is answered."""
+        order = self.plan.fixed_order
+        if not order:
+            return
+        route = order[0]
+        try:
+            made = self.attempt(self, route, self.plan.timeouts).ahead()
+        except Exception:
+            return
+        if made is not None:
+            self.ahead = (route, *made)
+
+    def made(self, route: Route) -> UpstreamRequest | None:
+        """The request `prepare` made for `route`, once: a second attempt there makes its own."""
+        ahead = self.ahead
+        if ahead is None or ahead[0] is not route:
+            return None
+        self.ahead = None
+        if ahead[2]:
+            self.dropped[route.key] = ahead[2]
+        return ahead[1]
 
     def complete(self, route: Route, timeouts: Timeouts) -> Coroutine[Any, Any, Answer]:
         """One buffered attempt on `route`, within the target's own quota and its server's slots."""
@@ -241,8 +247,23 @@ class Attempt:
             route.adapter, self.req, route.provider, services.guided_retries, services.caps, route.endpoint
         )
 
+    def ahead(self) -> tuple[UpstreamRequest, list[str]] | None:
+        """The upstream request this attempt would send for the job's request, made before the attempt runs
+        (`Job.prepare`), with the parameters dropped for it; None where the attempt emulates or runs in process."""
+        route, req = self.route, self.req
+        adapter = route.adapter
+        if adapter.in_process or self._emulation() is not None:
+            return None
+        adapter.check(req, route.provider)
+        params, lost = map_params(req, adapter.params, route.provider, route.drop_unsupported)
+        return cast(Adapter, adapter).build_request(req, route.endpoint, params), lost
+
     def complete(self) -> Coroutine[Any, Any, Answer]:
         # The coroutine itself, not awaited here: one frame less on every resume of the upstream call.
+        if self.job.ahead is not None:
+            made = self.job.made(self.route)
+            if made is not None:
+                return self.call(self.req, made)
         em = self._emulation()
         if em is None:
             return self.call(self.req)
@@ -291,6 +312,10 @@ class Attempt:
         return job.work
 
     async def open(self) -> Opened:
+        if self.job.ahead is not None:
+            made = self.job.made(self.route)
+            if made is not None:
+                return await self.open_one(self.req, made)
         em = self._emulation()
         if em is None:
             return await self.open_one(self.req)
@@ -334,17 +359,20 @@ class Attempt:
             await self._quota_used_up(wait)
         return resp.body
 
-    async def call(self, req: CompletionRequest) -> Completion:
-        """One upstream call for `req` (the request, or one of an emulation's sub-requests), buffered."""
-        params = self._prepare(req)
+    async def call(self, req: CompletionRequest, made: UpstreamRequest | None = None) -> Completion:
+        """One upstream call for `req` (the request, or one of an emulation's sub-requests), buffered; `made`:
+        its upstream request, made ahead (`Job.prepare`)."""
         route = self.route
         adapter = route.adapter
-        ctx = _fresh(self.ctx)
-        if adapter.in_process:
-            self.sent += 1
-            return await cast(LocalAdapter, adapter).complete(req, route.endpoint, ctx)
+        if made is None:
+            params = self._prepare(req)
+            if adapter.in_process:
+                self.sent += 1
+                return await cast(LocalAdapter, adapter).complete(req, route.endpoint, _fresh(self.ctx))
+            made = cast(Adapter, adapter).build_request(req, route.endpoint, params)
         adapter = cast(Adapter, adapter)
-        body = await self.exchange(adapter, adapter.build_request(req, route.endpoint, params))
+        ctx = _fresh(self.ctx)
+        body = await self.exchange(adapter, made)
         answer = parsed(route, adapter.parse_response, body, ctx)
         if req.n is not None and req.n > 1 and len(answer.choices) < (asked := choices_asked(req)):
             self.services.ignores_n.add(route.key)
@@ -359,22 +387,26 @@ class Attempt:
             answer.usage = sane_usage(u)
         return answer
 
-    async def open_one(self, req: CompletionRequest) -> Opened:
-        """One upstream call for `req`, streamed: opened and read to its first event that carries something."""
-        params = self._prepare(req)
+    async def open_one(self, req: CompletionRequest, made: UpstreamRequest | None = None) -> Opened:
+        """One upstream call for `req`, streamed: opened and read to its first event that carries something;
+        `made`: its upstream request, made ahead (`Job.prepare`)."""
         route = self.route
         adapter = route.adapter
-        ctx = _fresh(self.ctx)
-        if adapter.in_process:
-            self.sent += 1
-            local = cast(LocalAdapter, adapter).stream(req, route.endpoint, ctx)
-            return Opened(local, await anext(local, None), ctx=ctx)
+        if made is None:
+            params = self._prepare(req)
+            if adapter.in_process:
+                self.sent += 1
+                ctx = _fresh(self.ctx)
+                local = cast(LocalAdapter, adapter).stream(req, route.endpoint, ctx)
+                return Opened(local, await anext(local, None), ctx=ctx)
         adapter = cast(Adapter, adapter)
         if req.n is not None and req.n > 1 and route.key in self.services.ignores_n:
             raise ignored_n(route, choices_asked(req), choices_asked(req) // req.n)
-        upstream_req = adapter.build_request(req, route.endpoint, params)
+        if made is None:
+            made = adapter.build_request(req, route.endpoint, params)
+        ctx = _fresh(self.ctx)
         self.sent += 1
-        stream = await self.services.upstream.open_stream(route.provider, upstream_req, self.timeouts, route.key)
+        stream = await self.services.upstream.open_stream(route.provider, made, self.timeouts, route.key)
         return await self.first_event(stream, adapter, adapter.parse_event, adapter.framing, ctx)
 
     async def first_event(

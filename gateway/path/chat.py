@@ -17,12 +17,14 @@ import msgspec
 from gateway.emulation import chat as emulation
 from gateway.emulation.chat import ChatEmulation, ChatSubStream
 from gateway.path.answers import ignored_n, parsed, sane_usage
-from gateway.path.attempt import Attempt, Job, Opened, _fresh
+from gateway.path.attempt import Attempt, Job, _fresh
 from gateway.path.fanout import open_all
+from gateway.path.opened import Opened
 from gateway.upstream.plan import Group, Plan, Route
 from providers.base import LocalAdapter, map_params
 from providers.openai_chat import OpenAIChat, check_chat, chunks_from, from_completion, unsupported_endpoint
 from wire.chat import AssistantMessage, ChatChunk, ChatCompletion, ChatRequest, Delta, render
+from wire.upstream import UpstreamRequest
 
 
 class ChatAttempt(Attempt):
@@ -64,9 +66,24 @@ class ChatAttempt(Attempt):
             await self.admission.charge_calls(self.route, em.fan_n - 1, "n")
             self.charged = em.fan_n - 1
 
-    def complete(self) -> Coroutine[Any, Any, ChatCompletion]:
-        em = self._plan()
+    def ahead(self) -> tuple[UpstreamRequest, list[str]] | None:
+        """The chat route's upstream request for the job's request, made before the attempt runs."""
+        route = self.route
+        if route.adapter.in_process or self._plan() is not None:
+            return None
+        adapter = cast(OpenAIChat, route.adapter)
         req = cast(ChatRequest, self.req)
+        assert adapter.chat_params is not None  # `_plan` refused a kind without a chat route
+        params, lost = map_params(req, adapter.chat_params, route.provider, route.drop_unsupported)
+        return adapter.build_chat_request(req, route.endpoint, params), lost
+
+    def complete(self) -> Coroutine[Any, Any, ChatCompletion]:
+        req = cast(ChatRequest, self.req)
+        if self.job.ahead is not None:
+            made = self.job.made(self.route)
+            if made is not None:
+                return self.chat_call(req, made)
+        em = self._plan()
         if em is None:
             return self.chat_call(req)
         return self._emulated(em, req)
@@ -84,17 +101,22 @@ class ChatAttempt(Attempt):
         await self._charge_again()
         return await self.chat_call(req)
 
-    async def chat_call(self, req: ChatRequest) -> ChatCompletion:
-        """One upstream call for `req` (the request, or one of an emulation's sub-requests), buffered."""
-        adapter = self._adapter()
-        params = self._params(req)
+    async def chat_call(self, req: ChatRequest, made: UpstreamRequest | None = None) -> ChatCompletion:
+        """One upstream call for `req` (the request, or one of an emulation's sub-requests), buffered; `made`:
+        its upstream request, made ahead (`Job.prepare`)."""
         route = self.route
+        if made is None:
+            adapter = self._adapter()
+            params = self._params(req)
+            if adapter.in_process:
+                self.sent += 1
+                return from_completion(
+                    await cast(LocalAdapter, adapter).complete(req, route.endpoint, _fresh(self.ctx))
+                )
+            made = cast(OpenAIChat, adapter).build_chat_request(req, route.endpoint, params)
+        adapter = cast(OpenAIChat, route.adapter)
         ctx = _fresh(self.ctx)
-        if adapter.in_process:
-            self.sent += 1
-            return from_completion(await cast(LocalAdapter, adapter).complete(req, route.endpoint, ctx))
-        adapter = cast(OpenAIChat, adapter)
-        body = await self.exchange(adapter, adapter.build_chat_request(req, route.endpoint, params))
+        body = await self.exchange(adapter, made)
         answer = parsed(route, adapter.parse_chat_response, body, ctx)
         asked = req.n or 1
         if asked > 1 and len(answer.choices) < asked:
@@ -105,8 +127,12 @@ class ChatAttempt(Attempt):
         return answer
 
     async def open(self) -> Opened:
-        em = self._plan()
         req = cast(ChatRequest, self.req)
+        if self.job.ahead is not None:
+            made = self.job.made(self.route)
+            if made is not None:
+                return await self.chat_open(req, made)
+        em = self._plan()
         if em is None:
             return await self.chat_open(req)
         if em.guide is not None:
@@ -122,23 +148,27 @@ class ChatAttempt(Attempt):
         merged = emulation.stream(em, cast("list[ChatSubStream]", opens))
         return Opened(merged, await anext(merged, None), ctx=opens[0].ctx, children=opens)
 
-    async def chat_open(self, req: ChatRequest) -> Opened:
-        """One upstream call for `req`, streamed: opened and read to its first event that carries something."""
-        adapter = self._adapter()
-        params = self._params(req)
+    async def chat_open(self, req: ChatRequest, made: UpstreamRequest | None = None) -> Opened:
+        """One upstream call for `req`, streamed: opened and read to its first event that carries something;
+        `made`: its upstream request, made ahead (`Job.prepare`)."""
         route = self.route
-        ctx = _fresh(self.ctx)
-        if adapter.in_process:
-            self.sent += 1
-            local = chunks_from(cast(LocalAdapter, adapter).stream(req, route.endpoint, ctx))
-            return Opened(local, await anext(local, None), ctx=ctx)
-        adapter = cast(OpenAIChat, adapter)
+        if made is None:
+            adapter = self._adapter()
+            params = self._params(req)
+            if adapter.in_process:
+                self.sent += 1
+                ctx = _fresh(self.ctx)
+                local = chunks_from(cast(LocalAdapter, adapter).stream(req, route.endpoint, ctx))
+                return Opened(local, await anext(local, None), ctx=ctx)
+        adapter = cast(OpenAIChat, route.adapter)
         asked = req.n or 1
         if asked > 1 and route.key in self.services.ignores_n:
             raise ignored_n(route, asked, 1)
-        upstream_req = adapter.build_chat_request(req, route.endpoint, params)
+        if made is None:
+            made = adapter.build_chat_request(req, route.endpoint, params)
+        ctx = _fresh(self.ctx)
         self.sent += 1
-        stream = await self.services.upstream.open_stream(route.provider, upstream_req, self.timeouts, route.key)
+        stream = await self.services.upstream.open_stream(route.provider, made, self.timeouts, route.key)
         return await self.first_event(stream, adapter, adapter.parse_chat_event, adapter.chat_framing, ctx)
 
 
@@ -160,7 +190,10 @@ class ContinueAttempt(ChatAttempt):
         params.update(cast(OpenAIChat, self.route.adapter).chat_continue or {})
         return params
 
-    async def chat_open(self, req: ChatRequest) -> Opened:
+    def ahead(self) -> None:
+        return None  # its request is the stream's conversation so far, trimmed when the attempt opens
+
+    async def chat_open(self, req: ChatRequest, made: UpstreamRequest | None = None) -> Opened:
         pending = ""
         last = req.messages[-1]
         if cast(OpenAIChat, self.route.adapter).chat_continue_strips and isinstance(last.content, str):
@@ -168,7 +201,7 @@ class ContinueAttempt(ChatAttempt):
             pending = last.content[len(kept) :]
             if pending:
                 req = msgspec.structs.replace(req, messages=[*req.messages[:-1], AssistantMessage(content=kept)])
-        opened = await super().chat_open(req)
+        opened = await super().chat_open(req, made)
         going_on = _GoingOn(pending)
         chunks = going_on.chunks(cast("AsyncGenerator[ChatChunk, None]", opened.chunks))
         first = going_on.strip(cast(ChatChunk, opened.first)) if opened.first is not None else None

@@ -295,8 +295,9 @@ class Pipeline:
         ask = self.queues.ask(key, headers, req) if self.queues is not None else None
         admission = self.admission if self.admission.enabled or (key is not None and key.buckets) else None
         if self.cache is None:
-            ticket = await admission.admit(key, req, plan) if admission is not None else None
-            job = op.job(self.services, admission, req, ctx, plan, ticket)
+            job = op.job(self.services, admission, req, ctx, plan)
+            if admission is not None:
+                job.ticket = await admission.admit(key, req, plan, meanwhile=job.prepare if self._alone() else None)
         else:
             cached = looked
             if type(cached) is not Lookup:  # one test for the common case, a lookup `early` settled
@@ -304,17 +305,17 @@ class Pipeline:
                     cached = self.cache.lookup(req, rec.key_id, headers, rec, plan)
                 if cached is not None and not isinstance(cached, Lookup):
                     cached = await cached  # a Redis read, or the identical request in flight waited for
-            ticket = None
+            job = op.job(self.services, admission, req, ctx, plan)
             if admission is not None:
                 try:
-                    # An answer the cache serves costs no upstream tokens.
+                    # An answer the cache serves costs no upstream tokens, and needs no upstream request.
                     free = cached is not None and cached.entry is not None
-                    ticket = await admission.admit(key, req, plan, free=free)
+                    meanwhile = job.prepare if not free and self._alone() else None
+                    job.ticket = await admission.admit(key, req, plan, free=free, meanwhile=meanwhile)
                 except BaseException:
                     if cached is not None:
                         cached.abandon()  # whoever waits on this request's answer asks for itself
                     raise
-            job = op.job(self.services, admission, req, ctx, plan, ticket)
             job.cached = cached
         job.ask = ask
         if self.router.fleets:

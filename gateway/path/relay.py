@@ -22,9 +22,10 @@ from gateway.limits.admission import Admission, Ticket
 from gateway.limits.budgets import STREAM_CHECK_EVENTS, Hold
 from gateway.ops.metrics import Record
 from gateway.path.answers import UNREADABLE, ignored_n, sane_usage
-from gateway.path.attempt import Job, Opened, Services
+from gateway.path.attempt import Job, Services
 from gateway.path.chat import continuation
 from gateway.path.dialects import OPENAI
+from gateway.path.opened import Opened
 from gateway.resilience.failover import Failover
 from gateway.resilience.health import Health
 from gateway.upstream.framing import DONE, sse_event

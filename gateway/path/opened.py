@@ -1,0 +1,52 @@
+"""A stream whose first event has arrived, before anything of it reaches the client: what a streamed
+attempt hands the relay (gateway/path/relay.py), with what it holds until the stream ends."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Sequence
+
+from gateway.limits.admission import Ticket
+from gateway.queue.gate import Slot
+from gateway.upstream.client import Stream
+from providers.base import CallContext
+from wire.chat import ChatChunk
+from wire.schema import Completion
+
+# A stream chunk, of a completion or a chat request.
+Chunk = Completion | ChatChunk
+
+
+class Opened:
+    """A stream whose first event has arrived: nothing has been sent to the client yet."""
+
+    def __init__(
+        self,
+        chunks: AsyncGenerator[Chunk, None],
+        first: Chunk | None,
+        stream: Stream | None = None,
+        *,
+        ctx: CallContext,
+        children: Sequence[Opened] = (),
+    ) -> None:
+        self.chunks = chunks
+        self.first = first
+        self.stream = stream
+        self.ctx = ctx  # this call's own context: its `created` is what the stream's chunks carry
+        self.children = children  # the sub-streams an emulated fan-out merges
+        self.quota: Ticket | None = None  # an alias target's provider/deployment quota, settled with the stream
+        # The target whose in-flight count this stream holds until the relay ends it (None: none held).
+        self.held: str | None = None
+        self.slot: Slot | None = None  # its server's slot (max_concurrency), given back at the stream's end
+
+    def drop(self) -> None:
+        """Close the upstream connection(s) at once (not returned to the pool half-read)."""
+        if self.stream is not None:
+            self.stream.close()
+        for child in self.children:
+            child.drop()
+
+    async def close(self) -> None:
+        self.drop()
+        await self.chunks.aclose()
+        for child in self.children:
+            await child.close()
