@@ -3,8 +3,9 @@
 The gateway (uvicorn in a thread) refreshes a loopback vLLM-like upstream's listing every 300 ms. The
 listing is a few bytes short of its cap (`discovery.max_models` x 1 KiB + 64 KiB) and made of the
 smallest entries there are, millions of them: entries with ids, then entries without. While it refreshes,
-`/health` is asked every 10 ms and must answer within 200 ms each time (the upstream and the client share
-the test's process; decoded whole, such a listing held /health 0.46 to 3.4 s per refresh here).
+`/health` is asked every 10 ms and must answer within 300 ms each time (the upstream and the client share
+the test's process, whose threads take the interpreter in turns: on a VM slowed to a third of its speed, an
+answer took up to 202 ms; decoded whole, such a listing held /health 0.46 to 3.4 s per refresh here).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def test_a_listing_just_under_its_cap_does_not_stall_health(tmp_path: Path, card
                     slowest = max(slowest, time.perf_counter() - t)
                     time.sleep(0.01)
                 models = c.get(f"{gw.url}/v1/models").json()["data"]
-    assert slowest < 0.2, slowest
+    assert slowest < 0.3, slowest
     # The first max_models ids, in the upstream's order; of entries without ids, none.
     expected = [f"vl/{1_000_000 + i}" for i in range(MAX_MODELS)] if b"%d" in card else []
     assert [m["id"] for m in models if m["id"].startswith("vl/")] == expected
