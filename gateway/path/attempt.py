@@ -251,12 +251,10 @@ class Attempt:
         """The upstream request this attempt would send for the job's request, made before the attempt runs
         (`Job.prepare`), with the parameters dropped for it; None where the attempt emulates or runs in process."""
         route, req = self.route, self.req
-        adapter = route.adapter
-        if adapter.in_process or self._emulation() is not None:
+        if route.adapter.in_process or self._emulation() is not None:
             return None
-        adapter.check(req, route.provider)
-        params, lost = map_params(req, adapter.params, route.provider, route.drop_unsupported)
-        return cast(Adapter, adapter).build_request(req, route.endpoint, params), lost
+        params, lost = self._mapped(req)
+        return cast(Adapter, route.adapter).build_request(req, route.endpoint, params), lost
 
     def complete(self) -> Coroutine[Any, Any, Answer]:
         # The coroutine itself, not awaited here: one frame less on every resume of the upstream call.
@@ -334,12 +332,16 @@ class Attempt:
         merged = emulation.stream(em, self.req, self.ctx, cast("list[SubStream]", opens))
         return Opened(merged, await anext(merged, None), ctx=opens[0].ctx, children=opens)
 
-    def _prepare(self, req: CompletionRequest) -> dict[str, Any]:
+    def _mapped(self, req: CompletionRequest) -> tuple[dict[str, Any], list[str]]:
+        """`req` checked against the route's table, its parameters mapped, and those dropped (not recorded)."""
         route = self.route
         route.adapter.check(req, route.provider)
-        params, lost = map_params(req, route.adapter.params, route.provider, route.drop_unsupported)
+        return map_params(req, route.adapter.params, route.provider, route.drop_unsupported)
+
+    def _prepare(self, req: CompletionRequest) -> dict[str, Any]:
+        params, lost = self._mapped(req)
         if lost:
-            self.dropped[route.key] = lost
+            self.dropped[self.route.key] = lost
         return params
 
     async def _quota_used_up(self, wait: float) -> None:

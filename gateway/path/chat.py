@@ -24,6 +24,7 @@ from gateway.upstream.plan import Group, Plan, Route
 from providers.base import LocalAdapter, map_params
 from providers.openai_chat import OpenAIChat, check_chat, chunks_from, from_completion, unsupported_endpoint
 from wire.chat import AssistantMessage, ChatChunk, ChatCompletion, ChatRequest, Delta, render
+from wire.schema import CompletionRequest
 from wire.upstream import UpstreamRequest
 
 
@@ -51,14 +52,12 @@ class ChatAttempt(Attempt):
         assert adapter.chat_params is not None
         return emulation.plan(adapter, adapter.chat_params, req, route.provider, caps, self.services.guided_retries)
 
-    def _params(self, req: ChatRequest) -> dict[str, Any]:
+    def _mapped(self, req: CompletionRequest) -> tuple[dict[str, Any], list[str]]:
+        """`req`'s parameters mapped by the route's chat table (`_plan` checked it), and those dropped."""
         route = self.route
         table = route.adapter.chat_params
         assert table is not None
-        params, lost = map_params(req, table, route.provider, route.drop_unsupported)
-        if lost:
-            self.dropped[route.key] = lost
-        return params
+        return map_params(req, table, route.provider, route.drop_unsupported)
 
     async def _charge_n(self, em: ChatEmulation) -> None:
         """The fan-out's calls beyond the one admission charged, all before the first is made."""
@@ -71,11 +70,9 @@ class ChatAttempt(Attempt):
         route = self.route
         if route.adapter.in_process or self._plan() is not None:
             return None
-        adapter = cast(OpenAIChat, route.adapter)
         req = cast(ChatRequest, self.req)
-        assert adapter.chat_params is not None  # `_plan` refused a kind without a chat route
-        params, lost = map_params(req, adapter.chat_params, route.provider, route.drop_unsupported)
-        return adapter.build_chat_request(req, route.endpoint, params), lost
+        params, lost = self._mapped(req)
+        return cast(OpenAIChat, route.adapter).build_chat_request(req, route.endpoint, params), lost
 
     def complete(self) -> Coroutine[Any, Any, ChatCompletion]:
         req = cast(ChatRequest, self.req)
@@ -107,7 +104,7 @@ class ChatAttempt(Attempt):
         route = self.route
         if made is None:
             adapter = self._adapter()
-            params = self._params(req)
+            params = self._prepare(req)
             if adapter.in_process:
                 self.sent += 1
                 return from_completion(
@@ -154,7 +151,7 @@ class ChatAttempt(Attempt):
         route = self.route
         if made is None:
             adapter = self._adapter()
-            params = self._params(req)
+            params = self._prepare(req)
             if adapter.in_process:
                 self.sent += 1
                 ctx = _fresh(self.ctx)
@@ -185,10 +182,10 @@ class ContinueAttempt(ChatAttempt):
 
     __slots__ = ()
 
-    def _params(self, req: ChatRequest) -> dict[str, Any]:
-        params = super()._params(req)
+    def _mapped(self, req: CompletionRequest) -> tuple[dict[str, Any], list[str]]:
+        params, lost = super()._mapped(req)
         params.update(cast(OpenAIChat, self.route.adapter).chat_continue or {})
-        return params
+        return params, lost
 
     def ahead(self) -> None:
         return None  # its request is the stream's conversation so far, trimmed when the attempt opens

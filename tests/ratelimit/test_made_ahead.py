@@ -20,7 +20,7 @@ from gateway.path.operation import CHAT, COMPLETIONS, Operation
 from gateway.path.pipeline import Pipeline
 from tests.helpers.recordings import fixture_bytes, sse_events
 from tests.helpers.redis import RedisServer
-from tests.helpers.upstreams import Received, Upstream
+from tests.helpers.upstreams import Received, Upstream, reply, reply_sse
 from wire.errors import GatewayError
 
 COMPLETION = fixture_bytes("openai/completion_davinci002.json")
@@ -47,16 +47,11 @@ def answering(fail_first: list[bool]) -> Callable[[web.Request, Received], Await
 
     async def handler(request: web.Request, received: Received) -> web.StreamResponse:
         if fail_first and fail_first.pop():
-            return web.Response(status=500, text='{"error": {"message": "boom", "type": "server_error"}}')
+            return await reply(b'{"error": {"message": "boom", "type": "server_error"}}', 500)(request, received)
         chat = received.path.endswith("/chat/completions")
         if json.loads(received.body).get("stream"):
-            resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
-            await resp.prepare(request)
-            for event in CHAT_SSE if chat else COMPLETION_SSE:
-                await resp.write(event + b"\n\n")
-            await resp.write_eof()
-            return resp
-        return web.Response(body=CHAT_ANSWER if chat else COMPLETION, content_type="application/json")
+            return await reply_sse(CHAT_SSE if chat else COMPLETION_SSE)(request, received)
+        return await reply(CHAT_ANSWER if chat else COMPLETION)(request, received)
 
     return handler
 
