@@ -1,21 +1,26 @@
-"""``python -m bench.cpusplit``: the gateway's user and system CPU per request at 32 connections, per feature.
+"""``python -m bench.cpusplit``: the gateway's user and system CPU per request under load, per feature.
 
 Where the benchmark's ``feature_*`` rows give each feature's throughput beside nothing on, this asks the other
 question too: what each part costs *inside* the everything-on configuration. It serves the same load (wrk,
-c=32, a prompt of its own per request, the nginx upstream, a redis-server of its own) to the gateway with:
+c=32 or ``--connections``, a prompt of its own per request, the nginx upstream, a redis-server of its own) to
+the gateway with:
 nothing on (the access log off too), each part alone, everything on (bench/everything.py, SQLite ledger),
 and everything on but one part. Each configuration is a fresh gateway, warmed, then loaded for ``--seconds``;
 its user and system CPU (every thread: the ledger's writer is in it) are read from /proc before and after,
 divided by the requests served. ``--rounds`` rounds, each in the order opposite the last; each figure is the
 median of its rounds. A part costs more inside everything on than alone when "everything but it" saves more
-than "it alone" adds.
+than "it alone" adds. Each row also gives wrk's p50. At one connection every process (wrk, nginx, Redis, the
+gateway) runs on one core, as the benchmark's c=1 rows do: there a request's latency is about the CPU
+that all of them spend on it, and what a part adds to the p50 is what it costs one client.
 
     python -m bench.cpusplit --rounds 3 --seconds 8 --out /tmp/cpusplit.md
+    python -m bench.cpusplit --connections 1 --rounds 3 --seconds 5
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -24,7 +29,7 @@ from pathlib import Path
 
 from bench import everything, features, processes, stores, wrk
 from bench.configs import gateway_config, merge, start_gateway
-from bench.scenarios import BODY
+from bench.scenarios import BODY, LOADGEN_CPU
 from bench.tool_report import emit, invoked
 from bench.upstream import nginx
 
@@ -68,60 +73,77 @@ class Run:
     rps: float
     user_us: float  # per request
     system_us: float
+    p50_us: float
 
 
-def summary(runs: dict[str, list[Run]]) -> list[tuple[str, float, float, float]]:
-    """(name, median req/s, median user µs, median system µs) per configuration, in measuring order."""
+Row = tuple[str, float, float, float, float]
+
+
+def summary(runs: dict[str, list[Run]]) -> list[Row]:
+    """(name, median req/s, median user µs, median system µs, median p50 µs) per configuration, in measuring
+    order."""
     return [
         (
             name,
             statistics.median(r.rps for r in rows),
             statistics.median(r.user_us for r in rows),
             statistics.median(r.system_us for r in rows),
+            statistics.median(r.p50_us for r in rows),
         )
         for name, rows in runs.items()
         if rows
     ]
 
 
-def report(rows: list[tuple[str, float, float, float]], head: str) -> str:
-    base = {name: (user + system) for name, _, user, system in rows}
+def report(rows: list[Row], head: str) -> str:
+    base = {name: (user + system, p50) for name, _, user, system, p50 in rows}
     nothing, on = base.get("nothing on"), base.get("everything on")
-    lines = [head, "", "| configuration | req/s | user µs/request | system µs/request | CPU µs/request | against |"]
-    lines.append("|---|---|---|---|---|---|")
-    for name, rps, user, system in rows:
+    lines = [
+        head,
+        "",
+        "| configuration | req/s | user µs/request | system µs/request | CPU µs/request | p50 µs | against |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, rps, user, system, p50 in rows:
         total = user + system
         if name.startswith("everything but") and on is not None:
-            against = f"{total - on:+.1f} µs against everything on"
+            against = f"{total - on[0]:+.1f} µs CPU, p50 {p50 - on[1]:+.0f} µs against everything on"
         elif name != "nothing on" and nothing is not None:
-            against = f"{total - nothing:+.1f} µs against nothing on"
+            against = f"{total - nothing[0]:+.1f} µs CPU, p50 {p50 - nothing[1]:+.0f} µs against nothing on"
         else:
             against = ""
-        lines.append(f"| {name} | {rps:,.0f} | {user:.1f} | {system:.1f} | {total:.1f} | {against} |")
+        lines.append(f"| {name} | {rps:,.0f} | {user:.1f} | {system:.1f} | {total:.1f} | {p50:.0f} | {against} |")
     return "\n".join(lines) + "\n"
 
 
-def measure(url: str, work: Path, seconds: float, pid: int) -> Run:
-    wrk.run(url, wrk.write_script(BODY, work, "warmup", vary="Say hello"), 32, 2.0)
+def measure(url: str, work: Path, seconds: float, pid: int, connections: int = 32) -> Run:
+    # Each script numbers its prompts afresh from a nonce of its own: no request repeats an earlier one's.
+    wrk.run(url, wrk.write_script(BODY, work, "warmup", vary="Say hello"), connections, 2.0)
     u0, s0 = processes.user_system_seconds(pid)
-    load = wrk.run(url, wrk.write_script(BODY, work, "load", vary="Say hello"), 32, seconds)
+    load = wrk.run(url, wrk.write_script(BODY, work, "load", vary="Say hello"), connections, seconds)
     u1, s1 = processes.user_system_seconds(pid)
     if load.errors or not load.requests:
         raise RuntimeError(f"{url}: {load.errors} errors in {load.requests} requests")
     n = load.requests
-    return Run(load.rps, (u1 - u0) / n * 1e6, (s1 - s0) / n * 1e6)
+    return Run(load.rps, (u1 - u0) / n * 1e6, (s1 - s0) / n * 1e6, float(load.p50_us))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.cpusplit", description=__doc__)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--connections", type=int, default=32, help="wrk's connections (1: every process on one core)")
     parser.add_argument("--only", help="comma-separated row names to measure (default: every row)")
     parser.add_argument("--out", type=Path, help="write the markdown table here (default: stdout)")
     args = parser.parse_args(argv)
     if wrk.find_wrk() is None or nginx.find_nginx() is None:
         print("bench.cpusplit needs wrk and nginx", file=sys.stderr)
         return 2
+    if args.connections < 1:
+        parser.error("--connections must be at least 1")
+    if args.connections == 1:
+        # Children inherit it: Redis, nginx, every gateway and wrk share the core, as in the bench's c=1 rows.
+        os.sched_setaffinity(0, {LOADGEN_CPU})
     with tempfile.TemporaryDirectory(prefix="bench-cpusplit-") as temp:
         work = Path(temp)
         redis = stores.start_redis()
@@ -142,21 +164,23 @@ def main(argv: list[str] | None = None) -> int:
                     config = merge(gateway_config(upstream.port, processes.free_port(), None), configs[name])
                     gateway = start_gateway(config, work)
                     try:
-                        run = measure(gateway.base_url + "/v1/completions", work, args.seconds, gateway.proc.pid)
+                        url = gateway.base_url + "/v1/completions"
+                        run = measure(url, work, args.seconds, gateway.proc.pid, args.connections)
                     finally:
                         gateway.stop()
                     runs[name].append(run)
                     print(
                         f"[cpusplit] round {r + 1}: {name}: {run.rps:,.0f} req/s, user {run.user_us:.1f} µs, "
-                        f"system {run.system_us:.1f} µs per request",
+                        f"system {run.system_us:.1f} µs per request, p50 {run.p50_us:.0f} µs",
                         file=sys.stderr,
                     )
         finally:
             upstream.stop()
             redis.stop()
     head = (
-        f"{invoked('cpusplit', argv)}: wrk c=32 on `/v1/completions`, every request a "
-        f"cache miss, {args.seconds:g} s per run, the median of {args.rounds} rounds."
+        f"{invoked('cpusplit', argv)}: wrk c={args.connections} on `/v1/completions`, every request a "
+        f"cache miss, {args.seconds:g} s per run, the median of {args.rounds} rounds"
+        f"{'; every process on one core' if args.connections == 1 else ''}."
     )
     text = report(summary(runs), head)
     emit(text, args.out, "cpusplit")

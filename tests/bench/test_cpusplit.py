@@ -65,13 +65,16 @@ def test_the_cpu_read_is_this_processs_own() -> None:
 
 def test_the_report_compares_parts_alone_to_nothing_and_everything_but_to_everything() -> None:
     runs = {
-        "nothing on": [Run(100.0, 50.0, 20.0), Run(90.0, 52.0, 22.0), Run(110.0, 48.0, 18.0)],
-        "cache alone": [Run(95.0, 55.0, 20.0)],
-        "everything on": [Run(70.0, 80.0, 30.0)],
-        "everything but cache": [Run(75.0, 70.0, 28.0)],
+        "nothing on": [Run(100.0, 50.0, 20.0, 90.0), Run(90.0, 52.0, 22.0, 110.0), Run(110.0, 48.0, 18.0, 100.0)],
+        "cache alone": [Run(95.0, 55.0, 20.0, 104.0)],
+        "everything on": [Run(70.0, 80.0, 30.0, 190.0)],
+        "everything but cache": [Run(75.0, 70.0, 28.0, 182.0)],
     }
     rows = summary(runs)
-    assert rows[0] == ("nothing on", 100.0, 50.0, 20.0)  # medians, each figure on its own
+    assert rows[0] == ("nothing on", 100.0, 50.0, 20.0, 100.0)  # medians, each figure on its own
     text = report(rows, "head")
-    assert "| cache alone | 95 | 55.0 | 20.0 | 75.0 | +5.0 µs against nothing on |" in text
-    assert "| everything but cache | 75 | 70.0 | 28.0 | 98.0 | -12.0 µs against everything on |" in text
+    assert "| cache alone | 95 | 55.0 | 20.0 | 75.0 | 104 | +5.0 µs CPU, p50 +4 µs against nothing on |" in text
+    assert (
+        "| everything but cache | 75 | 70.0 | 28.0 | 98.0 | 182 | -12.0 µs CPU, p50 -8 µs against everything on |"
+        in text
+    )
