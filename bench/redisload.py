@@ -16,6 +16,10 @@ Redis core decides per second. The driver runs in this Python process, which is 
 measures Redis's cost per admission, not how fast one client can send.
 
     python -m bench.redisload --seconds 3 --out /tmp/redisload.md
+
+``--count instructions`` runs redis-server under ``valgrind --tool=callgrind`` and gives the instructions Redis
+runs per admission over ``--admissions`` of them per row (its user-space work only: the kernel's side of
+each read and write is not counted), which the machine's load does not move: what to compare two scripts by.
 """
 
 from __future__ import annotations
@@ -23,7 +27,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +63,7 @@ class Row:
     calls: int  # script calls Redis ran (EVALSHA), merged ones counted once
     cpu_us: float  # Redis's process CPU per admission
     script_us: float  # of which INFO commandstats counts running the script
+    instructions: float = 0.0  # per admission, with `--count instructions`
 
     @property
     def per_call(self) -> float:
@@ -79,12 +88,15 @@ def _sets(limiter: Limiter, own_keys: bool) -> list[BucketSet]:
     return [limiter.compiled([Bucket(k, "rpm", RPM), Bucket(k, "tpm", TPM)]) for k in keys]
 
 
-async def _load(limiter: Limiter, sets: list[BucketSet], batch: int, seconds: float) -> int:
-    """Rounds of `batch` admissions issued together for `seconds`, charging `sets` in turn; the admissions made."""
+async def _load(
+    limiter: Limiter, sets: list[BucketSet], batch: int, seconds: float = 0.0, rounds: int | None = None
+) -> int:
+    """Rounds of `batch` admissions issued together for `seconds` (or `rounds` of them), charging `sets` in
+    turn; the admissions made."""
     turn = 0
     made = 0
     end = time.monotonic() + seconds
-    while time.monotonic() < end:
+    while time.monotonic() < end if rounds is None else made < rounds * batch:
         futures = []
         for _ in range(batch):
             pending = limiter.acquiring(sets[turn % len(sets)], TOKENS)
@@ -127,7 +139,72 @@ async def measure(url: str, pid: int, batch: int, own_keys: bool, seconds: float
     )
 
 
+class Callgrind:
+    """A redis-server run under callgrind (`wrapper` is its command), counted between `zero` and `count`."""
+
+    _TOTAL: Final = re.compile(rb"^(?:summary|totals):\s+(\d+)", re.MULTILINE)
+
+    def __init__(self) -> None:
+        valgrind, control = shutil.which("valgrind"), shutil.which("callgrind_control")
+        if valgrind is None or control is None:
+            raise SystemExit("--count instructions needs valgrind (apt-get install -y valgrind)")
+        self.control = control
+        self.dir = Path(tempfile.mkdtemp(prefix="redisload-callgrind-"))
+        self.wrapper = [valgrind, "--tool=callgrind", f"--callgrind-out-file={self.dir}/callgrind.%p"]
+        self.pid = 0
+
+    def _control(self, *args: str) -> None:
+        subprocess.run([self.control, *args, str(self.pid)], check=True, capture_output=True, timeout=120)
+
+    def zero(self) -> None:
+        self._control("--zero")
+
+    def count(self) -> int:
+        """Instructions since `zero`: callgrind writes them to a file of their own."""
+        before = set(self.dir.iterdir())
+        self._control("--dump")
+        (written,) = set(self.dir.iterdir()) - before
+        found = self._TOTAL.search(written.read_bytes())
+        if found is None:
+            raise RuntimeError(f"no instruction total in {written}")
+        return int(found.group(1))
+
+    def close(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+async def count(url: str, grind: Callgrind, batch: int, own_keys: bool, admissions: int) -> Row:
+    """One row of `--count instructions`: `admissions` (rounded up to whole ticks) after a warm-up."""
+    shared = SharedState(url)
+    limiter = Limiter(shared, fail_open=False)
+    client = redis_py.Redis.from_url(url)
+    try:
+        sets = _sets(limiter, own_keys)
+        await _load(limiter, sets, batch, rounds=max(2, 200 // batch))
+        calls0, _ = _evalsha(client)
+        grind.zero()
+        made = await _load(limiter, sets, batch, rounds=-(-admissions // batch))
+        total = grind.count()
+        calls1, _ = _evalsha(client)
+    finally:
+        client.close()
+        await limiter.close()
+        await shared.close()
+    return Row(batch, "a key per admission" if own_keys else "one key", made, calls1 - calls0, 0.0, 0.0, total / made)
+
+
 def report(rows: list[Row], head: str) -> str:
+    if rows and rows[0].instructions:
+        lines = [
+            head,
+            "",
+            "| admissions per tick | keys | admissions | per script call | Redis instructions per admission |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r.batch} | {r.keys} | {r.admissions:,} | {r.per_call:.1f} | {r.instructions:,.0f} |" for r in rows
+        ]
+        return "\n".join(lines) + "\n"
     lines = [
         head,
         "",
@@ -149,14 +226,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default=",".join(map(str, BATCHES)), help="admissions per tick, comma-separated")
     parser.add_argument("--redis-cpu", type=int, help="pin redis-server to this CPU (and this driver off it)")
     parser.add_argument("--out", type=Path, help="write the markdown table here (default: stdout)")
+    parser.add_argument(
+        "--count",
+        choices=("cpu", "instructions"),
+        default="cpu",
+        help="Redis's CPU from /proc, or its instructions under callgrind (needs valgrind)",
+    )
+    parser.add_argument("--admissions", type=int, default=2000, help="admissions counted per row (instructions)")
     args = parser.parse_args(argv)
+    if args.admissions < 1:
+        parser.error("--admissions: at least 1")
     try:
         batches = [int(b) for b in args.batches.split(",")]
     except ValueError:
         parser.error(f"--batches: whole numbers, comma-separated (got {args.batches!r})")
     if any(b < 1 for b in batches):
         parser.error("--batches: each at least 1")
-    redis = stores.start_redis()
+    grind = Callgrind() if args.count == "instructions" else None
+    redis = stores.start_redis(grind.wrapper if grind is not None else ())
     try:
         pid = redis.proc.pid
         if args.redis_cpu is not None:
@@ -167,16 +254,24 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for own_keys in (False, True):
             for batch in batches:
-                row = asyncio.run(measure(redis.url, pid, batch, own_keys, args.seconds))
+                if grind is not None:
+                    grind.pid = pid
+                    row = asyncio.run(count(redis.url, grind, batch, own_keys, args.admissions))
+                    cost = f"{row.instructions:,.0f} Redis instructions"
+                else:
+                    row = asyncio.run(measure(redis.url, pid, batch, own_keys, args.seconds))
+                    cost = f"{row.cpu_us:.1f} µs of Redis CPU"
                 rows.append(row)
                 print(
-                    f"[redisload] {row.batch} per tick, {row.keys}: {row.per_call:.1f} per call, "
-                    f"{row.cpu_us:.1f} µs of Redis CPU per admission",
+                    f"[redisload] {row.batch} per tick, {row.keys}: {row.per_call:.1f} per call, {cost} per admission",
                     file=sys.stderr,
                 )
     finally:
         redis.stop()
-    head = f"{invoked('redisload', argv)}: rpm + tpm on the key, {args.seconds:g} s per row."
+        if grind is not None:
+            grind.close()
+    per_row = f"{args.seconds:g} s per row" if grind is None else f"{args.admissions:,} admissions per row, callgrind"
+    head = f"{invoked('redisload', argv)}: rpm + tpm on the key, {per_row}."
     text = report(rows, head)
     emit(text, args.out, "redisload")
     return 0

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from bench.processes import free_port
@@ -61,12 +62,14 @@ def _redis_pong(port: int) -> bool:
         return False
 
 
-def start_redis() -> Store:
+def start_redis(wrapper: Sequence[str] = ()) -> Store:
+    """`wrapper`: a command the server runs under (`valgrind --tool=callgrind ...`), its arguments before
+    redis-server's."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise RuntimeError("redis-server not found (apt-get install -y redis-server)")
     port = free_port()
-    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    argv = [*wrapper, binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + _START_S
     while not _redis_pong(port):

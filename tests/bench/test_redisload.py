@@ -3,6 +3,9 @@ whether they charge one key or a key each, as Redis's own count of script calls 
 
 from __future__ import annotations
 
+import re
+import shutil
+
 import pytest
 
 from bench.redisload import Row, main, measure, report
@@ -34,9 +37,38 @@ def test_the_report_has_a_line_per_row() -> None:
     assert "| 64 | a key per admission | 6,400 | 64.0 | 20.0 | 18.0 | 50,000 |" in text
 
 
-@pytest.mark.parametrize("batches", ["0", "x,8"])
-def test_bad_batches_are_refused_by_name(batches: str, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("argv", [["--batches", "0"], ["--batches", "x,8"], ["--admissions", "0"]])
+def test_bad_arguments_are_refused_by_name(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
-        main(["--batches", batches])
+        main(argv)
     assert exit_.value.code == 2
-    assert "--batches" in capsys.readouterr().err
+    assert argv[0] in capsys.readouterr().err
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed (.ci/run installs it)")
+def test_instructions_are_counted_per_admission_and_merging_cuts_them(capsys: pytest.CaptureFixture[str]) -> None:
+    # A redis-server of its own under callgrind: Redis's instructions per admission, alone and eight to a call.
+    assert main(["--count", "instructions", "--batches", "1,8", "--admissions", "200"]) == 0
+    out = capsys.readouterr().out
+    assert "| admissions per tick | keys | admissions | per script call | Redis instructions per admission |" in out
+    rows = re.findall(r"^\| (\d+) \| (one key|a key per admission) \| ([\d,]+) \| ([\d.]+) \| ([\d,]+) \|$", out, re.M)
+    assert [(r[0], r[1], r[3]) for r in rows] == [
+        ("1", "one key", "1.0"),
+        ("8", "one key", "8.0"),
+        ("1", "a key per admission", "1.0"),
+        ("8", "a key per admission", "8.0"),
+    ]
+    per = {(r[0], r[1]): int(r[4].replace(",", "")) for r in rows}
+    # A lone admission costs Redis tens of thousands of instructions (the script call's arguments, its
+    # commands, the reply); eight of one key in one call share the call and each bucket's read and write.
+    assert all(20_000 < n < 2_000_000 for n in per.values())
+    assert per[("8", "one key")] < per[("1", "one key")] * 0.7
+    assert per[("8", "one key")] < per[("8", "a key per admission")]
+
+
+def test_the_instruction_report_has_a_line_per_row() -> None:
+    rows = [Row(1, "one key", 200, 200, 0.0, 0.0, 150_000.4), Row(8, "one key", 200, 25, 0.0, 0.0, 58_000.0)]
+    text = report(rows, "head")
+    assert "| 1 | one key | 200 | 1.0 | 150,000 |" in text
+    assert "| 8 | one key | 200 | 8.0 | 58,000 |" in text
+    assert "Redis CPU" not in text
