@@ -27,6 +27,19 @@ from typing import Final
 # minus theirs (< 0), so both expire on Redis's clock and stay in the one key (and slot) the script names.
 _SCRIPT: Final = """
 local call, floor, ceil, max, find, sub = redis.call, math.floor, math.ceil, math.max, string.find, string.sub
+local tonumber, format = tonumber, string.format
+-- An argument's number: in a merged call each distinct text converted once (its calls repeat the same limits,
+-- periods and costs, and tonumber's strtod is dearer than a table lookup); alone, converted as read (a call
+-- reads each text about once, and a table's growth costs more than it saves).
+local nums = {}
+local num = tonumber
+if ARGV[1] == 'batch' then
+  num = function(s)
+    local v = tonumber(s)
+    nums[s] = v
+    return v
+  end
+end
 local t = call('TIME')
 local now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
 -- A rate bucket is read at most once and written at most once per script call, however many calls of a
@@ -47,8 +60,8 @@ local function one(k, n, a)
   local leased = false
   for i = 1, n do
     local base, o = a + 2 + (i - 1) * 4, 4 * i - 3
-    local kind, limit, period, cost = ARGV[base + 1], tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3]),
-      tonumber(ARGV[base + 4])
+    local kind, sl, sp, sc = ARGV[base + 1], ARGV[base + 2], ARGV[base + 3], ARGV[base + 4]
+    local limit, period, cost = nums[sl] or num(sl), nums[sp] or num(sp), nums[sc] or num(sc)
     if kind == 'concurrent' then
       local key = KEYS[k + i]
       call('ZREMRANGEBYSCORE', key, 0, now)
@@ -176,7 +189,7 @@ if ARGV[1] == 'batch' then
   local k, a = 0, 1
   replies = {}
   while a < #ARGV do
-    local n = tonumber(ARGV[a + 1])
+    local n = nums[ARGV[a + 1]] or num(ARGV[a + 1])
     replies[#replies + 1] = one(k, n, a + 1)
     k, a = k + n, a + 3 + 4 * n
   end
@@ -185,7 +198,18 @@ else
 end
 for j = 1, used, 4 do
   local px = st[j + 3]
-  if px then call('SET', st[j], string.format('%.17g:%.17g', st[j + 1], st[j + 2]), 'PX', px) end
+  if px then
+    -- Whole numbers (every integer cost) as integers: the same text as %.17g writes, without its digit
+    -- generation for doubles; a fractional cost's value keeps all 17 digits.
+    local b, u = st[j + 1], st[j + 2]
+    local v
+    if b == floor(b) and u == floor(u) and b < 2^53 and u < 2^53 and b > -2^53 and u > -2^53 then
+      v = format('%d:%d', b, u)
+    else
+      v = format('%.17g:%.17g', b, u)
+    end
+    call('SET', st[j], v, 'PX', format('%d', px))
+  end
 end
 return replies
 """
