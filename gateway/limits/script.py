@@ -54,7 +54,9 @@ local st = {false, false, false, false, false, false, false, false}
 local w = {false, false, false, false, false, false, false, false, false, false, false, false}
 local function one(k, n, a)
   local mode, lease = ARGV[a + 1], ARGV[a + 2]
-  local out = {1, 0}
+  -- Made at its final size for the common bucket counts: each growth of a table costs Redis a reallocation.
+  local out
+  if n == 2 then out = {1, 0, 0, 0, 0, 0} elseif n == 1 then out = {1, 0, 0, 0} else out = {1, 0} end
   local denied = false
   local retry = 0
   local leased = false
@@ -68,19 +70,19 @@ local function one(k, n, a)
       w[o] = false
       if mode == 'release' then
         call('ZREM', key, lease)
-        out[#out + 1] = 0; out[#out + 1] = 0
+        out[2 * i + 1] = 0; out[2 * i + 2] = 0
       elseif mode == 'refresh' then
         local score = call('ZSCORE', key, lease)
         if score and tonumber(score) > 0 then
           call('ZADD', key, now + LEASE_TTL, lease)
           call('PEXPIRE', key, LEASE_TTL)
         end
-        out[#out + 1] = 0; out[#out + 1] = 0
+        out[2 * i + 1] = 0; out[2 * i + 2] = 0
       elseif mode == 'cancel' then
         call('ZREMRANGEBYSCORE', key, -now, -1)
         call('ZADD', key, -(now + LEASE_TTL), lease)
         call('PEXPIRE', key, LEASE_TTL)
-        out[#out + 1] = 0; out[#out + 1] = 0
+        out[2 * i + 1] = 0; out[2 * i + 2] = 0
       else
         local held = call('ZCOUNT', key, '(0', '+inf')
         local want = 1
@@ -96,7 +98,7 @@ local function one(k, n, a)
         end
         w[o] = 'lease'
         leased = true
-        out[#out + 1] = max(limit - held - want, 0); out[#out + 1] = 0
+        out[2 * i + 1] = max(limit - held - want, 0); out[2 * i + 2] = 0
       end
     else
       -- TAT = base + units * period / limit, kept as a whole millisecond and a count of units so that the
@@ -130,7 +132,7 @@ local function one(k, n, a)
       end
       local whole = floor(nu / limit)
       w[o], w[o + 1], w[o + 2], w[o + 3] = tb + whole * period, nu - whole * limit, ceil(nq / limit) + 1000, q
-      out[#out + 1] = max(floor((period * limit - nq) / period), 0); out[#out + 1] = ceil(nq / limit)
+      out[2 * i + 1] = max(floor((period * limit - nq) / period), 0); out[2 * i + 2] = ceil(nq / limit)
     end
   end
   if mode == 'release' or mode == 'cancel' or mode == 'refresh' then return out end
