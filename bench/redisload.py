@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import re
 import shutil
@@ -33,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -111,12 +113,23 @@ async def _load(
     return made
 
 
-async def measure(url: str, pid: int, batch: int, own_keys: bool, seconds: float) -> Row:
-    """One row: a fresh limiter warmed for a fraction of the time, then measured for `seconds`."""
+@contextlib.asynccontextmanager
+async def _driver(url: str) -> AsyncIterator[tuple[Limiter, redis_py.Redis]]:
+    """A fresh limiter on `url`, and a plain client for Redis's own figures."""
     shared = SharedState(url)
     limiter = Limiter(shared, fail_open=False)
     client = redis_py.Redis.from_url(url)
     try:
+        yield limiter, client
+    finally:
+        client.close()
+        await limiter.close()
+        await shared.close()
+
+
+async def measure(url: str, pid: int, batch: int, own_keys: bool, seconds: float) -> Row:
+    """One row: a fresh limiter warmed for a fraction of the time, then measured for `seconds`."""
+    async with _driver(url) as (limiter, client):
         sets = _sets(limiter, own_keys)
         await _load(limiter, sets, batch, min(seconds / 4, 1.0))
         calls0, usec0 = _evalsha(client)
@@ -124,10 +137,6 @@ async def measure(url: str, pid: int, batch: int, own_keys: bool, seconds: float
         made = await _load(limiter, sets, batch, seconds)
         user1, system1 = processes.user_system_seconds(pid)
         calls1, usec1 = _evalsha(client)
-    finally:
-        client.close()
-        await limiter.close()
-        await shared.close()
     cpu = (user1 - user0) + (system1 - system0)
     return Row(
         batch,
@@ -175,10 +184,7 @@ class Callgrind:
 
 async def count(url: str, grind: Callgrind, batch: int, own_keys: bool, admissions: int) -> Row:
     """One row of `--count instructions`: `admissions` (rounded up to whole ticks) after a warm-up."""
-    shared = SharedState(url)
-    limiter = Limiter(shared, fail_open=False)
-    client = redis_py.Redis.from_url(url)
-    try:
+    async with _driver(url) as (limiter, client):
         sets = _sets(limiter, own_keys)
         await _load(limiter, sets, batch, rounds=max(2, 200 // batch))
         calls0, _ = _evalsha(client)
@@ -186,10 +192,6 @@ async def count(url: str, grind: Callgrind, batch: int, own_keys: bool, admissio
         made = await _load(limiter, sets, batch, rounds=-(-admissions // batch))
         total = grind.count()
         calls1, _ = _evalsha(client)
-    finally:
-        client.close()
-        await limiter.close()
-        await shared.close()
     return Row(batch, "a key per admission" if own_keys else "one key", made, calls1 - calls0, 0.0, 0.0, total / made)
 
 
