@@ -137,6 +137,11 @@ def _callgrind_total(
         return None
     if done.returncode != 0:
         raise SystemExit(f"callgrind run failed ({done.returncode}); see {work / 'valgrind.log'}")
+    return callgrind_total(out)
+
+
+def callgrind_total(out: Path) -> int:
+    """The instruction total of a callgrind output file (a run's, or one `callgrind_control --dump`'s)."""
     found = _TOTALS.search(out.read_bytes())
     if found is None:
         raise SystemExit(f"no instruction total in {out}")

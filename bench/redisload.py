@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -42,6 +41,7 @@ from typing import Final
 import redis as redis_py
 
 from bench import processes, stores
+from bench.instructions import callgrind_total
 from bench.tool_report import emit, invoked
 from gateway.limits.bucketset import BucketSet
 from gateway.limits.gcra import Bucket
@@ -149,9 +149,8 @@ async def measure(url: str, pid: int, batch: int, own_keys: bool, seconds: float
 
 
 class Callgrind:
-    """A redis-server run under callgrind (`wrapper` is its command), counted between `zero` and `count`."""
-
-    _TOTAL: Final = re.compile(rb"^(?:summary|totals):\s+(\d+)", re.MULTILINE)
+    """A redis-server run under callgrind (`wrapper` is its command; `pid` set once it runs), counted between
+    `zero` and `count`."""
 
     def __init__(self) -> None:
         valgrind, control = shutil.which("valgrind"), shutil.which("callgrind_control")
@@ -173,10 +172,7 @@ class Callgrind:
         before = set(self.dir.iterdir())
         self._control("--dump")
         (written,) = set(self.dir.iterdir()) - before
-        found = self._TOTAL.search(written.read_bytes())
-        if found is None:
-            raise RuntimeError(f"no instruction total in {written}")
-        return int(found.group(1))
+        return callgrind_total(written)
 
     def close(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -248,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     redis = stores.start_redis(grind.wrapper if grind is not None else ())
     try:
         pid = redis.proc.pid
+        if grind is not None:
+            grind.pid = pid
         if args.redis_cpu is not None:
             os.sched_setaffinity(pid, {args.redis_cpu})
             others = os.sched_getaffinity(0) - {args.redis_cpu}
@@ -257,7 +255,6 @@ def main(argv: list[str] | None = None) -> int:
         for own_keys in (False, True):
             for batch in batches:
                 if grind is not None:
-                    grind.pid = pid
                     row = asyncio.run(count(redis.url, grind, batch, own_keys, args.admissions))
                     cost = f"{row.instructions:,.0f} Redis instructions"
                 else:
