@@ -55,13 +55,14 @@ def gateway_config(
     return config
 
 
-def start_gateway(config: dict[str, object], work: Path) -> processes.Service:
-    """One worker of the gateway serving `config` (written to `work`/gateway.yaml) on the port it names."""
+def start_gateway(config: dict[str, object], work: Path, workers: int = 1) -> processes.Service:
+    """The gateway serving `config` (written to `work`/gateway.yaml) on the port it names, with `workers`
+    worker processes."""
     server = config["server"]
     assert isinstance(server, dict)
     port = int(server["port"])
     path = work / "gateway.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     argv = [sys.executable, "-m", "gateway", "serve", "--config", str(path)]
-    argv += ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    argv += ["--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)]
     return processes.start("gateway", argv, port, work, timeout=45.0)

@@ -11,21 +11,30 @@ divided by the requests served. ``--rounds`` rounds, each in the order opposite 
 median of its rounds. A part costs more inside everything on than alone when "everything but it" saves more
 than "it alone" adds. Each row also gives wrk's p50. At one connection every process (wrk, nginx, Redis, the
 gateway) runs on one core, as the benchmark's c=1 rows do: there a request's latency is about the CPU
-that all of them spend on it, and what a part adds to the p50 is what it costs one client.
+that all of them spend on it, and what a part adds to the p50 is what it costs one client. ``--workers 2``
+serves with two worker processes on the two cores (as the benchmark's two-worker rows do), every process's
+CPU counted: what each part costs when the workers, wrk, nginx and Redis share both cores. Each row also
+gives Redis's own CPU per request (its process's, from /proc: the cores it takes from the rest) and the
+script calls it ran per request (`INFO commandstats`: a gateway merges the admissions of one loop tick
+into one call, so fewer requests per tick mean more calls per request).
 
     python -m bench.cpusplit --rounds 3 --seconds 8 --out /tmp/cpusplit.md
     python -m bench.cpusplit --connections 1 --rounds 3 --seconds 5
+    python -m bench.cpusplit --workers 2 --rounds 3 --seconds 8
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+import redis
 
 from bench import everything, features, processes, stores, wrk
 from bench.configs import gateway_config, merge, start_gateway
@@ -74,14 +83,16 @@ class Run:
     user_us: float  # per request
     system_us: float
     p50_us: float
+    redis_us: float = 0.0  # Redis's own CPU per request
+    script_calls: float = 0.0  # script calls Redis ran per request (EVALSHA and EVAL)
 
 
-Row = tuple[str, float, float, float, float]
+Row = tuple[str, float, float, float, float, float, float]
 
 
 def summary(runs: dict[str, list[Run]]) -> list[Row]:
-    """(name, median req/s, median user µs, median system µs, median p50 µs) per configuration, in measuring
-    order."""
+    """(name, median req/s, median user µs, median system µs, median p50 µs, median Redis CPU µs, median
+    script calls) per configuration, in measuring order."""
     return [
         (
             name,
@@ -89,6 +100,8 @@ def summary(runs: dict[str, list[Run]]) -> list[Row]:
             statistics.median(r.user_us for r in rows),
             statistics.median(r.system_us for r in rows),
             statistics.median(r.p50_us for r in rows),
+            statistics.median(r.redis_us for r in rows),
+            statistics.median(r.script_calls for r in rows),
         )
         for name, rows in runs.items()
         if rows
@@ -96,15 +109,16 @@ def summary(runs: dict[str, list[Run]]) -> list[Row]:
 
 
 def report(rows: list[Row], head: str) -> str:
-    base = {name: (user + system, p50) for name, _, user, system, p50 in rows}
+    base = {name: (user + system, p50) for name, _, user, system, p50, _, _ in rows}
     nothing, on = base.get("nothing on"), base.get("everything on")
     lines = [
         head,
         "",
-        "| configuration | req/s | user µs/request | system µs/request | CPU µs/request | p50 µs | against |",
-        "|---|---|---|---|---|---|---|",
+        "| configuration | req/s | user µs/request | system µs/request | CPU µs/request | p50 µs | against "
+        "| Redis CPU µs/request | Redis script calls/request |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for name, rps, user, system, p50 in rows:
+    for name, rps, user, system, p50, redis_us, calls in rows:
         total = user + system
         if name.startswith("everything but") and on is not None:
             against = f"{total - on[0]:+.1f} µs CPU, p50 {p50 - on[1]:+.0f} µs against everything on"
@@ -112,20 +126,55 @@ def report(rows: list[Row], head: str) -> str:
             against = f"{total - nothing[0]:+.1f} µs CPU, p50 {p50 - nothing[1]:+.0f} µs against nothing on"
         else:
             against = ""
-        lines.append(f"| {name} | {rps:,.0f} | {user:.1f} | {system:.1f} | {total:.1f} | {p50:.0f} | {against} |")
+        lines.append(
+            f"| {name} | {rps:,.0f} | {user:.1f} | {system:.1f} | {total:.1f} | {p50:.0f} | {against} "
+            f"| {redis_us:.1f} | {calls:.3f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
-def measure(url: str, work: Path, seconds: float, pid: int, connections: int = 32) -> Run:
+def tree_cpu(pids: list[int]) -> tuple[float, float]:
+    """User and system CPU seconds of `pids` (a worker that has gone counts as nothing)."""
+    times = [processes.user_system_seconds(pid) for pid in pids]
+    return sum(u for u, _ in times), sum(s for _, s in times)
+
+
+def script_calls(client: redis.Redis) -> int:
+    """The script calls Redis has run so far (EVALSHA and EVAL, `INFO commandstats`)."""
+    stats = client.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("evalsha", "eval"))
+
+
+def measure(
+    url: str,
+    work: Path,
+    seconds: float,
+    gateway: processes.Service,
+    connections: int = 32,
+    redis_store: stores.Store | None = None,
+) -> Run:
+    """One loaded run; `redis_store` (a started `bench.stores.Store`): its CPU and script calls counted too."""
     # Each script numbers its prompts afresh from a nonce of its own: no request repeats an earlier one's.
     wrk.run(url, wrk.write_script(BODY, work, "warmup", vary="Say hello"), connections, 2.0)
-    u0, s0 = processes.user_system_seconds(pid)
-    load = wrk.run(url, wrk.write_script(BODY, work, "load", vary="Say hello"), connections, seconds)
-    u1, s1 = processes.user_system_seconds(pid)
+    pids = gateway.pids()  # the server and its workers, every one started by now
+    client = redis.Redis.from_url(redis_store.url) if redis_store is not None else None
+    with contextlib.ExitStack() as stack:
+        if client is not None:
+            stack.callback(client.close)
+        r_pid = redis_store.proc.pid if redis_store is not None else None
+        r0 = sum(processes.user_system_seconds(r_pid)) if r_pid else 0.0
+        c0 = script_calls(client) if client is not None else 0
+        u0, s0 = tree_cpu(pids)
+        load = wrk.run(url, wrk.write_script(BODY, work, "load", vary="Say hello"), connections, seconds)
+        u1, s1 = tree_cpu(pids)
+        r1 = sum(processes.user_system_seconds(r_pid)) if r_pid else 0.0
+        c1 = script_calls(client) if client is not None else 0
     if load.errors or not load.requests:
         raise RuntimeError(f"{url}: {load.errors} errors in {load.requests} requests")
     n = load.requests
-    return Run(load.rps, (u1 - u0) / n * 1e6, (s1 - s0) / n * 1e6, float(load.p50_us))
+    return Run(
+        load.rps, (u1 - u0) / n * 1e6, (s1 - s0) / n * 1e6, float(load.p50_us), (r1 - r0) / n * 1e6, (c1 - c0) / n
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--connections", type=int, default=32, help="wrk's connections (1: every process on one core)")
+    parser.add_argument("--workers", type=int, default=1, help="the gateway's worker processes (default 1)")
     parser.add_argument("--only", help="comma-separated row names to measure (default: every row)")
     parser.add_argument("--out", type=Path, help="write the markdown table here (default: stdout)")
     args = parser.parse_args(argv)
@@ -141,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.connections < 1:
         parser.error("--connections must be at least 1")
+    if args.workers < 1:
+        parser.error("--workers must be at least 1")
     if args.connections == 1:
         # Children inherit it: Redis, nginx, every gateway and wrk share the core, as in the bench's c=1 rows.
         os.sched_setaffinity(0, {LOADGEN_CPU})
@@ -162,16 +214,17 @@ def main(argv: list[str] | None = None) -> int:
                 configs = configurations(redis.url, work, f"r{r}")
                 for name in names if r % 2 == 0 else names[::-1]:
                     config = merge(gateway_config(upstream.port, processes.free_port(), None), configs[name])
-                    gateway = start_gateway(config, work)
+                    gateway = start_gateway(config, work, args.workers)
                     try:
                         url = gateway.base_url + "/v1/completions"
-                        run = measure(url, work, args.seconds, gateway.proc.pid, args.connections)
+                        run = measure(url, work, args.seconds, gateway, args.connections, redis)
                     finally:
                         gateway.stop()
                     runs[name].append(run)
                     print(
                         f"[cpusplit] round {r + 1}: {name}: {run.rps:,.0f} req/s, user {run.user_us:.1f} µs, "
-                        f"system {run.system_us:.1f} µs per request, p50 {run.p50_us:.0f} µs",
+                        f"system {run.system_us:.1f} µs per request, p50 {run.p50_us:.0f} µs; Redis "
+                        f"{run.redis_us:.1f} µs and {run.script_calls:.3f} script calls per request",
                         file=sys.stderr,
                     )
         finally:
@@ -180,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     head = (
         f"{invoked('cpusplit', argv)}: wrk c={args.connections} on `/v1/completions`, every request a "
         f"cache miss, {args.seconds:g} s per run, the median of {args.rounds} rounds"
-        f"{'; every process on one core' if args.connections == 1 else ''}."
+        f"{'; every process on one core' if args.connections == 1 else ''}"
+        f"{f'; {args.workers} workers, the CPU of every process of the gateway' if args.workers > 1 else ''}."
     )
     text = report(summary(runs), head)
     emit(text, args.out, "cpusplit")

@@ -1,9 +1,12 @@
 """bench.cpusplit's configurations and arithmetic: each "everything but" leaves out exactly its part, every
-configuration is one the gateway starts with, and the CPU it reads is the process's own."""
+configuration is one the gateway starts with, and the CPU it reads is the process's own (with workers, every
+worker's)."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -12,7 +15,7 @@ import yaml
 
 from bench import everything
 from bench.configs import gateway_config, merge
-from bench.cpusplit import PARTS, Run, configurations, report, summary, without
+from bench.cpusplit import PARTS, Run, configurations, report, summary, tree_cpu, without
 from bench.processes import user_system_seconds
 from gateway.config import parse_config
 
@@ -63,18 +66,44 @@ def test_the_cpu_read_is_this_processs_own() -> None:
     assert u1 - u0 >= 0.2
 
 
+def test_with_workers_the_cpu_of_every_process_is_counted() -> None:
+    # A stand-in worker: burns 0.3 s of CPU, says so, and stays alive (so /proc still has it) until told to go.
+    code = (
+        "import sys, time\n"
+        "t = time.process_time()\n"
+        "while time.process_time() - t < 0.3: sum(range(20_000))\n"
+        "print('burnt', flush=True)\n"
+        "sys.stdin.readline()\n"
+    )
+    with subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE) as child:
+        try:
+            u0, s0 = tree_cpu([os.getpid(), child.pid])
+            assert child.stdout is not None and child.stdout.readline() == b"burnt\n"
+            u1, s1 = tree_cpu([os.getpid(), child.pid])
+            mine = user_system_seconds(os.getpid())
+        finally:
+            child.kill()
+    assert (u1 - u0) + (s1 - s0) >= 0.25  # the child's burn, though this process mostly waited
+    assert sum(mine) < u1 + s1  # the sum covers more than this process alone
+    assert tree_cpu([2**22 + 12345]) == (0.0, 0.0)  # no such process: nothing, not an error
+
+
 def test_the_report_compares_parts_alone_to_nothing_and_everything_but_to_everything() -> None:
     runs = {
         "nothing on": [Run(100.0, 50.0, 20.0, 90.0), Run(90.0, 52.0, 22.0, 110.0), Run(110.0, 48.0, 18.0, 100.0)],
         "cache alone": [Run(95.0, 55.0, 20.0, 104.0)],
-        "everything on": [Run(70.0, 80.0, 30.0, 190.0)],
-        "everything but cache": [Run(75.0, 70.0, 28.0, 182.0)],
+        "everything on": [Run(70.0, 80.0, 30.0, 190.0, 9.0, 0.1), Run(60.0, 82.0, 31.0, 200.0, 7.0, 0.3)],
+        "everything but cache": [Run(75.0, 70.0, 28.0, 182.0, 6.5, 0.125)],
     }
     rows = summary(runs)
-    assert rows[0] == ("nothing on", 100.0, 50.0, 20.0, 100.0)  # medians, each figure on its own
+    assert rows[0] == ("nothing on", 100.0, 50.0, 20.0, 100.0, 0.0, 0.0)  # medians, each figure on its own
+    assert rows[2] == ("everything on", 65.0, 81.0, 30.5, 195.0, 8.0, 0.2)
     text = report(rows, "head")
-    assert "| cache alone | 95 | 55.0 | 20.0 | 75.0 | 104 | +5.0 µs CPU, p50 +4 µs against nothing on |" in text
     assert (
-        "| everything but cache | 75 | 70.0 | 28.0 | 98.0 | 182 | -12.0 µs CPU, p50 -8 µs against everything on |"
+        "| cache alone | 95 | 55.0 | 20.0 | 75.0 | 104 | +5.0 µs CPU, p50 +4 µs against nothing on | 0.0 | 0.000 |"
         in text
+    )
+    assert (
+        "| everything but cache | 75 | 70.0 | 28.0 | 98.0 | 182 | -13.5 µs CPU, p50 -13 µs against everything on "
+        "| 6.5 | 0.125 |" in text
     )
