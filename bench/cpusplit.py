@@ -14,7 +14,7 @@ gateway) runs on one core, as the benchmark's c=1 rows do: there a request's lat
 that all of them spend on it, and what a part adds to the p50 is what it costs one client. ``--workers 2``
 serves with two worker processes on the two cores (as the benchmark's two-worker rows do), every process's
 CPU counted: what each part costs when the workers, wrk, nginx and Redis share both cores. Each row also
-gives Redis's own CPU per request (its process's, from /proc: the cores it takes from the rest) and the
+gives Redis's own CPU per request (its `INFO cpu`: the cores it takes from the rest) and the
 script calls it ran per request (`INFO commandstats`: a gateway merges the admissions of one loop tick
 into one call, so fewer requests per tick mean more calls per request).
 
@@ -26,7 +26,6 @@ into one call, so fewer requests per tick mean more calls per request).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import statistics
 import sys
@@ -38,6 +37,7 @@ import redis
 
 from bench import everything, features, processes, stores, wrk
 from bench.configs import gateway_config, merge, start_gateway
+from bench.redis_channel import redis_cpu_s
 from bench.scenarios import BODY, LOADGEN_CPU
 from bench.tool_report import emit, invoked
 from bench.upstream import nginx
@@ -133,42 +133,18 @@ def report(rows: list[Row], head: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def tree_cpu(pids: list[int]) -> tuple[float, float]:
-    """User and system CPU seconds of `pids` (a worker that has gone counts as nothing)."""
-    times = [processes.user_system_seconds(pid) for pid in pids]
-    return sum(u for u, _ in times), sum(s for _, s in times)
-
-
-def script_calls(client: redis.Redis) -> int:
-    """The script calls Redis has run so far (EVALSHA and EVAL, `INFO commandstats`)."""
-    stats = client.info("commandstats")
-    return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("evalsha", "eval"))
-
-
 def measure(
-    url: str,
-    work: Path,
-    seconds: float,
-    gateway: processes.Service,
-    connections: int = 32,
-    redis_store: stores.Store | None = None,
+    url: str, work: Path, seconds: float, gateway: processes.Service, redis_url: str, connections: int = 32
 ) -> Run:
-    """One loaded run; `redis_store` (a started `bench.stores.Store`): its CPU and script calls counted too."""
     # Each script numbers its prompts afresh from a nonce of its own: no request repeats an earlier one's.
     wrk.run(url, wrk.write_script(BODY, work, "warmup", vary="Say hello"), connections, 2.0)
     pids = gateway.pids()  # the server and its workers, every one started by now
-    client = redis.Redis.from_url(redis_store.url) if redis_store is not None else None
-    with contextlib.ExitStack() as stack:
-        if client is not None:
-            stack.callback(client.close)
-        r_pid = redis_store.proc.pid if redis_store is not None else None
-        r0 = sum(processes.user_system_seconds(r_pid)) if r_pid else 0.0
-        c0 = script_calls(client) if client is not None else 0
-        u0, s0 = tree_cpu(pids)
+    with redis.Redis.from_url(redis_url) as client:
+        r0, c0 = redis_cpu_s(redis_url), stores.script_calls(client.info("commandstats"))
+        u0, s0 = processes.tree_user_system_seconds(pids)
         load = wrk.run(url, wrk.write_script(BODY, work, "load", vary="Say hello"), connections, seconds)
-        u1, s1 = tree_cpu(pids)
-        r1 = sum(processes.user_system_seconds(r_pid)) if r_pid else 0.0
-        c1 = script_calls(client) if client is not None else 0
+        u1, s1 = processes.tree_user_system_seconds(pids)
+        r1, c1 = redis_cpu_s(redis_url), stores.script_calls(client.info("commandstats"))
     if load.errors or not load.requests:
         raise RuntimeError(f"{url}: {load.errors} errors in {load.requests} requests")
     n = load.requests
@@ -217,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
                     gateway = start_gateway(config, work, args.workers)
                     try:
                         url = gateway.base_url + "/v1/completions"
-                        run = measure(url, work, args.seconds, gateway, args.connections, redis)
+                        run = measure(url, work, args.seconds, gateway, redis.url, args.connections)
                     finally:
                         gateway.stop()
                     runs[name].append(run)

@@ -188,6 +188,13 @@ def _cpu_seconds(pid: int) -> float:
     return sum(user_system_seconds(pid))
 
 
+def tree_user_system_seconds(pids: Sequence[int]) -> tuple[float, float]:
+    """The user and system CPU seconds of `pids` together (a server and its workers; one gone counts as
+    nothing)."""
+    times = [user_system_seconds(pid) for pid in pids]
+    return sum(u for u, _ in times), sum(s for _, s in times)
+
+
 def rss_mib(pids: Sequence[int]) -> float:
     """Summed VmRSS of ``pids``; a pid that has gone counts as nothing."""
     return sum(_status_kib(pid, "VmRSS:") for pid in pids) / 1024.0

@@ -64,7 +64,7 @@ def redis_traffic(counter: redis_py.Redis, requests: int) -> str:
         return ""
     stats = counter.info("stats")
     commands = counter.info("commandstats")
-    scripts = sum(v["calls"] for k, v in commands.items() if k in ("cmdstat_evalsha", "cmdstat_eval"))
+    scripts = stores.script_calls(commands)
     reads = stats.get("total_reads_processed")
     per = f"{reads / requests:.2f} socket reads" if reads is not None else "socket reads not reported"
     each = sorted(((v["calls"] / requests, k.removeprefix("cmdstat_")) for k, v in commands.items()), reverse=True)

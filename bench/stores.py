@@ -18,10 +18,16 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from bench.processes import free_port
 
 _START_S = 30.0
+
+
+def script_calls(commandstats: dict[str, Any]) -> int:
+    """The script calls (EVALSHA and EVAL) in a Redis's `INFO commandstats`."""
+    return sum(int(commandstats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("evalsha", "eval"))
 
 
 class Store:

@@ -15,8 +15,8 @@ import yaml
 
 from bench import everything
 from bench.configs import gateway_config, merge
-from bench.cpusplit import PARTS, Run, configurations, report, summary, tree_cpu, without
-from bench.processes import user_system_seconds
+from bench.cpusplit import PARTS, Run, configurations, report, summary, without
+from bench.processes import tree_user_system_seconds, user_system_seconds
 from gateway.config import parse_config
 
 REDIS = "redis://127.0.0.1:6399/0"
@@ -77,15 +77,15 @@ def test_with_workers_the_cpu_of_every_process_is_counted() -> None:
     )
     with subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE) as child:
         try:
-            u0, s0 = tree_cpu([os.getpid(), child.pid])
+            u0, s0 = tree_user_system_seconds([os.getpid(), child.pid])
             assert child.stdout is not None and child.stdout.readline() == b"burnt\n"
-            u1, s1 = tree_cpu([os.getpid(), child.pid])
+            u1, s1 = tree_user_system_seconds([os.getpid(), child.pid])
             mine = user_system_seconds(os.getpid())
         finally:
             child.kill()
     assert (u1 - u0) + (s1 - s0) >= 0.25  # the child's burn, though this process mostly waited
     assert sum(mine) < u1 + s1  # the sum covers more than this process alone
-    assert tree_cpu([2**22 + 12345]) == (0.0, 0.0)  # no such process: nothing, not an error
+    assert tree_user_system_seconds([2**22 + 12345]) == (0.0, 0.0)  # no such process: nothing, not an error
 
 
 def test_the_report_compares_parts_alone_to_nothing_and_everything_but_to_everything() -> None:
