@@ -4,6 +4,10 @@ An answer's head is held back until its first body message, so a whole answer le
 `transport.write` (one send, one segment on loopback). An answer without a content-length is given one
 when its first body message is also its last; otherwise it is chunked, and its head leaves at the loop's
 next turn if the first piece is not there by then, so a stream's client sees its status at once.
+
+A stream's first piece in a turn of the loop leaves at once; the pieces the app sends after it in the same
+turn (the events of one upstream read, relayed one by one) are held and leave together at the turn's end:
+one send where there was one per event, and no piece waits for a later turn.
 """
 
 from __future__ import annotations
@@ -102,6 +106,8 @@ class Cycle:
         "expect_100",
         "gone",
         "head",
+        "held",
+        "held_size",
         "keep_alive",
         "more_body",
         "open_tail",
@@ -128,6 +134,9 @@ class Cycle:
         self.complete = False  # the answer's last byte went out
         self.disconnected = False  # the client left before that
         self.head: bytes | None = None  # the answer's head, held back to go with the body
+        # This turn's pieces after its first (None: no piece went out this turn), and their size.
+        self.held: list[bytes] | None = None
+        self.held_size = 0
         self.chunked = False
         self.remaining = -1  # content-length bytes still to send; -1: none given
         self.bodiless = False  # HEAD, 204, 304: no body goes out
@@ -166,17 +175,17 @@ class Cycle:
             if not self.sent:
                 self._fail()  # nothing of the answer went out yet: a whole 500 can
             elif not self.complete:
-                self.conn.transport.close()
+                self._close()
         else:
             if result is not None:
                 log.error("ASGI callable should return None, but returned '%s'.", result)
-                self.conn.transport.close()
+                self._close()
             elif not self.started and not self.disconnected:
                 log.error("ASGI callable returned without starting response.")
                 self._fail()
             elif not self.complete and not self.disconnected:
                 log.error("ASGI callable returned without completing response.")
-                self.conn.transport.close()
+                self._close()
         finally:
             self.conn.tasks.discard(self.task)
             # Both hold this cycle (the task through its coroutine, the scope through `subscribe`): left in
@@ -184,6 +193,11 @@ class Cycle:
             # frees (a young collection of ~11,000 of them every ~800 requests, milliseconds long).
             self.task = None
             self.scope.pop("extensions", None)
+
+    def _close(self) -> None:
+        """End a connection whose answer cannot be completed, after what the app sent of it."""
+        self._release()
+        self.conn.transport.close()
 
     def _fail(self) -> None:
         if self.disconnected or self.complete:
@@ -268,13 +282,33 @@ class Cycle:
                 self.sent = True
                 conn.transport.write(head)
                 out = body
-        if not more and self.remaining > 0 and not self.bodiless:
+        if more:
+            if out:
+                self.sent = True
+                held = self.held
+                if held is None:
+                    # The turn's first piece: out at once, and the turn's end releases what follows it.
+                    self.held = []
+                    conn.loop.call_soon(self._release)
+                    conn.transport.write(out)
+                else:
+                    held.append(out)
+                    self.held_size += len(out)
+                    if self.held_size > ONE_WRITE_MAX:  # a long burst leaves in writes of about this much
+                        self._release()
+                        self.held = []
+            return
+        if self.remaining > 0 and not self.bodiless:
             raise RuntimeError("Response content shorter than Content-Length")
+        held = self.held
+        if held:
+            held.append(out)
+            out = b"".join(held)
+        self.held = None
         if out:
             self.sent = True
             conn.transport.write(out)
-        if not more:
-            self._finish()
+        self._finish()
 
     def _start(self, status: int, headers: Iterable[tuple[bytes, bytes]]) -> None:
         length = -1
@@ -339,6 +373,13 @@ class Cycle:
         else:
             self.chunked = True
             self.head = b"%stransfer-encoding: chunked\r\n%s" % (self.head, tail)
+
+    def _release(self) -> None:
+        """The pieces held this turn, in one write; the next piece is the first of its turn."""
+        held, self.held = self.held, None
+        self.held_size = 0
+        if held and not self.disconnected:
+            self.conn.transport.write(held[0] if len(held) == 1 else b"".join(held))
 
     def _flush(self) -> None:
         if self.open_tail is None or self.disconnected or self.complete:

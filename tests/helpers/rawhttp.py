@@ -151,6 +151,31 @@ async def echo(scope: Any, receive: Any, send: Any) -> None:
     await answer(send, text.encode() + body)
 
 
+class _Wrapped:
+    """A transport whose `write` is counted (uvloop's transports do not take new attributes)."""
+
+    def __init__(self, transport: Any, writes: list[bytes]) -> None:
+        self._transport = transport
+        self._writes = writes
+
+    def write(self, data: bytes) -> None:
+        self._writes.append(bytes(data))
+        self._transport.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+def counting(base: type[Any]) -> tuple[type[Any], list[bytes]]:
+    writes: list[bytes] = []
+
+    class Counted(base):  # type: ignore[misc]
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(_Wrapped(transport, writes))
+
+    return Counted, writes
+
+
 def wait_for(predicate: Any, within: float = 5) -> None:
     deadline = time.monotonic() + within
     while not predicate():

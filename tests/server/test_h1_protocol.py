@@ -14,7 +14,7 @@ import pytest
 
 from gateway.server import H1Protocol
 from gateway.server.h1 import MAX_HEAD_BYTES, MAX_PIPELINED
-from tests.helpers.rawhttp import Client, answer, echo, get, read_body, serve, wait_for
+from tests.helpers.rawhttp import Client, answer, counting, echo, get, read_body, serve, wait_for
 
 
 def test_keep_alive_serves_several_requests_on_one_connection() -> None:
@@ -299,31 +299,6 @@ def test_an_app_that_fails_after_its_stream_began_has_its_connection_closed(capl
             client.response()
         assert b"boom" not in client.buf and b"Traceback" not in client.buf
     assert "Exception in ASGI application" in caplog.text
-
-
-class _Wrapped:
-    """A transport whose `write` is counted (uvloop's transports do not take new attributes)."""
-
-    def __init__(self, transport: Any, writes: list[bytes]) -> None:
-        self._transport = transport
-        self._writes = writes
-
-    def write(self, data: bytes) -> None:
-        self._writes.append(bytes(data))
-        self._transport.write(data)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
-
-
-def counting(base: type[Any]) -> tuple[type[Any], list[bytes]]:
-    writes: list[bytes] = []
-
-    class Counted(base):  # type: ignore[misc]
-        def connection_made(self, transport: Any) -> None:
-            super().connection_made(_Wrapped(transport, writes))
-
-    return Counted, writes
 
 
 @pytest.mark.parametrize(("http", "expected"), [("ours", 1), ("httptools", 2)])
