@@ -163,30 +163,47 @@ class _Local:
     def acquire_rates(self, specs: Sequence[Spec], token_mask: Sequence[bool], tokens: int) -> list[int]:
         """`run_specs("acquire", "", specs, costs)` for `specs` of rate buckets only (no concurrency bucket, so no
         lease), charged `tokens` where `token_mask` says so and one request elsewhere: the request path's call,
-        without the lease's and the other modes' branches. The same `gcra` steps, the same reply."""
+        without the lease's and the other modes' branches. The same arithmetic, the same reply."""
         now = math.floor(self.clock() * 1000)  # whole milliseconds, like the script's TIME
         tats = self.tat
         out = [1, 0]
-        steps: list[Gcra] = []
-        denied = False
+        news: list[tuple[float, float]] = []
+        floor = math.floor
+        tb: float
+        # `gcra`'s "acquire" step inlined for what an admission reads (the new TAT, the headroom and reset after
+        # the charge): no Gcra, no headroom before the charge. The first bucket that refuses sends the whole
+        # set to `gcra` below, which works out a refusal's reply.
+        for (key, _, limit, period), token in zip(specs, token_mask, strict=True):
+            cost = tokens if token else 1
+            tat = tats.get(key)
+            if tat is None:
+                tb, tu, q = now, 0.0, 0.0
+            else:
+                tb, tu = tat
+                q = (tb - now) * limit + tu * period
+                if q < 0:
+                    tb, tu, q = now, 0.0, 0.0
+            nu, nq = tu + cost, q + cost * period
+            full = period * limit
+            if nq > full:
+                break
+            k = floor(nu / limit)
+            news.append((tb + k * period, nu - k * limit))
+            out.append(floor((full - nq) / period))  # remaining: never below 0 where nq <= full
+            out.append(math.ceil(nq / limit))  # reset_ms
+        else:
+            for s, new in zip(specs, news, strict=True):
+                tats[s[0]] = new
+            return out
+        # As the script answers a refusal: the longest wait, and every bucket as it stands, uncharged.
+        retry = 0
+        out = [0, 0]
         for (key, _, limit, period), token in zip(specs, token_mask, strict=True):
             step = gcra(limit, period, tats.get(key), now, tokens if token else 1, "acquire")
-            steps.append(step)
-            out.append(step[3])  # remaining
-            out.append(step[4])  # reset_ms
-            if step[1]:
-                denied = True
-        if denied:
-            # As the script answers a refusal: the longest wait, and every bucket as it stands, uncharged.
-            retry = 0
-            now_out = []
-            for step in steps:
-                retry = max(retry, step[2])  # retry_ms
-                now_out.append(step[5])  # remaining_now
-                now_out.append(step[6])  # reset_now_ms
-            return [0, retry, *now_out]
-        for s, step in zip(specs, steps, strict=True):
-            tats[s[0]] = step[0]  # the new TAT
+            retry = max(retry, step[2])  # retry_ms
+            out.append(step[5])  # remaining_now
+            out.append(step[6])  # reset_now_ms
+        out[1] = retry
         return out
 
     def run_specs(self, mode: str, lease: str, specs: Sequence[Spec], costs: Sequence[float]) -> list[int]:
