@@ -77,8 +77,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--feature-rounds",
         type=int,
-        help="rounds of nothing on and the feature on in each feature_* row, each round in the order opposite "
-        "the last; a row's ratio is the median of its rounds' (default 3, quick 1)",
+        help="rounds of nothing on and the feature on in each feature_* row (and of the plain gateway and cache "
+        "hits in cached_c32), each round in the order opposite the last; a row's ratio is the median of its "
+        "rounds' (default 3, quick 1)",
     )
     parser.add_argument(
         "--everything-rounds",

@@ -142,11 +142,14 @@ def test_rounds_alternate_the_order_so_each_run_sits_beside_one_of_the_others() 
     )
     chosen = {s.name: s for s in build_scenarios(Settings(**{**vars(base), "only": expand_only("features")}))}
     assert {s.rounds for s in chosen.values()} == {5}
+    # The cache-hit row's goal is a ratio of two runs too: it takes the feature rows' rounds.
+    assert {s.name for s in build_scenarios(base) if s.rounds == 5} == {*chosen, "cached_c32"}
     # The everything-on rows the goals are read off take theirs.
     goals = {"all_c32", "all_c1", "all_chat_c1"}
     assert {s.name for s in build_scenarios(base) if s.rounds == 4} == goals
     # No other row takes rounds.
-    assert {s.rounds for s in build_scenarios(base) if s.name not in chosen and s.name not in goals} == {1}
+    rounded = {*chosen, *goals, "cached_c32"}
+    assert {s.rounds for s in build_scenarios(base) if s.name not in rounded} == {1}
 
 
 def test_a_target_of_rounds_is_its_median_run_and_keeps_every_run() -> None:
