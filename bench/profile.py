@@ -7,9 +7,12 @@ the share of samples by thread, by area of the code (the innermost frame of the 
 library it is in), and the functions with the most samples of their own and in total. ``--raw`` keeps
 py-spy's collapsed stacks for flame graphs. ``--feature NAME`` profiles one part of that configuration alone
 instead (bench/features.py's rows: ``nothing``, ``limits``, ``cache``, ``ledger``, ``queue``, ``queue-redis``,
-``log``), to see where a feature row's cost goes.
+``log``), to see where a feature row's cost goes. ``--against-plain`` first profiles the gateway with nothing
+on under the same load, in the same run, and adds a table of what each function costs per request in both,
+in microseconds of one core (its samples over the rate and the seconds sampled, divided by the requests
+served a second), sorted by what the configuration adds.
 
-    python -m bench.profile --seconds 20 --out docs/profile-everything.md
+    python -m bench.profile --seconds 20 --against-plain --out docs/profile-everything.md
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import redis as redis_py
 
@@ -77,6 +81,75 @@ def redis_traffic(counter: redis_py.Redis, requests: int) -> str:
     )
 
 
+def _frame_key(frame: str) -> str:
+    """`func (path/file.py:123)` -> `func (path/file.py)`: a function's lines counted as one."""
+    name, sep, where = frame.rpartition(" (")
+    if not sep:
+        return frame
+    return f"{name} ({where.rstrip(')').rsplit(':', 1)[0]})"
+
+
+class Costs(NamedTuple):
+    """Per function (and per thread): microseconds of one core per request; and per function, the functions
+    it calls directly (a caller that does nothing but call one shows that one's figure again)."""
+
+    us: dict[str, float]
+    calls: dict[str, set[str]]
+
+
+def per_request_us(raw: str, rate: int, seconds: float, rps: float) -> Costs:
+    """Each function's samples, with what it calls, as microseconds of one core per request; and each thread's
+    under `thread NAME`, everything under `all threads`. A thread is sampled `rate` times a second while it
+    runs, so a count over `rate * seconds` is the share of a core it spent there."""
+    if rps <= 0 or rate <= 0 or seconds <= 0:
+        return Costs({}, {})
+    scale = 1e6 / (rate * seconds * rps)
+    counts: collections.Counter[str] = collections.Counter()
+    calls: dict[str, set[str]] = collections.defaultdict(set)
+    for line in raw.splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        frames = stack.split(";")
+        counts["all threads"] += count
+        if frames[0].startswith(("thread", "process")):
+            counts["thread " + frames[0].split(": ", 1)[-1].rstrip("0123456789").rstrip("_")] += count
+        keys = [_frame_key(f) for f in frames if " (" in f and not f.startswith(("thread", "process"))]
+        for caller, callee in zip(keys, keys[1:], strict=False):
+            calls[caller].add(callee)
+        for key in set(keys):
+            counts[key] += count
+    return Costs({key: n * scale for key, n in counts.items()}, dict(calls))
+
+
+def against(plain: Costs, on: Costs, top: int) -> str:
+    """The functions whose per-request cost differs most between the two profiles, threads and the total first.
+    A function that shows the same two figures as one it calls (a caller that only wraps it) is left out.
+    """
+    keys = on.us.keys() | plain.us.keys()
+    head = [k for k in keys if k == "all threads" or k.startswith("thread ")]
+
+    def figures(key: str) -> tuple[float, float]:
+        return plain.us.get(key, 0.0), on.us.get(key, 0.0)
+
+    def wraps(key: str) -> bool:
+        callees = on.calls.get(key, set()) | plain.calls.get(key, set())
+        return any(callee != key and figures(callee) == figures(key) for callee in callees)
+
+    rest = [k for k in keys if k not in head and not wraps(k)]
+    rest.sort(key=lambda k: (-(figures(k)[1] - figures(k)[0]), k))
+    head.sort(key=lambda k: (k != "all threads", -on.us.get(k, 0.0), k))
+    lines = [
+        "| function, including what it calls (µs of one core per request) | nothing on | this configuration | added |",
+        "|---|---|---|---|",
+    ]
+    for key in head + rest[:top]:
+        a, b = figures(key)
+        lines.append(f"| `{key}` | {a:.1f} | {b:.1f} | {b - a:+.1f} |")
+    return "\n".join(lines) + "\n"
+
+
 def summarise(raw: str, top: int) -> str:
     own: collections.Counter[str] = collections.Counter()
     total: collections.Counter[str] = collections.Counter()
@@ -117,6 +190,50 @@ def summarise(raw: str, top: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+class Sampled(NamedTuple):
+    raw: str
+    rps: float
+    redis_note: str
+
+
+def _sample(
+    args: argparse.Namespace,
+    py_spy: str,
+    config: dict[str, object],
+    path: str,
+    body: bytes,
+    redis_url: str,
+    work: Path,
+    tag: str,
+) -> Sampled | None:
+    """One gateway with `config` under wrk's load, sampled by py-spy for `args.seconds`; None if py-spy wrote
+    nothing (it says why on stderr)."""
+    gateway = start_gateway(config, work)
+    try:
+        vary = None if args.hits else "Say hello"
+        url = gateway.base_url + path
+        wrk.run(url, wrk.write_script(body, work, f"warmup-{tag}", vary=vary), args.connections, 3.0)
+        script = wrk.write_script(body, work, f"load-{tag}", vary=vary)
+        raw_path = work / f"profile-{tag}.txt"
+        spy = [py_spy, "record", "--format", "raw", "--rate", str(args.rate), "--threads", "--nonblocking"]
+        spy += ["--duration", str(round(args.seconds)), "--output", str(raw_path), "--pid", str(gateway.proc.pid)]
+        spy += ["--gil"] if args.gil else []
+        counter = redis_py.Redis.from_url(redis_url)
+        counter.config_resetstat()
+        sampler = subprocess.Popen(spy, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(0.5)
+        load = wrk.run(url, script, args.connections, args.seconds + 1.0)
+        redis_note = redis_traffic(counter, load.requests)
+        counter.close()
+        _, err = sampler.communicate(timeout=args.seconds + 60)
+        if not raw_path.exists():
+            print(f"py-spy wrote nothing: {err.decode(errors='replace')[-500:]}", file=sys.stderr)
+            return None
+        return Sampled(raw_path.read_text(), load.rps, redis_note)
+    finally:
+        gateway.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__)
     parser.add_argument("--seconds", type=float, default=20.0)
@@ -129,6 +246,12 @@ def main(argv: list[str] | None = None) -> int:
         "--feature",
         choices=("nothing", *(f.name for f in features.FEATURES)),
         help="one part of the configuration alone, as a feature_* row runs it (nothing: the access log off too)",
+    )
+    parser.add_argument(
+        "--against-plain",
+        dest="against_plain",
+        action="store_true",
+        help="profile the gateway with nothing on first, in the same run, and compare per request",
     )
     parser.add_argument("--gil", action="store_true", help="sample only the thread holding the GIL")
     parser.add_argument("--py-spy", dest="py_spy", help="the py-spy binary")
@@ -143,49 +266,37 @@ def main(argv: list[str] | None = None) -> int:
     # Other processes' CPU use before the run: on a busy machine, time in a write that wakes another
     # process grows with the competition, so the summary says how busy the machine was.
     busy = processes.foreign_load_pct(1.0)
+    path = CHAT_PATH if args.chat else "/v1/completions"
+    body = CHAT_BODY if args.chat else BODY
     with tempfile.TemporaryDirectory(prefix="bench-profile-") as temp:
         work = Path(temp)
-        started: list[processes.Service] = []
+        upstream: processes.Service | None = None
         redis = stores.start_redis()
         try:
             port = processes.free_port()
             upstream = processes.start("upstream-nginx", nginx.prepare(port, work / "nginx"), port, work)
-            started.append(upstream)
             config = gateway_config(upstream.port, processes.free_port(), None)
+            plain_run: Sampled | None = None
+            if args.against_plain and not args.plain:
+                plain_run = _sample(args, py_spy, config, path, body, redis.url, work, "plain")
+                if plain_run is None:
+                    return 1
             if args.feature is not None:
                 config = merge(config, features.fragment(args.feature, redis.url, work, "profile"))
             elif not args.plain:
                 config = merge(config, everything.fragment(redis.url, everything.sqlite_url(work, "profile")))
-            gateway = start_gateway(config, work)
-            started.append(gateway)
-            path = CHAT_PATH if args.chat else "/v1/completions"
-            body = CHAT_BODY if args.chat else BODY
-            vary = None if args.hits else "Say hello"
-            url = gateway.base_url + path
-            wrk.run(url, wrk.write_script(body, work, "warmup", vary=vary), args.connections, 3.0)
-            script = wrk.write_script(body, work, "load", vary=vary)
-            raw_path = work / "profile.txt"
-            spy = [py_spy, "record", "--format", "raw", "--rate", str(args.rate), "--threads", "--nonblocking"]
-            spy += ["--duration", str(round(args.seconds)), "--output", str(raw_path), "--pid", str(gateway.proc.pid)]
-            spy += ["--gil"] if args.gil else []
-            counter = redis_py.Redis.from_url(redis.url)
-            counter.config_resetstat()
-            sampler = subprocess.Popen(spy, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            time.sleep(0.5)
-            load = wrk.run(url, script, args.connections, args.seconds + 1.0)
-            redis_note = redis_traffic(counter, load.requests)
-            counter.close()
-            _, err = sampler.communicate(timeout=args.seconds + 60)
-            if not raw_path.exists():
-                print(f"py-spy wrote nothing: {err.decode(errors='replace')[-500:]}", file=sys.stderr)
+            server = config["server"]
+            assert isinstance(server, dict)
+            config = {**config, "server": {**server, "port": processes.free_port()}}
+            run = _sample(args, py_spy, config, path, body, redis.url, work, "on")
+            if run is None:
                 return 1
-            raw = raw_path.read_text()
-            if args.raw is not None:
-                args.raw.write_text(raw)
         finally:
-            for service in reversed(started):
-                service.stop()
+            if upstream is not None:
+                upstream.stop()
             redis.stop()
+    if args.raw is not None:
+        args.raw.write_text(run.raw)
     what = "nothing on" if args.plain else "everything on (bench/everything.py, SQLite ledger)"
     if args.feature is not None:
         what = "nothing on, the access log off too" if args.feature == "nothing" else f"only {args.feature} on"
@@ -193,12 +304,27 @@ def main(argv: list[str] | None = None) -> int:
         f"# Profile: the gateway with {what}, under load\n\n"
         f"{invoked('profile', argv)}: wrk c={args.connections} on `{path}`, "
         f"{'every answer a cache hit' if args.hits else 'every request a cache miss'}, "
-        f"{load.rps:,.0f} req/s during the {args.seconds:g} s sampled (py-spy at {args.rate} Hz"
+        f"{run.rps:,.0f} req/s during the {args.seconds:g} s sampled (py-spy at {args.rate} Hz"
         f"{', GIL holder only' if args.gil else ''}; {os.cpu_count()} cores; before the run, other processes "
         f"used {busy:.0f} % of one core).\n\n"
-        f"{redis_note}\n\n"
+        f"{run.redis_note}\n\n"
     )
-    text = head + summarise(raw, args.top)
+    text = head + summarise(run.raw, args.top)
+    if plain_run is not None:
+        text += (
+            f"\n## Against the gateway with nothing on, in the same run\n\n"
+            f"The gateway as shipped (the access log on, nothing else) profiled just before, under the same load: "
+            f"{plain_run.rps:,.0f} req/s, against {run.rps:,.0f} with {what.split(' (')[0]}. Each figure is a "
+            f"function's samples with what it calls, as microseconds of one core per request served; a coroutine "
+            f"counts only while it runs, so the event loop's own work and the callbacks it makes (a connection's "
+            f"`data_received`) show under `Runner.run`. Threads and the "
+            f"whole process first, then the functions by what the configuration adds.\n\n"
+        )
+        text += against(
+            per_request_us(plain_run.raw, args.rate, args.seconds, plain_run.rps),
+            per_request_us(run.raw, args.rate, args.seconds, run.rps),
+            args.top,
+        )
     emit(text, args.out, "profile")
     return 0
 
