@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -89,6 +90,20 @@ def _frame_key(frame: str) -> str:
     return f"{name} ({where.rstrip(')').rsplit(':', 1)[0]})"
 
 
+def stacks(raw: str) -> Iterator[tuple[int, str, list[str]]]:
+    """py-spy's collapsed stacks as (samples, thread, Python frames outermost first). `--threads` puts
+    "thread (0x...): name" first; a pool's numbered threads count as the pool, and a stack without one is
+    "main"'s."""
+    for line in raw.splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        frames = stack.split(";")
+        head = frames[0].split(": ", 1)[-1] if frames[0].startswith(("thread", "process")) else "main"
+        frames = [f for f in frames if " (" in f and not f.startswith(("thread", "process"))]
+        yield int(count_text), head.rstrip("0123456789").rstrip("_"), frames
+
+
 class Costs(NamedTuple):
     """Per function (and per thread): microseconds of one core per request; and per function, the functions
     it calls directly (a caller that does nothing but call one shows that one's figure again)."""
@@ -106,16 +121,10 @@ def per_request_us(raw: str, rate: int, seconds: float, rps: float) -> Costs:
     scale = 1e6 / (rate * seconds * rps)
     counts: collections.Counter[str] = collections.Counter()
     calls: dict[str, set[str]] = collections.defaultdict(set)
-    for line in raw.splitlines():
-        stack, _, count_text = line.rpartition(" ")
-        if not stack or not count_text.isdigit():
-            continue
-        count = int(count_text)
-        frames = stack.split(";")
+    for count, thread, frames in stacks(raw):
         counts["all threads"] += count
-        if frames[0].startswith(("thread", "process")):
-            counts["thread " + frames[0].split(": ", 1)[-1].rstrip("0123456789").rstrip("_")] += count
-        keys = [_frame_key(f) for f in frames if " (" in f and not f.startswith(("thread", "process"))]
+        counts["thread " + thread] += count
+        keys = [_frame_key(f) for f in frames]
         for caller, callee in zip(keys, keys[1:], strict=False):
             calls[caller].add(callee)
         for key in set(keys):
@@ -156,17 +165,9 @@ def summarise(raw: str, top: int) -> str:
     areas: collections.Counter[str] = collections.Counter()
     threads: collections.Counter[str] = collections.Counter()
     samples = 0
-    for line in raw.splitlines():
-        stack, _, count_text = line.rpartition(" ")
-        if not stack or not count_text.isdigit():
-            continue
-        count = int(count_text)
-        frames = stack.split(";")
+    for count, thread, frames in stacks(raw):
         samples += count
-        # `--threads` puts "thread (0x...): name" first; a pool's numbered threads count as the pool.
-        head = frames[0].split(": ", 1)[-1] if frames[0].startswith(("thread", "process")) else "main"
-        threads[head.rstrip("0123456789").rstrip("_")] += count
-        frames = [f for f in frames if " (" in f and not f.startswith(("thread", "process"))]
+        threads[thread] += count
         if not frames:
             continue
         own[frames[-1]] += count
