@@ -278,7 +278,8 @@ def _client(parsed: RedisUrl) -> aioredis.Redis:
     sentinel_kw.setdefault("socket_connect_timeout", timeout)
     if parsed.tls:
         sentinel_kw["ssl"] = True
-    sentinel = Sentinel(list(parsed.nodes), sentinel_kwargs=sentinel_kw)  # type: ignore[no-untyped-call]
+    # redis-py types Sentinel's constructor from 8.2 on, and not before: the ignore holds for both.
+    sentinel = Sentinel(list(parsed.nodes), sentinel_kwargs=sentinel_kw)  # type: ignore[no-untyped-call, unused-ignore]
     return cast(aioredis.Redis, sentinel.master_for(parsed.service, ssl=parsed.tls, **options))
 
 
