@@ -16,7 +16,9 @@ serves with two worker processes on the two cores (as the benchmark's two-worker
 CPU counted: what each part costs when the workers, wrk, nginx and Redis share both cores. Each row also
 gives Redis's own CPU per request (its `INFO cpu`: the cores it takes from the rest) and the
 script calls it ran per request (`INFO commandstats`: a gateway merges the admissions of one loop tick
-into one call, so fewer requests per tick mean more calls per request).
+into one call, so fewer requests per tick mean more calls per request), and the gateway's context switches
+per request (every thread's, from /proc): how often it slept with nothing to run (waiting on Redis or the
+upstream) and how often another process took its core while it had work (with processes sharing cores).
 
     python -m bench.cpusplit --rounds 3 --seconds 8 --out /tmp/cpusplit.md
     python -m bench.cpusplit --connections 1 --rounds 3 --seconds 5
@@ -85,14 +87,16 @@ class Run:
     p50_us: float
     redis_us: float = 0.0  # Redis's own CPU per request
     script_calls: float = 0.0  # script calls Redis ran per request (EVALSHA and EVAL)
+    slept: float = 0.0  # the gateway's voluntary context switches per request: waits with nothing to run
+    preempted: float = 0.0  # its involuntary ones: its core taken by another process while it had work
 
 
-Row = tuple[str, float, float, float, float, float, float]
+Row = tuple[str, float, float, float, float, float, float, float, float]
 
 
 def summary(runs: dict[str, list[Run]]) -> list[Row]:
     """(name, median req/s, median user µs, median system µs, median p50 µs, median Redis CPU µs, median
-    script calls) per configuration, in measuring order."""
+    script calls, median switches slept and preempted) per configuration, in measuring order."""
     return [
         (
             name,
@@ -102,6 +106,8 @@ def summary(runs: dict[str, list[Run]]) -> list[Row]:
             statistics.median(r.p50_us for r in rows),
             statistics.median(r.redis_us for r in rows),
             statistics.median(r.script_calls for r in rows),
+            statistics.median(r.slept for r in rows),
+            statistics.median(r.preempted for r in rows),
         )
         for name, rows in runs.items()
         if rows
@@ -109,16 +115,16 @@ def summary(runs: dict[str, list[Run]]) -> list[Row]:
 
 
 def report(rows: list[Row], head: str) -> str:
-    base = {name: (user + system, p50) for name, _, user, system, p50, _, _ in rows}
+    base = {name: (user + system, p50) for name, _, user, system, p50, *_ in rows}
     nothing, on = base.get("nothing on"), base.get("everything on")
     lines = [
         head,
         "",
         "| configuration | req/s | user µs/request | system µs/request | CPU µs/request | p50 µs | against "
-        "| Redis CPU µs/request | Redis script calls/request |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| Redis CPU µs/request | Redis script calls/request | gateway switches/request: slept / preempted |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for name, rps, user, system, p50, redis_us, calls in rows:
+    for name, rps, user, system, p50, redis_us, calls, slept, preempted in rows:
         total = user + system
         if name.startswith("everything but") and on is not None:
             against = f"{total - on[0]:+.1f} µs CPU, p50 {p50 - on[1]:+.0f} µs against everything on"
@@ -128,7 +134,7 @@ def report(rows: list[Row], head: str) -> str:
             against = ""
         lines.append(
             f"| {name} | {rps:,.0f} | {user:.1f} | {system:.1f} | {total:.1f} | {p50:.0f} | {against} "
-            f"| {redis_us:.1f} | {calls:.3f} |"
+            f"| {redis_us:.1f} | {calls:.3f} | {slept:.2f} / {preempted:.2f} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -142,14 +148,23 @@ def measure(
     with redis.Redis.from_url(redis_url) as client:
         r0, c0 = redis_cpu_s(redis_url), stores.script_calls(client.info("commandstats"))
         u0, s0 = processes.tree_user_system_seconds(pids)
+        v0, i0 = processes.tree_switches(pids)
         load = wrk.run(url, wrk.write_script(BODY, work, "load", vary="Say hello"), connections, seconds)
         u1, s1 = processes.tree_user_system_seconds(pids)
+        v1, i1 = processes.tree_switches(pids)
         r1, c1 = redis_cpu_s(redis_url), stores.script_calls(client.info("commandstats"))
     if load.errors or not load.requests:
         raise RuntimeError(f"{url}: {load.errors} errors in {load.requests} requests")
     n = load.requests
     return Run(
-        load.rps, (u1 - u0) / n * 1e6, (s1 - s0) / n * 1e6, float(load.p50_us), (r1 - r0) / n * 1e6, (c1 - c0) / n
+        load.rps,
+        (u1 - u0) / n * 1e6,
+        (s1 - s0) / n * 1e6,
+        float(load.p50_us),
+        (r1 - r0) / n * 1e6,
+        (c1 - c0) / n,
+        (v1 - v0) / n,
+        (i1 - i0) / n,
     )
 
 
@@ -200,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(
                         f"[cpusplit] round {r + 1}: {name}: {run.rps:,.0f} req/s, user {run.user_us:.1f} µs, "
                         f"system {run.system_us:.1f} µs per request, p50 {run.p50_us:.0f} µs; Redis "
-                        f"{run.redis_us:.1f} µs and {run.script_calls:.3f} script calls per request",
+                        f"{run.redis_us:.1f} µs and {run.script_calls:.3f} script calls per request; the gateway "
+                        f"slept {run.slept:.2f} and was preempted {run.preempted:.2f} times per request",
                         file=sys.stderr,
                     )
         finally:

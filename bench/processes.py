@@ -195,6 +195,25 @@ def tree_user_system_seconds(pids: Sequence[int]) -> tuple[float, float]:
     return sum(u for u, _ in times), sum(s for _, s in times)
 
 
+def tree_switches(pids: Sequence[int]) -> tuple[int, int]:
+    """The context switches of every thread of `pids` so far: (voluntary, involuntary). A voluntary one is a
+    thread going to sleep with nothing to do (a loop waiting on its sockets); an involuntary one is the
+    kernel taking its core for another process while it had work. A process that has gone counts as nothing."""
+    voluntary = involuntary = 0
+    for pid in pids:
+        for tid in _threads(pid):
+            try:
+                lines = Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines()
+            except OSError:
+                continue
+            for line in lines:
+                if line.startswith("voluntary_ctxt_switches:"):
+                    voluntary += int(line.split()[1])
+                elif line.startswith("nonvoluntary_ctxt_switches:"):
+                    involuntary += int(line.split()[1])
+    return voluntary, involuntary
+
+
 def rss_mib(pids: Sequence[int]) -> float:
     """Summed VmRSS of ``pids``; a pid that has gone counts as nothing."""
     return sum(_status_kib(pid, "VmRSS:") for pid in pids) / 1024.0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import yaml
 from bench import everything
 from bench.configs import gateway_config, merge
 from bench.cpusplit import PARTS, Run, configurations, report, summary, without
-from bench.processes import tree_user_system_seconds, user_system_seconds
+from bench.processes import tree_switches, tree_user_system_seconds, user_system_seconds
 from gateway.config import parse_config
 
 REDIS = "redis://127.0.0.1:6399/0"
@@ -88,22 +89,42 @@ def test_with_workers_the_cpu_of_every_process_is_counted() -> None:
     assert tree_user_system_seconds([2**22 + 12345]) == (0.0, 0.0)  # no such process: nothing, not an error
 
 
+def test_the_switches_read_count_every_thread_s_sleeps() -> None:
+    go, done = threading.Event(), threading.Event()
+
+    def sleeper() -> None:
+        go.wait()
+        for _ in range(50):
+            time.sleep(0.002)
+        done.set()
+        time.sleep(2)  # still alive when the switches are read
+
+    thread = threading.Thread(target=sleeper, daemon=True)
+    thread.start()
+    before = tree_switches([os.getpid()])
+    go.set()
+    assert done.wait(5)
+    after = tree_switches([os.getpid()])
+    assert after[0] - before[0] >= 50  # every sleep of the second thread, counted with this process
+    assert tree_switches([2**22 + 12345]) == (0, 0)  # no such process: nothing, not an error
+
+
 def test_the_report_compares_parts_alone_to_nothing_and_everything_but_to_everything() -> None:
     runs = {
         "nothing on": [Run(100.0, 50.0, 20.0, 90.0), Run(90.0, 52.0, 22.0, 110.0), Run(110.0, 48.0, 18.0, 100.0)],
-        "cache alone": [Run(95.0, 55.0, 20.0, 104.0)],
+        "cache alone": [Run(95.0, 55.0, 20.0, 104.0, slept=0.05, preempted=0.5)],
         "everything on": [Run(70.0, 80.0, 30.0, 190.0, 9.0, 0.1), Run(60.0, 82.0, 31.0, 200.0, 7.0, 0.3)],
-        "everything but cache": [Run(75.0, 70.0, 28.0, 182.0, 6.5, 0.125)],
+        "everything but cache": [Run(75.0, 70.0, 28.0, 182.0, 6.5, 0.125, 0.02, 1.25)],
     }
     rows = summary(runs)
-    assert rows[0] == ("nothing on", 100.0, 50.0, 20.0, 100.0, 0.0, 0.0)  # medians, each figure on its own
-    assert rows[2] == ("everything on", 65.0, 81.0, 30.5, 195.0, 8.0, 0.2)
+    assert rows[0] == ("nothing on", 100.0, 50.0, 20.0, 100.0, 0.0, 0.0, 0.0, 0.0)  # medians, each on its own
+    assert rows[2] == ("everything on", 65.0, 81.0, 30.5, 195.0, 8.0, 0.2, 0.0, 0.0)
     text = report(rows, "head")
     assert (
-        "| cache alone | 95 | 55.0 | 20.0 | 75.0 | 104 | +5.0 µs CPU, p50 +4 µs against nothing on | 0.0 | 0.000 |"
-        in text
+        "| cache alone | 95 | 55.0 | 20.0 | 75.0 | 104 | +5.0 µs CPU, p50 +4 µs against nothing on | 0.0 | 0.000 "
+        "| 0.05 / 0.50 |" in text
     )
     assert (
         "| everything but cache | 75 | 70.0 | 28.0 | 98.0 | 182 | -13.5 µs CPU, p50 -13 µs against everything on "
-        "| 6.5 | 0.125 |" in text
+        "| 6.5 | 0.125 | 0.02 / 1.25 |" in text
     )
