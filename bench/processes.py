@@ -202,15 +202,10 @@ def tree_switches(pids: Sequence[int]) -> tuple[int, int]:
     voluntary = involuntary = 0
     for pid in pids:
         for tid in _threads(pid):
-            try:
-                lines = Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines()
-            except OSError:
-                continue
-            for line in lines:
-                if line.startswith("voluntary_ctxt_switches:"):
-                    voluntary += int(line.split()[1])
-                elif line.startswith("nonvoluntary_ctxt_switches:"):
-                    involuntary += int(line.split()[1])
+            v, i = _status_numbers(
+                f"/proc/{pid}/task/{tid}/status", "voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:"
+            )
+            voluntary, involuntary = voluntary + v, involuntary + i
     return voluntary, involuntary
 
 
@@ -220,13 +215,21 @@ def rss_mib(pids: Sequence[int]) -> float:
 
 
 def _status_kib(pid: int, field: str) -> int:
+    return _status_numbers(f"/proc/{pid}/status", field)[0]
+
+
+def _status_numbers(path: str, *fields: str) -> list[int]:
+    """The number after each of `fields` in a /proc status file, in order; 0 for one it lacks, and for
+    every one when the process or thread has gone."""
+    found = dict.fromkeys(fields, 0)
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(field):
-                return int(line.split()[1])
+        for line in Path(path).read_text().splitlines():
+            name, _, rest = line.partition("\t")
+            if name in found:
+                found[name] = int(rest.split()[0])
     except OSError:
         pass
-    return 0
+    return list(found.values())
 
 
 def _threads(pid: int) -> list[int]:

@@ -90,21 +90,25 @@ def test_with_workers_the_cpu_of_every_process_is_counted() -> None:
 
 
 def test_the_switches_read_count_every_thread_s_sleeps() -> None:
-    go, done = threading.Event(), threading.Event()
+    go, done, leave = threading.Event(), threading.Event(), threading.Event()
 
     def sleeper() -> None:
         go.wait()
         for _ in range(50):
             time.sleep(0.002)
         done.set()
-        time.sleep(2)  # still alive when the switches are read
+        leave.wait()  # still alive when the switches are read: a thread's counts go with it
 
     thread = threading.Thread(target=sleeper, daemon=True)
     thread.start()
-    before = tree_switches([os.getpid()])
-    go.set()
-    assert done.wait(5)
-    after = tree_switches([os.getpid()])
+    try:
+        before = tree_switches([os.getpid()])
+        go.set()
+        assert done.wait(5)
+        after = tree_switches([os.getpid()])
+    finally:
+        leave.set()
+        thread.join(5)
     assert after[0] - before[0] >= 50  # every sleep of the second thread, counted with this process
     assert tree_switches([2**22 + 12345]) == (0, 0)  # no such process: nothing, not an error
 
