@@ -105,6 +105,22 @@ class GatewayError(Exception):
         if cause is not None:
             self.cause = cause
 
+    def detached(self) -> Self:
+        """This error with no traceback, nor any on the exceptions chained to it (its cause, its context).
+
+        For an error a frame keeps after its `except` block: a traceback holds the frames it passed, and on
+        Python 3.12 and later a finished callee's frame holds its caller's, so the frame that keeps the error
+        would be in a cycle with it, which only the collector frees. Returns `self`, changed in place.
+        """
+        chained: list[BaseException] = [self]
+        for _ in range(64):  # a chain set by hand may loop: the bound ends it
+            if not chained:
+                break
+            exc = chained.pop()
+            exc.__traceback__ = None
+            chained += [e for e in (exc.__cause__, exc.__context__) if e is not None]
+        return self
+
     def evolve(
         self,
         *,

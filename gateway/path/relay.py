@@ -199,7 +199,7 @@ class Relay:
                 except GatewayError as exc:
                     # Kept without its traceback, which holds this frame (and through it `error`): a cycle the
                     # collector alone would free, at every stream that breaks after it started.
-                    error = exc.with_traceback(None)
+                    error = exc.detached()
                 except UNREADABLE:
                     error = _stream_broke(
                         route, "sent an invalid stream event", "invalid_upstream_response", "invalid_response"

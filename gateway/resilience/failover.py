@@ -219,7 +219,7 @@ class Run(Generic[T]):
                 # Kept without its traceback, which holds this very frame (and through it `failed`): a cycle the
                 # collector alone would free, at every request that fails over or gives up. What reaches the
                 # client and the log is `_gave_up`'s copy, which has a traceback of its own.
-                failed = exc.with_traceback(None)
+                failed = exc.detached()
                 if type(exc) is Spilled:
                     self.attempts -= 1  # its server was full and another target has room: no call was made
             if not self._retryable(failed) or self.attempts >= r.attempts:
