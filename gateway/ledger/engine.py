@@ -124,8 +124,12 @@ class Database:
         busy_s = (_BUSY_MS if self.timeout_ms is None else self.timeout_ms) / 1000
         # Autocommit mode: every transaction is an explicit BEGIN IMMEDIATE ... COMMIT below.
         conn = sqlite3.connect(self.target, timeout=busy_s, isolation_level=None, check_same_thread=False)
-        conn.execute("PRAGMA journal_mode=WAL")  # readers never wait for the writer; replicas on one host share it
-        conn.execute("PRAGMA synchronous=NORMAL")  # durable across a process crash (WAL), as the issue asks
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")  # readers never wait for the writer; replicas on one host share it
+            conn.execute("PRAGMA synchronous=NORMAL")  # durable across a process crash (WAL)
+        except BaseException:
+            conn.close()  # a file that cannot be set up (locked, not a database) is retried with a new one
+            raise
         return conn
 
     def _errors(self) -> tuple[type[BaseException], ...]:
