@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ import pytest
 
 from tests.helpers.accesslog import listening
 from tests.helpers.servers import GatewayProcess, GatewayThread, cli_env
+from tests.helpers.sqlite import opened
 from tests.helpers.waiting import wait_until
 
 from .conftest import (
@@ -67,7 +67,7 @@ def test_a_batch_completes_every_line_once_with_the_direct_answer(tmp_path: Path
         )
         assert made.id in [b.id for b in client.batches.list()]
     # Every line is a row of the ledger naming its batch; the direct requests name none.
-    with sqlite3.connect(tmp_path / "ledger.db") as conn:
+    with opened(tmp_path / "ledger.db") as conn:
         booked = conn.execute(
             "SELECT batch_id, count(*), count(DISTINCT request_id), min(status), max(status) FROM requests "
             "GROUP BY batch_id ORDER BY batch_id NULLS FIRST"
@@ -294,7 +294,7 @@ def test_files_are_bounded_and_old_ones_deleted(tmp_path: Path) -> None:
         except openai.ConflictError as exc:
             assert exc.status_code == 409 and "batches.max_files" in exc.message
     # Two days pass for the first batch and its files (the clock of the rows, as an operator would move it).
-    with sqlite3.connect(tmp_path / "ledger.db") as conn:
+    with opened(tmp_path / "ledger.db") as conn:
         conn.execute("UPDATE batches SET created_at = created_at - 2 * 86400")
         conn.execute("UPDATE batch_files SET created_at = created_at - 2 * 86400 WHERE id <> ?", (kept,))
     with served(tmp_path, extra=", max_files: 3, retain_days: 1") as (_, client):
@@ -307,7 +307,8 @@ def test_files_are_bounded_and_old_ones_deleted(tmp_path: Path) -> None:
             assert time.monotonic() < deadline
             time.sleep(0.05)
         assert [f.id for f in client.files.list()] == [kept]
-        assert sqlite3.connect(tmp_path / "ledger.db").execute("SELECT count(*) FROM batch_lines").fetchone() == (0,)
+        with opened(tmp_path / "ledger.db") as conn:
+            assert conn.execute("SELECT count(*) FROM batch_lines").fetchone() == (0,)
 
 
 def test_lines_are_seen_in_the_access_log_and_the_metrics(tmp_path: Path) -> None:

@@ -5,7 +5,6 @@ never sent again, as a loopback upstream that outlives the gateways counts."""
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import time
 from collections import Counter
 from pathlib import Path
@@ -13,13 +12,14 @@ from pathlib import Path
 from aiohttp import web
 
 from tests.helpers.servers import GatewayChild, cli_env
+from tests.helpers.sqlite import opened
 from tests.helpers.upstreams import Received, Upstream
 
 from .conftest import ENV, EVAL_KEY, config, jsonl, line, results, sdk, upload, wait_batch
 
 
 def _progress(db: Path, batch_id: str) -> tuple[str, int]:
-    with sqlite3.connect(db, timeout=10) as conn:
+    with opened(db, timeout=10) as conn:
         row = conn.execute("SELECT status, completed FROM batches WHERE id = ?", (batch_id,)).fetchone()
     return (str(row[0]), int(row[1])) if row else ("", 0)
 
@@ -73,7 +73,7 @@ def test_sigkill_three_times_then_exactly_once(tmp_path: Path) -> None:
     assert err == []
     assert [o["custom_id"] for o in out] == [x["custom_id"] for x in lines]  # each once, in the file's order
     assert all(o["response"]["status_code"] == 200 for o in out)
-    with sqlite3.connect(db) as conn:
+    with opened(db) as conn:
         rows = conn.execute("SELECT custom_id, sends FROM batch_lines WHERE batch_id = ?", (made.id,))
         sends = {str(c): int(n) for c, n in rows}
     # A line is sent again only when it was in flight at a kill: at most `concurrency` lines per kill, once each.
@@ -106,7 +106,7 @@ def test_sigterm_hands_the_batch_back_for_the_next_gateway(tmp_path: Path) -> No
         gw.sigterm()
         gw.proc.wait(20)
         gw.stop()  # closes its log
-        with sqlite3.connect(db) as conn:
+        with opened(db) as conn:
             until, sent = conn.execute(
                 "SELECT lease_until, (SELECT count(*) FROM batch_lines WHERE batch_id = ? AND sends > 0 "
                 "AND result IS NULL) FROM batches WHERE id = ?",
@@ -147,5 +147,5 @@ def test_two_workers_each_line_sent_once(tmp_path: Path) -> None:
         gw.stop()
     for b, out in zip("ab", outs, strict=True):
         assert [o["custom_id"] for o in out] == [f"{b}-{i}" for i in range(40)]
-    with sqlite3.connect(db) as conn:
+    with opened(db) as conn:
         assert conn.execute("SELECT max(sends) FROM batch_lines").fetchone() == (1,)

@@ -5,7 +5,6 @@ it is back in force. A key that expires mid-batch has the lines left refused, as
 from __future__ import annotations
 
 import json
-import sqlite3
 from pathlib import Path
 from typing import Final
 
@@ -14,6 +13,7 @@ import openai
 import pytest
 
 from tests.helpers.servers import GatewayThread
+from tests.helpers.sqlite import opened
 from tests.helpers.waiting import wait_until
 
 from .conftest import ADMIN_KEY, ENV, config, line, results, sdk, start, wait_batch
@@ -70,7 +70,7 @@ def test_a_batch_never_runs_as_another_key_of_its_name(tmp_path: Path, monkeypat
     assert {e["response"]["body"]["error"]["code"] for e in err} == {"invalid_api_key"}
     assert mine.status == "completed" and mine.request_counts is not None and mine.request_counts.completed == 3
     assert yaml_id.startswith("cfg_")
-    with sqlite3.connect(tmp_path / "ledger.db") as conn:
+    with opened(tmp_path / "ledger.db") as conn:
         booked = conn.execute("SELECT batch_id, key_id, count(*) FROM requests GROUP BY batch_id, key_id")
         assert sorted(booked.fetchall()) == sorted([(mine.id, yaml_id, 3), (batch_id, key_id, len(out))])
 
@@ -87,7 +87,7 @@ def test_the_lines_left_of_a_batch_whose_key_expired_are_refused_as_its_requests
             wait_until(lambda: adm.get("/admin/batches").json()["data"][0]["status"] == "completed", timeout=30)
             with pytest.raises(openai.AuthenticationError):  # the key's own requests: refused too
                 brief.completions.create(model="fast", prompt="hello", max_tokens=1)
-    with sqlite3.connect(tmp_path / "ledger.db") as conn:
+    with opened(tmp_path / "ledger.db") as conn:
         done = dict(conn.execute("SELECT custom_id, result FROM batch_lines WHERE batch_id = ?", (batch_id,)))
         booked = conn.execute(
             "SELECT count(*), min(status), max(status) FROM requests WHERE batch_id = ?", (batch_id,)

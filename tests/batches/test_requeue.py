@@ -5,7 +5,6 @@ back is not a request the gateway answered: no ledger row, no request metrics; i
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 from tests.helpers.accesslog import listening
 from tests.helpers.engine import Engine
 from tests.helpers.servers import GatewayThread
+from tests.helpers.sqlite import opened
 from tests.queue.conftest import until
 
 from .conftest import ENV, EVAL_KEY, config, line, results, sdk, start, wait_batch
@@ -72,7 +72,7 @@ async def test_a_line_whose_queue_wait_ran_out_is_sent_again_later(tmp_path: Pat
             # Both lines in flight wait 100 ms, are refused, wait about a second, and are refused again.
             await until(lambda: _requeued(httpx.get(gw.url + "/metrics").text) >= 4, timeout=15)
             # The lines put back kept their places in batches.concurrency (2): no other line was taken meanwhile.
-            with sqlite3.connect(tmp_path / "ledger.db") as conn:
+            with opened(tmp_path / "ledger.db") as conn:
                 states = dict(
                     conn.execute(
                         "SELECT state, count(*) FROM batch_lines WHERE batch_id = ? GROUP BY state", (batch_id,)
@@ -94,7 +94,7 @@ async def test_a_line_whose_queue_wait_ran_out_is_sent_again_later(tmp_path: Pat
     assert 'gateway_batch_lines_total{status="failed"}' not in text
     # A line put back was not answered: the ledger holds one row per line, its reports count each line once,
     # and no request of the key's was counted as refused. The access log shows every refusal, with the batch.
-    with sqlite3.connect(tmp_path / "ledger.db") as conn:
+    with opened(tmp_path / "ledger.db") as conn:
         rows = conn.execute("SELECT status, count(*) FROM requests WHERE batch_id = ? GROUP BY status", (batch_id,))
         assert rows.fetchall() == [(200, LINES)]
         daily = conn.execute("SELECT sum(requests), sum(errors) FROM daily WHERE key_name = 'eval'").fetchone()

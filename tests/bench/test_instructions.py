@@ -7,7 +7,6 @@ exercised here, with a few requests: real ASGI app, real pipeline, a real loopba
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import pytest
 from bench import inprocess, instructions
 from bench.processes import free_port
 from bench.upstream import CHAT, COMPLETION, chat_stream_events, stream_events
+from tests.helpers.sqlite import opened
 
 
 @pytest.fixture(scope="module")
@@ -94,5 +94,5 @@ def test_the_ledgers_schema_is_made_before_the_measured_runs(tmp_path: Path, mon
     db = tmp_path / "ledger.db"
     monkeypatch.setenv("BENCH_LEDGER_URL", f"sqlite:///{db}")
     instructions.prime_ledger("fake", None, ["--cache", "off", "--stops", "none"])
-    with sqlite3.connect(db) as conn:
+    with opened(db) as conn:
         assert conn.execute("SELECT count(*) FROM requests").fetchone() == (1,)

@@ -10,7 +10,6 @@ the same keys, routing, response cache and ledger as completions; what a chat re
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +26,7 @@ from providers.registry import register, unregister
 from tests.helpers.clients import openai_client
 from tests.helpers.recordings import fixture_json
 from tests.helpers.servers import GatewayThread, serve_config
+from tests.helpers.sqlite import opened
 from tests.helpers.upstreams import Received, Upstream
 
 KEY = "gk-chat-3f1a"
@@ -321,7 +321,7 @@ def test_ledger_row_records_the_endpoint(api: httpx.Client, db: Path) -> None:
     deadline = time.monotonic() + 10
     rows: list[tuple[Any, ...]] = []
     while not rows and time.monotonic() < deadline:
-        with sqlite3.connect(db, timeout=10) as conn:
+        with opened(db, timeout=10) as conn:
             rows = conn.execute(
                 "SELECT endpoint, dialect, model, status, completion_tokens FROM requests WHERE request_id = ?", (rid,)
             ).fetchall()

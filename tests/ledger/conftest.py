@@ -7,8 +7,9 @@ millionths of a dollar, 17 x 10^9 picodollars.
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Any, Final
+
+from tests.helpers.sqlite import opened
 
 ADMIN_KEY: Final = "adm-ledger-0d4f"
 TEAM_KEY: Final = "gk-ledger-team-61b2"
@@ -40,7 +41,7 @@ def config(url: str, flush_ms: int = 100, extra: str = "") -> str:
 def query(url: str, sql: str) -> list[tuple[Any, ...]]:
     """Read the ledger as an operator would, with the engine's own client library."""
     if url.startswith("sqlite:///"):
-        with sqlite3.connect(url[len("sqlite:///") :], timeout=10) as conn:
+        with opened(url[len("sqlite:///") :], timeout=10) as conn:
             return [tuple(r) for r in conn.execute(sql).fetchall()]
     import psycopg
 

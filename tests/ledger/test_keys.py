@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from gateway.ledger.schema import MIGRATIONS
 from tests.helpers.clients import body, client
 from tests.helpers.postgres import PostgresServer
 from tests.helpers.servers import GatewayThread, cli_env, run_cli
+from tests.helpers.sqlite import opened
 from tests.helpers.waiting import wait_until
 
 from .conftest import ADMIN_KEY, ENV, config, query
@@ -241,7 +241,7 @@ def test_keys_made_before_monthly_budgets_keep_working_after_the_upgrade(tmp_pat
     """A ledger at schema version 2 (runtime keys without `max_cost_per_month`) is migrated at start."""
     db = tmp_path / "ledger.db"
     secret = "gwk-made-by-an-older-gateway"
-    with sqlite3.connect(db) as conn:
+    with opened(db) as conn:
         conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
         for version, statements in enumerate(MIGRATIONS[:2], start=1):
             for statement in statements:

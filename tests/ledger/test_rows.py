@@ -7,13 +7,13 @@ real SQLite file; the PostgreSQL engine is exercised by tests/ledger/test_postgr
 from __future__ import annotations
 
 import signal
-import sqlite3
 from pathlib import Path
 
 from gateway.ledger.engine import Database
 from gateway.ledger.schema import MIGRATIONS, VERSION
 from tests.helpers.clients import body, client
 from tests.helpers.servers import GatewayProcess, GatewayThread, cli_env, run_cli
+from tests.helpers.sqlite import opened
 
 from .conftest import COST_PICO, ENV, SOLO_KEY, TEAM_KEY, config, query, totals
 
@@ -80,7 +80,7 @@ def test_a_newer_schema_is_one_line_at_start_up(tmp_path: Path) -> None:
     db = tmp_path / "ledger.db"
     path = tmp_path / "config.yaml"
     path.write_text(config(f"sqlite:///{db}"))
-    with sqlite3.connect(db) as conn:
+    with opened(db) as conn:
         conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
         conn.execute("INSERT INTO schema_version VALUES (99)")
     result = run_cli(["serve", "--config", str(path), "--port", "0"], env=cli_env(**ENV))
@@ -106,7 +106,7 @@ def test_a_sqlite_file_whose_directory_cannot_be_made_is_one_line_at_start_up(tm
 
 def test_a_ledger_of_version_1_is_migrated_without_the_request_id_index(tmp_path: Path) -> None:
     db = tmp_path / "ledger.db"
-    with sqlite3.connect(db) as conn:
+    with opened(db) as conn:
         conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
         for statement in MIGRATIONS[0]:
             conn.execute(statement if isinstance(statement, str) else statement["sqlite"])
@@ -116,7 +116,7 @@ def test_a_ledger_of_version_1_is_migrated_without_the_request_id_index(tmp_path
     assert ledger.migrate() == 1
     assert ledger.migrate() == VERSION  # every later migration applied by the first call
     ledger.close()
-    with sqlite3.connect(db) as conn:
+    with opened(db) as conn:
         indexes = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")]
     conn.close()
     assert "requests_request_id" not in indexes

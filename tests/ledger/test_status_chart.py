@@ -5,7 +5,6 @@ none in between."""
 from __future__ import annotations
 
 import base64
-import sqlite3
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,6 +16,7 @@ from gateway.limits.usage import day_of
 from tests.helpers.chromium import CDP, CHROMIUM, chromium
 from tests.helpers.clients import body, client
 from tests.helpers.servers import GatewayThread
+from tests.helpers.sqlite import opened
 
 from .conftest import ADMIN_KEY, ENV, SOLO_KEY, config
 
@@ -41,7 +41,7 @@ async def page(tmp_path: Path) -> AsyncIterator[CDP]:
 
 def plant(db: Path, now: float) -> None:
     """Rollups as the writer leaves them, split over two keys and two models per day (the chart sums them)."""
-    with sqlite3.connect(db) as conn:
+    with opened(db) as conn:
         for ago, (requests, pico) in SPEND.items():
             day = day_of(now - ago * 86_400)
             half = requests // 2
