@@ -112,13 +112,14 @@ class GatewayError(Exception):
         Python 3.12 and later a finished callee's frame holds its caller's, so the frame that keeps the error
         would be in a cycle with it, which only the collector frees. Returns `self`, changed in place.
         """
-        chained: list[BaseException] = [self]
-        for _ in range(64):  # a chain set by hand may loop: the bound ends it
-            if not chained:
-                break
+        chained: list[BaseException | None] = [self]
+        seen: set[int] = set()  # a cause is often the context too, and a chain set by hand may loop
+        while chained:
             exc = chained.pop()
-            exc.__traceback__ = None
-            chained += [e for e in (exc.__cause__, exc.__context__) if e is not None]
+            if exc is not None and id(exc) not in seen:
+                seen.add(id(exc))
+                exc.__traceback__ = None
+                chained += (exc.__cause__, exc.__context__)
         return self
 
     def evolve(

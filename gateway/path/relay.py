@@ -197,8 +197,8 @@ class Relay:
                             route, "ended the stream early", "upstream_stream_ended_early", "stream_ended_early"
                         )
                 except GatewayError as exc:
-                    # Kept without its traceback, which holds this frame (and through it `error`): a cycle the
-                    # collector alone would free, at every stream that breaks after it started.
+                    # Kept without a traceback on it or on what it chains, which hold this frame (and through it
+                    # `error`): a cycle the collector alone would free, at every stream that breaks after it started.
                     error = exc.detached()
                 except UNREADABLE:
                     error = _stream_broke(

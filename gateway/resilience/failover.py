@@ -216,9 +216,10 @@ class Run(Generic[T]):
                     value = await self.attempt(served, timeouts)
                 return Outcome(value=value, route=served, attempts=self.attempts)
             except GatewayError as exc:
-                # Kept without its traceback, which holds this very frame (and through it `failed`): a cycle the
-                # collector alone would free, at every request that fails over or gives up. What reaches the
-                # client and the log is `_gave_up`'s copy, which has a traceback of its own.
+                # Kept without a traceback on it or on what it chains (the attempt's original error), which hold
+                # this very frame (and through it `failed`): a cycle the collector alone would free, at every
+                # request that fails over or gives up. What reaches the client and the log is `_gave_up`'s copy,
+                # which has a traceback of its own.
                 failed = exc.detached()
                 if type(exc) is Spilled:
                     self.attempts -= 1  # its server was full and another target has room: no call was made
