@@ -336,6 +336,20 @@ class H1Protocol(asyncio.Protocol):
         self.hold_reading = True
         self.pause_reading()
         data = answer(status, self.default_head(), text)
+        broken = self.parsing
+        if broken is not None and broken.more_body and not broken.complete:
+            # The error is in this request's body, which will now never end: its app would wait on
+            # `receive` for as long as the client stays. It is told the client left, and the refusal is
+            # its answer unless some of another already went out (then only the close can end it).
+            self.parsing = None
+            if broken is self.current:
+                broken.left()
+                if broken.sent:
+                    self.transport.close()
+                    return
+                self.current = None
+            elif self.pipeline and self.pipeline[-1][0] is broken:
+                self.pipeline.pop()
         if self.current is None and not self.pipeline:
             if not self.transport.is_closing():
                 self.transport.write(data)

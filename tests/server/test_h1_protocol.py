@@ -200,6 +200,70 @@ def test_a_malformed_request_is_400_and_closes() -> None:
         assert client.closed()
 
 
+_CHUNKED = "POST /up HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        pytest.param((_CHUNKED + "zz\r\nabc\r\n0\r\n\r\n").encode(), id="a bad chunk size"),
+        pytest.param((_CHUNKED + "3\r\nabc\r\nqq\r\n").encode(), id="a bad chunk after good data"),
+        pytest.param(b"POST /up HTTP/1.1\r\nhost: t\r\ntransfer-encoding: gzip\r\n\r\nabc", id="an unframed body"),
+    ],
+)
+def test_a_malformed_body_is_400_and_its_app_is_told_the_client_left(request_bytes: bytes) -> None:
+    """The head was good, so the app runs and waits on the body; the body's error answers the request."""
+    seen: list[str] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        while (message := await receive())["type"] == "http.request" and message.get("more_body"):
+            pass
+        seen.append(message["type"])
+        await answer(send, b"must not be sent")
+
+    with serve(app) as server:
+        client = Client(server.config.port)
+        client.send(request_bytes)
+        response = client.response()
+        assert response.status == 400
+        assert response.body == b"Invalid HTTP request received."
+        assert client.closed()
+        wait_for(lambda: seen == ["http.disconnect"] and not server.server_state.tasks)
+
+
+def test_a_malformed_body_of_a_pipelined_request_is_refused_after_the_answers_before_it() -> None:
+    started: list[str] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        started.append(scope["path"])
+        await asyncio.sleep(0.1)
+        await read_body(receive)
+        await answer(send, scope["path"].encode())
+
+    with serve(app) as server:
+        client = Client(server.config.port)
+        client.send(get("/first") + (_CHUNKED + "zz\r\n").encode())
+        assert client.response().body == b"/first"
+        assert client.response().status == 400
+        assert client.closed()
+        assert started == ["/first"]
+
+
+def test_a_malformed_body_after_the_answer_began_closes_the_connection() -> None:
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"transfer-encoding", b"chunked")]})
+        await send({"type": "http.response.body", "body": b"early", "more_body": True})
+        await read_body(receive)
+
+    with serve(app) as server:
+        client = Client(server.config.port)
+        client.send(_CHUNKED.encode())
+        assert client.head()[0] == 200
+        client.send(b"zz\r\n")
+        assert client.closed()
+        wait_for(lambda: not server.server_state.tasks)
+
+
 def test_head_and_204_carry_no_body() -> None:
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["path"] == "/none":
