@@ -20,8 +20,15 @@ from msgspec import Meta
 Temperature = Annotated[float, Meta(ge=0, le=2)]
 Penalty = Annotated[float, Meta(ge=-2, le=2)]
 Probability = Annotated[float, Meta(ge=0, le=1)]
-PositiveInt = Annotated[int, Meta(ge=1)]
-TokenId = Annotated[int, Meta(ge=0)]
+# Every integer a request carries fits in 64 signed bits, as every upstream, the cache's key and the
+# budgets' arithmetic take it: JSON itself has no bound, and a 400-digit `seed` is refused naming it.
+INT64_MIN: Final = -(2**63)
+INT64_MAX: Final = 2**63 - 1
+Int64 = Annotated[int, Meta(ge=INT64_MIN, le=INT64_MAX)]
+Count = Annotated[int, Meta(ge=0, le=INT64_MAX)]
+CountOrAll = Annotated[int, Meta(ge=-1, le=INT64_MAX)]  # -1: the whole (vLLM's and llama.cpp's meaning)
+PositiveInt = Annotated[int, Meta(ge=1, le=INT64_MAX)]
+TokenId = Count
 # Absolute bounds, whatever the provider: each provider's own (OpenAI: 4 stops and 5 logprobs; vLLM: no stop
 # limit and 20 logprobs, or its configured `max_logprobs`) is checked after routing (providers/base.py
 # `Capabilities`), and stops beyond a provider's count are enforced by the gateway. These only keep the
@@ -31,7 +38,7 @@ MAX_STOPS: Final = 64
 MAX_LOGPROBS: Final = 100
 LogprobsCount = Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)]
 StopList = Annotated[list[str], Meta(max_length=MAX_STOPS)]
-PromptItem = str | int | list[int]
+PromptItem = str | Int64 | list[Int64]
 # A prefix-cache salt: vLLM hashes it into its block hashes and has failed on odd values, so only a bounded
 # token of URL- and base64-safe characters passes.
 CacheSalt = Annotated[str, Meta(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._:/+=-]+$")]
@@ -48,12 +55,12 @@ class CompletionRequest(msgspec.Struct, forbid_unknown_fields=True, omit_default
     model: str
     prompt: str | list[PromptItem]
     # Token limit: four names, one meaning; normalize() enforces agreement.
-    max_tokens: Annotated[int, Meta(ge=0)] | None = None
-    max_new_tokens: Annotated[int, Meta(ge=0)] | None = None
-    max_completion_tokens: Annotated[int, Meta(ge=0)] | None = None
+    max_tokens: Count | None = None
+    max_new_tokens: Count | None = None
+    max_completion_tokens: Count | None = None
     temperature: Temperature | None = None
     top_p: Probability | None = None
-    top_k: Annotated[int, Meta(ge=-1)] | None = None
+    top_k: CountOrAll | None = None
     frequency_penalty: Penalty | None = None
     presence_penalty: Penalty | None = None
     n: PositiveInt | None = None
@@ -66,7 +73,7 @@ class CompletionRequest(msgspec.Struct, forbid_unknown_fields=True, omit_default
     return_token_log_probs: bool | None = None
     echo: bool | None = None
     suffix: str | None = None
-    seed: int | None = None
+    seed: Int64 | None = None
     logit_bias: dict[str, Annotated[float, Meta(ge=-100, le=100)]] | None = None
     response_format: dict[str, Any] | None = None
     guided_json: dict[str, Any] | None = None
@@ -97,15 +104,15 @@ class CompletionRequest(msgspec.Struct, forbid_unknown_fields=True, omit_default
     min_p: Probability | None = None
     typical_p: Probability | None = None
     repetition_penalty: Annotated[float, Meta(gt=0)] | None = None
-    repeat_last_n: Annotated[int, Meta(ge=-1)] | None = None
-    min_tokens: Annotated[int, Meta(ge=0)] | None = None
+    repeat_last_n: CountOrAll | None = None
+    min_tokens: Count | None = None
     ignore_eos: bool | None = None
     stop_token_ids: list[TokenId] | None = None
     allowed_token_ids: list[TokenId] | None = None
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool | None = None
     add_special_tokens: bool | None = None
-    truncate_prompt_tokens: Annotated[int, Meta(ge=-1)] | None = None
+    truncate_prompt_tokens: CountOrAll | None = None
     prompt_logprobs: LogprobsCount | None = None
     use_beam_search: bool | None = None
     length_penalty: float | None = None

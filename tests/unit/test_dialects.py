@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import typing
 from typing import Any
 
 import msgspec
@@ -19,7 +20,7 @@ from wire.errors import (
     UnsupportedParamError,
     UpstreamStatusError,
 )
-from wire.schema import decode_request
+from wire.schema import CompletionRequest, decode_request
 
 
 def decode_fails(body: dict[str, Any] | bytes) -> RequestError:
@@ -78,6 +79,39 @@ def test_out_of_range_and_wrong_type(field: str, value: Any, problem: str) -> No
     err = decode_fails({**OK, field: value})
     assert (err.param, err.loc, err.code) == (field, [field], "invalid_value")
     assert err.message == f"Invalid value for '{field}': {problem}"
+
+
+def _integer_fields() -> list[str]:
+    """Every field of the request whose value is, or may be, an integer (`prompt` as token ids too)."""
+    hints = typing.get_type_hints(CompletionRequest, include_extras=True)
+    ints = [name for name, hint in hints.items() if "int" in repr(hint) and name != "prompt"]
+    assert {"max_tokens", "seed", "n", "priority", "stop_token_ids"} <= set(ints)
+    return ints
+
+
+@pytest.mark.parametrize("field", _integer_fields())
+@pytest.mark.parametrize("value", [2**63, -(2**63) - 1, 10**400])
+def test_an_integer_past_64_bits_is_refused_naming_its_field(field: str, value: int) -> None:
+    """JSON has no bound on integers; upstreams, the cache's key and the budgets' arithmetic do."""
+    hint = repr(typing.get_type_hints(CompletionRequest, include_extras=True)[field])
+    raw = json.dumps({**OK, field: [value] if hint.count("list[") else value}).encode()
+    with pytest.raises(msgspec.ValidationError) as info:
+        decode_request(raw)
+    err = decode_error(info.value)
+    assert (err.param, err.code) == (field, "invalid_value")
+    assert "Expected `int` <=" in err.message or "Expected `int` >=" in err.message, err.message
+
+
+@pytest.mark.parametrize("prompt", [[2**63], [[1, 2**64]], [-(2**63) - 1]])
+def test_a_token_id_past_64_bits_is_refused(prompt: list[Any]) -> None:
+    err = decode_fails({**OK, "prompt": prompt})
+    assert (err.param, err.code) == ("prompt", "invalid_value")
+
+
+def test_the_64_bit_integers_themselves_pass() -> None:
+    req = decode_request(json.dumps({**OK, "seed": 2**63 - 1, "max_tokens": 2**63 - 1, "prompt": [2**63 - 1]}).encode())
+    assert (req.seed, req.max_tokens, req.prompt) == (2**63 - 1, 2**63 - 1, [2**63 - 1])
+    assert decode_request(json.dumps({**OK, "seed": -(2**63)}).encode()).seed == -(2**63)
 
 
 def test_list_index_in_loc_not_in_param() -> None:
