@@ -23,7 +23,22 @@ from wire.schema import CompletionRequest
 
 # `cache_key`'s, of a request without its delivery fields: MessagePack, not JSON (the same canonical form, a
 # quarter cheaper to make and shorter: nothing escaped, numbers in binary).
-canonical = msgspec.msgpack.Encoder(order="deterministic").encode
+_msgpack = msgspec.msgpack.Encoder(order="deterministic").encode
+# MessagePack has no integer past 64 bits, which a free-form field (`inference_extra_params`, a schema)
+# may hold: such a request is keyed by its deterministic JSON instead, behind a byte that never starts a
+# MessagePack map, so no key of one form can equal a key of the other.
+_json = msgspec.json.Encoder(order="deterministic").encode
+_WIDE: Final = b"\xc1"
+
+
+def canonical(req: CompletionRequest) -> bytes:
+    """`req`'s canonical encoding: MessagePack, or JSON where it holds an integer MessagePack cannot."""
+    try:
+        return _msgpack(req)
+    except OverflowError:
+        return _WIDE + _json(req)
+
+
 _PREFIX: Final = f"gateway-cache/v{VERSION}\x00".encode()
 
 

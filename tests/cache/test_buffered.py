@@ -42,6 +42,23 @@ def test_a_rerun_is_a_hit_with_the_same_choices_and_no_upstream_call(alice: http
     assert b.keys() == a.keys() and b["model"] == a["model"] and b["created"] >= a["created"]
 
 
+def test_an_integer_past_64_bits_in_a_free_form_field_is_keyed_too(alice: httpx.Client, upstream: Upstream) -> None:
+    """The key's binary form has no such integer: the request is keyed by its JSON form instead, and still
+    hits, still tells different values apart, and reaches the upstream as the client wrote it."""
+    wide = 2**64 + 7
+    sent = body("wide: one", inference_extra_params={"salt": wide})
+    first = alice.post("/v1/completions", json=sent)
+    assert first.status_code == 200, first.text
+    assert first.headers["x-gateway-cache"] == "miss"
+    assert str(wide).encode() in upstream.received[0].body
+    assert alice.post("/v1/completions", json=sent).headers["x-gateway-cache"] == "hit"
+    other = body("wide: one", inference_extra_params={"salt": wide + 1})
+    assert alice.post("/v1/completions", json=other).headers["x-gateway-cache"] == "miss"
+    narrow = body("wide: one", inference_extra_params={"salt": 7})
+    assert alice.post("/v1/completions", json=narrow).headers["x-gateway-cache"] == "miss"
+    assert len(upstream.received) == 3
+
+
 def test_field_order_and_dialect_names_do_not_change_the_key(alice: httpx.Client, upstream: Upstream) -> None:
     extra = {"inference_extra_params": {"b": 1, "a": {"y": 2, "z": 3}}, "top_k": 5}
     sent = {"model": MODEL, "prompt": "order: a b", "max_new_tokens": 5, "temperature": 0, **extra}
