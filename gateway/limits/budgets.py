@@ -34,6 +34,8 @@ from wire.schema import CompletionRequest
 
 _DAY_TTL_S: Final = 3 * 86_400
 _MONTH_TTL_S: Final = 33 * 86_400
+# The most one request reserves on a budget: about $576,000, so 16 such reservations fit in a counter.
+_WORST_MAX: Final = 2**59
 STREAM_CHECK_EVENTS: Final = 16  # a stream's running cost is looked at every this many events
 # A change to a counter (`Budgets._change`): KEYS[1] the counter; ARGV epoch ('' : taken in process, no
 # reservation to change), reserved, committed, ttl, fresh (1: the counters hold reservations alone).
@@ -238,6 +240,11 @@ class Budgets:
         now = self.clock()
         budgets = self._budgets(key, day_of(now))
         worst, prompt_pico, out_pico = self.worst_case(req, plan, prices)
+        if budgets:
+            # More than a whole budget reserves nothing more: admitted only while the counter is under its
+            # limit, after it the counter is past it either way. Bounded besides, so that a few of these in
+            # flight at once still sum within Redis's 64-bit counters (a `max_tokens` of 2**63 costs more).
+            worst = min(worst, max(b.limit_pico for b in budgets), _WORST_MAX)
         taken: list[tuple[Budget, str | None]] = []
         try:
             for b in budgets:

@@ -16,6 +16,7 @@ from gateway.limits.usage import to_midnight
 from tests.helpers.clients import body, client
 from tests.helpers.redis import RedisServer
 from tests.helpers.servers import GatewayThread
+from tests.helpers.waiting import wait_until
 
 from .conftest import COST, ENV, FREE_KEY, TEAM_KEY, config, wait_requests
 
@@ -68,6 +69,35 @@ def test_budget_refuses_in_the_openai_shape(gw: GatewayThread) -> None:
     # Other keys are not affected.
     with client(gw.url, FREE_KEY) as c:
         assert c.post("/v1/completions", json=body()).status_code == 200
+
+
+WIDE_CONFIG = """
+redis: {{url: "{redis}"}}
+keys:
+  - {{name: wide, key: "{key}", max_cost_per_day: 1000000}}
+prices:
+  "demo/*": {{prompt_per_1m: 100, completion_per_1m: 100}}
+providers:
+  demo: {{kind: fake, models: [text]}}
+"""
+
+
+def test_a_worst_case_past_64_bits_of_picodollars_leaves_redis_in_use(rds: RedisServer, tmp_path: Path) -> None:
+    """`max_tokens` of 2**63 - 1 and `n` of 128 cost more picodollars than a Redis counter holds: the
+    reservation is the budget at most, so Redis takes it (an error there would put every tenant on
+    in-process state) and it is given back whole when the provider refuses the request."""
+    path = tmp_path / "config.yaml"
+    path.write_text(WIDE_CONFIG.format(redis=rds.url, key=FREE_KEY))
+    with GatewayThread(path, ENV) as g, client(g.url, FREE_KEY) as c:
+        huge = c.post("/v1/completions", json=body(model="demo/text", max_tokens=2**63 - 1, n=128))
+        assert huge.status_code == 400 and huge.json()["error"]["param"] == "max_tokens", huge.text
+        assert c.get("/ready").json() == {"status": "ready", "redis": "ok"}
+        r = rds.client()
+        counters = [k for k in r.keys("budget:*") if r.hexists(k, "reserved")]
+        assert counters
+        wait_until(lambda: all(int(r.hget(k, "reserved") or 0) == 0 for k in counters))
+        assert c.post("/v1/completions", json=body(model="demo/text")).status_code == 200
+        assert c.get("/ready").json() == {"status": "ready", "redis": "ok"}
 
 
 def test_budget_refuses_in_the_pais_shape(gw: GatewayThread) -> None:
