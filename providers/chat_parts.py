@@ -21,7 +21,7 @@ def call_arguments(call: ToolCall, provider: str) -> dict[str, Any]:
     """A tool call's arguments decoded; arguments that are not a JSON object are a 400 naming `provider`."""
     try:
         args = msgspec.json.decode(call.function.arguments or "{}")
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):  # nesting past the interpreter's limit is not an object either
         args = None
     if not isinstance(args, dict):
         raise InvalidRequestError(

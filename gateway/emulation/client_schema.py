@@ -482,6 +482,10 @@ def admit(schema: dict[str, Any], *, param: str, depth: int, pattern_chars: int,
     """Check a client's schema before any upstream call (400 naming `param`); the checker for its answers."""
     if depth_exceeds(schema, depth):
         raise _bad(param, f"nests deeper than {depth} levels")
+    dialect = schema.get("$schema")
+    if dialect is not None and not isinstance(dialect, str):
+        # jsonschema looks the dialect up by value and expects a URI: anything else fails inside it.
+        raise _bad(param, "has a `$schema` that is not a string")
     cls = validator_for(schema, default=Draft202012Validator)
     if cls is Draft3Validator:
         raise _bad(param, "uses JSON Schema draft 3, which the gateway does not check")

@@ -90,9 +90,11 @@ def test_what_anthropic_cannot_honour_is_refused() -> None:
     with pytest.raises(InvalidRequestError) as range_error:
         _sent(_req(messages=user, temperature=1.5))
     assert range_error.value.param == "temperature"
-    bad = {"id": "t", "type": "function", "function": {"name": "f", "arguments": "[1]"}}
-    with pytest.raises(InvalidRequestError):
-        _sent(_req(messages=[*user, {"role": "assistant", "tool_calls": [bad]}]))
+    for arguments in ("[1]", '{"a":' * 5000 + "1" + "}" * 5000):  # the second past the recursion limit
+        bad = {"id": "t", "type": "function", "function": {"name": "f", "arguments": arguments}}
+        with pytest.raises(InvalidRequestError) as not_an_object:
+            _sent(_req(messages=[*user, {"role": "assistant", "tool_calls": [bad]}]))
+        assert not_an_object.value.param == "messages"
 
 
 def test_recorded_tool_use_answer() -> None:

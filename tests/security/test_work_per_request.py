@@ -20,6 +20,7 @@ import json
 from typing import Any
 
 import httpx
+import pytest
 from aiohttp import web
 
 from tests.helpers.clients import sse_data
@@ -239,4 +240,17 @@ def test_a_large_invalid_schema_is_still_refused_before_the_upstream(api: httpx.
     error = resp.json()["error"]
     assert (error["param"], error["code"]) == ("guided_json", "invalid_value")
     assert error["message"].startswith("'guided_json' is not a valid JSON Schema")
+    assert upstream.received == []
+
+
+@pytest.mark.parametrize("dialect", [5, 1.5, True, [], {}])
+def test_a_schema_whose_dialect_is_not_a_string_is_refused_naming_guided_json(
+    api: httpx.Client, upstream: Upstream, dialect: Any
+) -> None:
+    upstream.handler = answering("{}")
+    resp = api.post("/v1/completions", json=guided({"$schema": dialect, "type": "object"}, 1))
+    assert resp.status_code == 400, resp.text[:500]
+    error = resp.json()["error"]
+    assert (error["param"], error["code"]) == ("guided_json", "invalid_value")
+    assert "$schema" in error["message"]
     assert upstream.received == []
