@@ -217,10 +217,18 @@ class Relay:
                 resumed = None
                 # The gateway's own failure says nothing about the target: it neither cools nor resumes.
                 if error.cools:
-                    # A stream that broke mid-way is a failed target, resumed or not (a dropped connection cools).
-                    await self.health.failure(route.key, None, "error")
+                    # Judged as a failed attempt is, resumed or not: a dropped connection cools at once; a 5xx, a
+                    # read timeout or an unreadable event on evidence; the client's own deadline never.
+                    deadline = req.inference_timeout
+                    await self.failover.broke(
+                        route,
+                        error,
+                        tenant=rec.key,
+                        client_headers=bool(req.inference_extra_headers),
+                        client_deadline=isinstance(deadline, (float, int)) and deadline < job.plan.timeouts.total,
+                    )
                     if text is not None:
-                        resumed = await self.resume(job, "".join(text), sent - blank, rec.key)
+                        resumed = await self.resume(job, "".join(text), sent - blank, rec.key, route.key)
                 if resumed is None:
                     _book_failure(rec, route, error)
                     if cached is not None:
@@ -299,9 +307,12 @@ class Relay:
             opened.held = None
             await self.health.inflight(target, -1)
 
-    async def resume(self, job: Job, text: str, sent: int, tenant: str | None = None) -> tuple[Opened, Route] | None:
-        """Continue a broken stream on another target from the prompt plus the text already sent (a chat
-        stream: from the conversation plus the assistant message sent so far, where a target can continue it)."""
+    async def resume(
+        self, job: Job, text: str, sent: int, tenant: str | None = None, broken: str | None = None
+    ) -> tuple[Opened, Route] | None:
+        """Continue a broken stream on another target (not `broken`, where it broke) from the prompt plus the
+        text already sent (a chat stream: from the conversation plus the assistant message sent so far, where a
+        target can continue it)."""
         req, ctx = job.req, job.ctx
         # Chat's limit is optional (none: the provider's own): the continuation then has none either.
         limit = req.max_tokens if req.max_tokens is not None or ctx.chat else 16
@@ -329,6 +340,7 @@ class Relay:
                 tenant=tenant,
                 client_headers=bool(req.inference_extra_headers),
                 hint=job.hint,  # a replicated provider's policy keys the continuation as the request
+                avoid=broken,  # whether or not the break cooled it
             )
         except GatewayError:
             return None

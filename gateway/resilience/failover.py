@@ -105,10 +105,13 @@ class Failover:
         tenant: str | None = None,
         client_headers: bool = False,
         hint: Hint | None = None,
+        avoid: str | None = None,
     ) -> Coroutine[Any, Any, Outcome[T]]:
         """`deadline_s` is the client's own (it can only shorten `total_ms`), `tenant` its key's name and
         `client_headers` whether it forwards headers upstream: what decides whom a failure blames. `hint`
         is what a replicated provider's policy reads (the prompt, the session), None without fleets.
+        `avoid` is a target this request takes for cooling whatever its state (a broken stream's, which its
+        continuation must not go back to).
 
         The loop's own coroutine when the targets' states and the first target are at hand (nearly every
         request): one frame less on every resume of the upstream call."""
@@ -119,25 +122,56 @@ class Failover:
         run.client_deadline = deadline_s is not None and deadline_s < plan.timeouts.total
         states = self.health.at_hand(plan.keys)
         if states is None:
-            return self._begin(run, None, hint)
-        selector = self._selector(plan, states, tenant, hint)
+            return self._begin(run, None, hint, avoid)
+        selector = self._selector(plan, states, tenant, hint, avoid)
         first = selector.first_now()
         if first is None:
             return self._begin(run, selector, hint)
         run.selector, run.route = selector, first
         return run.go()
 
-    def _selector(self, plan: Plan, states: dict[str, TargetState], tenant: str | None, hint: Hint | None) -> Selector:
+    async def broke(
+        self, route: Route, exc: GatewayError, *, tenant: str | None, client_headers: bool, client_deadline: bool
+    ) -> None:
+        """A stream that broke after its first event (its attempt had succeeded): the break is judged as a
+        failed attempt is (`Run._report`), so a key's own deadline, headers or input cool nothing at once.
+        `client_deadline`: the request's own `inference_timeout` is shorter than the plan's total, and
+        then no timeout of the stream blames its target."""
+        blame = _blame(exc, client_headers=client_headers)
+        if blame is None or (client_deadline and isinstance(exc, UpstreamTimeoutError)):
+            return
+        cause, at_once = blame
+        evidence = self.health.evidence
+        if at_once:
+            evidence.suspects.pop(route.key, None)  # the target's own failure: nobody's input is suspected
+        elif not evidence.failure(route.key, tenant):
+            return
+        await self.health.failure(route.key, exc.retry_after, cause)
+
+    def _selector(
+        self,
+        plan: Plan,
+        states: dict[str, TargetState],
+        tenant: str | None,
+        hint: Hint | None,
+        avoid: str | None = None,
+    ) -> Selector:
         suspects = self.health.evidence.suspects
         if suspects and tenant is not None:
             _cleared_for(tenant, states, suspects)
+        if avoid is not None:
+            avoided = states.get(avoid)
+            if avoided is not None and avoided.cooling_ms <= 0:
+                states[avoid] = msgspec.structs.replace(avoided, cooling_ms=1, cause=avoided.cause or "error")
         return Selector(plan, states, self.health, probe_ttl_ms=plan.policy.timeouts.first_byte_ms, hint=hint)
 
-    async def _begin(self, run: Run[T], selector: Selector | None, hint: Hint | None) -> Outcome[T]:
+    async def _begin(
+        self, run: Run[T], selector: Selector | None, hint: Hint | None, avoid: str | None = None
+    ) -> Outcome[T]:
         """The way in when the states must be read or the first target needs a probe claimed."""
         if selector is None:
             states = await self.health.snapshot(run.plan.keys)
-            selector = self._selector(run.plan, states, run.tenant, hint)
+            selector = self._selector(run.plan, states, run.tenant, hint, avoid)
         try:
             first = await selector.first()
         except GatewayError as exc:

@@ -17,7 +17,19 @@ import pytest
 from aiohttp import web
 
 from gateway.resilience.health import TargetState
-from tests.helpers.faults import Behaviour, FaultServer, Hit, good, respond, server_error, slow, unavailable
+from tests.helpers.clients import sse_data
+from tests.helpers.faults import (
+    Behaviour,
+    FaultServer,
+    Hit,
+    cut,
+    good,
+    respond,
+    server_error,
+    slow,
+    stream,
+    unavailable,
+)
 from tests.helpers.pipelines import PROMPT, VirtualTime, ask, config_yaml, key, state
 from tests.helpers.servers import GatewayThread
 from tests.helpers.waiting import wait_for
@@ -143,6 +155,57 @@ def test_a_clients_own_short_deadline_does_not_cool_the_target(faults: FaultServ
             assert late.status_code == 504, late.text
             served += post(http, gateway, "blue").status_code == 200
     assert served == ROUNDS // 2
+
+
+def streamed(http: httpx.Client, gw: GatewayThread, tenant: str, **extra: Any) -> list[str]:
+    """A stream's `data:` payloads; it began, so its status is 200 whatever broke it."""
+    resp = post(http, gw, tenant, stream=True, **extra)
+    assert resp.status_code == 200, resp.text
+    return sse_data(resp.text)
+
+
+@pytest.mark.parametrize("gateway", ["cooldown: {min_requests: 1}\n"], indirect=True)
+def test_a_clients_own_deadline_ending_its_stream_mid_way_does_not_cool_the_target(
+    faults: FaultServer, gateway: GatewayThread
+) -> None:
+    # The first event at once, then one every 50 ms: red's own 120 ms deadline ends its stream mid-way.
+    faults["alpha"].script(then=when(lambda hit: hit.json().get("stream"), stream(gap=0.05)))
+    served = 0
+    with client() as http:
+        for _ in range(ROUNDS // 2):
+            events = streamed(http, gateway, "red", inference_timeout=0.12)
+            assert '"upstream_total_timeout"' in events[-2] and events[-1] == "[DONE]", events[-2:]
+            served += post(http, gateway, "blue").status_code == 200
+    assert served == ROUNDS // 2
+
+
+@pytest.mark.parametrize("gateway", ["timeouts: {first_byte_ms: 150}\n"], indirect=True)
+def test_one_tenants_streams_that_stall_mid_way_do_not_cool_the_target_for_another(
+    faults: FaultServer, gateway: GatewayThread
+) -> None:
+    # red's prompts of token ids make the target stall after its first event (past first_byte_ms): evidence
+    # against the target only if every key's requests fail there, and blue's are served.
+    stalls = stream(gap=0.5)
+    faults["alpha"].script(then=when(token_ids, stalls))
+    served = 0
+    with client() as http:
+        for _ in range(ROUNDS // 3):
+            for _ in range(2):
+                events = streamed(http, gateway, "red", prompt=[1, 2, 3])
+                assert '"upstream_read_timeout"' in events[-2], events[-2:]
+            served += post(http, gateway, "blue").status_code == 200
+    assert served == ROUNDS // 3
+
+
+def test_a_stream_whose_connection_drops_mid_way_cools_the_target_at_once(
+    faults: FaultServer, gateway: GatewayThread
+) -> None:
+    faults["alpha"].script(then=cut(5))
+    with client() as http:
+        events = streamed(http, gateway, "red")
+        assert len(events) == 7 and events[-1] == "[DONE]", events
+        after = post(http, gateway, "blue")
+    assert (after.status_code, after.json()["error"]["code"]) == (503, "all_targets_cooling")
 
 
 def test_a_client_header_the_upstream_refuses_does_not_cool_the_target(

@@ -196,9 +196,13 @@ async def test_resumed_stream_is_one_uninterrupted_stream(
     assert chunks[-1]["usage"] == RECORDED_COMPLETION["usage"]
     # The headers were sent with the first event: they name the target that started the stream.
     assert answer.headers["x-gateway-model"] == key("alpha")
-    # The broken target is cooled.
+    # A dropped connection cools the broken target at once; an error event or an early end is one piece of
+    # evidence (docs/resilience.md, "Cooldowns"): one request's break is not enough to cool it.
     state = (await p.health.snapshot([key("alpha")]))[key("alpha")]
-    assert (state.cooling_ms, state.cause) == (1000, "error")
+    if after == 5:  # connection-lost
+        assert (state.cooling_ms, state.cause) == (1000, "error")
+    else:
+        assert state.cooling_ms == 0, state
 
 
 async def test_resume_fails_over_again_before_the_continuations_first_event(
