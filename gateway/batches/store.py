@@ -143,7 +143,11 @@ def page(
         where.append(extra[0])
         params.extend(extra[1])
     if after:
-        mark = cur.rows(f"SELECT created_at FROM {table} WHERE id = ?", (after,))
+        # Another tenant's id is a cursor that does not exist: its time must not shape this tenant's page.
+        if owner is None:
+            mark = cur.rows(f"SELECT created_at FROM {table} WHERE id = ?", (after,))
+        else:
+            mark = cur.rows(f"SELECT created_at FROM {table} WHERE id = ? AND owner = ?", (after, owner))
         if mark:
             beyond = ">" if oldest_first else "<"
             where.append(f"(created_at {beyond} ? OR (created_at = ? AND id {beyond} ?))")

@@ -366,14 +366,20 @@ def test_a_file_of_several_megabytes_is_stored_whole_and_lines_meet_the_body_cap
 
 def test_batches_are_listed_newest_first_page_by_page(tmp_path: Path) -> None:
     with served(tmp_path) as (gw, client):
-        made = [start(client, [line(f"l-{i}")]) for i in range(5)]
         other = sdk(gw.url, OTHER_KEY)
-        theirs = start(other, [line("theirs")])
+        made = [start(client, [line(f"l-{i}")]) for i in range(3)]
+        theirs = start(other, [line("theirs")])  # between two of eval's, in time and in id
+        their_file = other.files.list().data[0].id
+        made += [start(client, [line(f"l-{i}")]) for i in range(3, 5)]
         first = client.batches.list(limit=2)
         paged = [b.id for b in client.batches.list(limit=2)]  # the SDK follows `after` from page to page
         with httpx.Client(base_url=gw.url, headers={"authorization": f"Bearer {EVAL_KEY}"}) as c:
             tail = c.get("/v1/batches", params={"limit": 2, "after": made[1]}).json()
             too_many = c.get("/v1/batches", params={"limit": 101})
+            # Another key's id is a cursor that does not exist: the page is the first, as for a made-up id.
+            for path, cursor in (("/v1/batches", theirs), ("/v1/files", their_file)):
+                unknown = c.get(path, params={"after": "batch_0000000000000000000000"}).json()
+                assert c.get(path, params={"after": cursor}).json()["data"] == unknown["data"], path
     assert first.has_more and [b.id for b in first.data] == made[::-1][:2]
     assert paged == made[::-1] and theirs not in paged
     assert [b["id"] for b in tail["data"]] == [made[0]] and tail["has_more"] is False
