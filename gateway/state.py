@@ -161,10 +161,26 @@ def _endpoints(hosts: str, default_port: int) -> tuple[tuple[str, int], ...]:
     return tuple(out)
 
 
+# A URL whose user or password holds a `/`, `?` or `#` as it is: the `@` that ends them then sits past the
+# host, and a parser takes part of the password for the host, the port or the path, which its error repeats.
+MISPLACED_CREDENTIAL: Final = (
+    "its user or password holds an unencoded '/', '?' or '#': percent-encode them (%2F, %3F, %23)"
+)
+
+
+def credential_misplaced(url: str) -> bool:
+    """Whether `url` has an `@` past its authority (see `MISPLACED_CREDENTIAL`)."""
+    rest = url.partition("://")[2]
+    cut = min([i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i >= 0], default=len(rest))
+    return "@" in rest[cut:]
+
+
 def parse_redis_url(url: str) -> RedisUrl:
     scheme, sep, rest = url.partition("://")
     if not sep or scheme not in SCHEMES:
         raise UrlError("must start with one of " + ", ".join(s + "://" for s in SCHEMES))
+    if credential_misplaced(url):
+        raise UrlError(MISPLACED_CREDENTIAL)
     base, _, flavour = scheme.partition("+")
     if not flavour:
         mode: Mode = "node"

@@ -20,7 +20,7 @@ import yaml
 
 from gateway.config.fleet import fleet_problem, replica_url
 from gateway.config.schema import DeploymentConfig, GatewayConfig, PriceConfig, ProviderConfig
-from gateway.state import url_problem
+from gateway.state import MISPLACED_CREDENTIAL, credential_misplaced, url_problem
 from providers.registry import REGISTRY, kinds
 
 
@@ -51,6 +51,8 @@ def ledger_target(url: str) -> tuple[str, str]:
             raise ValueError("sqlite:/// needs a file path (sqlite:///ledger.db, sqlite:////var/lib/gw/ledger.db)")
         return "sqlite", path
     if url.startswith(("postgresql://", "postgres://")):
+        if credential_misplaced(url):
+            raise ValueError(MISPLACED_CREDENTIAL)
         return "postgresql", url
     # Only the scheme: the rest may hold a password.
     raise ValueError(f"expected sqlite:///<path> or postgresql://..., got {url.split(':', 1)[0]!r}")

@@ -67,6 +67,12 @@ BAD_CONFIGS = [
         id="ledger-url-scheme",
     ),
     pytest.param(
+        # A `/` in the password, not percent-encoded: the parser would take part of it for the host.
+        "ledger: {url: 'postgresql://gw:hunter2/pw@db.internal:5432/ledger'}\n",
+        "ledger.url: its user or password holds an unencoded '/', '?' or '#': percent-encode them (%2F, %3F, %23)",
+        id="ledger-url-misplaced-password",
+    ),
+    pytest.param(
         "ledger: {url: 'sqlite:///'}\n",
         "ledger.url: sqlite:/// needs a file path (sqlite:///ledger.db, sqlite:////var/lib/gw/ledger.db)",
         id="ledger-url-no-path",

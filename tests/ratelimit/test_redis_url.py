@@ -128,6 +128,11 @@ async def test_credentials_db_and_client_name_reach_both_clients(locked: int) ->
         ("redis+sentinel://a:1,b:x/gw", "bad host:port"),
         ("unix+cluster:///tmp/r.sock", "must start with one of"),
         ("http://:s3cret@127.0.0.1:1", "must start with one of"),
+        # A password whose `/`, `#` or `?` is not percent-encoded: redis-py's own error quoted a piece of it.
+        ("redis://:s3cret/Tail@127.0.0.1:6379/0", "percent-encode"),
+        ("redis://:s3cret#Tail@127.0.0.1:6379/0", "percent-encode"),
+        ("redis://:s3cret?Tail@127.0.0.1:6379/0", "percent-encode"),
+        ("redis+sentinel://:s3cret/Tail@a:1/gw", "percent-encode"),
     ],
 )
 def test_a_url_the_gateway_cannot_honour_is_refused_at_start_up(tmp_path: Path, url: str, problem: str) -> None:
@@ -150,6 +155,7 @@ def test_a_url_the_gateway_cannot_honour_is_refused_at_start_up(tmp_path: Path, 
         "rediss+cluster://a:7000?ssl_cert_reqs=optional",
         "redis+sentinel://s1:26379,s2/gw/2?sentinel_password=sp&max_connections=5",
         "rediss+sentinel://u:p@s1/gw?ssl_cert_reqs=none",
+        "redis://:s3cret%2FTail%23x@127.0.0.1:6379/0",
     ],
 )
 def test_the_documented_url_forms_are_accepted(url: str) -> None:
