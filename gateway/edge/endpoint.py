@@ -29,6 +29,7 @@ from gateway.path.dialects import Dialect
 from gateway.path.operation import COMPLETIONS, Operation
 from gateway.path.pipeline import STREAM_FAILED, Front, Pipeline, Result, release
 from gateway.path.relay import STREAM_CUT, Held, shutdown_cut
+from gateway.path.synonyms import as_sent
 from gateway.server import DISCONNECT
 from gateway.server.values import header_value
 from wire.errors import GatewayError
@@ -279,6 +280,8 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services, op: Ope
                 watch = _Watch(receive, scope)
             await watch.run(_relay(result, send))
         except GatewayError as exc:
+            if exc.param is not None:
+                exc = as_sent(exc, body)  # a folded field, named as the client sent it
             rec.status, rec.error_code, rec.cause = dialect.error(exc)[0], exc.code, exc.cause
             rec.attempts = exc.attempts or rec.attempts
             if exc.target is not None and not rec.provider:  # the log line and the metrics name what failed

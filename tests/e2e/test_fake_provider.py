@@ -219,3 +219,30 @@ def test_alias_routes_to_the_fake(api: httpx.Client) -> None:
     direct = api.post("/v1/completions", json={"model": "demo/text", "prompt": "x", "seed": 1})
     assert resp.json()["model"] == "fast"
     assert resp.json()["choices"] == direct.json()["choices"]
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "named"),
+    [
+        (SGP_ROUTE, {"prompt": "x", "max_new_tokens": 5000}, "max_new_tokens"),
+        (SGP_ROUTE, {"prompt": "x", "logprobs": True, "top_logprobs": 50}, "top_logprobs"),
+        ("/v1/completions", {"prompt": "x", "max_tokens": 5000}, "max_tokens"),
+        ("/v1/completions", {"prompt": "x", "logprobs": 50}, "logprobs"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 5000},
+            "max_completion_tokens",
+        ),
+    ],
+)
+def test_a_refusal_after_the_fields_are_folded_names_the_field_as_sent(
+    api: httpx.Client, route: str, body: dict[str, object], named: str
+) -> None:
+    """The checks after the dialects' synonyms are folded into one field name the field the client wrote."""
+    resp = api.post(route, json={"model": "demo/text", **body})
+    assert resp.status_code in (400, 422), resp.text
+    if route == SGP_ROUTE:
+        (detail,) = resp.json()["detail"]
+        assert detail["loc"] == ["body", named]
+    else:
+        assert resp.json()["error"]["param"] == named
