@@ -182,6 +182,8 @@ class Pipeline:
             return key, req, None, _LATER  # budgets are checked before the cache is looked at
         plan = self.router.plan(req.model)
         self._refine(req, plan, rec)
+        if self.queues is not None and queue.HEADER in headers:
+            self.queues.ask(key, headers, req)  # a priority the key may not ask for is refused, hit or not
         cached = self.cache.lookup(req, rec.key_id, headers, rec, plan)  # type: ignore[union-attr]  # the endpoint checked
         if type(cached) is Lookup and cached.entry is not None:
             admission = self.admission

@@ -182,3 +182,20 @@ retries: {attempts: 2}
     assert first.order == ["noisy", "quiet"] and other.order == ["noisy"]
     assert engine.peak == 1 and spare.peak == 1
     assert gate(gw).order.depth == 0
+
+
+async def test_a_cache_hit_checks_the_priority_asked_for_as_a_miss_does(tmp_path: Path, engine: Engine) -> None:
+    """A hit takes no slot, but the header is the client's request all the same: a value the key may not ask
+    for, or that does not exist, is refused whether or not the answer is stored."""
+    with serve_config(tmp_path, config(engine, 1, extra="cache: {mode: always}")) as gw:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+            stored = await ask(client, "noisy")
+            hit = await ask(client, "noisy")
+            unknown = await ask(client, "noisy", x_gateway_priority="urgent")
+            above = await ask(client, "noisy", x_gateway_priority="high")
+            allowed = await ask(client, "noisy", x_gateway_priority="low")
+    assert stored.headers["x-gateway-cache"] == "miss" and hit.headers["x-gateway-cache"] == "hit"
+    assert (unknown.status_code, unknown.json()["error"]["code"]) == (400, "invalid_priority")
+    assert (above.status_code, above.json()["error"]["code"]) == (403, "priority_not_allowed")
+    assert (allowed.status_code, allowed.headers["x-gateway-cache"]) == (200, "hit")
+    assert engine.order == ["noisy"]
