@@ -14,7 +14,7 @@ import re
 import weakref
 from collections.abc import Iterable, Iterator
 from typing import Final
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from gateway.config import LoadedConfig
 from wire.errors import GatewayError, UpstreamError, snake_code
@@ -73,6 +73,15 @@ def _url_secrets(url: str | None) -> Iterator[str]:
         yield f"{parts.username}:{parts.password}"
 
 
+def _query_secrets(url: str | None) -> Iterator[str]:
+    """Passwords given as URL options (`?password=`, Sentinel's `sentinel_password=`)."""
+    if not url or "password" not in url:
+        return
+    for name, value in parse_qsl(url.partition("?")[2]):
+        if "password" in name.lower() and value:
+            yield value
+
+
 def config_secrets(loaded: LoadedConfig) -> set[str]:
     """Every credential value the loaded config holds, resolved (what would go on the wire)."""
     found: list[str] = []
@@ -90,6 +99,9 @@ def config_secrets(loaded: LoadedConfig) -> set[str]:
     config = loaded.config
     found.extend(k.key for k in config.keys if k.key)
     found.extend(k for k in (config.admin.key, config.metrics.key) if k)
+    for store in (config.redis.url, config.ledger.url):  # a driver's error text may quote its URL
+        found.extend(_url_secrets(store))
+        found.extend(_query_secrets(store))
     return {p for value in found for p in _pieces(value) if len(p) >= MIN_SECRET}
 
 

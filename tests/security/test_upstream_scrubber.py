@@ -54,6 +54,8 @@ providers:
   c: {kind: bedrock, api_key: "AKIAEEEEEEEEEEEEEEEE:ffffffffffffffffffffffff", region: us-east-1}
 keys: [{name: k, key: gk-gggggggggggggggg}]
 admin: {key: adm-hhhhhhhhhhhhhhhh}
+redis: {url: "redis+sentinel://:redis-iiiiiiiiiiii@s1:26379/gw?sentinel_password=sent-jjjjjjjjjjjj"}
+ledger: {url: "postgresql://gw:pg-kkkkkkkkkkkk@db:5432/gw"}
 """,
         "config.yaml",
         env={},
@@ -69,6 +71,9 @@ admin: {key: adm-hhhhhhhhhhhhhhhh}
         "ffffffffffffffffffffffff",
         "gk-gggggggggggggggg",
         "adm-hhhhhhhhhhhhhhhh",
+        "redis-iiiiiiiiiiii",
+        "sent-jjjjjjjjjjjj",
+        "pg-kkkkkkkkkkkk",
     ):
         assert want in found
     assert "platform-team" not in found  # not a credential header
