@@ -55,7 +55,7 @@ providers:
 keys: [{name: k, key: gk-gggggggggggggggg}]
 admin: {key: adm-hhhhhhhhhhhhhhhh}
 redis: {url: "redis+sentinel://:redis-iiiiiiiiiiii@s1:26379/gw?sentinel_password=sent-jjjjjjjjjjjj"}
-ledger: {url: "postgresql://gw:pg-kkkkkkkkkkkk@db:5432/gw"}
+ledger: {url: "postgresql://postgres:pg-kkkkkkkkkkkk@db:5432/gw"}
 """,
         "config.yaml",
         env={},
@@ -77,6 +77,7 @@ ledger: {url: "postgresql://gw:pg-kkkkkkkkkkkk@db:5432/gw"}
     ):
         assert want in found
     assert "platform-team" not in found  # not a credential header
+    assert "postgres" not in found  # a database's user alone is a word, not a secret
 
 
 def test_linear_on_hostile_text() -> None:
