@@ -100,8 +100,14 @@ def config_secrets(loaded: LoadedConfig) -> set[str]:
     found.extend(k.key for k in config.keys if k.key)
     found.extend(k for k in (config.admin.key, config.metrics.key) if k)
     for store in (config.redis.url, config.ledger.url):  # a driver's error text may quote its URL
-        # Not the user alone: `postgres`, `default` or `gateway` are words a log line says for other reasons.
-        found.extend(p for p in _url_secrets(store) if ":" in p or p == urlsplit(store).password)
+        # The password, not the user: `postgres`, `default` or `gateway` are words a log line says for other
+        # reasons (and neither protocol sends the pair as Basic auth).
+        try:
+            password = urlsplit(store).password if "@" in store else None
+        except ValueError:
+            password = None
+        if password:
+            found.append(password)
         found.extend(_query_secrets(store))
     return {p for value in found for p in _pieces(value) if len(p) >= MIN_SECRET}
 
