@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from wire.errors import UpstreamStatusError
 from wire.schema import FinishReason
 
 FINISH: Final[dict[str, FinishReason]] = {
@@ -53,3 +54,18 @@ def finish_reason(raw: str | None) -> FinishReason | None:
         return None
     # An unknown word still means the model stopped; "stop" is the least surprising reading.
     return FINISH.get(raw.lower(), "stop")
+
+
+# vLLM's word for a generation the engine gave up (a shutdown, a pause, a scale-down: vllm-project/vllm
+# #57082): its text is partial, so it is not an answer, and failing it lets another target give one.
+ABORTED: Final = "abort"
+
+
+def broke_off(provider: str, word: str = ABORTED) -> UpstreamStatusError:
+    """The error for a choice whose finish reason says the generation did not end (no answer, nothing stored)."""
+    return UpstreamStatusError(
+        f"{provider} error: the generation ended with finish_reason '{word}'",
+        upstream_status=502,
+        provider=provider,
+        code="generation_error",
+    )

@@ -23,7 +23,7 @@ from providers.base import (
     table,
 )
 from providers.envelope import Unreadable, envelope_status
-from providers.finish import finish_reason
+from providers.finish import broke_off, finish_reason
 from providers.openai_chat import OpenAIChat, chat_table
 from providers.quota import mistral_windows
 from providers.retry_after import retry_after, should_retry
@@ -243,12 +243,7 @@ class MistralAdapter(OpenAIChat):
     def _choice(self, c: MChoice, text: str) -> Choice:
         if c.finish_reason == "error":
             # The generation broke off upstream: its partial text must not reach the client as finished.
-            raise UpstreamStatusError(
-                f"{self.kind} error: the generation ended with finish_reason 'error'",
-                upstream_status=502,
-                provider=self.kind,
-                code="generation_error",
-            )
+            raise broke_off(self.kind, "error")
         return Choice(text=text, index=c.index, logprobs=None, finish_reason=finish_reason(c.finish_reason))
 
     def _created(self, up: MCompletion, ctx: CallContext) -> int:

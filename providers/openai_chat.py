@@ -29,7 +29,7 @@ from providers.base import (
     table,
 )
 from providers.envelope import Unreadable
-from providers.finish import finish_reason
+from providers.finish import ABORTED, broke_off, finish_reason
 from providers.openai_compat import UpEnvelope, UpUsage, usage_from
 from wire.chat import (
     ChatChoice,
@@ -298,6 +298,8 @@ class OpenAIChat(Adapter):
             ctx.created = up.created
         choices = []
         for c in up.choices:
+            if c.finish_reason == ABORTED:
+                raise broke_off(self.kind)
             m = c.message or _UpMessage()
             message = ChatMessage(
                 role="assistant", content=m.content, tool_calls=_calls(m.tool_calls), refusal=m.refusal
@@ -335,6 +337,8 @@ class OpenAIChat(Adapter):
         for c in up.choices or ():
             d = c.delta or _UpMessage()
             calls, word, lp = d.tool_calls, c.finish_reason, c.logprobs
+            if word == ABORTED:
+                raise broke_off(self.kind)
             delta = Delta(
                 role="assistant" if d.role else None,
                 content=d.content,

@@ -17,7 +17,7 @@ import msgspec
 from providers.base import Adapter, CallContext, Endpoint, Param, Table, UpstreamRequest, request_headers, table
 from providers.context import context_window
 from providers.envelope import Unreadable, envelope_status
-from providers.finish import finish_reason
+from providers.finish import ABORTED, broke_off, finish_reason
 from providers.offsets import key_bytes, prompt_for_choice, running_offsets
 from providers.quota import openai_counters, single_counter
 from providers.retry_after import retry_after, should_retry
@@ -245,6 +245,8 @@ class OpenAICompatible(Adapter):
         choices: list[Choice] = []
         for c in up.choices or ():
             lp, raw = c.logprobs, c.finish_reason
+            if raw == ABORTED:
+                raise broke_off(self.kind)
             choices.append(
                 Choice(
                     text=c.text,

@@ -419,7 +419,9 @@ CODES: Final[dict[str, str]] = {
     "unsupported_logprobs_shape": "the upstream's logprobs cannot carry what was asked (echoed prompt) (502)",
     "upstream_event_too_large": "one upstream stream event is larger than caps.upstream_event_bytes (502)",
     "upstream_answer_too_large": "the upstream's answer is larger than a caps.upstream_* cap (502)",
-    "generation_error": "the upstream reported that the generation broke off (Mistral's finish_reason 'error')",
+    "generation_error": (
+        "the upstream reported that the generation broke off (Mistral's finish_reason 'error', vLLM's 'abort')"
+    ),
     "guided_output_invalid": "emulated guided decoding found no valid answer within guided_retries",
     "client_closed_request": "log only: the client left before the answer ended (499)",
     "shutdown_deadline_exceeded": "the server was draining and cut the request at server.shutdown_grace_ms (503)",

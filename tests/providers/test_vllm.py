@@ -4,15 +4,16 @@ logprobs up to 20. Response from the real opt-125m recording (extra `stop_reason
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
-from providers.base import Endpoint
+from providers.base import CallContext, Endpoint
 from providers.vllm import VLLMAdapter
 from tests.helpers.adapters import as_json, build, context, request
 from tests.helpers.recordings import fixture_bytes
-from wire.errors import UnsupportedParamError
+from wire.errors import UnsupportedParamError, UpstreamStatusError
 
 ADAPTER = VLLMAdapter()
 MODEL = "meta-llama/Llama-3.1-8B"
@@ -114,3 +115,29 @@ def test_recording_drops_stop_reason() -> None:
         ],
         "usage": {"prompt_tokens": 20, "completion_tokens": 20, "total_tokens": 40},
     }
+
+
+def test_an_aborted_generation_is_an_upstream_failure_not_an_answer() -> None:
+    """vLLM ends a request its engine gave up (a shutdown, a pause, a scale-down) with finish_reason `abort`:
+    its partial text is no answer (never reported finished, never stored), and another target may give one."""
+    recorded = json.loads(fixture_bytes("vllm/completion_opt125m.json"))
+    recorded["choices"][0]["finish_reason"] = "abort"
+    body = json.dumps(recorded).encode()
+    for parse in (ADAPTER.parse_response, lambda b, ctx: ADAPTER.parse_event(None, b, ctx)):
+        with pytest.raises(UpstreamStatusError) as info:
+            parse(body, context(["x"]))
+        assert (info.value.code, info.value.status, info.value.retryable) == ("generation_error", 502, True)
+    chat = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Partial"}, "finish_reason": "abort"}],
+    }
+    ctx = CallContext(id="chatcmpl-test", created=1, model="m", chat=True)
+    with pytest.raises(UpstreamStatusError):
+        ADAPTER.parse_chat_response(json.dumps(chat).encode(), ctx)
+    aborted = [{"index": 0, "delta": {}, "finish_reason": "abort"}]
+    chunk = {**chat, "object": "chat.completion.chunk", "choices": aborted}
+    with pytest.raises(UpstreamStatusError):
+        ADAPTER.parse_chat_event(None, json.dumps(chunk).encode(), ctx)
