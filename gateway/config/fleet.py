@@ -87,6 +87,7 @@ def fleet_problem(
     base_url: str | None,
     serves_replicas: bool,
     kind: str,
+    deployments: bool = False,
 ) -> tuple[str, str] | None:
     """The first thing wrong with a provider's `replicas:` / `routing:` blocks, as (YAML path, problem)."""
     where = f"providers.{name}"
@@ -98,6 +99,10 @@ def fleet_problem(
         return f"{where}.replicas", f"kind '{kind}' is not a self-hosted engine that can run as replicas"
     if base_url:
         return f"{where}.base_url", "give either base_url or replicas, not both"
+    if deployments:
+        # A replica is one engine at one URL with the provider's key: a deployment's own URL or key would not be
+        # where, or what, the replicas' requests use.
+        return f"{where}.deployments", "give either deployments or replicas, not both"
     seen: set[str] = set()
     for i, r in enumerate(replicas):
         url = replica_url(r).rstrip("/")

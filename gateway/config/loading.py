@@ -150,7 +150,9 @@ def _check(cfg: GatewayConfig, providers: dict[str, ProviderConfig], source: str
             fail(f"providers.{name}", "a provider name may not be empty or contain '/'")
         adapter = REGISTRY[p.kind]
         if (
-            fleet := fleet_problem(name, p.replicas, p.routing, p.base_url, adapter.serves_replicas, p.kind)
+            fleet := fleet_problem(
+                name, p.replicas, p.routing, p.base_url, adapter.serves_replicas, p.kind, bool(p.deployments)
+            )
         ) is not None:
             fail(*fleet)
         if adapter.needs_base_url and not p.base_url and not p.replicas:

@@ -124,6 +124,10 @@ def test_several_variables_in_one_value() -> None:
             "gw.yaml: providers.x.base_url: must start with http:// or https://, got 'api.openai.com'",
         ),
         ("server: {port: [", "gw.yaml: line 1: expected the node content, but found '<stream end>'"),
+        (
+            "providers: {x: {kind: vllm, replicas: ['http://a:8000/v1'], deployments: {d: {api_key: k}}}}",
+            "gw.yaml: providers.x.deployments: give either deployments or replicas, not both",
+        ),
     ],
 )
 def test_errors_are_one_line_naming_the_path(text: str, expected: str) -> None:
