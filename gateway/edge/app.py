@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, Final
 
+import httpx
 from litestar import Litestar, Request, Response, get
 from litestar.datastructures import State
 from litestar.enums import ScopeType
@@ -42,6 +43,7 @@ from gateway.ops.reload import Reloader
 from gateway.path.dialects import OPENAI, PAIS, SGP, Dialect
 from gateway.path.operation import CHAT
 from gateway.path.pipeline import Pipeline
+from gateway.upstream.httpx_transport import tls_context
 from wire.errors import AuthenticationError, GatewayError, InvalidRequestError
 from wire.schema import ModelCard, ModelList, encode
 
@@ -232,7 +234,10 @@ def create_app(loaded: LoadedConfig) -> Front:
     discovery = Discovery(lambda: app.state.pipeline)  # follows reloads: the pipeline serving now
     # Replicated providers' engine load (gateway/fleet/engine.py): off unless `routing.engine_metrics`.
     engines = EngineReader(
-        lambda: watched(app.state.pipeline.router.fleets, app.state.pipeline.loaded.providers), collected.engine_failed
+        lambda: watched(app.state.pipeline.router.fleets, app.state.pipeline.loaded.providers),
+        collected.engine_failed,
+        # The provider's CA bundle, client certificate and proxy, as its completions use them.
+        lambda p: httpx.AsyncHTTPTransport(retries=0, verify=tls_context(p), proxy=p.proxy or None),
     )
     drains = DrainSync(lambda: (app.state.pipeline.shared, app.state.pipeline.router.fleets))  # with Redis only
 

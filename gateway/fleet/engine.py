@@ -27,7 +27,9 @@ from providers.tokenizer import server_root
 
 log = logging.getLogger("gateway.fleet")
 
-Watched = Mapping[str, tuple[Fleet, EngineGauges, Mapping[str, str]]]
+Watched = Mapping[str, tuple[Fleet, EngineGauges, Mapping[str, str], ProviderConfig]]
+# A transport for one provider's replicas: its CA bundle, client certificate and proxy, as its requests use.
+TransportFor = Callable[[ProviderConfig], httpx.AsyncBaseTransport]
 # (provider, replica index, replica URL): one reading, kept across reloads that keep the replica.
 Key = tuple[str, int, str]
 
@@ -83,9 +85,17 @@ async def read_load(
 class EngineReader(Background):
     """Per pipeline: a supervising task that keeps one reading task per replica of every watched fleet."""
 
-    def __init__(self, fleets: Callable[[], Watched], failed: Callable[[str, str], None] | None = None) -> None:
+    def __init__(
+        self,
+        fleets: Callable[[], Watched],
+        failed: Callable[[str, str], None] | None = None,
+        transport_for: TransportFor | None = None,
+    ) -> None:
         self._fleets = fleets
         self._failed = failed  # counts a failed read: (the replica's name, the cause's kind)
+        self._transport_for = transport_for or (lambda _: httpx.AsyncHTTPTransport(retries=0))
+        # One per distinct TLS and proxy settings, kept while the reader runs (a reload may change them).
+        self._transports: dict[tuple[str | None, ...], httpx.AsyncBaseTransport] = {}
         self._watched: Watched = {}
         # Why each replica's metrics cannot be read now (None: they can), so that only changes are logged.
         self._trouble: dict[Key, str | None] = {}
@@ -95,18 +105,22 @@ class EngineReader(Background):
         # Also without a watched fleet now: a reload may add one, and the supervisor follows reloads.
         self._spawn(self._run(), "fleet-engine-metrics")
 
+    def _transport(self, p: ProviderConfig) -> httpx.AsyncBaseTransport:
+        settings = (p.proxy, p.ca_bundle, p.client_cert, p.client_key)
+        transport = self._transports.get(settings)
+        if transport is None:
+            transport = self._transports[settings] = self._transport_for(p)
+        return transport
+
     async def _run(self) -> None:
-        transport = httpx.AsyncHTTPTransport(retries=0)
         readers: dict[Key, asyncio.Task[None]] = {}
         loop = asyncio.get_running_loop()
         try:
             while True:
                 self._watched = watched_now = self._fleets()
-                keys = {(n, i, u) for n, (f, _, _) in watched_now.items() for i, u in enumerate(f.urls)}
+                keys = {(n, i, u) for n, (f, *_) in watched_now.items() for i, u in enumerate(f.urls)}
                 for key in keys - readers.keys():
-                    readers[key] = loop.create_task(
-                        self._replica(transport, key), name=f"engine-metrics {key[0]}@{key[1]}"
-                    )
+                    readers[key] = loop.create_task(self._replica(key), name=f"engine-metrics {key[0]}@{key[1]}")
                 for key in readers.keys() - keys:
                     readers.pop(key).cancel()
                     self._trouble.pop(key, None)
@@ -115,9 +129,11 @@ class EngineReader(Background):
             for task in readers.values():
                 task.cancel()
             await asyncio.gather(*readers.values(), return_exceptions=True)
-            await transport.aclose()
+            for transport in self._transports.values():
+                await transport.aclose()
+            self._transports.clear()
 
-    async def _replica(self, transport: httpx.AsyncBaseTransport, key: Key) -> None:
+    async def _replica(self, key: Key) -> None:
         name, i, url = key
         loop = asyncio.get_running_loop()
         while True:
@@ -125,11 +141,11 @@ class EngineReader(Background):
             entry = self._watched.get(name)
             if entry is None or i >= entry[0].size or entry[0].urls[i] != url:
                 return  # gone with a reload; the supervisor forgets it
-            fleet, gauges, headers = entry
+            fleet, gauges, headers, provider = entry
             r = fleet.routing
             try:
                 load: EngineLoad | None = await read_load(
-                    transport,
+                    self._transport(provider),
                     server_root(url) + gauges.path,
                     gauges,
                     headers,
@@ -168,7 +184,7 @@ class EngineReader(Background):
 
 def watched(fleets: Mapping[str, Fleet], providers: Mapping[str, ProviderConfig]) -> Watched:
     """The fleets whose engine load is read: `routing.engine_metrics` on and a kind that declares gauges."""
-    out: dict[str, tuple[Fleet, EngineGauges, Mapping[str, str]]] = {}
+    out: dict[str, tuple[Fleet, EngineGauges, Mapping[str, str], ProviderConfig]] = {}
     for name, fleet in fleets.items():
         p = providers[name]
         gauges = REGISTRY[p.kind].engine_gauges
@@ -176,5 +192,5 @@ def watched(fleets: Mapping[str, Fleet], providers: Mapping[str, ProviderConfig]
             headers = {k.lower(): v for k, v in p.headers.items()}
             if p.api_key:
                 headers["authorization"] = f"Bearer {p.api_key}"
-            out[name] = (fleet, gauges, headers)
+            out[name] = (fleet, gauges, headers, p)
     return out

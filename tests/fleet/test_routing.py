@@ -4,10 +4,12 @@ and a second gateway process choosing as the first (docs/fleets.md)."""
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections import Counter
 from pathlib import Path
 
 import httpx
+import trustme
 from aiohttp import web
 
 from tests.helpers.servers import GatewayProcess, cli_env, serve_config
@@ -151,6 +153,44 @@ def test_engine_metrics_steer_away_from_a_long_queue(tmp_path: Path, replicas: l
         for n in range(6):
             assert ask(gw.url, f"q{n}").status_code == 200
         assert served(replicas)[0] > 0
+
+
+def test_engine_metrics_are_read_over_the_providers_tls(tmp_path: Path) -> None:
+    """HTTPS replicas behind a private CA: the metrics are read with the provider's `ca_bundle`, as its
+    completions are, so the loaded replica is avoided (a plain transport could not read them at all)."""
+    ca = trustme.CA()
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("localhost").configure_cert(server_tls)
+
+    def engine(waiting: int) -> object:
+        async def handler(request: web.Request, received: Received) -> web.StreamResponse:
+            if received.path == "/metrics":
+                return web.Response(text=f'vllm:num_requests_waiting{{model_name="m"}} {waiting}.0\n')
+            return web.Response(body=completion(), content_type="application/json")
+
+        return handler
+
+    ups = [Upstream(server_tls), Upstream(server_tls)]
+    for u, waiting in zip(ups, (40, 0), strict=True):
+        u.handler = engine(waiting)  # type: ignore[assignment]
+        u.start()
+    try:
+        routing = "policy: least_outstanding, engine_metrics: true, metrics_interval_ms: 50, max_waiting: 8"
+        config = fleet_config(ups, routing).replace(
+            "    discover: false\n", f"    discover: false\n    ca_bundle: {ca_file}\n"
+        )
+        with serve_config(tmp_path, config) as gw:
+            fleet = gw.pipeline.router.fleets["engine"]
+            wait_until(lambda: fleet.engine[0] is not None and fleet.engine[1] is not None)
+            assert fleet.engine[0].waiting == 40 and fleet.engine_error == [None, None]  # type: ignore[union-attr]
+            for n in range(6):
+                assert ask(gw.url, f"t{n}").status_code == 200
+            assert served(ups) == [0, 6]
+    finally:
+        for u in ups:
+            u.stop()
 
 
 def test_a_second_gateway_process_picks_the_same_replicas(tmp_path: Path, replicas: list[Upstream]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import ssl
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -101,7 +102,8 @@ class Upstream(Running):
     tests that count completion calls do not see them.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+        self.tls = tls  # a server context: HTTPS at `https://localhost:<port>`
         self.handler: Handler = _no_handler
         self.received: list[Received] = []
         self.listings: Handler = _no_listing
@@ -115,7 +117,7 @@ class Upstream(Running):
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"https://localhost:{self.port}" if self.tls is not None else f"http://127.0.0.1:{self.port}"
 
     def reset(self) -> None:
         self.handler = _no_handler
@@ -141,7 +143,7 @@ class Upstream(Running):
         app.router.add_route("*", "/{tail:.*}", self._dispatch)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
-        await web.SockSite(self._runner, self._sock).start()
+        await web.SockSite(self._runner, self._sock, ssl_context=self.tls).start()
 
     async def _stop(self) -> None:
         if self._runner is not None:
