@@ -151,6 +151,9 @@ class _UpMessage(msgspec.Struct):
     content: str | None = None
     refusal: str | None = None
     tool_calls: list[_UpToolCall] | None = None
+    # A reasoning model's thinking: DeepSeek's and vLLM's `reasoning_content`; newer vLLM also (or only) `reasoning`.
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
 
 class _UpTop(msgspec.Struct):
@@ -302,7 +305,11 @@ class OpenAIChat(Adapter):
                 raise broke_off(self.kind)
             m = c.message or _UpMessage()
             message = ChatMessage(
-                role="assistant", content=m.content, tool_calls=_calls(m.tool_calls), refusal=m.refusal
+                role="assistant",
+                content=m.content,
+                tool_calls=_calls(m.tool_calls),
+                refusal=m.refusal,
+                reasoning_content=m.reasoning_content if m.reasoning_content is not None else m.reasoning,
             )
             choices.append(
                 ChatChoice(
@@ -344,6 +351,7 @@ class OpenAIChat(Adapter):
                 content=d.content,
                 tool_calls=_call_deltas(calls) if calls else None,
                 refusal=d.refusal,
+                reasoning_content=d.reasoning_content if d.reasoning_content is not None else d.reasoning,
             )
             choices.append(
                 ChunkChoice(

@@ -225,6 +225,8 @@ class ChatMessage(msgspec.Struct, omit_defaults=True):
     content: str | None
     tool_calls: list[ToolCall] | None = None
     refusal: str | None = None
+    # A reasoning model's thinking, apart from its answer, under the name DeepSeek's API and vLLM give it.
+    reasoning_content: str | None = None
 
 
 class ChatChoice(msgspec.Struct):
@@ -265,6 +267,7 @@ class Delta(msgspec.Struct, omit_defaults=True):
     content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
     refusal: str | None = None
+    reasoning_content: str | None = None
 
 
 class ChunkChoice(msgspec.Struct):
@@ -299,6 +302,8 @@ def answer_chunks(answer: ChatCompletion) -> Iterator[ChatChunk]:
     for ch in answer.choices:
         i, msg = ch.index, ch.message
         yield chunk(ChunkChoice(i, Delta(role="assistant", content="" if msg.content is not None else None), None))
+        if msg.reasoning_content:  # the thinking streams before the answer
+            yield chunk(ChunkChoice(i, Delta(reasoning_content=msg.reasoning_content), None))
         if msg.content:
             yield chunk(ChunkChoice(i, Delta(content=msg.content), None, ch.logprobs))
         if msg.refusal:

@@ -50,11 +50,12 @@ class _Call:
 class _Choice:
     """One choice's deltas so far."""
 
-    __slots__ = ("content", "refusal", "calls", "logprobs", "finish")
+    __slots__ = ("content", "refusal", "reasoning", "calls", "logprobs", "finish")
 
     def __init__(self) -> None:
         self.content: list[str] | None = None
         self.refusal: list[str] | None = None
+        self.reasoning: list[str] | None = None
         self.calls: dict[int, _Call] = {}
         self.logprobs: list[TokenLogprob] | None = None
         self.finish: ChatFinishReason | None = None
@@ -69,6 +70,7 @@ class _Choice:
             content="".join(self.content) if self.content is not None else None,
             tool_calls=calls or None,
             refusal="".join(self.refusal) if self.refusal is not None else None,
+            reasoning_content="".join(self.reasoning) if self.reasoning is not None else None,
         )
         lp = ChatLogprobs(content=self.logprobs) if self.logprobs is not None else None
         return ChatChoice(index=index, message=message, finish_reason=self.finish, logprobs=lp)
@@ -101,6 +103,11 @@ class Assembly:
             if d.refusal is not None:
                 (have.refusal if have.refusal is not None else _start(have, "refusal")).append(d.refusal)
                 size += len(d.refusal)
+            if d.reasoning_content is not None:
+                (have.reasoning if have.reasoning is not None else _start(have, "reasoning")).append(
+                    d.reasoning_content
+                )
+                size += len(d.reasoning_content)
             for t in d.tool_calls or ():
                 call = have.calls.get(t.index)
                 if call is None:

@@ -164,7 +164,12 @@ async def _cut(choice: ChatChoice, stops: StopMatcher) -> ChatChoice:
     sent, stopped = await _scan(StopScanner(stops, False), content)
     if not stopped:
         return choice
-    message = ChatMessage(role="assistant", content=sent, refusal=choice.message.refusal)
+    message = ChatMessage(
+        role="assistant",
+        content=sent,
+        refusal=choice.message.refusal,
+        reasoning_content=choice.message.reasoning_content,
+    )
     return ChatChoice(choice.index, message, "stop", _cut_tokens(choice.logprobs, len(sent)))
 
 
@@ -242,7 +247,7 @@ class _Choices:
                 safe += rest
             if stopped:
                 finish = "stop"
-                delta = Delta(role=delta.role, content=safe)
+                delta = Delta(role=delta.role, content=safe, reasoning_content=delta.reasoning_content)
             elif safe != content:
                 delta = msgspec.structs.replace(delta, content=safe or None)
             if safe != content:

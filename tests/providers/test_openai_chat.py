@@ -9,13 +9,14 @@ from typing import Any
 import msgspec
 import pytest
 
+from gateway.cache.chat import Assembly
 from gateway.path.request import normalize_chat
 from gateway.upstream.framing import DECODERS
 from providers import REGISTRY
 from providers.base import CallContext, Endpoint, map_params
 from providers.openai_chat import OpenAIChat
 from tests.helpers.recordings import fixture_bytes, fixture_json
-from wire.chat import ChatChunk, decode_chat
+from wire.chat import ChatChunk, answer_chunks, decode_chat
 from wire.errors import InvalidRequestError
 
 CHAT_KINDS = {"openai", "azure", "fireworks", "together", "vllm", "sglang", "deepseek", "pais", "mistral", "tgi"}
@@ -160,3 +161,40 @@ def test_extra_params_may_not_replace_the_conversation() -> None:
 def test_which_kinds_serve_chat() -> None:
     native = {"anthropic", "bedrock", "gemini", "cohere", "fake"}
     assert {k for k, cls in REGISTRY.items() if cls.chat_params is not None} == CHAT_KINDS | native
+
+
+@pytest.mark.parametrize("name", ["reasoning_content", "reasoning"])
+def test_a_reasoning_models_thinking_is_kept_apart_from_its_answer(name: str) -> None:
+    """vLLM (with a reasoning parser) and DeepSeek send the thinking as `reasoning_content`; newer vLLM also as
+    `reasoning`. Both reach the client as `reasoning_content`, buffered, streamed, and through a stored answer."""
+    adapter = _adapter("vllm")
+    answer = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 7,
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "Paris.", name: "The capital of France is Paris."},
+                "finish_reason": "stop",
+            }
+        ],
+    }
+    got = adapter.parse_chat_response(json.dumps(answer).encode(), _ctx())
+    message = got.choices[0].message
+    assert (message.content, message.reasoning_content) == ("Paris.", "The capital of France is Paris.")
+    encoded = json.loads(msgspec.json.encode(got))
+    assert encoded["choices"][0]["message"]["reasoning_content"] == "The capital of France is Paris."
+    # Streamed: a chunk that carries only thinking is relayed with it, not as an empty delta.
+    chunk = {**answer, "object": "chat.completion.chunk"}
+    chunk["choices"] = [{"index": 0, "delta": {name: "The capital"}, "finish_reason": None}]
+    streamed = adapter.parse_chat_event(None, json.dumps(chunk).encode(), _ctx())
+    assert streamed is not None
+    assert json.loads(msgspec.json.encode(streamed))["choices"][0]["delta"] == {"reasoning_content": "The capital"}
+    # A stored answer replays its thinking first, and the chunks add up to the same answer.
+    assembly = Assembly(1 << 20)
+    for piece in answer_chunks(got):
+        assert assembly.add(piece)
+    again = assembly.answer(None, 1)
+    assert again is not None and again.choices[0].message == message
