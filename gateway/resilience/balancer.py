@@ -56,11 +56,15 @@ def candidates(
 def replicas(
     route: Route, states: dict[str, TargetState], hint: Hint | None, inflight: dict[str, int] | None
 ) -> list[Route]:
-    """A replicated provider's route as its replicas, in the order its fleet's policy chose (gateway/fleet)."""
+    """A replicated provider's route as its replicas, in the order its fleet's policy chose (gateway/fleet).
+    `inflight`: each replica's requests in flight over all its models (`Health`'s `replica_inflight`)."""
     assert route.fleet is not None
     counts = inflight if inflight is not None else {}
-    keys = [r.key for r in route.replicas]
-    chosen = route.fleet.choose([counts.get(k, 0) for k in keys], [states[k].cooling_ms > 0 for k in keys], hint)
+    loads, cooling = [], []
+    for r in route.replicas:
+        loads.append(counts.get(r.key.partition("/")[0], 0))
+        cooling.append(states[r.key].cooling_ms > 0)
+    chosen = route.fleet.choose(loads, cooling, hint)
     return [route.replicas[i] for i in chosen]
 
 
@@ -75,7 +79,7 @@ class Selector:
         self.hint = hint
         fixed = plan.fixed_order
         self.order: Sequence[Route] = (
-            fixed if fixed is not None else candidates(plan.groups, states, hint, health.local.inflight)
+            fixed if fixed is not None else candidates(plan.groups, states, hint, health.local.replica_inflight)
         )
         self.tried: list[Route] = []
         self.context_switched = False
@@ -152,7 +156,7 @@ class Selector:
         if self.context_switched or not self.plan.context_groups:
             return False
         self.context_switched = True
-        self.order = candidates(self.plan.context_groups, self.states, self.hint, self.health.local.inflight)
+        self.order = candidates(self.plan.context_groups, self.states, self.hint, self.health.local.replica_inflight)
         return True
 
     def _all_cooling(self) -> AllTargetsCoolingError:

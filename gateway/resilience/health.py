@@ -108,6 +108,9 @@ class _Local:
         self.failures: dict[str, tuple[int, float]] = {}
         self.probes: dict[str, float] = {}
         self.inflight: dict[str, int] = {}
+        # A replica's requests in flight over every model it serves (`provider@i`): the load a fleet's
+        # policy weighs, where a replica serving LoRA adapters has a target per model.
+        self.replica_inflight: dict[str, int] = {}
         self.latency: dict[str, float] = {}
 
     def state(self, target: str) -> TargetState:
@@ -398,11 +401,19 @@ class Health:
             pass
 
     async def inflight(self, target: str, delta: int) -> None:
-        count = self.local.inflight.get(target, 0) + delta
+        local = self.local
+        count = local.inflight.get(target, 0) + delta
         if count:
-            _put(self.local.inflight, target, count)
+            _put(local.inflight, target, count)
         else:
-            self.local.inflight.pop(target, None)
+            local.inflight.pop(target, None)
+        replica = target.partition("/")[0]
+        if "@" in replica:
+            on_replica = local.replica_inflight.get(replica, 0) + delta
+            if on_replica:
+                _put(local.replica_inflight, replica, on_replica)
+            else:
+                local.replica_inflight.pop(replica, None)
         key = _keys(target)[3]
         ttl = self.inflight_ttl_ms
         if count > 0 and self._renewer is None and self.shared.client is not None:

@@ -117,6 +117,36 @@ def test_sessions_stick_and_rehome_when_their_replica_cools(tmp_path: Path, repl
         assert f'gateway_cooldowns_total{{cause="429",target="engine@{old}/m"}}' in exposition
 
 
+async def test_a_replicas_load_counts_every_model_it_serves(tmp_path: Path, replicas: list[Upstream]) -> None:
+    """vLLM serves LoRA adapters as more model names on one server: a replica busy with one model is busy
+    for the others too, so requests of another model go to the idle replica."""
+
+    async def slow(request: web.Request, received: Received) -> web.StreamResponse:
+        await asyncio.sleep(0.8)
+        return web.Response(body=completion(), content_type="application/json")
+
+    for u in replicas[:2]:
+        u.handler = slow
+    # One session's requests stay on its replica (epsilon: no load bound); requests without one go to the
+    # replica with the fewest in flight.
+    routing = "policy: session, epsilon: 100"
+    config = fleet_config(replicas[:2], routing).replace("models: [m]", "models: [m, lora]")
+    with serve_config(tmp_path, config) as gw:
+        async with httpx.AsyncClient(base_url=gw.url, trust_env=False, timeout=15) as c:
+            url = "/v1/completions"
+            held = [
+                asyncio.create_task(c.post(url, json={"model": "engine/m", "prompt": "a", "user": "s"}))
+                for _ in range(3)
+            ]
+            await asyncio.sleep(0.3)  # all three in flight on the session's replica
+            busy = served(replicas[:2]).index(3)
+            others = await asyncio.gather(
+                *(c.post(url, json={"model": "engine/lora", "prompt": "b"}) for _ in range(2))
+            )
+            assert all(r.status_code == 200 for r in [*await asyncio.gather(*held), *others])
+    assert [r.headers["x-gateway-model"] for r in others] == [f"engine@{1 - busy}/lora"] * 2
+
+
 def test_engine_metrics_steer_away_from_a_long_queue(tmp_path: Path, replicas: list[Upstream]) -> None:
     waiting = {0: 40, 1: 0}  # replica 2 exposes no metrics: unknown, routed as idle, not as dead
 
