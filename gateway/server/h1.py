@@ -36,6 +36,9 @@ HEAD_TIMEOUT_S = 10.0  # from the end of the previous answer (or the connection'
 BODY_HIGH_WATER = 65_536  # request body buffered, unread by the app, before reading pauses
 LINGER_S = 2.0  # after an answer that ends the connection early, what the client still sends is dropped this long
 LINGER_BYTES = 1_048_576  # ... and at most this much, then the close
+# A client that takes none of an answer's bytes this long, while the server has more to write: the connection is
+# aborted, so the request ends and gives back what it holds (a server's slot, a lease), as nginx's send_timeout.
+SEND_TIMEOUT_S = 60.0
 
 
 class _Refused(Exception):
@@ -50,6 +53,7 @@ class H1Protocol(asyncio.Protocol):
     head_timeout_s = HEAD_TIMEOUT_S
     linger_s = LINGER_S
     linger_bytes = LINGER_BYTES
+    send_timeout_s = SEND_TIMEOUT_S
 
     def __init__(
         self,
@@ -319,7 +323,20 @@ class H1Protocol(asyncio.Protocol):
     async def drain(self) -> None:
         if self.drained is None or self.drained.done():
             self.drained = self.loop.create_future()
-        await self.drained
+        drained = self.drained
+        # Only a paused write waits here (the client's window is full), so the timer costs nothing per answer.
+        stalled = self.loop.call_later(self.send_timeout_s, self._stalled, drained)
+        try:
+            await drained
+        finally:
+            stalled.cancel()
+
+    def _stalled(self, drained: asyncio.Future[None]) -> None:
+        if drained.done() or self.transport.is_closing():
+            return
+        log.info("a client took no bytes of its answer for %.0f s: connection closed", self.send_timeout_s)
+        # An abort, not a close: a close would wait for the buffered bytes the client is not taking.
+        self.transport.abort()
 
     # Answers of the server's own
 

@@ -399,3 +399,32 @@ def test_a_whole_answer_without_content_length_is_given_one_and_leaves_in_one_wr
         wait_for(lambda: len(writes) == 2 * expected)
         if http == "ours":
             assert first.header("content-length") == "15" and first.header("transfer-encoding") is None
+
+
+def test_a_client_that_takes_no_bytes_is_cut_after_the_send_timeout() -> None:
+    """A client that stops reading a stream must not hold its request (and what the request holds: a server's
+    slot, a lease) for as long as it likes: past the send timeout the connection is aborted and the app told."""
+    gone = threading.Event()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        scope["extensions"]["gateway.disconnect"](gone.set)
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        piece = b"x" * 65_536
+        while not gone.is_set():
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+
+    class Impatient(H1Protocol):
+        send_timeout_s = 0.5
+
+    with serve(app, http=Impatient) as server:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", server.config.port))
+        try:
+            sock.sendall(get())  # then never reads
+            began = time.monotonic()
+            assert gone.wait(10)
+            assert 0.4 < time.monotonic() - began < 8
+            wait_for(lambda: not server.server_state.connections, within=5)
+        finally:
+            sock.close()
