@@ -62,7 +62,7 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}}, "require
         pytest.param(
             "openai/davinci-002",
             {"logprobs": True, "top_logprobs": 10},
-            "logprobs",
+            "top_logprobs",  # the field the client set to 10, though the count is checked as `logprobs`
             "Provider 'openai' returns at most 5 logprobs, got 10",
             id="openai-top-logprobs-10",
         ),
