@@ -116,6 +116,26 @@ class FairOrder:
                 return w
         return None
 
+    def displaced_by(self, tenant: str) -> Waiter | None:
+        """With the queue full, whom a newcomer of `tenant` takes the place of: the newest waiter (of the lowest
+        class) of the tenant with the most waiting, when that is more than `tenant` would have with the
+        newcomer; None when `tenant` is (or would be) the heaviest, and the newcomer is the one refused. So
+        one tenant filling the queue cannot keep the others out of it."""
+        counts: dict[str, int] = {}
+        for c in self.classes:
+            for t, q in c.items():
+                counts[t] = counts.get(t, 0) + len(q)
+        if not counts:
+            return None
+        heaviest = max(counts, key=counts.__getitem__)
+        if counts[heaviest] <= counts.get(tenant, 0) + 1:
+            return None
+        for c in reversed(self.classes):
+            newest = c.get(heaviest)
+            if newest:
+                return newest[-1]
+        return None
+
     def remove(self, w: Waiter) -> bool:
         """Take out a waiter that stopped waiting (its client left, its time ran out)."""
         c = self.classes[w.rank]

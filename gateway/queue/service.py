@@ -31,6 +31,8 @@ from wire.schema import CompletionRequest
 HEADER: Final = "x-gateway-priority"
 _ROUTES_LIMIT: Final = 4096
 _ANONYMOUS: Final = "anonymous"
+# What a waiter's future is given when a newcomer of a tenant with fewer waiting takes its place (`_displace`).
+_DISPLACED: Final = object()
 
 
 class Spilled(RateLimitError):
@@ -248,7 +250,7 @@ class Queues:
         room, others = self._elsewhere(ask, route, plan)
         if room:
             raise self._spilled(gate, route)
-        if gate.order.depth >= self.config.max_depth:
+        if gate.order.depth >= self.config.max_depth and not self._displace(gate, ask.tenant):
             self._rejected(gate, "queue_full")
             raise _refused(
                 RateLimitError,
@@ -269,6 +271,18 @@ class Queues:
             try:
                 async with asyncio.timeout(min(max_wait, timeouts.total)):
                     slot = await w.future
+                if slot is _DISPLACED:  # a tenant with fewer waiting took its place in the full queue
+                    self._rejected(gate, "queue_full")
+                    raise _refused(
+                        RateLimitError,
+                        gate,
+                        route,
+                        f"The queue for server '{gate.name}' is full ({self.config.max_depth} requests wait) and "
+                        "this key has the most of them waiting; retry later",
+                        code="queue_full",
+                        retry_after=gate.retry_after(),
+                        elsewhere=True,
+                    )
                 if slot is None:  # another target freed a slot first: the attempt moves on to it
                     gate.leave(w)
                     raise self._spilled(gate, route)
@@ -294,7 +308,7 @@ class Queues:
         except BaseException as exc:
             if w.future.done() and not w.future.cancelled() and w.future.exception() is None:
                 granted = w.future.result()
-                if granted is not None:
+                if granted is not None and granted is not _DISPLACED:
                     granted.done(0)  # granted as the request went away: the slot goes to the next
             else:
                 w.future.cancel()
@@ -311,6 +325,18 @@ class Queues:
         if metrics is not None:
             metrics.queue_wait.labels(gate.name, PRIORITIES[ask.rank]).observe(slot.waited)
         return slot, timeouts.capped(max(timeouts.total - slot.waited, 0.001))
+
+    @staticmethod
+    def _displace(gate: Gate, tenant: str) -> bool:
+        """Room in a full queue for a newcomer of `tenant`, made by the heaviest waiting tenant's newest waiter
+        leaving it (refused as `queue_full`), when it has more waiting (`FairOrder.displaced_by`)."""
+        w = gate.order.displaced_by(tenant)
+        if w is None:
+            return False
+        gate.leave(w)
+        if not w.future.done():
+            w.future.set_result(_DISPLACED)
+        return True
 
     def _elsewhere(self, ask: Ask, route: Route, plan: Plan) -> tuple[bool, list[Gate]]:
         """Whether another target of the plan, not yet tried by this request, could start it now; if none

@@ -57,7 +57,7 @@ async def test_a_full_queue_answers_429_queue_full_at_once(tmp_path: Path, engin
             held = [asyncio.ensure_future(ask(client, "noisy")) for _ in range(3)]
             await until(lambda: engine.inflight == 1 and gate(gw).order.depth == 2)
             started = time.monotonic()
-            full = await ask(client, "quiet")
+            full = await ask(client, "noisy")  # the tenant with the most waiting: refused, not let in
             took = time.monotonic() - started
             engine.running.set()
             answers = await asyncio.gather(*held)
@@ -65,7 +65,27 @@ async def test_a_full_queue_answers_429_queue_full_at_once(tmp_path: Path, engin
     assert full.json()["error"]["code"] == "queue_full"
     assert float(full.headers["retry-after"]) >= 1
     assert [r.status_code for r in answers] == [200] * 3
-    assert "quiet" not in engine.order
+    assert engine.order == ["noisy"] * 3
+
+
+async def test_one_tenant_filling_the_queue_cannot_keep_another_out(tmp_path: Path, engine: Engine) -> None:
+    """A newcomer of a tenant with fewer waiting takes the place of the newest waiter of the tenant with the
+    most: that one is refused `queue_full`, and the newcomer waits its fair turn."""
+    with serve_config(tmp_path, config(engine, 1, queue="max_depth: 3")) as gw:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+            engine.running.clear()
+            noisy = []
+            for _ in range(4):  # one in the slot, three waiting: the queue is full
+                noisy.append(asyncio.ensure_future(ask(client, "noisy")))
+                await until(lambda: engine.inflight == 1 and gate(gw).order.depth == len(noisy) - 1)
+            quiet = asyncio.ensure_future(ask(client, "quiet"))
+            displaced = await noisy[-1]  # the newest of noisy's waiters
+            assert gate(gw).order.depth == 3
+            engine.running.set()
+            answers = await asyncio.gather(*noisy[:-1], quiet)
+    assert (displaced.status_code, displaced.json()["error"]["code"]) == (429, "queue_full")
+    assert [r.status_code for r in answers] == [200] * 4
+    assert engine.order[:2] == ["noisy", "quiet"]  # the quiet tenant's turn comes first among the waiters
 
 
 @pytest.mark.parametrize(
