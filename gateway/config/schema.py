@@ -21,6 +21,11 @@ class Strict(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     pass
 
 
+# A budget in USD: a billion at most (more is no budget), so that it counts in 64-bit picodollars; larger,
+# or `.inf`, is refused where it is given.
+BudgetUsd = Annotated[float, Meta(ge=0, le=1e9)]
+
+
 class ServerConfig(Strict, frozen=True):
     host: str = "127.0.0.1"
     port: Annotated[int, Meta(ge=0, le=65535)] = 8080
@@ -115,10 +120,10 @@ class KeyConfig(Strict, frozen=True):
     models: list[str] = msgspec.field(default_factory=lambda: ["**"])
     limits: LimitsConfig | None = None
     # USD per UTC day (gateway/limits/usage.py): at or over it, requests answer 429 `budget_exceeded`. 0 blocks the key.
-    max_cost_per_day: Annotated[float, Meta(ge=0)] | None = None
+    max_cost_per_day: BudgetUsd | None = None
     # USD per UTC calendar month: at or over it, requests answer 429 `budget_exceeded` until the 1st (without a
     # ledger checked against the month's booked spend, docs/operations.md; with one reserved, docs/ledger.md).
-    max_cost_per_month: Annotated[float, Meta(ge=0)] | None = None
+    max_cost_per_month: BudgetUsd | None = None
     # A team groups keys in the ledger's rows, rollups and reports, and shares its `teams:` budgets.
     team: str | None = None
     # This key's share of a saturated server against the other keys waiting (`queue.fair_by: key`; docs/fairness.md).
@@ -132,9 +137,9 @@ class KeyConfig(Strict, frozen=True):
 class TeamConfig(Strict, frozen=True):
     # USD per UTC day for all the team's keys together: at or over it, each of them answers 429 `budget_exceeded`
     # (with or without a ledger, as a key's own budgets: docs/operations.md, docs/ledger.md).
-    max_cost_per_day: Annotated[float, Meta(ge=0)] | None = None
+    max_cost_per_day: BudgetUsd | None = None
     # USD per UTC calendar month for all the team's keys together.
-    max_cost_per_month: Annotated[float, Meta(ge=0)] | None = None
+    max_cost_per_month: BudgetUsd | None = None
     # The team's share of a saturated server against the other teams waiting (`queue.fair_by: team`).
     weight: Annotated[float, Meta(gt=0, le=10_000)] = 1.0
     # The `priority` of the team's keys that set none.

@@ -17,12 +17,13 @@ from litestar import Request, Response, delete, get, post
 from litestar.handlers import HTTPRouteHandler
 from msgspec import Meta
 
-from gateway.config import LimitsConfig, Priority
+from gateway.config import BudgetUsd, LimitsConfig, Priority
 from gateway.ledger import keys as keystore
 from gateway.ledger.book import Ledger
 from gateway.ledger.engine import LedgerDown
 from gateway.ledger.report import ReportError, report
 from gateway.ledger.service import LedgerService
+from gateway.limits.usage import ANONYMOUS
 from wire.errors import GatewayError, InvalidRequestError
 
 JSON: Final = "application/json"
@@ -41,8 +42,8 @@ class NewKey(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     models: Annotated[list[Annotated[str, Meta(min_length=1, max_length=256)]], Meta(max_length=256)] = msgspec.field(
         default_factory=lambda: ["**"]
     )
-    max_cost_per_day: Annotated[float, Meta(ge=0)] | None = None
-    max_cost_per_month: Annotated[float, Meta(ge=0)] | None = None
+    max_cost_per_day: BudgetUsd | None = None
+    max_cost_per_month: BudgetUsd | None = None
     expires_in_s: Annotated[int, Meta(ge=1)] | None = None
     limits: LimitsConfig | None = None  # rps, rpm, tpm, tpd, concurrent, max_queue_ms: a YAML key's block
     # The key's share of a saturated server, as a YAML key's (docs/fairness.md).
@@ -57,6 +58,10 @@ class Rotation(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 def _json(value: Any, status: int = 200) -> Response[bytes]:
     return Response(msgspec.json.encode(value), status_code=status, media_type=JSON, headers=_NO_STORE)
+
+
+def _conflict(message: str) -> GatewayError:
+    return GatewayError(message, status=409, type="invalid_request_error", param="name", code="key_exists")
 
 
 def _bad_body(exc: msgspec.MsgspecError) -> InvalidRequestError:
@@ -97,7 +102,9 @@ def routes(authorize: Authorize, render: Render) -> list[HTTPRouteHandler]:
             )
         svc = service(request)
         if spec.name in svc.poller.yaml_names:
-            return render(GatewayError(f"A key named {spec.name!r} is in the config", status=409, code="key_exists"))
+            return render(_conflict(f"A key named {spec.name!r} is in the config"))
+        if spec.name == ANONYMOUS:  # its rows would be read as the keyless requests' spend, and theirs as its own
+            return render(_conflict(f"{ANONYMOUS!r} is the name the ledger books requests without a key under"))
         expires = round(time.time() + spec.expires_in_s, 3) if spec.expires_in_s else None
         try:
             issued = await run(
@@ -113,7 +120,7 @@ def routes(authorize: Authorize, render: Render) -> list[HTTPRouteHandler]:
                 (spec.weight, spec.priority, spec.max_priority),
             )
         except keystore.KeyConflict as exc:
-            return render(GatewayError(str(exc), status=409, code="key_exists"))
+            return render(_conflict(str(exc)))
         except LedgerDown as exc:
             return unavailable(exc)
         await svc.poller.refresh()

@@ -122,11 +122,16 @@ def create(
     key_id = "key_" + secrets.token_hex(8)
     secret = _secret()
     now = round(time.time(), 3)
+    # Another replica may make a key of this name between the check and the insert: its unique name wins, and
+    # this one is the conflict it would have been a moment later (not a database error).
     cur.execute(
-        f"INSERT INTO api_keys ({_FIELDS}) VALUES (?, ?, ?, ?, ?, ?, ?, NULL, NULL, ?, ?, ?, ?, ?, ?)",
+        f"INSERT INTO api_keys ({_FIELDS}) VALUES (?, ?, ?, ?, ?, ?, ?, NULL, NULL, ?, ?, ?, ?, ?, ?)"
+        " ON CONFLICT DO NOTHING",
         (key_id, name, team, msgspec.json.encode(models).decode(), max_cost_per_day, expires_at, _digest(secret), now)
         + (None if limits is None else msgspec.json.encode(limits).decode(), max_cost_per_month, *share),
     )
+    if not cur.rows("SELECT id FROM api_keys WHERE id = ?", (key_id,)):
+        raise KeyConflict(f"a key named {name!r} exists already")
     cur.execute(_BUMP)
     row = KeyRow(
         key_id, name, team, models, max_cost_per_day, expires_at, now, None, limits, max_cost_per_month, *share

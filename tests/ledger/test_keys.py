@@ -102,8 +102,20 @@ def test_bad_requests_name_the_field(replicas: tuple[GatewayThread, GatewayThrea
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "max_cost_per_day", resp.text
     resp = admin(a.url, "POST", "/admin/keys", {"name": "ok", "secret": "chosen"})
     assert resp.status_code == 400, resp.text
-    # A YAML key's name, or a runtime key's, is taken.
-    assert admin(a.url, "POST", "/admin/keys", {"name": "alice"}).status_code == 409
+    # A budget that would not count in 64-bit picodollars (every request of the key was a 500).
+    for field in ("max_cost_per_day", "max_cost_per_month"):
+        resp = admin(a.url, "POST", "/admin/keys", {"name": "ok", field: 1e308})
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == field, resp.text
+    # A YAML key's name, or a runtime key's, is taken; so is the name keyless requests are booked under.
+    taken = admin(a.url, "POST", "/admin/keys", {"name": "alice"})
+    assert taken.status_code == 409
+    assert taken.json()["error"] | {"message": ""} == {
+        "message": "",
+        "type": "invalid_request_error",
+        "param": "name",
+        "code": "key_exists",
+    }
+    assert admin(a.url, "POST", "/admin/keys", {"name": "anonymous"}).status_code == 409
     assert admin(a.url, "POST", "/admin/keys", {"name": "bob"}).status_code == 201
     assert admin(a.url, "POST", "/admin/keys", {"name": "bob"}).status_code == 409
     assert admin(a.url, "POST", "/admin/keys/key_nope/rotate").status_code == 404

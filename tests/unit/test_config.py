@@ -125,6 +125,10 @@ def test_several_variables_in_one_value() -> None:
         ),
         ("server: {port: [", "gw.yaml: line 1: expected the node content, but found '<stream end>'"),
         (
+            "keys: [{name: a, key: k, max_cost_per_day: 1.0e+308}]",
+            "gw.yaml: keys[0].max_cost_per_day: Expected `float` <= 1000000000.0",
+        ),
+        (
             "providers: {x: {kind: vllm, replicas: ['http://a:8000/v1'], deployments: {d: {api_key: k}}}}",
             "gw.yaml: providers.x.deployments: give either deployments or replicas, not both",
         ),

@@ -1,0 +1,57 @@
+"""Two replicas making a key of one name at the same moment, on PostgreSQL: one gets the key, the other the
+conflict it would have met a moment later, never a database error (READ COMMITTED lets both pass the
+name check before either inserts)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from gateway.ledger import keys as keystore
+from gateway.ledger.engine import Cursor, Database
+from tests.helpers.postgres import PostgresServer
+
+
+def test_the_second_of_two_racing_creations_is_a_conflict(pg: PostgresServer) -> None:
+    first, second = Database(pg.url, timeout_ms=5000), Database(pg.url, timeout_ms=5000)
+    first.migrate()
+    checked = threading.Event()
+    inserted = threading.Event()
+    outcome: dict[str, Any] = {}
+
+    def slow_first(cur: Cursor) -> keystore.Issued:
+        # The first one inserts, then holds its transaction open until the second has passed its check.
+        issued = keystore.create(cur, "racer", None, ["**"], None, None)
+        inserted.set()
+        assert checked.wait(10)
+        return issued
+
+    def racing_second(cur: Cursor) -> keystore.Issued:
+        assert inserted.wait(10)
+        # Nothing committed yet: the name check finds no key, as on the other replica a moment ago.
+        assert cur.rows("SELECT id FROM api_keys WHERE name = ?", ("racer",)) == []
+        checked.set()
+        return keystore.create(cur, "racer", None, ["**"], None, None)  # waits on the first's insert
+
+    def run(name: str, db: Database, body: Any) -> None:
+        try:
+            outcome[name] = db.transaction(body)
+        except Exception as exc:  # noqa: BLE001 - the outcome is what the test compares
+            outcome[name] = exc
+
+    threads = [
+        threading.Thread(target=run, args=("first", first, slow_first)),
+        threading.Thread(target=run, args=("second", second, racing_second)),
+    ]
+    for t in threads:
+        t.start()
+    try:
+        for t in threads:
+            t.join(20)
+        assert isinstance(outcome["first"], keystore.Issued), outcome
+        assert isinstance(outcome["second"], keystore.KeyConflict), outcome
+        rows = first.transaction(lambda cur: cur.rows("SELECT name FROM api_keys", ()))
+        assert [tuple(r) for r in rows] == [("racer",)]
+    finally:
+        first.close()
+        second.close()
