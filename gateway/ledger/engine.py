@@ -137,8 +137,18 @@ class Database:
             import psycopg
 
             # The server ending a session idle too long in a transaction (a process stalled mid-transaction:
-            # gateway/batches/store.py sets the bound) is an outage of this connection, as a broken one is.
-            return (psycopg.OperationalError, psycopg.InterfaceError, psycopg.errors.IdleInTransactionSessionTimeout)
+            # gateway/batches/store.py sets the bound) is an outage of this connection, as a broken one is. So
+            # is a database that takes no writes now (a standby after a failover, `default_transaction_read_only`)
+            # or no longer lets the gateway's role write, or lost its tables: no row is at fault, every row is
+            # kept (spilled) until it takes them again, never refused as a bad value.
+            return (
+                psycopg.OperationalError,
+                psycopg.InterfaceError,
+                psycopg.errors.IdleInTransactionSessionTimeout,
+                psycopg.errors.ReadOnlySqlTransaction,
+                psycopg.errors.InsufficientPrivilege,
+                psycopg.errors.UndefinedTable,
+            )
         return (sqlite3.OperationalError,)
 
     def transaction(self, body: Callable[[Cursor], T]) -> T:

@@ -56,12 +56,14 @@ def _rec(i: int) -> Record:
     return rec
 
 
-def _queue(ledger: Ledger, good: int, start: int) -> None:
-    """`good` rows and one the database refuses: a raw NUL, queued past the writer's repair."""
+def _queue(ledger: Ledger, good: int, start: int, bad: bool = True) -> None:
+    """`good` rows and (with `bad`) one the database refuses: a raw NUL, queued past the writer's repair."""
     for i in range(start, start + good):
         ledger.queue.append(pending(_rec(i), 0.1, 1_795_800_000.0 + i, None))
-    bad = pending(_rec(start + good), 0.1, 1_795_800_000.0, None)
-    ledger.queue.append((bad[0], (*bad[1][:-2], "raw\0nul", None)))
+    if not bad:
+        return
+    bad_row = pending(_rec(start + good), 0.1, 1_795_800_000.0, None)
+    ledger.queue.append((bad_row[0], (*bad_row[1][:-2], "raw\0nul", None)))
 
 
 def test_a_row_the_database_refuses_is_split_out_and_counted_postgres(pg: PostgresServer, tmp_path: Path) -> None:
@@ -94,3 +96,43 @@ def test_a_row_the_database_refuses_is_split_out_and_counted_postgres(pg: Postgr
     assert sorted(r[1] for r in kept) == ["r-105", "r-20", "r-203"]
     assert all(r[20] == "raw\0nul" for r in kept)
     assert not list(spill.glob("ledger-spill-*"))
+
+
+def test_a_database_that_takes_no_writes_is_an_outage_not_refused_rows_postgres(
+    pg: PostgresServer, tmp_path: Path
+) -> None:
+    """A standby after a failover (or `default_transaction_read_only`) answers every write with an error no row
+    caused: the rows are spilled and booked once it takes writes again, never refused (and lost) one by one."""
+    import psycopg
+
+    spill = tmp_path / "spill"
+
+    def read_only(on: bool) -> None:
+        with psycopg.connect(pg.dsn("postgres"), autocommit=True) as admin:
+            admin.execute(f"ALTER DATABASE {pg.dbname} SET default_transaction_read_only = {'on' if on else 'off'}")
+            # Sessions take the setting when they start: the gateway's is ended, as a failover ends it.
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+                (pg.dbname,),
+            )
+
+    async def run() -> Ledger:
+        ledger = Ledger(LedgerConfig(url=pg.url, spill_dir=str(spill)))
+        await ledger.start()
+        _queue(ledger, 10, 0, bad=False)
+        await ledger.flush()
+        read_only(True)
+        for start in (100, 200):  # the first batch meets the ended session, the second the read-only database
+            _queue(ledger, 5, start, bad=False)
+            await ledger.flush()
+        assert ledger.spilling >= 1 and ledger.refused == 0
+        read_only(False)
+        _queue(ledger, 3, 300, bad=False)
+        await ledger.flush()
+        assert ledger.spilling == 0 and ledger.refused == 0
+        await ledger.close()
+        return ledger
+
+    asyncio.run(run())
+    rows, rolled = totals(pg.url)
+    assert rows == rolled == (23, 0, 23 * 3, 23 * 7, 23 * COST_PICO)
