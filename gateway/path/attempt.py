@@ -94,6 +94,7 @@ class Job:
         "hint",
         "ask",
         "ahead",
+        "called",
     )
     # What makes each attempt: `Attempt`, or chat's (gateway/path/chat.py), set below the class.
     attempt: ClassVar[type[Attempt]]
@@ -121,6 +122,9 @@ class Job:
         # The first attempt's upstream request made while admission waited (`prepare`): its route, the request
         # and the parameters dropped for it. Taken by the first attempt on that route.
         self.ahead: tuple[Route, UpstreamRequest, list[str]] | None = None
+        # The route of the latest buffered upstream call sent (None: none yet): a client that leaves after it
+        # has cost the upstream its prompt, and is charged for it (`Pipeline._buffered`).
+        self.called: Route | None = None
 
     def prepare(self) -> None:
         """Make the first attempt's upstream request now, while admission's call to Redis is on the wire, so
@@ -353,6 +357,7 @@ class Attempt:
         """One buffered upstream call of this attempt's route: the answer's body, or the provider's error."""
         route = self.route
         self.sent += 1
+        self.job.called = route
         resp = await self.services.upstream.send(route.provider, upstream_req, self.timeouts, route.key)
         if resp.status >= 400:
             raise adapter.map_error(resp.status, resp.headers, resp.body, route.provider)
@@ -370,6 +375,7 @@ class Attempt:
             params = self._prepare(req)
             if adapter.in_process:
                 self.sent += 1
+                self.job.called = route
                 return await cast(LocalAdapter, adapter).complete(req, route.endpoint, _fresh(self.ctx))
             made = cast(Adapter, adapter).build_request(req, route.endpoint, params)
         adapter = cast(Adapter, adapter)

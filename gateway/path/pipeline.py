@@ -28,7 +28,7 @@ from gateway.ops.metrics import Metrics, Record
 from gateway.path.attempt import Job, Services
 from gateway.path.dialects import Dialect, decode_error
 from gateway.path.operation import COMPLETIONS, Operation
-from gateway.path.relay import STREAM_FAILED, Held, Relay
+from gateway.path.relay import STREAM_FAILED, Held, Relay, estimated
 from gateway.path.routing import Router
 from gateway.queue import service as queue
 from gateway.resilience.failover import Failover, Outcome
@@ -339,6 +339,17 @@ class Pipeline:
             )
             usage = done.value.usage
             used = usage.total_tokens if usage is not None else None
+        except asyncio.CancelledError:
+            called = job.called
+            if called is not None:
+                # The client left after the upstream was asked: the upstream took the prompt (and may have
+                # generated), so the request is charged and booked its prompt, as a stream cut before its first
+                # event is; never nothing, which would let a tenant's abandoned requests pass every limit.
+                estimate = estimated(job, 0)
+                used = estimate.total_tokens
+                rec.usage, rec.usage_estimated = estimate, True
+                rec.provider, rec.target = called.provider, called.key
+            raise
         finally:
             rec.upstream_s = time.perf_counter() - started
             if job.ask is not None:

@@ -269,7 +269,7 @@ class Relay:
             # A finished stream is charged its reported usage; one cut short, or one whose upstream reports
             # none (llama-cpp-python's), the gateway's estimate: its prompt, and what it sent.
             if usage is None and sent:
-                usage = _estimate(job, sent)
+                usage = estimated(job, sent)
                 rec.usage_estimated = True
             rec.usage = usage
             await self.give_back(job, quota, opened, usage, sent, rec.request_id)
@@ -361,7 +361,7 @@ def _book_failure(rec: Record, route: Route, error: GatewayError) -> None:
     rec.provider, rec.target = route.provider, route.key
 
 
-def _estimate(job: Job, chunks: int) -> Usage:
+def estimated(job: Job, chunks: int) -> Usage:
     """Usage for a stream the upstream reported none for: the prompt as admission estimated it (or as
     gateway/limits/tokens.py estimates it), and one output token per chunk sent (as a cancelled stream is charged)."""
     ticket = job.ticket

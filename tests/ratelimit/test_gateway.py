@@ -245,6 +245,19 @@ def test_cancelled_stream_is_charged_prompt_plus_chunks_received(g: GatewayThrea
     assert nxt.headers["x-ratelimit-remaining-tokens"] == str(8640 - 6 - 4)
 
 
+def test_a_buffered_request_the_client_left_is_charged_its_prompt(g: GatewayThread, rds: RedisServer) -> None:
+    """The upstream was asked, and took the prompt: a client that leaves before the answer is charged it (as a
+    stream cut before its first event is), never nothing, which would let abandoned requests pass every limit."""
+    key = bucket("k-tok", "tpd")
+    payload = body("demo/slow-800ms", prompt_words=3, max_tokens=40)
+    with pytest.raises(httpx.ReadTimeout), client(g.url, "k-tok") as c:
+        c.post(OPENAI_ROUTE, json=payload, timeout=0.3)  # leaves while the upstream works
+    # Reserved 43 (3 + 40); settled at the prompt's 3 once the gateway saw the client go.
+    wait_until(lambda: units(rds, key) == 3)
+    nxt = post(g, "k-tok", body("demo/long", max_tokens=1))
+    assert nxt.headers["x-ratelimit-remaining-tokens"] == str(8640 - 3 - 4)
+
+
 def test_finished_stream_is_charged_its_usage(g: GatewayThread, rds: RedisServer) -> None:
     with client(g.url, "k-tok") as c:
         resp = c.post(OPENAI_ROUTE, json=body("demo/text", max_tokens=100, stream=True))
