@@ -269,8 +269,9 @@ def continuation(job: Job, text: str, left: int | None) -> ContinueJob | None:
     req = cast(ChatRequest, job.req)
     messages = [*req.messages, AssistantMessage(content=text)]
     cont = msgspec.structs.replace(req, messages=messages, prompt=render(messages), max_tokens=left)
-    # No admission of its own: the broken attempt's quota and the request's ticket cover the stream.
-    again = ContinueJob(job.services, None, cont, job.ctx, Plan(groups, job.plan.policy))
+    # No admission of the request's own (its ticket covers the stream); the continuation's target's quota is
+    # charged when the failover loop reaches it, as for any attempt.
+    again = ContinueJob(job.services, job.admission, cont, job.ctx, Plan(groups, job.plan.policy))
     again.ask = job.ask  # the continuation waits for (and holds) a slot of its own, as the same tenant
     return again
 

@@ -236,6 +236,12 @@ class Relay:
                     yield error_event(self.scrub.error(error))
                     break
                 opened, route = resumed
+                if opened.quota is not None:
+                    # The continuation was charged its own target's quota: the broken attempt's is settled with
+                    # what it used there (its prompt and the chunks it sent), the continuation's at the end.
+                    if quota is not None:
+                        self.admission.settle(quota, quota.prompt + sent - blank - resumed_from)
+                    quota = opened.quota
                 resumed_from = sent - blank
             if usage is not None and resumed_from:
                 # The continuation's prompt included the text already streamed: count it as output.
@@ -328,8 +334,9 @@ class Relay:
             assert isinstance(req.prompt, str)
             cont: CompletionRequest = msgspec.structs.replace(req, prompt=req.prompt + text, max_tokens=left)
             cont_ctx = msgspec.structs.replace(ctx, prompts=[cont.prompt], offsets=dict(ctx.offsets))
-            # No admission of its own: the broken attempt's quota and the request's ticket cover the stream.
-            again = Job(self.services, None, cont, cont_ctx, job.plan)
+            # No admission of the request's own (its ticket covers the stream), but the continuation's target's
+            # quota is charged when the failover loop reaches it, as for any attempt.
+            again = Job(self.services, job.admission, cont, cont_ctx, job.plan)
             again.ask = job.ask  # the continuation waits for (and holds) a slot of its own, as the same tenant
         try:
             outcome = await self.failover.run(

@@ -12,7 +12,7 @@ import pytest
 from gateway.config import parse_config
 from gateway.path.pipeline import Pipeline
 from tests.helpers.engine import Engine
-from tests.helpers.faults import FaultServer, continuation, cut
+from tests.helpers.faults import CHUNKS, FaultServer, continuation, cut, openai_error, stream
 from tests.helpers.pipelines import VirtualTime, config_yaml
 from tests.helpers.pipelines import ask as ask_pipeline
 from tests.helpers.redis import RedisServer
@@ -227,3 +227,32 @@ async def test_a_resumed_stream_holds_a_slot_of_its_own_where_it_resumes(faults:
     assert len(answer.chunks()) == 17  # sixteen content chunks and the usage, one stream
     assert (alpha.order.turn, beta.order.turn) == (1, 1)  # the continuation was granted beta's slot
     assert beta.order.service.keys() == alpha.order.service.keys() == {"anonymous"}  # as the same tenant
+
+
+async def test_a_resumed_stream_is_charged_its_new_targets_quota(faults: FaultServer) -> None:
+    """The continuation is an upstream call like any other: the provider it resumes on counts it against its
+    own `limits:` (here one request a minute), so a second stream that breaks finds that quota spent and ends
+    with its error event instead of calling the provider past it."""
+    models = """  - name: smart
+    strategy: ordered
+    resume_streams: true
+    targets: [{model: alpha/davinci-002}, {model: beta/davinci-002}]
+"""
+    top = "retries: {attempts: 1}\ntimeouts: {connect_ms: 1000, first_byte_ms: 300, total_ms: 5000}\n"
+    text = config_yaml(faults, models, top=top, providers=("alpha", "beta"))
+    beta = next(line for line in text.splitlines() if line.startswith("  beta:"))
+    text = text.replace(beta, beta[:-1] + ", limits: {rpm: 1}}")
+    # An error event mid-way: evidence against alpha, not a cooldown, so the second stream starts there too.
+    failed = b"data: " + openai_error("The server had an error while processing your request.", "server_error", None)
+    faults["alpha"].script(then=stream(CHUNKS[:7] + [failed]))
+    faults["beta"].script(then=continuation(prompt_tokens=8 + 7))
+    vtime = VirtualTime()
+    p = Pipeline(parse_config(text, "quota.yaml", env={}), sleep=vtime.sleep, clock=vtime.clock)
+    try:
+        resumed = await ask_pipeline(p, stream=True)
+        broken = await ask_pipeline(p, stream=True)
+    finally:
+        await p.close()
+    assert len(resumed.chunks()) == 16 and "error" not in resumed.body.decode()
+    assert '"error"' in broken.body.decode() and broken.body.endswith(b"data: [DONE]\n\n")
+    assert faults.order() == ["alpha", "beta", "alpha"]  # beta's quota refused the second continuation
