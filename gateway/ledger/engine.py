@@ -155,13 +155,33 @@ class Database:
         """Run `body` in one transaction (SQLite: BEGIN IMMEDIATE, so writers queue instead of failing)."""
         errors = self._errors()
         try:
-            if self._conn is None:
+            fresh = self._conn is None
+            if fresh:
                 self._conn = self._connect()
             conn = self._conn
             if self.postgres:
                 try:
-                    with conn.transaction(), conn.cursor() as cur:
-                        return body(Cursor(cur, True))
+                    try:
+                        tx = conn.transaction()
+                        tx.__enter__()  # BEGIN
+                    except errors:
+                        if fresh:
+                            raise
+                        # A connection the server ended while it idled (a restart, a failover, an idle timeout)
+                        # fails at its BEGIN, before anything ran: a new one is tried once, at once, so the
+                        # caller does not meet an outage that is already over.
+                        self.close()
+                        conn = self._conn = self._connect()
+                        tx = conn.transaction()
+                        tx.__enter__()
+                    try:
+                        with conn.cursor() as cur:
+                            out = body(Cursor(cur, True))
+                    except BaseException as exc:
+                        tx.__exit__(type(exc), exc, exc.__traceback__)  # ROLLBACK
+                        raise
+                    tx.__exit__(None, None, None)  # COMMIT
+                    return out
                 except BaseException:
                     self._days.clear()
                     raise

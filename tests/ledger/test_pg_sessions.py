@@ -1,6 +1,6 @@
-"""Two replicas making a key of one name at the same moment, on PostgreSQL: one gets the key, the other the
-conflict it would have met a moment later, never a database error (READ COMMITTED lets both pass the
-name check before either inserts)."""
+"""The ledger's PostgreSQL sessions against what a server does to them: two replicas making a key of one name at
+the same moment (READ COMMITTED lets both pass the name check before either inserts: one gets the key, the
+other the conflict, never a database error), and a session the server ended while it idled."""
 
 from __future__ import annotations
 
@@ -55,3 +55,23 @@ def test_the_second_of_two_racing_creations_is_a_conflict(pg: PostgresServer) ->
     finally:
         first.close()
         second.close()
+
+
+def test_a_connection_the_server_ended_while_idle_is_replaced_at_once(pg: PostgresServer) -> None:
+    """A PostgreSQL restart, failover or idle timeout ends the ledger's idle session: the next transaction
+    meets it at its BEGIN, before anything ran, and goes on a new connection instead of failing as an outage."""
+    import psycopg
+
+    db = Database(pg.url, timeout_ms=5000)
+    try:
+        db.migrate()
+        assert db.transaction(lambda cur: cur.rows("SELECT 1", ())) == [(1,)]
+        with psycopg.connect(pg.dsn("postgres"), autocommit=True) as admin:
+            ended = admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+                (pg.dbname,),
+            ).fetchall()
+        assert ended
+        assert db.transaction(lambda cur: cur.rows("SELECT 2", ())) == [(2,)]
+    finally:
+        db.close()
