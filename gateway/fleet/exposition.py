@@ -102,20 +102,27 @@ class Exposition:
                 return
             self._skipping = False
             piece = piece[cut + 1 :]
-        buf = self._carry + piece if self._carry else piece
+        carried = self._carry
+        buf = carried + piece if carried else piece
         cut = buf.rfind(b"\n")
         if cut < 0:
             self._carry = buf
         else:
-            self._scan(buf, cut + 1)
+            start = 0
+            if carried:
+                # The carried line ends in this piece: past MAX_LINE all told, it is skipped as a longer one is.
+                first = buf.find(b"\n")
+                if first > MAX_LINE:
+                    start = first + 1
+            self._scan(buf, start, cut + 1)
             self._carry = buf[cut + 1 :]
         if len(self._carry) > MAX_LINE:
             self._carry = b""
             self._skipping = True
 
-    def _scan(self, buf: bytes, end: int) -> None:
+    def _scan(self, buf: bytes, start: int, end: int) -> None:
         sums = self._sums
-        for m in _SAMPLE.finditer(buf, 0, end):
+        for m in _SAMPLE.finditer(buf, start, end):
             raw = m.group(1)
             if raw not in self._wanted:
                 continue
@@ -134,7 +141,7 @@ class Exposition:
     def load(self) -> EngineLoad:
         """The load of the whole body fed. Raises Unreadable: an invalid value, or no waiting-queue series."""
         if self._carry and not self._skipping:
-            self._scan(self._carry + b"\n", len(self._carry) + 1)  # a last line without its newline
+            self._scan(self._carry + b"\n", 0, len(self._carry) + 1)  # a last line without its newline
             self._carry = b""
         if self._invalid is not None:
             raise Unreadable(f"an invalid value of {self._invalid} (negative, not finite or absurd)", "invalid_value")

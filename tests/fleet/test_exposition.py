@@ -74,6 +74,12 @@ def test_the_cap_counts_every_byte_fed_and_an_overlong_line_is_skipped() -> None
     exp.feed(b"vllm:num_requests_waiting 5" + b"0" * MAX_LINE)
     exp.feed(b"0" * MAX_LINE + b"\nvllm:num_requests_waiting 2\n")
     assert exp.load() == EngineLoad(2.0, 0.0)
+    # Also one that is under MAX_LINE in each of the two reads it spans, but longer all told.
+    half = b'vllm:num_requests_waiting{pad="' + b"x" * (MAX_LINE // 2 + 100)
+    exp = Exposition(VLLM_GAUGES, 1 << 30)
+    exp.feed(b"vllm:num_requests_waiting 2\n" + half)
+    exp.feed(b"x" * (MAX_LINE // 2 + 100) + b'"} 7\n')
+    assert exp.load() == EngineLoad(2.0, 0.0)
 
 
 def test_a_gzip_bomb_inflates_one_piece_at_a_time() -> None:
