@@ -220,6 +220,10 @@ class Ledger:
         self._dropped_logged = 0
         self.booked = 0
         self.refused = 0  # rows the database refused alone (kept in `rejects`, never booked)
+        # The rollups of this process's rows in its spill file, not booked yet: what `read` adds to what the
+        # database holds, so a budget seeded during an outage of writes still counts them. Replaced whole on the
+        # writer's thread, and read there.
+        self.spilled: Rollups = {}
         self.refused_why = ""
         self.down: str | None = None  # why the database could not be written, while it cannot
         spill_dir = Path(cfg.spill_dir) if cfg.spill_dir else self._default_spill_dir()
@@ -281,9 +285,16 @@ class Ledger:
         commits a batch taken before the copy, and miss its rows.) Rows other processes have not committed yet
         (at most their last `flush_ms`) show once they are."""
         copied = deque(self.queue)
-        asked = self.behind_writer(body)  # no await between the copy and this
+        # The spill file's share is read on the writer's thread too, right after `body`: never a batch both
+        # replayed (in what `body` reads) and still counted as spilled.
+        asked = self.behind_writer(lambda cur: (body(cur), self.spilled))  # no await between the copy and this
         waiting = rollups(take(copied, "", itertools.repeat(0)))
-        return await asked, waiting
+        out, spilled = await asked
+        for k, v in spilled.items():
+            sums = waiting.setdefault(k, [0, 0, 0, 0, 0, 0])
+            for i, n in enumerate(v):
+                sums[i] += n
+        return out, waiting
 
     async def _answer(self, work: asyncio.Future[Any]) -> Any:
         try:
@@ -364,6 +375,8 @@ class Ledger:
                 spilled = [tuple(r) for r in batch]
                 self._book(functools.partial(commit, rows=spilled, db=self.rows), functools.partial(list, spilled))
             self.spill.replayed()
+            if self.spilled:
+                self.spilled = {}
             if rows.size:
                 self._book(lambda cur: commit_batch(cur, rows, self.rows), rows.full)
             if self.down is not None:
@@ -377,7 +390,9 @@ class Ledger:
                 self._orphans_at = 0.0  # another process's file may be half replayed: look again once it answers
             # Rows of the batch already booked (split around a refused one) are booked once: replays skip
             # the ids the database holds.
-            if rows.size and not self.spill.write(rows.full()):
+            if rows.size and self.spill.write(rows.full()):
+                self.spilled = rollups(rows, {k: list(v) for k, v in self.spilled.items()})
+            elif rows.size:
                 log.error(
                     "ledger: the spill file is full (ledger.spill_bytes = %d): %d row(s) lost so far",
                     self.spill.max_bytes,

@@ -5,15 +5,20 @@ real `pending` queues."""
 
 from __future__ import annotations
 
+import asyncio
 import calendar
 import datetime as dt
 import itertools
 from collections import deque
+from pathlib import Path
 
+from gateway.config import LedgerConfig
 from gateway.ledger.batch import Pending, pending, rollups, take
+from gateway.ledger.book import Ledger
 from gateway.ledger.budgets import _waiting
 from gateway.limits.budgets import Budget
 from gateway.ops.metrics import Record
+from tests.helpers.postgres import PostgresServer
 
 DAY = "2026-11-30"
 NOON = calendar.timegm(dt.date.fromisoformat(DAY).timetuple()) + 12 * 3600
@@ -45,3 +50,36 @@ def test_each_budget_sums_its_own_rows_in_its_period() -> None:
     ]
     waiting = rollups(take(rows, "", itertools.repeat(0)))  # as `Ledger.read` makes them of a copy
     assert _waiting(waiting, budgets) == [11, 10_011, 1_011, 1_000, 0]
+
+
+def test_rows_spilled_while_the_database_takes_no_writes_still_count(pg: PostgresServer, tmp_path: Path) -> None:
+    """A database that answers reads but not writes (a lock held elsewhere): the writer spills, and a budget
+    seeded meanwhile reads what is committed plus what waits, the spill file's rows included; once they are
+    replayed they count once, as committed rows."""
+    import psycopg
+
+    async def run() -> None:
+        ledger = Ledger(LedgerConfig(url=pg.url, timeout_ms=300, spill_dir=str(tmp_path / "spill")))
+        await ledger.start()
+        try:
+            with psycopg.connect(pg.url) as locker:
+                locker.execute("LOCK TABLE requests IN EXCLUSIVE MODE")  # writes wait on it, reads do not
+                for cost in (5, 7):
+                    ledger.queue.append(_row("capped", "id-capped", "blue", cost))
+                await ledger.flush()
+                assert ledger.spilling == 1
+                booked, waiting = await ledger.read(lambda cur: cur.rows("SELECT count(*) FROM requests"))
+                assert booked == [(0,)]
+                assert _waiting(waiting, [BUDGET]) == [12]
+                locker.rollback()
+            await ledger.flush()
+            assert ledger.spilling == 0
+            booked, waiting = await ledger.read(lambda cur: cur.rows("SELECT count(*) FROM requests"))
+            assert booked == [(2,)] and _waiting(waiting, [BUDGET]) == [0]
+        finally:
+            await ledger.close()
+
+    asyncio.run(run())
+
+
+BUDGET = Budget("Key 'capped'", "id-capped", "key_id", "daily", DAY, DAY, 1.0, "capped")
