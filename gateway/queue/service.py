@@ -251,16 +251,7 @@ class Queues:
         if room:
             raise self._spilled(gate, route)
         if gate.order.depth >= self.config.max_depth and not self._displace(gate, ask.tenant):
-            self._rejected(gate, "queue_full")
-            raise _refused(
-                RateLimitError,
-                gate,
-                route,
-                f"The queue for server '{gate.name}' is full ({self.config.max_depth} requests wait); retry later",
-                code="queue_full",
-                retry_after=gate.retry_after(),
-                elsewhere=True,
-            )
+            raise self._full(gate, route, "")
         max_wait = self.max_wait_s[ask.rank]
         deadline_first = timeouts.total < max_wait
         span = tracing.wait(gate.name, PRIORITIES[ask.rank])
@@ -272,17 +263,7 @@ class Queues:
                 async with asyncio.timeout(min(max_wait, timeouts.total)):
                     slot = await w.future
                 if slot is _DISPLACED:  # a tenant with fewer waiting took its place in the full queue
-                    self._rejected(gate, "queue_full")
-                    raise _refused(
-                        RateLimitError,
-                        gate,
-                        route,
-                        f"The queue for server '{gate.name}' is full ({self.config.max_depth} requests wait) and "
-                        "this key has the most of them waiting; retry later",
-                        code="queue_full",
-                        retry_after=gate.retry_after(),
-                        elsewhere=True,
-                    )
+                    raise self._full(gate, route, " and this key has the most of them waiting")
                 if slot is None:  # another target freed a slot first: the attempt moves on to it
                     gate.leave(w)
                     raise self._spilled(gate, route)
@@ -325,6 +306,19 @@ class Queues:
         if metrics is not None:
             metrics.queue_wait.labels(gate.name, PRIORITIES[ask.rank]).observe(slot.waited)
         return slot, timeouts.capped(max(timeouts.total - slot.waited, 0.001))
+
+    def _full(self, gate: Gate, route: Route, why: str) -> RateLimitError:
+        """The 429 `queue_full` of a request the full queue of `gate` does not keep, counted."""
+        self._rejected(gate, "queue_full")
+        return _refused(
+            RateLimitError,
+            gate,
+            route,
+            f"The queue for server '{gate.name}' is full ({self.config.max_depth} requests wait){why}; retry later",
+            code="queue_full",
+            retry_after=gate.retry_after(),
+            elsewhere=True,
+        )
 
     @staticmethod
     def _displace(gate: Gate, tenant: str) -> bool:
