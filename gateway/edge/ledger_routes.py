@@ -7,7 +7,6 @@ key or a YAML one) is a 409; an unknown or revoked id a 404. Docs: docs/ledger.m
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Final
@@ -24,13 +23,13 @@ from gateway.ledger.engine import LedgerDown
 from gateway.ledger.report import ReportError, report
 from gateway.ledger.service import LedgerService
 from gateway.limits.usage import ANONYMOUS
+from gateway.path.dialects import decode_error
 from wire.errors import GatewayError, InvalidRequestError
 
 JSON: Final = "application/json"
 _NO_STORE: Final = {"cache-control": "no-store"}
 _MAX_GRACE_S: Final = 30 * 86_400
 _RANK: Final = {"high": 0, "normal": 1, "low": 2}
-_FIELD: Final = re.compile(r"`\$\.?([A-Za-z0-9_.\[\]]*)`")
 
 Authorize = Callable[[Request[Any, Any, Any]], tuple[Any, Response[bytes] | None]]
 Render = Callable[[GatewayError], Response[bytes]]
@@ -64,9 +63,9 @@ def _conflict(message: str) -> GatewayError:
     return GatewayError(message, status=409, type="invalid_request_error", param="name", code="key_exists")
 
 
-def _bad_body(exc: msgspec.MsgspecError) -> InvalidRequestError:
-    found = _FIELD.search(str(exc))
-    return InvalidRequestError(f"Invalid body: {exc}", param=found.group(1) if found else None, code="invalid_value")
+def _bad_body(exc: msgspec.DecodeError | msgspec.ValidationError) -> InvalidRequestError:
+    """As a completion's body is refused: the field named (an unknown one too, with its path), its problem said."""
+    return decode_error(exc)
 
 
 def routes(authorize: Authorize, render: Render) -> list[HTTPRouteHandler]:
@@ -90,7 +89,7 @@ def routes(authorize: Authorize, render: Render) -> list[HTTPRouteHandler]:
             return refused
         try:
             spec = msgspec.json.decode(await request.body(), type=NewKey)
-        except msgspec.MsgspecError as exc:
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             return render(_bad_body(exc))
         if spec.priority and spec.max_priority and _RANK[spec.priority] < _RANK[spec.max_priority]:
             return render(
@@ -145,7 +144,7 @@ def routes(authorize: Authorize, render: Render) -> list[HTTPRouteHandler]:
         body = await request.body()
         try:
             spec = msgspec.json.decode(body, type=Rotation) if body.strip() else Rotation()
-        except msgspec.MsgspecError as exc:
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             return render(_bad_body(exc))
         try:
             issued = await run(request, keystore.rotate, key_id, spec.grace_s)
