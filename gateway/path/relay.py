@@ -236,12 +236,11 @@ class Relay:
                     yield error_event(self.scrub.error(error))
                     break
                 opened, route = resumed
-                if opened.quota is not None:
-                    # The continuation was charged its own target's quota: the broken attempt's is settled with
-                    # what it used there (its prompt and the chunks it sent), the continuation's at the end.
-                    if quota is not None:
-                        self.admission.settle(quota, quota.prompt + sent - blank - resumed_from)
-                    quota = opened.quota
+                if quota is not None:
+                    # The broken attempt's target quota is settled with what it used there (its prompt and the
+                    # chunks it sent); the continuation's own, charged where it resumed, at the stream's end.
+                    self.admission.settle(quota, quota.prompt + sent - blank - resumed_from)
+                quota = opened.quota
                 resumed_from = sent - blank
             if usage is not None and resumed_from:
                 # The continuation's prompt included the text already streamed: count it as output.
