@@ -63,11 +63,6 @@ def _conflict(message: str) -> GatewayError:
     return GatewayError(message, status=409, type="invalid_request_error", param="name", code="key_exists")
 
 
-def _bad_body(exc: msgspec.DecodeError | msgspec.ValidationError) -> InvalidRequestError:
-    """As a completion's body is refused: the field named (an unknown one too, with its path), its problem said."""
-    return decode_error(exc)
-
-
 def routes(authorize: Authorize, render: Render) -> list[HTTPRouteHandler]:
     """The ledger's admin routes, checked by the app's admin `authorize` and rendered by its `render`."""
 
@@ -90,7 +85,7 @@ def routes(authorize: Authorize, render: Render) -> list[HTTPRouteHandler]:
         try:
             spec = msgspec.json.decode(await request.body(), type=NewKey)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            return render(_bad_body(exc))
+            return render(decode_error(exc))
         if spec.priority and spec.max_priority and _RANK[spec.priority] < _RANK[spec.max_priority]:
             return render(
                 InvalidRequestError(
@@ -145,7 +140,7 @@ def routes(authorize: Authorize, render: Render) -> list[HTTPRouteHandler]:
         try:
             spec = msgspec.json.decode(body, type=Rotation) if body.strip() else Rotation()
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            return render(_bad_body(exc))
+            return render(decode_error(exc))
         try:
             issued = await run(request, keystore.rotate, key_id, spec.grace_s)
         except keystore.KeyNotFound:

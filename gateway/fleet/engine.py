@@ -86,14 +86,11 @@ class EngineReader(Background):
     """Per pipeline: a supervising task that keeps one reading task per replica of every watched fleet."""
 
     def __init__(
-        self,
-        fleets: Callable[[], Watched],
-        failed: Callable[[str, str], None] | None = None,
-        transport_for: TransportFor | None = None,
+        self, fleets: Callable[[], Watched], failed: Callable[[str, str], None], transport_for: TransportFor
     ) -> None:
         self._fleets = fleets
         self._failed = failed  # counts a failed read: (the replica's name, the cause's kind)
-        self._transport_for = transport_for or (lambda _: httpx.AsyncHTTPTransport(retries=0))
+        self._transport_for = transport_for
         # One per distinct TLS and proxy settings, kept while the reader runs (a reload may change them).
         self._transports: dict[tuple[str | None, ...], httpx.AsyncBaseTransport] = {}
         self._watched: Watched = {}
@@ -159,7 +156,7 @@ class EngineReader(Background):
             except Exception as exc:  # a bug must not end the reader: keep routing on what is known
                 log.exception("reading %s's engine metrics failed", fleet.names[i])
                 load, cause, kind = None, f"unexpected {type(exc).__name__}", "unexpected"
-            if kind is not None and self._failed is not None:
+            if kind is not None:
                 self._failed(fleet.names[i], kind)
             fleet.engine[i] = load  # None: unknown, routed as idle, not as dead
             fleet.engine_error[i] = cause

@@ -161,19 +161,7 @@ class Database:
             conn = self._conn
             if self.postgres:
                 try:
-                    try:
-                        tx = conn.transaction()
-                        tx.__enter__()  # BEGIN
-                    except errors:
-                        if fresh:
-                            raise
-                        # A connection the server ended while it idled (a restart, a failover, an idle timeout)
-                        # fails at its BEGIN, before anything ran: a new one is tried once, at once, so the
-                        # caller does not meet an outage that is already over.
-                        self.close()
-                        conn = self._conn = self._connect()
-                        tx = conn.transaction()
-                        tx.__enter__()
+                    conn, tx = self._begin(conn, fresh, errors)
                     try:
                         with conn.cursor() as cur:
                             out = body(Cursor(cur, True))
@@ -198,6 +186,23 @@ class Database:
             self.close()  # forgets the partitions too: one made in a transaction that failed is not there
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise LedgerDown(f"{self.where}: {first}") from None
+
+    def _begin(self, conn: Any, fresh: bool, errors: tuple[type[BaseException], ...]) -> tuple[Any, Any]:
+        """PostgreSQL: a transaction begun on `conn`, or on a new connection when `conn` (not `fresh`) was ended
+        by the server while it idled (a restart, a failover, an idle timeout): that fails at its BEGIN, before
+        anything ran, so one new connection is tried at once and the caller meets no outage already over."""
+        try:
+            tx = conn.transaction()
+            tx.__enter__()  # BEGIN
+            return conn, tx
+        except errors:
+            if fresh:
+                raise
+        self.close()
+        conn = self._conn = self._connect()
+        tx = conn.transaction()
+        tx.__enter__()
+        return conn, tx
 
     def ensure_days(self, cur: Cursor, days: Iterable[str]) -> None:
         """PostgreSQL: the day partitions these rows go to (made once, under a lock replicas share)."""

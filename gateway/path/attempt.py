@@ -126,6 +126,13 @@ class Job:
         # has cost the upstream its prompt, and is charged for it (`Pipeline._buffered`).
         self.called: Route | None = None
 
+    @property
+    def deadline_s(self) -> float | None:
+        """The request's own `inference_timeout` (seconds): it can only shorten the plan's `total_ms`."""
+        t = self.req.inference_timeout
+        # A tuple, not `float | int`: that builds a union object on every call.
+        return float(t) if isinstance(t, (float, int)) else None
+
     def prepare(self) -> None:
         """Make the first attempt's upstream request now, while admission's call to Redis is on the wire, so
         that its CPU overlaps the round trip instead of following it (the pipeline asks only when this request

@@ -183,7 +183,7 @@ class Pipeline:
         plan = self.router.plan(req.model)
         self._refine(req, plan, rec)
         if self.queues is not None and queue.HEADER in headers:
-            self.queues.ask(key, headers, req)  # a priority the key may not ask for is refused, hit or not
+            self.queues.priority(key, headers)  # a priority the key may not ask for is refused, hit or not
         cached = self.cache.lookup(req, rec.key_id, headers, rec, plan)  # type: ignore[union-attr]  # the endpoint checked
         if type(cached) is Lookup and cached.entry is not None:
             admission = self.admission
@@ -332,7 +332,7 @@ class Pipeline:
             done = await self.failover.run(
                 job.plan,
                 job.complete,
-                deadline_s=_deadline(job.req),
+                deadline_s=job.deadline_s,
                 tenant=rec.key,
                 client_headers=bool(job.req.inference_extra_headers),
                 hint=job.hint,
@@ -371,7 +371,7 @@ class Pipeline:
             opened = await self.failover.run(
                 job.plan,
                 job.open,
-                deadline_s=_deadline(job.req),
+                deadline_s=job.deadline_s,
                 discard=job.discard,
                 keep=job.keep,
                 tenant=rec.key,
@@ -423,13 +423,6 @@ def _headers(outcome: Outcome[Any], job: Job) -> dict[str, str]:
 def _limits(job: Job) -> Lines | None:
     ticket = job.ticket
     return None if ticket is None else ticket.headers
-
-
-def _deadline(req: CompletionRequest) -> float | None:
-    """The request's own `inference_timeout` (seconds): it can only shorten the plan's `total_ms`."""
-    t = req.inference_timeout
-    # A tuple, not `float | int`: that builds a union object on every call.
-    return float(t) if isinstance(t, (float, int)) else None
 
 
 def _text_prompts(req: CompletionRequest) -> list[str] | None:

@@ -219,13 +219,13 @@ class Relay:
                 if error.cools:
                     # Judged as a failed attempt is, resumed or not: a dropped connection cools at once; a 5xx, a
                     # read timeout or an unreadable event on evidence; the client's own deadline never.
-                    deadline = req.inference_timeout
                     await self.failover.broke(
+                        job.plan,
                         route,
                         error,
+                        deadline_s=job.deadline_s,
                         tenant=rec.key,
                         client_headers=bool(req.inference_extra_headers),
-                        client_deadline=isinstance(deadline, (float, int)) and deadline < job.plan.timeouts.total,
                     )
                     if text is not None:
                         resumed = await self.resume(job, "".join(text), sent - blank, rec.key, route.key)

@@ -199,30 +199,35 @@ class Queues:
             self.routes[route.key] = found
         return found  # type: ignore[return-value]
 
-    def ask(self, key: ClientKey | None, headers: Mapping[str, str], req: CompletionRequest) -> Ask:
-        """Who asks: the tenant of `key`, and the class its `x-gateway-priority` header (or its default) asks for."""
+    def priority(self, key: ClientKey | None, headers: Mapping[str, str]) -> tuple[_Tenant, int]:
+        """`key`'s tenant and the class its request asks for: its `x-gateway-priority` header, checked (unknown:
+        400; above the key's `max_priority`: 403), or its default."""
         t = self._normal if key is None else self.tenants.get(key.name)
         if t is None:  # a runtime key (the ledger's): its own share, stored with it
             k: ClientKey = key  # type: ignore[assignment]
             t = self._tenant(k.name, k.team, k.weight, k.priority, k.max_priority)
-        rank = t.rank
         asked = headers.get(HEADER)
-        if asked is not None:
-            asked = asked.strip().lower()
-            r = RANK.get(asked)
-            if r is None:
-                raise InvalidRequestError(
-                    f"'{HEADER}' must be one of high, normal, low; got {asked[:40]!r}",
-                    param=HEADER,
-                    code="invalid_priority",
-                )
-            if r < t.most:
-                raise PermissionDeniedError(
-                    f"This key may not ask for priority '{asked}': its max_priority is '{PRIORITIES[t.most]}'",
-                    param=HEADER,
-                    code="priority_not_allowed",
-                )
-            rank = r
+        if asked is None:
+            return t, t.rank
+        asked = asked.strip().lower()
+        r = RANK.get(asked)
+        if r is None:
+            raise InvalidRequestError(
+                f"'{HEADER}' must be one of high, normal, low; got {asked[:40]!r}",
+                param=HEADER,
+                code="invalid_priority",
+            )
+        if r < t.most:
+            raise PermissionDeniedError(
+                f"This key may not ask for priority '{asked}': its max_priority is '{PRIORITIES[t.most]}'",
+                param=HEADER,
+                code="priority_not_allowed",
+            )
+        return t, r
+
+    def ask(self, key: ClientKey | None, headers: Mapping[str, str], req: CompletionRequest) -> Ask:
+        """Who asks: the tenant of `key`, and the class its `x-gateway-priority` header (or its default) asks for."""
+        t, rank = self.priority(key, headers)
         prompts = req.prompt
         # Choices as the budgets count them (gateway/limits/tokens.py `reservation`): every prompt's answers.
         choices = 1 if req.n is None and req.best_of is None else max(req.n or 1, req.best_of or 1)

@@ -66,6 +66,34 @@ def _blame(exc: GatewayError, *, client_headers: bool) -> tuple[str, bool] | Non
     return "error", False
 
 
+def _own_deadline(plan: Plan, deadline_s: float | None) -> bool:
+    """Whether the request's own deadline is shorter than its plan's `total_ms`: its timeouts may be its own."""
+    return deadline_s is not None and deadline_s < plan.timeouts.total
+
+
+async def _charge(
+    health: Health, key: str, tenant: str | None, exc: GatewayError, blame: tuple[str, bool], *, failing: bool
+) -> bool:
+    """One request's failure that blames target `key` (`_blame`): it cools the target at once, or only with
+    the window's evidence (`failing`: the target was failing already, this request its probe, and needs
+    none). Whether it was cooled."""
+    cause, at_once = blame
+    evidence = health.evidence
+    if at_once:
+        evidence.suspects.pop(key, None)  # the target's own failure: nobody's input is suspected
+    elif not failing:
+        if not evidence.failure(key, tenant):
+            return False
+    else:
+        # A target already failing (a probe of it, after a cooldown) needs no more evidence; this key has
+        # now seen it fail too, and probes it no more during the cooldown.
+        keys = evidence.suspects.get(key)
+        if keys is not None:
+            keys.add(tenant)
+    await health.failure(key, exc.retry_after, cause)
+    return True
+
+
 def _cleared_for(tenant: str, states: dict[str, TargetState], suspects: dict[str, set[str | None]]) -> None:
     """A target cooled on other keys' failures alone is recovering, not cooling, for this key: it may
     claim the probe (its success ends the cooldown for everyone; its failure makes it a suspect too)."""
@@ -119,7 +147,7 @@ class Failover:
         run = Run(self, plan, call, discard, self.clock() + total, total)
         run.tenant, run.client_headers = tenant, client_headers
         run.keep = keep if plan.tracks_inflight else None
-        run.client_deadline = deadline_s is not None and deadline_s < plan.timeouts.total
+        run.client_deadline = _own_deadline(plan, deadline_s)
         states = self.health.at_hand(plan.keys)
         if states is None:
             return self._begin(run, None, hint, avoid)
@@ -131,22 +159,23 @@ class Failover:
         return run.go()
 
     async def broke(
-        self, route: Route, exc: GatewayError, *, tenant: str | None, client_headers: bool, client_deadline: bool
+        self,
+        plan: Plan,
+        route: Route,
+        exc: GatewayError,
+        *,
+        deadline_s: float | None,
+        tenant: str | None,
+        client_headers: bool,
     ) -> None:
-        """A stream that broke after its first event (its attempt had succeeded): the break is judged as a
-        failed attempt is (`Run._report`), so a key's own deadline, headers or input cool nothing at once.
-        `client_deadline`: the request's own `inference_timeout` is shorter than the plan's total, and
-        then no timeout of the stream blames its target."""
+        """A stream that broke after its first event (its attempt had succeeded), judged as a failed attempt
+        is (`Run._report`): a key's own headers or input cool nothing at once, and with a deadline of the
+        request's own (`run`'s `deadline_s`) no timeout of the stream blames its target."""
+        if _own_deadline(plan, deadline_s) and isinstance(exc, UpstreamTimeoutError):
+            return  # the request's own deadline ran out, not the target's time
         blame = _blame(exc, client_headers=client_headers)
-        if blame is None or (client_deadline and isinstance(exc, UpstreamTimeoutError)):
-            return
-        cause, at_once = blame
-        evidence = self.health.evidence
-        if at_once:
-            evidence.suspects.pop(route.key, None)  # the target's own failure: nobody's input is suspected
-        elif not evidence.failure(route.key, tenant):
-            return
-        await self.health.failure(route.key, exc.retry_after, cause)
+        if blame is not None:
+            await _charge(self.health, route.key, tenant, exc, blame, failing=False)
 
     def _selector(
         self,
@@ -362,20 +391,8 @@ class Run(Generic[T]):
                 await health.failure(key, exc.retry_after, blame[0], count=False)
             return
         self.blamed += (key,)
-        cause, at_once = blame
-        evidence = health.evidence
-        if at_once:
-            evidence.suspects.pop(key, None)  # the target's own failure: nobody's input is suspected
-        elif known is None or known.failures == 0:
-            if not evidence.failure(key, self.tenant):
-                return
-        else:
-            # A target already failing (this request's probe of it, after a cooldown) needs no more
-            # evidence; this key has now seen it fail too, and probes it no more during the cooldown.
-            keys = evidence.suspects.get(key)
-            if keys is not None:
-                keys.add(self.tenant)
-        await health.failure(key, exc.retry_after, cause)
+        if not await _charge(health, key, self.tenant, exc, blame, failing=known is not None and known.failures > 0):
+            return
         # Should this request retry the target and succeed, that success is its probe: it clears.
         failed = known or TargetState()
         states[key] = msgspec.structs.replace(failed, failures=failed.failures + 1)

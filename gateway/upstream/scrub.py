@@ -58,16 +58,21 @@ def _pieces(value: str) -> Iterator[str]:
         yield from value.split()
 
 
-def _url_secrets(url: str | None) -> Iterator[str]:
+def _url_secrets(url: str | None, users: bool = True) -> Iterator[str]:
+    """The credentials in `url`'s userinfo; without `users`, its password alone (a store's user, `postgres` or
+    `default`, is a word a log line says for other reasons, and no store gets the pair as Basic auth)."""
     if not url or "@" not in url:
         return
     try:
         parts = urlsplit(url)
     except ValueError:
         return
-    for piece in (parts.password, parts.username):
-        if piece:
-            yield piece
+    if parts.password:
+        yield parts.password
+    if not users:
+        return
+    if parts.username:
+        yield parts.username
     if parts.username and parts.password:
         # What goes on the wire as Basic auth (base64 of `user:password`, one of its encoded forms).
         yield f"{parts.username}:{parts.password}"
@@ -100,14 +105,7 @@ def config_secrets(loaded: LoadedConfig) -> set[str]:
     found.extend(k.key for k in config.keys if k.key)
     found.extend(k for k in (config.admin.key, config.metrics.key) if k)
     for store in (config.redis.url, config.ledger.url):  # a driver's error text may quote its URL
-        # The password, not the user: `postgres`, `default` or `gateway` are words a log line says for other
-        # reasons (and neither protocol sends the pair as Basic auth).
-        try:
-            password = urlsplit(store).password if "@" in store else None
-        except ValueError:
-            password = None
-        if password:
-            found.append(password)
+        found.extend(_url_secrets(store, users=False))
         found.extend(_query_secrets(store))
     return {p for value in found for p in _pieces(value) if len(p) >= MIN_SECRET}
 

@@ -200,16 +200,21 @@ async def test_two_workers_hold_one_cap_with_redis_and_one_each_without(
         assert 3 <= engine.peak <= 6  # per process: each worker keeps its own three
 
 
-async def test_a_resumed_stream_holds_a_slot_of_its_own_where_it_resumes(faults: FaultServer) -> None:
-    """A stream broken mid-way and resumed on another target: the continuation takes (and gives back) a
-    slot of the server it resumes on, as the same tenant."""
+def _resuming(faults: FaultServer, attempts: int) -> str:
+    """A config of alias `smart` over `alpha` then `beta`, resuming broken streams."""
     models = """  - name: smart
     strategy: ordered
     resume_streams: true
     targets: [{model: alpha/davinci-002}, {model: beta/davinci-002}]
 """
-    top = "retries: {attempts: 3}\ntimeouts: {connect_ms: 1000, first_byte_ms: 300, total_ms: 5000}\n"
-    text = config_yaml(faults, models, top=top, providers=("alpha", "beta"))
+    top = f"retries: {{attempts: {attempts}}}\ntimeouts: {{connect_ms: 1000, first_byte_ms: 300, total_ms: 5000}}\n"
+    return config_yaml(faults, models, top=top, providers=("alpha", "beta"))
+
+
+async def test_a_resumed_stream_holds_a_slot_of_its_own_where_it_resumes(faults: FaultServer) -> None:
+    """A stream broken mid-way and resumed on another target: the continuation takes (and gives back) a
+    slot of the server it resumes on, as the same tenant."""
+    text = _resuming(faults, attempts=3)
     text = text.replace("/v1}", "/v1, max_concurrency: 1}")
     assert text.count("max_concurrency: 1") == 2
     faults["alpha"].script(cut(5))
@@ -233,13 +238,7 @@ async def test_a_resumed_stream_is_charged_its_new_targets_quota(faults: FaultSe
     """The continuation is an upstream call like any other: the provider it resumes on counts it against its
     own `limits:` (here one request a minute), so a second stream that breaks finds that quota spent and ends
     with its error event instead of calling the provider past it."""
-    models = """  - name: smart
-    strategy: ordered
-    resume_streams: true
-    targets: [{model: alpha/davinci-002}, {model: beta/davinci-002}]
-"""
-    top = "retries: {attempts: 1}\ntimeouts: {connect_ms: 1000, first_byte_ms: 300, total_ms: 5000}\n"
-    text = config_yaml(faults, models, top=top, providers=("alpha", "beta"))
+    text = _resuming(faults, attempts=1)
     beta = next(line for line in text.splitlines() if line.startswith("  beta:"))
     text = text.replace(beta, beta[:-1] + ", limits: {rpm: 1}}")
     # An error event mid-way: evidence against alpha, not a cooldown, so the second stream starts there too.
