@@ -66,6 +66,7 @@ class AErrorBody(msgspec.Struct):
 class AContent(msgspec.Struct):
     type: str = ""
     text: str = ""
+    thinking: str = ""  # a `thinking` block's text (its `signature` is not relayed)
     # tool_use blocks
     id: str = ""
     name: str = ""
@@ -89,10 +90,11 @@ class AMessage(msgspec.Struct):
 
 
 class ADelta(msgspec.Struct):
-    # content_block_delta: {type: text_delta, text} or {type: input_json_delta, partial_json};
-    # message_delta: {stop_reason, ...}.
+    # content_block_delta: {type: text_delta, text}, {type: thinking_delta, thinking} or
+    # {type: input_json_delta, partial_json}; message_delta: {stop_reason, ...}.
     type: str | None = None
     text: str | None = None
+    thinking: str | None = None
     stop_reason: str | None = None
     partial_json: str | None = None
 

@@ -3,7 +3,8 @@
 Requests: `system` and `developer` messages become `system`; user content `text` and `image` blocks; an
 assistant's `tool_calls` `tool_use` blocks (arguments must be a JSON object); `tool` messages
 `tool_result` blocks of a user turn (turns of one role are merged: the API wants them to alternate).
-Answers: `text` blocks join into the content, `tool_use` blocks become `tool_calls`. Streams:
+Answers: `text` blocks join into the content, `thinking` blocks into `reasoning_content`, `tool_use`
+blocks become `tool_calls`. Streams: `thinking_delta` pieces are `reasoning_content` deltas;
 `message_start` gives the role chunk, a `tool_use` block's start its `id` and `name` (its tool-call index
 counts tool blocks only), `input_json_delta` the arguments' pieces as sent, `message_delta` the finish
 reason and usage. What maps to what: docs/chat.md; the recordings: tests/fixtures/SOURCES.md.
@@ -46,6 +47,7 @@ class Block(Protocol):
 
     type: str
     text: str
+    thinking: str
     id: str
     name: str
     input: Any
@@ -54,6 +56,7 @@ class Block(Protocol):
 class BlockDelta(Protocol):
     type: str | None
     text: str | None
+    thinking: str | None
     partial_json: str | None
 
 
@@ -174,7 +177,13 @@ def chat_answer(
         for b in blocks
         if b.type == "tool_use"
     ]
-    message = ChatMessage(role="assistant", content=text or (None if calls else ""), tool_calls=calls or None)
+    thinking = "".join(b.thinking for b in blocks if b.type == "thinking")
+    message = ChatMessage(
+        role="assistant",
+        content=text or (None if calls else ""),
+        tool_calls=calls or None,
+        reasoning_content=thinking or None,
+    )
     return ChatCompletion(ctx.id, ctx.created, ctx.model, [ChatChoice(0, message, finish)], usage=usage)
 
 
@@ -193,6 +202,8 @@ def chat_delta(index: int | None, block: Block | None, delta: BlockDelta | None,
         return None
     if delta.type == "text_delta" and delta.text:
         return chat_chunk(ctx, Delta(content=delta.text))
+    if delta.type == "thinking_delta" and delta.thinking:
+        return chat_chunk(ctx, Delta(reasoning_content=delta.thinking))
     if delta.type == "input_json_delta" and delta.partial_json:
         at = calls.get(index if index is not None else -1)
         if at is None:
@@ -200,7 +211,7 @@ def chat_delta(index: int | None, block: Block | None, delta: BlockDelta | None,
         return chat_chunk(
             ctx, Delta(tool_calls=[ToolCallDelta(index=at, function=FunctionDelta(arguments=delta.partial_json))])
         )
-    return None  # thinking, signatures and delta types added later
+    return None  # signatures and delta types added later
 
 
 __all__ = ["CHAT_PARAMS", "SAMPLING", "chat_answer", "chat_chunk", "chat_delta", "to_messages", "top_k"]

@@ -27,7 +27,9 @@ class AzureAdapter(OpenAIChat, OpenAICompatible):
     path: ClassVar[str] = "/openai/deployments/{model}/completions?api-version={api_version}"
     chat_path: ClassVar[str] = "/openai/deployments/{model}/chat/completions?api-version={api_version}"
     # The chat API's current name for the limit, as on OpenAI.
-    chat_params = chat_table(OpenAICompatible.params, max_tokens=Param(to="max_completion_tokens"))
+    chat_params = chat_table(
+        OpenAICompatible.params, max_tokens=Param(to="max_completion_tokens"), reasoning_effort=Param()
+    )
 
     def url(self, endpoint: Endpoint) -> str:
         # A deployment id is one segment of letters, digits, `_`, `-` and `.` (the client's text: encoded,

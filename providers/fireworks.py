@@ -20,4 +20,4 @@ class FireworksAdapter(OpenAIChat, OpenAICompatible):
         context_length_exceeded_behavior=Param(),
         images=Param(),
     )
-    chat_params = chat_table(params)
+    chat_params = chat_table(params, reasoning_effort=Param())

@@ -5,11 +5,10 @@ Requests: `system` and `developer` messages become `systemInstruction`; user and
 `contents` with roles `user` and `model` (turns of one role merged); an assistant's `tool_calls` become
 `functionCall` parts (arguments must be a JSON object) and `tool` messages `functionResponse` parts, named
 by the call they answer; tools are `functionDeclarations` with `parametersJsonSchema`, `tool_choice` is
-`toolConfig.functionCallingConfig`. Answers: text parts join into the content (thought parts left out),
-`functionCall` parts become `tool_calls`. Gemini sends each call whole (in one stream event), so a stream
-gives each call one delta with its id, name and all its arguments. A call without Gemini's own `id` gets
-one made from the answer's id; a call's `thoughtSignature` (which Gemini 3 wants back with the call on
-the next turn) travels at the end of its id, after `SIGNATURE`, and is sent back from there.
+`toolConfig.functionCallingConfig`. Answers: text parts join into the content, thought summaries into
+`reasoning_content`, `functionCall` parts become `tool_calls`, each whole (a stream gives a call one delta).
+A call's id is Gemini's own or one made from the answer's; its `thoughtSignature` (which Gemini 3 wants
+back on the next turn) travels at the end of the id, after `SIGNATURE`, and is sent back from there.
 """
 
 from __future__ import annotations
@@ -202,6 +201,11 @@ def _text(parts: list[Any]) -> str:
     return "".join(p.text for p in parts if p.text is not None and not p.thought)
 
 
+def _thoughts(parts: list[Any]) -> str:
+    """The thought summaries (`includeThoughts`): the reasoning, apart from the answer."""
+    return "".join(p.text for p in parts if p.text is not None and p.thought)
+
+
 def chat_answer(candidates: list[Any], usage: Usage | None, ctx: CallContext) -> ChatCompletion:
     """A `generateContent` answer's candidates as `chat.completion`; none (a blocked prompt) is every
     choice filtered."""
@@ -213,7 +217,12 @@ def chat_answer(candidates: list[Any], usage: Usage | None, ctx: CallContext) ->
             call_id, name, arguments = _call(ctx, index, k, part)
             calls.append(ToolCall(id=call_id, function=FunctionCall(name=name, arguments=arguments)))
         text = _text(_parts(c))
-        message = ChatMessage(role="assistant", content=text or (None if calls else ""), tool_calls=calls or None)
+        message = ChatMessage(
+            role="assistant",
+            content=text or (None if calls else ""),
+            tool_calls=calls or None,
+            reasoning_content=_thoughts(_parts(c)) or None,
+        )
         choices.append(ChatChoice(index, message, _finish(c.finish_reason, bool(calls)), _logprobs(c.logprobs_result)))
     if not candidates:
         choices = [ChatChoice(i, ChatMessage(role="assistant", content=""), "content_filter") for i in range(ctx.n)]
@@ -223,8 +232,8 @@ def chat_answer(candidates: list[Any], usage: Usage | None, ctx: CallContext) ->
 def chat_chunk(candidates: list[Any], usage: Usage | None, ctx: CallContext) -> ChatChunk | None:
     """One `streamGenerateContent` event as one chunk: per candidate, the role on its first delta, its
     text, each whole `functionCall` as one tool-call delta (id, name and all its arguments), its finish;
-    `usage` (the event's running count) only on the chunk that finishes. None for an event that adds
-    nothing (a thought summary's)."""
+    `usage` (the event's running count) only on the chunk that finishes; thought summaries as
+    `reasoning_content`. None for an event that adds nothing."""
     started: set[int] = ctx.state.setdefault("started", set())
     seen: dict[int, int] = ctx.state.setdefault("calls", {})
     choices = []
@@ -241,14 +250,16 @@ def chat_chunk(candidates: list[Any], usage: Usage | None, ctx: CallContext) -> 
             function = FunctionDelta(name=name, arguments=arguments)
             deltas.append(ToolCallDelta(index=k, id=call_id, type="function", function=function))
         text = _text(_parts(c))
+        thoughts = _thoughts(_parts(c))
         role: Literal["assistant"] | None = None if index in started else "assistant"
         started.add(index)
         finish = _finish(c.finish_reason, seen.get(index, 0) > 0)
         final = final or finish is not None
         logprobs = _logprobs(c.logprobs_result)
-        if role is None and not text and not deltas and finish is None and logprobs is None:
+        if role is None and not text and not thoughts and not deltas and finish is None and logprobs is None:
             continue
-        delta = Delta(role=role, content=text or (None if deltas or finish else ""), tool_calls=deltas or None)
+        content = text or (None if deltas or finish or thoughts else "")
+        delta = Delta(role=role, content=content, tool_calls=deltas or None, reasoning_content=thoughts or None)
         choices.append(ChunkChoice(index, delta, finish, logprobs))
     if not candidates:  # a blocked prompt
         choices = [ChunkChoice(i, Delta(role="assistant", content=""), "content_filter") for i in range(ctx.n)]

@@ -19,4 +19,5 @@ class OpenAIAdapter(OpenAIChat, OpenAICompatible):
         audio=Param(),
         modalities=Param(),
         prediction=Param(),
+        reasoning_effort=Param(),
     )

@@ -67,6 +67,6 @@ class SGLangAdapter(OpenAIChat, OpenAICompatible):
         response_format=Param(),
         include_stop_reason=Param(apply=_gateway_only),
     )
-    chat_params = chat_table(params)
+    chat_params = chat_table(params, reasoning_effort=Param())
     # sglang `ChatCompletionRequest.continue_final_message`: the trailing assistant message is continued.
     chat_continue = MappingProxyType({"continue_final_message": True})

@@ -25,5 +25,5 @@ class TogetherAdapter(OpenAIChat, OpenAICompatible):
         repetition_penalty=Param(),
         min_p=Param(),
     )
-    chat_params = chat_table(params)
+    chat_params = chat_table(params, reasoning_effort=Param())
     chat_stream_usage = False  # as on completions: its usage comes on the last chunk unasked

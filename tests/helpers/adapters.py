@@ -82,6 +82,7 @@ SAMPLE: dict[str, Any] = {
     "tool_choice": "auto",
     "parallel_tool_calls": True,
     "prediction": {"type": "content"},
+    "reasoning_effort": "high",
 }
 
 # A valid value for each self-hosted server's own sampling field (wire/schema.py), which providers

@@ -149,3 +149,35 @@ def test_recorded_tool_use_stream() -> None:
     last = chunks[-1]
     assert last.choices[0].finish_reason == "tool_calls"
     assert last.usage is not None and last.usage.completion_tokens == 153
+
+
+def test_recorded_thinking_is_reasoning_content() -> None:
+    # Extended thinking (`thinking: {type: enabled}`, sent through `inference_extra_params`): the thinking
+    # block's text is `reasoning_content`, its signature is not relayed, the text block is the content.
+    recorded = fixture_json("anthropic/messages_thinking.json")
+    thinking, text = recorded["content"]
+    answer = AnthropicAdapter().parse_chat_response(fixture_bytes("anthropic/messages_thinking.json"), _ctx())
+    (choice,) = answer.choices
+    assert thinking["type"] == "thinking" and choice.message.reasoning_content == thinking["thinking"]
+    assert choice.message.content == text["text"]
+    assert thinking["signature"] not in msgspec.json.encode(answer).decode()
+    raw = fixture_bytes("anthropic/messages_stream_thinking.sse.txt")
+    decoder = DECODERS["sse"](max_event_bytes=1 << 20)
+    adapter, ctx = AnthropicAdapter(), _ctx()
+    chunks = [
+        c for e, d in [*decoder.feed(raw), *decoder.close()] if (c := adapter.parse_chat_event(e, d, ctx)) is not None
+    ]
+    events = [json.loads(line[len("data: ") :]) for line in raw.decode().splitlines() if line.startswith("data: ")]
+    deltas = [e["delta"] for e in events if e["type"] == "content_block_delta"]
+    reasoning = "".join(c.choices[0].delta.reasoning_content or "" for c in chunks)
+    assert reasoning == "".join(d.get("thinking", "") for d in deltas if d["type"] == "thinking_delta")
+    assert reasoning.startswith("This is a straightforward question")
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "".join(
+        d.get("text", "") for d in deltas if d["type"] == "text_delta"
+    )
+    first_text = next(i for i, c in enumerate(chunks) if c.choices[0].delta.content)
+    assert all(not c.choices[0].delta.reasoning_content for c in chunks[first_text:])
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    # The completion route has no place for thinking: its text is the answer's alone.
+    completion = AnthropicAdapter().parse_response(fixture_bytes("anthropic/messages_thinking.json"), _ctx())
+    assert completion.choices[0].text == text["text"]

@@ -51,6 +51,7 @@ REFUSED: dict[str, Any] = sample(
     "tool_choice",
     "parallel_tool_calls",
     "prediction",
+    "reasoning_effort",
     *NATIVE,
 )
 

@@ -63,6 +63,7 @@ REFUSED: dict[str, Any] = sample(
     "tool_choice",
     "parallel_tool_calls",
     "prediction",
+    "reasoning_effort",
     *NATIVE,
 )
 

@@ -53,6 +53,7 @@ REFUSED: dict[str, Any] = {
     "tool_choice": "auto",
     "parallel_tool_calls": True,
     "prediction": {"type": "content"},
+    "reasoning_effort": "high",
     **NATIVE,
 }
 

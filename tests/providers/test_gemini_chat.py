@@ -308,9 +308,34 @@ def test_an_event_that_adds_nothing_is_skipped() -> None:
     ctx = _ctx()
     adapter = GeminiAdapter()
     first = b'{"candidates": [{"content": {"parts": [{"text": "Hi"}], "role": "model"}, "index": 0}]}'
-    thought = b'{"candidates": [{"content": {"parts": [{"text": "pondering", "thought": true}]}, "index": 0}]}'
+    nothing = b'{"candidates": [{"content": {"parts": [{"text": ""}], "role": "model"}, "index": 0}]}'
     assert adapter.parse_chat_event(None, first, ctx) is not None
-    assert adapter.parse_chat_event(None, thought, ctx) is None
+    assert adapter.parse_chat_event(None, nothing, ctx) is None
+
+
+def test_recorded_thought_summaries_are_reasoning_content() -> None:
+    # A Gemini 3 answer with `includeThoughts`: a thought part, then the answer's text part.
+    recorded = fixture_json("gemini/generate_content_thoughts.json")
+    thought, text = recorded["candidates"][0]["content"]["parts"]
+    answer = GeminiAdapter().parse_chat_response(fixture_bytes("gemini/generate_content_thoughts.json"), _ctx())
+    (choice,) = answer.choices
+    assert thought["thought"] is True and "thought" not in text
+    assert choice.message.reasoning_content == thought["text"]
+    assert choice.message.content == text["text"]
+    assert answer.usage is not None and answer.usage.completion_tokens_details is not None
+    assert answer.usage.completion_tokens_details.reasoning_tokens == recorded["usageMetadata"]["thoughtsTokenCount"]
+    # Streamed (Gemini 2.5 Pro): four thought events, then the answer's.
+    raw = fixture_bytes("gemini/stream_generate_content_thoughts.sse.txt")
+    events = [json.loads(line[len("data: ") :]) for line in raw.decode().splitlines() if line.startswith("data: ")]
+    parts = [p for e in events for p in e["candidates"][0]["content"].get("parts", [])]
+    chunks = _stream(raw, _ctx())
+    reasoning = "".join(c.choices[0].delta.reasoning_content or "" for c in chunks)
+    content = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert reasoning == "".join(p["text"] for p in parts if p.get("thought"))
+    assert content == "".join(p.get("text", "") for p in parts if not p.get("thought"))
+    assert len(reasoning) > 100 and len(content) > 100
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[0].choices[0].delta.reasoning_content
+    assert chunks[-1].choices[0].finish_reason == "stop"
 
 
 def test_n_is_candidate_count_and_each_candidate_a_choice() -> None:

@@ -32,6 +32,7 @@ REFUSED: dict[str, Any] = {
     "tool_choice": "auto",
     "parallel_tool_calls": True,
     "prediction": {"type": "content"},
+    "reasoning_effort": "high",
     **NATIVE,
 }
 

@@ -1,0 +1,180 @@
+"""Reasoning models on `/v1/chat/completions`, with the official `openai` SDK, over real sockets.
+
+`reasoning_effort` reaches the kinds whose chat route takes it under OpenAI's name and is refused by name
+elsewhere (and on completions); a model's thinking comes back as `reasoning_content`, plain and streamed,
+from Anthropic's thinking blocks and Gemini's thought summaries as from an OpenAI-wire server. The
+upstreams replay recordings (tests/fixtures/SOURCES.md).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from aiohttp import web
+
+from tests.helpers.clients import openai_client
+from tests.helpers.recordings import fixture_bytes, fixture_json
+from tests.helpers.servers import GatewayThread, serve_config
+from tests.helpers.upstreams import Received, Upstream
+
+KEY = "gk-reason-51c2"
+MESSAGES: list[Any] = [{"role": "user", "content": "How do I cross the street?"}]
+CONFIG = """
+server: {{host: 127.0.0.1, port: 0}}
+unsupported_params: error
+timeouts: {{connect_ms: 2000, first_byte_ms: 10000, total_ms: 20000}}
+retries: {{attempts: 1}}
+keys:
+  - {{name: reasoner, key: "${{REASON_KEY}}"}}
+providers:
+  oa: {{kind: openai, base_url: {u}/v1, api_key: sk-upstream}}
+  hosted: {{kind: vllm, base_url: {u}/v1}}
+  claude: {{kind: anthropic, base_url: {u}, api_key: sk-ant}}
+  gem: {{kind: gemini, base_url: {u}/gemini, api_key: k}}
+models:
+  - name: cached
+    targets: [{{model: hosted/served}}]
+    cache: {{mode: always}}
+"""
+
+
+def _events(raw: bytes) -> list[bytes]:
+    return [e.strip() for e in raw.replace(b"\r\n", b"\n").split(b"\n\n") if e.strip()]
+
+
+async def _stream(request: web.Request, events: list[bytes]) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+    await resp.prepare(request)
+    for event in events:
+        await resp.write(event + b"\n\n")
+    await resp.write_eof()
+    return resp
+
+
+async def _handler(request: web.Request, received: Received) -> web.StreamResponse:
+    if received.path == "/v1/messages":
+        if received.json().get("stream"):
+            return await _stream(request, _events(fixture_bytes("anthropic/messages_stream_thinking.sse.txt")))
+        return web.Response(body=fixture_bytes("anthropic/messages_thinking.json"), content_type="application/json")
+    if received.path.startswith("/gemini/"):
+        if received.path.endswith(":streamGenerateContent"):
+            return await _stream(request, _events(fixture_bytes("gemini/stream_generate_content_thoughts.sse.txt")))
+        body = fixture_bytes("gemini/generate_content_thoughts.json")
+        return web.Response(body=body, content_type="application/json")
+    return web.Response(body=fixture_bytes("openai/chat_completion.json"), content_type="application/json")
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[Upstream]:
+    with Upstream() as server:
+        server.handler = _handler
+        yield server
+
+
+@pytest.fixture(scope="module")
+def gateway(upstream: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
+    folder: Path = tmp_path_factory.mktemp("reasoning")
+    with serve_config(folder, CONFIG.format(u=upstream.url), {"REASON_KEY": KEY}) as gw:
+        yield gw
+
+
+@pytest.fixture
+def received(upstream: Upstream) -> Iterator[list[Received]]:
+    upstream.received = []
+    yield upstream.received
+
+
+@pytest.fixture(scope="module")
+def client(gateway: GatewayThread) -> Iterator[openai.OpenAI]:
+    sdk = openai_client(gateway.url + "/v1", KEY)
+    yield sdk
+    sdk.close()
+
+
+@pytest.fixture(scope="module")
+def api(gateway: GatewayThread) -> Iterator[httpx.Client]:
+    with httpx.Client(
+        base_url=gateway.url, trust_env=False, timeout=15, headers={"authorization": f"Bearer {KEY}"}
+    ) as http:
+        yield http
+
+
+@pytest.mark.parametrize(
+    ("model", "effort"), [("oa/o4-mini", "high"), ("oa/gpt-5", "minimal"), ("hosted/gpt-oss", "low")]
+)
+def test_reasoning_effort_reaches_the_kinds_that_take_it(
+    client: openai.OpenAI, received: list[Received], model: str, effort: Any
+) -> None:
+    answer = client.chat.completions.create(model=model, messages=MESSAGES, reasoning_effort=effort, max_tokens=64)
+    assert answer.choices[0].message.content
+    (sent,) = received
+    assert sent.json()["reasoning_effort"] == effort
+
+
+def test_reasoning_effort_refused_by_name_where_it_has_no_place(api: httpx.Client, received: list[Received]) -> None:
+    for path, body in (
+        ("/v1/chat/completions", {"model": "claude/claude-sonnet-4-5", "messages": MESSAGES}),
+        ("/v1/chat/completions", {"model": "gem/gemini-2.5-pro", "messages": MESSAGES}),
+        ("/v1/completions", {"model": "oa/gpt-3.5-turbo-instruct", "prompt": "hi"}),
+    ):
+        r = api.post(path, json={**body, "reasoning_effort": "low"})
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == "reasoning_effort" and error["code"] == "unsupported_parameter", error
+    bad = api.post("/v1/chat/completions", json={"model": "oa/o4-mini", "messages": MESSAGES, "reasoning_effort": 3})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "reasoning_effort", bad.text
+    assert received == []
+
+
+def test_each_effort_is_its_own_cache_entry(client: openai.OpenAI, received: list[Received]) -> None:
+    for effort in ("low", "high", "low", "high"):
+        client.chat.completions.create(model="cached", messages=MESSAGES, reasoning_effort=effort)
+    assert [r.json()["reasoning_effort"] for r in received] == ["low", "high"]
+
+
+def test_anthropic_thinking_as_reasoning_content(client: openai.OpenAI, received: list[Received]) -> None:
+    thinking = {"thinking": {"type": "enabled", "budget_tokens": 1024}}
+    recorded = fixture_json("anthropic/messages_thinking.json")["content"]
+    answer = client.chat.completions.create(
+        model="claude/claude-sonnet-4-5",
+        messages=MESSAGES,
+        max_tokens=4096,
+        extra_body={"inference_extra_params": thinking},
+    )
+    message = answer.choices[0].message
+    assert message.content == recorded[1]["text"]
+    assert message.model_extra is not None and message.model_extra["reasoning_content"] == recorded[0]["thinking"]
+    assert received[0].json()["thinking"] == thinking["thinking"]
+    stream = client.chat.completions.create(
+        model="claude/claude-sonnet-4-5",
+        messages=MESSAGES,
+        max_tokens=4096,
+        stream=True,
+        extra_body={"inference_extra_params": thinking},
+    )
+    reasoning, content = "", ""
+    for chunk in stream:
+        if chunk.choices:
+            delta = chunk.choices[0].delta
+            reasoning += (delta.model_extra or {}).get("reasoning_content") or ""
+            content += delta.content or ""
+    assert reasoning.startswith("This is a straightforward question about pedestrian safety.")
+    assert content.startswith("Here are the basic steps for safely crossing the street")
+
+
+def test_gemini_thought_summaries_as_reasoning_content(api: httpx.Client, received: list[Received]) -> None:
+    extra = {"generationConfig": {"thinkingConfig": {"includeThoughts": True}}}
+    body = {"model": "gem/gemini-2.5-pro", "messages": MESSAGES, "inference_extra_params": extra}
+    with api.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+        assert r.status_code == 200
+        lines = [line[len("data: ") :] for line in r.iter_lines() if line.startswith("data: ")]
+    chunks = [json.loads(line) for line in lines if line != "[DONE]"]
+    reasoning = "".join(c["choices"][0]["delta"].get("reasoning_content") or "" for c in chunks if c["choices"])
+    assert reasoning.startswith("**Clarifying User Goals**")
+    assert received[0].json()["generationConfig"]["thinkingConfig"] == {"includeThoughts": True}
