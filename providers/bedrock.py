@@ -30,6 +30,7 @@ from providers.base import (
 from providers.bedrock_chat import (
     CHAT_PARAMS,
     TOP_K_MARK,
+    Reasoning,
     ToolUse,
     chat_answer,
     chat_event,
@@ -123,6 +124,7 @@ class BContent(msgspec.Struct, rename="camel"):
     # reasoningContent, toolUse and other blocks have no `text`: not completion text.
     text: str | None = None
     tool_use: ToolUse | None = None  # chat's tool calls
+    reasoning_content: Reasoning | None = None  # chat's reasoning_content
 
 
 class BMessage(msgspec.Struct):

@@ -2,14 +2,14 @@
 
 Requests: `system` and `developer` messages become `system` blocks; user content `text` and (data-URL)
 `image` blocks; an assistant's `tool_calls` `toolUse` blocks (arguments must be a JSON object); `tool`
-messages `toolResult` blocks of a user turn (turns of one role are merged: Converse wants them to
-alternate). `tools` are `toolConfig.tools[].toolSpec`, `tool_choice` `toolConfig.toolChoice`
-(`required` is `any`), `response_format: json_schema` `outputConfig.textFormat` (Bedrock's structured
-output). Answers: `text` blocks join into the content, `toolUse` blocks become `tool_calls`, reasoning
-blocks are left out. Streams: `messageStart` gives the role chunk, a `toolUse` block's `contentBlockStart`
-its `id` and `name` (its tool-call index counts tool blocks only), its `contentBlockDelta`s the arguments'
-pieces as sent, `messageStop` the finish reason and `metadata` the usage chunk. What maps to what:
-docs/chat.md; the recordings: tests/fixtures/SOURCES.md.
+messages `toolResult` blocks of a user turn (turns of one role merged: Converse wants them to alternate).
+`tools` are `toolConfig.tools[].toolSpec`, `tool_choice` `toolConfig.toolChoice` (`required` is `any`),
+`response_format: json_schema` `outputConfig.textFormat`. Answers: `text` blocks join into the content,
+`reasoningContent` blocks' text into `reasoning_content`, `toolUse` blocks become `tool_calls`. Streams:
+`messageStart` gives the role chunk, `reasoningContent` deltas reasoning pieces, a `toolUse` block's
+`contentBlockStart` its `id` and `name` (its tool-call index counts tool blocks only), its deltas the
+arguments' pieces as sent, `messageStop` the finish reason, `metadata` the usage chunk. What maps to
+what: docs/chat.md; the recordings: tests/fixtures/SOURCES.md.
 """
 
 from __future__ import annotations
@@ -219,6 +219,17 @@ class ToolUse(msgspec.Struct, rename="camel"):
     input: Any = None
 
 
+class _ReasoningText(msgspec.Struct):
+    text: str | None = None  # its `signature` is not relayed
+
+
+class Reasoning(msgspec.Struct, rename="camel"):
+    """A `reasoningContent` block (its text under `reasoningText`) or stream delta (its text at once)."""
+
+    reasoning_text: _ReasoningText | None = None
+    text: str | None = None
+
+
 class Block(Protocol):
     """A content block of an answer as providers/bedrock.py decodes it."""
 
@@ -227,6 +238,9 @@ class Block(Protocol):
 
     @property
     def tool_use(self) -> ToolUse | None: ...
+
+    @property
+    def reasoning_content(self) -> Reasoning | None: ...
 
 
 class _Start(msgspec.Struct, rename="camel"):
@@ -240,6 +254,7 @@ class _ToolPiece(msgspec.Struct):
 class _Delta(msgspec.Struct, rename="camel"):
     text: str | None = None
     tool_use: _ToolPiece | None = None
+    reasoning_content: Reasoning | None = None
 
 
 class _Event(msgspec.Struct, rename="camel"):
@@ -268,7 +283,17 @@ def chat_answer(
         for b in blocks
         if b.tool_use is not None
     ]
-    message = ChatMessage(role="assistant", content=text or (None if calls else ""), tool_calls=calls or None)
+    thinking = "".join(
+        b.reasoning_content.reasoning_text.text or ""
+        for b in blocks
+        if b.reasoning_content is not None and b.reasoning_content.reasoning_text is not None
+    )
+    message = ChatMessage(
+        role="assistant",
+        content=text or (None if calls else ""),
+        tool_calls=calls or None,
+        reasoning_content=thinking or None,
+    )
     choice = ChatChoice(0, message, chat_finish(stop_reason))
     return ChatCompletion(ctx.id, ctx.created, ctx.model, [choice], usage=usage)
 
@@ -296,7 +321,9 @@ def chat_event(event: str | None, data: bytes, ctx: CallContext) -> ChatChunk | 
                 return None  # arguments of a block that never started: nothing to attach them to
             piece = ToolCallDelta(index=at, function=FunctionDelta(arguments=d.tool_use.input))
             return _chunk(ctx, Delta(tool_calls=[piece]))
-        return None  # reasoning deltas and delta types added later
+        if d.reasoning_content is not None and d.reasoning_content.text:
+            return _chunk(ctx, Delta(reasoning_content=d.reasoning_content.text))
+        return None  # signatures and delta types added later
     if event == "contentBlockStart":
         ev = _decode_event(data)
         use = ev.start.tool_use if ev.start is not None else None
@@ -318,4 +345,14 @@ def usage_only(ctx: CallContext, usage: Usage) -> ChatChunk:
     return ChatChunk(ctx.id, ctx.created, ctx.model, [], usage=usage)
 
 
-__all__ = ["CHAT_PARAMS", "TOP_K_MARK", "ToolUse", "chat_answer", "chat_event", "refused", "to_converse", "usage_only"]
+__all__ = [
+    "CHAT_PARAMS",
+    "TOP_K_MARK",
+    "Reasoning",
+    "ToolUse",
+    "chat_answer",
+    "chat_event",
+    "refused",
+    "to_converse",
+    "usage_only",
+]

@@ -45,6 +45,7 @@ def _k(value: int) -> int:
 class CContent(msgspec.Struct):
     type: str = ""
     text: str = ""
+    thinking: str = ""  # a `thinking` item's (chat's reasoning_content)
 
 
 class CFunction(msgspec.Struct):

@@ -5,10 +5,10 @@ Cohere v2's messages are nearly OpenAI's: `developer` messages become `system` o
 `tool_calls` and a `tool` message's `tool_call_id` pass as they are. Tools keep OpenAI's function shape;
 `tool_choice` is `REQUIRED` or `NONE` (a named function: the tools narrowed to it, and `REQUIRED`);
 `response_format` is `json_object` with an optional `json_schema`. Answers: `text` content items join into
-the content (`thinking` items and the `tool_plan` left out), `tool_calls` pass with their ids and
-arguments as sent. Streams: `message-start` gives the role, `content-delta` the text,
-`tool-call-start` a call's id and name (and any first arguments), `tool-call-delta` its arguments'
-pieces as sent, `message-end` the finish reason and usage.
+the content, `thinking` items into `reasoning_content` (the `tool_plan` left out), `tool_calls` pass with
+their ids and arguments as sent. Streams: `message-start` gives the role, `content-delta` the text or
+the thinking, `tool-call-start` a call's id and name (and any first arguments), `tool-call-delta` its
+arguments' pieces as sent, `message-end` the finish reason and usage.
 """
 
 from __future__ import annotations
@@ -155,7 +155,13 @@ def chat_answer(message: Any, word: str | None, usage: Usage | None, ctx: CallCo
         for c in (message.tool_calls if message is not None else None) or ()
         if c.function is not None
     ]
-    reply = ChatMessage(role="assistant", content=text or (None if calls else ""), tool_calls=calls or None)
+    thinking = "".join(item.thinking for item in content if item.type == "thinking")
+    reply = ChatMessage(
+        role="assistant",
+        content=text or (None if calls else ""),
+        tool_calls=calls or None,
+        reasoning_content=thinking or None,
+    )
     return ChatCompletion(
         ctx.id, ctx.created, ctx.model, [ChatChoice(0, reply, finish(word, bool(calls)))], usage=usage
     )
@@ -182,8 +188,10 @@ def chat_event(kind: str | None, index: int | None, message: Any, ctx: CallConte
         return _chunk(ctx, Delta(role="assistant", content=""))
     if kind == "content-delta":
         text = _field(message, "content", "text")
-        # A reasoning model's `thinking` deltas have no text.
-        return _chunk(ctx, Delta(content=text)) if isinstance(text, str) and text else None
+        if isinstance(text, str) and text:
+            return _chunk(ctx, Delta(content=text))
+        thinking = _field(message, "content", "thinking")  # a reasoning model's
+        return _chunk(ctx, Delta(reasoning_content=thinking)) if isinstance(thinking, str) and thinking else None
     calls: dict[int, int] = ctx.state.setdefault("tool_index", {})
     at = index if index is not None else -1
     if kind == "tool-call-start":

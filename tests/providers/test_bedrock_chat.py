@@ -302,10 +302,12 @@ def test_recorded_tool_use_answer() -> None:
     assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (571, 22)
 
 
-def test_recorded_reasoning_is_left_out_of_the_content() -> None:
+def test_recorded_reasoning_is_reasoning_content_not_content() -> None:
+    recorded = fixture_json("bedrock/converse_reasoning_tool_use.json")["output"]["message"]["content"][0]
     answer = ADAPTER.parse_chat_response(fixture_bytes("bedrock/converse_reasoning_tool_use.json"), _ctx())
     (choice,) = answer.choices
     assert choice.message.content is None and choice.finish_reason == "tool_calls"
+    assert choice.message.reasoning_content == recorded["reasoningContent"]["reasoningText"]["text"]
     calls = choice.message.tool_calls or []
     assert [(c.id, c.function.name, c.function.arguments) for c in calls] == [
         ("functions.get_temperature:0", "get_temperature", '{"city":"London"}')
@@ -392,6 +394,19 @@ def test_recorded_tool_use_stream() -> None:
     assert last.choices == [] and last.usage is not None
     assert (last.usage.prompt_tokens, last.usage.completion_tokens, last.usage.total_tokens) == (471, 91, 562)
     assert {c.id for c in chunks} == {"chatcmpl-b"}
+
+
+def test_recorded_reasoning_stream() -> None:
+    # Claude on Bedrock with thinking on: block 0's reasoningContent pieces (and its signature), then text.
+    raw = fixture_bytes("bedrock/converse_stream_reasoning.eventstream")
+    chunks = [c for c in _chunks(raw) if c.choices]
+    deltas = [e["delta"] for e in _payloads(raw) if "delta" in e]
+    reasoning = "".join(c.choices[0].delta.reasoning_content or "" for c in chunks)
+    assert reasoning == "".join(d["reasoningContent"].get("text", "") for d in deltas if "reasoningContent" in d)
+    assert reasoning.startswith("The user has greeted me")
+    content = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert content == "".join(d.get("text", "") for d in deltas) and content.endswith("you today?")
+    assert chunks[-1].choices[0].finish_reason == "stop"
 
 
 def test_recorded_text_stream() -> None:

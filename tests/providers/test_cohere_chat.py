@@ -160,6 +160,22 @@ def test_recorded_text_answer() -> None:
     assert choice.finish_reason == "stop" and choice.message.tool_calls is None
 
 
+def test_recorded_thinking_is_reasoning_content() -> None:
+    thinking, text = fixture_json("cohere/v2_chat_thinking.json")["message"]["content"]
+    answer = CohereAdapter().parse_chat_response(fixture_bytes("cohere/v2_chat_thinking.json"), _ctx())
+    (choice,) = answer.choices
+    assert thinking["type"] == "thinking" and choice.message.reasoning_content == thinking["thinking"]
+    assert choice.message.content == text["text"] and choice.finish_reason == "stop"
+    # Streamed, as Cohere's v2 chat reference gives a reasoning model's content-delta: thinking, then text.
+    ctx, adapter = _ctx(), CohereAdapter()
+    think = b'{"type":"content-delta","index":0,"delta":{"message":{"content":{"thinking":"Let me see."}}}}'
+    say = b'{"type":"content-delta","index":1,"delta":{"message":{"content":{"text":"Walk."}}}}'
+    first, second = adapter.parse_chat_event(None, think, ctx), adapter.parse_chat_event(None, say, ctx)
+    assert first is not None and first.choices[0].delta.reasoning_content == "Let me see."
+    assert first.choices[0].delta.content is None
+    assert second is not None and second.choices[0].delta.content == "Walk."
+
+
 def test_tool_call_stream_arguments_byte_for_byte() -> None:
     raw = fixture_bytes("cohere/v2_chat_stream_tool_calls.sse.txt").decode()
     events = [json.loads(line[len("data: ") :]) for line in raw.splitlines() if line.startswith("data: ")]
