@@ -146,9 +146,24 @@ class _UpToolCall(msgspec.Struct):
     function: _UpFunction | None = None
 
 
+class _UpPart(msgspec.Struct):
+    """A content chunk: Mistral's reasoning models answer `text` chunks and `thinking` ones holding text chunks."""
+
+    type: str | None = None
+    text: str | None = None
+    thinking: list[_UpPart] | None = None
+
+
+def _parts(parts: list[_UpPart], delta: bool) -> tuple[str | None, str | None]:
+    """Content chunks as (content, reasoning): a delta of thinking alone has no content, a message has ""."""
+    text = "".join(p.text for p in parts if p.type == "text" and p.text)
+    thought = "".join(t.text for p in parts if p.thinking for t in p.thinking if t.text)
+    return (text or None) if delta else text, thought or None
+
+
 class _UpMessage(msgspec.Struct):
     role: str | None = None
-    content: str | None = None
+    content: str | list[_UpPart] | None = None
     refusal: str | None = None
     tool_calls: list[_UpToolCall] | None = None
     # A reasoning model's thinking: DeepSeek's and vLLM's `reasoning_content`; newer vLLM also (or only) `reasoning`.
@@ -304,12 +319,16 @@ class OpenAIChat(Adapter):
             if c.finish_reason == ABORTED:
                 raise broke_off(self.kind)
             m = c.message or _UpMessage()
+            content, reasoning = m.content, m.reasoning_content if m.reasoning_content is not None else m.reasoning
+            if isinstance(content, list):
+                content, thought = _parts(content, delta=False)
+                reasoning = reasoning if reasoning is not None else thought
             message = ChatMessage(
                 role="assistant",
-                content=m.content,
+                content=content,
                 tool_calls=_calls(m.tool_calls),
                 refusal=m.refusal,
-                reasoning_content=m.reasoning_content if m.reasoning_content is not None else m.reasoning,
+                reasoning_content=reasoning,
             )
             choices.append(
                 ChatChoice(
@@ -346,12 +365,16 @@ class OpenAIChat(Adapter):
             calls, word, lp = d.tool_calls, c.finish_reason, c.logprobs
             if word == ABORTED:
                 raise broke_off(self.kind)
+            content, reasoning = d.content, d.reasoning_content if d.reasoning_content is not None else d.reasoning
+            if isinstance(content, list):
+                content, thought = _parts(content, delta=True)
+                reasoning = reasoning if reasoning is not None else thought
             delta = Delta(
                 role="assistant" if d.role else None,
-                content=d.content,
+                content=content,
                 tool_calls=_call_deltas(calls) if calls else None,
                 refusal=d.refusal,
-                reasoning_content=d.reasoning_content if d.reasoning_content is not None else d.reasoning,
+                reasoning_content=reasoning,
             )
             choices.append(
                 ChunkChoice(

@@ -37,6 +37,7 @@ providers:
   hosted: {{kind: vllm, base_url: {u}/v1}}
   claude: {{kind: anthropic, base_url: {u}, api_key: sk-ant}}
   gem: {{kind: gemini, base_url: {u}/gemini, api_key: k}}
+  mis: {{kind: mistral, base_url: {u}/mistral, api_key: k}}
 models:
   - name: cached
     targets: [{{model: hosted/served}}]
@@ -66,6 +67,11 @@ async def _handler(request: web.Request, received: Received) -> web.StreamRespon
         if received.path.endswith(":streamGenerateContent"):
             return await _stream(request, _events(fixture_bytes("gemini/stream_generate_content_thoughts.sse.txt")))
         body = fixture_bytes("gemini/generate_content_thoughts.json")
+        return web.Response(body=body, content_type="application/json")
+    if received.path.startswith("/mistral/"):
+        if received.json().get("stream"):
+            return await _stream(request, _events(fixture_bytes("mistral/chat_stream_magistral_thinking.sse.txt")))
+        body = fixture_bytes("mistral/chat_magistral_thinking.json")
         return web.Response(body=body, content_type="application/json")
     return web.Response(body=fixture_bytes("openai/chat_completion.json"), content_type="application/json")
 
@@ -166,6 +172,19 @@ def test_anthropic_thinking_as_reasoning_content(client: openai.OpenAI, received
             content += delta.content or ""
     assert reasoning.startswith("This is a straightforward question about pedestrian safety.")
     assert content.startswith("Here are the basic steps for safely crossing the street")
+
+
+def test_mistral_thinking_chunks_as_reasoning_content(client: openai.OpenAI) -> None:
+    # Magistral's content is chunks, not a string: the answer still decodes, thinking apart from text.
+    answer = client.chat.completions.create(model="mis/magistral-medium-latest", messages=MESSAGES)
+    message = answer.choices[0].message
+    assert message.content is not None and message.content.startswith("Crossing a river is quite different")
+    assert (message.model_extra or {})["reasoning_content"].startswith("**Analogizing crossing a river**")
+    stream = client.chat.completions.create(model="mis/magistral-medium-latest", messages=MESSAGES, stream=True)
+    deltas = [c.choices[0].delta for c in stream if c.choices]
+    reasoning = "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas)
+    assert reasoning.startswith("Okay, the user is asking how to cross the street.")
+    assert "".join(d.content or "" for d in deltas).startswith("To cross the street safely")
 
 
 def test_gemini_thought_summaries_as_reasoning_content(api: httpx.Client, received: list[Received]) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from gateway.upstream.framing import SSEDecoder
+from providers.base import CallContext
 from tests.helpers.adapters import as_json, chunked, context
 from tests.helpers.recordings import fixture_bytes, fixture_json
 from tests.providers.mistral_setup import ADAPTER, PROMPT, encode
@@ -177,3 +178,27 @@ def test_cached_tokens_when_reported() -> None:
         "total_tokens": 107,
         "prompt_tokens_details": {"cached_tokens": 8},
     }
+
+
+def test_a_reasoning_models_content_chunks_on_chat() -> None:
+    # Magistral answers its content as chunks: a `thinking` chunk (holding text chunks), then `text`. The
+    # thinking is `reasoning_content`, the text the content, plain and streamed (recordings in SOURCES.md).
+    recorded = fixture_json("mistral/chat_magistral_thinking.json")["choices"][0]["message"]["content"]
+    thinking = "".join(t["text"] for c in recorded if c["type"] == "thinking" for t in c["thinking"])
+    text = "".join(c["text"] for c in recorded if c["type"] == "text")
+    ctx = CallContext(id="chatcmpl-m", created=1, model="mistral/x", chat=True)
+    answer = ADAPTER.parse_chat_response(fixture_bytes("mistral/chat_magistral_thinking.json"), ctx)
+    message = answer.choices[0].message
+    assert (message.reasoning_content, message.content) == (thinking, text) and thinking and text
+    raw = fixture_bytes("mistral/chat_stream_magistral_thinking.sse.txt")
+    decoder = SSEDecoder(max_event_bytes=1 << 20)
+    chunks = [c for e, d in [*decoder.feed(raw), *decoder.close()] if (c := ADAPTER.parse_chat_event(e, d, ctx))]
+    events = [json.loads(line[6:]) for line in raw.decode().splitlines() if line.startswith("data: {")]
+    pieces = [e["choices"][0]["delta"].get("content") for e in events if e["choices"]]
+    want_thought = "".join(t["text"] for p in pieces if isinstance(p, list) for c in p for t in c["thinking"])
+    want_text = "".join(p for p in pieces if isinstance(p, str))
+    got_thought = "".join(c.choices[0].delta.reasoning_content or "" for c in chunks if c.choices)
+    got_text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert (got_thought, got_text) == (want_thought, want_text)
+    assert got_thought.startswith("Okay, the user is asking") and got_text.startswith("To cross the street")
+    assert all(c.choices[0].delta.content is None for c in chunks if c.choices and c.choices[0].delta.reasoning_content)
