@@ -28,7 +28,10 @@ class AzureAdapter(OpenAIChat, OpenAICompatible):
     chat_path: ClassVar[str] = "/openai/deployments/{model}/chat/completions?api-version={api_version}"
     # The chat API's current name for the limit, as on OpenAI.
     chat_params = chat_table(
-        OpenAICompatible.params, max_tokens=Param(to="max_completion_tokens"), reasoning_effort=Param()
+        OpenAICompatible.params,
+        max_tokens=Param(to="max_completion_tokens"),
+        reasoning_effort=Param(),
+        verbosity=Param(),
     )
 
     def url(self, endpoint: Endpoint) -> str:

@@ -20,4 +20,5 @@ class OpenAIAdapter(OpenAIChat, OpenAICompatible):
         modalities=Param(),
         prediction=Param(),
         reasoning_effort=Param(),
+        verbosity=Param(),
     )

@@ -98,6 +98,7 @@ class CompletionRequest(msgspec.Struct, forbid_unknown_fields=True, omit_default
     # How much a reasoning model thinks before it answers: OpenAI's values (openai-python `ReasoningEffort`);
     # each model takes its own subset, which the provider checks.
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None  # how long an answer (OpenAI's GPT-5 family)
     # Self-hosted servers' own sampling fields (what lm-eval's `--gen_kwargs` and the SDKs' `extra_body`
     # send), typed as vLLM's completions protocol declares them. Each provider's table says where a field
     # goes (vLLM's body, TGI's `parameters`, Ollama's `options`, llama.cpp under its own name); elsewhere it

@@ -123,6 +123,16 @@ def test_reasoning_effort_reaches_the_kinds_that_take_it(
     assert sent.json()["reasoning_effort"] == effort
 
 
+def test_verbosity_reaches_openai_and_is_refused_elsewhere(
+    client: openai.OpenAI, api: httpx.Client, received: list[Received]
+) -> None:
+    client.chat.completions.create(model="oa/gpt-5", messages=MESSAGES, verbosity="low")
+    assert received[0].json()["verbosity"] == "low"
+    r = api.post("/v1/chat/completions", json={"model": "hosted/x", "messages": MESSAGES, "verbosity": "low"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "verbosity", r.text
+    assert len(received) == 1
+
+
 def test_reasoning_effort_refused_by_name_where_it_has_no_place(api: httpx.Client, received: list[Received]) -> None:
     for path, body in (
         ("/v1/chat/completions", {"model": "claude/claude-sonnet-4-5", "messages": MESSAGES}),

@@ -83,6 +83,7 @@ SAMPLE: dict[str, Any] = {
     "parallel_tool_calls": True,
     "prediction": {"type": "content"},
     "reasoning_effort": "high",
+    "verbosity": "low",
 }
 
 # A valid value for each self-hosted server's own sampling field (wire/schema.py), which providers

@@ -52,6 +52,7 @@ REFUSED: dict[str, Any] = sample(
     "parallel_tool_calls",
     "prediction",
     "reasoning_effort",
+    "verbosity",
     *NATIVE,
 )
 

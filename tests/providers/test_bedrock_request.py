@@ -64,6 +64,7 @@ REFUSED: dict[str, Any] = sample(
     "parallel_tool_calls",
     "prediction",
     "reasoning_effort",
+    "verbosity",
     *NATIVE,
 )
 

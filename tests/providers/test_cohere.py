@@ -54,6 +54,7 @@ REFUSED: dict[str, Any] = {
     "parallel_tool_calls": True,
     "prediction": {"type": "content"},
     "reasoning_effort": "high",
+    "verbosity": "low",
     **NATIVE,
 }
 

@@ -40,6 +40,7 @@ REFUSED: dict[str, Any] = {
     "parallel_tool_calls": True,
     "prediction": {"type": "content"},
     "reasoning_effort": "high",
+    "verbosity": "low",
     **NATIVE,
 }
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
