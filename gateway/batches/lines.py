@@ -71,13 +71,18 @@ def parse(data: bytes, endpoint: str, max_lines: int, max_bytes: int) -> tuple[l
             fail("invalid_json_line", "This line is empty: every line must be one JSON object", number)
             continue
         try:
+            raw.decode()  # msgspec passes a string's bytes through unchecked; a line is stored as text
             line = _line(raw)
-        except msgspec.MsgspecError:
-            fail("invalid_json_line", "This line is not valid JSON: every line must be one JSON object", number)
+        except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError):
+            # RecursionError: nesting deeper than the decoder goes.
+            fail("invalid_json_line", "This line is not valid UTF-8 JSON: every line must be one JSON object", number)
             continue
         cid = line.custom_id
         if not isinstance(cid, str) or not cid:
             fail("missing_required_parameter", "This line has no custom_id (a non-empty string)", number, "custom_id")
+            continue
+        if "\x00" in cid:  # no text column (PostgreSQL's) holds it
+            fail("invalid_value", "This line's custom_id holds a NUL character", number, "custom_id")
             continue
         if cid in seen:
             fail("duplicate_custom_id", f"The custom_id {cid!r} is used by an earlier line", number, "custom_id")
@@ -95,7 +100,7 @@ def parse(data: bytes, endpoint: str, max_lines: int, max_bytes: int) -> tuple[l
             continue
         try:
             wants_stream = _streams(body).stream not in (None, False)
-        except msgspec.MsgspecError:
+        except (msgspec.MsgspecError, RecursionError):
             wants_stream = False  # the request path refuses the body itself, naming the field
         refusal = "A batch's lines cannot stream: remove `stream` from the body" if wants_stream else None
         lines.append(Line(cid, body, refusal))

@@ -27,7 +27,7 @@ from prometheus_client import Counter, Gauge
 
 from gateway.batches import store
 from gateway.batches.lines import parse
-from gateway.batches.objects import ACTIVE, ERR, LATER, OK, TERMINAL, answered, unanswered
+from gateway.batches.objects import ACTIVE, ERR, LATER, OK, TERMINAL, BatchError, answered, unanswered
 from gateway.batches.send import Sent, send
 from gateway.config import BatchesConfig
 from gateway.ids import unique_suffix
@@ -190,15 +190,9 @@ class Drive:
     async def run(self) -> None:
         r = self.runner
         try:
-            status, _, _, _, owner, _ = await r.store.run(store.state, self.id, r.me, r.lease_s)
-            if status == "validating":
-                found = await r.store.run(store.to_validate, self.id, r.me, r.lease_s)
-                if found is not None:
-                    cfg = r.cfg
-                    lines, errors = await asyncio.to_thread(
-                        parse, found[1], found[0], cfg.max_lines, cfg.max_file_bytes
-                    )
-                    await r.store.run(store.validated, self.id, r.me, r.lease_s, lines, errors)
+            status, expires_at, _, _, owner, _ = await r.store.run(store.state, self.id, r.me, r.lease_s)
+            if status == "validating" and time.time() < expires_at:  # else it ends as expired, unchecked
+                await self._validate()
             await self._lines(owner)
         except asyncio.CancelledError:
             # SIGTERM: answers that came already are booked, so only the lines still in flight are sent again.
@@ -240,6 +234,24 @@ class Drive:
     def _gauge(self) -> None:
         if self.runner.counted is not None:
             self.runner.counted.in_flight.set(self.runner.in_flight)
+
+    async def _validate(self) -> None:
+        r = self.runner
+        found = await r.store.run(store.to_validate, self.id, r.me, r.lease_s)
+        if found is None:
+            return
+        cfg = r.cfg
+        try:
+            lines, errors = await asyncio.to_thread(parse, found[1], found[0], cfg.max_lines, cfg.max_file_bytes)
+            await r.store.run(store.validated, self.id, r.me, r.lease_s, lines, errors)
+        except (store.LostLease, LedgerDown):
+            raise
+        except Exception:
+            # A file this cannot read or store would be read again at every lease, and the batch would stay
+            # `validating` for good: it fails instead, saying so.
+            log.exception("batches: the input file of %s could not be checked; the batch fails", self.id)
+            error = BatchError("invalid_file", "The input file could not be read as a batch's lines", None, None)
+            await r.store.run(store.validated, self.id, r.me, r.lease_s, [], [error])
 
     async def _lines(self, owner: str) -> None:
         r = self.runner

@@ -35,12 +35,12 @@ from gateway.edge.ledger_routes import unavailable_error
 from gateway.edge.render import error_response
 from gateway.ledger.engine import LedgerDown
 from gateway.limits.auth import KeyRing
-from gateway.path.dialects import OPENAI
+from gateway.path.dialects import OPENAI, decode_error
 from wire.errors import GatewayError, InvalidRequestError
 
 JSON: Final = "application/json"
 _NO_STORE: Final = {"cache-control": "no-store"}
-_WINDOW: Final = re.compile(r"^(\d{1,6})([smh])$")
+_WINDOW: Final = re.compile(r"(\d{1,6})([smh])")  # fullmatch: `$` would let a trailing newline in
 _UNIT_S: Final = {"s": 1, "m": 60, "h": 3600}
 _MAX_WINDOW_S: Final = 7 * 86_400
 _CONTENT_LINES: Final = 1000  # result lines read per turn while a result file is sent
@@ -113,7 +113,7 @@ def _page(rows: list[tuple[Any, ...]], limit: int, shape: Callable[[tuple[Any, .
 
 def _limit(request: Request[Any, Any, Any], most: int) -> int | Response[bytes]:
     raw = request.query_params.get("limit", "20")
-    if not raw.isdigit() or not 1 <= int(raw) <= most:
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= most:  # "²" is a digit int() refuses
         return _bad(f"limit must be a whole number from 1 to {most}", "limit")
     return int(raw)
 
@@ -255,14 +255,11 @@ async def _delete_file(request: Request[Any, Any, Any], api: Batches, owner: str
 async def _create_batch(request: Request[Any, Any, Any], api: Batches, owner: str) -> Response[Any]:
     try:
         spec = msgspec.json.decode(await request.body(), type=NewBatch)
-    except msgspec.MsgspecError as exc:
-        field = re.search(r"`\$\.?([A-Za-z0-9_.]*)`", str(exc))
-        missing = re.search(r"missing required field `([a-z_]+)`", str(exc))
-        param = missing.group(1) if missing else field.group(1) if field else None
-        return _bad(f"Invalid body: {exc}", param)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        return _render(decode_error(exc))
     if spec.endpoint != ENDPOINT:
         return _bad(f"endpoint must be {ENDPOINT!r}: the gateway runs batches of completions", "endpoint")
-    window = _WINDOW.match(spec.completion_window)
+    window = _WINDOW.fullmatch(spec.completion_window)
     window_s = int(window.group(1)) * _UNIT_S[window.group(2)] if window else 0
     if not 1 <= window_s <= _MAX_WINDOW_S:
         return _bad(

@@ -96,6 +96,20 @@ def test_bad_files_fail_the_batch_naming_the_line(tmp_path: Path, monkeypatch: p
         "duplicate": (jsonl([line("a"), line("b"), line("a")]), [("duplicate_custom_id", 3)]),
         "other endpoint": (jsonl([line("a"), {**line("b"), "url": "/v1/chat/completions"}]), [("invalid_url", 2)]),
         "too many": (jsonl([line(f"x{i}") for i in range(6)]), [("too_many_lines", 6)]),
+        # Each of these once kept the batch `validating` for good, its file read again at every lease.
+        "not utf-8": (
+            good + jsonl([line("c", prompt="PROMPT")]).replace(b"PROMPT", b"\xff\xfe"),
+            [("invalid_json_line", 3)],
+        ),
+        "too deep": (
+            good
+            + b'{"custom_id":"d","method":"POST","url":"/v1/completions","body":{"x":'
+            + b"[" * 1500
+            + b"]" * 1500
+            + b"}}\n",
+            [("invalid_json_line", 3)],
+        ),
+        "NUL in custom_id": (jsonl([line("a\u0000b")]), [("invalid_value", 1)]),
     }
     with GatewayThread(path, ENV) as gw:
         client = sdk(gw.url, EVAL_KEY)
@@ -116,6 +130,9 @@ def test_bad_files_fail_the_batch_naming_the_line(tmp_path: Path, monkeypatch: p
         for bad, param in (
             ({"endpoint": "/v1/chat/completions"}, "endpoint"),
             ({"completion_window": "soon"}, "completion_window"),
+            ({"completion_window": "24h\n"}, "completion_window"),
+            ({"extra_body": {"foo": 1}}, "foo"),
+            ({"metadata": {"a": 1}}, "metadata"),
         ):
             try:
                 spec: dict[str, Any] = {
@@ -376,6 +393,8 @@ def test_batches_are_listed_newest_first_page_by_page(tmp_path: Path) -> None:
         with httpx.Client(base_url=gw.url, headers={"authorization": f"Bearer {EVAL_KEY}"}) as c:
             tail = c.get("/v1/batches", params={"limit": 2, "after": made[1]}).json()
             too_many = c.get("/v1/batches", params={"limit": 101})
+            # A digit `int()` does not read ("²"): refused like any other bad limit, not a 500.
+            odd = [c.get(route, params={"limit": "\u00b2"}) for route in ("/v1/batches", "/v1/files")]
             # Another key's id is a cursor that does not exist: the page is the first, as for a made-up id.
             for path, cursor in (("/v1/batches", theirs), ("/v1/files", their_file)):
                 unknown = c.get(path, params={"after": "batch_0000000000000000000000"}).json()
@@ -384,3 +403,4 @@ def test_batches_are_listed_newest_first_page_by_page(tmp_path: Path) -> None:
     assert paged == made[::-1] and theirs not in paged
     assert [b["id"] for b in tail["data"]] == [made[0]] and tail["has_more"] is False
     assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "limit"
+    assert [(r.status_code, r.json()["error"]["param"]) for r in odd] == [(400, "limit"), (400, "limit")]
