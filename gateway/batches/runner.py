@@ -25,7 +25,7 @@ from typing import Final
 
 from prometheus_client import Counter, Gauge
 
-from gateway.batches import store
+from gateway.batches import leases, store
 from gateway.batches.lines import parse
 from gateway.batches.objects import ACTIVE, ERR, LATER, OK, TERMINAL, BatchError, answered, unanswered
 from gateway.batches.send import Sent, send
@@ -82,11 +82,12 @@ class Runner:
         self.current = current
         self.metrics = metrics
         self.counted = BatchMetrics(metrics) if metrics is not None else None
-        self.me = store.owner_name()
+        self.me = leases.owner_name()
         self.in_flight = 0
         self.deferred = 0  # lines waiting to be sent again: they hold their place in `batches.concurrency`
         self.slots = asyncio.Event()  # set when a line ends: a driver waiting for room looks again
         self.driving: dict[str, asyncio.Task[None]] = {}
+        self.drives: dict[str, Drive] = {}  # the batches driven here whose key is known
         self.wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -129,11 +130,14 @@ class Runner:
         for batch_id, task in list(self.driving.items()):
             if task.done():
                 del self.driving[batch_id]
+        driven = self._driven()
         while len(self.driving) < _MAX_BATCHES:
-            claimed = await self.store.run(store.claim, self.me, self.lease_s, list(self.driving))
+            claimed = await self.store.run(leases.claim, self.me, self.lease_s, list(self.driving), driven)
             if claimed is None:
                 break
             self.driving[claimed] = asyncio.ensure_future(self._drive(claimed))
+        if len(self.driving) >= _MAX_BATCHES and max(driven.values(), default=0) > 1:
+            await self._make_room(driven)
         if self.counted is not None:
             found = await self.store.run(store.counts)
             for status in (*ACTIVE, *TERMINAL):
@@ -146,16 +150,36 @@ class Runner:
                 if gone >= _RETAIN_LIMIT:
                     self._retain_at = 0.0  # more to delete: at the next turn
 
+    def _driven(self) -> dict[str, int]:
+        """How many batches of each key this process drives (those still running)."""
+        out: dict[str, int] = {}
+        for drive in self.drives.values():
+            if not drive.yielding:
+                out[drive.owner] = out.get(drive.owner, 0) + 1
+        return out
+
+    async def _make_room(self, driven: dict[str, int]) -> None:
+        """Every slot taken while another key's batch waits: the key with the most batches here hands its
+        newest back, once its lines in flight have ended (none sent again), and the next turn takes the
+        waiting one. A key alone keeps every slot."""
+        waiting = await self.store.run(leases.waiting_keys, self.me)
+        if not waiting - driven.keys():
+            return
+        most = max(driven, key=lambda k: driven[k])
+        newest = [d for d in self.drives.values() if d.owner == most and not d.yielding][-1]
+        newest.yielding = True
+        log.info("batches: %s hands its slot to another key's batch waiting; it resumes later", newest.id)
+
     async def _drive(self, batch_id: str) -> None:
         try:
             await Drive(self, batch_id).run()
-        except store.LostLease:
+        except leases.LostLease:
             log.warning("batches: %s was taken over by another process (its lease ran out here)", batch_id)
         except LedgerDown as exc:
             log.warning("batches: %s paused, the ledger's database does not answer (%s)", batch_id, exc)
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
-                await self.store.run(store.release, batch_id, self.me)
+                await self.store.run(leases.release, batch_id, self.me)
             raise
         except Exception:
             log.exception("batches: running %s failed; it resumes when its lease runs out", batch_id)
@@ -186,11 +210,15 @@ class Drive:
         self.stop: str | None = None  # why the batch fails (a budget exhausted)
         self.later: list[tuple[float, int, str, str]] = []  # lines to send again: (when, idx, custom_id, body)
         self.refusals: dict[int, int] = {}  # idx -> how many times in a row the line was put back
+        self.owner = ""  # the key that made the batch
+        self.yielding = False  # handing its slot to another key's batch: no new lines, then the lease back
 
     async def run(self) -> None:
         r = self.runner
         try:
             status, expires_at, _, _, owner, _ = await r.store.run(store.state, self.id, r.me, r.lease_s)
+            self.owner = str(owner)
+            r.drives[self.id] = self
             if status == "validating" and time.time() < expires_at:  # else it ends as expired, unchecked
                 await self._validate()
             await self._lines(owner)
@@ -201,6 +229,7 @@ class Drive:
                 await self._flush()
             raise
         finally:
+            r.drives.pop(self.id, None)
             for task in self.tasks:
                 task.cancel()
             if self.tasks:
@@ -244,7 +273,7 @@ class Drive:
         try:
             lines, errors = await asyncio.to_thread(parse, found[1], found[0], cfg.max_lines, cfg.max_file_bytes)
             await r.store.run(store.validated, self.id, r.me, r.lease_s, lines, errors)
-        except (store.LostLease, LedgerDown):
+        except (leases.LostLease, LedgerDown):
             raise
         except Exception:
             # A file this cannot read or store would be read again at every lease, and the batch would stay
@@ -257,7 +286,9 @@ class Drive:
         r = self.runner
         while True:
             # Room is reserved before the await, so that batches taking lines at once share it, never exceed it.
-            room = max(r.cfg.concurrency - r.in_flight - r.deferred, 0) if self.stop is None else 0
+            room = (
+                max(r.cfg.concurrency - r.in_flight - r.deferred, 0) if self.stop is None and not self.yielding else 0
+            )
             r.in_flight += room
             try:
                 held, lines, waiting = await r.store.run(store.take, self.id, r.me, r.lease_s, room)
@@ -279,6 +310,12 @@ class Drive:
                 return
             if ended is not None:
                 await self._end(ended)
+                return
+            if self.yielding and not self.tasks:
+                await self._flush()
+                r.deferred -= len(self.later)  # put back lines are sent again by whoever takes the batch next
+                self.later.clear()
+                await r.store.run(leases.release, self.id, r.me)
                 return
             pipeline = r.current()
             # A batch made on an open gateway runs keyless only while the gateway is still open.

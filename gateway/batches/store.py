@@ -10,8 +10,6 @@ line still `sent` takes one, so two runners can never both book the same line.
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +17,7 @@ from typing import Any, Final, TypeVar
 
 import msgspec
 
+from gateway.batches.leases import held
 from gateway.batches.lines import Line
 from gateway.batches.objects import ACTIVE, ERR, OK, SENT, TERMINAL, TODO, BatchError, answered
 from gateway.ids import unique_suffix
@@ -34,10 +33,6 @@ BATCH_COLUMNS: Final = (
     "cancelled_at, total, completed, failed, output_file_id, error_file_id"
 )
 FILE_COLUMNS: Final = "id, owner, filename, purpose, bytes, created_at, batch_id, kind"
-
-
-class LostLease(Exception):
-    """This process no longer holds the batch's lease: another took it over, or the batch is gone."""
 
 
 class TooManyFiles(Exception):
@@ -81,9 +76,9 @@ class Store:
 
 
 def add_file(cur: Cursor, owner: str, filename: str, purpose: str, data: bytes, max_files: int) -> tuple[Any, ...]:
-    held = cur.rows("SELECT count(*) FROM batch_files WHERE owner = ?", (owner,))[0][0]
-    if held >= max_files:
-        raise TooManyFiles(f"this key holds {held} files, the most batches.max_files allows: delete some first")
+    kept = cur.rows("SELECT count(*) FROM batch_files WHERE owner = ?", (owner,))[0][0]
+    if kept >= max_files:
+        raise TooManyFiles(f"this key holds {kept} files, the most batches.max_files allows: delete some first")
     row = ("file-" + unique_suffix(), owner, filename, purpose, len(data), time.time(), None, "input")
     cur.execute(f"INSERT INTO batch_files ({FILE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", row)
     cur.executemany(
@@ -217,97 +212,14 @@ def running(cur: Cursor, limit: int) -> list[tuple[Any, ...]]:
 # ---------------------------------------------------------------------------------------------- the runner's
 
 
-def claim(cur: Cursor, me: str, lease_s: float, busy: Sequence[str]) -> str | None:
-    """Take the oldest batch with work left whose lease is free: new, handed back, its lease run out, or
-    held by a process of this host and PID namespace that is gone (a gateway restarted after a SIGKILL
-    resumes its batches at once, without waiting for their leases).
-
-    Lines a dead runner had sent are sent again: their answers were never booked (so each crash sends a
-    line in flight at most once more)."""
-    now = time.time()
-    marks = ", ".join("?" * len(ACTIVE))
-    candidates = cur.rows(
-        f"SELECT id, lease_owner, lease_until FROM batches WHERE status IN ({marks}) AND lease_until < ? "
-        "ORDER BY created_at LIMIT 8",
-        (*ACTIVE, now),
-    )
-    host = ":".join(me.split(":")[:2]) + ":"  # this host and PID namespace: the runners `gone` can see
-    candidates += [
-        row
-        for row in cur.rows(
-            f"SELECT id, lease_owner, lease_until FROM batches WHERE status IN ({marks}) AND lease_until >= ? "
-            "AND lease_owner LIKE ? ORDER BY created_at LIMIT 64",
-            (*ACTIVE, now, host + "%"),
-        )
-        if gone(row[1], me)
-    ]
-    for batch_id, owner, until in candidates:
-        if batch_id in busy:
-            continue
-        # Compare and set: another process claiming the same batch now changes what this one matches.
-        if cur.execute(
-            "UPDATE batches SET lease_owner = ?, lease_until = ? WHERE id = ? AND lease_until = ? "
-            "AND coalesce(lease_owner, '') = ?",
-            (me, now + lease_s, batch_id, until, owner or ""),
-        ):
-            cur.execute(f"UPDATE batch_lines SET state = '{TODO}' WHERE batch_id = ? AND state = '{SENT}'", (batch_id,))
-            return str(batch_id)
-    return None
-
-
-def owner_name() -> str:
-    """This process as a lease holder: host, PID namespace, pid, and a random part that no later process with
-    its pid shares. The namespace tells two containers of one host name apart (both PID 1, say)."""
-    return f"{socket.gethostname()}:{_pid_namespace()}:{os.getpid()}:{os.urandom(4).hex()}"
-
-
-def _pid_namespace() -> str:
-    try:
-        return str(os.stat("/proc/self/ns/pid").st_ino)
-    except OSError:
-        return "0"  # no /proc: one namespace for the whole host
-
-
-def gone(owner: str | None, me: str) -> bool:
-    """Whether `owner`, a runner of this host and PID namespace, has ended: its pid is not alive, or is this
-    process's own under another name (a restart that reused the pid). A runner of another namespace (another
-    container) cannot be seen from here: its batches wait for its lease to run out."""
-    if owner is None or owner == me:
-        return False
-    parts, mine = owner.split(":"), me.split(":")
-    if len(parts) != 4 or parts[:2] != mine[:2] or not parts[2].isdigit():
-        return False
-    pid = int(parts[2])
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except OSError:
-        return False  # alive, another user's
-    return False
-
-
-def _held(cur: Cursor, batch_id: str, me: str, lease_s: float) -> tuple[Any, ...]:
-    """The batch's status, expiry and input file, its lease renewed; `LostLease` when another holds it."""
-    found = cur.rows(
-        "SELECT status, expires_at, input_file_id, endpoint, owner, lease_owner FROM batches WHERE id = ?", (batch_id,)
-    )
-    if not found or found[0][5] != me:
-        raise LostLease(batch_id)
-    cur.execute("UPDATE batches SET lease_until = ? WHERE id = ?", (time.time() + lease_s, batch_id))
-    return found[0]
-
-
 def state(cur: Cursor, batch_id: str, me: str, lease_s: float) -> tuple[Any, ...]:
-    return _held(cur, batch_id, me, lease_s)
+    return held(cur, batch_id, me, lease_s)
 
 
 def to_validate(cur: Cursor, batch_id: str, me: str, lease_s: float) -> tuple[str, bytes] | None:
     """The batch's endpoint and input file's bytes, to check outside any transaction (a file may hold 100 MiB
     and 50,000 lines: no lock is held while it is parsed); None when it was cancelled meanwhile."""
-    status, _, input_file, endpoint = _held(cur, batch_id, me, lease_s)[:4]
+    status, _, input_file, endpoint = held(cur, batch_id, me, lease_s)[:4]
     if status != "validating":
         return None  # cancelling: the runner ends it without lines
     return str(endpoint), input_data(cur, input_file)
@@ -315,7 +227,7 @@ def to_validate(cur: Cursor, batch_id: str, me: str, lease_s: float) -> tuple[st
 
 def validated(cur: Cursor, batch_id: str, me: str, lease_s: float, lines: list[Line], errors: list[BatchError]) -> None:
     """Store the batch's lines, or the errors that fail it; nothing when it was cancelled meanwhile."""
-    if _held(cur, batch_id, me, lease_s)[0] != "validating":
+    if held(cur, batch_id, me, lease_s)[0] != "validating":
         return
     now = time.time()
     if errors:
@@ -362,9 +274,9 @@ def take(
 ) -> tuple[tuple[Any, ...], list[tuple[Any, ...]], int]:
     """The batch's state, up to `n` lines to send now (marked `sent`, one more send each), and how many
     lines were not answered yet (counted only when none is taken)."""
-    held = _held(cur, batch_id, me, lease_s)
-    if held[0] != "in_progress":
-        return held, [], -1
+    found = held(cur, batch_id, me, lease_s)
+    if found[0] != "in_progress":
+        return found, [], -1
     lines = []
     if n > 0:
         lines = cur.rows(
@@ -377,16 +289,16 @@ def take(
             f"UPDATE batch_lines SET state = '{SENT}', sends = sends + 1 WHERE batch_id = ? AND idx = ?",
             [(batch_id, r[0]) for r in lines],
         )
-        return held, lines, -1
+        return found, lines, -1
     waiting = cur.rows(
         f"SELECT count(*) FROM batch_lines WHERE batch_id = ? AND state IN ('{TODO}', '{SENT}')", (batch_id,)
     )[0][0]
-    return held, lines, int(waiting)
+    return found, lines, int(waiting)
 
 
 def record(cur: Cursor, batch_id: str, me: str, lease_s: float, results: list[tuple[int, str, str]]) -> int:
     """Book answered lines (idx, state ok|err, result line): each only if still `sent`; how many were booked."""
-    _held(cur, batch_id, me, lease_s)
+    held(cur, batch_id, me, lease_s)
     done = {OK: 0, ERR: 0}
     for idx, line_state, result in results:
         if cur.execute(
@@ -422,7 +334,7 @@ def finish(
 ) -> None:
     """End the batch: the lines in `closed` (idx, error line) go to the error file, the result files are made
     from the lines, and the batch takes its final `status` (completed, failed, expired, cancelled)."""
-    _held(cur, batch_id, me, lease_s)
+    held(cur, batch_id, me, lease_s)
     now = time.time()
     # The lines closed were read unanswered under this lease, which is still held: each of them is updated.
     cur.executemany(
@@ -457,11 +369,6 @@ def finish(
         "lease_owner = NULL, lease_until = ? WHERE id = ?",
         (status, now, now, closed_n, ids["output"], ids["error"], reason, errors, 0, batch_id),
     )
-
-
-def release(cur: Cursor, batch_id: str, me: str) -> None:
-    """Give the lease back (a clean stop): the next runner, here or elsewhere, takes the batch at once."""
-    cur.execute("UPDATE batches SET lease_until = 0 WHERE id = ? AND lease_owner = ?", (batch_id, me))
 
 
 def retain(cur: Cursor, before: float, limit: int) -> int:

@@ -14,7 +14,7 @@ from typing import Any, Final
 
 import pytest
 
-from gateway.batches import store
+from gateway.batches import leases, store
 from gateway.ledger.engine import Cursor, Database, LedgerDown
 from tests.helpers.postgres import PostgresServer
 
@@ -34,7 +34,7 @@ async def test_a_holder_stalled_inside_a_transaction_loses_its_batch_when_its_le
     stalled, survivor = (store.Store(pg.url, 500, lambda: LEASE_MS) for _ in range(2))
     try:
         batch_id = await stalled.run(store.add_batch, "owner", "file-x", "/v1/completions", "24h", 86_400.0, None)
-        assert await stalled.run(store.claim, STALLED, LEASE_MS / 1000, []) == batch_id
+        assert await stalled.run(leases.claim, STALLED, LEASE_MS / 1000, [], {}) == batch_id
 
         def stall(cur: Cursor) -> Any:
             held = store.state(cur, batch_id, STALLED, LEASE_MS / 1000)  # the batch's row locked, lease renewed
@@ -46,7 +46,7 @@ async def test_a_holder_stalled_inside_a_transaction_loses_its_batch_when_its_le
         await asyncio.sleep(0.1)
         while True:
             try:
-                if await survivor.run(store.claim, SURVIVOR, LEASE_MS / 1000, []) == batch_id:
+                if await survivor.run(leases.claim, SURVIVOR, LEASE_MS / 1000, [], {}) == batch_id:
                     break
             except LedgerDown:
                 pass  # the row is still locked: the statement's lock_timeout
@@ -55,7 +55,7 @@ async def test_a_holder_stalled_inside_a_transaction_loses_its_batch_when_its_le
         taken = time.monotonic() - t0
         with pytest.raises(LedgerDown):  # the server ended the stalled session: its renewal never committed
             await asyncio.wait_for(asleep, STALL_S + 5)
-        with pytest.raises(store.LostLease):  # awake again, it holds nothing
+        with pytest.raises(leases.LostLease):  # awake again, it holds nothing
             await stalled.run(store.state, batch_id, STALLED, LEASE_MS / 1000)
         owner = await survivor.run(lambda cur: cur.rows("SELECT lease_owner FROM batches WHERE id = ?", (batch_id,)))
     finally:

@@ -1,0 +1,121 @@
+"""Who runs a batch: its lease (`lease_owner`, `lease_until`), taken, renewed, handed back and taken over.
+
+A process claims a batch whose lease is free (new, handed back, run out, or held by a process of this host
+that is gone) and renews it with every write it makes (`held`); a process that lost it (it stalled, another
+took the batch over) gets `LostLease` and writes nothing more. Claims are fair between keys: the oldest
+batch of the key this process runs fewest batches of comes first.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gateway.batches.objects import ACTIVE, SENT, TODO
+from gateway.ledger.engine import Cursor
+
+
+class LostLease(Exception):
+    """This process no longer holds the batch's lease: another took it over, or the batch is gone."""
+
+
+def _claimable(cur: Cursor, me: str, now: float) -> list[tuple[Any, ...]]:
+    """(id, lease holder, lease end, key) of the batches with work left whose lease is free, oldest first."""
+    marks = ", ".join("?" * len(ACTIVE))
+    free = cur.rows(
+        f"SELECT id, lease_owner, lease_until, owner FROM batches WHERE status IN ({marks}) AND lease_until < ? "
+        "ORDER BY created_at LIMIT 64",
+        (*ACTIVE, now),
+    )
+    host = ":".join(me.split(":")[:2]) + ":"  # this host and PID namespace: the runners `gone` can see
+    return free + [
+        row
+        for row in cur.rows(
+            f"SELECT id, lease_owner, lease_until, owner FROM batches WHERE status IN ({marks}) "
+            "AND lease_until >= ? AND lease_owner LIKE ? ORDER BY created_at LIMIT 64",
+            (*ACTIVE, now, host + "%"),
+        )
+        if gone(row[1], me)
+    ]
+
+
+def waiting_keys(cur: Cursor, me: str) -> set[str]:
+    """The keys whose batches wait for a runner."""
+    return {str(row[3]) for row in _claimable(cur, me, time.time())}
+
+
+def claim(cur: Cursor, me: str, lease_s: float, busy: Sequence[str], driven: Mapping[str, int]) -> str | None:
+    """Take a batch with work left whose lease is free: new, handed back, its lease run out, or held by a
+    process of this host and PID namespace that is gone (a gateway restarted after a SIGKILL resumes its
+    batches at once, without waiting for their leases). The oldest of the key this process runs fewest
+    batches of (`driven`, by key), so that one key's batches do not hold every slot while another's wait.
+
+    Lines a dead runner had sent are sent again: their answers were never booked (so each crash sends a
+    line in flight at most once more)."""
+    now = time.time()
+    candidates = sorted(_claimable(cur, me, now), key=lambda row: driven.get(str(row[3]), 0))  # stable: oldest first
+    for batch_id, owner, until, _ in candidates:
+        if batch_id in busy:
+            continue
+        # Compare and set: another process claiming the same batch now changes what this one matches.
+        if cur.execute(
+            "UPDATE batches SET lease_owner = ?, lease_until = ? WHERE id = ? AND lease_until = ? "
+            "AND coalesce(lease_owner, '') = ?",
+            (me, now + lease_s, batch_id, until, owner or ""),
+        ):
+            cur.execute(f"UPDATE batch_lines SET state = '{TODO}' WHERE batch_id = ? AND state = '{SENT}'", (batch_id,))
+            return str(batch_id)
+    return None
+
+
+def owner_name() -> str:
+    """This process as a lease holder: host, PID namespace, pid, and a random part that no later process with
+    its pid shares. The namespace tells two containers of one host name apart (both PID 1, say)."""
+    return f"{socket.gethostname()}:{_pid_namespace()}:{os.getpid()}:{os.urandom(4).hex()}"
+
+
+def _pid_namespace() -> str:
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return "0"  # no /proc: one namespace for the whole host
+
+
+def gone(owner: str | None, me: str) -> bool:
+    """Whether `owner`, a runner of this host and PID namespace, has ended: its pid is not alive, or is this
+    process's own under another name (a restart that reused the pid). A runner of another namespace (another
+    container) cannot be seen from here: its batches wait for its lease to run out."""
+    if owner is None or owner == me:
+        return False
+    parts, mine = owner.split(":"), me.split(":")
+    if len(parts) != 4 or parts[:2] != mine[:2] or not parts[2].isdigit():
+        return False
+    pid = int(parts[2])
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # alive, another user's
+    return False
+
+
+def held(cur: Cursor, batch_id: str, me: str, lease_s: float) -> tuple[Any, ...]:
+    """The batch's status, expiry and input file, its lease renewed; `LostLease` when another holds it."""
+    found = cur.rows(
+        "SELECT status, expires_at, input_file_id, endpoint, owner, lease_owner FROM batches WHERE id = ?", (batch_id,)
+    )
+    if not found or found[0][5] != me:
+        raise LostLease(batch_id)
+    cur.execute("UPDATE batches SET lease_until = ? WHERE id = ?", (time.time() + lease_s, batch_id))
+    return found[0]
+
+
+def release(cur: Cursor, batch_id: str, me: str) -> None:
+    """Give the lease back (a clean stop): the next runner, here or elsewhere, takes the batch at once."""
+    cur.execute("UPDATE batches SET lease_until = 0 WHERE id = ? AND lease_owner = ?", (batch_id, me))
