@@ -155,6 +155,10 @@ def page(
 # ---------------------------------------------------------------------------------------------- batches
 
 
+class TooManyBatches(Exception):
+    """The key has `batches.max_batches` batches not ended already."""
+
+
 def add_batch(
     cur: Cursor,
     owner: str,
@@ -163,7 +167,15 @@ def add_batch(
     window: str,
     window_s: float,
     metadata: dict[str, str] | None,
+    max_batches: int,
 ) -> str:
+    marks = ", ".join("?" * len(ACTIVE))
+    running = cur.rows(f"SELECT count(*) FROM batches WHERE owner = ? AND status IN ({marks})", (owner, *ACTIVE))
+    if running[0][0] >= max_batches:
+        raise TooManyBatches(
+            f"this key has {running[0][0]} batches not ended, the most batches.max_batches allows: wait for one, "
+            "or cancel one"
+        )
     now = time.time()
     batch_id = "batch_" + unique_suffix()
     cur.execute(

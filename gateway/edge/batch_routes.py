@@ -273,7 +273,14 @@ async def _create_batch(request: Request[Any, Any, Any], api: Batches, owner: st
     if row is None or row[7] != "input":
         return _missing("file", spec.input_file_id)
     window_spec = (spec.completion_window, window_s)
-    batch_id = await api.store.run(store.add_batch, owner, spec.input_file_id, ENDPOINT, *window_spec, spec.metadata)
+    try:
+        batch_id = await api.store.run(
+            store.add_batch, owner, spec.input_file_id, ENDPOINT, *window_spec, spec.metadata, api.cfg.max_batches
+        )
+    except store.TooManyBatches as exc:
+        return _render(
+            GatewayError(f"Too many batches: {exc}", status=409, code="too_many_batches", type="invalid_request_error")
+        )
     made = await api.store.run(store.batch_row, batch_id, owner)
     api.runner.poke()
     return _json(batch_object(made)) if made is not None else _missing("batch", batch_id)

@@ -328,6 +328,25 @@ def test_files_are_bounded_and_old_ones_deleted(tmp_path: Path) -> None:
             assert conn.execute("SELECT count(*) FROM batch_lines").fetchone() == (0,)
 
 
+def test_batches_not_ended_are_bounded_per_key(tmp_path: Path) -> None:
+    # Each batch copies its file's lines: one file cannot seed batches without end.
+    with served(tmp_path, extra=", max_batches: 2") as (gw, client):
+        file_id = upload(client, jsonl([line(f"b-{i}", model="slower") for i in range(3)]))
+        made = [client.batches.create(input_file_id=file_id, endpoint="/v1/completions", completion_window="24h")]
+        made.append(client.batches.create(input_file_id=file_id, endpoint="/v1/completions", completion_window="24h"))
+        try:
+            client.batches.create(input_file_id=file_id, endpoint="/v1/completions", completion_window="24h")
+            raise AssertionError("a third batch was made")
+        except openai.ConflictError as exc:
+            assert exc.status_code == 409 and exc.code == "too_many_batches" and "batches.max_batches" in exc.message
+        other = sdk(gw.url, OTHER_KEY)  # another key's own count
+        start(other, [line("o-1")])
+        client.batches.cancel(made[0].id)
+        wait_batch(client, made[0].id)
+        third = client.batches.create(input_file_id=file_id, endpoint="/v1/completions", completion_window="24h")
+        assert third.status == "validating"
+
+
 def test_lines_are_seen_in_the_access_log_and_the_metrics(tmp_path: Path) -> None:
     lines = [line(f"m-{i}") for i in range(6)] + [line("m-bad", model="nope/nothing")]
     with listening() as log, served(tmp_path, more="") as (gw, client):

@@ -33,7 +33,7 @@ async def test_a_holder_stalled_inside_a_transaction_loses_its_batch_when_its_le
     db.close()
     stalled, survivor = (store.Store(pg.url, 500, lambda: LEASE_MS) for _ in range(2))
     try:
-        batch_id = await stalled.run(store.add_batch, "owner", "file-x", "/v1/completions", "24h", 86_400.0, None)
+        batch_id = await stalled.run(store.add_batch, "owner", "file-x", "/v1/completions", "24h", 86_400.0, None, 100)
         assert await stalled.run(leases.claim, STALLED, LEASE_MS / 1000, [], {}) == batch_id
 
         def stall(cur: Cursor) -> Any:
