@@ -1,8 +1,15 @@
-"""Fireworks `POST /inference/v1/completions` (seed 001): OpenAI's fields plus its own extensions."""
+"""Fireworks `POST /inference/v1/completions` (seed 001): OpenAI's fields plus its own extensions.
+
+Fireworks keeps a matched stop sequence in its text ("The returned text will contain the stop sequence",
+seed 001), so `stop_in_output` has the gateway cut it, as OpenAI does, or keep it on
+`include_stop_str_in_output`.
+"""
 
 from __future__ import annotations
 
-from providers.base import Param, table
+from typing import ClassVar
+
+from providers.base import EMULATED, Param, table
 from providers.openai_chat import OpenAIChat, chat_table
 from providers.openai_compat import OPENAI_PARAMS, OpenAICompatible
 
@@ -19,5 +26,7 @@ class FireworksAdapter(OpenAIChat, OpenAICompatible):
         response_format=Param(),
         context_length_exceeded_behavior=Param(),
         images=Param(),
+        include_stop_str_in_output=EMULATED,
     )
+    stop_in_output: ClassVar[bool] = True
     chat_params = chat_table(params, reasoning_effort=Param())

@@ -358,6 +358,27 @@ def test_fireworks_route_and_extensions(api: httpx.Client, upstream: Upstream) -
     }
 
 
+def test_fireworks_keeps_the_stop_sequence_so_the_gateway_cuts_it(api: httpx.Client, upstream: Upstream) -> None:
+    # Seed 001: "The returned text will contain the stop sequence." The recorded answer's shape, its text
+    # ending with the stop as Fireworks sends it; an OpenAI client gets OpenAI's text, without it.
+    rec = fixture_json(DAVINCI)
+    rec["choices"][0]["text"] = "The capital of France is Paris"
+    rec["choices"][0]["finish_reason"] = "stop"
+    upstream.handler = reply(json.dumps(rec).encode())
+    model = "fireworks/accounts/fireworks/models/llama-v3p1-8b-instruct"
+    cut = api.post("/v1/completions", json={"model": model, "prompt": "Q:", "stop": ["Paris"]})
+    assert cut.status_code == 200, cut.text
+    assert cut.json()["choices"][0]["text"] == "The capital of France is "
+    assert upstream.only().json()["stop"] == ["Paris"]  # still sent: generation ends there
+    upstream.received.clear()
+    kept = api.post(
+        "/v1/completions", json={"model": model, "prompt": "Q:", "stop": ["Paris"], "include_stop_str_in_output": True}
+    )
+    assert kept.status_code == 200, kept.text
+    assert kept.json()["choices"][0]["text"] == "The capital of France is Paris"
+    assert "include_stop_str_in_output" not in upstream.only().json()
+
+
 # -- multiple prompts x n through an OpenAI-compatible upstream ------------------------------------
 
 
