@@ -56,9 +56,11 @@ def finish_reason(raw: str | None) -> FinishReason | None:
     return FINISH.get(raw.lower(), "stop")
 
 
-# vLLM's word for a generation the engine gave up (a shutdown, a pause, a scale-down: vllm-project/vllm
-# #57082): its text is partial, so it is not an answer, and failing it lets another target give one.
+# Words for a generation the server gave up, whose text is partial: not an answer, and failing it lets
+# another target give one. vLLM's `abort` (a shutdown, a pause, a scale-down: vllm-project/vllm #57082) and
+# DeepSeek's `insufficient_system_resource` (its FinishReason enum: the inference system ran short).
 ABORTED: Final = "abort"
+BROKE_OFF: Final = frozenset({ABORTED, "insufficient_system_resource"})
 
 
 def broke_off(provider: str, word: str = ABORTED) -> UpstreamStatusError:

@@ -29,7 +29,7 @@ from providers.base import (
     table,
 )
 from providers.envelope import Unreadable
-from providers.finish import ABORTED, broke_off, finish_reason
+from providers.finish import BROKE_OFF, broke_off, finish_reason
 from providers.openai_compat import UpEnvelope, UpUsage, usage_from
 from wire.chat import (
     ChatChoice,
@@ -316,8 +316,8 @@ class OpenAIChat(Adapter):
             ctx.created = up.created
         choices = []
         for c in up.choices:
-            if c.finish_reason == ABORTED:
-                raise broke_off(self.kind)
+            if c.finish_reason in BROKE_OFF:
+                raise broke_off(self.kind, c.finish_reason)
             m = c.message or _UpMessage()
             content, reasoning = m.content, m.reasoning_content if m.reasoning_content is not None else m.reasoning
             if isinstance(content, list):
@@ -363,8 +363,8 @@ class OpenAIChat(Adapter):
         for c in up.choices or ():
             d = c.delta or _UpMessage()
             calls, word, lp = d.tool_calls, c.finish_reason, c.logprobs
-            if word == ABORTED:
-                raise broke_off(self.kind)
+            if word in BROKE_OFF:
+                raise broke_off(self.kind, word)
             content, reasoning = d.content, d.reasoning_content if d.reasoning_content is not None else d.reasoning
             if isinstance(content, list):
                 content, thought = _parts(content, delta=True)

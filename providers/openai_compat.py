@@ -17,7 +17,7 @@ import msgspec
 from providers.base import Adapter, CallContext, Endpoint, Param, Table, UpstreamRequest, request_headers, table
 from providers.context import context_window
 from providers.envelope import Unreadable, envelope_status
-from providers.finish import ABORTED, broke_off, finish_reason
+from providers.finish import BROKE_OFF, broke_off, finish_reason
 from providers.offsets import key_bytes, prompt_for_choice, running_offsets
 from providers.quota import openai_counters, single_counter
 from providers.retry_after import retry_after, should_retry
@@ -67,6 +67,8 @@ class UpUsage(msgspec.Struct):
     total_tokens: int | None = None
     completion_tokens_details: CompletionTokensDetails | None = None
     prompt_tokens_details: PromptTokensDetails | None = None
+    # DeepSeek's context cache: the prompt tokens it read from cache, within `prompt_tokens`.
+    prompt_cache_hit_tokens: int | None = None
 
 
 class UpErrorBody(msgspec.Struct):
@@ -147,7 +149,9 @@ def usage_from(up: UpUsage) -> Usage:
         completion_tokens=up.completion_tokens,
         total_tokens=total,
         completion_tokens_details=up.completion_tokens_details,
-        prompt_tokens_details=up.prompt_tokens_details,
+        prompt_tokens_details=up.prompt_tokens_details
+        if up.prompt_cache_hit_tokens is None or up.prompt_tokens_details is not None
+        else PromptTokensDetails(cached_tokens=up.prompt_cache_hit_tokens),
     )
 
 
@@ -245,8 +249,8 @@ class OpenAICompatible(Adapter):
         choices: list[Choice] = []
         for c in up.choices or ():
             lp, raw = c.logprobs, c.finish_reason
-            if raw == ABORTED:
-                raise broke_off(self.kind)
+            if raw in BROKE_OFF:
+                raise broke_off(self.kind, raw)
             choices.append(
                 Choice(
                     text=c.text,

@@ -16,6 +16,8 @@ class TogetherAdapter(OpenAIChat, OpenAICompatible):
     kind = "together"
     default_base_url = "https://api.together.xyz/v1"
     model_listing = ("/models", False)
+    # Together's `logprobs` is an integer from 0 to 20 (its OpenAPI spec), not OpenAI's 5.
+    max_logprobs = 20
     # Together always sends usage on the final chunk and documents no stream_options.
     stream_usage = False
     params = table(

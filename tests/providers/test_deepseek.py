@@ -6,15 +6,16 @@ waiting non-stream responses is checked on the real OpenAI-shaped recording with
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
-from providers.base import Endpoint, map_params
+from providers.base import CallContext, Endpoint, map_params
 from providers.deepseek import DeepSeekAdapter
 from tests.helpers.adapters import build, context, request
 from tests.helpers.recordings import fixture_bytes
-from wire.errors import UnsupportedParamError
+from wire.errors import UnsupportedParamError, UpstreamStatusError
 
 ADAPTER = DeepSeekAdapter()
 ENDPOINT = Endpoint(
@@ -80,3 +81,35 @@ def test_blank_line_padding_before_the_body_is_tolerated() -> None:
     out = ADAPTER.parse_response(padded, context())
     assert out.choices[0].text == "-go library\nS-dmssea 2020-08-13: How"
     assert out.usage is not None and out.usage.total_tokens == 24
+
+
+# DeepSeek's own words (its FinishReason enum and usage fields, api-docs.deepseek.com), on the recorded
+# completion's shape: no DeepSeek answer carrying them was recorded.
+def test_a_generation_cut_short_for_lack_of_resources_is_a_failure_not_an_answer() -> None:
+    recorded = json.loads(fixture_bytes("openai/completion_davinci002.json"))
+    recorded["choices"][0]["finish_reason"] = "insufficient_system_resource"
+    body = json.dumps(recorded).encode()
+    for parse in (ADAPTER.parse_response, lambda b, ctx: ADAPTER.parse_event(None, b, ctx)):
+        with pytest.raises(UpstreamStatusError) as info:
+            parse(body, context(["x"]))
+        assert (info.value.code, info.value.status, info.value.retryable) == ("generation_error", 502, True)
+        assert "insufficient_system_resource" in info.value.message
+    ctx = CallContext(id="chatcmpl-d", created=1, model="deepseek/x", chat=True)
+    chunk = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    chunk["choices"] = [{"index": 0, "delta": {}, "finish_reason": "insufficient_system_resource"}]
+    with pytest.raises(UpstreamStatusError):
+        ADAPTER.parse_chat_event(None, json.dumps(chunk).encode(), ctx)
+
+
+def test_prompt_cache_hits_are_cached_tokens() -> None:
+    recorded = json.loads(fixture_bytes("openai/completion_davinci002.json"))
+    recorded["usage"] = {
+        "prompt_tokens": 100,
+        "completion_tokens": 50,
+        "total_tokens": 150,
+        "prompt_cache_hit_tokens": 80,
+        "prompt_cache_miss_tokens": 20,
+    }
+    usage = ADAPTER.parse_response(json.dumps(recorded).encode(), context(["x"])).usage
+    assert usage is not None and usage.prompt_tokens == 100
+    assert usage.prompt_tokens_details is not None and usage.prompt_tokens_details.cached_tokens == 80

@@ -12,7 +12,7 @@ from providers.retry_after import retry_after
 from providers.together import TogetherAdapter
 from tests.helpers.adapters import as_json, build, context, request
 from tests.helpers.recordings import fixture_bytes, fixture_headers, fixture_json
-from wire.errors import UnsupportedParamError
+from wire.errors import InvalidRequestError, UnsupportedParamError
 
 ADAPTER = TogetherAdapter()
 MODEL = "mistralai/Mixtral-8x7B-Instruct-v0.1"
@@ -103,3 +103,11 @@ def test_recorded_rate_limit_headers_carry_no_retry_hint() -> None:
     assert retry_after(headers) is None
     err = ADAPTER.map_error(429, headers, b'{"error": {"message": "rate limited"}}', "together")
     assert err.status == 429 and err.retry_after is None
+
+
+def test_up_to_twenty_logprobs() -> None:
+    # Together's OpenAPI spec: `logprobs` is an integer from 0 to 20.
+    TogetherAdapter().check(request(prompt="x", logprobs=20), "together")
+    with pytest.raises(InvalidRequestError) as caught:
+        TogetherAdapter().check(request(prompt="x", logprobs=21), "together")
+    assert caught.value.param == "logprobs"

@@ -92,7 +92,7 @@ def test_check_logprobs_limit_per_kind() -> None:
         "openai": 5,
         "azure": 5,
         "fireworks": 5,
-        "together": 5,
+        "together": 20,
         "vllm": 20,
         "sglang": 20,
         "deepseek": 20,
