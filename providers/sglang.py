@@ -25,6 +25,15 @@ def _json_schema(body: dict[str, Any], value: dict[str, Any]) -> None:
     body["json_schema"] = msgspec.json.encode(value).decode()
 
 
+def _response_format(body: dict[str, Any], value: dict[str, Any]) -> None:
+    # Fireworks' {"type": "json_object", "schema": S}: SGLang's own response_format would drop the schema.
+    schema = value.get("schema")
+    if value.get("type") == "json_object" and isinstance(schema, dict):
+        _json_schema(body, schema)
+    else:
+        body["response_format"] = value
+
+
 def _gateway_only(body: dict[str, Any], value: Any) -> None:
     # `include_stop_reason` asks the gateway to relay SGLang's `matched_stop`, which it always sends.
     return None
@@ -64,7 +73,7 @@ class SGLangAdapter(OpenAIChat, OpenAICompatible):
         guided_regex=Param("regex"),
         guided_grammar=Param("ebnf"),
         guided_json=Param(apply=_json_schema),
-        response_format=Param(),
+        response_format=Param(apply=_response_format),
         include_stop_reason=Param(apply=_gateway_only),
     )
     chat_params = chat_table(params, reasoning_effort=Param())
