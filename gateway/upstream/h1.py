@@ -203,9 +203,11 @@ class _Connection(asyncio.Protocol):
         if transport is not None and transport.get_write_buffer_size():
             # Answered before reading the whole request: the rest of it may be read as a next request.
             self._dirty = True
-        # Chunked framing is the last coding's alone (RFC 9112 6.3): `gzip, chunked` is, `notchunked` is not.
-        te = headers.get("transfer-encoding")
-        self._length_known = te.rpartition(",")[2].strip().lower() == "chunked" if te else "content-length" in headers
+        if "content-length" in headers and "transfer-encoding" not in headers:  # the common answer: no call
+            self._length_known = True
+        else:  # chunked framing is the last coding's alone (RFC 9112 6.3): `notchunked` is not
+            te = headers.get("transfer-encoding", "")
+            self._length_known = te == "chunked" or te.rpartition(",")[2].strip().lower() == "chunked"
         if (status == 204 or status == 304) and (
             headers.get("content-length", "0") != "0" or "transfer-encoding" in headers
         ):
