@@ -319,8 +319,9 @@ class OpenAIChat(Adapter):
             if c.finish_reason in BROKE_OFF:
                 raise broke_off(self.kind, c.finish_reason)
             m = c.message or _UpMessage()
-            content, reasoning = m.content, m.reasoning_content if m.reasoning_content is not None else m.reasoning
-            if isinstance(content, list):
+            content: Any = m.content  # a string, or (tested without a call) a list of chunks
+            reasoning = m.reasoning_content if m.reasoning_content is not None else m.reasoning
+            if content.__class__ is list:
                 content, thought = _parts(content, delta=False)
                 reasoning = reasoning if reasoning is not None else thought
             message = ChatMessage(
@@ -365,8 +366,9 @@ class OpenAIChat(Adapter):
             calls, word, lp = d.tool_calls, c.finish_reason, c.logprobs
             if word in BROKE_OFF:
                 raise broke_off(self.kind, word)
-            content, reasoning = d.content, d.reasoning_content if d.reasoning_content is not None else d.reasoning
-            if isinstance(content, list):
+            content: Any = d.content  # runs for every stream event: the list test is an attribute, not a call
+            reasoning = d.reasoning_content if d.reasoning_content is not None else d.reasoning
+            if content.__class__ is list:
                 content, thought = _parts(content, delta=True)
                 reasoning = reasoning if reasoning is not None else thought
             delta = Delta(
