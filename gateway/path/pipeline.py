@@ -367,6 +367,7 @@ class Pipeline:
     async def _streamed(self, job: Job, rec: Record) -> Result:
         """Every attempt of a streamed request up to its first event; then the relay has the stream."""
         started = time.perf_counter()
+        job.began = self.failover.clock()
         try:
             opened = await self.failover.run(
                 job.plan,

@@ -200,6 +200,8 @@ class Relay:
                     # Kept without a traceback on it or on what it chains, which hold this frame (and through it
                     # `error`): a cycle the collector alone would free, at every stream that breaks after it started.
                     error = exc.detached()
+                    if error.target is None and isinstance(error, UpstreamError):
+                        error.target, error.provider = route.key, route.provider  # the framing's errors name none
                 except UNREADABLE:
                     error = _stream_broke(
                         route, "sent an invalid stream event", "invalid_upstream_response", "invalid_response"
@@ -212,6 +214,11 @@ class Relay:
                 if error is None:
                     break
                 clean = False
+                if finished >= expected:
+                    # Every choice ended before the break (a connection dropped before the usage chunk or
+                    # [DONE]): the answer is whole. It ends as a finished stream, not resumed (a continuation
+                    # would add text after the finish), not failed, not stored (its usage may be estimated).
+                    break
                 await self.release(opened)
                 await opened.close()
                 resumed = None
@@ -234,8 +241,10 @@ class Relay:
                     if cached is not None:
                         cached.abandon()  # nothing to store: whoever waits asks for itself, not after the client
                     yield error_event(self.scrub.error(error))
+                    want_usage = False  # the error event ends what the client reads
                     break
-                opened, route = resumed
+                opened, route, attempts = resumed
+                rec.attempts += attempts  # the continuation's upstream calls count as the request's
                 if quota is not None:
                     # The broken attempt's target quota is settled with what it used there (its prompt and the
                     # chunks it sent); the continuation's own, charged where it resumed, at the stream's end.
@@ -314,11 +323,16 @@ class Relay:
 
     async def resume(
         self, job: Job, text: str, sent: int, tenant: str | None = None, broken: str | None = None
-    ) -> tuple[Opened, Route] | None:
+    ) -> tuple[Opened, Route, int] | None:
         """Continue a broken stream on another target (not `broken`, where it broke) from the prompt plus the
         text already sent (a chat stream: from the conversation plus the assistant message sent so far, where a
-        target can continue it)."""
+        target can continue it), within what is left of the request's deadline; with the upstream calls made."""
         req, ctx = job.req, job.ctx
+        plan = job.plan
+        total = plan.timeouts.total if job.deadline_s is None else min(plan.timeouts.total, job.deadline_s)
+        time_left = job.began + total - self.failover.clock()
+        if time_left <= 0:
+            return None
         # Chat's limit is optional (none: the provider's own): the continuation then has none either.
         limit = req.max_tokens if req.max_tokens is not None or ctx.chat else 16
         left = None if limit is None else limit - sent
@@ -341,6 +355,7 @@ class Relay:
             outcome = await self.failover.run(
                 again.plan,
                 again.open,
+                deadline_s=time_left,  # the request's own deadline, not a new total_ms
                 discard=again.discard,
                 keep=again.keep,  # the continuation counts in flight on its own target
                 tenant=tenant,
@@ -350,7 +365,7 @@ class Relay:
             )
         except GatewayError:
             return None
-        return outcome.value, outcome.route
+        return outcome.value, outcome.route, outcome.attempts
 
 
 def _not_text(choice: ChunkChoice) -> bool:

@@ -32,6 +32,7 @@ class EventTooLarge(UpstreamError):
         super().__init__(
             f"Upstream sent a stream event larger than the cap of {cap} bytes (caps.upstream_event_bytes)",
             code="upstream_event_too_large",
+            cause="answer_too_large",  # counted as the failure it is; the relay names the target
         )
 
 

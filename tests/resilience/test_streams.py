@@ -6,11 +6,16 @@ through the gateway (the recorded stream), the per-request completion id aside.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from typing import Any
 
 import pytest
+from aiohttp import web
 
+from gateway.ops.metrics import Record
+from gateway.path.dialects import OPENAI
 from gateway.resilience.health import TargetState
 from tests.helpers.faults import (
     CHUNKS,
@@ -26,7 +31,7 @@ from tests.helpers.faults import (
     stream,
     unavailable,
 )
-from tests.helpers.pipelines import PROMPT, Answer, VirtualTime, ask, key, same_but_id
+from tests.helpers.pipelines import PROMPT, Answer, VirtualTime, ask, key, request_body, same_but_id, state
 from tests.helpers.waiting import wait_for
 
 from .conftest import MakePipeline, Reference
@@ -289,3 +294,82 @@ async def test_a_stream_that_cannot_be_resumed_is_not(
     assert json.loads(events[-2])["error"]["code"] == "upstream_truncated_response"
     assert events[-1] == "[DONE]"
     assert faults.order() == ["alpha"]
+
+
+@pytest.mark.parametrize("config", [ORDERED, RESUMING], ids=["plain", "resuming"])
+async def test_a_stream_whose_choices_all_finished_is_whole_when_the_connection_drops_before_done(
+    make: MakePipeline, faults: FaultServer, vtime: VirtualTime, config: str
+) -> None:
+    # Every chunk, the last with its finish reason, then the connection reset before [DONE]: the answer is
+    # complete. Not an error event after it, not a continuation adding text after the finish.
+    faults["alpha"].script(cut(16))
+    faults["beta"].script(continuation(prompt_tokens=13))
+    p = make(config, top=TOP)
+    rec = Record(request_id="r-whole", dialect="openai")
+    result = await p.complete(request_body(stream=True), {}, OPENAI, rec)
+    assert result.stream is not None
+    events = [e for e in b"".join([c async for c in result.stream]).decode().split("\n\n") if e]
+    assert [json.loads(e[6:])["choices"][0]["text"] for e in events[:-1]] == RECORDED_TEXTS
+    assert json.loads(events[-2][6:])["choices"][0]["finish_reason"] == "length" and events[-1] == "data: [DONE]"
+    assert faults.order() == ["alpha"]
+    assert (rec.status, rec.cause, rec.target) == (200, None, "alpha/davinci-002")
+    assert (await state(p, "alpha")).cooling_ms == 0
+
+
+async def test_a_resumed_streams_continuation_counts_in_its_attempts(
+    make: MakePipeline, faults: FaultServer, vtime: VirtualTime
+) -> None:
+    faults["alpha"].script(cut(5))
+    faults["beta"].script(continuation(prompt_tokens=13))
+    p = make(RESUMING, top=TOP)
+    rec = Record(request_id="r-resumed", dialect="openai")
+    result = await p.complete(request_body(stream=True), {}, OPENAI, rec)
+    assert result.stream is not None
+    b"".join([c async for c in result.stream])
+    assert faults.order() == ["alpha", "beta"] and rec.attempts == 2 and rec.status == 200
+
+
+async def test_a_continuation_has_what_is_left_of_the_requests_deadline(
+    make: MakePipeline, faults: FaultServer
+) -> None:
+    # 1.2 s for the whole request (its inference_timeout, under total_ms 1.5 s): alpha streams five chunks
+    # over a second and drops; beta would take 1.1 s more. The continuation has the 0.2 s left, not 1.5 s anew.
+    async def slow_cut(request: web.Request, hit: Any) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        for event in CHUNKS[:5]:
+            await resp.write(event + b"\n\n")
+            await asyncio.sleep(0.2)
+        assert request.transport is not None
+        request.transport.abort()
+        await asyncio.sleep(20)
+        return resp
+
+    faults["alpha"].script(slow_cut)
+    faults["beta"].script(stream(CHUNKS[5:], gap=0.1))
+    top = "retries: {attempts: 3}\ntimeouts: {connect_ms: 1000, first_byte_ms: 1000, total_ms: 1500}\n"
+    p = make(RESUMING, top=top, time=VirtualTime(follow_wall=True))
+    began = time.monotonic()
+    answer = await ask(p, stream=True, inference_timeout=1.2)
+    took = time.monotonic() - began
+    events = answer.events()
+    assert took < 1.6, took
+    assert "error" in json.loads(events[-2]) and events[-1] == "[DONE]"
+    texts = [json.loads(e)["choices"][0]["text"] for e in events[:-2]]
+    assert texts == RECORDED_TEXTS[: len(texts)] and len(texts) < len(RECORDED_TEXTS)
+
+
+async def test_an_event_over_the_cap_mid_stream_is_a_failure_with_its_cause(
+    make: MakePipeline, faults: FaultServer, vtime: VirtualTime
+) -> None:
+    # Counted in gateway_upstream_failures_total (which counts a failure by its cause), booked on its target.
+    big = json.loads(CHUNKS[3][len(b"data: ") :])
+    big["choices"][0]["text"] = "a" * 3000
+    faults["alpha"].script(stream([*CHUNKS[:3], b"data: " + json.dumps(big).encode(), *CHUNKS[4:]]))
+    p = make(ORDERED, top=TOP + "caps: {upstream_event_bytes: 1024}\n")
+    rec = Record(request_id="r-big", dialect="openai")
+    result = await p.complete(request_body(stream=True), {}, OPENAI, rec)
+    assert result.stream is not None
+    events = [e for e in b"".join([c async for c in result.stream]).decode().split("\n\n") if e]
+    assert json.loads(events[-2][6:])["error"]["code"] == "upstream_event_too_large"
+    assert (rec.status, rec.cause, rec.target) == (502, "answer_too_large", "alpha/davinci-002")
