@@ -24,7 +24,7 @@ import redis.asyncio as aioredis
 
 from gateway.config import LoadedConfig, TeamConfig
 from gateway.limits.auth import ClientKey
-from gateway.limits.prices import Prices
+from gateway.limits.prices import Prices, served_cost
 from gateway.limits.tokens import prompt_bound, unbounded_completion
 from gateway.limits.usage import PICO, Counters, UsageStore, budget_refusal, day_of, spend_key
 from gateway.ops.metrics import Record
@@ -124,9 +124,7 @@ class Hold:
             return
         self.settled = True
         served = bool(rec.provider) and not rec.failed and not rec.cached  # a cached answer costs nothing
-        prompt = rec.usage.prompt_tokens if rec.usage is not None else 0
-        completion = rec.usage.completion_tokens if rec.usage is not None else 0
-        real = self.prices.cost_pico(rec.target, rec.model, prompt, completion) if served else 0
+        real = served_cost(self.prices, rec) if served else 0
         # This process's own view now, before the request's row is queued for the ledger (`_reseed_due`); Redis's
         # in the background.
         reserved, committed = -(self.worst + self.grown), 0 if self.owner.fresh else real

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from gateway.config import PriceConfig
+from gateway.ops.metrics import Record
 
 _CACHE_LIMIT: Final = 4096
 _CACHED_CHARS: Final = 512  # longer (target, model) pairs are priced without being remembered
@@ -43,3 +44,18 @@ class Prices:
             return 0
         # USD per 1M tokens = 1e6 picodollars per token.
         return round(prompt_tokens * price.prompt_per_1m * 1e6 + completion_tokens * price.completion_per_1m * 1e6)
+
+
+def served_cost(prices: Prices, rec: Record) -> int:
+    """A served request's cost in picodollars: its usage at its target's price; a resumed stream's parts
+    streamed elsewhere (`rec.parts`) each at its own target's, the rest at the target that finished it."""
+    usage = rec.usage
+    prompt = usage.prompt_tokens if usage is not None else 0
+    completion = usage.completion_tokens if usage is not None else 0
+    parts = rec.parts
+    if parts is None:
+        return prices.cost_pico(rec.target, rec.model, prompt, completion)
+    # The finishing target was sent the text streamed before it as prompt, and generated the rest.
+    before = sum(part[2] for part in parts)
+    earlier = sum(prices.cost_pico(target, rec.model, p, c) for target, p, c in parts)
+    return earlier + prices.cost_pico(rec.target, rec.model, prompt + before, max(completion - before, 0))

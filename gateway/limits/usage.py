@@ -22,7 +22,7 @@ import redis.asyncio as aioredis
 
 from gateway.config import LoadedConfig
 from gateway.limits.auth import fingerprint
-from gateway.limits.prices import Prices
+from gateway.limits.prices import Prices, served_cost
 from gateway.ops.metrics import Metrics, ModelLabels, Record
 from gateway.state import Degraded, SharedState
 from wire.errors import RateLimitError
@@ -283,7 +283,12 @@ class UsageStore:
         prompt = rec.usage.prompt_tokens if rec.usage is not None else 0
         completion = rec.usage.completion_tokens if rec.usage is not None else 0
         # A cached answer cost no upstream tokens: booked as a request, with its stored usage, at cost 0.
-        pico = 0 if rec.cached else self.prices.cost_pico(rec.target, rec.model, prompt, completion)
+        if rec.cached:
+            pico = 0
+        elif rec.parts is None:  # no call more than the price's on every request
+            pico = self.prices.cost_pico(rec.target, rec.model, prompt, completion)
+        else:
+            pico = served_cost(self.prices, rec)
         rec.cost_pico = pico
         model = rec.label
         if model is None:

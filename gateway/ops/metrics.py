@@ -102,6 +102,9 @@ class Record(msgspec.Struct):
     # The target that served the request or, when none did, the last one that failed (then `failed` is set).
     provider: str = ""
     target: str = ""
+    # A resumed stream's parts streamed by targets before `target` (which finished it): (target, prompt
+    # tokens, completion tokens) each, priced at its own target.
+    parts: list[tuple[str, int, int]] | None = None
     failed: bool = False
     attempts: int = 0
     fallback: bool = False  # served by one of the alias's fallbacks rather than its own targets

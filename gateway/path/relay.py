@@ -243,8 +243,13 @@ class Relay:
                     yield error_event(self.scrub.error(error))
                     want_usage = False  # the error event ends what the client reads
                     break
+                streamed = sent - blank - resumed_from  # by the target that broke
+                parts = rec.parts if rec.parts is not None else []
+                parts.append((route.key, _prompt(job) + resumed_from, streamed))
+                rec.parts = parts
                 opened, route, attempts = resumed
                 rec.attempts += attempts  # the continuation's upstream calls count as the request's
+                rec.provider, rec.target = route.provider, route.key  # who finishes it
                 if quota is not None:
                     # The broken attempt's target quota is settled with what it used there (its prompt and the
                     # chunks it sent); the continuation's own, charged where it resumed, at the stream's end.
@@ -382,11 +387,16 @@ def _book_failure(rec: Record, route: Route, error: GatewayError) -> None:
     rec.provider, rec.target = route.provider, route.key
 
 
-def estimated(job: Job, chunks: int) -> Usage:
-    """Usage for a stream the upstream reported none for: the prompt as admission estimated it (or as
-    gateway/limits/tokens.py estimates it), and one output token per chunk sent (as a cancelled stream is charged)."""
+def _prompt(job: Job) -> int:
+    """The request's prompt tokens as admission estimated them (or as gateway/limits/tokens.py does)."""
     ticket = job.ticket
-    prompt = ticket.prompt if ticket is not None and ticket.prompt else tokens.prompt_tokens(job.req.prompt, False, "")
+    return ticket.prompt if ticket is not None and ticket.prompt else tokens.prompt_tokens(job.req.prompt, False, "")
+
+
+def estimated(job: Job, chunks: int) -> Usage:
+    """Usage for a stream the upstream reported none for: the prompt as admission estimated it, and one
+    output token per chunk sent (as a cancelled stream is charged)."""
+    prompt = _prompt(job)
     return Usage(prompt_tokens=prompt, completion_tokens=chunks, total_tokens=prompt + chunks)
 
 

@@ -373,3 +373,26 @@ async def test_an_event_over_the_cap_mid_stream_is_a_failure_with_its_cause(
     events = [e for e in b"".join([c async for c in result.stream]).decode().split("\n\n") if e]
     assert json.loads(events[-2][6:])["error"]["code"] == "upstream_event_too_large"
     assert (rec.status, rec.cause, rec.target) == (502, "answer_too_large", "alpha/davinci-002")
+
+
+async def test_a_resumed_streams_parts_are_priced_at_the_targets_that_streamed_them(
+    make: MakePipeline, faults: FaultServer, vtime: VirtualTime
+) -> None:
+    # alpha streams 5 tokens at 1 $/M, beta the other 11 at 100 $/M, sent the prompt and those 5 (13 tokens).
+    faults["alpha"].script(cut(5))
+    faults["beta"].script(continuation(prompt_tokens=8 + 5))
+    prices = 'prices:\n  "alpha/*": {prompt_per_1m: 1, completion_per_1m: 1}\n'
+    prices += '  "beta/*": {prompt_per_1m: 100, completion_per_1m: 100}\n'
+    p = make(RESUMING, top=TOP + prices)
+    rec = Record(request_id="r-priced", dialect="openai")
+    result = await p.complete(request_body(stream=True), {}, OPENAI, rec)
+    assert result.stream is not None
+    b"".join([c async for c in result.stream])
+    p.usage.book(rec)
+    assert rec.usage is not None and (rec.usage.prompt_tokens, rec.usage.completion_tokens) == (8, 16)
+    assert rec.target == "beta/davinci-002" and rec.parts is not None
+    ((broke, prompt, streamed),) = rec.parts
+    assert (broke, streamed) == ("alpha/davinci-002", 5) and prompt > 0
+    cost = p.usage.prices.cost_pico
+    assert rec.cost_pico == cost("alpha/davinci-002", "smart", prompt, 5) + cost("beta/davinci-002", "smart", 13, 11)
+    assert rec.cost_pico != cost("alpha/davinci-002", "smart", 8, 16)  # all at the broken target's price
