@@ -245,7 +245,7 @@ class Relay:
                     break
                 streamed = sent - blank - resumed_from  # by the target that broke
                 parts = rec.parts if rec.parts is not None else []
-                parts.append((route.key, _prompt(job) + resumed_from, streamed))
+                parts.append((route.key, estimated(job, 0).prompt_tokens + resumed_from, streamed))
                 rec.parts = parts
                 opened, route, attempts = resumed
                 rec.attempts += attempts  # the continuation's upstream calls count as the request's
@@ -387,16 +387,11 @@ def _book_failure(rec: Record, route: Route, error: GatewayError) -> None:
     rec.provider, rec.target = route.provider, route.key
 
 
-def _prompt(job: Job) -> int:
-    """The request's prompt tokens as admission estimated them (or as gateway/limits/tokens.py does)."""
-    ticket = job.ticket
-    return ticket.prompt if ticket is not None and ticket.prompt else tokens.prompt_tokens(job.req.prompt, False, "")
-
-
 def estimated(job: Job, chunks: int) -> Usage:
-    """Usage for a stream the upstream reported none for: the prompt as admission estimated it, and one
-    output token per chunk sent (as a cancelled stream is charged)."""
-    prompt = _prompt(job)
+    """Usage for a stream the upstream reported none for: the prompt as admission estimated it (or as
+    gateway/limits/tokens.py estimates it), and one output token per chunk sent (as a cancelled stream is charged)."""
+    ticket = job.ticket
+    prompt = ticket.prompt if ticket is not None and ticket.prompt else tokens.prompt_tokens(job.req.prompt, False, "")
     return Usage(prompt_tokens=prompt, completion_tokens=chunks, total_tokens=prompt + chunks)
 
 
