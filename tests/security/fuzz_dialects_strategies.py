@@ -114,6 +114,8 @@ PLAUSIBLE: Final[dict[str, st.SearchStrategy[Any]]] = {
     "tool_choice": st.sampled_from(["none", "auto", "required"]) | st.just({"type": "function"}),
     "parallel_tool_calls": st.booleans(),
     "prediction": st.dictionaries(st.text(max_size=6), json_values, max_size=2),
+    "reasoning_effort": st.sampled_from(["none", "minimal", "low", "medium", "high", "xhigh", "max"]),
+    "verbosity": st.sampled_from(["low", "medium", "high"]),
     # Self-hosted servers' own sampling fields.
     "min_p": st.floats(min_value=0, max_value=1),
     "typical_p": st.floats(min_value=0, max_value=1),
