@@ -23,12 +23,14 @@ class LostLease(Exception):
 
 
 def _claimable(cur: Cursor, me: str, now: float) -> list[tuple[Any, ...]]:
-    """(id, lease holder, lease end, key) of the batches with work left whose lease is free, oldest first."""
+    """(id, lease holder, lease end, key) of the batches with work left whose lease is free, oldest first:
+    each key's oldest (however many older ones another key has waiting), and those of a gone runner here."""
     marks = ", ".join("?" * len(ACTIVE))
     free = cur.rows(
-        f"SELECT id, lease_owner, lease_until, owner FROM batches WHERE status IN ({marks}) AND lease_until < ? "
-        "ORDER BY created_at LIMIT 64",
-        (*ACTIVE, now),
+        f"SELECT id, lease_owner, lease_until, owner FROM batches b WHERE status IN ({marks}) AND lease_until < ? "
+        f"AND NOT EXISTS (SELECT 1 FROM batches o WHERE o.owner = b.owner AND o.status IN ({marks}) "
+        "AND o.lease_until < ? AND o.created_at < b.created_at) ORDER BY created_at LIMIT 64",
+        (*ACTIVE, now, *ACTIVE, now),
     )
     host = ":".join(me.split(":")[:2]) + ":"  # this host and PID namespace: the runners `gone` can see
     return free + [

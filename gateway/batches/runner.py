@@ -137,7 +137,7 @@ class Runner:
                 break
             self.driving[claimed] = asyncio.ensure_future(self._drive(claimed))
         if len(self.driving) >= _MAX_BATCHES and max(driven.values(), default=0) > 1:
-            await self._make_room(driven)
+            await self._make_room()
         if self.counted is not None:
             found = await self.store.run(store.counts)
             for status in (*ACTIVE, *TERMINAL):
@@ -158,12 +158,13 @@ class Runner:
                 out[drive.owner] = out.get(drive.owner, 0) + 1
         return out
 
-    async def _make_room(self, driven: dict[str, int]) -> None:
+    async def _make_room(self) -> None:
         """Every slot taken while another key's batch waits: the key with the most batches here hands its
         newest back, once its lines in flight have ended (none sent again), and the next turn takes the
         waiting one. A key alone keeps every slot."""
         waiting = await self.store.run(leases.waiting_keys, self.me)
-        if not waiting - driven.keys():
+        driven = self._driven()  # as it is now, after the awaits above
+        if not waiting - driven.keys() or max(driven.values(), default=0) < 2:
             return
         most = max(driven, key=lambda k: driven[k])
         newest = [d for d in self.drives.values() if d.owner == most and not d.yielding][-1]

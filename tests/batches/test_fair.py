@@ -7,7 +7,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from .conftest import OTHER_KEY, line, results, sdk, served, start, wait_batch
+from .conftest import OTHER_KEY, jsonl, line, results, sdk, served, start, upload, wait_batch
 
 LINES = 12  # each of eval's batches: 400 ms a line, two lines at a time over all of them
 
@@ -28,3 +28,23 @@ def test_a_key_with_every_slot_hands_one_to_another_keys_batch(tmp_path: Path) -
     # The batch that handed its slot back resumed: every line of every batch answered, none twice.
     assert [b.status for b in ended] == ["completed"] * 4
     assert Counter(answers) == Counter(f"{b}-{i}" for b in range(4) for i in range(LINES))
+
+
+def test_a_key_behind_many_older_batches_of_another_still_gets_a_slot(tmp_path: Path) -> None:
+    # More of eval's batches wait than a claim reads at once (64): the other key's, made after all of them,
+    # is still seen waiting, and one of eval's hands its slot over.
+    with served(tmp_path, concurrency=1) as (gw, client):
+        file_id = upload(client, jsonl([line(f"w-{i}", model="slower") for i in range(3)]))
+        mine = [
+            client.batches.create(input_file_id=file_id, endpoint="/v1/completions", completion_window="1h").id
+            for _ in range(80)
+        ]
+        other = sdk(gw.url, OTHER_KEY)
+        began = time.monotonic()
+        theirs = wait_batch(other, start(other, [line("o-1")], window="60s"), timeout=60)
+        waited = time.monotonic() - began
+        for batch_id in mine:
+            client.batches.cancel(batch_id)
+    assert theirs.status == "completed" and theirs.request_counts.completed == 1, theirs
+    # Unseen behind the 64 oldest, it would wait for 16 of eval's batches to end: about 20 s here.
+    assert waited < 6, waited
