@@ -17,14 +17,13 @@ from typing import Any, Final, Protocol
 import msgspec
 
 from providers.base import EMULATED, CallContext, Param, Table, stop_list, table
-from providers.chat_parts import assistant_text, call_arguments
+from providers.chat_parts import answer_message, assistant_text, call_arguments
 from wire.chat import (
     AssistantMessage,
     ChatChoice,
     ChatChunk,
     ChatCompletion,
     ChatFinishReason,
-    ChatMessage,
     ChunkChoice,
     Delta,
     DeveloperMessage,
@@ -178,12 +177,7 @@ def chat_answer(
         if b.type == "tool_use"
     ]
     thinking = "".join(b.thinking for b in blocks if b.type == "thinking")
-    message = ChatMessage(
-        role="assistant",
-        content=text or (None if calls else ""),
-        tool_calls=calls or None,
-        reasoning_content=thinking or None,
-    )
+    message = answer_message(text, calls, thinking)
     return ChatCompletion(ctx.id, ctx.created, ctx.model, [ChatChoice(0, message, finish)], usage=usage)
 
 

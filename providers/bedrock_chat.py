@@ -22,7 +22,7 @@ from typing import Any, Final, Protocol
 import msgspec
 
 from providers.base import EMULATED, CallContext, Param, Table, out_of_range, stop_list, table
-from providers.chat_parts import assistant_text, call_arguments
+from providers.chat_parts import answer_message, assistant_text, call_arguments
 from providers.openai_chat import chat_finish
 from wire.chat import (
     AssistantMessage,
@@ -30,7 +30,6 @@ from wire.chat import (
     ChatChunk,
     ChatCompletion,
     ChatFinishReason,
-    ChatMessage,
     ChatRequest,
     ChunkChoice,
     Delta,
@@ -288,12 +287,7 @@ def chat_answer(
         for b in blocks
         if b.reasoning_content is not None and b.reasoning_content.reasoning_text is not None
     )
-    message = ChatMessage(
-        role="assistant",
-        content=text or (None if calls else ""),
-        tool_calls=calls or None,
-        reasoning_content=thinking or None,
-    )
+    message = answer_message(text, calls, thinking)
     choice = ChatChoice(0, message, chat_finish(stop_reason))
     return ChatCompletion(ctx.id, ctx.created, ctx.model, [choice], usage=usage)
 

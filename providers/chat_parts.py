@@ -1,5 +1,6 @@
-"""An assistant turn read for APIs that take it as typed blocks (Anthropic, Gemini, Bedrock's Converse):
-its text joined, and each tool call's arguments as the JSON object those APIs require."""
+"""An assistant turn for APIs that take and answer it as typed blocks (Anthropic, Gemini, Bedrock's Converse,
+Cohere): read, its text joined and each tool call's arguments as the JSON object those APIs require; and
+written back, the answer's blocks as one chat message."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from wire.chat import AssistantMessage, ToolCall
+from wire.chat import AssistantMessage, ChatMessage, ToolCall
 from wire.errors import InvalidRequestError
 
 
@@ -30,3 +31,14 @@ def call_arguments(call: ToolCall, provider: str) -> dict[str, Any]:
             code="invalid_value",
         )
     return args
+
+
+def answer_message(text: str, calls: list[ToolCall], reasoning: str) -> ChatMessage:
+    """An answer's blocks as the assistant's message: its text (null beside tool calls, else at least ""),
+    its tool calls, and its thinking as `reasoning_content`, each left out when empty."""
+    return ChatMessage(
+        role="assistant",
+        content=text or (None if calls else ""),
+        tool_calls=calls or None,
+        reasoning_content=reasoning or None,
+    )

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from providers.base import CallContext
+from providers.chat_parts import answer_message
 from providers.finish import finish_reason
 from wire.chat import (
     AssistantMessage,
@@ -23,7 +24,6 @@ from wire.chat import (
     ChatChunk,
     ChatCompletion,
     ChatFinishReason,
-    ChatMessage,
     ChunkChoice,
     Delta,
     DeveloperMessage,
@@ -156,12 +156,7 @@ def chat_answer(message: Any, word: str | None, usage: Usage | None, ctx: CallCo
         if c.function is not None
     ]
     thinking = "".join(item.thinking for item in content if item.type == "thinking")
-    reply = ChatMessage(
-        role="assistant",
-        content=text or (None if calls else ""),
-        tool_calls=calls or None,
-        reasoning_content=thinking or None,
-    )
+    reply = answer_message(text, calls, thinking)
     return ChatCompletion(
         ctx.id, ctx.created, ctx.model, [ChatChoice(0, reply, finish(word, bool(calls)))], usage=usage
     )

@@ -18,7 +18,7 @@ from typing import Any, Final, Literal
 import msgspec
 
 from providers.base import CallContext
-from providers.chat_parts import assistant_text, call_arguments
+from providers.chat_parts import answer_message, assistant_text, call_arguments
 from providers.finish import finish_reason
 from wire.chat import (
     AssistantMessage,
@@ -217,12 +217,7 @@ def chat_answer(candidates: list[Any], usage: Usage | None, ctx: CallContext) ->
             call_id, name, arguments = _call(ctx, index, k, part)
             calls.append(ToolCall(id=call_id, function=FunctionCall(name=name, arguments=arguments)))
         text = _text(_parts(c))
-        message = ChatMessage(
-            role="assistant",
-            content=text or (None if calls else ""),
-            tool_calls=calls or None,
-            reasoning_content=_thoughts(_parts(c)) or None,
-        )
+        message = answer_message(text, calls, _thoughts(_parts(c)))
         choices.append(ChatChoice(index, message, _finish(c.finish_reason, bool(calls)), _logprobs(c.logprobs_result)))
     if not candidates:
         choices = [ChatChoice(i, ChatMessage(role="assistant", content=""), "content_filter") for i in range(ctx.n)]

@@ -142,6 +142,13 @@ OPENAI_PARAMS: Table = table(
 )
 
 
+def json_object_schema(response_format: dict[str, Any]) -> dict[str, Any] | None:
+    """The schema of Fireworks' `{"type": "json_object", "schema": S}`, which the engines' own
+    `response_format` has no place for (each writes it as its own structured output); else None."""
+    schema = response_format.get("schema")
+    return schema if response_format.get("type") == "json_object" and isinstance(schema, dict) else None
+
+
 def usage_from(up: UpUsage) -> Usage:
     total = up.total_tokens if up.total_tokens is not None else up.prompt_tokens + up.completion_tokens
     return Usage(

@@ -18,7 +18,7 @@ import msgspec
 from providers.base import Param, table
 from providers.engine import SGLANG_GAUGES
 from providers.openai_chat import OpenAIChat, chat_table
-from providers.openai_compat import OPENAI_PARAMS, OpenAICompatible
+from providers.openai_compat import OPENAI_PARAMS, OpenAICompatible, json_object_schema
 
 
 def _json_schema(body: dict[str, Any], value: dict[str, Any]) -> None:
@@ -26,9 +26,8 @@ def _json_schema(body: dict[str, Any], value: dict[str, Any]) -> None:
 
 
 def _response_format(body: dict[str, Any], value: dict[str, Any]) -> None:
-    # Fireworks' {"type": "json_object", "schema": S}: SGLang's own response_format would drop the schema.
-    schema = value.get("schema")
-    if value.get("type") == "json_object" and isinstance(schema, dict):
+    schema = json_object_schema(value)  # SGLang's own response_format would drop it
+    if schema is not None:
         _json_schema(body, schema)
     else:
         body["response_format"] = value

@@ -12,14 +12,13 @@ from typing import Any, Final
 from providers.base import Param, table
 from providers.engine import VLLM_GAUGES
 from providers.openai_chat import OpenAIChat, chat_table
-from providers.openai_compat import OPENAI_PARAMS, OpenAICompatible
+from providers.openai_compat import OPENAI_PARAMS, OpenAICompatible, json_object_schema
 from providers.tokenizer import VLLM_TOKENIZER
 
 
 def _response_format(body: dict[str, Any], value: dict[str, Any]) -> None:
-    # Fireworks' {"type": "json_object", "schema": S} has no vLLM twin; the schema is a structured output.
-    schema = value.get("schema")
-    if value.get("type") == "json_object" and isinstance(schema, dict):
+    schema = json_object_schema(value)
+    if schema is not None:
         body.setdefault("structured_outputs", {})["json"] = schema
     else:
         body["response_format"] = value

@@ -95,7 +95,7 @@ class Job:
         "ask",
         "ahead",
         "called",
-        "began",
+        "until",
     )
     # What makes each attempt: `Attempt`, or chat's (gateway/path/chat.py), set below the class.
     attempt: ClassVar[type[Attempt]]
@@ -126,9 +126,9 @@ class Job:
         # The route of the latest buffered upstream call sent (None: none yet): a client that leaves after it
         # has cost the upstream its prompt, and is charged for it (`Pipeline._buffered`).
         self.called: Route | None = None
-        # When its first failover run began (the failover's clock): a resumed stream's continuation has what is
-        # left of the request's deadline, not a deadline of its own.
-        self.began = 0.0
+        # A stream's deadline, its first failover run's (on the failover's clock): a resumed stream's
+        # continuation has what is left of it, not a deadline of its own.
+        self.until = 0.0
 
     @property
     def deadline_s(self) -> float | None:

@@ -367,7 +367,6 @@ class Pipeline:
     async def _streamed(self, job: Job, rec: Record) -> Result:
         """Every attempt of a streamed request up to its first event; then the relay has the stream."""
         started = time.perf_counter()
-        job.began = self.failover.clock()
         try:
             opened = await self.failover.run(
                 job.plan,
@@ -387,6 +386,7 @@ class Pipeline:
             if job.ask is not None:
                 rec.queue_s = job.ask.waited
         _served(rec, job.plan, opened)
+        job.until = opened.deadline
         held = Held(self.relay, opened.value, job, rec.request_id)
         stream = self.relay.stream(opened.value, opened.route, job, rec, held)
         return Result(_headers(opened, job), stream=stream, held=held, limits=_limits(job))

@@ -333,9 +333,7 @@ class Relay:
         text already sent (a chat stream: from the conversation plus the assistant message sent so far, where a
         target can continue it), within what is left of the request's deadline; with the upstream calls made."""
         req, ctx = job.req, job.ctx
-        plan = job.plan
-        total = plan.timeouts.total if job.deadline_s is None else min(plan.timeouts.total, job.deadline_s)
-        time_left = job.began + total - self.failover.clock()
+        time_left = job.until - self.failover.clock()
         if time_left <= 0:
             return None
         # Chat's limit is optional (none: the provider's own): the continuation then has none either.

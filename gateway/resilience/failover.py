@@ -41,6 +41,7 @@ class Outcome(msgspec.Struct, Generic[T]):
     value: T
     route: Route
     attempts: int
+    deadline: float = 0.0  # the run's (on the failover's clock): what a continuation of its stream has left
 
 
 def _blame(exc: GatewayError, *, client_headers: bool) -> tuple[str, bool] | None:
@@ -277,7 +278,7 @@ class Run(Generic[T]):
                 else:
                     served = self.route
                     value = await self.attempt(served, timeouts)
-                return Outcome(value=value, route=served, attempts=self.attempts)
+                return Outcome(value=value, route=served, attempts=self.attempts, deadline=self.deadline)
             except GatewayError as exc:
                 # Kept without a traceback on it or on what it chains (the attempt's original error), which hold
                 # this very frame (and through it `failed`): a cycle the collector alone would free, at every

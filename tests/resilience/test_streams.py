@@ -16,6 +16,7 @@ from aiohttp import web
 
 from gateway.ops.metrics import Record
 from gateway.path.dialects import OPENAI
+from gateway.path.pipeline import Pipeline
 from gateway.resilience.health import TargetState
 from tests.helpers.faults import (
     CHUNKS,
@@ -45,6 +46,15 @@ TOP = "retries: {attempts: 3}\ntimeouts: {connect_ms: 1000, first_byte_ms: 300, 
 RESUMING = ORDERED + "    resume_streams: true\n"
 # A mid-stream failure reported as an event (synthesized in the recorded error envelope).
 ERROR_EVENT = b"data: " + openai_error("The server had an error while processing your request.", "server_error", None)
+
+
+async def streamed(p: Pipeline) -> tuple[Record, list[str]]:
+    """A streamed request through `p` read to its end: what it recorded, and its SSE events as sent."""
+    rec = Record(request_id="r-streamed", dialect="openai")
+    result = await p.complete(request_body(stream=True), {}, OPENAI, rec)
+    assert result.stream is not None
+    body = b"".join([c async for c in result.stream]).decode()
+    return rec, [e for e in body.split("\n\n") if e]
 
 
 def assert_recorded_stream(answer: Answer) -> None:
@@ -305,10 +315,7 @@ async def test_a_stream_whose_choices_all_finished_is_whole_when_the_connection_
     faults["alpha"].script(cut(16))
     faults["beta"].script(continuation(prompt_tokens=13))
     p = make(config, top=TOP)
-    rec = Record(request_id="r-whole", dialect="openai")
-    result = await p.complete(request_body(stream=True), {}, OPENAI, rec)
-    assert result.stream is not None
-    events = [e for e in b"".join([c async for c in result.stream]).decode().split("\n\n") if e]
+    rec, events = await streamed(p)
     assert [json.loads(e[6:])["choices"][0]["text"] for e in events[:-1]] == RECORDED_TEXTS
     assert json.loads(events[-2][6:])["choices"][0]["finish_reason"] == "length" and events[-1] == "data: [DONE]"
     assert faults.order() == ["alpha"]
@@ -322,10 +329,7 @@ async def test_a_resumed_streams_continuation_counts_in_its_attempts(
     faults["alpha"].script(cut(5))
     faults["beta"].script(continuation(prompt_tokens=13))
     p = make(RESUMING, top=TOP)
-    rec = Record(request_id="r-resumed", dialect="openai")
-    result = await p.complete(request_body(stream=True), {}, OPENAI, rec)
-    assert result.stream is not None
-    b"".join([c async for c in result.stream])
+    rec, _ = await streamed(p)
     assert faults.order() == ["alpha", "beta"] and rec.attempts == 2 and rec.status == 200
 
 
@@ -367,10 +371,7 @@ async def test_an_event_over_the_cap_mid_stream_is_a_failure_with_its_cause(
     big["choices"][0]["text"] = "a" * 3000
     faults["alpha"].script(stream([*CHUNKS[:3], b"data: " + json.dumps(big).encode(), *CHUNKS[4:]]))
     p = make(ORDERED, top=TOP + "caps: {upstream_event_bytes: 1024}\n")
-    rec = Record(request_id="r-big", dialect="openai")
-    result = await p.complete(request_body(stream=True), {}, OPENAI, rec)
-    assert result.stream is not None
-    events = [e for e in b"".join([c async for c in result.stream]).decode().split("\n\n") if e]
+    rec, events = await streamed(p)
     assert json.loads(events[-2][6:])["error"]["code"] == "upstream_event_too_large"
     assert (rec.status, rec.cause, rec.target) == (502, "answer_too_large", "alpha/davinci-002")
 
@@ -384,15 +385,12 @@ async def test_a_resumed_streams_parts_are_priced_at_the_targets_that_streamed_t
     prices = 'prices:\n  "alpha/*": {prompt_per_1m: 1, completion_per_1m: 1}\n'
     prices += '  "beta/*": {prompt_per_1m: 100, completion_per_1m: 100}\n'
     p = make(RESUMING, top=TOP + prices)
-    rec = Record(request_id="r-priced", dialect="openai")
-    result = await p.complete(request_body(stream=True), {}, OPENAI, rec)
-    assert result.stream is not None
-    b"".join([c async for c in result.stream])
+    rec, _ = await streamed(p)
     p.usage.book(rec)
     assert rec.usage is not None and (rec.usage.prompt_tokens, rec.usage.completion_tokens) == (8, 16)
     assert rec.target == "beta/davinci-002" and rec.parts is not None
-    ((broke, prompt, streamed),) = rec.parts
-    assert (broke, streamed) == ("alpha/davinci-002", 5) and prompt > 0
+    ((broke, prompt, sent),) = rec.parts
+    assert (broke, sent) == ("alpha/davinci-002", 5) and prompt > 0
     cost = p.usage.prices.cost_pico
     assert rec.cost_pico == cost("alpha/davinci-002", "smart", prompt, 5) + cost("beta/davinci-002", "smart", 13, 11)
     assert rec.cost_pico != cost("alpha/davinci-002", "smart", 8, 16)  # all at the broken target's price
