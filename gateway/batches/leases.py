@@ -1,9 +1,9 @@
 """Who runs a batch: its lease (`lease_owner`, `lease_until`), taken, renewed, handed back and taken over.
 
-A process claims a batch whose lease is free (new, handed back, run out, or held by a process of this host
-that is gone) and renews it with every write it makes (`held`); a process that lost it (it stalled, another
-took the batch over) gets `LostLease` and writes nothing more. Claims are fair between keys: the oldest
-batch of the key this process runs fewest batches of comes first.
+A process claims a batch whose lease is free (new, handed back, run out, or held by a process of this
+machine's boot and PID namespace that is gone) and renews it with every write it makes (`held`); a process
+that lost it (it stalled, another took the batch over) gets `LostLease` and writes nothing more. Claims are
+fair between keys: the oldest batch of the key this process runs fewest batches of comes first.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import os
 import socket
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from gateway.batches.objects import ACTIVE, SENT, TODO
@@ -32,13 +33,13 @@ def _claimable(cur: Cursor, me: str, now: float) -> list[tuple[Any, ...]]:
         "AND o.lease_until < ? AND o.created_at < b.created_at) ORDER BY created_at LIMIT 64",
         (*ACTIVE, now, *ACTIVE, now),
     )
-    host = ":".join(me.split(":")[:2]) + ":"  # this host and PID namespace: the runners `gone` can see
+    here = ":".join(me.split(":")[:3]) + ":"  # this boot and PID namespace: the runners `gone` can see
     return free + [
         row
         for row in cur.rows(
             f"SELECT id, lease_owner, lease_until, owner FROM batches WHERE status IN ({marks}) "
             "AND lease_until >= ? AND lease_owner LIKE ? ORDER BY created_at LIMIT 64",
-            (*ACTIVE, now, host + "%"),
+            (*ACTIVE, now, here + "%"),
         )
         if gone(row[1], me)
     ]
@@ -51,8 +52,8 @@ def waiting_keys(cur: Cursor, me: str) -> set[str]:
 
 def claim(cur: Cursor, me: str, lease_s: float, busy: Sequence[str], driven: Mapping[str, int]) -> str | None:
     """Take a batch with work left whose lease is free: new, handed back, its lease run out, or held by a
-    process of this host and PID namespace that is gone (a gateway restarted after a SIGKILL resumes its
-    batches at once, without waiting for their leases). The oldest of the key this process runs fewest
+    process of this machine's boot and PID namespace that is gone (a gateway restarted after a SIGKILL resumes
+    its batches at once, without waiting for their leases). The oldest of the key this process runs fewest
     batches of (`driven`, by key), so that one key's batches do not hold every slot while another's wait.
 
     Lines a dead runner had sent are sent again: their answers were never booked (so each crash sends a
@@ -74,28 +75,40 @@ def claim(cur: Cursor, me: str, lease_s: float, busy: Sequence[str], driven: Map
 
 
 def owner_name() -> str:
-    """This process as a lease holder: host, PID namespace, pid, and a random part that no later process with
-    its pid shares. The namespace tells two containers of one host name apart (both PID 1, say)."""
-    return f"{socket.gethostname()}:{_pid_namespace()}:{os.getpid()}:{os.urandom(4).hex()}"
+    """This process as a lease holder: host name, boot, PID namespace, pid, and a random part that no later
+    process with its pid shares. The boot tells two machines of one host name apart, whose PID namespaces can
+    have the same number (every machine's first namespace has the same one); the namespace tells two
+    containers of one machine apart (both PID 1, say)."""
+    return f"{socket.gethostname()}:{_boot()}:{_pid_namespace()}:{os.getpid()}:{os.urandom(4).hex()}"
+
+
+def _boot() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip().replace(":", "")
+    except OSError:
+        # No boot id to match: no other process counts as this machine's, and a dead one's batches wait for
+        # its lease, rather than a live runner of another machine being taken for a dead one here.
+        return os.urandom(8).hex()
 
 
 def _pid_namespace() -> str:
     try:
         return str(os.stat("/proc/self/ns/pid").st_ino)
     except OSError:
-        return "0"  # no /proc: one namespace for the whole host
+        return "0"  # no /proc: one namespace for the whole machine
 
 
 def gone(owner: str | None, me: str) -> bool:
-    """Whether `owner`, a runner of this host and PID namespace, has ended: its pid is not alive, or is this
-    process's own under another name (a restart that reused the pid). A runner of another namespace (another
-    container) cannot be seen from here: its batches wait for its lease to run out."""
+    """Whether `owner`, a runner of this machine's boot and PID namespace, has ended: its pid is not alive, or
+    is this process's own under another name (a restart that reused the pid). A runner of another machine, of
+    an earlier boot or of another namespace (another container) cannot be seen from here: its batches wait for
+    its lease to run out."""
     if owner is None or owner == me:
         return False
     parts, mine = owner.split(":"), me.split(":")
-    if len(parts) != 4 or parts[:2] != mine[:2] or not parts[2].isdigit():
+    if len(parts) != 5 or parts[:3] != mine[:3] or not parts[3].isdigit():
         return False
-    pid = int(parts[2])
+    pid = int(parts[3])
     if pid == os.getpid():
         return True
     try:

@@ -21,8 +21,8 @@ from tests.helpers.postgres import PostgresServer
 LEASE_MS: Final = 1000
 STALL_S: Final = 6.0
 # Holders of two hosts: neither can see the other's processes, so each waits for the other's lease.
-STALLED: Final = "host-a:1:100:aaaa"
-SURVIVOR: Final = "host-b:1:100:bbbb"
+STALLED: Final = "host-a:boot-a:1:100:aaaa"
+SURVIVOR: Final = "host-b:boot-b:1:100:bbbb"
 
 
 async def test_a_holder_stalled_inside_a_transaction_loses_its_batch_when_its_lease_runs_out(

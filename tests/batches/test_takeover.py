@@ -38,8 +38,8 @@ def _sends(url: str, batch_id: str) -> list[int]:
 
 
 def _is(owner: str, gw: GatewayChild) -> bool:
-    """Whether the lease holder `owner` (host:pid namespace:pid:random) is the gateway `gw`."""
-    _, namespace, pid, _ = owner.split(":")
+    """Whether the lease holder `owner` (host:boot:pid namespace:pid:random) is the gateway `gw`."""
+    _, _, namespace, pid, _ = owner.split(":")
     status = Path(f"/proc/{gw.server_pid}/status").read_text()
     in_namespace = next(x for x in status.splitlines() if x.startswith("NSpid:")).split()[-1]
     return namespace == str(os.stat(f"/proc/{gw.server_pid}/ns/pid").st_ino) and pid == in_namespace
