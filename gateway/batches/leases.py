@@ -122,13 +122,16 @@ def gone(owner: str | None, me: str) -> bool:
 
 def held(cur: Cursor, batch_id: str, me: str, lease_s: float) -> tuple[Any, ...]:
     """The batch's status, expiry and input file, its lease renewed; `LostLease` when another holds it."""
-    found = cur.rows(
-        "SELECT status, expires_at, input_file_id, endpoint, owner, lease_owner FROM batches WHERE id = ?", (batch_id,)
-    )
-    if not found or found[0][5] != me:
+    # The renewal is the check, not a read before it: on PostgreSQL a read does not wait for another
+    # process's claim being committed and would still name this one; the update waits for it, then matches
+    # nothing. The row is locked from here to the commit, so what is read next stays true.
+    if not cur.execute(
+        "UPDATE batches SET lease_until = ? WHERE id = ? AND lease_owner = ?", (time.time() + lease_s, batch_id, me)
+    ):
         raise LostLease(batch_id)
-    cur.execute("UPDATE batches SET lease_until = ? WHERE id = ?", (time.time() + lease_s, batch_id))
-    return found[0]
+    return cur.rows(
+        "SELECT status, expires_at, input_file_id, endpoint, owner, lease_owner FROM batches WHERE id = ?", (batch_id,)
+    )[0]
 
 
 def release(cur: Cursor, batch_id: str, me: str) -> None:

@@ -2,14 +2,15 @@
 
 Every `batches.poll_ms` it claims batches with work left whose lease is free (new ones, and those of a
 process that died: a lease not renewed for `batches.lease_ms`), at most `_MAX_BATCHES` at once, and drives
-each: validate its file into lines, then send lines (at most `batches.concurrency` in flight over the
-process), book their answers in small transactions, renew the lease with every write, and end it as
-completed, failed (a budget exhausted), expired (its `completion_window` over) or cancelled. A line is
-marked `sent` before it is sent and booked once answered: a line booked is never sent again, and a line in
-flight when its process died is sent once more by whoever takes the batch over. A line the gateway had no
-room for (a server's queue timed out or was full, a rate limit) is sent again after a backoff, as long as
-its batch's window lasts; while it waits it holds its place in `batches.concurrency`, so a saturated server
-slows the whole batch down instead of filling memory with lines waiting to retry.
+each: validate its file into lines (the lease renewed while it parses), then send lines (at most
+`batches.concurrency` in flight over the process), book their answers in small transactions, renew the lease
+with every write, and end it as completed, failed (a budget exhausted), expired (its `completion_window`
+over) or cancelled. A line is marked `sent` before it is sent and booked once answered: a line booked is
+never sent again, and a line in flight when its process died is sent once more by whoever takes the batch
+over. A line the gateway had no room for (a server's queue timed out or was full, a rate limit) is sent
+again after a backoff, as long as its batch's window lasts; while it waits it holds its place in
+`batches.concurrency`, so a saturated server slows the whole batch down instead of filling memory with lines
+waiting to retry.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from typing import Final
+from typing import Final, TypeVar
 
 from prometheus_client import Counter, Gauge
 
@@ -38,6 +39,7 @@ from gateway.path.pipeline import Pipeline
 from wire.schema import encode
 
 log = logging.getLogger("gateway")
+T = TypeVar("T")
 
 _MAX_BATCHES: Final = 4  # batches one process drives at once (their lines share `batches.concurrency`)
 _FLUSH_S: Final = 0.05  # answers are booked at least this often (and whenever a turn has some)
@@ -272,7 +274,10 @@ class Drive:
             return
         cfg = r.cfg
         try:
-            lines, errors = await asyncio.to_thread(parse, found[1], found[0], cfg.max_lines, cfg.max_file_bytes)
+            checked = asyncio.ensure_future(
+                asyncio.to_thread(parse, found[1], found[0], cfg.max_lines, cfg.max_file_bytes)
+            )
+            lines, errors = await self._renewing(checked)
             await r.store.run(store.validated, self.id, r.me, r.lease_s, lines, errors)
         except (leases.LostLease, LedgerDown):
             raise
@@ -282,6 +287,20 @@ class Drive:
             log.exception("batches: the input file of %s could not be checked; the batch fails", self.id)
             error = BatchError("invalid_file", "The input file could not be read as a batch's lines", None, None)
             await r.store.run(store.validated, self.id, r.me, r.lease_s, [], [error])
+
+    async def _renewing(self, work: asyncio.Future[T]) -> T:
+        """`work`'s result, the lease renewed meanwhile. A step that writes nothing (a large file's parse can
+        outlast `batches.lease_ms`) would let another process take the batch over and start it again, and
+        that one lose it the same way: no process would ever finish it."""
+        r = self.runner
+        try:
+            while True:
+                done, _ = await asyncio.wait([work], timeout=r.lease_s / 4)
+                if done:
+                    return work.result()
+                await r.store.run(leases.held, self.id, r.me, r.lease_s)
+        finally:
+            work.cancel()  # the lease lost, or a stop: its result (or error) is nobody's
 
     async def _lines(self, owner: str) -> None:
         r = self.runner
