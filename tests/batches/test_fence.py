@@ -21,8 +21,8 @@ from gateway.batches.lines import Line
 from gateway.ledger.engine import Cursor, Database
 from tests.helpers.postgres import PostgresServer
 
-LATE: Final = "host-a:1:100:aaaa"
-TAKER: Final = "host-b:1:100:bbbb"
+LATE: Final = "host-a:boot-a:1:100:aaaa"
+TAKER: Final = "host-b:boot-b:1:100:bbbb"
 OPEN_S: Final = 0.8  # the claim's transaction stays open this long (under the stores' 2 s lock wait)
 
 
