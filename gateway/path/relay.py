@@ -33,7 +33,7 @@ from gateway.upstream.plan import Route
 from gateway.upstream.scrub import Scrubber
 from providers.openai_chat import usage_chunk
 from wire.chat import ChunkChoice
-from wire.errors import GatewayError, UpstreamError
+from wire.errors import GatewayError, UpstreamError, UpstreamStatusError
 from wire.schema import CompletionRequest, Usage, encode
 
 log = logging.getLogger("gateway")
@@ -234,7 +234,7 @@ class Relay:
                         tenant=rec.key,
                         client_headers=bool(req.inference_extra_headers),
                     )
-                    if text is not None:
+                    if text is not None and not _refused(error):
                         resumed = await self.resume(job, "".join(text), sent - blank, rec.key, route.key)
                 if resumed is None:
                     _book_failure(rec, route, error)
@@ -369,6 +369,13 @@ class Relay:
         except GatewayError:
             return None
         return outcome.value, outcome.route, outcome.attempts
+
+
+def _refused(error: GatewayError) -> bool:
+    """An error event that refuses the request itself (invalid, over the model's context window, filtered):
+    its continuation would be refused too, wherever it went, as the failover loop would try no other target
+    for it before the first event. Transport failures, timeouts and an early end are breaks, resumed."""
+    return isinstance(error, UpstreamStatusError) and not error.retryable and not error.elsewhere
 
 
 def _not_text(choice: ChunkChoice) -> bool:

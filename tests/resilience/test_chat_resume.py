@@ -103,6 +103,22 @@ def _vllm(pieces: list[str], *, usage: tuple[int, int] | None, cut: bool = False
     return behave
 
 
+def _vllm_error(pieces: list[str], error: dict[str, Any]) -> Behave:
+    """A vLLM chat stream of `pieces`, then an error event in vLLM's `ErrorResponse` shape, then [DONE]."""
+
+    async def behave(request: web.Request, received: Received) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        events = [_delta({"role": "assistant", "content": ""})] + [_delta({"content": p}) for p in pieces]
+        events += [b"data: " + json.dumps(error).encode(), b"data: [DONE]"]
+        for e in events:
+            await resp.write(e + b"\n\n")
+        await resp.write_eof()
+        return resp
+
+    return behave
+
+
 def _tool_call_then_cut() -> Behave:
     async def behave(request: web.Request, received: Received) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
@@ -241,6 +257,53 @@ def test_a_broken_chat_stream_continues_the_assistant_message(gateway: GatewayTh
     # The broken target failed once: cooled once, and beta, which served, not at all.
     after = _cooldowns(gateway)
     assert (after[0] - before[0], after[1] - before[1]) == (1, 0)
+
+
+TOO_LONG_MESSAGE = "This model's maximum context length is 4096 tokens. However, you requested 4100 tokens."
+TOO_LONG = {
+    "object": "error",
+    "message": TOO_LONG_MESSAGE,
+    "type": "BadRequestError",
+    "param": None,
+    "code": 400,
+}
+OVERLOADED = {"object": "error", "message": "The engine is overloaded", "type": "ServiceUnavailableError", "code": 503}
+
+
+def test_an_error_event_that_refuses_the_request_ends_the_stream(gateway: GatewayThread, script: Script) -> None:
+    """Its continuation would be refused too: the error is relayed and counted once, as the 400 it is."""
+    script.behaviours["alpha"] = _vllm_error(PIECES[:3], TOO_LONG)
+    script.behaviours["beta"] = _vllm(PIECES[3:], usage=None)
+    before = _failures(gateway)
+    data = _stream(gateway, "smart", max_tokens=20)
+    assert data[-1] == "[DONE]"
+    chunks = [json.loads(d) for d in data[:-1]]
+    assert _content(chunks[:-1]) == "".join(PIECES[:3])
+    assert chunks[-1]["error"] == {
+        "message": "upstream error (400): " + TOO_LONG_MESSAGE,
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "context_length_exceeded",
+    }
+    assert "beta" not in script.received
+    assert _failures(gateway) - before == 1
+
+
+def test_an_error_event_of_an_overloaded_upstream_is_resumed(gateway: GatewayThread, script: Script) -> None:
+    script.behaviours["alpha"] = _vllm_error(PIECES[:3], OVERLOADED)
+    script.behaviours["beta"] = _vllm(PIECES[3:], usage=None)
+    data = _stream(gateway, "smart", max_tokens=20)
+    chunks = [json.loads(d) for d in data[:-1]]
+    assert all("error" not in c for c in chunks), chunks
+    assert _content(chunks) == "".join(PIECES)
+    assert script.received["beta"][0].json()["max_tokens"] == 17
+
+
+def _failures(gateway: GatewayThread) -> float:
+    """`gateway_upstream_failures_total` of alpha's refusals, once the request's record is written."""
+    with httpx.Client(base_url=gateway.url, trust_env=False, timeout=15) as http:
+        text = http.get("/metrics").text
+    return metric(text, "gateway_upstream_failures_total", target="alpha/m", cause="http_400")
 
 
 def _cooldowns(gateway: GatewayThread) -> tuple[float, float]:

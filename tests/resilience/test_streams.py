@@ -20,6 +20,7 @@ from gateway.path.pipeline import Pipeline
 from gateway.resilience.health import TargetState
 from tests.helpers.faults import (
     CHUNKS,
+    CONTEXT_BODY,
     RECORDED_COMPLETION,
     RECORDED_TEXTS,
     Behaviour,
@@ -218,6 +219,36 @@ async def test_resumed_stream_is_one_uninterrupted_stream(
         assert (state.cooling_ms, state.cause) == (1000, "error")
     else:
         assert state.cooling_ms == 0, state
+
+
+# Error events a retry would get again: the request itself was refused (OpenAI's envelope; Azure answers a
+# filtered prompt with a 400 of code `content_filter`).
+REFUSED = {
+    "context-length": CONTEXT_BODY,
+    "invalid-request": openai_error("'logit_bias' is not valid here", "invalid_request_error", None),
+    "content-filter": openai_error("The response was filtered by the content management policy.", "", "content_filter"),
+}
+
+
+@pytest.mark.parametrize("body", list(REFUSED.values()), ids=list(REFUSED))
+async def test_a_stream_is_not_resumed_after_an_error_event_that_refuses_the_request(
+    make: MakePipeline, faults: FaultServer, vtime: VirtualTime, body: bytes
+) -> None:
+    # Its continuation would be refused too, wherever it went: the stream ends with the error, as it would
+    # without resume_streams, booked as the 400 it is on the target that sent it.
+    faults["alpha"].script(stream(CHUNKS[:7] + [b"data: " + body]))
+    faults["beta"].script(continuation(prompt_tokens=15))
+    p = make(RESUMING, top=TOP)
+    rec, events = await streamed(p)
+    assert faults.order() == ["alpha"]
+    assert [json.loads(e[6:])["choices"][0]["text"] for e in events[:7]] == RECORDED_TEXTS[:7]
+    error = json.loads(events[7][6:])["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["message"] == "upstream error (400): " + json.loads(body)["error"]["message"]
+    assert events[8:] == ["data: [DONE]"]
+    assert (rec.status, rec.cause, rec.target, rec.attempts) == (400, "http_400", key("alpha"), 1)
+    assert rec.parts is None
+    assert (await state(p, "alpha")).cooling_ms == 0  # the request's own doing: nothing against alpha
 
 
 async def test_resume_fails_over_again_before_the_continuations_first_event(
