@@ -149,7 +149,9 @@ class Relay:
         # text is let go and the stream is no longer resumed (a chat stream may have no token limit).
         room = self.services.caps.emulated_answer_bytes
         sent = finished = 0
-        blank = 0  # of those sent, chat chunks that carry no token (the role's): not counted as output
+        # Of those sent, chat chunks that carry no token (the role's), less the tokens an emulation's stops held
+        # back and sent inside a later chunk: `sent - blank` is what the client has, as a continuation counts it.
+        blank = 0
         top = -1  # the highest choice index seen
         resumed_from = 0  # tokens streamed before the current upstream took over
         # A budgeted stream is charged as it runs past its reservation, so the next admissions stop before it ends.
@@ -221,6 +223,10 @@ class Relay:
                     break
                 await self.release(opened)
                 await opened.close()
+                if opened.folded is not None:
+                    # Read once, at the break: nothing per chunk. What the stops still held was never sent, so
+                    # the continuation, which goes on from the text sent, generates it anew.
+                    blank -= opened.folded.tokens
                 resumed = None
                 # The gateway's own failure says nothing about the target: it neither cools nor resumes.
                 if error.cools:

@@ -50,6 +50,10 @@ models:
     strategy: ordered
     targets: [{{model: alpha/m}}, {{model: oa/gpt-4o-mini}}]
     resume_streams: true
+  - name: from-openai
+    strategy: ordered
+    targets: [{{model: oa/gpt-4o-mini}}, {{model: beta/m}}]
+    resume_streams: true
   - name: past-openai
     strategy: ordered
     targets: [{{model: alpha/m}}, {{model: oa/gpt-4o-mini}}, {{model: gamma/m}}]
@@ -366,6 +370,24 @@ def test_the_continuation_skips_targets_that_cannot_continue(gateway: GatewayThr
     assert body["messages"][-1] == {"role": "assistant", "content": "".join(PIECES[:4])}
     assert body["continue_final_message"] is True and "add_generation_prompt" not in body
     assert body["max_tokens"] == 6
+
+
+def test_the_tokens_a_stop_held_back_count_in_the_continuations_limit(gateway: GatewayThread, script: Script) -> None:
+    """OpenAI takes four stops: the gateway enforces the fifth, holding " Paris" back (it may begin " Paris,
+    Texas") until "." shows it does not, and sends both in one chunk. Seven tokens, six content chunks."""
+    stops = ["Q:", "A:", "###", "END", " Paris, Texas"]
+    script.behaviours["oa"] = _vllm(PIECES, usage=None, cut=True)
+    script.behaviours["beta"] = _vllm([" It", " is", " big", "."], usage=None)
+    data = _stream(gateway, "from-openai", max_tokens=20, stop=stops)
+    chunks = [json.loads(d) for d in data[:-1]]
+    assert all("error" not in c for c in chunks), chunks
+    assert _content(chunks) == "The capital of France is Paris. It is big."
+    (sent,) = script.received["oa"]
+    assert sent.json()["stop"] == stops[:4]
+    (cont,) = script.received["beta"]
+    body = cont.json()
+    assert body["messages"][-1] == {"role": "assistant", "content": "".join(PIECES)}
+    assert body["max_tokens"] == 20 - len(PIECES)
 
 
 def test_a_stream_longer_than_a_continuation_may_carry_is_not_resumed(gateway: GatewayThread, script: Script) -> None:
