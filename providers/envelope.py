@@ -43,6 +43,7 @@ _INVALID: Final = frozenset(
         "context_length_exceeded",
         "invalid_value",
         "failed_precondition",
+        "content_filter",  # Azure's code for a filtered prompt, which it answers with a 400
     }
 )
 _NOT_FOUND: Final = frozenset({"not_found_error", "not_found", "model_not_found", "notfounderror"})

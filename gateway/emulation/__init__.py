@@ -8,12 +8,13 @@ upstream, fleet, ops and the base; never path, resilience, cache, ledger or edge
 
 from gateway.emulation.combine import complete
 from gateway.emulation.planning import Call, Emulation, SubStream, plan, sub_requests
-from gateway.emulation.stops import StopScanner, find_stop
+from gateway.emulation.stops import Folded, StopScanner, find_stop
 from gateway.emulation.streaming import stream, to_chunks
 
 __all__ = [
     "Call",
     "Emulation",
+    "Folded",
     "StopScanner",
     "SubStream",
     "complete",

@@ -23,7 +23,7 @@ from gateway.emulation.client_schema import Work
 from gateway.emulation.combine import _add, _scan, checked, gather, ready
 from gateway.emulation.merge import merged
 from gateway.emulation.planning import _DEFAULT_CAPS, Guide, bound_stops, make_guide
-from gateway.emulation.stops import StopMatcher, StopScanner
+from gateway.emulation.stops import Folded, StopMatcher, StopScanner
 from providers.base import Capabilities, Param
 from wire.chat import (
     AssistantMessage,
@@ -222,12 +222,13 @@ async def complete(
 class _Choices:
     """The stream's per-choice state: each choice's stop scanner, and the choices already finished."""
 
-    __slots__ = ("em", "scanners", "done")
+    __slots__ = ("em", "scanners", "done", "into")
 
-    def __init__(self, em: ChatEmulation) -> None:
+    def __init__(self, em: ChatEmulation, into: Folded) -> None:
         self.em = em
         self.scanners: dict[int, StopScanner] = {}
         self.done: set[int] = set()
+        self.into = into  # the chunks the stops held back and sent inside a later one
 
     async def relay(self, ch: ChunkChoice, index: int) -> ChunkChoice | None:
         """The choice as the client gets it (re-indexed, cut at a stop), or None when nothing is left of it."""
@@ -252,6 +253,7 @@ class _Choices:
                 delta = msgspec.structs.replace(delta, content=safe or None)
             if safe != content:
                 lp = None  # the chunk's token logprobs no longer describe its content
+                self.into.scanned(content, safe)  # only here: a chunk the stops left as it was holds nothing
         if finish is not None:
             self.done.add(index)
         if finish is None and lp is None and delta == _EMPTY:
@@ -262,10 +264,13 @@ class _Choices:
 _EMPTY = Delta()
 
 
-async def stream(em: ChatEmulation, opens: Sequence[ChatSubStream]) -> AsyncGenerator[ChatChunk, None]:
-    """Merge the opened sub-streams into one as their chunks arrive: re-indexed, cut at the stops, the
-    usage summed onto a last chunk of its own. `opens[j]` is the j-th call's stream."""
-    state = _Choices(em)
+async def stream(
+    em: ChatEmulation, opens: Sequence[ChatSubStream], into: Folded | None = None
+) -> AsyncGenerator[ChatChunk, None]:
+    """Merge the opened sub-streams into one as their chunks arrive: re-indexed, cut at the stops (the chunks
+    they held back and sent inside a later one counted `into`), the usage summed onto a last chunk of its
+    own. `opens[j]` is the j-th call's stream."""
+    state = _Choices(em, into if into is not None else Folded())
     usage: Usage | None = None
     usages = 0  # sub-streams whose usage arrived
     last: ChatChunk | None = None

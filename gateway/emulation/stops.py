@@ -182,6 +182,27 @@ class StopScanner:
         return out, False
 
 
+class Folded:
+    """Tokens the client got without a chunk of their own: upstream chunks whose text a stop scanner held
+    back whole (it might have begun a stop) and sent later, inside another chunk. A resumed stream counts
+    what it sent by its chunks (gateway/path/relay.py), these added; of one choice, the only kind resumed."""
+
+    __slots__ = ("tokens", "held")
+
+    def __init__(self) -> None:
+        self.tokens = 0  # held back, then sent
+        self.held = 0  # held back and not sent yet: never the client's if the stream breaks now
+
+    def scanned(self, text: str, safe: str) -> None:
+        """One upstream chunk's `text` through a stop scanner, of which `safe` goes out now."""
+        if safe:
+            if self.held:
+                self.tokens += self.held
+                self.held = 0
+        elif text:
+            self.held += 1
+
+
 def find_stop(text: str, stops: Sequence[str]) -> tuple[int, str] | None:
     """The earliest-starting stop sequence in `text` (position, sequence); the first in the list on a tie."""
     if not any(stops):
@@ -191,4 +212,4 @@ def find_stop(text: str, stops: Sequence[str]) -> tuple[int, str] | None:
     return (len(sent), scanner.m.stops[scanner.found]) if stopped else None
 
 
-__all__ = ["StopMatcher", "StopScanner", "find_stop", "matcher"]
+__all__ = ["Folded", "StopMatcher", "StopScanner", "find_stop", "matcher"]

@@ -12,7 +12,7 @@ import msgspec
 from gateway.emulation.combine import _add, _scan
 from gateway.emulation.merge import merged
 from gateway.emulation.planning import Emulation, SubStream
-from gateway.emulation.stops import StopScanner
+from gateway.emulation.stops import Folded, StopScanner
 from providers.base import CallContext
 from wire.schema import Choice, Completion, CompletionRequest, Usage
 
@@ -22,11 +22,14 @@ async def stream(
     req: CompletionRequest,
     ctx: CallContext,
     opens: Sequence[SubStream],
+    into: Folded | None = None,
 ) -> AsyncGenerator[Completion, None]:
-    """Merge the already-opened sub-streams into one, re-indexing, echoing and enforcing stops.
+    """Merge the already-opened sub-streams into one, re-indexing, echoing and enforcing stops; the chunks
+    the stops held back and sent inside a later one counted `into`.
 
     `opens[k]` is the k-th sub-call's stream (prompt k // fan_n, choice k % fan_n).
     """
+    into = into if into is not None else Folded()
     scanners: dict[int, StopScanner] = {}
     echoed: set[int] = set()
     done: set[int] = set()
@@ -61,6 +64,7 @@ async def stream(
                     if safe != text:
                         # The chunk's token logprobs, ids and stop reason no longer describe its text.
                         lp, ids, reason = None, None, None
+                        into.scanned(ch.text, safe)  # only here: a chunk the stops left as it was holds nothing
                     text = safe
                 if finish is not None:
                     done.add(index)

@@ -19,7 +19,7 @@ import msgspec
 from gateway import emulation
 from gateway.cache import Lookup
 from gateway.config import CapsConfig
-from gateway.emulation import Emulation, SubStream
+from gateway.emulation import Emulation, Folded, SubStream
 from gateway.emulation.client_schema import Work
 from gateway.fleet.picker import Hint
 from gateway.limits.admission import Admission, Ticket
@@ -344,8 +344,9 @@ class Attempt:
         finally:
             self._unsent()
         # A completion attempt's sub-streams carry completion chunks (chat's: gateway/path/chat.py).
-        merged = emulation.stream(em, self.req, self.ctx, cast("list[SubStream]", opens))
-        return Opened(merged, await anext(merged, None), ctx=opens[0].ctx, children=opens)
+        into = Folded()
+        merged = emulation.stream(em, self.req, self.ctx, cast("list[SubStream]", opens), into)
+        return Opened(merged, await anext(merged, None), ctx=opens[0].ctx, children=opens, folded=into)
 
     def _mapped(self, req: CompletionRequest) -> tuple[dict[str, Any], list[str]]:
         """`req` checked against the route's table, its parameters mapped, and those dropped (not recorded)."""

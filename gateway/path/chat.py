@@ -16,6 +16,7 @@ import msgspec
 
 from gateway.emulation import chat as emulation
 from gateway.emulation.chat import ChatEmulation, ChatSubStream
+from gateway.emulation.stops import Folded
 from gateway.path.answers import ignored_n, parsed, sane_usage
 from gateway.path.attempt import Attempt, Job, _fresh
 from gateway.path.fanout import open_all
@@ -142,8 +143,9 @@ class ChatAttempt(Attempt):
             opens = await open_all([self.chat_open(s) for s in emulation.sub_requests(em, req)])
         finally:
             self._unsent()
-        merged = emulation.stream(em, cast("list[ChatSubStream]", opens))
-        return Opened(merged, await anext(merged, None), ctx=opens[0].ctx, children=opens)
+        into = Folded()
+        merged = emulation.stream(em, cast("list[ChatSubStream]", opens), into)
+        return Opened(merged, await anext(merged, None), ctx=opens[0].ctx, children=opens, folded=into)
 
     async def chat_open(self, req: ChatRequest, made: UpstreamRequest | None = None) -> Opened:
         """One upstream call for `req`, streamed: opened and read to its first event that carries something;

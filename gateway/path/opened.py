@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Sequence
 
+from gateway.emulation.stops import Folded
 from gateway.limits.admission import Ticket
 from gateway.queue.gate import Slot
 from gateway.upstream.client import Stream
@@ -27,12 +28,14 @@ class Opened:
         *,
         ctx: CallContext,
         children: Sequence[Opened] = (),
+        folded: Folded | None = None,
     ) -> None:
         self.chunks = chunks
         self.first = first
         self.stream = stream
         self.ctx = ctx  # this call's own context: its `created` is what the stream's chunks carry
         self.children = children  # the sub-streams an emulated fan-out merges
+        self.folded = folded  # an emulation's: the tokens its stops held back and sent inside a later chunk
         self.quota: Ticket | None = None  # an alias target's provider/deployment quota, settled with the stream
         # The target whose in-flight count this stream holds until the relay ends it (None: none held).
         self.held: str | None = None

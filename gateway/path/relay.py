@@ -33,7 +33,7 @@ from gateway.upstream.plan import Route
 from gateway.upstream.scrub import Scrubber
 from providers.openai_chat import usage_chunk
 from wire.chat import ChunkChoice
-from wire.errors import GatewayError, UpstreamError
+from wire.errors import GatewayError, UpstreamError, UpstreamStatusError
 from wire.schema import CompletionRequest, Usage, encode
 
 log = logging.getLogger("gateway")
@@ -149,7 +149,9 @@ class Relay:
         # text is let go and the stream is no longer resumed (a chat stream may have no token limit).
         room = self.services.caps.emulated_answer_bytes
         sent = finished = 0
-        blank = 0  # of those sent, chat chunks that carry no token (the role's): not counted as output
+        # Of those sent, chat chunks that carry no token (the role's), less the tokens an emulation's stops held
+        # back and sent inside a later chunk: `sent - blank` is what the client has, as a continuation counts it.
+        blank = 0
         top = -1  # the highest choice index seen
         resumed_from = 0  # tokens streamed before the current upstream took over
         # A budgeted stream is charged as it runs past its reservation, so the next admissions stop before it ends.
@@ -221,6 +223,10 @@ class Relay:
                     break
                 await self.release(opened)
                 await opened.close()
+                if opened.folded is not None:
+                    # Read once, at the break: nothing per chunk. What the stops still held was never sent, so
+                    # the continuation, which goes on from the text sent, generates it anew.
+                    blank -= opened.folded.tokens
                 resumed = None
                 # The gateway's own failure says nothing about the target: it neither cools nor resumes.
                 if error.cools:
@@ -234,7 +240,7 @@ class Relay:
                         tenant=rec.key,
                         client_headers=bool(req.inference_extra_headers),
                     )
-                    if text is not None:
+                    if text is not None and not _refused(error):
                         resumed = await self.resume(job, "".join(text), sent - blank, rec.key, route.key)
                 if resumed is None:
                     _book_failure(rec, route, error)
@@ -369,6 +375,13 @@ class Relay:
         except GatewayError:
             return None
         return outcome.value, outcome.route, outcome.attempts
+
+
+def _refused(error: GatewayError) -> bool:
+    """An error event that refuses the request itself (invalid, over the model's context window, filtered):
+    its continuation would be refused too, wherever it went, as the failover loop would try no other target
+    for it before the first event. Transport failures, timeouts and an early end are breaks, resumed."""
+    return isinstance(error, UpstreamStatusError) and not error.retryable and not error.elsewhere
 
 
 def _not_text(choice: ChunkChoice) -> bool:

@@ -50,6 +50,10 @@ models:
     strategy: ordered
     targets: [{{model: alpha/m}}, {{model: oa/gpt-4o-mini}}]
     resume_streams: true
+  - name: from-openai
+    strategy: ordered
+    targets: [{{model: oa/gpt-4o-mini}}, {{model: beta/m}}]
+    resume_streams: true
   - name: past-openai
     strategy: ordered
     targets: [{{model: alpha/m}}, {{model: oa/gpt-4o-mini}}, {{model: gamma/m}}]
@@ -98,6 +102,22 @@ def _vllm(pieces: list[str], *, usage: tuple[int, int] | None, cut: bool = False
             await asyncio.sleep(5)
         else:
             await resp.write_eof()
+        return resp
+
+    return behave
+
+
+def _vllm_error(pieces: list[str], error: dict[str, Any]) -> Behave:
+    """A vLLM chat stream of `pieces`, then an error event in vLLM's `ErrorResponse` shape, then [DONE]."""
+
+    async def behave(request: web.Request, received: Received) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        events = [_delta({"role": "assistant", "content": ""})] + [_delta({"content": p}) for p in pieces]
+        events += [b"data: " + json.dumps(error).encode(), b"data: [DONE]"]
+        for e in events:
+            await resp.write(e + b"\n\n")
+        await resp.write_eof()
         return resp
 
     return behave
@@ -243,6 +263,53 @@ def test_a_broken_chat_stream_continues_the_assistant_message(gateway: GatewayTh
     assert (after[0] - before[0], after[1] - before[1]) == (1, 0)
 
 
+TOO_LONG_MESSAGE = "This model's maximum context length is 4096 tokens. However, you requested 4100 tokens."
+TOO_LONG = {
+    "object": "error",
+    "message": TOO_LONG_MESSAGE,
+    "type": "BadRequestError",
+    "param": None,
+    "code": 400,
+}
+OVERLOADED = {"object": "error", "message": "The engine is overloaded", "type": "ServiceUnavailableError", "code": 503}
+
+
+def test_an_error_event_that_refuses_the_request_ends_the_stream(gateway: GatewayThread, script: Script) -> None:
+    """Its continuation would be refused too: the error is relayed and counted once, as the 400 it is."""
+    script.behaviours["alpha"] = _vllm_error(PIECES[:3], TOO_LONG)
+    script.behaviours["beta"] = _vllm(PIECES[3:], usage=None)
+    before = _failures(gateway)
+    data = _stream(gateway, "smart", max_tokens=20)
+    assert data[-1] == "[DONE]"
+    chunks = [json.loads(d) for d in data[:-1]]
+    assert _content(chunks[:-1]) == "".join(PIECES[:3])
+    assert chunks[-1]["error"] == {
+        "message": "upstream error (400): " + TOO_LONG_MESSAGE,
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "context_length_exceeded",
+    }
+    assert "beta" not in script.received
+    assert _failures(gateway) - before == 1
+
+
+def test_an_error_event_of_an_overloaded_upstream_is_resumed(gateway: GatewayThread, script: Script) -> None:
+    script.behaviours["alpha"] = _vllm_error(PIECES[:3], OVERLOADED)
+    script.behaviours["beta"] = _vllm(PIECES[3:], usage=None)
+    data = _stream(gateway, "smart", max_tokens=20)
+    chunks = [json.loads(d) for d in data[:-1]]
+    assert all("error" not in c for c in chunks), chunks
+    assert _content(chunks) == "".join(PIECES)
+    assert script.received["beta"][0].json()["max_tokens"] == 17
+
+
+def _failures(gateway: GatewayThread) -> float:
+    """`gateway_upstream_failures_total` of alpha's refusals, once the request's record is written."""
+    with httpx.Client(base_url=gateway.url, trust_env=False, timeout=15) as http:
+        text = http.get("/metrics").text
+    return metric(text, "gateway_upstream_failures_total", target="alpha/m", cause="http_400")
+
+
 def _cooldowns(gateway: GatewayThread) -> tuple[float, float]:
     with httpx.Client(base_url=gateway.url, trust_env=False, timeout=15) as http:
         text = http.get("/metrics").text
@@ -303,6 +370,24 @@ def test_the_continuation_skips_targets_that_cannot_continue(gateway: GatewayThr
     assert body["messages"][-1] == {"role": "assistant", "content": "".join(PIECES[:4])}
     assert body["continue_final_message"] is True and "add_generation_prompt" not in body
     assert body["max_tokens"] == 6
+
+
+def test_the_tokens_a_stop_held_back_count_in_the_continuations_limit(gateway: GatewayThread, script: Script) -> None:
+    """OpenAI takes four stops: the gateway enforces the fifth, holding " Paris" back (it may begin " Paris,
+    Texas") until "." shows it does not, and sends both in one chunk. Seven tokens, six content chunks."""
+    stops = ["Q:", "A:", "###", "END", " Paris, Texas"]
+    script.behaviours["oa"] = _vllm(PIECES, usage=None, cut=True)
+    script.behaviours["beta"] = _vllm([" It", " is", " big", "."], usage=None)
+    data = _stream(gateway, "from-openai", max_tokens=20, stop=stops)
+    chunks = [json.loads(d) for d in data[:-1]]
+    assert all("error" not in c for c in chunks), chunks
+    assert _content(chunks) == "The capital of France is Paris. It is big."
+    (sent,) = script.received["oa"]
+    assert sent.json()["stop"] == stops[:4]
+    (cont,) = script.received["beta"]
+    body = cont.json()
+    assert body["messages"][-1] == {"role": "assistant", "content": "".join(PIECES)}
+    assert body["max_tokens"] == 20 - len(PIECES)
 
 
 def test_a_stream_longer_than_a_continuation_may_carry_is_not_resumed(gateway: GatewayThread, script: Script) -> None:

@@ -20,7 +20,9 @@ from gateway.path.pipeline import Pipeline
 from gateway.resilience.health import TargetState
 from tests.helpers.faults import (
     CHUNKS,
+    CONTEXT_BODY,
     RECORDED_COMPLETION,
+    RECORDED_STREAM_TEXT,
     RECORDED_TEXTS,
     Behaviour,
     FaultServer,
@@ -48,10 +50,11 @@ RESUMING = ORDERED + "    resume_streams: true\n"
 ERROR_EVENT = b"data: " + openai_error("The server had an error while processing your request.", "server_error", None)
 
 
-async def streamed(p: Pipeline) -> tuple[Record, list[str]]:
-    """A streamed request through `p` read to its end: what it recorded, and its SSE events as sent."""
+async def streamed(p: Pipeline, **extra: Any) -> tuple[Record, list[str]]:
+    """A streamed request through `p` (with `extra` fields) read to its end: what it recorded, and its SSE
+    events as sent."""
     rec = Record(request_id="r-streamed", dialect="openai")
-    result = await p.complete(request_body(stream=True), {}, OPENAI, rec)
+    result = await p.complete(request_body(stream=True, **extra), {}, OPENAI, rec)
     assert result.stream is not None
     body = b"".join([c async for c in result.stream]).decode()
     return rec, [e for e in body.split("\n\n") if e]
@@ -207,7 +210,7 @@ async def test_resumed_stream_is_one_uninterrupted_stream(
     assert got_bytes.split(b"\n\n")[:16] == want_bytes.split(b"\n\n")[:16]
     # Usage adds up: beta's prompt included the `after` chunks already streamed, counted as output.
     assert chunks[-1]["choices"] == []
-    assert chunks[-1]["usage"] == {"prompt_tokens": 8, "completion_tokens": 16, "total_tokens": 24}
+    assert chunks[-1]["usage"] == {"prompt_tokens": 8, "completion_tokens": 16, "total_tokens": 24}, chunks[-3:]
     assert chunks[-1]["usage"] == RECORDED_COMPLETION["usage"]
     # The headers were sent with the first event: they name the target that started the stream.
     assert answer.headers["x-gateway-model"] == key("alpha")
@@ -218,6 +221,69 @@ async def test_resumed_stream_is_one_uninterrupted_stream(
         assert (state.cooling_ms, state.cause) == (1000, "error")
     else:
         assert state.cooling_ms == 0, state
+
+
+# Error events a retry would get again: the request itself was refused (OpenAI's envelope; Azure answers a
+# filtered prompt with a 400 of code `content_filter`).
+REFUSED = {
+    "context-length": CONTEXT_BODY,
+    "invalid-request": openai_error("'logit_bias' is not valid here", "invalid_request_error", None),
+    "content-filter": openai_error("The response was filtered by the content management policy.", "", "content_filter"),
+}
+
+
+@pytest.mark.parametrize("body", list(REFUSED.values()), ids=list(REFUSED))
+async def test_a_stream_is_not_resumed_after_an_error_event_that_refuses_the_request(
+    make: MakePipeline, faults: FaultServer, vtime: VirtualTime, body: bytes
+) -> None:
+    # Its continuation would be refused too, wherever it went: the stream ends with the error, as it would
+    # without resume_streams, booked as the 400 it is on the target that sent it.
+    faults["alpha"].script(stream(CHUNKS[:7] + [b"data: " + body]))
+    faults["beta"].script(continuation(prompt_tokens=15))
+    p = make(RESUMING, top=TOP)
+    rec, events = await streamed(p)
+    assert faults.order() == ["alpha"]
+    assert [json.loads(e[6:])["choices"][0]["text"] for e in events[:7]] == RECORDED_TEXTS[:7]
+    error = json.loads(events[7][6:])["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["message"] == "upstream error (400): " + json.loads(body)["error"]["message"]
+    assert events[8:] == ["data: [DONE]"]
+    assert (rec.status, rec.cause, rec.target, rec.attempts) == (400, "http_400", key("alpha"), 1)
+    assert rec.parts is None
+    assert (await state(p, "alpha")).cooling_ms == 0  # the request's own doing: nothing against alpha
+
+
+# Five stops: OpenAI takes four, so the gateway enforces them (docs/emulation.md), holding back text that may
+# begin one. " python" (the recording's sixth chunk) may begin the fifth; " micro" shows it does not.
+STOPS = ["Q:", "A:", "###", "END", " python script"]
+
+
+@pytest.mark.parametrize(
+    ("broken", "after", "relayed"),
+    [
+        # Six chunks streamed, the sixth held back when alpha dropped: the client had five, the continuation
+        # goes on from them (the held text was never sent: it is generated anew, not lost nor repeated).
+        pytest.param(cut(6), 5, 5, id="held-at-the-break"),
+        # Eight chunks streamed: the held sixth went out with the seventh, one chunk for two tokens.
+        pytest.param(cut(8), 8, 7, id="held-then-sent"),
+    ],
+)
+async def test_a_resumed_stream_counts_the_tokens_its_stop_scanner_held_back(
+    make: MakePipeline, faults: FaultServer, vtime: VirtualTime, broken: Behaviour, after: int, relayed: int
+) -> None:
+    faults["alpha"].script(broken)
+    faults["beta"].script(continuation(prompt_tokens=8 + after))
+    p = make(RESUMING, top=TOP)
+    rec, events = await streamed(p, stop=STOPS)
+    assert faults.order() == ["alpha", "beta"]
+    assert faults["alpha"].hits[0].json()["stop"] == STOPS[:4]
+    cont = faults["beta"].hits[0].json()
+    assert (cont["prompt"], cont["max_tokens"]) == (PROMPT + "".join(RECORDED_TEXTS[:after]), 16 - after)
+    texts = [json.loads(e[6:])["choices"][0]["text"] for e in events[:-1]]
+    assert "".join(texts[:relayed]) == "".join(RECORDED_TEXTS[:after])
+    # The whole answer once, within max_tokens: nothing the client got is asked for again.
+    assert "".join(texts) == RECORDED_STREAM_TEXT and events[-1] == "data: [DONE]"
+    assert rec.parts is not None and [(t, n) for t, _, n in rec.parts] == [(key("alpha"), after)]
 
 
 async def test_resume_fails_over_again_before_the_continuations_first_event(
