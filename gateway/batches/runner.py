@@ -7,10 +7,9 @@ each: validate its file into lines (the lease renewed while it parses), then sen
 with every write, and end it as completed, failed (a budget exhausted), expired (its `completion_window`
 over) or cancelled. A line is marked `sent` before it is sent and booked once answered: a line booked is
 never sent again, and a line in flight when its process died is sent once more by whoever takes the batch
-over. A line the gateway had no room for (a server's queue timed out or was full, a rate limit) is sent
-again after a backoff, as long as its batch's window lasts; while it waits it holds its place in
-`batches.concurrency`, so a saturated server slows the whole batch down instead of filling memory with lines
-waiting to retry.
+over. A line the gateway had no room for (a queue timed out or was full, a rate limit) is sent again after a
+backoff while its batch's window lasts, holding its place in `batches.concurrency` as it waits, so a
+saturated server slows the batch down instead of filling memory with lines waiting to retry.
 """
 
 from __future__ import annotations
