@@ -270,6 +270,7 @@ class Run(Generic[T]):
         turn = 0
         while True:
             turn += 1
+            route = self.route
             try:
                 timeouts = self._timeouts()  # past the deadline no call is made, and none is counted
                 self.attempts += 1
@@ -287,6 +288,8 @@ class Run(Generic[T]):
                 failed = exc.detached()
                 if type(exc) is Spilled:
                     self.attempts -= 1  # its server was full and another target has room: no call was made
+            if self.route is not route:  # a hedge whose second target failed first: its retries are its own
+                same_left = self._same_target(self.route)
             if not self._retryable(failed) or self.attempts >= r.attempts:
                 raise self._gave_up(failed, out_of_budget=False)
             # Where the next attempt goes, and after how long. A Retry-After is the wait; else a backoff,
@@ -419,7 +422,8 @@ class Run(Generic[T]):
                     if task.exception() is None:
                         won = task
                         return task.result(), routes[task]
-                    error = error or task.exception()
+                    if error is None:  # the failure judged, and the target a same-target retry goes back to
+                        error, self.route = task.exception(), routes[task]
                 if not pending:
                     break
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
