@@ -270,6 +270,7 @@ class Run(Generic[T]):
         turn = 0
         while True:
             turn += 1
+            route = self.route
             try:
                 timeouts = self._timeouts()  # past the deadline no call is made, and none is counted
                 self.attempts += 1
@@ -287,6 +288,8 @@ class Run(Generic[T]):
                 failed = exc.detached()
                 if type(exc) is Spilled:
                     self.attempts -= 1  # its server was full and another target has room: no call was made
+            if self.route is not route:  # a hedge whose second target failed first: its retries are its own
+                same_left = self._same_target(self.route)
             if not self._retryable(failed) or self.attempts >= r.attempts:
                 raise self._gave_up(failed, out_of_budget=False)
             # Where the next attempt goes, and after how long. A Retry-After is the wait; else a backoff,
@@ -325,12 +328,12 @@ class Run(Generic[T]):
         health, plan = self.failover.health, self.plan
         states = self.selector.states
         track = plan.tracks_inflight
-        if track:
-            await health.inflight(route.key, +1)
-        started = self.failover.clock()
         span = tracing.attempt(route)  # one span per upstream call, hedges included; None when not traced
         kept = False
         try:
+            if track:
+                await health.inflight(route.key, +1)  # a cancel during its shared write still gives it back
+            started = self.failover.clock()
             value = await self.call(route, timeouts)
             if span is not None:
                 span.succeeded(value)
@@ -402,46 +405,59 @@ class Run(Generic[T]):
         """Start a second target if the first has not answered within `after_s`; first answer wins."""
         first = self.route
         primary = asyncio.ensure_future(self.attempt(first, timeouts))
-        try:
-            done, _ = await asyncio.wait({primary}, timeout=after_s)
-            if done:
-                return primary.result(), first
-            second, fresh = await self.selector.next()
-            if not fresh:
-                return await primary, first
-            later = self._timeouts()
-        except BaseException:
-            primary.cancel()  # the request itself was cancelled (client gone): let go of the upstream
-            raise
-        self.attempts += 1
-        backup = asyncio.ensure_future(self.attempt(second, later))
-        routes = {primary: first, backup: second}
-        pending = {primary, backup}
+        routes = {primary: first}
+        won: asyncio.Task[T] | None = None
         error: BaseException | None = None
         try:
-            while pending:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            done, pending = await asyncio.wait(routes, timeout=after_s)
+            if not done:
+                second, fresh = await self.selector.next()
+                if fresh:
+                    later = self._timeouts()
+                    self.attempts += 1
+                    routes[asyncio.ensure_future(self.attempt(second, later))] = second
+                pending = set(routes)
+            while True:
                 for task in done:
                     if task.exception() is None:
-                        winner = task
-                        for other in pending:
-                            other.cancel()
-                        for other in done - {winner}:
-                            if other.exception() is None:
-                                if self.discard is not None:
-                                    self.discard(other.result())
-                                if self.keep is not None:  # the loser's stream counted in flight
-                                    await self.failover.health.inflight(routes[other].key, -1)
-                        return winner.result(), routes[winner]
-                    error = error or task.exception()
+                        won = task
+                        return task.result(), routes[task]
+                    if error is None:  # the failure judged, and the target a same-target retry goes back to
+                        error, self.route = task.exception(), routes[task]
+                if not pending:
+                    break
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in pending:
-                task.cancel()
+            # On every way out, a cancelled request's too: an attempt that answered in the turn the request was
+            # cancelled holds an open stream, and its count, that nobody else would give back.
+            await self._let_go(routes, won)
         assert error is not None
         try:
             raise error
         finally:
             error = None  # the traceback holds this frame: no cycle through it back to the exception
+
+    async def _let_go(self, routes: dict[asyncio.Task[T], Route], won: asyncio.Task[T] | None) -> None:
+        """Every hedged attempt but `won`: cancelled while it runs (it gives back what it holds), else its answer
+        closed and the count it kept given back. Cancelled during those writes, the request lets go of `won` too."""
+        kept: list[str] = []
+        for task, route in routes.items():
+            if task is won:
+                continue
+            if not task.done():
+                task.cancel()
+            elif not task.cancelled() and task.exception() is None:
+                if self.discard is not None:
+                    self.discard(task.result())
+                if self.keep is not None:
+                    kept.append(route.key)
+        try:
+            for key in kept:
+                await self.failover.health.inflight(key, -1)
+        except BaseException:
+            if won is not None:
+                await self._let_go({won: routes[won]}, None)
+            raise
 
     def _timeouts(self) -> Timeouts:
         left = self.deadline - self.failover.clock()

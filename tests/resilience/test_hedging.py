@@ -162,3 +162,27 @@ async def test_a_deadline_that_passes_before_the_hedge_lets_go_of_the_first_targ
     assert answer.error is not None and answer.error.code == "deadline_exceeded"
     assert answer.attempts == 1  # the hedge was never sent
     assert await wait_for(faults["alpha"].hits[0].disconnected, 1.0)
+
+
+async def test_when_both_fail_the_same_target_retry_goes_back_to_the_target_that_failed_first(
+    make: MakePipeline, faults: FaultServer, vtime: VirtualTime
+) -> None:
+    # The first of the two failures decides what comes next; a same-target retry goes back to its target. Here
+    # beta's 503 (transient: retried on the same target) comes first, and alpha's timeout (never retried on
+    # the same target) after: the retry goes to beta, not back to the target that timed out.
+    faults["alpha"].script(hang())
+    faults["beta"].script(unavailable())
+    top = "retries: {attempts: 3}\ntimeouts: {connect_ms: 1000, first_byte_ms: 400, total_ms: 8000}\n"
+    p = make(HEDGED, top=top)
+    answer = await ask(p)
+    assert faults.order() == ["alpha", "beta", "beta"]
+    assert answer.served_by == key("beta") and answer.attempts == 3
+    assert len(vtime.sleeps) == 1  # beta's backoff
+
+    # Reversed: alpha's 503 comes first, then the hedge to beta times out. alpha is retried.
+    faults.forget()
+    faults["alpha"].script(slow(0.25, then=unavailable()))
+    faults["beta"].script(hang())
+    answer = await ask(p)
+    assert faults.order() == ["alpha", "beta", "alpha"]
+    assert answer.served_by == key("alpha") and answer.attempts == 3
