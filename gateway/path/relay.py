@@ -21,7 +21,7 @@ from gateway.limits import tokens
 from gateway.limits.admission import Admission, Ticket
 from gateway.limits.budgets import STREAM_CHECK_EVENTS, Hold
 from gateway.ops.metrics import Record
-from gateway.path.answers import UNREADABLE, ignored_n, sane_usage
+from gateway.path.answers import UNREADABLE, failed_attempt, ignored_n, sane_usage
 from gateway.path.attempt import Job, Services
 from gateway.path.chat import continuation
 from gateway.path.dialects import OPENAI
@@ -407,11 +407,6 @@ def estimated(job: Job, chunks: int) -> Usage:
 
 
 def _stream_broke(route: Route, what: str, code: str, cause: str) -> UpstreamError:
-    """A stream that broke after it started: the error event names the target and the cause."""
-    return UpstreamError(
-        f"Upstream '{route.key}' {what}",
-        code=code,
-        cause=cause,
-        target=route.key,
-        provider=route.provider,
-    )
+    """A stream that broke after it started: the error event names the target and the cause. Judged as the
+    same failure before the first event is (retryable: evidence against the target, `Failover.broke`)."""
+    return failed_attempt(route, what, code, cause)

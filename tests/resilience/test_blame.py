@@ -8,7 +8,7 @@ well-behaved) against the gateway under uvicorn, over one scripted upstream; the
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from aiohttp import web
 from gateway.resilience.health import TargetState
 from tests.helpers.clients import sse_data
 from tests.helpers.faults import (
+    CHUNKS,
     Behaviour,
     FaultServer,
     Hit,
@@ -316,3 +317,40 @@ async def test_a_probe_that_lost_a_hedge_race_hands_the_probe_to_the_next_reques
     answer = await ask(p)
     assert answer.served_by == key("alpha")
     assert await state(p, "alpha") == TargetState()
+
+
+def _ends_early(request: web.Request, hit: Hit) -> Awaitable[web.StreamResponse]:
+    """Five recorded events, then the end of the body: no finish reason, no [DONE]."""
+
+    async def behave() -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        for event in CHUNKS[:5]:
+            await resp.write(event + b"\n\n")
+        await resp.write_eof()
+        return resp
+
+    return behave()
+
+
+@pytest.mark.parametrize(
+    ("broken", "code"),
+    [
+        (stream([*CHUNKS[:5], b"data: {not json"]), "invalid_upstream_response"),
+        (_ends_early, "upstream_stream_ended_early"),
+    ],
+    ids=["unreadable-event", "ended-early"],
+)
+@pytest.mark.parametrize("gateway", ["cooldown: {min_requests: 3}\n"], indirect=True)
+def test_streams_that_break_mid_way_for_every_tenant_are_evidence_against_the_target(
+    faults: FaultServer, gateway: GatewayThread, broken: Behaviour, code: str
+) -> None:
+    # As the same failure before the first event would: three distinct requests of both tenants broke there.
+    faults["alpha"].script(then=broken)
+    with client() as http:
+        for tenant in ("red", "blue", "red"):
+            events = streamed(http, gateway, tenant)
+            assert f'"{code}"' in events[-2] and events[-1] == "[DONE]", events[-2:]
+        after = post(http, gateway, "blue")
+    assert (after.status_code, after.json()["error"]["code"]) == (503, "all_targets_cooling")
+    assert faults["alpha"].count == 3
