@@ -222,13 +222,14 @@ async def complete(
 class _Choices:
     """The stream's per-choice state: each choice's stop scanner, and the choices already finished."""
 
-    __slots__ = ("em", "scanners", "done", "into")
+    __slots__ = ("em", "scanners", "done", "into", "cut")
 
     def __init__(self, em: ChatEmulation, into: Folded) -> None:
         self.em = em
         self.scanners: dict[int, StopScanner] = {}
         self.done: set[int] = set()
         self.into = into  # the chunks the stops held back and sent inside a later one
+        self.cut = False  # a choice the stops ended while its upstream still generates it
 
     async def relay(self, ch: ChunkChoice, index: int) -> ChunkChoice | None:
         """The choice as the client gets it (re-indexed, cut at a stop), or None when nothing is left of it."""
@@ -247,6 +248,7 @@ class _Choices:
                 rest, stopped = scanner.flush()
                 safe += rest
             if stopped:
+                self.cut = self.cut or finish is None
                 finish = "stop"
                 delta = Delta(role=delta.role, content=safe, reasoning_content=delta.reasoning_content)
             elif safe != content:
@@ -286,9 +288,10 @@ async def stream(
                     out.append(relayed)
             if out:
                 yield ChatChunk(item.id, item.created, item.model, out, system_fingerprint=item.system_fingerprint)
-            if em.stops is not None and len(state.done) >= em.n:
-                # Every choice has stopped: no need to read (or pay for) the rest. A usage that lacks some
-                # call's is not the answer's: none is reported, and the relay estimates it.
+            if state.cut and em.stops is not None and len(state.done) >= em.n:
+                # Every choice has stopped, one while its upstream still generates: no need to read (or pay
+                # for) the rest. A usage that lacks some call's is not the answer's: none is reported, and the
+                # relay estimates it. When the upstreams ended them all, what follows is their usage: read on.
                 usage = usage if usages == len(opens) else None
                 break
     if usage is not None and last is not None:

@@ -33,6 +33,7 @@ async def stream(
     scanners: dict[int, StopScanner] = {}
     echoed: set[int] = set()
     done: set[int] = set()
+    cut = False  # a choice the stops ended while its upstream still generates it
     usage: Usage | None = None
     async with aclosing(merged(opens)) as chunks:
         async for k, item in chunks:
@@ -60,6 +61,7 @@ async def stream(
                         rest, stopped = scanner.flush()
                         safe += rest
                     if stopped:
+                        cut = cut or finish is None
                         finish = "stop"
                     if safe != text:
                         # The chunk's token logprobs, ids and stop reason no longer describe its text.
@@ -84,11 +86,13 @@ async def stream(
             if out:
                 yield ctx.completion(out)
             if (
-                em.stops is not None
-                and done
+                cut
+                and em.stops is not None
                 and all(p * em.n + jj in done for p in range(len(em.prompts)) for jj in range(em.n))
             ):
-                break  # every choice has stopped: no need to read (or pay for) the rest
+                # Every choice has stopped, one while its upstream still generates: no need to read (or pay
+                # for) the rest. When the upstreams ended them all, what follows is their usage: read on.
+                break
     if usage is not None:
         yield ctx.completion([], usage)
 

@@ -81,7 +81,9 @@ async def _handler(request: web.Request, received: Received) -> web.StreamRespon
     else:
         events = [_chunk({"role": "assistant", "content": ""})]
         events += [_chunk({"content": p}) for p in PIECES]
-        events += [_chunk({}, "stop"), b"data: [DONE]"]
+        usage = {"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1700000000, "model": "gpt-4o-mini"}
+        usage |= {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 7, "total_tokens": 16}}
+        events += [_chunk({}, "stop"), b"data: " + json.dumps(usage).encode(), b"data: [DONE]"]
     resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
     await resp.prepare(request)
     for event in events:
@@ -198,6 +200,20 @@ def test_stops_beyond_the_providers_count_are_cut_in_streams(api: httpx.Client, 
     # Nothing after the stop reached the client, and no usage chunk it did not ask for.
     assert all(c["choices"] for c in chunks)
     assert upstream.only().json()["stop"] == STOPS[:4]
+
+
+def test_a_stream_the_upstream_ended_itself_keeps_its_usage_with_the_gateways_stops(
+    api: httpx.Client, upstream: Upstream
+) -> None:
+    # No stop in the text: the upstream ends the answer, and its usage chunk follows. The gateway reads on to
+    # it rather than estimating; it stops reading early only when a stop of its own ended the answer.
+    body = {"model": "oa/gpt-4o-mini", "messages": MESSAGES, "stop": [*STOPS[:4], "zzz"], "stream": True}
+    resp = api.post("/v1/chat/completions", json=body | {"stream_options": {"include_usage": True}})
+    assert resp.status_code == 200, resp.text
+    chunks = _chunks(resp)
+    assert "".join(ch["delta"].get("content") or "" for c in chunks for ch in c["choices"]) == TEXT
+    assert chunks[-1]["choices"] == []
+    assert chunks[-1]["usage"] == {"prompt_tokens": 9, "completion_tokens": 7, "total_tokens": 16}
 
 
 def test_json_schema_is_sent_as_tgis_grammar(api: httpx.Client, upstream: Upstream) -> None:

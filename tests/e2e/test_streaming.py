@@ -146,6 +146,20 @@ def test_usage_chunk_when_requested(api: httpx.Client, upstream: Upstream) -> No
     assert upstream.only().json()["stream_options"] == {"include_usage": True}
 
 
+def test_usage_chunk_of_an_upstream_that_ended_the_stream_itself_with_the_gateways_stops(
+    api: httpx.Client, upstream: Upstream
+) -> None:
+    # Five stops, none in the text: the gateway scans for the fifth, the upstream ends the answer, and its
+    # usage chunk follows. The gateway reads on to it rather than estimating the usage.
+    upstream.handler = reply_sse(WITH_USAGE)
+    stops = ["Q:", "A:", "###", "END", "zzz"]
+    resp = api.post("/v1/completions", json={**DAVINCI_REQ, "stop": stops, "stream_options": {"include_usage": True}})
+    *content, last = _chunks(resp)
+    assert "".join(c["choices"][0]["text"] for c in content) == RECORDED_TEXT
+    assert last["choices"] == [] and last["usage"] == {"prompt_tokens": 8, "completion_tokens": 16, "total_tokens": 24}
+    assert upstream.only().json()["stop"] == stops[:4]
+
+
 async def test_usage_chunk_through_the_async_sdk(gateway: GatewayThread, upstream: Upstream) -> None:
     upstream.handler = reply_sse(WITH_USAGE)
     async with async_openai_client(gateway.url + "/v1", FULL_KEY) as client:
