@@ -186,7 +186,8 @@ class Recorder(threading.Thread):
 
     def __init__(self, url: str) -> None:
         super().__init__(daemon=True, name="bench-roundtrips-monitor")
-        self.client = redis_py.Redis.from_url(url)
+        # No read timeout: MONITOR waits for commands, and a slow machine's set-up runs none for seconds.
+        self.client = redis_py.Redis.from_url(url, socket_timeout=None)
         self.db = int(urlparse(url).path.strip("/") or 0)
         self.commands: list[Command] = []
         self.started = threading.Event()
