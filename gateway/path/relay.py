@@ -195,7 +195,7 @@ class Relay:
                         self.services.ignores_n.add(route.key)
                         error = ignored_n(route, expected, finished)
                     elif finished < expected and usage is None:
-                        error = _stream_broke(
+                        error = failed_attempt(
                             route, "ended the stream early", "upstream_stream_ended_early", "stream_ended_early"
                         )
                 except GatewayError as exc:
@@ -205,7 +205,8 @@ class Relay:
                     if error.target is None and isinstance(error, UpstreamError):
                         error.target, error.provider = route.key, route.provider  # the framing's errors name none
                 except UNREADABLE:
-                    error = _stream_broke(
+                    # Judged as the same failure before the first event is: evidence against the target.
+                    error = failed_attempt(
                         route, "sent an invalid stream event", "invalid_upstream_response", "invalid_response"
                     )
                 except Exception:
@@ -404,9 +405,3 @@ def estimated(job: Job, chunks: int) -> Usage:
     ticket = job.ticket
     prompt = ticket.prompt if ticket is not None and ticket.prompt else tokens.prompt_tokens(job.req.prompt, False, "")
     return Usage(prompt_tokens=prompt, completion_tokens=chunks, total_tokens=prompt + chunks)
-
-
-def _stream_broke(route: Route, what: str, code: str, cause: str) -> UpstreamError:
-    """A stream that broke after it started: the error event names the target and the cause. Judged as the
-    same failure before the first event is (retryable: evidence against the target, `Failover.broke`)."""
-    return failed_attempt(route, what, code, cause)
