@@ -50,13 +50,13 @@ class CallContext(msgspec.Struct):
     n: int = 1
     echo: bool = False
     logprobs: bool = False  # the request asked for logprobs
+    top_logprobs: int = 0  # the alternatives it asked for per token (the count `logprobs` folds in)
     # Stream state: running text offset per choice index, for providers that do not send offsets.
     offsets: dict[int, int] = msgspec.field(default_factory=dict)
     # Adapter-private stream state (e.g. Anthropic's input tokens from `message_start`, needed when
     # `message_delta` brings the output tokens). One CallContext per upstream call, never shared.
     state: dict[str, Any] = msgspec.field(default_factory=dict)
-    # The request's `include_stop_reason`: relay which stop ended each choice.
-    stop_reason: bool = False
+    stop_reason: bool = False  # the request's `include_stop_reason`: relay which stop ended each choice
     chat: bool = False  # a chat request: its chunks are `chat.completion.chunk`s
 
     def completion(

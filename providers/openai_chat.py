@@ -28,6 +28,7 @@ from providers.base import (
     request_headers,
     table,
 )
+from providers.chat_logprobs import UpLogprobs, chat_logprobs
 from providers.envelope import Unreadable
 from providers.finish import BROKE_OFF, broke_off, finish_reason
 from providers.openai_compat import UpEnvelope, UpUsage, usage_from
@@ -36,17 +37,14 @@ from wire.chat import (
     ChatChunk,
     ChatCompletion,
     ChatFinishReason,
-    ChatLogprobs,
     ChatMessage,
     ChatRequest,
     ChunkChoice,
     Delta,
     FunctionCall,
     FunctionDelta,
-    TokenLogprob,
     ToolCall,
     ToolCallDelta,
-    TopLogprob,
 )
 from wire.errors import InvalidRequestError, UnsupportedParamError
 from wire.schema import Completion, Usage
@@ -171,30 +169,12 @@ class _UpMessage(msgspec.Struct):
     reasoning: str | None = None
 
 
-class _UpTop(msgspec.Struct):
-    token: str = ""
-    logprob: float = 0.0
-    bytes: list[int] | None = None
-
-
-class _UpToken(msgspec.Struct):
-    token: str = ""
-    logprob: float = 0.0
-    bytes: list[int] | None = None
-    top_logprobs: list[_UpTop] | None = None
-
-
-class _UpLogprobs(msgspec.Struct):
-    content: list[_UpToken] | None = None
-    refusal: list[_UpToken] | None = None
-
-
 class _UpChoice(msgspec.Struct):
     index: int = 0
     message: _UpMessage | None = None
     delta: _UpMessage | None = None
     finish_reason: str | None = None
-    logprobs: _UpLogprobs | None = None
+    logprobs: UpLogprobs | float | None = None  # a bare number: a stream chunk's token (chat_logprobs.py)
 
 
 class _UpChat(UpEnvelope):
@@ -214,26 +194,6 @@ def chat_finish(word: str | None) -> ChatFinishReason | None:
     if word in ("tool_calls", "function_call", "tool_use"):
         return "tool_calls"
     return finish_reason(word)
-
-
-def _tokens(up: list[_UpToken] | None) -> list[TokenLogprob] | None:
-    if up is None:
-        return None
-    return [
-        TokenLogprob(
-            token=t.token,
-            logprob=t.logprob,
-            bytes=t.bytes,
-            top_logprobs=[TopLogprob(token=a.token, logprob=a.logprob, bytes=a.bytes) for a in t.top_logprobs or ()],
-        )
-        for t in up
-    ]
-
-
-def _chat_logprobs(up: _UpLogprobs | None) -> ChatLogprobs | None:
-    if up is None:
-        return None
-    return ChatLogprobs(content=_tokens(up.content), refusal=_tokens(up.refusal))
 
 
 def _calls(up: list[_UpToolCall] | None) -> list[ToolCall] | None:
@@ -336,7 +296,7 @@ class OpenAIChat(Adapter):
                     index=c.index,
                     message=message,
                     finish_reason=chat_finish(c.finish_reason),
-                    logprobs=_chat_logprobs(c.logprobs),
+                    logprobs=None if c.logprobs is None else chat_logprobs(c.logprobs, content, ctx.top_logprobs),
                 )
             )
         usage = usage_from(up.usage) if up.usage is not None else None
@@ -383,7 +343,7 @@ class OpenAIChat(Adapter):
                     index=c.index,
                     delta=delta,
                     finish_reason=chat_finish(word) if word else None,
-                    logprobs=None if lp is None else _chat_logprobs(lp),
+                    logprobs=None if lp is None else chat_logprobs(lp, content, ctx.top_logprobs),
                 )
             )
         return ChatChunk(

@@ -2,14 +2,24 @@
 
 Fields from together-python `types/completions.py` and a recorded request (its own `repetition_penalty`
 and `min_p` included; it documents no stop count, so OpenAI's 4 apply); the response quirks
-(`text.completion`, finish reason `eos`, float logprobs in stream chunks) are normalized by the base.
+(`text.completion`, finish reason `eos`, float logprobs in stream chunks) are normalized by the base. Its
+chat route takes and answers logprobs in its own shape too (providers/chat_logprobs.py).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from providers.base import Param, table
 from providers.openai_chat import OpenAIChat, chat_table
 from providers.openai_compat import OPENAI_PARAMS, OpenAICompatible
+
+
+def _chat_logprobs(body: dict[str, Any], count: int) -> None:
+    # Together's chat `logprobs` is the count of alternatives per token (together-python
+    # `ChatCompletionRequest.logprobs: int`), not OpenAI's boolean and `top_logprobs`; 1 at the least, as 0
+    # would ask for none at all. Its answer's maps are cut back to `count` (providers/chat_logprobs.py).
+    body["logprobs"] = max(count, 1)
 
 
 class TogetherAdapter(OpenAIChat, OpenAICompatible):
@@ -27,5 +37,5 @@ class TogetherAdapter(OpenAIChat, OpenAICompatible):
         repetition_penalty=Param(),
         min_p=Param(),
     )
-    chat_params = chat_table(params, reasoning_effort=Param())
+    chat_params = chat_table(params, reasoning_effort=Param(), logprobs=Param(apply=_chat_logprobs))
     chat_stream_usage = False  # as on completions: its usage comes on the last chunk unasked

@@ -291,6 +291,7 @@ class Pipeline:
             n=req.n or 1,
             echo=bool(req.echo),
             logprobs=req.logprobs is not None,
+            top_logprobs=req.logprobs or 0,
             chat=op.chat,
         )
         # Who asks, for the fair queue (a priority the key may not ask for is refused before anything is charged).

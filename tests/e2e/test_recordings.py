@@ -32,6 +32,7 @@ DAVINCI_HEADERS = "openai/completion_davinci002.headers.json"
 DAVINCI_STREAM = "openai/completion_stream_davinci002.sse.txt"
 TOGETHER = "together/completion_mixtral_length.json"
 TOGETHER_HEADERS = "together/completion_mixtral_length.headers.json"
+TOGETHER_CHAT = "together/chat_logprobs.json"
 VLLM = "vllm/completion_opt125m.json"
 TGI = "tgi/snapshot_v1_completions_single.json"
 
@@ -211,6 +212,45 @@ def test_together_recording(api: httpx.Client, upstream: Upstream) -> None:
         "prompt": "Tell me a joke about opentelemetry",
     }
     assert sent.headers["authorization"] == "Bearer together-e2e"
+
+
+def test_together_chat_logprobs_reach_the_sdk_in_openais_shape(oai: openai.OpenAI, upstream: Upstream) -> None:
+    """Together answers chat logprobs in the completions shape (and a stream's as one number per chunk): the
+    official client reads them as OpenAI's `logprobs.content`, buffered and streamed."""
+    upstream.handler = reply(fixture_bytes(TOGETHER_CHAT))
+    model = "together/meta-llama/Meta-Llama-3.1-8B-Instruct-Turbo"
+    messages: Any = [{"role": "user", "content": "how are you today"}]
+    answer = oai.chat.completions.create(model=model, messages=messages, logprobs=True, top_logprobs=1)
+    recorded = fixture_json(TOGETHER_CHAT)["choices"][0]["logprobs"]
+    logprobs = answer.choices[0].logprobs
+    assert logprobs is not None and logprobs.content is not None
+    assert [(t.token, t.logprob) for t in logprobs.content] == list(
+        zip(recorded["tokens"], recorded["token_logprobs"], strict=True)
+    )
+    assert [[(a.token, a.logprob) for a in t.top_logprobs] for t in logprobs.content] == [
+        list(m.items()) for m in recorded["top_logprobs"]
+    ]
+    sent = upstream.only().json()
+    assert sent["logprobs"] == 1 and "top_logprobs" not in sent
+
+    # Stream chunks as together-python types them (`ChatCompletionChoicesChunk.logprobs: float`).
+    chunk: dict[str, Any] = {
+        "id": "oBUtQrM-62bZhn-9801a1ac2a5f9b29",
+        "object": "chat.completion.chunk",
+        "created": 1758039001,
+        "model": "m",
+        "choices": [{"index": 0, "delta": {"role": "assistant", "content": "The"}, "logprobs": -0.25}],
+    }
+    last = {**chunk, "choices": [{"index": 0, "delta": {"content": " Sun"}, "logprobs": -1.5, "finish_reason": "stop"}]}
+    upstream.handler = reply_sse([b"data: " + json.dumps(c).encode() for c in (chunk, last)] + [b"data: [DONE]"])
+    with oai.chat.completions.create(model=model, messages=messages, logprobs=True, stream=True) as stream:
+        tokens = [
+            (t.token, t.logprob)
+            for c in stream
+            for ch in c.choices
+            for t in (ch.logprobs and ch.logprobs.content) or ()
+        ]
+    assert tokens == [("The", -0.25), (" Sun", -1.5)]
 
 
 @pytest.mark.parametrize("route", ALL_ROUTES)

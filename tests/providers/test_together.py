@@ -3,15 +3,19 @@ Responses from the real Mixtral recording (`object: "text.completion"`, extra `p
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import msgspec
 import pytest
 
-from providers.base import Endpoint, map_params
+from gateway.path.request import normalize_chat
+from providers.base import CallContext, Endpoint, map_params
 from providers.retry_after import retry_after
 from providers.together import TogetherAdapter
 from tests.helpers.adapters import as_json, build, context, request
 from tests.helpers.recordings import fixture_bytes, fixture_headers, fixture_json
+from wire.chat import decode_chat
 from wire.errors import InvalidRequestError, UnsupportedParamError
 
 ADAPTER = TogetherAdapter()
@@ -111,3 +115,61 @@ def test_up_to_twenty_logprobs() -> None:
     with pytest.raises(InvalidRequestError) as caught:
         TogetherAdapter().check(request(prompt="x", logprobs=21), "together")
     assert caught.value.param == "logprobs"
+
+
+def _chat(body: dict[str, Any]) -> Any:
+    return normalize_chat(
+        decode_chat(msgspec.json.encode({"model": "m", "messages": [{"role": "user", "content": "hi"}], **body}))
+    )
+
+
+@pytest.mark.parametrize(("asked", "sent"), [({"logprobs": True}, 1), ({"logprobs": True, "top_logprobs": 3}, 3)])
+def test_chat_logprobs_are_sent_as_its_count(asked: dict[str, Any], sent: int) -> None:
+    """Together's chat `logprobs` is the number of alternatives (together-python `ChatCompletionRequest`), not
+    OpenAI's boolean and `top_logprobs`."""
+    req = _chat(asked)
+    assert ADAPTER.chat_params is not None
+    params, _ = map_params(req, ADAPTER.chat_params, "together", False)
+    up = ADAPTER.build_chat_request(req, Endpoint(provider="together", model="m", base_url="https://t/v1"), params)
+    body = json.loads(up.body)
+    assert body["logprobs"] == sent and "top_logprobs" not in body
+
+
+@pytest.mark.parametrize("top", [0, 1])
+def test_recorded_chat_logprobs_become_openais_chat_shape(top: int) -> None:
+    recorded = fixture_json("together/chat_logprobs.json")["choices"][0]["logprobs"]
+    ctx = CallContext(id="chatcmpl-t", created=1, model="m", logprobs=True, top_logprobs=top, chat=True)
+    answer = ADAPTER.parse_chat_response(fixture_bytes("together/chat_logprobs.json"), ctx)
+    (choice,) = answer.choices
+    assert choice.message.content == "New York City is a vibrant and diverse destination with"
+    assert choice.logprobs is not None and choice.logprobs.content is not None
+    got = as_json(choice.logprobs)["content"]
+    assert [t["token"] for t in got] == recorded["tokens"]
+    assert [t["logprob"] for t in got] == recorded["token_logprobs"]
+    assert [bytes(t["bytes"]).decode() for t in got] == recorded["tokens"]
+    alternatives = [
+        [{"token": k, "logprob": v, "bytes": list(k.encode())} for k, v in m.items()] for m in recorded["top_logprobs"]
+    ]
+    assert [t["top_logprobs"] for t in got] == [a[:top] for a in alternatives]
+
+
+def test_a_chat_stream_chunks_bare_logprob_is_its_token() -> None:
+    """In a stream Together sends each chunk's sampled token's logprob as a number (together-python
+    `ChatCompletionChoicesChunk.logprobs: float`). The chunk is a recorded one (llama-stack's recordings,
+    `tests/integration/recordings/responses/d85689907fec.json`, where it was null) with that number set."""
+    data = (
+        b'{"id":"oBUtQrM-62bZhn-9801a1ac2a5f9b29","choices":[{"delta":{"content":"The","function_call":null,'
+        b'"refusal":null,"role":"assistant","tool_calls":null,"token_id":791},"finish_reason":null,"index":0,'
+        b'"logprobs":-0.25,"text":"The","seed":null}],"created":1758039001,'
+        b'"model":"meta-llama/Llama-3.3-70B-Instruct-Turbo-Free","object":"chat.completion.chunk",'
+        b'"service_tier":null,"system_fingerprint":null,"usage":null}'
+    )
+    ctx = CallContext(id="chatcmpl-t", created=1, model="m", logprobs=True, chat=True)
+    chunk = ADAPTER.parse_chat_event(None, data, ctx)
+    assert chunk is not None
+    assert as_json(chunk.choices[0].logprobs) == {
+        "content": [{"token": "The", "logprob": -0.25, "bytes": [84, 104, 101], "top_logprobs": []}]
+    }
+    whole = data.replace(b'"logprobs":-0.25', b'"logprobs":-1')  # a whole number is a number too
+    chunk = ADAPTER.parse_chat_event(None, whole, ctx)
+    assert chunk is not None and as_json(chunk.choices[0].logprobs)["content"][0]["logprob"] == -1.0
