@@ -277,7 +277,7 @@ class Drive:
                 asyncio.to_thread(parse, found[1], found[0], cfg.max_lines, cfg.max_file_bytes)
             )
             lines, errors = await self._renewing(checked)
-            await r.store.run(store.validated, self.id, r.me, r.lease_s, lines, errors)
+            await store.validated(r.store, self.id, r.me, r.lease_s, lines, errors)
         except (leases.LostLease, LedgerDown):
             raise
         except Exception:
@@ -285,7 +285,7 @@ class Drive:
             # `validating` for good: it fails instead, saying so.
             log.exception("batches: the input file of %s could not be checked; the batch fails", self.id)
             error = BatchError("invalid_file", "The input file could not be read as a batch's lines", None, None)
-            await r.store.run(store.validated, self.id, r.me, r.lease_s, [], [error])
+            await store.validated(r.store, self.id, r.me, r.lease_s, [], [error])
 
     async def _renewing(self, work: asyncio.Future[T]) -> T:
         """`work`'s result, the lease renewed meanwhile. A step that writes nothing (a large file's parse can
@@ -409,6 +409,10 @@ class Drive:
         self.later.clear()  # the lines put back are closed with the rest of those not answered
         self._gauge()
         await self._flush()
+        # Lines stored part-way (the batch cancelled meanwhile) never became the batch's: closing them would
+        # answer lines that were never to run, so it ends with none, as a batch cancelled before its check.
+        while await r.store.run(store.unstore, self.id, r.me, r.lease_s):
+            pass
         left = await r.store.run(store.left, self.id)
         code, message = _ENDED[status]
         if status == "failed" and self.stop is not None:

@@ -1,4 +1,5 @@
-"""Files, batches and lines in the ledger's database: every statement the Batch API runs, one transaction each.
+"""Files, batches and lines in the ledger's database: every statement the Batch API runs, one transaction each
+(a checked file's lines: several, `validated`).
 
 `Store` holds its own connection on its own thread (the routes and the runner wait on it, never the event
 loop, and never behind the ledger's writer). A runner holds a batch by its lease (`lease_owner`,
@@ -26,6 +27,8 @@ from gateway.ledger.engine import Cursor, Database
 T = TypeVar("T")
 CHUNK_BYTES: Final = 1024 * 1024  # an uploaded file is stored in chunks of this size
 _IN_CHUNK: Final = 500  # lines per INSERT / UPDATE statement batch
+STORE_LINES: Final = 2000  # a checked file's lines stored per transaction, at most (`validated`)
+STORE_BYTES: Final = 4 * 1024 * 1024  # and bytes of their bodies, at most (or one line, if longer)
 
 BATCH_COLUMNS: Final = (
     "id, owner, endpoint, input_file_id, completion_window, status, metadata, errors, reason, created_at, "
@@ -237,21 +240,67 @@ def to_validate(cur: Cursor, batch_id: str, me: str, lease_s: float) -> tuple[st
     return str(endpoint), input_data(cur, input_file)
 
 
-def validated(cur: Cursor, batch_id: str, me: str, lease_s: float, lines: list[Line], errors: list[BatchError]) -> None:
-    """Store the batch's lines, or the errors that fail it; nothing when it was cancelled meanwhile."""
+async def validated(
+    db: Store, batch_id: str, me: str, lease_s: float, lines: list[Line], errors: list[BatchError]
+) -> None:
+    """Store the batch's lines, or the errors that fail it; nothing more once it was cancelled meanwhile.
+
+    One transaction would hold the store's thread for seconds (a million lines: up to tens), and this
+    process's other leases, whose renewals wait on that thread, could run out meanwhile: the lines go in
+    transactions of at most STORE_LINES lines (STORE_BYTES of bodies), each renewing this lease, the
+    store's other work running between them. The batch becomes `in_progress` in a last one, once all are
+    stored; a holder that stops part-way (it died, lost the lease) leaves it `validating`, and whoever
+    takes it over deletes what it stored (as many at a time) and stores every line again."""
+    while await db.run(unstore, batch_id, me, lease_s):
+        pass
+    if errors:
+        await db.run(check_failed, batch_id, me, lease_s, errors)
+        return
+    at, refused = 0, 0
+    while at < len(lines):
+        end, size = at, 0
+        while end < len(lines) and end - at < STORE_LINES and size < STORE_BYTES:
+            size += len(lines[end].body)
+            end += 1
+        stored = await db.run(store_lines, batch_id, me, lease_s, lines[at:end], at)
+        if stored is None:
+            return  # cancelled: the runner ends it, deleting what was stored
+        refused += stored
+        at = end
+    await db.run(lines_stored, batch_id, me, lease_s, len(lines), refused)
+
+
+def unstore(cur: Cursor, batch_id: str, me: str, lease_s: float) -> int:
+    """Delete up to STORE_LINES lines of a batch that never became `in_progress` (whose lines a holder
+    stopped storing part-way); how many. Such a batch is checked again, or ends, with no lines."""
+    held(cur, batch_id, me, lease_s)
+    if cur.rows("SELECT in_progress_at FROM batches WHERE id = ?", (batch_id,))[0][0] is not None:
+        return 0
+    return cur.execute(
+        "DELETE FROM batch_lines WHERE batch_id = ? AND idx IN "
+        "(SELECT idx FROM batch_lines WHERE batch_id = ? LIMIT ?)",
+        (batch_id, batch_id, STORE_LINES),
+    )
+
+
+def check_failed(cur: Cursor, batch_id: str, me: str, lease_s: float, errors: list[BatchError]) -> None:
+    """Fail the batch with the errors its file's check found; nothing when it was cancelled meanwhile."""
     if held(cur, batch_id, me, lease_s)[0] != "validating":
         return
-    now = time.time()
-    if errors:
-        cur.execute(
-            "UPDATE batches SET status = 'failed', failed_at = ?, errors = ?, lease_until = 0 WHERE id = ?",
-            (now, _json([msgspec.structs.asdict(e) for e in errors]), batch_id),
-        )
-        return
-    cur.execute("DELETE FROM batch_lines WHERE batch_id = ?", (batch_id,))
+    cur.execute(
+        "UPDATE batches SET status = 'failed', failed_at = ?, errors = ?, lease_until = 0 WHERE id = ?",
+        (time.time(), _json([msgspec.structs.asdict(e) for e in errors]), batch_id),
+    )
+
+
+def store_lines(cur: Cursor, batch_id: str, me: str, lease_s: float, lines: list[Line], first: int) -> int | None:
+    """Store `lines` as the batch's lines `first`, `first + 1`...; how many of them are refused (answered
+    with their error at once), or None when the batch is no longer `validating` (cancelled)."""
+    if held(cur, batch_id, me, lease_s)[0] != "validating":
+        return None
     rows: list[tuple[str, int, str, str, str, int, str | None]] = []
     refused = 0
-    for i, line in enumerate(lines):
+    for i, line in enumerate(lines, first):
         if line.refusal is None:
             rows.append((batch_id, i, line.custom_id, line.body.decode(), TODO, 0, None))
             continue
@@ -275,9 +324,16 @@ def validated(cur: Cursor, batch_id: str, me: str, lease_s: float, lines: list[L
             "VALUES (?, ?, ?, ?, ?, ?, ?)",
             rows[at : at + _IN_CHUNK],
         )
+    return refused
+
+
+def lines_stored(cur: Cursor, batch_id: str, me: str, lease_s: float, total: int, refused: int) -> None:
+    """Every line stored (`store_lines`): the batch's lines may be sent. Nothing when it was cancelled."""
+    if held(cur, batch_id, me, lease_s)[0] != "validating":
+        return
     cur.execute(
         "UPDATE batches SET status = 'in_progress', in_progress_at = ?, total = ?, failed = ? WHERE id = ?",
-        (now, len(lines), refused, batch_id),
+        (time.time(), total, refused, batch_id),
     )
 
 

@@ -44,7 +44,7 @@ async def test_a_late_holder_racing_a_takeover_writes_nothing(url: str) -> None:
         short = 0.001  # the late holder's lease: run out by the time anyone looks
         assert await late.run(leases.claim, LATE, short, [], {}) == batch_id
         lines = [Line(f"c{i}", b'{"model": "m", "prompt": "p"}') for i in range(3)]
-        await late.run(store.validated, batch_id, LATE, short, lines, [])
+        await store.validated(late, batch_id, LATE, short, lines, [])
         await asyncio.sleep(0.01)
 
         claimed = threading.Event()
