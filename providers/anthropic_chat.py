@@ -38,6 +38,7 @@ from wire.chat import (
     ToolMessage,
     UserMessage,
 )
+from wire.errors import InvalidRequestError
 from wire.schema import Usage
 
 
@@ -89,6 +90,22 @@ def _parallel(body: dict[str, Any], parallel: bool) -> None:
         choice["disable_parallel_tool_use"] = True
 
 
+# Anthropic's `output_config.effort` levels (platform.claude.com/docs/en/build-with-claude/effort; `xhigh` and
+# `max` on its newest models), which OpenAI's `reasoning_effort` names the same way. OpenAI's `none` and
+# `minimal` have no level below `low`: refused, not raised to `low`.
+EFFORTS: Final = frozenset({"low", "medium", "high", "xhigh", "max"})
+
+
+def effort(body: dict[str, Any], value: str) -> None:
+    if value not in EFFORTS:
+        raise InvalidRequestError(
+            f"Anthropic's effort (output_config.effort) is low, medium, high, xhigh or max; '{value}' has none",
+            param="reasoning_effort",
+            code="invalid_value",
+        )
+    body.setdefault("output_config", {})["effort"] = value
+
+
 # What both of Anthropic's routes (completions and chat) take the same way.
 SAMPLING: Final[Table] = table(
     max_tokens=Param(),
@@ -97,6 +114,7 @@ SAMPLING: Final[Table] = table(
     top_k=Param(apply=top_k),
     stop=Param(to="stop_sequences", convert=stop_list),
     user=Param(to="metadata.user_id"),
+    reasoning_effort=Param(apply=effort),
 )
 CHAT_PARAMS: Final[Table] = table(
     SAMPLING,

@@ -1,9 +1,9 @@
 """Reasoning models on `/v1/chat/completions`, with the official `openai` SDK, over real sockets.
 
-`reasoning_effort` reaches the kinds whose chat route takes it under OpenAI's name and is refused by name
-elsewhere (and on completions); a model's thinking comes back as `reasoning_content`, plain and streamed,
-from Anthropic's thinking blocks and Gemini's thought summaries as from an OpenAI-wire server. The
-upstreams replay recordings (tests/fixtures/SOURCES.md).
+`reasoning_effort` reaches the kinds whose chat route takes it under OpenAI's name, Anthropic as its
+`output_config.effort`, and is refused by name elsewhere (and on completions); a model's thinking comes
+back as `reasoning_content`, plain and streamed, from Anthropic's thinking blocks and Gemini's thought
+summaries as from an OpenAI-wire server. The upstreams replay recordings (tests/fixtures/SOURCES.md).
 """
 
 from __future__ import annotations
@@ -135,7 +135,6 @@ def test_verbosity_reaches_openai_and_is_refused_elsewhere(
 
 def test_reasoning_effort_refused_by_name_where_it_has_no_place(api: httpx.Client, received: list[Received]) -> None:
     for path, body in (
-        ("/v1/chat/completions", {"model": "claude/claude-sonnet-4-5", "messages": MESSAGES}),
         ("/v1/chat/completions", {"model": "gem/gemini-2.5-pro", "messages": MESSAGES}),
         ("/v1/completions", {"model": "oa/gpt-3.5-turbo-instruct", "prompt": "hi"}),
     ):
@@ -146,6 +145,24 @@ def test_reasoning_effort_refused_by_name_where_it_has_no_place(api: httpx.Clien
     bad = api.post("/v1/chat/completions", json={"model": "oa/o4-mini", "messages": MESSAGES, "reasoning_effort": 3})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "reasoning_effort", bad.text
     assert received == []
+
+
+def test_reasoning_effort_is_anthropics_effort(
+    client: openai.OpenAI, api: httpx.Client, received: list[Received]
+) -> None:
+    """Anthropic names the same levels `output_config.effort`; OpenAI's `none` and `minimal` have none there."""
+    client.chat.completions.create(model="claude/claude-opus-4-5", messages=MESSAGES, reasoning_effort="medium")
+    client.completions.create(model="claude/claude-opus-4-5", prompt="hi", extra_body={"reasoning_effort": "high"})
+    assert [r.json()["output_config"] for r in received] == [{"effort": "medium"}, {"effort": "high"}]
+    assert all("reasoning_effort" not in r.json() for r in received)
+    for effort in ("none", "minimal"):
+        body = {"model": "claude/claude-opus-4-5", "messages": MESSAGES, "reasoning_effort": effort}
+        r = api.post("/v1/chat/completions", json=body)
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert (error["param"], error["code"]) == ("reasoning_effort", "invalid_value"), error
+        assert effort in error["message"]
+    assert len(received) == 2
 
 
 def test_each_effort_is_its_own_cache_entry(client: openai.OpenAI, received: list[Received]) -> None:

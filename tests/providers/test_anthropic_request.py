@@ -51,7 +51,6 @@ REFUSED: dict[str, Any] = sample(
     "tool_choice",
     "parallel_tool_calls",
     "prediction",
-    "reasoning_effort",
     "verbosity",
     *NATIVE,
 )
@@ -62,7 +61,7 @@ def test_registered_under_its_kind() -> None:
 
 
 def test_every_canonical_field_is_mapped_emulated_or_refused() -> None:
-    native = {"max_tokens", "temperature", "top_p", "top_k", "stop", "user"}
+    native = {"max_tokens", "temperature", "top_p", "top_k", "stop", "user", "reasoning_effort"}
     assert set(ADAPTER.params) == native | set(EMULATED_FIELDS)
     assert all(ADAPTER.params[f].emulated for f in EMULATED_FIELDS)
     assert set(PARAM_FIELDS) == native | set(EMULATED_FIELDS) | set(REFUSED)
