@@ -38,7 +38,7 @@ from wire.chat import (
     ToolMessage,
     UserMessage,
 )
-from wire.errors import InvalidRequestError
+from wire.errors import UnsupportedParamError
 from wire.schema import Usage
 
 
@@ -98,10 +98,11 @@ EFFORTS: Final = frozenset({"low", "medium", "high", "xhigh", "max"})
 
 def effort(body: dict[str, Any], value: str) -> None:
     if value not in EFFORTS:
-        raise InvalidRequestError(
-            f"Anthropic's effort (output_config.effort) is low, medium, high, xhigh or max; '{value}' has none",
-            param="reasoning_effort",
-            code="invalid_value",
+        raise UnsupportedParamError(
+            "reasoning_effort",
+            "anthropic",
+            f"Anthropic's effort (output_config.effort) is low, medium, high, xhigh or max: reasoning_effort "
+            f"'{value}' has no level there",
         )
     body.setdefault("output_config", {})["effort"] = value
 

@@ -27,6 +27,7 @@ from providers.base import (
 from providers.envelope import Unreadable, envelope_status
 from providers.finish import finish_reason
 from providers.gemini_chat import chat_answer, chat_chunk, to_contents, tool_choice, tools
+from providers.gemini_thinking import accepted, add_thinking
 from providers.offsets import prompt_for_choice, text_offsets
 from providers.openai_chat import OpenAIChat, guides_checked
 from providers.retry_after import retry_after
@@ -231,6 +232,8 @@ GEMINI_PARAMS: Table = table(
     response_format=Param(apply=_response_format),
     guided_json=Param(apply=_guided_json),
     guided_choice=Param(apply=_guided_choice),
+    # Level or budget by the endpoint's model, which the table does not see: `_request` writes it.
+    reasoning_effort=Param(apply=accepted),
     guided_regex=EMULATED,
     guided_grammar=EMULATED,
     echo=EMULATED,
@@ -344,6 +347,8 @@ class GeminiAdapter(OpenAIChat):
     ) -> UpstreamRequest:
         body.update(params)
         self.add_extra(body, req)
+        if req.reasoning_effort is not None:
+            add_thinking(body, req.reasoning_effort, endpoint)
         headers = request_headers(
             req,
             endpoint,

@@ -1,7 +1,8 @@
 """Reasoning models on `/v1/chat/completions`, with the official `openai` SDK, over real sockets.
 
 `reasoning_effort` reaches the kinds whose chat route takes it under OpenAI's name, Anthropic as its
-`output_config.effort`, and is refused by name elsewhere (and on completions); a model's thinking comes
+`output_config.effort`, Gemini as its `thinkingConfig`, and is refused by name elsewhere (and on OpenAI's
+completions); a model's thinking comes
 back as `reasoning_content`, plain and streamed, from Anthropic's thinking blocks and Gemini's thought
 summaries as from an OpenAI-wire server. The upstreams replay recordings (tests/fixtures/SOURCES.md).
 """
@@ -135,7 +136,7 @@ def test_verbosity_reaches_openai_and_is_refused_elsewhere(
 
 def test_reasoning_effort_refused_by_name_where_it_has_no_place(api: httpx.Client, received: list[Received]) -> None:
     for path, body in (
-        ("/v1/chat/completions", {"model": "gem/gemini-2.5-pro", "messages": MESSAGES}),
+        ("/v1/chat/completions", {"model": "mis/magistral-medium-latest", "messages": MESSAGES}),
         ("/v1/completions", {"model": "oa/gpt-3.5-turbo-instruct", "prompt": "hi"}),
     ):
         r = api.post(path, json={**body, "reasoning_effort": "low"})
@@ -160,9 +161,42 @@ def test_reasoning_effort_is_anthropics_effort(
         r = api.post("/v1/chat/completions", json=body)
         assert r.status_code == 400, r.text
         error = r.json()["error"]
-        assert (error["param"], error["code"]) == ("reasoning_effort", "invalid_value"), error
+        assert (error["param"], error["code"]) == ("reasoning_effort", "unsupported_parameter"), error
         assert effort in error["message"]
     assert len(received) == 2
+
+
+@pytest.mark.parametrize(
+    ("model", "effort", "config"),
+    [
+        ("gem/gemini-2.5-pro", "high", {"thinkingBudget": 24576}),
+        ("gem/gemini-3-pro-preview", "low", {"thinkingLevel": "low"}),
+    ],
+)
+def test_reasoning_effort_reaches_gemini_as_its_thinking_config(
+    client: openai.OpenAI, received: list[Received], model: str, effort: Any, config: dict[str, Any]
+) -> None:
+    answer = client.chat.completions.create(model=model, messages=MESSAGES, reasoning_effort=effort)
+    assert answer.choices[0].message.content
+    (sent,) = received
+    assert sent.json()["generationConfig"] == {"thinkingConfig": config}
+    assert "reasoning_effort" not in sent.json()
+
+
+def test_gemini_refuses_an_effort_google_documents_no_mapping_for(api: httpx.Client, received: list[Received]) -> None:
+    body = {"model": "gem/gemini-2.5-pro", "messages": MESSAGES, "reasoning_effort": "none"}
+    r = api.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400, r.text
+    assert r.json() == {
+        "error": {
+            "message": "Provider 'gem' cannot take reasoning_effort 'none' for model 'gemini-2.5-pro': Gemini 2.5 "
+            "Pro cannot turn thinking off (Google's mapping: ai.google.dev/gemini-api/docs/openai#thinking)",
+            "type": "invalid_request_error",
+            "param": "reasoning_effort",
+            "code": "unsupported_parameter",
+        }
+    }
+    assert received == []
 
 
 def test_each_effort_is_its_own_cache_entry(client: openai.OpenAI, received: list[Received]) -> None:

@@ -7,6 +7,7 @@ generateContent request authenticated by `x-goog-api-key`, with no key in the UR
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import httpx
 import openai
@@ -33,7 +34,7 @@ providers:
     kind: gemini
     api_key: {key}
     base_url: {url}/gemini
-    models: [gemini-1.5-flash, gemini-2.0-flash-exp]
+    models: [gemini-1.5-flash, gemini-2.0-flash-exp, gemini-2.5-flash, gemini-3-flash-preview]
 """
 
 
@@ -201,3 +202,39 @@ def test_n_is_native_candidate_count(api: httpx.Client, upstream: Upstream) -> N
     resp = api.post("/v1/completions", json={"model": MODEL, "prompt": "x", "n": 1, "seed": 5})
     assert resp.status_code == 200, resp.text
     assert upstream.only().json()["generationConfig"] == {"candidateCount": 1, "seed": 5}
+
+
+@pytest.mark.parametrize(
+    ("model", "effort", "config"),
+    [
+        ("gemini-2.5-flash", "none", {"thinkingBudget": 0}),
+        ("gemini-3-flash-preview", "medium", {"thinkingLevel": "medium"}),
+    ],
+)
+def test_reasoning_effort_reaches_generate_content_as_thinking_config(
+    oai: openai.OpenAI, upstream: Upstream, model: str, effort: str, config: dict[str, Any]
+) -> None:
+    # Google's OpenAI-compatibility mapping (providers/gemini_thinking.py): a budget on 2.5, a level on 3.
+    upstream.handler = reply(fixture_bytes(NON_STREAM))
+    completion = oai.completions.create(
+        model=f"google/{model}", prompt="x", max_tokens=50, extra_body={"reasoning_effort": effort}
+    )
+    assert completion.choices[0].text == "The most iconic city in France is "
+    sent = _sent(upstream, f"/gemini/v1beta/models/{model}:generateContent", {})
+    assert sent.json()["generationConfig"] == {"maxOutputTokens": 50, "thinkingConfig": config}
+
+
+def test_reasoning_effort_without_a_documented_mapping_is_refused(api: httpx.Client, upstream: Upstream) -> None:
+    body = {"model": "google/gemini-3-flash-preview", "prompt": "x", "reasoning_effort": "xhigh"}
+    resp = api.post("/v1/completions", json=body)
+    assert_error(
+        resp,
+        "/v1/completions",
+        status=400,
+        type="invalid_request_error",
+        message="Provider 'google' cannot take reasoning_effort 'xhigh' for model 'gemini-3-flash-preview': Gemini 3 "
+        "takes minimal, low, medium or high (Google's mapping: ai.google.dev/gemini-api/docs/openai#thinking)",
+        param="reasoning_effort",
+        code="unsupported_parameter",
+    )
+    assert upstream.received == []

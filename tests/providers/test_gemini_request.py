@@ -32,7 +32,6 @@ REFUSED: dict[str, Any] = {
     "tool_choice": "auto",
     "parallel_tool_calls": True,
     "prediction": {"type": "content"},
-    "reasoning_effort": "high",
     "verbosity": "low",
     **NATIVE,
 }
