@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import msgspec
 
+from providers.offsets import key_bytes
 from wire.chat import ChatLogprobs, TokenLogprob, TopLogprob
 
 
@@ -52,7 +53,7 @@ def _tokens(up: list[UpToken] | None) -> list[TokenLogprob] | None:
 
 
 def _utf8(token: str) -> list[int]:
-    return list(token.encode("utf-8", "surrogatepass"))
+    return list(key_bytes(token))  # a token named by its bytes (`bytes:\\x..`) has those, not its name's
 
 
 def _from_completion_shape(up: UpLogprobs, top: int) -> list[TokenLogprob]:

@@ -296,7 +296,7 @@ class OpenAIChat(Adapter):
                     index=c.index,
                     message=message,
                     finish_reason=chat_finish(c.finish_reason),
-                    logprobs=None if c.logprobs is None else chat_logprobs(c.logprobs, content, ctx.top_logprobs),
+                    logprobs=chat_logprobs(c.logprobs, content, ctx.top_logprobs),
                 )
             )
         usage = usage_from(up.usage) if up.usage is not None else None

@@ -411,8 +411,7 @@ class Drive:
         await self._flush()
         # Lines stored part-way (the batch cancelled meanwhile) never became the batch's: closing them would
         # answer lines that were never to run, so it ends with none, as a batch cancelled before its check.
-        while await r.store.run(store.unstore, self.id, r.me, r.lease_s):
-            pass
+        await store.unstore_all(r.store, self.id, r.me, r.lease_s)
         left = await r.store.run(store.left, self.id)
         code, message = _ENDED[status]
         if status == "failed" and self.stop is not None:

@@ -251,8 +251,7 @@ async def validated(
     store's other work running between them. The batch becomes `in_progress` in a last one, once all are
     stored; a holder that stops part-way (it died, lost the lease) leaves it `validating`, and whoever
     takes it over deletes what it stored (as many at a time) and stores every line again."""
-    while await db.run(unstore, batch_id, me, lease_s):
-        pass
+    await unstore_all(db, batch_id, me, lease_s)
     if errors:
         await db.run(check_failed, batch_id, me, lease_s, errors)
         return
@@ -281,6 +280,12 @@ def unstore(cur: Cursor, batch_id: str, me: str, lease_s: float) -> int:
         "(SELECT idx FROM batch_lines WHERE batch_id = ? LIMIT ?)",
         (batch_id, batch_id, STORE_LINES),
     )
+
+
+async def unstore_all(db: Store, batch_id: str, me: str, lease_s: float) -> None:
+    """Every line a holder stored part-way gone (`unstore`, in as many transactions as it takes)."""
+    while await db.run(unstore, batch_id, me, lease_s):
+        pass
 
 
 def check_failed(cur: Cursor, batch_id: str, me: str, lease_s: float, errors: list[BatchError]) -> None:

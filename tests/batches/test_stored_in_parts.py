@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
+import openai
 import pytest
 
 from gateway.batches import leases, store
@@ -58,6 +59,14 @@ def _stored(db: Path, batch_id: str) -> tuple[str, Any, int, int, int]:
             (batch_id,),
         ).fetchone()
     return str(status), started, int(n), int(distinct), int(sends)
+
+
+def _uploaded(client: openai.OpenAI, db: Path, data: bytes) -> tuple[str, str]:
+    """An uploaded input file's id and its owner as the database holds it (a batch made by hand names it)."""
+    file_id = upload(client, data)
+    with opened(db, timeout=10) as conn:
+        owner = str(conn.execute("SELECT owner FROM batch_files WHERE id = ?", (file_id,)).fetchone()[0])
+    return file_id, owner
 
 
 @pytest.fixture
@@ -171,9 +180,7 @@ def test_a_batch_stored_part_way_is_taken_over_and_completed_with_every_line_onc
     lease_s = 2.0
     db = tmp_path / "ledger.db"
     with served(tmp_path) as (_, client):
-        file_id = upload(client, data)
-        with opened(db, timeout=10) as conn:
-            owner = str(conn.execute("SELECT owner FROM batch_files WHERE id = ?", (file_id,)).fetchone()[0])
+        file_id, owner = _uploaded(client, db, data)
 
         async def stop_part_way() -> str:
             holder = store.Store(f"sqlite:///{db}", 5000, lambda: 2000)
@@ -206,9 +213,7 @@ def test_a_cancel_between_two_transactions_ends_the_batch_with_no_lines(tmp_path
     data = jsonl(asked)
     db = tmp_path / "ledger.db"
     with served(tmp_path) as (_, client):
-        file_id = upload(client, data)
-        with opened(db, timeout=10) as conn:
-            owner = str(conn.execute("SELECT owner FROM batch_files WHERE id = ?", (file_id,)).fetchone()[0])
+        file_id, owner = _uploaded(client, db, data)
 
         async def cancelled_while_stored() -> str:
             holder = store.Store(f"sqlite:///{db}", 5000, lambda: 30_000)

@@ -173,3 +173,22 @@ def test_a_chat_stream_chunks_bare_logprob_is_its_token() -> None:
     whole = data.replace(b'"logprobs":-0.25', b'"logprobs":-1')  # a whole number is a number too
     chunk = ADAPTER.parse_chat_event(None, whole, ctx)
     assert chunk is not None and as_json(chunk.choices[0].logprobs)["content"][0]["logprob"] == -1.0
+
+
+def test_a_token_named_by_its_bytes_keeps_those_bytes() -> None:
+    """A token that is part of a character is named `bytes:\\x..` (as the completions route names it): its
+    chat `bytes` are those bytes, not the name's UTF-8."""
+    body = {
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "é"},
+                "logprobs": {"tokens": ["bytes:\\xc3", "bytes:\\xa9"], "token_logprobs": [-0.5, -0.25]},
+                "finish_reason": "stop",
+            }
+        ]
+    }
+    ctx = CallContext(id="chatcmpl-t", created=1, model="m", logprobs=True, chat=True)
+    answer = ADAPTER.parse_chat_response(json.dumps(body).encode(), ctx)
+    assert answer.choices[0].logprobs is not None and answer.choices[0].logprobs.content is not None
+    assert [t.bytes for t in answer.choices[0].logprobs.content] == [[0xC3], [0xA9]]
