@@ -26,8 +26,8 @@ from .conftest import MakePipeline
 BUSY = """
   - name: smart
     strategy: least-busy
-    hedge_after_ms: 100
-    targets: [{model: alpha/davinci-002}, {model: beta/davinci-002}]
+    hedge_after_ms: {hedge}
+    targets: [{{model: alpha/davinci-002}}, {{model: beta/davinci-002}}]
 """
 TOP = "retries: {attempts: 3}\ntimeouts: {connect_ms: 1000, first_byte_ms: 5000, total_ms: 8000}\n"
 
@@ -70,13 +70,15 @@ async def test_a_client_that_leaves_as_an_attempt_answers_leaves_nothing_held(
     make: MakePipeline, faults: FaultServer, vtime: VirtualTime, winner: str
 ) -> None:
     # alpha: its first event before the hedge starts; beta: the hedge's, while alpha says nothing. The stream
-    # that answered stays open upstream (an event every 0.5 s): only the gateway can close it.
+    # that answered stays open upstream (an event every 0.5 s): only the gateway can close it. The hedge waits
+    # in wall-clock time, so alpha's is far longer than a loaded machine takes to connect and answer.
     if winner == "alpha":
         faults["alpha"].script(stream(gap=0.5))
+        p = make(BUSY.format(hedge=2000), top=TOP)
     else:
         faults["alpha"].script(stream(first_delay=3.0))
         faults["beta"].script(stream(gap=0.5))
-    p = make(BUSY, top=TOP)
+        p = make(BUSY.format(hedge=100), top=TOP)
     attempts = Attempts()
 
     def answered() -> bool:
@@ -92,7 +94,7 @@ async def test_a_cancel_during_the_shared_count_of_an_attempt_gives_it_back(
     make: MakePipeline, faults: FaultServer, vtime: VirtualTime, rds: RedisServer
 ) -> None:
     top = f"redis: {{url: '{rds.url}', refresh_ms: 0}}\n" + TOP
-    p = make(BUSY, top=top)
+    p = make(BUSY.format(hedge=100), top=top)
     assert (await ask(p)).served_by == key("alpha")  # Redis's connection made: the next write waits on Redis alone
     faults.forget()
     faults["alpha"].script(stream(first_delay=3.0))
@@ -110,7 +112,7 @@ async def test_a_cancel_while_the_loser_gives_its_count_back_lets_go_of_the_winn
     # Both attempts answer in the same loop turn: one wins, and the other's count is given back, locally and
     # then in Redis. The client leaves during that write: the winner's stream must not be left open and counted.
     top = f"redis: {{url: '{rds.url}', refresh_ms: 0}}\n" + TOP
-    p = make(BUSY, top=top)
+    p = make(BUSY.format(hedge=100), top=top)
     assert (await ask(p)).served_by == key("alpha")
     faults.forget()
     # Neither says a thing (not even its status line) until the loop is held, so both are read alike after.
