@@ -14,7 +14,15 @@ from typing import Any, ClassVar, Final
 
 import msgspec
 
-from providers.anthropic_chat import CHAT_PARAMS, SAMPLING, chat_answer, chat_chunk, chat_delta, to_messages
+from providers.anthropic_chat import (
+    CHAT_PARAMS,
+    SAMPLING,
+    chat_answer,
+    chat_chunk,
+    chat_delta,
+    refuse_two_efforts,
+    to_messages,
+)
 from providers.base import (
     EMULATED_EXTRAS,
     CallContext,
@@ -174,6 +182,9 @@ class AnthropicAdapter(OpenAIChat):
     prompt_forms = frozenset({"text"})
     max_logprobs = 0
     guarded_paths = frozenset({"messages", "max_tokens"})
+    # `output_config` and `tool_choice` hold what the gateway mapped (`effort`, `disable_parallel_tool_use`):
+    # a client's `{"output_config": {"format": ...}}` adds its key beside them instead of dropping them.
+    extra_params = "nested"
     params = table({**EMULATED_EXTRAS, **SAMPLING})
     # Chat (`system`, tools as `tool_use` / `tool_result` blocks): providers/anthropic_chat.py.
     chat_path: ClassVar[str] = "/v1/messages"
@@ -220,6 +231,8 @@ class AnthropicAdapter(OpenAIChat):
         body.update(params)
         if req.stream:
             body["stream"] = True
+        if req.reasoning_effort is not None and req.inference_extra_params:
+            refuse_two_efforts(req.inference_extra_params)
         self.add_extra(body, req)
         # Configured headers (e.g. `anthropic-beta`) and then the client's own; the credential goes last.
         headers = request_headers(

@@ -38,7 +38,7 @@ from wire.chat import (
     ToolMessage,
     UserMessage,
 )
-from wire.errors import UnsupportedParamError
+from wire.errors import InvalidRequestError, UnsupportedParamError
 from wire.schema import Usage
 
 
@@ -105,6 +105,18 @@ def effort(body: dict[str, Any], value: str) -> None:
             f"'{value}' has no level there",
         )
     body.setdefault("output_config", {})["effort"] = value
+
+
+def refuse_two_efforts(extra: dict[str, Any]) -> None:
+    """A 400 when the client's extras also set `output_config.effort`: one of the two would be dropped."""
+    config = extra.get("output_config")
+    if isinstance(config, dict) and "effort" in config:
+        raise InvalidRequestError(
+            "'reasoning_effort' sets Anthropic's output_config.effort, which 'inference_extra_params' already "
+            "sets; send one of them",
+            param="reasoning_effort",
+            code="invalid_value",
+        )
 
 
 # What both of Anthropic's routes (completions and chat) take the same way.
@@ -227,4 +239,13 @@ def chat_delta(index: int | None, block: Block | None, delta: BlockDelta | None,
     return None  # signatures and delta types added later
 
 
-__all__ = ["CHAT_PARAMS", "SAMPLING", "chat_answer", "chat_chunk", "chat_delta", "to_messages", "top_k"]
+__all__ = [
+    "CHAT_PARAMS",
+    "SAMPLING",
+    "chat_answer",
+    "chat_chunk",
+    "chat_delta",
+    "refuse_two_efforts",
+    "to_messages",
+    "top_k",
+]

@@ -166,6 +166,32 @@ def test_reasoning_effort_is_anthropics_effort(
     assert len(received) == 2
 
 
+def test_anthropics_effort_sits_beside_what_extras_put_in_output_config(
+    client: openai.OpenAI, api: httpx.Client, received: list[Received]
+) -> None:
+    """The extras extend `output_config` rather than replace it; both setting the effort is a 400."""
+    fmt = {"type": "json_schema", "schema": {"type": "object"}}
+    client.chat.completions.create(
+        model="claude/claude-opus-4-5",
+        messages=MESSAGES,
+        reasoning_effort="low",
+        extra_body={"inference_extra_params": {"output_config": {"format": fmt}}},
+    )
+    assert received[0].json()["output_config"] == {"effort": "low", "format": fmt}
+    both = {
+        "model": "claude/claude-opus-4-5",
+        "messages": MESSAGES,
+        "reasoning_effort": "low",
+        "inference_extra_params": {"output_config": {"effort": "max"}},
+    }
+    r = api.post("/v1/chat/completions", json=both)
+    assert r.status_code == 400, r.text
+    assert (r.json()["error"]["param"], r.json()["error"]["code"]) == ("reasoning_effort", "invalid_value")
+    alone = {k: v for k, v in both.items() if k != "reasoning_effort"}
+    assert api.post("/v1/chat/completions", json=alone).status_code == 200
+    assert [r.json()["output_config"] for r in received] == [{"effort": "low", "format": fmt}, {"effort": "max"}]
+
+
 @pytest.mark.parametrize(
     ("model", "effort", "config"),
     [
