@@ -17,6 +17,7 @@ import msgspec
 from providers.anthropic_chat import (
     CHAT_PARAMS,
     SAMPLING,
+    block_ended,
     chat_answer,
     chat_chunk,
     chat_delta,
@@ -74,7 +75,9 @@ class AErrorBody(msgspec.Struct):
 class AContent(msgspec.Struct):
     type: str = ""
     text: str = ""
-    thinking: str = ""  # a `thinking` block's text (its `signature` is not relayed)
+    thinking: str = ""  # a `thinking` block's text
+    signature: str = ""  # a `thinking` block's signature (chat's `thinking_blocks`)
+    data: str = ""  # a `redacted_thinking` block's encrypted thinking
     # tool_use blocks
     id: str = ""
     name: str = ""
@@ -98,11 +101,12 @@ class AMessage(msgspec.Struct):
 
 
 class ADelta(msgspec.Struct):
-    # content_block_delta: {type: text_delta, text}, {type: thinking_delta, thinking} or
-    # {type: input_json_delta, partial_json}; message_delta: {stop_reason, ...}.
+    # content_block_delta: {type: text_delta, text}, {type: thinking_delta, thinking}, {type: signature_delta,
+    # signature} or {type: input_json_delta, partial_json}; message_delta: {stop_reason, ...}.
     type: str | None = None
     text: str | None = None
     thinking: str | None = None
+    signature: str | None = None
     stop_reason: str | None = None
     partial_json: str | None = None
 
@@ -308,6 +312,8 @@ class AnthropicAdapter(OpenAIChat):
         kind = ev.type or event
         if kind == "content_block_delta" or kind == "content_block_start":
             return chat_delta(ev.index, ev.content_block, ev.delta, ctx)
+        if kind == "content_block_stop":
+            return block_ended(ev.index, ctx)
         stop = self._bookkeeping(kind, ev, data, ctx)
         if kind == "message_start":
             return chat_chunk(ctx, Delta(role="assistant", content=""))

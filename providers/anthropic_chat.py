@@ -3,8 +3,9 @@
 Requests: `system` and `developer` messages become `system`; user content `text` and `image` blocks; an
 assistant's `tool_calls` `tool_use` blocks (arguments must be a JSON object); `tool` messages
 `tool_result` blocks of a user turn (turns of one role are merged: the API wants them to alternate).
-Answers: `text` blocks join into the content, `thinking` blocks into `reasoning_content`, `tool_use`
-blocks become `tool_calls`. Streams: `thinking_delta` pieces are `reasoning_content` deltas;
+Answers: `text` blocks join into the content, `thinking` blocks into `reasoning_content` (and with
+`redacted_thinking` ones, signed, into `thinking_blocks`: providers/thinking.py), `tool_use` blocks become
+`tool_calls`. Streams: `thinking_delta` pieces are `reasoning_content` deltas;
 `message_start` gives the role chunk, a `tool_use` block's start its `id` and `name` (its tool-call index
 counts tool blocks only), `input_json_delta` the arguments' pieces as sent, `message_delta` the finish
 reason and usage. What maps to what: docs/chat.md; the recordings: tests/fixtures/SOURCES.md.
@@ -16,6 +17,7 @@ from typing import Any, Final, Protocol
 
 import msgspec
 
+from providers import thinking
 from providers.base import EMULATED, CallContext, Param, Table, stop_list, table
 from providers.chat_parts import answer_message, assistant_text, call_arguments
 from wire.chat import (
@@ -31,8 +33,11 @@ from wire.chat import (
     FunctionDelta,
     ImagePart,
     Message,
+    RedactedThinkingBlock,
     SystemMessage,
     TextPart,
+    ThinkingBlock,
+    ThinkingBlocks,
     ToolCall,
     ToolCallDelta,
     ToolMessage,
@@ -48,6 +53,8 @@ class Block(Protocol):
     type: str
     text: str
     thinking: str
+    signature: str
+    data: str
     id: str
     name: str
     input: Any
@@ -57,6 +64,7 @@ class BlockDelta(Protocol):
     type: str | None
     text: str | None
     thinking: str | None
+    signature: str | None
     partial_json: str | None
 
 
@@ -160,7 +168,13 @@ def _user(m: UserMessage) -> list[dict[str, Any]]:
 
 
 def _assistant(m: AssistantMessage) -> list[dict[str, Any]]:
-    blocks: list[dict[str, Any]] = []
+    # The turn's thinking first, as Anthropic wants it before the tool calls it led to.
+    blocks: list[dict[str, Any]] = [
+        {"type": "redacted_thinking", "data": b.data}
+        if isinstance(b, RedactedThinkingBlock)
+        else {"type": "thinking", "thinking": b.thinking, "signature": b.signature}
+        for b in thinking.returned(m)
+    ]
     text = assistant_text(m)
     if text:
         blocks.append({"type": "text", "text": text})
@@ -207,8 +221,13 @@ def chat_answer(
         for b in blocks
         if b.type == "tool_use"
     ]
-    thinking = "".join(b.thinking for b in blocks if b.type == "thinking")
-    message = answer_message(text, calls, thinking)
+    reasoning = "".join(b.thinking for b in blocks if b.type == "thinking")
+    signed: ThinkingBlocks = [
+        ThinkingBlock(b.thinking, b.signature) if b.type == "thinking" else RedactedThinkingBlock(b.data)
+        for b in blocks
+        if (b.type == "thinking" and b.signature) or b.type == "redacted_thinking"
+    ]
+    message = answer_message(text, calls, reasoning, signed)
     return ChatCompletion(ctx.id, ctx.created, ctx.model, [ChatChoice(0, message, finish)], usage=usage)
 
 
@@ -216,6 +235,8 @@ def chat_delta(index: int | None, block: Block | None, delta: BlockDelta | None,
     """A `content_block_start` (`block` set) or `content_block_delta` (`delta` set) as a chat chunk."""
     calls: dict[int, int] = ctx.state.setdefault("tool_index", {})
     if block is not None:
+        if block.type == "redacted_thinking":
+            return chat_chunk(ctx, Delta(thinking_blocks=[RedactedThinkingBlock(block.data)]))
         if block.type != "tool_use":
             return None  # a text block's text comes in its deltas
         calls[index if index is not None else -1] = len(calls)
@@ -228,7 +249,11 @@ def chat_delta(index: int | None, block: Block | None, delta: BlockDelta | None,
     if delta.type == "text_delta" and delta.text:
         return chat_chunk(ctx, Delta(content=delta.text))
     if delta.type == "thinking_delta" and delta.thinking:
+        thinking.piece(ctx, index, delta.thinking)
         return chat_chunk(ctx, Delta(reasoning_content=delta.thinking))
+    if delta.type == "signature_delta" and delta.signature:
+        thinking.signature(ctx, index, delta.signature)
+        return None
     if delta.type == "input_json_delta" and delta.partial_json:
         at = calls.get(index if index is not None else -1)
         if at is None:
@@ -236,12 +261,19 @@ def chat_delta(index: int | None, block: Block | None, delta: BlockDelta | None,
         return chat_chunk(
             ctx, Delta(tool_calls=[ToolCallDelta(index=at, function=FunctionDelta(arguments=delta.partial_json))])
         )
-    return None  # signatures and delta types added later
+    return None  # delta types added later
+
+
+def block_ended(index: int | None, ctx: CallContext) -> ChatChunk | None:
+    """A `content_block_stop`: a signed thinking block's chunk of its own (providers/thinking.py), else None."""
+    blocks = thinking.ended(ctx, index)
+    return None if blocks is None else chat_chunk(ctx, Delta(thinking_blocks=blocks))
 
 
 __all__ = [
     "CHAT_PARAMS",
     "SAMPLING",
+    "block_ended",
     "chat_answer",
     "chat_chunk",
     "chat_delta",

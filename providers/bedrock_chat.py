@@ -5,11 +5,11 @@ Requests: `system` and `developer` messages become `system` blocks; user content
 messages `toolResult` blocks of a user turn (turns of one role merged: Converse wants them to alternate).
 `tools` are `toolConfig.tools[].toolSpec`, `tool_choice` `toolConfig.toolChoice` (`required` is `any`),
 `response_format: json_schema` `outputConfig.textFormat`. Answers: `text` blocks join into the content,
-`reasoningContent` blocks' text into `reasoning_content`, `toolUse` blocks become `tool_calls`. Streams:
-`messageStart` gives the role chunk, `reasoningContent` deltas reasoning pieces, a `toolUse` block's
-`contentBlockStart` its `id` and `name` (its tool-call index counts tool blocks only), its deltas the
-arguments' pieces as sent, `messageStop` the finish reason, `metadata` the usage chunk. What maps to
-what: docs/chat.md; the recordings: tests/fixtures/SOURCES.md.
+`reasoningContent` blocks' text into `reasoning_content` (signed ones also `thinking_blocks`), `toolUse`
+blocks become `tool_calls`. Streams: `messageStart` gives the role chunk, `reasoningContent` deltas
+reasoning pieces, a `toolUse` block's `contentBlockStart` its `id` and `name` (its tool-call index counts
+tool blocks only), its deltas the arguments' pieces as sent, `messageStop` the finish reason, `metadata`
+the usage chunk. What maps to what: docs/chat.md; the recordings: tests/fixtures/SOURCES.md.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any, Final, Protocol
 
 import msgspec
 
+from providers import thinking
 from providers.base import EMULATED, CallContext, Param, Table, out_of_range, stop_list, table
 from providers.chat_parts import answer_message, assistant_text, call_arguments
 from providers.openai_chat import chat_finish
@@ -37,8 +38,11 @@ from wire.chat import (
     FunctionCall,
     FunctionDelta,
     Message,
+    RedactedThinkingBlock,
     SystemMessage,
     TextPart,
+    ThinkingBlock,
+    ThinkingBlocks,
     ToolCall,
     ToolCallDelta,
     ToolMessage,
@@ -172,7 +176,13 @@ def _user(m: UserMessage, provider: str) -> list[dict[str, Any]]:
 
 
 def _assistant(m: AssistantMessage) -> list[dict[str, Any]]:
-    blocks: list[dict[str, Any]] = []
+    # The turn's signed thinking first, as Claude wants it before the tool calls it led to.
+    blocks: list[dict[str, Any]] = [
+        {"reasoningContent": {"redactedContent": b.data}}
+        if isinstance(b, RedactedThinkingBlock)
+        else {"reasoningContent": {"reasoningText": {"text": b.thinking, "signature": b.signature}}}
+        for b in thinking.returned(m)
+    ]
     text = assistant_text(m)
     if text:  # Converse refuses a blank text block
         blocks.append({"text": text})
@@ -219,14 +229,18 @@ class ToolUse(msgspec.Struct, rename="camel"):
 
 
 class _ReasoningText(msgspec.Struct):
-    text: str | None = None  # its `signature` is not relayed
+    text: str | None = None
+    signature: str | None = None  # Claude's (chat's `thinking_blocks`)
 
 
 class Reasoning(msgspec.Struct, rename="camel"):
-    """A `reasoningContent` block (its text under `reasoningText`) or stream delta (its text at once)."""
+    """A `reasoningContent` block (its text under `reasoningText`, or encrypted as `redactedContent`) or
+    stream delta (its text, signature or `redactedContent` at once)."""
 
     reasoning_text: _ReasoningText | None = None
+    redacted_content: str | None = None  # base64, as JSON carries a blob
     text: str | None = None
+    signature: str | None = None
 
 
 class Block(Protocol):
@@ -282,14 +296,28 @@ def chat_answer(
         for b in blocks
         if b.tool_use is not None
     ]
-    thinking = "".join(
+    reasoning = "".join(
         b.reasoning_content.reasoning_text.text or ""
         for b in blocks
         if b.reasoning_content is not None and b.reasoning_content.reasoning_text is not None
     )
-    message = answer_message(text, calls, thinking)
+    message = answer_message(text, calls, reasoning, _signed(blocks))
     choice = ChatChoice(0, message, chat_finish(stop_reason))
     return ChatCompletion(ctx.id, ctx.created, ctx.model, [choice], usage=usage)
+
+
+def _signed(blocks: Sequence[Block]) -> ThinkingBlocks:
+    """The answer's signed and redacted `reasoningContent` blocks, in order."""
+    out: ThinkingBlocks = []
+    for b in blocks:
+        r = b.reasoning_content
+        if r is None:
+            continue
+        if r.redacted_content:
+            out.append(RedactedThinkingBlock(r.redacted_content))
+        elif r.reasoning_text is not None and r.reasoning_text.signature:
+            out.append(ThinkingBlock(r.reasoning_text.text or "", r.reasoning_text.signature))
+    return out
 
 
 def _chunk(
@@ -315,9 +343,16 @@ def chat_event(event: str | None, data: bytes, ctx: CallContext) -> ChatChunk | 
                 return None  # arguments of a block that never started: nothing to attach them to
             piece = ToolCallDelta(index=at, function=FunctionDelta(arguments=d.tool_use.input))
             return _chunk(ctx, Delta(tool_calls=[piece]))
-        if d.reasoning_content is not None and d.reasoning_content.text:
-            return _chunk(ctx, Delta(reasoning_content=d.reasoning_content.text))
-        return None  # signatures and delta types added later
+        r = d.reasoning_content
+        if r is not None:
+            if r.text:
+                thinking.piece(ctx, ev.content_block_index, r.text)
+                return _chunk(ctx, Delta(reasoning_content=r.text))
+            if r.signature:
+                thinking.signature(ctx, ev.content_block_index, r.signature)
+            elif r.redacted_content:
+                return _chunk(ctx, Delta(thinking_blocks=[RedactedThinkingBlock(r.redacted_content)]))
+        return None  # delta types added later
     if event == "contentBlockStart":
         ev = _decode_event(data)
         use = ev.start.tool_use if ev.start is not None else None
@@ -329,9 +364,12 @@ def chat_event(event: str | None, data: bytes, ctx: CallContext) -> ChatChunk | 
             index=at, id=use.tool_use_id, type="function", function=FunctionDelta(name=use.name, arguments="")
         )
         return _chunk(ctx, Delta(tool_calls=[start]))
+    if event == "contentBlockStop":  # a signed reasoning block's chunk of its own (providers/thinking.py)
+        signed = thinking.ended(ctx, _decode_event(data).content_block_index)
+        return None if signed is None else _chunk(ctx, Delta(thinking_blocks=signed))
     if event == "messageStop":
         return _chunk(ctx, Delta(), chat_finish(_decode_event(data).stop_reason) or "stop")
-    return None  # contentBlockStop and event types added later
+    return None  # event types added later
 
 
 def usage_only(ctx: CallContext, usage: Usage) -> ChatChunk:

@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from wire.chat import AssistantMessage, ChatMessage, ToolCall
+from wire.chat import AssistantMessage, ChatMessage, ThinkingBlocks, ToolCall
 from wire.errors import InvalidRequestError
 
 
@@ -33,12 +33,16 @@ def call_arguments(call: ToolCall, provider: str) -> dict[str, Any]:
     return args
 
 
-def answer_message(text: str, calls: list[ToolCall], reasoning: str) -> ChatMessage:
+def answer_message(
+    text: str, calls: list[ToolCall], reasoning: str, signed: ThinkingBlocks | None = None
+) -> ChatMessage:
     """An answer's blocks as the assistant's message: its text (null beside tool calls, else at least ""),
-    its tool calls, and its thinking as `reasoning_content`, each left out when empty."""
+    its tool calls, its thinking as `reasoning_content` and its signed thinking blocks, each left out when
+    empty."""
     return ChatMessage(
         role="assistant",
         content=text or (None if calls else ""),
         tool_calls=calls or None,
         reasoning_content=reasoning or None,
+        thinking_blocks=signed or None,
     )

@@ -25,3 +25,6 @@ class DeepSeekAdapter(OpenAIChat, OpenAICompatible):
     # api-docs.deepseek.com/api/create-chat-completion: `response_format` is `text` or `json_object`, and the
     # API has no guided decoding a JSON schema could be sent as.
     chat_formats: ClassVar[frozenset[str]] = frozenset({"text", "json_object"})
+    # api-docs.deepseek.com/guides/thinking_mode: a turn that called tools must come back with its
+    # `reasoning_content` (else a 400); other turns' is ignored.
+    chat_reasoning_field = "reasoning_content"

@@ -162,6 +162,8 @@ class LlamaCppAdapter(OpenAIChat):
     )
     # llama-server's `/v1/chat/completions` reads the same sampling fields as `/completion`.
     chat_path: ClassVar[str] = "/v1/chat/completions"
+    # llama.cpp common/chat.cpp `common_chat_msgs_parse_oaicompat` reads it into the chat template.
+    chat_reasoning_field = "reasoning_content"
     chat_params = chat_table(params)
 
     def build_request(self, req: CompletionRequest, endpoint: Endpoint, body: dict[str, Any]) -> UpstreamRequest:

@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Final, Literal
 
 import msgspec
 
+from providers import thinking
 from providers.base import (
     EMULATED,
     Adapter,
@@ -247,11 +248,19 @@ class OpenAIChat(Adapter):
     # continuation's own leading white space that repeats it is not relayed.
     chat_continue_strips: ClassVar[bool] = False
 
+    # The field an assistant message's `reasoning_content` goes back under, for servers that read the model's
+    # earlier thinking (DeepSeek wants it for turns that called tools); None: left out, as strict servers
+    # refuse an unknown message field. `thinking_blocks` (Anthropic's signatures) reach no such server.
+    chat_reasoning_field: ClassVar[str | None] = None
+
     def chat_url(self, endpoint: Endpoint) -> str:
         return endpoint.base_url.rstrip("/") + self.chat_path
 
     def build_chat_request(self, req: ChatRequest, endpoint: Endpoint, params: dict[str, Any]) -> UpstreamRequest:
-        body: dict[str, Any] = {"model": endpoint.model, "messages": req.messages}
+        body: dict[str, Any] = {
+            "model": endpoint.model,
+            "messages": thinking.sent_messages(req.messages, self.chat_reasoning_field),
+        }
         body.update(params)
         if req.stream:
             body["stream"] = True

@@ -78,3 +78,5 @@ class SGLangAdapter(OpenAIChat, OpenAICompatible):
     chat_params = chat_table(params, reasoning_effort=Param())
     # sglang `ChatCompletionRequest.continue_final_message`: the trailing assistant message is continued.
     chat_continue = MappingProxyType({"continue_final_message": True})
+    # sglang/srt/entrypoints/openai/protocol.py `ChatCompletionMessageGenericParam.reasoning_content`.
+    chat_reasoning_field = "reasoning_content"

@@ -85,3 +85,6 @@ class VLLMAdapter(OpenAIChat, OpenAICompatible):
     # The chat route's `continue_final_message` (vllm `ChatCompletionRequest`): the trailing assistant message
     # is left open and continued, as a broken stream's resumption needs; it excludes `add_generation_prompt`.
     chat_continue = MappingProxyType({"continue_final_message": True, "add_generation_prompt": False})
+    # vllm/entrypoints/chat_utils.py `CustomChatCompletionMessageParam.reasoning` ("for interleaved thinking"),
+    # which the chat template sees.
+    chat_reasoning_field = "reasoning"

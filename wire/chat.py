@@ -79,6 +79,23 @@ class UserMessage(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     type: Mark = None
 
 
+class ThinkingBlock(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, tag_field="type", tag="thinking"):
+    """One block of a model's thinking with the provider's signature of it (Anthropic's, and Claude's on
+    Bedrock), which the provider checks when the block comes back in a later turn."""
+
+    thinking: str
+    signature: str | None = None
+
+
+class RedactedThinkingBlock(msgspec.Struct, forbid_unknown_fields=True, tag_field="type", tag="redacted_thinking"):
+    """Thinking the provider returns only encrypted (`data`), to be sent back as it came."""
+
+    data: str
+
+
+ThinkingBlocks = list[ThinkingBlock | RedactedThinkingBlock]
+
+
 class AssistantMessage(
     msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, tag_field="role", tag="assistant"
 ):
@@ -87,6 +104,11 @@ class AssistantMessage(
     refusal: str | None = None
     name: FunctionName | None = None
     type: Mark = None
+    # What the gateway answered beside the content (`ChatMessage`), taken back as a client that appends the
+    # answer's message object sends it: providers that want them in a later turn get them (a kind's
+    # `chat_reasoning_back`, Anthropic's and Bedrock's thinking blocks), the others never see them.
+    reasoning_content: str | None = None
+    thinking_blocks: ThinkingBlocks | None = None
 
 
 class ToolMessage(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, tag_field="role", tag="tool"):
@@ -227,6 +249,8 @@ class ChatMessage(msgspec.Struct, omit_defaults=True):
     refusal: str | None = None
     # A reasoning model's thinking, apart from its answer, under the name DeepSeek's API and vLLM give it.
     reasoning_content: str | None = None
+    # The same thinking as the provider's signed blocks, where it signs them (the names LiteLLM gives them).
+    thinking_blocks: ThinkingBlocks | None = None
 
 
 class ChatChoice(msgspec.Struct):
@@ -268,6 +292,8 @@ class Delta(msgspec.Struct, omit_defaults=True):
     tool_calls: list[ToolCallDelta] | None = None
     refusal: str | None = None
     reasoning_content: str | None = None
+    # Each signed block whole, in the chunk that completes it (its text came before as `reasoning_content`).
+    thinking_blocks: ThinkingBlocks | None = None
 
 
 class ChunkChoice(msgspec.Struct):
@@ -304,6 +330,8 @@ def answer_chunks(answer: ChatCompletion) -> Iterator[ChatChunk]:
         yield chunk(ChunkChoice(i, Delta(role="assistant", content="" if msg.content is not None else None), None))
         if msg.reasoning_content:  # the thinking streams before the answer
             yield chunk(ChunkChoice(i, Delta(reasoning_content=msg.reasoning_content), None))
+        if msg.thinking_blocks:
+            yield chunk(ChunkChoice(i, Delta(thinking_blocks=msg.thinking_blocks), None))
         if msg.content:
             yield chunk(ChunkChoice(i, Delta(content=msg.content), None, ch.logprobs))
         if msg.refusal:
@@ -331,6 +359,9 @@ __all__ = [
     "Delta",
     "FunctionDelta",
     "Message",
+    "RedactedThinkingBlock",
+    "ThinkingBlock",
+    "ThinkingBlocks",
     "TokenLogprob",
     "ToolCall",
     "ToolCallDelta",

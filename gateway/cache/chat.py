@@ -4,8 +4,8 @@ entry's `body`), whether the miss was buffered or streamed, and replayed to a st
 
 A chat stream's chunks are not kept as they came (their deltas say nothing a client needs beyond what
 they add up to): `Assembly` adds them up as the relay sends them, the content, refusal and tool-call
-arguments joined per choice, the logprobs concatenated, so one entry serves both kinds of request and a
-client reassembling the replayed deltas gets the stored answer exactly.
+arguments joined per choice, the logprobs and signed thinking blocks concatenated, so one entry serves both
+kinds of request and a client reassembling the replayed deltas gets the stored answer exactly.
 """
 
 from __future__ import annotations
@@ -28,6 +28,9 @@ from wire.chat import (
     ChatLogprobs,
     ChatMessage,
     FunctionCall,
+    RedactedThinkingBlock,
+    ThinkingBlock,
+    ThinkingBlocks,
     TokenLogprob,
     ToolCall,
     answer_chunks,
@@ -50,12 +53,13 @@ class _Call:
 class _Choice:
     """One choice's deltas so far."""
 
-    __slots__ = ("content", "refusal", "reasoning", "calls", "logprobs", "finish")
+    __slots__ = ("content", "refusal", "reasoning", "blocks", "calls", "logprobs", "finish")
 
     def __init__(self) -> None:
         self.content: list[str] | None = None
         self.refusal: list[str] | None = None
         self.reasoning: list[str] | None = None
+        self.blocks: ThinkingBlocks | None = None
         self.calls: dict[int, _Call] = {}
         self.logprobs: list[TokenLogprob] | None = None
         self.finish: ChatFinishReason | None = None
@@ -71,6 +75,7 @@ class _Choice:
             tool_calls=calls or None,
             refusal="".join(self.refusal) if self.refusal is not None else None,
             reasoning_content="".join(self.reasoning) if self.reasoning is not None else None,
+            thinking_blocks=self.blocks,
         )
         lp = ChatLogprobs(content=self.logprobs) if self.logprobs is not None else None
         return ChatChoice(index=index, message=message, finish_reason=self.finish, logprobs=lp)
@@ -108,6 +113,9 @@ class Assembly:
                     d.reasoning_content
                 )
                 size += len(d.reasoning_content)
+            if d.thinking_blocks is not None:
+                (have.blocks if have.blocks is not None else _start(have, "blocks")).extend(d.thinking_blocks)
+                size += sum(_block_size(b) for b in d.thinking_blocks)
             for t in d.tool_calls or ():
                 call = have.calls.get(t.index)
                 if call is None:
@@ -144,6 +152,12 @@ class Assembly:
             system_fingerprint=self.fingerprint,
             usage=usage,
         )
+
+
+def _block_size(block: ThinkingBlock | RedactedThinkingBlock) -> int:
+    if isinstance(block, RedactedThinkingBlock):
+        return len(block.data)
+    return len(block.thinking) + len(block.signature or "")
 
 
 def _start(choice: _Choice, field: str) -> list[object]:

@@ -169,6 +169,7 @@ async def _cut(choice: ChatChoice, stops: StopMatcher) -> ChatChoice:
         content=sent,
         refusal=choice.message.refusal,
         reasoning_content=choice.message.reasoning_content,
+        thinking_blocks=choice.message.thinking_blocks,
     )
     return ChatChoice(choice.index, message, "stop", _cut_tokens(choice.logprobs, len(sent)))
 
@@ -250,7 +251,12 @@ class _Choices:
             if stopped:
                 self.cut = self.cut or finish is None
                 finish = "stop"
-                delta = Delta(role=delta.role, content=safe, reasoning_content=delta.reasoning_content)
+                delta = Delta(
+                    role=delta.role,
+                    content=safe,
+                    reasoning_content=delta.reasoning_content,
+                    thinking_blocks=delta.thinking_blocks,
+                )
             elif safe != content:
                 delta = msgspec.structs.replace(delta, content=safe or None)
             if safe != content:

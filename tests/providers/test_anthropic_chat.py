@@ -153,14 +153,15 @@ def test_recorded_tool_use_stream() -> None:
 
 def test_recorded_thinking_is_reasoning_content() -> None:
     # Extended thinking (`thinking: {type: enabled}`, sent through `inference_extra_params`): the thinking
-    # block's text is `reasoning_content`, its signature is not relayed, the text block is the content.
+    # block's text is `reasoning_content` and, with its signature, the one of `thinking_blocks`; the text
+    # block is the content.
     recorded = fixture_json("anthropic/messages_thinking.json")
     thinking, text = recorded["content"]
     answer = AnthropicAdapter().parse_chat_response(fixture_bytes("anthropic/messages_thinking.json"), _ctx())
     (choice,) = answer.choices
     assert thinking["type"] == "thinking" and choice.message.reasoning_content == thinking["thinking"]
     assert choice.message.content == text["text"]
-    assert thinking["signature"] not in msgspec.json.encode(answer).decode()
+    assert msgspec.to_builtins(choice.message.thinking_blocks) == [thinking]
     raw = fixture_bytes("anthropic/messages_stream_thinking.sse.txt")
     decoder = DECODERS["sse"](max_event_bytes=1 << 20)
     adapter, ctx = AnthropicAdapter(), _ctx()
@@ -178,6 +179,73 @@ def test_recorded_thinking_is_reasoning_content() -> None:
     first_text = next(i for i, c in enumerate(chunks) if c.choices[0].delta.content)
     assert all(not c.choices[0].delta.reasoning_content for c in chunks[first_text:])
     assert chunks[-1].choices[0].finish_reason == "stop"
+    # The block whole, once, in a chunk of its own when it ends: before the text, after its last piece.
+    signed = [(i, c.choices[0].delta) for i, c in enumerate(chunks) if c.choices[0].delta.thinking_blocks]
+    ((at, delta),) = signed
+    signature = "".join(d.get("signature", "") for d in deltas if d["type"] == "signature_delta")
+    assert msgspec.to_builtins(delta.thinking_blocks) == [
+        {"type": "thinking", "thinking": reasoning, "signature": signature}
+    ]
+    assert delta.content is None and delta.reasoning_content is None and signature.startswith("EvMCCkYICxgC")
+    last_piece = max(i for i, c in enumerate(chunks) if c.choices[0].delta.reasoning_content)
+    assert last_piece < at < first_text
     # The completion route has no place for thinking: its text is the answer's alone.
     completion = AnthropicAdapter().parse_response(fixture_bytes("anthropic/messages_thinking.json"), _ctx())
     assert completion.choices[0].text == text["text"]
+
+
+def test_thinking_blocks_sent_back_lead_their_turn() -> None:
+    # A client that appends the answer's message sends its blocks back: Anthropic wants them first in the turn
+    # (before the tool_use they led to), as they came; a block without a signature it would refuse: left out.
+    recorded = fixture_json("anthropic/messages_thinking.json")["content"][0]
+    call = {"id": "toolu_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+    turn = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [call],
+        "reasoning_content": recorded["thinking"],
+        "thinking_blocks": [
+            recorded,
+            {"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix/LafPsn4aDFIT"},
+            {"type": "thinking", "thinking": "unsigned"},
+        ],
+    }
+    body = _sent(
+        _req(
+            messages=[
+                {"role": "user", "content": "Weather?"},
+                turn,
+                {"role": "tool", "tool_call_id": "toolu_1", "content": "sunny"},
+            ],
+            tools=TOOLS,
+        )
+    )
+    assert body["messages"][1] == {
+        "role": "assistant",
+        "content": [
+            {"type": "thinking", "thinking": recorded["thinking"], "signature": recorded["signature"]},
+            {"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix/LafPsn4aDFIT"},
+            {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}},
+        ],
+    }
+
+
+def test_a_redacted_block_streams_whole_and_an_unsigned_one_is_not_listed() -> None:
+    adapter, ctx = AnthropicAdapter(), _ctx()
+
+    def event(body: dict[str, Any]) -> ChatChunk | None:
+        return adapter.parse_chat_event(body["type"], msgspec.json.encode(body), ctx)
+
+    redacted = {"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix"}
+    chunk = event({"type": "content_block_start", "index": 0, "content_block": redacted})
+    assert chunk is not None and msgspec.to_builtins(chunk.choices[0].delta.thinking_blocks) == [redacted]
+    assert event({"type": "content_block_stop", "index": 0}) is None
+    start = {"type": "thinking", "thinking": "", "signature": ""}
+    assert event({"type": "content_block_start", "index": 1, "content_block": start}) is None
+    piece = event({"type": "content_block_delta", "index": 1, "delta": {"type": "thinking_delta", "thinking": "x"}})
+    assert piece is not None and piece.choices[0].delta.reasoning_content == "x"
+    assert event({"type": "content_block_stop", "index": 1}) is None  # never signed: no block to list
+    # A buffered answer lists its redacted block too, in its place among the signed ones.
+    body = {"content": [redacted, {"type": "text", "text": "hi"}], "stop_reason": "end_turn"}
+    answer = adapter.parse_chat_response(msgspec.json.encode(body), _ctx())
+    assert msgspec.to_builtins(answer.choices[0].message.thinking_blocks) == [redacted]

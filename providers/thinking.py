@@ -1,0 +1,104 @@
+"""A model's thinking that comes back in a client's later turn, and the signed blocks of it (Anthropic's
+`thinking` and `redacted_thinking` blocks, and Claude's on Bedrock) as the chat answer's `thinking_blocks`.
+
+An assistant message's `reasoning_content` reaches the OpenAI-wire servers that read it, under their name
+for it (`sent_messages`), and no other: strict servers refuse a message field they do not know. A signed
+block's provider checks its signature when it comes back, and wants the blocks of a turn that called tools
+before its `tool_use` blocks while thinking is on: a client that appends the answer's message object sends
+them back unchanged. A stream sends each block whole in a chunk of its own when the block ends (its text
+came before as `reasoning_content` pieces, kept per block up to `BLOCK_CHARS`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import msgspec
+
+from providers.base import CallContext
+from wire.chat import AssistantMessage, Message, RedactedThinkingBlock, ThinkingBlock, ThinkingBlocks
+
+# A streamed block's text and signature kept until the block ends: at most this many characters together
+# (about four times the longest thinking any model produces); a longer block streams its text, unlisted.
+BLOCK_CHARS: Final = 2 * 1024 * 1024
+_KEY: Final = "thinking_blocks"
+
+
+class _Kept:
+    """One streamed block's text and signature so far."""
+
+    __slots__ = ("chars", "signature", "text")
+
+    def __init__(self) -> None:
+        self.text: list[str] | None = []
+        self.chars = 0
+        self.signature: list[str] = []
+
+
+def returned(m: AssistantMessage) -> ThinkingBlocks:
+    """The blocks a client sent back that the provider can check: signed thinking and redacted thinking. A
+    block without a signature (another provider's, or edited) would be refused by the provider: left out."""
+    return [b for b in m.thinking_blocks or () if isinstance(b, RedactedThinkingBlock) or b.signature]
+
+
+def _kept(ctx: CallContext, block: int | None) -> _Kept:
+    blocks: dict[int | None, _Kept] = ctx.state.setdefault(_KEY, {})
+    kept = blocks.get(block)
+    if kept is None:
+        kept = blocks[block] = _Kept()
+    return kept
+
+
+def piece(ctx: CallContext, block: int | None, text: str) -> None:
+    """A streamed piece of block `block`'s thinking, kept for the block's signed whole."""
+    _keep(_kept(ctx, block), text, False)
+
+
+def signature(ctx: CallContext, block: int | None, text: str) -> None:
+    """A streamed piece of block `block`'s signature (one piece, in every recorded stream)."""
+    _keep(_kept(ctx, block), text, True)
+
+
+def _keep(kept: _Kept, text: str, signed: bool) -> None:
+    if kept.text is None:
+        return
+    kept.chars += len(text)
+    if kept.chars > BLOCK_CHARS:  # too long to keep (its text still streams): text and signature both count
+        kept.text, kept.signature = None, []
+    else:
+        (kept.signature if signed else kept.text).append(text)
+
+
+def ended(ctx: CallContext, block: int | None) -> ThinkingBlocks | None:
+    """Block `block` whole, signed, when it ends; None for a block that was not signed thinking, or whose text
+    was past BLOCK_CHARS."""
+    blocks: dict[int | None, _Kept] = ctx.state.get(_KEY, {})
+    kept = blocks.pop(block, None)
+    if kept is None or kept.text is None or not kept.signature:
+        return None
+    return [ThinkingBlock("".join(kept.text), "".join(kept.signature))]
+
+
+def sent_messages(messages: list[Message], field: str | None) -> list[Any]:
+    """The conversation as an OpenAI-wire server gets it: an assistant message's `thinking_blocks` left out,
+    and its `reasoning_content` under `field`, or left out. The list itself when no message has either."""
+    out: list[Any] | None = None
+    for i, a in enumerate(messages):
+        if not isinstance(a, AssistantMessage):
+            continue
+        if a.thinking_blocks is None and (a.reasoning_content is None or field == "reasoning_content"):
+            continue
+        if out is None:
+            out = list(messages)
+        native = field == "reasoning_content"  # the server's name is the gateway's: the struct encodes it
+        sent = msgspec.structs.replace(
+            a, thinking_blocks=None, reasoning_content=a.reasoning_content if native else None
+        )
+        if field is None or native or a.reasoning_content is None:
+            out[i] = sent
+        else:
+            out[i] = {**msgspec.to_builtins(sent), field: a.reasoning_content}
+    return messages if out is None else out
+
+
+__all__ = ["BLOCK_CHARS", "ended", "piece", "returned", "sent_messages", "signature"]
