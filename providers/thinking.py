@@ -21,15 +21,17 @@ from wire.chat import AssistantMessage, Message, RedactedThinkingBlock, Thinking
 # A streamed block's text and signature kept until the block ends: at most this many characters together
 # (about four times the longest thinking any model produces); a longer block streams its text, unlisted.
 BLOCK_CHARS: Final = 2 * 1024 * 1024
-_KEY: Final = "thinking_blocks"
+_KEY: Final = "thinking_block"
 
 
 class _Kept:
-    """One streamed block's text and signature so far."""
+    """The streamed block kept now: its index, and its text and signature so far (None once past BLOCK_CHARS
+    or ended). One per call: the providers stream blocks one after another, at rising indexes."""
 
-    __slots__ = ("chars", "signature", "text")
+    __slots__ = ("chars", "index", "signature", "text")
 
-    def __init__(self) -> None:
+    def __init__(self, index: int | None) -> None:
+        self.index = index
         self.text: list[str] | None = []
         self.chars = 0
         self.signature: list[str] = []
@@ -41,12 +43,16 @@ def returned(m: AssistantMessage) -> ThinkingBlocks:
     return [b for b in m.thinking_blocks or () if isinstance(b, RedactedThinkingBlock) or b.signature]
 
 
-def _kept(ctx: CallContext, block: int | None) -> _Kept:
-    blocks: dict[int | None, _Kept] = ctx.state.setdefault(_KEY, {})
-    kept = blocks.get(block)
-    if kept is None:
-        kept = blocks[block] = _Kept()
-    return kept
+def _kept(ctx: CallContext, block: int | None) -> _Kept | None:
+    """Block `block`'s keeping: a new one for a block past the one kept now; None for a block before it (its
+    start was not kept, so it cannot be listed whole), or one that ended."""
+    kept: _Kept | None = ctx.state.get(_KEY)
+    if kept is not None and kept.index == block:
+        return kept if kept.text is not None else None
+    if kept is None or (block is not None and (kept.index is None or block > kept.index)):
+        kept = ctx.state[_KEY] = _Kept(block)
+        return kept
+    return None
 
 
 def piece(ctx: CallContext, block: int | None, text: str) -> None:
@@ -59,8 +65,8 @@ def signature(ctx: CallContext, block: int | None, text: str) -> None:
     _keep(_kept(ctx, block), text, True)
 
 
-def _keep(kept: _Kept, text: str, signed: bool) -> None:
-    if kept.text is None:
+def _keep(kept: _Kept | None, text: str, signed: bool) -> None:
+    if kept is None or kept.text is None:
         return
     kept.chars += len(text)
     if kept.chars > BLOCK_CHARS:  # too long to keep (its text still streams): text and signature both count
@@ -72,11 +78,12 @@ def _keep(kept: _Kept, text: str, signed: bool) -> None:
 def ended(ctx: CallContext, block: int | None) -> ThinkingBlocks | None:
     """Block `block` whole, signed, when it ends; None for a block that was not signed thinking, or whose text
     was past BLOCK_CHARS."""
-    blocks: dict[int | None, _Kept] = ctx.state.get(_KEY, {})
-    kept = blocks.pop(block, None)
-    if kept is None or kept.text is None or not kept.signature:
+    kept: _Kept | None = ctx.state.get(_KEY)
+    if kept is None or kept.index != block or kept.text is None:
         return None
-    return [ThinkingBlock("".join(kept.text), "".join(kept.signature))]
+    text, signed = kept.text, kept.signature
+    kept.text, kept.signature = None, []  # ended: a piece that came after it is not kept
+    return [ThinkingBlock("".join(text), "".join(signed))] if signed else None
 
 
 def sent_messages(messages: list[Message], field: str | None) -> list[Any]:
