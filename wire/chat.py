@@ -42,15 +42,21 @@ class RefusalPart(msgspec.Struct, forbid_unknown_fields=True, tag_field="type", 
     refusal: str
 
 
-class FunctionCall(msgspec.Struct, forbid_unknown_fields=True):
+class FunctionCall(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     name: str
     arguments: str
+    # What the openai SDK's `parse` and `stream` helpers add to a call they return, and send back with it when
+    # the message is appended as it came: taken, and cleared by normalize_chat (no upstream sees it).
+    parsed_arguments: Any = None
 
 
-class ToolCall(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=False):
+class ToolCall(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, tag_field="type", tag="function"):
+    """A function call; its `type` is always written (first, as OpenAI's answers have it) and optional to
+    send, as OpenAI's API takes it."""
+
     id: str
     function: FunctionCall
-    type: Literal["function"] = "function"
+    index: int | None = None  # the openai SDK's stream helper's, as `parsed_arguments`
 
 
 Texts = str | list[TextPart]
@@ -106,9 +112,16 @@ class AssistantMessage(
     type: Mark = None
     # What the gateway answered beside the content (`ChatMessage`), taken back as a client that appends the
     # answer's message object sends it: providers that want them in a later turn get them (a kind's
-    # `chat_reasoning_back`, Anthropic's and Bedrock's thinking blocks), the others never see them.
+    # `chat_reasoning_field`, Anthropic's and Bedrock's thinking blocks), the others never see them.
     reasoning_content: str | None = None
     thinking_blocks: ThinkingBlocks | None = None
+    # What the openai SDK's message objects carry and send back when appended as they came (`annotations`,
+    # `parsed` from its `parse` helper; `audio` and `function_call` null): taken, and cleared by
+    # normalize_chat. An audio reply or a legacy function call is not null: a 400.
+    annotations: list[Any] | None = None
+    parsed: Any = None
+    audio: None = None
+    function_call: None = None
 
 
 class ToolMessage(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, tag_field="role", tag="tool"):

@@ -16,7 +16,7 @@ import msgspec
 from gateway.config import CapsConfig
 from gateway.path.dialects import decode_error
 from providers.registry import credential_headers
-from wire.chat import CHAT_SHAPES, ChatRequest, render
+from wire.chat import CHAT_SHAPES, AssistantMessage, ChatRequest, render
 from wire.errors import InvalidRequestError
 from wire.schema import FREE_FORM, CacheSalt, CompletionRequest
 
@@ -337,6 +337,13 @@ def normalize(req: CompletionRequest, caps: CapsConfig = _DEFAULT_CAPS) -> Compl
 _CHAT_SHAPES: Final = CHAT_SHAPES
 
 
+def _sdk_echo(m: AssistantMessage) -> None:
+    """What the openai SDK sends back of an answer it parsed (wire.chat.AssistantMessage), for no upstream."""
+    m.annotations = m.parsed = None
+    for call in m.tool_calls or ():
+        call.index = call.function.parsed_arguments = None
+
+
 def normalize_chat(req: ChatRequest, caps: CapsConfig = _DEFAULT_CAPS) -> ChatRequest:
     """`normalize` for a chat request: `logprobs` is a boolean there, `tools`, `tool_choice` and
     `response_format` must have OpenAI's shapes, and `prompt` becomes the rendered conversation."""
@@ -358,6 +365,8 @@ def normalize_chat(req: ChatRequest, caps: CapsConfig = _DEFAULT_CAPS) -> ChatRe
     for m in req.messages:
         if m.type is not None:
             m.type = None  # lm-eval's mark (wire.chat.Mark), for no upstream
+        if m.__class__ is AssistantMessage:
+            _sdk_echo(m)
     req.prompt = render(req.messages)
     normalize(req, caps)
     return req

@@ -381,6 +381,19 @@ def test_ledger_row_records_the_endpoint(api: httpx.Client, db: Path) -> None:
         ),
         ({"model": "oa/m", "messages": [{"role": "user", "content": "x", "colour": 1}]}, "messages.colour", None),
         ({"model": "oa/m", "messages": [{"role": "user", "content": "x", "type": "image"}]}, "messages.type", None),
+        # What the openai SDK sends back of its own message objects is taken null; an audio reply or a legacy
+        # function call is not.
+        ({"model": "oa/m", "messages": [{"role": "assistant", "audio": {"id": "a1"}}]}, "messages.audio", None),
+        (
+            {"model": "oa/m", "messages": [{"role": "assistant", "function_call": {"name": "f", "arguments": "{}"}}]},
+            "messages.function_call",
+            None,
+        ),
+        (
+            {"model": "oa/m", "messages": [{"role": "assistant", "tool_calls": [{"id": "c", "type": "custom"}]}]},
+            "messages.tool_calls.type",
+            None,
+        ),
         (
             {"model": "oa/m", "messages": [{"role": "assistant", "tool_calls": [{"id": "a", "type": "function"}]}]},
             "messages.tool_calls.function",

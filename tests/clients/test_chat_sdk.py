@@ -199,3 +199,38 @@ def test_parse_with_a_pydantic_function_tool(client: openai.OpenAI, chat_upstrea
     (tool,) = _sent(chat_upstream)["tools"]
     assert tool["function"]["name"] == "Forecast" and tool["function"]["strict"] is True
     assert tool["function"]["parameters"]["additionalProperties"] is False
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("helper", ["create", "parse", "stream"])
+def test_the_sdks_own_message_goes_back_as_it_came(
+    client: openai.OpenAI, chat_upstream: Upstream, model: str, helper: str
+) -> None:
+    """The agent loop appends the message object the SDK returned, unchanged: from `parse` it carries `parsed`
+    and each call's `parsed_arguments`, from the `stream` helper also `annotations`, `audio` and
+    `function_call` (null) and each call's `index`. The gateway takes them and sends none upstream."""
+    tools: Any = [openai.pydantic_function_tool(Forecast)] if helper == "parse" else [WEATHER_TOOL]
+    if helper == "create":
+        message: Any = client.chat.completions.create(model=model, messages=MESSAGES, tools=tools).choices[0].message
+    elif helper == "parse":
+        message = client.chat.completions.parse(model=model, messages=MESSAGES, tools=tools).choices[0].message
+    else:
+        with client.chat.completions.stream(model=model, messages=MESSAGES, tools=tools) as s:
+            message = s.get_final_completion().choices[0].message
+    (call,) = message.tool_calls or []
+    if helper == "stream":
+        assert call.index == 0 and "annotations" in message.model_fields_set  # what makes this case
+    history = [*MESSAGES, message, {"role": "tool", "tool_call_id": call.id, "content": "21 degrees"}]
+    second = client.chat.completions.create(model=model, messages=history, tools=tools)
+    assert second.choices[0].message.content == " The tool said: 21 degrees"
+    # Null fields are not written (the gateway's messages leave out what is unset), nor the SDK's own.
+    assert _sent(chat_upstream)["messages"][2] == {
+        "role": "assistant",
+        "tool_calls": [
+            {
+                "type": "function",
+                "id": call.id,
+                "function": {"name": call.function.name, "arguments": call.function.arguments},
+            }
+        ],
+    }

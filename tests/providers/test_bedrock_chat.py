@@ -295,7 +295,8 @@ def test_recorded_tool_use_answer() -> None:
     assert choice.finish_reason == "tool_calls"
     assert choice.message.content is None
     calls = choice.message.tool_calls or []
-    assert [(c.id, c.type, c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+    written = [msgspec.to_builtins(c) for c in calls]
+    assert [(c["id"], c["type"], c["function"]["name"], json.loads(c["function"]["arguments"])) for c in written] == [
         (use["toolUseId"], "function", use["name"], use["input"])
     ]
     assert answer.usage is not None
