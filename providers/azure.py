@@ -32,6 +32,12 @@ class AzureAdapter(OpenAIChat, OpenAICompatible):
         max_tokens=Param(to="max_completion_tokens"),
         reasoning_effort=Param(),
         verbosity=Param(),
+        # Stored completions, the prompt-cache key and the end-user id (learn.microsoft.com, Foundry's
+        # "Create chat completion" reference).
+        store=Param(),
+        metadata=Param(),
+        prompt_cache_key=Param(),
+        safety_identifier=Param(),
     )
 
     def url(self, endpoint: Endpoint) -> str:

@@ -21,4 +21,10 @@ class OpenAIAdapter(OpenAIChat, OpenAICompatible):
         prediction=Param(),
         reasoning_effort=Param(),
         verbosity=Param(),
+        store=Param(),
+        metadata=Param(),
+        service_tier=Param(),
+        prompt_cache_key=Param(),
+        safety_identifier=Param(),
+        web_search_options=Param(),
     )

@@ -44,8 +44,16 @@ PromptItem = str | Int64 | list[Int64]
 CacheSalt = Annotated[str, Meta(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._:/+=-]+$")]
 
 
+# OpenAI's bounds on `metadata`: at most 16 pairs, keys of at most 64 characters, values of at most 512.
+Metadata = Annotated[
+    dict[Annotated[str, Meta(max_length=64)], Annotated[str, Meta(max_length=512)]], Meta(max_length=16)
+]
+
+
 class StreamOptions(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     include_usage: bool | None = None
+    # OpenAI's random padding of stream chunks: the gateway writes its own chunks, which carry none.
+    include_obfuscation: bool | None = None
 
 
 class CompletionRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -99,6 +107,16 @@ class CompletionRequest(msgspec.Struct, forbid_unknown_fields=True, omit_default
     # each model takes its own subset, which the provider checks.
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
     verbosity: Literal["low", "medium", "high"] | None = None  # how long an answer (OpenAI's GPT-5 family)
+    # OpenAI's own service (openai-python `completion_create_params.py` of `chat`): stored completions and
+    # their metadata, the processing tier, the prompt-cache routing key, the end-user id for abuse checks,
+    # web search; sent to the kinds that are OpenAI's API, refused by name elsewhere (`store: false`, what
+    # every other provider does anyway, is taken everywhere).
+    store: bool | None = None
+    metadata: Metadata | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    web_search_options: dict[str, Any] | None = None
     # Self-hosted servers' own sampling fields (what lm-eval's `--gen_kwargs` and the SDKs' `extra_body`
     # send), typed as vLLM's completions protocol declares them. Each provider's table says where a field
     # goes (vLLM's body, TGI's `parameters`, Ollama's `options`, llama.cpp under its own name); elsewhere it
@@ -235,6 +253,7 @@ FREE_FORM: Final = (
     "tools",
     "tool_choice",
     "prediction",
+    "web_search_options",
 )
 _FIELDS: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _decode_request = msgspec.json.Decoder(CompletionRequest).decode

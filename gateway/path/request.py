@@ -193,6 +193,7 @@ _RARE: Final = tuple(
             "guided_grammar",
             "inference_timeout",
             "inference_extra_headers",
+            "store",
             *FREE_FORM,
         )
     )
@@ -307,6 +308,8 @@ def normalize(req: CompletionRequest, caps: CapsConfig = _DEFAULT_CAPS) -> Compl
                     "values one line of latin-1 text",
                     "inference_extra_headers",
                 )
+    if req.store is False:
+        req.store = None  # storing nothing is what every provider does without the field: taken everywhere
     free = _free_form(req)
     if free.count(None) != len(FREE_FORM):  # one C call when none is set, as in most requests
         for field, value in zip(FREE_FORM, free, strict=True):

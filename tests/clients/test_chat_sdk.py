@@ -234,3 +234,37 @@ def test_the_sdks_own_message_goes_back_as_it_came(
             }
         ],
     }
+
+
+def test_openais_own_service_fields_reach_openai_and_are_refused_by_name_elsewhere(
+    client: openai.OpenAI, chat_upstream: Upstream
+) -> None:
+    fields: Any = {
+        "store": True,
+        "metadata": {"team": "search"},
+        "service_tier": "flex",
+        "prompt_cache_key": "conv-42",
+        "safety_identifier": "user-7f3a",
+    }
+    client.chat.completions.create(model="oa/gpt-4o-mini", messages=MESSAGES, max_tokens=4, **fields)
+    sent = _sent(chat_upstream)
+    assert {k: sent[k] for k in fields} == fields
+    # Storing nothing is what every server does: taken everywhere, and written nowhere.
+    client.chat.completions.create(model="vc/Qwen/Qwen2.5-1.5B-Instruct", messages=MESSAGES, max_tokens=4, store=False)
+    assert "store" not in _sent(chat_upstream)
+    for name, value in fields.items():
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(
+                model="vc/Qwen/Qwen2.5-1.5B-Instruct", messages=MESSAGES, max_tokens=4, **{name: value}
+            )
+        error: Any = refused.value.body
+        assert (error["param"], error["code"]) == (name, "unsupported_parameter"), error
+    # OpenAI's stream padding: the gateway's chunks carry none, whatever the client asks.
+    stream = client.chat.completions.create(
+        model="oa/gpt-4o-mini",
+        messages=MESSAGES,
+        max_tokens=4,
+        stream=True,
+        stream_options={"include_usage": True, "include_obfuscation": False},
+    )
+    assert list(stream)[-1].usage is not None

@@ -84,6 +84,12 @@ SAMPLE: dict[str, Any] = {
     "prediction": {"type": "content"},
     "reasoning_effort": "high",
     "verbosity": "low",
+    "store": True,
+    "metadata": {"team": "a"},
+    "service_tier": "flex",
+    "prompt_cache_key": "k-1",
+    "safety_identifier": "u-1",
+    "web_search_options": {},
 }
 
 # A valid value for each self-hosted server's own sampling field (wire/schema.py), which providers

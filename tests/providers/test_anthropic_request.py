@@ -52,6 +52,12 @@ REFUSED: dict[str, Any] = sample(
     "parallel_tool_calls",
     "prediction",
     "verbosity",
+    "store",
+    "metadata",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+    "web_search_options",
     *NATIVE,
 )
 

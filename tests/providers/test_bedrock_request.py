@@ -65,6 +65,12 @@ REFUSED: dict[str, Any] = sample(
     "prediction",
     "reasoning_effort",
     "verbosity",
+    "store",
+    "metadata",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+    "web_search_options",
     *NATIVE,
 )
 

@@ -55,6 +55,12 @@ REFUSED: dict[str, Any] = {
     "prediction": {"type": "content"},
     "reasoning_effort": "high",
     "verbosity": "low",
+    "store": True,
+    "metadata": {"team": "a"},
+    "service_tier": "flex",
+    "prompt_cache_key": "k-1",
+    "safety_identifier": "u-1",
+    "web_search_options": {},
     **NATIVE,
 }
 

@@ -33,6 +33,12 @@ REFUSED: dict[str, Any] = {
     "parallel_tool_calls": True,
     "prediction": {"type": "content"},
     "verbosity": "low",
+    "store": True,
+    "metadata": {"team": "a"},
+    "service_tier": "flex",
+    "prompt_cache_key": "k-1",
+    "safety_identifier": "u-1",
+    "web_search_options": {},
     **NATIVE,
 }
 
