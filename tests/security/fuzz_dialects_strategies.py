@@ -103,7 +103,9 @@ PLAUSIBLE: Final[dict[str, st.SearchStrategy[Any]]] = {
     "images": st.lists(texts, max_size=2),
     "context_length_exceeded_behavior": st.sampled_from(["truncate", "error"]),
     "stream": st.booleans(),
-    "stream_options": st.fixed_dictionaries({}, optional={"include_usage": st.booleans()}),
+    "stream_options": st.fixed_dictionaries(
+        {}, optional={"include_usage": st.booleans(), "include_obfuscation": st.booleans()}
+    ),
     "user": texts,
     "inference_timeout": st.floats(min_value=0.5, max_value=30) | texts,
     "inference_extra_params": st.dictionaries(st.text(max_size=8), json_values, max_size=3),
@@ -116,6 +118,12 @@ PLAUSIBLE: Final[dict[str, st.SearchStrategy[Any]]] = {
     "prediction": st.dictionaries(st.text(max_size=6), json_values, max_size=2),
     "reasoning_effort": st.sampled_from(["none", "minimal", "low", "medium", "high", "xhigh", "max"]),
     "verbosity": st.sampled_from(["low", "medium", "high"]),
+    "store": st.booleans(),
+    "metadata": st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=3),
+    "service_tier": st.sampled_from(["auto", "default", "flex", "scale", "priority"]),
+    "prompt_cache_key": st.text(max_size=12),
+    "safety_identifier": st.text(max_size=12),
+    "web_search_options": st.dictionaries(st.text(max_size=6), json_values, max_size=2),
     # Self-hosted servers' own sampling fields.
     "min_p": st.floats(min_value=0, max_value=1),
     "typical_p": st.floats(min_value=0, max_value=1),
