@@ -259,7 +259,9 @@ class OpenAIChat(Adapter):
     def build_chat_request(self, req: ChatRequest, endpoint: Endpoint, params: dict[str, Any]) -> UpstreamRequest:
         body: dict[str, Any] = {
             "model": endpoint.model,
-            "messages": thinking.sent_messages(req.messages, self.chat_reasoning_field),
+            "messages": thinking.sent_messages(req.messages, self.chat_reasoning_field)
+            if req.thinking_back
+            else req.messages,
         }
         body.update(params)
         if req.stream:

@@ -140,6 +140,9 @@ class ChatRequest(CompletionRequest, kw_only=True, forbid_unknown_fields=True, o
     messages: Annotated[list[Message], Meta(min_length=1)]
     # The rendered conversation (`render`), under a name no JSON client sends: set by normalize_chat.
     prompt: str | list[PromptItem] = msgspec.field(default="", name=" rendered")
+    # Whether an assistant message carries thinking to send back (set by normalize_chat): the common request
+    # has none, and its messages then go upstream as they are, without a look at each.
+    thinking_back: bool = msgspec.field(default=False, name=" thinking_back")
     # Completion-only fields: not OpenAI chat's, so refused by name as unknown fields.
     best_of: int | None = msgspec.field(default=None, name=" best_of")
     echo: bool | None = msgspec.field(default=None, name=" echo")

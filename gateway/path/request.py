@@ -365,11 +365,16 @@ def normalize_chat(req: ChatRequest, caps: CapsConfig = _DEFAULT_CAPS) -> ChatRe
         raise _bad("'tool_choice' is only allowed when 'tools' are given", "tool_choice")
     if req.parallel_tool_calls is not None and not req.tools:
         raise _bad("'parallel_tool_calls' is only allowed when 'tools' are given", "parallel_tool_calls")
+    back = False
     for m in req.messages:
         if m.type is not None:
             m.type = None  # lm-eval's mark (wire.chat.Mark), for no upstream
         if m.__class__ is AssistantMessage:
-            _sdk_echo(m)
+            if m.tool_calls or m.annotations is not None or m.parsed is not None:
+                _sdk_echo(m)
+            if m.reasoning_content is not None or m.thinking_blocks is not None:
+                back = True
+    req.thinking_back = back
     req.prompt = render(req.messages)
     normalize(req, caps)
     return req
