@@ -116,7 +116,9 @@ async def test_a_cancel_while_the_loser_gives_its_count_back_lets_go_of_the_winn
     assert (await ask(p)).served_by == key("alpha")
     faults.forget()
     # Neither says a thing (not even its status line) until the loop is held, so both are read alike after.
-    faults["alpha"].script(slow(0.3, then=stream(gap=0.5)))
+    # alpha's silence is long beside the hedge's 0.1 s, so beta's call is out well before alpha answers even
+    # when the loop is slow to send it; the hold outlasts alpha's silence.
+    faults["alpha"].script(slow(0.6, then=stream(gap=0.5)))
     faults["beta"].script(slow(0.05, then=stream(gap=0.5)))
     attempts = Attempts()
     counts: list[int] = []
@@ -126,7 +128,7 @@ async def test_a_cancel_while_the_loser_gives_its_count_back_lets_go_of_the_winn
         attempts.look()
         if faults["beta"].count and not held:
             # The hedge was sent: hold the gateway's loop until both first events are in its sockets.
-            time.sleep(0.6)
+            time.sleep(1.2)
             held.append(True)
         counts.append(sum(p.health.local.inflight.values()))
         return counts[-1] == 1 and 2 in counts
