@@ -4,7 +4,10 @@
 `output_config.effort`, Gemini as its `thinkingConfig`, and is refused by name elsewhere (and on OpenAI's
 completions); a model's thinking comes
 back as `reasoning_content`, plain and streamed, from Anthropic's thinking blocks and Gemini's thought
-summaries as from an OpenAI-wire server. The upstreams replay recordings (tests/fixtures/SOURCES.md).
+summaries as from an OpenAI-wire server. That thinking goes back in the next turn as the agent loop sends
+it (the answer's message object appended): `reasoning_content` to DeepSeek and as `reasoning` to vLLM,
+Anthropic's signed `thinking_blocks` at the head of their turn, neither to a strict server. The upstreams
+replay recordings (tests/fixtures/SOURCES.md).
 """
 
 from __future__ import annotations
@@ -39,11 +42,28 @@ providers:
   claude: {{kind: anthropic, base_url: {u}, api_key: sk-ant}}
   gem: {{kind: gemini, base_url: {u}/gemini, api_key: k}}
   mis: {{kind: mistral, base_url: {u}/mistral, api_key: k}}
+  ds: {{kind: deepseek, base_url: {u}/ds, api_key: sk-ds}}
 models:
   - name: cached
     targets: [{{model: hosted/served}}]
     cache: {{mode: always}}
+  - name: cached-claude
+    targets: [{{model: claude/claude-sonnet-4-5}}]
+    cache: {{mode: always}}
 """
+# The model an OpenAI-wire upstream answers as DeepSeek's recorded thinking turn with a tool call.
+TOOL_THINKER = "tool-thinker"
+TOOLS: list[Any] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "load_capability",
+            "parameters": {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]},
+        },
+    }
+]
+QUESTION: list[Any] = [{"role": "user", "content": "My guess is 4"}]
+THINKING = {"thinking": {"type": "enabled", "budget_tokens": 1024}}
 
 
 def _events(raw: bytes) -> list[bytes]:
@@ -73,6 +93,9 @@ async def _handler(request: web.Request, received: Received) -> web.StreamRespon
         if received.json().get("stream"):
             return await _stream(request, _events(fixture_bytes("mistral/chat_stream_magistral_thinking.sse.txt")))
         body = fixture_bytes("mistral/chat_magistral_thinking.json")
+        return web.Response(body=body, content_type="application/json")
+    if received.path.startswith("/ds/") or received.json().get("model") == TOOL_THINKER:
+        body = fixture_bytes("deepseek/chat_thinking_tool_calls.json")
         return web.Response(body=body, content_type="application/json")
     return web.Response(body=fixture_bytes("openai/chat_completion.json"), content_type="application/json")
 
@@ -284,3 +307,110 @@ def test_gemini_thought_summaries_as_reasoning_content(api: httpx.Client, receiv
     reasoning = "".join(c["choices"][0]["delta"].get("reasoning_content") or "" for c in chunks if c["choices"])
     assert reasoning.startswith("**Clarifying User Goals**")
     assert received[0].json()["generationConfig"]["thinkingConfig"] == {"includeThoughts": True}
+
+
+def _loop(client: openai.OpenAI, model: str) -> None:
+    """Two turns of the agent loop: the answer's message object appended as it came, then the tool's result."""
+    answer = client.chat.completions.create(model=model, messages=QUESTION, tools=TOOLS)
+    message = answer.choices[0].message
+    assert message.tool_calls and (message.model_extra or {}).get("reasoning_content")
+    call = message.tool_calls[0]
+    client.chat.completions.create(
+        model=model,
+        messages=[*QUESTION, message, {"role": "tool", "tool_call_id": call.id, "content": "{}"}],  # type: ignore[list-item]
+        tools=TOOLS,
+    )
+
+
+def test_deepseek_gets_the_reasoning_of_a_turn_that_called_tools_back(
+    client: openai.OpenAI, received: list[Received]
+) -> None:
+    recorded = fixture_json("deepseek/chat_thinking_tool_calls.json")["choices"][0]["message"]
+    _loop(client, "ds/deepseek-reasoner")
+    sent = received[1].json()["messages"][1]
+    # As pydantic-ai's recorded second request sends it: the turn whole, its reasoning_content included.
+    assert sent == {
+        "role": "assistant",
+        "content": recorded["content"],
+        "reasoning_content": recorded["reasoning_content"],
+        "tool_calls": [{"id": c["id"], "type": "function", "function": c["function"]} for c in recorded["tool_calls"]],
+    }
+
+
+def test_vllm_gets_it_as_reasoning_and_a_strict_server_not_at_all(
+    client: openai.OpenAI, received: list[Received]
+) -> None:
+    recorded = fixture_json("deepseek/chat_thinking_tool_calls.json")["choices"][0]["message"]
+    _loop(client, f"hosted/{TOOL_THINKER}")
+    turn = received[1].json()["messages"][1]
+    assert turn["reasoning"] == recorded["reasoning_content"] and "reasoning_content" not in turn
+    received.clear()
+    _loop(client, f"oa/{TOOL_THINKER}")
+    turn = received[1].json()["messages"][1]
+    assert turn["role"] == "assistant" and turn["tool_calls"]
+    assert "reasoning_content" not in turn and "reasoning" not in turn and "thinking_blocks" not in turn
+
+
+def test_anthropics_signed_thinking_comes_back_first_in_its_turn(
+    client: openai.OpenAI, received: list[Received]
+) -> None:
+    recorded = fixture_json("anthropic/messages_thinking.json")["content"]
+    answer = client.chat.completions.create(
+        model="claude/claude-sonnet-4-5",
+        messages=QUESTION,
+        max_tokens=4096,
+        extra_body={"inference_extra_params": THINKING},
+    )
+    message = answer.choices[0].message
+    assert (message.model_extra or {})["thinking_blocks"] == [recorded[0]]
+    client.chat.completions.create(
+        model="claude/claude-sonnet-4-5",
+        messages=[*QUESTION, message, {"role": "user", "content": "And 5?"}],  # type: ignore[list-item]
+        max_tokens=4096,
+        extra_body={"inference_extra_params": THINKING},
+    )
+    turn = received[1].json()["messages"][1]
+    assert turn == {"role": "assistant", "content": [recorded[0], {"type": "text", "text": recorded[1]["text"]}]}
+
+
+def test_a_stream_gives_each_signed_block_whole_and_a_replay_gives_it_again(
+    client: openai.OpenAI, received: list[Received]
+) -> None:
+    def streamed() -> tuple[str, list[Any]]:
+        reasoning = ""
+        blocks: list[Any] = []
+        stream = client.chat.completions.create(
+            model="cached-claude",
+            messages=QUESTION,
+            max_tokens=4096,
+            stream=True,
+            extra_body={"inference_extra_params": THINKING},
+        )
+        for chunk in stream:
+            extra = chunk.choices[0].delta.model_extra or {} if chunk.choices else {}
+            reasoning += extra.get("reasoning_content") or ""
+            blocks += extra.get("thinking_blocks") or []
+        return reasoning, blocks
+
+    reasoning, blocks = streamed()
+    assert len(blocks) == 1 and blocks[0]["type"] == "thinking" and blocks[0]["thinking"] == reasoning
+    assert blocks[0]["signature"].startswith("EvMCCkYICxgC") and reasoning.startswith("This is a straightforward")
+    assert streamed() == (reasoning, blocks)  # the cache's replay of the stored answer
+    assert len(received) == 1
+
+
+def test_thinking_blocks_are_checked_like_every_other_field(api: httpx.Client, received: list[Received]) -> None:
+    for bad, param in (
+        ({"type": "thinking", "signature": "s"}, "messages.thinking_blocks.thinking"),
+        ({"type": "summary", "text": "x"}, "messages.thinking_blocks.type"),
+        ({"type": "redacted_thinking", "data": 3}, "messages.thinking_blocks.data"),
+    ):
+        turn = {"role": "assistant", "content": "4", "thinking_blocks": [bad]}
+        body = {"model": "claude/claude-sonnet-4-5", "messages": [*QUESTION, turn, *QUESTION]}
+        r = api.post("/v1/chat/completions", json=body)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == param, r.json()
+    reasoning = {"role": "assistant", "content": "4", "reasoning_content": ["not", "text"]}
+    r = api.post("/v1/chat/completions", json={"model": "ds/x", "messages": [*QUESTION, reasoning, *QUESTION]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages.reasoning_content", r.text
+    assert received == []
