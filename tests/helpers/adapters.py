@@ -70,6 +70,8 @@ SAMPLE: dict[str, Any] = {
     "frequency_penalty": 0.5,
     "presence_penalty": -0.5,
     "logprobs": 3,
+    "top_k": 40,
+    "user": "u-1",
     "suffix": "}",
     "seed": 7,
     "logit_bias": {"50256": -100},

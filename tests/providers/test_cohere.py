@@ -19,7 +19,7 @@ from gateway.upstream.framing import SSEDecoder
 from providers import REGISTRY
 from providers.base import PARAM_FIELDS, Endpoint
 from providers.cohere import CohereAdapter, CTokens, CUsage, usage_from
-from tests.helpers.adapters import NATIVE, SAMPLE, as_json, build, chunked, context, request
+from tests.helpers.adapters import NATIVE, SAMPLE, as_json, build, chunked, context, request, sample
 from tests.helpers.recordings import fixture_bytes, fixture_json
 from wire.errors import InvalidRequestError, UnsupportedParamError, UpstreamStatusError
 
@@ -39,30 +39,32 @@ EMULATED_FIELDS = (
     "guided_choice",
     "guided_grammar",
 )
-REFUSED: dict[str, Any] = {
-    "logprobs": 0,
-    "suffix": "}",
-    "logit_bias": {"50256": -100},
-    "user": "user-1",
-    "response_format": {"type": "json_object"},
-    "images": ["data:image/png;base64,AAAA"],
-    "context_length_exceeded_behavior": "error",
-    "audio": {"voice": "alloy"},
-    "modalities": ["text"],
-    "tools": [{"type": "function"}],
-    "tool_choice": "auto",
-    "parallel_tool_calls": True,
-    "prediction": {"type": "content"},
-    "reasoning_effort": "high",
-    "verbosity": "low",
-    "store": True,
-    "metadata": {"team": "a"},
-    "service_tier": "flex",
-    "prompt_cache_key": "k-1",
-    "safety_identifier": "u-1",
-    "web_search_options": {},
-    **NATIVE,
-}
+REFUSED: dict[str, Any] = sample(
+    "logprobs",
+    "suffix",
+    "logit_bias",
+    "user",
+    "response_format",
+    "images",
+    "context_length_exceeded_behavior",
+    "audio",
+    "modalities",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "prediction",
+    "reasoning_effort",
+    "verbosity",
+    "store",
+    "metadata",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+    "web_search_options",
+    *NATIVE,
+)
+# Cohere has no logprobs at all, so even 0 (the chosen token's alone) is refused.
+REFUSED["logprobs"] = 0
 
 
 def test_registered_under_its_kind() -> None:

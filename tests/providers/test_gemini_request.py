@@ -8,7 +8,7 @@ import pytest
 
 from providers.base import PARAM_FIELDS, Endpoint, map_params
 from providers.gemini import GeminiAdapter
-from tests.helpers.adapters import NATIVE, build, request
+from tests.helpers.adapters import NATIVE, build, request, sample
 from tests.providers.gemini_setup import ADAPTER
 from wire.errors import InvalidRequestError, UnsupportedParamError
 
@@ -20,27 +20,27 @@ ENDPOINT = Endpoint(provider="gemini", model=MODEL, base_url=GeminiAdapter.defau
 BASE = "https://generativelanguage.googleapis.com/v1beta/models/gemini-1.5-flash"
 
 EMULATED_FIELDS = {"echo", "best_of", "include_stop_str_in_output", "guided_regex", "guided_grammar"}
-REFUSED: dict[str, Any] = {
-    "suffix": "tail",
-    "logit_bias": {"50256": -100},
-    "user": "u-1",
-    "images": ["data:image/png;base64,AAAA"],
-    "context_length_exceeded_behavior": "error",
-    "audio": {"voice": "alloy"},
-    "modalities": ["text"],
-    "tools": [{"type": "function"}],
-    "tool_choice": "auto",
-    "parallel_tool_calls": True,
-    "prediction": {"type": "content"},
-    "verbosity": "low",
-    "store": True,
-    "metadata": {"team": "a"},
-    "service_tier": "flex",
-    "prompt_cache_key": "k-1",
-    "safety_identifier": "u-1",
-    "web_search_options": {},
-    **NATIVE,
-}
+REFUSED: dict[str, Any] = sample(
+    "suffix",
+    "logit_bias",
+    "user",
+    "images",
+    "context_length_exceeded_behavior",
+    "audio",
+    "modalities",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "prediction",
+    "verbosity",
+    "store",
+    "metadata",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+    "web_search_options",
+    *NATIVE,
+)
 
 
 # -- request translation ---------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 
 from providers.base import PARAM_FIELDS, Endpoint, map_params
 from providers.mistral import MistralAdapter
-from tests.helpers.adapters import NATIVE, build, request
+from tests.helpers.adapters import NATIVE, build, request, sample
 from tests.providers.mistral_setup import ADAPTER, PROMPT
 from wire.errors import InvalidRequestError, UnsupportedParamError
 
@@ -26,29 +26,29 @@ EMULATED_FIELDS = {
     "guided_choice",
     "guided_grammar",
 }
-REFUSED: dict[str, Any] = {
-    "logprobs": 1,
-    "top_k": 40,
-    "logit_bias": {"50256": -100},
-    "user": "u-1",
-    "images": ["data:image/png;base64,AAAA"],
-    "context_length_exceeded_behavior": "error",
-    "audio": {"voice": "alloy"},
-    "modalities": ["text"],
-    "tools": [{"type": "function"}],
-    "tool_choice": "auto",
-    "parallel_tool_calls": True,
-    "prediction": {"type": "content"},
-    "reasoning_effort": "high",
-    "verbosity": "low",
-    "store": True,
-    "metadata": {"team": "a"},
-    "service_tier": "flex",
-    "prompt_cache_key": "k-1",
-    "safety_identifier": "u-1",
-    "web_search_options": {},
-    **NATIVE,
-}
+REFUSED: dict[str, Any] = sample(
+    "logprobs",
+    "top_k",
+    "logit_bias",
+    "user",
+    "images",
+    "context_length_exceeded_behavior",
+    "audio",
+    "modalities",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "prediction",
+    "reasoning_effort",
+    "verbosity",
+    "store",
+    "metadata",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+    "web_search_options",
+    *NATIVE,
+)
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
 
 
