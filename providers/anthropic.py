@@ -197,6 +197,11 @@ class AnthropicAdapter(OpenAIChat):
     chat_continue = MappingProxyType({})
     chat_continue_strips = True
 
+    def continues(self, req: ChatRequest) -> bool:
+        # Anthropic takes no prefill while the model thinks (extended thinking's "feature compatibility").
+        asked = (req.inference_extra_params or {}).get("thinking")
+        return not (isinstance(asked, dict) and asked.get("type", "disabled") != "disabled")
+
     def check(self, req: CompletionRequest, provider: str) -> None:
         super().check(req, provider)
         # The gateway accepts OpenAI's 0-2; Anthropic's range is 0-1, and clamping would change the sampling.

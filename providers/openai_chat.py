@@ -256,6 +256,10 @@ class OpenAIChat(Adapter):
     def chat_url(self, endpoint: Endpoint) -> str:
         return endpoint.base_url.rstrip("/") + self.chat_path
 
+    def continues(self, req: ChatRequest) -> bool:
+        """Whether this route can continue `req`'s trailing assistant message (a broken stream resumed)."""
+        return self.chat_continue is not None
+
     def build_chat_request(self, req: ChatRequest, endpoint: Endpoint, params: dict[str, Any]) -> UpstreamRequest:
         body: dict[str, Any] = {
             "model": endpoint.model,

@@ -253,22 +253,22 @@ class ContinueJob(ChatJob):
     attempt = ContinueAttempt
 
 
-def _continues(route: Route) -> bool:
+def _continues(route: Route, req: ChatRequest) -> bool:
     adapter = route.adapter
-    return isinstance(adapter, OpenAIChat) and adapter.chat_params is not None and adapter.chat_continue is not None
+    return isinstance(adapter, OpenAIChat) and adapter.chat_params is not None and adapter.continues(req)
 
 
 def continuation(job: Job, text: str, left: int | None) -> ContinueJob | None:
     """The job that continues a chat stream broken after `text`, on the plan's targets whose chat route can
     continue an assistant message; None when none can (the stream then ends with its error)."""
+    req = cast(ChatRequest, job.req)
     groups = []
     for g in job.plan.groups:
-        kept = [(r, w) for r, w in zip(g.routes, g.weights, strict=True) if _continues(r)]
+        kept = [(r, w) for r, w in zip(g.routes, g.weights, strict=True) if _continues(r, req)]
         if kept:
             groups.append(Group([r for r, _ in kept], [w for _, w in kept], g.strategy))
     if not groups:
         return None
-    req = cast(ChatRequest, job.req)
     messages = [*req.messages, AssistantMessage(content=text)]
     cont = msgspec.structs.replace(req, messages=messages, prompt=render(messages), max_tokens=left)
     # No admission of the request's own (its ticket covers the stream); the continuation's target's quota is

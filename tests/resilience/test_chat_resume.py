@@ -334,6 +334,27 @@ def test_anthropic_continues_as_a_prefill_without_trailing_white_space(gateway: 
     assert body["max_tokens"] == 64  # the request set no limit: the provider's own
 
 
+@pytest.mark.parametrize("kind", ["enabled", "adaptive"])
+def test_anthropic_thinking_takes_no_prefill_so_it_is_not_asked_to_continue(
+    gateway: GatewayThread, script: Script, kind: str
+) -> None:
+    script.behaviours["alpha"] = _vllm(PIECES[:2], usage=None, cut=True)
+    script.behaviours["claude"] = _anthropic([" Paris", "."])
+    thinking = {"type": kind, "budget_tokens": 1024} if kind == "enabled" else {"type": kind}
+    data = _stream(gateway, "to-claude", inference_extra_params={"thinking": thinking})
+    assert data[-1] == "[DONE]"
+    chunks = [json.loads(d) for d in data[:-1]]
+    assert _content(chunks[:-1]) == "".join(PIECES[:2])
+    assert chunks[-1]["error"]["code"] == "upstream_truncated_response"
+    assert "claude" not in script.received  # Anthropic refuses a prefill while thinking: never asked
+    # Thinking switched off is no obstacle: the same stream continues there.
+    script.received.clear()
+    gateway.pipeline.health.reset()  # alpha's dropped connection cooled it
+    data = _stream(gateway, "to-claude", inference_extra_params={"thinking": {"type": "disabled"}})
+    assert _content([json.loads(d) for d in data[:-1]]) == "The capital Paris."
+    assert len(script.received["claude"]) == 1
+
+
 def test_no_target_that_can_continue_is_a_clean_error(gateway: GatewayThread, script: Script) -> None:
     script.behaviours["alpha"] = _vllm(PIECES[:2], usage=None, cut=True)
     data = _stream(gateway, "to-openai")
