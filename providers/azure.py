@@ -33,11 +33,13 @@ class AzureAdapter(OpenAIChat, OpenAICompatible):
         reasoning_effort=Param(),
         verbosity=Param(),
         # Stored completions, the prompt-cache key and the end-user id (learn.microsoft.com, Foundry's
-        # "Create chat completion" reference).
+        # "Create chat completion" reference); the tier, per request, for deployments with priority
+        # processing (Foundry's "Enable priority processing" page, API versions from 2025-10-01-preview).
         store=Param(),
         metadata=Param(),
         prompt_cache_key=Param(),
         safety_identifier=Param(),
+        service_tier=Param(),
     )
 
     def url(self, endpoint: Endpoint) -> str:

@@ -29,4 +29,8 @@ class FireworksAdapter(OpenAIChat, OpenAICompatible):
         include_stop_str_in_output=EMULATED,
     )
     stop_in_output: ClassVar[bool] = True
-    chat_params = chat_table(params, reasoning_effort=Param())
+    # Its priority tier on chat (docs.fireworks.ai, "Serverless Priority and Fast": `service_tier: "priority"`).
+    chat_params = chat_table(params, reasoning_effort=Param(), service_tier=Param())
+    # Models with interleaved thinking read the earlier turns' `reasoning_content`, and the others ignore it
+    # (docs.fireworks.ai, "Reasoning": agents must send it back in the turns that called tools).
+    chat_reasoning_field = "reasoning_content"

@@ -133,6 +133,9 @@ class OllamaAdapter(OpenAIChat):
     # Its OpenAI-compatible chat route (docs/openai.md of ollama/ollama): no `n`, `logit_bias`, `logprobs`
     # or `tool_choice`; `options` is not read there.
     chat_path: ClassVar[str] = "/v1/chat/completions"
+    # Its OpenAI route answers a model's thinking as `reasoning` and reads an assistant message's `reasoning`
+    # back into the turn's thinking (openai/openai.go's Message).
+    chat_reasoning_field = "reasoning"
     chat_params = chat_table(
         params, native=False, drop=("n", "logit_bias", "logprobs", "user", "tool_choice", "parallel_tool_calls")
     )

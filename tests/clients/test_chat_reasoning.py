@@ -2,12 +2,11 @@
 
 `reasoning_effort` reaches the kinds whose chat route takes it under OpenAI's name, Anthropic as its
 `output_config.effort`, Gemini as its `thinkingConfig`, and is refused by name elsewhere (and on OpenAI's
-completions); a model's thinking comes
-back as `reasoning_content`, plain and streamed, from Anthropic's thinking blocks and Gemini's thought
-summaries as from an OpenAI-wire server. That thinking goes back in the next turn as the agent loop sends
-it (the answer's message object appended): `reasoning_content` to DeepSeek and as `reasoning` to vLLM,
-Anthropic's signed `thinking_blocks` at the head of their turn, neither to a strict server. The upstreams
-replay recordings (tests/fixtures/SOURCES.md).
+completions); a model's thinking comes back as `reasoning_content`, plain and streamed, from Anthropic's
+thinking blocks and Gemini's thought summaries as from an OpenAI-wire server. That thinking goes back in
+the next turn as the agent loop sends it (the answer's message object appended): `reasoning_content` to
+DeepSeek and Fireworks, as `reasoning` to vLLM and Ollama, Anthropic's signed `thinking_blocks` at the
+head of their turn, neither to a strict server. The upstreams replay recordings (tests/fixtures/SOURCES.md).
 """
 
 from __future__ import annotations
@@ -43,6 +42,8 @@ providers:
   gem: {{kind: gemini, base_url: {u}/gemini, api_key: k}}
   mis: {{kind: mistral, base_url: {u}/mistral, api_key: k}}
   ds: {{kind: deepseek, base_url: {u}/ds, api_key: sk-ds}}
+  local: {{kind: ollama, base_url: {u}}}
+  fw: {{kind: fireworks, base_url: {u}/fw/v1, api_key: fw-k}}
 models:
   - name: cached
     targets: [{{model: hosted/served}}]
@@ -337,12 +338,22 @@ def test_deepseek_gets_the_reasoning_of_a_turn_that_called_tools_back(
     }
 
 
-def test_vllm_gets_it_as_reasoning_and_a_strict_server_not_at_all(
-    client: openai.OpenAI, received: list[Received]
+def test_fireworks_gets_it_as_reasoning_content(client: openai.OpenAI, received: list[Received]) -> None:
+    recorded = fixture_json("deepseek/chat_thinking_tool_calls.json")["choices"][0]["message"]
+    _loop(client, f"fw/{TOOL_THINKER}")
+    assert received[1].path == "/fw/v1/chat/completions"
+    turn = received[1].json()["messages"][1]
+    assert turn["reasoning_content"] == recorded["reasoning_content"] and "reasoning" not in turn
+
+
+@pytest.mark.parametrize("provider", ["hosted", "local"])
+def test_vllm_and_ollama_get_it_as_reasoning_and_a_strict_server_not_at_all(
+    client: openai.OpenAI, received: list[Received], provider: str
 ) -> None:
     recorded = fixture_json("deepseek/chat_thinking_tool_calls.json")["choices"][0]["message"]
-    _loop(client, f"hosted/{TOOL_THINKER}")
+    _loop(client, f"{provider}/{TOOL_THINKER}")
     turn = received[1].json()["messages"][1]
+    assert received[1].path == "/v1/chat/completions"
     assert turn["reasoning"] == recorded["reasoning_content"] and "reasoning_content" not in turn
     received.clear()
     _loop(client, f"oa/{TOOL_THINKER}")

@@ -17,7 +17,7 @@ from providers.base import CallContext, Endpoint, map_params
 from providers.openai_chat import OpenAIChat
 from tests.helpers.recordings import fixture_bytes, fixture_json
 from wire.chat import ChatChunk, answer_chunks, decode_chat
-from wire.errors import InvalidRequestError
+from wire.errors import InvalidRequestError, UnsupportedParamError
 
 CHAT_KINDS = {"openai", "azure", "fireworks", "together", "vllm", "sglang", "deepseek", "pais", "mistral", "tgi"}
 CHAT_KINDS |= {"ollama", "llamacpp", "sgp"}
@@ -143,6 +143,32 @@ def test_the_route_and_the_body_each_kind_is_sent(kind: str, base: str, url: str
     limit = "max_completion_tokens" if kind in ("openai", "azure") else "max_tokens"
     assert body[limit] == 7 and body["temperature"] == 0.5 and body["stream"] is True
     assert body.get("random_seed" if kind == "mistral" else "seed") == 4
+
+
+def test_azure_takes_openais_service_fields_but_not_its_web_search() -> None:
+    fields = {
+        "store": True,
+        "metadata": {"team": "a"},
+        "service_tier": "priority",
+        "prompt_cache_key": "conv-1",
+        "safety_identifier": "u-1",
+    }
+    adapter = _adapter("azure")
+    req = _request(fields)
+    params, _ = map_params(req, adapter.chat_params or {}, "az", False)
+    sent = adapter.build_chat_request(req, Endpoint(provider="az", model="m", base_url="https://r"), params)
+    assert {k: json.loads(sent.body)[k] for k in fields} == fields
+    with pytest.raises(UnsupportedParamError) as refused:
+        map_params(_request({"web_search_options": {}}), adapter.chat_params or {}, "az", False)
+    assert refused.value.param == "web_search_options"
+
+
+def test_fireworks_takes_its_priority_tier() -> None:
+    adapter = _adapter("fireworks")
+    req = _request({"service_tier": "priority"})
+    params, _ = map_params(req, adapter.chat_params or {}, "fw", False)
+    sent = adapter.build_chat_request(req, Endpoint(provider="fw", model="m", base_url="https://f/v1"), params)
+    assert json.loads(sent.body)["service_tier"] == "priority"
 
 
 def test_logprobs_become_the_chat_pair() -> None:
