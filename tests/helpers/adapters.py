@@ -126,6 +126,27 @@ NATIVE: dict[str, Any] = {
 SAMPLE.update(NATIVE)
 
 
+# The fields of OpenAI's and Fireworks' own services that every native-API kind (anthropic, bedrock, cohere,
+# gemini, mistral) refuses on completions.
+OPENAI_ONLY: tuple[str, ...] = (
+    "images",
+    "context_length_exceeded_behavior",
+    "audio",
+    "modalities",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "prediction",
+    "verbosity",
+    "store",
+    "metadata",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+    "web_search_options",
+)
+
+
 def sample(*fields: str) -> dict[str, Any]:
     """`SAMPLE` values for these fields."""
     return {f: SAMPLE[f] for f in fields}

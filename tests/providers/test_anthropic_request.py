@@ -10,7 +10,7 @@ import pytest
 from providers import REGISTRY
 from providers.anthropic import DEFAULT_MAX_TOKENS, AnthropicAdapter
 from providers.base import PARAM_FIELDS, Endpoint
-from tests.helpers.adapters import NATIVE, SAMPLE, build, request, sample
+from tests.helpers.adapters import NATIVE, OPENAI_ONLY, SAMPLE, build, request, sample
 from tests.providers.anthropic_setup import ADAPTER
 from wire.errors import InvalidRequestError, UnsupportedParamError
 
@@ -43,21 +43,7 @@ REFUSED: dict[str, Any] = sample(
     "seed",
     "logit_bias",
     "response_format",
-    "images",
-    "context_length_exceeded_behavior",
-    "audio",
-    "modalities",
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
-    "prediction",
-    "verbosity",
-    "store",
-    "metadata",
-    "service_tier",
-    "prompt_cache_key",
-    "safety_identifier",
-    "web_search_options",
+    *OPENAI_ONLY,
     *NATIVE,
 )
 

@@ -17,7 +17,7 @@ from gateway.config import ConfigError, parse_config
 from providers import REGISTRY
 from providers.base import PARAM_FIELDS, Endpoint
 from providers.bedrock import DEFAULT_BASE_URL, BedrockAdapter, credentials
-from tests.helpers.adapters import NATIVE, SAMPLE, build, context, request, sample
+from tests.helpers.adapters import NATIVE, OPENAI_ONLY, SAMPLE, build, context, request, sample
 from tests.helpers.recordings import fixture_bytes
 from tests.providers.bedrock_setup import ADAPTER, NOW
 from wire.errors import (
@@ -55,22 +55,8 @@ REFUSED: dict[str, Any] = sample(
     "seed",
     "logit_bias",
     "response_format",
-    "images",
-    "context_length_exceeded_behavior",
-    "audio",
-    "modalities",
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
-    "prediction",
     "reasoning_effort",
-    "verbosity",
-    "store",
-    "metadata",
-    "service_tier",
-    "prompt_cache_key",
-    "safety_identifier",
-    "web_search_options",
+    *OPENAI_ONLY,
     *NATIVE,
 )
 

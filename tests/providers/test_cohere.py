@@ -19,7 +19,7 @@ from gateway.upstream.framing import SSEDecoder
 from providers import REGISTRY
 from providers.base import PARAM_FIELDS, Endpoint
 from providers.cohere import CohereAdapter, CTokens, CUsage, usage_from
-from tests.helpers.adapters import NATIVE, SAMPLE, as_json, build, chunked, context, request, sample
+from tests.helpers.adapters import NATIVE, OPENAI_ONLY, SAMPLE, as_json, build, chunked, context, request, sample
 from tests.helpers.recordings import fixture_bytes, fixture_json
 from wire.errors import InvalidRequestError, UnsupportedParamError, UpstreamStatusError
 
@@ -45,22 +45,8 @@ REFUSED: dict[str, Any] = sample(
     "logit_bias",
     "user",
     "response_format",
-    "images",
-    "context_length_exceeded_behavior",
-    "audio",
-    "modalities",
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
-    "prediction",
     "reasoning_effort",
-    "verbosity",
-    "store",
-    "metadata",
-    "service_tier",
-    "prompt_cache_key",
-    "safety_identifier",
-    "web_search_options",
+    *OPENAI_ONLY,
     *NATIVE,
 )
 # Cohere has no logprobs at all, so even 0 (the chosen token's alone) is refused.

@@ -8,7 +8,7 @@ import pytest
 
 from providers.base import PARAM_FIELDS, Endpoint, map_params
 from providers.gemini import GeminiAdapter
-from tests.helpers.adapters import NATIVE, build, request, sample
+from tests.helpers.adapters import NATIVE, OPENAI_ONLY, build, request, sample
 from tests.providers.gemini_setup import ADAPTER
 from wire.errors import InvalidRequestError, UnsupportedParamError
 
@@ -24,21 +24,7 @@ REFUSED: dict[str, Any] = sample(
     "suffix",
     "logit_bias",
     "user",
-    "images",
-    "context_length_exceeded_behavior",
-    "audio",
-    "modalities",
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
-    "prediction",
-    "verbosity",
-    "store",
-    "metadata",
-    "service_tier",
-    "prompt_cache_key",
-    "safety_identifier",
-    "web_search_options",
+    *OPENAI_ONLY,
     *NATIVE,
 )
 

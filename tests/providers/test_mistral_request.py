@@ -9,7 +9,7 @@ import pytest
 
 from providers.base import PARAM_FIELDS, Endpoint, map_params
 from providers.mistral import MistralAdapter
-from tests.helpers.adapters import NATIVE, build, request, sample
+from tests.helpers.adapters import NATIVE, OPENAI_ONLY, build, request, sample
 from tests.providers.mistral_setup import ADAPTER, PROMPT
 from wire.errors import InvalidRequestError, UnsupportedParamError
 
@@ -31,22 +31,8 @@ REFUSED: dict[str, Any] = sample(
     "top_k",
     "logit_bias",
     "user",
-    "images",
-    "context_length_exceeded_behavior",
-    "audio",
-    "modalities",
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
-    "prediction",
     "reasoning_effort",
-    "verbosity",
-    "store",
-    "metadata",
-    "service_tier",
-    "prompt_cache_key",
-    "safety_identifier",
-    "web_search_options",
+    *OPENAI_ONLY,
     *NATIVE,
 )
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
