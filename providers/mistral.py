@@ -201,6 +201,9 @@ class MistralAdapter(OpenAIChat):
     # Mistral sends usage on its last chunk and documents no `stream_options`.
     chat_stream_usage: ClassVar[bool] = False
     chat_params = chat_table(MISTRAL_PARAMS, seed=Param(to="random_seed"))
+    # Its reasoning models read their earlier thinking as a `thinking` chunk of the assistant turn's content
+    # (the SDK's multi-turn reasoning example: dropping it degrades the answers).
+    chat_reasoning_chunk: ClassVar[bool] = True
     # Chat (`messages`) or FIM (`prompt`), as the request has a suffix or not.
     guarded_paths = frozenset({"messages", "prompt", "max_tokens", "n"})
     # One user turn (or one FIM prompt) per call: the gateway fans out prompt lists.

@@ -252,6 +252,9 @@ class OpenAIChat(Adapter):
     # earlier thinking (DeepSeek wants it for turns that called tools); None: left out, as strict servers
     # refuse an unknown message field. `thinking_blocks` (Anthropic's signatures) reach no such server.
     chat_reasoning_field: ClassVar[str | None] = None
+    # The route reads that thinking as a `thinking` content chunk at the head of the turn (Mistral's shape)
+    # instead of a message field.
+    chat_reasoning_chunk: ClassVar[bool] = False
 
     def chat_url(self, endpoint: Endpoint) -> str:
         return endpoint.base_url.rstrip("/") + self.chat_path
@@ -263,9 +266,7 @@ class OpenAIChat(Adapter):
     def build_chat_request(self, req: ChatRequest, endpoint: Endpoint, params: dict[str, Any]) -> UpstreamRequest:
         body: dict[str, Any] = {
             "model": endpoint.model,
-            "messages": thinking.sent_messages(req.messages, self.chat_reasoning_field)
-            if req.thinking_back
-            else req.messages,
+            "messages": self._sent_messages(req) if req.thinking_back else req.messages,
         }
         body.update(params)
         if req.stream:
@@ -280,6 +281,12 @@ class OpenAIChat(Adapter):
             body=msgspec.json.encode(body),
             stream=bool(req.stream),
         )
+
+    def _sent_messages(self, req: ChatRequest) -> list[Any]:
+        """The conversation with the model's earlier thinking as this route reads it, or left out."""
+        if self.chat_reasoning_chunk:
+            return thinking.chunked_messages(req.messages)
+        return thinking.sent_messages(req.messages, self.chat_reasoning_field)
 
     def parse_chat_response(self, body: bytes, ctx: CallContext) -> ChatCompletion:
         up = _decode_chat(body)

@@ -2,7 +2,8 @@
 `thinking` and `redacted_thinking` blocks, and Claude's on Bedrock) as the chat answer's `thinking_blocks`.
 
 An assistant message's `reasoning_content` reaches the OpenAI-wire servers that read it, under their name
-for it (`sent_messages`), and no other: strict servers refuse a message field they do not know. A signed
+for it (`sent_messages`), or Mistral's as a `thinking` chunk at the head of the turn's content
+(`chunked_messages`), and no other: strict servers refuse a message field they do not know. A signed
 block's provider checks its signature when it comes back, and wants the blocks of a turn that called tools
 before its `tool_use` blocks while thinking is on: a client that appends the answer's message object sends
 them back unchanged. A stream sends each block whole in a chunk of its own when the block ends (its text
@@ -108,4 +109,30 @@ def sent_messages(messages: list[Message], field: str | None) -> list[Any]:
     return messages if out is None else out
 
 
-__all__ = ["BLOCK_CHARS", "ended", "piece", "returned", "sent_messages", "signature"]
+def chunked_messages(messages: list[Message]) -> list[Any]:
+    """The conversation as Mistral's chat route takes the model's earlier thinking: an assistant message's
+    `reasoning_content` as a `thinking` chunk (its text in one text chunk) before the turn's text, which
+    becomes a text chunk; its `thinking_blocks` (other providers' signatures) left out. The shape of
+    pydantic-ai's recorded second turn to Mistral, which Mistral's SDK examples ask for: a reasoning model
+    that loses its earlier thinking answers worse. The list itself when no message has either field."""
+    out: list[Any] | None = None
+    for i, a in enumerate(messages):
+        if not isinstance(a, AssistantMessage) or (a.thinking_blocks is None and a.reasoning_content is None):
+            continue
+        if out is None:
+            out = list(messages)
+        sent = msgspec.structs.replace(a, thinking_blocks=None, reasoning_content=None)
+        if not a.reasoning_content:
+            out[i] = sent
+            continue
+        content: list[Any] = [{"type": "thinking", "thinking": [{"type": "text", "text": a.reasoning_content}]}]
+        if isinstance(a.content, str):
+            if a.content:
+                content.append({"type": "text", "text": a.content})
+        elif a.content is not None:
+            content += a.content
+        out[i] = {**msgspec.to_builtins(sent), "content": content}
+    return messages if out is None else out
+
+
+__all__ = ["BLOCK_CHARS", "chunked_messages", "ended", "piece", "returned", "sent_messages", "signature"]

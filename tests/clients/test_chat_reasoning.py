@@ -5,8 +5,9 @@
 completions); a model's thinking comes back as `reasoning_content`, plain and streamed, from Anthropic's
 thinking blocks and Gemini's thought summaries as from an OpenAI-wire server. That thinking goes back in
 the next turn as the agent loop sends it (the answer's message object appended): `reasoning_content` to
-DeepSeek and Fireworks, as `reasoning` to vLLM and Ollama, Anthropic's signed `thinking_blocks` at the
-head of their turn, neither to a strict server. The upstreams replay recordings (tests/fixtures/SOURCES.md).
+DeepSeek and Fireworks, as `reasoning` to vLLM and Ollama, as a `thinking` content chunk to Mistral,
+Anthropic's signed `thinking_blocks` at the head of their turn, neither to a strict server. The upstreams
+replay recordings (tests/fixtures/SOURCES.md).
 """
 
 from __future__ import annotations
@@ -344,6 +345,33 @@ def test_fireworks_gets_it_as_reasoning_content(client: openai.OpenAI, received:
     assert received[1].path == "/fw/v1/chat/completions"
     turn = received[1].json()["messages"][1]
     assert turn["reasoning_content"] == recorded["reasoning_content"] and "reasoning" not in turn
+
+
+def test_mistral_gets_it_as_a_thinking_chunk_at_the_head_of_the_turn(
+    client: openai.OpenAI, received: list[Received]
+) -> None:
+    # The two turns of pydantic-ai's recording: Mistral answered its second request, whose assistant turn carries
+    # the first answer's thinking as a `thinking` chunk of text chunks before a `text` chunk.
+    recorded = fixture_json("mistral/chat_magistral_thinking_request.json")["messages"]
+    model = "mis/magistral-medium-latest"
+    message = client.chat.completions.create(model=model, messages=recorded[:1]).choices[0].message
+    reasoning = (message.model_extra or {})["reasoning_content"]
+    client.chat.completions.create(model=model, messages=[recorded[0], message, recorded[2]])  # type: ignore[list-item]
+    assert received[1].path == "/mistral/v1/chat/completions"
+    sent = received[1].json()["messages"]
+    assert sent[0] == recorded[0] and sent[2] == recorded[2]
+    assert sent[1] == {
+        "role": "assistant",
+        "content": [
+            {"type": "thinking", "thinking": [{"type": "text", "text": reasoning}]},
+            {"type": "text", "text": message.content},
+        ],
+    }
+
+    def shape(chunk: dict[str, Any]) -> tuple[object, ...]:
+        return chunk["type"], sorted(chunk), {tuple(sorted(t)) for t in chunk.get("thinking", ())}
+
+    assert [shape(c) for c in sent[1]["content"]] == [shape(c) for c in recorded[1]["content"]]
 
 
 @pytest.mark.parametrize("provider", ["hosted", "local"])

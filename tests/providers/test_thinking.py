@@ -87,3 +87,39 @@ def test_what_goes_back_to_an_openai_wire_server() -> None:
     plain = messages[:1] + messages[2:]
     assert thinking.sent_messages(plain, None) is plain  # nothing to leave out: the list itself
     assert isinstance(messages[1], AssistantMessage) and messages[1].thinking_blocks is not None  # not changed
+
+
+def test_what_goes_back_to_mistral_as_content_chunks() -> None:
+    think = {"type": "thinking", "thinking": [{"type": "text", "text": "why"}]}
+    body = {
+        "model": "m",
+        "messages": [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "a", "reasoning_content": "why"},
+            # A turn that called tools: no text, the thinking alone.
+            {
+                "role": "assistant",
+                "content": None,
+                "reasoning_content": "why",
+                "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "{}"},
+            {"role": "assistant", "content": [{"type": "text", "text": "p"}], "reasoning_content": "why"},
+            # Another provider's signed blocks and no reasoning_content: the blocks are left out, nothing added.
+            {
+                "role": "assistant",
+                "content": "b",
+                "thinking_blocks": [{"type": "thinking", "thinking": "x", "signature": "s"}],
+            },
+            {"role": "assistant", "content": "", "reasoning_content": "why"},
+        ],
+    }
+    messages = decode_chat(msgspec.json.encode(body)).messages
+    sent = msgspec.to_builtins(thinking.chunked_messages(messages))
+    assert sent[1] == {"role": "assistant", "content": [think, {"type": "text", "text": "a"}]}
+    assert sent[2]["content"] == [think] and sent[2]["tool_calls"][0]["id"] == "c1"
+    assert sent[4] == {"role": "assistant", "content": [think, {"type": "text", "text": "p"}]}
+    assert sent[5] == {"role": "assistant", "content": "b"}
+    assert sent[6] == {"role": "assistant", "content": [think]}
+    plain = messages[:1]
+    assert thinking.chunked_messages(plain) is plain
