@@ -29,8 +29,10 @@ class FireworksAdapter(OpenAIChat, OpenAICompatible):
         include_stop_str_in_output=EMULATED,
     )
     stop_in_output: ClassVar[bool] = True
-    # Its priority tier on chat (docs.fireworks.ai, "Serverless Priority and Fast": `service_tier: "priority"`).
-    chat_params = chat_table(params, reasoning_effort=Param(), service_tier=Param())
+    # Its priority tier on chat (docs.fireworks.ai, "Serverless Priority and Fast": `service_tier: "priority"`),
+    # and OpenAI's cache-affinity key under OpenAI's name (a typed field of its SDK's chat request from
+    # 1.2.0-alpha.76, beside its own `prompt_cache_isolation_key`; LiteLLM sends it as it came).
+    chat_params = chat_table(params, reasoning_effort=Param(), service_tier=Param(), prompt_cache_key=Param())
     # Models with interleaved thinking read the earlier turns' `reasoning_content`, and the others ignore it
     # (docs.fireworks.ai, "Reasoning": agents must send it back in the turns that called tools).
     chat_reasoning_field = "reasoning_content"

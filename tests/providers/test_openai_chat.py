@@ -163,12 +163,18 @@ def test_azure_takes_openais_service_fields_but_not_its_web_search() -> None:
     assert refused.value.param == "web_search_options"
 
 
-def test_fireworks_takes_its_priority_tier() -> None:
+def test_fireworks_takes_its_priority_tier_and_the_cache_key() -> None:
     adapter = _adapter("fireworks")
-    req = _request({"service_tier": "priority"})
+    fields = {"service_tier": "priority", "prompt_cache_key": "conv-1"}
+    req = _request(fields)
     params, _ = map_params(req, adapter.chat_params or {}, "fw", False)
     sent = adapter.build_chat_request(req, Endpoint(provider="fw", model="m", base_url="https://f/v1"), params)
-    assert json.loads(sent.body)["service_tier"] == "priority"
+    assert {k: json.loads(sent.body)[k] for k in fields} == fields
+    # Its completions route documents neither.
+    for name, value in fields.items():
+        with pytest.raises(UnsupportedParamError) as refused:
+            map_params(_request({name: value}), adapter.params, "fw", False)
+        assert refused.value.param == name
 
 
 def test_logprobs_become_the_chat_pair() -> None:
