@@ -154,6 +154,7 @@ class Relay:
         blank = 0
         top = -1  # the highest choice index seen
         resumed_from = 0  # tokens streamed before the current upstream took over
+        unsent = 0  # chunks the stops held back when the last upstream broke: generated, never sent
         # A budgeted stream is charged as it runs past its reservation, so the next admissions stop before it ends.
         hold = cast("Hold | None", rec.hold)
         try:
@@ -226,8 +227,10 @@ class Relay:
                 await opened.close()
                 if opened.folded is not None:
                     # Read once, at the break: nothing per chunk. What the stops still held was never sent, so
-                    # the continuation, which goes on from the text sent, generates it anew.
+                    # the continuation, which goes on from the text sent, generates it anew; the broken target
+                    # generated it all the same, and is paid for it.
                     blank -= opened.folded.tokens
+                    unsent = opened.folded.held
                 resumed = None
                 # The gateway's own failure says nothing about the target: it neither cools nor resumes.
                 if error.cools:
@@ -250,7 +253,7 @@ class Relay:
                     yield error_event(self.scrub.error(error))
                     want_usage = False  # the error event ends what the client reads
                     break
-                streamed = sent - blank - resumed_from  # by the target that broke
+                streamed = sent - blank - resumed_from + unsent  # by the target that broke
                 parts = rec.parts if rec.parts is not None else []
                 parts.append((route.key, estimated(job, 0).prompt_tokens + resumed_from, streamed))
                 rec.parts = parts
@@ -259,10 +262,11 @@ class Relay:
                 rec.provider, rec.target = route.provider, route.key  # who finishes it
                 if quota is not None:
                     # The broken attempt's target quota is settled with what it used there (its prompt and the
-                    # chunks it sent); the continuation's own, charged where it resumed, at the stream's end.
-                    self.admission.settle(quota, quota.prompt + sent - blank - resumed_from)
+                    # chunks it streamed); the continuation's own, charged where it resumed, at the stream's end.
+                    self.admission.settle(quota, quota.prompt + streamed)
                 quota = opened.quota
                 resumed_from = sent - blank
+                unsent = 0  # in the broken target's part
             if usage is not None and resumed_from:
                 # The continuation's prompt included the text already streamed: count it as output.
                 usage = Usage(
@@ -295,7 +299,7 @@ class Relay:
             # A finished stream is charged its reported usage; one cut short, or one whose upstream reports
             # none (llama-cpp-python's), the gateway's estimate: its prompt, and what it sent.
             if usage is None and sent:
-                usage = estimated(job, sent)
+                usage = estimated(job, sent + unsent)
                 rec.usage_estimated = True
             rec.usage = usage
             await self.give_back(job, quota, opened, usage, sent, rec.request_id)

@@ -259,17 +259,24 @@ STOPS = ["Q:", "A:", "###", "END", " python script"]
 
 
 @pytest.mark.parametrize(
-    ("broken", "after", "relayed"),
+    ("broken", "after", "relayed", "billed"),
     [
         # Six chunks streamed, the sixth held back when alpha dropped: the client had five, the continuation
-        # goes on from them (the held text was never sent: it is generated anew, not lost nor repeated).
-        pytest.param(cut(6), 5, 5, id="held-at-the-break"),
+        # goes on from them (the held text was never sent: it is generated anew, not lost nor repeated). Alpha
+        # generated six, and its part of the spend counts six.
+        pytest.param(cut(6), 5, 5, 6, id="held-at-the-break"),
         # Eight chunks streamed: the held sixth went out with the seventh, one chunk for two tokens.
-        pytest.param(cut(8), 8, 7, id="held-then-sent"),
+        pytest.param(cut(8), 8, 7, 8, id="held-then-sent"),
     ],
 )
 async def test_a_resumed_stream_counts_the_tokens_its_stop_scanner_held_back(
-    make: MakePipeline, faults: FaultServer, vtime: VirtualTime, broken: Behaviour, after: int, relayed: int
+    make: MakePipeline,
+    faults: FaultServer,
+    vtime: VirtualTime,
+    broken: Behaviour,
+    after: int,
+    relayed: int,
+    billed: int,
 ) -> None:
     faults["alpha"].script(broken)
     faults["beta"].script(continuation(prompt_tokens=8 + after))
@@ -283,7 +290,23 @@ async def test_a_resumed_stream_counts_the_tokens_its_stop_scanner_held_back(
     assert "".join(texts[:relayed]) == "".join(RECORDED_TEXTS[:after])
     # The whole answer once, within max_tokens: nothing the client got is asked for again.
     assert "".join(texts) == RECORDED_STREAM_TEXT and events[-1] == "data: [DONE]"
-    assert rec.parts is not None and [(t, n) for t, _, n in rec.parts] == [(key("alpha"), after)]
+    assert rec.parts is not None and [(t, n) for t, _, n in rec.parts] == [(key("alpha"), billed)]
+    # What the client is told it got: the chunks it had from alpha, then the continuation's.
+    assert rec.usage is not None and rec.usage.completion_tokens == after + (16 - after)
+
+
+async def test_a_broken_stream_not_resumed_is_charged_what_its_stops_held_back(
+    make: MakePipeline, faults: FaultServer, vtime: VirtualTime
+) -> None:
+    # Six chunks streamed, the sixth held back when alpha dropped, no resume: the client got five and the error
+    # event; the request is charged the six alpha generated (no usage came: estimated, a token per chunk).
+    faults["alpha"].script(cut(6))
+    p = make(ORDERED, top=TOP)
+    rec, events = await streamed(p, stop=STOPS)
+    chunks = [json.loads(e[6:]) for e in events[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks[:-1]) == "".join(RECORDED_TEXTS[:5])
+    assert "error" in chunks[-1] and events[-1] == "data: [DONE]"
+    assert rec.usage is not None and rec.usage_estimated and rec.usage.completion_tokens == 6
 
 
 async def test_resume_fails_over_again_before_the_continuations_first_event(
