@@ -67,8 +67,12 @@ DIALECT_ROUTES: dict[str, Dialect] = {
 CHAT_ROUTES: dict[str, Dialect] = {
     "/v1/chat/completions": OPENAI,
     "/inference/v1/chat/completions": OPENAI,
+    "/v4/beta/chat/completions": SGP,
     "/api/v1/compatibility/openai/v1/chat/completions": PAIS,
 }
+# The error shape of every route that has a dialect of its own, including the answers Litestar or the body
+# limit give before the endpoint runs; any other path speaks OpenAI's.
+ROUTE_DIALECTS: dict[str, Dialect] = {**DIALECT_ROUTES, **CHAT_ROUTES}
 
 
 def _pipeline(request: Request[Any, Any, Any]) -> Pipeline:
@@ -187,7 +191,7 @@ def _one_charset(response: Response[Any]) -> Response[Any]:
 
 
 def _http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
-    dialect = DIALECT_ROUTES.get(request.url.path, OPENAI)
+    dialect = ROUTE_DIALECTS.get(request.url.path, OPENAI)
     kinds = {404: ("not_found_error", "not_found"), 405: ("invalid_request_error", "method_not_allowed")}
     other = (
         ("invalid_request_error", "invalid_request") if exc.status_code < 500 else ("server_error", "internal_error")
@@ -198,13 +202,13 @@ def _http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Resp
 
 def _gateway_error(request: Request[Any, Any, Any], exc: GatewayError) -> Response[bytes]:
     # A GatewayError a Litestar route lets through (the body limit's 413 from `Front`'s receive, say).
-    return error_response(DIALECT_ROUTES.get(request.url.path, OPENAI), exc)
+    return error_response(ROUTE_DIALECTS.get(request.url.path, OPENAI), exc)
 
 
 def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     # Never a traceback or an internal message to the client; the log keeps the detail.
     log.exception("unhandled error on %s", request.url.path)
-    dialect = DIALECT_ROUTES.get(request.url.path, OPENAI)
+    dialect = ROUTE_DIALECTS.get(request.url.path, OPENAI)
     return error_response(
         dialect, GatewayError("The gateway failed to process the request", status=500, code="internal_error")
     )
@@ -375,7 +379,7 @@ class Front:
                 receive = _Capped(receive, limit)
             elif declared > limit:
                 headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-                dialect = DIALECT_ROUTES.get(scope["path"], OPENAI)
+                dialect = ROUTE_DIALECTS.get(scope["path"], OPENAI)
                 await send_error(send, dialect, too_large(limit), request_id(headers))
                 return
             endpoint = self.fast.get(scope["path"])

@@ -1,9 +1,9 @@
 """The client-facing dialects: same request and Completion, different error shapes.
 
-openai  /v1/completions, /inference/v1/completions (Fireworks clients)
+openai  /v1/completions, /inference/v1/completions (Fireworks clients), and their chat routes
         {"error": {"message", "type", "param", "code"}} with OpenAI's status codes
-sgp     /v4/beta/completions (seed 003, a FastAPI service)
-pais    /api/v1/compatibility/openai/v1/completions (seed 004): 422 {"detail": [{"loc", "msg", "type"}]} for
+sgp     /v4/beta/completions (seed 003, a FastAPI service), /v4/beta/chat/completions
+pais    /api/v1/compatibility/openai/v1/[chat/]completions (seed 004): 422 {"detail": [{"loc", "msg", "type"}]} for
         bad fields, 404 "Unknown model endpoint" (an unknown alias, or an upstream that does not serve the
         model), 400 "Invalid model endpoint specified or model endpoint not ready"
 """

@@ -278,13 +278,14 @@ def test_every_route(api: httpx.Client, received: list[Received]) -> None:
     for path, model in (
         ("/v1/chat/completions", "oa/gpt-3.5-turbo"),
         ("/inference/v1/chat/completions", "oa/gpt-3.5-turbo"),
+        ("/v4/beta/chat/completions", "oa/gpt-3.5-turbo"),
         ("/api/v1/compatibility/openai/v1/chat/completions", "oa/gpt-3.5-turbo"),
         ("/m/oa/gpt-3.5-turbo/v1/chat/completions", None),
     ):
         resp = api.post(path, json=body | ({"model": model} if model else {}))
         assert resp.status_code == 200, (path, resp.text)
         assert resp.json()["object"] == "chat.completion"
-    assert len(received) == 4 and {r.json()["model"] for r in received} == {"gpt-3.5-turbo"}
+    assert len(received) == 5 and {r.json()["model"] for r in received} == {"gpt-3.5-turbo"}
 
 
 def test_cache_hit_on_identical_chat(api: httpx.Client, received: list[Received]) -> None:
@@ -429,10 +430,17 @@ def test_kind_without_chat_is_a_400_naming_the_provider(api: httpx.Client, recei
     assert received == []
 
 
-def test_pais_route_speaks_fastapi(api: httpx.Client) -> None:
-    resp = api.post("/api/v1/compatibility/openai/v1/chat/completions", json={"model": "oa/m", "messages": []})
+@pytest.mark.parametrize("path", ["/v4/beta/chat/completions", "/api/v1/compatibility/openai/v1/chat/completions"])
+def test_sgp_and_pais_routes_speak_fastapi(api: httpx.Client, received: list[Received], path: str) -> None:
+    resp = api.post(path, json={"model": "oa/m", "messages": []})
     assert resp.status_code == 422
     assert resp.json()["detail"][0]["loc"] == ["body", "messages"]
+    # A field of sgp-python's chat request the gateway does not take is refused by name, in the same shape.
+    resp = api.post(path, json={"model": "oa/m", "messages": MESSAGES, "memory_strategy": {"name": "last_k"}})
+    assert resp.status_code == 422
+    refused = [(d["loc"], d["type"]) for d in resp.json()["detail"]]
+    assert refused == [(["body", "memory_strategy"], "unknown_parameter")]
+    assert received == []
 
 
 def test_anthropic_tool_calls_through_the_sdk(client: openai.OpenAI, received: list[Received]) -> None:

@@ -1,6 +1,7 @@
 """Keys, model patterns, aliases and model resolution errors on the chat routes, over real sockets: each
 chat route answers exactly what the completion route of its dialect answers (OpenAI's envelope on
-`/v1/chat/completions` and Fireworks' route, FastAPI's shape on PAIS's), and nothing reaches an upstream.
+`/v1/chat/completions` and Fireworks' route, FastAPI's shape on SGP's and PAIS's), and nothing reaches an
+upstream. So does a body over the limit, which is refused before the endpoint runs.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers.errors import PAIS_ROUTE, assert_error
+from tests.helpers.errors import PAIS_ROUTE, SGP_ROUTE, assert_error
 from tests.helpers.upstreams import Upstream
 
 from .conftest import FULL_KEY, LIMITED_KEY
@@ -19,6 +20,7 @@ from .conftest import FULL_KEY, LIMITED_KEY
 CHAT_ROUTES = {
     "/v1/chat/completions": "/v1/completions",
     "/inference/v1/chat/completions": "/inference/v1/completions",
+    "/v4/beta/chat/completions": SGP_ROUTE,
     "/api/v1/compatibility/openai/v1/chat/completions": PAIS_ROUTE,
 }
 MESSAGES = [{"role": "user", "content": "hello there"}]
@@ -136,5 +138,20 @@ def test_a_provider_with_an_unset_key_is_the_dialects_400(api: httpx.Client, ups
         message=message,
         field_error=False,
         detail=f"Invalid model endpoint specified or model endpoint not ready. {message}",
+    )
+    assert upstream.received == []
+
+
+@pytest.mark.parametrize("route", CHAT_ROUTES)
+def test_a_body_over_the_limit_is_the_dialects_413(api: httpx.Client, upstream: Upstream, route: str) -> None:
+    body = {"model": "demo/echo", "messages": [{"role": "user", "content": "x" * (8 * 1024 * 1024)}]}
+    resp = api.post(route, json=body)
+    assert_error(
+        resp,
+        CHAT_ROUTES[route],
+        status=413,
+        type="invalid_request_error",
+        message="The request body is larger than 8388608 bytes",
+        code="request_too_large",
     )
     assert upstream.received == []
