@@ -164,7 +164,7 @@ class LlamaCppAdapter(OpenAIChat):
     chat_path: ClassVar[str] = "/v1/chat/completions"
     # llama.cpp common/chat.cpp `common_chat_msgs_parse_oaicompat` reads it into the chat template.
     chat_reasoning_field = "reasoning_content"
-    chat_params = chat_table(params)
+    chat_params = chat_table(params, chat_template_kwargs=Param())  # llama-server's tools/server/README.md
 
     def build_request(self, req: CompletionRequest, endpoint: Endpoint, body: dict[str, Any]) -> UpstreamRequest:
         # `model` picks the model on a llama-server running several (router mode); a single-model server

@@ -75,7 +75,7 @@ class SGLangAdapter(OpenAIChat, OpenAICompatible):
         response_format=Param(apply=_response_format),
         include_stop_reason=Param(apply=_gateway_only),
     )
-    chat_params = chat_table(params, reasoning_effort=Param())
+    chat_params = chat_table(params, reasoning_effort=Param(), chat_template_kwargs=Param())
     # sglang `ChatCompletionRequest.continue_final_message`: the trailing assistant message is continued.
     chat_continue = MappingProxyType({"continue_final_message": True})
     # sglang/srt/entrypoints/openai/protocol.py `ChatCompletionMessageGenericParam.reasoning_content`.

@@ -58,7 +58,7 @@ class SGPAdapter(OpenAIChat, OpenAICompatible):
     )
 
     chat_path: ClassVar[str] = "/v4/beta/chat/completions"
-    chat_params = chat_table(params)
+    chat_params = chat_table(params, chat_template_kwargs=Param())  # sgp-python's chat `create`
 
     def auth_headers(self, endpoint: Endpoint) -> dict[str, str]:
         return {"x-api-key": endpoint.api_key} if endpoint.api_key else {}

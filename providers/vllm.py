@@ -81,7 +81,7 @@ class VLLMAdapter(OpenAIChat, OpenAICompatible):
     )
     serves_replicas = True
     engine_gauges = VLLM_GAUGES
-    chat_params = chat_table(params, reasoning_effort=Param())
+    chat_params = chat_table(params, reasoning_effort=Param(), chat_template_kwargs=Param())
     # The chat route's `continue_final_message` (vllm `ChatCompletionRequest`): the trailing assistant message
     # is left open and continued, as a broken stream's resumption needs; it excludes `add_generation_prompt`.
     chat_continue = MappingProxyType({"continue_final_message": True, "add_generation_prompt": False})

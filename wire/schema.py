@@ -153,6 +153,9 @@ class CompletionRequest(msgspec.Struct, forbid_unknown_fields=True, omit_default
     priority: Annotated[int, Meta(ge=-(2**31), le=2**31 - 1)] | None = None
     cache_salt: CacheSalt | None = None
     include_stop_reason: bool | None = None
+    # The chat template's own variables (vLLM's, SGLang's and llama-server's chat routes: Qwen3's
+    # `enable_thinking`), never a template: a `chat_template` inside is refused (gateway/path/request.py).
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 # The self-hosted servers' own fields, declared last in CompletionRequest.
@@ -254,6 +257,7 @@ FREE_FORM: Final = (
     "tool_choice",
     "prediction",
     "web_search_options",
+    "chat_template_kwargs",
 )
 _FIELDS: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _decode_request = msgspec.json.Decoder(CompletionRequest).decode

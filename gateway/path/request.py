@@ -61,6 +61,11 @@ FORBIDDEN_HEADERS: Final = _NOT_THE_CLIENTS | credential_headers()
 
 
 _EXTRA_FORBIDDEN: Final = (
+    # A prompt's template is the server's configuration, never a tenant's: a Jinja template sent with a request
+    # can keep a shared server's CPU busy for as long as it likes (CVE-2025-61620), and Ollama's
+    # `/api/generate` renders a Go `template` sent with one (`printf` alone can ask for a gigabyte).
+    "chat_template",
+    "template",
     "model",
     "prompt",
     "stream",
@@ -308,6 +313,8 @@ def normalize(req: CompletionRequest, caps: CapsConfig = _DEFAULT_CAPS) -> Compl
                     "values one line of latin-1 text",
                     "inference_extra_headers",
                 )
+    if req.chat_template_kwargs is not None:
+        _no_template(req.chat_template_kwargs, "")
     if req.store is False:
         req.store = None  # storing nothing is what every provider does without the field: taken everywhere
     free = _free_form(req)
@@ -323,6 +330,7 @@ def normalize(req: CompletionRequest, caps: CapsConfig = _DEFAULT_CAPS) -> Compl
         for key in _EXTRA_FORBIDDEN:
             if key in req.inference_extra_params:
                 raise _bad(f"'inference_extra_params' may not set '{key}'", "inference_extra_params")
+        _no_template(req.inference_extra_params.get("chat_template_kwargs"), "inference_extra_params.")
         salt = req.inference_extra_params.get("cache_salt")
         if salt is not None:
             # Sent where the top-level field goes, so held to the same rule (an engine's prefix-cache partition).
@@ -338,6 +346,14 @@ def normalize(req: CompletionRequest, caps: CapsConfig = _DEFAULT_CAPS) -> Compl
 
 
 _CHAT_SHAPES: Final = CHAT_SHAPES
+
+
+def _no_template(kwargs: object, at: str) -> None:
+    """A template's variables may not carry a template: vLLM, SGLang and other renderers take a
+    `chat_template` among them as the template to render (see `_EXTRA_FORBIDDEN`)."""
+    if isinstance(kwargs, dict) and "chat_template" in kwargs:
+        name = f"{at}chat_template_kwargs.chat_template"
+        raise _bad(f"'{name}' may not be set: a chat template is the server's configuration", name)
 
 
 def _sdk_echo(m: AssistantMessage) -> None:

@@ -122,6 +122,7 @@ NATIVE: dict[str, Any] = {
     "priority": -1,
     "cache_salt": "salt-1",
     "include_stop_reason": True,
+    "chat_template_kwargs": {"enable_thinking": False},
 }
 SAMPLE.update(NATIVE)
 

@@ -147,7 +147,8 @@ def test_the_kit_covers_every_native_field() -> None:
 
 
 def test_every_native_field_is_taken_by_some_provider() -> None:
-    taken = {f for cls in REGISTRY.values() for f in cls.params}
+    # On completions, or on chat (`chat_template_kwargs` is a chat template's).
+    taken = {f for cls in REGISTRY.values() for f in (*cls.params, *(cls.chat_params or {}))}
     assert set(NATIVE) <= taken
 
 

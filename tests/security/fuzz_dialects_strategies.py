@@ -151,6 +151,9 @@ PLAUSIBLE: Final[dict[str, st.SearchStrategy[Any]]] = {
     "priority": st.integers(min_value=-10, max_value=10),
     "cache_salt": st.sampled_from(["tenant-a", "", "a b", "run/17:x"]),
     "include_stop_reason": st.booleans(),
+    # A chat template's variables; a template among them is refused.
+    "chat_template_kwargs": st.dictionaries(st.text(max_size=8), json_values, max_size=2)
+    | st.just({"chat_template": "{% for i in range(9) %}x{% endfor %}"}),
 }
 FIELDS: Final = [f.encode_name for f in msgspec.structs.fields(CompletionRequest)]
 assert set(FIELDS) == set(PLAUSIBLE), "a new request field needs a plausible strategy here"
