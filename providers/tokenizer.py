@@ -13,6 +13,7 @@ from typing import Annotated, Any, ClassVar, Final, Literal
 import msgspec
 from msgspec import Meta
 
+from wire.chat import Message, Tool
 from wire.errors import InvalidRequestError
 
 TokenizerRoute = Literal["tokenize", "detokenize", "tokenizer_info"]
@@ -27,6 +28,84 @@ class TokenizeRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     model: str | None = None
     add_special_tokens: bool = True
     return_token_strs: bool | None = False
+
+
+class TokenizeChatRequest(msgspec.Struct, kw_only=True):
+    """vLLM's chat form of `/tokenize`: the conversation as the served model's own chat template renders it."""
+
+    messages: list[Message]
+    model: str | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False  # the template writes the special tokens it wants
+    return_token_strs: bool | None = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None  # as sent: checked as chat's `tools` are
+
+
+class TokenizeBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """What a client may send to `/tokenize`: a prompt (vLLM's `TokenizeCompletionRequest`) or a conversation
+    (its `TokenizeChatRequest`, less `chat_template`: a template is the server's configuration)."""
+
+    prompt: str | None = None
+    messages: Annotated[list[Message], Meta(min_length=1)] | None = None
+    model: str | None = None
+    add_special_tokens: bool | None = None
+    return_token_strs: bool | None = False
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+
+
+_CHAT_ONLY: Final = ("add_generation_prompt", "continue_final_message", "chat_template_kwargs", "tools")
+
+
+def tokenize_request(body: TokenizeBody) -> TokenizeRequest | TokenizeChatRequest:
+    """The one form `body` asks for, with vLLM's defaults for that form; a 400 naming the field otherwise."""
+    if body.messages is None:
+        if body.prompt is None:
+            raise InvalidRequestError(
+                "'prompt' or 'messages' is required", param="prompt", code="missing_required_parameter"
+            )
+        for name in _CHAT_ONLY:
+            if getattr(body, name) is not None:
+                raise InvalidRequestError(f"'{name}' is only taken with 'messages'", param=name, code="invalid_value")
+        special = True if body.add_special_tokens is None else body.add_special_tokens
+        return TokenizeRequest(
+            prompt=body.prompt, model=body.model, add_special_tokens=special, return_token_strs=body.return_token_strs
+        )
+    if body.prompt is not None:
+        raise InvalidRequestError("give 'prompt' or 'messages', not both", param="prompt", code="invalid_value")
+    generation = True if body.add_generation_prompt is None else body.add_generation_prompt
+    if generation and body.continue_final_message:
+        raise InvalidRequestError(
+            "'continue_final_message' cannot be true with 'add_generation_prompt' true",
+            param="continue_final_message",
+            code="invalid_value",
+        )
+    if body.chat_template_kwargs is not None and "chat_template" in body.chat_template_kwargs:
+        name = "chat_template_kwargs.chat_template"
+        raise InvalidRequestError(
+            f"'{name}' may not be set: a chat template is the server's configuration", param=name, code="invalid_value"
+        )
+    if body.tools is not None:
+        try:
+            msgspec.convert(body.tools, list[Tool])
+        except msgspec.ValidationError as exc:
+            raise InvalidRequestError(
+                f"Invalid value for 'tools': {exc}", param="tools", code="invalid_value"
+            ) from None
+    return TokenizeChatRequest(
+        messages=body.messages,
+        model=body.model,
+        add_generation_prompt=generation,
+        continue_final_message=bool(body.continue_final_message),
+        add_special_tokens=bool(body.add_special_tokens),
+        return_token_strs=body.return_token_strs,
+        chat_template_kwargs=body.chat_template_kwargs,
+        tools=body.tools,
+    )
 
 
 class DetokenizeRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -66,13 +145,18 @@ class TokenizerAPI:
     """A server without tokenizer routes. Subclasses name theirs in `routes` and translate each one."""
 
     routes: ClassVar[frozenset[TokenizerRoute]] = frozenset()
+    # Whether its `/tokenize` also takes a conversation (`tokenize_chat`), rendered by the server's template.
+    chat: ClassVar[bool] = False
     # Where the context size comes from when the tokenize answer lacks it (asked once per upstream model).
     limits: ClassVar[Call | None] = None
 
     def tokenize(self, req: TokenizeRequest, model: str, provider: str) -> Call:
         raise NotImplementedError
 
-    def read_tokenize(self, body: bytes, req: TokenizeRequest) -> Tokenized:
+    def tokenize_chat(self, req: TokenizeChatRequest, model: str) -> Call:
+        raise NotImplementedError
+
+    def read_tokenize(self, body: bytes, req: TokenizeRequest | TokenizeChatRequest) -> Tokenized:
         raise NotImplementedError
 
     def detokenize(self, req: DetokenizeRequest, model: str) -> Call:
@@ -118,6 +202,7 @@ _read_object: Final = msgspec.json.Decoder(dict[str, Any]).decode
 
 class VLLMTokenizer(TokenizerAPI):
     routes: ClassVar[frozenset[TokenizerRoute]] = frozenset(ROUTES)
+    chat: ClassVar[bool] = True
 
     def tokenize(self, req: TokenizeRequest, model: str, provider: str) -> Call:
         body: dict[str, Any] = {"model": model, "prompt": req.prompt, "add_special_tokens": req.add_special_tokens}
@@ -126,7 +211,17 @@ class VLLMTokenizer(TokenizerAPI):
             body["return_token_strs"] = True
         return Call("POST", "/tokenize", _json(body))
 
-    def read_tokenize(self, body: bytes, req: TokenizeRequest) -> Tokenized:
+    def tokenize_chat(self, req: TokenizeChatRequest, model: str) -> Call:
+        body = msgspec.structs.asdict(req)
+        body["model"] = model
+        if not req.return_token_strs:
+            del body["return_token_strs"]  # as for a prompt
+        for name in ("chat_template_kwargs", "tools"):
+            if body[name] is None:
+                del body[name]
+        return Call("POST", "/tokenize", _json(body))
+
+    def read_tokenize(self, body: bytes, req: TokenizeRequest | TokenizeChatRequest) -> Tokenized:
         up = _read_vllm_tokenized(body)
         return Tokenized(up.tokens, up.token_strs if req.return_token_strs else None, up.max_model_len)
 
@@ -198,7 +293,7 @@ class LlamaCppTokenizer(TokenizerAPI):
         }
         return Call("POST", "/tokenize", _json(body))
 
-    def read_tokenize(self, body: bytes, req: TokenizeRequest) -> Tokenized:
+    def read_tokenize(self, body: bytes, req: TokenizeRequest | TokenizeChatRequest) -> Tokenized:
         items = _read_llama_tokenized(body).tokens
         ids = [t if isinstance(t, int) else t.id for t in items]
         strs: list[str] | None = None
@@ -268,7 +363,7 @@ class TGITokenizer(TokenizerAPI):
             )
         return Call("POST", "/tokenize", _json({"inputs": req.prompt}))
 
-    def read_tokenize(self, body: bytes, req: TokenizeRequest) -> Tokenized:
+    def read_tokenize(self, body: bytes, req: TokenizeRequest | TokenizeChatRequest) -> Tokenized:
         items = _read_tgi_tokenized(body)
         return Tokenized([t.id for t in items], [t.text for t in items] if req.return_token_strs else None, None)
 
@@ -297,10 +392,13 @@ __all__ = [
     "Call",
     "DetokenizeRequest",
     "DetokenizeResponse",
+    "TokenizeBody",
+    "TokenizeChatRequest",
     "TokenizeRequest",
     "TokenizeResponse",
     "Tokenized",
     "TokenizerAPI",
     "TokenizerRoute",
     "server_root",
+    "tokenize_request",
 ]

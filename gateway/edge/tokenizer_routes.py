@@ -36,10 +36,13 @@ from providers.tokenizer import (
     Call,
     DetokenizeRequest,
     DetokenizeResponse,
+    TokenizeBody,
+    TokenizeChatRequest,
     TokenizeRequest,
     TokenizeResponse,
     TokenizerRoute,
     server_root,
+    tokenize_request,
 )
 from wire.errors import GatewayError, InvalidRequestError, RateLimitError, UpstreamError
 from wire.schema import decode_body
@@ -59,7 +62,7 @@ _METHOD: Final[dict[TokenizerRoute, str]] = {"tokenize": "POST", "detokenize": "
 _LIMITS_CAP: Final = 1024
 _UNREADABLE: Final = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError)
 
-_decode_tokenize: Final = msgspec.json.Decoder(TokenizeRequest).decode
+_decode_tokenize: Final = msgspec.json.Decoder(TokenizeBody).decode
 _decode_detokenize: Final = msgspec.json.Decoder(DetokenizeRequest).decode
 _encode: Final = msgspec.json.encode
 
@@ -271,12 +274,12 @@ class Tokenizers:
     ) -> tuple[bytes, dict[str, str]]:
         key = pipeline.keys.authenticate(headers)
         rec.key = key.name if key is not None else None
-        tok_req: TokenizeRequest | None = None
+        tok_req: TokenizeRequest | TokenizeChatRequest | None = None
         detok_req: DetokenizeRequest | None = None
         body_model: str | None = None
         try:
             if route == "tokenize":
-                tok_req = decode_body(_decode_tokenize, body)
+                tok_req = tokenize_request(decode_body(_decode_tokenize, body))
                 body_model = tok_req.model
             elif route == "detokenize":
                 detok_req = decode_body(_decode_detokenize, body)
@@ -303,6 +306,9 @@ class Tokenizers:
         api = target.adapter.tokenizer
         if route not in api.routes:
             raise _not_available(target.provider, route)
+        if isinstance(tok_req, TokenizeChatRequest) and not api.chat:
+            message = f"Provider '{target.provider}' has no chat form of /tokenize: send 'prompt'"
+            raise InvalidRequestError(message, param="messages", code="unsupported_parameter")
         ticket = await self._admit(pipeline, key, model, target)
         try:
             out_headers = {"x-gateway-provider": target.provider, "x-gateway-model": target.key}
@@ -310,11 +316,14 @@ class Tokenizers:
                 out_headers.update(as_text(ticket.headers))
             upstream_model = target.endpoint.model
             if tok_req is not None:
-                call = api.tokenize(tok_req, upstream_model, target.provider)
+                if isinstance(tok_req, TokenizeChatRequest):
+                    call = api.tokenize_chat(tok_req, upstream_model)
+                else:
+                    call = api.tokenize(tok_req, upstream_model, target.provider)
                 reply = await self._call(pipeline, target, route, call, rec)
                 with _readable(target.provider):
                     tokenized = api.read_tokenize(reply.body, tok_req)
-                if not tokenized.tokens and tok_req.prompt:
+                if not tokenized.tokens and (isinstance(tok_req, TokenizeChatRequest) or tok_req.prompt):
                     # Text always makes a token: none means the server did not read the request (llama-server
                     # behind a `vllm` provider ignores vLLM's `prompt`), not an empty tokenization.
                     raise UpstreamError(

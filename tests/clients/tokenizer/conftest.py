@@ -74,6 +74,12 @@ async def _vllm(request: web.Request, rec: Received, served: str = SERVED) -> we
     if body.get("model") not in (None, served):
         error = {"message": f"The model `{body['model']}` does not exist.", "type": "NotFoundError", "param": None}
         return _json({"error": {**error, "code": 404}}, 404)
+    if tail == "tokenize" and "messages" in body:
+        # The chat form: a toy template, each turn as `<role>content`, then `<assistant>` for the answer to come.
+        text = "".join(f"<{m['role']}>{m.get('content') or ''}" for m in body["messages"])
+        text += "<assistant>" if body.get("add_generation_prompt", True) else ""
+        ids = _ids(text, body.get("add_special_tokens", False))
+        return _json({"count": len(ids), "max_model_len": 2048, "tokens": ids, "token_strs": None})
     if tail == "tokenize":
         ids = _ids(body["prompt"], body.get("add_special_tokens", True))
         strs = [chr(i) if i != BOS else "</s>" for i in ids] if body.get("return_token_strs") else None

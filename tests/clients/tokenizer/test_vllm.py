@@ -123,3 +123,57 @@ def test_upstream_error_text_is_scrubbed(api: httpx.Client, upstream: Upstream) 
     assert resp.status_code == 400, resp.text
     assert VLLM_KEY not in resp.text
     assert "[redacted]" in resp.json()["error"]["message"]
+
+
+def test_a_conversation_is_tokenized_by_vllms_own_template(api: httpx.Client, upstream: Upstream) -> None:
+    # vLLM's chat form of /tokenize, for RL rollouts that count a chat prompt as the served model renders it.
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    resp = api.post(f"{BASE}/tokenize", json={"messages": messages})
+    assert resp.status_code == 200, resp.text
+    rendered = [ord(c) for c in "<system>Be brief.<user>Hi<assistant>"]
+    assert resp.json() == {"count": len(rendered), "max_model_len": 2048, "tokens": rendered, "token_strs": None}
+    # vLLM's defaults for the form, the model rewritten; nothing left out that vLLM reads.
+    assert upstream.only().json() == {
+        "model": SERVED,
+        "messages": messages,
+        "add_generation_prompt": True,
+        "continue_final_message": False,
+        "add_special_tokens": False,
+    }
+    upstream.received.clear()
+    prefill = [*messages, {"role": "assistant", "content": "Hel"}]
+    body = {
+        "messages": prefill,
+        "add_generation_prompt": False,
+        "continue_final_message": True,
+        "chat_template_kwargs": {"enable_thinking": False},
+        "tools": [{"type": "function", "function": {"name": "f"}}],
+    }
+    resp = api.post(f"{BASE}/tokenize", json=body)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["tokens"] == [ord(c) for c in "<system>Be brief.<user>Hi<assistant>Hel"]
+    assert upstream.only().json() == {"model": SERVED, **body, "add_special_tokens": False}
+
+
+def test_a_conversations_bad_fields_are_400s_naming_them(api: httpx.Client, upstream: Upstream) -> None:
+    chat = {"messages": [{"role": "user", "content": "Hi"}]}
+    for body, code, param in (
+        ({"prompt": "x", **chat}, "invalid_value", "prompt"),
+        ({}, "missing_required_parameter", "prompt"),
+        ({"messages": []}, "invalid_value", "messages"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "invalid_value", "messages.role"),
+        ({**chat, "tools": [{"type": "function"}]}, "invalid_value", "tools"),
+        ({"prompt": "x", "add_generation_prompt": False}, "invalid_value", "add_generation_prompt"),
+        ({**chat, "continue_final_message": True}, "invalid_value", "continue_final_message"),
+        ({**chat, "chat_template": "{{ x }}"}, "unknown_parameter", "chat_template"),
+        (
+            {**chat, "chat_template_kwargs": {"chat_template": "{{ x }}"}},
+            "invalid_value",
+            "chat_template_kwargs.chat_template",
+        ),
+    ):
+        error_envelope(api.post(f"{BASE}/tokenize", json=body), 400, code, param=param)
+    # llama-server's /tokenize takes text only.
+    message = error_envelope(api.post("/m/ll/tiny/tokenize", json=chat), 400, "unsupported_parameter", "messages")
+    assert message == "Provider 'll' has no chat form of /tokenize: send 'prompt'"
+    assert upstream.received == []
