@@ -15,6 +15,7 @@ from msgspec import Meta
 
 from wire.chat import Message, Tool
 from wire.errors import InvalidRequestError
+from wire.schema import no_chat_template
 
 TokenizerRoute = Literal["tokenize", "detokenize", "tokenizer_info"]
 ROUTES: Final[tuple[TokenizerRoute, ...]] = ("tokenize", "detokenize", "tokenizer_info")
@@ -84,11 +85,7 @@ def tokenize_request(body: TokenizeBody) -> TokenizeRequest | TokenizeChatReques
             param="continue_final_message",
             code="invalid_value",
         )
-    if body.chat_template_kwargs is not None and "chat_template" in body.chat_template_kwargs:
-        name = "chat_template_kwargs.chat_template"
-        raise InvalidRequestError(
-            f"'{name}' may not be set: a chat template is the server's configuration", param=name, code="invalid_value"
-        )
+    no_chat_template(body.chat_template_kwargs)
     if body.tools is not None:
         try:
             msgspec.convert(body.tools, list[Tool])

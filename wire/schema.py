@@ -17,6 +17,8 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 from msgspec import Meta
 
+from wire.errors import InvalidRequestError
+
 Temperature = Annotated[float, Meta(ge=0, le=2)]
 Penalty = Annotated[float, Meta(ge=-2, le=2)]
 Probability = Annotated[float, Meta(ge=0, le=1)]
@@ -156,6 +158,16 @@ class CompletionRequest(msgspec.Struct, forbid_unknown_fields=True, omit_default
     # The chat template's own variables (vLLM's, SGLang's and llama-server's chat routes: Qwen3's
     # `enable_thinking`), never a template: a `chat_template` inside is refused (gateway/path/request.py).
     chat_template_kwargs: dict[str, Any] | None = None
+
+
+def no_chat_template(kwargs: object, at: str = "") -> None:
+    """A template's variables (`chat_template_kwargs`, at `at`) may not carry a template: vLLM, SGLang and
+    other renderers take a `chat_template` among them as the template to render, and a Jinja template from a
+    request can keep a shared server's CPU busy for as long as it likes (CVE-2025-61620)."""
+    if isinstance(kwargs, dict) and "chat_template" in kwargs:
+        name = f"{at}chat_template_kwargs.chat_template"
+        message = f"'{name}' may not be set: a chat template is the server's configuration"
+        raise InvalidRequestError(message, param=name, code="invalid_value")
 
 
 # The self-hosted servers' own fields, declared last in CompletionRequest.

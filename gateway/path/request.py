@@ -18,7 +18,7 @@ from gateway.path.dialects import decode_error
 from providers.registry import credential_headers
 from wire.chat import CHAT_SHAPES, AssistantMessage, ChatRequest, render
 from wire.errors import InvalidRequestError
-from wire.schema import FREE_FORM, CacheSalt, CompletionRequest
+from wire.schema import FREE_FORM, CacheSalt, CompletionRequest, no_chat_template
 
 MAX_CHOICES: Final = 128
 # Longest model string a client may send; real ids (Bedrock ARNs, Fireworks paths) stay well under it.
@@ -314,7 +314,7 @@ def normalize(req: CompletionRequest, caps: CapsConfig = _DEFAULT_CAPS) -> Compl
                     "inference_extra_headers",
                 )
     if req.chat_template_kwargs is not None:
-        _no_template(req.chat_template_kwargs, "")
+        no_chat_template(req.chat_template_kwargs)
     if req.store is False:
         req.store = None  # storing nothing is what every provider does without the field: taken everywhere
     free = _free_form(req)
@@ -330,7 +330,7 @@ def normalize(req: CompletionRequest, caps: CapsConfig = _DEFAULT_CAPS) -> Compl
         for key in _EXTRA_FORBIDDEN:
             if key in req.inference_extra_params:
                 raise _bad(f"'inference_extra_params' may not set '{key}'", "inference_extra_params")
-        _no_template(req.inference_extra_params.get("chat_template_kwargs"), "inference_extra_params.")
+        no_chat_template(req.inference_extra_params.get("chat_template_kwargs"), "inference_extra_params.")
         salt = req.inference_extra_params.get("cache_salt")
         if salt is not None:
             # Sent where the top-level field goes, so held to the same rule (an engine's prefix-cache partition).
@@ -346,14 +346,6 @@ def normalize(req: CompletionRequest, caps: CapsConfig = _DEFAULT_CAPS) -> Compl
 
 
 _CHAT_SHAPES: Final = CHAT_SHAPES
-
-
-def _no_template(kwargs: object, at: str) -> None:
-    """A template's variables may not carry a template: vLLM, SGLang and other renderers take a
-    `chat_template` among them as the template to render (see `_EXTRA_FORBIDDEN`)."""
-    if isinstance(kwargs, dict) and "chat_template" in kwargs:
-        name = f"{at}chat_template_kwargs.chat_template"
-        raise _bad(f"'{name}' may not be set: a chat template is the server's configuration", name)
 
 
 def _sdk_echo(m: AssistantMessage) -> None:
