@@ -31,9 +31,13 @@ async def test_a_slow_first_target_is_hedged_and_cancelled(
     answer = await ask(p)
     took = time.monotonic() - start
     assert faults.order() == ["alpha", "beta"]
-    # The hedge went out after hedge_after_ms, not at once and not after a wait of the retry loop.
-    assert 0.13 <= faults["beta"].hits[0].at - faults["alpha"].hits[0].at < 0.6
-    assert 0.13 <= took < 1.0
+    # The hedge went out after hedge_after_ms, not at once and not after a wait of the retry loop. The
+    # timer starts before alpha's request is on the wire, so the lower bound is taken from the client's
+    # start, which precedes it: a loaded machine that delays alpha's arrival cannot break it.
+    hedged_at = faults["beta"].hits[0].at - start
+    assert 0.15 <= hedged_at < 0.75
+    assert faults["alpha"].hits[0].at < faults["beta"].hits[0].at
+    assert hedged_at <= took < 1.0
     assert vtime.sleeps == []
     assert answer.headers == {
         "x-gateway-provider": "beta",
