@@ -209,7 +209,7 @@ def to_messages(messages: list[Message]) -> tuple[str | None, list[dict[str, Any
 def chat_chunk(
     ctx: CallContext, delta: Delta, finish: ChatFinishReason | None = None, usage: Usage | None = None
 ) -> ChatChunk:
-    return ChatChunk(ctx.id, ctx.created, ctx.model, [ChunkChoice(0, delta, finish)], usage=usage)
+    return ChatChunk(ctx.id, ctx.created, ctx.model, [ChunkChoice(0, delta, finish, None)], usage=usage)
 
 
 def chat_answer(
@@ -228,7 +228,7 @@ def chat_answer(
         if (b.type == "thinking" and b.signature) or b.type == "redacted_thinking"
     ]
     message = answer_message(text, calls, reasoning, signed)
-    return ChatCompletion(ctx.id, ctx.created, ctx.model, [ChatChoice(0, message, finish)], usage=usage)
+    return ChatCompletion(ctx.id, ctx.created, ctx.model, [ChatChoice(0, message, finish, None)], usage=usage)
 
 
 def chat_delta(index: int | None, block: Block | None, delta: BlockDelta | None, ctx: CallContext) -> ChatChunk | None:

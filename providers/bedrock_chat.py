@@ -302,7 +302,7 @@ def chat_answer(
         if b.reasoning_content is not None and b.reasoning_content.reasoning_text is not None
     )
     message = answer_message(text, calls, reasoning, _signed(blocks))
-    choice = ChatChoice(0, message, chat_finish(stop_reason))
+    choice = ChatChoice(0, message, chat_finish(stop_reason), None)
     return ChatCompletion(ctx.id, ctx.created, ctx.model, [choice], usage=usage)
 
 
@@ -323,7 +323,7 @@ def _signed(blocks: Sequence[Block]) -> ThinkingBlocks:
 def _chunk(
     ctx: CallContext, delta: Delta, finish: ChatFinishReason | None = None, usage: Usage | None = None
 ) -> ChatChunk:
-    return ChatChunk(ctx.id, ctx.created, ctx.model, [ChunkChoice(0, delta, finish)], usage=usage)
+    return ChatChunk(ctx.id, ctx.created, ctx.model, [ChunkChoice(0, delta, finish, None)], usage=usage)
 
 
 def chat_event(event: str | None, data: bytes, ctx: CallContext) -> ChatChunk | None:

@@ -158,14 +158,14 @@ def chat_answer(message: Any, word: str | None, usage: Usage | None, ctx: CallCo
     thinking = "".join(item.thinking for item in content if item.type == "thinking")
     reply = answer_message(text, calls, thinking)
     return ChatCompletion(
-        ctx.id, ctx.created, ctx.model, [ChatChoice(0, reply, finish(word, bool(calls)))], usage=usage
+        ctx.id, ctx.created, ctx.model, [ChatChoice(0, reply, finish(word, bool(calls)), None)], usage=usage
     )
 
 
 def _chunk(
     ctx: CallContext, delta: Delta, why: ChatFinishReason | None = None, usage: Usage | None = None
 ) -> ChatChunk:
-    return ChatChunk(ctx.id, ctx.created, ctx.model, [ChunkChoice(0, delta, why)], usage=usage)
+    return ChatChunk(ctx.id, ctx.created, ctx.model, [ChunkChoice(0, delta, why, None)], usage=usage)
 
 
 def _field(node: Any, *path: str) -> Any:

@@ -220,7 +220,9 @@ def chat_answer(candidates: list[Any], usage: Usage | None, ctx: CallContext) ->
         message = answer_message(text, calls, _thoughts(_parts(c)))
         choices.append(ChatChoice(index, message, _finish(c.finish_reason, bool(calls)), _logprobs(c.logprobs_result)))
     if not candidates:
-        choices = [ChatChoice(i, ChatMessage(role="assistant", content=""), "content_filter") for i in range(ctx.n)]
+        choices = [
+            ChatChoice(i, ChatMessage(role="assistant", content=""), "content_filter", None) for i in range(ctx.n)
+        ]
     return ChatCompletion(ctx.id, ctx.created, ctx.model, choices, usage=usage)
 
 
@@ -257,7 +259,7 @@ def chat_chunk(candidates: list[Any], usage: Usage | None, ctx: CallContext) -> 
         delta = Delta(role=role, content=content, tool_calls=deltas or None, reasoning_content=thoughts or None)
         choices.append(ChunkChoice(index, delta, finish, logprobs))
     if not candidates:  # a blocked prompt
-        choices = [ChunkChoice(i, Delta(role="assistant", content=""), "content_filter") for i in range(ctx.n)]
+        choices = [ChunkChoice(i, Delta(role="assistant", content=""), "content_filter", None) for i in range(ctx.n)]
         final = True
     if not choices:
         return None

@@ -176,6 +176,7 @@ class _UpChoice(msgspec.Struct):
     delta: _UpMessage | None = None
     finish_reason: str | None = None
     logprobs: UpLogprobs | float | None = None  # a bare number: a stream chunk's token (chat_logprobs.py)
+    token_ids: list[int] | None = None  # vLLM's `return_token_ids` (a stream chunk's own delta)
 
 
 class _UpChat(UpEnvelope):
@@ -183,6 +184,7 @@ class _UpChat(UpEnvelope):
     created: int = 0
     system_fingerprint: str | None = None
     usage: UpUsage | None = None
+    prompt_token_ids: list[int] | None = None  # vLLM's `return_token_ids`: the answer's, a stream's first chunk's
 
 
 _decode_chat = msgspec.json.Decoder(_UpChat).decode
@@ -319,6 +321,7 @@ class OpenAIChat(Adapter):
                     message=message,
                     finish_reason=chat_finish(c.finish_reason),
                     logprobs=chat_logprobs(c.logprobs, content, ctx.top_logprobs),
+                    token_ids=c.token_ids,
                 )
             )
         usage = usage_from(up.usage) if up.usage is not None else None
@@ -329,6 +332,7 @@ class OpenAIChat(Adapter):
             choices=choices,
             system_fingerprint=up.system_fingerprint or None,
             usage=usage,
+            prompt_token_ids=up.prompt_token_ids,
         )
 
     def parse_chat_event(self, event: str | None, data: bytes, ctx: CallContext) -> ChatChunk | None:
@@ -366,6 +370,7 @@ class OpenAIChat(Adapter):
                     delta=delta,
                     finish_reason=chat_finish(word) if word else None,
                     logprobs=None if lp is None else chat_logprobs(lp, content, ctx.top_logprobs),
+                    token_ids=c.token_ids,
                 )
             )
         return ChatChunk(
@@ -375,6 +380,7 @@ class OpenAIChat(Adapter):
             choices=choices,
             system_fingerprint=up.system_fingerprint or None,
             usage=usage_from(up.usage) if up.usage is not None else None,
+            prompt_token_ids=up.prompt_token_ids,
         )
 
 
@@ -390,6 +396,7 @@ def from_completion(answer: Completion) -> ChatCompletion:
                 index=c.index,
                 message=ChatMessage(role="assistant", content=c.text),
                 finish_reason=c.finish_reason,
+                logprobs=None,
             )
             for c in answer.choices
         ],
@@ -410,7 +417,7 @@ async def chunks_from(chunks: AsyncGenerator[Completion, None]) -> AsyncGenerato
                     started.add(ch.index)
                     role = "assistant"
                 delta = Delta(role=role, content=ch.text)  # type: ignore[arg-type]
-                out.append(ChunkChoice(index=ch.index, delta=delta, finish_reason=ch.finish_reason))
+                out.append(ChunkChoice(index=ch.index, delta=delta, finish_reason=ch.finish_reason, logprobs=None))
             yield ChatChunk(
                 id=c.id,
                 created=c.created,

@@ -269,11 +269,14 @@ class ChatMessage(msgspec.Struct, omit_defaults=True):
     thinking_blocks: ThinkingBlocks | None = None
 
 
-class ChatChoice(msgspec.Struct):
+class ChatChoice(msgspec.Struct, omit_defaults=True):
     index: int
     message: ChatMessage
     finish_reason: ChatFinishReason | None
-    logprobs: ChatLogprobs | None = None
+    logprobs: ChatLogprobs | None  # always written: OpenAI's answers carry `"logprobs": null`
+    # vLLM's token-native answer (`return_token_ids`): the ids the choice generated, as the engine sent them;
+    # absent unless asked for.
+    token_ids: list[int] | None = None
 
     @property
     def text(self) -> str:
@@ -288,6 +291,8 @@ class ChatCompletion(msgspec.Struct, omit_defaults=True, tag_field="object", tag
     choices: list[ChatChoice]
     system_fingerprint: str | None = None
     usage: Usage | None = None
+    # The prompt's ids as the engine's chat template made them (`return_token_ids`), once for every choice.
+    prompt_token_ids: list[int] | None = None
 
 
 class FunctionDelta(msgspec.Struct, omit_defaults=True):
@@ -312,11 +317,12 @@ class Delta(msgspec.Struct, omit_defaults=True):
     thinking_blocks: ThinkingBlocks | None = None
 
 
-class ChunkChoice(msgspec.Struct):
+class ChunkChoice(msgspec.Struct, omit_defaults=True):
     index: int
     delta: Delta
     finish_reason: ChatFinishReason | None
-    logprobs: ChatLogprobs | None = None
+    logprobs: ChatLogprobs | None
+    token_ids: list[int] | None = None  # the chunk's own ids (`return_token_ids`)
 
     @property
     def text(self) -> str:
@@ -330,6 +336,7 @@ class ChatChunk(msgspec.Struct, omit_defaults=True, tag_field="object", tag="cha
     choices: list[ChunkChoice]
     system_fingerprint: str | None = None
     usage: Usage | None = None
+    prompt_token_ids: list[int] | None = None  # on a stream's first chunk (`return_token_ids`)
 
 
 def answer_chunks(answer: ChatCompletion) -> Iterator[ChatChunk]:
@@ -341,21 +348,27 @@ def answer_chunks(answer: ChatCompletion) -> Iterator[ChatChunk]:
     def chunk(choice: ChunkChoice) -> ChatChunk:
         return ChatChunk(id=ident, created=created, model=model, choices=[choice], system_fingerprint=fp)
 
+    prompt_ids = answer.prompt_token_ids  # on the first chunk, as vLLM streams them
     for ch in answer.choices:
         i, msg = ch.index, ch.message
-        yield chunk(ChunkChoice(i, Delta(role="assistant", content="" if msg.content is not None else None), None))
+        opening = Delta(role="assistant", content="" if msg.content is not None else None)
+        first = chunk(ChunkChoice(i, opening, None, None))
+        if prompt_ids is not None:
+            first.prompt_token_ids, prompt_ids = prompt_ids, None
+        yield first
         if msg.reasoning_content:  # the thinking streams before the answer
-            yield chunk(ChunkChoice(i, Delta(reasoning_content=msg.reasoning_content), None))
+            yield chunk(ChunkChoice(i, Delta(reasoning_content=msg.reasoning_content), None, None))
         if msg.thinking_blocks:
-            yield chunk(ChunkChoice(i, Delta(thinking_blocks=msg.thinking_blocks), None))
+            yield chunk(ChunkChoice(i, Delta(thinking_blocks=msg.thinking_blocks), None, None))
         if msg.content:
-            yield chunk(ChunkChoice(i, Delta(content=msg.content), None, ch.logprobs))
+            yield chunk(ChunkChoice(i, Delta(content=msg.content), None, ch.logprobs, ch.token_ids))
         if msg.refusal:
-            yield chunk(ChunkChoice(i, Delta(refusal=msg.refusal), None))
+            yield chunk(ChunkChoice(i, Delta(refusal=msg.refusal), None, None))
         for k, call in enumerate(msg.tool_calls or ()):
             fn = FunctionDelta(name=call.function.name, arguments=call.function.arguments)
-            yield chunk(ChunkChoice(i, Delta(tool_calls=[ToolCallDelta(k, call.id, "function", fn)]), None))
-        yield chunk(ChunkChoice(i, Delta(), ch.finish_reason))
+            yield chunk(ChunkChoice(i, Delta(tool_calls=[ToolCallDelta(k, call.id, "function", fn)]), None, None))
+        # Ids of an answer without content (tool calls alone) go with its finish.
+        yield chunk(ChunkChoice(i, Delta(), ch.finish_reason, None, None if msg.content else ch.token_ids))
     if answer.usage is not None:
         yield ChatChunk(id=ident, created=created, model=model, choices=[], usage=answer.usage)
 

@@ -53,7 +53,7 @@ class _Call:
 class _Choice:
     """One choice's deltas so far."""
 
-    __slots__ = ("content", "refusal", "reasoning", "blocks", "calls", "logprobs", "finish")
+    __slots__ = ("content", "refusal", "reasoning", "blocks", "calls", "logprobs", "token_ids", "finish")
 
     def __init__(self) -> None:
         self.content: list[str] | None = None
@@ -62,6 +62,7 @@ class _Choice:
         self.blocks: ThinkingBlocks | None = None
         self.calls: dict[int, _Call] = {}
         self.logprobs: list[TokenLogprob] | None = None
+        self.token_ids: list[int] | None = None
         self.finish: ChatFinishReason | None = None
 
     def answer(self, index: int) -> ChatChoice:
@@ -78,18 +79,19 @@ class _Choice:
             thinking_blocks=self.blocks,
         )
         lp = ChatLogprobs(content=self.logprobs) if self.logprobs is not None else None
-        return ChatChoice(index=index, message=message, finish_reason=self.finish, logprobs=lp)
+        return ChatChoice(index, message, self.finish, lp, self.token_ids)
 
 
 class Assembly:
     """A chat stream's chunks added up into its answer, within `room` bytes (past it, `add` says False and the
     stream is not stored)."""
 
-    __slots__ = ("choices", "fingerprint", "size", "room")
+    __slots__ = ("choices", "fingerprint", "prompt_ids", "size", "room")
 
     def __init__(self, room: int) -> None:
         self.choices: dict[int, _Choice] = {}
         self.fingerprint: str | None = None
+        self.prompt_ids: list[int] | None = None
         self.size = 0
         self.room = room
 
@@ -97,6 +99,9 @@ class Assembly:
         if chunk.system_fingerprint:
             self.fingerprint = chunk.system_fingerprint
         size = self.size
+        if chunk.prompt_token_ids is not None and self.prompt_ids is None:
+            self.prompt_ids = chunk.prompt_token_ids
+            size += 8 * len(chunk.prompt_token_ids)
         for ch in chunk.choices:
             have = self.choices.get(ch.index)
             if have is None:
@@ -134,6 +139,10 @@ class Assembly:
             if lp is not None and lp.content:
                 (have.logprobs if have.logprobs is not None else _start(have, "logprobs")).extend(lp.content)
                 size += sum(len(t.token) + _LOGPROB * (1 + len(t.top_logprobs)) for t in lp.content)
+            ids = ch.token_ids
+            if ids is not None:
+                (have.token_ids if have.token_ids is not None else _start(have, "token_ids")).extend(ids)
+                size += 8 * len(ids)
             if ch.finish_reason is not None:
                 have.finish = ch.finish_reason
         self.size = size
@@ -151,6 +160,7 @@ class Assembly:
             choices=[c.answer(i) for i, c in sorted(choices.items())],
             system_fingerprint=self.fingerprint,
             usage=usage,
+            prompt_token_ids=self.prompt_ids,
         )
 
 

@@ -217,6 +217,7 @@ async def complete(
         choices=choices,
         system_fingerprint=fingerprint,
         usage=usage,
+        prompt_token_ids=first.prompt_token_ids,  # every call's prompt is the same conversation
     )
 
 
@@ -236,7 +237,7 @@ class _Choices:
         """The choice as the client gets it (re-indexed, cut at a stop), or None when nothing is left of it."""
         if index in self.done:
             return None
-        delta, finish, lp = ch.delta, ch.finish_reason, ch.logprobs
+        delta, finish, lp, ids = ch.delta, ch.finish_reason, ch.logprobs, ch.token_ids
         matcher = self.em.matcher
         if matcher is not None:
             scanner = self.scanners.get(index)
@@ -260,13 +261,13 @@ class _Choices:
             elif safe != content:
                 delta = msgspec.structs.replace(delta, content=safe or None)
             if safe != content:
-                lp = None  # the chunk's token logprobs no longer describe its content
+                lp = ids = None  # the chunk's token logprobs and ids no longer describe its content
                 self.into.scanned(content, safe)  # only here: a chunk the stops left as it was holds nothing
         if finish is not None:
             self.done.add(index)
-        if finish is None and lp is None and delta == _EMPTY:
+        if finish is None and lp is None and ids is None and delta == _EMPTY:
             return None
-        return ChunkChoice(index, delta, finish, lp)
+        return ChunkChoice(index, delta, finish, lp, ids)
 
 
 _EMPTY = Delta()
@@ -282,6 +283,7 @@ async def stream(
     usage: Usage | None = None
     usages = 0  # sub-streams whose usage arrived
     last: ChatChunk | None = None
+    prompt_ids = True  # the prompt's ids not yet relayed: every call's are the same, the client gets them once
     async with aclosing(merged(opens)) as chunks:
         async for k, item in chunks:
             last = item
@@ -292,8 +294,11 @@ async def stream(
                 relayed = await state.relay(ch, k if em.fan_n > 1 else ch.index)
                 if relayed is not None:
                     out.append(relayed)
-            if out:
-                yield ChatChunk(item.id, item.created, item.model, out, system_fingerprint=item.system_fingerprint)
+            if out or (prompt_ids and item.prompt_token_ids is not None):
+                chunk = ChatChunk(item.id, item.created, item.model, out, system_fingerprint=item.system_fingerprint)
+                if prompt_ids and item.prompt_token_ids is not None:
+                    chunk.prompt_token_ids, prompt_ids = item.prompt_token_ids, False
+                yield chunk
             if state.cut and em.stops is not None and len(state.done) >= em.n:
                 # Every choice has stopped, one while its upstream still generates: no need to read (or pay
                 # for) the rest. A usage that lacks some call's is not the answer's: none is reported, and the

@@ -229,10 +229,11 @@ class _GoingOn:
                 self.pending = self.pending[k:] if not content else ""
             if d.role is not None or content != d.content:
                 d = msgspec.structs.replace(d, role=None, content=content or None)
-            if d == _EMPTY and ch.finish_reason is None and ch.logprobs is None:
+            if d == _EMPTY and ch.finish_reason is None and ch.logprobs is None and not ch.token_ids:
                 continue  # the continuation's role chunk: the client's stream already began
             out.append(ch if d is ch.delta else msgspec.structs.replace(ch, delta=d))
         c.choices = out
+        c.prompt_token_ids = None  # the continuation's prompt: the client's stream gave the conversation's
         return c
 
     async def chunks(self, upstream: AsyncGenerator[ChatChunk, None]) -> AsyncGenerator[ChatChunk, None]:

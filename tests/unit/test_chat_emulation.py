@@ -125,7 +125,7 @@ class _Sub:
 
 
 def _chunk(delta: Delta, finish: Any = None, usage: Usage | None = None) -> ChatChunk:
-    choices = [] if usage is not None else [ChunkChoice(0, delta, finish)]
+    choices = [] if usage is not None else [ChunkChoice(0, delta, finish, None)]
     return ChatChunk("chatcmpl-x", 7, "x/m", choices, usage=usage)
 
 
@@ -175,3 +175,31 @@ async def test_fanned_out_streams_sum_their_usage() -> None:
     assert sorted(ch.index for c in out for ch in c.choices if ch.finish_reason) == [0, 1]
     assert [c.usage for c in out if c.usage is not None] == [Usage(10, 7, 17)]
     assert out[-1].choices == [] and out[-1].usage is not None
+
+
+async def test_token_ids_stay_with_the_text_they_describe() -> None:
+    """Each chunk's `token_ids` are relayed while its text is, dropped from a chunk a stop cut (they describe
+    text the client does not get); the prompt's ids, the same for every fanned-out call, are relayed once."""
+    em = _plan("tgi", n=2, stop=["a1", "b1", "c1", "d1", "END"])
+    assert em is not None
+
+    def sub(*texts: str) -> _Sub:
+        first = _chunk(Delta(role="assistant", content=""))
+        first.prompt_token_ids = [1, 2]
+        chunks = [first]
+        for k, text in enumerate(texts):
+            c = _chunk(Delta(content=text))
+            c.choices[0].token_ids = [10 * (k + 1)]
+            chunks.append(c)
+        chunks.append(_chunk(Delta(), "stop"))
+        return _Sub(chunks)
+
+    out = [c async for c in emulation.stream(em, [sub("Paris", " then END x"), sub("Lyon", " Eve")])]
+    assert [c.prompt_token_ids for c in out if c.prompt_token_ids is not None] == [[1, 2]]
+    per: dict[int, list[ChunkChoice]] = {}
+    for c in out:
+        for ch in c.choices:
+            per.setdefault(ch.index, []).append(ch)
+    assert [i for ch in per[1] for i in ch.token_ids or ()] == [10, 20]  # nothing cut: every id
+    assert [i for ch in per[0] for i in ch.token_ids or ()] == [10]  # the cut chunk's ids are not its text's
+    assert "".join(ch.delta.content or "" for ch in per[0]) == "Paris then "

@@ -1,0 +1,151 @@
+"""vLLM's token-native chat answers (`return_token_ids` on /v1/chat/completions), through the official openai
+client: relayed plain and streamed, replayed from the cache the same way, refused by name where the kind's chat
+route has no such field.
+
+The upstream answers in the shapes of vLLM's `ChatCompletionResponse` and `ChatCompletionStreamResponse`
+(vllm/entrypoints/openai/chat_completion/protocol.py): each choice's `token_ids`, the answer's
+`prompt_token_ids` (in a stream, on its first chunk only)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import openai
+import pydantic
+import pytest
+from aiohttp import web
+
+from tests.helpers.servers import serve_config
+from tests.helpers.upstreams import Received, Upstream
+
+from .conftest import fleet_config
+
+PROMPT_IDS = [151644, 872, 198, 6023]
+HEAD = {"id": "chatcmpl-1", "created": 1700000000, "model": "m"}
+USAGE = {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}
+
+
+def _plain(ids: bool) -> bytes:
+    choice = {
+        "index": 0,
+        "message": {"role": "assistant", "content": "hi", "reasoning": None, "tool_calls": []},
+        "logprobs": None,
+        "finish_reason": "stop",
+        "stop_reason": None,
+        "token_ids": [11, 12] if ids else None,
+    }
+    body = {**HEAD, "object": "chat.completion", "choices": [choice], "usage": USAGE}
+    return json.dumps({**body, "prompt_logprobs": None, "prompt_token_ids": PROMPT_IDS if ids else None}).encode()
+
+
+def _event(choices: list[dict[str, Any]], **top: Any) -> bytes:
+    return b"data: " + json.dumps({**HEAD, "object": "chat.completion.chunk", "choices": choices, **top}).encode()
+
+
+def _stream() -> list[bytes]:
+    def choice(delta: dict[str, Any], finish: str | None = None, **more: Any) -> dict[str, Any]:
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish, **more}
+
+    return [
+        _event([choice({"role": "assistant", "content": ""})], prompt_token_ids=PROMPT_IDS),
+        _event([choice({"content": "h"}, token_ids=[11])]),
+        _event([choice({"content": "i"}, "stop", stop_reason=None, token_ids=[12])]),
+        _event([], usage=USAGE),
+        b"data: [DONE]",
+    ]
+
+
+async def vllm_chat(request: web.Request, received: Received) -> web.StreamResponse:
+    # As vLLM: the ids only when asked for (null otherwise, as its pydantic models write them).
+    if not received.json().get("stream"):
+        return web.Response(body=_plain(bool(received.json().get("return_token_ids"))), content_type="application/json")
+    resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+    await resp.prepare(request)
+    for event in _stream():
+        await resp.write(event + b"\n\n")
+    await resp.write_eof()
+    return resp
+
+
+@pytest.fixture
+def gateway(tmp_path: Path, replicas: list[Upstream]) -> Any:
+    for u in replicas:
+        u.handler = vllm_chat
+    extra = f"""  sg: {{kind: sglang, base_url: {replicas[0].url}/v1, discover: false}}
+  hosted: {{kind: openai, api_key: sk-x, base_url: {replicas[0].url}/v1}}
+cache: {{mode: always}}
+"""
+    with serve_config(tmp_path, fleet_config(replicas, "policy: round_robin", extra=extra)) as gw:
+        yield gw
+
+
+def _extra(obj: pydantic.BaseModel) -> dict[str, Any]:
+    """What the openai client kept of an answer's fields outside OpenAI's types."""
+    return obj.model_extra or {}
+
+
+def _sent(replicas: list[Upstream]) -> list[dict[str, Any]]:
+    return [r.json() for u in replicas for r in u.received]
+
+
+def _streamed(client: openai.OpenAI, **body: Any) -> tuple[list[int] | None, list[int], str]:
+    chunks = list(client.chat.completions.create(stream=True, **body))
+    prompt = [_extra(c).get("prompt_token_ids") for c in chunks if _extra(c).get("prompt_token_ids")]
+    assert len(prompt) <= 1  # once, on the first chunk that has it
+    assert _extra(chunks[0]).get("prompt_token_ids") == (prompt[0] if prompt else None)
+    ids = [i for c in chunks for ch in c.choices for i in (_extra(ch).get("token_ids") or ())]
+    text = "".join(ch.delta.content or "" for c in chunks for ch in c.choices)
+    return prompt[0] if prompt else None, ids, text
+
+
+def test_token_ids_are_relayed_plain_streamed_and_from_the_cache(gateway: Any, replicas: list[Upstream]) -> None:
+    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="none", max_retries=0)
+    ask: dict[str, Any] = {
+        "model": "engine/m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "extra_body": {"return_token_ids": True},
+    }
+    answer = client.chat.completions.create(**ask)
+    choice = answer.choices[0]
+    assert _extra(answer)["prompt_token_ids"] == PROMPT_IDS
+    assert _extra(choice)["token_ids"] == [11, 12] and choice.message.content == "hi"
+    assert _sent(replicas)[-1]["return_token_ids"] is True
+    # The same request again: the cache's answer carries the same ids, and no engine is asked.
+    calls = len(_sent(replicas))
+    again = client.chat.completions.with_raw_response.create(**ask)
+    assert again.headers.get("x-gateway-cache") == "hit"
+    hit = again.parse()
+    assert _extra(hit)["prompt_token_ids"] == PROMPT_IDS and _extra(hit.choices[0])["token_ids"] == [11, 12]
+    assert len(_sent(replicas)) == calls
+
+    # Streamed: the prompt's ids on the first chunk, each chunk's own ids; the assembled stream is stored, and a
+    # streamed hit replays the same ids.
+    streamed: dict[str, Any] = {**ask, "messages": [{"role": "user", "content": "streamed"}]}
+    assert _streamed(client, **streamed) == (PROMPT_IDS, [11, 12], "hi")
+    calls = len(_sent(replicas))
+    assert _streamed(client, **streamed) == (PROMPT_IDS, [11, 12], "hi")
+    buffered_hit = client.chat.completions.create(**streamed)
+    assert _extra(buffered_hit.choices[0])["token_ids"] == [11, 12]
+    assert _extra(buffered_hit)["prompt_token_ids"] == PROMPT_IDS
+    assert len(_sent(replicas)) == calls
+
+    # Asked for nothing, the answer has no such fields, and the engine is not asked for them either.
+    plain = client.chat.completions.create(model="engine/m", messages=[{"role": "user", "content": "no ids"}])
+    assert "token_ids" not in _extra(plain.choices[0]) and "prompt_token_ids" not in _extra(plain)
+    assert plain.choices[0].logprobs is None and "return_token_ids" not in _sent(replicas)[-1]
+
+
+def test_token_ids_are_refused_by_name_on_other_chat_routes(gateway: Any, replicas: list[Upstream]) -> None:
+    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="none", max_retries=0)
+    before = len(_sent(replicas))
+    for model in ("sg/m", "hosted/gpt-4o-mini"):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": "x"}], extra_body={"return_token_ids": True}
+            )
+        error = refused.value.body
+        assert isinstance(error, dict) and error["param"] == "return_token_ids", model
+        assert error["code"] == "unsupported_parameter"
+    assert len(_sent(replicas)) == before  # refused before any upstream call
