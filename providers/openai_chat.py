@@ -315,25 +315,11 @@ class OpenAIChat(Adapter):
                 refusal=m.refusal,
                 reasoning_content=reasoning,
             )
-            choices.append(
-                ChatChoice(
-                    index=c.index,
-                    message=message,
-                    finish_reason=chat_finish(c.finish_reason),
-                    logprobs=chat_logprobs(c.logprobs, content, ctx.top_logprobs),
-                    token_ids=c.token_ids,
-                )
-            )
+            lp = chat_logprobs(c.logprobs, content, ctx.top_logprobs)
+            choices.append(ChatChoice(c.index, message, chat_finish(c.finish_reason), lp, c.token_ids))
         usage = usage_from(up.usage) if up.usage is not None else None
-        return ChatCompletion(
-            id=ctx.id,
-            created=ctx.created,
-            model=ctx.model,
-            choices=choices,
-            system_fingerprint=up.system_fingerprint or None,
-            usage=usage,
-            prompt_token_ids=up.prompt_token_ids,
-        )
+        fingerprint = up.system_fingerprint or None
+        return ChatCompletion(ctx.id, ctx.created, ctx.model, choices, fingerprint, usage, up.prompt_token_ids)
 
     def parse_chat_event(self, event: str | None, data: bytes, ctx: CallContext) -> ChatChunk | None:
         if data == b"[DONE]":
@@ -358,29 +344,29 @@ class OpenAIChat(Adapter):
                 content, thought = _parts(content, delta=True)
                 reasoning = reasoning if reasoning is not None else thought
             delta = Delta(
-                role="assistant" if d.role else None,
-                content=content,
-                tool_calls=_call_deltas(calls) if calls else None,
-                refusal=d.refusal,
-                reasoning_content=reasoning,
+                "assistant" if d.role else None,
+                content,
+                _call_deltas(calls) if calls else None,
+                d.refusal,
+                reasoning,
             )
             choices.append(
-                ChunkChoice(
-                    index=c.index,
-                    delta=delta,
-                    finish_reason=chat_finish(word) if word else None,
-                    logprobs=None if lp is None else chat_logprobs(lp, content, ctx.top_logprobs),
-                    token_ids=c.token_ids,
+                ChunkChoice(  # positional: built for every event, where keywords cost more
+                    c.index,
+                    delta,
+                    chat_finish(word) if word else None,
+                    None if lp is None else chat_logprobs(lp, content, ctx.top_logprobs),
+                    c.token_ids,
                 )
             )
         return ChatChunk(
-            id=ctx.id,
-            created=ctx.created,
-            model=ctx.model,
-            choices=choices,
-            system_fingerprint=up.system_fingerprint or None,
-            usage=usage_from(up.usage) if up.usage is not None else None,
-            prompt_token_ids=up.prompt_token_ids,
+            ctx.id,
+            ctx.created,
+            ctx.model,
+            choices,
+            up.system_fingerprint or None,
+            usage_from(up.usage) if up.usage is not None else None,
+            up.prompt_token_ids,
         )
 
 
