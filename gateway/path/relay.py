@@ -70,7 +70,9 @@ STREAM_CUT = error_event(shutdown_cut()) + DONE
 
 def _resumable(job: Job) -> bool:
     # Only a single text continuation can be resumed by appending what was sent to the prompt (on chat: as
-    # the assistant message the continuation goes on with).
+    # the assistant message the continuation goes on with). A client of token ids or logprobs reads what the
+    # model sampled given its prompt's tokens; a continuation samples given the text re-tokenized, so such a
+    # stream ends at its break instead.
     req = job.req
     return (
         job.plan.policy.resume_streams
@@ -78,6 +80,7 @@ def _resumable(job: Job) -> bool:
         and job.ctx.n == 1
         and not req.echo
         and req.logprobs is None
+        and not req.return_token_ids
         and not req.suffix
     )
 

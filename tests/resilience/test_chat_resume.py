@@ -377,6 +377,23 @@ def test_a_broken_tool_call_stream_is_not_resumed(gateway: GatewayThread, script
     assert "beta" not in script.received
 
 
+def test_a_stream_asking_for_token_ids_is_not_resumed(gateway: GatewayThread, script: Script) -> None:
+    """Its ids after the break would be sampled given the text re-tokenized, not the tokens the client holds."""
+    script.behaviours["alpha"] = _vllm(PIECES[:3], usage=None, cut=True)
+    script.behaviours["beta"] = _vllm(PIECES[3:], usage=None)
+    data = _stream(gateway, "smart", max_tokens=20, return_token_ids=True)
+    assert data[-1] == "[DONE]"
+    chunks = [json.loads(d) for d in data[:-1]]
+    assert _content(chunks[:-1]) == "".join(PIECES[:3])
+    assert chunks[-1]["error"]["code"] == "upstream_truncated_response"
+    assert script.received["alpha"][0].json()["return_token_ids"] is True
+    assert "beta" not in script.received
+    # Without it, the same break is resumed (alpha's cooldown from the first break lifted).
+    gateway.pipeline.health.reset()
+    script.behaviours["alpha"] = _vllm(PIECES[:3], usage=None, cut=True)
+    assert _content([json.loads(d) for d in _stream(gateway, "smart", max_tokens=20)[:-1]]) == "".join(PIECES)
+
+
 def test_the_continuation_skips_targets_that_cannot_continue(gateway: GatewayThread, script: Script) -> None:
     """OpenAI is next in the alias's order, but cannot continue a message: SGLang, after it, does."""
     script.behaviours["alpha"] = _vllm(PIECES[:4], usage=None, cut=True)
