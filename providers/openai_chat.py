@@ -177,6 +177,9 @@ class _UpChoice(msgspec.Struct):
     finish_reason: str | None = None
     logprobs: UpLogprobs | float | None = None  # a bare number: a stream chunk's token (chat_logprobs.py)
     token_ids: list[int] | None = None  # vLLM's `return_token_ids` (a stream chunk's own delta)
+    # What stopped the choice: vLLM's `stop_reason`, SGLang's `matched_stop` (both always sent).
+    stop_reason: int | str | None = None
+    matched_stop: int | str | None = None
 
 
 class _UpChat(UpEnvelope):
@@ -316,7 +319,8 @@ class OpenAIChat(Adapter):
                 reasoning_content=reasoning,
             )
             lp = chat_logprobs(c.logprobs, content, ctx.top_logprobs)
-            choices.append(ChatChoice(c.index, message, chat_finish(c.finish_reason), lp, c.token_ids))
+            why = (c.stop_reason if c.stop_reason is not None else c.matched_stop) if ctx.stop_reason else None
+            choices.append(ChatChoice(c.index, message, chat_finish(c.finish_reason), lp, c.token_ids, why))
         usage = usage_from(up.usage) if up.usage is not None else None
         fingerprint = up.system_fingerprint or None
         return ChatCompletion(ctx.id, ctx.created, ctx.model, choices, fingerprint, usage, up.prompt_token_ids)
@@ -357,6 +361,10 @@ class OpenAIChat(Adapter):
                     chat_finish(word) if word else None,
                     None if lp is None else chat_logprobs(lp, content, ctx.top_logprobs),
                     c.token_ids,
+                    # Only a finishing chunk says what stopped the choice.
+                    (c.stop_reason if c.stop_reason is not None else c.matched_stop)
+                    if word and ctx.stop_reason
+                    else None,
                 )
             )
         return ChatChunk(

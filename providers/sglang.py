@@ -75,7 +75,13 @@ class SGLangAdapter(OpenAIChat, OpenAICompatible):
         response_format=Param(apply=_response_format),
         include_stop_reason=Param(apply=_gateway_only),
     )
-    chat_params = chat_table(params, reasoning_effort=Param(), chat_template_kwargs=Param())
+    # Its chat choices carry `matched_stop`, plain and streamed, as its completion choices do.
+    chat_params = chat_table(
+        params,
+        reasoning_effort=Param(),
+        chat_template_kwargs=Param(),
+        include_stop_reason=params["include_stop_reason"],
+    )
     # sglang `ChatCompletionRequest.continue_final_message`: the trailing assistant message is continued.
     chat_continue = MappingProxyType({"continue_final_message": True})
     # sglang/srt/entrypoints/openai/protocol.py `ChatCompletionMessageGenericParam.reasoning_content`.

@@ -82,9 +82,14 @@ class VLLMAdapter(OpenAIChat, OpenAICompatible):
     serves_replicas = True
     engine_gauges = VLLM_GAUGES
     # `return_token_ids` on chat (vllm `ChatCompletionRequest`): each choice's `token_ids` and the answer's
-    # `prompt_token_ids` (a stream's first chunk), which the chat wire carries (wire/chat.py).
+    # `prompt_token_ids` (a stream's first chunk), which the chat wire carries (wire/chat.py); its chat choices
+    # carry `stop_reason` as its completion choices do.
     chat_params = chat_table(
-        params, reasoning_effort=Param(), chat_template_kwargs=Param(), return_token_ids=params["return_token_ids"]
+        params,
+        reasoning_effort=Param(),
+        chat_template_kwargs=Param(),
+        return_token_ids=params["return_token_ids"],
+        include_stop_reason=params["include_stop_reason"],
     )
     # The chat route's `continue_final_message` (vllm `ChatCompletionRequest`): the trailing assistant message
     # is left open and continued, as a broken stream's resumption needs; it excludes `add_generation_prompt`.

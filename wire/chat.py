@@ -277,6 +277,9 @@ class ChatChoice(msgspec.Struct, omit_defaults=True):
     # vLLM's token-native answer (`return_token_ids`): the ids the choice generated, as the engine sent them;
     # absent unless asked for.
     token_ids: list[int] | None = None
+    # The stop string or token id that ended the choice (vLLM's `stop_reason`, SGLang's `matched_stop`), when
+    # the request set `include_stop_reason`.
+    stop_reason: int | str | None = None
 
     @property
     def text(self) -> str:
@@ -323,6 +326,7 @@ class ChunkChoice(msgspec.Struct, omit_defaults=True):
     finish_reason: ChatFinishReason | None
     logprobs: ChatLogprobs | None
     token_ids: list[int] | None = None  # the chunk's own ids (`return_token_ids`)
+    stop_reason: int | str | None = None  # on the chunk that finishes the choice (`include_stop_reason`)
 
     @property
     def text(self) -> str:
@@ -368,7 +372,8 @@ def answer_chunks(answer: ChatCompletion) -> Iterator[ChatChunk]:
             fn = FunctionDelta(name=call.function.name, arguments=call.function.arguments)
             yield chunk(ChunkChoice(i, Delta(tool_calls=[ToolCallDelta(k, call.id, "function", fn)]), None, None))
         # Ids of an answer without content (tool calls alone) go with its finish.
-        yield chunk(ChunkChoice(i, Delta(), ch.finish_reason, None, None if msg.content else ch.token_ids))
+        ids = None if msg.content else ch.token_ids
+        yield chunk(ChunkChoice(i, Delta(), ch.finish_reason, None, ids, ch.stop_reason))
     if answer.usage is not None:
         yield ChatChunk(id=ident, created=created, model=model, choices=[], usage=answer.usage)
 

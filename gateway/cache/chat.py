@@ -53,7 +53,7 @@ class _Call:
 class _Choice:
     """One choice's deltas so far."""
 
-    __slots__ = ("content", "refusal", "reasoning", "blocks", "calls", "logprobs", "token_ids", "finish")
+    __slots__ = ("content", "refusal", "reasoning", "blocks", "calls", "logprobs", "token_ids", "finish", "why")
 
     def __init__(self) -> None:
         self.content: list[str] | None = None
@@ -64,6 +64,7 @@ class _Choice:
         self.logprobs: list[TokenLogprob] | None = None
         self.token_ids: list[int] | None = None
         self.finish: ChatFinishReason | None = None
+        self.why: int | str | None = None
 
     def answer(self, index: int) -> ChatChoice:
         calls = [
@@ -79,7 +80,7 @@ class _Choice:
             thinking_blocks=self.blocks,
         )
         lp = ChatLogprobs(content=self.logprobs) if self.logprobs is not None else None
-        return ChatChoice(index, message, self.finish, lp, self.token_ids)
+        return ChatChoice(index, message, self.finish, lp, self.token_ids, self.why)
 
 
 class Assembly:
@@ -145,6 +146,7 @@ class Assembly:
                 size += 8 * len(ids)
             if ch.finish_reason is not None:
                 have.finish = ch.finish_reason
+                have.why = ch.stop_reason
         self.size = size
         return size <= self.room
 

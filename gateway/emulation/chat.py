@@ -237,7 +237,7 @@ class _Choices:
         """The choice as the client gets it (re-indexed, cut at a stop), or None when nothing is left of it."""
         if index in self.done:
             return None
-        delta, finish, lp, ids = ch.delta, ch.finish_reason, ch.logprobs, ch.token_ids
+        delta, finish, lp, ids, why = ch.delta, ch.finish_reason, ch.logprobs, ch.token_ids, ch.stop_reason
         matcher = self.em.matcher
         if matcher is not None:
             scanner = self.scanners.get(index)
@@ -252,6 +252,7 @@ class _Choices:
             if stopped:
                 self.cut = self.cut or finish is None
                 finish = "stop"
+                why = None  # the gateway's stop, not the engine's
                 delta = Delta(
                     role=delta.role,
                     content=safe,
@@ -267,7 +268,7 @@ class _Choices:
             self.done.add(index)
         if finish is None and lp is None and ids is None and delta == _EMPTY:
             return None
-        return ChunkChoice(index, delta, finish, lp, ids)
+        return ChunkChoice(index, delta, finish, lp, ids, why)
 
 
 _EMPTY = Delta()

@@ -1,10 +1,11 @@
-"""vLLM's token-native chat answers (`return_token_ids` on /v1/chat/completions), through the official openai
-client: relayed plain and streamed, replayed from the cache the same way, refused by name where the kind's chat
-route has no such field.
+"""The engines' token-native chat answers through the official openai client: vLLM's `return_token_ids` on
+/v1/chat/completions relayed plain and streamed, replayed from the cache the same way, refused by name where
+the kind's chat route has no such field; what stopped a choice (`include_stop_reason`) from vLLM and SGLang.
 
-The upstream answers in the shapes of vLLM's `ChatCompletionResponse` and `ChatCompletionStreamResponse`
-(vllm/entrypoints/openai/chat_completion/protocol.py): each choice's `token_ids`, the answer's
-`prompt_token_ids` (in a stream, on its first chunk only)."""
+The vLLM upstream answers in the shapes of vLLM's `ChatCompletionResponse` and `ChatCompletionStreamResponse`
+(vllm/entrypoints/openai/chat_completion/protocol.py): each choice's `token_ids` and `stop_reason`, the
+answer's `prompt_token_ids` (in a stream, on its first chunk only). The SGLang one in those of SGLang's
+(python/sglang/srt/entrypoints/openai/protocol.py): each choice's `matched_stop`, plain and streamed."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def _plain(ids: bool) -> bytes:
         "message": {"role": "assistant", "content": "hi", "reasoning": None, "tool_calls": []},
         "logprobs": None,
         "finish_reason": "stop",
-        "stop_reason": None,
+        "stop_reason": "END",  # the stop string that ended it (vLLM always sends the field)
         "token_ids": [11, 12] if ids else None,
     }
     body = {**HEAD, "object": "chat.completion", "choices": [choice], "usage": USAGE}
@@ -50,8 +51,8 @@ def _stream() -> list[bytes]:
 
     return [
         _event([choice({"role": "assistant", "content": ""})], prompt_token_ids=PROMPT_IDS),
-        _event([choice({"content": "h"}, token_ids=[11])]),
-        _event([choice({"content": "i"}, "stop", stop_reason=None, token_ids=[12])]),
+        _event([choice({"content": "h"}, stop_reason=None, token_ids=[11])]),
+        _event([choice({"content": "i"}, "stop", stop_reason="END", token_ids=[12])]),
         _event([], usage=USAGE),
         b"data: [DONE]",
     ]
@@ -69,16 +70,38 @@ async def vllm_chat(request: web.Request, received: Received) -> web.StreamRespo
     return resp
 
 
+async def sglang_chat(request: web.Request, received: Received) -> web.StreamResponse:
+    finish = {"index": 0, "logprobs": None, "finish_reason": "stop", "matched_stop": "\n"}
+    if not received.json().get("stream"):
+        message = {"role": "assistant", "content": "hi", "reasoning_content": None, "tool_calls": None}
+        body = {**HEAD, "object": "chat.completion", "choices": [{**finish, "message": message}], "usage": USAGE}
+        return web.Response(body=json.dumps(body).encode(), content_type="application/json")
+    resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+    await resp.prepare(request)
+    events: list[dict[str, Any]] = [
+        {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None, "matched_stop": None},
+        {"index": 0, "delta": {"content": "hi"}, "finish_reason": None, "matched_stop": None},
+        {**finish, "delta": {}},
+    ]
+    for choice in events:
+        await resp.write(_event([choice]) + b"\n\n")
+    await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
+
+
 @pytest.fixture
 def gateway(tmp_path: Path, replicas: list[Upstream]) -> Any:
     for u in replicas:
         u.handler = vllm_chat
-    extra = f"""  sg: {{kind: sglang, base_url: {replicas[0].url}/v1, discover: false}}
+    with Upstream() as side:
+        side.handler = sglang_chat
+        extra = f"""  sg: {{kind: sglang, base_url: {side.url}/v1, discover: false}}
   hosted: {{kind: openai, api_key: sk-x, base_url: {replicas[0].url}/v1}}
 cache: {{mode: always}}
 """
-    with serve_config(tmp_path, fleet_config(replicas, "policy: round_robin", extra=extra)) as gw:
-        yield gw
+        with serve_config(tmp_path, fleet_config(replicas, "policy: round_robin", extra=extra)) as gw:
+            yield gw
 
 
 def _extra(obj: pydantic.BaseModel) -> dict[str, Any]:
@@ -149,3 +172,23 @@ def test_token_ids_are_refused_by_name_on_other_chat_routes(gateway: Any, replic
         assert isinstance(error, dict) and error["param"] == "return_token_ids", model
         assert error["code"] == "unsupported_parameter"
     assert len(_sent(replicas)) == before  # refused before any upstream call
+
+
+def test_what_stopped_a_chat_choice_is_relayed_when_asked(gateway: Any) -> None:
+    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="none", max_retries=0)
+    for model, why in (("engine/m", "END"), ("sg/m", "\n")):
+        ask: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": f"why {model}"}]}
+        ask["extra_body"] = {"include_stop_reason": True}
+        assert _extra(client.chat.completions.create(**ask).choices[0])["stop_reason"] == why, model
+        finishing = [ch for c in client.chat.completions.create(stream=True, **ask) for ch in c.choices]
+        reasons = [(ch.finish_reason, _extra(ch).get("stop_reason")) for ch in finishing]
+        assert reasons[-1] == ("stop", why) and all(r == (None, None) for r in reasons[:-1]), model
+        # Not asked for, it is not relayed (each engine always sends its own field).
+        plain = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "unasked"}])
+        assert "stop_reason" not in _extra(plain.choices[0]) and "matched_stop" not in _extra(plain.choices[0])
+    # A streamed miss stored in the cache keeps it: the same request buffered is a hit that says it too.
+    streamed: dict[str, Any] = {"model": "engine/m", "messages": [{"role": "user", "content": "stored"}]}
+    streamed["extra_body"] = {"include_stop_reason": True}
+    list(client.chat.completions.create(stream=True, **streamed))
+    hit = client.chat.completions.with_raw_response.create(**streamed)
+    assert hit.headers.get("x-gateway-cache") == "hit" and _extra(hit.parse().choices[0])["stop_reason"] == "END"
