@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import re
 import sqlite3
+import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Final, TypeVar, cast
@@ -23,6 +24,7 @@ from gateway.ledger.schema import MIGRATIONS, VERSION, SchemaError
 T = TypeVar("T")
 _BUSY_MS: Final = 10_000  # SQLite: how long a writer waits for another process's transaction
 _CONNECT_S: Final = 2
+_WAL_RETRY_S: Final = 0.02
 _LOCK_ID: Final = 0x6C6564676572  # PostgreSQL advisory lock held while migrating ("ledger")
 _DAY: Final = re.compile(r"\d{4}-\d{2}-\d{2}")
 _PARTITION: Final = re.compile(r"requests_d\d{8}")
@@ -47,6 +49,23 @@ def parse_url(url: str) -> tuple[str, str]:
 
 def _drop(cur: Cursor, name: str) -> int:
     return cur.execute(f"DROP TABLE IF EXISTS {name}")
+
+
+def _wal(conn: sqlite3.Connection, busy_s: float) -> None:
+    """Put the file in WAL mode, waiting up to `busy_s` for another process's lock.
+
+    SQLite answers the switch "database is locked" at once, without its busy wait, while another connection
+    holds a write lock on a file still in rollback mode (replicas starting together on a new file, one of
+    them creating the schema): the switch is tried again until the lock is gone."""
+    deadline = time.monotonic() + busy_s
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+        time.sleep(_WAL_RETRY_S)
 
 
 class Cursor:
@@ -125,7 +144,7 @@ class Database:
         # Autocommit mode: every transaction is an explicit BEGIN IMMEDIATE ... COMMIT below.
         conn = sqlite3.connect(self.target, timeout=busy_s, isolation_level=None, check_same_thread=False)
         try:
-            conn.execute("PRAGMA journal_mode=WAL")  # readers never wait for the writer; replicas on one host share it
+            _wal(conn, busy_s)  # readers never wait for the writer; replicas on one host share it
             conn.execute("PRAGMA synchronous=NORMAL")  # durable across a process crash (WAL)
         except BaseException:
             conn.close()  # a file that cannot be set up (locked, not a database) is retried with a new one
