@@ -7,6 +7,7 @@ line as a config error; it now waits for the lock, as it does for any other.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import subprocess
 import sys
@@ -54,7 +55,7 @@ def test_a_file_another_process_holds_in_rollback_mode_is_waited_for(tmp_path: P
         assert time.monotonic() - start >= 0.3  # it waited for the lock rather than failing at once
     finally:
         _done(holder)
-    with sqlite3.connect(path) as conn:
+    with contextlib.closing(sqlite3.connect(path)) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
         assert conn.execute("SELECT count(*) FROM schema_version").fetchone()[0] > 0
 
