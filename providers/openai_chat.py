@@ -32,7 +32,7 @@ from providers.base import (
 from providers.chat_logprobs import UpLogprobs, chat_logprobs
 from providers.envelope import Unreadable
 from providers.finish import BROKE_OFF, broke_off, finish_reason
-from providers.openai_compat import UpEnvelope, UpUsage, usage_from
+from providers.openai_compat import UpEnvelope, UpStopped, UpUsage, usage_from
 from wire.chat import (
     ChatChoice,
     ChatChunk,
@@ -170,16 +170,13 @@ class _UpMessage(msgspec.Struct):
     reasoning: str | None = None
 
 
-class _UpChoice(msgspec.Struct):
+class _UpChoice(UpStopped):
     index: int = 0
     message: _UpMessage | None = None
     delta: _UpMessage | None = None
     finish_reason: str | None = None
     logprobs: UpLogprobs | float | None = None  # a bare number: a stream chunk's token (chat_logprobs.py)
     token_ids: list[int] | None = None  # vLLM's `return_token_ids` (a stream chunk's own delta)
-    # What stopped the choice: vLLM's `stop_reason`, SGLang's `matched_stop` (both always sent).
-    stop_reason: int | str | None = None
-    matched_stop: int | str | None = None
 
 
 class _UpChat(UpEnvelope):
@@ -319,7 +316,7 @@ class OpenAIChat(Adapter):
                 reasoning_content=reasoning,
             )
             lp = chat_logprobs(c.logprobs, content, ctx.top_logprobs)
-            why = (c.stop_reason if c.stop_reason is not None else c.matched_stop) if ctx.stop_reason else None
+            why = c.stopped_by() if ctx.stop_reason else None
             choices.append(ChatChoice(c.index, message, chat_finish(c.finish_reason), lp, c.token_ids, why))
         usage = usage_from(up.usage) if up.usage is not None else None
         fingerprint = up.system_fingerprint or None
@@ -361,10 +358,7 @@ class OpenAIChat(Adapter):
                     chat_finish(word) if word else None,
                     None if lp is None else chat_logprobs(lp, content, ctx.top_logprobs),
                     c.token_ids,
-                    # Only a finishing chunk says what stopped the choice.
-                    (c.stop_reason if c.stop_reason is not None else c.matched_stop)
-                    if word and ctx.stop_reason
-                    else None,
+                    c.stopped_by() if word and ctx.stop_reason else None,  # said by the finishing chunk
                 )
             )
         return ChatChunk(

@@ -47,7 +47,18 @@ class UpLogprobs(msgspec.Struct):
     content: list[TokenProb] | None = None
 
 
-class UpChoice(msgspec.Struct):
+class UpStopped(msgspec.Struct):
+    """What stopped a choice, under each engine's name (both always send theirs): vLLM's `stop_reason`, SGLang's
+    `matched_stop`. Completion and chat choices carry it alike."""
+
+    stop_reason: int | str | None = None
+    matched_stop: int | str | None = None
+
+    def stopped_by(self) -> int | str | None:
+        return self.stop_reason if self.stop_reason is not None else self.matched_stop
+
+
+class UpChoice(UpStopped):
     text: str = ""
     index: int = 0
     logprobs: UpLogprobs | float | None = None
@@ -57,8 +68,6 @@ class UpChoice(msgspec.Struct):
     # vLLM's and SGLang's token-native fields (`return_token_ids`), and what stopped the choice.
     token_ids: list[int] | None = None
     prompt_token_ids: list[int] | None = None
-    stop_reason: int | str | None = None
-    matched_stop: int | str | None = None
 
 
 class UpUsage(msgspec.Struct):
@@ -267,9 +276,7 @@ class OpenAICompatible(Adapter):
                     prompt_logprobs=c.prompt_logprobs,
                     token_ids=c.token_ids,
                     prompt_token_ids=c.prompt_token_ids,
-                    stop_reason=(c.stop_reason if c.stop_reason is not None else c.matched_stop)
-                    if ctx.stop_reason
-                    else None,
+                    stop_reason=c.stopped_by() if ctx.stop_reason else None,
                 )
             )
         usage = usage_from(up.usage) if up.usage is not None else None
@@ -335,4 +342,4 @@ def _error_fields(body: bytes) -> tuple[str, str | None, str | None]:
     return "unknown error", None, None
 
 
-__all__ = ["OPENAI_PARAMS", "OpenAICompatible", "UpCompletion", "UpEnvelope", "usage_from"]
+__all__ = ["OPENAI_PARAMS", "OpenAICompatible", "UpCompletion", "UpEnvelope", "UpStopped", "usage_from"]

@@ -295,11 +295,10 @@ async def stream(
                 relayed = await state.relay(ch, k if em.fan_n > 1 else ch.index)
                 if relayed is not None:
                     out.append(relayed)
-            if out or (prompt_ids and item.prompt_token_ids is not None):
-                chunk = ChatChunk(item.id, item.created, item.model, out, system_fingerprint=item.system_fingerprint)
-                if prompt_ids and item.prompt_token_ids is not None:
-                    chunk.prompt_token_ids, prompt_ids = item.prompt_token_ids, False
-                yield chunk
+            ids = item.prompt_token_ids if prompt_ids else None
+            if out or ids is not None:
+                prompt_ids = prompt_ids and ids is None
+                yield ChatChunk(item.id, item.created, item.model, out, item.system_fingerprint, None, ids)
             if state.cut and em.stops is not None and len(state.done) >= em.n:
                 # Every choice has stopped, one while its upstream still generates: no need to read (or pay
                 # for) the rest. A usage that lacks some call's is not the answer's: none is reported, and the
