@@ -33,9 +33,10 @@ from providers.base import (
     request_headers,
     table,
 )
+from providers.chat_params import continuing, guides_checked
 from providers.envelope import Unreadable
 from providers.finish import finish_reason
-from providers.openai_chat import OpenAIChat, chat_finish, guides_checked
+from providers.openai_chat import OpenAIChat, chat_finish
 from providers.quota import anthropic_counters, anthropic_resets
 from providers.retry_after import retry_after, should_retry
 from wire.chat import ChatChunk, ChatCompletion, ChatRequest, Delta
@@ -192,10 +193,10 @@ class AnthropicAdapter(OpenAIChat):
     params = table({**EMULATED_EXTRAS, **SAMPLING})
     # Chat (`system`, tools as `tool_use` / `tool_result` blocks): providers/anthropic_chat.py.
     chat_path: ClassVar[str] = "/v1/messages"
-    chat_params = guides_checked(CHAT_PARAMS, params)
     # A trailing assistant message is a prefill Anthropic continues, refused when it ends in white space.
     chat_continue = MappingProxyType({})
     chat_continue_strips = True
+    chat_params = guides_checked({**CHAT_PARAMS, "continue_final_message": continuing(chat_continue)}, params)
 
     def continues(self, req: ChatRequest) -> bool:
         # Anthropic takes no prefill while the model thinks (extended thinking's "feature compatibility").

@@ -10,7 +10,8 @@ from typing import ClassVar
 from urllib.parse import quote
 
 from providers.base import Endpoint, Param, path_segment
-from providers.openai_chat import OpenAIChat, chat_table
+from providers.chat_params import chat_table
+from providers.openai_chat import OpenAIChat
 from providers.openai_compat import OpenAICompatible
 
 DEFAULT_API_VERSION = "2024-10-21"

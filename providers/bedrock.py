@@ -38,9 +38,10 @@ from providers.bedrock_chat import (
     to_converse,
     usage_only,
 )
+from providers.chat_params import guides_checked
 from providers.envelope import Unreadable
 from providers.finish import finish_reason
-from providers.openai_chat import OpenAIChat, guides_checked
+from providers.openai_chat import OpenAIChat
 from providers.retry_after import retry_after
 from providers.sigv4 import sign
 from wire.chat import ChatChunk, ChatCompletion, ChatRequest

@@ -24,9 +24,10 @@ from providers.base import (
     stop_list,
     table,
 )
+from providers.chat_params import guides_checked
 from providers.cohere_chat import chat_answer, chat_end, chat_event, response_format, to_messages, tool_choice, tools
 from providers.finish import finish_reason
-from providers.openai_chat import OpenAIChat, guides_checked
+from providers.openai_chat import OpenAIChat
 from providers.retry_after import retry_after, should_retry
 from wire.chat import ChatChunk, ChatCompletion, ChatRequest
 from wire.errors import GatewayError, UnsupportedParamError, UpstreamStatusError

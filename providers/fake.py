@@ -19,8 +19,8 @@ from typing import Any
 import msgspec
 
 from providers.base import CallContext, Endpoint, LocalAdapter, LocalCaps, Param, table
+from providers.chat_params import chat_table
 from providers.offsets import text_offsets
-from providers.openai_chat import chat_table
 from wire.errors import InvalidRequestError, UpstreamStatusError
 from wire.schema import Choice, Completion, CompletionRequest, FinishReason, Logprobs, Usage
 

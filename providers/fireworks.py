@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import ClassVar
 
 from providers.base import EMULATED, Param, table
-from providers.openai_chat import OpenAIChat, chat_table
+from providers.chat_params import chat_table
+from providers.openai_chat import OpenAIChat
 from providers.openai_compat import OPENAI_PARAMS, OpenAICompatible
 
 

@@ -24,12 +24,13 @@ from providers.base import (
     request_headers,
     table,
 )
+from providers.chat_params import guides_checked
 from providers.envelope import Unreadable, envelope_status
 from providers.finish import finish_reason
 from providers.gemini_chat import chat_answer, chat_chunk, to_contents, tool_choice, tools
 from providers.gemini_thinking import accepted, add_thinking
 from providers.offsets import prompt_for_choice, text_offsets
-from providers.openai_chat import OpenAIChat, guides_checked
+from providers.openai_chat import OpenAIChat
 from providers.retry_after import retry_after
 from wire.chat import ChatChunk, ChatCompletion, ChatRequest
 from wire.errors import GatewayError, InvalidRequestError, UpstreamStatusError

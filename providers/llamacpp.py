@@ -21,10 +21,11 @@ from providers.base import (
     request_headers,
     table,
 )
+from providers.chat_params import chat_table
 from providers.context import context_window
 from providers.engine import LLAMACPP_GAUGES
 from providers.finish import finish_reason
-from providers.openai_chat import OpenAIChat, chat_table
+from providers.openai_chat import OpenAIChat
 from providers.retry_after import retry_after, should_retry
 from providers.selfhosted import TokenProb, response_schema, token_probs, usage
 from providers.tokenizer import LLAMACPP_TOKENIZER

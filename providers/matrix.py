@@ -13,6 +13,7 @@ import sys
 from providers import REGISTRY
 from providers.base import PARAM_FIELDS, Adapter, Param
 from providers.openai_chat import OpenAIChat
+from wire.schema import CHAT_ONLY_FIELDS
 
 HEADER = """# Providers
 
@@ -183,6 +184,8 @@ def render() -> str:
     lines.append("| field | " + " | ".join(kinds) + " |")
     lines.append("|---" * (len(kinds) + 1) + "|")
     for field in PARAM_FIELDS:
+        if field in CHAT_ONLY_FIELDS:
+            continue
         cells = [_cell(field, REGISTRY[k].params.get(field)) for k in kinds]
         lines.append(f"| `{field}` | " + " | ".join(cells) + " |")
     lines += ["", "## Chat parameters", "", CHAT_INTRO]

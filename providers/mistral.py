@@ -22,9 +22,10 @@ from providers.base import (
     request_headers,
     table,
 )
+from providers.chat_params import chat_table
 from providers.envelope import Unreadable, envelope_status
 from providers.finish import broke_off, finish_reason
-from providers.openai_chat import OpenAIChat, chat_table
+from providers.openai_chat import OpenAIChat
 from providers.quota import mistral_windows
 from providers.retry_after import retry_after, should_retry
 from wire.errors import GatewayError, InvalidRequestError, UnsupportedParamError, UpstreamStatusError

@@ -21,8 +21,9 @@ from providers.base import (
     request_headers,
     table,
 )
+from providers.chat_params import chat_table
 from providers.finish import finish_reason
-from providers.openai_chat import OpenAIChat, chat_table
+from providers.openai_chat import OpenAIChat
 from providers.retry_after import retry_after, should_retry
 from providers.selfhosted import logprobs, response_schema, top_dict, usage
 from wire.errors import GatewayError, InvalidRequestError, UpstreamStatusError

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from providers.base import Param
-from providers.openai_chat import OpenAIChat, chat_table
+from providers.chat_params import chat_table
+from providers.openai_chat import OpenAIChat
 from providers.openai_compat import OpenAICompatible
 
 

@@ -1,35 +1,28 @@
 """OpenAI's chat wire (`POST .../chat/completions`), for every kind whose server speaks it.
 
-A kind takes chat by inheriting `OpenAIChat` and declaring `chat_params`, made by `chat_table` from its
-completion table: OpenAI's chat parameters restricted to the sampling fields the kind takes at all, plus
-the vendor sampling fields as its completion table maps them (vLLM, SGLang, llama.cpp and the hosted
-engines read them under the same names on both routes), plus chat's own (`tools`, `tool_choice`,
-`parallel_tool_calls`, `response_format`). A field without an entry is refused naming the provider, as on
-completions. Answers are decoded into lenient structs and written in the one `chat.completion` shape;
-stream events become `chat.completion.chunk`s one for one.
+A kind takes chat by inheriting `OpenAIChat` and declaring `chat_params` (providers/chat_params.py); a field
+without an entry is refused naming the provider, as on completions. Answers are decoded into lenient structs
+and written in the one `chat.completion` shape; stream events become `chat.completion.chunk`s one for one.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Mapping
-from typing import Any, ClassVar, Final, Literal
+from typing import Any, ClassVar, Literal
 
 import msgspec
 
 from providers import thinking
 from providers.base import (
-    EMULATED,
     Adapter,
     CallContext,
     Capabilities,
     Endpoint,
-    Param,
-    Table,
     UpstreamRequest,
     request_headers,
-    table,
 )
 from providers.chat_logprobs import UpLogprobs, chat_logprobs
+from providers.chat_params import CHAT_GUARDED
 from providers.envelope import Unreadable
 from providers.finish import BROKE_OFF, broke_off, finish_reason
 from providers.openai_compat import UpEnvelope, UpStopped, UpUsage, usage_from
@@ -49,88 +42,6 @@ from wire.chat import (
 )
 from wire.errors import InvalidRequestError, UnsupportedParamError
 from wire.schema import Completion, Usage
-
-# Where the kind's engine reads the token limit, the choice count and the conversation on chat: what the
-# client's `inference_extra_params` may not overwrite.
-CHAT_GUARDED: Final = frozenset({"messages", "max_tokens", "max_completion_tokens", "n"})
-
-
-def _logprobs(body: dict[str, Any], count: int) -> None:
-    # normalize() folded `logprobs: true` + `top_logprobs: k` into the count k.
-    body["logprobs"] = True
-    if count:
-        body["top_logprobs"] = count
-
-
-# OpenAI's chat parameters (openai-python `chat/completion_create_params.py`) the gateway translates.
-OPENAI_CHAT_PARAMS: Final[Table] = table(
-    max_tokens=Param(),
-    temperature=Param(),
-    top_p=Param(),
-    n=Param(),
-    stop=Param(),
-    seed=Param(),
-    logit_bias=Param(),
-    frequency_penalty=Param(),
-    presence_penalty=Param(),
-    user=Param(),
-    logprobs=Param(apply=_logprobs),
-    response_format=Param(),
-    tools=Param(),
-    tool_choice=Param(),
-    parallel_tool_calls=Param(),
-)
-_CHAT_OWN: Final = frozenset({"response_format", "tools", "tool_choice", "parallel_tool_calls"})
-# Completion fields that are not chat's (the prompt's own), and vendor fields whose answer the chat shape
-# does not carry (token ids, stop reasons, prompt logprobs).
-_NOT_CHAT: Final = frozenset(
-    {
-        "echo",
-        "best_of",
-        "suffix",
-        "images",
-        "context_length_exceeded_behavior",
-        "return_token_ids",
-        "include_stop_reason",
-        "prompt_logprobs",
-    }
-)
-
-
-_GUIDED: Final = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
-
-
-def guides_checked(chat: Table, completions: Table) -> dict[str, Param]:
-    """A chat table with the gateway's check of each guided field the kind's completion route has checked
-    rather than decoded (`EMULATED` there): on chat too the gateway checks the answer's content and asks
-    again (gateway/emulation/chat.py), and refuses a grammar, which it cannot check."""
-    out = dict(chat)
-    for name in _GUIDED:
-        rule = completions.get(name)
-        if name not in out and rule is not None and rule.emulated:
-            out[name] = EMULATED
-    return table(out)
-
-
-def chat_table(
-    completions: Table, *, native: bool = True, drop: tuple[str, ...] = (), **extra: Param
-) -> dict[str, Param]:
-    """A kind's chat table from its completion table (module docstring): `native=False` for a kind whose
-    completion table writes its vendor fields into a native body (TGI's `parameters`, Ollama's `options`)
-    that its OpenAI-compatible chat route does not read."""
-    out = {
-        name: rule
-        for name, rule in OPENAI_CHAT_PARAMS.items()
-        if (name in _CHAT_OWN or (name in completions and not completions[name].emulated)) and name not in drop
-    }
-    if native:
-        for name, rule in completions.items():
-            if name not in OPENAI_CHAT_PARAMS and name not in _NOT_CHAT and not rule.emulated and name not in drop:
-                out[name] = rule
-    out.update(extra)
-    # A chat route without `n` gets it from the gateway: one call per choice (gateway/emulation/chat.py).
-    out.setdefault("n", EMULATED)
-    return guides_checked(out, completions)
 
 
 class _UpFunction(msgspec.Struct):
@@ -185,6 +96,7 @@ class _UpChat(UpEnvelope):
     system_fingerprint: str | None = None
     usage: UpUsage | None = None
     prompt_token_ids: list[int] | None = None  # vLLM's `return_token_ids`: the answer's, a stream's first chunk's
+    prompt_logprobs: list[dict[str, Any] | None] | None = None  # vLLM's, buffered answers only
 
 
 _decode_chat = msgspec.json.Decoder(_UpChat).decode
@@ -320,7 +232,9 @@ class OpenAIChat(Adapter):
             choices.append(ChatChoice(c.index, message, chat_finish(c.finish_reason), lp, c.token_ids, why))
         usage = usage_from(up.usage) if up.usage is not None else None
         fingerprint = up.system_fingerprint or None
-        return ChatCompletion(ctx.id, ctx.created, ctx.model, choices, fingerprint, usage, up.prompt_token_ids)
+        return ChatCompletion(
+            ctx.id, ctx.created, ctx.model, choices, fingerprint, usage, up.prompt_token_ids, up.prompt_logprobs
+        )
 
     def parse_chat_event(self, event: str | None, data: bytes, ctx: CallContext) -> ChatChunk | None:
         if data == b"[DONE]":
@@ -435,6 +349,19 @@ def check_chat(adapter: Capabilities, req: ChatRequest, provider: str) -> None:
             provider,
             f"Provider '{provider}' returns at most {adapter.max_logprobs} top_logprobs, got {req.logprobs}",
         )
+    if req.continue_final_message and isinstance(adapter, OpenAIChat) and not adapter.continues(req):
+        raise UnsupportedParamError(
+            "continue_final_message",
+            provider,
+            f"Provider '{provider}' cannot continue an assistant message with what this request asks for",
+        )
+    count = req.prompt_logprobs  # streamed, refused by normalize_chat whatever the route
+    if count is not None and count > adapter.max_logprobs and "prompt_logprobs" in (adapter.chat_params or ()):
+        raise UnsupportedParamError(
+            "prompt_logprobs",
+            provider,
+            f"Provider '{provider}' returns at most {adapter.max_logprobs} prompt_logprobs, got {count}",
+        )
     rf = req.response_format
     if rf is not None and isinstance(adapter, OpenAIChat) and rf.get("type") not in adapter.chat_formats:
         raise UnsupportedParamError(
@@ -456,15 +383,11 @@ def unsupported_endpoint(provider: str, kind: str) -> InvalidRequestError:
 
 
 __all__ = [
-    "CHAT_GUARDED",
-    "OPENAI_CHAT_PARAMS",
     "OpenAIChat",
     "chat_finish",
     "check_chat",
-    "chat_table",
     "chunks_from",
     "from_completion",
-    "guides_checked",
     "unsupported_endpoint",
     "usage_chunk",
 ]

@@ -6,7 +6,8 @@ The seed documents only these request fields, a string prompt, and `stop` as a n
 from __future__ import annotations
 
 from providers.base import Param, stop_list, table
-from providers.openai_chat import OpenAIChat, chat_table
+from providers.chat_params import chat_table
+from providers.openai_chat import OpenAIChat
 from providers.openai_compat import OpenAICompatible
 
 

@@ -13,8 +13,9 @@ import re
 from typing import Final
 
 from providers.base import Adapter, LocalAdapter
+from providers.chat_params import CHAT_GUARDED
 from providers.guarded import limit_paths
-from providers.openai_chat import CHAT_GUARDED, OpenAIChat
+from providers.openai_chat import OpenAIChat
 
 AdapterClass = type[Adapter] | type[LocalAdapter]
 

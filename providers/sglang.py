@@ -16,8 +16,9 @@ from typing import Any
 import msgspec
 
 from providers.base import Param, table
+from providers.chat_params import chat_table, continuing
 from providers.engine import SGLANG_GAUGES
-from providers.openai_chat import OpenAIChat, chat_table
+from providers.openai_chat import OpenAIChat
 from providers.openai_compat import OPENAI_PARAMS, OpenAICompatible, json_object_schema
 
 
@@ -76,13 +77,14 @@ class SGLangAdapter(OpenAIChat, OpenAICompatible):
         include_stop_reason=Param(apply=_gateway_only),
     )
     # Its chat choices carry `matched_stop`, plain and streamed, as its completion choices do.
+    # sglang `ChatCompletionRequest.continue_final_message`: the trailing assistant message is continued.
+    chat_continue = MappingProxyType({"continue_final_message": True})
     chat_params = chat_table(
         params,
         reasoning_effort=Param(),
         chat_template_kwargs=Param(),
         include_stop_reason=params["include_stop_reason"],
+        continue_final_message=continuing(chat_continue),
     )
-    # sglang `ChatCompletionRequest.continue_final_message`: the trailing assistant message is continued.
-    chat_continue = MappingProxyType({"continue_final_message": True})
     # sglang/srt/entrypoints/openai/protocol.py `ChatCompletionMessageGenericParam.reasoning_content`.
     chat_reasoning_field = "reasoning_content"

@@ -10,8 +10,9 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from providers.base import Param, table
+from providers.chat_params import chat_table, continuing
 from providers.engine import VLLM_GAUGES
-from providers.openai_chat import OpenAIChat, chat_table
+from providers.openai_chat import OpenAIChat
 from providers.openai_compat import OPENAI_PARAMS, OpenAICompatible, json_object_schema
 from providers.tokenizer import VLLM_TOKENIZER
 
@@ -81,19 +82,24 @@ class VLLMAdapter(OpenAIChat, OpenAICompatible):
     )
     serves_replicas = True
     engine_gauges = VLLM_GAUGES
+    # The chat route's `continue_final_message` (vllm `ChatCompletionRequest`): the trailing assistant message
+    # is left open and continued (a client's prefill, a broken stream's resumption); it excludes
+    # `add_generation_prompt`, which a client may also set false on its own (the template's turn left unopened).
+    chat_continue = MappingProxyType({"continue_final_message": True, "add_generation_prompt": False})
     # `return_token_ids` on chat (vllm `ChatCompletionRequest`): each choice's `token_ids` and the answer's
     # `prompt_token_ids` (a stream's first chunk), which the chat wire carries (wire/chat.py); its chat choices
-    # carry `stop_reason` as its completion choices do.
+    # carry `stop_reason` as its completion choices do; a buffered answer carries `prompt_logprobs` at its top
+    # level (`ChatCompletionResponse.prompt_logprobs`).
     chat_params = chat_table(
         params,
         reasoning_effort=Param(),
         chat_template_kwargs=Param(),
         return_token_ids=params["return_token_ids"],
         include_stop_reason=params["include_stop_reason"],
+        continue_final_message=continuing(chat_continue),
+        add_generation_prompt=Param(),
+        prompt_logprobs=params["prompt_logprobs"],
     )
-    # The chat route's `continue_final_message` (vllm `ChatCompletionRequest`): the trailing assistant message
-    # is left open and continued, as a broken stream's resumption needs; it excludes `add_generation_prompt`.
-    chat_continue = MappingProxyType({"continue_final_message": True, "add_generation_prompt": False})
     # vllm/entrypoints/chat_utils.py `CustomChatCompletionMessageParam.reasoning` ("for interleaved thinking"),
     # which the chat template sees.
     chat_reasoning_field = "reasoning"

@@ -154,6 +154,10 @@ class ChatRequest(CompletionRequest, kw_only=True, forbid_unknown_fields=True, o
     context_length_exceeded_behavior: Literal["truncate", "error"] | None = msgspec.field(
         default=None, name=" context_length_exceeded_behavior"
     )
+    # Assistant prefill, under vLLM's and SGLang's names: the answer continues the trailing assistant message
+    # instead of answering after it. Continuing implies `add_generation_prompt: false` (normalize_chat).
+    continue_final_message: bool | None = msgspec.field(default=None, name="continue_final_message")
+    add_generation_prompt: bool | None = msgspec.field(default=None, name="add_generation_prompt")
 
 
 # What `tools`, `tool_choice` and `response_format` (free-form on the union request) must look like on chat:
@@ -296,6 +300,9 @@ class ChatCompletion(msgspec.Struct, omit_defaults=True, tag_field="object", tag
     usage: Usage | None = None
     # The prompt's ids as the engine's chat template made them (`return_token_ids`), once for every choice.
     prompt_token_ids: list[int] | None = None
+    # vLLM's answer to `prompt_logprobs` on chat (per prompt token of the rendered template: null for the
+    # first, else {token_id: {logprob, rank, decoded_token}}), relayed as vLLM sends it; buffered answers only.
+    prompt_logprobs: list[dict[str, Any] | None] | None = None
 
 
 class FunctionDelta(msgspec.Struct, omit_defaults=True):

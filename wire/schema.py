@@ -158,6 +158,9 @@ class CompletionRequest(msgspec.Struct, forbid_unknown_fields=True, omit_default
     # The chat template's own variables (vLLM's, SGLang's and llama-server's chat routes: Qwen3's
     # `enable_thinking`), never a template: a `chat_template` inside is refused (gateway/path/request.py).
     chat_template_kwargs: dict[str, Any] | None = None
+    # Chat's assistant prefill (wire.chat.ChatRequest takes them from clients): no completion's field.
+    continue_final_message: bool | None = msgspec.field(default=None, name=" continue_final_message")
+    add_generation_prompt: bool | None = msgspec.field(default=None, name=" add_generation_prompt")
 
 
 def no_chat_template(kwargs: object, at: str = "") -> None:
@@ -172,6 +175,11 @@ def no_chat_template(kwargs: object, at: str = "") -> None:
 
 # The self-hosted servers' own fields, declared last in CompletionRequest.
 NATIVE_FIELDS: Final = CompletionRequest.__struct_fields__[CompletionRequest.__struct_fields__.index("min_p") :]
+# The union's fields no completion client can send: chat's own, named with a leading space here
+# (wire.chat.ChatRequest takes them from clients under their names).
+CHAT_ONLY_FIELDS: Final = frozenset(
+    f.name for f in msgspec.structs.fields(CompletionRequest) if f.encode_name.startswith(" ")
+)
 
 
 class Logprobs(msgspec.Struct):

@@ -218,6 +218,7 @@ async def complete(
         system_fingerprint=fingerprint,
         usage=usage,
         prompt_token_ids=first.prompt_token_ids,  # every call's prompt is the same conversation
+        prompt_logprobs=first.prompt_logprobs,
     )
 
 

@@ -24,7 +24,8 @@ from gateway.path.opened import Opened
 from gateway.upstream.plan import Group, Plan, Route
 from providers.base import LocalAdapter, map_params
 from providers.openai_chat import OpenAIChat, check_chat, chunks_from, from_completion, unsupported_endpoint
-from wire.chat import AssistantMessage, ChatChunk, ChatCompletion, ChatRequest, Delta, render
+from wire.chat import AssistantMessage, ChatChunk, ChatCompletion, ChatRequest, Delta, TextPart, render
+from wire.errors import UnsupportedParamError
 from wire.schema import CompletionRequest
 from wire.upstream import UpstreamRequest
 
@@ -34,6 +35,7 @@ class ChatAttempt(Attempt):
     several."""
 
     __slots__ = ()
+    resumes = False  # the continuation of a broken stream (ContinueAttempt)
 
     def _adapter(self) -> OpenAIChat | LocalAdapter:
         adapter = self.route.adapter
@@ -51,7 +53,16 @@ class ChatAttempt(Attempt):
         if adapter.in_process:
             cast(LocalAdapter, adapter).admit(req, route.endpoint, caps)  # its work runs on the gateway's loop
         assert adapter.chat_params is not None
-        return emulation.plan(adapter, adapter.chat_params, req, route.provider, caps, self.services.guided_retries)
+        em = emulation.plan(adapter, adapter.chat_params, req, route.provider, caps, self.services.guided_retries)
+        if em is not None and em.guide is not None and req.continue_final_message:
+            # The check would read the continuation without the message it continues.
+            raise UnsupportedParamError(
+                "continue_final_message",
+                route.provider,
+                f"Provider '{route.provider}' does not decode guided output, and the gateway cannot check a "
+                "continued message's",
+            )
+        return em
 
     def _mapped(self, req: CompletionRequest) -> tuple[dict[str, Any], list[str]]:
         """`req`'s parameters mapped by the route's chat table (`_plan` checked it), and those dropped."""
@@ -72,6 +83,8 @@ class ChatAttempt(Attempt):
         if route.adapter.in_process or self._plan() is not None:
             return None
         req = cast(ChatRequest, self.req)
+        if req.continue_final_message and cast(OpenAIChat, route.adapter).chat_continue_strips:
+            return None  # its message is trimmed when the attempt runs
         params, lost = self._mapped(req)
         return cast(OpenAIChat, route.adapter).build_chat_request(req, route.endpoint, params), lost
 
@@ -103,6 +116,7 @@ class ChatAttempt(Attempt):
         """One upstream call for `req` (the request, or one of an emulation's sub-requests), buffered; `made`:
         its upstream request, made ahead (`Job.prepare`)."""
         route = self.route
+        pending = ""
         if made is None:
             adapter = self._adapter()
             params = self._prepare(req)
@@ -111,6 +125,8 @@ class ChatAttempt(Attempt):
                 return from_completion(
                     await cast(LocalAdapter, adapter).complete(req, route.endpoint, _fresh(self.ctx))
                 )
+            if req.continue_final_message:
+                req, pending = trimmed(cast(OpenAIChat, adapter), req)
             made = cast(OpenAIChat, adapter).build_chat_request(req, route.endpoint, params)
         adapter = cast(OpenAIChat, route.adapter)
         ctx = _fresh(self.ctx)
@@ -122,6 +138,10 @@ class ChatAttempt(Attempt):
             raise ignored_n(route, asked, len(answer.choices))
         if answer.usage is not None:
             answer.usage = sane_usage(answer.usage)
+        if pending:
+            for ch in answer.choices:
+                if isinstance(ch.message.content, str):
+                    ch.message.content = _Trim(pending).text(ch.message.content)
         return answer
 
     async def open(self) -> Opened:
@@ -151,6 +171,7 @@ class ChatAttempt(Attempt):
         """One upstream call for `req`, streamed: opened and read to its first event that carries something;
         `made`: its upstream request, made ahead (`Job.prepare`)."""
         route = self.route
+        pending = ""
         if made is None:
             adapter = self._adapter()
             params = self._prepare(req)
@@ -159,6 +180,8 @@ class ChatAttempt(Attempt):
                 ctx = _fresh(self.ctx)
                 local = chunks_from(cast(LocalAdapter, adapter).stream(req, route.endpoint, ctx))
                 return Opened(local, await anext(local, None), ctx=ctx)
+            if req.continue_final_message:
+                req, pending = trimmed(cast(OpenAIChat, adapter), req)
         adapter = cast(OpenAIChat, route.adapter)
         asked = req.n or 1
         if asked > 1 and route.key in self.services.ignores_n:
@@ -168,7 +191,13 @@ class ChatAttempt(Attempt):
         ctx = _fresh(self.ctx)
         self.sent += 1
         stream = await self.services.upstream.open_stream(route.provider, made, self.timeouts, route.key)
-        return await self.first_event(stream, adapter, adapter.parse_chat_event, adapter.chat_framing, ctx)
+        opened = await self.first_event(stream, adapter, adapter.parse_chat_event, adapter.chat_framing, ctx)
+        if pending or self.resumes:
+            going_on = _GoingOn(pending, self.resumes)
+            chunks = going_on.chunks(cast("AsyncGenerator[ChatChunk, None]", opened.chunks))
+            first = going_on.strip(cast(ChatChunk, opened.first)) if opened.first is not None else None
+            return Opened(chunks, first, opened.stream, ctx=opened.ctx, children=opened.children)
+        return opened
 
 
 class ChatJob(Job):
@@ -180,60 +209,73 @@ class ChatJob(Job):
 
 class ContinueAttempt(ChatAttempt):
     """An attempt of a broken chat stream's continuation: the conversation ends with the assistant message
-    streamed so far, and the route is told (its adapter's `chat_continue`) to continue it rather than answer."""
+    streamed so far, which the request asks the route to continue (`continue_final_message`)."""
 
     __slots__ = ()
-
-    def _mapped(self, req: CompletionRequest) -> tuple[dict[str, Any], list[str]]:
-        params, lost = super()._mapped(req)
-        params.update(cast(OpenAIChat, self.route.adapter).chat_continue or {})
-        return params, lost
+    resumes = True
 
     def ahead(self) -> None:
-        return None  # its request is the stream's conversation so far, trimmed when the attempt opens
-
-    async def chat_open(self, req: ChatRequest, made: UpstreamRequest | None = None) -> Opened:
-        pending = ""
-        last = req.messages[-1]
-        if cast(OpenAIChat, self.route.adapter).chat_continue_strips and isinstance(last.content, str):
-            kept = last.content.rstrip()
-            pending = last.content[len(kept) :]
-            if pending:
-                req = msgspec.structs.replace(req, messages=[*req.messages[:-1], AssistantMessage(content=kept)])
-        opened = await super().chat_open(req, made)
-        going_on = _GoingOn(pending)
-        chunks = going_on.chunks(cast("AsyncGenerator[ChatChunk, None]", opened.chunks))
-        first = going_on.strip(cast(ChatChunk, opened.first)) if opened.first is not None else None
-        return Opened(chunks, first, opened.stream, ctx=opened.ctx, children=opened.children)
+        return None  # its request is the stream's conversation so far, made when the stream broke
 
 
-class _GoingOn:
-    """A continuation's chunks as the rest of the client's stream: no second `role`, and the white space the
-    continued message was sent without not repeated."""
+def trimmed(adapter: OpenAIChat, req: ChatRequest) -> tuple[ChatRequest, str]:
+    """`req` as a route that refuses a continued message ending in white space takes it, and that white
+    space, which the continuation's own leading white space must not repeat."""
+    last = req.messages[-1]
+    if not adapter.chat_continue_strips or not isinstance(last.content, str):
+        return req, ""
+    kept = last.content.rstrip()
+    pending = last.content[len(kept) :]
+    if pending:
+        req = msgspec.structs.replace(req, messages=[*req.messages[:-1], AssistantMessage(content=kept)])
+    return req, pending
+
+
+class _Trim:
+    """The continuation's text with its leading white space that the trimmed message held taken off, over
+    as many pieces as it comes in."""
 
     __slots__ = ("pending",)
 
     def __init__(self, pending: str) -> None:
         self.pending = pending
 
+    def text(self, content: str) -> str:
+        k = 0
+        while k < len(self.pending) and k < len(content) and content[k] == self.pending[k]:
+            k += 1
+        self.pending = self.pending[k:] if k == len(content) else ""
+        return content[k:]
+
+
+class _GoingOn:
+    """A continued message's chunks as the client's stream: without the white space the message was sent
+    without, and, for a broken stream's continuation (`resumes`), no second `role` or prompt ids."""
+
+    __slots__ = ("resumes", "trim")
+
+    def __init__(self, pending: str, resumes: bool) -> None:
+        self.trim = _Trim(pending) if pending else None
+        self.resumes = resumes
+
     def strip(self, c: ChatChunk) -> ChatChunk:
         out = []
+        resumes = self.resumes
         for ch in c.choices:
             d = ch.delta
             content = d.content
-            if self.pending and content:
-                k = 0
-                while k < len(self.pending) and k < len(content) and content[k] == self.pending[k]:
-                    k += 1
-                content = content[k:]
-                self.pending = self.pending[k:] if not content else ""
-            if d.role is not None or content != d.content:
-                d = msgspec.structs.replace(d, role=None, content=content or None)
-            if d == _EMPTY and ch.finish_reason is None and ch.logprobs is None and not ch.token_ids:
+            if self.trim is not None and content:
+                content = self.trim.text(content)
+                if not self.trim.pending:
+                    self.trim = None
+            if (resumes and d.role is not None) or content != d.content:
+                d = msgspec.structs.replace(d, role=None if resumes else d.role, content=content or None)
+            if resumes and d == _EMPTY and ch.finish_reason is None and ch.logprobs is None and not ch.token_ids:
                 continue  # the continuation's role chunk: the client's stream already began
             out.append(ch if d is ch.delta else msgspec.structs.replace(ch, delta=d))
         c.choices = out
-        c.prompt_token_ids = None  # the continuation's prompt: the client's stream gave the conversation's
+        if resumes:
+            c.prompt_token_ids = None  # the continuation's prompt: the client's stream gave the conversation's
         return c
 
     async def chunks(self, upstream: AsyncGenerator[ChatChunk, None]) -> AsyncGenerator[ChatChunk, None]:
@@ -270,8 +312,25 @@ def continuation(job: Job, text: str, left: int | None) -> ContinueJob | None:
             groups.append(Group([r for r, _ in kept], [w for _, w in kept], g.strategy))
     if not groups:
         return None
-    messages = [*req.messages, AssistantMessage(content=text)]
-    cont = msgspec.structs.replace(req, messages=messages, prompt=render(messages), max_tokens=left)
+    messages = list(req.messages)
+    if req.continue_final_message:  # the client's own prefill, continued: the stream so far extends it
+        content = messages[-1].content
+        if isinstance(content, str):
+            messages[-1] = AssistantMessage(content=content + text)
+        elif isinstance(content, list) and content and isinstance(content[-1], TextPart):
+            messages[-1] = AssistantMessage(content=[*content[:-1], TextPart(content[-1].text + text)])
+        else:
+            return None
+    else:
+        messages.append(AssistantMessage(content=text))
+    cont = msgspec.structs.replace(
+        req,
+        messages=messages,
+        prompt=render(messages),
+        max_tokens=left,
+        continue_final_message=True,
+        add_generation_prompt=None,
+    )
     # No admission of the request's own (its ticket covers the stream); the continuation's target's quota is
     # charged when the failover loop reaches it, as for any attempt.
     again = ContinueJob(job.services, job.admission, cont, job.ctx, Plan(groups, job.plan.policy))

@@ -355,6 +355,29 @@ def _sdk_echo(m: AssistantMessage) -> None:
         call.index = call.function.parsed_arguments = None
 
 
+def _prefill(req: ChatRequest) -> None:
+    """`continue_final_message` and `add_generation_prompt` as one choice: the trailing assistant message is
+    continued (set), or the answer follows the conversation (None). Only a route that can continue takes
+    the first; the second's own value (true) is every route's default, and false is vLLM's field alone."""
+    if req.continue_final_message:
+        if req.add_generation_prompt:
+            raise _bad(
+                "'continue_final_message' and 'add_generation_prompt' cannot both be true", "continue_final_message"
+            )
+        last = req.messages[-1]
+        if not isinstance(last, AssistantMessage) or last.tool_calls or last.content is None:
+            raise _bad(
+                "'continue_final_message' continues the last message, which must be an assistant message with "
+                "content and no tool calls",
+                "messages",
+            )
+        req.add_generation_prompt = None  # implied
+    else:
+        req.continue_final_message = None
+        if req.add_generation_prompt:
+            req.add_generation_prompt = None
+
+
 def normalize_chat(req: ChatRequest, caps: CapsConfig = _DEFAULT_CAPS) -> ChatRequest:
     """`normalize` for a chat request: `logprobs` is a boolean there, `tools`, `tool_choice` and
     `response_format` must have OpenAI's shapes, and `prompt` becomes the rendered conversation."""
@@ -369,6 +392,9 @@ def normalize_chat(req: ChatRequest, caps: CapsConfig = _DEFAULT_CAPS) -> ChatRe
                 # Named from the body's root, as the decoder names any other field.
                 problem, at, path = str(exc).partition(" - at `$")
                 raise decode_error(msgspec.ValidationError(f"{problem} - at `$.{name}{path if at else '`'}")) from None
+    if req.prompt_logprobs is not None and req.stream:
+        # No chat route streams them (vLLM's refuses): before the cache, whose buffered answer could carry them.
+        raise _bad("'prompt_logprobs' are not available on a streamed chat completion", "prompt_logprobs")
     if req.tool_choice is not None and not req.tools:
         raise _bad("'tool_choice' is only allowed when 'tools' are given", "tool_choice")
     if req.parallel_tool_calls is not None and not req.tools:
@@ -383,6 +409,8 @@ def normalize_chat(req: ChatRequest, caps: CapsConfig = _DEFAULT_CAPS) -> ChatRe
             if m.reasoning_content is not None or m.thinking_blocks is not None:
                 back = True
     req.thinking_back = back
+    if req.continue_final_message is not None or req.add_generation_prompt is not None:
+        _prefill(req)
     req.prompt = render(req.messages)
     normalize(req, caps)
     return req

@@ -28,7 +28,23 @@ HEAD = {"id": "chatcmpl-1", "created": 1700000000, "model": "m"}
 USAGE = {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}
 
 
-def _plain(ids: bool) -> bytes:
+# vLLM's `prompt_logprobs` on chat: one entry per token of the rendered prompt, null for the first, each a map
+# of token id to vLLM's `Logprob` (`logprob`, `rank`, `decoded_token`), the prompt's own token among them.
+PROMPT_LOGPROBS = [
+    None,
+    {
+        "872": {"logprob": -2.5, "rank": 4, "decoded_token": "user"},
+        "77": {"logprob": -0.3, "rank": 1, "decoded_token": "x"},
+    },
+    {"198": {"logprob": -0.01, "rank": 1, "decoded_token": "\n"}},
+    {
+        "6023": {"logprob": -7.25, "rank": 880, "decoded_token": "hi"},
+        "9": {"logprob": -1.0, "rank": 1, "decoded_token": "!"},
+    },
+]
+
+
+def _plain(ids: bool, prompt_logprobs: bool = False) -> bytes:
     choice = {
         "index": 0,
         "message": {"role": "assistant", "content": "hi", "reasoning": None, "tool_calls": []},
@@ -38,7 +54,11 @@ def _plain(ids: bool) -> bytes:
         "token_ids": [11, 12] if ids else None,
     }
     body = {**HEAD, "object": "chat.completion", "choices": [choice], "usage": USAGE}
-    return json.dumps({**body, "prompt_logprobs": None, "prompt_token_ids": PROMPT_IDS if ids else None}).encode()
+    top = {
+        "prompt_logprobs": PROMPT_LOGPROBS if prompt_logprobs else None,
+        "prompt_token_ids": PROMPT_IDS if ids else None,
+    }
+    return json.dumps({**body, **top}).encode()
 
 
 def _event(choices: list[dict[str, Any]], **top: Any) -> bytes:
@@ -61,7 +81,9 @@ def _stream() -> list[bytes]:
 async def vllm_chat(request: web.Request, received: Received) -> web.StreamResponse:
     # As vLLM: the ids only when asked for (null otherwise, as its pydantic models write them).
     if not received.json().get("stream"):
-        return web.Response(body=_plain(bool(received.json().get("return_token_ids"))), content_type="application/json")
+        asked = received.json()
+        answer = _plain(bool(asked.get("return_token_ids")), asked.get("prompt_logprobs") is not None)
+        return web.Response(body=answer, content_type="application/json")
     resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
     await resp.prepare(request)
     for event in _stream():
@@ -192,3 +214,37 @@ def test_what_stopped_a_chat_choice_is_relayed_when_asked(gateway: Any) -> None:
     list(client.chat.completions.create(stream=True, **streamed))
     hit = client.chat.completions.with_raw_response.create(**streamed)
     assert hit.headers.get("x-gateway-cache") == "hit" and _extra(hit.parse().choices[0])["stop_reason"] == "END"
+
+
+def test_prompt_logprobs_on_vllms_chat_route(gateway: Any, replicas: list[Upstream]) -> None:
+    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="none", max_retries=0)
+    ask: dict[str, Any] = {
+        "model": "engine/m",
+        "messages": [{"role": "user", "content": "score me"}],
+        "extra_body": {"prompt_logprobs": 1},
+    }
+    answer = client.chat.completions.create(**ask)
+    assert _extra(answer)["prompt_logprobs"] == PROMPT_LOGPROBS and answer.choices[0].message.content == "hi"
+    assert _sent(replicas)[-1]["prompt_logprobs"] == 1
+    # The cache keeps them with the answer.
+    calls = len(_sent(replicas))
+    again = client.chat.completions.with_raw_response.create(**ask)
+    assert again.headers.get("x-gateway-cache") == "hit" and _extra(again.parse())["prompt_logprobs"] == PROMPT_LOGPROBS
+    assert len(_sent(replicas)) == calls
+    # Not asked for, not there.
+    plain = client.chat.completions.create(model="engine/m", messages=[{"role": "user", "content": "plain"}])
+    assert "prompt_logprobs" not in _extra(plain)
+
+    # vLLM gives them on buffered answers only, and at most its --max-logprobs; other chat routes have none.
+    refusals: list[tuple[dict[str, Any], str]] = [
+        ({**ask, "stream": True}, "invalid_value"),
+        ({**ask, "extra_body": {"prompt_logprobs": 21}}, "unsupported_parameter"),
+        ({**ask, "model": "sg/m"}, "unsupported_parameter"),
+        ({**ask, "model": "hosted/gpt-4o-mini"}, "unsupported_parameter"),
+    ]
+    for body, code in refusals:
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(**body)
+        error = refused.value.body
+        assert isinstance(error, dict) and (error["param"], error["code"]) == ("prompt_logprobs", code), body
+    assert len(_sent(replicas)) == calls + 1  # the plain request alone went upstream

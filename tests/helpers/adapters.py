@@ -8,8 +8,8 @@ from typing import Any
 import msgspec
 
 from gateway.path.request import normalize
-from providers.base import Adapter, CallContext, Endpoint, UpstreamRequest, map_params
-from wire.schema import CompletionRequest, decode_request
+from providers.base import PARAM_FIELDS, Adapter, CallContext, Endpoint, UpstreamRequest, map_params
+from wire.schema import CHAT_ONLY_FIELDS, CompletionRequest, decode_request
 
 
 def request(model: str = "vendor/model", prompt: Any = "Say this is a test", **fields: Any) -> CompletionRequest:
@@ -146,6 +146,10 @@ OPENAI_ONLY: tuple[str, ...] = (
     "safety_identifier",
     "web_search_options",
 )
+
+
+# The fields a completion table answers for: every one a completion client can send.
+COMPLETION_FIELDS: tuple[str, ...] = tuple(f for f in PARAM_FIELDS if f not in CHAT_ONLY_FIELDS)
 
 
 def sample(*fields: str) -> dict[str, Any]:

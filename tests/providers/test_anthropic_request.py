@@ -9,8 +9,8 @@ import pytest
 
 from providers import REGISTRY
 from providers.anthropic import DEFAULT_MAX_TOKENS, AnthropicAdapter
-from providers.base import PARAM_FIELDS, Endpoint
-from tests.helpers.adapters import NATIVE, OPENAI_ONLY, SAMPLE, build, request, sample
+from providers.base import Endpoint
+from tests.helpers.adapters import COMPLETION_FIELDS, NATIVE, OPENAI_ONLY, SAMPLE, build, request, sample
 from tests.providers.anthropic_setup import ADAPTER
 from wire.errors import InvalidRequestError, UnsupportedParamError
 
@@ -56,7 +56,7 @@ def test_every_canonical_field_is_mapped_emulated_or_refused() -> None:
     native = {"max_tokens", "temperature", "top_p", "top_k", "stop", "user", "reasoning_effort"}
     assert set(ADAPTER.params) == native | set(EMULATED_FIELDS)
     assert all(ADAPTER.params[f].emulated for f in EMULATED_FIELDS)
-    assert set(PARAM_FIELDS) == native | set(EMULATED_FIELDS) | set(REFUSED)
+    assert set(COMPLETION_FIELDS) == native | set(EMULATED_FIELDS) | set(REFUSED)
 
 
 def test_every_native_field_reaches_the_messages_body() -> None:

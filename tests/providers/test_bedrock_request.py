@@ -15,9 +15,9 @@ from yarl import URL
 from gateway import emulation
 from gateway.config import ConfigError, parse_config
 from providers import REGISTRY
-from providers.base import PARAM_FIELDS, Endpoint
+from providers.base import Endpoint
 from providers.bedrock import DEFAULT_BASE_URL, BedrockAdapter, credentials
-from tests.helpers.adapters import NATIVE, OPENAI_ONLY, SAMPLE, build, context, request, sample
+from tests.helpers.adapters import COMPLETION_FIELDS, NATIVE, OPENAI_ONLY, SAMPLE, build, context, request, sample
 from tests.helpers.recordings import fixture_bytes
 from tests.providers.bedrock_setup import ADAPTER, NOW
 from wire.errors import (
@@ -88,7 +88,7 @@ def test_every_canonical_field_is_mapped_emulated_or_refused() -> None:
     native = {"max_tokens", "temperature", "top_p", "top_k", "stop", "user"}
     assert set(ADAPTER.params) == native | set(EMULATED_FIELDS)
     assert all(ADAPTER.params[f].emulated for f in EMULATED_FIELDS)
-    assert set(PARAM_FIELDS) == native | set(EMULATED_FIELDS) | set(REFUSED)
+    assert set(COMPLETION_FIELDS) == native | set(EMULATED_FIELDS) | set(REFUSED)
 
 
 def test_every_native_field_reaches_the_converse_body_and_the_request_is_signed() -> None:

@@ -18,14 +18,14 @@ from gateway import emulation
 from gateway.config import ConfigError, parse_config
 from gateway.path.routing import Router
 from providers import REGISTRY
-from providers.base import PARAM_FIELDS, Endpoint, map_params
+from providers.base import Endpoint, map_params
 from providers.llamacpp import LlamaCppAdapter
 from providers.ollama import OllamaAdapter
 from providers.openai import OpenAIAdapter
 from providers.tgi import TGIAdapter
 from providers.together import TogetherAdapter
 from providers.vllm import VLLM_NATIVE, VLLMAdapter
-from tests.helpers.adapters import NATIVE, build, request
+from tests.helpers.adapters import COMPLETION_FIELDS, NATIVE, build, request
 from wire.errors import InvalidRequestError, UnsupportedParamError
 from wire.schema import MAX_LOGPROBS, MAX_STOPS
 
@@ -143,7 +143,7 @@ def test_configured_max_logprobs_is_the_providers_bound() -> None:
 
 def test_the_kit_covers_every_native_field() -> None:
     # The native fields follow the seeds' fields in the request; the kit must sample all of them.
-    assert tuple(NATIVE) == PARAM_FIELDS[PARAM_FIELDS.index("min_p") :]
+    assert tuple(NATIVE) == COMPLETION_FIELDS[COMPLETION_FIELDS.index("min_p") :]
 
 
 def test_every_native_field_is_taken_by_some_provider() -> None:

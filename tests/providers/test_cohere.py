@@ -17,9 +17,20 @@ import pytest
 
 from gateway.upstream.framing import SSEDecoder
 from providers import REGISTRY
-from providers.base import PARAM_FIELDS, Endpoint
+from providers.base import Endpoint
 from providers.cohere import CohereAdapter, CTokens, CUsage, usage_from
-from tests.helpers.adapters import NATIVE, OPENAI_ONLY, SAMPLE, as_json, build, chunked, context, request, sample
+from tests.helpers.adapters import (
+    COMPLETION_FIELDS,
+    NATIVE,
+    OPENAI_ONLY,
+    SAMPLE,
+    as_json,
+    build,
+    chunked,
+    context,
+    request,
+    sample,
+)
 from tests.helpers.recordings import fixture_bytes, fixture_json
 from wire.errors import InvalidRequestError, UnsupportedParamError, UpstreamStatusError
 
@@ -61,7 +72,7 @@ def test_every_canonical_field_is_mapped_emulated_or_refused() -> None:
     native = {"max_tokens", "temperature", "top_p", "top_k", "seed", "frequency_penalty", "presence_penalty", "stop"}
     assert set(ADAPTER.params) == native | set(EMULATED_FIELDS)
     assert all(ADAPTER.params[f].emulated for f in EMULATED_FIELDS)
-    assert set(PARAM_FIELDS) == native | set(EMULATED_FIELDS) | set(REFUSED)
+    assert set(COMPLETION_FIELDS) == native | set(EMULATED_FIELDS) | set(REFUSED)
 
 
 def test_every_native_field_reaches_the_chat_body() -> None:

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from providers.base import PARAM_FIELDS, Endpoint, map_params
+from providers.base import Endpoint, map_params
 from providers.gemini import GeminiAdapter
-from tests.helpers.adapters import NATIVE, OPENAI_ONLY, build, request, sample
+from tests.helpers.adapters import COMPLETION_FIELDS, NATIVE, OPENAI_ONLY, build, request, sample
 from tests.providers.gemini_setup import ADAPTER
 from wire.errors import InvalidRequestError, UnsupportedParamError
 
@@ -229,7 +229,7 @@ def test_drop_policy_lists_what_it_dropped() -> None:
 def test_every_canonical_field_is_mapped_emulated_or_refused() -> None:
     native = set(ADAPTER.params) - EMULATED_FIELDS
     assert EMULATED_FIELDS <= set(ADAPTER.params)
-    assert native | EMULATED_FIELDS | set(REFUSED) == set(PARAM_FIELDS)
+    assert native | EMULATED_FIELDS | set(REFUSED) == set(COMPLETION_FIELDS)
     assert not (set(ADAPTER.params) & set(REFUSED))
 
 

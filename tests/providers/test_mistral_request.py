@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from providers.base import PARAM_FIELDS, Endpoint, map_params
+from providers.base import Endpoint, map_params
 from providers.mistral import MistralAdapter
-from tests.helpers.adapters import NATIVE, OPENAI_ONLY, build, request, sample
+from tests.helpers.adapters import COMPLETION_FIELDS, NATIVE, OPENAI_ONLY, build, request, sample
 from tests.providers.mistral_setup import ADAPTER, PROMPT
 from wire.errors import InvalidRequestError, UnsupportedParamError
 
@@ -170,7 +170,7 @@ def test_drop_policy_lists_what_it_dropped() -> None:
 
 def test_every_canonical_field_is_mapped_emulated_or_refused() -> None:
     assert EMULATED_FIELDS <= set(ADAPTER.params)
-    assert set(ADAPTER.params) | set(REFUSED) == set(PARAM_FIELDS)
+    assert set(ADAPTER.params) | set(REFUSED) == set(COMPLETION_FIELDS)
     assert not (set(ADAPTER.params) & set(REFUSED))
 
 

@@ -13,8 +13,9 @@ import pytest
 from gateway.path.request import normalize_chat
 from providers import REGISTRY, register
 from providers.base import Endpoint, Param, map_params, table
+from providers.chat_params import CHAT_GUARDED
 from providers.guarded import limit_paths
-from providers.openai_chat import CHAT_GUARDED, OpenAIChat
+from providers.openai_chat import OpenAIChat
 from providers.vllm import VLLMAdapter
 from tests.unit.test_guarded import _paths
 from wire.chat import decode_chat
