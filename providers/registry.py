@@ -78,6 +78,9 @@ def register(adapter: AdapterClass | str) -> AdapterClass:
     chat = cls.chat_params
     if chat is not None and limit_paths(chat) - getattr(cls, "chat_guarded_paths", CHAT_GUARDED):
         raise ValueError(f"{cls.__qualname__}.chat_params writes limits and counts where chat does not guard them")
+    # A broken stream's continuation asks for `continue_final_message`, which only the table writes upstream.
+    if issubclass(cls, OpenAIChat) and cls.chat_continue is not None and "continue_final_message" not in (chat or ()):
+        raise ValueError(f"{cls.__qualname__}.chat_continue needs a `continue_final_message` entry in chat_params")
     held = REGISTRY.get(kind)
     if held is not None and held is not cls:
         raise ValueError(f"kind {kind!r} is already registered to {held.__module__}.{held.__qualname__}")

@@ -99,6 +99,11 @@ def client(gateway: GatewayThread) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="none", max_retries=0)
 
 
+def _prefilled_stream(client: openai.OpenAI, model: str, **more: Any) -> list[Any]:
+    extra = {"continue_final_message": True}
+    return list(client.chat.completions.create(model=model, messages=PREFILL, stream=True, extra_body=extra, **more))
+
+
 def _text(chunks: list[Any]) -> str:
     return "".join(ch.delta.content or "" for c in chunks for ch in c.choices)
 
@@ -115,14 +120,7 @@ def test_vllm_and_sglang_continue_the_final_message(client: openai.OpenAI, scrip
 
     # SGLang's chat route takes `continue_final_message` alone; streamed, the continuation is relayed as it comes.
     script.behaviours["gamma"] = _vllm(["Par", "is."], usage=None)
-    chunks = list(
-        client.chat.completions.create(
-            model="gamma/m",
-            messages=PREFILL,
-            stream=True,
-            extra_body={"continue_final_message": True},
-        )
-    )
+    chunks = _prefilled_stream(client, "gamma/m")
     assert _text(chunks) == "Paris." and chunks[0].choices[0].delta.role == "assistant"
     sent = script.received["gamma"][-1].json()
     assert sent["messages"] == PREFILL and sent["continue_final_message"] is True
@@ -219,15 +217,7 @@ _CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "argument
 def test_a_broken_prefilled_stream_extends_the_same_message(client: openai.OpenAI, script: Script) -> None:
     script.behaviours["alpha"] = _vllm(["Pa", "ri"], usage=None, cut=True)
     script.behaviours["beta"] = _vllm(["s", "."], usage=None)
-    chunks = list(
-        client.chat.completions.create(
-            model="smart",
-            messages=PREFILL,
-            stream=True,
-            max_tokens=20,
-            extra_body={"continue_final_message": True},
-        )
-    )
+    chunks = _prefilled_stream(client, "smart", max_tokens=20)
     assert _text(chunks) == "Paris."
     (sent,) = script.received["beta"]
     body = sent.json()

@@ -81,10 +81,21 @@ def test_a_chat_table_writing_its_limit_outside_chat_guarded_is_not_registered()
 
     class Declared(VLLMAdapter):
         kind = "chat_declared_test_kind"
-        chat_params = table(max_tokens=Param(to="limits.output"))
+        chat_params = table(max_tokens=Param(to="limits.output"), continue_final_message=Param())
         chat_guarded_paths = CHAT_GUARDED | {"limits.output"}
 
     try:
         assert register(Declared) is Declared
     finally:
         REGISTRY.pop("chat_declared_test_kind", None)
+
+
+def test_a_kind_that_continues_without_the_field_in_its_chat_table_is_not_registered() -> None:
+    # Its broken streams' continuations would reach it without the word to continue, and be answered anew.
+    class Mute(VLLMAdapter):
+        kind = "chat_mute_test_kind"
+        chat_params = table(max_tokens=Param())
+
+    with pytest.raises(ValueError, match="continue_final_message"):
+        register(Mute)
+    assert "chat_mute_test_kind" not in REGISTRY
