@@ -213,13 +213,15 @@ class Drive:
         self.later: list[tuple[float, int, str, str]] = []  # lines to send again: (when, idx, custom_id, body)
         self.refusals: dict[int, int] = {}  # idx -> how many times in a row the line was put back
         self.owner = ""  # the key that made the batch
+        self.endpoint = ""  # what its lines ask for: a key of `send.ENDPOINTS`
         self.yielding = False  # handing its slot to another key's batch: no new lines, then the lease back
 
     async def run(self) -> None:
         r = self.runner
         try:
-            status, expires_at, _, _, owner, _ = await r.store.run(store.state, self.id, r.me, r.lease_s)
+            status, expires_at, _, endpoint, owner, _ = await r.store.run(store.state, self.id, r.me, r.lease_s)
             self.owner = str(owner)
+            self.endpoint = str(endpoint)
             r.drives[self.id] = self
             if status == "validating" and time.time() < expires_at:  # else it ends as expired, unchecked
                 await self._validate()
@@ -347,7 +349,9 @@ class Drive:
                     sent = _gone(custom_id, expired)
                     self.done.append((idx, sent.state, sent.result.decode()))
                     continue
-                task = asyncio.ensure_future(send(pipeline, r.metrics, key, self.id, custom_id, body.encode()))
+                task = asyncio.ensure_future(
+                    send(pipeline, r.metrics, key, self.id, custom_id, body.encode(), self.endpoint)
+                )
                 self.tasks[task] = (idx, custom_id, body)
                 started += 1
             r.in_flight += started

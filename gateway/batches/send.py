@@ -1,7 +1,8 @@
 """One line of a batch, sent through the request path exactly as the batch's key would send it interactively.
 
 The pipeline serving now (a config reload's too) decodes, authorizes, budgets, routes, caches and
-fails over the line as it does a request to `/v1/completions`; what the endpoint does around a request
+fails over the line as it does a request to the batch's endpoint (`/v1/completions` or
+`/v1/chat/completions`, the same `Operation` the interactive route runs); what the endpoint does around a request
 (usage, metrics, the access log, the ledger's row, the trace) is done here the same way, with the batch's
 id on the record. Lines ask for `low` priority (the `x-gateway-priority` header): where a server's queue
 orders waiting requests by priority, interactive traffic goes first.
@@ -25,12 +26,16 @@ from gateway.limits.auth import ClientKey
 from gateway.ops import accesslog
 from gateway.ops.metrics import Metrics, Record
 from gateway.path.dialects import OPENAI
+from gateway.path.operation import CHAT, COMPLETIONS
 from gateway.path.pipeline import Pipeline
+from gateway.path.synonyms import as_sent
 from gateway.queue.service import HEADER
 from wire.errors import GatewayError, InvalidRequestError
 
 log = logging.getLogger("gateway")
-ENDPOINT: Final = "/v1/completions"
+# The endpoints a batch may name, each with the steps its interactive route runs (OpenAI's names; OpenAI's
+# embeddings and responses endpoints are not served here, so a batch of them is refused when it is made).
+ENDPOINTS: Final = {"/v1/completions": COMPLETIONS, "/v1/chat/completions": CHAT}
 # A batch line is the least urgent work there is: where a server has `max_concurrency`, its queue grants
 # every waiting interactive (normal or high) request a slot before a line (gateway/queue).
 PRIORITY: Final = {HEADER: "low"}
@@ -66,16 +71,23 @@ Owner = Callable[[Pipeline], ClientKey | None]
 
 
 async def send(
-    pipeline: Pipeline, metrics: Metrics | None, key: ClientKey | None, batch_id: str, custom_id: str, body: bytes
+    pipeline: Pipeline,
+    metrics: Metrics | None,
+    key: ClientKey | None,
+    batch_id: str,
+    custom_id: str,
+    body: bytes,
+    endpoint: str,
 ) -> Sent:
+    op = ENDPOINTS[endpoint]
     line_id = "batch_req_" + unique_suffix()
-    rec = Record(request_id=line_id, dialect=OPENAI.name, batch_id=batch_id)
+    rec = Record(request_id=line_id, dialect=OPENAI.name, batch_id=batch_id, endpoint=op.name)
     headers = {**PRIORITY, "x-request-id": line_id}
     t0 = time.perf_counter()
     later = False
     pipeline.enter()
     tracer = pipeline.tracing
-    span = tracer.begin(headers, OPENAI.name, ENDPOINT, link=False) if tracer is not None else None
+    span = tracer.begin(headers, OPENAI.name, endpoint, False, op.genai) if tracer is not None else None
     try:
         try:
             limit = pipeline.loaded.config.caps.request_body_bytes
@@ -83,9 +95,11 @@ async def send(
                 raise InvalidRequestError(
                     f"The request body is larger than {limit} bytes", status=413, code="request_too_large"
                 )
-            front = pipeline.front_as(key, body, rec)
-            result = await pipeline.complete(body, headers, OPENAI, rec, front)
+            front = pipeline.front_as(key, body, rec, op)
+            result = await pipeline.complete(body, headers, OPENAI, rec, front, op)
         except GatewayError as exc:
+            if exc.param is not None:
+                exc = as_sent(exc, body)  # a folded field, named as the line sent it (as the endpoint does)
             status, error_body = OPENAI.error(exc)
             rec.status, rec.error_code, rec.cause = status, exc.code, exc.cause
             rec.attempts = exc.attempts or rec.attempts

@@ -29,7 +29,7 @@ from gateway.batches.objects import (
     RequestCounts,
     ts,
 )
-from gateway.batches.send import ENDPOINT
+from gateway.batches.send import ENDPOINTS
 from gateway.batches.service import ANONYMOUS, Batches
 from gateway.edge.ledger_routes import unavailable_error
 from gateway.edge.render import error_response
@@ -257,8 +257,8 @@ async def _create_batch(request: Request[Any, Any, Any], api: Batches, owner: st
         spec = msgspec.json.decode(await request.body(), type=NewBatch)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         return _render(decode_error(exc))
-    if spec.endpoint != ENDPOINT:
-        return _bad(f"endpoint must be {ENDPOINT!r}: the gateway runs batches of completions", "endpoint")
+    if spec.endpoint not in ENDPOINTS:
+        return _bad(f"endpoint must be one of {', '.join(map(repr, ENDPOINTS))}", "endpoint")
     window = _WINDOW.fullmatch(spec.completion_window)
     window_s = int(window.group(1)) * _UNIT_S[window.group(2)] if window else 0
     if not 1 <= window_s <= _MAX_WINDOW_S:
@@ -275,7 +275,7 @@ async def _create_batch(request: Request[Any, Any, Any], api: Batches, owner: st
     window_spec = (spec.completion_window, window_s)
     try:
         batch_id = await api.store.run(
-            store.add_batch, owner, spec.input_file_id, ENDPOINT, *window_spec, spec.metadata, api.cfg.max_batches
+            store.add_batch, owner, spec.input_file_id, spec.endpoint, *window_spec, spec.metadata, api.cfg.max_batches
         )
     except store.TooManyBatches as exc:
         return _render(

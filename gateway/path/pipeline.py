@@ -241,11 +241,10 @@ class Pipeline:
         key = self.keys.authenticate(headers)
         return key, self._checked(key, raw, rec, op)
 
-    def front_as(self, key: ClientKey | None, raw: bytes, rec: Record) -> Front:
+    def front_as(self, key: ClientKey | None, raw: bytes, rec: Record, op: Operation = COMPLETIONS) -> Front:
         """A request made on behalf of `key` without its secret (a batch's line, gateway/batches): decoded,
-        normalized and authorized as the key's own would be; `complete(front=...)` does the rest. A batch's
-        lines are completions."""
-        return key, self._checked(key, raw, rec, COMPLETIONS), None, _LATER
+        normalized and authorized as the key's own would be; `complete(front=..., op=op)` does the rest."""
+        return key, self._checked(key, raw, rec, op), None, _LATER
 
     def _checked(self, key: ClientKey | None, raw: bytes, rec: Record, op: Operation) -> CompletionRequest:
         if key is not None:

@@ -128,7 +128,7 @@ def test_bad_files_fail_the_batch_naming_the_line(tmp_path: Path, monkeypatch: p
         except openai.APIStatusError as exc:
             assert exc.status_code == 413 and "batches.max_file_bytes" in exc.message
         for bad, param in (
-            ({"endpoint": "/v1/chat/completions"}, "endpoint"),
+            ({"endpoint": "/v1/embeddings"}, "endpoint"),
             ({"completion_window": "soon"}, "completion_window"),
             ({"completion_window": "24h\n"}, "completion_window"),
             ({"extra_body": {"foo": 1}}, "foo"),
