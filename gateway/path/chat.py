@@ -19,8 +19,9 @@ from gateway.emulation.chat import ChatEmulation, ChatSubStream
 from gateway.emulation.stops import Folded
 from gateway.path.answers import ignored_n, parsed, sane_usage
 from gateway.path.attempt import Attempt, Job, _fresh
+from gateway.path.echo import Lead, echoed, led, unechoed
 from gateway.path.fanout import open_all
-from gateway.path.opened import Opened
+from gateway.path.opened import Opened, mapped
 from gateway.upstream.plan import Group, Plan, Route
 from providers.base import LocalAdapter, map_params
 from providers.openai_chat import OpenAIChat, check_chat, chunks_from, from_completion, unsupported_endpoint
@@ -90,6 +91,14 @@ class ChatAttempt(Attempt):
 
     def complete(self) -> Coroutine[Any, Any, ChatCompletion]:
         req = cast(ChatRequest, self.req)
+        answer = self._answer(req)
+        if req.echo_last:
+            text = echoed(req)
+            if text:
+                return led(answer, text)
+        return answer
+
+    def _answer(self, req: ChatRequest) -> Coroutine[Any, Any, ChatCompletion]:
         if self.job.ahead is not None:
             made = self.job.made(self.route)
             if made is not None:
@@ -146,6 +155,18 @@ class ChatAttempt(Attempt):
 
     async def open(self) -> Opened:
         req = cast(ChatRequest, self.req)
+        opened = await self._opened(req)
+        if req.echo_last:
+            text = echoed(req)
+            if text:
+                lead = Lead(text)
+                chunks = cast("AsyncGenerator[ChatChunk, None]", opened.chunks)
+                opened.chunks = mapped(chunks, lead.lead)
+                if opened.first is not None:
+                    opened.first = lead.lead(cast(ChatChunk, opened.first))
+        return opened
+
+    async def _opened(self, req: ChatRequest) -> Opened:
         if self.job.ahead is not None:
             made = self.job.made(self.route)
             if made is not None:
@@ -194,7 +215,7 @@ class ChatAttempt(Attempt):
         opened = await self.first_event(stream, adapter, adapter.parse_chat_event, adapter.chat_framing, ctx)
         if pending or self.resumes:
             going_on = _GoingOn(pending, self.resumes)
-            chunks = going_on.chunks(cast("AsyncGenerator[ChatChunk, None]", opened.chunks))
+            chunks = mapped(cast("AsyncGenerator[ChatChunk, None]", opened.chunks), going_on.strip)
             first = going_on.strip(cast(ChatChunk, opened.first)) if opened.first is not None else None
             return Opened(chunks, first, opened.stream, ctx=opened.ctx, children=opened.children)
         return opened
@@ -278,13 +299,6 @@ class _GoingOn:
             c.prompt_token_ids = None  # the continuation's prompt: the client's stream gave the conversation's
         return c
 
-    async def chunks(self, upstream: AsyncGenerator[ChatChunk, None]) -> AsyncGenerator[ChatChunk, None]:
-        try:
-            async for c in upstream:
-                yield self.strip(c)
-        finally:
-            await upstream.aclose()
-
 
 _EMPTY = Delta()
 
@@ -313,6 +327,8 @@ def continuation(job: Job, text: str, left: int | None) -> ContinueJob | None:
     if not groups:
         return None
     messages = list(req.messages)
+    if req.echo_last:
+        text = unechoed(req, text)  # the client has its echo: the continuation goes on from what was generated
     if req.continue_final_message:  # the client's own prefill, continued: the stream so far extends it
         content = messages[-1].content
         if isinstance(content, str):
@@ -330,6 +346,7 @@ def continuation(job: Job, text: str, left: int | None) -> ContinueJob | None:
         max_tokens=left,
         continue_final_message=True,
         add_generation_prompt=None,
+        echo_last=None,
     )
     # No admission of the request's own (its ticket covers the stream); the continuation's target's quota is
     # charged when the failover loop reaches it, as for any attempt.

@@ -3,7 +3,7 @@ attempt hands the relay (gateway/path/relay.py), with what it holds until the st
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 
 from gateway.emulation.stops import Folded
 from gateway.limits.admission import Ticket
@@ -53,3 +53,14 @@ class Opened:
         await self.chunks.aclose()
         for child in self.children:
             await child.close()
+
+
+async def mapped(
+    upstream: AsyncGenerator[ChatChunk, None], each: Callable[[ChatChunk], ChatChunk]
+) -> AsyncGenerator[ChatChunk, None]:
+    """A chat stream's chunks, each as `each` makes it; the upstream closed when this is."""
+    try:
+        async for c in upstream:
+            yield each(c)
+    finally:
+        await upstream.aclose()

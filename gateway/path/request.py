@@ -411,6 +411,8 @@ def normalize_chat(req: ChatRequest, caps: CapsConfig = _DEFAULT_CAPS) -> ChatRe
     req.thinking_back = back
     if req.continue_final_message is not None or req.add_generation_prompt is not None:
         _prefill(req)
+    if req.echo_last is False:
+        req.echo_last = None  # the default: one cache entry for both
     req.prompt = render(req.messages)
     normalize(req, caps)
     return req

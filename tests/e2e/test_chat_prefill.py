@@ -99,8 +99,8 @@ def client(gateway: GatewayThread) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="none", max_retries=0)
 
 
-def _prefilled_stream(client: openai.OpenAI, model: str, **more: Any) -> list[Any]:
-    extra = {"continue_final_message": True}
+def _prefilled_stream(client: openai.OpenAI, model: str, extra_body: Any = None, **more: Any) -> list[Any]:
+    extra = extra_body or {"continue_final_message": True}
     return list(client.chat.completions.create(model=model, messages=PREFILL, stream=True, extra_body=extra, **more))
 
 
@@ -224,3 +224,61 @@ def test_a_broken_prefilled_stream_extends_the_same_message(client: openai.OpenA
     # The continuation continues the client's message with what was streamed, not a second assistant turn.
     assert body["messages"] == [PREFILL[0], {"role": "assistant", "content": "The capital of France is Pari"}]
     assert (body["continue_final_message"], body["add_generation_prompt"], body["max_tokens"]) == (True, False, 18)
+
+
+# vLLM's `echo` on chat, done by the gateway on every route: the answer's content led by the last message's
+# when the answer's role is that message's.
+ECHO = {"continue_final_message": True, "echo": True}
+
+
+def test_echo_returns_the_continued_message_whole(client: openai.OpenAI, script: Script) -> None:
+    script.behaviours["alpha"] = _vllm_answer("Paris.")
+    answer = client.chat.completions.create(model="alpha/m", messages=PREFILL, extra_body=ECHO)
+    assert answer.choices[0].message.content == "The capital of France is Paris."
+    assert answer.usage is not None and answer.usage.completion_tokens == 2  # the generated tokens alone
+    sent = script.received["alpha"][-1].json()
+    assert "echo" not in sent and sent["messages"] == PREFILL  # the gateway's own: no upstream sees it
+    # Streamed: the first delta carries it, with the role.
+    script.behaviours["gamma"] = _vllm(["Par", "is."], usage=None)
+    chunks = _prefilled_stream(client, "gamma/m", extra_body=ECHO)
+    assert _text(chunks) == "The capital of France is Paris."
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[0].choices[0].delta.content == "The capital of France is "
+    # Anthropic's prefill goes without its trailing white space; the echo is the client's message as sent.
+    script.behaviours["claude"] = _anthropic_answer(" Paris.")
+    ask: dict[str, Any] = {"model": "claude/claude-sonnet", "messages": PREFILL, "extra_body": ECHO}
+    assert client.chat.completions.create(**ask).choices[0].message.content == "The capital of France is Paris."
+    script.behaviours["claude"] = _anthropic([" Pa", "ris", "."])
+    streamed = list(client.chat.completions.create(stream=True, **ask))
+    assert _text(streamed) == "The capital of France is Paris."
+
+
+def test_echo_follows_the_answers_role(client: openai.OpenAI, script: Script) -> None:
+    script.behaviours["oa"] = _vllm_answer("Paris.")
+    question = PREFILL[:1]
+    # A new assistant turn after a user message: nothing to echo, on any route.
+    answer = client.chat.completions.create(model="oa/gpt-4o-mini", messages=question, extra_body={"echo": True})
+    assert answer.choices[0].message.content == "Paris."
+    assert "echo" not in script.received["oa"][-1].json()
+    # A new assistant turn after an assistant message (not continued): that message leads the answer.
+    answer = client.chat.completions.create(model="oa/gpt-4o-mini", messages=PREFILL, extra_body={"echo": True})
+    assert answer.choices[0].message.content == "The capital of France is Paris."
+    # vLLM's template left unopened: the answer continues the user's turn, which leads it.
+    script.behaviours["alpha"] = _vllm_answer(" Paris?")
+    extra = {"echo": True, "add_generation_prompt": False}
+    answer = client.chat.completions.create(model="alpha/m", messages=question, extra_body=extra)
+    assert answer.choices[0].message.content == "What is the capital of France? Paris?"
+    # `echo: false` is the default.
+    answer = client.chat.completions.create(model="alpha/m", messages=PREFILL, extra_body={**ECHO, "echo": False})
+    assert answer.choices[0].message.content == " Paris?"
+
+
+def test_a_broken_echoed_stream_is_resumed_from_what_was_generated(client: openai.OpenAI, script: Script) -> None:
+    script.behaviours["alpha"] = _vllm(["Pa", "ri"], usage=None, cut=True)
+    script.behaviours["beta"] = _vllm(["s", "."], usage=None)
+    chunks = _prefilled_stream(client, "smart", max_tokens=20, extra_body=ECHO)
+    assert _text(chunks) == "The capital of France is Paris."  # the echo once, then every generated piece
+    (sent,) = script.received["beta"]
+    body = sent.json()
+    assert body["messages"] == [PREFILL[0], {"role": "assistant", "content": "The capital of France is Pari"}]
+    assert "echo" not in body
