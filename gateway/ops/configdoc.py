@@ -122,8 +122,8 @@ MEANINGS: dict[str, str] = {
     "a client's JSON Schema, every choice and retry together; beyond it a 502 `guided_output_invalid`, not retried",
     "caps.schema_paths": "subschemas a client's JSON Schema may apply to one value through `$ref`s and "
     "`anyOf`/`allOf`/`oneOf`/`not`/`if` branches; 400 naming the field beyond it",
-    "caps.emulated_answer_bytes": "the text an emulated answer may build (echo × n × prompts, best_of); 400 naming the "
-    "field beyond it",
+    "caps.emulated_answer_bytes": "the text an emulated answer may build (echo × n × prompts, best_of, chat's echoed "
+    "message × n); 400 naming the field beyond it",
     "caps.fake_max_tokens": "tokens the built-in `fake` provider generates per choice; 400 naming `max_tokens` beyond "
     "it",
     "caps.upstream_body_bytes": "a buffered upstream answer, counted after gzip/deflate decoding; 502 beyond it",

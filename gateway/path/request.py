@@ -15,6 +15,7 @@ import msgspec
 
 from gateway.config import CapsConfig
 from gateway.path.dialects import decode_error
+from gateway.path.echo import echoed
 from providers.registry import credential_headers
 from wire.chat import CHAT_SHAPES, AssistantMessage, ChatRequest, render
 from wire.errors import InvalidRequestError
@@ -378,6 +379,17 @@ def _prefill(req: ChatRequest) -> None:
             req.add_generation_prompt = None
 
 
+def _bound_echo(req: ChatRequest, limit: int) -> None:
+    """Each choice repeats the echoed message: a message of megabytes times `n` is refused before any call."""
+    total = len(echoed(req)) * (req.n or 1)
+    if total > limit:
+        raise _bad(
+            f"'echo' would make the gateway build {total} bytes from copies of the last message (one per choice); "
+            f"at most {limit} are allowed",
+            "echo",
+        )
+
+
 def normalize_chat(req: ChatRequest, caps: CapsConfig = _DEFAULT_CAPS) -> ChatRequest:
     """`normalize` for a chat request: `logprobs` is a boolean there, `tools`, `tool_choice` and
     `response_format` must have OpenAI's shapes, and `prompt` becomes the rendered conversation."""
@@ -415,4 +427,6 @@ def normalize_chat(req: ChatRequest, caps: CapsConfig = _DEFAULT_CAPS) -> ChatRe
         req.echo_last = None  # the default: one cache entry for both
     req.prompt = render(req.messages)
     normalize(req, caps)
+    if req.echo_last:
+        _bound_echo(req, caps.emulated_answer_bytes)
     return req

@@ -8,14 +8,17 @@ from collections.abc import AsyncGenerator
 from typing import Any, Literal
 
 import msgspec
+import pytest
 
 from gateway.cache.key import cache_key
+from gateway.config import CapsConfig
 from gateway.path.echo import Lead, echoed, unechoed
 from gateway.path.opened import mapped
 from gateway.path.request import normalize_chat
 from providers.base import map_params
 from providers.registry import REGISTRY
 from wire.chat import ChatChunk, ChatRequest, ChunkChoice, Delta, decode_chat
+from wire.errors import InvalidRequestError
 
 USER = {"role": "user", "content": "hi"}
 
@@ -69,3 +72,20 @@ def test_echo_is_keyed_and_never_sent_upstream() -> None:
         if cls.chat_params is not None:
             body = map_params(on, cls.chat_params, "p", False)[0]
             assert "echo" not in body and "echo_last" not in body, kind
+
+
+def test_echo_copies_are_bounded_before_any_call() -> None:
+    caps = CapsConfig(emulated_answer_bytes=4096)
+    long = [USER, {"role": "assistant", "content": "x" * 1000}]
+
+    def ask(**fields: Any) -> ChatRequest:
+        body = {"model": "x/m", "messages": long, "echo": True, "continue_final_message": True, **fields}
+        return normalize_chat(decode_chat(msgspec.json.encode(body)), caps)
+
+    assert echoed(ask(n=4)) == "x" * 1000  # 4,000 bytes: within the bound
+    with pytest.raises(InvalidRequestError) as refused:
+        ask(n=5)
+    assert refused.value.param == "echo" and "4096" in refused.value.message
+    # Nothing is echoed after a user message: no copies, whatever its size.
+    body = {"model": "x/m", "messages": [{"role": "user", "content": "y" * 10_000}], "echo": True, "n": 8}
+    assert echoed(normalize_chat(decode_chat(msgspec.json.encode(body)), caps)) == ""
