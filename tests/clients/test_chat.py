@@ -334,7 +334,8 @@ def test_ledger_row_records_the_endpoint(api: httpx.Client, db: Path) -> None:
     ("body", "param", "code"),
     [
         ({"model": "oa/m", "messages": MESSAGES, "prompt": "x"}, "prompt", "unknown_parameter"),
-        ({"model": "oa/m", "messages": MESSAGES, "echo": True}, "echo", "unknown_parameter"),
+        ({"model": "oa/m", "messages": MESSAGES, "suffix": "x"}, "suffix", "unknown_parameter"),
+        ({"model": "oa/m", "messages": MESSAGES, "echo": "yes"}, "echo", "invalid_value"),
         ({"model": "oa/m", "messages": MESSAGES, "temprature": 1}, "temprature", "unknown_parameter"),
         ({"model": "oa/m"}, "messages", "missing_required_parameter"),
         ({"model": "oa/m", "messages": []}, "messages", "invalid_value"),
