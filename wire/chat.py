@@ -159,7 +159,7 @@ class ChatRequest(CompletionRequest, kw_only=True, forbid_unknown_fields=True, o
     continue_final_message: bool | None = msgspec.field(default=None, name="continue_final_message")
     add_generation_prompt: bool | None = msgspec.field(default=None, name="add_generation_prompt")
     # vLLM's `echo` on chat: each choice's content led by the last message's, when the answer's role is that
-    # message's (gateway/path/chat.py `echoed`). The gateway's own on every route: never sent upstream.
+    # message's (gateway/path/echo.py). The gateway's own on every route: never sent upstream.
     echo_last: bool | None = msgspec.field(default=None, name="echo")
 
 

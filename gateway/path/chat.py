@@ -9,7 +9,7 @@ checks the guided output (docs/emulation.md).
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Coroutine
+from collections.abc import Coroutine
 from typing import Any, cast
 
 import msgspec
@@ -21,7 +21,7 @@ from gateway.path.answers import ignored_n, parsed, sane_usage
 from gateway.path.attempt import Attempt, Job, _fresh
 from gateway.path.echo import Lead, echoed, led, unechoed
 from gateway.path.fanout import open_all
-from gateway.path.opened import Opened, mapped
+from gateway.path.opened import Opened
 from gateway.upstream.plan import Group, Plan, Route
 from providers.base import LocalAdapter, map_params
 from providers.openai_chat import OpenAIChat, check_chat, chunks_from, from_completion, unsupported_endpoint
@@ -92,10 +92,8 @@ class ChatAttempt(Attempt):
     def complete(self) -> Coroutine[Any, Any, ChatCompletion]:
         req = cast(ChatRequest, self.req)
         answer = self._answer(req)
-        if req.echo_last:
-            text = echoed(req)
-            if text:
-                return led(answer, text)
+        if req.echo_last and (text := echoed(req)):
+            return led(answer, text)
         return answer
 
     def _answer(self, req: ChatRequest) -> Coroutine[Any, Any, ChatCompletion]:
@@ -156,14 +154,8 @@ class ChatAttempt(Attempt):
     async def open(self) -> Opened:
         req = cast(ChatRequest, self.req)
         opened = await self._opened(req)
-        if req.echo_last:
-            text = echoed(req)
-            if text:
-                lead = Lead(text)
-                chunks = cast("AsyncGenerator[ChatChunk, None]", opened.chunks)
-                opened.chunks = mapped(chunks, lead.lead)
-                if opened.first is not None:
-                    opened.first = lead.lead(cast(ChatChunk, opened.first))
+        if req.echo_last and (text := echoed(req)):
+            opened.rewrite(Lead(text).lead)
         return opened
 
     async def _opened(self, req: ChatRequest) -> Opened:
@@ -214,10 +206,7 @@ class ChatAttempt(Attempt):
         stream = await self.services.upstream.open_stream(route.provider, made, self.timeouts, route.key)
         opened = await self.first_event(stream, adapter, adapter.parse_chat_event, adapter.chat_framing, ctx)
         if pending or self.resumes:
-            going_on = _GoingOn(pending, self.resumes)
-            chunks = mapped(cast("AsyncGenerator[ChatChunk, None]", opened.chunks), going_on.strip)
-            first = going_on.strip(cast(ChatChunk, opened.first)) if opened.first is not None else None
-            return Opened(chunks, first, opened.stream, ctx=opened.ctx, children=opened.children)
+            opened.rewrite(_GoingOn(pending, self.resumes).strip)
         return opened
 
 

@@ -48,6 +48,12 @@ class Opened:
         for child in self.children:
             child.drop()
 
+    def rewrite(self, each: Callable[[ChatChunk], ChatChunk]) -> None:
+        """Every chunk of this chat stream, the first included, as `each` makes it: before the relay reads any."""
+        if self.first is not None:
+            self.first = each(self.first)  # type: ignore[arg-type]  # a chat stream's chunks are ChatChunks
+        self.chunks = _mapped(self.chunks, each)  # type: ignore[arg-type]
+
     async def close(self) -> None:
         self.drop()
         await self.chunks.aclose()
@@ -55,7 +61,7 @@ class Opened:
             await child.close()
 
 
-async def mapped(
+async def _mapped(
     upstream: AsyncGenerator[ChatChunk, None], each: Callable[[ChatChunk], ChatChunk]
 ) -> AsyncGenerator[ChatChunk, None]:
     """A chat stream's chunks, each as `each` makes it; the upstream closed when this is."""

@@ -19,9 +19,9 @@ import openai
 import pytest
 from aiohttp import web
 
+from tests.helpers.chat_scripts import Script, anthropic_stream, scripted, vllm_stream
 from tests.helpers.servers import GatewayThread, serve_config
 from tests.helpers.upstreams import Received, Upstream
-from tests.resilience.test_chat_resume import Script, _anthropic, _vllm
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "anthropic"
 CONFIG = """
@@ -88,10 +88,7 @@ def gateway(upstream: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 @pytest.fixture
 def script(upstream: Upstream, gateway: GatewayThread) -> Script:
-    s = Script()
-    upstream.handler = s
-    gateway.pipeline.health.reset()
-    return s
+    return scripted(upstream, gateway)
 
 
 @pytest.fixture
@@ -119,7 +116,7 @@ def test_vllm_and_sglang_continue_the_final_message(client: openai.OpenAI, scrip
     assert (sent["continue_final_message"], sent["add_generation_prompt"]) == (True, False)
 
     # SGLang's chat route takes `continue_final_message` alone; streamed, the continuation is relayed as it comes.
-    script.behaviours["gamma"] = _vllm(["Par", "is."], usage=None)
+    script.behaviours["gamma"] = vllm_stream(["Par", "is."], usage=None)
     chunks = _prefilled_stream(client, "gamma/m")
     assert _text(chunks) == "Paris." and chunks[0].choices[0].delta.role == "assistant"
     sent = script.received["gamma"][-1].json()
@@ -136,7 +133,7 @@ def test_anthropic_continues_the_prefill_without_its_trailing_white_space(
     ask: dict[str, Any] = {"model": "claude/claude-sonnet", "messages": PREFILL}
     ask["extra_body"] = {"continue_final_message": True}
     assert client.chat.completions.create(**ask).choices[0].message.content == "Paris."
-    script.behaviours["claude"] = _anthropic([" Pa", "ris", "."])
+    script.behaviours["claude"] = anthropic_stream([" Pa", "ris", "."])
     assert _text(list(client.chat.completions.create(stream=True, **ask))) == "Paris."
     for sent in script.received["claude"]:
         assert sent.json()["messages"][-1] == {
@@ -215,8 +212,8 @@ _CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "argument
 
 
 def test_a_broken_prefilled_stream_extends_the_same_message(client: openai.OpenAI, script: Script) -> None:
-    script.behaviours["alpha"] = _vllm(["Pa", "ri"], usage=None, cut=True)
-    script.behaviours["beta"] = _vllm(["s", "."], usage=None)
+    script.behaviours["alpha"] = vllm_stream(["Pa", "ri"], usage=None, cut=True)
+    script.behaviours["beta"] = vllm_stream(["s", "."], usage=None)
     chunks = _prefilled_stream(client, "smart", max_tokens=20)
     assert _text(chunks) == "Paris."
     (sent,) = script.received["beta"]
@@ -239,7 +236,7 @@ def test_echo_returns_the_continued_message_whole(client: openai.OpenAI, script:
     sent = script.received["alpha"][-1].json()
     assert "echo" not in sent and sent["messages"] == PREFILL  # the gateway's own: no upstream sees it
     # Streamed: the first delta carries it, with the role.
-    script.behaviours["gamma"] = _vllm(["Par", "is."], usage=None)
+    script.behaviours["gamma"] = vllm_stream(["Par", "is."], usage=None)
     chunks = _prefilled_stream(client, "gamma/m", extra_body=ECHO)
     assert _text(chunks) == "The capital of France is Paris."
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -248,7 +245,7 @@ def test_echo_returns_the_continued_message_whole(client: openai.OpenAI, script:
     script.behaviours["claude"] = _anthropic_answer(" Paris.")
     ask: dict[str, Any] = {"model": "claude/claude-sonnet", "messages": PREFILL, "extra_body": ECHO}
     assert client.chat.completions.create(**ask).choices[0].message.content == "The capital of France is Paris."
-    script.behaviours["claude"] = _anthropic([" Pa", "ris", "."])
+    script.behaviours["claude"] = anthropic_stream([" Pa", "ris", "."])
     streamed = list(client.chat.completions.create(stream=True, **ask))
     assert _text(streamed) == "The capital of France is Paris."
 
@@ -274,8 +271,8 @@ def test_echo_follows_the_answers_role(client: openai.OpenAI, script: Script) ->
 
 
 def test_a_broken_echoed_stream_is_resumed_from_what_was_generated(client: openai.OpenAI, script: Script) -> None:
-    script.behaviours["alpha"] = _vllm(["Pa", "ri"], usage=None, cut=True)
-    script.behaviours["beta"] = _vllm(["s", "."], usage=None)
+    script.behaviours["alpha"] = vllm_stream(["Pa", "ri"], usage=None, cut=True)
+    script.behaviours["beta"] = vllm_stream(["s", "."], usage=None)
     chunks = _prefilled_stream(client, "smart", max_tokens=20, extra_body=ECHO)
     assert _text(chunks) == "The capital of France is Paris."  # the echo once, then every generated piece
     (sent,) = script.received["beta"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -21,6 +21,14 @@ import pytest
 from aiohttp import web
 
 from tests.e2e.test_observability import metric
+from tests.helpers.chat_scripts import (
+    Behave,
+    Script,
+    anthropic_stream,
+    delta_event,
+    scripted,
+    vllm_stream,
+)
 from tests.helpers.clients import sse_data
 from tests.helpers.servers import GatewayThread, serve_config
 from tests.helpers.upstreams import Received, Upstream
@@ -61,50 +69,6 @@ models:
 """
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 PIECES = ["The", " capital", " of", " France", " is", " Paris", "."]
-Behave = Callable[[web.Request, Received], Awaitable[web.StreamResponse]]
-
-
-def _chunk(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
-    body = {
-        "id": "chatcmpl-up",
-        "object": "chat.completion.chunk",
-        "created": 1700000000,
-        "model": "m",
-        "choices": choices,
-        "usage": usage,
-    }
-    return b"data: " + json.dumps(body).encode()
-
-
-def _delta(delta: dict[str, Any], finish: str | None = None) -> bytes:
-    return _chunk([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}])
-
-
-def _vllm(pieces: list[str], *, usage: tuple[int, int] | None, cut: bool = False) -> Behave:
-    """A vLLM chat stream of `pieces`; `cut`: the connection is reset after them (no finish)."""
-
-    async def behave(request: web.Request, received: Received) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
-        await resp.prepare(request)
-        events = [_delta({"role": "assistant", "content": ""})] + [_delta({"content": p}) for p in pieces]
-        if not cut:
-            events.append(_delta({}, "stop"))
-            if usage is not None:
-                p, c = usage
-                events.append(_chunk([], {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}))
-            events.append(b"data: [DONE]")
-        for e in events:
-            await resp.write(e + b"\n\n")
-        if cut:
-            await asyncio.sleep(0.05)  # the chunks reach the gateway before the reset
-            assert request.transport is not None
-            request.transport.abort()
-            await asyncio.sleep(5)
-        else:
-            await resp.write_eof()
-        return resp
-
-    return behave
 
 
 def _vllm_error(pieces: list[str], error: dict[str, Any]) -> Behave:
@@ -113,7 +77,7 @@ def _vllm_error(pieces: list[str], error: dict[str, Any]) -> Behave:
     async def behave(request: web.Request, received: Received) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
-        events = [_delta({"role": "assistant", "content": ""})] + [_delta({"content": p}) for p in pieces]
+        events = [delta_event({"role": "assistant", "content": ""})] + [delta_event({"content": p}) for p in pieces]
         events += [b"data: " + json.dumps(error).encode(), b"data: [DONE]"]
         for e in events:
             await resp.write(e + b"\n\n")
@@ -128,7 +92,7 @@ def _tool_call_then_cut() -> Behave:
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
         call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"ci'}}
-        for e in (_delta({"role": "assistant", "content": ""}), _delta({"tool_calls": [call]})):
+        for e in (delta_event({"role": "assistant", "content": ""}), delta_event({"tool_calls": [call]})):
             await resp.write(e + b"\n\n")
         await asyncio.sleep(0.05)
         assert request.transport is not None
@@ -137,65 +101,6 @@ def _tool_call_then_cut() -> Behave:
         return resp
 
     return behave
-
-
-def _anthropic(texts: list[str]) -> Behave:
-    """Anthropic's Messages stream (the recording's events) with `texts` as the text deltas."""
-
-    def event(name: str, data: dict[str, Any]) -> bytes:
-        return f"event: {name}\ndata: {json.dumps(data)}".encode()
-
-    async def behave(request: web.Request, received: Received) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
-        await resp.prepare(request)
-        start: dict[str, Any] = {
-            "id": "msg_1",
-            "type": "message",
-            "role": "assistant",
-            "content": [],
-            "model": "claude-sonnet",
-        }
-        start["usage"] = {"input_tokens": 30, "output_tokens": 1}
-        events = [
-            event("message_start", {"type": "message_start", "message": start}),
-            event(
-                "content_block_start",
-                {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
-            ),
-        ]
-        for t in texts:
-            delta = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": t}}
-            events.append(event("content_block_delta", delta))
-        events += [
-            event("content_block_stop", {"type": "content_block_stop", "index": 0}),
-            event(
-                "message_delta",
-                {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 4}},
-            ),
-            event("message_stop", {"type": "message_stop"}),
-        ]
-        for e in events:
-            await resp.write(e + b"\n\n")
-        await resp.write_eof()
-        return resp
-
-    return behave
-
-
-class Script:
-    """What each upstream path does, per test, and what each received."""
-
-    def __init__(self) -> None:
-        self.behaviours: dict[str, Behave] = {}
-        self.received: dict[str, list[Received]] = {}
-
-    async def __call__(self, request: web.Request, received: Received) -> web.StreamResponse:
-        name = received.path.split("/")[1]
-        self.received.setdefault(name, []).append(received)
-        behave = self.behaviours.get(name)
-        if behave is None:
-            return web.json_response({"error": {"message": f"nothing scripted for {name}"}}, status=599)
-        return await behave(request, received)
 
 
 @pytest.fixture(scope="module")
@@ -212,10 +117,7 @@ def gateway(upstream: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 @pytest.fixture
 def script(upstream: Upstream, gateway: GatewayThread) -> Script:
-    s = Script()
-    upstream.handler = s
-    gateway.pipeline.health.reset()
-    return s
+    return scripted(upstream, gateway)
 
 
 def _stream(gateway: GatewayThread, model: str, **extra: Any) -> list[str]:
@@ -231,8 +133,8 @@ def _content(chunks: list[dict[str, Any]]) -> str:
 
 
 def test_a_broken_chat_stream_continues_the_assistant_message(gateway: GatewayThread, script: Script) -> None:
-    script.behaviours["alpha"] = _vllm(PIECES[:3], usage=None, cut=True)
-    script.behaviours["beta"] = _vllm(PIECES[3:], usage=(23, 4))
+    script.behaviours["alpha"] = vllm_stream(PIECES[:3], usage=None, cut=True)
+    script.behaviours["beta"] = vllm_stream(PIECES[3:], usage=(23, 4))
     before = _cooldowns(gateway)
     data = _stream(gateway, "smart", max_tokens=20, stream_options={"include_usage": True})
     assert data[-1] == "[DONE]"
@@ -277,7 +179,7 @@ OVERLOADED = {"object": "error", "message": "The engine is overloaded", "type": 
 def test_an_error_event_that_refuses_the_request_ends_the_stream(gateway: GatewayThread, script: Script) -> None:
     """Its continuation would be refused too: the error is relayed and counted once, as the 400 it is."""
     script.behaviours["alpha"] = _vllm_error(PIECES[:3], TOO_LONG)
-    script.behaviours["beta"] = _vllm(PIECES[3:], usage=None)
+    script.behaviours["beta"] = vllm_stream(PIECES[3:], usage=None)
     before = _failures(gateway)
     data = _stream(gateway, "smart", max_tokens=20)
     assert data[-1] == "[DONE]"
@@ -295,7 +197,7 @@ def test_an_error_event_that_refuses_the_request_ends_the_stream(gateway: Gatewa
 
 def test_an_error_event_of_an_overloaded_upstream_is_resumed(gateway: GatewayThread, script: Script) -> None:
     script.behaviours["alpha"] = _vllm_error(PIECES[:3], OVERLOADED)
-    script.behaviours["beta"] = _vllm(PIECES[3:], usage=None)
+    script.behaviours["beta"] = vllm_stream(PIECES[3:], usage=None)
     data = _stream(gateway, "smart", max_tokens=20)
     chunks = [json.loads(d) for d in data[:-1]]
     assert all("error" not in c for c in chunks), chunks
@@ -317,8 +219,8 @@ def _cooldowns(gateway: GatewayThread) -> tuple[float, float]:
 
 
 def test_anthropic_continues_as_a_prefill_without_trailing_white_space(gateway: GatewayThread, script: Script) -> None:
-    script.behaviours["alpha"] = _vllm(["The capital of France", " is "], usage=None, cut=True)
-    script.behaviours["claude"] = _anthropic([" Paris", "."])
+    script.behaviours["alpha"] = vllm_stream(["The capital of France", " is "], usage=None, cut=True)
+    script.behaviours["claude"] = anthropic_stream([" Paris", "."])
     data = _stream(gateway, "to-claude")
     chunks = [json.loads(d) for d in data[:-1]]
     assert all("error" not in c for c in chunks), chunks
@@ -338,8 +240,8 @@ def test_anthropic_continues_as_a_prefill_without_trailing_white_space(gateway: 
 def test_anthropic_thinking_takes_no_prefill_so_it_is_not_asked_to_continue(
     gateway: GatewayThread, script: Script, kind: str
 ) -> None:
-    script.behaviours["alpha"] = _vllm(PIECES[:2], usage=None, cut=True)
-    script.behaviours["claude"] = _anthropic([" Paris", "."])
+    script.behaviours["alpha"] = vllm_stream(PIECES[:2], usage=None, cut=True)
+    script.behaviours["claude"] = anthropic_stream([" Paris", "."])
     thinking = {"type": kind, "budget_tokens": 1024} if kind == "enabled" else {"type": kind}
     data = _stream(gateway, "to-claude", inference_extra_params={"thinking": thinking})
     assert data[-1] == "[DONE]"
@@ -356,7 +258,7 @@ def test_anthropic_thinking_takes_no_prefill_so_it_is_not_asked_to_continue(
 
 
 def test_no_target_that_can_continue_is_a_clean_error(gateway: GatewayThread, script: Script) -> None:
-    script.behaviours["alpha"] = _vllm(PIECES[:2], usage=None, cut=True)
+    script.behaviours["alpha"] = vllm_stream(PIECES[:2], usage=None, cut=True)
     data = _stream(gateway, "to-openai")
     assert data[-1] == "[DONE]"
     chunks = [json.loads(d) for d in data[:-1]]
@@ -367,7 +269,7 @@ def test_no_target_that_can_continue_is_a_clean_error(gateway: GatewayThread, sc
 
 def test_a_broken_tool_call_stream_is_not_resumed(gateway: GatewayThread, script: Script) -> None:
     script.behaviours["alpha"] = _tool_call_then_cut()
-    script.behaviours["beta"] = _vllm(PIECES, usage=None)
+    script.behaviours["beta"] = vllm_stream(PIECES, usage=None)
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     data = _stream(gateway, "smart", tools=tools)
     assert data[-1] == "[DONE]"
@@ -379,8 +281,8 @@ def test_a_broken_tool_call_stream_is_not_resumed(gateway: GatewayThread, script
 
 def test_a_stream_asking_for_token_ids_is_not_resumed(gateway: GatewayThread, script: Script) -> None:
     """Its ids after the break would be sampled given the text re-tokenized, not the tokens the client holds."""
-    script.behaviours["alpha"] = _vllm(PIECES[:3], usage=None, cut=True)
-    script.behaviours["beta"] = _vllm(PIECES[3:], usage=None)
+    script.behaviours["alpha"] = vllm_stream(PIECES[:3], usage=None, cut=True)
+    script.behaviours["beta"] = vllm_stream(PIECES[3:], usage=None)
     data = _stream(gateway, "smart", max_tokens=20, return_token_ids=True)
     assert data[-1] == "[DONE]"
     chunks = [json.loads(d) for d in data[:-1]]
@@ -390,14 +292,14 @@ def test_a_stream_asking_for_token_ids_is_not_resumed(gateway: GatewayThread, sc
     assert "beta" not in script.received
     # Without it, the same break is resumed (alpha's cooldown from the first break lifted).
     gateway.pipeline.health.reset()
-    script.behaviours["alpha"] = _vllm(PIECES[:3], usage=None, cut=True)
+    script.behaviours["alpha"] = vllm_stream(PIECES[:3], usage=None, cut=True)
     assert _content([json.loads(d) for d in _stream(gateway, "smart", max_tokens=20)[:-1]]) == "".join(PIECES)
 
 
 def test_the_continuation_skips_targets_that_cannot_continue(gateway: GatewayThread, script: Script) -> None:
     """OpenAI is next in the alias's order, but cannot continue a message: SGLang, after it, does."""
-    script.behaviours["alpha"] = _vllm(PIECES[:4], usage=None, cut=True)
-    script.behaviours["gamma"] = _vllm(PIECES[4:], usage=None)
+    script.behaviours["alpha"] = vllm_stream(PIECES[:4], usage=None, cut=True)
+    script.behaviours["gamma"] = vllm_stream(PIECES[4:], usage=None)
     data = _stream(gateway, "past-openai", max_tokens=10)
     chunks = [json.loads(d) for d in data[:-1]]
     assert all("error" not in c for c in chunks), chunks
@@ -414,8 +316,8 @@ def test_the_tokens_a_stop_held_back_count_in_the_continuations_limit(gateway: G
     """OpenAI takes four stops: the gateway enforces the fifth, holding " Paris" back (it may begin " Paris,
     Texas") until "." shows it does not, and sends both in one chunk. Seven tokens, six content chunks."""
     stops = ["Q:", "A:", "###", "END", " Paris, Texas"]
-    script.behaviours["oa"] = _vllm(PIECES, usage=None, cut=True)
-    script.behaviours["beta"] = _vllm([" It", " is", " big", "."], usage=None)
+    script.behaviours["oa"] = vllm_stream(PIECES, usage=None, cut=True)
+    script.behaviours["beta"] = vllm_stream([" It", " is", " big", "."], usage=None)
     data = _stream(gateway, "from-openai", max_tokens=20, stop=stops)
     chunks = [json.loads(d) for d in data[:-1]]
     assert all("error" not in c for c in chunks), chunks
@@ -431,8 +333,8 @@ def test_the_tokens_a_stop_held_back_count_in_the_continuations_limit(gateway: G
 def test_a_stream_longer_than_a_continuation_may_carry_is_not_resumed(gateway: GatewayThread, script: Script) -> None:
     """The text a continuation would carry back upstream is bounded (`caps.emulated_answer_bytes`, 1024 here)."""
     long = ["x" * 40] * 30
-    script.behaviours["alpha"] = _vllm(long, usage=None, cut=True)
-    script.behaviours["beta"] = _vllm(PIECES, usage=None)
+    script.behaviours["alpha"] = vllm_stream(long, usage=None, cut=True)
+    script.behaviours["beta"] = vllm_stream(PIECES, usage=None)
     data = _stream(gateway, "smart")
     chunks = [json.loads(d) for d in data[:-1]]
     assert _content(chunks[:-1]) == "".join(long)

@@ -13,9 +13,9 @@ import pytest
 from gateway.cache.key import cache_key
 from gateway.config import CapsConfig
 from gateway.path.echo import Lead, echoed, unechoed
-from gateway.path.opened import mapped
+from gateway.path.opened import Opened
 from gateway.path.request import normalize_chat
-from providers.base import map_params
+from providers.base import CallContext, map_params
 from providers.registry import REGISTRY
 from wire.chat import ChatChunk, ChatRequest, ChunkChoice, Delta, decode_chat
 from wire.errors import InvalidRequestError
@@ -56,7 +56,11 @@ def test_each_choice_of_a_stream_is_led_once() -> None:
 
     async def run() -> dict[int, str]:
         texts: dict[int, str] = {}
-        async for c in mapped(upstream(), Lead("E: ").lead):
+        chunks = upstream()
+        opened = Opened(chunks, await anext(chunks), ctx=CallContext("c", 1, "m", chat=True))
+        opened.rewrite(Lead("E: ").lead)
+        assert isinstance(opened.first, ChatChunk)
+        for c in [opened.first, *[c async for c in opened.chunks if isinstance(c, ChatChunk)]]:
             for ch in c.choices:
                 texts[ch.index] = texts.get(ch.index, "") + (ch.delta.content or "")
         return texts
