@@ -155,7 +155,8 @@ class ChatAttempt(Attempt):
         req = cast(ChatRequest, self.req)
         opened = await self._opened(req)
         if req.echo_last and (text := echoed(req)):
-            opened.rewrite(Lead(text).lead)
+            opened.led = Lead(text)
+            opened.rewrite(opened.led.lead)
         return opened
 
     async def _opened(self, req: ChatRequest) -> Opened:

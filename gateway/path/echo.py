@@ -46,17 +46,21 @@ async def led(answer: Coroutine[Any, Any, ChatCompletion], text: str) -> ChatCom
 class Lead:
     """A stream's chunks with each choice's first delta led by the echoed text (`lead`, chunk by chunk)."""
 
-    __slots__ = ("done", "text")
+    __slots__ = ("blank", "done", "text")
 
     def __init__(self, text: str) -> None:
         self.text = text
         self.done: set[int] = set()  # the choices whose delta carried it
+        # Of those deltas, the ones that carried no token of their own (the role's): the relay counts a chunk
+        # with text as a token, and a broken stream's continuation must not be one token short.
+        self.blank = 0
 
     def lead(self, c: ChatChunk) -> ChatChunk:
         choices = c.choices
         for i, ch in enumerate(choices):
             if ch.index not in self.done:
                 self.done.add(ch.index)
+                self.blank += not ch.delta.content and ch.finish_reason is None
                 delta = msgspec.structs.replace(ch.delta, content=self.text + (ch.delta.content or ""))
                 choices[i] = msgspec.structs.replace(ch, delta=delta)
         return c

@@ -4,6 +4,7 @@ attempt hands the relay (gateway/path/relay.py), with what it holds until the st
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable, Sequence
+from typing import TYPE_CHECKING
 
 from gateway.emulation.stops import Folded
 from gateway.limits.admission import Ticket
@@ -12,6 +13,9 @@ from gateway.upstream.client import Stream
 from providers.base import CallContext
 from wire.chat import ChatChunk
 from wire.schema import Completion
+
+if TYPE_CHECKING:
+    from gateway.path.echo import Lead
 
 # A stream chunk, of a completion or a chat request.
 Chunk = Completion | ChatChunk
@@ -40,6 +44,7 @@ class Opened:
         # The target whose in-flight count this stream holds until the relay ends it (None: none held).
         self.held: str | None = None
         self.slot: Slot | None = None  # its server's slot (max_concurrency), given back at the stream's end
+        self.led: Lead | None = None  # chat's `echo`: its text in the chunks that began each choice
 
     def drop(self) -> None:
         """Close the upstream connection(s) at once (not returned to the pool half-read)."""

@@ -234,6 +234,8 @@ class Relay:
                     # generated it all the same, and is paid for it.
                     blank -= opened.folded.tokens
                     unsent = opened.folded.held
+                if opened.led is not None:
+                    blank += opened.led.blank  # a role chunk the echo gave text to: still no token
                 resumed = None
                 # The gateway's own failure says nothing about the target: it neither cools nor resumes.
                 if error.cools:
