@@ -7,6 +7,7 @@ response and error shapes and what is unverified: docs/provider-notes.md#llamacp
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import msgspec
@@ -21,7 +22,7 @@ from providers.base import (
     request_headers,
     table,
 )
-from providers.chat_params import chat_table
+from providers.chat_params import chat_table, continuing
 from providers.context import context_window
 from providers.engine import LLAMACPP_GAUGES
 from providers.finish import finish_reason
@@ -165,7 +166,18 @@ class LlamaCppAdapter(OpenAIChat):
     chat_path: ClassVar[str] = "/v1/chat/completions"
     # llama.cpp common/chat.cpp `common_chat_msgs_parse_oaicompat` reads it into the chat template.
     chat_reasoning_field = "reasoning_content"
-    chat_params = chat_table(params, chat_template_kwargs=Param())  # llama-server's tools/server/README.md
+    # llama-server reads vLLM's pair (tools/server/server-common.cpp, `oaicompat_chat_params_parse`): the trailing
+    # assistant message is continued, not closed, and it refuses the two both true. A build older than the
+    # field continues that message all the same by its default assistant prefill.
+    chat_continue = MappingProxyType({"continue_final_message": True, "add_generation_prompt": False})
+    # Its buffered answer is the message it parsed, prefill and continuation (its stream sends the continuation).
+    chat_continue_repeats = True
+    chat_params = chat_table(  # llama-server's tools/server/README.md
+        params,
+        chat_template_kwargs=Param(),
+        continue_final_message=continuing(chat_continue),
+        add_generation_prompt=Param(),
+    )
 
     def build_request(self, req: CompletionRequest, endpoint: Endpoint, body: dict[str, Any]) -> UpstreamRequest:
         # `model` picks the model on a llama-server running several (router mode); a single-model server

@@ -161,6 +161,9 @@ class OpenAIChat(Adapter):
     # The route refuses a continued message that ends in white space: it is sent without it, and the
     # continuation's own leading white space that repeats it is not relayed.
     chat_continue_strips: ClassVar[bool] = False
+    # The route's buffered answer to a continued message begins with that message: the gateway takes it off,
+    # so that the content is the continuation alone, as every other route's (and the route's own stream) is.
+    chat_continue_repeats: ClassVar[bool] = False
 
     # The field an assistant message's `reasoning_content` goes back under, for servers that read the model's
     # earlier thinking (DeepSeek wants it for turns that called tools); None: left out, as strict servers

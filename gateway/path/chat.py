@@ -149,6 +149,8 @@ class ChatAttempt(Attempt):
             for ch in answer.choices:
                 if isinstance(ch.message.content, str):
                     ch.message.content = _Trim(pending).text(ch.message.content)
+        elif req.continue_final_message and adapter.chat_continue_repeats:
+            _unrepeated(answer, req)
         return answer
 
     async def open(self) -> Opened:
@@ -240,6 +242,21 @@ def trimmed(adapter: OpenAIChat, req: ChatRequest) -> tuple[ChatRequest, str]:
     if pending:
         req = msgspec.structs.replace(req, messages=[*req.messages[:-1], AssistantMessage(content=kept)])
     return req, pending
+
+
+def _unrepeated(answer: ChatCompletion, req: ChatRequest) -> None:
+    """The continuation alone in each choice of a route that answers a continued message with the message
+    before it (llama-server, buffered: the text it parsed, its parts joined by blank lines), as its stream
+    and every other route give it; a choice that does not begin with it is left as it came."""
+    content = req.messages[-1].content
+    if isinstance(content, list):
+        content = "\n\n".join(p.text for p in content if isinstance(p, TextPart))
+    if not isinstance(content, str) or not content:
+        return
+    for ch in answer.choices:
+        text = ch.message.content
+        if isinstance(text, str) and text.startswith(content):
+            ch.message.content = text[len(content) :]
 
 
 class _Trim:

@@ -1,7 +1,7 @@
 """Assistant prefill on /v1/chat/completions through the official openai client: a conversation ending with an
 assistant message and `continue_final_message: true` is continued, not answered, on the routes that can
-(vLLM's and SGLang's `continue_final_message`, Anthropic's prefill), refused by name elsewhere, and a broken
-stream of such a request is resumed by extending the same message.
+(vLLM's, SGLang's and llama-server's `continue_final_message`, Anthropic's prefill), refused by name
+elsewhere, and a broken stream of such a request is resumed by extending the same message.
 
 The gateway runs under uvicorn; the upstreams are one loopback server whose paths play each provider. The
 vLLM answer follows vLLM's `ChatCompletionResponse`, the streams those of tests/resilience/test_chat_resume.py,
@@ -33,6 +33,7 @@ providers:
   alpha: {{kind: vllm, base_url: {u}/alpha/v1}}
   beta: {{kind: vllm, base_url: {u}/beta/v1}}
   gamma: {{kind: sglang, base_url: {u}/gamma/v1}}
+  delta: {{kind: llamacpp, base_url: {u}/delta}}
   claude: {{kind: anthropic, base_url: {u}/claude, api_key: sk-ant, default_max_tokens: 64}}
   oa: {{kind: openai, base_url: {u}/oa/v1, api_key: sk-oa}}
 models:
@@ -105,15 +106,21 @@ def _text(chunks: list[Any]) -> str:
     return "".join(ch.delta.content or "" for c in chunks for ch in c.choices)
 
 
-def test_vllm_and_sglang_continue_the_final_message(client: openai.OpenAI, script: Script) -> None:
-    script.behaviours["alpha"] = _vllm_answer("Paris.")
-    # As vLLM's docs write it: both fields, which the gateway takes as the one choice they make.
+def test_vllm_sglang_and_llama_server_continue_the_final_message(client: openai.OpenAI, script: Script) -> None:
+    # As vLLM's docs write it: both fields, which the gateway takes as the one choice they make. llama-server
+    # reads the same pair (tests/realservers/test_llama_chat.py holds it to the real server).
     extra = {"continue_final_message": True, "add_generation_prompt": False}
-    answer = client.chat.completions.create(model="alpha/m", messages=PREFILL, extra_body=extra)
+    for name, model in (("alpha", "alpha/m"), ("delta", "delta/m")):
+        script.behaviours[name] = _vllm_answer("Paris.")
+        answer = client.chat.completions.create(model=model, messages=PREFILL, extra_body=extra)
+        assert answer.choices[0].message.content == "Paris."
+        sent = script.received[name][-1].json()
+        assert sent["messages"] == PREFILL
+        assert (sent["continue_final_message"], sent["add_generation_prompt"]) == (True, False)
+    # llama-server's buffered answer repeats the message it continued: the content is the continuation alone.
+    script.behaviours["delta"] = _vllm_answer(PREFILL[1]["content"] + "Paris.")
+    answer = client.chat.completions.create(model="delta/m", messages=PREFILL, extra_body=extra)
     assert answer.choices[0].message.content == "Paris."
-    sent = script.received["alpha"][-1].json()
-    assert sent["messages"] == PREFILL
-    assert (sent["continue_final_message"], sent["add_generation_prompt"]) == (True, False)
 
     # SGLang's chat route takes `continue_final_message` alone; streamed, the continuation is relayed as it comes.
     script.behaviours["gamma"] = vllm_stream(["Par", "is."], usage=None)

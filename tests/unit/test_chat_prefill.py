@@ -41,10 +41,11 @@ def test_the_two_fields_are_one_choice() -> None:
 
 def test_each_kind_that_can_continue_gets_its_own_body() -> None:
     req = _req(continue_final_message=True)
-    assert _body("vllm", req) == {"continue_final_message": True, "add_generation_prompt": False}
+    for kind in ("vllm", "llamacpp"):  # llama-server reads vLLM's pair
+        assert _body(kind, req) == {"continue_final_message": True, "add_generation_prompt": False}
     assert _body("sglang", req) == {"continue_final_message": True}
     assert _body("anthropic", req) == {}  # a trailing assistant message is Anthropic's prefill
-    for kind in ("openai", "llamacpp", "gemini", "mistral"):
+    for kind in ("openai", "gemini", "mistral"):
         with pytest.raises(UnsupportedParamError) as refused:
             _body(kind, req)
         assert refused.value.param == "continue_final_message"
