@@ -38,7 +38,9 @@ class TokenizeChatRequest(msgspec.Struct, kw_only=True):
     model: str | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
-    add_special_tokens: bool = False  # the template writes the special tokens it wants
+    # None: as the server's own chat route tokenizes the rendered text (vLLM: none added, its template writes
+    # the special tokens it wants; llama-server: its BOS added).
+    add_special_tokens: bool | None = None
     return_token_strs: bool | None = False
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None  # as sent: checked as chat's `tools` are
@@ -98,7 +100,7 @@ def tokenize_request(body: TokenizeBody) -> TokenizeRequest | TokenizeChatReques
         model=body.model,
         add_generation_prompt=generation,
         continue_final_message=bool(body.continue_final_message),
-        add_special_tokens=bool(body.add_special_tokens),
+        add_special_tokens=body.add_special_tokens,
         return_token_strs=body.return_token_strs,
         chat_template_kwargs=body.chat_template_kwargs,
         tools=body.tools,
@@ -144,6 +146,9 @@ class TokenizerAPI:
     routes: ClassVar[frozenset[TokenizerRoute]] = frozenset()
     # Whether its `/tokenize` also takes a conversation (`tokenize_chat`), rendered by the server's template.
     chat: ClassVar[bool] = False
+    # Whether the conversation is rendered by one call (`tokenize_chat`, read by `read_rendered`) and its text
+    # then tokenized by another (`tokenize`), for a server whose `/tokenize` takes text alone.
+    renders: ClassVar[bool] = False
     # Where the context size comes from when the tokenize answer lacks it (asked once per upstream model).
     limits: ClassVar[Call | None] = None
 
@@ -151,6 +156,9 @@ class TokenizerAPI:
         raise NotImplementedError
 
     def tokenize_chat(self, req: TokenizeChatRequest, model: str) -> Call:
+        raise NotImplementedError
+
+    def read_rendered(self, body: bytes, req: TokenizeChatRequest) -> TokenizeRequest:
         raise NotImplementedError
 
     def read_tokenize(self, body: bytes, req: TokenizeRequest | TokenizeChatRequest) -> Tokenized:
@@ -211,6 +219,7 @@ class VLLMTokenizer(TokenizerAPI):
     def tokenize_chat(self, req: TokenizeChatRequest, model: str) -> Call:
         body = msgspec.structs.asdict(req)
         body["model"] = model
+        body["add_special_tokens"] = bool(req.add_special_tokens)  # vLLM's chat default: none added
         if not req.return_token_strs:
             del body["return_token_strs"]  # as for a prompt
         for name in ("chat_template_kwargs", "tools"):
@@ -252,6 +261,10 @@ class _LlamaDetokenized(msgspec.Struct):
     content: str
 
 
+class _LlamaRendered(msgspec.Struct):
+    prompt: str
+
+
 class _LlamaSettings(msgspec.Struct):
     n_ctx: int | None = None
 
@@ -265,6 +278,7 @@ class _LlamaProps(msgspec.Struct):
 
 _read_llama_tokenized: Final = msgspec.json.Decoder(_LlamaTokenized).decode
 _read_llama_detokenized: Final = msgspec.json.Decoder(_LlamaDetokenized).decode
+_read_llama_rendered: Final = msgspec.json.Decoder(_LlamaRendered).decode
 _read_llama_props: Final = msgspec.json.Decoder(_LlamaProps).decode
 
 
@@ -279,6 +293,32 @@ def _piece_text(piece: str | list[int]) -> str:
 class LlamaCppTokenizer(TokenizerAPI):
     routes: ClassVar[frozenset[TokenizerRoute]] = frozenset(ROUTES)
     limits: ClassVar[Call | None] = Call("GET", "/props")
+    # llama-server's `/apply-template` renders a conversation as its chat route does (the same parser reads
+    # `add_generation_prompt`, `continue_final_message`, `chat_template_kwargs` and `tools`); its `/tokenize`
+    # then takes the text.
+    chat: ClassVar[bool] = True
+    renders: ClassVar[bool] = True
+
+    def tokenize_chat(self, req: TokenizeChatRequest, model: str) -> Call:
+        body: dict[str, Any] = {"model": model, "messages": req.messages}
+        body["add_generation_prompt"] = req.add_generation_prompt
+        if req.continue_final_message:
+            body["continue_final_message"] = True  # vLLM's pair; an older build continues by its prefill
+        if req.chat_template_kwargs is not None:
+            body["chat_template_kwargs"] = req.chat_template_kwargs
+        if req.tools is not None:
+            body["tools"] = req.tools
+        return Call("POST", "/apply-template", _json(body))
+
+    def read_rendered(self, body: bytes, req: TokenizeChatRequest) -> TokenizeRequest:
+        # Its chat route tokenizes the rendered text with the special tokens added (the BOS its templates leave
+        # out): so does the count, unless the client says otherwise.
+        special = req.add_special_tokens
+        return TokenizeRequest(
+            prompt=_read_llama_rendered(body).prompt,
+            add_special_tokens=True if special is None else special,
+            return_token_strs=req.return_token_strs,
+        )
 
     def tokenize(self, req: TokenizeRequest, model: str, provider: str) -> Call:
         # `model` picks the model on a llama-server running several (router mode), as for /completion.

@@ -318,6 +318,11 @@ class Tokenizers:
             if tok_req is not None:
                 if isinstance(tok_req, TokenizeChatRequest):
                     call = api.tokenize_chat(tok_req, upstream_model)
+                    if api.renders:  # the conversation rendered by one call, its text tokenized by another
+                        reply = await self._call(pipeline, target, route, call, rec)
+                        with _readable(target.provider):
+                            plain = api.read_rendered(reply.body, tok_req)
+                        call = api.tokenize(plain, upstream_model, target.provider)
                 else:
                     call = api.tokenize(tok_req, upstream_model, target.provider)
                 reply = await self._call(pipeline, target, route, call, rec)

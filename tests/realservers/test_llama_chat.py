@@ -18,7 +18,7 @@ import pytest
 
 from tests.helpers.servers import GatewayThread
 
-from .conftest import MODEL, Server
+from .conftest import LLAMA_CONTEXT, MODEL, Server
 
 TOKENS = 12
 MESSAGES = [
@@ -169,3 +169,27 @@ def test_lm_eval_local_chat_completions_through_the_model_path(
     native = {"messages": MESSAGES, "model": MODEL, "max_tokens": TOKENS, "temperature": 0.0}
     direct = _post(client, llama_server.url + "/v1/chat/completions", native | {"stop": until, "seed": 1234})
     assert generations == [direct["choices"][0]["message"]["content"]]
+
+
+def test_a_conversations_tokens_are_the_prompt_its_chat_completion_counts(
+    client: httpx.Client, gateway: GatewayThread, llama_server: Server
+) -> None:
+    """vLLM's chat form of /tokenize on llama-server: the conversation rendered by its `/apply-template`, the
+    text tokenized by its `/tokenize` with the BOS its chat route adds, so the count is the `prompt_tokens`
+    of the same conversation's chat completion, a new turn or a continued message."""
+    url = f"{gateway.url}/m/ll/{MODEL}/tokenize"
+    continued = [*MESSAGES, {"role": "assistant", "content": "The fox"}]
+    for messages, extra in ((MESSAGES, {}), (continued, {"continue_final_message": True})):
+        fields = {**extra, "add_generation_prompt": False} if extra else {}
+        via = _post(client, url, {"messages": messages, "return_token_strs": True, **fields})
+        asked = {"model": MODEL, "messages": messages, "max_tokens": 1, **fields}
+        usage = _post(client, llama_server.url + "/v1/chat/completions", asked)["usage"]
+        assert via["count"] == len(via["tokens"]) == usage["prompt_tokens"], extra
+        rendered = _post(client, llama_server.url + "/apply-template", {"messages": messages, **fields})["prompt"]
+        direct = _post(client, llama_server.url + "/tokenize", {"content": rendered, "add_special": True})
+        assert via["tokens"] == direct["tokens"] and via["max_model_len"] == LLAMA_CONTEXT
+        assert "".join(via["token_strs"][1:]) == rendered  # after the BOS, the template's text
+        assert rendered.endswith("The fox") == bool(extra)
+    # The client's own `add_special_tokens: false`: the rendered text alone.
+    bare = _post(client, url, {"messages": MESSAGES, "add_special_tokens": False})
+    assert bare["tokens"] == _post(client, url, {"messages": MESSAGES})["tokens"][1:]
