@@ -319,7 +319,8 @@ class Tokenizers:
                 if isinstance(tok_req, TokenizeChatRequest):
                     call = api.tokenize_chat(tok_req, upstream_model)
                     if api.renders:  # the conversation rendered by one call, its text tokenized by another
-                        reply = await self._call(pipeline, target, route, call, rec)
+                        hint = " for a conversation: its server has no route that renders one; send 'prompt'"
+                        reply = await self._call(pipeline, target, route, call, rec, hint)
                         with _readable(target.provider):
                             plain = api.read_rendered(reply.body, tok_req)
                         call = api.tokenize(plain, upstream_model, target.provider)
@@ -429,7 +430,7 @@ class Tokenizers:
             raise pipeline.scrub.error(exc) from None
 
     async def _call(
-        self, pipeline: Pipeline, target: Route, route: TokenizerRoute, call: Call, rec: Record
+        self, pipeline: Pipeline, target: Route, route: TokenizerRoute, call: Call, rec: Record, hint: str = ""
     ) -> Response:
         started = time.perf_counter()
         rec.attempts = 1
@@ -440,7 +441,6 @@ class Tokenizers:
         if reply.status < 400:
             return reply
         if reply.status in (404, 405) and _no_such_route(reply.body):
-            hint = ""
             if route == "tokenizer_info":
                 hint = " (vLLM serves it only when started with --enable-tokenizer-info-endpoint)"
             raise _not_available(target.provider, route, hint)

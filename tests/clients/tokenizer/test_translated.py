@@ -37,6 +37,19 @@ def test_llamacpp_detokenize_content_becomes_prompt(api: httpx.Client, upstream:
     assert upstream.only().json() == {"model": "tiny", "tokens": [104, 105]}
 
 
+def test_a_llamacpp_server_that_renders_no_conversation_says_so(api: httpx.Client, upstream: Upstream) -> None:
+    # A llama-server without /apply-template (an older build, as this one plays): the chat form names the lack.
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "add_special_tokens": False}
+    message = error_envelope(api.post("/m/ll/tiny/tokenize", json=chat), 404, "tokenizer_not_available")
+    assert message == (
+        "Provider 'll' has no /tokenize route for a conversation: its server has no route that renders one; "
+        "send 'prompt'"
+    )
+    (render,) = upstream.received
+    assert render.path == "/ll/apply-template"
+    assert render.json() == {"model": "tiny", "messages": chat["messages"], "add_generation_prompt": True}
+
+
 def test_tgi_tokenize_is_translated(api: httpx.Client, upstream: Upstream) -> None:
     resp = api.post("/m/tgi/bloom/tokenize", json={"prompt": "ok", "return_token_strs": True})
     assert resp.status_code == 200, resp.text
