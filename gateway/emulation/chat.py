@@ -23,6 +23,7 @@ from gateway.emulation.client_schema import Work
 from gateway.emulation.combine import _add, _scan, checked, gather, ready
 from gateway.emulation.merge import merged
 from gateway.emulation.planning import _DEFAULT_CAPS, Guide, bound_stops, make_guide
+from gateway.emulation.seeds import reseeded
 from gateway.emulation.stops import Folded, StopMatcher, StopScanner
 from providers.base import Capabilities, Param
 from wire.chat import (
@@ -139,7 +140,7 @@ def sub_requests(em: ChatEmulation, req: ChatRequest) -> list[ChatRequest]:
     sub = msgspec.structs.replace(req, n=None if em.fan_n > 1 else req.n, stop=em.upstream_stop)
     if em.guide is not None:
         sub = msgspec.structs.replace(sub, guided_json=None, guided_regex=None, guided_choice=None)
-    return [sub] * em.fan_n
+    return [reseeded(sub, j) for j in range(em.fan_n)]  # each its own seed (gateway/emulation/seeds.py)
 
 
 def _cut_tokens(lp: ChatLogprobs | None, keep: int) -> ChatLogprobs | None:
@@ -195,7 +196,9 @@ async def complete(
         await ready(em.guide)
         spend = work if work is not None else Work(_DEFAULT_CAPS.guided_work)
         retry = again or call
-        results = await gather([checked(em.guide, em.guided_retries, s, call, retry, spend, _contents) for s in subs])
+        results = await gather(
+            [checked(em.guide, em.guided_retries, s, call, retry, spend, _contents, em.fan_n) for s in subs]
+        )
     else:
         results = await gather([call(sub) for sub in subs])
     choices: list[ChatChoice] = []

@@ -12,13 +12,14 @@ import msgspec
 
 from gateway.emulation.client_schema import Work, WorkExhausted
 from gateway.emulation.planning import _CHECKS, _DEFAULT_CAPS, Call, Emulation, Guide, sub_requests
+from gateway.emulation.seeds import Seeded, reseeded
 from gateway.emulation.stops import StopMatcher, StopScanner
 from providers.base import CallContext
 from wire.errors import UpstreamError, UpstreamTimeoutError
 from wire.schema import Choice, Completion, CompletionRequest, Logprobs, Usage
 
 _T = TypeVar("_T")
-_R = TypeVar("_R")  # a sub-request
+_R = TypeVar("_R", bound=Seeded)  # a sub-request
 _A = TypeVar("_A")  # its answer
 
 
@@ -137,12 +138,15 @@ async def checked(
     again: Callable[[_R], Awaitable[_A]],
     work: Work,
     texts: Callable[[_A], list[str]],
+    stride: int = 1,
 ) -> _A:
     """One sub-call whose answer's `texts` (a completion's choices, a chat answer's message contents) must
-    each satisfy `guide`: made again up to `retries` times, then a 502 `guided_output_invalid`."""
+    each satisfy `guide`: made again up to `retries` times, then a 502 `guided_output_invalid`. A seeded
+    sub-call is asked again with its seed moved on by `stride` (the calls fanned out beside it) each time:
+    the same seed would sample the same failed answer."""
     why = ""
     for attempt in range(retries + 1):
-        answer = await (again if attempt else call)(sub)
+        answer = await (again(reseeded(sub, attempt * stride)) if attempt else call(sub))
         try:
             failures = [await guide.verdict(text, work) for text in texts(answer)]
         except WorkExhausted as exc:
@@ -199,7 +203,10 @@ async def complete(
         await ready(em.guide)
         spend = work if work is not None else Work(_DEFAULT_CAPS.guided_work)
         retry = again or call
-        calls = [checked(em.guide, em.guided_retries, sub, call, retry, spend, _texts) for sub in sub_requests(em, req)]
+        calls = [
+            checked(em.guide, em.guided_retries, sub, call, retry, spend, _texts, em.fan_n)
+            for sub in sub_requests(em, req)
+        ]
     else:
         calls = [call(sub) for sub in sub_requests(em, req)]
     results = await gather(calls)

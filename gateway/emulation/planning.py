@@ -19,6 +19,7 @@ import msgspec
 from gateway.config import CapsConfig
 from gateway.emulation.client_schema import Checker, Work, admit, match_steps
 from gateway.emulation.patterns import affordable, compile_pattern
+from gateway.emulation.seeds import shifted
 from gateway.emulation.stops import StopMatcher, matcher
 from providers.base import Adapter, Endpoint, LocalAdapter, Table, prompt_form
 from wire.errors import InvalidRequestError
@@ -291,13 +292,14 @@ def make_guide(params: Table, req: CompletionRequest, provider: str, caps: CapsC
 
 def sub_requests(em: Emulation, req: CompletionRequest) -> list[CompletionRequest]:
     """The upstream calls, in order: prompt by prompt, `fan_n` each."""
-    return [_sub_request(em, req, p) for p in em.prompts for _ in range(em.fan_n)]
+    return [_sub_request(em, req, p, j) for p in em.prompts for j in range(em.fan_n)]
 
 
-def _sub_request(em: Emulation, req: CompletionRequest, prompt: str | list[int]) -> CompletionRequest:
+def _sub_request(em: Emulation, req: CompletionRequest, prompt: str | list[int], j: int) -> CompletionRequest:
     return msgspec.structs.replace(
         req,
         prompt=prompt,
+        seed=shifted(req.seed, j),  # each fanned-out call of a prompt its own (gateway/emulation/seeds.py)
         n=None if em.fan_n > 1 or em.best_of else req.n,
         best_of=None if em.best_of else req.best_of,
         # best_of ranks by logprobs: ask for the sampled token's logprob even if the client did not.

@@ -272,6 +272,33 @@ def test_n_that_llama_cpp_python_ignores_fails_the_same_way_streamed_or_not(
     gateway.pipeline.services.ignores_n.clear()
 
 
+def test_seeded_n_fanned_out_samples_each_choice_with_its_own_seed(
+    client: httpx.Client, gateway: GatewayThread, llama_server: Server
+) -> None:
+    """llama-server answers one choice a call, so the gateway makes `n` calls; each takes the request's seed
+    plus its choice's index (vLLM's rule for a seeded `n`): choice j is what llama-server samples with seed
+    `seed + j`, and a seeded `n` is not `n` copies of one sample."""
+    body = {"prompt": PROMPT, "max_tokens": TOKENS, "temperature": 1.5, "seed": 41}
+    direct = [
+        _post(client, llama_server.url + "/completion", {**body, "n_predict": TOKENS, "seed": 41 + j})["content"]
+        for j in range(3)
+    ]
+    assert len(set(direct)) == 3, direct  # three seeds, three samples
+    via = _gw(client, gateway, {**body, "model": f"ll/{MODEL}", "n": 3})
+    assert [c["text"] for c in sorted(via["choices"], key=lambda c: c["index"])] == direct
+    events = _stream(client, gateway.url + "/v1/completions", {**body, "model": f"ll/{MODEL}", "n": 3})
+    streamed = ["".join(c["text"] for e in events for c in e["choices"] if c["index"] == j) for j in range(3)]
+    assert streamed == direct
+    # Chat fans out the same way.
+    chat = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": TOKENS, "temperature": 1.5}
+    alone = [
+        _post(client, llama_server.url + "/v1/chat/completions", {**chat, "model": MODEL, "seed": 41 + j})
+        for j in range(2)
+    ]
+    both = _post(client, gateway.url + "/v1/chat/completions", {**chat, "model": f"ll/{MODEL}", "seed": 41, "n": 2})
+    assert [c["message"]["content"] for c in both["choices"]] == [a["choices"][0]["message"]["content"] for a in alone]
+
+
 def _stream_raw(client: httpx.Client, url: str, body: dict[str, Any]) -> list[str]:
     with client.stream("POST", url, json=body) as resp:
         assert resp.status_code == 200
