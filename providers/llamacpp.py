@@ -53,6 +53,27 @@ def _guided_grammar(body: dict[str, Any], grammar: str) -> None:
     _constrain(body, "grammar", grammar)
 
 
+def _literal(text: str) -> str:
+    """`text` as a GBNF string literal: printable ASCII as it is, `"` and `\\` escaped, everything else by its
+    code point (src/llama-grammar.cpp `parse_char`), so no choice can end the literal or break the grammar."""
+    out = ['"']
+    for ch in text:
+        code = ord(ch)
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif 0x20 <= code < 0x7F:
+            out.append(ch)
+        else:
+            out.append(f"\\U{code:08X}")
+    out.append('"')
+    return "".join(out)
+
+
+def _guided_choice(body: dict[str, Any], choices: list[str]) -> None:
+    # One of the choices exactly, decoded by the server's grammar rather than checked and asked again.
+    _constrain(body, "grammar", "root ::= " + " | ".join(_literal(c) for c in choices))
+
+
 def _response_format(body: dict[str, Any], value: dict[str, Any]) -> None:
     wants_json, schema = response_schema(value)
     if wants_json:
@@ -160,7 +181,7 @@ class LlamaCppAdapter(OpenAIChat):
         echo=EMULATED,
         include_stop_str_in_output=EMULATED,
         guided_regex=EMULATED,
-        guided_choice=EMULATED,
+        guided_choice=Param(apply=_guided_choice),
     )
     # llama-server's `/v1/chat/completions` reads the same sampling fields as `/completion`.
     chat_path: ClassVar[str] = "/v1/chat/completions"

@@ -109,11 +109,24 @@ def test_grammar_and_schema_together_are_refused() -> None:
         ("echo", True),
         ("include_stop_str_in_output", True),
         ("guided_regex", "[0-9]+"),
-        ("guided_choice", ["a", "b"]),
     ],
 )
 def test_emulated_fields_are_accepted_and_not_sent(field: str, value: Any) -> None:
     assert body_for(**{field: value}) == BASE
+
+
+def test_guided_choice_is_a_grammar_of_its_choices_as_literals() -> None:
+    # The server decodes one of the choices exactly; a choice's quote, backslash, newline or non-ASCII text
+    # is escaped (`parse_char` in src/llama-grammar.cpp), so it can neither end its literal nor add a rule.
+    choices = ["yes", 'say "hi"', "back\\slash", "two\nlines", "na\u00efve \u2713", '" | root ::= "x']
+    grammar = body_for(guided_choice=choices)["grammar"]
+    assert grammar == (
+        'root ::= "yes" | "say \\"hi\\"" | "back\\\\slash" | "two\\U0000000Alines" | "na\\U000000EFve \\U00002713" | '
+        '"\\" | root ::= \\"x"'
+    )
+    with pytest.raises(InvalidRequestError) as info:
+        build(ADAPTER, request(guided_choice=["a"], response_format={"type": "json_object"}), ENDPOINT)
+    assert info.value.code == "invalid_value"
 
 
 @pytest.mark.parametrize("field,value", [("suffix", "}"), ("user", "u"), ("images", ["data:image/png;base64,AA=="])])

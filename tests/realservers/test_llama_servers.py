@@ -299,6 +299,24 @@ def test_seeded_n_fanned_out_samples_each_choice_with_its_own_seed(
     assert [c["message"]["content"] for c in both["choices"]] == [a["choices"][0]["message"]["content"] for a in alone]
 
 
+def test_guided_choice_is_decoded_by_llama_servers_grammar(client: httpx.Client, gateway: GatewayThread) -> None:
+    """`guided_choice` goes to llama-server as a grammar of its choices, so even this random model answers one
+    of them exactly, at a high temperature, plain and streamed, on both routes (checked and asked again, as
+    the gateway did before, its answers would rarely pass). Quotes, backslashes, newlines and non-ASCII
+    text in a choice are escaped, not read as grammar."""
+    choices = ['say "hi"', "back\\slash", "two\nlines", "na\u00efve \u2713", "[x]-y"]
+    seen: set[str] = set()
+    for seed in range(4):
+        body = {"model": f"ll/{MODEL}", "guided_choice": choices, "temperature": 1.5, "seed": seed, "max_tokens": 40}
+        text = _gw(client, gateway, {**body, "prompt": PROMPT})["choices"][0]["text"]
+        streamed = _text(_stream(client, gateway.url + "/v1/completions", {**body, "prompt": PROMPT}))
+        chat = {**body, "messages": [{"role": "user", "content": PROMPT}]}
+        said = _post(client, gateway.url + "/v1/chat/completions", chat)["choices"][0]["message"]["content"]
+        assert {text, streamed, said} <= set(choices), (text, streamed, said)
+        seen |= {text, said}
+    assert len(seen) > 1  # sampled among the choices, not one forced answer
+
+
 def _stream_raw(client: httpx.Client, url: str, body: dict[str, Any]) -> list[str]:
     with client.stream("POST", url, json=body) as resp:
         assert resp.status_code == 200
