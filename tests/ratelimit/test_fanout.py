@@ -177,9 +177,9 @@ def test_alias_moves_on_when_a_target_cannot_take_the_whole_fan_out(
 
 
 def test_guided_retries_are_charged_as_they_are_made(g: GatewayThread, upstream: Upstream) -> None:
-    # llama.cpp has no guided_choice: the gateway checks each answer and asks again (guided_retries: 2).
+    # llama.cpp has no guided_regex: the gateway checks each answer and asks again (guided_retries: 2).
     # rpm 2 holds the first call and one retry; the second retry is refused before it is made.
-    resp = post(g, "k-a", {"model": "llama/m", "prompt": "yes or no?", "max_tokens": 1, "guided_choice": ["yes"]})
+    resp = post(g, "k-a", {"model": "llama/m", "prompt": "yes or no?", "max_tokens": 1, "guided_regex": "yes"})
     assert resp.status_code == 429, resp.text
     assert resp.json()["error"]["code"] == "provider_quota"
     assert len(upstream.received) == 2
