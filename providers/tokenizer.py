@@ -155,7 +155,7 @@ class TokenizerAPI:
     def tokenize(self, req: TokenizeRequest, model: str, provider: str) -> Call:
         raise NotImplementedError
 
-    def tokenize_chat(self, req: TokenizeChatRequest, model: str) -> Call:
+    def tokenize_chat(self, req: TokenizeChatRequest, model: str, provider: str) -> Call:
         raise NotImplementedError
 
     def read_rendered(self, body: bytes, req: TokenizeChatRequest) -> TokenizeRequest:
@@ -216,7 +216,7 @@ class VLLMTokenizer(TokenizerAPI):
             body["return_token_strs"] = True
         return Call("POST", "/tokenize", _json(body))
 
-    def tokenize_chat(self, req: TokenizeChatRequest, model: str) -> Call:
+    def tokenize_chat(self, req: TokenizeChatRequest, model: str, provider: str) -> Call:
         body = msgspec.structs.asdict(req)
         body["model"] = model
         body["add_special_tokens"] = bool(req.add_special_tokens)  # vLLM's chat default: none added
@@ -299,7 +299,7 @@ class LlamaCppTokenizer(TokenizerAPI):
     chat: ClassVar[bool] = True
     renders: ClassVar[bool] = True
 
-    def tokenize_chat(self, req: TokenizeChatRequest, model: str) -> Call:
+    def tokenize_chat(self, req: TokenizeChatRequest, model: str, provider: str) -> Call:
         body: dict[str, Any] = {"model": model, "messages": req.messages}
         body["add_generation_prompt"] = req.add_generation_prompt
         if req.continue_final_message:
@@ -381,13 +381,45 @@ class _TGIInfo(msgspec.Struct):
     max_total_tokens: int | None = None
 
 
+class _TGIChatTokenized(msgspec.Struct):
+    tokenize_response: list[_TGIToken]
+
+
 _read_tgi_tokenized: Final = msgspec.json.Decoder(list[_TGIToken]).decode
 _read_tgi_info: Final = msgspec.json.Decoder(_TGIInfo).decode
+_read_tgi_chat_tokenized: Final = msgspec.json.Decoder(_TGIChatTokenized).decode
+
+
+def _cannot(provider: str, param: str, why: str) -> InvalidRequestError:
+    return InvalidRequestError(
+        f"Provider '{provider}' (TGI) {why}; '{param}' cannot be honoured",
+        param=param,
+        code="unsupported_parameter",
+    )
 
 
 class TGITokenizer(TokenizerAPI):
     routes: ClassVar[frozenset[TokenizerRoute]] = frozenset({"tokenize"})
     limits: ClassVar[Call | None] = Call("GET", "/info")
+    # `POST /chat_tokenize` takes a Messages API body and answers the templated text's tokens as `/tokenize`
+    # does (router/src/server.rs `get_chat_tokenize`): the conversation as its chat route renders it, the
+    # assistant's turn opened, no special tokens added beyond the template's (`try_into_generate`).
+    chat: ClassVar[bool] = True
+
+    def tokenize_chat(self, req: TokenizeChatRequest, model: str, provider: str) -> Call:
+        if req.continue_final_message:
+            raise _cannot(provider, "continue_final_message", "cannot continue a final assistant message")
+        if not req.add_generation_prompt:
+            raise _cannot(provider, "add_generation_prompt", "always opens the assistant's turn")
+        if req.chat_template_kwargs is not None:
+            raise _cannot(provider, "chat_template_kwargs", "takes no chat template variables")
+        if req.add_special_tokens:
+            raise _cannot(provider, "add_special_tokens", "adds no special tokens beyond the chat template's")
+        # `model` names a LoRA adapter on TGI's Messages API unless it is "tgi" (`try_into_generate`).
+        body: dict[str, Any] = {"model": "tgi", "messages": req.messages}
+        if req.tools is not None:
+            body["tools"] = req.tools
+        return Call("POST", "/chat_tokenize", _json(body))
 
     def tokenize(self, req: TokenizeRequest, model: str, provider: str) -> Call:
         if not req.add_special_tokens:
@@ -401,7 +433,10 @@ class TGITokenizer(TokenizerAPI):
         return Call("POST", "/tokenize", _json({"inputs": req.prompt}))
 
     def read_tokenize(self, body: bytes, req: TokenizeRequest | TokenizeChatRequest) -> Tokenized:
-        items = _read_tgi_tokenized(body)
+        if isinstance(req, TokenizeChatRequest):
+            items = _read_tgi_chat_tokenized(body).tokenize_response
+        else:
+            items = _read_tgi_tokenized(body)
         return Tokenized([t.id for t in items], [t.text for t in items] if req.return_token_strs else None, None)
 
     def read_limits(self, body: bytes) -> int | None:

@@ -317,7 +317,7 @@ class Tokenizers:
             upstream_model = target.endpoint.model
             if tok_req is not None:
                 if isinstance(tok_req, TokenizeChatRequest):
-                    call = api.tokenize_chat(tok_req, upstream_model)
+                    call = api.tokenize_chat(tok_req, upstream_model, target.provider)
                     if api.renders:  # the conversation rendered by one call, its text tokenized by another
                         hint = " for a conversation: its server has no route that renders one; send 'prompt'"
                         reply = await self._call(pipeline, target, route, call, rec, hint)

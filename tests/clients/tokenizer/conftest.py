@@ -115,6 +115,12 @@ async def _tgi(request: web.Request, rec: Received) -> web.StreamResponse:
     if rec.path == "/tgi/tokenize":
         text = rec.json()["inputs"]
         return _json([{"id": ord(c), "text": c, "start": i, "stop": i + 1} for i, c in enumerate(text)])
+    if rec.path == "/tgi/chat_tokenize":
+        # `get_chat_tokenize` (router/src/server.rs): a toy template, each turn as `<role>content`, then the
+        # assistant's turn opened; the templated text's tokens as /tokenize answers them, beside that text.
+        text = "".join(f"<{m['role']}>{m.get('content') or ''}" for m in rec.json()["messages"]) + "<assistant>"
+        tokens = [{"id": ord(c), "text": c, "start": i, "stop": i + 1} for i, c in enumerate(text)]
+        return _json({"tokenize_response": tokens, "templated_text": text})
     return web.Response(status=404)
 
 

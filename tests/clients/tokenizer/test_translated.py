@@ -58,6 +58,34 @@ def test_tgi_tokenize_is_translated(api: httpx.Client, upstream: Upstream) -> No
     assert [r.path for r in upstream.received] == ["/tgi/tokenize", "/tgi/info"]
 
 
+def test_tgi_tokenizes_a_conversation_with_its_chat_tokenize(api: httpx.Client, upstream: Upstream) -> None:
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    resp = api.post("/m/tgi/bloom/tokenize", json={"messages": messages, "return_token_strs": True})
+    assert resp.status_code == 200, resp.text
+    text = "<system>Be brief.<user>Hi<assistant>"
+    assert resp.json() == {
+        "count": len(text),
+        "max_model_len": 2048,
+        "tokens": [ord(c) for c in text],
+        "token_strs": list(text),
+    }
+    (chat,) = [r for r in upstream.received if r.path != "/tgi/info"]  # the context size: asked once per server
+    # "tgi" as the model: another name is a LoRA adapter to TGI's Messages API.
+    assert (chat.path, chat.json()) == ("/tgi/chat_tokenize", {"model": "tgi", "messages": messages})
+    # What TGI cannot do with a conversation is refused by name, before any call.
+    upstream.received.clear()
+    for extra in (
+        {"add_generation_prompt": False},
+        {"continue_final_message": True, "add_generation_prompt": False},
+        {"chat_template_kwargs": {"enable_thinking": False}},
+        {"add_special_tokens": True},
+    ):
+        body = {"messages": [*messages, {"role": "assistant", "content": "Hel"}], **extra}
+        param = next(iter(extra)) if "continue_final_message" not in extra else "continue_final_message"
+        error_envelope(api.post("/m/tgi/bloom/tokenize", json=body), 400, "unsupported_parameter", param)
+    assert upstream.received == []
+
+
 def test_tgi_cannot_leave_out_special_tokens_and_has_no_detokenize(api: httpx.Client, upstream: Upstream) -> None:
     message = error_envelope(
         api.post("/m/tgi/bloom/tokenize", json={"prompt": "ok", "add_special_tokens": False}),

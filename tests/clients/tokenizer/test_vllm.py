@@ -173,7 +173,4 @@ def test_a_conversations_bad_fields_are_400s_naming_them(api: httpx.Client, upst
         ),
     ):
         error_envelope(api.post(f"{BASE}/tokenize", json=body), 400, code, param=param)
-    # TGI's /tokenize takes text only, and it has no route that renders a conversation.
-    message = error_envelope(api.post("/m/tgi/bloom/tokenize", json=chat), 400, "unsupported_parameter", "messages")
-    assert message == "Provider 'tgi' has no chat form of /tokenize: send 'prompt'"
     assert upstream.received == []
