@@ -12,7 +12,7 @@ import functools
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -154,11 +154,13 @@ class Procs:
                 proc.wait(5)
 
 
-def cluster_port() -> int:
-    """A free port whose cluster bus port (port + 10000) is a port too, and free."""
+def cluster_port(taken: Sequence[int] = ()) -> int:
+    """A free port whose cluster bus port (port + 10000) is a port too, and free, neither of them one of
+    `taken` or its bus port (the other nodes')."""
+    busy = {*taken, *(p + 10000 for p in taken)}
     while True:
         port = free_port()
-        if port + 10000 > 65535:
+        if port + 10000 > 65535 or port in busy or port + 10000 in busy:
             continue
         with socket.socket() as sock:
             try:
@@ -173,20 +175,10 @@ class Cluster(Procs):
 
     def __init__(self, workdir: Path) -> None:
         super().__init__(workdir)
-        self.ports = [cluster_port() for _ in range(6)]
+        self.ports: list[int] = []
         try:
-            for port in self.ports:
-                self.spawn(
-                    port,
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    f"nodes-{port}.conf",
-                    "--cluster-node-timeout",
-                    "1000",
-                )
-            for port in self.ports:
-                wait_for(functools.partial(_answers, port), f"cluster node {port}")
+            for _ in range(6):
+                self.ports.append(self._node(cluster_port(self.ports)))
             subprocess.run(
                 ["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports)]
                 + ["--cluster-replicas", "1", "--cluster-yes"],
@@ -198,6 +190,20 @@ class Cluster(Procs):
         except BaseException:
             self.stop()
             raise
+
+    def _node(self, port: int) -> int:
+        """A cluster node started on `port`, or on another when it exits at once (another process took the port
+        or its bus port between the check and the start): its port."""
+        for _ in range(5):
+            args = ("--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf")
+            self.spawn(port, *args, "--cluster-node-timeout", "1000")
+            proc = self.procs[port]
+            wait_for(lambda: proc.poll() is not None or _answers(port), f"cluster node {port}")  # noqa: B023
+            if proc.poll() is None:
+                return port
+            del self.procs[port]
+            port = cluster_port([*self.ports, port])
+        raise RuntimeError("no cluster node started on five ports")
 
     @property
     def url(self) -> str:
