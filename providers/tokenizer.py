@@ -390,9 +390,11 @@ _read_tgi_info: Final = msgspec.json.Decoder(_TGIInfo).decode
 _read_tgi_chat_tokenized: Final = msgspec.json.Decoder(_TGIChatTokenized).decode
 
 
-def _cannot(provider: str, param: str, why: str) -> InvalidRequestError:
+def _cannot(provider: str, param: str, why: str, asked: str | None = None) -> InvalidRequestError:
+    """What TGI cannot do, named: `asked` is the request's value as the message quotes it (the field alone
+    by default)."""
     return InvalidRequestError(
-        f"Provider '{provider}' (TGI) {why}; '{param}' cannot be honoured",
+        f"Provider '{provider}' (TGI) {why}; '{asked or param}' cannot be honoured",
         param=param,
         code="unsupported_parameter",
     )
@@ -424,12 +426,8 @@ class TGITokenizer(TokenizerAPI):
     def tokenize(self, req: TokenizeRequest, model: str, provider: str) -> Call:
         if not req.add_special_tokens:
             # TGI tokenizes as /generate does, special tokens included: an answer without them would be wrong.
-            raise InvalidRequestError(
-                f"Provider '{provider}' (TGI) always adds the tokenizer's special tokens; "
-                "'add_special_tokens: false' cannot be honoured",
-                param="add_special_tokens",
-                code="unsupported_parameter",
-            )
+            why = "always adds the tokenizer's special tokens"
+            raise _cannot(provider, "add_special_tokens", why, "add_special_tokens: false")
         return Call("POST", "/tokenize", _json({"inputs": req.prompt}))
 
     def read_tokenize(self, body: bytes, req: TokenizeRequest | TokenizeChatRequest) -> Tokenized:

@@ -213,6 +213,16 @@ CHAT_SHAPES: Final = (
 )
 
 
+def text_parts(content: object, sep: str) -> str | None:
+    """A message's text: its string, or its text parts joined by `sep` (each server joins them its own way);
+    None when it has no content."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return sep.join(p.text for p in content if isinstance(p, TextPart))
+    return None
+
+
 def _text(content: object) -> str:
     if content is None:
         return ""
@@ -413,4 +423,5 @@ __all__ = [
     "answer_chunks",
     "decode_chat",
     "render",
+    "text_parts",
 ]

@@ -25,7 +25,7 @@ from gateway.path.opened import Opened
 from gateway.upstream.plan import Group, Plan, Route
 from providers.base import LocalAdapter, map_params
 from providers.openai_chat import OpenAIChat, check_chat, chunks_from, from_completion, unsupported_endpoint
-from wire.chat import AssistantMessage, ChatChunk, ChatCompletion, ChatRequest, Delta, TextPart, render
+from wire.chat import AssistantMessage, ChatChunk, ChatCompletion, ChatRequest, Delta, TextPart, render, text_parts
 from wire.errors import UnsupportedParamError
 from wire.schema import CompletionRequest
 from wire.upstream import UpstreamRequest
@@ -248,10 +248,8 @@ def _unrepeated(answer: ChatCompletion, req: ChatRequest) -> None:
     """The continuation alone in each choice of a route that answers a continued message with the message
     before it (llama-server, buffered: the text it parsed, its parts joined by blank lines), as its stream
     and every other route give it; a choice that does not begin with it is left as it came."""
-    content = req.messages[-1].content
-    if isinstance(content, list):
-        content = "\n\n".join(p.text for p in content if isinstance(p, TextPart))
-    if not isinstance(content, str) or not content:
+    content = text_parts(req.messages[-1].content, "\n\n")
+    if not content:
         return
     for ch in answer.choices:
         text = ch.message.content

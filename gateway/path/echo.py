@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from wire.chat import AssistantMessage, ChatChunk, ChatCompletion, ChatRequest, TextPart
+from wire.chat import AssistantMessage, ChatChunk, ChatCompletion, ChatRequest, text_parts
 
 
 def echoed(req: ChatRequest) -> str:
@@ -27,12 +27,7 @@ def echoed(req: ChatRequest) -> str:
     opened = not (req.continue_final_message or req.add_generation_prompt is False)
     if opened and not isinstance(last, AssistantMessage):
         return ""
-    content = last.content
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # text parts, joined as vLLM joins them for a template
-        return "\n".join(p.text for p in content if isinstance(p, TextPart))
-    return ""
+    return text_parts(last.content, "\n") or ""  # text parts joined as vLLM joins them for a template
 
 
 async def led(answer: Coroutine[Any, Any, ChatCompletion], text: str) -> ChatCompletion:
