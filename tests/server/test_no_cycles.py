@@ -294,17 +294,27 @@ def test_a_request_through_the_gateway_leaves_no_cycle(gateway: tuple[GatewayThr
             client.send(_post(route, SPEND, key))
             assert client.response().status == 200
 
+        cooling = 0
+
         def send(n: int) -> None:
+            nonlocal cooling
             for _ in range(n):
                 client.send(_post(route, body, key))
                 response = client.response()
                 assert response.status in statuses, response.body
                 assert holds in response.body
+                if response.status == 503:
+                    # The target was still cooling from the last break (1 ms): wait it out, so that the next
+                    # request reaches the upstream however fast this loop runs.
+                    cooling += 1
+                    time.sleep(0.005)
 
         assert left_in_cycles(send) == {}
         if body in (CUT, FAN_OUT):  # most of them reached the upstream and broke midway
             prompt = b"Cut this" if body == CUT else b"Cut these two"
-            assert sum(prompt in r.body for r in upstream.received) > REQUESTS // 2
+            reached = sum(prompt in r.body for r in upstream.received)
+            assert reached >= 5 + REQUESTS - cooling
+            assert reached > REQUESTS // 2
     finally:
         client.close()
 
