@@ -40,8 +40,9 @@ class SubStream(Protocol):
     def chunks(self) -> AsyncIterator[Completion]: ...
 
 
-# `guided_choice`: at most this many entries, of at most this many characters together (an answer is
-# looked up in a set, so these bound memory, not time).
+# `guided_choice`: at most this many entries, of at most this many characters together, whoever serves it
+# (gateway/path/request.py checks every request): an answer is looked up in a set and a server's grammar is
+# built from them, so these bound memory, not time.
 GUIDED_CHOICES = 1024
 GUIDED_CHOICE_CHARS = 64 * 1024
 
@@ -278,15 +279,7 @@ def make_guide(params: Table, req: CompletionRequest, provider: str, caps: CapsC
         pattern = compile_pattern(req.guided_regex, param="guided_regex", limit=caps.pattern_chars)
         return Guide("regex", "guided_regex", pattern=pattern)
     if req.guided_choice is not None and _emulated(params, "guided_choice"):
-        choices = req.guided_choice
-        if len(choices) > GUIDED_CHOICES or sum(map(len, choices)) > GUIDED_CHOICE_CHARS:
-            raise InvalidRequestError(
-                f"'guided_choice' may have at most {GUIDED_CHOICES} entries of at most {GUIDED_CHOICE_CHARS} "
-                "characters together",
-                param="guided_choice",
-                code="invalid_value",
-            )
-        return Guide("choice", "guided_choice", choices=frozenset(choices))
+        return Guide("choice", "guided_choice", choices=frozenset(req.guided_choice))
     return None
 
 

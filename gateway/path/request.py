@@ -14,6 +14,7 @@ from typing import Any, Final
 import msgspec
 
 from gateway.config import CapsConfig
+from gateway.emulation.planning import GUIDED_CHOICE_CHARS, GUIDED_CHOICES
 from gateway.path.dialects import decode_error
 from gateway.path.echo import echoed
 from providers.registry import credential_headers
@@ -175,8 +176,19 @@ def _check_guided(req: CompletionRequest) -> None:
         raise _bad(f"only one structured-output constraint may be set, got {', '.join(guided)}", guided[1])
     if guided and req.response_format is not None and req.response_format.get("schema") is not None:
         raise _bad(f"'response_format' with a schema conflicts with '{guided[0]}'", "response_format")
-    if req.guided_choice is not None and not req.guided_choice:
-        raise _bad("'guided_choice' must not be empty", "guided_choice")
+    choices = req.guided_choice
+    if choices is not None:
+        if not choices:
+            raise _bad("'guided_choice' must not be empty", "guided_choice")
+        # Whichever provider serves the request, the gateway may check the answer itself (a failover to a kind
+        # that emulates it) or build the server's grammar from the choices: both held to one bound.
+        if len(choices) > GUIDED_CHOICES or sum(map(len, choices)) > GUIDED_CHOICE_CHARS:
+            raise InvalidRequestError(
+                f"'guided_choice' may have at most {GUIDED_CHOICES} entries of at most {GUIDED_CHOICE_CHARS} "
+                "characters together",
+                param="guided_choice",
+                code="invalid_value",
+            )
 
 
 # The fields most requests leave unset whose checks and folds `normalize` skips when none is set: the token

@@ -135,7 +135,6 @@ CAPS = CapsConfig(emulated_answer_bytes=1024 * 1024, pattern_chars=64, stop_char
             "guided_json",
         ),
         ({"guided_json": {"type": "strnig"}}, "guided_json"),
-        ({"guided_choice": ["x" * 40_000, "y" * 40_000]}, "guided_choice"),
         ({"stop": ["a" * 60, "b" * 60], "include_stop_str_in_output": True}, "stop"),
         (
             {

@@ -8,6 +8,7 @@ import msgspec
 import pytest
 
 from gateway.config import CapsConfig
+from gateway.emulation.planning import GUIDED_CHOICE_CHARS, GUIDED_CHOICES
 from gateway.path.dialects import decode_error
 from gateway.path.request import FORBIDDEN_HEADERS, MAX_CHOICES, normalize
 from tests.helpers.adapters import request
@@ -103,6 +104,31 @@ def test_stop_count_has_an_absolute_bound(field: str) -> None:
     err = decode_error(_decode_fails(**{field: [str(i) for i in range(MAX_STOPS + 1)]}))
     assert (err.param, err.code) == (field, "invalid_value")
     assert err.message == f"Invalid value for '{field}': Expected `array` of length <= {MAX_STOPS}"
+
+
+@pytest.mark.parametrize(
+    "choices",
+    [
+        [str(i) for i in range(GUIDED_CHOICES + 1)],
+        ["x" * (GUIDED_CHOICE_CHARS // 2), "y" * (GUIDED_CHOICE_CHARS // 2 + 1)],
+    ],
+    ids=["entries", "characters"],
+)
+def test_guided_choice_is_bounded_whoever_serves_it(choices: list[str]) -> None:
+    # The bound holds at normalize, before any route is chosen: a native grammar is built from the choices too.
+    err = refused("guided_choice", guided_choice=choices)
+    assert err.message == (
+        f"'guided_choice' may have at most {GUIDED_CHOICES} entries of at most {GUIDED_CHOICE_CHARS} "
+        "characters together"
+    )
+
+
+def test_guided_choice_at_its_bounds_is_taken() -> None:
+    at_most = [str(i) for i in range(GUIDED_CHOICES)]
+    assert request(guided_choice=at_most).guided_choice == at_most
+    widest = ["x" * (GUIDED_CHOICE_CHARS // 2), "y" * (GUIDED_CHOICE_CHARS // 2)]
+    assert request(guided_choice=widest).guided_choice == widest
+    refused("guided_choice", guided_choice=[])
 
 
 @pytest.mark.parametrize("field", ["stop", "stop_sequences"])
