@@ -135,8 +135,10 @@ def stream(
     usage: tuple[int, int] | None = None,
     first_delay: float = 0.0,
     gap: float = 0.0,
+    written: threading.Event | None = None,
 ) -> Behaviour:
-    """Stream these recorded events (after `first_delay`, `gap` between them), an optional usage chunk, [DONE]."""
+    """Stream these recorded events (after `first_delay`, `gap` between them), an optional usage chunk, [DONE].
+    `written` is set once the first event is handed to the socket."""
 
     async def behave(request: web.Request, hit: Hit) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
@@ -147,6 +149,8 @@ def stream(
             if i and gap:
                 await asyncio.sleep(gap)
             await resp.write(event + b"\n\n")
+            if written is not None:
+                written.set()
         if usage is not None:
             await resp.write(usage_event(*usage) + b"\n\n")
         await resp.write(DONE_EVENT + b"\n\n")

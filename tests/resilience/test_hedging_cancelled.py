@@ -9,6 +9,7 @@ before the failover loop has read it; and with Redis, while a count's shared wri
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -118,9 +119,11 @@ async def test_a_cancel_while_the_loser_gives_its_count_back_lets_go_of_the_winn
     faults.forget()
     # Neither says a thing (not even its status line) until the loop is held, so both are read alike after.
     # alpha's silence is long beside the hedge's 0.1 s, so beta's call is out well before alpha answers even
-    # when the loop is slow to send it; the hold outlasts alpha's silence.
-    faults["alpha"].script(slow(0.6, then=stream(gap=0.5)))
-    faults["beta"].script(slow(0.05, then=stream(gap=0.5)))
+    # when the loop is slow to send it; the hold lasts until both first events are written, however late the
+    # upstream's thread comes to write them (a full run's collector can stop it for a while).
+    written = {name: threading.Event() for name in ("alpha", "beta")}
+    faults["alpha"].script(slow(0.6, then=stream(gap=0.5, written=written["alpha"])))
+    faults["beta"].script(slow(0.05, then=stream(gap=0.5, written=written["beta"])))
     attempts = Attempts()
     counts: list[int] = []
     held: list[bool] = []
@@ -129,7 +132,9 @@ async def test_a_cancel_while_the_loser_gives_its_count_back_lets_go_of_the_winn
         attempts.look()
         if faults["beta"].count and not held:
             # The hedge was sent: hold the gateway's loop until both first events are in its sockets.
-            time.sleep(1.2)
+            for name, event in written.items():
+                assert event.wait(10.0), f"{name} never wrote its first event"
+            time.sleep(0.05)  # loopback hands them over at once; a moment's margin all the same
             held.append(True)
         counts.append(sum(p.health.local.inflight.values()))
         return counts[-1] == 1 and 2 in counts
