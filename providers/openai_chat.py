@@ -88,6 +88,7 @@ class _UpChoice(UpStopped):
     finish_reason: str | None = None
     logprobs: UpLogprobs | float | None = None  # a bare number: a stream chunk's token (chat_logprobs.py)
     token_ids: list[int] | None = None  # vLLM's `return_token_ids` (a stream chunk's own delta)
+    prompt_token_ids: list[int] | None = None  # SGLang's `return_token_ids` writes the prompt's ids per choice
 
 
 class _UpChat(UpEnvelope):
@@ -172,6 +173,9 @@ class OpenAIChat(Adapter):
     # The route reads that thinking as a `thinking` content chunk at the head of the turn (Mistral's shape)
     # instead of a message field.
     chat_reasoning_chunk: ClassVar[bool] = False
+    # Where the chat table takes `return_token_ids`: whether the route's streams carry the ids too. False: a
+    # streamed request for them is a 400 naming the field (the route would refuse it, or send none).
+    chat_token_ids_streamed: ClassVar[bool] = True
 
     def chat_url(self, endpoint: Endpoint) -> str:
         return endpoint.base_url.rstrip("/") + self.chat_path
@@ -235,8 +239,11 @@ class OpenAIChat(Adapter):
             choices.append(ChatChoice(c.index, message, chat_finish(c.finish_reason), lp, c.token_ids, why))
         usage = usage_from(up.usage) if up.usage is not None else None
         fingerprint = up.system_fingerprint or None
+        prompt_ids = up.prompt_token_ids
+        if prompt_ids is None and up.choices:
+            prompt_ids = up.choices[0].prompt_token_ids  # one conversation: every choice's are the same
         return ChatCompletion(
-            ctx.id, ctx.created, ctx.model, choices, fingerprint, usage, up.prompt_token_ids, up.prompt_logprobs
+            ctx.id, ctx.created, ctx.model, choices, fingerprint, usage, prompt_ids, up.prompt_logprobs
         )
 
     def parse_chat_event(self, event: str | None, data: bytes, ctx: CallContext) -> ChatChunk | None:
@@ -357,6 +364,18 @@ def check_chat(adapter: Capabilities, req: ChatRequest, provider: str) -> None:
             "continue_final_message",
             provider,
             f"Provider '{provider}' cannot continue an assistant message with what this request asks for",
+        )
+    if (
+        req.stream
+        and req.return_token_ids
+        and isinstance(adapter, OpenAIChat)
+        and not adapter.chat_token_ids_streamed
+        and "return_token_ids" in (adapter.chat_params or ())
+    ):
+        raise UnsupportedParamError(
+            "return_token_ids",
+            provider,
+            f"Provider '{provider}' returns token ids on chat only in an answer that is not streamed",
         )
     count = req.prompt_logprobs  # streamed, refused by normalize_chat whatever the route
     if count is not None and count > adapter.max_logprobs and "prompt_logprobs" in (adapter.chat_params or ()):

@@ -79,10 +79,14 @@ class SGLangAdapter(OpenAIChat, OpenAICompatible):
     # Its chat choices carry `matched_stop`, plain and streamed, as its completion choices do.
     # sglang `ChatCompletionRequest.continue_final_message`: the trailing assistant message is continued.
     chat_continue = MappingProxyType({"continue_final_message": True})
+    # `return_token_ids` on chat (sglang `serving_chat.py`): each choice's `token_ids` and `prompt_token_ids`
+    # (the gateway lifts the latter to the answer's top, vLLM's place); its chat route refuses it on a stream.
+    chat_token_ids_streamed = False
     chat_params = chat_table(
         params,
         reasoning_effort=Param(),
         chat_template_kwargs=Param(),
+        return_token_ids=params["return_token_ids"],
         include_stop_reason=params["include_stop_reason"],
         continue_final_message=continuing(chat_continue),
     )

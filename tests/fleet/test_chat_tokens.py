@@ -10,6 +10,7 @@ answer's `prompt_token_ids` (in a stream, on its first chunk only). The SGLang o
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -92,11 +93,18 @@ async def vllm_chat(request: web.Request, received: Received) -> web.StreamRespo
     return resp
 
 
+SGLANG_IDS = [31, 32]
+
+
 async def sglang_chat(request: web.Request, received: Received) -> web.StreamResponse:
     finish = {"index": 0, "logprobs": None, "finish_reason": "stop", "matched_stop": "\n"}
     if not received.json().get("stream"):
         message = {"role": "assistant", "content": "hi", "reasoning_content": None, "tool_calls": None}
-        body = {**HEAD, "object": "chat.completion", "choices": [{**finish, "message": message}], "usage": USAGE}
+        choice: dict[str, Any] = {**finish, "message": message}
+        if received.json().get("return_token_ids"):
+            # SGLang's serving_chat.py: the prompt's ids and the sampled ones on each choice (absent unless asked).
+            choice.update(prompt_token_ids=PROMPT_IDS, token_ids=SGLANG_IDS)
+        body = {**HEAD, "object": "chat.completion", "choices": [choice], "usage": USAGE}
         return web.Response(body=json.dumps(body).encode(), content_type="application/json")
     resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
     await resp.prepare(request)
@@ -113,17 +121,22 @@ async def sglang_chat(request: web.Request, received: Received) -> web.StreamRes
 
 
 @pytest.fixture
-def gateway(tmp_path: Path, replicas: list[Upstream]) -> Any:
-    for u in replicas:
-        u.handler = vllm_chat
+def sglang() -> Iterator[Upstream]:
     with Upstream() as side:
         side.handler = sglang_chat
-        extra = f"""  sg: {{kind: sglang, base_url: {side.url}/v1, discover: false}}
+        yield side
+
+
+@pytest.fixture
+def gateway(tmp_path: Path, replicas: list[Upstream], sglang: Upstream) -> Any:
+    for u in replicas:
+        u.handler = vllm_chat
+    extra = f"""  sg: {{kind: sglang, base_url: {sglang.url}/v1, discover: false}}
   hosted: {{kind: openai, api_key: sk-x, base_url: {replicas[0].url}/v1}}
 cache: {{mode: always}}
 """
-        with serve_config(tmp_path, fleet_config(replicas, "policy: round_robin", extra=extra)) as gw:
-            yield gw
+    with serve_config(tmp_path, fleet_config(replicas, "policy: round_robin", extra=extra)) as gw:
+        yield gw
 
 
 def _extra(obj: pydantic.BaseModel) -> dict[str, Any]:
@@ -182,17 +195,53 @@ def test_token_ids_are_relayed_plain_streamed_and_from_the_cache(gateway: Any, r
     assert plain.choices[0].logprobs is None and "return_token_ids" not in _sent(replicas)[-1]
 
 
+def test_sglangs_chat_token_ids_come_back_in_vllms_shape(gateway: Any, sglang: Upstream) -> None:
+    # SGLang writes the prompt's ids on each choice; the client reads them at the answer's top, as from vLLM.
+    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="none", max_retries=0)
+    ask: dict[str, Any] = {"model": "sg/m", "messages": [{"role": "user", "content": "ids from sglang"}]}
+    answer = client.chat.completions.create(**ask, extra_body={"return_token_ids": True})
+    assert sglang.received[-1].json()["return_token_ids"] is True
+    assert _extra(answer)["prompt_token_ids"] == PROMPT_IDS
+    assert _extra(answer.choices[0])["token_ids"] == SGLANG_IDS
+    assert "prompt_token_ids" not in _extra(answer.choices[0])
+    # A streamed hit of the stored answer replays them as vLLM streams them.
+    calls = len(sglang.received)
+    assert _streamed(client, **ask, extra_body={"return_token_ids": True}) == (PROMPT_IDS, SGLANG_IDS, "hi")
+    assert len(sglang.received) == calls
+
+    # Asked for nothing: no ids, and SGLang is not asked for them.
+    plain = client.chat.completions.create(model="sg/m", messages=[{"role": "user", "content": "no ids"}])
+    assert "prompt_token_ids" not in _extra(plain) and "token_ids" not in _extra(plain.choices[0])
+    assert "return_token_ids" not in sglang.received[-1].json()
+
+    # A stream that is not a cache hit: SGLang's chat route sends no ids in streams, so it is refused by name.
+    with pytest.raises(openai.BadRequestError) as refused:
+        list(
+            client.chat.completions.create(
+                model="sg/m",
+                messages=[{"role": "user", "content": "a fresh stream"}],
+                stream=True,
+                extra_body={"return_token_ids": True},
+            )
+        )
+    error = refused.value.body
+    assert isinstance(error, dict) and error["param"] == "return_token_ids"
+    assert error["code"] == "unsupported_parameter" and "not streamed" in error["message"]
+    assert len(sglang.received) == calls + 1  # only the plain request above reached it
+
+
 def test_token_ids_are_refused_by_name_on_other_chat_routes(gateway: Any, replicas: list[Upstream]) -> None:
     client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="none", max_retries=0)
     before = len(_sent(replicas))
-    for model in ("sg/m", "hosted/gpt-4o-mini"):
-        with pytest.raises(openai.BadRequestError) as refused:
-            client.chat.completions.create(
-                model=model, messages=[{"role": "user", "content": "x"}], extra_body={"return_token_ids": True}
-            )
-        error = refused.value.body
-        assert isinstance(error, dict) and error["param"] == "return_token_ids", model
-        assert error["code"] == "unsupported_parameter"
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(
+            model="hosted/gpt-4o-mini",
+            messages=[{"role": "user", "content": "x"}],
+            extra_body={"return_token_ids": True},
+        )
+    error = refused.value.body
+    assert isinstance(error, dict) and error["param"] == "return_token_ids"
+    assert error["code"] == "unsupported_parameter"
     assert len(_sent(replicas)) == before  # refused before any upstream call
 
 
