@@ -169,6 +169,11 @@ class InvalidRequestError(GatewayError):
 
 
 class UnsupportedParamError(InvalidRequestError):
+    # Refused by one target before any call: another target of the plan may honour the field, and the
+    # refusal says nothing of this target's health.
+    elsewhere = True
+    cools = False
+
     def __init__(self, param: str, provider: str, message: str | None = None) -> None:
         super().__init__(
             message or f"Parameter '{param}' is not supported by provider '{provider}'",

@@ -134,6 +134,13 @@ def gateway(tmp_path: Path, replicas: list[Upstream], sglang: Upstream) -> Any:
     extra = f"""  sg: {{kind: sglang, base_url: {sglang.url}/v1, discover: false}}
   hosted: {{kind: openai, api_key: sk-x, base_url: {replicas[0].url}/v1}}
 cache: {{mode: always}}
+models:
+  - name: tokens
+    strategy: ordered
+    targets: [{{model: sg/m}}, {{model: engine/m}}]
+  - name: nowhere
+    strategy: ordered
+    targets: [{{model: hosted/gpt-4o-mini}}, {{model: sg/m}}]
 """
     with serve_config(tmp_path, fleet_config(replicas, "policy: round_robin", extra=extra)) as gw:
         yield gw
@@ -195,6 +202,22 @@ def test_token_ids_are_relayed_plain_streamed_and_from_the_cache(gateway: Any, r
     assert plain.choices[0].logprobs is None and "return_token_ids" not in _sent(replicas)[-1]
 
 
+def _ids_stream_refused(client: openai.OpenAI, model: str, content: str) -> dict[str, Any]:
+    """The 400 a streamed chat request for token ids gets from `model`: it names `return_token_ids`."""
+    with pytest.raises(openai.BadRequestError) as refused:
+        list(
+            client.chat.completions.create(
+                model=model,
+                messages=[{"role": "user", "content": content}],
+                stream=True,
+                extra_body={"return_token_ids": True},
+            )
+        )
+    error = refused.value.body
+    assert isinstance(error, dict) and error["param"] == "return_token_ids", error
+    return error
+
+
 def test_sglangs_chat_token_ids_come_back_in_vllms_shape(gateway: Any, sglang: Upstream) -> None:
     # SGLang writes the prompt's ids on each choice; the client reads them at the answer's top, as from vLLM.
     client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="none", max_retries=0)
@@ -215,19 +238,29 @@ def test_sglangs_chat_token_ids_come_back_in_vllms_shape(gateway: Any, sglang: U
     assert "return_token_ids" not in sglang.received[-1].json()
 
     # A stream that is not a cache hit: SGLang's chat route sends no ids in streams, so it is refused by name.
-    with pytest.raises(openai.BadRequestError) as refused:
-        list(
-            client.chat.completions.create(
-                model="sg/m",
-                messages=[{"role": "user", "content": "a fresh stream"}],
-                stream=True,
-                extra_body={"return_token_ids": True},
-            )
-        )
-    error = refused.value.body
-    assert isinstance(error, dict) and error["param"] == "return_token_ids"
+    error = _ids_stream_refused(client, "sg/m", "a fresh stream")
     assert error["code"] == "unsupported_parameter" and "not streamed" in error["message"]
     assert len(sglang.received) == calls + 1  # only the plain request above reached it
+
+
+def test_a_target_that_cannot_honour_a_field_passes_the_request_to_one_that_can(
+    gateway: Any, replicas: list[Upstream], sglang: Upstream
+) -> None:
+    # `tokens` tries SGLang first: a streamed request for ids, which SGLang cannot serve, goes to vLLM, with no
+    # call to SGLang and no cooldown of it; a buffered one is SGLang's.
+    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="none", max_retries=0)
+    ask: dict[str, Any] = {"model": "tokens", "extra_body": {"return_token_ids": True}}
+    before, engine_before = len(sglang.received), len(_sent(replicas))
+    streamed = _streamed(client, **ask, messages=[{"role": "user", "content": "stream me ids"}])
+    assert streamed == (PROMPT_IDS, [11, 12], "hi")  # vLLM's
+    assert len(sglang.received) == before and len(_sent(replicas)) == engine_before + 1
+    raw = client.chat.completions.with_raw_response.create(**ask, messages=[{"role": "user", "content": "buffered"}])
+    assert _extra(raw.parse().choices[0])["token_ids"] == SGLANG_IDS  # SGLang is not cooling: it serves this
+    assert raw.headers["x-gateway-attempts"] == "1" and len(sglang.received) == before + 1
+
+    # No target of `nowhere` can stream ids: the last refusal, naming the field, and no upstream call at all.
+    assert "'sg'" in _ids_stream_refused(client, "nowhere", "nobody streams ids")["message"]
+    assert len(sglang.received) == before + 1 and len(_sent(replicas)) == engine_before + 1
 
 
 def test_token_ids_are_refused_by_name_on_other_chat_routes(gateway: Any, replicas: list[Upstream]) -> None:
