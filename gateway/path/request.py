@@ -183,11 +183,10 @@ def _check_guided(req: CompletionRequest) -> None:
         # Whichever provider serves the request, the gateway may check the answer itself (a failover to a kind
         # that emulates it) or build the server's grammar from the choices: both held to one bound.
         if len(choices) > GUIDED_CHOICES or sum(map(len, choices)) > GUIDED_CHOICE_CHARS:
-            raise InvalidRequestError(
+            raise _bad(
                 f"'guided_choice' may have at most {GUIDED_CHOICES} entries of at most {GUIDED_CHOICE_CHARS} "
                 "characters together",
-                param="guided_choice",
-                code="invalid_value",
+                "guided_choice",
             )
 
 
