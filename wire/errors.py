@@ -35,6 +35,9 @@ class GatewayError(Exception):
     # Only another target can help (an exhausted quota, the gateway's own credentials refused):
     # never retried on the same target, but the request moves on to an untried one.
     elsewhere: bool = False
+    # Raised before any upstream call of the attempt (a full server, a field the target's kind refuses): the
+    # failover loop does not count the attempt.
+    no_call: bool = False
     # Upstream calls made before giving up (set by the failover loop), for `x-gateway-attempts`.
     attempts: int | None = None
     # Whether a retryable failure says the target is unhealthy (a gateway-side quota does not).
@@ -173,6 +176,7 @@ class UnsupportedParamError(InvalidRequestError):
     # refusal says nothing of this target's health.
     elsewhere = True
     cools = False
+    no_call = True
 
     def __init__(self, param: str, provider: str, message: str | None = None) -> None:
         super().__init__(

@@ -39,6 +39,8 @@ class Spilled(RateLimitError):
     """An attempt that found its server full while another target of the plan had room: no upstream call was
     made, and the failover loop moves on to the next target without counting it as an attempt."""
 
+    no_call = True
+
 
 class Ask(msgspec.Struct, eq=False):
     """Who one request is to the queue: its tenant, the tenant's weight, its class and what it may cost.

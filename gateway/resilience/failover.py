@@ -20,12 +20,11 @@ import msgspec
 
 from gateway.fleet.picker import Hint
 from gateway.ops import tracing
-from gateway.queue.service import Spilled
 from gateway.resilience.balancer import Selector
 from gateway.resilience.health import Health, TargetState
 from gateway.upstream.plan import Plan, Route
 from gateway.upstream.transport import Timeouts
-from wire.errors import GatewayError, UnsupportedParamError, UpstreamConnectError, UpstreamTimeoutError
+from wire.errors import GatewayError, UpstreamConnectError, UpstreamTimeoutError
 
 T = TypeVar("T")
 Sleep = Callable[[float], Awaitable[None]]
@@ -286,9 +285,7 @@ class Run(Generic[T]):
                 # request that fails over or gives up. What reaches the client and the log is `_gave_up`'s copy,
                 # which has a traceback of its own.
                 failed = exc.detached()
-                if type(exc) is Spilled or isinstance(exc, UnsupportedParamError):
-                    # Its server was full and another target has room, or the target cannot honour a field the
-                    # request sets: no call was made.
+                if exc.no_call:  # a full server, a field the target cannot honour: not an attempt
                     self.attempts -= 1
             if self.route is not route:  # a hedge whose second target failed first: its retries are its own
                 same_left = self._same_target(self.route)
