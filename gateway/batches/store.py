@@ -18,6 +18,7 @@ from typing import Any, Final, TypeVar
 
 import msgspec
 
+from gateway.batches.files import add_result, drop, expired, input_data
 from gateway.batches.leases import held
 from gateway.batches.lines import Line
 from gateway.batches.objects import ACTIVE, ERR, OK, SENT, TERMINAL, TODO, BatchError, answered
@@ -25,7 +26,6 @@ from gateway.ids import unique_suffix
 from gateway.ledger.engine import Cursor, Database
 
 T = TypeVar("T")
-CHUNK_BYTES: Final = 1024 * 1024  # an uploaded file is stored in chunks of this size
 _IN_CHUNK: Final = 500  # lines per INSERT / UPDATE statement batch
 STORE_LINES: Final = 2000  # a checked file's lines stored per transaction, at most (`validated`)
 STORE_BYTES: Final = 4 * 1024 * 1024  # and bytes of their bodies, at most (or one line, if longer)
@@ -35,11 +35,6 @@ BATCH_COLUMNS: Final = (
     "expires_at, in_progress_at, finalizing_at, completed_at, failed_at, expired_at, cancelling_at, "
     "cancelled_at, total, completed, failed, output_file_id, error_file_id"
 )
-FILE_COLUMNS: Final = "id, owner, filename, purpose, bytes, created_at, batch_id, kind"
-
-
-class TooManyFiles(Exception):
-    """The key holds `batches.max_files` files already."""
 
 
 class Store:
@@ -75,33 +70,7 @@ class Store:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-# ---------------------------------------------------------------------------------------------- files
-
-
-def add_file(cur: Cursor, owner: str, filename: str, purpose: str, data: bytes, max_files: int) -> tuple[Any, ...]:
-    kept = cur.rows("SELECT count(*) FROM batch_files WHERE owner = ?", (owner,))[0][0]
-    if kept >= max_files:
-        raise TooManyFiles(f"this key holds {kept} files, the most batches.max_files allows: delete some first")
-    row = ("file-" + unique_suffix(), owner, filename, purpose, len(data), time.time(), None, "input")
-    cur.execute(f"INSERT INTO batch_files ({FILE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", row)
-    cur.executemany(
-        "INSERT INTO batch_file_chunks (file_id, seq, data) VALUES (?, ?, ?)",
-        [(row[0], i, data[at : at + CHUNK_BYTES]) for i, at in enumerate(range(0, len(data), CHUNK_BYTES))],
-    )
-    return row
-
-
-def file_row(cur: Cursor, file_id: str, owner: str | None) -> tuple[Any, ...] | None:
-    """The file, if `owner` (None: the admin) may see it."""
-    found = cur.rows(f"SELECT {FILE_COLUMNS} FROM batch_files WHERE id = ?", (file_id,))
-    if not found or (owner is not None and found[0][1] != owner):
-        return None
-    return found[0]
-
-
-def input_data(cur: Cursor, file_id: str) -> bytes:
-    rows = cur.rows("SELECT data FROM batch_file_chunks WHERE file_id = ? ORDER BY seq", (file_id,))
-    return b"".join(bytes(r[0]) for r in rows)
+# ---------------------------------------------------------------------------------------------- reads
 
 
 def result_chunk(cur: Cursor, batch_id: str, state: str, after: int, limit: int) -> list[tuple[int, str]]:
@@ -111,15 +80,6 @@ def result_chunk(cur: Cursor, batch_id: str, state: str, after: int, limit: int)
         (batch_id, state, after, limit),
     )
     return [(int(r[0]), str(r[1])) for r in rows]
-
-
-def delete_file(cur: Cursor, file_id: str, owner: str | None) -> bool:
-    row = file_row(cur, file_id, owner)
-    if row is None:
-        return False
-    cur.execute("DELETE FROM batch_file_chunks WHERE file_id = ?", (file_id,))
-    cur.execute("DELETE FROM batch_files WHERE id = ?", (file_id,))
-    return True
 
 
 def page(
@@ -171,6 +131,7 @@ def add_batch(
     window_s: float,
     metadata: dict[str, str] | None,
     max_batches: int,
+    output_expires_s: int | None = None,
 ) -> str:
     marks = ", ".join("?" * len(ACTIVE))
     running = cur.rows(f"SELECT count(*) FROM batches WHERE owner = ? AND status IN ({marks})", (owner, *ACTIVE))
@@ -183,8 +144,9 @@ def add_batch(
     batch_id = "batch_" + unique_suffix()
     cur.execute(
         "INSERT INTO batches (id, owner, endpoint, input_file_id, completion_window, status, metadata, created_at, "
-        "expires_at, total, completed, failed, lease_until) VALUES (?, ?, ?, ?, ?, 'validating', ?, ?, ?, 0, 0, 0, 0)",
-        (batch_id, owner, endpoint, input_file_id, window, _json(metadata), now, now + window_s),
+        "expires_at, total, completed, failed, lease_until, output_expires_s) "
+        "VALUES (?, ?, ?, ?, ?, 'validating', ?, ?, ?, 0, 0, 0, 0, ?)",
+        (batch_id, owner, endpoint, input_file_id, window, _json(metadata), now, now + window_s, output_expires_s),
     )
     return batch_id
 
@@ -416,7 +378,7 @@ def finish(
         [(result, batch_id, idx) for idx, result in closed],
     )
     closed_n = len(closed)
-    owner = cur.rows("SELECT owner FROM batches WHERE id = ?", (batch_id,))[0][0]
+    owner, expires_s = cur.rows("SELECT owner, output_expires_s FROM batches WHERE id = ?", (batch_id,))[0]
     ids: dict[str, str | None] = {}
     for line_state, purpose in ((OK, "output"), (ERR, "error")):
         size = 0
@@ -424,14 +386,7 @@ def finish(
             "SELECT result FROM batch_lines WHERE batch_id = ? AND state = ?", (batch_id, line_state)
         ):
             size += len(str(result).encode()) + 1
-        if not size:
-            ids[purpose] = None
-            continue
-        file_id = ids[purpose] = "file-" + unique_suffix()
-        cur.execute(
-            f"INSERT INTO batch_files ({FILE_COLUMNS}) VALUES (?, ?, ?, 'batch_output', ?, ?, ?, ?)",
-            (file_id, owner, f"{batch_id}_{purpose}.jsonl", size, now, batch_id, line_state),
-        )
+        ids[purpose] = add_result(cur, owner, batch_id, purpose, line_state, size, expires_s) if size else None
     stamp = {"completed": "completed_at", "failed": "failed_at", "expired": "expired_at", "cancelled": "cancelled_at"}
     errors = None
     if reason is not None:
@@ -457,18 +412,10 @@ def retain(cur: Cursor, before: float, limit: int) -> int:
         cur.execute("DELETE FROM batch_lines WHERE batch_id = ?", (batch_id,))
         cur.execute("DELETE FROM batch_files WHERE batch_id = ?", (batch_id,))  # its output and error files
         cur.execute("DELETE FROM batches WHERE id = ?", (batch_id,))
-    # A file a running batch still reads is kept: its batch is not finished, so it is not old.
-    files = [
-        r[0]
-        for r in cur.rows(
-            f"SELECT id FROM batch_files WHERE created_at < ? AND id NOT IN (SELECT input_file_id FROM batches "
-            f"WHERE status NOT IN ({marks})) LIMIT ?",
-            (before, *TERMINAL, limit),
-        )
-    ]
-    for file_id in files:
-        cur.execute("DELETE FROM batch_file_chunks WHERE file_id = ?", (file_id,))
-        cur.execute("DELETE FROM batch_files WHERE id = ?", (file_id,))
+    # A file a running batch still reads is kept: its batch is not finished, so it is not old. So are files
+    # past their own expiry, which are already gone to their owners.
+    files = expired(cur, time.time(), before, None, limit)
+    drop(cur, files)
     return len(old) + len(files)
 
 

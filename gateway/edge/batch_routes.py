@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Final
 
@@ -18,7 +19,7 @@ from litestar.datastructures import UploadFile
 from litestar.handlers import HTTPRouteHandler
 from litestar.response import Stream
 
-from gateway.batches import store
+from gateway.batches import files, store
 from gateway.batches.objects import (
     BatchError,
     BatchObject,
@@ -49,11 +50,37 @@ _errors_list = msgspec.json.Decoder(list[BatchError]).decode
 Authorize = Callable[[Request[Any, Any, Any]], tuple[Any, Response[bytes] | None]]
 
 
+class ExpiresAfter(msgspec.Struct, forbid_unknown_fields=True):
+    anchor: str
+    seconds: int
+
+
 class NewBatch(msgspec.Struct, forbid_unknown_fields=True):
     input_file_id: str
     endpoint: str
     completion_window: str
     metadata: dict[str, str] | None = None
+    output_expires_after: ExpiresAfter | None = None
+
+
+# OpenAI's bounds on a file's `expires_after`: an hour to 30 days after its creation, the one anchor.
+_EXPIRES_MIN_S: Final = 3600
+_EXPIRES_MAX_S: Final = 30 * 86_400
+
+
+def _expiry(api: Batches, anchor: object, seconds: object, param: str) -> int | Response[bytes]:
+    """An expiry's seconds after the file's creation, within `batches.retain_days`; a 400 naming the field when
+    it is not OpenAI's."""
+    if anchor != "created_at":
+        return _bad(f"{param}.anchor must be 'created_at'", f"{param}.anchor")
+    if isinstance(seconds, str) and seconds.isascii() and seconds.isdecimal() and len(seconds) <= 12:
+        seconds = int(seconds)  # a form's field is text
+    if type(seconds) is not int or not _EXPIRES_MIN_S <= seconds <= _EXPIRES_MAX_S:
+        return _bad(
+            f"{param}.seconds must be an integer from {_EXPIRES_MIN_S} (an hour) to {_EXPIRES_MAX_S} (30 days)",
+            f"{param}.seconds",
+        )
+    return min(seconds, api.cfg.retain_days * 86_400)  # retention deletes every file older than that anyway
 
 
 def _json(value: Any, status: int = 200) -> Response[bytes]:
@@ -73,7 +100,10 @@ def _bad(message: str, param: str | None) -> Response[bytes]:
 
 
 def file_object(row: tuple[Any, ...]) -> FileObject:
-    return FileObject(id=row[0], bytes=int(row[4]), created_at=int(row[5]), filename=row[2], purpose=row[3])
+    expires_at = None if row[8] is None else int(row[8])
+    return FileObject(
+        id=row[0], bytes=int(row[4]), created_at=int(row[5]), filename=row[2], purpose=row[3], expires_at=expires_at
+    )
 
 
 def batch_object(row: tuple[Any, ...]) -> BatchObject:
@@ -179,6 +209,13 @@ async def _upload(request: Request[Any, Any, Any], api: Batches, owner: str) -> 
     upload = form.get("file")
     if not isinstance(upload, UploadFile):
         return _bad("file is required: the JSONL input file, sent as multipart form data", "file")
+    # The `openai` SDK sends the object as two fields, `expires_after[anchor]` and `expires_after[seconds]`.
+    anchor, seconds = form.get("expires_after[anchor]"), form.get("expires_after[seconds]")
+    expires_s = None
+    if anchor is not None or seconds is not None or "expires_after" in form:
+        expires_s = _expiry(api, anchor, seconds, "expires_after")
+        if isinstance(expires_s, Response):
+            return expires_s
     data = await upload.read()
     if len(data) > api.cfg.max_file_bytes:
         return _render(
@@ -191,8 +228,8 @@ async def _upload(request: Request[Any, Any, Any], api: Batches, owner: str) -> 
         )
     name = (upload.filename or "input.jsonl")[:256]
     try:
-        row = await api.store.run(store.add_file, owner, name, "batch", data, api.cfg.max_files)
-    except store.TooManyFiles as exc:
+        row = await api.store.run(files.add_file, owner, name, "batch", data, api.cfg.max_files, expires_s)
+    except files.TooManyFiles as exc:
         return _render(
             GatewayError(f"Too many files: {exc}", status=409, code="too_many_files", type="invalid_request_error")
         )
@@ -204,19 +241,20 @@ async def _list_files(request: Request[Any, Any, Any], api: Batches, owner: str)
     if isinstance(limit, Response):
         return limit
     purpose = request.query_params.get("purpose")
-    extra = ("purpose = ?", (purpose,)) if purpose else ("", ())
+    now = time.time()
+    extra = (f"purpose = ? AND {files.UNEXPIRED}", (purpose, now)) if purpose else (files.UNEXPIRED, (now,))
     after = request.query_params.get("after")
     order = request.query_params.get("order", "desc")
     if order not in ("asc", "desc"):
         return _bad("order must be 'asc' or 'desc'", "order")
     args = (owner, after, limit, extra, order == "asc")
-    rows = await api.store.run(store.page, "batch_files", store.FILE_COLUMNS, *args)
+    rows = await api.store.run(store.page, "batch_files", files.FILE_COLUMNS, *args)
     return _json(_page(rows, limit, file_object))
 
 
 async def _one_file(request: Request[Any, Any, Any], api: Batches, owner: str) -> tuple[Any, ...] | Response[Any]:
     file_id = str(request.path_params["file_id"])
-    row = await api.store.run(store.file_row, file_id, owner)
+    row = await api.store.run(files.file_row, file_id, owner)
     return _missing("file", file_id) if row is None else row
 
 
@@ -230,7 +268,7 @@ async def _file_content(request: Request[Any, Any, Any], api: Batches, owner: st
     if isinstance(row, Response):
         return row
     if row[7] == "input":
-        data = await api.store.run(store.input_data, row[0])
+        data = await api.store.run(files.input_data, row[0])
         return Response(data, media_type="application/octet-stream", headers=_NO_STORE)
     batch_id, line_state = row[6], row[7]
 
@@ -248,7 +286,7 @@ async def _file_content(request: Request[Any, Any, Any], api: Batches, owner: st
 
 async def _delete_file(request: Request[Any, Any, Any], api: Batches, owner: str) -> Response[Any]:
     file_id = str(request.path_params["file_id"])
-    gone = await api.store.run(store.delete_file, file_id, owner)
+    gone = await api.store.run(files.delete_file, file_id, owner)
     return _json(Deleted(file_id, True)) if gone else _missing("file", file_id)
 
 
@@ -269,13 +307,26 @@ async def _create_batch(request: Request[Any, Any, Any], api: Batches, owner: st
         len(spec.metadata) > 16 or any(len(k) > 64 or len(v) > 512 for k, v in spec.metadata.items())
     ):
         return _bad("metadata holds at most 16 pairs, keys of 64 characters, values of 512", "metadata")
-    row = await api.store.run(store.file_row, spec.input_file_id, owner)
+    output_expires_s = None
+    if spec.output_expires_after is not None:
+        wanted = spec.output_expires_after
+        output_expires_s = _expiry(api, wanted.anchor, wanted.seconds, "output_expires_after")
+        if isinstance(output_expires_s, Response):
+            return output_expires_s
+    row = await api.store.run(files.file_row, spec.input_file_id, owner)
     if row is None or row[7] != "input":
         return _missing("file", spec.input_file_id)
     window_spec = (spec.completion_window, window_s)
     try:
         batch_id = await api.store.run(
-            store.add_batch, owner, spec.input_file_id, spec.endpoint, *window_spec, spec.metadata, api.cfg.max_batches
+            store.add_batch,
+            owner,
+            spec.input_file_id,
+            spec.endpoint,
+            *window_spec,
+            spec.metadata,
+            api.cfg.max_batches,
+            output_expires_s,
         )
     except store.TooManyBatches as exc:
         return _render(

@@ -184,6 +184,11 @@ MIGRATIONS: Final[list[list[Statement]]] = [
     ],
     # 7: which endpoint a row answered (completions or chat); rows written before it were completions.
     _ENDPOINT,
+    # 8: a file's expiry (`expires_after`), and the one a batch gives the files it makes (`output_expires_after`).
+    [
+        "ALTER TABLE batch_files ADD COLUMN expires_at DOUBLE PRECISION",
+        "ALTER TABLE batches ADD COLUMN output_expires_s BIGINT",
+    ],
 ]
 
 VERSION: Final = len(MIGRATIONS)

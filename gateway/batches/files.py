@@ -1,0 +1,127 @@
+"""The Batch API's files in the ledger's database: an upload stored in chunks, the result files a batch makes,
+and when each expires.
+
+A file may carry an expiry (OpenAI's `expires_after`, anchored at its creation; a batch's `output_expires_after`
+for the files it makes). From that moment it is gone to its owner: not read, not listed, not counted against
+`batches.max_files`; its rows are deleted with the owner's next upload and by the runner's hourly sweep. A file
+a batch still running reads is kept until that batch ends, as retention keeps it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Final
+
+from gateway.batches.objects import TERMINAL
+from gateway.ids import unique_suffix
+from gateway.ledger.engine import Cursor
+
+CHUNK_BYTES: Final = 1024 * 1024  # an uploaded file is stored in chunks of this size
+FILE_COLUMNS: Final = "id, owner, filename, purpose, bytes, created_at, batch_id, kind, expires_at"
+# A file's row read by its owner: unexpired (an expiry of NULL is none).
+UNEXPIRED: Final = "(expires_at IS NULL OR expires_at > ?)"
+
+
+class TooManyFiles(Exception):
+    """The key holds `batches.max_files` files already."""
+
+
+def add_file(
+    cur: Cursor, owner: str, filename: str, purpose: str, data: bytes, max_files: int, expires_s: float | None = None
+) -> tuple[Any, ...]:
+    """Store an upload, expiring `expires_s` after now when given; the owner's expired files go first."""
+    now = time.time()
+    drop(cur, expired(cur, now, None, owner))
+    kept = cur.rows("SELECT count(*) FROM batch_files WHERE owner = ?", (owner,))[0][0]
+    if kept >= max_files:
+        raise TooManyFiles(f"this key holds {kept} files, the most batches.max_files allows: delete some first")
+    expires_at = None if expires_s is None else now + expires_s
+    row = ("file-" + unique_suffix(), owner, filename, purpose, len(data), now, None, "input", expires_at)
+    cur.execute(f"INSERT INTO batch_files ({FILE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+    cur.executemany(
+        "INSERT INTO batch_file_chunks (file_id, seq, data) VALUES (?, ?, ?)",
+        [(row[0], i, data[at : at + CHUNK_BYTES]) for i, at in enumerate(range(0, len(data), CHUNK_BYTES))],
+    )
+    return row
+
+
+def add_result(
+    cur: Cursor, owner: str, batch_id: str, purpose: str, line_state: str, size: int, expires_s: float | None
+) -> str:
+    """A batch's output or error file (its lines stay in `batch_lines`); its id."""
+    now = time.time()
+    file_id = "file-" + unique_suffix()
+    cur.execute(
+        f"INSERT INTO batch_files ({FILE_COLUMNS}) VALUES (?, ?, ?, 'batch_output', ?, ?, ?, ?, ?)",
+        (
+            file_id,
+            owner,
+            f"{batch_id}_{purpose}.jsonl",
+            size,
+            now,
+            batch_id,
+            line_state,
+            None if expires_s is None else now + expires_s,
+        ),
+    )
+    return file_id
+
+
+def file_row(cur: Cursor, file_id: str, owner: str | None) -> tuple[Any, ...] | None:
+    """The file, if `owner` (None: the admin) may see it and it has not expired."""
+    found = cur.rows(f"SELECT {FILE_COLUMNS} FROM batch_files WHERE id = ?", (file_id,))
+    if not found or (owner is not None and found[0][1] != owner):
+        return None
+    expires_at = found[0][8]
+    if expires_at is not None and expires_at <= time.time():
+        return None
+    return found[0]
+
+
+def input_data(cur: Cursor, file_id: str) -> bytes:
+    rows = cur.rows("SELECT data FROM batch_file_chunks WHERE file_id = ? ORDER BY seq", (file_id,))
+    return b"".join(bytes(r[0]) for r in rows)
+
+
+def delete_file(cur: Cursor, file_id: str, owner: str | None) -> bool:
+    if file_row(cur, file_id, owner) is None:
+        return False
+    drop(cur, [file_id])
+    return True
+
+
+def expired(cur: Cursor, now: float, before: float | None, owner: str | None, limit: int = 10_000) -> list[str]:
+    """Files past their expiry (or, with `before`, also made before it), `owner`'s only unless None, that no
+    batch still running reads."""
+    marks = ", ".join("?" * len(TERMINAL))
+    old, params = ("OR created_at < ?", [before]) if before is not None else ("", [])
+    mine, who = ("AND owner = ?", [owner]) if owner is not None else ("", [])
+    return [
+        r[0]
+        for r in cur.rows(
+            f"SELECT id FROM batch_files WHERE (expires_at <= ? {old}) {mine} AND id NOT IN "
+            f"(SELECT input_file_id FROM batches WHERE status NOT IN ({marks})) LIMIT ?",
+            (now, *params, *who, *TERMINAL, limit),
+        )
+    ]
+
+
+def drop(cur: Cursor, file_ids: list[str]) -> None:
+    for file_id in file_ids:
+        cur.execute("DELETE FROM batch_file_chunks WHERE file_id = ?", (file_id,))
+        cur.execute("DELETE FROM batch_files WHERE id = ?", (file_id,))
+
+
+__all__ = [
+    "CHUNK_BYTES",
+    "FILE_COLUMNS",
+    "UNEXPIRED",
+    "TooManyFiles",
+    "add_file",
+    "add_result",
+    "delete_file",
+    "drop",
+    "expired",
+    "file_row",
+    "input_data",
+]
