@@ -9,12 +9,15 @@ from pathlib import Path
 
 import httpx
 import openai
+import psycopg
 import pytest
 
+from tests.helpers.postgres import PostgresServer
+from tests.helpers.servers import GatewayThread
 from tests.helpers.sqlite import opened
 from tests.helpers.waiting import wait_until
 
-from .conftest import EVAL_KEY, jsonl, line, served, upload, wait_batch
+from .conftest import ENV, EVAL_KEY, config, jsonl, line, sdk, served, upload, wait_batch
 
 HOUR = 3600
 
@@ -151,3 +154,32 @@ def test_a_bad_output_expires_after_is_a_400_naming_the_field(
         assert err.value.status_code == 400
         assert isinstance(err.value.body, dict) and err.value.body.get("param") == param, err.value.body
         assert client.batches.list().data == []
+
+
+def test_expiry_on_postgresql(tmp_path: Path, pg: PostgresServer) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(config(pg.url, extra=", max_files: 3"))
+    with GatewayThread(path, ENV) as gw:
+        client = sdk(gw.url, EVAL_KEY)
+        made = _upload_expiring(client, HOUR)
+        assert made.expires_at == made.created_at + HOUR
+        batch = wait_batch(
+            client,
+            client.batches.create(
+                input_file_id=upload(client, jsonl([line("g-1")])),
+                endpoint="/v1/completions",
+                completion_window="24h",
+                output_expires_after={"anchor": "created_at", "seconds": 2 * HOUR},
+            ).id,
+        )
+        assert batch.output_file_id is not None
+        out = client.files.retrieve(batch.output_file_id)
+        assert out.expires_at in (out.created_at + 2 * HOUR, out.created_at + 2 * HOUR + 1)
+        with psycopg.connect(pg.url, autocommit=True) as conn:
+            conn.execute("UPDATE batch_files SET expires_at = expires_at - 3 * 3600 WHERE id = %s", (made.id,))
+        with pytest.raises(openai.NotFoundError):
+            client.files.retrieve(made.id)
+        assert made.id not in [f.id for f in client.files.list()]
+        upload(client, jsonl([line("g-2")]))  # three files held: the expired one no longer counts
+        with psycopg.connect(pg.url, autocommit=True) as conn:
+            assert conn.execute("SELECT count(*) FROM batch_files WHERE id = %s", (made.id,)).fetchone() == (0,)
