@@ -23,6 +23,12 @@ ERR: Final = "err"
 # holds it to send again (a runner that takes the batch over sends it again too).
 LATER: Final = "later"
 
+# A line's answer's tokens as its batch sums them: input, cached input, output, reasoning.
+Tokens = tuple[int, int, int, int]
+NO_TOKENS: Final[Tokens] = (0, 0, 0, 0)
+# A line's outcome as the store books it: its place in the file, its state, its result line, its tokens.
+Booked = tuple[int, str, str, Tokens]
+
 
 class FileObject(msgspec.Struct, omit_defaults=False):
     id: str
@@ -54,6 +60,24 @@ class RequestCounts(msgspec.Struct):
     failed: int
 
 
+class InputTokensDetails(msgspec.Struct):
+    cached_tokens: int
+
+
+class OutputTokensDetails(msgspec.Struct):
+    reasoning_tokens: int
+
+
+class BatchUsage(msgspec.Struct):
+    """The tokens of the batch's answers, as their `usage` in the output file reports them."""
+
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails
+    total_tokens: int
+
+
 class BatchObject(msgspec.Struct):
     id: str
     endpoint: str
@@ -74,6 +98,7 @@ class BatchObject(msgspec.Struct):
     cancelled_at: int | None
     request_counts: RequestCounts
     metadata: dict[str, str] | None
+    usage: BatchUsage
     object: str = "batch"
 
 

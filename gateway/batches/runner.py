@@ -27,7 +27,7 @@ from prometheus_client import Counter, Gauge
 
 from gateway.batches import leases, store
 from gateway.batches.lines import parse
-from gateway.batches.objects import ACTIVE, ERR, LATER, OK, TERMINAL, BatchError, answered, unanswered
+from gateway.batches.objects import ACTIVE, ERR, LATER, OK, TERMINAL, BatchError, Booked, answered, unanswered
 from gateway.batches.send import Sent, send
 from gateway.config import BatchesConfig
 from gateway.ids import unique_suffix
@@ -208,7 +208,7 @@ class Drive:
         self.runner = runner
         self.id = batch_id
         self.tasks: dict[asyncio.Task[Sent], tuple[int, str, str]] = {}  # -> the line: idx, custom_id, body
-        self.done: list[tuple[int, str, str]] = []
+        self.done: list[Booked] = []
         self.stop: str | None = None  # why the batch fails (a budget exhausted)
         self.later: list[tuple[float, int, str, str]] = []  # lines to send again: (when, idx, custom_id, body)
         self.refusals: dict[int, int] = {}  # idx -> how many times in a row the line was put back
@@ -347,7 +347,7 @@ class Drive:
             for idx, custom_id, body in [*self._due(), *lines]:
                 if (key is None and not keyless) or expired:
                     sent = _gone(custom_id, expired)
-                    self.done.append((idx, sent.state, sent.result.decode()))
+                    self.done.append(sent.booked(idx))
                     continue
                 task = asyncio.ensure_future(
                     send(pipeline, r.metrics, key, self.id, custom_id, body.encode(), self.endpoint)
@@ -381,7 +381,7 @@ class Drive:
             self.refusals.pop(idx, None)
             if sent.stop is not None and self.stop is None:
                 self.stop = sent.stop
-            self.done.append((idx, sent.state, sent.result.decode()))
+            self.done.append(sent.booked(idx))
         if finished:
             r.in_flight -= len(finished)
             r.slots.set()
@@ -406,7 +406,7 @@ class Drive:
             if not task.cancelled() and task.exception() is None:
                 sent = task.result()
                 if sent.state != LATER:
-                    self.done.append((idx, sent.state, sent.result.decode()))
+                    self.done.append(sent.booked(idx))
         r.in_flight -= len(self.tasks)
         self.tasks.clear()
         r.deferred -= len(self.later)

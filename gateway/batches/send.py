@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Final
 
-from gateway.batches.objects import ERR, LATER, OK, answered
+from gateway.batches.objects import ERR, LATER, NO_TOKENS, OK, Booked, Tokens, answered
 from gateway.ids import unique_suffix
 from gateway.limits.auth import ClientKey
 from gateway.ops import accesslog
@@ -31,6 +31,7 @@ from gateway.path.pipeline import Pipeline
 from gateway.path.synonyms import as_sent
 from gateway.queue.service import HEADER
 from wire.errors import GatewayError, InvalidRequestError
+from wire.schema import Usage
 
 log = logging.getLogger("gateway")
 # The endpoints a batch may name, each with the steps its interactive route runs (OpenAI's names; OpenAI's
@@ -50,7 +51,7 @@ class Sent:
     """A line's outcome: its state (ok, err, or later: to be sent again), its result line, the refusal that
     stops the batch, if any, and for a line to send later, why and the wait its refusal asked for."""
 
-    __slots__ = ("code", "result", "retry_after", "state", "stop")
+    __slots__ = ("code", "result", "retry_after", "state", "stop", "tokens")
 
     def __init__(
         self,
@@ -59,12 +60,29 @@ class Sent:
         stop: str | None = None,
         code: str | None = None,
         retry_after: float | None = None,
+        tokens: Tokens = NO_TOKENS,
     ) -> None:
         self.state = state
         self.result = result
         self.stop = stop
         self.code = code
         self.retry_after = retry_after
+        self.tokens = tokens
+
+    def booked(self, idx: int) -> Booked:
+        """What the batch's store books of this line, at its place `idx` in the file."""
+        return idx, self.state, self.result.decode(), self.tokens
+
+
+def tokens_of(usage: Usage | None) -> Tokens:
+    """An answer's usage as the batch sums it: input, cached input, output and reasoning tokens."""
+    if usage is None:
+        return NO_TOKENS
+    cached = usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details is not None else None
+    reasoning = (
+        usage.completion_tokens_details.reasoning_tokens if usage.completion_tokens_details is not None else None
+    )
+    return usage.prompt_tokens, cached or 0, usage.completion_tokens, reasoning or 0
 
 
 Owner = Callable[[Pipeline], ClientKey | None]
@@ -118,7 +136,7 @@ async def send(
             rec.status, rec.error_code = 500, "internal_error"
             status, error_body = OPENAI.error(_INTERNAL)
             return Sent(ERR, answered(line_id, custom_id, status, line_id, error_body))
-        return Sent(OK, answered(line_id, custom_id, 200, line_id, result.body))
+        return Sent(OK, answered(line_id, custom_id, 200, line_id, result.body), tokens=tokens_of(rec.usage))
     finally:
         pipeline.usage.book(rec)  # settles a budget's hold; a line no target served books no usage
         pipeline.exit()

@@ -21,7 +21,7 @@ import msgspec
 from gateway.batches.files import add_result, drop, expired, input_data
 from gateway.batches.leases import held
 from gateway.batches.lines import Line
-from gateway.batches.objects import ACTIVE, ERR, OK, SENT, TERMINAL, TODO, BatchError, answered
+from gateway.batches.objects import ACTIVE, ERR, OK, SENT, TERMINAL, TODO, BatchError, Booked, answered
 from gateway.ids import unique_suffix
 from gateway.ledger.engine import Cursor, Database
 
@@ -33,7 +33,8 @@ STORE_BYTES: Final = 4 * 1024 * 1024  # and bytes of their bodies, at most (or o
 BATCH_COLUMNS: Final = (
     "id, owner, endpoint, input_file_id, completion_window, status, metadata, errors, reason, created_at, "
     "expires_at, in_progress_at, finalizing_at, completed_at, failed_at, expired_at, cancelling_at, "
-    "cancelled_at, total, completed, failed, output_file_id, error_file_id"
+    "cancelled_at, total, completed, failed, output_file_id, error_file_id, input_tokens, cached_tokens, "
+    "output_tokens, reasoning_tokens"
 )
 
 
@@ -331,20 +332,26 @@ def take(
     return found, lines, int(waiting)
 
 
-def record(cur: Cursor, batch_id: str, me: str, lease_s: float, results: list[tuple[int, str, str]]) -> int:
-    """Book answered lines (idx, state ok|err, result line): each only if still `sent`; how many were booked."""
+def record(cur: Cursor, batch_id: str, me: str, lease_s: float, results: list[Booked]) -> int:
+    """Book answered lines (idx, state ok|err, result line, tokens): each only if still `sent`, its tokens added
+    to the batch's `usage` with it; how many were booked."""
     held(cur, batch_id, me, lease_s)
     done = {OK: 0, ERR: 0}
-    for idx, line_state, result in results:
+    tokens = [0, 0, 0, 0]
+    for idx, line_state, result, counted in results:
         if cur.execute(
             f"UPDATE batch_lines SET state = ?, result = ? WHERE batch_id = ? AND idx = ? AND state = '{SENT}'",
             (line_state, result, batch_id, idx),
         ):
             done[line_state] += 1
+            for i, n in enumerate(counted):
+                tokens[i] += n
     if done[OK] or done[ERR]:
         cur.execute(
-            "UPDATE batches SET completed = completed + ?, failed = failed + ? WHERE id = ?",
-            (done[OK], done[ERR], batch_id),
+            "UPDATE batches SET completed = completed + ?, failed = failed + ?, input_tokens = input_tokens + ?, "
+            "cached_tokens = cached_tokens + ?, output_tokens = output_tokens + ?, "
+            "reasoning_tokens = reasoning_tokens + ? WHERE id = ?",
+            (done[OK], done[ERR], *tokens, batch_id),
         )
     return done[OK] + done[ERR]
 

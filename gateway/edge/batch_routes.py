@@ -23,9 +23,12 @@ from gateway.batches import files, store
 from gateway.batches.objects import (
     BatchError,
     BatchObject,
+    BatchUsage,
     Deleted,
     ErrorList,
     FileObject,
+    InputTokensDetails,
+    OutputTokensDetails,
     Page,
     RequestCounts,
     ts,
@@ -128,6 +131,13 @@ def batch_object(row: tuple[Any, ...]) -> BatchObject:
         cancelled_at=ts(row[17]),
         request_counts=RequestCounts(total=int(row[18]), completed=int(row[19]), failed=int(row[20])),
         metadata=msgspec.json.decode(row[6]) if row[6] else None,
+        usage=BatchUsage(
+            input_tokens=int(row[23]),
+            input_tokens_details=InputTokensDetails(int(row[24])),
+            output_tokens=int(row[25]),
+            output_tokens_details=OutputTokensDetails(int(row[26])),
+            total_tokens=int(row[23]) + int(row[25]),
+        ),
     )
 
 

@@ -184,10 +184,15 @@ MIGRATIONS: Final[list[list[Statement]]] = [
     ],
     # 7: which endpoint a row answered (completions or chat); rows written before it were completions.
     _ENDPOINT,
-    # 8: a file's expiry (`expires_after`), and the one a batch gives the files it makes (`output_expires_after`).
+    # 8: a file's expiry (`expires_after`), the one a batch gives the files it makes (`output_expires_after`),
+    # and a batch's tokens (`usage`), summed as its lines are booked.
     [
         "ALTER TABLE batch_files ADD COLUMN expires_at DOUBLE PRECISION",
         "ALTER TABLE batches ADD COLUMN output_expires_s BIGINT",
+        "ALTER TABLE batches ADD COLUMN input_tokens BIGINT NOT NULL DEFAULT 0",
+        "ALTER TABLE batches ADD COLUMN cached_tokens BIGINT NOT NULL DEFAULT 0",
+        "ALTER TABLE batches ADD COLUMN output_tokens BIGINT NOT NULL DEFAULT 0",
+        "ALTER TABLE batches ADD COLUMN reasoning_tokens BIGINT NOT NULL DEFAULT 0",
     ],
 ]
 
