@@ -75,14 +75,18 @@ class Sent:
 
 
 def tokens_of(usage: Usage | None) -> Tokens:
-    """An answer's usage as the batch sums it: input, cached input, output and reasoning tokens."""
+    """An answer's usage as the batch sums it: input, cached input, output and reasoning tokens.
+
+    The two totals are already bounded (`sane_usage`); an upstream's details are not, so each is held within
+    its total: a sum over a batch's lines stays far inside the database's 64-bit column."""
     if usage is None:
         return NO_TOKENS
+    prompt, completion = usage.prompt_tokens, usage.completion_tokens
     cached = usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details is not None else None
     reasoning = (
         usage.completion_tokens_details.reasoning_tokens if usage.completion_tokens_details is not None else None
     )
-    return usage.prompt_tokens, cached or 0, usage.completion_tokens, reasoning or 0
+    return prompt, min(max(cached or 0, 0), prompt), completion, min(max(reasoning or 0, 0), completion)
 
 
 Owner = Callable[[Pipeline], ClientKey | None]

@@ -3,6 +3,7 @@ by the unmodified `openai` SDK over a real socket, kept across a restart."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -67,3 +68,25 @@ def test_a_completions_batch_counts_the_fake_providers_usage(tmp_path: Path) -> 
     assert batch.usage is not None and batch.usage.input_tokens == sum(u["prompt_tokens"] for u in out) > 0
     assert batch.usage.output_tokens == sum(u["completion_tokens"] for u in out) > 0
     assert batch.usage.output_tokens_details.reasoning_tokens == 0
+
+
+def test_an_upstreams_absurd_token_details_stay_within_their_totals(tmp_path: Path) -> None:
+    # The recorded answer with its details made hostile: reasoning past any 64-bit sum, cached below zero.
+    answer = fixture_json(RECORDED)
+    answer["usage"]["completion_tokens_details"]["reasoning_tokens"] = 2**63 - 1
+    answer["usage"]["prompt_tokens_details"]["cached_tokens"] = -5
+    with Upstream() as up:
+        up.handler = reply(json.dumps(answer).encode())
+        more = f"  openai: {{kind: openai, api_key: k, base_url: {up.url}/v1}}"
+        with served(tmp_path, more=more) as (_, client):
+            made = client.batches.create(
+                input_file_id=upload(client, jsonl([_chat_line(f"h-{i}") for i in range(3)])),
+                endpoint="/v1/chat/completions",
+                completion_window="24h",
+            )
+            batch = wait_batch(client, made.id)
+    assert batch.status == "completed" and batch.request_counts.completed == 3
+    usage = batch.usage
+    completion = 3 * answer["usage"]["completion_tokens"]
+    assert usage.output_tokens_details.reasoning_tokens == usage.output_tokens == completion
+    assert usage.input_tokens_details.cached_tokens == 0
