@@ -30,14 +30,11 @@ def add_file(
     cur: Cursor, owner: str, filename: str, purpose: str, data: bytes, max_files: int, expires_s: float | None = None
 ) -> tuple[Any, ...]:
     """Store an upload, expiring `expires_s` after now when given; the owner's expired files go first."""
-    now = time.time()
-    drop(cur, expired(cur, now, None, owner))
+    drop(cur, expired(cur, time.time(), None, owner))
     kept = cur.rows("SELECT count(*) FROM batch_files WHERE owner = ?", (owner,))[0][0]
     if kept >= max_files:
         raise TooManyFiles(f"this key holds {kept} files, the most batches.max_files allows: delete some first")
-    expires_at = None if expires_s is None else now + expires_s
-    row = ("file-" + unique_suffix(), owner, filename, purpose, len(data), now, None, "input", expires_at)
-    cur.execute(f"INSERT INTO batch_files ({FILE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+    row = _insert(cur, owner, filename, purpose, len(data), None, "input", expires_s)
     cur.executemany(
         "INSERT INTO batch_file_chunks (file_id, seq, data) VALUES (?, ?, ?)",
         [(row[0], i, data[at : at + CHUNK_BYTES]) for i, at in enumerate(range(0, len(data), CHUNK_BYTES))],
@@ -49,31 +46,32 @@ def add_result(
     cur: Cursor, owner: str, batch_id: str, purpose: str, line_state: str, size: int, expires_s: float | None
 ) -> str:
     """A batch's output or error file (its lines stay in `batch_lines`); its id."""
+    row = _insert(cur, owner, f"{batch_id}_{purpose}.jsonl", "batch_output", size, batch_id, line_state, expires_s)
+    return str(row[0])
+
+
+def _insert(
+    cur: Cursor,
+    owner: str,
+    filename: str,
+    purpose: str,
+    size: int,
+    batch_id: str | None,
+    kind: str,
+    expires_s: float | None,
+) -> tuple[Any, ...]:
+    """A file's row, made now and expiring `expires_s` after (None: only retention deletes it)."""
     now = time.time()
-    file_id = "file-" + unique_suffix()
-    cur.execute(
-        f"INSERT INTO batch_files ({FILE_COLUMNS}) VALUES (?, ?, ?, 'batch_output', ?, ?, ?, ?, ?)",
-        (
-            file_id,
-            owner,
-            f"{batch_id}_{purpose}.jsonl",
-            size,
-            now,
-            batch_id,
-            line_state,
-            None if expires_s is None else now + expires_s,
-        ),
-    )
-    return file_id
+    expires_at = None if expires_s is None else now + expires_s
+    row = ("file-" + unique_suffix(), owner, filename, purpose, size, now, batch_id, kind, expires_at)
+    cur.execute(f"INSERT INTO batch_files ({FILE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+    return row
 
 
 def file_row(cur: Cursor, file_id: str, owner: str | None) -> tuple[Any, ...] | None:
     """The file, if `owner` (None: the admin) may see it and it has not expired."""
-    found = cur.rows(f"SELECT {FILE_COLUMNS} FROM batch_files WHERE id = ?", (file_id,))
+    found = cur.rows(f"SELECT {FILE_COLUMNS} FROM batch_files WHERE id = ? AND {UNEXPIRED}", (file_id, time.time()))
     if not found or (owner is not None and found[0][1] != owner):
-        return None
-    expires_at = found[0][8]
-    if expires_at is not None and expires_at <= time.time():
         return None
     return found[0]
 
