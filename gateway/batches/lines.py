@@ -18,6 +18,8 @@ from gateway.batches.objects import BatchError
 
 # OpenAI stops listing after this many; the batch fails on the first anyway.
 MAX_ERRORS: Final = 100
+# The longest model name the Batch object shows (a name this long is no route's: its line fails when it runs).
+MODEL_CHARS: Final = 256
 
 
 class _Line(msgspec.Struct):
@@ -27,12 +29,13 @@ class _Line(msgspec.Struct):
     body: msgspec.Raw = msgspec.Raw(b"")
 
 
-class _Streams(msgspec.Struct):
+class _Body(msgspec.Struct):
     stream: Any = None
+    model: Any = None
 
 
 _line = msgspec.json.Decoder(_Line).decode
-_streams = msgspec.json.Decoder(_Streams).decode
+_body = msgspec.json.Decoder(_Body).decode
 
 
 class Line(msgspec.Struct, frozen=True):
@@ -41,6 +44,16 @@ class Line(msgspec.Struct, frozen=True):
     custom_id: str
     body: bytes
     refusal: str | None = None
+    model: str | None = None  # the model the body names, where it names one as a string
+
+
+def batch_model(lines: list[Line]) -> str | None:
+    """The Batch object's `model`: the one model every line names; None where lines name different models
+    (the gateway runs them, where OpenAI would take one model per file) or a line names none."""
+    models = {line.model for line in lines}
+    if len(models) != 1:
+        return None
+    return models.pop()
 
 
 def parse(data: bytes, endpoint: str, max_lines: int, max_bytes: int) -> tuple[list[Line], list[BatchError]]:
@@ -99,9 +112,13 @@ def parse(data: bytes, endpoint: str, max_lines: int, max_bytes: int) -> tuple[l
             fail("invalid_request", "The body must be a JSON object: a request to the endpoint", number, "body")
             continue
         try:
-            wants_stream = _streams(body).stream not in (None, False)
+            fields = _body(body)
         except (msgspec.MsgspecError, RecursionError):
-            wants_stream = False  # the request path refuses the body itself, naming the field
+            fields = _Body()  # the request path refuses the body itself, naming the field
+        wants_stream = fields.stream not in (None, False)
         refusal = "A batch's lines cannot stream: remove `stream` from the body" if wants_stream else None
-        lines.append(Line(cid, body, refusal))
+        model = fields.model
+        if type(model) is not str or len(model) > MODEL_CHARS or "\x00" in model:
+            model = None  # not a name the Batch object shows: the request path refuses it when the line runs
+        lines.append(Line(cid, body, refusal, model))
     return lines, errors

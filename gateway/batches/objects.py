@@ -81,6 +81,8 @@ class BatchUsage(msgspec.Struct):
 class BatchObject(msgspec.Struct):
     id: str
     endpoint: str
+    # The model every line names (null until the file is checked, and where lines name different models).
+    model: str | None
     errors: ErrorList | None
     input_file_id: str
     completion_window: str

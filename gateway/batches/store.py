@@ -20,7 +20,7 @@ import msgspec
 
 from gateway.batches.files import add_result, drop, expired, input_data
 from gateway.batches.leases import held
-from gateway.batches.lines import Line
+from gateway.batches.lines import Line, batch_model
 from gateway.batches.objects import ACTIVE, ERR, OK, SENT, TERMINAL, TODO, BatchError, Booked, answered
 from gateway.ids import unique_suffix
 from gateway.ledger.engine import Cursor, Database
@@ -34,7 +34,7 @@ BATCH_COLUMNS: Final = (
     "id, owner, endpoint, input_file_id, completion_window, status, metadata, errors, reason, created_at, "
     "expires_at, in_progress_at, finalizing_at, completed_at, failed_at, expired_at, cancelling_at, "
     "cancelled_at, total, completed, failed, output_file_id, error_file_id, input_tokens, cached_tokens, "
-    "output_tokens, reasoning_tokens"
+    "output_tokens, reasoning_tokens, model"
 )
 
 
@@ -229,7 +229,7 @@ async def validated(
             return  # cancelled: the runner ends it, deleting what was stored
         refused += stored
         at = end
-    await db.run(lines_stored, batch_id, me, lease_s, len(lines), refused)
+    await db.run(lines_stored, batch_id, me, lease_s, len(lines), refused, batch_model(lines))
 
 
 def unstore(cur: Cursor, batch_id: str, me: str, lease_s: float) -> int:
@@ -295,13 +295,15 @@ def store_lines(cur: Cursor, batch_id: str, me: str, lease_s: float, lines: list
     return refused
 
 
-def lines_stored(cur: Cursor, batch_id: str, me: str, lease_s: float, total: int, refused: int) -> None:
+def lines_stored(
+    cur: Cursor, batch_id: str, me: str, lease_s: float, total: int, refused: int, model: str | None = None
+) -> None:
     """Every line stored (`store_lines`): the batch's lines may be sent. Nothing when it was cancelled."""
     if held(cur, batch_id, me, lease_s)[0] != "validating":
         return
     cur.execute(
-        "UPDATE batches SET status = 'in_progress', in_progress_at = ?, total = ?, failed = ? WHERE id = ?",
-        (time.time(), total, refused, batch_id),
+        "UPDATE batches SET status = 'in_progress', in_progress_at = ?, total = ?, failed = ?, model = ? WHERE id = ?",
+        (time.time(), total, refused, model, batch_id),
     )
 
 

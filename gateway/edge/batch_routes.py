@@ -114,6 +114,7 @@ def batch_object(row: tuple[Any, ...]) -> BatchObject:
     return BatchObject(
         id=row[0],
         endpoint=row[2],
+        model=row[27],
         errors=errors,
         input_file_id=row[3],
         completion_window=row[4],

@@ -194,6 +194,8 @@ MIGRATIONS: Final[list[list[Statement]]] = [
         "ALTER TABLE batches ADD COLUMN output_tokens BIGINT NOT NULL DEFAULT 0",
         "ALTER TABLE batches ADD COLUMN reasoning_tokens BIGINT NOT NULL DEFAULT 0",
     ],
+    # 9: the model a batch's lines name (its Batch object's `model`), set once its file is checked.
+    ["ALTER TABLE batches ADD COLUMN model TEXT"],
 ]
 
 VERSION: Final = len(MIGRATIONS)
