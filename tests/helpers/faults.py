@@ -249,6 +249,19 @@ def slow(seconds: float, then: Behaviour | None = None) -> Behaviour:
     return behave
 
 
+def gated(go: threading.Event, then: Behaviour, timeout: float = 10.0) -> Behaviour:
+    """Say nothing (no status line) until the test sets `go`, then behave like `then`: an answer timed by
+    the test, not by a delay a loaded machine's scheduling could stretch past it."""
+
+    async def behave(request: web.Request, hit: Hit) -> web.StreamResponse:
+        deadline = time.monotonic() + timeout
+        while not go.is_set() and time.monotonic() < deadline:
+            await asyncio.sleep(0.002)
+        return await then(request, hit)
+
+    return behave
+
+
 def cut(after: int, settle: float = 0.05) -> Behaviour:
     """Stream the first `after` recorded chunks, then reset the connection mid-stream.
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from gateway.path.pipeline import Pipeline
-from tests.helpers.faults import FaultServer, slow, stream
+from tests.helpers.faults import FaultServer, gated, stream
 from tests.helpers.pipelines import VirtualTime, ask, key
 from tests.helpers.redis import RedisServer
 from tests.helpers.waiting import wait_for
@@ -117,13 +117,15 @@ async def test_a_cancel_while_the_loser_gives_its_count_back_lets_go_of_the_winn
     p = make(BUSY.format(hedge=100), top=top)
     assert (await ask(p)).served_by == key("alpha")
     faults.forget()
-    # Neither says a thing (not even its status line) until the loop is held, so both are read alike after.
-    # alpha's silence is long beside the hedge's 0.1 s, so beta's call is out well before alpha answers even
-    # when the loop is slow to send it; the hold lasts until both first events are written, however late the
-    # upstream's thread comes to write them (a full run's collector can stop it for a while).
+    # Neither says a thing (not even its status line) until the loop is held, so both are read alike after:
+    # both wait for `go`, which the test sets once beta's call (the hedge) is out and the loop is held; the
+    # hold lasts until both first events are written, however late the upstream's thread comes to write them
+    # (a full run's collector can stop it for a while). A delay instead of `go` let beta's status line in
+    # before the hold on a loaded machine, and beta then won a turn ahead of alpha.
     written = {name: threading.Event() for name in ("alpha", "beta")}
-    faults["alpha"].script(slow(0.6, then=stream(gap=0.5, written=written["alpha"])))
-    faults["beta"].script(slow(0.05, then=stream(gap=0.5, written=written["beta"])))
+    go = threading.Event()
+    faults["alpha"].script(gated(go, stream(gap=0.5, written=written["alpha"])))
+    faults["beta"].script(gated(go, stream(gap=0.5, written=written["beta"])))
     attempts = Attempts()
     counts: list[int] = []
     held: list[bool] = []
@@ -132,6 +134,7 @@ async def test_a_cancel_while_the_loser_gives_its_count_back_lets_go_of_the_winn
         attempts.look()
         if faults["beta"].count and not held:
             # The hedge was sent: hold the gateway's loop until both first events are in its sockets.
+            go.set()
             for name, event in written.items():
                 assert event.wait(10.0), f"{name} never wrote its first event"
             time.sleep(0.05)  # loopback hands them over at once; a moment's margin all the same
