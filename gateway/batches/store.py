@@ -296,7 +296,7 @@ def store_lines(cur: Cursor, batch_id: str, me: str, lease_s: float, lines: list
 
 
 def lines_stored(
-    cur: Cursor, batch_id: str, me: str, lease_s: float, total: int, refused: int, model: str | None = None
+    cur: Cursor, batch_id: str, me: str, lease_s: float, total: int, refused: int, model: str | None
 ) -> None:
     """Every line stored (`store_lines`): the batch's lines may be sent. Nothing when it was cancelled."""
     if held(cur, batch_id, me, lease_s)[0] != "validating":

@@ -120,8 +120,8 @@ async def test_a_cancel_while_the_loser_gives_its_count_back_lets_go_of_the_winn
     # Neither says a thing (not even its status line) until the loop is held, so both are read alike after:
     # both wait for `go`, which the test sets once beta's call (the hedge) is out and the loop is held; the
     # hold lasts until both first events are written, however late the upstream's thread comes to write them
-    # (a full run's collector can stop it for a while). A delay instead of `go` let beta's status line in
-    # before the hold on a loaded machine, and beta then won a turn ahead of alpha.
+    # (a full run's collector can stop it for a while). A delay in place of `go` can let beta's status line in
+    # before the hold on a loaded machine, and beta then wins a turn ahead of alpha.
     written = {name: threading.Event() for name in ("alpha", "beta")}
     go = threading.Event()
     faults["alpha"].script(gated(go, stream(gap=0.5, written=written["alpha"])))
