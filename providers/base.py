@@ -16,11 +16,11 @@ from urllib.parse import quote
 import msgspec
 
 from providers.engine import EngineGauges
-from providers.guarded import guarded_write
+from providers.guarded import ExtraMerge, guarded_write, merge_extra
 from providers.quota import QuotaReader, counter_names
 from providers.tokenizer import NO_TOKENIZER, TokenizerAPI
 from wire.errors import GatewayError, InvalidRequestError, UnsupportedParamError
-from wire.schema import NATIVE_FIELDS, Choice, Completion, CompletionRequest, FinishReason, Logprobs, Usage
+from wire.schema import INT64_MAX, NATIVE_FIELDS, Choice, Completion, CompletionRequest, FinishReason, Logprobs, Usage
 from wire.upstream import UpstreamRequest as UpstreamRequest
 
 
@@ -241,32 +241,6 @@ def request_headers(
     return headers
 
 
-ExtraMerge = Literal["top", "nested", "deep"]
-Guarded = frozenset[str] | None
-
-
-def merge_extra(body: dict[str, Any], extra: Mapping[str, Any], how: ExtraMerge) -> None:
-    """Merge the client's `inference_extra_params` into an upstream body.
-
-    `top` replaces top-level keys. `nested` extends an object the body already has by one level (Gemini's
-    `generationConfig`, Bedrock's `inferenceConfig`), `deep` at every level (TGI's `parameters`, Ollama's
-    `options`): a client sending `{"options": {"num_ctx": 8192}}` means to add a knob, not to drop every
-    mapped one.
-    """
-    if how == "top":
-        body.update(extra)
-        return
-    for key, value in extra.items():
-        current = body.get(key)
-        if isinstance(current, dict) and isinstance(value, dict):
-            if how == "deep":
-                merge_extra(current, value, how)
-            else:
-                current.update(value)
-        else:
-            body[key] = value
-
-
 def stop_list(value: str | list[str]) -> list[str]:
     """`stop` as the list the chat-style APIs want (the request also allows one bare string)."""
     return [value] if isinstance(value, str) else value
@@ -324,7 +298,8 @@ class Capabilities:
     chat_route: ClassVar[bool] = False  # an `OpenAIChat`, likewise (`registry.register` holds both to the class)
     # Its `gen_ai.provider.name` in OpenTelemetry's GenAI semantic conventions (trace spans); None: the kind.
     genai_provider: ClassVar[str | None] = None
-    params: ClassVar[Table]
+    # Not a ClassVar: `configure` gives a provider's instance its own where its config changes it (`max_n`).
+    params: Table
     # The kind's chat parameters (providers/openai_chat.py `chat_table`); None: it does not serve chat yet.
     chat_params: ClassVar[Table | None] = None
     # Most stop sequences it takes: it is sent the first ones, the gateway enforces the rest (emulation); None: any.
@@ -334,6 +309,12 @@ class Capabilities:
     # Largest logprobs count the provider returns; a larger one is refused naming the bound. Not a ClassVar:
     # a self-hosted server's own flag (vLLM's --max-logprobs) is configured per provider (`configure`).
     max_logprobs: int = 5
+    # Most choices one call makes (`providers.<name>.max_n`, per provider like `max_logprobs`): a larger `n` is
+    # fanned out, one call per choice. Unbounded unless configured.
+    max_n: int = INT64_MAX
+    # The body field of a kind whose server takes `n` only in newer builds (an older one ignores it and makes
+    # one choice), used in place of the table's emulation once the operator sets `max_n`; None: the table says.
+    opt_in_n: ClassVar[str | None] = None
     prompt_forms: ClassVar[frozenset[PromptForm]] = ALL_PROMPT_FORMS
     default_base_url: ClassVar[str | None] = None
     # Whether a key is required to call it (local servers such as vLLM often have none).
@@ -415,10 +396,17 @@ class Capabilities:
                 longest = w
         return longest
 
-    def configure(self, max_logprobs: int | None = None) -> Self:
-        """This provider's instance with the bounds its config sets (`providers.<name>.max_logprobs`)."""
+    def configure(self, max_logprobs: int | None = None, max_n: int | None = None) -> Self:
+        """This provider's instance with the bounds its config sets (`providers.<name>.max_logprobs`, `max_n`).
+        A kind with an `opt_in_n` field takes `n` natively on completions once `max_n` is set."""
         if max_logprobs is not None:
             self.max_logprobs = max_logprobs
+        if max_n is not None:
+            self.max_n = max_n
+            field = self.opt_in_n
+            if field is not None:
+                native = Param(field)
+                self.params = {**self.params, "n": native}
         return self
 
     def check(self, req: CompletionRequest, provider: str) -> None:

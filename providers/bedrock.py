@@ -239,7 +239,7 @@ class BedrockAdapter(OpenAIChat):
         }
     )
     path: ClassVar[str] = "/model/{modelId}/converse (stream: /converse-stream)"
-    params: ClassVar[Table] = BEDROCK_PARAMS
+    params: Table = BEDROCK_PARAMS
     framing = "eventstream"
     prompt_forms = frozenset({"text"})
     max_logprobs = 0

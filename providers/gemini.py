@@ -311,7 +311,7 @@ class GeminiAdapter(OpenAIChat):
     extra_params = "nested"  # generationConfig, safetySettings...
     guarded_paths = frozenset({"contents", "generationConfig.maxOutputTokens", "generationConfig.candidateCount"})
     path: ClassVar[str] = "/v1beta/models/{model}:generateContent (stream: :streamGenerateContent?alt=sse)"
-    params: ClassVar[Table] = GEMINI_PARAMS
+    params: Table = GEMINI_PARAMS
     max_stop = 5
     max_logprobs = 20
     # One `contents` turn per call: the gateway fans out prompt lists.

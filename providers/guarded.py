@@ -1,4 +1,5 @@
-"""Which upstream body paths the client's `inference_extra_params` may not write (an adapter's `guarded_paths`).
+"""Which upstream body paths the client's `inference_extra_params` may not write (an adapter's `guarded_paths`),
+and how the rest merge into the body.
 
 The prompt, the token limit and the choice counts are what admission reserves tokens for and emulation plans
 calls from; written through the escape hatch under the provider's own name (llama.cpp's `n_predict: -1`,
@@ -9,10 +10,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from providers.base import ExtraMerge, Table
+    from providers.base import Table
+
+ExtraMerge = Literal["top", "nested", "deep"]
 
 
 def _spelling(key: str) -> str:
@@ -60,3 +63,25 @@ def limit_paths(params: Table) -> set[str]:
         if rule is not None and not rule.emulated and rule.apply is None:
             out.add(rule.to or name)
     return out
+
+
+def merge_extra(body: dict[str, Any], extra: Mapping[str, Any], how: ExtraMerge) -> None:
+    """Merge the client's `inference_extra_params` into an upstream body.
+
+    `top` replaces top-level keys. `nested` extends an object the body already has by one level (Gemini's
+    `generationConfig`, Bedrock's `inferenceConfig`), `deep` at every level (TGI's `parameters`, Ollama's
+    `options`): a client sending `{"options": {"num_ctx": 8192}}` means to add a knob, not to drop every
+    mapped one.
+    """
+    if how == "top":
+        body.update(extra)
+        return
+    for key, value in extra.items():
+        current = body.get(key)
+        if isinstance(current, dict) and isinstance(value, dict):
+            if how == "deep":
+                merge_extra(current, value, how)
+            else:
+                current.update(value)
+        else:
+            body[key] = value

@@ -22,7 +22,7 @@ from providers.base import (
     request_headers,
     table,
 )
-from providers.chat_params import chat_table, continuing
+from providers.chat_params import CHAT_GUARDED, chat_table, continuing
 from providers.context import context_window
 from providers.engine import LLAMACPP_GAUGES
 from providers.finish import finish_reason
@@ -31,7 +31,7 @@ from providers.retry_after import retry_after, should_retry
 from providers.selfhosted import TokenProb, response_schema, token_probs, usage
 from providers.tokenizer import LLAMACPP_TOKENIZER
 from wire.errors import GatewayError, InvalidRequestError, UpstreamStatusError
-from wire.schema import Completion, CompletionRequest, Logprobs
+from wire.schema import Choice, Completion, CompletionRequest, FinishReason, Logprobs
 
 
 def _constrain(body: dict[str, Any], key: str, value: Any) -> None:
@@ -108,6 +108,7 @@ class LlamaErrorBody(msgspec.Struct):
 
 
 class LlamaCompletion(msgspec.Struct):
+    index: int = 0  # which of the `n_cmpl` completions of the prompt (0 without one)
     content: str = ""
     stop: bool = False
     stop_type: str | None = None
@@ -126,7 +127,13 @@ class LlamaError(msgspec.Struct):
 
 
 _decode_completion = msgspec.json.Decoder(LlamaCompletion).decode
+# `n_cmpl` above 1, buffered: the results in index order, each as one completion (tools/server/server-context.cpp).
+_decode_completions = msgspec.json.Decoder(list[LlamaCompletion]).decode
 _decode_error = msgspec.json.Decoder(LlamaError).decode
+
+
+def _finish(up: LlamaCompletion) -> FinishReason | None:
+    return finish_reason(_stop_type(up)) if up.stop else None
 
 
 def _stop_type(up: LlamaCompletion) -> str:
@@ -140,8 +147,13 @@ def _stop_type(up: LlamaCompletion) -> str:
 class LlamaCppAdapter(OpenAIChat):
     kind = "llamacpp"
     extra_params = "deep"
-    # The server reads `max_tokens` as `n_predict` when the latter is absent (tools/server/README.md).
-    guarded_paths = frozenset({"prompt", "n_predict", "max_tokens"})
+    # The server reads `max_tokens` and `max_completion_tokens` as `n_predict` when the latter is absent, and `n`
+    # as `n_cmpl` (tools/server/server-schema.cpp), on both routes: the client's extra params may set none of them.
+    guarded_paths = frozenset({"prompt", "n_predict", "max_tokens", "max_completion_tokens", "n_cmpl", "n"})
+    chat_guarded_paths = CHAT_GUARDED | {"n_predict", "n_cmpl"}
+    # Completions per prompt in one call: newer servers only (late 2025), bounded by `--parallel`; `max_n` sets it.
+    # Not on chat: there the server's answer to `n` counts the first choice's tokens as the usage of all of them.
+    opt_in_n = "n_cmpl"
     needs_base_url = True
     model_listing = ("/v1/models", True)  # base_url is the server root (/completion)
     serves_replicas = True
@@ -219,33 +231,54 @@ class LlamaCppAdapter(OpenAIChat):
             stream=bool(req.stream),
         )
 
-    def _completion(self, up: LlamaCompletion, ctx: CallContext) -> Completion:
+    def _choice(self, up: LlamaCompletion, ctx: CallContext) -> Choice:
         probs = up.completion_probabilities if up.completion_probabilities is not None else up.probs
-        lp: Logprobs | None = token_probs(probs, ctx) if probs is not None else None
-        return ctx.single(
-            up.content,
-            finish_reason(_stop_type(up)) if up.stop else None,
-            lp,
-            usage(up.tokens_evaluated, up.tokens_predicted) if up.stop else None,
-        )
+        lp: Logprobs | None = token_probs(probs, ctx, up.index) if probs is not None else None
+        return Choice(text=up.content, index=up.index, logprobs=lp, finish_reason=_finish(up))
+
+    def _raise(self, up: LlamaCompletion, body: bytes) -> None:
+        status = up.error.code if isinstance(up.error, LlamaErrorBody) and up.error.code else 500
+        raise self.map_error(status, {}, body, self.kind)
 
     def parse_response(self, body: bytes, ctx: CallContext) -> Completion:
+        if body[:1] == b"[":
+            return self._completions(_decode_completions(body), body, ctx)
         up = _decode_completion(body)
         if up.error is not None:
-            status = up.error.code if isinstance(up.error, LlamaErrorBody) and up.error.code else 500
-            raise self.map_error(status, {}, body, self.kind)
+            self._raise(up, body)
         # The non-stream answer is the final result: `stop` is true in it (server code), say it if not.
         up.stop = True
-        return self._completion(up, ctx)
+        return ctx.completion([self._choice(up, ctx)], usage(up.tokens_evaluated, up.tokens_predicted))
+
+    def _completions(self, ups: list[LlamaCompletion], body: bytes, ctx: CallContext) -> Completion:
+        """`n_cmpl` results of one prompt: one choice each; the prompt counted once (every result reports the
+        prompt it was made from), the completions' tokens added."""
+        choices: list[Choice] = []
+        prompt = predicted = 0
+        for up in ups:
+            if up.error is not None:
+                self._raise(up, body)
+            up.stop = True
+            choices.append(self._choice(up, ctx))
+            prompt, predicted = max(prompt, up.tokens_evaluated), predicted + up.tokens_predicted
+        return ctx.completion(choices, usage(prompt, predicted))
 
     def parse_event(self, event: str | None, data: bytes, ctx: CallContext) -> Completion | None:
         if data == b"[DONE]":
             return None
         up = _decode_completion(data)
         if up.error is not None:
-            status = up.error.code if isinstance(up.error, LlamaErrorBody) and up.error.code else 500
-            raise self.map_error(status, {}, data, self.kind)
-        return self._completion(up, ctx)
+            self._raise(up, data)
+        if not up.stop:
+            return ctx.completion([self._choice(up, ctx)])
+        if ctx.n == 1 and not up.index:
+            return ctx.completion([self._choice(up, ctx)], usage(up.tokens_evaluated, up.tokens_predicted))
+        # One of `n_cmpl` completions ended: its final event carries its own counts, and the stream's usage (the
+        # last event's) must be all of them: the prompt once, every completion's tokens added so far.
+        state = ctx.state
+        predicted = state["predicted"] = state.get("predicted", 0) + up.tokens_predicted
+        prompt = state["prompt"] = max(state.get("prompt", 0), up.tokens_evaluated)
+        return ctx.completion([self._choice(up, ctx)], usage(prompt, predicted))
 
     def map_error(self, status: int, headers: Mapping[str, str], body: bytes, provider: str) -> GatewayError:
         message, error_type = _error_fields(body)

@@ -197,7 +197,7 @@ class MistralAdapter(OpenAIChat):
     model_listing = ("/v1/models", False)
     quota_headers = (mistral_windows,)
     path: ClassVar[str] = f"{CHAT_PATH} (with suffix: {FIM_PATH})"
-    params: ClassVar[Table] = MISTRAL_PARAMS
+    params: Table = MISTRAL_PARAMS
     chat_path: ClassVar[str] = CHAT_PATH
     # Mistral sends usage on its last chunk and documents no `stream_options`.
     chat_stream_usage: ClassVar[bool] = False

@@ -173,7 +173,7 @@ def usage_from(up: UpUsage) -> Usage:
 
 class OpenAICompatible(Adapter):
     path: ClassVar[str] = "/completions"
-    params: ClassVar[Table] = OPENAI_PARAMS
+    params: Table = OPENAI_PARAMS
     # OpenAI's "up to 4 sequences" (also Fireworks' and SGP's seeds; kept where a server documents none):
     # the first 4 are sent, the gateway enforces the rest. Servers without a limit (vLLM) say None.
     max_stop: ClassVar[int | None] = 4

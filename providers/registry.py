@@ -70,6 +70,8 @@ def register(adapter: AdapterClass | str) -> AdapterClass:
     if cls.in_process != issubclass(cls, LocalAdapter) or cls.chat_route != issubclass(cls, OpenAIChat):
         raise ValueError(f"{cls.__qualname__}.in_process and .chat_route are its class's to set, not its own")
     unguarded = limit_paths(cls.params) - cls.guarded_paths
+    if cls.opt_in_n is not None and cls.opt_in_n not in cls.guarded_paths:
+        unguarded.add(cls.opt_in_n)  # where `configure` writes `n` once the operator turns it on
     if unguarded:
         raise ValueError(
             f"{cls.__qualname__}.guarded_paths must hold the body paths its table writes limits and counts to: "

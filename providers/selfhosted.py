@@ -1,6 +1,6 @@
 """What the self-hosted native adapters (TGI `/generate`, Ollama `/api/generate`, llama.cpp `/completion`)
 share: reading `response_format` and building logprobs with computed text offsets (merging
-`inference_extra_params` is providers/base.py `merge_extra`, declared per adapter as `extra_params`).
+`inference_extra_params` is providers/guarded.py `merge_extra`, declared per adapter as `extra_params`).
 
 None of these servers echoes the prompt (the gateway provides `echo`), so a generated token's offset is
 always counted from the end of its prompt: that is where it sits in the prompt + completion text the

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import ssl
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -21,6 +22,7 @@ import yaml
 from gateway.config.fleet import fleet_problem, replica_url
 from gateway.config.schema import DeploymentConfig, GatewayConfig, PriceConfig, ProviderConfig
 from gateway.state import MISPLACED_CREDENTIAL, credential_misplaced, url_problem
+from providers.base import Param
 from providers.registry import REGISTRY, kinds
 
 
@@ -129,6 +131,11 @@ def _convert(obj: Any, typ: type[Any], where: str, source: str) -> Any:
         raise ConfigError(f"{source}: {path.lstrip('.') or '(top level)'}: {problem}") from None
 
 
+def _emulated_n(params: Mapping[str, Param]) -> bool:
+    rule = params.get("n")
+    return rule is None or rule.emulated
+
+
 def _check_kind(p: ProviderConfig, path: str, source: str) -> None:
     if p.kind not in REGISTRY:
         raise ConfigError(f"{source}: {path}.kind: Invalid enum value {p.kind!r}; valid kinds: {', '.join(kinds())}")
@@ -180,6 +187,8 @@ def _check(cfg: GatewayConfig, providers: dict[str, ProviderConfig], source: str
                     fail(f"providers.{name}.{field}", "needs transport httpx (or auto); h1 cannot honour it")
         if p.proxy and not p.proxy.startswith(("http://", "https://")):
             fail(f"providers.{name}.proxy", "must start with http:// or https://")  # the URL may hold credentials
+        if p.max_n is not None and adapter.opt_in_n is None and _emulated_n(adapter.params):
+            fail(f"providers.{name}.max_n", f"kind '{p.kind}' makes one choice per call: the gateway fans out n")
         if p.discover and adapter.model_listing is None:
             fail(f"providers.{name}.discover", f"kind '{p.kind}' has no model listing the gateway can read")
         if p.client_key and not p.client_cert:

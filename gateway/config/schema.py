@@ -335,6 +335,10 @@ class ProviderConfig(Strict, frozen=True):
     # `--max-logprobs`, 20 by default; TGI's `--max-top-n-tokens`, 5): larger counts are refused naming it.
     # Up to MAX_LOGPROBS, the absolute bound every request is decoded with.
     max_logprobs: Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)] | None = None
+    # The most choices (`n`) this server makes from one prompt in one call: a larger `n` is fanned out, one call
+    # per choice. For llama-server (kind llamacpp), setting it is what sends `n` at all (its `--parallel` slots
+    # bound it; a build from before late 2025 ignores `n`): unset, every choice is a call of its own there.
+    max_n: Annotated[int, Meta(ge=1, le=4096)] | None = None
     # AWS region (`us-east-1`) for kind bedrock: the endpoint host and the SigV4 credential scope.
     # Empty is allowed here so an unset `${VAR}` does not fail the load; such a provider refuses requests.
     region: Annotated[str, Meta(pattern=r"^$|^[a-z]{2}(-[a-z]+)+-\d+$")] | None = None

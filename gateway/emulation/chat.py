@@ -96,7 +96,7 @@ def plan(
         return None  # the common case: a few comparisons
     guide = make_guide(table, req, provider, caps) if guided else None
     rule = table.get("n")
-    fan_n = n if n > 1 and rule is not None and rule.emulated else 1
+    fan_n = n if n > 1 and rule is not None and (rule.emulated or n > adapter.max_n) else 1
     stops: list[str] | None = None
     upstream = stop
     if too_many:

@@ -138,7 +138,7 @@ def plan(
     form = prompt_form(req.prompt)
     fan_prompts = form in ("texts", "token_lists") and form not in adapter.prompt_forms
     prompts: list[str | list[int]] = list(req.prompt) if fan_prompts else [req.prompt]  # type: ignore[arg-type, list-item]
-    fan_n = n if n > 1 and _emulated(adapter.params, "n") else 1
+    fan_n = n if n > 1 and (n > adapter.max_n or _emulated(adapter.params, "n")) else 1
     best_of = req.best_of if req.best_of and req.best_of > 1 and _emulated(adapter.params, "best_of") else None
     if best_of is not None:
         lp = adapter.params.get("logprobs")

@@ -164,6 +164,10 @@ MEANINGS: dict[str, str] = {
     "providers.<name>.max_connections": "keep-alive connection pool size for this provider",
     "providers.<name>.max_logprobs": "the most logprobs this provider returns (vLLM's `--max-logprobs`, 20 by "
     "default); a larger request is a 400 naming `logprobs`",
+    "providers.<name>.max_n": "the most choices (`n`) one call to this provider makes; a larger `n` is fanned out, "
+    "one call per choice. For llama-server (`llamacpp`) it turns on `n` in one call, the prompt evaluated once "
+    "(set it to the server's `--parallel` or less; a server older than `n` support answers one choice): "
+    "[emulation.md](emulation.md#n-on-llama-server)",
     "providers.<name>.discover": "ask this provider's model listing for `GET /v1/models`: on for "
     f"{', '.join(kinds_listing_by_default())}; off for hosted catalogs",
     "providers.<name>.tokenizer_url": "where the provider's tokenizer routes are "
@@ -215,6 +219,7 @@ DEFAULTS: dict[str, str] = {
     "providers.<name>.api_version": "`2024-10-21` (azure)",
     "providers.<name>.default_max_tokens": "the kind's default",
     "providers.<name>.max_logprobs": "the kind's bound",
+    "providers.<name>.max_n": "unbounded where the kind takes `n`; fanned out where it does not",
     "providers.<name>.discover": "the kind's default",
     "providers.<name>.tokenizer_url": "`base_url` without a trailing `/v1`",
     "providers.<name>.region": "required for " + ", ".join(f"`{k}`" for k in kinds_needing_region()),

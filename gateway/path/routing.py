@@ -26,7 +26,7 @@ class Router:
         self._loaded = loaded
         self._providers = loaded.providers
         self._adapters: dict[str, Adapter | LocalAdapter] = {
-            name: REGISTRY[p.kind]().configure(p.max_logprobs) for name, p in loaded.providers.items()
+            name: REGISTRY[p.kind]().configure(p.max_logprobs, p.max_n) for name, p in loaded.providers.items()
         }
         # Each provider with `replicas:`, one Fleet: its policy and its drain and engine-load state.
         self.fleets = {name: Fleet(name, p.replicas, p.routing) for name, p in loaded.providers.items() if p.replicas}

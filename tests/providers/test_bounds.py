@@ -15,7 +15,9 @@ import msgspec
 import pytest
 
 from gateway import emulation
-from gateway.config import ConfigError, parse_config
+from gateway.config import CapsConfig, ConfigError, parse_config
+from gateway.emulation import chat as chat_emulation
+from gateway.path.request import normalize_chat
 from gateway.path.routing import Router
 from providers import REGISTRY
 from providers.base import Endpoint, map_params
@@ -26,6 +28,7 @@ from providers.tgi import TGIAdapter
 from providers.together import TogetherAdapter
 from providers.vllm import VLLM_NATIVE, VLLMAdapter
 from tests.helpers.adapters import COMPLETION_FIELDS, NATIVE, build, request
+from wire.chat import decode_chat
 from wire.errors import InvalidRequestError, UnsupportedParamError
 from wire.schema import MAX_LOGPROBS, MAX_STOPS
 
@@ -272,3 +275,32 @@ def test_max_logprobs_in_the_config_is_bounded_and_reaches_the_route() -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(text % (MAX_LOGPROBS + 1))
     assert "providers.local.max_logprobs" in str(info.value)
+
+
+def test_max_n_turns_on_llama_servers_n_and_bounds_every_kind_that_takes_n() -> None:
+    text = "providers:\n  p: {kind: %s, base_url: 'http://127.0.0.1:8000', max_n: %s}\n"
+    llama = Router(parse_config(text % ("llamacpp", 4))).resolve("p/m").adapter
+    assert llama.max_n == 4 and not llama.params["n"].emulated
+    plain = Router(parse_config(text % ("llamacpp", "null"))).resolve("p/m").adapter
+    assert plain.params["n"].emulated
+    # n up to the bound in one call, above it one call per choice; a kind without n fans out already.
+    vllm = Router(parse_config(text % ("vllm", 2))).resolve("p/m").adapter
+    assert emulation.plan(vllm, request(n=2), "p", 0) is None
+    fanned = emulation.plan(vllm, request(n=3), "p", 0)
+    assert fanned is not None and (fanned.fan_n, fanned.n) == (3, 3)
+    assert emulation.plan(llama, request(n=4), "p", 0) is None
+    assert emulation.plan(llama, request(n=5), "p", 0) is not None
+    # Chat the same, where the kind's chat route takes n; llama-server's chat is fanned out whatever max_n says.
+    chat = {"model": "p/m", "messages": [{"role": "user", "content": "hi"}]}
+    for adapter, n, fan in ((vllm, 2, None), (vllm, 3, 3), (llama, 2, 2)):
+        asked = normalize_chat(decode_chat(msgspec.json.encode({**chat, "n": n})))
+        assert adapter.chat_params is not None
+        em = chat_emulation.plan(adapter, adapter.chat_params, asked, "p", CapsConfig())
+        assert (em.fan_n if em is not None else None) == fan, (adapter.kind, n)
+    for kind in ("tgi", "ollama"):  # one choice per call, and no way to ask for more
+        with pytest.raises(ConfigError) as info:
+            parse_config(text % (kind, 2))
+        assert "providers.p.max_n: kind" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        parse_config(text % ("vllm", 0))
+    assert "providers.p.max_n" in str(info.value)

@@ -314,3 +314,84 @@ def test_other_error_shapes() -> None:
     )
     err = ADAPTER.map_error(500, {"retry-after": "1"}, b"oops", "llama")
     assert (err.message, err.retry_after) == ("llama error (500): oops", 1.0)
+
+
+# ------------------------------------------------------------------------------------------------
+# `n` in one call (`max_n` set): the server's `n_cmpl` (tools/server/server-schema.cpp and server-context.cpp:
+# buffered, a JSON array of its results in index order; streamed, each event names its result's `index`)
+
+
+def test_n_is_sent_only_once_max_n_is_set() -> None:
+    assert "n_cmpl" not in body_for(n=3)  # fanned out: each call is sent without it
+    native = LlamaCppAdapter().configure(max_n=4)
+    _, body, _ = build(native, request(prompt=PROMPT, n=3), ENDPOINT)
+    assert body["n_cmpl"] == 3 and "n" not in body
+    assert ADAPTER.params["n"].emulated  # the kind's own table is left as it was
+    assert native.max_n == 4 and ADAPTER.max_n > 2**62
+
+
+def _result(index: int, content: str, predicted: int, **more: Any) -> dict[str, Any]:
+    return {
+        "index": index,
+        "content": content,
+        "stop": True,
+        "stop_type": "limit",
+        "tokens_evaluated": 14,
+        "tokens_predicted": predicted,
+        **more,
+    }
+
+
+def test_an_array_of_results_is_one_choice_each() -> None:
+    body = json.dumps([_result(0, " 1.", 2), _result(1, " A", 1, stop_type="eos"), _result(2, " x y z", 3)])
+    out = ADAPTER.parse_response(body.encode(), context([PROMPT], n=3))
+    assert [(c.index, c.text, c.finish_reason) for c in out.choices] == [
+        (0, " 1.", "length"),
+        (1, " A", "stop"),
+        (2, " x y z", "length"),
+    ]
+    # The prompt once (each result reports it), the completions added.
+    assert as_json(out.usage) == {"prompt_tokens": 14, "completion_tokens": 6, "total_tokens": 20}
+
+
+def test_each_result_has_its_own_logprobs() -> None:
+    probs = _probs()
+    body = json.dumps(
+        [
+            _result(0, " 1.", 2, completion_probabilities=probs),
+            _result(1, " 1", 1, completion_probabilities=probs[:1]),
+        ]
+    )
+    out = ADAPTER.parse_response(body.encode(), context([PROMPT], n=2))
+    lps = [c.logprobs for c in out.choices]
+    assert [lp.tokens if lp else None for lp in lps] == [[" 1", "."], [" 1"]]
+
+
+def test_an_error_among_the_results_is_the_answer() -> None:
+    body = b"[" + json.dumps(_result(0, "x", 1)).encode() + b"," + LOADING + b"]"
+    with pytest.raises(UpstreamStatusError) as info:
+        ADAPTER.parse_response(body, context(["x"], n=2))
+    assert info.value.upstream_status == 503
+
+
+def test_a_stream_of_several_results_tells_them_apart_and_adds_their_tokens() -> None:
+    ctx = context([PROMPT], n=2)
+    events = [
+        {"index": 1, "content": " A", "stop": False},
+        {"index": 0, "content": " 1", "stop": False},
+        {"index": 1, "content": "", "stop": True, "stop_type": "eos", "tokens_evaluated": 14, "tokens_predicted": 1},
+        {"index": 0, "content": ".", "stop": False},
+        {"index": 0, "content": "", "stop": True, "stop_type": "limit", "tokens_evaluated": 14, "tokens_predicted": 2},
+    ]
+    out = [ADAPTER.parse_event(None, json.dumps(e).encode(), ctx) for e in events]
+    done = [c for c in out if c is not None]
+    assert [(c.choices[0].index, c.choices[0].text, c.choices[0].finish_reason) for c in done] == [
+        (1, " A", None),
+        (0, " 1", None),
+        (1, "", "stop"),
+        (0, ".", None),
+        (0, "", "length"),
+    ]
+    # The stream's usage is its last event's: by then every result's tokens, the prompt once.
+    assert as_json(done[2].usage) == {"prompt_tokens": 14, "completion_tokens": 1, "total_tokens": 15}
+    assert as_json(done[-1].usage) == {"prompt_tokens": 14, "completion_tokens": 3, "total_tokens": 17}

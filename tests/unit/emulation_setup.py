@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 import msgspec
 
@@ -22,7 +22,7 @@ class OnePrompt(Adapter):
     kind = "one-prompt"
     max_stop = 2
     prompt_forms = frozenset({"text"})
-    params: ClassVar[Table] = table(
+    params: Table = table(
         max_tokens=Param(),
         stop=Param(),
         logprobs=Param(),

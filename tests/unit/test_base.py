@@ -8,7 +8,8 @@ import pytest
 
 from gateway.config import ConfigError, parse_config
 from providers import REGISTRY
-from providers.base import PARAM_FIELDS, ExtraMerge, Param, map_params, merge_extra, prompt_form, stop_list, table
+from providers.base import PARAM_FIELDS, Param, map_params, prompt_form, stop_list, table
+from providers.guarded import ExtraMerge, merge_extra
 from providers.openai import OpenAIAdapter
 from providers.openai_compat import OPENAI_PARAMS
 from providers.pais import PAISAdapter

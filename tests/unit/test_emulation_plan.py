@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
@@ -54,7 +54,7 @@ def test_plan_refuses_what_cannot_be_emulated(fields: dict[str, Any], param: str
 
 def test_best_of_needs_logprobs_to_rank() -> None:
     class NoLogprobs(OnePrompt):
-        params: ClassVar[Table] = table(OnePrompt.params, drop=("logprobs",))
+        params: Table = table(OnePrompt.params, drop=("logprobs",))
 
     with pytest.raises(InvalidRequestError) as err:
         emulation.plan(NoLogprobs(), req(best_of=3), "p", 2)

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from providers import REGISTRY, register
-from providers.base import Adapter, Endpoint, ExtraMerge, Param, table
-from providers.guarded import guarded_write, limit_paths
+from providers.base import Adapter, Endpoint, Param, table
+from providers.guarded import ExtraMerge, guarded_write, limit_paths
 from tests.helpers.adapters import build, request
 from wire.errors import InvalidRequestError
 
