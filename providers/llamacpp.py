@@ -25,6 +25,7 @@ from providers.base import (
 from providers.chat_params import CHAT_GUARDED, chat_table, continuing
 from providers.context import context_window
 from providers.engine import LLAMACPP_GAUGES
+from providers.envelope import Unreadable
 from providers.finish import finish_reason
 from providers.openai_chat import OpenAIChat
 from providers.retry_after import retry_after, should_retry
@@ -253,6 +254,8 @@ class LlamaCppAdapter(OpenAIChat):
     def _completions(self, ups: list[LlamaCompletion], body: bytes, ctx: CallContext) -> Completion:
         """`n_cmpl` results of one prompt: one choice each; the prompt counted once (every result reports the
         prompt it was made from), the completions' tokens added."""
+        if not ups:
+            raise Unreadable("an empty list of results")  # the server answers a list of one or more
         choices: list[Choice] = []
         prompt = predicted = 0
         for up in ups:

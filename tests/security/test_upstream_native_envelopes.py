@@ -28,6 +28,7 @@ providers:
   tgi: {{kind: tgi, base_url: "{u}"}}
   ollama: {{kind: ollama, base_url: "{u}"}}
   llama: {{kind: llamacpp, base_url: "{u}"}}
+  llamas: {{kind: llamacpp, base_url: "{u}", max_n: 4}}
   gemini: {{kind: gemini, api_key: gk-test-0000000000, base_url: "{u}"}}
   bedrock: {{kind: bedrock, api_key: "AKIAIOSFODNN7EXAMPLE:secret0000000000000000", region: us-east-1, base_url: "{u}"}}
 """
@@ -114,3 +115,38 @@ def test_native_error_envelope_in_a_200_is_an_upstream_error(
     assert resp.status_code == status, resp.text
     assert "error" in resp.json()
     assert len(upstream.received) == calls
+
+
+def _result(**fields: object) -> dict[str, object]:
+    return {"content": "ok", "stop": True, "stop_type": "limit", "tokens_evaluated": 3, "tokens_predicted": 1} | fields
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        pytest.param(b"[]", 502, id="no-result"),
+        pytest.param(b"[1, 2]", 502, id="not-results"),
+        pytest.param(b"[" + b'{"content": "x"},' * 3 + b"]", 502, id="broken-json"),
+        pytest.param(envelope([_result(), {"error": {"code": 500, "message": "boom"}}]), 502, id="an-error-inside"),
+        pytest.param(envelope([_result(index=-7), _result(index=2**40)]), 200, id="odd-indexes"),
+        pytest.param(envelope([_result(index=i) for i in range(5_000)]), 200, id="more-than-asked"),
+    ],
+)
+@pytest.mark.parametrize("provider", ["llama", "llamas"])
+def test_a_llama_servers_array_of_results_never_crashes_the_gateway(
+    gateway: GatewayThread, upstream: Upstream, body: bytes, status: int, provider: str
+) -> None:
+    # The array is what a llama-server answers for several completions of one prompt (`n_cmpl`); any server may
+    # send one, asked or not. Whatever it holds, the client gets an answer or an upstream error, never a 500.
+    upstream.reset()
+    gateway.pipeline.health.reset()
+    upstream.handler = reply(body, status=200)
+    with httpx.Client(trust_env=False, timeout=15) as client:
+        resp = client.post(gateway.url + "/v1/completions", json={"model": f"{provider}/any", "prompt": "x", "n": 2})
+        assert resp.status_code == status, resp.text
+        assert client.get(gateway.url + "/health").status_code == 200
+    # `n` in one call where the provider sets `max_n`, one call per choice where it does not (an error inside is
+    # retried: twice as many calls).
+    sent = [r.json().get("n_cmpl") for r in upstream.received]
+    tries = 2 if "error" in body.decode() else 1
+    assert sent == ([2] * tries if provider == "llamas" else [None, None] * tries)
