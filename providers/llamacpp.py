@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import msgspec
+from msgspec import Meta
 
 from providers.base import (
     EMULATED,
@@ -109,7 +110,7 @@ class LlamaErrorBody(msgspec.Struct):
 
 
 class LlamaCompletion(msgspec.Struct):
-    index: int = 0  # which of the `n_cmpl` completions of the prompt (0 without one)
+    index: Annotated[int, Meta(ge=0)] = 0  # which of the `n_cmpl` completions of the prompt (0 without one)
     content: str = ""
     stop: bool = False
     stop_type: str | None = None
@@ -233,6 +234,8 @@ class LlamaCppAdapter(OpenAIChat):
         )
 
     def _choice(self, up: LlamaCompletion, ctx: CallContext) -> Choice:
+        if up.index >= ctx.n:
+            raise Unreadable(f"a result numbered {up.index} of {ctx.n}")  # a server answering what no one asked
         probs = up.completion_probabilities if up.completion_probabilities is not None else up.probs
         lp: Logprobs | None = token_probs(probs, ctx, up.index) if probs is not None else None
         return Choice(text=up.content, index=up.index, logprobs=lp, finish_reason=_finish(up))

@@ -28,7 +28,7 @@ def prompt_for_choice(prompts: Sequence[str] | None, index: int, n: int) -> str:
     if not prompts:
         return ""
     i = index // max(n, 1)
-    return prompts[i] if i < len(prompts) else ""
+    return prompts[i] if 0 <= i < len(prompts) else ""  # an upstream's index may be anything
 
 
 def token_key(text: str, raw: bytes | None) -> str:

@@ -166,7 +166,8 @@ MEANINGS: dict[str, str] = {
     "default); a larger request is a 400 naming `logprobs`",
     "providers.<name>.max_n": "the most choices (`n`) one call to this provider makes; a larger `n` is fanned out, "
     "one call per choice. For llama-server (`llamacpp`) it turns on `n` in one call, the prompt evaluated once "
-    "(set it to the server's `--parallel` or less; a server older than `n` support answers one choice): "
+    "(set it to the server's `--parallel` or less; a server older than `n` support answers one choice, a 502 "
+    "`upstream_ignored_n`): "
     "[emulation.md](emulation.md#n-on-llama-server)",
     "providers.<name>.discover": "ask this provider's model listing for `GET /v1/models`: on for "
     f"{', '.join(kinds_listing_by_default())}; off for hosted catalogs",

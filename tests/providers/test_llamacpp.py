@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
 import pytest
 
 from gateway.upstream.framing import SSEDecoder
 from providers.base import Endpoint
+from providers.envelope import Unreadable
 from providers.llamacpp import LlamaCppAdapter
 from tests.helpers.adapters import as_json, build, chunked, context, request
 from wire.errors import InvalidRequestError, UnsupportedParamError, UpstreamStatusError
@@ -395,3 +397,12 @@ def test_a_stream_of_several_results_tells_them_apart_and_adds_their_tokens() ->
     # The stream's usage is its last event's: by then every result's tokens, the prompt once.
     assert as_json(done[2].usage) == {"prompt_tokens": 14, "completion_tokens": 1, "total_tokens": 15}
     assert as_json(done[-1].usage) == {"prompt_tokens": 14, "completion_tokens": 3, "total_tokens": 17}
+
+
+@pytest.mark.parametrize("index", [-1, 2, 2**40])
+def test_a_result_no_one_asked_for_is_an_unreadable_answer(index: int) -> None:
+    body = json.dumps([_result(0, "x", 1), _result(index, "y", 1)]).encode()
+    with pytest.raises((Unreadable, msgspec.ValidationError)):
+        ADAPTER.parse_response(body, context([PROMPT], n=2))
+    with pytest.raises((Unreadable, msgspec.ValidationError)):
+        ADAPTER.parse_event(None, json.dumps({"index": index, "content": "y"}).encode(), context([PROMPT], n=2))

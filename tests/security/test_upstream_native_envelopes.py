@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tests.helpers.servers import GatewayThread, serve_config
-from tests.helpers.upstreams import Upstream, reply
+from tests.helpers.upstreams import Upstream, reply, reply_sse
 
 CONFIG = """
 server: {{host: 127.0.0.1, port: 0}}
@@ -128,8 +128,10 @@ def _result(**fields: object) -> dict[str, object]:
         pytest.param(b"[1, 2]", 502, id="not-results"),
         pytest.param(b"[" + b'{"content": "x"},' * 3 + b"]", 502, id="broken-json"),
         pytest.param(envelope([_result(), {"error": {"code": 500, "message": "boom"}}]), 502, id="an-error-inside"),
-        pytest.param(envelope([_result(index=-7), _result(index=2**40)]), 200, id="odd-indexes"),
-        pytest.param(envelope([_result(index=i) for i in range(5_000)]), 200, id="more-than-asked"),
+        pytest.param(envelope([_result(index=-7), _result(index=1)]), 502, id="a-negative-index"),
+        pytest.param(envelope([_result(index=0), _result(index=2**40)]), 502, id="an-index-beyond-n"),
+        pytest.param(envelope([_result(index=i) for i in range(5_000)]), 502, id="more-than-asked"),
+        pytest.param(envelope([_result(index=1), _result(index=0)]), 200, id="in-any-order"),
     ],
 )
 @pytest.mark.parametrize("provider", ["llama", "llamas"])
@@ -150,3 +152,57 @@ def test_a_llama_servers_array_of_results_never_crashes_the_gateway(
     sent = [r.json().get("n_cmpl") for r in upstream.received]
     tries = 2 if "error" in body.decode() else 1
     assert sent == ([2] * tries if provider == "llamas" else [None, None] * tries)
+
+
+@pytest.mark.parametrize("stops", [None, ["zz", "yy"]])
+@pytest.mark.parametrize("logprobs", [None, 1])
+@pytest.mark.parametrize("odd", [None, -3, 2, 2**40])
+def test_a_llama_servers_stream_of_odd_indexes_never_crashes_the_gateway(
+    gateway: GatewayThread, upstream: Upstream, stops: list[str] | None, logprobs: int | None, odd: int | None
+) -> None:
+    # An event of a result the request never asked for (a negative index, one beyond n) fails the answer before
+    # anything is relayed; results interleaved and a result's final event twice are relayed. Never a 500 or a
+    # hang, with probabilities and with stops the gateway scans for.
+    prob = {"id": 5, "token": "a", "bytes": [97], "logprob": -0.5, "top_logprobs": []}
+    events = [
+        {"index": 1, "content": "a", "stop": False, "completion_probabilities": [prob]},
+        {"index": 0, "content": "b", "stop": False, "completion_probabilities": [prob]},
+        _result(index=1, content=""),
+        _result(index=1, content=""),
+        _result(index=0, content="c", completion_probabilities=[prob]),
+    ]
+    if odd is not None:
+        events.insert(0, {"index": odd, "content": "a", "stop": False, "completion_probabilities": [prob]})
+    upstream.reset()
+    gateway.pipeline.health.reset()
+    upstream.handler = reply_sse([b"data: " + envelope(e) for e in events])
+    body: dict[str, object] = {"model": "llamas/any", "prompt": "x", "n": 2, "stream": True, "stop": stops}
+    if logprobs is not None:
+        body["logprobs"] = logprobs
+    with httpx.Client(trust_env=False, timeout=15) as client:
+        with client.stream("POST", gateway.url + "/v1/completions", json=body) as resp:
+            text = resp.read().decode()
+        if odd is None:
+            assert resp.status_code == 200, text
+            chunks = [json.loads(line[6:]) for line in text.split("\n") if line.startswith("data: {")]
+            got = {i: "".join(c["text"] for k in chunks for c in k["choices"] if c["index"] == i) for i in (0, 1)}
+            assert got == {0: "bc", 1: "a"}
+            assert text.rstrip().endswith("data: [DONE]")
+        else:
+            assert resp.status_code == 502, text
+            assert resp.json()["error"]["code"] == "invalid_upstream_response"
+        assert client.get(gateway.url + "/health").status_code == 200
+
+
+def test_a_llama_server_that_ignores_n_is_an_error_not_one_choice(gateway: GatewayThread, upstream: Upstream) -> None:
+    # A llama-server older than `n_cmpl` answers one completion however many were asked for.
+    upstream.reset()
+    gateway.pipeline.health.reset()
+    upstream.handler = reply(envelope(_result()), status=200)
+    with httpx.Client(trust_env=False, timeout=15) as client:
+        resp = client.post(gateway.url + "/v1/completions", json={"model": "llamas/any", "prompt": "x", "n": 2})
+        assert resp.status_code == 502, resp.text
+        assert (resp.json()["error"]["code"], resp.json()["error"]["param"]) == ("upstream_ignored_n", "n")
+        fanned = client.post(gateway.url + "/v1/completions", json={"model": "llama/any", "prompt": "x", "n": 2})
+        assert fanned.status_code == 200, fanned.text
+        assert [c["index"] for c in fanned.json()["choices"]] == [0, 1]

@@ -34,6 +34,8 @@ def test_prompt_for_choice() -> None:
     assert prompt_for_choice(prompts, 9, 1) == ""
     assert prompt_for_choice(None, 0, 1) == ""
     assert prompt_for_choice(prompts, 1, 0) == "p1"
+    # An upstream's index may be anything: a negative one continues no prompt (not the last one, as a list reads it).
+    assert [prompt_for_choice(prompts, i, 1) for i in (-1, -3, -4)] == ["", "", ""]
 
 
 def _response(logprobs: dict[str, Any], choices: int = 1) -> bytes:
