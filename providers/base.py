@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import AsyncGenerator, Callable, Mapping
-from typing import Any, ClassVar, Literal, Protocol, Self
+from typing import Any, ClassVar, Final, Literal, Protocol, Self
 from urllib.parse import quote
 
 import msgspec
@@ -290,6 +290,10 @@ def prompt_form(prompt: str | list[Any]) -> PromptForm:
     return "token_lists"
 
 
+# `max_n` of a provider whose config sets none.
+UNBOUNDED_N: Final = INT64_MAX
+
+
 class Capabilities:
     """What a provider kind can take, declared as class attributes, and the checks that follow."""
 
@@ -311,7 +315,7 @@ class Capabilities:
     max_logprobs: int = 5
     # Most choices one call makes (`providers.<name>.max_n`, per provider like `max_logprobs`): a larger `n` is
     # fanned out, one call per choice. Unbounded unless configured.
-    max_n: int = INT64_MAX
+    max_n: int = UNBOUNDED_N
     # The body field of a kind whose server takes `n` only in newer builds (an older one ignores it and makes
     # one choice), used in place of the table's emulation once the operator sets `max_n`; None: the table says.
     opt_in_n: ClassVar[str | None] = None

@@ -21,7 +21,7 @@ from gateway.emulation.client_schema import Checker, Work, admit, match_steps
 from gateway.emulation.patterns import affordable, compile_pattern
 from gateway.emulation.seeds import shifted
 from gateway.emulation.stops import StopMatcher, matcher
-from providers.base import Adapter, Endpoint, LocalAdapter, Table, prompt_form
+from providers.base import UNBOUNDED_N, Adapter, Endpoint, LocalAdapter, Table, prompt_form
 from wire.errors import InvalidRequestError
 from wire.schema import Completion, CompletionRequest
 
@@ -103,7 +103,7 @@ class Guide(msgspec.Struct, frozen=True):
 
 class Emulation(msgspec.Struct):
     prompts: list[str | list[int]]  # one entry per upstream prompt (fan-out when several)
-    fan_n: int  # calls per prompt (1 when the provider takes n natively)
+    fan_n: int  # calls per prompt (1 when the provider takes n natively, or best_of's candidates in one call)
     n: int  # choices per prompt the client asked for
     best_of: int | None
     echo: bool
@@ -144,7 +144,9 @@ def plan(
         lp = adapter.params.get("logprobs")
         if lp is None or lp.emulated:
             raise _bad(f"'best_of' cannot be emulated for provider '{provider}': it returns no logprobs", "best_of")
-        fan_n = best_of
+        # The candidates in one call where the operator bounded the provider's `n` (`max_n`) and they fit in it
+        # (llama-server then evaluates the prompt once for all of them), else one call each.
+        fan_n = 1 if best_of <= adapter.max_n < UNBOUNDED_N and not _emulated(adapter.params, "n") else best_of
     echo = bool(req.echo) and _emulated(adapter.params, "echo")
     if echo and req.logprobs is not None:
         raise _bad(f"'echo' with 'logprobs' cannot be emulated for provider '{provider}'", "echo")
@@ -183,7 +185,7 @@ def plan(
         or req.guided_choice is not None
     )
     guide = make_guide(adapter.params, req, provider, caps) if guided else None
-    if len(prompts) == 1 and fan_n == 1 and not echo and stops is None and guide is None:
+    if len(prompts) == 1 and fan_n == 1 and best_of is None and not echo and stops is None and guide is None:
         return None
     found = bound_stops(stops, provider, caps) if stops is not None else None
     if fan_n > 1 or echo:
@@ -293,7 +295,7 @@ def _sub_request(em: Emulation, req: CompletionRequest, prompt: str | list[int],
         req,
         prompt=prompt,
         seed=shifted(req.seed, j),  # each fanned-out call of a prompt its own (gateway/emulation/seeds.py)
-        n=None if em.fan_n > 1 or em.best_of else req.n,
+        n=(em.best_of if em.fan_n == 1 else None) if em.best_of else None if em.fan_n > 1 else req.n,
         best_of=None if em.best_of else req.best_of,
         # best_of ranks by logprobs: ask for the sampled token's logprob even if the client did not.
         logprobs=req.logprobs if req.logprobs is not None or not em.best_of else 0,

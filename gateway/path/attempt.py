@@ -392,6 +392,8 @@ class Attempt:
             made = cast(Adapter, adapter).build_request(req, route.endpoint, params)
         adapter = cast(Adapter, adapter)
         ctx = _fresh(self.ctx)
+        if req.n is not None and req.n != ctx.n:
+            ctx.n = req.n  # best_of's candidates asked for in one call: the answer numbers that many choices
         body = await self.exchange(adapter, made)
         answer = parsed(route, adapter.parse_response, body, ctx)
         if req.n is not None and req.n > 1 and len(answer.choices) < (asked := choices_asked(req)):

@@ -173,3 +173,41 @@ def test_chat_extra_params_may_not_set_them_either(client: httpx.Client, gw: Gat
     resp = client.post(gw.url + "/v1/chat/completions", json=body)
     assert resp.status_code == 400, resp.text
     assert resp.json()["error"]["param"] == f"inference_extra_params.{field}"
+
+
+def test_best_of_in_one_call_keeps_the_likeliest(client: httpx.Client, gw: GatewayThread, slotted: Server) -> None:
+    # best_of's candidates are n_cmpl's completions where they fit in max_n: the prompt evaluated once, each
+    # candidate's tokens counted, the one with the highest mean token log-probability answered.
+    prompt = "a best_of prompt no other test sends"
+    before = _evaluated(client, slotted)
+    body = {"model": f"one/{MODEL}", "prompt": prompt, "best_of": SLOTS, "max_tokens": TOKENS, "seed": 7}
+    resp = client.post(gw.url + "/v1/completions", json=body)
+    assert resp.status_code == 200, resp.text
+    evaluated = _evaluated(client, slotted) - before
+    out = resp.json()
+    direct = _greedy(client, slotted, prompt)
+    assert len(out["choices"]) == 1 and out["choices"][0]["logprobs"] is None  # not asked for: not shown
+    assert 0 < evaluated <= out["usage"]["prompt_tokens"] == direct["tokens_evaluated"]
+    assert out["usage"]["completion_tokens"] == SLOTS * TOKENS
+    # The same candidates asked for directly: the answer is the likeliest of them.
+    raw = client.post(
+        slotted.url + "/completion",
+        json={"prompt": prompt, "n_predict": TOKENS, "n_cmpl": SLOTS, "seed": 7, "n_probs": 1, "cache_prompt": True},
+    )
+    assert raw.status_code == 200, raw.text
+
+    def mean(result: dict[str, Any]) -> float:
+        lps = [p["logprob"] for p in result["completion_probabilities"]]
+        return sum(lps) / len(lps)
+
+    best = max(raw.json(), key=mean)
+    assert out["choices"][0]["text"] == best["content"]
+
+
+def test_best_of_beyond_max_n_is_a_call_per_candidate(client: httpx.Client, gw: GatewayThread, slotted: Server) -> None:
+    prompt = "a wide best_of prompt no other test sends"
+    body = {"model": f"one/{MODEL}", "prompt": prompt, "best_of": SLOTS + 1, "max_tokens": TOKENS}
+    resp = client.post(gw.url + "/v1/completions", json=body)
+    assert resp.status_code == 200, resp.text
+    direct = _greedy(client, slotted, prompt)
+    assert resp.json()["usage"]["prompt_tokens"] == (SLOTS + 1) * direct["tokens_evaluated"]
