@@ -292,17 +292,17 @@ def test_max_n_turns_on_llama_servers_n_and_bounds_every_kind_that_takes_n() -> 
     assert emulation.plan(llama, request(n=5), "p", 0) is not None
     # best_of's candidates in one call where they fit in a configured max_n, ranked by the gateway all the same.
     for adapter, best_of, fan in ((llama, 4, 1), (llama, 5, 5), (plain, 3, 3)):
-        asked = request(best_of=best_of, logprobs=1)
-        em = emulation.plan(adapter, asked, "p", 0)
+        candidates = request(best_of=best_of, logprobs=1)
+        em = emulation.plan(adapter, candidates, "p", 0)
         assert em is not None and (em.fan_n, em.best_of) == (fan, best_of)
-        assert [s.n for s in emulation.sub_requests(em, asked)] == ([best_of] if fan == 1 else [None] * fan)
+        assert [s.n for s in emulation.sub_requests(em, candidates)] == ([best_of] if fan == 1 else [None] * fan)
     # Chat the same, where the kind's chat route takes n; llama-server's chat is fanned out whatever max_n says.
     chat = {"model": "p/m", "messages": [{"role": "user", "content": "hi"}]}
-    for adapter, n, fan in ((vllm, 2, None), (vllm, 3, 3), (llama, 2, 2)):
+    for adapter, n, chat_fan in ((vllm, 2, None), (vllm, 3, 3), (llama, 2, 2)):
         asked = normalize_chat(decode_chat(msgspec.json.encode({**chat, "n": n})))
         assert adapter.chat_params is not None
-        em = chat_emulation.plan(adapter, adapter.chat_params, asked, "p", CapsConfig())
-        assert (em.fan_n if em is not None else None) == fan, (adapter.kind, n)
+        chat_em = chat_emulation.plan(adapter, adapter.chat_params, asked, "p", CapsConfig())
+        assert (chat_em.fan_n if chat_em is not None else None) == chat_fan, (adapter.kind, n)
     for kind in ("tgi", "ollama"):  # one choice per call, and no way to ask for more
         with pytest.raises(ConfigError) as info:
             parse_config(text % (kind, 2))

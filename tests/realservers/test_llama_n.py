@@ -197,7 +197,7 @@ def test_best_of_in_one_call_keeps_the_likeliest(client: httpx.Client, gw: Gatew
     assert raw.status_code == 200, raw.text
 
     def mean(result: dict[str, Any]) -> float:
-        lps = [p["logprob"] for p in result["completion_probabilities"]]
+        lps = [float(p["logprob"]) for p in result["completion_probabilities"]]
         return sum(lps) / len(lps)
 
     best = max(raw.json(), key=mean)
