@@ -290,12 +290,20 @@ def sub_requests(em: Emulation, req: CompletionRequest) -> list[CompletionReques
     return [_sub_request(em, req, p, j) for p in em.prompts for j in range(em.fan_n)]
 
 
+def _sub_n(em: Emulation, req: CompletionRequest) -> int | None:
+    """The choices one call asks for: best_of's candidates where they go in one call, else one per call where
+    `n` is fanned out, else the request's own `n`."""
+    if em.best_of:
+        return em.best_of if em.fan_n == 1 else None
+    return None if em.fan_n > 1 else req.n
+
+
 def _sub_request(em: Emulation, req: CompletionRequest, prompt: str | list[int], j: int) -> CompletionRequest:
     return msgspec.structs.replace(
         req,
         prompt=prompt,
         seed=shifted(req.seed, j),  # each fanned-out call of a prompt its own (gateway/emulation/seeds.py)
-        n=(em.best_of if em.fan_n == 1 else None) if em.best_of else None if em.fan_n > 1 else req.n,
+        n=_sub_n(em, req),
         best_of=None if em.best_of else req.best_of,
         # best_of ranks by logprobs: ask for the sampled token's logprob even if the client did not.
         logprobs=req.logprobs if req.logprobs is not None or not em.best_of else 0,
