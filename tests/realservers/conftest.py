@@ -17,6 +17,7 @@ import os
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -84,20 +85,27 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def llama_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+@contextmanager
+def running_llama_server(model: Path, logs: Path, slots: int = 1, *extra: str) -> Iterator[Server]:
+    """A llama-server of the tiny model with `slots` slots (`-np`), each with `LLAMA_CONTEXT` tokens of context."""
     port = free_port()
     argv = [
         str(LLAMA_SERVER),
-        *("-m", str(tiny_model), "--host", "127.0.0.1", "--port", str(port)),
-        *("-c", str(LLAMA_CONTEXT), "-np", "1", "-t", "1", "--alias", MODEL, "--no-warmup"),
+        *("-m", str(model), "--host", "127.0.0.1", "--port", str(port), *extra),
+        *("-c", str(LLAMA_CONTEXT * slots), "-np", str(slots), "-t", "1", "--alias", MODEL, "--no-warmup"),
     ]
-    server = Server("llama-server", argv, port, tmp_path_factory.mktemp("logs") / "llama-server.log")
+    server = Server(f"llama-server -np {slots}", argv, port, logs / f"llama-server-np{slots}.log")
     try:
         server.wait_ready("/health")
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def llama_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with running_llama_server(tiny_model, tmp_path_factory.mktemp("logs")) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")
@@ -157,4 +165,4 @@ def client() -> Iterator[httpx.Client]:
         yield c
 
 
-__all__ = ["LLAMA_CONTEXT", "MODEL", "PYTHON_CONTEXT", "Server"]
+__all__ = ["LLAMA_CONTEXT", "MODEL", "PYTHON_CONTEXT", "Server", "running_llama_server"]

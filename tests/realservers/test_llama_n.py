@@ -17,9 +17,9 @@ import httpx
 import openai
 import pytest
 
-from tests.helpers.servers import GatewayThread, free_port, serve_config
+from tests.helpers.servers import GatewayThread, serve_config
 
-from .conftest import LLAMA_CONTEXT, LLAMA_SERVER, MODEL, Server
+from .conftest import MODEL, Server, running_llama_server
 
 TOKENS = 6
 SLOTS = 3
@@ -27,18 +27,8 @@ SLOTS = 3
 
 @pytest.fixture(scope="module")
 def slotted(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    port = free_port()
-    argv = [
-        str(LLAMA_SERVER),
-        *("-m", str(tiny_model), "--host", "127.0.0.1", "--port", str(port), "--metrics"),
-        *("-c", str(LLAMA_CONTEXT * SLOTS), "-np", str(SLOTS), "-t", "1", "--alias", MODEL, "--no-warmup"),
-    ]
-    server = Server("llama-server -np 3", argv, port, tmp_path_factory.mktemp("logs") / "llama-server-np3.log")
-    try:
-        server.wait_ready("/health")
+    with running_llama_server(tiny_model, tmp_path_factory.mktemp("logs"), SLOTS, "--metrics") as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -51,12 +41,6 @@ providers:
 """
     with serve_config(tmp_path_factory.mktemp("gw"), config) as g:
         yield g
-
-
-@pytest.fixture
-def client() -> Iterator[httpx.Client]:
-    with httpx.Client(trust_env=False, timeout=60) as c:
-        yield c
 
 
 def _evaluated(client: httpx.Client, server: Server) -> int:
