@@ -148,10 +148,13 @@ def test_a_llama_servers_array_of_results_never_crashes_the_gateway(
         assert resp.status_code == status, resp.text
         assert client.get(gateway.url + "/health").status_code == 200
     # `n` in one call where the provider sets `max_n`, one call per choice where it does not (an error inside is
-    # retried: twice as many calls).
+    # retried: twice as many calls). A fan-out that fails cancels its other call, which may not have been sent yet.
     sent = [r.json().get("n_cmpl") for r in upstream.received]
     tries = 2 if "error" in body.decode() else 1
-    assert sent == ([2] * tries if provider == "llamas" else [None, None] * tries)
+    if provider == "llamas":
+        assert sent == [2] * tries
+    else:
+        assert set(sent) == {None} and (len(sent) == 2 if status == 200 else 1 <= len(sent) <= 2 * tries)
 
 
 @pytest.mark.parametrize("stops", [None, ["zz", "yy"]])
