@@ -35,6 +35,11 @@ providers:
     api_key: {key}
     base_url: {url}/gemini
     models: [gemini-1.5-flash, gemini-2.0-flash-exp, gemini-2.5-flash, gemini-3-flash-preview]
+  googlen:
+    kind: gemini
+    api_key: {key}
+    base_url: {url}/gemini
+    max_n: 4
 """
 
 
@@ -238,3 +243,76 @@ def test_reasoning_effort_without_a_documented_mapping_is_refused(api: httpx.Cli
         code="unsupported_parameter",
     )
     assert upstream.received == []
+
+
+def _candidates(*scored: tuple[str, list[float]]) -> bytes:
+    """The recorded answer with one candidate per (text, its tokens' log probabilities), each text's words its
+    tokens, in the documented `logprobsResult` shape; `candidatesTokenCount` counts every candidate's tokens."""
+    body = json.loads(fixture_bytes(NON_STREAM))
+    recorded = body["candidates"][0]
+    body["candidates"] = []
+    for i, (text, logprobs) in enumerate(scored):
+        tokens = text.split(" ")
+        tokens = [tokens[0], *(" " + t for t in tokens[1:])]
+        assert len(tokens) == len(logprobs)
+        chosen = [{"token": t, "logProbability": lp} for t, lp in zip(tokens, logprobs, strict=True)]
+        content = {"parts": [{"text": text}], "role": "model"}
+        body["candidates"].append(
+            {**recorded, "content": content, "index": i, "logprobsResult": {"chosenCandidates": chosen}}
+        )
+    body["usageMetadata"]["candidatesTokenCount"] = sum(len(lp) for _, lp in scored)
+    body["usageMetadata"]["totalTokenCount"] = body["usageMetadata"]["promptTokenCount"] + sum(
+        len(lp) for _, lp in scored
+    )
+    return json.dumps(body).encode()
+
+
+def test_best_of_within_max_n_is_one_call_ranked_by_the_gateway(oai: openai.OpenAI, upstream: Upstream) -> None:
+    # max_n: candidateCount takes best_of's candidates in one call; the gateway keeps the likeliest (mean token
+    # log probability) and the usage counts every candidate's tokens.
+    upstream.handler = reply(
+        _candidates(("Lyon is", [-2.0, -1.0]), ("Paris is", [-0.1, -0.3]), ("Nice is", [-1.0, -0.5]))
+    )
+    completion = oai.completions.create(model="googlen/gemini-1.5-flash", prompt="France?", max_tokens=5, best_of=3)
+    assert [(c.index, c.text, c.finish_reason, c.logprobs) for c in completion.choices] == [
+        (0, "Paris is", "stop", None)
+    ]
+    assert completion.usage is not None
+    assert (completion.usage.prompt_tokens, completion.usage.completion_tokens) == (25, 6)
+    sent = _sent(upstream, "/gemini/v1beta/models/gemini-1.5-flash:generateContent", {})
+    assert sent.json()["generationConfig"] == {"maxOutputTokens": 5, "candidateCount": 3, "responseLogprobs": True}
+
+
+def test_best_of_with_n_keeps_the_likeliest_in_order(api: httpx.Client, upstream: Upstream) -> None:
+    upstream.handler = reply(
+        _candidates(("Lyon is", [-2.0, -1.0]), ("Paris is", [-0.1, -0.3]), ("Nice is", [-1.0, -0.5]))
+    )
+    body = {
+        "model": "googlen/gemini-1.5-flash",
+        "prompt": "France?",
+        "max_tokens": 5,
+        "best_of": 3,
+        "n": 2,
+        "logprobs": 0,
+    }
+    resp = api.post("/v1/completions", json=body)
+    assert resp.status_code == 200, resp.text
+    choices = resp.json()["choices"]
+    assert [(c["index"], c["text"]) for c in choices] == [(0, "Paris is"), (1, "Nice is")]
+    assert choices[0]["logprobs"]["token_logprobs"] == [-0.1, -0.3]
+    assert len(upstream.received) == 1
+
+
+@pytest.mark.parametrize(("model", "best_of"), [("googlen/gemini-1.5-flash", 5), (MODEL, 2)])
+def test_best_of_beyond_max_n_or_without_it_is_a_call_per_candidate(
+    api: httpx.Client, upstream: Upstream, model: str, best_of: int
+) -> None:
+    upstream.handler = reply(_candidates(("Paris is", [-0.1, -0.3])))
+    resp = api.post("/v1/completions", json={"model": model, "prompt": "France?", "max_tokens": 5, "best_of": best_of})
+    assert resp.status_code == 200, resp.text
+    assert [c["text"] for c in resp.json()["choices"]] == ["Paris is"]
+    assert resp.json()["usage"]["completion_tokens"] == 2 * best_of
+    assert len(upstream.received) == best_of
+    assert all(
+        r.json()["generationConfig"] == {"maxOutputTokens": 5, "responseLogprobs": True} for r in upstream.received
+    )
