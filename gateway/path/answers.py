@@ -1,12 +1,13 @@
 """An upstream's answer, checked before anyone reads it: one the adapter cannot read, one that ignored `n`,
-and usage counts out of all reason, each a failed attempt or a clamped count rather than a crash or a
-poisoned budget."""
+choices numbered otherwise than asked for, and usage counts out of all reason, each a failed attempt or a
+clamped count rather than a crash, a choice for no prompt or a poisoned budget."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import TypeVar
+import operator
+from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar, cast
 
 import msgspec
 
@@ -24,6 +25,7 @@ UNREADABLE = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, 
 # The most tokens one answer may report: larger (or negative) counts from a broken upstream are clamped
 # so they cannot poison rate limits, budgets and usage rows.
 MAX_REPORTED_TOKENS = 100_000_000
+_INDEX = operator.attrgetter("index")
 
 
 _A = TypeVar("_A")
@@ -81,6 +83,37 @@ def ignored_n(route: Route, asked: int, got: int) -> UpstreamError:
         cause="invalid_response",
         target=route.key,
         provider=route.provider,
+    )
+
+
+class _Numbered(Protocol):
+    index: int
+
+
+def answered(route: Route, req: CompletionRequest, choices: Sequence[_Numbered], ignores_n: set[str]) -> None:
+    """`choices` (of an answer to `req`) as many as asked for and numbered 0 onwards (`in_order`); an upstream that
+    answered fewer than an `n` above 1 asked for is remembered in `ignores_n` and refused (`ignored_n`)."""
+    asked = choices_asked(req)
+    if req.n is not None and req.n > 1 and len(choices) < asked:
+        ignores_n.add(route.key)
+        raise ignored_n(route, asked, len(choices))
+    in_order(route, choices, asked)
+
+
+def in_order(route: Route, choices: Sequence[_Numbered], asked: int) -> None:
+    """`choices` numbered 0 to `asked` - 1, each once, and put in that order where the upstream listed them in
+    another; else a failed attempt (502, tried elsewhere). A choice numbered out of range or twice would reach the
+    client as the answer to no prompt, or to two, and more choices than asked for are more than admission reserved."""
+    if len(choices) == asked and all(c.index == i for i, c in enumerate(choices)):
+        return
+    if sorted(c.index for c in choices) == list(range(asked)):
+        cast("list[_Numbered]", choices).sort(key=_INDEX)
+        return
+    raise failed_attempt(
+        route,
+        f"answered {len(choices)} choice(s) not numbered 0 to {asked - 1} once each",
+        "invalid_upstream_response",
+        "invalid_response",
     )
 
 

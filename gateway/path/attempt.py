@@ -25,6 +25,7 @@ from gateway.fleet.picker import Hint
 from gateway.limits.admission import Admission, Ticket
 from gateway.path.answers import (
     MAX_REPORTED_TOKENS,
+    answered,
     choices_asked,
     failed_attempt,
     ignored_n,
@@ -396,9 +397,10 @@ class Attempt:
             ctx.n = req.n  # best_of's candidates asked for in one call: the answer numbers that many choices
         body = await self.exchange(adapter, made)
         answer = parsed(route, adapter.parse_response, body, ctx)
-        if req.n is not None and req.n > 1 and len(answer.choices) < (asked := choices_asked(req)):
-            self.services.ignores_n.add(route.key)
-            raise ignored_n(route, asked, len(answer.choices))
+        choices = answer.choices
+        # The common answer (one prompt as text, no `n`, one choice numbered 0) takes no call to be checked.
+        if len(choices) != 1 or choices[0].index or req.n is not None or type(req.prompt) is not str:
+            answered(route, req, choices, self.services.ignores_n)
         u = answer.usage
         # sane_usage's common case, inline: every answer passes here, and a call costs more than the check.
         if u is not None and not (

@@ -21,7 +21,7 @@ from gateway.limits import tokens
 from gateway.limits.admission import Admission, Ticket
 from gateway.limits.budgets import STREAM_CHECK_EVENTS, Hold
 from gateway.ops.metrics import Record
-from gateway.path.answers import UNREADABLE, failed_attempt, ignored_n, sane_usage
+from gateway.path.answers import UNREADABLE, choices_asked, failed_attempt, ignored_n, sane_usage
 from gateway.path.attempt import Job, Services
 from gateway.path.chat import continuation
 from gateway.path.dialects import OPENAI
@@ -31,6 +31,7 @@ from gateway.resilience.health import Health
 from gateway.upstream.framing import DONE, sse_event
 from gateway.upstream.plan import Route
 from gateway.upstream.scrub import Scrubber
+from providers.envelope import Unreadable
 from providers.openai_chat import usage_chunk
 from wire.chat import ChunkChoice
 from wire.errors import GatewayError, UpstreamError, UpstreamStatusError
@@ -138,7 +139,7 @@ class Relay:
         req, ctx = job.req, job.ctx
         want_usage = bool(req.stream_options and req.stream_options.include_usage)
         quota = opened.quota
-        expected = ctx.n * (len(ctx.prompts) if ctx.prompts else 1)
+        expected = ctx.n if ctx.chat else choices_asked(req)
         cached = job.cached  # the response cache's part (gateway/cache): None unless this stream may be stored
         # While the client takes an event, the time it began: requests waiting for this stream's answer
         # (gateway/cache/inflight.py) stop waiting on a client that takes none for a while.
@@ -180,7 +181,9 @@ class Relay:
                                         if room < 0:
                                             text = None
                                 finished += choice.finish_reason is not None
-                                if choice.index > top:
+                                if not -1 < choice.index <= top:  # a choice not seen before: numbered in range?
+                                    if not -1 < choice.index < expected:
+                                        raise Unreadable(f"a choice numbered {choice.index} of {expected}")
                                     top = choice.index
                             sent += 1
                             if hold is not None and not sent % STREAM_CHECK_EVENTS:

@@ -191,9 +191,13 @@ def test_sgp_dialect_request_into_vllm(bare: httpx.Client, upstream: Upstream) -
 
 
 def test_token_id_prompts_pass_through(api: httpx.Client, upstream: Upstream) -> None:
-    upstream.handler = reply(fixture_bytes(VLLM))
+    # The recording answers one prompt: its choice again, numbered 1, answers the second.
+    answer = json.loads(fixture_bytes(VLLM))
+    answer["choices"].append({**answer["choices"][0], "index": 1})
+    upstream.handler = reply(json.dumps(answer).encode())
     resp = api.post("/v1/completions", json={"model": "vllm/facebook/opt-125m", "prompt": [[2, 31414], [2, 100]]})
     assert resp.status_code == 200, resp.text
+    assert [c["index"] for c in resp.json()["choices"]] == [0, 1]
     assert upstream.only().json() == {"model": "facebook/opt-125m", "prompt": [[2, 31414], [2, 100]]}
 
 
