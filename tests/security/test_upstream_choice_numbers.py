@@ -206,3 +206,24 @@ def test_a_stream_of_token_id_prompts_numbers_a_choice_per_prompt(api: httpx.Cli
         (0, "c"),
         (1, "d"),
     ]
+
+
+def chat_event(index: int, text: str, finish: str | None = None) -> bytes:
+    choice = {"index": index, "delta": {"content": text}, "finish_reason": finish}
+    chunk = {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [choice]}
+    return b"data: " + json.dumps(chunk).encode()
+
+
+def test_a_chat_stream_event_numbered_past_n_ends_the_stream_with_an_error(
+    api: httpx.Client, upstream: Upstream
+) -> None:
+    upstream.handler = reply_sse(
+        [chat_event(0, "a"), chat_event(1, "b"), chat_event(2, "evil"), chat_event(0, "c", "stop"), b"data: [DONE]"]
+    )
+    body = {"model": "oa/m", "messages": [{"role": "user", "content": "p"}], "n": 2, "stream": True}
+    resp = api.post("/v1/chat/completions", json=body)
+    assert resp.status_code == 200, resp.text
+    chunks = [json.loads(d) for d in sse_data(resp.text) if d != "[DONE]"]
+    assert [c["choices"][0]["delta"].get("content") for c in chunks if c.get("choices")] == ["a", "b"]
+    assert chunks[-1]["error"]["code"] == "invalid_upstream_response"
+    assert "evil" not in resp.text
