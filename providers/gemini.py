@@ -29,7 +29,7 @@ from providers.envelope import Unreadable, envelope_status
 from providers.finish import finish_reason
 from providers.gemini_chat import chat_answer, chat_chunk, to_contents, tool_choice, tools
 from providers.gemini_thinking import accepted, add_thinking
-from providers.offsets import prompt_for_choice, text_offsets
+from providers.offsets import aligned, prompt_for_choice, text_offsets
 from providers.openai_chat import OpenAIChat
 from providers.retry_after import retry_after
 from wire.chat import ChatChunk, ChatCompletion, ChatRequest
@@ -377,6 +377,7 @@ class GeminiAdapter(OpenAIChat):
             ctx.offsets[index] = offsets[-1] + len(tokens[-1])
         top: list[dict[str, float] | None] | None = None
         if lr.top_candidates:
+            aligned(tokens, lr.top_candidates)
             top = [{c.token: c.log_probability for c in step.candidates} for step in lr.top_candidates]
         return Logprobs(
             tokens=tokens,

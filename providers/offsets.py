@@ -10,8 +10,19 @@ too. A prompt sent as token ids has no text the gateway knows: its continuation'
 from __future__ import annotations
 
 import codecs
-from collections.abc import Sequence
+from collections.abc import Sequence, Sized
 from typing import Any
+
+from providers.envelope import Unreadable
+
+
+def aligned(tokens: Sized, *lists: Sized | None) -> None:
+    """An upstream's logprobs lists (`token_logprobs`, `top_logprobs`), one entry per token each where sent; lists
+    of other lengths are an unreadable answer, never a client's misaligned arrays or an index past a list's end
+    when the gateway cuts them at a stop it enforces."""
+    for other in lists:
+        if other is not None and len(other) != len(tokens):
+            raise Unreadable(f"logprobs with {len(tokens)} tokens and a list of {len(other)}")
 
 
 def text_offsets(tokens: Sequence[str], start: int) -> list[int]:

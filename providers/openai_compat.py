@@ -18,7 +18,7 @@ from providers.base import Adapter, CallContext, Endpoint, Param, Table, Upstrea
 from providers.context import context_window
 from providers.envelope import Unreadable, envelope_status
 from providers.finish import BROKE_OFF, broke_off, finish_reason
-from providers.offsets import key_bytes, prompt_for_choice, running_offsets
+from providers.offsets import aligned, key_bytes, prompt_for_choice, running_offsets
 from providers.quota import openai_counters, single_counter
 from providers.retry_after import retry_after, should_retry
 from providers.selfhosted import TokenProb, token_probs
@@ -228,6 +228,7 @@ class OpenAICompatible(Adapter):
         if ctx.logprobs and not up.tokens and text:
             # Logprobs that were asked for and came in no shape the gateway knows: never an empty list.
             raise Unreadable("logprobs without tokens for a non-empty text")
+        aligned(up.tokens, up.token_logprobs, up.top_logprobs)
         offsets = up.text_offset
         if offsets is None or len(offsets) != len(up.tokens):
             # None sent (Together): counted here, from the tokens' bytes.

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from providers.base import CallContext
-from providers.offsets import key_bytes, prompt_for_choice, running_offsets, token_key
+from providers.offsets import aligned, key_bytes, prompt_for_choice, running_offsets, token_key
 from wire.errors import InvalidRequestError
 from wire.schema import Logprobs, Usage
 
@@ -59,6 +59,7 @@ def logprobs(
 
     Offsets count characters of the tokens' bytes (`raws`, else each token's name read back as bytes).
     """
+    aligned(tokens, token_logprobs, top_logprobs)
     start = len(prompt_for_choice(ctx.prompts, index, ctx.n))
     if raws is None:
         raws = [key_bytes(t) for t in tokens]
