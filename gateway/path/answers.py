@@ -117,6 +117,16 @@ def in_order(route: Route, choices: Sequence[_Numbered], asked: int) -> None:
     )
 
 
+def in_range(route: Route, choices: Sequence[_Numbered], asked: int) -> None:
+    """A stream's first choices numbered within the `asked` for: else a failed attempt before anything reached the
+    client (tried elsewhere), as an unreadable first event is; later events are checked as they are relayed."""
+    for c in choices:
+        if not -1 < c.index < asked:
+            raise failed_attempt(
+                route, f"sent a choice numbered {c.index} of {asked}", "invalid_upstream_response", "invalid_response"
+            )
+
+
 def _tokens(n: int) -> int:
     return n if 0 <= n <= MAX_REPORTED_TOKENS else (0 if n < 0 else MAX_REPORTED_TOKENS)
 

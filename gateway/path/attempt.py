@@ -29,6 +29,7 @@ from gateway.path.answers import (
     choices_asked,
     failed_attempt,
     ignored_n,
+    in_range,
     parsed,
     sane_usage,
     unreadable,
@@ -431,12 +432,13 @@ class Attempt:
         ctx = _fresh(self.ctx)
         self.sent += 1
         stream = await self.services.upstream.open_stream(route.provider, made, self.timeouts, route.key)
-        return await self.first_event(stream, adapter, adapter.parse_event, adapter.framing, ctx)
+        return await self.first_event(stream, adapter, adapter.parse_event, adapter.framing, ctx, choices_asked(req))
 
     async def first_event(
-        self, stream: Stream, adapter: Adapter, parse: Parse, framing: str, ctx: CallContext
+        self, stream: Stream, adapter: Adapter, parse: Parse, framing: str, ctx: CallContext, asked: int
     ) -> Opened:
-        """An opened upstream stream, read to its first event that carries something (or failed)."""
+        """An opened upstream stream, read to its first event that carries something (or failed), whose choices are
+        numbered within the `asked` for."""
         route = self.route
         try:
             if stream.status >= 400:
@@ -462,6 +464,7 @@ class Attempt:
                 raise failed_attempt(
                     route, "ended the stream early", "upstream_stream_ended_early", "stream_ended_early"
                 )
+            in_range(route, first.choices, asked)
         except BaseException:
             stream.close()
             raise

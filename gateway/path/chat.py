@@ -210,7 +210,7 @@ class ChatAttempt(Attempt):
         ctx = _fresh(self.ctx)
         self.sent += 1
         stream = await self.services.upstream.open_stream(route.provider, made, self.timeouts, route.key)
-        opened = await self.first_event(stream, adapter, adapter.parse_chat_event, adapter.chat_framing, ctx)
+        opened = await self.first_event(stream, adapter, adapter.parse_chat_event, adapter.chat_framing, ctx, asked)
         if pending or self.resumes:
             opened.rewrite(_GoingOn(pending, self.resumes).strip)
         return opened

@@ -227,3 +227,25 @@ def test_a_chat_stream_event_numbered_past_n_ends_the_stream_with_an_error(
     assert [c["choices"][0]["delta"].get("content") for c in chunks if c.get("choices")] == ["a", "b"]
     assert chunks[-1]["error"]["code"] == "invalid_upstream_response"
     assert "evil" not in resp.text
+
+
+@pytest.mark.parametrize("bad", [2, -1])
+def test_a_first_stream_event_numbered_out_of_range_fails_before_the_first_byte(
+    api: httpx.Client, upstream: Upstream, bad: int
+) -> None:
+    # Nothing reached the client yet: a failed attempt, as an unreadable first event is (502, tried elsewhere).
+    upstream.handler = reply_sse([event(bad, "evil"), event(0, "a", "stop"), event(1, "b", "stop"), b"data: [DONE]"])
+    resp = api.post("/v1/completions", json={"model": "oa/m", "prompt": "p", "max_tokens": 3, "n": 2, "stream": True})
+    assert resp.status_code == 502, resp.text
+    assert resp.json()["error"]["code"] == "invalid_upstream_response"
+    assert "evil" not in resp.text
+
+
+def test_a_first_chat_stream_event_numbered_past_n_fails_before_the_first_byte(
+    api: httpx.Client, upstream: Upstream
+) -> None:
+    upstream.handler = reply_sse([chat_event(1, "evil"), chat_event(0, "a", "stop"), b"data: [DONE]"])
+    body = {"model": "oa/m", "messages": [{"role": "user", "content": "p"}], "stream": True}
+    resp = api.post("/v1/chat/completions", json=body)
+    assert resp.status_code == 502, resp.text
+    assert resp.json()["error"]["code"] == "invalid_upstream_response"
