@@ -1,10 +1,18 @@
-"""An upstream's choices must be the ones asked for: numbered 0 to (choices asked) - 1, each once.
+"""An upstream's answer whose lists do not line up with what was asked: its choices, and its logprobs.
 
-A choice numbered below 0, past what was asked, twice, or more choices than asked for, used to reach the client
-as it came (an evaluation harness reading `choices[i]` then scores the wrong prompt). Such an answer is now a
-failed attempt (502 `invalid_upstream_response`, tried elsewhere), in a stream an error event; choices that are
-all there but listed out of order are put in order. Over real sockets: the gateway served by uvicorn, one
-aiohttp loopback upstream speaking the OpenAI, vLLM and Gemini wire formats.
+Choices must be numbered 0 to (choices asked) - 1, each once. A choice numbered below 0, past what was asked,
+twice, or more choices than asked for, used to reach the client as it came (an evaluation harness reading
+`choices[i]` then scores the wrong prompt). Such an answer is now a failed attempt (502
+`invalid_upstream_response`, tried elsewhere), in a stream an error event; choices that are all there but listed
+out of order are put in order.
+
+Legacy logprobs are parallel lists (`tokens`, `token_logprobs`, `top_logprobs`), and Gemini's `chosenCandidates`
+and `topCandidates` a step each. Lists of other lengths reached the client as they came, and where the gateway cut
+the answer at a stop sequence it enforces itself, the cut read past a list's end: a 500. Such an answer is now
+unreadable (502 `invalid_upstream_response`).
+
+Over real sockets: the gateway served by uvicorn, one aiohttp loopback upstream speaking the OpenAI, vLLM and
+Gemini wire formats.
 """
 
 from __future__ import annotations
@@ -249,3 +257,78 @@ def test_a_first_chat_stream_event_numbered_past_n_fails_before_the_first_byte(
     resp = api.post("/v1/chat/completions", json=body)
     assert resp.status_code == 502, resp.text
     assert resp.json()["error"]["code"] == "invalid_upstream_response"
+
+
+TOKENS = ["hello", " world", " STOP", " more"]
+# More stops than OpenAI takes (4): the gateway enforces them itself and cuts the answer at " STOP".
+STOPS = {"stop": [" STOP", "a1", "a2", "a3", "a4"]}
+
+
+def legacy(logprobs: dict[str, Any]) -> bytes:
+    choice = {"text": "".join(TOKENS), "index": 0, "logprobs": logprobs, "finish_reason": "length"}
+    usage = {"prompt_tokens": 1, "completion_tokens": 4, "total_tokens": 5}
+    body = {"id": "x", "object": "text_completion", "created": 1, "model": "m", "choices": [choice], "usage": usage}
+    return json.dumps(body).encode()
+
+
+def lists(token_logprobs: int = 4, top: int | None = 4, offsets: int = 4) -> dict[str, Any]:
+    return {
+        "tokens": TOKENS,
+        "token_logprobs": [-1.0] * token_logprobs,
+        "top_logprobs": None if top is None else [{"x": -2.0}] * top,
+        "text_offset": [0, 5, 11, 16][:offsets],
+    }
+
+
+@pytest.mark.parametrize("extra", [STOPS, {}], ids=["stops-enforced", "plain"])
+@pytest.mark.parametrize(
+    "logprobs",
+    [lists(token_logprobs=1), lists(token_logprobs=9), lists(top=1), lists(top=7)],
+    ids=["fewer-logprobs", "more-logprobs", "fewer-tops", "more-tops"],
+)
+def test_logprobs_lists_of_other_lengths_are_an_unreadable_answer(
+    api: httpx.Client, upstream: Upstream, logprobs: dict[str, Any], extra: dict[str, Any]
+) -> None:
+    upstream.handler = reply(legacy(logprobs))
+    resp = api.post("/v1/completions", json={"model": "oa/m", "prompt": "p", "max_tokens": 4, "logprobs": 1, **extra})
+    assert resp.status_code == 502, resp.text
+    assert resp.json()["error"]["code"] == "invalid_upstream_response"
+
+
+@pytest.mark.parametrize(
+    "logprobs", [lists(), lists(top=None), lists(offsets=1)], ids=["whole", "no-alternatives", "offsets-recounted"]
+)
+def test_aligned_lists_are_cut_at_the_stop_the_gateway_enforces(
+    api: httpx.Client, upstream: Upstream, logprobs: dict[str, Any]
+) -> None:
+    upstream.handler = reply(legacy(logprobs))
+    body = {"model": "oa/m", "prompt": "p", "max_tokens": 4, "logprobs": 1, **STOPS}
+    resp = api.post("/v1/completions", json=body)
+    assert resp.status_code == 200, resp.text
+    choice = resp.json()["choices"][0]
+    assert (choice["text"], choice["finish_reason"]) == ("hello world", "stop")
+    assert choice["logprobs"]["tokens"] == ["hello", " world"]
+    assert choice["logprobs"]["token_logprobs"] == [-1.0, -1.0]
+
+
+def gemini(steps: int) -> bytes:
+    chosen = [{"token": t, "logProbability": -1.0} for t in TOKENS]
+    top = [{"candidates": [{"token": "x", "logProbability": -2.0}]}] * steps
+    candidate = {
+        "content": {"parts": [{"text": "".join(TOKENS)}], "role": "model"},
+        "finishReason": "STOP",
+        "logprobsResult": {"chosenCandidates": chosen, "topCandidates": top},
+    }
+    usage = {"promptTokenCount": 1, "candidatesTokenCount": 4, "totalTokenCount": 5}
+    return json.dumps({"candidates": [candidate], "usageMetadata": usage}).encode()
+
+
+@pytest.mark.parametrize(("steps", "status"), [(4, 200), (1, 502), (6, 502)])
+def test_gemini_top_candidates_are_a_step_each(api: httpx.Client, upstream: Upstream, steps: int, status: int) -> None:
+    upstream.handler = reply(gemini(steps))
+    # Gemini takes 5 stop sequences: with six the gateway enforces them and cuts the logprobs.
+    stops = {"stop": [*STOPS["stop"], "a5"]}
+    resp = api.post("/v1/completions", json={"model": "gn/m", "prompt": "p", "max_tokens": 4, "logprobs": 1, **stops})
+    assert resp.status_code == status, resp.text
+    if status == 200:
+        assert resp.json()["choices"][0]["logprobs"]["tokens"] == ["hello", " world"]
