@@ -23,18 +23,25 @@ from typing import Any
 
 import httpx
 import pytest
+from aiohttp import web
 
 from tests.helpers.clients import sse_data
 from tests.helpers.servers import GatewayThread, serve_config
-from tests.helpers.upstreams import Upstream, reply, reply_sse
+from tests.helpers.upstreams import Handler, Received, Upstream, reply, reply_sse
 
 CONFIG = """
 server: {{host: 127.0.0.1, port: 0}}
-retries: {{attempts: 1}}
+# same_target 0: a failed attempt is never tried again on its own target, only on the next one of an alias.
+retries: {{attempts: 2, same_target: 0, initial_backoff_ms: 1, max_backoff_ms: 2}}
 providers:
   oa: {{kind: openai, api_key: sk-test-000000000000, base_url: "{u}/v1"}}
+  alt: {{kind: openai, api_key: sk-test-000000000001, base_url: "{u}/alt/v1"}}
   vl: {{kind: vllm, base_url: "{u}/v1"}}
   gn: {{kind: gemini, api_key: gk-test-0000000000, base_url: "{u}", max_n: 4}}
+models:
+  - name: pair
+    strategy: ordered
+    targets: [{{model: oa/m}}, {{model: alt/m}}]
 """
 
 
@@ -246,6 +253,37 @@ def test_a_first_stream_event_numbered_out_of_range_fails_before_the_first_byte(
     resp = api.post("/v1/completions", json={"model": "oa/m", "prompt": "p", "max_tokens": 3, "n": 2, "stream": True})
     assert resp.status_code == 502, resp.text
     assert resp.json()["error"]["code"] == "invalid_upstream_response"
+    assert "evil" not in resp.text
+
+
+def by_path(first: Handler, alt: Handler) -> Handler:
+    """`alt` answers the alias's second target (its base URL under /alt), `first` every other."""
+
+    async def handler(request: web.Request, received: Received) -> web.StreamResponse:
+        return await (alt if received.path.startswith("/alt/") else first)(request, received)
+
+    return handler
+
+
+def test_choices_numbered_otherwise_fail_over_to_the_next_target(api: httpx.Client, upstream: Upstream) -> None:
+    upstream.handler = by_path(reply(completion([0, 0])), reply(completion([0, 1])))
+    resp = api.post("/v1/completions", json={"model": "pair", "prompt": "p", "max_tokens": 3, "n": 2})
+    assert resp.status_code == 200, resp.text
+    assert [c["text"] for c in resp.json()["choices"]] == ["t0", "t1"]
+    assert resp.headers["x-gateway-provider"] == "alt"
+    assert [r.path for r in upstream.received] == ["/v1/completions", "/alt/v1/completions"]
+
+
+def test_a_first_stream_event_numbered_out_of_range_fails_over_to_the_next_target(
+    api: httpx.Client, upstream: Upstream
+) -> None:
+    good = reply_sse([event(0, "a"), event(1, "b"), event(0, "c", "stop"), event(1, "d", "stop"), b"data: [DONE]"])
+    upstream.handler = by_path(reply_sse([event(5, "evil"), event(0, "x", "stop"), b"data: [DONE]"]), good)
+    body = {"model": "pair", "prompt": "p", "max_tokens": 3, "n": 2, "stream": True}
+    resp = api.post("/v1/completions", json=body)
+    assert resp.status_code == 200, resp.text
+    chunks = [json.loads(d) for d in sse_data(resp.text) if d != "[DONE]"]
+    assert [c["choices"][0]["text"] for c in chunks] == ["a", "b", "c", "d"]
     assert "evil" not in resp.text
 
 
