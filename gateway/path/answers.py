@@ -90,11 +90,11 @@ class _Numbered(Protocol):
     index: int
 
 
-def answered(route: Route, req: CompletionRequest, choices: Sequence[_Numbered], ignores_n: set[str]) -> None:
-    """`choices` (of an answer to `req`) as many as asked for and numbered 0 onwards (`in_order`); an upstream that
-    answered fewer than an `n` above 1 asked for is remembered in `ignores_n` and refused (`ignored_n`)."""
-    asked = choices_asked(req)
-    if req.n is not None and req.n > 1 and len(choices) < asked:
+def answered(route: Route, choices: Sequence[_Numbered], asked: int, n: int | None, ignores_n: set[str]) -> None:
+    """`choices` (of an answer to a call that asked for `asked` of them, `n` per prompt) as many as asked for and
+    numbered 0 onwards (`in_order`); an upstream that answered fewer than an `n` above 1 asked for is remembered in
+    `ignores_n` and refused (`ignored_n`). Completions and chat alike."""
+    if n is not None and n > 1 and len(choices) < asked:
         ignores_n.add(route.key)
         raise ignored_n(route, asked, len(choices))
     in_order(route, choices, asked)

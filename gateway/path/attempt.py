@@ -401,7 +401,7 @@ class Attempt:
         choices = answer.choices
         # The common answer (one prompt as text, no `n`, one choice numbered 0) takes no call to be checked.
         if len(choices) != 1 or choices[0].index or req.n is not None or type(req.prompt) is not str:
-            answered(route, req, choices, self.services.ignores_n)
+            answered(route, choices, choices_asked(req), req.n, self.services.ignores_n)
         u = answer.usage
         # sane_usage's common case, inline: every answer passes here, and a call costs more than the check.
         if u is not None and not (

@@ -17,7 +17,7 @@ import msgspec
 from gateway.emulation import chat as emulation
 from gateway.emulation.chat import ChatEmulation, ChatSubStream
 from gateway.emulation.stops import Folded
-from gateway.path.answers import ignored_n, in_order, parsed, sane_usage
+from gateway.path.answers import answered, ignored_n, parsed, sane_usage
 from gateway.path.attempt import Attempt, Job, _fresh
 from gateway.path.echo import Lead, echoed, led, unechoed
 from gateway.path.fanout import open_all
@@ -140,12 +140,9 @@ class ChatAttempt(Attempt):
         body = await self.exchange(adapter, made)
         answer = parsed(route, adapter.parse_chat_response, body, ctx)
         asked = req.n or 1
-        if asked > 1 and len(answer.choices) < asked:
-            self.services.ignores_n.add(route.key)
-            raise ignored_n(route, asked, len(answer.choices))
         choices = answer.choices
         if asked != 1 or len(choices) != 1 or choices[0].index:  # the common answer takes no call to be checked
-            in_order(route, choices, asked)
+            answered(route, choices, asked, req.n, self.services.ignores_n)
         if answer.usage is not None:
             answer.usage = sane_usage(answer.usage)
         if pending:
