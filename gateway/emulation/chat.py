@@ -26,6 +26,7 @@ from gateway.emulation.planning import _DEFAULT_CAPS, Guide, bound_stops, make_g
 from gateway.emulation.seeds import reseeded
 from gateway.emulation.stops import Folded, StopMatcher, StopScanner
 from providers.base import Capabilities, Param
+from providers.envelope import Unreadable
 from wire.chat import (
     AssistantMessage,
     ChatChoice,
@@ -285,17 +286,21 @@ async def stream(
     they held back and sent inside a later one counted `into`), the usage summed onto a last chunk of its
     own. `opens[j]` is the j-th call's stream."""
     state = _Choices(em, into if into is not None else Folded())
-    usage: Usage | None = None
-    usages = 0  # sub-streams whose usage arrived
+    usages: dict[int, Usage] = {}  # each call's latest: an engine may repeat a running total on every chunk
+    asked = 1 if em.fan_n > 1 else em.n  # the choices each call asked for
     last: ChatChunk | None = None
     prompt_ids = True  # the prompt's ids not yet relayed: every call's are the same, the client gets them once
+    complete = True  # every call's usage is in `usages` (or the stream ended before a cut)
     async with aclosing(merged(opens)) as chunks:
         async for k, item in chunks:
             last = item
             if item.usage is not None:
-                usage, usages = _add(usage, item.usage), usages + 1
+                usages[k] = item.usage
             out = []
             for ch in item.choices:
+                if not -1 < ch.index < asked:
+                    # Another call's choice, or none asked for: relabelled, it would be read as this one's.
+                    raise Unreadable(f"a stream event for choice {ch.index} of a call that asked for {asked}")
                 relayed = await state.relay(ch, k if em.fan_n > 1 else ch.index)
                 if relayed is not None:
                     out.append(relayed)
@@ -307,8 +312,11 @@ async def stream(
                 # Every choice has stopped, one while its upstream still generates: no need to read (or pay
                 # for) the rest. A usage that lacks some call's is not the answer's: none is reported, and the
                 # relay estimates it. When the upstreams ended them all, what follows is their usage: read on.
-                usage = usage if usages == len(opens) else None
+                complete = len(usages) == len(opens)
                 break
+    usage: Usage | None = None
+    for u in usages.values() if complete else ():
+        usage = _add(usage, u)
     if usage is not None and last is not None:
         yield ChatChunk(last.id, last.created, last.model, [], usage=usage)
 

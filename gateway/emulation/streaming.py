@@ -14,6 +14,7 @@ from gateway.emulation.merge import merged
 from gateway.emulation.planning import Emulation, SubStream
 from gateway.emulation.stops import Folded, StopScanner
 from providers.base import CallContext
+from providers.envelope import Unreadable
 from wire.schema import Choice, Completion, CompletionRequest, Usage
 
 
@@ -34,13 +35,18 @@ async def stream(
     echoed: set[int] = set()
     done: set[int] = set()
     cut = False  # a choice the stops ended while its upstream still generates it
-    usage: Usage | None = None
+    usages: dict[int, Usage] = {}  # each call's latest: an engine may repeat a running total on every chunk
+    asked = 1 if em.fan_n > 1 else em.n  # the choices each call asked for
     async with aclosing(merged(opens)) as chunks:
         async for k, item in chunks:
-            usage = _add(usage, item.usage)
+            if item.usage is not None:
+                usages[k] = item.usage
             p_index, j = divmod(k, em.fan_n)
             out: list[Choice] = []
             for ch in item.choices:
+                if not -1 < ch.index < asked:
+                    # Another call's choice, or none asked for: relabelled, it would be read as this one's.
+                    raise Unreadable(f"a stream event for choice {ch.index} of a call that asked for {asked}")
                 index = p_index * em.n + (j if em.fan_n > 1 else ch.index)
                 if index in done:
                     continue
@@ -93,6 +99,9 @@ async def stream(
                 # Every choice has stopped, one while its upstream still generates: no need to read (or pay
                 # for) the rest. When the upstreams ended them all, what follows is their usage: read on.
                 break
+    usage: Usage | None = None
+    for u in usages.values():
+        usage = _add(usage, u)
     if usage is not None:
         yield ctx.completion([], usage)
 
