@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import msgspec
 
-from providers.offsets import key_bytes
+from providers.offsets import aligned, key_bytes
 from wire.chat import ChatLogprobs, TokenLogprob, TopLogprob
 
 
@@ -58,6 +58,7 @@ def _utf8(token: str) -> list[int]:
 
 def _from_completion_shape(up: UpLogprobs, top: int) -> list[TokenLogprob]:
     tokens, values, tops = up.tokens or [], up.token_logprobs or [], up.top_logprobs or []
+    aligned(tokens, up.token_logprobs, up.top_logprobs)  # a position each, as on completions
     out = []
     for i, token in enumerate(tokens):
         value = values[i] if i < len(values) else None

@@ -20,6 +20,7 @@ import msgspec
 from providers.base import CallContext
 from providers.chat_parts import answer_message, assistant_text, call_arguments
 from providers.finish import finish_reason
+from providers.offsets import aligned
 from wire.chat import (
     AssistantMessage,
     ChatChoice,
@@ -166,6 +167,8 @@ def _logprobs(lr: Any) -> ChatLogprobs | None:
     if lr is None:
         return None
     tops = lr.top_candidates
+    if tops:
+        aligned(lr.chosen_candidates, tops)  # a step each, as on completions
     content = []
     for i, chosen in enumerate(lr.chosen_candidates):
         alternatives = tops[i].candidates if i < len(tops) else []

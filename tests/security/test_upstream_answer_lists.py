@@ -370,3 +370,44 @@ def test_gemini_top_candidates_are_a_step_each(api: httpx.Client, upstream: Upst
     assert resp.status_code == status, resp.text
     if status == 200:
         assert resp.json()["choices"][0]["logprobs"]["tokens"] == ["hello", " world"]
+
+
+def chat_with(logprobs: dict[str, Any]) -> bytes:
+    """A chat answer whose logprobs come in the legacy shape (Together's chat route sends this one)."""
+    message = {"role": "assistant", "content": "".join(TOKENS)}
+    choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": "length"}
+    usage = {"prompt_tokens": 1, "completion_tokens": 4, "total_tokens": 5}
+    body = {"id": "x", "object": "chat.completion", "created": 1, "model": "m", "choices": [choice], "usage": usage}
+    return json.dumps(body).encode()
+
+
+CHAT_LOGPROBS = {"messages": [{"role": "user", "content": "p"}], "logprobs": True, "top_logprobs": 1}
+
+
+@pytest.mark.parametrize(
+    ("logprobs", "status"),
+    [(lists(), 200), (lists(top=None), 200), (lists(token_logprobs=1), 502), (lists(top=7), 502)],
+    ids=["whole", "no-alternatives", "fewer-logprobs", "more-tops"],
+)
+def test_chat_logprobs_in_the_legacy_shape_are_a_position_each(
+    api: httpx.Client, upstream: Upstream, logprobs: dict[str, Any], status: int
+) -> None:
+    upstream.handler = reply(chat_with(logprobs))
+    resp = api.post("/v1/chat/completions", json={"model": "oa/m", **CHAT_LOGPROBS})
+    assert resp.status_code == status, resp.text
+    if status == 200:
+        content = resp.json()["choices"][0]["logprobs"]["content"]
+        assert [c["token"] for c in content] == TOKENS
+
+
+@pytest.mark.parametrize(("steps", "status"), [(4, 200), (0, 200), (1, 502), (6, 502)])
+def test_gemini_chat_top_candidates_are_a_step_each(
+    api: httpx.Client, upstream: Upstream, steps: int, status: int
+) -> None:
+    upstream.handler = reply(gemini(steps))
+    resp = api.post("/v1/chat/completions", json={"model": "gn/m", **CHAT_LOGPROBS})
+    assert resp.status_code == status, resp.text
+    if status == 200:
+        content = resp.json()["choices"][0]["logprobs"]["content"]
+        assert [c["token"] for c in content] == TOKENS
+        assert [len(c["top_logprobs"]) for c in content] == [1 if steps else 0] * 4
