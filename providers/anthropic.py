@@ -178,6 +178,7 @@ def reset_hint(headers: Mapping[str, str], now: float | None = None) -> float | 
 
 class AnthropicAdapter(OpenAIChat):
     kind = "anthropic"
+    stream_end_event = "message_stop"
     auth = "`x-api-key` + `anthropic-version`"
     default_max_tokens = DEFAULT_MAX_TOKENS
     path: ClassVar[str] = "/v1/messages"

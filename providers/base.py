@@ -441,6 +441,9 @@ class Adapter(Capabilities, abc.ABC):
 
     # How the upstream frames a stream: `sse`, `ndjson` or AWS's binary `eventstream` (gateway.upstream.framing).
     framing: ClassVar[Literal["sse", "ndjson", "eventstream"]] = "sse"
+    # The SSE event type, carrying nothing, after which the upstream sends nothing more of an answer (besides
+    # `data: [DONE]`, which ends every kind's stream): nothing after it is read.
+    stream_end_event: ClassVar[str | None] = None
 
     def auth_headers(self, endpoint: Endpoint) -> dict[str, str]:
         """The credential as this provider's requests (and its model listing) carry it; a signing provider

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Coroutine
+from collections.abc import AsyncGenerator, Coroutine
 from typing import Any, ClassVar, cast
 
 import msgspec
@@ -34,12 +34,12 @@ from gateway.path.answers import (
     sane_usage,
     unreadable,
 )
+from gateway.path.events import Parse, upstream_events
 from gateway.path.fanout import open_all
-from gateway.path.opened import Chunk, Opened
+from gateway.path.opened import Opened
 from gateway.queue.service import Ask
 from gateway.resilience.health import Health
 from gateway.upstream.client import Stream, Upstream
-from gateway.upstream.framing import DECODERS
 from gateway.upstream.plan import Plan, Route
 from gateway.upstream.transport import Timeouts
 from providers.base import Adapter, CallContext, LocalAdapter, map_params
@@ -52,9 +52,6 @@ log = logging.getLogger("gateway")
 
 # A client answer, of a completion or a chat request.
 Answer = Completion | ChatCompletion
-# An adapter's stream-event parser (`parse_event`, or `parse_chat_event` on chat).
-Parse = Callable[[str | None, bytes, CallContext], Chunk | None]
-
 # The longest an upstream's own quota headers may keep its target off: a month (Mistral's longest window),
 # so a reset header saying "99999h" does not park the target for years.
 MAX_QUOTA_WAIT_S = 31 * 86400.0
@@ -447,7 +444,7 @@ class Attempt:
             wait = route.adapter.exhausted_for(stream.headers)
             if wait is not None:
                 await self._quota_used_up(wait)
-            events = _events(parse, framing, stream, ctx, self.services.caps.upstream_event_bytes)
+            events = upstream_events(parse, framing, stream, ctx, self.services.caps.upstream_event_bytes, adapter)
             try:
                 first = await anext(events, None)
                 # Events that carry nothing for the client (Azure's prompt-filter chunk, an empty `choices`)
@@ -482,19 +479,3 @@ async def _replay(chunks: list[Completion]) -> AsyncGenerator[Completion, None]:
 def _fresh(ctx: CallContext) -> CallContext:
     """A context for one upstream call: attempts (and hedged pairs) never share parser state."""
     return msgspec.structs.replace(ctx, offsets={}, state={})
-
-
-async def _events(
-    parse: Parse, framing: str, stream: Stream, ctx: CallContext, max_event_bytes: int
-) -> AsyncGenerator[Chunk, None]:
-    """Upstream bytes -> normalized chunks, as they arrive."""
-    decoder = DECODERS[framing](max_event_bytes=max_event_bytes)
-    async for chunk in stream.chunks():
-        for event, data in decoder.feed(chunk):
-            c = parse(event, data, ctx)
-            if c is not None:
-                yield c
-    for event, data in decoder.close():
-        c = parse(event, data, ctx)
-        if c is not None:
-            yield c

@@ -153,6 +153,10 @@ class Stream:
     def _failed(self, exc: BaseException) -> BaseException:
         return map_transport_error(exc, self.provider, self.target)
 
+    def settle(self) -> None:
+        """The upstream sent its end-of-stream event: nothing after it is read (`Reply.settle`)."""
+        self._resp.settle()
+
     def close(self) -> None:
         # A fully read connection goes back to the pool; one cut short is closed, which is also how a
         # client disconnect reaches the upstream.

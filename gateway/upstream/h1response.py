@@ -9,24 +9,52 @@ import time
 import zlib
 from collections import deque
 from collections.abc import AsyncIterator
-from typing import Protocol
+from typing import Final, Protocol
 
 from gateway.upstream.h1body import _INFLATE_STEP, _Inflate
-from gateway.upstream.h1wire import _HIGH_WATER, FAILURES, MAX_BODY, Failed, Malformed, Spent, Watchdog, _body_too_large
+from gateway.upstream.h1wire import (
+    _HIGH_WATER,
+    FAILURES,
+    MAX_BODY,
+    Failed,
+    Malformed,
+    Spent,
+    TooLarge,
+    Watchdog,
+    _body_too_large,
+)
+
+# An answer whose content ended (its end-of-stream event came) before its body did: how long its connection
+# waits for the rest of the body (the chunked framing's last chunk, as a rule already on its way) to be given
+# back to the pool, and how many bytes of it are taken, before it is closed instead.
+SETTLE_S: Final = 1.0
+SETTLE_BYTES: Final = 65_536
 
 
 class Carrier(Protocol):
-    """What an answer needs of the connection that reads it (`h1._Connection`)."""
+    """What an answer needs of the connection that reads it (`h1connection._Connection`)."""
 
     paused: bool  # reading is paused (`pause`) until `resume`
+    response: Response | None  # the answer the connection's bytes are read into
+
+    @property
+    def pool(self) -> Holder: ...
 
     def pause(self) -> None: ...
 
     def resume(self) -> None: ...
 
+    def close(self) -> None: ...
+
     def finished(self, *, reusable: bool) -> None: ...
 
     watchdog: Watchdog
+
+
+class Holder(Protocol):
+    """The pool a connection comes from (`h1.Pool`), as far as a settled answer needs it."""
+
+    settling: set[Carrier]
 
 
 class Response:
@@ -225,6 +253,21 @@ class Response:
                 raise
             raise failed(exc) from None
 
+    def settle(self) -> None:
+        """The answer's content ended (its end-of-stream event came): nothing more of it is read. Its connection
+        goes back to the pool once the rest of the body arrives, within `SETTLE_S` and `SETTLE_BYTES`, else it
+        is closed; the reader does not wait for either (an upstream holding the stream open after its end holds
+        no client)."""
+        conn = self._conn
+        if conn is None or self._done:
+            self.release()
+            return
+        self._conn = None
+        self._chunks.clear()
+        self._buffered = 0
+        conn.response = _Settling(conn)
+        conn.resume()
+
     def release(self) -> None:
         """Give the connection back: to the pool when the body was read whole, else closed."""
         conn, self._conn = self._conn, None
@@ -234,3 +277,34 @@ class Response:
             # Raised, the error's traceback holds the frames that read this answer, and so this answer: let go
             # of the error once its reader is done with it, or the two would be a cycle left to the collector.
             self._error = Spent
+
+
+class _Settling(Response):
+    """The rest of a settled answer's body, read and dropped until it ends (the connection is pooled) or until
+    `SETTLE_S` or `SETTLE_BYTES` run out (it is closed)."""
+
+    __slots__ = ("_timer",)
+
+    def __init__(self, conn: Carrier) -> None:
+        super().__init__(conn, 0.0, 0.0)
+        self._timer = conn.watchdog.loop.call_later(SETTLE_S, self._fail, TimeoutError("settle"))
+        conn.pool.settling.add(conn)
+
+    def _feed(self, data: bytes) -> None:
+        self._buffered += len(data)
+        if self._buffered > SETTLE_BYTES:
+            self._fail(TooLarge("more body after the answer's end than its framing"))
+
+    def _finish(self) -> None:
+        self._end(reusable=True)
+
+    def _fail(self, exc: BaseException) -> None:
+        self._end(reusable=False)
+
+    def _end(self, *, reusable: bool) -> None:
+        self._done = True
+        self._timer.cancel()
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.pool.settling.discard(conn)
+            conn.finished(reusable=reusable)

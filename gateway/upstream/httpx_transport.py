@@ -292,6 +292,9 @@ class HttpxReply:
         if not self._resp.is_closed:
             self._transport.close_later(self._resp)
 
+    def settle(self) -> None:
+        self.release()  # closed: httpcore reads no body the caller stopped reading
+
 
 class HttpxTransport:
     name = "httpx"

@@ -60,6 +60,11 @@ class Reply(Protocol):
 
     def release(self) -> None: ...
 
+    def settle(self) -> None:
+        """The answer's content ended before its body did (its end-of-stream event came): nothing more is
+        read, and the connection is pooled only if the rest of the body comes at once."""
+        ...
+
 
 class Transport(Protocol):
     """One provider's pooled connections. Failures raise the `h1` kinds or `TimeoutError`."""

@@ -1,0 +1,45 @@
+"""An upstream stream's bytes as normalized chunks, as they arrive, up to the upstream's end-of-stream event.
+
+`data: [DONE]` (every OpenAI-wire server, and a proxy in front of another kind) or the adapter's own
+`stream_end_event` (Anthropic's `message_stop`) ends the answer: nothing after it is read or relayed, and the
+client's stream ends there, whether or not the upstream then closes its body. The connection is settled
+(`Stream.settle`): pooled once the rest of the body arrives, else closed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Callable
+from typing import Final
+
+from gateway.path.opened import Chunk
+from gateway.upstream.client import Stream
+from gateway.upstream.framing import DECODERS
+from providers.base import Adapter, CallContext
+
+# An adapter's stream-event parser (`parse_event`, or `parse_chat_event` on chat).
+Parse = Callable[[str | None, bytes, CallContext], Chunk | None]
+
+END: Final = b"[DONE]"
+
+
+async def upstream_events(
+    parse: Parse, framing: str, stream: Stream, ctx: CallContext, max_event_bytes: int, adapter: Adapter
+) -> AsyncGenerator[Chunk, None]:
+    """Upstream bytes -> normalized chunks, as they arrive, until the upstream's end-of-stream event."""
+    decoder = DECODERS[framing](max_event_bytes=max_event_bytes)
+    end_event = adapter.stream_end_event
+    async for chunk in stream.chunks():
+        for event, data in decoder.feed(chunk):
+            if data == END or (event is not None and event == end_event):
+                stream.settle()
+                return
+            c = parse(event, data, ctx)
+            if c is not None:
+                yield c
+    for event, data in decoder.close():
+        c = parse(event, data, ctx)
+        if c is not None:
+            yield c
+
+
+__all__ = ["END", "Parse", "upstream_events"]
