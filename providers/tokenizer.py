@@ -229,7 +229,11 @@ class VLLMTokenizer(TokenizerAPI):
 
     def read_tokenize(self, body: bytes, req: TokenizeRequest | TokenizeChatRequest) -> Tokenized:
         up = _read_vllm_tokenized(body)
-        return Tokenized(up.tokens, up.token_strs if req.return_token_strs else None, up.max_model_len)
+        strs = up.token_strs if req.return_token_strs else None
+        if strs is not None and len(strs) != len(up.tokens):
+            # A string per token, or the client pairs each id with another's text.
+            raise msgspec.ValidationError(f"{len(up.tokens)} tokens and {len(strs)} token strings")
+        return Tokenized(up.tokens, strs, up.max_model_len)
 
     def detokenize(self, req: DetokenizeRequest, model: str) -> Call:
         return Call("POST", "/detokenize", _json({"model": model, "tokens": req.tokens}))

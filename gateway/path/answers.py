@@ -15,7 +15,7 @@ from gateway.upstream.plan import Route
 from providers.base import CallContext, prompt_form
 from providers.envelope import Unreadable
 from wire.errors import GatewayError, UpstreamError
-from wire.schema import CompletionRequest, Usage
+from wire.schema import CompletionRequest, CompletionTokensDetails, PromptTokensDetails, Usage
 
 log = logging.getLogger("gateway")
 
@@ -131,11 +131,39 @@ def _tokens(n: int) -> int:
     return n if 0 <= n <= MAX_REPORTED_TOKENS else (0 if n < 0 else MAX_REPORTED_TOKENS)
 
 
+_Details = TypeVar("_Details", CompletionTokensDetails, PromptTokensDetails)
+
+
+def _sane(details: CompletionTokensDetails | PromptTokensDetails | None) -> bool:
+    return details is None or all(v is None or 0 <= v <= MAX_REPORTED_TOKENS for v in msgspec.structs.astuple(details))
+
+
+def _clamped(details: _Details | None) -> _Details | None:
+    if details is None or _sane(details):
+        return details
+    return type(details)(*(None if v is None else _tokens(v) for v in msgspec.structs.astuple(details)))
+
+
 def sane_usage(u: Usage) -> Usage:
-    """Usage as the upstream reported it, unless a count is negative or absurd (then clamped)."""
+    """Usage as the upstream reported it, unless a count (or a detail: cached, reasoning tokens) is negative or
+    absurd (then clamped)."""
     p, c, t = u.prompt_tokens, u.completion_tokens, u.total_tokens
-    if 0 <= p <= MAX_REPORTED_TOKENS and 0 <= c <= MAX_REPORTED_TOKENS and p + c <= t <= MAX_REPORTED_TOKENS:
-        return u  # the common case: one comparison chain, no new struct
+    cd, pd = u.completion_tokens_details, u.prompt_tokens_details
+    if (
+        0 <= p <= MAX_REPORTED_TOKENS
+        and 0 <= c <= MAX_REPORTED_TOKENS
+        and p + c <= t <= MAX_REPORTED_TOKENS
+        and _sane(cd)
+        and _sane(pd)
+    ):
+        return u  # the common case: no new struct
     p, c = _tokens(p), _tokens(c)
     # A total below its parts would undercount what rate limits and budgets are charged.
-    return msgspec.structs.replace(u, prompt_tokens=p, completion_tokens=c, total_tokens=max(_tokens(t), p + c))
+    return msgspec.structs.replace(
+        u,
+        prompt_tokens=p,
+        completion_tokens=c,
+        total_tokens=max(_tokens(t), p + c),
+        completion_tokens_details=_clamped(cd),
+        prompt_tokens_details=_clamped(pd),
+    )

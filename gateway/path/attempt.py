@@ -405,6 +405,8 @@ class Attempt:
             0 <= u.prompt_tokens <= MAX_REPORTED_TOKENS
             and 0 <= u.completion_tokens <= MAX_REPORTED_TOKENS
             and u.prompt_tokens + u.completion_tokens <= u.total_tokens <= MAX_REPORTED_TOKENS
+            and u.completion_tokens_details is None
+            and u.prompt_tokens_details is None
         ):
             answer.usage = sane_usage(u)
         return answer

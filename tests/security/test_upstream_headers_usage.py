@@ -6,7 +6,8 @@
   MAX_RETRY_AFTER_S), in what the client is told and in how long the target cools; before the fix a
   `Retry-After: 999999999` was relayed and cooled the target for 31 years.
 - Reported token counts feed rate limits, budgets and usage rows: a negative or absurd count is clamped
-  (gateway/path/attempt.py MAX_REPORTED_TOKENS) and a total below its parts is raised to their sum.
+  (gateway/path/answers.py MAX_REPORTED_TOKENS) and a total below its parts is raised to their sum; so is
+  a detail the client is shown (cached, reasoning tokens).
 Real sockets: uvicorn serving the gateway, scripted aiohttp upstreams on loopback.
 """
 
@@ -92,6 +93,37 @@ def test_reported_usage_is_clamped(
     assert resp.status_code == 200, resp.text
     got = resp.json()["usage"]
     assert (got["prompt_tokens"], got["completion_tokens"], got["total_tokens"]) == want
+
+
+@pytest.mark.parametrize(
+    ("details", "want"),
+    [
+        pytest.param(
+            ({"reasoning_tokens": -9}, {"cached_tokens": 2**62}),
+            ({"reasoning_tokens": 0}, {"cached_tokens": MAX_REPORTED_TOKENS}),
+            id="negative-and-huge",
+        ),
+        pytest.param(
+            ({"reasoning_tokens": 3, "audio_tokens": 0}, {"cached_tokens": 4}),
+            ({"reasoning_tokens": 3, "audio_tokens": 0}, {"cached_tokens": 4}),
+            id="sane",
+        ),
+    ],
+)
+def test_reported_usage_details_are_clamped(
+    gateway: GatewayThread,
+    faults: FaultServer,
+    details: tuple[dict[str, int], dict[str, int]],
+    want: tuple[dict[str, int], dict[str, int]],
+) -> None:
+    usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+    usage |= {"completion_tokens_details": details[0], "prompt_tokens_details": details[1]}
+    faults["alpha"].script(respond(json.dumps({**RECORDED_COMPLETION, "usage": usage}).encode(), 200))
+    resp = post(gateway)
+    assert resp.status_code == 200, resp.text
+    got = resp.json()["usage"]
+    assert (got["prompt_tokens"], got["completion_tokens"], got["total_tokens"]) == (10, 5, 15)
+    assert (got["completion_tokens_details"], got["prompt_tokens_details"]) == want
 
 
 def test_fractional_token_counts_are_an_invalid_answer(gateway: GatewayThread, faults: FaultServer) -> None:

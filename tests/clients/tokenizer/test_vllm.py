@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
+import pytest
 
 from tests.clients.tokenizer.upstreams import BASE, BOS, FULL_KEY, MODEL, SERVED, VLLM_KEY, error_envelope
 from tests.helpers.servers import GatewayThread
-from tests.helpers.upstreams import Upstream
+from tests.helpers.upstreams import Upstream, reply
 
 # -- vLLM: the client's own dialect -------------------------------------------------------------------------
 
@@ -29,6 +32,17 @@ def test_tokenize_defaults_and_token_strs_null_as_vllm_answers(api: httpx.Client
     assert resp.status_code == 200, resp.text
     assert resp.json() == {"count": 2, "max_model_len": 2048, "tokens": [BOS, 97], "token_strs": None}
     assert upstream.only().json() == {"model": SERVED, "prompt": "a", "add_special_tokens": True}
+
+
+@pytest.mark.parametrize("strs", [["H"], ["H", "i", "!"]])
+def test_token_strings_of_another_count_than_the_tokens_are_an_invalid_answer(
+    api: httpx.Client, upstream: Upstream, strs: list[str]
+) -> None:
+    answer = {"count": 2, "max_model_len": 2048, "tokens": [72, 105], "token_strs": strs}
+    upstream.handler = reply(json.dumps(answer).encode())
+    resp = api.post(f"{BASE}/tokenize", json={"prompt": "Hi", "add_special_tokens": False, "return_token_strs": True})
+    assert resp.status_code == 502, resp.text
+    assert resp.json()["error"]["code"] == "invalid_upstream_response"
 
 
 def test_detokenize_and_tokenizer_info_under_the_model_path(api: httpx.Client, upstream: Upstream) -> None:
