@@ -15,7 +15,6 @@ from typing import Any, Final
 
 import msgspec
 from litestar import Request, Response, delete, get, post
-from litestar.datastructures import UploadFile
 from litestar.handlers import HTTPRouteHandler
 from litestar.response import Stream
 
@@ -37,6 +36,7 @@ from gateway.batches.send import ENDPOINTS
 from gateway.batches.service import ANONYMOUS, Batches
 from gateway.edge.ledger_routes import unavailable_error
 from gateway.edge.render import error_response
+from gateway.edge.upload_form import BadForm, FileTooLarge, read_upload
 from gateway.ledger.engine import LedgerDown
 from gateway.limits.auth import KeyRing
 from gateway.path.dialects import OPENAI, decode_error
@@ -214,21 +214,14 @@ def _serving(work: Work) -> Callable[[Request[Any, Any, Any]], Awaitable[Respons
 
 
 async def _upload(request: Request[Any, Any, Any], api: Batches, owner: str) -> Response[Any]:
-    form = await request.form()
-    if form.get("purpose") != "batch":
-        return _bad("purpose must be 'batch' (the gateway stores files for the Batch API only)", "purpose")
-    upload = form.get("file")
-    if not isinstance(upload, UploadFile):
-        return _bad("file is required: the JSONL input file, sent as multipart form data", "file")
-    # The `openai` SDK sends the object as two fields, `expires_after[anchor]` and `expires_after[seconds]`.
-    anchor, seconds = form.get("expires_after[anchor]"), form.get("expires_after[seconds]")
-    expires_s = None
-    if anchor is not None or seconds is not None or "expires_after" in form:
-        expires_s = _expiry(api, anchor, seconds, "expires_after")
-        if isinstance(expires_s, Response):
-            return expires_s
-    data = await upload.read()
-    if len(data) > api.cfg.max_file_bytes:
+    content_type, options = request.content_type
+    try:
+        if content_type != "multipart/form-data":
+            raise BadForm("Send the file as multipart/form-data")
+        form = await read_upload(options.get("boundary"), request.stream(), api.cfg.max_file_bytes)
+    except BadForm as exc:
+        return _bad(str(exc), exc.param)
+    except FileTooLarge:
         return _render(
             InvalidRequestError(
                 f"The file is larger than {api.cfg.max_file_bytes} bytes (batches.max_file_bytes)",
@@ -237,7 +230,20 @@ async def _upload(request: Request[Any, Any, Any], api: Batches, owner: str) -> 
                 code="file_too_large",
             )
         )
-    name = (upload.filename or "input.jsonl")[:256]
+    fields = form.fields
+    if fields.get("purpose") != "batch":
+        return _bad("purpose must be 'batch' (the gateway stores files for the Batch API only)", "purpose")
+    if form.filename is None:
+        return _bad("file is required: the JSONL input file, sent as multipart form data", "file")
+    # The `openai` SDK sends the object as two fields, `expires_after[anchor]` and `expires_after[seconds]`.
+    anchor, seconds = fields.get("expires_after[anchor]"), fields.get("expires_after[seconds]")
+    expires_s = None
+    if anchor is not None or seconds is not None or "expires_after" in fields:
+        expires_s = _expiry(api, anchor, seconds, "expires_after")
+        if isinstance(expires_s, Response):
+            return expires_s
+    data = form.data
+    name = (form.filename or "input.jsonl")[:256]
     try:
         row = await api.store.run(files.add_file, owner, name, "batch", data, api.cfg.max_files, expires_s)
     except files.TooManyFiles as exc:

@@ -423,3 +423,49 @@ def test_batches_are_listed_newest_first_page_by_page(tmp_path: Path) -> None:
     assert [b["id"] for b in tail["data"]] == [made[0]] and tail["has_more"] is False
     assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "limit"
     assert [(r.status_code, r.json()["error"]["param"]) for r in odd] == [(400, "limit"), (400, "limit")]
+
+
+FILE_PART = b'--x\r\ncontent-disposition: form-data; name="file"; filename="a.jsonl"\r\n\r\n{}\r\n'
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        b'--x\r\ncontent-disposition: form-data; name="purpose"\r\n\r\n\xff\r\n',
+        b'--x\r\ncontent-disposition: form-data; name="purpose"\r\ncontent-type: text/plain; charset=no-such-codec'
+        b"\r\n\r\nbatch\r\n",
+        b'--x\r\ncontent-disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        b'--x\r\ncontent-disposition: form-data; name="zzz"\r\n\r\n\xc3\x28\r\n',
+    ],
+    ids=["purpose-not-utf8", "unknown-charset", "other-field-not-utf8"],
+)
+def test_an_upload_whose_text_field_is_not_text_is_a_400_naming_it(tmp_path: Path, fields: bytes) -> None:
+    with served(tmp_path) as (gw, _):
+        resp = httpx.post(
+            gw.url + "/v1/files",
+            headers={"authorization": f"Bearer {EVAL_KEY}", "content-type": "multipart/form-data; boundary=x"},
+            content=FILE_PART + fields + b"--x--\r\n",
+            timeout=10,
+        )
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["type"] == "invalid_request_error" and "not text" in error["message"]
+    assert error["param"] == ("zzz" if b'"zzz"' in fields else "purpose")
+
+
+def test_an_upload_past_the_file_cap_stops_at_the_cap_and_bad_forms_are_400s(tmp_path: Path) -> None:
+    with served(tmp_path, extra=", max_file_bytes: 1024") as (gw, _):
+        auth = {"authorization": f"Bearer {EVAL_KEY}"}
+        big = b'--x\r\ncontent-disposition: form-data; name="file"; filename="a.jsonl"\r\n\r\n' + b"x" * 4096
+        form = {**auth, "content-type": "multipart/form-data; boundary=x"}
+        resp = httpx.post(gw.url + "/v1/files", headers=form, content=big + b"\r\n--x--\r\n", timeout=10)
+        assert resp.status_code == 413 and resp.json()["error"]["code"] == "file_too_large", resp.text
+        for headers, body in [
+            ({**auth, "content-type": "application/json"}, b"{}"),  # not a form
+            ({**auth, "content-type": "multipart/form-data"}, FILE_PART + b"--x--\r\n"),  # no boundary
+            (form, FILE_PART),  # cut short
+            (form, b'--x\r\ncontent-disposition: form-data; name="purpose"\r\n\r\n' + b"b" * 5000 + b"\r\n--x--\r\n"),
+        ]:
+            resp = httpx.post(gw.url + "/v1/files", headers=headers, content=body, timeout=10)
+            assert resp.status_code == 400, resp.text
+            assert resp.json()["error"]["type"] == "invalid_request_error"

@@ -1,0 +1,91 @@
+"""The Files API's upload form (`POST /v1/files`, multipart/form-data) read into memory within its bounds.
+
+Read here rather than by the framework's form parser: that one spools a file part to a temporary file, reads it
+whole before the size can be checked, and lets a text field that is not text in its part's charset (or names a
+charset that does not exist) escape as a 500, with the file part it had spooled left open. Here a file past
+`batches.max_file_bytes` stops the read at that size (413), a text field is at most `FIELD_BYTES`, and bad form
+data is a 400.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Final
+
+import msgspec
+from multipart import MultipartSegment, ParserError, ParserLimitReached, PushMultipartParser
+
+# A text field (`purpose`, `expires_after[...]`): the longest legitimate value is a handful of characters.
+FIELD_BYTES: Final = 4_096
+# Parts in one form: the SDK sends four at most (file, purpose, the two `expires_after` fields).
+PARTS: Final = 16
+
+
+class BadForm(Exception):
+    """The form cannot be read: a 400 naming what is wrong (`param`, where it is one field)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class FileTooLarge(Exception):
+    """The file part is larger than the cap: a 413."""
+
+
+class Upload(msgspec.Struct):
+    fields: dict[str, str]  # each text field's first value
+    filename: str | None  # the file part's, None when the form has none
+    data: bytes
+
+
+async def read_upload(boundary: str | None, body: AsyncIterator[bytes], max_file_bytes: int) -> Upload:
+    """The form of an upload: its text fields, and its file part (`file`) up to `max_file_bytes`."""
+    if not boundary:
+        raise BadForm("Send the file as multipart/form-data with a boundary")
+    fields: dict[str, str] = {}
+    filename: str | None = None
+    data = bytearray()
+    part = bytearray()
+    segment: MultipartSegment | None = None
+    try:
+        with PushMultipartParser(boundary, max_segment_count=PARTS) as parser:
+            chunks = aiter(body)
+            chunk = await anext(chunks, b"")
+            while not parser.closed:
+                for event in parser.parse(chunk):
+                    if isinstance(event, MultipartSegment):
+                        segment = event
+                        part.clear()
+                    elif event:
+                        assert segment is not None
+                        if segment.name == "file" and segment.filename is not None:
+                            if len(data) + len(event) > max_file_bytes:
+                                raise FileTooLarge
+                            data += event
+                        elif len(part) + len(event) > FIELD_BYTES:
+                            raise BadForm(f"The form field is longer than {FIELD_BYTES} bytes", segment.name)
+                        else:
+                            part += event
+                    elif segment is not None:  # the end of a part
+                        if segment.name == "file" and segment.filename is not None:
+                            filename = filename or segment.filename
+                        elif segment.name is not None and segment.name not in fields:
+                            fields[segment.name] = _text(bytes(part), segment)
+                        segment = None
+                chunk = await anext(chunks, b"")
+    except (ParserError, ParserLimitReached) as exc:
+        raise BadForm(f"Invalid multipart/form-data: {exc}") from None
+    return Upload(fields, filename, bytes(data))
+
+
+def _text(value: bytes, segment: MultipartSegment) -> str:
+    try:
+        return value.decode(segment.charset or "utf-8")
+    except (UnicodeDecodeError, LookupError):
+        raise BadForm(
+            f"The form field is not text in its charset ({segment.charset or 'utf-8'})", segment.name
+        ) from None
+
+
+__all__ = ["FIELD_BYTES", "PARTS", "BadForm", "FileTooLarge", "Upload", "read_upload"]
