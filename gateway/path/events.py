@@ -28,10 +28,12 @@ async def upstream_events(
     """Upstream bytes -> normalized chunks, as they arrive, until the upstream's end-of-stream event."""
     decoder = DECODERS[framing](max_event_bytes=max_event_bytes)
     end_event = adapter.stream_end_event
-    async for chunk in stream.chunks():
+    chunks = stream.chunks()
+    async for chunk in chunks:
         for event, data in decoder.feed(chunk):
             if data == END or (event is not None and event == end_event):
                 stream.settle()
+                await chunks.aclose()  # here, not in a task of its own that the loop would make when it is collected
                 return
             c = parse(event, data, ctx)
             if c is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import urllib.request
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping
 from types import TracebackType
 from typing import Any, cast
 from urllib.parse import urlsplit
@@ -146,7 +146,7 @@ class Stream:
         except h1.FAILURES as exc:
             raise map_transport_error(exc, self.provider, self.target) from None
 
-    def chunks(self) -> AsyncIterator[bytes]:
+    def chunks(self) -> AsyncGenerator[bytes, None]:
         """The body as it arrives; a transport failure raises the gateway error naming this stream's target."""
         return self._resp.iter_chunks(self._failed)
 

@@ -8,7 +8,7 @@ import asyncio
 import time
 import zlib
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Final, Protocol
 
 from gateway.upstream.h1body import _INFLATE_STEP, _Inflate
@@ -210,7 +210,7 @@ class Response:
         self.release()
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    async def iter_chunks(self, failed: Failed | None = None) -> AsyncIterator[bytes]:
+    async def iter_chunks(self, failed: Failed | None = None) -> AsyncGenerator[bytes, None]:
         """The body as it arrives; a failure (`FAILURES`) raises `failed(exc)` in its place when given: the
         caller's mapping, made here rather than by a generator around this one that every chunk would pass."""
         decoder = self._decoder

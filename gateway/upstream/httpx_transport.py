@@ -13,7 +13,7 @@ import ssl
 import time
 import urllib.request
 import zlib
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
 from typing import Any, Final
 
 import httpx
@@ -276,7 +276,7 @@ class HttpxReply:
             self.release()
         return bytes(body)
 
-    async def iter_chunks(self, failed: Failed | None = None) -> AsyncIterator[bytes]:
+    async def iter_chunks(self, failed: Failed | None = None) -> AsyncGenerator[bytes, None]:
         try:
             async for piece in self._pieces():
                 yield piece

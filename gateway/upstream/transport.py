@@ -7,7 +7,7 @@ types without importing the client.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Protocol
 
 import msgspec
@@ -54,7 +54,7 @@ class Reply(Protocol):
 
     async def read(self) -> bytes: ...
 
-    def iter_chunks(self, failed: Failed | None = None) -> AsyncIterator[bytes]:
+    def iter_chunks(self, failed: Failed | None = None) -> AsyncGenerator[bytes, None]:
         """The body as it arrives; a failure (`h1wire.FAILURES`) raises `failed(exc)` in its place when given."""
         ...
 
