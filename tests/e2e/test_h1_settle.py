@@ -10,14 +10,14 @@ import pytest
 from aiohttp import web
 
 from gateway.upstream import h1, h1response
-from tests.e2e.test_h1_client import Server, call, server
+from tests.e2e.test_h1_client import Handler, Server, call, server
 
 __all__ = ["server"]  # the fixture, shared with test_h1_client
 
 EVENTS = b"data: {}\n\ndata: [DONE]\n\n"
 
 
-def upstream(after: float, tail: bytes = b"") -> tuple[object, asyncio.Event]:
+def upstream(after: float, tail: bytes = b"") -> tuple[Handler, asyncio.Event]:
     """A stream of two events; after them it waits `after` seconds (and sends `tail`) before its body ends. The
     event is set when the handler is done, or failed writing to a connection the client closed."""
     gone = asyncio.Event()

@@ -13,7 +13,7 @@ Over real sockets: the gateway served by uvicorn, one aiohttp loopback upstream 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -74,7 +74,10 @@ def chat_event(index: int, content: str | None, finish: str | None, used: dict[s
     return b"data: " + json.dumps(body).encode()
 
 
-ROUTES = {
+# How an upstream event is made: (choice index, text, finish reason, usage) -> its SSE line.
+MakeEvent = Callable[[int, str, str | None, dict[str, int] | None], bytes]
+# Per route: the path, the model, the request's own fields, and its upstream events.
+ROUTES: dict[str, tuple[str, str, dict[str, Any], MakeEvent]] = {
     "completions": ("/v1/completions", "one/m", {"prompt": "p"}, text_event),
     "chat": ("/v1/chat/completions", "ds/m", {"messages": [{"role": "user", "content": "p"}]}, chat_event),
 }

@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -24,7 +25,7 @@ from aiohttp import web
 from tests.helpers.clients import sse_data
 from tests.helpers.recordings import fixture_bytes
 from tests.helpers.servers import GatewayThread, serve_config
-from tests.helpers.upstreams import Received, Upstream
+from tests.helpers.upstreams import Handler, Received, Upstream
 
 CONFIG = """
 server: {{host: 127.0.0.1, port: 0}}
@@ -59,7 +60,7 @@ def anthropic_events() -> bytes:
     return recorded + b"event: content_block_delta\ndata: " + json.dumps(delta).encode() + b"\n\n"
 
 
-def held_open(events: bytes):  # type: ignore[no-untyped-def]
+def held_open(events: bytes) -> Handler:
     async def handler(request: web.Request, received: Received) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
@@ -82,7 +83,8 @@ def gateway(upstream: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Ite
         yield gw
 
 
-CASES = {
+# Per case: the path, the model, the request's own fields, and the upstream's events.
+CASES: dict[str, tuple[str, str, dict[str, Any], Callable[[], bytes]]] = {
     "completions": ("/v1/completions", "oa/m", {"prompt": "p"}, completion_events),
     "chat": ("/v1/chat/completions", "oa/m", {"messages": [{"role": "user", "content": "p"}]}, chat_events),
     "anthropic-chat": (

@@ -116,7 +116,7 @@ def test_reported_usage_details_are_clamped(
     details: tuple[dict[str, int], dict[str, int]],
     want: tuple[dict[str, int], dict[str, int]],
 ) -> None:
-    usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+    usage: dict[str, object] = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
     usage |= {"completion_tokens_details": details[0], "prompt_tokens_details": details[1]}
     faults["alpha"].script(respond(json.dumps({**RECORDED_COMPLETION, "usage": usage}).encode(), 200))
     resp = post(gateway)
