@@ -44,7 +44,8 @@ from wire.errors import GatewayError, InvalidRequestError
 
 JSON: Final = "application/json"
 _NO_STORE: Final = {"cache-control": "no-store"}
-_WINDOW: Final = re.compile(r"(\d{1,6})([smh])")  # fullmatch: `$` would let a trailing newline in
+# fullmatch: `$` would let a trailing newline in; [0-9]: `\d` would let other scripts' digits in.
+_WINDOW: Final = re.compile(r"([0-9]{1,6})([smh])")
 _UNIT_S: Final = {"s": 1, "m": 60, "h": 3600}
 _MAX_WINDOW_S: Final = 7 * 86_400
 _CONTENT_LINES: Final = 1000  # result lines read per turn while a result file is sent

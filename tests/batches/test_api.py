@@ -131,6 +131,7 @@ def test_bad_files_fail_the_batch_naming_the_line(tmp_path: Path, monkeypatch: p
             ({"endpoint": "/v1/embeddings"}, "endpoint"),
             ({"completion_window": "soon"}, "completion_window"),
             ({"completion_window": "24h\n"}, "completion_window"),
+            ({"completion_window": "\u0662\u0664h"}, "completion_window"),  # Arabic-Indic digits: not OpenAI's
             ({"extra_body": {"foo": 1}}, "foo"),
             ({"metadata": {"a": 1}}, "metadata"),
         ):
