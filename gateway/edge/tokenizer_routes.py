@@ -369,7 +369,7 @@ class Tokenizers:
     async def _admit(pipeline: Pipeline, key: ClientKey | None, model: str, target: Route) -> Ticket | None:
         """Request-rate and concurrency limits of the key, the alias and the target; no tokens are charged."""
         admission = pipeline.admission
-        if not (admission.enabled or (key is not None and key.buckets)):  # a runtime key's own limits count too
+        if not admission.applies(key):
             return None
         scopes: list[Bucket] = []
         if key is not None:

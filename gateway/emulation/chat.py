@@ -20,13 +20,12 @@ import msgspec
 
 from gateway.config import CapsConfig
 from gateway.emulation.client_schema import Work
-from gateway.emulation.combine import _add, _scan, checked, gather, ready
-from gateway.emulation.merge import merged
+from gateway.emulation.combine import _add, _scan, checked, gather, ready, summed
+from gateway.emulation.merge import merged, own_choice
 from gateway.emulation.planning import _DEFAULT_CAPS, Guide, bound_stops, make_guide
 from gateway.emulation.seeds import reseeded
 from gateway.emulation.stops import Folded, StopMatcher, StopScanner
 from providers.base import Capabilities, Param
-from providers.envelope import Unreadable
 from wire.chat import (
     AssistantMessage,
     ChatChoice,
@@ -298,9 +297,7 @@ async def stream(
                 usages[k] = item.usage
             out = []
             for ch in item.choices:
-                if not -1 < ch.index < asked:
-                    # Another call's choice, or none asked for: relabelled, it would be read as this one's.
-                    raise Unreadable(f"a stream event for choice {ch.index} of a call that asked for {asked}")
+                own_choice(ch.index, asked)
                 relayed = await state.relay(ch, k if em.fan_n > 1 else ch.index)
                 if relayed is not None:
                     out.append(relayed)
@@ -314,9 +311,7 @@ async def stream(
                 # relay estimates it. When the upstreams ended them all, what follows is their usage: read on.
                 complete = len(usages) == len(opens)
                 break
-    usage: Usage | None = None
-    for u in usages.values() if complete else ():
-        usage = _add(usage, u)
+    usage = summed(usages.values()) if complete else None
     if usage is not None and last is not None:
         yield ChatChunk(last.id, last.created, last.model, [], usage=usage)
 

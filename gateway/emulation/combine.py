@@ -5,7 +5,7 @@ client asked for: stops cut, logprobs trimmed, best_of chosen, usage summed, gui
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 import msgspec
@@ -107,6 +107,14 @@ def _add(total: Usage | None, u: Usage | None) -> Usage | None:
         completion_tokens_details=_sum_details(total.completion_tokens_details, u.completion_tokens_details),
         prompt_tokens_details=_sum_details(total.prompt_tokens_details, u.prompt_tokens_details),
     )
+
+
+def summed(usages: Iterable[Usage]) -> Usage | None:
+    """The calls' usages added up; None without any."""
+    total: Usage | None = None
+    for u in usages:
+        total = _add(total, u)
+    return total
 
 
 async def gather(calls: Sequence[Awaitable[_T]]) -> list[_T]:

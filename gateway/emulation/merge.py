@@ -10,6 +10,8 @@ import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Generic, Protocol, TypeVar
 
+from providers.envelope import Unreadable
+
 ChunkT = TypeVar("ChunkT")
 ChunkT_co = TypeVar("ChunkT_co", covariant=True)
 
@@ -60,3 +62,10 @@ async def merged(opens: Sequence[Opened[ChunkT]]) -> AsyncGenerator[tuple[int, C
         # go of: such an exception holds its pump's frame through its traceback, and that frame the queue.
         while not queue.empty():
             queue.get_nowait()
+
+
+def own_choice(index: int, asked: int) -> None:
+    """A sub-stream's chunk is for a choice its call asked for (`asked` of them): another's would be relabelled
+    as the call's own and merged into it, so it is an invalid stream event."""
+    if not -1 < index < asked:
+        raise Unreadable(f"a stream event for choice {index} of a call that asked for {asked}")

@@ -9,12 +9,11 @@ from contextlib import aclosing
 
 import msgspec
 
-from gateway.emulation.combine import _add, _scan
-from gateway.emulation.merge import merged
+from gateway.emulation.combine import _scan, summed
+from gateway.emulation.merge import merged, own_choice
 from gateway.emulation.planning import Emulation, SubStream
 from gateway.emulation.stops import Folded, StopScanner
 from providers.base import CallContext
-from providers.envelope import Unreadable
 from wire.schema import Choice, Completion, CompletionRequest, Usage
 
 
@@ -44,9 +43,7 @@ async def stream(
             p_index, j = divmod(k, em.fan_n)
             out: list[Choice] = []
             for ch in item.choices:
-                if not -1 < ch.index < asked:
-                    # Another call's choice, or none asked for: relabelled, it would be read as this one's.
-                    raise Unreadable(f"a stream event for choice {ch.index} of a call that asked for {asked}")
+                own_choice(ch.index, asked)
                 index = p_index * em.n + (j if em.fan_n > 1 else ch.index)
                 if index in done:
                     continue
@@ -99,9 +96,7 @@ async def stream(
                 # Every choice has stopped, one while its upstream still generates: no need to read (or pay
                 # for) the rest. When the upstreams ended them all, what follows is their usage: read on.
                 break
-    usage: Usage | None = None
-    for u in usages.values():
-        usage = _add(usage, u)
+    usage = summed(usages.values())
     if usage is not None:
         yield ctx.completion([], usage)
 

@@ -272,6 +272,11 @@ class Admission:
             waited += wait
             await self.sleep(wait / 1000)
 
+    def applies(self, key: ClientKey | None) -> bool:
+        """Whether any limit can apply to `key`'s requests: the config's, or the key's own (one made through
+        `/admin/keys` carries its limits with it, whatever the config sets)."""
+        return self.enabled or (key is not None and bool(key.buckets))
+
     def counts_cached(self, key: ClientKey | None, model: str) -> bool:
         """Whether `admit(..., free=True)` has a bucket to charge: the key's or the alias's request rate."""
         own = (self.keys.get(key.ident) or key.buckets) if key is not None else ()

@@ -187,9 +187,7 @@ class Pipeline:
         cached = self.cache.lookup(req, rec.key_id, headers, rec, plan)  # type: ignore[union-attr]  # the endpoint checked
         if type(cached) is Lookup and cached.entry is not None:
             admission = self.admission
-            if not (
-                (admission.enabled or (key is not None and key.buckets)) and admission.counts_cached(key, req.model)
-            ):
+            if not (admission.applies(key) and admission.counts_cached(key, req.model)):
                 cached.count(rec)
                 if not req.stream:  # its bytes and header lines made without a call context or headers dict
                     now = self.cache.clock()  # type: ignore[union-attr]
@@ -295,7 +293,7 @@ class Pipeline:
         )
         # Who asks, for the fair queue (a priority the key may not ask for is refused before anything is charged).
         ask = self.queues.ask(key, headers, req) if self.queues is not None else None
-        admission = self.admission if self.admission.enabled or (key is not None and key.buckets) else None
+        admission = self.admission if self.admission.applies(key) else None
         if self.cache is None:
             job = op.job(self.services, admission, req, ctx, plan)
             if admission is not None:

@@ -11,16 +11,15 @@ from typing import Protocol, cast
 import httptools
 
 from gateway.upstream.h1body import _Inflate
-from gateway.upstream.h1response import Carrier, Response
+from gateway.upstream.h1response import Holder, Response
 from gateway.upstream.h1wire import Disconnected, Malformed, TooLarge, Watchdog, _head_too_large, _Stop
 
 
-class Pool(Protocol):
-    """What a connection needs of the pool it comes from (`h1.Pool`)."""
+class Pool(Holder, Protocol):
+    """What a connection needs of the pool it comes from (`h1.Pool`): besides what its settled answer does."""
 
     max_header_bytes: int
     max_headers: int
-    settling: set[Carrier]
 
     def put_back(self, conn: _Connection) -> None: ...
 

@@ -51,8 +51,9 @@ def reply(body: bytes, status: int = 200, headers: Mapping[str, str] | None = No
     return handler
 
 
-def reply_sse(events: Sequence[bytes], headers: Mapping[str, str] | None = None) -> Handler:
-    """A handler streaming the given SSE events (each framed with its blank line), then closing."""
+def reply_sse(events: Sequence[bytes], headers: Mapping[str, str] | None = None, hold_s: float = 0.0) -> Handler:
+    """A handler streaming the given SSE events (each framed with its blank line), then closing; with `hold_s`,
+    keeping the body open that long after them instead (it never ends within a test's bounds)."""
 
     async def handler(request: web.Request, received: Received) -> web.StreamResponse:
         resp = web.StreamResponse(
@@ -61,6 +62,9 @@ def reply_sse(events: Sequence[bytes], headers: Mapping[str, str] | None = None)
         await resp.prepare(request)
         for event in events:
             await resp.write(event + b"\n\n")
+        if hold_s:
+            await asyncio.sleep(hold_s)
+            return resp
         await resp.write_eof()
         return resp
 

@@ -12,7 +12,6 @@ Over real sockets: the gateway served by uvicorn, one aiohttp loopback upstream 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -20,12 +19,11 @@ from typing import Any
 
 import httpx
 import pytest
-from aiohttp import web
 
 from tests.helpers.clients import sse_data
 from tests.helpers.recordings import fixture_bytes
 from tests.helpers.servers import GatewayThread, serve_config
-from tests.helpers.upstreams import Handler, Received, Upstream
+from tests.helpers.upstreams import Upstream, reply_sse
 
 CONFIG = """
 server: {{host: 127.0.0.1, port: 0}}
@@ -42,33 +40,22 @@ CHAT_AFTER = (
 )
 
 
-def completion_events() -> bytes:
+def completion_events() -> list[bytes]:
     choice = {"text": "hi", "index": 0, "logprobs": None, "finish_reason": "stop"}
     body = {"id": "x", "object": "text_completion", "created": 1, "model": "m", "choices": [choice]}
-    return b"data: " + json.dumps(body).encode() + b"\n\ndata: [DONE]\n\n" + AFTER + b"\n\n"
+    return [b"data: " + json.dumps(body).encode(), b"data: [DONE]", AFTER]
 
 
-def chat_events() -> bytes:
+def chat_events() -> list[bytes]:
     choice = {"index": 0, "delta": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}
     body = {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [choice]}
-    return b"data: " + json.dumps(body).encode() + b"\n\ndata: [DONE]\n\n" + CHAT_AFTER + b"\n\n"
+    return [b"data: " + json.dumps(body).encode(), b"data: [DONE]", CHAT_AFTER]
 
 
-def anthropic_events() -> bytes:
-    recorded = fixture_bytes("anthropic/messages_stream.sse.txt").replace(b"\r\n", b"\n").rstrip(b"\n") + b"\n\n"
+def anthropic_events() -> list[bytes]:
+    recorded = fixture_bytes("anthropic/messages_stream.sse.txt").replace(b"\r\n", b"\n").strip(b"\n").split(b"\n\n")
     delta = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": " AFTER"}}
-    return recorded + b"event: content_block_delta\ndata: " + json.dumps(delta).encode() + b"\n\n"
-
-
-def held_open(events: bytes) -> Handler:
-    async def handler(request: web.Request, received: Received) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
-        await resp.prepare(request)
-        await resp.write(events)
-        await asyncio.sleep(5)  # open well past the test's bound; the body never ends in time
-        return resp
-
-    return handler
+    return [*recorded, b"event: content_block_delta\ndata: " + json.dumps(delta).encode()]
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +71,7 @@ def gateway(upstream: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 
 # Per case: the path, the model, the request's own fields, and the upstream's events.
-CASES: dict[str, tuple[str, str, dict[str, Any], Callable[[], bytes]]] = {
+CASES: dict[str, tuple[str, str, dict[str, Any], Callable[[], list[bytes]]]] = {
     "completions": ("/v1/completions", "oa/m", {"prompt": "p"}, completion_events),
     "chat": ("/v1/chat/completions", "oa/m", {"messages": [{"role": "user", "content": "p"}]}, chat_events),
     "anthropic-chat": (
@@ -101,7 +88,7 @@ def test_the_end_of_stream_event_ends_the_clients_stream_at_once(
     gateway: GatewayThread, upstream: Upstream, case: str
 ) -> None:
     path, model, extra, events = CASES[case]
-    upstream.handler = held_open(events())
+    upstream.handler = reply_sse(events(), hold_s=5)  # open well past the test's bound
     started = time.monotonic()
     with httpx.Client(base_url=gateway.url, trust_env=False, timeout=15) as client:
         resp = client.post(path, json={"model": model, "stream": True, **extra})
