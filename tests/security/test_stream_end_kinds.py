@@ -1,6 +1,6 @@
 """Kinds whose streams end at a last event that carries content (its finish reason, its usage), not at an end
-marker: Ollama's line with `done: true`, TGI's event with `generated_text`. An upstream that sends that event
-and then keeps its body open, or sends more after it.
+marker: Ollama's line with `done: true`, TGI's event with `generated_text`, Bedrock's `metadata`, Cohere's
+`message-end`. An upstream that sends that event and then keeps its body open, or sends more after it.
 
 The gateway read on until the upstream closed the body: the client's stream ended only when the body did (here
 after the upstream's 5 s hold; the read timeout, 120 s by default, for one that never closes it), and what came
@@ -23,9 +23,11 @@ import httpx
 import pytest
 
 from tests.helpers.clients import sse_data
+from tests.helpers.eventstream import event
 from tests.helpers.recordings import fixture_bytes, sse_events
 from tests.helpers.servers import GatewayThread, serve_config
 from tests.helpers.upstreams import Handler, Upstream, reply_sse, reply_stream
+from tests.providers.test_bedrock_response import RECORDED_TEXT
 
 CONFIG = """
 server: {{host: 127.0.0.1, port: 0}}
@@ -33,9 +35,12 @@ retries: {{attempts: 1}}
 providers:
   ol: {{kind: ollama, base_url: "{u}"}}
   tg: {{kind: tgi, base_url: "{u}"}}
+  aws: {{kind: bedrock, region: us-east-1, api_key: ABSKQmVkcm9ja0FQSUtleS1leGFtcGxl, base_url: "{u}"}}
+  co: {{kind: cohere, api_key: co-test-0000000000, base_url: "{u}"}}
 """
 
 HOLD_S = 5.0  # well past the test's bound, well within the client's timeout
+CHAT = {"messages": [{"role": "user", "content": "p"}]}
 
 
 def ollama() -> Handler:
@@ -46,6 +51,18 @@ def ollama() -> Handler:
 def tgi() -> Handler:
     after = b'data:{"index":2,"token":{"id":5,"text":" AFTER","logprob":-1.0,"special":false},"generated_text":null}'
     return reply_sse([*sse_events(fixture_bytes("tgi/generate_stream_details.sse.txt")), after], hold_s=HOLD_S)
+
+
+def bedrock() -> Handler:
+    after = event("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": " AFTER"}, "p": "abcd"})
+    recorded = fixture_bytes("bedrock/converse_stream.eventstream")
+    return reply_stream([recorded, after], "application/vnd.amazon.eventstream", hold_s=HOLD_S)
+
+
+def cohere() -> Handler:
+    delta = {"type": "content-delta", "index": 0, "delta": {"message": {"content": {"text": " AFTER"}}}}
+    after = b"event: content-delta\ndata: " + json.dumps(delta).encode()
+    return reply_sse([*sse_events(fixture_bytes("cohere/v2_chat_stream_text.sse.txt")), after], hold_s=HOLD_S)
 
 
 def _ollama_text() -> str:
@@ -71,6 +88,18 @@ CASES: dict[str, Case] = {
     ),
     # The recording is one event, the last: a one-token answer (" "), details.finish_reason length.
     "tgi-completions": Case("/v1/completions", "tg/m", {"prompt": "p"}, tgi(), " ", "length", (0, 1, 1)),
+    # messageStop (end_turn), then metadata with the usage.
+    "bedrock-completions": Case(
+        "/v1/completions", "aws/amazon.nova-micro-v1:0", {"prompt": "p"}, bedrock(), RECORDED_TEXT, "stop", (13, 82, 95)
+    ),
+    "bedrock-chat": Case(
+        "/v1/chat/completions", "aws/amazon.nova-micro-v1:0", CHAT, bedrock(), RECORDED_TEXT, "stop", (13, 82, 95)
+    ),
+    # message-end: MAX_TOKENS, billed units 20 in, 4 out.
+    "cohere-completions": Case(
+        "/v1/completions", "co/command-r", {"prompt": "p"}, cohere(), "Coca-Cola", "length", (20, 4, 24)
+    ),
+    "cohere-chat": Case("/v1/chat/completions", "co/command-r", CHAT, cohere(), "Coca-Cola", "length", (20, 4, 24)),
 }
 
 
