@@ -58,6 +58,9 @@ class CallContext(msgspec.Struct):
     state: dict[str, Any] = msgspec.field(default_factory=dict)
     stop_reason: bool = False  # the request's `include_stop_reason`: relay which stop ended each choice
     chat: bool = False  # a chat request: its chunks are `chat.completion.chunk`s
+    # Set by a stream-event parser on the upstream's last event of the answer, one that carries content (Ollama's
+    # `done`): the stream ends with that event's chunk, whether or not the body does (gateway/path/events.py).
+    ended: bool = False
 
     def completion(
         self, choices: list[Choice], usage: Usage | None = None, system_fingerprint: str | None = None
@@ -441,8 +444,8 @@ class Adapter(Capabilities, abc.ABC):
 
     # How the upstream frames a stream: `sse`, `ndjson` or AWS's binary `eventstream` (gateway.upstream.framing).
     framing: ClassVar[Literal["sse", "ndjson", "eventstream"]] = "sse"
-    # The SSE event type, carrying nothing, after which the upstream sends nothing more of an answer (besides
-    # `data: [DONE]`, which ends every kind's stream): nothing after it is read.
+    # The SSE event type, carrying nothing, that ends an answer: nothing after it is read. `data: [DONE]` ends
+    # every kind's stream, and a parser ends one at a last event that carries content (`CallContext.ended`).
     stream_end_event: ClassVar[str | None] = None
 
     def auth_headers(self, endpoint: Endpoint) -> dict[str, str]:

@@ -369,6 +369,7 @@ class BedrockAdapter(OpenAIChat):
             ctx.state["stop"] = _decode_event(data).stop_reason
             return None
         if event == "metadata":
+            ctx.ended = True  # the stream's last event, after messageStop
             ev = _decode_event(data)
             usage = usage_from(ev.usage) if ev.usage is not None else None
             return ctx.single("", finish_reason(ctx.state.get("stop")), usage=usage)
@@ -388,6 +389,7 @@ class BedrockAdapter(OpenAIChat):
         if event is not None and event.startswith(("exception:", "error:")):
             self._raise_exception_event(event, data)
         if event == "metadata":
+            ctx.ended = True
             ev = _decode_event(data)
             return usage_only(ctx, usage_from(ev.usage)) if ev.usage is not None else None
         return chat_event(event, data, ctx)

@@ -249,6 +249,7 @@ class CohereAdapter(OpenAIChat):
                 return None
             return ctx.single(text, None)
         if kind == "message-end":
+            ctx.ended = True  # "the final event" (docs.cohere.com/v2/docs/streaming)
             if d is None:
                 return None
             finish = self._finish(d.finish_reason, d.error)
@@ -270,6 +271,7 @@ class CohereAdapter(OpenAIChat):
         kind = ev.type or event
         d = ev.delta
         if kind == "message-end":
+            ctx.ended = True
             if d is None:
                 return None
             self._finish(d.finish_reason, d.error)

@@ -194,6 +194,8 @@ class OllamaAdapter(OpenAIChat):
         up = _decode_chunk(data)
         if up.error is not None:
             raise self.map_error(500, {}, data, self.kind)
+        if up.done:
+            ctx.ended = True  # the last line, with the finish reason and the counts: nothing follows it
         return self._completion(up, ctx)
 
     def map_error(self, status: int, headers: Mapping[str, str], body: bytes, provider: str) -> GatewayError:

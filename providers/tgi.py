@@ -333,7 +333,7 @@ class TGIAdapter(OpenAIChat):
                 ctx,
             )
         # The last event is the one with the full text; details (we always ask) carry why and how much.
-        final = up.generated_text is not None
+        final = ctx.ended = up.generated_text is not None
         details = up.details
         return ctx.single(
             text,

@@ -1,9 +1,10 @@
 """An upstream stream's bytes as normalized chunks, as they arrive, up to the upstream's end-of-stream event.
 
 `data: [DONE]` (every OpenAI-wire server, and a proxy in front of another kind) or the adapter's own
-`stream_end_event` (Anthropic's `message_stop`) ends the answer: nothing after it is read or relayed, and the
-client's stream ends there, whether or not the upstream then closes its body. The connection is settled
-(`Stream.settle`): pooled once the rest of the body arrives, else closed.
+`stream_end_event` (Anthropic's `message_stop`) ends the answer, and so does a last event that carries content,
+which the adapter's parser marks (`CallContext.ended`) and whose chunk is relayed: nothing after it is read or
+relayed, and the client's stream ends there, whether or not the upstream then closes its body. The connection is
+settled (`Stream.settle`): pooled once the rest of the body arrives, else closed.
 """
 
 from __future__ import annotations
@@ -36,6 +37,14 @@ async def upstream_events(
                 await chunks.aclose()  # here, not in a task of its own that the loop would make when it is collected
                 return
             c = parse(event, data, ctx)
+            if ctx.ended:
+                # The upstream's last event, carrying the answer's last content: settled before its chunk is
+                # relayed, so that a slow client does not hold the upstream connection.
+                stream.settle()
+                await chunks.aclose()
+                if c is not None:
+                    yield c
+                return
             if c is not None:
                 yield c
     for event, data in decoder.close():

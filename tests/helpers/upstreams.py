@@ -54,14 +54,22 @@ def reply(body: bytes, status: int = 200, headers: Mapping[str, str] | None = No
 def reply_sse(events: Sequence[bytes], headers: Mapping[str, str] | None = None, hold_s: float = 0.0) -> Handler:
     """A handler streaming the given SSE events (each framed with its blank line), then closing; with `hold_s`,
     keeping the body open that long after them instead (it never ends within a test's bounds)."""
+    return reply_stream([event + b"\n\n" for event in events], "text/event-stream", headers, hold_s)
+
+
+def reply_stream(
+    parts: Sequence[bytes], content_type: str, headers: Mapping[str, str] | None = None, hold_s: float = 0.0
+) -> Handler:
+    """A handler writing `parts` as they are (NDJSON lines, event-stream frames), one write each, then closing;
+    with `hold_s`, keeping the body open that long after them instead, like `reply_sse`."""
 
     async def handler(request: web.Request, received: Received) -> web.StreamResponse:
         resp = web.StreamResponse(
-            headers={"content-type": "text/event-stream", **{k.lower(): v for k, v in (headers or {}).items()}}
+            headers={"content-type": content_type, **{k.lower(): v for k, v in (headers or {}).items()}}
         )
         await resp.prepare(request)
-        for event in events:
-            await resp.write(event + b"\n\n")
+        for part in parts:
+            await resp.write(part)
         if hold_s:
             await asyncio.sleep(hold_s)
             return resp
