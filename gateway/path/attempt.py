@@ -480,4 +480,4 @@ async def _replay(chunks: list[Completion]) -> AsyncGenerator[Completion, None]:
 
 def _fresh(ctx: CallContext) -> CallContext:
     """A context for one upstream call: attempts (and hedged pairs) never share parser state."""
-    return msgspec.structs.replace(ctx, offsets={}, state={})
+    return msgspec.structs.replace(ctx, offsets={}, state={}, ended=False)
