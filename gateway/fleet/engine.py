@@ -2,10 +2,12 @@
 
 For every provider whose `routing.engine_metrics` is on and whose kind declares its gauges
 (providers/engine.py), each replica is read by a task of its own every `routing.metrics_interval_ms`, so
-a slow replica (up to `metrics_timeout_ms`) delays no other. A read stops at `metrics_max_bytes` on the
-wire and inflated, parsed as it arrives (gateway/fleet/exposition.py). The load is stored on the Fleet;
-a replica whose metrics cannot be read is stored as unknown (routed as if idle, not as if dead). A read
-is not a log line: losing a replica's metrics is one WARNING with the cause, getting them back one INFO.
+a slow replica (up to `metrics_timeout_ms`) delays no other; after a read that gives no load the next
+waits from its end, twice as long per failure in a row (up to MAX_BACKOFF_S). A read stops at
+`metrics_max_bytes` on the wire and inflated, parsed as it arrives (gateway/fleet/exposition.py). The load
+is stored on the Fleet; a replica whose metrics cannot be read is stored as unknown (routed as if idle, not
+as if dead). A read is not a log line: losing a replica's metrics is one WARNING with the cause, getting
+them back one INFO.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ Key = tuple[str, int, str]
 
 # How often the set of replicas to read is compared with the config serving now (a reload may change it).
 _CONFIG_CHECK_S: Final = 1.0
+# Failed reads in a row back off, doubling from `metrics_interval_ms` up to this (or the interval, if longer).
+MAX_BACKOFF_S: Final = 30.0
 
 
 async def read_load(
@@ -133,6 +137,7 @@ class EngineReader(Background):
     async def _replica(self, key: Key) -> None:
         name, i, url = key
         loop = asyncio.get_running_loop()
+        failed = 0  # reads in a row that gave no load
         while True:
             started = loop.time()
             entry = self._watched.get(name)
@@ -161,7 +166,15 @@ class EngineReader(Background):
             fleet.engine[i] = load  # None: unknown, routed as idle, not as dead
             fleet.engine_error[i] = cause
             self._note(key, fleet.names[i], cause)
-            await asyncio.sleep(max(0.0, started + r.metrics_interval_ms / 1000 - loop.time()))
+            interval = r.metrics_interval_ms / 1000
+            if kind is None:
+                failed = 0
+                await asyncio.sleep(max(0.0, started + interval - loop.time()))
+            else:
+                # From the failed read's end, never at once (it may have run to its timeout), and twice as long
+                # per failure in a row: a replica that answers with work and no load is asked ever less often.
+                failed = min(failed + 1, 32)
+                await asyncio.sleep(min(interval * 2 ** (failed - 1), max(interval, MAX_BACKOFF_S)))
 
     def _note(self, key: Key, replica: str, cause: str | None) -> None:
         """Log a change of a replica's readability once: WARNING when it is lost, INFO when it is back."""
