@@ -50,8 +50,9 @@ class RoutingConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # The longest one replica's `/metrics` read may take, connect to last byte; past it the read is dropped
     # and the replica's load is unknown (each replica is read on its own: a slow one delays no other).
     metrics_timeout_ms: Annotated[int, Meta(ge=50, le=60_000)] = 2_000
-    # The most bytes of one exposition read, on the wire and once inflated (gzip); past it the read stops and
-    # the replica's load is unknown. vLLM's is tens of kilobytes.
+    # The most bytes of one exposition read, counted as they come off the socket (status line, headers, interim
+    # answers, chunk framing and body, a piece of body as at least 1 KiB) and again once inflated (gzip); past
+    # it the read stops and the replica's load is unknown. vLLM's is tens of kilobytes.
     metrics_max_bytes: Annotated[int, Meta(ge=4096, le=256 * 1024 * 1024)] = 4 * 1024 * 1024
     # A replica reporting at least this many waiting requests gets new ones only when no other can.
     max_waiting: Annotated[int, Meta(ge=1)] = 8
