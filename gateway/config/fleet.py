@@ -43,13 +43,16 @@ class RoutingConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # Read each replica's own load (vLLM's, SGLang's or llama.cpp's Prometheus `/metrics`) in the background
     # and steer new requests away from a replica whose waiting queue is at least `max_waiting`.
     engine_metrics: bool = False
-    # How often each replica's `/metrics` is read (in the background, never on the request path).
+    # How often each replica's `/metrics` is read (in the background, never on the request path). After a read
+    # that gives no load the next waits from its end, twice as long per failure in a row, up to 30 s (or this
+    # interval when longer); a good read returns to this pace.
     metrics_interval_ms: Annotated[int, Meta(ge=50, le=600_000)] = 1_000
     # The longest one replica's `/metrics` read may take, connect to last byte; past it the read is dropped
     # and the replica's load is unknown (each replica is read on its own: a slow one delays no other).
     metrics_timeout_ms: Annotated[int, Meta(ge=50, le=60_000)] = 2_000
-    # The most bytes of one exposition read, on the wire and once inflated (gzip); past it the read stops and
-    # the replica's load is unknown. vLLM's is tens of kilobytes.
+    # The most bytes of one exposition read, counted as they come off the socket (status line, headers, interim
+    # answers, chunk framing and body, a piece of body as at least 1 KiB) and again once inflated (gzip); past
+    # it the read stops and the replica's load is unknown. vLLM's is tens of kilobytes.
     metrics_max_bytes: Annotated[int, Meta(ge=4096, le=256 * 1024 * 1024)] = 4 * 1024 * 1024
     # A replica reporting at least this many waiting requests gets new ones only when no other can.
     max_waiting: Annotated[int, Meta(ge=1)] = 8

@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, Final
 
-import httpx
 from litestar import Litestar, Request, Response, get
 from litestar.datastructures import State
 from litestar.enums import ScopeType
@@ -33,6 +32,7 @@ from gateway.edge.ledger_routes import routes as ledger_routes
 from gateway.edge.render import error_response
 from gateway.edge.status import ROUTES as STATUS_ROUTES
 from gateway.edge.tokenizer_routes import SCOPED_PREFIX, Tokenizers
+from gateway.fleet import metered
 from gateway.fleet.engine import EngineReader, watched
 from gateway.fleet.shared import DrainSync
 from gateway.ledger.service import LedgerService, Pinned
@@ -241,7 +241,7 @@ def create_app(loaded: LoadedConfig) -> Front:
         lambda: watched(app.state.pipeline.router.fleets, app.state.pipeline.loaded.providers),
         collected.engine_failed,
         # The provider's CA bundle, client certificate and proxy, as its completions use them.
-        lambda p: httpx.AsyncHTTPTransport(retries=0, verify=tls_context(p), proxy=p.proxy or None),
+        lambda p: metered.pool(tls_context(p), p.proxy),
     )
     drains = DrainSync(lambda: (app.state.pipeline.shared, app.state.pipeline.router.fleets))  # with Redis only
 

@@ -2,10 +2,12 @@
 
 For every provider whose `routing.engine_metrics` is on and whose kind declares its gauges
 (providers/engine.py), each replica is read by a task of its own every `routing.metrics_interval_ms`, so
-a slow replica (up to `metrics_timeout_ms`) delays no other. A read stops at `metrics_max_bytes` on the
-wire and inflated, parsed as it arrives (gateway/fleet/exposition.py). The load is stored on the Fleet;
-a replica whose metrics cannot be read is stored as unknown (routed as if idle, not as if dead). A read
-is not a log line: losing a replica's metrics is one WARNING with the cause, getting them back one INFO.
+a slow replica (up to `metrics_timeout_ms`) delays no other; after a read that gives no load the next
+waits from its end, twice as long per failure in a row (up to MAX_BACKOFF_S). A read stops at
+`metrics_max_bytes` counted off the socket (gateway/fleet/metered.py) and again inflated, parsed as it
+arrives (gateway/fleet/exposition.py). The load is stored on the Fleet; a replica whose metrics cannot be
+read is stored as unknown (routed as if idle, not as if dead). A read is not a log line: losing a
+replica's metrics is one WARNING with the cause, getting them back one INFO.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Final
 
-import httpx
+import httpcore
 
 from gateway.config import ProviderConfig
 from gateway.fleet.background import Background
-from gateway.fleet.exposition import Exposition, Inflater, Unreadable
+from gateway.fleet.exposition import PIECE, Exposition, Inflater, Unreadable
+from gateway.fleet.metered import METER, Meter
 from gateway.fleet.picker import EngineLoad, Fleet
 from providers import REGISTRY
 from providers.engine import EngineGauges
@@ -28,17 +31,28 @@ from providers.tokenizer import server_root
 log = logging.getLogger("gateway.fleet")
 
 Watched = Mapping[str, tuple[Fleet, EngineGauges, Mapping[str, str], ProviderConfig]]
-# A transport for one provider's replicas: its CA bundle, client certificate and proxy, as its requests use.
-TransportFor = Callable[[ProviderConfig], httpx.AsyncBaseTransport]
+# Connections to one provider's replicas (gateway/fleet/metered.py): its CA bundle, client certificate and
+# proxy, as its requests use.
+TransportFor = Callable[[ProviderConfig], httpcore.AsyncConnectionPool]
 # (provider, replica index, replica URL): one reading, kept across reloads that keep the replica.
 Key = tuple[str, int, str]
 
 # How often the set of replicas to read is compared with the config serving now (a reload may change it).
 _CONFIG_CHECK_S: Final = 1.0
+# Failed reads in a row back off, doubling from `metrics_interval_ms` up to this (or the interval, if longer).
+MAX_BACKOFF_S: Final = 30.0
+_TRANSPORT_ERRORS: Final = (
+    httpcore.NetworkError,
+    httpcore.TimeoutException,
+    httpcore.ProtocolError,
+    httpcore.ProxyError,
+    httpcore.UnsupportedProtocol,
+    OSError,
+)
 
 
 async def read_load(
-    transport: httpx.AsyncBaseTransport,
+    pool: httpcore.AsyncConnectionPool,
     url: str,
     gauges: EngineGauges,
     headers: Mapping[str, str],
@@ -46,40 +60,51 @@ async def read_load(
     max_bytes: int,
 ) -> EngineLoad:
     """One replica's load from its exposition at `url`. Raises Unreadable with the cause."""
-    # The transport, not a client: no per-request log line, no decoding of a body it would hold whole.
-    request = httpx.Request(
-        "GET",
-        url,
-        headers={**headers, "accept": "text/plain", "accept-encoding": "identity"},
-        extensions={"timeout": dict.fromkeys(("connect", "read", "write", "pool"), timeout_s)},
-    )
+    meter = Meter(max_bytes)
+    metering = METER.set(meter)
     try:
         async with asyncio.timeout(timeout_s):  # the whole read, a body dripping byte by byte too
-            resp = await transport.handle_async_request(request)
-            try:
-                if resp.status_code != 200:
-                    raise Unreadable(f"HTTP {resp.status_code}", "http_status")
+            # httpcore's pool itself: no per-request log line, no decoding of a body it would hold whole.
+            async with pool.stream(
+                "GET",
+                url,
+                headers=list({**headers, "accept": "text/plain", "accept-encoding": "identity"}.items()),
+                extensions={"timeout": dict.fromkeys(("connect", "read", "write", "pool"), timeout_s)},
+            ) as resp:
+                meter.head = False
+                if resp.status != 200:
+                    raise Unreadable(f"HTTP {resp.status}", "http_status")
                 # A replica may compress even when asked not to: undone here, within the same cap.
-                inflater = Inflater(resp.headers.get("content-encoding", ""))
+                encoding = b", ".join(v for k, v in resp.headers if k.lower() == b"content-encoding")
+                inflater = Inflater(encoding.decode("latin-1"))
                 parsed = Exposition(gauges, max_bytes)
-                wire = 0
-                async for chunk in resp.stream:  # type: ignore[union-attr]
-                    wire += len(chunk)
-                    if wire > max_bytes:
-                        raise Unreadable(f"larger than {max_bytes} bytes", "too_large")
-                    for piece in inflater.pieces(chunk):
-                        parsed.feed(piece)
-                    while piece := inflater.more():
-                        parsed.feed(piece)
-                        await asyncio.sleep(0)  # one piece's work at a time: the loop serves requests between
-                    await asyncio.sleep(0)
+                # Pieces are parsed, and the loop runs, per PIECE charged, not per chunk the replica cuts.
+                batch = bytearray()
+                mark = meter.taken
+                async for chunk in resp.aiter_stream():
+                    meter.piece(len(chunk))
+                    batch += chunk
+                    if meter.taken - mark >= PIECE:
+                        await _parse(inflater, parsed, bytes(batch))
+                        batch.clear()
+                        mark = meter.taken
+                await _parse(inflater, parsed, bytes(batch))
                 return parsed.load()
-            finally:
-                await resp.aclose()
     except TimeoutError:
         raise Unreadable(f"no whole answer within {round(timeout_s * 1000)} ms", "timeout") from None
-    except (httpx.TransportError, OSError) as exc:
+    except _TRANSPORT_ERRORS as exc:
         raise Unreadable(type(exc).__name__, "transport") from None
+    finally:
+        METER.reset(metering)
+
+
+async def _parse(inflater: Inflater, parsed: Exposition, data: bytes) -> None:
+    for piece in inflater.pieces(data):
+        parsed.feed(piece)
+    while piece := inflater.more():
+        parsed.feed(piece)
+        await asyncio.sleep(0)  # one piece's work at a time: the loop serves requests between
+    await asyncio.sleep(0)
 
 
 class EngineReader(Background):
@@ -92,7 +117,7 @@ class EngineReader(Background):
         self._failed = failed  # counts a failed read: (the replica's name, the cause's kind)
         self._transport_for = transport_for
         # One per distinct TLS and proxy settings, kept while the reader runs (a reload may change them).
-        self._transports: dict[tuple[str | None, ...], httpx.AsyncBaseTransport] = {}
+        self._transports: dict[tuple[str | None, ...], httpcore.AsyncConnectionPool] = {}
         self._watched: Watched = {}
         # Why each replica's metrics cannot be read now (None: they can), so that only changes are logged.
         self._trouble: dict[Key, str | None] = {}
@@ -102,7 +127,7 @@ class EngineReader(Background):
         # Also without a watched fleet now: a reload may add one, and the supervisor follows reloads.
         self._spawn(self._run(), "fleet-engine-metrics")
 
-    def _transport(self, p: ProviderConfig) -> httpx.AsyncBaseTransport:
+    def _transport(self, p: ProviderConfig) -> httpcore.AsyncConnectionPool:
         settings = (p.proxy, p.ca_bundle, p.client_cert, p.client_key)
         transport = self._transports.get(settings)
         if transport is None:
@@ -133,6 +158,7 @@ class EngineReader(Background):
     async def _replica(self, key: Key) -> None:
         name, i, url = key
         loop = asyncio.get_running_loop()
+        failed = 0  # reads in a row that gave no load
         while True:
             started = loop.time()
             entry = self._watched.get(name)
@@ -161,7 +187,15 @@ class EngineReader(Background):
             fleet.engine[i] = load  # None: unknown, routed as idle, not as dead
             fleet.engine_error[i] = cause
             self._note(key, fleet.names[i], cause)
-            await asyncio.sleep(max(0.0, started + r.metrics_interval_ms / 1000 - loop.time()))
+            interval = r.metrics_interval_ms / 1000
+            if kind is None:
+                failed = 0
+                await asyncio.sleep(max(0.0, started + interval - loop.time()))
+            else:
+                # From the failed read's end, never at once (it may have run to its timeout), and twice as long
+                # per failure in a row: a replica that answers with work and no load is asked ever less often.
+                failed = min(failed + 1, 32)
+                await asyncio.sleep(min(interval * 2 ** (failed - 1), max(interval, MAX_BACKOFF_S)))
 
     def _note(self, key: Key, replica: str, cause: str | None) -> None:
         """Log a change of a replica's readability once: WARNING when it is lost, INFO when it is back."""

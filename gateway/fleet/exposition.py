@@ -2,9 +2,10 @@
 
 Nothing of a body is held whole. Each piece from the wire is inflated (gzip or deflate) at most `PIECE`
 bytes at a time, and each inflated piece is scanned for the wanted series at once, so the memory of a
-read is one piece and one unfinished line, however large or compressed the body is, and the work per
-piece is bounded (a regular-expression scan in C and a set lookup per sample line). Past `max_bytes`
-on the wire or inflated, the read stops: a body that large is not metrics.
+read is one piece and one unfinished line, however large or compressed the body is. The scan is a
+regular expression that names only the wanted series, so every other line is passed over in C: Python
+runs once per sample of a wanted series, and at most `MAX_SAMPLES` times per read. Past `max_bytes`
+inflated, the read stops: a body that large is not metrics.
 
 A replica may send anything, so a sample that is not a number, negative, infinite, NaN or above
 `MAX_GAUGE` makes its series invalid, and a reading with an invalid series is refused whole: a replica
@@ -13,6 +14,7 @@ claiming -1e9 waiting requests would otherwise draw every request.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import zlib
@@ -27,6 +29,9 @@ PIECE: Final = 64 * 1024
 MAX_LINE: Final = 64 * 1024
 # The most requests a replica may claim waiting or running; more is a lie, not a load.
 MAX_GAUGE: Final = 1_000_000.0
+# The most samples of the wanted series one read may hold: one per engine and model in a real exposition
+# (tens), while each costs a Python step; more is a body built to keep the event loop busy.
+MAX_SAMPLES: Final = 10_000
 
 
 class Unreadable(Exception):
@@ -38,9 +43,16 @@ class Unreadable(Exception):
         self.kind = kind
 
 
-# A sample line: the name, optional labels (label values may hold `}`: up to the line's last one that is
-# followed by the value), then the value; a timestamp may follow. Comments and blank lines do not match.
-_SAMPLE: Final = re.compile(rb"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^\n]*\})?[ \t]+([^ \t\r\n]+)", re.MULTILINE)
+@functools.cache
+def samples_of(names: tuple[str, ...]) -> re.Pattern[bytes]:
+    """A sample line of one of `names`: the name, optional labels (label values may hold `}`: up to the line's
+    last one that is followed by the value), then the value; a timestamp may follow. A longer name that
+    starts with a wanted one (`..._total`) fails at the byte after it; comments and blank lines at `^`.
+
+    Linear in the text: `^` lets a match start only at a line's first byte, the names are literals, and the
+    one backtracking part, the labels, is bounded by the line (and lines by MAX_LINE)."""
+    alternatives = b"|".join(re.escape(n.encode()) for n in names)
+    return re.compile(rb"^(" + alternatives + rb")(?:\{[^\n]*\})?[ \t]+([^ \t\r\n]+)", re.MULTILINE)
 
 
 class Inflater:
@@ -84,53 +96,59 @@ class Exposition:
     def __init__(self, gauges: EngineGauges, max_bytes: int) -> None:
         self._gauges = gauges
         self._max = max_bytes
-        self._wanted = frozenset(n.encode() for n in (*gauges.waiting, *gauges.running, *gauges.kv_usage))
+        names = (*gauges.waiting, *gauges.running, *gauges.kv_usage)
+        self._sample = samples_of(names)
+        self._names = {n.encode(): n for n in names}
         self._kv = frozenset(gauges.kv_usage)
-        self._carry = b""
+        # An unfinished line waits here; a bytearray grows by what arrives instead of being copied per piece.
+        self._carry = bytearray()
         self._skipping = False  # inside a line longer than MAX_LINE
         self._sums: dict[str, float] = {}
         self._invalid: str | None = None
+        self._samples = 0
         self.size = 0
 
     def feed(self, piece: bytes) -> None:
         self.size += len(piece)
         if self.size > self._max:
             raise Unreadable(f"larger than {self._max} bytes", "too_large")
+        start = 0
         if self._skipping:
             cut = piece.find(b"\n")
             if cut < 0:
                 return
             self._skipping = False
-            piece = piece[cut + 1 :]
-        carried = self._carry
-        buf = carried + piece if carried else piece
-        cut = buf.rfind(b"\n")
+            start = cut + 1
+        carry = self._carry
+        cut = piece.rfind(b"\n", start)
         if cut < 0:
-            self._carry = buf
+            carry += memoryview(piece)[start:]
         else:
-            start = 0
-            if carried:
+            if carry:
                 # The carried line ends in this piece: past MAX_LINE all told, it is skipped as a longer one is.
-                first = buf.find(b"\n")
-                if first > MAX_LINE:
-                    start = first + 1
-            self._scan(buf, start, cut + 1)
-            self._carry = buf[cut + 1 :]
-        if len(self._carry) > MAX_LINE:
-            self._carry = b""
+                first = piece.find(b"\n", start) + 1
+                if len(carry) + first - start <= MAX_LINE + 1:
+                    carry += memoryview(piece)[start:first]
+                    self._scan(carry, 0, len(carry))
+                carry.clear()
+                start = first
+            self._scan(piece, start, cut + 1)
+            carry += memoryview(piece)[cut + 1 :]
+        if len(carry) > MAX_LINE:
+            carry.clear()
             self._skipping = True
 
-    def _scan(self, buf: bytes, start: int, end: int) -> None:
+    def _scan(self, buf: bytes | bytearray, start: int, end: int) -> None:
         sums = self._sums
-        for m in _SAMPLE.finditer(buf, start, end):
-            raw = m.group(1)
-            if raw not in self._wanted:
-                continue
-            name = raw.decode()
+        for m in self._sample.finditer(buf, start, end):
+            self._samples += 1
+            if self._samples > MAX_SAMPLES:
+                raise Unreadable(f"more than {MAX_SAMPLES} samples of its load series", "too_large")
+            name = self._names[m.group(1)]
             try:
                 value = float(m.group(2))
             except ValueError:
-                continue  # not a sample of ours after all (a name that only starts like one)
+                continue  # not a number: no sample of ours
             limit = 1.0 if name in self._kv else MAX_GAUGE
             if not (0.0 <= value <= limit):  # NaN fails every comparison
                 self._invalid = self._invalid or name
@@ -141,8 +159,9 @@ class Exposition:
     def load(self) -> EngineLoad:
         """The load of the whole body fed. Raises Unreadable: an invalid value, or no waiting-queue series."""
         if self._carry and not self._skipping:
-            self._scan(self._carry + b"\n", 0, len(self._carry) + 1)  # a last line without its newline
-            self._carry = b""
+            self._carry += b"\n"  # a last line without its newline
+            self._scan(self._carry, 0, len(self._carry))
+            self._carry.clear()
         if self._invalid is not None:
             raise Unreadable(f"an invalid value of {self._invalid} (negative, not finite or absurd)", "invalid_value")
         sums = self._sums

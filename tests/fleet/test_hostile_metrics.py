@@ -59,8 +59,8 @@ def test_a_400_mib_body_and_a_gzip_bomb_are_cut_while_read(
     async def huge(request: web.Request, received: Received) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"content-type": "text/plain"})
         await resp.prepare(request)
-        # Samples of the wanted series all the way: the most parsing work a body can ask for.
-        chunk = b'vllm:num_requests_waiting{model_name="m"} 0\n' * (MiB // 44)
+        # A series named like a wanted one all the way (the wanted samples are capped by count: test_exposition.py).
+        chunk = b'vllm:num_requests_waiting_total{model_name="m"} 0\n' * (MiB // 50)
         n = 0
         try:
             while n < 400 * MiB:  # generated as it is sent, never held
@@ -214,7 +214,7 @@ def test_readability_changes_are_logged_once_each(
 
         after(5)
         up[0] = False
-        after(10)
+        after(5)  # failed reads back off: 50, 100, 200, 400 ms apart
         assert fleet.engine[0] is None and fleet.engine_error[0] == "HTTP 500"
         up[0] = True
         after(10)
