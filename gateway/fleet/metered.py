@@ -1,13 +1,12 @@
 """The network under the engine-metrics reads: every byte a replica sends is charged to the read it answers.
 
-A read runs on httpcore, whose HTTP/1.1 parser (h11) spends Python steps, tens of microseconds, on every
-interim `1xx` answer and every chunk of a chunked body before any of it reaches
-gateway/fleet/exposition.py: counting only the body would let a replica keep the gateway busy with bytes
-that carry none. Counted where they come off the socket, the status line, the headers, the
-interim answers, the chunk framing and the body all count against the read's `metrics_max_bytes`; the
-head (what comes before the final answer's body) against `MAX_HEAD` too, read `HEAD_STEP` bytes at a
-time so that the loop serves requests between the steps of a flood of interim answers. The reader
-charges a short piece of body up to `MIN_PIECE`: 1-byte chunks cost 1 KiB each.
+A read runs on httpcore, whose HTTP/1.1 parser (h11) spends Python steps on every interim `1xx` answer and
+every chunk of a chunked body before any of it reaches gateway/fleet/exposition.py: counting only the body
+would let a replica keep the gateway busy with bytes that carry none. Counted off the socket, the status
+line, the headers, the interim answers, the chunk framing and the body all count against the read's
+`metrics_max_bytes`; the head against `MAX_HEAD` too, read `HEAD_STEP` bytes at a time so that the loop
+serves requests between the steps of a flood of interim answers. A short piece of body is charged up to
+`MIN_PIECE`: 1-byte chunks cost 1 KiB each.
 
 Which read a byte belongs to is the task's: each replica is read by a task of its own (gateway/fleet/engine.py),
 httpcore reads a connection only in the task of the request on it, and `METER` is set for the read.
