@@ -18,6 +18,12 @@ OPERATOR_ONLY = {
     # 256 characters (gateway.path.request.MAX_MODEL_CHARS).
     "gateway/limits/prices.py",
 }
+# Patterns built from names written in the source, escaped literals with no other text in them.
+SOURCE_NAMES = {
+    # The engine-metrics scan: the metric names each kind declares (providers/engine.py), escaped, so that a
+    # line of another series costs the C engine alone (a Python step per line let a replica block the loop).
+    "gateway/fleet/exposition.py",
+}
 
 
 def dynamic_patterns(source: str) -> list[int]:
@@ -51,7 +57,7 @@ def test_no_re_pattern_is_built_from_text() -> None:
     for package in ("gateway", "providers", "wire"):
         for path in sorted((ROOT / package).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
-            if rel in OPERATOR_ONLY:
+            if rel in OPERATOR_ONLY or rel in SOURCE_NAMES:
                 continue
             found += [f"{rel}:{line}" for line in dynamic_patterns(path.read_text())]
     assert found == []
