@@ -178,7 +178,6 @@ def reset_hint(headers: Mapping[str, str], now: float | None = None) -> float | 
 
 class AnthropicAdapter(OpenAIChat):
     kind = "anthropic"
-    stream_end_event = "message_stop"
     auth = "`x-api-key` + `anthropic-version`"
     default_max_tokens = DEFAULT_MAX_TOKENS
     path: ClassVar[str] = "/v1/messages"
@@ -273,8 +272,10 @@ class AnthropicAdapter(OpenAIChat):
 
     def _bookkeeping(self, kind: str | None, ev: AEvent, data: bytes, ctx: CallContext) -> str | None:
         """The events both routes read alike: the usage of `message_start` and `message_delta` kept, an
-        `error` raised; the stop reason of the last `message_delta`, else None."""
-        if kind == "message_start":
+        `error` raised, `message_stop` the stream's end; the stop reason of the last `message_delta`, else None."""
+        if kind == "message_stop":
+            ctx.ended = True  # carries nothing; nothing of the answer follows it
+        elif kind == "message_start":
             if ev.message is not None and ev.message.usage is not None:
                 ctx.state["usage"] = ev.message.usage
         elif kind == "message_delta":

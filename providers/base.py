@@ -58,8 +58,9 @@ class CallContext(msgspec.Struct):
     state: dict[str, Any] = msgspec.field(default_factory=dict)
     stop_reason: bool = False  # the request's `include_stop_reason`: relay which stop ended each choice
     chat: bool = False  # a chat request: its chunks are `chat.completion.chunk`s
-    # Set by a stream-event parser on the upstream's last event of the answer, one that carries content (Ollama's
-    # `done`): the stream ends with that event's chunk, whether or not the body does (gateway/path/events.py).
+    # Set by a stream-event parser on the upstream's last event of the answer (Ollama's `done`, Anthropic's
+    # `message_stop`): the stream ends with that event's chunk, if any, whether or not the body does
+    # (gateway/path/events.py). `data: [DONE]` ends every kind's stream without it.
     ended: bool = False
 
     def completion(
@@ -444,9 +445,6 @@ class Adapter(Capabilities, abc.ABC):
 
     # How the upstream frames a stream: `sse`, `ndjson` or AWS's binary `eventstream` (gateway.upstream.framing).
     framing: ClassVar[Literal["sse", "ndjson", "eventstream"]] = "sse"
-    # The SSE event type, carrying nothing, that ends an answer: nothing after it is read. `data: [DONE]` ends
-    # every kind's stream, and a parser ends one at a last event that carries content (`CallContext.ended`).
-    stream_end_event: ClassVar[str | None] = None
 
     def auth_headers(self, endpoint: Endpoint) -> dict[str, str]:
         """The credential as this provider's requests (and its model listing) carry it; a signing provider
