@@ -277,13 +277,21 @@ class LlamaCppAdapter(OpenAIChat):
             self._raise(up, data)
         if not up.stop:
             return ctx.completion([self._choice(up, ctx)])
+        # The server ends the stream once every completion has sent its one `stop` event, and sends nothing after
+        # the last (no `[DONE]` on this route): docs/provider-notes.md#llamacpp.
         if ctx.n == 1 and not up.index:
+            ctx.ended = True
             return ctx.completion([self._choice(up, ctx)], usage(up.tokens_evaluated, up.tokens_predicted))
         # One of `n_cmpl` completions ended: its final event carries its own counts, and the stream's usage (the
         # last event's) must be all of them: the prompt once, every completion's tokens added so far.
         state = ctx.state
         predicted = state["predicted"] = state.get("predicted", 0) + up.tokens_predicted
         prompt = state["prompt"] = max(state.get("prompt", 0), up.tokens_evaluated)
+        stopped: set[int] = state.setdefault("stopped", set())
+        stopped.add(up.index)
+        # Distinct indexes, so a repeated `stop` cannot end it early. A call fanned out of the request's `n` makes
+        # one completion but is told that `n`: it never gets there, and ends where its body does.
+        ctx.ended = len(stopped) == ctx.n
         return ctx.completion([self._choice(up, ctx)], usage(prompt, predicted))
 
     def map_error(self, status: int, headers: Mapping[str, str], body: bytes, provider: str) -> GatewayError:
