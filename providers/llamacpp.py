@@ -15,6 +15,7 @@ from msgspec import Meta
 
 from providers.base import (
     EMULATED,
+    UNBOUNDED_N,
     CallContext,
     Endpoint,
     Param,
@@ -289,9 +290,9 @@ class LlamaCppAdapter(OpenAIChat):
         prompt = state["prompt"] = max(state.get("prompt", 0), up.tokens_evaluated)
         stopped: set[int] = state.setdefault("stopped", set())
         stopped.add(up.index)
-        # Distinct indexes, so a repeated `stop` cannot end it early. A call fanned out of the request's `n` makes
-        # one completion but is told that `n`: it never gets there, and ends where its body does.
-        ctx.ended = len(stopped) == ctx.n
+        # Distinct indexes, so a repeated `stop` cannot end it early. The call holds all `n` only where `n_cmpl`
+        # carries it (`max_n` set and not passed); else the request's `n` was fanned out, one completion a call.
+        ctx.ended = len(stopped) == (ctx.n if ctx.n <= self.max_n < UNBOUNDED_N else 1)
         return ctx.completion([self._choice(up, ctx)], usage(prompt, predicted))
 
     def map_error(self, status: int, headers: Mapping[str, str], body: bytes, provider: str) -> GatewayError:

@@ -206,6 +206,24 @@ def test_llamacpp_ends_at_the_last_of_its_completions(gateway: GatewayThread, up
     assert (usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]) == (6, 3, 9)
 
 
+def test_llamacpp_ends_each_call_of_a_fanned_out_n_at_its_completion(
+    gateway: GatewayThread, upstream: Upstream
+) -> None:
+    # No `max_n`: the gateway asks for each of `n` in a call of its own, whose one completion's final result ends it.
+    upstream.handler = llamacpp(LLAMA_ONE)
+    body = {"model": "ll/m", "prompt": "p", "n": 2, "stream": True, "stream_options": {"include_usage": True}}
+    chunks = _streamed(gateway, "/v1/completions", body)
+    choices = [c for chunk in chunks for c in chunk["choices"]]
+    assert {i: "".join(c["text"] for c in choices if c["index"] == i) for i in (0, 1)} == {0: " Paris.", 1: " Paris."}
+    assert {c["index"]: c["finish_reason"] for c in choices if c["finish_reason"]} == {0: "length", 1: "length"}
+    usage = chunks[-1]["usage"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]) == (
+        12,
+        4,
+        16,
+    )  # each call evaluates the prompt: the calls' usage added
+
+
 def _streamed(gateway: GatewayThread, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
     """The client's stream of `body`, checked to end promptly with `[DONE]` and nothing sent after the upstream's
     last event: its chunks."""
