@@ -15,6 +15,7 @@ from msgspec import Meta
 
 from providers.base import (
     EMULATED,
+    UNBOUNDED_N,
     CallContext,
     Endpoint,
     Param,
@@ -277,13 +278,21 @@ class LlamaCppAdapter(OpenAIChat):
             self._raise(up, data)
         if not up.stop:
             return ctx.completion([self._choice(up, ctx)])
+        # The server ends the stream once every completion has sent its one `stop` event, and sends nothing after
+        # the last (no `[DONE]` on this route): docs/provider-notes.md#llamacpp.
         if ctx.n == 1 and not up.index:
+            ctx.ended = True
             return ctx.completion([self._choice(up, ctx)], usage(up.tokens_evaluated, up.tokens_predicted))
         # One of `n_cmpl` completions ended: its final event carries its own counts, and the stream's usage (the
         # last event's) must be all of them: the prompt once, every completion's tokens added so far.
         state = ctx.state
         predicted = state["predicted"] = state.get("predicted", 0) + up.tokens_predicted
         prompt = state["prompt"] = max(state.get("prompt", 0), up.tokens_evaluated)
+        stopped: set[int] = state.setdefault("stopped", set())
+        stopped.add(up.index)
+        # Distinct indexes, so a repeated `stop` cannot end it early. The call holds all `n` only where `n_cmpl`
+        # carries it (`max_n` set and not passed); else the request's `n` was fanned out, one completion a call.
+        ctx.ended = len(stopped) == (ctx.n if ctx.n <= self.max_n < UNBOUNDED_N else 1)
         return ctx.completion([self._choice(up, ctx)], usage(prompt, predicted))
 
     def map_error(self, status: int, headers: Mapping[str, str], body: bytes, provider: str) -> GatewayError:
