@@ -173,7 +173,7 @@ class Relay:
                             for choice in c.choices:
                                 if text is not None:
                                     if ctx.chat and _not_text(choice):  # type: ignore[arg-type]  # a chat chunk's
-                                        text = None  # a chat stream's tool calls cannot be continued as text
+                                        text = None  # tool calls or thinking: not continued as text (`_not_text`)
                                     else:
                                         text.append(choice.text)
                                         blank += ctx.chat and not choice.text and choice.finish_reason is None
@@ -398,8 +398,13 @@ def _refused(error: GatewayError) -> bool:
 
 
 def _not_text(choice: ChunkChoice) -> bool:
+    """A chat chunk a continuation could not carry back as the assistant message's text: tool calls, a
+    refusal, or the model's thinking. A continuation carries text alone: after thinking, the next target
+    would be asked to continue an empty message, its limit not reduced by the thinking the client has, and
+    the client would read a second thinking after the first. Only a non-empty field counts: servers that
+    send an empty or null one beside every content piece stay resumable."""
     delta = choice.delta
-    return bool(delta.tool_calls or delta.refusal)
+    return bool(delta.tool_calls or delta.refusal or delta.reasoning_content or delta.thinking_blocks)
 
 
 def _book_failure(rec: Record, route: Route, error: GatewayError) -> None:

@@ -1,7 +1,7 @@
 """`resume_streams` on chat, over real sockets: a chat stream that breaks mid-way continues on a target whose
 chat route can continue the assistant message (vLLM's and SGLang's `continue_final_message`, Anthropic's
-prefill), and the client sees one stream; where no target can (or the stream was making tool calls), it
-ends with the break's error event and `[DONE]`.
+prefill), and the client sees one stream; where no target can (or the stream was making tool calls or
+streaming the model's thinking), it ends with the break's error event and `[DONE]`.
 
 The gateway runs under uvicorn (tests/helpers/servers.py); the upstreams are one loopback server whose
 paths play each provider. The vLLM-shaped chunks follow vLLM's chat stream (a role chunk with empty
@@ -62,6 +62,10 @@ models:
     strategy: ordered
     targets: [{{model: oa/gpt-4o-mini}}, {{model: beta/m}}]
     resume_streams: true
+  - name: from-claude
+    strategy: ordered
+    targets: [{{model: claude/claude-sonnet}}, {{model: beta/m}}]
+    resume_streams: true
   - name: past-openai
     strategy: ordered
     targets: [{{model: alpha/m}}, {{model: oa/gpt-4o-mini}}, {{model: gamma/m}}]
@@ -101,6 +105,33 @@ def _tool_call_then_cut() -> Behave:
         return resp
 
     return behave
+
+
+def _cut(events: list[bytes]) -> Behave:
+    """A stream of `events`, then its connection reset (no finish)."""
+
+    async def behave(request: web.Request, received: Received) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        for e in events:
+            await resp.write(e + b"\n\n")
+        await asyncio.sleep(0.05)  # the events reach the gateway before the reset
+        assert request.transport is not None
+        request.transport.abort()
+        await asyncio.sleep(5)
+        return resp
+
+    return behave
+
+
+def _anthropic_event(name: str, data: dict[str, Any]) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data)}".encode()
+
+
+def _anthropic_start() -> list[bytes]:
+    start: dict[str, Any] = {"id": "msg_1", "type": "message", "role": "assistant", "content": []}
+    start |= {"model": "claude-sonnet", "usage": {"input_tokens": 30, "output_tokens": 1}}
+    return [_anthropic_event("message_start", {"type": "message_start", "message": start})]
 
 
 @pytest.fixture(scope="module")
@@ -338,5 +369,66 @@ def test_a_stream_longer_than_a_continuation_may_carry_is_not_resumed(gateway: G
     data = _stream(gateway, "smart")
     chunks = [json.loads(d) for d in data[:-1]]
     assert _content(chunks[:-1]) == "".join(long)
+    assert chunks[-1]["error"]["code"] == "upstream_truncated_response"
+    assert "beta" not in script.received
+
+
+THOUGHT = ["Let", " me", " think", ":", " France", "'s", " capital", " is", " Paris"]
+
+
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
+def test_a_broken_reasoning_stream_is_not_resumed(gateway: GatewayThread, script: Script, field: str) -> None:
+    """The thinking the client has cannot be carried back exactly (a continuation would continue an answer
+    without it, with the whole limit): the stream ends at its break, the thinking relayed once."""
+    role = delta_event({"role": "assistant", "content": ""})
+    script.behaviours["alpha"] = _cut([role] + [delta_event({field: p}) for p in THOUGHT])
+    script.behaviours["beta"] = vllm_stream(PIECES, usage=None)
+    data = _stream(gateway, "smart", max_tokens=12)
+    assert data[-1] == "[DONE]"
+    chunks = [json.loads(d) for d in data[:-1]]
+    assert "".join(ch["delta"].get("reasoning_content") or "" for c in chunks[:-1] for ch in c["choices"]) == "".join(
+        THOUGHT
+    )
+    assert _content(chunks[:-1]) == ""
+    assert chunks[-1]["error"]["code"] == "upstream_truncated_response"
+    assert "beta" not in script.received
+    # A stream that thinks nothing is resumed as before, its field empty or null beside the content as some
+    # servers send it (alpha's cooldown from the break lifted).
+    gateway.pipeline.health.reset()
+    role = delta_event({"role": "assistant", "content": "", field: ""})
+    script.behaviours["alpha"] = _cut([role] + [delta_event({"content": p, field: None}) for p in PIECES[:3]])
+    script.behaviours["beta"] = vllm_stream(PIECES[3:], usage=None)
+    assert _content([json.loads(d) for d in _stream(gateway, "smart", max_tokens=12)[:-1]]) == "".join(PIECES)
+    assert script.received["beta"][0].json()["max_tokens"] == 9
+
+
+@pytest.mark.parametrize("block", ["thinking", "redacted_thinking"])
+def test_a_broken_anthropic_thinking_stream_is_not_resumed(gateway: GatewayThread, script: Script, block: str) -> None:
+    """Anthropic's thinking reaches the client as `reasoning_content` deltas (a redacted block as its
+    `thinking_blocks`): a stream cut in it ends there, not continued on vLLM from an empty message."""
+    events = _anthropic_start()
+    if block == "thinking":
+        start = {"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": ""}}
+        events.append(_anthropic_event("content_block_start", start))
+        for p in THOUGHT:
+            delta = {"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": p}}
+            events.append(_anthropic_event("content_block_delta", delta))
+    else:
+        start = {"type": "content_block_start", "index": 0, "content_block": {"type": block, "data": "EqQBCgIYAhIM"}}
+        events.append(_anthropic_event("content_block_start", start))
+    script.behaviours["claude"] = _cut(events)
+    script.behaviours["beta"] = vllm_stream(PIECES, usage=None)
+    thinking = {"type": "enabled", "budget_tokens": 1024}
+    data = _stream(gateway, "from-claude", max_tokens=2048, inference_extra_params={"thinking": thinking})
+    assert data[-1] == "[DONE]"
+    chunks = [json.loads(d) for d in data[:-1]]
+    deltas = [ch["delta"] for c in chunks[:-1] for ch in c["choices"]]
+    if block == "thinking":
+        assert "".join(d.get("reasoning_content") or "" for d in deltas) == "".join(THOUGHT)
+    else:
+        assert [b for d in deltas for b in d.get("thinking_blocks") or ()] == [
+            {"type": "redacted_thinking", "data": "EqQBCgIYAhIM"}
+        ]
+    assert _content(chunks[:-1]) == ""
     assert chunks[-1]["error"]["code"] == "upstream_truncated_response"
     assert "beta" not in script.received
