@@ -209,6 +209,18 @@ def _mapped(exc: httpx.HTTPError, began: bool, head_cap: int = _H11_HEAD_LIMIT) 
     return h1.Malformed(f"invalid HTTP response: {text}")
 
 
+_SPENT: Final = httpx.ByteStream(b"")
+
+
+async def _close(resp: httpx.Response) -> None:
+    """Close `resp`, then let go of its stream. httpx binds the two to each other, and hanging off that cycle a
+    closed connection (its network stream, the context it was opened in) would wait for the collector."""
+    try:
+        await resp.aclose()
+    finally:
+        resp.stream = _SPENT
+
+
 class HttpxReply:
     """An httpx response read as h1's is: whole (capped) or chunk by chunk, under the same deadline."""
 
@@ -322,7 +334,7 @@ class HttpxTransport:
         self._closing: set[asyncio.Task[None]] = set()
 
     def close_later(self, resp: httpx.Response) -> None:
-        task = asyncio.ensure_future(resp.aclose())
+        task = asyncio.ensure_future(_close(resp))
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 
