@@ -21,6 +21,7 @@ import httpx
 from gateway.config import CapsConfig, ProviderConfig
 from gateway.upstream import h1
 from gateway.upstream.h1wire import Failed
+from gateway.upstream.httpx_head import HEAD, HeadMeter, meter_heads
 from gateway.upstream.transport import Timeouts
 from wire.upstream import UpstreamRequest
 
@@ -209,6 +210,18 @@ def _mapped(exc: httpx.HTTPError, began: bool, head_cap: int = _H11_HEAD_LIMIT) 
     return h1.Malformed(f"invalid HTTP response: {text}")
 
 
+_SPENT: Final = httpx.ByteStream(b"")
+
+
+async def _close(resp: httpx.Response) -> None:
+    """Close `resp`, then let go of its stream. httpx binds the two to each other, and hanging off that cycle a
+    closed connection (its network stream, the context it was opened in) would wait for the collector."""
+    try:
+        await resp.aclose()
+    finally:
+        resp.stream = _SPENT
+
+
 class HttpxReply:
     """An httpx response read as h1's is: whole (capped) or chunk by chunk, under the same deadline."""
 
@@ -319,10 +332,11 @@ class HttpxTransport:
         for name in ("user-agent", "accept", "connection"):
             self._client.headers.pop(name, None)
         self._client.headers["accept-encoding"] = "gzip, deflate"
+        meter_heads(self._client)
         self._closing: set[asyncio.Task[None]] = set()
 
     def close_later(self, resp: httpx.Response) -> None:
-        task = asyncio.ensure_future(resp.aclose())
+        task = asyncio.ensure_future(_close(resp))
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 
@@ -355,6 +369,11 @@ class HttpxTransport:
                 connect=timeouts.connect, read=timeouts.first_byte, write=timeouts.first_byte, pool=timeouts.total
             ),
         )
+        # h11 skips interim answers without end, so the bytes read until the final head are counted under it
+        # (httpx_head.py), from h11's own limit for one head up: below it, h11 and `_head_problem` refuse an
+        # oversized head for the reason h1 gives (too many fields before too many bytes).
+        cap = self._caps.upstream_header_bytes
+        metered = HEAD.set(HeadMeter(cap, max(cap, _H11_HEAD_LIMIT)))
         try:
             async with asyncio.timeout(timeouts.total):
                 resp = await self._client.send(request, stream=True, follow_redirects=False)
@@ -362,6 +381,8 @@ class HttpxTransport:
             raise _mapped(exc, began=False, head_cap=self._caps.upstream_header_bytes) from None
         except TimeoutError:
             raise TimeoutError("total_timeout") from None
+        finally:
+            HEAD.reset(metered)
         problem = _head_problem(resp.headers.raw, self._caps.upstream_header_bytes) or _framing_problem(resp)
         if problem is not None:
             self.close_later(resp)

@@ -100,6 +100,9 @@ SMUGGLED = head("200 OK", "content-length: 10") + b'{"n":666}\n'
 RAW_DEFLATE = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
 _RAW = RAW_DEFLATE.compress(BODY) + RAW_DEFLATE.flush()
 
+# About 4 KiB of interim answers with a header field each.
+EARLY_HINTS = head("103 Early Hints", "link: </style.css>; rel=preload") * 64
+
 CONNECT = "UpstreamConnectError"
 CAP = "UpstreamError"  # over a caps.* limit: 502 naming the cap, not retried
 TIMEOUT = "UpstreamTimeoutError"
@@ -120,6 +123,19 @@ CASES: list[Case] = [
         "interim_100_twice_apart",
         [head("100 Continue"), Wait(0.05), head("100 Continue"), Wait(0.05), ok()],
         ("ok", 200, BODY),
+    ),
+    Case(
+        "interim_flood",
+        [head("100 Continue") * 160, Wait(0.005)] * 600,
+        ("error", CAP),
+        "interim answers without end, none of them late: refused at caps.upstream_header_bytes, not at total_ms",
+    ),
+    Case(
+        "interim_flood_with_fields",
+        [EARLY_HINTS, Wait(0.005)] * 600,
+        ("error", CAP),
+        divergence="both refuse it as too large; h1 counts interim answers' fields against h1.MAX_HEADERS too, so"
+        " it names that cap first, httpx the byte cap",
     ),
     Case(
         "switching_protocols_101",
