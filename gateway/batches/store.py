@@ -74,11 +74,32 @@ class Store:
 # ---------------------------------------------------------------------------------------------- reads
 
 
-def result_chunk(cur: Cursor, batch_id: str, state: str, after: int, limit: int) -> list[tuple[int, str]]:
-    """A result file's lines after line `after` (by position in the input file), at most `limit`."""
-    rows = cur.rows(
-        "SELECT idx, result FROM batch_lines WHERE batch_id = ? AND state = ? AND idx > ? ORDER BY idx LIMIT ?",
+def _octets(cur: Cursor, column: str) -> str:
+    """SQL for the size in UTF-8 bytes of a text column's value, in the cursor's dialect."""
+    return f"octet_length({column})" if cur.postgres else f"length(CAST({column} AS BLOB))"
+
+
+def result_chunk(
+    cur: Cursor, batch_id: str, state: str, after: int, limit: int, max_bytes: int
+) -> list[tuple[int, str]]:
+    """A result file's lines after line `after` (by position in the input file): at most `limit`, and at most
+    `max_bytes` of them (or the one line, if longer)."""
+    where = "batch_id = ? AND state = ? AND idx > ?"
+    sizes = cur.rows(
+        f"SELECT idx, {_octets(cur, 'result')} FROM batch_lines WHERE {where} ORDER BY idx LIMIT ?",
         (batch_id, state, after, limit),
+    )
+    if not sizes:
+        return []
+    last, total = sizes[0][0], 0
+    for idx, size in sizes:
+        total += int(size or 0)
+        if total > max_bytes and idx != sizes[0][0]:
+            break
+        last = idx
+    rows = cur.rows(
+        f"SELECT idx, result FROM batch_lines WHERE {where} AND idx <= ? ORDER BY idx",
+        (batch_id, state, after, last),
     )
     return [(int(r[0]), str(r[1])) for r in rows]
 
@@ -390,11 +411,14 @@ def finish(
     owner, expires_s = cur.rows("SELECT owner, output_expires_s FROM batches WHERE id = ?", (batch_id,))[0]
     ids: dict[str, str | None] = {}
     for line_state, purpose in ((OK, "output"), (ERR, "error")):
-        size = 0
-        for (result,) in cur.rows(
-            "SELECT result FROM batch_lines WHERE batch_id = ? AND state = ?", (batch_id, line_state)
-        ):
-            size += len(str(result).encode()) + 1
+        # Summed by the database: the results of a large batch are more than this process should hold at once.
+        size = int(
+            cur.rows(
+                f"SELECT coalesce(sum({_octets(cur, 'result')} + 1), 0) FROM batch_lines "
+                "WHERE batch_id = ? AND state = ?",
+                (batch_id, line_state),
+            )[0][0]
+        )
         ids[purpose] = add_result(cur, owner, batch_id, purpose, line_state, size, expires_s) if size else None
     stamp = {"completed": "completed_at", "failed": "failed_at", "expired": "expired_at", "cancelled": "cancelled_at"}
     errors = None

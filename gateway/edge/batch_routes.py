@@ -48,7 +48,8 @@ _NO_STORE: Final = {"cache-control": "no-store"}
 _WINDOW: Final = re.compile(r"([0-9]{1,6})([smh])")
 _UNIT_S: Final = {"s": 1, "m": 60, "h": 3600}
 _MAX_WINDOW_S: Final = 7 * 86_400
-_CONTENT_LINES: Final = 1000  # result lines read per turn while a result file is sent
+_CONTENT_LINES: Final = 1000  # result lines read per turn while a result file is sent, at most
+_CONTENT_BYTES: Final = 4 * 1024 * 1024  # and bytes of them (or the one line, if longer)
 _errors_list = msgspec.json.Decoder(list[BatchError]).decode
 
 Authorize = Callable[[Request[Any, Any, Any]], tuple[Any, Response[bytes] | None]]
@@ -293,7 +294,9 @@ async def _file_content(request: Request[Any, Any, Any], api: Batches, owner: st
     async def lines() -> AsyncIterator[bytes]:
         after = -1
         while True:
-            chunk = await api.store.run(store.result_chunk, batch_id, line_state, after, _CONTENT_LINES)
+            chunk = await api.store.run(
+                store.result_chunk, batch_id, line_state, after, _CONTENT_LINES, _CONTENT_BYTES
+            )
             if not chunk:
                 return
             after = chunk[-1][0]
