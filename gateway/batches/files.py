@@ -70,6 +70,8 @@ def _insert(
 
 def file_row(cur: Cursor, file_id: str, owner: str | None) -> tuple[Any, ...] | None:
     """The file, if `owner` (None: the admin) may see it and it has not expired."""
+    if "\x00" in file_id:
+        return None  # no id holds one, and PostgreSQL's text refuses it
     found = cur.rows(f"SELECT {FILE_COLUMNS} FROM batch_files WHERE id = ? AND {UNEXPIRED}", (file_id, time.time()))
     if not found or (owner is not None and found[0][1] != owner):
         return None

@@ -122,7 +122,7 @@ def page(
     if extra[0]:
         where.append(extra[0])
         params.extend(extra[1])
-    if after:
+    if after and "\x00" not in after:  # with one: no object's id, a cursor that does not exist
         # Another tenant's id is a cursor that does not exist: its time must not shape this tenant's page.
         if owner is None:
             mark = cur.rows(f"SELECT created_at FROM {table} WHERE id = ?", (after,))
@@ -174,6 +174,8 @@ def add_batch(
 
 
 def batch_row(cur: Cursor, batch_id: str, owner: str | None) -> tuple[Any, ...] | None:
+    if "\x00" in batch_id:
+        return None  # no id holds one, and PostgreSQL's text refuses it
     found = cur.rows(f"SELECT {BATCH_COLUMNS} FROM batches WHERE id = ?", (batch_id,))
     if not found or (owner is not None and found[0][1] != owner):
         return None

@@ -237,6 +237,8 @@ async def _upload(request: Request[Any, Any, Any], api: Batches, owner: str) -> 
         return _bad("purpose must be 'batch' (the gateway stores files for the Batch API only)", "purpose")
     if form.filename is None:
         return _bad("file is required: the JSONL input file, sent as multipart form data", "file")
+    if "\x00" in form.filename:  # no text column (PostgreSQL's) holds one
+        return _bad("The file's filename holds a NUL character", "file")
     # The `openai` SDK sends the object as two fields, `expires_after[anchor]` and `expires_after[seconds]`.
     anchor, seconds = fields.get("expires_after[anchor]"), fields.get("expires_after[seconds]")
     expires_s = None
@@ -260,6 +262,8 @@ async def _list_files(request: Request[Any, Any, Any], api: Batches, owner: str)
     if isinstance(limit, Response):
         return limit
     purpose = request.query_params.get("purpose")
+    if purpose and "\x00" in purpose:  # no text column (PostgreSQL's) holds one
+        return _bad("purpose holds a NUL character", "purpose")
     now = time.time()
     extra = (f"purpose = ? AND {files.UNEXPIRED}", (purpose, now)) if purpose else (files.UNEXPIRED, (now,))
     after = request.query_params.get("after")
