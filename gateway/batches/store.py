@@ -18,7 +18,7 @@ from typing import Any, Final, TypeVar
 
 import msgspec
 
-from gateway.batches.files import add_result, drop, expired, input_data
+from gateway.batches.files import add_result, drop, drop_if_gone, expired, input_data
 from gateway.batches.leases import held
 from gateway.batches.lines import Line, batch_model
 from gateway.batches.objects import ACTIVE, ERR, OK, SENT, TERMINAL, TODO, BatchError, Booked, answered
@@ -276,12 +276,15 @@ async def unstore_all(db: Store, batch_id: str, me: str, lease_s: float) -> None
 
 def check_failed(cur: Cursor, batch_id: str, me: str, lease_s: float, errors: list[BatchError]) -> None:
     """Fail the batch with the errors its file's check found; nothing when it was cancelled meanwhile."""
-    if held(cur, batch_id, me, lease_s)[0] != "validating":
+    found = held(cur, batch_id, me, lease_s)
+    if found[0] != "validating":
         return
+    now = time.time()
     cur.execute(
         "UPDATE batches SET status = 'failed', failed_at = ?, errors = ?, lease_until = 0 WHERE id = ?",
-        (time.time(), _json([msgspec.structs.asdict(e) for e in errors]), batch_id),
+        (now, _json([msgspec.structs.asdict(e) for e in errors]), batch_id),
     )
+    drop_if_gone(cur, str(found[2]), now)
 
 
 def store_lines(cur: Cursor, batch_id: str, me: str, lease_s: float, lines: list[Line], first: int) -> int | None:
@@ -401,7 +404,7 @@ def finish(
 ) -> None:
     """End the batch: the lines in `closed` (idx, error line) go to the error file, the result files are made
     from the lines, and the batch takes its final `status` (completed, failed, expired, cancelled)."""
-    held(cur, batch_id, me, lease_s)
+    input_file = held(cur, batch_id, me, lease_s)[2]
     now = time.time()
     # The lines closed were read unanswered under this lease, which is still held: each of them is updated.
     cur.executemany(
@@ -432,6 +435,7 @@ def finish(
         "lease_owner = NULL, lease_until = ? WHERE id = ?",
         (status, now, now, closed_n, ids["output"], ids["error"], reason, errors, 0, batch_id),
     )
+    drop_if_gone(cur, input_file, now)  # deleted (or expired) while the batch ran: its rows go now
 
 
 def retain(cur: Cursor, before: float, limit: int) -> int:

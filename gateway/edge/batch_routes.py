@@ -298,9 +298,7 @@ async def _file_content(request: Request[Any, Any, Any], api: Batches, owner: st
     async def lines() -> AsyncIterator[bytes]:
         after = -1
         while True:
-            chunk = await api.store.run(
-                store.result_chunk, batch_id, line_state, after, _CONTENT_LINES, _CONTENT_BYTES
-            )
+            chunk = await api.store.run(store.result_chunk, batch_id, line_state, after, _CONTENT_LINES, _CONTENT_BYTES)
             if not chunk:
                 return
             after = chunk[-1][0]

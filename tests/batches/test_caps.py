@@ -92,7 +92,7 @@ def test_a_batch_is_finished_without_reading_its_results_and_they_are_read_in_bo
 
         turns: list[list[tuple[int, str]]] = []
         after, most = -1, 200_000
-        while chunk := db.transaction(lambda cur: store.result_chunk(cur, batch_id, OK, after, 1000, most)):
+        while chunk := db.transaction(lambda cur, at=after: store.result_chunk(cur, batch_id, OK, at, 1000, most)):
             turns.append(chunk)
             after = chunk[-1][0]
         assert [text for turn in turns for _, text in turn] == ok
