@@ -4,7 +4,8 @@ and when each expires.
 A file may carry an expiry (OpenAI's `expires_after`, anchored at its creation; a batch's `output_expires_after`
 for the files it makes). From that moment it is gone to its owner: not read, not listed, not counted against
 `batches.max_files`; its rows are deleted with the owner's next upload and by the runner's hourly sweep. A file
-a batch still running reads is kept until that batch ends, as retention keeps it.
+a batch still running reads is kept until that batch ends, as retention keeps it. A file deleted is expired
+the same way, its rows deleted at once unless a batch not ended still reads it.
 """
 
 from __future__ import annotations

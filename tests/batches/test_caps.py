@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import tracemalloc
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Final, TypeVar
 
@@ -87,12 +88,13 @@ def test_a_batch_is_finished_without_reading_its_results_and_they_are_read_in_bo
         assert peak < held // 10, f"{peak} bytes held to finish a batch of {held} bytes of results"
         row = db.transaction(lambda cur: store.batch_row(cur, batch_id, None))
         assert row is not None
-        made = [db.transaction(lambda cur, f=f: files.file_row(cur, f, None)) for f in (row[21], row[22])]
+        made = [db.transaction(partial(files.file_row, file_id=f, owner=None)) for f in (row[21], row[22])]
         assert [m[4] if m else None for m in made] == [sum(len(r.encode()) + 1 for r in ok), len(err[0].encode()) + 1]
 
         turns: list[list[tuple[int, str]]] = []
         after, most = -1, 200_000
-        while chunk := db.transaction(lambda cur, at=after: store.result_chunk(cur, batch_id, OK, at, 1000, most)):
+        read = partial(store.result_chunk, batch_id=batch_id, state=OK, limit=1000, max_bytes=most)
+        while chunk := db.transaction(partial(read, after=after)):
             turns.append(chunk)
             after = chunk[-1][0]
         assert [text for turn in turns for _, text in turn] == ok
