@@ -4,7 +4,8 @@ and when each expires.
 A file may carry an expiry (OpenAI's `expires_after`, anchored at its creation; a batch's `output_expires_after`
 for the files it makes). From that moment it is gone to its owner: not read, not listed, not counted against
 `batches.max_files`; its rows are deleted with the owner's next upload and by the runner's hourly sweep. A file
-a batch still running reads is kept until that batch ends, as retention keeps it.
+a batch still running reads is kept until that batch ends, as retention keeps it. A file deleted is expired
+the same way, its rows deleted at once unless a batch not ended still reads it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ CHUNK_BYTES: Final = 1024 * 1024  # an uploaded file is stored in chunks of this
 FILE_COLUMNS: Final = "id, owner, filename, purpose, bytes, created_at, batch_id, kind, expires_at"
 # A file's row read by its owner: unexpired (an expiry of NULL is none).
 UNEXPIRED: Final = "(expires_at IS NULL OR expires_at > ?)"
+# A file no batch not ended yet reads (as its input); the parameters: TERMINAL.
+_UNREAD: Final = f"id NOT IN (SELECT input_file_id FROM batches WHERE status NOT IN ({', '.join('?' * len(TERMINAL))}))"
 
 
 class TooManyFiles(Exception):
@@ -31,7 +34,7 @@ def add_file(
 ) -> tuple[Any, ...]:
     """Store an upload, expiring `expires_s` after now when given; the owner's expired files go first."""
     drop(cur, expired(cur, time.time(), None, owner))
-    kept = cur.rows("SELECT count(*) FROM batch_files WHERE owner = ?", (owner,))[0][0]
+    kept = cur.rows(f"SELECT count(*) FROM batch_files WHERE owner = ? AND {UNEXPIRED}", (owner, time.time()))[0][0]
     if kept >= max_files:
         raise TooManyFiles(f"this key holds {kept} files, the most batches.max_files allows: delete some first")
     row = _insert(cur, owner, filename, purpose, len(data), None, "input", expires_s)
@@ -70,6 +73,8 @@ def _insert(
 
 def file_row(cur: Cursor, file_id: str, owner: str | None) -> tuple[Any, ...] | None:
     """The file, if `owner` (None: the admin) may see it and it has not expired."""
+    if "\x00" in file_id:
+        return None  # no id holds one, and PostgreSQL's text refuses it
     found = cur.rows(f"SELECT {FILE_COLUMNS} FROM batch_files WHERE id = ? AND {UNEXPIRED}", (file_id, time.time()))
     if not found or (owner is not None and found[0][1] != owner):
         return None
@@ -82,23 +87,34 @@ def input_data(cur: Cursor, file_id: str) -> bytes:
 
 
 def delete_file(cur: Cursor, file_id: str, owner: str | None) -> bool:
+    """Delete the file for its owner at once; its rows go now, or (the input of a batch not ended, which may
+    not have read it yet: one waiting for a runner) once no such batch reads it, as an expired file's."""
     if file_row(cur, file_id, owner) is None:
         return False
-    drop(cur, [file_id])
+    now = time.time()
+    cur.execute("UPDATE batch_files SET expires_at = ? WHERE id = ?", (now, file_id))
+    drop_if_gone(cur, file_id, now)
     return True
+
+
+def drop_if_gone(cur: Cursor, file_id: str, now: float) -> None:
+    """Delete the file's rows if it is past its expiry and no batch not ended reads it (the runner's sweep
+    deletes the others, later)."""
+    gone = cur.rows(
+        f"SELECT id FROM batch_files WHERE id = ? AND expires_at <= ? AND {_UNREAD}", (file_id, now, *TERMINAL)
+    )
+    drop(cur, [r[0] for r in gone])
 
 
 def expired(cur: Cursor, now: float, before: float | None, owner: str | None, limit: int = 10_000) -> list[str]:
     """Files past their expiry (or, with `before`, also made before it), `owner`'s only unless None, that no
     batch still running reads."""
-    marks = ", ".join("?" * len(TERMINAL))
     old, params = ("OR created_at < ?", [before]) if before is not None else ("", [])
     mine, who = ("AND owner = ?", [owner]) if owner is not None else ("", [])
     return [
         r[0]
         for r in cur.rows(
-            f"SELECT id FROM batch_files WHERE (expires_at <= ? {old}) {mine} AND id NOT IN "
-            f"(SELECT input_file_id FROM batches WHERE status NOT IN ({marks})) LIMIT ?",
+            f"SELECT id FROM batch_files WHERE (expires_at <= ? {old}) {mine} AND {_UNREAD} LIMIT ?",
             (now, *params, *who, *TERMINAL, limit),
         )
     ]
@@ -119,6 +135,7 @@ __all__ = [
     "add_result",
     "delete_file",
     "drop",
+    "drop_if_gone",
     "expired",
     "file_row",
     "input_data",

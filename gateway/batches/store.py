@@ -18,7 +18,7 @@ from typing import Any, Final, TypeVar
 
 import msgspec
 
-from gateway.batches.files import add_result, drop, expired, input_data
+from gateway.batches.files import add_result, drop, drop_if_gone, expired, input_data
 from gateway.batches.leases import held
 from gateway.batches.lines import Line, batch_model
 from gateway.batches.objects import ACTIVE, ERR, OK, SENT, TERMINAL, TODO, BatchError, Booked, answered
@@ -74,11 +74,32 @@ class Store:
 # ---------------------------------------------------------------------------------------------- reads
 
 
-def result_chunk(cur: Cursor, batch_id: str, state: str, after: int, limit: int) -> list[tuple[int, str]]:
-    """A result file's lines after line `after` (by position in the input file), at most `limit`."""
-    rows = cur.rows(
-        "SELECT idx, result FROM batch_lines WHERE batch_id = ? AND state = ? AND idx > ? ORDER BY idx LIMIT ?",
+def _octets(cur: Cursor, column: str) -> str:
+    """SQL for the size in UTF-8 bytes of a text column's value, in the cursor's dialect."""
+    return f"octet_length({column})" if cur.postgres else f"length(CAST({column} AS BLOB))"
+
+
+def result_chunk(
+    cur: Cursor, batch_id: str, state: str, after: int, limit: int, max_bytes: int
+) -> list[tuple[int, str]]:
+    """A result file's lines after line `after` (by position in the input file): at most `limit`, and at most
+    `max_bytes` of them (or the one line, if longer)."""
+    where = "batch_id = ? AND state = ? AND idx > ?"
+    sizes = cur.rows(
+        f"SELECT idx, {_octets(cur, 'result')} FROM batch_lines WHERE {where} ORDER BY idx LIMIT ?",
         (batch_id, state, after, limit),
+    )
+    if not sizes:
+        return []
+    last, total = sizes[0][0], 0
+    for idx, size in sizes:
+        total += int(size or 0)
+        if total > max_bytes and idx != sizes[0][0]:
+            break
+        last = idx
+    rows = cur.rows(
+        f"SELECT idx, result FROM batch_lines WHERE {where} AND idx <= ? ORDER BY idx",
+        (batch_id, state, after, last),
     )
     return [(int(r[0]), str(r[1])) for r in rows]
 
@@ -101,7 +122,7 @@ def page(
     if extra[0]:
         where.append(extra[0])
         params.extend(extra[1])
-    if after:
+    if after and "\x00" not in after:  # with one: no object's id, a cursor that does not exist
         # Another tenant's id is a cursor that does not exist: its time must not shape this tenant's page.
         if owner is None:
             mark = cur.rows(f"SELECT created_at FROM {table} WHERE id = ?", (after,))
@@ -153,6 +174,8 @@ def add_batch(
 
 
 def batch_row(cur: Cursor, batch_id: str, owner: str | None) -> tuple[Any, ...] | None:
+    if "\x00" in batch_id:
+        return None  # no id holds one, and PostgreSQL's text refuses it
     found = cur.rows(f"SELECT {BATCH_COLUMNS} FROM batches WHERE id = ?", (batch_id,))
     if not found or (owner is not None and found[0][1] != owner):
         return None
@@ -253,12 +276,15 @@ async def unstore_all(db: Store, batch_id: str, me: str, lease_s: float) -> None
 
 def check_failed(cur: Cursor, batch_id: str, me: str, lease_s: float, errors: list[BatchError]) -> None:
     """Fail the batch with the errors its file's check found; nothing when it was cancelled meanwhile."""
-    if held(cur, batch_id, me, lease_s)[0] != "validating":
+    found = held(cur, batch_id, me, lease_s)
+    if found[0] != "validating":
         return
+    now = time.time()
     cur.execute(
         "UPDATE batches SET status = 'failed', failed_at = ?, errors = ?, lease_until = 0 WHERE id = ?",
-        (time.time(), _json([msgspec.structs.asdict(e) for e in errors]), batch_id),
+        (now, _json([msgspec.structs.asdict(e) for e in errors]), batch_id),
     )
+    drop_if_gone(cur, str(found[2]), now)
 
 
 def store_lines(cur: Cursor, batch_id: str, me: str, lease_s: float, lines: list[Line], first: int) -> int | None:
@@ -378,7 +404,7 @@ def finish(
 ) -> None:
     """End the batch: the lines in `closed` (idx, error line) go to the error file, the result files are made
     from the lines, and the batch takes its final `status` (completed, failed, expired, cancelled)."""
-    held(cur, batch_id, me, lease_s)
+    input_file = held(cur, batch_id, me, lease_s)[2]
     now = time.time()
     # The lines closed were read unanswered under this lease, which is still held: each of them is updated.
     cur.executemany(
@@ -390,11 +416,14 @@ def finish(
     owner, expires_s = cur.rows("SELECT owner, output_expires_s FROM batches WHERE id = ?", (batch_id,))[0]
     ids: dict[str, str | None] = {}
     for line_state, purpose in ((OK, "output"), (ERR, "error")):
-        size = 0
-        for (result,) in cur.rows(
-            "SELECT result FROM batch_lines WHERE batch_id = ? AND state = ?", (batch_id, line_state)
-        ):
-            size += len(str(result).encode()) + 1
+        # Summed by the database: the results of a large batch are more than this process should hold at once.
+        size = int(
+            cur.rows(
+                f"SELECT coalesce(sum({_octets(cur, 'result')} + 1), 0) FROM batch_lines "
+                "WHERE batch_id = ? AND state = ?",
+                (batch_id, line_state),
+            )[0][0]
+        )
         ids[purpose] = add_result(cur, owner, batch_id, purpose, line_state, size, expires_s) if size else None
     stamp = {"completed": "completed_at", "failed": "failed_at", "expired": "expired_at", "cancelled": "cancelled_at"}
     errors = None
@@ -406,6 +435,7 @@ def finish(
         "lease_owner = NULL, lease_until = ? WHERE id = ?",
         (status, now, now, closed_n, ids["output"], ids["error"], reason, errors, 0, batch_id),
     )
+    drop_if_gone(cur, input_file, now)  # deleted (or expired) while the batch ran: its rows go now
 
 
 def retain(cur: Cursor, before: float, limit: int) -> int:

@@ -48,7 +48,8 @@ _NO_STORE: Final = {"cache-control": "no-store"}
 _WINDOW: Final = re.compile(r"([0-9]{1,6})([smh])")
 _UNIT_S: Final = {"s": 1, "m": 60, "h": 3600}
 _MAX_WINDOW_S: Final = 7 * 86_400
-_CONTENT_LINES: Final = 1000  # result lines read per turn while a result file is sent
+_CONTENT_LINES: Final = 1000  # result lines read per turn while a result file is sent, at most
+_CONTENT_BYTES: Final = 4 * 1024 * 1024  # and bytes of them (or the one line, if longer)
 _errors_list = msgspec.json.Decoder(list[BatchError]).decode
 
 Authorize = Callable[[Request[Any, Any, Any]], tuple[Any, Response[bytes] | None]]
@@ -236,6 +237,8 @@ async def _upload(request: Request[Any, Any, Any], api: Batches, owner: str) -> 
         return _bad("purpose must be 'batch' (the gateway stores files for the Batch API only)", "purpose")
     if form.filename is None:
         return _bad("file is required: the JSONL input file, sent as multipart form data", "file")
+    if "\x00" in form.filename:  # no text column (PostgreSQL's) holds one
+        return _bad("The file's filename holds a NUL character", "file")
     # The `openai` SDK sends the object as two fields, `expires_after[anchor]` and `expires_after[seconds]`.
     anchor, seconds = fields.get("expires_after[anchor]"), fields.get("expires_after[seconds]")
     expires_s = None
@@ -259,6 +262,8 @@ async def _list_files(request: Request[Any, Any, Any], api: Batches, owner: str)
     if isinstance(limit, Response):
         return limit
     purpose = request.query_params.get("purpose")
+    if purpose and "\x00" in purpose:  # no text column (PostgreSQL's) holds one
+        return _bad("purpose holds a NUL character", "purpose")
     now = time.time()
     extra = (f"purpose = ? AND {files.UNEXPIRED}", (purpose, now)) if purpose else (files.UNEXPIRED, (now,))
     after = request.query_params.get("after")
@@ -293,7 +298,7 @@ async def _file_content(request: Request[Any, Any, Any], api: Batches, owner: st
     async def lines() -> AsyncIterator[bytes]:
         after = -1
         while True:
-            chunk = await api.store.run(store.result_chunk, batch_id, line_state, after, _CONTENT_LINES)
+            chunk = await api.store.run(store.result_chunk, batch_id, line_state, after, _CONTENT_LINES, _CONTENT_BYTES)
             if not chunk:
                 return
             after = chunk[-1][0]

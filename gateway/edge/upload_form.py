@@ -9,6 +9,7 @@ data is a 400.
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import AsyncIterator
 from typing import Final
 
@@ -80,12 +81,14 @@ async def read_upload(boundary: str | None, body: AsyncIterator[bytes], max_file
 
 
 def _text(value: bytes, segment: MultipartSegment) -> str:
+    charset = segment.charset or "utf-8"
     try:
-        return value.decode(segment.charset or "utf-8")
-    except (UnicodeDecodeError, LookupError):
-        raise BadForm(
-            f"The form field is not text in its charset ({segment.charset or 'utf-8'})", segment.name
-        ) from None
+        # Only a text encoding (decode() refuses the others too, but that is its detail, not this rule).
+        if not getattr(codecs.lookup(charset), "_is_text_encoding", True):
+            raise LookupError(charset)
+        return value.decode(charset)
+    except (UnicodeError, LookupError):  # UnicodeError: what idna and punycode raise, not a decode error
+        raise BadForm(f"The form field is not text in its charset ({charset})", segment.name) from None
 
 
 __all__ = ["FIELD_BYTES", "PARTS", "BadForm", "FileTooLarge", "Upload", "read_upload"]

@@ -437,8 +437,13 @@ FILE_PART = b'--x\r\ncontent-disposition: form-data; name="file"; filename="a.js
         b"\r\n\r\nbatch\r\n",
         b'--x\r\ncontent-disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
         b'--x\r\ncontent-disposition: form-data; name="zzz"\r\n\r\n\xc3\x28\r\n',
+        # idna and punycode fail with a bare UnicodeError, not a decode error.
+        b'--x\r\ncontent-disposition: form-data; name="purpose"\r\ncontent-type: text/plain; charset=idna'
+        b"\r\n\r\nxn--\r\n",
+        b'--x\r\ncontent-disposition: form-data; name="purpose"\r\ncontent-type: text/plain; charset=base64'
+        b"\r\n\r\nYmF0Y2g=\r\n",
     ],
-    ids=["purpose-not-utf8", "unknown-charset", "other-field-not-utf8"],
+    ids=["purpose-not-utf8", "unknown-charset", "other-field-not-utf8", "idna-not-text", "not-a-text-codec"],
 )
 def test_an_upload_whose_text_field_is_not_text_is_a_400_naming_it(tmp_path: Path, fields: bytes) -> None:
     with served(tmp_path) as (gw, _):

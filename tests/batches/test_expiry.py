@@ -17,7 +17,7 @@ from tests.helpers.servers import GatewayThread
 from tests.helpers.sqlite import opened
 from tests.helpers.waiting import wait_until
 
-from .conftest import ENV, EVAL_KEY, config, jsonl, line, sdk, served, upload, wait_batch
+from .conftest import ENV, EVAL_KEY, config, jsonl, line, results, sdk, served, start, upload, wait_batch
 
 HOUR = 3600
 
@@ -183,3 +183,27 @@ def test_expiry_on_postgresql(tmp_path: Path, pg: PostgresServer) -> None:
         upload(client, jsonl([line("g-2")]))  # three files held: the expired one no longer counts
         with psycopg.connect(pg.url, autocommit=True) as conn:
             assert conn.execute("SELECT count(*) FROM batch_files WHERE id = %s", (made.id,)).fetchone() == (0,)
+
+
+def test_deleting_the_input_of_a_batch_waiting_for_a_runner_keeps_its_lines_until_it_ends(tmp_path: Path) -> None:
+    with served(tmp_path, concurrency=4, extra=", max_files: 5") as (_, client):
+        busy = [start(client, [line(f"{b}-{i}", model="slower") for i in range(8)]) for b in range(4)]
+        file_id = upload(client, jsonl([line("x-1"), line("x-2")]))
+        made = client.batches.create(input_file_id=file_id, endpoint="/v1/completions", completion_window="24h")
+        assert client.batches.retrieve(made.id).status == "validating"  # every runner slot is busy
+        assert client.files.delete(file_id).deleted
+        # Gone to its key at once, and no longer counted against `max_files`.
+        with pytest.raises(openai.NotFoundError):
+            client.files.retrieve(file_id)
+        assert file_id not in [f.id for f in client.files.list()]
+        spare = upload(client, jsonl([line("y-1")]))
+        for b in busy:
+            client.batches.cancel(b)
+        batch = wait_batch(client, made.id)
+        assert batch.status == "completed", (batch.status, batch.errors)
+        assert sorted(r["custom_id"] for r in results(client, batch.output_file_id)) == ["x-1", "x-2"]
+        with opened(tmp_path / "ledger.db") as conn:  # its rows went when the batch ended
+            assert file_id not in _files(conn) and spare in _files(conn)
+            assert conn.execute("SELECT count(*) FROM batch_file_chunks WHERE file_id = ?", (file_id,)).fetchone() == (
+                0,
+            )
