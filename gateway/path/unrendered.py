@@ -3,7 +3,8 @@
 `wire.chat.render` keeps the messages' text (prefix affinity and prompt logging read it). Providers bill what
 goes beside it as prompt too: tool definitions, structured-output schemas, thinking sent back, images.
 `unrendered` gathers their text, as it is sent, and the image parts' allowance (`caps.image_tokens` each),
-so that token limits, budgets and usage estimates count the whole request (docs/ratelimits.md#tokens).
+so that token limits, budgets and usage estimates count the whole request
+(docs/ratelimits.md#what-a-chat-request-counts).
 """
 
 from __future__ import annotations
