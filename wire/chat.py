@@ -4,8 +4,8 @@
 same request path as a completion (keys, routing, limits, budgets, cache, ledger) and adapters read the
 same canonical fields. What a chat client may not send (the completion-only fields) is renamed out of the
 JSON names, so the decoder refuses it as an unknown field with the same 400 as any other. `prompt` is the
-conversation rendered as text (`render`, set by `gateway.path.request.normalize_chat`): what token
-estimates, prefix routing and prompt logging read.
+conversation rendered as text (`render`, set by `gateway.path.request.normalize_chat`): what prefix
+routing and prompt logging read, and token estimates with `unrendered` (what is sent beside it).
 
 Message content and tools are checked against OpenAI's shapes here (tagged unions by `role` and `type`),
 so a bad value is a 400 with its JSON path.
@@ -19,7 +19,7 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 from msgspec import Meta
 
-from wire.schema import CompletionRequest, PromptItem, StopList, Usage
+from wire.schema import CompletionRequest, PromptItem, StopList, Unrendered, Usage
 
 # A message's `name` and a function's name: OpenAI's pattern and bound.
 FunctionName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")]
@@ -143,6 +143,10 @@ class ChatRequest(CompletionRequest, kw_only=True, forbid_unknown_fields=True, o
     # Whether an assistant message carries thinking to send back (set by normalize_chat): the common request
     # has none, and its messages then go upstream as they are, without a look at each.
     thinking_back: bool = msgspec.field(default=False, name=" thinking_back")
+    # What goes upstream beside the rendered conversation and is billed with it (tools, schemas, thinking sent
+    # back, images), as limits and budgets count it: set by normalize_chat, None for text messages alone. A field
+    # over CompletionRequest's class attribute of the name, which mypy refuses to see overridden.
+    unrendered: Unrendered | None = msgspec.field(default=None, name=" unrendered")  # type: ignore[misc]
     # Completion-only fields: not OpenAI chat's, so refused by name as unknown fields.
     best_of: int | None = msgspec.field(default=None, name=" best_of")
     echo: bool | None = msgspec.field(default=None, name=" echo")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import typing
 from collections.abc import Callable
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, ClassVar, Final, Literal
 
 import msgspec
 from msgspec import Meta
@@ -56,6 +56,15 @@ class StreamOptions(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tr
     include_usage: bool | None = None
     # OpenAI's random padding of stream chunks: the gateway writes its own chunks, which carry none.
     include_obfuscation: bool | None = None
+
+
+class Unrendered(msgspec.Struct, frozen=True, gc=False):
+    """What a chat request sends upstream beside the conversation text `prompt` holds, as token limits and
+    budgets count it: the text of its tools, schemas and thinking sent back, counted as the prompt's text is,
+    and its image parts' allowance in tokens (`caps.image_tokens` each)."""
+
+    text: str
+    image_tokens: int
 
 
 class CompletionRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -161,6 +170,9 @@ class CompletionRequest(msgspec.Struct, forbid_unknown_fields=True, omit_default
     # Chat's assistant prefill (wire.chat.ChatRequest takes them from clients): no completion's field.
     continue_final_message: bool | None = msgspec.field(default=None, name=" continue_final_message")
     add_generation_prompt: bool | None = msgspec.field(default=None, name=" add_generation_prompt")
+    # A completion sends nothing beside its prompt that limits count: chat's field (wire.chat.ChatRequest, set
+    # by normalize_chat), read on a completion without a field of its own to decode or encode.
+    unrendered: ClassVar[Unrendered | None] = None
 
 
 def no_chat_template(kwargs: object, at: str = "") -> None:

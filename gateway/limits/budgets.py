@@ -224,7 +224,7 @@ class Budgets:
                 counted = (bpe, route.endpoint.model if bpe else "")  # a prompt's bytes are counted once
                 prompt = bounds.get(counted)
                 if prompt is None:
-                    prompt = bounds[counted] = prompt_bound(req.prompt, bpe, route.endpoint.model)
+                    prompt = bounds[counted] = prompt_bound(req.prompt, bpe, route.endpoint.model, req.unrendered)
                 cost = prices.cost_pico(route.key, req.model, prompt, per_choice * choices)
                 if cost >= worst:
                     worst, prompt_worst = cost, prices.cost_pico(route.key, req.model, prompt, 0)

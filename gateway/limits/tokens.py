@@ -14,7 +14,7 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from wire.schema import CompletionRequest
+from wire.schema import CompletionRequest, Unrendered
 
 if TYPE_CHECKING:
     from gateway.upstream.plan import Route
@@ -119,6 +119,21 @@ def text_tokens(text: str, bpe: bool, model: str) -> int:
     return -(-size // BYTES_PER_TOKEN)
 
 
+def unrendered_tokens(beside: Unrendered, bpe: bool, model: str) -> int:
+    """What a chat request sends beside its rendered conversation (`wire.schema.Unrendered`): its text counted
+    as a prompt's is, and its images' allowance."""
+    text = beside.text
+    return (text_tokens(text, bpe, model) if text else 0) + beside.image_tokens
+
+
+def request_tokens(req: CompletionRequest) -> int:
+    """A request's prompt tokens by the estimate (no BPE), what is sent beside a chat's conversation included:
+    for the fair queue's charge and the usage of a stream no one counted."""
+    prompt = prompt_tokens(req.prompt, False, "")
+    beside = req.unrendered
+    return prompt if beside is None else prompt + unrendered_tokens(beside, False, "")
+
+
 def prompt_tokens(prompt: str | list[Any], bpe: bool, model: str) -> int:
     if isinstance(prompt, str):
         return text_tokens(prompt, bpe, model)
@@ -148,6 +163,9 @@ def reservation(req: CompletionRequest, bpe: bool, model: str, per_choice: int) 
     choices = 1 if n is None and best_of is None else max(n or 1, best_of or 1)
     if type(text) is str:  # the common case: one text, counted without `prompt_tokens`'s dispatch
         prompt = text_tokens(text, bpe, model)
+        beside = req.unrendered  # a chat's tools, schemas, thinking sent back, images; None on a completion
+        if beside is not None:
+            prompt += unrendered_tokens(beside, bpe, model)
         return prompt, prompt + per_choice * choices
     if not isinstance(text[0], int):
         choices *= len(text)
@@ -159,10 +177,12 @@ def reservation(req: CompletionRequest, bpe: bool, model: str, per_choice: int) 
 FRAMING_TOKENS = 16
 
 
-def prompt_bound(prompt: str | list[Any], bpe: bool, model: str) -> int:
+def prompt_bound(prompt: str | list[Any], bpe: bool, model: str, beside: Unrendered | None = None) -> int:
     """The most tokens `prompt` can be, for budgets (a reservation must cover the real count, not guess it):
     a text's exact BPE count where `bpe` and the tables are there, else its UTF-8 bytes (no byte-level or
-    byte-fallback tokenizer makes more tokens than bytes), plus FRAMING_TOKENS per prompt; token ids exactly."""
+    byte-fallback tokenizer makes more tokens than bytes), plus FRAMING_TOKENS per prompt; token ids exactly.
+    `beside`: what a chat request sends beside its conversation, its text counted the same way and its
+    images at their allowance."""
     texts: list[str]
     if isinstance(prompt, str):
         texts = [prompt]
@@ -182,4 +202,6 @@ def prompt_bound(prompt: str | list[Any], bpe: bool, model: str) -> int:
             except ValueError:
                 pass
         total += (len(text.encode("utf-8")) if counted is None else counted) + FRAMING_TOKENS
+    if beside is not None:  # its text bounded as the prompt's is, framed once with it
+        total += prompt_bound(beside.text, bpe, model) - FRAMING_TOKENS + beside.image_tokens
     return total

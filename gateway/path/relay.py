@@ -420,5 +420,5 @@ def estimated(job: Job, chunks: int) -> Usage:
     """Usage for a stream the upstream reported none for: the prompt as admission estimated it (or as
     gateway/limits/tokens.py estimates it), and one output token per chunk sent (as a cancelled stream is charged)."""
     ticket = job.ticket
-    prompt = ticket.prompt if ticket is not None and ticket.prompt else tokens.prompt_tokens(job.req.prompt, False, "")
+    prompt = ticket.prompt if ticket is not None and ticket.prompt else tokens.request_tokens(job.req)
     return Usage(prompt_tokens=prompt, completion_tokens=chunks, total_tokens=prompt + chunks)

@@ -17,8 +17,9 @@ from gateway.config import CapsConfig
 from gateway.emulation.planning import GUIDED_CHOICE_CHARS, GUIDED_CHOICES
 from gateway.path.dialects import decode_error
 from gateway.path.echo import echoed
+from gateway.path.unrendered import image_parts, unrendered
 from providers.registry import credential_headers
-from wire.chat import CHAT_SHAPES, AssistantMessage, ChatRequest, render
+from wire.chat import CHAT_SHAPES, AssistantMessage, ChatRequest, UserMessage, render
 from wire.errors import InvalidRequestError
 from wire.schema import FREE_FORM, CacheSalt, CompletionRequest, no_chat_template
 
@@ -422,7 +423,8 @@ def normalize_chat(req: ChatRequest, caps: CapsConfig = _DEFAULT_CAPS) -> ChatRe
         raise _bad("'tool_choice' is only allowed when 'tools' are given", "tool_choice")
     if req.parallel_tool_calls is not None and not req.tools:
         raise _bad("'parallel_tool_calls' is only allowed when 'tools' are given", "parallel_tool_calls")
-    back = False
+    back = refused = False
+    images = 0
     for m in req.messages:
         if m.type is not None:
             m.type = None  # lm-eval's mark (wire.chat.Mark), for no upstream
@@ -431,6 +433,10 @@ def normalize_chat(req: ChatRequest, caps: CapsConfig = _DEFAULT_CAPS) -> ChatRe
                 _sdk_echo(m)
             if m.reasoning_content is not None or m.thinking_blocks is not None:
                 back = True
+            if m.refusal is not None:
+                refused = True
+        elif m.__class__ is UserMessage and m.content.__class__ is list:
+            images += image_parts(m.content)
     req.thinking_back = back
     if req.continue_final_message is not None or req.add_generation_prompt is not None:
         _prefill(req)
@@ -438,6 +444,8 @@ def normalize_chat(req: ChatRequest, caps: CapsConfig = _DEFAULT_CAPS) -> ChatRe
         req.echo_last = None  # the default: one cache entry for both
     req.prompt = render(req.messages)
     normalize(req, caps)
+    # Always set (a client's own " unrendered" never stands), once its fields are checked and folded.
+    req.unrendered = unrendered(req, images, caps.image_tokens, back or refused)
     if req.echo_last:
         _bound_echo(req, caps.emulated_answer_bytes)
     return req

@@ -17,7 +17,7 @@ import msgspec
 from gateway.config import LoadedConfig, QueueConfig, replica_cap, replica_names, replica_url
 from gateway.limits.auth import ClientKey
 from gateway.limits.ratelimit import Limiter
-from gateway.limits.tokens import prompt_tokens, text_tokens, unbounded_completion
+from gateway.limits.tokens import prompt_tokens, text_tokens, unbounded_completion, unrendered_tokens
 from gateway.ops import tracing
 from gateway.ops.metrics import Metrics
 from gateway.queue.fair import PRIORITIES, RANK, Waiter
@@ -235,6 +235,9 @@ class Queues:
         choices = 1 if req.n is None and req.best_of is None else max(req.n or 1, req.best_of or 1)
         if type(prompts) is str:  # the usual prompt: one text
             prompt = text_tokens(prompts, False, "")
+            beside = req.unrendered  # a chat's tools, schemas, thinking sent back, images; None on a completion
+            if beside is not None:
+                prompt += unrendered_tokens(beside, False, "")
         else:
             prompt = prompt_tokens(prompts, False, "")
             if isinstance(prompts, list) and not isinstance(prompts[0], int):

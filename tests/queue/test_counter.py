@@ -5,6 +5,7 @@ for a request without max_tokens."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import httpx
@@ -13,7 +14,7 @@ from gateway.limits.tokens import prompt_tokens
 from gateway.queue.fair import MAX_CHARGE, FairOrder, Waiter
 from tests.helpers.engine import Engine
 from tests.helpers.servers import serve_config
-from tests.queue.conftest import _headers, config, gate, until
+from tests.queue.conftest import _headers, chat_body, config, gate, until
 
 
 def _waiter(tenant: str) -> Waiter:
@@ -139,3 +140,18 @@ async def test_a_request_without_max_tokens_is_charged_the_budgets_worst_case_th
             engine.running.set()
             assert (await second).status_code == 200
     assert first.status_code == 200
+
+
+async def test_a_chat_is_charged_the_tools_it_sends_with_its_messages(tmp_path: Path, engine: Engine) -> None:
+    """Tool definitions are billed as prompt: a chat's grant charges their JSON's estimate with its messages'."""
+    tools = [{"type": "function", "function": {"name": "f", "description": "look it up " * 40, "parameters": {}}}]
+    req = chat_body("quiet", 1, tools=tools)
+    rendered = prompt_tokens("user: quiet hello there\n", False, "")
+    prompt = rendered + prompt_tokens(json.dumps(tools, separators=(",", ":")), False, "")
+    with serve_config(tmp_path, config(engine, 1)) as gw:
+        order = gate(gw).order
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+            answer = await client.post("/v1/chat/completions", json=req, headers=_headers("quiet", {}))
+            await until(lambda: gate(gw).in_use == 0)
+    assert answer.status_code == 200, answer.text
+    assert order.service["quiet"] == prompt + 1  # its prompt and its max_completion_tokens, with no history

@@ -5,14 +5,16 @@ the 4-bytes-per-token estimate gives, and, with no `max_tokens`, generates 300 t
 default would be 16 (llama.cpp generates until the context ends). 50 requests sent together against a
 small budget overspend it by at most one request's reservation, with and without a ledger: the upstream
 holds its answers until each of the 50 was admitted or refused, so no settle lands before an admission
-however slowly a loaded machine sends them. A stream that
-runs past its reservation is charged as it runs: the next request is refused before it ends.
+however slowly a loaded machine sends them. A stream that runs past its reservation is charged as it
+runs: the next request is refused before it ends. A chat's tool definitions, billed as prompt, are counted
+in its reservation and in the estimate a stream without usage is booked at.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -89,15 +91,42 @@ def _completion(got: dict[str, Any], completion: int) -> dict[str, Any]:
     }
 
 
+def _chat_completion(received: Received) -> dict[str, Any]:
+    """A chat answer billing the whole body it was sent as prompt (4 bytes a token), as a provider bills the
+    tool definitions with the messages."""
+    prompt = len(received.body) // 4
+    message = {"role": "assistant", "content": "ok"}
+    choice = {"index": 0, "message": message, "finish_reason": "stop", "logprobs": None}
+    usage = {"prompt_tokens": prompt, "completion_tokens": 1, "total_tokens": prompt + 1}
+    return {"id": "c", "object": "chat.completion", "created": 1, "model": "m", "choices": [choice], "usage": usage}
+
+
 async def _longer_than_estimated(request: web.Request, received: Received) -> web.StreamResponse:
     got = received.json()
     GATE.decide()
     if not await wait_for(GATE.all_decided, GATE_S):
         return web.json_response({"error": "the burst was not decided in time"}, status=500)
+    if received.path.endswith("/chat/completions"):
+        if got.get("stream"):
+            return await _chat_stream_without_usage(request)
+        return web.json_response(_chat_completion(received))
     if got.get("stream"):
         return await _stream(request, got)
     completion = got["max_tokens"] if got.get("max_tokens") is not None else UNBOUNDED_TOKENS
     return web.json_response(_completion(got, completion))
+
+
+async def _chat_stream_without_usage(request: web.Request) -> web.StreamResponse:
+    """Three words and a finish, and no usage (as llama-cpp-python streams): the gateway books its estimate."""
+    resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+    await resp.prepare(request)
+    for delta, finish in [({"role": "assistant", "content": "a"}, None), ({"content": " b"}, None),
+                          ({"content": " c"}, None), ({}, "stop")]:  # fmt: skip
+        chunk = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+        chunk["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]
+        await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+    await resp.write(b"data: [DONE]\n\n")
+    return resp
 
 
 async def _stream(request: web.Request, got: dict[str, Any]) -> web.StreamResponse:
@@ -131,12 +160,12 @@ def _write(tmp_path: Path, upstream: Upstream, budget: float, ledger: bool, cap:
     return path
 
 
-async def _together(url: str, n: int, body: dict[str, Any]) -> list[int]:
+async def _together(url: str, n: int, body: dict[str, Any], route: str = "/v1/completions") -> list[int]:
     """Send `n` requests at once; the upstream answers the admitted ones once all `n` are decided."""
     GATE.expect(n)
 
     async def one(c: httpx.AsyncClient) -> int:
-        answer = await c.post(f"{url}/v1/completions", json=body)
+        answer = await c.post(f"{url}{route}", json=body)
         if answer.status_code != 200:
             GATE.decide()  # refused before the upstream (an admitted one is decided as it reaches it)
         return answer.status_code
@@ -193,6 +222,42 @@ def test_50_requests_longer_than_estimated_overspend_by_at_most_one_reservation(
             wait_until(lambda n=served: _spent(gw) == n * cost, timeout=10)
         assert status == 429
         assert budget_pico <= served * cost <= budget_pico + worst
+
+
+@pytest.mark.parametrize("state", ["memory", "redis"])
+def test_chats_whose_tools_cost_past_the_budget_overspend_it_by_at_most_one_reservation(
+    tmp_path: Path, upstream: Upstream, state: str, request: pytest.FixtureRequest
+) -> None:
+    """Tool definitions are billed as prompt: a chat's worst case counts their JSON's bytes as the prompt's, so
+    of 5 chats sent together, each of them worth more than the $0.05 budget, one is served."""
+    redis = request.getfixturevalue("rds").url + "?socket_timeout=5" if state == "redis" else ""
+    budget_pico = 5 * 10**10  # $0.05
+    path = _write(tmp_path, upstream, budget_pico / 10**12, ledger=False, redis=redis)
+    tools = [{"type": "function", "function": {"name": "f", "description": PROMPT * 10, "parameters": {}}}]
+    body = {"model": "llm/m", "messages": [{"role": "user", "content": "hi"}], "tools": tools, "max_tokens": 10}
+    sent = len(json.dumps(tools, separators=(",", ":")).encode())  # 4,000 bytes of description and its JSON
+    worst = (len(b"user: hi\n") + 16 + sent + 10) * PICO_PER_TOKEN  # $0.40 or so: past the budget alone
+    with GatewayThread(path, ENV) as gw:
+        statuses = asyncio.run(_together(gw.url, 5, body, "/v1/chat/completions"))
+        assert sorted(statuses) == [200, 429, 429, 429, 429]
+        wait_until(lambda: _spent(gw) > 0, timeout=10)
+        # The one served was billed about 1,000 prompt tokens ($0.10): past the budget, within one worst case.
+        assert budget_pico <= _spent(gw) <= budget_pico + worst
+
+
+def test_a_chat_stream_without_usage_is_booked_its_tools_with_its_messages(tmp_path: Path, upstream: Upstream) -> None:
+    """The estimate a stream without usage is booked at (no token limit counted it first) is the prompt's as
+    the budget's reservation reads it: the rendered messages and the tools' JSON, a token per 4 bytes."""
+    path = _write(tmp_path, upstream, 1.0, ledger=False)
+    tools = [{"type": "function", "function": {"name": "f", "description": PROMPT * 10, "parameters": {}}}]
+    body = {"model": "llm/m", "messages": [{"role": "user", "content": "hi"}], "tools": tools, "stream": True}
+    prompt = math.ceil(len(b"user: hi\n") / 4) + math.ceil(len(json.dumps(tools, separators=(",", ":"))) / 4)
+    with GatewayThread(path, ENV) as gw, client(gw.url, KEY) as c:
+        GATE.expect(1)
+        resp = c.post("/v1/chat/completions", json=body)
+        assert resp.status_code == 200 and resp.text.endswith("data: [DONE]\n\n")
+        # The prompt's estimate, and a token for each of the 4 events sent (three words and the finish).
+        wait_until(lambda: _spent(gw) == (prompt + 4) * PICO_PER_TOKEN, timeout=10)
 
 
 @pytest.mark.parametrize("ledger", [False, True], ids=["without-ledger", "with-ledger"])
