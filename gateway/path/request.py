@@ -212,6 +212,8 @@ _RARE: Final = tuple(
             "inference_timeout",
             "inference_extra_headers",
             "store",
+            "continue_final_message",
+            "add_generation_prompt",
             *FREE_FORM,
         )
     )
@@ -246,6 +248,15 @@ def normalize(req: CompletionRequest, caps: CapsConfig = _DEFAULT_CAPS) -> Compl
             req.stop = _bounded_stops([stop] if isinstance(stop, str) else stop, "stop", caps)
         _check_choices(req.n or 1, n_prompts)
         return req
+
+    if req.__class__ is not ChatRequest:
+        # Chat's prefill fields live on the shared struct under names no client means to send (a leading
+        # space); one sent to a completion is an unknown field, as it would be without them.
+        for name in ("continue_final_message", "add_generation_prompt"):
+            if getattr(req, name) is not None:
+                raise InvalidRequestError(
+                    f"Unrecognized request argument supplied:  {name}", param=f" {name}", code="unknown_parameter"
+                )
 
     limit: int | None = None
     for name in ("max_tokens", "max_new_tokens", "max_completion_tokens"):

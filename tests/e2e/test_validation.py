@@ -48,6 +48,17 @@ CASES = [
         "unknown_parameter",
         "Unrecognized request argument supplied: foo",
     ),
+    # Chat's prefill fields, held on the shared request under names with a leading space: no completion's.
+    *(
+        Case(
+            f"chat-only-{name}",
+            _req(**{f" {name}": value}),
+            f" {name}",
+            "unknown_parameter",
+            f"Unrecognized request argument supplied:  {name}",
+        )
+        for name, value in (("continue_final_message", True), ("add_generation_prompt", False))
+    ),
     Case(
         "unknown-nested-field",
         _req(stream=True, stream_options={"include_usage": True, "extra": 1}),
