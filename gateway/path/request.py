@@ -413,9 +413,30 @@ def _bound_echo(req: ChatRequest, limit: int) -> None:
         )
 
 
+# Completion-only fields chat's request holds under names with a leading space (wire.chat.ChatRequest), so that
+# their real names are unknown fields there: sent under the held names, they are unknown fields all the same.
+_COMPLETION_ONLY: Final = (
+    "best_of",
+    "echo",
+    "suffix",
+    "max_new_tokens",
+    "stop_sequences",
+    "return_token_log_probs",
+    "images",
+    "context_length_exceeded_behavior",
+)
+_completion_only: Final = operator.attrgetter(*_COMPLETION_ONLY)
+_NONE_HELD: Final = (None,) * len(_COMPLETION_ONLY)
+
+
 def normalize_chat(req: ChatRequest, caps: CapsConfig = _DEFAULT_CAPS) -> ChatRequest:
     """`normalize` for a chat request: `logprobs` is a boolean there, `tools`, `tool_choice` and
     `response_format` must have OpenAI's shapes, and `prompt` becomes the rendered conversation."""
+    if _completion_only(req) != _NONE_HELD:
+        name = next(n for n in _COMPLETION_ONLY if getattr(req, n) is not None)
+        raise InvalidRequestError(
+            f"Unrecognized request argument supplied:  {name}", param=f" {name}", code="unknown_parameter"
+        )
     if req.logprobs is not None and not isinstance(req.logprobs, bool):
         raise _bad("'logprobs' must be a boolean on chat completions; 'top_logprobs' sets the count", "logprobs")
     for name, shape in _CHAT_SHAPES:

@@ -336,6 +336,20 @@ def test_ledger_row_records_the_endpoint(api: httpx.Client, db: Path) -> None:
         ({"model": "oa/m", "messages": MESSAGES, "prompt": "x"}, "prompt", "unknown_parameter"),
         ({"model": "oa/m", "messages": MESSAGES, "suffix": "x"}, "suffix", "unknown_parameter"),
         ({"model": "oa/m", "messages": MESSAGES, "echo": "yes"}, "echo", "invalid_value"),
+        # Completion-only fields under the names chat's request holds them by (a leading space): unknown all the same.
+        *(
+            ({"model": "oa/m", "messages": MESSAGES, f" {name}": value}, f" {name}", "unknown_parameter")
+            for name, value in (
+                ("best_of", 2),
+                ("echo", True),
+                ("suffix", "x"),
+                ("max_new_tokens", 3),
+                ("stop_sequences", ["a"]),
+                ("return_token_log_probs", True),
+                ("images", ["aGk="]),
+                ("context_length_exceeded_behavior", "truncate"),
+            )
+        ),
         ({"model": "oa/m", "messages": MESSAGES, "temprature": 1}, "temprature", "unknown_parameter"),
         ({"model": "oa/m"}, "messages", "missing_required_parameter"),
         ({"model": "oa/m", "messages": []}, "messages", "invalid_value"),
