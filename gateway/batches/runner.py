@@ -3,8 +3,8 @@
 Every `batches.poll_ms` it claims batches with work left whose lease is free (new ones, and those of a
 process that died: a lease not renewed for `batches.lease_ms`), at most `_MAX_BATCHES` at once, and drives
 each: validate its file into lines (the lease renewed while it parses), then send lines (at most
-`batches.concurrency` in flight over the process), book their answers in small transactions, renew the lease
-with every write, and end it as completed, failed (a budget exhausted), expired (its `completion_window`
+`batches.concurrency` in flight over the process), book their answers (and ledger rows) in small transactions,
+renew the lease with every write, and end it as completed, failed (a budget exhausted), expired (its `completion_window`
 over) or cancelled. A line is marked `sent` before it is sent and booked once answered: a line booked is
 never sent again, and a line in flight when its process died is sent once more by whoever takes the batch
 over. A line the gateway had no room for (a queue timed out or was full, a rate limit) is sent again after a
@@ -237,7 +237,8 @@ class Drive:
                 await self._validate()
             await self._lines(owner)
         except asyncio.CancelledError:
-            # SIGTERM: answers that came already are booked, so only the lines still in flight are sent again.
+            # A stop past its grace: answers that came already are booked, so only the lines still in flight are
+            # sent again.
             with contextlib.suppress(Exception):
                 await self._collect(wait=False)
                 await self._flush()

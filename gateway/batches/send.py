@@ -1,19 +1,14 @@
 """One line of a batch, sent through the request path exactly as the batch's key would send it interactively.
 
-The pipeline serving now (a config reload's too) decodes, authorizes, budgets, routes, caches and
-fails over the line as it does a request to the batch's endpoint (`/v1/completions` or
-`/v1/chat/completions`, the same `Operation` the interactive route runs); what the endpoint does around a request
-(usage, metrics, the access log, the ledger's row, the trace) is done here the same way, with the batch's
-id on the record. Lines ask for `low` priority (the `x-gateway-priority` header): where a server's queue
-orders waiting requests by priority, interactive traffic goes first.
+The pipeline serving now (a reload's too) decodes, authorizes, budgets, routes, caches and fails over the line
+as it does a request to the batch's endpoint (the same `Operation`); what the endpoint does around a request
+(usage, metrics, the access log, the ledger's row, the trace) is done here too, with the batch's id on the
+record. Lines ask for `low` priority (`x-gateway-priority`): a server's queue serves interactive traffic first.
 
-An answered line's ledger row is not queued for the ledger's writer: it goes with the line's `Sent`, and the
-runner's store commits it in the very transaction that books the line (`store.record`), so that a line
-booked has exactly one row, whatever kills the process. A line put back for want of room (`LATER_CODES`),
-or cut by its gateway stopping or its lease lost (sent again by whoever runs the batch next), was not
-answered: no ledger row, no request metrics (the runner counts it as requeued). A line cut by its batch
-ending (cancelled, expired, failed) is never sent again: its 499 row goes to the writer, as a live
-request's. Access-log entries and spans stay in every case. docs/batches.md.
+An answered line's ledger row goes with its `Sent`, not to the writer: the runner's store commits it in the
+transaction that books the line (`store.record`): one row per line booked, whatever kills the process. A line
+put back (`LATER_CODES`) or cut by a stop or a lost lease is sent again: no row, no request metrics. A line
+cut by its batch's end is never sent again: its 499 row goes to the writer. docs/batches.md.
 """
 
 from __future__ import annotations

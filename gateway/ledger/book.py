@@ -43,6 +43,7 @@ from gateway.ledger.batch import (
     rollups,
     row_rollups,
     take,
+    text,
 )
 from gateway.ledger.engine import Cursor, Database, LedgerDown
 from gateway.limits.usage import day_of
@@ -260,7 +261,9 @@ class Ledger:
         held = pending(rec, elapsed_s, time.time(), self._null)
         row = take(deque([held]), self._prefix, self._ids).full()[0]
         self.held[row[0]] = held
-        return row
+        # A row the database refused would fail its line's booking, again at every try (the writer splits such a
+        # row out: `_book`): the one value it refuses, a NUL in a text (PostgreSQL's), is replaced beforehand.
+        return tuple(text(v) if isinstance(v, str) else v for v in row)
 
     def release(self, rows: Iterable[Row]) -> None:
         """Rows of `hold` committed (or never to be): no longer counted as waiting."""
