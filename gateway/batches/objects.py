@@ -26,8 +26,9 @@ LATER: Final = "later"
 # A line's answer's tokens as its batch sums them: input, cached input, output, reasoning.
 Tokens = tuple[int, int, int, int]
 NO_TOKENS: Final[Tokens] = (0, 0, 0, 0)
-# A line's outcome as the store books it: its place in the file, its state, its result line, its tokens.
-Booked = tuple[int, str, str, Tokens]
+# A line's outcome as the store books it: its place in the file, its state, its result line, its tokens, and
+# its ledger row (`Ledger.hold`; None: it has none), committed with it.
+Booked = tuple[int, str, str, Tokens, tuple[Any, ...] | None]
 
 
 class FileObject(msgspec.Struct, omit_defaults=False):

@@ -3,8 +3,8 @@
 Every `batches.poll_ms` it claims batches with work left whose lease is free (new ones, and those of a
 process that died: a lease not renewed for `batches.lease_ms`), at most `_MAX_BATCHES` at once, and drives
 each: validate its file into lines (the lease renewed while it parses), then send lines (at most
-`batches.concurrency` in flight over the process), book their answers in small transactions, renew the lease
-with every write, and end it as completed, failed (a budget exhausted), expired (its `completion_window`
+`batches.concurrency` in flight over the process), book their answers (and ledger rows) in small transactions,
+renew the lease with every write, and end it as completed, failed (a budget exhausted), expired (its `completion_window`
 over) or cancelled. A line is marked `sent` before it is sent and booked once answered: a line booked is
 never sent again, and a line in flight when its process died is sent once more by whoever takes the batch
 over. A line the gateway had no room for (a queue timed out or was full, a rate limit) is sent again after a
@@ -28,7 +28,7 @@ from prometheus_client import Counter, Gauge
 from gateway.batches import leases, store
 from gateway.batches.lines import parse
 from gateway.batches.objects import ACTIVE, ERR, LATER, OK, TERMINAL, BatchError, Booked, answered, unanswered
-from gateway.batches.send import Sent, send
+from gateway.batches.send import ENDED, Sent, send
 from gateway.config import BatchesConfig
 from gateway.ids import unique_suffix
 from gateway.ledger.engine import LedgerDown
@@ -190,12 +190,22 @@ class Runner:
         if self.counted is not None and n:
             self.counted.lines.labels(status).inc(n)
 
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
     async def close(self) -> None:
-        """SIGTERM: stop claiming, stop every batch (its lines in flight are sent again by the next runner)."""
+        """SIGTERM: stop claiming and sending lines; the lines in flight have `server.shutdown_grace_ms` to be
+        answered and booked, then every batch is handed back (those still in flight are cut, and sent again by
+        the next runner)."""
         self._stopping = True
         self.wake.set()
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
+        if self.driving:
+            await asyncio.wait(
+                self.driving.values(), timeout=self.current().loaded.config.server.shutdown_grace_ms / 1000
+            )
         for task in self.driving.values():
             task.cancel()
         await asyncio.gather(*self.driving.values(), return_exceptions=True)
@@ -227,7 +237,8 @@ class Drive:
                 await self._validate()
             await self._lines(owner)
         except asyncio.CancelledError:
-            # SIGTERM: answers that came already are booked, so only the lines still in flight are sent again.
+            # A stop past its grace: answers that came already are booked, so only the lines still in flight are
+            # sent again.
             with contextlib.suppress(Exception):
                 await self._collect(wait=False)
                 await self._flush()
@@ -240,6 +251,10 @@ class Drive:
                 await asyncio.gather(*self.tasks, return_exceptions=True)
                 r.in_flight -= len(self.tasks)
                 self._gauge()
+            # Answers not booked (their lines are sent again): their ledger rows are not the ledger's either.
+            unbooked = [t.result().booked(0) for t in self.tasks if not t.cancelled() and t.exception() is None]
+            self._release([*self.done, *unbooked])
+            self.done.clear()
             # Still `sent` in the database: whoever runs the batch next sends them again.
             r.deferred -= len(self.later)
             self.later.clear()
@@ -307,9 +322,8 @@ class Drive:
         r = self.runner
         while True:
             # Room is reserved before the await, so that batches taking lines at once share it, never exceed it.
-            room = (
-                max(r.cfg.concurrency - r.in_flight - r.deferred, 0) if self.stop is None and not self.yielding else 0
-            )
+            leaving = self.yielding or r.stopping  # no new lines, then the lease back
+            room = max(r.cfg.concurrency - r.in_flight - r.deferred, 0) if self.stop is None and not leaving else 0
             r.in_flight += room
             try:
                 held, lines, waiting = await r.store.run(store.take, self.id, r.me, r.lease_s, room)
@@ -332,7 +346,7 @@ class Drive:
             if ended is not None:
                 await self._end(ended)
                 return
-            if self.yielding and not self.tasks:
+            if leaving and not self.tasks:
                 await self._flush()
                 r.deferred -= len(self.later)  # put back lines are sent again by whoever takes the batch next
                 self.later.clear()
@@ -392,15 +406,23 @@ class Drive:
             return
         r = self.runner
         done, self.done = self.done, []
-        await r.store.run(store.record, self.id, r.me, r.lease_s, done)
+        try:
+            await r.store.run(store.record, self.id, r.me, r.lease_s, done, r.store.db)
+        finally:
+            self._release(done)  # committed with their lines, or not at all (and the lines sent again)
         r.ended("completed", sum(1 for d in done if d[1] == OK))
         r.ended("failed", sum(1 for d in done if d[1] == ERR))
+
+    def _release(self, done: list[Booked]) -> None:
+        ledger = self.runner.current().ledger
+        if ledger is not None:
+            ledger.release(d[4] for d in done if d[4] is not None)
 
     async def _end(self, status: str) -> None:
         """Cancelled, expired or failed: stop the lines in flight, book what was answered, close the rest."""
         r = self.runner
         for task in self.tasks:
-            task.cancel()
+            task.cancel(ENDED)  # never sent again: each is booked as cut off (499)
         await asyncio.gather(*self.tasks, return_exceptions=True)
         for task, (idx, _, _) in self.tasks.items():
             if not task.cancelled() and task.exception() is None:

@@ -1,15 +1,14 @@
 """One line of a batch, sent through the request path exactly as the batch's key would send it interactively.
 
-The pipeline serving now (a config reload's too) decodes, authorizes, budgets, routes, caches and
-fails over the line as it does a request to the batch's endpoint (`/v1/completions` or
-`/v1/chat/completions`, the same `Operation` the interactive route runs); what the endpoint does around a request
-(usage, metrics, the access log, the ledger's row, the trace) is done here the same way, with the batch's
-id on the record. Lines ask for `low` priority (the `x-gateway-priority` header): where a server's queue
-orders waiting requests by priority, interactive traffic goes first.
+The pipeline serving now (a reload's too) decodes, authorizes, budgets, routes, caches and fails over the line
+as it does a request to the batch's endpoint (the same `Operation`); what the endpoint does around a request
+(usage, metrics, the access log, the ledger's row, the trace) is done here too, with the batch's id on the
+record. Lines ask for `low` priority (`x-gateway-priority`): a server's queue serves interactive traffic first.
 
-A line put back for want of room (`LATER_CODES`) was not answered: no ledger row, no request metrics (the
-runner counts it as requeued), so the ledger holds one row per answered line. Its access-log entry and span
-stay (a 429 with the batch's id). docs/batches.md.
+An answered line's ledger row goes with its `Sent`, not to the writer: the runner's store commits it in the
+transaction that books the line (`store.record`): one row per line booked, whatever kills the process. A line
+put back (`LATER_CODES`) or cut by a stop or a lost lease is sent again: no row, no request metrics. A line
+cut by its batch's end is never sent again: its 499 row goes to the writer. docs/batches.md.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
 from gateway.batches.objects import ERR, LATER, NO_TOKENS, OK, Booked, Tokens, answered
 from gateway.ids import unique_suffix
@@ -45,13 +44,17 @@ BUDGET_CODE: Final = "budget_exceeded"
 # so it is sent again later rather than written to the error file (the runner backs off, up to its window).
 LATER_CODES: Final = frozenset({"queue_timeout", "queue_full", "rate_limit_exceeded"})
 _INTERNAL: Final = GatewayError("The gateway failed to process the request", code="internal_error")
+# The message the runner cancels a line with when its batch ends (`Task.cancel`): the line is never sent
+# again, so it is booked as a request cut off (499). Any other cancel (a stop, a lease lost) sends it again.
+ENDED: Final = "batch ended"
 
 
 class Sent:
     """A line's outcome: its state (ok, err, or later: to be sent again), its result line, the refusal that
-    stops the batch, if any, and for a line to send later, why and the wait its refusal asked for."""
+    stops the batch, if any, for a line to send later, why and the wait its refusal asked for, and its
+    ledger row (`Ledger.hold`), to commit with it."""
 
-    __slots__ = ("code", "result", "retry_after", "state", "stop", "tokens")
+    __slots__ = ("code", "result", "retry_after", "row", "state", "stop", "tokens")
 
     def __init__(
         self,
@@ -68,10 +71,11 @@ class Sent:
         self.code = code
         self.retry_after = retry_after
         self.tokens = tokens
+        self.row: tuple[Any, ...] | None = None
 
     def booked(self, idx: int) -> Booked:
         """What the batch's store books of this line, at its place `idx` in the file."""
-        return idx, self.state, self.result.decode(), self.tokens
+        return idx, self.state, self.result.decode(), self.tokens, self.row
 
 
 def tokens_of(usage: Usage | None) -> Tokens:
@@ -106,7 +110,8 @@ async def send(
     rec = Record(request_id=line_id, dialect=OPENAI.name, batch_id=batch_id, endpoint=op.name)
     headers = {**PRIORITY, "x-request-id": line_id}
     t0 = time.perf_counter()
-    later = False
+    sent: Sent | None = None  # None: cut off
+    counted = True  # booked in the ledger and the request metrics (not when it is to be sent again)
     pipeline.enter()
     tracer = pipeline.tracing
     span = tracer.begin(headers, OPENAI.name, endpoint, False, op.genai) if tracer is not None else None
@@ -128,28 +133,36 @@ async def send(
             if exc.target is not None and not rec.provider:
                 rec.provider, rec.target, rec.failed = exc.provider or "", exc.target, True
             if status == 429 and exc.code in LATER_CODES:
-                later = True
-                return Sent(LATER, b"", code=exc.code, retry_after=exc.retry_after)
+                counted = False
+                sent = Sent(LATER, b"", code=exc.code, retry_after=exc.retry_after)
+                return sent
             stop = f"{exc.message}" if exc.code == BUDGET_CODE else None
-            return Sent(ERR, answered(line_id, custom_id, status, line_id, error_body), stop)
-        except asyncio.CancelledError:
-            rec.status, rec.error_code = 499, "client_closed_request"  # the batch stopped (cancel, expiry, shutdown)
+            sent = Sent(ERR, answered(line_id, custom_id, status, line_id, error_body), stop)
+            return sent
+        except asyncio.CancelledError as exc:
+            rec.status, rec.error_code = 499, "client_closed_request"
+            counted = exc.args == (ENDED,)
             raise
         except Exception:
             log.exception("unhandled error on batch %s line %s", batch_id, custom_id)
             rec.status, rec.error_code = 500, "internal_error"
             status, error_body = OPENAI.error(_INTERNAL)
-            return Sent(ERR, answered(line_id, custom_id, status, line_id, error_body))
-        return Sent(OK, answered(line_id, custom_id, 200, line_id, result.body), tokens=tokens_of(rec.usage))
+            sent = Sent(ERR, answered(line_id, custom_id, status, line_id, error_body))
+            return sent
+        sent = Sent(OK, answered(line_id, custom_id, 200, line_id, result.body), tokens=tokens_of(rec.usage))
+        return sent
     finally:
         pipeline.usage.book(rec)  # settles a budget's hold; a line no target served books no usage
         pipeline.exit()
         elapsed = time.perf_counter() - t0
-        if metrics is not None and not later:
+        if metrics is not None and counted:
             metrics.observe(rec, elapsed)
         if pipeline.log_requests:
             accesslog.write(rec, elapsed)
-        if pipeline.ledger is not None and not later:
-            pipeline.ledger.append(rec, elapsed)
+        if pipeline.ledger is not None and counted:
+            if sent is None:
+                pipeline.ledger.append(rec, elapsed)  # cut off by its batch's end: it has no answer to book with
+            else:
+                sent.row = pipeline.ledger.hold(rec, elapsed)  # the runner releases it once booked (or not)
         if span is not None:
             span.end(rec)

@@ -23,6 +23,7 @@ from gateway.batches.leases import held
 from gateway.batches.lines import Line, batch_model
 from gateway.batches.objects import ACTIVE, ERR, OK, SENT, TERMINAL, TODO, BatchError, Booked, answered
 from gateway.ids import unique_suffix
+from gateway.ledger.book import commit
 from gateway.ledger.engine import Cursor, Database
 
 T = TypeVar("T")
@@ -360,13 +361,15 @@ def take(
     return found, lines, int(waiting)
 
 
-def record(cur: Cursor, batch_id: str, me: str, lease_s: float, results: list[Booked]) -> int:
-    """Book answered lines (idx, state ok|err, result line, tokens): each only if still `sent`, its tokens added
-    to the batch's `usage` with it; how many were booked."""
+def record(cur: Cursor, batch_id: str, me: str, lease_s: float, results: list[Booked], db: Database) -> int:
+    """Book answered lines (idx, state ok|err, result line, tokens, ledger row): each only if still `sent`, its
+    tokens added to the batch's `usage` and its row to the ledger (`requests`, `daily`) with it, in this one
+    transaction: a line is booked with exactly one row, or neither is; how many were booked."""
     held(cur, batch_id, me, lease_s)
     done = {OK: 0, ERR: 0}
     tokens = [0, 0, 0, 0]
-    for idx, line_state, result, counted in results:
+    rows = []
+    for idx, line_state, result, counted, row in results:
         if cur.execute(
             f"UPDATE batch_lines SET state = ?, result = ? WHERE batch_id = ? AND idx = ? AND state = '{SENT}'",
             (line_state, result, batch_id, idx),
@@ -374,6 +377,10 @@ def record(cur: Cursor, batch_id: str, me: str, lease_s: float, results: list[Bo
             done[line_state] += 1
             for i, n in enumerate(counted):
                 tokens[i] += n
+            if row is not None:
+                rows.append(row)
+    if rows:
+        commit(cur, rows, db)
     if done[OK] or done[ERR]:
         cur.execute(
             "UPDATE batches SET completed = completed + ?, failed = failed + ?, input_tokens = input_tokens + ?, "

@@ -18,7 +18,7 @@ import collections
 import functools
 import itertools
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
 from gateway.ledger.engine import Cursor, Database
@@ -319,4 +319,18 @@ def rollups(batch: Batch, into: Rollups | None = None) -> Rollups:
         s[3] += sum(group[6::w])
         s[4] += sum(group[7::w])
         s[5] += n if entry[10] in CACHED else 0
+    return sums
+
+
+def row_rollups(rows: Sequence[Row], into: Rollups | None = None) -> Rollups:
+    """Rows' sums per rollup (in the order of `COLUMNS`), added to `into` when given."""
+    sums: Rollups = {} if into is None else into
+    for r in rows:
+        s = sums.setdefault((r[3], r[4], r[5], r[6], r[7], r[22]), [0, 0, 0, 0, 0, 0])
+        s[0] += 1
+        s[1] += r[11] >= 400
+        s[2] += r[15]
+        s[3] += r[16]
+        s[4] += r[17]
+        s[5] += r[18] in CACHED
     return sums

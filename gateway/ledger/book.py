@@ -21,7 +21,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final
@@ -30,7 +30,6 @@ import msgspec
 
 from gateway.config import LedgerConfig
 from gateway.ledger.batch import (
-    CACHED,
     INSERT,
     INSERT_SQLITE,
     NCOLUMNS,
@@ -42,7 +41,9 @@ from gateway.ledger.batch import (
     commit_batch,
     pending,
     rollups,
+    row_rollups,
     take,
+    text,
 )
 from gateway.ledger.engine import Cursor, Database, LedgerDown
 from gateway.limits.usage import day_of
@@ -85,16 +86,7 @@ def commit(cur: Cursor, rows: Sequence[Row], db: Database) -> int:
     if not fresh:
         return 0
     cur.executemany(INSERT if db.postgres else INSERT_SQLITE, fresh)
-    sums: Rollups = {}
-    for r in fresh:
-        s = sums.setdefault((r[3], r[4], r[5], r[6], r[7], r[22]), [0, 0, 0, 0, 0, 0])
-        s[0] += 1
-        s[1] += r[11] >= 400
-        s[2] += r[15]
-        s[3] += r[16]
-        s[4] += r[17]
-        s[5] += r[18] in CACHED
-    cur.executemany(ROLLUP, [(*k, *v) for k, v in sums.items()])
+    cur.executemany(ROLLUP, [(*k, *v) for k, v in row_rollups(fresh).items()])
     return len(fresh)
 
 
@@ -213,6 +205,8 @@ class Ledger:
         self._prefix = f"{int(time.time()):08x}{os.urandom(6).hex()}"
         self._ids = itertools.count(10**9)  # ten digits for the first nine billion rows
         self.queue: deque[Pending] = deque()
+        # Rows `hold` handed out, not committed yet (as far as this process knows): `read` counts them.
+        self.held: dict[str, Pending] = {}
         self._null = None if self.db.postgres else 0  # an absent prompt or completion (`batch.Batch`)
         self.cap = cfg.queue_rows
         self.batch_rows = cfg.batch_rows
@@ -260,6 +254,22 @@ class Ledger:
         if len(queue) == self.batch_rows and self._wake is not None:
             self._wake.set()
 
+    def hold(self, rec: Record, elapsed_s: float) -> Row:
+        """The row `append` would queue, for a caller that commits it in a transaction of its own (`commit`): a
+        batch's line, booked with its answer (gateway/batches/store.py). Until `release`, `read` counts it as
+        waiting, as a queued row is."""
+        held = pending(rec, elapsed_s, time.time(), self._null)
+        row = take(deque([held]), self._prefix, self._ids).full()[0]
+        self.held[row[0]] = held
+        # A row the database refused would fail its line's booking, again at every try (the writer splits such a
+        # row out: `_book`): the one value it refuses, a NUL in a text (PostgreSQL's), is replaced beforehand.
+        return tuple(text(v) if isinstance(v, str) else v for v in row)
+
+    def release(self, rows: Iterable[Row]) -> None:
+        """Rows of `hold` committed (or never to be): no longer counted as waiting."""
+        for row in rows:
+            self.held.pop(row[0], None)
+
     # ------------------------------------------------------------------------------ the writer
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -277,7 +287,8 @@ class Ledger:
 
     async def read(self, body: Callable[[Cursor], Any]) -> tuple[Any, Rollups]:
         """What `body` reads of the committed rows, and the rollups of this process's rows still waiting for
-        the writer: every row of this process counted once, whether committed or waiting.
+        the writer (or held: `hold`): every row of this process counted once, whether committed or waiting; a
+        held row committed a moment before its `release` is counted twice until the next read, never missed.
 
         The queue is copied and `body` handed to the writer's thread in the same step (nothing awaited in
         between): a row is either still in the copy, or in a batch the writer took before, whose commit that
@@ -285,6 +296,7 @@ class Ledger:
         commits a batch taken before the copy, and miss its rows.) Rows other processes have not committed yet
         (at most their last `flush_ms`) show once they are."""
         copied = deque(self.queue)
+        copied.extend(self.held.values())
         # The spill file's share is read on the writer's thread too, right after `body`: never a batch both
         # replayed (in what `body` reads) and still counted as spilled.
         asked = self.behind_writer(lambda cur: (body(cur), self.spilled))  # no await between the copy and this

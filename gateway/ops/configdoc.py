@@ -64,8 +64,10 @@ MEANINGS: dict[str, str] = {
     "For hosts whose cores are all busy; not where other services' processes were given the same cores "
     "([performance.md](performance.md#the-ledger))",
     "server.shutdown_grace_ms": "on SIGTERM: stop accepting at once, let requests and streams in flight finish for up "
-    "to this long (whole seconds, rounded up), then cut them and exit; keep Docker's `stop_grace_period` and "
-    "Kubernetes' `terminationGracePeriodSeconds` (less the preStop pause) above it ([deploy.md](deploy.md))",
+    "to this long (whole seconds, rounded up), then cut them; then batch lines in flight get as long again "
+    "([batches.md](batches.md#nothing-lost-nothing-run-twice)), and it exits; keep Docker's `stop_grace_period` "
+    "and Kubernetes' `terminationGracePeriodSeconds` (less the preStop pause) above it, twice it where batches "
+    "run ([deploy.md](deploy.md))",
     "redis.url": "`redis://host:port/db` (`rediss://` TLS, `unix://`), `redis+cluster://h:p,h:p` (Redis Cluster) or "
     "`redis+sentinel://h:p,h:p/service` (Sentinel); options in the query string, refused at load when the gateway "
     "cannot honour them ([ratelimits.md](ratelimits.md#redis-deployments-one-node-cluster-sentinel)). Empty: state "
