@@ -48,6 +48,9 @@ class Fleet:
         self.weights = [replica_weight(r) for r in replicas]  # type: ignore[arg-type]
         self.names = replica_names(provider, list(replicas))  # type: ignore[arg-type]
         self.draining = [replica_drained(r) for r in replicas]  # type: ignore[arg-type]
+        # Flags the drain route set while Redis did not answer, by replica: gateway/fleet/shared.py stores
+        # them once it answers, so the older stored flag does not undo them.
+        self.unshared: dict[int, bool] = {}
         # Written by the engine-metrics reader (gateway/fleet/engine.py); None: unknown, routed as idle.
         self.engine: list[EngineLoad | None] = [None] * len(self.urls)
         # Why a replica's load is unknown (the status page shows it); None once it is read.

@@ -3,7 +3,9 @@
 With `redis.url` set, the admin routes write each replica's flag to one hash per provider
 (`gw:{fleet}:drain:<provider>`, field: the replica's URL, value `1` or `0`), and every process reads the
 hashes back once a second in the background: a flag stored there wins over the replica's `drain:` in the
-config. Without Redis, or while it is unreachable, each process keeps its own flags.
+config. Without Redis each process keeps its own flags; a flag set while Redis does not answer is kept
+in the process (`Fleet.unshared`) and stored when Redis answers again, before the stored ones are read,
+so the older stored flag cannot undo it.
 """
 
 from __future__ import annotations
@@ -34,16 +36,26 @@ async def publish(shared: SharedState, fleet: Fleet, index: int, draining: bool)
     try:
         await shared.run(lambda r: r.hset(key, url, "1" if draining else "0"))
     except Degraded:
+        if shared.configured:
+            fleet.unshared[index] = draining  # stored by the next pull that reaches Redis
         return False
+    fleet.unshared.pop(index, None)
     return True
 
 
 async def pull(shared: SharedState, fleets: Mapping[str, Fleet]) -> None:
-    """Apply the stored flags to this process's fleets (replicas without one keep theirs)."""
+    """Store the flags this process set while Redis did not answer, then apply the stored flags to its
+    fleets (replicas without one keep theirs)."""
     for name, fleet in fleets.items():
         key = drain_key(name)
+        unshared = {fleet.urls[i]: "1" if d else "0" for i, d in fleet.unshared.items()}
+        kept = dict(fleet.unshared)
 
-        async def read(r: aioredis.Redis, key: str = key) -> dict[bytes | str, bytes | str]:
+        async def read(
+            r: aioredis.Redis, key: str = key, unshared: dict[str, str] = unshared
+        ) -> dict[bytes | str, bytes | str]:
+            if unshared:
+                await r.hset(key, mapping=unshared)  # type: ignore[arg-type]
             found: dict[bytes | str, bytes | str] = await r.hgetall(key)
             return found
 
@@ -51,7 +63,14 @@ async def pull(shared: SharedState, fleets: Mapping[str, Fleet]) -> None:
             stored = await shared.run(read)
         except Degraded:
             return
+        for i, draining in kept.items():
+            if fleet.unshared.get(i) is draining:  # not set again while this pull waited
+                del fleet.unshared[i]
+        if kept:
+            log.info("stored the drain flags of %s set while Redis did not answer", fleet.provider)
         for i, url in enumerate(fleet.urls):
+            if i in fleet.unshared:  # set while this pull waited, and not stored yet
+                continue
             value = stored.get(url.encode(), stored.get(url))
             if value is not None:
                 fleet.draining[i] = value in (b"1", "1")

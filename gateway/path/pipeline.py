@@ -31,6 +31,7 @@ from gateway.path.operation import COMPLETIONS, Operation
 from gateway.path.relay import STREAM_FAILED, Held, Relay, estimated
 from gateway.path.routing import Router
 from gateway.queue import service as queue
+from gateway.queue.grant import EngineGrant
 from gateway.resilience.failover import Failover, Outcome
 from gateway.resilience.health import Health
 from gateway.state import SharedState
@@ -102,6 +103,7 @@ class Pipeline:
         self.loaded = loaded
         self.router = Router(loaded)
         self.keys = KeyRing(loaded)
+        self.grant = EngineGrant(loaded)
         self.upstream = Upstream(loaded)
         self.shared = SharedState(loaded.config.redis.url)
         on_cooldown = metrics.cooldown if metrics is not None else None
@@ -242,9 +244,11 @@ class Pipeline:
     def front_as(self, key: ClientKey | None, raw: bytes, rec: Record, op: Operation = COMPLETIONS) -> Front:
         """A request made on behalf of `key` without its secret (a batch's line, gateway/batches): decoded,
         normalized and authorized as the key's own would be; `complete(front=..., op=op)` does the rest."""
-        return key, self._checked(key, raw, rec, op), None, _LATER
+        return key, self._checked(key, raw, rec, op, True), None, _LATER
 
-    def _checked(self, key: ClientKey | None, raw: bytes, rec: Record, op: Operation) -> CompletionRequest:
+    def _checked(
+        self, key: ClientKey | None, raw: bytes, rec: Record, op: Operation, batch: bool = False
+    ) -> CompletionRequest:
         if key is not None:
             rec.key, rec.key_id, rec.team = key.name, key.ident, key.team or ""
         try:
@@ -253,6 +257,8 @@ class Pipeline:
             raise decode_error(exc) from None
         op.normalize(req, self.loaded.config.caps)
         self.keys.authorize(key, req.model)
+        if req.priority is not None:  # the engine's own order, which the gateway's classes would not bound
+            self.grant.check(key, batch)
         rec.model = req.model  # a budget refusal counts under the model asked for (routing refines it below)
         return req
 

@@ -61,3 +61,37 @@ async def test_interactive_requests_go_before_the_lines_of_a_running_batch(tmp_p
     assert batch.status == "completed" and batch.request_counts.completed == LINES
     assert sorted(o["custom_id"] for o in out) == sorted(f"l-{i}" for i in range(LINES))
     assert engine.order.count("batch") == LINES
+
+
+def test_a_line_may_not_set_the_engines_priority_even_for_a_key_that_may_ask_for_high(tmp_path: Path) -> None:
+    """Lines run at `low`: a `priority` in a line's body would put it ahead of the engine's interactive
+    requests, so such a line is refused (its error names the field) and the others run."""
+    with Engine() as engine:
+        more = f'  engine: {{kind: vllm, base_url: "{engine.url}/v1", discover: false}}'
+        text = config(f"sqlite:///{tmp_path / 'ledger.db'}", more=more)
+        text = text.replace(
+            '{name: eval, key: "${BATCH_EVAL_KEY}"}', '{name: eval, key: "${BATCH_EVAL_KEY}", max_priority: high}'
+        )
+        path = tmp_path / "config.yaml"
+        path.write_text(text)
+        with GatewayThread(path, ENV) as gw:
+            client = sdk(gw.url, EVAL_KEY)
+            lines = [
+                line("jumps", model="engine/m", prompt="batch a", priority=-(2**31)),
+                line("plain", model="engine/m"),
+            ]
+            batch = wait_batch(client, start(client, lines))
+            out, err = results(client, batch.output_file_id), results(client, batch.error_file_id)
+            with httpx.Client(base_url=gw.url, timeout=30) as http:
+                own = http.post(
+                    "/v1/completions",
+                    json={"model": "engine/m", "prompt": "inter x", "max_tokens": 1, "priority": -1},
+                    headers={"authorization": f"Bearer {EVAL_KEY}"},
+                )
+    assert [o["custom_id"] for o in out] == ["plain"]
+    assert [e["custom_id"] for e in err] == ["jumps"]
+    refused = err[0]["response"]
+    assert refused["status_code"] == 403
+    assert (refused["body"]["error"]["code"], refused["body"]["error"]["param"]) == ("priority_not_allowed", "priority")
+    assert own.status_code == 200  # the key itself may, outside a batch
+    assert [r.json().get("priority") for r in engine.received] == [None, -1]

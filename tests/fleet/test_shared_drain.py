@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import httpx
 
+from gateway.fleet.shared import SYNC_S
 from tests.helpers.redis import RedisServer
 from tests.helpers.servers import serve_config
 from tests.helpers.upstreams import Upstream
@@ -32,3 +34,28 @@ def test_a_drain_reaches_every_gateway_process_sharing_redis(
             assert served(replicas)[1] == before
             assert c.post(f"{second.url}/admin/providers/engine/replicas/1/undrain", headers=ADMIN).is_success
             wait_until(lambda: not first.pipeline.router.fleets["engine"].draining[1], timeout=5)
+
+
+def test_a_drain_made_while_redis_does_not_answer_is_stored_when_it_answers(
+    tmp_path: Path, replicas: list[Upstream], rds: RedisServer
+) -> None:
+    config = f"redis: {{url: '{rds.url}'}}\n" + fleet_config(replicas, "policy: round_robin")
+    key = "gw:{fleet}:drain:engine"
+    with serve_config(tmp_path, config) as gw, httpx.Client(trust_env=False, timeout=15) as c:
+        base = f"{gw.url}/admin/providers/engine/replicas/1"
+        assert c.post(f"{base}/drain", headers=ADMIN).json()["shared"] is True
+        assert c.post(f"{base}/undrain", headers=ADMIN).json()["shared"] is True  # Redis holds the older "0"
+        with rds.client() as r:
+            r.execute_command("CLIENT", "PAUSE", "3000", "ALL")  # Redis keeps its data but does not answer
+        answer = c.post(f"{base}/drain", headers=ADMIN).json()
+        fleet = gw.pipeline.router.fleets["engine"]
+        assert answer["shared"] is False and fleet.draining[1] is True
+        with rds.client() as r:
+            url = fleet.urls[1]
+            wait_until(lambda: r.hget(key, url) == "1", timeout=15)  # stored once Redis answers again
+        time.sleep(2 * SYNC_S)  # later pulls read the flag back and keep the drain
+        assert fleet.draining[1] is True
+        before = served(replicas)[1]
+        for n in range(6):
+            assert c.post(f"{gw.url}/v1/completions", json={"model": "engine/m", "prompt": f"p{n}"}).is_success
+        assert served(replicas)[1] == before
