@@ -3,8 +3,9 @@
 It waits no longer than its own deadline (its `inference_timeout`, else its plan's `total_ms`: the alias's or
 the provider's timeouts, not the global ones), and never on another tenant's client: the request it waits
 for (its leader) is followed through its stream, and a leader whose client has not taken a chunk for
-`PATIENCE_S` stops leading. Its waiting requests then wake: the first asks the upstream in its place and
-leads, the others wait for that one (docs/cache.md).
+`PATIENCE_S`, or that has waited that long for a queue slot (its class and tenant's turn, not theirs:
+path/attempt.py), stops leading. Its waiting requests then wake: the first asks the upstream in its place
+and leads, the others wait for that one (docs/cache.md).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class Leader(Protocol):
 
     result: list[Entry] | None
     waiter: asyncio.Future[Entry | None] | None
-    blocked: float  # the loop's time since which its client has been taking a chunk of its stream; 0: none
+    blocked: float  # the loop's time since which its client has been taking a chunk, or it waited for a slot; 0: none
 
     def abandon(self) -> None: ...
 

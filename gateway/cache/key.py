@@ -41,6 +41,11 @@ def canonical(req: CompletionRequest) -> bytes:
 
 _PREFIX: Final = f"gateway-cache/v{VERSION}\x00".encode()
 
+# What the per-prompt keys of one request with a list of prompts may hold together, besides the prompts:
+# each key repeats every other field, so a large free-form field sent with many short prompts would
+# otherwise take (prompts x field) bytes. Past it the request bypasses the cache (docs/cache.md).
+BATCH_KEYS_BYTES: Final = 4 * 1024 * 1024
+
 
 def cache_key(req: CompletionRequest, scope: bytes) -> bytes:
     """`req` (normalized) in its canonical encoding, as the answer's identity, within `scope`."""
@@ -68,4 +73,4 @@ _TAGS: Final[dict[str, str]] = {}
 _TAGS_MAX: Final = 1024
 
 
-__all__ = ["cache_key", "canonical", "digest", "model_tag"]
+__all__ = ["BATCH_KEYS_BYTES", "cache_key", "canonical", "digest", "model_tag"]

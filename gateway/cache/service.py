@@ -35,7 +35,7 @@ from gateway.cache.entry import (
 )
 from gateway.cache.inflight import coalesced, deadline_of
 from gateway.cache.job import J, JobLike, Make, R
-from gateway.cache.key import cache_key, canonical, model_tag
+from gateway.cache.key import BATCH_KEYS_BYTES, cache_key, canonical, model_tag
 from gateway.cache.policy import (
     BYPASS,
     COALESCED,
@@ -161,6 +161,11 @@ class Cache:
         else:
             prompts = prompt_items(prompt)
             scope = self.policies.scope(pol, key)
+            if len(prompts) > 1 and len(cache_key(replace(req, prompt=""), scope)) * len(prompts) > BATCH_KEYS_BYTES:
+                # Its keys would repeat the rest of the request once per prompt past the bound: not cached.
+                if cc.only_if_cached:
+                    raise cache_miss()
+                return Lookup(self, BYPASS, rec)
             # One entry per prompt: a one-item list shares its prompt's entry with the prompt sent alone.
             keys = [cache_key(replace(req, prompt=p), scope) for p in prompts]
             # What identical requests in flight coalesce on: the whole request.
@@ -256,7 +261,7 @@ class Lookup(msgspec.Struct):
     parts: int = 0
     ended: set[int] | None = None
     room: int = 0
-    blocked: float = 0.0  # a leading stream's client has been taking a chunk since then (the loop's time)
+    blocked: float = 0.0  # since then (the loop's time) its client has been taking a chunk, or it waits for a slot
     answer: Completion | None = None  # a buffered answer, as the pipeline encodes it
     assembly: Assembly | None = None  # a chat stream's chunks added up, while they can still be stored
     missing: list[int] = _NO_ITEMS  # the prompts (by their place in the request) the upstream is asked for

@@ -9,6 +9,7 @@ stream's attempt ends when its first event has been read; gateway/path/relay.py 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, Coroutine
@@ -37,6 +38,7 @@ from gateway.path.answers import (
 from gateway.path.events import Parse, upstream_events
 from gateway.path.fanout import open_all
 from gateway.path.opened import Opened
+from gateway.queue.gate import Slot
 from gateway.queue.service import Ask
 from gateway.resilience.health import Health
 from gateway.upstream.client import Stream, Upstream
@@ -163,6 +165,19 @@ class Job:
             self.dropped[route.key] = ahead[2]
         return ahead[1]
 
+    async def _queued(self, ask: Ask, route: Route, timeouts: Timeouts) -> tuple[Slot, Timeouts]:
+        """`ask.wait`. A request that leads identical ones (gateway/cache/inflight.py) counts as blocked while it
+        waits: they would wait in its place in the queue (a low class, a heavy tenant), so after `PATIENCE_S`
+        the first asks for itself and leads in its place."""
+        cached = self.cached
+        if cached is None or not cached.leading:
+            return await ask.wait(route, timeouts, self.plan)
+        cached.blocked = asyncio.get_running_loop().time()
+        try:
+            return await ask.wait(route, timeouts, self.plan)
+        finally:
+            cached.blocked = 0.0
+
     def complete(self, route: Route, timeouts: Timeouts) -> Coroutine[Any, Any, Answer]:
         """One buffered attempt on `route`, within the target's own quota and its server's slots."""
         if self.ask is None and (self.admission is None or self.plan.single is not None):
@@ -177,7 +192,7 @@ class Job:
         if ask is not None:
             slot = ask.take(route)  # a free slot (NO_CAP's where the server has no cap); None: it must wait
             if slot is None:
-                slot, timeouts = await ask.wait(route, timeouts, self.plan)
+                slot, timeouts = await self._queued(ask, route, timeouts)
         # A request of one route was charged its route's quota with the request (`Admission.admit`).
         admission = self.admission if self.plan.single is None else None
         used: int | None = 0
@@ -204,7 +219,7 @@ class Job:
         if ask is not None:
             slot = ask.take(route)  # a free slot (NO_CAP's where the server has no cap); None: it must wait
             if slot is None:
-                slot, timeouts = await ask.wait(route, timeouts, self.plan)
+                slot, timeouts = await self._queued(ask, route, timeouts)
         admission = self.admission if self.plan.single is None else None  # as in `complete`
         try:
             quota = await admission.admit_route(route, self.req, self.plan) if admission is not None else None

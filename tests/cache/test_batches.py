@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from tests.helpers.clients import sse_data
+from tests.helpers.servers import GatewayThread
 from tests.helpers.upstreams import Upstream
 
 from .conftest import MODEL
@@ -99,3 +100,28 @@ def test_a_partly_cached_streamed_batch_streams_only_the_missing_prompts(
     again = alice.post("/v1/completions", json=payload)
     assert again.headers["x-gateway-cache"] == "hit"
     assert len(upstream.received) == 1
+
+
+def test_a_batch_whose_keys_would_repeat_a_large_field_is_not_cached(
+    alice: httpx.Client, upstream: Upstream, gateway: GatewayThread
+) -> None:
+    # Each prompt's key holds the whole request but the other prompts: 128 keys of a 40 KB field pass the
+    # bound on their sum (`BATCH_KEYS_BYTES`), two do not.
+    field = {"bound": "F" * 40_000}
+    many = body([f"bound {i}" for i in range(128)], inference_extra_params=field)
+    for _ in range(2):
+        r = alice.post("/v1/completions", json=many)
+        assert r.status_code == 200, r.text
+        assert r.headers["x-gateway-cache"] == "bypass"
+        assert len(r.json()["choices"]) == 128
+    assert len(upstream.received) == 2
+    refused = alice.post("/v1/completions", json=many, headers={"cache-control": "only-if-cached"})
+    assert refused.status_code == 504
+    cache = gateway.pipeline.cache
+    assert cache is not None
+    before = cache.memory.size()[1]
+    two = body(["bound a", "bound b"], inference_extra_params=field)
+    assert alice.post("/v1/completions", json=two).headers["x-gateway-cache"] == "miss"
+    assert alice.post("/v1/completions", json=two).headers["x-gateway-cache"] == "hit"
+    # The two entries' keys (40 KB each) count in the store's bound, beside answers of a few hundred bytes.
+    assert cache.memory.size()[1] - before > 2 * 40_000
