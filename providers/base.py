@@ -226,15 +226,16 @@ def request_headers(
     The client's layer is the lowest: it adds headers (a trace id, `openai-organization` where the operator
     pinned none) but never replaces one the gateway or the operator sets, such as SGP's
     `x-selected-account-id` (another account, with the gateway's key). Names are case-insensitive, so every
-    layer is folded to lower case before it is merged. gateway/path/request.py already refused the client's
-    credential, framing and hop-by-hop headers.
+    layer is folded to lower case, and the client's `_` to `-` (an upstream may read both spellings as one
+    header), before it is merged. gateway/path/request.py already refused the client's credential, framing
+    and hop-by-hop headers.
     """
     # Plain loops rather than `update` from generators: this runs on every upstream request, and a
     # generator per layer cost more than the folding itself.
     headers: dict[str, str] = {}
     if req.inference_extra_headers:
         for k, v in req.inference_extra_headers.items():
-            headers[k.lower()] = v
+            headers[k.lower().replace("_", "-")] = v
     headers["content-type"] = "application/json"
     if accept is not None:
         headers["accept"] = accept

@@ -21,8 +21,9 @@ from msgspec import Meta
 
 from wire.schema import CompletionRequest, PromptItem, StopList, Unrendered, Usage
 
-# A message's `name` and a function's name: OpenAI's pattern and bound.
-FunctionName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")]
+# A message's `name` and a function's name: OpenAI's pattern and bound. `\Z`, not `$`, here and below:
+# msgspec searches, and `$` also matches before a final newline.
+FunctionName = Annotated[str, Meta(pattern=r"\A[A-Za-z0-9_.:-]{1,64}\Z")]
 
 
 class ImageURL(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -191,7 +192,7 @@ class NamedToolChoice(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class JSONSchema(msgspec.Struct, forbid_unknown_fields=True):
-    name: Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    name: Annotated[str, Meta(pattern=r"\A[A-Za-z0-9_-]{1,64}\Z")]
     description: str | None = None
     schema: dict[str, Any] | None = None
     strict: bool | None = None

@@ -42,8 +42,9 @@ LogprobsCount = Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)]
 StopList = Annotated[list[str], Meta(max_length=MAX_STOPS)]
 PromptItem = str | Int64 | list[Int64]
 # A prefix-cache salt: vLLM hashes it into its block hashes and has failed on odd values, so only a bounded
-# token of URL- and base64-safe characters passes.
-CacheSalt = Annotated[str, Meta(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._:/+=-]+$")]
+# token of URL- and base64-safe characters passes (`\Z`, not `$`: msgspec searches, and `$` also matches before
+# a final newline).
+CacheSalt = Annotated[str, Meta(min_length=1, max_length=256, pattern=r"\A[A-Za-z0-9._:/+=-]+\Z")]
 
 
 # OpenAI's bounds on `metadata`: at most 16 pairs, keys of at most 64 characters, values of at most 512.

@@ -31,6 +31,7 @@ from gateway.batches.objects import ACTIVE, ERR, LATER, OK, TERMINAL, BatchError
 from gateway.batches.send import ENDED, Sent, send
 from gateway.config import BatchesConfig
 from gateway.ids import unique_suffix
+from gateway.ledger.batch import same
 from gateway.ledger.engine import LedgerDown
 from gateway.limits.usage import ANONYMOUS
 from gateway.ops.metrics import Metrics
@@ -407,7 +408,9 @@ class Drive:
         r = self.runner
         done, self.done = self.done, []
         try:
-            await r.store.run(store.record, self.id, r.me, r.lease_s, done, r.store.db)
+            ledger = r.current().ledger
+            fold = same if ledger is None else ledger.fold
+            await r.store.run(store.record, self.id, r.me, r.lease_s, done, r.store.db, fold)
         finally:
             self._release(done)  # committed with their lines, or not at all (and the lines sent again)
         r.ended("completed", sum(1 for d in done if d[1] == OK))

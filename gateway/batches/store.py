@@ -23,6 +23,7 @@ from gateway.batches.leases import held
 from gateway.batches.lines import Line, batch_model
 from gateway.batches.objects import ACTIVE, ERR, OK, SENT, TERMINAL, TODO, BatchError, Booked, answered
 from gateway.ids import unique_suffix
+from gateway.ledger.batch import Fold, same
 from gateway.ledger.book import commit
 from gateway.ledger.engine import Cursor, Database
 
@@ -361,10 +362,13 @@ def take(
     return found, lines, int(waiting)
 
 
-def record(cur: Cursor, batch_id: str, me: str, lease_s: float, results: list[Booked], db: Database) -> int:
+def record(
+    cur: Cursor, batch_id: str, me: str, lease_s: float, results: list[Booked], db: Database, fold: Fold = same
+) -> int:
     """Book answered lines (idx, state ok|err, result line, tokens, ledger row): each only if still `sent`, its
-    tokens added to the batch's `usage` and its row to the ledger (`requests`, `daily`) with it, in this one
-    transaction: a line is booked with exactly one row, or neither is; how many were booked."""
+    tokens added to the batch's `usage` and its row to the ledger (`requests`, `daily`, models and targets as
+    `fold` names them there) with it, in this one transaction: a line is booked with exactly one row, or
+    neither is; how many were booked."""
     held(cur, batch_id, me, lease_s)
     done = {OK: 0, ERR: 0}
     tokens = [0, 0, 0, 0]
@@ -380,7 +384,7 @@ def record(cur: Cursor, batch_id: str, me: str, lease_s: float, results: list[Bo
             if row is not None:
                 rows.append(row)
     if rows:
-        commit(cur, rows, db)
+        commit(cur, rows, db, fold)
     if done[OK] or done[ERR]:
         cur.execute(
             "UPDATE batches SET completed = completed + ?, failed = failed + ?, input_tokens = input_tokens + ?, "

@@ -346,7 +346,9 @@ class ProviderConfig(Strict, frozen=True):
     max_n: Annotated[int, Meta(ge=1, le=4096)] | None = None
     # AWS region (`us-east-1`) for kind bedrock: the endpoint host and the SigV4 credential scope.
     # Empty is allowed here so an unset `${VAR}` does not fail the load; such a provider refuses requests.
-    region: Annotated[str, Meta(pattern=r"^$|^[a-z]{2}(-[a-z]+)+-\d+$")] | None = None
+    # `\Z`, not `$` (msgspec searches; `$` also matches before a final newline), and ASCII digits, not `\d`:
+    # the region goes into a host name.
+    region: Annotated[str, Meta(pattern=r"\A(?:[a-z]{2}(?:-[a-z]+)+-[0-9]+)?\Z")] | None = None
     unsupported_params: ParamPolicy | None = None
     timeouts: TimeoutsConfig | None = None
     retries: RetriesConfig | None = None

@@ -171,9 +171,10 @@ async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
         body["redis"] = "ok" if await shared.ping() else "unreachable"
     ledger: LedgerService | None = request.app.state.ledger
     if ledger is not None:
-        # The writer could not write, or the last call (a key poll every keys_poll_ms) had no answer.
-        trouble = ledger.ledger.trouble
-        body["ledger"] = "ok" if trouble is None else f"unavailable: {trouble}"
+        # The writer could not write, or the last call (a key poll every keys_poll_ms) had no answer. The
+        # cause names the database and quotes its driver: that is for the log and /admin/status, not for
+        # whoever can reach this unauthenticated route.
+        body["ledger"] = "ok" if ledger.ledger.trouble is None else "unavailable"
     if body["redis"] == "unreachable" or body.get("ledger", "ok") != "ok":
         # Still serving (in-process state, spilled rows), but not what ops configured: say so to the orchestrator.
         body["status"] = "degraded"

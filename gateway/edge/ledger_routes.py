@@ -36,8 +36,9 @@ Render = Callable[[GatewayError], Response[bytes]]
 
 
 class NewKey(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    name: Annotated[str, Meta(pattern=r"^[A-Za-z0-9._:@-]{1,64}$")]
-    team: Annotated[str, Meta(pattern=r"^[A-Za-z0-9._:@-]{1,64}$")] | None = None
+    # `\Z`, not `$`: msgspec searches, and `$` also matches before a final newline ("alice\n" beside "alice").
+    name: Annotated[str, Meta(pattern=r"\A[A-Za-z0-9._:@-]{1,64}\Z")]
+    team: Annotated[str, Meta(pattern=r"\A[A-Za-z0-9._:@-]{1,64}\Z")] | None = None
     models: Annotated[list[Annotated[str, Meta(min_length=1, max_length=256)]], Meta(max_length=256)] = msgspec.field(
         default_factory=lambda: ["**"]
     )

@@ -114,6 +114,14 @@ async def _today(pipeline: Pipeline) -> Any:
         return {"day": day, "keys": {}, "unavailable": f"the ledger is unavailable: {exc}"}
 
 
+def _ledger_state(pipeline: Pipeline) -> str:
+    """`disabled`, `ok`, or `unavailable: <why>` (the database and its driver's error: `/ready` says less)."""
+    if pipeline.ledger is None:
+        return "disabled"
+    trouble = pipeline.ledger.trouble
+    return "ok" if trouble is None else f"unavailable: {trouble}"
+
+
 def _targets(pipeline: Pipeline, down: Mapping[str, str]) -> dict[str, str | None]:
     """The targets the config names (alias targets, direct fallbacks, then each provider's advertised
     models), each with why it cannot be called now, or None."""
@@ -204,6 +212,7 @@ async def status(pipeline: Pipeline, unreachable: Mapping[str, str] | None = Non
     return {
         "time": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "redis": "disabled" if not shared.configured else "degraded" if shared.degraded else "ok",
+        "ledger": _ledger_state(pipeline),
         "providers": providers,
         "aliases": aliases,
         "targets": targets,

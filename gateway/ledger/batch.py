@@ -18,7 +18,7 @@ import collections
 import functools
 import itertools
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final
 
 from gateway.ledger.engine import Cursor, Database
@@ -34,6 +34,9 @@ Entry = tuple[Any, ...]
 # A rollup's key: day, key_name, team, model, target, key_id; its sums: requests, errors, prompt_tokens,
 # completion_tokens, cost_pico, cached.
 Rollups = dict[tuple[str, str, str, str, str, str], list[int]]
+# A model or target as the rollups book it: the config's name for it (gateway/ops/metrics.py `ModelLabels.fold`),
+# so that names a client invents share one rollup instead of each adding rows to `daily` and the usage views.
+Fold = Callable[[str], str]
 CACHED: Final = frozenset(("hit", "coalesced"))  # the `cache` outcomes that answered from the cache
 # A row's own values in a `Batch`: ten, or eight when it kept neither prompt nor completion (prompt
 # logging off, the common case: two fewer values to bind per row).
@@ -277,7 +280,12 @@ def _rows_sql(rows: int, width: int, upstream: bool) -> str:
     return f"INSERT INTO requests ({COLUMNS}) VALUES {', '.join(tuples)} ON CONFLICT (day, id) DO NOTHING"
 
 
-def commit_batch(cur: Cursor, batch: Batch, db: Database) -> int:
+def same(name: str) -> str:
+    """A `Fold` that keeps every name (where no config is at hand to bucket them by)."""
+    return name
+
+
+def commit_batch(cur: Cursor, batch: Batch, db: Database, fold: Fold = same) -> int:
     """Insert a batch straight from the queue (its ids are new: no look-up) and add it to its rollups."""
     if not batch.size:
         return 0
@@ -303,16 +311,18 @@ def commit_batch(cur: Cursor, batch: Batch, db: Database) -> int:
                 start = end
         for sql, params in runs.items():
             cur.executemany(sql, params)
-    cur.executemany(ROLLUP, [(*k, *v) for k, v in rollups(batch).items()])
+    cur.executemany(ROLLUP, [(*k, *v) for k, v in rollups(batch, fold=fold).items()])
     return batch.size
 
 
-def rollups(batch: Batch, into: Rollups | None = None) -> Rollups:
-    """The batch's sums per rollup (what it adds to `daily`), added to `into` when given."""
+def rollups(batch: Batch, into: Rollups | None = None, fold: Fold = same) -> Rollups:
+    """The batch's sums per rollup (what it adds to `daily`), added to `into` when given; the rollup's model
+    and target are `fold`'s (a row keeps the model as asked for)."""
     sums: Rollups = {} if into is None else into
     for entry, group, w in zip(batch.entries, batch.groups, batch.widths, strict=True):
         n = len(group) // w
-        s = sums.setdefault((*entry[:5], entry[12]), [0, 0, 0, 0, 0, 0])
+        target = entry[4] and fold(entry[4])  # '' (nothing was called) stays ''
+        s = sums.setdefault((entry[0], entry[1], entry[2], fold(entry[3]), target, entry[12]), [0, 0, 0, 0, 0, 0])
         s[0] += n
         s[1] += n if entry[8] >= 400 else 0
         s[2] += sum(group[5::w])
@@ -322,11 +332,12 @@ def rollups(batch: Batch, into: Rollups | None = None) -> Rollups:
     return sums
 
 
-def row_rollups(rows: Sequence[Row], into: Rollups | None = None) -> Rollups:
-    """Rows' sums per rollup (in the order of `COLUMNS`), added to `into` when given."""
+def row_rollups(rows: Sequence[Row], into: Rollups | None = None, fold: Fold = same) -> Rollups:
+    """Rows' sums per rollup (in the order of `COLUMNS`), added to `into` when given; models and targets as
+    `fold` names them."""
     sums: Rollups = {} if into is None else into
     for r in rows:
-        s = sums.setdefault((r[3], r[4], r[5], r[6], r[7], r[22]), [0, 0, 0, 0, 0, 0])
+        s = sums.setdefault((r[3], r[4], r[5], fold(r[6]), r[7] and fold(r[7]), r[22]), [0, 0, 0, 0, 0, 0])
         s[0] += 1
         s[1] += r[11] >= 400
         s[2] += r[15]

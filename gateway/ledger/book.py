@@ -35,6 +35,7 @@ from gateway.ledger.batch import (
     NCOLUMNS,
     ROLLUP,
     Batch,
+    Fold,
     Pending,
     Rollups,
     Row,
@@ -42,6 +43,7 @@ from gateway.ledger.batch import (
     pending,
     rollups,
     row_rollups,
+    same,
     take,
     text,
 )
@@ -66,10 +68,10 @@ _decode = msgspec.json.Decoder(list[list[Any]]).decode
 _COMPLETIONS: Final = "completions"  # the endpoint of every row spilled before rows recorded theirs
 
 
-def commit(cur: Cursor, rows: Sequence[Row], db: Database) -> int:
+def commit(cur: Cursor, rows: Sequence[Row], db: Database, fold: Fold = same) -> int:
     """Insert the rows (in the order of `batch.COLUMNS`: replayed from a spill file) not booked yet and add
-    exactly those to their rollups; how many were new. Rows spilled by an older gateway are replayed as
-    such (`_current`)."""
+    exactly those to their rollups (models and targets as `fold` names them); how many were new. Rows
+    spilled by an older gateway are replayed as such (`_current`)."""
     rows = [r if len(r) == NCOLUMNS else _current(r) for r in rows]
     by_day: dict[str, list[str]] = {}
     for r in rows:
@@ -86,7 +88,7 @@ def commit(cur: Cursor, rows: Sequence[Row], db: Database) -> int:
     if not fresh:
         return 0
     cur.executemany(INSERT if db.postgres else INSERT_SQLITE, fresh)
-    cur.executemany(ROLLUP, [(*k, *v) for k, v in row_rollups(fresh).items()])
+    cur.executemany(ROLLUP, [(*k, *v) for k, v in row_rollups(fresh, fold=fold).items()])
     return len(fresh)
 
 
@@ -197,6 +199,8 @@ class Ledger:
         # behind the other, and every wait for the database is bounded by `timeout_ms`.
         self.db = Database(cfg.url, cfg.timeout_ms)
         self.rows = Database(cfg.url, cfg.timeout_ms)
+        # The config in force's names for models and targets in the rollups (set by each pipeline it serves).
+        self.fold: Fold = same
         # Why the database did not answer the last `call` (None: it did), for /ready and the budgets.
         self.unanswered: str | None = None
         # Row ids: drawn here, in the worker, so that forked workers never share a prefix.
@@ -300,7 +304,7 @@ class Ledger:
         # The spill file's share is read on the writer's thread too, right after `body`: never a batch both
         # replayed (in what `body` reads) and still counted as spilled.
         asked = self.behind_writer(lambda cur: (body(cur), self.spilled))  # no await between the copy and this
-        waiting = rollups(take(copied, "", itertools.repeat(0)))
+        waiting = rollups(take(copied, "", itertools.repeat(0)), fold=self.fold)
         out, spilled = await asked
         for k, v in spilled.items():
             sums = waiting.setdefault(k, [0, 0, 0, 0, 0, 0])
@@ -385,12 +389,13 @@ class Ledger:
         try:
             for _path, batch in self.spill.batches(orphans):
                 spilled = [tuple(r) for r in batch]
-                self._book(functools.partial(commit, rows=spilled, db=self.rows), functools.partial(list, spilled))
+                booked = functools.partial(commit, rows=spilled, db=self.rows, fold=self.fold)
+                self._book(booked, functools.partial(list, spilled))
             self.spill.replayed()
             if self.spilled:
                 self.spilled = {}
             if rows.size:
-                self._book(lambda cur: commit_batch(cur, rows, self.rows), rows.full)
+                self._book(lambda cur: commit_batch(cur, rows, self.rows, self.fold), rows.full)
             if self.down is not None:
                 log.warning("ledger: %s answers again; spilled rows replayed", self.rows.where)
                 self.down = None
@@ -403,7 +408,7 @@ class Ledger:
             # Rows of the batch already booked (split around a refused one) are booked once: replays skip
             # the ids the database holds.
             if rows.size and self.spill.write(rows.full()):
-                self.spilled = rollups(rows, {k: list(v) for k, v in self.spilled.items()})
+                self.spilled = rollups(rows, {k: list(v) for k, v in self.spilled.items()}, self.fold)
             elif rows.size:
                 log.error(
                     "ledger: the spill file is full (ledger.spill_bytes = %d): %d row(s) lost so far",
@@ -439,7 +444,7 @@ class Ledger:
         half = len(rows) // 2
         for part in (rows[:half], rows[half:]):
             try:
-                self.booked += self.rows.transaction(functools.partial(commit, rows=part, db=self.rows))
+                self.booked += self.rows.transaction(functools.partial(commit, rows=part, db=self.rows, fold=self.fold))
             except LedgerDown:
                 raise
             except Exception as again:

@@ -65,6 +65,8 @@ class LedgerService:
         if self._open is not None:
             self._open = pipeline.keys.open  # a reload says it in its own line
         pipeline.ledger = self.ledger
+        # The rollups bucket models and targets as this config's usage store and metrics do.
+        self.ledger.fold = pipeline.usage.labels.fold
         pipeline.budgets = ledger_budgets(pipeline.loaded, self.ledger, self.counters)
         pipeline.usage.ledgered = True  # its budgets are seeded from the ledger: no spend counters to keep
 

@@ -65,6 +65,8 @@ class ModelLabels:
         self.known.update(m for m in exact if not _GLOB.search(m))
 
     def fold(self, model: str) -> str:
+        # Also called on the ledger's writer thread (its rollups): each operation on the memo is atomic, and
+        # an entry lost to a race is only computed again.
         if model in self.known:
             return model
         # Undeclared names (every direct `vendor/model` a config does not list) are remembered, in a memo

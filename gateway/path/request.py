@@ -86,7 +86,9 @@ def _bad(message: str, param: str) -> InvalidRequestError:
 
 
 def _refused_header(name: str) -> bool:
-    lowered = name.lower()
+    # CGI/WSGI-style servers (and proxies that map names to variables) read `x_api_key` as `x-api-key`: an
+    # underscore spelling is refused as its `-` spelling is.
+    lowered = name.lower().replace("_", "-")
     # credential_headers() again: a kind registered after this module was imported counts too.
     return lowered in FORBIDDEN_HEADERS or lowered.startswith("proxy-") or lowered in credential_headers()
 

@@ -90,3 +90,22 @@ def test_an_upstreams_absurd_token_details_stay_within_their_totals(tmp_path: Pa
     completion = 3 * answer["usage"]["completion_tokens"]
     assert usage.output_tokens_details.reasoning_tokens == usage.output_tokens == completion
     assert usage.input_tokens_details.cached_tokens == 0
+
+
+def test_a_batchs_invented_model_names_share_one_rollup(tmp_path: Path) -> None:
+    # Each line's row is booked with its line (not by the writer): its rollup names the model as the
+    # config does (`demo/other`), as an interactive request's does; the row keeps the name asked for.
+    with served(tmp_path) as (_, client):
+        lines = [line(f"m-{i}", model=f"demo/invented-{i}") for i in range(6)]
+        batch = wait_batch(
+            client,
+            client.batches.create(
+                input_file_id=upload(client, jsonl(lines)), endpoint="/v1/completions", completion_window="24h"
+            ).id,
+        )
+        assert batch.request_counts is not None and batch.request_counts.completed == 6
+    with opened(tmp_path / "ledger.db") as db:
+        rolled = db.execute("SELECT model, target, sum(requests) FROM daily GROUP BY model, target").fetchall()
+        asked = db.execute("SELECT count(DISTINCT model) FROM requests").fetchone()
+    assert [tuple(r) for r in rolled] == [("demo/other", "demo/other", 6)]
+    assert tuple(asked) == (6,)

@@ -67,7 +67,7 @@ def test_cache_control_on_several_lines_is_read_whole(alice: httpx.Client, upstr
     assert resp.headers["x-gateway-cache"] == "hit"
 
 
-@pytest.mark.parametrize("salt", ["", "a b", "x" * 300, 5, ["tenant"], "new\nline"])
+@pytest.mark.parametrize("salt", ["", "a b", "x" * 300, 5, ["tenant"], "new\nline", "tenant\n"])
 def test_a_cache_salt_inside_inference_extra_params_is_held_to_the_same_rule(
     alice: httpx.Client, upstream: Upstream, salt: Any
 ) -> None:

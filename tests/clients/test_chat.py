@@ -421,6 +421,22 @@ def test_ledger_row_records_the_endpoint(api: httpx.Client, db: Path) -> None:
             "response_format.json_schema",
             None,
         ),
+        # Names end where their characters do: a final newline is not one of them.
+        ({"model": "oa/m", "messages": [{"role": "user", "content": "x", "name": "bob\n"}]}, "messages.name", None),
+        (
+            {"model": "oa/m", "messages": MESSAGES, "tools": [{"type": "function", "function": {"name": "f\n"}}]},
+            "tools.function.name",
+            None,
+        ),
+        (
+            {
+                "model": "oa/m",
+                "messages": MESSAGES,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "s\n"}},
+            },
+            "response_format.json_schema.name",
+            None,
+        ),
         # The in-process provider's bound on the work a request may make the gateway's loop do.
         ({"model": "demo/echo", "messages": MESSAGES, "max_tokens": 10**9}, "max_tokens", "invalid_value"),
     ],

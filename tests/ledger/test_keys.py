@@ -98,6 +98,15 @@ def test_bad_requests_name_the_field(replicas: tuple[GatewayThread, GatewayThrea
     a, _, _ = replicas
     resp = admin(a.url, "POST", "/admin/keys", {"name": "x y"})
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "name", resp.text
+    # A final newline is not one of a name's characters: "alice\n" would sit beside the YAML key "alice", and
+    # "anonymous\n" beside the name keyless requests are booked under.
+    for spec, param in (
+        ({"name": "alice\n"}, "name"),
+        ({"name": "anonymous\n"}, "name"),
+        ({"name": "ok", "team": "red\n"}, "team"),
+    ):
+        resp = admin(a.url, "POST", "/admin/keys", spec)
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == param, resp.text
     resp = admin(a.url, "POST", "/admin/keys", {"name": "ok", "max_cost_per_day": -1})
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "max_cost_per_day", resp.text
     resp = admin(a.url, "POST", "/admin/keys", {"name": "ok", "secret": "chosen"})

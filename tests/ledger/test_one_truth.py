@@ -191,3 +191,47 @@ def test_runtime_keys_are_listed_with_their_budgets(tmp_path: Path) -> None:
             "by_model": {},
         }
         assert books["keys"]["solo"]["budget"] is None  # a YAML key without one
+
+
+def test_model_names_a_client_invents_share_one_row_in_every_view(tmp_path: Path) -> None:
+    """`demo/invented-<i>` (the fake provider answers any name) is booked under `demo/other` in the rollups,
+    as the usage store without a ledger and /metrics name it: queued, committed, and without a ledger alike.
+    Each row keeps the name asked for."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    path = tmp_path / "config.yaml"
+    path.write_text(config(url, flush_ms=60_000))  # the first views read rows still queued
+
+    def ask(gw_url: str) -> None:
+        with client(gw_url, TEAM_KEY) as c:
+            for i in range(40):
+                assert c.post("/v1/completions", json=body(model=f"demo/invented-{i}")).status_code == 200
+            assert c.post("/v1/completions", json=body(model="fast")).status_code == 200
+
+    def by_model(books: dict[str, Any]) -> dict[str, int]:
+        return {m: u["requests"] for m, u in books["keys"]["alice"]["by_model"].items()}
+
+    expected = {"demo/other": 40, "fast": 1}
+    with GatewayThread(path, ENV) as gw:
+        ask(gw.url)
+        day, _, model, status = views(gw.url)
+        with client(gw.url, ADMIN_KEY) as c:
+            target = c.get("/admin/usage", params={"by": "target"}).json()
+    for seen in (by_model(day), by_model(status["usage"]), {r["model"]: r["requests"] for r in model["rows"]}):
+        assert seen == expected, seen
+    assert {r["target"]: r["requests"] for r in target["rows"]} == {"demo/other": 40, "demo/long": 1}
+    # Committed at the stop: the rollups hold the buckets, the rows the names asked for.
+    assert sorted(query(url, "SELECT model, target, requests FROM daily")) == [
+        ("demo/other", "demo/other", 40),
+        ("fast", "demo/long", 1),
+    ]
+    assert query(url, "SELECT count(DISTINCT model) FROM requests") == [(41,)]
+    with GatewayThread(path, ENV) as gw:
+        day, _, model, status = views(gw.url)
+    assert by_model(day) == by_model(status["usage"]) == expected
+    # Without a ledger, the usage store's view is the same.
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("\n".join(line for line in config(url).splitlines() if not line.startswith("ledger:")))
+    with GatewayThread(plain, ENV) as gw:
+        ask(gw.url)
+        day, _, _, status = views(gw.url)
+    assert by_model(day) == by_model(status["usage"]) == expected

@@ -364,9 +364,11 @@ def test_config_requires_a_region_for_bedrock() -> None:
     assert str(info.value) == "c.yaml: providers.aws.region: required for kind 'bedrock'"
 
 
-def test_config_rejects_a_malformed_region() -> None:
+@pytest.mark.parametrize("region", ["us-east1", '"us-east-1\\n"', '"\\n"', "us-east-\u0661"])
+def test_config_rejects_a_malformed_region(region: str) -> None:
+    # A final newline or a digit of another script would go into the endpoint's host name.
     with pytest.raises(ConfigError) as info:
-        parse_config(BEDROCK_YAML + "    region: us-east1\n", "c.yaml", env={})
+        parse_config(BEDROCK_YAML + f"    region: {region}\n", "c.yaml", env={})
     assert str(info.value).startswith("c.yaml: providers.aws.region: Expected `str` matching regex")
 
 

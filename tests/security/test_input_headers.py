@@ -31,6 +31,14 @@ REFUSED = [
     "Accept-Encoding",
     "Content-Encoding",
     "HTTP2-Settings",
+    # Underscore spellings, which CGI/WSGI-style upstreams read as the `-` ones.
+    "x_api_key",
+    "X_Api_Key",
+    "api_key",
+    "x_goog_api_key",
+    "Proxy_Authorization",
+    "content_length",
+    "Transfer_Encoding",
 ]
 VALUES = {"Expect": "100-continue", "Content-Length": "0", "Transfer-Encoding": "chunked", "Upgrade": "h2c"}
 
@@ -73,6 +81,25 @@ def test_operator_pinned_headers_win_over_the_clients(client: httpx.Client, up: 
     assert got["x-selected-account-id"] == SGP_ACCOUNT
     assert got["x-api-key"] == "sgp-key"
     assert got["x-trace-id"] == "t-2"
+
+
+def test_underscore_spellings_of_pinned_headers_do_not_reach_the_upstream(client: httpx.Client, up: Recorder) -> None:
+    body = {
+        "model": "sgp/some-model",
+        "prompt": "hi",
+        # Upstreams that map `-` and `_` to one variable would read either beside the operator's header.
+        "inference_extra_headers": {
+            "x_selected_account_id": "acct-of-someone-else",
+            "X_Selected-Account_Id": "acct-of-someone-else",
+            "x_trace_id": "t-3",
+        },
+    }
+    resp = post(client, "/v1/completions", body)
+    assert resp.status_code == 200, resp.text
+    got = up.only().headers
+    assert got["x-selected-account-id"] == SGP_ACCOUNT
+    assert not [name for name in got if "_" in name]
+    assert got["x-trace-id"] == "t-3"  # a harmless one passes, spelled with `-`
 
 
 def test_client_cannot_replace_the_gateways_accept(client: httpx.Client, up: Recorder) -> None:

@@ -3,6 +3,9 @@
 A pattern built from text (a client's stop sequences, a model name, an upstream's answer) is that text's
 to shape, and `re` backtracks. Such text goes to RE2 (gateway/emulation/patterns.py, gateway/limits/globs.py)
 or to plain string operations. Every `re` call here must take a pattern written in the source.
+
+A msgspec `Meta(pattern=...)` is searched, and `$` also matches before a final newline: such patterns are
+anchored with `\\A` and `\\Z`.
 """
 
 from __future__ import annotations
@@ -60,4 +63,41 @@ def test_no_re_pattern_is_built_from_text() -> None:
             if rel in OPERATOR_ONLY or rel in SOURCE_NAMES:
                 continue
             found += [f"{rel}:{line}" for line in dynamic_patterns(path.read_text())]
+    assert found == []
+
+
+def dollar_anchored(source: str) -> list[int]:
+    """The lines of `Meta(pattern=...)` whose pattern holds an unescaped `$`.
+
+    msgspec matches such a pattern with `re.search`, where `$` also matches before a final newline: "alice\\n"
+    passed `^[a-z]+$`. Such a pattern ends with `\\Z` instead."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+        if name != "Meta":
+            continue
+        for kw in node.keywords:
+            if kw.arg == "pattern" and isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str):
+                text = kw.value.value
+                if any(c == "$" and (i == 0 or text[i - 1] != "\\") for i, c in enumerate(text)):
+                    lines.append(node.lineno)
+    return lines
+
+
+def test_the_check_sees_a_dollar_anchor() -> None:
+    assert dollar_anchored('Name = Annotated[str, Meta(pattern=r"^[a-z]{1,64}$")]\n') == [1]
+    assert dollar_anchored('Name = Annotated[str, msgspec.Meta(pattern=r"^$|^[a-z]+-\\d+$")]\n') == [1]
+    assert dollar_anchored('Name = Annotated[str, Meta(pattern=r"\\A[a-z$]{1,64}\\Z")]\n') == [1]
+    assert dollar_anchored('Name = Annotated[str, Meta(pattern=r"\\A[a-z]{1,64}\\Z")]\n') == []
+    assert dollar_anchored('Price = Annotated[str, Meta(pattern=r"\\A\\$[0-9]+\\Z")]\n') == []
+
+
+def test_no_msgspec_pattern_ends_with_dollar() -> None:
+    found = []
+    for package in ("gateway", "providers", "wire"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            found += [f"{rel}:{line}" for line in dollar_anchored(path.read_text())]
     assert found == []
