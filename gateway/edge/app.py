@@ -56,7 +56,8 @@ _MULTIPART_SLACK: Final = 64 * 1024  # a multipart upload's boundaries and part 
 _MODEL_PAGES: Final = 64
 # Net allocations of GC-tracked objects before a young collection (CPython's default: 700); see `lifespan`.
 _YOUNG_COLLECTION_AT: Final = 10_000
-# A route's dialect decides only the error shape; the request and Completion are the same everywhere.
+# A route's dialect decides its error shape and its own defaults and bounds on the request; the request and
+# Completion types are the same everywhere.
 DIALECT_ROUTES: dict[str, Dialect] = {
     "/v1/completions": OPENAI,
     "/inference/v1/completions": OPENAI,
