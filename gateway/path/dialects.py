@@ -1,8 +1,8 @@
 """The client-facing dialects: same request and Completion, different error shapes, and each route's own
-defaults and bounds (`amend`, on a decoded completion request).
+defaults and bounds (`amend`, on a decoded completion request) and stream usage (`usage_last`).
 
-openai  /v1/completions, /inference/v1/completions (Fireworks clients), and their chat routes
-        {"error": {"message", "type", "param", "code"}} with OpenAI's status codes
+openai  /v1/completions, /inference/v1/completions (Fireworks clients: usage on a stream's last chunk), and
+        their chat routes; {"error": {"message", "type", "param", "code"}} with OpenAI's status codes
 sgp     /v4/beta/completions (seed 003, a FastAPI service), /v4/beta/chat/completions; top_logprobs 0..20
 pais    /api/v1/compatibility/openai/v1/[chat/]completions (seed 004): 422 {"detail": [{"loc", "msg", "type"}]} for
         bad fields, 404 "Unknown model endpoint" (an unknown alias, or an upstream that does not serve the
@@ -82,6 +82,8 @@ class Dialect:
     name: str = "openai"
     # Whether `amend` does anything: a route that takes its request as decoded pays one attribute test.
     amends: bool = False
+    # A stream's usage rides on its last chunk when the client did not ask for it (`stream_options`).
+    usage_last: bool = False
 
     def amend(self, req: CompletionRequest) -> None:
         """The route's own defaults and bounds on a decoded completion request, before it is normalized (and
@@ -120,6 +122,12 @@ class FastAPIDialect(Dialect):
         return exc.status, encode({"detail": exc.message})
 
 
+class UsageLastDialect(Dialect):
+    """OpenAI's errors, and a stream's usage on its last chunk unasked: Fireworks' stream (seed 001)."""
+
+    usage_last = True
+
+
 class SGPDialect(FastAPIDialect):
     name = "sgp"
     amends = True
@@ -147,5 +155,6 @@ class PAISDialect(FastAPIDialect):
 
 
 OPENAI: Final = Dialect()
+USAGE_LAST: Final = UsageLastDialect()
 SGP: Final = SGPDialect()
 PAIS: Final = PAISDialect()

@@ -204,7 +204,8 @@ class Pipeline:
                         cached.entry, cached.state, now, rec, op.new_id(), int(time.time()), req.model, op.chat
                     )
                     return Result({}, body, None, None, lines)
-                ctx = CallContext(id=op.new_id(), created=int(time.time()), model=req.model, chat=op.chat)
+                now_s, last = int(time.time()), dialect.usage_last
+                ctx = CallContext(id=op.new_id(), created=now_s, model=req.model, chat=op.chat, usage_last=last)
                 return cached.replay(_Answered(req, ctx), rec, Result)
         return key, req, plan, cached
 
@@ -317,6 +318,7 @@ class Pipeline:
             logprobs=req.logprobs is not None,
             top_logprobs=req.logprobs or 0,
             chat=op.chat,
+            usage_last=dialect.usage_last,
         )
         # Who asks, for the fair queue (a priority the key may not ask for is refused before anything is charged).
         ask = self.queues.ask(key, headers, req) if self.queues is not None else None
