@@ -58,6 +58,8 @@ class CallContext(msgspec.Struct):
     state: dict[str, Any] = msgspec.field(default_factory=dict)
     stop_reason: bool = False  # the request's `include_stop_reason`: relay which stop ended each choice
     chat: bool = False  # a chat request: its chunks are `chat.completion.chunk`s
+    # The route's dialect puts a stream's usage on its last chunk unless the client asked for the usage chunk.
+    usage_last: bool = False
     # Set by a stream-event parser on the upstream's last event of the answer (Ollama's `done`, Anthropic's
     # `message_stop`): the stream ends with that event's chunk, if any, whether or not the body does
     # (gateway/path/events.py). `data: [DONE]` ends every kind's stream without it.

@@ -206,8 +206,15 @@ async def replay(entry: Entry, ctx: CallContext, want_usage: bool) -> AsyncItera
         system_fingerprint=entry.system_fingerprint,
         usage=entry.usage if want_usage else None,
     )
+    last: ChatChunk | None = None
     for chunk in answer_chunks(stored):
-        yield sse_event(encode(chunk))
+        if last is not None:
+            yield sse_event(encode(last))
+        last = chunk
+    if last is not None:
+        if ctx.usage_last and not want_usage:  # the route's dialect: the usage on the last chunk, unasked
+            last.usage = entry.usage
+        yield sse_event(encode(last))
     yield DONE
 
 

@@ -241,9 +241,13 @@ def finished(events: list[list[Choice]], expected: int) -> bool:
 
 
 async def replay_stream(entry: Entry, ctx: CallContext, want_usage: bool) -> AsyncIterator[bytes]:
-    """The stored answer as the upstream streamed it: one chunk per stored event, the usage, [DONE]."""
-    for event in events_of(entry).events:
-        yield sse_event(encode(ctx.completion(event, system_fingerprint=entry.system_fingerprint)))
+    """The stored answer as the upstream streamed it: one chunk per stored event, the usage, [DONE]. On a route
+    whose dialect puts the usage on the last chunk (`ctx.usage_last`), the last event carries it unasked."""
+    events = events_of(entry).events
+    on_last = ctx.usage_last and not want_usage
+    for i, event in enumerate(events):
+        usage = entry.usage if on_last and i == len(events) - 1 else None
+        yield sse_event(encode(ctx.completion(event, usage, system_fingerprint=entry.system_fingerprint)))
     if want_usage and entry.usage is not None:
         yield sse_event(encode(ctx.completion([], entry.usage)))
     yield DONE

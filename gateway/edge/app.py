@@ -40,7 +40,7 @@ from gateway.ops import accesslog, cores
 from gateway.ops.metrics import CONTENT_TYPE, Metrics
 from gateway.ops.orphans import end_with_supervisor
 from gateway.ops.reload import Reloader
-from gateway.path.dialects import OPENAI, PAIS, SGP, Dialect
+from gateway.path.dialects import OPENAI, PAIS, SGP, USAGE_LAST, Dialect
 from gateway.path.operation import CHAT
 from gateway.path.pipeline import Pipeline
 from gateway.upstream.httpx_transport import tls_context
@@ -56,17 +56,18 @@ _MULTIPART_SLACK: Final = 64 * 1024  # a multipart upload's boundaries and part 
 _MODEL_PAGES: Final = 64
 # Net allocations of GC-tracked objects before a young collection (CPython's default: 700); see `lifespan`.
 _YOUNG_COLLECTION_AT: Final = 10_000
-# A route's dialect decides only the error shape; the request and Completion are the same everywhere.
+# A route's dialect decides its error shape, its own defaults and bounds on the request, and where a stream's
+# usage goes; the request and Completion types are the same everywhere.
 DIALECT_ROUTES: dict[str, Dialect] = {
     "/v1/completions": OPENAI,
-    "/inference/v1/completions": OPENAI,
+    "/inference/v1/completions": USAGE_LAST,
     "/v4/beta/completions": SGP,
     "/api/v1/compatibility/openai/v1/completions": PAIS,
 }
 # The chat routes: the same pipeline, keys, routing and error shapes as the completion route of their dialect.
 CHAT_ROUTES: dict[str, Dialect] = {
     "/v1/chat/completions": OPENAI,
-    "/inference/v1/chat/completions": OPENAI,
+    "/inference/v1/chat/completions": USAGE_LAST,
     "/v4/beta/chat/completions": SGP,
     "/api/v1/compatibility/openai/v1/chat/completions": PAIS,
 }

@@ -257,7 +257,7 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services, op: Ope
         held: Held | None = None
         try:
             if pipeline.cache is not None:
-                early = pipeline.early(body, headers, rec, op)
+                early = pipeline.early(body, headers, rec, op, dialect)
                 if isinstance(early, Result):
                     result = early
                 else:

@@ -1,11 +1,12 @@
-"""The client-facing dialects: same request and Completion, different error shapes.
+"""The client-facing dialects: same request and Completion, different error shapes, and each route's own
+defaults and bounds (`amend`, on a decoded completion request) and stream usage (`usage_last`).
 
-openai  /v1/completions, /inference/v1/completions (Fireworks clients), and their chat routes
-        {"error": {"message", "type", "param", "code"}} with OpenAI's status codes
-sgp     /v4/beta/completions (seed 003, a FastAPI service), /v4/beta/chat/completions
+openai  /v1/completions, /inference/v1/completions (Fireworks clients: usage on a stream's last chunk), and
+        their chat routes; {"error": {"message", "type", "param", "code"}} with OpenAI's status codes
+sgp     /v4/beta/completions (seed 003, a FastAPI service), /v4/beta/chat/completions; top_logprobs 0..20
 pais    /api/v1/compatibility/openai/v1/[chat/]completions (seed 004): 422 {"detail": [{"loc", "msg", "type"}]} for
         bad fields, 404 "Unknown model endpoint" (an unknown alias, or an upstream that does not serve the
-        model), 400 "Invalid model endpoint specified or model endpoint not ready"
+        model), 400 "...not ready"; temperature 0 unless sent, max_tokens >= 1, a non-empty stop list
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from wire.errors import (
     ModelNotFoundError,
     ProviderUnavailableError,
 )
-from wire.schema import BodyError, encode
+from wire.schema import BodyError, CompletionRequest, encode
 
 # msgspec's messages quote the client's own keys (an unknown field's name is the client's text, as long as
 # the body allows), so they are parsed on RE2, linear in the text. On Python's `re`, `_AT` over a key made
@@ -72,8 +73,21 @@ def decode_error(exc: msgspec.DecodeError | msgspec.ValidationError) -> RequestE
     )
 
 
+def _refused(field: str, bound: str) -> InvalidRequestError:
+    """A value the route's own schema bounds, as msgspec words a bound it checks (`invalid_value`)."""
+    return InvalidRequestError(f"Invalid value for '{field}': Expected {bound}", param=field, code="invalid_value")
+
+
 class Dialect:
     name: str = "openai"
+    # Whether `amend` does anything: a route that takes its request as decoded pays one attribute test.
+    amends: bool = False
+    # A stream's usage rides on its last chunk when the client did not ask for it (`stream_options`).
+    usage_last: bool = False
+
+    def amend(self, req: CompletionRequest) -> None:
+        """The route's own defaults and bounds on a decoded completion request, before it is normalized (and
+        before the cache key, the limits and the routing read it); raises the refusal of a bound."""
 
     def error(self, exc: GatewayError) -> tuple[int, bytes]:
         body = {
@@ -108,14 +122,39 @@ class FastAPIDialect(Dialect):
         return exc.status, encode({"detail": exc.message})
 
 
+class UsageLastDialect(Dialect):
+    """OpenAI's errors, and a stream's usage on its last chunk unasked: Fireworks' stream (seed 001)."""
+
+    usage_last = True
+
+
 class SGPDialect(FastAPIDialect):
     name = "sgp"
+    amends = True
+
+    def amend(self, req: CompletionRequest) -> None:
+        # Seed 003: "An integer between 0 and 20"; wider counts are the decoder's and each provider's to bound.
+        if req.top_logprobs is not None and req.top_logprobs > 20:
+            raise _refused("top_logprobs", "`int` <= 20")
 
 
 class PAISDialect(FastAPIDialect):
     name = "pais"
+    amends = True
+
+    def amend(self, req: CompletionRequest) -> None:
+        # Seed 004's CompletionsRequestPayload: temperature "default: 0" (a client that sends none expects
+        # greedy decoding, not the upstream's own default), max_tokens "minimum: 1", stop "minItems: 1".
+        # n's "minimum: 1" and temperature's bounds are the decoder's already.
+        if req.temperature is None:
+            req.temperature = 0.0
+        if req.max_tokens is not None and req.max_tokens < 1:
+            raise _refused("max_tokens", "`int` >= 1")
+        if isinstance(req.stop, list) and not req.stop:
+            raise _refused("stop", "`array` of length >= 1")
 
 
 OPENAI: Final = Dialect()
+USAGE_LAST: Final = UsageLastDialect()
 SGP: Final = SGPDialect()
 PAIS: Final = PAISDialect()

@@ -26,7 +26,7 @@ from gateway.limits.usage import UsageStore
 from gateway.ops import tracing
 from gateway.ops.metrics import Metrics, Record
 from gateway.path.attempt import Job, Services
-from gateway.path.dialects import Dialect, decode_error
+from gateway.path.dialects import OPENAI, Dialect, decode_error
 from gateway.path.operation import COMPLETIONS, Operation
 from gateway.path.relay import STREAM_FAILED, Held, Relay, estimated
 from gateway.path.routing import Router
@@ -175,11 +175,18 @@ class Pipeline:
         await self.upstream.close()
         await self.shared.close()
 
-    def early(self, raw: bytes, headers: Mapping[str, str], rec: Record, op: Operation = COMPLETIONS) -> Result | Front:
+    def early(
+        self,
+        raw: bytes,
+        headers: Mapping[str, str],
+        rec: Record,
+        op: Operation = COMPLETIONS,
+        dialect: Dialect = OPENAI,
+    ) -> Result | Front:
         """With a cache on, the request's front without a task or an await: decoded, authorized, routed and
         looked up. A hit that no rate limit has to count is answered here, with nothing else built for it;
         any other request goes on in `complete(front=...)` from where this left it."""
-        key, req = self._decoded(raw, headers, rec, op)
+        key, req = self._decoded(raw, headers, rec, op, dialect)
         if key is not None and self.budgets.applies(key):
             return key, req, None, _LATER  # budgets are checked before the cache is looked at
         plan = self.router.plan(req.model)
@@ -197,7 +204,8 @@ class Pipeline:
                         cached.entry, cached.state, now, rec, op.new_id(), int(time.time()), req.model, op.chat
                     )
                     return Result({}, body, None, None, lines)
-                ctx = CallContext(id=op.new_id(), created=int(time.time()), model=req.model, chat=op.chat)
+                now_s, last = int(time.time()), dialect.usage_last
+                ctx = CallContext(id=op.new_id(), created=now_s, model=req.model, chat=op.chat, usage_last=last)
                 return cached.replay(_Answered(req, ctx), rec, Result)
         return key, req, plan, cached
 
@@ -212,7 +220,7 @@ class Pipeline:
     ) -> Result:
         rec = rec if rec is not None else Record(request_id="", dialect=dialect.name)
         try:
-            job = await self._admit(raw, headers, rec, front, op)
+            job = await self._admit(raw, headers, rec, front, op, dialect)
             cached = job.cached
             if cached is not None:
                 if not cached.direct:  # `direct`: a buffered miss (a stream goes through `serve`)
@@ -235,11 +243,11 @@ class Pipeline:
             raise self.scrub.error(exc) from None
 
     def _decoded(
-        self, raw: bytes, headers: Mapping[str, str], rec: Record, op: Operation
+        self, raw: bytes, headers: Mapping[str, str], rec: Record, op: Operation, dialect: Dialect
     ) -> tuple[ClientKey | None, CompletionRequest]:
-        """Who asks, and for what: authenticated, decoded, normalized and authorized."""
+        """Who asks, and for what: authenticated, decoded, amended by the route, normalized and authorized."""
         key = self.keys.authenticate(headers)
-        return key, self._checked(key, raw, rec, op)
+        return key, self._checked(key, raw, rec, op, False, dialect)
 
     def front_as(self, key: ClientKey | None, raw: bytes, rec: Record, op: Operation = COMPLETIONS) -> Front:
         """A request made on behalf of `key` without its secret (a batch's line, gateway/batches): decoded,
@@ -247,7 +255,13 @@ class Pipeline:
         return key, self._checked(key, raw, rec, op, True), None, _LATER
 
     def _checked(
-        self, key: ClientKey | None, raw: bytes, rec: Record, op: Operation, batch: bool = False
+        self,
+        key: ClientKey | None,
+        raw: bytes,
+        rec: Record,
+        op: Operation,
+        batch: bool = False,
+        dialect: Dialect = OPENAI,
     ) -> CompletionRequest:
         if key is not None:
             rec.key, rec.key_id, rec.team = key.name, key.ident, key.team or ""
@@ -255,6 +269,8 @@ class Pipeline:
             req = op.decode(raw)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise decode_error(exc) from None
+        if dialect.amends and not op.chat:  # the route's own defaults and bounds (its seed's completion schema)
+            dialect.amend(req)
         op.normalize(req, self.loaded.config.caps)
         self.keys.authorize(key, req.model)
         if req.priority is not None:  # the engine's own order, which the gateway's classes would not bound
@@ -270,11 +286,17 @@ class Pipeline:
             rec.prompt = req.prompt if isinstance(req.prompt, str) else encode(req.prompt).decode()
 
     async def _admit(
-        self, raw: bytes, headers: Mapping[str, str], rec: Record, front: Front | None, op: Operation
+        self,
+        raw: bytes,
+        headers: Mapping[str, str],
+        rec: Record,
+        front: Front | None,
+        op: Operation,
+        dialect: Dialect = OPENAI,
     ) -> Job:
         """Who asks, for what, and whether they may: the request decoded, routed and admitted."""
         if front is None:
-            key, req = self._decoded(raw, headers, rec, op)
+            key, req = self._decoded(raw, headers, rec, op, dialect)
             plan: Plan | None = None
             looked: Any = _LATER
         else:
@@ -296,6 +318,7 @@ class Pipeline:
             logprobs=req.logprobs is not None,
             top_logprobs=req.logprobs or 0,
             chat=op.chat,
+            usage_last=dialect.usage_last,
         )
         # Who asks, for the fair queue (a priority the key may not ask for is refused before anything is charged).
         ask = self.queues.ask(key, headers, req) if self.queues is not None else None

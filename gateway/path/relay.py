@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from typing import cast
+from typing import Any, cast
 
 import msgspec
 
@@ -133,11 +133,15 @@ class Relay:
     async def stream(
         self, opened: Opened, route: Route, job: Job, rec: Record, held: Held | None = None
     ) -> AsyncIterator[bytes]:
-        """The client's stream: `opened`'s events as SSE bytes, then the usage chunk if asked, then [DONE]."""
+        """The client's stream: `opened`'s events as SSE bytes, then the usage chunk if asked (or, on a route whose
+        dialect says so, the usage on the chunk that finishes the last choice, held until the upstream ends), then
+        [DONE]."""
         if held is not None:
             held.taken = True  # from here on this generator's `finally` gives everything back
         req, ctx = job.req, job.ctx
         want_usage = bool(req.stream_options and req.stream_options.include_usage)
+        on_last = ctx.usage_last and not want_usage
+        last: Any = None  # with `on_last`, the chunk that finished the last choice: sent with the usage
         quota = opened.quota
         expected = ctx.n if ctx.chat else choices_asked(req)
         cached = job.cached  # the response cache's part (gateway/cache): None unless this stream may be stored
@@ -192,7 +196,12 @@ class Relay:
                                 # A completion or a chat chunk (gateway/cache/chat.py); not `cast`: a call per event.
                                 cached.chunk(c)  # type: ignore[arg-type]
                                 cached.blocked = now()
-                            yield sse_event(encode(c))
+                            if on_last and finished >= expected:
+                                if last is not None:  # a chunk after the last finish: the one before goes on
+                                    yield sse_event(encode(last))
+                                last = c  # the usage comes with it or after it, before the upstream's end
+                            else:
+                                yield sse_event(encode(c))
                             if cached is not None:
                                 cached.blocked = 0.0
                         c = await anext(opened.chunks, None)
@@ -259,7 +268,7 @@ class Relay:
                     if cached is not None:
                         cached.abandon()  # nothing to store: whoever waits asks for itself, not after the client
                     yield error_event(self.scrub.error(error))
-                    want_usage = False  # the error event ends what the client reads
+                    want_usage = on_last = False  # the error event ends what the client reads
                     break
                 streamed = sent - blank - resumed_from + unsent  # by the target that broke
                 parts = rec.parts if rec.parts is not None else []
@@ -284,11 +293,13 @@ class Relay:
                     completion_tokens_details=usage.completion_tokens_details,
                     prompt_tokens_details=usage.prompt_tokens_details,
                 )
-            if want_usage and usage is not None:
-                last = usage_chunk(opened.ctx, usage)
+            if last is not None:
+                yield sse_event(encode(msgspec.structs.replace(last, usage=usage)))
+                last = None
+            elif (want_usage or on_last) and usage is not None:
                 if cached is not None:
                     cached.blocked = now()
-                yield sse_event(encode(last))
+                yield sse_event(encode(usage_chunk(opened.ctx, usage)))
                 if cached is not None:
                     cached.blocked = 0.0
             if cached is not None and clean:
@@ -298,6 +309,8 @@ class Relay:
             _book_failure(rec, route, internal())
             if cached is not None:
                 cached.abandon()
+            if last is not None:
+                yield sse_event(encode(last))  # generated and counted: the client gets it, without the usage
             yield error_event(internal())
         finally:
             if cached is not None:

@@ -294,3 +294,17 @@ def test_a_redis_backed_cache_serves_chat_to_another_gateway(
         assert assembled(chunks)["content"] == hit.json()["choices"][0]["message"]["content"]
     assert len(upstream.received) == 2
     assert redis_server.client().dbsize() >= 2
+
+
+def test_fireworks_chat_route_has_the_usage_on_the_finish_chunk_stored_or_not(gw: GatewayThread, up: Upstream) -> None:
+    # Fireworks' route sends a stream's usage on its very last chunk unasked (seed 001), the finish chunk.
+    payload = ask("fireworks route: usage on the last chunk") | {"stream": True}
+    with client(gw.url) as c:
+        answers = [c.post("/inference/v1/chat/completions", json=payload) for _ in range(2)]
+    assert [a.headers["x-gateway-cache"] for a in answers] == ["miss", "hit"]
+    assert len(up.received) == 1
+    for answer in answers:
+        chunks = [json.loads(e) for e in sse_data(answer.text)[:-1]]
+        assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+        assert chunks[-1]["usage"] == USAGE["usage"]
+        assert all(ch.get("usage") is None for ch in chunks[:-1])

@@ -188,3 +188,20 @@ def test_a_stream_the_client_cut_is_not_stored(own: httpx.Client, upstream: Upst
     upstream.handler = like
     resp = own.post("/v1/completions", json=body("cut: the cat sat"), headers={"cache-control": "only-if-cached"})
     assert resp.status_code == 504
+
+
+def test_a_streamed_hit_on_fireworks_route_has_the_usage_on_its_last_chunk(
+    alice: httpx.Client, upstream: Upstream
+) -> None:
+    # Fireworks' route sends a stream's usage on its very last chunk unasked (seed 001), stored or not.
+    payload = body("fireworks route: the cat") | {"stream": True}
+    answers = [alice.post("/inference/v1/completions", json=payload) for _ in range(2)]
+    assert [a.headers["x-gateway-cache"] for a in answers] == ["miss", "hit"]
+    assert len(upstream.received) == 1
+    lasts = []
+    for answer in answers:
+        events = [json.loads(e) for e in sse_data(answer.text)[:-1]]
+        assert events[-1]["choices"] and events[-1]["usage"]["total_tokens"] > 0
+        assert all(e.get("usage") is None for e in events[:-1])
+        lasts.append(events[-1]["usage"])
+    assert lasts[0] == lasts[1]

@@ -315,8 +315,15 @@ def test_pais_upstream(api: httpx.Client, upstream: Upstream) -> None:
     assert body["model"] == "pais/llama-3-8b"
     sent = upstream.only()
     assert sent.path == "/pais/api/v1/compatibility/openai/v1/completions"
-    # A bare stop string becomes the non-empty array the seed requires.
-    assert sent.json() == {"model": "llama-3-8b", "prompt": "hello", "stop": ["\n"], "max_tokens": 7, "seed": 1}
+    # A bare stop string becomes the non-empty array the seed requires; the PAIS route's temperature default is 0.
+    assert sent.json() == {
+        "model": "llama-3-8b",
+        "prompt": "hello",
+        "stop": ["\n"],
+        "max_tokens": 7,
+        "seed": 1,
+        "temperature": 0,
+    }
 
 
 def test_pais_prompt_list_fans_out_one_call_per_prompt(api: httpx.Client, upstream: Upstream) -> None:

@@ -7,6 +7,7 @@ nothing: validation happens before any upstream I/O.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -363,6 +364,36 @@ def test_body_error(api: httpx.Client, upstream: Upstream, route: str, raw: byte
         loc=[],
     )
     assert upstream.received == []
+
+
+def _documented_codes() -> dict[str, str]:
+    """docs/dialects.md's error-code table: each code's `when`, as client authors read it."""
+    lines = (Path(__file__).resolve().parents[2] / "docs" / "dialects.md").read_text().splitlines()
+    start = lines.index("| code | when |") + 2
+    rows: dict[str, str] = {}
+    for line in lines[start:]:
+        if not line.startswith("| `"):
+            break
+        code, when = line[3:].split("` | ", 1)
+        rows[code] = when
+    return rows
+
+
+@pytest.mark.parametrize("route", ALL_ROUTES)
+@pytest.mark.parametrize(
+    ("raw", "said"),
+    [
+        pytest.param(b'{"model": ', "not JSON", id="not-json"),
+        pytest.param(b"[1]", "not an object", id="array"),
+        pytest.param(b'"x"', "not an object", id="string"),
+        pytest.param(b"null", "not an object", id="null"),
+    ],
+)
+def test_a_bad_body_gets_the_code_documented_for_it(api: httpx.Client, route: str, raw: bytes, said: str) -> None:
+    resp = api.post(route, content=raw, headers={"content-type": "application/json"})
+    body = resp.json()
+    code = body["error"]["code"] if "error" in body else body["detail"][0]["type"]
+    assert [c for c, when in _documented_codes().items() if said in when] == [code]
 
 
 @pytest.mark.parametrize("route", ALL_ROUTES)
