@@ -48,6 +48,11 @@ class RequestError(InvalidRequestError):
         self.loc = loc
 
 
+def unknown_field(name: str, loc: list[str | int] | None = None) -> RequestError:
+    """A field the request schema does not have, named as the client sent it (`loc`: its path, else the name)."""
+    return RequestError(f"Unrecognized request argument supplied: {name}", name, loc or [name], "unknown_parameter")
+
+
 def decode_error(exc: msgspec.DecodeError | msgspec.ValidationError) -> RequestError:
     text = str(exc)
     if isinstance(exc, msgspec.ValidationError):
@@ -57,7 +62,7 @@ def decode_error(exc: msgspec.DecodeError | msgspec.ValidationError) -> RequestE
         if m:
             loc = [*where, m.group(1)]
             name = ".".join(str(p) for p in loc if isinstance(p, str) and p != "...")
-            return RequestError(f"Unrecognized request argument supplied: {name}", name, loc, "unknown_parameter")
+            return unknown_field(name, loc)
         m = _MISSING.match(problem)
         if m:
             loc = [*where, m.group(1)]

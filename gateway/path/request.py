@@ -15,7 +15,7 @@ import msgspec
 
 from gateway.config import CapsConfig
 from gateway.emulation.planning import GUIDED_CHOICE_CHARS, GUIDED_CHOICES
-from gateway.path.dialects import decode_error
+from gateway.path.dialects import decode_error, unknown_field
 from gateway.path.echo import echoed
 from gateway.path.unrendered import image_parts, unrendered
 from providers.registry import credential_headers
@@ -237,6 +237,14 @@ def _check_choices(n: int, n_prompts: int) -> None:
         raise _bad(f"at most {MAX_CHOICES} choices per request (prompts x n)", "n")
 
 
+def _refuse_held(req: CompletionRequest, names: tuple[str, ...]) -> None:
+    """An unknown field for the first of `names` set: fields held under a leading-space name (by which a client
+    sent it) that no client of this route may set."""
+    for name in names:
+        if getattr(req, name) is not None:
+            raise unknown_field(f" {name}")
+
+
 def normalize(req: CompletionRequest, caps: CapsConfig = _DEFAULT_CAPS) -> CompletionRequest:
     """Canonicalize in place and return the same object (one decode, no copies)."""
     check_model(req.model)
@@ -254,11 +262,7 @@ def normalize(req: CompletionRequest, caps: CapsConfig = _DEFAULT_CAPS) -> Compl
     if req.__class__ is not ChatRequest:
         # Chat's prefill fields live on the shared struct under names no client means to send (a leading
         # space); one sent to a completion is an unknown field, as it would be without them.
-        for name in ("continue_final_message", "add_generation_prompt"):
-            if getattr(req, name) is not None:
-                raise InvalidRequestError(
-                    f"Unrecognized request argument supplied:  {name}", param=f" {name}", code="unknown_parameter"
-                )
+        _refuse_held(req, ("continue_final_message", "add_generation_prompt"))
 
     limit: int | None = None
     for name in ("max_tokens", "max_new_tokens", "max_completion_tokens"):
@@ -435,10 +439,7 @@ def normalize_chat(req: ChatRequest, caps: CapsConfig = _DEFAULT_CAPS) -> ChatRe
     """`normalize` for a chat request: `logprobs` is a boolean there, `tools`, `tool_choice` and
     `response_format` must have OpenAI's shapes, and `prompt` becomes the rendered conversation."""
     if _completion_only(req) != _NONE_HELD:
-        name = next(n for n in _COMPLETION_ONLY if getattr(req, n) is not None)
-        raise InvalidRequestError(
-            f"Unrecognized request argument supplied:  {name}", param=f" {name}", code="unknown_parameter"
-        )
+        _refuse_held(req, _COMPLETION_ONLY)
     if req.logprobs is not None and not isinstance(req.logprobs, bool):
         raise _bad("'logprobs' must be a boolean on chat completions; 'top_logprobs' sets the count", "logprobs")
     for name, shape in _CHAT_SHAPES:
