@@ -17,7 +17,7 @@ from __future__ import annotations
 import ssl
 from collections.abc import Iterable
 from contextvars import ContextVar
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 import httpcore
 import httpx
@@ -60,17 +60,17 @@ class Meter:
 METER: ContextVar[Meter | None] = ContextVar("engine_metrics_meter", default=None)
 
 
-class _Stream(httpcore.AsyncNetworkStream):
+class ThroughStream(httpcore.AsyncNetworkStream):
+    """A network stream that hands everything to `inner`: a meter's subclass counts its reads (and here the
+    httpx transport's too, gateway/upstream/httpx_head.py). What TLS wraps is wrapped the same way."""
+
+    __slots__ = ("_inner",)
+
     def __init__(self, inner: httpcore.AsyncNetworkStream) -> None:
         self._inner = inner
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        meter = METER.get()
-        if meter is None:
-            return await self._inner.read(max_bytes, timeout)
-        data = await self._inner.read(min(max_bytes, HEAD_STEP) if meter.head else max_bytes, timeout)
-        meter.charge(len(data))
-        return data
+        return await self._inner.read(max_bytes, timeout)
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:
         await self._inner.write(buffer, timeout)
@@ -81,16 +81,19 @@ class _Stream(httpcore.AsyncNetworkStream):
     async def start_tls(
         self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None
     ) -> httpcore.AsyncNetworkStream:
-        # What TLS decrypts is what is charged (a proxy's CONNECT answer before it, as head).
-        return _Stream(await self._inner.start_tls(ssl_context, server_hostname, timeout))
+        return type(self)(await self._inner.start_tls(ssl_context, server_hostname, timeout))
 
     def get_extra_info(self, info: str) -> Any:  # httpcore's own type: a socket, an SSL object, a flag
         return self._inner.get_extra_info(info)
 
 
-class _Network(httpcore.AsyncNetworkBackend):
-    def __init__(self) -> None:
-        self._inner = httpcore.AnyIOBackend()
+class ThroughNetwork(httpcore.AsyncNetworkBackend):
+    """A network backend whose every connection is `stream`'s wrapping of `inner`'s."""
+
+    stream: ClassVar[type[ThroughStream]] = ThroughStream
+
+    def __init__(self, inner: httpcore.AsyncNetworkBackend) -> None:
+        self._inner = inner
 
     async def connect_tcp(
         self,
@@ -100,10 +103,30 @@ class _Network(httpcore.AsyncNetworkBackend):
         local_address: str | None = None,
         socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
     ) -> httpcore.AsyncNetworkStream:
-        return _Stream(await self._inner.connect_tcp(host, port, timeout, local_address, socket_options))
+        return self.stream(await self._inner.connect_tcp(host, port, timeout, local_address, socket_options))
+
+    async def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None
+    ) -> httpcore.AsyncNetworkStream:
+        return self.stream(await self._inner.connect_unix_socket(path, timeout, socket_options))
 
     async def sleep(self, seconds: float) -> None:
         await self._inner.sleep(seconds)
+
+
+class _Stream(ThroughStream):
+    # What TLS decrypts is what is charged (a proxy's CONNECT answer before it, as head).
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        meter = METER.get()
+        if meter is None:
+            return await self._inner.read(max_bytes, timeout)
+        data = await self._inner.read(min(max_bytes, HEAD_STEP) if meter.head else max_bytes, timeout)
+        meter.charge(len(data))
+        return data
+
+
+class _Network(ThroughNetwork):
+    stream = _Stream
 
 
 def pool(ssl_context: ssl.SSLContext, proxy: str | None) -> httpcore.AsyncConnectionPool:
@@ -122,5 +145,5 @@ def pool(ssl_context: ssl.SSLContext, proxy: str | None) -> httpcore.AsyncConnec
         # One connection per replica at most (each is read by one task, a read at a time): never a queue.
         max_connections=None,
         keepalive_expiry=_KEEPALIVE_S,
-        network_backend=_Network(),
+        network_backend=_Network(httpcore.AnyIOBackend()),
     )

@@ -13,13 +13,13 @@ per request (an interim flood there ends at `total_ms`).
 from __future__ import annotations
 
 import ssl
-from collections.abc import Iterable
 from contextvars import ContextVar
-from typing import Any, Final
+from typing import Final
 
 import httpcore
 import httpx
 
+from gateway.fleet.metered import ThroughNetwork, ThroughStream
 from gateway.upstream.h1wire import _head_too_large
 
 # The most one socket read takes while a head is read (a real head is a few hundred bytes): a flood of interim
@@ -43,11 +43,8 @@ class HeadMeter:
 HEAD: ContextVar[HeadMeter | None] = ContextVar("httpx_head_meter", default=None)
 
 
-class _Stream(httpcore.AsyncNetworkStream):
-    __slots__ = ("_inner",)
-
-    def __init__(self, inner: httpcore.AsyncNetworkStream) -> None:
-        self._inner = inner
+class _Stream(ThroughStream):
+    __slots__ = ()
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         meter = HEAD.get()
@@ -61,12 +58,6 @@ class _Stream(httpcore.AsyncNetworkStream):
         meter.taken += len(data)
         return data
 
-    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        await self._inner.write(buffer, timeout)
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
     async def start_tls(
         self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None
     ) -> httpcore.AsyncNetworkStream:
@@ -76,31 +67,9 @@ class _Stream(httpcore.AsyncNetworkStream):
             return tls  # multiplexed: see the module's docstring
         return _Stream(tls)
 
-    def get_extra_info(self, info: str) -> Any:  # httpcore's own type: a socket, an SSL object, a flag
-        return self._inner.get_extra_info(info)
 
-
-class _Network(httpcore.AsyncNetworkBackend):
-    def __init__(self, inner: httpcore.AsyncNetworkBackend) -> None:
-        self._inner = inner
-
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
-        return _Stream(await self._inner.connect_tcp(host, port, timeout, local_address, socket_options))
-
-    async def connect_unix_socket(
-        self, path: str, timeout: float | None = None, socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None
-    ) -> httpcore.AsyncNetworkStream:
-        return _Stream(await self._inner.connect_unix_socket(path, timeout, socket_options))
-
-    async def sleep(self, seconds: float) -> None:
-        await self._inner.sleep(seconds)
+class _Network(ThroughNetwork):
+    stream = _Stream
 
 
 def meter_heads(client: httpx.AsyncClient) -> None:
