@@ -24,7 +24,7 @@ from providers.base import (
 )
 from providers.chat_params import chat_table
 from providers.envelope import Unreadable, envelope_status
-from providers.finish import broke_off, finish_reason
+from providers.finish import BROKE_OFF, broke_off, finish_reason
 from providers.openai_chat import OpenAIChat
 from providers.quota import mistral_windows
 from providers.retry_after import retry_after, should_retry
@@ -205,6 +205,9 @@ class MistralAdapter(OpenAIChat):
     # Its reasoning models read their earlier thinking as a `thinking` chunk of the assistant turn's content
     # (the SDK's multi-turn reasoning example: dropping it degrades the answers).
     chat_reasoning_chunk: ClassVar[bool] = True
+    # Mistral's `error` finish reason (client-python `ChatCompletionChoice`): the generation broke off, on the
+    # chat route as on completions.
+    broke_off_words: ClassVar[frozenset[str]] = BROKE_OFF | {"error"}
     # Chat (`messages`) or FIM (`prompt`), as the request has a suffix or not.
     guarded_paths = frozenset({"messages", "prompt", "max_tokens", "n"})
     # One user turn (or one FIM prompt) per call: the gateway fans out prompt lists.
@@ -245,9 +248,9 @@ class MistralAdapter(OpenAIChat):
         )
 
     def _choice(self, c: MChoice, text: str) -> Choice:
-        if c.finish_reason == "error":
+        if c.finish_reason in self.broke_off_words:
             # The generation broke off upstream: its partial text must not reach the client as finished.
-            raise broke_off(self.kind, "error")
+            raise broke_off(self.kind, c.finish_reason)
         return Choice(text=text, index=c.index, logprobs=None, finish_reason=finish_reason(c.finish_reason))
 
     def _created(self, up: MCompletion, ctx: CallContext) -> int:

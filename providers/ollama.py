@@ -23,9 +23,10 @@ from providers.base import (
 )
 from providers.chat_params import chat_table
 from providers.finish import finish_reason
+from providers.offsets import key_bytes, token_key
 from providers.openai_chat import OpenAIChat
 from providers.retry_after import retry_after, should_retry
-from providers.selfhosted import logprobs, response_schema, top_dict, usage
+from providers.selfhosted import logprobs, raw_bytes, response_schema, top_dict, usage
 from wire.errors import GatewayError, InvalidRequestError, UpstreamStatusError
 from wire.schema import Completion, CompletionRequest, Logprobs
 
@@ -56,13 +57,18 @@ def _logprobs(body: dict[str, Any], count: int) -> None:
 
 
 class OllamaTop(msgspec.Struct):
+    """api/types.go `TokenLogprob`: a token that is part of a character has a `token` JSON cannot hold (Go writes
+    it as U+FFFD), and all of its bytes in `bytes`."""
+
     token: str = ""
     logprob: float | None = None
+    raw: list[int] | None = msgspec.field(default=None, name="bytes")
+
+    def key(self) -> str:
+        return token_key(self.token, raw_bytes(self.raw))
 
 
-class OllamaLogprob(msgspec.Struct):
-    token: str = ""
-    logprob: float | None = None
+class OllamaLogprob(OllamaTop):
     top_logprobs: list[OllamaTop] | None = None
 
 
@@ -171,11 +177,14 @@ class OllamaAdapter(OpenAIChat):
             entries = up.logprobs
             # Alternatives come only with top_logprobs > 0; logprobs: 0 is the sampled tokens alone.
             tops = (
-                [top_dict([(t.token, t.logprob) for t in e.top_logprobs or []]) for e in entries]
+                [top_dict([(t.key(), t.logprob) for t in e.top_logprobs or []]) for e in entries]
                 if any(e.top_logprobs for e in entries)
                 else None
             )
-            lp = logprobs([e.token for e in entries], [e.logprob for e in entries], tops, ctx)
+            # Named, and offsets counted, by their bytes where sent (a character split over tokens counts once).
+            names = [e.key() for e in entries]
+            raws = [raw_bytes(e.raw) or key_bytes(name) for e, name in zip(entries, names, strict=True)]
+            lp = logprobs(names, [e.logprob for e in entries], tops, ctx, raws=raws)
         return ctx.single(
             up.response,
             # Ollama before done_reason (2024) only ever stopped by itself or at num_predict.

@@ -176,6 +176,9 @@ class OpenAIChat(Adapter):
     # Where the chat table takes `return_token_ids`: whether the route's streams carry the ids too. False: a
     # streamed request for them is a 400 naming the field (the route would refuse it, or send none).
     chat_token_ids_streamed: ClassVar[bool] = True
+    # The finish reasons that say the server gave the generation up (providers/finish.py `BROKE_OFF`), a kind's
+    # own word for it included: such a choice fails the attempt instead of reaching the client as finished.
+    broke_off_words: ClassVar[frozenset[str]] = BROKE_OFF
 
     def chat_url(self, endpoint: Endpoint) -> str:
         return endpoint.base_url.rstrip("/") + self.chat_path
@@ -219,7 +222,7 @@ class OpenAIChat(Adapter):
             ctx.created = up.created
         choices = []
         for c in up.choices:
-            if c.finish_reason in BROKE_OFF:
+            if c.finish_reason in self.broke_off_words:
                 raise broke_off(self.kind, c.finish_reason)
             m = c.message or _UpMessage()
             content: Any = m.content  # a string, or (tested without a call) a list of chunks
@@ -261,7 +264,7 @@ class OpenAIChat(Adapter):
         for c in up.choices or ():
             d = c.delta or _UpMessage()
             calls, word, lp = d.tool_calls, c.finish_reason, c.logprobs
-            if word in BROKE_OFF:
+            if word in self.broke_off_words:
                 raise broke_off(self.kind, word)
             content: Any = d.content  # runs for every stream event: the list test is an attribute, not a call
             reasoning = d.reasoning_content if d.reasoning_content is not None else d.reasoning

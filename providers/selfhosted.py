@@ -98,7 +98,8 @@ class TokenProb(msgspec.Struct):
     top_logprobs: list[TopProb] = []
 
 
-def _raw(values: list[int] | None) -> bytes | None:
+def raw_bytes(values: list[int] | None) -> bytes | None:
+    """A token's `bytes` as sent (a list of byte values), or None when it has none."""
     return bytes(b & 0xFF for b in values) if values is not None else None
 
 
@@ -120,12 +121,12 @@ def token_probs(probs: Sequence[TokenProb], ctx: CallContext, index: int = 0) ->
         for t in p.top_logprobs:
             if t.logprob is None:
                 continue
-            key = token_key(t.token, _raw(t.raw))
+            key = token_key(t.token, raw_bytes(t.raw))
             if key in top:
                 key = f"token_id:{t.id}"
             top[key] = t.logprob
             names[t.id] = key
-        raw = _raw(p.raw)
+        raw = raw_bytes(p.raw)
         name = names.get(p.id) or token_key(p.token, raw)
         tokens.append(name)
         values.append(p.logprob)
@@ -141,4 +142,4 @@ def usage(prompt_tokens: int, completion_tokens: int) -> Usage:
     )
 
 
-__all__ = ["TokenProb", "TopProb", "logprobs", "response_schema", "token_probs", "top_dict", "usage"]
+__all__ = ["TokenProb", "TopProb", "logprobs", "raw_bytes", "response_schema", "token_probs", "top_dict", "usage"]

@@ -3,14 +3,15 @@
 Fields from together-python `types/completions.py` and a recorded request (its own `repetition_penalty`
 and `min_p` included; it documents no stop count, so OpenAI's 4 apply); the response quirks
 (`text.completion`, finish reason `eos`, float logprobs in stream chunks) are normalized by the base. Its
-chat route takes and answers logprobs in its own shape too (providers/chat_logprobs.py).
+chat route takes and answers logprobs in its own shape too (providers/chat_logprobs.py). Together answers
+`echo` beside the choices, not in their text, so the gateway echoes (docs/provider-notes.md).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from providers.base import Param, table
+from providers.base import EMULATED, Param, table
 from providers.chat_params import chat_table
 from providers.openai_chat import OpenAIChat
 from providers.openai_compat import OPENAI_PARAMS, OpenAICompatible
@@ -34,6 +35,9 @@ class TogetherAdapter(OpenAIChat, OpenAICompatible):
     params = table(
         OPENAI_PARAMS,
         drop=("best_of", "suffix", "seed", "user"),
+        # Together puts an echoed prompt (and its logprobs) in the answer's top-level `prompt` list, never in a
+        # choice's text (its OpenAPI spec, `CompletionResponse.prompt`): the gateway prepends it itself.
+        echo=EMULATED,
         top_k=Param(),
         repetition_penalty=Param(),
         min_p=Param(),

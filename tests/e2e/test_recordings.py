@@ -214,6 +214,27 @@ def test_together_recording(api: httpx.Client, upstream: Upstream) -> None:
     assert sent.headers["authorization"] == "Bearer together-e2e"
 
 
+def test_together_echo_is_the_gateways(api: httpx.Client, upstream: Upstream) -> None:
+    """Together answers `echo` with the prompt in a list beside the choices (its OpenAPI spec's
+    `CompletionResponse.prompt`), never in a choice's text: the gateway echoes, and Together is asked for the
+    recorded answer without it. With logprobs the prompt's would be missing: a 400 naming `echo`."""
+    # Without the recorded headers, whose exhausted counter would cool the target for the second request.
+    upstream.handler = reply(fixture_bytes(TOGETHER))
+    model = "together/mistralai/Mixtral-8x7B-Instruct-v0.1"
+    prompt = "Tell me a joke about opentelemetry"
+    resp = api.post("/v1/completions", json={"model": model, "prompt": prompt, "echo": True})
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    recorded = fixture_json(TOGETHER)["choices"][0]
+    assert [(c["text"], c["finish_reason"]) for c in body["choices"]] == [(prompt + recorded["text"], "length")]
+    assert upstream.only().json() == {"model": "mistralai/Mixtral-8x7B-Instruct-v0.1", "prompt": prompt}
+
+    resp = api.post("/v1/completions", json={"model": model, "prompt": prompt, "echo": True, "logprobs": 1})
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["param"] == "echo"
+    assert len(upstream.received) == 1  # the first call's: the refused one never went upstream
+
+
 def test_together_chat_logprobs_reach_the_sdk_in_openais_shape(oai: openai.OpenAI, upstream: Upstream) -> None:
     """Together answers chat logprobs in the completions shape (and a stream's as one number per chunk): the
     official client reads them as OpenAI's `logprobs.content`, buffered and streamed."""

@@ -16,7 +16,7 @@ from tests.helpers.errors import assert_error
 from tests.helpers.recordings import fixture_bytes, fixture_headers, fixture_json
 from tests.helpers.upstreams import Received, Upstream, reply, reply_sse
 from tests.providers.test_mistral_errors import RATE_LIMITED
-from tests.providers.test_mistral_response import STREAM_EVENTS, STREAM_TEXTS
+from tests.providers.test_mistral_response import STREAM_EVENTS, STREAM_TEXTS, with_choice
 
 UPSTREAM_KEY = "ms-upstream-e2e"
 MODEL = "mistral/mistral-tiny"
@@ -170,3 +170,28 @@ def test_logprobs_are_refused(api: httpx.Client, upstream: Upstream) -> None:
         code="unsupported_parameter",
     )
     assert upstream.received == []
+
+
+def test_chat_choice_ended_by_error_is_a_failed_generation(api: httpx.Client, upstream: Upstream) -> None:
+    """Mistral's `error` finish reason (client-python `ChatCompletionChoice`) says the generation broke off: a
+    chat client gets the 502 a completion client gets, never the partial text as a finished answer."""
+    messages = [{"role": "user", "content": PROMPT}]
+    upstream.handler = reply(with_choice(finish_reason="error"))
+    resp = api.post("/v1/chat/completions", json={"model": MODEL, "messages": messages})
+    assert resp.status_code == 502, resp.text
+    assert resp.json()["error"]["code"] == "generation_error"
+    completion = api.post("/v1/completions", json={"model": MODEL, "prompt": PROMPT})
+    assert completion.status_code == 502, completion.text
+    assert completion.json()["error"]["code"] == "generation_error"
+
+    # The recorded stream, its finishing chunk ending the choice with `error` instead of `stop`.
+    last = json.loads(STREAM_EVENTS[-2][len(b"data: ") :])
+    last["choices"][0]["finish_reason"] = "error"
+    upstream.handler = reply_sse([*STREAM_EVENTS[:-2], b"data: " + json.dumps(last).encode(), STREAM_EVENTS[-1]])
+    resp = api.post("/v1/chat/completions", json={"model": MODEL, "messages": messages, "stream": True})
+    assert resp.status_code == 200, resp.text
+    data = sse_data(resp.text)
+    assert data[-1] == "[DONE]"
+    events = [json.loads(d) for d in data[:-1]]
+    assert events[-1]["error"]["code"] == "generation_error"
+    assert all(ch["finish_reason"] is None for e in events[:-1] for ch in e["choices"])

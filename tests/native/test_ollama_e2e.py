@@ -110,3 +110,42 @@ def test_logit_bias_is_refused_before_any_upstream_call(api: httpx.Client, upstr
         code="unsupported_parameter",
     )
     assert upstream.received == []
+
+
+def test_logprobs_of_a_character_split_over_tokens(api: httpx.Client, upstream: Upstream) -> None:
+    """api/types.go's `TokenLogprob.bytes` hold a token whose `token` JSON cannot (Go writes a piece of a
+    character as U+FFFD): the client gets each piece named by its bytes, every alternative kept, and offsets
+    that count the character once. The recorded answer, its text and `logprobs` in that documented shape (no
+    recording has logprobs)."""
+    answer = fixture_json("ollama/generate_nonstream.json")
+    answer["response"] = "café!"
+
+    def entry(token: str, raw: bytes, value: float) -> dict[str, object]:
+        return {"token": token, "logprob": value, "bytes": list(raw)}
+
+    answer["logprobs"] = [
+        {**entry("caf", b"caf", -0.5), "top_logprobs": [entry("caf", b"caf", -0.5)]},
+        {
+            **entry("\ufffd", b"\xc3", -0.25),
+            "top_logprobs": [entry("\ufffd", b"\xc3", -0.25), entry("\ufffd", b"\xc4", -2.0)],
+        },
+        {**entry("\ufffd", b"\xa9", -0.125), "top_logprobs": [entry("\ufffd", b"\xa9", -0.125)]},
+        {**entry("!", b"!", -1.0), "top_logprobs": [entry("!", b"!", -1.0), entry(".", b".", -1.5)]},
+    ]
+    upstream.handler = reply(json.dumps(answer).encode())
+    resp = api.post("/v1/completions", json={"model": MODEL, "prompt": PROMPT, "logprobs": 2})
+    assert resp.status_code == 200, resp.text
+    choice = resp.json()["choices"][0]
+    assert choice["text"] == "café!"
+    assert choice["logprobs"] == {
+        "tokens": ["caf", "bytes:\\xc3", "bytes:\\xa9", "!"],
+        "token_logprobs": [-0.5, -0.25, -0.125, -1.0],
+        "top_logprobs": [
+            {"caf": -0.5},
+            {"bytes:\\xc3": -0.25, "bytes:\\xc4": -2.0},
+            {"bytes:\\xa9": -0.125},
+            {"!": -1.0, ".": -1.5},
+        ],
+        "text_offset": [len(PROMPT), len(PROMPT) + 3, len(PROMPT) + 3, len(PROMPT) + 4],
+    }
+    assert upstream.only().json()["top_logprobs"] == 2

@@ -56,7 +56,7 @@ def test_request_translation() -> None:
         "n": 1,
         "stop": ["</s>"],
         "logprobs": 1,
-        "echo": True,
+        # `echo` is the gateway's: Together would put the prompt beside the choices, not in their text.
         "logit_bias": {"2": 1.5},
         "frequency_penalty": 0.1,
         "presence_penalty": 0.2,
