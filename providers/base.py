@@ -140,8 +140,8 @@ EMULATED_EXTRAS: Mapping[str, Param] = {
     )
 }
 
-# Canonical fields an adapter may translate; the rest are handled by the gateway itself
-# (model, prompt, stream*, inference_*) or folded away by normalize() (the alias names).
+# Canonical fields an adapter may translate; the rest are handled by the gateway itself (model, prompt,
+# stream*, inference_*, `unrendered`: limits' count) or folded away by normalize() (the alias names).
 PARAM_FIELDS: tuple[str, ...] = tuple(
     f
     for f in CompletionRequest.__struct_fields__
@@ -154,6 +154,7 @@ PARAM_FIELDS: tuple[str, ...] = tuple(
         "inference_timeout",
         "inference_extra_params",
         "inference_extra_headers",
+        "unrendered",
         "max_new_tokens",
         "max_completion_tokens",
         "stop_sequences",

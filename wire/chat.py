@@ -19,7 +19,7 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 from msgspec import Meta
 
-from wire.schema import CompletionRequest, PromptItem, StopList, Unrendered, Usage
+from wire.schema import CompletionRequest, PromptItem, StopList, Usage
 
 # A message's `name` and a function's name: OpenAI's pattern and bound. `\Z`, not `$`, here and below:
 # msgspec searches, and `$` also matches before a final newline.
@@ -144,10 +144,6 @@ class ChatRequest(CompletionRequest, kw_only=True, forbid_unknown_fields=True, o
     # Whether an assistant message carries thinking to send back (set by normalize_chat): the common request
     # has none, and its messages then go upstream as they are, without a look at each.
     thinking_back: bool = msgspec.field(default=False, name=" thinking_back")
-    # What goes upstream beside the rendered conversation and is billed with it (tools, schemas, thinking sent
-    # back, images), as limits and budgets count it: set by normalize_chat, None for text messages alone. A field
-    # over CompletionRequest's class attribute of the name, which mypy refuses to see overridden.
-    unrendered: Unrendered | None = msgspec.field(default=None, name=" unrendered")  # type: ignore[misc]
     # Completion-only fields: not OpenAI chat's, so refused by name as unknown fields.
     best_of: int | None = msgspec.field(default=None, name=" best_of")
     echo: bool | None = msgspec.field(default=None, name=" echo")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import typing
 from collections.abc import Callable
-from typing import Annotated, Any, ClassVar, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 from msgspec import Meta
@@ -60,9 +60,9 @@ class StreamOptions(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tr
 
 
 class Unrendered(msgspec.Struct, frozen=True, gc=False):
-    """What a chat request sends upstream beside the conversation text `prompt` holds, as token limits and
-    budgets count it: the text of its tools, schemas and thinking sent back, counted as the prompt's text is,
-    and its image parts' allowance in tokens (`caps.image_tokens` each)."""
+    """What a request sends upstream beside the text `prompt` holds (a chat's rendered conversation), as token
+    limits and budgets count it: the text of its tools, schemas, suffix and thinking sent back, counted as the
+    prompt's text is, and its images' allowance in tokens (`caps.image_tokens` each)."""
 
     text: str
     image_tokens: int
@@ -108,6 +108,10 @@ class CompletionRequest(msgspec.Struct, forbid_unknown_fields=True, omit_default
     inference_timeout: Annotated[float, Meta(gt=0)] | str | None = None
     inference_extra_params: dict[str, Any] | None = None
     inference_extra_headers: dict[str, str] | None = None
+    # What goes upstream beside the prompt and is billed with it (tools, schemas, a suffix, images...), as limits
+    # and budgets count it: set by normalize from the other fields, under a name no client sends (one that sends
+    # it anyway is overwritten), None for a prompt alone. Not a parameter: no provider maps it.
+    unrendered: Unrendered | None = msgspec.field(default=None, name=" unrendered")
     # Chat-oriented fields SGP also accepts on completions; only providers that declare them take them.
     audio: dict[str, Any] | None = None
     modalities: list[Literal["text", "audio"]] | None = None
@@ -171,9 +175,6 @@ class CompletionRequest(msgspec.Struct, forbid_unknown_fields=True, omit_default
     # Chat's assistant prefill (wire.chat.ChatRequest takes them from clients): no completion's field.
     continue_final_message: bool | None = msgspec.field(default=None, name=" continue_final_message")
     add_generation_prompt: bool | None = msgspec.field(default=None, name=" add_generation_prompt")
-    # A completion sends nothing beside its prompt that limits count: chat's field (wire.chat.ChatRequest, set
-    # by normalize_chat), read on a completion without a field of its own to decode or encode.
-    unrendered: ClassVar[Unrendered | None] = None
 
 
 def no_chat_template(kwargs: object, at: str = "") -> None:
@@ -191,7 +192,9 @@ NATIVE_FIELDS: Final = CompletionRequest.__struct_fields__[CompletionRequest.__s
 # The union's fields no completion client can send: chat's own, named with a leading space here
 # (wire.chat.ChatRequest takes them from clients under their names).
 CHAT_ONLY_FIELDS: Final = frozenset(
-    f.name for f in msgspec.structs.fields(CompletionRequest) if f.encode_name.startswith(" ")
+    f.name
+    for f in msgspec.structs.fields(CompletionRequest)
+    if f.encode_name.startswith(" ") and f.name != "unrendered"
 )
 
 

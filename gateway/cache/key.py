@@ -5,7 +5,8 @@ It is computed after `gateway.path.request.normalize`, so the dialects' names fo
 are already one field. The request struct is encoded in its declared field order (a change to that order
 needs a new entry VERSION) with object keys sorted at every depth, so neither the order fields arrived in
 nor the order inside `inference_extra_params` changes the key, while every field the client set
-(provider-native fields included) does. The scope is prefixed. `stream`, `stream_options` and
+(provider-native fields included) does; the gateway's count of what is sent beside the prompt
+(`unrendered`) is left out, being made from them. The scope is prefixed. `stream`, `stream_options` and
 `inference_timeout` say how the answer is delivered, not what it is: left out, so a buffered request and
 a streamed one share an entry. The memory store and the requests in flight are keyed by these bytes
 themselves (exact, and no hashing on the request path); only a Redis name carries their versioned SHA-256.
@@ -33,6 +34,10 @@ _WIDE: Final = b"\xc1"
 
 def canonical(req: CompletionRequest) -> bytes:
     """`req`'s canonical encoding: MessagePack, or JSON where it holds an integer MessagePack cannot."""
+    if req.unrendered is not None:
+        # Made from the request's other fields, which the key holds already: a second copy of its tools and
+        # schemas would only lengthen every key (and a batch's, once per prompt).
+        req = msgspec.structs.replace(req, unrendered=None)
     try:
         return _msgpack(req)
     except OverflowError:
@@ -50,7 +55,7 @@ BATCH_KEYS_BYTES: Final = 4 * 1024 * 1024
 def cache_key(req: CompletionRequest, scope: bytes) -> bytes:
     """`req` (normalized) in its canonical encoding, as the answer's identity, within `scope`."""
     if req.stream is not None or req.stream_options is not None or req.inference_timeout is not None:
-        req = msgspec.structs.replace(req, stream=None, stream_options=None, inference_timeout=None)
+        req = msgspec.structs.replace(req, stream=None, stream_options=None, inference_timeout=None, unrendered=None)
     return scope + canonical(req)
 
 

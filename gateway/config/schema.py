@@ -276,10 +276,11 @@ class CapsConfig(Strict, frozen=True):
     # Completion tokens a budget reserves per choice for a request that sets no max_tokens (nothing else bounds
     # its answer but the model's context); an answer past it is charged in full (docs/ledger.md#budgets).
     budget_max_tokens: Annotated[int, Meta(ge=1)] = 4096
-    # Prompt tokens token limits and budgets count for each image part of a chat request: the gateway sees no
-    # pixels to count them by. OpenAI's gpt-4o family bills a high-detail image 85 + 170 per 512-px tile, at
-    # most 1,445; Anthropic about width x height / 750, at most about 1,600 once resized; self-hosted models
-    # may take far more (Qwen2-VL up to 16,384 by default): raise it for those (docs/ratelimits.md).
+    # Prompt tokens token limits and budgets count for each image a request sends (a chat's image parts, a
+    # completion's `images`): the gateway sees no pixels to count them by. OpenAI's gpt-4o family bills a
+    # high-detail image 85 + 170 per 512-px tile, at most 1,445; Anthropic about width x height / 750, at most
+    # about 1,600 once resized; self-hosted models may take far more (Qwen2-VL up to 16,384 by default): raise
+    # it for those (docs/ratelimits.md).
     image_tokens: Annotated[int, Meta(ge=0)] = 1600
     # A client-supplied pattern (`guided_regex`, a JSON-schema `pattern`), in characters.
     pattern_chars: Annotated[int, Meta(ge=16)] = 4096

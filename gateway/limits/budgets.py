@@ -25,7 +25,7 @@ import redis.asyncio as aioredis
 from gateway.config import LoadedConfig, TeamConfig
 from gateway.limits.auth import ClientKey
 from gateway.limits.prices import Prices, served_cost
-from gateway.limits.tokens import prompt_bound, unbounded_completion
+from gateway.limits.tokens import prompt_bound, prompt_count, unbounded_completion
 from gateway.limits.usage import PICO, Counters, UsageStore, budget_refusal, day_of, spend_key
 from gateway.ops.metrics import Record
 from gateway.state import Degraded, SharedState
@@ -210,7 +210,7 @@ class Budgets:
 
     def worst_case(self, req: CompletionRequest, plan: Plan, prices: Prices) -> tuple[int, int, float]:
         """(worst cost, its prompt's part, one output token's price) over every target the plan may call."""
-        n_prompts = len(req.prompt) if isinstance(req.prompt, list) and not isinstance(req.prompt[0], int) else 1
+        n_prompts = prompt_count(req.prompt)
         choices = max(req.n or 1, req.best_of or 1) * n_prompts
         worst = prompt_worst = 0
         out = 0.0

@@ -120,18 +120,26 @@ def text_tokens(text: str, bpe: bool, model: str) -> int:
 
 
 def unrendered_tokens(beside: Unrendered, bpe: bool, model: str) -> int:
-    """What a chat request sends beside its rendered conversation (`wire.schema.Unrendered`): its text counted
-    as a prompt's is, and its images' allowance."""
+    """What a request sends beside its prompt text (`wire.schema.Unrendered`): its text counted as a prompt's
+    is, and its images' allowance."""
     text = beside.text
     return (text_tokens(text, bpe, model) if text else 0) + beside.image_tokens
 
 
+def prompt_count(prompt: str | list[Any]) -> int:
+    """The prompts `prompt` holds: a list of texts or of token-id lists is one per item, else one. Each goes
+    upstream with what the request sends beside it (a suffix, a schema), which is counted once per prompt."""
+    return 1 if isinstance(prompt, str) or isinstance(prompt[0], int) else len(prompt)
+
+
 def request_tokens(req: CompletionRequest) -> int:
-    """A request's prompt tokens by the estimate (no BPE), what is sent beside a chat's conversation included:
-    for the fair queue's charge and the usage of a stream no one counted."""
+    """A request's prompt tokens by the estimate (no BPE), what is sent beside its prompts included: for the
+    usage of a stream no one counted."""
     prompt = prompt_tokens(req.prompt, False, "")
     beside = req.unrendered
-    return prompt if beside is None else prompt + unrendered_tokens(beside, False, "")
+    if beside is None:
+        return prompt
+    return prompt + prompt_count(req.prompt) * unrendered_tokens(beside, False, "")
 
 
 def prompt_tokens(prompt: str | list[Any], bpe: bool, model: str) -> int:
@@ -161,15 +169,17 @@ def reservation(req: CompletionRequest, bpe: bool, model: str, per_choice: int) 
     text = req.prompt
     n, best_of = req.n, req.best_of
     choices = 1 if n is None and best_of is None else max(n or 1, best_of or 1)
+    beside = req.unrendered  # tools, schemas, a suffix, thinking sent back, images; None for a prompt alone
     if type(text) is str:  # the common case: one text, counted without `prompt_tokens`'s dispatch
         prompt = text_tokens(text, bpe, model)
-        beside = req.unrendered  # a chat's tools, schemas, thinking sent back, images; None on a completion
         if beside is not None:
             prompt += unrendered_tokens(beside, bpe, model)
         return prompt, prompt + per_choice * choices
-    if not isinstance(text[0], int):
-        choices *= len(text)
+    prompts = prompt_count(text)
+    choices *= prompts
     prompt = prompt_tokens(text, bpe, model)
+    if beside is not None:
+        prompt += prompts * unrendered_tokens(beside, bpe, model)
     return prompt, prompt + per_choice * choices
 
 
@@ -181,27 +191,23 @@ def prompt_bound(prompt: str | list[Any], bpe: bool, model: str, beside: Unrende
     """The most tokens `prompt` can be, for budgets (a reservation must cover the real count, not guess it):
     a text's exact BPE count where `bpe` and the tables are there, else its UTF-8 bytes (no byte-level or
     byte-fallback tokenizer makes more tokens than bytes), plus FRAMING_TOKENS per prompt; token ids exactly.
-    `beside`: what a chat request sends beside its conversation, its text counted the same way and its
-    images at their allowance."""
-    texts: list[str]
-    if isinstance(prompt, str):
-        texts = [prompt]
-    elif isinstance(prompt[0], str):
-        texts = prompt
-    elif isinstance(prompt[0], int):
-        return len(prompt) + FRAMING_TOKENS
-    else:
-        return sum(len(p) for p in prompt) + FRAMING_TOKENS * len(prompt)
+    `beside`: what the request sends beside its prompt text, with each prompt: its text counted the same way
+    and its images at their allowance."""
     total = 0
-    for text in texts:
-        count = _counter(model) if bpe else None
-        counted = None
-        if count is not None:
-            try:
-                counted = count(text)
-            except ValueError:
-                pass
-        total += (len(text.encode("utf-8")) if counted is None else counted) + FRAMING_TOKENS
-    if beside is not None:  # its text bounded as the prompt's is, framed once with it
-        total += prompt_bound(beside.text, bpe, model) - FRAMING_TOKENS + beside.image_tokens
+    if isinstance(prompt, str) or isinstance(prompt[0], str):
+        for text in [prompt] if isinstance(prompt, str) else prompt:
+            count = _counter(model) if bpe else None
+            counted = None
+            if count is not None:
+                try:
+                    counted = count(text)
+                except ValueError:
+                    pass
+            total += (len(text.encode("utf-8")) if counted is None else counted) + FRAMING_TOKENS
+    elif isinstance(prompt[0], int):
+        total = len(prompt) + FRAMING_TOKENS
+    else:
+        total = sum(len(p) for p in prompt) + FRAMING_TOKENS * len(prompt)
+    if beside is not None:  # its text bounded as the prompt's is, framed once with each prompt
+        total += prompt_count(prompt) * (prompt_bound(beside.text, bpe, model) - FRAMING_TOKENS + beside.image_tokens)
     return total

@@ -116,9 +116,9 @@ MEANINGS: dict[str, str] = {
     "caps.budget_max_tokens": "completion tokens a budgeted request without `max_tokens` reserves per choice (nothing "
     "else bounds its answer but the model's context); an answer past it is charged in full, a stream as it runs "
     "([ledger.md](ledger.md#budgets))",
-    "caps.image_tokens": "prompt tokens token limits and budgets count for each image part of a chat request (the "
-    "gateway sees no pixels); the default covers OpenAI's and Anthropic's largest images, raise it for vision models "
-    "that take more ([ratelimits.md](ratelimits.md#what-a-chat-request-counts))",
+    "caps.image_tokens": "prompt tokens token limits and budgets count for each image a request sends (a chat's image "
+    "parts, a completion's `images`; the gateway sees no pixels); the default covers OpenAI's and Anthropic's largest "
+    "images, raise it for vision models that take more ([ratelimits.md](ratelimits.md#what-a-request-counts))",
     "caps.pattern_chars": "a client pattern (`guided_regex`, a schema `pattern`) and a gateway-enforced stop sequence, "
     "in characters",
     "caps.stop_chars": "stop sequences the gateway enforces itself (beyond a provider's count, or kept where it "

@@ -195,10 +195,15 @@ def _check_guided(req: CompletionRequest) -> None:
 
 # The fields most requests leave unset whose checks and folds `normalize` skips when none is set: the token
 # limit's and stops' other names, the logprobs' forms, `best_of`, `stream_options`, the structured-output and
-# free-form fields, `inference_timeout` and the escape hatches.
+# free-form fields, `inference_timeout` and the escape hatches; and what a completion sends beside its prompt
+# (`unrendered`, from these and its `suffix` and `images`, none of which the common request has: a count a
+# client sent under its held name is replaced there too).
 _RARE: Final = tuple(
     dict.fromkeys(
         (
+            "suffix",
+            "images",
+            "unrendered",
             "max_new_tokens",
             "max_completion_tokens",
             "stop_sequences",
@@ -372,6 +377,8 @@ def normalize(req: CompletionRequest, caps: CapsConfig = _DEFAULT_CAPS) -> Compl
                     "like the top-level 'cache_salt'",
                     "inference_extra_params.cache_salt",
                 ) from None
+    if req.__class__ is not ChatRequest:  # normalize_chat counts a chat's, with its messages'
+        req.unrendered = unrendered(req, len(req.images or ()), caps.image_tokens)
     return req
 
 

@@ -1,10 +1,10 @@
-"""What a chat request sends upstream beside its rendered conversation, gathered once for token counts.
+"""What a request sends upstream beside its prompt text, gathered once for token counts.
 
-`wire.chat.render` keeps the messages' text (prefix affinity and prompt logging read it). Providers bill what
-goes beside it as prompt too: tool definitions, structured-output schemas, thinking sent back, images.
-`unrendered` gathers their text, as it is sent, and the image parts' allowance (`caps.image_tokens` each),
-so that token limits, budgets and usage estimates count the whole request
-(docs/ratelimits.md#what-a-chat-request-counts).
+A completion's `prompt` is its text; a chat's is its conversation as `wire.chat.render` writes it (prefix
+affinity and prompt logging read it). Providers bill what goes beside it as prompt too: tool definitions,
+structured-output schemas, a completion's suffix, thinking sent back, images. `unrendered` gathers their
+text, as it is sent, and the images' allowance (`caps.image_tokens` each), so that token limits, budgets,
+the fair queue and usage estimates count the whole request (docs/ratelimits.md#what-a-request-counts).
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from typing import Final
 import msgspec
 
 from wire.chat import AssistantMessage, ChatRequest, ImagePart, ThinkingBlock
-from wire.schema import Unrendered
+from wire.schema import CompletionRequest, Unrendered
 
-# The request's fields beside its messages that can carry text of any length to the upstream: the tools and
-# the choice of one, the structured-output constraints (a server may write a schema into the prompt), the
+# A chat's fields beside its messages that can carry text of any length to the upstream: the tools and the
+# choice of one, the structured-output constraints (a server may write a schema into the prompt), the
 # predicted output (billed where it is not used), a template's variables (rendered into the prompt: RAG
-# `documents`) and the escape hatch's fields (merged into the body).
-_BESIDE: Final = (
+# `documents`), the web search's options and the escape hatch's fields (merged into the body).
+_CHAT: Final = (
     "tools",
     "tool_choice",
     "response_format",
@@ -32,10 +32,16 @@ _BESIDE: Final = (
     "guided_grammar",
     "prediction",
     "chat_template_kwargs",
+    "web_search_options",
     "inference_extra_params",
 )
-_beside: Final = operator.attrgetter(*_BESIDE)
-_NONE_BESIDE: Final = (None,) * len(_BESIDE)
+# A completion's: the same but the template's variables and the web search's options, which no completion
+# route sends. Its `suffix`, the text its answer ends before, is read beside them: prompt text.
+_COMPLETION: Final = tuple(name for name in _CHAT if name not in ("chat_template_kwargs", "web_search_options"))
+_BESIDE: Final = {
+    ChatRequest: (operator.attrgetter(*_CHAT), (None,) * len(_CHAT)),
+    CompletionRequest: (operator.attrgetter(*_COMPLETION), (None,) * len(_COMPLETION)),
+}
 _encode: Final = msgspec.json.encode
 
 
@@ -54,15 +60,20 @@ def _said_back(m: AssistantMessage) -> list[str]:
     return said
 
 
-def unrendered(req: ChatRequest, images: int, image_tokens: int, said_back: bool) -> Unrendered | None:
-    """What `req` sends beside its rendered messages: None for messages of text alone and none of the fields
-    (the common request: one C call). `images`: its image parts; `said_back`: an assistant message carries
-    thinking or a refusal (both found by normalize_chat's one look at each message)."""
-    fields = _beside(req)
-    if fields == _NONE_BESIDE and not images and not said_back:
+def unrendered(req: CompletionRequest, images: int, image_tokens: int, said_back: bool = False) -> Unrendered | None:
+    """What `req` sends beside its prompt text: None when it sends none of the fields, no suffix and no image or
+    thinking (the common request: one C call). `images`: its images (a chat's image parts, a completion's `images`);
+    `said_back`: an assistant message carries thinking or a refusal (both found by normalize_chat's one look
+    at each message)."""
+    beside, none = _BESIDE[req.__class__]
+    fields = beside(req)
+    suffix = req.suffix  # a chat's is refused by normalize_chat before
+    if fields == none and suffix is None and not images and not said_back:
         return None
     texts = [_encode(value).decode() for value in fields if value is not None]
-    if said_back:
+    if suffix is not None:
+        texts.append(suffix)
+    if said_back and isinstance(req, ChatRequest):
         for m in req.messages:
             if isinstance(m, AssistantMessage):
                 texts += _said_back(m)

@@ -17,7 +17,7 @@ import msgspec
 from gateway.config import LoadedConfig, QueueConfig, replica_cap, replica_names, replica_url
 from gateway.limits.auth import ClientKey
 from gateway.limits.ratelimit import Limiter
-from gateway.limits.tokens import prompt_tokens, text_tokens, unbounded_completion, unrendered_tokens
+from gateway.limits.tokens import prompt_count, prompt_tokens, text_tokens, unbounded_completion, unrendered_tokens
 from gateway.ops import tracing
 from gateway.ops.metrics import Metrics
 from gateway.queue.fair import PRIORITIES, RANK, Waiter
@@ -233,15 +233,17 @@ class Queues:
         prompts = req.prompt
         # Choices as the budgets count them (gateway/limits/tokens.py `reservation`): every prompt's answers.
         choices = 1 if req.n is None and req.best_of is None else max(req.n or 1, req.best_of or 1)
+        beside = req.unrendered  # tools, schemas, a suffix, thinking sent back, images; None for a prompt alone
         if type(prompts) is str:  # the usual prompt: one text
             prompt = text_tokens(prompts, False, "")
-            beside = req.unrendered  # a chat's tools, schemas, thinking sent back, images; None on a completion
             if beside is not None:
                 prompt += unrendered_tokens(beside, False, "")
         else:
             prompt = prompt_tokens(prompts, False, "")
-            if isinstance(prompts, list) and not isinstance(prompts[0], int):
-                choices *= len(prompts)
+            count = prompt_count(prompts)
+            choices *= count
+            if beside is not None:  # sent with each prompt
+                prompt += count * unrendered_tokens(beside, False, "")
         most = req.max_tokens * choices if req.max_tokens is not None else None
         return Ask(self, t.name, t.weight, rank, prompt, most, choices)
 

@@ -125,3 +125,23 @@ def test_a_batch_whose_keys_would_repeat_a_large_field_is_not_cached(
     assert alice.post("/v1/completions", json=two).headers["x-gateway-cache"] == "hit"
     # The two entries' keys (40 KB each) count in the store's bound, beside answers of a few hundred bytes.
     assert cache.memory.size()[1] - before > 2 * 40_000
+
+
+def test_a_batchs_keys_hold_a_large_field_once_not_again_in_its_token_count(
+    alice: httpx.Client, upstream: Upstream, gateway: GatewayThread
+) -> None:
+    # What a completion sends beside its prompts is counted for its limits (`unrendered`), a copy made from
+    # its fields: the keys hold the fields alone. 64 keys of a 40 KB field (2.6 MB) pass `BATCH_KEYS_BYTES`,
+    # which keys holding it twice (5.1 MB) would not.
+    field = {"once": "O" * 40_000}
+    many = body([f"once {i}" for i in range(64)], inference_extra_params=field)
+    cache = gateway.pipeline.cache
+    assert cache is not None
+    before = cache.memory.size()[1]
+    first = alice.post("/v1/completions", json=many)
+    assert first.status_code == 200, first.text
+    assert first.headers["x-gateway-cache"] == "miss"
+    assert alice.post("/v1/completions", json=many).headers["x-gateway-cache"] == "hit"
+    assert len(upstream.received) == 1
+    # 64 entries, each key about 40 KB beside an answer of a few hundred bytes.
+    assert 64 * 40_000 < cache.memory.size()[1] - before < 64 * 50_000

@@ -200,6 +200,20 @@ def test_a_buffered_chat_answers_a_streamed_request(gw: GatewayThread, up: Upstr
     assert chunks[-1]["usage"] == fresh.json()["usage"]
 
 
+def test_a_chats_key_holds_its_tools_once_not_again_in_its_token_count(gw: GatewayThread, up: Upstream) -> None:
+    """What a chat sends beside its messages is counted for its limits (`unrendered`), a copy made from its
+    fields: the entry's key holds the tools alone."""
+    described = [{"type": "function", "function": {"name": "f", "description": "T" * 40_000, "parameters": {}}}]
+    cache = gw.pipeline.cache
+    assert cache is not None
+    before = cache.memory.size()[1]
+    assert post(gw, ask("tools once", tools=described)).headers["x-gateway-cache"] == "miss"
+    wait_until(lambda: cache.memory.size()[1] > before)
+    assert 40_000 < cache.memory.size()[1] - before < 50_000
+    assert post(gw, ask("tools once", tools=described)).headers["x-gateway-cache"] == "hit"
+    assert len(up.received) == 1
+
+
 def test_cache_control_directives_on_chat(gw: GatewayThread, up: Upstream) -> None:
     missing = post(gw, ask("never asked"), **{"cache-control": "only-if-cached"})
     assert missing.status_code == 504 and missing.json()["error"]["code"] == "cache_miss"

@@ -14,7 +14,7 @@ from gateway.limits.tokens import prompt_tokens
 from gateway.queue.fair import MAX_CHARGE, FairOrder, Waiter
 from tests.helpers.engine import Engine
 from tests.helpers.servers import serve_config
-from tests.queue.conftest import _headers, chat_body, config, gate, until
+from tests.queue.conftest import _headers, body, chat_body, config, gate, until
 
 
 def _waiter(tenant: str) -> Waiter:
@@ -155,3 +155,20 @@ async def test_a_chat_is_charged_the_tools_it_sends_with_its_messages(tmp_path: 
             await until(lambda: gate(gw).in_use == 0)
     assert answer.status_code == 200, answer.text
     assert order.service["quiet"] == prompt + 1  # its prompt and its max_completion_tokens, with no history
+
+
+async def test_a_completion_is_charged_what_it_sends_beside_its_prompt(tmp_path: Path, engine: Engine) -> None:
+    """A suffix and the escape hatch's fields are billed as prompt: a completion's grant charges their estimate
+    with its prompt's, as a chat's charges its tools."""
+    extra = {"documents": ["look it up " * 40]}
+    suffix = "the end " * 30
+    req = body("quiet", 1, suffix=suffix, inference_extra_params=extra)
+    prompt = prompt_tokens("quiet hello there", False, "")
+    prompt += prompt_tokens(json.dumps(extra, separators=(",", ":")) + "\n" + suffix, False, "")
+    with serve_config(tmp_path, config(engine, 1)) as gw:
+        order = gate(gw).order
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+            answer = await client.post("/v1/completions", json=req, headers=_headers("quiet", {}))
+            await until(lambda: gate(gw).in_use == 0)
+    assert answer.status_code == 200, answer.text
+    assert order.service["quiet"] == prompt + 1  # its prompt and its max_tokens, with no history

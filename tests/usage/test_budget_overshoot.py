@@ -6,8 +6,8 @@ default would be 16 (llama.cpp generates until the context ends). 50 requests se
 small budget overspend it by at most one request's reservation, with and without a ledger: the upstream
 holds its answers until each of the 50 was admitted or refused, so no settle lands before an admission
 however slowly a loaded machine sends them. A stream that runs past its reservation is charged as it
-runs: the next request is refused before it ends. A chat's tool definitions, billed as prompt, are counted
-in its reservation and in the estimate a stream without usage is booked at.
+runs: the next request is refused before it ends. A chat's tool definitions and a completion's suffix,
+billed as prompt, are counted in its reservation and in the estimate a stream without usage is booked at.
 """
 
 from __future__ import annotations
@@ -80,7 +80,8 @@ providers:
 
 
 def _completion(got: dict[str, Any], completion: int) -> dict[str, Any]:
-    prompt = len(got["prompt"].encode()) // 2  # twice the gateway's old estimate
+    # Twice the gateway's old estimate, of the prompt and the suffix billed with it.
+    prompt = (len(got["prompt"].encode()) + len((got.get("suffix") or "").encode())) // 2
     return {
         "id": "cmpl-1",
         "object": "text_completion",
@@ -124,6 +125,18 @@ async def _chat_stream_without_usage(request: web.Request) -> web.StreamResponse
                           ({"content": " c"}, None), ({}, "stop")]:  # fmt: skip
         chunk = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m"}
         chunk["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]
+        await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+    await resp.write(b"data: [DONE]\n\n")
+    return resp
+
+
+async def _completion_stream_without_usage(request: web.Request, received: Received) -> web.StreamResponse:
+    """Three words and a finish, and no usage, on the completion route."""
+    resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+    await resp.prepare(request)
+    for text, finish in [("a", None), (" b", None), (" c", None), ("", "stop")]:
+        chunk = {"id": "c", "object": "text_completion", "created": 1, "model": "m"}
+        chunk["choices"] = [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]
         await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
     await resp.write(b"data: [DONE]\n\n")
     return resp
@@ -255,6 +268,43 @@ def test_a_chat_stream_without_usage_is_booked_its_tools_with_its_messages(tmp_p
     with GatewayThread(path, ENV) as gw, client(gw.url, KEY) as c:
         GATE.expect(1)
         resp = c.post("/v1/chat/completions", json=body)
+        assert resp.status_code == 200 and resp.text.endswith("data: [DONE]\n\n")
+        # The prompt's estimate, and a token for each of the 4 events sent (three words and the finish).
+        wait_until(lambda: _spent(gw) == (prompt + 4) * PICO_PER_TOKEN, timeout=10)
+
+
+@pytest.mark.parametrize("state", ["memory", "redis"])
+def test_completions_whose_suffix_costs_past_the_budget_overspend_it_by_at_most_one_reservation(
+    tmp_path: Path, upstream: Upstream, state: str, request: pytest.FixtureRequest
+) -> None:
+    """A completion's suffix is billed as prompt: its worst case counts the suffix's bytes as the prompt's, so of
+    5 completions sent together, each of them worth more than the $0.05 budget, one is served."""
+    redis = request.getfixturevalue("rds").url + "?socket_timeout=5" if state == "redis" else ""
+    budget_pico = 5 * 10**10  # $0.05
+    path = _write(tmp_path, upstream, budget_pico / 10**12, ledger=False, redis=redis)
+    suffix = PROMPT * 10  # 4,000 bytes
+    body = {"model": "llm/m", "prompt": "hi", "suffix": suffix, "max_tokens": 10}
+    worst = (len(b"hi") + 16 + len(suffix) + 10) * PICO_PER_TOKEN  # $0.40 or so: past the budget alone
+    with GatewayThread(path, ENV) as gw:
+        statuses = asyncio.run(_together(gw.url, 5, body))
+        assert sorted(statuses) == [200, 429, 429, 429, 429]
+        wait_until(lambda: _spent(gw) > 0, timeout=10)
+        # The one served was billed about 2,000 prompt tokens ($0.20): past the budget, within one worst case.
+        assert budget_pico <= _spent(gw) <= budget_pico + worst
+
+
+def test_a_completion_stream_without_usage_is_booked_its_suffix_with_its_prompt(
+    tmp_path: Path, upstream: Upstream
+) -> None:
+    """The estimate a completion stream without usage is booked at is its prompt's and its suffix's, a token per
+    4 bytes each, as a chat's is its messages' and tools'."""
+    path = _write(tmp_path, upstream, 1.0, ledger=False)
+    upstream.handler = _completion_stream_without_usage
+    suffix = PROMPT * 10
+    body = {"model": "llm/m", "prompt": "hi", "suffix": suffix, "stream": True}
+    prompt = math.ceil(len(b"hi") / 4) + math.ceil(len(suffix) / 4)
+    with GatewayThread(path, ENV) as gw, client(gw.url, KEY) as c:
+        resp = c.post("/v1/completions", json=body)
         assert resp.status_code == 200 and resp.text.endswith("data: [DONE]\n\n")
         # The prompt's estimate, and a token for each of the 4 events sent (three words and the finish).
         wait_until(lambda: _spent(gw) == (prompt + 4) * PICO_PER_TOKEN, timeout=10)
