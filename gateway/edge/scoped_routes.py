@@ -1,9 +1,9 @@
 """The model-scoped base path `/m/{model}/...`, for clients that derive every URL from one base URL.
 
 lm-evaluation-harness cuts `/v1/completions` off its `base_url` to find vLLM's tokenizer routes, and may
-send no `model`. Under `/m/{model}/` the completion and chat routes get the path's model filled in, and
-the tokenizer routes (gateway/edge/tokenizer_routes.py) take it as theirs. Grammar and rules:
-docs/clients.md.
+send no `model`. Under `/m/{model}/` the completion and chat routes get the path's model filled in, the
+tokenizer routes (gateway/edge/tokenizer_routes.py) take it as theirs, and `GET .../v1/models` lists it
+alone. Grammar and rules: docs/clients.md.
 """
 
 from __future__ import annotations
@@ -15,16 +15,18 @@ from typing import Final
 import msgspec
 from litestar.types import HTTPRequestEvent, HTTPScope, Receive, ReceiveMessage, Send
 
-from gateway.edge.endpoint import Endpoint, Services, read_body, send_error
+from gateway.edge.endpoint import Endpoint, Services, read_body, request_id, send_error, send_json
 from gateway.path.dialects import OPENAI
 from gateway.path.request import check_model
+from gateway.path.routing import Router
 from providers.tokenizer import TokenizerRoute
 from wire.errors import GatewayError, InvalidRequestError
-from wire.schema import decode_body
+from wire.schema import ModelCard, ModelList, decode_body, encode
 
 SCOPED_PREFIX: Final = "/m/"
 COMPLETIONS_SUFFIX: Final = "/v1/completions"
 CHAT_SUFFIX: Final = "/v1/chat/completions"
+MODELS_SUFFIX: Final = "/v1/models"
 _SUFFIXES: Final[tuple[tuple[str, TokenizerRoute], ...]] = (
     ("/tokenize", "tokenize"),
     ("/detokenize", "detokenize"),
@@ -81,6 +83,17 @@ def with_model(body: bytes, model: str) -> bytes:
     return _encode(full)
 
 
+def one_model(router: Router, model: str) -> bytes:
+    """The model list of `/m/{model}/`: that model, as `GET /v1/models` lists it, when a request to it can be
+    served now (a provider whose key variable is unset serves nothing); an unknown model is a 404."""
+    plan = router.plan(model)
+    routes = [r for group in plan.groups for r in group.routes]
+    if all(r.unavailable is not None for r in routes):
+        return encode(ModelList(data=[]))
+    owner = "gateway" if model in router.aliases else routes[0].provider
+    return encode(ModelList(data=[ModelCard(id=model, owned_by=owner)]))
+
+
 class Scoped:
     """Everything under `/m/`: the completion and chat routes and the tokenizer routes, for the model in the
     path; built once with the app, it finds the pipeline serving now per request."""
@@ -94,6 +107,9 @@ class Scoped:
     async def __call__(self, scope: HTTPScope, receive: Receive, send: Send) -> None:
         path = scope["path"]
         serve = self.completions
+        if path.endswith(MODELS_SUFFIX):
+            await self._listing(scope, send, path[len(SCOPED_PREFIX) : -len(MODELS_SUFFIX)])
+            return
         if path.endswith(CHAT_SUFFIX):
             found: tuple[str, TokenizerRoute | None] | None = (path[len(SCOPED_PREFIX) : -len(CHAT_SUFFIX)], None)
             serve = self.chat
@@ -138,5 +154,25 @@ class Scoped:
 
         await serve(scope, replay, send)
 
+    async def _listing(self, scope: HTTPScope, send: Send, model: str) -> None:
+        # A client given `.../m/<model>/v1` as its base URL asks there what it may send (the SDKs'
+        # `models.list()`, a benchmark without a model name, a readiness probe): no upstream is asked.
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        rid = request_id(headers)
+        try:
+            if scope["method"] != "GET":
+                raise GatewayError(
+                    "Method Not Allowed", status=405, type="invalid_request_error", code="method_not_allowed"
+                )
+            pipeline = self.services(scope)[0]
+            key = pipeline.keys.authenticate(headers)
+            check_model(model)
+            pipeline.keys.authorize(key, model)
+            body = one_model(pipeline.router, model)
+        except GatewayError as exc:
+            await send_error(send, OPENAI, exc, rid)
+            return
+        await send_json(send, 200, body, {"x-request-id": rid})
 
-__all__ = ["SCOPED_PREFIX", "ModelField", "Scoped", "decode_model_field", "split_scoped", "with_model"]
+
+__all__ = ["SCOPED_PREFIX", "ModelField", "Scoped", "decode_model_field", "one_model", "split_scoped", "with_model"]
