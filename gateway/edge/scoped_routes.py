@@ -15,7 +15,7 @@ from typing import Final
 import msgspec
 from litestar.types import HTTPRequestEvent, HTTPScope, Receive, ReceiveMessage, Send
 
-from gateway.edge.endpoint import Endpoint, Services, read_body, request_id, send_error, send_json
+from gateway.edge.endpoint import Endpoint, Services, headers_of, read_body, request_id, send_error, send_json
 from gateway.path.dialects import OPENAI
 from gateway.path.request import check_model
 from gateway.path.routing import Router
@@ -123,7 +123,7 @@ class Scoped:
         if route is not None:
             await self.tokenizer(scope, receive, send, route, model)
             return
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        headers = headers_of(scope)
         try:
             # Who asks before anything of what they ask is read, as on every other route.
             self.services(scope)[0].keys.authenticate(headers)
@@ -157,7 +157,7 @@ class Scoped:
     async def _listing(self, scope: HTTPScope, send: Send, model: str) -> None:
         # A client given `.../m/<model>/v1` as its base URL asks there what it may send (the SDKs'
         # `models.list()`, a benchmark without a model name, a readiness probe): no upstream is asked.
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        headers = headers_of(scope)
         rid = request_id(headers)
         try:
             if scope["method"] != "GET":

@@ -19,7 +19,7 @@ from urllib.parse import parse_qs
 import msgspec
 from litestar.types import HTTPScope, Receive, Send
 
-from gateway.edge.endpoint import Endpoint, read_body, request_id, send_error, send_json
+from gateway.edge.endpoint import Endpoint, headers_of, read_body, request_id, send_error, send_json
 from gateway.edge.scoped_routes import decode_model_field
 from gateway.limits.admission import Ticket, as_text, rate_headers
 from gateway.limits.auth import ClientKey
@@ -116,7 +116,7 @@ class Tokenizers:
         self, scope: HTTPScope, receive: Receive, send: Send, route: TokenizerRoute, path_model: str | None
     ) -> None:
         t0 = time.perf_counter()
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        headers = headers_of(scope)
         rec = Record(request_id=request_id(headers), dialect="tokenizer")
         if scope["method"] != _METHOD[route]:
             exc = GatewayError(
