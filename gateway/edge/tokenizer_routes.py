@@ -177,7 +177,7 @@ class Tokenizers:
         body_model: str | None = None
         try:
             if route == "tokenize":
-                tok_req = tokenize_request(decode_body(_decode_tokenize, body))
+                tok_req = tokenize_request(decode_body(_decode_tokenize, body), pipeline.loaded.config.caps.json_depth)
                 body_model = tok_req.model
             elif route == "detokenize":
                 detok_req = decode_body(_decode_detokenize, body)

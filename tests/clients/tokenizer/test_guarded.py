@@ -118,3 +118,17 @@ def test_a_key_header_sent_on_two_lines_is_one_value_on_every_route(
         conn.close()
     assert status == 401, answer
     assert upstream.received == []
+
+
+def test_a_conversations_free_form_fields_are_held_to_the_nesting_cap(api: httpx.Client, upstream: Upstream) -> None:
+    # caps.json_depth (64 here) bounds the fields the typed decoder does not: on /tokenize as on the chat route.
+    deep: object = "x"
+    for _ in range(70):
+        deep = {"a": deep}
+    chat = {"messages": [{"role": "user", "content": "Hi"}]}
+    tool = {"type": "function", "function": {"name": "f", "parameters": deep}}
+    for extra, param in (({"chat_template_kwargs": {"k": deep}}, "chat_template_kwargs"), ({"tools": [tool]}, "tools")):
+        on_chat = api.post(f"{BASE}/v1/chat/completions", json={**chat, **extra})
+        error_envelope(on_chat, 400, "too_deeply_nested", param=param)
+        error_envelope(api.post(f"{BASE}/tokenize", json={**chat, **extra}), 400, "too_deeply_nested", param=param)
+    assert upstream.received == []
