@@ -117,7 +117,7 @@ class Tokenizers:
     ) -> None:
         t0 = time.perf_counter()
         headers = headers_of(scope)
-        rec = Record(request_id=request_id(headers), dialect="tokenizer")
+        rec = Record(request_id=request_id(headers), dialect="tokenizer", endpoint=route)
         if scope["method"] != _METHOD[route]:
             exc = GatewayError(
                 "Method Not Allowed", status=405, type="invalid_request_error", code="method_not_allowed"
