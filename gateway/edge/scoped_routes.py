@@ -36,7 +36,7 @@ _SUFFIXES: Final[tuple[tuple[str, TokenizerRoute], ...]] = (
 _encode: Final = msgspec.json.encode
 
 # A tokenizer route's handler: the route, and the model in the path (None on the bare routes).
-TokenizerEndpoint = Callable[[HTTPScope, Receive, Send, TokenizerRoute, "str | None"], Awaitable[None]]
+TokenizerEndpoint = Callable[[HTTPScope, Receive, Send, TokenizerRoute, str | None], Awaitable[None]]
 
 
 class ModelField(msgspec.Struct):
