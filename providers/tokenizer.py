@@ -15,7 +15,7 @@ from msgspec import Meta
 
 from wire.chat import Message, Tool
 from wire.errors import InvalidRequestError
-from wire.schema import no_chat_template
+from wire.schema import check_depth, no_chat_template
 
 TokenizerRoute = Literal["tokenize", "detokenize", "tokenizer_info"]
 ROUTES: Final[tuple[TokenizerRoute, ...]] = ("tokenize", "detokenize", "tokenizer_info")
@@ -64,8 +64,9 @@ class TokenizeBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 _CHAT_ONLY: Final = ("add_generation_prompt", "continue_final_message", "chat_template_kwargs", "tools")
 
 
-def tokenize_request(body: TokenizeBody) -> TokenizeRequest | TokenizeChatRequest:
-    """The one form `body` asks for, with vLLM's defaults for that form; a 400 naming the field otherwise."""
+def tokenize_request(body: TokenizeBody, depth: int) -> TokenizeRequest | TokenizeChatRequest:
+    """The one form `body` asks for, with vLLM's defaults for that form; a 400 naming the field otherwise.
+    `depth` bounds the nesting of the free-form fields, as on the chat route (`caps.json_depth`)."""
     if body.messages is None:
         if body.prompt is None:
             raise InvalidRequestError(
@@ -88,6 +89,10 @@ def tokenize_request(body: TokenizeBody) -> TokenizeRequest | TokenizeChatReques
             code="invalid_value",
         )
     no_chat_template(body.chat_template_kwargs)
+    for name in ("chat_template_kwargs", "tools"):
+        value = getattr(body, name)
+        if value is not None:
+            check_depth(value, depth, name)
     if body.tools is not None:
         try:
             msgspec.convert(body.tools, list[Tool])

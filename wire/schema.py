@@ -187,6 +187,30 @@ def no_chat_template(kwargs: object, at: str = "") -> None:
         raise InvalidRequestError(message, param=name, code="invalid_value")
 
 
+_CONTAINERS: Final = (dict, list)
+
+
+def check_depth(value: Any, limit: int, field: str) -> None:
+    """Refuse JSON nested more than `limit` levels (the field's own value is level 1): one pass over the
+    field's containers, level by level, without recursion."""
+    level: list[Any] = [value]
+    depth = 1
+    while True:
+        nested: list[Any] = []
+        for node in level:
+            for child in node.values() if isinstance(node, dict) else node:
+                if isinstance(child, _CONTAINERS):
+                    nested.append(child)
+        if not nested:
+            return
+        depth += 1
+        if depth > limit:
+            raise InvalidRequestError(
+                f"'{field}' is nested more than {limit} levels deep", param=field, code="too_deeply_nested"
+            )
+        level = nested
+
+
 # The self-hosted servers' own fields, declared last in CompletionRequest.
 NATIVE_FIELDS: Final = CompletionRequest.__struct_fields__[CompletionRequest.__struct_fields__.index("min_p") :]
 # The union's fields no completion client can send: chat's own, named with a leading space here

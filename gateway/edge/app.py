@@ -30,8 +30,9 @@ from gateway.edge.discovery import Discovery
 from gateway.edge.endpoint import Endpoint, Services, completion_endpoint, request_id, send_error
 from gateway.edge.ledger_routes import routes as ledger_routes
 from gateway.edge.render import error_response
+from gateway.edge.scoped_routes import SCOPED_PREFIX, Scoped
 from gateway.edge.status import ROUTES as STATUS_ROUTES
-from gateway.edge.tokenizer_routes import SCOPED_PREFIX, Tokenizers
+from gateway.edge.tokenizer_routes import Tokenizers
 from gateway.fleet import metered
 from gateway.fleet.engine import EngineReader, watched
 from gateway.fleet.shared import DrainSync
@@ -309,13 +310,15 @@ def create_app(loaded: LoadedConfig) -> Front:
     fast = {path: completion_endpoint(path, dialect, _services) for path, dialect in DIALECT_ROUTES.items()}
     fast |= {path: completion_endpoint(path, dialect, _services, CHAT) for path, dialect in CHAT_ROUTES.items()}
     # vLLM's tokenizer routes at the root, and the model-scoped base path /m/{model}/... (docs/clients.md).
-    tokenizers = Tokenizers(
+    tokenizers = Tokenizers(_services)
+    fast.update(tokenizers.endpoints())
+    scoped = Scoped(
         _services,
         completion_endpoint(SCOPED_PREFIX + "{model}/v1/completions", OPENAI, _services),
         completion_endpoint(SCOPED_PREFIX + "{model}/v1/chat/completions", OPENAI, _services, CHAT),
+        tokenizers.handle,
     )
-    fast.update(tokenizers.endpoints())
-    return Front(app, fast, tokenizers.scoped)
+    return Front(app, fast, scoped)
 
 
 def too_large(limit: int) -> InvalidRequestError:
@@ -360,7 +363,7 @@ class Front:
         self.litestar = litestar
         self.items = _items(litestar.state)  # the pipeline in force, read on every request
         self.fast = fast
-        self.scoped = scoped  # every path under /m/ (gateway/edge/tokenizer_routes.py)
+        self.scoped = scoped  # every path under /m/ (gateway/edge/scoped_routes.py)
 
     @property
     def state(self) -> State:

@@ -193,6 +193,16 @@ def joined(headers: dict[str, str], raw: Iterable[tuple[bytes, bytes]]) -> None:
             headers[name] = ", ".join(values)
 
 
+def headers_of(scope: HTTPScope) -> dict[str, str]:
+    """The request's headers by name for the routes off the hot path, each sent on several lines read whole
+    (`joined`), as the completion routes read them: a key sent twice is one value, not its last line."""
+    raw = scope["headers"]
+    headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in raw}
+    if len(headers) < len(raw):  # type: ignore[arg-type]  # a list, by the ASGI spec
+        joined(headers, raw)
+    return headers
+
+
 def request_id(headers: dict[str, str]) -> str:
     """The client's `x-request-id` when it is a sane token (it is echoed and logged), else a new one."""
     given = headers.get("x-request-id")
@@ -362,6 +372,7 @@ async def send_json(send: Send, status: int, body: bytes, headers: dict[str, str
 __all__ = [
     "Endpoint",
     "completion_endpoint",
+    "headers_of",
     "read_body",
     "request_id",
     "send_error",

@@ -1,9 +1,9 @@
-"""vLLM's tokenizer routes, proxied to the server behind a model, and the model-scoped base path.
+"""vLLM's tokenizer routes, proxied to the server behind a model.
 
-`/tokenize`, `/detokenize`, `/tokenizer_info`, and `/m/{model}/...` for clients (lm-evaluation-harness)
-that derive these URLs from a base URL and send no `model`. A tokenizer request is authenticated,
-authorized and admitted like a completion (never charged tokens) and makes one upstream call, not
-retried. Routes, model resolution and limits: docs/clients.md.
+`/tokenize`, `/detokenize`, `/tokenizer_info`, and the same under the model-scoped base path
+(gateway/edge/scoped_routes.py). A tokenizer request is authenticated, authorized and admitted like a
+completion (never charged tokens) and makes one upstream call, not retried. Routes, model resolution and
+limits: docs/clients.md.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ from typing import Final
 from urllib.parse import parse_qs
 
 import msgspec
-from litestar.types import HTTPRequestEvent, HTTPScope, Receive, ReceiveMessage, Send
+from litestar.types import HTTPScope, Receive, Send
 
-from gateway.edge.endpoint import Endpoint, read_body, request_id, send_error, send_json
+from gateway.edge.endpoint import Endpoint, headers_of, read_body, request_id, send_error, send_json
+from gateway.edge.scoped_routes import decode_model_field
 from gateway.limits.admission import Ticket, as_text, rate_headers
 from gateway.limits.auth import ClientKey
 from gateway.limits.ratelimit import TOKEN_KINDS, Bucket
@@ -49,14 +50,6 @@ from wire.schema import decode_body
 
 log = logging.getLogger("gateway")
 
-SCOPED_PREFIX: Final = "/m/"
-COMPLETIONS_SUFFIX: Final = "/v1/completions"
-CHAT_SUFFIX: Final = "/v1/chat/completions"
-_SUFFIXES: Final[tuple[tuple[str, TokenizerRoute], ...]] = (
-    ("/tokenize", "tokenize"),
-    ("/detokenize", "detokenize"),
-    ("/tokenizer_info", "tokenizer_info"),
-)
 _METHOD: Final[dict[TokenizerRoute, str]] = {"tokenize": "POST", "detokenize": "POST", "tokenizer_info": "GET"}
 # Context sizes learned from the upstreams that do not say it in their tokenize answer, per (root, model).
 _LIMITS_CAP: Final = 1024
@@ -67,50 +60,6 @@ _decode_detokenize: Final = msgspec.json.Decoder(DetokenizeRequest).decode
 _encode: Final = msgspec.json.encode
 
 Services = Callable[[HTTPScope], tuple[Pipeline, Metrics | None]]
-
-
-class _ModelField(msgspec.Struct):
-    model: str | None = None
-
-
-_decode_model_field: Final = msgspec.json.Decoder(_ModelField).decode
-
-
-def split_scoped(path: str) -> tuple[str, TokenizerRoute | None] | None:
-    """(model, tokenizer route) for a path under `/m/`, the route None for the completion route; None when
-    the path ends in none of the known suffixes."""
-    rest = path[len(SCOPED_PREFIX) :]
-    if rest.endswith(COMPLETIONS_SUFFIX):
-        return rest[: -len(COMPLETIONS_SUFFIX)], None
-    for suffix, route in _SUFFIXES:
-        if rest.endswith(suffix):
-            return rest[: -len(suffix)], route
-    return None
-
-
-def with_model(body: bytes, model: str) -> bytes:
-    """A completion body for the model in the path: `model` filled in when absent or null, kept when it is
-    the same string, refused when it names another model."""
-    try:
-        given = decode_body(_decode_model_field, body).model
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        # Not a JSON object, invalid UTF-8, too deep, or a `model` that is not a string: the pipeline says so
-        # in its words, as for /v1/completions.
-        return body
-    if given == model:
-        return body
-    if given:
-        raise InvalidRequestError(
-            f"'model' ({given!r}) disagrees with the model in the path ({model!r}): omit it or send the same",
-            param="model",
-            code="model_mismatch",
-        )
-    try:
-        full = decode_body(msgspec.json.decode, body)
-    except msgspec.DecodeError:
-        return body
-    full["model"] = model
-    return _encode(full)
 
 
 def _not_available(provider: str, route: TokenizerRoute, hint: str = "") -> GatewayError:
@@ -148,10 +97,8 @@ def _model_missing(route: TokenizerRoute) -> InvalidRequestError:
 class Tokenizers:
     """The tokenizer endpoints; built once with the app, they find the pipeline serving now per request."""
 
-    def __init__(self, services: Services, completions: Endpoint, chat: Endpoint) -> None:
+    def __init__(self, services: Services) -> None:
         self.services = services
-        self.completions = completions
-        self.chat = chat
         self._limits: dict[tuple[str, str], int] = {}
 
     def endpoints(self) -> dict[str, Endpoint]:
@@ -165,61 +112,12 @@ class Tokenizers:
             out[f"/{route}"] = endpoint
         return out
 
-    async def scoped(self, scope: HTTPScope, receive: Receive, send: Send) -> None:
-        """Everything under `/m/`: the completion and chat routes and the tokenizer routes, for the model in the
-        path."""
-        path = scope["path"]
-        serve = self.completions
-        if path.endswith(CHAT_SUFFIX):
-            found: tuple[str, TokenizerRoute | None] | None = (path[len(SCOPED_PREFIX) : -len(CHAT_SUFFIX)], None)
-            serve = self.chat
-        else:
-            found = split_scoped(path)
-        if found is None:
-            exc = GatewayError("Not Found", status=404, type="not_found_error", code="not_found")
-            await send_error(send, OPENAI, exc)
-            return
-        model, route = found
-        if route is not None:
-            await self.handle(scope, receive, send, route, model)
-            return
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        try:
-            # Who asks before anything of what they ask is read, as on every other route.
-            self.services(scope)[0].keys.authenticate(headers)
-            check_model(model)
-        except GatewayError as exc:
-            await send_error(send, OPENAI, exc)
-            return
-        if scope["method"] != "POST":
-            await serve(scope, receive, send)  # it answers the 405 itself
-            return
-        try:
-            body = with_model(await read_body(receive), model)
-        except GatewayError as exc:
-            await send_error(send, OPENAI, exc)
-            return
-        except asyncio.CancelledError:
-            return  # the client left while sending its body
-        sent = False
-
-        async def replay() -> ReceiveMessage:
-            # The body once, then the client's own messages (its disconnect among them).
-            nonlocal sent
-            if not sent:
-                sent = True
-                first: HTTPRequestEvent = {"type": "http.request", "body": body, "more_body": False}
-                return first
-            return await receive()
-
-        await serve(scope, replay, send)
-
     async def handle(
         self, scope: HTTPScope, receive: Receive, send: Send, route: TokenizerRoute, path_model: str | None
     ) -> None:
         t0 = time.perf_counter()
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        rec = Record(request_id=request_id(headers), dialect="tokenizer")
+        headers = headers_of(scope)
+        rec = Record(request_id=request_id(headers), dialect="tokenizer", endpoint=route)
         if scope["method"] != _METHOD[route]:
             exc = GatewayError(
                 "Method Not Allowed", status=405, type="invalid_request_error", code="method_not_allowed"
@@ -279,13 +177,13 @@ class Tokenizers:
         body_model: str | None = None
         try:
             if route == "tokenize":
-                tok_req = tokenize_request(decode_body(_decode_tokenize, body))
+                tok_req = tokenize_request(decode_body(_decode_tokenize, body), pipeline.loaded.config.caps.json_depth)
                 body_model = tok_req.model
             elif route == "detokenize":
                 detok_req = decode_body(_decode_detokenize, body)
                 body_model = detok_req.model
             elif body:
-                body_model = _decode_model_field(body).model
+                body_model = decode_model_field(body).model
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise decode_error(exc) from None
         if path_model is not None and body_model and body_model != path_model:
@@ -485,4 +383,4 @@ def _no_such_route(body: bytes) -> bool:
     )
 
 
-__all__ = ["SCOPED_PREFIX", "Tokenizers", "split_scoped", "with_model"]
+__all__ = ["Tokenizers"]

@@ -95,7 +95,7 @@ class Record(msgspec.Struct):
 
     request_id: str
     dialect: str
-    endpoint: str = "completions"  # which endpoint served it: completions or chat
+    endpoint: str = "completions"  # which endpoint served it: completions or chat (a tokenizer route: its name)
     key: str | None = None
     # The key's identity (`ClientKey.ident`) and its team when the request ran: what the ledger books.
     key_id: str = ""

@@ -21,7 +21,7 @@ from gateway.path.unrendered import image_parts, unrendered
 from providers.registry import credential_headers
 from wire.chat import CHAT_SHAPES, AssistantMessage, ChatRequest, UserMessage, render
 from wire.errors import InvalidRequestError
-from wire.schema import FREE_FORM, CacheSalt, CompletionRequest, no_chat_template
+from wire.schema import FREE_FORM, CacheSalt, CompletionRequest, check_depth, no_chat_template
 
 MAX_CHOICES: Final = 128
 # Longest model string a client may send; real ids (Bedrock ARNs, Fireworks paths) stay well under it.
@@ -116,27 +116,6 @@ def check_model(model: str) -> None:
 # Model strings `check_model` passed: emptied when full.
 _MODELS_OK: Final[set[str]] = set()
 _MODELS_MAX: Final = 1024
-
-
-def _check_depth(value: Any, limit: int, field: str) -> None:
-    """Refuse JSON nested more than `limit` levels (the field's own value is level 1): one pass over the
-    field's containers, level by level, without recursion."""
-    level: list[Any] = [value]
-    depth = 1
-    while True:
-        nested: list[Any] = []
-        for node in level:
-            for child in node.values() if isinstance(node, dict) else node:
-                if isinstance(child, _CONTAINERS):
-                    nested.append(child)
-        if not nested:
-            return
-        depth += 1
-        if depth > limit:
-            raise InvalidRequestError(
-                f"'{field}' is nested more than {limit} levels deep", param=field, code="too_deeply_nested"
-            )
-        level = nested
 
 
 def _check_prompt(prompt: str | list[Any]) -> int:
@@ -356,7 +335,7 @@ def normalize(req: CompletionRequest, caps: CapsConfig = _DEFAULT_CAPS) -> Compl
     if free.count(None) != len(FREE_FORM):  # one C call when none is set, as in most requests
         for field, value in zip(FREE_FORM, free, strict=True):
             if isinstance(value, _CONTAINERS):
-                _check_depth(value, caps.json_depth, field)
+                check_depth(value, caps.json_depth, field)
     if req.inference_extra_params:
         # `stream_options` too: the gateway asks every stream for its usage, which rate limits and budgets
         # settle on; a client turning it off would be billed for nothing. The choice count and token limit

@@ -11,7 +11,8 @@ import re
 from pathlib import Path
 
 from gateway.edge.app import CHAT_ROUTES, DIALECT_ROUTES
-from gateway.edge.tokenizer_routes import _METHOD, SCOPED_PREFIX
+from gateway.edge.scoped_routes import SCOPED_PREFIX
+from gateway.edge.tokenizer_routes import _METHOD
 
 ROOT = Path(__file__).resolve().parents[2]
 

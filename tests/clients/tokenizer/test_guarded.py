@@ -7,7 +7,7 @@ import http.client
 import httpx
 import pytest
 
-from tests.clients.tokenizer.upstreams import AUTH, BASE, MODEL, NARROW_KEY, SLOW_KEY, error_envelope
+from tests.clients.tokenizer.upstreams import AUTH, BASE, FULL_KEY, MODEL, NARROW_KEY, SLOW_KEY, error_envelope
 from tests.helpers.servers import GatewayThread
 from tests.helpers.upstreams import Upstream
 
@@ -85,4 +85,50 @@ def test_bad_bodies_are_400s_naming_the_field(api: httpx.Client, upstream: Upstr
     error_envelope(api.post(f"{BASE}/detokenize", json={"tokens": [-1]}), 400, "invalid_value", param="tokens")
     error_envelope(api.post(f"{BASE}/tokenize", json={"prompt": "x", "max": 1}), 400, "unknown_parameter", param="max")
     error_envelope(api.post(f"{BASE}/tokenize", json={"prompt": "x", "model": "vl/other"}), 400, "model_mismatch")
+    assert upstream.received == []
+
+
+@pytest.mark.parametrize("header", ["authorization", "x-api-key"])
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        pytest.param("POST", f"{BASE}/tokenize", b'{"prompt": "x"}', id="scoped-tokenize"),
+        pytest.param("POST", "/tokenize", b'{"prompt": "x"}', id="bare-tokenize"),
+        pytest.param("GET", f"{BASE}/tokenizer_info", b"", id="scoped-tokenizer-info"),
+        pytest.param("POST", "/v1/completions", b'{"model": "%s", "prompt": "x"}' % MODEL.encode(), id="completions"),
+    ],
+)
+def test_a_key_header_sent_on_two_lines_is_one_value_on_every_route(
+    gateway: GatewayThread, upstream: Upstream, header: str, method: str, path: str, body: bytes
+) -> None:
+    # Two lines of one header are one value, joined by a comma (RFC 9110 5.3), and no key reads like that:
+    # which line would count, and so which key's globs and limits, is not the gateway's to guess.
+    value = "Bearer {}" if header == "authorization" else "{}"
+    conn = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=15)
+    try:
+        conn.putrequest(method, path)
+        conn.putheader(header, value.format(NARROW_KEY))
+        conn.putheader(header, value.format(FULL_KEY))
+        conn.putheader("content-type", "application/json")
+        conn.putheader("content-length", str(len(body)))
+        conn.endheaders(body)
+        resp = conn.getresponse()
+        status, answer = resp.status, resp.read()
+    finally:
+        conn.close()
+    assert status == 401, answer
+    assert upstream.received == []
+
+
+def test_a_conversations_free_form_fields_are_held_to_the_nesting_cap(api: httpx.Client, upstream: Upstream) -> None:
+    # caps.json_depth (64 here) bounds the fields the typed decoder does not: on /tokenize as on the chat route.
+    deep: object = "x"
+    for _ in range(70):
+        deep = {"a": deep}
+    chat = {"messages": [{"role": "user", "content": "Hi"}]}
+    tool = {"type": "function", "function": {"name": "f", "parameters": deep}}
+    for extra, param in (({"chat_template_kwargs": {"k": deep}}, "chat_template_kwargs"), ({"tools": [tool]}, "tools")):
+        on_chat = api.post(f"{BASE}/v1/chat/completions", json={**chat, **extra})
+        error_envelope(on_chat, 400, "too_deeply_nested", param=param)
+        error_envelope(api.post(f"{BASE}/tokenize", json={**chat, **extra}), 400, "too_deeply_nested", param=param)
     assert upstream.received == []

@@ -8,8 +8,10 @@ import httpx
 import pytest
 
 from tests.clients.tokenizer.upstreams import BASE, BOS, FULL_KEY, MODEL, SERVED, VLLM_KEY, error_envelope
+from tests.helpers.accesslog import listening
 from tests.helpers.servers import GatewayThread
 from tests.helpers.upstreams import Upstream, reply
+from tests.helpers.waiting import wait_until
 
 # -- vLLM: the client's own dialect -------------------------------------------------------------------------
 
@@ -188,3 +190,17 @@ def test_a_conversations_bad_fields_are_400s_naming_them(api: httpx.Client, upst
     ):
         error_envelope(api.post(f"{BASE}/tokenize", json=body), 400, code, param=param)
     assert upstream.received == []
+
+
+def test_each_call_is_logged_under_its_own_route(api: httpx.Client, upstream: Upstream) -> None:
+    # The access log is the one record of a tokenizer call: its line names the route, never `completions`.
+    with listening() as access:
+        assert api.post(f"{BASE}/tokenize", json={"prompt": "x"}).status_code == 200
+        assert api.post(f"{BASE}/detokenize", json={"tokens": [120]}).status_code == 200
+        assert api.get(f"{BASE}/tokenizer_info").status_code == 200
+        wait_until(lambda: len(access.lines) >= 3)
+    assert [(line["dialect"], line["endpoint"], line["model"]) for line in access.lines] == [
+        ("tokenizer", "tokenize", MODEL),
+        ("tokenizer", "detokenize", MODEL),
+        ("tokenizer", "tokenizer_info", MODEL),
+    ]
