@@ -224,9 +224,8 @@ class _Local:
                     news.append(None)
                     out += [0, 0]
                     continue
-                if mode == "refresh":
-                    if lease in held:
-                        held[lease] = now + self.lease_ttl_ms
+                if mode == "refresh":  # as the script: a lease still held is written again if it expired
+                    held[lease] = now + self.lease_ttl_ms
                     news.append(None)
                     out += [0, 0]
                     continue
