@@ -282,12 +282,15 @@ class Admission:
         own = (self.keys.get(key.ident) or key.buckets) if key is not None else ()
         return any(b.kind not in TOKEN_KINDS for b in (*own, *self.models.get(model, ())))
 
-    async def admit_route(self, route: Route, req: CompletionRequest, plan: Plan) -> Ticket | None:
-        """An alias target's own provider/deployment quota, checked when the failover loop reaches it."""
-        if plan.single is not None:
-            return None  # already charged with the request
+    async def admit_route(self, route: Route, req: CompletionRequest, ticket: Ticket | None) -> Ticket | None:
+        """A target's own provider/deployment quota, checked when the failover loop reaches it (an alias's
+        target, a continuation's). Where the request's `ticket` holds it (a direct request's), admission
+        charged the first call: a later one (a retry) is charged its call alone, its tokens being the ticket's."""
         buckets = self._route_buckets(route)
         if not buckets:
+            return None
+        if ticket is not None and buckets[0] in ticket.buckets:
+            await self.charge_calls(route, 1)
             return None
         prompt, tokens = self._tokens(req, buckets, route)
         decision = await self.acquire(buckets, tokens)
