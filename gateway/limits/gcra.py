@@ -65,6 +65,7 @@ class Decision(msgspec.Struct):
     retry_after_ms: int
     states: list[BucketState]
     lease: str
+    away: bool = False  # decided on this process's state while Redis was away (what it charged is here)
 
 
 class Gcra(NamedTuple):

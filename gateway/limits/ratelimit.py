@@ -298,7 +298,7 @@ class Limiter:
             self._hold((lease,), bset.concurrent, remote)
         pairs = zip(bset.buckets, out[2::2], out[3::2], strict=True)
         states = [BucketState(b, remaining, reset) for b, remaining, reset in pairs]
-        return Decision(out[0] == 1, out[1], states, lease)
+        return Decision(out[0] == 1, out[1], states, lease, channel is not None and not remote)
 
     def decided(self, bset: BucketSet, tokens: int) -> list[int] | None:
         """`acquire`'s reply decided at once, for a caller on the request path: with no Redis, a set that
@@ -309,14 +309,26 @@ class Limiter:
             return None
         return self.local.acquire_rates(bset.specs, bset.token_mask, tokens)
 
-    def adjusted(self, bset: BucketSet, tokens: int) -> bool:
-        """`adjust` done at once in process memory when there is no Redis (nothing to wait for); False:
-        nothing done, use `adjust`."""
-        if self._channel is not None:
-            return False
+    def adjust_here(self, bset: BucketSet, tokens: int) -> None:
+        """`adjust` in this process's own state, at once, for a reservation made there (without Redis, or while
+        it was away: a correction sent to Redis would give back what Redis never had)."""
         tset = bset.tokens_only
         if tset is not None and tokens:
             self.local.run_specs("adjust", "", tset.specs, [float(tokens)] * len(tset.specs))
+
+    async def adjust_shared(self, tset: BucketSet, tokens: int) -> bool:
+        """`adjust` of the token buckets `tset` for a reservation Redis holds, sent at most once. False: not sent
+        (Redis away, or it refused the call unrun), for the caller to send again once Redis answers; True: sent,
+        answered or not (an unanswered one may have run, and must not run twice)."""
+        if self._channel is None:
+            self.adjust_here(tset, tokens)
+            return True
+        if self.shared.degraded:
+            return False
+        try:
+            await self._remote(tset.part("adjust", "", [float(tokens)] * len(tset.buckets)))
+        except Degraded as exc:
+            return isinstance(exc, Unanswered)
         return True
 
     def acquiring(self, bset: BucketSet, tokens: int) -> asyncio.Future[list[int]] | None:
@@ -446,14 +458,9 @@ class Limiter:
                 pass
         return self.local.peek(buckets)
 
-    async def adjust(self, buckets: Sequence[Bucket] | BucketSet, tokens: int) -> None:
+    async def adjust(self, buckets: Sequence[Bucket], tokens: int) -> None:
         """Charge (or with a negative count, return) tokens after the fact, without checking, to the token
-        buckets among `buckets`, which may be compiled already (`compiled`)."""
-        if isinstance(buckets, BucketSet):
-            tset = buckets.tokens_only  # compiled with the set, not looked up per settlement
-            if tset is not None and tokens:
-                await self._run("adjust", "", tset, [float(tokens)] * len(tset.buckets))
-            return
+        buckets among `buckets`, on Redis or, while it is away, on this process's state."""
         token_buckets = [b for b in buckets if b.kind in TOKEN_KINDS]
         if token_buckets and tokens:
             await self._run("adjust", "", token_buckets, [float(tokens)] * len(token_buckets))
