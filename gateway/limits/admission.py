@@ -16,6 +16,7 @@ import msgspec
 from gateway.config import LimitsConfig, LoadedConfig
 from gateway.limits.auth import ClientKey, fingerprint
 from gateway.limits.ratelimit import TOKEN_KINDS, Bucket, BucketSet, BucketState, Decision, Limiter, RedisDown
+from gateway.limits.settles import Corrections
 from gateway.limits.tokens import reservation, unbounded_completion, warm
 from gateway.state import Degraded, SharedState
 from gateway.upstream.plan import Plan, Route
@@ -26,7 +27,6 @@ from wire.schema import CompletionRequest
 _KINDS: Final = ("rps", "rpm", "tpm", "tpd", "concurrent")
 # The buckets that count upstream calls: an emulated fan-out charges them once per call it makes.
 _CALL_KINDS: Final = frozenset({"rps", "rpm"})
-SETTLE_S: Final = 0.05
 # Combinations of scopes compiled (`Admission._compile`): a config's keys x aliases x routes, bounded
 # whatever models clients name.
 _SCOPES_KEPT: Final = 4096
@@ -133,6 +133,7 @@ class Ticket(msgspec.Struct):
     headers: Lines  # the x-ratelimit headers, encoded
     prompt: int = 0  # the prompt's share of `reserved`, to charge a cancelled stream what it used
     charges: BucketSet | None = None  # `buckets` compiled (the limiter's), when admission had them
+    away: bool = False  # admitted on this process's state while Redis was away: corrected there, not in Redis
 
 
 class Admission:
@@ -180,8 +181,7 @@ class Admission:
             warm()
         self._scopes: dict[tuple[object, ...], _Scopes] = {}
         self._background: set[asyncio.Task[None]] = set()
-        self._pending: dict[BucketSet, int] = {}  # per set's token buckets (`BucketSet.tokens_only`)
-        self._timer: asyncio.TimerHandle | None = None
+        self.corrections = Corrections(self.limiter)
 
     def _route_buckets(self, route: Route) -> list[Bucket]:
         out = list(self.providers.get(route.provider, ()))
@@ -234,6 +234,7 @@ class Admission:
         charges, queue_ms, limiter = scopes.charges, scopes.queue_ms, self.limiter
         waited = 0
         while True:
+            away = False  # decided on this process's state while Redis is away
             # Without Redis, decided on the spot, its reply read as the script's is.
             out = limiter.decided(charges, tokens)
             if out is not None:
@@ -247,6 +248,7 @@ class Admission:
                     if pending is None:
                         decision = await limiter.acquire(charges, tokens)
                         allowed, wait, lease = decision.allowed, decision.retry_after_ms, decision.lease
+                        away = decision.away
                         headers = rate_headers(decision.states, scopes.labels)
                     else:
                         if meanwhile is not None:
@@ -255,13 +257,13 @@ class Admission:
                         try:
                             out = await pending
                         except Degraded:
-                            out = limiter.refused_call(charges, tokens)
+                            out, away = limiter.refused_call(charges, tokens), True
                         allowed, wait, lease = out[0] == 1, out[1], ""
                         headers = _reply_headers(out, scopes.labels)
                 except RedisDown:
                     raise _unavailable() from None
             if allowed:
-                return Ticket(buckets, lease, tokens, headers, prompt, charges)
+                return Ticket(buckets, lease, tokens, headers, prompt, charges, away)
             if waited + wait > queue_ms:
                 raise RateLimitError(
                     "Rate limit reached for this key or model; retry after the time in Retry-After",
@@ -282,17 +284,20 @@ class Admission:
         own = (self.keys.get(key.ident) or key.buckets) if key is not None else ()
         return any(b.kind not in TOKEN_KINDS for b in (*own, *self.models.get(model, ())))
 
-    async def admit_route(self, route: Route, req: CompletionRequest, plan: Plan) -> Ticket | None:
-        """An alias target's own provider/deployment quota, checked when the failover loop reaches it."""
-        if plan.single is not None:
-            return None  # already charged with the request
+    async def admit_route(self, route: Route, req: CompletionRequest, ticket: Ticket | None) -> Ticket | None:
+        """A target's own provider/deployment quota, checked when the failover loop reaches it (an alias's
+        target, a continuation's). Where the request's `ticket` holds it (a direct request's), admission
+        charged the first call: a later one (a retry) is charged its call alone, its tokens being the ticket's."""
         buckets = self._route_buckets(route)
         if not buckets:
+            return None
+        if ticket is not None and buckets[0] in ticket.buckets:
+            await self.charge_calls(route, 1)
             return None
         prompt, tokens = self._tokens(req, buckets, route)
         decision = await self.acquire(buckets, tokens)
         if decision.allowed:
-            return Ticket(buckets, decision.lease, tokens, rate_headers(decision.states), prompt)
+            return Ticket(buckets, decision.lease, tokens, rate_headers(decision.states), prompt, away=decision.away)
         raise RateLimitError(
             f"Provider '{route.provider}' is at its configured quota",
             code="provider_quota",
@@ -400,9 +405,10 @@ class Admission:
         """Return unused reserved tokens (or charge overuse) and free concurrency, off the request path.
 
         Concurrency leases are released at once (a slot must not stay taken). Token corrections are
-        summed per set of buckets and applied every SETTLE_S in one script call per set: a call per
-        request cost a saturated worker a round trip each, and a correction a few milliseconds late
-        changes no admission decision by more than that request's own difference.
+        summed per set of buckets and applied every few milliseconds in one script call per set
+        (gateway/limits/settles.py): a call per request cost a saturated worker a round trip each, and a
+        correction a few milliseconds late changes no admission decision by more than that request's own
+        difference.
         """
         if ticket is None:
             return
@@ -412,9 +418,7 @@ class Admission:
             charges = self.limiter.compiled(ticket.buckets)
         tset = charges.tokens_only
         if delta and tset is not None:
-            self._pending[tset] = self._pending.get(tset, 0) + delta
-            if self._timer is None:
-                self._timer = asyncio.get_running_loop().call_later(SETTLE_S, self._flush_soon)
+            self.corrections.add(tset, delta, ticket.away)
         if charges.leased:
             self._spawn(self._release(ticket))
 
@@ -423,22 +427,6 @@ class Admission:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _flush_soon(self) -> None:
-        self._timer = None
-        pending, self._pending = self._pending, {}
-        # In process memory the corrections are applied here: nothing to wait for, so no task, no coroutine.
-        left = {tset: delta for tset, delta in pending.items() if not self.limiter.adjusted(tset, delta)}
-        if left:
-            self._spawn(self._adjust(left))
-
-    async def _adjust(self, pending: dict[BucketSet, int]) -> None:
-        for tset, delta in pending.items():
-            if delta:
-                try:
-                    await self.limiter.adjust(tset, delta)
-                except RedisDown:
-                    pass
-
     async def _release(self, ticket: Ticket) -> None:
         try:
             await self.limiter.release(ticket.buckets, ticket.lease)
@@ -446,11 +434,7 @@ class Admission:
             pass
 
     async def drain(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-            pending, self._pending = self._pending, {}
-            await self._adjust(pending)
+        await self.corrections.drain()
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
 

@@ -65,6 +65,7 @@ class Decision(msgspec.Struct):
     retry_after_ms: int
     states: list[BucketState]
     lease: str
+    away: bool = False  # decided on this process's state while Redis was away (what it charged is here)
 
 
 class Gcra(NamedTuple):
@@ -224,9 +225,8 @@ class _Local:
                     news.append(None)
                     out += [0, 0]
                     continue
-                if mode == "refresh":
-                    if lease in held:
-                        held[lease] = now + self.lease_ttl_ms
+                if mode == "refresh":  # as the script: a lease still held is written again if it expired
+                    held[lease] = now + self.lease_ttl_ms
                     news.append(None)
                     out += [0, 0]
                     continue

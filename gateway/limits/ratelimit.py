@@ -71,6 +71,8 @@ CLUSTER_PREFIX: Final = "{rl}"
 _CANCEL_POLL_S: Final = 0.2
 _CANCELS_PER_ROUND: Final = 1000
 _Held = dict[str, tuple[tuple[Bucket, ...], float]]  # lease -> (its concurrency buckets, a time)
+# Leases held: lease -> (its concurrency buckets, renew until, whether Redis holds it rather than this process).
+_Live = dict[str, tuple[tuple[Bucket, ...], float, bool]]
 # Compiled bucket sets kept (`Limiter.compiled`): far more than a config's scopes combine into.
 _SETS_KEPT: Final = 4096
 
@@ -96,10 +98,14 @@ class Limiter:
         script = script_text(lease_ttl_ms)
         self._sha = hashlib.sha1(script.encode()).hexdigest().encode()
         self._channel = ScriptChannel(shared, script, self._prefix + "rl:") if shared.client is not None else None
+        if self._channel is not None:
+            self._channel.dropped = self._dropped
         # Leases of requests still running, by id: renewed every third of the TTL (`_renew`) so that a
-        # request longer than the TTL (a long stream) keeps its slot, and the count stays exact.
-        self._live: _Held = {}  # lease -> (buckets, renew until)
+        # request longer than the TTL (a long stream) keeps its slot, and the count stays exact; written
+        # again at once after the channel's connection drops, in case Redis lost them (`_dropped`).
+        self._live: _Live = {}
         self._renewer: asyncio.Task[None] | None = None
+        self._woken = asyncio.Event()  # set: renew now
         # Each set of buckets charged together, compiled once (its keys, periods, command bytes).
         self._sets: dict[tuple[Bucket, ...], BucketSet] = {}
         # Leases whose acquire went unanswered but which local state admitted: Redis may hold them too.
@@ -119,7 +125,7 @@ class Limiter:
         too the leases of its requests still running (renewed here, and released through this one)."""
         old._successor = self
 
-    def _take(self, cancels: _Held, live: _Held | None = None) -> None:
+    def _take(self, cancels: _Held, live: _Live | None = None) -> None:
         if self._closed and self._successor is not None:
             self._successor._take(cancels, live)
         elif not self._closed and self._channel is not None:  # without Redis now, no Redis lease to cancel
@@ -271,6 +277,7 @@ class Limiter:
         lease = unique_suffix() if bset.leased else ""
         costs = [tokens if t else requests for t in bset.token_mask]
         channel = self._channel
+        remote = False  # whether Redis decided (and holds the lease), rather than this process
         try:
             if channel is None:
                 out = self.local.run_specs("acquire", lease, bset.specs, costs)
@@ -279,6 +286,7 @@ class Limiter:
             else:
                 try:
                     out = await channel.call(bset.part("acquire", lease, costs))
+                    remote = True
                 except Degraded as exc:
                     out = self._fallback(lease, bset.buckets, costs, unanswered=isinstance(exc, Unanswered))
         except asyncio.CancelledError:
@@ -287,10 +295,10 @@ class Limiter:
                 self._cancel(lease, bset.buckets)
             raise
         if lease and out[0] == 1:
-            self._hold((lease,), bset.concurrent)
+            self._hold((lease,), bset.concurrent, remote)
         pairs = zip(bset.buckets, out[2::2], out[3::2], strict=True)
         states = [BucketState(b, remaining, reset) for b, remaining, reset in pairs]
-        return Decision(out[0] == 1, out[1], states, lease)
+        return Decision(out[0] == 1, out[1], states, lease, channel is not None and not remote)
 
     def decided(self, bset: BucketSet, tokens: int) -> list[int] | None:
         """`acquire`'s reply decided at once, for a caller on the request path: with no Redis, a set that
@@ -301,14 +309,26 @@ class Limiter:
             return None
         return self.local.acquire_rates(bset.specs, bset.token_mask, tokens)
 
-    def adjusted(self, bset: BucketSet, tokens: int) -> bool:
-        """`adjust` done at once in process memory when there is no Redis (nothing to wait for); False:
-        nothing done, use `adjust`."""
-        if self._channel is not None:
-            return False
+    def adjust_here(self, bset: BucketSet, tokens: int) -> None:
+        """`adjust` in this process's own state, at once, for a reservation made there (without Redis, or while
+        it was away: a correction sent to Redis would give back what Redis never had)."""
         tset = bset.tokens_only
         if tset is not None and tokens:
             self.local.run_specs("adjust", "", tset.specs, [float(tokens)] * len(tset.specs))
+
+    async def adjust_shared(self, tset: BucketSet, tokens: int) -> bool:
+        """`adjust` of the token buckets `tset` for a reservation Redis holds, sent at most once. False: not sent
+        (Redis away, or it refused the call unrun), for the caller to send again once Redis answers; True: sent,
+        answered or not (an unanswered one may have run, and must not run twice)."""
+        if self._channel is None:
+            self.adjust_here(tset, tokens)
+            return True
+        if self.shared.degraded:
+            return False
+        try:
+            await self._remote(tset.part("adjust", "", [float(tokens)] * len(tset.buckets)))
+        except Degraded as exc:
+            return isinstance(exc, Unanswered)
         return True
 
     def acquiring(self, bset: BucketSet, tokens: int) -> asyncio.Future[list[int]] | None:
@@ -344,33 +364,69 @@ class Limiter:
             return [], 0
         if out[0] != 1:
             return [], out[2]
-        self._hold(leases, (bucket,))
+        self._hold(leases, (bucket,), True)
         return leases, out[2]
 
-    def _hold(self, leases: Sequence[str], held: tuple[Bucket, ...]) -> None:
-        """Renew `leases` until they are released (or for MAX_RENEW_S at most)."""
+    def _hold(self, leases: Sequence[str], held: tuple[Bucket, ...], remote: bool) -> None:
+        """Renew `leases` until they are released (or for MAX_RENEW_S at most); `remote`: Redis holds them."""
         until = time.monotonic() + MAX_RENEW_S
         for lease in leases:
-            self._live[lease] = (held, until)
+            self._live[lease] = (held, until, remote)
+        if self._renewer is None:
+            self._renewer = asyncio.ensure_future(self._renew())
+
+    def _dropped(self) -> None:
+        """The channel's connection dropped: Redis may have restarted, or failed over to a replica that had
+        not got the last writes, and lost leases whose requests still run. Renew (which writes them again)
+        as soon as Redis answers, rather than a third of the TTL later: until then other processes may
+        take those slots, past the limit."""
+        if self._closed or not self._live:
+            return
+        self._woken.set()
         if self._renewer is None:
             self._renewer = asyncio.ensure_future(self._renew())
 
     async def _renew(self) -> None:
-        """Every third of the lease TTL, while any lease is held: each one's expiry a TTL ahead again, one
-        script call per lease, all in one write. Off the request path; what fails is retried next round,
-        two more chances before the lease would expire."""
+        """Every third of the lease TTL, while any lease is held: each one's expiry a TTL ahead again (and
+        written again where Redis lost it), one script call per lease, all in one write. Off the request
+        path; a round that did not get through is tried again as soon as Redis answers."""
+        woken, pause = self._woken, self.lease_ttl_ms / 3000
         try:
             while self._live:
-                await asyncio.sleep(self.lease_ttl_ms / 3000)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(pause):
+                        await woken.wait()
+                woken.clear()
                 now = time.monotonic()
-                for lease, (_, until) in list(self._live.items()):
+                for lease, (_, until, _) in list(self._live.items()):
                     if until < now:
                         del self._live[lease]
-                live = list(self._live.items())
-                calls = [self._run("refresh", lease, held, [0.0] * len(held)) for lease, (held, _) in live]
-                await asyncio.gather(*calls, return_exceptions=True)
+                sent, skipped = self._refresh_live()
+                results = await asyncio.gather(*sent, return_exceptions=True)
+                pause = self.lease_ttl_ms / 3000
+                if skipped or any(isinstance(r, BaseException) for r in results):
+                    # Redis away: look again soon; Redis refusing (an error reply): not too often.
+                    pause = _CANCEL_POLL_S if self.shared.degraded else 1.0
         finally:
             self._renewer = None
+            woken.clear()  # nothing held: nothing to write again
+
+    def _refresh_live(self) -> tuple[list[asyncio.Future[list[int]]], bool]:
+        """One refresh per lease held, queued now (no await between reading `_live` and queueing: a lease
+        released after this has its release queued behind its refresh, never before it). Those of Redis go to
+        Redis, those of this process are renewed here; True with them: some of Redis's were not sent."""
+        sent: list[asyncio.Future[list[int]]] = []
+        away = self._channel is None or self.shared.degraded
+        skipped = False
+        for lease, (held, _, remote) in self._live.items():
+            zeros = [0.0] * len(held)
+            if not remote:
+                self.local.run("refresh", lease, held, zeros)
+            elif away:
+                skipped = True
+            else:
+                sent.append(self._remote(self._command("refresh", lease, held, zeros)))
+        return sent, skipped
 
     async def peek(self, buckets: Sequence[Bucket]) -> list[BucketState]:
         """Every bucket's headroom now, read-only (for the status page): one pipelined read, no script."""
@@ -402,14 +458,9 @@ class Limiter:
                 pass
         return self.local.peek(buckets)
 
-    async def adjust(self, buckets: Sequence[Bucket] | BucketSet, tokens: int) -> None:
+    async def adjust(self, buckets: Sequence[Bucket], tokens: int) -> None:
         """Charge (or with a negative count, return) tokens after the fact, without checking, to the token
-        buckets among `buckets`, which may be compiled already (`compiled`)."""
-        if isinstance(buckets, BucketSet):
-            tset = buckets.tokens_only  # compiled with the set, not looked up per settlement
-            if tset is not None and tokens:
-                await self._run("adjust", "", tset, [float(tokens)] * len(tset.buckets))
-            return
+        buckets among `buckets`, on Redis or, while it is away, on this process's state."""
         token_buckets = [b for b in buckets if b.kind in TOKEN_KINDS]
         if token_buckets and tokens:
             await self._run("adjust", "", token_buckets, [float(tokens)] * len(token_buckets))

@@ -18,8 +18,9 @@ from typing import Final
 # mode "adjust": add cost (may be negative: a refund) without checking; returns {1, 0, ...}
 # mode "block": as "acquire" on one concurrency bucket, for `cost` leases at once (ids `lease/1`..`lease/cost`).
 # mode "release": drop the lease from concurrency buckets (its acquire is known to have run).
-# mode "refresh": push a live lease's expiry a TTL ahead (only a live one: never a released lease, nor a
-#   cancel marker), so a request that outlives the TTL keeps its slot.
+# mode "refresh": push a held lease's expiry a TTL ahead, so a request that outlives the TTL keeps its slot, and
+#   write it again if Redis lost it; never over a cancel marker. Only the limiter's leases still held are
+#   refreshed, each before its release on the same connection, so a released lease is never written again.
 # mode "cancel": drop the lease and leave a marker, for a lease whose acquire may not have run yet: an
 #   acquire sent before a timeout can still be run by Redis after the cancel (it sat unread in a dropped
 #   connection), and must then write nothing.
@@ -72,8 +73,10 @@ local function one(k, n, a)
         call('ZREM', key, lease)
         out[2 * i + 1] = 0; out[2 * i + 2] = 0
       elseif mode == 'refresh' then
+        -- A lease Redis no longer has (a restart or a failover lost it, or it expired while Redis did not
+        -- answer) is written again: its request still runs. Never over a cancel marker (< 0).
         local score = call('ZSCORE', key, lease)
-        if score and tonumber(score) > 0 then
+        if not score or tonumber(score) > 0 then
           call('ZADD', key, now + LEASE_TTL, lease)
           call('PEXPIRE', key, LEASE_TTL)
         end

@@ -112,7 +112,7 @@ class _Protocol(asyncio.Protocol):
                 calls.append(item)
             elif not item.done():
                 item.set_exception(ChannelError("redis connection lost"))
-        if calls and self.on_lost is not None:
+        if self.on_lost is not None:
             self.on_lost(self, calls)
 
     def retire(self) -> None:
@@ -232,6 +232,8 @@ class ScriptChannel:
         # Whether the caller is the only request in flight (`Limiter.solo`): then no other call can join
         # this tick's write, and waiting for the tick's end would only cost a lone request a loop turn.
         self.alone: Callable[[], bool] | None = None
+        # Told when the connection in use drops, or its node is no longer the master: Redis may have lost state.
+        self.dropped: Callable[[], None] = lambda: None
 
     # ---------------------------------------------------------------------------------------- connection
 
@@ -428,11 +430,14 @@ class ScriptChannel:
             _answer(target, reply)
 
     def _lost(self, proto: _Protocol, calls: list[_Call]) -> None:
-        """The connection went with `calls` still unanswered (a timeout aborted it, or Redis went away)."""
+        """The connection went, with `calls` still unanswered (a timeout aborted it, or Redis went away)."""
         if proto.watchdog is not None:
             proto.watchdog.cancel()
             proto.watchdog = None
-        self._fail(proto, [(cmd, target) for cmd, target, _ in calls], ChannelError("redis connection lost"), sent=True)
+        if proto is self._protocol and not self._closed:  # not a one-off's, nor a retired node's
+            self.dropped()
+        if calls:
+            self._fail(proto, [(c, t) for c, t, _ in calls], ChannelError("redis connection lost"), sent=True)
 
     def _refused(self, proto: _Protocol, cmd: bytes, fut: _Target, error: ScriptError) -> None:
         """An error reply: none of these ran the script, so resending is safe."""
@@ -454,6 +459,7 @@ class ScriptChannel:
             # Sentinel promoted another node, or the cluster is failing over: find the master again.
             if self._protocol is proto:
                 self._move(None)
+                self.dropped()  # the new master may lack the last writes
             self._shared.mark_down(error)
             _raise(fut, Degraded)
         else:

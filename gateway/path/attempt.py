@@ -77,9 +77,9 @@ class Services:
 class Job:
     """One admitted request as the failover loop sees it: what each of its attempts shares.
 
-    `admission` is None when the targets' own quotas are not checked (no limits configured, or a
-    resumed stream, which the original attempt's quota already covers). `ticket` is the request's
-    admission, settled when the answer (or the stream) ends.
+    `admission` is None when no limit applies. `ticket` is the request's admission, settled when the answer (or
+    the stream) ends; `prepaid` whether it charged the route's quota for the first call (a direct request's): every
+    other attempt charges its route's quota itself (a retry there its call alone: its tokens are the ticket's).
     """
 
     __slots__ = (
@@ -97,6 +97,7 @@ class Job:
         "ahead",
         "called",
         "until",
+        "prepaid",
     )
     # What makes each attempt: `Attempt`, or chat's (gateway/path/chat.py), set below the class.
     attempt: ClassVar[type[Attempt]]
@@ -130,6 +131,7 @@ class Job:
         # A stream's deadline, its first failover run's (on the failover's clock): a resumed stream's
         # continuation has what is left of it, not a deadline of its own.
         self.until = 0.0
+        self.prepaid = False
 
     @property
     def deadline_s(self) -> float | None:
@@ -180,25 +182,24 @@ class Job:
 
     def complete(self, route: Route, timeouts: Timeouts) -> Coroutine[Any, Any, Answer]:
         """One buffered attempt on `route`, within the target's own quota and its server's slots."""
-        if self.ask is None and (self.admission is None or self.plan.single is not None):
-            # No slot to take and no route quota to charge (nothing optional on): the attempt's coroutine
-            # itself, not one awaiting it, a frame less on every resume of the upstream call.
+        paid, self.prepaid = self.prepaid, False
+        if self.ask is None and (self.admission is None or paid):
+            # No slot to take, no quota to charge: the attempt's coroutine itself, a frame less per upstream resume.
             return self.attempt(self, route, timeouts).complete()
-        return self._complete(route, timeouts)
+        return self._complete(route, timeouts, paid)
 
-    async def _complete(self, route: Route, timeouts: Timeouts) -> Answer:
+    async def _complete(self, route: Route, timeouts: Timeouts, paid: bool) -> Answer:
         ask = self.ask
         slot = None
         if ask is not None:
             slot = ask.take(route)  # a free slot (NO_CAP's where the server has no cap); None: it must wait
             if slot is None:
                 slot, timeouts = await self._queued(ask, route, timeouts)
-        # A request of one route was charged its route's quota with the request (`Admission.admit`).
-        admission = self.admission if self.plan.single is None else None
+        admission = None if paid else self.admission
         used: int | None = 0
         prompt: int | None = None  # its prompt's tokens as the answer's usage reports them
         try:
-            quota = await admission.admit_route(route, self.req, self.plan) if admission is not None else None
+            quota = await admission.admit_route(route, self.req, self.ticket) if admission is not None else None
             try:
                 c = await self.attempt(self, route, timeouts).complete()
                 u = c.usage
@@ -214,15 +215,16 @@ class Job:
     async def open(self, route: Route, timeouts: Timeouts) -> Opened:
         """One streamed attempt on `route`: the stream, opened to its first event, holds the target's quota
         and its server's slot until it ends."""
+        paid, self.prepaid = self.prepaid, False  # before any wait: hedged attempts start side by side
         ask = self.ask
         slot = None
         if ask is not None:
             slot = ask.take(route)  # a free slot (NO_CAP's where the server has no cap); None: it must wait
             if slot is None:
                 slot, timeouts = await self._queued(ask, route, timeouts)
-        admission = self.admission if self.plan.single is None else None  # as in `complete`
+        admission = None if paid else self.admission
         try:
-            quota = await admission.admit_route(route, self.req, self.plan) if admission is not None else None
+            quota = await admission.admit_route(route, self.req, self.ticket) if admission is not None else None
             try:
                 opened = await self.attempt(self, route, timeouts).open()
             except BaseException:

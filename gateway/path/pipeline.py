@@ -327,6 +327,7 @@ class Pipeline:
             job = op.job(self.services, admission, req, ctx, plan)
             if admission is not None:
                 job.ticket = await admission.admit(key, req, plan, meanwhile=job.prepare if self._alone() else None)
+                job.prepaid = plan.single is not None  # a direct request's route quota, charged for its first call
         else:
             cached = looked
             if type(cached) is not Lookup:  # one test for the common case, a lookup `early` settled
@@ -341,6 +342,7 @@ class Pipeline:
                     free = cached is not None and cached.entry is not None
                     meanwhile = job.prepare if not free and self._alone() else None
                     job.ticket = await admission.admit(key, req, plan, free=free, meanwhile=meanwhile)
+                    job.prepaid = plan.single is not None and not free
                 except BaseException:
                     if cached is not None:
                         cached.abandon()  # whoever waits on this request's answer asks for itself

@@ -201,3 +201,35 @@ async def test_spare_leases_are_dropped_while_redis_does_not_answer(rds: RedisSe
         await gate.close()
         await limiter.close()
         await state.close()
+
+
+async def test_the_leases_of_a_block_are_written_again_after_a_redis_restart(redis: RedisServer) -> None:
+    """A restarted Redis keeps nothing, but the process still uses its block's leases (one in use, one spare
+    here, until a trim gives it back): they are written again as soon as Redis answers, so another process
+    gets the rest of the cap and no more. Before, Redis never counted them again (their renewal only renewed
+    leases it still had), and another process took the whole cap beside the running one: 17 requests on a
+    server capped at 16, and more while the process kept handing out its spares."""
+    state, other_state = SharedState(redis.url), SharedState(redis.url)
+    limiter, other = Limiter(state, fail_open=False), Limiter(other_state, fail_open=False)
+    gate = Gate("engine", 16, limiter, None)  # blocks of 2
+    try:
+        running = await gate.take(_waiter())
+        assert running is not None and running.pooled and len(gate.spare) == 1
+        redis.restart()
+        deadline = time.monotonic() + 3
+        while running.lease not in await _held(redis):
+            assert time.monotonic() < deadline, "the block's leases were not written again"
+            await asyncio.sleep(0.05)
+        busy = Bucket("queue:engine", "concurrent", 16)
+        taken = 0
+        while taken <= 16 and (await other.acquire([busy], 0)).allowed:
+            taken += 1
+        # What this process runs or may hand out is counted in Redis again: the other process got the rest.
+        assert taken + gate.in_use + len(gate.spare) == 16 and len(await _held(redis)) == 16
+        running.done(10)
+    finally:
+        await gate.close()
+        await limiter.close()
+        await other.close()
+        await state.close()
+        await other_state.close()

@@ -463,5 +463,37 @@ def test_openai_compatible_upstream_quota(g: GatewayThread, upstream: Upstream, 
     assert upstream.received[0].json()["max_tokens"] == 5
 
 
+def test_a_retry_of_a_direct_request_is_charged_to_the_providers_quota(
+    g: GatewayThread, upstream: Upstream, rds: RedisServer
+) -> None:
+    """A provider's request buckets count the upstream calls the gateway makes: a direct request that fails
+    once and is retried made two, as an alias's attempts and a guided retry are charged. Before, only the
+    first was charged, and a third call within the minute reached an upstream whose quota is 2 a minute."""
+    answered = completion(2, 5)
+    failed = False
+
+    async def handler(request: web.Request, received: Received) -> web.StreamResponse:
+        nonlocal failed
+        if not failed:
+            failed = True
+            return web.json_response({"error": {"message": "boom", "type": "server_error"}}, status=500)
+        return await answered(request, received)
+
+    upstream.handler = handler
+    time.sleep(0.2)  # the previous test's last token correction (sent within 50 ms), if still on its way
+    with rds.client() as r:
+        before = 0.0 if r.get("rl:{provider:oai}:tpm") is None else units(rds, "rl:{provider:oai}:tpm")
+    payload = {"model": "oai/davinci-002", "prompt": "Hello world", "max_tokens": 5}
+    first = post(g, "k-free", payload)
+    assert first.status_code == 200, first.text
+    assert first.headers["x-gateway-attempts"] == "2" and len(upstream.received) == 2
+    second = post(g, "k-other", payload)
+    assert second.status_code == 429, second.text
+    assert second.json()["error"]["code"] == "rate_limit_exceeded"
+    assert len(upstream.received) == 2
+    # The retry is charged its call alone: the request's tokens are its admission's, settled once.
+    wait_until(lambda: units(rds, "rl:{provider:oai}:tpm") == before + 7)
+
+
 # --------------------------------------------------------------------------------------------------
 # Without Redis: the same arithmetic in process memory

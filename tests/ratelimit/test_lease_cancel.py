@@ -1,4 +1,4 @@
-"""Cancelling a concurrency lease by id, in the script itself, against a real redis-server.
+"""Cancelling (and renewing) a concurrency lease by id, in the script itself, against a real redis-server.
 
 A lease whose acquire went unanswered (Redis stalled, the connection dropped) may be written by that
 acquire at any later moment, even after the request ended. `cancel` removes it if it is there and
@@ -87,3 +87,20 @@ async def test_peek_and_release_ignore_markers(limiter: Limiter, rds: RedisServe
     await limiter.release([b], d.lease)
     (state,) = await limiter.peek([b])
     assert state.remaining == 3
+
+
+def test_a_refresh_writes_again_a_lease_redis_lost_but_never_a_cancelled_one(rds: RedisServer) -> None:
+    """Redis restarted, or failed over to a replica that had not got the lease: the request still runs, so its
+    renewal writes the lease again. A cancelled lease stays cancelled."""
+    with rds.client() as r:
+        k = key()
+        assert call(r, "acquire", "running", k)[0] == 1
+        r.delete(k)  # what a restart without persistence leaves
+        assert call(r, "acquire", "newcomer", k)[0] == 1
+        assert call(r, "refresh", "running", k)[0] == 1
+        assert live(r, k) == {"running", "newcomer"}
+        assert call(r, "acquire", "third", k)[0] == 0  # the limit of 2 holds again
+        assert call(r, "cancel", "gone", k)[0] == 1
+        assert call(r, "refresh", "gone", k)[0] == 1
+        marker = r.zscore(k, "gone")
+        assert live(r, k) == {"running", "newcomer"} and marker is not None and marker < 0

@@ -84,3 +84,38 @@ def test_a_stream_longer_than_the_lease_ttl_keeps_its_slot(
         faults["up"].script(stream())
         third = c.post(gw.url + "/v1/completions", json=BODY, headers=AUTH)
         assert third.status_code == 200, third.text
+
+
+def test_a_lease_a_restarted_redis_lost_is_written_again_while_its_stream_runs(
+    redis: RedisServer, faults: FaultServer, tmp_path: Path
+) -> None:
+    """Redis restarts (nothing kept) under a running stream, with the default TTL of ten minutes: the lease
+    is back in Redis about a second later (the restart drops the limiter's connection, which renews its
+    leases as soon as Redis answers), so a second stream of the key is refused while the first runs.
+    Before, the restarted Redis counted no lease for the stream until it ended: the key's one slot looked
+    free, and every replica admitted a second stream beside it."""
+    faults["up"].script(stream(gap=0.3))  # about 5 s
+    config = (
+        f"redis: {{url: '{redis.url}'}}\n"
+        + "keys:\n  - {name: one, key: k-one, limits: {concurrent: 1}}\n"
+        + f"providers:\n  up: {{kind: openai, api_key: sk-up, base_url: '{faults['up'].base_url}'}}\n"
+    )
+    body = {**BODY, "model": "up/davinci-002"}
+    answers: list[httpx.Response] = []
+    with serve_config(tmp_path, config) as gw, httpx.Client(trust_env=False, timeout=30) as c:
+        long = threading.Thread(
+            target=lambda: answers.append(c.post(gw.url + "/v1/completions", json=body, headers=AUTH))
+        )
+        long.start()
+        try:
+            wait_until(lambda: faults["up"].count == 1 and live_leases(redis) == 1, timeout=10)
+            redis.restart()
+            wait_until(lambda: live_leases(redis) == 1, timeout=3)
+            second = c.post(gw.url + "/v1/completions", json=body, headers=AUTH)
+            assert second.status_code == 429, second.text
+            assert faults["up"].count == 1
+        finally:
+            long.join(30)
+        (first,) = answers
+        assert first.status_code == 200 and first.text.count("data: {") == len(CHUNKS)
+        wait_until(lambda: live_leases(redis) == 0, timeout=5)  # released at its end, not left behind
