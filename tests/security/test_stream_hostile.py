@@ -4,6 +4,8 @@
   in one turn of the event loop: every other request of the worker waited seconds).
 - An endless stream read by a client slower than the upstream: `total_ms` still ends it (before, h1 looked
   at the deadline only when it waited for the socket, which it never did while the client was slower).
+- A client that reads nothing of a fanned-out stream: its upstreams are held back (before, the merge read
+  them as fast as they sent and held it all, parsed).
 """
 
 from __future__ import annotations
@@ -191,3 +193,24 @@ def test_a_stream_read_slower_than_it_arrives_still_ends_at_total_ms(
     assert endless.ended - endless.began < 3 + 2.5, endless.ended - endless.began
     # The client learns why its stream ended, and the stream ends.
     assert b'"code":"upstream_total_timeout"' in got and b"data: [DONE]" in got, got[-600:]
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_a_client_that_reads_nothing_holds_its_upstreams_back(tmp_path: Path, up: Upstream, n: int) -> None:
+    """With `max_n: 1`, `n: 2` is two upstream calls whose streams the gateway merges (docs/emulation.md)."""
+    endless = Endless()
+    up.handler = endless
+    with gateway(tmp_path, up, max_n=1) as gw:
+        sock = _stream_request(gw, n=n)
+        try:
+            assert sock.recv(12) == b"HTTP/1.1 200"
+            time.sleep(2)  # every buffer on the way fills: the client's, the gateway's, the upstream's sockets
+            filled = endless.sent
+            time.sleep(2)
+            more = endless.sent - filled
+        finally:
+            sock.close()
+    assert len(up.received) == n
+    # Before, a merged stream's upstreams were read (and their events parsed and held) as fast as they sent:
+    # tens of megabytes a second here, for as long as the client stayed.
+    assert more < 1 * MiB, (filled, more)
