@@ -6,6 +6,8 @@
   at the deadline only when it waited for the socket, which it never did while the client was slower).
 - A client that reads nothing of a fanned-out stream: its upstreams are held back (before, the merge read
   them as fast as they sent and held it all, parsed).
+- A leading byte order mark and CR-only line ends, as the SSE standard allows: every event reaches the
+  client (before, the first event was lost, or the whole stream).
 """
 
 from __future__ import annotations
@@ -27,11 +29,12 @@ from aiohttp import web
 from tests.helpers.clients import sse_data
 from tests.helpers.faults import CHUNKS, DONE_EVENT, RECORDED_STREAM_TEXT
 from tests.helpers.servers import GatewayThread, serve_config
-from tests.helpers.upstreams import Received, Upstream
+from tests.helpers.upstreams import Received, Upstream, reply_stream
 from tests.security.conftest import HealthProbe
 
 MiB: Final = 1024 * 1024
 MODEL: Final = "up/davinci-002"
+BOM: Final = b"\xef\xbb\xbf"
 
 CONFIG: Final = """
 server: {{host: 127.0.0.1, port: 0}}
@@ -214,3 +217,26 @@ def test_a_client_that_reads_nothing_holds_its_upstreams_back(tmp_path: Path, up
     # Before, a merged stream's upstreams were read (and their events parsed and held) as fast as they sent:
     # tens of megabytes a second here, for as long as the client stayed.
     assert more < 1 * MiB, (filled, more)
+
+
+# -- line ends and a byte order mark the SSE standard allows ----------------------------------------
+
+
+def test_a_stream_beginning_with_a_byte_order_mark_keeps_its_first_event(tmp_path: Path, up: Upstream) -> None:
+    events = [e + b"\n\n" for e in [*CHUNKS, DONE_EVENT]]
+    up.handler = reply_stream([BOM + events[0], *events[1:]], "text/event-stream")
+    with gateway(tmp_path, up) as gw:
+        text, _ = streamed(post(gw))
+    assert text == RECORDED_STREAM_TEXT
+
+
+@pytest.mark.parametrize("ends", [b"\r", b"\r\n"], ids=["cr", "crlf"])
+def test_a_stream_whose_lines_end_with_a_cr_is_read_whole(tmp_path: Path, up: Upstream, ends: bytes) -> None:
+    raw = b"".join(e + ends + ends for e in [*CHUNKS, DONE_EVENT])
+    # Written in pieces of 7 bytes: line ends split from their lines, and a CRLF between two writes.
+    up.handler = reply_stream([raw[i : i + 7] for i in range(0, len(raw), 7)], "text/event-stream", hold_s=30)
+    with gateway(tmp_path, up) as gw:
+        started = time.monotonic()
+        text, _ = streamed(post(gw))
+    assert text == RECORDED_STREAM_TEXT
+    assert time.monotonic() - started < 5  # at its [DONE], not when the held-open body would end
