@@ -8,6 +8,7 @@
   them as fast as they sent and held it all, parsed).
 - A leading byte order mark and CR-only line ends, as the SSE standard allows: every event reaches the
   client (before, the first event was lost, or the whole stream).
+- A finish sent twice for one choice of `n: 2` finishes no other choice (before, the stream ended whole).
 """
 
 from __future__ import annotations
@@ -240,3 +241,22 @@ def test_a_stream_whose_lines_end_with_a_cr_is_read_whole(tmp_path: Path, up: Up
         text, _ = streamed(post(gw))
     assert text == RECORDED_STREAM_TEXT
     assert time.monotonic() - started < 5  # at its [DONE], not when the held-open body would end
+
+
+# -- a finish sent twice -----------------------------------------------------------------------------
+
+
+def _chunk(index: int, text: str, finish: str | None) -> bytes:
+    event: dict[str, Any] = json.loads(CHUNKS[0][len(b"data: ") :])
+    event["choices"] = [{"text": text, "index": index, "logprobs": None, "finish_reason": finish}]
+    return b"data: " + json.dumps(event).encode()
+
+
+def test_a_finish_sent_twice_for_one_choice_does_not_finish_another(tmp_path: Path, up: Upstream) -> None:
+    events = [_chunk(0, "Hello", None), _chunk(0, "", "stop"), _chunk(0, "", "stop"), DONE_EVENT]
+    up.handler = reply_stream([e + b"\n\n" for e in events], "text/event-stream")
+    with gateway(tmp_path, up) as gw:
+        text, parsed = streamed(post(gw, n=2))
+    assert text == "Hello"
+    error = parsed[-1].get("error")
+    assert error is not None and error["code"] == "upstream_ignored_n", parsed[-1]
