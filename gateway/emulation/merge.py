@@ -31,7 +31,10 @@ async def merged(opens: Sequence[Opened[ChunkT]]) -> AsyncGenerator[tuple[int, C
 
     Close the generator (`contextlib.aclosing`) when leaving early: that cancels the readers still running.
     """
-    queue: asyncio.Queue[tuple[int, ChunkT | None | BaseException]] = asyncio.Queue()
+    # A chunk per sub-stream on average: a pump waits while the client is slower than its upstream, and the
+    # upstream's socket pauses as a single stream's does. Unbounded, every upstream was read as fast as it
+    # sent, and a client that read slowly (or not at all) had the gateway hold all of it, parsed.
+    queue: asyncio.Queue[tuple[int, ChunkT | None | BaseException]] = asyncio.Queue(len(opens))
 
     async def pump(k: int, opened: Opened[ChunkT]) -> None:
         try:
@@ -40,6 +43,8 @@ async def merged(opens: Sequence[Opened[ChunkT]]) -> AsyncGenerator[tuple[int, C
                 await queue.put((k, c))
                 c = await anext(opened.chunks, None)
             await queue.put((k, None))
+        except asyncio.CancelledError:
+            raise  # the merge ended and nobody reads the queue: a put could wait for ever
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which re-raises it
             await queue.put((k, exc))
 
@@ -58,8 +63,8 @@ async def merged(opens: Sequence[Opened[ChunkT]]) -> AsyncGenerator[tuple[int, C
         for p in pumps:
             p.cancel()
         await asyncio.gather(*pumps, return_exceptions=True)
-        # What the pumps handed on after the merge ended (a cancelled pump hands on its CancelledError) is let
-        # go of: such an exception holds its pump's frame through its traceback, and that frame the queue.
+        # What the pumps handed on that the merge did not take is let go of: an exception among it holds its
+        # pump's frame through its traceback, and that frame the queue.
         while not queue.empty():
             queue.get_nowait()
 

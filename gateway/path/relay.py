@@ -161,6 +161,7 @@ class Relay:
         # back and sent inside a later chunk: `sent - blank` is what the client has, as a continuation counts it.
         blank = 0
         top = -1  # the highest choice index seen
+        ended: set[int] = set()  # the choices whose finish came: each counted once, however often it is sent
         resumed_from = 0  # tokens streamed before the current upstream took over
         unsent = 0  # chunks the stops held back when the last upstream broke: generated, never sent
         # A budgeted stream is charged as it runs past its reservation, so the next admissions stop before it ends.
@@ -184,7 +185,9 @@ class Relay:
                                         room -= len(choice.text)
                                         if room < 0:
                                             text = None
-                                finished += choice.finish_reason is not None
+                                if choice.finish_reason is not None and choice.index not in ended:
+                                    ended.add(choice.index)
+                                    finished += 1
                                 if not -1 < choice.index <= top:  # a choice not seen before: numbered in range?
                                     if not -1 < choice.index < expected:
                                         raise Unreadable(f"a choice numbered {choice.index} of {expected}")

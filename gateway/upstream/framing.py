@@ -2,9 +2,10 @@
 
 The decoders are incremental: they take whatever byte chunks the socket yields and return complete
 events, so a stream is relayed as it arrives. Tolerated on purpose: `data:` with or without the space
-(TGI omits it), CRLF line ends (Gemini), comment lines and blank keep-alives (DeepSeek under load).
-The binary AWS event stream (Bedrock's `application/vnd.amazon.eventstream`) is not tolerant: a frame
-whose checksum does not match is a broken stream, never guessed at.
+(TGI omits it), the SSE standard's three line ends (LF; CRLF: Gemini; a CR alone) and its leading byte
+order mark, comment lines and blank keep-alives (DeepSeek under load). The binary AWS event stream
+(Bedrock's `application/vnd.amazon.eventstream`) is not tolerant: a frame whose checksum does not match
+is a broken stream, never guessed at.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from typing import Final, Protocol
 from wire.errors import UpstreamError
 
 DONE: Final = b"data: [DONE]\n\n"
+
+# The byte order mark a stream may begin with, which the SSE standard has a reader ignore.
+BOM: Final = b"\xef\xbb\xbf"
 
 # One line or event of a stream, after decoding: the gateway passes `caps.upstream_event_bytes`, whose
 # default this equals. A line that never ends is refused here instead of growing without bound.
@@ -40,7 +44,7 @@ class SSEDecoder:
     """Server-sent events, linear in its input: an unfinished line waits in a bytearray that only grows
     by what arrives, and each chunk is scanned once."""
 
-    __slots__ = ("_pending", "_data", "_size", "_event", "_max")
+    __slots__ = ("_pending", "_data", "_size", "_event", "_max", "_head", "_cr")
 
     def __init__(self, *, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         self._pending = bytearray()
@@ -48,42 +52,44 @@ class SSEDecoder:
         self._size = 0
         self._event: str | None = None
         self._max = max_event_bytes
+        self._head: bytes | None = b""  # the stream's first bytes, until they tell whether a BOM begins it
+        self._cr = False  # the last chunk ended with a CR: an LF that begins the next one ends no line of its own
 
     def feed(self, chunk: bytes) -> list[tuple[str | None, bytes]]:
         """Return the (event name, data) pairs completed by this chunk."""
+        if self._head is not None:
+            chunk = self._opening(chunk)
+        if self._cr or 13 in chunk:  # an int: a memchr, where `b"\r" in` costs a general search
+            chunk = self._lf(chunk)
         events: list[tuple[str | None, bytes]] = []
         start = 0
         pending = self._pending
         if pending:
             nl = chunk.find(b"\n")
-            # A line is at most the cap, plus the CR of a CRLF end.
             if nl < 0:
                 pending += chunk
-                if len(pending) > self._max + 1:
+                if len(pending) > self._max:
                     raise EventTooLarge(self._max)
                 return events
             pending += chunk[:nl]
-            if len(pending) > self._max + 1:
+            if len(pending) > self._max:
                 raise EventTooLarge(self._max)
             line = bytes(pending)
             pending.clear()
-            if line.endswith(b"\r"):
-                line = line[:-1]
             self._line(line, events)
             start = nl + 1
         while True:
             nl = chunk.find(b"\n", start)
             if nl < 0:
                 break
-            # An event whole in the chunk, as nearly every upstream sends one: a `data: ` line, LF-ended, its
-            # blank line right after it, nothing of an event before it. Taken in one step: the line-by-line
+            # An event whole in the chunk, as nearly every upstream sends one: a `data: ` line, its blank line
+            # right after it, nothing of an event before it. Taken in one step: the line-by-line
             # way below costs two calls and a partition per event and gives the same pair.
             end = nl + 1
             if (
                 end < len(chunk)
                 and chunk[end] == 10
                 and chunk.startswith(b"data: ", start)
-                and chunk[nl - 1] != 13
                 and not self._data
                 and self._event is None
             ):
@@ -94,20 +100,36 @@ class SSEDecoder:
                 continue
             line = chunk[start:nl]
             start = nl + 1
-            if line.endswith(b"\r"):
-                line = line[:-1]
             self._line(line, events)
         if start < len(chunk):
-            if len(chunk) - start > self._max + 1:
+            if len(chunk) - start > self._max:
                 raise EventTooLarge(self._max)
             pending += chunk[start:]
         return events
 
+    def _opening(self, chunk: bytes) -> bytes:
+        """`chunk` without the BOM the stream begins with, if it does: kept, its first line would name no field
+        and the first event (with the answer's first text) would be dropped."""
+        chunk = self._head + chunk if self._head else chunk
+        if len(chunk) < len(BOM) and BOM.startswith(chunk):
+            self._head = chunk
+            return b""
+        self._head = None
+        return chunk[len(BOM) :] if chunk.startswith(BOM) else chunk
+
+    def _lf(self, chunk: bytes) -> bytes:
+        """`chunk` with its line ends as LF: the standard's three (LF, CRLF, a CR alone) end a line alike."""
+        if self._cr and chunk[:1] == b"\n":
+            chunk = chunk[1:]  # a CRLF split between two chunks, its CR already taken for the line's end
+        self._cr = chunk[-1:] == b"\r"
+        return chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+
     def close(self) -> list[tuple[str | None, bytes]]:
         """Flush an event the upstream ended without a blank line (common before a close)."""
+        self._head = None  # at most the start of a BOM
         events: list[tuple[str | None, bytes]] = []
         if self._pending:
-            line = bytes(self._pending).rstrip(b"\r")
+            line = bytes(self._pending)
             self._pending.clear()
             self._line(line, events)
         self._line(b"", events)

@@ -154,6 +154,11 @@ class Response:
             self._waiter = None
             del waiter  # failed, it holds the exception, whose traceback holds this frame: no cycle back
 
+    async def _turn(self) -> None:
+        if time.monotonic() >= self._deadline:
+            raise TimeoutError("total_timeout")
+        await asyncio.sleep(0)
+
     async def read(self) -> bytes:
         """The whole body, decoded; `TooLarge` past `max_body` decoded bytes (the connection is closed)."""
         self._pausable = False
@@ -215,9 +220,16 @@ class Response:
         caller's mapping, made here rather than by a generator around this one that every chunk would pass."""
         decoder = self._decoder
         chunks = self._chunks
+        given = 0  # bytes handed out since the reader last waited for the socket
         try:
             while True:
                 if chunks:
+                    if given >= _INFLATE_STEP:
+                        # More is at hand without a wait (a bomb's rest, or a fast upstream read by a slow client):
+                        # other requests get the loop first, and the deadline holds as it does at a wait.
+                        given = 0
+                        await self._turn()
+                        continue
                     chunk = chunks.popleft()
                     self._buffered -= len(chunk)
                     if decoder is not None:
@@ -225,13 +237,20 @@ class Response:
                             chunk, rest = decoder.decode(chunk, _INFLATE_STEP)
                         except zlib.error:
                             raise self._abort(Malformed("the response body could not be decompressed")) from None
-                        if rest:
-                            chunks.appendleft(rest)
-                            self._buffered += len(rest)
+                    elif len(chunk) > _INFLATE_STEP:
+                        # A socket read may be larger: handed out whole, the deadline would be looked at again
+                        # only once a slow client had taken all of it.
+                        chunk, rest = chunk[:_INFLATE_STEP], chunk[_INFLATE_STEP:]
+                    else:
+                        rest = b""
+                    if rest:
+                        chunks.appendleft(rest)
+                        self._buffered += len(rest)
                     conn = self._conn
                     if conn is not None and conn.paused and self._buffered <= _HIGH_WATER // 2:
                         conn.resume()
                     if chunk:
+                        given += len(chunk)
                         yield chunk
                     continue
                 if self._done:
@@ -247,6 +266,7 @@ class Response:
                     if tail:
                         yield tail
                     return
+                given = 0
                 await self._wait()
         except FAILURES as exc:
             if failed is None:

@@ -262,9 +262,14 @@ class HttpxReply:
                 break
             if decoder is None:
                 yield data
-            else:
-                for piece in decoder.feed(data):
-                    yield piece
+                continue
+            for i, piece in enumerate(decoder.feed(data)):
+                if i:
+                    # A bomb's next piece: other requests get the loop first, and the deadline still holds.
+                    if time.monotonic() >= self._deadline:
+                        raise TimeoutError("total_timeout")
+                    await asyncio.sleep(0)
+                yield piece
         if decoder is not None:
             tail = decoder.flush()
             if tail:

@@ -22,6 +22,7 @@ from aiohttp import web
 
 from gateway.config import CapsConfig
 from gateway.upstream.framing import (
+    BOM,
     DECODERS,
     MAX_EVENT_BYTES,
     EventStreamDecoder,
@@ -98,6 +99,20 @@ def test_lines_at_the_cap_pass_whole_whatever_the_split() -> None:
         d = SSEDecoder(max_event_bytes=4 * KiB)
         got = [e for i in range(0, len(raw), size) for e in d.feed(raw[i : i + size])] + d.close()
         assert got == [(None, payload), (None, b"[DONE]")], size
+
+
+@pytest.mark.parametrize("end", [b"\n", b"\r\n", b"\r"], ids=["lf", "crlf", "cr"])
+def test_every_line_end_and_a_leading_bom_give_the_same_events_whatever_the_split(end: bytes) -> None:
+    """The SSE standard's three line ends, and the byte order mark a stream may begin with (skipped once)."""
+    lines = [b"data: a", b"data: b", b"", b": keep-alive", b"", b"data:[DONE]", b""]
+    raw = BOM + b"".join(line + end for line in lines)
+    for size in (1, 2, 3, 5, 8, len(raw)):
+        d = SSEDecoder()
+        got = [e for i in range(0, len(raw), size) for e in d.feed(raw[i : i + size])] + d.close()
+        assert got == [(None, b"a\nb"), (None, b"[DONE]")], size
+    # A BOM past the stream's first bytes is not skipped: its line names no field.
+    d = SSEDecoder()
+    assert d.feed(b"data: a\n\n" + BOM + b"data: b\n\n") + d.close() == [(None, b"a")]
 
 
 def _frame(payload: bytes) -> bytes:

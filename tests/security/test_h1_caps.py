@@ -85,7 +85,17 @@ async def test_a_decompression_bomb_is_refused_at_the_cap_without_materialising(
 
 
 async def test_a_relayed_bomb_expands_one_bounded_piece_at_a_time(small: h1.Client) -> None:
-    async with bomb_server(GZIP_BOMB, b"gzip") as srv:
+    async def script(n: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if n == 0:
+            await read_request(reader)
+            writer.write(answer(GZIP_BOMB, extra=b"content-encoding: gzip\r\n"))
+            await writer.drain()
+        # The reader lets the loop run between pieces, so the whole bomb may have arrived when it stops: the
+        # connection, its answer read off the wire to the end, may then go back to the pool, and must answer
+        # the next request in step.
+        await well_behaved(reader, writer)
+
+    async with RawServer(script) as srv:
         resp = await small.request("POST", srv.url, {}, b"x", connect_s=2, first_byte_s=2, total_s=5)
         tracemalloc.start()
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 
@@ -151,11 +152,10 @@ def reference_sse(raw: bytes) -> list[Event]:
     events: list[Event] = []
     data: list[bytes] = []
     name: str | None = None
-    lines = raw.split(b"\n")
+    lines = re.split(rb"\r\n|\r|\n", raw.removeprefix(b"\xef\xbb\xbf"))  # the standard's three line ends
     if lines[-1] == b"":
-        lines.pop()  # the last line ended; a last line without its LF is still a line (`close`)
+        lines.pop()  # the last line ended; a last line without its end is still a line (`close`)
     for line in [*lines, b""]:
-        line = line[:-1] if line.endswith(b"\r") else line
         if not line:
             if data:
                 events.append((name, b"\n".join(data)))
@@ -186,13 +186,16 @@ _PIECES = [
     b"id: 3\ndata: z\n\n",
     b"data: a\n",  # an event whose blank line comes with a later piece
     b"data: cr\r\n\n",
+    b"data: lone cr\r\r",
+    b"data: mixed\r\n\r",
+    b"data: cr then\rdata: lf\n\n",
 ]
 
 
 @pytest.mark.parametrize("seed", range(40))
 def test_any_stream_any_chunks_reads_as_the_spec_does(seed: int) -> None:
     rng = random.Random(seed)
-    raw = b"".join(rng.choice(_PIECES) for _ in range(rng.randint(1, 30)))
+    raw = b"\xef\xbb\xbf" * (seed % 2) + b"".join(rng.choice(_PIECES) for _ in range(rng.randint(1, 30)))
     cuts = sorted(rng.sample(range(len(raw) + 1), min(len(raw) + 1, rng.randint(0, 12))))
     parts = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True)]
     assert sse_all(parts) == reference_sse(raw)

@@ -1,0 +1,262 @@
+"""Hostile upstream streams through the gateway served by uvicorn, over real sockets, on both transports.
+
+- A gzip stream decoding to a flood of blank lines: parsed 64 KiB a turn while `/health` answers (before,
+  in one turn of the event loop: every other request of the worker waited seconds).
+- An endless stream read by a client slower than the upstream: `total_ms` still ends it (before, h1 looked
+  at the deadline only when it waited for the socket, which it never did while the client was slower).
+- A client that reads nothing of a fanned-out stream: its upstreams are held back (before, the merge read
+  them as fast as they sent and held it all, parsed).
+- A leading byte order mark and CR-only line ends, as the SSE standard allows: every event reaches the
+  client (before, the first event was lost, or the whole stream).
+- A finish sent twice for one choice of `n: 2` finishes no other choice (before, the stream ended whole).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+import zlib
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any, Final
+
+import httpx
+import pytest
+from aiohttp import web
+
+from tests.helpers.clients import sse_data
+from tests.helpers.faults import CHUNKS, DONE_EVENT, RECORDED_STREAM_TEXT
+from tests.helpers.servers import GatewayThread, serve_config
+from tests.helpers.upstreams import Received, Upstream, reply_stream
+from tests.security.conftest import HealthProbe
+
+MiB: Final = 1024 * 1024
+MODEL: Final = "up/davinci-002"
+BOM: Final = b"\xef\xbb\xbf"
+
+CONFIG: Final = """
+server: {{host: 127.0.0.1, port: 0}}
+timeouts: {{connect_ms: 2000, first_byte_ms: {first_byte}, total_ms: {total}}}
+retries: {{attempts: 1}}
+providers:
+  up: {{kind: openai, api_key: sk-stream-hostile, base_url: '{url}/v1', transport: {transport}{more}}}
+"""
+
+
+@pytest.fixture(scope="module")
+def up_server() -> Iterator[Upstream]:
+    with Upstream() as server:
+        yield server
+
+
+@pytest.fixture
+def up(up_server: Upstream) -> Upstream:
+    """The module's upstream with no handler and nothing received."""
+    up_server.reset()
+    return up_server
+
+
+def gateway(
+    tmp_path: Path, up: Upstream, transport: str = "h1", total: int = 30000, first_byte: int = 10000, max_n: int = 0
+) -> AbstractContextManager[GatewayThread]:
+    more = f", max_n: {max_n}" if max_n else ""
+    config = CONFIG.format(url=up.url, transport=transport, total=total, first_byte=first_byte, more=more)
+    return serve_config(tmp_path, config)
+
+
+def post(gw: GatewayThread, **extra: Any) -> httpx.Response:
+    body = {"model": MODEL, "prompt": "Say this is a test", "max_tokens": 16, "stream": True, **extra}
+    with httpx.Client(trust_env=False, timeout=60) as client:
+        return client.post(gw.url + "/v1/completions", json=body)
+
+
+def streamed(resp: httpx.Response) -> tuple[str, list[Any]]:
+    """The text of a stream's choices, and its events (all but `[DONE]`), parsed."""
+    assert resp.status_code == 200, resp.text[:500]
+    events = sse_data(resp.text)
+    assert events[-1] == "[DONE]", events[-3:]
+    parsed = [json.loads(e) for e in events[:-1]]
+    text = "".join(ch["text"] for c in parsed for ch in c.get("choices", ()))
+    return text, parsed
+
+
+# -- a compressed flood of blank lines ----------------------------------------------------------------
+
+
+def _gzipped_flood(lines: int) -> bytes:
+    """The recorded stream with `lines` blank lines after its first event, gzip-encoded (about 1/1000 the size)."""
+    z = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    parts = [z.compress(CHUNKS[0] + b"\n\n")]
+    block = b"\n" * MiB
+    parts += [z.compress(block) for _ in range(lines // MiB)]
+    parts += [z.compress(b"".join(e + b"\n\n" for e in [*CHUNKS[1:], DONE_EVENT])), z.flush()]
+    return b"".join(parts)
+
+
+FLOOD: Final = _gzipped_flood(16 * MiB)
+
+
+async def _flood(request: web.Request, received: Received) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"content-type": "text/event-stream", "content-encoding": "gzip"})
+    await resp.prepare(request)
+    await resp.write(FLOOD)  # one write: the gateway has it all after one or two socket reads
+    await resp.write_eof()
+    return resp
+
+
+@pytest.mark.parametrize("transport", ["h1", "httpx"])
+def test_a_compressed_flood_of_blank_lines_never_holds_the_event_loop(
+    tmp_path: Path, up: Upstream, transport: str
+) -> None:
+    assert len(FLOOD) < 64 * 1024
+    up.handler = _flood
+    with gateway(tmp_path, up, transport) as gw, HealthProbe(gw.url) as probe:
+        resp = post(gw)
+    text, _ = streamed(resp)
+    assert text == RECORDED_STREAM_TEXT
+    # One 64 KiB step of blank lines is tens of milliseconds; the whole flood held the loop for seconds.
+    assert probe.answers > 0 and probe.slowest < 0.5, (probe.answers, probe.slowest)
+
+
+# -- total_ms with a client slower than the upstream --------------------------------------------------
+
+
+class Endless:
+    """An upstream that streams the recorded events without end, as fast as it can, until the gateway hangs up."""
+
+    def __init__(self) -> None:
+        self.began = self.ended = 0.0
+        self.sent = 0  # bytes written, over every call it answers
+
+    async def __call__(self, request: web.Request, received: Received) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        burst = b"".join(e + b"\n\n" for e in CHUNKS[:15])  # never the last, which carries the finish
+        self.began = time.monotonic()
+        try:
+            while time.monotonic() - self.began < 60:
+                await resp.write(burst)
+                self.sent += len(burst)
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            self.ended = time.monotonic()
+        return resp
+
+
+def _stream_request(gw: GatewayThread, **extra: Any) -> socket.socket:
+    """A stream asked for on a socket with a small receive buffer, whose answer the caller reads (or not)."""
+    body = {"model": MODEL, "prompt": "Say this is a test", "max_tokens": 16, "stream": True, **extra}
+    raw = json.dumps(body).encode()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", gw.port))
+    sock.settimeout(10)
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%s" % (len(raw), raw)
+    )
+    return sock
+
+
+def _slow_client(gw: GatewayThread, until: float, upstream: Endless) -> bytes:
+    """A stream read at about 400 KB/s (the upstream writes megabytes a second) while the upstream streams, then
+    at once to its end; or until `until`."""
+    sock = _stream_request(gw)
+    got = bytearray()
+    try:
+        while time.monotonic() < until:
+            data = sock.recv(4096)
+            if not data:
+                break
+            got += data
+            if got.endswith(b"0\r\n\r\n"):  # the chunked answer's end
+                break
+            if not upstream.ended:
+                time.sleep(0.01)
+    finally:
+        sock.close()
+    return bytes(got)
+
+
+@pytest.mark.parametrize("transport", ["h1", "httpx"])
+def test_a_stream_read_slower_than_it_arrives_still_ends_at_total_ms(
+    tmp_path: Path, up: Upstream, transport: str
+) -> None:
+    endless = Endless()
+    up.handler = endless
+    with gateway(tmp_path, up, transport, total=3000, first_byte=2000) as gw:
+        started = time.monotonic()
+        got = _slow_client(gw, started + 12, endless)
+    assert got.startswith(b"HTTP/1.1 200 ")
+    assert endless.ended, "the gateway was still reading the upstream 12 s into a 3 s total_ms"
+    # The deadline, then at most 64 KiB more taken from what the gateway had buffered, at the client's pace.
+    assert endless.ended - endless.began < 3 + 2.5, endless.ended - endless.began
+    # The client learns why its stream ended, and the stream ends.
+    assert b'"code":"upstream_total_timeout"' in got and b"data: [DONE]" in got, got[-600:]
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_a_client_that_reads_nothing_holds_its_upstreams_back(tmp_path: Path, up: Upstream, n: int) -> None:
+    """With `max_n: 1`, `n: 2` is two upstream calls whose streams the gateway merges (docs/emulation.md)."""
+    endless = Endless()
+    up.handler = endless
+    with gateway(tmp_path, up, max_n=1) as gw:
+        sock = _stream_request(gw, n=n)
+        try:
+            assert sock.recv(12) == b"HTTP/1.1 200"
+            time.sleep(2)  # every buffer on the way fills: the client's, the gateway's, the upstream's sockets
+            filled = endless.sent
+            time.sleep(2)
+            more = endless.sent - filled
+        finally:
+            sock.close()
+    assert len(up.received) == n
+    # Before, a merged stream's upstreams were read (and their events parsed and held) as fast as they sent:
+    # tens of megabytes a second here, for as long as the client stayed.
+    assert more < 1 * MiB, (filled, more)
+
+
+# -- line ends and a byte order mark the SSE standard allows ----------------------------------------
+
+
+def test_a_stream_beginning_with_a_byte_order_mark_keeps_its_first_event(tmp_path: Path, up: Upstream) -> None:
+    events = [e + b"\n\n" for e in [*CHUNKS, DONE_EVENT]]
+    up.handler = reply_stream([BOM + events[0], *events[1:]], "text/event-stream")
+    with gateway(tmp_path, up) as gw:
+        text, _ = streamed(post(gw))
+    assert text == RECORDED_STREAM_TEXT
+
+
+@pytest.mark.parametrize("ends", [b"\r", b"\r\n"], ids=["cr", "crlf"])
+def test_a_stream_whose_lines_end_with_a_cr_is_read_whole(tmp_path: Path, up: Upstream, ends: bytes) -> None:
+    raw = b"".join(e + ends + ends for e in [*CHUNKS, DONE_EVENT])
+    # Written in pieces of 7 bytes: line ends split from their lines, and a CRLF between two writes.
+    up.handler = reply_stream([raw[i : i + 7] for i in range(0, len(raw), 7)], "text/event-stream", hold_s=30)
+    with gateway(tmp_path, up) as gw:
+        started = time.monotonic()
+        text, _ = streamed(post(gw))
+    assert text == RECORDED_STREAM_TEXT
+    assert time.monotonic() - started < 5  # at its [DONE], not when the held-open body would end
+
+
+# -- a finish sent twice -----------------------------------------------------------------------------
+
+
+def _chunk(index: int, text: str, finish: str | None) -> bytes:
+    event: dict[str, Any] = json.loads(CHUNKS[0][len(b"data: ") :])
+    event["choices"] = [{"text": text, "index": index, "logprobs": None, "finish_reason": finish}]
+    return b"data: " + json.dumps(event).encode()
+
+
+def test_a_finish_sent_twice_for_one_choice_does_not_finish_another(tmp_path: Path, up: Upstream) -> None:
+    events = [_chunk(0, "Hello", None), _chunk(0, "", "stop"), _chunk(0, "", "stop"), DONE_EVENT]
+    up.handler = reply_stream([e + b"\n\n" for e in events], "text/event-stream")
+    with gateway(tmp_path, up) as gw:
+        text, parsed = streamed(post(gw, n=2))
+    assert text == "Hello"
+    error = parsed[-1].get("error")
+    assert error is not None and error["code"] == "upstream_ignored_n", parsed[-1]
