@@ -163,6 +163,7 @@ class Relay:
         top = -1  # the highest choice index seen
         ended: set[int] = set()  # the choices whose finish came: each counted once, however often it is sent
         resumed_from = 0  # tokens streamed before the current upstream took over
+        resumes = 0  # continuations opened or tried
         unsent = 0  # chunks the stops held back when the last upstream broke: generated, never sent
         # A budgeted stream is charged as it runs past its reservation, so the next admissions stop before it ends.
         hold = cast("Hold | None", rec.hold)
@@ -264,8 +265,11 @@ class Relay:
                         tenant=rec.key,
                         client_headers=bool(req.inference_extra_headers),
                     )
-                    if text is not None and not _refused(error):
-                        resumed = await self.resume(job, "".join(text), sent - blank, rec.key, route.key)
+                    # At most `retries.attempts` continuations: else targets that each break after a token (a
+                    # chat without `max_tokens` has no count to run out) would be bounced between until the deadline.
+                    if text is not None and not _refused(error) and resumes < job.plan.policy.retries.attempts:
+                        resumes += 1
+                        resumed = await self.resume(job, "".join(text), sent - blank, rec, route.key)
                 if resumed is None:
                     _book_failure(rec, route, error)
                     if cached is not None:
@@ -362,7 +366,7 @@ class Relay:
             await self.health.inflight(target, -1)
 
     async def resume(
-        self, job: Job, text: str, sent: int, tenant: str | None = None, broken: str | None = None
+        self, job: Job, text: str, sent: int, rec: Record, broken: str | None = None
     ) -> tuple[Opened, Route, int] | None:
         """Continue a broken stream on another target (not `broken`, where it broke) from the prompt plus the
         text already sent (a chat stream: from the conversation plus the assistant message sent so far, where a
@@ -396,12 +400,13 @@ class Relay:
                 deadline_s=time_left,  # the request's own deadline, not a new total_ms
                 discard=again.discard,
                 keep=again.keep,  # the continuation counts in flight on its own target
-                tenant=tenant,
+                tenant=rec.key,
                 client_headers=bool(req.inference_extra_headers),
                 hint=job.hint,  # a replicated provider's policy keys the continuation as the request
                 avoid=broken,  # whether or not the break cooled it
             )
-        except GatewayError:
+        except GatewayError as exc:
+            rec.attempts += exc.attempts or 0  # calls made before the continuation gave up: the request's too
             return None
         return outcome.value, outcome.route, outcome.attempts
 

@@ -432,3 +432,18 @@ def test_a_broken_anthropic_thinking_stream_is_not_resumed(gateway: GatewayThrea
     assert _content(chunks[:-1]) == ""
     assert chunks[-1]["error"]["code"] == "upstream_truncated_response"
     assert "beta" not in script.received
+
+
+def test_a_stream_is_resumed_at_most_retries_attempts_times(gateway: GatewayThread, script: Script) -> None:
+    """Targets that each stream a token and then fail are not bounced between until the deadline: a chat
+    stream without `max_tokens` has no token count to run out, so it is continued at most `retries.attempts`
+    times (3 here), and then ends with the last break's error event, every call counted in its attempts."""
+    script.behaviours["alpha"] = _vllm_error(["The"], OVERLOADED)
+    script.behaviours["beta"] = _vllm_error([" capital"], OVERLOADED)
+    data = _stream(gateway, "smart")
+    assert data[-1] == "[DONE]"
+    chunks = [json.loads(d) for d in data[:-1]]
+    assert _content(chunks[:-1]) == "The capitalThe capital"
+    assert chunks[-1]["error"]["code"] == "upstream_http_503", chunks[-1]
+    calls = len(script.received.get("alpha", [])) + len(script.received.get("beta", []))
+    assert calls == 4, calls  # the request's call and three continuations
