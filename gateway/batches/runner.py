@@ -93,6 +93,7 @@ class Runner:
         self.wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._stop_at = 0.0  # the loop's time of the stop signal (or of `close`): the grace counts from it
         self._retain_at = 0.0
         self._down_logged = False
 
@@ -195,18 +196,25 @@ class Runner:
     def stopping(self) -> bool:
         return self._stopping
 
+    def drain(self) -> None:
+        """The stop signal (gateway/ops/stopsignal.py): no line is claimed or sent from now on, while the server
+        drains its requests; the lines in flight have until `server.shutdown_grace_ms` after it (`close`)."""
+        if not self._stopping:
+            self._stopping = True
+            self._stop_at = time.monotonic()
+            self.wake.set()
+
     async def close(self) -> None:
-        """SIGTERM: stop claiming and sending lines; the lines in flight have `server.shutdown_grace_ms` to be
-        answered and booked, then every batch is handed back (those still in flight are cut, and sent again by
-        the next runner)."""
-        self._stopping = True
-        self.wake.set()
+        """Shutdown: stop claiming and sending lines (if the stop signal has not already); the lines in flight
+        have what is left of `server.shutdown_grace_ms` since the signal to be answered and booked, then every
+        batch is handed back (those still in flight are cut, and sent again by the next runner)."""
+        self.drain()
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
         if self.driving:
-            await asyncio.wait(
-                self.driving.values(), timeout=self.current().loaded.config.server.shutdown_grace_ms / 1000
-            )
+            grace = self.current().loaded.config.server.shutdown_grace_ms / 1000
+            left = max(grace - (time.monotonic() - self._stop_at), 0.0)
+            await asyncio.wait(self.driving.values(), timeout=left)
         for task in self.driving.values():
             task.cancel()
         await asyncio.gather(*self.driving.values(), return_exceptions=True)

@@ -37,7 +37,7 @@ from gateway.fleet import metered
 from gateway.fleet.engine import EngineReader, watched
 from gateway.fleet.shared import DrainSync
 from gateway.ledger.service import LedgerService, Pinned
-from gateway.ops import accesslog, cores
+from gateway.ops import accesslog, cores, stopsignal
 from gateway.ops.metrics import CONTENT_TYPE, Metrics
 from gateway.ops.orphans import end_with_supervisor
 from gateway.ops.reload import Reloader
@@ -263,8 +263,11 @@ def create_app(loaded: LoadedConfig) -> Front:
             cores.pin_worker()  # before the ledger and the batches start their threads: they inherit the core
         if ledger is not None:
             await ledger.start()
+        unhook = None
         if batches is not None:
             await batches.start()
+            # Its lines stop at the stop signal, not once the server has drained: one grace for both.
+            unhook = stopsignal.on_stop(batches.runner.drain)
         reloader = Reloader(app.state, loaded.source, build)
         app.state.reloader = reloader
         reloader.start()
@@ -278,6 +281,8 @@ def create_app(loaded: LoadedConfig) -> Front:
             await engines.stop()
             await discovery.stop()
             await reloader.stop()
+            if unhook is not None:
+                unhook()
             if batches is not None:
                 await batches.close()  # its lines in flight are cancelled: the next runner sends them again
             await app.state.pipeline.close()
