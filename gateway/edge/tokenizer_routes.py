@@ -182,6 +182,14 @@ class Tokenizers:
             elif route == "detokenize":
                 detok_req = decode_body(_decode_detokenize, body)
                 body_model = detok_req.model
+                cap = pipeline.loaded.config.caps.detokenize_tokens
+                if len(detok_req.tokens) > cap:
+                    raise InvalidRequestError(
+                        f"'tokens' holds {len(detok_req.tokens)} token ids; at most {cap} may be sent "
+                        "(caps.detokenize_tokens)",
+                        param="tokens",
+                        code="invalid_value",
+                    )
             elif body:
                 body_model = decode_model_field(body).model
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
