@@ -13,6 +13,7 @@ from typing import Annotated, Any, ClassVar, Final, Literal
 import msgspec
 from msgspec import Meta
 
+from providers.tokenizer_info import client_info
 from wire.chat import Message, Tool
 from wire.errors import InvalidRequestError
 from wire.schema import check_depth, no_chat_template
@@ -250,8 +251,9 @@ class VLLMTokenizer(TokenizerAPI):
         return Call("GET", "/tokenizer_info")
 
     def read_tokenizer_info(self, body: bytes) -> bytes:
-        _read_object(body)  # a JSON object, or the answer is unreadable; relayed as the upstream wrote it
-        return body
+        # vLLM answers its tokenizer's init kwargs (less `vocab_file` and `merges_file`), `tokenizer_class` and
+        # the chat template: what a client tokenizes with stays, the server's own filesystem and settings go.
+        return _json(client_info(_read_object(body)))
 
 
 # -- llama.cpp ------------------------------------------------------------------------------------------

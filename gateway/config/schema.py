@@ -297,6 +297,10 @@ class CapsConfig(Strict, frozen=True):
     emulated_answer_bytes: Annotated[int, Meta(ge=1024)] = 16 * 1024 * 1024
     # Tokens the built-in `fake` provider generates for one choice.
     fake_max_tokens: Annotated[int, Meta(ge=1)] = 4096
+    # Token ids one `/detokenize` request may send: the upstream decodes every one of them (vLLM puts no bound
+    # of its own on the list), so one tenant's 8 MiB body of ids (about 4 million) would keep a shared server's
+    # front end busy. 1 Mi: the longest context self-hosted models commonly serve.
+    detokenize_tokens: Annotated[int, Meta(ge=1)] = 1024 * 1024
 
 
 Transport = Literal["auto", "h1", "httpx"]

@@ -27,7 +27,7 @@ from gateway.config import LoadedConfig, started
 from gateway.edge import status
 from gateway.edge.batch_routes import routes as batch_routes
 from gateway.edge.discovery import Discovery
-from gateway.edge.endpoint import Endpoint, Services, completion_endpoint, request_id, send_error
+from gateway.edge.endpoint import Endpoint, Services, completion_endpoint, headers_of, request_id, send_error
 from gateway.edge.ledger_routes import routes as ledger_routes
 from gateway.edge.render import error_response
 from gateway.edge.scoped_routes import SCOPED_PREFIX, Scoped
@@ -103,7 +103,7 @@ def _items(state: State) -> Mapping[str, Any]:
 async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
     pipeline = _pipeline(request)
     try:
-        key = pipeline.keys.authenticate(request.headers)
+        key = pipeline.keys.authenticate(headers_of(request.scope))
     except GatewayError as exc:
         return error_response(OPENAI, exc)
     # What upstreams serve, as the background refresher last heard it (gateway/edge/discovery.py): never awaited here.
@@ -134,7 +134,7 @@ def _metrics_refused(request: Request[Any, Any, Any]) -> Response[bytes] | None:
     unset = bool(loaded.missing_for("metrics.key"))
     if not expected and not unset:
         return None
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    scheme, _, token = headers_of(request.scope).get("authorization", "").partition(" ")
     token = token.strip()
     if (
         not unset

@@ -34,6 +34,7 @@ from gateway.batches.objects import (
 )
 from gateway.batches.send import ENDPOINTS
 from gateway.batches.service import ANONYMOUS, Batches
+from gateway.edge.endpoint import headers_of
 from gateway.edge.ledger_routes import unavailable_error
 from gateway.edge.render import error_response
 from gateway.edge.upload_form import BadForm, FileTooLarge, read_upload
@@ -190,7 +191,7 @@ def _who(request: Request[Any, Any, Any]) -> tuple[Batches, str] | Response[byte
     if api is None:
         return _render(NEEDS_LEDGER)
     try:
-        key = request.app.state.pipeline.keys.authenticate(request.headers)
+        key = request.app.state.pipeline.keys.authenticate(headers_of(request.scope))
     except GatewayError as exc:
         return _render(exc)
     return api, key.ident if key is not None else ANONYMOUS

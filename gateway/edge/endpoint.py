@@ -362,6 +362,7 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services, op: Ope
 # The other raw routes (gateway/edge/tokenizer_routes.py) read and answer the same way.
 read_body = _read_body
 send_error = _send_error
+Watch = _Watch
 
 
 async def send_json(send: Send, status: int, body: bytes, headers: dict[str, str]) -> None:
@@ -371,6 +372,7 @@ async def send_json(send: Send, status: int, body: bytes, headers: dict[str, str
 
 __all__ = [
     "Endpoint",
+    "Watch",
     "completion_endpoint",
     "headers_of",
     "read_body",

@@ -23,6 +23,7 @@ from gateway.edge.batch_routes import running_batches
 from gateway.edge.discovery import Discovery
 from gateway.edge.drain import drain_routes
 from gateway.edge.drain import state as fleet_state
+from gateway.edge.endpoint import headers_of
 from gateway.edge.ledger_routes import REPORT_PARAMS, unavailable_error, usage_response
 from gateway.edge.render import error_response
 from gateway.fleet.picker import Fleet
@@ -58,7 +59,7 @@ def _authorize(request: Request[Any, Any, Any]) -> tuple[Pipeline, Response[byte
     pipeline: Pipeline = request.app.state.pipeline
     _require_admin_key(pipeline)
     expected = pipeline.loaded.config.admin.key
-    presented = _presented_key(request.headers)
+    presented = _presented_key(headers_of(request.scope))
     if not presented:
         exc = AuthenticationError(
             "Missing admin key: send 'Authorization: Bearer <admin key>' or 'x-api-key: <admin key>'",

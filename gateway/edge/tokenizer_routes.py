@@ -2,8 +2,9 @@
 
 `/tokenize`, `/detokenize`, `/tokenizer_info`, and the same under the model-scoped base path
 (gateway/edge/scoped_routes.py). A tokenizer request is authenticated, authorized and admitted like a
-completion (never charged tokens) and makes one upstream call, not retried. Routes, model resolution and
-limits: docs/clients.md.
+completion (never charged tokens) and makes one upstream call, not retried, holding a slot of its server's
+`max_concurrency` while it runs; a client that leaves cancels it. Routes, model resolution and limits:
+docs/clients.md.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from urllib.parse import parse_qs
 import msgspec
 from litestar.types import HTTPScope, Receive, Send
 
-from gateway.edge.endpoint import Endpoint, headers_of, read_body, request_id, send_error, send_json
+from gateway.edge.endpoint import Endpoint, Watch, headers_of, read_body, request_id, send_error, send_json
 from gateway.edge.scoped_routes import decode_model_field
 from gateway.limits.admission import Ticket, as_text, rate_headers
 from gateway.limits.auth import ClientKey
@@ -29,6 +30,8 @@ from gateway.ops.metrics import Metrics, Record
 from gateway.path.dialects import OPENAI, decode_error
 from gateway.path.pipeline import Pipeline
 from gateway.path.request import check_model
+from gateway.queue.gate import NO_CAP
+from gateway.queue.service import Ask
 from gateway.upstream.plan import Route
 from gateway.upstream.transport import Response
 from providers.base import Adapter, UpstreamRequest, bearer
@@ -140,13 +143,19 @@ class Tokenizers:
                 return
         pipeline = self.services(scope)[0]  # after the body is in: a reload meanwhile retired the old one
         pipeline.enter()
+        # A client that leaves cancels the upstream call (and its wait for a slot), as on a completion.
+        watch = Watch(receive, scope)
         try:
-            answer, extra = await self._answer(pipeline, route, path_model, body, headers, rec)
+            answer, extra = await watch.run(self._answer(pipeline, route, path_model, body, headers, rec))
             extra["x-request-id"] = rec.request_id
             await send_json(send, 200, answer, extra)
         except GatewayError as exc:
             rec.status, rec.error_code = exc.status, exc.code
             await send_error(send, OPENAI, exc, rec.request_id)
+        except asyncio.CancelledError:
+            if not watch.gone:
+                raise  # not the client leaving: the server's own cancel
+            rec.status, rec.error_code = 499, "client_closed_request"
         except Exception:
             log.exception("unhandled error on %s (request %s)", scope["path"], rec.request_id)
             rec.status, rec.error_code = 500, "internal_error"
@@ -157,6 +166,7 @@ class Tokenizers:
                 rec.request_id,
             )
         finally:
+            watch.stop()
             pipeline.exit()
             if pipeline.log_requests:
                 accesslog.write(rec, time.perf_counter() - t0)
@@ -182,6 +192,14 @@ class Tokenizers:
             elif route == "detokenize":
                 detok_req = decode_body(_decode_detokenize, body)
                 body_model = detok_req.model
+                cap = pipeline.loaded.config.caps.detokenize_tokens
+                if len(detok_req.tokens) > cap:
+                    raise InvalidRequestError(
+                        f"'tokens' holds {len(detok_req.tokens)} token ids; at most {cap} may be sent "
+                        "(caps.detokenize_tokens)",
+                        param="tokens",
+                        code="invalid_value",
+                    )
             elif body:
                 body_model = decode_model_field(body).model
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -207,6 +225,10 @@ class Tokenizers:
         if isinstance(tok_req, TokenizeChatRequest) and not api.chat:
             message = f"Provider '{target.provider}' has no chat form of /tokenize: send 'prompt'"
             raise InvalidRequestError(message, param="messages", code="unsupported_parameter")
+        # Who asks, for the fair queue of a server with max_concurrency: a priority the key may not ask for is
+        # refused before anything is charged.
+        queues = pipeline.queues
+        ask = queues.ask_nothing(key, headers) if queues is not None else None
         ticket = await self._admit(pipeline, key, model, target)
         try:
             out_headers = {"x-gateway-provider": target.provider, "x-gateway-model": target.key}
@@ -218,13 +240,13 @@ class Tokenizers:
                     call = api.tokenize_chat(tok_req, upstream_model, target.provider)
                     if api.renders:  # the conversation rendered by one call, its text tokenized by another
                         hint = " for a conversation: its server has no route that renders one; send 'prompt'"
-                        reply = await self._call(pipeline, target, route, call, rec, hint)
+                        reply = await self._call(pipeline, target, route, call, rec, ask, hint)
                         with _readable(target.provider):
                             plain = api.read_rendered(reply.body, tok_req)
                         call = api.tokenize(plain, upstream_model, target.provider)
                 else:
                     call = api.tokenize(tok_req, upstream_model, target.provider)
-                reply = await self._call(pipeline, target, route, call, rec)
+                reply = await self._call(pipeline, target, route, call, rec, ask)
                 with _readable(target.provider):
                     tokenized = api.read_tokenize(reply.body, tok_req)
                 if not tokenized.tokens and (isinstance(tok_req, TokenizeChatRequest) or tok_req.prompt):
@@ -236,7 +258,7 @@ class Tokenizers:
                     )
                 max_len = tokenized.max_model_len
                 if max_len is None:
-                    max_len = await self._max_model_len(pipeline, target)
+                    max_len = await self._max_model_len(pipeline, target, ask)
                 answer = TokenizeResponse(
                     count=len(tokenized.tokens),
                     max_model_len=max_len,
@@ -246,15 +268,17 @@ class Tokenizers:
                 return _encode(answer), out_headers
             if detok_req is not None:
                 call = api.detokenize(detok_req, upstream_model)
-                reply = await self._call(pipeline, target, route, call, rec)
+                reply = await self._call(pipeline, target, route, call, rec, ask)
                 with _readable(target.provider):
                     prompt = api.read_detokenize(reply.body)
                 return _encode(DetokenizeResponse(prompt=prompt)), out_headers
-            reply = await self._call(pipeline, target, route, api.tokenizer_info(), rec)
+            reply = await self._call(pipeline, target, route, api.tokenizer_info(), rec, ask)
             with _readable(target.provider):
                 return api.read_tokenizer_info(reply.body), out_headers
         finally:
             pipeline.admission.settle(ticket, 0)
+            if ask is not None and ask.first:
+                rec.queue_s = ask.waited
 
     @staticmethod
     def _target(pipeline: Pipeline, model: str) -> Route:
@@ -292,19 +316,20 @@ class Tokenizers:
         return Ticket(buckets, decision.lease, 0, headers)
 
     @staticmethod
-    def _roots(pipeline: Pipeline, target: Route) -> list[str]:
-        """Where the call may go, in turn: a replicated provider's replicas neither draining nor cooling
-        first (gateway/fleet `side_order`), else the one root."""
+    def _roots(pipeline: Pipeline, target: Route) -> list[tuple[str, Route]]:
+        """Where the call may go, in turn, each with the route whose server's slot it takes: a replicated
+        provider's replicas neither draining nor cooling first (gateway/fleet `side_order`), else the one root."""
         p = pipeline.loaded.providers[target.provider]
         deployment = p.deployments.get(target.endpoint.deployment) if target.endpoint.deployment else None
         if p.tokenizer_url and not (deployment is not None and deployment.base_url):
-            return [p.tokenizer_url.rstrip("/")]
+            return [(p.tokenizer_url.rstrip("/"), target)]
         if target.fleet is not None:
             cooling = [pipeline.health.local.state(r.key).cooling_ms > 0 for r in target.replicas]
-            return [server_root(target.fleet.urls[i]) for i in target.fleet.side_order(cooling)]
-        return [server_root(target.endpoint.base_url)]
+            order = target.fleet.side_order(cooling)
+            return [(server_root(target.fleet.urls[i]), target.replicas[i]) for i in order]
+        return [(server_root(target.endpoint.base_url), target)]
 
-    async def _send(self, pipeline: Pipeline, target: Route, call: Call) -> Response:
+    async def _send(self, pipeline: Pipeline, target: Route, call: Call, ask: Ask | None) -> Response:
         headers = {"accept": "application/json"}
         if call.body is not None:
             headers["content-type"] = "application/json"
@@ -316,24 +341,47 @@ class Tokenizers:
         def at(root: str) -> UpstreamRequest:
             return UpstreamRequest(call.method, root + call.path, headers, call.body or b"")
 
-        *others, last = self._roots(pipeline, target)
-        for root in others:  # these calls change nothing upstream: on a failure the next replica is asked
-            with contextlib.suppress(UpstreamError):
-                reply = await pipeline.upstream.send(target.provider, at(root), timeouts, target.key)
-                if reply.status < 500:
-                    return reply
+        # Each call holds a slot of the server it goes to while it runs, where that server has max_concurrency
+        # (gateway/queue), as a completion's attempt does.
+        *others, (last, last_route) = self._roots(pipeline, target)
+        for root, route in others:  # these calls change nothing upstream: on a failure the next replica is asked
+            slot = ask.take(route) if ask is not None else NO_CAP
+            if slot is None:
+                continue  # that replica is full: the next may have room, the last is waited for
+            try:
+                with contextlib.suppress(UpstreamError):
+                    reply = await pipeline.upstream.send(target.provider, at(root), timeouts, target.key)
+                    if reply.status < 500:
+                        return reply
+            finally:
+                slot.done(0)
+        slot = NO_CAP
+        if ask is not None:
+            found = ask.take(last_route)
+            if found is None:
+                found, timeouts = await ask.wait(last_route, timeouts, None)
+            slot = found
         try:
             return await pipeline.upstream.send(target.provider, at(last), timeouts, target.key)
         except UpstreamError as exc:
             raise pipeline.scrub.error(exc) from None
+        finally:
+            slot.done(0)
 
     async def _call(
-        self, pipeline: Pipeline, target: Route, route: TokenizerRoute, call: Call, rec: Record, hint: str = ""
+        self,
+        pipeline: Pipeline,
+        target: Route,
+        route: TokenizerRoute,
+        call: Call,
+        rec: Record,
+        ask: Ask | None,
+        hint: str = "",
     ) -> Response:
         started = time.perf_counter()
         rec.attempts = 1
         try:
-            reply = await self._send(pipeline, target, call)
+            reply = await self._send(pipeline, target, call, ask)
         finally:
             rec.upstream_s = time.perf_counter() - started
         if reply.status < 400:
@@ -348,17 +396,17 @@ class Tokenizers:
         exc = adapter.map_error(reply.status, reply.headers, reply.body, target.provider)
         raise pipeline.scrub.error(exc)
 
-    async def _max_model_len(self, pipeline: Pipeline, target: Route) -> int:
+    async def _max_model_len(self, pipeline: Pipeline, target: Route, ask: Ask | None) -> int:
         """The context size from the server's own info route, asked once per upstream model; 0 when unknown."""
         api = target.adapter.tokenizer
         if api.limits is None:
             return 0
-        cache_key = (self._roots(pipeline, target)[0], target.endpoint.model)
+        cache_key = (self._roots(pipeline, target)[0][0], target.endpoint.model)
         known = self._limits.get(cache_key)
         if known is not None:
             return known
         try:
-            reply = await self._send(pipeline, target, api.limits)
+            reply = await self._send(pipeline, target, api.limits, ask)
             found = api.read_limits(reply.body) if reply.status < 400 else None
         except (GatewayError, *_UNREADABLE):
             found = None

@@ -131,6 +131,8 @@ MEANINGS: dict[str, str] = {
     "message × n); 400 naming the field beyond it",
     "caps.fake_max_tokens": "tokens the built-in `fake` provider generates per choice; 400 naming `max_tokens` beyond "
     "it",
+    "caps.detokenize_tokens": "token ids one `/detokenize` request may send (the upstream decodes each one); 400 "
+    "naming `tokens` beyond it; raise it for a model whose context is longer",
     "caps.upstream_body_bytes": "a buffered upstream answer, counted after gzip/deflate decoding; 502 beyond it",
     "caps.upstream_event_bytes": "one upstream stream line or event; 502 beyond it",
     "caps.upstream_header_bytes": "an upstream answer's status line, headers, interim answers and trailers; 502 beyond "

@@ -98,9 +98,9 @@ class Ask(msgspec.Struct, eq=False):
                 return gate.from_block(self.tenant, self.weight, self.prompt, most)
         return None
 
-    async def wait(self, route: Route, timeouts: Timeouts, plan: Plan) -> tuple[Slot, Timeouts]:
+    async def wait(self, route: Route, timeouts: Timeouts, plan: Plan | None) -> tuple[Slot, Timeouts]:
         """A slot on `route`'s server, which `take` found without one to give at once, and the attempt's
-        timeouts less the time waited."""
+        timeouts less the time waited. `plan` None: the call has no other target to go to."""
         gate: Gate = self.queues.gate(route)  # type: ignore[assignment]  # `take` found it
         most = self.most if self.most is not None else self.unbounded(route)
         return await self.queues.wait(self, most, gate, route, timeouts, plan)
@@ -247,8 +247,14 @@ class Queues:
         most = req.max_tokens * choices if req.max_tokens is not None else None
         return Ask(self, t.name, t.weight, rank, prompt, most, choices)
 
+    def ask_nothing(self, key: ClientKey | None, headers: Mapping[str, str]) -> Ask:
+        """Who asks for a call that generates nothing (a tokenizer route's): its tenant and class, as `ask`
+        finds them, charged no tokens in the fair order while it holds its slot."""
+        t, rank = self.priority(key, headers)
+        return Ask(self, t.name, t.weight, rank, 0, 0, 1)
+
     async def wait(
-        self, ask: Ask, most: int, gate: Gate, route: Route, timeouts: Timeouts, plan: Plan
+        self, ask: Ask, most: int, gate: Gate, route: Route, timeouts: Timeouts, plan: Plan | None
     ) -> tuple[Slot, Timeouts]:
         """A slot on `gate` for one attempt of `ask`'s request, which may generate at most `most` tokens: at
         once, or after waiting in its fair order."""
@@ -344,11 +350,11 @@ class Queues:
             w.future.set_result(_DISPLACED)
         return True
 
-    def _elsewhere(self, ask: Ask, route: Route, plan: Plan) -> tuple[bool, list[Gate]]:
+    def _elsewhere(self, ask: Ask, route: Route, plan: Plan | None) -> tuple[bool, list[Gate]]:
         """Whether another target of the plan, not yet tried by this request, could start it now; if none
         can, the servers of those others (each full), which a slot freed first may still call it to."""
         full: list[Gate] = []
-        if plan.single is not None and not route.replicas and not plan.single.replicas:
+        if plan is None or (plan.single is not None and not route.replicas and not plan.single.replicas):
             return False, full
         for g in plan.groups:
             for r in g.routes:

@@ -88,6 +88,19 @@ def test_bad_bodies_are_400s_naming_the_field(api: httpx.Client, upstream: Upstr
     assert upstream.received == []
 
 
+def test_token_lists_past_the_cap_are_refused_before_any_upstream_call(api: httpx.Client, upstream: Upstream) -> None:
+    # caps.detokenize_tokens (1 Mi by default): one more id is a 400 naming `tokens`, however small the body
+    # (about 2 MiB here, well under the 8 MiB body cap that alone bounded it).
+    body = b'{"tokens": [' + b",".join([b"7"] * (1024 * 1024 + 1)) + b"]}"
+    for path in ("/detokenize", f"{BASE}/detokenize"):
+        resp = api.post(path, content=body, headers={"content-type": "application/json"})
+        message = error_envelope(resp, 400, "invalid_value", param="tokens")
+        assert "caps.detokenize_tokens" in message
+    # /tokenize's `prompt` is text, as vLLM's: a token-id list there is refused as it always was.
+    error_envelope(api.post(f"{BASE}/tokenize", json={"prompt": [7] * 10}), 400, "invalid_value", param="prompt")
+    assert upstream.received == []
+
+
 @pytest.mark.parametrize("header", ["authorization", "x-api-key"])
 @pytest.mark.parametrize(
     ("method", "path", "body"),

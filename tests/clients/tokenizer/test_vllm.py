@@ -204,3 +204,49 @@ def test_each_call_is_logged_under_its_own_route(api: httpx.Client, upstream: Up
         ("tokenizer", "detokenize", MODEL),
         ("tokenizer", "tokenizer_info", MODEL),
     ]
+
+
+@pytest.mark.parametrize(
+    ("name_or_path", "kept"),
+    [
+        pytest.param("/srv/models/Llama-3.1-8B-Instruct", False, id="absolute"),
+        pytest.param("./weights/llama", False, id="dot-relative"),
+        pytest.param("~/models/llama", False, id="home"),
+        pytest.param("C:\\models\\llama", False, id="windows"),
+        pytest.param("meta-llama/Llama-3.1-8B-Instruct", True, id="hub-id"),
+    ],
+)
+def test_tokenizer_info_keeps_the_tokenizer_and_drops_the_servers_paths_and_settings(
+    api: httpx.Client, upstream: Upstream, name_or_path: str, kept: bool
+) -> None:
+    # What vLLM's `TokenizerInfo._get_tokenizer_config` answers for a Hugging Face tokenizer read from a local
+    # directory: its init kwargs (vocab_file and merges_file already dropped by vLLM), where it was read from and
+    # the `from_pretrained` arguments it was loaded with among them, then tokenizer_class and the chat template.
+    tokenizer = {
+        "add_bos_token": True,
+        "bos_token": "<|begin_of_text|>",
+        "eos_token": "<|eot_id|>",
+        "pad_token": None,
+        "sep_token": "/",
+        "model_max_length": 131072,
+        "added_tokens_decoder": {"128000": {"content": "<|begin_of_text|>", "special": True}},
+        "chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}",
+        "tokenizer_class": "PreTrainedTokenizerFast",
+    }
+    server = {
+        "name_or_path": name_or_path,
+        "tokenizer_file": "/srv/models/Llama-3.1-8B-Instruct/tokenizer.json",
+        "special_tokens_map_file": "/srv/models/Llama-3.1-8B-Instruct/special_tokens_map.json",
+        "cache_dir": "/srv/hf-cache",
+        "trust_remote_code": False,
+        "revision": None,
+        "_commit_hash": None,
+        "_from_auto": True,
+        "local_weights": "/srv/models/Llama-3.1-8B-Instruct",
+    }
+    upstream.handler = reply(json.dumps({**tokenizer, **server}).encode())
+    info = api.get(f"{BASE}/tokenizer_info")
+    assert info.status_code == 200, info.text
+    expected = {**tokenizer, "name_or_path": name_or_path} if kept else tokenizer
+    assert info.json() == expected
+    assert "/srv" not in info.text
