@@ -17,7 +17,7 @@ from gateway.config import LimitsConfig, LoadedConfig
 from gateway.limits.auth import ClientKey, fingerprint
 from gateway.limits.ratelimit import TOKEN_KINDS, Bucket, BucketSet, BucketState, Decision, Limiter, RedisDown
 from gateway.limits.settles import Corrections
-from gateway.limits.tokens import reservation, unbounded_completion, warm
+from gateway.limits.tokens import over_limit, reservation, unbounded_completion, warm
 from gateway.state import Degraded, SharedState
 from gateway.upstream.plan import Plan, Route
 from providers import REGISTRY
@@ -389,14 +389,16 @@ class Admission:
             if prompt < room < tokens:
                 tokens = room
         if tokens > room:
-            for b in token_buckets:
-                if tokens > b.limit:
-                    raise InvalidRequestError(
-                        f"This request needs up to {tokens} tokens (prompt + max_tokens x choices), more than "
-                        f"the {b.kind} limit of {b.limit} for {b.scope} can ever allow; lower max_tokens",
-                        param="max_tokens",
-                        code="exceeds_token_limit",
-                    )
+            b = min(token_buckets, key=lambda b: b.limit)  # the tightest: what the request must fit
+            parts, param, advice = over_limit(
+                req, route.adapter.openai_bpe, route.endpoint.model, per_choice, (prompt, tokens), room
+            )
+            raise InvalidRequestError(
+                f"This request needs up to {tokens} tokens ({parts}), more than the {b.kind} limit of {b.limit} "
+                f"for {b.scope} can ever allow; {advice}",
+                param=param,
+                code="exceeds_token_limit",
+            )
         return prompt, tokens
 
     async def acquire(self, buckets: list[Bucket], tokens: int, requests: int = 1) -> Decision:
