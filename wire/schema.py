@@ -62,10 +62,12 @@ class StreamOptions(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tr
 class Unrendered(msgspec.Struct, frozen=True, gc=False):
     """What a request sends upstream beside the text `prompt` holds (a chat's rendered conversation), as token
     limits and budgets count it: the text of its tools, schemas, suffix and thinking sent back, counted as the
-    prompt's text is, and its images' allowance in tokens (`caps.image_tokens` each)."""
+    prompt's text is, and its images' allowance in tokens (`caps.image_tokens` each). `largest`: the request
+    field that carries the most of it, as the client names it (what a refusal over a token limit names)."""
 
     text: str
     image_tokens: int
+    largest: str = ""
 
 
 class CompletionRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):

@@ -17,7 +17,7 @@ from gateway.config import LimitsConfig, LoadedConfig
 from gateway.limits.auth import ClientKey, fingerprint
 from gateway.limits.ratelimit import TOKEN_KINDS, Bucket, BucketSet, BucketState, Decision, Limiter, RedisDown
 from gateway.limits.settles import Corrections
-from gateway.limits.tokens import reservation, unbounded_completion, warm
+from gateway.limits.tokens import over_limit, reservation, unbounded_completion, warm
 from gateway.state import Degraded, SharedState
 from gateway.upstream.plan import Plan, Route
 from providers import REGISTRY
@@ -310,10 +310,11 @@ class Admission:
             provider=route.provider,
         )
 
-    async def charge_calls(self, route: Route, more: int, param: str | None = None) -> None:
+    async def charge_calls(self, route: Route, more: int, param: str | None = None) -> bool:
         """`more` upstream calls on `route` beyond the one its admission charged (an emulated fan-out's
         further sub-calls, a guided retry), to its provider's and deployment's request-rate buckets, all or
-        none, before any of them is made.
+        none, before any of them is made. True: charged on this process's state (Redis away), where any of
+        them given back goes (`give_back_calls`).
 
         A refusal is the provider's 429, which fails the attempt (another target of an alias may still have
         room). With `param` (the field that asked for a fan-out, refused before its first call), a fan-out
@@ -322,11 +323,13 @@ class Admission:
         """
         buckets = [b for b in self._route_buckets(route) if b.kind in _CALL_KINDS]
         if not buckets or more < 1:
-            return
+            return False
+        calls = self.limiter.compiled(buckets)
         if param is not None:
             for b in buckets:
                 if more + 1 > b.limit:
-                    await self._give_back(buckets, 1)
+                    # Admission charged its unit moments ago: where Redis is now (away or not) is where it went.
+                    await self.corrections.at_once(calls, -1, self.limiter.shared.degraded)
                     raise InvalidRequestError(
                         f"'{param}' makes this request {more + 1} upstream calls to provider '{route.provider}' "
                         f"(the gateway emulates it), more than the {b.kind} limit of {b.limit} for {b.scope} "
@@ -336,9 +339,9 @@ class Admission:
                     )
         decision = await self.acquire(buckets, 0, more)
         if decision.allowed:
-            return
+            return decision.away
         if param is not None:
-            await self._give_back(buckets, 1)
+            await self.corrections.at_once(calls, -1, decision.away)
         raise RateLimitError(
             f"Provider '{route.provider}' is at its configured quota"
             + (f" for the {more + 1} upstream calls this request makes" if param is not None else ""),
@@ -354,17 +357,19 @@ class Admission:
             provider=route.provider,
         )
 
-    def give_back_calls(self, route: Route, count: int) -> None:
-        """Return `count` units charged by `charge_calls` for calls that were never made, off the request path."""
+    def give_back_calls(self, route: Route, count: int, here: int = 0) -> None:
+        """Return `count` units charged by `charge_calls` for calls that were never made, off the request path,
+        as corrections are (gateway/limits/settles.py): `here` of them were charged on this process's state and
+        go back there, the others to Redis (kept until it answers)."""
         buckets = [b for b in self._route_buckets(route) if b.kind in _CALL_KINDS]
-        if buckets and count > 0:
-            self._spawn(self._give_back(buckets, count))
-
-    async def _give_back(self, buckets: list[Bucket], count: int) -> None:
-        try:
-            await self.limiter.give_back(buckets, count)
-        except RedisDown:
-            pass  # fail closed: the units stay charged, which errs on the provider's side
+        if not buckets or count <= 0:
+            return
+        calls = self.limiter.compiled(buckets)
+        here = min(here, count)
+        if here:
+            self.corrections.add(calls, -here, True)
+        if count > here:
+            self.corrections.add(calls, here - count, False)
 
     def _tokens(self, req: CompletionRequest, buckets: list[Bucket], route: Route) -> tuple[int, int]:
         token_buckets = [b for b in buckets if b.kind in TOKEN_KINDS]
@@ -384,14 +389,16 @@ class Admission:
             if prompt < room < tokens:
                 tokens = room
         if tokens > room:
-            for b in token_buckets:
-                if tokens > b.limit:
-                    raise InvalidRequestError(
-                        f"This request needs up to {tokens} tokens (prompt + max_tokens x choices), more than "
-                        f"the {b.kind} limit of {b.limit} for {b.scope} can ever allow; lower max_tokens",
-                        param="max_tokens",
-                        code="exceeds_token_limit",
-                    )
+            b = min(token_buckets, key=lambda b: b.limit)  # the tightest: what the request must fit
+            parts, param, advice = over_limit(
+                req, route.adapter.openai_bpe, route.endpoint.model, per_choice, (prompt, tokens), room
+            )
+            raise InvalidRequestError(
+                f"This request needs up to {tokens} tokens ({parts}), more than the {b.kind} limit of {b.limit} "
+                f"for {b.scope} can ever allow; {advice}",
+                param=param,
+                code="exceeds_token_limit",
+            )
         return prompt, tokens
 
     async def acquire(self, buckets: list[Bucket], tokens: int, requests: int = 1) -> Decision:

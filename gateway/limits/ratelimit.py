@@ -309,15 +309,15 @@ class Limiter:
             return None
         return self.local.acquire_rates(bset.specs, bset.token_mask, tokens)
 
-    def adjust_here(self, bset: BucketSet, tokens: int) -> None:
-        """`adjust` in this process's own state, at once, for a reservation made there (without Redis, or while
-        it was away: a correction sent to Redis would give back what Redis never had)."""
-        tset = bset.tokens_only
-        if tset is not None and tokens:
-            self.local.run_specs("adjust", "", tset.specs, [float(tokens)] * len(tset.specs))
+    def adjust_here(self, bset: BucketSet, units: int) -> None:
+        """`adjust` of `bset` (rate and token buckets, no concurrency) in this process's own state, at once, for
+        a charge made there (without Redis, or while it was away: sent to Redis, it would give back what Redis
+        never had)."""
+        if units:
+            self.local.run_specs("adjust", "", bset.specs, [float(units)] * len(bset.specs))
 
     async def adjust_shared(self, tset: BucketSet, tokens: int) -> bool:
-        """`adjust` of the token buckets `tset` for a reservation Redis holds, sent at most once. False: not sent
+        """`adjust` of `tset` (rate and token buckets) for a charge Redis holds, sent at most once. False: not sent
         (Redis away, or it refused the call unrun), for the caller to send again once Redis answers; True: sent,
         answered or not (an unanswered one may have run, and must not run twice)."""
         if self._channel is None:
@@ -464,12 +464,6 @@ class Limiter:
         token_buckets = [b for b in buckets if b.kind in TOKEN_KINDS]
         if token_buckets and tokens:
             await self._run("adjust", "", token_buckets, [float(tokens)] * len(token_buckets))
-
-    async def give_back(self, buckets: Sequence[Bucket], requests: int) -> None:
-        """Return `requests` units to the request-rate buckets among `buckets` (calls charged, never made)."""
-        rate = [b for b in buckets if b.kind not in TOKEN_KINDS and b.kind != "concurrent"]
-        if rate and requests:
-            await self._run("adjust", "", rate, [float(-requests)] * len(rate))
 
     async def release(self, buckets: Sequence[Bucket], lease: str) -> None:
         if self._closed and self._successor is not None:  # its request outlived this config (see `_take`)

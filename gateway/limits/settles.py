@@ -1,7 +1,8 @@
-"""Token corrections: a request's reservation replaced by the usage it reported, off the request path.
+"""Corrections off the request path: a reservation replaced by the usage it reported, and request units
+given back for an emulated fan-out's calls never made.
 
-Corrections are summed per set of token buckets and applied every SETTLE_S, one script call per set. Each
-goes where its reservation is: Redis's in Redis, one this process made while Redis was away
+Corrections are summed per set of buckets and applied every SETTLE_S, one script call per set. Each
+goes where its charge is: Redis's in Redis, one this process made while Redis was away
 (`Ticket.away`) in this process's state. One Redis cannot take now (away, or refusing) is owed, per bucket, and
 sent once it answers, within that bucket's period (by then the reservation it corrects has drained);
 one sent without an answer may have run, so it is never sent again. Docs: docs/ratelimits.md#tokens.
@@ -23,25 +24,36 @@ _REFUSED_S: Final = 1.0
 
 
 class Corrections:
-    """The corrections of one limiter's reservations, batched, and those Redis could not take yet."""
+    """The corrections of one limiter's charges (tokens, request units), batched, and those Redis could not
+    take yet."""
 
     def __init__(self, limiter: Limiter) -> None:
         self.limiter = limiter
-        self._pending: dict[BucketSet, int] = {}  # per set's token buckets (`BucketSet.tokens_only`)
+        # Per set: a request's token buckets (`BucketSet.tokens_only`), or a route's request-rate ones.
+        self._pending: dict[BucketSet, int] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._owed: dict[BucketSet, list[float]] = {}  # per bucket (a set of one): [tokens, give up at]
         self._payer: asyncio.Task[None] | None = None
         self._sending: set[asyncio.Task[None]] = set()
 
     def add(self, tset: BucketSet, delta: int, away: bool) -> None:
-        """`delta` tokens to the token buckets `tset` (negative: given back); `away`: this process holds the
-        reservation (admitted on its own state while Redis was away), so the correction goes there."""
+        """`delta` units (tokens, or requests) to the buckets `tset`, none a concurrency one (negative: given
+        back); `away`: this process holds the charge (made on its own state while Redis was away), so the
+        correction goes there."""
         if away:
             self.limiter.adjust_here(tset, delta)
             return
         self._pending[tset] = self._pending.get(tset, 0) + delta
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(SETTLE_S, self._flush_soon)
+
+    async def at_once(self, tset: BucketSet, delta: int, away: bool) -> None:
+        """`add`, sent now rather than batched, for a caller that answers once it is done; owed as `add`'s are
+        when Redis cannot take it."""
+        if away:
+            self.limiter.adjust_here(tset, delta)
+        elif not await self.limiter.adjust_shared(tset, delta):
+            self._owe(tset, delta)
 
     def _flush_soon(self) -> None:
         self._timer = None

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+from wire.chat import ChatRequest
 from wire.schema import CompletionRequest, Unrendered
 
 if TYPE_CHECKING:
@@ -181,6 +182,30 @@ def reservation(req: CompletionRequest, bpe: bool, model: str, per_choice: int) 
     if beside is not None:
         prompt += prompts * unrendered_tokens(beside, bpe, model)
     return prompt, prompt + per_choice * choices
+
+
+def over_limit(
+    req: CompletionRequest, bpe: bool, model: str, per_choice: int, counts: tuple[int, int], limit: int
+) -> tuple[str, str, str]:
+    """What a reservation over a token `limit` is made of, as the refusal says it: (its parts with their tokens,
+    the field the client can act on, what to do). `counts`: `reservation`'s, for `per_choice`. The field is
+    `max_tokens` only when lowering it alone would fit; else the prompt, or what is sent beside it where that
+    weighs more (its largest field)."""
+    prompt, tokens = counts
+    beside = req.unrendered
+    side = 0 if beside is None else prompt_count(req.prompt) * unrendered_tokens(beside, bpe, model)
+    choices = (tokens - prompt) // per_choice if per_choice > 0 else 1
+    own = "messages" if isinstance(req, ChatRequest) else "prompt"  # a chat's prompt is its rendered messages
+    parts = [f"{prompt - side} of {own}"]
+    if beside is not None and side:
+        parts.append(f"{side} sent beside it" + (f" (most in '{beside.largest}')" if beside.largest else ""))
+    answer = f"{per_choice} max_tokens" if req.max_tokens is not None else f"{per_choice} answer tokens by default"
+    parts.append(answer + (f" x {choices} choices" if choices != 1 else ""))
+    if req.max_tokens is not None and choices and prompt + choices <= limit:
+        return " + ".join(parts), "max_tokens", f"lower max_tokens to {(limit - prompt) // choices} or less"
+    if beside is not None and side > prompt - side and beside.largest:
+        return " + ".join(parts), beside.largest, f"send less in '{beside.largest}'"
+    return " + ".join(parts), own, f"shorten the {own}"
 
 
 # Tokens a provider may add around each prompt (a start token, a chat template's few), beyond its text's.

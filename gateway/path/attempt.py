@@ -257,20 +257,18 @@ class Job:
 class Attempt:
     """One attempt of a job on one route, within `timeouts`: one upstream call, or an emulation's several."""
 
-    __slots__ = ("job", "services", "admission", "route", "req", "ctx", "timeouts", "dropped", "charged", "sent")
+    __slots__ = ("job", "services", "admission", "route", "req", "ctx", "timeouts", "dropped", "charged", "own", "sent")
 
     def __init__(self, job: Job, route: Route, timeouts: Timeouts) -> None:
         self.job = job
         self.services = job.services
         self.admission = job.admission
-        self.route = route
-        self.req = job.req
-        self.ctx = job.ctx
-        self.timeouts = timeouts
+        self.route, self.timeouts = route, timeouts
+        self.req, self.ctx = job.req, job.ctx
         self.dropped = job.dropped
-        # An emulation's upstream calls: charged beyond admission's one, and made (docs/ratelimits.md).
-        self.charged = 0
-        self.sent = 0
+        # An emulation's upstream calls: charged beyond admission's one (`own` of them on this process's own
+        # state, while Redis was away), and made (docs/ratelimits.md).
+        self.charged = self.own = self.sent = 0
 
     def _emulation(self) -> Emulation | None:
         route, services = self.route, self.services
@@ -312,8 +310,8 @@ class Attempt:
         calls = len(em.prompts) * em.fan_n
         if calls > 1 and self.admission is not None:
             param = "best_of" if em.best_of else "n" if em.fan_n > 1 else "prompt"
-            await self.admission.charge_calls(self.route, calls - 1, param)
-            self.charged = calls - 1
+            here = await self.admission.charge_calls(self.route, calls - 1, param)
+            self.charged, self.own = calls - 1, (calls - 1 if here else 0)
 
     async def _again(self, req: CompletionRequest) -> Completion:
         """A guided output's retry: one more upstream call, charged before it is made."""
@@ -322,15 +320,16 @@ class Attempt:
 
     async def _charge_again(self) -> None:
         if self.admission is not None:
-            await self.admission.charge_calls(self.route, 1)
+            self.own += await self.admission.charge_calls(self.route, 1)
             self.charged += 1
 
     def _unsent(self) -> None:
         """Give back what was charged for calls never made: sub-calls refused before they were sent (a 400
-        from the adapter), or cancelled when another one failed. Admission's unit stays, as for any request."""
+        from the adapter), or cancelled when another one failed. Admission's unit stays, as for any request.
+        Those charged on this process's state go back there first: Redis errs charged, never short."""
         unsent = self.charged - max(self.sent - 1, 0)
         if unsent > 0 and self.admission is not None:
-            self.admission.give_back_calls(self.route, unsent)
+            self.admission.give_back_calls(self.route, unsent, self.own)
 
     def _work(self) -> Work:
         """The request's checking budget, made by its first guided attempt: the attempt's timeouts end at the

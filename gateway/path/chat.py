@@ -75,8 +75,8 @@ class ChatAttempt(Attempt):
     async def _charge_n(self, em: ChatEmulation) -> None:
         """The fan-out's calls beyond the one admission charged, all before the first is made."""
         if em.fan_n > 1 and self.admission is not None:
-            await self.admission.charge_calls(self.route, em.fan_n - 1, "n")
-            self.charged = em.fan_n - 1
+            here = await self.admission.charge_calls(self.route, em.fan_n - 1, "n")
+            self.charged, self.own = em.fan_n - 1, (em.fan_n - 1 if here else 0)
 
     def ahead(self) -> tuple[UpstreamRequest, list[str]] | None:
         """The chat route's upstream request for the job's request, made before the attempt runs."""

@@ -15,6 +15,7 @@ from typing import Final
 
 import msgspec
 
+from gateway.limits.tokens import BYTES_PER_TOKEN
 from wire.chat import AssistantMessage, ChatRequest, ImagePart, ThinkingBlock
 from wire.schema import CompletionRequest, Unrendered
 
@@ -39,8 +40,8 @@ _CHAT: Final = (
 # route sends. Its `suffix`, the text its answer ends before, is read beside them: prompt text.
 _COMPLETION: Final = tuple(name for name in _CHAT if name not in ("chat_template_kwargs", "web_search_options"))
 _BESIDE: Final = {
-    ChatRequest: (operator.attrgetter(*_CHAT), (None,) * len(_CHAT)),
-    CompletionRequest: (operator.attrgetter(*_COMPLETION), (None,) * len(_COMPLETION)),
+    ChatRequest: (operator.attrgetter(*_CHAT), (None,) * len(_CHAT), _CHAT),
+    CompletionRequest: (operator.attrgetter(*_COMPLETION), (None,) * len(_COMPLETION), _COMPLETION),
 }
 _encode: Final = msgspec.json.encode
 
@@ -65,19 +66,33 @@ def unrendered(req: CompletionRequest, images: int, image_tokens: int, said_back
     thinking (the common request: one C call). `images`: its images (a chat's image parts, a completion's `images`);
     `said_back`: an assistant message carries thinking or a refusal (both found by normalize_chat's one look
     at each message)."""
-    beside, none = _BESIDE[req.__class__]
+    beside, none, names = _BESIDE[req.__class__]
     fields = beside(req)
     suffix = req.suffix  # a chat's is refused by normalize_chat before
     if fields == none and suffix is None and not images and not said_back:
         return None
-    texts = [_encode(value).decode() for value in fields if value is not None]
+    texts: list[str] = []
+    # Per field, its share in tokens by the bytes estimate: enough to say which one weighs most.
+    weights: dict[str, int] = {}
+    for name, value in zip(names, fields, strict=True):
+        if value is not None:
+            texts.append(_encode(value).decode())
+            weights[name] = len(texts[-1]) // BYTES_PER_TOKEN
     if suffix is not None:
         texts.append(suffix)
+        weights["suffix"] = len(suffix) // BYTES_PER_TOKEN
+    chat = isinstance(req, ChatRequest)
     if said_back and isinstance(req, ChatRequest):
         for m in req.messages:
             if isinstance(m, AssistantMessage):
-                texts += _said_back(m)
-    return Unrendered("\n".join(texts), images * image_tokens)
+                for said in _said_back(m):
+                    texts.append(said)
+                    weights["messages"] = weights.get("messages", 0) + len(said) // BYTES_PER_TOKEN
+    if images:  # a chat's image parts are in its messages, a completion's in its `images`
+        where = "messages" if chat else "images"
+        weights[where] = weights.get(where, 0) + images * image_tokens
+    largest = max(weights, key=weights.__getitem__, default="")
+    return Unrendered("\n".join(texts), images * image_tokens, largest)
 
 
 __all__ = ["image_parts", "unrendered"]

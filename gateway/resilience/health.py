@@ -69,6 +69,19 @@ if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[1]) then redis.call('SET', KEYS[1
 return 1
 """
 
+# A target's in-flight count moved by one request, never below zero: a restarted Redis (or one that was away
+# when the request started) lost the increment its end now takes off. Zero, not the missing count: the
+# replicas' requests still running under-count until they end, and from then on the count is exact again.
+_INFLIGHT = """
+local n = redis.call('INCRBY', KEYS[1], ARGV[1])
+if n < 0 then
+  n = 0
+  redis.call('SET', KEYS[1], 0)
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return n
+"""
+
 _EWMA = """
 local v = redis.call('GET', KEYS[1])
 local x = tonumber(ARGV[1])
@@ -205,6 +218,7 @@ class Health:
         self._failure_script = shared.client.register_script(_FAILURE) if shared.client is not None else None
         self._ewma_script = shared.client.register_script(_EWMA) if shared.client is not None else None
         self._exhausted_script = shared.client.register_script(_EXHAUSTED) if shared.client is not None else None
+        self._inflight_script = shared.client.register_script(_INFLIGHT) if shared.client is not None else None
 
     def reset(self) -> None:
         """Forget this process's view of every target (cooldowns, failures, probes, counts)."""
@@ -414,19 +428,14 @@ class Health:
                 _put(local.replica_inflight, replica, on_replica)
             else:
                 local.replica_inflight.pop(replica, None)
-        key = _keys(target)[3]
-        ttl = self.inflight_ttl_ms
-        if count > 0 and self._renewer is None and self.shared.client is not None:
+        script = self._inflight_script
+        if script is None:
+            return
+        if count > 0 and self._renewer is None:
             self._renewer = asyncio.ensure_future(self._renew())
-
-        async def op(r: aioredis.Redis) -> None:
-            pipe = r.pipeline(transaction=False)
-            pipe.incrby(key, delta)
-            pipe.pexpire(key, ttl)
-            await pipe.execute()
-
+        key = _keys(target)[3]
         try:
-            await self.shared.run(op)
+            await self.shared.run(lambda r: script(keys=[key], args=[delta, self.inflight_ttl_ms], client=r))
         except Degraded:
             pass
 

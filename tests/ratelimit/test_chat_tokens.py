@@ -123,6 +123,8 @@ def test_what_a_chat_sends_beside_its_messages_is_refused_as_a_completion_prompt
     refused = post(gw, "k-small", chat(**fields))
     assert refused.status_code == 400, refused.text
     assert refused.json()["error"]["code"] == "exceeds_token_limit"
+    # What weighs most is named (thinking sent back and images are in `messages`), not max_tokens.
+    assert refused.json()["error"]["param"] == next(iter(fields))
     assert not up.received  # refused before any upstream call
 
 

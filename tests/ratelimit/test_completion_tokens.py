@@ -133,11 +133,14 @@ def test_what_a_completion_sends_beside_its_prompt_is_refused_as_a_prompt_of_its
     up.handler = billing
     as_prompt = post(gw, "k-small", completion(prompt=BIG))
     assert as_prompt.status_code == 400 and as_prompt.json()["error"]["code"] == "exceeds_token_limit"
+    assert as_prompt.json()["error"]["param"] == "prompt"
     without = post(gw, "k-small", completion(model, prompt=fields.get("prompt", "hi")))
     assert without.status_code == 200, without.text
     refused = post(gw, "k-small", completion(model, **fields))
     assert refused.status_code == 400, refused.text
     assert refused.json()["error"]["code"] == "exceeds_token_limit"
+    # The field that weighs most is named, not max_tokens (1 here), which lowering could not make fit.
+    assert refused.json()["error"]["param"] == next(iter(fields))
     assert len(up.received) == 1  # only the request without it reached the upstream
 
 
@@ -206,3 +209,46 @@ def test_a_completion_of_a_prompt_alone_reserves_its_prompt_and_a_clients_own_co
         answer = post(gw, key, completion(**{" unrendered": forged, "max_tokens": 10, **sent}))
         assert answer.status_code == 200, answer.text
         assert answer.headers["x-ratelimit-remaining-tokens"] == str(DAY - reserved)
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "said"),
+    [
+        (
+            {"max_tokens": 2000},
+            "max_tokens",
+            "2001 tokens (1 of prompt + 2000 max_tokens), more than the tpm limit of 1000 for key:small can ever "
+            "allow; lower max_tokens to 999 or less",
+        ),
+        (
+            {"suffix": "word " * 480, "max_tokens": 600},
+            "max_tokens",
+            "1201 tokens (1 of prompt + 600 sent beside it (most in 'suffix') + 600 max_tokens), more than the "
+            "tpm limit of 1000 for key:small can ever allow; lower max_tokens to 399 or less",
+        ),
+        (
+            {"suffix": "word " * 960, "max_tokens": 10},
+            "suffix",
+            "1211 tokens (1 of prompt + 1200 sent beside it (most in 'suffix') + 10 max_tokens), more than the "
+            "tpm limit of 1000 for key:small can ever allow; send less in 'suffix'",
+        ),
+        (
+            {"prompt": ["word " * 400] * 3, "max_tokens": 10},
+            "prompt",
+            "1530 tokens (1500 of prompt + 10 max_tokens x 3 choices), more than the tpm limit of 1000 for "
+            "key:small can ever allow; shorten the prompt",
+        ),
+    ],
+    ids=["max_tokens", "max_tokens-beside-a-suffix", "suffix", "prompts"],
+)
+def test_a_refusal_over_a_token_limit_counts_each_part_and_names_what_to_change(
+    gw: GatewayThread, fields: dict[str, Any], param: str, said: str
+) -> None:
+    """The 400 gives the prompt's tokens, what is sent beside it and max_tokens, and names the field the client
+    can act on: max_tokens only where lowering it alone fits. Before, every refusal said "lower max_tokens"
+    with `param: max_tokens`, even where max_tokens was 10 and a suffix or the prompt was over the limit."""
+    refused = post(gw, "k-small", completion(**fields))
+    assert refused.status_code == 400, refused.text
+    err = refused.json()["error"]
+    assert (err["param"], err["code"]) == (param, "exceeds_token_limit")
+    assert err["message"] == "This request needs up to " + said

@@ -119,3 +119,40 @@ def test_a_lease_a_restarted_redis_lost_is_written_again_while_its_stream_runs(
         (first,) = answers
         assert first.status_code == 200 and first.text.count("data: {") == len(CHUNKS)
         wait_until(lambda: live_leases(redis) == 0, timeout=5)  # released at its end, not left behind
+
+
+def test_the_in_flight_count_a_restarted_redis_lost_does_not_go_below_zero(
+    redis: RedisServer, faults: FaultServer, tmp_path: Path
+) -> None:
+    """Redis restarts (nothing kept) under a running stream of a least-busy alias: the stream's end takes the
+    target's shared in-flight count down from a count that lost its increment, and it stays at zero, so the
+    next stream counts one while it runs. Before, the count read -1 after the stream, and 0 during the next
+    one: every replica saw the target one request emptier than it was until the key expired."""
+    faults["up"].script(stream(gap=0.2))  # about 3 s
+    config = (
+        f"redis: {{url: '{redis.url}'}}\n"
+        + "models:\n  - {name: busy, strategy: least-busy, targets: [{model: up/davinci-002}]}\n"
+        + f"providers:\n  up: {{kind: openai, api_key: sk-up, base_url: '{faults['up'].base_url}'}}\n"
+    )
+    with serve_config(tmp_path, config) as gw, httpx.Client(trust_env=False, timeout=30) as c:
+        answers: list[httpx.Response] = []
+        long = threading.Thread(target=lambda: answers.append(c.post(gw.url + "/v1/completions", json=BODY)))
+        long.start()
+        try:
+            wait_until(lambda: faults["up"].count == 1 and inflight(redis) == 1, timeout=10)
+            redis.restart()
+        finally:
+            long.join(30)
+        (first,) = answers
+        assert first.status_code == 200 and first.text.count("data: {") == len(CHUNKS)
+        wait_until(lambda: inflight(redis) is not None, timeout=5)  # the stream's end reached Redis
+        assert inflight(redis) == 0
+        faults["up"].script(stream(gap=0.2))
+        second = threading.Thread(target=lambda: answers.append(c.post(gw.url + "/v1/completions", json=BODY)))
+        second.start()
+        try:
+            wait_until(lambda: faults["up"].count == 2, timeout=10)
+            wait_until(lambda: inflight(redis) == 1, timeout=3)
+        finally:
+            second.join(30)
+        wait_until(lambda: inflight(redis) == 0, timeout=5)
