@@ -315,7 +315,10 @@ class Run(Generic[T]):
                     wait = pause
                 else:
                     wait = backoff(r.initial_backoff_ms / 1000, r.max_backoff_ms / 1000, turn)
-            if f.clock() - started + wait >= budget_s:
+            now = f.clock()
+            # A wait past the request's deadline ends it as one past the budget does: with the failure that
+            # made it wait (its cause, target and Retry-After), not a `deadline_exceeded` slept into.
+            if now - started + wait >= budget_s or (wait > 0 and now + wait >= self.deadline):
                 raise self._gave_up(failed, out_of_budget=True)
             await f.sleep(wait)
 
