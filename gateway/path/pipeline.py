@@ -409,6 +409,18 @@ class Pipeline:
                 hint=job.hint,
                 cancelled=_attempts_of(rec),
             )
+        except asyncio.CancelledError:
+            called = job.called
+            if called is None:
+                self.admission.settle(job.ticket, 0)
+                raise
+            # The client left before the first event, after an upstream took the prompt: charged and booked
+            # its prompt, as an unstreamed request is (`_buffered`) and a stream cut later is.
+            estimate = estimated(job, 0)
+            rec.usage, rec.usage_estimated = estimate, True
+            rec.provider, rec.target = called.provider, called.key
+            self.admission.settle(job.ticket, estimate.total_tokens)
+            raise
         except BaseException:
             self.admission.settle(job.ticket, 0)
             raise
