@@ -301,13 +301,18 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services, op: Ope
         except asyncio.CancelledError:
             if front is not None:
                 release(front)  # cancelled perhaps before `complete` ran, which releases it otherwise
+            # A stream whose upstream failed was booked as that failure before the client left or the drain
+            # deadline cut it (while its error event was being sent): the failure came first, and stays.
+            booked = started and rec.error_code is not None
             if watch is not None and watch.gone:
-                rec.status, rec.error_code = 499, "client_closed_request"
+                if not booked:
+                    rec.status, rec.error_code = 499, "client_closed_request"
             else:
                 # Not the client leaving: the server cut the request at its drain deadline. One line says so
                 # (a re-raise would make the server log a traceback), and the client is told, not left hanging.
                 cut = shutdown_cut()
-                rec.status, rec.error_code = cut.status, cut.code
+                if not booked:
+                    rec.status, rec.error_code = cut.status, cut.code
                 log.warning(
                     "request %s cut at the drain deadline (server.shutdown_grace_ms): %s",
                     rec.request_id,
@@ -316,8 +321,8 @@ def completion_endpoint(path: str, dialect: Dialect, services: Services, op: Ope
                 with contextlib.suppress(Exception):
                     if not started:
                         await _send_error(send, dialect, cut, rec.request_id)
-                    elif result is not None and result.stream is not None:
-                        await send(_body(STREAM_CUT))
+                    elif result is not None and result.stream is not None and not booked:
+                        await send(_body(STREAM_CUT))  # not a second error event after the failure's
         except Exception:
             # Never a traceback or an internal message to the client; the log keeps the detail.
             log.exception("unhandled error on %s (request %s)", path, rec.request_id)

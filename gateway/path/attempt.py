@@ -125,8 +125,7 @@ class Job:
         # The first attempt's upstream request made while admission waited (`prepare`): its route, the request
         # and the parameters dropped for it. Taken by the first attempt on that route.
         self.ahead: tuple[Route, UpstreamRequest, list[str]] | None = None
-        # The route of the latest buffered upstream call sent (None: none yet): a client that leaves after it
-        # has cost the upstream its prompt, and is charged for it (`Pipeline._buffered`).
+        # The latest upstream call's route (None: none yet): a client that leaves after it is charged its prompt.
         self.called: Route | None = None
         # A stream's deadline, its first failover run's (on the failover's clock): a resumed stream's
         # continuation has what is left of it, not a deadline of its own.
@@ -446,6 +445,7 @@ class Attempt:
             made = adapter.build_request(req, route.endpoint, params)
         ctx = _fresh(self.ctx)
         self.sent += 1
+        self.job.called = route
         stream = await self.services.upstream.open_stream(route.provider, made, self.timeouts, route.key)
         return await self.first_event(stream, adapter, adapter.parse_event, adapter.framing, ctx, choices_asked(req))
 

@@ -206,6 +206,7 @@ class ChatAttempt(Attempt):
             made = adapter.build_chat_request(req, route.endpoint, params)
         ctx = _fresh(self.ctx)
         self.sent += 1
+        self.job.called = route
         stream = await self.services.upstream.open_stream(route.provider, made, self.timeouts, route.key)
         opened = await self.first_event(stream, adapter, adapter.parse_chat_event, adapter.chat_framing, ctx, asked)
         if pending or self.resumes:

@@ -365,6 +365,7 @@ class Pipeline:
                 tenant=rec.key,
                 client_headers=bool(job.req.inference_extra_headers),
                 hint=job.hint,
+                cancelled=_attempts_of(rec),
             )
             usage = done.value.usage
             used = usage.total_tokens if usage is not None else None
@@ -406,7 +407,20 @@ class Pipeline:
                 tenant=rec.key,
                 client_headers=bool(job.req.inference_extra_headers),
                 hint=job.hint,
+                cancelled=_attempts_of(rec),
             )
+        except asyncio.CancelledError:
+            called = job.called
+            if called is None:
+                self.admission.settle(job.ticket, 0)
+                raise
+            # The client left before the first event, after an upstream took the prompt: charged and booked
+            # its prompt, as an unstreamed request is (`_buffered`) and a stream cut later is.
+            estimate = estimated(job, 0)
+            rec.usage, rec.usage_estimated = estimate, True
+            rec.provider, rec.target = called.provider, called.key
+            self.admission.settle(job.ticket, estimate.total_tokens)
+            raise
         except BaseException:
             self.admission.settle(job.ticket, 0)
             raise
@@ -419,6 +433,16 @@ class Pipeline:
         held = Held(self.relay, opened.value, job, rec.request_id)
         stream = self.relay.stream(opened.value, opened.route, job, rec, held)
         return Result(_headers(opened, job), stream=stream, held=held, limits=_limits(job))
+
+
+def _attempts_of(rec: Record) -> Callable[[int], None]:
+    """What tells `rec` the upstream calls its request made, hedges included, when the client left before
+    an answer: the access log, the metrics and the ledger count them as they would an answer's."""
+
+    def cancelled(attempts: int) -> None:
+        rec.attempts = attempts
+
+    return cancelled
 
 
 def _served(rec: Record, plan: Plan, outcome: Outcome[Any]) -> None:

@@ -34,6 +34,7 @@ Discard = Callable[[T], None]
 # Called with a successful attempt's result and its target's key when the result keeps the target's
 # in-flight count past the attempt (an open stream: the relay gives it back when the stream ends).
 Keep = Callable[[T, str], None]
+Cancelled = Callable[[int], None]
 
 
 class Outcome(msgspec.Struct, Generic[T]):
@@ -134,18 +135,19 @@ class Failover:
         client_headers: bool = False,
         hint: Hint | None = None,
         avoid: str | None = None,
+        cancelled: Cancelled | None = None,
     ) -> Coroutine[Any, Any, Outcome[T]]:
         """`deadline_s` is the client's own (it can only shorten `total_ms`), `tenant` its key's name and
         `client_headers` whether it forwards headers upstream: what decides whom a failure blames. `hint`
         is what a replicated provider's policy reads (the prompt, the session), None without fleets.
         `avoid` is a target this request takes for cooling whatever its state (a broken stream's, which its
-        continuation must not go back to).
+        continuation must not go back to). `cancelled` learns how many calls a cancelled request made.
 
         The loop's own coroutine when the targets' states and the first target are at hand (nearly every
         request): one frame less on every resume of the upstream call."""
         total = plan.timeouts.total if deadline_s is None else min(plan.timeouts.total, deadline_s)
         run = Run(self, plan, call, discard, self.clock() + total, total)
-        run.tenant, run.client_headers = tenant, client_headers
+        run.tenant, run.client_headers, run.cancelled = tenant, client_headers, cancelled
         run.keep = keep if plan.tracks_inflight else None
         run.client_deadline = _own_deadline(plan, deadline_s)
         states = self.health.at_hand(plan.keys)
@@ -232,6 +234,7 @@ class Run(Generic[T]):
         "client_headers",
         "client_deadline",
         "blamed",
+        "cancelled",
     )
 
     def __init__(
@@ -258,6 +261,7 @@ class Run(Generic[T]):
         self.client_headers = False
         self.client_deadline = False  # the client's `inference_timeout` is shorter than the plan's total
         self.blamed: tuple[str, ...] = ()  # targets this request's failures already reported: once each
+        self.cancelled: Cancelled | None = None
 
     async def go(self) -> Outcome[T]:
         f, policy = self.failover, self.plan.policy
@@ -267,57 +271,65 @@ class Run(Generic[T]):
         same_left = self._same_target(self.route)  # same-target retries left for `self.route`
         started = f.clock()
         turn = 0
-        while True:
-            turn += 1
-            route = self.route
-            try:
-                timeouts = self._timeouts()  # past the deadline no call is made, and none is counted
-                self.attempts += 1
-                if hedge_s is not None and self.attempts < r.attempts:
-                    value, served = await self._hedged(timeouts, hedge_s)
-                else:
-                    served = self.route
-                    value = await self.attempt(served, timeouts)
-                return Outcome(value=value, route=served, attempts=self.attempts, deadline=self.deadline)
-            except GatewayError as exc:
-                # Kept without a traceback on it or on what it chains (the attempt's original error), which hold
-                # this very frame (and through it `failed`): a cycle the collector alone would free, at every
-                # request that fails over or gives up. What reaches the client and the log is `_gave_up`'s copy,
-                # which has a traceback of its own.
-                failed = exc.detached()
-                if exc.no_call:  # a full server, a field the target cannot honour: not an attempt
-                    self.attempts -= 1
-            if self.route is not route:  # a hedge whose second target failed first: its retries are its own
-                same_left = self._same_target(self.route)
-            if not self._retryable(failed) or self.attempts >= r.attempts:
-                raise self._gave_up(failed, out_of_budget=False)
-            # Where the next attempt goes, and after how long. A Retry-After is the wait; else a backoff,
-            # drawn once and only for a wait taken (a move to a fresh target draws nothing).
-            pause = failed.retry_after
-            wait: float | None = None
-            if same_left > 0 and failed.same_target and not failed.elsewhere:
-                if pause is None:
-                    pause = backoff(r.initial_backoff_ms / 1000, r.max_backoff_ms / 1000, turn)
-                now = f.clock()
-                if now - started + pause < budget_s and now + pause < self.deadline:
-                    same_left -= 1  # a retry that could not start before the deadline is no retry
-                    wait = pause
-            if wait is None:
-                self.route, fresh = await self.selector.next()
-                if fresh:
+        try:
+            while True:
+                turn += 1
+                route = self.route
+                try:
+                    timeouts = self._timeouts()  # past the deadline no call is made, and none is counted
+                    self.attempts += 1
+                    if hedge_s is not None and self.attempts < r.attempts:
+                        value, served = await self._hedged(timeouts, hedge_s)
+                    else:
+                        served = self.route
+                        value = await self.attempt(served, timeouts)
+                    return Outcome(value=value, route=served, attempts=self.attempts, deadline=self.deadline)
+                except GatewayError as exc:
+                    # Kept without a traceback on it or on what it chains (the attempt's original error), which hold
+                    # this very frame (and through it `failed`): a cycle the collector alone would free, at every
+                    # request that fails over or gives up. What reaches the client and the log is `_gave_up`'s copy,
+                    # which has a traceback of its own.
+                    failed = exc.detached()
+                    if exc.no_call:  # a full server, a field the target cannot honour: not an attempt
+                        self.attempts -= 1
+                if self.route is not route:  # a hedge whose second target failed first: its retries are its own
                     same_left = self._same_target(self.route)
-                    wait = 0.0
-                elif not failed.same_target:
-                    # A timeout or an unreachable target: no other target is left, and repeating this
-                    # one would only wait out the same timeout again (a one-target plan fails at once).
+                if not self._retryable(failed) or self.attempts >= r.attempts:
                     raise self._gave_up(failed, out_of_budget=False)
-                elif pause is not None:
-                    wait = pause
-                else:
-                    wait = backoff(r.initial_backoff_ms / 1000, r.max_backoff_ms / 1000, turn)
-            if f.clock() - started + wait >= budget_s:
-                raise self._gave_up(failed, out_of_budget=True)
-            await f.sleep(wait)
+                # Where the next attempt goes, and after how long. A Retry-After is the wait; else a backoff,
+                # drawn once and only for a wait taken (a move to a fresh target draws nothing).
+                pause = failed.retry_after
+                wait: float | None = None
+                if same_left > 0 and failed.same_target and not failed.elsewhere:
+                    if pause is None:
+                        pause = backoff(r.initial_backoff_ms / 1000, r.max_backoff_ms / 1000, turn)
+                    now = f.clock()
+                    if now - started + pause < budget_s and now + pause < self.deadline:
+                        same_left -= 1  # a retry that could not start before the deadline is no retry
+                        wait = pause
+                if wait is None:
+                    self.route, fresh = await self.selector.next()
+                    if fresh:
+                        same_left = self._same_target(self.route)
+                        wait = 0.0
+                    elif not failed.same_target:
+                        # A timeout or an unreachable target: no other target is left, and repeating this
+                        # one would only wait out the same timeout again (a one-target plan fails at once).
+                        raise self._gave_up(failed, out_of_budget=False)
+                    elif pause is not None:
+                        wait = pause
+                    else:
+                        wait = backoff(r.initial_backoff_ms / 1000, r.max_backoff_ms / 1000, turn)
+                now = f.clock()
+                # A wait past the request's deadline ends it as one past the budget does: with the failure that
+                # made it wait (its cause, target and Retry-After), not a `deadline_exceeded` slept into.
+                if now - started + wait >= budget_s or (wait > 0 and now + wait >= self.deadline):
+                    raise self._gave_up(failed, out_of_budget=True)
+                await f.sleep(wait)
+        except asyncio.CancelledError:
+            if self.cancelled is not None:
+                self.cancelled(self.attempts)  # the calls made for a client that left: its record's attempts
+            raise
 
     async def attempt(self, route: Route, timeouts: Timeouts) -> T:
         """One upstream attempt on `route`: counted in flight, and its outcome reported to health.
