@@ -372,9 +372,14 @@ def _endpoint_problem(url: str, partial: bool = False) -> str | None:
 def read_config(path: str | Path) -> str:
     """The config file's text; a `ConfigError` line when it cannot be read."""
     try:
-        return Path(path).read_text(encoding="utf-8")
+        data = Path(path).read_bytes()
     except OSError as exc:
         raise ConfigError(f"{path}: (file): {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:  # a file saved as Latin-1, say: the line, not the bytes (may be a secret)
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"{path}: line {line}: not UTF-8 text") from None
 
 
 def load_config(path: str | Path, env: dict[str, str] | None = None, *, strict: bool = False) -> LoadedConfig:

@@ -223,6 +223,14 @@ def test_load_config_missing_file(tmp_path: Path) -> None:
     assert str(info.value) == f"{path}: (file): No such file or directory"
 
 
+def test_load_config_not_utf8_names_the_line_not_the_bytes(tmp_path: Path) -> None:
+    path = tmp_path / "gw.yaml"
+    path.write_bytes(b'# saved as Latin-1\nadmin: {key: "s\xe9cret"}\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env={})
+    assert str(info.value) == f"{path}: line 2: not UTF-8 text"
+
+
 def test_shipped_config_loads() -> None:
     shipped = Path(__file__).resolve().parents[2] / "config.yaml"
     loaded = load_config(shipped, env={})
