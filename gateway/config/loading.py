@@ -90,11 +90,14 @@ _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _MSGSPEC_PATH = re.compile(r"^(.*?)(?: - at (`key` in )?`\$(.*)`)?$", re.DOTALL)
 
 
-def _interpolate(node: Any, path: str, env: dict[str, str], missing: dict[str, list[str]]) -> Any:
+def _interpolate(node: Any, path: str, env: dict[str, str], missing: dict[str, list[str]], refs: dict[str, str]) -> Any:
+    """`node` with its `${VAR}` references resolved; `missing` gets each path's unset variables, `refs` the
+    first variable each path references (for the errors of a value of the wrong type)."""
     if isinstance(node, str):
         unset: list[str] = []
 
         def sub(m: re.Match[str]) -> str:
+            refs.setdefault(path, m.group(1))
             value = env.get(m.group(1))
             if value:
                 return value
@@ -108,13 +111,15 @@ def _interpolate(node: Any, path: str, env: dict[str, str], missing: dict[str, l
             missing[path] = unset
         return out
     if isinstance(node, dict):
-        return {k: _interpolate(v, f"{path}.{k}" if path else str(k), env, missing) for k, v in node.items()}
+        return {k: _interpolate(v, f"{path}.{k}" if path else str(k), env, missing, refs) for k, v in node.items()}
     if isinstance(node, list):
-        return [_interpolate(v, f"{path}[{i}]", env, missing) for i, v in enumerate(node)]
+        return [_interpolate(v, f"{path}[{i}]", env, missing, refs) for i, v in enumerate(node)]
     return node
 
 
-def _convert(obj: Any, typ: type[Any], where: str, source: str) -> Any:
+def _convert(
+    obj: Any, typ: type[Any], where: str, source: str, refs: Mapping[str, str], unset: Mapping[str, list[str]]
+) -> Any:
     try:
         return msgspec.convert(obj, typ, strict=True)
     except msgspec.ValidationError as exc:
@@ -129,7 +134,12 @@ def _convert(obj: Any, typ: type[Any], where: str, source: str) -> Any:
         missing = re.match(r"Object missing required field `([^`]+)`", problem)
         if missing:
             sub, problem = f"{sub}.{missing.group(1)}", "required key is missing"
-        path = (where + sub) if where else sub.lstrip(".")
+        path = ((where + sub) if where else sub.lstrip(".")).lstrip(".")
+        if path in unset:
+            problem = f"{problem} (environment variable {unset[path][0]} is not set)"
+        elif path in refs and "got `str`" in problem:
+            # `port: ${PORT}` is text, whatever PORT holds: such a value is written in the file itself.
+            problem = f"{problem} (from ${{{refs[path]}}}: a reference always makes a string)"
         raise ConfigError(f"{source}: {path.lstrip('.') or '(top level)'}: {problem}") from None
 
 
@@ -298,20 +308,21 @@ def parse_config(text: str, source: str = "config.yaml", env: dict[str, str] | N
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: (top level): expected a mapping, got {type(raw).__name__}")
     missing: dict[str, list[str]] = {}
-    data = _interpolate(raw, "", dict(os.environ) if env is None else env, missing)
+    refs: dict[str, str] = {}
+    data = _interpolate(raw, "", dict(os.environ) if env is None else env, missing, refs)
     if isinstance(data.get("prices"), dict):
         for model, price in data["prices"].items():  # one by one, so an error names the model
-            _convert(price, PriceConfig, f"prices.{model}", source)
+            _convert(price, PriceConfig, f"prices.{model}", source, refs, missing)
     _cache_modes(data, source)
-    cfg: GatewayConfig = _convert(data, GatewayConfig, "", source)
+    cfg: GatewayConfig = _convert(data, GatewayConfig, "", source, refs, missing)
     providers: dict[str, ProviderConfig] = {}
     for name, pdata in cfg.providers.items():
         deployments = pdata.get("deployments") if isinstance(pdata, dict) else None
         if isinstance(deployments, dict):
             # One by one, so an error names the deployment (msgspec reports a dict key as `[...]`).
             for dname, ddata in deployments.items():
-                _convert(ddata, DeploymentConfig, f"providers.{name}.deployments.{dname}", source)
-        providers[str(name)] = _convert(pdata, ProviderConfig, f"providers.{name}", source)
+                _convert(ddata, DeploymentConfig, f"providers.{name}.deployments.{dname}", source, refs, missing)
+        providers[str(name)] = _convert(pdata, ProviderConfig, f"providers.{name}", source, refs, missing)
         _check_kind(providers[str(name)], f"providers.{name}", source)
     _check(cfg, providers, source, missing)
     return LoadedConfig(source=source, config=cfg, providers=providers, missing_env=missing)

@@ -206,6 +206,16 @@ def test_azure_deployments_may_carry_the_base_url() -> None:
     assert error(missing) == "gw.yaml: providers.az.base_url: required for kind 'azure'"
 
 
+def test_a_wrongly_typed_value_from_a_reference_names_the_variable() -> None:
+    port = "server:\n  port: ${GW_PORT}\n"
+    unset = "gw.yaml: server.port: Expected `int`, got `str` (environment variable GW_PORT is not set)"
+    assert error(port) == unset
+    is_set = "gw.yaml: server.port: Expected `int`, got `str` (from ${GW_PORT}: a reference always makes a string)"
+    assert error(port, {"GW_PORT": "8080"}) == is_set
+    policy = "gw.yaml: redis.on_failure: Invalid enum value '' (environment variable RF is not set)"
+    assert error('redis: {on_failure: "${RF}"}') == policy
+
+
 def test_load_config_strict(tmp_path: Path) -> None:
     path = tmp_path / "gw.yaml"
     path.write_text('providers: {o: {kind: openai, api_key: "${NOT_SET_ANYWHERE}"}}\n', encoding="utf-8")
