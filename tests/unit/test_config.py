@@ -156,6 +156,10 @@ def test_several_variables_in_one_value() -> None:
             "gw.yaml: providers.o.headers.x-a: value contains a line break or another control character "
             "(a trailing newline from its file or variable?)",
         ),
+        (
+            "ledger: {url: 'sqlite:///gw.db', retention_days: 1000000000000}",
+            "gw.yaml: ledger.retention_days: Expected `int` <= 36500",
+        ),
         ("prices: {5: {prompt_per_1m: 1}}", "gw.yaml: prices: Expected `str`, got `int` for a key (quote it)"),
     ],
 )
