@@ -87,14 +87,17 @@ def _ssl_reason(exc: ssl.SSLError | OSError) -> str:
 
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-_MSGSPEC_PATH = re.compile(r"^(.*?)(?: - at `\$(.*)`)?$", re.DOTALL)
+_MSGSPEC_PATH = re.compile(r"^(.*?)(?: - at (`key` in )?`\$(.*)`)?$", re.DOTALL)
 
 
-def _interpolate(node: Any, path: str, env: dict[str, str], missing: dict[str, list[str]]) -> Any:
+def _interpolate(node: Any, path: str, env: dict[str, str], missing: dict[str, list[str]], refs: dict[str, str]) -> Any:
+    """`node` with its `${VAR}` references resolved; `missing` gets each path's unset variables, `refs` the
+    first variable each path references (for the errors of a value of the wrong type)."""
     if isinstance(node, str):
         unset: list[str] = []
 
         def sub(m: re.Match[str]) -> str:
+            refs.setdefault(path, m.group(1))
             value = env.get(m.group(1))
             if value:
                 return value
@@ -108,26 +111,35 @@ def _interpolate(node: Any, path: str, env: dict[str, str], missing: dict[str, l
             missing[path] = unset
         return out
     if isinstance(node, dict):
-        return {k: _interpolate(v, f"{path}.{k}" if path else str(k), env, missing) for k, v in node.items()}
+        return {k: _interpolate(v, f"{path}.{k}" if path else str(k), env, missing, refs) for k, v in node.items()}
     if isinstance(node, list):
-        return [_interpolate(v, f"{path}[{i}]", env, missing) for i, v in enumerate(node)]
+        return [_interpolate(v, f"{path}[{i}]", env, missing, refs) for i, v in enumerate(node)]
     return node
 
 
-def _convert(obj: Any, typ: type[Any], where: str, source: str) -> Any:
+def _convert(
+    obj: Any, typ: type[Any], where: str, source: str, refs: Mapping[str, str], unset: Mapping[str, list[str]]
+) -> Any:
     try:
         return msgspec.convert(obj, typ, strict=True)
     except msgspec.ValidationError as exc:
         m = _MSGSPEC_PATH.match(str(exc))
         assert m is not None
-        problem, sub = m.group(1), (m.group(2) or "")
+        problem, sub = m.group(1), (m.group(3) or "")
+        if m.group(2):  # a mapping's key, not its value: YAML reads `5:` as a number, `~:` as null
+            problem = f"{problem} for a key (quote it)"
         unknown = re.match(r"Object contains unknown field `([^`]+)`", problem)
         if unknown:
             sub, problem = f"{sub}.{unknown.group(1)}", "unknown key"
         missing = re.match(r"Object missing required field `([^`]+)`", problem)
         if missing:
             sub, problem = f"{sub}.{missing.group(1)}", "required key is missing"
-        path = (where + sub) if where else sub.lstrip(".")
+        path = ((where + sub) if where else sub.lstrip(".")).lstrip(".")
+        if path in unset:
+            problem = f"{problem} (environment variable {unset[path][0]} is not set)"
+        elif path in refs and "got `str`" in problem:
+            # `port: ${PORT}` is text, whatever PORT holds: such a value is written in the file itself.
+            problem = f"{problem} (from ${{{refs[path]}}}: a reference always makes a string)"
         raise ConfigError(f"{source}: {path.lstrip('.') or '(top level)'}: {problem}") from None
 
 
@@ -141,7 +153,9 @@ def _check_kind(p: ProviderConfig, path: str, source: str) -> None:
         raise ConfigError(f"{source}: {path}.kind: Invalid enum value {p.kind!r}; valid kinds: {', '.join(kinds())}")
 
 
-def _check(cfg: GatewayConfig, providers: dict[str, ProviderConfig], source: str) -> None:
+def _check(
+    cfg: GatewayConfig, providers: dict[str, ProviderConfig], source: str, missing: Mapping[str, list[str]]
+) -> None:
     def fail(path: str, problem: str) -> None:
         raise ConfigError(f"{source}: {path}: {problem}")
 
@@ -156,12 +170,6 @@ def _check(cfg: GatewayConfig, providers: dict[str, ProviderConfig], source: str
         if "/" in name or not name:
             fail(f"providers.{name}", "a provider name may not be empty or contain '/'")
         adapter = REGISTRY[p.kind]
-        if (
-            fleet := fleet_problem(
-                name, p.replicas, p.routing, p.base_url, adapter.serves_replicas, p.kind, bool(p.deployments)
-            )
-        ) is not None:
-            fail(*fleet)
         if adapter.needs_base_url and not p.base_url and not p.replicas:
             if not p.deployments or any(not d.base_url for d in p.deployments.values()):
                 fail(f"providers.{name}.base_url", f"required for kind '{p.kind}'")
@@ -173,14 +181,26 @@ def _check(cfg: GatewayConfig, providers: dict[str, ProviderConfig], source: str
             + [(f"providers.{name}.tokenizer_url", p.tokenizer_url)]
             + [(f"providers.{name}.replicas[{i}]", replica_url(r)) for i, r in enumerate(p.replicas)]
         ):
-            if url and _userinfo(url):
-                # The transports would disagree on it (httpx sends it as Basic auth in place of the key, h1
-                # drops it): the credential goes where the kind puts it. Never echo the URL: it holds one.
-                fail(url_path, "must not carry credentials (user:password@); set api_key (or a headers: entry)")
-            if url and not url.startswith(("http://", "https://")):
-                fail(url_path, f"must start with http:// or https://, got {url!r}")
-        if p.tokenizer_url and not p.tokenizer_url.startswith(("http://", "https://")):
-            fail(f"providers.{name}.tokenizer_url", f"must start with http:// or https://, got {p.tokenizer_url!r}")
+            # A URL built from an unset `${VAR}` only makes its provider unavailable, as its key would.
+            partial = any(m == url_path or m.startswith(url_path + ".") for m in missing)
+            if url and (problem := _endpoint_problem(url, partial)) is not None:
+                fail(url_path, problem)
+        if (
+            fleet := fleet_problem(
+                name, p.replicas, p.routing, p.base_url, adapter.serves_replicas, p.kind, bool(p.deployments)
+            )
+        ) is not None:
+            fail(*fleet)
+        for header, value in p.headers.items():
+            if not _HEADER_NAME.fullmatch(header):
+                fail(f"providers.{name}.headers.{header}", "is not a valid HTTP header name")
+            if _CONTROL.search(value):
+                fail(f"providers.{name}.headers.{header}", f"value {_CONTROL_PROBLEM}")
+        for secret_path, secret in [(f"providers.{name}.api_key", p.api_key)] + [
+            (f"providers.{name}.deployments.{d}.api_key", dc.api_key) for d, dc in p.deployments.items()
+        ]:
+            if secret and _CONTROL.search(secret):  # it goes into a header: every request would fail unsent
+                fail(secret_path, _CONTROL_PROBLEM)
         if p.transport == "h1":  # h1 has no proxy, CA, client certificate or HTTP/2 support: refuse, not ignore
             for field in ("proxy", "ca_bundle", "client_cert", "client_key", "http2"):
                 if getattr(p, field):
@@ -225,10 +245,19 @@ def _check(cfg: GatewayConfig, providers: dict[str, ProviderConfig], source: str
     if default and default not in seen_alias and (default.partition("/")[0] not in providers or "/" not in default):
         fail("tokenizer.default_model", f"{default!r} is neither an alias nor vendor/model_name")
     seen_names: set[str] = set()
+    seen_secrets: dict[str, str] = {}
     for i, key in enumerate(cfg.keys):
         if key.name in seen_names:
             fail(f"keys[{i}].name", f"duplicate key name {key.name!r}")
         seen_names.add(key.name)
+        if _CONTROL.search(key.key):  # a client could never send it in its Authorization header
+            fail(f"keys[{i}].key", _CONTROL_PROBLEM)
+        if key.key and f"keys[{i}].key" not in missing:
+            # One secret would authenticate as whichever key came last: the other's limits, budgets and models
+            # would silently not apply. Named by the other key, never shown.
+            if (other := seen_secrets.get(key.key)) is not None:
+                fail(f"keys[{i}].key", f"the same secret as key {other!r}; each key needs its own")
+            seen_secrets[key.key] = key.name
         team = cfg.teams.get(key.team) if key.team else None
         asks = key.priority or (team.priority if team else None) or "normal"
         most = key.max_priority or (team.max_priority if team else None) or "normal"
@@ -237,11 +266,38 @@ def _check(cfg: GatewayConfig, providers: dict[str, ProviderConfig], source: str
 
 
 _RANK = {"low": 0, "normal": 1, "high": 2}
+# RFC 9110's token, and what no header value may hold (a tab may: it is whitespace there).
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+_CONTROL_PROBLEM = "contains a line break or another control character (a trailing newline from its file or variable?)"
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key given twice in one mapping is an error: YAML would keep the last
+    silently, and a second `providers:` or `x:` block would replace the first whole. Keys a `<<` merge brings
+    in may be overridden, as YAML means them to be."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                duplicate = key in seen
+                seen.add(key)
+            except TypeError:  # an unhashable key: SafeLoader says so below
+                continue
+            if duplicate:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {str(key)!r} in one mapping", key_node.start_mark
+                )
+        return super().construct_mapping(node, deep=deep)
 
 
 def parse_config(text: str, source: str = "config.yaml", env: dict[str, str] | None = None) -> LoadedConfig:
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader that refuses duplicate keys
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else "(yaml)"
@@ -252,22 +308,23 @@ def parse_config(text: str, source: str = "config.yaml", env: dict[str, str] | N
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: (top level): expected a mapping, got {type(raw).__name__}")
     missing: dict[str, list[str]] = {}
-    data = _interpolate(raw, "", dict(os.environ) if env is None else env, missing)
+    refs: dict[str, str] = {}
+    data = _interpolate(raw, "", dict(os.environ) if env is None else env, missing, refs)
     if isinstance(data.get("prices"), dict):
         for model, price in data["prices"].items():  # one by one, so an error names the model
-            _convert(price, PriceConfig, f"prices.{model}", source)
+            _convert(price, PriceConfig, f"prices.{model}", source, refs, missing)
     _cache_modes(data, source)
-    cfg: GatewayConfig = _convert(data, GatewayConfig, "", source)
+    cfg: GatewayConfig = _convert(data, GatewayConfig, "", source, refs, missing)
     providers: dict[str, ProviderConfig] = {}
     for name, pdata in cfg.providers.items():
         deployments = pdata.get("deployments") if isinstance(pdata, dict) else None
         if isinstance(deployments, dict):
             # One by one, so an error names the deployment (msgspec reports a dict key as `[...]`).
             for dname, ddata in deployments.items():
-                _convert(ddata, DeploymentConfig, f"providers.{name}.deployments.{dname}", source)
-        providers[str(name)] = _convert(pdata, ProviderConfig, f"providers.{name}", source)
+                _convert(ddata, DeploymentConfig, f"providers.{name}.deployments.{dname}", source, refs, missing)
+        providers[str(name)] = _convert(pdata, ProviderConfig, f"providers.{name}", source, refs, missing)
         _check_kind(providers[str(name)], f"providers.{name}", source)
-    _check(cfg, providers, source)
+    _check(cfg, providers, source, missing)
     return LoadedConfig(source=source, config=cfg, providers=providers, missing_env=missing)
 
 
@@ -292,20 +349,48 @@ def _cache_modes(data: dict[str, Any], source: str) -> None:
         block["mode"] = "off"
 
 
-def _userinfo(url: str) -> bool:
+def _endpoint_problem(url: str, partial: bool = False) -> str | None:
+    """Why an upstream URL (a base_url, a replica, a tokenizer_url) could never be sent a request, or None:
+    found at load, not as a 502 on every request. The URL is echoed only when it cannot hold a secret.
+    `partial`: a `${VAR}` in it is unset, so only its scheme and credentials are checked."""
+    secretive = "@" in url or "?" in url
+    if not url.startswith(("http://", "https://")):
+        shown = "" if secretive else f", got {url!r}"
+        return f"must start with http:// or https://{shown}"
+    if any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in url):
+        return "must not contain spaces or control characters"
     try:
         parts = urlsplit(url)
-    except ValueError:
-        return False
-    return parts.username is not None or parts.password is not None
+        port = parts.port
+    except ValueError as exc:
+        return "is not a valid URL" if secretive else f"is not a valid URL ({exc})"
+    if parts.username is not None or parts.password is not None:
+        # The transports would disagree on it (httpx sends it as Basic auth in place of the key, h1
+        # drops it): the credential goes where the kind puts it. Never echo the URL: it holds one.
+        return "must not carry credentials (user:password@); set api_key (or a headers: entry)"
+    if partial:
+        return None
+    if not parts.hostname:
+        return "has no host"
+    if port == 0:
+        return "has port 0"
+    if parts.query or parts.fragment or url.endswith(("?", "#")):
+        # Each request's route is appended to the URL: it would land inside the query.
+        return "must not carry a query (?...) or a fragment (#...); set a headers: entry for a credential"
+    return None
 
 
 def read_config(path: str | Path) -> str:
     """The config file's text; a `ConfigError` line when it cannot be read."""
     try:
-        return Path(path).read_text(encoding="utf-8")
+        data = Path(path).read_bytes()
     except OSError as exc:
         raise ConfigError(f"{path}: (file): {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:  # a file saved as Latin-1, say: the line, not the bytes (may be a secret)
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"{path}: line {line}: not UTF-8 text") from None
 
 
 def load_config(path: str | Path, env: dict[str, str] | None = None, *, strict: bool = False) -> LoadedConfig:

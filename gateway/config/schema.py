@@ -199,8 +199,9 @@ class LedgerConfig(Strict, frozen=True):
     spill_bytes: Annotated[int, Meta(ge=4096)] = 256 * 1024 * 1024
     # How often each replica reads the runtime keys' version (a new, rotated or revoked key applies within it).
     keys_poll_ms: Annotated[int, Meta(ge=50, le=2_000)] = 500
-    # Rows older than this many days are removed in bounded batches; unset: kept for ever.
-    retention_days: Annotated[int, Meta(ge=1)] | None = None
+    # Rows older than this many days are removed in bounded batches; unset: kept for ever. At most a century
+    # (the cut-off must be a calendar date).
+    retention_days: Annotated[int, Meta(ge=1, le=36_500)] | None = None
     # How long the gateway waits for the database (a lock, a stalled server) before it counts as unavailable:
     # the admin routes answer 503 with Retry-After, budgets count from what is known, rows are spilled.
     timeout_ms: Annotated[int, Meta(ge=100, le=60_000)] = 2_000

@@ -99,7 +99,7 @@ MEANINGS: dict[str, str] = {
     "cooldown.window_ms": "sliding window over which 5xx and timeout failures are counted per target",
     "keys": "client keys; none means the gateway is open (said once at start-up)",
     "keys[].name": "shown in 403 messages and logs, unique",
-    "keys[].key": "the secret, normally `${VAR}`",
+    "keys[].key": "the secret, normally `${VAR}`; each key's own (two keys with one secret are refused)",
     "keys[].models": "model strings this key may call, matched against what the client sends: `*` and `?` stop at `/`, "
     "`**` crosses it (`openai/*`, `fireworks/**`, `fast`); everything else is literal "
     "([security.md](security.md#key-globs--stops-at-))",
@@ -256,7 +256,8 @@ def _generated_meanings() -> dict[str, str]:
         "(what each accepts: [providers.md](providers.md))",
         "providers.<name>.base_url": "the upstream's root URL; required for "
         + ", ".join(f"`{k}`" for k in kinds_needing_base_url())
-        + " (each deployment may give its own instead); no `user:password@` (refused: the key goes in `api_key`)",
+        + " (each deployment may give its own instead); no `user:password@` (refused: the key goes in `api_key`),"
+        + " no `?query` or `#fragment` (each route is appended to it)",
     }
 
 

@@ -2,8 +2,9 @@
 
 One edit reloads once (a SIGHUP and the file poll do not both reload it) and says so in one INFO line; a
 file that does not load logs exactly one ERROR naming the YAML path and the running config stays, and
-the watch goes on: a later edit (a key revoked) is applied without a signal. `check-config` refuses a
-CA bundle that is not PEM in one line naming its YAML path, as the transport would fail on it.
+the watch goes on: a later edit (a key revoked) is applied without a signal; a URL holding a password is
+refused by both without showing it. `check-config` refuses a CA bundle that is not PEM in one line
+naming its YAML path, as the transport would fail on it.
 """
 
 from __future__ import annotations
@@ -99,3 +100,29 @@ def test_check_config_refuses_a_ca_bundle_that_is_not_pem(tmp_path: Path) -> Non
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
     assert f"{path}: providers.tls.ca_bundle: cannot be loaded as PEM CA certificates" in lines[0]
+
+
+def test_a_url_holding_a_password_is_refused_in_one_line_that_does_not_show_it(tmp_path: Path) -> None:
+    """The same bad edit through check-config and through a reload: one line naming the YAML path, no password."""
+    path = tmp_path / "config.yaml"
+    bad = BASE + "  local: {kind: vllm, base_url: 'admin:s3cr3t-pw@127.0.0.1:8000/v1'}\n"
+    path.write_text(bad)
+    done = run_cli(["check-config", str(path)])
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"config error: {path}: providers.local.base_url: must start with http:// or https://"
+    ], done.stderr
+    path.write_text(BASE)
+    gw = GatewayProcess(path)
+    try:
+        gw.wait_ready()
+        path.write_text(bad)
+        gw.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: FAILED.search(gw.log.read_text()) is not None, timeout=5)
+        log = gw.log.read_text()
+        failed = [x for x in log.splitlines() if FAILED.search(x)]
+        assert len(failed) == 1 and failed[0].endswith("providers.local.base_url: must start with http:// or https://")
+        assert "s3cr3t" not in log and "Traceback" not in log, log
+        assert status(gw, "k-bob") == 200  # the running config stays
+    finally:
+        gw.stop()

@@ -132,6 +132,35 @@ def test_several_variables_in_one_value() -> None:
             "providers: {x: {kind: vllm, replicas: ['http://a:8000/v1'], deployments: {d: {api_key: k}}}}",
             "gw.yaml: providers.x.deployments: give either deployments or replicas, not both",
         ),
+        (
+            "providers: {v: {kind: vllm, base_url: 'http://127.0.0.1:abc/v1'}}",
+            "gw.yaml: providers.v.base_url: is not a valid URL (Port could not be cast to integer value as 'abc')",
+        ),
+        ("providers: {v: {kind: vllm, base_url: 'http:///v1'}}", "gw.yaml: providers.v.base_url: has no host"),
+        ("providers: {v: {kind: vllm, replicas: ['http://']}}", "gw.yaml: providers.v.replicas[0]: has no host"),
+        (
+            "providers: {v: {kind: vllm, base_url: 'http://h /v1'}}",
+            "gw.yaml: providers.v.base_url: must not contain spaces or control characters",
+        ),
+        (
+            "providers: {v: {kind: vllm, base_url: 'http://h/v1', tokenizer_url: 'http://h/#t'}}",
+            "gw.yaml: providers.v.tokenizer_url: must not carry a query (?...) or a fragment (#...); "
+            "set a headers: entry for a credential",
+        ),
+        (
+            "providers: {o: {kind: openai, headers: {'x key': v}}}",
+            "gw.yaml: providers.o.headers.x key: is not a valid HTTP header name",
+        ),
+        (
+            'providers: {o: {kind: openai, headers: {x-a: "v\\r\\nx-b: 1"}}}',
+            "gw.yaml: providers.o.headers.x-a: value contains a line break or another control character "
+            "(a trailing newline from its file or variable?)",
+        ),
+        (
+            "ledger: {url: 'sqlite:///gw.db', retention_days: 1000000000000}",
+            "gw.yaml: ledger.retention_days: Expected `int` <= 36500",
+        ),
+        ("prices: {5: {prompt_per_1m: 1}}", "gw.yaml: prices: Expected `str`, got `int` for a key (quote it)"),
     ],
 )
 def test_errors_are_one_line_naming_the_path(text: str, expected: str) -> None:
@@ -181,6 +210,16 @@ def test_azure_deployments_may_carry_the_base_url() -> None:
     assert error(missing) == "gw.yaml: providers.az.base_url: required for kind 'azure'"
 
 
+def test_a_wrongly_typed_value_from_a_reference_names_the_variable() -> None:
+    port = "server:\n  port: ${GW_PORT}\n"
+    unset = "gw.yaml: server.port: Expected `int`, got `str` (environment variable GW_PORT is not set)"
+    assert error(port) == unset
+    is_set = "gw.yaml: server.port: Expected `int`, got `str` (from ${GW_PORT}: a reference always makes a string)"
+    assert error(port, {"GW_PORT": "8080"}) == is_set
+    policy = "gw.yaml: redis.on_failure: Invalid enum value '' (environment variable RF is not set)"
+    assert error('redis: {on_failure: "${RF}"}') == policy
+
+
 def test_load_config_strict(tmp_path: Path) -> None:
     path = tmp_path / "gw.yaml"
     path.write_text('providers: {o: {kind: openai, api_key: "${NOT_SET_ANYWHERE}"}}\n', encoding="utf-8")
@@ -198,6 +237,14 @@ def test_load_config_missing_file(tmp_path: Path) -> None:
     assert str(info.value) == f"{path}: (file): No such file or directory"
 
 
+def test_load_config_not_utf8_names_the_line_not_the_bytes(tmp_path: Path) -> None:
+    path = tmp_path / "gw.yaml"
+    path.write_bytes(b'# saved as Latin-1\nadmin: {key: "s\xe9cret"}\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env={})
+    assert str(info.value) == f"{path}: line 2: not UTF-8 text"
+
+
 def test_shipped_config_loads() -> None:
     shipped = Path(__file__).resolve().parents[2] / "config.yaml"
     loaded = load_config(shipped, env={})
@@ -205,3 +252,57 @@ def test_shipped_config_loads() -> None:
     router = Router(loaded)
     assert router.resolve("demo/echo").provider == "demo"
     assert "openai" in router.unavailable_providers()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "providers: {v: {kind: vllm, base_url: 'admin:s3cr3t@h:8000/v1'}}",
+        "providers: {v: {kind: vllm, base_url: 'http://h:8000/v1?api_key=s3cr3t'}}",
+        "providers: {v: {kind: vllm, base_url: 'http://h/v1', tokenizer_url: 'admin:s3cr3t@h/'}}",
+        "providers: {v: {kind: vllm, replicas: ['admin:s3cr3t@h:8000/v1']}}",
+        "providers: {v: {kind: vllm, replicas: [{url: 'http://[::1/v1?key=s3cr3t'}]}}",
+    ],
+)
+def test_a_bad_url_is_refused_without_echoing_its_secret(text: str) -> None:
+    message = error(text)
+    assert message.startswith("gw.yaml: providers.v.") and "s3cr3t" not in message, message
+
+
+def test_a_url_built_from_an_unset_variable_only_marks_its_provider_unavailable() -> None:
+    loaded = parse_config('providers: {v: {kind: vllm, base_url: "http://${VLLM_HOST}/v1"}}', env={})
+    assert loaded.missing_env == {"providers.v.base_url": ["VLLM_HOST"]}
+    assert "VLLM_HOST" in Router(loaded).unavailable_providers()["v"]
+
+
+def test_a_key_given_twice_in_one_mapping_is_refused_naming_its_line() -> None:
+    assert error("server: {port: 1}\nserver: {port: 2}\n") == "gw.yaml: line 2: duplicate key 'server' in one mapping"
+    twice = "providers:\n  x: {kind: fake}\n  x: {kind: openai}\n"
+    assert error(twice) == "gw.yaml: line 3: duplicate key 'x' in one mapping"
+    # What a `<<` merge brings in may be overridden: that is what a merge is for.
+    merged = "providers:\n  p: &base {kind: fake, models: [a]}\n  q: {<<: *base, models: [b]}\n"
+    assert parse_config(merged, env={}).providers["q"].models == ["b"]
+
+
+def test_two_client_keys_with_one_secret_are_refused_without_showing_it() -> None:
+    text = "keys: [{name: a, key: s3cr3t}, {name: b, key: s3cr3t}]"
+    assert error(text) == "gw.yaml: keys[1].key: the same secret as key 'a'; each key needs its own"
+    # Two keys whose variables are unset are both disabled, not the same key.
+    unset = 'keys: [{name: a, key: "${KEY_A}"}, {name: b, key: "${KEY_B}"}]'
+    assert len(parse_config(unset, env={}).config.keys) == 2
+
+
+@pytest.mark.parametrize(
+    "text,path",
+    [
+        ('providers: {o: {kind: openai, api_key: "s3cr3t\\n"}}', "providers.o.api_key"),
+        (
+            'providers: {a: {kind: azure, deployments: {d: {base_url: "https://a", api_key: "s3cr3t\\r"}}}}',
+            "providers.a.deployments.d.api_key",
+        ),
+        ('keys: [{name: a, key: "s3cr3t\\n"}]', "keys[0].key"),
+    ],
+)
+def test_a_secret_with_a_line_break_is_refused_without_showing_it(text: str, path: str) -> None:
+    message = error(text)
+    assert message.startswith(f"gw.yaml: {path}: contains a line break") and "s3cr3t" not in message, message
