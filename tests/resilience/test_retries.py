@@ -41,12 +41,18 @@ ONLY_A = """
 
 
 def retries(
-    attempts: int, *, initial_ms: int = 250, max_ms: int = 8000, budget_ms: int = 30000, same_target: int | None = None
+    attempts: int,
+    *,
+    initial_ms: int = 250,
+    max_ms: int = 8000,
+    budget_ms: int = 30000,
+    same_target: int | None = None,
+    cooling_max_ms: int = 60000,
 ) -> str:
     same = "" if same_target is None else f", same_target: {same_target}"
     return (
         f"retries: {{attempts: {attempts}, initial_backoff_ms: {initial_ms}, max_backoff_ms: {max_ms}, "
-        f"budget_ms: {budget_ms}{same}}}\ncooldown: {{base_ms: 1000, max_ms: 60000, min_requests: 1}}\n"
+        f"budget_ms: {budget_ms}{same}}}\ncooldown: {{base_ms: 1000, max_ms: {cooling_max_ms}, min_requests: 1}}\n"
     )
 
 
@@ -272,7 +278,7 @@ async def test_quota_429_moves_on_without_retrying_and_cools_the_target_for_the_
     # An exhausted quota never comes back within a retry, but another target may have room: the
     # request moves on at once (no wait), and alpha is cooled for cooldown.max_ms for everyone.
     faults["alpha"].script(quota_exhausted())
-    p = make(ORDERED_AB, top=retries(3) + "cooldown: {base_ms: 1000, max_ms: 45000, min_requests: 1}\n")
+    p = make(ORDERED_AB, top=retries(3, cooling_max_ms=45000))
     answer = await ask(p)
     assert faults.order() == ["alpha", "beta"]
     assert vtime.sleeps == [0.0]  # a zero wait: straight on to the next target
@@ -290,7 +296,7 @@ async def test_quota_429_on_the_only_target_is_not_retried(
     make: MakePipeline, faults: FaultServer, vtime: VirtualTime
 ) -> None:
     faults["alpha"].script(quota_exhausted())
-    p = make(ONLY_A, top=retries(3) + "cooldown: {base_ms: 1000, max_ms: 45000, min_requests: 1}\n")
+    p = make(ONLY_A, top=retries(3, cooling_max_ms=45000))
     answer = await ask(p)
     assert faults.order() == ["alpha"]
     assert vtime.sleeps == []
