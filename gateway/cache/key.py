@@ -24,7 +24,7 @@ from wire.schema import CompletionRequest
 
 # `cache_key`'s, of a request without its delivery fields: MessagePack, not JSON (the same canonical form, a
 # quarter cheaper to make and shorter: nothing escaped, numbers in binary).
-_msgpack = msgspec.msgpack.Encoder(order="deterministic").encode
+packed = msgspec.msgpack.Encoder(order="deterministic").encode
 # MessagePack has no integer past 64 bits, which a free-form field (`inference_extra_params`, a schema)
 # may hold: such a request is keyed by its deterministic JSON instead, behind a byte that never starts a
 # MessagePack map, so no key of one form can equal a key of the other.
@@ -39,7 +39,7 @@ def canonical(req: CompletionRequest) -> bytes:
         # schemas would only lengthen every key (and a batch's, once per prompt).
         req = msgspec.structs.replace(req, unrendered=None)
     try:
-        return _msgpack(req)
+        return packed(req)
     except OverflowError:
         return _WIDE + _json(req)
 
@@ -78,4 +78,4 @@ _TAGS: Final[dict[str, str]] = {}
 _TAGS_MAX: Final = 1024
 
 
-__all__ = ["BATCH_KEYS_BYTES", "cache_key", "canonical", "digest", "model_tag"]
+__all__ = ["BATCH_KEYS_BYTES", "cache_key", "canonical", "digest", "model_tag", "packed"]
