@@ -37,7 +37,6 @@ TOTAL: Final = "cost_pico"  # the key's whole-day spend, the field a budget chec
 
 Fields = dict[str, int]
 
-
 _day_cache: tuple[int, str] = (-1, "")
 
 
@@ -244,6 +243,8 @@ class UsageStore:
         # Shared with a reloaded config's store, like `local`.
         self.spend: dict[str, int] = {}
         self.names: dict[str, str] = {}  # per key identity booked in `local`: its name (shared like `local`)
+        # Batches on their way to Redis: still read here, or a read meanwhile finds them nowhere (shared too).
+        self.writing: list[tuple[dict[tuple[str, str], Fields], dict[str, int]]] = []
         self._counters: dict[str, tuple[str, tuple[str, ...]]] = {}  # ident -> (day, its counters that day)
         self._background: set[asyncio.Task[None]] = set()
         self.counters = Counters()  # without a ledger, the budgets' (gateway/limits/budgets.py)
@@ -259,6 +260,7 @@ class UsageStore:
         for name, pico in self.spend.items():
             previous.spend[name] = previous.spend.get(name, 0) + pico
         self.spend = previous.spend
+        self.writing = previous.writing
         # In place: the budgets of this config already hold `self.counters`.
         self.counters.local, self.counters.background = previous.counters.local, previous.counters.background
         self.counters.owed = previous.counters.owed
@@ -267,8 +269,6 @@ class UsageStore:
 
     def today(self) -> str:
         return day_of(self.clock())
-
-    # ---------------------------------------------------------------------------------------- booking
 
     def book(self, rec: Record) -> None:
         """Book a finished request (off the request path). Requests no target served book nothing."""
@@ -375,6 +375,7 @@ class UsageStore:
         spend = dict(self.spend)
         self.spend.clear()
         names = dict(self.names)
+        self.writing.append(flight := (batch, spend))
 
         async def write(r: aioredis.Redis) -> None:
             if self.shared.cluster:
@@ -406,6 +407,14 @@ class UsageStore:
                 self._keep(d, k, f)
             for name, pico in spend.items():
                 self.spend[name] = self.spend.get(name, 0) + pico
+        finally:
+            self.writing.remove(flight)
+
+    def _waiting(self, day: str, ident: str, source: str | None = None) -> int:
+        """What this process booked on `day` for `ident` (or for the spend counter `source`) not yet in Redis."""
+        if source is not None:
+            return self.spend.get(source, 0) + sum(spend.get(source, 0) for _, spend in self.writing)
+        return sum(f.get((day, ident), {}).get(TOTAL, 0) for f in [self.local, *(b for b, _ in self.writing)])
 
     async def drain(self) -> None:
         if self._timer is not None:
@@ -420,7 +429,7 @@ class UsageStore:
 
     async def spent_pico(self, ident: str, day: str) -> int:
         """What the key `ident` has spent on `day`, in picodollars: one HGET (plus anything not yet in Redis)."""
-        waiting = self.local.get((day, ident), {}).get(TOTAL, 0)
+        waiting = self._waiting(day, ident)
         if self.shared.client is None:
             return waiting
         try:
@@ -450,7 +459,7 @@ class UsageStore:
                     _add(merged.setdefault(_text(ident), {}), {_text(k): int(v) for k, v in fields.items()})
             except Degraded:
                 pass
-        for (d, ident), fields in self.local.items():
+        for (d, ident), fields in [*self.local.items(), *(kv for b, _ in self.writing for kv in b.items())]:
             if d == day:
                 names.setdefault(ident, self.names.get(ident, ident))
                 _add(merged.setdefault(ident, {}), fields)
@@ -465,9 +474,7 @@ class UsageStore:
 
     async def spent(self, ident: str, day: str, sources: list[str | None]) -> list[int]:
         """Each source's spend: Redis's (one round trip) plus what this process has not written there yet."""
-        waiting = [
-            self.local.get((day, ident), {}).get(TOTAL, 0) if s is None else self.spend.get(s, 0) for s in sources
-        ]
+        waiting = [self._waiting(day, ident, s) for s in sources]
         if self.shared.client is None:
             return waiting
 
