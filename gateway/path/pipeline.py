@@ -370,15 +370,7 @@ class Pipeline:
             usage = done.value.usage
             used = usage.total_tokens if usage is not None else None
         except asyncio.CancelledError:
-            called = job.called
-            if called is not None:
-                # The client left after the upstream was asked: the upstream took the prompt (and may have
-                # generated), so the request is charged and booked its prompt, as a stream cut before its first
-                # event is; never nothing, which would let a tenant's abandoned requests pass every limit.
-                estimate = estimated(job, 0)
-                used = estimate.total_tokens
-                rec.usage, rec.usage_estimated = estimate, True
-                rec.provider, rec.target = called.provider, called.key
+            used = _left(job, rec)
             raise
         finally:
             rec.upstream_s = time.perf_counter() - started
@@ -410,16 +402,7 @@ class Pipeline:
                 cancelled=_attempts_of(rec),
             )
         except asyncio.CancelledError:
-            called = job.called
-            if called is None:
-                self.admission.settle(job.ticket, 0)
-                raise
-            # The client left before the first event, after an upstream took the prompt: charged and booked
-            # its prompt, as an unstreamed request is (`_buffered`) and a stream cut later is.
-            estimate = estimated(job, 0)
-            rec.usage, rec.usage_estimated = estimate, True
-            rec.provider, rec.target = called.provider, called.key
-            self.admission.settle(job.ticket, estimate.total_tokens)
+            self.admission.settle(job.ticket, _left(job, rec))  # before its first event: as a buffered one
             raise
         except BaseException:
             self.admission.settle(job.ticket, 0)
@@ -433,6 +416,19 @@ class Pipeline:
         held = Held(self.relay, opened.value, job, rec.request_id)
         stream = self.relay.stream(opened.value, opened.route, job, rec, held)
         return Result(_headers(opened, job), stream=stream, held=held, limits=_limits(job))
+
+
+def _left(job: Job, rec: Record) -> int:
+    """The tokens charged to a request whose client left: none before an upstream was asked (`job.called`);
+    after, its prompt, booked as its estimated usage on that target: the upstream took the prompt (and may have
+    generated), and charging nothing would let a tenant's abandoned requests pass every limit."""
+    called = job.called
+    if called is None:
+        return 0
+    estimate = estimated(job, 0)
+    rec.usage, rec.usage_estimated = estimate, True
+    rec.provider, rec.target = called.provider, called.key
+    return estimate.total_tokens
 
 
 def _attempts_of(rec: Record) -> Callable[[int], None]:
