@@ -48,6 +48,7 @@ from providers.tokenizer import (
     server_root,
     tokenize_request,
 )
+from wire.chat import text_parts
 from wire.errors import GatewayError, InvalidRequestError, RateLimitError, UpstreamError
 from wire.schema import decode_body
 
@@ -187,7 +188,9 @@ class Tokenizers:
         body_model: str | None = None
         try:
             if route == "tokenize":
-                tok_req = tokenize_request(decode_body(_decode_tokenize, body), pipeline.loaded.config.caps.json_depth)
+                caps = pipeline.loaded.config.caps
+                tok_req = tokenize_request(decode_body(_decode_tokenize, body), caps.json_depth)
+                _check_chars(tok_req, caps.tokenize_chars)
                 body_model = tok_req.model
             elif route == "detokenize":
                 detok_req = decode_body(_decode_detokenize, body)
@@ -416,6 +419,22 @@ class Tokenizers:
             self._limits.clear()
         self._limits[cache_key] = found
         return found
+
+
+def _check_chars(req: TokenizeRequest | TokenizeChatRequest, cap: int) -> None:
+    """A 400 naming the field when the text to tokenize passes `caps.tokenize_chars`: the upstream tokenizes
+    all of it, and nothing else bounds it but the body."""
+    if isinstance(req, TokenizeRequest):
+        field, chars = "prompt", len(req.prompt)
+    else:
+        field, chars = "messages", sum(len(text_parts(m.content, "") or "") for m in req.messages)
+    if chars > cap:
+        raise InvalidRequestError(
+            f"'{field}' holds {chars} characters of text; at most {cap} may be tokenized in one request "
+            "(caps.tokenize_chars)",
+            param=field,
+            code="invalid_value",
+        )
 
 
 def _no_such_route(body: bytes) -> bool:

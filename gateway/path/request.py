@@ -118,11 +118,11 @@ _MODELS_OK: Final[set[str]] = set()
 _MODELS_MAX: Final = 1024
 
 
-def _check_prompt(prompt: str | list[Any]) -> int:
-    """Return the number of prompts; reject empty and mixed lists.
+def _check_prompt(prompt: str | list[Any], most_ids: int) -> int:
+    """Return the number of prompts; reject empty and mixed lists, and more than `most_ids` token ids in all.
 
-    A body of 8 MiB holds millions of token ids: the checks run in C (`map`, `set`, `min`), and a list of
-    more prompts than a request may fan out to is counted, not inspected (normalize refuses it).
+    A body of 8 MiB holds millions of token ids: the checks run in C (`map`, `set`, `min`, `sum`), and a list
+    of more prompts than a request may fan out to is counted, not inspected (normalize refuses it).
     """
     if isinstance(prompt, str):
         return 1
@@ -137,15 +137,27 @@ def _check_prompt(prompt: str | list[Any]) -> int:
         )
     kind = kinds.pop()
     if kind is int:
+        _check_ids(len(prompt), most_ids)
         if min(prompt) < 0:
             raise _bad("'prompt' token ids must be non-negative", "prompt")
         return 1
     if kind is list and len(prompt) <= MAX_CHOICES:
         if not all(prompt):
             raise _bad("'prompt' token-id lists must not be empty", "prompt")
+        _check_ids(sum(map(len, prompt)), most_ids)
         if min(map(min, prompt)) < 0:
             raise _bad("'prompt' token ids must be non-negative", "prompt")
     return len(prompt)
+
+
+def _check_ids(count: int, most: int) -> None:
+    # The upstream reads every id it is sent and nothing else bounds a list but the body: one tenant's 8 MiB
+    # of ids (about 4 million) would keep a shared server's front end busy.
+    if count > most:
+        raise _bad(
+            f"'prompt' holds {count} token ids; at most {most} may be sent in one request (caps.prompt_token_ids)",
+            "prompt",
+        )
 
 
 def _check_guided(req: CompletionRequest) -> None:
@@ -233,7 +245,9 @@ def normalize(req: CompletionRequest, caps: CapsConfig = _DEFAULT_CAPS) -> Compl
     """Canonicalize in place and return the same object (one decode, no copies)."""
     check_model(req.model)
     prompt = req.prompt
-    n_prompts = 1 if isinstance(prompt, str) else _check_prompt(prompt)  # one text, the common case: no call
+    n_prompts = (
+        1 if isinstance(prompt, str) else _check_prompt(prompt, caps.prompt_token_ids)
+    )  # one text, the common case: no call
     if _rare(req) == _NONE_SET:
         # The common request: of the checks below, only the stops' bound and the choice count apply (one C
         # call tells; the full pass costs several times the request's decode).

@@ -101,6 +101,24 @@ def test_token_lists_past_the_cap_are_refused_before_any_upstream_call(api: http
     assert upstream.received == []
 
 
+def test_text_past_the_cap_is_refused_before_any_upstream_call(api: httpx.Client, upstream: Upstream) -> None:
+    # caps.tokenize_chars (4 Mi by default): one more character of text is a 400 naming the field that holds
+    # it, before the upstream tokenizes any of it (the 8 MiB body cap alone bounded it).
+    cap = 4 * 1024 * 1024
+    for path in ("/tokenize", f"{BASE}/tokenize"):
+        message = error_envelope(api.post(path, json={"prompt": "a" * (cap + 1)}), 400, "invalid_value", "prompt")
+        assert "caps.tokenize_chars" in message and f"holds {cap + 1} characters" in message
+    # The chat form: its messages' text together, as the server's template renders all of it.
+    half = "a" * (cap // 2)
+    messages = [
+        {"role": "system", "content": half},
+        {"role": "user", "content": [{"type": "text", "text": half + "b"}]},
+    ]
+    resp = api.post(f"{BASE}/tokenize", json={"messages": messages})
+    assert "caps.tokenize_chars" in error_envelope(resp, 400, "invalid_value", param="messages")
+    assert upstream.received == []
+
+
 @pytest.mark.parametrize("header", ["authorization", "x-api-key"])
 @pytest.mark.parametrize(
     ("method", "path", "body"),
