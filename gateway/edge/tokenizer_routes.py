@@ -278,7 +278,7 @@ class Tokenizers:
                 return _encode(DetokenizeResponse(prompt=prompt)), out_headers
             reply = await self._call(pipeline, target, route, api.tokenizer_info(), rec, ask)
             with _readable(target.provider):
-                return api.read_tokenizer_info(reply.body), out_headers
+                return api.read_tokenizer_info(reply.body, upstream_model), out_headers
         finally:
             pipeline.admission.settle(ticket, 0)
             if ask is not None and ask.first:
