@@ -88,6 +88,16 @@ def test_bad_bodies_are_400s_naming_the_field(api: httpx.Client, upstream: Upstr
     assert upstream.received == []
 
 
+@pytest.mark.parametrize(
+    "tokens", ["[-1]", "[9223372036854775808]", "[1, true]", "[1, 2.5]", "[2.0]", "[null]", "[[1]]"]
+)
+def test_an_id_that_is_no_token_id_is_a_400_naming_tokens(api: httpx.Client, upstream: Upstream, tokens: str) -> None:
+    # Written as text: an id past 64 bits or a whole float must reach the gateway as sent.
+    resp = api.post(f"{BASE}/detokenize", content=b'{"tokens": %s}' % tokens.encode())
+    error_envelope(resp, 400, "invalid_value", param="tokens")
+    assert upstream.received == []
+
+
 def test_token_lists_past_the_cap_are_refused_before_any_upstream_call(api: httpx.Client, upstream: Upstream) -> None:
     # caps.detokenize_tokens (1 Mi by default): one more id is a 400 naming `tokens`, however small the body
     # (about 2 MiB here, well under the 8 MiB body cap that alone bounded it).
