@@ -305,6 +305,9 @@ class CapsConfig(Strict, frozen=True):
     # Token ids one completion request's `prompt` may hold, all its prompts together: likewise read by the
     # upstream one by one and bounded by nothing else but the body.
     prompt_token_ids: Annotated[int, Meta(ge=1)] = 1024 * 1024
+    # Token ids `stop_token_ids` and `allowed_token_ids` may each hold, and entries `logit_bias` may have: each
+    # names a token of the vocabulary, and 262,144 is about the largest vocabulary in common use (Gemma 3's).
+    param_token_ids: Annotated[int, Meta(ge=1)] = 262_144
     # Characters of text one `/tokenize` request may send (its `prompt`, or its messages' text): the upstream
     # tokenizes all of it. 4 Mi: about the 1 Mi tokens of the longest context, at about 4 characters a token.
     tokenize_chars: Annotated[int, Meta(ge=1)] = 4 * 1024 * 1024

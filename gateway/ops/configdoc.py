@@ -135,6 +135,8 @@ MEANINGS: dict[str, str] = {
     "naming `tokens` beyond it; raise it for a model whose context is longer",
     "caps.prompt_token_ids": "token ids one completion request's `prompt` may hold, all its prompts together (the "
     "upstream reads each one); 400 naming `prompt` beyond it; raise it for a model whose context is longer",
+    "caps.param_token_ids": "token ids `stop_token_ids` and `allowed_token_ids` may each hold, and entries "
+    "`logit_bias` may have, on completions and chat; 400 naming the field beyond it",
     "caps.tokenize_chars": "characters of text one `/tokenize` request may send (its `prompt`, or its messages' text "
     "together); 400 naming `prompt` or `messages` beyond it",
     "caps.upstream_body_bytes": "a buffered upstream answer, counted after gzip/deflate decoding; 502 beyond it",

@@ -3,7 +3,9 @@
 `caps.prompt_token_ids` (4096 in this suite's config, 1 Mi by default) bounds the ids of one request's
 `prompt`, all its prompts together: one more is a 400 naming `prompt` (FastAPI's 422 with `loc` on SGP and
 PAIS), however small the body, before any upstream call. An id that is negative, past 64 bits, a boolean or
-a number with a fraction is refused the same way.
+a number with a fraction is refused the same way. `caps.param_token_ids` (1000 here, 262,144 by default)
+bounds `stop_token_ids` and `allowed_token_ids` each, and the entries of `logit_bias`, on completions and
+chat alike.
 """
 
 from __future__ import annotations
@@ -77,3 +79,48 @@ def test_an_id_that_is_no_token_id_is_a_400_naming_prompt(
     resp = post(client, route, _raw(prompt))
     assert_field_error(resp, route, "prompt")
     assert up.received == []
+
+
+PARAM_CAP = 1000
+
+
+def _ids(field: str, count: int) -> Any:
+    """`count` token ids as `field` takes them: a list, or `logit_bias`'s map of ids to biases."""
+    return {str(i): 1 for i in range(count)} if field == "logit_bias" else list(range(count))
+
+
+ID_LISTS = ("stop_token_ids", "allowed_token_ids", "logit_bias")
+
+
+@pytest.mark.parametrize("route", ALL_ROUTES)
+@pytest.mark.parametrize("field", ID_LISTS)
+def test_a_list_of_ids_past_the_cap_is_a_400_naming_it(
+    client: httpx.Client, up: Recorder, route: str, field: str
+) -> None:
+    resp = post(client, route, {"model": MODEL, "prompt": "hi", "max_tokens": 1, field: _ids(field, PARAM_CAP + 1)})
+    body = assert_field_error(resp, route, field)
+    assert "caps.param_token_ids" in json.dumps(body)
+    assert up.received == []
+
+
+@pytest.mark.parametrize("field", ID_LISTS)
+def test_a_chat_list_of_ids_past_the_cap_is_a_400_naming_it(client: httpx.Client, up: Recorder, field: str) -> None:
+    chat = {
+        "model": "up/gpt-4o-mini",
+        "messages": [{"role": "user", "content": "hi"}],
+        field: _ids(field, PARAM_CAP + 1),
+    }
+    resp = post(client, "/v1/chat/completions", chat)
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert (error["param"], error["code"]) == (field, "invalid_value")
+    assert "caps.param_token_ids" in error["message"]
+    assert up.received == []
+
+
+@pytest.mark.parametrize("field", ID_LISTS)
+def test_a_list_of_ids_up_to_the_cap_is_taken(client: httpx.Client, up: Recorder, field: str) -> None:
+    resp = post(
+        client, "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 1, field: _ids(field, PARAM_CAP)}
+    )
+    assert resp.status_code == 200, resp.text
