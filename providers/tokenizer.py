@@ -179,7 +179,8 @@ class TokenizerAPI:
     def tokenizer_info(self) -> Call:
         raise NotImplementedError
 
-    def read_tokenizer_info(self, body: bytes) -> bytes:
+    def read_tokenizer_info(self, body: bytes, model: str) -> bytes:
+        """The answer a client is shown; `model` is the name the server was asked for the model by."""
         raise NotImplementedError
 
     def read_limits(self, body: bytes) -> int | None:
@@ -250,10 +251,10 @@ class VLLMTokenizer(TokenizerAPI):
     def tokenizer_info(self) -> Call:
         return Call("GET", "/tokenizer_info")
 
-    def read_tokenizer_info(self, body: bytes) -> bytes:
+    def read_tokenizer_info(self, body: bytes, model: str) -> bytes:
         # vLLM answers its tokenizer's init kwargs (less `vocab_file` and `merges_file`), `tokenizer_class` and
         # the chat template: what a client tokenizes with stays, the server's own filesystem and settings go.
-        return _json(client_info(_read_object(body)))
+        return _json(client_info(_read_object(body), model))
 
 
 # -- llama.cpp ------------------------------------------------------------------------------------------
@@ -362,7 +363,7 @@ class LlamaCppTokenizer(TokenizerAPI):
     def tokenizer_info(self) -> Call:
         return Call("GET", "/props")
 
-    def read_tokenizer_info(self, body: bytes) -> bytes:
+    def read_tokenizer_info(self, body: bytes, model: str) -> bytes:
         # vLLM's answer is the tokenizer's settings (a Hugging Face tokenizer's init kwargs); llama-server's
         # /props has the ones a client reads from it: the BOS and EOS tokens as text, the chat template and
         # the context size (`model_max_length`, as Hugging Face calls it).

@@ -8,7 +8,6 @@ with the rest; these are the server's. docs/clients.md#tokenizer-routes-and-the-
 
 from __future__ import annotations
 
-import re
 from typing import Any, Final
 
 # Init kwargs that are the server's business, not the tokenizer's: the credential and download settings it
@@ -19,8 +18,6 @@ _SERVER_KEYS: Final = frozenset(
 # A file or directory the tokenizer was read from (`tokenizer_file`, `special_tokens_map_file`, a model's own
 # `spm_file`, ...): a path on the server's disk.
 _PATH_SUFFIXES: Final = ("_file", "_files", "_dir", "_path")
-# A Hugging Face Hub repository id (`facebook/opt-125m`, `gpt2`): a name a client can load the tokenizer by.
-_HUB_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}(?:/[A-Za-z0-9_.-]{1,96})?")
 
 
 def _local_path(value: str) -> bool:
@@ -30,18 +27,23 @@ def _local_path(value: str) -> bool:
 
 def _server_only(key: str, value: Any) -> bool:
     """Whether the init kwarg `key` tells of the server rather than of its tokenizer (dropped from the answer)."""
-    if key == "name_or_path":
-        # A Hub id says which tokenizer this is; anything else is where the server keeps it.
-        return not (isinstance(value, str) and _HUB_ID.fullmatch(value) is not None and ".." not in value)
     if key.startswith("_") or key in _SERVER_KEYS or key.endswith(_PATH_SUFFIXES):
         return True
     # A path under any other name; a token's text (`eos_token: "/"`) or the chat template is never one.
     return isinstance(value, str) and not key.endswith("_token") and key != "chat_template" and _local_path(value)
 
 
-def client_info(info: dict[str, Any]) -> dict[str, Any]:
-    """`info` without what tells of the server rather than of its tokenizer."""
-    return {k: v for k, v in info.items() if not _server_only(k, v)}
+def client_info(info: dict[str, Any], model: str) -> dict[str, Any]:
+    """`info` without what tells of the server rather than of its tokenizer. `model`: the name the server was
+    asked for the model by (the client's, or the operator's for an alias)."""
+    return {k: v for k, v in info.items() if (_named(v, model) if k == "name_or_path" else not _server_only(k, v))}
+
+
+def _named(name_or_path: Any, model: str) -> bool:
+    """Whether `name_or_path` may be shown: a Hub id (`facebook/opt-125m`) or where the server read the
+    tokenizer from, and a relative directory (`models/llama`) reads just like an id, so only the model's own
+    name, which whoever asks knows already, and never one that reads as a path."""
+    return name_or_path == model and not _local_path(model)
 
 
 __all__ = ["client_info"]

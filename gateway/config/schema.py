@@ -302,6 +302,15 @@ class CapsConfig(Strict, frozen=True):
     # of its own on the list), so one tenant's 8 MiB body of ids (about 4 million) would keep a shared server's
     # front end busy. 1 Mi: the longest context self-hosted models commonly serve.
     detokenize_tokens: Annotated[int, Meta(ge=1)] = 1024 * 1024
+    # Token ids one completion request's `prompt` may hold, all its prompts together: likewise read by the
+    # upstream one by one and bounded by nothing else but the body.
+    prompt_token_ids: Annotated[int, Meta(ge=1)] = 1024 * 1024
+    # Token ids `stop_token_ids` and `allowed_token_ids` may each hold, and entries `logit_bias` may have: each
+    # names a token of the vocabulary, and 262,144 is about the largest vocabulary in common use (Gemma 3's).
+    param_token_ids: Annotated[int, Meta(ge=1)] = 262_144
+    # Characters of text one `/tokenize` request may send (its `prompt`, or its messages' text): the upstream
+    # tokenizes all of it. 4 Mi: about the 1 Mi tokens of the longest context, at about 4 characters a token.
+    tokenize_chars: Annotated[int, Meta(ge=1)] = 4 * 1024 * 1024
 
 
 Transport = Literal["auto", "h1", "httpx"]

@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from typing import Final
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 import msgspec
 from litestar.types import HTTPScope, Receive, Send
@@ -48,6 +48,7 @@ from providers.tokenizer import (
     server_root,
     tokenize_request,
 )
+from wire.chat import text_parts
 from wire.errors import GatewayError, InvalidRequestError, RateLimitError, UpstreamError
 from wire.schema import decode_body
 
@@ -56,6 +57,7 @@ log = logging.getLogger("gateway")
 _METHOD: Final[dict[TokenizerRoute, str]] = {"tokenize": "POST", "detokenize": "POST", "tokenizer_info": "GET"}
 # Context sizes learned from the upstreams that do not say it in their tokenize answer, per (root, model).
 _LIMITS_CAP: Final = 1024
+_DEFAULT_PORTS: Final = {"http": 80, "https": 443}
 _UNREADABLE: Final = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError)
 
 _decode_tokenize: Final = msgspec.json.Decoder(TokenizeBody).decode
@@ -187,7 +189,9 @@ class Tokenizers:
         body_model: str | None = None
         try:
             if route == "tokenize":
-                tok_req = tokenize_request(decode_body(_decode_tokenize, body), pipeline.loaded.config.caps.json_depth)
+                caps = pipeline.loaded.config.caps
+                tok_req = tokenize_request(decode_body(_decode_tokenize, body), caps.json_depth)
+                _check_chars(tok_req, caps.tokenize_chars)
                 body_model = tok_req.model
             elif route == "detokenize":
                 detok_req = decode_body(_decode_detokenize, body)
@@ -274,7 +278,7 @@ class Tokenizers:
                 return _encode(DetokenizeResponse(prompt=prompt)), out_headers
             reply = await self._call(pipeline, target, route, api.tokenizer_info(), rec, ask)
             with _readable(target.provider):
-                return api.read_tokenizer_info(reply.body), out_headers
+                return api.read_tokenizer_info(reply.body, upstream_model), out_headers
         finally:
             pipeline.admission.settle(ticket, 0)
             if ask is not None and ask.first:
@@ -316,13 +320,19 @@ class Tokenizers:
         return Ticket(buckets, decision.lease, 0, headers)
 
     @staticmethod
-    def _roots(pipeline: Pipeline, target: Route) -> list[tuple[str, Route]]:
-        """Where the call may go, in turn, each with the route whose server's slot it takes: a replicated
-        provider's replicas neither draining nor cooling first (gateway/fleet `side_order`), else the one root."""
+    def _roots(pipeline: Pipeline, target: Route) -> list[tuple[str, Route | None]]:
+        """Where the call may go, in turn, each with the route whose server's slot it takes (None: a server the
+        config sets no cap for): a replicated provider's replicas neither draining nor cooling first
+        (gateway/fleet `side_order`), else the one root."""
         p = pipeline.loaded.providers[target.provider]
         deployment = p.deployments.get(target.endpoint.deployment) if target.endpoint.deployment else None
         if p.tokenizer_url and not (deployment is not None and deployment.base_url):
-            return [(p.tokenizer_url.rstrip("/"), target)]
+            # `max_concurrency` counts the calls of one server (scheme, host, port): a tokenizer_url served by
+            # another takes none of the base_url server's slots, and one served by a replica takes that one's.
+            where = _origin(p.tokenizer_url)
+            routes = target.replicas if target.fleet is not None else [target]
+            server = next((r for r in routes if _origin(r.endpoint.base_url) == where), None)
+            return [(p.tokenizer_url.rstrip("/"), server)]
         if target.fleet is not None:
             cooling = [pipeline.health.local.state(r.key).cooling_ms > 0 for r in target.replicas]
             order = target.fleet.side_order(cooling)
@@ -345,7 +355,7 @@ class Tokenizers:
         # (gateway/queue), as a completion's attempt does.
         *others, (last, last_route) = self._roots(pipeline, target)
         for root, route in others:  # these calls change nothing upstream: on a failure the next replica is asked
-            slot = ask.take(route) if ask is not None else NO_CAP
+            slot = ask.take(route) if ask is not None and route is not None else NO_CAP
             if slot is None:
                 continue  # that replica is full: the next may have room, the last is waited for
             try:
@@ -356,7 +366,7 @@ class Tokenizers:
             finally:
                 slot.done(0)
         slot = NO_CAP
-        if ask is not None:
+        if ask is not None and last_route is not None:
             found = ask.take(last_route)
             if found is None:
                 found, timeouts = await ask.wait(last_route, timeouts, None)
@@ -416,6 +426,33 @@ class Tokenizers:
             self._limits.clear()
         self._limits[cache_key] = found
         return found
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    """The server a URL names: its scheme, host and port, the port a scheme's default when left out."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port
+    except ValueError:  # the config's URL check refuses such a port at load; no server to share then
+        port = None
+    return scheme, (parts.hostname or "").lower(), port or _DEFAULT_PORTS.get(scheme)
+
+
+def _check_chars(req: TokenizeRequest | TokenizeChatRequest, cap: int) -> None:
+    """A 400 naming the field when the text to tokenize passes `caps.tokenize_chars`: the upstream tokenizes
+    all of it, and nothing else bounds it but the body."""
+    if isinstance(req, TokenizeRequest):
+        field, chars = "prompt", len(req.prompt)
+    else:
+        field, chars = "messages", sum(len(text_parts(m.content, "") or "") for m in req.messages)
+    if chars > cap:
+        raise InvalidRequestError(
+            f"'{field}' holds {chars} characters of text; at most {cap} may be tokenized in one request "
+            "(caps.tokenize_chars)",
+            param=field,
+            code="invalid_value",
+        )
 
 
 def _no_such_route(body: bytes) -> bool:

@@ -133,6 +133,12 @@ MEANINGS: dict[str, str] = {
     "it",
     "caps.detokenize_tokens": "token ids one `/detokenize` request may send (the upstream decodes each one); 400 "
     "naming `tokens` beyond it; raise it for a model whose context is longer",
+    "caps.prompt_token_ids": "token ids one completion request's `prompt` may hold, all its prompts together (the "
+    "upstream reads each one); 400 naming `prompt` beyond it; raise it for a model whose context is longer",
+    "caps.param_token_ids": "token ids `stop_token_ids` and `allowed_token_ids` may each hold, and entries "
+    "`logit_bias` may have, on completions and chat; 400 naming the field beyond it",
+    "caps.tokenize_chars": "characters of text one `/tokenize` request may send (its `prompt`, or its messages' text "
+    "together); 400 naming `prompt` or `messages` beyond it",
     "caps.upstream_body_bytes": "a buffered upstream answer, counted after gzip/deflate decoding; 502 beyond it",
     "caps.upstream_event_bytes": "one upstream stream line or event; 502 beyond it",
     "caps.upstream_header_bytes": "an upstream answer's status line, headers, interim answers and trailers; 502 beyond "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import operator
 import re
-from typing import Any, Final
+from typing import Final
 
 import msgspec
 
@@ -17,6 +17,7 @@ from gateway.config import CapsConfig
 from gateway.emulation.planning import GUIDED_CHOICE_CHARS, GUIDED_CHOICES
 from gateway.path.dialects import decode_error, unknown_field
 from gateway.path.echo import echoed
+from gateway.path.token_ids import check_id_lists, check_prompt
 from gateway.path.unrendered import image_parts, unrendered
 from providers.registry import credential_headers
 from wire.chat import CHAT_SHAPES, AssistantMessage, ChatRequest, UserMessage, render
@@ -118,36 +119,6 @@ _MODELS_OK: Final[set[str]] = set()
 _MODELS_MAX: Final = 1024
 
 
-def _check_prompt(prompt: str | list[Any]) -> int:
-    """Return the number of prompts; reject empty and mixed lists.
-
-    A body of 8 MiB holds millions of token ids: the checks run in C (`map`, `set`, `min`), and a list of
-    more prompts than a request may fan out to is counted, not inspected (normalize refuses it).
-    """
-    if isinstance(prompt, str):
-        return 1
-    if not prompt:
-        raise _bad("'prompt' must not be an empty list", "prompt")
-    # The decoder yields only str, int and list[int] items (never bool), so one type means one form.
-    kinds = set(map(type, prompt))
-    if len(kinds) != 1:
-        raise _bad(
-            "'prompt' must be a string, a list of strings, a list of token ids or a list of token-id lists",
-            "prompt",
-        )
-    kind = kinds.pop()
-    if kind is int:
-        if min(prompt) < 0:
-            raise _bad("'prompt' token ids must be non-negative", "prompt")
-        return 1
-    if kind is list and len(prompt) <= MAX_CHOICES:
-        if not all(prompt):
-            raise _bad("'prompt' token-id lists must not be empty", "prompt")
-        if min(map(min, prompt)) < 0:
-            raise _bad("'prompt' token ids must be non-negative", "prompt")
-    return len(prompt)
-
-
 def _check_guided(req: CompletionRequest) -> None:
     guided = [
         name
@@ -174,9 +145,9 @@ def _check_guided(req: CompletionRequest) -> None:
 
 # The fields most requests leave unset whose checks and folds `normalize` skips when none is set: the token
 # limit's and stops' other names, the logprobs' forms, `best_of`, `stream_options`, the structured-output and
-# free-form fields, `inference_timeout` and the escape hatches; and what a completion sends beside its prompt
-# (`unrendered`, from these and its `suffix` and `images`, none of which the common request has: a count a
-# client sent under its held name is replaced there too).
+# free-form fields, `inference_timeout`, the escape hatches and the lists of token ids; and what a completion
+# sends beside its prompt (`unrendered`, from these and its `suffix` and `images`, none of which the common
+# request has: a count a client sent under its held name is replaced there too).
 _RARE: Final = tuple(
     dict.fromkeys(
         (
@@ -197,6 +168,9 @@ _RARE: Final = tuple(
             "guided_grammar",
             "inference_timeout",
             "inference_extra_headers",
+            "stop_token_ids",
+            "allowed_token_ids",
+            "logit_bias",
             "store",
             "continue_final_message",
             "add_generation_prompt",
@@ -233,7 +207,9 @@ def normalize(req: CompletionRequest, caps: CapsConfig = _DEFAULT_CAPS) -> Compl
     """Canonicalize in place and return the same object (one decode, no copies)."""
     check_model(req.model)
     prompt = req.prompt
-    n_prompts = 1 if isinstance(prompt, str) else _check_prompt(prompt)  # one text, the common case: no call
+    n_prompts = (
+        1 if isinstance(prompt, str) else check_prompt(prompt, caps.prompt_token_ids, MAX_CHOICES)
+    )  # one text, the common case: no call
     if _rare(req) == _NONE_SET:
         # The common request: of the checks below, only the stops' bound and the choice count apply (one C
         # call tells; the full pass costs several times the request's decode).
@@ -327,6 +303,8 @@ def normalize(req: CompletionRequest, caps: CapsConfig = _DEFAULT_CAPS) -> Compl
                     "values one line of latin-1 text",
                     "inference_extra_headers",
                 )
+    if req.stop_token_ids is not None or req.allowed_token_ids is not None or req.logit_bias is not None:
+        check_id_lists(req, caps.param_token_ids)
     if req.chat_template_kwargs is not None:
         no_chat_template(req.chat_template_kwargs)
     if req.store is False:

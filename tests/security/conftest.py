@@ -44,7 +44,7 @@ server: {{host: 127.0.0.1, port: 0}}
 unsupported_params: drop
 retries: {{attempts: 1}}
 timeouts: {{connect_ms: 2000, first_byte_ms: 5000, total_ms: 8000}}
-caps: {{request_body_bytes: 65536, json_depth: 16}}
+caps: {{request_body_bytes: 65536, json_depth: 16, prompt_token_ids: 4096, param_token_ids: 1000}}
 keys:
   - {{name: full, key: {full}}}
   - {{name: limited, key: {limited}, models: ["up/model*", "demo/*"]}}

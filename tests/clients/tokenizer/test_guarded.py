@@ -88,6 +88,16 @@ def test_bad_bodies_are_400s_naming_the_field(api: httpx.Client, upstream: Upstr
     assert upstream.received == []
 
 
+@pytest.mark.parametrize(
+    "tokens", ["[-1]", "[9223372036854775808]", "[1, true]", "[1, 2.5]", "[2.0]", "[null]", "[[1]]"]
+)
+def test_an_id_that_is_no_token_id_is_a_400_naming_tokens(api: httpx.Client, upstream: Upstream, tokens: str) -> None:
+    # Written as text: an id past 64 bits or a whole float must reach the gateway as sent.
+    resp = api.post(f"{BASE}/detokenize", content=b'{"tokens": %s}' % tokens.encode())
+    error_envelope(resp, 400, "invalid_value", param="tokens")
+    assert upstream.received == []
+
+
 def test_token_lists_past_the_cap_are_refused_before_any_upstream_call(api: httpx.Client, upstream: Upstream) -> None:
     # caps.detokenize_tokens (1 Mi by default): one more id is a 400 naming `tokens`, however small the body
     # (about 2 MiB here, well under the 8 MiB body cap that alone bounded it).
@@ -98,6 +108,24 @@ def test_token_lists_past_the_cap_are_refused_before_any_upstream_call(api: http
         assert "caps.detokenize_tokens" in message
     # /tokenize's `prompt` is text, as vLLM's: a token-id list there is refused as it always was.
     error_envelope(api.post(f"{BASE}/tokenize", json={"prompt": [7] * 10}), 400, "invalid_value", param="prompt")
+    assert upstream.received == []
+
+
+def test_text_past_the_cap_is_refused_before_any_upstream_call(api: httpx.Client, upstream: Upstream) -> None:
+    # caps.tokenize_chars (4 Mi by default): one more character of text is a 400 naming the field that holds
+    # it, before the upstream tokenizes any of it (the 8 MiB body cap alone bounded it).
+    cap = 4 * 1024 * 1024
+    for path in ("/tokenize", f"{BASE}/tokenize"):
+        message = error_envelope(api.post(path, json={"prompt": "a" * (cap + 1)}), 400, "invalid_value", "prompt")
+        assert "caps.tokenize_chars" in message and f"holds {cap + 1} characters" in message
+    # The chat form: its messages' text together, as the server's template renders all of it.
+    half = "a" * (cap // 2)
+    messages = [
+        {"role": "system", "content": half},
+        {"role": "user", "content": [{"type": "text", "text": half + "b"}]},
+    ]
+    resp = api.post(f"{BASE}/tokenize", json={"messages": messages})
+    assert "caps.tokenize_chars" in error_envelope(resp, 400, "invalid_value", param="messages")
     assert upstream.received == []
 
 

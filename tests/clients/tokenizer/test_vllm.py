@@ -213,7 +213,10 @@ def test_each_call_is_logged_under_its_own_route(api: httpx.Client, upstream: Up
         pytest.param("./weights/llama", False, id="dot-relative"),
         pytest.param("~/models/llama", False, id="home"),
         pytest.param("C:\\models\\llama", False, id="windows"),
-        pytest.param("meta-llama/Llama-3.1-8B-Instruct", True, id="hub-id"),
+        # A relative directory reads just like a Hub id; so does another model's id than the one asked for.
+        pytest.param("models/llama", False, id="relative-like-a-hub-id"),
+        pytest.param("meta-llama/Llama-3.1-8B-Instruct", False, id="another-hub-id"),
+        pytest.param(SERVED, True, id="the-models-own-name"),
     ],
 )
 def test_tokenizer_info_keeps_the_tokenizer_and_drops_the_servers_paths_and_settings(
