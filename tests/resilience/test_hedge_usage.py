@@ -17,6 +17,7 @@ import pytest
 
 from gateway.limits.usage import day_of
 from tests.helpers.faults import FaultServer, good, hang, slow, stream
+from tests.helpers.postgres import PostgresServer
 from tests.helpers.servers import serve_config
 from tests.helpers.sqlite import opened
 from tests.helpers.waiting import wait_until
@@ -63,37 +64,47 @@ def by_target(url: str) -> dict[str, tuple[int, int, int, float]]:
     }
 
 
-def rows(path: Path) -> list[tuple[Any, ...]]:
-    """Today's ledger rows: target, status, error, prompt and completion tokens, cost, attempts."""
-    with opened(str(path), timeout=10) as conn:
-        found = conn.execute(
-            "SELECT target, status, error, prompt_tokens, completion_tokens, cost_pico, attempts, key_name, team"
-            f" FROM requests WHERE day = '{day_of(time.time())}' ORDER BY target"
-        ).fetchall()
-    return [tuple(r) for r in found]
+def query(url: str, sql: str) -> list[tuple[Any, ...]]:
+    """Read the ledger as an operator would, with the engine's own client library."""
+    if url.startswith("sqlite:///"):
+        with opened(url[len("sqlite:///") :], timeout=10) as conn:
+            return [tuple(r) for r in conn.execute(sql).fetchall()]
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        return [tuple(r) for r in conn.execute(sql).fetchall()]
 
 
-def rolled(path: Path) -> list[tuple[Any, ...]]:
-    with opened(str(path), timeout=10) as conn:
-        found = conn.execute(
-            "SELECT target, requests, errors, prompt_tokens, completion_tokens, cost_pico FROM daily ORDER BY target"
-        ).fetchall()
-    return [tuple(r) for r in found]
+def rows(url: str) -> list[tuple[Any, ...]]:
+    """Today's ledger rows: target, status, error, tokens, cost, attempts, key and team."""
+    sql = (
+        "SELECT target, status, error, prompt_tokens, completion_tokens, cost_pico, attempts, key_name, team"
+        f" FROM requests WHERE day = '{day_of(time.time())}' ORDER BY target"
+    )
+    return query(url, sql)
+
+
+def rolled(url: str) -> list[tuple[Any, ...]]:
+    sql = "SELECT target, requests, errors, prompt_tokens, completion_tokens, cost_pico FROM daily ORDER BY target"
+    return query(url, sql)
 
 
 @pytest.mark.parametrize("streamed", [False, True], ids=["buffered", "streamed"])
-@pytest.mark.parametrize("ledger", [False, True], ids=["usage-store", "ledger"])
+@pytest.mark.parametrize("ledger", ["", "sqlite", "postgres"], ids=["usage-store", "sqlite", "postgres"])
 def test_the_loser_of_a_hedge_is_booked_at_its_own_target(
-    faults: FaultServer, tmp_path: Path, streamed: bool, ledger: bool
+    faults: FaultServer, tmp_path: Path, streamed: bool, ledger: str, request: pytest.FixtureRequest
 ) -> None:
     # alpha takes the prompt and says nothing; beta, hedged after 100 ms, answers.
     faults["alpha"].script(slow(5.0) if not streamed else stream(first_delay=5.0))
     faults["beta"].script(good() if not streamed else stream(usage=(8, 16)))
-    db = tmp_path / "ledger.db"
+    db = f"sqlite:///{tmp_path / 'ledger.db'}"
+    if ledger == "postgres":
+        pg: PostgresServer = request.getfixturevalue("pg")
+        db = pg.url
     body: dict[str, Any] = {"model": "smart", "prompt": PROMPT, "max_tokens": 16, "stream": streamed}
     if streamed:
         body["stream_options"] = {"include_usage": True}
-    with serve_config(tmp_path, config(faults, f"sqlite:///{db}" if ledger else None)) as gw:
+    with serve_config(tmp_path, config(faults, db if ledger else None)) as gw:
         headers = {"authorization": f"Bearer {KEY}"}
         with httpx.Client(trust_env=False, timeout=10, headers=headers) as c:
             answer = c.post(gw.url + "/v1/completions", json=body)
@@ -126,9 +137,9 @@ def test_a_client_gone_during_a_hedge_is_booked_every_call_it_started(
 ) -> None:
     faults["alpha"].script(hang())
     faults["beta"].script(hang())
-    db = tmp_path / "ledger.db"
+    db = f"sqlite:///{tmp_path / 'ledger.db'}"
     body = {"model": "smart", "prompt": PROMPT, "stream": streamed}
-    with serve_config(tmp_path, config(faults, f"sqlite:///{db}")) as gw:
+    with serve_config(tmp_path, config(faults, db)) as gw:
         headers = {"authorization": f"Bearer {KEY}"}
         with httpx.Client(trust_env=False, timeout=0.6, headers=headers) as c, pytest.raises(httpx.ReadTimeout):
             c.post(gw.url + "/v1/completions", json=body)  # leaves after 0.6 s: both calls are waiting
