@@ -29,8 +29,11 @@ def estimated(job: Job, chunks: int) -> Usage:
     return Usage(prompt_tokens=prompt, completion_tokens=chunks, total_tokens=prompt + chunks)
 
 
-def losses(job: Job, rec: Record) -> Callable[[Route, object, bool], None]:
-    """What books on `rec` each hedged call of `job` that did not serve it (the failover loop's `lost`)."""
+def losses(job: Job, rec: Record) -> Callable[[Route, object, bool], None] | None:
+    """What books on `rec` each hedged call of `job` that did not serve it (the failover loop's `lost`); None
+    when its plan does not hedge (no closure made for every other request)."""
+    if job.plan.policy.hedge_after_ms is None:
+        return None
 
     def lost(route: Route, value: object, first: bool) -> None:
         if value is None:
