@@ -164,5 +164,7 @@ async def send(
                 pipeline.ledger.append(rec, elapsed)  # cut off by its batch's end: it has no answer to book with
             else:
                 sent.row = pipeline.ledger.hold(rec, elapsed)  # the runner releases it once booked (or not)
+                if rec.lost is not None:
+                    pipeline.ledger.append_lost(rec, elapsed)  # hedges that lost: booked by the writer
         if span is not None:
             span.end(rec)

@@ -38,6 +38,9 @@ Rollups = dict[tuple[str, str, str, str, str, str], list[int]]
 # so that names a client invents share one rollup instead of each adding rows to `daily` and the usage views.
 Fold = Callable[[str], str]
 CACHED: Final = frozenset(("hit", "coalesced"))  # the `cache` outcomes that answered from the cache
+# The `error` of a row booking an upstream call its request paid for and did not use (a hedge that lost): its
+# tokens and cost count in the rollups, and it is no request of its own (`requests` counts the client's).
+HEDGE_LOST: Final = "hedge_lost"
 # A row's own values in a `Batch`: ten, or eight when it kept neither prompt nor completion (prompt
 # logging off, the common case: two fewer values to bind per row).
 WIDTH: Final = 10
@@ -190,6 +193,19 @@ def pending(rec: Record, elapsed_s: float, ended: float, null: int | None) -> Pe
     return entry, (*own, null if text_in is None else text(text_in), null if text_out is None else text(text_out))
 
 
+def lost_pending(rec: Record, elapsed_s: float, ended: float) -> list[Pending]:
+    """What the queue holds of the calls `rec` paid for and did not use (`rec.lost`): a row each, at its own
+    target, with status 0 (no answer of its own was sent) and error `HEDGE_LOST`."""
+    key = rec.key or ANONYMOUS
+    out = []
+    for call in rec.lost or ():
+        entry = (key, rec.model, call.target, call.provider, rec.dialect, rec.stream, 0, HEDGE_LOST, None, 1)
+        who = (rec.team, rec.key_id, rec.batch_id, rec.endpoint, LEAN)
+        own = (rec.request_id, ended, elapsed_s, rec.upstream_s, call.prompt_tokens, call.completion_tokens)
+        out.append(((*entry, *who), (*own, call.cost_pico)))
+    return out
+
+
 def text(value: str) -> str:
     """A prompt or completion as the ledger stores it: U+0000, which a PostgreSQL text column cannot hold
     (and which would fail the whole batch's insert), becomes U+FFFD on both engines, so both hold the same."""
@@ -323,7 +339,7 @@ def rollups(batch: Batch, into: Rollups | None = None, fold: Fold = same) -> Rol
         n = len(group) // w
         target = entry[4] and fold(entry[4])  # '' (nothing was called) stays ''
         s = sums.setdefault((entry[0], entry[1], entry[2], fold(entry[3]), target, entry[12]), [0, 0, 0, 0, 0, 0])
-        s[0] += n
+        s[0] += n if entry[9] != HEDGE_LOST else 0
         s[1] += n if entry[8] >= 400 else 0
         s[2] += sum(group[5::w])
         s[3] += sum(group[6::w])
@@ -338,7 +354,7 @@ def row_rollups(rows: Sequence[Row], into: Rollups | None = None, fold: Fold = s
     sums: Rollups = {} if into is None else into
     for r in rows:
         s = sums.setdefault((r[3], r[4], r[5], fold(r[6]), r[7] and fold(r[7]), r[22]), [0, 0, 0, 0, 0, 0])
-        s[0] += 1
+        s[0] += r[12] != HEDGE_LOST
         s[1] += r[11] >= 400
         s[2] += r[15]
         s[3] += r[16]

@@ -40,6 +40,7 @@ from gateway.ledger.batch import (
     Rollups,
     Row,
     commit_batch,
+    lost_pending,
     pending,
     rollups,
     row_rollups,
@@ -255,8 +256,18 @@ class Ledger:
             self.dropped += 1
             return
         queue.append(pending(rec, elapsed_s, time.time(), self._null))
+        if rec.lost is not None:
+            self.append_lost(rec, elapsed_s)
         if len(queue) == self.batch_rows and self._wake is not None:
             self._wake.set()
+
+    def append_lost(self, rec: Record, elapsed_s: float) -> None:
+        """The rows of the calls `rec` paid for and did not use (hedges that lost), each at its own target."""
+        for row in lost_pending(rec, elapsed_s, time.time()):
+            if len(self.queue) >= self.cap:
+                self.dropped += 1
+                continue
+            self.queue.append(row)
 
     def hold(self, rec: Record, elapsed_s: float) -> Row:
         """The row `append` would queue, for a caller that commits it in a transaction of its own (`commit`): a

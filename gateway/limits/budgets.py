@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import calendar
+import datetime as dt
+import math
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -26,10 +28,11 @@ from gateway.config import LoadedConfig, TeamConfig
 from gateway.limits.auth import ClientKey
 from gateway.limits.prices import Prices, served_cost
 from gateway.limits.tokens import prompt_bound, prompt_count, unbounded_completion
-from gateway.limits.usage import PICO, Counters, UsageStore, budget_refusal, day_of, spend_key
+from gateway.limits.usage import PICO, Counters, UsageStore, day_of, next_month, spend_key, to_midnight, usd
 from gateway.ops.metrics import Record
 from gateway.state import Degraded, SharedState
 from gateway.upstream.plan import Plan
+from wire.errors import RateLimitError
 from wire.schema import CompletionRequest
 
 _DAY_TTL_S: Final = 3 * 86_400
@@ -57,6 +60,29 @@ return 0
 Seeder = Callable[["Budget"], Awaitable[int | None]]
 # The same for several budgets, asked together (None: cannot be known now).
 Reseeder = Callable[[list["Budget"]], Awaitable[list[int] | None]]
+
+
+def _money(x: float) -> str:
+    return f"${x:,.6f}".rstrip("0").rstrip(".")
+
+
+def budget_refusal(who: str, period: str, limit_pico: int, spent: int, now: float) -> RateLimitError:
+    """429 `budget_exceeded` for `who` (`Key 'ci'`, `Team 'red' (key 'ci')`) over its `daily` or `monthly`
+    budget, with Retry-After until the period ends (00:00 UTC, or the first of next month)."""
+    if period == "daily":
+        wait = to_midnight(now)
+        when, resume = "today, UTC", f"00:00 UTC, in {wait} s"
+    else:
+        first = next_month(day_of(now))
+        end = dt.datetime(first.year, first.month, 1, tzinfo=dt.UTC).timestamp()
+        wait = max(math.ceil(end - now), 1)
+        when, resume = "this month, UTC", f"{first.isoformat()} 00:00 UTC, in {wait} s"
+    return RateLimitError(
+        f"{who} has reached its {period} budget of {_money(usd(limit_pico))} ({_money(usd(spent))} spent {when}); "
+        f"requests resume at {resume}",
+        code="budget_exceeded",
+        retry_after=wait,
+    )
 
 
 class Budget:

@@ -48,14 +48,25 @@ class Prices:
 
 def served_cost(prices: Prices, rec: Record) -> int:
     """A served request's cost in picodollars: its usage at its target's price; a resumed stream's parts
-    streamed elsewhere (`rec.parts`) each at its own target's, the rest at the target that finished it."""
+    streamed elsewhere (`rec.parts`) each at its own target's, the rest at the target that finished it; and
+    the calls it paid for and did not use (`rec.lost`, hedges that lost) each at its own target's."""
     usage = rec.usage
     prompt = usage.prompt_tokens if usage is not None else 0
     completion = usage.completion_tokens if usage is not None else 0
     parts = rec.parts
+    lost = 0 if rec.lost is None else sum(lost_cost(prices, rec))
     if parts is None:
-        return prices.cost_pico(rec.target, rec.model, prompt, completion)
+        return prices.cost_pico(rec.target, rec.model, prompt, completion) + lost
     # The finishing target was sent the text streamed before it as prompt, and generated the rest.
     before = sum(part[2] for part in parts)
     earlier = sum(prices.cost_pico(target, rec.model, p, c) for target, p, c in parts)
-    return earlier + prices.cost_pico(rec.target, rec.model, prompt + before, max(completion - before, 0))
+    return earlier + prices.cost_pico(rec.target, rec.model, prompt + before, max(completion - before, 0)) + lost
+
+
+def lost_cost(prices: Prices, rec: Record) -> list[int]:
+    """Each unused call's cost (`rec.lost`), priced at its own target and kept on it for the ledger's row."""
+    out = []
+    for call in rec.lost or ():
+        call.cost_pico = prices.cost_pico(call.target, rec.model, call.prompt_tokens, call.completion_tokens)
+        out.append(call.cost_pico)
+    return out

@@ -25,7 +25,6 @@ from gateway.limits.auth import fingerprint
 from gateway.limits.prices import Prices, served_cost
 from gateway.ops.metrics import Metrics, ModelLabels, Record
 from gateway.state import Degraded, SharedState
-from wire.errors import RateLimitError
 
 ANONYMOUS: Final = "anonymous"  # the key name booked when no keys are configured (the gateway is open)
 TTL_S: Final = 40 * 86_400
@@ -58,33 +57,10 @@ def usd(pico: int) -> float:
     return pico / PICO
 
 
-def _money(x: float) -> str:
-    return f"${x:,.6f}".rstrip("0").rstrip(".")
-
-
 def next_month(day: str) -> dt.date:
     """The first day of the month after `day`'s (YYYY-MM-DD)."""
     y, m = int(day[:4]), int(day[5:7])
     return dt.date(y + m // 12, m % 12 + 1, 1)
-
-
-def budget_refusal(who: str, period: str, limit_pico: int, spent: int, now: float) -> RateLimitError:
-    """429 `budget_exceeded` for `who` (`Key 'ci'`, `Team 'red' (key 'ci')`) over its `daily` or `monthly`
-    budget, with Retry-After until the period ends (00:00 UTC, or the first of next month)."""
-    if period == "daily":
-        wait = to_midnight(now)
-        when, resume = "today, UTC", f"00:00 UTC, in {wait} s"
-    else:
-        first = next_month(day_of(now))
-        end = dt.datetime(first.year, first.month, 1, tzinfo=dt.UTC).timestamp()
-        wait = max(math.ceil(end - now), 1)
-        when, resume = "this month, UTC", f"{first.isoformat()} 00:00 UTC, in {wait} s"
-    return RateLimitError(
-        f"{who} has reached its {period} budget of {_money(usd(limit_pico))} ({_money(usd(spent))} spent {when}); "
-        f"requests resume at {resume}",
-        code="budget_exceeded",
-        retry_after=wait,
-    )
 
 
 class ModelUsage(msgspec.Struct):
@@ -285,11 +261,16 @@ class UsageStore:
         # A cached answer cost no upstream tokens: booked as a request, with its stored usage, at cost 0.
         if rec.cached:
             pico = 0
-        elif rec.parts is None:  # no call more than the price's on every request
+        elif rec.parts is None and rec.lost is None:  # no call more than the price's on every request
             pico = self.prices.cost_pico(rec.target, rec.model, prompt, completion)
         else:
             pico = served_cost(self.prices, rec)
+        # The request's own cost (its ledger row's); the calls it did not use are rows of their own.
         rec.cost_pico = pico
+        if rec.lost is not None:
+            rec.cost_pico -= sum(call.cost_pico for call in rec.lost)
+            prompt += sum(call.prompt_tokens for call in rec.lost)
+            completion += sum(call.completion_tokens for call in rec.lost)
         model = rec.label
         if model is None:
             model = rec.label = self.labels.fold(rec.model)

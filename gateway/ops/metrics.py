@@ -90,6 +90,17 @@ class ModelLabels:
         return f"{provider}/{OTHER}"
 
 
+class Lost(msgspec.Struct):
+    """An upstream call of a request that did not serve it (a hedge that lost, or a call cut when the client
+    left during a hedge): paid for at its own target, booked beside the request (docs/ledger.md)."""
+
+    provider: str
+    target: str
+    prompt_tokens: int
+    completion_tokens: int
+    cost_pico: int = 0  # priced by the usage booking, at its own target
+
+
 class Record(msgspec.Struct):
     """What one request did, filled in by the pipeline and read when the answer (or stream) ends."""
 
@@ -107,6 +118,8 @@ class Record(msgspec.Struct):
     # A resumed stream's parts streamed by targets before `target` (which finished it): (target, prompt
     # tokens, completion tokens) each, priced at its own target.
     parts: list[tuple[str, int, int]] | None = None
+    # Calls made for it whose answers it did not use (hedges that lost): booked and priced each at its own target.
+    lost: list[Lost] | None = None
     failed: bool = False
     attempts: int = 0
     fallback: bool = False  # served by one of the alias's fallbacks rather than its own targets

@@ -19,7 +19,6 @@ import msgspec
 
 from gateway import emulation
 from gateway.cache import Lookup
-from gateway.config import CapsConfig
 from gateway.emulation import Emulation, Folded, SubStream
 from gateway.emulation.client_schema import Work
 from gateway.fleet.picker import Hint
@@ -38,10 +37,10 @@ from gateway.path.answers import (
 from gateway.path.events import Parse, upstream_events
 from gateway.path.fanout import open_all
 from gateway.path.opened import Opened
+from gateway.path.services import Services
 from gateway.queue.gate import Slot
 from gateway.queue.service import Ask
-from gateway.resilience.health import Health
-from gateway.upstream.client import Stream, Upstream
+from gateway.upstream.client import Stream
 from gateway.upstream.plan import Plan, Route
 from gateway.upstream.transport import Timeouts
 from providers.base import Adapter, CallContext, LocalAdapter, map_params
@@ -57,21 +56,6 @@ Answer = Completion | ChatCompletion
 # The longest an upstream's own quota headers may keep its target off: a month (Mistral's longest window),
 # so a reset header saying "99999h" does not park the target for years.
 MAX_QUOTA_WAIT_S = 31 * 86400.0
-
-
-class Services:
-    """What attempts use, built once per pipeline: the upstream client, health (quota headers), bounds."""
-
-    __slots__ = ("upstream", "health", "caps", "guided_retries", "ignores_n")
-
-    def __init__(self, upstream: Upstream, health: Health, caps: CapsConfig, guided_retries: int) -> None:
-        self.upstream = upstream
-        self.health = health
-        self.caps = caps
-        self.guided_retries = guided_retries
-        # Targets seen answering fewer choices than `n` asked for (llama-cpp-python's server): a later
-        # request with n > 1 fails there before its first byte, as an unstreamed one fails after the answer.
-        self.ignores_n: set[str] = set()
 
 
 class Job:
@@ -199,11 +183,15 @@ class Job:
         prompt: int | None = None  # its prompt's tokens as the answer's usage reports them
         try:
             quota = await admission.admit_route(route, self.req, self.ticket) if admission is not None else None
+            attempt = self.attempt(self, route, timeouts)
             try:
-                c = await self.attempt(self, route, timeouts).complete()
+                c = await attempt.complete()
                 u = c.usage
                 used, prompt = (u.total_tokens, u.prompt_tokens) if u is not None else (None, None)
                 return c
+            except asyncio.CancelledError:
+                used = _cut(quota, attempt)
+                raise
             finally:
                 if admission is not None:
                     admission.settle(quota, used)
@@ -224,11 +212,12 @@ class Job:
         admission = None if paid else self.admission
         try:
             quota = await admission.admit_route(route, self.req, self.ticket) if admission is not None else None
+            attempt = self.attempt(self, route, timeouts)
             try:
-                opened = await self.attempt(self, route, timeouts).open()
-            except BaseException:
+                opened = await attempt.open()
+            except BaseException as exc:
                 if admission is not None:
-                    admission.settle(quota, 0)
+                    admission.settle(quota, _cut(quota, attempt) if isinstance(exc, asyncio.CancelledError) else 0)
                 raise
         except BaseException:
             if slot is not None:
@@ -246,8 +235,8 @@ class Job:
     def discard(self, lost: Opened) -> None:
         """A stream that lost a hedge race: closed, and its quota and slot given back."""
         lost.drop()
-        if self.admission is not None:
-            self.admission.settle(lost.quota, 0)
+        if self.admission is not None:  # the upstream took its prompt and sent its first event
+            self.admission.settle(lost.quota, lost.quota.prompt + 1 if lost.quota is not None else 0)
         if lost.slot is not None:
             lost.slot.done(0)
             lost.slot = None
@@ -492,6 +481,12 @@ Job.attempt = Attempt
 async def _replay(chunks: list[Completion]) -> AsyncGenerator[Completion, None]:
     for c in chunks:
         yield c
+
+
+def _cut(quota: Ticket | None, attempt: Attempt) -> int:
+    """What a target's quota is charged for an attempt cancelled while it ran (a hedge that lost, a client
+    gone): its prompt once a call was sent, which the upstream took; nothing before."""
+    return quota.prompt if quota is not None and attempt.sent else 0
 
 
 def _fresh(ctx: CallContext) -> CallContext:

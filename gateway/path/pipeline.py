@@ -25,11 +25,13 @@ from gateway.limits.budgets import Budgets, usage_budgets
 from gateway.limits.usage import UsageStore
 from gateway.ops import tracing
 from gateway.ops.metrics import Metrics, Record
-from gateway.path.attempt import Job, Services
+from gateway.path.attempt import Job
 from gateway.path.dialects import OPENAI, Dialect, decode_error
+from gateway.path.lost import left, losses
 from gateway.path.operation import COMPLETIONS, Operation
-from gateway.path.relay import STREAM_FAILED, Held, Relay, estimated
+from gateway.path.relay import STREAM_FAILED, Held, Relay
 from gateway.path.routing import Router
+from gateway.path.services import Services
 from gateway.queue import service as queue
 from gateway.queue.grant import EngineGrant
 from gateway.resilience.failover import Failover, Outcome
@@ -366,11 +368,12 @@ class Pipeline:
                 client_headers=bool(job.req.inference_extra_headers),
                 hint=job.hint,
                 cancelled=_attempts_of(rec),
+                lost=losses(job, rec),
             )
             usage = done.value.usage
             used = usage.total_tokens if usage is not None else None
         except asyncio.CancelledError:
-            used = _left(job, rec)
+            used = left(job, rec)
             raise
         finally:
             rec.upstream_s = time.perf_counter() - started
@@ -400,9 +403,10 @@ class Pipeline:
                 client_headers=bool(job.req.inference_extra_headers),
                 hint=job.hint,
                 cancelled=_attempts_of(rec),
+                lost=losses(job, rec),
             )
         except asyncio.CancelledError:
-            self.admission.settle(job.ticket, _left(job, rec))  # before its first event: as a buffered one
+            self.admission.settle(job.ticket, left(job, rec))  # before its first event: as a buffered one
             raise
         except BaseException:
             self.admission.settle(job.ticket, 0)
@@ -416,19 +420,6 @@ class Pipeline:
         held = Held(self.relay, opened.value, job, rec.request_id)
         stream = self.relay.stream(opened.value, opened.route, job, rec, held)
         return Result(_headers(opened, job), stream=stream, held=held, limits=_limits(job))
-
-
-def _left(job: Job, rec: Record) -> int:
-    """The tokens charged to a request whose client left: none before an upstream was asked (`job.called`);
-    after, its prompt, booked as its estimated usage on that target: the upstream took the prompt (and may have
-    generated), and charging nothing would let a tenant's abandoned requests pass every limit."""
-    called = job.called
-    if called is None:
-        return 0
-    estimate = estimated(job, 0)
-    rec.usage, rec.usage_estimated = estimate, True
-    rec.provider, rec.target = called.provider, called.key
-    return estimate.total_tokens
 
 
 def _attempts_of(rec: Record) -> Callable[[int], None]:

@@ -17,15 +17,16 @@ from typing import Any, cast
 
 import msgspec
 
-from gateway.limits import tokens
 from gateway.limits.admission import Admission, Ticket
 from gateway.limits.budgets import STREAM_CHECK_EVENTS, Hold
 from gateway.ops.metrics import Record
 from gateway.path.answers import UNREADABLE, choices_asked, failed_attempt, ignored_n, sane_usage
-from gateway.path.attempt import Job, Services
+from gateway.path.attempt import Job
 from gateway.path.chat import continuation
 from gateway.path.dialects import OPENAI
+from gateway.path.lost import estimated, losses
 from gateway.path.opened import Opened
+from gateway.path.services import Services
 from gateway.resilience.failover import Failover
 from gateway.resilience.health import Health
 from gateway.upstream.framing import DONE, sse_event
@@ -404,6 +405,7 @@ class Relay:
                 client_headers=bool(req.inference_extra_headers),
                 hint=job.hint,  # a replicated provider's policy keys the continuation as the request
                 avoid=broken,  # whether or not the break cooled it
+                lost=losses(again, rec),  # a hedged continuation's loser: the request's too
             )
         except GatewayError as exc:
             rec.attempts += exc.attempts or 0  # calls made before the continuation gave up: the request's too
@@ -435,11 +437,3 @@ def _book_failure(rec: Record, route: Route, error: GatewayError) -> None:
     rec.status, rec.error_code, rec.cause = error.status, error.code, error.cause
     # Not `failed`: this target did serve what the client received (its usage and first event count).
     rec.provider, rec.target = route.provider, route.key
-
-
-def estimated(job: Job, chunks: int) -> Usage:
-    """Usage for a stream the upstream reported none for: the prompt as admission estimated it (or as
-    gateway/limits/tokens.py estimates it), and one output token per chunk sent (as a cancelled stream is charged)."""
-    ticket = job.ticket
-    prompt = ticket.prompt if ticket is not None and ticket.prompt else tokens.request_tokens(job.req)
-    return Usage(prompt_tokens=prompt, completion_tokens=chunks, total_tokens=prompt + chunks)

@@ -21,10 +21,14 @@ import msgspec
 from gateway.fleet.picker import Hint
 from gateway.ops import tracing
 from gateway.resilience.balancer import Selector
+from gateway.resilience.blame import blame as _blame
+from gateway.resilience.blame import charge as _charge
+from gateway.resilience.blame import cleared_for as _cleared_for
+from gateway.resilience.blame import own_deadline as _own_deadline
 from gateway.resilience.health import Health, TargetState
 from gateway.upstream.plan import Plan, Route
 from gateway.upstream.transport import Timeouts
-from wire.errors import GatewayError, UpstreamConnectError, UpstreamTimeoutError
+from wire.errors import GatewayError, UpstreamTimeoutError
 
 T = TypeVar("T")
 Sleep = Callable[[float], Awaitable[None]]
@@ -35,6 +39,10 @@ Discard = Callable[[T], None]
 # in-flight count past the attempt (an open stream: the relay gives it back when the stream ends).
 Keep = Callable[[T, str], None]
 Cancelled = Callable[[int], None]
+# Called with each hedged call whose answer the request will not use: its target, its result when it answered
+# (None: cancelled while it ran), and whether it was the first of the race (it ran `hedge_after_ms` at least;
+# a later one may be cut before it was sent). The upstream was asked all the same, and is paid for it.
+Lost = Callable[[Route, T | None, bool], None]
 
 
 class Outcome(msgspec.Struct, Generic[T]):
@@ -42,66 +50,6 @@ class Outcome(msgspec.Struct, Generic[T]):
     route: Route
     attempts: int
     deadline: float = 0.0  # the run's (on the failover's clock): what a continuation of its stream has left
-
-
-def _blame(exc: GatewayError, *, client_headers: bool) -> tuple[str, bool] | None:
-    """What a failure says about its target: None when it says nothing (the request's own doing), else
-    the cooldown's cause and whether it cools at once (True) or only with the window's evidence (False).
-
-    At once: the target could not be reached or dropped the connection, rate-limited or refused the
-    gateway's own credential. A client's forwarded headers (`inference_extra_headers`, an
-    `OpenAI-Organization` of another org) may be what the upstream refused, so with them a 401, 403 or
-    429 blames the request. A 5xx or a timeout may be the request's input: evidence, not a verdict.
-    """
-    if not exc.cools:
-        return None
-    if exc.quota or exc.elsewhere or getattr(exc, "upstream_status", None) == 429:
-        if client_headers:
-            return None
-        # Neither an exhausted quota nor refused credentials come back within a retry: keep everyone off.
-        return ("quota" if exc.quota or exc.elsewhere else "429"), True
-    if not exc.retryable:
-        return None
-    if isinstance(exc, UpstreamConnectError) or exc.cause == "connect_timeout":
-        return "error", True
-    return "error", False
-
-
-def _own_deadline(plan: Plan, deadline_s: float | None) -> bool:
-    """Whether the request's own deadline is shorter than its plan's `total_ms`: its timeouts may be its own."""
-    return deadline_s is not None and deadline_s < plan.timeouts.total
-
-
-async def _charge(
-    health: Health, key: str, tenant: str | None, exc: GatewayError, blame: tuple[str, bool], *, failing: bool
-) -> bool:
-    """One request's failure that blames target `key` (`_blame`): it cools the target at once, or only with
-    the window's evidence (`failing`: the target was failing already, this request its probe, and needs
-    none). Whether it was cooled."""
-    cause, at_once = blame
-    evidence = health.evidence
-    if at_once:
-        evidence.suspects.pop(key, None)  # the target's own failure: nobody's input is suspected
-    elif not failing:
-        if not evidence.failure(key, tenant):
-            return False
-    else:
-        # A target already failing (a probe of it, after a cooldown) needs no more evidence; this key has
-        # now seen it fail too, and probes it no more during the cooldown.
-        keys = evidence.suspects.get(key)
-        if keys is not None:
-            keys.add(tenant)
-    await health.failure(key, exc.retry_after, cause)
-    return True
-
-
-def _cleared_for(tenant: str, states: dict[str, TargetState], suspects: dict[str, set[str | None]]) -> None:
-    """A target cooled on other keys' failures alone is recovering, not cooling, for this key: it may
-    claim the probe (its success ends the cooldown for everyone; its failure makes it a suspect too)."""
-    for target, st in states.items():
-        keys = suspects.get(target)
-        if keys is not None and tenant not in keys and st.cooling_ms > 0 and st.cause == "error":
-            states[target] = msgspec.structs.replace(st, cooling_ms=0, cause=None, failures=max(st.failures, 1))
 
 
 def backoff(initial_s: float, max_s: float, turn: int) -> float:
@@ -136,18 +84,20 @@ class Failover:
         hint: Hint | None = None,
         avoid: str | None = None,
         cancelled: Cancelled | None = None,
+        lost: Lost[T] | None = None,
     ) -> Coroutine[Any, Any, Outcome[T]]:
         """`deadline_s` is the client's own (it can only shorten `total_ms`), `tenant` its key's name and
         `client_headers` whether it forwards headers upstream: what decides whom a failure blames. `hint`
         is what a replicated provider's policy reads (the prompt, the session), None without fleets.
         `avoid` is a target this request takes for cooling whatever its state (a broken stream's, which its
-        continuation must not go back to). `cancelled` learns how many calls a cancelled request made.
+        continuation must not go back to). `cancelled` learns how many calls a cancelled request made, `lost`
+        each hedged call that did not serve it (a loser, or every call of a request cancelled during a hedge).
 
         The loop's own coroutine when the targets' states and the first target are at hand (nearly every
         request): one frame less on every resume of the upstream call."""
         total = plan.timeouts.total if deadline_s is None else min(plan.timeouts.total, deadline_s)
         run = Run(self, plan, call, discard, self.clock() + total, total)
-        run.tenant, run.client_headers, run.cancelled = tenant, client_headers, cancelled
+        run.tenant, run.client_headers, run.cancelled, run.lost = tenant, client_headers, cancelled, lost
         run.keep = keep if plan.tracks_inflight else None
         run.client_deadline = _own_deadline(plan, deadline_s)
         states = self.health.at_hand(plan.keys)
@@ -235,6 +185,7 @@ class Run(Generic[T]):
         "client_deadline",
         "blamed",
         "cancelled",
+        "lost",
     )
 
     def __init__(
@@ -262,6 +213,7 @@ class Run(Generic[T]):
         self.client_deadline = False  # the client's `inference_timeout` is shorter than the plan's total
         self.blamed: tuple[str, ...] = ()  # targets this request's failures already reported: once each
         self.cancelled: Cancelled | None = None
+        self.lost: Lost[T] | None = None
 
     async def go(self) -> Outcome[T]:
         f, policy = self.failover, self.plan.policy
@@ -452,12 +404,17 @@ class Run(Generic[T]):
         """Every hedged attempt but `won`: cancelled while it runs (it gives back what it holds), else its answer
         closed and the count it kept given back. Cancelled during those writes, the request lets go of `won` too."""
         kept: list[str] = []
-        for task, route in routes.items():
+        lost = self.lost
+        for i, (task, route) in enumerate(routes.items()):
             if task is won:
                 continue
             if not task.done():
                 task.cancel()
+                if lost is not None:
+                    lost(route, None, not i)
             elif not task.cancelled() and task.exception() is None:
+                if lost is not None:
+                    lost(route, task.result(), not i)
                 if self.discard is not None:
                     self.discard(task.result())
                 if self.keep is not None:
