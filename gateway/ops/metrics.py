@@ -421,6 +421,13 @@ class Metrics:
         if usage is not None:
             pending[kids.prompt_tokens] = pending.get(kids.prompt_tokens, 0.0) + usage.prompt_tokens
             pending[kids.completion_tokens] = pending.get(kids.completion_tokens, 0.0) + usage.completion_tokens
+        lost = rec.lost
+        if lost is not None:  # hedges that lost: their tokens were spent too, at their own provider
+            for call in lost:
+                prompt_series = self.tokens.labels("prompt", model, call.provider)
+                completion_series = self.tokens.labels("completion", model, call.provider)
+                pending[prompt_series] = pending.get(prompt_series, 0.0) + call.prompt_tokens
+                pending[completion_series] = pending.get(completion_series, 0.0) + call.completion_tokens
         kids.latency.add(elapsed_s, tally)
         if rec.provider and not rec.cached:  # a cached answer had no upstream time
             kids.upstream.add(rec.upstream_s, tally)

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from gateway.limits.usage import day_of
+from tests.e2e.test_observability import metric
 from tests.helpers.faults import FaultServer, good, hang, slow, stream
 from tests.helpers.postgres import PostgresServer
 from tests.helpers.servers import serve_config
@@ -113,7 +114,12 @@ def test_the_loser_of_a_hedge_is_booked_at_its_own_target(
         wait_until(lambda: day_books(gw.url)["requests"] == 1, timeout=10)
         books = day_books(gw.url)
         targets = by_target(gw.url) if ledger else None
+        with httpx.Client(trust_env=False, timeout=10) as c:
+            exposed = c.get(gw.url + "/metrics").text
     assert faults["alpha"].count == faults["beta"].count == 1
+    # The tokens counter counts both calls, each at its own provider, as the spend does.
+    assert metric(exposed, "gateway_tokens_total", kind="prompt", provider="alpha") == 5
+    assert metric(exposed, "gateway_tokens_total", kind="prompt", provider="beta") == 8
     answered = 8 * BETA_PROMPT + 16 * BETA_COMPLETION  # beta's reported usage
     lost = 5 * ALPHA_PROMPT  # alpha's prompt, as estimated: what it generated before the cut is not known
     # One request of the key, with both calls' tokens and cost: the spend a budget reads.
