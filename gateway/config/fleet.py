@@ -12,6 +12,7 @@ import msgspec
 from msgspec import Meta
 
 Policy = Literal["round_robin", "least_outstanding", "prefix", "session"]
+SessionScope = Literal["key", "team", "shared"]
 
 
 class ReplicaConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -58,6 +59,10 @@ class RoutingConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     max_waiting: Annotated[int, Meta(ge=1)] = 8
     # The header that names a session (lower case); the request's `user` field when it is absent.
     session_header: str = "x-session-id"
+    # Whose session ids name the same session: `key` (each client key's ids are its own, so one key can neither
+    # find nor crowd another's session), `team` (the keys of one team share them; a key without a team is a
+    # team of its own) or `shared` (every caller's: the same id is the same session, whoever sends it).
+    session_scope: SessionScope = "key"
 
 
 def replica_names(provider: str, replicas: list[str | ReplicaConfig]) -> list[str]:

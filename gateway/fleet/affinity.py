@@ -53,8 +53,14 @@ def prefix_of(req: CompletionRequest) -> str | Sequence[object]:
     return req.prompt
 
 
-def session_key(session: str) -> int:
-    return digest(b"s" + session.encode("utf-8", "surrogatepass"))
+def session_key(session: str, scope: str = "") -> int:
+    """The ring point of a session id within `scope` (a key's or team's identity; empty: shared by every
+    caller). The scope is length-prefixed, so no (scope, id) pair hashes the same bytes as another."""
+    text = session.encode("utf-8", "surrogatepass")
+    if not scope:
+        return digest(b"s" + text)
+    owner = scope.encode("utf-8", "surrogatepass")
+    return digest(b"k" + struct.pack(">I", len(owner)) + owner + text)
 
 
 class Ring:

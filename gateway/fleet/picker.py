@@ -21,13 +21,25 @@ _DEFAULT = RoutingConfig()
 
 
 class Hint:
-    """What a request offers the policies: its prompt and its session (header, else `user`)."""
+    """What a request offers the policies: its prompt, its session (header, else `user`) and who sends it
+    (its key's identity and team, empty without them), which scopes the session (`session_scope`)."""
 
-    __slots__ = ("req", "headers")
+    __slots__ = ("req", "headers", "key", "team")
 
-    def __init__(self, req: CompletionRequest, headers: Mapping[str, str]) -> None:
+    def __init__(self, req: CompletionRequest, headers: Mapping[str, str], key: str = "", team: str = "") -> None:
         self.req = req
         self.headers = headers
+        self.key = key
+        self.team = team
+
+    def scope(self, scope: str) -> str:
+        """Whose session ids the request's is among: its key's, its team's (a key without a team is one of
+        its own), or everyone's (empty, as for a gateway without keys)."""
+        if scope == "shared" or not self.key:
+            return ""
+        if scope == "team" and self.team:
+            return "team:" + self.team
+        return "key:" + self.key
 
 
 class EngineLoad(msgspec.Struct, frozen=True):
@@ -93,7 +105,8 @@ class Fleet:
         if policy == "session" and hint is not None:
             session = session_of(hint.req, hint.headers, self.routing.session_header)
             if session is not None:
-                return self._bounded(session_key(session), live, inflight, cooling, spread=False)
+                key = session_key(session, hint.scope(self.routing.session_scope))
+                return self._bounded(key, live, inflight, cooling, spread=False)
         if policy == "round_robin":
             return self._round_robin(live)
         return self._least(live, inflight, cooling)

@@ -350,7 +350,8 @@ class Pipeline:
             job.cached = cached
         job.ask = ask
         if self.router.fleets:
-            job.hint = Hint(req, headers)  # read only by a replicated provider's policy (gateway/fleet)
+            # Read only by a replicated provider's policy (gateway/fleet); the key scopes its sessions.
+            job.hint = Hint(req, headers, rec.key_id, rec.team)
         return job
 
     async def _buffered(self, job: Job, rec: Record) -> Result:
