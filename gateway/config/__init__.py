@@ -8,6 +8,7 @@ May import the base below it (state, ids), providers (the registry) and wire; no
 """
 
 from gateway.config.fleet import (
+    MAX_REPLICAS,
     ReplicaConfig,
     RoutingConfig,
     fleet_problem,
@@ -70,6 +71,7 @@ __all__ = [
     "fleet_problem",
     "ledger_target",
     "RoutingConfig",
+    "MAX_REPLICAS",
     "ReplicaConfig",
     "AdminConfig",
     "AliasConfig",

@@ -6,13 +6,15 @@ typed config, so that the config imports nothing above it.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
 import msgspec
 from msgspec import Meta
 
 Policy = Literal["round_robin", "least_outstanding", "prefix", "session"]
 SessionScope = Literal["key", "team", "shared"]
+# The most replicas one provider lists: each is a target per model, a reader task and a share of the ring.
+MAX_REPLICAS: Final = 256
 
 
 class ReplicaConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
