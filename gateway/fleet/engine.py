@@ -4,7 +4,7 @@ For every provider whose `routing.engine_metrics` is on and whose kind declares 
 (providers/engine.py), each replica is read by a task of its own every `routing.metrics_interval_ms`, so
 a slow replica (up to `metrics_timeout_ms`) delays no other; after a read that gives no load, or one that
 cost more than a quarter of the byte cap (HEAVY_SHARE), the next waits from its end, twice as long per such
-read in a row (up to MAX_BACKOFF_S). A read stops at
+read in a row (up to MAX_BACKOFF_S); a heavy read's load steers only as long as a light read's would. A read stops at
 `metrics_max_bytes` counted off the socket (gateway/fleet/metered.py) and again inflated, parsed as it
 arrives (gateway/fleet/exposition.py). The load is stored on the Fleet; a replica whose metrics cannot be
 read is stored as unknown (routed as if idle, not as if dead). A read is not a log line: losing a
@@ -204,7 +204,17 @@ class EngineReader(Background):
                 # as long per one in a row: a replica that answers with work and no load, or with a load buried
                 # under work just below the caps, is asked ever less often.
                 failed = min(failed + 1, 32)
-                await asyncio.sleep(min(interval * 2 ** (failed - 1), max(interval, MAX_BACKOFF_S)))
+                wait = min(interval * 2 ** (failed - 1), max(interval, MAX_BACKOFF_S))
+                fresh = interval + r.metrics_timeout_ms / 1000  # as old as a light read's load may get
+                if load is not None and wait > fresh:
+                    await asyncio.sleep(fresh)
+                    wait -= fresh
+                    if fleet.engine[i] is load:  # a heavy read's load steers no longer than a light one's
+                        fleet.engine[i] = None
+                        fleet.engine_error[i] = (
+                            f"the last read was heavy ({meter.taken} bytes); read again in {wait:.1f} s"
+                        )
+                await asyncio.sleep(wait)
 
     def _note(self, key: Key, replica: str, cause: str | None) -> None:
         """Log a change of a replica's readability once: WARNING when it is lost, INFO when it is back."""
