@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 import msgspec
 
 from gateway.config import RoutingConfig, replica_drained, replica_names, replica_url, replica_weight
-from gateway.fleet.affinity import Ring, prefix_key, prefix_of, session_key, session_of
+from gateway.fleet.affinity import Ring, digest, prefix_key, prefix_of, session_key, session_of
 from wire.schema import CompletionRequest
 
 _DEFAULT = RoutingConfig()
@@ -68,6 +68,8 @@ class Fleet:
         # Why a replica's load is unknown (the status page shows it); None once it is read.
         self.engine_error: list[str | None] = [None] * len(self.urls)
         self.ring = Ring(self.urls, self.weights)
+        # Each replica as its state shared through Redis names it: by its URL, not its place in the list.
+        self.tags = [f"{digest(url.encode()):016x}" for url in self.urls]
         self._current = [0.0] * len(self.urls)  # smooth weighted round robin
         self._turn = 0
 
@@ -154,3 +156,15 @@ class Fleet:
         if spread and len(found) == 2 and inflight[walk[found[0]]] - inflight[walk[found[1]]] >= 2:
             pos = found[1]
         return [walk[pos], *walk[:pos], *walk[pos + 1 :]]
+
+
+def shared_name(fleets: Mapping[str, Fleet], target: str) -> str:
+    """The name a target's health goes by in Redis: a replica's (`provider@i/model`) with `i` replaced by its
+    URL's hash, so a reload that reorders or shortens `replicas:`, or a process with another list, never
+    reads one replica's cooldown as another's; any other target's own name."""
+    provider, at, rest = target.partition("@")
+    fleet = fleets.get(provider) if at else None
+    index, slash, model = rest.partition("/")
+    if fleet is None or not index.isdigit() or int(index) >= fleet.size:
+        return target
+    return f"{provider}@{fleet.tags[int(index)]}{slash}{model}"
