@@ -15,6 +15,7 @@ from gateway.config.fleet import (
     replica_cap,
     replica_drained,
     replica_names,
+    replica_tag,
     replica_url,
     replica_weight,
 )
@@ -72,6 +73,7 @@ __all__ = [
     "ledger_target",
     "RoutingConfig",
     "MAX_REPLICAS",
+    "replica_tag",
     "ReplicaConfig",
     "AdminConfig",
     "AliasConfig",

@@ -6,6 +6,7 @@ typed config, so that the config imports nothing above it.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Annotated, Final, Literal
 
 import msgspec
@@ -76,6 +77,12 @@ def replica_names(provider: str, replicas: list[str | ReplicaConfig]) -> list[st
 
 def replica_url(r: str | ReplicaConfig) -> str:
     return r if isinstance(r, str) else r.url
+
+
+def replica_tag(url: str) -> str:
+    """A replica as the state it shares through Redis names it (`provider@<tag>`): by a hash of its URL, not by
+    its position in `replicas:`, which a reload may change and another process may list otherwise."""
+    return hashlib.blake2b(url.rstrip("/").encode(), digest_size=8).hexdigest()
 
 
 def replica_weight(r: str | ReplicaConfig) -> float:

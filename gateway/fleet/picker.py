@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 
-from gateway.config import RoutingConfig, replica_drained, replica_names, replica_url, replica_weight
-from gateway.fleet.affinity import Ring, digest, prefix_key, prefix_of, session_key, session_of
+from gateway.config import RoutingConfig, replica_drained, replica_names, replica_tag, replica_url, replica_weight
+from gateway.fleet.affinity import Ring, prefix_key, prefix_of, session_key, session_of
 from wire.schema import CompletionRequest
 
 _DEFAULT = RoutingConfig()
@@ -69,7 +69,7 @@ class Fleet:
         self.engine_error: list[str | None] = [None] * len(self.urls)
         self.ring = Ring(self.urls, self.weights)
         # Each replica as its state shared through Redis names it: by its URL, not its place in the list.
-        self.tags = [f"{digest(url.encode()):016x}" for url in self.urls]
+        self.tags = [replica_tag(url) for url in self.urls]
         self._current = [0.0] * len(self.urls)  # smooth weighted round robin
         self._turn = 0
 
