@@ -49,9 +49,8 @@ class RoutingConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     engine_metrics: bool = False
     # How often each replica's `/metrics` is read (in the background, never on the request path). After a read
     # that gives no load, or one charged more than a quarter of `metrics_max_bytes` (its load is used for this
-    # interval plus `metrics_timeout_ms`, then unknown), the next
-    # waits from its end, twice as long per such read in a row, up to 30 s (or this interval when longer); a
-    # good read returns to this pace.
+    # interval plus `metrics_timeout_ms`, then unknown), the next waits from its end, twice as long per such
+    # read in a row, up to 30 s (or this interval when longer); a good read returns to this pace.
     metrics_interval_ms: Annotated[int, Meta(ge=50, le=600_000)] = 1_000
     # The longest one replica's `/metrics` read may take, connect to last byte; past it the read is dropped
     # and the replica's load is unknown (each replica is read on its own: a slow one delays no other).

@@ -4,8 +4,8 @@ For every provider whose `routing.engine_metrics` is on and whose kind declares 
 (providers/engine.py), each replica is read by a task of its own every `routing.metrics_interval_ms`, so
 a slow replica (up to `metrics_timeout_ms`) delays no other; after a read that gives no load, or one that
 cost more than a quarter of the byte cap (HEAVY_SHARE), the next waits from its end, twice as long per such
-read in a row (up to MAX_BACKOFF_S); a heavy read's load steers only as long as a light read's would. A read stops at
-`metrics_max_bytes` counted off the socket (gateway/fleet/metered.py) and again inflated, parsed as it
+read in a row (up to MAX_BACKOFF_S); a heavy read's load steers only as long as a light read's would. A read
+stops at `metrics_max_bytes` counted off the socket (gateway/fleet/metered.py) and again inflated, parsed as it
 arrives (gateway/fleet/exposition.py). The load is stored on the Fleet; a replica whose metrics cannot be
 read is stored as unknown (routed as if idle, not as if dead). A read is not a log line: losing a
 replica's metrics is one WARNING with the cause, getting them back one INFO.
