@@ -127,6 +127,7 @@ class EngineReader(Background):
         self._watched: Watched = {}
         # Why each replica's metrics cannot be read now (None: they can), so that only changes are logged.
         self._trouble: dict[Key, str | None] = {}
+        self._heavy: set[Key] = set()  # replicas whose last read that gave a load was heavy (logged once)
         super().__init__()
 
     def start(self) -> None:
@@ -152,6 +153,7 @@ class EngineReader(Background):
                 for key in readers.keys() - keys:
                     readers.pop(key).cancel()
                     self._trouble.pop(key, None)
+                    self._heavy.discard(key)
                 await asyncio.sleep(_CONFIG_CHECK_S)
         finally:
             for task in readers.values():
@@ -196,7 +198,10 @@ class EngineReader(Background):
             fleet.engine_error[i] = cause
             self._note(key, fleet.names[i], cause)
             interval = r.metrics_interval_ms / 1000
-            if kind is None and meter.taken <= r.metrics_max_bytes // HEAVY_SHARE:
+            heavy = meter.taken > r.metrics_max_bytes // HEAVY_SHARE
+            if kind is None:
+                self._weigh(key, fleet.names[i], meter.taken if heavy else None)
+            if kind is None and not heavy:
                 failed = 0
                 await asyncio.sleep(max(0.0, started + interval - loop.time()))
             else:
@@ -215,6 +220,20 @@ class EngineReader(Background):
                             f"the last read was heavy ({meter.taken} bytes); read again in {wait:.1f} s"
                         )
                 await asyncio.sleep(wait)
+
+    def _weigh(self, key: Key, replica: str, heavy: int | None) -> None:
+        """Log a change of a replica's reads between heavy (`heavy` bytes) and light once: WARNING, then INFO."""
+        if heavy is not None and key not in self._heavy:
+            self._heavy.add(key)
+            log.warning(
+                "fleet: %s's engine metrics took %d bytes to read, over a quarter of metrics_max_bytes; they are "
+                "read ever less often while they stay that heavy",
+                replica,
+                heavy,
+            )
+        elif heavy is None and key in self._heavy:
+            self._heavy.discard(key)
+            log.info("fleet: %s's engine metrics are light again", replica)
 
     def _note(self, key: Key, replica: str, cause: str | None) -> None:
         """Log a change of a replica's readability once: WARNING when it is lost, INFO when it is back."""
