@@ -8,12 +8,14 @@ May import the base below it (state, ids), providers (the registry) and wire; no
 """
 
 from gateway.config.fleet import (
+    MAX_REPLICAS,
     ReplicaConfig,
     RoutingConfig,
     fleet_problem,
     replica_cap,
     replica_drained,
     replica_names,
+    replica_tag,
     replica_url,
     replica_weight,
 )
@@ -70,6 +72,8 @@ __all__ = [
     "fleet_problem",
     "ledger_target",
     "RoutingConfig",
+    "MAX_REPLICAS",
+    "replica_tag",
     "ReplicaConfig",
     "AdminConfig",
     "AliasConfig",

@@ -6,12 +6,16 @@ typed config, so that the config imports nothing above it.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import hashlib
+from typing import Annotated, Final, Literal
 
 import msgspec
 from msgspec import Meta
 
 Policy = Literal["round_robin", "least_outstanding", "prefix", "session"]
+SessionScope = Literal["key", "team", "shared"]
+# The most replicas one provider lists: each is a target per model, a reader task and a share of the ring.
+MAX_REPLICAS: Final = 256
 
 
 class ReplicaConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -44,8 +48,9 @@ class RoutingConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # and steer new requests away from a replica whose waiting queue is at least `max_waiting`.
     engine_metrics: bool = False
     # How often each replica's `/metrics` is read (in the background, never on the request path). After a read
-    # that gives no load the next waits from its end, twice as long per failure in a row, up to 30 s (or this
-    # interval when longer); a good read returns to this pace.
+    # that gives no load, or one charged more than a quarter of `metrics_max_bytes` (its load is used for this
+    # interval plus `metrics_timeout_ms`, then unknown), the next waits from its end, twice as long per such
+    # read in a row, up to 30 s (or this interval when longer); a good read returns to this pace.
     metrics_interval_ms: Annotated[int, Meta(ge=50, le=600_000)] = 1_000
     # The longest one replica's `/metrics` read may take, connect to last byte; past it the read is dropped
     # and the replica's load is unknown (each replica is read on its own: a slow one delays no other).
@@ -58,6 +63,10 @@ class RoutingConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     max_waiting: Annotated[int, Meta(ge=1)] = 8
     # The header that names a session (lower case); the request's `user` field when it is absent.
     session_header: str = "x-session-id"
+    # Whose session ids name the same session: `key` (each client key's ids are its own, so one key can neither
+    # find nor crowd another's session), `team` (the keys of one team share them; a key without a team is a
+    # team of its own) or `shared` (every caller's: the same id is the same session, whoever sends it).
+    session_scope: SessionScope = "key"
 
 
 def replica_names(provider: str, replicas: list[str | ReplicaConfig]) -> list[str]:
@@ -67,6 +76,12 @@ def replica_names(provider: str, replicas: list[str | ReplicaConfig]) -> list[st
 
 def replica_url(r: str | ReplicaConfig) -> str:
     return r if isinstance(r, str) else r.url
+
+
+def replica_tag(url: str) -> str:
+    """A replica as the state it shares through Redis names it (`provider@<tag>`): by a hash of its URL, not by
+    its position in `replicas:`, which a reload may change and another process may list otherwise."""
+    return hashlib.blake2b(url.rstrip("/").encode(), digest_size=8).hexdigest()
 
 
 def replica_weight(r: str | ReplicaConfig) -> float:

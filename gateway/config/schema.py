@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from gateway.config.fleet import ReplicaConfig, RoutingConfig
+from gateway.config.fleet import MAX_REPLICAS, ReplicaConfig, RoutingConfig
 from wire.schema import MAX_LOGPROBS
 
 ParamPolicy = Literal["error", "drop"]
@@ -393,8 +393,8 @@ class ProviderConfig(Strict, frozen=True):
     discover: bool | None = None
     # A self-hosted engine run as several replicas serving the same models, instead of one base_url: URLs,
     # or {url, weight, drain, max_concurrency}. Each is its own target (`<provider>@<i>`, i from 0 in list
-    # order); docs/fleets.md.
-    replicas: list[str | ReplicaConfig] = msgspec.field(default_factory=list)
+    # order); at most 256; docs/fleets.md.
+    replicas: Annotated[list[str | ReplicaConfig], Meta(max_length=MAX_REPLICAS)] = msgspec.field(default_factory=list)
     # Which replica serves each request (needs replicas:); unset: round robin.
     routing: RoutingConfig | None = None
     # This provider's targets' response cache, over the top-level `cache` (an alias's own block wins).

@@ -17,6 +17,10 @@ from wire.schema import CompletionRequest
 
 # Ring points per unit of replica weight: enough that equal replicas get close to equal shares of keys.
 POINTS_PER_WEIGHT: Final = 160
+# The most points one ring holds (256 replicas of weight 1): past it every replica's points are scaled down
+# alike, shares kept, so that placing them (at every config load, on the event loop) stays a fraction of a second.
+MAX_POINTS: Final = 40_960
+_SPAN: Final = 1 << 64
 
 
 def digest(data: bytes) -> int:
@@ -53,35 +57,42 @@ def prefix_of(req: CompletionRequest) -> str | Sequence[object]:
     return req.prompt
 
 
-def session_key(session: str) -> int:
-    return digest(b"s" + session.encode("utf-8", "surrogatepass"))
+def session_key(session: str, scope: str = "") -> int:
+    """The ring point of a session id within `scope` (a key's or team's identity; empty: shared by every
+    caller). The scope is length-prefixed, so no (scope, id) pair hashes the same bytes as another."""
+    text = session.encode("utf-8", "surrogatepass")
+    if not scope:
+        return digest(b"s" + text)
+    owner = scope.encode("utf-8", "surrogatepass")
+    return digest(b"k" + struct.pack(">I", len(owner)) + owner + text)
 
 
 class Ring:
     """A consistent-hash ring over replicas, points placed by each replica's URL (stable across config order)."""
 
-    __slots__ = ("points", "owners", "size")
+    __slots__ = ("mine",)
 
     def __init__(self, urls: Sequence[str], weights: Sequence[float]) -> None:
-        placed: list[tuple[int, int]] = []
-        for i, (url, w) in enumerate(zip(urls, weights, strict=True)):
-            for v in range(max(1, round(POINTS_PER_WEIGHT * w))):
-                placed.append((digest(f"{url.rstrip('/')}#{v}".encode()), i))
-        placed.sort()
-        self.points = [p for p, _ in placed]
-        self.owners = [i for _, i in placed]
-        self.size = len(urls)
+        scale = min(1.0, MAX_POINTS / max(1.0, POINTS_PER_WEIGHT * sum(weights)))
+        # Each replica's own points, sorted: a key's replicas in ring order are found by one bisection per
+        # replica, however unequal the weights (walking the points would pass every point of a heavy replica
+        # before reaching a light one: a million steps per request for a large weighted fleet).
+        self.mine = [
+            sorted(
+                digest(f"{url.rstrip('/')}#{v}".encode()) for v in range(max(1, round(POINTS_PER_WEIGHT * w * scale)))
+            )
+            for url, w in zip(urls, weights, strict=True)
+        ]
 
     def walk(self, key: int) -> list[int]:
-        """Every replica once, in the order met going clockwise from `key`."""
-        start = bisect.bisect_left(self.points, key)
-        seen: dict[int, None] = {}
-        n = len(self.points)
-        for j in range(n):
-            seen.setdefault(self.owners[(start + j) % n], None)
-            if len(seen) == self.size:
-                break
-        return list(seen)
+        """Every replica once, in the order met going clockwise from `key` (a point at `key` met first)."""
+
+        def ahead(i: int) -> int:
+            points = self.mine[i]
+            j = bisect.bisect_left(points, key)
+            return points[j] - key if j < len(points) else points[0] + _SPAN - key
+
+        return sorted(range(len(self.mine)), key=ahead)
 
 
 def session_of(req: CompletionRequest, headers: Mapping[str, str], header: str) -> str | None:

@@ -2,9 +2,10 @@
 
 For every provider whose `routing.engine_metrics` is on and whose kind declares its gauges
 (providers/engine.py), each replica is read by a task of its own every `routing.metrics_interval_ms`, so
-a slow replica (up to `metrics_timeout_ms`) delays no other; after a read that gives no load the next
-waits from its end, twice as long per failure in a row (up to MAX_BACKOFF_S). A read stops at
-`metrics_max_bytes` counted off the socket (gateway/fleet/metered.py) and again inflated, parsed as it
+a slow replica (up to `metrics_timeout_ms`) delays no other; after a read that gives no load, or one that
+cost more than a quarter of the byte cap (HEAVY_SHARE), the next waits from its end, twice as long per such
+read in a row (up to MAX_BACKOFF_S); a heavy read's load steers only as long as a light read's would. A read
+stops at `metrics_max_bytes` counted off the socket (gateway/fleet/metered.py) and again inflated, parsed as it
 arrives (gateway/fleet/exposition.py). The load is stored on the Fleet; a replica whose metrics cannot be
 read is stored as unknown (routed as if idle, not as if dead). A read is not a log line: losing a
 replica's metrics is one WARNING with the cause, getting them back one INFO.
@@ -41,6 +42,9 @@ Key = tuple[str, int, str]
 _CONFIG_CHECK_S: Final = 1.0
 # Failed reads in a row back off, doubling from `metrics_interval_ms` up to this (or the interval, if longer).
 MAX_BACKOFF_S: Final = 30.0
+# A read charged more than this share of `metrics_max_bytes` gives its load but backs off as a failed one: a
+# real exposition is tens of KiB, so such a read is a replica making the gateway work just under every cap.
+HEAVY_SHARE: Final = 4
 _TRANSPORT_ERRORS: Final = (
     httpcore.NetworkError,
     httpcore.TimeoutException,
@@ -58,9 +62,11 @@ async def read_load(
     headers: Mapping[str, str],
     timeout_s: float,
     max_bytes: int,
+    meter: Meter | None = None,
 ) -> EngineLoad:
-    """One replica's load from its exposition at `url`. Raises Unreadable with the cause."""
-    meter = Meter(max_bytes)
+    """One replica's load from its exposition at `url`. Raises Unreadable with the cause. `meter` (its cap
+    `max_bytes`) tells the caller afterwards what the read cost."""
+    meter = meter or Meter(max_bytes)
     metering = METER.set(meter)
     try:
         async with asyncio.timeout(timeout_s):  # the whole read, a body dripping byte by byte too
@@ -121,6 +127,7 @@ class EngineReader(Background):
         self._watched: Watched = {}
         # Why each replica's metrics cannot be read now (None: they can), so that only changes are logged.
         self._trouble: dict[Key, str | None] = {}
+        self._heavy: set[Key] = set()  # replicas whose last read that gave a load was heavy (logged once)
         super().__init__()
 
     def start(self) -> None:
@@ -146,6 +153,7 @@ class EngineReader(Background):
                 for key in readers.keys() - keys:
                     readers.pop(key).cancel()
                     self._trouble.pop(key, None)
+                    self._heavy.discard(key)
                 await asyncio.sleep(_CONFIG_CHECK_S)
         finally:
             for task in readers.values():
@@ -166,6 +174,7 @@ class EngineReader(Background):
                 return  # gone with a reload; the supervisor forgets it
             fleet, gauges, headers, provider = entry
             r = fleet.routing
+            meter = Meter(r.metrics_max_bytes)
             try:
                 load: EngineLoad | None = await read_load(
                     self._transport(provider),
@@ -174,6 +183,7 @@ class EngineReader(Background):
                     headers,
                     r.metrics_timeout_ms / 1000,
                     r.metrics_max_bytes,
+                    meter,
                 )
                 cause: str | None = None
                 kind: str | None = None
@@ -188,14 +198,42 @@ class EngineReader(Background):
             fleet.engine_error[i] = cause
             self._note(key, fleet.names[i], cause)
             interval = r.metrics_interval_ms / 1000
+            heavy = meter.taken > r.metrics_max_bytes // HEAVY_SHARE
             if kind is None:
+                self._weigh(key, fleet.names[i], meter.taken if heavy else None)
+            if kind is None and not heavy:
                 failed = 0
                 await asyncio.sleep(max(0.0, started + interval - loop.time()))
             else:
-                # From the failed read's end, never at once (it may have run to its timeout), and twice as long
-                # per failure in a row: a replica that answers with work and no load is asked ever less often.
+                # From the failed (or heavy) read's end, never at once (it may have run to its timeout), and twice
+                # as long per one in a row: a replica that answers with work and no load, or with a load buried
+                # under work just below the caps, is asked ever less often.
                 failed = min(failed + 1, 32)
-                await asyncio.sleep(min(interval * 2 ** (failed - 1), max(interval, MAX_BACKOFF_S)))
+                wait = min(interval * 2 ** (failed - 1), max(interval, MAX_BACKOFF_S))
+                fresh = interval + r.metrics_timeout_ms / 1000  # as old as a light read's load may get
+                if load is not None and wait > fresh:
+                    await asyncio.sleep(fresh)
+                    wait -= fresh
+                    if fleet.engine[i] is load:  # a heavy read's load steers no longer than a light one's
+                        fleet.engine[i] = None
+                        fleet.engine_error[i] = (
+                            f"the last read was heavy ({meter.taken} bytes); read again in {wait:.1f} s"
+                        )
+                await asyncio.sleep(wait)
+
+    def _weigh(self, key: Key, replica: str, heavy: int | None) -> None:
+        """Log a change of a replica's reads between heavy (`heavy` bytes) and light once: WARNING, then INFO."""
+        if heavy is not None and key not in self._heavy:
+            self._heavy.add(key)
+            log.warning(
+                "fleet: %s's engine metrics took %d bytes to read, over a quarter of metrics_max_bytes; they are "
+                "read ever less often while they stay that heavy",
+                replica,
+                heavy,
+            )
+        elif heavy is None and key in self._heavy:
+            self._heavy.discard(key)
+            log.info("fleet: %s's engine metrics are light again", replica)
 
     def _note(self, key: Key, replica: str, cause: str | None) -> None:
         """Log a change of a replica's readability once: WARNING when it is lost, INFO when it is back."""

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 
-from gateway.config import RoutingConfig, replica_drained, replica_names, replica_url, replica_weight
+from gateway.config import RoutingConfig, replica_drained, replica_names, replica_tag, replica_url, replica_weight
 from gateway.fleet.affinity import Ring, prefix_key, prefix_of, session_key, session_of
 from wire.schema import CompletionRequest
 
@@ -21,13 +21,25 @@ _DEFAULT = RoutingConfig()
 
 
 class Hint:
-    """What a request offers the policies: its prompt and its session (header, else `user`)."""
+    """What a request offers the policies: its prompt, its session (header, else `user`) and who sends it
+    (its key's identity and team, empty without them), which scopes the session (`session_scope`)."""
 
-    __slots__ = ("req", "headers")
+    __slots__ = ("req", "headers", "key", "team")
 
-    def __init__(self, req: CompletionRequest, headers: Mapping[str, str]) -> None:
+    def __init__(self, req: CompletionRequest, headers: Mapping[str, str], key: str = "", team: str = "") -> None:
         self.req = req
         self.headers = headers
+        self.key = key
+        self.team = team
+
+    def scope(self, scope: str) -> str:
+        """Whose session ids the request's is among: its key's, its team's (a key without a team is one of
+        its own), or everyone's (empty, as for a gateway without keys)."""
+        if scope == "shared" or not self.key:
+            return ""
+        if scope == "team" and self.team:
+            return "team:" + self.team
+        return "key:" + self.key
 
 
 class EngineLoad(msgspec.Struct, frozen=True):
@@ -56,6 +68,8 @@ class Fleet:
         # Why a replica's load is unknown (the status page shows it); None once it is read.
         self.engine_error: list[str | None] = [None] * len(self.urls)
         self.ring = Ring(self.urls, self.weights)
+        # Each replica as its state shared through Redis names it: by its URL, not its place in the list.
+        self.tags = [replica_tag(url) for url in self.urls]
         self._current = [0.0] * len(self.urls)  # smooth weighted round robin
         self._turn = 0
 
@@ -93,7 +107,8 @@ class Fleet:
         if policy == "session" and hint is not None:
             session = session_of(hint.req, hint.headers, self.routing.session_header)
             if session is not None:
-                return self._bounded(session_key(session), live, inflight, cooling, spread=False)
+                key = session_key(session, hint.scope(self.routing.session_scope))
+                return self._bounded(key, live, inflight, cooling, spread=False)
         if policy == "round_robin":
             return self._round_robin(live)
         return self._least(live, inflight, cooling)
@@ -141,3 +156,15 @@ class Fleet:
         if spread and len(found) == 2 and inflight[walk[found[0]]] - inflight[walk[found[1]]] >= 2:
             pos = found[1]
         return [walk[pos], *walk[:pos], *walk[pos + 1 :]]
+
+
+def shared_name(fleets: Mapping[str, Fleet], target: str) -> str:
+    """The name a target's health goes by in Redis: a replica's (`provider@i/model`) with `i` replaced by its
+    URL's hash, so a reload that reorders or shortens `replicas:`, or a process with another list, never
+    reads one replica's cooldown as another's; any other target's own name."""
+    provider, at, rest = target.partition("@")
+    fleet = fleets.get(provider) if at else None
+    index, slash, model = rest.partition("/")
+    if fleet is None or not index.isdigit() or int(index) >= fleet.size:
+        return target
+    return f"{provider}@{fleet.tags[int(index)]}{slash}{model}"

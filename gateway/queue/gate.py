@@ -88,8 +88,11 @@ class Gate:
         metrics: Metrics | None,
         low_share: float = 1.0,
         hold_s: float = 2.0,
+        lease: str | None = None,
     ) -> None:
         self.name = name
+        # What its slots are counted under in Redis: a replica's URL hash, not its name, which is its position.
+        self.lease = lease or name
         self.limiter = limiter  # None: slots counted in this process only
         self.seen = -1e9  # when a `normal` or `high` request last asked for a slot here (with a reserve)
         self._cap(cap, low_share, hold_s)
@@ -127,13 +130,13 @@ class Gate:
         # is checked against the same Redis key with the smaller limit, so the reserve holds across processes
         # as the cap does.
         self.low_cap = cap if low_share >= 1 else max(1, int(cap * low_share))
-        self.bucket = Bucket(f"queue:{self.name}", "concurrent", cap)
+        self.bucket = Bucket(f"queue:{self.lease}", "concurrent", cap)
         self.low_bucket = (
-            self.bucket if self.low_cap == cap else Bucket(f"queue:{self.name}", "concurrent", self.low_cap)
+            self.bucket if self.low_cap == cap else Bucket(f"queue:{self.lease}", "concurrent", self.low_cap)
         )
         # Blocks: taken against half the cap (the same key), so the leases in blocks never pass it.
         self.block = min(cap // 8, BLOCK_MAX) if cap >= BLOCK_MIN else 0
-        self.block_bucket = Bucket(f"queue:{self.name}", "concurrent", cap // 2)
+        self.block_bucket = Bucket(f"queue:{self.lease}", "concurrent", cap // 2)
 
     def resize(
         self,

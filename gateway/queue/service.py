@@ -14,7 +14,7 @@ from typing import Final
 
 import msgspec
 
-from gateway.config import LoadedConfig, QueueConfig, replica_cap, replica_names, replica_url
+from gateway.config import LoadedConfig, QueueConfig, replica_cap, replica_names, replica_tag, replica_url
 from gateway.limits.auth import ClientKey
 from gateway.limits.ratelimit import Limiter
 from gateway.limits.tokens import prompt_count, prompt_tokens, text_tokens, unbounded_completion, unrendered_tokens
@@ -136,9 +136,9 @@ class Queues:
                 for replica, r in zip(replica_names(name, p.replicas), p.replicas, strict=True):
                     cap = replica_cap(r, p.max_concurrency)
                     if cap is not None:
-                        self.gates[(name, replica_url(r).rstrip("/"))] = Gate(
-                            replica, cap, limiter, metrics, share, hold
-                        )
+                        url = replica_url(r).rstrip("/")
+                        lease = f"{name}@{replica_tag(url)}"
+                        self.gates[(name, url)] = Gate(replica, cap, limiter, metrics, share, hold, lease)
             elif p.max_concurrency is not None:
                 base = p.base_url or getattr(REGISTRY[p.kind], "default_base_url", None) or ""
                 self.gates[(name, base)] = Gate(name, p.max_concurrency, limiter, metrics, share, hold)

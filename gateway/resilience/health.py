@@ -192,8 +192,11 @@ class Health:
         on_cooldown: Callable[[str, str], None] | None = None,
         refresh_ms: int = 250,
         inflight_ttl_ms: int = _INFLIGHT_TTL_MS,
+        shared_name: Callable[[str], str] | None = None,
     ) -> None:
         self.shared = shared
+        # A target's name in its Redis keys (a replica's names the replica by URL: gateway/fleet `shared_name`).
+        self.named = shared_name or str
         self.inflight_ttl_ms = inflight_ttl_ms
         self._renewer: asyncio.Task[None] | None = None
         self.cooldown = cooldown
@@ -306,11 +309,10 @@ class Health:
         for key in [k for k in self._reading if target in k]:
             del self._reading[key]
 
-    @staticmethod
-    async def _redis_snapshot(r: aioredis.Redis, targets: Sequence[str]) -> dict[str, TargetState]:
+    async def _redis_snapshot(self, r: aioredis.Redis, targets: Sequence[str]) -> dict[str, TargetState]:
         pipe = r.pipeline(transaction=False)
         for t in targets:
-            cd, cf, _, inflight, lat = _keys(t)
+            cd, cf, _, inflight, lat = _keys(self.named(t))
             pipe.pttl(cd)
             pipe.get(cd)
             pipe.get(cf)
@@ -341,7 +343,7 @@ class Health:
             ra = self.cooldown.max_ms
         script = self._failure_script
         if script is not None:
-            cd, cf, probe, _, _ = _keys(target)
+            cd, cf, probe, _, _ = _keys(self.named(target))
             args: list[int | str] = [
                 ra if ra is not None else -1,
                 self.cooldown.base_ms,
@@ -365,7 +367,7 @@ class Health:
             self.on_cooldown(target, "exhausted")
         script = self._exhausted_script
         if script is not None:
-            key = _keys(target)[0]
+            key = _keys(self.named(target))[0]
             try:
                 await self.shared.run(lambda r: script(keys=[key], args=[ms], client=r))
                 return
@@ -389,7 +391,7 @@ class Health:
         self.local.cool.pop(target, None)
         self.local.failures.pop(target, None)
         self.local.probes.pop(target, None)
-        cd, cf, probe, _, _ = _keys(target)
+        cd, cf, probe, _, _ = _keys(self.named(target))
         try:
             await self.shared.run(lambda r: r.delete(cd, cf, probe))
         except Degraded:
@@ -397,7 +399,7 @@ class Health:
 
     async def probe(self, target: str, ttl_ms: int) -> bool:
         """Claim the one recovery probe of a target whose cooldown has ended."""
-        _, _, probe, _, _ = _keys(target)
+        _, _, probe, _, _ = _keys(self.named(target))
         try:
             return bool(await self.shared.run(lambda r: r.set(probe, b"1", nx=True, px=max(ttl_ms, 1))))
         except Degraded:
@@ -408,7 +410,7 @@ class Health:
         reasons): the next request probes at once instead of everyone waiting out the slot."""
         self.forget(target)
         self.local.probes.pop(target, None)
-        probe = _keys(target)[2]
+        probe = _keys(self.named(target))[2]
         try:
             await self.shared.run(lambda r: r.delete(probe))
         except Degraded:
@@ -433,7 +435,7 @@ class Health:
             return
         if count > 0 and self._renewer is None:
             self._renewer = asyncio.ensure_future(self._renew())
-        key = _keys(target)[3]
+        key = _keys(self.named(target))[3]
         try:
             await self.shared.run(lambda r: script(keys=[key], args=[delta, self.inflight_ttl_ms], client=r))
         except Degraded:
@@ -447,7 +449,7 @@ class Health:
         try:
             while self.local.inflight:
                 await asyncio.sleep(ttl / 3000)
-                keys = [_keys(t)[3] for t in self.local.inflight]
+                keys = [_keys(self.named(t))[3] for t in self.local.inflight]
 
                 async def op(r: aioredis.Redis, keys: list[str] = keys) -> None:
                     pipe = r.pipeline(transaction=False)
@@ -477,7 +479,7 @@ class Health:
         script = self._ewma_script
         if script is None:
             return
-        key = _keys(target)[4]
+        key = _keys(self.named(target))[4]
         try:
             await self.shared.run(lambda r: script(keys=[key], args=[ms, _EWMA_ALPHA, _LATENCY_TTL_MS], client=r))
         except Degraded:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 import zlib
 from collections import Counter
@@ -234,6 +235,41 @@ def test_readability_changes_are_logged_once_each(
             ("INFO", "fleet: engine@0's engine metrics are read again"): 1,
         }
     ), lines
+
+
+def test_heavy_reads_are_logged_once_when_they_start_and_once_when_they_end(
+    tmp_path: Path, replicas: list[Upstream], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A read over a quarter of `metrics_max_bytes` (1.1 MB of foreign lines here) gives its load but backs off;
+    the operator is told once that the replica's reads are heavy, and once that they are light again."""
+    heavy = [True]
+
+    async def bloated(request: web.Request, received: Received) -> web.StreamResponse:
+        return metrics(b"a 0\n" * 280_000 + GOOD if heavy[0] else GOOD)
+
+    replicas[0].handler = bloated
+    routing = "policy: least_outstanding, engine_metrics: true, metrics_interval_ms: 50"
+    caplog.set_level(logging.INFO)
+    with serve_config(tmp_path, fleet_config(replicas[:1], routing)) as gw:
+        fleet = gw.pipeline.router.fleets["engine"]
+
+        def reads() -> int:
+            return sum(1 for r in replicas[0].received if r.path == "/metrics")
+
+        wait_until(lambda: reads() >= 4, timeout=10)  # 50, 100, 200 ms apart: backed off, logged once
+        heavy[0] = False
+        start = reads()
+        wait_until(lambda: reads() >= start + 4, timeout=10)
+        assert fleet.engine[0] is not None and fleet.engine_error[0] is None
+    lines = [(r.levelname, re.sub(r"\d{7}", "N", r.getMessage())) for r in caplog.records if r.name == "gateway.fleet"]
+    assert lines == [
+        (
+            "WARNING",
+            "fleet: engine@0's engine metrics took N bytes to read, over a quarter of metrics_max_bytes; "
+            "they are read ever less often while they stay that heavy",
+        ),
+        ("INFO", "fleet: engine@0's engine metrics are light again"),
+    ], lines
 
 
 def test_a_reload_that_turns_engine_metrics_on_starts_reading(tmp_path: Path, replicas: list[Upstream]) -> None:

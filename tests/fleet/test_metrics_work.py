@@ -148,10 +148,13 @@ def gateway(tmp_path: Path, reps: list[Replica], routing: str) -> GatewayProcess
 def test_millions_of_foreign_lines_leave_the_loop_free_and_the_wanted_sample_is_read(
     tmp_path: Path, replicas: list[Replica]
 ) -> None:
-    # A million 4-byte samples of a series nobody asked for, then the wanted one: just under the 4 MiB cap.
+    # A million 4-byte samples of a series nobody asked for, then the wanted one: just under 4 MiB, a quarter
+    # of the cap here, so that the reads are not heavy and keep their 250 ms pace (the loop is measured under
+    # them, not under their backoff).
     tiny = answer(b"a 0\n" * 1_000_000 + b'vllm:num_requests_waiting{model_name="m"} 3\n')
     replicas += [Replica(tiny), Replica(tiny), Replica(answer(GOOD))]
-    gw = gateway(tmp_path, replicas, "policy: least_outstanding, engine_metrics: true, metrics_interval_ms: 250")
+    routing = "policy: least_outstanding, engine_metrics: true, metrics_interval_ms: 250, metrics_max_bytes: 16777216"
+    gw = gateway(tmp_path, replicas, routing)
     try:
         wait_until(lambda: status(gw.url)[2]["engine"] is not None, timeout=10)
         latencies = []
@@ -200,6 +203,35 @@ def test_one_byte_chunks_and_interim_floods_cost_little_cpu_and_failed_reads_bac
         assert len(gaps) >= 3, gaps
         assert min(gaps) > 0.2, gaps
         assert gaps[2] > 0.8, gaps
+
+
+def test_a_load_buried_under_work_just_below_the_caps_is_read_ever_less_often(
+    tmp_path: Path, replicas: list[Replica]
+) -> None:
+    """A replica whose every read succeeds, but only after 3,500 one-byte chunks (charged 3.5 MiB of the 4 MiB
+    cap, about 0.1 s of the gateway's CPU each): its reads back off as failed ones do, its load is used only
+    as long as a light read's would be (then unknown until the next read, never steering by an old reading),
+    while an honest replica beside it is read at the interval."""
+    buried = b"a" * 3500 + b"\n"
+    body = b"".join(b"1\r\n%c\r\n" % c for c in buried) + b"%x\r\n%s\r\n0\r\n\r\n" % (len(GOOD), GOOD)
+    replicas += [Replica(CHUNKED + body), Replica(answer(GOOD))]
+    routing = "policy: least_outstanding, engine_metrics: true, metrics_interval_ms: 250, metrics_timeout_ms: 250"
+    gw = gateway(tmp_path, replicas, routing)
+    seen: list[tuple[object, object]] = []
+    try:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            shown = status(gw.url)
+            seen.append((shown[0]["engine"], shown[0]["engine_error"]))
+            time.sleep(0.05)
+    finally:
+        gw.stop()
+    assert ({"waiting": 0.0, "running": 1.0, "kv_usage": None}, None) in seen, seen
+    aged = [error for engine, error in seen if engine is None and error is not None]
+    assert aged and all(str(e).startswith("the last read was heavy") for e in aged), seen
+    heavy, honest = replicas[0].gaps(), replicas[1].gaps()
+    assert len(heavy) >= 3 and heavy[2] > 0.8, heavy  # 0.25, 0.5, 1, 2 s: read ever less often
+    assert len(honest) >= 12 and statistics.median(honest) < 0.3, honest
 
 
 async def test_reads_through_a_proxy_and_a_tls_tunnel_are_metered_the_same() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from gateway.config import ReplicaConfig, RoutingConfig
-from gateway.fleet.affinity import Ring, prefix_key
+from gateway.fleet.affinity import Ring, prefix_key, session_key
 from gateway.fleet.picker import EngineLoad, Fleet, Hint
 from wire.schema import CompletionRequest
 
@@ -33,6 +33,24 @@ def test_the_ring_is_placed_by_url_not_by_config_order() -> None:
     forward, backward = Ring(URLS, [1, 1, 1]), Ring(URLS[::-1], [1, 1, 1])
     for key in range(0, 2**64, 2**60):
         assert URLS[forward.walk(key)[0]] == URLS[::-1][backward.walk(key)[0]]
+
+
+def test_a_replica_removed_moves_only_its_own_keys_and_scopes_place_one_id_apart() -> None:
+    whole, fewer = Ring(URLS, [1, 1, 1]), Ring(URLS[:2], [1, 1])
+    moved = 0
+    for n in range(600):
+        key = session_key(f"s{n}", "key:cfg_1")
+        home = URLS[whole.walk(key)[0]]
+        if home == URLS[2]:
+            moved += 1
+            continue
+        assert URLS[fewer.walk(key)[0]] == home  # nobody else's session moves
+    assert 120 < moved < 280
+    homes = {whole.walk(session_key(f"s{n}", scope))[0] for n in range(8) for scope in ("", "key:a", "key:b")}
+    assert homes == {0, 1, 2}
+    assert [whole.walk(session_key(f"s{n}", "key:a"))[0] for n in range(24)] != [
+        whole.walk(session_key(f"s{n}", "key:b"))[0] for n in range(24)
+    ]
 
 
 def test_round_robin_follows_the_weights_and_skips_draining_and_hot_replicas() -> None:
