@@ -195,7 +195,8 @@ class LedgerConfig(Strict, frozen=True):
     # While the database is down, batches go to this file (default: beside a SQLite file, else the
     # working directory); they are replayed, once, when it answers again.
     spill_dir: str = ""
-    # The spill file's size at most; rows beyond it are counted (gateway_ledger_spill_lost_rows) and logged.
+    # Each process's spill file's size at most; rows beyond it (or that it cannot take: a disk full) are counted
+    # (gateway_ledger_spill_lost_rows) and logged once per outage.
     spill_bytes: Annotated[int, Meta(ge=4096)] = 256 * 1024 * 1024
     # How often each replica reads the runtime keys' version (a new, rotated or revoked key applies within it).
     keys_poll_ms: Annotated[int, Meta(ge=50, le=2_000)] = 500

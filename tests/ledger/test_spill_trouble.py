@@ -1,0 +1,96 @@
+"""While the database cannot be written, rows the spill file cannot take (full, or a directory that cannot be
+made) are counted and said once per outage, never a failed writer turn; once the database answers, one line
+says how many the outage lost. On a SQLite file locked by another writer and on a stopped PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gateway.config import LedgerConfig
+from gateway.ledger.batch import pending
+from gateway.ledger.book import Ledger
+from gateway.ops.metrics import Record
+
+from .conftest import query
+
+TURNS = 4
+ROWS = 30  # per turn: more than 4096 bytes, the smallest spill file
+
+
+def _rows(ledger: Ledger, n: int) -> None:
+    for i in range(n):
+        rec = Record(
+            request_id=f"r{i}", dialect="openai", key="alice", model="fast", provider="demo", target="demo/long"
+        )
+        rec.team, rec.cost_pico = "blue", 1000
+        ledger.queue.append(pending(rec, 0.01, 1_795_800_000.0, ledger._null))
+
+
+@contextlib.contextmanager
+def _away(engine: str, url: str, request: pytest.FixtureRequest) -> Iterator[None]:
+    """The database takes no writes: a SQLite file another writer holds, a PostgreSQL server stopped."""
+    if engine == "sqlite":
+        holder = sqlite3.connect(url[len("sqlite:///") :], isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        return
+    pg = request.getfixturevalue("pg")
+    pg.stop()
+    try:
+        yield
+    finally:
+        pg.start()
+
+
+def _url(engine: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    return f"sqlite:///{tmp_path / 'ledger.db'}" if engine == "sqlite" else str(request.getfixturevalue("pg").url)
+
+
+@pytest.mark.parametrize("engine", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("trouble", ["full", "unwritable"])
+def test_rows_the_spill_file_cannot_take_are_counted_and_said_once_per_outage(
+    engine: str, trouble: str, tmp_path: Path, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = _url(engine, tmp_path, request)
+    if trouble == "full":
+        spill, cap = tmp_path / "spill", 4096  # no batch fits
+    else:
+        (tmp_path / "a-file").write_text("")
+        spill, cap = tmp_path / "a-file" / "spill", 1 << 20  # a directory that cannot be made
+    caplog.set_level(logging.INFO, logger="gateway")
+
+    async def run() -> None:
+        ledger = Ledger(LedgerConfig(url=url, timeout_ms=300, spill_dir=str(spill), spill_bytes=cap))
+        await ledger.start()
+        try:
+            with _away(engine, url, request):
+                for _ in range(TURNS):
+                    _rows(ledger, ROWS)
+                    await ledger.flush()  # never raises: a writer turn that fails would lose uncounted rows
+                assert ledger.spill.lost == TURNS * ROWS
+                assert ledger.down is not None
+            _rows(ledger, ROWS)
+            await ledger.flush()
+            assert ledger.down is None
+        finally:
+            await ledger.close()
+
+    asyncio.run(run())
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(said) == 2, said  # once when the outage first loses rows, once when it is over
+    what = "the spill file is full (ledger.spill_bytes = 4096)" if trouble == "full" else "cannot be written"
+    assert what in said[0] and f"({ROWS} so far)" in said[0], said
+    assert said[1].startswith(f"ledger: {TURNS * ROWS} row(s) lost during the outage"), said
+    assert not any("writer turn failed" in m for m in said)
+    assert query(url, "SELECT count(*) FROM requests") == [(ROWS,)]
