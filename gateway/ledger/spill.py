@@ -111,10 +111,13 @@ def why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
-def _read(path: Path) -> list[list[list[Any]]]:
-    out = []
+def _read(path: Path) -> Iterator[list[list[Any]]]:
+    """The file's batches, one line decoded at a time: a replay that stops at its first batch (the database still
+    away) decodes that one, not the whole file."""
     with contextlib.suppress(FileNotFoundError), path.open("rb") as f:
         for line in f:
-            with contextlib.suppress(msgspec.DecodeError):  # a line cut by a crash mid-write
-                out.append(_decode(line))
-    return out
+            try:
+                batch = _decode(line)
+            except msgspec.DecodeError:  # a line cut by a crash mid-write
+                continue
+            yield batch

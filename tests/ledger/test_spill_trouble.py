@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 import sqlite3
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -94,3 +95,34 @@ def test_rows_the_spill_file_cannot_take_are_counted_and_said_once_per_outage(
     assert said[1].startswith(f"ledger: {TURNS * ROWS} row(s) lost during the outage"), said
     assert not any("writer turn failed" in m for m in said)
     assert query(url, "SELECT count(*) FROM requests") == [(ROWS,)]
+
+
+def test_a_turn_during_an_outage_reads_one_spilled_batch_not_the_whole_file(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Each writer turn of an outage tries the spill file's oldest batch again: it decodes that one, not every
+    batch the file holds (a long outage fills it to `spill_bytes`, 256 MiB, and the turns come every second)."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+
+    async def run() -> tuple[int, int]:
+        ledger = Ledger(LedgerConfig(url=url, timeout_ms=100, spill_dir=str(tmp_path / "spill")))
+        await ledger.start()
+        try:
+            with _away("sqlite", url, request):
+                for _ in range(30):
+                    _rows(ledger, 500)
+                    await ledger.flush()
+                assert ledger.spill.lost == 0 and ledger.spill.size > 2_500_000
+                tracemalloc.start()
+                try:
+                    await ledger.flush()  # nothing new: only the oldest spilled batch, tried again
+                    peak = tracemalloc.get_traced_memory()[1]
+                finally:
+                    tracemalloc.stop()
+                return peak, ledger.spill.size
+        finally:
+            await ledger.close()
+
+    peak, size = asyncio.run(run())
+    assert peak < size / 2, (peak, size)  # the whole file decoded: five times its size
+    assert query(url, "SELECT count(*) FROM requests") == [(30 * 500,)]
