@@ -7,6 +7,7 @@ key or a YAML one) is a 409; an unknown or revoked id a 404. Docs: docs/ledger.m
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Final
@@ -75,6 +76,12 @@ def routes(authorize: Authorize, render: Render) -> list[HTTPRouteHandler]:
         svc = service(request)
         return await svc.ledger.call(svc.ledger.db.transaction, lambda cur: fn(cur, *args))
 
+    async def applied(svc: LedgerService) -> None:
+        # The change is committed: its answer (a new secret, shown only this once) must not turn into an error
+        # because reading the keys back did not answer; the poller applies it within `keys_poll_ms` of that.
+        with contextlib.suppress(LedgerDown):
+            await svc.poller.refresh()
+
     def unavailable(exc: LedgerDown) -> Response[bytes]:
         return render(unavailable_error(exc))
 
@@ -118,7 +125,7 @@ def routes(authorize: Authorize, render: Render) -> list[HTTPRouteHandler]:
             return render(_conflict(str(exc)))
         except LedgerDown as exc:
             return unavailable(exc)
-        await svc.poller.refresh()
+        await applied(svc)
         return _json(issued, 201)
 
     @get("/admin/keys")
@@ -148,7 +155,7 @@ def routes(authorize: Authorize, render: Render) -> list[HTTPRouteHandler]:
             return render(GatewayError(f"No key {key_id!r}", status=404, code="not_found", type="not_found_error"))
         except LedgerDown as exc:
             return unavailable(exc)
-        await service(request).poller.refresh()
+        await applied(service(request))
         return _json(issued)
 
     @delete("/admin/keys/{key_id:str}", status_code=200)
@@ -163,7 +170,7 @@ def routes(authorize: Authorize, render: Render) -> list[HTTPRouteHandler]:
             return render(GatewayError(f"No key {key_id!r}", status=404, code="not_found", type="not_found_error"))
         except LedgerDown as exc:
             return unavailable(exc)
-        await service(request).poller.refresh()
+        await applied(service(request))
         return _json({"id": key_id, "revoked": True})
 
     return [create_key, list_keys, rotate_key, revoke_key]
