@@ -102,6 +102,18 @@ def _current(row: Row) -> Row:
     return (*row, None, _COMPLETIONS)
 
 
+def _added(sums: Rollups, part: Rollups, sign: int) -> Rollups:
+    """`sums` with `part` added (`sign` 1) or taken away (-1), as a new mapping; a rollup left with no row goes."""
+    out = {k: list(v) for k, v in sums.items()}
+    for k, v in part.items():
+        s = out.setdefault(k, [0] * len(v))
+        for i, n in enumerate(v):
+            s[i] += sign * n
+        if not any(s):
+            del out[k]
+    return out
+
+
 class Ledger:
     """The process's ledger: the queue, the writer task, the database thread, and the keys' poller."""
 
@@ -136,6 +148,7 @@ class Ledger:
         # database holds, so a budget seeded during an outage of writes still counts them. Replaced whole on the
         # writer's thread, and read there.
         self.spilled: Rollups = {}
+        self._spilled_parts: deque[Rollups] = deque()  # the same, per batch of the spill file, oldest first
         self.refused_why = ""
         self.down: str | None = None  # why the database could not be written, while it cannot
         # `spill.lost` when this outage first lost rows to the spill file (None: it has lost none).
@@ -303,13 +316,19 @@ class Ledger:
         says they may wait), then these rows; spill on failure."""
         refused = self.refused
         try:
-            for _path, batch in self.spill.batches(orphans):
+            for path, batch in self.spill.batches(orphans):
                 spilled = [tuple(r) for r in batch]
                 booked = functools.partial(commit, rows=spilled, db=self.rows, fold=self.fold)
                 self._book(booked, functools.partial(list, spilled))
+                if path == self.spill.path:
+                    # Booked: counted from now on as committed, not as spilled, even if the database goes away
+                    # again before the rest of the file is replayed (and never replayed again).
+                    self.spill.done += 1
+                    self.spilled = _added(self.spilled, self._spilled_parts.popleft(), -1)
             self.spill.replayed()
-            if self.spilled:
+            if self.spilled or self._spilled_parts:
                 self.spilled = {}
+                self._spilled_parts.clear()
             if rows.size:
                 self._book(lambda cur: commit_batch(cur, rows, self.rows, self.fold), rows.full)
             if self.down is not None:
@@ -332,7 +351,9 @@ class Ledger:
             # Rows of the batch already booked (split around a refused one) are booked once: replays skip
             # the ids the database holds.
             if rows.size and self.spill.write(rows.full()):
-                self.spilled = rollups(rows, {k: list(v) for k, v in self.spilled.items()}, self.fold)
+                part = rollups(rows, fold=self.fold)
+                self._spilled_parts.append(part)
+                self.spilled = _added(self.spilled, part, 1)
             elif rows.size and self._lost_at is None:
                 # Once per outage: every later turn of it would say the same (the count is in the metrics), and
                 # the total is logged when the database answers again.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -35,6 +36,7 @@ class Spill:
         self.size = 0
         self.lost = 0  # rows that found the spill file full, or could not be written to it
         self.trouble = ""  # why the last rows were lost
+        self.done = 0  # batches of this file booked already (by a replay the database then interrupted)
 
     def write(self, rows: Sequence[Row]) -> bool:
         """Append one batch (one line); False, and the rows counted as lost, when the file is full or cannot be
@@ -76,7 +78,7 @@ class Spill:
         """Every spilled batch: this process's own, then (with `others`) those of processes that died (their
         lock is free)."""
         if self._fd is not None:
-            yield from ((self.path, b) for b in _read(self.path))
+            yield from ((self.path, b) for b in _read(self.path, self.done))
         if not others:
             return
         for other in self.files():
@@ -103,6 +105,7 @@ class Spill:
             self._fd = None
             self.path.unlink(missing_ok=True)
         self.size = 0
+        self.done = 0
 
 
 def why(exc: BaseException) -> str:
@@ -111,11 +114,11 @@ def why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
-def _read(path: Path) -> Iterator[list[list[Any]]]:
-    """The file's batches, one line decoded at a time: a replay that stops at its first batch (the database still
-    away) decodes that one, not the whole file."""
+def _read(path: Path, skip: int = 0) -> Iterator[list[list[Any]]]:
+    """The file's batches after its first `skip` lines, one line decoded at a time: a replay that stops at its
+    first batch (the database still away) decodes that one, not the whole file."""
     with contextlib.suppress(FileNotFoundError), path.open("rb") as f:
-        for line in f:
+        for line in itertools.islice(f, skip, None):
             try:
                 batch = _decode(line)
             except msgspec.DecodeError:  # a line cut by a crash mid-write
