@@ -18,8 +18,9 @@ from gateway.config import LedgerConfig
 from gateway.ledger.batch import pending
 from gateway.ledger.book import Ledger
 from gateway.ops.metrics import Record
+from tests.helpers.servers import cli_env, run_cli
 
-from .conftest import query
+from .conftest import ENV, config, query
 
 TURNS = 4
 ROWS = 30  # per turn: more than 4096 bytes, the smallest spill file
@@ -126,3 +127,55 @@ def test_a_turn_during_an_outage_reads_one_spilled_batch_not_the_whole_file(
     peak, size = asyncio.run(run())
     assert peak < size / 2, (peak, size)  # the whole file decoded: five times its size
     assert query(url, "SELECT count(*) FROM requests") == [(30 * 500,)]
+
+
+def test_a_sqlite_file_that_is_no_longer_a_database_is_an_outage_not_refused_rows(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The ledger's file overwritten (a restore gone wrong, a disk fault): the database is unavailable, so rows
+    are spilled and replayed once the file is a database again, never set aside as rows it refused."""
+    db = tmp_path / "ledger.db"
+    url = f"sqlite:///{db}"
+
+    async def run() -> None:
+        ledger = Ledger(LedgerConfig(url=url, timeout_ms=300, spill_dir=str(tmp_path / "spill")))
+        await ledger.start()
+        try:
+            _rows(ledger, ROWS)
+            await ledger.flush()
+            with _away("sqlite", url, request):  # an outage, after which the file is overwritten
+                _rows(ledger, ROWS)
+                await ledger.flush()
+                assert ledger.spilling == 1
+            with contextlib.closing(sqlite3.connect(db)) as conn:  # every page in the file, none in its journal
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            with db.open("r+b") as f:
+                header = f.read(100)
+                f.seek(0)
+                f.write(b"\x42" * 100)
+            _rows(ledger, ROWS)
+            await ledger.flush()
+            assert (ledger.refused, ledger.spilling) == (0, 1)
+            assert ledger.down is not None and "not a database" in ledger.down
+            with db.open("r+b") as f:
+                f.write(header)
+            await ledger.flush()
+            assert (ledger.refused, ledger.spilling, ledger.down) == (0, 0, None)
+        finally:
+            await ledger.close()
+
+    asyncio.run(run())
+    assert query(url, "SELECT count(*) FROM requests") == [(3 * ROWS,)]
+    assert not list((tmp_path / "spill").glob("ledger-refused-*"))
+
+
+def test_a_sqlite_file_that_is_not_a_database_is_one_line_at_start_up(tmp_path: Path) -> None:
+    db = tmp_path / "ledger.db"
+    db.write_text("not a database, but a file of text long enough to have a header " * 4)
+    path = tmp_path / "config.yaml"
+    path.write_text(config(f"sqlite:///{db}"))
+    result = run_cli(["serve", "--config", str(path), "--port", "0"], env=cli_env(**ENV))
+    assert (result.returncode, result.stdout) == (1, ""), result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"config error: {path}: ledger: sqlite file {db}: file is not a database"
+    ), result.stderr
