@@ -26,6 +26,7 @@ from gateway.config.loading import (
     read_config,
 )
 from gateway.config.schema import (
+    RATE_MAX,
     AdminConfig,
     AliasConfig,
     BatchesConfig,
@@ -85,6 +86,7 @@ __all__ = [
     "LedgerConfig",
     "BudgetUsd",
     "LimitsConfig",
+    "RATE_MAX",
     "LoadedConfig",
     "LoggingConfig",
     "MetricsConfig",

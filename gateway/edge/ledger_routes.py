@@ -30,6 +30,7 @@ from wire.errors import GatewayError, InvalidRequestError
 JSON: Final = "application/json"
 _NO_STORE: Final = {"cache-control": "no-store"}
 _MAX_GRACE_S: Final = 30 * 86_400
+_MAX_EXPIRES_S: Final = 100 * 365 * 86_400  # a century: a key meant to last longer is made without one
 _RANK: Final = {"high": 0, "normal": 1, "low": 2}
 
 Authorize = Callable[[Request[Any, Any, Any]], tuple[Any, Response[bytes] | None]]
@@ -45,7 +46,7 @@ class NewKey(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     )
     max_cost_per_day: BudgetUsd | None = None
     max_cost_per_month: BudgetUsd | None = None
-    expires_in_s: Annotated[int, Meta(ge=1)] | None = None
+    expires_in_s: Annotated[int, Meta(ge=1, le=_MAX_EXPIRES_S)] | None = None
     limits: LimitsConfig | None = None  # rps, rpm, tpm, tpd, concurrent, max_queue_ms: a YAML key's block
     # The key's share of a saturated server, as a YAML key's (docs/fairness.md).
     weight: Annotated[float, Meta(gt=0, le=10_000)] = 1.0

@@ -1,20 +1,24 @@
-"""What `/admin/keys` answers once its change is committed: the change's own answer (a new key's secret, shown
-this once), even when reading the keys back right after does not answer; the replicas' pollers apply it."""
+"""What `/admin/keys` answers: once a change is committed, the change's own answer (a new key's secret, shown
+this once), even when reading the keys back right after does not answer; a key's rates up to their bound, and
+keys stored with more, served and listed."""
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from gateway.config import RATE_MAX
 from tests.helpers.clients import client
 from tests.helpers.postgres import PostgresServer
 from tests.helpers.servers import GatewayThread
+from tests.helpers.sqlite import opened
 from tests.helpers.waiting import wait_until
 
 from .conftest import ADMIN_KEY, ENV, config, query
-from .test_keys import status
+from .test_keys import admin, status
 
 
 @contextmanager
@@ -54,3 +58,28 @@ def test_a_key_made_is_answered_with_its_secret_when_reading_the_keys_back_waits
         assert query(pg.url, "SELECT name FROM api_keys") == [("ci-bot",)]
         # Both replicas' pollers read it once the lock is gone.
         wait_until(lambda: status(a.url, secret) == 200 and status(b.url, secret) == 200, timeout=5)
+
+
+def test_rates_at_the_bound_are_served_and_keys_stored_past_it_too(tmp_path: Path) -> None:
+    """A rate of `RATE_MAX` is a key's own; a key a gateway made before rates were bounded, with more than a
+    float holds, is listed and served as one at the bound, never a 500."""
+    db = tmp_path / "ledger.db"
+    path = tmp_path / "config.yaml"
+    path.write_text(config(f"sqlite:///{db}"))
+    with GatewayThread(path, ENV) as gw:
+        made = admin(gw.url, "POST", "/admin/keys", {"name": "fast", "limits": {"rpm": RATE_MAX, "tpd": RATE_MAX}})
+        assert made.status_code == 201, made.text
+        assert status(gw.url, made.json()["secret"]) == 200
+        old = "gwk-made-before-rates-were-bounded"
+        with opened(db) as conn:
+            conn.execute(
+                "INSERT INTO api_keys (id, name, team, models, max_cost_per_day, expires_at, digest, created_at, "
+                "limits) VALUES ('key_old', 'veteran', NULL, '[\"**\"]', NULL, NULL, ?, 0, ?)",
+                (hashlib.sha256(old.encode()).hexdigest(), '{"rpm": 1' + "0" * 400 + ', "max_queue_ms": 5}'),
+            )
+            conn.execute("UPDATE counters SET value = value + 1 WHERE name = 'keys'")
+        wait_until(lambda: status(gw.url, old) == 200, timeout=5)
+        listed = admin(gw.url, "GET", "/admin/keys")
+        assert listed.status_code == 200, listed.text
+        veteran = next(k for k in listed.json()["keys"] if k["name"] == "veteran")
+        assert veteran["limits"]["rpm"] == RATE_MAX and veteran["limits"]["max_queue_ms"] == 5
