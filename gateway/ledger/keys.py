@@ -148,7 +148,10 @@ def create(
 
 
 def rotate(cur: Cursor, key_id: str, grace_s: float) -> Issued:
-    found = cur.rows(f"SELECT {_FIELDS} FROM api_keys WHERE id = ? AND revoked_at IS NULL", (key_id,))
+    # PostgreSQL: the key's row held until commit, so that a rotation made at once elsewhere starts from this
+    # one's secret (and keeps it in grace) instead of from the one both found. SQLite's BEGIN IMMEDIATE does so.
+    held = " FOR UPDATE" if cur.postgres else ""
+    found = cur.rows(f"SELECT {_FIELDS} FROM api_keys WHERE id = ? AND revoked_at IS NULL{held}", (key_id,))
     if not found:
         raise KeyNotFound(key_id)
     secret = _secret()

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from gateway.config import RATE_MAX
 from tests.helpers.clients import client
@@ -83,3 +85,37 @@ def test_rates_at_the_bound_are_served_and_keys_stored_past_it_too(tmp_path: Pat
         assert listed.status_code == 200, listed.text
         veteran = next(k for k in listed.json()["keys"] if k["name"] == "veteran")
         assert veteran["limits"]["rpm"] == RATE_MAX and veteran["limits"]["max_queue_ms"] == 5
+
+
+def test_two_replicas_rotating_one_key_at_once_both_hand_out_working_secrets(
+    tmp_path: Path, pg: PostgresServer
+) -> None:
+    """Each rotation's secret works, and the one before it keeps its grace: the second rotation starts from the
+    first one's secret, never from the secret both found (which the second could not keep, and whose
+    successor it would drop)."""
+    import psycopg
+
+    path = tmp_path / "config.yaml"
+    path.write_text(config(pg.url, extra=f', timeout_ms: 5000, spill_dir: "{tmp_path / "spill"}"'))
+    with GatewayThread(path, ENV) as a, GatewayThread(path, ENV) as b:
+        made = admin(a.url, "POST", "/admin/keys", {"name": "ci-bot"})
+        first, key_id = made.json()["secret"], made.json()["key"]["id"]
+        answers: dict[str, Any] = {}
+
+        def rotate(url: str) -> None:
+            answers[url] = admin(url, "POST", f"/admin/keys/{key_id}/rotate", {"grace_s": 600})
+
+        # Another session holds the key's row, so that both rotations are under way before either commits.
+        with psycopg.connect(pg.url) as holder:
+            holder.execute("SELECT 1 FROM api_keys WHERE id = %s FOR UPDATE", (key_id,))
+            threads = [threading.Thread(target=rotate, args=(url,)) for url in (a.url, b.url)]
+            for t in threads:
+                t.start()
+            time.sleep(1.5)
+            holder.rollback()
+        for t in threads:
+            t.join(15)
+        assert [r.status_code for r in answers.values()] == [200, 200], [r.text for r in answers.values()]
+        secrets = [first, *(r.json()["secret"] for r in answers.values())]
+        for url in (a.url, b.url):
+            wait_until(lambda url=url: [status(url, s) for s in secrets] == [200, 200, 200], timeout=5)
