@@ -74,8 +74,7 @@ def routes(authorize: Authorize, render: Render) -> list[HTTPRouteHandler]:
         return svc
 
     async def run(request: Request[Any, Any, Any], fn: Callable[..., Any], *args: Any) -> Any:
-        svc = service(request)
-        return await svc.ledger.call(svc.ledger.db.transaction, lambda cur: fn(cur, *args))
+        return await service(request).ledger.change(lambda cur: fn(cur, *args))
 
     async def applied(svc: LedgerService) -> None:
         # The change is committed: its answer (a new secret, shown only this once) must not turn into an error

@@ -58,6 +58,7 @@ _ORPHANS_EVERY_S: Final = 60
 _RETAIN_BATCH: Final = 5000  # SQLite: rows per DELETE (one short transaction each)
 _RETAIN_BATCHES: Final = 200  # ... and at most this many per turn; the rest waits for the next turn
 _MARGIN_S: Final = 1.0  # what a `call` waits beyond `ledger.timeout_ms`, the database's own bound
+_COMMIT_S: Final = 0.5  # of that margin, what a `change` keeps for its COMMIT
 # Rows the database refused alone, one batch per line as in a spill file, never replayed: for the operator.
 _REJECTS_PREFIX: Final = "ledger-refused-"
 _COMPLETIONS: Final = "completions"  # the endpoint of every row spilled before rows recorded theirs
@@ -209,6 +210,20 @@ class Ledger:
         """Run `fn(*args)` on the ledger's thread (every call but the writer's goes through it, one at a
         time); `LedgerDown` when the database does not answer within `timeout_ms` (and a margin)."""
         return await self._answer(asyncio.get_running_loop().run_in_executor(self._pool, fn, *args))
+
+    async def change(self, body: Callable[[Cursor], Any]) -> Any:
+        """`body` in one transaction of `call`'s connection, committed only while its caller still waits: past
+        the wait (`LedgerDown`, a 503 for an admin call) it is rolled back, never made behind the caller's back (a
+        key whose secret nobody was shown). Statements that each wait a while can add up past the wait."""
+        deadline = time.monotonic() + self._wait_s - _COMMIT_S
+
+        def bounded(cur: Cursor) -> Any:
+            out = body(cur)
+            if time.monotonic() > deadline:
+                raise LedgerDown(f"{self.db.where}: no answer within {self.cfg.timeout_ms} ms")
+            return out
+
+        return await self.call(self.db.transaction, bounded)
 
     def behind_writer(self, body: Callable[[Cursor], Any]) -> Coroutine[Any, Any, Any]:
         """`body` in a transaction of the writer's connection, handed to its thread in this very step, so that it

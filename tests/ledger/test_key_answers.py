@@ -119,3 +119,37 @@ def test_two_replicas_rotating_one_key_at_once_both_hand_out_working_secrets(
         secrets = [first, *(r.json()["secret"] for r in answers.values())]
         for url in (a.url, b.url):
             wait_until(lambda url=url: [status(url, s) for s in secrets] == [200, 200, 200], timeout=5)
+
+
+def test_a_key_the_ledger_answered_503_for_is_not_made_after_all(tmp_path: Path, pg: PostgresServer) -> None:
+    """A creation whose statements each waited a while, together past the admin call's bound: the client is
+    answered 503 and the key is not made behind its back (a name taken, and a secret nobody was shown); the
+    same request sent again makes it."""
+    import psycopg
+
+    path = tmp_path / "config.yaml"
+    path.write_text(config(pg.url, extra=f', spill_dir: "{tmp_path / "spill"}"'))  # timeout_ms: 2000
+    with GatewayThread(path, ENV) as gw:
+        answers: list[Any] = []
+        with psycopg.connect(pg.url) as name, psycopg.connect(pg.url) as counter:
+            # The name, taken by a transaction not yet decided; the keys' change counter, held.
+            name.execute(
+                "INSERT INTO api_keys (id, name, models, digest, created_at) VALUES ('key_x', 'ci-bot', '[]', 'x', 0)"
+            )
+            counter.execute("SELECT value FROM counters WHERE name = 'keys' FOR UPDATE")
+            sent = threading.Thread(
+                target=lambda: answers.append(admin(gw.url, "POST", "/admin/keys", {"name": "ci-bot"}))
+            )
+            sent.start()
+            time.sleep(1.6)
+            name.rollback()  # the insert goes on, then waits for the counter
+            time.sleep(1.6)
+            counter.rollback()
+            sent.join(10)
+        [answer] = answers
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["error"]["code"] == "ledger_unavailable"
+        time.sleep(1.0)
+        assert query(pg.url, "SELECT name FROM api_keys") == []
+        again = admin(gw.url, "POST", "/admin/keys", {"name": "ci-bot"})
+        assert again.status_code == 201, again.text
