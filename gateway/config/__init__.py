@@ -28,6 +28,7 @@ from gateway.config.loading import (
     read_config,
 )
 from gateway.config.schema import (
+    RATE_MAX,
     AdminConfig,
     AliasConfig,
     BatchesConfig,
@@ -89,6 +90,7 @@ __all__ = [
     "LedgerConfig",
     "BudgetUsd",
     "LimitsConfig",
+    "RATE_MAX",
     "LoadedConfig",
     "LoggingConfig",
     "MetricsConfig",

@@ -6,7 +6,7 @@ file, resolving `${VAR}` references and the checks across blocks: gateway/config
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 from msgspec import Meta
@@ -53,11 +53,16 @@ class RedisConfig(Strict, frozen=True):
     lease_ttl_ms: Annotated[int, Meta(ge=1_000, le=86_400_000)] = 600_000
 
 
+# A rate at most this (a trillion per period): more limits nothing, and a number past a float's range would fail
+# every request of the key at admission.
+RATE_MAX: Final = 10**12
+
+
 class LimitsConfig(Strict, frozen=True):
-    rps: Annotated[int, Meta(ge=1)] | None = None
-    rpm: Annotated[int, Meta(ge=1)] | None = None
-    tpm: Annotated[int, Meta(ge=1)] | None = None
-    tpd: Annotated[int, Meta(ge=1)] | None = None
+    rps: Annotated[int, Meta(ge=1, le=RATE_MAX)] | None = None
+    rpm: Annotated[int, Meta(ge=1, le=RATE_MAX)] | None = None
+    tpm: Annotated[int, Meta(ge=1, le=RATE_MAX)] | None = None
+    tpd: Annotated[int, Meta(ge=1, le=RATE_MAX)] | None = None
     concurrent: Annotated[int, Meta(ge=1)] | None = None
     # Wait up to this long for room instead of answering 429 at once.
     max_queue_ms: Annotated[int, Meta(ge=0)] = 0
@@ -195,7 +200,8 @@ class LedgerConfig(Strict, frozen=True):
     # While the database is down, batches go to this file (default: beside a SQLite file, else the
     # working directory); they are replayed, once, when it answers again.
     spill_dir: str = ""
-    # The spill file's size at most; rows beyond it are counted (gateway_ledger_spill_lost_rows) and logged.
+    # Each process's spill file's size at most; rows beyond it (or that it cannot take: a disk full) are counted
+    # (gateway_ledger_spill_lost_rows) and logged once per outage.
     spill_bytes: Annotated[int, Meta(ge=4096)] = 256 * 1024 * 1024
     # How often each replica reads the runtime keys' version (a new, rotated or revoked key applies within it).
     keys_poll_ms: Annotated[int, Meta(ge=50, le=2_000)] = 500

@@ -7,6 +7,7 @@ key or a YAML one) is a 409; an unknown or revoked id a 404. Docs: docs/ledger.m
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Final
@@ -29,6 +30,7 @@ from wire.errors import GatewayError, InvalidRequestError
 JSON: Final = "application/json"
 _NO_STORE: Final = {"cache-control": "no-store"}
 _MAX_GRACE_S: Final = 30 * 86_400
+_MAX_EXPIRES_S: Final = 100 * 365 * 86_400  # a century: a key meant to last longer is made without one
 _RANK: Final = {"high": 0, "normal": 1, "low": 2}
 
 Authorize = Callable[[Request[Any, Any, Any]], tuple[Any, Response[bytes] | None]]
@@ -44,7 +46,7 @@ class NewKey(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     )
     max_cost_per_day: BudgetUsd | None = None
     max_cost_per_month: BudgetUsd | None = None
-    expires_in_s: Annotated[int, Meta(ge=1)] | None = None
+    expires_in_s: Annotated[int, Meta(ge=1, le=_MAX_EXPIRES_S)] | None = None
     limits: LimitsConfig | None = None  # rps, rpm, tpm, tpd, concurrent, max_queue_ms: a YAML key's block
     # The key's share of a saturated server, as a YAML key's (docs/fairness.md).
     weight: Annotated[float, Meta(gt=0, le=10_000)] = 1.0
@@ -72,8 +74,13 @@ def routes(authorize: Authorize, render: Render) -> list[HTTPRouteHandler]:
         return svc
 
     async def run(request: Request[Any, Any, Any], fn: Callable[..., Any], *args: Any) -> Any:
-        svc = service(request)
-        return await svc.ledger.call(svc.ledger.db.transaction, lambda cur: fn(cur, *args))
+        return await service(request).ledger.change(lambda cur: fn(cur, *args))
+
+    async def applied(svc: LedgerService) -> None:
+        # The change is committed: its answer (a new secret, shown only this once) must not turn into an error
+        # because reading the keys back did not answer; the poller applies it within `keys_poll_ms` of that.
+        with contextlib.suppress(LedgerDown):
+            await svc.poller.refresh()
 
     def unavailable(exc: LedgerDown) -> Response[bytes]:
         return render(unavailable_error(exc))
@@ -118,7 +125,7 @@ def routes(authorize: Authorize, render: Render) -> list[HTTPRouteHandler]:
             return render(_conflict(str(exc)))
         except LedgerDown as exc:
             return unavailable(exc)
-        await svc.poller.refresh()
+        await applied(svc)
         return _json(issued, 201)
 
     @get("/admin/keys")
@@ -148,7 +155,7 @@ def routes(authorize: Authorize, render: Render) -> list[HTTPRouteHandler]:
             return render(GatewayError(f"No key {key_id!r}", status=404, code="not_found", type="not_found_error"))
         except LedgerDown as exc:
             return unavailable(exc)
-        await service(request).poller.refresh()
+        await applied(service(request))
         return _json(issued)
 
     @delete("/admin/keys/{key_id:str}", status_code=200)
@@ -163,7 +170,7 @@ def routes(authorize: Authorize, render: Render) -> list[HTTPRouteHandler]:
             return render(GatewayError(f"No key {key_id!r}", status=404, code="not_found", type="not_found_error"))
         except LedgerDown as exc:
             return unavailable(exc)
-        await service(request).poller.refresh()
+        await applied(service(request))
         return _json({"id": key_id, "revoked": True})
 
     return [create_key, list_keys, rotate_key, revoke_key]

@@ -14,19 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import functools
 import itertools
 import logging
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final
-
-import msgspec
 
 from gateway.config import LedgerConfig
 from gateway.ledger.batch import (
@@ -49,6 +46,7 @@ from gateway.ledger.batch import (
     text,
 )
 from gateway.ledger.engine import Cursor, Database, LedgerDown
+from gateway.ledger.spill import Spill, why
 from gateway.limits.usage import day_of
 from gateway.ops.metrics import Record
 
@@ -61,11 +59,9 @@ _ORPHANS_EVERY_S: Final = 60
 _RETAIN_BATCH: Final = 5000  # SQLite: rows per DELETE (one short transaction each)
 _RETAIN_BATCHES: Final = 200  # ... and at most this many per turn; the rest waits for the next turn
 _MARGIN_S: Final = 1.0  # what a `call` waits beyond `ledger.timeout_ms`, the database's own bound
-_SPILL_PREFIX: Final = "ledger-spill-"
+_COMMIT_S: Final = 0.5  # of that margin, what a `change` keeps for its COMMIT
 # Rows the database refused alone, one batch per line as in a spill file, never replayed: for the operator.
 _REJECTS_PREFIX: Final = "ledger-refused-"
-_encode = msgspec.json.Encoder().encode
-_decode = msgspec.json.Decoder(list[list[Any]]).decode
 _COMPLETIONS: Final = "completions"  # the endpoint of every row spilled before rows recorded theirs
 
 
@@ -108,84 +104,15 @@ def _current(row: Row) -> Row:
     return (*row, None, _COMPLETIONS)
 
 
-class Spill:
-    """This process's spill file (locked while it lives) and the replay of every spill file in the directory."""
-
-    def __init__(self, directory: Path, max_bytes: int, prefix: str = "") -> None:
-        self.dir = directory
-        self.max_bytes = max_bytes
-        self.path = directory / f"{prefix or _SPILL_PREFIX}{os.getpid()}-{os.urandom(6).hex()}.jsonl"
-        self._fd: int | None = None
-        self.size = 0
-        self.lost = 0  # rows that found the spill file full
-
-    def write(self, rows: Sequence[Row]) -> bool:
-        """Append one batch (one line); False, and the rows counted as lost, when the file is full."""
-        data = _encode([list(r) for r in rows]) + b"\n"
-        if self.size + len(data) > self.max_bytes:
-            self.lost += len(rows)
-            return False
-        if self._fd is None:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-        os.write(self._fd, data)
-        os.fsync(self._fd)
-        self.size += len(data)
-        return True
-
-    @property
-    def waiting(self) -> bool:
-        return self.size > 0
-
-    def files(self) -> list[Path]:
-        """Every spill file in the directory, this process's own included, oldest process first."""
-        return sorted(self.dir.glob(f"{_SPILL_PREFIX}*.jsonl")) if self.dir.is_dir() else []
-
-    def batches(self, others: bool) -> Iterator[tuple[Path, list[list[Any]]]]:
-        """Every spilled batch: this process's own, then (with `others`) those of processes that died (their
-        lock is free)."""
-        if self._fd is not None:
-            yield from ((self.path, b) for b in _read(self.path))
-        if not others:
-            return
-        for other in self.files():
-            if other == self.path:
-                continue
-            try:
-                fd = os.open(other, os.O_RDWR)
-            except OSError:
-                continue
-            try:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError:
-                    continue  # a live process's file: it replays its own
-                yield from ((other, b) for b in _read(other))
-                other.unlink(missing_ok=True)  # every batch committed: the caller stops at the first failure
-            finally:
-                os.close(fd)
-
-    def replayed(self) -> None:
-        """Every batch of this process's own file is committed: start it afresh."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-            self.path.unlink(missing_ok=True)
-        self.size = 0
-
-
-def _why(exc: BaseException) -> str:
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
-
-
-def _read(path: Path) -> list[list[list[Any]]]:
-    out = []
-    with contextlib.suppress(FileNotFoundError), path.open("rb") as f:
-        for line in f:
-            with contextlib.suppress(msgspec.DecodeError):  # a line cut by a crash mid-write
-                out.append(_decode(line))
+def _added(sums: Rollups, part: Rollups, sign: int) -> Rollups:
+    """`sums` with `part` added (`sign` 1) or taken away (-1), as a new mapping; a rollup left with no row goes."""
+    out = {k: list(v) for k, v in sums.items()}
+    for k, v in part.items():
+        s = out.setdefault(k, [0] * len(v))
+        for i, n in enumerate(v):
+            s[i] += sign * n
+        if not any(s):
+            del out[k]
     return out
 
 
@@ -223,8 +150,11 @@ class Ledger:
         # database holds, so a budget seeded during an outage of writes still counts them. Replaced whole on the
         # writer's thread, and read there.
         self.spilled: Rollups = {}
+        self._spilled_parts: deque[Rollups] = deque()  # the same, per batch of the spill file, oldest first
         self.refused_why = ""
         self.down: str | None = None  # why the database could not be written, while it cannot
+        # `spill.lost` when this outage first lost rows to the spill file (None: it has lost none).
+        self._lost_at: int | None = None
         spill_dir = Path(cfg.spill_dir) if cfg.spill_dir else self._default_spill_dir()
         self.spill = Spill(spill_dir, cfg.spill_bytes)
         self.rejects = Spill(spill_dir, cfg.spill_bytes, _REJECTS_PREFIX)
@@ -291,6 +221,20 @@ class Ledger:
         """Run `fn(*args)` on the ledger's thread (every call but the writer's goes through it, one at a
         time); `LedgerDown` when the database does not answer within `timeout_ms` (and a margin)."""
         return await self._answer(asyncio.get_running_loop().run_in_executor(self._pool, fn, *args))
+
+    async def change(self, body: Callable[[Cursor], Any]) -> Any:
+        """`body` in one transaction of `call`'s connection, committed only while its caller still waits: past
+        the wait (`LedgerDown`, a 503 for an admin call) it is rolled back, never made behind the caller's back (a
+        key whose secret nobody was shown). Statements that each wait a while can add up past the wait."""
+        deadline = time.monotonic() + self._wait_s - _COMMIT_S
+
+        def bounded(cur: Cursor) -> Any:
+            out = body(cur)
+            if time.monotonic() > deadline:
+                raise LedgerDown(f"{self.db.where}: no answer within {self.cfg.timeout_ms} ms")
+            return out
+
+        return await self.call(self.db.transaction, bounded)
 
     def behind_writer(self, body: Callable[[Cursor], Any]) -> Coroutine[Any, Any, Any]:
         """`body` in a transaction of the writer's connection, handed to its thread in this very step, so that it
@@ -398,18 +342,32 @@ class Ledger:
         says they may wait), then these rows; spill on failure."""
         refused = self.refused
         try:
-            for _path, batch in self.spill.batches(orphans):
+            for path, batch in self.spill.batches(orphans):
                 spilled = [tuple(r) for r in batch]
                 booked = functools.partial(commit, rows=spilled, db=self.rows, fold=self.fold)
                 self._book(booked, functools.partial(list, spilled))
+                if path == self.spill.path:
+                    # Booked: counted from now on as committed, not as spilled, even if the database goes away
+                    # again before the rest of the file is replayed (and never replayed again).
+                    self.spill.done += 1
+                    self.spilled = _added(self.spilled, self._spilled_parts.popleft(), -1)
             self.spill.replayed()
-            if self.spilled:
+            if self.spilled or self._spilled_parts:
                 self.spilled = {}
+                self._spilled_parts.clear()
             if rows.size:
                 self._book(lambda cur: commit_batch(cur, rows, self.rows, self.fold), rows.full)
             if self.down is not None:
                 log.warning("ledger: %s answers again; spilled rows replayed", self.rows.where)
                 self.down = None
+            if self._lost_at is not None:
+                log.error(
+                    "ledger: %d row(s) lost during the outage (%s); %d so far",
+                    self.spill.lost - self._lost_at,
+                    self.spill.trouble,
+                    self.spill.lost,
+                )
+                self._lost_at = None
         except LedgerDown as exc:
             if self.down is None:
                 log.warning("ledger: cannot write (%s); rows go to %s until it answers", exc, self.spill.path)
@@ -419,11 +377,17 @@ class Ledger:
             # Rows of the batch already booked (split around a refused one) are booked once: replays skip
             # the ids the database holds.
             if rows.size and self.spill.write(rows.full()):
-                self.spilled = rollups(rows, {k: list(v) for k, v in self.spilled.items()}, self.fold)
-            elif rows.size:
+                part = rollups(rows, fold=self.fold)
+                self._spilled_parts.append(part)
+                self.spilled = _added(self.spilled, part, 1)
+            elif rows.size and self._lost_at is None:
+                # Once per outage: every later turn of it would say the same (the count is in the metrics), and
+                # the total is logged when the database answers again.
+                self._lost_at = self.spill.lost - rows.size
                 log.error(
-                    "ledger: the spill file is full (ledger.spill_bytes = %d): %d row(s) lost so far",
-                    self.spill.max_bytes,
+                    "ledger: %s: rows are lost, and counted in gateway_ledger_spill_lost_rows, until the database "
+                    "answers (%d so far)",
+                    self.spill.trouble,
                     self.spill.lost,
                 )
         if self.refused != refused:
@@ -449,7 +413,7 @@ class Ledger:
     def _split(self, rows: list[Row], exc: Exception) -> None:
         if len(rows) == 1:
             self.refused += 1
-            self.refused_why = _why(exc)
+            self.refused_why = why(exc)
             self.rejects.write(rows)
             return
         half = len(rows) // 2

@@ -38,6 +38,17 @@ POSTGRES: Final = "postgresql"
 sqlite3.register_adapter(type(None), cast("Callable[[None], None]", {}.get))
 
 
+# SQLite's errors that a statement or its values cause, not the file or its lock (`Database._errors`).
+_ROW_FAULTS: Final = (
+    sqlite3.IntegrityError,
+    sqlite3.DataError,
+    sqlite3.ProgrammingError,
+    sqlite3.InterfaceError,
+    sqlite3.NotSupportedError,
+    sqlite3.InternalError,
+)
+
+
 class LedgerDown(Exception):
     """The database could not be reached or written now."""
 
@@ -168,7 +179,10 @@ class Database:
                 psycopg.errors.InsufficientPrivilege,
                 psycopg.errors.UndefinedTable,
             )
-        return (sqlite3.OperationalError,)
+        # Beside SQLite's outages (locked, disk full, read-only, I/O), a file that is not a database, or is
+        # corrupt (a bare `DatabaseError`), is one too: no row is at fault, so rows are spilled and replayed once
+        # the file is whole again. Its other errors name a statement's or a value's fault (`_ROW_FAULTS`).
+        return (sqlite3.DatabaseError,)
 
     def transaction(self, body: Callable[[Cursor], T]) -> T:
         """Run `body` in one transaction (SQLite: BEGIN IMMEDIATE, so writers queue instead of failing)."""
@@ -202,6 +216,8 @@ class Database:
             cur.execute("COMMIT")
             return out
         except errors as exc:
+            if isinstance(exc, _ROW_FAULTS):
+                raise
             self.close()  # forgets the partitions too: one made in a transaction that failed is not there
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise LedgerDown(f"{self.where}: {first}") from None

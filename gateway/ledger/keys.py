@@ -22,7 +22,7 @@ from typing import Any, Final
 
 import msgspec
 
-from gateway.config import LimitsConfig, Priority
+from gateway.config import RATE_MAX, LimitsConfig, Priority
 from gateway.ledger.book import Ledger
 from gateway.ledger.engine import Cursor, LedgerDown
 from gateway.limits.admission import buckets_of
@@ -37,6 +37,7 @@ _FIELDS: Final = (
 )
 # A key's share of a saturated server: weight, default priority, highest priority it may ask for.
 Share = tuple[float, "Priority | None", "Priority | None"]
+_RATES: Final = ("rps", "rpm", "tpm", "tpd")
 _BUMP: Final = "UPDATE counters SET value = value + 1 WHERE name = 'keys'"
 
 
@@ -100,7 +101,14 @@ def _row(r: tuple[Any, ...], grace: dict[str, float]) -> KeyRow:
 
 
 def _limits(stored: str | None) -> LimitsConfig | None:
-    return None if stored is None else msgspec.json.decode(stored, type=LimitsConfig)
+    if stored is None:
+        return None
+    # A key made before rates were bounded may hold more than `RATE_MAX`: it limits nothing, as the bound does.
+    fields = msgspec.json.decode(stored, type=dict[str, Any])
+    for kind in _RATES:
+        if isinstance(fields.get(kind), int) and fields[kind] > RATE_MAX:
+            fields[kind] = RATE_MAX
+    return msgspec.convert(fields, LimitsConfig)
 
 
 # ---------------------------------------------------------------------------- on the ledger's thread
@@ -140,7 +148,10 @@ def create(
 
 
 def rotate(cur: Cursor, key_id: str, grace_s: float) -> Issued:
-    found = cur.rows(f"SELECT {_FIELDS} FROM api_keys WHERE id = ? AND revoked_at IS NULL", (key_id,))
+    # PostgreSQL: the key's row held until commit, so that a rotation made at once elsewhere starts from this
+    # one's secret (and keeps it in grace) instead of from the one both found. SQLite's BEGIN IMMEDIATE does so.
+    held = " FOR UPDATE" if cur.postgres else ""
+    found = cur.rows(f"SELECT {_FIELDS} FROM api_keys WHERE id = ? AND revoked_at IS NULL{held}", (key_id,))
     if not found:
         raise KeyNotFound(key_id)
     secret = _secret()

@@ -20,6 +20,8 @@ from gateway.limits.budgets import Budget
 from gateway.ops.metrics import Record
 from tests.helpers.postgres import PostgresServer
 
+from .conftest import query
+
 DAY = "2026-11-30"
 NOON = calendar.timegm(dt.date.fromisoformat(DAY).timetuple()) + 12 * 3600
 
@@ -83,3 +85,51 @@ def test_rows_spilled_while_the_database_takes_no_writes_still_count(pg: Postgre
 
 
 BUDGET = Budget("Key 'capped'", "id-capped", "key_id", "daily", DAY, DAY, 1.0, "capped")
+
+
+def test_spilled_batches_replayed_before_the_database_went_away_again_count_once(
+    pg: PostgresServer, tmp_path: Path
+) -> None:
+    """A replay the database interrupts (it went away again after the spill file's first batch): the batch it
+    committed counts once, as committed, in what a view or a budget's seed reads; the one still waiting, once,
+    as spilled."""
+    import psycopg
+
+    nextday = (dt.date.fromisoformat(DAY) + dt.timedelta(days=1)).isoformat()
+    month = Budget("Key 'capped'", "id-capped", "key_id", "monthly", "2026-11-01", "2026-12-31", 1.0, "capped")
+
+    async def seen(ledger: Ledger) -> int:
+        booked, waiting = await ledger.read(lambda cur: cur.rows("SELECT sum(cost_pico) FROM daily"))
+        return int(booked[0][0] or 0) + _waiting(waiting, [month])[0]
+
+    async def run() -> None:
+        ledger = Ledger(LedgerConfig(url=pg.url, timeout_ms=300, spill_dir=str(tmp_path / "spill")))
+        await ledger.start()
+        try:
+            # Both days' partitions exist, so that one of them can be locked alone below.
+            ledger.queue.extend(
+                [_row("capped", "id-capped", "blue", 1), _row("capped", "id-capped", "blue", 2, NOON + 86_400)]
+            )
+            await ledger.flush()
+            with psycopg.connect(pg.url) as locker:
+                locker.execute("LOCK TABLE requests IN EXCLUSIVE MODE")
+                ledger.queue.append(_row("capped", "id-capped", "blue", 10))
+                await ledger.flush()  # the spill file's first batch
+                ledger.queue.append(_row("capped", "id-capped", "blue", 100, NOON + 86_400))
+                await ledger.flush()  # and its second, of the next day
+                assert await seen(ledger) == 113
+                locker.rollback()
+                # The next day's rows cannot be written now: the replay books the first batch, then stops.
+                locker.execute(f"LOCK TABLE requests_d{nextday.replace('-', '')} IN ACCESS EXCLUSIVE MODE")
+                await ledger.flush()
+                assert ledger.spilling == 1
+                assert query(pg.url, "SELECT sum(cost_pico) FROM daily") == [(13,)]
+                assert await seen(ledger) == 113
+                locker.rollback()
+            await ledger.flush()
+            assert ledger.spilling == 0
+            assert await seen(ledger) == 113
+        finally:
+            await ledger.close()
+
+    asyncio.run(run())

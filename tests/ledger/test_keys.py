@@ -246,6 +246,11 @@ def test_a_runtime_keys_limits_and_monthly_budget_as_a_yaml_keys(tmp_path: Path)
         ({"limits": {"burst": 3}}, "limits.burst"),  # an unknown field, named with its path
         ({"name_of_key": "x"}, "name_of_key"),
         ({"max_cost_per_month": "lots"}, "max_cost_per_month"),
+        # Numbers past a float's range, or past a rate that limits anything, or a century of life.
+        ({"limits": {"rpm": 10**13}}, "limits.rpm"),
+        ({"limits": {"tpd": 10**400}}, "limits.tpd"),
+        ({"expires_in_s": 10**400}, "expires_in_s"),
+        ({"expires_in_s": 101 * 365 * 86_400}, "expires_in_s"),
     ],
 )
 def test_a_bad_limit_is_a_400_naming_it(
