@@ -242,7 +242,7 @@ class Ledger:
         any it takes later: what a view adds of the queue's rows to what it reads is then never counted twice
         nor missed (gateway/ledger/report.py). Awaited as `call` is."""
         loop = asyncio.get_running_loop()
-        return self._answer(loop.run_in_executor(self._writer_pool, self.rows.transaction, body))
+        return self._answer(loop.run_in_executor(self._writer_pool, self.rows.snapshot, body))
 
     async def read(self, body: Callable[[Cursor], Any]) -> tuple[Any, Rollups]:
         """What `body` reads of the committed rows, and the rollups of this process's rows still waiting for

@@ -184,8 +184,14 @@ class Database:
         # the file is whole again. Its other errors name a statement's or a value's fault (`_ROW_FAULTS`).
         return (sqlite3.DatabaseError,)
 
-    def transaction(self, body: Callable[[Cursor], T]) -> T:
-        """Run `body` in one transaction (SQLite: BEGIN IMMEDIATE, so writers queue instead of failing)."""
+    def snapshot(self, body: Callable[[Cursor], T]) -> T:
+        """Run `body`, which only reads, in one transaction that takes no write lock (SQLite: a deferred BEGIN,
+        which in WAL mode reads a snapshot and never waits for a writer; PostgreSQL: as `transaction`)."""
+        return self.transaction(body, write=False)
+
+    def transaction(self, body: Callable[[Cursor], T], *, write: bool = True) -> T:
+        """Run `body` in one transaction (SQLite: BEGIN IMMEDIATE, so writers queue instead of failing; a
+        deferred BEGIN for `snapshot`'s reads)."""
         errors = self._errors()
         try:
             fresh = self._conn is None
@@ -207,7 +213,7 @@ class Database:
                     self._days.clear()
                     raise
             cur = conn.cursor()
-            cur.execute("BEGIN IMMEDIATE")
+            cur.execute("BEGIN IMMEDIATE" if write else "BEGIN")
             try:
                 out = body(Cursor(cur, False))
             except BaseException:

@@ -277,10 +277,10 @@ class KeyPoller:
 
     async def refresh(self, *, force: bool = False) -> None:
         if not force:
-            current = await self.ledger.call(self.ledger.db.transaction, version)
+            current = await self.ledger.call(self.ledger.db.snapshot, version)
             if current == self.seen:
                 return
-        found: Loaded = await self.ledger.call(self.ledger.db.transaction, load)
+        found: Loaded = await self.ledger.call(self.ledger.db.snapshot, load)
         rows = found.rows
         clash = sorted({r[1] for r in rows} & self.yaml_names)
         if clash:
