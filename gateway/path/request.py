@@ -444,9 +444,21 @@ def normalize_chat(req: ChatRequest, caps: CapsConfig = _DEFAULT_CAPS) -> ChatRe
         raise _bad("'tool_choice' is only allowed when 'tools' are given", "tool_choice")
     if req.parallel_tool_calls is not None and not req.tools:
         raise _bad("'parallel_tool_calls' is only allowed when 'tools' are given", "parallel_tool_calls")
+    if len(req.messages) > caps.chat_messages:
+        raise _bad(
+            f"The conversation has {len(req.messages)} messages; at most {caps.chat_messages} are allowed", "messages"
+        )
     back = refused = False
-    images = 0
-    for m in req.messages:
+    images = parts = 0
+    for i, m in enumerate(req.messages):
+        if m.content.__class__ is list:
+            parts += len(m.content)
+            if parts > caps.chat_content_parts:
+                raise _bad(
+                    f"'messages[{i}].content' brings the conversation's content parts to {parts}; at most "
+                    f"{caps.chat_content_parts} are allowed in all",
+                    "messages.content",
+                )
         if m.type is not None:
             m.type = None  # lm-eval's mark (wire.chat.Mark), for no upstream
         if m.__class__ is AssistantMessage:
