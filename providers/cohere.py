@@ -169,6 +169,7 @@ class CohereAdapter(OpenAIChat):
     params = table({**EMULATED_EXTRAS, **SAMPLING})
     # Chat (v2 messages, tools, `response_format`): providers/cohere_chat.py.
     chat_path: ClassVar[str] = "/v2/chat"
+    chat_names = False  # its messages have no `name`
     chat_params = guides_checked(
         table(
             SAMPLING,
