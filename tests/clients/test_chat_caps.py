@@ -1,8 +1,12 @@
-"""The caps on a chat request's conversation, over real sockets: how many messages it may send and how many
-content parts they may hold together (`caps.chat_messages`, `caps.chat_content_parts`). Beyond either, the
-`openai` SDK gets a 400 naming the field before any upstream is asked; at the cap the request is served.
-A conversation the body cap lets through (8 MiB holds some 290,000 one-word messages) would otherwise be
-walked, rendered, counted and translated message by message on the gateway's event loop.
+"""The caps on a chat request's conversation, and which message a refusal names, over real sockets: how
+many messages it may send and how many content parts they may hold together (`caps.chat_messages`,
+`caps.chat_content_parts`). Beyond either, the `openai` SDK gets a 400 naming the field before any upstream
+is asked; at the cap the request is served. A conversation the body cap lets through (8 MiB holds some
+290,000 one-word messages) would otherwise be walked, rendered, counted and translated message by message
+on the gateway's event loop.
+
+A malformed message is a 400 whose `param` is the field's path (`messages.content`) and whose message names
+the message by its index (`messages[2].content`), so a client finds it in a long conversation.
 """
 
 from __future__ import annotations
@@ -102,3 +106,27 @@ def test_the_defaults_are_documented_bounds() -> None:
     security = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
     assert "| `caps.chat_messages` | 10,000 |" in security
     assert "| `caps.chat_content_parts` | 10,000 |" in security
+
+
+@pytest.mark.parametrize(
+    "bad,param,where",
+    [
+        ({"role": "user", "content": 5}, "messages.content", "'messages[2].content'"),
+        ({"role": "user", "content": [["nested"]]}, "messages.content", "'messages[2].content[0]'"),
+        ({"role": "robot", "content": "x"}, "messages.role", "'messages[2].role'"),
+        ({"role": "tool", "content": "x"}, "messages.tool_call_id", "'messages[2].tool_call_id'"),
+        (
+            {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+            "messages.tool_calls.id",
+            "'messages[2].tool_calls[0].id'",
+        ),
+    ],
+)
+def test_a_malformed_message_is_named_by_its_index(
+    client: openai.OpenAI, upstream: Upstream, bad: dict[str, Any], param: str, where: str
+) -> None:
+    err = _refused(client, [*_turns(2), bad])
+    body: Any = err.body
+    assert err.status_code == 400 and body["param"] == param, body
+    assert where in body["message"], body
+    assert upstream.received == []
