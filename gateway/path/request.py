@@ -19,7 +19,7 @@ from gateway.path.dialects import decode_error, unknown_field
 from gateway.path.echo import echoed
 from gateway.path.unrendered import image_parts, unrendered
 from providers.registry import credential_headers
-from wire.chat import CHAT_SHAPES, AssistantMessage, ChatRequest, UserMessage, render
+from wire.chat import CHAT_SHAPES, AssistantMessage, ChatRequest, ToolMessage, UserMessage, render
 from wire.errors import InvalidRequestError
 from wire.schema import FREE_FORM, CacheSalt, CompletionRequest, check_depth, no_chat_template
 
@@ -448,7 +448,7 @@ def normalize_chat(req: ChatRequest, caps: CapsConfig = _DEFAULT_CAPS) -> ChatRe
         raise _bad(
             f"The conversation has {len(req.messages)} messages; at most {caps.chat_messages} are allowed", "messages"
         )
-    back = refused = False
+    back = said = False
     images = parts = 0
     for i, m in enumerate(req.messages):
         if m.content.__class__ is list:
@@ -464,12 +464,15 @@ def normalize_chat(req: ChatRequest, caps: CapsConfig = _DEFAULT_CAPS) -> ChatRe
         if m.__class__ is AssistantMessage:
             if m.tool_calls or m.annotations is not None or m.parsed is not None:
                 _sdk_echo(m)
+                said = said or bool(m.tool_calls)  # their ids go beside the rendered text
             if m.reasoning_content is not None or m.thinking_blocks is not None:
                 back = True
             if m.refusal is not None:
-                refused = True
+                said = True
         elif m.__class__ is UserMessage and m.content.__class__ is list:
             images += image_parts(m.content)
+        elif m.__class__ is ToolMessage:
+            said = True  # its tool_call_id, as a call's id
     req.thinking_back = back
     if req.continue_final_message is not None or req.add_generation_prompt is not None:
         _prefill(req)
@@ -478,7 +481,7 @@ def normalize_chat(req: ChatRequest, caps: CapsConfig = _DEFAULT_CAPS) -> ChatRe
     req.prompt = render(req.messages)
     normalize(req, caps)
     # Always set (a client's own " unrendered" never stands), once its fields are checked and folded.
-    req.unrendered = unrendered(req, images, caps.image_tokens, back or refused)
+    req.unrendered = unrendered(req, images, caps.image_tokens, back or said)
     if req.echo_last:
         _bound_echo(req, caps.emulated_answer_bytes)
     return req
