@@ -462,6 +462,12 @@ def normalize_chat(req: ChatRequest, caps: CapsConfig = _DEFAULT_CAPS) -> ChatRe
         if m.type is not None:
             m.type = None  # lm-eval's mark (wire.chat.Mark), for no upstream
         if m.__class__ is AssistantMessage:
+            if m.content is None and not (m.tool_calls or m.refusal or m.reasoning_content or m.thinking_blocks):
+                # An empty turn: OpenAI refuses it, and the kinds with their own bodies drop or refuse it.
+                raise _bad(
+                    f"'messages[{i}].content' is required on an assistant message without tool_calls",
+                    "messages.content",
+                )
             if m.tool_calls or m.annotations is not None or m.parsed is not None:
                 _sdk_echo(m)
                 said = said or bool(m.tool_calls)  # their ids go beside the rendered text

@@ -120,6 +120,9 @@ def test_the_defaults_are_documented_bounds() -> None:
             "messages.tool_calls.id",
             "'messages[2].tool_calls[0].id'",
         ),
+        # OpenAI's rule: an assistant message's content is required unless it calls tools (or refuses).
+        ({"role": "assistant"}, "messages.content", "'messages[2].content'"),
+        ({"role": "assistant", "content": None}, "messages.content", "'messages[2].content'"),
     ],
 )
 def test_a_malformed_message_is_named_by_its_index(
