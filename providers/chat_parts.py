@@ -8,14 +8,20 @@ from typing import Any
 
 import msgspec
 
-from wire.chat import AssistantMessage, ChatMessage, ThinkingBlocks, ToolCall
+from wire.chat import AssistantMessage, ChatMessage, TextPart, ThinkingBlocks, ToolCall
 from wire.errors import InvalidRequestError
 
 
 def assistant_text(m: AssistantMessage) -> str:
-    """The turn's text: its string, or its text parts joined (refusal parts carry none)."""
+    """The turn's text: its string, or its text and refusal parts joined; a turn that said nothing else (an
+    OpenAI refusal, content null) is its `refusal`. A refusal is what the assistant said: without it the turn
+    would be empty, which these APIs refuse or drop, and the model would not see that it declined."""
     content = m.content
-    return content if isinstance(content, str) else "".join(getattr(p, "text", "") for p in content or ())
+    if isinstance(content, str):
+        text = content
+    else:
+        text = "".join(p.text if isinstance(p, TextPart) else p.refusal for p in content or ())
+    return text or m.refusal or ""
 
 
 def call_arguments(call: ToolCall, provider: str) -> dict[str, Any]:

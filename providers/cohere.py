@@ -77,7 +77,9 @@ class CUsage(msgspec.Struct):
 
 
 class CResponse(msgspec.Struct):
-    finish_reason: str | None = None
+    # Required, as Cohere's API definition has it for the v2 chat response: a body without one is not Cohere's
+    # answer (a base URL that reaches another server), rather than an empty answer to serve, cache and bill.
+    finish_reason: str
     message: CMessage | None = None
     usage: CUsage | None = None
 
@@ -167,6 +169,7 @@ class CohereAdapter(OpenAIChat):
     params = table({**EMULATED_EXTRAS, **SAMPLING})
     # Chat (v2 messages, tools, `response_format`): providers/cohere_chat.py.
     chat_path: ClassVar[str] = "/v2/chat"
+    chat_names = False  # its messages have no `name`
     chat_params = guides_checked(
         table(
             SAMPLING,

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from providers.base import CallContext
-from providers.chat_parts import answer_message
+from providers.chat_parts import answer_message, assistant_text
 from providers.finish import finish_reason
 from wire.chat import (
     AssistantMessage,
@@ -108,8 +108,7 @@ def _user(m: UserMessage) -> str | list[dict[str, Any]]:
 
 def _assistant(m: AssistantMessage) -> dict[str, Any]:
     out: dict[str, Any] = {"role": "assistant"}
-    content = m.content
-    text = content if isinstance(content, str) else "".join(getattr(p, "text", "") for p in content or ())
+    text = assistant_text(m)
     if text:
         out["content"] = text
     if m.tool_calls:

@@ -317,6 +317,7 @@ class GeminiAdapter(OpenAIChat):
     # One `contents` turn per call: the gateway fans out prompt lists.
     prompt_forms = frozenset({"text"})
     chat_path: ClassVar[str] = "/v1beta/models/{model}:generateContent"
+    chat_names = False  # its messages have no `name`
     chat_params = guides_checked(GEMINI_CHAT_PARAMS, GEMINI_PARAMS)
     # Chat's body carries the limit and the count where completions' does: its extras are guarded the same.
     chat_guarded_paths = guarded_paths

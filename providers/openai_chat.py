@@ -166,6 +166,10 @@ class OpenAIChat(Adapter):
     # so that the content is the continuation alone, as every other route's (and the route's own stream) is.
     chat_continue_repeats: ClassVar[bool] = False
 
+    # Whether the route's messages carry OpenAI's `name` (who said it). A route without the field refuses a
+    # named message by name (`messages.name`), or drops the names under `unsupported_params: drop`.
+    chat_names: ClassVar[bool] = True
+
     # The field an assistant message's `reasoning_content` goes back under, for servers that read the model's
     # earlier thinking (DeepSeek wants it for turns that called tools); None: left out, as strict servers
     # refuse an unknown message field. `thinking_blocks` (Anthropic's signatures) reach no such server.
@@ -397,6 +401,11 @@ def check_chat(adapter: Capabilities, req: ChatRequest, provider: str) -> None:
         )
 
 
+def named(req: ChatRequest) -> bool:
+    """Whether a message of the conversation carries a `name` (a tool message has none)."""
+    return any(getattr(m, "name", None) is not None for m in req.messages)
+
+
 def unsupported_endpoint(provider: str, kind: str) -> InvalidRequestError:
     """The 400 for a chat request routed to a kind whose chat API the gateway does not speak yet."""
     return InvalidRequestError(
@@ -413,6 +422,7 @@ __all__ = [
     "check_chat",
     "chunks_from",
     "from_completion",
+    "named",
     "unsupported_endpoint",
     "usage_chunk",
 ]

@@ -283,6 +283,10 @@ class CapsConfig(Strict, frozen=True):
     # Completion tokens a budget reserves per choice for a request that sets no max_tokens (nothing else bounds
     # its answer but the model's context); an answer past it is charged in full (docs/ledger.md#budgets).
     budget_max_tokens: Annotated[int, Meta(ge=1)] = 4096
+    # A chat request's messages, and their content parts together: each one is walked, rendered, counted and
+    # translated on the event loop, and the body cap alone lets through some 290,000 one-word messages.
+    chat_messages: Annotated[int, Meta(ge=1)] = 10_000
+    chat_content_parts: Annotated[int, Meta(ge=1)] = 10_000
     # Prompt tokens token limits and budgets count for each image a request sends (a chat's image parts, a
     # completion's `images`): the gateway sees no pixels to count them by. OpenAI's gpt-4o family bills a
     # high-detail image 85 + 170 per 512-px tile, at most 1,445; Anthropic about width x height / 750, at most

@@ -113,6 +113,10 @@ MEANINGS: dict[str, str] = {
     "caps.request_body_bytes": "a client request body; 413 beyond it, in the route's dialect",
     "caps.json_depth": "nesting inside free-form fields (`response_format`, `guided_json`, `inference_extra_params`, "
     "...); 400 beyond it",
+    "caps.chat_messages": "messages one chat request may send (each is walked, rendered, counted and translated); "
+    "400 naming `messages` beyond it",
+    "caps.chat_content_parts": "content parts (text, image, refusal) a chat request's messages may hold together; "
+    "400 naming `messages.content` (the message in the text) beyond it",
     "caps.budget_max_tokens": "completion tokens a budgeted request without `max_tokens` reserves per choice (nothing "
     "else bounds its answer but the model's context); an answer past it is charged in full, a stream as it runs "
     "([ledger.md](ledger.md#budgets))",

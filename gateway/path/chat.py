@@ -24,7 +24,14 @@ from gateway.path.fanout import open_all
 from gateway.path.opened import Opened
 from gateway.upstream.plan import Group, Plan, Route
 from providers.base import LocalAdapter, map_params
-from providers.openai_chat import OpenAIChat, check_chat, chunks_from, from_completion, unsupported_endpoint
+from providers.openai_chat import (
+    OpenAIChat,
+    check_chat,
+    chunks_from,
+    from_completion,
+    named,
+    unsupported_endpoint,
+)
 from wire.chat import AssistantMessage, ChatChunk, ChatCompletion, ChatRequest, Delta, TextPart, render, text_parts
 from wire.errors import UnsupportedParamError
 from wire.schema import CompletionRequest
@@ -68,9 +75,20 @@ class ChatAttempt(Attempt):
     def _mapped(self, req: CompletionRequest) -> tuple[dict[str, Any], list[str]]:
         """`req`'s parameters mapped by the route's chat table (`_plan` checked it), and those dropped."""
         route = self.route
-        table = route.adapter.chat_params
+        adapter = route.adapter
+        table = adapter.chat_params
         assert table is not None
-        return map_params(req, table, route.provider, route.drop_unsupported)
+        params, lost = map_params(req, table, route.provider, route.drop_unsupported)
+        if isinstance(adapter, OpenAIChat) and not adapter.chat_names and named(cast(ChatRequest, req)):
+            # The adapter builds its messages without the names: refused, or listed as dropped.
+            if not route.drop_unsupported:
+                raise UnsupportedParamError(
+                    "messages.name",
+                    route.provider,
+                    f"Provider '{route.provider}' has no 'name' on a message: send the conversation without names",
+                )
+            lost.append("messages.name")
+        return params, lost
 
     async def _charge_n(self, em: ChatEmulation) -> None:
         """The fan-out's calls beyond the one admission charged, all before the first is made."""

@@ -40,6 +40,18 @@ def _path(path: str) -> list[str | int]:
     return out
 
 
+def _label(loc: list[str | int]) -> str:
+    """A path as the message names it, list indices kept (`messages[2].content`): the `param` leaves them out,
+    and a client needs them to find the one bad message of a long conversation."""
+    out = ""
+    for p in loc:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        elif p != "...":
+            out += f".{p}" if out else p
+    return out
+
+
 class RequestError(InvalidRequestError):
     """A request body that failed decoding; `loc` is the JSON path, for FastAPI-style dialects."""
 
@@ -67,9 +79,9 @@ def decode_error(exc: msgspec.DecodeError | msgspec.ValidationError) -> RequestE
         if m:
             loc = [*where, m.group(1)]
             name = ".".join(str(p) for p in loc if isinstance(p, str) and p != "...")
-            return RequestError(f"Missing required parameter: '{name}'", name, loc, "missing_required_parameter")
+            return RequestError(f"Missing required parameter: '{_label(loc)}'", name, loc, "missing_required_parameter")
         param = ".".join(str(p) for p in where if isinstance(p, str) and p != "...") or None
-        label = param or "request body"
+        label = _label(where) or "request body"
         return RequestError(f"Invalid value for '{label}': {problem}", param, where, "invalid_value")
     if isinstance(exc, BodyError):
         return RequestError(exc.message, exc.param, [exc.param] if exc.param else [], exc.kind)

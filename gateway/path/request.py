@@ -20,7 +20,7 @@ from gateway.path.echo import echoed
 from gateway.path.token_ids import check_id_lists, check_prompt
 from gateway.path.unrendered import image_parts, unrendered
 from providers.registry import credential_headers
-from wire.chat import CHAT_SHAPES, AssistantMessage, ChatRequest, UserMessage, render
+from wire.chat import CHAT_SHAPES, AssistantMessage, ChatRequest, ToolMessage, UserMessage, render
 from wire.errors import InvalidRequestError
 from wire.schema import FREE_FORM, CacheSalt, CompletionRequest, check_depth, no_chat_template
 
@@ -422,20 +422,41 @@ def normalize_chat(req: ChatRequest, caps: CapsConfig = _DEFAULT_CAPS) -> ChatRe
         raise _bad("'tool_choice' is only allowed when 'tools' are given", "tool_choice")
     if req.parallel_tool_calls is not None and not req.tools:
         raise _bad("'parallel_tool_calls' is only allowed when 'tools' are given", "parallel_tool_calls")
-    back = refused = False
-    images = 0
-    for m in req.messages:
+    if len(req.messages) > caps.chat_messages:
+        raise _bad(
+            f"The conversation has {len(req.messages)} messages; at most {caps.chat_messages} are allowed", "messages"
+        )
+    back = said = False
+    images = parts = 0
+    for i, m in enumerate(req.messages):
+        if m.content.__class__ is list:
+            parts += len(m.content)
+            if parts > caps.chat_content_parts:
+                raise _bad(
+                    f"'messages[{i}].content' brings the conversation's content parts to {parts}; at most "
+                    f"{caps.chat_content_parts} are allowed in all",
+                    "messages.content",
+                )
         if m.type is not None:
             m.type = None  # lm-eval's mark (wire.chat.Mark), for no upstream
         if m.__class__ is AssistantMessage:
+            if m.content is None and not (m.tool_calls or m.refusal or m.reasoning_content or m.thinking_blocks):
+                # An empty turn: OpenAI refuses it, and the kinds with their own bodies drop or refuse it.
+                raise _bad(
+                    f"'messages[{i}].content' is required on an assistant message without tool_calls",
+                    "messages.content",
+                )
             if m.tool_calls or m.annotations is not None or m.parsed is not None:
                 _sdk_echo(m)
+                said = said or bool(m.tool_calls)  # their ids go beside the rendered text
             if m.reasoning_content is not None or m.thinking_blocks is not None:
                 back = True
             if m.refusal is not None:
-                refused = True
+                said = True
         elif m.__class__ is UserMessage and m.content.__class__ is list:
             images += image_parts(m.content)
+        elif m.__class__ is ToolMessage:
+            said = True  # its tool_call_id, as a call's id
     req.thinking_back = back
     if req.continue_final_message is not None or req.add_generation_prompt is not None:
         _prefill(req)
@@ -444,7 +465,7 @@ def normalize_chat(req: ChatRequest, caps: CapsConfig = _DEFAULT_CAPS) -> ChatRe
     req.prompt = render(req.messages)
     normalize(req, caps)
     # Always set (a client's own " unrendered" never stands), once its fields are checked and folded.
-    req.unrendered = unrendered(req, images, caps.image_tokens, back or refused)
+    req.unrendered = unrendered(req, images, caps.image_tokens, back or said)
     if req.echo_last:
         _bound_echo(req, caps.emulated_answer_bytes)
     return req

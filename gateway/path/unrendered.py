@@ -16,7 +16,7 @@ from typing import Final
 import msgspec
 
 from gateway.limits.tokens import BYTES_PER_TOKEN
-from wire.chat import AssistantMessage, ChatRequest, ImagePart, ThinkingBlock
+from wire.chat import AssistantMessage, ChatRequest, ImagePart, Message, ThinkingBlock, ToolMessage
 from wire.schema import CompletionRequest, Unrendered
 
 # A chat's fields beside its messages that can carry text of any length to the upstream: the tools and the
@@ -51,21 +51,28 @@ def image_parts(content: Sequence[object]) -> int:
     return sum(p.__class__ is ImagePart for p in content)
 
 
-def _said_back(m: AssistantMessage) -> list[str]:
-    """The text of an assistant message that `render` leaves out: its thinking and its refusal."""
+def _said_back(m: Message) -> list[str]:
+    """The text of a message that `render` leaves out: an assistant message's thinking, refusal and tool-call
+    ids, a tool result's `tool_call_id` (chat templates write ids into the prompt, and an id has no bound of
+    its own: Gemini's signed ones carry a thought signature)."""
+    if isinstance(m, ToolMessage):
+        return [m.tool_call_id]
+    if not isinstance(m, AssistantMessage):
+        return []
     said = [] if m.reasoning_content is None else [m.reasoning_content]
     for block in m.thinking_blocks or ():
         said.append(block.thinking if isinstance(block, ThinkingBlock) else block.data)
     if m.refusal is not None:
         said.append(m.refusal)
+    said.extend(call.id for call in m.tool_calls or ())
     return said
 
 
 def unrendered(req: CompletionRequest, images: int, image_tokens: int, said_back: bool = False) -> Unrendered | None:
     """What `req` sends beside its prompt text: None when it sends none of the fields, no suffix and no image or
     thinking (the common request: one C call). `images`: its images (a chat's image parts, a completion's `images`);
-    `said_back`: an assistant message carries thinking or a refusal (both found by normalize_chat's one look
-    at each message)."""
+    `said_back`: a message carries thinking, a refusal or tool-call ids (found by normalize_chat's one look at
+    each message)."""
     beside, none, names = _BESIDE[req.__class__]
     fields = beside(req)
     suffix = req.suffix  # a chat's is refused by normalize_chat before
@@ -84,10 +91,9 @@ def unrendered(req: CompletionRequest, images: int, image_tokens: int, said_back
     chat = isinstance(req, ChatRequest)
     if said_back and isinstance(req, ChatRequest):
         for m in req.messages:
-            if isinstance(m, AssistantMessage):
-                for said in _said_back(m):
-                    texts.append(said)
-                    weights["messages"] = weights.get("messages", 0) + len(said) // BYTES_PER_TOKEN
+            for said in _said_back(m):
+                texts.append(said)
+                weights["messages"] = weights.get("messages", 0) + len(said) // BYTES_PER_TOKEN
     if images:  # a chat's image parts are in its messages, a completion's in its `images`
         where = "messages" if chat else "images"
         weights[where] = weights.get(where, 0) + images * image_tokens

@@ -90,6 +90,8 @@ async def _handler(request: web.Request, received: Received) -> web.StreamRespon
         body = received.json()
         if body["model"] == "broken":
             return web.json_response(COHERE_400, status=400)
+        if body["model"] == "elsewhere":  # a base URL that reaches an OpenAI-compatible server instead
+            return web.Response(body=fixture_bytes("openai/chat_completion.json"), content_type="application/json")
         if body.get("stream"):
             name = (
                 "cohere/v2_chat_stream_tool_calls.sse.txt"
@@ -316,6 +318,19 @@ def test_cohere_error_and_refusals(api: httpx.Client, received: list[Received]) 
     error = refused.json()["error"]
     assert error["code"] == "unsupported_parameter" and "'co'" in error["message"]
     assert len(received) == 1  # the refusal made no upstream call
+
+
+def test_cohere_answer_without_a_finish_reason_is_no_answer(api: httpx.Client, received: list[Received]) -> None:
+    # Every v2 chat answer says why it ended (Cohere's API definition requires `finish_reason`); a body without
+    # one is not Cohere's, and a 200 with empty content and a null finish would be served, cached and billed.
+    for route, body in (
+        ("/v1/chat/completions", {"model": "co/elsewhere", "messages": MESSAGES}),
+        ("/v1/completions", {"model": "co/elsewhere", "prompt": "Three, please."}),
+    ):
+        resp = api.post(route, json=body)
+        assert resp.status_code == 502, (route, resp.text)
+        assert resp.json()["error"]["code"] == "invalid_upstream_response", resp.text
+    assert len(received) == 2
 
 
 # --- sgp ------------------------------------------------------------------------------------------

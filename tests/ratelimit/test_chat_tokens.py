@@ -98,6 +98,17 @@ SCHEMA: Final = {"type": "json_schema", "json_schema": {"name": "s", "schema": {
 REASONED: Final = [*HI, {"role": "assistant", "content": "ok", "reasoning_content": BIG}, *HI]
 BLOCKS: Final = [{"type": "thinking", "thinking": BIG, "signature": "s"}]
 THOUGHT: Final = [*HI, {"role": "assistant", "content": "ok", "thinking_blocks": BLOCKS}, *HI]
+# A call's id and the tool result's `tool_call_id` go upstream with the conversation (chat templates write
+# them into the prompt, Gemini's signed ids carry the call's thought signature): 40,000 bytes of id each.
+CALL_ID: Final = "call_" + "x" * 40_000
+CALLED: Final = [
+    *HI,
+    {
+        "role": "assistant",
+        "tool_calls": [{"id": CALL_ID, "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+    },
+    {"role": "tool", "tool_call_id": CALL_ID, "content": "ok"},
+]
 IMAGES: Final = [{"type": "image_url", "image_url": {"url": f"https://example.com/{i}.png"}} for i in range(200)]
 
 
@@ -110,8 +121,9 @@ IMAGES: Final = [{"type": "image_url", "image_url": {"url": f"https://example.co
         {"messages": THOUGHT},
         {"messages": [{"role": "user", "content": IMAGES}]},
         {"messages": [{"role": "user", "content": IMAGES[:1]}]},  # 2,500 tokens: over 1,000 alone
+        {"messages": CALLED},
     ],
-    ids=["tools", "response_format", "reasoning_content", "thinking_blocks", "200-images", "one-image"],
+    ids=["tools", "response_format", "reasoning_content", "thinking_blocks", "200-images", "one-image", "call-ids"],
 )
 def test_what_a_chat_sends_beside_its_messages_is_refused_as_a_completion_prompt_of_its_size_is(
     gw: GatewayThread, up: Upstream, fields: dict[str, Any]
