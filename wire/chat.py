@@ -231,7 +231,7 @@ def bound_conversation(messages: list[Message], most: int, parts: int, depth: in
     count = 0
     for i, m in enumerate(messages):
         if m.content.__class__ is list:
-            count += len(m.content)  # type: ignore[arg-type]
+            count += len(m.content)
             if count > parts:
                 raise InvalidRequestError(
                     f"'messages[{i}].content' brings the conversation's content parts to {count}; at most "
@@ -240,7 +240,7 @@ def bound_conversation(messages: list[Message], most: int, parts: int, depth: in
                     code="invalid_value",
                 )
         if m.__class__ is AssistantMessage and (m.tool_calls or m.annotations is not None or m.parsed is not None):
-            _clear_sdk_echo(m, i, depth)  # type: ignore[arg-type]
+            _clear_sdk_echo(m, i, depth)
 
 
 def _clear_sdk_echo(m: AssistantMessage, i: int, depth: int) -> None:

@@ -143,7 +143,7 @@ def test_a_parsed_answer_sent_back_nested_past_json_depth_is_a_400_naming_it(
     deep: Any = {}
     for _ in range(6):
         deep = {"a": deep}
-    answer = {"role": "assistant", "content": "{}", "parsed": deep, "annotations": []}
+    answer: Any = {"role": "assistant", "content": "{}", "parsed": deep, "annotations": []}
     err = _refused(client, [{"role": "user", "content": "Hi"}, answer])
     body: Any = err.body
     assert err.status_code == 400 and body["param"] == "messages.parsed", body

@@ -64,7 +64,7 @@ def _nested(levels: int) -> Any:
 def test_at_the_caps_the_conversation_is_tokenized_without_the_sdks_echoes(
     api: httpx.Client, upstream: Upstream
 ) -> None:
-    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    call: dict[str, Any] = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     answer = {
         "role": "assistant",
         "content": '{"a": 1}',
