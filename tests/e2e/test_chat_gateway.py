@@ -351,6 +351,7 @@ cooldown: {{min_requests: 100}}  # each test's failures on `cut` are the point, 
 providers:
   cut: {{kind: vllm, base_url: "{u}/cut/v1", discover: false, models: [m]}}
   whole: {{kind: vllm, base_url: "{u}/whole/v1", discover: false, models: [m]}}
+  mcut: {{kind: mistral, base_url: "{u}/cut", api_key: k}}
 models:
   - name: either
     strategy: ordered
@@ -416,3 +417,14 @@ def test_an_answer_without_a_finish_reason_fails_as_a_stream_that_ended_early(
         answer = ask("either", False)
         assert answer.choices[0].finish_reason in ("stop", "length")
         assert [r.path.split("/")[1] for r in up.received] == ["cut", "whole"]
+
+
+def test_mistrals_completion_without_a_finish_reason_fails_the_same_way(
+    unfinished: tuple[GatewayThread, Upstream],
+) -> None:
+    # Mistral's completions are its chat answers read back as text: the same rule on the same shape.
+    gw, _ = unfinished
+    with openai_client(gw.url + "/v1", "unused") as client, pytest.raises(openai.APIStatusError) as caught:
+        client.completions.create(model="mcut/mistral-small-latest", prompt="Hi")
+    body: Any = caught.value.body
+    assert caught.value.status_code == 502 and body["code"] == "upstream_stream_ended_early", body
