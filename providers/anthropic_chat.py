@@ -79,6 +79,8 @@ def _tools(body: dict[str, Any], tools: list[dict[str, Any]]) -> None:
             "name": t["function"]["name"],
             **({"description": t["function"]["description"]} if t["function"].get("description") else {}),
             "input_schema": t["function"].get("parameters") or {"type": "object", "properties": {}},
+            # Anthropic's strict tool use: the call's input validated against input_schema, as OpenAI's.
+            **({"strict": True} if t["function"].get("strict") is True else {}),
         }
         for t in tools
     ]

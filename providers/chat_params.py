@@ -10,7 +10,7 @@ own (`tools`, `tool_choice`, `parallel_tool_calls`, `response_format`). Kinds wh
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from providers.base import EMULATED, Param, Table, table
 
@@ -64,6 +64,30 @@ _NOT_CHAT: Final = frozenset(
 _GUIDED: Final = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
 
 
+class ToolsParam(Param, frozen=True):
+    """`tools` for a kind that writes them its own way, with which of a function's `strict: true` (the answer's
+    arguments held to the function's schema) its body can carry: `each` (a flag per function), `all` (one
+    flag for the whole request, so only when every function asks it) or `none`."""
+
+    strict: Literal["each", "all", "none"] = "each"
+
+
+STRICT: Final = "tools.function.strict"
+
+
+def strict_unhonoured(tools: list[dict[str, Any]] | None, rule: Param | None) -> bool:
+    """Whether `tools` ask `strict: true` of a function where the kind's `tools` rule cannot carry it (an
+    OpenAI-wire kind's plain rule sends the tools as they came): for the route to refuse or drop, never
+    to leave out unsaid, since the client relies on the arguments matching the schema."""
+    if not tools or rule is None:
+        return False
+    how = rule.strict if isinstance(rule, ToolsParam) else "each"
+    if how == "each":
+        return False
+    asked = [t["function"].get("strict") is True for t in tools]
+    return any(asked) and (how == "none" or not all(asked))
+
+
 def continuing(fields: Mapping[str, Any]) -> Param:
     """`continue_final_message` on a chat route that continues a trailing assistant message when its body
     carries `fields` (its `chat_continue`)."""
@@ -108,4 +132,13 @@ def chat_table(
     return guides_checked(out, completions)
 
 
-__all__ = ["CHAT_GUARDED", "OPENAI_CHAT_PARAMS", "chat_table", "continuing", "guides_checked"]
+__all__ = [
+    "CHAT_GUARDED",
+    "OPENAI_CHAT_PARAMS",
+    "STRICT",
+    "ToolsParam",
+    "chat_table",
+    "continuing",
+    "guides_checked",
+    "strict_unhonoured",
+]

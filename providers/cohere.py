@@ -24,7 +24,7 @@ from providers.base import (
     stop_list,
     table,
 )
-from providers.chat_params import guides_checked
+from providers.chat_params import ToolsParam, guides_checked
 from providers.cohere_chat import chat_answer, chat_end, chat_event, response_format, to_messages, tool_choice, tools
 from providers.finish import finish_reason
 from providers.openai_chat import OpenAIChat
@@ -174,7 +174,7 @@ class CohereAdapter(OpenAIChat):
         table(
             SAMPLING,
             n=EMULATED,  # /v2/chat answers one message: one call per choice (gateway/emulation/chat.py)
-            tools=Param(apply=tools),
+            tools=ToolsParam(apply=tools, strict="all"),  # `strict_tools`, one flag for the request
             tool_choice=Param(apply=tool_choice),
             response_format=Param(apply=response_format),
         ),

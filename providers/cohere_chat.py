@@ -49,10 +49,14 @@ def tools(body: dict[str, Any], value: list[dict[str, Any]]) -> None:
     out = []
     for t in value:
         fn = t["function"]
-        # Only the fields Cohere's ToolV2Function has (OpenAI's `strict` is not one of them).
+        # Only the fields Cohere's ToolV2Function has (OpenAI's `strict` is not one of them: below).
         function = {k: fn[k] for k in ("name", "description", "parameters") if fn.get(k) is not None}
         out.append({"type": "function", "function": function})
     body["tools"] = out
+    if all(t["function"].get("strict") is True for t in value):
+        # Cohere's one flag for all the request's tools (`strict_tools`): only when every function asks it
+        # (the `tools` rule's `strict="all"`; the gateway refuses or drops a mixed request's).
+        body["strict_tools"] = True
 
 
 def tool_choice(body: dict[str, Any], choice: str | dict[str, Any]) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from wire.errors import UpstreamStatusError
+from wire.errors import UpstreamError, UpstreamStatusError
 from wire.schema import FinishReason
 
 FINISH: Final[dict[str, FinishReason]] = {
@@ -70,4 +70,19 @@ def broke_off(provider: str, word: str = ABORTED) -> UpstreamStatusError:
         upstream_status=502,
         provider=provider,
         code="generation_error",
+    )
+
+
+def unfinished(provider: str, index: int) -> UpstreamError:
+    """The error for a buffered OpenAI-wire answer whose choice has no finish reason. Every recorded answer of
+    OpenAI, Azure, vLLM, TGI, Together and Mistral carries one (OpenAI's schema requires it; SGLang and
+    llama-server always set it on a finished request), so none means the generation did not end: the
+    answer is what a stream that ends before its last choice finished is, and fails as that does (retried
+    and failed over, nothing cached)."""
+    return UpstreamError(
+        f"{provider} error: choice {index} of the answer has no finish_reason: the upstream ended it early",
+        code="upstream_stream_ended_early",
+        retryable=True,
+        cause="stream_ended_early",
+        provider=provider,
     )

@@ -24,7 +24,7 @@ from providers.base import (
     request_headers,
     table,
 )
-from providers.chat_params import guides_checked
+from providers.chat_params import ToolsParam, guides_checked
 from providers.envelope import Unreadable, envelope_status
 from providers.finish import finish_reason
 from providers.gemini_chat import chat_answer, chat_chunk, to_contents, tool_choice, tools
@@ -244,7 +244,7 @@ GEMINI_PARAMS: Table = table(
 # What chat sends (providers/gemini_chat.py): the sampling fields as on completions, and the tools.
 GEMINI_CHAT_PARAMS: Table = table(
     {name: rule for name, rule in GEMINI_PARAMS.items() if not rule.emulated},
-    tools=Param(apply=tools),
+    tools=ToolsParam(apply=tools, strict="none"),  # a FunctionDeclaration has no `strict`
     tool_choice=Param(apply=tool_choice),
 )
 

@@ -24,7 +24,7 @@ from providers.base import (
 )
 from providers.chat_params import chat_table
 from providers.envelope import Unreadable, envelope_status
-from providers.finish import BROKE_OFF, broke_off, finish_reason
+from providers.finish import BROKE_OFF, broke_off, finish_reason, unfinished
 from providers.openai_chat import OpenAIChat
 from providers.quota import mistral_windows
 from providers.retry_after import retry_after, should_retry
@@ -265,6 +265,9 @@ class MistralAdapter(OpenAIChat):
             raise self.map_error(envelope_status(up.code, up.type), {}, body, self.kind)
         if not up.choices:
             raise Unreadable("a completion without choices")
+        for c in up.choices:
+            if not c.finish_reason:  # as providers/openai_compat.py: a choice whose generation did not end
+                raise unfinished(self.kind, c.index)
         return Completion(
             id=ctx.id,
             created=self._created(up, ctx),

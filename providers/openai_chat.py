@@ -24,7 +24,7 @@ from providers.base import (
 from providers.chat_logprobs import UpLogprobs, chat_logprobs
 from providers.chat_params import CHAT_GUARDED
 from providers.envelope import Unreadable
-from providers.finish import BROKE_OFF, broke_off, finish_reason
+from providers.finish import BROKE_OFF, broke_off, finish_reason, unfinished
 from providers.openai_compat import UpEnvelope, UpStopped, UpUsage, usage_from
 from wire.chat import (
     ChatChoice,
@@ -228,6 +228,8 @@ class OpenAIChat(Adapter):
         for c in up.choices:
             if c.finish_reason in self.broke_off_words:
                 raise broke_off(self.kind, c.finish_reason)
+            if not c.finish_reason:  # a stream's unfinished choice, in a buffered answer
+                raise unfinished(self.kind, c.index)
             m = c.message or _UpMessage()
             content: Any = m.content  # a string, or (tested without a call) a list of chunks
             reasoning = m.reasoning_content if m.reasoning_content is not None else m.reasoning

@@ -17,7 +17,7 @@ import msgspec
 from providers.base import Adapter, CallContext, Endpoint, Param, Table, UpstreamRequest, request_headers, table
 from providers.context import context_window
 from providers.envelope import Unreadable, envelope_status
-from providers.finish import BROKE_OFF, broke_off, finish_reason
+from providers.finish import BROKE_OFF, broke_off, finish_reason, unfinished
 from providers.offsets import aligned, key_bytes, prompt_for_choice, running_offsets
 from providers.quota import openai_counters, single_counter
 from providers.retry_after import retry_after, should_retry
@@ -290,6 +290,9 @@ class OpenAICompatible(Adapter):
             raise self._envelope(up, body)
         if not up.choices:
             raise Unreadable("a completion without choices")
+        for c in up.choices:
+            if not c.finish_reason:  # a stream's unfinished choice, in a buffered answer
+                raise unfinished(self.kind, c.index)
         return self._completion(up, ctx)
 
     def parse_event(self, event: str | None, data: bytes, ctx: CallContext) -> Completion | None:

@@ -14,7 +14,7 @@ import msgspec
 from msgspec import Meta
 
 from providers.tokenizer_info import client_info
-from wire.chat import Message, Tool
+from wire.chat import Message, Tool, bound_conversation
 from wire.errors import InvalidRequestError
 from wire.schema import check_depth, no_chat_template
 
@@ -65,9 +65,12 @@ class TokenizeBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 _CHAT_ONLY: Final = ("add_generation_prompt", "continue_final_message", "chat_template_kwargs", "tools")
 
 
-def tokenize_request(body: TokenizeBody, depth: int) -> TokenizeRequest | TokenizeChatRequest:
+def tokenize_request(
+    body: TokenizeBody, depth: int, messages: int, parts: int
+) -> TokenizeRequest | TokenizeChatRequest:
     """The one form `body` asks for, with vLLM's defaults for that form; a 400 naming the field otherwise.
-    `depth` bounds the nesting of the free-form fields, as on the chat route (`caps.json_depth`)."""
+    A conversation is held to the chat route's caps: `depth` bounds the nesting of the free-form fields
+    (`caps.json_depth`), `messages` and `parts` its size (`caps.chat_messages`, `caps.chat_content_parts`)."""
     if body.messages is None:
         if body.prompt is None:
             raise InvalidRequestError(
@@ -89,6 +92,8 @@ def tokenize_request(body: TokenizeBody, depth: int) -> TokenizeRequest | Tokeni
             param="continue_final_message",
             code="invalid_value",
         )
+    # Before anything reads the conversation; the openai SDK's echoes of a parsed answer are cleared with it.
+    bound_conversation(body.messages, messages, parts, depth)
     no_chat_template(body.chat_template_kwargs)
     for name in ("chat_template_kwargs", "tools"):
         value = getattr(body, name)

@@ -19,7 +19,8 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 from msgspec import Meta
 
-from wire.schema import CompletionRequest, PromptItem, StopList, Usage
+from wire.errors import InvalidRequestError
+from wire.schema import CompletionRequest, PromptItem, StopList, Usage, check_depth
 
 # A message's `name` and a function's name: OpenAI's pattern and bound. `\Z`, not `$`, here and below:
 # msgspec searches, and `$` also matches before a final newline.
@@ -212,6 +213,48 @@ CHAT_SHAPES: Final = (
     ("tool_choice", Literal["none", "auto", "required"] | NamedToolChoice),
     ("response_format", ResponseFormat),
 )
+
+
+def bound_conversation(messages: list[Message], most: int, parts: int, depth: int) -> None:
+    """A conversation held to the request caps before anything reads it, on every route that takes one: at
+    most `most` messages (`caps.chat_messages`) holding at most `parts` content parts in all
+    (`caps.chat_content_parts`); a 400 naming the field otherwise. What the openai SDK sends back of an
+    answer it parsed (`parsed`, `annotations`, a call's `parsed_arguments`, wire.chat.AssistantMessage) is
+    free-form JSON the client controls: held to `depth` (`caps.json_depth`) as other free-form fields are,
+    then cleared, for no upstream."""
+    if len(messages) > most:
+        raise InvalidRequestError(
+            f"The conversation has {len(messages)} messages; at most {most} are allowed",
+            param="messages",
+            code="invalid_value",
+        )
+    count = 0
+    for i, m in enumerate(messages):
+        if m.content.__class__ is list:
+            count += len(m.content)
+            if count > parts:
+                raise InvalidRequestError(
+                    f"'messages[{i}].content' brings the conversation's content parts to {count}; at most "
+                    f"{parts} are allowed in all",
+                    param="messages.content",
+                    code="invalid_value",
+                )
+        if m.__class__ is AssistantMessage and (m.tool_calls or m.annotations is not None or m.parsed is not None):
+            _clear_sdk_echo(m, i, depth)
+
+
+def _clear_sdk_echo(m: AssistantMessage, i: int, depth: int) -> None:
+    for name in ("parsed", "annotations"):
+        value = getattr(m, name)
+        if isinstance(value, dict | list):
+            check_depth(value, depth, f"messages[{i}].{name}", f"messages.{name}")
+    m.annotations = m.parsed = None
+    for j, call in enumerate(m.tool_calls or ()):
+        value = call.function.parsed_arguments
+        if isinstance(value, dict | list):
+            at = f"messages[{i}].tool_calls[{j}].function.parsed_arguments"
+            check_depth(value, depth, at, "messages.tool_calls.function.parsed_arguments")
+        call.index = call.function.parsed_arguments = None
 
 
 def text_parts(content: object, sep: str) -> str | None:
@@ -422,6 +465,7 @@ __all__ = [
     "ToolCallDelta",
     "TopLogprob",
     "answer_chunks",
+    "bound_conversation",
     "decode_chat",
     "render",
     "text_parts",

@@ -424,7 +424,9 @@ CODES: Final[dict[str, str]] = {
     "replicas_draining": "every replica of the model's provider is draining (503)",
     "deadline_exceeded": "the request's own deadline passed between attempts (504)",
     "invalid_upstream_response": "the upstream's answer could not be read (502)",
-    "upstream_stream_ended_early": "the upstream ended a stream before its end (502)",
+    "upstream_stream_ended_early": (
+        "the upstream ended a stream before its end, or answered a choice without a finish_reason (502)"
+    ),
     "upstream_ignored_n": "the upstream answered fewer choices than 'n' asked for (502)",
     "unsupported_logprobs_shape": "the upstream's logprobs cannot carry what was asked (echoed prompt) (502)",
     "upstream_event_too_large": "one upstream stream event is larger than caps.upstream_event_bytes (502)",

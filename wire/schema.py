@@ -192,9 +192,10 @@ def no_chat_template(kwargs: object, at: str = "") -> None:
 _CONTAINERS: Final = (dict, list)
 
 
-def check_depth(value: Any, limit: int, field: str) -> None:
+def check_depth(value: Any, limit: int, field: str, param: str | None = None) -> None:
     """Refuse JSON nested more than `limit` levels (the field's own value is level 1): one pass over the
-    field's containers, level by level, without recursion."""
+    field's containers, level by level, without recursion. `param` is the error's field path when `field`
+    names an item of a list (`messages[3].parsed` is `messages.parsed`)."""
     level: list[Any] = [value]
     depth = 1
     while True:
@@ -208,7 +209,7 @@ def check_depth(value: Any, limit: int, field: str) -> None:
         depth += 1
         if depth > limit:
             raise InvalidRequestError(
-                f"'{field}' is nested more than {limit} levels deep", param=field, code="too_deeply_nested"
+                f"'{field}' is nested more than {limit} levels deep", param=param or field, code="too_deeply_nested"
             )
         level = nested
 

@@ -190,7 +190,9 @@ class Tokenizers:
         try:
             if route == "tokenize":
                 caps = pipeline.loaded.config.caps
-                tok_req = tokenize_request(decode_body(_decode_tokenize, body), caps.json_depth)
+                tok_req = tokenize_request(
+                    decode_body(_decode_tokenize, body), caps.json_depth, caps.chat_messages, caps.chat_content_parts
+                )
                 _check_chars(tok_req, caps.tokenize_chars)
                 body_model = tok_req.model
             elif route == "detokenize":

@@ -112,8 +112,9 @@ MEANINGS: dict[str, str] = {
     "<key>` (401 otherwise); an unset `${VAR}` keeps it closed; empty: open ([observability.md](observability.md))",
     "caps.request_body_bytes": "a client request body; 413 beyond it, in the route's dialect",
     "caps.json_depth": "nesting inside free-form fields (`response_format`, `guided_json`, `inference_extra_params`, "
-    "...); 400 beyond it",
-    "caps.chat_messages": "messages one chat request may send (each is walked, rendered, counted and translated); "
+    "the openai SDK's `parsed` sent back on a message, ...); 400 beyond it",
+    "caps.chat_messages": "messages one chat request (or `/tokenize` conversation) may send (each is walked, "
+    "rendered, counted and translated); "
     "400 naming `messages` beyond it",
     "caps.chat_content_parts": "content parts (text, image, refusal) a chat request's messages may hold together; "
     "400 naming `messages.content` (the message in the text) beyond it",

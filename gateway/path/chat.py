@@ -24,6 +24,7 @@ from gateway.path.fanout import open_all
 from gateway.path.opened import Opened
 from gateway.upstream.plan import Group, Plan, Route
 from providers.base import LocalAdapter, map_params
+from providers.chat_params import STRICT, strict_unhonoured
 from providers.openai_chat import (
     OpenAIChat,
     check_chat,
@@ -88,6 +89,15 @@ class ChatAttempt(Attempt):
                     f"Provider '{route.provider}' has no 'name' on a message: send the conversation without names",
                 )
             lost.append("messages.name")
+        if strict_unhonoured(cast(ChatRequest, req).tools, table.get("tools")):
+            if not route.drop_unsupported:
+                raise UnsupportedParamError(
+                    STRICT,
+                    route.provider,
+                    f"Provider '{route.provider}' cannot hold a tool call's arguments to the function's schema "
+                    f"for this request ('strict': true): send the tools without it",
+                )
+            lost.append(STRICT)
         return params, lost
 
     async def _charge_n(self, em: ChatEmulation) -> None:

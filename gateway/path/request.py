@@ -20,7 +20,7 @@ from gateway.path.echo import echoed
 from gateway.path.token_ids import check_id_lists, check_prompt
 from gateway.path.unrendered import image_parts, unrendered
 from providers.registry import credential_headers
-from wire.chat import CHAT_SHAPES, AssistantMessage, ChatRequest, ToolMessage, UserMessage, render
+from wire.chat import CHAT_SHAPES, AssistantMessage, ChatRequest, ToolMessage, UserMessage, bound_conversation, render
 from wire.errors import InvalidRequestError
 from wire.schema import FREE_FORM, CacheSalt, CompletionRequest, check_depth, no_chat_template
 
@@ -342,13 +342,6 @@ def normalize(req: CompletionRequest, caps: CapsConfig = _DEFAULT_CAPS) -> Compl
 _CHAT_SHAPES: Final = CHAT_SHAPES
 
 
-def _sdk_echo(m: AssistantMessage) -> None:
-    """What the openai SDK sends back of an answer it parsed (wire.chat.AssistantMessage), for no upstream."""
-    m.annotations = m.parsed = None
-    for call in m.tool_calls or ():
-        call.index = call.function.parsed_arguments = None
-
-
 def _prefill(req: ChatRequest) -> None:
     """`continue_final_message` and `add_generation_prompt` as one choice: the trailing assistant message is
     continued (set), or the answer follows the conversation (None). Only a route that can continue takes
@@ -422,21 +415,10 @@ def normalize_chat(req: ChatRequest, caps: CapsConfig = _DEFAULT_CAPS) -> ChatRe
         raise _bad("'tool_choice' is only allowed when 'tools' are given", "tool_choice")
     if req.parallel_tool_calls is not None and not req.tools:
         raise _bad("'parallel_tool_calls' is only allowed when 'tools' are given", "parallel_tool_calls")
-    if len(req.messages) > caps.chat_messages:
-        raise _bad(
-            f"The conversation has {len(req.messages)} messages; at most {caps.chat_messages} are allowed", "messages"
-        )
+    bound_conversation(req.messages, caps.chat_messages, caps.chat_content_parts, caps.json_depth)
     back = said = False
-    images = parts = 0
+    images = 0
     for i, m in enumerate(req.messages):
-        if m.content.__class__ is list:
-            parts += len(m.content)
-            if parts > caps.chat_content_parts:
-                raise _bad(
-                    f"'messages[{i}].content' brings the conversation's content parts to {parts}; at most "
-                    f"{caps.chat_content_parts} are allowed in all",
-                    "messages.content",
-                )
         if m.type is not None:
             m.type = None  # lm-eval's mark (wire.chat.Mark), for no upstream
         if m.__class__ is AssistantMessage:
@@ -446,9 +428,8 @@ def normalize_chat(req: ChatRequest, caps: CapsConfig = _DEFAULT_CAPS) -> ChatRe
                     f"'messages[{i}].content' is required on an assistant message without tool_calls",
                     "messages.content",
                 )
-            if m.tool_calls or m.annotations is not None or m.parsed is not None:
-                _sdk_echo(m)
-                said = said or bool(m.tool_calls)  # their ids go beside the rendered text
+            if m.tool_calls:
+                said = True  # their ids go beside the rendered text
             if m.reasoning_content is not None or m.thinking_blocks is not None:
                 back = True
             if m.refusal is not None:

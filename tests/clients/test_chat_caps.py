@@ -27,7 +27,7 @@ from tests.helpers.upstreams import Upstream, reply
 CONFIG = """
 server: {{host: 127.0.0.1, port: 0}}
 retries: {{attempts: 1}}
-caps: {{chat_messages: 6, chat_content_parts: 5}}
+caps: {{chat_messages: 6, chat_content_parts: 5, json_depth: 6}}
 providers:
   oa: {{kind: openai, base_url: {u}/v1, api_key: sk-upstream}}
 """
@@ -133,3 +133,22 @@ def test_a_malformed_message_is_named_by_its_index(
     assert err.status_code == 400 and body["param"] == param, body
     assert where in body["message"], body
     assert upstream.received == []
+
+
+def test_a_parsed_answer_sent_back_nested_past_json_depth_is_a_400_naming_it(
+    client: openai.OpenAI, upstream: Upstream
+) -> None:
+    # What the SDK's `parse` helper puts on the message it returns, sent back as it came: free-form JSON the
+    # client controls, held to caps.json_depth like any other before it is cleared.
+    deep: Any = {}
+    for _ in range(6):
+        deep = {"a": deep}
+    answer: Any = {"role": "assistant", "content": "{}", "parsed": deep, "annotations": []}
+    err = _refused(client, [{"role": "user", "content": "Hi"}, answer])
+    body: Any = err.body
+    assert err.status_code == 400 and body["param"] == "messages.parsed", body
+    assert body["code"] == "too_deeply_nested" and "'messages[1].parsed'" in body["message"], body
+    assert upstream.received == []
+    answer["parsed"] = deep["a"]  # at the cap: taken, and no upstream sees it
+    client.chat.completions.create(model="oa/gpt-4o-mini", messages=[{"role": "user", "content": "Hi"}, answer])
+    assert set(upstream.only().json()["messages"][1]) == {"role", "content"}

@@ -11,22 +11,25 @@ answer a recorded OpenAI chat completion.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from aiohttp import web
 
 from tests.e2e.test_observability import metric
 from tests.e2e.test_tracing import SERVER, Receiver
 from tests.helpers.accesslog import Lines
+from tests.helpers.clients import openai_client
 from tests.helpers.engine import Engine
 from tests.helpers.recordings import fixture_bytes
 from tests.helpers.servers import GatewayThread, serve_config
-from tests.helpers.upstreams import Received, Upstream, reply
+from tests.helpers.upstreams import Received, Upstream, reply, reply_sse
 from tests.helpers.waiting import wait_until
 from tests.queue.conftest import ask_chat, gate, hold_one, until
 from tests.queue.conftest import config as queue_config
@@ -337,3 +340,91 @@ async def test_a_quiet_tenants_chats_are_served_beside_a_flood(tmp_path: Path) -
     assert {r.json()["object"] for r in answers} == {"chat.completion"}
     order = [t for t in engine.order if t != "blocker"]
     assert max(i for i, t in enumerate(order) if t == "quiet") <= 6, order
+
+
+# -- an answer without a finish reason: the generation did not end ------------------------------------------
+
+UNFINISHED_CONFIG = """
+server: {{host: 127.0.0.1, port: 0}}
+retries: {{attempts: 2, initial_backoff_ms: 0, max_backoff_ms: 0}}
+cooldown: {{min_requests: 100}}  # each test's failures on `cut` are the point, not a reason to skip it
+providers:
+  cut: {{kind: vllm, base_url: "{u}/cut/v1", discover: false, models: [m]}}
+  whole: {{kind: vllm, base_url: "{u}/whole/v1", discover: false, models: [m]}}
+  mcut: {{kind: mistral, base_url: "{u}/cut", api_key: k}}
+models:
+  - name: either
+    strategy: ordered
+    targets: [{{model: cut/m}}, {{model: whole/m}}]
+"""
+
+
+def _unfinished(body: bytes) -> bytes:
+    """A recorded answer with its choices' finish reasons taken out, as a proxy that cut the body short or a
+    server that stopped mid-generation would leave it."""
+    answer = json.loads(body)
+    for choice in answer["choices"]:
+        choice["finish_reason"] = None
+    return json.dumps(answer).encode()
+
+
+async def _cut_or_whole(request: web.Request, rec: Received) -> web.StreamResponse:
+    chat = rec.path.endswith("/chat/completions")
+    if rec.json().get("stream"):
+        kind = "chat.completion.chunk" if chat else "text_completion"
+        choice: dict[str, Any] = {"index": 0, "finish_reason": None}
+        choice |= {"delta": {"role": "assistant", "content": "Hi"}} if chat else {"text": "Hi"}
+        chunk = {"id": "x", "object": kind, "created": 1, "model": "m", "choices": [choice]}
+        return await reply_sse([b"data: " + json.dumps(chunk).encode(), b"data: [DONE]"])(request, rec)
+    body = CHAT if chat else fixture_bytes("vllm/completion_opt125m.json")
+    return await reply(_unfinished(body) if rec.path.startswith("/cut/") else body)(request, rec)
+
+
+@pytest.fixture(scope="module")
+def unfinished(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[GatewayThread, Upstream]]:
+    with Upstream() as up:
+        up.handler = _cut_or_whole
+        with serve_config(tmp_path_factory.mktemp("unfinished"), UNFINISHED_CONFIG.format(u=up.url)) as g:
+            yield g, up
+
+
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_an_answer_without_a_finish_reason_fails_as_a_stream_that_ended_early(
+    unfinished: tuple[GatewayThread, Upstream], route: str
+) -> None:
+    # Every recorded OpenAI-wire answer (tests/fixtures, /work/shared/fixtures) carries one: a choice without
+    # it did not end, buffered as streamed, and is neither relayed as `null` nor cached.
+    gw, up = unfinished
+    with openai_client(gw.url + "/v1", "unused") as client:
+
+        def ask(model: str, stream: bool) -> Any:
+            if route == "chat":
+                messages: Any = [{"role": "user", "content": "Hi"}]
+                return client.chat.completions.create(model=model, messages=messages, stream=stream)
+            return client.completions.create(model=model, prompt="Hi", stream=stream)
+
+        with pytest.raises(openai.APIStatusError) as caught:
+            ask("cut/m", False)
+        body: Any = caught.value.body
+        assert caught.value.status_code == 502 and body["code"] == "upstream_stream_ended_early", body
+        # The stream started with its text: the same failure ends it as an error event.
+        with pytest.raises(openai.APIError) as streamed:
+            for _ in ask("cut/m", True):
+                pass
+        assert "ended the stream early" in streamed.value.message, streamed.value.body
+        up.received.clear()
+        # Another target gives the whole answer, as after any failed attempt.
+        answer = ask("either", False)
+        assert answer.choices[0].finish_reason in ("stop", "length")
+        assert [r.path.split("/")[1] for r in up.received] == ["cut", "whole"]
+
+
+def test_mistrals_completion_without_a_finish_reason_fails_the_same_way(
+    unfinished: tuple[GatewayThread, Upstream],
+) -> None:
+    # Mistral's completions are its chat answers read back as text: the same rule on the same shape.
+    gw, _ = unfinished
+    with openai_client(gw.url + "/v1", "unused") as client, pytest.raises(openai.APIStatusError) as caught:
+        client.completions.create(model="mcut/mistral-small-latest", prompt="Hi")
+    body: Any = caught.value.body
+    assert caught.value.status_code == 502 and body["code"] == "upstream_stream_ended_early", body
