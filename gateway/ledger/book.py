@@ -157,7 +157,9 @@ class Ledger:
         self._lost_at: int | None = None
         spill_dir = Path(cfg.spill_dir) if cfg.spill_dir else self._default_spill_dir()
         self.spill = Spill(spill_dir, cfg.spill_bytes)
-        self.rejects = Spill(spill_dir, cfg.spill_bytes, _REJECTS_PREFIX)
+        self.rejects = Spill(spill_dir, cfg.spill_bytes, _REJECTS_PREFIX, "refused-rows file")
+        # `rejects.lost` when the refused-rows file first failed to take rows (None: it takes them).
+        self._rejects_lost_at: int | None = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="ledger")
         self._writer_pool = ThreadPoolExecutor(1, thread_name_prefix="ledger-writer")
         # A caller waits for the database's own bound (its statement timeout), plus a margin, and no longer:
@@ -340,7 +342,7 @@ class Ledger:
     def _write(self, rows: Batch, orphans: bool) -> None:
         """On the ledger's thread: spilled batches first (oldest first; another process's only when `orphans`
         says they may wait), then these rows; spill on failure."""
-        refused = self.refused
+        refused, rejects_lost = self.refused, self.rejects.lost
         try:
             for path, batch in self.spill.batches(orphans):
                 spilled = [tuple(r) for r in batch]
@@ -391,13 +393,34 @@ class Ledger:
                     self.spill.lost,
                 )
         if self.refused != refused:
+            self._said_refused(self.refused - refused, self.rejects.lost - rejects_lost)
+
+    def _said_refused(self, refused: int, lost: int) -> None:
+        """One ERROR line per writer turn for the rows the database refused; one more when the refused-rows file
+        first fails to keep them (its cause), and one when it keeps rows again (how many it lost meanwhile)."""
+        if lost and self._rejects_lost_at is None:
+            self._rejects_lost_at = self.rejects.lost - lost
             log.error(
-                "ledger: the database refused %d row(s) (%s); kept in %s, not booked (%d so far)",
-                self.refused - refused,
-                self.refused_why,
-                self.rejects.path,
-                self.refused,
+                "ledger: %s: refused rows are lost, and counted in gateway_ledger_refused_lost_rows, until it takes "
+                "rows again (%d so far)",
+                self.rejects.trouble,
+                self.rejects.lost,
             )
+        where = f"kept in {self.rejects.path}" if refused > lost else "not kept (gateway_ledger_refused_lost_rows)"
+        log.error(
+            "ledger: the database refused %d row(s) (%s); %s, not booked (%d so far)",
+            refused,
+            self.refused_why,
+            where,
+            self.refused,
+        )
+        if refused > lost and self._rejects_lost_at is not None:
+            log.error(
+                "ledger: the refused-rows file takes rows again; %d refused row(s) lost while it could not (%s)",
+                self.rejects.lost - self._rejects_lost_at,
+                self.rejects.trouble,
+            )
+            self._rejects_lost_at = None
 
     def _book(self, body: Callable[[Cursor], int], rows: Callable[[], Sequence[Row]]) -> None:
         """Commit a batch; one the database refuses (a value it cannot store, not an outage) is split in
