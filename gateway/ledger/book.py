@@ -145,6 +145,7 @@ class Ledger:
         self.dropped = 0  # rows the full queue turned away
         self._dropped_logged = 0
         self.booked = 0
+        self.expired = 0  # spilled rows of days retention removes, not booked at replay
         self.refused = 0  # rows the database refused alone (kept in `rejects`, never booked)
         # The rollups of this process's rows in its spill file, not booked yet: what `read` adds to what the
         # database holds, so a budget seeded during an outage of writes still counts them. Replaced whole on the
@@ -344,16 +345,26 @@ class Ledger:
         says they may wait), then these rows; spill on failure."""
         refused, rejects_lost = self.refused, self.rejects.lost
         try:
+            # Rows of days retention removes are not booked: their ids can no longer be looked up (retention may
+            # have removed them once booked, by a replay interrupted part way), so booking them would count them
+            # twice in the rollups; on PostgreSQL it would also make their day's partition again.
+            kept_from = self._retained_from()
+            expired: dict[Path, int] = {}  # per file, counted once the file is replayed whole
             for path, batch in self.spill.batches(orphans):
-                spilled = [tuple(r) for r in batch]
-                booked = functools.partial(commit, rows=spilled, db=self.rows, fold=self.fold)
-                self._book(booked, functools.partial(list, spilled))
+                spilled = [tuple(r) for r in batch if r[3] >= kept_from]
+                if len(spilled) != len(batch):
+                    expired[path] = expired.get(path, 0) + len(batch) - len(spilled)
+                if spilled:
+                    booked = functools.partial(commit, rows=spilled, db=self.rows, fold=self.fold)
+                    self._book(booked, functools.partial(list, spilled))
                 if path == self.spill.path:
                     # Booked: counted from now on as committed, not as spilled, even if the database goes away
                     # again before the rest of the file is replayed (and never replayed again).
                     self.spill.done += 1
                     self.spilled = _added(self.spilled, self._spilled_parts.popleft(), -1)
             self.spill.replayed()
+            if expired:
+                self._expired(sum(expired.values()), kept_from)
             if self.spilled or self._spilled_parts:
                 self.spilled = {}
                 self._spilled_parts.clear()
@@ -447,6 +458,22 @@ class Ledger:
                 raise
             except Exception as again:
                 self._split(part, again)
+
+    def _retained_from(self) -> str:
+        """The first day `retention_days` keeps ('' when it keeps every day)."""
+        days = self.cfg.retention_days
+        return "" if days is None else day_of(time.time() - (days - 1) * 86_400)
+
+    def _expired(self, n: int, kept_from: str) -> None:
+        self.expired += n
+        log.warning(
+            "ledger: %d spilled row(s) of days before %s (ledger.retention_days = %s) not booked at replay: "
+            "retention removes such rows (%d so far, gateway_ledger_expired_rows)",
+            n,
+            kept_from,
+            self.cfg.retention_days,
+            self.expired,
+        )
 
     def _retain(self, days: int) -> None:
         """On the ledger's thread: remove rows older than `days` days (today counts as one)."""

@@ -58,6 +58,11 @@ class LedgerService:
                     "Refused ledger rows the refused-rows file could not keep",
                     lambda: ledger.rejects.lost,
                 ),
+                (
+                    "gateway_ledger_expired_rows",
+                    "Spilled ledger rows of days past ledger.retention_days, not booked at replay",
+                    lambda: ledger.expired,
+                ),
                 ("gateway_ledger_queued_rows", "Ledger rows waiting for the writer", lambda: len(ledger.queue)),
                 ("gateway_ledger_spilled", "1 while the ledger's rows go to its spill file", lambda: ledger.spilling),
             ):
