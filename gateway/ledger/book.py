@@ -151,6 +151,9 @@ class Ledger:
         # database holds, so a budget seeded during an outage of writes still counts them. Replaced whole on the
         # writer's thread, and read there.
         self.spilled: Rollups = {}
+        # The rollups of the rows in spill files other processes left (a restart while the database took no
+        # writes), counted the same way until they are replayed.
+        self.orphaned: Rollups = {}
         self._spilled_parts: deque[Rollups] = deque()  # the same, per batch of the spill file, oldest first
         self.refused_why = ""
         self.down: str | None = None  # why the database could not be written, while it cannot
@@ -261,7 +264,8 @@ class Ledger:
         copied.extend(self.held.values())
         # The spill file's share is read on the writer's thread too, right after `body`: never a batch both
         # replayed (in what `body` reads) and still counted as spilled.
-        asked = self.behind_writer(lambda cur: (body(cur), self.spilled))  # no await between the copy and this
+        # No await between the copy and this.
+        asked = self.behind_writer(lambda cur: (body(cur), _added(self.spilled, self.orphaned, 1)))
         waiting = rollups(take(copied, "", itertools.repeat(0)), fold=self.fold)
         out, spilled = await asked
         for k, v in spilled.items():
@@ -363,6 +367,8 @@ class Ledger:
                     self.spill.done += 1
                     self.spilled = _added(self.spilled, self._spilled_parts.popleft(), -1)
             self.spill.replayed()
+            if orphans:  # every file left by another process is booked (or is a live process's own)
+                self.orphaned = {}
             if expired:
                 self._expired(sum(expired.values()), kept_from)
             if self.spilled or self._spilled_parts:
@@ -387,6 +393,8 @@ class Ledger:
             self.down = str(exc)
             if orphans:
                 self._orphans_at = 0.0  # another process's file may be half replayed: look again once it answers
+                if not self.orphaned:
+                    self.orphaned = self._left_rollups()
             # Rows of the batch already booked (split around a refused one) are booked once: replays skip
             # the ids the database holds.
             if rows.size and self.spill.write(rows.full()):
@@ -432,6 +440,15 @@ class Ledger:
                 self.rejects.trouble,
             )
             self._rejects_lost_at = None
+
+    def _left_rollups(self) -> Rollups:
+        """The rollups of the rows in spill files other processes left (read once per outage that finds them:
+        the directory is not listed again while the database cannot be written)."""
+        sums: Rollups = {}
+        for batch in self.spill.left():
+            rows = [tuple(r) if len(r) == NCOLUMNS else _current(tuple(r)) for r in batch]
+            row_rollups(rows, sums, self.fold)
+        return sums
 
     def _book(self, body: Callable[[Cursor], int], rows: Callable[[], Sequence[Row]]) -> None:
         """Commit a batch; one the database refuses (a value it cannot store, not an outage) is split in

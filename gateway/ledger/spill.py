@@ -99,6 +99,25 @@ class Spill:
             finally:
                 os.close(fd)
 
+    def left(self) -> Iterator[list[list[Any]]]:
+        """The batches of other processes' files that no process holds (left by processes that died), read
+        without replaying them: what waits there, for the views to count until it is replayed."""
+        for other in self.files():
+            if other == self.path:
+                continue
+            try:
+                fd = os.open(other, os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                except OSError:
+                    continue  # a live process's file: it counts its own
+                yield from _read(other)
+            finally:
+                os.close(fd)
+
     def replayed(self) -> None:
         """Every batch of this process's own file is committed: start it afresh."""
         if self._fd is not None:
