@@ -27,10 +27,7 @@ from typing import Any, Final
 
 from gateway.config import LedgerConfig
 from gateway.ledger.batch import (
-    INSERT,
-    INSERT_SQLITE,
     NCOLUMNS,
-    ROLLUP,
     Batch,
     Fold,
     Pending,
@@ -46,6 +43,7 @@ from gateway.ledger.batch import (
     text,
 )
 from gateway.ledger.engine import Cursor, Database, LedgerDown
+from gateway.ledger.replay import added, commit, current
 from gateway.ledger.spill import Spill, why
 from gateway.limits.usage import day_of
 from gateway.ops.metrics import Record
@@ -53,7 +51,6 @@ from gateway.ops.metrics import Record
 log = logging.getLogger("gateway")
 
 
-_IN_CHUNK: Final = 500
 _RETAIN_EVERY_S: Final = 3600
 _ORPHANS_EVERY_S: Final = 60
 _RETAIN_BATCH: Final = 5000  # SQLite: rows per DELETE (one short transaction each)
@@ -62,58 +59,6 @@ _MARGIN_S: Final = 1.0  # what a `call` waits beyond `ledger.timeout_ms`, the da
 _COMMIT_S: Final = 0.5  # of that margin, what a `change` keeps for its COMMIT
 # Rows the database refused alone, one batch per line as in a spill file, never replayed: for the operator.
 _REJECTS_PREFIX: Final = "ledger-refused-"
-_COMPLETIONS: Final = "completions"  # the endpoint of every row spilled before rows recorded theirs
-
-
-def commit(cur: Cursor, rows: Sequence[Row], db: Database, fold: Fold = same) -> int:
-    """Insert the rows (in the order of `batch.COLUMNS`: replayed from a spill file) not booked yet and add
-    exactly those to their rollups (models and targets as `fold` names them); how many were new. Rows
-    spilled by an older gateway are replayed as such (`_current`)."""
-    rows = [r if len(r) == NCOLUMNS else _current(r) for r in rows]
-    by_day: dict[str, list[str]] = {}
-    for r in rows:
-        by_day.setdefault(r[3], []).append(r[0])
-    db.ensure_days(cur, by_day)
-    known: set[str] = set()
-    for day, ids in by_day.items():
-        for i in range(0, len(ids), _IN_CHUNK):
-            chunk = ids[i : i + _IN_CHUNK]
-            marks = ", ".join("?" * len(chunk))
-            sql = f"SELECT id FROM requests WHERE day = ? AND id IN ({marks})"
-            known.update(r[0] for r in cur.rows(sql, [day, *chunk]))
-    fresh = [r for r in rows if r[0] not in known] if known else rows
-    if not fresh:
-        return 0
-    cur.executemany(INSERT if db.postgres else INSERT_SQLITE, fresh)
-    cur.executemany(ROLLUP, [(*k, *v) for k, v in row_rollups(fresh, fold=fold).items()])
-    return len(fresh)
-
-
-def _current(row: Row) -> Row:
-    """A spilled row of an older layout in the order of `COLUMNS`: 22 values (before rows named their key's
-    identity or their batch) book an empty `key_id` and no batch; 23 values end with either the `key_id` or
-    the `batch_id`, told apart by their values: a batch id is None or `batch_...`, a key id never is; 24
-    values end with both. Every row of an older layout was a completion (chat came with `endpoint`)."""
-    if len(row) == NCOLUMNS - 3:
-        return (*row, "", None, _COMPLETIONS)
-    if len(row) == NCOLUMNS - 1:
-        return (*row, _COMPLETIONS)
-    last = row[-1]
-    if last is None or (isinstance(last, str) and last.startswith("batch_")):
-        return (*row[:-1], "", last, _COMPLETIONS)
-    return (*row, None, _COMPLETIONS)
-
-
-def _added(sums: Rollups, part: Rollups, sign: int) -> Rollups:
-    """`sums` with `part` added (`sign` 1) or taken away (-1), as a new mapping; a rollup left with no row goes."""
-    out = {k: list(v) for k, v in sums.items()}
-    for k, v in part.items():
-        s = out.setdefault(k, [0] * len(v))
-        for i, n in enumerate(v):
-            s[i] += sign * n
-        if not any(s):
-            del out[k]
-    return out
 
 
 class Ledger:
@@ -265,7 +210,7 @@ class Ledger:
         # The spill file's share is read on the writer's thread too, right after `body`: never a batch both
         # replayed (in what `body` reads) and still counted as spilled.
         # No await between the copy and this.
-        asked = self.behind_writer(lambda cur: (body(cur), _added(self.spilled, self.orphaned, 1)))
+        asked = self.behind_writer(lambda cur: (body(cur), added(self.spilled, self.orphaned, 1)))
         waiting = rollups(take(copied, "", itertools.repeat(0)), fold=self.fold)
         out, spilled = await asked
         for k, v in spilled.items():
@@ -365,7 +310,7 @@ class Ledger:
                     # Booked: counted from now on as committed, not as spilled, even if the database goes away
                     # again before the rest of the file is replayed (and never replayed again).
                     self.spill.done += 1
-                    self.spilled = _added(self.spilled, self._spilled_parts.popleft(), -1)
+                    self.spilled = added(self.spilled, self._spilled_parts.popleft(), -1)
             self.spill.replayed()
             if orphans:  # every file left by another process is booked (or is a live process's own)
                 self.orphaned = {}
@@ -400,7 +345,7 @@ class Ledger:
             if rows.size and self.spill.write(rows.full()):
                 part = rollups(rows, fold=self.fold)
                 self._spilled_parts.append(part)
-                self.spilled = _added(self.spilled, part, 1)
+                self.spilled = added(self.spilled, part, 1)
             elif rows.size and self._lost_at is None:
                 # Once per outage: every later turn of it would say the same (the count is in the metrics), and
                 # the total is logged when the database answers again.
@@ -446,7 +391,7 @@ class Ledger:
         the directory is not listed again while the database cannot be written)."""
         sums: Rollups = {}
         for batch in self.spill.left():
-            rows = [tuple(r) if len(r) == NCOLUMNS else _current(tuple(r)) for r in batch]
+            rows = [tuple(r) if len(r) == NCOLUMNS else current(tuple(r)) for r in batch]
             row_rollups(rows, sums, self.fold)
         return sums
 

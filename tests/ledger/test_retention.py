@@ -14,8 +14,9 @@ import msgspec
 import pytest
 
 from gateway.config import LedgerConfig
-from gateway.ledger.book import Ledger, commit
+from gateway.ledger.book import Ledger
 from gateway.ledger.engine import Database
+from gateway.ledger.replay import commit
 from gateway.limits.usage import day_of
 from tests.helpers.clients import body, client
 from tests.helpers.servers import GatewayThread
