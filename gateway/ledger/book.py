@@ -18,6 +18,7 @@ import functools
 import itertools
 import logging
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterable, Sequence
@@ -27,7 +28,6 @@ from typing import Any, Final
 
 from gateway.config import LedgerConfig
 from gateway.ledger.batch import (
-    NCOLUMNS,
     Batch,
     Fold,
     Pending,
@@ -37,13 +37,12 @@ from gateway.ledger.batch import (
     lost_pending,
     pending,
     rollups,
-    row_rollups,
     same,
     take,
     text,
 )
 from gateway.ledger.engine import Cursor, Database, LedgerDown
-from gateway.ledger.replay import added, commit, current
+from gateway.ledger.replay import added, commit, spilled_rollups
 from gateway.ledger.spill import Spill, why
 from gateway.limits.usage import day_of
 from gateway.ops.metrics import Record
@@ -90,6 +89,7 @@ class Ledger:
         self.dropped = 0  # rows the full queue turned away
         self._dropped_logged = 0
         self.booked = 0
+        self.late_changes = 0  # key changes committed after their caller was answered 503 (`change`)
         self.expired = 0  # spilled rows of days retention removes, not booked at replay
         self.refused = 0  # rows the database refused alone (kept in `rejects`, never booked)
         # The rollups of this process's rows in its spill file, not booked yet: what `read` adds to what the
@@ -176,8 +176,15 @@ class Ledger:
     async def change(self, body: Callable[[Cursor], Any]) -> Any:
         """`body` in one transaction of `call`'s connection, committed only while its caller still waits: past
         the wait (`LedgerDown`, a 503 for an admin call) it is rolled back, never made behind the caller's back (a
-        key whose secret nobody was shown). Statements that each wait a while can add up past the wait."""
-        deadline = time.monotonic() + self._wait_s - _COMMIT_S
+        key whose secret nobody was shown). Statements that each wait a while can add up past the wait.
+
+        Its COMMIT is sent with `_COMMIT_S` of the wait left, and only the database knows when that ends: one
+        that ends past the wait has made the change all the same. That is counted (`late_changes`) and logged,
+        and the key poll applies it; a COMMIT that ended as the wait did answers as made rather than 503."""
+        started = time.monotonic()
+        deadline = started + self._wait_s - _COMMIT_S
+        state = {"committed": False, "gave_up": False}
+        lock = threading.Lock()
 
         def bounded(cur: Cursor) -> Any:
             out = body(cur)
@@ -185,7 +192,33 @@ class Ledger:
                 raise LedgerDown(f"{self.db.where}: no answer within {self.cfg.timeout_ms} ms")
             return out
 
-        return await self.call(self.db.transaction, bounded)
+        def run() -> Any:
+            out = self.db.transaction(bounded)
+            with lock:
+                state["committed"] = True
+                late = state["gave_up"]
+            if late:
+                self.late_changes += 1
+                log.error(
+                    "ledger: a key change was committed %.1f s after its caller was answered 503 (its COMMIT took "
+                    "longer than the wait); the key poll applies it (%d so far, gateway_ledger_late_changes)",
+                    time.monotonic() - started - self._wait_s,
+                    self.late_changes,
+                )
+            return out
+
+        work = asyncio.get_running_loop().run_in_executor(self._pool, run)
+        work.add_done_callback(lambda f: f.cancelled() or f.exception())  # an error after the 503: retrieved
+        try:
+            return await self._answer(asyncio.shield(work))
+        except LedgerDown:
+            with lock:
+                state["gave_up"] = True
+                made = state["committed"]
+            if not made:
+                raise
+        self.unanswered = None
+        return await work  # committed as the wait ended: its answer is a moment away
 
     def behind_writer(self, body: Callable[[Cursor], Any]) -> Coroutine[Any, Any, Any]:
         """`body` in a transaction of the writer's connection, handed to its thread in this very step, so that it
@@ -293,19 +326,20 @@ class Ledger:
         """On the ledger's thread: spilled batches first (oldest first; another process's only when `orphans`
         says they may wait), then these rows; spill on failure."""
         refused, rejects_lost = self.refused, self.rejects.lost
+        # Rows of days retention removes are not booked: their ids can no longer be looked up (retention may have
+        # removed them once booked, by a replay interrupted part way), so booking them would count them twice in
+        # the rollups; on PostgreSQL it would also make their day's partition again.
+        kept_from = self._retained_from()
+        # Per file; another process's counted once it is replayed whole (an interrupted one is read again).
+        expired: dict[Path, int] = {}
         try:
-            # Rows of days retention removes are not booked: their ids can no longer be looked up (retention may
-            # have removed them once booked, by a replay interrupted part way), so booking them would count them
-            # twice in the rollups; on PostgreSQL it would also make their day's partition again.
-            kept_from = self._retained_from()
-            expired: dict[Path, int] = {}  # per file, counted once the file is replayed whole
             for path, batch in self.spill.batches(orphans):
                 spilled = [tuple(r) for r in batch if r[3] >= kept_from]
-                if len(spilled) != len(batch):
-                    expired[path] = expired.get(path, 0) + len(batch) - len(spilled)
                 if spilled:
                     booked = functools.partial(commit, rows=spilled, db=self.rows, fold=self.fold)
                     self._book(booked, functools.partial(list, spilled))
+                if len(spilled) != len(batch):
+                    expired[path] = expired.get(path, 0) + len(batch) - len(spilled)
                 if path == self.spill.path:
                     # Booked: counted from now on as committed, not as spilled, even if the database goes away
                     # again before the rest of the file is replayed (and never replayed again).
@@ -333,13 +367,15 @@ class Ledger:
                 )
                 self._lost_at = None
         except LedgerDown as exc:
+            if expired.get(self.spill.path):  # this file's batches booked are not read again
+                self._expired(expired[self.spill.path], kept_from)
             if self.down is None:
                 log.warning("ledger: cannot write (%s); rows go to %s until it answers", exc, self.spill.path)
             self.down = str(exc)
             if orphans:
                 self._orphans_at = 0.0  # another process's file may be half replayed: look again once it answers
-                if not self.orphaned:
-                    self.orphaned = self._left_rollups()
+                if not self.orphaned:  # read once per outage: the directory is not listed again until it ends
+                    self.orphaned = spilled_rollups(self.spill.left(), self.fold)
             # Rows of the batch already booked (split around a refused one) are booked once: replays skip
             # the ids the database holds.
             if rows.size and self.spill.write(rows.full()):
@@ -385,15 +421,6 @@ class Ledger:
                 self.rejects.trouble,
             )
             self._rejects_lost_at = None
-
-    def _left_rollups(self) -> Rollups:
-        """The rollups of the rows in spill files other processes left (read once per outage that finds them:
-        the directory is not listed again while the database cannot be written)."""
-        sums: Rollups = {}
-        for batch in self.spill.left():
-            rows = [tuple(r) if len(r) == NCOLUMNS else current(tuple(r)) for r in batch]
-            row_rollups(rows, sums, self.fold)
-        return sums
 
     def _book(self, body: Callable[[Cursor], int], rows: Callable[[], Sequence[Row]]) -> None:
         """Commit a batch; one the database refuses (a value it cannot store, not an outage) is split in

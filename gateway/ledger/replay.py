@@ -8,8 +8,8 @@ nothing twice.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Final
+from collections.abc import Iterable, Sequence
+from typing import Any, Final
 
 from gateway.ledger.batch import INSERT, INSERT_SQLITE, NCOLUMNS, ROLLUP, Fold, Rollups, Row, row_rollups, same
 from gateway.ledger.engine import Cursor, Database
@@ -67,3 +67,11 @@ def added(sums: Rollups, part: Rollups, sign: int) -> Rollups:
         if not any(s):
             del out[k]
     return out
+
+
+def spilled_rollups(batches: Iterable[list[list[Any]]], fold: Fold = same) -> Rollups:
+    """The rollups of spilled batches (of any layout), models and targets as `fold` names them."""
+    sums: Rollups = {}
+    for batch in batches:
+        row_rollups([tuple(r) if len(r) == NCOLUMNS else current(tuple(r)) for r in batch], sums, fold)
+    return sums

@@ -63,6 +63,11 @@ class LedgerService:
                     "Spilled ledger rows of days past ledger.retention_days, not booked at replay",
                     lambda: ledger.expired,
                 ),
+                (
+                    "gateway_ledger_late_changes",
+                    "Key changes committed after their admin call was answered 503",
+                    lambda: ledger.late_changes,
+                ),
                 ("gateway_ledger_queued_rows", "Ledger rows waiting for the writer", lambda: len(ledger.queue)),
                 ("gateway_ledger_spilled", "1 while the ledger's rows go to its spill file", lambda: ledger.spilling),
             ):
