@@ -320,7 +320,10 @@ class Ledger:
         if self.down is not None or now < self._orphans_at:
             return False
         self._orphans_at = now + _ORPHANS_EVERY_S
-        return bool(self.spill.files())
+        if self.spill.files():
+            return True
+        self.orphaned = {}  # the files it counted are gone (another process replayed them)
+        return False
 
     def _write(self, rows: Batch, orphans: bool) -> None:
         """On the ledger's thread: spilled batches first (oldest first; another process's only when `orphans`

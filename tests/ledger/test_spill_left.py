@@ -65,3 +65,44 @@ def test_spill_files_left_by_a_dead_process_count_until_replayed(
             await ledger.close()
 
     asyncio.run(run())
+
+
+def test_a_left_file_another_process_replays_stops_counting(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """The left file is replayed by another replica once the database answers: this process stops counting it
+    at its next look at the directory, and counts its rows once, as booked."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    spill = tmp_path / "spill"
+    _left_file(spill, 4)
+
+    def booked(cur: Any) -> int:
+        return int(cur.rows("SELECT coalesce(sum(requests), 0) FROM daily")[0][0])
+
+    async def total(ledger: Ledger) -> int:
+        held, waiting = await ledger.read(booked)
+        return int(held) + sum(v[0] for v in waiting.values())
+
+    async def run() -> None:
+        ledger = Ledger(LedgerConfig(url=url, timeout_ms=200, spill_dir=str(spill)))
+        other = Ledger(LedgerConfig(url=url, timeout_ms=200, spill_dir=str(spill)))
+        await ledger.start()
+        await other.start()
+        try:
+            with _away("sqlite", url, request):
+                _rows(ledger, 2)
+                await ledger.flush()
+                assert await total(ledger) == 6
+            # This process's own rows are booked; the other replays the left file first.
+            _rows(ledger, 1)
+            await ledger.flush()
+            await other.flush()
+            assert not (spill / "ledger-spill-1-000000000000.jsonl").exists()
+            for _ in range(2):
+                _rows(ledger, 1)
+                await ledger.flush()
+            assert ledger.orphaned == {}
+            assert await total(ledger) == 9
+        finally:
+            await other.close()
+            await ledger.close()
+
+    asyncio.run(run())
