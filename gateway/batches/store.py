@@ -24,8 +24,8 @@ from gateway.batches.lines import Line, batch_model
 from gateway.batches.objects import ACTIVE, ERR, OK, SENT, TERMINAL, TODO, BatchError, Booked, answered
 from gateway.ids import unique_suffix
 from gateway.ledger.batch import Fold, same
-from gateway.ledger.book import commit
 from gateway.ledger.engine import Cursor, Database
+from gateway.ledger.replay import commit
 
 T = TypeVar("T")
 _IN_CHUNK: Final = 500  # lines per INSERT / UPDATE statement batch

@@ -101,7 +101,7 @@ class Batch:
         self.size = 0
 
     def full(self) -> list[Row]:
-        """The rows in the order of `COLUMNS`, as the spill file and `book.commit` take them."""
+        """The rows in the order of `COLUMNS`, as the spill file and `replay.commit` take them."""
         return full_rows(self.entries, self.groups, self.widths)
 
 

@@ -18,6 +18,7 @@ import functools
 import itertools
 import logging
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterable, Sequence
@@ -27,10 +28,6 @@ from typing import Any, Final
 
 from gateway.config import LedgerConfig
 from gateway.ledger.batch import (
-    INSERT,
-    INSERT_SQLITE,
-    NCOLUMNS,
-    ROLLUP,
     Batch,
     Fold,
     Pending,
@@ -40,12 +37,12 @@ from gateway.ledger.batch import (
     lost_pending,
     pending,
     rollups,
-    row_rollups,
     same,
     take,
     text,
 )
 from gateway.ledger.engine import Cursor, Database, LedgerDown
+from gateway.ledger.replay import added, commit, spilled_rollups
 from gateway.ledger.spill import Spill, why
 from gateway.limits.usage import day_of
 from gateway.ops.metrics import Record
@@ -53,7 +50,6 @@ from gateway.ops.metrics import Record
 log = logging.getLogger("gateway")
 
 
-_IN_CHUNK: Final = 500
 _RETAIN_EVERY_S: Final = 3600
 _ORPHANS_EVERY_S: Final = 60
 _RETAIN_BATCH: Final = 5000  # SQLite: rows per DELETE (one short transaction each)
@@ -62,58 +58,6 @@ _MARGIN_S: Final = 1.0  # what a `call` waits beyond `ledger.timeout_ms`, the da
 _COMMIT_S: Final = 0.5  # of that margin, what a `change` keeps for its COMMIT
 # Rows the database refused alone, one batch per line as in a spill file, never replayed: for the operator.
 _REJECTS_PREFIX: Final = "ledger-refused-"
-_COMPLETIONS: Final = "completions"  # the endpoint of every row spilled before rows recorded theirs
-
-
-def commit(cur: Cursor, rows: Sequence[Row], db: Database, fold: Fold = same) -> int:
-    """Insert the rows (in the order of `batch.COLUMNS`: replayed from a spill file) not booked yet and add
-    exactly those to their rollups (models and targets as `fold` names them); how many were new. Rows
-    spilled by an older gateway are replayed as such (`_current`)."""
-    rows = [r if len(r) == NCOLUMNS else _current(r) for r in rows]
-    by_day: dict[str, list[str]] = {}
-    for r in rows:
-        by_day.setdefault(r[3], []).append(r[0])
-    db.ensure_days(cur, by_day)
-    known: set[str] = set()
-    for day, ids in by_day.items():
-        for i in range(0, len(ids), _IN_CHUNK):
-            chunk = ids[i : i + _IN_CHUNK]
-            marks = ", ".join("?" * len(chunk))
-            sql = f"SELECT id FROM requests WHERE day = ? AND id IN ({marks})"
-            known.update(r[0] for r in cur.rows(sql, [day, *chunk]))
-    fresh = [r for r in rows if r[0] not in known] if known else rows
-    if not fresh:
-        return 0
-    cur.executemany(INSERT if db.postgres else INSERT_SQLITE, fresh)
-    cur.executemany(ROLLUP, [(*k, *v) for k, v in row_rollups(fresh, fold=fold).items()])
-    return len(fresh)
-
-
-def _current(row: Row) -> Row:
-    """A spilled row of an older layout in the order of `COLUMNS`: 22 values (before rows named their key's
-    identity or their batch) book an empty `key_id` and no batch; 23 values end with either the `key_id` or
-    the `batch_id`, told apart by their values: a batch id is None or `batch_...`, a key id never is; 24
-    values end with both. Every row of an older layout was a completion (chat came with `endpoint`)."""
-    if len(row) == NCOLUMNS - 3:
-        return (*row, "", None, _COMPLETIONS)
-    if len(row) == NCOLUMNS - 1:
-        return (*row, _COMPLETIONS)
-    last = row[-1]
-    if last is None or (isinstance(last, str) and last.startswith("batch_")):
-        return (*row[:-1], "", last, _COMPLETIONS)
-    return (*row, None, _COMPLETIONS)
-
-
-def _added(sums: Rollups, part: Rollups, sign: int) -> Rollups:
-    """`sums` with `part` added (`sign` 1) or taken away (-1), as a new mapping; a rollup left with no row goes."""
-    out = {k: list(v) for k, v in sums.items()}
-    for k, v in part.items():
-        s = out.setdefault(k, [0] * len(v))
-        for i, n in enumerate(v):
-            s[i] += sign * n
-        if not any(s):
-            del out[k]
-    return out
 
 
 class Ledger:
@@ -145,11 +89,16 @@ class Ledger:
         self.dropped = 0  # rows the full queue turned away
         self._dropped_logged = 0
         self.booked = 0
+        self.late_changes = 0  # key changes committed after their caller was answered 503 (`change`)
+        self.expired = 0  # spilled rows of days retention removes, not booked at replay
         self.refused = 0  # rows the database refused alone (kept in `rejects`, never booked)
         # The rollups of this process's rows in its spill file, not booked yet: what `read` adds to what the
         # database holds, so a budget seeded during an outage of writes still counts them. Replaced whole on the
         # writer's thread, and read there.
         self.spilled: Rollups = {}
+        # The rollups of the rows in spill files other processes left (a restart while the database took no
+        # writes), counted the same way until they are replayed.
+        self.orphaned: Rollups = {}
         self._spilled_parts: deque[Rollups] = deque()  # the same, per batch of the spill file, oldest first
         self.refused_why = ""
         self.down: str | None = None  # why the database could not be written, while it cannot
@@ -157,7 +106,9 @@ class Ledger:
         self._lost_at: int | None = None
         spill_dir = Path(cfg.spill_dir) if cfg.spill_dir else self._default_spill_dir()
         self.spill = Spill(spill_dir, cfg.spill_bytes)
-        self.rejects = Spill(spill_dir, cfg.spill_bytes, _REJECTS_PREFIX)
+        self.rejects = Spill(spill_dir, cfg.spill_bytes, _REJECTS_PREFIX, "refused-rows file")
+        # `rejects.lost` when the refused-rows file first failed to take rows (None: it takes them).
+        self._rejects_lost_at: int | None = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="ledger")
         self._writer_pool = ThreadPoolExecutor(1, thread_name_prefix="ledger-writer")
         # A caller waits for the database's own bound (its statement timeout), plus a margin, and no longer:
@@ -225,8 +176,15 @@ class Ledger:
     async def change(self, body: Callable[[Cursor], Any]) -> Any:
         """`body` in one transaction of `call`'s connection, committed only while its caller still waits: past
         the wait (`LedgerDown`, a 503 for an admin call) it is rolled back, never made behind the caller's back (a
-        key whose secret nobody was shown). Statements that each wait a while can add up past the wait."""
-        deadline = time.monotonic() + self._wait_s - _COMMIT_S
+        key whose secret nobody was shown). Statements that each wait a while can add up past the wait.
+
+        Its COMMIT is sent with `_COMMIT_S` of the wait left, and only the database knows when that ends: one
+        that ends past the wait has made the change all the same. That is counted (`late_changes`) and logged,
+        and the key poll applies it; a COMMIT that ended as the wait did answers as made rather than 503."""
+        started = time.monotonic()
+        deadline = started + self._wait_s - _COMMIT_S
+        state = {"committed": False, "gave_up": False}
+        lock = threading.Lock()
 
         def bounded(cur: Cursor) -> Any:
             out = body(cur)
@@ -234,7 +192,33 @@ class Ledger:
                 raise LedgerDown(f"{self.db.where}: no answer within {self.cfg.timeout_ms} ms")
             return out
 
-        return await self.call(self.db.transaction, bounded)
+        def run() -> Any:
+            out = self.db.transaction(bounded)
+            with lock:
+                state["committed"] = True
+                late = state["gave_up"]
+            if late:
+                self.late_changes += 1
+                log.error(
+                    "ledger: a key change was committed %.1f s after its caller was answered 503 (its COMMIT took "
+                    "longer than the wait); the key poll applies it (%d so far, gateway_ledger_late_changes)",
+                    time.monotonic() - started - self._wait_s,
+                    self.late_changes,
+                )
+            return out
+
+        work = asyncio.get_running_loop().run_in_executor(self._pool, run)
+        work.add_done_callback(lambda f: f.cancelled() or f.exception())  # an error after the 503: retrieved
+        try:
+            return await self._answer(asyncio.shield(work))
+        except LedgerDown:
+            with lock:
+                state["gave_up"] = True
+                made = state["committed"]
+            if not made:
+                raise
+        self.unanswered = None
+        return await work  # committed as the wait ended: its answer is a moment away
 
     def behind_writer(self, body: Callable[[Cursor], Any]) -> Coroutine[Any, Any, Any]:
         """`body` in a transaction of the writer's connection, handed to its thread in this very step, so that it
@@ -258,7 +242,8 @@ class Ledger:
         copied.extend(self.held.values())
         # The spill file's share is read on the writer's thread too, right after `body`: never a batch both
         # replayed (in what `body` reads) and still counted as spilled.
-        asked = self.behind_writer(lambda cur: (body(cur), self.spilled))  # no await between the copy and this
+        # No await between the copy and this.
+        asked = self.behind_writer(lambda cur: (body(cur), added(self.spilled, self.orphaned, 1)))
         waiting = rollups(take(copied, "", itertools.repeat(0)), fold=self.fold)
         out, spilled = await asked
         for k, v in spilled.items():
@@ -335,23 +320,39 @@ class Ledger:
         if self.down is not None or now < self._orphans_at:
             return False
         self._orphans_at = now + _ORPHANS_EVERY_S
-        return bool(self.spill.files())
+        if self.spill.files():
+            return True
+        self.orphaned = {}  # the files it counted are gone (another process replayed them)
+        return False
 
     def _write(self, rows: Batch, orphans: bool) -> None:
         """On the ledger's thread: spilled batches first (oldest first; another process's only when `orphans`
         says they may wait), then these rows; spill on failure."""
-        refused = self.refused
+        refused, rejects_lost = self.refused, self.rejects.lost
+        # Rows of days retention removes are not booked: their ids can no longer be looked up (retention may have
+        # removed them once booked, by a replay interrupted part way), so booking them would count them twice in
+        # the rollups; on PostgreSQL it would also make their day's partition again.
+        kept_from = self._retained_from()
+        # Per file; another process's counted once it is replayed whole (an interrupted one is read again).
+        expired: dict[Path, int] = {}
         try:
             for path, batch in self.spill.batches(orphans):
-                spilled = [tuple(r) for r in batch]
-                booked = functools.partial(commit, rows=spilled, db=self.rows, fold=self.fold)
-                self._book(booked, functools.partial(list, spilled))
+                spilled = [tuple(r) for r in batch if r[3] >= kept_from]
+                if spilled:
+                    booked = functools.partial(commit, rows=spilled, db=self.rows, fold=self.fold)
+                    self._book(booked, functools.partial(list, spilled))
+                if len(spilled) != len(batch):
+                    expired[path] = expired.get(path, 0) + len(batch) - len(spilled)
                 if path == self.spill.path:
                     # Booked: counted from now on as committed, not as spilled, even if the database goes away
                     # again before the rest of the file is replayed (and never replayed again).
                     self.spill.done += 1
-                    self.spilled = _added(self.spilled, self._spilled_parts.popleft(), -1)
+                    self.spilled = added(self.spilled, self._spilled_parts.popleft(), -1)
             self.spill.replayed()
+            if orphans:  # every file left by another process is booked (or is a live process's own)
+                self.orphaned = {}
+            if expired:
+                self._expired(sum(expired.values()), kept_from)
             if self.spilled or self._spilled_parts:
                 self.spilled = {}
                 self._spilled_parts.clear()
@@ -369,17 +370,21 @@ class Ledger:
                 )
                 self._lost_at = None
         except LedgerDown as exc:
+            if expired.get(self.spill.path):  # this file's batches booked are not read again
+                self._expired(expired[self.spill.path], kept_from)
             if self.down is None:
                 log.warning("ledger: cannot write (%s); rows go to %s until it answers", exc, self.spill.path)
             self.down = str(exc)
             if orphans:
                 self._orphans_at = 0.0  # another process's file may be half replayed: look again once it answers
+                if not self.orphaned:  # read once per outage: the directory is not listed again until it ends
+                    self.orphaned = spilled_rollups(self.spill.left(), self.fold)
             # Rows of the batch already booked (split around a refused one) are booked once: replays skip
             # the ids the database holds.
             if rows.size and self.spill.write(rows.full()):
                 part = rollups(rows, fold=self.fold)
                 self._spilled_parts.append(part)
-                self.spilled = _added(self.spilled, part, 1)
+                self.spilled = added(self.spilled, part, 1)
             elif rows.size and self._lost_at is None:
                 # Once per outage: every later turn of it would say the same (the count is in the metrics), and
                 # the total is logged when the database answers again.
@@ -391,13 +396,34 @@ class Ledger:
                     self.spill.lost,
                 )
         if self.refused != refused:
+            self._said_refused(self.refused - refused, self.rejects.lost - rejects_lost)
+
+    def _said_refused(self, refused: int, lost: int) -> None:
+        """One ERROR line per writer turn for the rows the database refused; one more when the refused-rows file
+        first fails to keep them (its cause), and one when it keeps rows again (how many it lost meanwhile)."""
+        if lost and self._rejects_lost_at is None:
+            self._rejects_lost_at = self.rejects.lost - lost
             log.error(
-                "ledger: the database refused %d row(s) (%s); kept in %s, not booked (%d so far)",
-                self.refused - refused,
-                self.refused_why,
-                self.rejects.path,
-                self.refused,
+                "ledger: %s: refused rows are lost, and counted in gateway_ledger_refused_lost_rows, until it takes "
+                "rows again (%d so far)",
+                self.rejects.trouble,
+                self.rejects.lost,
             )
+        where = f"kept in {self.rejects.path}" if refused > lost else "not kept (gateway_ledger_refused_lost_rows)"
+        log.error(
+            "ledger: the database refused %d row(s) (%s); %s, not booked (%d so far)",
+            refused,
+            self.refused_why,
+            where,
+            self.refused,
+        )
+        if refused > lost and self._rejects_lost_at is not None:
+            log.error(
+                "ledger: the refused-rows file takes rows again; %d refused row(s) lost while it could not (%s)",
+                self.rejects.lost - self._rejects_lost_at,
+                self.rejects.trouble,
+            )
+            self._rejects_lost_at = None
 
     def _book(self, body: Callable[[Cursor], int], rows: Callable[[], Sequence[Row]]) -> None:
         """Commit a batch; one the database refuses (a value it cannot store, not an outage) is split in
@@ -424,6 +450,22 @@ class Ledger:
                 raise
             except Exception as again:
                 self._split(part, again)
+
+    def _retained_from(self) -> str:
+        """The first day `retention_days` keeps ('' when it keeps every day)."""
+        days = self.cfg.retention_days
+        return "" if days is None else day_of(time.time() - (days - 1) * 86_400)
+
+    def _expired(self, n: int, kept_from: str) -> None:
+        self.expired += n
+        log.warning(
+            "ledger: %d spilled row(s) of days before %s (ledger.retention_days = %s) not booked at replay: "
+            "retention removes such rows (%d so far, gateway_ledger_expired_rows)",
+            n,
+            kept_from,
+            self.cfg.retention_days,
+            self.expired,
+        )
 
     def _retain(self, days: int) -> None:
         """On the ledger's thread: remove rows older than `days` days (today counts as one)."""

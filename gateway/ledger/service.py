@@ -53,6 +53,21 @@ class LedgerService:
                 ("gateway_ledger_dropped_rows", "Ledger rows turned away by the full queue", lambda: ledger.dropped),
                 ("gateway_ledger_spill_lost_rows", "Ledger rows lost to a full spill file", lambda: ledger.spill.lost),
                 ("gateway_ledger_refused_rows", "Ledger rows the database refused", lambda: ledger.refused),
+                (
+                    "gateway_ledger_refused_lost_rows",
+                    "Refused ledger rows the refused-rows file could not keep",
+                    lambda: ledger.rejects.lost,
+                ),
+                (
+                    "gateway_ledger_expired_rows",
+                    "Spilled ledger rows of days past ledger.retention_days, not booked at replay",
+                    lambda: ledger.expired,
+                ),
+                (
+                    "gateway_ledger_late_changes",
+                    "Key changes committed after their admin call was answered 503",
+                    lambda: ledger.late_changes,
+                ),
                 ("gateway_ledger_queued_rows", "Ledger rows waiting for the writer", lambda: len(ledger.queue)),
                 ("gateway_ledger_spilled", "1 while the ledger's rows go to its spill file", lambda: ledger.spilling),
             ):

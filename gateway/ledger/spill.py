@@ -28,8 +28,9 @@ _decode = msgspec.json.Decoder(list[list[Any]]).decode
 class Spill:
     """This process's spill file (locked while it lives) and the replay of every spill file in the directory."""
 
-    def __init__(self, directory: Path, max_bytes: int, prefix: str = "") -> None:
+    def __init__(self, directory: Path, max_bytes: int, prefix: str = "", what: str = "spill file") -> None:
         self.dir = directory
+        self.what = what  # how `trouble` names the file
         self.max_bytes = max_bytes
         self.path = directory / f"{prefix or SPILL_PREFIX}{os.getpid()}-{os.urandom(6).hex()}.jsonl"
         self._fd: int | None = None
@@ -44,7 +45,7 @@ class Spill:
         data = _encode([list(r) for r in rows]) + b"\n"
         if self.size + len(data) > self.max_bytes:
             self.lost += len(rows)
-            self.trouble = f"the spill file is full (ledger.spill_bytes = {self.max_bytes})"
+            self.trouble = f"the {self.what} is full (ledger.spill_bytes = {self.max_bytes})"
             return False
         try:
             if self._fd is None:
@@ -61,7 +62,7 @@ class Spill:
                 with contextlib.suppress(OSError):
                     os.ftruncate(self._fd, self.size)
             self.lost += len(rows)
-            self.trouble = f"the spill file {self.path} cannot be written ({why(exc)})"
+            self.trouble = f"the {self.what} {self.path} cannot be written ({why(exc)})"
             return False
         self.size += len(data)
         return True
@@ -95,6 +96,25 @@ class Spill:
                     continue  # a live process's file: it replays its own
                 yield from ((other, b) for b in _read(other))
                 other.unlink(missing_ok=True)  # every batch committed: the caller stops at the first failure
+            finally:
+                os.close(fd)
+
+    def left(self) -> Iterator[list[list[Any]]]:
+        """The batches of other processes' files that no process holds (left by processes that died), read
+        without replaying them: what waits there, for the views to count until it is replayed."""
+        for other in self.files():
+            if other == self.path:
+                continue
+            try:
+                fd = os.open(other, os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                except OSError:
+                    continue  # a live process's file: it counts its own
+                yield from _read(other)
             finally:
                 os.close(fd)
 

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from gateway.ledger.batch import _rows_sql, commit_batch, pending, row_ids, take
-from gateway.ledger.book import commit
 from gateway.ledger.engine import Database
+from gateway.ledger.replay import commit
 from gateway.ops.metrics import Record
 from tests.helpers.postgres import PostgresServer
 from wire.schema import Usage

@@ -7,8 +7,8 @@ import functools
 import time
 from pathlib import Path
 
-from gateway.ledger.book import commit
 from gateway.ledger.engine import Database
+from gateway.ledger.replay import commit
 from gateway.limits.usage import day_of
 from tests.helpers.clients import body, client
 from tests.helpers.servers import GatewayThread

@@ -5,14 +5,18 @@ Old days are planted with the engine's own client; the gateway removes them at i
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
-from gateway.ledger.book import commit
+from gateway.config import LedgerConfig
+from gateway.ledger.book import Ledger
 from gateway.ledger.engine import Database
+from gateway.ledger.replay import commit
 from gateway.limits.usage import day_of
 from tests.helpers.clients import body, client
 from tests.helpers.servers import GatewayThread
@@ -60,3 +64,51 @@ def test_retention_removes_old_days_only(engine: str, tmp_path: Path, request: p
             "SELECT count(*) FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname = 'requests'",
         )
         assert partitions == [(3,)]
+
+
+@pytest.mark.parametrize("engine", ["sqlite", "postgresql"])
+def test_spilled_rows_of_days_retention_removed_are_not_booked_again(
+    engine: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A spill file replayed after retention removed its days' rows (a replay interrupted after its first
+    batches were booked, resumed weeks later): the ids can no longer be looked up, so booking those rows again
+    would count them twice in the rollups. Rows older than `retention_days` are dropped at replay and counted."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}" if engine == "sqlite" else request.getfixturevalue("pg").url
+    plant(url, [40], 5)
+    plant(url, [1], 2)
+    db = Database(url)
+    try:
+        db.retain(day_of(time.time() - 29 * 86_400), 5000, 10)
+    finally:
+        db.close()
+    assert query(url, "SELECT count(*) FROM requests") == [(2,)]
+    before = query(url, "SELECT sum(requests), sum(cost_pico) FROM daily")[0]
+    old, recent = day_of(time.time() - 40 * 86_400), day_of(time.time() - 86_400)
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    # A dead process's file: the five old rows booked (and removed by retention) since, one recent row booked
+    # too, and one recent row never booked.
+    rows = [
+        [f"old-40-{i}", f"req-40-{i}", 0.0, old, "alice", "blue", "fast", "demo/long", "demo", "openai", 0, 200]
+        + [None, 1.0, 1.0, 3, 7, 10, None, 1, None, None, "", None, "completions"]
+        for i in range(5)
+    ]
+    for rid in ("old-1-0", "new-1-0"):
+        rows.append([rid, "req", 0.0, recent, *rows[0][4:]])
+    (spill / "ledger-spill-1-000000000000.jsonl").write_bytes(msgspec.json.encode(rows) + b"\n")
+
+    async def run() -> int:
+        cfg = LedgerConfig(url=url, retention_days=30, spill_dir=str(spill))
+        ledger = Ledger(cfg)
+        await ledger.start()
+        try:
+            await ledger.flush()
+            assert not list(spill.glob("ledger-spill-*"))
+            return ledger.expired
+        finally:
+            await ledger.close()
+
+    assert asyncio.run(run()) == 5
+    after = query(url, "SELECT sum(requests), sum(cost_pico) FROM daily")[0]
+    assert (int(after[0]), int(after[1])) == (int(before[0]) + 1, int(before[1]) + 10)
+    assert query(url, "SELECT count(*) FROM requests") == [(3,)]
