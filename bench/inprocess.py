@@ -51,6 +51,8 @@ def config_text(upstream_port: int | None, cache: str = "off") -> str:
         lines.append(f"redis: {{url: '{redis}'}}")
     if os.environ.get("BENCH_LIMITS"):  # `--limits`: checked and charged on every request, never refused
         lines += ["keys:", "  - {name: bench, key: bench-key, limits: {rpm: 100000000, tpm: 10000000000}}"]
+    if os.environ.get("BENCH_NO_ACCESS_LOG"):  # `--no-access-log`: the access log is on unless told otherwise
+        lines.append("logging: {requests: false}")
     ledger = os.environ.get("BENCH_LEDGER_URL")  # `--ledger`: every request booked (valgrind's child inherits it)
     if ledger:
         # As a saturated gateway runs it: the writer commits full batches (batch_rows, 500), not whatever one

@@ -26,7 +26,8 @@ distinct first characters, some of which the answer's text contains (the stop sc
 
 ``--cache always`` turns the response cache on (docs/cache.md); with ``--vary`` every request has a
 prompt of its own, so each one is a miss (compare with ``--vary`` alone); without it, every measured
-request is a hit.
+request is a hit. ``--no-access-log`` turns the access log off (on by default: its line built and
+buffered as in production, written to /dev/null), to see what it adds.
 
 ``--limits`` gives the client's key rpm + tpm limits far above what the run reaches (in process, or in the
 Redis ``--redis URL`` names); ``--all`` is the everything-on configuration of the bench's ``all_*`` rows
@@ -189,6 +190,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--ledger", help="a ledger URL (sqlite:///..., postgresql://...): measure with the ledger on")
     parser.add_argument("--redis", help="a redis.url: shared state (and the limits, with --limits) in Redis")
     parser.add_argument("--limits", action="store_true", help="rpm + tpm limits on the client's key")
+    parser.add_argument(
+        "--no-access-log", action="store_true", help="logging.requests: false (the access log, on by default, off)"
+    )
     parser.add_argument("--concurrency", type=int, default=1, help="clients sending at once (1: one request at a time)")
     parser.add_argument(
         "--all", action="store_true", help="everything on: --limits, --cache always, --max-concurrency 100000"
@@ -219,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["BENCH_REDIS_URL"] = args.redis
     if args.limits:
         os.environ["BENCH_LIMITS"] = "1"
+    if args.no_access_log:
+        os.environ["BENCH_NO_ACCESS_LOG"] = "1"  # valgrind's child inherits it
     if args.concurrency > 1:
         os.environ["BENCH_CONCURRENCY"] = str(args.concurrency)  # valgrind's child inherits it
     if args.inner:

@@ -129,8 +129,9 @@ def write(rec: Record, elapsed_s: float) -> None:
     )
     if rec.usage_estimated:
         entry.usage_estimated = True
-    if rec.queue_s is not None:  # a request that passed a server with max_concurrency: its time waiting there
-        entry.queue_ms = _floor(rec.queue_s * 1e6 + 0.5) / 1000.0
+    waited = rec.queue_s
+    if waited is not None:  # a request that passed a server with max_concurrency: its time waiting there
+        entry.queue_ms = _floor(waited * 1e6 + 0.5) / 1000.0 if waited else 0.0  # most found a slot free
     if rec.batch_id is not None:
         entry.batch_id = rec.batch_id
     if rec.prompt is not None:

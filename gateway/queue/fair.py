@@ -163,7 +163,8 @@ class FairOrder:
         if self.misses:
             miss = self.misses.get(tenant)
             if miss is not None:
-                tokens += max(round(miss), -prompt)
+                m = round(miss)
+                tokens += m if m > -prompt else -prompt  # max() without its call
         turn = self.turn = self.turn + 1
         self.turns[tenant] = turn
         charge = tokens / weight

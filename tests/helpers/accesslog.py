@@ -13,9 +13,11 @@ from gateway.ops import accesslog
 class Lines:
     def __init__(self) -> None:
         self.lines: list[dict[str, Any]] = []
+        self.raw: list[bytes] = []  # the lines as written, for a test of their exact text
 
     def __call__(self, line: bytes) -> None:
         self.lines.append(json.loads(line))
+        self.raw.append(line)
 
 
 @contextmanager

@@ -58,6 +58,9 @@ async def test_status_metrics_and_access_log_show_the_queue(tmp_path: Path, engi
     assert _sample(metrics, "gateway_queue_service_tokens_total", target="engine", tenant="boss") == 4
     lines = {line["key"]: line for line in access.lines}
     assert lines["blocker"]["queue_ms"] == 0
+    # A slot found free is written as every wait is, a float: the same text whatever path it took.
+    blocker_line = next(raw for raw in access.raw if b'"key":"blocker"' in raw)
+    assert b'"queue_ms":0.0' in blocker_line
     assert lines["batch"]["queue_ms"] >= 100 and lines["boss"]["queue_ms"] >= 100
     assert engine.order == ["blocker", "boss", "batch"]  # high before low
     assert lines["quiet"]["error"] == "queue_full"
