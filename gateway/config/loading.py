@@ -300,7 +300,7 @@ def parse_config(text: str, source: str = "config.yaml", env: dict[str, str] | N
         raw = yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader that refuses duplicate keys
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else "(yaml)"
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "(yaml)"
         problem = getattr(exc, "problem", None) or "invalid YAML"
         raise ConfigError(f"{source}: {where}: {problem}") from None
     if raw is None:
