@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from gateway.config.schema import GatewayConfig, ProviderConfig
+from providers.registry import REGISTRY
 
 Problem = tuple[str, str]
 # The priority classes, lowest first: a `priority` above its `max_priority` is refused.
@@ -130,6 +131,15 @@ def name_problem(cfg: GatewayConfig, providers: Mapping[str, ProviderConfig]) ->
                 return f"providers.{name}.deployments.{d}", "a deployment name may not be empty"
             if dc.name is not None and not dc.name.strip():
                 return f"providers.{name}.deployments.{d}.name", "may not be empty (unset: the deployment's key)"
+    aliases = {alias.name for alias in cfg.models}
+    refs = [("tokenizer.default_model", cfg.tokenizer.default_model)] if cfg.tokenizer.default_model else []
+    for i, alias in enumerate(cfg.models):
+        refs += [(f"models[{i}].targets[{j}].model", t.model) for j, t in enumerate(alias.targets)]
+        for field in ("fallbacks", "context_window_fallbacks"):
+            refs += [(f"models[{i}].{field}[{j}]", ref) for j, ref in enumerate(getattr(alias, field))]
+    for path, ref in refs:
+        if ref not in aliases and (problem := _deployment_problem(ref, providers)) is not None:
+            return path, problem
     for i, alias in enumerate(cfg.models):
         if not alias.name.strip():
             return f"models[{i}].name", "an alias name may not be empty"
@@ -154,3 +164,17 @@ def name_problem(cfg: GatewayConfig, providers: Mapping[str, ProviderConfig]) ->
         if key.team is not None and key.team not in cfg.teams:
             return f"keys[{i}].team", f"no team {key.team!r} under teams: (declare it there; `{{}}` sets no budget)"
     return None
+
+
+def _deployment_problem(ref: str, providers: Mapping[str, ProviderConfig]) -> str | None:
+    """Why `vendor/model[/deployment]` can never be called when its provider has no URL but its deployments'
+    (its kind has no public default): only a string ending in one of them reaches a server."""
+    vendor, _, rest = ref.partition("/")
+    p = providers.get(vendor)
+    if p is None or not p.deployments or p.base_url or p.replicas or not REGISTRY[p.kind].needs_base_url:
+        return None
+    head, sep, last = rest.rpartition("/")
+    if sep and head and last in p.deployments:
+        return None
+    names = ", ".join(p.deployments)
+    return f"{ref!r} names no deployment of provider {vendor!r}, which has no base_url of its own ({names})"

@@ -9,6 +9,7 @@ import pytest
 from gateway.config import ConfigError, parse_config
 
 P = "providers: {x: {kind: fake}}\n"
+AZ = "providers: {z: {kind: azure, deployments: {east: {base_url: 'https://east.example', api_key: k}}}}\n"
 
 
 def error(text: str) -> str:
@@ -61,6 +62,17 @@ def error(text: str) -> str:
         (
             "providers: {z: {kind: azure, deployments: {east: {base_url: 'https://a', name: ''}}}}",
             "providers.z.deployments.east.name: may not be empty (unset: the deployment's key)",
+        ),
+        # A provider whose only URLs are its deployments' serves only strings ending in one of them.
+        (
+            AZ + "models: [{name: a, targets: [{model: z/gpt/west}]}]",
+            "models[0].targets[0].model: 'z/gpt/west' names no deployment of provider 'z', which has no base_url of "
+            "its own (east)",
+        ),
+        (
+            AZ + "models: [{name: a, targets: [{model: z/gpt/east}], context_window_fallbacks: [z/gpt-long]}]",
+            "models[0].context_window_fallbacks[0]: 'z/gpt-long' names no deployment of provider 'z', which has no "
+            "base_url of its own (east)",
         ),
         # An alias that falls back to itself would only try its own targets again.
         (
@@ -147,6 +159,10 @@ def test_contradictions_are_refused_in_one_line_naming_the_path(text: str, expec
         "keys: [{name: a, key: k, max_cost_per_day: 5, max_cost_per_month: 5}]",
         # A Redis store's values are bounded by Redis, not by the memory store's max_bytes.
         "redis: {url: 'redis://127.0.0.1:6379'}\ncache: {store: redis, max_bytes: 1048576, max_entry_bytes: 8388608}",
+        # A deployment named, or a provider URL for the strings that name none.
+        AZ + "models: [{name: a, targets: [{model: z/gpt/east}]}]",
+        AZ.replace("{kind: azure,", "{kind: azure, base_url: 'https://z.example',")
+        + "models: [{name: a, targets: [{model: z/gpt/west}]}]",
         # A team declared with no settings only groups its keys.
         "keys: [{name: a, key: k, team: t}]\nteams: {t: {}}",
         # Fallbacks are one level deep (a fallback alias's own fallbacks are not followed): two aliases may back
