@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 import msgspec
 import yaml
 
+from gateway.config.consistency import RANK, block_problem, name_problem, non_finite
 from gateway.config.fleet import fleet_problem, replica_url
 from gateway.config.schema import DeploymentConfig, GatewayConfig, PriceConfig, ProviderConfig
 from gateway.state import MISPLACED_CREDENTIAL, credential_misplaced, url_problem
@@ -154,7 +155,11 @@ def _check_kind(p: ProviderConfig, path: str, source: str) -> None:
 
 
 def _check(
-    cfg: GatewayConfig, providers: dict[str, ProviderConfig], source: str, missing: Mapping[str, list[str]]
+    cfg: GatewayConfig,
+    providers: dict[str, ProviderConfig],
+    source: str,
+    missing: Mapping[str, list[str]],
+    data: dict[str, Any],
 ) -> None:
     def fail(path: str, problem: str) -> None:
         raise ConfigError(f"{source}: {path}: {problem}")
@@ -261,11 +266,12 @@ def _check(
         team = cfg.teams.get(key.team) if key.team else None
         asks = key.priority or (team.priority if team else None) or "normal"
         most = key.max_priority or (team.max_priority if team else None) or "normal"
-        if _RANK[asks] > _RANK[most]:
+        if RANK[asks] > RANK[most]:
             fail(f"keys[{i}].priority", f"{asks!r} is above the key's max_priority {most!r}")
+    if (found := name_problem(cfg, providers) or block_problem(cfg, providers, data)) is not None:
+        fail(*found)
 
 
-_RANK = {"low": 0, "normal": 1, "high": 2}
 # RFC 9110's token, and what no header value may hold (a tab may: it is whitespace there).
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
@@ -300,7 +306,7 @@ def parse_config(text: str, source: str = "config.yaml", env: dict[str, str] | N
         raw = yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader that refuses duplicate keys
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else "(yaml)"
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "(yaml)"
         problem = getattr(exc, "problem", None) or "invalid YAML"
         raise ConfigError(f"{source}: {where}: {problem}") from None
     if raw is None:
@@ -310,6 +316,8 @@ def parse_config(text: str, source: str = "config.yaml", env: dict[str, str] | N
     missing: dict[str, list[str]] = {}
     refs: dict[str, str] = {}
     data = _interpolate(raw, "", dict(os.environ) if env is None else env, missing, refs)
+    if (infinite := non_finite(data)) is not None:
+        raise ConfigError(f"{source}: {infinite[0]}: {infinite[1]}")
     if isinstance(data.get("prices"), dict):
         for model, price in data["prices"].items():  # one by one, so an error names the model
             _convert(price, PriceConfig, f"prices.{model}", source, refs, missing)
@@ -324,7 +332,7 @@ def parse_config(text: str, source: str = "config.yaml", env: dict[str, str] | N
                 _convert(ddata, DeploymentConfig, f"providers.{name}.deployments.{dname}", source, refs, missing)
         providers[str(name)] = _convert(pdata, ProviderConfig, f"providers.{name}", source, refs, missing)
         _check_kind(providers[str(name)], f"providers.{name}", source)
-    _check(cfg, providers, source, missing)
+    _check(cfg, providers, source, missing, data)
     return LoadedConfig(source=source, config=cfg, providers=providers, missing_env=missing)
 
 

@@ -129,7 +129,8 @@ class KeyConfig(Strict, frozen=True):
     # USD per UTC calendar month: at or over it, requests answer 429 `budget_exceeded` until the 1st (without a
     # ledger checked against the month's booked spend, docs/operations.md; with one reserved, docs/ledger.md).
     max_cost_per_month: BudgetUsd | None = None
-    # A team groups keys in the ledger's rows, rollups and reports, and shares its `teams:` budgets.
+    # A team groups keys in the ledger's rows, rollups and reports, and shares its `teams:` budgets. It must be
+    # declared under `teams:` (`{}` when it only groups), so a misspelt team is refused rather than budgetless.
     team: str | None = None
     # This key's share of a saturated server against the other keys waiting (`queue.fair_by: key`; docs/fairness.md).
     weight: Annotated[float, Meta(gt=0, le=10_000)] = 1.0
@@ -193,7 +194,7 @@ class LedgerConfig(Strict, frozen=True):
     url: str = ""
     # The writer commits a batch every `flush_ms`, or sooner once `batch_rows` rows wait.
     flush_ms: Annotated[int, Meta(ge=10, le=60_000)] = 1_000
-    # Rows that wake the writer before `flush_ms` has passed.
+    # Rows that wake the writer before `flush_ms` has passed; at most `queue_rows`.
     batch_rows: Annotated[int, Meta(ge=1, le=100_000)] = 500
     # Rows waiting in memory at most (a kill -9 loses at most these); beyond it rows are counted and dropped.
     queue_rows: Annotated[int, Meta(ge=1, le=10_000_000)] = 100_000
@@ -449,7 +450,7 @@ class CacheConfig(Strict, frozen=True):
     # value sizes the one store of a process); evictions counted.
     max_bytes: Annotated[int, Meta(ge=1024)] = 256 * 1024 * 1024
     # An answer counting more than this (its client JSON, or its encoding) is not stored; a Redis value larger
-    # than this is read as a miss.
+    # than this is read as a miss. For the memory store, at most the top-level `max_bytes`.
     max_entry_bytes: Annotated[int, Meta(ge=1024)] = 4 * 1024 * 1024
     # key: an entry serves only the client key that stored it; shared: every key (one key reads what another
     # paid for).
@@ -491,7 +492,7 @@ class GatewayConfig(Strict, frozen=True):
     cache: CacheConfig = CacheConfig()
     ledger: LedgerConfig = LedgerConfig()
     batches: BatchesConfig = BatchesConfig()
-    # Budgets shared by the keys that name the team (`keys[].team`).
+    # Budgets shared by the keys that name the team (`keys[].team`); every team a key names is declared here.
     teams: dict[str, TeamConfig] = msgspec.field(default_factory=dict)
     # The fair wait queue of servers with `max_concurrency` (docs/fairness.md).
     queue: QueueConfig = QueueConfig()

@@ -83,16 +83,20 @@ MEANINGS: dict[str, str] = {
     "guided_retries": "re-asks after an emulated `guided_*` answer fails validation ([emulation.md](emulation.md))",
     "unsupported_params": "a field the provider cannot honour: 400 naming it, or drop it and list it in the "
     "`x-gateway-dropped-params` response header",
-    "timeouts.connect_ms": "TCP connect to an upstream",
-    "timeouts.first_byte_ms": "wait for the first byte, and for every later read of a stream",
+    "timeouts.connect_ms": "TCP connect to an upstream; set above `total_ms` is refused (unset, `total_ms` cuts it "
+    "short)",
+    "timeouts.first_byte_ms": "wait for the first byte, and for every later read of a stream; set above `total_ms` is "
+    "refused",
     "timeouts.total_ms": "the whole upstream call; a request's `inference_timeout` (seconds) can only shorten it",
     "retries.attempts": "upstream calls per request, across targets and fallbacks",
-    "retries.initial_backoff_ms": "first backoff when retrying the same target without a Retry-After",
+    "retries.initial_backoff_ms": "first backoff when retrying the same target without a Retry-After; set above "
+    "`max_backoff_ms` is refused",
     "retries.max_backoff_ms": "backoff cap (full jitter below it)",
     "retries.budget_ms": "no retry starts if its wait would end past this time since the request arrived",
     "retries.same_target": "same-target retries of a transient failure (5xx, dropped connection, 429 that fits the "
     "budget) before moving on; alias > provider > global ([resilience.md](resilience.md))",
-    "cooldown.base_ms": "first cooldown of a failing target without Retry-After; doubles per consecutive failure",
+    "cooldown.base_ms": "first cooldown of a failing target without Retry-After; doubles per consecutive failure; set "
+    "above `max_ms` is refused",
     "cooldown.max_ms": "cooldown cap; also the cooldown after an exhausted-quota 429 or refused credentials",
     "cooldown.min_requests": "distinct failed requests within `window_ms` before a 5xx or timeout cools a target",
     "cooldown.failure_ratio": "share of a target's requests in the window (and of each client key's) that must fail",
@@ -104,7 +108,7 @@ MEANINGS: dict[str, str] = {
     "`**` crosses it (`openai/*`, `fireworks/**`, `fast`); everything else is literal "
     "([security.md](security.md#key-globs--stops-at-))",
     "keys[].max_cost_per_day": "daily budget per UTC day: at or over it, 429 `budget_exceeded` until 00:00 UTC; `0` "
-    "blocks the key ([operations.md](operations.md))",
+    "blocks the key; above the key's `max_cost_per_month` is refused ([operations.md](operations.md))",
     "prices": "model string or glob → `{prompt_per_1m, completion_per_1m}` (USD per million tokens, default 0) for "
     "usage cost and budgets; exact served target, then exact alias, then globs in order "
     "([operations.md](operations.md))",
@@ -199,12 +203,14 @@ MEANINGS: dict[str, str] = {
     "providers.<name>.ca_bundle": "PEM CA certificates trusted for this provider instead of the system store",
     "providers.<name>.http2": "offer HTTP/2 by ALPN over TLS (httpx)",
     "models": "aliases",
-    "models[].name": "the alias clients send as `model`; unique; checked before `vendor/...`",
+    "models[].name": "the alias clients send as `model`; unique, not empty; checked before `vendor/...`",
     "models[].strategy": "how targets are ordered per request",
-    "models[].fallbacks": "aliases or `vendor/model` strings tried, in order, after the targets",
+    "models[].fallbacks": "aliases or `vendor/model` strings tried, in order, after the targets; an alias's own "
+    "fallbacks are not followed, and an alias naming itself is refused ([resilience.md](resilience.md))",
     "models[].context_window_fallbacks": "where a context-window error goes",
     "models[].resume_streams": "continue a broken text stream on another target",
-    "models[].hedge_after_ms": "send a second request if the first has not answered by then",
+    "models[].hedge_after_ms": "send a second request if the first has not answered by then; above the alias's "
+    "`total_ms` is refused",
     "prices.<model>.prompt_per_1m": "USD per million prompt tokens",
     "prices.<model>.completion_per_1m": "USD per million completion tokens",
     "keys[].limits": "rate limits of this key; the same block sits under `models[]`, `providers.<name>` and "

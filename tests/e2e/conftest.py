@@ -50,7 +50,7 @@ providers:
     kind: openai
     api_key: {openai_key}
     base_url: {u}/openai-slow/v1
-    timeouts: {{connect_ms: 1000, first_byte_ms: 400, total_ms: 400}}
+    timeouts: {{connect_ms: 400, first_byte_ms: 400, total_ms: 400}}
   openai-down: {{kind: openai, api_key: {openai_key}, base_url: "http://127.0.0.1:{closed_port}/v1"}}
   together: {{kind: together, api_key: together-e2e, base_url: {u}/together/v1}}
   together-drop: {{kind: together, api_key: together-e2e, base_url: {u}/together/v1, unsupported_params: drop}}

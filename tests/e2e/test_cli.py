@@ -77,7 +77,9 @@ BAD_CONFIGS = [
         "ledger.url: sqlite:/// needs a file path (sqlite:///ledger.db, sqlite:////var/lib/gw/ledger.db)",
         id="ledger-url-no-path",
     ),
-    pytest.param("providers: [\n", "line 2: expected the node content, but found '<stream end>'", id="invalid-yaml"),
+    pytest.param(
+        "providers: [\n", "line 2, column 1: expected the node content, but found '<stream end>'", id="invalid-yaml"
+    ),
     pytest.param("- just\n- a list\n", "(top level): expected a mapping, got list", id="not-a-mapping"),
 ]
 

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.helpers.servers import GatewayProcess, run_cli
 from tests.helpers.waiting import wait_until
@@ -126,3 +127,24 @@ def test_a_url_holding_a_password_is_refused_in_one_line_that_does_not_show_it(t
         assert status(gw, "k-bob") == 200  # the running config stays
     finally:
         gw.stop()
+
+
+@pytest.mark.parametrize(
+    "edit,problem",
+    [
+        ("keys:\n  - {name: alice, key: k-alice, team: blu}\n", "keys[0].team: no team 'blu' under teams:"),
+        ("timeouts: {connect_ms: 9000, total_ms: 3000}\n", "timeouts.connect_ms: 9000 is above total_ms 3000"),
+        ("models:\n  - {name: smart, targets: [{model: demo/echo}], fallbacks: [smart]}\n", "a fallback cycle"),
+        ("models:\n  - {name: smart, targets: [{model: demo/echo, weight: .inf}]}\n", "must be a finite number"),
+        ("logging: requests: true\n", "line 4, column 18: mapping values are not allowed here"),
+    ],
+)
+def test_serve_and_check_config_refuse_a_contradiction_in_one_line(tmp_path: Path, edit: str, problem: str) -> None:
+    """Start-up and `check-config` run the same checks: exit 1, one line naming the file and the YAML path."""
+    path = tmp_path / "config.yaml"
+    path.write_text(BASE.replace("keys:\n  - {name: alice, key: k-alice}\n  - {name: bob, key: k-bob}\n", "") + edit)
+    for args in (["check-config", str(path)], ["serve", "--config", str(path), "--port", "0"]):
+        done = run_cli(args)
+        assert done.returncode == 1, done.stdout + done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"config error: {path}: ") and problem in lines[0], lines

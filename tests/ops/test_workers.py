@@ -219,7 +219,7 @@ def test_a_worker_replaced_while_the_config_is_broken_starts_with_the_one_valida
             gw.stop()
     log = gw.log.read_text()
     assert "Traceback" not in log, log
-    problem = f"{path}: line 2: expected the node content, but found '<stream end>'"
+    problem = f"{path}: line 2, column 1: expected the node content, but found '<stream end>'"
     errors = [line.split(": ", 1)[1] for line in log.splitlines() if " ERROR " in line]
     # The replacement's line once, and (when its poll came round) the survivor's reload keeping its config.
     assert [e for e in errors if e.startswith("config error: ")] == [

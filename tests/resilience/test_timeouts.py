@@ -30,7 +30,8 @@ ORDERED_ABC = """
 def top(attempts: int, first_byte_ms: int, total_ms: int = 8000) -> str:
     return (
         f"retries: {{attempts: {attempts}}}\n"
-        f"timeouts: {{connect_ms: 1000, first_byte_ms: {first_byte_ms}, total_ms: {total_ms}}}\n"
+        # No connect phase longer than the call it is part of (refused at load).
+        f"timeouts: {{connect_ms: {min(1000, total_ms)}, first_byte_ms: {first_byte_ms}, total_ms: {total_ms}}}\n"
     )
 
 

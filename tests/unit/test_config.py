@@ -123,7 +123,7 @@ def test_several_variables_in_one_value() -> None:
             "providers: {x: {kind: openai, base_url: 'api.openai.com'}}",
             "gw.yaml: providers.x.base_url: must start with http:// or https://, got 'api.openai.com'",
         ),
-        ("server: {port: [", "gw.yaml: line 1: expected the node content, but found '<stream end>'"),
+        ("server: {port: [", "gw.yaml: line 1, column 17: expected the node content, but found '<stream end>'"),
         (
             "keys: [{name: a, key: k, max_cost_per_day: 1.0e+308}]",
             "gw.yaml: keys[0].max_cost_per_day: Expected `float` <= 1000000000.0",
@@ -275,10 +275,11 @@ def test_a_url_built_from_an_unset_variable_only_marks_its_provider_unavailable(
     assert "VLLM_HOST" in Router(loaded).unavailable_providers()["v"]
 
 
-def test_a_key_given_twice_in_one_mapping_is_refused_naming_its_line() -> None:
-    assert error("server: {port: 1}\nserver: {port: 2}\n") == "gw.yaml: line 2: duplicate key 'server' in one mapping"
+def test_a_key_given_twice_in_one_mapping_is_refused_naming_its_line_and_column() -> None:
+    twice_top = "server: {port: 1}\nserver: {port: 2}\n"
+    assert error(twice_top) == "gw.yaml: line 2, column 1: duplicate key 'server' in one mapping"
     twice = "providers:\n  x: {kind: fake}\n  x: {kind: openai}\n"
-    assert error(twice) == "gw.yaml: line 3: duplicate key 'x' in one mapping"
+    assert error(twice) == "gw.yaml: line 3, column 3: duplicate key 'x' in one mapping"
     # What a `<<` merge brings in may be overridden: that is what a merge is for.
     merged = "providers:\n  p: &base {kind: fake, models: [a]}\n  q: {<<: *base, models: [b]}\n"
     assert parse_config(merged, env={}).providers["q"].models == ["b"]

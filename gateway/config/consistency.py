@@ -1,0 +1,180 @@
+"""Settings that are each within their own bounds but contradict another, or name nothing that is defined.
+
+Found at load as one (YAML path, problem) pair, as every other config error: a timeout longer than the call it
+is part of, a backoff starting above its cap, a key of a team nobody declared, an alias that falls back to
+itself. A value the operator left unset is never the culprit: `timeouts: {total_ms: 30000}` keeps the default
+`first_byte_ms` (120000), which the shorter total simply cuts short. Each block replaces the one below it whole
+(docs/resilience.md), so only the keys written in the file (`data`, as parsed) are held to the one beside them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from gateway.config.schema import GatewayConfig, ProviderConfig
+from providers.registry import REGISTRY
+
+Problem = tuple[str, str]
+# The priority classes, lowest first: a `priority` above its `max_priority` is refused.
+RANK = {"low": 0, "normal": 1, "high": 2}
+
+
+def non_finite(node: Any, path: str = "") -> Problem | None:
+    """The first `.inf`, `-.inf` or `.nan` anywhere in the parsed file (YAML also reads `1.0e+400` as `.inf`):
+    no setting means anything by them (a weight, a price, a budget, a share), and a NaN compares false with
+    every bound, so a field's own range would let some through or refuse them with a misleading reason."""
+    if isinstance(node, float) and not math.isfinite(node):
+        shown = ".nan" if math.isnan(node) else (".inf" if node > 0 else "-.inf")
+        return path or "(top level)", f"must be a finite number, got {shown}"
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if (found := non_finite(v, f"{path}.{k}" if path else str(k))) is not None:
+                return found
+    if isinstance(node, list):
+        for i, v in enumerate(node):
+            if (found := non_finite(v, f"{path}[{i}]")) is not None:
+                return found
+    return None
+
+
+def _written(data: Any, *keys: str | int) -> Mapping[str, Any]:
+    """The mapping at `keys` in the parsed file, or an empty one: what the operator wrote in that block."""
+    for key in keys:
+        if isinstance(data, dict):
+            data = data.get(key)
+        elif isinstance(data, list) and isinstance(key, int) and key < len(data):
+            data = data[key]
+        else:
+            return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _blocks(cfg: GatewayConfig, providers: Mapping[str, ProviderConfig], field: str) -> Iterator[tuple[str, Any]]:
+    """(YAML path, block) of `field` at the top level, in each provider and in each alias, where it is set."""
+    yield field, getattr(cfg, field)
+    for name, p in providers.items():
+        if getattr(p, field) is not None:
+            yield f"providers.{name}.{field}", getattr(p, field)
+    for i, alias in enumerate(cfg.models):
+        if getattr(alias, field) is not None:
+            yield f"models[{i}].{field}", getattr(alias, field)
+
+
+def _raw(data: Any, path: str) -> Mapping[str, Any]:
+    """The parsed mapping of a block path made by `_blocks` (`providers.<name>.x`, `models[<i>].x`, `x`)."""
+    if path.startswith("providers."):
+        name, _, field = path[len("providers.") :].rpartition(".")
+        return _written(data, "providers", name, field)
+    if path.startswith("models["):
+        index, _, field = path[len("models[") :].partition("].")
+        return _written(data, "models", int(index), field)
+    return _written(data, path)
+
+
+Pair = tuple[str, float, str, float, str]  # (YAML path, its value, the bound's name, the bound, why it binds)
+
+
+def _pairs(cfg: GatewayConfig, providers: Mapping[str, ProviderConfig], data: Any) -> Iterator[Pair]:
+    """Each written setting that may not exceed another, with that other; `block_problem` refuses the first above."""
+    for path, t in _blocks(cfg, providers, "timeouts"):
+        for phase in ("connect_ms", "first_byte_ms"):
+            if phase in _raw(data, path):
+                yield f"{path}.{phase}", getattr(t, phase), "total_ms", t.total_ms, ", which bounds the whole call"
+    for path, r in _blocks(cfg, providers, "retries"):
+        if "initial_backoff_ms" in _raw(data, path):
+            yield f"{path}.initial_backoff_ms", r.initial_backoff_ms, "max_backoff_ms", r.max_backoff_ms, ""
+    if "base_ms" in _written(data, "cooldown"):
+        yield "cooldown.base_ms", cfg.cooldown.base_ms, "max_ms", cfg.cooldown.max_ms, ""
+    for path, c in _blocks(cfg, providers, "cache"):
+        # The memory store keeps nothing larger than its whole bound (the top-level `max_bytes`): a larger entry
+        # cap promises entries it drops at once. Redis's bound is its own; `store: redis` without a `redis.url`
+        # is the memory store.
+        if "max_entry_bytes" in _raw(data, path) and (c.store == "memory" or not cfg.redis.url):
+            bound = cfg.cache.max_bytes
+            yield f"{path}.max_entry_bytes", c.max_entry_bytes, "the memory store's bound cache.max_bytes", bound, ""
+    if "batch_rows" in _written(data, "ledger"):
+        yield "ledger.batch_rows", cfg.ledger.batch_rows, "queue_rows", cfg.ledger.queue_rows, ": it is never reached"
+    # A day's spend is part of its month's: the monthly budget stops the requests first.
+    budgets = [(f"keys[{i}]", k.max_cost_per_day, k.max_cost_per_month) for i, k in enumerate(cfg.keys)]
+    budgets += [(f"teams.{name}", t.max_cost_per_day, t.max_cost_per_month) for name, t in cfg.teams.items()]
+    for path, day, month in budgets:
+        if day is not None and month is not None:
+            yield f"{path}.max_cost_per_day", day, "max_cost_per_month", month, ": it is never reached"
+    for i, alias in enumerate(cfg.models):
+        if alias.hedge_after_ms is not None:
+            total = (alias.timeouts or cfg.timeouts).total_ms
+            yield f"models[{i}].hedge_after_ms", alias.hedge_after_ms, "total_ms", total, ": no hedge would start"
+
+
+def block_problem(cfg: GatewayConfig, providers: Mapping[str, ProviderConfig], data: Any) -> Problem | None:
+    """The first written setting above the bound beside it: a phase timeout above `total_ms`, a first backoff or
+    cooldown above its cap, a cache entry cap above the store's bound, a threshold past the bound it would act
+    before (`batch_rows`, a daily budget, `hedge_after_ms`)."""
+    for path, value, name, bound, why in _pairs(cfg, providers, data):
+        if value > bound:
+            return path, f"{_shown(value)} is above {name} {_shown(bound)}{why}"
+    return None
+
+
+def _shown(x: float) -> str:
+    return str(x) if isinstance(x, int) else f"{x:g}"  # 0.05, 60; never 2.68435e+08 for a byte count
+
+
+def name_problem(cfg: GatewayConfig, providers: Mapping[str, ProviderConfig]) -> Problem | None:
+    """The first empty name (an alias, a client key, a team, a deployment) or reference to a name that is not
+    defined (a key's team), or an alias that falls back to itself (it would only retry its own targets)."""
+    for name, p in providers.items():
+        for d, dc in p.deployments.items():
+            if not d.strip():
+                return f"providers.{name}.deployments.{d}", "a deployment name may not be empty"
+            if dc.name is not None and not dc.name.strip():
+                return f"providers.{name}.deployments.{d}.name", "may not be empty (unset: the deployment's key)"
+    aliases = {alias.name for alias in cfg.models}
+    refs = [("tokenizer.default_model", cfg.tokenizer.default_model)] if cfg.tokenizer.default_model else []
+    for i, alias in enumerate(cfg.models):
+        refs += [(f"models[{i}].targets[{j}].model", t.model) for j, t in enumerate(alias.targets)]
+        for field in ("fallbacks", "context_window_fallbacks"):
+            refs += [(f"models[{i}].{field}[{j}]", ref) for j, ref in enumerate(getattr(alias, field))]
+    for path, ref in refs:
+        if ref not in aliases and (problem := _deployment_problem(ref, providers)) is not None:
+            return path, problem
+    for i, alias in enumerate(cfg.models):
+        if not alias.name.strip():
+            return f"models[{i}].name", "an alias name may not be empty"
+        for field in ("fallbacks", "context_window_fallbacks"):
+            for j, ref in enumerate(getattr(alias, field)):
+                if ref == alias.name:
+                    return f"models[{i}].{field}[{j}]", f"a fallback cycle: alias {ref!r} falls back to itself"
+    for model in cfg.prices:
+        if not model.strip():
+            return f"prices.{model}", "a price's model string (or glob) may not be empty"
+    for team_name, team in cfg.teams.items():
+        if not team_name.strip():
+            return f"teams.{team_name}", "a team name may not be empty"
+        if team.priority and team.max_priority and RANK[team.priority] > RANK[team.max_priority]:
+            return (
+                f"teams.{team_name}.priority",
+                f"{team.priority!r} is above the team's max_priority {team.max_priority!r}",
+            )
+    for i, key in enumerate(cfg.keys):
+        if not key.name.strip():
+            return f"keys[{i}].name", "a key name may not be empty"
+        if key.team is not None and key.team not in cfg.teams:
+            return f"keys[{i}].team", f"no team {key.team!r} under teams: (declare it there; `{{}}` sets no budget)"
+    return None
+
+
+def _deployment_problem(ref: str, providers: Mapping[str, ProviderConfig]) -> str | None:
+    """Why `vendor/model[/deployment]` can never be called when its provider has no URL but its deployments'
+    (its kind has no public default): only a string ending in one of them reaches a server."""
+    vendor, _, rest = ref.partition("/")
+    p = providers.get(vendor)
+    if p is None or not p.deployments or p.base_url or p.replicas or not REGISTRY[p.kind].needs_base_url:
+        return None
+    head, sep, last = rest.rpartition("/")
+    if sep and head and last in p.deployments:
+        return None
+    names = ", ".join(p.deployments)
+    return f"{ref!r} names no deployment of provider {vendor!r}, which has no base_url of its own ({names})"
