@@ -17,6 +17,7 @@ KEYS = f"""keys:
   - {{name: alpha, key: "{ALPHA}", team: red}}
   - {{name: beta, key: "{BETA}", team: blue}}
   - {{name: gamma, key: "{GAMMA}", team: red}}
+teams: {{red: {{}}, blue: {{}}}}
 """
 SESSIONS = [f"trajectory-{n}" for n in range(12)]
 

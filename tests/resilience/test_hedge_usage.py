@@ -37,6 +37,7 @@ def config(faults: FaultServer, ledger: str | None) -> str:
         + (f'ledger: {{url: "{ledger}", flush_ms: 50}}\n' if ledger else "")
         + "timeouts: {first_byte_ms: 60000, total_ms: 600000}\n"
         f'keys:\n  - {{name: ci, key: "{KEY}", team: red, max_cost_per_day: 100}}\n'
+        "teams: {red: {}}\n"
         "prices:\n"
         "  alpha/davinci-002: {prompt_per_1m: 1000, completion_per_1m: 2000}\n"
         "  beta/davinci-002: {prompt_per_1m: 3000, completion_per_1m: 4000}\n"
