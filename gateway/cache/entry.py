@@ -104,9 +104,11 @@ def dump(entry: Entry) -> bytes:
     return MAGIC + encode_entry(entry)
 
 
-def read(raw: bytes | None, max_bytes: int) -> Entry | str | None:
+def read(raw: bytes | None, max_bytes: int, n: int = 1, chat: bool = False) -> Entry | str | None:
     """The entry in `raw` (from outside the process: checked whole, so that serving it cannot fail), None when
-    absent or of another version, else what is wrong with it."""
+    absent or of another version, else what is wrong with it. Another process may have written any entry under
+    any name: only one that answers this request (a chat answer to a chat request, a completion's to a
+    completion, its `n` choices each finished) is one."""
     if raw is None:
         return None
     if len(raw) > max_bytes:
@@ -120,13 +122,33 @@ def read(raw: bytes | None, max_bytes: int) -> Entry | str | None:
         if not math.isfinite(entry.stored):
             return "its time is not a number"
         body = entry.body
-        if body is not None and (
-            body.find(b',"choices":') <= 0 or not (_chat_rest if body.startswith(_CHAT) else _rest)(body).choices
-        ):
-            return "its answer is not one"
+        if body is None:
+            # The gateway stores a chat answer only as its client bytes (gateway/cache/chat.py).
+            if chat or not whole([ch for event in entry.events for ch in event], n):
+                return "its answer is not one"
+        else:
+            # Served from its first `,"choices":` on (`client_body`): what is checked is exactly what is served.
+            at = body.find(b',"choices":')
+            if at <= 0 or body.startswith(_CHAT) is not chat:
+                return "its answer is not one"
+            served = b"{" + body[at + 1 :]
+            if not whole((_chat_rest if chat else _rest)(served).choices, n):
+                return "its answer is not one"
     except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError):
         return "undecodable"
     return entry
+
+
+def whole(choices: list[Choice] | list[ChatChoice], n: int) -> bool:
+    """Whether `choices` (an answer's, or a stream's events' together) are `n` choices numbered from 0, each
+    with its finish reason: an answer that completed, to a request for `n`."""
+    seen: set[int] = set()
+    ended: set[int] = set()
+    for ch in choices:
+        seen.add(ch.index)
+        if ch.finish_reason is not None:
+            ended.add(ch.index)
+    return len(seen) == n and seen == ended and seen == set(range(n))
 
 
 def held(raw: bytes) -> Entry:
@@ -273,4 +295,5 @@ __all__ = [
     "read",
     "replay_stream",
     "size",
+    "whole",
 ]

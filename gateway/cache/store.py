@@ -48,7 +48,9 @@ class Kept(msgspec.Struct, gc=False):  # holds no container, so no cycle
 class Store(Protocol):
     kind: str
 
-    async def get_many(self, keys: list[bytes], tag: str, max_bytes: int) -> list[Entry | None]: ...
+    async def get_many(
+        self, keys: list[bytes], tag: str, max_bytes: int, n: int = 1, chat: bool = False
+    ) -> list[Entry | None]: ...
 
     async def clear(self, tag: str | None) -> int: ...
 
@@ -93,8 +95,10 @@ class MemoryStore:
         value = found.entry
         return value if type(value) is Entry else held(value)  # type: ignore[arg-type]
 
-    async def get_many(self, keys: list[bytes], tag: str, max_bytes: int) -> list[Entry | None]:
-        return [self.fetch(k) for k in keys]  # stored within `max_entry_bytes` already
+    async def get_many(
+        self, keys: list[bytes], tag: str, max_bytes: int, n: int = 1, chat: bool = False
+    ) -> list[Entry | None]:
+        return [self.fetch(k) for k in keys]  # stored by this process, within `max_entry_bytes` already
 
     def keep(self, key: bytes, tag: str, entry: Entry | bytes, size: int, ttl_s: int) -> None:
         """`entry` (or its `dump`) stored under `key`, counted as `size` (`entry.size`), the key's length and
@@ -163,9 +167,10 @@ class RedisStore:
             return None
         return value if isinstance(value, bytes) else None
 
-    def _entry(self, raw: Any, max_bytes: int) -> Entry | None:
-        """`raw` (a value read) as an entry, or a miss; a value that is not one is counted and logged."""
-        found = read(raw, max_bytes) if isinstance(raw, bytes) else None
+    def _entry(self, raw: Any, max_bytes: int, n: int, chat: bool) -> Entry | None:
+        """`raw` (a value read) as an entry answering a request for `n` choices (of chat, or not), or a miss; a
+        value that is not one is counted and logged."""
+        found = read(raw, max_bytes, n, chat) if isinstance(raw, bytes) else None
         if found is None or type(found) is Entry:
             return found
         self.corrupt += 1
@@ -174,11 +179,13 @@ class RedisStore:
         log.warning("cache: a Redis value read as an entry was %s; served as a miss (it is overwritten)", found)
         return None
 
-    async def get_many(self, keys: list[bytes], tag: str, max_bytes: int) -> list[Entry | None]:
-        """The entries stored under `keys`: None for each absent, larger than `max_bytes`, or not this
-        version's entry."""
+    async def get_many(
+        self, keys: list[bytes], tag: str, max_bytes: int, n: int = 1, chat: bool = False
+    ) -> list[Entry | None]:
+        """The entries stored under `keys`: None for each absent, larger than `max_bytes`, not this version's
+        entry, or not an answer to a request for `n` choices (of chat, or not)."""
         if len(keys) == 1:
-            return [self._entry(await self._get(keys[0], tag), max_bytes)]
+            return [self._entry(await self._get(keys[0], tag), max_bytes, n, chat)]
         names = [f"{PREFIX}{tag}:{digest(k)}" for k in keys]
         values: list[Any]
         try:
@@ -189,7 +196,7 @@ class RedisStore:
                 values = await self.shared.run(lambda r: r.mget(names))
         except Degraded:
             return [None] * len(keys)
-        return [self._entry(v, max_bytes) for v in values]
+        return [self._entry(v, max_bytes, n, chat) for v in values]
 
     async def put(self, key: bytes, tag: str, value: bytes, ttl_s: int) -> None:
         """`value` (an entry's `dump`) stored under `key` for `ttl_s`."""

@@ -1,0 +1,143 @@
+"""Redis values another process wrote: well formed as this version's entries, but not an answer to the
+request whose name they sit under. Each is a miss, counted, never served and never an error."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import msgspec
+import pytest
+
+from tests.helpers.redis import RedisServer
+from tests.helpers.servers import GatewayThread, serve_config
+from tests.helpers.upstreams import Upstream
+
+from .conftest import ADMIN, MODEL, client, config
+from .test_chat import ChatServer, ask
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+def _redis_config(upstream: Upstream, redis_server: RedisServer) -> str:
+    return config(upstream, f"redis: {{url: '{redis_server.url}'}}").replace(
+        "cache: {mode: deterministic}", "cache: {mode: deterministic, store: redis}"
+    )
+
+
+@pytest.fixture(scope="module")
+def gw(vllm: Any, redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
+    with serve_config(tmp_path_factory.mktemp("hostile"), _redis_config(vllm[1], redis_server)) as gateway:
+        yield gateway
+
+
+def _entry(body: bytes | None, events: list[Any] | None = None) -> bytes:
+    return b"gwc2:" + msgspec.msgpack.encode([2, 1e9, MODEL, "local", MODEL, None, events or [], None, body])
+
+
+def _choice(index: int, finish: str | None) -> dict[str, Any]:
+    return {"text": "planted", "index": index, "logprobs": None, "finish_reason": finish}
+
+
+_CHAT_BODY = json.dumps(
+    {
+        "object": "chat.completion",
+        "id": "x",
+        "created": 1,
+        "model": "m",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "planted"}, "finish_reason": "stop"},
+        ],
+    },
+    separators=(",", ":"),
+).encode()
+_TEXT_BODY = (
+    b'{"object":"text_completion","id":"x","created":1,"model":"m","choices":[{"text":"planted","index":0,'
+    b'"logprobs":null,"finish_reason":"stop"}]}'
+)
+# Valid JSON whose first `,"choices":` is not the answer's own: served from there, it would not be JSON.
+_NESTED_BODY = b'{"object":"text_completion","id":{"a":1,"choices":[]},"choices":' + _TEXT_BODY.split(b'"choices":')[1]
+
+
+def _planted(redis_server: RedisServer, value: bytes) -> None:
+    r = redis_server.client()
+    names = r.keys("gwcache:*")
+    assert len(names) == 1
+    r.set(names[0], value)
+
+
+def _not_entries(c: httpx.Client) -> int:
+    status = c.get("/admin/status", headers={"authorization": f"Bearer {ADMIN}"}).json()["cache"]
+    return int(status["redis_not_entries"])
+
+
+@pytest.mark.parametrize(
+    ("value", "n"),
+    [
+        pytest.param(_entry(None, []), 1, id="no-events"),
+        pytest.param(_entry(None, [[_choice(0, None)]]), 1, id="unfinished-choice"),
+        pytest.param(_entry(None, [[_choice(0, "stop")]]), 2, id="fewer-choices-than-n"),
+        pytest.param(_entry(None, [[_choice(3, "stop")]]), 1, id="choice-out-of-range"),
+        pytest.param(_entry(_CHAT_BODY), 1, id="chat-answer"),
+        pytest.param(_entry(_TEXT_BODY), 2, id="answer-fewer-choices-than-n"),
+        pytest.param(_entry(_NESTED_BODY), 1, id="nested-choices-field"),
+    ],
+)
+@pytest.mark.parametrize("stream", [False, True], ids=["buffered", "streamed"])
+def test_a_planted_entry_that_does_not_answer_the_request_is_a_miss(
+    gw: GatewayThread, upstream: Upstream, redis_server: RedisServer, value: bytes, n: int, stream: bool
+) -> None:
+    redis_server.client().flushall()
+    payload = {"model": MODEL, "prompt": f"hostile {value!r} {n} {stream}", "max_tokens": 3, "temperature": 0}
+    payload |= {"n": n, "stream": stream}
+    with client(gw.url) as c:
+        assert c.post("/v1/completions", json=payload).status_code == 200
+        _planted(redis_server, value)
+        before = _not_entries(c)
+        again = c.post("/v1/completions", json=payload)
+        assert again.status_code == 200, again.text
+        assert again.headers["x-gateway-cache"] == "miss"
+        assert b"planted" not in again.content
+        if not stream:
+            assert len(again.json()["choices"]) == n
+        assert _not_entries(c) == before + 1
+    assert len(upstream.received) == 2
+
+
+@pytest.fixture(scope="module")
+def chat_gw(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
+    with Upstream() as up:
+        up.handler = ChatServer().handler
+        with serve_config(tmp_path_factory.mktemp("hostilechat"), _redis_config(up, redis_server)) as gateway:
+            yield gateway
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param(_entry(None, [[_choice(0, "stop")]]), id="completion-events"),
+        pytest.param(_entry(_TEXT_BODY), id="completion-answer"),
+    ],
+)
+@pytest.mark.parametrize("stream", [False, True], ids=["buffered", "streamed"])
+def test_a_planted_completion_under_a_chat_name_is_a_miss(
+    chat_gw: GatewayThread, redis_server: RedisServer, value: bytes, stream: bool
+) -> None:
+    redis_server.client().flushall()
+    payload = ask(f"hostile chat {value!r} {stream}") | {"stream": stream}
+    with client(chat_gw.url) as c:
+        assert c.post("/v1/chat/completions", json=payload).status_code == 200
+        _planted(redis_server, value)
+        before = _not_entries(c)
+        again = c.post("/v1/chat/completions", json=payload)
+        assert again.status_code == 200, again.text
+        assert again.headers["x-gateway-cache"] == "miss"
+        assert b"planted" not in again.content
+        assert b"error" not in again.content
+        assert _not_entries(c) == before + 1
