@@ -150,6 +150,7 @@ class RedisStore:
     def __init__(self, shared: SharedState, on_corrupt: Callable[[], None] | None = None) -> None:
         self.shared = shared
         self.corrupt = 0  # values read that were not entries: each a miss, counted and logged once
+        self.refused = 0  # writes the Redis refused (logged once): the answer was not stored
         self.on_corrupt = on_corrupt
 
     async def _get(self, key: bytes, tag: str) -> bytes | None:
@@ -201,8 +202,19 @@ class RedisStore:
     async def put(self, key: bytes, tag: str, value: bytes, ttl_s: int) -> None:
         """`value` (an entry's `dump`) stored under `key` for `ttl_s`."""
         name = f"{PREFIX}{tag}:{digest(key)}"
+
+        async def put(r: aioredis.Redis) -> None:
+            try:
+                await r.set(name, value, ex=ttl_s)
+            except ResponseError as exc:
+                # A write the Redis refused (OOM under `maxmemory` with `noeviction`): it still answers, and the
+                # shared limits and the entries it holds stay in use; only this answer goes unstored.
+                if not self.refused:
+                    log.warning("cache: Redis refused to store an entry (%s); answers go unstored meanwhile", exc)
+                self.refused += 1
+
         try:
-            await self.shared.run(lambda r: r.set(name, value, ex=ttl_s))
+            await self.shared.run(put)
         except Degraded:
             pass
 

@@ -141,3 +141,29 @@ def test_a_planted_completion_under_a_chat_name_is_a_miss(
         assert b"planted" not in again.content
         assert b"error" not in again.content
         assert _not_entries(c) == before + 1
+
+
+def test_a_write_redis_refuses_leaves_the_redis_in_use(
+    gw: GatewayThread, upstream: Upstream, redis_server: RedisServer
+) -> None:
+    # A full Redis under `maxmemory` with `noeviction` refuses writes (OOM) and still serves reads: a
+    # refused write stores nothing, and the entries already there keep serving (and the rest of the Redis,
+    # the shared limits, stays in use).
+    r = redis_server.client()
+    r.flushall()
+    stored = {"model": MODEL, "prompt": "hostile: stored before full", "max_tokens": 3, "temperature": 0}
+    with client(gw.url) as c:
+        assert c.post("/v1/completions", json=stored).headers["x-gateway-cache"] == "miss"
+        r.config_set("maxmemory-policy", "noeviction")
+        r.config_set("maxmemory", "1")
+        try:
+            refused = c.post("/v1/completions", json=stored | {"prompt": "hostile: after full"})
+            assert refused.status_code == 200, refused.text
+            assert refused.headers["x-gateway-cache"] == "miss"
+            assert c.post("/v1/completions", json=stored).headers["x-gateway-cache"] == "hit"
+            status = c.get("/admin/status", headers={"authorization": f"Bearer {ADMIN}"}).json()["cache"]
+            assert status["redis_refused_writes"] >= 1
+        finally:
+            r.config_set("maxmemory", "0")
+    assert len(upstream.received) == 2
+    assert r.dbsize() == 1
