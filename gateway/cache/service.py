@@ -110,7 +110,7 @@ class Cache:
         """None when no cache covers the request's model; else what the cache found for it: as is when found in
         memory, or a coroutine to await when a Redis read or an identical request in flight must be waited for
         (no longer than the request's own deadline: its `inference_timeout`, else its `plan`'s `total_ms`)."""
-        pol, tag = self._policies.get(req.model) or self.policies.of(req.model)
+        pol, tag, targets = self._policies.get(req.model) or self.policies.of(req.model)
         if pol is None:
             return None
         header = headers.get("cache-control")
@@ -125,9 +125,9 @@ class Cache:
             # The common request (no directives, one text prompt, buffered, in memory): keyed and settled here.
             scope = pol.scope or self._scopes.get(key) or self.policies.scope(pol, key)
             try:  # `canonical`, inlined for a request with nothing beside its prompt: one call fewer per request
-                digest = scope + (packed(req) if req.unrendered is None else canonical(req))
+                digest = scope + (packed(req) if req.unrendered is None else canonical(req)) + targets
             except OverflowError:
-                digest = scope + canonical(req)
+                digest = scope + canonical(req) + targets
             memory = self.memory
             # `fetch` called only for a key stored: a miss costs one dict probe, not a call.
             if digest in memory.entries and (entry := memory.fetch(digest)) is not None:  # a plain hit
@@ -147,7 +147,7 @@ class Cache:
         prompt = req.prompt
         if digest or isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
             # One prompt, the common case: one key, one read (in memory, without a coroutine).
-            digest = digest or cache_key(req, self.policies.scope(pol, key))
+            digest = digest or cache_key(req, self.policies.scope(pol, key), targets)
             lookup = Lookup(self, MISS, rec, pol, digest, tag, 1, False, False, [digest], [prompt])
             if cc.no_cache:
                 return self._decide(lookup, req, cc, [], plan)
@@ -172,9 +172,9 @@ class Cache:
                     raise cache_miss()
                 return Lookup(self, BYPASS, rec)
             # One entry per prompt: a one-item list shares its prompt's entry with the prompt sent alone.
-            keys = [cache_key(replace(req, prompt=p), scope) for p in prompts]
+            keys = [cache_key(replace(req, prompt=p), scope, targets) for p in prompts]
             # What identical requests in flight coalesce on: the whole request.
-            digest = keys[0] if len(keys) == 1 else cache_key(req, scope)
+            digest = keys[0] if len(keys) == 1 else cache_key(req, scope, targets)
             lookup = Lookup(self, MISS, rec, pol, digest, tag, 1, False, False, keys, prompts)
             if cc.no_cache:
                 return self._decide(lookup, req, cc, [], plan)
