@@ -104,6 +104,10 @@ def dump(entry: Entry) -> bytes:
     return MAGIC + encode_entry(entry)
 
 
+# More tokens than any answer counts: a stored usage at or past it was not an upstream's.
+_TOKENS: Final = 1 << 32
+
+
 def read(raw: bytes | None, max_bytes: int, n: int = 1, chat: bool = False) -> Entry | str | None:
     """The entry in `raw` (from outside the process: checked whole, so that serving it cannot fail), None when
     absent or of another version, else what is wrong with it. Another process may have written any entry under
@@ -121,6 +125,13 @@ def read(raw: bytes | None, max_bytes: int, n: int = 1, chat: bool = False) -> E
             return None
         if not math.isfinite(entry.stored):
             return "its time is not a number"
+        usage = entry.usage
+        if usage is not None and not (
+            0 <= usage.prompt_tokens < _TOKENS
+            and 0 <= usage.completion_tokens < _TOKENS
+            and 0 <= usage.total_tokens < _TOKENS
+        ):
+            return "its usage is not a count of tokens"  # it is booked and summed: a count no answer has
         body = entry.body
         if body is None:
             # The gateway stores a chat answer only as its client bytes (gateway/cache/chat.py).

@@ -37,8 +37,10 @@ def gw(vllm: Any, redis_server: RedisServer, tmp_path_factory: pytest.TempPathFa
         yield gateway
 
 
-def _entry(body: bytes | None, events: list[Any] | None = None) -> bytes:
-    return b"gwc2:" + msgspec.msgpack.encode([2, 1e9, MODEL, "local", MODEL, None, events or [], None, body])
+def _entry(body: bytes | None, events: list[Any] | None = None, usage: list[int] | None = None) -> bytes:
+    head = [2, 1e9, MODEL, "local", MODEL]
+    usage_ = dict(zip(("prompt_tokens", "completion_tokens", "total_tokens"), usage, strict=True)) if usage else None
+    return b"gwc2:" + msgspec.msgpack.encode([*head, usage_, events or [], None, body])
 
 
 def _choice(index: int, finish: str | None) -> dict[str, Any]:
@@ -87,6 +89,8 @@ def _not_entries(c: httpx.Client) -> int:
         pytest.param(_entry(_CHAT_BODY), 1, id="chat-answer"),
         pytest.param(_entry(_TEXT_BODY), 2, id="answer-fewer-choices-than-n"),
         pytest.param(_entry(_NESTED_BODY), 1, id="nested-choices-field"),
+        pytest.param(_entry(_TEXT_BODY, usage=[-5, 1, -4]), 1, id="negative-usage"),
+        pytest.param(_entry(_TEXT_BODY, usage=[2**62, 1, 2**62 + 1]), 1, id="usage-past-any-answer"),
     ],
 )
 @pytest.mark.parametrize("stream", [False, True], ids=["buffered", "streamed"])
