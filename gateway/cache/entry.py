@@ -104,6 +104,8 @@ def dump(entry: Entry) -> bytes:
     return MAGIC + encode_entry(entry)
 
 
+# Longer than any provider's name or target a config holds (a model asked for is at most 256 characters).
+_NAME_CHARS: Final = 1024
 # More tokens than any answer counts: a stored usage at or past it was not an upstream's.
 _TOKENS: Final = 1 << 32
 
@@ -125,6 +127,8 @@ def read(raw: bytes | None, max_bytes: int, n: int = 1, chat: bool = False) -> E
             return None
         if not math.isfinite(entry.stored):
             return "its time is not a number"
+        if not all(0 < len(name) <= _NAME_CHARS and name.isprintable() for name in (entry.provider, entry.target)):
+            return "its target is not a name"  # sent in header lines (`x-gateway-model`)
         usage = entry.usage
         if usage is not None and not (
             0 <= usage.prompt_tokens < _TOKENS

@@ -7,10 +7,9 @@ needs a new entry VERSION) with object keys sorted at every depth, so neither th
 nor the order inside `inference_extra_params` changes the key, while every field the client set
 (provider-native fields included) does; the gateway's count of what is sent beside the prompt
 (`unrendered`) is left out, being made from them. The scope is prefixed; an alias's keys end with a digest
-of the models its targets name. `stream`, `stream_options` and
-`inference_timeout` say how the answer is delivered, not what it is: left out, so a buffered request and
-a streamed one share an entry. The memory store and the requests in flight are keyed by these bytes
-themselves (exact, and no hashing on the request path); only a Redis name carries their versioned SHA-256.
+of its targets' models. `stream`, `stream_options` and `inference_timeout` say how the answer is delivered,
+not what it is: left out, so a buffered request and a streamed one share an entry. The memory store and the
+requests in flight are keyed by these bytes (no hashing on the request path); a Redis name by their SHA-256.
 """
 
 from __future__ import annotations

@@ -171,3 +171,24 @@ def test_a_write_redis_refuses_leaves_the_redis_in_use(
             r.config_set("maxmemory", "0")
     assert len(upstream.received) == 2
     assert r.dbsize() == 1
+
+
+_BAD_NAMES = ["local\r\nset-cookie: planted=1", "x" * 100_000, "caf\u00e9\x00"]
+
+
+@pytest.mark.parametrize("name", _BAD_NAMES, ids=["crlf", "long", "nul"])
+@pytest.mark.parametrize("stream", [False, True], ids=["buffered", "streamed"])
+def test_a_planted_target_name_never_reaches_a_header_line_as_it_is(
+    gw: GatewayThread, upstream: Upstream, redis_server: RedisServer, name: str, stream: bool
+) -> None:
+    redis_server.client().flushall()
+    payload = {"model": MODEL, "prompt": f"hostile name {name[:8]!r} {stream}", "max_tokens": 3, "temperature": 0}
+    payload["stream"] = stream
+    with client(gw.url) as c:
+        assert c.post("/v1/completions", json=payload).status_code == 200
+        value = b"gwc2:" + msgspec.msgpack.encode([2, 1e9, MODEL, name, name, None, [], None, _TEXT_BODY])
+        _planted(redis_server, value)
+        again = c.post("/v1/completions", json=payload)
+        assert again.status_code == 200, again.text
+        assert "set-cookie" not in again.headers
+        assert len(again.headers.get("x-gateway-model", "")) < 10_000
