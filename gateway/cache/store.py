@@ -32,6 +32,11 @@ SLOT: Final = 288
 
 log = logging.getLogger("gateway.cache")
 
+# What a value that is not a string reads as: no entry begins with it, so it is counted as not one. Every value
+# is read through GETRANGE, at most one byte past `max_entry_bytes`: a planted value larger than any entry
+# costs no more to read than the largest entry.
+_NOT_A_STRING: Final = b"\x00"
+
 
 class Kept(msgspec.Struct, gc=False):  # holds no container, so no cycle
     """What the memory store keeps per key: the entry (or its `dump`), when it expires, its model tag, and what
@@ -153,20 +158,20 @@ class RedisStore:
         self.refused = 0  # writes the Redis refused (logged once): the answer was not stored
         self.on_corrupt = on_corrupt
 
-    async def _get(self, key: bytes, tag: str) -> bytes | None:
+    async def _get(self, key: bytes, tag: str, max_bytes: int) -> bytes | None:
         name = f"{PREFIX}{tag}:{digest(key)}"
 
         async def get(r: aioredis.Redis) -> Any:
             try:
-                return await r.get(name)
+                return await r.getrange(name, 0, max_bytes)
             except ResponseError:
-                return b""  # not a string (WRONGTYPE): that value's fault, not Redis's (`_entry` counts it)
+                return _NOT_A_STRING  # WRONGTYPE: that value's fault, not Redis's (`_entry` counts it)
 
         try:
             value = await self.shared.run(get)
         except Degraded:
             return None
-        return value if isinstance(value, bytes) else None
+        return value if isinstance(value, bytes) and value else None  # an absent key reads as no bytes
 
     def _entry(self, raw: Any, max_bytes: int, n: int, chat: bool) -> Entry | None:
         """`raw` (a value read) as an entry answering a request for `n` choices (of chat, or not), or a miss; a
@@ -186,15 +191,23 @@ class RedisStore:
         """The entries stored under `keys`: None for each absent, larger than `max_bytes`, not this version's
         entry, or not an answer to a request for `n` choices (of chat, or not)."""
         if len(keys) == 1:
-            return [self._entry(await self._get(keys[0], tag), max_bytes, n, chat)]
+            return [self._entry(await self._get(keys[0], tag, max_bytes), max_bytes, n, chat)]
         names = [f"{PREFIX}{tag}:{digest(k)}" for k in keys]
+
+        async def many(r: aioredis.Redis) -> list[Any]:
+            pipe = r.pipeline(transaction=False)
+            for name in names:
+                pipe.getrange(name, 0, max_bytes)
+            found = await pipe.execute(raise_on_error=False)
+            return [_NOT_A_STRING if isinstance(v, ResponseError) else (v or None) for v in found]
+
         values: list[Any]
         try:
-            # One round trip; on a Cluster the keys may sit in different slots, so one GET each there.
+            # One round trip; on a Cluster the keys may sit in different slots, so one read each there.
             if self.shared.cluster:
-                values = [await self._get(k, tag) for k in keys]
+                values = [await self._get(k, tag, max_bytes) for k in keys]
             else:
-                values = await self.shared.run(lambda r: r.mget(names))
+                values = await self.shared.run(many)
         except Degraded:
             return [None] * len(keys)
         return [self._entry(v, max_bytes, n, chat) for v in values]
