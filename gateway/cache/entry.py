@@ -21,7 +21,7 @@ import msgspec
 
 from gateway.upstream.framing import DONE, sse_event
 from providers.base import CallContext
-from wire.chat import ChatChoice
+from wire.chat import ChatChoice, ChatCompletion
 from wire.schema import Choice, Completion, Logprobs, Usage, encode
 
 VERSION: Final = 2
@@ -44,15 +44,12 @@ class _Rest(msgspec.Struct):
     choices: list[Choice]
 
 
-class _ChatRest(msgspec.Struct):
-    choices: list[ChatChoice]
-
-
 _HEAD: Final = b'{"object":"text_completion","id":%s,"created":%d,"model":%s%s'
 _CHAT_HEAD: Final = b'{"object":"chat.completion","id":%s,"created":%d,"model":%s%s'
 _json = msgspec.json.encode
 _rest = msgspec.json.Decoder(_Rest).decode
-_chat_rest = msgspec.json.Decoder(_ChatRest).decode
+_as_completion = msgspec.json.Decoder(Completion).decode
+_as_chat = msgspec.json.Decoder(ChatCompletion).decode
 _CHAT: Final = b'{"object":"chat.completion",'  # how a stored chat answer's bytes begin (its tag first)
 
 
@@ -142,12 +139,14 @@ def read(raw: bytes | None, max_bytes: int, n: int = 1, chat: bool = False) -> E
             if chat or not whole([ch for event in entry.events for ch in event], n):
                 return "its answer is not one"
         else:
-            # Served from its first `,"choices":` on (`client_body`): what is checked is exactly what is served.
-            at = body.find(b',"choices":')
-            if at <= 0 or body.startswith(_CHAT) is not chat:
+            # A buffered hit sends it from its first `,"choices":` on (`client_body`), a chat stream is made from
+            # it whole (chat.py `replay`): each is decoded as it would be served, every field of it.
+            served = client_body(body, "", 0, "", chat)
+            if served is None or body.startswith(_CHAT) is not chat:
                 return "its answer is not one"
-            served = b"{" + body[at + 1 :]
-            if not whole((_chat_rest if chat else _rest)(served).choices, n):
+            if chat:
+                _as_chat(body)
+            if not whole((_as_chat if chat else _as_completion)(served).choices, n):
                 return "its answer is not one"
     except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError):
         return "undecodable"

@@ -3,7 +3,6 @@ request whose name they sit under. Each is a miss, counted, never served and nev
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,6 +13,8 @@ import pytest
 from tests.helpers.redis import RedisServer
 from tests.helpers.servers import GatewayThread, serve_config
 from tests.helpers.upstreams import Upstream
+from wire.chat import ChatChoice, ChatCompletion, ChatMessage
+from wire.schema import encode
 
 from .conftest import ADMIN, MODEL, client, config
 from .test_chat import ChatServer, ask
@@ -47,18 +48,15 @@ def _choice(index: int, finish: str | None) -> dict[str, Any]:
     return {"text": "planted", "index": index, "logprobs": None, "finish_reason": finish}
 
 
-_CHAT_BODY = json.dumps(
-    {
-        "object": "chat.completion",
-        "id": "x",
-        "created": 1,
-        "model": "m",
-        "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": "planted"}, "finish_reason": "stop"},
-        ],
-    },
-    separators=(",", ":"),
-).encode()
+# A chat answer as the gateway stores one (its `chat.completion` client bytes).
+_CHAT_BODY = encode(
+    ChatCompletion(
+        id="x",
+        created=1,
+        model="m",
+        choices=[ChatChoice(0, ChatMessage(role="assistant", content="planted"), "stop", None)],
+    )
+)
 _TEXT_BODY = (
     b'{"object":"text_completion","id":"x","created":1,"model":"m","choices":[{"text":"planted","index":0,'
     b'"logprobs":null,"finish_reason":"stop"}]}'
@@ -92,6 +90,7 @@ def _not_entries(c: httpx.Client) -> int:
         pytest.param(_entry(_CHAT_BODY), 1, id="chat-answer"),
         pytest.param(_entry(_TEXT_BODY), 2, id="answer-fewer-choices-than-n"),
         pytest.param(_entry(_NESTED_BODY), 1, id="nested-choices-field"),
+        pytest.param(_entry(_TEXT_BODY[:-1] + b',"usage":"none"}'), 1, id="usage-not-an-object"),
         pytest.param(_entry(_TEXT_BODY, usage=[-5, 1, -4]), 1, id="negative-usage"),
         pytest.param(_entry(_TEXT_BODY, usage=[2**62, 1, 2**62 + 1]), 1, id="usage-past-any-answer"),
     ],
@@ -130,6 +129,8 @@ def chat_gw(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory)
     [
         pytest.param(_entry(None, [[_choice(0, "stop")]]), id="completion-events"),
         pytest.param(_entry(_TEXT_BODY), id="completion-answer"),
+        pytest.param(_entry(_CHAT_BODY.replace(b'"created":1', b'"created":"x"')), id="chat-answer-bad-head"),
+        pytest.param(_entry(_CHAT_BODY[:-1] + b',"usage":[]}'), id="chat-answer-bad-tail"),
     ],
 )
 @pytest.mark.parametrize("stream", [False, True], ids=["buffered", "streamed"])
