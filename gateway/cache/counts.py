@@ -53,6 +53,7 @@ def stats(cache: Any) -> dict[str, Any]:
         "memory_max_bytes": cache.memory.max_bytes,
         "evictions": cache.memory.evictions,
         "redis_not_entries": cache.redis.corrupt if cache.redis is not None else 0,
+        "redis_refused_writes": cache.redis.refused if cache.redis is not None else 0,
     }
 
 

@@ -21,7 +21,7 @@ import msgspec
 
 from gateway.upstream.framing import DONE, sse_event
 from providers.base import CallContext
-from wire.chat import ChatChoice
+from wire.chat import ChatChoice, ChatCompletion
 from wire.schema import Choice, Completion, Logprobs, Usage, encode
 
 VERSION: Final = 2
@@ -44,15 +44,12 @@ class _Rest(msgspec.Struct):
     choices: list[Choice]
 
 
-class _ChatRest(msgspec.Struct):
-    choices: list[ChatChoice]
-
-
 _HEAD: Final = b'{"object":"text_completion","id":%s,"created":%d,"model":%s%s'
 _CHAT_HEAD: Final = b'{"object":"chat.completion","id":%s,"created":%d,"model":%s%s'
 _json = msgspec.json.encode
 _rest = msgspec.json.Decoder(_Rest).decode
-_chat_rest = msgspec.json.Decoder(_ChatRest).decode
+_as_completion = msgspec.json.Decoder(Completion).decode
+_as_chat = msgspec.json.Decoder(ChatCompletion).decode
 _CHAT: Final = b'{"object":"chat.completion",'  # how a stored chat answer's bytes begin (its tag first)
 
 
@@ -104,9 +101,17 @@ def dump(entry: Entry) -> bytes:
     return MAGIC + encode_entry(entry)
 
 
-def read(raw: bytes | None, max_bytes: int) -> Entry | str | None:
+# Longer than any provider's name or target a config holds (a model asked for is at most 256 characters).
+_NAME_CHARS: Final = 1024
+# More tokens than any answer counts: a stored usage at or past it was not an upstream's.
+_TOKENS: Final = 1 << 32
+
+
+def read(raw: bytes | None, max_bytes: int, n: int = 1, chat: bool = False) -> Entry | str | None:
     """The entry in `raw` (from outside the process: checked whole, so that serving it cannot fail), None when
-    absent or of another version, else what is wrong with it."""
+    absent or of another version, else what is wrong with it. Another process may have written any entry under
+    any name: only one that answers this request (a chat answer to a chat request, a completion's to a
+    completion, its `n` choices each finished) is one."""
     if raw is None:
         return None
     if len(raw) > max_bytes:
@@ -119,14 +124,45 @@ def read(raw: bytes | None, max_bytes: int) -> Entry | str | None:
             return None
         if not math.isfinite(entry.stored):
             return "its time is not a number"
-        body = entry.body
-        if body is not None and (
-            body.find(b',"choices":') <= 0 or not (_chat_rest if body.startswith(_CHAT) else _rest)(body).choices
+        if not all(0 < len(name) <= _NAME_CHARS and name.isprintable() for name in (entry.provider, entry.target)):
+            return "its target is not a name"  # sent in header lines (`x-gateway-model`)
+        usage = entry.usage
+        if usage is not None and not (
+            0 <= usage.prompt_tokens < _TOKENS
+            and 0 <= usage.completion_tokens < _TOKENS
+            and 0 <= usage.total_tokens < _TOKENS
         ):
-            return "its answer is not one"
+            return "its usage is not a count of tokens"  # it is booked and summed: a count no answer has
+        body = entry.body
+        if body is None:
+            # The gateway stores a chat answer only as its client bytes (gateway/cache/chat.py).
+            if chat or not whole([ch for event in entry.events for ch in event], n):
+                return "its answer is not one"
+        else:
+            # A buffered hit sends it from its first `,"choices":` on (`client_body`), a chat stream is made from
+            # it whole (chat.py `replay`): each is decoded as it would be served, every field of it.
+            served = client_body(body, "", 0, "", chat)
+            if served is None or body.startswith(_CHAT) is not chat:
+                return "its answer is not one"
+            if chat:
+                _as_chat(body)
+            if not whole((_as_chat if chat else _as_completion)(served).choices, n):
+                return "its answer is not one"
     except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError):
         return "undecodable"
     return entry
+
+
+def whole(choices: list[Choice] | list[ChatChoice], n: int) -> bool:
+    """Whether `choices` (an answer's, or a stream's events' together) are `n` choices numbered from 0, each
+    with its finish reason: an answer that completed, to a request for `n`."""
+    seen: set[int] = set()
+    ended: set[int] = set()
+    for ch in choices:
+        seen.add(ch.index)
+        if ch.finish_reason is not None:
+            ended.add(ch.index)
+    return len(seen) == n and seen == ended and seen == set(range(n))
 
 
 def held(raw: bytes) -> Entry:
@@ -273,4 +309,5 @@ __all__ = [
     "read",
     "replay_stream",
     "size",
+    "whole",
 ]

@@ -1,4 +1,5 @@
-"""A buffered hit that no rate limit counts, answered in `Pipeline.early` before any task is made.
+"""A stored answer served: `replayed` for a hit or a coalesced request, as any request is answered, and
+`answered` for a buffered hit that no rate limit counts, answered in `Pipeline.early` before any task is made.
 
 What every such answer repeats is made once: the header lines of a target and outcome (encoded, bounded like
 the endpoint's own encoded values, since a target can carry a client's model name), and the JSON of the model
@@ -10,8 +11,10 @@ from __future__ import annotations
 
 from typing import Final
 
-from gateway.cache.entry import Entry, buffered_body, client_body
-from gateway.limits.admission import Lines
+from gateway.cache.chat import replay
+from gateway.cache.entry import Entry, buffered_body, client_body, replay_stream
+from gateway.cache.job import JobLike, Make, R
+from gateway.limits.admission import Admission, Lines
 from gateway.ops.metrics import Record
 from gateway.server.values import header_value
 from providers.base import CallContext
@@ -49,4 +52,27 @@ def answered(
     return sent, [*head, (b"age", b"%d" % max(int(now - entry.stored), 0))]
 
 
-__all__ = ["answered"]
+def replayed(entry: Entry, state: str, now: float, admission: Admission, job: JobLike, rec: Record, make: Make[R]) -> R:
+    """`entry` as the answer to `job` (a hit, or a coalesced request; `now` on the cache's clock, for `Age`),
+    buffered or streamed as the request asks, made by `make`; `rec` filled as the upstream's answer fills it."""
+    rec.provider, rec.target, rec.attempts, rec.usage = entry.provider, entry.target, 0, entry.usage
+    rec.cached = True
+    headers = {
+        "x-gateway-provider": entry.provider,
+        "x-gateway-model": entry.target,
+        "x-gateway-attempts": "0",
+        "x-gateway-cache": state,
+        "age": str(max(int(now - entry.stored), 0)),
+    }
+    ticket = job.ticket
+    if ticket is not None:  # none for a hit no rate limit counts (`Pipeline.early`)
+        admission.settle(ticket, 0)
+    limits = None if ticket is None else ticket.headers
+    req, ctx = job.req, job.ctx
+    if not req.stream:
+        return make(headers, body=buffered_body(entry, ctx), limits=limits)
+    want_usage = bool(req.stream_options and req.stream_options.include_usage)
+    return make(headers, stream=(replay if ctx.chat else replay_stream)(entry, ctx, want_usage), limits=limits)
+
+
+__all__ = ["answered", "replayed"]

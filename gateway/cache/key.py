@@ -6,10 +6,10 @@ are already one field. The request struct is encoded in its declared field order
 needs a new entry VERSION) with object keys sorted at every depth, so neither the order fields arrived in
 nor the order inside `inference_extra_params` changes the key, while every field the client set
 (provider-native fields included) does; the gateway's count of what is sent beside the prompt
-(`unrendered`) is left out, being made from them. The scope is prefixed. `stream`, `stream_options` and
-`inference_timeout` say how the answer is delivered, not what it is: left out, so a buffered request and
-a streamed one share an entry. The memory store and the requests in flight are keyed by these bytes
-themselves (exact, and no hashing on the request path); only a Redis name carries their versioned SHA-256.
+(`unrendered`) is left out, being made from them. The scope is prefixed; an alias's keys end with a digest
+of its targets' models. `stream`, `stream_options` and `inference_timeout` say how the answer is delivered,
+not what it is: left out, so a buffered request and a streamed one share an entry. The memory store and the
+requests in flight are keyed by these bytes (no hashing on the request path); a Redis name by their SHA-256.
 """
 
 from __future__ import annotations
@@ -52,11 +52,20 @@ _PREFIX: Final = f"gateway-cache/v{VERSION}\x00".encode()
 BATCH_KEYS_BYTES: Final = 4 * 1024 * 1024
 
 
-def cache_key(req: CompletionRequest, scope: bytes) -> bytes:
-    """`req` (normalized) in its canonical encoding, as the answer's identity, within `scope`."""
+def cache_key(req: CompletionRequest, scope: bytes, targets: bytes = b"") -> bytes:
+    """`req` (normalized) in its canonical encoding, as the answer's identity, within `scope`, for an alias
+    naming `targets` (`targets_of`; empty for a `vendor/model` name)."""
     if req.stream is not None or req.stream_options is not None or req.inference_timeout is not None:
         req = msgspec.structs.replace(req, stream=None, stream_options=None, inference_timeout=None, unrendered=None)
-    return scope + canonical(req)
+    # After the encoding, which ends where it ends (MessagePack, or a JSON object), so no key of one alias's
+    # targets can be another's.
+    return scope + canonical(req) + targets
+
+
+def targets_of(models: list[str]) -> bytes:
+    """What an alias's keys end with: a digest of the models its targets name (in any order, any weight), so
+    a reload that points the alias at other models does not serve their answers to it."""
+    return b"\x00t" + hashlib.sha256("\n".join(sorted(set(models))).encode("utf-8", "surrogatepass")).digest()[:16]
 
 
 def digest(key: bytes) -> str:
@@ -78,4 +87,4 @@ _TAGS: Final[dict[str, str]] = {}
 _TAGS_MAX: Final = 1024
 
 
-__all__ = ["BATCH_KEYS_BYTES", "cache_key", "canonical", "digest", "model_tag", "packed"]
+__all__ = ["BATCH_KEYS_BYTES", "cache_key", "canonical", "digest", "model_tag", "packed", "targets_of"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from gateway.cache.key import model_tag
+from gateway.cache.key import model_tag, targets_of
 from gateway.cache.store import Store
 from gateway.config import CacheConfig, LoadedConfig
 from wire.errors import GatewayError
@@ -59,7 +59,10 @@ class Policies:
             else:
                 vendor = alias.targets[0].model.partition("/")[0]
                 self.aliases[alias.name] = self.providers.get(vendor, self.default)
-        self.known: dict[str, tuple[Policy | None, str]] = {}  # per model name: its policy and model tag
+        # Per alias: what its keys end with, so that its answers serve only while it names the same targets.
+        self.targets = {alias.name: targets_of([t.model for t in alias.targets]) for alias in cfg.models}
+        # Per model name: its policy, model tag and what its keys end with.
+        self.known: dict[str, tuple[Policy | None, str, bytes]] = {}
         self.scopes: dict[str | None, bytes] = {}  # per API key identity (`ClientKey.ident`): its tenant scope
 
     def policy(self, model: str) -> Policy | None:
@@ -68,11 +71,11 @@ class Policies:
             return found  # type: ignore[return-value]
         return self.providers.get(model.partition("/")[0], self.default)
 
-    def of(self, model: str) -> tuple[Policy | None, str]:
-        """`model`'s policy and tag, resolved once (`known` is probed first on the request path)."""
+    def of(self, model: str) -> tuple[Policy | None, str, bytes]:
+        """`model`'s policy, tag and key suffix, resolved once (`known` is probed first on the request path)."""
         if len(self.known) >= 4096:
             self.known.clear()  # client-chosen model names cannot grow it
-        known = self.known[model] = (self.policy(model), model_tag(model))
+        known = self.known[model] = (self.policy(model), model_tag(model), self.targets.get(model, b""))
         return known
 
     def scope(self, pol: Policy, key: str | None) -> bytes:

@@ -20,19 +20,18 @@ import msgspec
 from msgspec.structs import replace
 
 from gateway.cache.batch import assembled, completed, prompt_items, spliced, store_batch, store_one, store_stream
-from gateway.cache.chat import Assembly, replay, store_answer
+from gateway.cache.chat import Assembly, store_answer
 from gateway.cache.counts import Series, stats
 from gateway.cache.entry import (
     OVERHEAD,
     VERSION,
     Entry,
     add_event,
-    buffered_body,
     decode_events,
     events_of,
     finished,
-    replay_stream,
 )
+from gateway.cache.hit import replayed
 from gateway.cache.inflight import coalesced, deadline_of
 from gateway.cache.job import J, JobLike, Make, R
 from gateway.cache.key import BATCH_KEYS_BYTES, cache_key, canonical, model_tag, packed
@@ -54,6 +53,7 @@ from gateway.limits.admission import Admission
 from gateway.ops.metrics import Metrics, Record
 from gateway.state import SharedState
 from gateway.upstream.plan import Plan
+from wire.chat import ChatRequest
 from wire.schema import Completion, CompletionRequest, Usage, encode
 
 _NO_ITEMS: Final = cast(list[Any], ())
@@ -110,7 +110,7 @@ class Cache:
         """None when no cache covers the request's model; else what the cache found for it: as is when found in
         memory, or a coroutine to await when a Redis read or an identical request in flight must be waited for
         (no longer than the request's own deadline: its `inference_timeout`, else its `plan`'s `total_ms`)."""
-        pol, tag = self._policies.get(req.model) or self.policies.of(req.model)
+        pol, tag, targets = self._policies.get(req.model) or self.policies.of(req.model)
         if pol is None:
             return None
         header = headers.get("cache-control")
@@ -125,9 +125,9 @@ class Cache:
             # The common request (no directives, one text prompt, buffered, in memory): keyed and settled here.
             scope = pol.scope or self._scopes.get(key) or self.policies.scope(pol, key)
             try:  # `canonical`, inlined for a request with nothing beside its prompt: one call fewer per request
-                digest = scope + (packed(req) if req.unrendered is None else canonical(req))
+                digest = scope + (packed(req) if req.unrendered is None else canonical(req)) + targets
             except OverflowError:
-                digest = scope + canonical(req)
+                digest = scope + canonical(req) + targets
             memory = self.memory
             # `fetch` called only for a key stored: a miss costs one dict probe, not a call.
             if digest in memory.entries and (entry := memory.fetch(digest)) is not None:  # a plain hit
@@ -147,7 +147,7 @@ class Cache:
         prompt = req.prompt
         if digest or isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
             # One prompt, the common case: one key, one read (in memory, without a coroutine).
-            digest = digest or cache_key(req, self.policies.scope(pol, key))
+            digest = digest or cache_key(req, self.policies.scope(pol, key), targets)
             lookup = Lookup(self, MISS, rec, pol, digest, tag, 1, False, False, [digest], [prompt])
             if cc.no_cache:
                 return self._decide(lookup, req, cc, [], plan)
@@ -172,18 +172,20 @@ class Cache:
                     raise cache_miss()
                 return Lookup(self, BYPASS, rec)
             # One entry per prompt: a one-item list shares its prompt's entry with the prompt sent alone.
-            keys = [cache_key(replace(req, prompt=p), scope) for p in prompts]
+            keys = [cache_key(replace(req, prompt=p), scope, targets) for p in prompts]
             # What identical requests in flight coalesce on: the whole request.
-            digest = keys[0] if len(keys) == 1 else cache_key(req, scope)
+            digest = keys[0] if len(keys) == 1 else cache_key(req, scope, targets)
             lookup = Lookup(self, MISS, rec, pol, digest, tag, 1, False, False, keys, prompts)
             if cc.no_cache:
                 return self._decide(lookup, req, cc, [], plan)
         return self._read(lookup, req, cc, plan)
 
     async def _read(self, lookup: Lookup, req: CompletionRequest, cc: Controls, plan: Plan) -> Lookup:
-        pol = lookup.policy
-        assert pol is not None
-        stored = await pol.store.get_many(lookup.keys, lookup.tag, pol.max_entry_bytes)
+        chat = type(req) is ChatRequest
+        pol = cast(Policy, lookup.policy)  # a lookup that reads has its policy
+        # What is read must answer this request (its `n` choices, a chat's answer or a completion's): a value
+        # another process wrote under this name may be anything.
+        stored = await pol.store.get_many(lookup.keys, lookup.tag, pol.max_entry_bytes, req.n or 1, chat)
         decided = self._decide(lookup, req, cc, stored, plan)
         return decided if isinstance(decided, Lookup) else await decided
 
@@ -405,26 +407,8 @@ class Lookup(msgspec.Struct):
         series.stored += counted
 
     def replay(self, job: JobLike, rec: Record, make: Make[R]) -> R:
-        entry = self.entry
-        assert entry is not None
-        rec.provider, rec.target, rec.attempts, rec.usage = entry.provider, entry.target, 0, entry.usage
-        rec.cached = True
-        headers = {
-            "x-gateway-provider": entry.provider,
-            "x-gateway-model": entry.target,
-            "x-gateway-attempts": "0",
-            "x-gateway-cache": self.state,
-            "age": str(max(int(self.cache.clock() - entry.stored), 0)),
-        }
-        ticket = job.ticket
-        if ticket is not None:  # none for a hit no rate limit counts (`Pipeline.early`)
-            self.cache.admission.settle(ticket, 0)
-        limits = None if ticket is None else ticket.headers
-        req, ctx = job.req, job.ctx
-        if not req.stream:
-            return make(headers, body=buffered_body(entry, ctx), limits=limits)
-        want_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return make(headers, stream=(replay if ctx.chat else replay_stream)(entry, ctx, want_usage), limits=limits)
+        assert self.entry is not None
+        return replayed(self.entry, self.state, self.cache.clock(), self.cache.admission, job, rec, make)
 
     # -- the hooks the relay calls on a streamed miss ----------------------------------------------
 

@@ -32,6 +32,11 @@ SLOT: Final = 288
 
 log = logging.getLogger("gateway.cache")
 
+# What a value that is not a string reads as: no entry begins with it, so it is counted as not one. Every value
+# is read through GETRANGE, at most one byte past `max_entry_bytes`: a planted value larger than any entry
+# costs no more to read than the largest entry.
+_NOT_A_STRING: Final = b"\x00"
+
 
 class Kept(msgspec.Struct, gc=False):  # holds no container, so no cycle
     """What the memory store keeps per key: the entry (or its `dump`), when it expires, its model tag, and what
@@ -48,7 +53,9 @@ class Kept(msgspec.Struct, gc=False):  # holds no container, so no cycle
 class Store(Protocol):
     kind: str
 
-    async def get_many(self, keys: list[bytes], tag: str, max_bytes: int) -> list[Entry | None]: ...
+    async def get_many(
+        self, keys: list[bytes], tag: str, max_bytes: int, n: int = 1, chat: bool = False
+    ) -> list[Entry | None]: ...
 
     async def clear(self, tag: str | None) -> int: ...
 
@@ -93,8 +100,10 @@ class MemoryStore:
         value = found.entry
         return value if type(value) is Entry else held(value)  # type: ignore[arg-type]
 
-    async def get_many(self, keys: list[bytes], tag: str, max_bytes: int) -> list[Entry | None]:
-        return [self.fetch(k) for k in keys]  # stored within `max_entry_bytes` already
+    async def get_many(
+        self, keys: list[bytes], tag: str, max_bytes: int, n: int = 1, chat: bool = False
+    ) -> list[Entry | None]:
+        return [self.fetch(k) for k in keys]  # stored by this process, within `max_entry_bytes` already
 
     def keep(self, key: bytes, tag: str, entry: Entry | bytes, size: int, ttl_s: int) -> None:
         """`entry` (or its `dump`) stored under `key`, counted as `size` (`entry.size`), the key's length and
@@ -146,26 +155,28 @@ class RedisStore:
     def __init__(self, shared: SharedState, on_corrupt: Callable[[], None] | None = None) -> None:
         self.shared = shared
         self.corrupt = 0  # values read that were not entries: each a miss, counted and logged once
+        self.refused = 0  # writes the Redis refused (logged once): the answer was not stored
         self.on_corrupt = on_corrupt
 
-    async def _get(self, key: bytes, tag: str) -> bytes | None:
+    async def _get(self, key: bytes, tag: str, max_bytes: int) -> bytes | None:
         name = f"{PREFIX}{tag}:{digest(key)}"
 
         async def get(r: aioredis.Redis) -> Any:
             try:
-                return await r.get(name)
+                return await r.getrange(name, 0, max_bytes)
             except ResponseError:
-                return b""  # not a string (WRONGTYPE): that value's fault, not Redis's (`_entry` counts it)
+                return _NOT_A_STRING  # WRONGTYPE: that value's fault, not Redis's (`_entry` counts it)
 
         try:
             value = await self.shared.run(get)
         except Degraded:
             return None
-        return value if isinstance(value, bytes) else None
+        return value if isinstance(value, bytes) and value else None  # an absent key reads as no bytes
 
-    def _entry(self, raw: Any, max_bytes: int) -> Entry | None:
-        """`raw` (a value read) as an entry, or a miss; a value that is not one is counted and logged."""
-        found = read(raw, max_bytes) if isinstance(raw, bytes) else None
+    def _entry(self, raw: Any, max_bytes: int, n: int, chat: bool) -> Entry | None:
+        """`raw` (a value read) as an entry answering a request for `n` choices (of chat, or not), or a miss; a
+        value that is not one is counted and logged."""
+        found = read(raw, max_bytes, n, chat) if isinstance(raw, bytes) else None
         if found is None or type(found) is Entry:
             return found
         self.corrupt += 1
@@ -174,28 +185,49 @@ class RedisStore:
         log.warning("cache: a Redis value read as an entry was %s; served as a miss (it is overwritten)", found)
         return None
 
-    async def get_many(self, keys: list[bytes], tag: str, max_bytes: int) -> list[Entry | None]:
-        """The entries stored under `keys`: None for each absent, larger than `max_bytes`, or not this
-        version's entry."""
+    async def get_many(
+        self, keys: list[bytes], tag: str, max_bytes: int, n: int = 1, chat: bool = False
+    ) -> list[Entry | None]:
+        """The entries stored under `keys`: None for each absent, larger than `max_bytes`, not this version's
+        entry, or not an answer to a request for `n` choices (of chat, or not)."""
         if len(keys) == 1:
-            return [self._entry(await self._get(keys[0], tag), max_bytes)]
+            return [self._entry(await self._get(keys[0], tag, max_bytes), max_bytes, n, chat)]
         names = [f"{PREFIX}{tag}:{digest(k)}" for k in keys]
+
+        async def many(r: aioredis.Redis) -> list[Any]:
+            pipe = r.pipeline(transaction=False)
+            for name in names:
+                pipe.getrange(name, 0, max_bytes)
+            found = await pipe.execute(raise_on_error=False)
+            return [_NOT_A_STRING if isinstance(v, ResponseError) else (v or None) for v in found]
+
         values: list[Any]
         try:
-            # One round trip; on a Cluster the keys may sit in different slots, so one GET each there.
+            # One round trip; on a Cluster the keys may sit in different slots, so one read each there.
             if self.shared.cluster:
-                values = [await self._get(k, tag) for k in keys]
+                values = [await self._get(k, tag, max_bytes) for k in keys]
             else:
-                values = await self.shared.run(lambda r: r.mget(names))
+                values = await self.shared.run(many)
         except Degraded:
             return [None] * len(keys)
-        return [self._entry(v, max_bytes) for v in values]
+        return [self._entry(v, max_bytes, n, chat) for v in values]
 
     async def put(self, key: bytes, tag: str, value: bytes, ttl_s: int) -> None:
         """`value` (an entry's `dump`) stored under `key` for `ttl_s`."""
         name = f"{PREFIX}{tag}:{digest(key)}"
+
+        async def put(r: aioredis.Redis) -> None:
+            try:
+                await r.set(name, value, ex=ttl_s)
+            except ResponseError as exc:
+                # A write the Redis refused (OOM under `maxmemory` with `noeviction`): it still answers, and the
+                # shared limits and the entries it holds stay in use; only this answer goes unstored.
+                if not self.refused:
+                    log.warning("cache: Redis refused to store an entry (%s); answers go unstored meanwhile", exc)
+                self.refused += 1
+
         try:
-            await self.shared.run(lambda r: r.set(name, value, ex=ttl_s))
+            await self.shared.run(put)
         except Degraded:
             pass
 
