@@ -14,7 +14,7 @@ import time
 from typing import Any, Final
 
 from gateway.batches.objects import TERMINAL
-from gateway.ids import unique_suffix
+from gateway.ids import unguessable
 from gateway.ledger.engine import Cursor
 
 CHUNK_BYTES: Final = 1024 * 1024  # an uploaded file is stored in chunks of this size
@@ -66,7 +66,7 @@ def _insert(
     """A file's row, made now and expiring `expires_s` after (None: only retention deletes it)."""
     now = time.time()
     expires_at = None if expires_s is None else now + expires_s
-    row = ("file-" + unique_suffix(), owner, filename, purpose, size, now, batch_id, kind, expires_at)
+    row = ("file-" + unguessable(), owner, filename, purpose, size, now, batch_id, kind, expires_at)
     cur.execute(f"INSERT INTO batch_files ({FILE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
     return row
 

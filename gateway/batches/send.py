@@ -40,9 +40,10 @@ ENDPOINTS: Final = {"/v1/completions": COMPLETIONS, "/v1/chat/completions": CHAT
 # every waiting interactive (normal or high) request a slot before a line (gateway/queue).
 PRIORITY: Final = {HEADER: "low"}
 BUDGET_CODE: Final = "budget_exceeded"
-# The gateway had no room for the line now (a server's queue, a rate limit): nothing is wrong with the line,
-# so it is sent again later rather than written to the error file (the runner backs off, up to its window).
-LATER_CODES: Final = frozenset({"queue_timeout", "queue_full", "rate_limit_exceeded"})
+# The gateway had no room for the line now (a server's queue, a rate limit, a provider's configured quota):
+# nothing is wrong with the line, so it is sent again later rather than written to the error file (the runner
+# backs off, up to its window). An interactive client gets the same 429 with Retry-After and retries.
+LATER_CODES: Final = frozenset({"queue_timeout", "queue_full", "rate_limit_exceeded", "provider_quota"})
 _INTERNAL: Final = GatewayError("The gateway failed to process the request", code="internal_error")
 # The message the runner cancels a line with when its batch ends (`Task.cancel`): the line is never sent
 # again, so it is booked as a request cut off (499). Any other cancel (a stop, a lease lost) sends it again.

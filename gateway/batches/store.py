@@ -22,7 +22,7 @@ from gateway.batches.files import add_result, drop, drop_if_gone, expired, input
 from gateway.batches.leases import held
 from gateway.batches.lines import Line, batch_model
 from gateway.batches.objects import ACTIVE, ERR, OK, SENT, TERMINAL, TODO, BatchError, Booked, answered
-from gateway.ids import unique_suffix
+from gateway.ids import unguessable, unique_suffix
 from gateway.ledger.batch import Fold, same
 from gateway.ledger.book import commit
 from gateway.ledger.engine import Cursor, Database
@@ -165,7 +165,7 @@ def add_batch(
             "or cancel one"
         )
     now = time.time()
-    batch_id = "batch_" + unique_suffix()
+    batch_id = "batch_" + unguessable()
     cur.execute(
         "INSERT INTO batches (id, owner, endpoint, input_file_id, completion_window, status, metadata, created_at, "
         "expires_at, total, completed, failed, lease_until, output_expires_s) "
