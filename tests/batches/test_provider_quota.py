@@ -15,12 +15,14 @@ from .conftest import ENV, EVAL_KEY, config, line, results, sdk, start, wait_bat
 
 def test_a_line_over_its_providers_quota_is_sent_again_later(tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
-    text = config(f"sqlite:///{tmp_path / 'ledger.db'}", concurrency=8).replace(
-        "demo: {kind: fake, models: [text, slow-40ms, slow-400ms]}",
-        "demo: {kind: fake, models: [text, slow-40ms, slow-400ms], limits: {rps: 5}}",
-    ).replace(
-        "  - {name: fast, targets: [{model: demo/text}]}",
-        "  - {name: fast, targets: [{model: demo/text}]}\n  - {name: pair, targets: [{model: demo/text}, {model: demo/slow-40ms}]}",
+    pair = "  - {name: pair, targets: [{model: demo/text}, {model: demo/slow-40ms}]}"
+    text = (
+        config(f"sqlite:///{tmp_path / 'ledger.db'}", concurrency=8)
+        .replace(
+            "demo: {kind: fake, models: [text, slow-40ms, slow-400ms]}",
+            "demo: {kind: fake, models: [text, slow-40ms, slow-400ms], limits: {rps: 5}}",
+        )
+        .replace("models:\n", "models:\n" + pair + "\n")
     )
     assert "limits: {rps: 5}" in text
     path.write_text(text)
