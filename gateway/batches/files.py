@@ -86,6 +86,13 @@ def input_data(cur: Cursor, file_id: str) -> bytes:
     return b"".join(bytes(r[0]) for r in rows)
 
 
+def input_chunk(cur: Cursor, file_id: str, seq: int) -> bytes | None:
+    """The upload's stored chunk `seq` (None past its last): its content is sent a chunk at a time, so a
+    download holds CHUNK_BYTES of it, not the whole file, however slowly the client reads."""
+    rows = cur.rows("SELECT data FROM batch_file_chunks WHERE file_id = ? AND seq = ?", (file_id, seq))
+    return bytes(rows[0][0]) if rows else None
+
+
 def delete_file(cur: Cursor, file_id: str, owner: str | None) -> bool:
     """Delete the file for its owner at once; its rows go now, or (the input of a batch not ended, which may
     not have read it yet: one waiting for a runner) once no such batch reads it, as an expired file's."""
@@ -138,5 +145,6 @@ __all__ = [
     "drop_if_gone",
     "expired",
     "file_row",
+    "input_chunk",
     "input_data",
 ]

@@ -292,8 +292,15 @@ async def _file_content(request: Request[Any, Any, Any], api: Batches, owner: st
     if isinstance(row, Response):
         return row
     if row[7] == "input":
-        data = await api.store.run(files.input_data, row[0])
-        return Response(data, media_type="application/octet-stream", headers=_NO_STORE)
+        file_id = row[0]
+
+        async def chunks() -> AsyncIterator[bytes]:
+            seq = 0
+            while (chunk := await api.store.run(files.input_chunk, file_id, seq)) is not None:
+                yield chunk
+                seq += 1
+
+        return Stream(chunks(), media_type="application/octet-stream", headers=_NO_STORE)
     batch_id, line_state = row[6], row[7]
 
     async def lines() -> AsyncIterator[bytes]:
