@@ -184,20 +184,6 @@ def batch_row(cur: Cursor, batch_id: str, owner: str | None) -> tuple[Any, ...] 
     return found[0]
 
 
-def cancel(cur: Cursor, batch_id: str, owner: str | None) -> tuple[Any, ...] | None:
-    """Ask the batch's runner to stop (`cancelling`); the runner cancels what is left and ends it `cancelled`."""
-    row = batch_row(cur, batch_id, owner)
-    if row is None:
-        return None
-    if row[5] in ("validating", "in_progress"):
-        cur.execute(
-            "UPDATE batches SET status = 'cancelling', cancelling_at = ? WHERE id = ? AND status = ?",
-            (time.time(), batch_id, row[5]),
-        )
-        return batch_row(cur, batch_id, owner)
-    return row
-
-
 def counts(cur: Cursor) -> dict[str, int]:
     return {str(s): int(n) for s, n in cur.rows("SELECT status, count(*) FROM batches GROUP BY status")}
 

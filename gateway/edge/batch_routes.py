@@ -18,7 +18,7 @@ from litestar import Request, Response, delete, get, post
 from litestar.handlers import HTTPRouteHandler
 from litestar.response import Stream
 
-from gateway.batches import files, store
+from gateway.batches import cancelling, files, store
 from gateway.batches.objects import (
     BatchError,
     BatchObject,
@@ -376,7 +376,7 @@ async def _get_batch(request: Request[Any, Any, Any], api: Batches, owner: str) 
 
 async def _cancel_batch(request: Request[Any, Any, Any], api: Batches, owner: str) -> Response[Any]:
     batch_id = str(request.path_params["batch_id"])
-    row = await api.store.run(store.cancel, batch_id, owner)
+    row = await api.store.run(cancelling.cancel, batch_id, owner)
     if row is None:
         return _missing("batch", batch_id)
     api.runner.poke()
