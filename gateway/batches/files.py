@@ -29,14 +29,34 @@ class TooManyFiles(Exception):
     """The key holds `batches.max_files` files already."""
 
 
+class TooManyBytes(Exception):
+    """The upload would take the key's uploads past `batches.max_key_bytes`."""
+
+
 def add_file(
-    cur: Cursor, owner: str, filename: str, purpose: str, data: bytes, max_files: int, expires_s: float | None = None
+    cur: Cursor,
+    owner: str,
+    filename: str,
+    purpose: str,
+    data: bytes,
+    max_files: int,
+    expires_s: float | None = None,
+    max_bytes: int | None = None,
 ) -> tuple[Any, ...]:
     """Store an upload, expiring `expires_s` after now when given; the owner's expired files go first."""
     drop(cur, expired(cur, time.time(), None, owner))
-    kept = cur.rows(f"SELECT count(*) FROM batch_files WHERE owner = ? AND {UNEXPIRED}", (owner, time.time()))[0][0]
+    kept, size = cur.rows(
+        f"SELECT count(*), coalesce(sum(CASE WHEN kind = 'input' THEN bytes ELSE 0 END), 0) FROM batch_files "
+        f"WHERE owner = ? AND {UNEXPIRED}",
+        (owner, time.time()),
+    )[0]
     if kept >= max_files:
         raise TooManyFiles(f"this key holds {kept} files, the most batches.max_files allows: delete some first")
+    if max_bytes is not None and int(size) + len(data) > max_bytes:
+        raise TooManyBytes(
+            f"this key's uploads hold {int(size)} bytes; {len(data)} more would pass the {max_bytes} "
+            "batches.max_key_bytes allows: delete some first"
+        )
     row = _insert(cur, owner, filename, purpose, len(data), None, "input", expires_s)
     cur.executemany(
         "INSERT INTO batch_file_chunks (file_id, seq, data) VALUES (?, ?, ?)",
@@ -137,6 +157,7 @@ __all__ = [
     "CHUNK_BYTES",
     "FILE_COLUMNS",
     "UNEXPIRED",
+    "TooManyBytes",
     "TooManyFiles",
     "add_file",
     "add_result",

@@ -250,11 +250,16 @@ async def _upload(request: Request[Any, Any, Any], api: Batches, owner: str) -> 
     data = form.data
     name = (form.filename or "input.jsonl")[:256]
     try:
-        row = await api.store.run(files.add_file, owner, name, "batch", data, api.cfg.max_files, expires_s)
+        cfg = api.cfg
+        row = await api.store.run(
+            files.add_file, owner, name, "batch", data, cfg.max_files, expires_s, cfg.max_key_bytes
+        )
     except files.TooManyFiles as exc:
         return _render(
             GatewayError(f"Too many files: {exc}", status=409, code="too_many_files", type="invalid_request_error")
         )
+    except files.TooManyBytes as exc:
+        return _render(InvalidRequestError(f"Too many bytes: {exc}", status=409, param="file", code="too_many_bytes"))
     return _json(file_object(row))
 
 
