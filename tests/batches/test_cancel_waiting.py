@@ -40,7 +40,9 @@ def test_a_batch_waiting_for_a_slot_is_cancelled_at_once(tmp_path: Path) -> None
             client.batches.cancel(b)
     assert still == ["in_progress"] * RUNNING  # it did not wait for a slot
     assert batch.output_file_id is None and batch.cancelled_at is not None
-    assert batch.request_counts.completed == 0 and err == []  # never checked: no lines, as OpenAI's
+    assert (
+        batch.request_counts is not None and batch.request_counts.completed == 0 and err == []
+    )  # never checked: no lines, as OpenAI's
 
 
 async def test_an_in_progress_batch_no_runner_holds_is_cancelled_at_once(tmp_path: Path) -> None:
@@ -59,7 +61,8 @@ async def test_an_in_progress_batch_no_runner_holds_is_cancelled_at_once(tmp_pat
         assert len(taken) == 1  # one line in flight when the runner went
         await db.run(leases.release, batch_id, RUNNER)
         row = await db.run(cancelling.cancel, batch_id, "owner")
-        assert row is not None and row[5] == "cancelled", row[5]
+        assert row is not None
+        assert row[5] == "cancelled", row[5]
         failed, error_file = row[20], row[22]
         data = await db.run(store.result_chunk, batch_id, "err", -1, 100, 1 << 20)
     finally:
