@@ -305,7 +305,9 @@ async def _file_content(request: Request[Any, Any, Any], api: Batches, owner: st
                 yield chunk
                 seq += 1
 
-        return Stream(chunks(), media_type="application/octet-stream", headers=_NO_STORE)
+        # The length declared: a download the file's deletion cuts short ends as a broken one, not a whole one.
+        sized = {**_NO_STORE, "content-length": str(int(row[4]))}
+        return Stream(chunks(), media_type="application/octet-stream", headers=sized)
     batch_id, line_state = row[6], row[7]
 
     async def lines() -> AsyncIterator[bytes]:

@@ -28,6 +28,8 @@ def test_an_input_files_content_is_streamed_not_held_whole(tmp_path: Path) -> No
                 "GET", f"{gw.url}/v1/files/{file_id}/content", headers={"authorization": f"Bearer {EVAL_KEY}"}
             ) as resp:
                 assert resp.status_code == 200
+                # Its length is declared: a download cut short (the file deleted meanwhile) is seen as one.
+                assert resp.headers.get("content-length") == str(len(data)), resp.headers
                 for part in resp.iter_bytes():
                     digest.update(part)
                     size += len(part)
