@@ -414,6 +414,7 @@ CODES: Final[dict[str, str]] = {
     "batches_need_ledger": "a Batch API route on a gateway without `ledger:` (404)",
     "file_too_large": "an uploaded batch input file over `batches.max_file_bytes` (413)",
     "too_many_files": "the key holds `batches.max_files` files already (409)",
+    "too_many_bytes": "the upload would take the key's uploads past `batches.max_key_bytes` (409)",
     "too_many_batches": "the key has `batches.max_batches` batches not ended (409)",
     "cache_miss": "`Cache-Control: only-if-cached` and no cached answer (504; docs/cache.md)",
     "invalid_cache_control": "a `Cache-Control` directive the cache cannot read (`max-age` not a number)",

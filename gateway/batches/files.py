@@ -14,7 +14,7 @@ import time
 from typing import Any, Final
 
 from gateway.batches.objects import TERMINAL
-from gateway.ids import unique_suffix
+from gateway.ids import unguessable
 from gateway.ledger.engine import Cursor
 
 CHUNK_BYTES: Final = 1024 * 1024  # an uploaded file is stored in chunks of this size
@@ -29,14 +29,34 @@ class TooManyFiles(Exception):
     """The key holds `batches.max_files` files already."""
 
 
+class TooManyBytes(Exception):
+    """The upload would take the key's uploads past `batches.max_key_bytes`."""
+
+
 def add_file(
-    cur: Cursor, owner: str, filename: str, purpose: str, data: bytes, max_files: int, expires_s: float | None = None
+    cur: Cursor,
+    owner: str,
+    filename: str,
+    purpose: str,
+    data: bytes,
+    max_files: int,
+    expires_s: float | None = None,
+    max_bytes: int | None = None,
 ) -> tuple[Any, ...]:
     """Store an upload, expiring `expires_s` after now when given; the owner's expired files go first."""
     drop(cur, expired(cur, time.time(), None, owner))
-    kept = cur.rows(f"SELECT count(*) FROM batch_files WHERE owner = ? AND {UNEXPIRED}", (owner, time.time()))[0][0]
+    kept, size = cur.rows(
+        f"SELECT count(*), coalesce(sum(CASE WHEN kind = 'input' THEN bytes ELSE 0 END), 0) FROM batch_files "
+        f"WHERE owner = ? AND {UNEXPIRED}",
+        (owner, time.time()),
+    )[0]
     if kept >= max_files:
         raise TooManyFiles(f"this key holds {kept} files, the most batches.max_files allows: delete some first")
+    if max_bytes is not None and int(size) + len(data) > max_bytes:
+        raise TooManyBytes(
+            f"this key's uploads hold {int(size)} bytes; {len(data)} more would pass the {max_bytes} "
+            "batches.max_key_bytes allows: delete some first"
+        )
     row = _insert(cur, owner, filename, purpose, len(data), None, "input", expires_s)
     cur.executemany(
         "INSERT INTO batch_file_chunks (file_id, seq, data) VALUES (?, ?, ?)",
@@ -66,7 +86,7 @@ def _insert(
     """A file's row, made now and expiring `expires_s` after (None: only retention deletes it)."""
     now = time.time()
     expires_at = None if expires_s is None else now + expires_s
-    row = ("file-" + unique_suffix(), owner, filename, purpose, size, now, batch_id, kind, expires_at)
+    row = ("file-" + unguessable(), owner, filename, purpose, size, now, batch_id, kind, expires_at)
     cur.execute(f"INSERT INTO batch_files ({FILE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
     return row
 
@@ -84,6 +104,13 @@ def file_row(cur: Cursor, file_id: str, owner: str | None) -> tuple[Any, ...] | 
 def input_data(cur: Cursor, file_id: str) -> bytes:
     rows = cur.rows("SELECT data FROM batch_file_chunks WHERE file_id = ? ORDER BY seq", (file_id,))
     return b"".join(bytes(r[0]) for r in rows)
+
+
+def input_chunk(cur: Cursor, file_id: str, seq: int) -> bytes | None:
+    """The upload's stored chunk `seq` (None past its last): its content is sent a chunk at a time, so a
+    download holds CHUNK_BYTES of it, not the whole file, however slowly the client reads."""
+    rows = cur.rows("SELECT data FROM batch_file_chunks WHERE file_id = ? AND seq = ?", (file_id, seq))
+    return bytes(rows[0][0]) if rows else None
 
 
 def delete_file(cur: Cursor, file_id: str, owner: str | None) -> bool:
@@ -130,6 +157,7 @@ __all__ = [
     "CHUNK_BYTES",
     "FILE_COLUMNS",
     "UNEXPIRED",
+    "TooManyBytes",
     "TooManyFiles",
     "add_file",
     "add_result",
@@ -138,5 +166,6 @@ __all__ = [
     "drop_if_gone",
     "expired",
     "file_row",
+    "input_chunk",
     "input_data",
 ]

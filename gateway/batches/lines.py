@@ -23,6 +23,17 @@ MAX_ERRORS: Final = 100
 MODEL_CHARS: Final = 256
 
 
+# The most of a line's value (a `custom_id`, a `url`) an error quotes: the errors are kept on the batch and
+# sent with every read and list of it, and a line may hold megabytes there.
+SHOWN_CHARS: Final = 64
+
+
+def _shown(value: Any) -> str:
+    """`value` as an error quotes it: its repr, cut to SHOWN_CHARS and saying so."""
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "..."
+
+
 class _Line(msgspec.Struct):
     custom_id: Any = None
     method: Any = None
@@ -110,14 +121,14 @@ def parse(data: bytes, endpoint: str, max_lines: int, max_bytes: int) -> tuple[l
             fail("invalid_value", "This line's custom_id holds a NUL character", number, "custom_id")
             continue
         if cid in seen:
-            fail("duplicate_custom_id", f"The custom_id {cid!r} is used by an earlier line", number, "custom_id")
+            fail("duplicate_custom_id", f"The custom_id {_shown(cid)} is used by an earlier line", number, "custom_id")
             continue
         seen.add(cid)
         if line.method != "POST":
             fail("invalid_method", "The method must be POST", number, "method")
             continue
         if line.url != endpoint:
-            fail("invalid_url", f"The url {line.url!r} is not the batch's endpoint {endpoint!r}", number, "url")
+            fail("invalid_url", f"The url {_shown(line.url)} is not the batch's endpoint {endpoint!r}", number, "url")
             continue
         body = bytes(line.body)
         if not body.lstrip().startswith(b"{"):

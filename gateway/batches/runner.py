@@ -43,6 +43,7 @@ T = TypeVar("T")
 
 _MAX_BATCHES: Final = 4  # batches one process drives at once (their lines share `batches.concurrency`)
 _FLUSH_S: Final = 0.05  # answers are booked at least this often (and whenever a turn has some)
+_PAUSE_S: Final = 0.5  # a batch whose database does not answer tries again this often
 _RETAIN_EVERY_S: Final = 3600
 _RETAIN_LIMIT: Final = 1000
 # A line sent again later waits this long after its first refusal, doubling with each one up to the most
@@ -329,58 +330,70 @@ class Drive:
 
     async def _lines(self, owner: str) -> None:
         r = self.runner
+        paused = False
         while True:
-            # Room is reserved before the await, so that batches taking lines at once share it, never exceed it.
-            leaving = self.yielding or r.stopping  # no new lines, then the lease back
-            room = max(r.cfg.concurrency - r.in_flight - r.deferred, 0) if self.stop is None and not leaving else 0
-            r.in_flight += room
             try:
-                held, lines, waiting = await r.store.run(store.take, self.id, r.me, r.lease_s, room)
-            finally:
-                r.in_flight -= room
-            status, expires_at = held[0], held[1]
-            if status in TERMINAL:
-                return
-            ended = None
-            if status == "cancelling":
-                ended = "cancelled"
-            elif time.time() >= expires_at:
-                ended = "expired"
-            elif self.stop is not None:
-                ended = "failed"
-            elif status == "finalizing" or (waiting == 0 and not self.tasks and not self.done):
+                # Room is reserved before the await, so that batches taking lines at once share it, never exceed it.
+                leaving = self.yielding or r.stopping  # no new lines, then the lease back
+                room = max(r.cfg.concurrency - r.in_flight - r.deferred, 0) if self.stop is None and not leaving else 0
+                r.in_flight += room
+                try:
+                    held, lines, waiting = await r.store.run(store.take, self.id, r.me, r.lease_s, room)
+                finally:
+                    r.in_flight -= room
+                status, expires_at = held[0], held[1]
+                if status in TERMINAL:
+                    return
+                ended = None
+                if status == "cancelling":
+                    ended = "cancelled"
+                elif time.time() >= expires_at:
+                    ended = "expired"
+                elif self.stop is not None:
+                    ended = "failed"
+                elif status == "finalizing" or (waiting == 0 and not self.tasks and not self.done):
+                    await self._flush()
+                    await r.store.run(store.finish, self.id, r.me, r.lease_s, "completed", [])
+                    return
+                if ended is not None:
+                    await self._end(ended)
+                    return
+                if leaving and not self.tasks:
+                    await self._flush()
+                    r.deferred -= len(self.later)  # put back lines are sent again by whoever takes the batch next
+                    self.later.clear()
+                    await r.store.run(leases.release, self.id, r.me)
+                    return
+                pipeline = r.current()
+                # A batch made on an open gateway runs keyless only while the gateway is still open.
+                key = pipeline.keys.identified(owner)
+                keyless = owner == ANONYMOUS and key is None and pipeline.keys.open
+                expired = key is not None and key.valid_until is not None and key.valid_until <= time.time()
+                started = 0
+                for idx, custom_id, body in [*self._due(), *lines]:
+                    if (key is None and not keyless) or expired:
+                        sent = _gone(custom_id, expired)
+                        self.done.append(sent.booked(idx))
+                        continue
+                    task = asyncio.ensure_future(
+                        send(pipeline, r.metrics, key, self.id, custom_id, body.encode(), self.endpoint)
+                    )
+                    self.tasks[task] = (idx, custom_id, body)
+                    started += 1
+                r.in_flight += started
+                self._gauge()
+                await self._collect()
                 await self._flush()
-                await r.store.run(store.finish, self.id, r.me, r.lease_s, "completed", [])
-                return
-            if ended is not None:
-                await self._end(ended)
-                return
-            if leaving and not self.tasks:
-                await self._flush()
-                r.deferred -= len(self.later)  # put back lines are sent again by whoever takes the batch next
-                self.later.clear()
-                await r.store.run(leases.release, self.id, r.me)
-                return
-            pipeline = r.current()
-            # A batch made on an open gateway runs keyless only while the gateway is still open.
-            key = pipeline.keys.identified(owner)
-            keyless = owner == ANONYMOUS and key is None and pipeline.keys.open
-            expired = key is not None and key.valid_until is not None and key.valid_until <= time.time()
-            started = 0
-            for idx, custom_id, body in [*self._due(), *lines]:
-                if (key is None and not keyless) or expired:
-                    sent = _gone(custom_id, expired)
-                    self.done.append(sent.booked(idx))
-                    continue
-                task = asyncio.ensure_future(
-                    send(pipeline, r.metrics, key, self.id, custom_id, body.encode(), self.endpoint)
-                )
-                self.tasks[task] = (idx, custom_id, body)
-                started += 1
-            r.in_flight += started
-            self._gauge()
-            await self._collect()
-            await self._flush()
+            except LedgerDown as exc:
+                # The database away (restarting, failing over): the lines in flight are kept and their answers
+                # booked once it is back. Ending the drive here would cut them, and whoever ran the batch next
+                # would send each again; a lease that ran out meanwhile is found lost at the next write.
+                if not paused:
+                    log.warning("batches: %s paused, the ledger's database does not answer (%s)", self.id, exc)
+                paused = True
+                await asyncio.sleep(_PAUSE_S)
+                continue
+            paused = False
 
     async def _collect(self, wait: bool = True) -> None:
         """Wait for a line to end (or a short while), and take every answer there is."""
@@ -419,8 +432,14 @@ class Drive:
             ledger = r.current().ledger
             fold = same if ledger is None else ledger.fold
             await r.store.run(store.record, self.id, r.me, r.lease_s, done, r.store.db, fold)
-        finally:
-            self._release(done)  # committed with their lines, or not at all (and the lines sent again)
+        except LedgerDown:
+            # Booked at the next try, once the database is back (a line already booked is not booked twice).
+            self.done = done + self.done
+            raise
+        except BaseException:
+            self._release(done)  # not committed: the lines are sent again, and their rows are nobody's
+            raise
+        self._release(done)  # committed with their lines
         r.ended("completed", sum(1 for d in done if d[1] == OK))
         r.ended("failed", sum(1 for d in done if d[1] == ERR))
 

@@ -40,9 +40,13 @@ ENDPOINTS: Final = {"/v1/completions": COMPLETIONS, "/v1/chat/completions": CHAT
 # every waiting interactive (normal or high) request a slot before a line (gateway/queue).
 PRIORITY: Final = {HEADER: "low"}
 BUDGET_CODE: Final = "budget_exceeded"
-# The gateway had no room for the line now (a server's queue, a rate limit): nothing is wrong with the line,
-# so it is sent again later rather than written to the error file (the runner backs off, up to its window).
-LATER_CODES: Final = frozenset({"queue_timeout", "queue_full", "rate_limit_exceeded"})
+# The gateway had no room for the line now and called no upstream (a server's queue, a rate limit, a
+# provider's configured quota: 429s; every target cooling down: a 429 after upstream rate limits, else a 503):
+# nothing is wrong with the line, so it is sent again later rather than written to the error file (the runner
+# backs off, up to its window), as an interactive client told Retry-After would.
+LATER_CODES: Final = frozenset(
+    {"queue_timeout", "queue_full", "rate_limit_exceeded", "provider_quota", "all_targets_cooling"}
+)
 _INTERNAL: Final = GatewayError("The gateway failed to process the request", code="internal_error")
 # The message the runner cancels a line with when its batch ends (`Task.cancel`): the line is never sent
 # again, so it is booked as a request cut off (499). Any other cancel (a stop, a lease lost) sends it again.
@@ -132,9 +136,12 @@ async def send(
             rec.attempts = exc.attempts or rec.attempts
             if exc.target is not None and not rec.provider:
                 rec.provider, rec.target, rec.failed = exc.provider or "", exc.target, True
-            if status == 429 and exc.code in LATER_CODES:
+            if status in (429, 503) and exc.code in LATER_CODES:
                 counted = False
-                sent = Sent(LATER, b"", code=exc.code, retry_after=exc.retry_after)
+                # A 503's Retry-After is how long a probe of a failing target may take at most (up to the
+                # plan's first-byte timeout, minutes): the line is tried again at the backoff's pace instead.
+                wait = exc.retry_after if status == 429 else None
+                sent = Sent(LATER, b"", code=exc.code, retry_after=wait)
                 return sent
             stop = f"{exc.message}" if exc.code == BUDGET_CODE else None
             sent = Sent(ERR, answered(line_id, custom_id, status, line_id, error_body), stop)

@@ -22,7 +22,7 @@ from gateway.batches.files import add_result, drop, drop_if_gone, expired, input
 from gateway.batches.leases import held
 from gateway.batches.lines import Line, batch_model
 from gateway.batches.objects import ACTIVE, ERR, OK, SENT, TERMINAL, TODO, BatchError, Booked, answered
-from gateway.ids import unique_suffix
+from gateway.ids import unguessable, unique_suffix
 from gateway.ledger.batch import Fold, same
 from gateway.ledger.engine import Cursor, Database
 from gateway.ledger.replay import commit
@@ -165,7 +165,7 @@ def add_batch(
             "or cancel one"
         )
     now = time.time()
-    batch_id = "batch_" + unique_suffix()
+    batch_id = "batch_" + unguessable()
     cur.execute(
         "INSERT INTO batches (id, owner, endpoint, input_file_id, completion_window, status, metadata, created_at, "
         "expires_at, total, completed, failed, lease_until, output_expires_s) "
@@ -182,20 +182,6 @@ def batch_row(cur: Cursor, batch_id: str, owner: str | None) -> tuple[Any, ...] 
     if not found or (owner is not None and found[0][1] != owner):
         return None
     return found[0]
-
-
-def cancel(cur: Cursor, batch_id: str, owner: str | None) -> tuple[Any, ...] | None:
-    """Ask the batch's runner to stop (`cancelling`); the runner cancels what is left and ends it `cancelled`."""
-    row = batch_row(cur, batch_id, owner)
-    if row is None:
-        return None
-    if row[5] in ("validating", "in_progress"):
-        cur.execute(
-            "UPDATE batches SET status = 'cancelling', cancelling_at = ? WHERE id = ? AND status = ?",
-            (time.time(), batch_id, row[5]),
-        )
-        return batch_row(cur, batch_id, owner)
-    return row
 
 
 def counts(cur: Cursor) -> dict[str, int]:

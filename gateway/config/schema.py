@@ -226,6 +226,8 @@ class BatchesConfig(Strict, frozen=True):
     max_file_bytes: Annotated[int, Meta(ge=1024, le=1024 * 1024 * 1024)] = 100 * 1024 * 1024
     # Files one key may keep at once (uploads and batch results); one more is refused with 409.
     max_files: Annotated[int, Meta(ge=1, le=100_000)] = 1_000
+    # Bytes of uploads one key may keep at once (the ledger's disk is every tenant's); past it: 409.
+    max_key_bytes: Annotated[int, Meta(ge=1024, le=1 << 40)] = 10 * 1024 * 1024 * 1024
     # Batches one key may have not ended yet (each holds a copy of its file's lines); one more is refused with 409.
     max_batches: Annotated[int, Meta(ge=1, le=100_000)] = 100
     # How long a process holds a batch without renewing its lease; after it, another process takes it over

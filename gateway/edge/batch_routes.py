@@ -18,7 +18,7 @@ from litestar import Request, Response, delete, get, post
 from litestar.handlers import HTTPRouteHandler
 from litestar.response import Stream
 
-from gateway.batches import files, store
+from gateway.batches import cancelling, files, store
 from gateway.batches.objects import (
     BatchError,
     BatchObject,
@@ -250,11 +250,16 @@ async def _upload(request: Request[Any, Any, Any], api: Batches, owner: str) -> 
     data = form.data
     name = (form.filename or "input.jsonl")[:256]
     try:
-        row = await api.store.run(files.add_file, owner, name, "batch", data, api.cfg.max_files, expires_s)
+        cfg = api.cfg
+        row = await api.store.run(
+            files.add_file, owner, name, "batch", data, cfg.max_files, expires_s, cfg.max_key_bytes
+        )
     except files.TooManyFiles as exc:
         return _render(
             GatewayError(f"Too many files: {exc}", status=409, code="too_many_files", type="invalid_request_error")
         )
+    except files.TooManyBytes as exc:
+        return _render(InvalidRequestError(f"Too many bytes: {exc}", status=409, param="file", code="too_many_bytes"))
     return _json(file_object(row))
 
 
@@ -292,8 +297,17 @@ async def _file_content(request: Request[Any, Any, Any], api: Batches, owner: st
     if isinstance(row, Response):
         return row
     if row[7] == "input":
-        data = await api.store.run(files.input_data, row[0])
-        return Response(data, media_type="application/octet-stream", headers=_NO_STORE)
+        file_id = row[0]
+
+        async def chunks() -> AsyncIterator[bytes]:
+            seq = 0
+            while (chunk := await api.store.run(files.input_chunk, file_id, seq)) is not None:
+                yield chunk
+                seq += 1
+
+        # The length declared: a download the file's deletion cuts short ends as a broken one, not a whole one.
+        sized = {**_NO_STORE, "content-length": str(int(row[4]))}
+        return Stream(chunks(), media_type="application/octet-stream", headers=sized)
     batch_id, line_state = row[6], row[7]
 
     async def lines() -> AsyncIterator[bytes]:
@@ -369,7 +383,7 @@ async def _get_batch(request: Request[Any, Any, Any], api: Batches, owner: str) 
 
 async def _cancel_batch(request: Request[Any, Any, Any], api: Batches, owner: str) -> Response[Any]:
     batch_id = str(request.path_params["batch_id"])
-    row = await api.store.run(store.cancel, batch_id, owner)
+    row = await api.store.run(cancelling.cancel, batch_id, owner)
     if row is None:
         return _missing("batch", batch_id)
     api.runner.poke()

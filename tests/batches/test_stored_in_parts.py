@@ -18,7 +18,7 @@ from typing import Any, Final
 import openai
 import pytest
 
-from gateway.batches import leases, store
+from gateway.batches import cancelling, leases, store
 from gateway.batches.lines import Line, parse
 from gateway.ledger.engine import Cursor, Database
 from tests.helpers.postgres import PostgresServer
@@ -227,7 +227,7 @@ def test_a_cancel_between_two_transactions_ends_the_batch_with_no_lines(tmp_path
                     await asyncio.sleep(0.002)
                 # The cancel waits on the holder's store thread (a cancel made on its process): it runs
                 # between two of the transactions storing the lines.
-                assert (await holder.run(store.cancel, batch_id, None)) is not None
+                assert (await holder.run(cancelling.cancel, batch_id, None)) is not None
                 await storing
                 status, started, stored, _, _ = _stored(db, batch_id)
                 assert (status, started) == ("cancelling", None)
