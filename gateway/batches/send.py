@@ -41,11 +41,12 @@ ENDPOINTS: Final = {"/v1/completions": COMPLETIONS, "/v1/chat/completions": CHAT
 PRIORITY: Final = {HEADER: "low"}
 BUDGET_CODE: Final = "budget_exceeded"
 # The gateway had no room for the line now and called no upstream (a server's queue, a rate limit, a
-# provider's configured quota: 429s; every target cooling down: a 429 after upstream rate limits, else a 503):
+# provider's configured quota: 429s; every target cooling down: a 429 after upstream rate limits, else a 503;
+# every replica of a fleet draining, as in a rolling restart: a 503):
 # nothing is wrong with the line, so it is sent again later rather than written to the error file (the runner
 # backs off, up to its window), as an interactive client told Retry-After would.
 LATER_CODES: Final = frozenset(
-    {"queue_timeout", "queue_full", "rate_limit_exceeded", "provider_quota", "all_targets_cooling"}
+    {"queue_timeout", "queue_full", "rate_limit_exceeded", "provider_quota", "all_targets_cooling", "replicas_draining"}
 )
 _INTERNAL: Final = GatewayError("The gateway failed to process the request", code="internal_error")
 # The message the runner cancels a line with when its batch ends (`Task.cancel`): the line is never sent
