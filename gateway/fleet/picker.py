@@ -70,6 +70,8 @@ class Fleet:
         self.ring = Ring(self.urls, self.weights)
         # Each replica as its state shared through Redis names it: by its URL, not its place in the list.
         self.tags = [replica_tag(url) for url in self.urls]
+        # Each replica's identity (`provider@<tag>`): its in-process health and in-flight count are kept under it.
+        self.ids = [f"{provider}@{tag}" for tag in self.tags]
         self._current = [0.0] * len(self.urls)  # smooth weighted round robin
         self._turn = 0
 
