@@ -3,6 +3,7 @@ cooling replica stays cooling, though the new `replicas:` lists the same URLs in
 
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
 
@@ -74,3 +75,29 @@ def test_a_cooling_replica_stays_cooling_across_a_reload(tmp_path: Path, replica
         for _ in range(4):
             assert c.post(f"{gw.url}/v1/completions", json=body).status_code == 200
         assert served(two)[0] == 1  # still cooling for its Retry-After: not asked again
+
+
+def service_tokens(c: httpx.Client, url: str) -> dict[str, float]:
+    """`gateway_queue_service_tokens_total` per target, over every tenant."""
+    out: dict[str, float] = {}
+    for target, value in re.findall(
+        r'gateway_queue_service_tokens_total\{[^}]*target="([^"]+)"[^}]*\} (\S+)', c.get(f"{url}/metrics").text
+    ):
+        out[target] = out.get(target, 0.0) + float(value)
+    return out
+
+
+def test_a_kept_queue_takes_its_replicas_new_name(tmp_path: Path, replicas: list[Upstream]) -> None:
+    two = replicas[:2]
+    capped = ", ".join(f"{{url: {u.url}/v1, max_concurrency: 1}}" for u in two)
+    reordered = ", ".join(f"{{url: {u.url}/v1, max_concurrency: 1}}" for u in reversed(two))
+    path = tmp_path / "fleet.yaml"
+    path.write_text(fleet_config(two, "policy: round_robin", replicas=capped))
+    with GatewayThread(path, {}) as gw, httpx.Client(trust_env=False, timeout=15) as c:
+        reloaded(gw, path, fleet_config(two, "policy: round_robin", replicas=reordered))
+        r = c.post(f"{gw.url}/v1/completions", json={"model": "engine/m", "prompt": "q"})
+        assert r.status_code == 200
+        name = r.headers["x-gateway-model"].split("/")[0]  # the replica's name in the new config
+        # The replica's queue was kept (its waiters and slots carry over) and is named as the new config names it.
+        wait_until(lambda: service_tokens(c, gw.url).get(name, 0.0) > 0, timeout=5)
+        assert set(service_tokens(c, gw.url)) == {name}
