@@ -7,8 +7,8 @@ cost more than a quarter of the byte cap (HEAVY_SHARE), the next waits from its 
 read in a row (up to MAX_BACKOFF_S); a heavy read's load steers only as long as a light read's would. A read
 stops at `metrics_max_bytes` counted off the socket (gateway/fleet/metered.py) and again inflated, parsed as it
 arrives (gateway/fleet/exposition.py). The load is stored on the Fleet; a replica whose metrics cannot be
-read is stored as unknown (routed as if idle, not as if dead). A read is not a log line: losing a
-replica's metrics is one WARNING with the cause, getting them back one INFO.
+read is stored as unknown (routed as if idle, not as if dead), and no load outlives two intervals and
+timeouts unrenewed (`Fleet.load_of`). Losing a replica's metrics is one WARNING, getting them back one INFO.
 """
 
 from __future__ import annotations
