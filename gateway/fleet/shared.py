@@ -30,7 +30,8 @@ SYNC_S: Final = 1.0
 
 # Marks the URLs this process lists, forgets the flags of URLs nobody marked for `routing.drain_forget_ms`,
 # and answers the flags. A flag with no mark (stored by a gateway that marks none) is marked now, so it too is
-# forgotten only once nobody lists it. Redis's clock, so that gateways' clocks may differ.
+# forgotten only once nobody lists it. Redis's clock, so that gateways' clocks may differ. Both keys outlive the
+# last pull by a minute more than that: a pull late by a second (Redis slow, the loop busy) must find them.
 _SYNC = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -43,8 +44,8 @@ for _, url in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now - ttl)) do
   redis.call('HDEL', KEYS[1], url)
   redis.call('ZREM', KEYS[2], url)
 end
-redis.call('PEXPIRE', KEYS[1], ttl)
-redis.call('PEXPIRE', KEYS[2], ttl)
+redis.call('PEXPIRE', KEYS[1], ttl + 60000)
+redis.call('PEXPIRE', KEYS[2], ttl + 60000)
 return redis.call('HGETALL', KEYS[1])
 """
 

@@ -64,7 +64,7 @@ def test_a_drain_made_while_redis_does_not_answer_is_stored_when_it_answers(
 def test_a_flag_is_forgotten_once_no_gateway_lists_its_replica(
     tmp_path: Path, replicas: list[Upstream], rds: RedisServer
 ) -> None:
-    routing = "policy: round_robin, drain_forget_ms: 1000"
+    routing = "policy: round_robin, drain_forget_ms: 3000"
     both = f"redis: {{url: '{rds.url}'}}\n" + fleet_config(replicas[:2], routing)
     one = f"redis: {{url: '{rds.url}'}}\n" + fleet_config(replicas[1:2], routing)
     key, removed = "gw:{fleet}:drain:engine", f"{replicas[0].url}/v1"
@@ -81,7 +81,7 @@ def test_a_flag_is_forgotten_once_no_gateway_lists_its_replica(
         pipeline = first.pipeline
         a.write_text(one)
         wait_until(lambda: first.pipeline is not pipeline, timeout=15)
-        time.sleep(2.5)
+        time.sleep(4.5)
         assert r.hget(key, removed) == "1" and second.pipeline.router.fleets["engine"].draining[0]
         # Once no gateway lists it, its flag goes; the replica both still list keeps its own.
         pipeline = second.pipeline
