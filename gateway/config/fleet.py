@@ -67,6 +67,11 @@ class RoutingConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # find nor crowd another's session), `team` (the keys of one team share them; a key without a team is a
     # team of its own) or `shared` (every caller's: the same id is the same session, whoever sends it).
     session_scope: SessionScope = "key"
+    # With Redis: a drain flag stored for a replica URL that no running gateway has listed in this provider's
+    # `replicas:` for this long is deleted (each gateway marks the URLs it lists every second), so flags of
+    # replicas removed from the config go, while a gateway still listing one, during a rollout, keeps it.
+    # At least 3 s: each gateway marks its URLs once a second, and a mark must not lapse between two.
+    drain_forget_ms: Annotated[int, Meta(ge=3_000, le=30 * 86_400_000)] = 86_400_000
 
 
 def replica_names(provider: str, replicas: list[str | ReplicaConfig]) -> list[str]:

@@ -387,7 +387,7 @@ class Discovery:
         if fleet is None or fleet.size != len(src.requests):
             return list(src.requests)
         local = pipeline.health.local
-        cooling = [local.cooling_under(f"{name}/") for name in fleet.names]
+        cooling = [local.cooling_under(f"{identity}/") for identity in fleet.ids]
         return [src.requests[i] for i in fleet.side_order(cooling)]
 
     async def _first_answer(self, src: _Source) -> tuple[list[str], int]:

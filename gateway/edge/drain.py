@@ -30,7 +30,7 @@ def state(fleet: Fleet) -> list[dict[str, Any]]:
     """Each replica as the status page and the admin answers show it."""
     out: list[dict[str, Any]] = []
     for i in range(fleet.size):
-        load = fleet.engine[i]
+        load = fleet.load_of(i)
         engine = None if load is None else {"waiting": load.waiting, "running": load.running, "kv_usage": load.kv_usage}
         out.append(
             {

@@ -336,7 +336,7 @@ class Tokenizers:
             server = next((r for r in routes if _origin(r.endpoint.base_url) == where), None)
             return [(p.tokenizer_url.rstrip("/"), server)]
         if target.fleet is not None:
-            cooling = [pipeline.health.local.state(r.key).cooling_ms > 0 for r in target.replicas]
+            cooling = [pipeline.health.local_state(r.key).cooling_ms > 0 for r in target.replicas]
             order = target.fleet.side_order(cooling)
             return [(server_root(target.fleet.urls[i]), target.replicas[i]) for i in order]
         return [(server_root(target.endpoint.base_url), target)]

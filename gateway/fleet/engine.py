@@ -7,14 +7,15 @@ cost more than a quarter of the byte cap (HEAVY_SHARE), the next waits from its 
 read in a row (up to MAX_BACKOFF_S); a heavy read's load steers only as long as a light read's would. A read
 stops at `metrics_max_bytes` counted off the socket (gateway/fleet/metered.py) and again inflated, parsed as it
 arrives (gateway/fleet/exposition.py). The load is stored on the Fleet; a replica whose metrics cannot be
-read is stored as unknown (routed as if idle, not as if dead). A read is not a log line: losing a
-replica's metrics is one WARNING with the cause, getting them back one INFO.
+read is stored as unknown (routed as if idle, not as if dead), and no load outlives two intervals and
+timeouts unrenewed (`Fleet.load_of`). Losing a replica's metrics is one WARNING, getting them back one INFO.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Final
 
@@ -37,6 +38,8 @@ Watched = Mapping[str, tuple[Fleet, EngineGauges, Mapping[str, str], ProviderCon
 TransportFor = Callable[[ProviderConfig], httpcore.AsyncConnectionPool]
 # (provider, replica index, replica URL): one reading, kept across reloads that keep the replica.
 Key = tuple[str, int, str]
+# What tells one provider's connections from another's: its proxy, CA bundle and client certificate.
+Settings = tuple[str | None, ...]
 
 # How often the set of replicas to read is compared with the config serving now (a reload may change it).
 _CONFIG_CHECK_S: Final = 1.0
@@ -122,8 +125,10 @@ class EngineReader(Background):
         self._fleets = fleets
         self._failed = failed  # counts a failed read: (the replica's name, the cause's kind)
         self._transport_for = transport_for
-        # One per distinct TLS and proxy settings, kept while the reader runs (a reload may change them).
-        self._transports: dict[tuple[str | None, ...], httpcore.AsyncConnectionPool] = {}
+        # One per distinct TLS and proxy settings a watched provider has now: a reload that changes them closes
+        # the pool no provider uses any more, once no read holds it (`_lent`: reads under way per settings).
+        self._transports: dict[Settings, httpcore.AsyncConnectionPool] = {}
+        self._lent: Counter[Settings] = Counter()
         self._watched: Watched = {}
         # Why each replica's metrics cannot be read now (None: they can), so that only changes are logged.
         self._trouble: dict[Key, str | None] = {}
@@ -135,7 +140,7 @@ class EngineReader(Background):
         self._spawn(self._run(), "fleet-engine-metrics")
 
     def _transport(self, p: ProviderConfig) -> httpcore.AsyncConnectionPool:
-        settings = (p.proxy, p.ca_bundle, p.client_cert, p.client_key)
+        settings = _settings(p)
         transport = self._transports.get(settings)
         if transport is None:
             transport = self._transports[settings] = self._transport_for(p)
@@ -143,17 +148,27 @@ class EngineReader(Background):
 
     async def _run(self) -> None:
         readers: dict[Key, asyncio.Task[None]] = {}
-        loop = asyncio.get_running_loop()
+        broken = 0  # checks in a row that failed
         try:
             while True:
-                self._watched = watched_now = self._fleets()
-                keys = {(n, i, u) for n, (f, *_) in watched_now.items() for i, u in enumerate(f.urls)}
-                for key in keys - readers.keys():
-                    readers[key] = loop.create_task(self._replica(key), name=f"engine-metrics {key[0]}@{key[1]}")
-                for key in readers.keys() - keys:
-                    readers.pop(key).cancel()
-                    self._trouble.pop(key, None)
-                    self._heavy.discard(key)
+                try:
+                    await self._follow(readers)
+                except Exception as exc:  # a bug must not end the reader: the replicas it reads go on being read
+                    broken += 1
+                    self._failed("*", "reader")
+                    if broken == 1:
+                        log.warning(
+                            "fleet: the engine-metrics reader cannot follow the config (%s: %s); it keeps "
+                            "reading the replicas it had and tries again, less often while it fails",
+                            type(exc).__name__,
+                            exc,
+                            exc_info=True,
+                        )
+                    await asyncio.sleep(min(_CONFIG_CHECK_S * 2 ** min(broken - 1, 16), MAX_BACKOFF_S))
+                    continue
+                if broken:
+                    log.info("fleet: the engine-metrics reader follows the config again")
+                    broken = 0
                 await asyncio.sleep(_CONFIG_CHECK_S)
         finally:
             for task in readers.values():
@@ -162,6 +177,23 @@ class EngineReader(Background):
             for transport in self._transports.values():
                 await transport.aclose()
             self._transports.clear()
+
+    async def _follow(self, readers: dict[Key, asyncio.Task[None]]) -> None:
+        """One look at the config serving now: a reading task per replica to read, none for the others,
+        and the connection pools of settings no watched provider has any more closed."""
+        loop = asyncio.get_running_loop()
+        self._watched = watched_now = self._fleets()
+        keys = {(n, i, u) for n, (f, *_) in watched_now.items() for i, u in enumerate(f.urls)}
+        for key in keys - readers.keys():
+            readers[key] = loop.create_task(self._replica(key), name=f"engine-metrics {key[0]}@{key[1]}")
+        for key in readers.keys() - keys:
+            readers.pop(key).cancel()
+            self._trouble.pop(key, None)
+            self._heavy.discard(key)
+        in_use = {_settings(entry[3]) for entry in watched_now.values()}
+        for settings in [s for s in self._transports if s not in in_use and not self._lent[s]]:
+            self._lent.pop(settings, None)
+            await self._transports.pop(settings).aclose()
 
     async def _replica(self, key: Key) -> None:
         name, i, url = key
@@ -175,6 +207,8 @@ class EngineReader(Background):
             fleet, gauges, headers, provider = entry
             r = fleet.routing
             meter = Meter(r.metrics_max_bytes)
+            settings = _settings(provider)
+            self._lent[settings] += 1  # its pool stays open until this read ends
             try:
                 load: EngineLoad | None = await read_load(
                     self._transport(provider),
@@ -192,10 +226,11 @@ class EngineReader(Background):
             except Exception as exc:  # a bug must not end the reader: keep routing on what is known
                 log.exception("reading %s's engine metrics failed", fleet.names[i])
                 load, cause, kind = None, f"unexpected {type(exc).__name__}", "unexpected"
+            finally:
+                self._lent[settings] -= 1
             if kind is not None:
                 self._failed(fleet.names[i], kind)
-            fleet.engine[i] = load  # None: unknown, routed as idle, not as dead
-            fleet.engine_error[i] = cause
+            fleet.store(i, load, cause)  # None: unknown, routed as idle, not as dead
             self._note(key, fleet.names[i], cause)
             interval = r.metrics_interval_ms / 1000
             heavy = meter.taken > r.metrics_max_bytes // HEAVY_SHARE
@@ -249,6 +284,10 @@ class EngineReader(Background):
             )
         elif cause is None and before is not None:
             log.info("fleet: %s's engine metrics are read again", replica)
+
+
+def _settings(p: ProviderConfig) -> Settings:
+    return (p.proxy, p.ca_bundle, p.client_cert, p.client_key)
 
 
 def watched(fleets: Mapping[str, Fleet], providers: Mapping[str, ProviderConfig]) -> Watched:

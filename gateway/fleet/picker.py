@@ -9,6 +9,7 @@ Rules: docs/fleets.md.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping, Sequence
 
 import msgspec
@@ -65,11 +66,15 @@ class Fleet:
         self.unshared: dict[int, bool] = {}
         # Written by the engine-metrics reader (gateway/fleet/engine.py); None: unknown, routed as idle.
         self.engine: list[EngineLoad | None] = [None] * len(self.urls)
+        # When each load stops steering (monotonic clock): a reader that stalled or died leaves no load for good.
+        self.engine_until: list[float] = [0.0] * len(self.urls)
         # Why a replica's load is unknown (the status page shows it); None once it is read.
         self.engine_error: list[str | None] = [None] * len(self.urls)
         self.ring = Ring(self.urls, self.weights)
         # Each replica as its state shared through Redis names it: by its URL, not its place in the list.
         self.tags = [replica_tag(url) for url in self.urls]
+        # Each replica's identity (`provider@<tag>`): its in-process health and in-flight count are kept under it.
+        self.ids = [f"{provider}@{tag}" for tag in self.tags]
         self._current = [0.0] * len(self.urls)  # smooth weighted round robin
         self._turn = 0
 
@@ -86,12 +91,33 @@ class Fleet:
             return list(range(self.size))
         return [i for i in live if not cooling[i]] + [i for i in live if cooling[i]]
 
-    def _hot(self, i: int) -> bool:
+    @property
+    def stale_s(self) -> float:
+        """How long a read load steers: two reads' interval and timeout. A reader reads again well within it,
+        so only a stalled or dead one lets a load reach it."""
+        r = self.routing
+        return 2 * (r.metrics_interval_ms + r.metrics_timeout_ms) / 1000
+
+    def store(self, i: int, load: EngineLoad | None, cause: str | None) -> None:
+        """The reader's latest word on replica `i`: its load (None: unknown) or why it has none."""
+        self.engine[i] = load
+        self.engine_error[i] = cause
+        self.engine_until[i] = time.monotonic() + self.stale_s
+
+    def load_of(self, i: int) -> EngineLoad | None:
+        """Replica `i`'s load while it is fresh; a stale one is dropped (unknown, routed as idle) and said so."""
         load = self.engine[i]
+        if load is not None and self.engine_until[i] <= time.monotonic():
+            self.engine[i] = load = None
+            self.engine_error[i] = f"no fresh reading for {self.stale_s:.1f} s"
+        return load
+
+    def _hot(self, i: int) -> bool:
+        load = self.load_of(i)
         return load is not None and load.waiting >= self.routing.max_waiting
 
     def _load(self, i: int, inflight: Sequence[int]) -> float:
-        load = self.engine[i]
+        load = self.load_of(i)
         return inflight[i] + (load.waiting if load is not None else 0.0)
 
     def choose(self, inflight: Sequence[int], cooling: Sequence[bool], hint: Hint | None) -> list[int]:

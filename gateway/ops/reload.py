@@ -32,6 +32,10 @@ class _Cache(Protocol):
     def adopt(self, previous: Any, /) -> None: ...
 
 
+class _Health(Protocol):
+    def adopt(self, previous: Any, /) -> None: ...
+
+
 class _Queues(Protocol):
     def adopt(self, previous: Any, /) -> None: ...
 
@@ -55,6 +59,9 @@ class Swappable(Protocol):
 
     @property
     def cache(self) -> _Cache | None: ...
+
+    @property
+    def health(self) -> _Health: ...
 
     @property
     def queues(self) -> _Queues | None: ...
@@ -132,6 +139,8 @@ class Reloader:
             old: Swappable = self.state.pipeline
             new.usage.adopt(old.usage)  # in-process usage (no Redis) and budgets survive the reload
             new.admission.limiter.adopt(old.admission.limiter)  # the leases it has yet to cancel (Redis stalled)
+            # Cooldowns and in-flight counts (open streams too) of every target kept, by identity, not position.
+            new.health.adopt(old.health)
             if new.cache is not None and old.cache is not None:
                 new.cache.adopt(old.cache)  # so do the answers the memory store holds
             if old.queues is not None:

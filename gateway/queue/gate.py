@@ -145,10 +145,21 @@ class Gate:
         metrics: Metrics | None,
         low_share: float = 1.0,
         hold_s: float = 2.0,
+        name: str | None = None,
     ) -> None:
-        """A reload: the same server under the new config (its waiters and held slots stay)."""
+        """A reload: the same server under the new config (its waiters and held slots stay), and its name
+        there (`name`: a replica's `provider@i` follows its place in the new `replicas:`)."""
         self._give_back(list(self.spare))  # the old limiter's; a pooled slot in use goes back to Redis at its end
         self.inc(0.0)  # what was served under the old metrics goes to their series
+        if name is not None and name != self.name:
+            # The waiters counted under the old name are counted under the new one: each one's end takes
+            # it off the series its gate names then.
+            for rank, n in enumerate(self.order.counts):
+                if n and self.metrics is not None:
+                    self.metrics.queue_waiting.labels(self.name, PRIORITIES[rank]).dec(n)
+                if n and metrics is not None:
+                    metrics.queue_waiting.labels(name, PRIORITIES[rank]).inc(n)
+            self.name = name
         self.limiter, self.metrics = limiter, metrics
         self.service = {}  # the new metrics' children
         self._cap(cap, low_share, hold_s)

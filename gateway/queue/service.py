@@ -179,7 +179,7 @@ class Queues:
         for where, gate in old.gates.items():
             mine = self.gates.get(where)
             if mine is not None:
-                gate.resize(mine.cap, self.limiter, self.metrics, self.config.low_share, mine.hold_s)
+                gate.resize(mine.cap, self.limiter, self.metrics, self.config.low_share, mine.hold_s, mine.name)
                 self.gates[where] = gate
             else:
                 _lift(gate)

@@ -57,12 +57,12 @@ def replicas(
     route: Route, states: dict[str, TargetState], hint: Hint | None, inflight: dict[str, int] | None
 ) -> list[Route]:
     """A replicated provider's route as its replicas, in the order its fleet's policy chose (gateway/fleet).
-    `inflight`: each replica's requests in flight over all its models (`Health`'s `replica_inflight`)."""
+    `inflight`: each replica's requests in flight over all its models (`Health`'s `replica_inflight`, by identity)."""
     assert route.fleet is not None
     counts = inflight if inflight is not None else {}
     loads, cooling = [], []
-    for r in route.replicas:
-        loads.append(counts.get(r.key.partition("/")[0], 0))
+    for r, identity in zip(route.replicas, route.fleet.ids, strict=True):
+        loads.append(counts.get(identity, 0))
         cooling.append(states[r.key].cooling_ms > 0)
     chosen = route.fleet.choose(loads, cooling, hint)
     return [route.replicas[i] for i in chosen]

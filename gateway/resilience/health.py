@@ -17,35 +17,24 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 import msgspec
 import redis.asyncio as aioredis
 
 from gateway.config import CooldownConfig
 from gateway.resilience.evidence import Evidence
+from gateway.resilience.local import LocalHealth, put_bounded
+from gateway.resilience.local import TargetState as TargetState  # what callers of Health read
 from gateway.state import Degraded, SharedState
-
-_V = TypeVar("_V")
 
 # The default (`redis.lease_ttl_ms`): a replica that dies mid-request must not leave a target "busy" forever.
 # While this process counts requests in flight on a target it renews the key every third of the TTL.
 _INFLIGHT_TTL_MS: Final = 600_000
 _LATENCY_TTL_MS: Final = 3_600_000
 _EWMA_ALPHA: Final = 0.3
-# Distinct targets whose state one process keeps: a direct `vendor/model` target is named by the client, so
-# without a bound a tenant sending invented names to a failing provider would grow these maps forever. The
-# oldest entries go first; a target still in use is re-inserted (moved to the end) whenever it changes.
-MAX_TARGETS: Final = 10_000
 # The share of `redis.refresh_ms` after which a request renews the copies of the shared health ahead of time.
 _AHEAD: Final = 0.75
-
-
-def _put(d: dict[str, _V], key: str, value: _V) -> None:
-    d.pop(key, None)
-    d[key] = value
-    while len(d) > MAX_TARGETS:
-        del d[next(iter(d))]
 
 
 _FAILURE = """
@@ -91,95 +80,9 @@ return tostring(x)
 """
 
 
-class TargetState(msgspec.Struct, frozen=True):
-    """A target's state as one request sees it. Frozen: a state is shared (`IDLE`, the copies of Redis's
-    view), and a caller that would change its own makes a new one (`msgspec.structs.replace`)."""
-
-    cooling_ms: int = 0
-    cause: str | None = None  # "429" when a rate limit cooled it, else "error"
-    failures: int = 0
-    inflight: int = 0
-    latency_ms: float | None = None
-
-    @property
-    def recovering(self) -> bool:
-        return self.cooling_ms <= 0 and self.failures > 0
-
-
-IDLE: Final = TargetState()  # nothing cooling, failing, in flight or measured
-
-
 def _keys(target: str) -> tuple[str, str, str, str, str]:
     tag = "gw:{" + target + "}"
     return tag + ":cd", tag + ":cf", tag + ":probe", tag + ":in", tag + ":lat"
-
-
-class _Local:
-    def __init__(self, clock: Callable[[], float]) -> None:
-        self.clock = clock
-        self.cool: dict[str, tuple[float, str]] = {}
-        self.failures: dict[str, tuple[int, float]] = {}
-        self.probes: dict[str, float] = {}
-        self.inflight: dict[str, int] = {}
-        # A replica's requests in flight over every model it serves (`provider@i`): the load a fleet's
-        # policy weighs, where a replica serving LoRA adapters has a target per model.
-        self.replica_inflight: dict[str, int] = {}
-        self.latency: dict[str, float] = {}
-
-    def state(self, target: str) -> TargetState:
-        if target not in self.cool and target not in self.failures:
-            # The common case, without a clock read: nothing cooled or failed there.
-            inflight, latency = self.inflight.get(target, 0), self.latency.get(target)
-            if not inflight and latency is None:
-                return IDLE
-            return TargetState(inflight=inflight, latency_ms=latency)
-        now = self.clock()
-        until, cause = self.cool.get(target, (0.0, None))
-        fails, fail_until = self.failures.get(target, (0, 0.0))
-        if fail_until <= now:
-            fails = 0
-        return TargetState(
-            cooling_ms=max(int((until - now) * 1000), 0),
-            cause=cause if until > now else None,
-            failures=fails,
-            inflight=self.inflight.get(target, 0),
-            latency_ms=self.latency.get(target),
-        )
-
-    def failure(
-        self, target: str, retry_after_ms: int | None, cause: str, cfg: CooldownConfig, count: bool = True
-    ) -> int:
-        now = self.clock()
-        fails, fail_until = self.failures.get(target, (0, 0.0))
-        fails = fails if fail_until > now else 0
-        if count or not fails:
-            fails += 1
-            _put(self.failures, target, (fails, now + cfg.max_ms * 4 / 1000))
-        ms = retry_after_ms if retry_after_ms is not None else min(cfg.base_ms * 2 ** (fails - 1), cfg.max_ms)
-        ms = max(int(ms), 1)
-        until, _ = self.cool.get(target, (0.0, cause))
-        if until < now + ms / 1000:
-            _put(self.cool, target, (now + ms / 1000, cause))
-        self.probes.pop(target, None)
-        return ms
-
-    def cooling_under(self, prefix: str) -> bool:
-        """Whether a target whose key starts with `prefix` (a replica's: `provider@i/`) is cooling now."""
-        now = self.clock()
-        return any(until > now for key, (until, _) in self.cool.items() if key.startswith(prefix))
-
-    def exhausted(self, target: str, ms: int) -> None:
-        now = self.clock()
-        until, _ = self.cool.get(target, (0.0, "429"))
-        if until < now + ms / 1000:
-            _put(self.cool, target, (now + ms / 1000, "429"))
-
-    def probe(self, target: str, ttl_ms: int) -> bool:
-        now = self.clock()
-        if self.probes.get(target, 0.0) > now:
-            return False
-        _put(self.probes, target, now + ttl_ms / 1000)
-        return True
 
 
 class Health:
@@ -195,7 +98,8 @@ class Health:
         shared_name: Callable[[str], str] | None = None,
     ) -> None:
         self.shared = shared
-        # A target's name in its Redis keys (a replica's names the replica by URL: gateway/fleet `shared_name`).
+        # A target's identity, in its Redis keys and in this process's own view (`local`): a replica's names the
+        # replica by URL (gateway/fleet `shared_name`), so a reload that reorders `replicas:` moves no state.
         self.named = shared_name or str
         self.inflight_ttl_ms = inflight_ttl_ms
         self._renewer: asyncio.Task[None] | None = None
@@ -216,7 +120,7 @@ class Health:
         # Bumped by forget(): a read started before this replica changed a target is neither joined by
         # later requests nor kept as the copy.
         self._changes = 0
-        self.local = _Local(clock)
+        self.local = LocalHealth(clock)
         self.evidence = Evidence(cooldown, clock)
         self._failure_script = shared.client.register_script(_FAILURE) if shared.client is not None else None
         self._ewma_script = shared.client.register_script(_EWMA) if shared.client is not None else None
@@ -225,19 +129,28 @@ class Health:
 
     def reset(self) -> None:
         """Forget this process's view of every target (cooldowns, failures, probes, counts)."""
-        self.local = _Local(self.local.clock)
+        self.local = LocalHealth(self.local.clock)
         self.evidence = Evidence(self.cooldown, self.local.clock)
         self._seen.clear()
         self._reading.clear()
         self._changes += 1
 
+    def adopt(self, previous: Health) -> None:
+        """A reload: keep the previous pipeline's in-process view (keyed by identity, so a reordered
+        `replicas:` changes nothing), shared with it while its requests finish and give their counts back."""
+        self.local = previous.local
+
+    def local_state(self, target: str) -> TargetState:
+        """The target's state as this process alone knows it."""
+        return self.local.state(self.named(target))
+
     def at_hand(self, targets: Sequence[str]) -> dict[str, TargetState] | None:
         """The targets' states when they need no wait (no Redis, or copies fresh enough): `snapshot` without
         a coroutine. None: `snapshot` reads them."""
         if self.shared.client is None:
-            state, out = self.local.state, {}
+            state, named, out = self.local.state, self.named, {}
             for t in targets:  # a loop, not a comprehension (a call of its own on Python 3.11)
-                out[t] = state(t)
+                out[t] = state(named(t))
             return out
         if self.refresh_s > 0:
             return self._cached(targets, self.clock())
@@ -251,7 +164,7 @@ class Health:
         # Shielded: one caller's cancellation (a client gone) must not cancel the read the others wait for.
         states = await asyncio.shield(self._reading_of(targets, now))
         if states is None:
-            return {t: self.local.state(t) for t in targets}
+            return {t: self.local_state(t) for t in targets}
         return dict(states)  # the states are frozen: the waiters share them, each with a dict of its own
 
     def _reading_of(self, targets: Sequence[str], now: float) -> asyncio.Future[dict[str, TargetState] | None]:
@@ -278,7 +191,7 @@ class Health:
             return None
         if changes == self._changes:
             for t, st in states.items():
-                _put(self._seen, t, (now, st))
+                put_bounded(self._seen, t, (now, st))
         return states
 
     def _cached(self, targets: Sequence[str], now: float) -> dict[str, TargetState] | None:
@@ -356,7 +269,7 @@ class Health:
                 return int(await self.shared.run(lambda r: script(keys=[cd, cf, probe], args=args, client=r)))
             except Degraded:
                 pass
-        return self.local.failure(target, ra, cause, self.cooldown, count)
+        return self.local.failure(self.named(target), ra, cause, self.cooldown, count)
 
     async def exhausted(self, target: str, seconds: float) -> None:
         """The upstream said its quota is used up until `seconds` from now: every replica skips the target
@@ -373,7 +286,7 @@ class Health:
                 return
             except Degraded:
                 pass
-        self.local.exhausted(target, ms)
+        self.local.exhausted(self.named(target), ms)
 
     def success(
         self, target: str, state: TargetState | None, tenant: str | None = None
@@ -388,10 +301,11 @@ class Health:
     async def _recovered(self, target: str) -> None:
         self.forget(target)
         # A probe (or a request's own retry after the failure it caused) succeeded: the target is back.
-        self.local.cool.pop(target, None)
-        self.local.failures.pop(target, None)
-        self.local.probes.pop(target, None)
-        cd, cf, probe, _, _ = _keys(self.named(target))
+        named = self.named(target)
+        self.local.cool.pop(named, None)
+        self.local.failures.pop(named, None)
+        self.local.probes.pop(named, None)
+        cd, cf, probe, _, _ = _keys(named)
         try:
             await self.shared.run(lambda r: r.delete(cd, cf, probe))
         except Degraded:
@@ -403,31 +317,32 @@ class Health:
         try:
             return bool(await self.shared.run(lambda r: r.set(probe, b"1", nx=True, px=max(ttl_ms, 1))))
         except Degraded:
-            return self.local.probe(target, ttl_ms)
+            return self.local.probe(self.named(target), ttl_ms)
 
     async def release(self, target: str) -> None:
         """Give back a probe slot whose request said nothing about the target (it failed for its own
         reasons): the next request probes at once instead of everyone waiting out the slot."""
         self.forget(target)
-        self.local.probes.pop(target, None)
-        probe = _keys(self.named(target))[2]
+        named = self.named(target)
+        self.local.probes.pop(named, None)
+        probe = _keys(named)[2]
         try:
             await self.shared.run(lambda r: r.delete(probe))
         except Degraded:
             pass
 
     async def inflight(self, target: str, delta: int) -> None:
-        local = self.local
-        count = local.inflight.get(target, 0) + delta
+        local, named = self.local, self.named(target)
+        count = local.inflight.get(named, 0) + delta
         if count:
-            _put(local.inflight, target, count)
+            put_bounded(local.inflight, named, count)
         else:
-            local.inflight.pop(target, None)
-        replica = target.partition("/")[0]
+            local.inflight.pop(named, None)
+        replica = named.partition("/")[0]
         if "@" in replica:
             on_replica = local.replica_inflight.get(replica, 0) + delta
             if on_replica:
-                _put(local.replica_inflight, replica, on_replica)
+                put_bounded(local.replica_inflight, replica, on_replica)
             else:
                 local.replica_inflight.pop(replica, None)
         script = self._inflight_script
@@ -435,7 +350,7 @@ class Health:
             return
         if count > 0 and self._renewer is None:
             self._renewer = asyncio.ensure_future(self._renew())
-        key = _keys(self.named(target))[3]
+        key = _keys(named)[3]
         try:
             await self.shared.run(lambda r: script(keys=[key], args=[delta, self.inflight_ttl_ms], client=r))
         except Degraded:
@@ -449,7 +364,7 @@ class Health:
         try:
             while self.local.inflight:
                 await asyncio.sleep(ttl / 3000)
-                keys = [_keys(self.named(t))[3] for t in self.local.inflight]
+                keys = [_keys(t)[3] for t in self.local.inflight]  # identities already
 
                 async def op(r: aioredis.Redis, keys: list[str] = keys) -> None:
                     pipe = r.pipeline(transaction=False)
@@ -474,12 +389,13 @@ class Health:
         await asyncio.gather(*reading, return_exceptions=True)
 
     async def latency(self, target: str, ms: float) -> None:
-        prev = self.local.latency.get(target)
-        _put(self.local.latency, target, ms if prev is None else _EWMA_ALPHA * ms + (1 - _EWMA_ALPHA) * prev)
+        named = self.named(target)
+        prev = self.local.latency.get(named)
+        put_bounded(self.local.latency, named, ms if prev is None else _EWMA_ALPHA * ms + (1 - _EWMA_ALPHA) * prev)
         script = self._ewma_script
         if script is None:
             return
-        key = _keys(self.named(target))[4]
+        key = _keys(named)[4]
         try:
             await self.shared.run(lambda r: script(keys=[key], args=[ms, _EWMA_ALPHA, _LATENCY_TTL_MS], client=r))
         except Degraded:

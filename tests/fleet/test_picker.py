@@ -58,7 +58,7 @@ def test_round_robin_follows_the_weights_and_skips_draining_and_hot_replicas() -
     assert Counter(fleet.choose(IDLE, WARM, None)[0] for _ in range(400)) == {0: 100, 1: 100, 2: 200}
     fleet.draining[1] = True
     assert all(1 not in fleet.choose(IDLE, WARM, None) for _ in range(10))
-    fleet.engine[2] = EngineLoad(waiting=50, running=4)
+    fleet.store(2, EngineLoad(waiting=50, running=4), None)
     assert all(fleet.choose(IDLE, WARM, None) == [0, 2] for _ in range(10))  # hot: last
     fleet.draining = [True, True, True]
     assert fleet.choose(IDLE, WARM, None) == []
@@ -87,7 +87,7 @@ def test_sessions_stick_and_without_one_go_to_the_least_loaded() -> None:
 
 def test_least_outstanding_counts_the_engine_queue() -> None:
     fleet = Fleet("e", URLS, RoutingConfig(policy="least_outstanding"))
-    fleet.engine[1] = EngineLoad(waiting=4, running=2)
+    fleet.store(1, EngineLoad(waiting=4, running=2), None)
     assert fleet.choose([1, 0, 2], WARM, None)[0] == 0
 
 

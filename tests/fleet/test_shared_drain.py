@@ -9,7 +9,7 @@ import httpx
 
 from gateway.fleet.shared import SYNC_S
 from tests.helpers.redis import RedisServer
-from tests.helpers.servers import serve_config
+from tests.helpers.servers import GatewayThread, serve_config
 from tests.helpers.upstreams import Upstream
 from tests.helpers.waiting import wait_until
 
@@ -59,3 +59,33 @@ def test_a_drain_made_while_redis_does_not_answer_is_stored_when_it_answers(
         for n in range(6):
             assert c.post(f"{gw.url}/v1/completions", json={"model": "engine/m", "prompt": f"p{n}"}).is_success
         assert served(replicas)[1] == before
+
+
+def test_a_flag_is_forgotten_once_no_gateway_lists_its_replica(
+    tmp_path: Path, replicas: list[Upstream], rds: RedisServer
+) -> None:
+    routing = "policy: round_robin, drain_forget_ms: 3000"
+    both = f"redis: {{url: '{rds.url}'}}\n" + fleet_config(replicas[:2], routing)
+    one = f"redis: {{url: '{rds.url}'}}\n" + fleet_config(replicas[1:2], routing)
+    key, removed = "gw:{fleet}:drain:engine", f"{replicas[0].url}/v1"
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text(both)
+    b.write_text(both)
+    with GatewayThread(a, {}) as first, GatewayThread(b, {}) as second, rds.client() as r:
+        with httpx.Client(trust_env=False, timeout=15) as c:
+            for i in (0, 1):
+                assert c.post(f"{first.url}/admin/providers/engine/replicas/{i}/drain", headers=ADMIN).is_success
+        assert r.hget(key, removed) == "1"
+        # A rollout: the first gateway's new config no longer lists replica 0; the second, still on the old
+        # one, does, and keeps its flag (and the drain) past the time to forget it.
+        pipeline = first.pipeline
+        a.write_text(one)
+        wait_until(lambda: first.pipeline is not pipeline, timeout=15)
+        time.sleep(4.5)
+        assert r.hget(key, removed) == "1" and second.pipeline.router.fleets["engine"].draining[0]
+        # Once no gateway lists it, its flag goes; the replica both still list keeps its own.
+        pipeline = second.pipeline
+        b.write_text(one)
+        wait_until(lambda: second.pipeline is not pipeline, timeout=15)
+        wait_until(lambda: r.hget(key, removed) is None, timeout=10)
+        assert r.hget(key, f"{replicas[1].url}/v1") == "1"

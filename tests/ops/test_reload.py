@@ -4,11 +4,13 @@ One edit reloads once (a SIGHUP and the file poll do not both reload it) and say
 file that does not load logs exactly one ERROR naming the YAML path and the running config stays, and
 the watch goes on: a later edit (a key revoked) is applied without a signal; a URL holding a password is
 refused by both without showing it. `check-config` refuses a CA bundle that is not PEM in one line
-naming its YAML path, as the transport would fail on it.
+naming its YAML path, as the transport would fail on it. A SIGHUP that lists the same replicas in another
+order keeps a cooling replica cooling.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import time
@@ -16,8 +18,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from aiohttp import web
 
 from tests.helpers.servers import GatewayProcess, run_cli
+from tests.helpers.upstreams import Received, Upstream, reply
 from tests.helpers.waiting import wait_until
 
 POLL_S = 2.0  # gateway.ops.reload.Reloader's file poll period
@@ -148,3 +152,44 @@ def test_serve_and_check_config_refuse_a_contradiction_in_one_line(tmp_path: Pat
         assert done.returncode == 1, done.stdout + done.stderr
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"config error: {path}: ") and problem in lines[0], lines
+
+
+def test_a_sighup_that_reorders_replicas_keeps_a_cooling_replica_cooling(tmp_path: Path) -> None:
+    async def rate_limited(request: web.Request, received: Received) -> web.StreamResponse:
+        return web.json_response({"error": {"message": "slow down"}}, status=429, headers={"retry-after": "60"})
+
+    choice = {"index": 0, "text": "ok", "logprobs": None, "finish_reason": "stop"}
+    body = json.dumps({"id": "c", "object": "text_completion", "created": 1, "model": "m", "choices": [choice]})
+    limited, fine = Upstream(), Upstream()
+    limited.handler, fine.handler = rate_limited, reply(body.encode())
+    limited.start()
+    fine.start()
+
+    def config(*ups: Upstream) -> str:
+        listed = ", ".join(f"{u.url}/v1" for u in ups)
+        return (
+            "providers:\n  engine:\n    kind: vllm\n    discover: false\n    models: [m]\n"
+            f"    replicas: [{listed}]\n    routing: {{policy: round_robin}}\n"
+        )
+
+    def asked() -> int:
+        return sum(1 for r in limited.received if r.path.endswith("/completions"))
+
+    path = tmp_path / "config.yaml"
+    path.write_text(config(limited, fine))
+    gw = GatewayProcess(path)
+    try:
+        gw.wait_ready()
+        for _ in range(2):  # round robin: one reached the rate-limited replica, cooling it for its Retry-After
+            assert status(gw, "none", "engine/m") == 200
+        assert asked() == 1
+        path.write_text(config(fine, limited))  # the same replicas, the other way round
+        gw.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: len(RELOADED.findall(gw.log.read_text())) == 1, timeout=5)
+        for _ in range(4):
+            assert status(gw, "none", "engine/m") == 200
+        assert asked() == 1  # still cooling: the reload moved no state, and dropped none
+    finally:
+        gw.stop()
+        limited.stop()
+        fine.stop()

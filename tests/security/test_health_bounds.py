@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from gateway.config import CooldownConfig
 from gateway.resilience.evidence import MAX_OUTCOMES, MAX_WATCHED, Evidence
-from gateway.resilience.health import MAX_TARGETS, Health
+from gateway.resilience.health import Health
+from gateway.resilience.local import MAX_TARGETS
 from gateway.state import SharedState
 
 
