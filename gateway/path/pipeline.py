@@ -370,7 +370,7 @@ class Pipeline:
                 client_headers=bool(job.req.inference_extra_headers),
                 hint=job.hint,
                 cancelled=_attempts_of(rec),
-                lost=losses(job, rec),
+                lost=losses(job, rec) if job.plan.policy.hedge_after_ms is not None else None,
             )
             usage = done.value.usage
             used = usage.total_tokens if usage is not None else None
@@ -405,7 +405,7 @@ class Pipeline:
                 client_headers=bool(job.req.inference_extra_headers),
                 hint=job.hint,
                 cancelled=_attempts_of(rec),
-                lost=losses(job, rec),
+                lost=losses(job, rec) if job.plan.policy.hedge_after_ms is not None else None,
             )
         except asyncio.CancelledError:
             self.admission.settle(job.ticket, left(job, rec))  # before its first event: as a buffered one

@@ -35,6 +35,8 @@ _LATENCY_TTL_MS: Final = 3_600_000
 _EWMA_ALPHA: Final = 0.3
 # The share of `redis.refresh_ms` after which a request renews the copies of the shared health ahead of time.
 _AHEAD: Final = 0.75
+# Targets whose identity is kept (`Health.named`): a config names far fewer; past it the memo starts afresh.
+_NAMES_MAX: Final = 65_536
 
 
 _FAILURE = """
@@ -100,7 +102,9 @@ class Health:
         self.shared = shared
         # A target's identity, in its Redis keys and in this process's own view (`local`): a replica's names the
         # replica by URL (gateway/fleet `shared_name`), so a reload that reorders `replicas:` moves no state.
-        self.named = shared_name or str
+        self._shared_name = shared_name or str
+        # Each target's identity, worked out once: targets are the config's, so this holds one entry per target.
+        self._names: dict[str, str] = {}
         self.inflight_ttl_ms = inflight_ttl_ms
         self._renewer: asyncio.Task[None] | None = None
         self.cooldown = cooldown
@@ -140,17 +144,26 @@ class Health:
         `replicas:` changes nothing), shared with it while its requests finish and give their counts back."""
         self.local = previous.local
 
+    def named(self, target: str) -> str:
+        """The target's identity (`shared_name`), computed once per target."""
+        name = self._names.get(target)
+        if name is None:
+            if len(self._names) >= _NAMES_MAX:
+                self._names.clear()
+            name = self._names[target] = self._shared_name(target)
+        return name
+
     def local_state(self, target: str) -> TargetState:
         """The target's state as this process alone knows it."""
-        return self.local.state(self.named(target))
+        return self.local.state(self._names.get(target) or self.named(target))
 
     def at_hand(self, targets: Sequence[str]) -> dict[str, TargetState] | None:
         """The targets' states when they need no wait (no Redis, or copies fresh enough): `snapshot` without
         a coroutine. None: `snapshot` reads them."""
         if self.shared.client is None:
-            state, named, out = self.local.state, self.named, {}
+            state, names, out = self.local.state, self._names, {}
             for t in targets:  # a loop, not a comprehension (a call of its own on Python 3.11)
-                out[t] = state(named(t))
+                out[t] = state(names.get(t) or self.named(t))
             return out
         if self.refresh_s > 0:
             return self._cached(targets, self.clock())
