@@ -82,39 +82,32 @@ class Spill:
             yield from ((self.path, b) for b in _read(self.path, self.done))
         if not others:
             return
-        for other in self.files():
-            if other == self.path:
-                continue
-            try:
-                fd = os.open(other, os.O_RDWR)
-            except OSError:
-                continue
-            try:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError:
-                    continue  # a live process's file: it replays its own
-                yield from ((other, b) for b in _read(other))
-                other.unlink(missing_ok=True)  # every batch committed: the caller stops at the first failure
-            finally:
-                os.close(fd)
+        for other in self._unheld(os.O_RDWR, fcntl.LOCK_EX):
+            yield from ((other, b) for b in _read(other))
+            other.unlink(missing_ok=True)  # every batch committed: the caller stops at the first failure
 
     def left(self) -> Iterator[list[list[Any]]]:
         """The batches of other processes' files that no process holds (left by processes that died), read
         without replaying them: what waits there, for the views to count until it is replayed."""
+        for other in self._unheld(os.O_RDONLY, fcntl.LOCK_SH):
+            yield from _read(other)
+
+    def _unheld(self, mode: int, lock: int) -> Iterator[Path]:
+        """Other processes' spill files whose lock is free (their process died), each held with `lock` while the
+        caller reads it; a live process's file is skipped: it replays and counts its own."""
         for other in self.files():
             if other == self.path:
                 continue
             try:
-                fd = os.open(other, os.O_RDONLY)
+                fd = os.open(other, mode)
             except OSError:
                 continue
             try:
                 try:
-                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                    fcntl.flock(fd, lock | fcntl.LOCK_NB)
                 except OSError:
-                    continue  # a live process's file: it counts its own
-                yield from _read(other)
+                    continue
+                yield other
             finally:
                 os.close(fd)
 
