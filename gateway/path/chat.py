@@ -39,6 +39,14 @@ from wire.schema import CompletionRequest
 from wire.upstream import UpstreamRequest
 
 
+def _refused_or_dropped(route: Route, param: str, why: str, lost: list[str]) -> None:
+    """A parameter the route's provider cannot carry: a 400 naming it, or with `unsupported_params: drop`
+    listed among those dropped (as `map_params` treats a top-level one)."""
+    if not route.drop_unsupported:
+        raise UnsupportedParamError(param, route.provider, why)
+    lost.append(param)
+
+
 class ChatAttempt(Attempt):
     """One attempt of a chat job on one route: one upstream call to the kind's chat route, or an emulation's
     several."""
@@ -80,24 +88,18 @@ class ChatAttempt(Attempt):
         table = adapter.chat_params
         assert table is not None
         params, lost = map_params(req, table, route.provider, route.drop_unsupported)
-        if isinstance(adapter, OpenAIChat) and not adapter.chat_names and named(cast(ChatRequest, req)):
-            # The adapter builds its messages without the names: refused, or listed as dropped.
-            if not route.drop_unsupported:
-                raise UnsupportedParamError(
-                    "messages.name",
-                    route.provider,
-                    f"Provider '{route.provider}' has no 'name' on a message: send the conversation without names",
-                )
-            lost.append("messages.name")
-        if strict_unhonoured(cast(ChatRequest, req).tools, table.get("tools")):
-            if not route.drop_unsupported:
-                raise UnsupportedParamError(
-                    STRICT,
-                    route.provider,
-                    f"Provider '{route.provider}' cannot hold a tool call's arguments to the function's schema "
-                    f"for this request ('strict': true): send the tools without it",
-                )
-            lost.append(STRICT)
+        chat = cast(ChatRequest, req)
+        # What the table's own rules cannot see, inside the messages and the tools, refused or dropped as they are.
+        if not getattr(adapter, "chat_names", True) and named(chat):
+            # The adapter builds its messages without the names.
+            why = f"Provider '{route.provider}' has no 'name' on a message: send the conversation without names"
+            _refused_or_dropped(route, "messages.name", why, lost)
+        if strict_unhonoured(chat.tools, table.get("tools")):
+            why = (
+                f"Provider '{route.provider}' cannot hold a tool call's arguments to the function's schema "
+                f"for this request ('strict': true): send the tools without it"
+            )
+            _refused_or_dropped(route, STRICT, why, lost)
         return params, lost
 
     async def _charge_n(self, em: ChatEmulation) -> None:
