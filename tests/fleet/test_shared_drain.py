@@ -56,8 +56,12 @@ def test_a_drain_made_while_redis_does_not_answer_is_stored_when_it_answers(
         time.sleep(2 * SYNC_S)  # later pulls read the flag back and keep the drain
         assert fleet.draining[1] is True
         before = served(replicas)[1]
-        for n in range(6):
-            assert c.post(f"{gw.url}/v1/completions", json={"model": "engine/m", "prompt": f"p{n}"}).is_success
+        # A new connection: `c`'s sat idle about as long as the server's keep-alive (5 s), which may close it
+        # just as a request is sent on it.
+        with httpx.Client(trust_env=False, timeout=15) as fresh:
+            for n in range(6):
+                body = {"model": "engine/m", "prompt": f"p{n}"}
+                assert fresh.post(f"{gw.url}/v1/completions", json=body).is_success
         assert served(replicas)[1] == before
 
 
