@@ -201,10 +201,14 @@ class Loaded(msgspec.Struct, frozen=True):
 
 
 def load(cur: Cursor) -> Loaded:
+    # The version first: on PostgreSQL each statement reads what is committed when it starts, so the rows read
+    # after it are at least that new. Read last, it could name a change the rows missed, and the poller, having
+    # seen that version, would never reload them.
+    seen = version(cur)
     rows = cur.rows(f"SELECT {_FIELDS} FROM api_keys WHERE revoked_at IS NULL")
     secrets_ = cur.rows("SELECT key_id, digest, valid_until FROM key_secrets WHERE valid_until > ?", (time.time(),))
     ever = bool(rows) or bool(cur.rows("SELECT 1 FROM api_keys LIMIT 1"))
-    return Loaded(version(cur), rows, secrets_, ever)
+    return Loaded(seen, rows, secrets_, ever)
 
 
 # ---------------------------------------------------------------------------- on the event loop

@@ -1,10 +1,13 @@
 """The ledger's PostgreSQL sessions against what a server does to them: two replicas making a key of one name at
 the same moment (READ COMMITTED lets both pass the name check before either inserts: one gets the key, the
-other the conflict, never a database error), and a session the server ended while it idled."""
+other the conflict, never a database error), the keys read back while a rotation commits, and a session the
+server ended while it idled."""
 
 from __future__ import annotations
 
+import hashlib
 import threading
+import time
 from typing import Any
 
 from gateway.ledger import keys as keystore
@@ -55,6 +58,37 @@ def test_the_second_of_two_racing_creations_is_a_conflict(pg: PostgresServer) ->
     finally:
         first.close()
         second.close()
+
+
+def test_keys_read_while_a_rotation_commits_are_as_new_as_the_version_they_report(pg: PostgresServer) -> None:
+    """Each statement of a PostgreSQL read sees what is committed when it starts. A rotation that commits in the
+    middle of reading the keys back must not leave the poller holding the old secret under the new version: it
+    would never read them again, and the new secret would be refused until the next change."""
+    import psycopg
+
+    db = Database(pg.url, timeout_ms=10_000)
+    try:
+        db.migrate()
+        key_id = db.transaction(lambda cur: keystore.create(cur, "rotated", None, ["**"], None, None)).key.id
+        outcome: dict[str, Any] = {}
+        with psycopg.connect(pg.url) as holder, psycopg.connect(pg.url, autocommit=True) as watcher:
+            # The rotation, made but not committed, holds the keys' version so that a read of it waits.
+            holder.execute("LOCK TABLE counters IN ACCESS EXCLUSIVE MODE")
+            issued = keystore.rotate(Cursor(holder.cursor(), True), key_id, 600)
+            reader = threading.Thread(target=lambda: outcome.update(found=db.snapshot(keystore.load)))
+            reader.start()
+            deadline = time.monotonic() + 10
+            sql = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = %s"
+            while watcher.execute(sql, (pg.dbname,)).fetchall() != [(1,)]:
+                assert time.monotonic() < deadline, "the read never waited on the rotation"
+                time.sleep(0.01)
+            holder.commit()
+            reader.join(10)
+        found: keystore.Loaded = outcome["found"]
+        assert found.version == 2  # the creation's change and the rotation's
+        assert [r[6] for r in found.rows] == [hashlib.sha256(issued.secret.encode()).hexdigest()]
+    finally:
+        db.close()
 
 
 def test_a_connection_the_server_ended_while_idle_is_replaced_at_once(pg: PostgresServer) -> None:
