@@ -1,7 +1,8 @@
 """What ties a request to a replica: its prompt prefix or its session, hashed the same in every process.
 
-The hash is blake2b of bytes taken from the request alone (never Python's salted `hash`), so every gateway
-process, with no coordination, maps the same prefix to the same point of the same ring.
+The hash is blake2b of bytes taken from the request alone (never Python's salted `hash`), keyed by whom its
+scope makes the request one of (gateway/fleet/tenancy.py; unkeyed when shared), so every gateway process, with
+no coordination, maps the same tenant's prefix to the same point of the same ring.
 """
 
 from __future__ import annotations
@@ -23,24 +24,28 @@ MAX_POINTS: Final = 40_960
 _SPAN: Final = 1 << 64
 
 
-def digest(data: bytes) -> int:
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
+def digest(data: bytes, owner: bytes = b"") -> int:
+    # An empty key is blake2b unkeyed: a shared scope hashes as before scopes were.
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8, key=owner).digest(), "big")
 
 
-def prefix_key(prompt: str | Sequence[object], block_chars: int, block_tokens: int, depth: int) -> int:
+def prefix_key(
+    prompt: str | Sequence[object], block_chars: int, block_tokens: int, depth: int, owner: bytes = b""
+) -> int:
     """The hash of the prompt's leading blocks: up to `depth` whole blocks (the whole prompt when it is
-    shorter than one), of characters or of token ids. A batch is keyed by its first prompt."""
+    shorter than one), of characters or of token ids, keyed by `owner` (the scope's digest; empty: shared by
+    every caller). A batch is keyed by its first prompt."""
     first: object = prompt
     if not isinstance(prompt, str) and prompt and not isinstance(prompt[0], int):
         first = prompt[0]
     if isinstance(first, str):
         n = min(depth, len(first) // block_chars)
         text = first[: n * block_chars] if n else first
-        return digest(b"t" + text.encode("utf-8", "surrogatepass"))
+        return digest(b"t" + text.encode("utf-8", "surrogatepass"), owner)
     ids = [t for t in first if isinstance(t, int)] if isinstance(first, list | tuple) else []
     n = min(depth, len(ids) // block_tokens)
     head = ids[: n * block_tokens] if n else ids
-    return digest(b"i" + struct.pack(f">{len(head)}q", *head))
+    return digest(b"i" + struct.pack(f">{len(head)}q", *head), owner)
 
 
 def prefix_of(req: CompletionRequest) -> str | Sequence[object]:
@@ -57,14 +62,10 @@ def prefix_of(req: CompletionRequest) -> str | Sequence[object]:
     return req.prompt
 
 
-def session_key(session: str, scope: str = "") -> int:
-    """The ring point of a session id within `scope` (a key's or team's identity; empty: shared by every
-    caller). The scope is length-prefixed, so no (scope, id) pair hashes the same bytes as another."""
-    text = session.encode("utf-8", "surrogatepass")
-    if not scope:
-        return digest(b"s" + text)
-    owner = scope.encode("utf-8", "surrogatepass")
-    return digest(b"k" + struct.pack(">I", len(owner)) + owner + text)
+def session_key(session: str, owner: bytes = b"") -> int:
+    """The ring point of a session id, keyed by `owner` (the digest of a key's or team's identity; empty:
+    shared by every caller)."""
+    return digest(b"s" + session.encode("utf-8", "surrogatepass"), owner)
 
 
 class Ring:

@@ -16,6 +16,7 @@ import msgspec
 
 from gateway.config import RoutingConfig, replica_drained, replica_names, replica_tag, replica_url, replica_weight
 from gateway.fleet.affinity import Ring, prefix_key, prefix_of, session_key, session_of
+from gateway.fleet.tenancy import owner_of
 from wire.schema import CompletionRequest
 
 _DEFAULT = RoutingConfig()
@@ -23,7 +24,8 @@ _DEFAULT = RoutingConfig()
 
 class Hint:
     """What a request offers the policies: its prompt, its session (header, else `user`) and who sends it
-    (its key's identity and team, empty without them), which scopes the session (`session_scope`)."""
+    (its key's identity and team, empty without them), which scopes its session and its prefix
+    (`session_scope`, `prefix_scope`)."""
 
     __slots__ = ("req", "headers", "key", "team")
 
@@ -34,13 +36,17 @@ class Hint:
         self.team = team
 
     def scope(self, scope: str) -> str:
-        """Whose session ids the request's is among: its key's, its team's (a key without a team is one of
-        its own), or everyone's (empty, as for a gateway without keys)."""
+        """Whose session ids or prefixes the request's are among: its key's, its team's (a key without a team
+        is one of its own), or everyone's (empty, as for a gateway without keys)."""
         if scope == "shared" or not self.key:
             return ""
         if scope == "team" and self.team:
             return "team:" + self.team
         return "key:" + self.key
+
+    def owner(self, scope: str) -> bytes:
+        """The digest of whom `scope` makes the request one of, keying its ring hashes (empty: shared)."""
+        return owner_of(self.scope(scope))[0]
 
 
 class EngineLoad(msgspec.Struct, frozen=True):
@@ -128,12 +134,13 @@ class Fleet:
         policy = self.routing.policy
         if policy == "prefix" and hint is not None:
             r = self.routing
-            key = prefix_key(prefix_of(hint.req), r.block_chars, r.block_tokens, r.depth)
+            owner = hint.owner(r.prefix_scope)
+            key = prefix_key(prefix_of(hint.req), r.block_chars, r.block_tokens, r.depth, owner)
             return self._bounded(key, live, inflight, cooling, spread=True)
         if policy == "session" and hint is not None:
             session = session_of(hint.req, hint.headers, self.routing.session_header)
             if session is not None:
-                key = session_key(session, hint.scope(self.routing.session_scope))
+                key = session_key(session, hint.owner(self.routing.session_scope))
                 return self._bounded(key, live, inflight, cooling, spread=False)
         if policy == "round_robin":
             return self._round_robin(live)

@@ -22,6 +22,7 @@ from gateway.cache import Lookup
 from gateway.emulation import Emulation, Folded, SubStream
 from gateway.emulation.client_schema import Work
 from gateway.fleet.picker import Hint
+from gateway.fleet.tenancy import salted
 from gateway.limits.admission import Admission, Ticket
 from gateway.path.answers import (
     MAX_REPORTED_TOKENS,
@@ -253,6 +254,8 @@ class Attempt:
         self.admission = job.admission
         self.route, self.timeouts = route, timeouts
         self.req, self.ctx = job.req, job.ctx
+        if route.salt is not None and job.hint is not None:  # the tenant's prefix-cache salt (docs/fleets.md)
+            self.req = salted(job.req, job.hint.scope(route.salt))
         self.dropped = job.dropped
         # An emulation's upstream calls: charged beyond admission's one (`own` of them on this process's own
         # state, while Redis was away), and made (docs/ratelimits.md).

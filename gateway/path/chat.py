@@ -388,6 +388,7 @@ def continuation(job: Job, text: str, left: int | None) -> ContinueJob | None:
     # charged when the failover loop reaches it, as for any attempt.
     again = ContinueJob(job.services, job.admission, cont, job.ctx, Plan(groups, job.plan.policy))
     again.ask = job.ask  # the continuation waits for (and holds) a slot of its own, as the same tenant
+    again.hint = job.hint  # and is the same tenant's to a fleet: its replica, and its engine's cache salt
     return again
 
 

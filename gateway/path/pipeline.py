@@ -353,7 +353,8 @@ class Pipeline:
             job.cached = cached
         job.ask = ask
         if self.router.fleets:
-            # Read only by a replicated provider's policy (gateway/fleet); the key scopes its sessions.
+            # Read by a replicated provider's policy (gateway/fleet) and its attempts: the key scopes its sessions,
+            # its prefixes and its engine's prefix-cache salt.
             job.hint = Hint(req, headers, rec.key_id, rec.team)
         return job
 

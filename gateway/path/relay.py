@@ -394,6 +394,7 @@ class Relay:
             # quota is charged when the failover loop reaches it, as for any attempt.
             again = Job(self.services, job.admission, cont, cont_ctx, job.plan)
             again.ask = job.ask  # the continuation waits for (and holds) a slot of its own, as the same tenant
+            again.hint = job.hint  # and is the same tenant's to a fleet: its replica, and its engine's cache salt
         try:
             outcome = await self.failover.run(
                 again.plan,

@@ -12,6 +12,7 @@ from typing import Final
 
 from gateway.config import LoadedConfig, ProviderConfig, same_target_of
 from gateway.fleet.picker import Fleet
+from gateway.fleet.tenancy import SALT_FIELD
 from gateway.upstream.plan import Group, Plan, Policy, Route
 from providers import REGISTRY
 from providers.base import Adapter, Endpoint, LocalAdapter
@@ -115,6 +116,9 @@ class Router:
             name, deployment = head, last
         key = f"{vendor}/{name}" + (f"/{deployment}" if deployment else "")
         fleet = self.fleets.get(vendor)
+        adapter = self._adapters[vendor]
+        scope = fleet.routing.prefix_scope if fleet is not None else "shared"
+        salt = scope if scope != "shared" and salts(adapter) else None
         replicas = tuple(
             Route(
                 key=f"{replica}/{name}",
@@ -124,6 +128,7 @@ class Router:
                 drop_unsupported=self._drop[vendor],
                 unavailable=self._unavailable(vendor, pcfg, None),
                 same_target=same_target_of(pcfg.retries, self._loaded.config.retries),
+                salt=salt,
             )
             for replica, url in (zip(fleet.names, fleet.urls, strict=True) if fleet is not None else ())
         )
@@ -231,3 +236,14 @@ class Router:
                 for m in p.models:
                     seen.setdefault(f"{name}/{m}", name)
         return seen
+
+
+def salts(adapter: Adapter | LocalAdapter) -> bool:
+    """Whether the adapter sends the canonical prefix-cache salt to its engine as it is, on every route it has
+    (its parameter tables take the field, written under its own name): then the gateway may set it."""
+    tables = [adapter.params, getattr(adapter, "chat_params", None) or adapter.params]
+    for table in tables:
+        rule = table.get(SALT_FIELD)
+        if rule is None or rule.emulated or rule.apply is not None or rule.to not in (None, SALT_FIELD):
+            return False
+    return True

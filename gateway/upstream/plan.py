@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
-from gateway.config import RetriesConfig, Strategy, TimeoutsConfig
+from gateway.config import RetriesConfig, Scope, Strategy, TimeoutsConfig
 from gateway.fleet.picker import Fleet
 from gateway.upstream.transport import Timeouts
 from providers.base import Adapter, Endpoint, LocalAdapter
@@ -31,6 +31,9 @@ class Route(msgspec.Struct, frozen=True):
     # (`provider@i/model`, each its own health key), as `fleet` chooses (gateway/fleet).
     replicas: tuple[Route, ...] = ()
     fleet: Fleet | None = None
+    # A replica whose engine takes a prefix-cache salt, in a fleet that keeps tenants' prefixes apart
+    # (`prefix_scope` key or team): each attempt sends the salt of the request's tenant (gateway/fleet/tenancy.py).
+    salt: Scope | None = None
 
     def require_available(self) -> None:
         """Refuse at once, naming the missing variable, when the provider cannot be called."""

@@ -7,6 +7,7 @@ from collections import Counter
 from gateway.config import ReplicaConfig, RoutingConfig
 from gateway.fleet.affinity import Ring, prefix_key, session_key
 from gateway.fleet.picker import EngineLoad, Fleet, Hint
+from gateway.fleet.tenancy import owner_of
 from wire.schema import CompletionRequest
 
 URLS = ["http://a:8000/v1", "http://b:8000/v1", "http://c:8000/v1"]
@@ -39,17 +40,18 @@ def test_a_replica_removed_moves_only_its_own_keys_and_scopes_place_one_id_apart
     whole, fewer = Ring(URLS, [1, 1, 1]), Ring(URLS[:2], [1, 1])
     moved = 0
     for n in range(600):
-        key = session_key(f"s{n}", "key:cfg_1")
+        key = session_key(f"s{n}", owner_of("key:cfg_1")[0])
         home = URLS[whole.walk(key)[0]]
         if home == URLS[2]:
             moved += 1
             continue
         assert URLS[fewer.walk(key)[0]] == home  # nobody else's session moves
     assert 120 < moved < 280
-    homes = {whole.walk(session_key(f"s{n}", scope))[0] for n in range(8) for scope in ("", "key:a", "key:b")}
+    a, b = owner_of("key:a")[0], owner_of("key:b")[0]
+    homes = {whole.walk(session_key(f"s{n}", owner))[0] for n in range(8) for owner in (b"", a, b)}
     assert homes == {0, 1, 2}
-    assert [whole.walk(session_key(f"s{n}", "key:a"))[0] for n in range(24)] != [
-        whole.walk(session_key(f"s{n}", "key:b"))[0] for n in range(24)
+    assert [whole.walk(session_key(f"s{n}", a))[0] for n in range(24)] != [
+        whole.walk(session_key(f"s{n}", b))[0] for n in range(24)
     ]
 
 
