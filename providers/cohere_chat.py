@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from providers.base import CallContext
+from providers.call_ids import made_call_id
 from providers.chat_parts import answer_message, assistant_text
 from providers.finish import finish_reason
 from wire.chat import (
@@ -153,10 +154,13 @@ def chat_answer(message: Any, word: str | None, usage: Usage | None, ctx: CallCo
     """A v2 chat answer's message (its `content` items and `tool_calls`) as `chat.completion`."""
     content = message.content if message is not None else []
     text = "".join(item.text for item in content if item.type == "text")
+    ups = [c for c in (message.tool_calls if message is not None else None) or () if c.function is not None]
     calls = [
-        ToolCall(id=c.id or "", function=FunctionCall(name=c.function.name, arguments=c.function.arguments))
-        for c in (message.tool_calls if message is not None else None) or ()
-        if c.function is not None
+        ToolCall(
+            id=c.id or made_call_id(ctx, 0, k),
+            function=FunctionCall(name=c.function.name, arguments=c.function.arguments),
+        )
+        for k, c in enumerate(ups)
     ]
     thinking = "".join(item.thinking for item in content if item.type == "thinking")
     reply = answer_message(text, calls, thinking)
@@ -203,9 +207,9 @@ def chat_event(kind: str | None, index: int | None, message: Any, ctx: CallConte
         arguments = _field(call, "function", "arguments")
         function = FunctionDelta(name=name, arguments=arguments if isinstance(arguments, str) else "")
         call_id = _field(call, "id")
-        start = ToolCallDelta(
-            index=calls[at], id=call_id if isinstance(call_id, str) else "", type="function", function=function
-        )
+        if not isinstance(call_id, str) or not call_id:
+            call_id = made_call_id(ctx, 0, calls[at])
+        start = ToolCallDelta(index=calls[at], id=call_id, type="function", function=function)
         return _chunk(ctx, Delta(tool_calls=[start]))
     if kind == "tool-call-delta":
         piece = _field(message, "tool_calls", "function", "arguments")

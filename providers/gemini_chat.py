@@ -18,6 +18,7 @@ from typing import Any, Final, Literal
 import msgspec
 
 from providers.base import CallContext
+from providers.call_ids import made_call_id
 from providers.chat_parts import answer_message, assistant_text, call_arguments
 from providers.finish import finish_reason
 from providers.offsets import aligned
@@ -181,7 +182,7 @@ def _call(ctx: CallContext, index: int, k: int, part: Any) -> tuple[str, str, st
     """A `functionCall` part's id (its own, else one made from the answer's; its thought signature
     after `SIGNATURE`), name and arguments (its `args` object as JSON)."""
     fc = part.function_call
-    base = fc.id or f"call_{ctx.id.rpartition('-')[2]}_{index}_{k}"
+    base = fc.id or made_call_id(ctx, index, k)
     call_id = base + SIGNATURE + part.thought_signature if part.thought_signature else base
     return call_id, fc.name, msgspec.json.encode(fc.args if fc.args is not None else {}).decode()
 

@@ -21,6 +21,7 @@ from providers.base import (
     UpstreamRequest,
     request_headers,
 )
+from providers.call_ids import made_call_id
 from providers.chat_logprobs import UpLogprobs, chat_logprobs
 from providers.chat_params import CHAT_GUARDED
 from providers.envelope import Unreadable
@@ -112,33 +113,41 @@ def chat_finish(word: str | None) -> ChatFinishReason | None:
     return finish_reason(word)
 
 
-def _calls(up: list[_UpToolCall] | None) -> list[ToolCall] | None:
+def _calls(up: list[_UpToolCall] | None, ctx: CallContext, choice: int) -> list[ToolCall] | None:
     if not up:
         return None
     return [
         ToolCall(
-            id=c.id or "",
+            id=c.id or made_call_id(ctx, choice, k),
             function=FunctionCall(
                 name=(c.function.name or "") if c.function else "",
                 arguments=(c.function.arguments or "") if c.function else "",
             ),
         )
-        for c in up
+        for k, c in enumerate(up)
     ]
 
 
-def _call_deltas(up: list[_UpToolCall] | None) -> list[ToolCallDelta] | None:
-    if not up:
-        return None
-    return [
-        ToolCallDelta(
-            index=c.index if c.index is not None else i,
-            id=c.id,
-            type="function" if c.type is not None or c.id is not None else None,
-            function=FunctionDelta(name=c.function.name, arguments=c.function.arguments) if c.function else None,
+def _call_deltas(up: list[_UpToolCall], ctx: CallContext, choice: int) -> list[ToolCallDelta]:
+    """A chunk's call pieces; a call's first piece carries an id (`made_call_id` where the server sent none or an
+    empty one), the pieces after it an id only where the server repeats a non-empty one."""
+    started: set[tuple[int, int]] = ctx.state.setdefault("call_started", set())
+    out = []
+    for i, c in enumerate(up):
+        k = c.index if c.index is not None else i
+        call_id = c.id or None
+        if (choice, k) not in started:
+            started.add((choice, k))
+            call_id = call_id or made_call_id(ctx, choice, k)
+        out.append(
+            ToolCallDelta(
+                index=k,
+                id=call_id,
+                type="function" if c.type is not None or call_id is not None else None,
+                function=FunctionDelta(name=c.function.name, arguments=c.function.arguments) if c.function else None,
+            )
         )
-        for i, c in enumerate(up)
-    ]
+    return out
 
 
 class OpenAIChat(Adapter):
@@ -239,7 +248,7 @@ class OpenAIChat(Adapter):
             message = ChatMessage(
                 role="assistant",
                 content=content,
-                tool_calls=_calls(m.tool_calls),
+                tool_calls=_calls(m.tool_calls, ctx, c.index),
                 refusal=m.refusal,
                 reasoning_content=reasoning,
             )
@@ -280,7 +289,7 @@ class OpenAIChat(Adapter):
             delta = Delta(
                 "assistant" if d.role else None,
                 content,
-                _call_deltas(calls) if calls else None,
+                _call_deltas(calls, ctx, c.index) if calls else None,
                 d.refusal,
                 reasoning,
             )

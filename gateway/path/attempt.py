@@ -35,7 +35,7 @@ from gateway.path.answers import (
     sane_usage,
     unreadable,
 )
-from gateway.path.events import Parse, upstream_events
+from gateway.path.events import Parse, prepended, upstream_events
 from gateway.path.fanout import open_all
 from gateway.path.opened import Opened
 from gateway.path.services import Services
@@ -461,6 +461,10 @@ class Attempt:
                 # are not a start: the attempt is decided by the first one that does.
                 while first is not None and not first.choices and first.usage is None:
                     first = await anext(events, None)
+                if first is not None and not first.choices:
+                    # Its usage before any choice: a stream that ends there generated nothing, as an empty one.
+                    after = await anext(events, None)
+                    first, events = (None, events) if after is None else (first, prepended(after, events))
             except GatewayError:
                 raise
             except Exception as exc:

@@ -52,4 +52,14 @@ async def upstream_events(
             yield c
 
 
-__all__ = ["END", "Parse", "upstream_events"]
+async def prepended(first: Chunk, rest: AsyncGenerator[Chunk, None]) -> AsyncGenerator[Chunk, None]:
+    """`first`, then `rest`'s chunks (a chunk read ahead, put back); `rest` closed when this is."""
+    try:
+        yield first
+        async for c in rest:
+            yield c
+    finally:
+        await rest.aclose()
+
+
+__all__ = ["END", "Parse", "prepended", "upstream_events"]

@@ -215,7 +215,9 @@ class Relay:
                         # failure as an unstreamed answer's, and the next stream with n > 1 fails before its start.
                         self.services.ignores_n.add(route.key)
                         error = ignored_n(route, expected, finished)
-                    elif finished < expected and usage is None:
+                    elif finished < expected:
+                        # A choice never finished: whatever came before the end (a usage chunk, `[DONE]`), the
+                        # generation did not end, as a buffered answer's choice without a finish reason did not.
                         error = failed_attempt(
                             route, "ended the stream early", "upstream_stream_ended_early", "stream_ended_early"
                         )

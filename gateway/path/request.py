@@ -86,6 +86,13 @@ def _bad(message: str, param: str) -> InvalidRequestError:
     return InvalidRequestError(message, param=param, code="invalid_value")
 
 
+def _empty_id(at: str, param: str) -> InvalidRequestError:
+    # A tool message names the call it answers by its id, and an empty one names none: Gemini's adapter, which
+    # pairs results with calls by id, would pair it with any other call left without one, and Anthropic and
+    # Bedrock refuse it as a 400 of theirs. Refused here, in the client's terms, before any upstream sees it.
+    return _bad(f"Invalid value for '{at}': Expected `str` of length >= 1", param)
+
+
 def _refused_header(name: str) -> bool:
     # CGI/WSGI-style servers (and proxies that map names to variables) read `x_api_key` as `x-api-key`: an
     # underscore spelling is refused as its `-` spelling is.
@@ -430,6 +437,9 @@ def normalize_chat(req: ChatRequest, caps: CapsConfig = _DEFAULT_CAPS) -> ChatRe
                 )
             if m.tool_calls:
                 said = True  # their ids go beside the rendered text
+                for j, call in enumerate(m.tool_calls):
+                    if not call.id:
+                        raise _empty_id(f"messages[{i}].tool_calls[{j}].id", "messages.tool_calls.id")
             if m.reasoning_content is not None or m.thinking_blocks is not None:
                 back = True
             if m.refusal is not None:
@@ -438,6 +448,8 @@ def normalize_chat(req: ChatRequest, caps: CapsConfig = _DEFAULT_CAPS) -> ChatRe
             images += image_parts(m.content)
         elif m.__class__ is ToolMessage:
             said = True  # its tool_call_id, as a call's id
+            if not m.tool_call_id:
+                raise _empty_id(f"messages[{i}].tool_call_id", "messages.tool_call_id")
     req.thinking_back = back
     if req.continue_final_message is not None or req.add_generation_prompt is not None:
         _prefill(req)

@@ -13,7 +13,7 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import httpx
 import openai
@@ -46,6 +46,7 @@ TOOLS: list[Any] = [
     }
 ]
 MESSAGES: list[Any] = [{"role": "user", "content": "What's the weather like in San Francisco?"}]
+CALL: Final = {"name": "get_current_weather", "arguments": '{"location": "Boston, MA"}'}
 
 CONFIG = """
 server: {{host: 127.0.0.1, port: 0}}
@@ -91,14 +92,33 @@ async def _handler(request: web.Request, received: Received) -> web.StreamRespon
     body = received.json()
     if not body.get("stream"):
         name = "openai/chat_tool_calls.json" if body.get("tools") else "openai/chat_completion.json"
-        return web.Response(body=(FIXTURES / name).read_bytes(), content_type="application/json")
+        answer = (FIXTURES / name).read_bytes()
+        return web.Response(body=_without_ids(answer, body["model"]), content_type="application/json")
     name = "openai/chat_stream_tool_calls_parallel.sse.txt" if body.get("tools") else "azure/chat_stream_usage.sse.txt"
     resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
     await resp.prepare(request)
     for event in _sse(name):
+        if event != b"data: [DONE]":
+            event = b"data: " + _without_ids(event[len(b"data: ") :], body["model"])
         await resp.write(event + b"\n\n")
     await resp.write_eof()
     return resp
+
+
+def _without_ids(body: bytes, model: str) -> bytes:
+    """A recorded answer or chunk as it came; for the model `noids`, with its tool calls' ids taken out (left out
+    of a message's calls, empty in a stream's first piece of each), as an OpenAI-compatible server that sends
+    none would answer."""
+    if model != "noids":
+        return body
+    answer = json.loads(body)
+    for choice in answer["choices"]:
+        for call in (choice.get("message") or choice.get("delta") or {}).get("tool_calls") or ():
+            if "message" in choice:
+                del call["id"]
+            elif "id" in call:
+                call["id"] = "" if call["index"] % 2 else None  # an id of "" or null: neither names the call
+    return json.dumps(answer).encode()
 
 
 async def _anthropic(request: web.Request, received: Received) -> web.StreamResponse:
@@ -451,6 +471,77 @@ def test_bad_requests_name_the_field(
     if code is not None:
         assert error["code"] == code, error
     assert received == []
+
+
+@pytest.mark.parametrize("model", ["oa/gpt-3.5-turbo", "claude/claude-3-5-sonnet-latest", "demo/echo"])
+@pytest.mark.parametrize(
+    ("messages", "at", "param"),
+    [
+        (
+            [*MESSAGES, {"role": "assistant", "tool_calls": [{"id": "", "type": "function", "function": CALL}]}],
+            "messages[1].tool_calls[0].id",
+            "messages.tool_calls.id",
+        ),
+        (
+            [
+                *MESSAGES,
+                {"role": "assistant", "tool_calls": [{"id": "call_1", "function": CALL}, {"id": "", "function": CALL}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "57F"},
+            ],
+            "messages[1].tool_calls[1].id",
+            "messages.tool_calls.id",
+        ),
+        (
+            [
+                *MESSAGES,
+                {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": CALL}]},
+                {"role": "tool", "tool_call_id": "", "content": "57F"},
+            ],
+            "messages[2].tool_call_id",
+            "messages.tool_call_id",
+        ),
+    ],
+)
+def test_an_empty_tool_call_id_is_a_400_naming_the_field(
+    api: httpx.Client, received: list[Received], model: str, messages: list[Any], at: str, param: str
+) -> None:
+    # A tool message names the call it answers by its id: an empty one names no call, whichever kind serves it.
+    resp = api.post("/v1/chat/completions", json={"model": model, "messages": messages, "tools": TOOLS})
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error == {
+        "message": f"Invalid value for '{at}': Expected `str` of length >= 1",
+        "type": "invalid_request_error",
+        "param": param,
+        "code": "invalid_value",
+    }
+    assert received == []
+
+
+def test_tool_calls_an_upstream_sent_without_ids_get_ids_the_conversation_can_send_back(
+    client: openai.OpenAI, received: list[Received]
+) -> None:
+    answer = client.chat.completions.create(model="hosted/noids", messages=MESSAGES, tools=TOOLS)
+    (call,) = answer.choices[0].message.tool_calls or []
+    assert call.id and call.id.startswith("call_"), call
+    # Streamed, each call's first piece carries one (the server sent null for one, "" for the other); the pieces
+    # after it none, so the SDK's reassembly keeps it whole.
+    ids: dict[int, str] = {}
+    pieces: dict[int, int] = {}
+    for chunk in client.chat.completions.create(model="hosted/noids", messages=MESSAGES, tools=TOOLS, stream=True):
+        for sc in chunk.choices:
+            for c in sc.delta.tool_calls or ():
+                if c.id is not None:
+                    pieces[c.index] = pieces.get(c.index, 0) + 1
+                    ids[c.index] = c.id
+    assert sorted(ids) == [0, 1] and pieces == {0: 1, 1: 1} and len({*ids.values(), call.id}) == 3, ids
+    assert all(i.startswith("call_") for i in ids.values())
+    # The conversation with the answer's call and its result goes back as it came: no 400.
+    turn: Any = answer.choices[0].message.model_dump(exclude_none=True)
+    result: Any = {"role": "tool", "tool_call_id": call.id, "content": "57F"}
+    again = client.chat.completions.create(model="hosted/noids", messages=[*MESSAGES, turn, result], tools=TOOLS)
+    assert again.choices[0].finish_reason == "tool_calls"
+    assert received[-1].json()["messages"][-2]["tool_calls"][0]["id"] == call.id
 
 
 def test_kind_without_chat_is_a_400_naming_the_provider(api: httpx.Client, received: list[Received]) -> None:

@@ -153,6 +153,21 @@ def test_recorded_tool_call_answer() -> None:
     assert usage.prompt_tokens_details is not None and usage.prompt_tokens_details.cached_tokens == 1024
 
 
+def test_a_tool_call_without_an_id_gets_one() -> None:
+    # Cohere's v2 answers always carry one; were it left out or empty (the recording with it taken out), the
+    # client would get a call it could not answer: the gateway makes one, buffered as streamed.
+    recorded = fixture_json("cohere/v2_chat_tool_call.json")
+    del recorded["message"]["tool_calls"][0]["id"]
+    answer = CohereAdapter().parse_chat_response(json.dumps(recorded).encode(), _ctx())
+    assert [c.id for c in answer.choices[0].message.tool_calls or []] == ["call_c1_0_0"]
+    raw = fixture_bytes("cohere/v2_chat_stream_tool_calls.sse.txt").decode()
+    starts = [line[len("data: ") :] for line in raw.splitlines() if '"tool-call-start"' in line]
+    start = json.loads(starts[0])
+    start["delta"]["message"]["tool_calls"]["id"] = ""
+    chunk = CohereAdapter().parse_chat_event(None, json.dumps(start).encode(), _ctx())
+    assert chunk is not None and [c.id for c in chunk.choices[0].delta.tool_calls or []] == ["call_c1_0_0"]
+
+
 def test_recorded_text_answer() -> None:
     answer = CohereAdapter().parse_chat_response(fixture_bytes("cohere/v2_chat_stop_sequence.json"), _ctx())
     (choice,) = answer.choices

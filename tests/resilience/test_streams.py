@@ -103,10 +103,12 @@ async def test_failover_before_the_first_event_is_invisible(
     assert_recorded_stream(answer)
 
 
+@pytest.mark.parametrize("usage", [None, (5, 0)], ids=["done-alone", "usage-then-done"])
 async def test_a_stream_that_ends_before_its_first_event_fails_over(
-    make: MakePipeline, faults: FaultServer, vtime: VirtualTime, reference: Reference
+    make: MakePipeline, faults: FaultServer, vtime: VirtualTime, reference: Reference, usage: tuple[int, int] | None
 ) -> None:
-    faults["alpha"].script(stream([]))  # 200, then only `data: [DONE]`: nothing was generated
+    # 200, then only `data: [DONE]` (after the usage chunk, with `usage`): nothing was generated.
+    faults["alpha"].script(stream([], usage=usage))
     p = make(ORDERED, top=TOP)
     answer = await ask(p, stream=True)
     assert faults.order() == ["alpha", "beta"]
