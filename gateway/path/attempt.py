@@ -457,8 +457,7 @@ class Attempt:
             events = upstream_events(parse, framing, stream, ctx, self.services.caps.upstream_event_bytes)
             try:
                 first = await anext(events, None)
-                # Events that carry nothing for the client (Azure's prompt-filter chunk, an empty `choices`)
-                # are not a start: the attempt is decided by the first one that does.
+                # Events that carry nothing for the client (Azure's prompt-filter chunk) are not a start.
                 while first is not None and not first.choices and first.usage is None:
                     first = await anext(events, None)
                 if first is not None and not first.choices:
