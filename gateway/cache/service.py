@@ -30,6 +30,7 @@ from gateway.cache.entry import (
     decode_events,
     events_of,
     finished,
+    fresh,
 )
 from gateway.cache.hit import replayed
 from gateway.cache.inflight import coalesced, deadline_of
@@ -79,7 +80,7 @@ class Cache:
         # On the cache's clock (`Lookup.done`); evictions counted by the tally (a full store evicts on every miss).
         self.memory = MemoryStore(cfg.cache.max_bytes, clock=clock, on_evict=on_evict)
         on_corrupt = metrics.cache_redis_not_entries.inc if metrics is not None else None
-        self.redis = RedisStore(shared, on_corrupt) if shared.configured else None
+        self.redis = RedisStore(shared, on_corrupt, clock) if shared.configured else None
         self.policies = Policies(loaded, self.memory, self.redis)
         self._policies, self._scopes = self.policies.known, self.policies.scopes  # probed on every request
         self.inflight: dict[bytes, Lookup] = {}  # per key: the request in flight that will store its answer
@@ -197,8 +198,10 @@ class Cache:
         found: list[Entry | None] = [None] * len(lookup.keys)
         lookup.found = found
         if not cc.no_cache:
+            now, ttl_s, max_age = self.clock(), lookup.policy.ttl_s, cc.max_age  # type: ignore[union-attr]
             for i, entry in enumerate(stored):
-                if entry is not None and (cc.max_age is None or self.clock() - entry.stored <= cc.max_age):
+                # Never past its policy's `ttl_s` by this process's clock, whatever expiry its writer gave it.
+                if entry is not None and fresh(entry, now, ttl_s, max_age):
                     found[i] = entry if len(stored) == 1 else events_of(entry)  # a batch joins events
             if None not in found:
                 return lookup.served_by(HIT, assembled(found, n))  # type: ignore[arg-type]

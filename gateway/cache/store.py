@@ -152,8 +152,11 @@ class RedisStore:
 
     kind = "redis"
 
-    def __init__(self, shared: SharedState, on_corrupt: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, shared: SharedState, on_corrupt: Callable[[], None] | None = None, clock: Callable[[], float] = time.time
+    ) -> None:
         self.shared = shared
+        self.clock = clock  # the wall clock an entry's time is read against (`entry.read`)
         self.corrupt = 0  # values read that were not entries: each a miss, counted and logged once
         self.refused = 0  # writes the Redis refused (logged once): the answer was not stored
         self.on_corrupt = on_corrupt
@@ -176,7 +179,7 @@ class RedisStore:
     def _entry(self, raw: Any, max_bytes: int, n: int, chat: bool) -> Entry | None:
         """`raw` (a value read) as an entry answering a request for `n` choices (of chat, or not), or a miss; a
         value that is not one is counted and logged."""
-        found = read(raw, max_bytes, n, chat) if isinstance(raw, bytes) else None
+        found = read(raw, max_bytes, self.clock(), n, chat) if isinstance(raw, bytes) else None
         if found is None or type(found) is Entry:
             return found
         self.corrupt += 1
