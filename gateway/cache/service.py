@@ -1,7 +1,8 @@
 """The cache's policy for one request: covered or not, looked up, coalesced, replayed or stored.
 
-`Cache.lookup` runs once a request is decoded, authorized and routed, before its admission: a hit (or
-an identical request in flight whose answer this one waits for) is admitted without token costs. The
+`Cache.lookup` runs once a request is decoded, authorized and routed, before its admission: a hit is
+admitted without token costs; a request identical to one in flight is admitted as the request it may yet
+have to make, then waits for that one's answer (`Cache.coalesce`), its tokens given back if it gets it. The
 pipeline then hands the request to `Lookup.serve`, which replays an entry or runs the upstream path and
 stores its answer: a buffered answer at once, a stream through `Lookup.chunk` / `Lookup.finish` (called
 by the relay at a normal end only). A buffered miss of one prompt in memory (`direct`) skips `serve`:
@@ -109,8 +110,9 @@ class Cache:
         self, req: CompletionRequest, key: str | None, headers: Mapping[str, str], rec: Record, plan: Plan
     ) -> Lookup | None | Coroutine[Any, Any, Lookup | None]:
         """None when no cache covers the request's model; else what the cache found for it: as is when found in
-        memory, or a coroutine to await when a Redis read or an identical request in flight must be waited for
-        (no longer than the request's own deadline: its `inference_timeout`, else its `plan`'s `total_ms`)."""
+        memory, or a coroutine to await when a Redis read must be waited for. A lookup with a request `ahead` (an
+        identical one in flight) is to wait for its answer once admitted (`coalesce`), no longer than the request's
+        own deadline: its `inference_timeout`, else its `plan`'s `total_ms`."""
         pol, tag, targets = self._policies.get(req.model) or self.policies.of(req.model)
         if pol is None:
             return None
@@ -187,13 +189,12 @@ class Cache:
         # What is read must answer this request (its `n` choices, a chat's answer or a completion's): a value
         # another process wrote under this name may be anything.
         stored = await pol.store.get_many(lookup.keys, lookup.tag, pol.max_entry_bytes, req.n or 1, chat)
-        decided = self._decide(lookup, req, cc, stored, plan)
-        return decided if isinstance(decided, Lookup) else await decided
+        return self._decide(lookup, req, cc, stored, plan)
 
     def _decide(
         self, lookup: Lookup, req: CompletionRequest, cc: Controls, stored: list[Entry | None], plan: Plan
-    ) -> Lookup | Coroutine[Any, Any, Lookup]:
-        """What the entries read say: a hit, a wait for the identical request in flight, or a miss."""
+    ) -> Lookup:
+        """What the entries read say: a hit, a wait for the identical request in flight (`ahead`), or a miss."""
         n = lookup.n = req.n or 1
         found: list[Entry | None] = [None] * len(lookup.keys)
         lookup.found = found
@@ -207,14 +208,20 @@ class Cache:
                 return lookup.served_by(HIT, assembled(found, n))  # type: ignore[arg-type]
             ahead = self.inflight.get(lookup.digest)
             if ahead is not None and not cc.only_if_cached:
-                return self._coalesce(ahead, lookup, req, cc, plan)
+                # It waits for that one's answer (`coalesce`) once admitted, as the request it may yet have to make
+                # is: a request waiting holds its key's `concurrent` slot, and is counted in its request rates.
+                lookup.ahead, lookup.until = ahead, deadline_of(req, plan)
+                return lookup
         return self._miss(lookup, req, cc)
 
-    async def _coalesce(
-        self, ahead: Lookup, lookup: Lookup, req: CompletionRequest, cc: Controls, plan: Plan
-    ) -> Lookup:
-        entry = await coalesced(self.inflight, ahead, lookup.digest, lookup.n, deadline_of(req, plan))
-        return lookup.served_by(COALESCED, entry) if entry is not None else self._miss(lookup, req, cc)
+    async def coalesce(self, lookup: Lookup, req: CompletionRequest) -> Lookup:
+        """`lookup` (one with a request `ahead`, admitted) answered by the identical request in flight, or made a
+        miss when it must ask the upstream itself; a 504 past its deadline."""
+        ahead, lookup.ahead = lookup.ahead, None
+        assert ahead is not None
+        entry = await coalesced(self.inflight, ahead, lookup.digest, lookup.n, lookup.until)
+        # Only a lookup without `no-cache` or `only-if-cached` waits: a miss with no directive to honour.
+        return lookup.served_by(COALESCED, entry) if entry is not None else self._miss(lookup, req, NO_CONTROLS)
 
     def _miss(self, lookup: Lookup, req: CompletionRequest, cc: Controls) -> Lookup:
         if cc.only_if_cached:
@@ -264,6 +271,8 @@ class Lookup(msgspec.Struct):
     found: list[Entry | None] = _NO_ITEMS  # per prompt: the entry already stored
     entry: Entry | None = None  # what a hit (or a coalesced request) is answered with
     waiter: asyncio.Future[Entry | None] | None = None  # made by the first that waits
+    ahead: Lookup | None = None  # the identical request in flight this one is to wait for, once admitted
+    until: float = 0.0  # when (the loop's time) it stops waiting: its own deadline
     result: list[Entry] | None = None  # what it stored, for one that comes to wait after
     # A stream's chunks, encoded as the relay sends them (`entry.add_event`), while they can still be stored:
     # how many, which choices got their finish reason, and what they may come to before they cannot.
