@@ -133,7 +133,7 @@ class Cache:
                 digest = scope + canonical(req) + targets
             memory = self.memory
             # `fetch` called only for a key stored: a miss costs one dict probe, not a call.
-            if digest in memory.entries and (entry := memory.fetch(digest)) is not None:  # a plain hit
+            if digest in memory.entries and (entry := memory.fetch(digest, pol.ttl_s)) is not None:  # a plain hit
                 return Lookup(self, HIT, rec, None, digest, tag, entry=entry)
             if digest not in self.inflight:
                 # Nothing stored, no identical request in flight: this one asks and stores (`Lookup.done`).
@@ -155,7 +155,7 @@ class Cache:
             if cc.no_cache:
                 return self._decide(lookup, req, cc, [], plan)
             if pol.memory:
-                entry = self.memory.fetch(digest)
+                entry = self.memory.fetch(digest, pol.ttl_s)
                 if cc is NO_CONTROLS:
                     if entry is not None:  # the plain hit
                         return lookup.served_by(HIT, entry)
@@ -398,7 +398,7 @@ class Lookup(msgspec.Struct):
             # Its own: a leading request is the one `inflight` holds (and `abandon` after this finds it gone).
             del cache.inflight[digest]
         if counted <= pol.max_entry_bytes:  # type: ignore[union-attr]
-            cache.memory.keep(digest, self.tag, entry, counted, pol.ttl_s)  # type: ignore[union-attr]
+            cache.memory.keep(digest, self.tag, entry, counted)
         else:
             counted = 0
         # `count`, inlined: every miss ends here, and a call of its own cost more than its body.
