@@ -209,8 +209,11 @@ class Cache:
             ahead = self.inflight.get(lookup.digest)
             if ahead is not None and not cc.only_if_cached:
                 # It waits for that one's answer (`coalesce`) once admitted, as the request it may yet have to make
-                # is: a request waiting holds its key's `concurrent` slot, and is counted in its request rates.
+                # is: a request waiting holds its key's `concurrent` slot, and is counted in its request rates. The
+                # future it waits on is made now: the answer may come while it is admitted (a queue, a Redis trip).
                 lookup.ahead, lookup.until = ahead, deadline_of(req, plan)
+                if ahead.waiter is None:
+                    ahead.waiter = asyncio.get_running_loop().create_future()
                 return lookup
         return self._miss(lookup, req, cc)
 

@@ -175,3 +175,27 @@ def test_a_waiter_never_receives_another_tenants_answer(upstream: Upstream, tmp_
     text = {name: a.json()["choices"][0]["text"] for name, a in answers.items()}
     assert text == {"a": "answer 1", "a2": "answer 1", "b": "answer 2", "b2": "answer 2"}
     assert [answers[n].headers["x-gateway-cache"] for n in ("a", "a2", "b", "b2")] == ["miss", "coalesced"] * 2
+
+
+def test_a_waiter_queued_for_its_slot_gets_the_answer_that_came_meanwhile(upstream: Upstream, tmp_path: Path) -> None:
+    # `concurrent: 1` with a queue: the waiter waits for the leader's slot before it waits for the leader's
+    # answer. The answer comes, and the slot frees, while it is queued: it is served that answer at once.
+    text = config(upstream).replace(
+        "keys:\n", f'keys:\n  - {{name: carol, key: "{CAROL}", limits: {{concurrent: 1, max_queue_ms: 8000}}}}\n', 1
+    )
+    gate = _gated(upstream)
+    payload = {"model": MODEL, "prompt": "waiters: queued", "max_tokens": 5, "temperature": 0, "inference_timeout": 6}
+    headers = {"authorization": f"Bearer {CAROL}"}
+    with serve_config(tmp_path, text) as gw, httpx.Client(base_url=gw.url, timeout=30, trust_env=False) as c:
+        with ThreadPoolExecutor(2) as pool:
+            leader = pool.submit(c.post, "/v1/completions", json=payload, headers=headers)
+            wait_until(lambda: len(upstream.received) == 1, timeout=10)
+            waiter = pool.submit(c.post, "/v1/completions", json=payload, headers=headers)
+            wait_until(lambda: _waiting(gw), timeout=10)  # it is queued for the slot, bound to wait after
+            gate.set()
+            first, second = leader.result(timeout=30), waiter.result(timeout=30)
+    assert first.status_code == 200 and first.headers["x-gateway-cache"] == "miss"
+    assert second.status_code == 200, second.text
+    assert second.headers["x-gateway-cache"] == "coalesced"
+    assert second.json()["choices"] == first.json()["choices"]
+    assert len(upstream.received) == 1
