@@ -190,7 +190,7 @@ def store_batch(
         raw = dump(entry)  # an entry of events counts as its encoding, in memory too (`entry.size`)
         if len(raw) <= pol.max_entry_bytes:
             if here:
-                memory.keep(lookup.keys[i], lookup.tag, raw, len(raw), pol.ttl_s)
+                memory.keep(lookup.keys[i], lookup.tag, raw, len(raw))
             else:
                 remote.append((lookup.keys[i], raw))
             stored += len(raw)
@@ -246,7 +246,7 @@ def kept(lookup: Storing, raw: bytes, entry: Entry | None, prompt: int) -> bytes
         return None
     cache.count_stored(lookup.rec, len(raw))
     if here:
-        memory.keep(lookup.keys[prompt], lookup.tag, raw, len(raw), pol.ttl_s)
+        memory.keep(lookup.keys[prompt], lookup.tag, raw, len(raw))
         return None
     return raw
 

@@ -107,11 +107,26 @@ _NAME_CHARS: Final = 1024
 _TOKENS: Final = 1 << 32
 
 
-def read(raw: bytes | None, max_bytes: int, n: int = 1, chat: bool = False) -> Entry | str | None:
+# How far ahead of this process's clock an entry's time may lie and the entry still serve: another replica's
+# clock running ahead. An entry serves until `ttl_s` after its time by this process's clock (`fresh`), so at most
+# this much longer than `ttl_s`; one stamped further ahead is not an entry (docs/cache.md).
+CLOCK_SKEW_S: Final = 5.0
+
+
+def fresh(entry: Entry, now: float, ttl_s: int, max_age: int | None = None) -> bool:
+    """Whether `entry` may still serve at `now` (this process's wall clock) under a policy of `ttl_s`, to a request
+    that accepts answers up to `max_age` old: whoever wrote it and with whatever expiry, never past `ttl_s` after
+    its time as this process counts it."""
+    age = now - entry.stored
+    return age < ttl_s and (max_age is None or age <= max_age)
+
+
+def read(raw: bytes | None, max_bytes: int, now: float, n: int = 1, chat: bool = False) -> Entry | str | None:
     """The entry in `raw` (from outside the process: checked whole, so that serving it cannot fail), None when
     absent or of another version, else what is wrong with it. Another process may have written any entry under
     any name: only one that answers this request (a chat answer to a chat request, a completion's to a
-    completion, its `n` choices each finished) is one."""
+    completion, its `n` choices each finished), stamped no more than `CLOCK_SKEW_S` past `now` (this process's
+    wall clock), is one."""
     if raw is None:
         return None
     if len(raw) > max_bytes:
@@ -124,6 +139,9 @@ def read(raw: bytes | None, max_bytes: int, n: int = 1, chat: bool = False) -> E
             return None
         if not math.isfinite(entry.stored):
             return "its time is not a number"
+        if entry.stored - now > CLOCK_SKEW_S:
+            # Fresh by its own time far longer than `ttl_s`: a clock far ahead, or a time no answer had.
+            return f"stamped {entry.stored - now:.0f} s ahead of this replica's clock"
         if not all(0 < len(name) <= _NAME_CHARS and name.isprintable() for name in (entry.provider, entry.target)):
             return "its target is not a name"  # sent in header lines (`x-gateway-model`)
         usage = entry.usage
@@ -290,6 +308,7 @@ async def replay_stream(entry: Entry, ctx: CallContext, want_usage: bool) -> Asy
 
 
 __all__ = [
+    "CLOCK_SKEW_S",
     "MAGIC",
     "OVERHEAD",
     "VERSION",
@@ -304,6 +323,7 @@ __all__ = [
     "events_of",
     "encode_entry",
     "finished",
+    "fresh",
     "held",
     "merged",
     "read",

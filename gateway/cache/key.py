@@ -6,20 +6,23 @@ are already one field. The request struct is encoded in its declared field order
 needs a new entry VERSION) with object keys sorted at every depth, so neither the order fields arrived in
 nor the order inside `inference_extra_params` changes the key, while every field the client set
 (provider-native fields included) does; the gateway's count of what is sent beside the prompt
-(`unrendered`) is left out, being made from them. The scope is prefixed; an alias's keys end with a digest
-of its targets' models. `stream`, `stream_options` and `inference_timeout` say how the answer is delivered,
-not what it is: left out, so a buffered request and a streamed one share an entry. The memory store and the
-requests in flight are keyed by these bytes (no hashing on the request path); a Redis name by their SHA-256.
+(`unrendered`) is left out, being made from them. The scope is prefixed; every key ends with a digest of the
+models the name asked for routes to and of their providers' servers (`targets_of`, once per config and model
+name). `stream`, `stream_options` and `inference_timeout` say how the answer is delivered, not what it is:
+left out, so a buffered request and a streamed one share an entry. The memory store and the requests in
+flight are keyed by these bytes (no hashing on the request path); a Redis name by their SHA-256.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from typing import Final
 
 import msgspec
 
 from gateway.cache.entry import VERSION
+from gateway.config import ProviderConfig
 from wire.schema import CompletionRequest
 
 # `cache_key`'s, of a request without its delivery fields: MessagePack, not JSON (the same canonical form, a
@@ -53,19 +56,32 @@ BATCH_KEYS_BYTES: Final = 4 * 1024 * 1024
 
 
 def cache_key(req: CompletionRequest, scope: bytes, targets: bytes = b"") -> bytes:
-    """`req` (normalized) in its canonical encoding, as the answer's identity, within `scope`, for an alias
-    naming `targets` (`targets_of`; empty for a `vendor/model` name)."""
+    """`req` (normalized) in its canonical encoding, as the answer's identity, within `scope`, for the model it
+    asks for routed to `targets` (`targets_of`)."""
     if req.stream is not None or req.stream_options is not None or req.inference_timeout is not None:
         req = msgspec.structs.replace(req, stream=None, stream_options=None, inference_timeout=None, unrendered=None)
-    # After the encoding, which ends where it ends (MessagePack, or a JSON object), so no key of one alias's
+    # After the encoding, which ends where it ends (MessagePack, or a JSON object), so no key of one set of
     # targets can be another's.
     return scope + canonical(req) + targets
 
 
-def targets_of(models: list[str]) -> bytes:
-    """What an alias's keys end with: a digest of the models its targets name (in any order, any weight), so
-    a reload that points the alias at other models does not serve their answers to it."""
-    return b"\x00t" + hashlib.sha256("\n".join(sorted(set(models))).encode("utf-8", "surrogatepass")).digest()[:16]
+def backend_of(provider: ProviderConfig) -> str:
+    """What identifies the servers a provider's requests go to: its kind, its URLs (`base_url`, each deployment's,
+    each replica's), API version and region, as a digest (a URL may carry a credential; the provider's key is
+    not in it). Its name, limits, timeouts, headers and keys are not: changing those leaves its answers serving."""
+    deployments = sorted((d, c.base_url, c.api_version, c.name) for d, c in provider.deployments.items())
+    replicas = sorted({r if isinstance(r, str) else r.url for r in provider.replicas})
+    what = (provider.kind, provider.base_url, provider.api_version, provider.region, deployments, replicas)
+    return hashlib.sha256(packed(what)).hexdigest()[:32]
+
+
+def targets_of(models: list[str], backends: Mapping[str, str]) -> bytes:
+    """What the keys of a model asked for end with: a digest of the models it routes to (an alias's targets, in
+    any order, any weight; a `vendor/model` name itself) and of each one's provider's servers (`backends`, per
+    provider name: `backend_of`), so a reload that points it at other models or other servers does not serve
+    their former answers."""
+    named = sorted({f"{m}\x00{backends.get(m.partition('/')[0], '')}" for m in models})
+    return b"\x00t" + hashlib.sha256("\n".join(named).encode("utf-8", "surrogatepass")).digest()[:16]
 
 
 def digest(key: bytes) -> str:
@@ -87,4 +103,4 @@ _TAGS: Final[dict[str, str]] = {}
 _TAGS_MAX: Final = 1024
 
 
-__all__ = ["BATCH_KEYS_BYTES", "cache_key", "canonical", "digest", "model_tag", "packed", "targets_of"]
+__all__ = ["BATCH_KEYS_BYTES", "backend_of", "cache_key", "canonical", "digest", "model_tag", "packed", "targets_of"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from gateway.cache.key import model_tag, targets_of
+from gateway.cache.key import backend_of, model_tag, targets_of
 from gateway.cache.store import Store
 from gateway.config import CacheConfig, LoadedConfig
 from wire.errors import GatewayError
@@ -59,8 +59,10 @@ class Policies:
             else:
                 vendor = alias.targets[0].model.partition("/")[0]
                 self.aliases[alias.name] = self.providers.get(vendor, self.default)
-        # Per alias: what its keys end with, so that its answers serve only while it names the same targets.
-        self.targets = {alias.name: targets_of([t.model for t in alias.targets]) for alias in cfg.models}
+        # Per provider: what identifies its servers. Per alias: what its keys end with, so that its answers serve
+        # only while it names the same targets on the same servers (a `vendor/model` name's: `of`).
+        self.backends = {name: backend_of(p) for name, p in loaded.providers.items()}
+        self.targets = {alias.name: targets_of([t.model for t in alias.targets], self.backends) for alias in cfg.models}
         # Per model name: its policy, model tag and what its keys end with.
         self.known: dict[str, tuple[Policy | None, str, bytes]] = {}
         self.scopes: dict[str | None, bytes] = {}  # per API key identity (`ClientKey.ident`): its tenant scope
@@ -75,7 +77,11 @@ class Policies:
         """`model`'s policy, tag and key suffix, resolved once (`known` is probed first on the request path)."""
         if len(self.known) >= 4096:
             self.known.clear()  # client-chosen model names cannot grow it
-        known = self.known[model] = (self.policy(model), model_tag(model), self.targets.get(model, b""))
+        pol = self.policy(model)
+        targets = self.targets.get(model) if pol is not None else b""
+        if targets is None:
+            targets = targets_of([model], self.backends)
+        known = self.known[model] = (pol, model_tag(model), targets)
         return known
 
     def scope(self, pol: Policy, key: str | None) -> bytes:

@@ -1,7 +1,8 @@
 """The cache's policy for one request: covered or not, looked up, coalesced, replayed or stored.
 
-`Cache.lookup` runs once a request is decoded, authorized and routed, before its admission: a hit (or
-an identical request in flight whose answer this one waits for) is admitted without token costs. The
+`Cache.lookup` runs once a request is decoded, authorized and routed, before its admission: a hit is
+admitted without token costs; a request identical to one in flight is admitted as the request it may yet
+have to make, then waits for that one's answer (`Cache.coalesce`), its tokens given back if it gets it. The
 pipeline then hands the request to `Lookup.serve`, which replays an entry or runs the upstream path and
 stores its answer: a buffered answer at once, a stream through `Lookup.chunk` / `Lookup.finish` (called
 by the relay at a normal end only). A buffered miss of one prompt in memory (`direct`) skips `serve`:
@@ -30,6 +31,7 @@ from gateway.cache.entry import (
     decode_events,
     events_of,
     finished,
+    fresh,
 )
 from gateway.cache.hit import replayed
 from gateway.cache.inflight import coalesced, deadline_of
@@ -79,7 +81,7 @@ class Cache:
         # On the cache's clock (`Lookup.done`); evictions counted by the tally (a full store evicts on every miss).
         self.memory = MemoryStore(cfg.cache.max_bytes, clock=clock, on_evict=on_evict)
         on_corrupt = metrics.cache_redis_not_entries.inc if metrics is not None else None
-        self.redis = RedisStore(shared, on_corrupt) if shared.configured else None
+        self.redis = RedisStore(shared, on_corrupt, clock) if shared.configured else None
         self.policies = Policies(loaded, self.memory, self.redis)
         self._policies, self._scopes = self.policies.known, self.policies.scopes  # probed on every request
         self.inflight: dict[bytes, Lookup] = {}  # per key: the request in flight that will store its answer
@@ -108,8 +110,9 @@ class Cache:
         self, req: CompletionRequest, key: str | None, headers: Mapping[str, str], rec: Record, plan: Plan
     ) -> Lookup | None | Coroutine[Any, Any, Lookup | None]:
         """None when no cache covers the request's model; else what the cache found for it: as is when found in
-        memory, or a coroutine to await when a Redis read or an identical request in flight must be waited for
-        (no longer than the request's own deadline: its `inference_timeout`, else its `plan`'s `total_ms`)."""
+        memory, or a coroutine to await when a Redis read must be waited for. A lookup with a request `ahead` (an
+        identical one in flight) is to wait for its answer once admitted (`coalesce`), no longer than the request's
+        own deadline: its `inference_timeout`, else its `plan`'s `total_ms`."""
         pol, tag, targets = self._policies.get(req.model) or self.policies.of(req.model)
         if pol is None:
             return None
@@ -130,7 +133,7 @@ class Cache:
                 digest = scope + canonical(req) + targets
             memory = self.memory
             # `fetch` called only for a key stored: a miss costs one dict probe, not a call.
-            if digest in memory.entries and (entry := memory.fetch(digest)) is not None:  # a plain hit
+            if digest in memory.entries and (entry := memory.fetch(digest, pol.ttl_s)) is not None:  # a plain hit
                 return Lookup(self, HIT, rec, None, digest, tag, entry=entry)
             if digest not in self.inflight:
                 # Nothing stored, no identical request in flight: this one asks and stores (`Lookup.done`).
@@ -152,7 +155,7 @@ class Cache:
             if cc.no_cache:
                 return self._decide(lookup, req, cc, [], plan)
             if pol.memory:
-                entry = self.memory.fetch(digest)
+                entry = self.memory.fetch(digest, pol.ttl_s)
                 if cc is NO_CONTROLS:
                     if entry is not None:  # the plain hit
                         return lookup.served_by(HIT, entry)
@@ -186,32 +189,42 @@ class Cache:
         # What is read must answer this request (its `n` choices, a chat's answer or a completion's): a value
         # another process wrote under this name may be anything.
         stored = await pol.store.get_many(lookup.keys, lookup.tag, pol.max_entry_bytes, req.n or 1, chat)
-        decided = self._decide(lookup, req, cc, stored, plan)
-        return decided if isinstance(decided, Lookup) else await decided
+        return self._decide(lookup, req, cc, stored, plan)
 
     def _decide(
         self, lookup: Lookup, req: CompletionRequest, cc: Controls, stored: list[Entry | None], plan: Plan
-    ) -> Lookup | Coroutine[Any, Any, Lookup]:
-        """What the entries read say: a hit, a wait for the identical request in flight, or a miss."""
+    ) -> Lookup:
+        """What the entries read say: a hit, a wait for the identical request in flight (`ahead`), or a miss."""
         n = lookup.n = req.n or 1
         found: list[Entry | None] = [None] * len(lookup.keys)
         lookup.found = found
         if not cc.no_cache:
+            now, ttl_s, max_age = self.clock(), lookup.policy.ttl_s, cc.max_age  # type: ignore[union-attr]
             for i, entry in enumerate(stored):
-                if entry is not None and (cc.max_age is None or self.clock() - entry.stored <= cc.max_age):
+                # Never past its policy's `ttl_s` by this process's clock, whatever expiry its writer gave it.
+                if entry is not None and fresh(entry, now, ttl_s, max_age):
                     found[i] = entry if len(stored) == 1 else events_of(entry)  # a batch joins events
             if None not in found:
                 return lookup.served_by(HIT, assembled(found, n))  # type: ignore[arg-type]
             ahead = self.inflight.get(lookup.digest)
             if ahead is not None and not cc.only_if_cached:
-                return self._coalesce(ahead, lookup, req, cc, plan)
+                # It waits for that one's answer (`coalesce`) once admitted, as the request it may yet have to make
+                # is: a request waiting holds its key's `concurrent` slot, and is counted in its request rates. The
+                # future it waits on is made now: the answer may come while it is admitted (a queue, a Redis trip).
+                lookup.ahead, lookup.until = ahead, deadline_of(req, plan)
+                if ahead.waiter is None:
+                    ahead.waiter = asyncio.get_running_loop().create_future()
+                return lookup
         return self._miss(lookup, req, cc)
 
-    async def _coalesce(
-        self, ahead: Lookup, lookup: Lookup, req: CompletionRequest, cc: Controls, plan: Plan
-    ) -> Lookup:
-        entry = await coalesced(self.inflight, ahead, lookup.digest, lookup.n, deadline_of(req, plan))
-        return lookup.served_by(COALESCED, entry) if entry is not None else self._miss(lookup, req, cc)
+    async def coalesce(self, lookup: Lookup, req: CompletionRequest) -> Lookup:
+        """`lookup` (one with a request `ahead`, admitted) answered by the identical request in flight, or made a
+        miss when it must ask the upstream itself; a 504 past its deadline."""
+        ahead, lookup.ahead = lookup.ahead, None
+        assert ahead is not None
+        entry = await coalesced(self.inflight, ahead, lookup.digest, lookup.n, lookup.until)
+        # Only a lookup without `no-cache` or `only-if-cached` waits: a miss with no directive to honour.
+        return lookup.served_by(COALESCED, entry) if entry is not None else self._miss(lookup, req, NO_CONTROLS)
 
     def _miss(self, lookup: Lookup, req: CompletionRequest, cc: Controls) -> Lookup:
         if cc.only_if_cached:
@@ -261,6 +274,8 @@ class Lookup(msgspec.Struct):
     found: list[Entry | None] = _NO_ITEMS  # per prompt: the entry already stored
     entry: Entry | None = None  # what a hit (or a coalesced request) is answered with
     waiter: asyncio.Future[Entry | None] | None = None  # made by the first that waits
+    ahead: Lookup | None = None  # the identical request in flight this one is to wait for, once admitted
+    until: float = 0.0  # when (the loop's time) it stops waiting: its own deadline
     result: list[Entry] | None = None  # what it stored, for one that comes to wait after
     # A stream's chunks, encoded as the relay sends them (`entry.add_event`), while they can still be stored:
     # how many, which choices got their finish reason, and what they may come to before they cannot.
@@ -386,7 +401,7 @@ class Lookup(msgspec.Struct):
             # Its own: a leading request is the one `inflight` holds (and `abandon` after this finds it gone).
             del cache.inflight[digest]
         if counted <= pol.max_entry_bytes:  # type: ignore[union-attr]
-            cache.memory.keep(digest, self.tag, entry, counted, pol.ttl_s)  # type: ignore[union-attr]
+            cache.memory.keep(digest, self.tag, entry, counted)
         else:
             counted = 0
         # `count`, inlined: every miss ends here, and a call of its own cost more than its body.

@@ -11,6 +11,7 @@ a miss and every write a no-op: the cache never fails a request.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -39,13 +40,13 @@ _NOT_A_STRING: Final = b"\x00"
 
 
 class Kept(msgspec.Struct, gc=False):  # holds no container, so no cycle
-    """What the memory store keeps per key: the entry (or its `dump`), when it expires, its model tag, and what
+    """What the memory store keeps per key: the entry (or its `dump`), when it was stored, its model tag, and what
     it counts in `bytes`. Not a tuple: a tuple is allocated tracked by the collector, so every stored entry
     counted toward the next young collection (one every few thousand misses, walking every request in
     flight); this struct is never tracked."""
 
     entry: Entry | bytes
-    expires: float
+    stored: float  # on the store's clock: it expires `ttl_s` after, by the `ttl_s` in force when it is read
     tag: str
     cost: int
 
@@ -88,12 +89,13 @@ class MemoryStore:
     def _drop(self, key: bytes) -> None:
         self.bytes -= self.entries.pop(key).cost
 
-    def fetch(self, key: bytes) -> Entry | None:
-        """The entry stored under `key`, unexpired (shared: the caller never changes it)."""
+    def fetch(self, key: bytes, ttl_s: float) -> Entry | None:
+        """The entry stored under `key` less than `ttl_s` ago (shared: the caller never changes it). The policy's
+        `ttl_s` as it is now, not as it was when stored: a reload that shortens it holds at once."""
         found = self.entries.get(key)
         if found is None:
             return None
-        if self.clock() >= found.expires:
+        if self.clock() - found.stored >= ttl_s:
             self._drop(key)
             return None
         self.entries.move_to_end(key)
@@ -103,9 +105,10 @@ class MemoryStore:
     async def get_many(
         self, keys: list[bytes], tag: str, max_bytes: int, n: int = 1, chat: bool = False
     ) -> list[Entry | None]:
-        return [self.fetch(k) for k in keys]  # stored by this process, within `max_entry_bytes` already
+        # Stored by this process, within `max_entry_bytes` already; the reader checks each against its `ttl_s`.
+        return [self.fetch(k, math.inf) for k in keys]
 
-    def keep(self, key: bytes, tag: str, entry: Entry | bytes, size: int, ttl_s: int) -> None:
+    def keep(self, key: bytes, tag: str, entry: Entry | bytes, size: int) -> None:
         """`entry` (or its `dump`) stored under `key`, counted as `size` (`entry.size`), the key's length and
         `SLOT`."""
         cost = size + len(key) + SLOT
@@ -116,7 +119,7 @@ class MemoryStore:
             self.bytes -= entries.pop(key).cost
         if self.bytes + cost > self.max_bytes:
             self.evict(cost)  # a full store's every miss: no call per entry evicted
-        entries[key] = Kept(entry, self.clock() + ttl_s, tag, cost)
+        entries[key] = Kept(entry, self.clock(), tag, cost)
         self.bytes += cost
 
     def evict(self, room: int) -> None:
@@ -152,8 +155,11 @@ class RedisStore:
 
     kind = "redis"
 
-    def __init__(self, shared: SharedState, on_corrupt: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, shared: SharedState, on_corrupt: Callable[[], None] | None = None, clock: Callable[[], float] = time.time
+    ) -> None:
         self.shared = shared
+        self.clock = clock  # the wall clock an entry's time is read against (`entry.read`)
         self.corrupt = 0  # values read that were not entries: each a miss, counted and logged once
         self.refused = 0  # writes the Redis refused (logged once): the answer was not stored
         self.on_corrupt = on_corrupt
@@ -176,7 +182,7 @@ class RedisStore:
     def _entry(self, raw: Any, max_bytes: int, n: int, chat: bool) -> Entry | None:
         """`raw` (a value read) as an entry answering a request for `n` choices (of chat, or not), or a miss; a
         value that is not one is counted and logged."""
-        found = read(raw, max_bytes, n, chat) if isinstance(raw, bytes) else None
+        found = read(raw, max_bytes, self.clock(), n, chat) if isinstance(raw, bytes) else None
         if found is None or type(found) is Entry:
             return found
         self.corrupt += 1

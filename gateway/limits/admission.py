@@ -211,11 +211,14 @@ class Admission:
         *,
         free: bool = False,
         meanwhile: Callable[[], None] | None = None,
+        waits: bool = False,
     ) -> Ticket | None:
         """`free`: an answer the cache serves, which costs no upstream call: the key's and the alias's request
-        rates still count it, their tokens and the provider's and deployment's quotas do not. `meanwhile`:
-        work to do while the decision is on its way from Redis (called once, and only then)."""
-        direct = plan.single
+        rates still count it, their tokens and the provider's and deployment's quotas do not. `waits`: a request
+        that waits for an identical one in flight and may make no call: charged as any request is, but a direct
+        one's provider and deployment quotas are left to its attempt, as an alias's are. `meanwhile`: work to do
+        while the decision is on its way from Redis (called once, and only then)."""
+        direct = None if waits else plan.single
         # What decides the buckets: the key (a runtime key's own limits are on it), the model, the route.
         route = None if free or direct is None else (direct.provider, direct.endpoint.deployment)
         sig = (None if key is None else (key.ident, key.buckets, key.queue_ms), req.model, free, route)
@@ -228,7 +231,7 @@ class Admission:
         if not buckets:
             return None
         if scopes.tokens:
-            prompt, tokens = self._reserve(req, scopes.tokens, scopes.room, direct or plan.groups[0].routes[0])
+            prompt, tokens = self._reserve(req, scopes.tokens, scopes.room, plan.single or plan.groups[0].routes[0])
         else:
             prompt = tokens = 0
         charges, queue_ms, limiter = scopes.charges, scopes.queue_ms, self.limiter

@@ -337,18 +337,27 @@ class Pipeline:
                 if cached is _LATER:
                     cached = self.cache.lookup(req, rec.key_id, headers, rec, plan)
                 if cached is not None and not isinstance(cached, Lookup):
-                    cached = await cached  # a Redis read, or the identical request in flight waited for
+                    cached = await cached  # a Redis read
             job = op.job(self.services, admission, req, ctx, plan)
+            # Identical to a request in flight: admitted as the upstream request it may yet make (its key's and
+            # alias's tokens and `concurrent` slot held while it waits), its route's quota charged only if it does.
+            waits = cached is not None and cached.ahead is not None
             if admission is not None:
                 try:
                     # An answer the cache serves costs no upstream tokens, and needs no upstream request.
                     free = cached is not None and cached.entry is not None
-                    meanwhile = job.prepare if not free and self._alone() else None
-                    job.ticket = await admission.admit(key, req, plan, free=free, meanwhile=meanwhile)
-                    job.prepaid = plan.single is not None and not free
+                    meanwhile = job.prepare if not free and not waits and self._alone() else None
+                    job.ticket = await admission.admit(key, req, plan, free=free, meanwhile=meanwhile, waits=waits)
+                    job.prepaid = plan.single is not None and not free and not waits
                 except BaseException:
                     if cached is not None:
                         cached.abandon()  # whoever waits on this request's answer asks for itself
+                    raise
+            if waits:
+                try:
+                    cached = await self.cache.coalesce(cached, req)
+                except BaseException:
+                    self.admission.settle(job.ticket, 0)  # past its deadline, or its client gone: nothing used
                     raise
             job.cached = cached
         job.ask = ask

@@ -156,7 +156,7 @@ def _measured(make: Any, n: int = 5000) -> tuple[float, float]:
         before = tracemalloc.take_snapshot()
         for i in range(n):
             value, counted, key = make(i)
-            store.keep(key, "tag", value, counted, 3600)
+            store.keep(key, "tag", value, counted)
         gc.collect()
         after = tracemalloc.take_snapshot()
     finally:

@@ -1,10 +1,14 @@
 """The memory store holds buffered answers as they were sent and shared, and entries of events encoded:
-what it counts against `max_bytes`, and that no request changes an entry it was answered with."""
+what it counts against `max_bytes`, that no request changes an entry it was answered with, and that an entry
+serves no longer than the `ttl_s` in force when it is read."""
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
+
+import pytest
 
 from gateway.cache.entry import OVERHEAD, VERSION, Entry, dump, events_of, size
 from gateway.cache.store import SLOT, MemoryStore
@@ -13,6 +17,7 @@ from tests.helpers.upstreams import Upstream
 from wire.schema import Choice, Usage
 
 from .conftest import ADMIN, client, config
+from .test_alias_targets import _reload
 from .test_buffered import body
 from .test_streams import choices_of, streamed
 
@@ -41,30 +46,30 @@ def test_the_bound_counts_each_entry_and_its_key_and_evicts_the_least_recent() -
     one = 300 + OVERHEAD + 5 + SLOT  # an entry's client bytes, its overhead, its key and the store's slot
     store = MemoryStore(2 * one + 100, clock=lambda: now[0], on_evict=evicted.append)
     a, b, c = entry(b"a" * 300), entry(b"b" * 300), entry(b"c" * 300)
-    store.keep(b"key-a", "t", a, size(a), 60)
-    store.keep(b"key-b", "t", b, size(b), 60)
+    store.keep(b"key-a", "t", a, size(a))
+    store.keep(b"key-b", "t", b, size(b))
     assert store.size() == (2, 2 * one)
-    assert store.fetch(b"key-a") is a  # the stored object itself: shared, never copied
-    store.keep(b"key-c", "t", c, size(c), 60)  # does not fit: the least recently used (b) goes
-    assert store.fetch(b"key-b") is None and store.fetch(b"key-a") is a and store.fetch(b"key-c") is c
+    assert store.fetch(b"key-a", 60) is a  # the stored object itself: shared, never copied
+    store.keep(b"key-c", "t", c, size(c))  # does not fit: the least recently used (b) goes
+    assert store.fetch(b"key-b", 60) is None and store.fetch(b"key-a", 60) is a and store.fetch(b"key-c", 60) is c
     assert store.bytes == 2 * one <= store.max_bytes
     assert store.evictions == 1 and evicted == [1]
-    store.keep(b"key-a", "t", c, size(c), 60)  # stored again under one key: counted once
+    store.keep(b"key-a", "t", c, size(c))  # stored again under one key: counted once
     assert store.size() == (2, 2 * one)
-    store.keep(b"huge", "t", entry(b"h" * 2000), 2000 + OVERHEAD, 60)  # larger than the whole bound
-    assert store.fetch(b"huge") is None and store.size()[0] == 2
+    store.keep(b"huge", "t", entry(b"h" * 2000), 2000 + OVERHEAD)  # larger than the whole bound
+    assert store.fetch(b"huge", 60) is None and store.size()[0] == 2
     now[0] = 61.0
-    assert store.fetch(b"key-a") is None and store.size() == (1, one)  # expired
+    assert store.fetch(b"key-a", 60) is None and store.size() == (1, one)  # expired
 
 
 def test_an_entry_of_events_is_held_encoded_and_served_decoded() -> None:
     store = MemoryStore(1 << 20)
     stored = entry(text="x" * 1000)
     raw = dump(stored)
-    store.keep(b"key", "t", raw, len(raw), 60)
+    store.keep(b"key", "t", raw, len(raw))
     assert store.entries[b"key"].entry is raw  # its encoding, not its objects
     assert store.size() == (1, len(raw) + 3 + SLOT)
-    assert store.fetch(b"key") == stored
+    assert store.fetch(b"key", 60) == stored
 
 
 def test_events_of_leaves_a_stored_entry_as_it_was() -> None:
@@ -98,3 +103,23 @@ def test_no_request_changes_the_entry_it_was_answered_with(upstream: Upstream, t
         assert one.headers["x-gateway-cache"] == "hit"
         assert one.json()["choices"][0]["text"] == batch.json()["choices"][1]["text"]
         assert one.json()["choices"][0]["index"] == 0
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["buffered", "streamed"])
+def test_a_reload_that_shortens_ttl_s_holds_at_once_for_what_memory_holds(
+    upstream: Upstream, tmp_path: Path, stream: bool
+) -> None:
+    with serve_config(tmp_path, config(upstream)) as gw, client(gw.url) as c:
+        payload = body(f"ttl: shortened {stream}")
+        stored = time.monotonic()
+        assert c.post("/v1/completions", json=payload).headers["x-gateway-cache"] == "miss"
+        assert c.post("/v1/completions", json=payload).headers["x-gateway-cache"] == "hit"
+        path = next(tmp_path.glob("gw-*.yaml"))
+        text = path.read_text()
+        assert "cache: {mode: deterministic}" in text
+        _reload(gw, path, text.replace("cache: {mode: deterministic}", "cache: {mode: deterministic, ttl_s: 1}"))
+        time.sleep(max(0.0, stored + 1.5 - time.monotonic()))  # older than the new ttl_s, by a margin
+        again = c.post("/v1/completions", json=payload | {"stream": stream})
+        assert again.status_code == 200, again.text
+        assert again.headers["x-gateway-cache"] == "miss"
+    assert len(upstream.received) == 2
