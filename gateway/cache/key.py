@@ -66,12 +66,12 @@ def cache_key(req: CompletionRequest, scope: bytes, targets: bytes = b"") -> byt
 
 
 def backend_of(provider: ProviderConfig) -> str:
-    """What identifies the servers a provider's requests go to: its kind, its URLs (`base_url`, each deployment's,
-    each replica's), API version and region, as a digest (a URL may carry a credential; the provider's key is
-    not in it). Its name, limits, timeouts, headers and keys are not: changing those leaves its answers serving."""
+    """What identifies the servers a provider's requests go to: its kind, its URLs (`base_url`, each deployment's),
+    API version and region, as a digest (a URL may carry a credential; the provider's key is not in it). Its
+    name, limits, timeouts, headers and keys are not: changing those leaves its answers serving. Nor are its
+    replicas: copies of one engine serving one model, which a fleet adds and drains without changing answers."""
     deployments = sorted((d, c.base_url, c.api_version, c.name) for d, c in provider.deployments.items())
-    replicas = sorted({r if isinstance(r, str) else r.url for r in provider.replicas})
-    what = (provider.kind, provider.base_url, provider.api_version, provider.region, deployments, replicas)
+    what = (provider.kind, provider.base_url, provider.api_version, provider.region, deployments)
     return hashlib.sha256(packed(what)).hexdigest()[:32]
 
 

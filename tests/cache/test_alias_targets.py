@@ -84,4 +84,5 @@ def test_a_providers_server_identity_holds_no_secret_and_leaves_out_its_key() ->
     assert backend_of(replace(base, api_key="sk-two-91c2", limits=LimitsConfig(rpm=5))) == identity
     assert backend_of(replace(base, base_url="https://user:s3cret-pass@vllm-2.internal/v1")) != identity
     assert backend_of(replace(base, kind="sglang")) != identity
-    assert backend_of(replace(base, replicas=["http://a:8000/v1"])) != identity
+    # A fleet's replicas are copies of one engine: scaling it keeps its answers.
+    assert backend_of(replace(base, replicas=["http://a:8000/v1"])) == identity
