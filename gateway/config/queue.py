@@ -21,6 +21,9 @@ class QueueWaitConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     normal: Annotated[int, Meta(ge=0, le=86_400_000)] | None = None
     # The longest a `low` request waits (background work may wait longer); unset: `queue.max_wait_ms`.
     low: Annotated[int, Meta(ge=0, le=86_400_000)] | None = None
+    # The longest a batch's line waits (it is then put back and sent again later, docs/batches.md); unset:
+    # `low`'s, else `queue.max_wait_ms`.
+    batch: Annotated[int, Meta(ge=0, le=86_400_000)] | None = None
 
 
 class QueueConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -36,10 +39,11 @@ class QueueConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # Who a saturated server's capacity is shared between: each client key, or each team (`keys[].team`;
     # keys without a team are each their own tenant).
     fair_by: Literal["key", "team"] = "key"
-    # The share of each server's slots `low` requests (batch lines, background work) may hold at once: the
-    # rest stay free for `normal` and `high` arrivals, which then start without waiting for a `low` request to
-    # end. 1: `low` may fill the server when nothing else waits. At least one slot is always theirs.
+    # The share of each server's slots `low` requests and batch lines may hold at once (together): the rest
+    # stay free for `normal` and `high` arrivals, which then start without waiting for one of them to end.
+    # 1: they may fill the server when nothing else waits. At least one slot is always theirs.
     low_share: Annotated[float, Meta(gt=0, le=1)] = 1.0
     # The reserve holds while `normal` or `high` requests asked for the server within this time; after a
-    # quiet spell `low` may fill the server again, and the first interactive request waits for a slot to free.
+    # quiet spell `low` and batch lines may fill the server again, and the first interactive request waits for
+    # a slot to free.
     low_share_hold_ms: Annotated[int, Meta(ge=1, le=3_600_000)] = 2_000

@@ -324,7 +324,9 @@ class Pipeline:
             usage_last=dialect.usage_last,
         )
         # Who asks, for the fair queue (a priority the key may not ask for is refused before anything is charged).
-        ask = self.queues.ask(key, headers, req) if self.queues is not None else None
+        # A batch's line waits below every interactive request.
+        batch = rec.batch_id is not None
+        ask = self.queues.ask(key, headers, req, batch) if self.queues is not None else None
         admission = self.admission if self.admission.applies(key) else None
         if self.cache is None:
             job = op.job(self.services, admission, req, ctx, plan)
