@@ -205,6 +205,10 @@ class BatchesConfig(Strict, frozen=True):
     poll_ms: Annotated[int, Meta(ge=50, le=60_000)] = 1_000
     # Files and finished batches older than this many days are deleted, with their lines.
     retain_days: Annotated[int, Meta(ge=1, le=3_650)] = 30
+    # Rate limits of each key's batch lines, in buckets of their own: a key's `limits` are its interactive
+    # traffic's, and its lines never count toward them. A line over these waits and is sent again, never
+    # refused for them. Unset: none (a key's lines are bounded by `concurrency` per process and its budgets).
+    limits: LimitsConfig | None = None
 
 
 class PriceConfig(Strict, frozen=True):
