@@ -4,7 +4,7 @@ Real processes on loopback: the Python upstream (``bench.upstream.server``, ``--
 and ``python -m gateway serve`` (one worker, a SQLite ledger in a temporary directory, ``batches.concurrency``
 = ``--concurrency``). The upstream provider has ``max_concurrency: --max-concurrency``, as an operator
 running batches on a shared fleet sets it (the engine's running batch): requests over the cap wait in the
-gateway's queue, where a batch's lines are ``low`` priority and interactive requests ``normal``, and
+gateway's queue, where a batch's lines are in the ``batch`` class and interactive requests ``normal``, and
 ``queue.low_share: --low-share`` keeps the rest of the slots free for interactive arrivals. Three
 measurements, one after the other, all through the same cap:
 
@@ -13,7 +13,7 @@ measurements, one after the other, all through the same cap:
   lines per second from the create to the end, and the ratio to the client's (the goal: at least 0.9x);
 - **interactive**: one closed-loop client's p50 and p99 for ``--seconds``, without a batch, then while a
   batch of the same lines runs (the goal: p99 within 1.2x); the batch is cancelled once measured. The
-  queue's own counts (``gateway_queue_wait_seconds`` by priority) show the lines waited at ``low``.
+  queue's own counts (``gateway_queue_wait_seconds`` by priority) show the lines waited as ``batch``.
 
 Bounded: the lines, the seconds and the concurrency are flags with small defaults; nothing leaves loopback.
 """
@@ -54,7 +54,7 @@ def _gateway(upstream_port: int, concurrency: int, cap: int, low_share: float, w
         "providers": {"up": {**upstream, "max_concurrency": cap}},
         # Batch work waits for the capacity interactive traffic leaves (docs/batches.md).
         # and leaves interactive arrivals slots of their own (docs/fairness.md).
-        "queue": {"max_wait_by_priority": {"low": 600_000}, "low_share": low_share},
+        "queue": {"max_wait_by_priority": {"batch": 600_000}, "low_share": low_share},
         "ledger": {"url": f"sqlite:///{work / 'ledger.db'}"},
         "batches": {"concurrency": concurrency, "poll_ms": 100},
     }
@@ -164,7 +164,7 @@ async def _beside_batch(base: str, bodies: list[bytes], seconds: float) -> dict[
 
 async def _queue_waits(base: str) -> dict[str, tuple[float, float]]:
     """`gateway_queue_wait_seconds`: (count, sum) per priority, from the gateway's /metrics."""
-    found: dict[str, list[float]] = {p: [0.0, 0.0] for p in ("normal", "low")}
+    found: dict[str, list[float]] = {p: [0.0, 0.0] for p in ("normal", "batch")}
     async with aiohttp.ClientSession() as session, session.get(base + "/metrics") as resp:
         text = await resp.text()
     for line in text.splitlines():

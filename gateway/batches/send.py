@@ -3,7 +3,9 @@
 The pipeline serving now (a reload's too) decodes, authorizes, budgets, routes, caches and fails over the line
 as it does a request to the batch's endpoint (the same `Operation`); what the endpoint does around a request
 (usage, metrics, the access log, the ledger's row, the trace) is done here too, with the batch's id on the
-record. Lines ask for `low` priority (`x-gateway-priority`): a server's queue serves interactive traffic first.
+record, which is what marks it a batch's line to the pipeline: a server's queue grants it a slot only when no
+interactive request waits (the `batch` class, below `low`), and it counts toward `batches.limits`, not toward
+its key's rate limits (its budgets, yes).
 
 An answered line's ledger row goes with its `Sent`, not to the writer: the runner's store commits it in the
 transaction that books the line (`store.record`): one row per line booked, whatever kills the process. A line
@@ -28,7 +30,6 @@ from gateway.path.dialects import OPENAI
 from gateway.path.operation import CHAT, COMPLETIONS
 from gateway.path.pipeline import Pipeline
 from gateway.path.synonyms import as_sent
-from gateway.queue.service import HEADER
 from wire.errors import GatewayError, InvalidRequestError
 from wire.schema import Usage
 
@@ -36,9 +37,6 @@ log = logging.getLogger("gateway")
 # The endpoints a batch may name, each with the steps its interactive route runs (OpenAI's names; OpenAI's
 # embeddings and responses endpoints are not served here, so a batch of them is refused when it is made).
 ENDPOINTS: Final = {"/v1/completions": COMPLETIONS, "/v1/chat/completions": CHAT}
-# A batch line is the least urgent work there is: where a server has `max_concurrency`, its queue grants
-# every waiting interactive (normal or high) request a slot before a line (gateway/queue).
-PRIORITY: Final = {HEADER: "low"}
 BUDGET_CODE: Final = "budget_exceeded"
 # The gateway had no room for the line now and called no upstream (a server's queue, a rate limit, a
 # provider's configured quota: 429s; every target cooling down: a 429 after upstream rate limits, else a 503;
@@ -113,7 +111,7 @@ async def send(
     op = ENDPOINTS[endpoint]
     line_id = "batch_req_" + unique_suffix()
     rec = Record(request_id=line_id, dialect=OPENAI.name, batch_id=batch_id, endpoint=op.name)
-    headers = {**PRIORITY, "x-request-id": line_id}
+    headers = {"x-request-id": line_id}
     t0 = time.perf_counter()
     sent: Sent | None = None  # None: cut off
     counted = True  # booked in the ledger and the request metrics (not when it is to be sent again)

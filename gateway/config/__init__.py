@@ -28,6 +28,7 @@ from gateway.config.loading import (
     parse_config,
     read_config,
 )
+from gateway.config.queue import QueueConfig, QueueWaitConfig
 from gateway.config.schema import (
     RATE_MAX,
     AdminConfig,
@@ -49,8 +50,6 @@ from gateway.config.schema import (
     PriceConfig,
     Priority,
     ProviderConfig,
-    QueueConfig,
-    QueueWaitConfig,
     RedisConfig,
     RetriesConfig,
     ServerConfig,

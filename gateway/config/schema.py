@@ -12,6 +12,7 @@ import msgspec
 from msgspec import Meta
 
 from gateway.config.fleet import MAX_REPLICAS, ReplicaConfig, RoutingConfig
+from gateway.config.queue import QueueConfig
 from wire.schema import MAX_LOGPROBS
 
 ParamPolicy = Literal["error", "drop"]
@@ -154,39 +155,6 @@ class TeamConfig(Strict, frozen=True):
     max_priority: Priority | None = None
 
 
-class QueueWaitConfig(Strict, frozen=True):
-    """The longest wait of each priority class, over `queue.max_wait_ms`."""
-
-    # The longest a `high` request waits; unset: `queue.max_wait_ms`.
-    high: Annotated[int, Meta(ge=0, le=86_400_000)] | None = None
-    # The longest a `normal` request waits; unset: `queue.max_wait_ms`.
-    normal: Annotated[int, Meta(ge=0, le=86_400_000)] | None = None
-    # The longest a `low` request waits (background work may wait longer); unset: `queue.max_wait_ms`.
-    low: Annotated[int, Meta(ge=0, le=86_400_000)] | None = None
-
-
-class QueueConfig(Strict, frozen=True):
-    """The wait queue in front of servers with `max_concurrency` (docs/fairness.md); unused without one."""
-
-    # The longest a request waits for a slot: past it, a 429 `queue_timeout` with Retry-After. The request's
-    # own deadline (`timeout`, `inference_timeout`) counts its time in the queue too.
-    max_wait_ms: Annotated[int, Meta(ge=0, le=86_400_000)] = 30_000
-    # Per priority class: `{low: 600000}` lets background work wait longer.
-    max_wait_by_priority: QueueWaitConfig = QueueWaitConfig()
-    # Requests waiting for one server at most; one more is a 429 `queue_full` at once.
-    max_depth: Annotated[int, Meta(ge=1, le=1_000_000)] = 1000
-    # Who a saturated server's capacity is shared between: each client key, or each team (`keys[].team`;
-    # keys without a team are each their own tenant).
-    fair_by: Literal["key", "team"] = "key"
-    # The share of each server's slots `low` requests (batch lines, background work) may hold at once: the
-    # rest stay free for `normal` and `high` arrivals, which then start without waiting for a `low` request to
-    # end. 1: `low` may fill the server when nothing else waits. At least one slot is always theirs.
-    low_share: Annotated[float, Meta(gt=0, le=1)] = 1.0
-    # The reserve holds while `normal` or `high` requests asked for the server within this time; after a
-    # quiet spell `low` may fill the server again, and the first interactive request waits for a slot to free.
-    low_share_hold_ms: Annotated[int, Meta(ge=1, le=3_600_000)] = 2_000
-
-
 class LedgerConfig(Strict, frozen=True):
     # Where every answered request is booked (docs/ledger.md): `sqlite:///<path>` (a file, relative to the
     # working directory; `sqlite:////abs/path` for an absolute one) or `postgresql://...`; empty: no ledger.
@@ -237,6 +205,10 @@ class BatchesConfig(Strict, frozen=True):
     poll_ms: Annotated[int, Meta(ge=50, le=60_000)] = 1_000
     # Files and finished batches older than this many days are deleted, with their lines.
     retain_days: Annotated[int, Meta(ge=1, le=3_650)] = 30
+    # Rate limits of each key's batch lines, in buckets of their own: a key's `limits` are its interactive
+    # traffic's, and its lines never count toward them. A line over these waits and is sent again, never
+    # refused for them. Unset: none (a key's lines are bounded by `concurrency` per process and its budgets).
+    limits: LimitsConfig | None = None
 
 
 class PriceConfig(Strict, frozen=True):

@@ -158,6 +158,9 @@ class Admission:
             for ident in (fingerprint(k.key.encode()),)
         }
         self.models = {m.name: buckets_of(f"model:{m.name}", m.limits) for m in cfg.models if m.limits}
+        # A batch's lines count toward their own buckets per key (`batches.limits`), never the key's: a batch
+        # does not take the rate its key's interactive requests are allowed (docs/batches.md).
+        self.batch_limits = cfg.batches.limits
         self.providers = {n: buckets_of(f"provider:{n}", p.limits) for n, p in loaded.providers.items() if p.limits}
         self.deployments = {
             (n, d): buckets_of(f"deployment:{n}/{d}", dc.limits)
@@ -189,8 +192,11 @@ class Admission:
             out += self.deployments.get((route.provider, route.endpoint.deployment), ())
         return out
 
-    def _compile(self, key: ClientKey | None, model: str, direct: Route | None, free: bool) -> _Scopes:
-        buckets = list(self.keys.get(key.ident) or key.buckets) if key is not None else []
+    def _compile(self, key: ClientKey | None, model: str, direct: Route | None, free: bool, batch: bool) -> _Scopes:
+        if batch:
+            buckets = self._batch_buckets(key)
+        else:
+            buckets = list(self.keys.get(key.ident) or key.buckets) if key is not None else []
         buckets += self.models.get(model, ())
         if free:
             # No upstream call: no provider's or deployment's quota, and no tokens.
@@ -199,9 +205,18 @@ class Admission:
             buckets += self._route_buckets(direct)
         # Only key and alias scopes configure a queue; a provider's quota must not cancel theirs.
         queues = [self.queue_ms[b.scope] for b in buckets if b.scope in self.queue_ms]
-        if key is not None and key.buckets and key.ident not in self.keys:
+        if batch:
+            if self.batch_limits is not None:
+                queues.append(self.batch_limits.max_queue_ms)
+        elif key is not None and key.buckets and key.ident not in self.keys:
             queues.append(key.queue_ms)  # a runtime key's own `limits.max_queue_ms`
         return _Scopes(buckets, self.limiter.compiled(buckets), min(queues, default=0))
+
+    def _batch_buckets(self, key: ClientKey | None) -> list[Bucket]:
+        """The buckets of `key`'s batch lines (`batches.limits`), named by the key's identity as its own are."""
+        if key is None:
+            return buckets_of("batch:anonymous", self.batch_limits)
+        return buckets_of(f"batch:{key.name}", self.batch_limits, f"batch:{key.ident}")
 
     async def admit(
         self,
@@ -212,21 +227,23 @@ class Admission:
         free: bool = False,
         meanwhile: Callable[[], None] | None = None,
         waits: bool = False,
+        batch: bool = False,
     ) -> Ticket | None:
         """`free`: an answer the cache serves, which costs no upstream call: the key's and the alias's request
         rates still count it, their tokens and the provider's and deployment's quotas do not. `waits`: a request
         that waits for an identical one in flight and may make no call: charged as any request is, but a direct
         one's provider and deployment quotas are left to its attempt, as an alias's are. `meanwhile`: work to do
-        while the decision is on its way from Redis (called once, and only then)."""
+        while the decision is on its way from Redis (called once, and only then). `batch`: a batch's line, which
+        counts toward `batches.limits` in place of its key's own."""
         direct = None if waits else plan.single
         # What decides the buckets: the key (a runtime key's own limits are on it), the model, the route.
         route = None if free or direct is None else (direct.provider, direct.endpoint.deployment)
-        sig = (None if key is None else (key.ident, key.buckets, key.queue_ms), req.model, free, route)
+        sig = (None if key is None else (key.ident, key.buckets, key.queue_ms), req.model, free, route, batch)
         scopes = self._scopes.get(sig)
         if scopes is None:
             if len(self._scopes) >= _SCOPES_KEPT:
                 self._scopes.clear()
-            scopes = self._scopes[sig] = self._compile(key, req.model, direct, free)
+            scopes = self._scopes[sig] = self._compile(key, req.model, direct, free, batch)
         buckets = scopes.buckets
         if not buckets:
             return None
@@ -277,9 +294,11 @@ class Admission:
             waited += wait
             await self.sleep(wait / 1000)
 
-    def applies(self, key: ClientKey | None) -> bool:
+    def applies(self, key: ClientKey | None, batch: bool = False) -> bool:
         """Whether any limit can apply to `key`'s requests: the config's, or the key's own (one made through
-        `/admin/keys` carries its limits with it, whatever the config sets)."""
+        `/admin/keys` carries its limits with it, whatever the config sets); `batch`: to its batch lines."""
+        if batch:
+            return self.enabled or self.batch_limits is not None
         return self.enabled or (key is not None and bool(key.buckets))
 
     def counts_cached(self, key: ClientKey | None, model: str) -> bool:

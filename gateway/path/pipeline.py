@@ -324,12 +324,15 @@ class Pipeline:
             usage_last=dialect.usage_last,
         )
         # Who asks, for the fair queue (a priority the key may not ask for is refused before anything is charged).
-        ask = self.queues.ask(key, headers, req) if self.queues is not None else None
-        admission = self.admission if self.admission.applies(key) else None
+        # A batch's line waits below every interactive request, and meets its own rate limits, not its key's.
+        batch = rec.batch_id is not None
+        ask = self.queues.ask(key, headers, req, batch) if self.queues is not None else None
+        admission = self.admission if self.admission.applies(key, batch) else None
         if self.cache is None:
             job = op.job(self.services, admission, req, ctx, plan)
             if admission is not None:
-                job.ticket = await admission.admit(key, req, plan, meanwhile=job.prepare if self._alone() else None)
+                meanwhile = job.prepare if self._alone() else None
+                job.ticket = await admission.admit(key, req, plan, meanwhile=meanwhile, batch=batch)
                 job.prepaid = plan.single is not None  # a direct request's route quota, charged for its first call
         else:
             cached = looked
@@ -347,7 +350,9 @@ class Pipeline:
                     # An answer the cache serves costs no upstream tokens, and needs no upstream request.
                     free = cached is not None and cached.entry is not None
                     meanwhile = job.prepare if not free and not waits and self._alone() else None
-                    job.ticket = await admission.admit(key, req, plan, free=free, meanwhile=meanwhile, waits=waits)
+                    job.ticket = await admission.admit(
+                        key, req, plan, free=free, meanwhile=meanwhile, waits=waits, batch=batch
+                    )
                     job.prepaid = plan.single is not None and not free and not waits
                 except BaseException:
                     if cached is not None:

@@ -1,6 +1,7 @@
 """The order in which the requests waiting for one server get its next free slot.
 
-Priority classes first (`high`, `normal`, then `low`, which runs only when nothing else waits). Within a
+Priority classes first (`high`, `normal`, `low`, then `batch`, the Batch API's lines, below every class a
+client may ask for: each runs only when no class above it waits). Within a
 class the Virtual Token Counter (Sheng et al., OSDI 2024): the next slot goes to the waiting tenant with the
 least service (tokens used / weight). A tenant that starts waiting again is lifted to the least service
 among those waiting (or the last served one's), so idle time is not banked as credit.
@@ -17,8 +18,12 @@ import asyncio
 from collections import deque
 from typing import Any, Final
 
-PRIORITIES: Final = ("high", "normal", "low")
+PRIORITIES: Final = ("high", "normal", "low", "batch")
+# The classes a client may ask for (`x-gateway-priority`, a key's `priority`).
 RANK: Final = {"high": 0, "normal": 1, "low": 2}
+# A batch's lines (gateway/batches): below any client's class, so a waiting interactive request, whatever its
+# key's priority, always gets a free slot before them.
+BATCH: Final = 3
 # A tenant's expected answer length follows its last answers with this weight per answer (about its last eight).
 _LEARN: Final = 0.125
 # The most one request is charged for its answer before its usage is known, so one huge max_tokens cannot park
@@ -57,7 +62,7 @@ class FairOrder:
 
     def __init__(self) -> None:
         # Per class: tenant -> its waiters, oldest first (a dict keeps tenants in arrival order for ties).
-        self.classes: tuple[dict[str, deque[Waiter]], ...] = ({}, {}, {})
+        self.classes: tuple[dict[str, deque[Waiter]], ...] = ({}, {}, {}, {})
         # Tenant -> tokens served / weight. Bounded by the tenants there are (configured and runtime keys), as
         # are `credit`, `lengths` and `turns`.
         self.service: dict[str, float] = {}
@@ -70,7 +75,7 @@ class FairOrder:
         # charged what they use and nothing needs correcting at their end.
         self.misses: dict[str, float] = {}
         self.depth = 0
-        self.counts = [0, 0, 0]  # waiters per class
+        self.counts = [0, 0, 0, 0]  # waiters per class
         self.last = 0.0  # the service of the tenant served last: the floor for a tenant nobody waits beside
         # Tenant -> the grant it last had: between equal services, the tenant served longest ago goes first
         # (a tenant that just started waiting, lifted to the others' service, does not queue behind them).
@@ -98,7 +103,7 @@ class FairOrder:
                 return rank
         return None
 
-    def pop(self, most: int = 2) -> Waiter | None:
+    def pop(self, most: int = BATCH) -> Waiter | None:
         """The next waiter: of the highest class waiting, the one of its least-served tenant; None when only
         classes ranked below `most` wait."""
         for rank, c in enumerate(self.classes):
@@ -207,5 +212,5 @@ class FairOrder:
         for c in self.classes:
             c.clear()
         self.depth = 0
-        self.counts = [0, 0, 0]
+        self.counts = [0, 0, 0, 0]
         return out

@@ -20,10 +20,11 @@ import msgspec
 from gateway.limits.gcra import Bucket
 from gateway.limits.ratelimit import MAX_RENEW_S, Limiter, RedisDown
 from gateway.ops.metrics import Metrics
-from gateway.queue.fair import PRIORITIES, RANK, FairOrder, Waiter
+from gateway.queue.fair import BATCH, PRIORITIES, RANK, FairOrder, Waiter
 
 # With Redis: how often waiters look for a slot another process freed (their own process's wake them at once).
 POLL_S: Final = 0.02
+# `low` and the classes below it (a batch's lines) hold at most `low_share` of the slots, under the reserve.
 LOW: Final = RANK["low"]
 # With Redis, a server with a cap of at least BLOCK_MIN takes its leases in blocks of cap // 8 (at most
 # BLOCK_MAX) while every process together holds at most half its cap (and one lease per request above
@@ -124,11 +125,11 @@ class Gate:
     def _cap(self, cap: int, low_share: float, hold_s: float) -> None:
         self.cap = cap
         self.hold_s = hold_s
-        # While `normal` or `high` requests came here in the last `hold_s`, a `low` request starts only while
-        # fewer than `low_cap` slots are in use, so the rest stay free for their arrivals (queue.low_share);
-        # with none lately, `low` may fill the server (capacity nobody else asks for is not kept). Its lease
-        # is checked against the same Redis key with the smaller limit, so the reserve holds across processes
-        # as the cap does.
+        # While `normal` or `high` requests came here in the last `hold_s`, a `low` request (or a batch line)
+        # starts only while fewer than `low_cap` slots are in use, so the rest stay free for their arrivals
+        # (queue.low_share); with none lately, `low` may fill the server (capacity nobody else asks for is not
+        # kept). Its lease is checked against the same Redis key with the smaller limit, so the reserve holds
+        # across processes as the cap does.
         self.low_cap = cap if low_share >= 1 else max(1, int(cap * low_share))
         self.bucket = Bucket(f"queue:{self.lease}", "concurrent", cap)
         self.low_bucket = (
@@ -179,7 +180,7 @@ class Gate:
             child.inc(used)
 
     def low_limit(self) -> tuple[int, Bucket]:
-        """The slots `low` requests may fill now, and the lease bucket that counts them against it."""
+        """The slots `low` requests and batch lines may fill now, and the lease bucket that counts them against it."""
         if self.low_cap < self.cap and time.monotonic() - self.seen < self.hold_s:
             return self.low_cap, self.low_bucket
         return self.cap, self.bucket
@@ -190,7 +191,7 @@ class Gate:
 
     async def take(self, w: Waiter) -> Slot | None:
         """A slot at once if one is free and nobody waits for it, else None (the caller then queues)."""
-        limit, bucket = self.low_limit() if w.rank == LOW else (self.cap, self.bucket)
+        limit, bucket = self.low_limit() if w.rank >= LOW else (self.cap, self.bucket)
         if self.order.depth or self.in_use >= limit:
             return None
         limiter = self.limiter
@@ -379,13 +380,13 @@ class Gate:
 
     def _dispatch_local(self) -> None:
         while self.in_use < self.cap:
-            w = self._next(LOW if self.in_use < self.low_limit()[0] else LOW - 1)
+            w = self._next(BATCH if self.in_use < self.low_limit()[0] else LOW - 1)
             if w is None:
                 return
             self.in_use += 1
             w.future.set_result(self._grant(w, "", None, time.monotonic() - w.since))
 
-    def _next(self, most: int = LOW) -> Waiter | None:
+    def _next(self, most: int = BATCH) -> Waiter | None:
         """The next waiter still waiting, of a class up to `most` (one whose future is done was cancelled and
         is skipped)."""
         while True:
@@ -406,7 +407,7 @@ class Gate:
                 if limiter is None:
                     self._dispatch_local()
                     return
-                low = self.order.head() == LOW
+                low = (self.order.head() or 0) >= LOW
                 limit, bucket = self.low_limit() if low else (self.cap, self.bucket)
                 if self.spare and limit == self.cap and self.in_use < limit:
                     w = self._next()
@@ -425,7 +426,7 @@ class Gate:
                         self.in_use -= 1
                 if lease is not None:
                     # A lease checked against the full cap goes to a `normal` or `high` waiter only.
-                    w = self._next(LOW if low else LOW - 1)
+                    w = self._next(BATCH if low else LOW - 1)
                     if w is None:
                         await _release(limiter, self.bucket, lease)
                         continue

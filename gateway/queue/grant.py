@@ -3,8 +3,8 @@ priority scheduling) orders its own waiting requests by, in front of every other
 
 The gateway's classes (`x-gateway-priority`) are checked against the key's `max_priority`; the engine's
 number would bypass them, so only a key that may ask for `high` may send it, and never a batch line, which
-runs at `low`. A gateway without keys has one tenant, whose requests may. A request without `priority`
-costs one attribute read.
+runs below every interactive request. A gateway without keys has one tenant, whose requests may. A request
+without `priority` costs one attribute read.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ class EngineGrant:
         """Refuse (403, naming `priority`) a body priority `key` may not set."""
         if batch:
             raise PermissionDeniedError(
-                f"A batch line may not set '{FIELD}' (the engine's scheduling priority): lines run at priority 'low'",
+                f"A batch line may not set '{FIELD}' (the engine's scheduling priority): lines run after every "
+                "interactive request",
                 param=FIELD,
                 code="priority_not_allowed",
             )

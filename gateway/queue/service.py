@@ -20,7 +20,7 @@ from gateway.limits.ratelimit import Limiter
 from gateway.limits.tokens import prompt_count, prompt_tokens, text_tokens, unbounded_completion, unrendered_tokens
 from gateway.ops import tracing
 from gateway.ops.metrics import Metrics
-from gateway.queue.fair import PRIORITIES, RANK, Waiter
+from gateway.queue.fair import BATCH, PRIORITIES, RANK, Waiter
 from gateway.queue.gate import LOW, NO_CAP, Gate, Slot
 from gateway.upstream.plan import Plan, Route
 from gateway.upstream.transport import Timeouts
@@ -80,7 +80,7 @@ class Ask(msgspec.Struct, eq=False):
         gate = routes[key] if key in routes else queues.gate(route)
         if gate is None:
             return NO_CAP
-        if self.rank != LOW:
+        if self.rank < LOW:
             if gate.low_cap < gate.cap:
                 gate.seen = time.monotonic()  # the reserve holds while such requests come
             limit = gate.cap
@@ -158,8 +158,11 @@ class Queues:
         for k in cfg.keys:
             self.tenants[k.name] = self._tenant(k.name, k.team, k.weight, k.priority, k.max_priority)
         waits = self.config.max_wait_by_priority
+        # A batch line waits as a `low` request does unless `batch` says otherwise.
+        batch = waits.batch if waits.batch is not None else waits.low
         self.max_wait_s = tuple(
-            (w if w is not None else self.config.max_wait_ms) / 1000 for w in (waits.high, waits.normal, waits.low)
+            (w if w is not None else self.config.max_wait_ms) / 1000
+            for w in (waits.high, waits.normal, waits.low, batch)
         )
         self._normal = _Tenant(_ANONYMOUS, 1.0, RANK["normal"], RANK["normal"])
 
@@ -233,14 +236,17 @@ class Queues:
             )
         return t, r
 
-    def ask(self, key: ClientKey | None, headers: Mapping[str, str], req: CompletionRequest) -> Ask:
-        """Who asks: the tenant of `key`, and the class its `x-gateway-priority` header (or its default) asks for."""
-        if HEADER in headers:
+    def ask(
+        self, key: ClientKey | None, headers: Mapping[str, str], req: CompletionRequest, batch: bool = False
+    ) -> Ask:
+        """Who asks: the tenant of `key`, and the class its `x-gateway-priority` header (or its default) asks for;
+        `batch`: a batch's line, of `key`'s tenant, in the class below every one a client may ask for."""
+        if HEADER in headers and not batch:
             t, rank = self.priority(key, headers)
         else:  # `priority` without a header to check, inline: every request of a capped gateway comes here
             found = self._normal if key is None else self.tenants.get(key.name)
             t = found if found is not None else self._runtime(key)  # type: ignore[arg-type]  # None is `_normal`
-            rank = t.rank
+            rank = BATCH if batch else t.rank
         prompts = req.prompt
         # Choices as the budgets count them (gateway/limits/tokens.py `reservation`): every prompt's answers.
         choices = 1 if req.n is None and req.best_of is None else max(req.n or 1, req.best_of or 1)

@@ -124,24 +124,3 @@ async def test_lines_put_back_until_the_window_ends_are_expired(tmp_path: Path, 
     assert {e["error"]["code"] for e in err} == {"batch_expired"} and all(e["response"] is None for e in err)
     assert _requeued(text) >= 4
     assert "batch" not in engine.order
-
-
-def test_a_line_over_its_keys_rate_limit_is_sent_again_after_retry_after(tmp_path: Path) -> None:
-    path = tmp_path / "config.yaml"
-    text = config(f"sqlite:///{tmp_path / 'ledger.db'}", concurrency=8).replace(
-        '  - {name: eval, key: "${BATCH_EVAL_KEY}"}',
-        '  - {name: eval, key: "${BATCH_EVAL_KEY}", limits: {rps: 5}}',
-    )
-    path.write_text(text)
-    lines = [line(f"r-{i}", prompt=f"p {i}") for i in range(12)]
-    with GatewayThread(path, ENV) as gw:
-        client = sdk(gw.url, EVAL_KEY)
-        batch = wait_batch(client, start(client, lines))
-        out = results(client, batch.output_file_id)
-        text = httpx.get(gw.url + "/metrics").text
-    assert batch.status == "completed" and batch.error_file_id is None
-    assert [o["custom_id"] for o in out] == [x["custom_id"] for x in lines]
-    refused = [
-        x for x in text.splitlines() if x.startswith('gateway_batch_lines_requeued_total{code="rate_limit_exceeded"}')
-    ]
-    assert refused and float(refused[0].rsplit(" ", 1)[1]) >= 1

@@ -46,7 +46,7 @@ async def test_status_metrics_and_access_log_show_the_queue(tmp_path: Path, engi
             metrics = (await client.get("/metrics")).text
     assert full.status_code == 429 and [r.status_code for r in answers] == [200] * 3
     assert status["queues"] == [
-        {"server": "engine", "cap": 1, "in_use": 1, "waiting": {"high": 1, "normal": 0, "low": 1}}
+        {"server": "engine", "cap": 1, "in_use": 1, "waiting": {"high": 1, "normal": 0, "low": 1, "batch": 0}}
     ]
     assert _sample(waiting, "gateway_queue_waiting", target="engine", priority="high") == 1
     assert _sample(waiting, "gateway_queue_waiting", target="engine", priority="low") == 1
@@ -109,5 +109,9 @@ async def test_with_redis_the_status_page_counts_the_slots_every_gateway_holds(
             answers = await asyncio.gather(held, *waiting)
     assert [r.status_code for r in answers] == [200] * 3
     # Slots in use are read from Redis (both gateways'); requests waiting are each process's own.
-    assert seen[0] == [{"server": "engine", "cap": 2, "in_use": 2, "waiting": {"high": 0, "normal": 0, "low": 0}}]
-    assert seen[1] == [{"server": "engine", "cap": 2, "in_use": 2, "waiting": {"high": 0, "normal": 1, "low": 0}}]
+    assert seen[0] == [
+        {"server": "engine", "cap": 2, "in_use": 2, "waiting": {"high": 0, "normal": 0, "low": 0, "batch": 0}}
+    ]
+    assert seen[1] == [
+        {"server": "engine", "cap": 2, "in_use": 2, "waiting": {"high": 0, "normal": 1, "low": 0, "batch": 0}}
+    ]

@@ -1,0 +1,73 @@
+"""A batch's lines never count toward their key's rate limits (`keys[].limits`: its interactive traffic's), so
+a batch cannot leave its key's interactive requests refused with 429; they count toward `batches.limits`, in
+buckets of their own per key, and a line over those waits and is sent again, never refused for them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+
+from tests.helpers.servers import GatewayThread
+
+from .conftest import ENV, EVAL_KEY, config, line, results, sdk, start, wait_batch
+
+LINES = 12
+RPM = 20  # the key's own limit: a burst of 20, then one every 3 s
+
+
+def _configured(tmp_path: Path, extra: str = "") -> Path:
+    mine = '{name: eval, key: "${BATCH_EVAL_KEY}"}'
+    text = config(f"sqlite:///{tmp_path / 'ledger.db'}", concurrency=8, extra=extra)
+    path = tmp_path / "config.yaml"
+    path.write_text(text.replace(mine, mine[:-1] + f", limits: {{rpm: {RPM}}}}}"))
+    return path
+
+
+def _interactive(gw: GatewayThread, count: int) -> list[int]:
+    """`count` requests of the batch's key, one after the other: their statuses."""
+    with httpx.Client(base_url=gw.url, timeout=30) as http:
+        return [
+            http.post(
+                "/v1/completions",
+                json={"model": "fast", "prompt": f"inter {i}", "max_tokens": 5},
+                headers={"authorization": f"Bearer {EVAL_KEY}"},
+            ).status_code
+            for i in range(count)
+        ]
+
+
+def _requeued(gw: GatewayThread) -> float:
+    text = httpx.get(gw.url + "/metrics").text
+    prefix = 'gateway_batch_lines_requeued_total{code="rate_limit_exceeded"}'
+    return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith(prefix))
+
+
+def test_a_batch_leaves_its_keys_whole_rate_limit_to_its_interactive_requests(tmp_path: Path) -> None:
+    lines = [line(f"r-{i}", prompt=f"p {i}") for i in range(LINES)]
+    with GatewayThread(_configured(tmp_path), ENV) as gw:
+        client = sdk(gw.url, EVAL_KEY)
+        batch = wait_batch(client, start(client, lines))
+        out = results(client, batch.output_file_id)
+        requeued = _requeued(gw)
+        # Counted against the key's rpm, the 12 lines would leave 8 of its burst: most of these would be 429s.
+        statuses = _interactive(gw, RPM)
+    assert batch.status == "completed" and batch.error_file_id is None
+    assert [o["custom_id"] for o in out] == [x["custom_id"] for x in lines]
+    assert requeued == 0
+    assert statuses == [200] * RPM, statuses
+
+
+def test_a_line_over_batches_limits_waits_and_is_sent_again(tmp_path: Path) -> None:
+    lines = [line(f"r-{i}", prompt=f"p {i}") for i in range(LINES)]
+    with GatewayThread(_configured(tmp_path, extra=", limits: {rps: 5}"), ENV) as gw:
+        client = sdk(gw.url, EVAL_KEY)
+        batch = wait_batch(client, start(client, lines))
+        out = results(client, batch.output_file_id)
+        requeued = _requeued(gw)
+        statuses = _interactive(gw, RPM)
+    # Eight lines in flight against a burst of five: some were put back, and sent again after Retry-After.
+    assert batch.status == "completed" and batch.error_file_id is None
+    assert [o["custom_id"] for o in out] == [x["custom_id"] for x in lines]
+    assert requeued >= 1
+    assert statuses == [200] * RPM, statuses
