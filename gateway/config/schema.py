@@ -240,10 +240,10 @@ class BatchesConfig(Strict, frozen=True):
 
 
 class PriceConfig(Strict, frozen=True):
-    """USD per million tokens, for usage accounting and budgets."""
+    """USD per million tokens, for usage accounting and budgets: 0 to 1,000,000 (a dollar a token)."""
 
-    prompt_per_1m: Annotated[float, Meta(ge=0)] = 0.0
-    completion_per_1m: Annotated[float, Meta(ge=0)] = 0.0
+    prompt_per_1m: Annotated[float, Meta(ge=0, le=1_000_000)] = 0.0
+    completion_per_1m: Annotated[float, Meta(ge=0, le=1_000_000)] = 0.0
 
 
 class AdminConfig(Strict, frozen=True):

@@ -26,7 +26,7 @@ import redis.asyncio as aioredis
 
 from gateway.config import LoadedConfig, TeamConfig
 from gateway.limits.auth import ClientKey
-from gateway.limits.prices import Prices, served_cost
+from gateway.limits.prices import CALL_COST_MAX, Prices, served_cost
 from gateway.limits.tokens import prompt_bound, prompt_count, unbounded_completion
 from gateway.limits.usage import PICO, Counters, UsageStore, day_of, next_month, spend_key, to_midnight, usd
 from gateway.ops.metrics import Record
@@ -37,8 +37,6 @@ from wire.schema import CompletionRequest
 
 _DAY_TTL_S: Final = 3 * 86_400
 _MONTH_TTL_S: Final = 33 * 86_400
-# The most one request reserves on a budget: about $576,000, so 16 such reservations fit in a counter.
-_WORST_MAX: Final = 2**59
 STREAM_CHECK_EVENTS: Final = 16  # a stream's running cost is looked at every this many events
 # A change to a counter (`Budgets._change`): KEYS[1] the counter; ARGV epoch ('' : taken in process, no
 # reservation to change), reserved, committed, ttl, fresh (1: the counters hold reservations alone).
@@ -138,7 +136,8 @@ class Hold:
         """A stream has sent `events` events (at least as many tokens): reserve what it runs past `worst`."""
         if self.settled:
             return
-        now = self.prompt_pico + round(events * self.out_pico)
+        # No more than the request can be charged in the end (its real cost is capped alike).
+        now = min(self.prompt_pico + round(events * self.out_pico), CALL_COST_MAX)
         excess = now - self.worst - self.grown
         if excess > 0:
             self.grown += excess
@@ -268,7 +267,7 @@ class Budgets:
             # More than a whole budget reserves nothing more: admitted only while the counter is under its
             # limit, after it the counter is past it either way. Bounded besides, so that a few of these in
             # flight at once still sum within Redis's 64-bit counters (a `max_tokens` of 2**63 costs more).
-            worst = min(worst, max(b.limit_pico for b in budgets), _WORST_MAX)
+            worst = min(worst, max(b.limit_pico for b in budgets), CALL_COST_MAX)
         taken: list[tuple[Budget, str | None]] = []
         try:
             for b in budgets:

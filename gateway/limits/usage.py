@@ -22,7 +22,7 @@ import redis.asyncio as aioredis
 
 from gateway.config import LoadedConfig
 from gateway.limits.auth import fingerprint
-from gateway.limits.prices import Prices, served_cost
+from gateway.limits.prices import CALL_COST_MAX, Prices, served_cost
 from gateway.ops.metrics import Metrics, ModelLabels, Record
 from gateway.state import Degraded, SharedState
 
@@ -263,12 +263,15 @@ class UsageStore:
             pico = 0
         elif rec.parts is None and rec.lost is None:  # no call more than the price's on every request
             pico = self.prices.cost_pico(rec.target, rec.model, prompt, completion)
+            if pico == CALL_COST_MAX:
+                pico = self.prices.capped(rec.target, pico, prompt, completion)  # said once
         else:
             pico = served_cost(self.prices, rec)
-        # The request's own cost (its ledger row's); the calls it did not use are rows of their own.
+        # The request's own cost (its ledger row's); the calls it did not use are rows of their own. Capped
+        # (`CALL_COST_MAX`), the calls it did not use may take it all.
         rec.cost_pico = pico
         if rec.lost is not None:
-            rec.cost_pico -= sum(call.cost_pico for call in rec.lost)
+            rec.cost_pico = max(pico - sum(call.cost_pico for call in rec.lost), 0)
             prompt += sum(call.prompt_tokens for call in rec.lost)
             completion += sum(call.completion_tokens for call in rec.lost)
         model = rec.label
