@@ -1,8 +1,9 @@
 """The key API (`/admin/keys`) and the ledger's usage report, behind the admin key.
 
 The app passes in its admin check and error renderer (gateway/edge/status.py's, which imports this
-module for the usage report). Bad input is a 400 naming the field; a name taken (by a runtime
-key or a YAML one) is a 409; an unknown or revoked id a 404. Docs: docs/ledger.md.
+module for the usage report). Bad input is a 400 naming the field, and so is what the config refuses for a
+`keys:` entry (gateway/config/consistency.py `key_problem`, against the `teams:` in force); a name taken (by a
+runtime key or a YAML one) is a 409; an unknown or revoked id a 404. Docs: docs/ledger.md.
 """
 
 from __future__ import annotations
