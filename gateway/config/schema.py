@@ -22,7 +22,7 @@ class Strict(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 
 # A budget in USD: a billion at most (larger, or `.inf`, is refused where it is given). Spend counts in 64-bit
-# picodollars, which stop at about $9.2 million: a budget above that is never reached (docs/ledger.md).
+# picodollars, which stop at about $9.2 million: a budget above that may never be reached (docs/ledger.md).
 BudgetUsd = Annotated[float, Meta(ge=0, le=1e9)]
 
 
