@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Protocol
 
-from gateway.config.schema import GatewayConfig, ProviderConfig
+from gateway.config.schema import GatewayConfig, ProviderConfig, TeamConfig
 from providers.registry import REGISTRY
 
 Problem = tuple[str, str]
@@ -74,6 +74,8 @@ def _raw(data: Any, path: str) -> Mapping[str, Any]:
 
 
 Pair = tuple[str, float, str, float, str]  # (YAML path, its value, the bound's name, the bound, why it binds)
+# A day's spend is part of its month's: a daily budget above the monthly one is never what stops the requests.
+_DAY = ": it is never reached"
 
 
 def _pairs(cfg: GatewayConfig, providers: Mapping[str, ProviderConfig], data: Any) -> Iterator[Pair]:
@@ -96,12 +98,9 @@ def _pairs(cfg: GatewayConfig, providers: Mapping[str, ProviderConfig], data: An
             yield f"{path}.max_entry_bytes", c.max_entry_bytes, "the memory store's bound cache.max_bytes", bound, ""
     if "batch_rows" in _written(data, "ledger"):
         yield "ledger.batch_rows", cfg.ledger.batch_rows, "queue_rows", cfg.ledger.queue_rows, ": it is never reached"
-    # A day's spend is part of its month's: the monthly budget stops the requests first.
-    budgets = [(f"keys[{i}]", k.max_cost_per_day, k.max_cost_per_month) for i, k in enumerate(cfg.keys)]
-    budgets += [(f"teams.{name}", t.max_cost_per_day, t.max_cost_per_month) for name, t in cfg.teams.items()]
-    for path, day, month in budgets:
-        if day is not None and month is not None:
-            yield f"{path}.max_cost_per_day", day, "max_cost_per_month", month, ": it is never reached"
+    for name, t in cfg.teams.items():
+        if t.max_cost_per_day is not None and t.max_cost_per_month is not None:
+            yield f"teams.{name}.max_cost_per_day", t.max_cost_per_day, "max_cost_per_month", t.max_cost_per_month, _DAY
     for i, alias in enumerate(cfg.models):
         if alias.hedge_after_ms is not None:
             total = (alias.timeouts or cfg.timeouts).total_ms
@@ -159,10 +158,45 @@ def name_problem(cfg: GatewayConfig, providers: Mapping[str, ProviderConfig]) ->
                 f"{team.priority!r} is above the team's max_priority {team.max_priority!r}",
             )
     for i, key in enumerate(cfg.keys):
-        if not key.name.strip():
-            return f"keys[{i}].name", "a key name may not be empty"
-        if key.team is not None and key.team not in cfg.teams:
-            return f"keys[{i}].team", f"no team {key.team!r} under teams: (declare it there; `{{}}` sets no budget)"
+        if (found := key_problem(key, cfg.teams)) is not None:
+            return f"keys[{i}].{found[0]}", found[1]
+    return None
+
+
+class KeyFields(Protocol):
+    """What `key_problem` reads of a client key: a YAML one (`KeyConfig`) or one made at runtime."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def team(self) -> str | None: ...
+    @property
+    def max_cost_per_day(self) -> float | None: ...
+    @property
+    def max_cost_per_month(self) -> float | None: ...
+    @property
+    def priority(self) -> str | None: ...
+    @property
+    def max_priority(self) -> str | None: ...
+
+
+def key_problem(key: KeyFields, teams: Mapping[str, TeamConfig]) -> Problem | None:
+    """The first of a client key's settings that contradicts another or the `teams:` it names, as (its field,
+    why): an empty name, an undeclared team, a daily budget above the monthly, a default priority above the
+    highest it may ask for (each unset one its team's, else `normal`). The config's `keys[]` and
+    `POST /admin/keys` both refuse what this finds, so a runtime key is held to what a YAML key is."""
+    if not key.name.strip():
+        return "name", "a key name may not be empty"
+    team = teams.get(key.team) if key.team is not None else None
+    if key.team is not None and team is None:
+        return "team", f"no team {key.team!r} under teams: (declare it there; `{{}}` sets no budget)"
+    day, month = key.max_cost_per_day, key.max_cost_per_month
+    if day is not None and month is not None and day > month:
+        return "max_cost_per_day", f"{_shown(day)} is above max_cost_per_month {_shown(month)}{_DAY}"
+    asks = key.priority or (team.priority if team else None) or "normal"
+    most = key.max_priority or (team.max_priority if team else None) or "normal"
+    if RANK[asks] > RANK[most]:
+        return "priority", f"{asks!r} is above the key's max_priority {most!r}"
     return None
 
 

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 import msgspec
 import yaml
 
-from gateway.config.consistency import RANK, block_problem, name_problem, non_finite
+from gateway.config.consistency import block_problem, name_problem, non_finite
 from gateway.config.fleet import fleet_problem, replica_url
 from gateway.config.schema import DeploymentConfig, GatewayConfig, PriceConfig, ProviderConfig
 from gateway.state import MISPLACED_CREDENTIAL, credential_misplaced, url_problem
@@ -263,11 +263,6 @@ def _check(
             if (other := seen_secrets.get(key.key)) is not None:
                 fail(f"keys[{i}].key", f"the same secret as key {other!r}; each key needs its own")
             seen_secrets[key.key] = key.name
-        team = cfg.teams.get(key.team) if key.team else None
-        asks = key.priority or (team.priority if team else None) or "normal"
-        most = key.max_priority or (team.max_priority if team else None) or "normal"
-        if RANK[asks] > RANK[most]:
-            fail(f"keys[{i}].priority", f"{asks!r} is above the key's max_priority {most!r}")
     if (found := name_problem(cfg, providers) or block_problem(cfg, providers, data)) is not None:
         fail(*found)
 

@@ -22,8 +22,8 @@ class Strict(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     pass
 
 
-# A budget in USD: a billion at most (more is no budget), so that it counts in 64-bit picodollars; larger,
-# or `.inf`, is refused where it is given.
+# A budget in USD: a billion at most (larger, or `.inf`, is refused where it is given). Spend counts in 64-bit
+# picodollars, which stop at about $9.2 million: a budget above that may never be reached (docs/ledger.md).
 BudgetUsd = Annotated[float, Meta(ge=0, le=1e9)]
 
 
@@ -212,10 +212,10 @@ class BatchesConfig(Strict, frozen=True):
 
 
 class PriceConfig(Strict, frozen=True):
-    """USD per million tokens, for usage accounting and budgets."""
+    """USD per million tokens, for usage accounting and budgets: 0 to 1,000,000 (a dollar a token)."""
 
-    prompt_per_1m: Annotated[float, Meta(ge=0)] = 0.0
-    completion_per_1m: Annotated[float, Meta(ge=0)] = 0.0
+    prompt_per_1m: Annotated[float, Meta(ge=0, le=1_000_000)] = 0.0
+    completion_per_1m: Annotated[float, Meta(ge=0, le=1_000_000)] = 0.0
 
 
 class AdminConfig(Strict, frozen=True):

@@ -1,8 +1,9 @@
 """The key API (`/admin/keys`) and the ledger's usage report, behind the admin key.
 
 The app passes in its admin check and error renderer (gateway/edge/status.py's, which imports this
-module for the usage report). Bad input is a 400 naming the field; a name taken (by a runtime
-key or a YAML one) is a 409; an unknown or revoked id a 404. Docs: docs/ledger.md.
+module for the usage report). Bad input is a 400 naming the field, and so is what the config refuses for a
+`keys:` entry (gateway/config/consistency.py `key_problem`, against the `teams:` in force); a name taken (by a
+runtime key or a YAML one) is a 409; an unknown or revoked id a 404. Docs: docs/ledger.md.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from litestar import Request, Response, delete, get, post
 from litestar.handlers import HTTPRouteHandler
 from msgspec import Meta
 
-from gateway.config import BudgetUsd, LimitsConfig, Priority
+from gateway.config import BudgetUsd, LimitsConfig, Priority, key_problem
 from gateway.ledger import keys as keystore
 from gateway.ledger.book import Ledger
 from gateway.ledger.engine import LedgerDown
@@ -31,7 +32,6 @@ JSON: Final = "application/json"
 _NO_STORE: Final = {"cache-control": "no-store"}
 _MAX_GRACE_S: Final = 30 * 86_400
 _MAX_EXPIRES_S: Final = 100 * 365 * 86_400  # a century: a key meant to last longer is made without one
-_RANK: Final = {"high": 0, "normal": 1, "low": 2}
 
 Authorize = Callable[[Request[Any, Any, Any]], tuple[Any, Response[bytes] | None]]
 Render = Callable[[GatewayError], Response[bytes]]
@@ -94,15 +94,11 @@ def routes(authorize: Authorize, render: Render) -> list[HTTPRouteHandler]:
             spec = msgspec.json.decode(await request.body(), type=NewKey)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             return render(decode_error(exc))
-        if spec.priority and spec.max_priority and _RANK[spec.priority] < _RANK[spec.max_priority]:
-            return render(
-                InvalidRequestError(
-                    f"priority {spec.priority!r} is above the key's max_priority {spec.max_priority!r}",
-                    param="priority",
-                    code="invalid_value",
-                )
-            )
         svc = service(request)
+        # What the config refuses for a `keys:` entry, by the same check, against the `teams:` in force.
+        if (problem := key_problem(spec, svc.teams)) is not None:
+            field, why = problem
+            return render(InvalidRequestError(f"Invalid value for '{field}': {why}", param=field, code="invalid_value"))
         if spec.name in svc.poller.yaml_names:
             return render(_conflict(f"A key named {spec.name!r} is in the config"))
         if spec.name == ANONYMOUS:  # its rows would be read as the keyless requests' spend, and theirs as its own

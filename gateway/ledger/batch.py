@@ -63,6 +63,11 @@ INSERT_SQLITE: Final = INSERT.replace(
     f"VALUES ({', '.join('?' * NCOLUMNS)})",
     f"VALUES ({', '.join('NULLIF(?, 0)' if i in _NULLABLE_TEXT else '?' for i in range(NCOLUMNS))})",
 )
+# A rollup's cost stops at the largest 64-bit integer (about $9.2 million a day for one key, model and target)
+# rather than overflow: PostgreSQL's BIGINT would refuse every later row of that rollup with its batch, SQLite
+# would turn the sum into an inexact float. One request's cost is capped far below (`CALL_COST_MAX`), and the
+# token counts an answer may report too, so the other sums never come near it.
+COST_SUM_MAX: Final = 2**63 - 1
 ROLLUP: Final = (
     "INSERT INTO daily (day, key_name, team, model, target, key_id, requests, errors, prompt_tokens,"
     " completion_tokens, cost_pico, cached) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
@@ -70,7 +75,8 @@ ROLLUP: Final = (
     " SET requests = daily.requests + excluded.requests, errors = daily.errors + excluded.errors,"
     " prompt_tokens = daily.prompt_tokens + excluded.prompt_tokens,"
     " completion_tokens = daily.completion_tokens + excluded.completion_tokens,"
-    " cost_pico = daily.cost_pico + excluded.cost_pico, cached = daily.cached + excluded.cached"
+    f" cost_pico = CASE WHEN excluded.cost_pico > {COST_SUM_MAX} - daily.cost_pico THEN {COST_SUM_MAX}"
+    " ELSE daily.cost_pico + excluded.cost_pico END, cached = daily.cached + excluded.cached"
 )
 # SQLite: a statement takes 50, 8 or 1 rows of one entry at once (`_rows_sql`). One statement per row paid,
 # per row, a run of SQLite's virtual machine from its start (cursors opened and closed) and a release and
@@ -327,8 +333,14 @@ def commit_batch(cur: Cursor, batch: Batch, db: Database, fold: Fold = same) -> 
                 start = end
         for sql, params in runs.items():
             cur.executemany(sql, params)
-    cur.executemany(ROLLUP, [(*k, *v) for k, v in rollups(batch, fold=fold).items()])
+    cur.executemany(ROLLUP, rollup_values(rollups(batch, fold=fold)))
     return batch.size
+
+
+def rollup_values(sums: Rollups) -> list[tuple[Any, ...]]:
+    """`ROLLUP`'s parameters for `sums`, each cost at most `COST_SUM_MAX` (one batch of capped requests may
+    sum past it)."""
+    return [(*k, *v[:4], min(v[4], COST_SUM_MAX), v[5]) for k, v in sums.items()]
 
 
 def rollups(batch: Batch, into: Rollups | None = None, fold: Fold = same) -> Rollups:

@@ -263,20 +263,26 @@ class KeyPoller:
         runtime: RuntimeKeys,
         yaml_names: Collection[str],
         on_change: Callable[[], None] | None = None,
+        teams: Collection[str] | None = None,
     ) -> None:
         self.ledger = ledger
         self.runtime = runtime
         self.yaml_names = frozenset(yaml_names)
+        self.teams = None if teams is None else frozenset(teams)
         self.on_change = on_change
         self.seen = -1
+        self._strays: list[tuple[str, str]] = []  # (key, team) last logged as naming an undeclared team
         self._task: asyncio.Task[None] | None = None
 
-    def names(self, yaml_names: Collection[str]) -> None:
-        """The YAML keys' names of the config in force (a reload's): runtime keys that share one are ignored,
-        from the next poll on."""
+    def names(self, yaml_names: Collection[str], teams: Collection[str] | None = None) -> None:
+        """The YAML keys' names and the teams of the config in force (a reload's): runtime keys that share a
+        YAML key's name are ignored, and those whose team it no longer declares are logged, from the next
+        poll on."""
         names = frozenset(yaml_names)
-        if names != self.yaml_names:
+        declared = None if teams is None else frozenset(teams)
+        if names != self.yaml_names or declared != self.teams:
             self.yaml_names = names
+            self.teams = declared
             self.seen = -1
 
     async def refresh(self, *, force: bool = False) -> None:
@@ -292,11 +298,29 @@ class KeyPoller:
             # a key like a runtime one: the YAML key wins, and the runtime key stops working.
             log.error("ledger: runtime key name(s) %s also in keys: (YAML); those runtime keys are ignored", clash)
             rows = [r for r in rows if r[1] not in self.yaml_names]
+        self._stray_teams(rows)
         self.runtime.by_digest = _ring(rows, found.secrets)
         self.runtime.ever = found.ever
         self.seen = found.version
         if self.on_change is not None:
             self.on_change()
+
+    def _stray_teams(self, rows: list[tuple[Any, ...]]) -> None:
+        """One WARNING when a runtime key starts naming a team the config does not declare (a reload
+        removed the team, or a replica's YAML lacks it). `POST /admin/keys` refuses such a team; a key made
+        under it earlier keeps working and booking under its team, without the team's budgets or priorities
+        (there are none to share) until the team is declared again."""
+        if self.teams is None:
+            return
+        strays = sorted((r[1], r[2]) for r in rows if r[2] is not None and r[2] not in self.teams)
+        if set(strays) - set(self._strays):  # named once, not again at every change of the other keys
+            shown = ", ".join(f"{key!r} (team {team!r})" for key, team in strays)
+            log.warning(
+                "ledger: runtime key(s) %s name a team not under teams:; they keep working and booking under "
+                "it, with no team budget or team priorities until it is declared again",
+                shown,
+            )
+        self._strays = strays
 
     async def start(self) -> None:
         await self.refresh(force=True)

@@ -11,7 +11,18 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
-from gateway.ledger.batch import INSERT, INSERT_SQLITE, NCOLUMNS, ROLLUP, Fold, Rollups, Row, row_rollups, same
+from gateway.ledger.batch import (
+    INSERT,
+    INSERT_SQLITE,
+    NCOLUMNS,
+    ROLLUP,
+    Fold,
+    Rollups,
+    Row,
+    rollup_values,
+    row_rollups,
+    same,
+)
 from gateway.ledger.engine import Cursor, Database
 
 _IN_CHUNK: Final = 500
@@ -38,7 +49,7 @@ def commit(cur: Cursor, rows: Sequence[Row], db: Database, fold: Fold = same) ->
     if not fresh:
         return 0
     cur.executemany(INSERT if db.postgres else INSERT_SQLITE, fresh)
-    cur.executemany(ROLLUP, [(*k, *v) for k, v in row_rollups(fresh, fold=fold).items()])
+    cur.executemany(ROLLUP, rollup_values(row_rollups(fresh, fold=fold)))
     return len(fresh)
 
 

@@ -8,12 +8,13 @@ gateway/ledger/startup.py's.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 import msgspec
 from prometheus_client import Counter, Gauge
 
-from gateway.config import LedgerConfig, LoadedConfig
+from gateway.config import LedgerConfig, LoadedConfig, TeamConfig
 from gateway.ledger import keys as keystore
 from gateway.ledger.book import Ledger
 from gateway.ledger.budgets import ledger_budgets
@@ -41,8 +42,10 @@ class LedgerService:
         self.runtime = RuntimeKeys()
         self.counters = Counters()
         self.poller = keystore.KeyPoller(
-            self.ledger, self.runtime, [k.name for k in loaded.config.keys], on_change=self._changed
+            self.ledger, self.runtime, [k.name for k in loaded.config.keys], self._changed, loaded.config.teams
         )
+        # The `teams:` of the config in force: what `POST /admin/keys` holds a new key's team and priorities to.
+        self.teams: Mapping[str, TeamConfig] = loaded.config.teams
         self.keys: Any = None  # the key ring of the config in force
         self._open: bool | None = None  # whether it served requests without a key, as last said
         if metrics is not None:
@@ -75,7 +78,9 @@ class LedgerService:
 
     def install(self, pipeline: Hooked) -> None:
         pipeline.keys.runtime = self.runtime
-        self.poller.names([k.name for k in pipeline.loaded.config.keys])
+        cfg = pipeline.loaded.config
+        self.poller.names([k.name for k in cfg.keys], cfg.teams)
+        self.teams = cfg.teams
         self.keys = pipeline.keys
         if self._open is not None:
             self._open = pipeline.keys.open  # a reload says it in its own line

@@ -25,8 +25,9 @@ from typing import Any, Final
 import redis.asyncio as aioredis
 
 from gateway.config import LoadedConfig, TeamConfig
+from gateway.limits import saturating
 from gateway.limits.auth import ClientKey
-from gateway.limits.prices import Prices, served_cost
+from gateway.limits.prices import CALL_COST_MAX, Prices, served_cost
 from gateway.limits.tokens import prompt_bound, prompt_count, unbounded_completion
 from gateway.limits.usage import PICO, Counters, UsageStore, day_of, next_month, spend_key, to_midnight, usd
 from gateway.ops.metrics import Record
@@ -37,24 +38,27 @@ from wire.schema import CompletionRequest
 
 _DAY_TTL_S: Final = 3 * 86_400
 _MONTH_TTL_S: Final = 33 * 86_400
-# The most one request reserves on a budget: about $576,000, so 16 such reservations fit in a counter.
-_WORST_MAX: Final = 2**59
 STREAM_CHECK_EVENTS: Final = 16  # a stream's running cost is looked at every this many events
 # A change to a counter (`Budgets._change`): KEYS[1] the counter; ARGV epoch ('' : taken in process, no
-# reservation to change), reserved, committed, ttl, fresh (1: the counters hold reservations alone).
-_CHANGE: Final = """
+# reservation to change), reserved, committed, ttl, fresh (1: the counters hold reservations alone). The spend
+# stops at the largest 64-bit integer rather than overflow (gateway/limits/saturating.py).
+_CHANGE: Final = (
+    saturating.ADD_LUA
+    + """
 local epoch = redis.call('HGET', KEYS[1], 'epoch')
 if ARGV[1] ~= '' and epoch == ARGV[1] then
   redis.call('HINCRBY', KEYS[1], 'reserved', ARGV[2])
 end
 if ARGV[3] ~= '0' and (ARGV[5] == '1' or redis.call('HEXISTS', KEYS[1], 'seeded') == 1) then
-  redis.call('HINCRBY', KEYS[1], 'committed', ARGV[3])
+  local failed = add(KEYS[1], 'committed', ARGV[3])
+  if failed then return failed end
 end
 if epoch then
   redis.call('EXPIRE', KEYS[1], ARGV[4])
 end
 return 0
 """
+)
 
 # What was spent on a budget before this process's counter for it (None: cannot be known now).
 Seeder = Callable[["Budget"], Awaitable[int | None]]
@@ -138,7 +142,8 @@ class Hold:
         """A stream has sent `events` events (at least as many tokens): reserve what it runs past `worst`."""
         if self.settled:
             return
-        now = self.prompt_pico + round(events * self.out_pico)
+        # No more than the request can be charged in the end (its real cost is capped alike).
+        now = min(self.prompt_pico + round(events * self.out_pico), CALL_COST_MAX)
         excess = now - self.worst - self.grown
         if excess > 0:
             self.grown += excess
@@ -268,7 +273,7 @@ class Budgets:
             # More than a whole budget reserves nothing more: admitted only while the counter is under its
             # limit, after it the counter is past it either way. Bounded besides, so that a few of these in
             # flight at once still sum within Redis's 64-bit counters (a `max_tokens` of 2**63 costs more).
-            worst = min(worst, max(b.limit_pico for b in budgets), _WORST_MAX)
+            worst = min(worst, max(b.limit_pico for b in budgets), CALL_COST_MAX)
         taken: list[tuple[Budget, str | None]] = []
         try:
             for b in budgets:
@@ -369,8 +374,8 @@ class Budgets:
             if seed is not None:
 
                 async def plant(r: aioredis.Redis) -> int:
-                    if await r.hsetnx(b.counter, "seeded", 1):
-                        return int(await r.hincrby(b.counter, "committed", seed))
+                    if await r.hsetnx(b.counter, "seeded", 1):  # a seed of saturated rollups may sum past 64 bits
+                        await saturating.add(r, b.counter, "committed", seed)
                     return int(await r.hget(b.counter, "committed") or 0)
 
                 committed = int(await shared.run(plant))

@@ -1,8 +1,15 @@
-"""Prices: what an answer cost, from the config's `prices` (USD per million prompt and completion tokens)."""
+"""Prices: what an answer cost, from the config's `prices` (USD per million prompt and completion tokens).
+
+A cost is integer picodollars, kept in 64-bit columns (the ledger's BIGINT) and counters (Redis). The config
+bounds a price (a dollar a token at most), but the token counts are the upstream's: one call's cost is
+therefore capped at `CALL_COST_MAX` (about $576,000), logged once per target when it binds, so that its row
+and its budget charge always fit, many of them to a counter. Docs: docs/operations.md#prices.
+"""
 
 from __future__ import annotations
 
 import fnmatch
+import logging
 import re
 from collections.abc import Mapping
 from typing import Final
@@ -13,6 +20,12 @@ from gateway.ops.metrics import Record
 _CACHE_LIMIT: Final = 4096
 _CACHED_CHARS: Final = 512  # longer (target, model) pairs are priced without being remembered
 _GLOB: Final = re.compile(r"[*?\[]")
+# The most one call (and one request, its calls together) costs, in picodollars: 2**59, about $576,000, as a
+# budget's largest reservation, so that 16 of them still sum within a signed 64-bit counter.
+CALL_COST_MAX: Final = 2**59
+_CAPPED_NAMED: Final = 64  # targets whose capped cost was logged, at most (the rest are not named again)
+
+log = logging.getLogger("gateway")
 
 
 class Prices:
@@ -23,6 +36,7 @@ class Prices:
         self.exact = dict(prices)
         self.globs = [(re.compile(fnmatch.translate(k)), p) for k, p in prices.items() if _GLOB.search(k)]
         self._cache: dict[tuple[str, str], PriceConfig | None] = {}
+        self._capped: set[str] = set()
 
     def find(self, target: str, model: str) -> PriceConfig | None:
         cache_key = (target, model)
@@ -43,7 +57,25 @@ class Prices:
         if price is None:
             return 0
         # USD per 1M tokens = 1e6 picodollars per token.
-        return round(prompt_tokens * price.prompt_per_1m * 1e6 + completion_tokens * price.completion_per_1m * 1e6)
+        cost = prompt_tokens * price.prompt_per_1m * 1e6 + completion_tokens * price.completion_per_1m * 1e6
+        return round(cost) if cost < CALL_COST_MAX else CALL_COST_MAX
+
+    def capped(self, target: str, cost: int, prompt_tokens: int, completion_tokens: int) -> int:
+        """A served request's real `cost`, at most `CALL_COST_MAX`; one WARNING per target (per process) when
+        that binds: the spend booked and charged is less than its tokens at its price."""
+        if cost < CALL_COST_MAX:
+            return cost
+        if target not in self._capped and len(self._capped) < _CAPPED_NAMED:
+            self._capped.add(target)
+            log.warning(
+                "prices: a request to %s (%d prompt, %d completion tokens) costs more than one request may be "
+                "booked at, $%d; booked and charged at that",
+                target,
+                prompt_tokens,
+                completion_tokens,
+                CALL_COST_MAX // 10**12,
+            )
+        return CALL_COST_MAX
 
 
 def served_cost(prices: Prices, rec: Record) -> int:
@@ -56,11 +88,13 @@ def served_cost(prices: Prices, rec: Record) -> int:
     parts = rec.parts
     lost = 0 if rec.lost is None else sum(lost_cost(prices, rec))
     if parts is None:
-        return prices.cost_pico(rec.target, rec.model, prompt, completion) + lost
-    # The finishing target was sent the text streamed before it as prompt, and generated the rest.
-    before = sum(part[2] for part in parts)
-    earlier = sum(prices.cost_pico(target, rec.model, p, c) for target, p, c in parts)
-    return earlier + prices.cost_pico(rec.target, rec.model, prompt + before, max(completion - before, 0)) + lost
+        cost = prices.cost_pico(rec.target, rec.model, prompt, completion) + lost
+    else:
+        # The finishing target was sent the text streamed before it as prompt, and generated the rest.
+        before = sum(part[2] for part in parts)
+        earlier = sum(prices.cost_pico(target, rec.model, p, c) for target, p, c in parts)
+        cost = earlier + prices.cost_pico(rec.target, rec.model, prompt + before, max(completion - before, 0)) + lost
+    return prices.capped(rec.target, cost, prompt, completion)
 
 
 def lost_cost(prices: Prices, rec: Record) -> list[int]:

@@ -21,8 +21,9 @@ import msgspec
 import redis.asyncio as aioredis
 
 from gateway.config import LoadedConfig
+from gateway.limits import saturating
 from gateway.limits.auth import fingerprint
-from gateway.limits.prices import Prices, served_cost
+from gateway.limits.prices import CALL_COST_MAX, Prices, served_cost
 from gateway.ops.metrics import Metrics, ModelLabels, Record
 from gateway.state import Degraded, SharedState
 
@@ -138,6 +139,17 @@ def spend_key(period: str, kind: str, name: str) -> str:
     return f"spend:{period}:{kind}:{name}"
 
 
+def _fields(pipe: Any, name: str, fields: Fields) -> None:
+    """Add `fields` to the hash `name`: its spend stopping at 64 bits (`saturating`), its counts as they are."""
+    for field, value in fields.items():
+        if not value:
+            continue
+        if field.startswith(TOTAL):
+            saturating.add(pipe, name, field, value)
+        else:
+            pipe.hincrby(name, field, value)
+
+
 async def _write_per_slot(r: aioredis.Redis, batch: dict[tuple[str, str], Fields], names: Mapping[str, str]) -> None:
     """A Redis Cluster has no transaction across hash slots: the day indexes first (idempotent), then one
     MULTI per hash (one slot), each taken out of `batch` once written, so a failure keeps only the rest."""
@@ -148,9 +160,7 @@ async def _write_per_slot(r: aioredis.Redis, batch: dict[tuple[str, str], Fields
     await pipe.execute()
     for (d, k), f in list(batch.items()):
         tx = r.pipeline(transaction=True)
-        for name, value in f.items():
-            if value:
-                tx.hincrby(redis_key(d, k), name, value)
+        _fields(tx, redis_key(d, k), f)
         tx.expire(redis_key(d, k), TTL_S)
         await tx.execute()
         del batch[(d, k)]
@@ -263,12 +273,15 @@ class UsageStore:
             pico = 0
         elif rec.parts is None and rec.lost is None:  # no call more than the price's on every request
             pico = self.prices.cost_pico(rec.target, rec.model, prompt, completion)
+            if pico == CALL_COST_MAX:
+                pico = self.prices.capped(rec.target, pico, prompt, completion)  # said once
         else:
             pico = served_cost(self.prices, rec)
-        # The request's own cost (its ledger row's); the calls it did not use are rows of their own.
+        # The request's own cost (its ledger row's); the calls it did not use are rows of their own. Capped
+        # (`CALL_COST_MAX`), the calls it did not use may take it all.
         rec.cost_pico = pico
         if rec.lost is not None:
-            rec.cost_pico -= sum(call.cost_pico for call in rec.lost)
+            rec.cost_pico = max(pico - sum(call.cost_pico for call in rec.lost), 0)
             prompt += sum(call.prompt_tokens for call in rec.lost)
             completion += sum(call.completion_tokens for call in rec.lost)
         model = rec.label
@@ -363,21 +376,19 @@ class UsageStore:
                 await _write_per_slot(r, batch, names)
                 for name, pico in list(spend.items()):  # one key each: atomic on its own
                     tx = r.pipeline(transaction=True)
-                    tx.incrby(name, pico)
+                    saturating.add(tx, name, "", pico)
                     tx.expire(name, TTL_S)
                     await tx.execute()
                     del spend[name]
                 return
             pipe = r.pipeline(transaction=True)
             for (d, k), f in batch.items():
-                for name, value in f.items():
-                    if value:
-                        pipe.hincrby(redis_key(d, k), name, value)
+                _fields(pipe, redis_key(d, k), f)
                 pipe.expire(redis_key(d, k), TTL_S)
                 pipe.hset(index_key(d), k, names.get(k, k))
                 pipe.expire(index_key(d), TTL_S)
             for name, pico in spend.items():
-                pipe.incrby(name, pico)
+                saturating.add(pipe, name, "", pico)
                 pipe.expire(name, TTL_S)
             await pipe.execute()
 

@@ -25,7 +25,7 @@ ledger: {{url: "{url}", flush_ms: {flush_ms}, keys_poll_ms: 200{extra}}}
 keys:
   - {{name: alice, key: "${{LEDGER_TEAM_KEY}}", team: blue}}
   - {{name: solo, key: "${{LEDGER_SOLO_KEY}}"}}
-teams: {{blue: {{}}, green: {{}}}}
+teams: {{blue: {{}}, green: {{}}, red: {{}}, "-red": {{}}}}
 prices:
   demo/long: {{prompt_per_1m: 1000, completion_per_1m: 2000}}
 providers:
