@@ -296,9 +296,6 @@ class Ledger:
             except Exception:  # the writer must outlive any one bad turn
                 log.exception("ledger writer turn failed")
 
-    def _take(self) -> Batch:
-        return take(self.queue, self._prefix, self._ids)
-
     async def flush(self) -> None:
         if self.dropped != self._dropped_logged:
             log.error(
@@ -307,10 +304,12 @@ class Ledger:
                 self.dropped,
             )
             self._dropped_logged = self.dropped
-        rows = self._take()
+        rows = take(self.queue, self._prefix, self._ids)
         # Asked every turn, so that the listing's own schedule holds even while every turn has rows to write.
         orphans = self._orphans_possible()
-        if rows.size or self.spill.waiting or orphans:
+        # While the database is down, a turn with nothing to write asks it still (`_write`): an idle process would
+        # otherwise report it down until the next request's row. Not at the last turn: it would only delay the exit.
+        if rows.size or self.spill.waiting or orphans or (self.down is not None and not self._stopping):
             await self._writing(self._write, rows, orphans)
 
     def _orphans_possible(self) -> bool:
@@ -336,6 +335,8 @@ class Ledger:
         # Per file; another process's counted once it is replayed whole (an interrupted one is read again).
         expired: dict[Path, int] = {}
         try:
+            if self.down is not None and not rows.size and not self.spill.waiting:
+                self.rows.probe()  # nothing of its own to commit would find out that the database answers again
             for path, batch in self.spill.batches(orphans):
                 spilled = [tuple(r) for r in batch if r[3] >= kept_from]
                 if spilled:

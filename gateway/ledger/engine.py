@@ -62,6 +62,14 @@ def _drop(cur: Cursor, name: str) -> int:
     return cur.execute(f"DROP TABLE IF EXISTS {name}")
 
 
+def _writable(cur: Cursor) -> None:
+    """The writer's own statements, on no row: each fails as a batch would (a lock held elsewhere, a file or a
+    server that takes no writes, a role no longer allowed to write, tables gone), and each is cheap when they
+    pass (a false condition reads nothing, and no row changed makes a commit without a write to disk)."""
+    cur.execute("INSERT INTO requests SELECT * FROM requests WHERE 1 = 0")
+    cur.execute("UPDATE daily SET requests = requests WHERE 1 = 0")
+
+
 def _wal(conn: sqlite3.Connection, busy_s: float) -> None:
     """Put the file in WAL mode, waiting up to `busy_s` for another process's lock.
 
@@ -244,6 +252,10 @@ class Database:
         tx = conn.transaction()
         tx.__enter__()
         return conn, tx
+
+    def probe(self) -> None:
+        """Whether a batch could be committed now, without writing one: `LedgerDown` when it could not."""
+        self.transaction(_writable)
 
     def ensure_days(self, cur: Cursor, days: Iterable[str]) -> None:
         """PostgreSQL: the day partitions these rows go to (made once, under a lock replicas share)."""

@@ -73,6 +73,11 @@ class LedgerService:
                 ),
                 ("gateway_ledger_queued_rows", "Ledger rows waiting for the writer", lambda: len(ledger.queue)),
                 ("gateway_ledger_spilled", "1 while the ledger's rows go to its spill file", lambda: ledger.spilling),
+                (
+                    "gateway_ledger_unavailable",
+                    "1 while the ledger's database cannot be written or did not answer the last call (as /ready)",
+                    lambda: int(ledger.trouble is not None),
+                ),
             ):
                 Gauge(name, doc, registry=r, multiprocess_mode="max").set_function(read)
 

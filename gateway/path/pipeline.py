@@ -18,7 +18,7 @@ from gateway import cache
 from gateway.cache import Lookup
 from gateway.cache.hit import answered
 from gateway.config import LoadedConfig
-from gateway.fleet.picker import Hint, shared_name
+from gateway.fleet.picker import Hint
 from gateway.limits.admission import Admission, Lines, Ticket
 from gateway.limits.auth import ClientKey, KeyRing
 from gateway.limits.budgets import Budgets, usage_budgets
@@ -116,7 +116,7 @@ class Pipeline:
             on_cooldown=on_cooldown,
             refresh_ms=loaded.config.redis.refresh_ms,
             inflight_ttl_ms=loaded.config.redis.lease_ttl_ms,
-            shared_name=lambda target: shared_name(self.router.fleets, target),
+            shared_name=lambda target: self.router.identity(target),
         )
         self.log_prompts = loaded.config.logging.prompts
         self.log_requests = loaded.config.logging.requests

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Final
 
-from gateway.config import LoadedConfig, ProviderConfig, same_target_of
-from gateway.fleet.picker import Fleet
+from gateway.config import LoadedConfig, ProviderConfig, replica_tag, same_target_of
+from gateway.fleet.picker import Fleet, shared_name
 from gateway.fleet.tenancy import SALT_FIELD
 from gateway.upstream.plan import Group, Plan, Policy, Route
 from providers import REGISTRY
@@ -104,6 +104,24 @@ class Router:
                 self._cache.clear()
             self._cache[model] = route
         return route
+
+    def identity(self, target: str) -> str:
+        """The name a target's health goes by, in Redis and in this process: the server it calls, not its place in
+        the config. A replica's puts its URL's hash in place of its position (`shared_name`); any other target's
+        puts the hash of the URL it calls after its provider (`vendor@<hash>/model`, as a replica of that URL
+        would be named), so that a reload pointing a provider at another server, or a process pointing it
+        elsewhere, starts that server clean. A target that calls no URL (an in-process kind) keeps its own name."""
+        vendor, _, rest = target.partition("/")
+        if "@" in vendor:
+            return shared_name(self.fleets, target)
+        try:
+            endpoint = self._direct(target).endpoint
+        except ModelNotFoundError:
+            return target
+        if not endpoint.base_url:
+            return target
+        server = endpoint.base_url if endpoint.region is None else f"{endpoint.base_url} {endpoint.region}"
+        return f"{vendor}@{replica_tag(server)}/{rest}"
 
     def _direct(self, model: str) -> Route:
         vendor, _, rest = model.partition("/")

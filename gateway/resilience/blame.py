@@ -7,6 +7,8 @@ A failure blames its target (a cooldown at once, or evidence for the window) or 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgspec
 
 from gateway.resilience.health import Health, TargetState
@@ -49,26 +51,29 @@ async def charge(
     the window's evidence (`failing`: the target was failing already, this request its probe, and needs
     none). Whether it was cooled."""
     cause, at_once = blame
-    evidence = health.evidence
+    evidence, named = health.evidence, health.named(key)  # the evidence goes by the target's identity
     if at_once:
-        evidence.suspects.pop(key, None)  # the target's own failure: nobody's input is suspected
+        evidence.suspects.pop(named, None)  # the target's own failure: nobody's input is suspected
     elif not failing:
-        if not evidence.failure(key, tenant):
+        if not evidence.failure(named, tenant):
             return False
     else:
         # A target already failing (a probe of it, after a cooldown) needs no more evidence; this key has
         # now seen it fail too, and probes it no more during the cooldown.
-        keys = evidence.suspects.get(key)
+        keys = evidence.suspects.get(named)
         if keys is not None:
             keys.add(tenant)
     await health.failure(key, exc.retry_after, cause)
     return True
 
 
-def cleared_for(tenant: str, states: dict[str, TargetState], suspects: dict[str, set[str | None]]) -> None:
+def cleared_for(
+    tenant: str, states: dict[str, TargetState], suspects: dict[str, set[str | None]], named: Callable[[str], str]
+) -> None:
     """A target cooled on other keys' failures alone is recovering, not cooling, for this key: it may
-    claim the probe (its success ends the cooldown for everyone; its failure makes it a suspect too)."""
+    claim the probe (its success ends the cooldown for everyone; its failure makes it a suspect too).
+    `suspects` go by identity (`named`)."""
     for target, st in states.items():
-        keys = suspects.get(target)
+        keys = suspects.get(named(target))
         if keys is not None and tenant not in keys and st.cooling_ms > 0 and st.cause == "error":
             states[target] = msgspec.structs.replace(st, cooling_ms=0, cause=None, failures=max(st.failures, 1))

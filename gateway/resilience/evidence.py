@@ -5,7 +5,8 @@ such requests must not cool a target other tenants use, so these failures cool o
 `cooldown.window_ms`, at least `cooldown.min_requests` distinct requests failed on the target, at least
 `cooldown.failure_ratio` of the requests of every client key that used it failed, and no other key was
 served there. Outcomes are counted from a target's first such failure; before it, a success only notes
-when its key was last served. The window is this process's own; the cooldown it decides is shared
+when its key was last served. The window is this process's own, kept by each target's identity (the server
+it calls: `Health.named`) and carried over a config reload (`adopt`); the cooldown it decides is shared
 (gateway/resilience/health.py). Rules: docs/resilience.md, "Cooldowns".
 """
 
@@ -39,6 +40,14 @@ class Evidence:
         # request may probe the target during that cooldown (gateway/resilience/failover.py): the evidence may be
         # those keys' inputs, and a key that never failed there must not lose the target to them.
         self.suspects: dict[str, set[str | None]] = {}
+
+    def adopt(self, previous: Evidence) -> None:
+        """A reload: go on with the previous config's outcomes (shared, so its requests still finishing add
+        theirs), judged by this config's `cooldown` from the next failure on. Keyed by each target's identity, a
+        target whose server changed finds none."""
+        self.watched = previous.watched
+        self.served = previous.served
+        self.suspects = previous.suspects
 
     def success(self, target: str, tenant: str | None) -> None:
         now = self.clock()

@@ -139,7 +139,7 @@ class Failover:
     ) -> Selector:
         suspects = self.health.evidence.suspects
         if suspects and tenant is not None:
-            _cleared_for(tenant, states, suspects)
+            _cleared_for(tenant, states, suspects, self.health.named)
         if avoid is not None:
             avoided = states.get(avoid)
             if avoided is not None and avoided.cooling_ms <= 0:

@@ -140,9 +140,11 @@ class Health:
         self._changes += 1
 
     def adopt(self, previous: Health) -> None:
-        """A reload: keep the previous pipeline's in-process view (keyed by identity, so a reordered
-        `replicas:` changes nothing), shared with it while its requests finish and give their counts back."""
+        """A reload: keep the previous pipeline's in-process view and the failures counted in the cooldown
+        window (both keyed by identity, so a reordered `replicas:` changes nothing, and a target pointed at
+        another server starts clean), shared with it while its requests finish and give their counts back."""
         self.local = previous.local
+        self.evidence.adopt(previous.evidence)
 
     def named(self, target: str) -> str:
         """The target's identity (`shared_name`), computed once per target."""
@@ -306,7 +308,7 @@ class Health:
     ) -> Coroutine[Any, Any, None] | None:
         """Note a served request; the coroutine to await when the target was failing (it is back), else None:
         nearly every success changes nothing shared, and pays no coroutine for it."""
-        self.evidence.success(target, tenant)
+        self.evidence.success(self._names.get(target) or self.named(target), tenant)
         if state is None or state.failures == 0:
             return None
         return self._recovered(target)

@@ -1,6 +1,6 @@
 """A target's health as one process keeps it: without Redis, while Redis is away, and a replica's load.
 
-Keyed by each target's identity (`Health.named`: a replica's by its URL's hash, as in Redis), not by its
+Keyed by each target's identity (`Health.named`: by the hash of the URL it calls, as in Redis), not by its
 place in the config, so that a reload can hand the new pipeline's `Health` this same object: cooldowns,
 probes and the requests in flight (streams too) carry over to every target the new config still has, and a
 request that started before the reload gives its count back here when it ends.

@@ -366,7 +366,8 @@ def test_alias_fails_over_past_a_provider_at_quota_without_cooling_it(g: Gateway
     # pa admits 2 a minute: the 3rd and 4th go on to pb at once.
     assert route == [("pa", "1"), ("pa", "1"), ("pb", "2"), ("pb", "2")]
     with rds.client() as r:
-        assert r.keys("gw:{pa/text}:*") == [], "a gateway-side quota says nothing about pa's health"
+        # A target goes by its server (`pa@<URL hash>/text`), or by its name when it calls no URL.
+        assert r.keys("gw:{pa[@/]*") == [], "a gateway-side quota says nothing about pa's health"
         # pa's quota has room again (as if its minute had passed): the alias goes straight back to it,
         # which it would not do for a minute (cooldown.base_ms) had pa been cooled.
         assert r.delete("rl:{provider:pa}:rpm") == 1

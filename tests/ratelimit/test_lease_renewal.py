@@ -25,7 +25,8 @@ from tests.helpers.servers import serve_config
 from tests.helpers.waiting import wait_until
 
 KEY = bucket("k-one", "concurrent")
-INFLIGHT = "gw:{up/davinci-002}:in"  # the target's in-flight count, shared by every replica
+# The target's in-flight count, shared by every replica; the target goes by its server (`up@<URL hash>`).
+INFLIGHT = "gw:{up@*/davinci-002}:in"
 TTL_MS = 1_000
 BODY = {"model": "busy", "prompt": "Say this is a test", "max_tokens": 7, "stream": True}
 AUTH = {"authorization": "Bearer k-one"}
@@ -33,7 +34,9 @@ AUTH = {"authorization": "Bearer k-one"}
 
 def inflight(rds: RedisServer) -> int | None:
     with rds.client() as r:
-        value = r.get(INFLIGHT)
+        found = r.keys(INFLIGHT)
+        assert len(found) <= 1, found
+        value = r.get(found[0]) if found else None
         return None if value is None else int(value)
 
 

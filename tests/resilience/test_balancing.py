@@ -81,8 +81,8 @@ async def test_latency_prefers_unmeasured_then_the_fastest_ewma(make: MakePipeli
     served = [(await ask(p)).served_by for _ in range(4)]
     # alpha first (both unmeasured, config order), then beta (unmeasured), then the faster: beta.
     assert served == [key("alpha"), key("beta"), key("beta"), key("beta")]
-    lat = p.health.local.latency
-    assert lat[key("alpha")] >= 150 and lat[key("beta")] < 100
+    lat = p.health.local.latency  # kept by each target's identity (the server it calls)
+    assert lat[p.health.named(key("alpha"))] >= 150 and lat[p.health.named(key("beta"))] < 100
     # beta slows down: its EWMA (alpha = 0.3) climbs past alpha's 150 ms after two slow answers.
     faults["beta"].script(slow(0.4), slow(0.4))
     served = [(await ask(p)).served_by for _ in range(3)]

@@ -18,9 +18,10 @@ import openai
 import pytest
 import redis as redis_sync
 
+from gateway.config import replica_tag
 from tests.helpers.clients import openai_client
 from tests.helpers.faults import RECORDED_COMPLETION, RECORDED_TEXTS, FaultServer, rate_limited, reset, unavailable
-from tests.helpers.pipelines import PROMPT, config_yaml, key, same_but_id
+from tests.helpers.pipelines import MODEL, PROMPT, config_yaml, key, same_but_id
 from tests.helpers.redis import RedisServer
 from tests.helpers.servers import GatewayProcess, GatewayThread
 
@@ -128,7 +129,8 @@ def test_two_gateway_processes_agree_on_cooldowns_through_one_redis(
             assert (first.headers["x-gateway-model"], first.headers["x-gateway-attempts"]) == (key("beta"), "2")
             store = redis_sync.Redis.from_url(redis.url)
             try:
-                cd = "gw:{" + key("alpha") + "}:cd"
+                # A target goes by the server it calls: its provider, the hash of its URL, its model.
+                cd = "gw:{alpha@" + replica_tag(faults["alpha"].base_url) + "/" + MODEL + "}:cd"
                 assert store.get(cd) == b"error"
                 assert 25_000 < store.pttl(cd) <= 30_000
             finally:
