@@ -3,9 +3,8 @@
 The pipeline serving now (a reload's too) decodes, authorizes, budgets, routes, caches and fails over the line
 as it does a request to the batch's endpoint (the same `Operation`); what the endpoint does around a request
 (usage, metrics, the access log, the ledger's row, the trace) is done here too, with the batch's id on the
-record, which is what marks it a batch's line to the pipeline: a server's queue grants it a slot only when no
-interactive request waits (the `batch` class, below `low`), and it counts toward `batches.limits`, not toward
-its key's rate limits (its budgets, yes).
+record, which marks it a batch's line to the pipeline: it waits below every interactive request (the `batch`
+class) and counts toward `batches.limits`, not its key's rate limits (its budgets, yes).
 
 An answered line's ledger row goes with its `Sent`, not to the writer: the runner's store commits it in the
 transaction that books the line (`store.record`): one row per line booked, whatever kills the process. A line

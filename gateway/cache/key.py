@@ -6,11 +6,10 @@ are already one field. The request struct is encoded in its declared field order
 needs a new entry VERSION) with object keys sorted at every depth, so neither the order fields arrived in
 nor the order inside `inference_extra_params` changes the key, while every field the client set
 (provider-native fields included) does; the gateway's count of what is sent beside the prompt
-(`unrendered`) is left out, being made from them. The scope is prefixed; every key ends with a digest of the
-models the name asked for routes to and of their providers' servers (`targets_of`, once per config and model
-name). `stream`, `stream_options` and `inference_timeout` say how the answer is delivered, not what it is:
-left out, so a buffered request and a streamed one share an entry. The memory store and the requests in
-flight are keyed by these bytes (no hashing on the request path); a Redis name by their SHA-256.
+(`unrendered`) is left out, being made from them. The scope is prefixed; every key ends with `targets_of`'s
+digest of where the model routes (docs/cache.md). `stream`, `stream_options` and `inference_timeout` say how
+the answer is delivered, not what it is: left out, so a buffered request and a streamed one share an entry.
+The memory store and in-flight requests are keyed by these bytes; a Redis name by their SHA-256.
 """
 
 from __future__ import annotations

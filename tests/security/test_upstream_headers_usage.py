@@ -141,5 +141,7 @@ def test_quota_reset_header_of_years_cools_the_target_for_at_most_a_month(
     faults["alpha"].script(respond(json.dumps(RECORDED_COMPLETION).encode(), 200, used_up))
     assert post(gateway).status_code == 200
     health = gateway.pipeline.health.local  # no Redis configured: the cooldown lives in process
-    until, _ = health.cool["alpha/davinci-002"]
+    # Kept under the target's server identity (`alpha@<hash of its URL>/davinci-002`), the only one cooling.
+    [(name, (until, _))] = health.cool.items()
+    assert name.startswith("alpha@") and name.endswith("/davinci-002")
     assert 0 < until - health.clock() <= MAX_QUOTA_WAIT_S
