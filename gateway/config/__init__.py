@@ -7,7 +7,7 @@ single block can (a bad config is one `ConfigError` line). Importers take names 
 May import the base below it (state, ids), providers (the registry) and wire; nothing else of gateway.
 """
 
-from gateway.config.consistency import key_problem
+from gateway.config.consistency import key_problem, model_names
 from gateway.config.fleet import (
     MAX_REPLICAS,
     ReplicaConfig,
@@ -73,6 +73,7 @@ __all__ = [
     "replica_drained",
     "fleet_problem",
     "key_problem",
+    "model_names",
     "ledger_target",
     "RoutingConfig",
     "Scope",

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import msgspec
 from prometheus_client import Counter, Gauge
 
-from gateway.config import LedgerConfig, LoadedConfig, TeamConfig
+from gateway.config import LedgerConfig, LoadedConfig, TeamConfig, model_names
 from gateway.ledger import keys as keystore
 from gateway.ledger.book import Ledger
 from gateway.ledger.budgets import ledger_budgets
@@ -46,6 +46,8 @@ class LedgerService:
         )
         # The `teams:` of the config in force: what `POST /admin/keys` holds a new key's team and priorities to.
         self.teams: Mapping[str, TeamConfig] = loaded.config.teams
+        # What the config in force routes: a new key's `models` must be able to match some of it.
+        self.names = model_names(loaded.config, loaded.providers)
         self.keys: Any = None  # the key ring of the config in force
         self._open: bool | None = None  # whether it served requests without a key, as last said
         if metrics is not None:
@@ -81,6 +83,7 @@ class LedgerService:
         cfg = pipeline.loaded.config
         self.poller.names([k.name for k in cfg.keys], cfg.teams)
         self.teams = cfg.teams
+        self.names = model_names(cfg, pipeline.loaded.providers)
         self.keys = pipeline.keys
         if self._open is not None:
             self._open = pipeline.keys.open  # a reload says it in its own line

@@ -28,13 +28,18 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
     ({"priority": "high"}, "priority"),  # the highest it may ask for is `normal` when nothing says otherwise
     ({"priority": "normal", "team": "capped"}, "priority"),  # its team's max_priority is `low`
     ({"priority": "high", "max_priority": "normal"}, "priority"),
+    # A pattern no model the config routes could match: a misspelt provider, a model without its provider.
+    ({"models": ["demo/*", "dmeo/*"]}, "models[1]"),
+    ({"models": ["long"]}, "models[0]"),
 ]
+# The suite config's providers and aliases, which a key's `models` are held to.
+ROUTES = "providers: {demo: {kind: fake, models: [long, text]}}\nmodels: [{name: fast, targets: [{model: demo/long}]}]"
 
 
 def _yaml_problem(spec: dict[str, Any]) -> str:
     """What the config says of a `keys:` entry with these fields."""
     fields = ", ".join(f"{k}: {v}" for k, v in spec.items())
-    text = WITH_BOSS + f"\nkeys: [{{name: k1, key: s1, {fields}}}]\n"
+    text = WITH_BOSS + "\n" + ROUTES + f"\nkeys: [{{name: k1, key: s1, {fields}}}]\n"
     with pytest.raises(ConfigError) as info:
         parse_config(text, "gw.yaml", {})
     return str(info.value).split(": ", 2)[2]  # past `gw.yaml: keys[0].<field>: `
@@ -89,6 +94,8 @@ def test_what_the_config_allows_a_runtime_key_is_allowed(gateway: Any) -> None:
         {"name": "b", "team": "capped", "priority": "low"},
         {"name": "c", "max_cost_per_day": 20.5, "max_cost_per_month": 20.5},  # equal: both reachable
         {"name": "d", "team": "red", "priority": "low", "max_priority": "high"},
+        # An alias, a provider's model it does not list (it still routes), a glob whose provider is a glob.
+        {"name": "e", "models": ["fast", "demo/unlisted", "d*/long", "*"]},
     ):
         resp = admin(gw.url, "POST", "/admin/keys", spec)
         assert resp.status_code == 201, resp.text
