@@ -111,7 +111,8 @@ class ModelNames:
     def __init__(
         self, aliases: Iterable[str], providers: Mapping[str, int], listed: Mapping[str, list[str]] | None = None
     ) -> None:
-        self.aliases = sorted(set(aliases))
+        self._alias_set = frozenset(aliases)
+        self.aliases = sorted(self._alias_set)
         self.providers = dict(providers)  # name -> its replicas' count
         self.listed = dict(listed or {})  # provider -> its models, when it asks its upstream for none
 
@@ -121,7 +122,7 @@ class ModelNames:
         if pattern == "**" or not self.providers:
             return None
         toks = tokens(pattern, dialect)
-        if any(matches(toks, a) for a in self.aliases) or self._reached(toks, dialect):
+        if self._reached(toks, dialect) or self._alias(toks, pattern, dialect):
             return None
         head, slash, _ = pattern.partition("/")
         known = ", ".join(self.providers) or "none"
@@ -137,16 +138,24 @@ class ModelNames:
         """Why `pattern`, which routes, likely matches nothing served: every provider it reaches lists its models
         in the config, asks its upstream for none, and it matches none of them nor an alias; else None."""
         toks = tokens(pattern, dialect)
-        if any(matches(toks, a) for a in self.aliases):
-            return None
         reached = self._reached(toks, dialect)
         if not reached or any(p not in self.listed for p in reached):
             return None
         for p in reached:
             if any(matches(toks, f"{p}/{m}") for m in self.listed[p]):
                 return None
+        if self._alias(toks, pattern, dialect):
+            return None
         where = ", ".join(f"providers.{p}.models" for p in reached)
         return f"{pattern!r} matches no alias and none of the models {where} lists (requests for it still go upstream)"
+
+    def _alias(self, toks: list[Token], pattern: str, dialect: Dialect) -> bool:
+        """Whether the pattern matches an alias: only those starting with its literal head are run."""
+        wild = _WILD[dialect].search(pattern)
+        if wild is None:
+            return pattern in self._alias_set
+        head = pattern[: wild.start()]
+        return any(matches(toks, a) for a in self.aliases if a.startswith(head))
 
     def _reached(self, toks: list[Token], dialect: Dialect) -> list[str]:
         """The providers some of whose `<provider>/<model>` strings the pattern matches."""
