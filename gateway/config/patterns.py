@@ -142,7 +142,7 @@ class ModelNames:
         if not reached or any(p not in self.listed for p in reached):
             return None
         for p in reached:
-            if any(matches(toks, f"{p}/{m}") for m in self.listed[p]):
+            if any(matches(toks, f"{h}/{m}") for h in self._heads(p, dialect) for m in self.listed[p]):
                 return None
         if self._alias(toks, pattern, dialect):
             return None
@@ -159,9 +159,9 @@ class ModelNames:
 
     def _reached(self, toks: list[Token], dialect: Dialect) -> list[str]:
         """The providers some of whose `<provider>/<model>` strings the pattern matches."""
-        found = []
-        for name, replicas in self.providers.items():
-            heads = [name] + ([f"{name}@{i}" for i in range(replicas)] if dialect == "price" else [])
-            if any(opens(toks, f"{h}/") for h in heads):
-                found.append(name)
-        return found
+        return [p for p in self.providers if any(opens(toks, f"{h}/") for h in self._heads(p, dialect))]
+
+    def _heads(self, provider: str, dialect: Dialect) -> list[str]:
+        """What comes before the model in the strings a pattern of `dialect` is matched against."""
+        replicas = self.providers[provider] if dialect == "price" else 0
+        return [provider] + [f"{provider}@{i}" for i in range(replicas)]

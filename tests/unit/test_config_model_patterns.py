@@ -125,6 +125,20 @@ def test_no_warning_when_a_providers_models_are_not_all_listed(provider: str, ca
     assert caplog.messages == []
 
 
+def test_a_price_of_a_listed_model_on_one_replica_is_no_warning(caplog: pytest.LogCaptureFixture) -> None:
+    text = (
+        "providers:\n  llama: {kind: vllm, discover: false, models: [m],"
+        " replicas: ['http://127.0.0.1:9/v1', 'http://127.0.0.1:10/v1']}\n"
+        "prices: {'llama@1/m': {prompt_per_1m: 1}, 'llama@0/n': {prompt_per_1m: 1}}\n"
+    )
+    with caplog.at_level(logging.WARNING, logger="gateway"):
+        parse_config(text, "gw.yaml", {})
+    assert caplog.messages == [
+        "gw.yaml: prices.llama@0/n: 'llama@0/n' matches no alias and none of the models providers.llama.models "
+        "lists (requests for it still go upstream)"
+    ]
+
+
 def test_discovery_switched_off_leaves_the_listed_models_all_there_is(caplog: pytest.LogCaptureFixture) -> None:
     text = (
         "discovery: {enabled: false}\n"
