@@ -29,6 +29,7 @@ from gateway.config.loading import (
     parse_config,
     read_config,
 )
+from gateway.config.patterns import ModelNames
 from gateway.config.queue import QueueConfig, QueueWaitConfig
 from gateway.config.schema import (
     RATE_MAX,
@@ -74,6 +75,7 @@ __all__ = [
     "fleet_problem",
     "key_problem",
     "model_names",
+    "ModelNames",
     "ledger_target",
     "RoutingConfig",
     "Scope",

@@ -116,6 +116,11 @@ class ModelNames:
         self.providers = dict(providers)  # name -> its replicas' count
         self.listed = dict(listed or {})  # provider -> its models, when it asks its upstream for none
 
+    @property
+    def routes(self) -> tuple[tuple[str, ...], tuple[tuple[str, int], ...]]:
+        """What `problem` holds a pattern to, comparable between two configs."""
+        return tuple(self.aliases), tuple(sorted(self.providers.items()))
+
     def problem(self, pattern: str, dialect: Dialect = "key") -> str | None:
         """Why no request could ever match `pattern`, or None. `**` (a key's default: every model) is never
         refused, and nothing is by a config that declares no provider: it routes nothing to hold a pattern to."""

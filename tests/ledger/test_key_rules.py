@@ -129,3 +129,31 @@ def test_a_reload_that_removes_a_keys_team_keeps_the_key_and_says_so(
     warned = [r for r in caplog.records if r.getMessage().startswith(said)]
     assert len(warned) == 1 and warned[0].levelno == logging.WARNING
     assert query(url, "SELECT DISTINCT team FROM requests WHERE key_name = 'ci'") == [("red",)]
+
+
+def test_a_reload_that_removes_what_a_keys_pattern_names_keeps_the_key_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in ENV.items():  # a reload reads the process's environment
+        monkeypatch.setenv(name, value)
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    path = tmp_path / "config.yaml"
+    path.write_text(config(url))
+    caplog.set_level(logging.INFO, logger="gateway")
+    with GatewayThread(path, ENV) as gw:
+        made = admin(gw.url, "POST", "/admin/keys", {"name": "ci", "models": ["demo/long", "fast"]})
+        assert made.status_code == 201, made.text
+        secret = made.json()["secret"]
+        assert status(gw.url, secret) == 200
+        path.write_text(config(url).replace("name: fast,", "name: quick,"))  # the alias `fast` is renamed
+        wait_until(lambda: "quick" in gw.pipeline.router.aliases, timeout=10)
+        said = (
+            "ledger: runtime key(s) with a models pattern the config routes nothing to: 'ci' models[1]: 'fast' is "
+            "neither an alias nor <provider>/<model>"
+        )
+        wait_until(lambda: any(r.getMessage() == said for r in caplog.records), timeout=5)
+        assert status(gw.url, secret) == 200  # its other pattern still allows demo/long
+        resp = admin(gw.url, "POST", "/admin/keys", {"name": "next", "models": ["fast"]})
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == "models[0]", resp.text
+    warned = [r for r in caplog.records if r.getMessage() == said]
+    assert len(warned) == 1 and warned[0].levelno == logging.WARNING
