@@ -7,7 +7,7 @@ single block can (a bad config is one `ConfigError` line). Importers take names 
 May import the base below it (state, ids), providers (the registry) and wire; nothing else of gateway.
 """
 
-from gateway.config.consistency import key_problem
+from gateway.config.consistency import key_problem, model_names
 from gateway.config.fleet import (
     MAX_REPLICAS,
     ReplicaConfig,
@@ -29,6 +29,7 @@ from gateway.config.loading import (
     parse_config,
     read_config,
 )
+from gateway.config.patterns import ModelNames
 from gateway.config.queue import QueueConfig, QueueWaitConfig
 from gateway.config.schema import (
     RATE_MAX,
@@ -73,6 +74,8 @@ __all__ = [
     "replica_drained",
     "fleet_problem",
     "key_problem",
+    "model_names",
+    "ModelNames",
     "ledger_target",
     "RoutingConfig",
     "Scope",

@@ -13,6 +13,7 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
+from gateway.config.patterns import ModelNames
 from gateway.config.schema import GatewayConfig, ProviderConfig, TeamConfig
 from providers.registry import REGISTRY
 
@@ -146,9 +147,12 @@ def name_problem(cfg: GatewayConfig, providers: Mapping[str, ProviderConfig]) ->
             for j, ref in enumerate(getattr(alias, field)):
                 if ref == alias.name:
                     return f"models[{i}].{field}[{j}]", f"a fallback cycle: alias {ref!r} falls back to itself"
+    names = model_names(cfg, providers)
     for model in cfg.prices:
         if not model.strip():
             return f"prices.{model}", "a price's model string (or glob) may not be empty"
+        if (problem := names.problem(model, "price")) is not None:
+            return f"prices.{model}", f"never applies: {problem}"
     for team_name, team in cfg.teams.items():
         if not team_name.strip():
             return f"teams.{team_name}", "a team name may not be empty"
@@ -158,7 +162,7 @@ def name_problem(cfg: GatewayConfig, providers: Mapping[str, ProviderConfig]) ->
                 f"{team.priority!r} is above the team's max_priority {team.max_priority!r}",
             )
     for i, key in enumerate(cfg.keys):
-        if (found := key_problem(key, cfg.teams)) is not None:
+        if (found := key_problem(key, cfg.teams, names)) is not None:
             return f"keys[{i}].{found[0]}", found[1]
     return None
 
@@ -178,15 +182,21 @@ class KeyFields(Protocol):
     def priority(self) -> str | None: ...
     @property
     def max_priority(self) -> str | None: ...
+    @property
+    def models(self) -> list[str]: ...
 
 
-def key_problem(key: KeyFields, teams: Mapping[str, TeamConfig]) -> Problem | None:
+def key_problem(key: KeyFields, teams: Mapping[str, TeamConfig], names: ModelNames) -> Problem | None:
     """The first of a client key's settings that contradicts another or the `teams:` it names, as (its field,
-    why): an empty name, an undeclared team, a daily budget above the monthly, a default priority above the
-    highest it may ask for (each unset one its team's, else `normal`). The config's `keys[]` and
-    `POST /admin/keys` both refuse what this finds, so a runtime key is held to what a YAML key is."""
+    why): an empty name, a model pattern no request could match (`names`: what the config routes), an
+    undeclared team, a daily budget above the monthly, a default priority above the highest it may ask for
+    (each unset one its team's, else `normal`). The config's `keys[]` and `POST /admin/keys` both refuse what
+    this finds, so a runtime key is held to what a YAML key is."""
     if not key.name.strip():
         return "name", "a key name may not be empty"
+    for j, pattern in enumerate(key.models):
+        if (problem := names.problem(pattern)) is not None:
+            return f"models[{j}]", f"the key could never call it: {problem}"
     team = teams.get(key.team) if key.team is not None else None
     if key.team is not None and team is None:
         return "team", f"no team {key.team!r} under teams: (declare it there; `{{}}` sets no budget)"
@@ -212,3 +222,30 @@ def _deployment_problem(ref: str, providers: Mapping[str, ProviderConfig]) -> st
         return None
     names = ", ".join(p.deployments)
     return f"{ref!r} names no deployment of provider {vendor!r}, which has no base_url of its own ({names})"
+
+
+def model_names(cfg: GatewayConfig, providers: Mapping[str, ProviderConfig]) -> ModelNames:
+    """What the config routes, for its model patterns: its aliases and providers, and the models of each
+    provider that lists them and asks its upstream for none (its models cannot appear at run time)."""
+    listed: dict[str, list[str]] = {}
+    for name, p in providers.items():
+        listing = REGISTRY[p.kind].model_listing if p.kind in REGISTRY else None
+        discovers = cfg.discovery.enabled and listing is not None and (listing[1] if p.discover is None else p.discover)
+        if p.models and not discovers:
+            listed[name] = p.models + [f"{m}/{d}" for m in p.models for d in p.deployments]
+    return ModelNames((a.name for a in cfg.models), {n: len(p.replicas) for n, p in providers.items()}, listed)
+
+
+def model_warnings(cfg: GatewayConfig, providers: Mapping[str, ProviderConfig]) -> list[Problem]:
+    """Each model pattern that routes but matches none of the models its providers list, when those lists are
+    all there is (no discovery): a WARNING at load, not a refusal, since routing needs no listing."""
+    names = model_names(cfg, providers)
+    found: list[Problem] = []
+    for i, key in enumerate(cfg.keys):
+        for j, pattern in enumerate(key.models):
+            if (why := names.unlisted(pattern)) is not None:
+                found.append((f"keys[{i}].models[{j}]", why))
+    for model in cfg.prices:
+        if (why := names.unlisted(model, "price")) is not None:
+            found.append((f"prices.{model}", why))
+    return found

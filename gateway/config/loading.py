@@ -8,6 +8,7 @@ provider or key using it is marked unavailable and requests to it fail fast nami
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import ssl
@@ -19,12 +20,14 @@ from urllib.parse import urlsplit
 import msgspec
 import yaml
 
-from gateway.config.consistency import block_problem, name_problem, non_finite
+from gateway.config.consistency import block_problem, model_warnings, name_problem, non_finite
 from gateway.config.fleet import fleet_problem, replica_url
 from gateway.config.schema import DeploymentConfig, GatewayConfig, PriceConfig, ProviderConfig
 from gateway.state import MISPLACED_CREDENTIAL, credential_misplaced, url_problem
 from providers.base import Param
 from providers.registry import REGISTRY, kinds
+
+log = logging.getLogger("gateway")
 
 
 class LoadedConfig(msgspec.Struct, frozen=True):
@@ -328,6 +331,8 @@ def parse_config(text: str, source: str = "config.yaml", env: dict[str, str] | N
         providers[str(name)] = _convert(pdata, ProviderConfig, f"providers.{name}", source, refs, missing)
         _check_kind(providers[str(name)], f"providers.{name}", source)
     _check(cfg, providers, source, missing, data)
+    for path, why in model_warnings(cfg, providers):
+        log.warning("%s: %s: %s", source, path, why)  # each load says it: start-up, every worker, a reload
     return LoadedConfig(source=source, config=cfg, providers=providers, missing_env=missing)
 
 

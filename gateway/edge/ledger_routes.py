@@ -2,8 +2,9 @@
 
 The app passes in its admin check and error renderer (gateway/edge/status.py's, which imports this
 module for the usage report). Bad input is a 400 naming the field, and so is what the config refuses for a
-`keys:` entry (gateway/config/consistency.py `key_problem`, against the `teams:` in force); a name taken (by a
-runtime key or a YAML one) is a 409; an unknown or revoked id a 404. Docs: docs/ledger.md.
+`keys:` entry (gateway/config/consistency.py `key_problem`, against the `teams:`, aliases and providers in
+force); a name taken (by a runtime key or a YAML one) is a 409; an unknown or revoked id a 404. Docs:
+docs/ledger.md.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ def routes(authorize: Authorize, render: Render) -> list[HTTPRouteHandler]:
             return render(decode_error(exc))
         svc = service(request)
         # What the config refuses for a `keys:` entry, by the same check, against the `teams:` in force.
-        if (problem := key_problem(spec, svc.teams)) is not None:
+        if (problem := key_problem(spec, svc.teams, svc.names)) is not None:
             field, why = problem
             return render(InvalidRequestError(f"Invalid value for '{field}': {why}", param=field, code="invalid_value"))
         if spec.name in svc.poller.yaml_names:

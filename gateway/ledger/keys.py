@@ -22,7 +22,7 @@ from typing import Any, Final
 
 import msgspec
 
-from gateway.config import RATE_MAX, LimitsConfig, Priority
+from gateway.config import RATE_MAX, LimitsConfig, ModelNames, Priority
 from gateway.ledger.book import Ledger
 from gateway.ledger.engine import Cursor, LedgerDown
 from gateway.limits.admission import buckets_of
@@ -264,25 +264,33 @@ class KeyPoller:
         yaml_names: Collection[str],
         on_change: Callable[[], None] | None = None,
         teams: Collection[str] | None = None,
+        models: ModelNames | None = None,
     ) -> None:
         self.ledger = ledger
         self.runtime = runtime
         self.yaml_names = frozenset(yaml_names)
         self.teams = None if teams is None else frozenset(teams)
+        self.models = models
         self.on_change = on_change
         self.seen = -1
         self._strays: list[tuple[str, str]] = []  # (key, team) last logged as naming an undeclared team
+        self._stray_patterns: list[tuple[str, str]] = []  # (key, why) last logged as matching nothing routed
         self._task: asyncio.Task[None] | None = None
 
-    def names(self, yaml_names: Collection[str], teams: Collection[str] | None = None) -> None:
-        """The YAML keys' names and the teams of the config in force (a reload's): runtime keys that share a
-        YAML key's name are ignored, and those whose team it no longer declares are logged, from the next
-        poll on."""
+    def names(
+        self, yaml_names: Collection[str], teams: Collection[str] | None = None, models: ModelNames | None = None
+    ) -> None:
+        """The YAML keys' names, the teams and what the config in force (a reload's) routes: runtime keys that
+        share a YAML key's name are ignored, and those whose team it no longer declares, or with a `models`
+        pattern it routes nothing to, are logged, from the next poll on."""
         names = frozenset(yaml_names)
         declared = None if teams is None else frozenset(teams)
-        if names != self.yaml_names or declared != self.teams:
+        routed = None if models is None else models.routes
+        before = None if self.models is None else self.models.routes
+        if names != self.yaml_names or declared != self.teams or routed != before:
             self.yaml_names = names
             self.teams = declared
+            self.models = models
             self.seen = -1
 
     async def refresh(self, *, force: bool = False) -> None:
@@ -299,6 +307,7 @@ class KeyPoller:
             log.error("ledger: runtime key name(s) %s also in keys: (YAML); those runtime keys are ignored", clash)
             rows = [r for r in rows if r[1] not in self.yaml_names]
         self._stray_teams(rows)
+        self._stray_models(rows)
         self.runtime.by_digest = _ring(rows, found.secrets)
         self.runtime.ever = found.ever
         self.seen = found.version
@@ -321,6 +330,22 @@ class KeyPoller:
                 shown,
             )
         self._strays = strays
+
+    def _stray_models(self, rows: list[tuple[Any, ...]]) -> None:
+        """One WARNING when a runtime key's `models` starts holding a pattern the config routes nothing to (a
+        reload removed the provider or alias it named). `POST /admin/keys` refuses such a pattern; the key keeps
+        its other patterns, and this one allows nothing until the config routes it again."""
+        if self.models is None:
+            return
+        strays = []
+        for r in rows:
+            for j, pattern in enumerate(msgspec.json.decode(r[3], type=list[str])):
+                if (why := self.models.problem(pattern)) is not None:
+                    strays.append((r[1], f"models[{j}]: {why}"))
+        if set(strays) - set(self._stray_patterns):
+            shown = "; ".join(f"{key!r} {why}" for key, why in sorted(strays))
+            log.warning("ledger: runtime key(s) with a models pattern the config routes nothing to: %s", shown)
+        self._stray_patterns = strays
 
     async def start(self) -> None:
         await self.refresh(force=True)

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import msgspec
 from prometheus_client import Counter, Gauge
 
-from gateway.config import LedgerConfig, LoadedConfig, TeamConfig
+from gateway.config import LedgerConfig, LoadedConfig, TeamConfig, model_names
 from gateway.ledger import keys as keystore
 from gateway.ledger.book import Ledger
 from gateway.ledger.budgets import ledger_budgets
@@ -41,11 +41,18 @@ class LedgerService:
         self.ledger = Ledger(loaded.config.ledger)
         self.runtime = RuntimeKeys()
         self.counters = Counters()
-        self.poller = keystore.KeyPoller(
-            self.ledger, self.runtime, [k.name for k in loaded.config.keys], self._changed, loaded.config.teams
-        )
         # The `teams:` of the config in force: what `POST /admin/keys` holds a new key's team and priorities to.
         self.teams: Mapping[str, TeamConfig] = loaded.config.teams
+        # What the config in force routes: a new key's `models` must be able to match some of it.
+        self.names = model_names(loaded.config, loaded.providers)
+        self.poller = keystore.KeyPoller(
+            self.ledger,
+            self.runtime,
+            [k.name for k in loaded.config.keys],
+            self._changed,
+            loaded.config.teams,
+            self.names,
+        )
         self.keys: Any = None  # the key ring of the config in force
         self._open: bool | None = None  # whether it served requests without a key, as last said
         if metrics is not None:
@@ -84,8 +91,9 @@ class LedgerService:
     def install(self, pipeline: Hooked) -> None:
         pipeline.keys.runtime = self.runtime
         cfg = pipeline.loaded.config
-        self.poller.names([k.name for k in cfg.keys], cfg.teams)
         self.teams = cfg.teams
+        self.names = model_names(cfg, pipeline.loaded.providers)
+        self.poller.names([k.name for k in cfg.keys], cfg.teams, self.names)
         self.keys = pipeline.keys
         if self._open is not None:
             self._open = pipeline.keys.open  # a reload says it in its own line

@@ -105,13 +105,13 @@ MEANINGS: dict[str, str] = {
     "keys[].name": "shown in 403 messages and logs, unique",
     "keys[].key": "the secret, normally `${VAR}`; each key's own (two keys with one secret are refused)",
     "keys[].models": "model strings this key may call, matched against what the client sends: `*` and `?` stop at `/`, "
-    "`**` crosses it (`openai/*`, `fireworks/**`, `fast`); everything else is literal "
-    "([security.md](security.md#key-globs--stops-at-))",
+    "`**` crosses it (`openai/*`, `fireworks/**`, `fast`); everything else is literal; one that can match no alias and "
+    "no `<provider>/<model>` is refused at load ([security.md](security.md#key-globs--stops-at-))",
     "keys[].max_cost_per_day": "daily budget per UTC day: at or over it, 429 `budget_exceeded` until 00:00 UTC; `0` "
     "blocks the key; above the key's `max_cost_per_month` is refused ([operations.md](operations.md))",
     "prices": "model string or glob → `{prompt_per_1m, completion_per_1m}` (USD per million tokens, default 0) for "
-    "usage cost and budgets; exact served target, then exact alias, then globs in order "
-    "([operations.md](operations.md))",
+    "usage cost and budgets; exact served target, then exact alias, then globs in order; one that can match no alias "
+    "and no `<provider>/<model>` is refused at load ([operations.md](operations.md#prices))",
     "metrics.key": "when set (normally `${GATEWAY_METRICS_KEY}`), `GET /metrics` answers only `Authorization: Bearer "
     "<key>` (401 otherwise); an unset `${VAR}` keeps it closed; empty: open ([observability.md](observability.md))",
     "caps.request_body_bytes": "a client request body; 413 beyond it, in the route's dialect",

@@ -28,13 +28,18 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
     ({"priority": "high"}, "priority"),  # the highest it may ask for is `normal` when nothing says otherwise
     ({"priority": "normal", "team": "capped"}, "priority"),  # its team's max_priority is `low`
     ({"priority": "high", "max_priority": "normal"}, "priority"),
+    # A pattern no model the config routes could match: a misspelt provider, a model without its provider.
+    ({"models": ["demo/*", "dmeo/*"]}, "models[1]"),
+    ({"models": ["long"]}, "models[0]"),
 ]
+# The suite config's providers and aliases, which a key's `models` are held to.
+ROUTES = "providers: {demo: {kind: fake, models: [long, text]}}\nmodels: [{name: fast, targets: [{model: demo/long}]}]"
 
 
 def _yaml_problem(spec: dict[str, Any]) -> str:
     """What the config says of a `keys:` entry with these fields."""
     fields = ", ".join(f"{k}: {v}" for k, v in spec.items())
-    text = WITH_BOSS + f"\nkeys: [{{name: k1, key: s1, {fields}}}]\n"
+    text = WITH_BOSS + "\n" + ROUTES + f"\nkeys: [{{name: k1, key: s1, {fields}}}]\n"
     with pytest.raises(ConfigError) as info:
         parse_config(text, "gw.yaml", {})
     return str(info.value).split(": ", 2)[2]  # past `gw.yaml: keys[0].<field>: `
@@ -89,6 +94,8 @@ def test_what_the_config_allows_a_runtime_key_is_allowed(gateway: Any) -> None:
         {"name": "b", "team": "capped", "priority": "low"},
         {"name": "c", "max_cost_per_day": 20.5, "max_cost_per_month": 20.5},  # equal: both reachable
         {"name": "d", "team": "red", "priority": "low", "max_priority": "high"},
+        # An alias, a provider's model it does not list (it still routes), a glob whose provider is a glob.
+        {"name": "e", "models": ["fast", "demo/unlisted", "d*/long", "*"]},
     ):
         resp = admin(gw.url, "POST", "/admin/keys", spec)
         assert resp.status_code == 201, resp.text
@@ -122,3 +129,31 @@ def test_a_reload_that_removes_a_keys_team_keeps_the_key_and_says_so(
     warned = [r for r in caplog.records if r.getMessage().startswith(said)]
     assert len(warned) == 1 and warned[0].levelno == logging.WARNING
     assert query(url, "SELECT DISTINCT team FROM requests WHERE key_name = 'ci'") == [("red",)]
+
+
+def test_a_reload_that_removes_what_a_keys_pattern_names_keeps_the_key_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in ENV.items():  # a reload reads the process's environment
+        monkeypatch.setenv(name, value)
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    path = tmp_path / "config.yaml"
+    path.write_text(config(url))
+    caplog.set_level(logging.INFO, logger="gateway")
+    with GatewayThread(path, ENV) as gw:
+        made = admin(gw.url, "POST", "/admin/keys", {"name": "ci", "models": ["demo/long", "fast"]})
+        assert made.status_code == 201, made.text
+        secret = made.json()["secret"]
+        assert status(gw.url, secret) == 200
+        path.write_text(config(url).replace("name: fast,", "name: quick,"))  # the alias `fast` is renamed
+        wait_until(lambda: "quick" in gw.pipeline.router.aliases, timeout=10)
+        said = (
+            "ledger: runtime key(s) with a models pattern the config routes nothing to: 'ci' models[1]: 'fast' is "
+            "neither an alias nor <provider>/<model>"
+        )
+        wait_until(lambda: any(r.getMessage() == said for r in caplog.records), timeout=5)
+        assert status(gw.url, secret) == 200  # its other pattern still allows demo/long
+        resp = admin(gw.url, "POST", "/admin/keys", {"name": "next", "models": ["fast"]})
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == "models[0]", resp.text
+    warned = [r for r in caplog.records if r.getMessage() == said]
+    assert len(warned) == 1 and warned[0].levelno == logging.WARNING

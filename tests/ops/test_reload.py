@@ -3,9 +3,9 @@
 One edit reloads once (a SIGHUP and the file poll do not both reload it) and says so in one INFO line; a
 file that does not load logs exactly one ERROR naming the YAML path and the running config stays, and
 the watch goes on: a later edit (a key revoked) is applied without a signal; a URL holding a password is
-refused by both without showing it. `check-config` refuses a CA bundle that is not PEM in one line
-naming its YAML path, as the transport would fail on it. A SIGHUP that lists the same replicas in another
-order keeps a cooling replica cooling.
+refused by both without showing it, and so is a key's model pattern naming no provider. `check-config`
+refuses a CA bundle that is not PEM in one line naming its YAML path, as the transport would fail on it. A
+SIGHUP that lists the same replicas in another order keeps a cooling replica cooling.
 """
 
 from __future__ import annotations
@@ -133,6 +133,29 @@ def test_a_url_holding_a_password_is_refused_in_one_line_that_does_not_show_it(t
         gw.stop()
 
 
+def test_a_reload_naming_no_provider_in_a_keys_models_is_refused_and_the_running_config_stays(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(BASE)
+    gw = GatewayProcess(path)
+    try:
+        gw.wait_ready()
+        path.write_text(BASE.replace("{name: bob, key: k-bob}", "{name: bob, key: k-bob, models: [dmeo/*]}"))
+        gw.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: FAILED.search(gw.log.read_text()) is not None, timeout=5)
+        log = gw.log.read_text()
+        failed = [x for x in log.splitlines() if FAILED.search(x)]
+        assert len(failed) == 1, log
+        assert failed[0].endswith(
+            "keys[1].models[0]: the key could never call it: 'dmeo/*' names no provider 'dmeo' (providers: demo) "
+            "and no alias"
+        ), failed[0]
+        assert status(gw, "k-bob") == 200  # the running config stays: bob may still call every model
+    finally:
+        gw.stop()
+
+
 @pytest.mark.parametrize(
     "edit,problem",
     [
@@ -141,6 +164,11 @@ def test_a_url_holding_a_password_is_refused_in_one_line_that_does_not_show_it(t
         ("models:\n  - {name: smart, targets: [{model: demo/echo}], fallbacks: [smart]}\n", "a fallback cycle"),
         ("models:\n  - {name: smart, targets: [{model: demo/echo, weight: .inf}]}\n", "must be a finite number"),
         ("logging: requests: true\n", "line 4, column 18: mapping values are not allowed here"),
+        (
+            "keys:\n  - {name: alice, key: k-alice, models: [demo/*, dmeo/*]}\n",
+            "keys[0].models[1]: the key could never call it: 'dmeo/*' names no provider 'dmeo' (providers: demo)",
+        ),
+        ("prices: {echo: {prompt_per_1m: 1}}\n", "prices.echo: never applies: 'echo' is neither an alias nor"),
     ],
 )
 def test_serve_and_check_config_refuse_a_contradiction_in_one_line(tmp_path: Path, edit: str, problem: str) -> None:

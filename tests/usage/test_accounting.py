@@ -39,6 +39,8 @@ prices:
   "*": {prompt_per_1m: 1}
 providers:
   demo: {kind: fake, models: [text]}
+models:
+  - {name: fast, targets: [{model: demo/text}]}
 """
 
 
