@@ -33,6 +33,7 @@ from providers.base import (
     request_headers,
     table,
 )
+from providers.chat_fields import NO_NAMES
 from providers.chat_params import continuing, guides_checked
 from providers.envelope import Unreadable
 from providers.finish import finish_reason
@@ -193,7 +194,7 @@ class AnthropicAdapter(OpenAIChat):
     params = table({**EMULATED_EXTRAS, **SAMPLING})
     # Chat (`system`, tools as `tool_use` / `tool_result` blocks): providers/anthropic_chat.py.
     chat_path: ClassVar[str] = "/v1/messages"
-    chat_names = False  # its messages have no `name`
+    chat_names = NO_NAMES  # its messages have no `name`
     # A trailing assistant message is a prefill Anthropic continues, refused when it ends in white space.
     chat_continue = MappingProxyType({})
     chat_continue_strips = True

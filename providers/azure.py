@@ -27,6 +27,7 @@ class AzureAdapter(OpenAIChat, OpenAICompatible):
     deployment_renames_model = False  # the model already is the deployment id, in the URL
     path: ClassVar[str] = "/openai/deployments/{model}/completions?api-version={api_version}"
     chat_path: ClassVar[str] = "/openai/deployments/{model}/chat/completions?api-version={api_version}"
+    chat_refusal = True  # OpenAI's message fields, `refusal` among them, as on OpenAI
     # The chat API's current name for the limit, as on OpenAI.
     chat_params = chat_table(
         OpenAICompatible.params,

@@ -38,6 +38,7 @@ from providers.bedrock_chat import (
     to_converse,
     usage_only,
 )
+from providers.chat_fields import NO_NAMES
 from providers.chat_params import guides_checked
 from providers.envelope import Unreadable
 from providers.finish import finish_reason
@@ -251,7 +252,7 @@ class BedrockAdapter(OpenAIChat):
 
     # Chat (`system` blocks, `toolConfig`, `toolUse` / `toolResult` blocks): providers/bedrock_chat.py.
     chat_path: ClassVar[str] = path
-    chat_names = False  # its messages have no `name`
+    chat_names = NO_NAMES  # its messages have no `name`
     chat_params = guides_checked(CHAT_PARAMS, BEDROCK_PARAMS)
     chat_framing = "eventstream"
     chat_guarded_paths = guarded_paths

@@ -24,6 +24,7 @@ from providers.base import (
     stop_list,
     table,
 )
+from providers.chat_fields import NO_NAMES
 from providers.chat_params import ToolsParam, guides_checked
 from providers.cohere_chat import chat_answer, chat_end, chat_event, response_format, to_messages, tool_choice, tools
 from providers.finish import finish_reason
@@ -169,7 +170,7 @@ class CohereAdapter(OpenAIChat):
     params = table({**EMULATED_EXTRAS, **SAMPLING})
     # Chat (v2 messages, tools, `response_format`): providers/cohere_chat.py.
     chat_path: ClassVar[str] = "/v2/chat"
-    chat_names = False  # its messages have no `name`
+    chat_names = NO_NAMES  # its messages have no `name`
     chat_params = guides_checked(
         table(
             SAMPLING,

@@ -24,6 +24,7 @@ from providers.base import (
     request_headers,
     table,
 )
+from providers.chat_fields import NO_NAMES
 from providers.chat_params import ToolsParam, guides_checked
 from providers.envelope import Unreadable, envelope_status
 from providers.finish import finish_reason
@@ -317,7 +318,7 @@ class GeminiAdapter(OpenAIChat):
     # One `contents` turn per call: the gateway fans out prompt lists.
     prompt_forms = frozenset({"text"})
     chat_path: ClassVar[str] = "/v1beta/models/{model}:generateContent"
-    chat_names = False  # its messages have no `name`
+    chat_names = NO_NAMES  # its messages have no `name`
     chat_params = guides_checked(GEMINI_CHAT_PARAMS, GEMINI_PARAMS)
     # Chat's body carries the limit and the count where completions' does: its extras are guarded the same.
     chat_guarded_paths = guarded_paths

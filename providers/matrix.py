@@ -12,7 +12,9 @@ import sys
 
 from providers import REGISTRY
 from providers.base import PARAM_FIELDS, Adapter, Param
+from providers.chat_fields import NAMED_ROLES
 from providers.openai_chat import OpenAIChat
+from providers.registry import AdapterClass
 from wire.schema import CHAT_ONLY_FIELDS
 
 HEADER = """# Providers
@@ -162,7 +164,11 @@ call per choice, docs/emulation.md), `-` refused naming the field and the provid
 beyond the kind's count (the table below) are cut by the gateway; a `response_format` type the kind's
 chat route takes neither natively nor as its guided decoding is refused (docs/chat.md says which).
 `messages`, `stream` and `stream_options` are sent to every kind that has a chat route; a kind with `no
-chat` answers every chat request with a 400 `unsupported_endpoint` naming the provider.
+chat` answers every chat request with a 400 `unsupported_endpoint` naming the provider. Inside the
+messages: `messages.name` is sent on the roles listed (`=`: every role), as the kind's server reads it; a
+name on another role is refused naming `messages.name` (or left out under `unsupported_params: drop`).
+`messages.refusal` (an assistant message's, and its `refusal` parts) goes as it is (`=`) or as the
+turn's text (`text`).
 """
 
 
@@ -176,6 +182,22 @@ def _cell(name: str, rule: Param | None) -> str:
     if rule.to is None or rule.to == name:
         return "fn" if rule.convert is not None else "="
     return f"`{rule.to}`"
+
+
+def _names(cls: AdapterClass) -> str:
+    """A message's `name` on the kind's chat route: `=` on every role, the roles that carry it, or `-`."""
+    if not issubclass(cls, OpenAIChat):
+        return "in process" if cls.chat_params is not None else "no chat"
+    if cls.chat_names == NAMED_ROLES:
+        return "="
+    return ", ".join(r for r in ("system", "developer", "user", "assistant") if r in cls.chat_names) or "-"
+
+
+def _refusal(cls: AdapterClass) -> str:
+    """An assistant message's `refusal` on the kind's chat route: `=` as it is, `text` the turn's text."""
+    if not issubclass(cls, OpenAIChat):
+        return "in process" if cls.chat_params is not None else "no chat"
+    return "=" if cls.chat_refusal else "text"
 
 
 def render() -> str:
@@ -199,6 +221,8 @@ def render() -> str:
         else:
             routes.append(f"`{cls.chat_path}`" if issubclass(cls, OpenAIChat) else "in process")
     lines.append("| (route) | " + " | ".join(routes) + " |")
+    lines.append("| `messages.name` | " + " | ".join(_names(REGISTRY[k]) for k in kinds) + " |")
+    lines.append("| `messages.refusal` | " + " | ".join(_refusal(REGISTRY[k]) for k in kinds) + " |")
     for field in PARAM_FIELDS:
         rules = [(REGISTRY[k].chat_params or {}).get(field) for k in kinds]
         if any(r is not None for r in rules):

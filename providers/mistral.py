@@ -22,6 +22,7 @@ from providers.base import (
     request_headers,
     table,
 )
+from providers.chat_fields import NO_NAMES
 from providers.chat_params import chat_table
 from providers.envelope import Unreadable, envelope_status
 from providers.finish import BROKE_OFF, broke_off, finish_reason, unfinished
@@ -202,6 +203,10 @@ class MistralAdapter(OpenAIChat):
     # Mistral sends usage on its last chunk and documents no `stream_options`.
     chat_stream_usage: ClassVar[bool] = False
     chat_params = chat_table(MISTRAL_PARAMS, seed=Param(to="random_seed"))
+    # Its system, user and assistant messages have no `name` (client-python `models/usermessage.py`,
+    # `assistantmessage.py`; a tool message's names the function), and it answers 422 "Extra inputs are
+    # not permitted" to any field its schema lacks, `refusal` among them.
+    chat_names = NO_NAMES
     # Its reasoning models read their earlier thinking as a `thinking` chunk of the assistant turn's content
     # (the SDK's multi-turn reasoning example: dropping it degrades the answers).
     chat_reasoning_chunk: ClassVar[bool] = True

@@ -21,6 +21,7 @@ from providers.base import (
     request_headers,
     table,
 )
+from providers.chat_fields import NO_NAMES
 from providers.chat_params import chat_table
 from providers.finish import finish_reason
 from providers.offsets import key_bytes, token_key
@@ -143,6 +144,9 @@ class OllamaAdapter(OpenAIChat):
     # Its OpenAI route answers a model's thinking as `reasoning` and reads an assistant message's `reasoning`
     # back into the turn's thinking (openai/openai.go's Message).
     chat_reasoning_field = "reasoning"
+    # Its OpenAI route reads a message's `name` only on a tool message, as the tool's name; on another role it
+    # is dropped unread (openai/openai.go, FromChatRequest). A `refusal` part is "invalid message format".
+    chat_names = NO_NAMES
     chat_params = chat_table(
         params, native=False, drop=("n", "logit_bias", "logprobs", "user", "tool_choice", "parallel_tool_calls")
     )

@@ -13,6 +13,7 @@ class OpenAIAdapter(OpenAIChat, OpenAICompatible):
     default_base_url = "https://api.openai.com/v1"
     openai_bpe = True
     model_listing = ("/models", False)
+    chat_refusal = True  # its own field: an assistant message's `refusal` goes back as it came
     # OpenAI's current name for the limit (o-series models refuse `max_tokens`).
     chat_params = chat_table(
         OpenAICompatible.params,

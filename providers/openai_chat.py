@@ -22,6 +22,7 @@ from providers.base import (
     request_headers,
 )
 from providers.call_ids import made_call_id
+from providers.chat_fields import NAMED_ROLES, carried
 from providers.chat_logprobs import UpLogprobs, chat_logprobs
 from providers.chat_params import CHAT_GUARDED
 from providers.envelope import Unreadable
@@ -38,6 +39,7 @@ from wire.chat import (
     Delta,
     FunctionCall,
     FunctionDelta,
+    Message,
     ToolCall,
     ToolCallDelta,
 )
@@ -175,9 +177,13 @@ class OpenAIChat(Adapter):
     # so that the content is the continuation alone, as every other route's (and the route's own stream) is.
     chat_continue_repeats: ClassVar[bool] = False
 
-    # Whether the route's messages carry OpenAI's `name` (who said it). A route without the field refuses a
-    # named message by name (`messages.name`), or drops the names under `unsupported_params: drop`.
-    chat_names: ClassVar[bool] = True
+    # The roles whose messages carry OpenAI's `name` (who said it) on the route, as its server's schema has
+    # them (providers/chat_fields.py). A name on another role is refused by name (`messages.name`) before any
+    # call, or left out under `unsupported_params: drop`.
+    chat_names: ClassVar[frozenset[str]] = NAMED_ROLES
+    # Whether the route reads an assistant message's `refusal` (the field and its content parts): OpenAI's
+    # own. Elsewhere the refusal goes as the turn's text.
+    chat_refusal: ClassVar[bool] = False
 
     # The field an assistant message's `reasoning_content` goes back under, for servers that read the model's
     # earlier thinking (DeepSeek wants it for turns that called tools); None: left out, as strict servers
@@ -201,9 +207,12 @@ class OpenAIChat(Adapter):
         return self.chat_continue is not None
 
     def build_chat_request(self, req: ChatRequest, endpoint: Endpoint, params: dict[str, Any]) -> UpstreamRequest:
+        messages: list[Any] = req.messages
+        if self.chat_names is not NAMED_ROLES or not self.chat_refusal:
+            messages = carried(messages, self.chat_names, self.chat_refusal)
         body: dict[str, Any] = {
             "model": endpoint.model,
-            "messages": self._sent_messages(req) if req.thinking_back else req.messages,
+            "messages": self._sent_messages(messages) if req.thinking_back else messages,
         }
         body.update(params)
         if req.stream:
@@ -219,11 +228,11 @@ class OpenAIChat(Adapter):
             stream=bool(req.stream),
         )
 
-    def _sent_messages(self, req: ChatRequest) -> list[Any]:
+    def _sent_messages(self, messages: list[Message]) -> list[Any]:
         """The conversation with the model's earlier thinking as this route reads it, or left out."""
         if self.chat_reasoning_chunk:
-            return thinking.chunked_messages(req.messages)
-        return thinking.sent_messages(req.messages, self.chat_reasoning_field)
+            return thinking.chunked_messages(messages)
+        return thinking.sent_messages(messages, self.chat_reasoning_field)
 
     def parse_chat_response(self, body: bytes, ctx: CallContext) -> ChatCompletion:
         up = _decode_chat(body)
@@ -412,11 +421,6 @@ def check_chat(adapter: Capabilities, req: ChatRequest, provider: str) -> None:
         )
 
 
-def named(req: ChatRequest) -> bool:
-    """Whether a message of the conversation carries a `name` (a tool message has none)."""
-    return any(getattr(m, "name", None) is not None for m in req.messages)
-
-
 def unsupported_endpoint(provider: str, kind: str) -> InvalidRequestError:
     """The 400 for a chat request routed to a kind whose chat API the gateway does not speak yet."""
     return InvalidRequestError(
@@ -433,7 +437,6 @@ __all__ = [
     "check_chat",
     "chunks_from",
     "from_completion",
-    "named",
     "unsupported_endpoint",
     "usage_chunk",
 ]

@@ -90,5 +90,8 @@ class SGLangAdapter(OpenAIChat, OpenAICompatible):
         include_stop_reason=params["include_stop_reason"],
         continue_final_message=continuing(chat_continue),
     )
+    # protocol.py: `ChatCompletionMessageGenericParam` (system, developer, assistant, tool) has a `name`;
+    # `ChatCompletionMessageUserParam` has none, and a user message's is dropped unread.
+    chat_names = frozenset({"system", "developer", "assistant"})
     # sglang/srt/entrypoints/openai/protocol.py `ChatCompletionMessageGenericParam.reasoning_content`.
     chat_reasoning_field = "reasoning_content"

@@ -22,6 +22,7 @@ from providers.base import (
     request_headers,
     table,
 )
+from providers.chat_fields import NO_NAMES
 from providers.chat_params import chat_table
 from providers.envelope import Unreadable
 from providers.finish import finish_reason
@@ -241,6 +242,9 @@ class TGIAdapter(OpenAIChat):
     # "regex", "value"}`, router `GrammarType`): a JSON schema and the guided fields are sent as one.
     chat_path: ClassVar[str] = "/v1/chat/completions"
     chat_formats: ClassVar[frozenset[str]] = frozenset({"text", "json_schema"})
+    # Its `Message` takes a `name` but renders the chat template from `TextMessage`, which has none (router
+    # src/lib.rs): the model never sees it. Its content chunks are `text` and `image_url` only.
+    chat_names = NO_NAMES
     chat_params = chat_table(
         params,
         native=False,

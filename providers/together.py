@@ -44,3 +44,6 @@ class TogetherAdapter(OpenAIChat, OpenAICompatible):
     )
     chat_params = chat_table(params, reasoning_effort=Param(), logprobs=Param(apply=_chat_logprobs))
     chat_stream_usage = False  # as on completions: its usage comes on the last chunk unasked
+    # Its OpenAPI spec (`ChatCompletion{System,User,Assistant}MessageParam`): a `name` on those three roles,
+    # no developer message, and an assistant's content a string without `refusal`.
+    chat_names = frozenset({"system", "user", "assistant"})

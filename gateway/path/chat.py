@@ -24,13 +24,13 @@ from gateway.path.fanout import open_all
 from gateway.path.opened import Opened
 from gateway.upstream.plan import Group, Plan, Route
 from providers.base import LocalAdapter, map_params
+from providers.chat_fields import role, unnamed
 from providers.chat_params import STRICT, strict_unhonoured
 from providers.openai_chat import (
     OpenAIChat,
     check_chat,
     chunks_from,
     from_completion,
-    named,
     unsupported_endpoint,
 )
 from wire.chat import AssistantMessage, ChatChunk, ChatCompletion, ChatRequest, Delta, TextPart, render, text_parts
@@ -90,9 +90,13 @@ class ChatAttempt(Attempt):
         params, lost = map_params(req, table, route.provider, route.drop_unsupported)
         chat = cast(ChatRequest, req)
         # What the table's own rules cannot see, inside the messages and the tools, refused or dropped as they are.
-        if not getattr(adapter, "chat_names", True) and named(chat):
-            # The adapter builds its messages without the names.
-            why = f"Provider '{route.provider}' has no 'name' on a message: send the conversation without names"
+        roles = getattr(adapter, "chat_names", None)  # an in-process kind takes a message's name as any field
+        if roles is not None and (i := unnamed(chat.messages, roles)) is not None:
+            # The adapter builds its messages without the names it does not carry.
+            why = (
+                f"Provider '{route.provider}' takes no 'name' on a {role(chat.messages[i])} message "
+                f"('messages[{i}].name'): send the conversation without it"
+            )
             _refused_or_dropped(route, "messages.name", why, lost)
         if strict_unhonoured(chat.tools, table.get("tools")):
             why = (
