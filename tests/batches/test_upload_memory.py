@@ -133,3 +133,26 @@ def _stored(tmp_path: Path) -> tuple[int, int]:
     with opened(tmp_path / "ledger.db") as db:
         files = db.execute("SELECT count(*) FROM batch_files").fetchone()[0]
         return files, db.execute("SELECT count(*) FROM batch_file_chunks").fetchone()[0]
+
+
+def test_a_batch_of_a_large_file_is_checked_in_bounded_memory(tmp_path: Path) -> None:
+    with served(tmp_path, extra=f", max_file_bytes: {2 * _SIZE}") as (gw, client):
+        count = sum(1 for _ in _lines(_SIZE))
+        resp = _post(gw.url, _form(_SIZE, bad_at=count))  # its last line is not JSON: every other is stored
+        assert resp.status_code == 200, resp.text
+        tracemalloc.start()
+        try:
+            tracemalloc.reset_peak()
+            made = client.batches.create(
+                input_file_id=resp.json()["id"], endpoint="/v1/completions", completion_window="24h"
+            )
+            batch = wait_batch(client, made.id, timeout=120)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert batch.status == "failed"
+        assert [(e.code, e.line) for e in batch.errors.data] == [("invalid_json_line", count)]
+        assert peak < 3 * _BOUND, f"checking a file of {_SIZE} bytes took {peak} bytes at its peak"
+    assert _stored(tmp_path)[0] == 1  # the upload; no line of the failed batch is left
+    with opened(tmp_path / "ledger.db") as db:
+        assert db.execute("SELECT count(*) FROM batch_lines").fetchone()[0] == 0
