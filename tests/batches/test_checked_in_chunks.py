@@ -1,8 +1,8 @@
 """A stored input file is checked as it is read, a chunk at a time: wherever its chunks cut its lines (in a
 line, at a newline, in a blank tail), the batch gets the lines and the errors of the whole file checked at once.
 
-The gateway's own `Store` on a real SQLite file stands for a runner: the file is stored in chunks of every
-size from one byte up, and `checking.check` reads it back as the runner does."""
+The gateway's own `Store` on a real SQLite file (or PostgreSQL) stands for a runner: the file is stored in
+chunks of every size from one byte up, and `checking.check` reads it back as the runner does."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import pytest
 from gateway.batches import checking, files, leases, store
 from gateway.batches.lines import batch_model, parse
 from gateway.ledger.engine import Cursor, Database
+from tests.helpers.postgres import PostgresServer
 
 from .conftest import jsonl, line
 
@@ -61,12 +62,23 @@ def _result(cur: Cursor, batch_id: str) -> tuple[str, Any, list[str], Any, int]:
     return str(status), errors and json.loads(errors), [str(r[0]) for r in stored], model, int(failed or 0)
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    else:
+        pg: PostgresServer = request.getfixturevalue("pg")
+        url = pg.url
+    db = Database(url)
+    db.migrate()
+    db.close()
+    return url
+
+
 @pytest.mark.parametrize("name", list(FILES))
-async def test_a_file_read_in_chunks_is_checked_as_the_whole_file(tmp_path: Path, name: str) -> None:
+async def test_a_file_read_in_chunks_is_checked_as_the_whole_file(url: str, name: str) -> None:
     data = FILES[name]
     lines, errors = parse(data, ENDPOINT, MAX_LINES, MAX_BYTES)
-    url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    Database(url).migrate()
     db = store.Store(url, 5000, lambda: 30_000)
     try:
         for size in sorted({1, 2, 3, 7, 64, 500, max(len(data), 1)}):

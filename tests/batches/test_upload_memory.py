@@ -53,8 +53,11 @@ def _form(size: int, bad_at: int | None = None) -> Iterator[bytes]:
     yield bytes(buf) + _TAIL
 
 
+_AUTH: Final = {"authorization": f"Bearer {EVAL_KEY}"}
+
+
 def _post(base: str, body: Iterator[bytes]) -> httpx.Response:
-    headers = {"authorization": f"Bearer {EVAL_KEY}", "content-type": "multipart/form-data; boundary=x"}
+    headers = {**_AUTH, "content-type": "multipart/form-data; boundary=x"}
     return httpx.post(base + "/v1/files", headers=headers, content=body, timeout=120)
 
 
@@ -124,6 +127,11 @@ def test_an_upload_refused_part_way_leaves_nothing_stored(tmp_path: Path) -> Non
         with socket.create_connection((host, int(port)), timeout=10) as sock:
             sock.sendall(head + b"".join(_form(3 * _MIB + 4096))[: -len(_TAIL)])
             wait_until(lambda: _stored(tmp_path) == (1, 3), timeout=30, interval=0.05)
+            # Arriving: no route shows it.
+            assert client.files.list().data == []
+            with opened(tmp_path / "ledger.db") as db:
+                partial = db.execute("SELECT id FROM batch_files").fetchone()[0]
+            assert httpx.get(f"{gw.url}/v1/files/{partial}", headers=_AUTH, timeout=10).status_code == 404
         wait_until(lambda: _stored(tmp_path) == (0, 0), timeout=30, interval=0.05)
         assert client.files.list().data == []
 
