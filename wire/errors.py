@@ -413,6 +413,7 @@ CODES: Final[dict[str, str]] = {
     "ledger_unavailable": "the ledger's database cannot be reached for a key or report request (503)",
     "batches_need_ledger": "a Batch API route on a gateway without `ledger:` (404)",
     "file_too_large": "an uploaded batch input file over `batches.max_file_bytes` (413)",
+    "upload_timeout": "an upload of a batch input file still arriving a day after it began (408)",
     "too_many_files": "the key holds `batches.max_files` files already (409)",
     "too_many_bytes": "the upload would take the key's uploads past `batches.max_key_bytes` (409)",
     "too_many_batches": "the key has `batches.max_batches` batches not ended (409)",

@@ -19,8 +19,14 @@ from gateway.ledger.engine import Cursor
 
 CHUNK_BYTES: Final = 1024 * 1024  # an uploaded file is stored in chunks of this size
 FILE_COLUMNS: Final = "id, owner, filename, purpose, bytes, created_at, batch_id, kind, expires_at"
-# A file's row read by its owner: unexpired (an expiry of NULL is none).
-UNEXPIRED: Final = "(expires_at IS NULL OR expires_at > ?)"
+# The kind of an upload's row while its chunks are still arriving: seen by no one (not read, listed or counted).
+PARTIAL: Final = "partial"
+# An upload still arriving this long after it began is abandoned: its row expires, and whatever deletes
+# expired files (the owner's next upload, the runner's sweep) deletes it with its chunks. It is what a
+# process that died mid-upload leaves behind; a live one deletes what it stored of an upload it refuses.
+UPLOAD_S: Final = 86_400.0
+# A file's row read by its owner: complete and unexpired (an expiry of NULL is none).
+UNEXPIRED: Final = f"(kind <> '{PARTIAL}' AND (expires_at IS NULL OR expires_at > ?))"
 # A file no batch not ended yet reads (as its input); the parameters: TERMINAL.
 _UNREAD: Final = f"id NOT IN (SELECT input_file_id FROM batches WHERE status NOT IN ({', '.join('?' * len(TERMINAL))}))"
 
@@ -33,36 +39,58 @@ class TooManyBytes(Exception):
     """The upload would take the key's uploads past `batches.max_key_bytes`."""
 
 
-def add_file(
+class UploadGone(Exception):
+    """The upload's row was deleted while it arrived: it took longer than UPLOAD_S."""
+
+
+def begin_upload(cur: Cursor, owner: str) -> str:
+    """The row an upload's chunks are stored under as they arrive (PARTIAL until `finish_upload`); its id."""
+    return str(_insert(cur, owner, "", "batch", 0, None, PARTIAL, UPLOAD_S)[0])
+
+
+def add_chunk(cur: Cursor, file_id: str, seq: int, data: bytes) -> None:
+    """Store the upload's chunk `seq`, its row still there (an abandoned upload's chunks would be no one's)."""
+    if not cur.rows("SELECT 1 FROM batch_files WHERE id = ? AND kind = ?", (file_id, PARTIAL)):
+        raise UploadGone
+    cur.execute("INSERT INTO batch_file_chunks (file_id, seq, data) VALUES (?, ?, ?)", (file_id, seq, data))
+
+
+def finish_upload(
     cur: Cursor,
+    file_id: str,
     owner: str,
     filename: str,
-    purpose: str,
-    data: bytes,
+    size: int,
     max_files: int,
     expires_s: float | None = None,
     max_bytes: int | None = None,
 ) -> tuple[Any, ...]:
-    """Store an upload, expiring `expires_s` after now when given; the owner's expired files go first."""
+    """Make the upload whose `size` bytes are stored a file of its owner's, made now and expiring `expires_s`
+    after; the owner's expired files go first. The caps are checked here, once its size is known: a refused
+    upload's rows are the caller's to delete (`drop`)."""
     drop(cur, expired(cur, time.time(), None, owner))
-    kept, size = cur.rows(
+    kept, held = cur.rows(
         f"SELECT count(*), coalesce(sum(CASE WHEN kind = 'input' THEN bytes ELSE 0 END), 0) FROM batch_files "
         f"WHERE owner = ? AND {UNEXPIRED}",
         (owner, time.time()),
     )[0]
     if kept >= max_files:
         raise TooManyFiles(f"this key holds {kept} files, the most batches.max_files allows: delete some first")
-    if max_bytes is not None and int(size) + len(data) > max_bytes:
+    if max_bytes is not None and int(held) + size > max_bytes:
         raise TooManyBytes(
-            f"this key's uploads hold {int(size)} bytes; {len(data)} more would pass the {max_bytes} "
+            f"this key's uploads hold {int(held)} bytes; {size} more would pass the {max_bytes} "
             "batches.max_key_bytes allows: delete some first"
         )
-    row = _insert(cur, owner, filename, purpose, len(data), None, "input", expires_s)
-    cur.executemany(
-        "INSERT INTO batch_file_chunks (file_id, seq, data) VALUES (?, ?, ?)",
-        [(row[0], i, data[at : at + CHUNK_BYTES]) for i, at in enumerate(range(0, len(data), CHUNK_BYTES))],
+    now = time.time()
+    expires_at = None if expires_s is None else now + expires_s
+    done = cur.execute(
+        "UPDATE batch_files SET filename = ?, bytes = ?, created_at = ?, kind = 'input', expires_at = ? "
+        "WHERE id = ? AND kind = ?",
+        (filename, size, now, expires_at, file_id, PARTIAL),
     )
-    return row
+    if not done:
+        raise UploadGone
+    return (file_id, owner, filename, "batch", size, now, None, "input", expires_at)
 
 
 def add_result(
@@ -156,16 +184,21 @@ def drop(cur: Cursor, file_ids: list[str]) -> None:
 __all__ = [
     "CHUNK_BYTES",
     "FILE_COLUMNS",
+    "PARTIAL",
     "UNEXPIRED",
+    "UPLOAD_S",
     "TooManyBytes",
     "TooManyFiles",
-    "add_file",
+    "UploadGone",
+    "add_chunk",
     "add_result",
+    "begin_upload",
     "delete_file",
     "drop",
     "drop_if_gone",
     "expired",
     "file_row",
+    "finish_upload",
     "input_chunk",
     "input_data",
 ]

@@ -1,4 +1,4 @@
-"""An input file's validation, up front: every line, or the errors that fail the batch, naming the line.
+"""An input file's validation, a line at a time: each valid line, or the errors that fail the batch, naming the line.
 
 What fails the whole batch (as OpenAI does): a line that is not a JSON object of `custom_id`, `method`,
 `url` and `body`; a `custom_id` missing or used twice; a `url` other than the batch's endpoint; more lines
@@ -68,6 +68,87 @@ def batch_model(lines: list[Line]) -> str | None:
     return models.pop()
 
 
+def up_front(size: int, over: int, count: int, max_lines: int, max_bytes: int) -> list[BatchError]:
+    """The errors that fail a file of `size` bytes and `count` lines before any line is read (`over`: the line
+    holding its byte `max_bytes + 1`, when it has one). Counted first: a list of every line would cost many
+    times the file's size (a file of short lines, 15 times) before a file of too many is refused."""
+    if size > max_bytes:  # stored under a larger `batches.max_file_bytes` (a reload lowered it since)
+        message = f"The input file has {size} bytes; at most {max_bytes} (batches.max_file_bytes)"
+        return [BatchError("file_too_large", message, None, over)]
+    if not count:
+        return [BatchError("empty_file", "The input file has no lines", None, None)]
+    if count > max_lines:
+        message = f"The input file has {count} lines; at most {max_lines} (batches.max_lines)"
+        return [BatchError("too_many_lines", message, None, max_lines + 1)]  # the first line over
+    return []
+
+
+class Checker:
+    """A file's lines checked one at a time, in order: each valid one returned, the errors that fail the
+    batch kept (at most MAX_ERRORS, 1-based line numbers)."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.errors: list[BatchError] = []
+        self.seen: set[str] = set()
+        self.models: set[str | None] = set()
+
+    def model(self) -> str | None:
+        """`batch_model` of the lines returned so far."""
+        return next(iter(self.models)) if len(self.models) == 1 else None
+
+    def _fail(self, code: str, message: str, number: int | None, param: str | None = None) -> None:
+        if len(self.errors) < MAX_ERRORS:
+            self.errors.append(BatchError(code, message, param, number))
+
+    def line(self, number: int, raw: bytes) -> Line | None:
+        """Line `number` (without its newline), or None when it is not valid (its error kept)."""
+        fail = self._fail
+        if not raw.strip():
+            fail("invalid_json_line", "This line is empty: every line must be one JSON object", number)
+            return None
+        try:
+            raw.decode()  # msgspec passes a string's bytes through unchecked; a line is stored as text
+            line = _line(raw)
+        except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError):
+            # RecursionError: nesting deeper than the decoder goes.
+            fail("invalid_json_line", "This line is not valid UTF-8 JSON: every line must be one JSON object", number)
+            return None
+        cid = line.custom_id
+        if not isinstance(cid, str) or not cid:
+            fail("missing_required_parameter", "This line has no custom_id (a non-empty string)", number, "custom_id")
+            return None
+        if "\x00" in cid:  # no text column (PostgreSQL's) holds it
+            fail("invalid_value", "This line's custom_id holds a NUL character", number, "custom_id")
+            return None
+        if cid in self.seen:
+            fail("duplicate_custom_id", f"The custom_id {_shown(cid)} is used by an earlier line", number, "custom_id")
+            return None
+        self.seen.add(cid)
+        if line.method != "POST":
+            fail("invalid_method", "The method must be POST", number, "method")
+            return None
+        if line.url != self.endpoint:
+            message = f"The url {_shown(line.url)} is not the batch's endpoint {self.endpoint!r}"
+            fail("invalid_url", message, number, "url")
+            return None
+        body = bytes(line.body)
+        if not body.lstrip().startswith(b"{"):
+            fail("invalid_request", "The body must be a JSON object: a request to the endpoint", number, "body")
+            return None
+        try:
+            fields = _body(body)
+        except (msgspec.MsgspecError, RecursionError):
+            fields = _Body()  # the request path refuses the body itself, naming the field
+        wants_stream = fields.stream not in (None, False)
+        refusal = "A batch's lines cannot stream: remove `stream` from the body" if wants_stream else None
+        model = fields.model
+        if type(model) is not str or len(model) > MODEL_CHARS or "\x00" in model:
+            model = None  # not a name the Batch object shows: the request path refuses it when the line runs
+        self.models.add(model)
+        return Line(cid, body, refusal, model)
+
+
 def _rows(data: bytes, count: int) -> Iterator[bytes]:
     """The file's first `count` lines, one at a time, without their newline."""
     start = 0
@@ -79,69 +160,15 @@ def _rows(data: bytes, count: int) -> Iterator[bytes]:
 
 
 def parse(data: bytes, endpoint: str, max_lines: int, max_bytes: int) -> tuple[list[Line], list[BatchError]]:
-    """The file's lines, or the errors that fail the batch (at most MAX_ERRORS, 1-based line numbers)."""
-    lines: list[Line] = []
-    errors: list[BatchError] = []
-    seen: set[str] = set()
-
-    def fail(code: str, message: str, number: int | None, param: str | None = None) -> None:
-        if len(errors) < MAX_ERRORS:
-            errors.append(BatchError(code, message, param, number))
-
-    if len(data) > max_bytes:  # stored under a larger `batches.max_file_bytes` (a reload lowered it since)
-        over = data.count(b"\n", 0, max_bytes) + 1  # the line holding the first byte over
-        message = f"The input file has {len(data)} bytes; at most {max_bytes} (batches.max_file_bytes)"
-        return [], [BatchError("file_too_large", message, None, over)]
-    # Counted before any line is cut out: a list of every line would cost many times the file's size
-    # (a file of short lines, 15 times) before a file of too many is refused.
+    """A whole file's lines, or the errors that fail the batch (the runner checks a stored file as it reads
+    it, `gateway.batches.checking`; this is the same check of a file in memory)."""
+    over = data.count(b"\n", 0, max_bytes) + 1 if len(data) > max_bytes else 0
     ends = data.count(b"\n")
     count = ends + 1 if data[data.rfind(b"\n") + 1 :].strip() else ends  # blank after the last newline: none
-    if not count:
-        fail("empty_file", "The input file has no lines", None)
-    if count > max_lines:
-        message = f"The input file has {count} lines; at most {max_lines} (batches.max_lines)"
-        fail("too_many_lines", message, max_lines + 1)  # the first line over
+    errors = up_front(len(data), over, count, max_lines, max_bytes)
+    if errors:
         return [], errors
-    for number, raw in enumerate(_rows(data, count), 1):
-        if not raw.strip():
-            fail("invalid_json_line", "This line is empty: every line must be one JSON object", number)
-            continue
-        try:
-            raw.decode()  # msgspec passes a string's bytes through unchecked; a line is stored as text
-            line = _line(raw)
-        except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError):
-            # RecursionError: nesting deeper than the decoder goes.
-            fail("invalid_json_line", "This line is not valid UTF-8 JSON: every line must be one JSON object", number)
-            continue
-        cid = line.custom_id
-        if not isinstance(cid, str) or not cid:
-            fail("missing_required_parameter", "This line has no custom_id (a non-empty string)", number, "custom_id")
-            continue
-        if "\x00" in cid:  # no text column (PostgreSQL's) holds it
-            fail("invalid_value", "This line's custom_id holds a NUL character", number, "custom_id")
-            continue
-        if cid in seen:
-            fail("duplicate_custom_id", f"The custom_id {_shown(cid)} is used by an earlier line", number, "custom_id")
-            continue
-        seen.add(cid)
-        if line.method != "POST":
-            fail("invalid_method", "The method must be POST", number, "method")
-            continue
-        if line.url != endpoint:
-            fail("invalid_url", f"The url {_shown(line.url)} is not the batch's endpoint {endpoint!r}", number, "url")
-            continue
-        body = bytes(line.body)
-        if not body.lstrip().startswith(b"{"):
-            fail("invalid_request", "The body must be a JSON object: a request to the endpoint", number, "body")
-            continue
-        try:
-            fields = _body(body)
-        except (msgspec.MsgspecError, RecursionError):
-            fields = _Body()  # the request path refuses the body itself, naming the field
-        wants_stream = fields.stream not in (None, False)
-        refusal = "A batch's lines cannot stream: remove `stream` from the body" if wants_stream else None
-        model = fields.model
-        if type(model) is not str or len(model) > MODEL_CHARS or "\x00" in model:
-            model = None  # not a name the Batch object shows: the request path refuses it when the line runs
-        lines.append(Line(cid, body, refusal, model))
-    return lines, errors
+    checker = Checker(endpoint)
+    checked = (checker.line(number, raw) for number, raw in enumerate(_rows(data, count), 1))
+    lines = [line for line in checked if line is not None]
+    return lines, checker.errors

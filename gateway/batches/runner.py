@@ -21,12 +21,11 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from typing import Final, TypeVar
+from typing import Final
 
 from prometheus_client import Counter, Gauge
 
-from gateway.batches import leases, store
-from gateway.batches.lines import parse
+from gateway.batches import checking, leases, store
 from gateway.batches.objects import ACTIVE, ERR, LATER, OK, TERMINAL, BatchError, Booked, answered, unanswered
 from gateway.batches.send import ENDED, Sent, send
 from gateway.config import BatchesConfig
@@ -39,7 +38,6 @@ from gateway.path.pipeline import Pipeline
 from wire.schema import encode
 
 log = logging.getLogger("gateway")
-T = TypeVar("T")
 
 _MAX_BATCHES: Final = 4  # batches one process drives at once (their lines share `batches.concurrency`)
 _FLUSH_S: Final = 0.05  # answers are booked at least this often (and whenever a turn has some)
@@ -300,11 +298,7 @@ class Drive:
             return
         cfg = r.cfg
         try:
-            checked = asyncio.ensure_future(
-                asyncio.to_thread(parse, found[1], found[0], cfg.max_lines, cfg.max_file_bytes)
-            )
-            lines, errors = await self._renewing(checked)
-            await store.validated(r.store, self.id, r.me, r.lease_s, lines, errors)
+            await checking.check(r.store, self.id, r.me, r.lease_s, *found, cfg.max_lines, cfg.max_file_bytes)
         except (leases.LostLease, LedgerDown):
             raise
         except Exception:
@@ -313,20 +307,6 @@ class Drive:
             log.exception("batches: the input file of %s could not be checked; the batch fails", self.id)
             error = BatchError("invalid_file", "The input file could not be read as a batch's lines", None, None)
             await store.validated(r.store, self.id, r.me, r.lease_s, [], [error])
-
-    async def _renewing(self, work: asyncio.Future[T]) -> T:
-        """`work`'s result, the lease renewed meanwhile. A step that writes nothing (a large file's parse can
-        outlast `batches.lease_ms`) would let another process take the batch over and start it again, and
-        that one lose it the same way: no process would ever finish it."""
-        r = self.runner
-        try:
-            while True:
-                done, _ = await asyncio.wait([work], timeout=r.lease_s / 4)
-                if done:
-                    return work.result()
-                await r.store.run(leases.held, self.id, r.me, r.lease_s)
-        finally:
-            work.cancel()  # the lease lost, or a stop: its result (or error) is nobody's
 
     async def _lines(self, owner: str) -> None:
         r = self.runner

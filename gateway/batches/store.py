@@ -18,7 +18,7 @@ from typing import Any, Final, TypeVar
 
 import msgspec
 
-from gateway.batches.files import add_result, drop, drop_if_gone, expired, input_data
+from gateway.batches.files import add_result, drop, drop_if_gone, expired
 from gateway.batches.leases import held
 from gateway.batches.lines import Line, batch_model
 from gateway.batches.objects import ACTIVE, ERR, OK, SENT, TERMINAL, TODO, BatchError, Booked, answered
@@ -205,13 +205,13 @@ def state(cur: Cursor, batch_id: str, me: str, lease_s: float) -> tuple[Any, ...
     return held(cur, batch_id, me, lease_s)
 
 
-def to_validate(cur: Cursor, batch_id: str, me: str, lease_s: float) -> tuple[str, bytes] | None:
-    """The batch's endpoint and input file's bytes, to check outside any transaction (a file may hold 100 MiB
-    and 50,000 lines: no lock is held while it is parsed); None when it was cancelled meanwhile."""
+def to_validate(cur: Cursor, batch_id: str, me: str, lease_s: float) -> tuple[str, str] | None:
+    """The batch's endpoint and input file, to check (`checking.check`, reading the file a chunk at a time
+    outside any transaction: no lock is held while it is parsed); None when it was cancelled meanwhile."""
     status, _, input_file, endpoint = held(cur, batch_id, me, lease_s)[:4]
     if status != "validating":
         return None  # cancelling: the runner ends it without lines
-    return str(endpoint), input_data(cur, input_file)
+    return str(endpoint), str(input_file)
 
 
 async def validated(

@@ -19,6 +19,7 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.response import Stream
 
 from gateway.batches import cancelling, files, store
+from gateway.batches.incoming import Incoming
 from gateway.batches.objects import (
     BatchError,
     BatchObject,
@@ -218,16 +219,36 @@ def _serving(work: Work) -> Callable[[Request[Any, Any, Any]], Awaitable[Respons
 
 async def _upload(request: Request[Any, Any, Any], api: Batches, owner: str) -> Response[Any]:
     content_type, options = request.content_type
+    incoming = Incoming(api.store, owner)
+    try:
+        answer = await _store_upload(request, api, incoming, content_type, options.get("boundary"))
+    except files.UploadGone:
+        message = f"The upload took longer than {int(files.UPLOAD_S)} s: send it again"
+        answer = _render(InvalidRequestError(message, status=408, param="file", code="upload_timeout"))
+    except BaseException:  # the client gone, the database down: nothing of it stays stored
+        await incoming.abandon()
+        raise
+    if not isinstance(answer, tuple):
+        await incoming.abandon()
+        return answer
+    return _json(file_object(answer))
+
+
+async def _store_upload(
+    request: Request[Any, Any, Any], api: Batches, incoming: Incoming, content_type: str, boundary: str | None
+) -> tuple[Any, ...] | Response[Any]:
+    """The upload stored as it arrives (`Incoming`), then made a file: its row, or the answer refusing it."""
+    cfg = api.cfg
     try:
         if content_type != "multipart/form-data":
             raise BadForm("Send the file as multipart/form-data")
-        form = await read_upload(options.get("boundary"), request.stream(), api.cfg.max_file_bytes)
+        form = await read_upload(boundary, request.stream(), cfg.max_file_bytes, incoming.write, files.CHUNK_BYTES)
     except BadForm as exc:
         return _bad(str(exc), exc.param)
     except FileTooLarge:
         return _render(
             InvalidRequestError(
-                f"The file is larger than {api.cfg.max_file_bytes} bytes (batches.max_file_bytes)",
+                f"The file is larger than {cfg.max_file_bytes} bytes (batches.max_file_bytes)",
                 status=413,
                 param="file",
                 code="file_too_large",
@@ -242,25 +263,21 @@ async def _upload(request: Request[Any, Any, Any], api: Batches, owner: str) -> 
         return _bad("The file's filename holds a NUL character", "file")
     # The `openai` SDK sends the object as two fields, `expires_after[anchor]` and `expires_after[seconds]`.
     anchor, seconds = fields.get("expires_after[anchor]"), fields.get("expires_after[seconds]")
-    expires_s = None
+    expires_s: int | None = None
     if anchor is not None or seconds is not None or "expires_after" in fields:
-        expires_s = _expiry(api, anchor, seconds, "expires_after")
-        if isinstance(expires_s, Response):
-            return expires_s
-    data = form.data
+        expiry = _expiry(api, anchor, seconds, "expires_after")
+        if isinstance(expiry, Response):
+            return expiry
+        expires_s = expiry
     name = (form.filename or "input.jsonl")[:256]
     try:
-        cfg = api.cfg
-        row = await api.store.run(
-            files.add_file, owner, name, "batch", data, cfg.max_files, expires_s, cfg.max_key_bytes
-        )
+        return await incoming.finish(name, form.size, cfg.max_files, expires_s, cfg.max_key_bytes)
     except files.TooManyFiles as exc:
         return _render(
             GatewayError(f"Too many files: {exc}", status=409, code="too_many_files", type="invalid_request_error")
         )
     except files.TooManyBytes as exc:
         return _render(InvalidRequestError(f"Too many bytes: {exc}", status=409, param="file", code="too_many_bytes"))
-    return _json(file_object(row))
 
 
 async def _list_files(request: Request[Any, Any, Any], api: Batches, owner: str) -> Response[Any]:

@@ -1,16 +1,19 @@
-"""The Files API's upload form (`POST /v1/files`, multipart/form-data) read into memory within its bounds.
+"""The Files API's upload form (`POST /v1/files`, multipart/form-data) read within its bounds, its file part
+handed on as it arrives.
 
 Read here rather than by the framework's form parser: that one spools a file part to a temporary file, reads it
 whole before the size can be checked, and lets a text field that is not text in its part's charset (or names a
-charset that does not exist) escape as a 500, with the file part it had spooled left open. Here a file past
-`batches.max_file_bytes` stops the read at that size (413), a text field is at most `FIELD_BYTES`, and bad form
-data is a 400.
+charset that does not exist) escape as a 500, with the file part it had spooled left open. Here the file part
+goes to `write` a `chunk_bytes` piece at a time, and the body is read no faster than `write` takes them: an
+upload holds about one piece in memory, whatever its size (a file held whole, a few at once of 100 MiB each,
+would be what pushes a process out of memory). A file past `batches.max_file_bytes` stops the read at that
+size (413), a text field is at most `FIELD_BYTES`, and bad form data is a 400.
 """
 
 from __future__ import annotations
 
 import codecs
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Final
 
 import msgspec
@@ -37,16 +40,24 @@ class FileTooLarge(Exception):
 class Upload(msgspec.Struct):
     fields: dict[str, str]  # each text field's first value
     filename: str | None  # the file part's, None when the form has none
-    data: bytes
+    size: int  # the bytes of the file part, every one of them given to `write`
 
 
-async def read_upload(boundary: str | None, body: AsyncIterator[bytes], max_file_bytes: int) -> Upload:
-    """The form of an upload: its text fields, and its file part (`file`) up to `max_file_bytes`."""
+async def read_upload(
+    boundary: str | None,
+    body: AsyncIterator[bytes],
+    max_file_bytes: int,
+    write: Callable[[bytes], Awaitable[None]],
+    chunk_bytes: int,
+) -> Upload:
+    """The form of an upload: its text fields, and the size of its file part (`file`, the first such part),
+    up to `max_file_bytes`, given to `write` in pieces of `chunk_bytes` (the last one shorter)."""
     if not boundary:
         raise BadForm("Send the file as multipart/form-data with a boundary")
     fields: dict[str, str] = {}
     filename: str | None = None
-    data = bytearray()
+    size = 0
+    data = bytearray()  # the file's bytes not yet written: less than `chunk_bytes`, but for the last event
     part = bytearray()
     segment: MultipartSegment | None = None
     try:
@@ -61,23 +72,35 @@ async def read_upload(boundary: str | None, body: AsyncIterator[bytes], max_file
                     elif event:
                         assert segment is not None
                         if segment.name == "file" and segment.filename is not None:
-                            if len(data) + len(event) > max_file_bytes:
+                            if filename is not None:
+                                continue  # a second file part: only the first is the upload's
+                            if size + len(event) > max_file_bytes:
                                 raise FileTooLarge
+                            size += len(event)
                             data += event
+                            while len(data) >= chunk_bytes:
+                                with memoryview(data) as view:  # one copy of the piece, not two
+                                    piece = bytes(view[:chunk_bytes])
+                                del data[:chunk_bytes]
+                                await write(piece)
                         elif len(part) + len(event) > FIELD_BYTES:
                             raise BadForm(f"The form field is longer than {FIELD_BYTES} bytes", segment.name)
                         else:
                             part += event
                     elif segment is not None:  # the end of a part
                         if segment.name == "file" and segment.filename is not None:
-                            filename = filename or segment.filename
+                            if filename is None:
+                                if data:
+                                    await write(bytes(data))
+                                    data.clear()
+                                filename = segment.filename
                         elif segment.name is not None and segment.name not in fields:
                             fields[segment.name] = _text(bytes(part), segment)
                         segment = None
                 chunk = await anext(chunks, b"")
     except (ParserError, ParserLimitReached) as exc:
         raise BadForm(f"Invalid multipart/form-data: {exc}") from None
-    return Upload(fields, filename, bytes(data))
+    return Upload(fields, filename, size)
 
 
 def _text(value: bytes, segment: MultipartSegment) -> str:

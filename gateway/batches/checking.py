@@ -1,0 +1,155 @@
+"""A batch's input file checked as it is read from the database, a stored chunk at a time, its lines stored
+as they are found valid: the runner holds a few MiB of a file, whatever its size, never the whole of it
+(several batches of 100 MiB files being checked at once would be what pushes a process out of memory).
+
+Two reads: the first counts the lines (a file of too many, or over `batches.max_file_bytes`, is refused
+before any line is read); the second checks each line as it completes (`lines.Checker`) and stores the
+valid ones in transactions of at most STORE_LINES lines (STORE_BYTES of bodies). Once a line is not valid
+nothing more is stored: the rest of the file is read for its errors (at most MAX_ERRORS), then what was
+stored is deleted and the batch fails. Every chunk read renews the batch's lease, so a check that outlasts
+`batches.lease_ms` is not taken over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from gateway.batches.files import input_chunk
+from gateway.batches.leases import held
+from gateway.batches.lines import MAX_ERRORS, Checker, Line, up_front
+from gateway.batches.store import STORE_BYTES, STORE_LINES, Store, check_failed, lines_stored, store_lines, unstore_all
+from gateway.ledger.engine import Cursor
+
+
+def _chunk(cur: Cursor, batch_id: str, me: str, lease_s: float, file_id: str, seq: int) -> bytes | None:
+    """The file's chunk `seq` (None past its last), the batch's lease renewed; empty (no stored chunk is) once
+    the batch is no longer `validating`."""
+    if held(cur, batch_id, me, lease_s)[0] != "validating":
+        return b""
+    return input_chunk(cur, file_id, seq)
+
+
+class _Cancelled(Exception):
+    """The batch was cancelled while its file was read: the runner ends it, deleting what was stored."""
+
+
+async def _chunks(db: Store, batch_id: str, me: str, lease_s: float, file_id: str) -> AsyncIterator[bytes]:
+    seq = 0
+    while (chunk := await db.run(_chunk, batch_id, me, lease_s, file_id, seq)) is not None:
+        if not chunk:
+            raise _Cancelled
+        yield chunk
+        seq += 1
+
+
+class _Count:
+    """The file's size, its lines (a blank after the last newline is none) and the line holding its byte
+    `max_bytes + 1`, counted a chunk at a time."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.size = 0
+        self.ends = 0  # newlines
+        self.over = 0  # newlines before byte `max_bytes + 1`, plus one
+        self.tail_blank = True  # the bytes after the last newline are blank
+
+    def feed(self, chunk: bytes) -> None:
+        if self.size <= self.max_bytes < self.size + len(chunk):
+            self.over = self.ends + chunk.count(b"\n", 0, self.max_bytes - self.size) + 1
+        self.size += len(chunk)
+        self.ends += chunk.count(b"\n")
+        last = chunk.rfind(b"\n")
+        self.tail_blank = not chunk[last + 1 :].strip() and (last >= 0 or self.tail_blank)
+
+    @property
+    def count(self) -> int:
+        return self.ends if self.tail_blank else self.ends + 1
+
+
+async def _rows(chunks: AsyncIterator[bytes], count: int) -> AsyncIterator[list[bytes]]:
+    """The file's first `count` lines, without their newline, in the lists each chunk completes."""
+    carry: list[bytes] = []  # the start of the line no chunk has ended yet (joined once: it may span many)
+    left = count
+    async for chunk in chunks:
+        rows = chunk.split(b"\n")
+        tail = rows.pop()
+        if rows:
+            rows[0] = b"".join([*carry, rows[0]])
+            carry.clear()
+            yield rows[:left]
+            left -= min(left, len(rows))
+            if not left:
+                return
+        if tail:
+            carry.append(tail)
+    if left:
+        yield [b"".join(carry)]
+
+
+async def check(
+    db: Store, batch_id: str, me: str, lease_s: float, endpoint: str, file_id: str, max_lines: int, max_bytes: int
+) -> None:
+    """Check the batch's input file and store its lines, or fail the batch with the errors naming them;
+    nothing more once it was cancelled meanwhile."""
+    await unstore_all(db, batch_id, me, lease_s)  # what a holder that stopped part-way stored
+    try:
+        counted = _Count(max_bytes)
+        async for chunk in _chunks(db, batch_id, me, lease_s, file_id):
+            counted.feed(chunk)
+        errors = up_front(counted.size, counted.over, counted.count, max_lines, max_bytes)
+        if errors:
+            await db.run(check_failed, batch_id, me, lease_s, errors)
+            return
+        checker = Checker(endpoint)
+        pending: list[Line] = []  # valid lines not stored yet: one transaction's, and a chunk's
+        refused, number = 0, 0  # while every line is valid, `pending` holds the last of the `number` read
+        async for rows in _rows(_chunks(db, batch_id, me, lease_s, file_id), counted.count):
+            first = number + 1
+            number += len(rows)
+            # Off the event loop: a chunk may complete one line of many MiB.
+            found = await asyncio.to_thread(_check_rows, checker, rows, first)
+            if checker.errors:
+                pending.clear()  # nothing more is stored
+                if len(checker.errors) >= MAX_ERRORS:
+                    break
+                continue
+            pending += [line for line in found if line is not None]
+            while _cut(pending) < len(pending):  # a whole transaction's lines, and more
+                refused += await _store(db, batch_id, me, lease_s, pending, number - len(pending))
+        if checker.errors:
+            await unstore_all(db, batch_id, me, lease_s)
+            await db.run(check_failed, batch_id, me, lease_s, checker.errors)
+            return
+        while pending:
+            refused += await _store(db, batch_id, me, lease_s, pending, number - len(pending))
+        await db.run(lines_stored, batch_id, me, lease_s, number, refused, checker.model())
+    except _Cancelled:
+        return
+
+
+def _check_rows(checker: Checker, rows: list[bytes], first: int) -> list[Line | None]:
+    return [checker.line(number, raw) for number, raw in enumerate(rows, first)]
+
+
+def _cut(pending: list[Line]) -> int:
+    """How many of the first lines go in one transaction: STORE_LINES, STORE_BYTES of bodies (or one line)."""
+    end, size = 0, 0
+    while end < len(pending) and end < STORE_LINES and size < STORE_BYTES:
+        size += len(pending[end].body)
+        end += 1
+    return end
+
+
+async def _store(db: Store, batch_id: str, me: str, lease_s: float, pending: list[Line], first: int) -> int:
+    """Store the first lines of `pending` (`_cut`), taking them out of it, as the batch's lines `first`,
+    `first + 1`...; how many of them were refused."""
+    end = _cut(pending)
+    refused = await db.run(store_lines, batch_id, me, lease_s, pending[:end], first)
+    if refused is None:
+        raise _Cancelled
+    del pending[:end]
+    return refused
+
+
+__all__ = ["check"]
