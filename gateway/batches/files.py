@@ -48,10 +48,25 @@ def begin_upload(cur: Cursor, owner: str) -> str:
     return str(_insert(cur, owner, "", "batch", 0, None, PARTIAL, UPLOAD_S)[0])
 
 
-def add_chunk(cur: Cursor, file_id: str, seq: int, data: bytes) -> None:
-    """Store the upload's chunk `seq`, its row still there (an abandoned upload's chunks would be no one's)."""
-    if not cur.rows("SELECT 1 FROM batch_files WHERE id = ? AND kind = ?", (file_id, PARTIAL)):
+def add_chunk(cur: Cursor, file_id: str, seq: int, data: bytes, owner: str = "", max_bytes: int | None = None) -> None:
+    """Store the upload's chunk `seq`, its row still there (an abandoned upload's chunks would be no one's).
+    Its row counts what is stored so far, and `max_bytes` holds for the owner's files and every upload of its
+    still arriving together: many uploads at once cannot fill the database past it before any one finishes."""
+    if not cur.execute(
+        "UPDATE batch_files SET bytes = bytes + ? WHERE id = ? AND kind = ?", (len(data), file_id, PARTIAL)
+    ):
         raise UploadGone
+    if max_bytes is not None:
+        held = cur.rows(
+            f"SELECT coalesce(sum(bytes), 0) FROM batch_files WHERE owner = ? AND kind IN ('input', '{PARTIAL}') "
+            "AND (expires_at IS NULL OR expires_at > ?)",
+            (owner, time.time()),
+        )[0][0]
+        if int(held) > max_bytes:  # rolled back with the transaction: the row's count stays what is stored
+            raise TooManyBytes(
+                f"this key's uploads, with those still arriving, would hold {int(held)} bytes, past the "
+                f"{max_bytes} batches.max_key_bytes allows: delete some first"
+            )
     cur.execute("INSERT INTO batch_file_chunks (file_id, seq, data) VALUES (?, ?, ?)", (file_id, seq, data))
 
 

@@ -219,7 +219,7 @@ def _serving(work: Work) -> Callable[[Request[Any, Any, Any]], Awaitable[Respons
 
 async def _upload(request: Request[Any, Any, Any], api: Batches, owner: str) -> Response[Any]:
     content_type, options = request.content_type
-    incoming = Incoming(api.store, owner)
+    incoming = Incoming(api.store, owner, api.cfg.max_key_bytes)
     try:
         answer = await _store_upload(request, api, incoming, content_type, options.get("boundary"))
     except files.UploadGone:
@@ -245,6 +245,8 @@ async def _store_upload(
         form = await read_upload(boundary, request.stream(), cfg.max_file_bytes, incoming.write, files.CHUNK_BYTES)
     except BadForm as exc:
         return _bad(str(exc), exc.param)
+    except files.TooManyBytes as exc:
+        return _too_many_bytes(exc)
     except FileTooLarge:
         return _render(
             InvalidRequestError(
@@ -277,7 +279,11 @@ async def _store_upload(
             GatewayError(f"Too many files: {exc}", status=409, code="too_many_files", type="invalid_request_error")
         )
     except files.TooManyBytes as exc:
-        return _render(InvalidRequestError(f"Too many bytes: {exc}", status=409, param="file", code="too_many_bytes"))
+        return _too_many_bytes(exc)
+
+
+def _too_many_bytes(exc: files.TooManyBytes) -> Response[Any]:
+    return _render(InvalidRequestError(f"Too many bytes: {exc}", status=409, param="file", code="too_many_bytes"))
 
 
 async def _list_files(request: Request[Any, Any, Any], api: Batches, owner: str) -> Response[Any]:

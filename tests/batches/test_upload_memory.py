@@ -164,3 +164,31 @@ def test_a_batch_of_a_large_file_is_checked_in_bounded_memory(tmp_path: Path) ->
     assert _stored(tmp_path)[0] == 1  # the upload; no line of the failed batch is left
     with opened(tmp_path / "ledger.db") as db:
         assert db.execute("SELECT count(*) FROM batch_lines").fetchone()[0] == 0
+
+
+def test_uploads_still_arriving_count_toward_the_keys_bytes(tmp_path: Path) -> None:
+    """`batches.max_key_bytes` holds while uploads arrive, not only as each finishes: a key sending many at once
+    cannot fill the database past it first. The one that would pass it is refused as its chunks come."""
+    resumed = threading.Event()
+    first = b"".join(_form(2 * _MIB + 64 * 1024))
+    cut = 2 * _MIB + 16 * 1024  # two whole chunks of the first upload stored, then it waits
+
+    def paused() -> Iterator[bytes]:
+        yield first[:cut]
+        assert resumed.wait(60)
+        yield first[cut:]
+
+    answers: dict[str, httpx.Response] = {}
+    with served(tmp_path, extra=f", max_key_bytes: {3 * _MIB}") as (gw, client):
+        sending = threading.Thread(target=lambda: answers.update(first=_post(gw.url, paused())))
+        sending.start()
+        try:
+            wait_until(lambda: _stored(tmp_path) == (1, 2), timeout=30, interval=0.05)
+            second = _post(gw.url, _form(2 * _MIB))
+        finally:
+            resumed.set()
+            sending.join(60)
+        assert second.status_code == 409, second.text
+        assert second.json()["error"]["code"] == "too_many_bytes" and "still arriving" in second.text
+        assert answers["first"].status_code == 200, answers["first"].text
+        assert [f.bytes for f in client.files.list().data] == [len(b"".join(_lines(2 * _MIB + 64 * 1024)))]
