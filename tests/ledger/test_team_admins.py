@@ -20,7 +20,9 @@ from gateway.config import ConfigError, parse_config
 from gateway.edge.admin_role import OPERATOR, AdminRole, admin_keys
 from gateway.limits.usage import day_of
 from tests.helpers.clients import body, client
+from tests.helpers.postgres import PostgresServer
 from tests.helpers.servers import GatewayThread
+from tests.helpers.waiting import wait_until
 
 from .conftest import ADMIN_KEY, ENV, SOLO_KEY, TEAM_KEY, config, query
 
@@ -106,7 +108,18 @@ def test_a_team_admin_makes_keys_of_its_own_team_within_its_means(gateway: tuple
 
 
 def test_a_team_admin_lists_rotates_and_revokes_its_teams_keys_only(gateway: tuple[GatewayThread, str]) -> None:
-    gw, url = gateway
+    narrowed(*gateway)
+
+
+def test_the_same_on_postgres(tmp_path: Path, pg: PostgresServer) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(config(pg.url, extra=f', spill_dir: "{tmp_path / "spill"}"').replace(TEAMS, WITH_ADMINS))
+    with GatewayThread(path, TEAM_ENV) as gw:
+        narrowed(gw, pg.url)
+
+
+def narrowed(gw: GatewayThread, url: str) -> None:
+    """Listing, rotation and revocation by a team admin reach its team's keys and nothing else."""
     blue = make(gw, BLUE_ADMIN, name="b1").json()["key"]["id"]
     green = make(gw, ADMIN_KEY, name="g1", team="green").json()
     green_id, green_secret = green["key"]["id"], green["secret"]
@@ -206,6 +219,23 @@ def test_without_a_ledger_a_team_admin_reads_its_teams_keys_only(tmp_path: Path)
         assert sorted(call(gw, GREEN_ADMIN, "GET", "/admin/usage").json()["keys"]) == []
         assert sorted(call(gw, ADMIN_KEY, "GET", "/admin/usage").json()["keys"]) == ["alice", "solo"]
         assert call(gw, BLUE_ADMIN, "GET", "/admin/keys").status_code == 404  # runtime keys need a ledger
+
+
+def test_a_reload_that_removes_a_teams_admin_key_ends_its_access(tmp_path: Path) -> None:
+    # Literal secrets: a reload reads the process environment, which the suite does not set.
+    text = config(f"sqlite:///{tmp_path / 'ledger.db'}").replace(TEAMS, WITH_ADMINS)
+    for var, secret in (("BLUE_ADMIN", BLUE_ADMIN), ("GREEN_ADMIN", GREEN_ADMIN), ("LEDGER_ADMIN_KEY", ADMIN_KEY)):
+        text = text.replace("${" + var + "}", secret)
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    with GatewayThread(path, TEAM_ENV) as gw:
+        assert call(gw, BLUE_ADMIN, "GET", "/admin/keys").status_code == 200
+        before = gw.app.state.reloader.reloads
+        path.write_text(text.replace(f"admin_key: '{BLUE_ADMIN}', ", ""))
+        wait_until(lambda: gw.app.state.reloader.reloads > before, timeout=10)
+        assert call(gw, BLUE_ADMIN, "GET", "/admin/keys").status_code == 401
+        assert call(gw, GREEN_ADMIN, "GET", "/admin/keys").status_code == 200
+        assert call(gw, ADMIN_KEY, "GET", "/admin/keys").status_code == 200
 
 
 @pytest.mark.parametrize(
