@@ -410,6 +410,9 @@ CODES: Final[dict[str, str]] = {
     "server_saturated": "a server was at its `max_concurrency` and the target with room failed too (429)",
     "budget_exceeded": "the key's daily budget is spent, or with a ledger its monthly or its team's (429)",
     "key_exists": "a runtime key's name is taken, by a runtime key or one in the config (409; docs/ledger.md)",
+    "beyond_team": "a team admin's new key asks for another team, or more than its team's budgets, weight or "
+    "max_priority (403; docs/security.md)",
+    "operator_only": "a team admin's key on an admin route that is the operator's alone (403; docs/security.md)",
     "ledger_unavailable": "the ledger's database cannot be reached for a key or report request (503)",
     "batches_need_ledger": "a Batch API route on a gateway without `ledger:` (404)",
     "file_too_large": "an uploaded batch input file over `batches.max_file_bytes` (413)",

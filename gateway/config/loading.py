@@ -253,19 +253,26 @@ def _check(
     if default and default not in seen_alias and (default.partition("/")[0] not in providers or "/" not in default):
         fail("tokenizer.default_model", f"{default!r} is neither an alias nor vendor/model_name")
     seen_names: set[str] = set()
-    seen_secrets: dict[str, str] = {}
     for i, key in enumerate(cfg.keys):
         if key.name in seen_names:
             fail(f"keys[{i}].name", f"duplicate key name {key.name!r}")
         seen_names.add(key.name)
-        if _CONTROL.search(key.key):  # a client could never send it in its Authorization header
-            fail(f"keys[{i}].key", _CONTROL_PROBLEM)
-        if key.key and f"keys[{i}].key" not in missing:
-            # One secret would authenticate as whichever key came last: the other's limits, budgets and models
-            # would silently not apply. Named by the other key, never shown.
-            if (other := seen_secrets.get(key.key)) is not None:
-                fail(f"keys[{i}].key", f"the same secret as key {other!r}; each key needs its own")
-            seen_secrets[key.key] = key.name
+    # Client keys and team admin keys: each secret is one caller's. One secret would authenticate as whichever
+    # came last (another key's limits, budgets and models silently not applied), and a team admin's secret that
+    # is also a client key would be both roles. Named by the other holder, never shown.
+    held = [(f"keys[{i}].key", key.key, f"key {key.name!r}") for i, key in enumerate(cfg.keys)]
+    held += [(f"teams.{n}.admin_key", t.admin_key, f"team {n!r}'s admin_key") for n, t in cfg.teams.items()]
+    if cfg.admin.key and "admin.key" not in missing:
+        seen_secrets: dict[str, str] = {cfg.admin.key: "admin.key"}
+    else:
+        seen_secrets = {}
+    for path, secret, holder in held:
+        if _CONTROL.search(secret):  # a client could never send it in its Authorization header
+            fail(path, _CONTROL_PROBLEM)
+        if secret and path not in missing:
+            if (other := seen_secrets.get(secret)) is not None:
+                fail(path, f"the same secret as {other}; each key needs its own")
+            seen_secrets[secret] = holder
     if (found := name_problem(cfg, providers) or block_problem(cfg, providers, data)) is not None:
         fail(*found)
 

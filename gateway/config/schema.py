@@ -153,6 +153,10 @@ class TeamConfig(Strict, frozen=True):
     priority: Priority | None = None
     # The `max_priority` of the team's keys that set none.
     max_priority: Priority | None = None
+    # This team's own admin key (normally a `${VAR}`, as `admin.key`): it makes, lists, rotates and revokes the
+    # team's runtime keys and reads the team's usage, nothing else (docs/security.md#admin-roles). Empty or
+    # unset: the team has no admin of its own.
+    admin_key: str = ""
 
 
 class LedgerConfig(Strict, frozen=True):

@@ -1,10 +1,11 @@
-"""The key API (`/admin/keys`) and the ledger's usage report, behind the admin key.
+"""The key API (`/admin/keys`) and the ledger's usage report, behind an admin key.
 
-The app passes in its admin check and error renderer (gateway/edge/status.py's, which imports this
-module for the usage report). Bad input is a 400 naming the field, and so is what the config refuses for a
-`keys:` entry (gateway/config/consistency.py `key_problem`, against the `teams:`, aliases and providers in
-force); a name taken (by a runtime key or a YAML one) is a 409; an unknown or revoked id a 404. Docs:
-docs/ledger.md.
+The app passes in the admin check (gateway/edge/admin_role.py `identify`) and the error renderer. Bad input is
+a 400 naming the field, and so is what the config refuses for a `keys:` entry (gateway/config/consistency.py
+`key_problem`, against the `teams:`, aliases and providers in force); a name taken is a 409; an unknown or
+revoked id a 404. A team's admin works within its team: its new keys are its team's and no more than the team
+may (a 403 naming the field), and another team's key id is a 404, as an unknown one, so ids cannot be probed.
+Docs: docs/ledger.md, docs/security.md#admin-roles.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from litestar import Request, Response, delete, get, post
 from litestar.handlers import HTTPRouteHandler
 from msgspec import Meta
 
-from gateway.config import BudgetUsd, LimitsConfig, Priority, key_problem
+from gateway.config import BudgetUsd, LimitsConfig, Priority, TeamConfig, key_problem
+from gateway.config.consistency import RANK
+from gateway.edge.admin_role import AdminRole
 from gateway.ledger import keys as keystore
 from gateway.ledger.book import Ledger
 from gateway.ledger.engine import LedgerDown
@@ -27,14 +30,15 @@ from gateway.ledger.report import ReportError, report
 from gateway.ledger.service import LedgerService
 from gateway.limits.usage import ANONYMOUS
 from gateway.path.dialects import decode_error
-from wire.errors import GatewayError, InvalidRequestError
+from wire.errors import GatewayError, InvalidRequestError, PermissionDeniedError
 
 JSON: Final = "application/json"
 _NO_STORE: Final = {"cache-control": "no-store"}
 _MAX_GRACE_S: Final = 30 * 86_400
 _MAX_EXPIRES_S: Final = 100 * 365 * 86_400  # a century: a key meant to last longer is made without one
 
-Authorize = Callable[[Request[Any, Any, Any]], tuple[Any, Response[bytes] | None]]
+# The admin check: the pipeline, and the caller's role or the refusal to send.
+Identify = Callable[[Request[Any, Any, Any]], tuple[Any, AdminRole | Response[bytes]]]
 Render = Callable[[GatewayError], Response[bytes]]
 
 
@@ -67,8 +71,34 @@ def _conflict(message: str) -> GatewayError:
     return GatewayError(message, status=409, type="invalid_request_error", param="name", code="key_exists")
 
 
-def routes(authorize: Authorize, render: Render) -> list[HTTPRouteHandler]:
-    """The ledger's admin routes, checked by the app's admin `authorize` and rendered by its `render`."""
+def _no_key(key_id: str) -> GatewayError:
+    # The same answer for another team's key as for none: a team admin cannot tell which ids exist.
+    return GatewayError(f"No key {key_id!r}", status=404, code="not_found", type="not_found_error")
+
+
+def beyond_team(spec: NewKey, team: str, teams: Mapping[str, TeamConfig]) -> tuple[str, str] | None:
+    """What a team admin's new key asks for beyond its team, as (field, why): another team, a budget above the
+    team's, a larger share of a saturated server (`weight`) or a higher `max_priority` than the team's."""
+    if spec.team != team:
+        return "team", f"a team admin makes keys of its own team ({team!r}) only"
+    own = teams.get(team)
+    if own is None:  # the team left `teams:` (a reload, or a replica's YAML): its admin grants nothing
+        return "team", f"no team {team!r} under teams:"
+    for field, mine, most in (
+        ("max_cost_per_day", spec.max_cost_per_day, own.max_cost_per_day),
+        ("max_cost_per_month", spec.max_cost_per_month, own.max_cost_per_month),
+        ("weight", spec.weight, own.weight),
+    ):
+        if most is not None and mine is not None and mine > most:
+            return field, f"{mine:g} is above team {team!r}'s {field} {most:g}"
+    ceiling = own.max_priority or "normal"
+    if spec.max_priority is not None and RANK[spec.max_priority] > RANK[ceiling]:
+        return "max_priority", f"{spec.max_priority!r} is above team {team!r}'s max_priority {ceiling!r}"
+    return None
+
+
+def routes(identify: Identify, render: Render) -> list[HTTPRouteHandler]:
+    """The ledger's admin routes, checked by the app's admin `identify` and rendered by its `render`."""
 
     def service(request: Request[Any, Any, Any]) -> LedgerService:
         svc: LedgerService = request.app.state.ledger
@@ -88,14 +118,20 @@ def routes(authorize: Authorize, render: Render) -> list[HTTPRouteHandler]:
 
     @post("/admin/keys", status_code=201)
     async def create_key(request: Request[Any, Any, Any]) -> Response[bytes]:
-        _, refused = authorize(request)
-        if refused is not None:
-            return refused
+        _, role = identify(request)
+        if isinstance(role, Response):
+            return role
         try:
             spec = msgspec.json.decode(await request.body(), type=NewKey)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             return render(decode_error(exc))
         svc = service(request)
+        if role.team is not None:
+            if spec.team is None:
+                spec = msgspec.structs.replace(spec, team=role.team)
+            if (beyond := beyond_team(spec, role.team, svc.teams)) is not None:
+                field, why = beyond
+                return render(PermissionDeniedError(f"Not allowed '{field}': {why}", param=field, code="beyond_team"))
         # What the config refuses for a `keys:` entry, by the same check, against the `teams:` in force.
         if (problem := key_problem(spec, svc.teams, svc.names)) is not None:
             field, why = problem
@@ -127,29 +163,29 @@ def routes(authorize: Authorize, render: Render) -> list[HTTPRouteHandler]:
 
     @get("/admin/keys")
     async def list_keys(request: Request[Any, Any, Any]) -> Response[bytes]:
-        _, refused = authorize(request)
-        if refused is not None:
-            return refused
+        _, role = identify(request)
+        if isinstance(role, Response):
+            return role
         try:
-            return _json({"keys": await run(request, keystore.listing)})
+            return _json({"keys": await run(request, keystore.listing, role.team)})
         except LedgerDown as exc:
             return unavailable(exc)
 
     @post("/admin/keys/{key_id:str}/rotate", status_code=200)
     async def rotate_key(request: Request[Any, Any, Any]) -> Response[bytes]:
         key_id = str(request.path_params["key_id"])
-        _, refused = authorize(request)
-        if refused is not None:
-            return refused
+        _, role = identify(request)
+        if isinstance(role, Response):
+            return role
         body = await request.body()
         try:
             spec = msgspec.json.decode(body, type=Rotation) if body.strip() else Rotation()
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             return render(decode_error(exc))
         try:
-            issued = await run(request, keystore.rotate, key_id, spec.grace_s)
+            issued = await run(request, keystore.rotate, key_id, spec.grace_s, role.team)
         except keystore.KeyNotFound:
-            return render(GatewayError(f"No key {key_id!r}", status=404, code="not_found", type="not_found_error"))
+            return render(_no_key(key_id))
         except LedgerDown as exc:
             return unavailable(exc)
         await applied(service(request))
@@ -158,13 +194,13 @@ def routes(authorize: Authorize, render: Render) -> list[HTTPRouteHandler]:
     @delete("/admin/keys/{key_id:str}", status_code=200)
     async def revoke_key(request: Request[Any, Any, Any]) -> Response[bytes]:
         key_id = str(request.path_params["key_id"])
-        _, refused = authorize(request)
-        if refused is not None:
-            return refused
+        _, role = identify(request)
+        if isinstance(role, Response):
+            return role
         try:
-            await run(request, keystore.revoke, key_id)
+            await run(request, keystore.revoke, key_id, role.team)
         except keystore.KeyNotFound:
-            return render(GatewayError(f"No key {key_id!r}", status=404, code="not_found", type="not_found_error"))
+            return render(_no_key(key_id))
         except LedgerDown as exc:
             return unavailable(exc)
         await applied(service(request))
@@ -177,10 +213,14 @@ REPORT_PARAMS: Final = ("from", "to", "by", "format")
 RETRY_AFTER_S: Final = 2  # a 503 `ledger_unavailable`'s Retry-After
 
 
-async def usage_response(ledger: Ledger, params: Mapping[str, str], render: Render) -> Response[bytes]:
-    """`GET /admin/usage?from=&to=&by=&format=`: the ledger's report (gateway/edge/status.py hands it over)."""
+async def usage_response(
+    ledger: Ledger, params: Mapping[str, str], render: Render, team: str | None = None
+) -> Response[bytes]:
+    """`GET /admin/usage?from=&to=&by=&format=`: the ledger's report (gateway/edge/status.py hands it over);
+    with a `team` (a team admin's), that team's rows alone."""
     try:
-        body, media = await report(ledger, params.get("from"), params.get("to"), params.get("by"), params.get("format"))
+        p = params
+        body, media = await report(ledger, p.get("from"), p.get("to"), p.get("by"), p.get("format"), team)
     except ReportError as exc:
         return render(InvalidRequestError(str(exc), param=exc.param, code="invalid_value"))
     except LedgerDown as exc:

@@ -1,7 +1,8 @@
 """Admin endpoints (`/admin/usage`, `/admin/status`, `DELETE /admin/cache`) and the operators' status page (`GET /`).
 
-The admin routes need the admin key (compared in constant time); with none configured they and the
-page answer 404, so the admin surface is never open. Routes and auth: docs/operations.md.
+The admin routes need the operator's admin key (gateway/edge/admin_role.py), but `/admin/usage`, which a
+team's admin key reads narrowed to its team; with no admin key configured they and the page answer 404, so the
+admin surface is never open. Routes and auth: docs/operations.md, docs/security.md#admin-roles.
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import hashlib
-import hmac
 import re
 from collections.abc import Mapping
 from importlib import resources
@@ -19,23 +19,21 @@ from litestar import Request, Response, delete, get
 from litestar.exceptions import NotFoundException
 
 from gateway.batches.service import Batches
+from gateway.edge.admin_role import admin_keys, identify, operator_only, render
 from gateway.edge.batch_routes import running_batches
 from gateway.edge.discovery import Discovery
 from gateway.edge.drain import drain_routes
 from gateway.edge.drain import state as fleet_state
-from gateway.edge.endpoint import headers_of
 from gateway.edge.ledger_routes import REPORT_PARAMS, unavailable_error, usage_response
-from gateway.edge.render import error_response
 from gateway.fleet.picker import Fleet
 from gateway.ledger.engine import LedgerDown
 from gateway.ledger.report import day_usage, spend_per_day
-from gateway.limits.auth import _presented_key
 from gateway.limits.ratelimit import Bucket
-from gateway.path.dialects import OPENAI
+from gateway.limits.usage import DayUsage
 from gateway.path.pipeline import Pipeline
 from gateway.state import SharedState
 from gateway.upstream.plan import Route
-from wire.errors import AuthenticationError, GatewayError, InvalidRequestError
+from wire.errors import GatewayError, InvalidRequestError
 from wire.schema import encode
 
 JSON: Final = "application/json"
@@ -44,47 +42,29 @@ _DAY: Final = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 
 def _error(exc: GatewayError) -> Response[bytes]:
-    return error_response(OPENAI, exc, extra=_NO_STORE)
+    return render(exc)
 
 
 def _require_admin_key(pipeline: Pipeline) -> None:
-    """404 unless an admin key is configured (and its variable set): then there is no admin surface at all."""
-    loaded = pipeline.loaded
-    if not loaded.config.admin.key or loaded.missing_for("admin.key"):
+    """404 unless the operator's admin key is configured (and its variable set): the status page is theirs."""
+    if not any(role.team is None for _, role in admin_keys(pipeline.loaded)):
         raise NotFoundException()  # rendered like any unknown route
 
 
 def _authorize(request: Request[Any, Any, Any]) -> tuple[Pipeline, Response[bytes] | None]:
-    """The pipeline, and a 401 response when the admin key is missing or wrong (404 when none is set)."""
-    pipeline: Pipeline = request.app.state.pipeline
-    _require_admin_key(pipeline)
-    expected = pipeline.loaded.config.admin.key
-    presented = _presented_key(headers_of(request.scope))
-    if not presented:
-        exc = AuthenticationError(
-            "Missing admin key: send 'Authorization: Bearer <admin key>' or 'x-api-key: <admin key>'",
-            code="missing_api_key",
-            headers={"www-authenticate": "Bearer"},
-        )
-    elif not hmac.compare_digest(
-        hashlib.sha256(presented.encode()).digest(), hashlib.sha256(expected.encode()).digest()
-    ):
-        exc = AuthenticationError(
-            "Incorrect admin key provided", code="invalid_api_key", headers={"www-authenticate": "Bearer"}
-        )
-    else:
-        return pipeline, None
-    return pipeline, _error(exc)
+    """The pipeline, and the refusal when the caller is not the operator (gateway/edge/admin_role.py)."""
+    return operator_only(request)
 
 
 @get("/admin/usage")
 async def admin_usage(request: Request[Any, Any, Any]) -> Response[bytes]:
-    pipeline, refused = _authorize(request)
-    if refused is not None:
-        return refused
+    pipeline, role = identify(request)
+    if isinstance(role, Response):
+        return role
+    team = role.team  # a team admin sees its team's rows only
     ledger = pipeline.ledger
     if ledger is not None and any(p in request.query_params for p in REPORT_PARAMS):
-        return await usage_response(ledger, request.query_params, _error)  # any range, from the ledger
+        return await usage_response(ledger, request.query_params, _error, team)  # any range, from the ledger
     day = request.query_params.get("day") or pipeline.usage.today()
     try:
         if not _DAY.match(day):
@@ -96,11 +76,15 @@ async def admin_usage(request: Request[Any, Any, Any]) -> Response[bytes]:
         )
     if ledger is not None:  # with a ledger every view of usage is the ledger's
         try:
-            books = await day_usage(ledger, day, pipeline.keys.roster())
+            books = await day_usage(ledger, day, pipeline.keys.roster(team), team)
         except LedgerDown as exc:
             return _error(unavailable_error(exc))
         return Response(encode(books), media_type=JSON, headers=_NO_STORE)
-    return Response(encode(await pipeline.usage.report(day)), media_type=JSON, headers=_NO_STORE)
+    usage = await pipeline.usage.report(day)
+    if team is not None:  # without a ledger usage is by key name: the names of the team's keys in force
+        ours = pipeline.keys.roster(team)
+        usage = DayUsage(day=usage.day, keys={n: u for n, u in usage.keys.items() if n in ours})
+    return Response(encode(usage), media_type=JSON, headers=_NO_STORE)
 
 
 async def _today(pipeline: Pipeline) -> Any:

@@ -147,11 +147,18 @@ def create(
     return Issued(row, secret)
 
 
-def rotate(cur: Cursor, key_id: str, grace_s: float) -> Issued:
+def _of(team: str | None) -> tuple[str, tuple[str, ...]]:
+    """The condition (and its argument) that narrows `api_keys` to one team's keys; none for the operator."""
+    return (" AND team = ?", (team,)) if team is not None else ("", ())
+
+
+def rotate(cur: Cursor, key_id: str, grace_s: float, team: str | None = None) -> Issued:
+    """A new secret for the key (with a `team`: only if it is that team's; else `KeyNotFound`, as for no key)."""
     # PostgreSQL: the key's row held until commit, so that a rotation made at once elsewhere starts from this
     # one's secret (and keeps it in grace) instead of from the one both found. SQLite's BEGIN IMMEDIATE does so.
     held = " FOR UPDATE" if cur.postgres else ""
-    found = cur.rows(f"SELECT {_FIELDS} FROM api_keys WHERE id = ? AND revoked_at IS NULL{held}", (key_id,))
+    only, args = _of(team)
+    found = cur.rows(f"SELECT {_FIELDS} FROM api_keys WHERE id = ? AND revoked_at IS NULL{only}{held}", (key_id, *args))
     if not found:
         raise KeyNotFound(key_id)
     secret = _secret()
@@ -168,8 +175,11 @@ def rotate(cur: Cursor, key_id: str, grace_s: float) -> Issued:
     return Issued(_row(found[0], _graces(cur, now)), secret)
 
 
-def revoke(cur: Cursor, key_id: str) -> None:
-    if not cur.execute("UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL", (time.time(), key_id)):
+def revoke(cur: Cursor, key_id: str, team: str | None = None) -> None:
+    """The key revoked (with a `team`: only if it is that team's; else `KeyNotFound`, as for no key)."""
+    only, args = _of(team)
+    sql = f"UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL{only}"
+    if not cur.execute(sql, (time.time(), key_id, *args)):
         raise KeyNotFound(key_id)
     cur.execute("DELETE FROM key_secrets WHERE key_id = ?", (key_id,))
     cur.execute(_BUMP)
@@ -181,9 +191,11 @@ def _graces(cur: Cursor, now: float) -> dict[str, float]:
     return {r[0]: float(r[1]) for r in cur.rows(sql, (now,))}
 
 
-def listing(cur: Cursor) -> list[KeyRow]:
+def listing(cur: Cursor, team: str | None = None) -> list[KeyRow]:
+    """The keys not revoked, oldest first (with a `team`: that team's alone)."""
     grace = _graces(cur, time.time())
-    rows = cur.rows(f"SELECT {_FIELDS} FROM api_keys WHERE revoked_at IS NULL ORDER BY created_at")
+    only, args = _of(team)
+    rows = cur.rows(f"SELECT {_FIELDS} FROM api_keys WHERE revoked_at IS NULL{only} ORDER BY created_at", args)
     return [_row(r, grace) for r in rows]
 
 

@@ -55,8 +55,9 @@ def _cell(value: Any) -> Any:
 
 
 async def report(
-    ledger: Ledger, start: str | None, end: str | None, by: str | None, fmt: str | None
+    ledger: Ledger, start: str | None, end: str | None, by: str | None, fmt: str | None, team: str | None = None
 ) -> tuple[bytes, str]:
+    """The usage of every day from `start` to `end` grouped `by`, as JSON or CSV; with a `team`, its rows alone."""
     today = day_of(time.time())
     first = _day(start, "from", today)
     last = _day(end, "to", first if start else today)
@@ -72,13 +73,14 @@ async def report(
         raise ReportError(f"Invalid format {kind!r}: json or csv", "format")
     columns = BY[group]
     listed = ", ".join(columns)
-    sql = f"SELECT day, {listed}, {_SUMS} FROM daily WHERE day >= ? AND day <= ? GROUP BY day, {listed}"
-    found, waiting = await ledger.read(lambda cur: cur.rows(sql, (first, last)))
+    only, args = (" AND team = ?", (first, last, team)) if team is not None else ("", (first, last))
+    sql = f"SELECT day, {listed}, {_SUMS} FROM daily WHERE day >= ? AND day <= ?{only} GROUP BY day, {listed}"
+    found, waiting = await ledger.read(lambda cur: cur.rows(sql, args))
     sums: dict[tuple[Any, ...], list[int]] = {}
     for f in found:
         sums[tuple(f[: 1 + len(columns)])] = [int(v) for v in f[1 + len(columns) :]]
     for k, v in waiting.items():
-        if first <= k[0] <= last:
+        if first <= k[0] <= last and (team is None or k[_AT["team"]] == team):
             into = sums.setdefault((k[0], *(k[_AT[c]] for c in columns)), [0] * 6)
             for i, x in enumerate(v):
                 into[i] += x
@@ -120,16 +122,20 @@ def _usage(v: list[int]) -> dict[str, Any]:
     }
 
 
-async def day_usage(ledger: Ledger, day: str, roster: Mapping[str, float | None]) -> dict[str, Any]:
+async def day_usage(
+    ledger: Ledger, day: str, roster: Mapping[str, float | None], team: str | None = None
+) -> dict[str, Any]:
     """One UTC day's books per key name and model, in `/admin/usage?day=`'s shape: every key of `roster`
-    (name -> its daily budget) listed, zeros when unused, plus any other key name booked that day."""
-    sql = f"SELECT key_name, model, {_SUMS} FROM daily WHERE day = ? GROUP BY key_name, model"
-    found, waiting = await ledger.read(lambda cur: cur.rows(sql, (day,)))
+    (name -> its daily budget) listed, zeros when unused, plus any other key name booked that day; with a
+    `team`, the rows booked under it alone."""
+    only, args = (" AND team = ?", (day, team)) if team is not None else ("", (day,))
+    sql = f"SELECT key_name, model, {_SUMS} FROM daily WHERE day = ?{only} GROUP BY key_name, model"
+    found, waiting = await ledger.read(lambda cur: cur.rows(sql, args))
     per: dict[str, dict[str, list[int]]] = {name: {} for name in roster}
     for f in found:
         per.setdefault(f[0], {})[f[1]] = [int(v) for v in f[2:]]
     for k, v in waiting.items():
-        if k[0] == day:
+        if k[0] == day and (team is None or k[_AT["team"]] == team):
             into = per.setdefault(k[1], {}).setdefault(k[3], [0] * 6)
             for i, x in enumerate(v):
                 into[i] += x

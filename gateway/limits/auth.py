@@ -123,6 +123,7 @@ class KeyRing:
         self._known: dict[str, bytes] = {}
         self._known_for: dict[bytes, ClientKey] | None = None  # the runtime table `_known` was filled under
         self.daily: dict[str, float | None] = {k.name: k.max_cost_per_day for k in loaded.config.keys}
+        self._team_of: dict[str, str | None] = {k.name: k.team for k in loaded.config.keys}
         for i, k in enumerate(loaded.config.keys):
             if loaded.missing_for(f"keys[{i}].key") or not k.key:
                 self.disabled.append(k.name)
@@ -139,12 +140,14 @@ class KeyRing:
         live, ever = (bool(runtime.by_digest), runtime.ever) if runtime is not None else (False, False)
         return keyless_open(self.keyless, self.configured, live, ever)
 
-    def roster(self) -> dict[str, float | None]:
-        """Every key in force by name (YAML keys, disabled ones too, and runtime keys), with its daily budget."""
-        out = dict(self.daily)
+    def roster(self, team: str | None = None) -> dict[str, float | None]:
+        """Every key in force by name (YAML keys, disabled ones too, and runtime keys), with its daily budget;
+        with a `team`, that team's keys alone."""
+        out = {n: b for n, b in self.daily.items() if team is None or self._team_of[n] == team}
         if self.runtime is not None:
             for k in self.runtime.by_digest.values():
-                out.setdefault(k.name, k.max_cost_per_day)
+                if team is None or k.team == team:
+                    out.setdefault(k.name, k.max_cost_per_day)
         return out
 
     def describe(self) -> str:
