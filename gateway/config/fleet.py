@@ -13,7 +13,8 @@ import msgspec
 from msgspec import Meta
 
 Policy = Literal["round_robin", "least_outstanding", "prefix", "session"]
-# Whom a session id or a prompt prefix is shared among: each key, each team, or every caller.
+# Whom a session id (`routing.session_scope`) or a prompt prefix and an engine's prefix cache (a provider's
+# `prefix_scope`) is shared among: each key, each team, or every caller.
 Scope = Literal["key", "team", "shared"]
 # The most replicas one provider lists: each is a target per model, a reader task and a share of the ring.
 MAX_REPLICAS: Final = 256
@@ -68,13 +69,6 @@ class RoutingConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # find nor crowd another's session), `team` (the keys of one team share them; a key without a team is a
     # team of its own) or `shared` (every caller's: the same id is the same session, whoever sends it).
     session_scope: Scope = "key"
-    # Whose prompt prefixes are shared: `key` (the prefix policy hashes a prompt with the calling key's identity,
-    # so one key's prefix does not follow another's onto a replica, and under any policy an engine that takes a
-    # prefix-cache salt (vLLM's and SGLang's `cache_salt`) is sent one derived from it, a client's own salt
-    # combined with it, so no key reads another's cache entries), `team` (the keys of one team share them; a key
-    # without a team is a team of its own) or `shared` (every caller's: the same prefix goes to the same replica
-    # whoever sends it, and a client's own `cache_salt` goes as it is sent).
-    prefix_scope: Scope = "key"
     # With Redis: a drain flag stored for a replica URL that no running gateway has listed in this provider's
     # `replicas:` for this long is deleted (each gateway marks the URLs it lists every second), so flags of
     # replicas removed from the config go, while a gateway still listing one, during a rollout, keeps it.

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 from msgspec import Meta
 
-from gateway.config.fleet import MAX_REPLICAS, ReplicaConfig, RoutingConfig
+from gateway.config.fleet import MAX_REPLICAS, ReplicaConfig, RoutingConfig, Scope
 from gateway.config.queue import QueueConfig
 from wire.schema import MAX_LOGPROBS
 
@@ -386,6 +386,15 @@ class ProviderConfig(Strict, frozen=True):
     replicas: Annotated[list[str | ReplicaConfig], Meta(max_length=MAX_REPLICAS)] = msgspec.field(default_factory=list)
     # Which replica serves each request (needs replicas:); unset: round robin.
     routing: RoutingConfig | None = None
+    # Whose prompt prefixes share this provider's engine prefix caches (docs/fleets.md): `key` (each client key's
+    # are its own: an engine that takes a prefix-cache salt, vLLM's and SGLang's `cache_salt`, is sent one derived
+    # from the calling key's identity on every request, a client's own salt combined with it, so no key reads
+    # another's cache entries; with `replicas:` and `routing.policy: prefix`, a prompt's prefix is also hashed
+    # with that identity, so it does not follow another key's onto a replica), `team` (the keys of one team
+    # share them; a key without a team is a team of its own) or `shared` (every caller's: a client's own
+    # `cache_salt` goes as it is sent, and the same prefix goes to the same replica whoever sends it).
+    # A single `base_url` is salted as every replica is.
+    prefix_scope: Scope = "key"
     # This provider's targets' response cache, over the top-level `cache` (an alias's own block wins).
     cache: CacheConfig | None = None
 

@@ -14,7 +14,15 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 
-from gateway.config import RoutingConfig, replica_drained, replica_names, replica_tag, replica_url, replica_weight
+from gateway.config import (
+    RoutingConfig,
+    Scope,
+    replica_drained,
+    replica_names,
+    replica_tag,
+    replica_url,
+    replica_weight,
+)
 from gateway.fleet.affinity import Ring, prefix_key, prefix_of, session_key, session_of
 from gateway.fleet.tenancy import owner_of
 from wire.schema import CompletionRequest
@@ -25,7 +33,7 @@ _DEFAULT = RoutingConfig()
 class Hint:
     """What a request offers the policies: its prompt, its session (header, else `user`) and who sends it
     (its key's identity and team, empty without them), which scopes its session and its prefix
-    (`session_scope`, `prefix_scope`)."""
+    (`routing.session_scope`, the provider's `prefix_scope`)."""
 
     __slots__ = ("req", "headers", "key", "team")
 
@@ -60,9 +68,13 @@ class EngineLoad(msgspec.Struct, frozen=True):
 class Fleet:
     """One provider's replicas: their URLs and weights, the policy, and the mutable drain and load state."""
 
-    def __init__(self, provider: str, replicas: Sequence[object], routing: RoutingConfig | None) -> None:
+    def __init__(
+        self, provider: str, replicas: Sequence[object], routing: RoutingConfig | None, prefix_scope: Scope = "key"
+    ) -> None:
         self.provider = provider
         self.routing = routing or _DEFAULT
+        # Whose prefixes share a replica under `policy: prefix`: the provider's, as for its engines' salts.
+        self.prefix_scope = prefix_scope
         self.urls = [replica_url(r).rstrip("/") for r in replicas]  # type: ignore[arg-type]
         self.weights = [replica_weight(r) for r in replicas]  # type: ignore[arg-type]
         self.names = replica_names(provider, list(replicas))  # type: ignore[arg-type]
@@ -134,7 +146,7 @@ class Fleet:
         policy = self.routing.policy
         if policy == "prefix" and hint is not None:
             r = self.routing
-            owner = hint.owner(r.prefix_scope)
+            owner = hint.owner(self.prefix_scope)
             key = prefix_key(prefix_of(hint.req), r.block_chars, r.block_tokens, r.depth, owner)
             return self._bounded(key, live, inflight, cooling, spread=True)
         if policy == "session" and hint is not None:

@@ -1,10 +1,12 @@
-"""Whose a request is, as a fleet sees it: the identity its scope gives it (`session_scope`, `prefix_scope`:
-its key's, its team's, or nobody's in particular), digested once per identity.
+"""Whose a request is, as a fleet or an engine's prefix cache sees it: the identity its scope gives it
+(`routing.session_scope`, a provider's `prefix_scope`: its key's, its team's, or nobody's in particular),
+digested once per identity.
 
 The digest keys the ring's session and prefix hashes (gateway/fleet/affinity.py), so two tenants' equal ids
-or prefixes land independently, and derives the prefix-cache salt an engine that takes one is sent, so two
-tenants on one replica share no cache entries either. The salt is always the gateway's: a client's own is
-folded into its tenant's, so no salt a tenant sends can equal one another tenant's requests carry.
+or prefixes land independently, and derives the prefix-cache salt an engine that takes one is sent (a single
+server as each replica), so two tenants on one engine share no cache entries either. The salt is always the
+gateway's: a client's own is folded into its tenant's, so no salt a tenant sends can equal one another
+tenant's requests carry.
 """
 
 from __future__ import annotations

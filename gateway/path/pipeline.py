@@ -328,8 +328,13 @@ class Pipeline:
         batch = rec.batch_id is not None
         ask = self.queues.ask(key, headers, req, batch) if self.queues is not None else None
         admission = self.admission if self.admission.applies(key, batch) else None
+        # Read by a replicated provider's policy (gateway/fleet) and by the attempts on an engine that is salted:
+        # the key scopes its sessions, its prefixes and its engine's prefix-cache salt. Set before admission,
+        # whose wait may make the first attempt's upstream request ahead (`Job.prepare`), salt included.
+        hint = Hint(req, headers, rec.key_id, rec.team) if self.router.hints else None
         if self.cache is None:
             job = op.job(self.services, admission, req, ctx, plan)
+            job.hint = hint
             if admission is not None:
                 meanwhile = job.prepare if self._alone() else None
                 job.ticket = await admission.admit(key, req, plan, meanwhile=meanwhile, batch=batch)
@@ -342,6 +347,7 @@ class Pipeline:
                 if cached is not None and not isinstance(cached, Lookup):
                     cached = await cached  # a Redis read
             job = op.job(self.services, admission, req, ctx, plan)
+            job.hint = hint
             # Identical to a request in flight: admitted as the upstream request it may yet make (its key's and
             # alias's tokens and `concurrent` slot held while it waits), its route's quota charged only if it does.
             waits = cached is not None and cached.ahead is not None
@@ -366,10 +372,6 @@ class Pipeline:
                     raise
             job.cached = cached
         job.ask = ask
-        if self.router.fleets:
-            # Read by a replicated provider's policy (gateway/fleet) and its attempts: the key scopes its sessions,
-            # its prefixes and its engine's prefix-cache salt.
-            job.hint = Hint(req, headers, rec.key_id, rec.team)
         return job
 
     async def _buffered(self, job: Job, rec: Record) -> Result:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Final
 
-from gateway.config import LoadedConfig, ProviderConfig, replica_tag, same_target_of
+from gateway.config import LoadedConfig, ProviderConfig, Scope, replica_tag, same_target_of
 from gateway.fleet.picker import Fleet, shared_name
 from gateway.fleet.tenancy import SALT_FIELD
 from gateway.upstream.plan import Group, Plan, Policy, Route
@@ -30,7 +30,20 @@ class Router:
             name: REGISTRY[p.kind]().configure(p.max_logprobs, p.max_n) for name, p in loaded.providers.items()
         }
         # Each provider with `replicas:`, one Fleet: its policy and its drain and engine-load state.
-        self.fleets = {name: Fleet(name, p.replicas, p.routing) for name, p in loaded.providers.items() if p.replicas}
+        self.fleets = {
+            name: Fleet(name, p.replicas, p.routing, p.prefix_scope)
+            for name, p in loaded.providers.items()
+            if p.replicas
+        }
+        # Each provider's prefix-cache salt scope, where its adapter sends the gateway's salt and its
+        # `prefix_scope` keeps tenants apart: its routes' attempts salt each request for its tenant.
+        self._salts: dict[str, Scope] = {
+            name: p.prefix_scope
+            for name, p in loaded.providers.items()
+            if p.prefix_scope != "shared" and salts(self._adapters[name])
+        }
+        # Whether a request's tenant is read (pipeline.py's Hint): a fleet places by it, a salt is made of it.
+        self.hints = bool(self.fleets or self._salts)
         self._drop = {
             name: (p.unsupported_params or cfg.unsupported_params) == "drop" for name, p in loaded.providers.items()
         }
@@ -134,9 +147,7 @@ class Router:
             name, deployment = head, last
         key = f"{vendor}/{name}" + (f"/{deployment}" if deployment else "")
         fleet = self.fleets.get(vendor)
-        adapter = self._adapters[vendor]
-        scope = fleet.routing.prefix_scope if fleet is not None else "shared"
-        salt = scope if scope != "shared" and salts(adapter) else None
+        salt = self._salts.get(vendor)
         replicas = tuple(
             Route(
                 key=f"{replica}/{name}",
@@ -160,6 +171,7 @@ class Router:
             same_target=same_target_of(pcfg.retries, self._loaded.config.retries),
             replicas=replicas,
             fleet=fleet,
+            salt=salt,
         )
 
     def _endpoint(

@@ -31,8 +31,9 @@ class Route(msgspec.Struct, frozen=True):
     # (`provider@i/model`, each its own health key), as `fleet` chooses (gateway/fleet).
     replicas: tuple[Route, ...] = ()
     fleet: Fleet | None = None
-    # A replica whose engine takes a prefix-cache salt, in a fleet that keeps tenants' prefixes apart
-    # (`prefix_scope` key or team): each attempt sends the salt of the request's tenant (gateway/fleet/tenancy.py).
+    # A server or replica whose engine takes a prefix-cache salt, of a provider that keeps tenants' prefixes
+    # apart (`prefix_scope` key or team): each attempt sends the salt of the request's tenant
+    # (gateway/fleet/tenancy.py).
     salt: Scope | None = None
 
     def require_available(self) -> None:

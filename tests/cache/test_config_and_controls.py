@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import httpx
@@ -84,4 +85,9 @@ def test_a_good_cache_salt_inside_inference_extra_params_reaches_the_engine(
 ) -> None:
     resp = alice.post("/v1/completions", json=body("salt: good", inference_extra_params={"cache_salt": "run/17:x"}))
     assert resp.status_code == 200, resp.text
-    assert upstream.received[0].json()["cache_salt"] == "run/17:x"
+    # Combined with the key's identity (`prefix_scope: key`, the default; docs/fleets.md): the engine gets a
+    # salt of alice's own, made from the one sent, which another client's salt never equals.
+    sent = upstream.received[0].json()
+    assert re.fullmatch(r"[0-9a-f]{32}", sent["cache_salt"]) and "inference_extra_params" not in sent
+    resp = alice.post("/v1/completions", json=body("salt: other", inference_extra_params={"cache_salt": "run/18"}))
+    assert resp.status_code == 200 and upstream.received[1].json()["cache_salt"] != sent["cache_salt"]

@@ -8,7 +8,9 @@ the CLI) start their own.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import openai
@@ -55,8 +57,9 @@ providers:
   together: {{kind: together, api_key: together-e2e, base_url: {u}/together/v1}}
   together-drop: {{kind: together, api_key: together-e2e, base_url: {u}/together/v1, unsupported_params: drop}}
   vllm: {{kind: vllm, base_url: {u}/vllm/v1}}
-  # TGI's Messages API serves an OpenAI-compatible /v1/completions; it is configured like a local vLLM.
-  tgi: {{kind: vllm, base_url: {u}/tgi/v1}}
+  # TGI's Messages API serves an OpenAI-compatible /v1/completions; it is configured like a local vLLM, less
+  # the per-key prefix-cache salt (TGI takes none).
+  tgi: {{kind: vllm, base_url: {u}/tgi/v1, prefix_scope: shared}}
   fireworks: {{kind: fireworks, api_key: fw-e2e, base_url: {u}/fireworks/inference/v1}}
   deepseek: {{kind: deepseek, api_key: ds-e2e, base_url: {u}/deepseek/beta}}
   azure:
@@ -79,6 +82,14 @@ models:
   - name: davinci
     targets: [{{model: openai/davinci-002}}]
 """
+
+
+def unsalted(body: dict[str, Any]) -> dict[str, Any]:
+    """A body a vLLM provider was sent for a keyed request, less the prefix-cache salt the gateway adds for the
+    calling key (`prefix_scope: key`, the default; docs/fleets.md): 32 hex digits, never the key itself."""
+    salt = body.pop("cache_salt")
+    assert isinstance(salt, str) and re.fullmatch(r"[0-9a-f]{32}", salt), salt
+    return body
 
 
 def main_config(upstream_url: str) -> str:

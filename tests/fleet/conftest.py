@@ -49,8 +49,11 @@ def served(ups: list[Upstream]) -> list[int]:
     return [sum(1 for r in u.received if r.path.endswith("/completions")) for u in ups]
 
 
-def fleet_config(ups: list[Upstream], routing: str, *, extra: str = "", replicas: str = "") -> str:
+def fleet_config(
+    ups: list[Upstream], routing: str, *, extra: str = "", replicas: str = "", prefix_scope: str = ""
+) -> str:
     listed = replicas or ", ".join(f"{u.url}/v1" for u in ups)
+    scope = f"\n    prefix_scope: {prefix_scope}" if prefix_scope else ""
     return f"""
 server: {{host: 127.0.0.1, port: 0}}
 timeouts: {{connect_ms: 2000, first_byte_ms: 10000, total_ms: 20000}}
@@ -63,5 +66,5 @@ providers:
     discover: false
     models: [m]
     replicas: [{listed}]
-    routing: {{{routing}}}
+    routing: {{{routing}}}{scope}
 {extra}"""

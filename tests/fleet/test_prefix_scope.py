@@ -1,4 +1,4 @@
-"""Prompt prefixes are scoped by key (`routing.prefix_scope`, docs/fleets.md): two tenants whose prompts share
+"""Prompt prefixes are scoped by key (a provider's `prefix_scope`, docs/fleets.md): two tenants whose prompts share
 a prefix are placed on the ring independently, and an engine that takes a prefix-cache salt gets one of the
 tenant's, which no other tenant can make its own, so neither the replica a prefix lands on nor the engine's
 cache tells one tenant what another sent. `team` shares both within a team, `shared` among every caller."""
@@ -11,8 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from aiohttp import web
 
+from gateway.config import ConfigError, parse_config
+from tests.helpers.redis import RedisServer
 from tests.helpers.servers import serve_config
 from tests.helpers.upstreams import Received, Upstream
 
@@ -55,10 +58,10 @@ def test_two_keys_sharing_a_prefix_are_placed_apart_unless_the_operator_shares_p
         # cannot learn from `x-gateway-model` (or from a replica's warm cache) which prefixes alpha sends.
         assert alpha != beta, (alpha, beta)
         assert len(set(alpha)) > 1 and len(set(beta)) > 1  # and each key's own prefixes still spread
-    with serve_config(tmp_path, fleet_config(replicas, "policy: prefix, prefix_scope: team") + KEYS) as gw:
+    with serve_config(tmp_path, fleet_config(replicas, "policy: prefix", prefix_scope="team") + KEYS) as gw:
         alpha, beta, gamma = homes(gw.url, ALPHA), homes(gw.url, BETA), homes(gw.url, GAMMA)
         assert alpha == gamma and alpha != beta, (alpha, beta, gamma)
-    with serve_config(tmp_path, fleet_config(replicas, "policy: prefix, prefix_scope: shared") + KEYS) as gw:
+    with serve_config(tmp_path, fleet_config(replicas, "policy: prefix", prefix_scope="shared") + KEYS) as gw:
         assert homes(gw.url, ALPHA) == homes(gw.url, BETA) == homes(gw.url, GAMMA)
 
 
@@ -163,11 +166,11 @@ def test_a_team_shares_its_salt_and_a_shared_scope_or_an_open_gateway_sends_the_
     tmp_path: Path, replicas: list[Upstream]
 ) -> None:
     engines = Engines(replicas)
-    with serve_config(tmp_path, fleet_config(replicas, "prefix_scope: team") + KEYS) as gw:
+    with serve_config(tmp_path, fleet_config(replicas, "", prefix_scope="team") + KEYS) as gw:
         alpha, gamma, beta = engines.salt(gw.url, ALPHA), engines.salt(gw.url, GAMMA), engines.salt(gw.url, BETA)
         assert alpha is not None and alpha == gamma and alpha != beta
     for config, key in (
-        (fleet_config(replicas, "prefix_scope: shared") + KEYS, ALPHA),
+        (fleet_config(replicas, "", prefix_scope="shared") + KEYS, ALPHA),
         (fleet_config(replicas, "policy: prefix"), None),  # no client keys: one caller, nothing to keep apart
     ):
         with serve_config(tmp_path, config) as gw:
@@ -236,3 +239,84 @@ def test_a_resumed_stream_carries_its_tenants_salt_to_the_replica_that_takes_it_
             calls = [rec.json() for u, n in zip(replicas, before, strict=True) for rec in u.received[n:]]
             assert len(calls) == 2, calls  # the broken stream and its continuation, each on its replica
             assert [call.get("cache_salt") for call in calls] == [own, own], path
+
+
+def single_config(engine: Upstream, scope: str = "", redis: str = "") -> str:
+    """One vLLM server behind one `base_url` (no `replicas:`), shared by three keys. Alpha has a rate limit:
+    with `redis`, its request's first upstream call is made while admission waits on Redis."""
+    keys = KEYS.replace("team: red}\n  - {name: beta", "team: red, limits: {rpm: 100000}}\n  - {name: beta")
+    assert "rpm" in keys
+    return f"""
+server: {{host: 127.0.0.1, port: 0}}
+timeouts: {{connect_ms: 2000, first_byte_ms: 10000, total_ms: 20000}}
+logging: {{requests: false}}
+{f'redis: {{url: "{redis}"}}' if redis else ""}
+providers:
+  engine:
+    kind: vllm
+    discover: false
+    models: [m]
+    base_url: {engine.url}/v1
+{f"    prefix_scope: {scope}" if scope else ""}
+{keys}"""
+
+
+def test_a_single_server_shared_by_tenants_gets_a_salt_per_tenant_that_no_other_tenant_can_send(
+    tmp_path: Path, replicas: list[Upstream]
+) -> None:
+    engines = Engines(replicas[:1])
+    with serve_config(tmp_path, single_config(replicas[0])) as gw:
+        a, b = engines.salt(gw.url, ALPHA), engines.salt(gw.url, BETA)
+        assert a is not None and b is not None and HEX_SALT.fullmatch(a) and HEX_SALT.fullmatch(b) and a != b
+        assert engines.salt(gw.url, ALPHA, "/v1/chat/completions") == a
+        assert engines.salt(gw.url, BETA, stream=True) == b
+        run = engines.salt(gw.url, ALPHA, cache_salt="run-17")
+        assert run is not None and HEX_SALT.fullmatch(run) and run not in (a, b)
+        # Beta sends alpha's salts as its own: the engine receives neither, so beta reads none of alpha's entries.
+        for stolen in (a, run):
+            assert engines.salt(gw.url, BETA, cache_salt=stolen) not in (a, b, run)
+            sent = engines.sent(gw.url, BETA, inference_extra_params={"cache_salt": stolen})
+            assert sent["cache_salt"] not in (a, b, run)
+    # The salts are the same as a fleet's replicas would send for the same tenants (one derivation).
+    with serve_config(tmp_path, fleet_config(replicas, "policy: round_robin") + KEYS) as gw:
+        assert Engines(replicas).salt(gw.url, ALPHA) == a
+
+
+def test_a_request_made_ahead_while_admission_asks_redis_carries_its_tenants_salt(
+    tmp_path: Path, replicas: list[Upstream], rds: RedisServer
+) -> None:
+    engines = Engines(replicas[:1])
+    with serve_config(tmp_path, single_config(replicas[0])) as gw:
+        own, run = engines.salt(gw.url, ALPHA), engines.salt(gw.url, ALPHA, cache_salt="run-17")
+    assert own is not None and run is not None
+    with serve_config(tmp_path, single_config(replicas[0], redis=rds.url)) as gw:
+        assert [engines.salt(gw.url, ALPHA) for _ in range(3)] == [own] * 3
+        assert engines.salt(gw.url, ALPHA, cache_salt="run-17") == run
+        assert engines.salt(gw.url, ALPHA, "/v1/chat/completions") == own
+
+
+def test_a_single_server_shares_its_cache_within_a_team_or_among_all_only_when_told(
+    tmp_path: Path, replicas: list[Upstream]
+) -> None:
+    engines = Engines(replicas[:1])
+    with serve_config(tmp_path, single_config(replicas[0], "team")) as gw:
+        alpha, gamma, beta = engines.salt(gw.url, ALPHA), engines.salt(gw.url, GAMMA), engines.salt(gw.url, BETA)
+        assert alpha is not None and alpha == gamma and alpha != beta
+    with serve_config(tmp_path, single_config(replicas[0], "shared")) as gw:
+        for key in (ALPHA, BETA):
+            assert "cache_salt" not in engines.sent(gw.url, key)
+            assert engines.salt(gw.url, key, cache_salt="run-17") == "run-17"
+            assert engines.salt(gw.url, key, inference_extra_params={"cache_salt": "run-18"}) == "run-18"
+
+
+def test_prefix_scope_is_the_providers_and_not_a_routing_setting() -> None:
+    providers = "providers: {v: {kind: vllm, replicas: ['http://a/v1'], routing: {prefix_scope: team}}}"
+    with pytest.raises(ConfigError) as info:
+        parse_config(providers, env={})
+    assert "providers.v.routing.prefix_scope" in str(info.value)
+    loaded = parse_config("providers: {v: {kind: vllm, base_url: 'http://a/v1', prefix_scope: team}}", env={})
+    assert loaded.providers["v"].prefix_scope == "team"
+    assert (
+        parse_config("providers: {v: {kind: vllm, base_url: 'http://a/v1'}}", env={}).providers["v"].prefix_scope
+        == "key"
+    )
