@@ -106,6 +106,19 @@ def result_chunk(
     return [(int(r[0]), str(r[1])) for r in rows]
 
 
+Owners = tuple[str, Sequence[Any]]  # a condition on the `owner` column, and its arguments
+EVERY_OWNER: Final[Owners] = ("", ())
+
+
+def team_owners(team: str, yaml_idents: Sequence[str]) -> Owners:
+    """The condition that picks the objects of one team's keys: its runtime keys (their team in `api_keys`,
+    revoked ones too: what they made stays the team's) and its YAML keys in force (`yaml_idents`, their
+    identities; the config alone knows their team)."""
+    marks = ", ".join("?" * len(yaml_idents))
+    yaml = f" OR owner IN ({marks})" if yaml_idents else ""
+    return f"(owner IN (SELECT id FROM api_keys WHERE team = ?){yaml})", (team, *yaml_idents)
+
+
 def page(
     cur: Cursor,
     table: str,
@@ -115,21 +128,26 @@ def page(
     limit: int,
     extra: tuple[str, Sequence[Any]] = ("", ()),
     oldest_first: bool = False,
+    owners: Owners = EVERY_OWNER,
 ) -> list[tuple[Any, ...]]:
-    """Newest first (or oldest), `limit + 1` rows (the caller says `has_more`), those after the object `after`."""
-    where, params = ["1 = 1"], []
+    """Newest first (or oldest), `limit + 1` rows (the caller says `has_more`), those after the object `after`;
+    `owner`'s alone, or (None) those `owners` picks (a team's keys'), or every key's."""
+    mine: list[str] = []
+    mine_params: list[Any] = []
     if owner is not None:
-        where.append("owner = ?")
-        params.append(owner)
+        mine.append("owner = ?")
+        mine_params.append(owner)
+    if owners[0]:
+        mine.append(owners[0])
+        mine_params.extend(owners[1])
+    where, params = ["1 = 1", *mine], list(mine_params)
     if extra[0]:
         where.append(extra[0])
         params.extend(extra[1])
     if after and "\x00" not in after:  # with one: no object's id, a cursor that does not exist
-        # Another tenant's id is a cursor that does not exist: its time must not shape this tenant's page.
-        if owner is None:
-            mark = cur.rows(f"SELECT created_at FROM {table} WHERE id = ?", (after,))
-        else:
-            mark = cur.rows(f"SELECT created_at FROM {table} WHERE id = ? AND owner = ?", (after, owner))
+        # Another tenant's (or team's) id is a cursor that does not exist: its time must not shape this page.
+        narrowed = "".join(f" AND {c}" for c in mine)
+        mark = cur.rows(f"SELECT created_at FROM {table} WHERE id = ?{narrowed}", (after, *mine_params))
         if mark:
             beyond = ">" if oldest_first else "<"
             where.append(f"(created_at {beyond} ? OR (created_at = ? AND id {beyond} ?))")

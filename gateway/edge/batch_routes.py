@@ -1,4 +1,4 @@
-"""The OpenAI Files and Batches API (`/v1/files`, `/v1/batches`) and the admin's `/admin/batches`.
+"""The OpenAI Files and Batches API (`/v1/files`, `/v1/batches`) and the admins' `/admin/batches`.
 
 Every route authenticates the client key as a completion request does and serves only what that key owns:
 another key's id is a 404, never a 403 that would confirm it exists. Without `ledger:` every route answers
@@ -35,6 +35,7 @@ from gateway.batches.objects import (
 )
 from gateway.batches.send import ENDPOINTS
 from gateway.batches.service import ANONYMOUS, Batches
+from gateway.edge.admin_role import AdminRole
 from gateway.edge.endpoint import headers_of
 from gateway.edge.ledger_routes import unavailable_error
 from gateway.edge.render import error_response
@@ -54,7 +55,8 @@ _CONTENT_LINES: Final = 1000  # result lines read per turn while a result file i
 _CONTENT_BYTES: Final = 4 * 1024 * 1024  # and bytes of them (or the one line, if longer)
 _errors_list = msgspec.json.Decoder(list[BatchError]).decode
 
-Authorize = Callable[[Request[Any, Any, Any]], tuple[Any, Response[bytes] | None]]
+# The admin check: the pipeline, and the caller's role or the refusal to send.
+Identify = Callable[[Request[Any, Any, Any]], tuple[Any, AdminRole | Response[bytes]]]
 
 
 class ExpiresAfter(msgspec.Struct, forbid_unknown_fields=True):
@@ -413,16 +415,22 @@ async def _cancel_batch(request: Request[Any, Any, Any], api: Batches, owner: st
     return _json(batch_object(row))
 
 
-async def _listing(request: Request[Any, Any, Any], api: Batches, owner: str | None) -> Response[Any]:
-    """Batches newest first: the caller's own, or (`owner` None: the admin) every key's, each with its owner."""
+async def _listing(
+    request: Request[Any, Any, Any], api: Batches, owner: str | None, team: str | None = None
+) -> Response[Any]:
+    """Batches newest first: the caller's own, or (`owner` None: an admin) every key's (the operator) or its
+    team's keys' (`team`: a team's admin), each with its owner."""
     limit = _limit(request, 100)
     if isinstance(limit, Response):
         return limit
     after = request.query_params.get("after")
-    rows = await api.store.run(store.page, "batches", store.BATCH_COLUMNS, owner, after, limit)
+    keys: KeyRing = request.app.state.pipeline.keys
+    # In the same statement as the read: a team admin's page, and its `after` cursor, never see another's rows.
+    owners = store.team_owners(team, keys.yaml_idents(team)) if team is not None else store.EVERY_OWNER
+    args = (owner, after, limit, ("", ()), False, owners)
+    rows = await api.store.run(store.page, "batches", store.BATCH_COLUMNS, *args)
     if owner is not None:
         return _json(_page(rows, limit, batch_object))
-    keys: KeyRing = request.app.state.pipeline.keys
     return _json(
         _page(
             rows,
@@ -432,18 +440,20 @@ async def _listing(request: Request[Any, Any, Any], api: Batches, owner: str | N
     )
 
 
-def routes(authorize_admin: Authorize) -> list[HTTPRouteHandler]:
-    """The routes; each finds the Batch API in the app's state (None: no ledger, a 404 saying so)."""
+def routes(identify: Identify) -> list[HTTPRouteHandler]:
+    """The routes; each finds the Batch API in the app's state (None: no ledger, a 404 saying so). `identify`
+    is the admin check (gateway/edge/admin_role.py): the operator reads every key's batches, a team's admin
+    its team's keys' alone."""
 
     @get("/admin/batches")
     async def admin_batches(request: Request[Any, Any, Any]) -> Response[Any]:
-        _, refused = authorize_admin(request)
-        if refused is not None:
-            return refused
+        _, role = identify(request)
+        if isinstance(role, Response):
+            return role
         if request.app.state.batches is None:
             return _render(NEEDS_LEDGER)
         try:
-            return await _listing(request, request.app.state.batches, None)
+            return await _listing(request, request.app.state.batches, None, role.team)
         except LedgerDown as exc:
             return _render(unavailable_error(exc))
 

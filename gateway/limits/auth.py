@@ -199,6 +199,11 @@ class KeyRing:
                 return key
         return None
 
+    def yaml_idents(self, team: str) -> list[str]:
+        """The identities of the YAML keys in force of `team` (the config alone knows a YAML key's team; a
+        runtime key's is in the ledger's `api_keys`)."""
+        return sorted(k.ident for k in self._by_digest.values() if k.team == team)
+
     def name_of(self, ident: str) -> str:
         """The name of the key in force whose identity is `ident`; the identity itself for a key no longer in force
         (and `anonymous` for the keyless)."""

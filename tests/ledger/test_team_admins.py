@@ -1,9 +1,10 @@
-"""A team's admin key (`teams.<name>.admin_key`): its team's runtime keys and usage, and nothing else.
+"""A team's admin key (`teams.<name>.admin_key`): its team's runtime keys, usage and batches, nothing else.
 
 Over real sockets, on a real SQLite ledger file: `blue`'s admin makes keys of its team only and no more than
 the team may, lists, rotates and revokes its team's keys only (another team's key id is a 404 like an unknown
-one), reads its team's rows only, and is refused (403 `operator_only`) on every other admin route, which are
-read from the source so a new one is classified here before it ships. The operator's key keeps every power.
+one), reads its team's rows and its team's keys' batches only, and is refused (403 `operator_only`) on every
+other admin route, which are read from the source so a new one is classified here before it ships. The
+operator's key keeps every power.
 """
 
 from __future__ import annotations
@@ -38,11 +39,16 @@ TEAM_ENV: Final = {**ENV, "BLUE_ADMIN": BLUE_ADMIN, "GREEN_ADMIN": GREEN_ADMIN}
 
 # Every admin route, as the source declares it: the ones a team admin uses (narrowed to its team), and the
 # operator's alone, each with a request that reaches it.
-TEAM_ROUTES: Final = {"/admin/keys", "/admin/keys/{key_id:str}", "/admin/keys/{key_id:str}/rotate", "/admin/usage"}
+TEAM_ROUTES: Final = {
+    "/admin/keys",
+    "/admin/keys/{key_id:str}",
+    "/admin/keys/{key_id:str}/rotate",
+    "/admin/usage",
+    "/admin/batches",
+}
 OPERATOR_ROUTES: Final = {
     "/admin/status": ("GET", "/admin/status"),
     "/admin/cache": ("DELETE", "/admin/cache"),
-    "/admin/batches": ("GET", "/admin/batches"),
     "/admin/providers/{name:str}/replicas/{index:int}/drain": ("POST", "/admin/providers/demo/replicas/0/drain"),
     "/admin/providers/{name:str}/replicas/{index:int}/undrain": ("POST", "/admin/providers/demo/replicas/0/undrain"),
 }
@@ -170,6 +176,72 @@ def test_a_team_admin_reads_its_teams_usage_only(gateway: tuple[GatewayThread, s
     assert sorted(green_day["keys"]) == ["g1"]
     everyone = call(gw, ADMIN_KEY, "GET", "/admin/usage", params={"from": today, "by": "key"}).json()
     assert sorted(r["key"] for r in everyone["rows"]) == ["alice", "b1", "g1", "solo"]
+
+
+def batch_of(gw: GatewayThread, key: str) -> str:
+    """A batch of one line made by the client key `key`: its id."""
+    line = b'{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"model": "fast", "prompt": "x"}}\n'
+    with client(gw.url, key) as c:
+        uploaded = c.post("/v1/files", data={"purpose": "batch"}, files={"file": ("in.jsonl", line)})
+        assert uploaded.status_code == 200, uploaded.text
+        spec = {"input_file_id": uploaded.json()["id"], "endpoint": "/v1/completions", "completion_window": "24h"}
+        made = c.post("/v1/batches", json=spec)
+        assert made.status_code == 200, made.text
+        return str(made.json()["id"])
+
+
+def listed(gw: GatewayThread, admin: str, **params: Any) -> list[tuple[str, str]]:
+    resp = call(gw, admin, "GET", "/admin/batches", params={"limit": 100, **params})
+    assert resp.status_code == 200, resp.text
+    return [(b["id"], b["owner"]) for b in resp.json()["data"]]
+
+
+def test_a_team_admin_sees_its_teams_batches_only(gateway: tuple[GatewayThread, str]) -> None:
+    team_batches(*gateway)
+
+
+def test_team_batches_on_postgres(tmp_path: Path, pg: PostgresServer) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(config(pg.url, extra=f', spill_dir: "{tmp_path / "spill"}"').replace(TEAMS, WITH_ADMINS))
+    with GatewayThread(path, TEAM_ENV) as gw:
+        team_batches(gw, pg.url)
+
+
+def team_batches(gw: GatewayThread, url: str) -> None:
+    """`GET /admin/batches` for a team's admin: the batches of its team's keys, YAML (whose team only the config
+    knows) and runtime (whose team the ledger holds), and nothing of another team's or of a key of none."""
+    b1 = make(gw, BLUE_ADMIN, name="b1").json()
+    g1 = make(gw, ADMIN_KEY, name="g1", team="green").json()["secret"]
+    n1 = make(gw, ADMIN_KEY, name="n1").json()["secret"]
+    # Made in turns, oldest first, so that each other key's batch lies before or between the team's.
+    green = {batch_of(gw, g1): "g1"}
+    solo = batch_of(gw, SOLO_KEY)
+    alice = batch_of(gw, TEAM_KEY)  # blue, from the YAML
+    none = {solo: "solo", batch_of(gw, n1): "n1"}  # keys of no team: YAML and runtime
+    mine = {alice: "alice", batch_of(gw, b1["secret"]): "b1"}
+
+    assert dict(listed(gw, ADMIN_KEY)) == {**mine, **green, **none}  # the operator: every key's
+    assert dict(listed(gw, BLUE_ADMIN)) == mine
+    assert dict(listed(gw, GREEN_ADMIN)) == green
+
+    # Paging stays within the team: another team's id (or a no-team key's) is a cursor that does not exist, as
+    # an unknown one, so the page it gives is the first one and tells nothing of when that batch was made.
+    first = listed(gw, BLUE_ADMIN, limit=1)
+    assert len(first) == 1 and first[0][0] in mine
+    for foreign in [*green, *none, "batch_0123456789abcdef"]:
+        assert listed(gw, BLUE_ADMIN, limit=1, after=foreign) == first, foreign
+    rest = listed(gw, BLUE_ADMIN, after=first[0][0])
+    assert len(rest) == 1 and {first[0][0], rest[0][0]} == set(mine)
+
+    # No admin route reads or cancels one batch; a team admin's key is no client key on the Batch API's own.
+    some = next(iter(green))
+    for method, path in (("GET", f"/v1/batches/{some}"), ("POST", f"/v1/batches/{some}/cancel")):
+        assert call(gw, BLUE_ADMIN, method, path).status_code == 401
+
+    # A revoked key's batches stay its team's: what it made is still the team's to see.
+    assert call(gw, BLUE_ADMIN, "DELETE", f"/admin/keys/{b1['key']['id']}").status_code == 200
+    assert {b for b, _ in listed(gw, BLUE_ADMIN)} == set(mine)
+    assert query(url, "SELECT count(*) FROM batches") == [(5,)]
 
 
 def test_every_other_admin_route_is_the_operators(gateway: tuple[GatewayThread, str]) -> None:
