@@ -1,13 +1,12 @@
 """Rows in, never on the request path, never lost: a bounded queue, one writer, a spill file.
 
-`Ledger.append` is the request path's whole share: one append to a bounded deque (a full queue counts
-the row as dropped, it never waits). The writer takes what waits every `flush_ms`, or as soon as
-`batch_rows` rows wait, turns it into a batch of rows (gateway/ledger/batch.py) and commits them with
-their daily rollups in one transaction, on the ledger's own thread. When the database cannot be written, the batch
-goes to a spill file of this process (bounded by `spill_bytes`), which is replayed before anything
-newer once the database answers; every row carries an id of its own, so a replay that is interrupted
-and done again books nothing twice. Spill files left by a process that died (no one holds their lock)
-are replayed by whichever replica finds them.
+`Ledger.append` is the request path's whole share: one append to a bounded deque (a full queue counts the row as
+dropped, it never waits). The writer takes what waits every `flush_ms`, or as soon as `batch_rows` rows wait, turns
+it into a batch of rows (gateway/ledger/batch.py) and commits them with their daily rollups in one transaction, on
+the ledger's own thread. When the database cannot be written, the batch goes to a spill file of this process
+(bounded by `spill_bytes`), which is replayed before anything newer once the database answers; every row carries an
+id of its own, so a replay that is interrupted and done again books nothing twice. Spill files left by a process
+that died (no one holds their lock) are replayed by whichever replica finds them.
 """
 
 from __future__ import annotations
@@ -48,7 +47,6 @@ from gateway.limits.usage import day_of
 from gateway.ops.metrics import Record
 
 log = logging.getLogger("gateway")
-
 
 _RETAIN_EVERY_S: Final = 3600
 _ORPHANS_EVERY_S: Final = 60
@@ -334,6 +332,7 @@ class Ledger:
         kept_from = self._retained_from()
         # Per file; another process's counted once it is replayed whole (an interrupted one is read again).
         expired: dict[Path, int] = {}
+        replayed = 0  # spilled rows booked this turn; none: the outage's end was found by new rows, or asked
         try:
             if self.down is not None and not rows.size and not self.spill.waiting:
                 self.rows.probe()  # nothing of its own to commit would find out that the database answers again
@@ -342,6 +341,7 @@ class Ledger:
                 if spilled:
                     booked = functools.partial(commit, rows=spilled, db=self.rows, fold=self.fold)
                     self._book(booked, functools.partial(list, spilled))
+                    replayed += len(spilled)
                 if len(spilled) != len(batch):
                     expired[path] = expired.get(path, 0) + len(batch) - len(spilled)
                 if path == self.spill.path:
@@ -360,7 +360,8 @@ class Ledger:
             if rows.size:
                 self._book(lambda cur: commit_batch(cur, rows, self.rows, self.fold), rows.full)
             if self.down is not None:
-                log.warning("ledger: %s answers again; spilled rows replayed", self.rows.where)
+                said = f"{replayed} spilled row(s) replayed" if replayed else "no spilled row to replay"
+                log.warning("ledger: %s answers again; %s", self.rows.where, said)
                 self.down = None
             if self._lost_at is not None:
                 log.error(

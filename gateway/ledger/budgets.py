@@ -22,7 +22,7 @@ from gateway.limits.usage import Counters
 
 
 def _seed(cur: Cursor, b: Budget) -> int:
-    sums = "SELECT coalesce(sum(cost_pico), 0) FROM daily WHERE day >= ? AND day <= ?"
+    sums = "SELECT coalesce(sum64(cost_pico), 0) FROM daily WHERE day >= ? AND day <= ?"
     if b.legacy:
         found = cur.rows(
             f"{sums} AND ({b.column} = ? OR ({b.column} = '' AND key_name = ?))",

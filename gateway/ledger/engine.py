@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Final, TypeVar, cast
 
 from gateway.config import ledger_target
+from gateway.ledger import sums
 from gateway.ledger.schema import MIGRATIONS, VERSION, SchemaError
 
 T = TypeVar("T")
@@ -95,7 +96,7 @@ class Cursor:
         self.postgres = postgres
 
     def _sql(self, sql: str) -> str:
-        return sql.replace("?", "%s") if self.postgres else sql
+        return sums.for_postgres(sql).replace("?", "%s") if self.postgres else sums.for_sqlite(sql)
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         self.raw.execute(self._sql(sql), tuple(params))
@@ -113,7 +114,13 @@ class Cursor:
                 write(row)
 
     def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        self.raw.execute(self._sql(sql), tuple(params))
+        """The statement's rows; its `sum64(column)` sums stop at the largest 64-bit integer (sums.py)."""
+        try:
+            self.raw.execute(self._sql(sql), tuple(params))
+        except sqlite3.OperationalError as exc:
+            if self.postgres or not sums.overflowed(exc) or sums.NAME not in sql:
+                raise
+            self.raw.execute(sql, tuple(params))  # SQLite's `sum` overflowed: the saturating aggregate
         return [tuple(r) for r in self.raw.fetchall()]
 
 
@@ -163,6 +170,7 @@ class Database:
         # Autocommit mode: every transaction is an explicit BEGIN IMMEDIATE ... COMMIT below.
         conn = sqlite3.connect(self.target, timeout=busy_s, isolation_level=None, check_same_thread=False)
         try:
+            sums.register(conn)
             _wal(conn, busy_s)  # readers never wait for the writer; replicas on one host share it
             conn.execute("PRAGMA synchronous=NORMAL")  # durable across a process crash (WAL)
         except BaseException:

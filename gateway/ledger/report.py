@@ -18,6 +18,7 @@ import msgspec
 
 from gateway.ledger.book import Ledger
 from gateway.ledger.engine import LedgerDown
+from gateway.limits.saturating import INT64_MAX
 from gateway.limits.usage import day_of, usd
 
 # Per grouping, its columns and their places in a rollup's key (day, key_name, team, model, target, key_id).
@@ -26,7 +27,9 @@ _AT: Final = {"key_name": 1, "team": 2, "model": 3, "target": 4, "key_id": 5}
 _NAMES: Final = {"key_name": "key", "key_id": "key_id"}
 MAX_DAYS: Final = 366
 _FIELDS: Final = ("requests", "errors", "prompt_tokens", "completion_tokens", "cost")
-_SUMS: Final = "sum(requests), sum(errors), sum(prompt_tokens), sum(completion_tokens), sum(cost_pico), sum(cached)"
+_SUMS: Final = (
+    "sum64(requests), sum64(errors), sum64(prompt_tokens), sum64(completion_tokens), sum64(cost_pico), sum64(cached)"
+)
 _FORMULA: Final = ("=", "+", "-", "@", "\t", "\r")  # what a spreadsheet reads as the start of a formula
 
 
@@ -83,7 +86,7 @@ async def report(
         if first <= k[0] <= last and (team is None or k[_AT["team"]] == team):
             into = sums.setdefault((k[0], *(k[_AT[c]] for c in columns)), [0] * 6)
             for i, x in enumerate(v):
-                into[i] += x
+                into[i] = min(into[i] + x, INT64_MAX)
     names = [_NAMES.get(c, c) for c in columns]
     rows = [
         {
@@ -103,7 +106,7 @@ async def report(
         writer.writeheader()
         writer.writerows({f: _cell(v) for f, v in r.items()} for r in rows)
         return out.getvalue().encode(), "text/csv; charset=utf-8"
-    totals = {f: sum(r[f] for r in rows) for f in _FIELDS}
+    totals = {f: sum(r[f] for r in rows) if f == "cost" else min(sum(r[f] for r in rows), INT64_MAX) for f in _FIELDS}
     days: dict[str, float] = {}
     for r in rows:
         days[r["day"]] = days.get(r["day"], 0.0) + r["cost"]
@@ -138,11 +141,11 @@ async def day_usage(
         if k[0] == day and (team is None or k[_AT["team"]] == team):
             into = per.setdefault(k[1], {}).setdefault(k[3], [0] * 6)
             for i, x in enumerate(v):
-                into[i] += x
+                into[i] = min(into[i] + x, INT64_MAX)
     keys = {}
     for name in sorted(per):
         models = per[name]
-        whole = [sum(m[i] for m in models.values()) for i in range(6)]
+        whole = [min(sum(m[i] for m in models.values()), INT64_MAX) for i in range(6)]
         keys[name] = {
             **_usage(whole),
             "budget": roster.get(name),
@@ -157,7 +160,7 @@ async def spend_per_day(ledger: Ledger, days: int) -> list[dict[str, Any]] | Non
     None while the ledger is away."""
     now = time.time()
     window = [day_of(now - ago * 86_400) for ago in range(days - 1, -1, -1)]
-    sql = "SELECT day, sum(cost_pico), sum(requests) FROM daily WHERE day >= ? AND day <= ? GROUP BY day"
+    sql = "SELECT day, sum64(cost_pico), sum64(requests) FROM daily WHERE day >= ? AND day <= ? GROUP BY day"
     try:
         found, waiting = await ledger.read(lambda cur: cur.rows(sql, (window[0], window[-1])))
     except LedgerDown:
@@ -166,8 +169,8 @@ async def spend_per_day(ledger: Ledger, days: int) -> list[dict[str, Any]] | Non
     for k, v in waiting.items():
         if window[0] <= k[0] <= window[-1]:
             into = booked.setdefault(k[0], [0, 0])
-            into[0] += v[4]
-            into[1] += v[0]
+            into[0] = min(into[0] + v[4], INT64_MAX)
+            into[1] = min(into[1] + v[0], INT64_MAX)
     return [
         {"day": day, "cost": usd(booked.get(day, [0, 0])[0]), "requests": booked.get(day, [0, 0])[1]} for day in window
     ]

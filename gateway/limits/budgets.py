@@ -41,13 +41,15 @@ _MONTH_TTL_S: Final = 33 * 86_400
 STREAM_CHECK_EVENTS: Final = 16  # a stream's running cost is looked at every this many events
 # A change to a counter (`Budgets._change`): KEYS[1] the counter; ARGV epoch ('' : taken in process, no
 # reservation to change), reserved, committed, ttl, fresh (1: the counters hold reservations alone). The spend
-# stops at the largest 64-bit integer rather than overflow (gateway/limits/saturating.py).
+# and the reservations stop at the largest 64-bit integer rather than overflow (gateway/limits/saturating.py).
 _CHANGE: Final = (
     saturating.ADD_LUA
+    + saturating.RESERVE_LUA
     + """
 local epoch = redis.call('HGET', KEYS[1], 'epoch')
 if ARGV[1] ~= '' and epoch == ARGV[1] then
-  redis.call('HINCRBY', KEYS[1], 'reserved', ARGV[2])
+  local reserved = reserve(KEYS[1], ARGV[2])
+  if type(reserved) == 'table' then return reserved end
 end
 if ARGV[3] ~= '0' and (ARGV[5] == '1' or redis.call('HEXISTS', KEYS[1], 'seeded') == 1) then
   local failed = add(KEYS[1], 'committed', ARGV[3])
@@ -353,7 +355,7 @@ class Budgets:
             # A counter made afresh (first use, or Redis lost it) gets an epoch of its own: changes owed to an
             # earlier one are not applied to it.
             pipe.hsetnx(b.counter, "epoch", os.urandom(8).hex())
-            pipe.hincrby(b.counter, "reserved", worst)
+            saturating.reserve(pipe, b.counter, worst)  # more than 16 capped reservations in flight pass 64 bits
             pipe.hget(b.counter, "committed")
             pipe.hget(b.counter, "seeded")
             pipe.hget(b.counter, "epoch")
@@ -419,6 +421,7 @@ class Budgets:
         has lost the reservations with it); the spend only once the counter is seeded (or the counters hold
         reservations alone), since a seed counts it."""
         ttl, fresh = b.ttl_s, int(self.fresh)
+        reserved, committed = saturating.bounded(reserved), saturating.bounded(committed)
         await shared.run(lambda r: r.eval(_CHANGE, 1, b.counter, epoch, reserved, committed, ttl, fresh))
 
     async def _pay_owed(self, b: Budget, shared: SharedState) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
@@ -56,13 +57,14 @@ def _unavailable(gw_url: str) -> float:
 
 @pytest.mark.parametrize("engine", ["sqlite", "postgresql"])
 def test_an_idle_gateway_sees_the_database_answer_again(
-    engine: str, tmp_path: Path, request: pytest.FixtureRequest
+    engine: str, tmp_path: Path, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture
 ) -> None:
     url = f"sqlite:///{tmp_path / 'ledger.db'}" if engine == "sqlite" else str(request.getfixturevalue("pg").url)
     (tmp_path / "a-file").write_text("")
     spill = tmp_path / "a-file" / "spill"  # a directory that cannot be made: the outage's rows are lost, not spilled
     path = tmp_path / "config.yaml"
     path.write_text(config(url, flush_ms=FLUSH_MS, extra=f', timeout_ms: 500, spill_dir: "{spill}"'))
+    caplog.set_level(logging.WARNING, logger="gateway")
     with GatewayThread(path, ENV) as gw, client(gw.url, ADMIN_KEY) as admin, client(gw.url) as anyone:
         assert admin.get("/admin/status").json()["ledger"] == "ok"
         assert _unavailable(gw.url) == 0.0
@@ -80,6 +82,9 @@ def test_an_idle_gateway_sees_the_database_answer_again(
         assert _unavailable(gw.url) == 0.0
         ledger = gw.pipeline.ledger
         assert ledger is not None and ledger.booked == 0 and ledger.spill.lost == 1
+    # The line that ends the outage says what happened: nothing was spilled, so nothing was replayed.
+    said = [r.getMessage() for r in caplog.records if "answers again" in r.getMessage()]
+    assert len(said) == 1 and said[0].endswith("answers again; no spilled row to replay"), said
 
 
 def test_an_interrupted_replay_of_another_process_file_ends_without_traffic(pg: PostgresServer, tmp_path: Path) -> None:
@@ -144,3 +149,28 @@ def test_a_database_that_takes_reads_but_not_writes_stays_down(pg: PostgresServe
             await ledger.close()
 
     asyncio.run(run())
+
+
+def test_the_end_of_an_outage_says_how_many_spilled_rows_were_replayed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    caplog.set_level(logging.WARNING, logger="gateway")
+
+    async def run() -> None:
+        ledger = Ledger(LedgerConfig(url=url, spill_dir=str(tmp_path / "spill"), timeout_ms=500))
+        await ledger.start()
+        try:
+            with locked(url):
+                ledger.queue.extend(_pending(0, 3))
+                await ledger.flush()  # the file is locked: the rows go to the spill file
+                assert ledger.down is not None
+            await ledger.flush()
+            assert ledger.down is None
+        finally:
+            await ledger.close()
+
+    asyncio.run(run())
+    assert _ids(url) == ["r-0", "r-1", "r-2"]
+    said = [r.getMessage() for r in caplog.records if "answers again" in r.getMessage()]
+    assert len(said) == 1 and said[0].endswith("answers again; 3 spilled row(s) replayed"), said

@@ -165,7 +165,7 @@ def test_database_away_for_10_s(tmp_path: Path, gateways: list[GatewayProcess], 
     gw.stop()
     assert not list(spill.glob("*.jsonl"))  # replayed and removed
     log = gw.log.read_text()
-    assert "ledger: cannot write" in log and "answers again; spilled rows replayed" in log, log
+    assert "ledger: cannot write" in log and "spilled row(s) replayed" in log, log
 
 
 def spilled_rows(spill: Path) -> int:
