@@ -21,7 +21,7 @@ from litestar.exceptions import NotFoundException
 from gateway.config import LoadedConfig
 from gateway.edge.endpoint import headers_of
 from gateway.edge.render import error_response
-from gateway.limits.auth import _presented_key
+from gateway.limits.auth import presented_key
 from gateway.path.dialects import OPENAI
 from gateway.path.pipeline import Pipeline
 from wire.errors import AuthenticationError, GatewayError, PermissionDeniedError
@@ -66,7 +66,7 @@ def identify(request: Request[Any, Any, Any]) -> tuple[Pipeline, AdminRole | Res
     held = admin_keys(pipeline.loaded)
     if not held:
         raise NotFoundException()
-    presented = _presented_key(headers_of(request.scope))
+    presented = presented_key(headers_of(request.scope))
     if not presented:
         return (
             pipeline,

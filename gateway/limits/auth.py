@@ -167,7 +167,7 @@ class KeyRing:
         if table is not self._known_for:
             known.clear()  # runtime keys changed: no revoked key's text stays here
             self._known_for = table
-        presented = _presented_key(headers)
+        presented = presented_key(headers)
         if not presented:
             raise AuthenticationError(
                 "Missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
@@ -218,7 +218,7 @@ class KeyRing:
             )
 
 
-def _presented_key(headers: Mapping[str, str]) -> str | None:
+def presented_key(headers: Mapping[str, str]) -> str | None:
     auth = headers.get("authorization")
     if auth:
         scheme, _, token = auth.partition(" ")
