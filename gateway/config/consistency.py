@@ -161,6 +161,9 @@ def name_problem(cfg: GatewayConfig, providers: Mapping[str, ProviderConfig]) ->
                 f"teams.{team_name}.priority",
                 f"{team.priority!r} is above the team's max_priority {team.max_priority!r}",
             )
+        for j, pattern in enumerate(team.models):
+            if (problem := names.problem(pattern)) is not None:
+                return f"teams.{team_name}.models[{j}]", f"the team could never call it: {problem}"
     for i, key in enumerate(cfg.keys):
         if (found := key_problem(key, cfg.teams, names)) is not None:
             return f"keys[{i}].{found[0]}", found[1]
@@ -245,6 +248,10 @@ def model_warnings(cfg: GatewayConfig, providers: Mapping[str, ProviderConfig]) 
         for j, pattern in enumerate(key.models):
             if (why := names.unlisted(pattern)) is not None:
                 found.append((f"keys[{i}].models[{j}]", why))
+    for name, team in cfg.teams.items():
+        for j, pattern in enumerate(team.models):
+            if (why := names.unlisted(pattern)) is not None:
+                found.append((f"teams.{name}.models[{j}]", why))
     for model in cfg.prices:
         if (why := names.unlisted(model, "price")) is not None:
             found.append((f"prices.{model}", why))

@@ -1,4 +1,4 @@
-"""Model patterns the operator writes (`keys[].models`, `prices:` keys), held to what the config can route.
+"""Model patterns the operator writes (`keys[].models`, `teams.<name>.models`, `prices:` keys), held to what routes.
 
 The router serves an alias, or `<provider>/<model>` for any model of a declared provider (listed or not), and
 nothing else; both come from the config only. A pattern none of those strings can match (`lama/*` beside a

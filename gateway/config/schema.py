@@ -153,6 +153,9 @@ class TeamConfig(Strict, frozen=True):
     priority: Priority | None = None
     # The `max_priority` of the team's keys that set none.
     max_priority: Priority | None = None
+    # Globs every key of the team is held to, in a key's `models` syntax: a request may name a model only when its
+    # key's `models` and these both match it (docs/security.md#team-models). `**`: no ceiling.
+    models: list[str] = msgspec.field(default_factory=lambda: ["**"])
     # This team's own admin key (normally a `${VAR}`, as `admin.key`): it makes, lists, rotates and revokes the
     # team's runtime keys and reads the team's usage, nothing else (docs/security.md#admin-roles). Empty or
     # unset: the team has no admin of its own.
@@ -479,7 +482,8 @@ class GatewayConfig(Strict, frozen=True):
     cache: CacheConfig = CacheConfig()
     ledger: LedgerConfig = LedgerConfig()
     batches: BatchesConfig = BatchesConfig()
-    # Budgets shared by the keys that name the team (`keys[].team`); every team a key names is declared here.
+    # Budgets, model ceilings and admins shared by the keys that name the team (`keys[].team`); every team a key
+    # names is declared here.
     teams: dict[str, TeamConfig] = msgspec.field(default_factory=dict)
     # The fair wait queue of servers with `max_concurrency` (docs/fairness.md).
     queue: QueueConfig = QueueConfig()

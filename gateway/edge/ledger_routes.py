@@ -5,6 +5,7 @@ a 400 naming the field, and so is what the config refuses for a `keys:` entry (g
 `key_problem`, against the `teams:`, aliases and providers in force); a name taken is a 409; an unknown or
 revoked id a 404. A team's admin works within its team: its new keys are its team's and no more than the team
 may (a 403 naming the field), and another team's key id is a 404, as an unknown one, so ids cannot be probed.
+A new key's `models` may be wider than its team's `models`: the team's apply to every key of it as it calls.
 Docs: docs/ledger.md, docs/security.md#admin-roles.
 """
 

@@ -329,8 +329,8 @@ class KeyPoller:
     def _stray_teams(self, rows: list[tuple[Any, ...]]) -> None:
         """One WARNING when a runtime key starts naming a team the config does not declare (a reload
         removed the team, or a replica's YAML lacks it). `POST /admin/keys` refuses such a team; a key made
-        under it earlier keeps working and booking under its team, without the team's budgets or priorities
-        (there are none to share) until the team is declared again."""
+        under it earlier keeps working and booking under its team, without the team's budgets, priorities or
+        `models` (there are none to apply) until the team is declared again."""
         if self.teams is None:
             return
         strays = sorted((r[1], r[2]) for r in rows if r[2] is not None and r[2] not in self.teams)
@@ -338,7 +338,7 @@ class KeyPoller:
             shown = ", ".join(f"{key!r} (team {team!r})" for key, team in strays)
             log.warning(
                 "ledger: runtime key(s) %s name a team not under teams:; they keep working and booking under "
-                "it, with no team budget or team priorities until it is declared again",
+                "it, with no team budget, team priorities or team models until it is declared again",
                 shown,
             )
         self._strays = strays

@@ -1,4 +1,4 @@
-"""Client keys: who may call the gateway and which models each key may use.
+"""Client keys: who may call the gateway and which models each key may use (its own and its team's `models`).
 
 Keys are looked up by their SHA-256 digest and then compared with `hmac.compare_digest`, so a lookup's
 timing says nothing about how much of a wrong key was right. The digest of a presented key that
@@ -8,7 +8,8 @@ gateway open.
 
 A key is an identity, not a name (`ClientKey.ident`): a runtime key's id, or for a YAML key a fingerprint
 of its secret, so the cache's tenant scope and the ledger's rows tell apart two keys named alike (a YAML
-key and a later runtime key, or the keys of two differently configured gateways sharing one Redis).
+key and a later runtime key, or the keys of two differently configured gateways sharing one Redis). A key of
+a team is held to its team's `models` in this ring's config, bound once per key and config (`KeyRing._held`).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def fingerprint(secret: bytes) -> str:
 class ClientKey(msgspec.Struct, frozen=True):
     name: str
     secret: bytes  # empty for a runtime key: the ledger keeps only its digest
+    # Its own `models`; as `KeyRing` hands it out, held `within` its team's too (the config in force's).
     models: ModelGlobs
     digest: bytes = b""
     # Runtime keys (gateway/ledger/keys.py): the key's expiry, or a rotated secret's end of grace.
@@ -121,9 +123,17 @@ class KeyRing:
         # wrong key is never in it, and a probe's timing cannot tell how much of one was right: a dict compares
         # the text only once its (per-process keyed) hash matched in full.
         self._known: dict[str, bytes] = {}
-        self._known_for: dict[bytes, ClientKey] | None = None  # the runtime table `_known` was filled under
+        self._known_for: Mapping[bytes, ClientKey] | None = None  # the runtime table `_known` was filled under
         self.daily: dict[str, float | None] = {k.name: k.max_cost_per_day for k in loaded.config.keys}
         self._team_of: dict[str, str | None] = {k.name: k.team for k in loaded.config.keys}
+        # Each team's `models` that allows less than every model. A runtime key naming a team the config does not
+        # declare has none, as it has no team budget (gateway/ledger/keys.py warns of such keys).
+        self.ceilings: dict[str, ModelGlobs] = {
+            name: ModelGlobs(t.models) for name, t in loaded.config.teams.items() if "**" not in t.models
+        }
+        # The runtime keys in force with their team's ceiling bound, and the table they were made from.
+        self._bound: Mapping[bytes, ClientKey] | None = None
+        self._bound_for: dict[bytes, ClientKey] | None = None
         for i, k in enumerate(loaded.config.keys):
             if loaded.missing_for(f"keys[{i}].key") or not k.key:
                 self.disabled.append(k.name)
@@ -131,7 +141,8 @@ class KeyRing:
             secret = k.key.encode()
             digest = hashlib.sha256(secret).digest()
             ident = fingerprint(secret)
-            self._by_digest[digest] = ClientKey(k.name, secret, ModelGlobs(k.models), digest, ident=ident, team=k.team)
+            models = ModelGlobs(k.models).within(self.ceilings.get(k.team) if k.team is not None else None)
+            self._by_digest[digest] = ClientKey(k.name, secret, models, digest, ident=ident, team=k.team)
 
     @property
     def open(self) -> bool:
@@ -150,6 +161,20 @@ class KeyRing:
                     out.setdefault(k.name, k.max_cost_per_day)
         return out
 
+    def _runtime_keys(self) -> Mapping[bytes, ClientKey] | None:
+        """The runtime keys in force, each held to its team's ceiling under this ring's config: bound again only
+        when the poller replaced the table (the same table, the same keys)."""
+        runtime = self.runtime
+        table = runtime.by_digest if runtime is not None else None
+        if table is not self._bound_for:
+            self._bound_for = table
+            self._bound = table if table is None or not self.ceilings else {d: self._held(k) for d, k in table.items()}
+        return self._bound
+
+    def _held(self, key: ClientKey) -> ClientKey:
+        ceiling = self.ceilings.get(key.team) if key.team is not None else None
+        return key if ceiling is None else msgspec.structs.replace(key, models=key.models.within(ceiling))
+
     def describe(self) -> str:
         """One line for the log: whether the gateway is open to requests without a key, and why."""
         runtime = self.runtime
@@ -162,7 +187,7 @@ class KeyRing:
         runtime = self.runtime
         if not self.configured and (runtime is None or not runtime.by_digest) and self.open:  # rare: no key in force
             return None
-        table = runtime.by_digest if runtime is not None else None
+        table = self._runtime_keys()
         known = self._known
         if table is not self._known_for:
             known.clear()  # runtime keys changed: no revoked key's text stays here
@@ -193,7 +218,8 @@ class KeyRing:
     def identified(self, ident: str) -> ClientKey | None:
         """The key in force whose identity is `ident` (YAML or runtime), for work done on its behalf without its
         secret (a batch): never another key that merely shares its name."""
-        runtime: list[ClientKey] = list(self.runtime.by_digest.values()) if self.runtime is not None else []
+        bound = self._runtime_keys()
+        runtime: list[ClientKey] = list(bound.values()) if bound is not None else []
         for key in [*self._by_digest.values(), *runtime]:
             if key.ident == ident:
                 return key
@@ -213,8 +239,10 @@ class KeyRing:
     @staticmethod
     def authorize(key: ClientKey | None, model: str) -> None:
         if key is not None and not key.models.match(model):
+            ceiling = key.models.ceiling
+            why = "" if ceiling is None or ceiling.match(model) else f" (team '{key.team}' may not)"
             raise PermissionDeniedError(
-                f"Key '{key.name}' may not use model '{model}'", param="model", code="model_not_allowed"
+                f"Key '{key.name}' may not use model '{model}'{why}", param="model", code="model_not_allowed"
             )
 
 

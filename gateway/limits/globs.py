@@ -1,7 +1,8 @@
-"""Model globs: which model strings a client key may call (`keys[].models`).
+"""Model globs: which model strings a client key may call (`keys[].models`, and its team's `teams.<name>.models`).
 
 `*` and `?` stop at `/` (model names contain slashes), `**` does not; patterns run on RE2 and answers are
-memoized per key. The syntax with examples: docs/security.md (key globs).
+memoized per key. A key of a team holds its own globs `within` the team's: one memo answers for both. The
+syntax with examples: docs/security.md (key globs).
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ def translate(glob: str) -> str:
 
 
 class ModelGlobs:
-    """A key's model patterns; `match(model)` says whether the key may call `model`."""
+    """A key's model patterns; `match(model)` says whether the key may call `model`. `ceiling`: the patterns
+    of the key's team, which a model must match too (None: the key's own alone)."""
 
-    __slots__ = ("_cache", "_pattern", "patterns")
+    __slots__ = ("_cache", "_pattern", "ceiling", "patterns")
 
     def __init__(self, patterns: Sequence[str]) -> None:
         self.patterns = tuple(patterns)
@@ -49,11 +51,24 @@ class ModelGlobs:
         source = "|".join(f"(?:{translate(p)})" for p in self.patterns)
         self._pattern = re2.compile(source, options) if source else None
         self._cache: dict[str, bool] = {}
+        self.ceiling: ModelGlobs | None = None
+
+    def within(self, ceiling: ModelGlobs | None) -> ModelGlobs:
+        """These patterns held to `ceiling` as well (a team's `models`); itself when there is none. Made once per
+        key and config, sharing the compiled pattern: its own memo answers for both, so a request still pays
+        one dict lookup."""
+        if ceiling is None:
+            return self
+        bound = ModelGlobs.__new__(ModelGlobs)
+        bound.patterns, bound._pattern, bound._cache, bound.ceiling = self.patterns, self._pattern, {}, ceiling
+        return bound
 
     def match(self, model: str) -> bool:
         found = self._cache.get(model)
         if found is None:
             found = self._pattern is not None and self._pattern.fullmatch(model) is not None
+            if found and self.ceiling is not None:
+                found = self.ceiling.match(model)
             if len(self._cache) >= _CACHE_LIMIT:
                 self._cache.clear()
             self._cache[model] = found

@@ -106,7 +106,8 @@ MEANINGS: dict[str, str] = {
     "keys[].key": "the secret, normally `${VAR}`; each key's own (two keys with one secret are refused)",
     "keys[].models": "model strings this key may call, matched against what the client sends: `*` and `?` stop at `/`, "
     "`**` crosses it (`openai/*`, `fireworks/**`, `fast`); everything else is literal; one that can match no alias and "
-    "no `<provider>/<model>` is refused at load ([security.md](security.md#key-globs--stops-at-))",
+    "no `<provider>/<model>` is refused at load ([security.md](security.md#key-globs--stops-at-)); a key of a team is "
+    "also held to `teams.<name>.models` ([security.md](security.md#team-models))",
     "keys[].max_cost_per_day": "daily budget per UTC day: at or over it, 429 `budget_exceeded` until 00:00 UTC; `0` "
     "blocks the key; above the key's `max_cost_per_month` is refused ([operations.md](operations.md))",
     "prices": "model string or glob → `{prompt_per_1m, completion_per_1m}` (USD per million tokens, default 0) for "

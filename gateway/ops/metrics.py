@@ -38,9 +38,9 @@ class ModelLabels:
     """The `model` and `target` label values (and usage rows) one config allows.
 
     Kept exactly: alias names, the models alias targets and fallbacks name, each provider's declared
-    `models:` (also on each of its deployments), and exact (glob-free) `prices:` keys and key `models:`
-    entries. Any other `provider/name[/deployment]` becomes `provider/other[/deployment]`; a string with no
-    configured provider becomes `unknown`. So the values are bounded by the config, whatever clients send.
+    `models:` (also on each of its deployments), and exact (glob-free) `prices:` keys and key and team
+    `models:` entries. Any other `provider/name[/deployment]` becomes `provider/other[/deployment]`; a string
+    with no configured provider becomes `unknown`. So the values are bounded by the config, whatever clients send.
     """
 
     def __init__(self, loaded: LoadedConfig | None = None) -> None:
@@ -62,6 +62,7 @@ class ModelLabels:
                 self.deployments[replica] = frozenset(p.deployments)
                 self.known.update(f"{replica}/{m}" for m in p.models)
         exact = [*cfg.prices, *(m for k in cfg.keys for m in k.models)]
+        exact += [m for t in cfg.teams.values() for m in t.models]
         self.known.update(m for m in exact if not _GLOB.search(m))
 
     def fold(self, model: str) -> str:

@@ -170,3 +170,37 @@ def test_wrong_keys_are_never_remembered() -> None:
     for secret in secrets:
         assert keys.authenticate({"authorization": f"Bearer {secret}"}) is not None
     assert 0 < len(keys._known) <= 1024
+
+
+def test_runtime_keys_are_held_to_their_teams_models_of_the_ring_in_force() -> None:
+    text = CONFIG + "teams: {blue: {models: [fast]}, green: {}}\n"
+    secret, other = "rk-blue-1", "rk-stray-2"
+    digest, stray = (hashlib.sha256(s.encode()).digest() for s in (secret, other))
+    runtime = RuntimeKeys()
+    every = ModelGlobs(["**"])
+    runtime.by_digest = {
+        digest: ClientKey("b1", b"", every, digest, ident="key_b1", team="blue"),
+        stray: ClientKey("s1", b"", every, stray, ident="key_s1", team="gone"),  # a team no longer declared
+    }
+    keys = ring(text=text)
+    keys.runtime = runtime
+    key = keys.authenticate({"authorization": f"Bearer {secret}"})
+    assert key is not None and key.models.match("fast") and not key.models.match("openai/x")
+    with pytest.raises(PermissionDeniedError, match=r"Key 'b1' may not use model 'openai/x' \(team 'blue' may not\)"):
+        KeyRing.authorize(key, "openai/x")
+    assert keys.authenticate({"authorization": f"Bearer {secret}"}) is key  # bound once per table, not per request
+    assert keys.identified("key_b1") is key  # a batch's lines run as the bound key
+    assert every.match("openai/x")  # the ledger's own key is untouched
+    loose = keys.authenticate({"authorization": f"Bearer {other}"})
+    assert loose is not None and loose.models.match("openai/x")
+    # A new table (a key changed) is bound again; another config's ring (a reload) binds by its own teams.
+    runtime.by_digest = dict(runtime.by_digest)
+    again = keys.authenticate({"authorization": f"Bearer {secret}"})
+    assert again is not None and again is not key and not again.models.match("openai/x")
+    wider = ring(text=CONFIG + "teams: {blue: {}}\n")
+    wider.runtime = runtime
+    assert wider.authenticate({"authorization": f"Bearer {secret}"}).models.match("openai/x")  # type: ignore[union-attr]
+    # A YAML key of a team: its own patterns within the team's.
+    teamed = text.replace('models: ["openai/*", "fireworks/**", "fast"]', 'models: ["**"], team: blue')
+    limited = ring(text=teamed).authenticate({"x-api-key": "gk-limited-456"})
+    assert limited is not None and limited.models.match("fast") and not limited.models.match("openai/x")

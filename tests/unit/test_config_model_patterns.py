@@ -1,6 +1,7 @@
-"""gateway.config: a model pattern the operator writes (`keys[].models`, a `prices:` key) that no string the
-config routes could match is refused at load in one line naming it; one that routes but matches none of the
-models its providers list, when those lists are all there is, is a WARNING (gateway/config/patterns.py)."""
+"""gateway.config: a model pattern the operator writes (`keys[].models`, `teams.<name>.models`, a `prices:` key)
+that no string the config routes could match is refused at load in one line naming it; one that routes but
+matches none of the models its providers list, when those lists are all there is, is a WARNING
+(gateway/config/patterns.py)."""
 
 from __future__ import annotations
 
@@ -75,6 +76,15 @@ def key(*models: str) -> str:
             P + "prices: {'llama@2/*': {prompt_per_1m: 1}}",  # replicas are llama@0 and llama@1
             f"prices.llama@2/*: never applies: 'llama@2/*' names no provider 'llama@2' {KNOWN} and no alias",
         ),
+        (
+            P + "teams: {blue: {}, red: {models: [fast, 'lama/*']}}",
+            f"teams.red.models[1]: the team could never call it: 'lama/*' names no provider 'lama' {KNOWN} and no "
+            "alias",
+        ),
+        (
+            P + "teams: {red: {models: [gpt-4o]}}",
+            "teams.red.models[0]: the team could never call it: 'gpt-4o' is neither an alias nor <provider>/<model>",
+        ),
     ],
 )
 def test_a_pattern_no_routed_model_can_match_is_refused(text: str, expected: str) -> None:
@@ -85,6 +95,7 @@ def test_a_pattern_no_routed_model_can_match_is_refused(text: str, expected: str
     "text",
     [
         key("**", "*", "fast", "openai/*", "llama/**", "l*/x", "llama/any-model", "?ast"),
+        P + "teams: {blue: {models: ['**', fast, 'openai/*', 'llama/**']}, none: {models: []}}",
         # Prices are fnmatch globs (`*` crosses `/`, `[...]` is a class) and also see replica targets.
         P + "prices: {'*': {}, 'llama@1/*': {}, '[lo]*/x': {}, 'open?i/gpt-4o': {}, fast: {}, 'llama/m': {}}",
         # A config that declares no provider routes nothing: its keys' patterns are not held to it.
@@ -99,11 +110,13 @@ def test_patterns_that_can_match_a_routed_model_load(text: str, caplog: pytest.L
 
 def test_a_pattern_matching_none_of_a_listed_providers_models_is_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="gateway"):
-        parse_config(key("openai/gpt-4o-mnii", "openai/gpt-5*") + "prices: {openai/gpt-4o-mnii: {}}", "gw.yaml", {})
+        text = key("openai/gpt-4o-mnii", "openai/gpt-5*") + "prices: {openai/gpt-4o-mnii: {}}\n"
+        parse_config(text + "teams: {blue: {models: [fast, openai/gpt-4o-mnii]}}", "gw.yaml", {})
     why = "matches no alias and none of the models providers.openai.models lists (requests for it still go upstream)"
     assert caplog.messages == [
         f"gw.yaml: keys[0].models[0]: 'openai/gpt-4o-mnii' {why}",
         f"gw.yaml: keys[0].models[1]: 'openai/gpt-5*' {why}",
+        f"gw.yaml: teams.blue.models[1]: 'openai/gpt-4o-mnii' {why}",
         f"gw.yaml: prices.openai/gpt-4o-mnii: 'openai/gpt-4o-mnii' {why}",
     ]
 

@@ -320,6 +320,7 @@ async def test_a_config_reload_keeps_in_process_usage_and_budgets(tmp_path: Path
 LABELS = """
 keys:
   - {name: a, key: k-a, models: ["openai/*", "openai/gpt-exact", "smart"]}
+teams: {blue: {models: ["openai/team-exact", "openai/team-*"]}}
 prices:
   "openai/priced": {prompt_per_1m: 1}
   "openai/glob-*": {prompt_per_1m: 1}
@@ -349,6 +350,8 @@ models:
         ("openai/gpt-4o", "openai/gpt-4o"),  # declared under the provider's models
         ("openai/priced", "openai/priced"),  # an exact price key
         ("openai/gpt-exact", "openai/gpt-exact"),  # an exact entry of a key's models
+        ("openai/team-exact", "openai/team-exact"),  # and of a team's
+        ("openai/team-x", "openai/other"),
         ("openai/glob-x", "openai/other"),  # globs name no label
         ("openai/anything/else", "openai/other"),
         ("azure/gpt-4o/east", "azure/gpt-4o/east"),  # a declared model on a declared deployment
