@@ -13,7 +13,7 @@ import time
 from typing import Any, Final
 
 from gateway.batches.objects import unanswered
-from gateway.batches.store import batch_row, finish, left
+from gateway.batches.store import EVERY_OWNER, Owners, batch_row, finish, left
 from gateway.ids import unique_suffix
 from gateway.ledger.engine import Cursor
 
@@ -22,10 +22,10 @@ _CANCELLER: Final = "cancel"
 _MESSAGE: Final = "This request was not executed: the batch was cancelled."
 
 
-def cancel(cur: Cursor, batch_id: str, owner: str | None) -> tuple[Any, ...] | None:
+def cancel(cur: Cursor, batch_id: str, owner: str | None, owners: Owners = EVERY_OWNER) -> tuple[Any, ...] | None:
     """Ask the batch's runner to stop (`cancelling`), or end it `cancelled` now when no runner holds it; the
-    batch as it is then, None when `owner` (None: the admin) has no such batch."""
-    row = batch_row(cur, batch_id, owner)
+    batch as it is then, None when `owner` (None: an admin, over the keys `owners` picks) has no such batch."""
+    row = batch_row(cur, batch_id, owner, owners)
     if row is None:
         return None
     if row[5] not in ("validating", "in_progress"):
@@ -50,7 +50,7 @@ def cancel(cur: Cursor, batch_id: str, owner: str | None) -> tuple[Any, ...] | N
             for idx, cid in left(cur, batch_id)
         ]
         finish(cur, batch_id, _CANCELLER, 60, "cancelled", closed)
-    return batch_row(cur, batch_id, owner)
+    return batch_row(cur, batch_id, owner, owners)
 
 
 __all__ = ["cancel"]

@@ -193,10 +193,12 @@ def add_batch(
     return batch_id
 
 
-def batch_row(cur: Cursor, batch_id: str, owner: str | None) -> tuple[Any, ...] | None:
+def batch_row(cur: Cursor, batch_id: str, owner: str | None, owners: Owners = EVERY_OWNER) -> tuple[Any, ...] | None:
+    """The batch, if `owner` (None: an admin) owns it and `owners` (a team's keys, or every key) picks it."""
     if "\x00" in batch_id:
         return None  # no id holds one, and PostgreSQL's text refuses it
-    found = cur.rows(f"SELECT {BATCH_COLUMNS} FROM batches WHERE id = ?", (batch_id,))
+    narrowed = f" AND {owners[0]}" if owners[0] else ""
+    found = cur.rows(f"SELECT {BATCH_COLUMNS} FROM batches WHERE id = ?{narrowed}", (batch_id, *owners[1]))
     if not found or (owner is not None and found[0][1] != owner):
         return None
     return found[0]

@@ -25,6 +25,7 @@ from litestar.types import ControllerRouterHandler, HTTPScope, Receive, ReceiveM
 from gateway.batches.service import Batches
 from gateway.config import LoadedConfig, started
 from gateway.edge import admin_role
+from gateway.edge.batch_admin import routes as batch_admin_routes
 from gateway.edge.batch_routes import routes as batch_routes
 from gateway.edge.discovery import Discovery
 from gateway.edge.endpoint import Endpoint, Services, completion_endpoint, headers_of, request_id, send_error
@@ -292,7 +293,8 @@ def create_app(loaded: LoadedConfig) -> Front:
             collected.tally.flush()  # counts gathered since the last second reach the series (and their files)
 
     handlers: list[ControllerRouterHandler] = [list_models, metrics, health, ready, *STATUS_ROUTES]
-    handlers += batch_routes(admin_role.identify)  # without a ledger: 404s that say the Batch API needs one
+    # Without a ledger: 404s that say the Batch API needs one.
+    handlers += [*batch_routes(), *batch_admin_routes(admin_role.identify)]
     if ledger is not None:
         handlers += ledger_routes(admin_role.identify, admin_role.render)
     app = Litestar(

@@ -1,4 +1,4 @@
-"""The OpenAI Files and Batches API (`/v1/files`, `/v1/batches`) and the admins' `/admin/batches`.
+"""The OpenAI Files and Batches API (`/v1/files`, `/v1/batches`); the admins' batch routes are batch_admin.py.
 
 Every route authenticates the client key as a completion request does and serves only what that key owns:
 another key's id is a 404, never a 403 that would confirm it exists. Without `ledger:` every route answers
@@ -35,7 +35,6 @@ from gateway.batches.objects import (
 )
 from gateway.batches.send import ENDPOINTS
 from gateway.batches.service import ANONYMOUS, Batches
-from gateway.edge.admin_role import AdminRole
 from gateway.edge.endpoint import headers_of
 from gateway.edge.ledger_routes import unavailable_error
 from gateway.edge.render import error_response
@@ -54,9 +53,6 @@ _MAX_WINDOW_S: Final = 7 * 86_400
 _CONTENT_LINES: Final = 1000  # result lines read per turn while a result file is sent, at most
 _CONTENT_BYTES: Final = 4 * 1024 * 1024  # and bytes of them (or the one line, if longer)
 _errors_list = msgspec.json.Decoder(list[BatchError]).decode
-
-# The admin check: the pipeline, and the caller's role or the refusal to send.
-Identify = Callable[[Request[Any, Any, Any]], tuple[Any, AdminRole | Response[bytes]]]
 
 
 class ExpiresAfter(msgspec.Struct, forbid_unknown_fields=True):
@@ -92,7 +88,7 @@ def _expiry(api: Batches, anchor: object, seconds: object, param: str) -> int | 
     return min(seconds, api.cfg.retain_days * 86_400)  # retention deletes every file older than that anyway
 
 
-def _json(value: Any, status: int = 200) -> Response[bytes]:
+def json_answer(value: Any, status: int = 200) -> Response[bytes]:
     return Response(msgspec.json.encode(value), status_code=status, media_type=JSON, headers=_NO_STORE)
 
 
@@ -100,7 +96,7 @@ def _render(exc: GatewayError) -> Response[bytes]:
     return error_response(OPENAI, exc, extra=_NO_STORE)
 
 
-def _missing(what: str, ident: str) -> Response[bytes]:
+def missing(what: str, ident: str) -> Response[bytes]:
     return _render(GatewayError(f"No {what} with id {ident!r}", status=404, code="not_found", type="not_found_error"))
 
 
@@ -233,7 +229,7 @@ async def _upload(request: Request[Any, Any, Any], api: Batches, owner: str) -> 
     if not isinstance(answer, tuple):
         await incoming.abandon()
         return answer
-    return _json(file_object(answer))
+    return json_answer(file_object(answer))
 
 
 async def _store_upload(
@@ -303,18 +299,18 @@ async def _list_files(request: Request[Any, Any, Any], api: Batches, owner: str)
         return _bad("order must be 'asc' or 'desc'", "order")
     args = (owner, after, limit, extra, order == "asc")
     rows = await api.store.run(store.page, "batch_files", files.FILE_COLUMNS, *args)
-    return _json(_page(rows, limit, file_object))
+    return json_answer(_page(rows, limit, file_object))
 
 
 async def _one_file(request: Request[Any, Any, Any], api: Batches, owner: str) -> tuple[Any, ...] | Response[Any]:
     file_id = str(request.path_params["file_id"])
     row = await api.store.run(files.file_row, file_id, owner)
-    return _missing("file", file_id) if row is None else row
+    return missing("file", file_id) if row is None else row
 
 
 async def _get_file(request: Request[Any, Any, Any], api: Batches, owner: str) -> Response[Any]:
     row = await _one_file(request, api, owner)
-    return row if isinstance(row, Response) else _json(file_object(row))
+    return row if isinstance(row, Response) else json_answer(file_object(row))
 
 
 async def _file_content(request: Request[Any, Any, Any], api: Batches, owner: str) -> Response[Any]:
@@ -350,7 +346,7 @@ async def _file_content(request: Request[Any, Any, Any], api: Batches, owner: st
 async def _delete_file(request: Request[Any, Any, Any], api: Batches, owner: str) -> Response[Any]:
     file_id = str(request.path_params["file_id"])
     gone = await api.store.run(files.delete_file, file_id, owner)
-    return _json(Deleted(file_id, True)) if gone else _missing("file", file_id)
+    return json_answer(Deleted(file_id, True)) if gone else missing("file", file_id)
 
 
 async def _create_batch(request: Request[Any, Any, Any], api: Batches, owner: str) -> Response[Any]:
@@ -378,7 +374,7 @@ async def _create_batch(request: Request[Any, Any, Any], api: Batches, owner: st
             return output_expires_s
     row = await api.store.run(files.file_row, spec.input_file_id, owner)
     if row is None or row[7] != "input":
-        return _missing("file", spec.input_file_id)
+        return missing("file", spec.input_file_id)
     window_spec = (spec.completion_window, window_s)
     try:
         batch_id = await api.store.run(
@@ -397,25 +393,43 @@ async def _create_batch(request: Request[Any, Any, Any], api: Batches, owner: st
         )
     made = await api.store.run(store.batch_row, batch_id, owner)
     api.runner.poke()
-    return _json(batch_object(made)) if made is not None else _missing("batch", batch_id)
+    return json_answer(batch_object(made)) if made is not None else missing("batch", batch_id)
 
 
 async def _get_batch(request: Request[Any, Any, Any], api: Batches, owner: str) -> Response[Any]:
     batch_id = str(request.path_params["batch_id"])
     row = await api.store.run(store.batch_row, batch_id, owner)
-    return _missing("batch", batch_id) if row is None else _json(batch_object(row))
+    return missing("batch", batch_id) if row is None else json_answer(batch_object(row))
+
+
+async def cancel(
+    api: Batches, batch_id: str, owner: str | None, owners: store.Owners = store.EVERY_OWNER
+) -> tuple[Any, ...] | None:
+    """Cancel the batch, for its key or (`owner` None) an admin over the keys `owners` picks, and wake the
+    runner to end it: the batch as it is then, None when the caller has no such batch."""
+    row = await api.store.run(cancelling.cancel, batch_id, owner, owners)
+    if row is not None:
+        api.runner.poke()
+    return row
 
 
 async def _cancel_batch(request: Request[Any, Any, Any], api: Batches, owner: str) -> Response[Any]:
     batch_id = str(request.path_params["batch_id"])
-    row = await api.store.run(cancelling.cancel, batch_id, owner)
-    if row is None:
-        return _missing("batch", batch_id)
-    api.runner.poke()
-    return _json(batch_object(row))
+    row = await cancel(api, batch_id, owner)
+    return missing("batch", batch_id) if row is None else json_answer(batch_object(row))
 
 
-async def _listing(
+def owners_of(keys: KeyRing, team: str | None) -> store.Owners:
+    """Whose batches an admin reaches: its team's keys' (a team's admin), or every key's (`team` None)."""
+    return store.team_owners(team, keys.yaml_idents(team)) if team is not None else store.EVERY_OWNER
+
+
+def owned(keys: KeyRing, row: tuple[Any, ...]) -> dict[str, Any]:
+    """The Batch object as an admin sees it: with its key's name (`owner`) and identity (`owner_id`)."""
+    return {**msgspec.structs.asdict(batch_object(row)), "owner": keys.name_of(row[1]), "owner_id": row[1]}
+
+
+async def listing(
     request: Request[Any, Any, Any], api: Batches, owner: str | None, team: str | None = None
 ) -> Response[Any]:
     """Batches newest first: the caller's own, or (`owner` None: an admin) every key's (the operator) or its
@@ -426,37 +440,15 @@ async def _listing(
     after = request.query_params.get("after")
     keys: KeyRing = request.app.state.pipeline.keys
     # In the same statement as the read: a team admin's page, and its `after` cursor, never see another's rows.
-    owners = store.team_owners(team, keys.yaml_idents(team)) if team is not None else store.EVERY_OWNER
-    args = (owner, after, limit, ("", ()), False, owners)
+    args = (owner, after, limit, ("", ()), False, owners_of(keys, team))
     rows = await api.store.run(store.page, "batches", store.BATCH_COLUMNS, *args)
     if owner is not None:
-        return _json(_page(rows, limit, batch_object))
-    return _json(
-        _page(
-            rows,
-            limit,
-            lambda r: {**msgspec.structs.asdict(batch_object(r)), "owner": keys.name_of(r[1]), "owner_id": r[1]},
-        )
-    )
+        return json_answer(_page(rows, limit, batch_object))
+    return json_answer(_page(rows, limit, lambda r: owned(keys, r)))
 
 
-def routes(identify: Identify) -> list[HTTPRouteHandler]:
-    """The routes; each finds the Batch API in the app's state (None: no ledger, a 404 saying so). `identify`
-    is the admin check (gateway/edge/admin_role.py): the operator reads every key's batches, a team's admin
-    its team's keys' alone."""
-
-    @get("/admin/batches")
-    async def admin_batches(request: Request[Any, Any, Any]) -> Response[Any]:
-        _, role = identify(request)
-        if isinstance(role, Response):
-            return role
-        if request.app.state.batches is None:
-            return _render(NEEDS_LEDGER)
-        try:
-            return await _listing(request, request.app.state.batches, None, role.team)
-        except LedgerDown as exc:
-            return _render(unavailable_error(exc))
-
+def routes() -> list[HTTPRouteHandler]:
+    """The routes; each finds the Batch API in the app's state (None: no ledger, a 404 saying so)."""
     return [
         post("/v1/files", status_code=200)(_serving(_upload)),
         get("/v1/files")(_serving(_list_files)),
@@ -464,8 +456,7 @@ def routes(identify: Identify) -> list[HTTPRouteHandler]:
         get("/v1/files/{file_id:str}/content")(_serving(_file_content)),
         delete("/v1/files/{file_id:str}", status_code=200)(_serving(_delete_file)),
         post("/v1/batches", status_code=200)(_serving(_create_batch)),
-        get("/v1/batches")(_serving(_listing)),
+        get("/v1/batches")(_serving(listing)),
         get("/v1/batches/{batch_id:str}")(_serving(_get_batch)),
         post("/v1/batches/{batch_id:str}/cancel", status_code=200)(_serving(_cancel_batch)),
-        admin_batches,
     ]

@@ -53,6 +53,8 @@ def test_a_nul_anywhere_a_client_writes_is_a_404_or_a_400_never_a_500(tmp_path: 
             c.delete("/v1/files/a%00b"),
             c.get("/v1/batches/a%00b"),
             c.post("/v1/batches/a%00b/cancel"),
+            c.get("/admin/batches/a%00b", headers={"authorization": f"Bearer {ADMIN_KEY}"}),
+            c.post("/admin/batches/a%00b/cancel", headers={"authorization": f"Bearer {ADMIN_KEY}"}),
             c.post("/v1/batches", json={**batch, "input_file_id": file_id + "\x00"}),
         ]
         pages = {

@@ -45,6 +45,8 @@ TEAM_ROUTES: Final = {
     "/admin/keys/{key_id:str}/rotate",
     "/admin/usage",
     "/admin/batches",
+    "/admin/batches/{batch_id:str}",
+    "/admin/batches/{batch_id:str}/cancel",
 }
 OPERATOR_ROUTES: Final = {
     "/admin/status": ("GET", "/admin/status"),
@@ -233,7 +235,7 @@ def team_batches(gw: GatewayThread, url: str) -> None:
     rest = listed(gw, BLUE_ADMIN, after=first[0][0])
     assert len(rest) == 1 and {first[0][0], rest[0][0]} == set(mine)
 
-    # No admin route reads or cancels one batch; a team admin's key is no client key on the Batch API's own.
+    # A team admin's key is no client key on the Batch API's own routes (its own are /admin/batches/<id>...).
     some = next(iter(green))
     for method, path in (("GET", f"/v1/batches/{some}"), ("POST", f"/v1/batches/{some}/cancel")):
         assert call(gw, BLUE_ADMIN, method, path).status_code == 401
