@@ -31,6 +31,9 @@ class CallContext(msgspec.Struct):
     state: dict[str, Any] = msgspec.field(default_factory=dict)
     stop_reason: bool = False  # the request's `include_stop_reason`: relay which stop ended each choice
     chat: bool = False  # a chat request: its chunks are `chat.completion.chunk`s
+    # The answer's index of this call's first choice: a fan-out's j-th call answers choice j (its own choice 0).
+    # The ids the gateway makes for tool calls the provider left without one carry it (providers/call_ids.py).
+    first_choice: int = 0
     # The route's dialect puts a stream's usage on its last chunk unless the client asked for the usage chunk.
     usage_last: bool = False
     # Set by a stream-event parser on the upstream's last event of the answer (Ollama's `done`, Anthropic's
