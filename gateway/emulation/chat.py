@@ -44,6 +44,7 @@ from wire.chat import (
 from wire.errors import InvalidRequestError
 from wire.schema import Usage
 
+
 class ChatCall(Protocol):
     """One upstream call of the attempt for one chat (sub-)request; `first`: the answer's index of the call's
     first choice (a fan-out's j-th call answers choice j), which the tool call ids the gateway makes carry."""

@@ -68,7 +68,7 @@ def _user(text: str) -> dict[str, Any]:
 
 
 # (conversation, the index of the tool message refused, whether an assistant message before it has calls)
-UNANSWERED = {
+UNANSWERED: dict[str, tuple[list[Any], int, bool]] = {
     "another id": ([_user("Weather in Paris?"), _calls("call_a"), _result("call_b")], 2, True),
     "an older turn's call": (
         [_user("Paris?"), _calls("call_a"), _result("call_a"), _user("And Lyon?"), _calls("call_c"), _result("call_a")],
@@ -78,7 +78,7 @@ UNANSWERED = {
     "no call before": ([_user("Weather in Paris?"), _result("call_z")], 1, False),
 }
 # Parallel calls answered in another order, then a later turn whose call is answered: every result pairs.
-ANSWERED = [
+ANSWERED: list[Any] = [
     _user("Weather in Paris and Lyon?"),
     _calls("call_a", "call_b"),
     _result("call_b"),
