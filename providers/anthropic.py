@@ -195,6 +195,7 @@ class AnthropicAdapter(OpenAIChat):
     # Chat (`system`, tools as `tool_use` / `tool_result` blocks): providers/anthropic_chat.py.
     chat_path: ClassVar[str] = "/v1/messages"
     chat_names = NO_NAMES  # its messages have no `name`
+    chat_results_paired = True  # "unexpected `tool_use_id` found in `tool_result` blocks"
     # A trailing assistant message is a prefill Anthropic continues, refused when it ends in white space.
     chat_continue = MappingProxyType({})
     chat_continue_strips = True

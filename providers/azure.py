@@ -28,6 +28,7 @@ class AzureAdapter(OpenAIChat, OpenAICompatible):
     path: ClassVar[str] = "/openai/deployments/{model}/completions?api-version={api_version}"
     chat_path: ClassVar[str] = "/openai/deployments/{model}/chat/completions?api-version={api_version}"
     chat_refusal = True  # OpenAI's message fields, `refusal` among them, as on OpenAI
+    chat_results_paired = True  # OpenAI's service: its 400 for a tool message answering no call of its turn
     # The chat API's current name for the limit, as on OpenAI.
     chat_params = chat_table(
         OpenAICompatible.params,

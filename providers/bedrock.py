@@ -253,6 +253,7 @@ class BedrockAdapter(OpenAIChat):
     # Chat (`system` blocks, `toolConfig`, `toolUse` / `toolResult` blocks): providers/bedrock_chat.py.
     chat_path: ClassVar[str] = path
     chat_names = NO_NAMES  # its messages have no `name`
+    chat_results_paired = True  # Converse: each toolResult answers a toolUse of the turn before
     chat_params = guides_checked(CHAT_PARAMS, BEDROCK_PARAMS)
     chat_framing = "eventstream"
     chat_guarded_paths = guarded_paths

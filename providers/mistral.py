@@ -207,6 +207,7 @@ class MistralAdapter(OpenAIChat):
     # `assistantmessage.py`; a tool message's names the function), and it answers 422 "Extra inputs are
     # not permitted" to any field its schema lacks, `refusal` among them.
     chat_names = NO_NAMES
+    chat_results_paired = True  # "Unexpected tool call id ... in tool results"
     # Its reasoning models read their earlier thinking as a `thinking` chunk of the assistant turn's content
     # (the SDK's multi-turn reasoning example: dropping it degrades the answers).
     chat_reasoning_chunk: ClassVar[bool] = True

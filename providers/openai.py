@@ -14,6 +14,7 @@ class OpenAIAdapter(OpenAIChat, OpenAICompatible):
     openai_bpe = True
     model_listing = ("/models", False)
     chat_refusal = True  # its own field: an assistant message's `refusal` goes back as it came
+    chat_results_paired = True  # "'tool_call_id' of ... not found in 'tool_calls' of previous message"
     # OpenAI's current name for the limit (o-series models refuse `max_tokens`).
     chat_params = chat_table(
         OpenAICompatible.params,

@@ -28,6 +28,7 @@ from providers.chat_params import CHAT_GUARDED
 from providers.envelope import Unreadable
 from providers.finish import BROKE_OFF, broke_off, finish_reason, unfinished
 from providers.openai_compat import UpEnvelope, UpStopped, UpUsage, usage_from
+from providers.tool_results import unanswered_result
 from wire.chat import (
     ChatChoice,
     ChatChunk,
@@ -184,6 +185,10 @@ class OpenAIChat(Adapter):
     # Whether the route reads an assistant message's `refusal` (the field and its content parts): OpenAI's
     # own. Elsewhere the refusal goes as the turn's text.
     chat_refusal: ClassVar[bool] = False
+    # The route's server refuses a tool message whose `tool_call_id` answers no call of the nearest assistant
+    # message before it with tool calls: the gateway refuses it first, naming the message
+    # (providers/tool_results.py). False: the conversation goes as it is, and the server decides.
+    chat_results_paired: ClassVar[bool] = False
 
     # The field an assistant message's `reasoning_content` goes back under, for servers that read the model's
     # earlier thinking (DeepSeek wants it for turns that called tools); None: left out, as strict servers
@@ -378,8 +383,8 @@ def usage_chunk(ctx: CallContext, usage: Usage) -> Completion | ChatChunk:
 
 def check_chat(adapter: Capabilities, req: ChatRequest, provider: str) -> None:
     """Refuse what the provider cannot honour on chat, before any I/O: more logprobs than it returns, a
-    `response_format` type its chat route takes neither natively nor as its guided decoding. (More stop
-    sequences than it takes are cut by the gateway.)"""
+    `response_format` type its chat route takes neither natively nor as its guided decoding, a tool message
+    its server would refuse as answering no call. (More stop sequences than it takes are cut by the gateway.)"""
     if req.logprobs is not None and req.logprobs > adapter.max_logprobs:
         raise UnsupportedParamError(
             "top_logprobs",
@@ -411,6 +416,8 @@ def check_chat(adapter: Capabilities, req: ChatRequest, provider: str) -> None:
             provider,
             f"Provider '{provider}' returns at most {adapter.max_logprobs} prompt_logprobs, got {count}",
         )
+    if req.unanswered is not None and isinstance(adapter, OpenAIChat) and adapter.chat_results_paired:
+        raise unanswered_result(req, req.unanswered, provider)
     rf = req.response_format
     if rf is not None and isinstance(adapter, OpenAIChat) and rf.get("type") not in adapter.chat_formats:
         raise UnsupportedParamError(

@@ -145,6 +145,9 @@ class ChatRequest(CompletionRequest, kw_only=True, forbid_unknown_fields=True, o
     # Whether an assistant message carries thinking to send back (set by normalize_chat): the common request
     # has none, and its messages then go upstream as they are, without a look at each.
     thinking_back: bool = msgspec.field(default=False, name=" thinking_back")
+    # The index of the first tool message whose `tool_call_id` answers no call of the nearest assistant message
+    # before it with tool calls (set by normalize_chat); refused on the routes whose servers refuse it.
+    unanswered: int | None = msgspec.field(default=None, name=" unanswered")
     # Completion-only fields: not OpenAI chat's, so refused by name as unknown fields.
     best_of: int | None = msgspec.field(default=None, name=" best_of")
     echo: bool | None = msgspec.field(default=None, name=" echo")

@@ -44,8 +44,17 @@ from wire.chat import (
 from wire.errors import InvalidRequestError
 from wire.schema import Usage
 
-# One upstream call of the attempt for one chat (sub-)request.
-ChatCall = Callable[[ChatRequest], Awaitable[ChatCompletion]]
+
+class ChatCall(Protocol):
+    """One upstream call of the attempt for one chat (sub-)request; `first`: the answer's index of the call's
+    first choice (a fan-out's j-th call answers choice j), which the tool call ids the gateway makes carry."""
+
+    def __call__(self, req: ChatRequest, /, *, first: int = 0) -> Awaitable[ChatCompletion]: ...
+
+
+def _nth(call: ChatCall, first: int) -> Callable[[ChatRequest], Awaitable[ChatCompletion]]:
+    """`call` for the fan-out's call that answers choice `first` (and its guided retries)."""
+    return lambda sub: call(sub, first=first)
 
 
 class ChatSubStream(Protocol):
@@ -197,10 +206,13 @@ async def complete(
         spend = work if work is not None else Work(_DEFAULT_CAPS.guided_work)
         retry = again or call
         results = await gather(
-            [checked(em.guide, em.guided_retries, s, call, retry, spend, _contents, em.fan_n) for s in subs]
+            [
+                checked(em.guide, em.guided_retries, s, _nth(call, j), _nth(retry, j), spend, _contents, em.fan_n)
+                for j, s in enumerate(subs)
+            ]
         )
     else:
-        results = await gather([call(sub) for sub in subs])
+        results = await gather([call(sub, first=j) for j, sub in enumerate(subs)])
     choices: list[ChatChoice] = []
     usage: Usage | None = None
     fingerprint = None

@@ -23,7 +23,7 @@ from gateway.path.echo import Lead, echoed, led, unechoed
 from gateway.path.fanout import open_all
 from gateway.path.opened import Opened
 from gateway.upstream.plan import Group, Plan, Route
-from providers.base import LocalAdapter, map_params
+from providers.base import CallContext, LocalAdapter, map_params
 from providers.chat_fields import role, unnamed
 from providers.chat_params import STRICT, strict_unhonoured
 from providers.openai_chat import (
@@ -148,14 +148,17 @@ class ChatAttempt(Attempt):
         finally:
             self._unsent()
 
-    async def _chat_again(self, req: ChatRequest) -> ChatCompletion:
+    async def _chat_again(self, req: ChatRequest, *, first: int = 0) -> ChatCompletion:
         """A guided output's retry: one more upstream call, charged before it is made."""
         await self._charge_again()
-        return await self.chat_call(req)
+        return await self.chat_call(req, first=first)
 
-    async def chat_call(self, req: ChatRequest, made: UpstreamRequest | None = None) -> ChatCompletion:
+    async def chat_call(
+        self, req: ChatRequest, made: UpstreamRequest | None = None, *, first: int = 0
+    ) -> ChatCompletion:
         """One upstream call for `req` (the request, or one of an emulation's sub-requests), buffered; `made`:
-        its upstream request, made ahead (`Job.prepare`)."""
+        its upstream request, made ahead (`Job.prepare`); `first`: the answer's index of the call's first choice
+        (a fan-out's j-th call answers choice j)."""
         route = self.route
         pending = ""
         if made is None:
@@ -164,13 +167,13 @@ class ChatAttempt(Attempt):
             if adapter.in_process:
                 self.sent += 1
                 return from_completion(
-                    await cast(LocalAdapter, adapter).complete(req, route.endpoint, _fresh(self.ctx))
+                    await cast(LocalAdapter, adapter).complete(req, route.endpoint, _call_ctx(self.ctx, first))
                 )
             if req.continue_final_message:
                 req, pending = trimmed(cast(OpenAIChat, adapter), req)
             made = cast(OpenAIChat, adapter).build_chat_request(req, route.endpoint, params)
         adapter = cast(OpenAIChat, route.adapter)
-        ctx = _fresh(self.ctx)
+        ctx = _call_ctx(self.ctx, first)
         body = await self.exchange(adapter, made)
         answer = parsed(route, adapter.parse_chat_response, body, ctx)
         asked = req.n or 1
@@ -210,16 +213,17 @@ class ChatAttempt(Attempt):
             return Opened(chunks, await anext(chunks, None), ctx=self.ctx)
         await self._charge_n(em)
         try:
-            opens = await open_all([self.chat_open(s) for s in emulation.sub_requests(em, req)])
+            subs = emulation.sub_requests(em, req)
+            opens = await open_all([self.chat_open(s, first=j) for j, s in enumerate(subs)])
         finally:
             self._unsent()
         into = Folded()
         merged = emulation.stream(em, cast("list[ChatSubStream]", opens), into)
         return Opened(merged, await anext(merged, None), ctx=opens[0].ctx, children=opens, folded=into)
 
-    async def chat_open(self, req: ChatRequest, made: UpstreamRequest | None = None) -> Opened:
+    async def chat_open(self, req: ChatRequest, made: UpstreamRequest | None = None, *, first: int = 0) -> Opened:
         """One upstream call for `req`, streamed: opened and read to its first event that carries something;
-        `made`: its upstream request, made ahead (`Job.prepare`)."""
+        `made`: its upstream request, made ahead (`Job.prepare`); `first`: as for `chat_call`."""
         route = self.route
         pending = ""
         if made is None:
@@ -227,7 +231,7 @@ class ChatAttempt(Attempt):
             params = self._prepare(req)
             if adapter.in_process:
                 self.sent += 1
-                ctx = _fresh(self.ctx)
+                ctx = _call_ctx(self.ctx, first)
                 local = chunks_from(cast(LocalAdapter, adapter).stream(req, route.endpoint, ctx))
                 return Opened(local, await anext(local, None), ctx=ctx)
             if req.continue_final_message:
@@ -238,7 +242,7 @@ class ChatAttempt(Attempt):
             raise ignored_n(route, asked, 1)
         if made is None:
             made = adapter.build_chat_request(req, route.endpoint, params)
-        ctx = _fresh(self.ctx)
+        ctx = _call_ctx(self.ctx, first)
         self.sent += 1
         self.job.called = route
         stream = await self.services.upstream.open_stream(route.provider, made, self.timeouts, route.key)
@@ -246,6 +250,14 @@ class ChatAttempt(Attempt):
         if pending or self.resumes:
             opened.rewrite(_GoingOn(pending, self.resumes).strip)
         return opened
+
+
+def _call_ctx(ctx: CallContext, first: int) -> CallContext:
+    """A context for one upstream call whose first choice is the answer's choice `first`."""
+    fresh = _fresh(ctx)
+    if first:
+        fresh.first_choice = first
+    return fresh
 
 
 class ChatJob(Job):

@@ -425,6 +425,8 @@ def normalize_chat(req: ChatRequest, caps: CapsConfig = _DEFAULT_CAPS) -> ChatRe
     bound_conversation(req.messages, caps.chat_messages, caps.chat_content_parts, caps.json_depth)
     back = said = False
     images = 0
+    calls: frozenset[str] = frozenset()  # the ids of the nearest assistant message before with tool calls
+    unanswered = None
     for i, m in enumerate(req.messages):
         if m.type is not None:
             m.type = None  # lm-eval's mark (wire.chat.Mark), for no upstream
@@ -440,6 +442,7 @@ def normalize_chat(req: ChatRequest, caps: CapsConfig = _DEFAULT_CAPS) -> ChatRe
                 for j, call in enumerate(m.tool_calls):
                     if not call.id:
                         raise _empty_id(f"messages[{i}].tool_calls[{j}].id", "messages.tool_calls.id")
+                calls = frozenset(call.id for call in m.tool_calls)
             if m.reasoning_content is not None or m.thinking_blocks is not None:
                 back = True
             if m.refusal is not None:
@@ -450,7 +453,10 @@ def normalize_chat(req: ChatRequest, caps: CapsConfig = _DEFAULT_CAPS) -> ChatRe
             said = True  # its tool_call_id, as a call's id
             if not m.tool_call_id:
                 raise _empty_id(f"messages[{i}].tool_call_id", "messages.tool_call_id")
+            if unanswered is None and m.tool_call_id not in calls:
+                unanswered = i
     req.thinking_back = back
+    req.unanswered = unanswered  # refused where the route's server refuses it (providers/openai_chat.py)
     if req.continue_final_message is not None or req.add_generation_prompt is not None:
         _prefill(req)
     if req.echo_last is False:

@@ -98,11 +98,15 @@ async def test_buffered_choices_are_reindexed_cut_and_summed() -> None:
     assert em is not None
     answers = iter([_answer("Hi there STOP more", 3, ["Hi", " there", " ST", "OP more"]), _answer("xyz", 4)])
 
-    async def call(sub: ChatRequest) -> ChatCompletion:
+    firsts: list[int] = []
+
+    async def call(sub: ChatRequest, *, first: int = 0) -> ChatCompletion:
         assert sub.n is None and sub.stop == ["a", "b", "c", "d"]
+        firsts.append(first)  # each call told which choice of the answer it makes (its tool call ids carry it)
         return next(answers)
 
     got = await emulation.complete(em, req, call)
+    assert firsts == [0, 1]
     assert [(c.index, c.message.content, c.finish_reason) for c in got.choices] == [
         (0, "Hi there ", "stop"),
         (1, "xyz", "length"),

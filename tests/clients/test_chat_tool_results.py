@@ -1,0 +1,179 @@
+"""A tool message must answer a call of the nearest assistant message before it with tool calls: refused, with a
+400 naming the message, before any upstream call on the kinds whose servers refuse it (openai, anthropic,
+gemini, mistral; azure and bedrock declare it too: tests/unit/test_tool_results.py), sent as it is to the
+self-hosted servers, which take any conversation. With the official `openai` SDK, over real sockets.
+
+The upstream is a loopback server answering from the recordings (tests/fixtures/SOURCES.md): OpenAI's chat
+answer on the OpenAI wire, Anthropic's Messages answer, Gemini's generateContent answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+from aiohttp import web
+
+from tests.helpers.clients import openai_client
+from tests.helpers.recordings import fixture_bytes
+from tests.helpers.servers import GatewayThread, serve_config
+from tests.helpers.upstreams import Received, Upstream
+
+CONFIG = """
+server: {{host: 127.0.0.1, port: 0}}
+unsupported_params: error
+retries: {{attempts: 1}}
+timeouts: {{connect_ms: 2000, first_byte_ms: 10000, total_ms: 20000}}
+providers:
+  oa: {{kind: openai, base_url: {u}/oa/v1, api_key: sk-oa}}
+  claude: {{kind: anthropic, base_url: {u}/claude, api_key: sk-ant, default_max_tokens: 64}}
+  gem: {{kind: gemini, base_url: {u}/gemini, api_key: g-key}}
+  mis: {{kind: mistral, base_url: {u}/mistral, api_key: m-key}}
+  hosted: {{kind: vllm, base_url: {u}/vllm/v1}}
+  llama: {{kind: llamacpp, base_url: {u}/llama}}
+models:
+  - name: strict-first
+    targets: [{{model: oa/gpt-4o-mini}}]
+    fallbacks: [hosted/served]
+"""
+TOOLS: list[Any] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
+STRICT = ["oa/gpt-4o-mini", "claude/claude-sonnet-4-5", "gem/gemini-2.5-flash", "mis/mistral-small-latest"]
+LENIENT = ["hosted/served", "llama/served"]
+
+
+def _calls(*ids: str) -> dict[str, Any]:
+    calls = [
+        {"id": i, "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+        for i in ids
+    ]
+    return {"role": "assistant", "content": None, "tool_calls": calls}
+
+
+def _result(call_id: str) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": call_id, "content": "18C"}
+
+
+def _user(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": text}
+
+
+# (conversation, the index of the tool message refused, whether an assistant message before it has calls)
+UNANSWERED: dict[str, tuple[list[Any], int, bool]] = {
+    "another id": ([_user("Weather in Paris?"), _calls("call_a"), _result("call_b")], 2, True),
+    "an older turn's call": (
+        [_user("Paris?"), _calls("call_a"), _result("call_a"), _user("And Lyon?"), _calls("call_c"), _result("call_a")],
+        5,
+        True,
+    ),
+    "no call before": ([_user("Weather in Paris?"), _result("call_z")], 1, False),
+}
+# Parallel calls answered in another order, then a later turn whose call is answered: every result pairs.
+ANSWERED: list[Any] = [
+    _user("Weather in Paris and Lyon?"),
+    _calls("call_a", "call_b"),
+    _result("call_b"),
+    _result("call_a"),
+    {"role": "assistant", "content": "18C in both."},
+    _user("And Nice?"),
+    _calls("call_c"),
+    _result("call_c"),
+]
+
+
+async def _handler(request: web.Request, received: Received) -> web.StreamResponse:
+    if received.path.startswith("/claude/"):
+        name = "anthropic/messages_end_turn.json"
+    elif received.path.startswith("/gemini/"):
+        name = "gemini/generate_content_stop_sequence.json"
+    else:
+        name = "openai/chat_completion.json"
+    return web.Response(body=fixture_bytes(name), content_type="application/json")
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[Upstream]:
+    with Upstream() as server:
+        server.handler = _handler
+        yield server
+
+
+@pytest.fixture(scope="module")
+def gateway(upstream: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
+    with serve_config(tmp_path_factory.mktemp("chat-tool-results"), CONFIG.format(u=upstream.url), {}) as gw:
+        yield gw
+
+
+@pytest.fixture(scope="module")
+def client(gateway: GatewayThread) -> Iterator[openai.OpenAI]:
+    sdk = openai_client(gateway.url + "/v1", "unused")
+    yield sdk
+    sdk.close()
+
+
+@pytest.fixture
+def received(upstream: Upstream, gateway: GatewayThread) -> Iterator[list[Received]]:
+    upstream.received = []
+    gateway.pipeline.health.reset()
+    yield upstream.received
+
+
+@pytest.mark.parametrize("case", sorted(UNANSWERED))
+@pytest.mark.parametrize("model", STRICT)
+def test_a_result_that_answers_no_call_of_its_turn_is_refused_before_any_call(
+    client: openai.OpenAI, received: list[Received], model: str, case: str
+) -> None:
+    messages, at, turn = UNANSWERED[case]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=model, messages=messages, tools=TOOLS)
+    error: Any = refused.value.body
+    assert (error["param"], error["code"], error["type"]) == (
+        "messages.tool_call_id",
+        "invalid_value",
+        "invalid_request_error",
+    )
+    message = error["message"]
+    assert message.startswith(f"Invalid parameter: 'messages[{at}].tool_call_id' of '{messages[at]['tool_call_id']}'")
+    assert ("not found in 'tool_calls'" in message) is turn
+    assert f"provider '{model.split('/')[0]}'" in message
+    assert received == []
+
+
+@pytest.mark.parametrize("model", STRICT + LENIENT)
+def test_results_that_answer_their_turn_are_sent(client: openai.OpenAI, received: list[Received], model: str) -> None:
+    answer = client.chat.completions.create(model=model, messages=ANSWERED, tools=TOOLS)
+    assert answer.choices[0].message.content
+    assert len(received) == 1
+
+
+@pytest.mark.parametrize("case", sorted(UNANSWERED))
+@pytest.mark.parametrize("model", LENIENT)
+def test_self_hosted_servers_get_the_conversation_as_it_is(
+    client: openai.OpenAI, received: list[Received], model: str, case: str
+) -> None:
+    messages, at, _ = UNANSWERED[case]
+    answer = client.chat.completions.create(model=model, messages=messages, tools=TOOLS)
+    assert answer.choices[0].message.content
+    (sent,) = received
+    assert sent.json()["messages"][at] == messages[at]
+
+
+def test_an_alias_moves_on_to_a_target_that_takes_the_conversation(
+    client: openai.OpenAI, received: list[Received]
+) -> None:
+    # The refusal is the first target's server's rule, made before any call: the fallback's server takes it.
+    messages, at, _ = UNANSWERED["another id"]
+    answer = client.chat.completions.create(model="strict-first", messages=messages, tools=TOOLS)
+    assert answer.choices[0].message.content
+    (sent,) = received
+    assert sent.path == "/vllm/v1/chat/completions"
+    assert sent.json()["messages"][at] == messages[at]

@@ -1,0 +1,86 @@
+"""Tool results paired with their calls: which tool message normalize_chat finds answering no call of its turn,
+which kinds refuse it (their servers do), and the ids the gateway makes for calls sent without one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+from gateway.path.request import normalize_chat
+from providers.base import CallContext
+from providers.call_ids import made_call_id
+from providers.openai_chat import OpenAIChat, check_chat
+from providers.registry import REGISTRY
+from wire.chat import ChatRequest, decode_chat
+from wire.errors import InvalidRequestError
+
+# The kinds whose servers refuse a tool message that answers no call of its turn (providers/tool_results.py).
+PAIRED = {"openai", "azure", "anthropic", "bedrock", "gemini", "mistral"}
+
+
+def _calls(*ids: str) -> dict[str, Any]:
+    calls = [{"id": i, "type": "function", "function": {"name": "f", "arguments": "{}"}} for i in ids]
+    return {"role": "assistant", "tool_calls": calls}
+
+
+def _result(call_id: str) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": call_id, "content": "ok"}
+
+
+USER = {"role": "user", "content": "hi"}
+
+
+def _req(*messages: dict[str, Any]) -> ChatRequest:
+    return normalize_chat(decode_chat(msgspec.json.encode({"model": "m/x", "messages": list(messages)})))
+
+
+@pytest.mark.parametrize(
+    ("messages", "at"),
+    [
+        ((USER,), None),
+        ((USER, _calls("a", "b"), _result("b"), _result("a")), None),
+        # A user message between a turn's calls and their results leaves the results that turn's.
+        ((USER, _calls("a"), USER, _result("a")), None),
+        ((USER, _calls("a"), _result("b")), 2),
+        ((USER, _result("a")), 1),
+        ((USER, _calls("a"), _result("a"), {"role": "assistant", "content": "done"}, _result("a")), None),
+        ((USER, _calls("a"), _result("a"), USER, _calls("c"), _result("c"), _result("a"), _result("x")), 6),
+    ],
+)
+def test_the_first_result_answering_no_call_of_its_turn(messages: tuple[dict[str, Any], ...], at: int | None) -> None:
+    assert _req(*messages).unanswered == at
+
+
+def test_a_client_cannot_set_the_mark_itself() -> None:
+    body = {"model": "m/x", "messages": [USER], " unanswered": 0}
+    assert normalize_chat(decode_chat(msgspec.json.encode(body))).unanswered is None
+
+
+def test_the_kinds_that_refuse_it() -> None:
+    paired = {kind for kind, cls in REGISTRY.items() if issubclass(cls, OpenAIChat) and cls.chat_results_paired}
+    assert paired == PAIRED
+
+
+@pytest.mark.parametrize("kind", sorted(k for k, c in REGISTRY.items() if issubclass(c, OpenAIChat)))
+def test_check_chat_refuses_it_where_declared(kind: str) -> None:
+    adapter = REGISTRY[kind]()
+    req = _req(USER, _calls("a"), _result("b"))
+    if kind not in PAIRED:
+        check_chat(adapter, req, "p")
+        return
+    with pytest.raises(InvalidRequestError) as refused:
+        check_chat(adapter, req, "p")
+    error = refused.value
+    assert (error.param, error.code, error.status) == ("messages.tool_call_id", "invalid_value", 400)
+    # Another target of the plan may take the conversation; this one is not unhealthy for refusing it.
+    assert error.elsewhere and error.no_call and not error.cools
+
+
+def test_made_ids_carry_the_choice_of_the_answer() -> None:
+    ctx = CallContext(id="chatcmpl-abc123", created=1, model="m")
+    assert made_call_id(ctx, 0, 1) == "call_abc123_0_1"
+    # A fan-out's third call answers the answer's choice 2, its own choice 0.
+    third = msgspec.structs.replace(ctx, first_choice=2)
+    assert made_call_id(third, 0, 0) == "call_abc123_2_0" != made_call_id(ctx, 0, 0)
