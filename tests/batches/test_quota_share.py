@@ -6,6 +6,7 @@ there was a share. In one process's state and in Redis. A line that a share coul
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -24,19 +25,27 @@ PAIR = "  - {name: pair, targets: [{model: demo/text}, {model: demo/slow-40ms}]}
 
 
 def _configured(
-    tmp_path: Path, share: float, rds: RedisServer | None, limits: str = f"rpm: {RPM}", provider: str = ""
+    tmp_path: Path,
+    share: float,
+    rds: RedisServer | None,
+    limits: str = f"rpm: {RPM}",
+    provider: str = "",
+    scope: str = "provider",
 ) -> Path:
-    """The suite's config with the `demo` provider's `limits`, `batches.quota_share`, the alias `pair` (two
-    targets of that provider), a `provider` line of YAML more, and Redis when `rds` is given."""
+    """The suite's config with `limits` on the `demo` provider (or, `scope="alias"`, on the alias `fast`),
+    `batches.quota_share`, the alias `pair` (two targets of that provider), a `provider` line of YAML more,
+    and Redis when `rds` is given."""
     more = provider + (f"\nredis: {{url: '{rds.url}', on_failure: fail_closed}}" if rds is not None else "")
-    text = (
-        config(f"sqlite:///{tmp_path / 'ledger.db'}", concurrency=8, extra=f", quota_share: {share}", more=more)
-        .replace(
+    text = config(f"sqlite:///{tmp_path / 'ledger.db'}", concurrency=8, extra=f", quota_share: {share}", more=more)
+    if scope == "alias":
+        fast = "{name: fast, targets: [{model: demo/text}]}"
+        text = text.replace(fast, fast[:-1] + f", limits: {{{limits}}}}}")
+    else:
+        text = text.replace(
             "demo: {kind: fake, models: [text, slow-40ms, slow-400ms]}",
             f"demo: {{kind: fake, models: [text, slow-40ms, slow-400ms], limits: {{{limits}}}}}",
         )
-        .replace("models:\n", "models:\n" + PAIR + "\n")
-    )
+    text = text.replace("models:\n", "models:\n" + PAIR + "\n")
     assert f"limits: {{{limits}}}" in text
     path = tmp_path / "config.yaml"
     path.write_text(text)
@@ -62,11 +71,13 @@ def _completed(client: openai.OpenAI, batch_id: str) -> int:
     return counts.completed
 
 
-def _share_run(tmp_path: Path, share: float, rds: RedisServer | None, model: str) -> tuple[int, int, list[int]]:
-    """A batch of LINES lines against the provider's burst: the lines it answered once it stopped for room,
-    the interactive statuses of the burst's worth of requests made then, and its lines answered after them."""
+def _share_run(
+    tmp_path: Path, share: float, rds: RedisServer | None, model: str, scope: str = "provider"
+) -> tuple[int, int, list[int]]:
+    """A batch of LINES lines against the quota's burst: the lines it answered once it stopped for room, the
+    interactive statuses of the burst's worth of requests made then, and its lines answered after them."""
     lines = [line(f"q-{i}", model=model, prompt=f"p {i}") for i in range(LINES)]
-    with GatewayThread(_configured(tmp_path, share, rds), ENV) as gw:
+    with GatewayThread(_configured(tmp_path, share, rds, scope=scope), ENV) as gw:
         client = sdk(gw.url, EVAL_KEY)
         batch_id = start(client, lines)
         part = int(RPM * share)
@@ -95,6 +106,13 @@ def test_a_batch_takes_its_share_of_a_providers_burst_and_interactive_requests_g
     assert after == taken
 
 
+def test_an_aliass_limits_are_shared_the_same_way(tmp_path: Path) -> None:
+    taken, after, statuses = _share_run(tmp_path, 0.5, None, "fast", scope="alias")
+    assert taken == RPM // 2
+    assert statuses == [200] * (RPM - taken) + [429], statuses
+    assert after == taken
+
+
 @pytest.mark.parametrize("where", ["in-process", "redis"])
 def test_a_share_of_1_lets_a_batch_take_the_whole_burst(
     tmp_path: Path, request: pytest.FixtureRequest, where: str
@@ -106,10 +124,11 @@ def test_a_share_of_1_lets_a_batch_take_the_whole_burst(
     assert after == RPM
 
 
-def test_a_line_no_share_can_ever_hold_is_refused_at_once(tmp_path: Path) -> None:
+def test_a_line_no_share_can_ever_hold_is_refused_at_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Half of a tpm of 200 is 100 tokens: a line asking for 150 max_tokens is refused as a request over a
     whole limit is, naming the field to lower; half of an rps of 1 holds no request: a line there is refused
-    naming its model. The other line runs, and interactive requests of either size are answered."""
+    naming its model, and the gateway warned of it as it loaded the config. The other line runs, and
+    interactive requests of either size are answered."""
     tiny = "  tiny: {kind: fake, models: [text], limits: {rps: 1}}"
     path = _configured(tmp_path, 0.5, None, limits="tpm: 200", provider=tiny)
     lines = [
@@ -147,3 +166,8 @@ def test_a_line_no_share_can_ever_hold_is_refused_at_once(tmp_path: Path) -> Non
         "model",
     )
     assert own == [200, 200]
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "quota_share" in r.message]
+    assert warned == [
+        "batches.quota_share 0.5 leaves batch lines less than one request of the rps limit of 1 for provider:tiny: "
+        "its lines are refused (400 exceeds_request_limit)"
+    ]
