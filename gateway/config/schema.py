@@ -216,6 +216,11 @@ class BatchesConfig(Strict, frozen=True):
     # traffic's, and its lines never count toward them. A line over these waits and is sent again, never
     # refused for them. Unset: none (a key's lines are bounded by `concurrency` per process and its budgets).
     limits: LimitsConfig | None = None
+    # The part of each shared bucket (the rates, tokens and `concurrent` of `models[].limits`, and of a
+    # provider's or deployment's `limits`) that batch lines may fill: a line is sent only while the bucket,
+    # with it, holds at most this share of its burst, so the rest is always left to interactive requests. A
+    # line refused by it waits and is sent again. 1: lines may take the whole bucket, as interactive requests.
+    quota_share: Annotated[float, Meta(gt=0, le=1)] = 0.5
 
 
 class PriceConfig(Strict, frozen=True):

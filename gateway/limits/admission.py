@@ -8,6 +8,7 @@ docs/ratelimits.md.
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Final
 
@@ -16,6 +17,7 @@ import msgspec
 from gateway.config import LimitsConfig, LoadedConfig
 from gateway.limits.auth import ClientKey, fingerprint
 from gateway.limits.ratelimit import TOKEN_KINDS, Bucket, BucketSet, BucketState, Decision, Limiter, RedisDown
+from gateway.limits.reserve import beyond_share, out_of_reach, shared_view, warn_out_of_reach
 from gateway.limits.settles import Corrections
 from gateway.limits.tokens import over_limit, reservation, unbounded_completion, warm
 from gateway.state import Degraded, SharedState
@@ -121,7 +123,7 @@ class _Scopes:
         self.buckets = buckets
         self.charges = charges
         self.tokens = [b for b in buckets if b.kind in TOKEN_KINDS]
-        self.room = min((b.limit for b in self.tokens), default=0)
+        self.room = min((b.room for b in self.tokens), default=0)
         self.queue_ms = queue_ms
         self.labels = _labels(buckets)  # worked out once, read off every reply
 
@@ -185,6 +187,20 @@ class Admission:
         self._scopes: dict[tuple[object, ...], _Scopes] = {}
         self._background: set[asyncio.Task[None]] = set()
         self.corrections = Corrections(self.limiter)
+        # What admits a batch's lines: this, or below a `batches.quota_share` of 1 a view through it (`_lines`).
+        self.lines = self if cfg.batches.quota_share >= 1 else self._lines(cfg.batches.quota_share)
+
+    def _lines(self, share: float) -> Admission:
+        """This admission as a batch's lines meet it (the same limiter, state and tasks), every alias's, provider's
+        and deployment's bucket seen through `share`: a line leaves the rest of each to interactive requests."""
+        view = copy.copy(self)
+        view.models = {n: shared_view(bs, share) for n, bs in self.models.items()}
+        view.providers = {n: shared_view(bs, share) for n, bs in self.providers.items()}
+        view.deployments = {n: shared_view(bs, share) for n, bs in self.deployments.items()}
+        view._scopes = {}
+        view.lines = view
+        warn_out_of_reach([*view.models.values(), *view.providers.values(), *view.deployments.values()])
+        return view
 
     def _route_buckets(self, route: Route) -> list[Bucket]:
         out = list(self.providers.get(route.provider, ()))
@@ -206,6 +222,9 @@ class Admission:
         # Only key and alias scopes configure a queue; a provider's quota must not cancel theirs.
         queues = [self.queue_ms[b.scope] for b in buckets if b.scope in self.queue_ms]
         if batch:
+            never = out_of_reach(buckets)
+            if never is not None:
+                raise beyond_share(never)
             if self.batch_limits is not None:
                 queues.append(self.batch_limits.max_queue_ms)
         elif key is not None and key.buckets and key.ident not in self.keys:
@@ -313,6 +332,8 @@ class Admission:
         buckets = self._route_buckets(route)
         if not buckets:
             return None
+        if buckets[0].share < 1 and (never := out_of_reach(buckets)) is not None:
+            raise beyond_share(never)
         if ticket is not None and buckets[0] in ticket.buckets:
             await self.charge_calls(route, 1)
             return None
@@ -349,13 +370,13 @@ class Admission:
         calls = self.limiter.compiled(buckets)
         if param is not None:
             for b in buckets:
-                if more + 1 > b.limit:
+                if more + 1 > (b.limit if b.share >= 1 else b.room):
                     # Admission charged its unit moments ago: where Redis is now (away or not) is where it went.
                     await self.corrections.at_once(calls, -1, self.limiter.shared.degraded)
                     raise InvalidRequestError(
                         f"'{param}' makes this request {more + 1} upstream calls to provider '{route.provider}' "
                         f"(the gateway emulates it), more than the {b.kind} limit of {b.limit} for {b.scope} "
-                        "can ever allow",
+                        + ("can ever allow" if b.share >= 1 else f"allows a batch line (quota_share {b.share:g})"),
                         param=param,
                         code="exceeds_request_limit",
                     )
@@ -397,7 +418,7 @@ class Admission:
         token_buckets = [b for b in buckets if b.kind in TOKEN_KINDS]
         if not token_buckets:
             return 0, 0
-        return self._reserve(req, token_buckets, min(b.limit for b in token_buckets), route)
+        return self._reserve(req, token_buckets, min(b.limit if b.share >= 1 else b.room for b in token_buckets), route)
 
     def _reserve(self, req: CompletionRequest, token_buckets: list[Bucket], room: int, route: Route) -> tuple[int, int]:
         """(prompt tokens, tokens to reserve) against `token_buckets`, whose smallest limit is `room`."""
@@ -411,13 +432,14 @@ class Admission:
             if prompt < room < tokens:
                 tokens = room
         if tokens > room:
-            b = min(token_buckets, key=lambda b: b.limit)  # the tightest: what the request must fit
+            b = min(token_buckets, key=lambda b: b.room)  # the tightest: what the request must fit
             parts, param, advice = over_limit(
                 req, route.adapter.openai_bpe, route.endpoint.model, per_choice, (prompt, tokens), room
             )
+            allows = "can ever allow" if b.share >= 1 else f"allows a batch line (quota_share {b.share:g}: {room})"
             raise InvalidRequestError(
                 f"This request needs up to {tokens} tokens ({parts}), more than the {b.kind} limit of {b.limit} "
-                f"for {b.scope} can ever allow; {advice}",
+                f"for {b.scope} {allows}; {advice}",
                 param=param,
                 code="exceeds_token_limit",
             )

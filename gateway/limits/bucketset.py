@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from gateway.limits.gcra import TOKEN_KINDS, Bucket, Spec
+from gateway.limits.gcra import TOKEN_KINDS, Bucket, spec
 from gateway.limits.scriptchannel import Part, bulk
 
 _NO_LEASE = bulk(b"")
@@ -35,7 +35,8 @@ _COSTS: Final = {n: _cost(n) for n in range(4096)}
 class BucketSet:
     """`buckets` in order, with their `specs` (for the in-process arithmetic), `token_mask` (which ones a
     call's token count charges; the others take its request count), the concurrency buckets and the token
-    buckets among them, and the script command (`command`) built from per-mode constant parts."""
+    buckets among them, and the script command (`command`) built from per-mode constant parts. A set with a
+    bucket seen through a share (`Bucket.share`) acquires in the script's "share" mode."""
 
     __slots__ = (
         "_acquire",
@@ -45,6 +46,7 @@ class BucketSet:
         "buckets",
         "concurrent",
         "leased",
+        "shared",
         "specs",
         "token_buckets",
         "token_mask",
@@ -53,7 +55,8 @@ class BucketSet:
 
     def __init__(self, buckets: Sequence[Bucket], prefix: str = "", sha: bytes = b"") -> None:
         self.buckets = tuple(buckets)
-        self.specs = tuple(Spec(b.redis_key, b.kind, b.limit, b.period_ms) for b in self.buckets)
+        self.specs = tuple(spec(b) for b in self.buckets)
+        self.shared = any(b.share < 1 for b in self.buckets)  # acquired in "share" mode
         self.token_mask = tuple(b.kind in TOKEN_KINDS for b in self.buckets)
         self.token_buckets = tuple(b for b in self.buckets if b.kind in TOKEN_KINDS)
         self.concurrent = tuple(b for b in self.buckets if b.kind == "concurrent")
@@ -77,6 +80,17 @@ class BucketSet:
         n = len(self.buckets)
         single = b"*%d\r\n" % (3 + n + 2 + 4 * n) + bulk(b"EVALSHA") + bulk(self._sha) + bulk(b"%d" % n)
         keys = b"".join(bulk((self._prefix + b.redis_key).encode()) for b in self.buckets)
+        if mode == "acquire" and self.shared:
+            # The script's "share" mode: a rate bucket's ceiling in place of its kind, a concurrency bucket's
+            # leases this view may find held as its limit (what the specs carry).
+            per = tuple(
+                bulk(b"concurrent" if s.kind == "concurrent" else b"%d" % s.cap)
+                + bulk(b"%d" % s.limit)
+                + bulk(b"%d" % s.period_ms)
+                for s in self.specs
+            )
+            found = self._heads[mode] = (single, keys, bulk(b"share"), per)
+            return found
         per = tuple(bulk(b.kind.encode()) + bulk(b"%d" % b.limit) + bulk(b"%d" % b.period_ms) for b in self.buckets)
         found = self._heads[mode] = (single, keys, bulk(mode.encode()), per)
         return found

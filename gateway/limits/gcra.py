@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from fractions import Fraction
 from typing import Final, Literal, NamedTuple
 
 import msgspec
@@ -31,6 +32,10 @@ class Bucket(msgspec.Struct, frozen=True, cache_hash=True):
     # identity (`key:<ClientKey.ident>`), so that same-named keys of two configs sharing a Redis never share
     # a bucket, while replicas of one config (the same secret) do.
     shared_as: str = ""
+    # The part of the bucket a charge through this view of it may fill (the same state, `redis_key`): 1, or
+    # a batch line's `batches.quota_share` of a shared scope's bucket, which leaves the rest to interactive
+    # requests. Rate buckets admit while q <= `ceiling`, concurrency buckets hold `room` leases at most.
+    share: float = 1.0
 
     @property
     def redis_key(self) -> str:
@@ -40,18 +45,41 @@ class Bucket(msgspec.Struct, frozen=True, cache_hash=True):
     def period_ms(self) -> int:
         return int(PERIOD_S.get(self.kind, 0) * 1000)
 
+    @property
+    def ceiling(self) -> int:
+        """The most q (the script's (TAT - now) * limit) a charge may leave in a rate bucket: the whole
+        burst (period * limit), or `share` of it rounded down. The share is read as the decimal written in
+        the config (0.3 is 3/10, not the float just below it), so 0.3 of 10 is 3 units, on every replica."""
+        full = self.period_ms * self.limit
+        return full if self.share >= 1 else math.floor(Fraction(repr(self.share)) * full)
+
+    @property
+    def room(self) -> int:
+        """The units a charge through this view can ever find: `limit`, or the share's whole units."""
+        if self.share >= 1:
+            return self.limit
+        if self.kind == "concurrent":
+            return math.floor(Fraction(repr(self.share)) * self.limit)
+        return self.ceiling // self.period_ms
+
 
 class Spec(NamedTuple):
     """What the arithmetic reads of a bucket, looked up once (gateway/limits/bucketset.py), not per call."""
 
     key: str  # `Bucket.redis_key`: also the in-process state's key
     kind: str
-    limit: int
+    limit: int  # a concurrency bucket's: the leases this view may hold (`Bucket.room`)
     period_ms: int
+    cap: int  # a rate bucket's `Bucket.ceiling`: what "acquire" admits up to (period_ms * limit: all of it)
 
 
 def spec(b: Bucket) -> Spec:
-    return Spec(b.redis_key, b.kind, b.limit, b.period_ms)
+    period = b.period_ms
+    if b.share >= 1:  # the common case, without the share's arithmetic
+        return Spec(b.redis_key, b.kind, b.limit, period, period * b.limit)
+    if b.kind == "concurrent":
+        return Spec(b.redis_key, b.kind, b.room, period, 0)
+    return Spec(b.redis_key, b.kind, b.limit, period, b.ceiling)
 
 
 class BucketState(msgspec.Struct):
@@ -84,14 +112,17 @@ class Gcra(NamedTuple):
 _gcra: Final = tuple.__new__
 
 
-def gcra(limit: int, period: int, tat: tuple[float, float] | None, now: int, cost: float, mode: str) -> Gcra:
+def gcra(
+    limit: int, period: int, tat: tuple[float, float] | None, now: int, cost: float, mode: str, cap: int | None = None
+) -> Gcra:
     """The script's rate arithmetic (the `else` branch of its bucket loop), line for line, in Python.
 
     `tat` is the stored (ms, units) (None: never charged, or expired), `now` whole milliseconds on the clock
     that wrote it, `mode` the script's ("acquire" checks, "adjust" charges without checking and clamps a
     refund at empty; anything else, e.g. "peek" with a cost of 0, only reads). TAT = ms + units * period /
     limit, kept as q = (TAT - now) * limit so that the arithmetic is exact (see the script's comment).
-    tests/ratelimit/test_script.py holds this to the script, decision by decision.
+    "acquire" admits while the new q is at most `cap` (None: period * limit, the whole burst; less: the
+    script's "share" mode). tests/ratelimit/test_script.py holds this to the script, decision by decision.
     """
     tb, tu = tat if tat is not None else (now, 0.0)
     q = (tb - now) * limit + tu * period
@@ -101,14 +132,15 @@ def gcra(limit: int, period: int, tat: tuple[float, float] | None, now: int, cos
     if mode == "adjust" and nq < 0:
         tb, nu, nq = now, 0.0, 0
     full = period * limit
-    denied = mode == "acquire" and nq > full
+    top = full if cap is None else cap
+    denied = mode == "acquire" and nq > top
     k = math.floor(nu / limit)
     return _gcra(
         Gcra,
         (
             (tb + k * period, nu - k * limit),  # tat
             denied,
-            math.ceil((nq - full) / limit) if denied else 0,  # retry_ms
+            math.ceil((nq - top) / limit) if denied else 0,  # retry_ms
             max(math.floor((full - nq) / period), 0),  # remaining
             math.ceil(nq / limit),  # reset_ms
             max(math.floor((full - q) / period), 0),  # remaining_now
@@ -174,7 +206,7 @@ class _Local:
         # `gcra`'s "acquire" step inlined for what an admission reads (the new TAT, the headroom and reset after
         # the charge): no Gcra, no headroom before the charge. The first bucket that refuses sends the whole
         # set to `gcra` below, which works out a refusal's reply.
-        for (key, _, limit, period), token in zip(specs, token_mask, strict=True):
+        for (key, _, limit, period, cap), token in zip(specs, token_mask, strict=True):
             cost = tokens if token else 1
             tat = tats.get(key)
             if tat is None:
@@ -185,12 +217,12 @@ class _Local:
                 if q < 0:
                     tb, tu, q = now, 0.0, 0.0
             nu, nq = tu + cost, q + cost * period
-            full = period * limit
-            if nq > full:
+            if nq > cap:
                 break
+            full = period * limit
             k = floor(nu / limit)
             news.append((tb + k * period, nu - k * limit))
-            out.append(floor((full - nq) / period))  # remaining: never below 0 where nq <= full
+            out.append(floor((full - nq) / period))  # remaining: never below 0 where nq <= cap <= full
             out.append(math.ceil(nq / limit))  # reset_ms
         else:
             for s, new in zip(specs, news, strict=True):
@@ -199,8 +231,8 @@ class _Local:
         # As the script answers a refusal: the longest wait, and every bucket as it stands, uncharged.
         retry = 0
         out = [0, 0]
-        for (key, _, limit, period), token in zip(specs, token_mask, strict=True):
-            step = gcra(limit, period, tats.get(key), now, tokens if token else 1, "acquire")
+        for (key, _, limit, period, cap), token in zip(specs, token_mask, strict=True):
+            step = gcra(limit, period, tats.get(key), now, tokens if token else 1, "acquire", cap)
             retry = max(retry, step[2])  # retry_ms
             out.append(step[5])  # remaining_now
             out.append(step[6])  # reset_now_ms
@@ -216,7 +248,7 @@ class _Local:
         denied = False
         retry = 0
         tats = self.tat
-        for (key, kind, limit, period), cost in zip(specs, costs, strict=True):
+        for (key, kind, limit, period, cap), cost in zip(specs, costs, strict=True):
             if kind == "concurrent":
                 held = {k: v for k, v in self.leases.get(key, {}).items() if v > now}
                 self.leases[key] = held
@@ -238,7 +270,7 @@ class _Local:
                 out += [max(limit - len(held) - 1, 0), 0]
                 continue
             tat, refused, retry_ms, remaining, reset_ms, remaining_now, reset_now_ms = gcra(
-                limit, period, tats.get(key), now, cost, mode
+                limit, period, tats.get(key), now, cost, mode, cap
             )
             if refused:
                 denied = True

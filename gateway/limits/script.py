@@ -15,6 +15,9 @@ from typing import Final
 #   call's keys in turn, ARGV is "batch" then per call its key count and its own ARGV; each call is decided
 #   as if it ran alone, in order, on one reading of the clock, and the reply is the list of their replies.
 # mode "acquire": all-or-nothing check and charge; returns {ok, retry_ms, b1_remaining, b1_reset_ms, ...}
+# mode "share": as "acquire", but a rate bucket's kind argument is its ceiling, the most q = (TAT - now) * limit
+#   the charge may leave (`Bucket.ceiling`: part of period * limit), and a concurrency bucket's limit is the
+#   leases this call may find held: a batch line's view of a shared bucket, leaving the rest to other calls.
 # mode "adjust": add cost (may be negative: a refund) without checking; returns {1, 0, ...}
 # mode "block": as "acquire" on one concurrency bucket, for `cost` leases at once (ids `lease/1`..`lease/cost`).
 # mode "release": drop the lease from concurrency buckets (its acquire is known to have run).
@@ -128,9 +131,17 @@ local function one(k, n, a)
       if q < 0 then tb, tu, q = now, 0, 0 end
       local nu, nq = tu + cost, q + cost * period
       if mode == 'adjust' and nq < 0 then tb, nu, nq = now, 0, 0 end
-      if mode == 'acquire' and nq > period * limit then
+      -- How far past what it may fill the charge would take the bucket: all of it (period * limit), or in
+      -- 'share' mode the ceiling the kind's argument carries (a batch line's share of a shared bucket).
+      local over = 0
+      if mode == 'acquire' then
+        over = nq - period * limit
+      elseif mode == 'share' then
+        over = nq - (nums[kind] or num(kind))
+      end
+      if over > 0 then
         denied = true
-        local wait = ceil((nq - period * limit) / limit)
+        local wait = ceil(over / limit)
         if wait > retry then retry = wait end
       end
       local whole = floor(nu / limit)

@@ -328,6 +328,8 @@ class Pipeline:
         batch = rec.batch_id is not None
         ask = self.queues.ask(key, headers, req, batch) if self.queues is not None else None
         admission = self.admission if self.admission.applies(key, batch) else None
+        if batch and admission is not None:
+            admission = admission.lines  # the shared quotas through `batches.quota_share`
         # Read by a replicated provider's policy (gateway/fleet) and by the attempts on an engine that is salted:
         # the key scopes its sessions, its prefixes and its engine's prefix-cache salt. Set before admission,
         # whose wait may make the first attempt's upstream request ahead (`Job.prepare`), salt included.
