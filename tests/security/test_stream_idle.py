@@ -4,9 +4,10 @@ uvicorn, over real sockets, on both transports.
 An upstream that sends blank lines, SSE comments or events the gateway ignores, fast and without end, resets the
 read timeout at each read: before, only `total_ms` (10 minutes by default) ended the request, holding the client,
 the upstream connection and a worker's CPU all along. Now the stream fails once that many bytes came without an
-event carrying text, a choice, usage or a finish: an error event after the first event, a failed attempt (retried
-and failed over) before it; counted and logged once with its cause, the connection closed. Keep-alive pings a few
-bytes every few seconds, and one large event arriving in many reads, never meet it.
+event carrying text, a choice, usage or a finish: an error event after the first event (or, with
+`resume_streams`, a continuation elsewhere), a failed attempt (retried and failed over) before it, on completions
+and chat; counted and logged once with its cause, the connection closed. Keep-alive pings a few bytes every few
+seconds, and one large event arriving in many reads, never meet it.
 """
 
 from __future__ import annotations
@@ -51,6 +52,10 @@ providers:
 models:
   - name: ordered
     strategy: ordered
+    targets: [{{model: flood/davinci-002}}, {{model: whole/davinci-002}}]
+  - name: resumed
+    strategy: ordered
+    resume_streams: true
     targets: [{{model: flood/davinci-002}}, {{model: whole/davinci-002}}]
 """
 
@@ -195,6 +200,38 @@ def test_a_flood_before_the_first_event_is_a_failed_attempt_that_fails_over(
     assert moved.headers["x-gateway-attempts"] == "2"
     assert "".join(texts(sse_data(moved.text)[:-1])) == RECORDED_STREAM_TEXT
     assert [r.path.split("/")[1] for r in up.received] == ["flood", "flood", "whole"]
+
+
+def test_a_chat_stream_meets_the_same_cap(tmp_path: Path, up: Upstream) -> None:
+    flood = Flood(FLOODS["comments"], first=0)
+    route(up, flood=flood)
+    body = {"model": "flood/davinci-002", "messages": [{"role": "user", "content": "Hi"}], "stream": True}
+    with serve(tmp_path, up) as gw, httpx.Client(trust_env=False, timeout=60) as client:
+        resp = client.post(gw.url + "/v1/chat/completions", json=body)
+        closed_soon(flood, 1)
+    assert resp.status_code == 502, resp.text[:300]
+    assert resp.json()["error"]["code"] == "upstream_stream_idle"
+    assert up.received[0].path == "/flood/v1/chat/completions"
+
+
+def test_a_flood_after_the_first_events_is_resumed_elsewhere_with_resume_streams(tmp_path: Path, up: Upstream) -> None:
+    flood = Flood(FLOODS["blank_lines"], first=3)
+
+    async def rest(request: web.Request, received: Received) -> web.StreamResponse:
+        left = int(received.json()["max_tokens"])  # what the flood's three tokens left of 16
+        handler = reply_sse([*CHUNKS[len(CHUNKS) - left :], DONE_EVENT])
+        result: web.StreamResponse = await handler(request, received)
+        return result
+
+    route(up, flood=flood, whole=rest)
+    with serve(tmp_path, up) as gw:
+        resp = post(gw, "resumed")
+        closed_soon(flood, 1)
+    data = sse_data(resp.text)
+    assert data[-1] == "[DONE]" and all("error" not in json.loads(d) for d in data[:-1]), data[-3:]
+    assert "".join(texts(data[:-1])) == RECORDED_STREAM_TEXT  # one uninterrupted stream
+    assert [r.path.split("/")[1] for r in up.received] == ["flood", "whole"]
+    assert up.received[1].json()["max_tokens"] == 16 - 3
 
 
 def test_keep_alive_pings_between_events_never_meet_the_cap(tmp_path: Path, up: Upstream) -> None:
