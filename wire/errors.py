@@ -435,7 +435,12 @@ CODES: Final[dict[str, str]] = {
     "upstream_ignored_n": "the upstream answered fewer choices than 'n' asked for (502)",
     "unsupported_logprobs_shape": "the upstream's logprobs cannot carry what was asked (echoed prompt) (502)",
     "upstream_event_too_large": "one upstream stream event is larger than caps.upstream_event_bytes (502)",
-    "upstream_answer_too_large": "the upstream's answer is larger than a caps.upstream_* cap (502)",
+    "upstream_stream_idle": (
+        "an upstream stream sent more than caps.upstream_idle_stream_bytes with nothing for the client (502)"
+    ),
+    "upstream_answer_too_large": (
+        "the upstream's answer is larger than a caps.upstream_* cap, or came after too many interim answers (502)"
+    ),
     "generation_error": (
         "the upstream reported that the generation broke off (Mistral's finish_reason 'error', vLLM's 'abort')"
     ),

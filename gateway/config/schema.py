@@ -259,8 +259,14 @@ class CapsConfig(Strict, frozen=True):
     upstream_body_bytes: Annotated[int, Meta(ge=1024)] = 64 * 1024 * 1024
     # One stream line or event (SSE, NDJSON), after decoding.
     upstream_event_bytes: Annotated[int, Meta(ge=1024)] = 1024 * 1024
-    # The status line and headers of one upstream answer.
+    # Stream bytes since the last event that carried anything for the client (text, a choice, usage, a finish):
+    # blank lines, comments and events the adapter ignores, each of which resets the read timeout. An event still
+    # arriving is not counted (`upstream_event_bytes` bounds it). Keep-alive pings are bytes every few seconds.
+    upstream_idle_stream_bytes: Annotated[int, Meta(ge=1024)] = 1024 * 1024
+    # The status line and headers of one upstream answer, and the interim (1xx) answers before them.
     upstream_header_bytes: Annotated[int, Meta(ge=1024)] = 64 * 1024
+    # Interim (1xx) answers before one upstream answer's final head (100 Continue, 103 Early Hints).
+    upstream_interim_answers: Annotated[int, Meta(ge=0)] = 10
     # Upstream error text relayed to a client or a log, after secrets are scrubbed from it.
     upstream_message_chars: Annotated[int, Meta(ge=64)] = 1000
     # -- client requests --

@@ -151,8 +151,14 @@ MEANINGS: dict[str, str] = {
     "together); 400 naming `prompt` or `messages` beyond it",
     "caps.upstream_body_bytes": "a buffered upstream answer, counted after gzip/deflate decoding; 502 beyond it",
     "caps.upstream_event_bytes": "one upstream stream line or event; 502 beyond it",
+    "caps.upstream_idle_stream_bytes": "bytes of an upstream stream since its last event that carried anything for "
+    "the client (text, a choice, usage, a finish): blank lines, comments, keep-alives and events the gateway ignores, "
+    "an event still arriving not counted; beyond it the stream fails as the upstream's fault (`upstream_stream_idle`, "
+    "502 before the first event, an error event after it), retried, failed over or resumed like a broken stream",
     "caps.upstream_header_bytes": "an upstream answer's status line, headers, interim answers and trailers; 502 beyond "
     "it",
+    "caps.upstream_interim_answers": "interim (`1xx`) answers an upstream may send before its answer's final head "
+    "(`100 Continue`, `103 Early Hints`); 502 `upstream_answer_too_large` beyond it",
     "caps.upstream_message_chars": "upstream error text relayed to a client or a log, after configured secrets are "
     "scrubbed from it",
     "tokenizer.default_model": "the model the bare `/tokenize`, `/detokenize` and `/tokenizer_info` routes use when "

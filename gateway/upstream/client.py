@@ -66,7 +66,12 @@ class H1Transport:
     name = "h1"
 
     def __init__(self, limit: int, caps: CapsConfig) -> None:
-        self._client = h1.Client(limit, max_body=caps.upstream_body_bytes, max_header_bytes=caps.upstream_header_bytes)
+        self._client = h1.Client(
+            limit,
+            max_body=caps.upstream_body_bytes,
+            max_header_bytes=caps.upstream_header_bytes,
+            max_interim=caps.upstream_interim_answers,
+        )
 
     def request(self, req: UpstreamRequest, timeouts: Timeouts) -> Coroutine[Any, Any, h1.Response]:
         # The client's coroutine itself, not one awaiting it: a frame less for every resume of the request.

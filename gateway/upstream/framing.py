@@ -44,9 +44,10 @@ class SSEDecoder:
     """Server-sent events, linear in its input: an unfinished line waits in a bytearray that only grows
     by what arrives, and each chunk is scanned once."""
 
-    __slots__ = ("_pending", "_data", "_size", "_event", "_max", "_head", "_cr")
+    __slots__ = ("fed", "_pending", "_data", "_size", "_event", "_max", "_head", "_cr")
 
     def __init__(self, *, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
+        self.fed = 0  # bytes taken in (line ends as LF): what the stream's idle cap counts
         self._pending = bytearray()
         self._data: list[bytes] = []
         self._size = 0
@@ -61,6 +62,8 @@ class SSEDecoder:
             chunk = self._opening(chunk)
         if self._cr or 13 in chunk:  # an int: a memchr, where `b"\r" in` costs a general search
             chunk = self._lf(chunk)
+        size = len(chunk)  # once: the loop below would ask per event
+        self.fed += size
         events: list[tuple[str | None, bytes]] = []
         start = 0
         pending = self._pending
@@ -87,7 +90,7 @@ class SSEDecoder:
             # way below costs two calls and a partition per event and gives the same pair.
             end = nl + 1
             if (
-                end < len(chunk)
+                end < size
                 and chunk[end] == 10
                 and chunk.startswith(b"data: ", start)
                 and not self._data
@@ -98,11 +101,14 @@ class SSEDecoder:
                 events.append((None, chunk[start + 6 : nl]))
                 start = end + 1
                 continue
+            if nl == start and not self._data and self._event is None:
+                start = end  # a blank line that ends no event (keep-alives, a flood): nothing to reset
+                continue
             line = chunk[start:nl]
             start = nl + 1
             self._line(line, events)
-        if start < len(chunk):
-            if len(chunk) - start > self._max:
+        if start < size:
+            if size - start > self._max:
                 raise EventTooLarge(self._max)
             pending += chunk[start:]
         return events
@@ -123,6 +129,10 @@ class SSEDecoder:
             chunk = chunk[1:]  # a CRLF split between two chunks, its CR already taken for the line's end
         self._cr = chunk[-1:] == b"\r"
         return chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+
+    def held(self) -> int:
+        """Bytes of an event still arriving: its unfinished line and the `data:` it has so far."""
+        return len(self._pending) + self._size
 
     def close(self) -> list[tuple[str | None, bytes]]:
         """Flush an event the upstream ended without a blank line (common before a close)."""
@@ -161,13 +171,15 @@ class SSEDecoder:
 class NDJSONDecoder:
     """One JSON value per line, linear in its input like `SSEDecoder`."""
 
-    __slots__ = ("_pending", "_max")
+    __slots__ = ("fed", "_pending", "_max")
 
     def __init__(self, *, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
+        self.fed = 0
         self._pending = bytearray()
         self._max = max_event_bytes
 
     def feed(self, chunk: bytes) -> list[tuple[str | None, bytes]]:
+        self.fed += len(chunk)
         pending = self._pending
         if pending:
             nl = chunk.find(b"\n")
@@ -193,6 +205,9 @@ class NDJSONDecoder:
                     raise EventTooLarge(cap)
                 out.append((None, line))
         return out
+
+    def held(self) -> int:
+        return len(self._pending)
 
     def close(self) -> list[tuple[str | None, bytes]]:
         rest = bytes(self._pending)
@@ -256,9 +271,10 @@ class EventStreamDecoder:
     `EventStreamError`.
     """
 
-    __slots__ = ("_buf", "_max")
+    __slots__ = ("fed", "_buf", "_max")
 
     def __init__(self, *, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
+        self.fed = 0
         self._buf = bytearray()
         # The AWS SDKs allow 16 MiB per payload; the gateway's per-event cap, when lower, wins.
         self._max = min(_MAX_PAYLOAD, max_event_bytes)
@@ -268,6 +284,7 @@ class EventStreamDecoder:
         # deleted from the front costs nothing per byte left (CPython's bytearray keeps an offset).
         buf = self._buf
         buf += chunk
+        self.fed += len(chunk)
         events: list[tuple[str | None, bytes]] = []
         while len(buf) >= _PRELUDE.size:
             total, headers_len, prelude_crc = _PRELUDE.unpack_from(buf)
@@ -295,6 +312,9 @@ class EventStreamDecoder:
             events.append(_named(headers, frame[start + headers_len : total - 4]))
         return events
 
+    def held(self) -> int:
+        return len(self._buf)
+
     def close(self) -> list[tuple[str | None, bytes]]:
         if self._buf:
             left, self._buf = len(self._buf), bytearray()
@@ -312,9 +332,15 @@ def _named(headers: dict[str, str], payload: bytes) -> tuple[str | None, bytes]:
 
 
 class Decoder(Protocol):
+    fed: int  # bytes taken in so far
+
     def __init__(self, *, max_event_bytes: int = MAX_EVENT_BYTES) -> None: ...
 
     def feed(self, chunk: bytes) -> list[tuple[str | None, bytes]]: ...
+
+    def held(self) -> int:
+        """Bytes of an event begun and not yet complete (at most about `max_event_bytes`)."""
+        ...
 
     def close(self) -> list[tuple[str | None, bytes]]: ...
 

@@ -23,6 +23,7 @@ from gateway.upstream.h1wire import (
     MAX_BODY,
     MAX_HEADER_BYTES,
     MAX_HEADERS,
+    MAX_INTERIM,
     ConnectFailed,
     Disconnected,
     Malformed,
@@ -41,6 +42,7 @@ __all__ = [
     "MAX_BODY",
     "MAX_HEADER_BYTES",
     "MAX_HEADERS",
+    "MAX_INTERIM",
     "Client",
     "ConnectFailed",
     "Disconnected",
@@ -67,6 +69,7 @@ class Pool:
         max_body: int = MAX_BODY,
         max_header_bytes: int = MAX_HEADER_BYTES,
         max_headers: int = MAX_HEADERS,
+        max_interim: int = MAX_INTERIM,
     ) -> None:
         self.origin = origin
         self.limit = limit
@@ -74,6 +77,7 @@ class Pool:
         self.max_body = max_body
         self.max_header_bytes = max_header_bytes
         self.max_headers = max_headers
+        self.max_interim = max_interim
         self.idle: deque[_Connection] = deque()
         self.open = 0
         self.waiters: deque[asyncio.Future[None]] = deque()
@@ -189,7 +193,8 @@ class Client:
     """Pools per origin for one provider, and the bytes of each request.
 
     The caps default to the config's defaults; the gateway passes `caps.upstream_body_bytes` as
-    `max_body` and `caps.upstream_header_bytes` as `max_header_bytes`.
+    `max_body`, `caps.upstream_header_bytes` as `max_header_bytes` and `caps.upstream_interim_answers` as
+    `max_interim`.
     """
 
     def __init__(
@@ -199,11 +204,13 @@ class Client:
         max_body: int = MAX_BODY,
         max_header_bytes: int = MAX_HEADER_BYTES,
         max_headers: int = MAX_HEADERS,
+        max_interim: int = MAX_INTERIM,
     ) -> None:
         self.limit = limit
         self.max_body = max_body
         self.max_header_bytes = max_header_bytes
         self.max_headers = max_headers
+        self.max_interim = max_interim
         self.pools: dict[tuple[str, str, int | None], Pool] = {}
         self._tls: ssl.SSLContext | None = None
 
@@ -220,6 +227,7 @@ class Client:
                 max_body=self.max_body,
                 max_header_bytes=self.max_header_bytes,
                 max_headers=self.max_headers,
+                max_interim=self.max_interim,
             )
         return pool
 

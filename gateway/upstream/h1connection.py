@@ -12,7 +12,15 @@ import httptools
 
 from gateway.upstream.h1body import _Inflate
 from gateway.upstream.h1response import Holder, Response
-from gateway.upstream.h1wire import Disconnected, Malformed, TooLarge, Watchdog, _head_too_large, _Stop
+from gateway.upstream.h1wire import (
+    Disconnected,
+    Malformed,
+    TooLarge,
+    Watchdog,
+    _head_too_large,
+    _Stop,
+    _too_many_interim,
+)
 
 
 class Pool(Holder, Protocol):
@@ -20,6 +28,7 @@ class Pool(Holder, Protocol):
 
     max_header_bytes: int
     max_headers: int
+    max_interim: int
 
     def put_back(self, conn: _Connection) -> None: ...
 
@@ -51,6 +60,7 @@ class _Connection(asyncio.Protocol):
         self._gap = 0  # bytes received since the last body byte (status lines, headers, framing, trailers)
         self._head_bytes = 0
         self._head_count = 0
+        self._interims = 0  # interim answers before the final one
         self._first_byte_s = self._deadline = 0.0  # the exchange's timeouts, for each wait of its head
         self.watchdog = Watchdog(self.loop)  # times the head's wait and each read of the body
 
@@ -158,7 +168,12 @@ class _Connection(asyncio.Protocol):
                 # 1xx has no body (RFC 9110 15.2); llhttp would frame some of them by Content-Length.
                 self._broken(Malformed(f"invalid HTTP response: an interim {status} with a body"))
                 raise _Stop
-            # An interim answer (100 Continue, 102, 103 Early Hints): the final one follows.
+            # An interim answer (100 Continue, 102, 103 Early Hints): the final one follows, unless they never end
+            # (the byte cap would end a flood of them too, after thousands, each parsed).
+            self._interims += 1
+            if self._interims > self.pool.max_interim:
+                self._broken(_too_many_interim(self.pool.max_interim))
+                raise _Stop
             self._interim = True
             headers.clear()
             return
@@ -259,7 +274,7 @@ class _Connection(asyncio.Protocol):
         self.response = resp
         self._final = self._interim = self._complete = self._dirty = False
         self._length_known = False
-        self._gap = self._head_bytes = self._head_count = 0
+        self._gap = self._head_bytes = self._head_count = self._interims = 0
         ready = self.headers_ready = self.loop.create_future()
         assert self.transport is not None
         self.transport.write(request)

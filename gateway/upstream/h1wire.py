@@ -23,6 +23,7 @@ _KEEPALIVE_S: Final = 30.0
 MAX_BODY: Final = 64 * 1024 * 1024  # caps.upstream_body_bytes
 MAX_HEADER_BYTES: Final = 64 * 1024  # caps.upstream_header_bytes
 MAX_HEADERS: Final = 200  # header fields (and trailers) in one answer; not configurable
+MAX_INTERIM: Final = 10  # caps.upstream_interim_answers
 
 # Request headers a transport owns (framing, connection management) or must never forward: whatever a
 # caller passes under these names is dropped. `proxy-*` is matched by prefix (`hop_by_hop`).
@@ -274,3 +275,7 @@ def _body_too_large(cap: int) -> TooLarge:
 
 def _head_too_large(cap: int) -> TooLarge:
     return TooLarge(f"the response headers are larger than the cap of {cap} bytes (caps.upstream_header_bytes)")
+
+
+def _too_many_interim(cap: int) -> TooLarge:
+    return TooLarge(f"the response has more than {cap} interim (1xx) answers (caps.upstream_interim_answers)")

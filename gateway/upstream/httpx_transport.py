@@ -378,7 +378,7 @@ class HttpxTransport:
         # (httpx_head.py), from h11's own limit for one head up: below it, h11 and `_head_problem` refuse an
         # oversized head for the reason h1 gives (too many fields before too many bytes).
         cap = self._caps.upstream_header_bytes
-        metered = HEAD.set(HeadMeter(cap, max(cap, _H11_HEAD_LIMIT)))
+        metered = HEAD.set(HeadMeter(cap, max(cap, _H11_HEAD_LIMIT), self._caps.upstream_interim_answers))
         try:
             async with asyncio.timeout(timeouts.total):
                 resp = await self._client.send(request, stream=True, follow_redirects=False)

@@ -125,17 +125,28 @@ CASES: list[Case] = [
         ("ok", 200, BODY),
     ),
     Case(
+        "interim_ten",
+        [head("100 Continue") * 9, Wait(0.01), head("103 Early Hints", "link: </a>; rel=preload") + ok()],
+        ("ok", 200, BODY),
+        "as many interim answers as caps.upstream_interim_answers lets through",
+    ),
+    Case(
+        "interim_eleven",
+        [head("100 Continue") * 6, Wait(0.01), head("100 Continue") * 5 + ok()],
+        ("error", CAP),
+        "one interim answer more than caps.upstream_interim_answers, split between two reads",
+    ),
+    Case(
         "interim_flood",
         [head("100 Continue") * 160, Wait(0.005)] * 600,
         ("error", CAP),
-        "interim answers without end, none of them late: refused at caps.upstream_header_bytes, not at total_ms",
+        "interim answers without end, none of them late: refused at caps.upstream_interim_answers, not at total_ms",
     ),
     Case(
         "interim_flood_with_fields",
         [EARLY_HINTS, Wait(0.005)] * 600,
         ("error", CAP),
-        divergence="both refuse it as too large; h1 counts interim answers' fields against h1.MAX_HEADERS too, so"
-        " it names that cap first, httpx the byte cap",
+        "refused at caps.upstream_interim_answers, before their fields reach h1.MAX_HEADERS or their bytes the cap",
     ),
     Case(
         "switching_protocols_101",

@@ -62,6 +62,7 @@ def test_the_default_caps_are_the_configs() -> None:
     assert h1.MAX_BODY == caps.upstream_body_bytes == 64 * MiB
     assert h1.MAX_HEADER_BYTES == caps.upstream_header_bytes == 64 * 1024
     assert h1.MAX_HEADERS == 200
+    assert h1.MAX_INTERIM == caps.upstream_interim_answers == 10
 
 
 @pytest.mark.parametrize(("bomb", "encoding"), [(GZIP_BOMB, b"gzip"), (RAW_DEFLATE_BOMB, b"deflate")])
@@ -252,7 +253,7 @@ def head_server(head: bytes, *, trickle: bool = False) -> RawServer:
         ("too-many-headers", b"HTTP/1.1 200 OK\r\n" + b"x-h: 1\r\n" * 51 + b"\r\n", False, "50 header fields"),
         ("endless-header-value", b"HTTP/1.1 200 OK\r\nx-endless: ", True, "caps.upstream_header_bytes"),
         ("endless-reason-phrase", b"HTTP/1.1 200 ", True, "caps.upstream_header_bytes"),
-        ("interim-flood", b"HTTP/1.1 100 Continue\r\n\r\n" * 1000, False, "caps.upstream_header_bytes"),
+        ("interim-flood", b"HTTP/1.1 100 Continue\r\n\r\n" * 1000, False, "10 interim .* answers"),
         (
             "large-trailers",
             b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n"
@@ -273,3 +274,40 @@ async def test_an_oversized_head_is_refused_at_the_cap(
         assert b"v" * 16 not in str(caught.value).encode()  # the message never carries upstream bytes
         assert time.monotonic() - started < 2  # refused at the cap, not by a timeout
         assert await call(small, srv.url, b"second") == (200, b"answer to second")
+
+
+@pytest.mark.parametrize("interims", [0, 1, 10, 11])
+async def test_interim_answers_are_skipped_up_to_their_cap(interims: int) -> None:
+    head = b"HTTP/1.1 103 Early Hints\r\nlink: </a>; rel=preload\r\n\r\n" * interims
+
+    async def script(n: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if n == 0:
+            await read_request(reader)
+            writer.write(head + answer(b"the answer"))
+            await writer.drain()
+        await well_behaved(reader, writer)
+
+    client = h1.Client(4)
+    try:
+        async with RawServer(script) as srv:
+            if interims <= h1.MAX_INTERIM:
+                assert await call(client, srv.url, b"first") == (200, b"the answer")
+            else:
+                with pytest.raises(h1.TooLarge, match=r"more than 10 interim \(1xx\) answers"):
+                    await call(client, srv.url, b"first")
+            assert await call(client, srv.url, b"second") == (200, b"answer to second")
+    finally:
+        client.close()
+
+
+async def test_interim_answers_under_a_raised_count_cap_still_meet_the_byte_cap() -> None:
+    client = h1.Client(4, max_header_bytes=16 * 1024, max_interim=1_000_000)
+    try:
+        async with head_server(b"HTTP/1.1 100 Continue\r\n\r\n" * 1000) as srv:
+            started = time.monotonic()
+            with pytest.raises(h1.TooLarge, match="caps.upstream_header_bytes"):
+                await call(client, srv.url, b"first", total_s=10)
+            assert time.monotonic() - started < 2
+            assert await call(client, srv.url, b"second") == (200, b"answer to second")
+    finally:
+        client.close()

@@ -211,3 +211,13 @@ def test_a_whole_event_over_the_cap_is_refused_as_a_split_one_is() -> None:
                 decoder.feed(part)
     at_cap = b"data: " + b"x" * 64 + b"\n\n"
     assert SSEDecoder(max_event_bytes=64).feed(at_cap) == [(None, b"x" * 64)]
+
+
+def test_each_decoder_counts_what_it_took_in_and_what_an_unfinished_event_holds() -> None:
+    """What the stream's idle cap reads (`fed`, `held`): every byte taken in, and of them the event still arriving."""
+    sse = SSEDecoder()
+    assert sse.feed(b": ping\n\n") == [] and (sse.fed, sse.held()) == (8, 0)
+    assert sse.feed(b"data: ab\ndata: c") == [] and (sse.fed, sse.held()) == (24, 3 + 7)
+    assert sse.feed(b"\n\n") == [(None, b"ab\nc")] and (sse.fed, sse.held()) == (26, 0)
+    nd = NDJSONDecoder()
+    assert nd.feed(b'{"a":1}\n{"b"') == [(None, b'{"a":1}')] and (nd.fed, nd.held()) == (12, 4)
