@@ -22,8 +22,9 @@ from litestar.types import HTTPScope, Receive, Send
 
 from gateway.edge.endpoint import Endpoint, Watch, headers_of, read_body, request_id, send_error, send_json
 from gateway.edge.scoped_routes import decode_model_field
-from gateway.limits.admission import Ticket, as_text, rate_headers
+from gateway.limits.admission import Ticket
 from gateway.limits.auth import ClientKey
+from gateway.limits.rateheaders import as_text, rate_headers
 from gateway.limits.ratelimit import TOKEN_KINDS, Bucket
 from gateway.ops import accesslog
 from gateway.ops.metrics import Metrics, Record

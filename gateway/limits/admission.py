@@ -8,14 +8,15 @@ docs/ratelimits.md.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Final
 
 import msgspec
 
 from gateway.config import LimitsConfig, LoadedConfig
 from gateway.limits.auth import ClientKey, fingerprint
-from gateway.limits.ratelimit import TOKEN_KINDS, Bucket, BucketSet, BucketState, Decision, Limiter, RedisDown
+from gateway.limits.rateheaders import Lines, as_text, labels_of, rate_headers, reply_headers
+from gateway.limits.ratelimit import TOKEN_KINDS, Bucket, BucketSet, Decision, Limiter, RedisDown
 from gateway.limits.settles import Corrections
 from gateway.limits.tokens import over_limit, reservation, unbounded_completion, warm
 from gateway.state import Degraded, SharedState
@@ -41,76 +42,6 @@ def buckets_of(scope: str, limits: LimitsConfig | None, shared_as: str = "") -> 
     ]
 
 
-def duration(ms: int) -> str:
-    """OpenAI's reset format: `20ms`, `1.5s`, `6m0s`."""
-    if ms < 1000:
-        return f"{max(ms, 0)}ms"
-    if ms < 60_000:
-        return f"{ms / 1000:.3f}".rstrip("0").rstrip(".") + "s"
-    minutes, rest = divmod(ms, 60_000)
-    return f"{minutes}m{rest // 1000}s"
-
-
-_REQUEST_KINDS: Final = ("rps", "rpm")
-_TOKEN_KINDS: Final = ("tpm", "tpd")
-_REQUEST_NAMES: Final = (
-    b"x-ratelimit-limit-requests",
-    b"x-ratelimit-remaining-requests",
-    b"x-ratelimit-reset-requests",
-)
-_TOKEN_NAMES: Final = (b"x-ratelimit-limit-tokens", b"x-ratelimit-remaining-tokens", b"x-ratelimit-reset-tokens")
-# The x-ratelimit headers as the endpoint sends them (names and values encoded): made from the script's reply
-# straight into bytes, they cost no encoding, no merge and no lookup of a value new on every answer.
-Lines = list[tuple[bytes, bytes]]
-# Per header label: its three names, then its buckets' places in a script reply (remaining, then reset) with
-# their limits as header values, the first bucket's apart (most labels have one bucket).
-_Label = tuple[bytes, bytes, bytes, int, bytes, tuple[tuple[int, bytes], ...]]
-# A reset under a second as `duration` writes it, for the resets most replies carry.
-_MS: Final = tuple(b"%dms" % ms for ms in range(1000))
-
-
-def _labels(buckets: Sequence[Bucket]) -> tuple[_Label, ...]:
-    """What `_reply_headers` reads of a set of buckets, worked out once per set."""
-    labels: list[_Label] = []
-    for kinds, names in ((_REQUEST_KINDS, _REQUEST_NAMES), (_TOKEN_KINDS, _TOKEN_NAMES)):
-        rows = [(2 + 2 * i, b"%d" % b.limit) for i, b in enumerate(buckets) if b.kind in kinds]
-        if rows:
-            labels.append((*names, *rows[0], tuple(rows[1:])))
-    return tuple(labels)
-
-
-def _reply_headers(out: Sequence[int], labels: tuple[_Label, ...]) -> Lines:
-    """The x-ratelimit headers of a script reply `out`: per label, its tightest bucket's (the least
-    remaining, then the longest reset, the first of equals)."""
-    headers: Lines = []
-    for limit_name, remaining_name, reset_name, at, limit, others in labels:
-        remaining, reset = out[at], out[at + 1]
-        for j, other in others:
-            if out[j] < remaining or (out[j] == remaining and out[j + 1] > reset):
-                limit, remaining, reset = other, out[j], out[j + 1]
-        # GCRA's reset: when the bucket is full again (all of this scope's units available).
-        headers += (
-            (limit_name, limit),
-            (remaining_name, b"%d" % remaining),
-            (reset_name, _MS[reset] if 0 <= reset < 1000 else duration(reset).encode()),
-        )
-    return headers
-
-
-def rate_headers(states: list[BucketState], labels: tuple[_Label, ...] | None = None) -> Lines:
-    """The x-ratelimit headers of a decision's bucket states, as `_reply_headers` reads them off a reply;
-    `labels`: their buckets' (`_labels`), when the caller has them worked out already."""
-    out = [0, 0]
-    for s in states:
-        out += (s.remaining, s.reset_ms)
-    return _reply_headers(out, _labels([s.bucket for s in states]) if labels is None else labels)
-
-
-def as_text(headers: Lines) -> dict[str, str]:
-    """Encoded headers as text, for what builds its headers as text (an error's, a route off the hot path)."""
-    return {name.decode("ascii"): value.decode("ascii") for name, value in headers}
-
-
 class _Scopes:
     """One combination of scopes a request charges (its key's, its alias's, its route's), compiled once:
     the buckets, the token buckets among them and the smallest token limit, and the queue to wait in."""
@@ -123,7 +54,7 @@ class _Scopes:
         self.tokens = [b for b in buckets if b.kind in TOKEN_KINDS]
         self.room = min((b.limit for b in self.tokens), default=0)
         self.queue_ms = queue_ms
-        self.labels = _labels(buckets)  # worked out once, read off every reply
+        self.labels = labels_of(buckets)  # worked out once, read off every reply
 
 
 class Ticket(msgspec.Struct):
@@ -259,7 +190,7 @@ class Admission:
             out = limiter.decided(charges, tokens)
             if out is not None:
                 allowed, wait, lease = out[0] == 1, out[1], ""
-                headers = _reply_headers(out, scopes.labels)
+                headers = reply_headers(out, scopes.labels)
             else:
                 try:
                     # The common case (Redis answering, no lease): the channel's future awaited here, the reply
@@ -279,7 +210,7 @@ class Admission:
                         except Degraded:
                             out, away = limiter.refused_call(charges, tokens), True
                         allowed, wait, lease = out[0] == 1, out[1], ""
-                        headers = _reply_headers(out, scopes.labels)
+                        headers = reply_headers(out, scopes.labels)
                 except RedisDown:
                     raise _unavailable() from None
             if allowed:
