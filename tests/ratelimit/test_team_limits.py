@@ -44,12 +44,15 @@ keys:
   - {{name: tight, key: k-tight, team: roomy, limits: {{rpm: 1}}}}
   - {{name: tok-1, key: k-tok-1, team: tok, limits: {{tpm: 6000}}}}
   - {{name: blue-1, key: k-blue-1, team: blue}}
+  - {{name: slot-1, key: k-slot-1, team: slots}}
+  - {{name: slot-2, key: k-slot-2, team: slots}}
   - {{name: solo, key: k-solo}}
 teams:
   red: {{limits: {{rpm: 4}}, admin_key: "${{TL_RED_ADMIN}}"}}
   green: {{limits: {{rpm: 6}}}}
   roomy: {{limits: {{rpm: 1000}}}}
   tok: {{limits: {{tpm: 1000}}}}
+  slots: {{limits: {{concurrent: 2}}}}
   blue: {{}}
 providers:
   demo: {{kind: fake}}
@@ -152,6 +155,24 @@ def test_a_burst_over_two_gateways_admits_exactly_the_teams_rpm(gws: list[Gatewa
     assert 50_000 < full_in_ms(rds, team_bucket("green", "rpm"), 6) <= 60_000
 
 
+def test_a_teams_concurrent_holds_across_two_gateways(gws: list[GatewayThread], rds: RedisServer) -> None:
+    a, b = gws
+    calls = [(gw, key) for gw in (a, b) for key in ("k-slot-1", "k-slot-2") for _ in range(2)]
+
+    def one(call: tuple[GatewayThread, str]) -> httpx.Response:
+        gw, key = call
+        return post(gw, key, body("demo/slow-3000ms"))
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(one, calls))
+    assert sorted(r.status_code for r in results) == [200] * 2 + [429] * 6
+    assert all(r.headers[TEAM_HEADER] == "slots" for r in results if r.status_code == 429)
+    # Every slot is given back when its request ends.
+    with rds.client() as r:
+        wait_until(lambda: r.zcount(team_bucket("slots", "concurrent"), "(0", "+inf") == 0)
+    assert post(b, "k-slot-2").status_code == 200
+
+
 def test_the_keys_own_limit_is_named_as_the_keys(gws: list[GatewayThread]) -> None:
     a, b = gws
     assert post(a, "k-tight").status_code == 200
@@ -182,6 +203,7 @@ def test_the_status_page_shows_a_teams_buckets(gws: list[GatewayThread]) -> None
         ("team:green", "rpm", 6),
         ("team:roomy", "rpm", 1000),
         ("team:tok", "tpm", 1000),
+        ("team:slots", "concurrent", 2),
     }
 
 
