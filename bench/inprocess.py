@@ -50,7 +50,11 @@ def config_text(upstream_port: int | None, cache: str = "off") -> str:
     if redis:
         lines.append(f"redis: {{url: '{redis}'}}")
     if os.environ.get("BENCH_LIMITS"):  # `--limits`: checked and charged on every request, never refused
-        lines += ["keys:", "  - {name: bench, key: bench-key, limits: {rpm: 100000000, tpm: 10000000000}}"]
+        # `--team-limits`: the key's team has the same limits, charged with the key's (only trees with team limits).
+        team = ", team: bench" if os.environ.get("BENCH_TEAM_LIMITS") else ""
+        lines += ["keys:", f"  - {{name: bench, key: bench-key{team}, limits: {{rpm: 100000000, tpm: 10000000000}}}}"]
+        if team:
+            lines += ["teams:", "  bench: {limits: {rpm: 100000000, tpm: 10000000000}}"]
     if os.environ.get("BENCH_NO_ACCESS_LOG"):  # `--no-access-log`: the access log is on unless told otherwise
         lines.append("logging: {requests: false}")
     ledger = os.environ.get("BENCH_LEDGER_URL")  # `--ledger`: every request booked (valgrind's child inherits it)

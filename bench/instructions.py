@@ -30,10 +30,11 @@ request is a hit. ``--no-access-log`` turns the access log off (on by default: i
 buffered as in production, written to /dev/null), to see what it adds.
 
 ``--limits`` gives the client's key rpm + tpm limits far above what the run reaches (in process, or in the
-Redis ``--redis URL`` names); ``--all`` is the everything-on configuration of the bench's ``all_*`` rows
-(bench/everything.py: Redis limits, the cache with ``--vary`` misses, the ledger, ``max_concurrency``; it needs
-``--redis`` and ``--ledger``). With ``--ledger URL``, one request is served outside valgrind before the two
-counted runs, so that both find the database and its schema made (each row the runs book stays in it).
+Redis ``--redis URL`` names), ``--team-limits`` its team the same limits besides; ``--all`` is the
+everything-on configuration of the bench's ``all_*`` rows (bench/everything.py: Redis limits, the cache with
+``--vary`` misses, the ledger, ``max_concurrency``; it needs ``--redis`` and ``--ledger``). With ``--ledger
+URL``, one request is served outside valgrind before the two counted runs, so that both find the database and
+its schema made (each row the runs book stays in it).
 
 ``--concurrency C`` sends with C clients at once (each its own share of the requests, the warm-up as
 well): what a loaded server batches (the rate limits' script calls of one loop tick go as one call) then
@@ -191,6 +192,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--redis", help="a redis.url: shared state (and the limits, with --limits) in Redis")
     parser.add_argument("--limits", action="store_true", help="rpm + tpm limits on the client's key")
     parser.add_argument(
+        "--team-limits", action="store_true", help="--limits, and the same limits on the key's team (teams.<name>)"
+    )
+    parser.add_argument(
         "--no-access-log", action="store_true", help="logging.requests: false (the access log, on by default, off)"
     )
     parser.add_argument("--concurrency", type=int, default=1, help="clients sending at once (1: one request at a time)")
@@ -221,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["BENCH_MAX_CONCURRENCY"] = str(args.max_concurrency)  # valgrind's child inherits it
     if args.redis:
         os.environ["BENCH_REDIS_URL"] = args.redis
+    if args.team_limits:
+        args.limits = True
+        os.environ["BENCH_TEAM_LIMITS"] = "1"  # valgrind's child inherits it
     if args.limits:
         os.environ["BENCH_LIMITS"] = "1"
     if args.no_access_log:

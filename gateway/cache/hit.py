@@ -14,7 +14,8 @@ from typing import Final
 from gateway.cache.chat import replay
 from gateway.cache.entry import Entry, buffered_body, client_body, replay_stream
 from gateway.cache.job import JobLike, Make, R
-from gateway.limits.admission import Admission, Lines
+from gateway.limits.admission import Admission
+from gateway.limits.rateheaders import Lines
 from gateway.ops.metrics import Record
 from gateway.server.values import header_value
 from providers.base import CallContext

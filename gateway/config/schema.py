@@ -130,8 +130,9 @@ class KeyConfig(Strict, frozen=True):
     # USD per UTC calendar month: at or over it, requests answer 429 `budget_exceeded` until the 1st (without a
     # ledger checked against the month's booked spend, docs/operations.md; with one reserved, docs/ledger.md).
     max_cost_per_month: BudgetUsd | None = None
-    # A team groups keys in the ledger's rows, rollups and reports, and shares its `teams:` budgets. It must be
-    # declared under `teams:` (`{}` when it only groups), so a misspelt team is refused rather than budgetless.
+    # A team groups keys in the ledger's rows, rollups and reports, and shares its `teams:` budgets and rate
+    # limits. It must be declared under `teams:` (`{}` when it only groups), so a misspelt team is refused rather
+    # than budgetless.
     team: str | None = None
     # This key's share of a saturated server against the other keys waiting (`queue.fair_by: key`; docs/fairness.md).
     weight: Annotated[float, Meta(gt=0, le=10_000)] = 1.0
@@ -147,6 +148,10 @@ class TeamConfig(Strict, frozen=True):
     max_cost_per_day: BudgetUsd | None = None
     # USD per UTC calendar month for all the team's keys together.
     max_cost_per_month: BudgetUsd | None = None
+    # Rate limits for all the team's keys together (YAML and runtime keys alike), checked with each key's own
+    # in the same admission: over them, any of its keys answers 429 naming the team (`x-gateway-team`). Batch
+    # lines count toward `batches.limits` instead (docs/ratelimits.md#team-limits). Unset: none.
+    limits: LimitsConfig | None = None
     # The team's share of a saturated server against the other teams waiting (`queue.fair_by: team`).
     weight: Annotated[float, Meta(gt=0, le=10_000)] = 1.0
     # The `priority` of the team's keys that set none.
@@ -493,8 +498,8 @@ class GatewayConfig(Strict, frozen=True):
     cache: CacheConfig = CacheConfig()
     ledger: LedgerConfig = LedgerConfig()
     batches: BatchesConfig = BatchesConfig()
-    # Budgets, model ceilings and admins shared by the keys that name the team (`keys[].team`); every team a key
-    # names is declared here.
+    # Budgets, rate limits, model ceilings and admins shared by the keys that name the team (`keys[].team`); every
+    # team a key names is declared here.
     teams: dict[str, TeamConfig] = msgspec.field(default_factory=dict)
     # The fair wait queue of servers with `max_concurrency` (docs/fairness.md).
     queue: QueueConfig = QueueConfig()

@@ -136,7 +136,7 @@ def _targets(pipeline: Pipeline, down: Mapping[str, str]) -> dict[str, str | Non
 
 def _buckets(pipeline: Pipeline) -> list[Bucket]:
     a = pipeline.admission
-    return [b for scope in (a.keys, a.models, a.providers, a.deployments) for bs in scope.values() for b in bs]
+    return [b for scope in (a.keys, a.teams, a.models, a.providers, a.deployments) for bs in scope.values() for b in bs]
 
 
 async def status(pipeline: Pipeline, unreachable: Mapping[str, str] | None = None) -> dict[str, Any]:

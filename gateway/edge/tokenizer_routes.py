@@ -22,9 +22,11 @@ from litestar.types import HTTPScope, Receive, Send
 
 from gateway.edge.endpoint import Endpoint, Watch, headers_of, read_body, request_id, send_error, send_json
 from gateway.edge.scoped_routes import decode_model_field
-from gateway.limits.admission import Ticket, as_text, rate_headers
+from gateway.limits.admission import Ticket
 from gateway.limits.auth import ClientKey
-from gateway.limits.ratelimit import TOKEN_KINDS, Bucket
+from gateway.limits.rateheaders import as_text, rate_headers
+from gateway.limits.ratelimit import TOKEN_KINDS
+from gateway.limits.refusal import refusal
 from gateway.ops import accesslog
 from gateway.ops.metrics import Metrics, Record
 from gateway.path.dialects import OPENAI, decode_error
@@ -49,7 +51,7 @@ from providers.tokenizer import (
     tokenize_request,
 )
 from wire.chat import text_parts
-from wire.errors import GatewayError, InvalidRequestError, RateLimitError, UpstreamError
+from wire.errors import GatewayError, InvalidRequestError, UpstreamError
 from wire.schema import decode_body
 
 log = logging.getLogger("gateway")
@@ -295,13 +297,12 @@ class Tokenizers:
 
     @staticmethod
     async def _admit(pipeline: Pipeline, key: ClientKey | None, model: str, target: Route) -> Ticket | None:
-        """Request-rate and concurrency limits of the key, the alias and the target; no tokens are charged."""
+        """Request-rate and concurrency limits of the key, its team, the alias and the target; no tokens are
+        charged."""
         admission = pipeline.admission
         if not admission.applies(key):
             return None
-        scopes: list[Bucket] = []
-        if key is not None:
-            scopes += admission.keys.get(key.ident) or key.buckets
+        scopes = admission.own(key)
         scopes += admission.models.get(model, ())
         scopes += admission.providers.get(target.provider, ())
         if target.endpoint.deployment:
@@ -313,12 +314,9 @@ class Tokenizers:
         # The request-rate buckets' headers only: no tokens are charged here.
         headers = rate_headers([s for s in decision.states if s.bucket.kind in ("rps", "rpm")])
         if not decision.allowed:
-            raise RateLimitError(
-                "Rate limit reached for this key or model; retry after the time in Retry-After",
-                code="rate_limit_exceeded",
-                retry_after=decision.retry_after_ms / 1000,
-                headers=as_text(headers),
-            )
+            team = key.team if key is not None and key.team in admission.teams else None
+            left = [s.remaining for s in decision.states]
+            raise refusal(team, buckets, left, 0, decision.retry_after_ms, headers)
         return Ticket(buckets, decision.lease, 0, headers)
 
     @staticmethod

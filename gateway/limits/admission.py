@@ -1,6 +1,6 @@
 """Admission: which limits a request touches, reserving them, and settling them afterwards.
 
-Scopes (key, alias, provider, deployment) are compiled once from the config; tokens are reserved as an
+Scopes (key, team, alias, provider, deployment) are compiled once from the config; tokens are reserved as an
 estimate and reconciled with the upstream's usage in the background. Which scope is charged when:
 docs/ratelimits.md.
 """
@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Final
 
 import msgspec
 
 from gateway.config import LimitsConfig, LoadedConfig
 from gateway.limits.auth import ClientKey, fingerprint
-from gateway.limits.ratelimit import TOKEN_KINDS, Bucket, BucketSet, BucketState, Decision, Limiter, RedisDown
+from gateway.limits.rateheaders import Lines, as_text, labels_of, rate_headers, reply_headers
+from gateway.limits.ratelimit import TOKEN_KINDS, Bucket, BucketSet, Decision, Limiter, RedisDown
+from gateway.limits.refusal import refusal, team_scope
 from gateway.limits.reserve import beyond_share, out_of_reach, shared_view, warn_out_of_reach
 from gateway.limits.settles import Corrections
 from gateway.limits.tokens import over_limit, reservation, unbounded_completion, warm
@@ -43,89 +45,21 @@ def buckets_of(scope: str, limits: LimitsConfig | None, shared_as: str = "") -> 
     ]
 
 
-def duration(ms: int) -> str:
-    """OpenAI's reset format: `20ms`, `1.5s`, `6m0s`."""
-    if ms < 1000:
-        return f"{max(ms, 0)}ms"
-    if ms < 60_000:
-        return f"{ms / 1000:.3f}".rstrip("0").rstrip(".") + "s"
-    minutes, rest = divmod(ms, 60_000)
-    return f"{minutes}m{rest // 1000}s"
-
-
-_REQUEST_KINDS: Final = ("rps", "rpm")
-_TOKEN_KINDS: Final = ("tpm", "tpd")
-_REQUEST_NAMES: Final = (
-    b"x-ratelimit-limit-requests",
-    b"x-ratelimit-remaining-requests",
-    b"x-ratelimit-reset-requests",
-)
-_TOKEN_NAMES: Final = (b"x-ratelimit-limit-tokens", b"x-ratelimit-remaining-tokens", b"x-ratelimit-reset-tokens")
-# The x-ratelimit headers as the endpoint sends them (names and values encoded): made from the script's reply
-# straight into bytes, they cost no encoding, no merge and no lookup of a value new on every answer.
-Lines = list[tuple[bytes, bytes]]
-# Per header label: its three names, then its buckets' places in a script reply (remaining, then reset) with
-# their limits as header values, the first bucket's apart (most labels have one bucket).
-_Label = tuple[bytes, bytes, bytes, int, bytes, tuple[tuple[int, bytes], ...]]
-# A reset under a second as `duration` writes it, for the resets most replies carry.
-_MS: Final = tuple(b"%dms" % ms for ms in range(1000))
-
-
-def _labels(buckets: Sequence[Bucket]) -> tuple[_Label, ...]:
-    """What `_reply_headers` reads of a set of buckets, worked out once per set."""
-    labels: list[_Label] = []
-    for kinds, names in ((_REQUEST_KINDS, _REQUEST_NAMES), (_TOKEN_KINDS, _TOKEN_NAMES)):
-        rows = [(2 + 2 * i, b"%d" % b.limit) for i, b in enumerate(buckets) if b.kind in kinds]
-        if rows:
-            labels.append((*names, *rows[0], tuple(rows[1:])))
-    return tuple(labels)
-
-
-def _reply_headers(out: Sequence[int], labels: tuple[_Label, ...]) -> Lines:
-    """The x-ratelimit headers of a script reply `out`: per label, its tightest bucket's (the least
-    remaining, then the longest reset, the first of equals)."""
-    headers: Lines = []
-    for limit_name, remaining_name, reset_name, at, limit, others in labels:
-        remaining, reset = out[at], out[at + 1]
-        for j, other in others:
-            if out[j] < remaining or (out[j] == remaining and out[j + 1] > reset):
-                limit, remaining, reset = other, out[j], out[j + 1]
-        # GCRA's reset: when the bucket is full again (all of this scope's units available).
-        headers += (
-            (limit_name, limit),
-            (remaining_name, b"%d" % remaining),
-            (reset_name, _MS[reset] if 0 <= reset < 1000 else duration(reset).encode()),
-        )
-    return headers
-
-
-def rate_headers(states: list[BucketState], labels: tuple[_Label, ...] | None = None) -> Lines:
-    """The x-ratelimit headers of a decision's bucket states, as `_reply_headers` reads them off a reply;
-    `labels`: their buckets' (`_labels`), when the caller has them worked out already."""
-    out = [0, 0]
-    for s in states:
-        out += (s.remaining, s.reset_ms)
-    return _reply_headers(out, _labels([s.bucket for s in states]) if labels is None else labels)
-
-
-def as_text(headers: Lines) -> dict[str, str]:
-    """Encoded headers as text, for what builds its headers as text (an error's, a route off the hot path)."""
-    return {name.decode("ascii"): value.decode("ascii") for name, value in headers}
-
-
 class _Scopes:
-    """One combination of scopes a request charges (its key's, its alias's, its route's), compiled once:
-    the buckets, the token buckets among them and the smallest token limit, and the queue to wait in."""
+    """One combination of scopes a request charges (its key's, its team's, its alias's, its route's), compiled
+    once: the buckets, the token buckets among them and the smallest token limit, the queue to wait in, and the
+    key's team when the team's buckets are among them (a refusal by them names it)."""
 
-    __slots__ = ("buckets", "charges", "labels", "queue_ms", "room", "tokens")
+    __slots__ = ("buckets", "charges", "labels", "queue_ms", "room", "team", "tokens")
 
-    def __init__(self, buckets: list[Bucket], charges: BucketSet, queue_ms: int) -> None:
+    def __init__(self, buckets: list[Bucket], charges: BucketSet, queue_ms: int, team: str | None = None) -> None:
         self.buckets = buckets
+        self.team = team
         self.charges = charges
         self.tokens = [b for b in buckets if b.kind in TOKEN_KINDS]
         self.room = min((b.room for b in self.tokens), default=0)
         self.queue_ms = queue_ms
-        self.labels = _labels(buckets)  # worked out once, read off every reply
+        self.labels = labels_of(buckets)  # worked out once, read off every reply
 
 
 class Ticket(msgspec.Struct):
@@ -160,6 +94,9 @@ class Admission:
             for ident in (fingerprint(k.key.encode()),)
         }
         self.models = {m.name: buckets_of(f"model:{m.name}", m.limits) for m in cfg.models if m.limits}
+        # Shared by all of a team's keys, YAML and runtime alike, beside each key's own (named by the team's name,
+        # as an alias's are: gateways sharing a Redis share a team's buckets when they name it alike).
+        self.teams = {n: buckets_of(team_scope(n), t.limits) for n, t in cfg.teams.items() if t.limits}
         # A batch's lines count toward their own buckets per key (`batches.limits`), never the key's: a batch
         # does not take the rate its key's interactive requests are allowed (docs/batches.md).
         self.batch_limits = cfg.batches.limits
@@ -177,9 +114,18 @@ class Admission:
         for m in cfg.models:
             if m.limits:
                 queue[f"model:{m.name}"] = m.limits.max_queue_ms
+        for n, t in cfg.teams.items():
+            if t.limits:
+                queue[team_scope(n)] = t.limits.max_queue_ms
         self.queue_ms = queue
-        self.enabled = bool(self.keys or self.models or self.providers or self.deployments)
-        scopes = [*self.keys.values(), *self.models.values(), *self.providers.values(), *self.deployments.values()]
+        self.enabled = bool(self.keys or self.models or self.providers or self.deployments or self.teams)
+        scopes = [
+            *self.keys.values(),
+            *self.teams.values(),
+            *self.models.values(),
+            *self.providers.values(),
+            *self.deployments.values(),
+        ]
         if any(b.kind in TOKEN_KINDS for bs in scopes for b in bs) and any(
             REGISTRY[p.kind].openai_bpe for p in loaded.providers.values()
         ):
@@ -208,18 +154,26 @@ class Admission:
             out += self.deployments.get((route.provider, route.endpoint.deployment), ())
         return out
 
+    def own(self, key: ClientKey | None) -> list[Bucket]:
+        """The buckets of `key`'s own interactive requests: the key's, then its team's (`teams.<name>.limits`)."""
+        if key is None:
+            return []
+        own = list(self.keys.get(key.ident) or key.buckets)
+        if self.teams:  # a config whose teams set no limits looks no further
+            own += self.teams.get(key.team or "", ())
+        return own
+
     def _compile(self, key: ClientKey | None, model: str, direct: Route | None, free: bool, batch: bool) -> _Scopes:
-        if batch:
-            buckets = self._batch_buckets(key)
-        else:
-            buckets = list(self.keys.get(key.ident) or key.buckets) if key is not None else []
+        # A batch's lines take neither their key's buckets nor its team's: `batches.limits` stands for both.
+        buckets = self._batch_buckets(key) if batch else self.own(key)
+        team = key.team if key is not None and not batch and key.team in self.teams else None
         buckets += self.models.get(model, ())
         if free:
             # No upstream call: no provider's or deployment's quota, and no tokens.
             buckets = [b for b in buckets if b.kind not in TOKEN_KINDS]
         elif direct is not None:
             buckets += self._route_buckets(direct)
-        # Only key and alias scopes configure a queue; a provider's quota must not cancel theirs.
+        # Only key, team and alias scopes configure a queue; a provider's quota must not cancel theirs.
         queues = [self.queue_ms[b.scope] for b in buckets if b.scope in self.queue_ms]
         if batch:
             never = out_of_reach(buckets)
@@ -229,7 +183,7 @@ class Admission:
                 queues.append(self.batch_limits.max_queue_ms)
         elif key is not None and key.buckets and key.ident not in self.keys:
             queues.append(key.queue_ms)  # a runtime key's own `limits.max_queue_ms`
-        return _Scopes(buckets, self.limiter.compiled(buckets), min(queues, default=0))
+        return _Scopes(buckets, self.limiter.compiled(buckets), min(queues, default=0), team)
 
     def _batch_buckets(self, key: ClientKey | None) -> list[Bucket]:
         """The buckets of `key`'s batch lines (`batches.limits`), named by the key's identity as its own are."""
@@ -255,7 +209,8 @@ class Admission:
         while the decision is on its way from Redis (called once, and only then). `batch`: a batch's line, which
         counts toward `batches.limits` in place of its key's own."""
         direct = None if waits else plan.single
-        # What decides the buckets: the key (a runtime key's own limits are on it), the model, the route.
+        # What decides the buckets: the key (a runtime key's own limits are on it; its identity fixes its team,
+        # which no key changes while a config is in force), the model, the route.
         route = None if free or direct is None else (direct.provider, direct.endpoint.deployment)
         sig = (None if key is None else (key.ident, key.buckets, key.queue_ms), req.model, free, route, batch)
         scopes = self._scopes.get(sig)
@@ -278,7 +233,7 @@ class Admission:
             out = limiter.decided(charges, tokens)
             if out is not None:
                 allowed, wait, lease = out[0] == 1, out[1], ""
-                headers = _reply_headers(out, scopes.labels)
+                headers = reply_headers(out, scopes.labels)
             else:
                 try:
                     # The common case (Redis answering, no lease): the channel's future awaited here, the reply
@@ -298,18 +253,15 @@ class Admission:
                         except Degraded:
                             out, away = limiter.refused_call(charges, tokens), True
                         allowed, wait, lease = out[0] == 1, out[1], ""
-                        headers = _reply_headers(out, scopes.labels)
+                        headers = reply_headers(out, scopes.labels)
                 except RedisDown:
                     raise _unavailable() from None
             if allowed:
                 return Ticket(buckets, lease, tokens, headers, prompt, charges, away)
             if waited + wait > queue_ms:
-                raise RateLimitError(
-                    "Rate limit reached for this key or model; retry after the time in Retry-After",
-                    code="rate_limit_exceeded",
-                    retry_after=wait / 1000,
-                    headers=as_text(headers),
-                )
+                # Which bucket refused is worked out here only (the team's is named): each one's headroom.
+                left = out[2::2] if out is not None else [s.remaining for s in decision.states]
+                raise refusal(scopes.team, buckets, left, tokens, wait, headers)
             waited += wait
             await self.sleep(wait / 1000)
 
@@ -321,9 +273,9 @@ class Admission:
         return self.enabled or (key is not None and bool(key.buckets))
 
     def counts_cached(self, key: ClientKey | None, model: str) -> bool:
-        """Whether `admit(..., free=True)` has a bucket to charge: the key's or the alias's request rate."""
-        own = (self.keys.get(key.ident) or key.buckets) if key is not None else ()
-        return any(b.kind not in TOKEN_KINDS for b in (*own, *self.models.get(model, ())))
+        """Whether `admit(..., free=True)` has a bucket to charge: the key's, its team's or the alias's request
+        rate."""
+        return any(b.kind not in TOKEN_KINDS for b in (*self.own(key), *self.models.get(model, ())))
 
     async def admit_route(self, route: Route, req: CompletionRequest, ticket: Ticket | None) -> Ticket | None:
         """A target's own provider/deployment quota, checked when the failover loop reaches it (an alias's

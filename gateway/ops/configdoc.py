@@ -220,8 +220,9 @@ MEANINGS: dict[str, str] = {
     "`total_ms` is refused",
     "prices.<model>.prompt_per_1m": "USD per million prompt tokens",
     "prices.<model>.completion_per_1m": "USD per million completion tokens",
-    "keys[].limits": "rate limits of this key; the same block sits under `models[]`, `providers.<name>` and "
-    "`providers.<name>.deployments.<d>` ([ratelimits.md](ratelimits.md))",
+    "keys[].limits": "rate limits of this key; the same block sits under `teams.<name>` (all of a team's keys "
+    "together), `models[]`, `providers.<name>` and `providers.<name>.deployments.<d>` "
+    "([ratelimits.md](ratelimits.md))",
     "keys[].limits.rps": "requests per second",
     "keys[].limits.rpm": "requests per minute",
     "keys[].limits.tpm": "tokens (prompt + completion) per minute",

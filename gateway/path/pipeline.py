@@ -19,9 +19,10 @@ from gateway.cache import Lookup
 from gateway.cache.hit import answered
 from gateway.config import LoadedConfig
 from gateway.fleet.picker import Hint
-from gateway.limits.admission import Admission, Lines, Ticket
+from gateway.limits.admission import Admission, Ticket
 from gateway.limits.auth import ClientKey, KeyRing
 from gateway.limits.budgets import Budgets, usage_budgets
+from gateway.limits.rateheaders import Lines
 from gateway.limits.usage import UsageStore
 from gateway.ops import tracing
 from gateway.ops.metrics import Metrics, Record

@@ -71,3 +71,24 @@ def test_a_line_over_batches_limits_waits_and_is_sent_again(tmp_path: Path) -> N
     assert [o["custom_id"] for o in out] == [x["custom_id"] for x in lines]
     assert requeued >= 1
     assert statuses == [200] * RPM, statuses
+
+
+def test_a_batch_leaves_its_teams_whole_rate_limit_to_its_interactive_requests(tmp_path: Path) -> None:
+    # A team's limits are its keys' own interactive traffic's, as a key's are: its lines count toward
+    # `batches.limits` (none here) in their place.
+    lines = [line(f"r-{i}", prompt=f"p {i}") for i in range(LINES)]
+    mine = '{name: eval, key: "${BATCH_EVAL_KEY}"}'
+    text = config(
+        f"sqlite:///{tmp_path / 'ledger.db'}", concurrency=8, more=f"teams: {{evals: {{limits: {{rpm: {RPM}}}}}}}"
+    )
+    path = tmp_path / "config.yaml"
+    path.write_text(text.replace(mine, mine[:-1] + ", team: evals}"))
+    with GatewayThread(path, ENV) as gw:
+        client = sdk(gw.url, EVAL_KEY)
+        batch = wait_batch(client, start(client, lines))
+        requeued = _requeued(gw)
+        statuses = _interactive(gw, RPM + 1)
+    assert batch.status == "completed" and batch.error_file_id is None
+    assert requeued == 0
+    # The team's whole burst, and no more: the team's bucket holds the interactive requests.
+    assert statuses == [200] * RPM + [429], statuses

@@ -60,6 +60,21 @@ def test_hits_still_count_against_request_rate_limits(limited: GatewayThread, up
         assert dave.post("/v1/completions", json=body("rpm: a")).status_code == 429
 
 
+def test_hits_count_against_the_teams_request_rate(upstream: Upstream, tmp_path: Path) -> None:
+    crew = f"""
+  - {{name: erin, key: "{CAROL}", team: crew}}
+  - {{name: frank, key: "{DAVE}", team: crew}}
+"""
+    text = config(upstream).replace("keys:\n", "keys:" + crew, 1) + "teams:\n  crew: {limits: {rpm: 2}}\n"
+    with serve_config(tmp_path, text) as gw, client(gw.url, CAROL) as erin, client(gw.url, DAVE) as frank:
+        assert erin.post("/v1/completions", json=body("team: a")).headers["x-gateway-cache"] == "miss"
+        assert frank.post("/v1/completions", json=body("team: b")).headers["x-gateway-cache"] == "miss"
+        # Erin's stored answer would be a hit, but the team's two requests of the minute are spent.
+        refused = erin.post("/v1/completions", json=body("team: a"))
+        assert refused.status_code == 429 and refused.headers["x-gateway-team"] == "crew", refused.text
+    assert len(upstream.received) == 2
+
+
 def _slow(upstream: Upstream, seconds: float) -> None:
     like = upstream.handler
 

@@ -1,7 +1,7 @@
 """The request path's shortcuts say exactly what the general code says.
 
 Admission's common acquire writes its script call from constant segments (`BucketSet.acquire_part`) and its
-x-ratelimit headers straight from the script's reply (`_reply_headers`); both must match, byte for byte and
+x-ratelimit headers straight from the script's reply (`reply_headers`); both must match, byte for byte and
 header for header, what the general `part` and `rate_headers` (one BucketState per bucket) give. In process memory
 it decides with `_Local.acquire_rates`, which must answer and store what the general `run_specs` does.
 """
@@ -12,9 +12,10 @@ import itertools
 import random
 
 from gateway.edge.endpoint import _encode_headers
-from gateway.limits.admission import _reply_headers, _Scopes, as_text, duration, rate_headers
+from gateway.limits.admission import _Scopes
 from gateway.limits.bucketset import BucketSet
 from gateway.limits.gcra import BucketState, _Local
+from gateway.limits.rateheaders import as_text, duration, rate_headers, reply_headers
 from gateway.limits.ratelimit import Bucket, Kind
 
 KINDS: tuple[Kind, ...] = ("rps", "rpm", "tpm", "tpd", "concurrent")
@@ -78,7 +79,7 @@ def test_headers_read_from_the_reply_are_those_of_the_bucket_states() -> None:
             pairs = [(rng.randint(0, 3), rng.choice((0, 5, 999, 1000, 1500, 61_000))) for _ in buckets]
             out = [rng.randint(0, 1), rng.randint(0, 9)] + [x for pair in pairs for x in pair]
             states = [BucketState(b, rem, reset) for b, (rem, reset) in zip(buckets, pairs, strict=True)]
-            assert _reply_headers(out, scopes.labels) == rate_headers(states)
+            assert reply_headers(out, scopes.labels) == rate_headers(states)
             assert as_text(rate_headers(states)) == _tightest(states)
             # Encoded by admission, they are the bytes the endpoint would send for the same headers as text.
             assert rate_headers(states) == _encode_headers(_tightest(states))

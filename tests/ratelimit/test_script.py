@@ -18,8 +18,8 @@ import uuid
 
 import pytest
 
-from gateway.limits.admission import duration
 from gateway.limits.gcra import _Local
+from gateway.limits.rateheaders import duration
 from gateway.limits.ratelimit import PERIOD_S, Bucket, Decision, Kind, Limiter
 from gateway.state import SharedState
 from tests.helpers.redis import RedisServer

@@ -35,6 +35,10 @@ keys:
   - {{name: full, key: "${{T_FULL}}"}}
   - {{name: narrow, key: "${{T_NARROW}}", models: ["ll/**"]}}
   - {{name: slow, key: "${{T_SLOW}}", limits: {{rpm: 1}}}}
+  - {{name: crew-1, key: gk-tok-crew-1, team: crew}}
+  - {{name: crew-2, key: gk-tok-crew-2, team: crew}}
+teams:
+  crew: {{limits: {{rpm: 2}}}}
 providers:
   vl: {{kind: vllm, base_url: {u}/vl/v1}}
   vlold: {{kind: vllm, base_url: {u}/vlold/v1}}

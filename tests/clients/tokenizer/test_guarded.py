@@ -43,6 +43,18 @@ def test_tokenizer_requests_count_against_the_request_rate(gateway: GatewayThrea
     assert len(upstream.received) == 1
 
 
+def test_tokenizer_requests_count_against_the_teams_request_rate(gateway: GatewayThread, upstream: Upstream) -> None:
+    with httpx.Client(base_url=gateway.url, trust_env=False, timeout=15) as bare:
+        one, two = ({"authorization": f"Bearer gk-tok-crew-{i}"} for i in (1, 2))
+        assert bare.post(f"{BASE}/tokenize", json={"prompt": "x"}, headers=one).status_code == 200
+        assert bare.post(f"{BASE}/detokenize", json={"tokens": [1]}, headers=two).status_code == 200
+        third = bare.post(f"{BASE}/tokenize", json={"prompt": "x"}, headers=one)
+        error_envelope(third, 429, "rate_limit_exceeded", param=None)
+        assert third.headers["x-gateway-team"] == "crew"
+        assert third.headers["x-ratelimit-limit-requests"] == "2"
+    assert len(upstream.received) == 2
+
+
 @pytest.mark.parametrize(
     "raw_path",
     [
