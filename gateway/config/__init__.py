@@ -7,6 +7,7 @@ single block can (a bad config is one `ConfigError` line). Importers take names 
 May import the base below it (state, ids), providers (the registry) and wire; nothing else of gateway.
 """
 
+from gateway.config.caps import CapsConfig
 from gateway.config.consistency import key_problem, model_names
 from gateway.config.fleet import (
     MAX_REPLICAS,
@@ -38,7 +39,6 @@ from gateway.config.schema import (
     BatchesConfig,
     BudgetUsd,
     CacheConfig,
-    CapsConfig,
     CooldownConfig,
     DeploymentConfig,
     DiscoveryConfig,
