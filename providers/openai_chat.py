@@ -28,7 +28,7 @@ from providers.chat_params import CHAT_GUARDED
 from providers.envelope import Unreadable
 from providers.finish import BROKE_OFF, broke_off, finish_reason, unfinished
 from providers.openai_compat import UpEnvelope, UpStopped, UpUsage, usage_from
-from providers.tool_results import unanswered_result
+from providers.tool_results import check_results
 from wire.chat import (
     ChatChoice,
     ChatChunk,
@@ -186,8 +186,9 @@ class OpenAIChat(Adapter):
     # own. Elsewhere the refusal goes as the turn's text.
     chat_refusal: ClassVar[bool] = False
     # The route's server refuses a tool message whose `tool_call_id` answers no call of the nearest assistant
-    # message before it with tool calls: the gateway refuses it first, naming the message
-    # (providers/tool_results.py). False: the conversation goes as it is, and the server decides.
+    # message before it with tool calls, a call of that turn left without a tool message before the next
+    # assistant message, and two tool messages answering one call: the gateway refuses each first, naming the
+    # message (providers/tool_results.py). False: the conversation goes as it is, and the server decides.
     chat_results_paired: ClassVar[bool] = False
 
     # The field an assistant message's `reasoning_content` goes back under, for servers that read the model's
@@ -416,8 +417,12 @@ def check_chat(adapter: Capabilities, req: ChatRequest, provider: str) -> None:
             provider,
             f"Provider '{provider}' returns at most {adapter.max_logprobs} prompt_logprobs, got {count}",
         )
-    if req.unanswered is not None and isinstance(adapter, OpenAIChat) and adapter.chat_results_paired:
-        raise unanswered_result(req, req.unanswered, provider)
+    if (
+        (req.unanswered is not None or req.unreplied is not None or req.repeated is not None)
+        and isinstance(adapter, OpenAIChat)
+        and adapter.chat_results_paired
+    ):
+        check_results(req, provider)
     rf = req.response_format
     if rf is not None and isinstance(adapter, OpenAIChat) and rf.get("type") not in adapter.chat_formats:
         raise UnsupportedParamError(

@@ -1,19 +1,32 @@
-"""A tool message that answers no call of its turn, refused before any call on the routes whose servers refuse it.
+"""Tool results that do not pair with their turn's calls, refused before any call on the routes whose servers do.
 
-A tool message names the call it answers by `tool_call_id`, and that call must be one of the nearest assistant
-message before it that has tool calls. OpenAI and Azure answer a 400 ("Invalid parameter: 'tool_call_id' of ...
-not found in 'tool_calls' of previous message."), Anthropic a 400 ("unexpected `tool_use_id` found in
-`tool_result` blocks"), Bedrock's Converse a ValidationException, Mistral a 400 ("Unexpected tool call id"), and
-Gemini, which pairs results with calls by function name, refuses a turn whose results do not match its calls.
-Those routes declare it (`OpenAIChat.chat_results_paired`) and the gateway refuses such a conversation first, in
-the client's terms, naming the message; the self-hosted servers (vLLM, SGLang, llama-server, TGI, Ollama) render
-any conversation into their chat template, and get it as it is, as do the routes nobody has seen refuse it.
+A tool message answers the call its `tool_call_id` names, one of the nearest assistant message before it with tool
+calls; each of that turn's calls wants one result before the next assistant message. OpenAI and Azure refuse a
+result answering no call, a call left without a result ("An assistant message with 'tool_calls' must be followed by
+tool messages responding to each 'tool_call_id'") and two results for one call ("Duplicate value for
+'tool_call_id'"); Anthropic each of the three (`tool_use` ids without `tool_result` blocks, "each tool_use must have
+a single result"); Bedrock's Converse, Gemini and Mistral count a turn's results against its calls, and refuse a
+mismatch. Those routes declare it (`OpenAIChat.chat_results_paired`) and the gateway refuses such a conversation
+first, in the client's terms, naming the message; the self-hosted servers (vLLM, SGLang, llama-server, TGI,
+Ollama) render any conversation into their chat template, and get it as it is, as do the unconfirmed routes.
 """
 
 from __future__ import annotations
 
 from wire.chat import AssistantMessage, ChatRequest, ToolMessage
 from wire.errors import InvalidRequestError
+
+_RULE = "refuses a conversation whose tool messages do not answer each call of their turn once"
+
+
+def check_results(req: ChatRequest, provider: str) -> None:
+    """Refuse, on a route whose server would, the first of the pairing faults normalize_chat marked."""
+    if req.unanswered is not None:
+        raise unanswered_result(req, req.unanswered, provider)
+    if req.unreplied is not None:
+        raise _refused(_unreplied(req, req.unreplied), "messages.tool_calls.id", provider)
+    if req.repeated is not None:
+        raise _refused(_repeated(req, req.repeated), "messages.tool_call_id", provider)
 
 
 def unanswered_result(req: ChatRequest, at: int, provider: str) -> InvalidRequestError:
@@ -42,4 +55,46 @@ def unanswered_result(req: ChatRequest, at: int, provider: str) -> InvalidReques
     return error
 
 
-__all__ = ["unanswered_result"]
+def _unreplied(req: ChatRequest, at: int) -> str:
+    m = req.messages[at]
+    assert isinstance(m, AssistantMessage) and m.tool_calls
+    answered = set()
+    for later in req.messages[at + 1 :]:
+        if isinstance(later, AssistantMessage):
+            break
+        if isinstance(later, ToolMessage):
+            answered.add(later.tool_call_id)
+    missing = [(j, call.id) for j, call in enumerate(m.tool_calls) if call.id not in answered]
+    j, first = missing[0]
+    return (
+        f"Invalid parameter: 'messages[{at}].tool_calls[{j}].id' of '{first}' has no tool message answering it; "
+        "an assistant message with 'tool_calls' must be followed by tool messages responding to each "
+        f"'tool_call_id'. The following tool_call_ids did not have response messages: "
+        + ", ".join(call_id for _, call_id in missing)
+    )
+
+
+def _repeated(req: ChatRequest, at: int) -> str:
+    m = req.messages[at]
+    assert isinstance(m, ToolMessage)
+    first = next(
+        k
+        for k in range(at - 1, -1, -1)
+        if isinstance(p := req.messages[k], ToolMessage) and p.tool_call_id == m.tool_call_id
+    )
+    return (
+        f"Invalid parameter: 'messages[{at}].tool_call_id' of '{m.tool_call_id}' answers the call that "
+        f"messages[{first}] already answers; each call of a turn takes one tool message"
+    )
+
+
+def _refused(message: str, param: str, provider: str) -> InvalidRequestError:
+    # As unanswered_result's: the server's rule, so another target of the plan may take the conversation.
+    error = InvalidRequestError(
+        f"{message}; provider '{provider}' {_RULE}", param=param, code="invalid_value", elsewhere=True, cools=False
+    )
+    error.no_call = True
+    return error
+
+
+__all__ = ["check_results", "unanswered_result"]

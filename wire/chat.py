@@ -148,6 +148,11 @@ class ChatRequest(CompletionRequest, kw_only=True, forbid_unknown_fields=True, o
     # The index of the first tool message whose `tool_call_id` answers no call of the nearest assistant message
     # before it with tool calls (set by normalize_chat); refused on the routes whose servers refuse it.
     unanswered: int | None = msgspec.field(default=None, name=" unanswered")
+    # The index of the first assistant message with tool calls that a later message follows before a tool message
+    # answered each call, and of the first tool message answering a call its turn already answered (both set by
+    # normalize_chat); refused where `unanswered` is.
+    unreplied: int | None = msgspec.field(default=None, name=" unreplied")
+    repeated: int | None = msgspec.field(default=None, name=" repeated")
     # Completion-only fields: not OpenAI chat's, so refused by name as unknown fields.
     best_of: int | None = msgspec.field(default=None, name=" best_of")
     echo: bool | None = msgspec.field(default=None, name=" echo")

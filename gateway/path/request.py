@@ -399,6 +399,10 @@ _completion_only: Final = operator.attrgetter(*_COMPLETION_ONLY)
 _NONE_HELD: Final = (None,) * len(_COMPLETION_ONLY)
 
 
+# The answers of no turn: a turn opens with a set of its own, so nothing is ever added to this one.
+_UNOPENED: Final[set[str]] = set()
+
+
 def normalize_chat(req: ChatRequest, caps: CapsConfig = _DEFAULT_CAPS) -> ChatRequest:
     """`normalize` for a chat request: `logprobs` is a boolean there, `tools`, `tool_choice` and
     `response_format` must have OpenAI's shapes, and `prompt` becomes the rendered conversation."""
@@ -426,11 +430,19 @@ def normalize_chat(req: ChatRequest, caps: CapsConfig = _DEFAULT_CAPS) -> ChatRe
     back = said = False
     images = 0
     calls: frozenset[str] = frozenset()  # the ids of the nearest assistant message before with tool calls
-    unanswered = None
+    unanswered = unreplied = repeated = None
+    # The open turn: the index of the assistant message with tool calls until another assistant message follows
+    # (-1: none), and the ids of its calls answered so far (made with the turn: none for a conversation without).
+    turn = -1
+    answered = _UNOPENED
     for i, m in enumerate(req.messages):
         if m.type is not None:
             m.type = None  # lm-eval's mark (wire.chat.Mark), for no upstream
         if m.__class__ is AssistantMessage:
+            if turn >= 0:
+                if unreplied is None and len(answered) < len(calls):
+                    unreplied = turn
+                turn = -1
             if m.content is None and not (m.tool_calls or m.refusal or m.reasoning_content or m.thinking_blocks):
                 # An empty turn: OpenAI refuses it, and the kinds with their own bodies drop or refuse it.
                 raise _bad(
@@ -443,6 +455,8 @@ def normalize_chat(req: ChatRequest, caps: CapsConfig = _DEFAULT_CAPS) -> ChatRe
                     if not call.id:
                         raise _empty_id(f"messages[{i}].tool_calls[{j}].id", "messages.tool_calls.id")
                 calls = frozenset(call.id for call in m.tool_calls)
+                turn = i
+                answered = set()
             if m.reasoning_content is not None or m.thinking_blocks is not None:
                 back = True
             if m.refusal is not None:
@@ -453,10 +467,20 @@ def normalize_chat(req: ChatRequest, caps: CapsConfig = _DEFAULT_CAPS) -> ChatRe
             said = True  # its tool_call_id, as a call's id
             if not m.tool_call_id:
                 raise _empty_id(f"messages[{i}].tool_call_id", "messages.tool_call_id")
-            if unanswered is None and m.tool_call_id not in calls:
-                unanswered = i
+            if m.tool_call_id not in calls:
+                if unanswered is None:
+                    unanswered = i
+            elif turn >= 0:
+                if m.tool_call_id not in answered:
+                    answered.add(m.tool_call_id)
+                elif repeated is None:
+                    repeated = i
+    # A conversation that ends with the calls themselves goes as it is: only a later message leaves them unanswered.
+    if 0 <= turn < len(req.messages) - 1 and unreplied is None and len(answered) < len(calls):
+        unreplied = turn
     req.thinking_back = back
-    req.unanswered = unanswered  # refused where the route's server refuses it (providers/openai_chat.py)
+    # Refused where the route's server refuses them (providers/tool_results.py).
+    req.unanswered, req.unreplied, req.repeated = unanswered, unreplied, repeated
     if req.continue_final_message is not None or req.add_generation_prompt is not None:
         _prefill(req)
     if req.echo_last is False:

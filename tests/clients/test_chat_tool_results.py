@@ -1,7 +1,9 @@
-"""A tool message must answer a call of the nearest assistant message before it with tool calls: refused, with a
-400 naming the message, before any upstream call on the kinds whose servers refuse it (openai, anthropic,
-gemini, mistral; azure and bedrock declare it too: tests/unit/test_tool_results.py), sent as it is to the
-self-hosted servers, which take any conversation. With the official `openai` SDK, over real sockets.
+"""A tool message must answer a call of the nearest assistant message before it with tool calls, and each call of a
+turn wants one tool message before the next assistant message: a result answering no call, a call left without a
+result, a call answered twice are refused, with a 400 naming the message, before any upstream call on the kinds
+whose servers refuse them (openai, anthropic, gemini, mistral; azure and bedrock declare it too:
+tests/unit/test_tool_results.py), sent as they are to the self-hosted servers, which take any conversation. With
+the official `openai` SDK, over real sockets.
 
 The upstream is a loopback server answering from the recordings (tests/fixtures/SOURCES.md): OpenAI's chat
 answer on the OpenAI wire, Anthropic's Messages answer, Gemini's generateContent answer.
@@ -77,6 +79,44 @@ UNANSWERED: dict[str, tuple[list[Any], int, bool]] = {
     ),
     "no call before": ([_user("Weather in Paris?"), _result("call_z")], 1, False),
 }
+DONE: dict[str, Any] = {"role": "assistant", "content": "Done."}
+# (conversation, the assistant message whose call goes unanswered, the index of that call, the calls unanswered)
+UNREPLIED: dict[str, tuple[list[Any], int, int, list[str]]] = {
+    "closed by the next assistant message": (
+        [_user("Paris and Lyon?"), _calls("call_a", "call_b"), _result("call_a"), DONE, _user("Thanks")],
+        1,
+        1,
+        ["call_b"],
+    ),
+    "closed by the end of the conversation": (
+        [_user("Paris, Lyon, Nice?"), _calls("call_a", "call_b", "call_c"), _result("call_b")],
+        1,
+        0,
+        ["call_a", "call_c"],
+    ),
+    "no result before the user speaks again": (
+        [_user("Paris?"), _calls("call_a"), _user("Never mind: Lyon?")],
+        1,
+        0,
+        ["call_a"],
+    ),
+}
+# (conversation, the index of the second tool message answering a call, the index of the first)
+REPEATED: dict[str, tuple[list[Any], int, int]] = {
+    "one call answered twice": ([_user("Paris?"), _calls("call_a"), _result("call_a"), _result("call_a")], 3, 2),
+    "between the results of others": (
+        [
+            _user("Paris and Lyon?"),
+            _calls("call_a", "call_b"),
+            _result("call_b"),
+            _result("call_a"),
+            _result("call_b"),
+            DONE,
+        ],
+        4,
+        2,
+    ),
+}
 # Parallel calls answered in another order, then a later turn whose call is answered: every result pairs.
 ANSWERED: list[Any] = [
     _user("Weather in Paris and Lyon?"),
@@ -148,6 +188,49 @@ def test_a_result_that_answers_no_call_of_its_turn_is_refused_before_any_call(
     assert received == []
 
 
+@pytest.mark.parametrize("case", sorted(UNREPLIED))
+@pytest.mark.parametrize("model", STRICT)
+def test_a_call_left_without_a_result_is_refused_before_any_call(
+    client: openai.OpenAI, received: list[Received], model: str, case: str
+) -> None:
+    messages, at, j, missing = UNREPLIED[case]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=model, messages=messages, tools=TOOLS)
+    error: Any = refused.value.body
+    assert (error["param"], error["code"], error["type"]) == (
+        "messages.tool_calls.id",
+        "invalid_value",
+        "invalid_request_error",
+    )
+    message = error["message"]
+    assert message.startswith(f"Invalid parameter: 'messages[{at}].tool_calls[{j}].id' of '{missing[0]}'")
+    assert f"did not have response messages: {', '.join(missing)};" in message
+    assert f"provider '{model.split('/')[0]}'" in message
+    assert received == []
+
+
+@pytest.mark.parametrize("case", sorted(REPEATED))
+@pytest.mark.parametrize("model", STRICT)
+def test_a_call_answered_twice_is_refused_before_any_call(
+    client: openai.OpenAI, received: list[Received], model: str, case: str
+) -> None:
+    messages, at, first = REPEATED[case]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=model, messages=messages, tools=TOOLS)
+    error: Any = refused.value.body
+    assert (error["param"], error["code"], error["type"]) == (
+        "messages.tool_call_id",
+        "invalid_value",
+        "invalid_request_error",
+    )
+    assert error["message"].startswith(
+        f"Invalid parameter: 'messages[{at}].tool_call_id' of '{messages[at]['tool_call_id']}' answers the call "
+        f"that messages[{first}] already answers"
+    )
+    assert f"provider '{model.split('/')[0]}'" in error["message"]
+    assert received == []
+
+
 @pytest.mark.parametrize("model", STRICT + LENIENT)
 def test_results_that_answer_their_turn_are_sent(client: openai.OpenAI, received: list[Received], model: str) -> None:
     answer = client.chat.completions.create(model=model, messages=ANSWERED, tools=TOOLS)
@@ -167,6 +250,23 @@ def test_self_hosted_servers_get_the_conversation_as_it_is(
     assert sent.json()["messages"][at] == messages[at]
 
 
+@pytest.mark.parametrize(
+    "messages",
+    [UNREPLIED[case][0] for case in sorted(UNREPLIED)] + [REPEATED[case][0] for case in sorted(REPEATED)],
+)
+@pytest.mark.parametrize("model", LENIENT)
+def test_self_hosted_servers_get_unanswered_calls_and_repeated_results_as_they_are(
+    client: openai.OpenAI, received: list[Received], model: str, messages: list[Any]
+) -> None:
+    answer = client.chat.completions.create(model=model, messages=messages, tools=TOOLS)
+    assert answer.choices[0].message.content
+    (sent,) = received
+    got = sent.json()["messages"]
+    assert [(m["role"], m.get("tool_call_id"), [c["id"] for c in m.get("tool_calls", ())]) for m in got] == [
+        (m["role"], m.get("tool_call_id"), [c["id"] for c in m.get("tool_calls", ())]) for m in messages
+    ]
+
+
 def test_an_alias_moves_on_to_a_target_that_takes_the_conversation(
     client: openai.OpenAI, received: list[Received]
 ) -> None:
@@ -177,3 +277,15 @@ def test_an_alias_moves_on_to_a_target_that_takes_the_conversation(
     (sent,) = received
     assert sent.path == "/vllm/v1/chat/completions"
     assert sent.json()["messages"][at] == messages[at]
+
+
+@pytest.mark.parametrize(
+    "messages", [UNREPLIED["closed by the end of the conversation"][0], REPEATED["one call answered twice"][0]]
+)
+def test_an_alias_moves_on_from_either_fault_too(
+    client: openai.OpenAI, received: list[Received], messages: list[Any]
+) -> None:
+    answer = client.chat.completions.create(model="strict-first", messages=messages, tools=TOOLS)
+    assert answer.choices[0].message.content
+    (sent,) = received
+    assert sent.path == "/vllm/v1/chat/completions"

@@ -1,5 +1,6 @@
 """Tool results paired with their calls: which tool message normalize_chat finds answering no call of its turn,
-which kinds refuse it (their servers do), and the ids the gateway makes for calls sent without one."""
+which turn it finds with a call left unanswered and which result answering a call twice, which kinds refuse them
+(their servers do), and the ids the gateway makes for calls sent without one."""
 
 from __future__ import annotations
 
@@ -53,9 +54,41 @@ def test_the_first_result_answering_no_call_of_its_turn(messages: tuple[dict[str
     assert _req(*messages).unanswered == at
 
 
+DONE = {"role": "assistant", "content": "done"}
+
+
+@pytest.mark.parametrize(
+    ("messages", "unreplied", "repeated"),
+    [
+        ((USER, _calls("a", "b"), _result("b"), _result("a"), DONE), None, None),
+        # A turn is closed by the next assistant message, or by the end of the conversation after its results.
+        ((USER, _calls("a", "b"), _result("a"), DONE), 1, None),
+        ((USER, _calls("a", "b"), _result("a")), 1, None),
+        ((USER, _calls("a", "b"), _result("a"), USER), 1, None),
+        ((USER, _calls("a"), _result("a"), _calls("b"), USER, _calls("c"), _result("c")), 3, None),
+        # The calls as the last message: nothing follows them yet, and the server decides.
+        ((USER, _calls("a")), None, None),
+        ((USER, _calls("a", "b"), _result("a"), _result("a"), _result("b")), None, 3),
+        ((USER, _calls("a", "b"), _result("a"), _result("a")), 1, 3),
+        # One id in two turns: each turn answers its own call once.
+        ((USER, _calls("a"), _result("a"), _calls("a"), _result("a")), None, None),
+        # A result after the turn was closed by an assistant message is no duplicate of that turn's.
+        ((USER, _calls("a"), _result("a"), DONE, _result("a")), None, None),
+        # A result answering no call is `unanswered`, not a duplicate.
+        ((USER, _calls("a"), _result("a"), _result("b"), _result("b")), None, None),
+    ],
+)
+def test_calls_left_unanswered_and_results_given_twice(
+    messages: tuple[dict[str, Any], ...], unreplied: int | None, repeated: int | None
+) -> None:
+    req = _req(*messages)
+    assert (req.unreplied, req.repeated) == (unreplied, repeated)
+
+
 def test_a_client_cannot_set_the_mark_itself() -> None:
-    body = {"model": "m/x", "messages": [USER], " unanswered": 0}
-    assert normalize_chat(decode_chat(msgspec.json.encode(body))).unanswered is None
+    body = {"model": "m/x", "messages": [USER], " unanswered": 0, " unreplied": 0, " repeated": 0}
+    req = normalize_chat(decode_chat(msgspec.json.encode(body)))
+    assert (req.unanswered, req.unreplied, req.repeated) == (None, None, None)
 
 
 def test_the_kinds_that_refuse_it() -> None:
@@ -63,17 +96,35 @@ def test_the_kinds_that_refuse_it() -> None:
     assert paired == PAIRED
 
 
+FAULTS = {
+    "unanswered": ((USER, _calls("a"), _result("b")), "messages.tool_call_id", "'messages[2].tool_call_id' of 'b'"),
+    "unreplied": (
+        (USER, _calls("a", "b", "c"), _result("a"), DONE),
+        "messages.tool_calls.id",
+        "'messages[1].tool_calls[1].id' of 'b' has no tool message",
+    ),
+    "repeated": (
+        (USER, _calls("a"), _result("a"), _result("a")),
+        "messages.tool_call_id",
+        "'messages[3].tool_call_id' of 'a' answers the call that messages[2] already answers",
+    ),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
 @pytest.mark.parametrize("kind", sorted(k for k, c in REGISTRY.items() if issubclass(c, OpenAIChat)))
-def test_check_chat_refuses_it_where_declared(kind: str) -> None:
+def test_check_chat_refuses_it_where_declared(kind: str, fault: str) -> None:
     adapter = REGISTRY[kind]()
-    req = _req(USER, _calls("a"), _result("b"))
+    messages, param, said = FAULTS[fault]
+    req = _req(*messages)
     if kind not in PAIRED:
         check_chat(adapter, req, "p")
         return
     with pytest.raises(InvalidRequestError) as refused:
         check_chat(adapter, req, "p")
     error = refused.value
-    assert (error.param, error.code, error.status) == ("messages.tool_call_id", "invalid_value", 400)
+    assert (error.param, error.code, error.status) == (param, "invalid_value", 400)
+    assert said in error.message and "provider 'p'" in error.message
     # Another target of the plan may take the conversation; this one is not unhealthy for refusing it.
     assert error.elsewhere and error.no_call and not error.cools
 
