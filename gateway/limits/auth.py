@@ -269,8 +269,8 @@ class KeyRing:
         return sorted(k.ident for k in self._by_digest.values() if k.team == team)
 
     def name_of(self, ident: str) -> str:
-        """The name of the key in force whose identity is `ident`; the identity itself for a key no longer in force
-        (and `anonymous` for the keyless)."""
+        """The name of the key in force (or refused for its undeclared team) whose identity is `ident`; the identity
+        itself for a key no longer in force (and `anonymous` for the keyless)."""
         key = self.identified(ident) or self.stray(ident)
         return ident if key is None else key.name
 
