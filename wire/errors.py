@@ -396,6 +396,8 @@ CODES: Final[dict[str, str]] = {
     "missing_api_key": "no key was sent (401)",
     "invalid_api_key": "the key is wrong (401)",
     "model_not_allowed": "the key's `models` patterns exclude the model (403)",
+    "team_undeclared": "a runtime key whose team the config in force does not declare, refused until it is "
+    "declared again (403; docs/ledger.md)",
     "model_not_found": "unknown alias or vendor, or the upstream does not serve the model (404)",
     "model_mismatch": "a tokenizer route's model differs from its scoped path",
     "tokenizer_not_available": "the provider has no tokenizer routes (404)",

@@ -32,9 +32,12 @@ from gateway.config import BatchesConfig
 from gateway.ids import unique_suffix
 from gateway.ledger.batch import same
 from gateway.ledger.engine import LedgerDown
+from gateway.limits.auth import team_undeclared
 from gateway.limits.usage import ANONYMOUS
 from gateway.ops.metrics import Metrics
+from gateway.path.dialects import OPENAI
 from gateway.path.pipeline import Pipeline
+from wire.errors import GatewayError
 from wire.schema import encode
 
 log = logging.getLogger("gateway")
@@ -347,10 +350,18 @@ class Drive:
                 pipeline = r.current()
                 # A batch made on an open gateway runs keyless only while the gateway is still open.
                 key = pipeline.keys.identified(owner)
+                # A runtime key whose team the config in force does not declare: its lines are refused as its
+                # requests are, and those left run once a reload declares the team again.
+                stray = pipeline.keys.stray(owner) if key is None else None
                 keyless = owner == ANONYMOUS and key is None and pipeline.keys.open
-                expired = key is not None and key.valid_until is not None and key.valid_until <= time.time()
+                owning = key or stray
+                expired = owning is not None and owning.valid_until is not None and owning.valid_until <= time.time()
                 started = 0
                 for idx, custom_id, body in [*self._due(), *lines]:
+                    if stray is not None and not expired:
+                        sent = _refused(custom_id, team_undeclared(stray))
+                        self.done.append(sent.booked(idx))
+                        continue
                     if (key is None and not keyless) or expired:
                         sent = _gone(custom_id, expired)
                         self.done.append(sent.booked(idx))
@@ -455,6 +466,13 @@ class Drive:
         closed = [(idx, unanswered("batch_req_" + unique_suffix(), cid, code, message).decode()) for idx, cid in left]
         await r.store.run(store.finish, self.id, r.me, r.lease_s, status, closed, self.stop)
         r.ended(status, len(closed))
+
+
+def _refused(custom_id: str, exc: GatewayError) -> Sent:
+    """A line refused before it is sent, with the error an interactive request of its key gets."""
+    line_id = "batch_req_" + unique_suffix()
+    status, body = OPENAI.error(exc)
+    return Sent(ERR, answered(line_id, custom_id, status, line_id, body))
 
 
 def _gone(custom_id: str, expired: bool) -> Sent:

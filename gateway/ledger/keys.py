@@ -329,16 +329,17 @@ class KeyPoller:
     def _stray_teams(self, rows: list[tuple[Any, ...]]) -> None:
         """One WARNING when a runtime key starts naming a team the config does not declare (a reload
         removed the team, or a replica's YAML lacks it). `POST /admin/keys` refuses such a team; a key made
-        under it earlier keeps working and booking under its team, without the team's budgets, priorities or
-        `models` (there are none to apply) until the team is declared again."""
+        under it earlier is refused on every client route (403 `team_undeclared`, gateway/limits/auth.py), as
+        are its batches' lines, until the team is declared again: it would otherwise run with none of the
+        team's budgets, limits or `models`. It is still listed, rotated and revoked as before."""
         if self.teams is None:
             return
         strays = sorted((r[1], r[2]) for r in rows if r[2] is not None and r[2] not in self.teams)
         if set(strays) - set(self._strays):  # named once, not again at every change of the other keys
             shown = ", ".join(f"{key!r} (team {team!r})" for key, team in strays)
             log.warning(
-                "ledger: runtime key(s) %s name a team not under teams:; they keep working and booking under "
-                "it, with no team budget, team priorities or team models until it is declared again",
+                "ledger: runtime key(s) %s name a team not under teams:; they are refused (403 team_undeclared) "
+                "until it is declared again",
                 shown,
             )
         self._strays = strays

@@ -1,15 +1,15 @@
 """Client keys: who may call the gateway and which models each key may use (its own and its team's `models`).
 
-Keys are looked up by their SHA-256 digest and then compared with `hmac.compare_digest`, so a lookup's
-timing says nothing about how much of a wrong key was right. The digest of a presented key that
-authenticated is remembered (`KeyRing._known`), so a key's SHA-256 runs once, not on every request. A key
-whose `${VAR}` is unset can never match, but still counts as configured: a missing secret must not turn the
-gateway open.
+Keys are looked up by their SHA-256 digest and then compared with `hmac.compare_digest`, so a lookup's timing
+says nothing about how much of a wrong key was right. The digest of a presented key that authenticated is
+remembered (`KeyRing._known`), so a key's SHA-256 runs once, not on every request. A key whose `${VAR}` is
+unset can never match, but still counts as configured: a missing secret must not turn the gateway open.
 
 A key is an identity, not a name (`ClientKey.ident`): a runtime key's id, or for a YAML key a fingerprint
 of its secret, so the cache's tenant scope and the ledger's rows tell apart two keys named alike (a YAML
 key and a later runtime key, or the keys of two differently configured gateways sharing one Redis). A key of
-a team is held to its team's `models` in this ring's config, bound once per key and config (`KeyRing._held`).
+a team is held to its team's `models` in this ring's config, bound once per key and config (`KeyRing._held`);
+a runtime key whose team that config does not declare is refused (`team_undeclared`), decided at that binding.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ _fingerprints: dict[bytes, str] = {}
 # Presented keys remembered with their digest (`KeyRing._known`): emptied when full. Only keys that authenticated
 # go in, so wrong keys, random or not, never grow it nor stay in memory.
 _KNOWN_MAX: Final = 1024
+_EXPIRED: Final = "This API key has expired"
 
 
 def fingerprint(secret: bytes) -> str:
@@ -85,6 +86,16 @@ class RuntimeKeys:
     ever: bool = False
 
 
+def team_undeclared(key: ClientKey) -> PermissionDeniedError:
+    """The refusal of a runtime key whose team the config in force does not declare: on every client route and
+    for its batch's lines, until a config declares the team again."""
+    return PermissionDeniedError(
+        f"Key '{key.name}' is of team '{key.team}', which the gateway's config does not declare: "
+        "the key is refused until its team is declared again",
+        code="team_undeclared",
+    )
+
+
 def keyless_open(keyless: str, configured: bool, live: bool, ever: bool) -> bool:
     """Whether requests without a key are served: no key in force (`configured`: YAML keys; `live`: runtime
     keys), and `keyless` allows it (`auto`: while the ledger never held a runtime key, so revoking the last
@@ -126,13 +137,17 @@ class KeyRing:
         self._known_for: Mapping[bytes, ClientKey] | None = None  # the runtime table `_known` was filled under
         self.daily: dict[str, float | None] = {k.name: k.max_cost_per_day for k in loaded.config.keys}
         self._team_of: dict[str, str | None] = {k.name: k.team for k in loaded.config.keys}
-        # Each team's `models` that allows less than every model. A runtime key naming a team the config does not
-        # declare has none, as it has no team budget (gateway/ledger/keys.py warns of such keys).
+        # A runtime key naming a team the config does not declare is refused (gateway/ledger/keys.py warns of
+        # such keys): it would otherwise run with no team ceiling, limits or budget, wider than its team allowed.
+        self.teams = frozenset(loaded.config.teams)
+        # Each team's `models` that allows less than every model.
         self.ceilings: dict[str, ModelGlobs] = {
             name: ModelGlobs(t.models) for name, t in loaded.config.teams.items() if "**" not in t.models
         }
-        # The runtime keys in force with their team's ceiling bound, and the table they were made from.
+        # The runtime keys in force with their team's ceiling bound, and the table they were made from; the
+        # table's keys of an undeclared team, apart: looked up only when a digest is not among those in force.
         self._bound: Mapping[bytes, ClientKey] | None = None
+        self._strays: Mapping[bytes, ClientKey] = {}
         self._bound_for: dict[bytes, ClientKey] | None = None
         for i, k in enumerate(loaded.config.keys):
             if loaded.missing_for(f"keys[{i}].key") or not k.key:
@@ -162,13 +177,22 @@ class KeyRing:
         return out
 
     def _runtime_keys(self) -> Mapping[bytes, ClientKey] | None:
-        """The runtime keys in force, each held to its team's ceiling under this ring's config: bound again only
-        when the poller replaced the table (the same table, the same keys)."""
+        """The runtime keys in force, each held to its team's ceiling under this ring's config, without those whose
+        team it does not declare (`_strays`): bound again only when the poller replaced the table (the same
+        table, the same keys)."""
         runtime = self.runtime
         table = runtime.by_digest if runtime is not None else None
         if table is not self._bound_for:
             self._bound_for = table
-            self._bound = table if table is None or not self.ceilings else {d: self._held(k) for d, k in table.items()}
+            teams = self.teams
+            strays = (
+                {} if table is None else {d: k for d, k in table.items() if k.team is not None and k.team not in teams}
+            )
+            self._strays = strays
+            if table is None or (not self.ceilings and not strays):
+                self._bound = table
+            else:
+                self._bound = {d: self._held(k) for d, k in table.items() if d not in strays}
         return self._bound
 
     def _held(self, key: ClientKey) -> ClientKey:
@@ -206,13 +230,18 @@ class KeyRing:
         if key is None and table is not None:
             key = table.get(digest)
         if key is None or not hmac.compare_digest(key.digest, digest):
-            raise AuthenticationError("Incorrect API key provided", code="invalid_api_key")
+            stray = self._strays.get(digest)
+            if stray is None or not hmac.compare_digest(stray.digest, digest):
+                raise AuthenticationError("Incorrect API key provided", code="invalid_api_key")
+            if stray.valid_until is not None and stray.valid_until <= time.time():
+                raise AuthenticationError(_EXPIRED, code="invalid_api_key")  # told first: no reload undoes it
+            raise team_undeclared(stray)
         if remember:
             if len(known) >= _KNOWN_MAX:
                 known.clear()
             known[presented] = digest
         if key.valid_until is not None and key.valid_until <= time.time():
-            raise AuthenticationError("This API key has expired", code="invalid_api_key")
+            raise AuthenticationError(_EXPIRED, code="invalid_api_key")
         return key
 
     def identified(self, ident: str) -> ClientKey | None:
@@ -225,15 +254,24 @@ class KeyRing:
                 return key
         return None
 
+    def stray(self, ident: str) -> ClientKey | None:
+        """The runtime key whose identity is `ident` when it is refused because this ring's config does not
+        declare its team (`team_undeclared`), for its batch's lines; None otherwise."""
+        self._runtime_keys()
+        for key in self._strays.values():
+            if key.ident == ident:
+                return key
+        return None
+
     def yaml_idents(self, team: str) -> list[str]:
         """The identities of the YAML keys in force of `team` (the config alone knows a YAML key's team; a
         runtime key's is in the ledger's `api_keys`)."""
         return sorted(k.ident for k in self._by_digest.values() if k.team == team)
 
     def name_of(self, ident: str) -> str:
-        """The name of the key in force whose identity is `ident`; the identity itself for a key no longer in force
-        (and `anonymous` for the keyless)."""
-        key = self.identified(ident)
+        """The name of the key in force (or refused for its undeclared team) whose identity is `ident`; the identity
+        itself for a key no longer in force (and `anonymous` for the keyless)."""
+        key = self.identified(ident) or self.stray(ident)
         return ident if key is None else key.name
 
     @staticmethod

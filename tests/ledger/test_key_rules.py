@@ -1,6 +1,7 @@
 """`POST /admin/keys` refuses what the config refuses for a `keys:` entry (gateway/config/consistency.py's
 `key_problem`, against the `teams:` in force): each a 400 naming the field, with the config's own reason. A
-reload that removes a team runtime keys name keeps them working, booked under it, and says so once."""
+reload that removes a team runtime keys name has them refused (403 `team_undeclared`) until it is declared again,
+and says so once."""
 
 from __future__ import annotations
 
@@ -102,7 +103,7 @@ def test_what_the_config_allows_a_runtime_key_is_allowed(gateway: Any) -> None:
         assert status(gw.url, resp.json()["secret"]) == 200
 
 
-def test_a_reload_that_removes_a_keys_team_keeps_the_key_and_says_so(
+def test_a_reload_that_removes_a_keys_team_refuses_the_key_and_says_so(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for name, value in ENV.items():  # a reload reads the process's environment
@@ -118,9 +119,12 @@ def test_a_reload_that_removes_a_keys_team_keeps_the_key_and_says_so(
         assert status(gw.url, secret) == 200
         path.write_text(config(url).replace(TEAMS, 'teams: {blue: {}, green: {}, "-red": {}}'))
         wait_until(lambda: "red" not in gw.pipeline.loaded.config.teams, timeout=10)
-        said = "ledger: runtime key(s) 'ci' (team 'red') name a team not under teams:"
+        said = (
+            "ledger: runtime key(s) 'ci' (team 'red') name a team not under teams:; they are refused "
+            "(403 team_undeclared) until it is declared again"
+        )
         wait_until(lambda: any(r.getMessage().startswith(said) for r in caplog.records), timeout=5)
-        assert status(gw.url, secret) == 200  # it keeps working, booked under its team
+        assert status(gw.url, secret) == 403  # refused, not let through without its team's budgets and limits
         # A new key may not name it any more.
         resp = admin(gw.url, "POST", "/admin/keys", {"name": "next", "team": "red"})
         assert resp.status_code == 400 and resp.json()["error"]["param"] == "team", resp.text

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import time
 
+import msgspec
 import pytest
 
 from gateway.config import parse_config
@@ -191,8 +192,23 @@ def test_runtime_keys_are_held_to_their_teams_models_of_the_ring_in_force() -> N
     assert keys.authenticate({"authorization": f"Bearer {secret}"}) is key  # bound once per table, not per request
     assert keys.identified("key_b1") is key  # a batch's lines run as the bound key
     assert every.match("openai/x")  # the ledger's own key is untouched
-    loose = keys.authenticate({"authorization": f"Bearer {other}"})
-    assert loose is not None and loose.models.match("openai/x")
+    # A key whose team this config does not declare is refused, not let through without its team's ceiling.
+    with pytest.raises(PermissionDeniedError) as info:
+        keys.authenticate({"authorization": f"Bearer {other}"})
+    assert (info.value.status, info.value.code, info.value.param) == (403, "team_undeclared", None)
+    assert info.value.message == (
+        "Key 's1' is of team 'gone', which the gateway's config does not declare: "
+        "the key is refused until its team is declared again"
+    )
+    assert keys.identified("key_s1") is None and keys.stray("key_s1") is runtime.by_digest[stray]
+    assert keys.stray("key_b1") is None and keys.name_of("key_s1") == "s1"
+    with pytest.raises(AuthenticationError, match="Incorrect API key"):  # a wrong key is told nothing more
+        keys.authenticate({"authorization": "Bearer rk-stray-3"})
+    # A config that declares its team lets it in (a reload that declares the team again).
+    declared = ring(text=text.replace("green: {}", "gone: {}"))
+    declared.runtime = runtime
+    assert declared.authenticate({"authorization": f"Bearer {other}"}) is not None
+    assert declared.stray("key_s1") is None and declared.identified("key_s1") is not None
     # A new table (a key changed) is bound again; another config's ring (a reload) binds by its own teams.
     runtime.by_digest = dict(runtime.by_digest)
     again = keys.authenticate({"authorization": f"Bearer {secret}"})
@@ -200,6 +216,18 @@ def test_runtime_keys_are_held_to_their_teams_models_of_the_ring_in_force() -> N
     wider = ring(text=CONFIG + "teams: {blue: {}}\n")
     wider.runtime = runtime
     assert wider.authenticate({"authorization": f"Bearer {secret}"}).models.match("openai/x")  # type: ignore[union-attr]
+    # With no team ceiling at all, a stray key is still refused; one expired is told that first.
+    runtime.by_digest = {**runtime.by_digest, stray: msgspec.structs.replace(runtime.by_digest[stray], valid_until=1.0)}
+    for plain in (ring(text=CONFIG + "teams: {blue: {}}\n"), ring()):
+        plain.runtime = runtime
+        with pytest.raises(AuthenticationError, match="This API key has expired"):
+            plain.authenticate({"authorization": f"Bearer {other}"})
+    runtime.by_digest = {
+        **runtime.by_digest,
+        stray: msgspec.structs.replace(runtime.by_digest[stray], valid_until=None),
+    }
+    with pytest.raises(PermissionDeniedError, match="team 'gone'"):
+        wider.authenticate({"authorization": f"Bearer {other}"})
     # A YAML key of a team: its own patterns within the team's.
     teamed = text.replace('models: ["openai/*", "fireworks/**", "fast"]', 'models: ["**"], team: blue')
     limited = ring(text=teamed).authenticate({"x-api-key": "gk-limited-456"})
