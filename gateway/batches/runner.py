@@ -297,8 +297,9 @@ class Drive:
         if found is None:
             return
         cfg = r.cfg
+        max_line = r.current().loaded.config.caps.request_body_bytes
         try:
-            await checking.check(r.store, self.id, r.me, r.lease_s, *found, cfg.max_lines, cfg.max_file_bytes)
+            await checking.check(r.store, self.id, r.me, r.lease_s, *found, cfg.max_lines, cfg.max_file_bytes, max_line)
         except (leases.LostLease, LedgerDown):
             raise
         except Exception:

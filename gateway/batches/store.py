@@ -307,18 +307,8 @@ def store_lines(cur: Cursor, batch_id: str, me: str, lease_s: float, lines: list
             rows.append((batch_id, i, line.custom_id, line.body.decode(), TODO, 0, None))
             continue
         refused += 1
-        err = msgspec.json.encode(
-            {
-                "error": {
-                    "message": line.refusal,
-                    "type": "invalid_request_error",
-                    "param": "stream",
-                    "code": "invalid_value",
-                }
-            }
-        )
         line_id = "batch_req_" + unique_suffix()
-        result = answered(line_id, line.custom_id, 400, line_id, err).decode()
+        result = answered(line_id, line.custom_id, line.refusal.status, line_id, line.refusal.body()).decode()
         rows.append((batch_id, i, line.custom_id, line.body.decode(), ERR, 0, result))
     for at in range(0, len(rows), _IN_CHUNK):
         cur.executemany(
