@@ -9,7 +9,15 @@ import tracemalloc
 from pathlib import Path
 from typing import Any, Final
 
-from .conftest import jsonl, line, results, served, upload, wait_batch
+import pytest
+
+from gateway.batches import leases, store
+from gateway.batches.lines import Line
+from gateway.ledger.engine import Database
+from tests.helpers.postgres import PostgresServer
+from tests.helpers.waiting import wait_until
+
+from .conftest import ENV, config, jsonl, line, results, served, upload, wait_batch
 
 _MIB: Final = 1024 * 1024
 _CAP: Final = 4096
@@ -81,3 +89,71 @@ def test_a_line_over_the_cap_not_opening_with_its_custom_id_fails_the_batch(tmp_
             assert [(e.code, e.line) for e in batch.errors.data] == expected, name
     message = [e.message for e in batch.errors.data]
     assert message == ["The custom_id 'x' is used by an earlier line"]
+
+
+def test_a_line_stored_under_a_larger_cap_is_refused_unread_when_it_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reload lowers `caps.request_body_bytes` after the file was checked: the runner refuses the longer
+    line as the interactive route's door would, without reading it from the database."""
+    for name, value in ENV.items():  # a reload reads the process's environment
+        monkeypatch.setenv(name, value)
+    before, after = 32 * _MIB, _CAP
+    slow = [line(f"slow-{i}", model="slower") for i in range(20)]  # 400 ms each, one at a time: 8 s
+    big = line("big", prompt="p" * (16 * _MIB))
+    path = tmp_path / "config.yaml"
+    settings: dict[str, Any] = {"concurrency": 1}
+    with served(tmp_path, more=f"caps: {{request_body_bytes: {before}}}", **settings) as (gw, client):
+        batch_id = _create(client, upload(client, jsonl([*slow, big, line("after")])))
+        del big
+        wait_batch(client, batch_id, lambda b: b.status != "validating")
+        path.write_text(
+            config(f"sqlite:///{tmp_path / 'ledger.db'}", more=f"caps: {{request_body_bytes: {after}}}", **settings)
+        )
+        wait_until(lambda: gw.pipeline.loaded.config.caps.request_body_bytes == after, timeout=10)
+        tracemalloc.start()
+        try:
+            tracemalloc.reset_peak()
+            running = client.batches.retrieve(batch_id)
+            batch = wait_batch(client, batch_id, timeout=60)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        err = results(client, batch.error_file_id)
+    assert running.request_counts is not None
+    assert running.request_counts.completed < len(slow), "the reload came after the long line was sent"
+    assert batch.status == "completed" and batch.request_counts.completed == len(slow) + 1
+    assert [(r["custom_id"], r["response"]["status_code"]) for r in err] == [("big", 413)]
+    assert err[0]["response"]["body"]["error"]["code"] == "request_too_large"
+    assert peak < _BOUND, f"running a batch with a line of 16 MiB took {peak} bytes at its peak"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    else:
+        pg: PostgresServer = request.getfixturevalue("pg")
+        url = pg.url
+    db = Database(url)
+    db.migrate()
+    db.close()
+    return url
+
+
+async def test_a_body_over_the_cap_is_not_read_from_the_database(url: str) -> None:
+    """The runner's read of lines to send: a body over the cap in force is None, in UTF-8 bytes (not
+    characters) on SQLite and PostgreSQL alike."""
+    holder = "host-a:boot-a:1:100:aaaa"
+    at_cap = '{"prompt": "' + "\u00e9" * ((_CAP - 14) // 2) + '"}'  # 2 bytes a character
+    assert len(at_cap.encode()) == _CAP
+    bodies = {"small": b"{}", "at-cap": at_cap.encode(), "over": at_cap.encode()[:-2] + b' "}'}
+    db = store.Store(url, 5000, lambda: 30_000)
+    try:
+        batch_id = await db.run(store.add_batch, "owner", "file-x", "/v1/completions", "24h", 86_400.0, None, 100)
+        assert await db.run(leases.claim, holder, 30.0, [], {}) == batch_id
+        await store.validated(db, batch_id, holder, 30.0, [Line(cid, body) for cid, body in bodies.items()], [])
+        _, taken, _ = await db.run(store.take, batch_id, holder, 30.0, 10, _CAP)
+    finally:
+        await db.close()
+    assert [(cid, body) for _, cid, body in taken] == [("small", "{}"), ("at-cap", at_cap), ("over", None)]
