@@ -3,7 +3,8 @@ as they are found valid: the runner holds a few MiB of a file, whatever its size
 (several batches of 100 MiB files being checked at once would be what pushes a process out of memory).
 
 Two reads: the first counts the lines (a file of too many, or over `batches.max_file_bytes`, is refused
-before any line is read); the second checks each line as it completes (`lines.Checker`) and stores the
+before any line is read); the second checks each line as it completes (`lines.Checker`; one longer than
+`caps.request_body_bytes` is only counted past it, never held whole, and refused) and stores the
 valid ones in transactions of at most STORE_LINES lines (STORE_BYTES of bodies). Once a line is not valid
 nothing more is stored: the rest of the file is read for its errors (at most MAX_ERRORS), then what was
 stored is deleted and the batch fails. Every chunk read renews the batch's lease, so a check that outlasts
@@ -17,7 +18,7 @@ from collections.abc import AsyncIterator
 
 from gateway.batches.files import input_chunk
 from gateway.batches.leases import held
-from gateway.batches.lines import MAX_ERRORS, Checker, Line, up_front
+from gateway.batches.lines import MAX_ERRORS, Checker, Line, Skipped, leading_id, up_front
 from gateway.batches.store import STORE_BYTES, STORE_LINES, Store, check_failed, lines_stored, store_lines, unstore_all
 from gateway.ledger.engine import Cursor
 
@@ -67,31 +68,69 @@ class _Count:
         return self.ends if self.tail_blank else self.ends + 1
 
 
-async def _rows(chunks: AsyncIterator[bytes], count: int) -> AsyncIterator[list[bytes]]:
-    """The file's first `count` lines, without their newline, in the lists each chunk completes."""
+class _Long:
+    """A line past `max_line` as its bytes go by: its length so far and the custom_id it opens with (read
+    from its first `max_line` bytes, the part held before it went over), the rest counted, never kept."""
+
+    def __init__(self, head: list[bytes], max_line: int) -> None:
+        self.size = sum(map(len, head))
+        self.custom_id = leading_id(b"".join(head), max_line)
+
+    def ended(self, last: bytes) -> Skipped:
+        return Skipped(self.size + len(last), self.custom_id)
+
+
+async def _rows(chunks: AsyncIterator[bytes], count: int, max_line: int) -> AsyncIterator[list[bytes | Skipped]]:
+    """The file's first `count` lines, without their newline, in the lists each chunk completes; a line over
+    `max_line` bytes is `Skipped` instead, never held whole: a line of 100 MiB with no newline costs about a
+    chunk and twice `max_line` (its start, joined once for its custom_id), not its size."""
     carry: list[bytes] = []  # the start of the line no chunk has ended yet (joined once: it may span many)
+    held = 0  # bytes in `carry`
+    long: _Long | None = None  # the line being read, once past `max_line`
     left = count
     async for chunk in chunks:
-        rows = chunk.split(b"\n")
-        tail = rows.pop()
-        if rows:
-            rows[0] = b"".join([*carry, rows[0]])
+        split = chunk.split(b"\n")
+        tail = split.pop()
+        if split:
+            rows: list[bytes | Skipped] = list(split)
+            if long is None and held + len(split[0]) > max_line:
+                rows[0] = _Long([*carry, split[0]], max_line).ended(b"")
+            elif long is not None:
+                rows[0] = long.ended(split[0])
+            elif carry:
+                rows[0] = b"".join([*carry, split[0]])
             carry.clear()
+            held, long = 0, None
             yield rows[:left]
             left -= min(left, len(rows))
             if not left:
                 return
-        if tail:
+        if long is None and held + len(tail) > max_line:
+            long = _Long([*carry, tail], max_line)
+            carry.clear()
+            held = 0
+        elif long is not None:
+            long.size += len(tail)
+        elif tail:
             carry.append(tail)
+            held += len(tail)
     if left:
-        yield [b"".join(carry)]
+        yield [long.ended(b"") if long is not None else b"".join(carry)]
 
 
 async def check(
-    db: Store, batch_id: str, me: str, lease_s: float, endpoint: str, file_id: str, max_lines: int, max_bytes: int
+    db: Store,
+    batch_id: str,
+    me: str,
+    lease_s: float,
+    endpoint: str,
+    file_id: str,
+    max_lines: int,
+    max_bytes: int,
+    max_line: int,
 ) -> None:
     """Check the batch's input file and store its lines, or fail the batch with the errors naming them;
-    nothing more once it was cancelled meanwhile."""
+    nothing more once it was cancelled meanwhile. No line over `max_line` bytes is held whole."""
     await unstore_all(db, batch_id, me, lease_s)  # what a holder that stopped part-way stored
     try:
         counted = _Count(max_bytes)
@@ -101,10 +140,10 @@ async def check(
         if errors:
             await db.run(check_failed, batch_id, me, lease_s, errors)
             return
-        checker = Checker(endpoint)
+        checker = Checker(endpoint, max_line)
         pending: list[Line] = []  # valid lines not stored yet: one transaction's, and a chunk's
         refused, number = 0, 0  # while every line is valid, `pending` holds the last of the `number` read
-        async for rows in _rows(_chunks(db, batch_id, me, lease_s, file_id), counted.count):
+        async for rows in _rows(_chunks(db, batch_id, me, lease_s, file_id), counted.count, max_line):
             first = number + 1
             number += len(rows)
             # Off the event loop: a chunk may complete one line of many MiB.
@@ -128,7 +167,7 @@ async def check(
         return
 
 
-def _check_rows(checker: Checker, rows: list[bytes], first: int) -> list[Line | None]:
+def _check_rows(checker: Checker, rows: list[bytes | Skipped], first: int) -> list[Line | None]:
     return [checker.line(number, raw) for number, raw in enumerate(rows, first)]
 
 

@@ -4,12 +4,14 @@ What fails the whole batch (as OpenAI does): a line that is not a JSON object of
 `url` and `body`; a `custom_id` missing or used twice; a `url` other than the batch's endpoint; more lines
 than `batches.max_lines` or bytes than `batches.max_file_bytes` (each naming the first line over: a file
 stored before a reload lowered the cap). What only fails its own line (the error file): anything the
-request path refuses when the line runs (a bad field, an unknown model) and a line asking to stream, which
-a batch cannot.
+request path refuses when the line runs (a bad field, an unknown model), a line asking to stream, which a
+batch cannot, and a line longer than `caps.request_body_bytes`, unread (`gateway.batches.checking`), under
+the custom_id it opens with (without one to answer it under, it fails the batch).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any, Final
 
@@ -50,13 +52,54 @@ _line = msgspec.json.Decoder(_Line).decode
 _body = msgspec.json.Decoder(_Body).decode
 
 
+class Refusal(msgspec.Struct, frozen=True):
+    """A line answered at once with an error, unsent: its status and the error's code, field and message."""
+
+    status: int
+    code: str
+    param: str | None
+    message: str
+
+    def body(self) -> bytes:
+        error = {"message": self.message, "type": "invalid_request_error", "param": self.param, "code": self.code}
+        return msgspec.json.encode({"error": error})
+
+
+_STREAMS: Final = Refusal(
+    400, "invalid_value", "stream", "A batch's lines cannot stream: remove `stream` from the body"
+)
+
+
 class Line(msgspec.Struct, frozen=True):
     """One valid line: its custom_id, its request body (bytes, as sent) and its refusal when it has one."""
 
     custom_id: str
     body: bytes
-    refusal: str | None = None
+    refusal: Refusal | None = None
     model: str | None = None  # the model the body names, where it names one as a string
+
+
+# A line opening with its custom_id (as OpenAI's examples write them): the id, as a JSON string.
+_LEADING_ID: Final = re.compile(rb'[ \t\r]*\{[ \t\r]*"custom_id"[ \t\r]*:[ \t\r]*("[^"\\]*(?:\\.[^"\\]*)*")')
+
+
+class Skipped(msgspec.Struct, frozen=True):
+    """A line longer than `caps.request_body_bytes`, not held (`gateway.batches.checking`): its length, and
+    its custom_id where the line opens with it (`leading_id`)."""
+
+    size: int
+    custom_id: str | None
+
+
+def leading_id(line: bytes, end: int) -> str | None:
+    """The custom_id a line opens with, within its first `end` bytes, as a string; else None."""
+    found = _LEADING_ID.match(line, 0, end)
+    if found is None:
+        return None
+    try:
+        return msgspec.json.decode(found[1], type=str)
+    except msgspec.MsgspecError:
+        return None
 
 
 def batch_model(lines: list[Line]) -> str | None:
@@ -87,8 +130,9 @@ class Checker:
     """A file's lines checked one at a time, in order: each valid one returned, the errors that fail the
     batch kept (at most MAX_ERRORS, 1-based line numbers)."""
 
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str, max_line: int) -> None:
         self.endpoint = endpoint
+        self.max_line = max_line  # `caps.request_body_bytes`: a line is one request's body, and more
         self.errors: list[BatchError] = []
         self.seen: set[str] = set()
         self.models: set[str | None] = set()
@@ -101,8 +145,12 @@ class Checker:
         if len(self.errors) < MAX_ERRORS:
             self.errors.append(BatchError(code, message, param, number))
 
-    def line(self, number: int, raw: bytes) -> Line | None:
+    def line(self, number: int, raw: bytes | Skipped) -> Line | None:
         """Line `number` (without its newline), or None when it is not valid (its error kept)."""
+        if not isinstance(raw, Skipped) and len(raw) > self.max_line:
+            raw = Skipped(len(raw), leading_id(raw, self.max_line))
+        if isinstance(raw, Skipped):
+            return self._too_long(number, raw)
         fail = self._fail
         if not raw.strip():
             fail("invalid_json_line", "This line is empty: every line must be one JSON object", number)
@@ -115,16 +163,8 @@ class Checker:
             fail("invalid_json_line", "This line is not valid UTF-8 JSON: every line must be one JSON object", number)
             return None
         cid = line.custom_id
-        if not isinstance(cid, str) or not cid:
-            fail("missing_required_parameter", "This line has no custom_id (a non-empty string)", number, "custom_id")
+        if not self._new_id(number, cid):
             return None
-        if "\x00" in cid:  # no text column (PostgreSQL's) holds it
-            fail("invalid_value", "This line's custom_id holds a NUL character", number, "custom_id")
-            return None
-        if cid in self.seen:
-            fail("duplicate_custom_id", f"The custom_id {_shown(cid)} is used by an earlier line", number, "custom_id")
-            return None
-        self.seen.add(cid)
         if line.method != "POST":
             fail("invalid_method", "The method must be POST", number, "method")
             return None
@@ -141,12 +181,41 @@ class Checker:
         except (msgspec.MsgspecError, RecursionError):
             fields = _Body()  # the request path refuses the body itself, naming the field
         wants_stream = fields.stream not in (None, False)
-        refusal = "A batch's lines cannot stream: remove `stream` from the body" if wants_stream else None
+        refusal = _STREAMS if wants_stream else None
         model = fields.model
         if type(model) is not str or len(model) > MODEL_CHARS or "\x00" in model:
             model = None  # not a name the Batch object shows: the request path refuses it when the line runs
         self.models.add(model)
         return Line(cid, body, refusal, model)
+
+    def _new_id(self, number: int, cid: Any) -> bool:
+        """Whether `cid` is a custom_id line `number` may have (one no earlier line has), kept if so."""
+        fail = self._fail
+        if not isinstance(cid, str) or not cid:
+            fail("missing_required_parameter", "This line has no custom_id (a non-empty string)", number, "custom_id")
+            return False
+        if "\x00" in cid:  # no text column (PostgreSQL's) holds it
+            fail("invalid_value", "This line's custom_id holds a NUL character", number, "custom_id")
+            return False
+        if cid in self.seen:
+            fail("duplicate_custom_id", f"The custom_id {_shown(cid)} is used by an earlier line", number, "custom_id")
+            return False
+        self.seen.add(cid)
+        return True
+
+    def _too_long(self, number: int, skipped: Skipped) -> Line | None:
+        """A line over `max_line`, unread: refused in the error file under the custom_id it opens with, as a
+        body over the cap is at the interactive route's door; without one, it fails the batch."""
+        over = f"This line has {skipped.size} bytes, more than the {self.max_line} caps.request_body_bytes allows"
+        if skipped.custom_id is None:
+            message = f"{over}, and does not open with its custom_id to answer it under"
+            self._fail("line_too_large", message, number)
+            return None
+        if not self._new_id(number, skipped.custom_id):
+            return None
+        message = f"{over} for one request (line {number} of the input file): it was not read"
+        self.models.add(None)  # whatever model it names is not known: the Batch object's is null
+        return Line(skipped.custom_id, b"", Refusal(413, "request_too_large", None, message))
 
 
 def _rows(data: bytes, count: int) -> Iterator[bytes]:
@@ -159,7 +228,9 @@ def _rows(data: bytes, count: int) -> Iterator[bytes]:
         start = end + 1
 
 
-def parse(data: bytes, endpoint: str, max_lines: int, max_bytes: int) -> tuple[list[Line], list[BatchError]]:
+def parse(
+    data: bytes, endpoint: str, max_lines: int, max_bytes: int, max_line: int
+) -> tuple[list[Line], list[BatchError]]:
     """A whole file's lines, or the errors that fail the batch (the runner checks a stored file as it reads
     it, `gateway.batches.checking`; this is the same check of a file in memory)."""
     over = data.count(b"\n", 0, max_bytes) + 1 if len(data) > max_bytes else 0
@@ -168,7 +239,7 @@ def parse(data: bytes, endpoint: str, max_lines: int, max_bytes: int) -> tuple[l
     errors = up_front(len(data), over, count, max_lines, max_bytes)
     if errors:
         return [], errors
-    checker = Checker(endpoint)
+    checker = Checker(endpoint, max_line)
     checked = (checker.line(number, raw) for number, raw in enumerate(_rows(data, count), 1))
     lines = [line for line in checked if line is not None]
     return lines, checker.errors

@@ -228,10 +228,11 @@ class Drive:
     def __init__(self, runner: Runner, batch_id: str) -> None:
         self.runner = runner
         self.id = batch_id
-        self.tasks: dict[asyncio.Task[Sent], tuple[int, str, str]] = {}  # -> the line: idx, custom_id, body
+        # -> the line: idx, custom_id, body (None: over `caps.request_body_bytes`, not read: `store.take`)
+        self.tasks: dict[asyncio.Task[Sent], tuple[int, str, str | None]] = {}
         self.done: list[Booked] = []
         self.stop: str | None = None  # why the batch fails (a budget exhausted)
-        self.later: list[tuple[float, int, str, str]] = []  # lines to send again: (when, idx, custom_id, body)
+        self.later: list[tuple[float, int, str, str | None]] = []  # lines to send again: (when, idx, custom_id, body)
         self.refusals: dict[int, int] = {}  # idx -> how many times in a row the line was put back
         self.owner = ""  # the key that made the batch
         self.endpoint = ""  # what its lines ask for: a key of `send.ENDPOINTS`
@@ -270,7 +271,7 @@ class Drive:
             r.deferred -= len(self.later)
             self.later.clear()
 
-    def _due(self) -> list[tuple[int, str, str]]:
+    def _due(self) -> list[tuple[int, str, str | None]]:
         """The lines put back whose wait is over, taken out of the runner's deferred count."""
         now = time.monotonic()
         due = []
@@ -280,7 +281,7 @@ class Drive:
         self.runner.deferred -= len(due)
         return due
 
-    def _defer(self, idx: int, custom_id: str, body: str, sent: Sent) -> None:
+    def _defer(self, idx: int, custom_id: str, body: str | None, sent: Sent) -> None:
         """Send the line again after a backoff (it stays `sent` in the database meanwhile)."""
         refusals = self.refusals[idx] = self.refusals.get(idx, 0) + 1
         wait = min(_BACKOFF_S * 2 ** (refusals - 1), _BACKOFF_MAX_S) * random.uniform(0.5, 1.0)
@@ -300,8 +301,9 @@ class Drive:
         if found is None:
             return
         cfg = r.cfg
+        max_line = r.current().loaded.config.caps.request_body_bytes
         try:
-            await checking.check(r.store, self.id, r.me, r.lease_s, *found, cfg.max_lines, cfg.max_file_bytes)
+            await checking.check(r.store, self.id, r.me, r.lease_s, *found, cfg.max_lines, cfg.max_file_bytes, max_line)
         except (leases.LostLease, LedgerDown):
             raise
         except Exception:
@@ -321,7 +323,8 @@ class Drive:
                 room = max(r.cfg.concurrency - r.in_flight - r.deferred, 0) if self.stop is None and not leaving else 0
                 r.in_flight += room
                 try:
-                    held, lines, waiting = await r.store.run(store.take, self.id, r.me, r.lease_s, room)
+                    max_body = r.current().loaded.config.caps.request_body_bytes
+                    held, lines, waiting = await r.store.run(store.take, self.id, r.me, r.lease_s, room, max_body)
                 finally:
                     r.in_flight -= room
                 status, expires_at = held[0], held[1]
@@ -366,9 +369,8 @@ class Drive:
                         sent = _gone(custom_id, expired)
                         self.done.append(sent.booked(idx))
                         continue
-                    task = asyncio.ensure_future(
-                        send(pipeline, r.metrics, key, self.id, custom_id, body.encode(), self.endpoint)
-                    )
+                    raw = None if body is None else body.encode()
+                    task = asyncio.ensure_future(send(pipeline, r.metrics, key, self.id, custom_id, raw, self.endpoint))
                     self.tasks[task] = (idx, custom_id, body)
                     started += 1
                 r.in_flight += started

@@ -104,9 +104,10 @@ async def send(
     key: ClientKey | None,
     batch_id: str,
     custom_id: str,
-    body: bytes,
+    body: bytes | None,
     endpoint: str,
 ) -> Sent:
+    """Send the line; `body` None is one over `caps.request_body_bytes`, left unread in the database."""
     op = ENDPOINTS[endpoint]
     line_id = "batch_req_" + unique_suffix()
     rec = Record(request_id=line_id, dialect=OPENAI.name, batch_id=batch_id, endpoint=op.name)
@@ -120,14 +121,14 @@ async def send(
     try:
         try:
             limit = pipeline.loaded.config.caps.request_body_bytes
-            if len(body) > limit:  # the bound an interactive request meets at the door
+            if body is None or len(body) > limit:  # the bound an interactive request meets at the door
                 raise InvalidRequestError(
                     f"The request body is larger than {limit} bytes", status=413, code="request_too_large"
                 )
             front = pipeline.front_as(key, body, rec, op)
             result = await pipeline.complete(body, headers, OPENAI, rec, front, op)
         except GatewayError as exc:
-            if exc.param is not None:
+            if exc.param is not None and body is not None:
                 exc = as_sent(exc, body)  # a folded field, named as the line sent it (as the endpoint does)
             status, error_body = OPENAI.error(exc)
             rec.status, rec.error_code, rec.cause = status, exc.code, exc.cause

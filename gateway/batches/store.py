@@ -307,18 +307,8 @@ def store_lines(cur: Cursor, batch_id: str, me: str, lease_s: float, lines: list
             rows.append((batch_id, i, line.custom_id, line.body.decode(), TODO, 0, None))
             continue
         refused += 1
-        err = msgspec.json.encode(
-            {
-                "error": {
-                    "message": line.refusal,
-                    "type": "invalid_request_error",
-                    "param": "stream",
-                    "code": "invalid_value",
-                }
-            }
-        )
         line_id = "batch_req_" + unique_suffix()
-        result = answered(line_id, line.custom_id, 400, line_id, err).decode()
+        result = answered(line_id, line.custom_id, line.refusal.status, line_id, line.refusal.body()).decode()
         rows.append((batch_id, i, line.custom_id, line.body.decode(), ERR, 0, result))
     for at in range(0, len(rows), _IN_CHUNK):
         cur.executemany(
@@ -342,19 +332,20 @@ def lines_stored(
 
 
 def take(
-    cur: Cursor, batch_id: str, me: str, lease_s: float, n: int
+    cur: Cursor, batch_id: str, me: str, lease_s: float, n: int, max_body: int
 ) -> tuple[tuple[Any, ...], list[tuple[Any, ...]], int]:
     """The batch's state, up to `n` lines to send now (marked `sent`, one more send each), and how many
-    lines were not answered yet (counted only when none is taken)."""
+    lines were not answered yet (counted only when none is taken). A body over `max_body` bytes is None, not
+    read: it was checked under a larger `caps.request_body_bytes`, and the line is refused unsent."""
     found = held(cur, batch_id, me, lease_s)
     if found[0] != "in_progress":
         return found, [], -1
     lines = []
     if n > 0:
         lines = cur.rows(
-            f"SELECT idx, custom_id, body FROM batch_lines WHERE batch_id = ? AND state = '{TODO}' "
-            "ORDER BY idx LIMIT ?",
-            (batch_id, n),
+            f"SELECT idx, custom_id, CASE WHEN {_octets(cur, 'body')} <= ? THEN body END FROM batch_lines "
+            f"WHERE batch_id = ? AND state = '{TODO}' ORDER BY idx LIMIT ?",
+            (max_body, batch_id, n),
         )
     if lines:
         cur.executemany(

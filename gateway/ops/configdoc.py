@@ -115,7 +115,8 @@ MEANINGS: dict[str, str] = {
     "and no `<provider>/<model>` is refused at load ([operations.md](operations.md#prices))",
     "metrics.key": "when set (normally `${GATEWAY_METRICS_KEY}`), `GET /metrics` answers only `Authorization: Bearer "
     "<key>` (401 otherwise); an unset `${VAR}` keeps it closed; empty: open ([observability.md](observability.md))",
-    "caps.request_body_bytes": "a client request body; 413 beyond it, in the route's dialect",
+    "caps.request_body_bytes": "a client request body, and each line of a batch's input file; 413 beyond it, in "
+    "the route's dialect ([batches.md](batches.md#a-line-is-one-request))",
     "caps.json_depth": "nesting inside free-form fields (`response_format`, `guided_json`, `inference_extra_params`, "
     "the openai SDK's `parsed` sent back on a message, ...); 400 beyond it",
     "caps.chat_messages": "messages one chat request (or `/tokenize` conversation) may send (each is walked, "

@@ -57,7 +57,7 @@ async def test_an_in_progress_batch_no_runner_holds_is_cancelled_at_once(tmp_pat
         assert await db.run(leases.claim, RUNNER, 30.0, [], {}) == batch_id
         lines = [Line(f"c-{i}", b'{"model": "fast", "prompt": "p"}') for i in range(3)]
         await store.validated(db, batch_id, RUNNER, 30.0, lines, [])
-        _, taken, _ = await db.run(store.take, batch_id, RUNNER, 30.0, 1)
+        _, taken, _ = await db.run(store.take, batch_id, RUNNER, 30.0, 1, 1 << 20)
         assert len(taken) == 1  # one line in flight when the runner went
         await db.run(leases.release, batch_id, RUNNER)
         row = await db.run(cancelling.cancel, batch_id, "owner")

@@ -39,7 +39,7 @@ def _peak(fn: Callable[[], T]) -> tuple[T, int]:
 
 def test_a_file_of_too_many_lines_is_refused_before_its_lines_are_cut_out() -> None:
     data = b"ab\n" * (2 * 1024 * 1024)  # 6 MiB of lines so short that a list of them costs 15 times the file
-    (lines, errors), peak = _peak(lambda: parse(data, ENDPOINT, 50_000, 100 * 1024 * 1024))
+    (lines, errors), peak = _peak(lambda: parse(data, ENDPOINT, 50_000, 100 * 1024 * 1024, 8 * 1024 * 1024))
     assert lines == [] and [(e.code, e.line) for e in errors] == [("too_many_lines", 50_001)]
     assert str(len(data) // 3) in errors[0].message
     assert peak < len(data) // 4, f"{peak} bytes held for a file of {len(data)}"

@@ -58,9 +58,9 @@ async def test_a_late_holder_racing_a_takeover_writes_nothing(url: str) -> None:
         taking = asyncio.ensure_future(taker.run(claim_then_commit))
         assert await asyncio.to_thread(claimed.wait, 10)
         with pytest.raises(leases.LostLease):
-            await late.run(store.take, batch_id, LATE, short, 3)
+            await late.run(store.take, batch_id, LATE, short, 3, 1 << 20)
         assert await taking == batch_id
-        _, taken, _ = await taker.run(store.take, batch_id, TAKER, 30.0, 3)
+        _, taken, _ = await taker.run(store.take, batch_id, TAKER, 30.0, 3, 1 << 20)
         owner = await taker.run(lambda cur: cur.rows("SELECT lease_owner FROM batches WHERE id = ?", (batch_id,)))
     finally:
         await late.close()

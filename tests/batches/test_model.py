@@ -49,9 +49,9 @@ def test_lines_naming_different_models_leave_it_null(tmp_path: Path) -> None:
 def test_a_model_name_no_route_could_have_is_not_shown() -> None:
     long_name = "x" * (MODEL_CHARS + 1)
     for model in (long_name, "fa\x00st", ["fast"], None):
-        lines, errors = parse(jsonl([line("a", model=model)]), "/v1/completions", 10, 1 << 20)  # type: ignore[arg-type]
+        lines, errors = parse(jsonl([line("a", model=model)]), "/v1/completions", 10, 1 << 20, 1 << 20)  # type: ignore[arg-type]
         assert errors == [] and lines[0].model is None, model
-    lines, _ = parse(jsonl([line("a", model="x" * MODEL_CHARS)]), "/v1/completions", 10, 1 << 20)
+    lines, _ = parse(jsonl([line("a", model="x" * MODEL_CHARS)]), "/v1/completions", 10, 1 << 20, 1 << 20)
     assert lines[0].model == "x" * MODEL_CHARS
 
 

@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from gateway.batches import cancelling, leases, store
-from gateway.batches.lines import Line, parse
+from gateway.batches.lines import Line, Refusal, parse
 from gateway.ledger.engine import Cursor, Database
 from tests.helpers.postgres import PostgresServer
 from tests.helpers.sqlite import opened
@@ -143,7 +143,9 @@ async def test_a_takeover_stores_each_line_once_after_a_holder_stopped_part_way(
     holder, taker = (store.Store(url, 5000, lambda: 1000) for _ in range(2))
     n = store.STORE_LINES * 3 + 7
     lines = _lines(n)
-    lines[5] = Line("c5", b'{"model": "fast", "prompt": "p", "stream": true}', "no streaming")
+    lines[5] = Line(
+        "c5", b'{"model": "fast", "prompt": "p", "stream": true}', Refusal(400, "invalid_value", "stream", "no")
+    )
     counted = "SELECT status, count(idx), count(DISTINCT idx), sum(CASE WHEN state = 'err' THEN 1 ELSE 0 END) "
     counted += "FROM batches LEFT JOIN batch_lines ON batch_id = id WHERE id = ? GROUP BY status"
     try:
@@ -186,7 +188,7 @@ def test_a_batch_stored_part_way_is_taken_over_and_completed_with_every_line_onc
             holder = store.Store(f"sqlite:///{db}", 5000, lambda: 2000)
             try:
                 batch_id = await holder.run(_holding(lease_s, owner, file_id))
-                lines, errors = parse(data, ENDPOINT, 50_000, 100 * 1024 * 1024)
+                lines, errors = parse(data, ENDPOINT, 50_000, 100 * 1024 * 1024, 8 * 1024 * 1024)
                 assert not errors
                 for at in range(0, 2 * store.STORE_LINES, store.STORE_LINES):
                     chunk = lines[at : at + store.STORE_LINES]
@@ -219,7 +221,7 @@ def test_a_cancel_between_two_transactions_ends_the_batch_with_no_lines(tmp_path
             holder = store.Store(f"sqlite:///{db}", 5000, lambda: 30_000)
             try:
                 batch_id = await holder.run(_holding(30.0, owner, file_id))
-                lines, _ = parse(data, ENDPOINT, 50_000, 100 * 1024 * 1024)
+                lines, _ = parse(data, ENDPOINT, 50_000, 100 * 1024 * 1024, 8 * 1024 * 1024)
                 storing = asyncio.ensure_future(store.validated(holder, batch_id, HOLDER, 30.0, lines, []))
                 deadline = time.monotonic() + 30
                 while _stored(db, batch_id)[2] == 0:
