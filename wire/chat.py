@@ -20,7 +20,7 @@ import msgspec
 from msgspec import Meta
 
 from wire.errors import InvalidRequestError
-from wire.schema import CompletionRequest, PromptItem, StopList, Usage, check_depth
+from wire.schema import CompletionRequest, PromptItem, StopList, Usage, check_depth, refused
 
 # A message's `name` and a function's name: OpenAI's pattern and bound. `\Z`, not `$`, here and below:
 # msgspec searches, and `$` also matches before a final newline.
@@ -452,6 +452,16 @@ def answer_chunks(answer: ChatCompletion) -> Iterator[ChatChunk]:
 
 decode_chat = msgspec.json.Decoder(ChatRequest).decode
 
+
+def decode_chat_request(raw: bytes) -> ChatRequest:
+    """`decode_chat` with `decode_request`'s refusals: a body it fails on in a way other than a DecodeError or
+    ValidationError becomes a DecodeError too (wire.schema `refused`), so every undecodable body is a 400."""
+    try:
+        return decode_chat(raw)
+    except (UnicodeDecodeError, RecursionError, msgspec.DecodeError) as exc:
+        raise refused(exc, raw) from None
+
+
 __all__ = [
     "CHAT_SHAPES",
     "ChatChoice",
@@ -475,6 +485,7 @@ __all__ = [
     "answer_chunks",
     "bound_conversation",
     "decode_chat",
+    "decode_chat_request",
     "render",
     "text_parts",
 ]
