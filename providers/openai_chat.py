@@ -8,7 +8,7 @@ and written in the one `chat.completion` shape; stream events become `chat.compl
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Mapping
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Final, Literal
 
 import msgspec
 
@@ -116,9 +116,13 @@ def chat_finish(word: str | None) -> ChatFinishReason | None:
     return finish_reason(word)
 
 
-def _calls(up: list[_UpToolCall] | None, ctx: CallContext, choice: int) -> list[ToolCall] | None:
-    if not up:
-        return None
+# The finish words each answer ends with, as `chat_finish` reads them: looked up without a call.
+_FINISHED: Final[dict[str, ChatFinishReason | None]] = {
+    word: chat_finish(word) for word in ("stop", "length", "tool_calls", "content_filter")
+}
+
+
+def _calls(up: list[_UpToolCall], ctx: CallContext, choice: int) -> list[ToolCall]:
     return [
         ToolCall(
             id=c.id or made_call_id(ctx, choice, k),
@@ -242,17 +246,19 @@ class OpenAIChat(Adapter):
 
     def parse_chat_response(self, body: bytes, ctx: CallContext) -> ChatCompletion:
         up = _decode_chat(body)
-        if up.failed():
+        if up.error is not None or up.object == "error":  # `failed`, inline: every answer asks
             raise self.map_error(up.status(), {}, body, "upstream")
         if not up.choices:
             raise Unreadable("a chat completion without choices")
         if up.created:
             ctx.created = up.created
+        # No call for what most answers lack (tool calls, logprobs) or say in a word (their finish reason).
         choices = []
         for c in up.choices:
-            if c.finish_reason in self.broke_off_words:
-                raise broke_off(self.kind, c.finish_reason)
-            if not c.finish_reason:  # a stream's unfinished choice, in a buffered answer
+            word = c.finish_reason
+            if word in self.broke_off_words:
+                raise broke_off(self.kind, word)
+            if not word:  # a stream's unfinished choice, in a buffered answer
                 raise unfinished(self.kind, c.index)
             m = c.message or _UpMessage()
             content: Any = m.content  # a string, or (tested without a call) a list of chunks
@@ -260,16 +266,15 @@ class OpenAIChat(Adapter):
             if content.__class__ is list:
                 content, thought = _parts(content, delta=False)
                 reasoning = reasoning if reasoning is not None else thought
+            calls = m.tool_calls
+            # Positional (role, content, tool_calls, refusal, reasoning_content): keywords cost more.
             message = ChatMessage(
-                role="assistant",
-                content=content,
-                tool_calls=_calls(m.tool_calls, ctx, c.index),
-                refusal=m.refusal,
-                reasoning_content=reasoning,
+                "assistant", content, _calls(calls, ctx, c.index) if calls else None, m.refusal, reasoning
             )
-            lp = chat_logprobs(c.logprobs, content, ctx.top_logprobs)
+            lp = None if c.logprobs is None else chat_logprobs(c.logprobs, content, ctx.top_logprobs)
             why = c.stopped_by() if ctx.stop_reason else None
-            choices.append(ChatChoice(c.index, message, chat_finish(c.finish_reason), lp, c.token_ids, why))
+            finish = _FINISHED[word] if word in _FINISHED else chat_finish(word)
+            choices.append(ChatChoice(c.index, message, finish, lp, c.token_ids, why))
         usage = usage_from(up.usage) if up.usage is not None else None
         fingerprint = up.system_fingerprint or None
         prompt_ids = up.prompt_token_ids
@@ -283,7 +288,7 @@ class OpenAIChat(Adapter):
         if data == b"[DONE]":
             return None
         up = _decode_chat(data)
-        if up.failed():
+        if up.error is not None or up.object == "error":  # `failed`, inline: every event asks
             raise self.map_error(up.status(), {}, data, "upstream")
         if up.choices is None and up.usage is None:
             raise Unreadable("a chat stream event without choices")
@@ -312,7 +317,7 @@ class OpenAIChat(Adapter):
                 ChunkChoice(  # positional: built for every event, where keywords cost more
                     c.index,
                     delta,
-                    chat_finish(word) if word else None,
+                    (_FINISHED[word] if word in _FINISHED else chat_finish(word)) if word else None,
                     None if lp is None else chat_logprobs(lp, content, ctx.top_logprobs),
                     c.token_ids,
                     c.stopped_by() if word and ctx.stop_reason else None,  # said by the finishing chunk

@@ -20,7 +20,7 @@ import msgspec
 from msgspec import Meta
 
 from wire.errors import InvalidRequestError
-from wire.schema import CompletionRequest, PromptItem, StopList, Usage, check_depth
+from wire.schema import CompletionRequest, PromptItem, StopList, Usage, check_depth, refused
 
 # A message's `name` and a function's name: OpenAI's pattern and bound. `\Z`, not `$`, here and below:
 # msgspec searches, and `$` also matches before a final newline.
@@ -133,6 +133,11 @@ class ToolMessage(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
 
 
 Message = SystemMessage | DeveloperMessage | UserMessage | AssistantMessage | ToolMessage
+# Each message struct's role (its tag), read by `render` without a look at the struct's config.
+_ROLES: Final[dict[type, str]] = {
+    cls: cls.__struct_config__.tag  # type: ignore[misc]  # each message struct is tagged by its role
+    for cls in (SystemMessage, DeveloperMessage, UserMessage, AssistantMessage, ToolMessage)
+}
 
 
 class ChatRequest(CompletionRequest, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -296,11 +301,14 @@ def render(messages: list[Message]) -> str:
     the same conversation always renders the same, and a longer one starts with a shorter one's text."""
     lines = []
     for m in messages:
-        text = _text(m.content)
-        if isinstance(m, AssistantMessage) and m.tool_calls:
-            text += "".join(f"{c.function.name}({c.function.arguments})" for c in m.tool_calls)
-        role = type(m).__struct_config__.tag
-        lines.append(f"{role}: {text}\n")
+        # Every chat request renders its messages: a string's text (most messages') taken without a call.
+        content = m.content
+        text = content if isinstance(content, str) else _text(content)
+        if m.__class__ is AssistantMessage:
+            calls = m.tool_calls
+            if calls:
+                text += "".join(f"{c.function.name}({c.function.arguments})" for c in calls)
+        lines.append(f"{_ROLES[m.__class__]}: {text}\n")
     return "".join(lines)
 
 
@@ -452,6 +460,16 @@ def answer_chunks(answer: ChatCompletion) -> Iterator[ChatChunk]:
 
 decode_chat = msgspec.json.Decoder(ChatRequest).decode
 
+
+def decode_chat_request(raw: bytes) -> ChatRequest:
+    """`decode_chat` with `decode_request`'s refusals: a body it fails on in a way other than a DecodeError or
+    ValidationError becomes a DecodeError too (wire.schema `refused`), so every undecodable body is a 400."""
+    try:
+        return decode_chat(raw)
+    except (UnicodeDecodeError, RecursionError, msgspec.DecodeError) as exc:
+        raise refused(exc, raw) from None
+
+
 __all__ = [
     "CHAT_SHAPES",
     "ChatChoice",
@@ -475,6 +493,7 @@ __all__ = [
     "answer_chunks",
     "bound_conversation",
     "decode_chat",
+    "decode_chat_request",
     "render",
     "text_parts",
 ]

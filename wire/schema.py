@@ -388,7 +388,7 @@ def decode_request(raw: bytes) -> CompletionRequest:
     try:
         return _decode_request(raw)
     except (UnicodeDecodeError, RecursionError, msgspec.DecodeError) as exc:
-        raise _refusal(exc, raw) from None
+        raise refused(exc, raw) from None
 
 
 _T = typing.TypeVar("_T")
@@ -400,10 +400,10 @@ def decode_body(decode: Callable[[bytes], _T], raw: bytes) -> _T:
     try:
         return decode(raw)
     except (UnicodeDecodeError, RecursionError, msgspec.DecodeError) as exc:
-        raise _refusal(exc, raw) from None
+        raise refused(exc, raw) from None
 
 
-def _refusal(exc: Exception, raw: bytes) -> msgspec.DecodeError:
+def refused(exc: Exception, raw: bytes) -> msgspec.DecodeError:
     """What a failed decode of `raw` is answered with: invalid UTF-8 and nesting past the recursion limit as
     BodyErrors naming their field, any other DecodeError (a ValidationError too) as it is."""
     if isinstance(exc, RecursionError):

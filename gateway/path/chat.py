@@ -17,14 +17,14 @@ import msgspec
 from gateway.emulation import chat as emulation
 from gateway.emulation.chat import ChatEmulation, ChatSubStream
 from gateway.emulation.stops import Folded
-from gateway.path.answers import answered, ignored_n, parsed, sane_usage
+from gateway.path.answers import MAX_REPORTED_TOKENS, answered, ignored_n, parsed, sane_usage
 from gateway.path.attempt import Attempt, Job, _fresh
 from gateway.path.echo import Lead, echoed, led, unechoed
 from gateway.path.fanout import open_all
 from gateway.path.opened import Opened
 from gateway.upstream.plan import Group, Plan, Route
 from providers.base import CallContext, LocalAdapter, map_params
-from providers.chat_fields import role, unnamed
+from providers.chat_fields import NAMED_ROLES, role, unnamed
 from providers.chat_params import STRICT, strict_unhonoured
 from providers.openai_chat import (
     OpenAIChat,
@@ -53,18 +53,20 @@ class ChatAttempt(Attempt):
 
     __slots__ = ()
     resumes = False  # the continuation of a broken stream (ContinueAttempt)
+    # A ChatJob's request, declared so: read on every attempt, where a `cast` is a call (the slot is Attempt's).
+    req: ChatRequest
 
     def _adapter(self) -> OpenAIChat | LocalAdapter:
         adapter = self.route.adapter
         if adapter.chat_params is None or not (adapter.chat_route or adapter.in_process):
             raise unsupported_endpoint(self.route.provider, adapter.kind)
-        return cast(OpenAIChat | LocalAdapter, adapter)
+        return adapter  # type: ignore[return-value]  # its flags say which: not `cast`, a call per attempt
 
     def _plan(self) -> ChatEmulation | None:
         """The request checked against the route's chat table and bounds, and what must be emulated."""
         route = self.route
         adapter = self._adapter()
-        req = cast(ChatRequest, self.req)  # a ChatJob holds a ChatRequest
+        req = self.req
         check_chat(adapter, req, route.provider)
         caps = self.services.caps
         if adapter.in_process:
@@ -88,17 +90,19 @@ class ChatAttempt(Attempt):
         table = adapter.chat_params
         assert table is not None
         params, lost = map_params(req, table, route.provider, route.drop_unsupported)
-        chat = cast(ChatRequest, req)
+        chat: ChatRequest = req  # type: ignore[assignment]  # an attempt of a ChatJob: not `cast`, a call
         # What the table's own rules cannot see, inside the messages and the tools, refused or dropped as they are.
-        roles = getattr(adapter, "chat_names", None)  # an in-process kind takes a message's name as any field
-        if roles is not None and (i := unnamed(chat.messages, roles)) is not None:
+        # The roles whose `name` the route carries (its flag says an OpenAIChat, without a call); an in-process kind
+        # takes a name as any field. One that takes every role's (OpenAI's own set) needs no look at the messages.
+        roles = adapter.chat_names if adapter.chat_route else NAMED_ROLES  # type: ignore[union-attr]
+        if roles is not NAMED_ROLES and (i := unnamed(chat.messages, roles)) is not None:
             # The adapter builds its messages without the names it does not carry.
             why = (
                 f"Provider '{route.provider}' takes no 'name' on a {role(chat.messages[i])} message "
                 f"('messages[{i}].name'): send the conversation without it"
             )
             _refused_or_dropped(route, "messages.name", why, lost)
-        if strict_unhonoured(chat.tools, table.get("tools")):
+        if chat.tools and strict_unhonoured(chat.tools, table.get("tools")):
             why = (
                 f"Provider '{route.provider}' cannot hold a tool call's arguments to the function's schema "
                 f"for this request ('strict': true): send the tools without it"
@@ -117,28 +121,25 @@ class ChatAttempt(Attempt):
         route = self.route
         if route.adapter.in_process or self._plan() is not None:
             return None
-        req = cast(ChatRequest, self.req)
-        if req.continue_final_message and cast(OpenAIChat, route.adapter).chat_continue_strips:
+        adapter: OpenAIChat = route.adapter  # type: ignore[assignment]  # `_plan` checked it
+        req = self.req
+        if req.continue_final_message and adapter.chat_continue_strips:
             return None  # its message is trimmed when the attempt runs
         params, lost = self._mapped(req)
-        return cast(OpenAIChat, route.adapter).build_chat_request(req, route.endpoint, params), lost
+        return adapter.build_chat_request(req, route.endpoint, params), lost
 
     def complete(self) -> Coroutine[Any, Any, ChatCompletion]:
-        req = cast(ChatRequest, self.req)
-        answer = self._answer(req)
+        req = self.req
+        job = self.job
+        made = job.made(self.route) if job.ahead is not None else None
+        if made is not None:
+            answer = self.chat_call(req, made)
+        else:
+            em = self._plan()
+            answer = self.chat_call(req) if em is None else self._emulated(em, req)
         if req.echo_last and (text := echoed(req)):
             return led(answer, text)
         return answer
-
-    def _answer(self, req: ChatRequest) -> Coroutine[Any, Any, ChatCompletion]:
-        if self.job.ahead is not None:
-            made = self.job.made(self.route)
-            if made is not None:
-                return self.chat_call(req, made)
-        em = self._plan()
-        if em is None:
-            return self.chat_call(req)
-        return self._emulated(em, req)
 
     async def _emulated(self, em: ChatEmulation, req: ChatRequest) -> ChatCompletion:
         await self._charge_n(em)
@@ -158,11 +159,12 @@ class ChatAttempt(Attempt):
     ) -> ChatCompletion:
         """One upstream call for `req` (the request, or one of an emulation's sub-requests), buffered; `made`:
         its upstream request, made ahead (`Job.prepare`); `first`: the answer's index of the call's first choice
-        (a fan-out's j-th call answers choice j)."""
+        (a fan-out's j-th call answers choice j). Called after `_plan`, which checked the route's kind."""
         route = self.route
+        # A chat route, or an in-process kind (`_plan` checked which): not `cast`, a call per attempt.
+        adapter: OpenAIChat = route.adapter  # type: ignore[assignment]
         pending = ""
         if made is None:
-            adapter = self._adapter()
             params = self._prepare(req)
             if adapter.in_process:
                 self.sent += 1
@@ -170,9 +172,8 @@ class ChatAttempt(Attempt):
                     await cast(LocalAdapter, adapter).complete(req, route.endpoint, _call_ctx(self.ctx, first))
                 )
             if req.continue_final_message:
-                req, pending = trimmed(cast(OpenAIChat, adapter), req)
-            made = cast(OpenAIChat, adapter).build_chat_request(req, route.endpoint, params)
-        adapter = cast(OpenAIChat, route.adapter)
+                req, pending = trimmed(adapter, req)
+            made = adapter.build_chat_request(req, route.endpoint, params)
         ctx = _call_ctx(self.ctx, first)
         body = await self.exchange(adapter, made)
         answer = parsed(route, adapter.parse_chat_response, body, ctx)
@@ -180,8 +181,16 @@ class ChatAttempt(Attempt):
         choices = answer.choices
         if asked != 1 or len(choices) != 1 or choices[0].index:  # the common answer takes no call to be checked
             answered(route, choices, asked, req.n, self.services.ignores_n)
-        if answer.usage is not None:
-            answer.usage = sane_usage(answer.usage)
+        u = answer.usage
+        # sane_usage's common case, inline, as `Attempt.call` has it: every answer passes here.
+        if u is not None and not (
+            0 <= u.prompt_tokens <= MAX_REPORTED_TOKENS
+            and 0 <= u.completion_tokens <= MAX_REPORTED_TOKENS
+            and u.prompt_tokens + u.completion_tokens <= u.total_tokens <= MAX_REPORTED_TOKENS
+            and u.completion_tokens_details is None
+            and u.prompt_tokens_details is None
+        ):
+            answer.usage = sane_usage(u)
         if pending:
             for ch in answer.choices:
                 if isinstance(ch.message.content, str):
@@ -191,21 +200,21 @@ class ChatAttempt(Attempt):
         return answer
 
     async def open(self) -> Opened:
-        req = cast(ChatRequest, self.req)
-        opened = await self._opened(req)
+        req = self.req
+        job = self.job
+        made = job.made(self.route) if job.ahead is not None else None
+        if made is not None:
+            opened = await self.chat_open(req, made)
+        else:
+            em = self._plan()
+            # The common stream's call awaited from here: no coroutine between it and the failover loop.
+            opened = await (self.chat_open(req) if em is None else self._emulated_open(em, req))
         if req.echo_last and (text := echoed(req)):
             opened.led = Lead(text)
             opened.rewrite(opened.led.lead)
         return opened
 
-    async def _opened(self, req: ChatRequest) -> Opened:
-        if self.job.ahead is not None:
-            made = self.job.made(self.route)
-            if made is not None:
-                return await self.chat_open(req, made)
-        em = self._plan()
-        if em is None:
-            return await self.chat_open(req)
+    async def _emulated_open(self, em: ChatEmulation, req: ChatRequest) -> Opened:
         if em.guide is not None:
             # Bytes sent cannot be taken back: a guided stream is made from an answer already checked.
             answer = await self._emulated(em, msgspec.structs.replace(req, stream=False, stream_options=None))
@@ -223,11 +232,13 @@ class ChatAttempt(Attempt):
 
     async def chat_open(self, req: ChatRequest, made: UpstreamRequest | None = None, *, first: int = 0) -> Opened:
         """One upstream call for `req`, streamed: opened and read to its first event that carries something;
-        `made`: its upstream request, made ahead (`Job.prepare`); `first`: as for `chat_call`."""
+        `made`: its upstream request, made ahead (`Job.prepare`); `first`: as for `chat_call`. Called after `_plan`,
+        which checked the route's kind."""
         route = self.route
+        # A chat route, or an in-process kind (`_plan` checked which): not `cast`, a call per attempt.
+        adapter: OpenAIChat = route.adapter  # type: ignore[assignment]
         pending = ""
         if made is None:
-            adapter = self._adapter()
             params = self._prepare(req)
             if adapter.in_process:
                 self.sent += 1
@@ -235,8 +246,7 @@ class ChatAttempt(Attempt):
                 local = chunks_from(cast(LocalAdapter, adapter).stream(req, route.endpoint, ctx))
                 return Opened(local, await anext(local, None), ctx=ctx)
             if req.continue_final_message:
-                req, pending = trimmed(cast(OpenAIChat, adapter), req)
-        adapter = cast(OpenAIChat, route.adapter)
+                req, pending = trimmed(adapter, req)
         asked = req.n or 1
         if asked > 1 and route.key in self.services.ignores_n:
             raise ignored_n(route, asked, 1)

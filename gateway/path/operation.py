@@ -12,12 +12,8 @@ from gateway.ids import unique_suffix
 from gateway.path.attempt import Job
 from gateway.path.chat import ChatJob
 from gateway.path.request import normalize, normalize_chat
-from wire.chat import decode_chat
-from wire.schema import CompletionRequest, decode_body, decode_request
-
-
-def _chat_decode(raw: bytes) -> CompletionRequest:
-    return decode_body(decode_chat, raw)
+from wire.chat import decode_chat_request
+from wire.schema import CompletionRequest, decode_request
 
 
 class Operation:
@@ -49,6 +45,6 @@ class Operation:
 
 
 COMPLETIONS: Final = Operation("completions", False, decode_request, normalize, "cmpl-", Job)
-CHAT: Final = Operation("chat", True, _chat_decode, normalize_chat, "chatcmpl-", ChatJob)
+CHAT: Final = Operation("chat", True, decode_chat_request, normalize_chat, "chatcmpl-", ChatJob)
 
 __all__ = ["CHAT", "COMPLETIONS", "Operation"]

@@ -18,7 +18,7 @@ from gateway.emulation.planning import GUIDED_CHOICE_CHARS, GUIDED_CHOICES
 from gateway.path.dialects import decode_error, unknown_field
 from gateway.path.echo import echoed
 from gateway.path.token_ids import check_id_lists, check_prompt
-from gateway.path.unrendered import image_parts, unrendered
+from gateway.path.unrendered import NOTHING_BESIDE, chat_beside, image_parts, unrendered
 from providers.registry import credential_headers
 from wire.chat import CHAT_SHAPES, AssistantMessage, ChatRequest, ToolMessage, UserMessage, bound_conversation, render
 from wire.errors import InvalidRequestError
@@ -347,6 +347,8 @@ def normalize(req: CompletionRequest, caps: CapsConfig = _DEFAULT_CAPS) -> Compl
 
 
 _CHAT_SHAPES: Final = CHAT_SHAPES
+_chat_shaped: Final = operator.attrgetter(*(name for name, _ in CHAT_SHAPES))
+_NO_SHAPES: Final = (None,) * len(CHAT_SHAPES)
 
 
 def _prefill(req: ChatRequest) -> None:
@@ -410,15 +412,17 @@ def normalize_chat(req: ChatRequest, caps: CapsConfig = _DEFAULT_CAPS) -> ChatRe
         _refuse_held(req, _COMPLETION_ONLY)
     if req.logprobs is not None and not isinstance(req.logprobs, bool):
         raise _bad("'logprobs' must be a boolean on chat completions; 'top_logprobs' sets the count", "logprobs")
-    for name, shape in _CHAT_SHAPES:
-        value = getattr(req, name)
-        if value is not None:
-            try:
-                msgspec.convert(value, shape)
-            except msgspec.ValidationError as exc:
-                # Named from the body's root, as the decoder names any other field.
-                problem, at, path = str(exc).partition(" - at `$")
-                raise decode_error(msgspec.ValidationError(f"{problem} - at `$.{name}{path if at else '`'}")) from None
+    if _chat_shaped(req) != _NO_SHAPES:  # one C call when none is set, as in most requests
+        for name, shape in _CHAT_SHAPES:
+            value = getattr(req, name)
+            if value is not None:
+                try:
+                    msgspec.convert(value, shape)
+                except msgspec.ValidationError as exc:
+                    # Named from the body's root, as the decoder names any other field.
+                    problem, at, path = str(exc).partition(" - at `$")
+                    at = f"{problem} - at `$.{name}{path if at else '`'}"
+                    raise decode_error(msgspec.ValidationError(at)) from None
     if req.prompt_logprobs is not None and req.stream:
         # No chat route streams them (vLLM's refuses): before the cache, whose buffered answer could carry them.
         raise _bad("'prompt_logprobs' are not available on a streamed chat completion", "prompt_logprobs")
@@ -487,8 +491,10 @@ def normalize_chat(req: ChatRequest, caps: CapsConfig = _DEFAULT_CAPS) -> ChatRe
         req.echo_last = None  # the default: one cache entry for both
     req.prompt = render(req.messages)
     normalize(req, caps)
-    # Always set (a client's own " unrendered" never stands), once its fields are checked and folded.
-    req.unrendered = unrendered(req, images, caps.image_tokens, back or said)
+    # Always set (a client's own " unrendered" never stands), once its fields are checked and folded; the
+    # common request (a conversation alone) without a call.
+    beside = images or back or said or chat_beside(req) != NOTHING_BESIDE
+    req.unrendered = unrendered(req, images, caps.image_tokens, back or said) if beside else None
     if req.echo_last:
         _bound_echo(req, caps.emulated_answer_bytes)
     return req

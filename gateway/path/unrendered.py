@@ -44,6 +44,10 @@ _BESIDE: Final = {
     CompletionRequest: (operator.attrgetter(*_COMPLETION), (None,) * len(_COMPLETION), _COMPLETION),
 }
 _encode: Final = msgspec.json.encode
+# A chat's fields beside its messages, and their values when none is set (`unrendered` returns None then, as
+# it does without images or thinking sent back): for gateway/path/request.py's test of the common request.
+chat_beside: Final = _BESIDE[ChatRequest][0]
+NOTHING_BESIDE: Final = _BESIDE[ChatRequest][1]
 
 
 def image_parts(content: Sequence[object]) -> int:
@@ -101,4 +105,4 @@ def unrendered(req: CompletionRequest, images: int, image_tokens: int, said_back
     return Unrendered("\n".join(texts), images * image_tokens, largest)
 
 
-__all__ = ["image_parts", "unrendered"]
+__all__ = ["NOTHING_BESIDE", "chat_beside", "image_parts", "unrendered"]

@@ -48,6 +48,18 @@ def test_chat_is_measured_on_the_completions_twin() -> None:
     assert b'"finish_reason":"length"' in chat_stream_events(3)[-2]
 
 
+@pytest.mark.parametrize(("chat", "completion"), [("chat", "h1"), ("chat-stream", "h1-stream")])
+def test_a_chat_request_makes_no_more_calls_than_a_completion(chat: str, completion: str, upstream: Any) -> None:
+    # Chat shares the completion's request path; what it adds (its decode, the conversation's checks and
+    # rendering, the chat route's mapping and parsing) must not cost calls of its own per request. A few
+    # calls of slack for the timers (the access log's flush) that fall on one run's requests and not the other's.
+    counted = {
+        p: instructions.count_calls(p, requests=60, warmup=5, upstream_port=upstream.port) for p in (chat, completion)
+    }
+    assert counted[chat]["python_calls"] <= counted[completion]["python_calls"] + 2, counted
+    assert counted[chat]["c_calls"] <= counted[completion]["c_calls"] + 2, counted
+
+
 def test_chat_requests_go_to_the_chat_route() -> None:
     body = msgspec.json.decode(inprocess.request_body("chat-stream", 7))
     assert body["messages"] == [{"role": "user", "content": "Say hello 0000007"}]
