@@ -237,6 +237,22 @@ def test_the_memory_store_never_exceeds_max_bytes(upstream: Upstream, tmp_path: 
         assert c.post("/v1/completions", json=body("bound: 0")).headers["x-gateway-cache"] == "miss"
 
 
+def test_an_answer_stored_again_under_its_key_is_counted_once(upstream: Upstream, tmp_path: Path) -> None:
+    """`no-cache` asks the upstream and stores the fresh answer over the one its key holds: the store's bytes
+    count the new entry in place of the old, not both."""
+    with serve_config(tmp_path, config(upstream)) as gw, client(gw.url) as c:
+        admin = {"authorization": f"Bearer {ADMIN}"}
+        assert c.post("/v1/completions", json=body("again: one")).headers["x-gateway-cache"] == "miss"
+        first = c.get("/admin/status", headers=admin).json()["cache"]
+        for _ in range(3):
+            fresh = c.post("/v1/completions", json=body("again: one"), headers={"cache-control": "no-cache"})
+            assert fresh.status_code == 200 and fresh.headers["x-gateway-cache"] == "bypass", fresh.text
+        cache = c.get("/admin/status", headers=admin).json()["cache"]
+        assert (cache["memory_entries"], cache["memory_bytes"]) == (1, first["memory_bytes"]) and first["memory_bytes"]
+        assert c.post("/v1/completions", json=body("again: one")).headers["x-gateway-cache"] == "hit"
+        assert len(upstream.received) == 4
+
+
 def test_an_unreadable_max_age_is_a_400(alice: httpx.Client, upstream: Upstream) -> None:
     resp = alice.post("/v1/completions", json=body("cc: bad"), headers={"cache-control": "max-age=soon"})
     assert resp.status_code == 400 and resp.json()["error"]["code"] == "invalid_cache_control"
