@@ -58,7 +58,19 @@ class Waiter:
 class FairOrder:
     """The waiters of one server by class and tenant, and every tenant's weighted service there."""
 
-    __slots__ = ("classes", "service", "credit", "lengths", "misses", "depth", "counts", "last", "turns", "turn")
+    __slots__ = (
+        "classes",
+        "service",
+        "credit",
+        "lengths",
+        "misses",
+        "expected",
+        "depth",
+        "counts",
+        "last",
+        "turns",
+        "turn",
+    )
 
     def __init__(self) -> None:
         # Per class: tenant -> its waiters, oldest first (a dict keeps tenants in arrival order for ties).
@@ -74,6 +86,9 @@ class FairOrder:
         # as their answers' usage reported them: added to its charges, so a tenant of steady requests is
         # charged what they use and nothing needs correcting at their end.
         self.misses: dict[str, float] = {}
+        # Tenant -> its length and miss as a charge adds them (rounded), kept with them: every grant reads them,
+        # and they change only when an answer differs from its charge.
+        self.expected: dict[str, tuple[int, int]] = {}
         self.depth = 0
         self.counts = [0, 0, 0, 0]  # waiters per class
         self.last = 0.0  # the service of the tenant served last: the floor for a tenant nobody waits beside
@@ -162,14 +177,15 @@ class FairOrder:
         it is charged (its prompt and its tenant's recent answers' length here, within `most` and `MAX_CHARGE`;
         `most` where the tenant has no answer here yet), less any credit, and its turn stamped. The charge is
         made at the grant, where the latest answers are known, and corrected by `settle` at its end."""
-        length = self.lengths.get(tenant)
-        generated = most if length is None or length >= most else int(length + 0.5)
-        tokens = prompt + (generated if generated < MAX_CHARGE else MAX_CHARGE)
-        if self.misses:
-            miss = self.misses.get(tenant)
-            if miss is not None:
-                m = round(miss)
-                tokens += m if m > -prompt else -prompt  # max() without its call
+        known = self.expected.get(tenant)
+        if known is None:
+            tokens = prompt + (most if most < MAX_CHARGE else MAX_CHARGE)
+        else:
+            generated, miss = known
+            if generated > most:
+                generated = most
+            tokens = prompt + (generated if generated < MAX_CHARGE else MAX_CHARGE)
+            tokens += miss if miss > -prompt else -prompt  # max() without its call
         turn = self.turn = self.turn + 1
         self.turns[tenant] = turn
         charge = tokens / weight
@@ -200,7 +216,9 @@ class FairOrder:
                 generated = used - prompt if used > prompt else 0
             lengths = self.lengths
             length = lengths.get(tenant)
-            lengths[tenant] = generated if length is None else length + (generated - length) * _LEARN
+            lengths[tenant] = length = generated if length is None else length + (generated - length) * _LEARN
+            miss_known = self.misses.get(tenant)
+            self.expected[tenant] = (int(length + 0.5), 0 if miss_known is None else round(miss_known))
         if used > charged:
             self.service[tenant] = self.service.get(tenant, 0.0) + (used - charged) / weight
         elif used < charged:
