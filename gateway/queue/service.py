@@ -17,7 +17,7 @@ import msgspec
 from gateway.config import LoadedConfig, QueueConfig, replica_cap, replica_names, replica_tag, replica_url
 from gateway.limits.auth import ClientKey
 from gateway.limits.ratelimit import Limiter
-from gateway.limits.tokens import BYTES_PER_TOKEN, prompt_count, prompt_tokens, unbounded_completion, unrendered_tokens
+from gateway.limits.tokens import prompt_count, prompt_tokens, text_tokens, unbounded_completion, unrendered_tokens
 from gateway.ops import tracing
 from gateway.ops.metrics import Metrics
 from gateway.queue.fair import BATCH, PRIORITIES, RANK, Waiter
@@ -252,8 +252,7 @@ class Queues:
         choices = 1 if req.n is None and req.best_of is None else max(req.n or 1, req.best_of or 1)
         beside = req.unrendered  # tools, schemas, a suffix, thinking sent back, images; None for a prompt alone
         if type(prompts) is str:  # the usual prompt: one text
-            # `text_tokens(prompts, False, "")` inline: a call less on every request of a capped gateway.
-            prompt = -(-(len(prompts) if prompts.isascii() else len(prompts.encode())) // BYTES_PER_TOKEN)
+            prompt = text_tokens(prompts, False, "")
             if beside is not None:
                 prompt += unrendered_tokens(beside, False, "")
         else:
