@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final
 
+import httpx
 import openai
 import pytest
 
@@ -77,6 +78,19 @@ def jsonl(lines: list[dict[str, Any]]) -> bytes:
 
 def upload(client: openai.OpenAI, data: bytes) -> str:
     return client.files.create(file=("input.jsonl", io.BytesIO(data)), purpose="batch").id
+
+
+def interactive(gw: GatewayThread, count: int) -> list[int]:
+    """`count` requests of the batch's key (`EVAL_KEY`) to the alias `fast`, one after the other: their statuses."""
+    with httpx.Client(base_url=gw.url, timeout=30) as http:
+        return [
+            http.post(
+                "/v1/completions",
+                json={"model": "fast", "prompt": f"inter {i}", "max_tokens": 5},
+                headers={"authorization": f"Bearer {EVAL_KEY}"},
+            ).status_code
+            for i in range(count)
+        ]
 
 
 def wait_batch(

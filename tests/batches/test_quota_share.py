@@ -17,7 +17,7 @@ import pytest
 from tests.helpers.redis import RedisServer
 from tests.helpers.servers import GatewayThread
 
-from .conftest import ENV, EVAL_KEY, config, line, results, sdk, start, wait_batch
+from .conftest import ENV, EVAL_KEY, config, interactive, line, results, sdk, start, wait_batch
 
 RPM = 6  # the provider's quota: a burst of six, then one every 10 s (longer than each test's burst)
 LINES = 20
@@ -52,19 +52,6 @@ def _configured(
     return path
 
 
-def _interactive(gw: GatewayThread, count: int) -> list[int]:
-    """`count` requests of the batch's own key to the same provider, one after the other: their statuses."""
-    with httpx.Client(base_url=gw.url, timeout=30) as http:
-        return [
-            http.post(
-                "/v1/completions",
-                json={"model": "fast", "prompt": f"inter {i}", "max_tokens": 5},
-                headers={"authorization": f"Bearer {EVAL_KEY}"},
-            ).status_code
-            for i in range(count)
-        ]
-
-
 def _completed(client: openai.OpenAI, batch_id: str) -> int:
     counts = client.batches.retrieve(batch_id).request_counts
     assert counts is not None
@@ -84,7 +71,7 @@ def _share_run(
         wait_batch(client, batch_id, lambda b: b.request_counts is not None and b.request_counts.completed >= part)
         time.sleep(0.5)  # the lines refused meanwhile are put back and tried again: none may get through
         taken = _completed(client, batch_id)
-        statuses = _interactive(gw, RPM - taken + 1)
+        statuses = interactive(gw, RPM - taken + 1)
         after = _completed(client, batch_id)
         client.batches.cancel(batch_id)
         ended = wait_batch(client, batch_id)

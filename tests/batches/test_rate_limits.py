@@ -10,7 +10,7 @@ import httpx
 
 from tests.helpers.servers import GatewayThread
 
-from .conftest import ENV, EVAL_KEY, config, line, results, sdk, start, wait_batch
+from .conftest import ENV, EVAL_KEY, config, interactive, line, results, sdk, start, wait_batch
 
 LINES = 12
 RPM = 20  # the key's own limit: a burst of 20, then one every 3 s
@@ -22,19 +22,6 @@ def _configured(tmp_path: Path, extra: str = "") -> Path:
     path = tmp_path / "config.yaml"
     path.write_text(text.replace(mine, mine[:-1] + f", limits: {{rpm: {RPM}}}}}"))
     return path
-
-
-def _interactive(gw: GatewayThread, count: int) -> list[int]:
-    """`count` requests of the batch's key, one after the other: their statuses."""
-    with httpx.Client(base_url=gw.url, timeout=30) as http:
-        return [
-            http.post(
-                "/v1/completions",
-                json={"model": "fast", "prompt": f"inter {i}", "max_tokens": 5},
-                headers={"authorization": f"Bearer {EVAL_KEY}"},
-            ).status_code
-            for i in range(count)
-        ]
 
 
 def _requeued(gw: GatewayThread) -> float:
@@ -51,7 +38,7 @@ def test_a_batch_leaves_its_keys_whole_rate_limit_to_its_interactive_requests(tm
         out = results(client, batch.output_file_id)
         requeued = _requeued(gw)
         # Counted against the key's rpm, the 12 lines would leave 8 of its burst: most of these would be 429s.
-        statuses = _interactive(gw, RPM)
+        statuses = interactive(gw, RPM)
     assert batch.status == "completed" and batch.error_file_id is None
     assert [o["custom_id"] for o in out] == [x["custom_id"] for x in lines]
     assert requeued == 0
@@ -65,7 +52,7 @@ def test_a_line_over_batches_limits_waits_and_is_sent_again(tmp_path: Path) -> N
         batch = wait_batch(client, start(client, lines))
         out = results(client, batch.output_file_id)
         requeued = _requeued(gw)
-        statuses = _interactive(gw, RPM)
+        statuses = interactive(gw, RPM)
     # Eight lines in flight against a burst of five: some were put back, and sent again after Retry-After.
     assert batch.status == "completed" and batch.error_file_id is None
     assert [o["custom_id"] for o in out] == [x["custom_id"] for x in lines]
@@ -87,7 +74,7 @@ def test_a_batch_leaves_its_teams_whole_rate_limit_to_its_interactive_requests(t
         client = sdk(gw.url, EVAL_KEY)
         batch = wait_batch(client, start(client, lines))
         requeued = _requeued(gw)
-        statuses = _interactive(gw, RPM + 1)
+        statuses = interactive(gw, RPM + 1)
     assert batch.status == "completed" and batch.error_file_id is None
     assert requeued == 0
     # The team's whole burst, and no more: the team's bucket holds the interactive requests.
