@@ -109,8 +109,7 @@ def made(gw: GatewayThread, admin: str, name: str, rpm: int) -> str:
 def batch(gw: GatewayThread, key: str, model: str) -> str:
     """A batch of 20 slow lines (8 s at one line at a time) by `key`: its id."""
     lines = [
-        {"custom_id": f"l{i}", "method": "POST", "url": "/v1/completions", "body": body(model=model)}
-        for i in range(20)
+        {"custom_id": f"l{i}", "method": "POST", "url": "/v1/completions", "body": body(model=model)} for i in range(20)
     ]
     data = "".join(json.dumps(x) + "\n" for x in lines).encode()
     with client(gw.url, key) as c:

@@ -5,7 +5,8 @@ admin key never goes into a URL: the test enters it through the page's form (or 
 sessionStorage through CDP and reloads), and reads what the page rendered from live `/admin/status` data:
 the providers, a target cooling after a failing request, rate-limit headroom and today's usage, which
 changes on the next 2-second poll after another request. A wrong key shows the 401 state; a team admin's
-key shows its team's part, the other panels hidden. A PNG screenshot is written to the test's tmp dir. Skipped only when no Chromium binary is installed.
+key shows its team's part, the other panels hidden. A PNG screenshot is written to the test's tmp dir.
+Skipped only when no Chromium binary is installed.
 """
 
 from __future__ import annotations
