@@ -208,13 +208,15 @@ def counts(cur: Cursor) -> dict[str, int]:
     return {str(s): int(n) for s, n in cur.rows("SELECT status, count(*) FROM batches GROUP BY status")}
 
 
-def running(cur: Cursor, limit: int) -> list[tuple[Any, ...]]:
-    """The batches being run (for the status page): id, owner, status, total, completed, failed, created_at."""
+def running(cur: Cursor, limit: int, owners: Owners = EVERY_OWNER) -> list[tuple[Any, ...]]:
+    """The batches being run (for the status page), those `owners` picks (a team's keys', or every key's): id,
+    owner, status, total, completed, failed, created_at."""
     marks = ", ".join("?" * len(ACTIVE))
+    narrowed = f" AND {owners[0]}" if owners[0] else ""
     return cur.rows(
-        f"SELECT id, owner, status, total, completed, failed, created_at FROM batches WHERE status IN ({marks}) "
-        "ORDER BY created_at LIMIT ?",
-        (*ACTIVE, limit),
+        f"SELECT id, owner, status, total, completed, failed, created_at FROM batches WHERE status IN ({marks})"
+        f"{narrowed} ORDER BY created_at LIMIT ?",
+        (*ACTIVE, *owners[1], limit),
     )
 
 

@@ -163,8 +163,8 @@ class TeamConfig(Strict, frozen=True):
     # key's `models` and these both match it (docs/security.md#team-models). `**`: no ceiling.
     models: list[str] = msgspec.field(default_factory=lambda: ["**"])
     # This team's own admin key (normally a `${VAR}`, as `admin.key`): it makes, lists, rotates and revokes the
-    # team's runtime keys and reads the team's usage, nothing else (docs/security.md#admin-roles). Empty or
-    # unset: the team has no admin of its own.
+    # team's runtime keys, reads the team's usage and status (the status page too) and lists and cancels its keys'
+    # batches, nothing else (docs/security.md#admin-roles). Empty or unset: the team has no admin of its own.
     admin_key: str = ""
 
 

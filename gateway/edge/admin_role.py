@@ -1,11 +1,12 @@
 """Who calls an admin route: the operator (`admin.key`), over everything, or a team's admin
-(`teams.<name>.admin_key`), over its own team's runtime keys, usage and batches only.
+(`teams.<name>.admin_key`), over its own team's runtime keys, usage, status and batches only.
 
-Every admin route asks `identify` (the key routes, the usage report and the batch routes, which narrow what a
-team admin sees) or `operator_only` (every other route: a team admin's key is a 403 there), so a route that
-does not narrow by team is closed to team admins by default. The presented key is compared with every admin
-key in constant time, all of them each time, so the timing says neither whether nor whose key matched. With
-no admin key configured at all the admin surface answers 404. Roles: docs/security.md#admin-roles.
+Every admin route asks `identify` (the key routes, the usage report, the status and the batch routes, which
+narrow what a team admin sees) or `operator_only` (every other route: a team admin's key is a 403 there),
+so a route that does not narrow by team is closed to team admins by default. The presented key is compared
+with every admin key in constant time, all of them each time, so the timing says neither whether nor whose
+key matched. With no admin key configured at all the admin surface answers 404. Roles:
+docs/security.md#admin-roles.
 """
 
 from __future__ import annotations
@@ -95,7 +96,8 @@ def operator_only(request: Request[Any, Any, Any]) -> tuple[Pipeline, Response[b
         refused = render(
             PermissionDeniedError(
                 "This admin route is the operator's: a team's admin key manages its team's keys "
-                "(/admin/keys) and batches (/admin/batches) and reads its team's usage (/admin/usage) only",
+                "(/admin/keys) and batches (/admin/batches) and reads its team's usage (/admin/usage) "
+                "and status (/admin/status) only",
                 code="operator_only",
             )
         )

@@ -164,12 +164,12 @@ def _limit(request: Request[Any, Any, Any], most: int) -> int | Response[bytes]:
 _STATUS_BATCHES: Final = 50  # the status page lists at most this many running batches, oldest first
 
 
-async def running_batches(api: Batches, keys: KeyRing) -> list[dict[str, Any]] | None:
+async def running_batches(api: Batches, keys: KeyRing, team: str | None = None) -> list[dict[str, Any]] | None:
     """The batches being run, with their progress, for the status page (None: the database did not answer);
-    each owner by its key's name."""
+    each owner by its key's name; with a `team` (a team admin's view), its team's keys' alone (`owners_of`)."""
     try:
         async with asyncio.timeout(api.store.wait_s):
-            rows = await api.store.run(store.running, _STATUS_BATCHES)
+            rows = await api.store.run(store.running, _STATUS_BATCHES, owners_of(keys, team))
     except (LedgerDown, TimeoutError):
         return None
     names = ("id", "owner", "status", "total", "completed", "failed", "created_at")

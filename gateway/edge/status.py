@@ -1,8 +1,9 @@
-"""Admin endpoints (`/admin/usage`, `/admin/status`, `DELETE /admin/cache`) and the operators' status page (`GET /`).
+"""Admin endpoints (`/admin/usage`, `/admin/status`, `DELETE /admin/cache`) and the status page (`GET /`).
 
-The admin routes need the operator's admin key (gateway/edge/admin_role.py), but `/admin/usage`, which a
-team's admin key reads narrowed to its team; with no admin key configured they and the page answer 404, so the
-admin surface is never open. Routes and auth: docs/operations.md, docs/security.md#admin-roles.
+The admin routes need the operator's admin key (gateway/edge/admin_role.py), but `/admin/usage` and
+`/admin/status`, which a team's admin key reads narrowed to its team (the status page shows what they give
+it); with no admin key configured they and the page answer 404, so the admin surface is never open. Routes
+and auth: docs/operations.md, docs/security.md#admin-roles.
 """
 
 from __future__ import annotations
@@ -23,16 +24,14 @@ from gateway.edge.admin_role import admin_keys, identify, operator_only, render
 from gateway.edge.batch_routes import running_batches
 from gateway.edge.discovery import Discovery
 from gateway.edge.drain import drain_routes
-from gateway.edge.drain import state as fleet_state
 from gateway.edge.ledger_routes import REPORT_PARAMS, unavailable_error, usage_response
+from gateway.edge.status_view import status, team_day
+from gateway.edge.team_status import team_status
 from gateway.fleet.picker import Fleet
 from gateway.ledger.engine import LedgerDown
-from gateway.ledger.report import day_usage, spend_per_day
-from gateway.limits.ratelimit import Bucket
-from gateway.limits.usage import DayUsage
+from gateway.ledger.report import day_usage
 from gateway.path.pipeline import Pipeline
 from gateway.state import SharedState
-from gateway.upstream.plan import Route
 from wire.errors import GatewayError, InvalidRequestError
 from wire.schema import encode
 
@@ -46,8 +45,8 @@ def _error(exc: GatewayError) -> Response[bytes]:
 
 
 def _require_admin_key(pipeline: Pipeline) -> None:
-    """404 unless the operator's admin key is configured (and its variable set): the status page is theirs."""
-    if not any(role.team is None for _, role in admin_keys(pipeline.loaded)):
+    """404 unless an admin key, the operator's or a team's, is configured (and its variable set)."""
+    if not admin_keys(pipeline.loaded):
         raise NotFoundException()  # rendered like any unknown route
 
 
@@ -82,144 +81,23 @@ async def admin_usage(request: Request[Any, Any, Any]) -> Response[bytes]:
         return Response(encode(books), media_type=JSON, headers=_NO_STORE)
     usage = await pipeline.usage.report(day)
     if team is not None:  # without a ledger usage is by key name: the names of the team's keys in force
-        ours = pipeline.keys.roster(team)
-        usage = DayUsage(day=usage.day, keys={n: u for n, u in usage.keys.items() if n in ours})
+        usage = team_day(usage, pipeline.keys.roster(team))
     return Response(encode(usage), media_type=JSON, headers=_NO_STORE)
-
-
-async def _today(pipeline: Pipeline) -> Any:
-    """The status page's "Usage today": the ledger's books when there is one (with `unavailable` while it
-    cannot be read), else the usage store's."""
-    day = pipeline.usage.today()
-    if pipeline.ledger is None:
-        return await pipeline.usage.report(day)
-    try:
-        return await day_usage(pipeline.ledger, day, pipeline.keys.roster())
-    except LedgerDown as exc:
-        return {"day": day, "keys": {}, "unavailable": f"the ledger is unavailable: {exc}"}
-
-
-def _ledger_state(pipeline: Pipeline) -> str:
-    """`disabled`, `ok`, or `unavailable: <why>` (the database and its driver's error: `/ready` says less)."""
-    if pipeline.ledger is None:
-        return "disabled"
-    trouble = pipeline.ledger.trouble
-    return "ok" if trouble is None else f"unavailable: {trouble}"
-
-
-def _targets(pipeline: Pipeline, down: Mapping[str, str]) -> dict[str, str | None]:
-    """The targets the config names (alias targets, direct fallbacks, then each provider's advertised
-    models), each with why it cannot be called now, or None."""
-    cfg = pipeline.loaded.config
-    router = pipeline.router
-    aliases = {a.name for a in cfg.models}
-    seen: dict[str, str | None] = {}
-
-    def add(route: Route) -> None:
-        seen.setdefault(route.key, route.unavailable or down.get(route.provider))
-        for replica in route.replicas:  # a replicated provider's replicas are targets of their own
-            add(replica)
-
-    for alias in cfg.models:
-        for route in router.aliases[alias.name].routes:
-            add(route)
-        for ref in (*alias.fallbacks, *alias.context_window_fallbacks):
-            if ref not in aliases:
-                add(router.resolve(ref))
-    for name, p in pipeline.loaded.providers.items():
-        for model in p.models:
-            seen.setdefault(f"{name}/{model}", down.get(name))
-            if p.replicas:
-                add(router.resolve(f"{name}/{model}"))
-    return seen
-
-
-def _buckets(pipeline: Pipeline) -> list[Bucket]:
-    a = pipeline.admission
-    return [b for scope in (a.keys, a.teams, a.models, a.providers, a.deployments) for bs in scope.values() for b in bs]
-
-
-async def status(pipeline: Pipeline, unreachable: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """What the status page shows; `unreachable`: the providers the discovery found nobody listening for."""
-    loaded = pipeline.loaded
-    unavailable = {**(unreachable or {}), **pipeline.router.unavailable_providers()}
-    providers = [
-        {
-            "name": name,
-            "kind": p.kind,
-            "available": name not in unavailable,
-            "reason": unavailable.get(name),
-            "models": p.models,
-        }
-        for name, p in loaded.providers.items()
-    ]
-    aliases = [
-        {
-            "name": a.name,
-            "strategy": a.strategy,
-            "targets": [{"model": t.model, "weight": t.weight} for t in a.targets],
-            "fallbacks": a.fallbacks,
-            "context_window_fallbacks": a.context_window_fallbacks,
-        }
-        for a in loaded.config.models
-    ]
-    names = _targets(pipeline, unavailable)
-    health = await pipeline.health.snapshot(list(names))
-    targets = []
-    for name, reason in names.items():
-        h = health[name]
-        # A target nothing can call is not "ok", however healthy its (empty) record looks.
-        state = "unavailable" if reason else "cooling" if h.cooling_ms > 0 else "recovering" if h.recovering else "ok"
-        targets.append(
-            {
-                "target": name,
-                "state": state,
-                "reason": reason,
-                "cooling_ms": h.cooling_ms,
-                "cause": h.cause,
-                "failures": h.failures,
-                "inflight": h.inflight,
-                "latency_ms": None if h.latency_ms is None else round(h.latency_ms, 1),
-            }
-        )
-    buckets = _buckets(pipeline)
-    limits = [
-        {
-            "scope": s.bucket.scope,
-            "kind": s.bucket.kind,
-            "limit": s.bucket.limit,
-            "remaining": s.remaining,
-            "reset_ms": s.reset_ms,
-        }
-        for s in await pipeline.admission.limiter.peek(buckets)
-    ]
-    shared = pipeline.shared
-    return {
-        "time": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "redis": "disabled" if not shared.configured else "degraded" if shared.degraded else "ok",
-        "ledger": _ledger_state(pipeline),
-        "providers": providers,
-        "aliases": aliases,
-        "targets": targets,
-        "limits": limits,
-        "usage": await _today(pipeline),
-        "cache": pipeline.cache.stats() if pipeline.cache is not None else None,
-        "spend_per_day": None if pipeline.ledger is None else await spend_per_day(pipeline.ledger, 30),
-        "fleets": {name: fleet_state(fleet) for name, fleet in pipeline.router.fleets.items()},
-        "queues": await pipeline.queues.status() if pipeline.queues is not None else [],
-    }
 
 
 @get("/admin/status")
 async def admin_status(request: Request[Any, Any, Any]) -> Response[bytes]:
-    pipeline, refused = _authorize(request)
-    if refused is not None:
-        return refused
+    pipeline, role = identify(request)
+    if isinstance(role, Response):
+        return role
     discovery: Discovery = request.app.state.discovery
-    body = await status(pipeline, discovery.unreachable)
     batches: Batches | None = request.app.state.batches
-    if batches is not None:
-        body["batches"] = await running_batches(batches, pipeline.keys)
+    if role.team is not None:  # a team's admin: its team's view (gateway/edge/team_status.py)
+        body = await team_status(pipeline, role.team, batches, discovery.unreachable)
+    else:
+        body = await status(pipeline, discovery.unreachable)
+        if batches is not None:
+            body["batches"] = await running_batches(batches, pipeline.keys)
     return Response(encode(body), media_type=JSON, headers=_NO_STORE)
 
 
@@ -278,4 +156,4 @@ def _fleets(request: Request[Any, Any, Any]) -> tuple[Mapping[str, Fleet], Share
 
 ROUTES: Final = [admin_usage, admin_status, admin_cache_clear, status_page, *drain_routes(_fleets, _error)]
 
-__all__ = ["ROUTES", "status"]
+__all__ = ["ROUTES"]

@@ -154,20 +154,21 @@ async def day_usage(
     return {"day": day, "keys": keys}
 
 
-async def spend_per_day(ledger: Ledger, days: int) -> list[dict[str, Any]] | None:
+async def spend_per_day(ledger: Ledger, days: int, team: str | None = None) -> list[dict[str, Any]] | None:
     """The status page's chart: cost and requests on each of the last `days` UTC days, oldest first, a day
     with nothing booked as zeros (a chart that skipped it would draw the days around it as neighbours);
-    None while the ledger is away."""
+    with a `team`, the rows booked under it alone; None while the ledger is away."""
     now = time.time()
     window = [day_of(now - ago * 86_400) for ago in range(days - 1, -1, -1)]
-    sql = "SELECT day, sum64(cost_pico), sum64(requests) FROM daily WHERE day >= ? AND day <= ? GROUP BY day"
+    only, args = (" AND team = ?", (window[0], window[-1], team)) if team is not None else ("", (window[0], window[-1]))
+    sql = f"SELECT day, sum64(cost_pico), sum64(requests) FROM daily WHERE day >= ? AND day <= ?{only} GROUP BY day"
     try:
-        found, waiting = await ledger.read(lambda cur: cur.rows(sql, (window[0], window[-1])))
+        found, waiting = await ledger.read(lambda cur: cur.rows(sql, args))
     except LedgerDown:
         return None
     booked = {r[0]: [int(r[1]), int(r[2])] for r in found}
     for k, v in waiting.items():
-        if window[0] <= k[0] <= window[-1]:
+        if window[0] <= k[0] <= window[-1] and (team is None or k[_AT["team"]] == team):
             into = booked.setdefault(k[0], [0, 0])
             into[0] = min(into[0] + v[4], INT64_MAX)
             into[1] = min(into[1] + v[0], INT64_MAX)

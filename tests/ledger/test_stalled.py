@@ -4,8 +4,9 @@ statement timeout can fire: the gateway's own bound answers).
 
 While the lock is held, a budgeted request is served within `ledger.timeout_ms` (its budget counted from
 what the process knows), `POST /admin/keys` answers 503 `ledger_unavailable` with Retry-After, and `/ready`
-answers 503 naming the ledger. `/admin/usage` answers 503 as well on PostgreSQL, whose locked tables cannot
-be read; SQLite's write lock leaves reads alone (WAL), so there it answers 200. When the lock goes,
+answers 503 naming the ledger (`/admin/status` says why to the operator, not to a team's admin).
+`/admin/usage` answers 503 as well on PostgreSQL, whose locked tables cannot be read; SQLite's write lock
+leaves reads alone (WAL), so there it answers 200. When the lock goes,
 `/ready` is 200 again and every row answered meanwhile is booked (spilled, then replayed).
 """
 
@@ -37,6 +38,7 @@ TIMEOUT_MS: Final = 500
 # loaded machine. Far below the lock's hold.
 BOUND_S: Final = TIMEOUT_MS / 1000 + 1.0 + 1.0
 HOLD_S: Final = 15.0
+BLUE_ADMIN: Final = "adm-stalled-blue-2e8c"
 
 
 @contextmanager
@@ -87,7 +89,8 @@ def test_a_locked_database_is_answered_within_the_bound(
         url = request.getfixturevalue("pg").url
     path = tmp_path / "config.yaml"
     text = config(url, extra=f", timeout_ms: {TIMEOUT_MS}").replace("{name: solo,", "{name: solo, max_cost_per_day: 5,")
-    assert "max_cost_per_day: 5" in text
+    text = text.replace("teams: {blue: {},", f'teams: {{blue: {{admin_key: "{BLUE_ADMIN}"}},')
+    assert "max_cost_per_day: 5" in text and BLUE_ADMIN in text
     path.write_text(text)
     with GatewayThread(path, ENV) as gw:
         with client(gw.url) as c:
@@ -128,6 +131,12 @@ def test_a_locked_database_is_answered_within_the_bound(
             assert ready == {"status": "degraded", "redis": "disabled", "ledger": "unavailable"}, ready
             state = admin.get("/admin/status").json()["ledger"]
             assert state.startswith("unavailable: ") and ("sqlite file" in state or "postgresql" in state), state
+            # A team's admin is told the ledger is down, not the driver's words (they can name the host).
+            with client(gw.url, BLUE_ADMIN) as blue:
+                view = blue.get("/admin/status").json()
+            assert view["ledger"] == "unavailable", view
+            if engine != "sqlite":
+                assert view["usage"]["unavailable"] == "the ledger is unavailable", view
             for _ in range(4):
                 took, resp = timed(lambda: solo.post("/v1/completions", json=body()))
                 assert resp.status_code == 200 and took < BOUND_S, took

@@ -2,8 +2,8 @@
 
 Over real sockets, on a real SQLite ledger file: `blue`'s admin makes keys of its team only and no more than
 the team may, lists, rotates and revokes its team's keys only (another team's key id is a 404 like an unknown
-one), reads its team's rows and its team's keys' batches only, and is refused (403 `operator_only`) on every
-other admin route, which are read from the source so a new one is classified here before it ships. The
+one), reads its team's rows, status and its team's keys' batches only, and is refused (403 `operator_only`) on
+every other admin route, which are read from the source so a new one is classified here before it ships. The
 operator's key keeps every power.
 """
 
@@ -44,12 +44,12 @@ TEAM_ROUTES: Final = {
     "/admin/keys/{key_id:str}",
     "/admin/keys/{key_id:str}/rotate",
     "/admin/usage",
+    "/admin/status",
     "/admin/batches",
     "/admin/batches/{batch_id:str}",
     "/admin/batches/{batch_id:str}/cancel",
 }
 OPERATOR_ROUTES: Final = {
-    "/admin/status": ("GET", "/admin/status"),
     "/admin/cache": ("DELETE", "/admin/cache"),
     "/admin/providers/{name:str}/replicas/{index:int}/drain": ("POST", "/admin/providers/demo/replicas/0/drain"),
     "/admin/providers/{name:str}/replicas/{index:int}/undrain": ("POST", "/admin/providers/demo/replicas/0/undrain"),
@@ -275,9 +275,10 @@ def test_team_admins_without_an_operator_key(tmp_path: Path) -> None:
     path.write_text(text)
     with GatewayThread(path, TEAM_ENV) as gw:
         assert make(gw, BLUE_ADMIN, name="b1").status_code == 201
-        assert call(gw, BLUE_ADMIN, "GET", "/admin/status").status_code == 403
+        assert call(gw, BLUE_ADMIN, "GET", "/admin/status").json()["team"] == "blue"
+        assert call(gw, BLUE_ADMIN, "DELETE", "/admin/cache").status_code == 403
         assert call(gw, None, "GET", "/admin/keys").status_code == 401
-        assert call(gw, None, "GET", "/").status_code == 404  # the status page is the operator's
+        assert call(gw, None, "GET", "/").status_code == 200  # the status page, for the team's admin
 
 
 def test_without_a_ledger_a_team_admin_reads_its_teams_keys_only(tmp_path: Path) -> None:
@@ -292,6 +293,11 @@ def test_without_a_ledger_a_team_admin_reads_its_teams_keys_only(tmp_path: Path)
         assert sorted(call(gw, BLUE_ADMIN, "GET", "/admin/usage").json()["keys"]) == ["alice"]
         assert sorted(call(gw, GREEN_ADMIN, "GET", "/admin/usage").json()["keys"]) == []
         assert sorted(call(gw, ADMIN_KEY, "GET", "/admin/usage").json()["keys"]) == ["alice", "solo"]
+        # The status's usage too, by key name; no ledger, so no spend per day and no batches.
+        view = call(gw, BLUE_ADMIN, "GET", "/admin/status").json()
+        assert sorted(view["usage"]["keys"]) == ["alice"] and view["ledger"] == "disabled"
+        assert view["spend_per_day"] is None and "batches" not in view
+        assert sorted(call(gw, GREEN_ADMIN, "GET", "/admin/status").json()["usage"]["keys"]) == []
         assert call(gw, BLUE_ADMIN, "GET", "/admin/keys").status_code == 404  # runtime keys need a ledger
 
 

@@ -4,8 +4,9 @@ The page is served by the real gateway on loopback (tests/helpers/chromium.py dr
 admin key never goes into a URL: the test enters it through the page's form (or sets the tab's
 sessionStorage through CDP and reloads), and reads what the page rendered from live `/admin/status` data:
 the providers, a target cooling after a failing request, rate-limit headroom and today's usage, which
-changes on the next 2-second poll after another request. A wrong key shows the 401 state. A PNG
-screenshot is written to the test's tmp dir. Skipped only when no Chromium binary is installed.
+changes on the next 2-second poll after another request. A wrong key shows the 401 state; a team admin's
+key shows its team's part, the other panels hidden. A PNG screenshot is written to the test's tmp dir.
+Skipped only when no Chromium binary is installed.
 """
 
 from __future__ import annotations
@@ -128,3 +129,42 @@ async def test_status_page_shows_401_for_a_wrong_key(gw: GatewayThread, page: CD
     assert "demo/error-503" not in await page.eval("document.body.innerText")
     shot = await page.call("Page.captureScreenshot", format="png")
     (tmp_path / "status-page-401.png").write_bytes(base64.b64decode(shot["data"]))
+
+
+OPS_ADMIN = "adm-usage-ops-6d2b"
+
+
+async def test_status_page_for_a_team_admin(tmp_path: Path, page: CDP) -> None:
+    """A team's admin key opens the page on its team's part: the panels its view has no field for are hidden,
+    the rest show its keys, buckets and reachable targets alone."""
+    yaml = config().replace('key: "${USAGE_TEAM_KEY}",', 'key: "${USAGE_TEAM_KEY}", team: ops,')
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml + 'teams: {ops: {admin_key: "${USAGE_OPS_ADMIN}", models: ["demo/*", flaky]}}\n')
+    with GatewayThread(path, {**ENV, "USAGE_OPS_ADMIN": OPS_ADMIN}) as gw:
+        with client(gw.url, FREE_KEY) as c:
+            assert c.post("/v1/completions", json=body(model="fast")).status_code == 200
+        wait_requests(gw.url, "free", 1)
+        failing_and_served_requests(gw.url)
+        await page.open(gw.url + "/")
+        await page.eval(
+            f"document.getElementById('key').value = {OPS_ADMIN!r}; "
+            "document.getElementById('login-form').requestSubmit()"
+        )
+        await page.until(text("targets"), lambda v: isinstance(v, str) and "demo/error-503" in v)
+        assert await page.eval(text("team")) == "team ops (its keys only)"
+        for hidden in ("providers-section", "queues-section", "cache-section"):
+            assert await page.eval(f"document.getElementById({hidden!r}).hidden") is True, hidden
+        assert await page.eval("document.getElementById('aliases-section').hidden") is False
+        aliases = await page.eval(text("aliases"))
+        assert "flaky" in aliases and "fast" not in aliases
+        rows = await page.eval(
+            "[...document.querySelectorAll('#targets tbody tr')].map(r => [...r.cells].map(c => c.innerText))"
+        )
+        assert sorted(r[0] for r in rows) == ["demo/error-503", "demo/long", "demo/text"]
+        failing = next(r for r in rows if r[0] == "demo/error-503")
+        assert failing[1] == "cooling" and failing[3] == "error" and failing[5:] == ["\u2013", "\u2013"]
+        assert "key:team" in await page.eval(text("limits"))
+        usage = await page.eval(text("usage"))
+        assert "team" in usage and "free" not in usage
+        shot = await page.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)
+        (tmp_path / "status-page-team.png").write_bytes(base64.b64decode(shot["data"]))
