@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.inprocess import PATHS, drive, loop_runner, start_upstream
+from bench.inprocess import PATHS, drive, loop_runner, needs_upstream, start_upstream
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,7 +45,7 @@ def _place(filename: str) -> str:
 
 def shares(path: str, requests: int, warmup: int, chunks: int) -> tuple[float, list[tuple[str, float]]]:
     """CPU seconds per request without the profiler, and (place, share of the CPU time) largest first."""
-    upstream = start_upstream(chunks) if path.startswith("h1") else None
+    upstream = start_upstream(chunks) if needs_upstream(path) else None  # the fake paths answer in process
     port = None if upstream is None else upstream.port
     profiler = cProfile.Profile(time.process_time)
     spent = [0.0]
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--paths", default="h1", help=f"comma-separated, of {', '.join(PATHS)}")
     parser.add_argument("--requests", type=int, default=4000, help="measured requests")
     parser.add_argument("--warmup", type=int, default=300, help="unmeasured requests first")
-    parser.add_argument("--chunks", type=int, default=20, help="events per upstream stream (h1-stream)")
+    parser.add_argument("--chunks", type=int, default=20, help="events per upstream stream (h1-stream, chat-stream)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     for path in (p.strip() for p in args.paths.split(",") if p.strip()):
         if path not in PATHS:

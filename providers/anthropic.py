@@ -196,6 +196,8 @@ class AnthropicAdapter(OpenAIChat):
     chat_path: ClassVar[str] = "/v1/messages"
     chat_names = NO_NAMES  # its messages have no `name`
     chat_results_paired = True  # "unexpected `tool_use_id` found in `tool_result` blocks"
+    # Calls as the last message: "`tool_use` ids were found without `tool_result` blocks immediately after".
+    chat_open_calls_refused = True
     # A trailing assistant message is a prefill Anthropic continues, refused when it ends in white space.
     chat_continue = MappingProxyType({})
     chat_continue_strips = True

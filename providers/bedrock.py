@@ -254,6 +254,7 @@ class BedrockAdapter(OpenAIChat):
     chat_path: ClassVar[str] = path
     chat_names = NO_NAMES  # its messages have no `name`
     chat_results_paired = True  # Converse: each toolResult answers a toolUse of the turn before
+    chat_open_calls_refused = True  # Converse: each toolUse is immediately followed by its toolResult
     chat_params = guides_checked(CHAT_PARAMS, BEDROCK_PARAMS)
     chat_framing = "eventstream"
     chat_guarded_paths = guarded_paths

@@ -29,3 +29,6 @@ class DeepSeekAdapter(OpenAIChat, OpenAICompatible):
     # api-docs.deepseek.com/guides/thinking_mode: a turn that called tools must come back with its
     # `reasoning_content` (else a 400); other turns' is ignored.
     chat_reasoning_field = "reasoning_content"
+    # Its own 400s for a tool message after no `tool_calls` and for a call left without a result ("insufficient
+    # tool messages following tool_calls message"); its answer to a call answered twice is undocumented, so the
+    # conversation goes as it is (not `chat_results_paired`).

@@ -320,6 +320,7 @@ class GeminiAdapter(OpenAIChat):
     chat_path: ClassVar[str] = "/v1beta/models/{model}:generateContent"
     chat_names = NO_NAMES  # its messages have no `name`
     chat_results_paired = True  # results are paired with the turn's calls by name (gemini_chat.py)
+    chat_open_calls_refused = True  # "Requests ending with a model turn are not supported."
     chat_params = guides_checked(GEMINI_CHAT_PARAMS, GEMINI_PARAMS)
     # Chat's body carries the limit and the count where completions' does: its extras are guarded the same.
     chat_guarded_paths = guarded_paths

@@ -208,6 +208,8 @@ class MistralAdapter(OpenAIChat):
     # not permitted" to any field its schema lacks, `refusal` among them.
     chat_names = NO_NAMES
     chat_results_paired = True  # "Unexpected tool call id ... in tool results"
+    # "Expected last role User or Tool (or Assistant with prefix True) for serving but got assistant"
+    chat_open_calls_refused = True
     # Its reasoning models read their earlier thinking as a `thinking` chunk of the assistant turn's content
     # (the SDK's multi-turn reasoning example: dropping it degrades the answers).
     chat_reasoning_chunk: ClassVar[bool] = True

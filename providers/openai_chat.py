@@ -194,6 +194,9 @@ class OpenAIChat(Adapter):
     # assistant message, and two tool messages answering one call: the gateway refuses each first, naming the
     # message (providers/tool_results.py). False: the conversation goes as it is, and the server decides.
     chat_results_paired: ClassVar[bool] = False
+    # The route's server also refuses a conversation that ends on the assistant message making the calls (no
+    # result can follow yet): refused first as a call left without a tool message. False: it goes as it is.
+    chat_open_calls_refused: ClassVar[bool] = False
 
     # The field an assistant message's `reasoning_content` goes back under, for servers that read the model's
     # earlier thinking (DeepSeek wants it for turns that called tools); None: left out, as strict servers
@@ -423,11 +426,16 @@ def check_chat(adapter: Capabilities, req: ChatRequest, provider: str) -> None:
             f"Provider '{provider}' returns at most {adapter.max_logprobs} prompt_logprobs, got {count}",
         )
     if (
-        (req.unanswered is not None or req.unreplied is not None or req.repeated is not None)
-        and isinstance(adapter, OpenAIChat)
+        isinstance(adapter, OpenAIChat)
         and adapter.chat_results_paired
+        and (
+            req.unanswered is not None
+            or req.unreplied is not None
+            or req.repeated is not None
+            or adapter.chat_open_calls_refused  # the last message may make calls
+        )
     ):
-        check_results(req, provider)
+        check_results(req, provider, adapter.chat_open_calls_refused)
     rf = req.response_format
     if rf is not None and isinstance(adapter, OpenAIChat) and rf.get("type") not in adapter.chat_formats:
         raise UnsupportedParamError(

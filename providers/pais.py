@@ -6,6 +6,7 @@ The seed documents only these request fields, a string prompt, and `stop` as a n
 from __future__ import annotations
 
 from providers.base import Param, stop_list, table
+from providers.chat_fields import NO_NAMES
 from providers.chat_params import chat_table
 from providers.openai_chat import OpenAIChat
 from providers.openai_compat import OpenAICompatible
@@ -26,3 +27,6 @@ class PAISAdapter(OpenAIChat, OpenAICompatible):
         seed=Param(),
     )
     chat_params = chat_table(params)
+    # Its API reference's ChatCompletionsRequestMessage is role, content, tool_calls, refusal and tool_call_id:
+    # no `name`, which it would drop unread or refuse.
+    chat_names = NO_NAMES

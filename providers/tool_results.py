@@ -9,6 +9,7 @@ a single result"); Bedrock's Converse, Gemini and Mistral count a turn's results
 mismatch. Those routes declare it (`OpenAIChat.chat_results_paired`) and the gateway refuses such a conversation
 first, in the client's terms, naming the message; the self-hosted servers (vLLM, SGLang, llama-server, TGI,
 Ollama) render any conversation into their chat template, and get it as it is, as do the unconfirmed routes.
+Anthropic, Bedrock, Gemini and Mistral refuse a conversation ending on the calls too (`chat_open_calls_refused`).
 """
 
 from __future__ import annotations
@@ -19,12 +20,18 @@ from wire.errors import InvalidRequestError
 _RULE = "refuses a conversation whose tool messages do not answer each call of their turn once"
 
 
-def check_results(req: ChatRequest, provider: str) -> None:
-    """Refuse, on a route whose server would, the first of the pairing faults normalize_chat marked."""
+def check_results(req: ChatRequest, provider: str, open_refused: bool) -> None:
+    """Refuse, on a route whose server would, the first of the pairing faults normalize_chat marked, and with
+    `open_refused` a conversation whose last message makes calls, as a call left without a result."""
     if req.unanswered is not None:
         raise unanswered_result(req, req.unanswered, provider)
-    if req.unreplied is not None:
-        raise _refused(_unreplied(req, req.unreplied), "messages.tool_calls.id", provider)
+    unreplied = req.unreplied
+    if unreplied is None and open_refused:
+        last = req.messages[-1]
+        if isinstance(last, AssistantMessage) and last.tool_calls:
+            unreplied = len(req.messages) - 1
+    if unreplied is not None:
+        raise _refused(_unreplied(req, unreplied), "messages.tool_calls.id", provider)
     if req.repeated is not None:
         raise _refused(_repeated(req, req.repeated), "messages.tool_call_id", provider)
 

@@ -3,9 +3,10 @@ SDK over real sockets: each route gets them only as its server's request schema 
 
 - `name`: sent as it is where the server reads it (openai, vllm, llamacpp, deepseek, fireworks; sglang on
   system, developer and assistant messages; together on system, user and assistant ones). Where it does
-  not (mistral answers 422 to it, ollama and tgi drop it unread, sglang a user message's), a named message
-  is a 400 `unsupported_parameter` naming `messages.name`, the message's index and the provider, before any
-  call; with `unsupported_params: drop` the names are left out and listed in `x-gateway-dropped-params`.
+  not (mistral answers 422 to it, ollama and tgi drop it unread, sglang a user message's, pais's messages
+  have none), a named message is a 400 `unsupported_parameter` naming `messages.name`, the message's index
+  and the provider, before any call; with `unsupported_params: drop` the names are left out and listed in
+  `x-gateway-dropped-params`.
 - `refusal`: OpenAI's own field goes to openai as it is; every other route gets the refusal as the
   assistant turn's text (the field and `refusal` parts), as the kinds with their own bodies do.
 
@@ -42,6 +43,7 @@ providers:
   tog: {{kind: together, base_url: {u}/tog/v1, api_key: t-key}}
   ds: {{kind: deepseek, base_url: {u}/ds, api_key: d-key}}
   fw: {{kind: fireworks, base_url: {u}/fw/inference/v1, api_key: f-key}}
+  pa: {{kind: pais, base_url: {u}/pa/api/v1/compatibility/openai/v1}}
 """
 REFUSAL = fixture_json("openai/chat_refusal_docs.json")["choices"][0]["message"]["refusal"]
 NAMED: list[Any] = [
@@ -122,6 +124,7 @@ def test_sglang_gets_the_names_of_the_roles_it_reads(client: openai.OpenAI, rece
         ("mis/mistral-small-latest", NAMED, 0, "system"),
         ("oll/m", NAMED, 0, "system"),
         ("tgi/m", NAMED, 0, "system"),
+        ("pa/m", NAMED, 0, "system"),
         ("sg/m", NAMED, 1, "user"),
         ("tog/m", [{"role": "developer", "content": "Be brief.", "name": "rules"}, NAMED[1]], 0, "developer"),
     ],

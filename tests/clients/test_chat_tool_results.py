@@ -2,8 +2,9 @@
 turn wants one tool message before the next assistant message: a result answering no call, a call left without a
 result, a call answered twice are refused, with a 400 naming the message, before any upstream call on the kinds
 whose servers refuse them (openai, anthropic, gemini, mistral; azure and bedrock declare it too:
-tests/unit/test_tool_results.py), sent as they are to the self-hosted servers, which take any conversation. With
-the official `openai` SDK, over real sockets.
+tests/unit/test_tool_results.py), sent as they are to the self-hosted servers, which take any conversation; calls
+left as the last message are refused where the server refuses them too (anthropic, gemini, mistral). With the
+official `openai` SDK, over real sockets.
 
 The upstream is a loopback server answering from the recordings (tests/fixtures/SOURCES.md): OpenAI's chat
 answer on the OpenAI wire, Anthropic's Messages answer, Gemini's generateContent answer.
@@ -38,6 +39,9 @@ providers:
 models:
   - name: strict-first
     targets: [{{model: oa/gpt-4o-mini}}]
+    fallbacks: [hosted/served]
+  - name: open-calls-first
+    targets: [{{model: claude/claude-sonnet-4-5}}]
     fallbacks: [hosted/served]
 """
 TOOLS: list[Any] = [
@@ -117,6 +121,10 @@ REPEATED: dict[str, tuple[list[Any], int, int]] = {
         2,
     ),
 }
+# The calls as the last message: nothing answers them yet. Anthropic, Gemini and Mistral refuse it; OpenAI's
+# answer to it is not documented, so it goes as it is there, as to the self-hosted servers.
+OPEN_CALLS: list[Any] = [_user("Weather in Paris and Lyon?"), _calls("call_a", "call_b")]
+OPEN_REFUSED = ["claude/claude-sonnet-4-5", "gem/gemini-2.5-flash", "mis/mistral-small-latest"]
 # Parallel calls answered in another order, then a later turn whose call is answered: every result pairs.
 ANSWERED: list[Any] = [
     _user("Weather in Paris and Lyon?"),
@@ -286,6 +294,44 @@ def test_an_alias_moves_on_from_either_fault_too(
     client: openai.OpenAI, received: list[Received], messages: list[Any]
 ) -> None:
     answer = client.chat.completions.create(model="strict-first", messages=messages, tools=TOOLS)
+    assert answer.choices[0].message.content
+    (sent,) = received
+    assert sent.path == "/vllm/v1/chat/completions"
+
+
+@pytest.mark.parametrize("model", OPEN_REFUSED)
+def test_calls_as_the_last_message_are_refused_before_any_call_where_the_server_refuses_them(
+    client: openai.OpenAI, received: list[Received], model: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=model, messages=OPEN_CALLS, tools=TOOLS)
+    error: Any = refused.value.body
+    assert (error["param"], error["code"], error["type"]) == (
+        "messages.tool_calls.id",
+        "invalid_value",
+        "invalid_request_error",
+    )
+    message = error["message"]
+    assert message.startswith("Invalid parameter: 'messages[1].tool_calls[0].id' of 'call_a' has no tool message")
+    assert "did not have response messages: call_a, call_b;" in message
+    assert f"provider '{model.split('/')[0]}'" in message
+    assert received == []
+
+
+@pytest.mark.parametrize("model", ["oa/gpt-4o-mini", *LENIENT])
+def test_calls_as_the_last_message_go_as_they_are_elsewhere(
+    client: openai.OpenAI, received: list[Received], model: str
+) -> None:
+    answer = client.chat.completions.create(model=model, messages=OPEN_CALLS, tools=TOOLS)
+    assert answer.choices[0].message.content
+    (sent,) = received
+    got = sent.json()["messages"]
+    assert [m["role"] for m in got] == ["user", "assistant"]
+    assert [c["id"] for c in got[1]["tool_calls"]] == ["call_a", "call_b"]
+
+
+def test_an_alias_moves_on_from_calls_left_last(client: openai.OpenAI, received: list[Received]) -> None:
+    answer = client.chat.completions.create(model="open-calls-first", messages=OPEN_CALLS, tools=TOOLS)
     assert answer.choices[0].message.content
     (sent,) = received
     assert sent.path == "/vllm/v1/chat/completions"

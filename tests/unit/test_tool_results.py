@@ -19,6 +19,8 @@ from wire.errors import InvalidRequestError
 
 # The kinds whose servers refuse a tool message that answers no call of its turn (providers/tool_results.py).
 PAIRED = {"openai", "azure", "anthropic", "bedrock", "gemini", "mistral"}
+# Those of them whose servers refuse a conversation ending on the calls too.
+OPEN = {"anthropic", "bedrock", "gemini", "mistral"}
 
 
 def _calls(*ids: str) -> dict[str, Any]:
@@ -127,6 +129,34 @@ def test_check_chat_refuses_it_where_declared(kind: str, fault: str) -> None:
     assert said in error.message and "provider 'p'" in error.message
     # Another target of the plan may take the conversation; this one is not unhealthy for refusing it.
     assert error.elsewhere and error.no_call and not error.cools
+
+
+def test_the_kinds_that_refuse_calls_as_the_last_message() -> None:
+    refusing = {kind for kind, cls in REGISTRY.items() if issubclass(cls, OpenAIChat) and cls.chat_open_calls_refused}
+    assert refusing == OPEN
+
+
+@pytest.mark.parametrize("kind", sorted(k for k, c in REGISTRY.items() if issubclass(c, OpenAIChat)))
+def test_calls_as_the_last_message_are_refused_where_declared(kind: str) -> None:
+    adapter = REGISTRY[kind]()
+    req = _req(USER, _calls("a"), _result("a"), USER, _calls("b", "c"))
+    if kind not in OPEN:
+        check_chat(adapter, req, "p")
+        return
+    with pytest.raises(InvalidRequestError) as refused:
+        check_chat(adapter, req, "p")
+    error = refused.value
+    assert (error.param, error.code, error.status) == ("messages.tool_calls.id", "invalid_value", 400)
+    assert "'messages[4].tool_calls[0].id' of 'b' has no tool message" in error.message
+    assert "did not have response messages: b, c;" in error.message and "provider 'p'" in error.message
+    assert error.elsewhere and error.no_call and not error.cools
+
+
+def test_a_result_answering_no_call_is_reported_before_the_calls_left_last() -> None:
+    req = _req(USER, _result("x"), _calls("a"))
+    with pytest.raises(InvalidRequestError) as refused:
+        check_chat(REGISTRY["anthropic"](), req, "p")
+    assert refused.value.param == "messages.tool_call_id"
 
 
 def test_made_ids_carry_the_choice_of_the_answer() -> None:
