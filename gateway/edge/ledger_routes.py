@@ -37,6 +37,7 @@ JSON: Final = "application/json"
 _NO_STORE: Final = {"cache-control": "no-store"}
 _MAX_GRACE_S: Final = 30 * 86_400
 _MAX_EXPIRES_S: Final = 100 * 365 * 86_400  # a century: a key meant to last longer is made without one
+_LIMITED: Final = ("rps", "rpm", "tpm", "tpd", "concurrent")  # a key's `limits` a team admin is held to
 
 # The admin check: the pipeline, and the caller's role or the refusal to send.
 Identify = Callable[[Request[Any, Any, Any]], tuple[Any, AdminRole | Response[bytes]]]
@@ -79,7 +80,8 @@ def _no_key(key_id: str) -> GatewayError:
 
 def beyond_team(spec: NewKey, team: str, teams: Mapping[str, TeamConfig]) -> tuple[str, str] | None:
     """What a team admin's new key asks for beyond its team, as (field, why): another team, a budget above the
-    team's, a larger share of a saturated server (`weight`) or a higher `max_priority` than the team's."""
+    team's, a larger share of a saturated server (`weight`), a higher `max_priority` or a rate (`limits.<kind>`)
+    above the team's."""
     if spec.team != team:
         return "team", f"a team admin makes keys of its own team ({team!r}) only"
     own = teams.get(team)
@@ -95,6 +97,18 @@ def beyond_team(spec: NewKey, team: str, teams: Mapping[str, TeamConfig]) -> tup
     ceiling = own.max_priority or "normal"
     if spec.max_priority is not None and RANK[spec.max_priority] > RANK[ceiling]:
         return "max_priority", f"{spec.max_priority!r} is above team {team!r}'s max_priority {ceiling!r}"
+    return _above_limits(spec.limits, own.limits, team)
+
+
+def _above_limits(mine: LimitsConfig | None, most: LimitsConfig | None, team: str) -> tuple[str, str] | None:
+    """A key's own rate above its team's (which caps all of its keys together anyway): refused, so that what
+    the key shows is what it can have. A rate the team leaves unset bounds nothing."""
+    if mine is None or most is None:
+        return None
+    for kind in _LIMITED:
+        asked, allowed = getattr(mine, kind), getattr(most, kind)
+        if asked is not None and allowed is not None and asked > allowed:
+            return f"limits.{kind}", f"{asked} is above team {team!r}'s limits.{kind} {allowed}"
     return None
 
 
