@@ -2,10 +2,11 @@
 
 The app passes in the admin check (gateway/edge/admin_role.py `identify`) and the error renderer. Bad input is
 a 400 naming the field, and so is what the config refuses for a `keys:` entry (gateway/config/consistency.py
-`key_problem`, against the `teams:`, aliases and providers in force); a name taken is a 409; an unknown or
-revoked id a 404. A team's admin works within its team: its new keys are its team's and no more than the team
-may (a 403 naming the field), and another team's key id is a 404, as an unknown one, so ids cannot be probed.
-A new key's `models` may be wider than its team's `models`: the team's apply to every key of it as it calls.
+`key_problem`, against the `teams:`, aliases and providers in force); a name taken in the key's namespace
+(gateway/ledger/namespaces.py) is a 409; an unknown or revoked id a 404. A team's admin works within its team:
+its new keys are its team's and no more than the team may (a 403 naming the field), and another team's key id
+is a 404, as an unknown one, so ids cannot be probed. A new key's `models` may be wider than its team's
+`models`: the team's apply to every key of it as it calls.
 Docs: docs/ledger.md, docs/security.md#admin-roles.
 """
 
@@ -27,6 +28,7 @@ from gateway.edge.admin_role import AdminRole
 from gateway.ledger import keys as keystore
 from gateway.ledger.book import Ledger
 from gateway.ledger.engine import LedgerDown
+from gateway.ledger.namespaces import takes_yaml_name
 from gateway.ledger.report import ReportError, report
 from gateway.ledger.service import LedgerService
 from gateway.limits.usage import ANONYMOUS
@@ -151,7 +153,7 @@ def routes(identify: Identify, render: Render) -> list[HTTPRouteHandler]:
         if (problem := key_problem(spec, svc.teams, svc.names)) is not None:
             field, why = problem
             return render(InvalidRequestError(f"Invalid value for '{field}': {why}", param=field, code="invalid_value"))
-        if spec.name in svc.poller.yaml_names:
+        if takes_yaml_name(spec.name, spec.team, svc.poller.yaml):  # of its namespace: nothing of another team's
             return render(_conflict(f"A key named {spec.name!r} is in the config"))
         if spec.name == ANONYMOUS:  # its rows would be read as the keyless requests' spend, and theirs as its own
             return render(_conflict(f"{ANONYMOUS!r} is the name the ledger books requests without a key under"))
