@@ -2,10 +2,11 @@
 
 The app passes in the admin check (gateway/edge/admin_role.py `identify`) and the error renderer. Bad input is
 a 400 naming the field, and so is what the config refuses for a `keys:` entry (gateway/config/consistency.py
-`key_problem`, against the `teams:`, aliases and providers in force); a name taken is a 409; an unknown or
-revoked id a 404. A team's admin works within its team: its new keys are its team's and no more than the team
-may (a 403 naming the field), and another team's key id is a 404, as an unknown one, so ids cannot be probed.
-A new key's `models` may be wider than its team's `models`: the team's apply to every key of it as it calls.
+`key_problem`, against the `teams:`, aliases and providers in force); a name taken in the key's namespace
+(gateway/ledger/namespaces.py) is a 409; an unknown or revoked id a 404. A team's admin works within its team:
+its new keys are its team's and no more than the team may (a 403 naming the field), and another team's key id
+is a 404, as an unknown one, so ids cannot be probed. A new key's `models` may be wider than its team's
+`models`: the team's apply to every key of it as it calls.
 Docs: docs/ledger.md, docs/security.md#admin-roles.
 """
 
@@ -27,6 +28,7 @@ from gateway.edge.admin_role import AdminRole
 from gateway.ledger import keys as keystore
 from gateway.ledger.book import Ledger
 from gateway.ledger.engine import LedgerDown
+from gateway.ledger.namespaces import takes_yaml_name
 from gateway.ledger.report import ReportError, report
 from gateway.ledger.service import LedgerService
 from gateway.limits.usage import ANONYMOUS
@@ -37,6 +39,7 @@ JSON: Final = "application/json"
 _NO_STORE: Final = {"cache-control": "no-store"}
 _MAX_GRACE_S: Final = 30 * 86_400
 _MAX_EXPIRES_S: Final = 100 * 365 * 86_400  # a century: a key meant to last longer is made without one
+_LIMITED: Final = ("rps", "rpm", "tpm", "tpd", "concurrent")  # a key's `limits` a team admin is held to
 
 # The admin check: the pipeline, and the caller's role or the refusal to send.
 Identify = Callable[[Request[Any, Any, Any]], tuple[Any, AdminRole | Response[bytes]]]
@@ -79,7 +82,8 @@ def _no_key(key_id: str) -> GatewayError:
 
 def beyond_team(spec: NewKey, team: str, teams: Mapping[str, TeamConfig]) -> tuple[str, str] | None:
     """What a team admin's new key asks for beyond its team, as (field, why): another team, a budget above the
-    team's, a larger share of a saturated server (`weight`) or a higher `max_priority` than the team's."""
+    team's, a larger share of a saturated server (`weight`), a higher `max_priority` or a rate (`limits.<kind>`)
+    above the team's."""
     if spec.team != team:
         return "team", f"a team admin makes keys of its own team ({team!r}) only"
     own = teams.get(team)
@@ -95,6 +99,18 @@ def beyond_team(spec: NewKey, team: str, teams: Mapping[str, TeamConfig]) -> tup
     ceiling = own.max_priority or "normal"
     if spec.max_priority is not None and RANK[spec.max_priority] > RANK[ceiling]:
         return "max_priority", f"{spec.max_priority!r} is above team {team!r}'s max_priority {ceiling!r}"
+    return _above_limits(spec.limits, own.limits, team)
+
+
+def _above_limits(mine: LimitsConfig | None, most: LimitsConfig | None, team: str) -> tuple[str, str] | None:
+    """A key's own rate above its team's (which caps all of its keys together anyway): refused, so that what
+    the key shows is what it can have. A rate the team leaves unset bounds nothing."""
+    if mine is None or most is None:
+        return None
+    for kind in _LIMITED:
+        asked, allowed = getattr(mine, kind), getattr(most, kind)
+        if asked is not None and allowed is not None and asked > allowed:
+            return f"limits.{kind}", f"{asked} is above team {team!r}'s limits.{kind} {allowed}"
     return None
 
 
@@ -137,7 +153,7 @@ def routes(identify: Identify, render: Render) -> list[HTTPRouteHandler]:
         if (problem := key_problem(spec, svc.teams, svc.names)) is not None:
             field, why = problem
             return render(InvalidRequestError(f"Invalid value for '{field}': {why}", param=field, code="invalid_value"))
-        if spec.name in svc.poller.yaml_names:
+        if takes_yaml_name(spec.name, spec.team, svc.poller.yaml):  # of its namespace: nothing of another team's
             return render(_conflict(f"A key named {spec.name!r} is in the config"))
         if spec.name == ANONYMOUS:  # its rows would be read as the keyless requests' spend, and theirs as its own
             return render(_conflict(f"{ANONYMOUS!r} is the name the ledger books requests without a key under"))

@@ -25,8 +25,9 @@ import msgspec
 from gateway.config import RATE_MAX, LimitsConfig, ModelNames, Priority
 from gateway.ledger.book import Ledger
 from gateway.ledger.engine import Cursor, LedgerDown
+from gateway.ledger.namespaces import YamlKeys, takes_yaml_name
 from gateway.limits.admission import buckets_of
-from gateway.limits.auth import ClientKey, RuntimeKeys
+from gateway.limits.auth import RUNTIME_ID, ClientKey, RuntimeKeys, shown_as
 from gateway.limits.globs import ModelGlobs
 
 log = logging.getLogger("gateway")
@@ -39,6 +40,7 @@ _FIELDS: Final = (
 Share = tuple[float, "Priority | None", "Priority | None"]
 _RATES: Final = ("rps", "rpm", "tpm", "tpd")
 _BUMP: Final = "UPDATE counters SET value = value + 1 WHERE name = 'keys'"
+_SPACE: Final = "coalesce(team, '')"  # a key's namespace, as the unique index `api_keys_team_name` reads it
 
 
 class KeyRow(msgspec.Struct, frozen=True):
@@ -125,9 +127,12 @@ def create(
     max_cost_per_month: float | None = None,
     share: Share = (1.0, None, None),
 ) -> Issued:
-    if cur.rows("SELECT id FROM api_keys WHERE name = ?", (name,)):
-        raise KeyConflict(f"a key named {name!r} exists already")
-    key_id = "key_" + secrets.token_hex(8)
+    # A name is taken within its team alone (the operator's keys of no team are one more namespace); a revoked
+    # key keeps its name, so the rows booked under it are never read as a newer key's.
+    taken = cur.rows(f"SELECT id FROM api_keys WHERE name = ? AND {_SPACE} = ?", (name, team or ""))
+    if taken:
+        raise KeyConflict(_taken(name, team))
+    key_id = RUNTIME_ID + secrets.token_hex(8)
     secret = _secret()
     now = round(time.time(), 3)
     # Another replica may make a key of this name between the check and the insert: its unique name wins, and
@@ -139,12 +144,16 @@ def create(
         + (None if limits is None else msgspec.json.encode(limits).decode(), max_cost_per_month, *share),
     )
     if not cur.rows("SELECT id FROM api_keys WHERE id = ?", (key_id,)):
-        raise KeyConflict(f"a key named {name!r} exists already")
+        raise KeyConflict(_taken(name, team))
     cur.execute(_BUMP)
     row = KeyRow(
         key_id, name, team, models, max_cost_per_day, expires_at, now, None, limits, max_cost_per_month, *share
     )
     return Issued(row, secret)
+
+
+def _taken(name: str, team: str | None) -> str:
+    return f"a key named {name!r} exists already" + ("" if team is None else f" in team {team!r}")
 
 
 def _of(team: str | None) -> tuple[str, tuple[str, ...]]:
@@ -234,7 +243,8 @@ def _ring(rows: list[tuple[Any, ...]], earlier: list[tuple[Any, ...]]) -> dict[b
         expires = r[5]
         digest = bytes.fromhex(r[6])
         limits = _limits(r[10])
-        buckets = tuple(buckets_of(f"key:{r[1]}", limits, f"key:{r[0]}"))
+        # Named by its label: two teams' keys of one name are told apart, and neither meets a YAML key's queue.
+        buckets = tuple(buckets_of(f"key:{shown_as(r[1], r[2], r[0])}", limits, f"key:{r[0]}"))
         queue_ms = limits.max_queue_ms if limits is not None else 0
         key = ClientKey(
             r[1],
@@ -273,14 +283,14 @@ class KeyPoller:
         self,
         ledger: Ledger,
         runtime: RuntimeKeys,
-        yaml_names: Collection[str],
+        yaml: YamlKeys,
         on_change: Callable[[], None] | None = None,
         teams: Collection[str] | None = None,
         models: ModelNames | None = None,
     ) -> None:
         self.ledger = ledger
         self.runtime = runtime
-        self.yaml_names = frozenset(yaml_names)
+        self.yaml = yaml
         self.teams = None if teams is None else frozenset(teams)
         self.models = models
         self.on_change = on_change
@@ -289,18 +299,15 @@ class KeyPoller:
         self._stray_patterns: list[tuple[str, str]] = []  # (key, why) last logged as matching nothing routed
         self._task: asyncio.Task[None] | None = None
 
-    def names(
-        self, yaml_names: Collection[str], teams: Collection[str] | None = None, models: ModelNames | None = None
-    ) -> None:
-        """The YAML keys' names, the teams and what the config in force (a reload's) routes: runtime keys that
-        share a YAML key's name are ignored, and those whose team it no longer declares, or with a `models`
-        pattern it routes nothing to, are logged, from the next poll on."""
-        names = frozenset(yaml_names)
+    def names(self, yaml: YamlKeys, teams: Collection[str] | None = None, models: ModelNames | None = None) -> None:
+        """The YAML keys, the teams and what the config in force (a reload's) routes: runtime keys that take a
+        YAML key's name in their namespace are ignored, and those whose team it no longer declares, or with a
+        `models` pattern it routes nothing to, are logged, from the next poll on."""
         declared = None if teams is None else frozenset(teams)
         routed = None if models is None else models.routes
         before = None if self.models is None else self.models.routes
-        if names != self.yaml_names or declared != self.teams or routed != before:
-            self.yaml_names = names
+        if yaml != self.yaml or declared != self.teams or routed != before:
+            self.yaml = yaml
             self.teams = declared
             self.models = models
             self.seen = -1
@@ -312,12 +319,12 @@ class KeyPoller:
                 return
         found: Loaded = await self.ledger.call(self.ledger.db.snapshot, load)
         rows = found.rows
-        clash = sorted({r[1] for r in rows} & self.yaml_names)
+        clash = sorted(shown_as(r[1], r[2], r[0]) for r in rows if takes_yaml_name(r[1], r[2], self.yaml))
         if clash:
             # Refused at start-up and by `POST /admin/keys`; here when a reload (or a replica's YAML) named
-            # a key like a runtime one: the YAML key wins, and the runtime key stops working.
+            # a key like a runtime one of its namespace: the YAML key wins, and the runtime key stops working.
             log.error("ledger: runtime key name(s) %s also in keys: (YAML); those runtime keys are ignored", clash)
-            rows = [r for r in rows if r[1] not in self.yaml_names]
+            rows = [r for r in rows if not takes_yaml_name(r[1], r[2], self.yaml)]
         self._stray_teams(rows)
         self._stray_models(rows)
         self.runtime.by_digest = _ring(rows, found.secrets)

@@ -11,13 +11,14 @@ import csv
 import datetime as dt
 import io
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import msgspec
 
 from gateway.ledger.book import Ledger
 from gateway.ledger.engine import LedgerDown
+from gateway.limits.auth import shown_as
 from gateway.limits.saturating import INT64_MAX
 from gateway.limits.usage import day_of, usd
 
@@ -75,18 +76,25 @@ async def report(
     if kind not in ("json", "csv"):
         raise ReportError(f"Invalid format {kind!r}: json or csv", "format")
     columns = BY[group]
-    listed = ", ".join(columns)
+    # By key, each row's team too: the operator's report names a runtime key of a team `team/name`.
+    read = (*columns, "team") if group == "key" else columns
+    listed = ", ".join(read)
     only, args = (" AND team = ?", (first, last, team)) if team is not None else ("", (first, last))
     sql = f"SELECT day, {listed}, {_SUMS} FROM daily WHERE day >= ? AND day <= ?{only} GROUP BY day, {listed}"
     found, waiting = await ledger.read(lambda cur: cur.rows(sql, args))
+
+    def keyed(day: str, values: tuple[Any, ...]) -> tuple[Any, ...]:
+        if group != "key":
+            return (day, *values)
+        name, key_id, booked_under = values
+        return (day, name if team is not None else shown_as(name, booked_under, key_id or ""), key_id)
+
     sums: dict[tuple[Any, ...], list[int]] = {}
     for f in found:
-        sums[tuple(f[: 1 + len(columns)])] = [int(v) for v in f[1 + len(columns) :]]
+        _add(sums.setdefault(keyed(f[0], tuple(f[1 : 1 + len(read)])), [0] * 6), f[1 + len(read) :])
     for k, v in waiting.items():
         if first <= k[0] <= last and (team is None or k[_AT["team"]] == team):
-            into = sums.setdefault((k[0], *(k[_AT[c]] for c in columns)), [0] * 6)
-            for i, x in enumerate(v):
-                into[i] = min(into[i] + x, INT64_MAX)
+            _add(sums.setdefault(keyed(k[0], tuple(k[_AT[c]] for c in read)), [0] * 6), v)
     names = [_NAMES.get(c, c) for c in columns]
     rows = [
         {
@@ -114,6 +122,11 @@ async def report(
     return msgspec.json.encode(body), "application/json"
 
 
+def _add(into: list[int], sums: Sequence[Any]) -> None:
+    for i, x in enumerate(sums):
+        into[i] = min(into[i] + int(x), INT64_MAX)
+
+
 def _usage(v: list[int]) -> dict[str, Any]:
     return {
         "requests": v[0],
@@ -128,20 +141,23 @@ def _usage(v: list[int]) -> dict[str, Any]:
 async def day_usage(
     ledger: Ledger, day: str, roster: Mapping[str, float | None], team: str | None = None
 ) -> dict[str, Any]:
-    """One UTC day's books per key name and model, in `/admin/usage?day=`'s shape: every key of `roster`
-    (name -> its daily budget) listed, zeros when unused, plus any other key name booked that day; with a
-    `team`, the rows booked under it alone."""
+    """One UTC day's books per key and model, in `/admin/usage?day=`'s shape: every key of `roster` (its label
+    -> its daily budget, `KeyRing.roster`) listed, zeros when unused, plus any other key booked that day, each
+    by its label (`shown_as`); with a `team`, the rows booked under it alone, by name."""
     only, args = (" AND team = ?", (day, team)) if team is not None else ("", (day,))
-    sql = f"SELECT key_name, model, {_SUMS} FROM daily WHERE day = ?{only} GROUP BY key_name, model"
+    grouped = "key_name, team, key_id, model"
+    sql = f"SELECT {grouped}, {_SUMS} FROM daily WHERE day = ?{only} GROUP BY {grouped}"
     found, waiting = await ledger.read(lambda cur: cur.rows(sql, args))
+
+    def label(name: str, booked_under: str, key_id: str | None) -> str:
+        return name if team is not None else shown_as(name, booked_under, key_id or "")
+
     per: dict[str, dict[str, list[int]]] = {name: {} for name in roster}
     for f in found:
-        per.setdefault(f[0], {})[f[1]] = [int(v) for v in f[2:]]
+        _add(per.setdefault(label(f[0], f[1], f[2]), {}).setdefault(f[3], [0] * 6), f[4:])
     for k, v in waiting.items():
         if k[0] == day and (team is None or k[_AT["team"]] == team):
-            into = per.setdefault(k[1], {}).setdefault(k[3], [0] * 6)
-            for i, x in enumerate(v):
-                into[i] = min(into[i] + x, INT64_MAX)
+            _add(per.setdefault(label(k[1], k[2], k[5]), {}).setdefault(k[3], [0] * 6), v)
     keys = {}
     for name in sorted(per):
         models = per[name]

@@ -117,6 +117,37 @@ _BATCH_TABLES: Final[list[Statement]] = [
 # Which endpoint a row answered. Self-contained: one migration, nothing else depends on its number.
 _ENDPOINT: Final[list[Statement]] = ["ALTER TABLE requests ADD COLUMN endpoint TEXT NOT NULL DEFAULT 'completions'"]
 
+# The runtime keys' table as migration 10 leaves it: a name is unique within its team (`api_keys_team_name`,
+# the keys of no team one more namespace), no longer across the table. Its columns, in migration 9's order.
+_KEY_COLUMNS: Final = (
+    "id, name, team, models, max_cost_per_day, expires_at, digest, old_digest, old_valid_until, created_at,"
+    " revoked_at, limits, max_cost_per_month, weight, priority, max_priority"
+)
+_PER_TEAM: Final[list[Statement]] = [
+    """CREATE TABLE api_keys_next (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL,
+        team TEXT,
+        models TEXT NOT NULL,
+        max_cost_per_day DOUBLE PRECISION,
+        expires_at DOUBLE PRECISION,
+        digest TEXT NOT NULL,
+        old_digest TEXT,
+        old_valid_until DOUBLE PRECISION,
+        created_at DOUBLE PRECISION NOT NULL,
+        revoked_at DOUBLE PRECISION,
+        limits TEXT,
+        max_cost_per_month DOUBLE PRECISION,
+        weight DOUBLE PRECISION,
+        priority TEXT,
+        max_priority TEXT
+    )""",
+    f"INSERT INTO api_keys_next ({_KEY_COLUMNS}) SELECT {_KEY_COLUMNS} FROM api_keys",
+    "DROP TABLE api_keys",
+    "ALTER TABLE api_keys_next RENAME TO api_keys",
+    "CREATE UNIQUE INDEX api_keys_team_name ON api_keys (coalesce(team, ''), name)",
+]
+
 MIGRATIONS: Final[list[list[Statement]]] = [
     # 1: rows, daily rollups, runtime keys, the counters replicas poll.
     [
@@ -196,6 +227,8 @@ MIGRATIONS: Final[list[list[Statement]]] = [
     ],
     # 9: the model a batch's lines name (its Batch object's `model`), set once its file is checked.
     ["ALTER TABLE batches ADD COLUMN model TEXT"],
+    # 10: a runtime key's name is unique within its team, not across teams.
+    _PER_TEAM,
 ]
 
 VERSION: Final = len(MIGRATIONS)

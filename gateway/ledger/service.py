@@ -18,6 +18,7 @@ from gateway.config import LedgerConfig, LoadedConfig, TeamConfig, model_names
 from gateway.ledger import keys as keystore
 from gateway.ledger.book import Ledger
 from gateway.ledger.budgets import ledger_budgets
+from gateway.ledger.namespaces import yaml_keys
 from gateway.limits.auth import RuntimeKeys
 from gateway.limits.budgets import Budgets
 from gateway.limits.usage import Counters
@@ -48,7 +49,7 @@ class LedgerService:
         self.poller = keystore.KeyPoller(
             self.ledger,
             self.runtime,
-            [k.name for k in loaded.config.keys],
+            yaml_keys((k.name, k.team) for k in loaded.config.keys),
             self._changed,
             loaded.config.teams,
             self.names,
@@ -93,7 +94,7 @@ class LedgerService:
         cfg = pipeline.loaded.config
         self.teams = cfg.teams
         self.names = model_names(cfg, pipeline.loaded.providers)
-        self.poller.names([k.name for k in cfg.keys], cfg.teams, self.names)
+        self.poller.names(yaml_keys((k.name, k.team) for k in cfg.keys), cfg.teams, self.names)
         self.keys = pipeline.keys
         if self._open is not None:
             self._open = pipeline.keys.open  # a reload says it in its own line

@@ -1,9 +1,9 @@
 """What `serve` checks in its main process before any worker starts (gateway/__main__.py).
 
-A database that cannot be reached, a schema newer than the code or a runtime key named like a YAML key
-is one line and exit status 1. This module imports only the engine and the schema: the main process must
-not import gateway.ids (through the writer or the key ring's limits), whose per-process id prefix each
-worker Granian forks has to draw for itself.
+A database that cannot be reached, a schema newer than the code or a runtime key named like a YAML key of
+its namespace is one line and exit status 1. This module imports only the engine, the schema and the
+namespaces: the main process must not import gateway.ids (through the writer or the key ring's limits),
+whose per-process id prefix each worker Granian forks has to draw for itself.
 """
 
 from __future__ import annotations
@@ -12,15 +12,17 @@ import logging
 
 from gateway.config import ConfigError, LoadedConfig
 from gateway.ledger.engine import Cursor, Database, LedgerDown
+from gateway.ledger.namespaces import YamlKeys, takes_yaml_name, yaml_keys
 from gateway.ledger.schema import VERSION, SchemaError
 
 log = logging.getLogger("gateway")
 
 
-def clashes(cur: Cursor, yaml_names: list[str]) -> list[str]:
-    """Runtime key names also used by a YAML key."""
-    names = {r[0] for r in cur.rows("SELECT name FROM api_keys WHERE revoked_at IS NULL")}
-    return sorted(names & set(yaml_names))
+def clashes(cur: Cursor, yaml: YamlKeys) -> list[str]:
+    """Runtime keys (`team/name`) whose name a YAML key holds in their namespace (gateway/ledger/namespaces.py)."""
+    found = cur.rows("SELECT name, team FROM api_keys WHERE revoked_at IS NULL")
+    taken = [(name, team) for name, team in found if takes_yaml_name(name, team, yaml)]
+    return sorted(name if team is None else f"{team}/{name}" for name, team in taken)
 
 
 def census(cur: Cursor) -> tuple[int, bool]:
@@ -34,10 +36,10 @@ def prepare(loaded: LoadedConfig) -> tuple[int, bool]:
     checked with the rest of the config, by `load_config`, as `check-config` checks it). The runtime keys
     not revoked, and whether any was ever made (for the start-up line on keyless requests)."""
     db = Database(loaded.config.ledger.url)
-    names = [k.name for k in loaded.config.keys]
+    yaml = yaml_keys((k.name, k.team) for k in loaded.config.keys)
     try:
         db.migrate()
-        clash = db.transaction(lambda cur: clashes(cur, names))
+        clash = db.transaction(lambda cur: clashes(cur, yaml))
         found = db.transaction(census)
     except (LedgerDown, SchemaError) as exc:
         raise ConfigError(f"{loaded.source}: ledger: {exc}") from None

@@ -41,6 +41,16 @@ _fingerprints: dict[bytes, str] = {}
 # go in, so wrong keys, random or not, never grow it nor stay in memory.
 _KNOWN_MAX: Final = 1024
 _EXPIRED: Final = "This API key has expired"
+RUNTIME_ID: Final = "key_"  # how every runtime key's id starts (a YAML key's identity starts `cfg_`)
+
+
+def shown_as(name: str, team: str | None, ident: str) -> str:
+    """How keys are told apart where one name could stand for two: a runtime key of a team as `team/name` (each
+    team names its keys in a namespace of its own), any other key by its name, which the config and the
+    operator's runtime keys of no team share (gateway/ledger/namespaces.py). Neither holds a `/`."""
+    if not team or not ident.startswith(RUNTIME_ID):
+        return name
+    return f"{team}/{name}"
 
 
 def fingerprint(secret: bytes) -> str:
@@ -75,6 +85,11 @@ class ClientKey(msgspec.Struct, frozen=True):
     weight: float = 1.0
     priority: str | None = None
     max_priority: str | None = None
+
+    @property
+    def label(self) -> str:
+        """The key among every key in force (`shown_as`): what per-key state outside the ledger is keyed by."""
+        return shown_as(self.name, self.team, self.ident)
 
 
 class RuntimeKeys:
@@ -167,13 +182,13 @@ class KeyRing:
         return keyless_open(self.keyless, self.configured, live, ever)
 
     def roster(self, team: str | None = None) -> dict[str, float | None]:
-        """Every key in force by name (YAML keys, disabled ones too, and runtime keys), with its daily budget;
-        with a `team`, that team's keys alone."""
+        """Every key in force (YAML keys, disabled ones too, and runtime keys), with its daily budget, by its
+        `label`; with a `team`, that team's keys alone, by name (the team's own namespace)."""
         out = {n: b for n, b in self.daily.items() if team is None or self._team_of[n] == team}
         if self.runtime is not None:
             for k in self.runtime.by_digest.values():
                 if team is None or k.team == team:
-                    out.setdefault(k.name, k.max_cost_per_day)
+                    out.setdefault(k.name if team is not None else k.label, k.max_cost_per_day)
         return out
 
     def _runtime_keys(self) -> Mapping[bytes, ClientKey] | None:

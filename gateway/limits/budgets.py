@@ -211,7 +211,7 @@ class Budgets:
         task.add_done_callback(self.counters.background.discard)
 
     def applies(self, key: ClientKey) -> bool:
-        name = key.name
+        name = key.label  # a YAML key's name; never one a runtime key of a team could hold
         team = self.teams.get(key.team or "")  # the key's team now (a runtime key's changes with it)
         return (
             key.max_cost_per_day is not None
@@ -225,10 +225,10 @@ class Budgets:
         name = key.name
         first, last = month_of(day)
         out = []
-        per_day = self.key_day.get(name, key.max_cost_per_day)
+        per_day = self.key_day.get(key.label, key.max_cost_per_day)
         if per_day is not None:
             out.append(Budget(f"Key '{name}'", key.ident, "key_id", "daily", day, day, per_day, name))
-        per_month = self.key_month.get(name, key.max_cost_per_month)
+        per_month = self.key_month.get(key.label, key.max_cost_per_month)
         if per_month is not None:
             out.append(Budget(f"Key '{name}'", key.ident, "key_id", "monthly", first, last, per_month, name))
         team_name = key.team or ""

@@ -22,7 +22,7 @@ import redis.asyncio as aioredis
 
 from gateway.config import LoadedConfig
 from gateway.limits import saturating
-from gateway.limits.auth import fingerprint
+from gateway.limits.auth import fingerprint, shown_as
 from gateway.limits.prices import CALL_COST_MAX, Prices, served_cost
 from gateway.ops.metrics import Metrics, ModelLabels, Record
 from gateway.state import Degraded, SharedState
@@ -291,11 +291,12 @@ class UsageStore:
         if metrics is not None:
             # The series exists from the key's first request on; adding nothing (a cached answer, no prices)
             # is skipped: `labels()` and `inc` are a lock and several calls each.
-            cost = self._cost.get((model, key))
+            cost = self._cost.get((model, ident))
             if cost is None:
                 if len(self._cost) >= _CACHE_LIMIT:
                     self._cost.clear()
-                cost = self._cost[(model, key)] = metrics.cost.labels(model, key)
+                # Two teams' runtime keys of one name are two series (`team/name`), as in the operator's reports.
+                cost = self._cost[(model, ident)] = metrics.cost.labels(model, shown_as(key, rec.team, ident))
             if pico:
                 cost.inc(usd(pico))
         names = self._names.get(model)

@@ -265,7 +265,7 @@ class Relay:
                         route,
                         error,
                         deadline_s=job.deadline_s,
-                        tenant=rec.key,
+                        tenant=rec.key_id or rec.key,
                         client_headers=bool(req.inference_extra_headers),
                     )
                     # At most `retries.attempts` continuations: else targets that each break after a token (a
@@ -404,7 +404,7 @@ class Relay:
                 deadline_s=time_left,  # the request's own deadline, not a new total_ms
                 discard=again.discard,
                 keep=again.keep,  # the continuation counts in flight on its own target
-                tenant=rec.key,
+                tenant=rec.key_id or rec.key,
                 client_headers=bool(req.inference_extra_headers),
                 hint=job.hint,  # a replicated provider's policy keys the continuation as the request
                 avoid=broken,  # whether or not the break cooled it

@@ -44,7 +44,7 @@ class EngineGrant:
             )
         if key is None:  # no keys in force (a key is required once any exists): no tenant to overtake
             return
-        found = self._most.get(key.name)
+        found = self._most.get(key.label)  # a YAML key's: a runtime key of a team named alike is not it
         most = found if found is not None else self._resolve(key.max_priority, key.team)
         if most != "high":
             raise PermissionDeniedError(

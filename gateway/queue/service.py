@@ -209,12 +209,12 @@ class Queues:
 
     def _runtime(self, key: ClientKey) -> _Tenant:
         """A runtime key's (the ledger's) tenant: its own share, stored with it."""
-        return self._tenant(key.name, key.team, key.weight, key.priority, key.max_priority)
+        return self._tenant(key.label, key.team, key.weight, key.priority, key.max_priority)
 
     def priority(self, key: ClientKey | None, headers: Mapping[str, str]) -> tuple[_Tenant, int]:
         """`key`'s tenant and the class its request asks for: its `x-gateway-priority` header, checked (unknown:
         400; above the key's `max_priority`: 403), or its default."""
-        t = self._normal if key is None else self.tenants.get(key.name)
+        t = self._normal if key is None else self.tenants.get(key.label)
         if t is None:
             t = self._runtime(key)  # type: ignore[arg-type]  # None is `_normal`
         asked = headers.get(HEADER)
@@ -244,7 +244,7 @@ class Queues:
         if HEADER in headers and not batch:
             t, rank = self.priority(key, headers)
         else:  # `priority` without a header to check, inline: every request of a capped gateway comes here
-            found = self._normal if key is None else self.tenants.get(key.name)
+            found = self._normal if key is None else self.tenants.get(key.label)
             t = found if found is not None else self._runtime(key)  # type: ignore[arg-type]  # None is `_normal`
             rank = BATCH if batch else t.rank
         prompts = req.prompt

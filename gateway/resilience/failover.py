@@ -86,7 +86,7 @@ class Failover:
         cancelled: Cancelled | None = None,
         lost: Lost[T] | None = None,
     ) -> Coroutine[Any, Any, Outcome[T]]:
-        """`deadline_s` is the client's own (it can only shorten `total_ms`), `tenant` its key's name and
+        """`deadline_s` is the client's own (it can only shorten `total_ms`), `tenant` its key's identity and
         `client_headers` whether it forwards headers upstream: what decides whom a failure blames. `hint`
         is what a replicated provider's policy reads (the prompt, the session), None without fleets.
         `avoid` is a target this request takes for cooling whatever its state (a broken stream's, which its

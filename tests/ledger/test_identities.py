@@ -175,7 +175,8 @@ def test_csv_cells_that_start_like_a_formula_are_quoted(tmp_path: Path) -> None:
         reports = {
             by: admin(gw.url, "GET", "/admin/usage", by=by, format="csv").text for by in ("key", "team", "model")
         }
-    assert "\n" + time.strftime("%Y-%m-%d", time.gmtime()) + ",'@ops,key_" in reports["key"]
+    # The operator's report names a team's runtime key `team/name`: here `-red/@ops`, quoted.
+    assert "\n" + time.strftime("%Y-%m-%d", time.gmtime()) + ",'-red/@ops,key_" in reports["key"]
     assert ",'-red," in reports["team"] and ",-red," not in reports["team"]
     # A model name is client text only in the request's own row: the rollups book it under the config's names.
     assert "=1+2" not in reports["model"] and ",unknown,1,1," in reports["model"]

@@ -1,10 +1,10 @@
 """A team's admin key (`teams.<name>.admin_key`): its team's runtime keys, usage and batches, nothing else.
 
 Over real sockets, on a real SQLite ledger file: `blue`'s admin makes keys of its team only and no more than
-the team may, lists, rotates and revokes its team's keys only (another team's key id is a 404 like an unknown
-one), reads its team's rows, status and its team's keys' batches only, and is refused (403 `operator_only`) on
-every other admin route, which are read from the source so a new one is classified here before it ships. The
-operator's key keeps every power.
+the team may (budgets, share, priority, rates), lists, rotates and revokes its team's keys only (another
+team's key id is a 404 like an unknown one), reads its team's rows, status and its team's keys' batches only,
+and is refused (403 `operator_only`) on every other admin route, which are read from the source so a new one
+is classified here before it ships. The operator's key keeps every power.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ GREEN_ADMIN: Final = "adm-team-green-77a0"
 TEAMS: Final = 'teams: {blue: {}, green: {}, red: {}, "-red": {}}'
 WITH_ADMINS: Final = (
     "teams: {blue: {admin_key: '${BLUE_ADMIN}', max_cost_per_day: 10, max_cost_per_month: 100, weight: 2,"
-    " max_priority: high}, green: {admin_key: '${GREEN_ADMIN}'}, red: {}, '-red': {}}"
+    " max_priority: high, limits: {rpm: 1000, tpm: 400000}}, green: {admin_key: '${GREEN_ADMIN}'}, red: {},"
+    " '-red': {}}"
 )
 TEAM_ENV: Final = {**ENV, "BLUE_ADMIN": BLUE_ADMIN, "GREEN_ADMIN": GREEN_ADMIN}
 
@@ -103,6 +104,8 @@ def test_a_team_admin_makes_keys_of_its_own_team_within_its_means(gateway: tuple
         (BLUE_ADMIN, {"weight": 2.5}, "weight"),
         (GREEN_ADMIN, {"max_priority": "high"}, "max_priority"),  # green's ceiling is `normal`
         (GREEN_ADMIN, {"team": "blue"}, "team"),
+        (BLUE_ADMIN, {"limits": {"rpm": 1001}}, "limits.rpm"),
+        (BLUE_ADMIN, {"limits": {"rpm": 5, "tpm": 400001}}, "limits.tpm"),
     ]
     for key, spec, param in refused:
         resp = make(gw, key, name="x", **spec)
@@ -110,9 +113,15 @@ def test_a_team_admin_makes_keys_of_its_own_team_within_its_means(gateway: tuple
         error = resp.json()["error"]
         assert error["param"] == param and error["code"] == "beyond_team", (spec, error)
         assert error["type"] == "permission_error"
+    limits = make(gw, BLUE_ADMIN, name="x", limits={"tpm": 500000}).json()["error"]["message"]
+    assert limits == "Not allowed 'limits.tpm': 500000 is above team 'blue''s limits.tpm 400000"
     assert query(url, "SELECT name FROM api_keys ORDER BY name") == [("b1",), ("b2",), ("b3",)]
-    # The operator is held to the config's rules only: any team, any budget.
+    # Up to the team's rates, and any rate the team leaves unset.
+    within = make(gw, BLUE_ADMIN, name="b4", limits={"rpm": 1000, "tpm": 400000, "rps": 50, "concurrent": 9})
+    assert within.status_code == 201, within.text
+    # The operator is held to the config's rules only: any team, any budget, any rate.
     assert make(gw, ADMIN_KEY, name="g1", team="green", max_cost_per_day=500, weight=50).status_code == 201
+    assert make(gw, ADMIN_KEY, name="b5", team="blue", limits={"rpm": 50000}).status_code == 201
 
 
 def test_a_team_admin_lists_rotates_and_revokes_its_teams_keys_only(gateway: tuple[GatewayThread, str]) -> None:
@@ -177,7 +186,9 @@ def test_a_team_admin_reads_its_teams_usage_only(gateway: tuple[GatewayThread, s
     green_day = call(gw, GREEN_ADMIN, "GET", "/admin/usage").json()
     assert sorted(green_day["keys"]) == ["g1"]
     everyone = call(gw, ADMIN_KEY, "GET", "/admin/usage", params={"from": today, "by": "key"}).json()
-    assert sorted(r["key"] for r in everyone["rows"]) == ["alice", "b1", "g1", "solo"]
+    # A team's runtime key is `team/name` to the operator (each team names its keys in its own namespace).
+    assert sorted(r["key"] for r in everyone["rows"]) == ["alice", "blue/b1", "green/g1", "solo"]
+    assert sorted(call(gw, ADMIN_KEY, "GET", "/admin/usage").json()["keys"]) == ["alice", "blue/b1", "green/g1", "solo"]
 
 
 def batch_of(gw: GatewayThread, key: str) -> str:
