@@ -144,14 +144,15 @@ def test_a_team_admin_sees_its_teams_status_only(gw: GatewayThread) -> None:
     # Usage and spend: the team's keys' rows, YAML and runtime, and no one else's.
     assert sorted(blue["usage"]["keys"]) == ["alice", "bot-b"]
     assert sorted(green["usage"]["keys"]) == ["bot-g", "gina"]
-    assert sorted(operator["usage"]["keys"]) == ["alice", "bot-b", "bot-g", "gina", "solo"]
+    # the operator tells two teams' runtime keys of one name apart: `team/name`
+    assert sorted(operator["usage"]["keys"]) == ["alice", "blue/bot-b", "gina", "green/bot-g", "solo"]
     assert (today(blue), today(green), today(operator)) == (2, 2, 5)
     assert len(blue["spend_per_day"]) == 30
 
     # Buckets: the team's own and its keys' own, each charged once by its one request (nothing refills at these
     # rates while the test runs); not the alias's, another team's or another key's.
-    assert limits(blue) == {("team:blue", "rpm", 4, 2), ("key:alice", "rpm", 3, 2), ("key:bot-b", "rpm", 2, 1)}
-    assert limits(green) == {("team:green", "rpm", 7, 5), ("key:gina", "rpm", 6, 5), ("key:bot-g", "rpm", 5, 4)}
+    assert limits(blue) == {("team:blue", "rpm", 4, 2), ("key:alice", "rpm", 3, 2), ("key:blue/bot-b", "rpm", 2, 1)}
+    assert limits(green) == {("team:green", "rpm", 7, 5), ("key:gina", "rpm", 6, 5), ("key:green/bot-g", "rpm", 5, 4)}
     assert {b["scope"] for b in operator["limits"]} == {
         "key:alice",
         "key:gina",
