@@ -25,6 +25,7 @@ from providers import thinking
 from providers.base import EMULATED, CallContext, Param, Table, out_of_range, stop_list, table
 from providers.chat_parts import answer_message, assistant_text, call_arguments
 from providers.openai_chat import chat_finish
+from providers.stream_calls import room_for_call
 from wire.chat import (
     AssistantMessage,
     ChatChoice,
@@ -359,6 +360,7 @@ def chat_event(event: str | None, data: bytes, ctx: CallContext) -> ChatChunk | 
         if use is None:
             return None
         calls: dict[int | None, int] = ctx.state.setdefault("tool_index", {})
+        room_for_call(calls)
         calls[ev.content_block_index] = at = len(calls)
         start = ToolCallDelta(
             index=at, id=use.tool_use_id, type="function", function=FunctionDelta(name=use.name, arguments="")

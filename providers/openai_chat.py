@@ -28,6 +28,7 @@ from providers.chat_params import CHAT_GUARDED
 from providers.envelope import Unreadable
 from providers.finish import BROKE_OFF, broke_off, finish_reason, unfinished
 from providers.openai_compat import UpEnvelope, UpStopped, UpUsage, usage_from
+from providers.stream_calls import room_for_call
 from providers.tool_results import check_results
 from wire.chat import (
     ChatChoice,
@@ -144,6 +145,7 @@ def _call_deltas(up: list[_UpToolCall], ctx: CallContext, choice: int) -> list[T
         k = c.index if c.index is not None else i
         call_id = c.id or None
         if (choice, k) not in started:
+            room_for_call(started)
             started.add((choice, k))
             call_id = call_id or made_call_id(ctx, choice, k)
         out.append(
