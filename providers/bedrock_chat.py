@@ -23,9 +23,9 @@ import msgspec
 
 from providers import thinking
 from providers.base import EMULATED, CallContext, Param, Table, out_of_range, stop_list, table
+from providers.call_cap import room_for_call
 from providers.chat_parts import answer_message, assistant_text, call_arguments
 from providers.openai_chat import chat_finish
-from providers.stream_calls import room_for_call
 from wire.chat import (
     AssistantMessage,
     ChatChoice,

@@ -16,10 +16,10 @@ from __future__ import annotations
 from typing import Any, Final
 
 from providers.base import CallContext
+from providers.call_cap import room_for_call
 from providers.call_ids import made_call_id
 from providers.chat_parts import answer_message, assistant_text
 from providers.finish import finish_reason
-from providers.stream_calls import room_for_call
 from wire.chat import (
     AssistantMessage,
     ChatChoice,

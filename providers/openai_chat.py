@@ -8,9 +8,10 @@ and written in the one `chat.completion` shape; stream events become `chat.compl
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Mapping
-from typing import Any, ClassVar, Final, Literal
+from typing import Annotated, Any, ClassVar, Final, Literal
 
 import msgspec
+from msgspec import Meta
 
 from providers import thinking
 from providers.base import (
@@ -21,6 +22,7 @@ from providers.base import (
     UpstreamRequest,
     request_headers,
 )
+from providers.call_cap import MAX_CALLS, room_for_call
 from providers.call_ids import made_call_id
 from providers.chat_fields import NAMED_ROLES, carried
 from providers.chat_logprobs import UpLogprobs, chat_logprobs
@@ -28,7 +30,6 @@ from providers.chat_params import CHAT_GUARDED
 from providers.envelope import Unreadable
 from providers.finish import BROKE_OFF, broke_off, finish_reason, unfinished
 from providers.openai_compat import UpEnvelope, UpStopped, UpUsage, usage_from
-from providers.stream_calls import room_for_call
 from providers.tool_results import check_results
 from wire.chat import (
     ChatChoice,
@@ -80,7 +81,8 @@ class _UpMessage(msgspec.Struct):
     role: str | None = None
     content: str | list[_UpPart] | None = None
     refusal: str | None = None
-    tool_calls: list[_UpToolCall] | None = None
+    # Bounded as it is decoded: past the cap the list is refused before it is built (providers/call_cap.py).
+    tool_calls: Annotated[list[_UpToolCall], Meta(max_length=MAX_CALLS)] | None = None
     # A reasoning model's thinking: DeepSeek's and vLLM's `reasoning_content`; newer vLLM also (or only) `reasoning`.
     reasoning_content: str | None = None
     reasoning: str | None = None

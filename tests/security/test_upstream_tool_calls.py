@@ -1,12 +1,14 @@
-"""An upstream chat stream that starts tool call after tool call at new indexes, on each kind that keeps an
-entry per call it streams (OpenAI's wire, Anthropic, Bedrock's Converse, Cohere).
+"""An upstream chat answer of more tool calls than `MAX_CALLS`.
 
-Each entry stayed for the life of the stream, and nothing bounded their number: an upstream could grow the
-gateway's memory for as long as it streamed (some 60,000 OpenAI-wire call pieces fit in one 1 MiB event). Past
-`MAX_STREAMED_CALLS` the stream now ends with an `invalid_upstream_response` error event; a stream of that many
-calls is relayed whole.
+A stream that starts call after call at new indexes, on each kind that keeps an entry per call it streams
+(OpenAI's wire, Anthropic, Bedrock's Converse, Cohere): each entry stayed for the life of the stream and nothing
+bounded their number, so an upstream could grow the gateway's memory for as long as it streamed (some 60,000
+OpenAI-wire call pieces fit in one 1 MiB event). A buffered OpenAI-wire answer of `{}` calls: each 3 bytes became
+a call with a made id, about 100 bytes in the client's answer and hundreds in memory (3 MB of them held some
+350 MiB). Past the cap the stream now ends with an `invalid_upstream_response` error event, and the buffered
+answer is that 502; an answer of as many calls as the cap is relayed whole.
 
-Over real sockets: the gateway served by uvicorn, one aiohttp loopback upstream playing each kind's stream.
+Over real sockets: the gateway served by uvicorn, one aiohttp loopback upstream playing each kind's answer.
 """
 
 from __future__ import annotations
@@ -18,11 +20,11 @@ from typing import Any, Final
 import httpx
 import pytest
 
-from providers.stream_calls import MAX_STREAMED_CALLS
+from providers.call_cap import MAX_CALLS
 from tests.helpers.clients import sse_data
 from tests.helpers.eventstream import event as frame
 from tests.helpers.servers import GatewayThread, serve_config
-from tests.helpers.upstreams import Handler, Upstream, reply_sse, reply_stream
+from tests.helpers.upstreams import Handler, Upstream, reply, reply_sse, reply_stream
 
 CONFIG: Final = """
 server: {{host: 127.0.0.1, port: 0}}
@@ -136,18 +138,47 @@ def started(events: list[Any]) -> set[int]:
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_a_stream_of_more_calls_than_the_cap_ends_with_an_error(gw: GatewayThread, up: Upstream, kind: str) -> None:
     model, play = KINDS[kind]
-    up.handler = play(MAX_STREAMED_CALLS + 1)
+    up.handler = play(MAX_CALLS + 1)
     events = stream(gw, model)
     assert "error" in events[-1], events[-1]
     assert events[-1]["error"]["code"] == "invalid_upstream_response"
-    assert len(started(events)) <= MAX_STREAMED_CALLS
+    assert len(started(events)) <= MAX_CALLS
 
 
 @pytest.mark.parametrize("kind", ["openai", "anthropic"])
 def test_a_stream_of_as_many_calls_as_the_cap_is_relayed_whole(gw: GatewayThread, up: Upstream, kind: str) -> None:
     model, play = KINDS[kind]
-    up.handler = play(MAX_STREAMED_CALLS)
+    up.handler = play(MAX_CALLS)
     events = stream(gw, model)
     assert not any("error" in e for e in events)
-    assert started(events) == set(range(MAX_STREAMED_CALLS))
+    assert started(events) == set(range(MAX_CALLS))
     assert [c["finish_reason"] for e in events for c in e["choices"] if c["finish_reason"]] == ["tool_calls"]
+
+
+def buffered(calls: int) -> Handler:
+    """An OpenAI-wire answer whose one choice holds `calls` empty tool calls (3 bytes each)."""
+    tool_calls = b",".join([b"{}"] * calls)
+    message = b'{"role":"assistant","content":null,"tool_calls":[' + tool_calls + b"]}"
+    return reply(
+        b'{"id":"c","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":'
+        + message
+        + b',"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}'
+    )
+
+
+def ask(gw: GatewayThread) -> httpx.Response:
+    body = {"model": "oa/gpt-4o", "max_tokens": 8, "tools": TOOLS, "messages": [{"role": "user", "content": "f"}]}
+    with httpx.Client(trust_env=False, timeout=60) as client:
+        return client.post(gw.url + "/v1/chat/completions", json=body)
+
+
+def test_a_buffered_answer_of_more_calls_than_the_cap_is_a_502(gw: GatewayThread, up: Upstream) -> None:
+    up.handler = buffered(MAX_CALLS)
+    resp = ask(gw)
+    assert resp.status_code == 200, resp.text[:300]
+    calls = resp.json()["choices"][0]["message"]["tool_calls"]
+    assert len(calls) == MAX_CALLS and len({c["id"] for c in calls}) == MAX_CALLS
+    up.handler = buffered(MAX_CALLS + 1)
+    resp = ask(gw)
+    assert resp.status_code == 502, resp.text[:300]
+    assert resp.json()["error"]["code"] == "invalid_upstream_response"
