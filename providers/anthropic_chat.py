@@ -19,6 +19,7 @@ import msgspec
 
 from providers import thinking
 from providers.base import EMULATED, CallContext, Param, Table, stop_list, table
+from providers.call_cap import room_for_call
 from providers.chat_parts import answer_message, assistant_text, call_arguments
 from wire.chat import (
     AssistantMessage,
@@ -241,6 +242,7 @@ def chat_delta(index: int | None, block: Block | None, delta: BlockDelta | None,
             return chat_chunk(ctx, Delta(thinking_blocks=[RedactedThinkingBlock(block.data)]))
         if block.type != "tool_use":
             return None  # a text block's text comes in its deltas
+        room_for_call(calls)
         calls[index if index is not None else -1] = len(calls)
         start = ToolCallDelta(
             index=len(calls) - 1, id=block.id, type="function", function=FunctionDelta(name=block.name, arguments="")

@@ -23,6 +23,7 @@ import msgspec
 
 from providers import thinking
 from providers.base import EMULATED, CallContext, Param, Table, out_of_range, stop_list, table
+from providers.call_cap import room_for_call
 from providers.chat_parts import answer_message, assistant_text, call_arguments
 from providers.openai_chat import chat_finish
 from wire.chat import (
@@ -359,6 +360,7 @@ def chat_event(event: str | None, data: bytes, ctx: CallContext) -> ChatChunk | 
         if use is None:
             return None
         calls: dict[int | None, int] = ctx.state.setdefault("tool_index", {})
+        room_for_call(calls)
         calls[ev.content_block_index] = at = len(calls)
         start = ToolCallDelta(
             index=at, id=use.tool_use_id, type="function", function=FunctionDelta(name=use.name, arguments="")

@@ -8,6 +8,7 @@ from typing import Any
 
 import msgspec
 
+from providers.call_cap import held_calls
 from wire.chat import AssistantMessage, ChatMessage, TextPart, ThinkingBlocks, ToolCall
 from wire.errors import InvalidRequestError
 
@@ -45,6 +46,7 @@ def answer_message(
     """An answer's blocks as the assistant's message: its text (null beside tool calls, else at least ""),
     its tool calls, its thinking as `reasoning_content` and its signed thinking blocks, each left out when
     empty."""
+    held_calls(calls)
     return ChatMessage(
         role="assistant",
         content=text or (None if calls else ""),

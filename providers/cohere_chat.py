@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from providers.base import CallContext
+from providers.call_cap import room_for_call
 from providers.call_ids import made_call_id
 from providers.chat_parts import answer_message, assistant_text
 from providers.finish import finish_reason
@@ -203,6 +204,7 @@ def chat_event(kind: str | None, index: int | None, message: Any, ctx: CallConte
         name = _field(call, "function", "name")
         if not isinstance(name, str):
             return None
+        room_for_call(calls)
         calls[at] = len(calls)
         arguments = _field(call, "function", "arguments")
         function = FunctionDelta(name=name, arguments=arguments if isinstance(arguments, str) else "")

@@ -8,9 +8,10 @@ and written in the one `chat.completion` shape; stream events become `chat.compl
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Mapping
-from typing import Any, ClassVar, Final, Literal
+from typing import Annotated, Any, ClassVar, Final, Literal
 
 import msgspec
+from msgspec import Meta
 
 from providers import thinking
 from providers.base import (
@@ -21,6 +22,7 @@ from providers.base import (
     UpstreamRequest,
     request_headers,
 )
+from providers.call_cap import MAX_CALLS, room_for_call
 from providers.call_ids import made_call_id
 from providers.chat_fields import NAMED_ROLES, carried
 from providers.chat_logprobs import UpLogprobs, chat_logprobs
@@ -79,7 +81,8 @@ class _UpMessage(msgspec.Struct):
     role: str | None = None
     content: str | list[_UpPart] | None = None
     refusal: str | None = None
-    tool_calls: list[_UpToolCall] | None = None
+    # Bounded as it is decoded: past the cap the list is refused before it is built (providers/call_cap.py).
+    tool_calls: Annotated[list[_UpToolCall], Meta(max_length=MAX_CALLS)] | None = None
     # A reasoning model's thinking: DeepSeek's and vLLM's `reasoning_content`; newer vLLM also (or only) `reasoning`.
     reasoning_content: str | None = None
     reasoning: str | None = None
@@ -144,6 +147,7 @@ def _call_deltas(up: list[_UpToolCall], ctx: CallContext, choice: int) -> list[T
         k = c.index if c.index is not None else i
         call_id = c.id or None
         if (choice, k) not in started:
+            room_for_call(started)
             started.add((choice, k))
             call_id = call_id or made_call_id(ctx, choice, k)
         out.append(

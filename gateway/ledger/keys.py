@@ -163,6 +163,8 @@ def _of(team: str | None) -> tuple[str, tuple[str, ...]]:
 
 def rotate(cur: Cursor, key_id: str, grace_s: float, team: str | None = None) -> Issued:
     """A new secret for the key (with a `team`: only if it is that team's; else `KeyNotFound`, as for no key)."""
+    if "\x00" in key_id:
+        raise KeyNotFound(key_id)  # no id holds one, and PostgreSQL's text refuses it (an error, not a 404)
     # PostgreSQL: the key's row held until commit, so that a rotation made at once elsewhere starts from this
     # one's secret (and keeps it in grace) instead of from the one both found. SQLite's BEGIN IMMEDIATE does so.
     held = " FOR UPDATE" if cur.postgres else ""
@@ -186,6 +188,8 @@ def rotate(cur: Cursor, key_id: str, grace_s: float, team: str | None = None) ->
 
 def revoke(cur: Cursor, key_id: str, team: str | None = None) -> None:
     """The key revoked (with a `team`: only if it is that team's; else `KeyNotFound`, as for no key)."""
+    if "\x00" in key_id:
+        raise KeyNotFound(key_id)  # as in `rotate`
     only, args = _of(team)
     sql = f"UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL{only}"
     if not cur.execute(sql, (time.time(), key_id, *args)):
