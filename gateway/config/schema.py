@@ -225,7 +225,8 @@ class BatchesConfig(Strict, frozen=True):
     # The part of each shared bucket (the rates, tokens and `concurrent` of `models[].limits`, and of a
     # provider's or deployment's `limits`) that batch lines may fill: a line is sent only while the bucket,
     # with it, holds at most this share of its burst, so the rest is always left to interactive requests. A
-    # line refused by it waits and is sent again. 1: lines may take the whole bucket, as interactive requests.
+    # share of less than one request holds one: lines go one at a time, each while the bucket is otherwise
+    # empty. A line refused by it waits and is sent again. 1: lines may take the whole bucket.
     quota_share: Annotated[float, Meta(gt=0, le=1)] = 0.5
 
 

@@ -19,7 +19,7 @@ from gateway.limits.auth import ClientKey, fingerprint
 from gateway.limits.rateheaders import Lines, as_text, labels_of, rate_headers, reply_headers
 from gateway.limits.ratelimit import TOKEN_KINDS, Bucket, BucketSet, Decision, Limiter, RedisDown
 from gateway.limits.refusal import refusal, team_scope
-from gateway.limits.reserve import beyond_share, out_of_reach, shared_view, warn_out_of_reach
+from gateway.limits.reserve import shared_view, warn_one_at_a_time
 from gateway.limits.settles import Corrections
 from gateway.limits.tokens import over_limit, reservation, unbounded_completion, warm
 from gateway.state import Degraded, SharedState
@@ -145,7 +145,7 @@ class Admission:
         view.deployments = {n: shared_view(bs, share) for n, bs in self.deployments.items()}
         view._scopes = {}
         view.lines = view
-        warn_out_of_reach([*view.models.values(), *view.providers.values(), *view.deployments.values()])
+        warn_one_at_a_time([*view.models.values(), *view.providers.values(), *view.deployments.values()])
         return view
 
     def _route_buckets(self, route: Route) -> list[Bucket]:
@@ -176,9 +176,6 @@ class Admission:
         # Only key, team and alias scopes configure a queue; a provider's quota must not cancel theirs.
         queues = [self.queue_ms[b.scope] for b in buckets if b.scope in self.queue_ms]
         if batch:
-            never = out_of_reach(buckets)
-            if never is not None:
-                raise beyond_share(never)
             if self.batch_limits is not None:
                 queues.append(self.batch_limits.max_queue_ms)
         elif key is not None and key.buckets and key.ident not in self.keys:
@@ -284,8 +281,6 @@ class Admission:
         buckets = self._route_buckets(route)
         if not buckets:
             return None
-        if buckets[0].share < 1 and (never := out_of_reach(buckets)) is not None:
-            raise beyond_share(never)
         if ticket is not None and buckets[0] in ticket.buckets:
             await self.charge_calls(route, 1)
             return None
