@@ -126,6 +126,10 @@ class KeyConfig(Strict, frozen=True):
     # crosses it (gateway/limits/globs.py), so the default allows every model.
     models: list[str] = msgspec.field(default_factory=lambda: ["**"])
     limits: LimitsConfig | None = None
+    # Rate limits of this key's batch lines in place of `batches.limits` (the same buckets of their own, never
+    # its `limits`): a big evaluation team's key may send more, a small one's less. `{}`: none for this key.
+    # Unset: `batches.limits`.
+    batch_limits: LimitsConfig | None = None
     # USD per UTC day (gateway/limits/usage.py): at or over it, requests answer 429 `budget_exceeded`. 0 blocks the key.
     max_cost_per_day: BudgetUsd | None = None
     # USD per UTC calendar month: at or over it, requests answer 429 `budget_exceeded` until the 1st (without a

@@ -100,6 +100,10 @@ class Admission:
         # A batch's lines count toward their own buckets per key (`batches.limits`), never the key's: a batch
         # does not take the rate its key's interactive requests are allowed (docs/batches.md).
         self.batch_limits = cfg.batches.limits
+        # A YAML key's own `batch_limits`, in place of those, by its identity as its `limits` are.
+        self.key_batch_limits = {
+            fingerprint(k.key.encode()): k.batch_limits for k in cfg.keys if k.batch_limits is not None and k.key
+        }
         self.providers = {n: buckets_of(f"provider:{n}", p.limits) for n, p in loaded.providers.items() if p.limits}
         self.deployments = {
             (n, d): buckets_of(f"deployment:{n}/{d}", dc.limits)
@@ -176,17 +180,23 @@ class Admission:
         # Only key, team and alias scopes configure a queue; a provider's quota must not cancel theirs.
         queues = [self.queue_ms[b.scope] for b in buckets if b.scope in self.queue_ms]
         if batch:
-            if self.batch_limits is not None:
-                queues.append(self.batch_limits.max_queue_ms)
+            if (limits := self._batch_limits(key)) is not None:
+                queues.append(limits.max_queue_ms)
         elif key is not None and key.buckets and key.ident not in self.keys:
             queues.append(key.queue_ms)  # a runtime key's own `limits.max_queue_ms`
         return _Scopes(buckets, self.limiter.compiled(buckets), min(queues, default=0), team)
 
+    def _batch_limits(self, key: ClientKey | None) -> LimitsConfig | None:
+        """What limits `key`'s batch lines: its own `batch_limits`, else `batches.limits`."""
+        if key is None:
+            return self.batch_limits
+        return self.key_batch_limits.get(key.ident, self.batch_limits)
+
     def _batch_buckets(self, key: ClientKey | None) -> list[Bucket]:
-        """The buckets of `key`'s batch lines (`batches.limits`), named by the key's identity as its own are."""
+        """The buckets of `key`'s batch lines (`_batch_limits`), named by the key's identity as its own are."""
         if key is None:
             return buckets_of("batch:anonymous", self.batch_limits)
-        return buckets_of(f"batch:{key.name}", self.batch_limits, f"batch:{key.ident}")
+        return buckets_of(f"batch:{key.name}", self._batch_limits(key), f"batch:{key.ident}")
 
     async def admit(
         self,
@@ -266,7 +276,7 @@ class Admission:
         """Whether any limit can apply to `key`'s requests: the config's, or the key's own (one made through
         `/admin/keys` carries its limits with it, whatever the config sets); `batch`: to its batch lines."""
         if batch:
-            return self.enabled or self.batch_limits is not None
+            return self.enabled or self._batch_limits(key) is not None
         return self.enabled or (key is not None and bool(key.buckets))
 
     def counts_cached(self, key: ClientKey | None, model: str) -> bool:
