@@ -33,7 +33,7 @@ log = logging.getLogger("gateway")
 
 _FIELDS: Final = (
     "id, name, team, models, max_cost_per_day, expires_at, digest, old_digest, old_valid_until, created_at, limits, "
-    "max_cost_per_month, weight, priority, max_priority"
+    "max_cost_per_month, weight, priority, max_priority, batch_limits"
 )
 # A key's share of a saturated server: weight, default priority, highest priority it may ask for.
 Share = tuple[float, "Priority | None", "Priority | None"]
@@ -57,6 +57,7 @@ class KeyRow(msgspec.Struct, frozen=True):
     weight: float = 1.0
     priority: Priority | None = None
     max_priority: Priority | None = None
+    batch_limits: LimitsConfig | None = None
 
 
 class Issued(msgspec.Struct, frozen=True):
@@ -97,7 +98,12 @@ def _row(r: tuple[Any, ...], grace: dict[str, float]) -> KeyRow:
         weight=1.0 if r[12] is None else r[12],
         priority=r[13],
         max_priority=r[14],
+        batch_limits=_limits(r[15]),
     )
+
+
+def _stored(limits: LimitsConfig | None) -> str | None:
+    return None if limits is None else msgspec.json.encode(limits).decode()
 
 
 def _limits(stored: str | None) -> LimitsConfig | None:
@@ -124,6 +130,7 @@ def create(
     limits: LimitsConfig | None = None,
     max_cost_per_month: float | None = None,
     share: Share = (1.0, None, None),
+    batch_limits: LimitsConfig | None = None,
 ) -> Issued:
     if cur.rows("SELECT id FROM api_keys WHERE name = ?", (name,)):
         raise KeyConflict(f"a key named {name!r} exists already")
@@ -133,16 +140,17 @@ def create(
     # Another replica may make a key of this name between the check and the insert: its unique name wins, and
     # this one is the conflict it would have been a moment later (not a database error).
     cur.execute(
-        f"INSERT INTO api_keys ({_FIELDS}) VALUES (?, ?, ?, ?, ?, ?, ?, NULL, NULL, ?, ?, ?, ?, ?, ?)"
+        f"INSERT INTO api_keys ({_FIELDS}) VALUES (?, ?, ?, ?, ?, ?, ?, NULL, NULL, ?, ?, ?, ?, ?, ?, ?)"
         " ON CONFLICT DO NOTHING",
         (key_id, name, team, msgspec.json.encode(models).decode(), max_cost_per_day, expires_at, _digest(secret), now)
-        + (None if limits is None else msgspec.json.encode(limits).decode(), max_cost_per_month, *share),
+        + (_stored(limits), max_cost_per_month, *share, _stored(batch_limits)),
     )
     if not cur.rows("SELECT id FROM api_keys WHERE id = ?", (key_id,)):
         raise KeyConflict(f"a key named {name!r} exists already")
     cur.execute(_BUMP)
     row = KeyRow(
-        key_id, name, team, models, max_cost_per_day, expires_at, now, None, limits, max_cost_per_month, *share
+        key_id, name, team, models, max_cost_per_day, expires_at, now, None, limits, max_cost_per_month, *share,
+        batch_limits,
     )
     return Issued(row, secret)
 
@@ -251,6 +259,7 @@ def _ring(rows: list[tuple[Any, ...]], earlier: list[tuple[Any, ...]]) -> dict[b
             weight=1.0 if r[12] is None else r[12],
             priority=r[13],
             max_priority=r[14],
+            batch_limits=_limits(r[15]),
         )
         out[digest] = by_id[r[0]] = key
     now = time.time()

@@ -196,6 +196,8 @@ MIGRATIONS: Final[list[list[Statement]]] = [
     ],
     # 9: the model a batch's lines name (its Batch object's `model`), set once its file is checked.
     ["ALTER TABLE batches ADD COLUMN model TEXT"],
+    # 10: a runtime key's own limits for its batch lines, in place of `batches.limits`.
+    ["ALTER TABLE api_keys ADD COLUMN batch_limits TEXT"],
 ]
 
 VERSION: Final = len(MIGRATIONS)

@@ -187,9 +187,12 @@ class Admission:
         return _Scopes(buckets, self.limiter.compiled(buckets), min(queues, default=0), team)
 
     def _batch_limits(self, key: ClientKey | None) -> LimitsConfig | None:
-        """What limits `key`'s batch lines: its own `batch_limits`, else `batches.limits`."""
+        """What limits `key`'s batch lines: its own `batch_limits` (a runtime key's, or a YAML key's by its
+        identity), else `batches.limits`."""
         if key is None:
             return self.batch_limits
+        if key.batch_limits is not None:
+            return key.batch_limits
         return self.key_batch_limits.get(key.ident, self.batch_limits)
 
     def _batch_buckets(self, key: ClientKey | None) -> list[Bucket]:
