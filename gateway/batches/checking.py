@@ -16,9 +16,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+from gateway.batches.custom_ids import TAIL_BYTES, head_id, tail_id
 from gateway.batches.files import input_chunk
 from gateway.batches.leases import held
-from gateway.batches.custom_ids import TAIL_BYTES, head_id, tail_id
 from gateway.batches.lines import MAX_ERRORS, Checker, Line, Skipped, up_front
 from gateway.batches.store import STORE_BYTES, STORE_LINES, Store, check_failed, lines_stored, store_lines, unstore_all
 from gateway.ledger.engine import Cursor

@@ -148,10 +148,8 @@ def create(
     if not cur.rows("SELECT id FROM api_keys WHERE id = ?", (key_id,)):
         raise KeyConflict(f"a key named {name!r} exists already")
     cur.execute(_BUMP)
-    row = KeyRow(
-        key_id, name, team, models, max_cost_per_day, expires_at, now, None, limits, max_cost_per_month, *share,
-        batch_limits,
-    )
+    fields = (key_id, name, team, models, max_cost_per_day, expires_at, now, None, limits, max_cost_per_month)
+    row = KeyRow(*fields, *share, batch_limits)
     return Issued(row, secret)
 
 
