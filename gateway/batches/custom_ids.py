@@ -21,33 +21,22 @@ TAIL_BYTES: Final = 64 * 1024
 # Top-level members read from each end: a batch line has four; this bounds the work on a hostile one.
 MAX_MEMBERS: Final = 64
 
-_WS = rb"[ \t\r\n]*"
-_STRING = rb'"[^"\\]*(?:\\.[^"\\]*)*"'
-_LITERAL = rb"[-+.0-9eE]+|true|false|null"
-_OPEN: Final = re.compile(_WS + rb"\{")
+# Written out whole (no pattern is built at run time): `[ \t\r\n]*` is JSON's whitespace, a string is
+# `"[^"\\]*(?:\\.[^"\\]*)*"`, a scalar a string, a number or a literal.
+_OPEN: Final = re.compile(rb"[ \t\r\n]*\{")
 # Forwards: `"key" : scalar` and the `,` or `}` after it.
 _MEMBER: Final = re.compile(
-    _WS + rb"(" + _STRING + rb")" + _WS + rb":" + _WS + rb"(" + _STRING + rb"|" + _LITERAL + rb")" + _WS + rb"([,}])",
+    rb'[ \t\r\n]*("[^"\\]*(?:\\.[^"\\]*)*")[ \t\r\n]*:[ \t\r\n]*'
+    rb'("[^"\\]*(?:\\.[^"\\]*)*"|[-+.0-9eE]+|true|false|null)[ \t\r\n]*([,}])',
     re.DOTALL,
 )
 # The same read on the reversed bytes. A string ends (reversed: starts) at a quote no backslash escapes, and
 # in a valid line a member's opening quote follows `{`, `,`, `:` or a space, never a backslash: so reversed,
 # a quote followed by a backslash is inside the string and one followed by anything else opens it.
-_R_STRING = rb'"[^"]*(?:"(?=\\)[^"]*)*"(?!\\)'
-_R_CLOSE: Final = re.compile(_WS + rb"\}")
+_R_CLOSE: Final = re.compile(rb"[ \t\r\n]*\}")
 _R_MEMBER: Final = re.compile(
-    _WS
-    + rb"("
-    + _R_STRING
-    + rb"|eurt|eslaf|llun|[-+.0-9eE]+)"
-    + _WS
-    + rb":"
-    + _WS
-    + rb"("
-    + _R_STRING
-    + rb")"
-    + _WS
-    + rb"([,{])",
+    rb'[ \t\r\n]*("[^"]*(?:"(?=\\)[^"]*)*"(?!\\)|eurt|eslaf|llun|[-+.0-9eE]+)[ \t\r\n]*:[ \t\r\n]*'
+    rb'("[^"]*(?:"(?=\\)[^"]*)*"(?!\\))[ \t\r\n]*([,{])',
     re.DOTALL,
 )
 
