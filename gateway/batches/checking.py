@@ -93,7 +93,7 @@ class _Long:
 async def _rows(chunks: AsyncIterator[bytes], count: int, max_line: int) -> AsyncIterator[list[bytes | Skipped]]:
     """The file's first `count` lines, without their newline, in the lists each chunk completes; a line over
     `max_line` bytes is `Skipped` instead, never held whole: a line of 100 MiB with no newline costs about a
-    chunk and twice `max_line` (its start, joined once for its custom_id), not its size."""
+    chunk and twice `max_line` (its start, joined once for its custom_id) and TAIL_BYTES of its end, not its size."""
     carry: list[bytes] = []  # the start of the line no chunk has ended yet (joined once: it may span many)
     held = 0  # bytes in `carry`
     long: _Long | None = None  # the line being read, once past `max_line`
