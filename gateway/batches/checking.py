@@ -16,9 +16,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+from gateway.batches.custom_ids import TAIL_BYTES, head_id, tail_id
 from gateway.batches.files import input_chunk
 from gateway.batches.leases import held
-from gateway.batches.lines import MAX_ERRORS, Checker, Line, Skipped, leading_id, up_front
+from gateway.batches.lines import MAX_ERRORS, Checker, Line, Skipped, up_front
 from gateway.batches.store import STORE_BYTES, STORE_LINES, Store, check_failed, lines_stored, store_lines, unstore_all
 from gateway.ledger.engine import Cursor
 
@@ -69,21 +70,30 @@ class _Count:
 
 
 class _Long:
-    """A line past `max_line` as its bytes go by: its length so far and the custom_id it opens with (read
-    from its first `max_line` bytes, the part held before it went over), the rest counted, never kept."""
+    """A line past `max_line` as its bytes go by: its length so far, the custom_id among the members it opens
+    with (read from its first `max_line` bytes, the part held before it went over) and its last TAIL_BYTES,
+    for the custom_id among the members it ends with; the rest counted, never kept."""
 
     def __init__(self, head: list[bytes], max_line: int) -> None:
-        self.size = sum(map(len, head))
-        self.custom_id = leading_id(b"".join(head), max_line)
+        whole = b"".join(head)
+        self.size = len(whole)
+        self.custom_id = head_id(whole, max_line)
+        self.tail = whole[-TAIL_BYTES:]
+
+    def feed(self, piece: bytes) -> None:
+        self.size += len(piece)
+        if self.custom_id is None:
+            self.tail = (self.tail + piece[-TAIL_BYTES:])[-TAIL_BYTES:]
 
     def ended(self, last: bytes) -> Skipped:
-        return Skipped(self.size + len(last), self.custom_id)
+        self.feed(last)
+        return Skipped(self.size, self.custom_id if self.custom_id is not None else tail_id(self.tail))
 
 
 async def _rows(chunks: AsyncIterator[bytes], count: int, max_line: int) -> AsyncIterator[list[bytes | Skipped]]:
     """The file's first `count` lines, without their newline, in the lists each chunk completes; a line over
     `max_line` bytes is `Skipped` instead, never held whole: a line of 100 MiB with no newline costs about a
-    chunk and twice `max_line` (its start, joined once for its custom_id), not its size."""
+    chunk and twice `max_line` (its start, joined once for its custom_id) and TAIL_BYTES of its end, not its size."""
     carry: list[bytes] = []  # the start of the line no chunk has ended yet (joined once: it may span many)
     held = 0  # bytes in `carry`
     long: _Long | None = None  # the line being read, once past `max_line`
@@ -110,7 +120,7 @@ async def _rows(chunks: AsyncIterator[bytes], count: int, max_line: int) -> Asyn
             carry.clear()
             held = 0
         elif long is not None:
-            long.size += len(tail)
+            long.feed(tail)
         elif tail:
             carry.append(tail)
             held += len(tail)

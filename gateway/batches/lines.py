@@ -6,17 +6,17 @@ than `batches.max_lines` or bytes than `batches.max_file_bytes` (each naming the
 stored before a reload lowered the cap). What only fails its own line (the error file): anything the
 request path refuses when the line runs (a bad field, an unknown model), a line asking to stream, which a
 batch cannot, and a line longer than `caps.request_body_bytes`, unread (`gateway.batches.checking`), under
-the custom_id it opens with (without one to answer it under, it fails the batch).
+the custom_id either end of it shows (`gateway.batches.custom_ids`; without one, it fails the batch).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from typing import Any, Final
 
 import msgspec
 
+from gateway.batches.custom_ids import TAIL_BYTES, find_id
 from gateway.batches.objects import BatchError
 
 # OpenAI stops listing after this many; the batch fails on the first anyway.
@@ -79,27 +79,12 @@ class Line(msgspec.Struct, frozen=True):
     model: str | None = None  # the model the body names, where it names one as a string
 
 
-# A line opening with its custom_id (as OpenAI's examples write them): the id, as a JSON string.
-_LEADING_ID: Final = re.compile(rb'[ \t\r]*\{[ \t\r]*"custom_id"[ \t\r]*:[ \t\r]*("[^"\\]*(?:\\.[^"\\]*)*")')
-
-
 class Skipped(msgspec.Struct, frozen=True):
     """A line longer than `caps.request_body_bytes`, not held (`gateway.batches.checking`): its length, and
-    its custom_id where the line opens with it (`leading_id`)."""
+    its custom_id where either end of the line shows it (`gateway.batches.custom_ids`)."""
 
     size: int
     custom_id: str | None
-
-
-def leading_id(line: bytes, end: int) -> str | None:
-    """The custom_id a line opens with, within its first `end` bytes, as a string; else None."""
-    found = _LEADING_ID.match(line, 0, end)
-    if found is None:
-        return None
-    try:
-        return msgspec.json.decode(found[1], type=str)
-    except msgspec.MsgspecError:
-        return None
 
 
 def batch_model(lines: list[Line]) -> str | None:
@@ -148,7 +133,7 @@ class Checker:
     def line(self, number: int, raw: bytes | Skipped) -> Line | None:
         """Line `number` (without its newline), or None when it is not valid (its error kept)."""
         if not isinstance(raw, Skipped) and len(raw) > self.max_line:
-            raw = Skipped(len(raw), leading_id(raw, self.max_line))
+            raw = Skipped(len(raw), find_id(raw, self.max_line, raw[-TAIL_BYTES:]))
         if isinstance(raw, Skipped):
             return self._too_long(number, raw)
         fail = self._fail
@@ -204,11 +189,15 @@ class Checker:
         return True
 
     def _too_long(self, number: int, skipped: Skipped) -> Line | None:
-        """A line over `max_line`, unread: refused in the error file under the custom_id it opens with, as a
-        body over the cap is at the interactive route's door; without one, it fails the batch."""
+        """A line over `max_line`, unread: refused in the error file under its custom_id, as a body over the
+        cap is at the interactive route's door; without one found, it fails the batch."""
         over = f"This line has {skipped.size} bytes, more than the {self.max_line} caps.request_body_bytes allows"
         if skipped.custom_id is None:
-            message = f"{over}, and does not open with its custom_id to answer it under"
+            message = (
+                f"{over} (line {number} of the input file), and has no custom_id (a string) where the gateway looks "
+                "for one in a line it does not hold whole: among its fields before its first object or array value, "
+                f"or after its last one within its last {TAIL_BYTES} bytes"
+            )
             self._fail("line_too_large", message, number)
             return None
         if not self._new_id(number, skipped.custom_id):

@@ -126,6 +126,10 @@ class KeyConfig(Strict, frozen=True):
     # crosses it (gateway/limits/globs.py), so the default allows every model.
     models: list[str] = msgspec.field(default_factory=lambda: ["**"])
     limits: LimitsConfig | None = None
+    # Rate limits of this key's batch lines in place of `batches.limits` (the same buckets of their own, never
+    # its `limits`): a big evaluation team's key may send more, a small one's less. `{}`: none for this key.
+    # Unset: `batches.limits`.
+    batch_limits: LimitsConfig | None = None
     # USD per UTC day (gateway/limits/usage.py): at or over it, requests answer 429 `budget_exceeded`. 0 blocks the key.
     max_cost_per_day: BudgetUsd | None = None
     # USD per UTC calendar month: at or over it, requests answer 429 `budget_exceeded` until the 1st (without a
@@ -225,7 +229,8 @@ class BatchesConfig(Strict, frozen=True):
     # The part of each shared bucket (the rates, tokens and `concurrent` of `models[].limits`, and of a
     # provider's or deployment's `limits`) that batch lines may fill: a line is sent only while the bucket,
     # with it, holds at most this share of its burst, so the rest is always left to interactive requests. A
-    # line refused by it waits and is sent again. 1: lines may take the whole bucket, as interactive requests.
+    # share of less than one request holds one: lines go one at a time, each while the bucket is otherwise
+    # empty. A line refused by it waits and is sent again. 1: lines may take the whole bucket.
     quota_share: Annotated[float, Meta(gt=0, le=1)] = 0.5
 
 

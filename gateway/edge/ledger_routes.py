@@ -57,6 +57,7 @@ class NewKey(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     max_cost_per_month: BudgetUsd | None = None
     expires_in_s: Annotated[int, Meta(ge=1, le=_MAX_EXPIRES_S)] | None = None
     limits: LimitsConfig | None = None  # rps, rpm, tpm, tpd, concurrent, max_queue_ms: a YAML key's block
+    batch_limits: LimitsConfig | None = None  # its batch lines', in place of `batches.limits`
     # The key's share of a saturated server, as a YAML key's (docs/fairness.md).
     weight: Annotated[float, Meta(gt=0, le=10_000)] = 1.0
     priority: Priority | None = None
@@ -82,10 +83,13 @@ def _no_key(key_id: str) -> GatewayError:
 
 def beyond_team(spec: NewKey, team: str, teams: Mapping[str, TeamConfig]) -> tuple[str, str] | None:
     """What a team admin's new key asks for beyond its team, as (field, why): another team, a budget above the
-    team's, a larger share of a saturated server (`weight`), a higher `max_priority` or a rate (`limits.<kind>`)
-    above the team's."""
+    team's, a larger share of a saturated server (`weight`), a higher `max_priority`, a rate (`limits.<kind>`)
+    above the team's, or any `batch_limits` (they stand in for the operator's `batches.limits`, which no team's
+    limits bound)."""
     if spec.team != team:
         return "team", f"a team admin makes keys of its own team ({team!r}) only"
+    if spec.batch_limits is not None:
+        return "batch_limits", "a key's batch_limits replace batches.limits: only the operator's admin key sets them"
     own = teams.get(team)
     if own is None:  # the team left `teams:` (a reload, or a replica's YAML): its admin grants nothing
         return "team", f"no team {team!r} under teams:"
@@ -170,6 +174,7 @@ def routes(identify: Identify, render: Render) -> list[HTTPRouteHandler]:
                 spec.limits,
                 spec.max_cost_per_month,
                 (spec.weight, spec.priority, spec.max_priority),
+                spec.batch_limits,
             )
         except keystore.KeyConflict as exc:
             return render(_conflict(str(exc)))

@@ -34,7 +34,7 @@ log = logging.getLogger("gateway")
 
 _FIELDS: Final = (
     "id, name, team, models, max_cost_per_day, expires_at, digest, old_digest, old_valid_until, created_at, limits, "
-    "max_cost_per_month, weight, priority, max_priority"
+    "max_cost_per_month, weight, priority, max_priority, batch_limits"
 )
 # A key's share of a saturated server: weight, default priority, highest priority it may ask for.
 Share = tuple[float, "Priority | None", "Priority | None"]
@@ -59,6 +59,7 @@ class KeyRow(msgspec.Struct, frozen=True):
     weight: float = 1.0
     priority: Priority | None = None
     max_priority: Priority | None = None
+    batch_limits: LimitsConfig | None = None
 
 
 class Issued(msgspec.Struct, frozen=True):
@@ -99,7 +100,12 @@ def _row(r: tuple[Any, ...], grace: dict[str, float]) -> KeyRow:
         weight=1.0 if r[12] is None else r[12],
         priority=r[13],
         max_priority=r[14],
+        batch_limits=_limits(r[15]),
     )
+
+
+def _stored(limits: LimitsConfig | None) -> str | None:
+    return None if limits is None else msgspec.json.encode(limits).decode()
 
 
 def _limits(stored: str | None) -> LimitsConfig | None:
@@ -126,6 +132,7 @@ def create(
     limits: LimitsConfig | None = None,
     max_cost_per_month: float | None = None,
     share: Share = (1.0, None, None),
+    batch_limits: LimitsConfig | None = None,
 ) -> Issued:
     # A name is taken within its team alone (the operator's keys of no team are one more namespace); a revoked
     # key keeps its name, so the rows booked under it are never read as a newer key's.
@@ -138,17 +145,16 @@ def create(
     # Another replica may make a key of this name between the check and the insert: its unique name wins, and
     # this one is the conflict it would have been a moment later (not a database error).
     cur.execute(
-        f"INSERT INTO api_keys ({_FIELDS}) VALUES (?, ?, ?, ?, ?, ?, ?, NULL, NULL, ?, ?, ?, ?, ?, ?)"
+        f"INSERT INTO api_keys ({_FIELDS}) VALUES (?, ?, ?, ?, ?, ?, ?, NULL, NULL, ?, ?, ?, ?, ?, ?, ?)"
         " ON CONFLICT DO NOTHING",
         (key_id, name, team, msgspec.json.encode(models).decode(), max_cost_per_day, expires_at, _digest(secret), now)
-        + (None if limits is None else msgspec.json.encode(limits).decode(), max_cost_per_month, *share),
+        + (_stored(limits), max_cost_per_month, *share, _stored(batch_limits)),
     )
     if not cur.rows("SELECT id FROM api_keys WHERE id = ?", (key_id,)):
         raise KeyConflict(_taken(name, team))
     cur.execute(_BUMP)
-    row = KeyRow(
-        key_id, name, team, models, max_cost_per_day, expires_at, now, None, limits, max_cost_per_month, *share
-    )
+    fields = (key_id, name, team, models, max_cost_per_day, expires_at, now, None, limits, max_cost_per_month)
+    row = KeyRow(*fields, *share, batch_limits)
     return Issued(row, secret)
 
 
@@ -265,6 +271,7 @@ def _ring(rows: list[tuple[Any, ...]], earlier: list[tuple[Any, ...]]) -> dict[b
             weight=1.0 if r[12] is None else r[12],
             priority=r[13],
             max_priority=r[14],
+            batch_limits=_limits(r[15]),
         )
         out[digest] = by_id[r[0]] = key
     now = time.time()

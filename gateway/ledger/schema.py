@@ -229,6 +229,8 @@ MIGRATIONS: Final[list[list[Statement]]] = [
     ["ALTER TABLE batches ADD COLUMN model TEXT"],
     # 10: a runtime key's name is unique within its team, not across teams.
     _PER_TEAM,
+    # 11: a runtime key's own limits for its batch lines, in place of `batches.limits`.
+    ["ALTER TABLE api_keys ADD COLUMN batch_limits TEXT"],
 ]
 
 VERSION: Final = len(MIGRATIONS)

@@ -19,7 +19,7 @@ from gateway.limits.auth import ClientKey, fingerprint
 from gateway.limits.rateheaders import Lines, as_text, labels_of, rate_headers, reply_headers
 from gateway.limits.ratelimit import TOKEN_KINDS, Bucket, BucketSet, Decision, Limiter, RedisDown
 from gateway.limits.refusal import refusal, team_scope
-from gateway.limits.reserve import beyond_share, out_of_reach, shared_view, warn_out_of_reach
+from gateway.limits.reserve import shared_view, warn_one_at_a_time
 from gateway.limits.settles import Corrections
 from gateway.limits.tokens import over_limit, reservation, unbounded_completion, warm
 from gateway.state import Degraded, SharedState
@@ -100,6 +100,10 @@ class Admission:
         # A batch's lines count toward their own buckets per key (`batches.limits`), never the key's: a batch
         # does not take the rate its key's interactive requests are allowed (docs/batches.md).
         self.batch_limits = cfg.batches.limits
+        # A YAML key's own `batch_limits`, in place of those, by its identity as its `limits` are.
+        self.key_batch_limits = {
+            fingerprint(k.key.encode()): k.batch_limits for k in cfg.keys if k.batch_limits is not None and k.key
+        }
         self.providers = {n: buckets_of(f"provider:{n}", p.limits) for n, p in loaded.providers.items() if p.limits}
         self.deployments = {
             (n, d): buckets_of(f"deployment:{n}/{d}", dc.limits)
@@ -145,7 +149,7 @@ class Admission:
         view.deployments = {n: shared_view(bs, share) for n, bs in self.deployments.items()}
         view._scopes = {}
         view.lines = view
-        warn_out_of_reach([*view.models.values(), *view.providers.values(), *view.deployments.values()])
+        warn_one_at_a_time([*view.models.values(), *view.providers.values(), *view.deployments.values()])
         return view
 
     def _route_buckets(self, route: Route) -> list[Bucket]:
@@ -176,20 +180,26 @@ class Admission:
         # Only key, team and alias scopes configure a queue; a provider's quota must not cancel theirs.
         queues = [self.queue_ms[b.scope] for b in buckets if b.scope in self.queue_ms]
         if batch:
-            never = out_of_reach(buckets)
-            if never is not None:
-                raise beyond_share(never)
-            if self.batch_limits is not None:
-                queues.append(self.batch_limits.max_queue_ms)
+            if (limits := self._batch_limits(key)) is not None:
+                queues.append(limits.max_queue_ms)
         elif key is not None and key.buckets and key.ident not in self.keys:
             queues.append(key.queue_ms)  # a runtime key's own `limits.max_queue_ms`
         return _Scopes(buckets, self.limiter.compiled(buckets), min(queues, default=0), team)
 
+    def _batch_limits(self, key: ClientKey | None) -> LimitsConfig | None:
+        """What limits `key`'s batch lines: its own `batch_limits` (a runtime key's, or a YAML key's by its
+        identity), else `batches.limits`."""
+        if key is None:
+            return self.batch_limits
+        if key.batch_limits is not None:
+            return key.batch_limits
+        return self.key_batch_limits.get(key.ident, self.batch_limits)
+
     def _batch_buckets(self, key: ClientKey | None) -> list[Bucket]:
-        """The buckets of `key`'s batch lines (`batches.limits`), named by the key's identity as its own are."""
+        """The buckets of `key`'s batch lines (`_batch_limits`), named by the key's identity as its own are."""
         if key is None:
             return buckets_of("batch:anonymous", self.batch_limits)
-        return buckets_of(f"batch:{key.name}", self.batch_limits, f"batch:{key.ident}")
+        return buckets_of(f"batch:{key.name}", self._batch_limits(key), f"batch:{key.ident}")
 
     async def admit(
         self,
@@ -269,7 +279,7 @@ class Admission:
         """Whether any limit can apply to `key`'s requests: the config's, or the key's own (one made through
         `/admin/keys` carries its limits with it, whatever the config sets); `batch`: to its batch lines."""
         if batch:
-            return self.enabled or self.batch_limits is not None
+            return self.enabled or self._batch_limits(key) is not None
         return self.enabled or (key is not None and bool(key.buckets))
 
     def counts_cached(self, key: ClientKey | None, model: str) -> bool:
@@ -284,8 +294,6 @@ class Admission:
         buckets = self._route_buckets(route)
         if not buckets:
             return None
-        if buckets[0].share < 1 and (never := out_of_reach(buckets)) is not None:
-            raise beyond_share(never)
         if ticket is not None and buckets[0] in ticket.buckets:
             await self.charge_calls(route, 1)
             return None

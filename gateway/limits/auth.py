@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Final
 
 import msgspec
 
-from gateway.config import LoadedConfig
+from gateway.config import LimitsConfig, LoadedConfig
 from gateway.limits.globs import ModelGlobs
 from wire.errors import AuthenticationError, PermissionDeniedError
 
@@ -85,6 +85,8 @@ class ClientKey(msgspec.Struct, frozen=True):
     weight: float = 1.0
     priority: str | None = None
     max_priority: str | None = None
+    # A runtime key's own limits of its batch lines, in place of `batches.limits` (a YAML key's are admission's).
+    batch_limits: LimitsConfig | None = None
 
     @property
     def label(self) -> str:

@@ -34,7 +34,8 @@ class Bucket(msgspec.Struct, frozen=True, cache_hash=True):
     shared_as: str = ""
     # The part of the bucket a charge through this view of it may fill (the same state, `redis_key`): 1, or
     # a batch line's `batches.quota_share` of a shared scope's bucket, which leaves the rest to interactive
-    # requests. Rate buckets admit while q <= `ceiling`, concurrency buckets hold `room` leases at most.
+    # requests. Rate buckets admit while q <= `ceiling`, concurrency buckets hold `room` leases at most (both
+    # at least one request: a share smaller than that lets one through while the bucket is otherwise empty).
     share: float = 1.0
 
     @property
@@ -48,18 +49,23 @@ class Bucket(msgspec.Struct, frozen=True, cache_hash=True):
     @property
     def ceiling(self) -> int:
         """The most q (the script's (TAT - now) * limit) a charge may leave in a rate bucket: the whole
-        burst (period * limit), or `share` of it rounded down. The share is read as the decimal written in
+        burst (period * limit), or `share` of it rounded down, but never less than one unit (one emission
+        interval, `period_ms`): a share too small to hold one request still lets one through whenever the
+        bucket has drained empty, so a batch goes on, slowly. The share is read as the decimal written in
         the config (0.3 is 3/10, not the float just below it), so 0.3 of 10 is 3 units, on every replica."""
         full = self.period_ms * self.limit
-        return full if self.share >= 1 else math.floor(Fraction(repr(self.share)) * full)
+        if self.share >= 1:
+            return full
+        return min(max(math.floor(Fraction(repr(self.share)) * full), self.period_ms), full)
 
     @property
     def room(self) -> int:
-        """The units a charge through this view can ever find: `limit`, or the share's whole units."""
+        """The units a charge through this view can ever find: `limit`, or the share's whole units, at least
+        one (a concurrency share too small for one lease holds one while no other is held)."""
         if self.share >= 1:
             return self.limit
         if self.kind == "concurrent":
-            return math.floor(Fraction(repr(self.share)) * self.limit)
+            return min(max(math.floor(Fraction(repr(self.share)) * self.limit), 1), self.limit)
         return self.ceiling // self.period_ms
 
 

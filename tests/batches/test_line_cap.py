@@ -34,12 +34,18 @@ def _exactly(custom_id: str, size: int) -> dict[str, Any]:
     return made
 
 
+def _ordered(made: dict[str, Any], *order: str) -> dict[str, Any]:
+    """`made`'s members in `order` (the others after them)."""
+    return {k: made[k] for k in (*order, *(k for k in made if k not in order))}
+
+
 def _create(client: Any, file_id: str) -> str:
     return str(client.batches.create(input_file_id=file_id, endpoint="/v1/completions", completion_window="24h").id)
 
 
 def test_a_line_over_the_cap_is_refused_unread_and_the_others_run(tmp_path: Path) -> None:
-    huge = line("huge", prompt="p" * (24 * _MIB))  # spans many of the 1 MiB chunks the file is stored in
+    # Spans many of the 1 MiB chunks the file is stored in, its custom_id after its body: found in its tail.
+    huge = _ordered(line("huge", prompt="p" * (24 * _MIB)), "method", "url", "body")
     lines = [line("a"), _exactly("at-cap", _CAP), huge, _exactly("over-cap", _CAP + 1), line("b", stream=True)]
     with served(tmp_path, more=f"caps: {{request_body_bytes: {_CAP}}}") as (_, client):
         file_id = upload(client, jsonl(lines))
@@ -70,25 +76,77 @@ def test_a_line_over_the_cap_is_refused_unread_and_the_others_run(tmp_path: Path
     assert "(line 4 of the input file)" in over_error["message"]
 
 
-def test_a_line_over_the_cap_not_opening_with_its_custom_id_fails_the_batch(tmp_path: Path) -> None:
-    no_id_first = {"method": "POST", "url": "/v1/completions", "body": {"prompt": "p" * _CAP}, "custom_id": "late"}
+def test_a_line_over_the_cap_is_refused_alone_wherever_its_custom_id_sits_before_or_after_its_body(
+    tmp_path: Path,
+) -> None:
+    """The custom_id among the fields before the body or after it, in a line within one stored chunk or
+    spanning several, written with escapes or not: the line is refused alone under it, the others run."""
+    big, long = "p" * (2 * _CAP), "p" * (3 * _MIB)
+    escaped = (
+        b'{"method": "POST", "url": "/v1/completions", "body": {"prompt": "' + big.encode() + b'"}, '
+        rb'"custom\u005fid": "q\"uote\\", "n": 1.5e3, "ok": true}'
+    )
+    lines = [
+        jsonl([line("a")]),
+        jsonl([_ordered(line("mid", prompt=big), "method", "url", "custom_id")]),
+        jsonl([_ordered(line("last", prompt=big), "method", "url", "body")]),
+        jsonl([_ordered(line("spans-mid", prompt=long), "url", "custom_id")]),
+        jsonl([_ordered(line("spans-after", prompt=long), "body", "custom_id", "method")]),
+        escaped + b"\n",
+        jsonl([line("b")]),
+    ]
+    with served(tmp_path, more=f"caps: {{request_body_bytes: {_CAP}}}") as (_, client):
+        batch = wait_batch(client, _create(client, upload(client, b"".join(lines))), timeout=60)
+        out = results(client, batch.output_file_id)
+        err = results(client, batch.error_file_id)
+    assert batch.status == "completed" and batch.errors is None
+    assert [r["custom_id"] for r in out] == ["a", "b"]
+    assert [(r["custom_id"], r["response"]["status_code"]) for r in err] == [
+        ("mid", 413),
+        ("last", 413),
+        ("spans-mid", 413),
+        ("spans-after", 413),
+        ('q"uote\\', 413),
+    ]
+    assert all(r["response"]["body"]["error"]["code"] == "request_too_large" for r in err)
+    assert "(line 5 of the input file)" in err[3]["response"]["body"]["error"]["message"]
+
+
+def test_a_line_over_the_cap_whose_custom_id_cannot_be_found_fails_the_batch(tmp_path: Path) -> None:
+    big = "p" * _CAP
+    # A custom_id inside the body is not the line's; nor is one between two object values, found by neither end.
+    nested = {"method": "POST", "body": {"custom_id": "inner", "prompt": big}, "url": "/v1/completions"}
+    between = {"method": "POST", "url": "/v1/completions", "body": {"prompt": big}, "custom_id": "x", "metadata": {}}
     cases = {
-        "custom_id last": (jsonl([line("a"), no_id_first, line("b")]), [("line_too_large", 2)]),
+        "custom_id nested in the body": (jsonl([line("a"), nested, line("b")]), [("line_too_large", 2)]),
+        "custom_id between two objects": (jsonl([line("a"), between]), [("line_too_large", 2)]),
         # Its errors are still the whole file's: the lines after it are checked as ever.
         "not JSON, then more errors": (
             jsonl([line("a")]) + b"x" * (3 * _MIB) + b"\n" + jsonl([line("b"), line("a")]) + b"{nope\n",
             [("line_too_large", 2), ("duplicate_custom_id", 4), ("invalid_json_line", 5)],
         ),
-        # Its custom_id is read, and counts as any line's.
+        # Its custom_id is read, at either end, and counts as any line's.
         "custom_id used again": (jsonl([_exactly("x", _CAP + 1), line("x")]), [("duplicate_custom_id", 2)]),
+        "custom_id last used again": (
+            jsonl([line("y"), _ordered(line("y", prompt=big), "body")]),
+            [("duplicate_custom_id", 2)],
+        ),
     }
+    messages: dict[str, list[str]] = {}
     with served(tmp_path, more=f"caps: {{request_body_bytes: {_CAP}}}") as (_, client):
         for name, (data, expected) in cases.items():
             batch = wait_batch(client, _create(client, upload(client, data)))
             assert batch.status == "failed", name
             assert [(e.code, e.line) for e in batch.errors.data] == expected, name
-    message = [e.message for e in batch.errors.data]
-    assert message == ["The custom_id 'x' is used by an earlier line"]
+            messages[name] = [e.message for e in batch.errors.data]
+    assert messages["custom_id used again"] == ["The custom_id 'x' is used by an earlier line"]
+    assert messages["custom_id last used again"] == ["The custom_id 'y' is used by an earlier line"]
+    size = len(json.dumps(nested))
+    assert messages["custom_id nested in the body"] == [
+        f"This line has {size} bytes, more than the {_CAP} caps.request_body_bytes allows (line 2 of the input "
+        "file), and has no custom_id (a string) where the gateway looks for one in a line it does not hold whole: "
+        "among its fields before its first object or array value, or after its last one within its last 65536 bytes"
+    ]
 
 
 def test_a_line_stored_under_a_larger_cap_is_refused_unread_when_it_runs(

@@ -1,8 +1,9 @@
 """A batch's lines take at most `batches.quota_share` of a shared quota (an alias's, a provider's): with a
 provider's rpm of N and a share of 0.5, a batch of many lines takes half of the burst and waits, and the
 interactive requests made meanwhile find the other half; a share of 1 lets the batch take it all, as before
-there was a share. In one process's state and in Redis. A line that a share could never hold is refused
-(400, in the error file) rather than kept waiting for room that never comes."""
+there was a share; a share of less than one request lets one line through at a time, while the bucket is
+otherwise empty. In one process's state and in Redis. A line needing more tokens than a share could ever
+hold is refused (400, in the error file) rather than kept waiting for room that never comes."""
 
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ def _share_run(
     with GatewayThread(_configured(tmp_path, share, rds, scope=scope), ENV) as gw:
         client = sdk(gw.url, EVAL_KEY)
         batch_id = start(client, lines)
-        part = int(RPM * share)
+        part = max(int(RPM * share), 1)  # a share of less than one request holds one
         wait_batch(client, batch_id, lambda b: b.request_counts is not None and b.request_counts.completed >= part)
         time.sleep(0.5)  # the lines refused meanwhile are put back and tried again: none may get through
         taken = _completed(client, batch_id)
@@ -111,22 +112,36 @@ def test_a_share_of_1_lets_a_batch_take_the_whole_burst(
     assert after == RPM
 
 
+@pytest.mark.parametrize("where", ["in-process", "redis"])
+def test_a_share_of_less_than_one_request_lets_one_line_through_and_interactive_requests_get_the_rest(
+    tmp_path: Path, request: pytest.FixtureRequest, where: str
+) -> None:
+    rds = request.getfixturevalue("rds") if where == "redis" else None
+    taken, after, statuses = _share_run(tmp_path, 0.1, rds, "fast")  # 0.6 of a request of the burst of six
+    assert taken == 1
+    assert statuses == [200] * (RPM - 1) + [429], statuses
+    assert after == 1
+
+
 def test_a_line_no_share_can_ever_hold_is_refused_at_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Half of a tpm of 200 is 100 tokens: a line asking for 150 max_tokens is refused as a request over a
-    whole limit is, naming the field to lower; half of an rps of 1 holds no request: a line there is refused
-    naming its model, and the gateway warned of it as it loaded the config. The other line runs, and
+    whole limit is, naming the field to lower. Half of an rps of 1 is less than one request: the lines there
+    go through one a second, and the gateway said so as it loaded the config. The other lines run, and
     interactive requests of either size are answered."""
     tiny = "  tiny: {kind: fake, models: [text], limits: {rps: 1}}"
     path = _configured(tmp_path, 0.5, None, limits="tpm: 200", provider=tiny)
     lines = [
         line("big", max_tokens=150),
         line("small"),
-        line("tiny", model="tiny/text"),
+        *(line(f"tiny-{i}", model="tiny/text") for i in range(3)),
     ]
     with GatewayThread(path, ENV) as gw:
         client = sdk(gw.url, EVAL_KEY)
+        began = time.monotonic()
         batch = wait_batch(client, start(client, lines))
+        took = time.monotonic() - began
         out, err = results(client, batch.output_file_id), results(client, batch.error_file_id)
+        time.sleep(1.1)  # the last line's request drains from the rps of 1
         with httpx.Client(base_url=gw.url, timeout=30) as http:
             own = [
                 http.post(
@@ -137,24 +152,20 @@ def test_a_line_no_share_can_ever_hold_is_refused_at_once(tmp_path: Path, caplog
                 for model, tokens in (("fast", 100), ("tiny/text", 5))
             ]
     assert batch.status == "completed"
-    assert [o["custom_id"] for o in out] == ["small"]
+    assert [o["custom_id"] for o in out] == ["small", "tiny-0", "tiny-1", "tiny-2"]
+    assert took >= 2, "one line a second through the rps of 1"
     refused = {e["custom_id"]: e["response"] for e in err}
-    assert sorted(refused) == ["big", "tiny"]
-    big, tiny = refused["big"], refused["tiny"]
+    assert sorted(refused) == ["big"]
+    big = refused["big"]
     assert (big["status_code"], big["body"]["error"]["code"], big["body"]["error"]["param"]) == (
         400,
         "exceeds_token_limit",
         "max_tokens",
     )
     assert "quota_share" in big["body"]["error"]["message"]
-    assert (tiny["status_code"], tiny["body"]["error"]["code"], tiny["body"]["error"]["param"]) == (
-        400,
-        "exceeds_request_limit",
-        "model",
-    )
     assert own == [200, 200]
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "quota_share" in r.message]
     assert warned == [
         "batches.quota_share 0.5 leaves batch lines less than one request of the rps limit of 1 for provider:tiny: "
-        "its lines are refused (400 exceeds_request_limit)"
+        "its lines go one at a time, each only while nothing else holds that bucket"
     ]

@@ -10,7 +10,7 @@ import httpx
 
 from tests.helpers.servers import GatewayThread
 
-from .conftest import ENV, EVAL_KEY, config, interactive, line, results, sdk, start, wait_batch
+from .conftest import ADMIN_KEY, ENV, EVAL_KEY, OTHER_KEY, config, interactive, line, results, sdk, start, wait_batch
 
 LINES = 12
 RPM = 20  # the key's own limit: a burst of 20, then one every 3 s
@@ -79,3 +79,53 @@ def test_a_batch_leaves_its_teams_whole_rate_limit_to_its_interactive_requests(t
     assert requeued == 0
     # The team's whole burst, and no more: the team's bucket holds the interactive requests.
     assert statuses == [200] * RPM + [429], statuses
+
+
+def test_a_keys_own_batch_limits_stand_in_for_batches_limits(tmp_path: Path) -> None:
+    """`batches.limits` holds every key's lines to rpm 2; the eval key's `batch_limits` lets its lines run at
+    rps 100, while the other key's lines still take two and wait 30 s for each one after."""
+    mine = '{name: eval, key: "${BATCH_EVAL_KEY}"}'
+    text = config(f"sqlite:///{tmp_path / 'ledger.db'}", concurrency=8, extra=", limits: {rpm: 2}")
+    path = tmp_path / "config.yaml"
+    path.write_text(text.replace(mine, mine[:-1] + ", batch_limits: {rps: 100}}"))
+    lines = [line(f"r-{i}", prompt=f"p {i}") for i in range(LINES)]
+    with GatewayThread(path, ENV) as gw:
+        client, other = sdk(gw.url, EVAL_KEY), sdk(gw.url, OTHER_KEY)
+        others = start(other, lines[:4])
+        wait_batch(other, others, lambda b: b.request_counts is not None and b.request_counts.completed >= 2)
+        batch = wait_batch(client, start(client, lines), timeout=20)
+        out = results(client, batch.output_file_id)
+        slow = other.batches.retrieve(others)
+        other.batches.cancel(others)
+    assert batch.status == "completed" and batch.error_file_id is None
+    assert [o["custom_id"] for o in out] == [x["custom_id"] for x in lines]
+    assert slow.request_counts is not None and slow.request_counts.completed == 2, slow.request_counts
+
+
+def test_a_runtime_keys_batch_limits_stand_in_too_and_only_the_operator_sets_them(tmp_path: Path) -> None:
+    """A key made by the operator's `POST /admin/keys` with `batch_limits` runs its lines by them, not by
+    `batches.limits` (rpm 2); a team's admin may not set them (they would lift the operator's cap)."""
+    team_admin = "adm-team-evals-91f0"
+    text = config(
+        f"sqlite:///{tmp_path / 'ledger.db'}",
+        concurrency=8,
+        extra=", limits: {rpm: 2}",
+        more=f'teams: {{evals: {{admin_key: "{team_admin}"}}}}',
+    )
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    lines = [line(f"r-{i}", prompt=f"p {i}") for i in range(LINES)]
+    with GatewayThread(path, ENV) as gw:
+        with httpx.Client(base_url=gw.url, headers={"authorization": f"Bearer {ADMIN_KEY}"}) as adm:
+            made = adm.post("/admin/keys", json={"name": "big-evals", "batch_limits": {"rps": 100}})
+            listed = adm.get("/admin/keys").json()
+        with httpx.Client(base_url=gw.url, headers={"authorization": f"Bearer {team_admin}"}) as team:
+            refused = team.post("/admin/keys", json={"name": "sneaky", "batch_limits": {}})
+        assert made.status_code == 201, made.text
+        client = sdk(gw.url, made.json()["secret"])
+        batch = wait_batch(client, start(client, lines), timeout=20)
+    assert batch.status == "completed" and batch.request_counts.completed == LINES
+    assert made.json()["key"]["batch_limits"]["rps"] == 100
+    assert [k["batch_limits"]["rps"] for k in listed["keys"] if k["name"] == "big-evals"] == [100]
+    assert refused.status_code == 403
+    assert (refused.json()["error"]["code"], refused.json()["error"]["param"]) == ("beyond_team", "batch_limits")

@@ -56,8 +56,11 @@ async def either(request: pytest.FixtureRequest) -> AsyncIterator[Limiter]:
 
 
 # rpm 10 at 0.5: 5 units; 0.3 is read as the decimal written (3 of 10, not the float just below 0.3, which
-# would leave 2); rpm 7 at 0.5: 3 (3.5 rounded down); 1.0 is the whole bucket.
-@pytest.mark.parametrize(("limit", "share", "part"), [(10, 0.5, 5), (10, 0.3, 3), (7, 0.5, 3), (9, 1.0, 9)])
+# would leave 2); rpm 7 at 0.5: 3 (3.5 rounded down); 1.0 is the whole bucket. A share of less than one unit
+# (rpm 10 at 0.05, rpm 1 at 0.5) holds one: a line goes through while the bucket is empty.
+@pytest.mark.parametrize(
+    ("limit", "share", "part"), [(10, 0.5, 5), (10, 0.3, 3), (7, 0.5, 3), (9, 1.0, 9), (10, 0.05, 1), (1, 0.5, 1)]
+)
 async def test_a_share_admits_exactly_its_part_and_leaves_the_rest_to_the_whole_view(
     either: Limiter, limit: int, share: float, part: int
 ) -> None:
@@ -112,6 +115,32 @@ async def test_a_concurrency_share_holds_its_part_of_the_slots(either: Limiter) 
     assert not (await either.acquire([batch], 0)).allowed
 
 
+async def test_a_share_of_less_than_one_unit_admits_only_into_an_empty_bucket(either: Limiter) -> None:
+    """rpm 10 at 0.05 is half a request: the share holds one, and only while nothing else is in the bucket."""
+    whole = Bucket(scope(), "rpm", 10)  # one unit every 6 s: nothing drains within the test
+    batch = through(whole, 0.05)
+    assert (await either.acquire([whole], 0)).allowed
+    refused = await either.acquire([batch], 0)
+    assert not refused.allowed
+    # The interactive request's unit must drain first: one emission interval.
+    assert 5_000 <= refused.retry_after_ms <= 6_000
+    assert [(await either.acquire([whole], 0)).allowed for _ in range(10)] == [True] * 9 + [False]
+
+
+async def test_a_concurrency_share_of_less_than_one_slot_holds_one_while_none_is_held(either: Limiter) -> None:
+    slots = Bucket(scope(), "concurrent", 3)
+    batch = through(slots, 0.2)  # 0.6 of a slot
+    other = await either.acquire([slots], 0)
+    assert other.allowed
+    assert not (await either.acquire([batch], 0)).allowed
+    await either.release([slots], other.lease)
+    line = await either.acquire([batch], 0)
+    assert line.allowed
+    assert not (await either.acquire([batch], 0)).allowed
+    # The whole view still finds the other two slots.
+    assert [(await either.acquire([slots], 0)).allowed for _ in range(3)] == [True, True, False]
+
+
 async def test_a_set_is_refused_whole_when_one_share_is_full(either: Limiter) -> None:
     """All or nothing, as ever: a batch's own bucket (seen whole) is not charged when a shared one refuses."""
     own = Bucket(scope(), "rpm", 100)
@@ -150,7 +179,12 @@ async def test_the_in_process_twin_decides_shares_like_the_script(rds: RedisServ
     rpm7, tpd = Bucket(s, "rpm", 7), Bucket(s, "tpd", 8640)
     slots = Bucket(s + "c", "concurrent", 3)
     # Each bucket whole and through shares (0.3 of 8640 tokens a day is 2592: the decimal, exactly).
-    pool = [rpm7, through(rpm7, 0.5), tpd, through(tpd, 0.3), slots, through(slots, 0.7), Bucket(s + "b", "rpm", 9)]
+    # A share of less than one request holds one (rpm 2 at 0.25, 3 slots at 0.2).
+    rpm2 = Bucket(s + "t", "rpm", 2)
+    pool = [
+        *(rpm7, through(rpm7, 0.5), tpd, through(tpd, 0.3), slots, through(slots, 0.7), Bucket(s + "b", "rpm", 9)),
+        *(rpm2, through(rpm2, 0.25), through(slots, 0.2)),
+    ]
     shared = SharedState(rds.url)
     remote = Limiter(shared, fail_open=False)
     clock = Clock()
