@@ -438,7 +438,8 @@ CODES: Final[dict[str, str]] = {
     "unsupported_logprobs_shape": "the upstream's logprobs cannot carry what was asked (echoed prompt) (502)",
     "upstream_event_too_large": "one upstream stream event is larger than caps.upstream_event_bytes (502)",
     "upstream_stream_idle": (
-        "an upstream stream sent more than caps.upstream_idle_stream_bytes with nothing for the client (502)"
+        "an upstream stream sent more than caps.upstream_idle_stream_bytes, or went on longer than"
+        " timeouts.stream_idle_ms, with nothing for the client (502)"
     ),
     "upstream_answer_too_large": (
         "the upstream's answer is larger than a caps.upstream_* cap, or came after too many interim answers (502)"

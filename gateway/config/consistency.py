@@ -82,7 +82,7 @@ _DAY = ": it is never reached"
 def _pairs(cfg: GatewayConfig, providers: Mapping[str, ProviderConfig], data: Any) -> Iterator[Pair]:
     """Each written setting that may not exceed another, with that other; `block_problem` refuses the first above."""
     for path, t in _blocks(cfg, providers, "timeouts"):
-        for phase in ("connect_ms", "first_byte_ms"):
+        for phase in ("connect_ms", "first_byte_ms", "stream_idle_ms"):
             if phase in _raw(data, path):
                 yield f"{path}.{phase}", getattr(t, phase), "total_ms", t.total_ms, ", which bounds the whole call"
     for path, r in _blocks(cfg, providers, "retries"):

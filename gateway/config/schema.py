@@ -74,6 +74,10 @@ class TimeoutsConfig(Strict, frozen=True):
     connect_ms: Annotated[int, Meta(gt=0)] = 5_000
     first_byte_ms: Annotated[int, Meta(gt=0)] = 120_000
     total_ms: Annotated[int, Meta(gt=0)] = 600_000
+    # A stream's time since its last event that carried anything for the client, looked at when a keep-alive or
+    # an ignored event comes (silence alone is `first_byte_ms`'s). Unset: `first_byte_ms`, so keep-alives buy a
+    # stream no more time than silence would.
+    stream_idle_ms: Annotated[int, Meta(gt=0)] | None = None
 
 
 class LoggingConfig(Strict, frozen=True):

@@ -88,6 +88,11 @@ MEANINGS: dict[str, str] = {
     "timeouts.first_byte_ms": "wait for the first byte, and for every later read of a stream; set above `total_ms` is "
     "refused",
     "timeouts.total_ms": "the whole upstream call; a request's `inference_timeout` (seconds) can only shorten it",
+    "timeouts.stream_idle_ms": "a stream's time since its last event that carried anything for the client (text, a "
+    "choice, usage, a finish), looked at when a keep-alive, comment or ignored event arrives (silence alone is "
+    "`first_byte_ms`'s); beyond it the stream fails as the upstream's fault (`upstream_stream_idle`, 502 before the "
+    "first event, an error event after it), retried, failed over or resumed like a broken stream; set above "
+    "`total_ms` is refused",
     "retries.attempts": "upstream calls per request, across targets and fallbacks",
     "retries.initial_backoff_ms": "first backoff when retrying the same target without a Retry-After; set above "
     "`max_backoff_ms` is refused",
@@ -249,6 +254,7 @@ MEANINGS: dict[str, str] = {
 # The default column where the type's own default ("unset") would say too little.
 DEFAULTS: dict[str, str] = {
     "retries.same_target": "unset (1)",
+    "timeouts.stream_idle_ms": "`first_byte_ms`",
     "providers.<name>.base_url": "the kind's public URL",
     "providers.<name>.api_version": "`2024-10-21` (azure)",
     "providers.<name>.default_max_tokens": "the kind's default",

@@ -454,7 +454,7 @@ class Attempt:
             wait = route.adapter.exhausted_for(stream.headers)
             if wait is not None:
                 await self._quota_used_up(wait)
-            events = upstream_events(parse, framing, stream, ctx, self.services.caps)
+            events = upstream_events(parse, framing, stream, ctx, self.services.caps, self.timeouts.stream_idle)
             try:
                 first = await anext(events, None)
                 # Events that carry nothing for the client (Azure's prompt-filter chunk) are not a start.

@@ -141,31 +141,31 @@ class Stream:
     def __init__(self, provider: str, resp: Reply, target: str | None = None) -> None:
         self.provider = provider
         self.target = target
-        self._resp = resp
+        self.reply = resp  # the transport's answer (`Reply.last_wait` times an idle stream)
         self.status = resp.status
         self.headers: Mapping[str, str] = resp.headers
 
     async def read_all(self) -> bytes:
         try:
-            return await self._resp.read()
+            return await self.reply.read()
         except h1.FAILURES as exc:
             raise map_transport_error(exc, self.provider, self.target) from None
 
     def chunks(self) -> AsyncGenerator[bytes, None]:
         """The body as it arrives; a transport failure raises the gateway error naming this stream's target."""
-        return self._resp.iter_chunks(self._failed)
+        return self.reply.iter_chunks(self._failed)
 
     def _failed(self, exc: BaseException) -> BaseException:
         return map_transport_error(exc, self.provider, self.target)
 
     def settle(self) -> None:
         """The upstream sent its end-of-stream event: nothing after it is read (`Reply.settle`)."""
-        self._resp.settle()
+        self.reply.settle()
 
     def close(self) -> None:
         # A fully read connection goes back to the pool; one cut short is closed, which is also how a
         # client disconnect reaches the upstream.
-        self._resp.release()
+        self.reply.release()
 
     async def __aenter__(self) -> Stream:
         return self

@@ -75,6 +75,7 @@ class Response:
         "_read_timeout",
         "_pausable",
         "_max_body",
+        "last_wait",
     )
 
     def __init__(self, conn: Carrier, deadline: float, read_timeout: float, max_body: int = MAX_BODY) -> None:
@@ -96,6 +97,7 @@ class Response:
         # Only a relayed stream may pause the socket: a buffered read() must take in the whole body.
         self._pausable = True
         self._max_body = max_body
+        self.last_wait = 0.0  # `Reply.last_wait`
 
     # -- fed by the connection -----------------------------------------------------------------
 
@@ -140,7 +142,8 @@ class Response:
         return self._done and not self._chunks and self._error is None
 
     async def _wait(self) -> None:
-        remaining = self._deadline - time.monotonic()
+        now = self.last_wait = time.monotonic()
+        remaining = self._deadline - now
         timeout = min(self._read_timeout, remaining)
         if timeout <= 0:
             raise TimeoutError("total_timeout")

@@ -239,6 +239,7 @@ class HttpxReply:
         self._read_s = read_s
         self._limit = limit
         self._done = False
+        self.last_wait = 0.0  # `Reply.last_wait`
 
     async def _pieces(self) -> AsyncIterator[bytes]:
         decoder = _decoder(self.headers)
@@ -248,7 +249,8 @@ class HttpxReply:
         assert isinstance(stream, httpx.AsyncByteStream)
         raw = aiter(stream)
         while True:
-            remaining = self._deadline - time.monotonic()
+            now = self.last_wait = time.monotonic()
+            remaining = self._deadline - now
             if remaining <= 0:
                 raise TimeoutError("total_timeout")
             try:

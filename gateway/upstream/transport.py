@@ -7,6 +7,7 @@ types without importing the client.
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncGenerator, Mapping
 from typing import Protocol
 
@@ -21,16 +22,20 @@ class Timeouts(msgspec.Struct, frozen=True):
     connect: float
     first_byte: float  # bounds the wait for the first byte and every later read of a stream
     total: float
+    # A stream's time since its last event that carried anything for the client: the reader of its events
+    # applies it (gateway/path/events.py), not the transport. Built without a config (a probe): none.
+    stream_idle: float = math.inf
 
     @classmethod
     def of(cls, cfg: TimeoutsConfig) -> Timeouts:
-        return cls(cfg.connect_ms / 1000, cfg.first_byte_ms / 1000, cfg.total_ms / 1000)
+        idle = cfg.first_byte_ms if cfg.stream_idle_ms is None else cfg.stream_idle_ms
+        return cls(cfg.connect_ms / 1000, cfg.first_byte_ms / 1000, cfg.total_ms / 1000, idle / 1000)
 
     def capped(self, total: float | None) -> Timeouts:
         """The request's own `inference_timeout` can only shorten the deadline, never extend it."""
         if total is None or total >= self.total:
             return self
-        return Timeouts(min(self.connect, total), min(self.first_byte, total), total)
+        return Timeouts(min(self.connect, total), min(self.first_byte, total), total, self.stream_idle)
 
 
 class Response(msgspec.Struct):
@@ -51,6 +56,12 @@ class Reply(Protocol):
 
     @property
     def headers(self) -> Mapping[str, str]: ...
+
+    @property
+    def last_wait(self) -> float:
+        """`time.monotonic()` when the reader last began to wait for more of the body (0.0 before it ever did):
+        the clock reading each wait takes anyway, for a stream's idle time (gateway/path/events.py)."""
+        ...
 
     async def read(self) -> bytes: ...
 

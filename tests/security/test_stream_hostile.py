@@ -37,9 +37,10 @@ MiB: Final = 1024 * 1024
 MODEL: Final = "up/davinci-002"
 BOM: Final = b"\xef\xbb\xbf"
 
+# The idle time is left to `total_ms`: a flood parsed on a loaded machine may take longer than `first_byte_ms`.
 CONFIG: Final = """
 server: {{host: 127.0.0.1, port: 0}}
-timeouts: {{connect_ms: 2000, first_byte_ms: {first_byte}, total_ms: {total}}}
+timeouts: {{connect_ms: 2000, first_byte_ms: {first_byte}, total_ms: {total}, stream_idle_ms: {total}}}
 retries: {{attempts: 1}}
 caps: {{upstream_idle_stream_bytes: {idle}}}
 providers:

@@ -42,12 +42,12 @@ FLOODS: Final = {
 
 CONFIG: Final = """
 server: {{host: 127.0.0.1, port: 0}}
-timeouts: {{connect_ms: 2000, first_byte_ms: 5000, total_ms: {total}}}
+timeouts: {{connect_ms: 2000, first_byte_ms: 5000, total_ms: {total}{timeouts}}}
 retries: {{attempts: 2, same_target: 0, initial_backoff_ms: 0, max_backoff_ms: 0}}
 cooldown: {{min_requests: 100}}
 {caps}
 providers:
-  flood: {{kind: openai, api_key: sk-idle, base_url: '{url}/flood/v1', transport: {transport}}}
+  flood: {{kind: openai, api_key: sk-idle, base_url: '{url}/flood/v1', transport: {transport}{own}}}
   whole: {{kind: openai, api_key: sk-idle, base_url: '{url}/whole/v1', transport: {transport}}}
 models:
   - name: ordered
@@ -105,8 +105,25 @@ def access() -> Iterator[Lines]:
         yield lines
 
 
-def serve(tmp_path: Path, up: Upstream, transport: str = "h1", caps: str = "") -> Any:
-    config = CONFIG.format(url=up.url, transport=transport, total=TOTAL_MS, caps=f"caps: {{{caps}}}" if caps else "")
+def serve(
+    tmp_path: Path,
+    up: Upstream,
+    transport: str = "h1",
+    caps: str = "",
+    timeouts: str = "",
+    total: int = TOTAL_MS,
+    flood_timeouts: str = "",
+) -> Any:
+    """The gateway for these upstreams; `timeouts`: more of the global block, `flood_timeouts`: the `flood`
+    provider's own block (which replaces the global one for direct requests to it)."""
+    config = CONFIG.format(
+        url=up.url,
+        transport=transport,
+        total=total,
+        timeouts=f", {timeouts}" if timeouts else "",
+        caps=f"caps: {{{caps}}}" if caps else "",
+        own=f", timeouts: {{{flood_timeouts}}}" if flood_timeouts else "",
+    )
     return serve_config(tmp_path, config)
 
 

@@ -97,6 +97,10 @@ def error(text: str) -> str:
             "providers.x.timeouts.first_byte_ms: 20000 is above total_ms 10000, which bounds the whole call",
         ),
         (
+            "providers: {x: {kind: fake, timeouts: {stream_idle_ms: 20000, total_ms: 10000}}}",
+            "providers.x.timeouts.stream_idle_ms: 20000 is above total_ms 10000, which bounds the whole call",
+        ),
+        (
             P + "models: [{name: a, targets: [{model: x/y}], timeouts: {connect_ms: 9000, total_ms: 8000}}]",
             "models[0].timeouts.connect_ms: 9000 is above total_ms 8000, which bounds the whole call",
         ),
@@ -156,6 +160,8 @@ def test_contradictions_are_refused_in_one_line_naming_the_path(text: str, expec
         "ledger: {url: 'sqlite:///gw.db', queue_rows: 10}",
         # Equal is no contradiction.
         "timeouts: {connect_ms: 5000, first_byte_ms: 5000, total_ms: 5000}",
+        # A stream that sends keep-alives may be given longer without progress than a silent one.
+        "timeouts: {first_byte_ms: 5000, stream_idle_ms: 60000, total_ms: 60000}",
         "keys: [{name: a, key: k, max_cost_per_day: 5, max_cost_per_month: 5}]",
         # A Redis store's values are bounded by Redis, not by the memory store's max_bytes.
         "redis: {url: 'redis://127.0.0.1:6379'}\ncache: {store: redis, max_bytes: 1048576, max_entry_bytes: 8388608}",
