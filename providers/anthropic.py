@@ -307,8 +307,9 @@ class AnthropicAdapter(OpenAIChat):
         kind = ev.type or event
         if kind == "content_block_delta":
             d = ev.delta
-            # thinking_delta, signature_delta and input_json_delta are not completion text.
+            # thinking_delta, signature_delta and input_json_delta are not completion text, but the model's work.
             if d is None or d.type != "text_delta" or not d.text:
+                ctx.working += 1
                 return None
             return ctx.single(d.text, None)
         stop = self._bookkeeping(kind, ev, data, ctx)

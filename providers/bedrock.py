@@ -364,8 +364,9 @@ class BedrockAdapter(OpenAIChat):
             self._raise_exception_event(event, data)
         if event == "contentBlockDelta":
             ev = _decode_event(data)
-            # reasoningContent and toolUse deltas carry no `text`.
+            # reasoningContent and toolUse deltas carry no `text`, but are the model's work.
             if ev.delta is None or not ev.delta.text:
+                ctx.working += 1
                 return None
             return ctx.single(ev.delta.text, None)
         if event == "messageStop":

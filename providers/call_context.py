@@ -40,6 +40,9 @@ class CallContext(msgspec.Struct):
     # `message_stop`): the stream ends with that event's chunk, if any, whether or not the body does
     # (gateway/path/events.py). `data: [DONE]` ends every kind's stream without it.
     ended: bool = False
+    # Counted by a stream-event parser for model output the route leaves out (a thinking delta on
+    # /v1/completions): the model is working, so the idle caps (gateway/path/events.py) do not end its stream.
+    working: int = 0
 
     def completion(
         self, choices: list[Choice], usage: Usage | None = None, system_fingerprint: str | None = None

@@ -248,8 +248,9 @@ class CohereAdapter(OpenAIChat):
         if kind == "content-delta":
             content = d.message.content if d is not None and d.message is not None else None
             text = content.get("text") if isinstance(content, dict) else None
-            # A reasoning model's `thinking` deltas have no text.
+            # A reasoning model's `thinking` deltas have no text, but are its work.
             if not isinstance(text, str) or not text:
+                ctx.working += 1
                 return None
             return ctx.single(text, None)
         if kind == "message-end":

@@ -67,6 +67,7 @@ async def upstream_events(
     at = reply.last_wait
     spell = -1  # `mark` when the current idle spell's start was taken
     since = 0.0
+    working = ctx.working
     async for chunk in chunks:
         for event, data in decoder.feed(chunk):
             if data == END:
@@ -87,6 +88,10 @@ async def upstream_events(
                     mark = decoder.fed
                 yield c
         idle = decoder.fed - mark
+        if idle and ctx.working != working:  # the model worked on what this route leaves out (its thinking)
+            working = ctx.working
+            mark = decoder.fed
+            idle = 0
         if not idle:
             at = reply.last_wait
             continue
