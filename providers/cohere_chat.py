@@ -40,7 +40,7 @@ from wire.chat import (
     ToolMessage,
     UserMessage,
 )
-from wire.errors import InvalidRequestError
+from wire.errors import InvalidRequestError, shown
 from wire.schema import Usage
 
 # Cohere's finish words that end a turn of tool calls.
@@ -68,7 +68,7 @@ def tool_choice(body: dict[str, Any], choice: str | dict[str, Any]) -> None:
         narrowed = [t for t in body.get("tools", ()) if t["function"]["name"] == name]
         if not narrowed:
             raise InvalidRequestError(
-                f"'tool_choice' names function '{name}', which is not one of the tools",
+                f"'tool_choice' names function '{shown(name)}', which is not one of the tools",
                 param="tool_choice",
                 code="invalid_value",
             )
