@@ -7,8 +7,9 @@ Answers: `text` blocks join into the content, `thinking` blocks into `reasoning_
 `redacted_thinking` ones, signed, into `thinking_blocks`: providers/thinking.py), `tool_use` blocks become
 `tool_calls`. Streams: `thinking_delta` pieces are `reasoning_content` deltas;
 `message_start` gives the role chunk, a `tool_use` block's start its `id` and `name` (its tool-call index
-counts tool blocks only), `input_json_delta` the arguments' pieces as sent, `message_delta` the finish
-reason and usage. What maps to what: docs/chat.md; the recordings: tests/fixtures/SOURCES.md.
+counts tool blocks started, under a repeated block index too: providers/call_cap.py), `input_json_delta` the
+arguments' pieces as sent, `message_delta` the finish reason and usage. What maps to what: docs/chat.md;
+the recordings: tests/fixtures/SOURCES.md.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import msgspec
 
 from providers import thinking
 from providers.base import EMULATED, CallContext, Param, Table, stop_list, table
-from providers.call_cap import room_for_call
+from providers.call_cap import stream_calls
 from providers.chat_parts import answer_message, assistant_text, call_arguments
 from wire.chat import (
     AssistantMessage,
@@ -236,16 +237,18 @@ def chat_answer(
 
 def chat_delta(index: int | None, block: Block | None, delta: BlockDelta | None, ctx: CallContext) -> ChatChunk | None:
     """A `content_block_start` (`block` set) or `content_block_delta` (`delta` set) as a chat chunk."""
-    calls: dict[int, int] = ctx.state.setdefault("tool_index", {})
+    calls = stream_calls(ctx.state)
     if block is not None:
-        if block.type == "redacted_thinking":
-            return chat_chunk(ctx, Delta(thinking_blocks=[RedactedThinkingBlock(block.data)]))
         if block.type != "tool_use":
+            calls.other(index)  # its index's pieces are no longer an earlier call's arguments
+            if block.type == "redacted_thinking":
+                return chat_chunk(ctx, Delta(thinking_blocks=[RedactedThinkingBlock(block.data)]))
             return None  # a text block's text comes in its deltas
-        room_for_call(calls)
-        calls[index if index is not None else -1] = len(calls)
         start = ToolCallDelta(
-            index=len(calls) - 1, id=block.id, type="function", function=FunctionDelta(name=block.name, arguments="")
+            index=calls.start(index),
+            id=block.id,
+            type="function",
+            function=FunctionDelta(name=block.name, arguments=""),
         )
         return chat_chunk(ctx, Delta(tool_calls=[start]))
     if delta is None:
@@ -259,7 +262,7 @@ def chat_delta(index: int | None, block: Block | None, delta: BlockDelta | None,
         thinking.signature(ctx, index, delta.signature)
         return None
     if delta.type == "input_json_delta" and delta.partial_json:
-        at = calls.get(index if index is not None else -1)
+        at = calls.of(index)
         if at is None:
             return None  # arguments of a block that never started: nothing to attach them to
         return chat_chunk(

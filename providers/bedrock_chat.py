@@ -23,7 +23,7 @@ import msgspec
 
 from providers import thinking
 from providers.base import EMULATED, CallContext, Param, Table, out_of_range, stop_list, table
-from providers.call_cap import room_for_call
+from providers.call_cap import stream_calls
 from providers.chat_parts import answer_message, assistant_text, call_arguments
 from providers.openai_chat import chat_finish
 from wire.chat import (
@@ -339,7 +339,7 @@ def chat_event(event: str | None, data: bytes, ctx: CallContext) -> ChatChunk | 
         if d.text:
             return _chunk(ctx, Delta(content=d.text))
         if d.tool_use is not None and d.tool_use.input:
-            at = ctx.state.get("tool_index", {}).get(ev.content_block_index)
+            at = stream_calls(ctx.state).of(ev.content_block_index)
             if at is None:
                 return None  # arguments of a block that never started: nothing to attach them to
             piece = ToolCallDelta(index=at, function=FunctionDelta(arguments=d.tool_use.input))
@@ -357,11 +357,11 @@ def chat_event(event: str | None, data: bytes, ctx: CallContext) -> ChatChunk | 
     if event == "contentBlockStart":
         ev = _decode_event(data)
         use = ev.start.tool_use if ev.start is not None else None
+        calls = stream_calls(ctx.state)
         if use is None:
+            calls.other(ev.content_block_index)
             return None
-        calls: dict[int | None, int] = ctx.state.setdefault("tool_index", {})
-        room_for_call(calls)
-        calls[ev.content_block_index] = at = len(calls)
+        at = calls.start(ev.content_block_index)
         start = ToolCallDelta(
             index=at, id=use.tool_use_id, type="function", function=FunctionDelta(name=use.name, arguments="")
         )

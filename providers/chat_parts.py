@@ -10,7 +10,7 @@ import msgspec
 
 from providers.call_cap import held_calls
 from wire.chat import AssistantMessage, ChatMessage, TextPart, ThinkingBlocks, ToolCall
-from wire.errors import InvalidRequestError
+from wire.errors import InvalidRequestError, shown
 
 
 def assistant_text(m: AssistantMessage) -> str:
@@ -33,7 +33,7 @@ def call_arguments(call: ToolCall, provider: str) -> dict[str, Any]:
         args = None
     if not isinstance(args, dict):
         raise InvalidRequestError(
-            f"Tool call '{call.id}' has arguments that are not a JSON object, which {provider} requires",
+            f"Tool call '{shown(call.id)}' has arguments that are not a JSON object, which {provider} requires",
             param="messages",
             code="invalid_value",
         )

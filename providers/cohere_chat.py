@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from providers.base import CallContext
-from providers.call_cap import room_for_call
+from providers.call_cap import stream_calls
 from providers.call_ids import made_call_id
 from providers.chat_parts import answer_message, assistant_text
 from providers.finish import finish_reason
@@ -40,7 +40,7 @@ from wire.chat import (
     ToolMessage,
     UserMessage,
 )
-from wire.errors import InvalidRequestError
+from wire.errors import InvalidRequestError, shown
 from wire.schema import Usage
 
 # Cohere's finish words that end a turn of tool calls.
@@ -68,7 +68,7 @@ def tool_choice(body: dict[str, Any], choice: str | dict[str, Any]) -> None:
         narrowed = [t for t in body.get("tools", ()) if t["function"]["name"] == name]
         if not narrowed:
             raise InvalidRequestError(
-                f"'tool_choice' names function '{name}', which is not one of the tools",
+                f"'tool_choice' names function '{shown(name)}', which is not one of the tools",
                 param="tool_choice",
                 code="invalid_value",
             )
@@ -195,8 +195,7 @@ def chat_event(kind: str | None, index: int | None, message: Any, ctx: CallConte
             return _chunk(ctx, Delta(content=text))
         thinking = _field(message, "content", "thinking")  # a reasoning model's
         return _chunk(ctx, Delta(reasoning_content=thinking)) if isinstance(thinking, str) and thinking else None
-    calls: dict[int, int] = ctx.state.setdefault("tool_index", {})
-    at = index if index is not None else -1
+    calls = stream_calls(ctx.state)
     if kind == "tool-call-start":
         call = _field(message, "tool_calls")
         if isinstance(call, list):  # the SDK types it as one call; take a list of one as well
@@ -204,18 +203,17 @@ def chat_event(kind: str | None, index: int | None, message: Any, ctx: CallConte
         name = _field(call, "function", "name")
         if not isinstance(name, str):
             return None
-        room_for_call(calls)
-        calls[at] = len(calls)
+        at = calls.start(index)
         arguments = _field(call, "function", "arguments")
         function = FunctionDelta(name=name, arguments=arguments if isinstance(arguments, str) else "")
         call_id = _field(call, "id")
         if not isinstance(call_id, str) or not call_id:
-            call_id = made_call_id(ctx, 0, calls[at])
-        start = ToolCallDelta(index=calls[at], id=call_id, type="function", function=function)
+            call_id = made_call_id(ctx, 0, at)
+        start = ToolCallDelta(index=at, id=call_id, type="function", function=function)
         return _chunk(ctx, Delta(tool_calls=[start]))
     if kind == "tool-call-delta":
         piece = _field(message, "tool_calls", "function", "arguments")
-        slot = calls.get(at)
+        slot = calls.of(index)
         if slot is None or not isinstance(piece, str) or not piece:
             return None  # arguments of a call that never started: nothing to attach them to
         return _chunk(ctx, Delta(tool_calls=[ToolCallDelta(index=slot, function=FunctionDelta(arguments=piece))]))

@@ -45,7 +45,7 @@ from wire.chat import (
     TopLogprob,
     UserMessage,
 )
-from wire.errors import InvalidRequestError, UnsupportedParamError
+from wire.errors import InvalidRequestError, UnsupportedParamError, shown
 from wire.schema import Usage
 
 # Between a tool call's id and the thought signature it carries (no base64 alphabet has `~`).
@@ -122,7 +122,7 @@ def _tool(m: ToolMessage, names: dict[str, str]) -> list[dict[str, Any]]:
     if name is None:
         # Gemini names a function's result by the function: it must answer a call made earlier.
         raise InvalidRequestError(
-            f"Tool message answers '{m.tool_call_id}', which no earlier assistant message calls; Gemini names "
+            f"Tool message answers '{shown(m.tool_call_id)}', which no earlier assistant message calls; Gemini names "
             "each tool result by its call's function",
             param="messages",
             code="invalid_value",

@@ -15,7 +15,7 @@ Anthropic, Bedrock, Gemini and Mistral refuse a conversation ending on the calls
 from __future__ import annotations
 
 from wire.chat import AssistantMessage, ChatRequest, ToolMessage
-from wire.errors import InvalidRequestError
+from wire.errors import SHOWN_CHARS, InvalidRequestError, shown
 
 _RULE = "refuses a conversation whose tool messages do not answer each call of their turn once"
 
@@ -51,7 +51,7 @@ def unanswered_result(req: ChatRequest, at: int, provider: str) -> InvalidReques
         else "answers no call: no assistant message before it has 'tool_calls'"
     )
     error = InvalidRequestError(
-        f"Invalid parameter: 'messages[{at}].tool_call_id' of '{m.tool_call_id}' {where}; provider '{provider}' "
+        f"Invalid parameter: 'messages[{at}].tool_call_id' of '{shown(m.tool_call_id)}' {where}; provider '{provider}' "
         "refuses a tool message that does not answer a call of the nearest assistant message with tool calls",
         param="messages.tool_call_id",
         code="invalid_value",
@@ -74,10 +74,11 @@ def _unreplied(req: ChatRequest, at: int) -> str:
     missing = [(j, call.id) for j, call in enumerate(m.tool_calls) if call.id not in answered]
     j, first = missing[0]
     return (
-        f"Invalid parameter: 'messages[{at}].tool_calls[{j}].id' of '{first}' has no tool message answering it; "
+        f"Invalid parameter: 'messages[{at}].tool_calls[{j}].id' of '{shown(first)}' has no tool message answering it; "
         "an assistant message with 'tool_calls' must be followed by tool messages responding to each "
         f"'tool_call_id'. The following tool_call_ids did not have response messages: "
-        + ", ".join(call_id for _, call_id in missing)
+        # Each id cut, and the list too: a turn may hold thousands of calls.
+        + shown(", ".join(shown(call_id) for _, call_id in missing), 8 * SHOWN_CHARS)
     )
 
 
@@ -90,7 +91,7 @@ def _repeated(req: ChatRequest, at: int) -> str:
         if isinstance(p := req.messages[k], ToolMessage) and p.tool_call_id == m.tool_call_id
     )
     return (
-        f"Invalid parameter: 'messages[{at}].tool_call_id' of '{m.tool_call_id}' answers the call that "
+        f"Invalid parameter: 'messages[{at}].tool_call_id' of '{shown(m.tool_call_id)}' answers the call that "
         f"messages[{first}] already answers; each call of a turn takes one tool message"
     )
 

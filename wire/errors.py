@@ -21,6 +21,14 @@ CLIENT_RETRY_AFTER_MAX_S = 60.0
 # Upstream statuses a retry of the same target may cure (`retries.same_target`): overload, a failed
 # instance, a rate limit. 408 and 504 are timeouts: the target is slow, the next one may not be.
 SAME_TARGET_STATUSES = frozenset({409, 429, 500, 502, 503, 529})
+# The most of a client's own text (an id, a name, a batch line's value) an error quotes: the text may be
+# megabytes long, and a batch keeps its errors and sends them with every read.
+SHOWN_CHARS: Final = 64
+
+
+def shown(text: str, most: int = SHOWN_CHARS) -> str:
+    """`text` as an error quotes it: cut to `most` characters, saying so."""
+    return text if len(text) <= most else text[:most] + "..."
 
 
 class GatewayError(Exception):

@@ -18,22 +18,12 @@ import msgspec
 
 from gateway.batches.custom_ids import TAIL_BYTES, find_id
 from gateway.batches.objects import BatchError
+from wire.errors import shown
 
 # OpenAI stops listing after this many; the batch fails on the first anyway.
 MAX_ERRORS: Final = 100
 # The longest model name the Batch object shows (a name this long is no route's: its line fails when it runs).
 MODEL_CHARS: Final = 256
-
-
-# The most of a line's value (a `custom_id`, a `url`) an error quotes: the errors are kept on the batch and
-# sent with every read and list of it, and a line may hold megabytes there.
-SHOWN_CHARS: Final = 64
-
-
-def _shown(value: Any) -> str:
-    """`value` as an error quotes it: its repr, cut to SHOWN_CHARS and saying so."""
-    text = repr(value)
-    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "..."
 
 
 class _Line(msgspec.Struct):
@@ -154,7 +144,7 @@ class Checker:
             fail("invalid_method", "The method must be POST", number, "method")
             return None
         if line.url != self.endpoint:
-            message = f"The url {_shown(line.url)} is not the batch's endpoint {self.endpoint!r}"
+            message = f"The url {shown(repr(line.url))} is not the batch's endpoint {self.endpoint!r}"
             fail("invalid_url", message, number, "url")
             return None
         body = bytes(line.body)
@@ -183,7 +173,8 @@ class Checker:
             fail("invalid_value", "This line's custom_id holds a NUL character", number, "custom_id")
             return False
         if cid in self.seen:
-            fail("duplicate_custom_id", f"The custom_id {_shown(cid)} is used by an earlier line", number, "custom_id")
+            message = f"The custom_id {shown(repr(cid))} is used by an earlier line"
+            fail("duplicate_custom_id", message, number, "custom_id")
             return False
         self.seen.add(cid)
         return True

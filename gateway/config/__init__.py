@@ -33,6 +33,7 @@ from gateway.config.loading import (
 from gateway.config.patterns import ModelNames
 from gateway.config.queue import QueueConfig, QueueWaitConfig
 from gateway.config.schema import (
+    QUEUE_MAX_MS,
     RATE_MAX,
     AdminConfig,
     AliasConfig,
@@ -96,6 +97,7 @@ __all__ = [
     "LedgerConfig",
     "BudgetUsd",
     "LimitsConfig",
+    "QUEUE_MAX_MS",
     "RATE_MAX",
     "LoadedConfig",
     "LoggingConfig",

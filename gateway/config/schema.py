@@ -58,6 +58,9 @@ class RedisConfig(Strict, frozen=True):
 # A rate at most this (a trillion per period): more limits nothing, and a number past a float's range would fail
 # every request of the key at admission.
 RATE_MAX: Final = 10**12
+# The longest a request may wait for room (a day): a client has long gone by then, and a larger wait would only
+# hold its connection and its queue slot.
+QUEUE_MAX_MS: Final = 86_400_000
 
 
 class LimitsConfig(Strict, frozen=True):
@@ -65,9 +68,9 @@ class LimitsConfig(Strict, frozen=True):
     rpm: Annotated[int, Meta(ge=1, le=RATE_MAX)] | None = None
     tpm: Annotated[int, Meta(ge=1, le=RATE_MAX)] | None = None
     tpd: Annotated[int, Meta(ge=1, le=RATE_MAX)] | None = None
-    concurrent: Annotated[int, Meta(ge=1)] | None = None
+    concurrent: Annotated[int, Meta(ge=1, le=RATE_MAX)] | None = None
     # Wait up to this long for room instead of answering 429 at once.
-    max_queue_ms: Annotated[int, Meta(ge=0)] = 0
+    max_queue_ms: Annotated[int, Meta(ge=0, le=QUEUE_MAX_MS)] = 0
 
 
 class TimeoutsConfig(Strict, frozen=True):

@@ -22,7 +22,7 @@ from typing import Any, Final
 
 import msgspec
 
-from gateway.config import RATE_MAX, LimitsConfig, ModelNames, Priority
+from gateway.config import QUEUE_MAX_MS, RATE_MAX, LimitsConfig, ModelNames, Priority
 from gateway.ledger.book import Ledger
 from gateway.ledger.engine import Cursor, LedgerDown
 from gateway.ledger.namespaces import YamlKeys, takes_yaml_name
@@ -38,7 +38,15 @@ _FIELDS: Final = (
 )
 # A key's share of a saturated server: weight, default priority, highest priority it may ask for.
 Share = tuple[float, "Priority | None", "Priority | None"]
-_RATES: Final = ("rps", "rpm", "tpm", "tpd")
+# Each bounded field of a key's `limits` and its bound (gateway/config/schema.py's).
+_BOUNDS: Final = {
+    "rps": RATE_MAX,
+    "rpm": RATE_MAX,
+    "tpm": RATE_MAX,
+    "tpd": RATE_MAX,
+    "concurrent": RATE_MAX,
+    "max_queue_ms": QUEUE_MAX_MS,
+}
 _BUMP: Final = "UPDATE counters SET value = value + 1 WHERE name = 'keys'"
 _SPACE: Final = "coalesce(team, '')"  # a key's namespace, as the unique index `api_keys_team_name` reads it
 
@@ -111,11 +119,11 @@ def _stored(limits: LimitsConfig | None) -> str | None:
 def _limits(stored: str | None) -> LimitsConfig | None:
     if stored is None:
         return None
-    # A key made before rates were bounded may hold more than `RATE_MAX`: it limits nothing, as the bound does.
+    # A key made before its limits were bounded may hold more than the bound: it is served at the bound.
     fields = msgspec.json.decode(stored, type=dict[str, Any])
-    for kind in _RATES:
-        if isinstance(fields.get(kind), int) and fields[kind] > RATE_MAX:
-            fields[kind] = RATE_MAX
+    for kind, bound in _BOUNDS.items():
+        if isinstance(fields.get(kind), int) and fields[kind] > bound:
+            fields[kind] = bound
     return msgspec.convert(fields, LimitsConfig)
 
 

@@ -21,6 +21,7 @@ from wire.errors import (
     InvalidRequestError,
     ModelNotFoundError,
     ProviderUnavailableError,
+    shown,
 )
 from wire.schema import BodyError, CompletionRequest, encode
 
@@ -61,8 +62,11 @@ class RequestError(InvalidRequestError):
 
 
 def unknown_field(name: str, loc: list[str | int] | None = None) -> RequestError:
-    """A field the request schema does not have, named as the client sent it (`loc`: its path, else the name)."""
-    return RequestError(f"Unrecognized request argument supplied: {name}", name, loc or [name], "unknown_parameter")
+    """A field the request schema does not have, named as the client sent it (`loc`: its path, else the name),
+    each name cut as errors quote a client's text: a name may be as long as the body."""
+    name = shown(name)
+    at: list[str | int] = [shown(p) if isinstance(p, str) else p for p in loc] if loc else [name]
+    return RequestError(f"Unrecognized request argument supplied: {name}", name, at, "unknown_parameter")
 
 
 def decode_error(exc: msgspec.DecodeError | msgspec.ValidationError) -> RequestError:

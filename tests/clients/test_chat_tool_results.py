@@ -335,3 +335,33 @@ def test_an_alias_moves_on_from_calls_left_last(client: openai.OpenAI, received:
     assert answer.choices[0].message.content
     (sent,) = received
     assert sent.path == "/vllm/v1/chat/completions"
+
+
+# A client's id of 200 KB: each refusal quotes a bounded prefix of it, never the whole id.
+LONG = "call_" + "x" * 200_000
+LONG_CASES: dict[str, list[Any]] = {
+    "answers no call": [_user("Paris?"), _calls("call_a"), _result(LONG)],
+    "left without a result": [_user("Paris?"), _calls(*(f"{LONG}{i}" for i in range(20))), DONE],
+    "answered twice": [_user("Paris?"), _calls(LONG), _result(LONG), _result(LONG)],
+    "arguments not an object": [
+        _user("Paris?"),
+        {
+            "role": "assistant",
+            "tool_calls": [{"id": LONG, "type": "function", "function": {"name": "f", "arguments": "[]"}}],
+        },
+        _result(LONG),
+    ],
+}
+
+
+@pytest.mark.parametrize("case", sorted(LONG_CASES))
+def test_a_long_client_id_is_quoted_cut_in_the_refusal(
+    client: openai.OpenAI, received: list[Received], case: str
+) -> None:
+    model = "claude/claude-sonnet-4-5" if case == "arguments not an object" else "oa/gpt-4o-mini"
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=model, messages=LONG_CASES[case], tools=TOOLS)
+    message = refused.value.body["message"]  # type: ignore[index]
+    assert "call_xxxxxxxxxx" in message and "x..." in message, message[:300]
+    assert len(message) < 2_000, len(message)
+    assert received == []

@@ -60,6 +60,15 @@ CASES = [
         )
         for name, value in (("continue_final_message", True), ("add_generation_prompt", False))
     ),
+    # A name 100,000 characters long: named by its first 64.
+    Case(
+        "unknown-field-long-name",
+        _req(**{"f" * 100_000: 1}),
+        "f" * 64 + "...",
+        "unknown_parameter",
+        "Unrecognized request argument supplied: " + "f" * 64 + "...",
+        loc=["f" * 64 + "..."],
+    ),
     Case(
         "unknown-nested-field",
         _req(stream=True, stream_options={"include_usage": True, "extra": 1}),

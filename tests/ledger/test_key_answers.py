@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from gateway.config import RATE_MAX
+from gateway.config import QUEUE_MAX_MS, RATE_MAX
 from tests.helpers.clients import client
 from tests.helpers.postgres import PostgresServer
 from tests.helpers.servers import GatewayThread
@@ -69,22 +69,26 @@ def test_rates_at_the_bound_are_served_and_keys_stored_past_it_too(tmp_path: Pat
     path = tmp_path / "config.yaml"
     path.write_text(config(f"sqlite:///{db}"))
     with GatewayThread(path, ENV) as gw:
-        made = admin(gw.url, "POST", "/admin/keys", {"name": "fast", "limits": {"rpm": RATE_MAX, "tpd": RATE_MAX}})
+        made = admin(
+            gw.url, "POST", "/admin/keys", {"name": "fast", "limits": {"rpm": RATE_MAX, "concurrent": RATE_MAX}}
+        )
         assert made.status_code == 201, made.text
         assert status(gw.url, made.json()["secret"]) == 200
         old = "gwk-made-before-rates-were-bounded"
+        past = '{"rpm": 1' + "0" * 400 + ', "concurrent": 1' + "0" * 400 + ', "max_queue_ms": 1' + "0" * 30 + "}"
         with opened(db) as conn:
             conn.execute(
                 "INSERT INTO api_keys (id, name, team, models, max_cost_per_day, expires_at, digest, created_at, "
                 "limits) VALUES ('key_old', 'veteran', NULL, '[\"**\"]', NULL, NULL, ?, 0, ?)",
-                (hashlib.sha256(old.encode()).hexdigest(), '{"rpm": 1' + "0" * 400 + ', "max_queue_ms": 5}'),
+                (hashlib.sha256(old.encode()).hexdigest(), past),
             )
             conn.execute("UPDATE counters SET value = value + 1 WHERE name = 'keys'")
         wait_until(lambda: status(gw.url, old) == 200, timeout=5)
         listed = admin(gw.url, "GET", "/admin/keys")
         assert listed.status_code == 200, listed.text
         veteran = next(k for k in listed.json()["keys"] if k["name"] == "veteran")
-        assert veteran["limits"]["rpm"] == RATE_MAX and veteran["limits"]["max_queue_ms"] == 5
+        bounded = {k: veteran["limits"][k] for k in ("rpm", "concurrent", "max_queue_ms")}
+        assert bounded == {"rpm": RATE_MAX, "concurrent": RATE_MAX, "max_queue_ms": QUEUE_MAX_MS}
 
 
 def test_two_replicas_rotating_one_key_at_once_both_hand_out_working_secrets(

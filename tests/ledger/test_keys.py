@@ -16,7 +16,7 @@ from typing import Any, Final
 
 import pytest
 
-from gateway.config import KeyConfig
+from gateway.config import QUEUE_MAX_MS, RATE_MAX, KeyConfig
 from gateway.edge.ledger_routes import NewKey
 from gateway.ledger.schema import MIGRATIONS
 from tests.helpers.clients import body, client
@@ -249,6 +249,9 @@ def test_a_runtime_keys_limits_and_monthly_budget_as_a_yaml_keys(tmp_path: Path)
         # Numbers past a float's range, or past a rate that limits anything, or a century of life.
         ({"limits": {"rpm": 10**13}}, "limits.rpm"),
         ({"limits": {"tpd": 10**400}}, "limits.tpd"),
+        ({"limits": {"concurrent": RATE_MAX + 1}}, "limits.concurrent"),
+        ({"limits": {"concurrent": 10**400}}, "limits.concurrent"),
+        ({"limits": {"max_queue_ms": QUEUE_MAX_MS + 1}}, "limits.max_queue_ms"),
         ({"expires_in_s": 10**400}, "expires_in_s"),
         ({"expires_in_s": 101 * 365 * 86_400}, "expires_in_s"),
     ],

@@ -6,7 +6,8 @@ bounded their number, so an upstream could grow the gateway's memory for as long
 OpenAI-wire call pieces fit in one 1 MiB event). A buffered OpenAI-wire answer of `{}` calls: each 3 bytes became
 a call with a made id, about 100 bytes in the client's answer and hundreds in memory (3 MB of them held some
 350 MiB). Past the cap the stream now ends with an `invalid_upstream_response` error event, and the buffered
-answer is that 502; an answer of as many calls as the cap is relayed whole.
+answer is that 502; an answer of as many calls as the cap is relayed whole. Calls started at a block index
+already used each count, and each is a call of its own with its own arguments.
 
 Over real sockets: the gateway served by uvicorn, one aiohttp loopback upstream playing each kind's answer.
 """
@@ -54,12 +55,17 @@ def openai(calls: int) -> Handler:
     )
 
 
-def anthropic(calls: int) -> Handler:
+def anthropic(calls: int, reused: bool = False) -> Handler:
     message = {"id": "m", "type": "message", "role": "assistant", "model": "c", "content": []}
     events = [_sse("message_start", {"type": "message_start", "message": {**message, "usage": {"input_tokens": 1}}})]
     for k in range(calls):
         use = {"type": "tool_use", "id": f"t{k}", "name": "f", "input": {}}
-        events.append(_sse("content_block_start", {"type": "content_block_start", "index": k, "content_block": use}))
+        events.append(
+            _sse(
+                "content_block_start",
+                {"type": "content_block_start", "index": 0 if reused else k, "content_block": use},
+            )
+        )
     end = {"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 1}}
     events += [_sse("message_delta", end), _sse("message_stop", {"type": "message_stop"})]
     return reply_sse(events)
@@ -182,3 +188,74 @@ def test_a_buffered_answer_of_more_calls_than_the_cap_is_a_502(gw: GatewayThread
     resp = ask(gw)
     assert resp.status_code == 502, resp.text[:300]
     assert resp.json()["error"]["code"] == "invalid_upstream_response"
+
+
+# A stream whose blocks reuse an index (two calls at 1, then a call at 0 again), each call's arguments right after
+# its start. The upstream's index is its block's, not the call's: each start is a call of its own.
+REUSED: Final = (0, 1, 1, 0)
+
+
+def _reused(kind: str) -> Handler:
+    if kind == "anthropic":
+        message = {"id": "m", "type": "message", "role": "assistant", "model": "c", "content": []}
+        events = [
+            _sse("message_start", {"type": "message_start", "message": {**message, "usage": {"input_tokens": 1}}})
+        ]
+        for n, k in enumerate(REUSED):
+            use = {"type": "tool_use", "id": f"t{n}", "name": "f", "input": {}}
+            events.append(
+                _sse("content_block_start", {"type": "content_block_start", "index": k, "content_block": use})
+            )
+            piece = {"type": "input_json_delta", "partial_json": f'{{"n": {n}}}'}
+            events.append(_sse("content_block_delta", {"type": "content_block_delta", "index": k, "delta": piece}))
+        end = {"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 1}}
+        return reply_sse([*events, _sse("message_delta", end), _sse("message_stop", {"type": "message_stop"})])
+    if kind == "bedrock":
+        frames = [frame("messageStart", {"role": "assistant"})]
+        for n, k in enumerate(REUSED):
+            block = {"toolUse": {"toolUseId": f"t{n}", "name": "f"}}
+            frames.append(frame("contentBlockStart", {"contentBlockIndex": k, "start": block}))
+            part = {"toolUse": {"input": f'{{"n": {n}}}'}}
+            frames.append(frame("contentBlockDelta", {"contentBlockIndex": k, "delta": part}))
+        frames.append(frame("messageStop", {"stopReason": "tool_use"}))
+        totals = {"inputTokens": 1, "outputTokens": 1, "totalTokens": 2}
+        frames.append(frame("metadata", {"usage": totals, "metrics": {"latencyMs": 1}}))
+        return reply_stream(frames, "application/vnd.amazon.eventstream")
+    events = [_sse("message-start", {"type": "message-start", "id": "m", "delta": {"message": {"role": "assistant"}}})]
+    for n, k in enumerate(REUSED):
+        call = {"id": f"t{n}", "type": "function", "function": {"name": "f", "arguments": ""}}
+        start = {"type": "tool-call-start", "index": k, "delta": {"message": {"tool_calls": call}}}
+        args = {"tool_calls": {"function": {"arguments": f'{{"n": {n}}}'}}}
+        events += [
+            _sse("tool-call-start", start),
+            _sse("tool-call-delta", {"type": "tool-call-delta", "index": k, "delta": {"message": args}}),
+        ]
+    billed = {
+        "billed_units": {"input_tokens": 1, "output_tokens": 1},
+        "tokens": {"input_tokens": 1, "output_tokens": 1},
+    }
+    ended = {"type": "message-end", "delta": {"finish_reason": "TOOL_CALL", "usage": billed}}
+    return reply_sse([*events, _sse("message-end", ended)])
+
+
+@pytest.mark.parametrize("kind", ["anthropic", "bedrock", "cohere"])
+def test_a_block_index_used_again_starts_a_call_of_its_own(gw: GatewayThread, up: Upstream, kind: str) -> None:
+    """Each start is a new call numbered after the ones before it, and its arguments are its own: never the
+    number of an earlier call, which the client would merge it into."""
+    up.handler = _reused(kind)
+    events = stream(gw, KINDS[kind][0])
+    assert not any("error" in e for e in events)
+    calls: dict[int, dict[str, str]] = {}
+    for e in events:
+        for c in e["choices"]:
+            for t in c["delta"].get("tool_calls") or ():
+                call = calls.setdefault(t["index"], {"id": "", "arguments": ""})
+                call["id"] += t.get("id") or ""
+                call["arguments"] += t["function"].get("arguments") or ""
+    assert calls == {n: {"id": f"t{n}", "arguments": f'{{"n": {n}}}'} for n in range(len(REUSED))}
+
+
+def test_calls_started_at_one_block_index_count_toward_the_cap(gw: GatewayThread, up: Upstream) -> None:
+    up.handler = anthropic(MAX_CALLS + 1, reused=True)
+    events = stream(gw, KINDS["anthropic"][0])
+    assert events[-1]["error"]["code"] == "invalid_upstream_response", events[-1]
