@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
@@ -60,12 +61,16 @@ def test_a_teams_keys_batches_together_take_the_teams_share_and_its_interactive_
         taken = sum(_completed(c, b) for c, b in batches)
         statuses = interactive(gw, RPM - taken + 1)
         after = sum(_completed(c, b) for c, b in batches)
+        metrics = httpx.get(gw.url + "/metrics").text
         for client, batch_id in batches:
             client.batches.cancel(batch_id)
-        ended = [wait_batch(c, b).status for c, b in batches]
+        ended = [wait_batch(c, b) for c, b in batches]
     # Half of the team's burst of six across both keys, not half per key (or the whole burst each).
     assert taken == part
     # The other half is the team's interactive requests', whole: three answered, then the team's bucket is full.
     assert statuses == [200] * (RPM - taken) + [429], statuses
     assert after == taken
-    assert ended == ["cancelled", "cancelled"]
+    assert [b.status for b in ended] == ["cancelled", "cancelled"]
+    # The lines the team's bucket refused were put back to be sent again, as any rate-limited line is.
+    prefix = 'gateway_batch_lines_requeued_total{code="rate_limit_exceeded"}'
+    assert sum(float(x.rsplit(" ", 1)[1]) for x in metrics.splitlines() if x.startswith(prefix)) >= 1
