@@ -162,7 +162,7 @@ class TeamConfig(Strict, frozen=True):
     max_cost_per_month: BudgetUsd | None = None
     # Rate limits for all the team's keys together (YAML and runtime keys alike), checked with each key's own
     # in the same admission: over them, any of its keys answers 429 naming the team (`x-gateway-team`). Batch
-    # lines count toward `batches.limits` instead (docs/ratelimits.md#team-limits). Unset: none.
+    # lines count too, filling at most `batches.quota_share` of each (docs/ratelimits.md#team-limits). Unset: none.
     limits: LimitsConfig | None = None
     # The team's share of a saturated server against the other teams waiting (`queue.fair_by: team`).
     weight: Annotated[float, Meta(gt=0, le=10_000)] = 1.0
@@ -233,11 +233,11 @@ class BatchesConfig(Strict, frozen=True):
     # traffic's, and its lines never count toward them. A line over these waits and is sent again, never
     # refused for them. Unset: none (a key's lines are bounded by `concurrency` per process and its budgets).
     limits: LimitsConfig | None = None
-    # The part of each shared bucket (the rates, tokens and `concurrent` of `models[].limits`, and of a
-    # provider's or deployment's `limits`) that batch lines may fill: a line is sent only while the bucket,
-    # with it, holds at most this share of its burst, so the rest is always left to interactive requests. A
-    # share of less than one request holds one: lines go one at a time, each while the bucket is otherwise
-    # empty. A line refused by it waits and is sent again. 1: lines may take the whole bucket.
+    # The part of each shared bucket (the rates, tokens and `concurrent` of `models[].limits`, of a team's,
+    # and of a provider's or deployment's `limits`) that batch lines may fill: a line is sent only while the
+    # bucket, with it, holds at most this share of its burst, so the rest is always left to interactive
+    # requests. A share of less than one request holds one: lines go one at a time, each while the bucket is
+    # otherwise empty. A line refused by it waits and is sent again. 1: lines may take the whole bucket.
     quota_share: Annotated[float, Meta(gt=0, le=1)] = 0.5
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Final
 
 import msgspec
@@ -98,7 +98,8 @@ class Admission:
         # as an alias's are: gateways sharing a Redis share a team's buckets when they name it alike).
         self.teams = {n: buckets_of(team_scope(n), t.limits) for n, t in cfg.teams.items() if t.limits}
         # A batch's lines count toward their own buckets per key (`batches.limits`), never the key's: a batch
-        # does not take the rate its key's interactive requests are allowed (docs/batches.md).
+        # does not take the rate its key's interactive requests are allowed; they do count toward the key's
+        # team's, through `batches.quota_share` (docs/batches.md).
         self.batch_limits = cfg.batches.limits
         # A YAML key's own `batch_limits`, in place of those, by its identity as its `limits` are.
         self.key_batch_limits = {
@@ -141,15 +142,19 @@ class Admission:
         self.lines = self if cfg.batches.quota_share >= 1 else self._lines(cfg.batches.quota_share)
 
     def _lines(self, share: float) -> Admission:
-        """This admission as a batch's lines meet it (the same limiter, state and tasks), every alias's, provider's
-        and deployment's bucket seen through `share`: a line leaves the rest of each to interactive requests."""
+        """This admission as a batch's lines meet it (the same limiter, state and tasks), every alias's, provider's,
+        deployment's and team's bucket seen through `share`: a line leaves the rest of each to interactive
+        requests."""
         view = copy.copy(self)
         view.models = {n: shared_view(bs, share) for n, bs in self.models.items()}
         view.providers = {n: shared_view(bs, share) for n, bs in self.providers.items()}
         view.deployments = {n: shared_view(bs, share) for n, bs in self.deployments.items()}
+        view.teams = {n: shared_view(bs, share) for n, bs in self.teams.items()}
         view._scopes = {}
         view.lines = view
-        warn_one_at_a_time([*view.models.values(), *view.providers.values(), *view.deployments.values()])
+        warn_one_at_a_time(
+            [*view.models.values(), *view.providers.values(), *view.deployments.values(), *view.teams.values()]
+        )
         return view
 
     def _route_buckets(self, route: Route) -> list[Bucket]:
@@ -162,15 +167,22 @@ class Admission:
         """The buckets of `key`'s own interactive requests: the key's, then its team's (`teams.<name>.limits`)."""
         if key is None:
             return []
-        own = list(self.keys.get(key.ident) or key.buckets)
-        if self.teams:  # a config whose teams set no limits looks no further
-            own += self.teams.get(key.team or "", ())
-        return own
+        return [*(self.keys.get(key.ident) or key.buckets), *self._team(key)]
+
+    def _team(self, key: ClientKey) -> Sequence[Bucket]:
+        """The buckets of `key`'s team (`teams.<name>.limits`), shared by all of its keys."""
+        if not self.teams:  # a config whose teams set no limits looks no further
+            return ()
+        return self.teams.get(key.team or "", ())
 
     def _compile(self, key: ClientKey | None, model: str, direct: Route | None, free: bool, batch: bool) -> _Scopes:
-        # A batch's lines take neither their key's buckets nor its team's: `batches.limits` stands for both.
-        buckets = self._batch_buckets(key) if batch else self.own(key)
-        team = key.team if key is not None and not batch and key.team in self.teams else None
+        # A batch's lines take `batches.limits` in place of their key's own buckets, and their team's too: a
+        # team's limits bound all of its keys, so a team admin making more keys gets no more batch throughput.
+        if batch:
+            buckets = self._batch_buckets(key) + ([] if key is None else list(self._team(key)))
+        else:
+            buckets = self.own(key)
+        team = key.team if key is not None and key.team in self.teams else None
         buckets += self.models.get(model, ())
         if free:
             # No upstream call: no provider's or deployment's quota, and no tokens.
@@ -217,7 +229,7 @@ class Admission:
         that waits for an identical one in flight and may make no call: charged as any request is, but a direct
         one's provider and deployment quotas are left to its attempt, as an alias's are. `meanwhile`: work to do
         while the decision is on its way from Redis (called once, and only then). `batch`: a batch's line, which
-        counts toward `batches.limits` in place of its key's own."""
+        counts toward `batches.limits` in place of its key's own, and toward its team's."""
         direct = None if waits else plan.single
         # What decides the buckets: the key (a runtime key's own limits are on it; its identity fixes its team,
         # which no key changes while a config is in force), the model, the route.

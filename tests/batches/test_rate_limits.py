@@ -60,27 +60,6 @@ def test_a_line_over_batches_limits_waits_and_is_sent_again(tmp_path: Path) -> N
     assert statuses == [200] * RPM, statuses
 
 
-def test_a_batch_leaves_its_teams_whole_rate_limit_to_its_interactive_requests(tmp_path: Path) -> None:
-    # A team's limits are its keys' own interactive traffic's, as a key's are: its lines count toward
-    # `batches.limits` (none here) in their place.
-    lines = [line(f"r-{i}", prompt=f"p {i}") for i in range(LINES)]
-    mine = '{name: eval, key: "${BATCH_EVAL_KEY}"}'
-    text = config(
-        f"sqlite:///{tmp_path / 'ledger.db'}", concurrency=8, more=f"teams: {{evals: {{limits: {{rpm: {RPM}}}}}}}"
-    )
-    path = tmp_path / "config.yaml"
-    path.write_text(text.replace(mine, mine[:-1] + ", team: evals}"))
-    with GatewayThread(path, ENV) as gw:
-        client = sdk(gw.url, EVAL_KEY)
-        batch = wait_batch(client, start(client, lines))
-        requeued = _requeued(gw)
-        statuses = interactive(gw, RPM + 1)
-    assert batch.status == "completed" and batch.error_file_id is None
-    assert requeued == 0
-    # The team's whole burst, and no more: the team's bucket holds the interactive requests.
-    assert statuses == [200] * RPM + [429], statuses
-
-
 def test_a_keys_own_batch_limits_stand_in_for_batches_limits(tmp_path: Path) -> None:
     """`batches.limits` holds every key's lines to rpm 2; the eval key's `batch_limits` lets its lines run at
     rps 100, while the other key's lines still take two and wait 30 s for each one after."""
