@@ -234,6 +234,7 @@ class Admission:
         # What decides the buckets: the key (a runtime key's own limits are on it; its identity fixes its team,
         # which no key changes while a config is in force), the model, the route.
         route = None if free or direct is None else (direct.provider, direct.endpoint.deployment)
+        # A runtime key's `batch_limits` can stay out: no key-API route changes a key's limits (rotate: its secret).
         sig = (None if key is None else (key.ident, key.buckets, key.queue_ms), req.model, free, route, batch)
         scopes = self._scopes.get(sig)
         if scopes is None:

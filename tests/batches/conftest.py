@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from tests.helpers.clients import openai_client
+from tests.helpers.redis import RedisServer
 from tests.helpers.servers import GatewayThread
 
 ADMIN_KEY: Final = "adm-batches-5e1c"
@@ -43,6 +44,30 @@ models:
 
 def config(url: str, *, lease_ms: int = 30_000, concurrency: int = 32, extra: str = "", more: str = "") -> str:
     return CONFIG.format(url=url, lease_ms=lease_ms, concurrency=concurrency, extra=extra, more=more)
+
+
+def share_config(tmp_path: Path, share: float, rds: RedisServer | None = None, more: str = "") -> str:
+    """The config of the shared-quota tests: the suite's, on a SQLite ledger under `tmp_path`, 8 lines at once,
+    `batches.quota_share: share`, `more` (YAML lines), and Redis failing closed when `rds` is given."""
+    if rds is not None:
+        more += f"\nredis: {{url: '{rds.url}', on_failure: fail_closed}}"
+    return config(f"sqlite:///{tmp_path / 'ledger.db'}", concurrency=8, extra=f", quota_share: {share}", more=more)
+
+
+def team_config(tmp_path: Path, limits: str, share: float = 0.5, rds: RedisServer | None = None) -> str:
+    """`share_config` with both of the suite's keys in the team `evals`, whose `limits` are given (YAML flow)."""
+    text = share_config(tmp_path, share, rds, f"teams: {{evals: {{limits: {{{limits}}}}}}}")
+    for key in ('key: "${BATCH_EVAL_KEY}"', 'key: "${BATCH_OTHER_KEY}"'):
+        assert key in text
+        text = text.replace(key, key + ", team: evals")
+    return text
+
+
+def written(tmp_path: Path, text: str) -> Path:
+    """`text` as the config file of a gateway under `tmp_path`."""
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    return path
 
 
 _MADE: list[openai.OpenAI] = []
@@ -106,6 +131,20 @@ def wait_batch(
         time.sleep(0.1)
 
 
+def completed(client: openai.OpenAI, batch_id: str) -> int:
+    """The batch's lines answered so far (`request_counts.completed`)."""
+    counts = client.batches.retrieve(batch_id).request_counts
+    assert counts is not None
+    return counts.completed
+
+
+def requeued(gw: GatewayThread, code: str) -> float:
+    """The lines put back to be sent again for `code` (`gateway_batch_lines_requeued_total`), all batches'."""
+    prefix = f'gateway_batch_lines_requeued_total{{code="{code}"}}'
+    text = httpx.get(gw.url + "/metrics").text
+    return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith(prefix))
+
+
 def results(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
     if file_id is None:
         return []
@@ -127,7 +166,5 @@ def start(client: openai.OpenAI, lines: list[dict[str, Any]], window: str = "24h
 @contextlib.contextmanager
 def served(tmp_path: Path, **settings: Any) -> Iterator[tuple[GatewayThread, openai.OpenAI]]:
     """The gateway in a thread on a fresh SQLite ledger (`config(**settings)`), and the eval key's SDK client."""
-    path = tmp_path / "config.yaml"
-    path.write_text(config(f"sqlite:///{tmp_path / 'ledger.db'}", **settings))
-    with GatewayThread(path, ENV) as gw:
+    with GatewayThread(written(tmp_path, config(f"sqlite:///{tmp_path / 'ledger.db'}", **settings)), ENV) as gw:
         yield gw, sdk(gw.url, EVAL_KEY)

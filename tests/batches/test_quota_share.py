@@ -12,13 +12,24 @@ import time
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
 
 from tests.helpers.redis import RedisServer
 from tests.helpers.servers import GatewayThread
 
-from .conftest import ENV, EVAL_KEY, config, interactive, line, results, sdk, start, wait_batch
+from .conftest import (
+    ENV,
+    EVAL_KEY,
+    completed,
+    interactive,
+    line,
+    results,
+    sdk,
+    share_config,
+    start,
+    wait_batch,
+    written,
+)
 
 RPM = 6  # the provider's quota: a burst of six, then one every 10 s (longer than each test's burst)
 LINES = 20
@@ -36,8 +47,7 @@ def _configured(
     """The suite's config with `limits` on the `demo` provider (or, `scope="alias"`, on the alias `fast`),
     `batches.quota_share`, the alias `pair` (two targets of that provider), a `provider` line of YAML more,
     and Redis when `rds` is given."""
-    more = provider + (f"\nredis: {{url: '{rds.url}', on_failure: fail_closed}}" if rds is not None else "")
-    text = config(f"sqlite:///{tmp_path / 'ledger.db'}", concurrency=8, extra=f", quota_share: {share}", more=more)
+    text = share_config(tmp_path, share, rds, provider)
     if scope == "alias":
         fast = "{name: fast, targets: [{model: demo/text}]}"
         text = text.replace(fast, fast[:-1] + f", limits: {{{limits}}}}}")
@@ -48,15 +58,7 @@ def _configured(
         )
     text = text.replace("models:\n", "models:\n" + PAIR + "\n")
     assert f"limits: {{{limits}}}" in text
-    path = tmp_path / "config.yaml"
-    path.write_text(text)
-    return path
-
-
-def _completed(client: openai.OpenAI, batch_id: str) -> int:
-    counts = client.batches.retrieve(batch_id).request_counts
-    assert counts is not None
-    return counts.completed
+    return written(tmp_path, text)
 
 
 def _share_run(
@@ -71,9 +73,9 @@ def _share_run(
         part = max(int(RPM * share), 1)  # a share of less than one request holds one
         wait_batch(client, batch_id, lambda b: b.request_counts is not None and b.request_counts.completed >= part)
         time.sleep(0.5)  # the lines refused meanwhile are put back and tried again: none may get through
-        taken = _completed(client, batch_id)
+        taken = completed(client, batch_id)
         statuses = interactive(gw, RPM - taken + 1)
-        after = _completed(client, batch_id)
+        after = completed(client, batch_id)
         client.batches.cancel(batch_id)
         ended = wait_batch(client, batch_id)
     assert ended.status == "cancelled"
