@@ -34,7 +34,7 @@ from providers.offsets import aligned, prompt_for_choice, text_offsets
 from providers.openai_chat import OpenAIChat
 from providers.retry_after import retry_after
 from wire.chat import ChatChunk, ChatCompletion, ChatRequest
-from wire.errors import GatewayError, InvalidRequestError, UpstreamStatusError
+from wire.errors import GatewayError, InvalidRequestError, UpstreamStatusError, shown
 from wire.schema import (
     Choice,
     Completion,
@@ -190,7 +190,7 @@ def _response_format(body: dict[str, Any], value: dict[str, Any]) -> None:
         _json_schema(config, schema, "response_format")
         return
     raise InvalidRequestError(
-        f"'response_format' type {kind!r} is not supported by Gemini (text, json_object, json_schema)",
+        f"'response_format' type {shown(repr(kind))} is not supported by Gemini (text, json_object, json_schema)",
         param="response_format",
         code="unsupported_parameter",
     )

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from providers.base import Endpoint
-from wire.errors import InvalidRequestError, UnsupportedParamError
+from wire.errors import InvalidRequestError, UnsupportedParamError, shown
 
 FIELD: Final = "reasoning_effort"
 
@@ -73,7 +73,7 @@ def add_thinking(body: dict[str, Any], effort: str, endpoint: Endpoint) -> None:
     for key in config:
         if _spelling(key) in ("thinkinglevel", "thinkingbudget"):
             raise InvalidRequestError(
-                f"'{FIELD}' sets Gemini's thinking, which 'inference_extra_params' already sets with '{key}'; "
+                f"'{FIELD}' sets Gemini's thinking, which 'inference_extra_params' already sets with '{shown(key)}'; "
                 "send one of them",
                 param=FIELD,
                 code="invalid_value",

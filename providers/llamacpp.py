@@ -33,7 +33,7 @@ from providers.openai_chat import OpenAIChat
 from providers.retry_after import retry_after, should_retry
 from providers.selfhosted import TokenProb, response_schema, token_probs, usage
 from providers.tokenizer import LLAMACPP_TOKENIZER
-from wire.errors import GatewayError, InvalidRequestError, UpstreamStatusError
+from wire.errors import GatewayError, InvalidRequestError, UpstreamStatusError, shown
 from wire.schema import Choice, Completion, CompletionRequest, FinishReason, Logprobs
 
 
@@ -98,7 +98,7 @@ def _logit_bias(value: dict[str, float]) -> list[list[float]]:
         except ValueError:
             # The README's list form also takes strings, but OpenAI's keys are token ids.
             raise InvalidRequestError(
-                f"'logit_bias' keys must be token ids, got {key!r}", param="logit_bias", code="invalid_value"
+                f"'logit_bias' keys must be token ids, got {shown(key)!r}", param="logit_bias", code="invalid_value"
             ) from None
         out.append([token, bias])
     return out

@@ -29,7 +29,7 @@ from providers.finish import BROKE_OFF, broke_off, finish_reason, unfinished
 from providers.openai_chat import OpenAIChat
 from providers.quota import mistral_windows
 from providers.retry_after import retry_after, should_retry
-from wire.errors import GatewayError, InvalidRequestError, UnsupportedParamError, UpstreamStatusError
+from wire.errors import GatewayError, InvalidRequestError, UnsupportedParamError, UpstreamStatusError, shown
 from wire.schema import Choice, Completion, CompletionRequest, PromptTokensDetails, Usage
 
 CHAT_PATH: Final = "/v1/chat/completions"
@@ -141,7 +141,7 @@ def _response_format(body: dict[str, Any], value: dict[str, Any]) -> None:
         body["response_format"] = value
     else:
         raise InvalidRequestError(
-            f"'response_format' type {kind!r} is not supported by Mistral (text, json_object, json_schema)",
+            f"'response_format' type {shown(repr(kind))} is not supported by Mistral (text, json_object, json_schema)",
             param="response_format",
             code="unsupported_parameter",
         )

@@ -46,7 +46,7 @@ from wire.chat import (
     ToolCall,
     ToolCallDelta,
 )
-from wire.errors import InvalidRequestError, UnsupportedParamError
+from wire.errors import InvalidRequestError, UnsupportedParamError, shown
 from wire.schema import Completion, Usage
 
 
@@ -445,8 +445,8 @@ def check_chat(adapter: Capabilities, req: ChatRequest, provider: str) -> None:
         raise UnsupportedParamError(
             "response_format",
             provider,
-            f"Provider '{provider}' takes no 'response_format' of type '{rf.get('type')}' on chat, and has no "
-            "guided decoding the gateway could send it as",
+            f"Provider '{provider}' takes no 'response_format' of type {shown(repr(rf.get('type')))} on chat, and "
+            "has no guided decoding the gateway could send it as",
         )
 
 

@@ -16,7 +16,7 @@ import msgspec
 
 from providers.base import CallContext
 from providers.offsets import aligned, key_bytes, prompt_for_choice, running_offsets, token_key
-from wire.errors import InvalidRequestError
+from wire.errors import InvalidRequestError, shown
 from wire.schema import Logprobs, Usage
 
 
@@ -36,7 +36,7 @@ def response_schema(value: dict[str, Any]) -> tuple[bool, dict[str, Any] | None]
         schema = spec.get("schema") if isinstance(spec, dict) else None
     else:
         raise InvalidRequestError(
-            f"'response_format.type' must be 'text', 'json_object' or 'json_schema', got {kind!r}",
+            f"'response_format.type' must be 'text', 'json_object' or 'json_schema', got {shown(repr(kind))}",
             param="response_format",
             code="invalid_value",
         )

@@ -209,7 +209,7 @@ class ModelNotFoundError(GatewayError):
     type = "invalid_request_error"
 
     def __init__(self, model: str) -> None:
-        super().__init__(f"The model '{model}' does not exist", param="model", code="model_not_found")
+        super().__init__(f"The model '{shown(model)}' does not exist", param="model", code="model_not_found")
 
 
 class ProviderUnavailableError(GatewayError):

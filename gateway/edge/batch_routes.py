@@ -42,7 +42,7 @@ from gateway.edge.upload_form import BadForm, FileTooLarge, read_upload
 from gateway.ledger.engine import LedgerDown
 from gateway.limits.auth import KeyRing
 from gateway.path.dialects import OPENAI, decode_error
-from wire.errors import GatewayError, InvalidRequestError
+from wire.errors import GatewayError, InvalidRequestError, shown
 
 JSON: Final = "application/json"
 _NO_STORE: Final = {"cache-control": "no-store"}
@@ -97,7 +97,9 @@ def _render(exc: GatewayError) -> Response[bytes]:
 
 
 def missing(what: str, ident: str) -> Response[bytes]:
-    return _render(GatewayError(f"No {what} with id {ident!r}", status=404, code="not_found", type="not_found_error"))
+    return _render(
+        GatewayError(f"No {what} with id {shown(ident)!r}", status=404, code="not_found", type="not_found_error")
+    )
 
 
 def _bad(message: str, param: str | None) -> Response[bytes]:

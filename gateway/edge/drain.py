@@ -17,7 +17,7 @@ from litestar.handlers import HTTPRouteHandler
 from gateway.fleet.picker import Fleet
 from gateway.fleet.shared import publish
 from gateway.state import SharedState
-from wire.errors import GatewayError, InvalidRequestError
+from wire.errors import GatewayError, InvalidRequestError, shown
 from wire.schema import encode
 
 # The admin check: the router's fleets and the shared state, or the refusal to send (401, or 404 without
@@ -53,7 +53,7 @@ def drain_routes(authorize: Authorize, render: Render) -> list[HTTPRouteHandler]
         fleet = fleets.get(name)
         if fleet is None:
             return render(
-                GatewayError(f"No provider {name!r} with replicas", status=404, code="not_found", param="name")
+                GatewayError(f"No provider {shown(name)!r} with replicas", status=404, code="not_found", param="name")
             )
         if not 0 <= index < fleet.size:
             return render(

@@ -33,7 +33,7 @@ from gateway.ledger.report import ReportError, report
 from gateway.ledger.service import LedgerService
 from gateway.limits.usage import ANONYMOUS
 from gateway.path.dialects import decode_error
-from wire.errors import GatewayError, InvalidRequestError, PermissionDeniedError
+from wire.errors import GatewayError, InvalidRequestError, PermissionDeniedError, shown
 
 JSON: Final = "application/json"
 _NO_STORE: Final = {"cache-control": "no-store"}
@@ -78,7 +78,7 @@ def _conflict(message: str) -> GatewayError:
 
 def _no_key(key_id: str) -> GatewayError:
     # The same answer for another team's key as for none: a team admin cannot tell which ids exist.
-    return GatewayError(f"No key {key_id!r}", status=404, code="not_found", type="not_found_error")
+    return GatewayError(f"No key {shown(key_id)!r}", status=404, code="not_found", type="not_found_error")
 
 
 def beyond_team(spec: NewKey, team: str, teams: Mapping[str, TeamConfig]) -> tuple[str, str] | None:

@@ -20,7 +20,7 @@ from gateway.path.dialects import OPENAI
 from gateway.path.request import check_model
 from gateway.path.routing import Router
 from providers.tokenizer import TokenizerRoute
-from wire.errors import GatewayError, InvalidRequestError
+from wire.errors import GatewayError, InvalidRequestError, shown
 from wire.schema import ModelCard, ModelList, decode_body, encode
 
 SCOPED_PREFIX: Final = "/m/"
@@ -71,7 +71,8 @@ def with_model(body: bytes, model: str) -> bytes:
         return body
     if given:
         raise InvalidRequestError(
-            f"'model' ({given!r}) disagrees with the model in the path ({model!r}): omit it or send the same",
+            f"'model' ({shown(given)!r}) disagrees with the model in the path ({shown(model)!r}): omit it or send the "
+            "same",
             param="model",
             code="model_mismatch",
         )

@@ -32,7 +32,7 @@ from gateway.ledger.engine import LedgerDown
 from gateway.ledger.report import day_usage
 from gateway.path.pipeline import Pipeline
 from gateway.state import SharedState
-from wire.errors import GatewayError, InvalidRequestError
+from wire.errors import GatewayError, InvalidRequestError, shown
 from wire.schema import encode
 
 JSON: Final = "application/json"
@@ -71,7 +71,9 @@ async def admin_usage(request: Request[Any, Any, Any]) -> Response[bytes]:
         dt.date.fromisoformat(day)
     except ValueError:
         return _error(
-            InvalidRequestError(f"Invalid day {day!r}: expected YYYY-MM-DD (UTC)", param="day", code="invalid_value")
+            InvalidRequestError(
+                f"Invalid day {shown(day)!r}: expected YYYY-MM-DD (UTC)", param="day", code="invalid_value"
+            )
         )
     if ledger is not None:  # with a ledger every view of usage is the ledger's
         try:

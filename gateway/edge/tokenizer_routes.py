@@ -51,7 +51,7 @@ from providers.tokenizer import (
     tokenize_request,
 )
 from wire.chat import text_parts
-from wire.errors import GatewayError, InvalidRequestError, UpstreamError
+from wire.errors import GatewayError, InvalidRequestError, UpstreamError, shown
 from wire.schema import decode_body
 
 log = logging.getLogger("gateway")
@@ -214,7 +214,7 @@ class Tokenizers:
             raise decode_error(exc) from None
         if path_model is not None and body_model and body_model != path_model:
             raise InvalidRequestError(
-                f"'model' ({body_model!r}) disagrees with the model in the path ({path_model!r})",
+                f"'model' ({shown(body_model)!r}) disagrees with the model in the path ({shown(path_model)!r})",
                 param="model",
                 code="model_mismatch",
             )

@@ -19,6 +19,8 @@ from typing import Final
 import msgspec
 from multipart import MultipartSegment, ParserError, ParserLimitReached, PushMultipartParser
 
+from wire.errors import shown
+
 # A text field (`purpose`, `expires_after[...]`): the longest legitimate value is a handful of characters.
 FIELD_BYTES: Final = 4_096
 # Parts in one form: the SDK sends four at most (file, purpose, the two `expires_after` fields).
@@ -84,7 +86,7 @@ async def read_upload(
                                 del data[:chunk_bytes]
                                 await write(piece)
                         elif len(part) + len(event) > FIELD_BYTES:
-                            raise BadForm(f"The form field is longer than {FIELD_BYTES} bytes", segment.name)
+                            raise BadForm(f"The form field is longer than {FIELD_BYTES} bytes", _name(segment))
                         else:
                             part += event
                     elif segment is not None:  # the end of a part
@@ -111,7 +113,12 @@ def _text(value: bytes, segment: MultipartSegment) -> str:
             raise LookupError(charset)
         return value.decode(charset)
     except (UnicodeError, LookupError):  # UnicodeError: what idna and punycode raise, not a decode error
-        raise BadForm(f"The form field is not text in its charset ({charset})", segment.name) from None
+        raise BadForm(f"The form field is not text in its charset ({shown(charset)})", _name(segment)) from None
+
+
+def _name(segment: MultipartSegment) -> str | None:
+    # A field's name as an error's `param` quotes it: the client's text, cut.
+    return None if segment.name is None else shown(segment.name)
 
 
 __all__ = ["FIELD_BYTES", "PARTS", "BadForm", "FileTooLarge", "Upload", "read_upload"]

@@ -21,6 +21,7 @@ from gateway.ledger.engine import LedgerDown
 from gateway.limits.auth import shown_as
 from gateway.limits.saturating import INT64_MAX
 from gateway.limits.usage import day_of, usd
+from wire.errors import shown
 
 # Per grouping, its columns and their places in a rollup's key (day, key_name, team, model, target, key_id).
 BY: Final = {"key": ("key_name", "key_id"), "team": ("team",), "model": ("model",), "target": ("target",)}
@@ -50,7 +51,7 @@ def _day(value: str | None, param: str, default: str) -> str:
 
 
 def _fail(value: str, param: str) -> str:
-    raise ReportError(f"Invalid {param} {value!r}: expected YYYY-MM-DD (UTC)", param)
+    raise ReportError(f"Invalid {param} {shown(value)!r}: expected YYYY-MM-DD (UTC)", param)
 
 
 def _cell(value: Any) -> Any:
@@ -71,10 +72,10 @@ async def report(
         raise ReportError(f"at most {MAX_DAYS} days per report", "to")
     group = by or "key"
     if group not in BY:
-        raise ReportError(f"Invalid by {group!r}: one of {', '.join(BY)}", "by")
+        raise ReportError(f"Invalid by {shown(group)!r}: one of {', '.join(BY)}", "by")
     kind = fmt or "json"
     if kind not in ("json", "csv"):
-        raise ReportError(f"Invalid format {kind!r}: json or csv", "format")
+        raise ReportError(f"Invalid format {shown(kind)!r}: json or csv", "format")
     columns = BY[group]
     # By key, each row's team too: the operator's report names a runtime key of a team `team/name`.
     read = (*columns, "team") if group == "key" else columns

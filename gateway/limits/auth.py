@@ -24,7 +24,7 @@ import msgspec
 
 from gateway.config import LimitsConfig, LoadedConfig
 from gateway.limits.globs import ModelGlobs
-from wire.errors import AuthenticationError, PermissionDeniedError
+from wire.errors import AuthenticationError, PermissionDeniedError, shown
 
 if TYPE_CHECKING:
     # Not at run time: the CLI imports this module before Granian forks its workers, and gateway.ratelimit
@@ -297,7 +297,7 @@ class KeyRing:
             ceiling = key.models.ceiling
             why = "" if ceiling is None or ceiling.match(model) else f" (team '{key.team}' may not)"
             raise PermissionDeniedError(
-                f"Key '{key.name}' may not use model '{model}'{why}", param="model", code="model_not_allowed"
+                f"Key '{key.name}' may not use model '{shown(model)}'{why}", param="model", code="model_not_allowed"
             )
 
 

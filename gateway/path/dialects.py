@@ -32,6 +32,9 @@ _UNKNOWN: Final[Any] = re2.compile(r"Object contains unknown field `([^`]+)`")
 _MISSING: Final[Any] = re2.compile(r"Object missing required field `([^`]+)`")
 _AT: Final[Any] = re2.compile(r"(?s)^(.*) - at `\$((?:\.[A-Za-z_][A-Za-z0-9_]*|\[[^\]]*\])*)`$")
 _SEGMENT: Final[Any] = re2.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+|\.\.\.)\]")
+# The messages of msgspec's that quote a value the client sent, whole (one outside an enum, an unknown tag of a
+# tagged union): cut as any quoted client text.
+_QUOTED: Final[Any] = re2.compile(r"(?s)^(Invalid (?:enum )?value) '(.*)'$")
 
 
 def _path(path: str) -> list[str | int]:
@@ -86,6 +89,9 @@ def decode_error(exc: msgspec.DecodeError | msgspec.ValidationError) -> RequestE
             return RequestError(f"Missing required parameter: '{_label(loc)}'", name, loc, "missing_required_parameter")
         param = ".".join(str(p) for p in where if isinstance(p, str) and p != "...") or None
         label = _label(where) or "request body"
+        m = _QUOTED.match(problem)
+        if m:
+            problem = f"{m.group(1)} '{shown(m.group(2))}'"
         return RequestError(f"Invalid value for '{label}': {problem}", param, where, "invalid_value")
     if isinstance(exc, BodyError):
         return RequestError(exc.message, exc.param, [exc.param] if exc.param else [], exc.kind)

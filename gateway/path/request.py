@@ -21,7 +21,7 @@ from gateway.path.token_ids import check_id_lists, check_prompt
 from gateway.path.unrendered import NOTHING_BESIDE, chat_beside, image_parts, unrendered
 from providers.registry import credential_headers
 from wire.chat import CHAT_SHAPES, AssistantMessage, ChatRequest, ToolMessage, UserMessage, bound_conversation, render
-from wire.errors import InvalidRequestError
+from wire.errors import InvalidRequestError, shown
 from wire.schema import FREE_FORM, CacheSalt, CompletionRequest, check_depth, no_chat_template
 
 MAX_CHOICES: Final = 128
@@ -301,12 +301,12 @@ def normalize(req: CompletionRequest, caps: CapsConfig = _DEFAULT_CAPS) -> Compl
             )
         for header, value in req.inference_extra_headers.items():
             if _refused_header(header):
-                raise _bad(f"'inference_extra_headers' may not set '{header}'", "inference_extra_headers")
+                raise _bad(f"'inference_extra_headers' may not set '{shown(header)}'", "inference_extra_headers")
             # Sent as written on the upstream's wire: a name must be an HTTP token and a value one line of
             # latin-1 text, or a client could smuggle a header or a second request.
             if not _HEADER_NAME.fullmatch(header) or not _HEADER_VALUE.fullmatch(value):
                 raise _bad(
-                    f"'inference_extra_headers' has an invalid header {header!r}: names are HTTP tokens and "
+                    f"'inference_extra_headers' has an invalid header {shown(header)!r}: names are HTTP tokens and "
                     "values one line of latin-1 text",
                     "inference_extra_headers",
                 )

@@ -12,7 +12,8 @@ request runs to show that the worker's event loop keeps answering.
 
 Both sets are module-scoped: every test module gets servers of its own. A module that defines a fixture
 of the same name (`gateway`, `api`, `client`, `up`) uses its own. The httpx transport tests
-(test_transport_httpx*.py) ask for `proxy` and `pki` (tests/security/httpx_rig.py).
+(test_transport_httpx*.py) ask for `proxy` and `pki` (tests/security/httpx_rig.py). The stream tests
+(test_stream_idle*.py, test_stream_hostile.py) take the root `upstream`, and `access`: the access log's lines.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import pytest
 import trustme
 from aiohttp import web
 
+from tests.helpers.accesslog import Lines, listening
 from tests.helpers.recordings import fixture_bytes, fixture_json
 from tests.helpers.servers import GatewayThread, serve_config
 from tests.helpers.upstreams import Handler, Received, Recorder, Upstream
@@ -67,6 +69,13 @@ providers:
 """
 
 COMPLETION = fixture_bytes("openai/completion_davinci002.json")
+
+
+@pytest.fixture
+def access() -> Iterator[Lines]:
+    """The access log's lines written while the test runs."""
+    with listening() as lines:
+        yield lines
 
 
 async def answer(request: web.Request, received: Received) -> web.StreamResponse:

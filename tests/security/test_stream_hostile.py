@@ -18,7 +18,6 @@ import json
 import socket
 import time
 import zlib
-from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Final
@@ -48,22 +47,9 @@ providers:
 """
 
 
-@pytest.fixture(scope="module")
-def up_server() -> Iterator[Upstream]:
-    with Upstream() as server:
-        yield server
-
-
-@pytest.fixture
-def up(up_server: Upstream) -> Upstream:
-    """The module's upstream with no handler and nothing received."""
-    up_server.reset()
-    return up_server
-
-
 def gateway(
     tmp_path: Path,
-    up: Upstream,
+    upstream: Upstream,
     transport: str = "h1",
     total: int = 30000,
     first_byte: int = 10000,
@@ -71,7 +57,9 @@ def gateway(
     idle: int = MiB,
 ) -> AbstractContextManager[GatewayThread]:
     more = f", max_n: {max_n}" if max_n else ""
-    config = CONFIG.format(url=up.url, transport=transport, total=total, first_byte=first_byte, more=more, idle=idle)
+    config = CONFIG.format(
+        url=upstream.url, transport=transport, total=total, first_byte=first_byte, more=more, idle=idle
+    )
     return serve_config(tmp_path, config)
 
 
@@ -117,12 +105,12 @@ async def _flood(request: web.Request, received: Received) -> web.StreamResponse
 
 @pytest.mark.parametrize("transport", ["h1", "httpx"])
 def test_a_compressed_flood_of_blank_lines_never_holds_the_event_loop(
-    tmp_path: Path, up: Upstream, transport: str
+    tmp_path: Path, upstream: Upstream, transport: str
 ) -> None:
     assert len(FLOOD) < 64 * 1024
-    up.handler = _flood
+    upstream.handler = _flood
     # The idle cap raised past the flood: what is measured here is the event loop while it is parsed.
-    with gateway(tmp_path, up, transport, idle=32 * MiB) as gw, HealthProbe(gw.url) as probe:
+    with gateway(tmp_path, upstream, transport, idle=32 * MiB) as gw, HealthProbe(gw.url) as probe:
         resp = post(gw)
     text, _ = streamed(resp)
     assert text == RECORDED_STREAM_TEXT
@@ -193,11 +181,11 @@ def _slow_client(gw: GatewayThread, until: float, upstream: Endless) -> bytes:
 
 @pytest.mark.parametrize("transport", ["h1", "httpx"])
 def test_a_stream_read_slower_than_it_arrives_still_ends_at_total_ms(
-    tmp_path: Path, up: Upstream, transport: str
+    tmp_path: Path, upstream: Upstream, transport: str
 ) -> None:
     endless = Endless()
-    up.handler = endless
-    with gateway(tmp_path, up, transport, total=3000, first_byte=2000) as gw:
+    upstream.handler = endless
+    with gateway(tmp_path, upstream, transport, total=3000, first_byte=2000) as gw:
         started = time.monotonic()
         got = _slow_client(gw, started + 12, endless)
     assert got.startswith(b"HTTP/1.1 200 ")
@@ -209,11 +197,11 @@ def test_a_stream_read_slower_than_it_arrives_still_ends_at_total_ms(
 
 
 @pytest.mark.parametrize("n", [1, 2])
-def test_a_client_that_reads_nothing_holds_its_upstreams_back(tmp_path: Path, up: Upstream, n: int) -> None:
+def test_a_client_that_reads_nothing_holds_its_upstreams_back(tmp_path: Path, upstream: Upstream, n: int) -> None:
     """With `max_n: 1`, `n: 2` is two upstream calls whose streams the gateway merges (docs/emulation.md)."""
     endless = Endless()
-    up.handler = endless
-    with gateway(tmp_path, up, max_n=1) as gw:
+    upstream.handler = endless
+    with gateway(tmp_path, upstream, max_n=1) as gw:
         sock = _stream_request(gw, n=n)
         try:
             assert sock.recv(12) == b"HTTP/1.1 200"
@@ -223,7 +211,7 @@ def test_a_client_that_reads_nothing_holds_its_upstreams_back(tmp_path: Path, up
             more = endless.sent - filled
         finally:
             sock.close()
-    assert len(up.received) == n
+    assert len(upstream.received) == n
     # Before, a merged stream's upstreams were read (and their events parsed and held) as fast as they sent:
     # tens of megabytes a second here, for as long as the client stayed.
     assert more < 1 * MiB, (filled, more)
@@ -232,20 +220,20 @@ def test_a_client_that_reads_nothing_holds_its_upstreams_back(tmp_path: Path, up
 # -- line ends and a byte order mark the SSE standard allows ----------------------------------------
 
 
-def test_a_stream_beginning_with_a_byte_order_mark_keeps_its_first_event(tmp_path: Path, up: Upstream) -> None:
+def test_a_stream_beginning_with_a_byte_order_mark_keeps_its_first_event(tmp_path: Path, upstream: Upstream) -> None:
     events = [e + b"\n\n" for e in [*CHUNKS, DONE_EVENT]]
-    up.handler = reply_stream([BOM + events[0], *events[1:]], "text/event-stream")
-    with gateway(tmp_path, up) as gw:
+    upstream.handler = reply_stream([BOM + events[0], *events[1:]], "text/event-stream")
+    with gateway(tmp_path, upstream) as gw:
         text, _ = streamed(post(gw))
     assert text == RECORDED_STREAM_TEXT
 
 
 @pytest.mark.parametrize("ends", [b"\r", b"\r\n"], ids=["cr", "crlf"])
-def test_a_stream_whose_lines_end_with_a_cr_is_read_whole(tmp_path: Path, up: Upstream, ends: bytes) -> None:
+def test_a_stream_whose_lines_end_with_a_cr_is_read_whole(tmp_path: Path, upstream: Upstream, ends: bytes) -> None:
     raw = b"".join(e + ends + ends for e in [*CHUNKS, DONE_EVENT])
     # Written in pieces of 7 bytes: line ends split from their lines, and a CRLF between two writes.
-    up.handler = reply_stream([raw[i : i + 7] for i in range(0, len(raw), 7)], "text/event-stream", hold_s=30)
-    with gateway(tmp_path, up) as gw:
+    upstream.handler = reply_stream([raw[i : i + 7] for i in range(0, len(raw), 7)], "text/event-stream", hold_s=30)
+    with gateway(tmp_path, upstream) as gw:
         started = time.monotonic()
         text, _ = streamed(post(gw))
     assert text == RECORDED_STREAM_TEXT
@@ -261,10 +249,10 @@ def _chunk(index: int, text: str, finish: str | None) -> bytes:
     return b"data: " + json.dumps(event).encode()
 
 
-def test_a_finish_sent_twice_for_one_choice_does_not_finish_another(tmp_path: Path, up: Upstream) -> None:
+def test_a_finish_sent_twice_for_one_choice_does_not_finish_another(tmp_path: Path, upstream: Upstream) -> None:
     events = [_chunk(0, "Hello", None), _chunk(0, "", "stop"), _chunk(0, "", "stop"), DONE_EVENT]
-    up.handler = reply_stream([e + b"\n\n" for e in events], "text/event-stream")
-    with gateway(tmp_path, up) as gw:
+    upstream.handler = reply_stream([e + b"\n\n" for e in events], "text/event-stream")
+    with gateway(tmp_path, upstream) as gw:
         text, parsed = streamed(post(gw, n=2))
     assert text == "Hello"
     error = parsed[-1].get("error")

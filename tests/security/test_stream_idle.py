@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
 
@@ -24,7 +23,7 @@ import pytest
 from aiohttp import web
 
 from tests.e2e.test_observability import metric
-from tests.helpers.accesslog import Lines, listening
+from tests.helpers.accesslog import Lines
 from tests.helpers.clients import sse_data
 from tests.helpers.faults import CHUNKS, DONE_EVENT, RECORDED_STREAM_TEXT, RECORDED_TEXTS
 from tests.helpers.servers import GatewayThread, serve_config
@@ -87,27 +86,9 @@ class Flood:
         return resp
 
 
-@pytest.fixture(scope="module")
-def up_server() -> Iterator[Upstream]:
-    with Upstream() as server:
-        yield server
-
-
-@pytest.fixture
-def up(up_server: Upstream) -> Upstream:
-    up_server.reset()
-    return up_server
-
-
-@pytest.fixture
-def access() -> Iterator[Lines]:
-    with listening() as lines:
-        yield lines
-
-
 def serve(
     tmp_path: Path,
-    up: Upstream,
+    upstream: Upstream,
     transport: str = "h1",
     caps: str = "",
     timeouts: str = "",
@@ -117,7 +98,7 @@ def serve(
     """The gateway for these upstreams; `timeouts`: more of the global block, `flood_timeouts`: the `flood`
     provider's own block (which replaces the global one for direct requests to it)."""
     config = CONFIG.format(
-        url=up.url,
+        url=upstream.url,
         transport=transport,
         total=total,
         timeouts=f", {timeouts}" if timeouts else "",
@@ -127,14 +108,14 @@ def serve(
     return serve_config(tmp_path, config)
 
 
-def route(up: Upstream, **handlers: Any) -> None:
+def route(upstream: Upstream, **handlers: Any) -> None:
     """Each provider's path (`/flood/...`, `/whole/...`) to its handler."""
 
     async def handler(request: web.Request, received: Received) -> web.StreamResponse:
         result: web.StreamResponse = await handlers[request.path.split("/")[1]](request, received)
         return result
 
-    up.handler = handler
+    upstream.handler = handler
 
 
 def post(gw: GatewayThread, model: str) -> httpx.Response:
@@ -163,11 +144,11 @@ def closed_soon(flood: Flood, calls: int) -> None:
 @pytest.mark.parametrize("kind", list(FLOODS))
 @pytest.mark.parametrize("transport", ["h1", "httpx"])
 def test_a_flood_after_the_first_events_ends_the_stream_with_the_idle_error(
-    tmp_path: Path, up: Upstream, access: Lines, transport: str, kind: str
+    tmp_path: Path, upstream: Upstream, access: Lines, transport: str, kind: str
 ) -> None:
     flood = Flood(FLOODS[kind], first=3)
-    route(up, flood=flood)
-    with serve(tmp_path, up, transport) as gw:
+    route(upstream, flood=flood)
+    with serve(tmp_path, upstream, transport) as gw:
         before = failures(gw, "flood/davinci-002")
         started = time.monotonic()
         resp = post(gw, "flood/davinci-002")
@@ -175,7 +156,7 @@ def test_a_flood_after_the_first_events_ends_the_stream_with_the_idle_error(
         closed_soon(flood, 1)
         after = failures(gw, "flood/davinci-002")
         # The gateway still answers, and the pool hands out a clean connection.
-        route(up, flood=reply_sse([*CHUNKS, DONE_EVENT]))
+        route(upstream, flood=reply_sse([*CHUNKS, DONE_EVENT]))
         again = post(gw, "flood/davinci-002")
     assert took < 10, took  # loopback takes the default 1 MiB in well under a second; total_ms is 30 s
     assert resp.status_code == 200, resp.text[:300]
@@ -201,11 +182,11 @@ def test_a_flood_after_the_first_events_ends_the_stream_with_the_idle_error(
 
 @pytest.mark.parametrize("transport", ["h1", "httpx"])
 def test_a_flood_before_the_first_event_is_a_failed_attempt_that_fails_over(
-    tmp_path: Path, up: Upstream, transport: str
+    tmp_path: Path, upstream: Upstream, transport: str
 ) -> None:
     flood = Flood(FLOODS["comments"], first=0)
-    route(up, flood=flood, whole=reply_sse([*CHUNKS, DONE_EVENT]))
-    with serve(tmp_path, up, transport) as gw:
+    route(upstream, flood=flood, whole=reply_sse([*CHUNKS, DONE_EVENT]))
+    with serve(tmp_path, upstream, transport) as gw:
         # Alone: nothing reached the client, so the failure is the answer, in the dialect's shape.
         alone = post(gw, "flood/davinci-002")
         # With another target: the request moves on to it, and the client never sees the flood.
@@ -216,22 +197,24 @@ def test_a_flood_before_the_first_event_is_a_failed_attempt_that_fails_over(
     assert moved.status_code == 200, moved.text[:300]
     assert moved.headers["x-gateway-attempts"] == "2"
     assert "".join(texts(sse_data(moved.text)[:-1])) == RECORDED_STREAM_TEXT
-    assert [r.path.split("/")[1] for r in up.received] == ["flood", "flood", "whole"]
+    assert [r.path.split("/")[1] for r in upstream.received] == ["flood", "flood", "whole"]
 
 
-def test_a_chat_stream_meets_the_same_cap(tmp_path: Path, up: Upstream) -> None:
+def test_a_chat_stream_meets_the_same_cap(tmp_path: Path, upstream: Upstream) -> None:
     flood = Flood(FLOODS["comments"], first=0)
-    route(up, flood=flood)
+    route(upstream, flood=flood)
     body = {"model": "flood/davinci-002", "messages": [{"role": "user", "content": "Hi"}], "stream": True}
-    with serve(tmp_path, up) as gw, httpx.Client(trust_env=False, timeout=60) as client:
+    with serve(tmp_path, upstream) as gw, httpx.Client(trust_env=False, timeout=60) as client:
         resp = client.post(gw.url + "/v1/chat/completions", json=body)
         closed_soon(flood, 1)
     assert resp.status_code == 502, resp.text[:300]
     assert resp.json()["error"]["code"] == "upstream_stream_idle"
-    assert up.received[0].path == "/flood/v1/chat/completions"
+    assert upstream.received[0].path == "/flood/v1/chat/completions"
 
 
-def test_a_flood_after_the_first_events_is_resumed_elsewhere_with_resume_streams(tmp_path: Path, up: Upstream) -> None:
+def test_a_flood_after_the_first_events_is_resumed_elsewhere_with_resume_streams(
+    tmp_path: Path, upstream: Upstream
+) -> None:
     flood = Flood(FLOODS["blank_lines"], first=3)
 
     async def rest(request: web.Request, received: Received) -> web.StreamResponse:
@@ -240,18 +223,18 @@ def test_a_flood_after_the_first_events_is_resumed_elsewhere_with_resume_streams
         result: web.StreamResponse = await handler(request, received)
         return result
 
-    route(up, flood=flood, whole=rest)
-    with serve(tmp_path, up) as gw:
+    route(upstream, flood=flood, whole=rest)
+    with serve(tmp_path, upstream) as gw:
         resp = post(gw, "resumed")
         closed_soon(flood, 1)
     data = sse_data(resp.text)
     assert data[-1] == "[DONE]" and all("error" not in json.loads(d) for d in data[:-1]), data[-3:]
     assert "".join(texts(data[:-1])) == RECORDED_STREAM_TEXT  # one uninterrupted stream
-    assert [r.path.split("/")[1] for r in up.received] == ["flood", "whole"]
-    assert up.received[1].json()["max_tokens"] == 16 - 3
+    assert [r.path.split("/")[1] for r in upstream.received] == ["flood", "whole"]
+    assert upstream.received[1].json()["max_tokens"] == 16 - 3
 
 
-def test_keep_alive_pings_between_events_never_meet_the_cap(tmp_path: Path, up: Upstream) -> None:
+def test_keep_alive_pings_between_events_never_meet_the_cap(tmp_path: Path, upstream: Upstream) -> None:
     """A ping every 20 ms while the model thinks, a second long, between every two events: the stream is whole."""
     pings = b": ping\n\n"
 
@@ -268,13 +251,13 @@ def test_keep_alive_pings_between_events_never_meet_the_cap(tmp_path: Path, up: 
         await resp.write_eof()
         return resp
 
-    route(up, flood=slow)
-    with serve(tmp_path, up, caps="upstream_idle_stream_bytes: 1024") as gw:
+    route(upstream, flood=slow)
+    with serve(tmp_path, upstream, caps="upstream_idle_stream_bytes: 1024") as gw:
         resp = post(gw, "flood/davinci-002")
     assert "".join(texts(sse_data(resp.text)[:-1])) == RECORDED_STREAM_TEXT  # 400 bytes of pings before each
 
 
-def test_a_large_event_arriving_in_many_reads_is_not_idle(tmp_path: Path, up: Upstream) -> None:
+def test_a_large_event_arriving_in_many_reads_is_not_idle(tmp_path: Path, upstream: Upstream) -> None:
     """Pings just under the cap, then an event near the event cap in 1 KiB writes: only what came before the
     event counts, so it is relayed; the same pings with as many bytes of comments after them are not."""
     big = json.loads(CHUNKS[0][len(b"data: ") :])
@@ -298,10 +281,10 @@ def test_a_large_event_arriving_in_many_reads_is_not_idle(tmp_path: Path, up: Up
         return send
 
     caps = "upstream_event_bytes: 65536, upstream_idle_stream_bytes: 65536"
-    route(up, flood=handler(event))
-    with serve(tmp_path, up, caps=caps) as gw:
+    route(upstream, flood=handler(event))
+    with serve(tmp_path, upstream, caps=caps) as gw:
         whole = post(gw, "flood/davinci-002")
-        route(up, flood=handler(b": " + b"x" * (len(event) - 3) + b"\n"))
+        route(upstream, flood=handler(b": " + b"x" * (len(event) - 3) + b"\n"))
         idle = post(gw, "flood/davinci-002")
     assert "".join(texts(sse_data(whole.text)[:-1])) == "a" * (60 * KiB) + "".join(RECORDED_TEXTS[1:])
     assert idle.status_code == 502 and idle.json()["error"]["code"] == "upstream_stream_idle", idle.text[:300]

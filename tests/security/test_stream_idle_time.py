@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
@@ -22,7 +21,7 @@ import httpx
 import pytest
 from aiohttp import web
 
-from tests.helpers.accesslog import Lines, listening
+from tests.helpers.accesslog import Lines
 from tests.helpers.clients import sse_data
 from tests.helpers.faults import CHUNKS, DONE_EVENT, RECORDED_STREAM_TEXT, RECORDED_TEXTS
 from tests.helpers.upstreams import Received, Upstream, reply_sse
@@ -83,38 +82,20 @@ class Trickle(Flood):
         return self.ended[call] - self.progress[call]
 
 
-@pytest.fixture(scope="module")
-def up_server() -> Iterator[Upstream]:
-    with Upstream() as server:
-        yield server
-
-
-@pytest.fixture
-def up(up_server: Upstream) -> Upstream:
-    up_server.reset()
-    return up_server
-
-
-@pytest.fixture
-def access() -> Iterator[Lines]:
-    with listening() as lines:
-        yield lines
-
-
 @pytest.mark.parametrize("kind", list(TRICKLES))
 @pytest.mark.parametrize("transport", ["h1", "httpx"])
 def test_a_trickle_after_the_first_events_ends_the_stream_with_the_idle_error(
-    tmp_path: Path, up: Upstream, access: Lines, transport: str, kind: str
+    tmp_path: Path, upstream: Upstream, access: Lines, transport: str, kind: str
 ) -> None:
     trickle = Trickle(TRICKLES[kind], first=3)
-    route(up, flood=trickle)
-    with serve(tmp_path, up, transport, total=TOTAL_MS, flood_timeouts=OWN) as gw:
+    route(upstream, flood=trickle)
+    with serve(tmp_path, upstream, transport, total=TOTAL_MS, flood_timeouts=OWN) as gw:
         before = failures(gw, "flood/davinci-002")
         resp = post(gw, "flood/davinci-002")
         closed_soon(trickle, 1)
         after = failures(gw, "flood/davinci-002")
         # The gateway still answers, and the pool hands out a clean connection.
-        route(up, flood=reply_sse([*CHUNKS, DONE_EVENT]))
+        route(upstream, flood=reply_sse([*CHUNKS, DONE_EVENT]))
         again = post(gw, "flood/davinci-002")
     assert IDLE_S <= trickle.held() < IDLE_S + LATE_S, trickle.held()
     assert resp.status_code == 200, resp.text[:300]
@@ -149,11 +130,11 @@ def test_a_trickle_after_the_first_events_ends_the_stream_with_the_idle_error(
 )
 @pytest.mark.parametrize("transport", ["h1", "httpx"])
 def test_the_idle_time_counts_from_the_last_event_that_carried_something(
-    tmp_path: Path, up: Upstream, transport: str, gap: float, quiet: float
+    tmp_path: Path, upstream: Upstream, transport: str, gap: float, quiet: float
 ) -> None:
     made = Trickle(TRICKLES["comments"], first=3, gap=gap, quiet=quiet)
-    route(up, flood=made)
-    with serve(tmp_path, up, transport, total=TOTAL_MS, flood_timeouts=OWN) as gw:
+    route(upstream, flood=made)
+    with serve(tmp_path, upstream, transport, total=TOTAL_MS, flood_timeouts=OWN) as gw:
         resp = post(gw, "flood/davinci-002")
         closed_soon(made, 1)
     assert json.loads(sse_data(resp.text)[-2])["error"]["code"] == "upstream_stream_idle", resp.text[-300:]
@@ -162,11 +143,11 @@ def test_the_idle_time_counts_from_the_last_event_that_carried_something(
 
 @pytest.mark.parametrize("transport", ["h1", "httpx"])
 def test_a_trickle_before_the_first_event_is_a_failed_attempt_that_fails_over(
-    tmp_path: Path, up: Upstream, transport: str
+    tmp_path: Path, upstream: Upstream, transport: str
 ) -> None:
     trickle = Trickle(TRICKLES["comments"], first=0)
-    route(up, flood=trickle, whole=reply_sse([*CHUNKS, DONE_EVENT]))
-    with serve(tmp_path, up, transport, timeouts=f"stream_idle_ms: {IDLE_MS}", total=TOTAL_MS) as gw:
+    route(upstream, flood=trickle, whole=reply_sse([*CHUNKS, DONE_EVENT]))
+    with serve(tmp_path, upstream, transport, timeouts=f"stream_idle_ms: {IDLE_MS}", total=TOTAL_MS) as gw:
         # Alone: nothing reached the client, so the failure is the answer, in the dialect's shape.
         alone = post(gw, "flood/davinci-002")
         # With another target: the request moves on to it, and the client never sees the trickle.
@@ -179,30 +160,30 @@ def test_a_trickle_before_the_first_event_is_a_failed_attempt_that_fails_over(
     assert moved.status_code == 200, moved.text[:300]
     assert moved.headers["x-gateway-attempts"] == "2"
     assert "".join(texts(sse_data(moved.text)[:-1])) == RECORDED_STREAM_TEXT
-    assert [r.path.split("/")[1] for r in up.received] == ["flood", "flood", "whole"]
+    assert [r.path.split("/")[1] for r in upstream.received] == ["flood", "flood", "whole"]
 
 
-def test_a_chat_stream_meets_the_same_idle_time(tmp_path: Path, up: Upstream) -> None:
+def test_a_chat_stream_meets_the_same_idle_time(tmp_path: Path, upstream: Upstream) -> None:
     trickle = Trickle(TRICKLES["comments"], first=0)
-    route(up, flood=trickle)
+    route(upstream, flood=trickle)
     body = {"model": "flood/davinci-002", "messages": [{"role": "user", "content": "Hi"}], "stream": True}
     with (
-        serve(tmp_path, up, total=TOTAL_MS, flood_timeouts=OWN) as gw,
+        serve(tmp_path, upstream, total=TOTAL_MS, flood_timeouts=OWN) as gw,
         httpx.Client(trust_env=False, timeout=60) as client,
     ):
         resp = client.post(gw.url + "/v1/chat/completions", json=body)
         closed_soon(trickle, 1)
     assert resp.status_code == 502, resp.text[:300]
     assert resp.json()["error"]["code"] == "upstream_stream_idle"
-    assert up.received[0].path == "/flood/v1/chat/completions"
+    assert upstream.received[0].path == "/flood/v1/chat/completions"
 
 
-def test_unset_it_is_first_byte_ms(tmp_path: Path, up: Upstream) -> None:
+def test_unset_it_is_first_byte_ms(tmp_path: Path, upstream: Upstream) -> None:
     """A ping every 0.25 s, well within the read timeout of 1.5 s: the stream ends 1.5 s after its last event."""
     trickle = Trickle(TRICKLES["comments"], first=3, every=0.25)
-    route(up, flood=trickle)
+    route(upstream, flood=trickle)
     own = f"first_byte_ms: {IDLE_MS}, total_ms: {TOTAL_MS}"
-    with serve(tmp_path, up, total=TOTAL_MS, flood_timeouts=own) as gw:
+    with serve(tmp_path, upstream, total=TOTAL_MS, flood_timeouts=own) as gw:
         resp = post(gw, "flood/davinci-002")
         closed_soon(trickle, 1)
     error = json.loads(sse_data(resp.text)[-2])["error"]
@@ -212,7 +193,7 @@ def test_unset_it_is_first_byte_ms(tmp_path: Path, up: Upstream) -> None:
 
 
 def test_a_trickle_after_the_first_events_is_resumed_elsewhere_with_resume_streams(
-    tmp_path: Path, up: Upstream
+    tmp_path: Path, upstream: Upstream
 ) -> None:
     trickle = Trickle(TRICKLES["ignored_events"], first=3)
 
@@ -221,18 +202,18 @@ def test_a_trickle_after_the_first_events_is_resumed_elsewhere_with_resume_strea
         result: web.StreamResponse = await reply_sse([*CHUNKS[len(CHUNKS) - left :], DONE_EVENT])(request, received)
         return result
 
-    route(up, flood=trickle, whole=rest)
-    with serve(tmp_path, up, timeouts=f"stream_idle_ms: {IDLE_MS}", total=TOTAL_MS) as gw:
+    route(upstream, flood=trickle, whole=rest)
+    with serve(tmp_path, upstream, timeouts=f"stream_idle_ms: {IDLE_MS}", total=TOTAL_MS) as gw:
         resp = post(gw, "resumed")
         closed_soon(trickle, 1)
     data = sse_data(resp.text)
     assert data[-1] == "[DONE]" and all("error" not in json.loads(d) for d in data[:-1]), data[-3:]
     assert "".join(texts(data[:-1])) == RECORDED_STREAM_TEXT  # one uninterrupted stream
-    assert [r.path.split("/")[1] for r in up.received] == ["flood", "whole"]
-    assert up.received[1].json()["max_tokens"] == 16 - 3
+    assert [r.path.split("/")[1] for r in upstream.received] == ["flood", "whole"]
+    assert upstream.received[1].json()["max_tokens"] == 16 - 3
 
 
-def test_pings_between_events_that_carry_something_never_meet_it(tmp_path: Path, up: Upstream) -> None:
+def test_pings_between_events_that_carry_something_never_meet_it(tmp_path: Path, upstream: Upstream) -> None:
     """A second of pings before each of four events, more than twice the idle time in all: the stream is whole."""
 
     async def thinking(request: web.Request, received: Received) -> web.StreamResponse:
@@ -248,7 +229,7 @@ def test_pings_between_events_that_carry_something_never_meet_it(tmp_path: Path,
         await resp.write_eof()
         return resp
 
-    route(up, flood=thinking)
-    with serve(tmp_path, up, total=TOTAL_MS, flood_timeouts=OWN) as gw:
+    route(upstream, flood=thinking)
+    with serve(tmp_path, upstream, total=TOTAL_MS, flood_timeouts=OWN) as gw:
         resp = post(gw, "flood/davinci-002")
     assert "".join(texts(sse_data(resp.text)[:-1])) == RECORDED_STREAM_TEXT
