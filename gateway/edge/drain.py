@@ -53,7 +53,13 @@ def drain_routes(authorize: Authorize, render: Render) -> list[HTTPRouteHandler]
         fleet = fleets.get(name)
         if fleet is None:
             return render(
-                GatewayError(f"No provider {shown(name)!r} with replicas", status=404, code="not_found", param="name")
+                GatewayError(
+                    f"No provider {shown(name)!r} with replicas",
+                    status=404,
+                    code="not_found",
+                    type="not_found_error",
+                    param="name",
+                )
             )
         if not 0 <= index < fleet.size:
             return render(

@@ -79,6 +79,9 @@ def test_a_draining_replica_takes_no_new_requests_and_its_stream_finishes(
             assert r.status_code == 503 and r.json()["error"]["code"] == "replicas_draining"
             r = c.post(f"{gw.url}/admin/providers/engine/replicas/7/drain", headers=ADMIN)
             assert r.status_code == 400 and r.json()["error"]["param"] == "index"
+            r = c.post(f"{gw.url}/admin/providers/nowhere/replicas/0/drain", headers=ADMIN)
+            assert r.status_code == 404
+            assert (r.json()["error"]["type"], r.json()["error"]["param"]) == ("not_found_error", "name")
             assert c.post(f"{gw.url}/admin/providers/engine/replicas/0/undrain").status_code == 401
 
 
