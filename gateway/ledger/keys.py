@@ -225,7 +225,8 @@ def rotate(cur: Cursor, key_id: str, grace_s: float, team: str | None = None) ->
     now = time.time()
     until = round(now + grace_s, 3)
     cur.execute("DELETE FROM key_secrets WHERE key_id = ? AND valid_until <= ?", (key_id, now))
-    if until > now:  # the secret in force joins the earlier ones, each valid until its own grace ends
+    # `grace_s` 0: the secret in force ends now (the rounding of `until` must not keep it a moment longer).
+    if grace_s > 0 and until > now:  # the secret in force joins the earlier ones, each valid until its own grace ends
         kept = int(cur.rows("SELECT count(*) FROM key_secrets WHERE key_id = ?", (key_id,))[0][0])
         if kept >= MAX_GRACE_SECRETS:
             raise TooManySecrets(
