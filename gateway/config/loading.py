@@ -256,6 +256,9 @@ def _check(
     for i, key in enumerate(cfg.keys):
         if key.name in seen_names:
             fail(f"keys[{i}].name", f"duplicate key name {key.name!r}")
+        # A team's runtime key goes by `team/name`: a YAML key of that name would share its queue, priority and rows.
+        if "/" in key.name:
+            fail(f"keys[{i}].name", f"{key.name!r}: a key name may not contain '/' (a team's runtime key is team/name)")
         seen_names.add(key.name)
     # Client keys and team admin keys: each secret is one caller's. One secret would authenticate as whichever
     # came last (another key's limits, budgets and models silently not applied), and a team admin's secret that

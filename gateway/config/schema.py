@@ -26,6 +26,11 @@ class Strict(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 # A budget in USD: a billion at most (larger, or `.inf`, is refused where it is given). Spend counts in 64-bit
 # picodollars, which stop at about $9.2 million: a budget above that may never be reached (docs/ledger.md).
 BudgetUsd = Annotated[float, Meta(ge=0, le=1e9)]
+# A key's or a team's share of a saturated server. At least a thousandth: the fair queue charges tokens / weight,
+# and a weight near zero (5e-324) charges infinity, which lifts every tenant after it to an infinite service and
+# so ends the weighted order for all of them (docs/fairness.md).
+WEIGHT_MIN: Final = 0.001
+FairWeight = Annotated[float, Meta(ge=WEIGHT_MIN, le=10_000)]
 
 
 class ServerConfig(Strict, frozen=True):
@@ -147,7 +152,7 @@ class KeyConfig(Strict, frozen=True):
     # than budgetless.
     team: str | None = None
     # This key's share of a saturated server against the other keys waiting (`queue.fair_by: key`; docs/fairness.md).
-    weight: Annotated[float, Meta(gt=0, le=10_000)] = 1.0
+    weight: FairWeight = 1.0
     # The priority of a request without an `x-gateway-priority` header; unset: the team's, else `normal`.
     priority: Priority | None = None
     # The highest priority this key may ask for; unset: the team's, else `normal` (a higher ask is a 403).
@@ -165,7 +170,7 @@ class TeamConfig(Strict, frozen=True):
     # lines count too, filling at most `batches.quota_share` of each (docs/ratelimits.md#team-limits). Unset: none.
     limits: LimitsConfig | None = None
     # The team's share of a saturated server against the other teams waiting (`queue.fair_by: team`).
-    weight: Annotated[float, Meta(gt=0, le=10_000)] = 1.0
+    weight: FairWeight = 1.0
     # The `priority` of the team's keys that set none.
     priority: Priority | None = None
     # The `max_priority` of the team's keys that set none.
@@ -173,6 +178,11 @@ class TeamConfig(Strict, frozen=True):
     # Globs every key of the team is held to, in a key's `models` syntax: a request may name a model only when its
     # key's `models` and these both match it (docs/security.md#team-models). `**`: no ceiling.
     models: list[str] = msgspec.field(default_factory=lambda: ["**"])
+    # Runtime keys the team may hold (not revoked; an expired one until it is) and make in any 24 hours, when its
+    # admin makes one more: past either, a 409 `too_many_keys` (the operator's admin key is not held to it). Each
+    # key in force is held in every replica's memory with batch quotas of its own, and a revoked one stays in the
+    # ledger (docs/security.md#admin-roles).
+    max_keys: Annotated[int, Meta(ge=0, le=1_000_000)] = 1_000
     # This team's own admin key (normally a `${VAR}`, as `admin.key`): it makes, lists, rotates and revokes the
     # team's runtime keys, reads the team's usage and status (the status page too) and lists and cancels its keys'
     # batches, nothing else (docs/security.md#admin-roles). Empty or unset: the team has no admin of its own.

@@ -3,9 +3,10 @@
 The app passes in the admin check (gateway/edge/admin_role.py `identify`) and the error renderer. Bad input is
 a 400 naming the field, and so is what the config refuses for a `keys:` entry (gateway/config/consistency.py
 `key_problem`, against the `teams:`, aliases and providers in force); a name taken in the key's namespace
-(gateway/ledger/namespaces.py) is a 409; an unknown or revoked id a 404. A team's admin works within its team:
-its new keys are its team's and no more than the team may (a 403 naming the field), and another team's key id
-is a 404, as an unknown one, so ids cannot be probed. A new key's `models` may be wider than its team's
+(gateway/ledger/namespaces.py) is a 409, as are a team's keys past `teams.<name>.max_keys` and a key's earlier
+secrets past `MAX_GRACE_SECRETS` (gateway/ledger/keys.py); an unknown or revoked id a 404. A team's admin works
+within its team: its new keys are its team's and no more than the team may (a 403 naming the field), and another
+team's key id is a 404, as an unknown one, so ids cannot be probed. A new key's `models` may be wider than its team's
 `models`: the team's apply to every key of it as it calls.
 Docs: docs/ledger.md, docs/security.md#admin-roles.
 """
@@ -22,7 +23,7 @@ from litestar import Request, Response, delete, get, post
 from litestar.handlers import HTTPRouteHandler
 from msgspec import Meta
 
-from gateway.config import BudgetUsd, LimitsConfig, Priority, TeamConfig, key_problem
+from gateway.config import BudgetUsd, FairWeight, LimitsConfig, Priority, TeamConfig, key_problem
 from gateway.config.consistency import RANK
 from gateway.edge.admin_role import AdminRole
 from gateway.ledger import keys as keystore
@@ -59,7 +60,7 @@ class NewKey(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     limits: LimitsConfig | None = None  # rps, rpm, tpm, tpd, concurrent, max_queue_ms: a YAML key's block
     batch_limits: LimitsConfig | None = None  # its batch lines', in place of `batches.limits`
     # The key's share of a saturated server, as a YAML key's (docs/fairness.md).
-    weight: Annotated[float, Meta(gt=0, le=10_000)] = 1.0
+    weight: FairWeight = 1.0
     priority: Priority | None = None
     max_priority: Priority | None = None
 
@@ -162,6 +163,8 @@ def routes(identify: Identify, render: Render) -> list[HTTPRouteHandler]:
         if spec.name == ANONYMOUS:  # its rows would be read as the keyless requests' spend, and theirs as its own
             return render(_conflict(f"{ANONYMOUS!r} is the name the ledger books requests without a key under"))
         expires = round(time.time() + spec.expires_in_s, 3) if spec.expires_in_s else None
+        # A team admin's team is under `teams:` (`beyond_team`); the operator is held to no count.
+        most = None if role.team is None else svc.teams[role.team].max_keys
         try:
             issued = await run(
                 request,
@@ -175,9 +178,14 @@ def routes(identify: Identify, render: Render) -> list[HTTPRouteHandler]:
                 spec.max_cost_per_month,
                 (spec.weight, spec.priority, spec.max_priority),
                 spec.batch_limits,
+                most,
             )
         except keystore.KeyConflict as exc:
             return render(_conflict(str(exc)))
+        except keystore.TooManyKeys as exc:
+            return render(
+                GatewayError(f"Too many keys: {exc}", status=409, code="too_many_keys", type="invalid_request_error")
+            )
         except LedgerDown as exc:
             return unavailable(exc)
         await applied(svc)
@@ -208,6 +216,10 @@ def routes(identify: Identify, render: Render) -> list[HTTPRouteHandler]:
             issued = await run(request, keystore.rotate, key_id, spec.grace_s, role.team)
         except keystore.KeyNotFound:
             return render(_no_key(key_id))
+        except keystore.TooManySecrets as exc:
+            message = f"Too many secrets: {exc}"
+            kind = "invalid_request_error"
+            return render(GatewayError(message, status=409, param="grace_s", code="too_many_secrets", type=kind))
         except LedgerDown as exc:
             return unavailable(exc)
         await applied(service(request))

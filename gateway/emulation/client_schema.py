@@ -168,7 +168,8 @@ def _pointer(root: Any, ref: str, param: str) -> Any:
         part = unquote(raw).replace("~1", "/").replace("~0", "~")
         if isinstance(node, dict) and part in node:
             node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+        # ASCII and short: `int` refuses other scripts' digits ("²") and more than 4,300 of them (a 500).
+        elif isinstance(node, list) and part.isascii() and part.isdigit() and len(part) < 19 and int(part) < len(node):
             node = node[int(part)]
         else:
             raise _bad(param, f"has a $ref that points nowhere in the schema ({ref[:100]!r})")

@@ -22,7 +22,7 @@ from typing import Any, Final
 
 import msgspec
 
-from gateway.config import QUEUE_MAX_MS, RATE_MAX, LimitsConfig, ModelNames, Priority
+from gateway.config import QUEUE_MAX_MS, RATE_MAX, WEIGHT_MIN, LimitsConfig, ModelNames, Priority
 from gateway.ledger.book import Ledger
 from gateway.ledger.engine import Cursor, LedgerDown
 from gateway.ledger.namespaces import YamlKeys, takes_yaml_name
@@ -47,6 +47,11 @@ _BOUNDS: Final = {
     "concurrent": RATE_MAX,
     "max_queue_ms": QUEUE_MAX_MS,
 }
+# Earlier secrets of one key still in their grace at most: each is one more key in force in every replica's
+# memory, read again at every change, so rotations in a row with a grace would grow them without end. Past it a
+# rotation with a grace is refused; one with `grace_s: 0` (a leaked secret) never is.
+MAX_GRACE_SECRETS: Final = 16
+_DAY_S: Final = 86_400
 _BUMP: Final = "UPDATE counters SET value = value + 1 WHERE name = 'keys'"
 _SPACE: Final = "coalesce(team, '')"  # a key's namespace, as the unique index `api_keys_team_name` reads it
 
@@ -82,6 +87,14 @@ class KeyConflict(Exception):
 
 
 class KeyNotFound(Exception):
+    pass
+
+
+class TooManyKeys(Exception):
+    pass
+
+
+class TooManySecrets(Exception):
     pass
 
 
@@ -141,7 +154,15 @@ def create(
     max_cost_per_month: float | None = None,
     share: Share = (1.0, None, None),
     batch_limits: LimitsConfig | None = None,
+    most: int | None = None,
 ) -> Issued:
+    """A new key; with `most` (a team admin's `teams.<name>.max_keys`), only while its team holds fewer keys in
+    force and has made fewer in the last day (`_count_keys`)."""
+    # First: on PostgreSQL the counter's row is then held until commit, so keys made at once on two replicas
+    # are counted one after the other (SQLite's BEGIN IMMEDIATE does so), and a team cannot pass `most`.
+    cur.execute(_BUMP)
+    if most is not None:
+        _count_keys(cur, team, most)
     # A name is taken within its team alone (the operator's keys of no team are one more namespace); a revoked
     # key keeps its name, so the rows booked under it are never read as a newer key's.
     taken = cur.rows(f"SELECT id FROM api_keys WHERE name = ? AND {_SPACE} = ?", (name, team or ""))
@@ -160,10 +181,24 @@ def create(
     )
     if not cur.rows("SELECT id FROM api_keys WHERE id = ?", (key_id,)):
         raise KeyConflict(_taken(name, team))
-    cur.execute(_BUMP)
     fields = (key_id, name, team, models, max_cost_per_day, expires_at, now, None, limits, max_cost_per_month)
     row = KeyRow(*fields, *share, batch_limits)
     return Issued(row, secret)
+
+
+def _count_keys(cur: Cursor, team: str | None, most: int) -> None:
+    """`TooManyKeys` when `team` holds `most` keys in force, or made `most` in the last day: a revoked key stays
+    in the ledger (its name stays taken), so making and revoking keys in turn would grow it without end."""
+    sql = (
+        "SELECT coalesce(sum(CASE WHEN revoked_at IS NULL THEN 1 ELSE 0 END), 0), "
+        f"coalesce(sum(CASE WHEN created_at > ? THEN 1 ELSE 0 END), 0) FROM api_keys WHERE {_SPACE} = ?"
+    )
+    held, made = (int(n) for n in cur.rows(sql, (time.time() - _DAY_S, team or ""))[0])
+    setting = f"teams.{team}.max_keys"
+    if held >= most:
+        raise TooManyKeys(f"team {team!r} holds {held} keys, its most ({setting}) {most}: revoke one it no longer uses")
+    if made >= most:
+        raise TooManyKeys(f"team {team!r} made {made} keys in the last 24 hours, its most ({setting}) {most}")
 
 
 def _taken(name: str, team: str | None) -> str:
@@ -190,7 +225,14 @@ def rotate(cur: Cursor, key_id: str, grace_s: float, team: str | None = None) ->
     now = time.time()
     until = round(now + grace_s, 3)
     cur.execute("DELETE FROM key_secrets WHERE key_id = ? AND valid_until <= ?", (key_id, now))
-    if until > now:  # the secret in force joins the earlier ones, each valid until its own grace ends
+    # `grace_s` 0: the secret in force ends now (the rounding of `until` must not keep it a moment longer).
+    if grace_s > 0 and until > now:  # the secret in force joins the earlier ones, each valid until its own grace ends
+        kept = int(cur.rows("SELECT count(*) FROM key_secrets WHERE key_id = ?", (key_id,))[0][0])
+        if kept >= MAX_GRACE_SECRETS:
+            raise TooManySecrets(
+                f"key {key_id!r} has {kept} earlier secrets still in their grace, the most a key keeps "
+                f"({MAX_GRACE_SECRETS}): rotate with grace_s 0, or once the grace of one has ended"
+            )
         cur.execute(
             "INSERT INTO key_secrets (digest, key_id, valid_until) SELECT digest, id, ? FROM api_keys WHERE id = ?",
             (until, key_id),
@@ -276,7 +318,8 @@ def _ring(rows: list[tuple[Any, ...]], earlier: list[tuple[Any, ...]]) -> dict[b
             queue_ms,
             ident=r[0],
             team=r[2],
-            weight=1.0 if r[12] is None else r[12],
+            # A key made before weights were bounded below is served at the bound, as its limits are.
+            weight=1.0 if r[12] is None else max(r[12], WEIGHT_MIN),
             priority=r[13],
             max_priority=r[14],
             batch_limits=_limits(r[15]),

@@ -413,8 +413,12 @@ def test_batches_are_listed_newest_first_page_by_page(tmp_path: Path) -> None:
         with httpx.Client(base_url=gw.url, headers={"authorization": f"Bearer {EVAL_KEY}"}) as c:
             tail = c.get("/v1/batches", params={"limit": 2, "after": made[1]}).json()
             too_many = c.get("/v1/batches", params={"limit": 101})
-            # A digit `int()` does not read ("²"): refused like any other bad limit, not a 500.
-            odd = [c.get(route, params={"limit": "\u00b2"}) for route in ("/v1/batches", "/v1/files")]
+            # A number `int()` does not read ("²", more than 4,300 digits): refused like any other bad limit.
+            odd = [
+                c.get(route, params={"limit": limit})
+                for route in ("/v1/batches", "/v1/files")
+                for limit in ("\u00b2", "1" * 5000)
+            ]
             # Another key's id is a cursor that does not exist: the page is the first, as for a made-up id.
             for path, cursor in (("/v1/batches", theirs), ("/v1/files", their_file)):
                 unknown = c.get(path, params={"after": "batch_0000000000000000000000"}).json()
@@ -423,7 +427,7 @@ def test_batches_are_listed_newest_first_page_by_page(tmp_path: Path) -> None:
     assert paged == made[::-1] and theirs not in paged
     assert [b["id"] for b in tail["data"]] == [made[0]] and tail["has_more"] is False
     assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "limit"
-    assert [(r.status_code, r.json()["error"]["param"]) for r in odd] == [(400, "limit"), (400, "limit")]
+    assert [(r.status_code, r.json()["error"]["param"]) for r in odd] == [(400, "limit")] * 4
 
 
 FILE_PART = b'--x\r\ncontent-disposition: form-data; name="file"; filename="a.jsonl"\r\n\r\n{}\r\n'

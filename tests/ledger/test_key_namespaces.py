@@ -15,6 +15,9 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
+import pytest
+
+from gateway.config import ConfigError, load_config
 from gateway.ledger.engine import Cursor, Database
 from gateway.ledger.schema import MIGRATIONS
 from gateway.limits.usage import day_of
@@ -127,6 +130,17 @@ def test_a_yaml_keys_name_is_taken_in_its_own_namespace_only(tmp_path: Path) -> 
         with client(gw.url, green.json()["secret"]) as c:
             high = c.post("/v1/completions", json=body(), headers={"x-gateway-priority": "high"})
         assert high.status_code == 403 and high.json()["error"]["code"] == "priority_not_allowed", high.text
+
+
+def test_no_yaml_key_goes_by_a_teams_label(tmp_path: Path) -> None:
+    """A YAML key named `green/ci` would be taken for green's runtime key `ci` wherever keys go by their label
+    (the fair queue, priorities, the operator's usage views): green's admin would make `ci` and ask for that
+    YAML key's `high` priority. Such a config does not load."""
+    path = gateway_config(tmp_path, f"sqlite:///{tmp_path / 'ledger.db'}", yaml_alice="team: blue, max_priority: high")
+    path.write_text(path.read_text().replace("name: alice", "name: green/ci"))
+    with pytest.raises(ConfigError) as info:
+        load_config(path, TEAM_ENV)
+    assert "keys[0].name: 'green/ci': a key name may not contain '/'" in str(info.value)
 
 
 def at_version_9(url: str, secret: str) -> None:

@@ -70,6 +70,20 @@ async def test_weights_set_the_shares(tmp_path: Path, engine: Engine) -> None:
     assert 11 <= first.count("heavy") <= 13, engine.order  # weight 3 against 1: three quarters
 
 
+async def test_the_lowest_weight_is_served_last_never_first(tmp_path: Path, engine: Engine) -> None:
+    """Tokens / weight is the service charged: at the floor (0.001) it is large yet finite. A weight near zero
+    (5e-324, refused now) charged infinity, and its credit made the service NaN, which no comparison orders:
+    that key, waiting first, went ahead of everyone else for as long as it kept sending."""
+    tiny = "  - {name: noisy, key: k-noisy}\n  - {name: tiny, key: k-tiny, weight: 0.001}"
+    with serve_config(tmp_path, config(engine, 1).replace("  - {name: noisy, key: k-noisy}", tiny)) as gw:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+            assert (await ask(client, "tiny", tokens=10)).status_code == 200  # served alone: its service and credit
+            await _queued(gw, engine, client, many("tiny", 10, 6) + many("noisy", 10, 6) + many("heavy", 10, 6))
+    # Lifted to the others' service as it starts waiting, one of its requests may go among theirs: no more.
+    queued = engine.order[1:]
+    assert queued[:12].count("tiny") <= 1 and queued[-5:] == ["tiny"] * 5, engine.order
+
+
 async def test_teams_share_when_fair_by_team(tmp_path: Path, engine: Engine) -> None:
     extra = "teams: {red: {weight: 1}, blue: {weight: 1}}"
     text = config(engine, 1, queue="fair_by: team", extra=extra)

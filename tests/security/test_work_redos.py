@@ -106,6 +106,19 @@ REFUSED = [
         },
         id="ref-loop-through-defs",
     ),
+    # An index `int()` cannot read: another script's digit, more digits than it converts (4,300).
+    pytest.param(
+        "anthropic/claude-3-opus-20240229",
+        "guided_json",
+        {"prefixItems": [{}], "items": {"$ref": "#/prefixItems/\u00b2"}},
+        id="ref-index-not-ascii",
+    ),
+    pytest.param(
+        "anthropic/claude-3-opus-20240229",
+        "guided_json",
+        {"prefixItems": [{}], "items": {"$ref": "#/prefixItems/" + "1" * 5000}},
+        id="ref-index-too-long",
+    ),
     pytest.param(
         "ollama/llama3",
         "guided_choice",
