@@ -40,13 +40,11 @@ from wire.chat import (
     ChatRequest,
     ChunkChoice,
     Delta,
-    FunctionCall,
     FunctionDelta,
-    Message,
-    ToolCall,
     ToolCallDelta,
 )
 from wire.errors import InvalidRequestError, UnsupportedParamError
+from wire.messages import FunctionCall, Message, ToolCall
 from wire.schema import Completion, Usage
 
 

@@ -14,8 +14,9 @@ Anthropic, Bedrock, Gemini and Mistral refuse a conversation ending on the calls
 
 from __future__ import annotations
 
-from wire.chat import AssistantMessage, ChatRequest, ToolMessage
+from wire.chat import ChatRequest
 from wire.errors import SHOWN_CHARS, InvalidRequestError, shown
+from wire.messages import AssistantMessage, ToolMessage
 
 _RULE = "refuses a conversation whose tool messages do not answer each call of their turn once"
 

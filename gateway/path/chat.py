@@ -33,8 +33,9 @@ from providers.openai_chat import (
     from_completion,
     unsupported_endpoint,
 )
-from wire.chat import AssistantMessage, ChatChunk, ChatCompletion, ChatRequest, Delta, TextPart, render, text_parts
+from wire.chat import ChatChunk, ChatCompletion, ChatRequest, Delta
 from wire.errors import UnsupportedParamError
+from wire.messages import AssistantMessage, TextPart, render, text_parts
 from wire.schema import CompletionRequest
 from wire.upstream import UpstreamRequest
 

@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from gateway.path.request import normalize_chat
+from gateway.path.chat_request import normalize_chat
 from providers.base import CallContext
 from providers.call_ids import made_call_id
 from providers.openai_chat import OpenAIChat, check_chat
