@@ -41,6 +41,9 @@ class ChatRequest(CompletionRequest, kw_only=True, forbid_unknown_fields=True, o
     # normalize_chat); refused where `unanswered` is.
     unreplied: int | None = msgspec.field(default=None, name=" unreplied")
     repeated: int | None = msgspec.field(default=None, name=" repeated")
+    # The index of the last message when it is an assistant message with tool calls, which no tool message can
+    # answer yet (set by normalize_chat); refused where the route's server refuses it (`chat_open_calls_refused`).
+    open_calls: int | None = msgspec.field(default=None, name=" open_calls")
     # Completion-only fields: not OpenAI chat's, so refused by name as unknown fields.
     best_of: int | None = msgspec.field(default=None, name=" best_of")
     echo: bool | None = msgspec.field(default=None, name=" echo")

@@ -1,8 +1,8 @@
 """A chat request's own checks and folds (`normalize_chat`), before `normalize`'s shared ones.
 
 Its messages are walked once: bounded, their lm-eval marks cleared, an empty id or an empty assistant turn
-refused, and the tool results that do not pair with their turn's calls marked for the routes whose servers
-refuse them (providers/tool_results.py).
+refused, and the tool results that do not pair with their turn's calls, and calls the conversation ends on,
+marked for the routes whose servers refuse them (providers/tool_results.py).
 """
 
 from __future__ import annotations
@@ -166,12 +166,17 @@ def normalize_chat(req: ChatRequest, caps: CapsConfig = _DEFAULT_CAPS) -> ChatRe
                     answered.add(m.tool_call_id)
                 elif repeated is None:
                     repeated = i
-    # A conversation that ends with the calls themselves goes as it is: only a later message leaves them unanswered.
-    if 0 <= turn < len(req.messages) - 1 and unreplied is None and len(answered) < len(calls):
-        unreplied = turn
+    # Calls the conversation ends on are marked apart: only a later message leaves them unanswered, and only
+    # some servers refuse a conversation ending on them.
+    opened = None
+    if turn >= 0:
+        if turn == len(req.messages) - 1:
+            opened = turn
+        elif unreplied is None and len(answered) < len(calls):
+            unreplied = turn
     req.thinking_back = back
     # Refused where the route's server refuses them (providers/tool_results.py).
-    req.unanswered, req.unreplied, req.repeated = unanswered, unreplied, repeated
+    req.unanswered, req.unreplied, req.repeated, req.open_calls = unanswered, unreplied, repeated, opened
     if req.continue_final_message is not None or req.add_generation_prompt is not None:
         _prefill(req)
     if req.echo_last is False:
