@@ -23,16 +23,20 @@ from providers.base import EMULATED, CallContext, Param, Table, stop_list, table
 from providers.call_cap import stream_calls
 from providers.chat_parts import answer_message, assistant_text, call_arguments
 from wire.chat import (
-    AssistantMessage,
     ChatChoice,
     ChatChunk,
     ChatCompletion,
     ChatFinishReason,
     ChunkChoice,
     Delta,
+    FunctionDelta,
+    ToolCallDelta,
+)
+from wire.errors import InvalidRequestError, UnsupportedParamError
+from wire.messages import (
+    AssistantMessage,
     DeveloperMessage,
     FunctionCall,
-    FunctionDelta,
     ImagePart,
     Message,
     RedactedThinkingBlock,
@@ -41,11 +45,9 @@ from wire.chat import (
     ThinkingBlock,
     ThinkingBlocks,
     ToolCall,
-    ToolCallDelta,
     ToolMessage,
     UserMessage,
 )
-from wire.errors import InvalidRequestError, UnsupportedParamError
 from wire.schema import Usage
 
 

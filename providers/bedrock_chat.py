@@ -27,7 +27,6 @@ from providers.call_cap import stream_calls
 from providers.chat_parts import answer_message, assistant_text, call_arguments
 from providers.openai_chat import chat_finish
 from wire.chat import (
-    AssistantMessage,
     ChatChoice,
     ChatChunk,
     ChatCompletion,
@@ -35,9 +34,14 @@ from wire.chat import (
     ChatRequest,
     ChunkChoice,
     Delta,
+    FunctionDelta,
+    ToolCallDelta,
+)
+from wire.errors import InvalidRequestError, UnsupportedParamError
+from wire.messages import (
+    AssistantMessage,
     DeveloperMessage,
     FunctionCall,
-    FunctionDelta,
     Message,
     RedactedThinkingBlock,
     SystemMessage,
@@ -45,11 +49,9 @@ from wire.chat import (
     ThinkingBlock,
     ThinkingBlocks,
     ToolCall,
-    ToolCallDelta,
     ToolMessage,
     UserMessage,
 )
-from wire.errors import InvalidRequestError, UnsupportedParamError
 from wire.schema import Usage
 
 # Converse's ImageBlock formats, by the data URL's media type.

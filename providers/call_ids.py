@@ -1,7 +1,7 @@
 """A tool call's id where its provider sent none.
 
 A client answers a call with a tool message naming the call's id (`tool_call_id`), and the gateway refuses
-a conversation whose call or tool message has an empty id (gateway/path/request.py), as OpenAI's API does:
+a conversation whose call or tool message has an empty id (gateway/path/chat_request.py), as OpenAI's API does:
 so every call the gateway answers carries one. OpenAI, Anthropic, Bedrock, Mistral and Cohere always send
 one; Gemini's `functionCall` may come without, and an OpenAI-compatible server may leave `id` out or empty.
 The made id is the answer's own id (unique per request) with the choice's index in the answer and the call's

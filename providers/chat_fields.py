@@ -16,7 +16,7 @@ from typing import Final
 import msgspec
 
 from providers.chat_parts import assistant_text
-from wire.chat import AssistantMessage, Message, RefusalPart
+from wire.messages import AssistantMessage, Message, RefusalPart
 
 # The roles whose messages carry a `name` in OpenAI's chat request (a tool message has none).
 NAMED_ROLES: Final = frozenset({"system", "developer", "user", "assistant"})

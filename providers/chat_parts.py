@@ -9,8 +9,9 @@ from typing import Any
 import msgspec
 
 from providers.call_cap import held_calls
-from wire.chat import AssistantMessage, ChatMessage, TextPart, ThinkingBlocks, ToolCall
+from wire.chat import ChatMessage
 from wire.errors import InvalidRequestError, shown
+from wire.messages import AssistantMessage, TextPart, ThinkingBlocks, ToolCall
 
 
 def assistant_text(m: AssistantMessage) -> str:

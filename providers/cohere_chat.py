@@ -21,26 +21,28 @@ from providers.call_ids import made_call_id
 from providers.chat_parts import answer_message, assistant_text
 from providers.finish import finish_reason
 from wire.chat import (
-    AssistantMessage,
     ChatChoice,
     ChatChunk,
     ChatCompletion,
     ChatFinishReason,
     ChunkChoice,
     Delta,
+    FunctionDelta,
+    ToolCallDelta,
+)
+from wire.errors import InvalidRequestError, shown
+from wire.messages import (
+    AssistantMessage,
     DeveloperMessage,
     FunctionCall,
-    FunctionDelta,
     ImagePart,
     Message,
     SystemMessage,
     TextPart,
     ToolCall,
-    ToolCallDelta,
     ToolMessage,
     UserMessage,
 )
-from wire.errors import InvalidRequestError, shown
 from wire.schema import Usage
 
 # Cohere's finish words that end a turn of tool calls.

@@ -23,7 +23,6 @@ from providers.chat_parts import answer_message, assistant_text, call_arguments
 from providers.finish import finish_reason
 from providers.offsets import aligned
 from wire.chat import (
-    AssistantMessage,
     ChatChoice,
     ChatChunk,
     ChatCompletion,
@@ -32,20 +31,23 @@ from wire.chat import (
     ChatMessage,
     ChunkChoice,
     Delta,
+    FunctionDelta,
+    TokenLogprob,
+    ToolCallDelta,
+    TopLogprob,
+)
+from wire.errors import InvalidRequestError, UnsupportedParamError, shown
+from wire.messages import (
+    AssistantMessage,
     DeveloperMessage,
     FunctionCall,
-    FunctionDelta,
     Message,
     SystemMessage,
     TextPart,
-    TokenLogprob,
     ToolCall,
-    ToolCallDelta,
     ToolMessage,
-    TopLogprob,
     UserMessage,
 )
-from wire.errors import InvalidRequestError, UnsupportedParamError, shown
 from wire.schema import Usage
 
 # Between a tool call's id and the thought signature it carries (no base64 alphabet has `~`).

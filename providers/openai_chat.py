@@ -40,13 +40,11 @@ from wire.chat import (
     ChatRequest,
     ChunkChoice,
     Delta,
-    FunctionCall,
     FunctionDelta,
-    Message,
-    ToolCall,
     ToolCallDelta,
 )
 from wire.errors import InvalidRequestError, UnsupportedParamError, shown
+from wire.messages import FunctionCall, Message, ToolCall
 from wire.schema import Completion, Usage
 
 
@@ -429,15 +427,16 @@ def check_chat(adapter: Capabilities, req: ChatRequest, provider: str) -> None:
             provider,
             f"Provider '{provider}' returns at most {adapter.max_logprobs} prompt_logprobs, got {count}",
         )
+    # The marks first: the common request has none, and makes no call here.
     if (
-        isinstance(adapter, OpenAIChat)
-        and adapter.chat_results_paired
-        and (
+        (
             req.unanswered is not None
             or req.unreplied is not None
             or req.repeated is not None
-            or adapter.chat_open_calls_refused  # the last message may make calls
+            or req.open_calls is not None
         )
+        and isinstance(adapter, OpenAIChat)
+        and adapter.chat_results_paired
     ):
         check_results(req, provider, adapter.chat_open_calls_refused)
     rf = req.response_format

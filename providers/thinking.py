@@ -17,7 +17,7 @@ from typing import Any, Final
 import msgspec
 
 from providers.base import CallContext
-from wire.chat import AssistantMessage, Message, RedactedThinkingBlock, ThinkingBlock, ThinkingBlocks
+from wire.messages import AssistantMessage, Message, RedactedThinkingBlock, ThinkingBlock, ThinkingBlocks
 
 # A streamed block's text and signature kept until the block ends: at most this many characters together
 # (about four times the longest thinking any model produces); a longer block streams its text, unlisted.

@@ -14,8 +14,9 @@ import msgspec
 from msgspec import Meta
 
 from providers.tokenizer_info import client_info
-from wire.chat import Message, Tool, bound_conversation
+from wire.chat import Tool
 from wire.errors import InvalidRequestError
+from wire.messages import Message, bound_conversation
 from wire.schema import check_depth, no_chat_template
 
 TokenizerRoute = Literal["tokenize", "detokenize", "tokenizer_info"]

@@ -14,22 +14,21 @@ Anthropic, Bedrock, Gemini and Mistral refuse a conversation ending on the calls
 
 from __future__ import annotations
 
-from wire.chat import AssistantMessage, ChatRequest, ToolMessage
+from wire.chat import ChatRequest
 from wire.errors import SHOWN_CHARS, InvalidRequestError, shown
+from wire.messages import AssistantMessage, ToolMessage
 
 _RULE = "refuses a conversation whose tool messages do not answer each call of their turn once"
 
 
 def check_results(req: ChatRequest, provider: str, open_refused: bool) -> None:
     """Refuse, on a route whose server would, the first of the pairing faults normalize_chat marked, and with
-    `open_refused` a conversation whose last message makes calls, as a call left without a result."""
+    `open_refused` the calls the conversation ends on (`open_calls`), as a call left without a result."""
     if req.unanswered is not None:
         raise unanswered_result(req, req.unanswered, provider)
     unreplied = req.unreplied
     if unreplied is None and open_refused:
-        last = req.messages[-1]
-        if isinstance(last, AssistantMessage) and last.tool_calls:
-            unreplied = len(req.messages) - 1
+        unreplied = req.open_calls
     if unreplied is not None:
         raise _refused(_unreplied(req, unreplied), "messages.tool_calls.id", provider)
     if req.repeated is not None:

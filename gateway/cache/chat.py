@@ -27,14 +27,10 @@ from wire.chat import (
     ChatFinishReason,
     ChatLogprobs,
     ChatMessage,
-    FunctionCall,
-    RedactedThinkingBlock,
-    ThinkingBlock,
-    ThinkingBlocks,
     TokenLogprob,
-    ToolCall,
     answer_chunks,
 )
+from wire.messages import FunctionCall, RedactedThinkingBlock, ThinkingBlock, ThinkingBlocks, ToolCall
 from wire.schema import Usage, encode
 
 # What one logprob entry counts against the entry's room besides its token (its numbers and keys, encoded).

@@ -4,12 +4,12 @@ It is computed after `gateway.path.request.normalize`, so the dialects' names fo
 (`max_new_tokens`, `max_tokens`, `max_completion_tokens`; `stop_sequences` and `stop`; boolean `logprobs`)
 are already one field. The request struct is encoded in its declared field order (a change to that order
 needs a new entry VERSION) with object keys sorted at every depth, so neither the order fields arrived in
-nor the order inside `inference_extra_params` changes the key, while every field the client set
-(provider-native fields included) does; the gateway's count of what is sent beside the prompt
-(`unrendered`) is left out, being made from them. The scope is prefixed; every key ends with `targets_of`'s
-digest of where the model routes (docs/cache.md). `stream`, `stream_options` and `inference_timeout` say how
-the answer is delivered, not what it is: left out, so a buffered request and a streamed one share an entry.
-The memory store and in-flight requests are keyed by these bytes; a Redis name by their SHA-256.
+nor the order inside `inference_extra_params` changes the key, while every field the client set does; what the
+gateway makes of them (`unrendered`, normalize_chat's marks on a chat's messages) is left out. The scope is
+prefixed; every key ends with `targets_of`'s digest of where the model routes (docs/cache.md). `stream`,
+`stream_options` and `inference_timeout` say how the answer is delivered, not what it is: left out, so a
+buffered request and a streamed one share an entry. The memory store and in-flight requests are keyed by these
+bytes; a Redis name by their SHA-256.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import msgspec
 
 from gateway.cache.entry import VERSION
 from gateway.config import ProviderConfig
+from wire.chat import ChatRequest
 from wire.schema import CompletionRequest
 
 # `cache_key`'s, of a request without its delivery fields: MessagePack, not JSON (the same canonical form, a
@@ -32,6 +33,19 @@ packed = msgspec.msgpack.Encoder(order="deterministic").encode
 # MessagePack map, so no key of one form can equal a key of the other.
 _json = msgspec.json.Encoder(order="deterministic").encode
 _WIDE: Final = b"\xc1"
+# What the gateway makes from a request's other fields, at its default. A chat sets a mark only beside an
+# `unrendered` (thinking, calls and tool messages are sent beside the text), so one test finds them all.
+_MADE: Final[dict[type, dict[str, object]]] = {
+    CompletionRequest: {"unrendered": None},
+    ChatRequest: {
+        "unrendered": None,
+        "thinking_back": False,
+        "unanswered": None,
+        "unreplied": None,
+        "repeated": None,
+        "open_calls": None,
+    },
+}
 
 
 def canonical(req: CompletionRequest) -> bytes:
@@ -39,7 +53,7 @@ def canonical(req: CompletionRequest) -> bytes:
     if req.unrendered is not None:
         # Made from the request's other fields, which the key holds already: a second copy of its tools and
         # schemas would only lengthen every key (and a batch's, once per prompt).
-        req = msgspec.structs.replace(req, unrendered=None)
+        req = msgspec.structs.replace(req, **_MADE[req.__class__])
     try:
         return packed(req)
     except OverflowError:
@@ -58,7 +72,9 @@ def cache_key(req: CompletionRequest, scope: bytes, targets: bytes = b"") -> byt
     """`req` (normalized) in its canonical encoding, as the answer's identity, within `scope`, for the model it
     asks for routed to `targets` (`targets_of`)."""
     if req.stream is not None or req.stream_options is not None or req.inference_timeout is not None:
-        req = msgspec.structs.replace(req, stream=None, stream_options=None, inference_timeout=None, unrendered=None)
+        req = msgspec.structs.replace(
+            req, stream=None, stream_options=None, inference_timeout=None, **_MADE[req.__class__]
+        )
     # After the encoding, which ends where it ends (MessagePack, or a JSON object), so no key of one set of
     # targets can be another's.
     return scope + canonical(req) + targets

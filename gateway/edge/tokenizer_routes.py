@@ -50,8 +50,8 @@ from providers.tokenizer import (
     server_root,
     tokenize_request,
 )
-from wire.chat import text_parts
 from wire.errors import GatewayError, InvalidRequestError, UpstreamError, shown
+from wire.messages import text_parts
 from wire.schema import decode_body
 
 log = logging.getLogger("gateway")

@@ -27,7 +27,6 @@ from gateway.emulation.seeds import reseeded
 from gateway.emulation.stops import Folded, StopMatcher, StopScanner
 from providers.base import Capabilities, Param
 from wire.chat import (
-    AssistantMessage,
     ChatChoice,
     ChatChunk,
     ChatCompletion,
@@ -36,12 +35,11 @@ from wire.chat import (
     ChatRequest,
     ChunkChoice,
     Delta,
-    ImagePart,
-    Message,
     TokenLogprob,
     answer_chunks,
 )
 from wire.errors import InvalidRequestError
+from wire.messages import AssistantMessage, ImagePart, Message
 from wire.schema import Usage
 
 

@@ -13,7 +13,8 @@ import struct
 from collections.abc import Mapping, Sequence
 from typing import Final
 
-from wire.chat import ChatRequest, UserMessage, render
+from wire.chat import ChatRequest
+from wire.messages import UserMessage, render
 from wire.schema import CompletionRequest
 
 # Ring points per unit of replica weight: enough that equal replicas get close to equal shares of keys.

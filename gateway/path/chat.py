@@ -33,8 +33,9 @@ from providers.openai_chat import (
     from_completion,
     unsupported_endpoint,
 )
-from wire.chat import AssistantMessage, ChatChunk, ChatCompletion, ChatRequest, Delta, TextPart, render, text_parts
+from wire.chat import ChatChunk, ChatCompletion, ChatRequest, Delta
 from wire.errors import UnsupportedParamError
+from wire.messages import AssistantMessage, TextPart, render, text_parts
 from wire.schema import CompletionRequest
 from wire.upstream import UpstreamRequest
 
@@ -409,6 +410,7 @@ def continuation(job: Job, text: str, left: int | None) -> ContinueJob | None:
         continue_final_message=True,
         add_generation_prompt=None,
         echo_last=None,
+        open_calls=None,  # the stream so far follows any calls the conversation ended on
     )
     # No admission of the request's own (its ticket covers the stream); the continuation's target's quota is
     # charged when the failover loop reaches it, as for any attempt.

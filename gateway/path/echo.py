@@ -16,7 +16,8 @@ from typing import Any
 
 import msgspec
 
-from wire.chat import AssistantMessage, ChatChunk, ChatCompletion, ChatRequest, text_parts
+from wire.chat import ChatChunk, ChatCompletion, ChatRequest
+from wire.messages import AssistantMessage, text_parts
 
 
 def echoed(req: ChatRequest) -> str:

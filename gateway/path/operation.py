@@ -11,7 +11,8 @@ from gateway.config import CapsConfig
 from gateway.ids import unique_suffix
 from gateway.path.attempt import Job
 from gateway.path.chat import ChatJob
-from gateway.path.request import normalize, normalize_chat
+from gateway.path.chat_request import normalize_chat
+from gateway.path.request import normalize
 from wire.chat import decode_chat_request
 from wire.schema import CompletionRequest, decode_request
 

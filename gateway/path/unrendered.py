@@ -1,6 +1,6 @@
 """What a request sends upstream beside its prompt text, gathered once for token counts.
 
-A completion's `prompt` is its text; a chat's is its conversation as `wire.chat.render` writes it (prefix
+A completion's `prompt` is its text; a chat's is its conversation as `wire.messages.render` writes it (prefix
 affinity and prompt logging read it). Providers bill what goes beside it as prompt too: tool definitions,
 structured-output schemas, a completion's suffix, thinking sent back, images. `unrendered` gathers their
 text, as it is sent, and the images' allowance (`caps.image_tokens` each), so that token limits, budgets,
@@ -16,7 +16,8 @@ from typing import Final
 import msgspec
 
 from gateway.limits.tokens import BYTES_PER_TOKEN
-from wire.chat import AssistantMessage, ChatRequest, ImagePart, Message, ThinkingBlock, ToolMessage
+from wire.chat import ChatRequest
+from wire.messages import AssistantMessage, ImagePart, Message, ThinkingBlock, ToolMessage
 from wire.schema import CompletionRequest, Unrendered
 
 # A chat's fields beside its messages that can carry text of any length to the upstream: the tools and the
@@ -45,7 +46,7 @@ _BESIDE: Final = {
 }
 _encode: Final = msgspec.json.encode
 # A chat's fields beside its messages, and their values when none is set (`unrendered` returns None then, as
-# it does without images or thinking sent back): for gateway/path/request.py's test of the common request.
+# it does without images or thinking sent back): for gateway/path/chat_request.py's test of the common request.
 chat_beside: Final = _BESIDE[ChatRequest][0]
 NOTHING_BESIDE: Final = _BESIDE[ChatRequest][1]
 

@@ -328,6 +328,20 @@ def test_calls_as_the_last_message_go_as_they_are_elsewhere(
     got = sent.json()["messages"]
     assert [m["role"] for m in got] == ["user", "assistant"]
     assert [c["id"] for c in got[1]["tool_calls"]] == ["call_a", "call_b"]
+    assert not [name for name in sent.json() if name.strip() != name or "open_calls" in name]
+
+
+@pytest.mark.parametrize("tools", [None, TOOLS], ids=["no tools", "tools"])
+@pytest.mark.parametrize("model", OPEN_REFUSED)
+def test_a_conversation_not_ending_on_calls_is_sent_where_calls_left_last_are_refused(
+    client: openai.OpenAI, received: list[Received], model: str, tools: list[Any] | None
+) -> None:
+    messages: list[Any] = [_user("Weather in Paris?"), DONE, _user("And Lyon?")]
+    answer = client.chat.completions.create(model=model, messages=messages, tools=tools or openai.omit)
+    assert answer.choices[0].message.content
+    (sent,) = received
+    # The gateway's marks are its own: no field of theirs reaches the upstream.
+    assert not [name for name in sent.json() if name.strip() != name or "open_calls" in name]
 
 
 def test_an_alias_moves_on_from_calls_left_last(client: openai.OpenAI, received: list[Received]) -> None:

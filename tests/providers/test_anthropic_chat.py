@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from gateway.path.request import normalize_chat
+from gateway.path.chat_request import normalize_chat
 from gateway.upstream.framing import DECODERS
 from providers.anthropic import AnthropicAdapter
 from providers.base import CallContext, Endpoint, map_params

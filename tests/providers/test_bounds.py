@@ -17,7 +17,7 @@ import pytest
 from gateway import emulation
 from gateway.config import CapsConfig, ConfigError, parse_config
 from gateway.emulation import chat as chat_emulation
-from gateway.path.request import normalize_chat
+from gateway.path.chat_request import normalize_chat
 from gateway.path.routing import Router
 from providers import REGISTRY
 from providers.base import Endpoint, map_params

@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from gateway.path.request import normalize_chat
+from gateway.path.chat_request import normalize_chat
 from providers.base import Endpoint, map_params
 from tests.helpers.adapters import build, request
 from tests.providers.gemini_setup import ADAPTER

@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from gateway.cache.chat import Assembly
-from gateway.path.request import normalize_chat
+from gateway.path.chat_request import normalize_chat
 from gateway.upstream.framing import DECODERS
 from providers import REGISTRY
 from providers.base import CallContext, Endpoint, map_params

@@ -7,7 +7,8 @@ import msgspec
 
 from providers import thinking
 from providers.base import CallContext
-from wire.chat import AssistantMessage, decode_chat
+from wire.chat import decode_chat
+from wire.messages import AssistantMessage
 
 
 def _ctx() -> CallContext:

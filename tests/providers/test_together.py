@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from gateway.path.request import normalize_chat
+from gateway.path.chat_request import normalize_chat
 from providers.base import CallContext, Endpoint, map_params
 from providers.retry_after import retry_after
 from providers.together import TogetherAdapter

@@ -12,9 +12,9 @@ import pytest
 
 from gateway.cache.key import cache_key
 from gateway.config import CapsConfig
+from gateway.path.chat_request import normalize_chat
 from gateway.path.echo import Lead, echoed, unechoed
 from gateway.path.opened import Opened
-from gateway.path.request import normalize_chat
 from providers.base import CallContext, map_params
 from providers.registry import REGISTRY
 from wire.chat import ChatChunk, ChatRequest, ChunkChoice, Delta, decode_chat

@@ -11,7 +11,7 @@ import pytest
 
 from gateway.config import CapsConfig
 from gateway.emulation import chat as emulation
-from gateway.path.request import normalize_chat
+from gateway.path.chat_request import normalize_chat
 from providers.registry import REGISTRY
 from wire.chat import (
     ChatChoice,

@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from gateway.path.request import normalize_chat
+from gateway.path.chat_request import normalize_chat
 from providers import REGISTRY, register
 from providers.base import Endpoint, Param, map_params, table
 from providers.chat_params import CHAT_GUARDED

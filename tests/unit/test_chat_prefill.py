@@ -10,12 +10,13 @@ import pytest
 
 from gateway.cache.key import cache_key
 from gateway.path.chat import _Trim, trimmed
-from gateway.path.request import normalize_chat
+from gateway.path.chat_request import normalize_chat
 from providers.base import map_params
 from providers.openai_chat import OpenAIChat
 from providers.registry import REGISTRY
-from wire.chat import AssistantMessage, ChatRequest, decode_chat
+from wire.chat import ChatRequest, decode_chat
 from wire.errors import UnsupportedParamError
+from wire.messages import AssistantMessage
 
 PREFILL = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure:\n\n"}]
 

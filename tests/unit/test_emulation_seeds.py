@@ -15,7 +15,7 @@ from gateway.emulation.client_schema import Work
 from gateway.emulation.combine import checked
 from gateway.emulation.planning import make_guide
 from gateway.emulation.seeds import shifted
-from gateway.path.request import normalize_chat
+from gateway.path.chat_request import normalize_chat
 from providers.registry import REGISTRY
 from tests.unit.emulation_setup import ADAPTER, answer, req
 from wire.chat import decode_chat

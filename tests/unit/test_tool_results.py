@@ -1,6 +1,7 @@
 """Tool results paired with their calls: which tool message normalize_chat finds answering no call of its turn,
-which turn it finds with a call left unanswered and which result answering a call twice, which kinds refuse them
-(their servers do), and the ids the gateway makes for calls sent without one."""
+which turn it finds with a call left unanswered, which result answering a call twice and which calls the
+conversation ends on, which kinds refuse them (their servers do), that none of these marks is the client's or in
+the cache key, and the ids the gateway makes for calls sent without one."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from gateway.path.request import normalize_chat
+from gateway.cache.key import cache_key
+from gateway.path.chat_request import normalize_chat
 from providers.base import CallContext
 from providers.call_ids import made_call_id
 from providers.openai_chat import OpenAIChat, check_chat
@@ -87,10 +89,53 @@ def test_calls_left_unanswered_and_results_given_twice(
     assert (req.unreplied, req.repeated) == (unreplied, repeated)
 
 
+@pytest.mark.parametrize(
+    ("messages", "open_calls", "unreplied"),
+    [
+        ((USER,), None, None),
+        ((USER, _calls("a")), 1, None),
+        ((USER, _calls("a", "b"), _result("a")), None, 1),
+        ((USER, _calls("a"), _result("a"), DONE), None, None),
+        ((USER, _calls("a"), _result("a"), USER, _calls("b", "c")), 4, None),
+        # An earlier turn left without a result is marked as it was, beside the calls the conversation ends on.
+        ((USER, _calls("a"), USER, _calls("b")), 3, 1),
+    ],
+)
+def test_the_calls_the_conversation_ends_on(
+    messages: tuple[dict[str, Any], ...], open_calls: int | None, unreplied: int | None
+) -> None:
+    req = _req(*messages)
+    assert (req.open_calls, req.unreplied) == (open_calls, unreplied)
+
+
 def test_a_client_cannot_set_the_mark_itself() -> None:
-    body = {"model": "m/x", "messages": [USER], " unanswered": 0, " unreplied": 0, " repeated": 0}
+    body = {
+        "model": "m/x",
+        "messages": [USER],
+        " unanswered": 0,
+        " unreplied": 0,
+        " repeated": 0,
+        " open_calls": 0,
+        " thinking_back": True,
+    }
     req = normalize_chat(decode_chat(msgspec.json.encode(body)))
-    assert (req.unanswered, req.unreplied, req.repeated) == (None, None, None)
+    assert (req.unanswered, req.unreplied, req.repeated, req.open_calls, req.thinking_back) == (
+        None,
+        None,
+        None,
+        None,
+        False,
+    )
+
+
+def test_the_marks_are_left_out_of_the_cache_key() -> None:
+    # Made from the messages, which the key holds: the key is the request's as the client sent it, streamed or not.
+    req = _req(USER, _calls("a"), _result("a"), _result("a"), _result("b"), USER, _calls("c"))
+    assert (req.unanswered, req.unreplied, req.repeated, req.open_calls) == (4, None, 3, 6)
+    unmarked = msgspec.structs.replace(req, unanswered=None, repeated=None, open_calls=None)
+    streamed = msgspec.structs.replace(req, stream=True)
+    assert cache_key(req, b"") == cache_key(unmarked, b"") == cache_key(streamed, b"")
+    assert b" open_calls" not in cache_key(req, b"") and b" repeated" not in cache_key(streamed, b"")
 
 
 def test_the_kinds_that_refuse_it() -> None:
