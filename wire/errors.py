@@ -420,6 +420,8 @@ CODES: Final[dict[str, str]] = {
     "server_saturated": "a server was at its `max_concurrency` and the target with room failed too (429)",
     "budget_exceeded": "the key's daily budget is spent, or with a ledger its monthly or its team's (429)",
     "key_exists": "a runtime key's name is taken, by a runtime key or one in the config (409; docs/ledger.md)",
+    "too_many_keys": "the team holds, or made in the last 24 hours, `teams.<name>.max_keys` keys (409)",
+    "too_many_secrets": "the key keeps 16 earlier secrets in their grace already: rotate with `grace_s` 0 (409)",
     "beyond_team": "a team admin's new key asks for another team, or more than its team's budgets, weight or "
     "max_priority (403; docs/security.md)",
     "operator_only": "a team admin's key on an admin route that is the operator's alone (403; docs/security.md)",
