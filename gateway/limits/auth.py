@@ -87,11 +87,13 @@ class ClientKey(msgspec.Struct, frozen=True):
     max_priority: str | None = None
     # A runtime key's own limits of its batch lines, in place of `batches.limits` (a YAML key's are admission's).
     batch_limits: LimitsConfig | None = None
+    # The key among every key in force (`shown_as`): what per-key state outside the ledger is keyed by and what
+    # the operator's views name it. Read on every request, so worked out once, whenever a key is built or copied
+    # (`msgspec.structs.replace` runs `__post_init__` too): never passed in, never stale.
+    label: str = ""
 
-    @property
-    def label(self) -> str:
-        """The key among every key in force (`shown_as`): what per-key state outside the ledger is keyed by."""
-        return shown_as(self.name, self.team, self.ident)
+    def __post_init__(self) -> None:
+        msgspec.structs.force_setattr(self, "label", shown_as(self.name, self.team, self.ident))
 
 
 class RuntimeKeys:
