@@ -287,11 +287,14 @@ class KeyRing:
         runtime key's is in the ledger's `api_keys`)."""
         return sorted(k.ident for k in self._by_digest.values() if k.team == team)
 
-    def name_of(self, ident: str) -> str:
-        """The name of the key in force (or refused for its undeclared team) whose identity is `ident`; the identity
-        itself for a key no longer in force (and `anonymous` for the keyless)."""
+    def name_of(self, ident: str, team: str | None = None) -> str:
+        """The key in force (or refused for its undeclared team) whose identity is `ident` as an admin names it:
+        by its `label` for the operator (`team` None), by its name for its team's admin (the team's namespace);
+        the identity itself for a key no longer in force (and `anonymous` for the keyless)."""
         key = self.identified(ident) or self.stray(ident)
-        return ident if key is None else key.name
+        if key is None:
+            return ident
+        return key.label if team is None else key.name
 
     @staticmethod
     def authorize(key: ClientKey | None, model: str) -> None:

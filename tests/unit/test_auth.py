@@ -201,7 +201,8 @@ def test_runtime_keys_are_held_to_their_teams_models_of_the_ring_in_force() -> N
         "the key is refused until its team is declared again"
     )
     assert keys.identified("key_s1") is None and keys.stray("key_s1") is runtime.by_digest[stray]
-    assert keys.stray("key_b1") is None and keys.name_of("key_s1") == "s1"
+    assert keys.stray("key_b1") is None and keys.name_of("key_s1") == "gone/s1"  # the operator's name of it
+    assert keys.name_of("key_s1", "gone") == "s1"  # its team's admin's
     with pytest.raises(AuthenticationError, match="Incorrect API key"):  # a wrong key is told nothing more
         keys.authenticate({"authorization": "Bearer rk-stray-3"})
     # A config that declares its team lets it in (a reload that declares the team again).
