@@ -5,7 +5,7 @@ Over real sockets, on a real SQLite ledger file: `blue`'s and `green`'s admins e
 make a completion, a `/tokenize` call and a slow batch. The access log's `key` (every line, a batch's lines
 too), the cost metric's `key`, `/admin/batches` (the list and one batch) and the status page's running batches
 show the operator `blue/ci` and `green/ci`; each team's admin sees its own `ci`; a YAML key and a key of no
-team are shown by their name.
+team are shown by their name. Each `ci` lists its own team's models on `GET /v1/models`.
 """
 
 from __future__ import annotations
@@ -140,3 +140,10 @@ def test_the_operator_tells_two_teams_keys_of_one_name_apart(gw: GatewayThread) 
         for batch_id in (mine, theirs):
             cancelled = c.post(f"/admin/batches/{batch_id}/cancel")
             assert cancelled.status_code == 200 and cancelled.json()["owner"] in ("blue/ci", "green/ci"), cancelled.text
+
+
+def test_each_teams_key_of_one_name_lists_its_own_models(gw: GatewayThread) -> None:
+    blue, green = made(gw, BLUE_ADMIN, "ci"), made(gw, GREEN_ADMIN, "ci")
+    for _ in range(2):  # the second time from the memoized page: still each key's own
+        assert [m["id"] for m in get(gw, blue, "/v1/models")["data"]] == ["fast", "slower"]
+        assert [m["id"] for m in get(gw, green, "/v1/models")["data"]] == ["other"]
