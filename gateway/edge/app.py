@@ -111,9 +111,10 @@ async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
     discovery: Discovery = request.app.state.discovery
     listed = pipeline.router.model_ids(discovery.models, discovery.unreachable)
     # The page a key sees changes only with the listing (memoized per published value and per config): with
-    # thousands of discovered ids, matching and encoding them on every call cost tens of milliseconds.
+    # thousands of discovered ids, matching and encoding them on every call cost tens of milliseconds. Kept per
+    # key identity: two teams' keys share a name, and a key made again under a revoked one's name is another key.
     pages: dict[str | None, tuple[list[tuple[str, str]], bytes]] = request.app.state.model_pages
-    who = key.name if key is not None else None
+    who = key.ident if key is not None else None
     page = pages.get(who)
     if page is None or page[0] is not listed:
         cards = [ModelCard(id=m, owned_by=owner) for m, owner in listed if key is None or key.models.match(m)]

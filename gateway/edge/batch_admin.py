@@ -36,14 +36,14 @@ async def _one(request: Request[Any, Any, Any], api: Batches, role: AdminRole) -
     batch_id = str(request.path_params["batch_id"])
     keys: KeyRing = request.app.state.pipeline.keys
     row = await api.store.run(store.batch_row, batch_id, None, owners_of(keys, role.team))
-    return missing("batch", batch_id) if row is None else json_answer(owned(keys, row))
+    return missing("batch", batch_id) if row is None else json_answer(owned(keys, row, role.team))
 
 
 async def _cancel(request: Request[Any, Any, Any], api: Batches, role: AdminRole) -> Response[Any]:
     batch_id = str(request.path_params["batch_id"])
     keys: KeyRing = request.app.state.pipeline.keys
     row = await cancel(api, batch_id, None, owners_of(keys, role.team))
-    return missing("batch", batch_id) if row is None else json_answer(owned(keys, row))
+    return missing("batch", batch_id) if row is None else json_answer(owned(keys, row, role.team))
 
 
 def routes(identify: Identify) -> list[HTTPRouteHandler]:

@@ -169,14 +169,15 @@ _STATUS_BATCHES: Final = 50  # the status page lists at most this many running b
 
 async def running_batches(api: Batches, keys: KeyRing, team: str | None = None) -> list[dict[str, Any]] | None:
     """The batches being run, with their progress, for the status page (None: the database did not answer);
-    each owner by its key's name; with a `team` (a team admin's view), its team's keys' alone (`owners_of`)."""
+    each owner by its key's label (`KeyRing.name_of`); with a `team` (a team admin's view), its team's keys' alone
+    (`owners_of`), each by its name."""
     try:
         async with asyncio.timeout(api.store.wait_s):
             rows = await api.store.run(store.running, _STATUS_BATCHES, owners_of(keys, team))
     except (LedgerDown, TimeoutError):
         return None
     names = ("id", "owner", "status", "total", "completed", "failed", "created_at")
-    return [{**dict(zip(names, r, strict=True)), "owner": keys.name_of(r[1]), "owner_id": r[1]} for r in rows]
+    return [{**dict(zip(names, r, strict=True)), "owner": keys.name_of(r[1], team), "owner_id": r[1]} for r in rows]
 
 
 NEEDS_LEDGER: Final = GatewayError(
@@ -427,9 +428,11 @@ def owners_of(keys: KeyRing, team: str | None) -> store.Owners:
     return store.team_owners(team, keys.yaml_idents(team)) if team is not None else store.EVERY_OWNER
 
 
-def owned(keys: KeyRing, row: tuple[Any, ...]) -> dict[str, Any]:
-    """The Batch object as an admin sees it: with its key's name (`owner`) and identity (`owner_id`)."""
-    return {**msgspec.structs.asdict(batch_object(row)), "owner": keys.name_of(row[1]), "owner_id": row[1]}
+def owned(keys: KeyRing, row: tuple[Any, ...], team: str | None = None) -> dict[str, Any]:
+    """The Batch object as an admin sees it: with its key (`owner`: its label to the operator, its name to its
+    `team`'s admin, `KeyRing.name_of`) and the key's identity (`owner_id`)."""
+    owner = keys.name_of(row[1], team)
+    return {**msgspec.structs.asdict(batch_object(row)), "owner": owner, "owner_id": row[1]}
 
 
 async def listing(
@@ -447,7 +450,7 @@ async def listing(
     rows = await api.store.run(store.page, "batches", store.BATCH_COLUMNS, *args)
     if owner is not None:
         return json_answer(_page(rows, limit, batch_object))
-    return json_answer(_page(rows, limit, lambda r: owned(keys, r)))
+    return json_answer(_page(rows, limit, lambda r: owned(keys, r, team)))
 
 
 def routes() -> list[HTTPRouteHandler]:

@@ -185,7 +185,8 @@ class Tokenizers:
         rec: Record,
     ) -> tuple[bytes, dict[str, str]]:
         key = pipeline.keys.authenticate(headers)
-        rec.key = key.name if key is not None else None
+        if key is not None:
+            rec.key, rec.key_label = key.name, key.label
         tok_req: TokenizeRequest | TokenizeChatRequest | None = None
         detok_req: DetokenizeRequest | None = None
         body_model: str | None = None

@@ -87,11 +87,13 @@ class ClientKey(msgspec.Struct, frozen=True):
     max_priority: str | None = None
     # A runtime key's own limits of its batch lines, in place of `batches.limits` (a YAML key's are admission's).
     batch_limits: LimitsConfig | None = None
+    # The key among every key in force (`shown_as`): what per-key state outside the ledger is keyed by and what
+    # the operator's views name it. Read on every request, so worked out once, whenever a key is built or copied
+    # (`msgspec.structs.replace` runs `__post_init__` too): never passed in, never stale.
+    label: str = ""
 
-    @property
-    def label(self) -> str:
-        """The key among every key in force (`shown_as`): what per-key state outside the ledger is keyed by."""
-        return shown_as(self.name, self.team, self.ident)
+    def __post_init__(self) -> None:
+        msgspec.structs.force_setattr(self, "label", shown_as(self.name, self.team, self.ident))
 
 
 class RuntimeKeys:
@@ -285,11 +287,14 @@ class KeyRing:
         runtime key's is in the ledger's `api_keys`)."""
         return sorted(k.ident for k in self._by_digest.values() if k.team == team)
 
-    def name_of(self, ident: str) -> str:
-        """The name of the key in force (or refused for its undeclared team) whose identity is `ident`; the identity
-        itself for a key no longer in force (and `anonymous` for the keyless)."""
+    def name_of(self, ident: str, team: str | None = None) -> str:
+        """The key in force (or refused for its undeclared team) whose identity is `ident` as an admin names it:
+        by its `label` for the operator (`team` None), by its name for its team's admin (the team's namespace);
+        the identity itself for a key no longer in force (and `anonymous` for the keyless)."""
         key = self.identified(ident) or self.stray(ident)
-        return ident if key is None else key.name
+        if key is None:
+            return ident
+        return key.label if team is None else key.name
 
     @staticmethod
     def authorize(key: ClientKey | None, model: str) -> None:

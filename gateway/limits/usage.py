@@ -22,7 +22,7 @@ import redis.asyncio as aioredis
 
 from gateway.config import LoadedConfig
 from gateway.limits import saturating
-from gateway.limits.auth import fingerprint, shown_as
+from gateway.limits.auth import fingerprint
 from gateway.limits.prices import CALL_COST_MAX, Prices, served_cost
 from gateway.ops.metrics import Metrics, ModelLabels, Record
 from gateway.state import Degraded, SharedState
@@ -296,7 +296,7 @@ class UsageStore:
                 if len(self._cost) >= _CACHE_LIMIT:
                     self._cost.clear()
                 # Two teams' runtime keys of one name are two series (`team/name`), as in the operator's reports.
-                cost = self._cost[(model, ident)] = metrics.cost.labels(model, shown_as(key, rec.team, ident))
+                cost = self._cost[(model, ident)] = metrics.cost.labels(model, rec.key_label or key)
             if pico:
                 cost.inc(usd(pico))
         names = self._names.get(model)

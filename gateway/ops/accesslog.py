@@ -113,7 +113,7 @@ def write(rec: Record, elapsed_s: float) -> None:
         rec.request_id,
         rec.dialect,
         rec.endpoint,
-        rec.key,
+        rec.key_label,  # the key's label, read off the key when the request was authorized: no call here
         rec.model,
         rec.provider or None,
         rec.target or None,

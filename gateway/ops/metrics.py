@@ -108,7 +108,10 @@ class Record(msgspec.Struct):
     request_id: str
     dialect: str
     endpoint: str = "completions"  # which endpoint served it: completions or chat (a tokenizer route: its name)
-    key: str | None = None
+    key: str | None = None  # the key's name: what the ledger books and its team's views show
+    # The key as the operator tells it apart (`ClientKey.label`: `team/name` for a team's runtime key): the
+    # access log's `key` and the cost metric's.
+    key_label: str | None = None
     # The key's identity (`ClientKey.ident`) and its team when the request ran: what the ledger books.
     key_id: str = ""
     team: str = ""

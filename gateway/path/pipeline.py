@@ -268,7 +268,7 @@ class Pipeline:
         dialect: Dialect = OPENAI,
     ) -> CompletionRequest:
         if key is not None:
-            rec.key, rec.key_id, rec.team = key.name, key.ident, key.team or ""
+            rec.key, rec.key_label, rec.key_id, rec.team = key.name, key.label, key.ident, key.team or ""
         try:
             req = op.decode(raw)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:

@@ -234,7 +234,9 @@ def team_batches(gw: GatewayThread, url: str) -> None:
     none = {solo: "solo", batch_of(gw, n1): "n1"}  # keys of no team: YAML and runtime
     mine = {alice: "alice", batch_of(gw, b1["secret"]): "b1"}
 
-    assert dict(listed(gw, ADMIN_KEY)) == {**mine, **green, **none}  # the operator: every key's
+    # The operator: every key's, a team's runtime key as `team/name`; a team's admin: its own, by name.
+    labels = {"b1": "blue/b1", "g1": "green/g1"}
+    assert dict(listed(gw, ADMIN_KEY)) == {b: labels.get(n, n) for b, n in {**mine, **green, **none}.items()}
     assert dict(listed(gw, BLUE_ADMIN)) == mine
     assert dict(listed(gw, GREEN_ADMIN)) == green
 

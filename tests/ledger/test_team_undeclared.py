@@ -191,7 +191,7 @@ def test_the_lines_left_of_a_batch_are_refused_while_its_keys_team_is_undeclared
             return str(adm.get(f"/admin/batches/{batch_id}").json()["status"])
 
         wait_until(lambda: status() == "completed", timeout=30)
-        assert adm.get(f"/admin/batches/{batch_id}").json()["owner"] == "r1"  # named, though refused
+        assert adm.get(f"/admin/batches/{batch_id}").json()["owner"] == "red/r1"  # named, though refused
     reload(gw, path, text)
     with client(gw.url, red) as c:  # its team declared again: the key reads its batch's files
         found = c.get(f"/v1/batches/{batch_id}").json()

@@ -201,7 +201,8 @@ def test_runtime_keys_are_held_to_their_teams_models_of_the_ring_in_force() -> N
         "the key is refused until its team is declared again"
     )
     assert keys.identified("key_s1") is None and keys.stray("key_s1") is runtime.by_digest[stray]
-    assert keys.stray("key_b1") is None and keys.name_of("key_s1") == "s1"
+    assert keys.stray("key_b1") is None and keys.name_of("key_s1") == "gone/s1"  # the operator's name of it
+    assert keys.name_of("key_s1", "gone") == "s1"  # its team's admin's
     with pytest.raises(AuthenticationError, match="Incorrect API key"):  # a wrong key is told nothing more
         keys.authenticate({"authorization": "Bearer rk-stray-3"})
     # A config that declares its team lets it in (a reload that declares the team again).
@@ -232,3 +233,17 @@ def test_runtime_keys_are_held_to_their_teams_models_of_the_ring_in_force() -> N
     teamed = text.replace('models: ["openai/*", "fireworks/**", "fast"]', 'models: ["**"], team: blue')
     limited = ring(text=teamed).authenticate({"x-api-key": "gk-limited-456"})
     assert limited is not None and limited.models.match("fast") and not limited.models.match("openai/x")
+
+
+def test_a_keys_label_is_set_when_it_is_built() -> None:
+    every = ModelGlobs(["**"])
+    runtime = ClientKey("ci", b"", every, b"d", ident="key_1", team="blue")
+    assert runtime.label == "blue/ci"
+    assert ClientKey("ci", b"", every, b"d", ident="key_2").label == "ci"  # of no team
+    # A key built from the config is shown by its name, a team's too (the config's names are one namespace).
+    text = CONFIG + '  - {name: ci, key: "k-ci", team: blue}\nteams: {blue: {}}\n'
+    yaml = ring(text=text).authenticate({"authorization": "Bearer k-ci"})
+    assert yaml is not None and (yaml.team, yaml.label) == ("blue", "ci")
+    # A copy of the key (held to its team's models, or its old secret in its grace) is labelled as it is built.
+    assert msgspec.structs.replace(runtime, models=ModelGlobs(["fast"])).label == "blue/ci"
+    assert msgspec.structs.replace(runtime, team="green").label == "green/ci"
