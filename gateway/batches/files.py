@@ -11,7 +11,8 @@ the same way, its rows deleted at once unless a batch not ended still reads it.
 from __future__ import annotations
 
 import time
-from typing import Any, Final
+from collections.abc import Sequence
+from typing import Any, Final, NamedTuple
 
 from gateway.batches.objects import TERMINAL
 from gateway.ids import unguessable
@@ -39,6 +40,22 @@ class TooManyBytes(Exception):
     """The upload would take the key's uploads past `batches.max_key_bytes`."""
 
 
+class TeamCaps(NamedTuple):
+    """A team's caps over the files of all its keys together (`teams.<name>.max_batch_bytes`, `max_batch_files`),
+    checked with each key's own; `owners` picks its keys' rows (`store.team_owners`: a condition, its arguments)."""
+
+    name: str
+    owners: tuple[str, Sequence[Any]]
+    max_bytes: int
+    max_files: int
+
+
+# A PostgreSQL advisory lock's first key ("batc"): its second is the team's name hashed. Held for a transaction
+# that counts a team's files, so uploads of the team's keys on any replica are counted one after another, and
+# two of them at once cannot both pass the team's cap (SQLite's BEGIN IMMEDIATE serializes them already).
+_TEAM_LOCK: Final = 0x62617463
+
+
 class UploadGone(Exception):
     """The upload's row was deleted while it arrived: it took longer than UPLOAD_S."""
 
@@ -48,26 +65,46 @@ def begin_upload(cur: Cursor, owner: str) -> str:
     return str(_insert(cur, owner, "", "batch", 0, None, PARTIAL, UPLOAD_S)[0])
 
 
-def add_chunk(cur: Cursor, file_id: str, seq: int, data: bytes, owner: str = "", max_bytes: int | None = None) -> None:
+def add_chunk(
+    cur: Cursor,
+    file_id: str,
+    seq: int,
+    data: bytes,
+    owner: str = "",
+    max_bytes: int | None = None,
+    team: TeamCaps | None = None,
+) -> None:
     """Store the upload's chunk `seq`, its row still there (an abandoned upload's chunks would be no one's).
     Its row counts what is stored so far, and `max_bytes` holds for the owner's files and every upload of its
-    still arriving together: many uploads at once cannot fill the database past it before any one finishes."""
+    still arriving together: many uploads at once cannot fill the database past it before any one finishes.
+    So does the `team`'s cap, for all its keys' together."""
+    _lock(cur, team)
     if not cur.execute(
         "UPDATE batch_files SET bytes = bytes + ? WHERE id = ? AND kind = ?", (len(data), file_id, PARTIAL)
     ):
         raise UploadGone
     if max_bytes is not None:
-        held = cur.rows(
-            f"SELECT coalesce(sum(bytes), 0) FROM batch_files WHERE owner = ? AND kind IN ('input', '{PARTIAL}') "
-            "AND (expires_at IS NULL OR expires_at > ?)",
-            (owner, time.time()),
-        )[0][0]
-        if int(held) > max_bytes:  # rolled back with the transaction: the row's count stays what is stored
+        held = _arriving(cur, "owner = ?", (owner,))
+        if held > max_bytes:  # rolled back with the transaction: the row's count stays what is stored
             raise TooManyBytes(
-                f"this key's uploads, with those still arriving, would hold {int(held)} bytes, past the "
+                f"this key's uploads, with those still arriving, would hold {held} bytes, past the "
                 f"{max_bytes} batches.max_key_bytes allows: delete some first"
             )
+    if team is not None and (held := _arriving(cur, *team.owners)) > team.max_bytes:
+        raise TooManyBytes(
+            f"the uploads of team {team.name!r}, with those still arriving, would hold {held} bytes, past the "
+            f"{team.max_bytes} teams.{team.name}.max_batch_bytes allows: delete some first"
+        )
     cur.execute("INSERT INTO batch_file_chunks (file_id, seq, data) VALUES (?, ?, ?)", (file_id, seq, data))
+
+
+def _arriving(cur: Cursor, where: str, args: Sequence[Any]) -> int:
+    """The bytes of the uploads of the owners `where` picks, those still arriving with them."""
+    sql = (
+        f"SELECT coalesce(sum(bytes), 0) FROM batch_files WHERE {where} AND kind IN ('input', '{PARTIAL}') "
+        "AND (expires_at IS NULL OR expires_at > ?)"
+    )
+    return int(cur.rows(sql, (*args, time.time()))[0][0])
 
 
 def finish_upload(
@@ -79,10 +116,12 @@ def finish_upload(
     max_files: int,
     expires_s: float | None = None,
     max_bytes: int | None = None,
+    team: TeamCaps | None = None,
 ) -> tuple[Any, ...]:
     """Make the upload whose `size` bytes are stored a file of its owner's, made now and expiring `expires_s`
-    after; the owner's expired files go first. The caps are checked here, once its size is known: a refused
-    upload's rows are the caller's to delete (`drop`)."""
+    after; the owner's expired files go first. The caps (the key's, its `team`'s) are checked here, once its
+    size is known: a refused upload's rows are the caller's to delete (`drop`)."""
+    _lock(cur, team)
     drop(cur, expired(cur, time.time(), None, owner))
     kept, held = cur.rows(
         f"SELECT count(*), coalesce(sum(CASE WHEN kind = 'input' THEN bytes ELSE 0 END), 0) FROM batch_files "
@@ -96,6 +135,8 @@ def finish_upload(
             f"this key's uploads hold {int(held)} bytes; {size} more would pass the {max_bytes} "
             "batches.max_key_bytes allows: delete some first"
         )
+    if team is not None:
+        _team_fits(cur, team, size)
     now = time.time()
     expires_at = None if expires_s is None else now + expires_s
     done = cur.execute(
@@ -106,6 +147,31 @@ def finish_upload(
     if not done:
         raise UploadGone
     return (file_id, owner, filename, "batch", size, now, None, "input", expires_at)
+
+
+def _lock(cur: Cursor, team: TeamCaps | None) -> None:
+    if team is not None and cur.postgres:
+        cur.execute(f"SELECT pg_advisory_xact_lock({_TEAM_LOCK}, hashtext(?))", (team.name,))
+
+
+def _team_fits(cur: Cursor, team: TeamCaps, size: int) -> None:
+    """`TooManyFiles` or `TooManyBytes` when one more file of `size` bytes would pass the team's caps."""
+    where, args = team.owners
+    kept, held = cur.rows(
+        f"SELECT count(*), coalesce(sum(CASE WHEN kind = 'input' THEN bytes ELSE 0 END), 0) FROM batch_files "
+        f"WHERE {where} AND {UNEXPIRED}",
+        (*args, time.time()),
+    )[0]
+    if kept >= team.max_files:
+        raise TooManyFiles(
+            f"the keys of team {team.name!r} hold {kept} files, the most teams.{team.name}.max_batch_files allows: "
+            "delete some first"
+        )
+    if int(held) + size > team.max_bytes:
+        raise TooManyBytes(
+            f"the uploads of team {team.name!r} hold {int(held)} bytes; {size} more would pass the {team.max_bytes} "
+            f"teams.{team.name}.max_batch_bytes allows: delete some first"
+        )
 
 
 def add_result(
@@ -200,6 +266,7 @@ __all__ = [
     "CHUNK_BYTES",
     "FILE_COLUMNS",
     "PARTIAL",
+    "TeamCaps",
     "UNEXPIRED",
     "UPLOAD_S",
     "TooManyBytes",

@@ -22,17 +22,20 @@ class Incoming:
     """One upload's chunks in the store, as `write` is given them; `finish` makes them a file, `abandon`
     deletes them."""
 
-    def __init__(self, store: Store, owner: str, max_bytes: int | None = None) -> None:
+    def __init__(
+        self, store: Store, owner: str, max_bytes: int | None = None, team: files.TeamCaps | None = None
+    ) -> None:
         self.store = store
         self.owner = owner
         self.max_bytes = max_bytes  # `batches.max_key_bytes`, checked as each chunk is stored
+        self.team = team  # the caps of the owner's team, checked with the key's
         self.file_id: str | None = None  # its row, made with its first chunk
         self.seq = 0
 
     async def write(self, data: bytes) -> None:
         if self.file_id is None:
             self.file_id = await self.store.run(files.begin_upload, self.owner)
-        await self.store.run(files.add_chunk, self.file_id, self.seq, data, self.owner, self.max_bytes)
+        await self.store.run(files.add_chunk, self.file_id, self.seq, data, self.owner, self.max_bytes, self.team)
         self.seq += 1
 
     async def finish(
@@ -42,7 +45,7 @@ class Incoming:
         `files.TooManyBytes` or `files.UploadGone`, its chunks left for `abandon`."""
         if self.file_id is None:
             self.file_id = await self.store.run(files.begin_upload, self.owner)
-        args = (self.file_id, self.owner, filename, size, max_files, expires_s, max_bytes)
+        args = (self.file_id, self.owner, filename, size, max_files, expires_s, max_bytes, self.team)
         return await self.store.run(files.finish_upload, *args)
 
     async def abandon(self) -> None:

@@ -183,6 +183,13 @@ class TeamConfig(Strict, frozen=True):
     # key in force is held in every replica's memory with batch quotas of its own, and a revoked one stays in the
     # ledger (docs/security.md#admin-roles).
     max_keys: Annotated[int, Meta(ge=0, le=1_000_000)] = 1_000
+    # Bytes of uploads all the team's keys (YAML and runtime) may keep at once, over and above each key's
+    # `batches.max_key_bytes`: past it, an upload of any of them is a 409 naming it (docs/batches.md#a-teams-storage).
+    # As one key's by default, so making more keys buys a team no more of the ledger's disk.
+    max_batch_bytes: Annotated[int, Meta(ge=1024, le=1 << 40)] = 10 * 1024 * 1024 * 1024
+    # Files (uploads and batch results) all the team's keys may keep at once, over and above each key's
+    # `batches.max_files`: past it, an upload is a 409. As one key's by default.
+    max_batch_files: Annotated[int, Meta(ge=1, le=100_000)] = 1_000
     # This team's own admin key (normally a `${VAR}`, as `admin.key`): it makes, lists, rotates and revokes the
     # team's runtime keys, reads the team's usage and status (the status page too) and lists and cancels its keys'
     # batches, nothing else (docs/security.md#admin-roles). Empty or unset: the team has no admin of its own.

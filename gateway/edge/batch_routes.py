@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Final
 
 import msgspec
@@ -35,6 +35,7 @@ from gateway.batches.objects import (
 )
 from gateway.batches.send import ENDPOINTS
 from gateway.batches.service import ANONYMOUS, Batches
+from gateway.config.schema import TeamConfig
 from gateway.edge.endpoint import headers_of
 from gateway.edge.ledger_routes import unavailable_error
 from gateway.edge.render import error_response
@@ -221,7 +222,9 @@ def _serving(work: Work) -> Callable[[Request[Any, Any, Any]], Awaitable[Respons
 
 async def _upload(request: Request[Any, Any, Any], api: Batches, owner: str) -> Response[Any]:
     content_type, options = request.content_type
-    incoming = Incoming(api.store, owner, api.cfg.max_key_bytes)
+    pipeline = request.app.state.pipeline
+    caps = team_caps(pipeline.keys, pipeline.loaded.config.teams, owner)
+    incoming = Incoming(api.store, owner, api.cfg.max_key_bytes, caps)
     try:
         answer = await _store_upload(request, api, incoming, content_type, options.get("boundary"))
     except files.UploadGone:
@@ -426,6 +429,14 @@ async def _cancel_batch(request: Request[Any, Any, Any], api: Batches, owner: st
 def owners_of(keys: KeyRing, team: str | None) -> store.Owners:
     """Whose batches an admin reaches: its team's keys' (a team's admin), or every key's (`team` None)."""
     return store.team_owners(team, keys.yaml_idents(team)) if team is not None else store.EVERY_OWNER
+
+
+def team_caps(keys: KeyRing, teams: Mapping[str, TeamConfig], owner: str) -> files.TeamCaps | None:
+    """The caps on the files of the team of the key whose identity is `owner` (None: a key of no team)."""
+    key = keys.identified(owner)
+    if key is None or key.team is None or (team := teams.get(key.team)) is None:
+        return None
+    return files.TeamCaps(key.team, owners_of(keys, key.team), team.max_batch_bytes, team.max_batch_files)
 
 
 def owned(keys: KeyRing, row: tuple[Any, ...], team: str | None = None) -> dict[str, Any]:
