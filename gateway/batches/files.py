@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Final, NamedTuple
 
+from gateway.batches import locks
 from gateway.batches.objects import TERMINAL
 from gateway.ids import unguessable
 from gateway.ledger.engine import Cursor
@@ -50,12 +51,6 @@ class TeamCaps(NamedTuple):
     max_files: int
 
 
-# A PostgreSQL advisory lock's first key ("batc"): its second is the team's name hashed. Held for a transaction
-# that counts a team's files, so uploads of the team's keys on any replica are counted one after another, and
-# two of them at once cannot both pass the team's cap (SQLite's BEGIN IMMEDIATE serializes them already).
-_TEAM_LOCK: Final = 0x62617463
-
-
 class UploadGone(Exception):
     """The upload's row was deleted while it arrived: it took longer than UPLOAD_S."""
 
@@ -78,7 +73,8 @@ def add_chunk(
     Its row counts what is stored so far, and `max_bytes` holds for the owner's files and every upload of its
     still arriving together: many uploads at once cannot fill the database past it before any one finishes.
     So does the `team`'s cap, for all its keys' together."""
-    _lock(cur, team)
+    if max_bytes is not None or team is not None:
+        locks.hold(cur, owner, None if team is None else team.name)
     if not cur.execute(
         "UPDATE batch_files SET bytes = bytes + ? WHERE id = ? AND kind = ?", (len(data), file_id, PARTIAL)
     ):
@@ -121,7 +117,7 @@ def finish_upload(
     """Make the upload whose `size` bytes are stored a file of its owner's, made now and expiring `expires_s`
     after; the owner's expired files go first. The caps (the key's, its `team`'s) are checked here, once its
     size is known: a refused upload's rows are the caller's to delete (`drop`)."""
-    _lock(cur, team)
+    locks.hold(cur, owner, None if team is None else team.name)
     drop(cur, expired(cur, time.time(), None, owner))
     kept, held = cur.rows(
         f"SELECT count(*), coalesce(sum(CASE WHEN kind = 'input' THEN bytes ELSE 0 END), 0) FROM batch_files "
@@ -147,11 +143,6 @@ def finish_upload(
     if not done:
         raise UploadGone
     return (file_id, owner, filename, "batch", size, now, None, "input", expires_at)
-
-
-def _lock(cur: Cursor, team: TeamCaps | None) -> None:
-    if team is not None and cur.postgres:
-        cur.execute(f"SELECT pg_advisory_xact_lock({_TEAM_LOCK}, hashtext(?))", (team.name,))
 
 
 def _team_fits(cur: Cursor, team: TeamCaps, size: int) -> None:

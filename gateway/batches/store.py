@@ -18,6 +18,7 @@ from typing import Any, Final, TypeVar
 
 import msgspec
 
+from gateway.batches import locks
 from gateway.batches.files import add_result, drop, drop_if_gone, expired
 from gateway.batches.leases import held
 from gateway.batches.lines import Line, batch_model
@@ -175,6 +176,7 @@ def add_batch(
     max_batches: int,
     output_expires_s: int | None = None,
 ) -> str:
+    locks.hold(cur, owner)  # counted one after another on every replica: two at once cannot both pass the cap
     marks = ", ".join("?" * len(ACTIVE))
     running = cur.rows(f"SELECT count(*) FROM batches WHERE owner = ? AND status IN ({marks})", (owner, *ACTIVE))
     if running[0][0] >= max_batches:
