@@ -99,6 +99,13 @@ class UvicornThread(Running):
             target=self.server.run, kwargs={"sockets": [self._sock]}, name="test-uvicorn", daemon=True
         )
 
+    def pin_send_buffer(self, size: int) -> int:
+        """Fix the kernel's send buffer of the connections accepted from now on (Linux's accepted sockets take it
+        from the listening one) in place of the one it grows on its own, up to megabytes: how much of an answer
+        can be on its way to a slow client at once. Returns the size the kernel gives (twice `size`)."""
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
+        return int(self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF))
+
     def start(self) -> None:
         self._thread.start()
         deadline = time.monotonic() + 15
