@@ -6,6 +6,7 @@ loopback test, and without retries, so a test sees exactly one attempt.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -79,3 +80,20 @@ def parse_duration(text: str) -> float:
 
 def limit_headers(resp: httpx.Response) -> dict[str, str]:
     return {k: v for k, v in resp.headers.items() if k.startswith("x-ratelimit-")}
+
+
+def slow_batch(gw_url: str, key: str, model: str, lines: int = 20) -> str:
+    """A batch of `lines` completions of `model` by `key`, uploaded and created: its id (a slow model keeps
+    it running for a while)."""
+    rows = [
+        {"custom_id": f"l{i}", "method": "POST", "url": "/v1/completions", "body": body(model=model)}
+        for i in range(lines)
+    ]
+    data = "".join(json.dumps(x) + "\n" for x in rows).encode()
+    with client(gw_url, key) as c:
+        uploaded = c.post("/v1/files", data={"purpose": "batch"}, files={"file": ("in.jsonl", data)})
+        assert uploaded.status_code == 200, uploaded.text
+        spec = {"input_file_id": uploaded.json()["id"], "endpoint": "/v1/completions", "completion_window": "24h"}
+        resp = c.post("/v1/batches", json=spec)
+        assert resp.status_code == 200, resp.text
+        return str(resp.json()["id"])

@@ -10,7 +10,6 @@ team are shown by their name. Each `ci` lists its own team's models on `GET /v1/
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any, Final
 import pytest
 
 from tests.helpers.accesslog import Lines, listening
-from tests.helpers.clients import body, client
+from tests.helpers.clients import body, client, slow_batch
 from tests.helpers.servers import GatewayThread
 from tests.helpers.waiting import wait_until
 
@@ -79,17 +78,7 @@ def made(gw: GatewayThread, admin: str, name: str) -> str:
 
 def batch(gw: GatewayThread, key: str, model: str) -> str:
     """A batch of 20 slow lines by `key` (several seconds): its id."""
-    lines = [
-        {"custom_id": f"l{i}", "method": "POST", "url": "/v1/completions", "body": body(model=model)} for i in range(20)
-    ]
-    data = "".join(json.dumps(x) + "\n" for x in lines).encode()
-    with client(gw.url, key) as c:
-        uploaded = c.post("/v1/files", data={"purpose": "batch"}, files={"file": ("in.jsonl", data)})
-        assert uploaded.status_code == 200, uploaded.text
-        spec = {"input_file_id": uploaded.json()["id"], "endpoint": "/v1/completions", "completion_window": "24h"}
-        resp = c.post("/v1/batches", json=spec)
-        assert resp.status_code == 200, resp.text
-        return str(resp.json()["id"])
+    return slow_batch(gw.url, key, model)
 
 
 def keys_logged(access: Lines, **where: Any) -> list[str | None]:

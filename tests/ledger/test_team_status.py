@@ -20,7 +20,7 @@ from typing import Any, Final
 import pytest
 
 from gateway.limits.usage import day_of
-from tests.helpers.clients import body, client
+from tests.helpers.clients import body, client, slow_batch
 from tests.helpers.servers import GatewayThread
 from tests.helpers.waiting import wait_until
 
@@ -108,17 +108,7 @@ def made(gw: GatewayThread, admin: str, name: str, rpm: int) -> str:
 
 def batch(gw: GatewayThread, key: str, model: str) -> str:
     """A batch of 20 slow lines (8 s at one line at a time) by `key`: its id."""
-    lines = [
-        {"custom_id": f"l{i}", "method": "POST", "url": "/v1/completions", "body": body(model=model)} for i in range(20)
-    ]
-    data = "".join(json.dumps(x) + "\n" for x in lines).encode()
-    with client(gw.url, key) as c:
-        uploaded = c.post("/v1/files", data={"purpose": "batch"}, files={"file": ("in.jsonl", data)})
-        assert uploaded.status_code == 200, uploaded.text
-        spec = {"input_file_id": uploaded.json()["id"], "endpoint": "/v1/completions", "completion_window": "24h"}
-        resp = c.post("/v1/batches", json=spec)
-        assert resp.status_code == 200, resp.text
-        return str(resp.json()["id"])
+    return slow_batch(gw.url, key, model)
 
 
 def limits(view: dict[str, Any]) -> set[tuple[str, str, int, int]]:
