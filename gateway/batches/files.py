@@ -119,16 +119,12 @@ def finish_upload(
     size is known: a refused upload's rows are the caller's to delete (`drop`)."""
     locks.hold(cur, owner, None if team is None else team.name)
     drop(cur, expired(cur, time.time(), None, owner))
-    kept, held = cur.rows(
-        f"SELECT count(*), coalesce(sum(CASE WHEN kind = 'input' THEN bytes ELSE 0 END), 0) FROM batch_files "
-        f"WHERE owner = ? AND {UNEXPIRED}",
-        (owner, time.time()),
-    )[0]
+    kept, held = _held(cur, "owner = ?", (owner,))
     if kept >= max_files:
         raise TooManyFiles(f"this key holds {kept} files, the most batches.max_files allows: delete some first")
-    if max_bytes is not None and int(held) + size > max_bytes:
+    if max_bytes is not None and held + size > max_bytes:
         raise TooManyBytes(
-            f"this key's uploads hold {int(held)} bytes; {size} more would pass the {max_bytes} "
+            f"this key's uploads hold {held} bytes; {size} more would pass the {max_bytes} "
             "batches.max_key_bytes allows: delete some first"
         )
     if team is not None:
@@ -145,22 +141,27 @@ def finish_upload(
     return (file_id, owner, filename, "batch", size, now, None, "input", expires_at)
 
 
-def _team_fits(cur: Cursor, team: TeamCaps, size: int) -> None:
-    """`TooManyFiles` or `TooManyBytes` when one more file of `size` bytes would pass the team's caps."""
-    where, args = team.owners
+def _held(cur: Cursor, where: str, args: Sequence[Any]) -> tuple[int, int]:
+    """The files the owners `where` picks hold (results too, uploads still arriving not), and their uploads' bytes."""
     kept, held = cur.rows(
         f"SELECT count(*), coalesce(sum(CASE WHEN kind = 'input' THEN bytes ELSE 0 END), 0) FROM batch_files "
         f"WHERE {where} AND {UNEXPIRED}",
         (*args, time.time()),
     )[0]
+    return int(kept), int(held)
+
+
+def _team_fits(cur: Cursor, team: TeamCaps, size: int) -> None:
+    """`TooManyFiles` or `TooManyBytes` when one more file of `size` bytes would pass the team's caps."""
+    kept, held = _held(cur, *team.owners)
     if kept >= team.max_files:
         raise TooManyFiles(
             f"the keys of team {team.name!r} hold {kept} files, the most teams.{team.name}.max_batch_files allows: "
             "delete some first"
         )
-    if int(held) + size > team.max_bytes:
+    if held + size > team.max_bytes:
         raise TooManyBytes(
-            f"the uploads of team {team.name!r} hold {int(held)} bytes; {size} more would pass the {team.max_bytes} "
+            f"the uploads of team {team.name!r} hold {held} bytes; {size} more would pass the {team.max_bytes} "
             f"teams.{team.name}.max_batch_bytes allows: delete some first"
         )
 
