@@ -90,6 +90,7 @@ class Runner:
         self.in_flight = 0
         self.deferred = 0  # lines waiting to be sent again: they hold their place in `batches.concurrency`
         self.slots = asyncio.Event()  # set when a line ends: a driver waiting for room looks again
+        self.taking = asyncio.Lock()  # held by the batch taking lines (`Drive._lines`)
         self.driving: dict[str, asyncio.Task[None]] = {}
         self.drives: dict[str, Drive] = {}  # the batches driven here whose key is known
         self.wake = asyncio.Event()
@@ -318,15 +319,21 @@ class Drive:
         paused = False
         while True:
             try:
-                # Room is reserved before the await, so that batches taking lines at once share it, never exceed it.
                 leaving = self.yielding or r.stopping  # no new lines, then the lease back
-                room = max(r.cfg.concurrency - r.in_flight - r.deferred, 0) if self.stop is None and not leaving else 0
-                r.in_flight += room
-                try:
-                    max_body = r.current().loaded.config.caps.request_body_bytes
-                    held, lines, waiting = await r.store.run(store.take, self.id, r.me, r.lease_s, room, max_body)
-                finally:
-                    r.in_flight -= room
+                # One batch takes at a time, its room reserved until its lines are counted in flight: batches
+                # never exceed `batches.concurrency` together. Taking at once instead, a batch with only lines
+                # put back (nothing to take) reserved the room the other's take needed, and two batches polling
+                # in step could keep the other at none for as long as their turns stayed aligned.
+                async with r.taking:
+                    room = (
+                        max(r.cfg.concurrency - r.in_flight - r.deferred, 0) if self.stop is None and not leaving else 0
+                    )
+                    r.in_flight += room
+                    try:
+                        max_body = r.current().loaded.config.caps.request_body_bytes
+                        held, lines, waiting = await r.store.run(store.take, self.id, r.me, r.lease_s, room, max_body)
+                    finally:
+                        r.in_flight -= room
                 status, expires_at = held[0], held[1]
                 if status in TERMINAL:
                     return
