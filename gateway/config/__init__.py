@@ -8,7 +8,7 @@ May import the base below it (state, ids), providers (the registry) and wire; no
 """
 
 from gateway.config.caps import CapsConfig
-from gateway.config.consistency import key_problem, model_names
+from gateway.config.consistency import TEAM_PREFIX, key_problem, model_names
 from gateway.config.fleet import (
     MAX_REPLICAS,
     ReplicaConfig,
@@ -76,6 +76,7 @@ __all__ = [
     "replica_cap",
     "replica_drained",
     "fleet_problem",
+    "TEAM_PREFIX",
     "key_problem",
     "model_names",
     "ModelNames",

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from gateway.config.patterns import ModelNames
 from gateway.config.schema import GatewayConfig, ProviderConfig, TeamConfig
 from providers.registry import REGISTRY
+
+# How the fair queue names a team's share when `queue.fair_by: team` (a key's goes by its label): no key may.
+TEAM_PREFIX: Final = "team:"
 
 Problem = tuple[str, str]
 # The priority classes, lowest first: a `priority` above its `max_priority` is refused.
@@ -197,6 +200,8 @@ def key_problem(key: KeyFields, teams: Mapping[str, TeamConfig], names: ModelNam
     this finds, so a runtime key is held to what a YAML key is."""
     if not key.name.strip():
         return "name", "a key name may not be empty"
+    if key.name.startswith(TEAM_PREFIX):  # the fair queue's name for a team's share (`queue.fair_by: team`)
+        return "name", f"a key name may not begin with {TEAM_PREFIX!r}: a team's share of the queue goes by it"
     for j, pattern in enumerate(key.models):
         if (problem := names.problem(pattern)) is not None:
             return f"models[{j}]", f"the key could never call it: {problem}"

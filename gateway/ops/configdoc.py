@@ -107,7 +107,8 @@ MEANINGS: dict[str, str] = {
     "cooldown.failure_ratio": "share of a target's requests in the window (and of each client key's) that must fail",
     "cooldown.window_ms": "sliding window over which 5xx and timeout failures are counted per target",
     "keys": "client keys; none means the gateway is open (said once at start-up)",
-    "keys[].name": "shown in 403 messages and logs, unique; no `/` (a team's runtime key is shown as `team/name`)",
+    "keys[].name": "shown in 403 messages and logs, unique; no `/` (a team's runtime key is shown as `team/name`), "
+    "not beginning `team:` (a team's share of the queue)",
     "keys[].key": "the secret, normally `${VAR}`; each key's own (two keys with one secret are refused)",
     "keys[].models": "model strings this key may call, matched against what the client sends: `*` and `?` stop at `/`, "
     "`**` crosses it (`openai/*`, `fireworks/**`, `fast`); everything else is literal; one that can match no alias and "

@@ -14,7 +14,7 @@ from typing import Final
 
 import msgspec
 
-from gateway.config import LoadedConfig, QueueConfig, replica_cap, replica_names, replica_tag, replica_url
+from gateway.config import TEAM_PREFIX, LoadedConfig, QueueConfig, replica_cap, replica_names, replica_tag, replica_url
 from gateway.limits.auth import ClientKey
 from gateway.limits.ratelimit import Limiter
 from gateway.limits.tokens import prompt_count, prompt_tokens, text_tokens, unbounded_completion, unrendered_tokens
@@ -174,7 +174,8 @@ class Queues:
         asks = asks or (team.priority if team else None) or "normal"
         most = most or (team.max_priority if team else None) or "normal"
         # A runtime key's default never passes what it may ask for (the config refuses such a YAML key).
-        return _Tenant(f"team:{team_name}" if by_team else name, weight, max(RANK[asks], RANK[most]), RANK[most])
+        tenant = TEAM_PREFIX + team_name if by_team and team_name else name
+        return _Tenant(tenant, weight, max(RANK[asks], RANK[most]), RANK[most])
 
     def adopt(self, old: Queues) -> None:
         """A reload: the servers both configs cap keep their gate (its waiters, slots held and service) under

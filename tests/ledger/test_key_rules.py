@@ -69,6 +69,19 @@ def test_a_runtime_key_is_refused_what_a_yaml_key_is(gateway: Any, spec: dict[st
     assert query(url, "SELECT count(*) FROM api_keys") == [(0,)]
 
 
+def test_no_key_goes_by_a_teams_share_of_the_queue(gateway: Any) -> None:
+    """Under `queue.fair_by: team` blue's keys wait as one tenant, `team:blue`: a key of no team named so would
+    wait as blue, taking blue's weight and sharing its turn. Neither a runtime key nor a YAML key may be named so."""
+    gw, url = gateway
+    resp = admin(gw.url, "POST", "/admin/keys", {"name": "team:blue"})
+    assert resp.status_code == 400, resp.text
+    assert (resp.json()["error"]["param"], resp.json()["error"]["code"]) == ("name", "invalid_value")
+    assert "may not begin with 'team:'" in resp.json()["error"]["message"]
+    assert admin(gw.url, "POST", "/admin/keys", {"name": "teams:blue"}).status_code == 201  # only the prefix
+    with pytest.raises(ConfigError, match=r"keys\[0\]\.name: a key name may not begin with 'team:'"):
+        parse_config(ROUTES + "\nkeys: [{name: 'team:blue', key: s1}]\n", "gw.yaml", {})
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
