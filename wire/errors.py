@@ -430,7 +430,7 @@ CODES: Final[dict[str, str]] = {
     "file_too_large": "an uploaded batch input file over `batches.max_file_bytes` (413)",
     "upload_timeout": "an upload of a batch input file still arriving a day after it began (408)",
     "too_many_files": "the key holds `batches.max_files` files already (409)",
-    "too_many_bytes": "the upload would take the key's uploads past `batches.max_key_bytes` (409)",
+    "too_many_bytes": "the upload would take the key's files past `batches.max_key_bytes` (409)",
     "too_many_batches": "the key has `batches.max_batches` batches not ended (409)",
     "cache_miss": "`Cache-Control: only-if-cached` and no cached answer (504; docs/cache.md)",
     "invalid_cache_control": "a `Cache-Control` directive the cache cannot read (`max-age` not a number)",

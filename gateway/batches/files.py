@@ -6,6 +6,10 @@ for the files it makes). From that moment it is gone to its owner: not read, not
 `batches.max_files`; its rows are deleted with the owner's next upload and by the runner's hourly sweep. A file
 a batch still running reads is kept until that batch ends, as retention keeps it. A file deleted is expired
 the same way, its rows deleted at once unless a batch not ended still reads it.
+
+Every file counts toward its owner's caps (`batches.max_files`, `max_key_bytes`, its team's), the result files a
+batch makes as much as uploads: they fill the same disk. Only an upload is ever refused for them: a batch's
+results are stored whole, past the caps, and the next upload waits for files to be deleted.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ class TooManyFiles(Exception):
 
 
 class TooManyBytes(Exception):
-    """The upload would take the key's uploads past `batches.max_key_bytes`."""
+    """The upload would take the key's files (or its team's) past `batches.max_key_bytes` (or the team's)."""
 
 
 class TeamCaps(NamedTuple):
@@ -49,6 +53,15 @@ class TeamCaps(NamedTuple):
     owners: tuple[str, Sequence[Any]]
     max_bytes: int
     max_files: int
+
+
+class _Stored(NamedTuple):
+    """What the files of some owners hold: `files` and their `held` bytes, the uploads complete and the batches'
+    result files alike (the ledger's disk holds both); `arriving`, those bytes with the uploads still arriving."""
+
+    files: int
+    held: int
+    arriving: int
 
 
 class UploadGone(Exception):
@@ -79,28 +92,31 @@ def add_chunk(
         "UPDATE batch_files SET bytes = bytes + ? WHERE id = ? AND kind = ?", (len(data), file_id, PARTIAL)
     ):
         raise UploadGone
-    if max_bytes is not None:
-        held = _arriving(cur, "owner = ?", (owner,))
-        if held > max_bytes:  # rolled back with the transaction: the row's count stays what is stored
-            raise TooManyBytes(
-                f"this key's uploads, with those still arriving, would hold {held} bytes, past the "
-                f"{max_bytes} batches.max_key_bytes allows: delete some first"
-            )
-    if team is not None and (held := _arriving(cur, *team.owners)) > team.max_bytes:
+    if max_bytes is not None and (held := _stored(cur, "owner = ?", (owner,)).arriving) > max_bytes:
+        # Rolled back with the transaction: the row's count stays what is stored.
         raise TooManyBytes(
-            f"the uploads of team {team.name!r}, with those still arriving, would hold {held} bytes, past the "
+            f"this key's files, with the uploads still arriving, would hold {held} bytes, past the "
+            f"{max_bytes} batches.max_key_bytes allows: delete some first"
+        )
+    if team is not None and (held := _stored(cur, *team.owners).arriving) > team.max_bytes:
+        raise TooManyBytes(
+            f"the files of team {team.name!r}, with the uploads still arriving, would hold {held} bytes, past the "
             f"{team.max_bytes} teams.{team.name}.max_batch_bytes allows: delete some first"
         )
     cur.execute("INSERT INTO batch_file_chunks (file_id, seq, data) VALUES (?, ?, ?)", (file_id, seq, data))
 
 
-def _arriving(cur: Cursor, where: str, args: Sequence[Any]) -> int:
-    """The bytes of the uploads of the owners `where` picks, those still arriving with them."""
-    sql = (
-        f"SELECT coalesce(sum(bytes), 0) FROM batch_files WHERE {where} AND kind IN ('input', '{PARTIAL}') "
-        "AND (expires_at IS NULL OR expires_at > ?)"
-    )
-    return int(cur.rows(sql, (*args, time.time()))[0][0])
+def _stored(cur: Cursor, where: str, args: Sequence[Any]) -> _Stored:
+    """What the files of the owners `where` picks hold, unexpired, in one query: the caps on files and on bytes
+    count the same rows."""
+    whole = f"kind <> '{PARTIAL}'"
+    files, held, arriving = cur.rows(
+        f"SELECT coalesce(sum(CASE WHEN {whole} THEN 1 ELSE 0 END), 0), "
+        f"coalesce(sum(CASE WHEN {whole} THEN bytes ELSE 0 END), 0), coalesce(sum(bytes), 0) "
+        f"FROM batch_files WHERE {where} AND (expires_at IS NULL OR expires_at > ?)",
+        (*args, time.time()),
+    )[0]
+    return _Stored(int(files), int(held), int(arriving))
 
 
 def finish_upload(
@@ -119,12 +135,12 @@ def finish_upload(
     size is known: a refused upload's rows are the caller's to delete (`drop`)."""
     locks.hold(cur, owner, None if team is None else team.name)
     drop(cur, expired(cur, time.time(), None, owner))
-    kept, held = _held(cur, "owner = ?", (owner,))
+    kept, held, _ = _stored(cur, "owner = ?", (owner,))
     if kept >= max_files:
         raise TooManyFiles(f"this key holds {kept} files, the most batches.max_files allows: delete some first")
     if max_bytes is not None and held + size > max_bytes:
         raise TooManyBytes(
-            f"this key's uploads hold {held} bytes; {size} more would pass the {max_bytes} "
+            f"this key's files hold {held} bytes; {size} more would pass the {max_bytes} "
             "batches.max_key_bytes allows: delete some first"
         )
     if team is not None:
@@ -141,19 +157,9 @@ def finish_upload(
     return (file_id, owner, filename, "batch", size, now, None, "input", expires_at)
 
 
-def _held(cur: Cursor, where: str, args: Sequence[Any]) -> tuple[int, int]:
-    """The files the owners `where` picks hold (results too, uploads still arriving not), and their uploads' bytes."""
-    kept, held = cur.rows(
-        f"SELECT count(*), coalesce(sum(CASE WHEN kind = 'input' THEN bytes ELSE 0 END), 0) FROM batch_files "
-        f"WHERE {where} AND {UNEXPIRED}",
-        (*args, time.time()),
-    )[0]
-    return int(kept), int(held)
-
-
 def _team_fits(cur: Cursor, team: TeamCaps, size: int) -> None:
     """`TooManyFiles` or `TooManyBytes` when one more file of `size` bytes would pass the team's caps."""
-    kept, held = _held(cur, *team.owners)
+    kept, held, _ = _stored(cur, *team.owners)
     if kept >= team.max_files:
         raise TooManyFiles(
             f"the keys of team {team.name!r} hold {kept} files, the most teams.{team.name}.max_batch_files allows: "
@@ -161,7 +167,7 @@ def _team_fits(cur: Cursor, team: TeamCaps, size: int) -> None:
         )
     if held + size > team.max_bytes:
         raise TooManyBytes(
-            f"the uploads of team {team.name!r} hold {held} bytes; {size} more would pass the {team.max_bytes} "
+            f"the files of team {team.name!r} hold {held} bytes; {size} more would pass the {team.max_bytes} "
             f"teams.{team.name}.max_batch_bytes allows: delete some first"
         )
 
@@ -169,7 +175,8 @@ def _team_fits(cur: Cursor, team: TeamCaps, size: int) -> None:
 def add_result(
     cur: Cursor, owner: str, batch_id: str, purpose: str, line_state: str, size: int, expires_s: float | None
 ) -> str:
-    """A batch's output or error file (its lines stay in `batch_lines`); its id."""
+    """A batch's output or error file (its lines stay in `batch_lines`); its id. Its `size` counts toward its
+    owner's bytes, but no cap refuses it: a batch's results are never cut."""
     row = _insert(cur, owner, f"{batch_id}_{purpose}.jsonl", "batch_output", size, batch_id, line_state, expires_s)
     return str(row[0])
 

@@ -183,8 +183,9 @@ class TeamConfig(Strict, frozen=True):
     # key in force is held in every replica's memory with batch quotas of its own, and a revoked one stays in the
     # ledger (docs/security.md#admin-roles).
     max_keys: Annotated[int, Meta(ge=0, le=1_000_000)] = 1_000
-    # Bytes of uploads all the team's keys (YAML and runtime) may keep at once, over and above each key's
-    # `batches.max_key_bytes`: past it, an upload of any of them is a 409 naming it (docs/batches.md#a-teams-storage).
+    # Bytes of files (uploads and batch results) all the team's keys (YAML and runtime) may keep at once, over and
+    # above each key's `batches.max_key_bytes`: past it, an upload of any of them is a 409 naming it (a batch's
+    # results are stored whole even past it; docs/batches.md#a-teams-storage).
     # As one key's by default, so making more keys buys a team no more of the ledger's disk.
     max_batch_bytes: Annotated[int, Meta(ge=1024, le=1 << 40)] = 10 * 1024 * 1024 * 1024
     # Files (uploads and batch results) all the team's keys may keep at once, over and above each key's
@@ -235,7 +236,8 @@ class BatchesConfig(Strict, frozen=True):
     max_file_bytes: Annotated[int, Meta(ge=1024, le=1024 * 1024 * 1024)] = 100 * 1024 * 1024
     # Files one key may keep at once (uploads and batch results); one more is refused with 409.
     max_files: Annotated[int, Meta(ge=1, le=100_000)] = 1_000
-    # Bytes of uploads one key may keep at once (the ledger's disk is every tenant's); past it: 409.
+    # Bytes of files (uploads and batch results) one key may keep at once (the ledger's disk is every tenant's):
+    # past it an upload is refused with 409; a batch's results are stored whole even past it.
     max_key_bytes: Annotated[int, Meta(ge=1024, le=1 << 40)] = 10 * 1024 * 1024 * 1024
     # Batches one key may have not ended yet (each holds a copy of its file's lines); one more is refused with 409.
     max_batches: Annotated[int, Meta(ge=1, le=100_000)] = 100
