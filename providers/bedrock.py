@@ -51,6 +51,7 @@ from wire.errors import (
     ProviderUnavailableError,
     UnsupportedParamError,
     UpstreamStatusError,
+    shown,
 )
 from wire.schema import Completion, CompletionRequest, PromptTokensDetails, Usage
 
@@ -432,7 +433,7 @@ def _place_top_k(body: dict[str, Any], k: int, endpoint: Endpoint) -> None:
     raise UnsupportedParamError(
         "top_k",
         endpoint.provider,
-        f"Parameter 'top_k' is not supported by provider '{endpoint.provider}' for model '{endpoint.model}'"
+        f"Parameter 'top_k' is not supported by provider '{endpoint.provider}' for model '{shown(endpoint.model)}'"
         " (Bedrock takes it for Anthropic Claude and Amazon Nova models only)",
     )
 

@@ -21,7 +21,7 @@ import msgspec
 from providers.base import CallContext, Endpoint, LocalAdapter, LocalCaps, Param, table
 from providers.chat_params import chat_table
 from providers.offsets import text_offsets
-from wire.errors import InvalidRequestError, UpstreamStatusError
+from wire.errors import InvalidRequestError, UpstreamStatusError, shown
 from wire.schema import Choice, Completion, CompletionRequest, FinishReason, Logprobs, Usage
 
 WORDS = (
@@ -170,8 +170,8 @@ class FakeAdapter(LocalAdapter):
         limit = caps.fake_max_tokens
         if req.max_tokens is not None and req.max_tokens > limit:
             raise InvalidRequestError(
-                f"'max_tokens' is {req.max_tokens}, but model '{endpoint.model}' generates at most {limit} tokens "
-                "per choice",
+                f"'max_tokens' is {req.max_tokens}, but model '{shown(endpoint.model)}' generates at most {limit} "
+                "tokens per choice",
                 param="max_tokens",
                 code="invalid_value",
             )
@@ -188,7 +188,7 @@ class FakeAdapter(LocalAdapter):
         if total > caps.emulated_answer_bytes:
             param = "n" if (req.n or 1) > 1 else "logprobs" if k is not None else "echo" if req.echo else "prompt"
             raise InvalidRequestError(
-                f"'{param}' would make model '{endpoint.model}' build an answer of about {total} bytes; at most "
+                f"'{param}' would make model '{shown(endpoint.model)}' build an answer of about {total} bytes; at most "
                 f"{caps.emulated_answer_bytes} are allowed",
                 param=param,
                 code="invalid_value",

@@ -43,7 +43,7 @@ def _refuse(effort: str, endpoint: Endpoint, why: str) -> UnsupportedParamError:
     return UnsupportedParamError(
         FIELD,
         endpoint.provider,
-        f"Provider '{endpoint.provider}' cannot take reasoning_effort '{effort}' for model '{endpoint.model}': "
+        f"Provider '{endpoint.provider}' cannot take reasoning_effort '{effort}' for model '{shown(endpoint.model)}': "
         f"{why} (Google's mapping: ai.google.dev/gemini-api/docs/openai#thinking)",
     )
 

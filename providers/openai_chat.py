@@ -444,7 +444,7 @@ def check_chat(adapter: Capabilities, req: ChatRequest, provider: str) -> None:
         raise UnsupportedParamError(
             "response_format",
             provider,
-            f"Provider '{provider}' takes no 'response_format' of type {shown(repr(rf.get('type')))} on chat, and "
+            f"Provider '{provider}' takes no 'response_format' of type {shown(str(rf.get('type')))!r} on chat, and "
             "has no guided decoding the gateway could send it as",
         )
 

@@ -384,7 +384,7 @@ def upstream_failure(cause: str, provider: str, target: str | None) -> UpstreamE
     else:
         cls = UpstreamConnectError
     # The target (`provider/model[/deployment]`) names the provider too; without one, the provider alone.
-    message = f"Upstream '{target or provider}' {what}"
+    message = f"Upstream '{shown(target) if target else provider}' {what}"
     return cls(message, code=f"upstream_{cause}", cause=cause, provider=provider, target=target)
 
 

@@ -14,7 +14,7 @@ import msgspec
 from gateway.upstream.plan import Route
 from providers.base import CallContext, prompt_form
 from providers.envelope import Unreadable
-from wire.errors import GatewayError, UpstreamError
+from wire.errors import GatewayError, UpstreamError, shown
 from wire.schema import CompletionRequest, CompletionTokensDetails, PromptTokensDetails, Usage
 
 log = logging.getLogger("gateway")
@@ -51,7 +51,7 @@ def unreadable(route: Route, what: str, exc: Exception) -> UpstreamError:
 def failed_attempt(route: Route, what: str, code: str, cause: str) -> UpstreamError:
     """An attempt on `route` that failed before anything reached the client: retried or failed over."""
     return UpstreamError(
-        f"Upstream '{route.key}' {what}",
+        f"Upstream '{shown(route.key)}' {what}",
         code=code,
         retryable=True,
         cause=cause,
@@ -73,7 +73,7 @@ def ignored_n(route: Route, asked: int, got: int) -> UpstreamError:
     unhealthy for it.
     """
     return UpstreamError(
-        f"Upstream '{route.key}' answered {got} choice(s) where the request asked for {asked}: it does not "
+        f"Upstream '{shown(route.key)}' answered {got} choice(s) where the request asked for {asked}: it does not "
         "honour 'n' (send one request per choice, or use a target that takes 'n')",
         param="n",
         code="upstream_ignored_n",

@@ -20,7 +20,7 @@ from gateway.path.opened import Chunk
 from gateway.upstream.client import Stream
 from gateway.upstream.framing import DECODERS
 from providers.base import CallContext
-from wire.errors import UpstreamError
+from wire.errors import UpstreamError, shown
 
 # An adapter's stream-event parser (`parse_event`, or `parse_chat_event` on chat).
 Parse = Callable[[str | None, bytes, CallContext], Chunk | None]
@@ -39,8 +39,8 @@ class StreamIdle(UpstreamError):
 
     def __init__(self, stream: Stream, went: str, setting: str) -> None:
         super().__init__(
-            f"Upstream '{stream.target or stream.provider}' {went} without an event carrying text, a choice, "
-            f"usage or a finish ({setting})",
+            f"Upstream '{shown(stream.target) if stream.target else stream.provider}' {went} without an event "
+            f"carrying text, a choice, usage or a finish ({setting})",
             code="upstream_stream_idle",
             cause="stream_idle",
             target=stream.target,

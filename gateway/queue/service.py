@@ -25,7 +25,7 @@ from gateway.queue.gate import LOW, NO_CAP, Gate, Slot
 from gateway.upstream.plan import Plan, Route
 from gateway.upstream.transport import Timeouts
 from providers import REGISTRY
-from wire.errors import InvalidRequestError, PermissionDeniedError, RateLimitError, UpstreamTimeoutError
+from wire.errors import InvalidRequestError, PermissionDeniedError, RateLimitError, UpstreamTimeoutError, shown
 from wire.schema import CompletionRequest
 
 HEADER: Final = "x-gateway-priority"
@@ -225,7 +225,7 @@ class Queues:
         r = RANK.get(asked)
         if r is None:
             raise InvalidRequestError(
-                f"'{HEADER}' must be one of high, normal, low; got {asked[:40]!r}",
+                f"'{HEADER}' must be one of high, normal, low; got {shown(asked)!r}",
                 param=HEADER,
                 code="invalid_priority",
             )

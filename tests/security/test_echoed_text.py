@@ -2,9 +2,10 @@
 
 A body may hold megabytes in one string and a URL 64 KiB in one path segment: an unknown model's 404, a value
 outside an enum, a header name, a `response_format` type, a key, batch or file id in the path and a query
-parameter each came back whole in the error before. Each answer here is a 4xx in the route's dialect naming
-the field, a few hundred bytes long; the access log line of each request stays as small, and distinct unknown
-models add no metric series. The gateway is served by uvicorn on a loopback socket, with a SQLite ledger.
+parameter each came back whole in the error before, as did a routed model's 250-character name in an upstream
+failure (unreachable, an unreadable or short answer) or a provider's refusal. Each answer here is a 4xx naming
+the field, or a 502 naming the target, in the route's dialect, a few hundred bytes long; the access log line of
+each request stays as small, and distinct unknown models add no metric series. The gateway is served by uvicorn on a loopback socket, with a SQLite ledger.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import pytest
 
 from tests.helpers.accesslog import Lines
 from tests.helpers.errors import OPENAI_ROUTES, PAIS_ROUTE, SGP_ROUTE, assert_field_error
-from tests.helpers.servers import GatewayThread, serve_config
-from tests.helpers.upstreams import Upstream
+from tests.helpers.recordings import fixture_bytes
+from tests.helpers.servers import GatewayThread, free_port, serve_config
+from tests.helpers.upstreams import Handler, Upstream, reply, reply_sse
 from wire.errors import SHOWN_CHARS
 
 from .conftest import post
@@ -29,6 +31,7 @@ ADMIN: Final = "adm-sec-echo-40b9"
 MiB: Final = 1024 * 1024
 SMALL: Final = 2048  # an answer or log line quoting a cut text, with room to spare
 LONG: Final = 200  # an unknown model under the 256-character cap, longer than an error quotes
+ROUTED: Final = 245  # a `vendor/model` path's model part: 250 characters in all, under the 256 cap
 SEGMENT: Final = 40_000  # a path segment well inside the 64 KiB a request's head may hold
 
 CONFIG: Final = """
@@ -42,6 +45,8 @@ providers:
   demo: {{kind: fake, models: [text]}}
   sh: {{kind: vllm, base_url: "{url}/v1", discover: false}}
   ol: {{kind: ollama, base_url: "{url}", discover: false}}
+  dead: {{kind: vllm, base_url: "http://127.0.0.1:{dead}/v1", discover: false, max_concurrency: 4}}
+  bed: {{kind: bedrock, api_key: "AKIDEXAMPLE:secret", region: us-east-1, base_url: "{url}/bed"}}
 models:
   - {{name: fast, targets: [{{model: demo/text}}]}}
 """
@@ -50,7 +55,8 @@ models:
 @pytest.fixture(scope="module")
 def echo_gateway(upstream_server: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
     tmp = tmp_path_factory.mktemp("echo")
-    config = CONFIG.format(admin=ADMIN, key=KEY, db=tmp / "ledger.db", url=upstream_server.url)
+    db, url = tmp / "ledger.db", upstream_server.url
+    config = CONFIG.format(admin=ADMIN, key=KEY, db=db, url=url, dead=free_port())  # nothing listens there
     with serve_config(tmp, config) as gw:
         yield gw
 
@@ -222,3 +228,84 @@ def test_distinct_unknown_models_add_no_metric_series(http: httpx.Client) -> Non
     after = _series(http)
     assert after == before
     assert not any("nowhere-" in s for s in after)
+
+
+# A model that routes, `vendor/<245 characters>`, is named by every error about its target: the route key
+# (`vendor/model`) is quoted cut like any other client text, on each route that reaches an upstream.
+ROUTES_TO_UPSTREAMS: Final = (*OPENAI_ROUTES, SGP_ROUTE, PAIS_ROUTE, "/v1/chat/completions", "/tokenize")
+
+
+def _routed(vendor: str, tag: str) -> str:
+    """A model name of 250 characters that routes to `vendor`; `tag` keeps each test's target its own, so
+    that one test's failure does not leave another's target cooling."""
+    return f"{vendor}/{tag}-" + "m" * (ROUTED - len(tag) - 1)
+
+
+def _body(route: str, model: str, **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": model, **extra}
+    body.update({"messages": [{"role": "user", "content": "hi"}]} if "chat" in route else {"prompt": "hi"})
+    return body
+
+
+def _quoted_cut(resp: httpx.Response, quoted: str, status: int) -> None:
+    _small(resp, status)
+    assert quoted[:SHOWN_CHARS] + "..." in resp.text, resp.text
+    assert quoted[: SHOWN_CHARS + 1] not in resp.text, resp.text
+
+
+@pytest.mark.parametrize("route", ROUTES_TO_UPSTREAMS)
+def test_an_unreachable_targets_502_quotes_the_model_cut(http: httpx.Client, access: Lines, route: str) -> None:
+    model = _routed("dead", route.replace("/", "."))
+    resp = post(http, route, _body(route, model), key=KEY)
+    _quoted_cut(resp, model, 502)
+    assert "could not be reached" in resp.text
+    _lines_small(access)
+    if route != "/tokenize":  # the target now cools: the next request is refused before any call
+        again = post(http, route, _body(route, model), key=KEY)
+        _short(again)
+        assert again.status_code == 503 and model[:SHOWN_CHARS] not in again.text, again.text
+
+
+@pytest.mark.parametrize(
+    ("route", "handler", "stream", "said"),
+    [
+        (OPENAI_ROUTES[0], reply(b"not json"), False, "sent an invalid"),
+        ("/v1/chat/completions", reply(b"not json"), False, "sent an invalid"),
+        (SGP_ROUTE, reply_sse([]), True, "ended the stream early"),
+        (PAIS_ROUTE, reply(fixture_bytes("openai/completion_davinci002.json")), False, "answered 1 choice(s)"),
+    ],
+    ids=["unreadable", "unreadable-chat", "ended-early", "ignored-n"],
+)
+def test_a_failed_answers_502_quotes_the_model_cut(
+    http: httpx.Client, upstream: Upstream, route: str, handler: Handler, stream: bool, said: str
+) -> None:
+    upstream.handler = handler
+    model = _routed("sh", route.replace("/", ".") + str(stream))
+    n = 2 if said.startswith("answered") else 1
+    resp = post(http, route, _body(route, model, stream=stream, n=n), key=KEY)
+    _quoted_cut(resp, model, 502)
+    assert said in resp.text
+
+
+@pytest.mark.parametrize(
+    ("model", "extra", "param"),
+    [
+        (_routed("demo", "fake"), {"max_tokens": 10**6}, "max_tokens"),  # more than the fake model writes
+        (_routed("bed", "mistral"), {"top_k": 5}, "top_k"),  # Bedrock takes top_k for Claude and Nova only
+    ],
+    ids=["fake", "bedrock"],
+)
+def test_a_targets_refusal_quotes_the_model_cut(
+    http: httpx.Client, model: str, extra: dict[str, Any], param: str
+) -> None:
+    resp = post(http, OPENAI_ROUTES[0], _body(OPENAI_ROUTES[0], model, **extra), key=KEY)
+    _quoted_cut(resp, model.partition("/")[2], 400)  # the provider's own model name, without the vendor
+    assert resp.json()["error"]["param"] == param
+
+
+def test_a_huge_priority_header_is_quoted_cut(http: httpx.Client) -> None:
+    # Read on every request once a server has max_concurrency (`dead`'s): the fair queue's priority.
+    headers = {"x-gateway-priority": "p" * 4000}
+    resp = post(http, OPENAI_ROUTES[0], _body(OPENAI_ROUTES[0], "fast"), key=KEY, headers=headers)
+    _small(resp, 400)
+    assert "p" * SHOWN_CHARS + "..." in resp.text and "p" * (SHOWN_CHARS + 1) not in resp.text
