@@ -20,6 +20,7 @@ from gateway.ledger.engine import Cursor
 # The lease holder the cancelling request stands as while it ends the batch (no runner's name: see leases).
 _CANCELLER: Final = "cancel"
 _MESSAGE: Final = "This request was not executed: the batch was cancelled."
+_CANCELLABLE: Final = ("validating", "in_progress")
 
 
 def cancel(cur: Cursor, batch_id: str, owner: str | None, owners: Owners = EVERY_OWNER) -> tuple[Any, ...] | None:
@@ -28,12 +29,15 @@ def cancel(cur: Cursor, batch_id: str, owner: str | None, owners: Owners = EVERY
     row = batch_row(cur, batch_id, owner, owners)
     if row is None:
         return None
-    if row[5] not in ("validating", "in_progress"):
+    if row[5] not in _CANCELLABLE:
         return row
     now = time.time()
+    # Matched against the status the row has when the update reaches it, not the one read above: a runner's
+    # move from `validating` to `in_progress` committed in between (the update waits for it on PostgreSQL)
+    # would otherwise match nothing, and the cancel answer 200 with the batch running on.
     asked = cur.execute(
-        "UPDATE batches SET status = 'cancelling', cancelling_at = ? WHERE id = ? AND status = ?",
-        (now, batch_id, row[5]),
+        "UPDATE batches SET status = 'cancelling', cancelling_at = ? WHERE id = ? AND status IN (?, ?)",
+        (now, batch_id, *_CANCELLABLE),
     )
     # Compare and set, as a claim does: a runner claiming it now finds the lease taken, or this finds it held.
     # Only a batch this request moved to `cancelling`: one a runner ended meanwhile has a free lease too.
@@ -41,7 +45,7 @@ def cancel(cur: Cursor, batch_id: str, owner: str | None, owners: Owners = EVERY
         "UPDATE batches SET lease_owner = ?, lease_until = ? WHERE id = ? AND lease_until < ?",
         (_CANCELLER, now + 60, batch_id, now),
     ):
-        if row[11] is None:
+        if cur.rows("SELECT in_progress_at FROM batches WHERE id = ?", (batch_id,))[0][0] is None:
             # Never `in_progress`: its lines (if a runner stored some before it stopped) were never to run.
             cur.execute("DELETE FROM batch_lines WHERE batch_id = ?", (batch_id,))
         # Lines `sent` had a runner that is gone: their answers were never booked, nor will be.
