@@ -5,7 +5,8 @@ outside an enum, a header name, a `response_format` type, a key, batch or file i
 parameter each came back whole in the error before, as did a routed model's 250-character name in an upstream
 failure (unreachable, an unreadable or short answer) or a provider's refusal. Each answer here is a 4xx naming
 the field, or a 502 naming the target, in the route's dialect, a few hundred bytes long; the access log line of
-each request stays as small, and distinct unknown models add no metric series. The gateway is served by uvicorn on a loopback socket, with a SQLite ledger.
+each request stays as small, and distinct unknown models add no metric series. The gateway is served by
+uvicorn on a loopback socket, with a SQLite ledger.
 """
 
 from __future__ import annotations
