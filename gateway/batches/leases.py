@@ -63,6 +63,8 @@ def claim(cur: Cursor, me: str, lease_s: float, busy: Sequence[str], driven: Map
     for batch_id, owner, until, _ in candidates:
         if batch_id in busy:
             continue
+        if cur.postgres:
+            _end_stalled_holder(cur, batch_id, lease_s)
         # Compare and set: another process claiming the same batch now changes what this one matches.
         if cur.execute(
             "UPDATE batches SET lease_owner = ?, lease_until = ? WHERE id = ? AND lease_until = ? "
@@ -72,6 +74,21 @@ def claim(cur: Cursor, me: str, lease_s: float, busy: Sequence[str], driven: Map
             cur.execute(f"UPDATE batch_lines SET state = '{TODO}' WHERE batch_id = ? AND state = '{SENT}'", (batch_id,))
             return str(batch_id)
     return None
+
+
+def _end_stalled_holder(cur: Cursor, batch_id: str, lease_s: float) -> None:
+    """PostgreSQL: end the session that holds the batch's row locked while it waits on its client inside a
+    statement (`active`, waiting on `ClientRead`) for longer than a lease. Its process stalled in the middle of
+    sending (between a pipeline's statements and its closing Sync, inside a COPY, part-way through a long
+    message): in that state neither `idle_in_transaction_session_timeout` nor `statement_timeout` fires, so
+    its locks would keep the batch from any other runner until the process woke. A live runner never waits
+    that long inside a statement; the lease it held has run out, so the claim takes the batch either way."""
+    cur.rows(
+        "SELECT pg_terminate_backend(a.pid) FROM pg_stat_activity a "
+        "WHERE a.backend_xid = (SELECT xmax FROM batches WHERE id = ?) AND a.pid <> pg_backend_pid() "
+        "AND a.state = 'active' AND a.wait_event = 'ClientRead' AND a.state_change < now() - make_interval(secs => ?)",
+        (batch_id, lease_s),
+    )
 
 
 def owner_name() -> str:

@@ -63,3 +63,50 @@ async def test_a_holder_stalled_inside_a_transaction_loses_its_batch_when_its_le
         await survivor.close()
     assert owner == [(SURVIVOR,)]
     assert taken < LEASE_MS / 1000 + 2.5, taken  # about the lease: the session idle a lease long was ended
+
+
+async def test_a_holder_stalled_in_the_middle_of_a_statement_loses_its_batch_when_its_lease_runs_out(
+    pg: PostgresServer,
+) -> None:
+    """Stopped after sending a pipeline's statement but before its Sync (as `executemany` sends them), its
+    session is `active`, waiting on its client: no idle or statement timeout of the server ends it. The
+    claim ends it instead, once it has waited so a lease long."""
+    db = Database(pg.url)
+    db.migrate()
+    db.close()
+    stalled, survivor = (store.Store(pg.url, 500, lambda: LEASE_MS) for _ in range(2))
+    try:
+        batch_id = await stalled.run(store.add_batch, "owner", "file-x", "/v1/completions", "24h", 86_400.0, None, 100)
+        assert await stalled.run(leases.claim, STALLED, LEASE_MS / 1000, [], {}) == batch_id
+
+        def stall(cur: Cursor) -> Any:
+            held = store.state(cur, batch_id, STALLED, LEASE_MS / 1000)  # the batch's row locked, lease renewed
+            wire = cur.raw.connection.pgconn
+            wire.enter_pipeline_mode()
+            wire.send_query_params(b"UPDATE batch_lines SET sends = sends WHERE batch_id = $1", [batch_id.encode()])
+            wire.flush()  # the statement sent, its Sync not yet: stopped there
+            time.sleep(STALL_S)
+            return held
+
+        asleep = asyncio.ensure_future(stalled.run(stall))
+        t0 = time.monotonic()
+        await asyncio.sleep(0.1)
+        while True:
+            try:
+                if await survivor.run(leases.claim, SURVIVOR, LEASE_MS / 1000, [], {}) == batch_id:
+                    break
+            except LedgerDown:
+                pass  # the row is still locked: the statement's lock_timeout
+            assert time.monotonic() - t0 < STALL_S - 1, "the stalled holder's locks held the batch"
+            await asyncio.sleep(0.1)
+        taken = time.monotonic() - t0
+        with pytest.raises(LedgerDown):  # its session was ended: its renewal never committed
+            await asyncio.wait_for(asleep, STALL_S + 5)
+        with pytest.raises(leases.LostLease):  # awake again, it holds nothing
+            await stalled.run(store.state, batch_id, STALLED, LEASE_MS / 1000)
+        owner = await survivor.run(lambda cur: cur.rows("SELECT lease_owner FROM batches WHERE id = ?", (batch_id,)))
+    finally:
+        await stalled.close()
+        await survivor.close()
+    assert owner == [(SURVIVOR,)]
+    assert taken < 2 * LEASE_MS / 1000 + 2.5, taken  # its lease, then a lease waiting on its client
