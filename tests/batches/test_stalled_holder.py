@@ -1,10 +1,13 @@
 """A replica stalled in the middle of one of its batch's transactions (stopped, swapped out, its VM paused)
 holds that batch's row locks on PostgreSQL. The server ends its session once it has been idle in the
-transaction for `batches.lease_ms`, so another replica takes the batch over when the lease runs out, instead
-of when the stalled one wakes; the stalled one, awake, writes nothing.
+transaction for `batches.lease_ms`; a session stopped in the middle of a statement, which the server counts
+as busy and no timeout of its ends, is ended by the claiming replica once it has waited on its process as
+long. Another replica takes the batch over when the lease runs out, instead of when the stalled one wakes;
+the stalled one, awake, writes nothing.
 
 Two `Store`s of the gateway's own on one real PostgreSQL stand for the two replicas: the stalled one's
-transaction renews its lease and then waits, as a process stopped between two statements would."""
+transaction renews its lease and then waits, as a process stopped between two statements (or inside one)
+would."""
 
 from __future__ import annotations
 
