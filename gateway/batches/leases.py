@@ -77,16 +77,18 @@ def claim(cur: Cursor, me: str, lease_s: float, busy: Sequence[str], driven: Map
 
 
 def _end_stalled_holder(cur: Cursor, batch_id: str, lease_s: float) -> None:
-    """PostgreSQL: end the session that holds the batch's row locked while it waits on its client inside a
-    statement (`active`, waiting on `ClientRead` or `ClientWrite`) for longer than a lease. Its process stalled
-    in the middle of a statement (between a pipeline's statements and its closing Sync, inside a COPY, part-way
-    through sending a long message or reading a long result): there neither `idle_in_transaction_session_timeout`
-    nor `statement_timeout` fires, so its locks would keep the batch from any other runner until the process
-    woke. A live runner never waits on itself that long; its lease has run out, so it has lost the batch anyway."""
+    """PostgreSQL: end the session that holds the batch's row locked while it has waited on its client (to
+    read from it or write to it) for longer than a lease, inside a statement or idle in its transaction. Its
+    process stalled: inside a statement (between a pipeline's statements and its closing Sync, inside a COPY,
+    part-way through a long message or a long result) no timeout of the server fires, and a session idle in a
+    transaction was seen to outlive its `idle_in_transaction_session_timeout` under load. Its locks would keep
+    the batch from any other runner until the process woke. A live runner never waits on itself that long;
+    its lease has run out, so it has lost the batch anyway."""
     cur.rows(
         "SELECT pg_terminate_backend(a.pid) FROM pg_stat_activity a "
         "WHERE a.backend_xid = (SELECT xmax FROM batches WHERE id = ?) AND a.pid <> pg_backend_pid() "
-        "AND a.state = 'active' AND a.wait_event_type = 'Client' "
+        "AND a.state IN ('active', 'idle in transaction', 'idle in transaction (aborted)') "
+        "AND a.wait_event_type = 'Client' "
         "AND a.state_change < now() - make_interval(secs => ?) "
         # Only a session it may end (its own role's): ending another role's would fail the claim instead.
         "AND pg_has_role(a.usesysid, 'MEMBER')",

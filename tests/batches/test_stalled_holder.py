@@ -68,11 +68,13 @@ async def test_a_holder_stalled_inside_a_transaction_loses_its_batch_when_its_le
     assert taken < LEASE_MS / 1000 + 2.5, taken  # about the lease: the session idle a lease long was ended
 
 
-async def test_a_holder_stalled_in_the_middle_of_a_statement_loses_its_batch_when_its_lease_runs_out(
-    pg: PostgresServer,
+@pytest.mark.parametrize("where", ["mid-statement", "idle-untimed"])
+async def test_a_holder_stalled_where_no_timeout_of_the_server_fires_loses_its_batch(
+    pg: PostgresServer, where: str
 ) -> None:
     """Stopped after sending a pipeline's statement but before its Sync (as `executemany` sends them), its
-    session is `active`, waiting on its client: no idle or statement timeout of the server ends it. The
+    session is `active`, waiting on its client: no idle or statement timeout of the server ends it. Or idle in
+    its transaction with no idle timeout in force (as a session under load was seen to outlive its own). The
     claim ends it instead, once it has waited so a lease long."""
     db = Database(pg.url)
     db.migrate()
@@ -84,10 +86,13 @@ async def test_a_holder_stalled_in_the_middle_of_a_statement_loses_its_batch_whe
 
         def stall(cur: Cursor) -> Any:
             held = store.state(cur, batch_id, STALLED, LEASE_MS / 1000)  # the batch's row locked, lease renewed
-            wire = cur.raw.connection.pgconn
-            wire.enter_pipeline_mode()
-            wire.send_query_params(b"UPDATE batch_lines SET sends = sends WHERE batch_id = $1", [batch_id.encode()])
-            wire.flush()  # the statement sent, its Sync not yet: stopped there
+            if where == "idle-untimed":
+                cur.execute("SET LOCAL idle_in_transaction_session_timeout = 0")
+            else:
+                wire = cur.raw.connection.pgconn
+                wire.enter_pipeline_mode()
+                wire.send_query_params(b"UPDATE batch_lines SET sends = sends WHERE batch_id = $1", [batch_id.encode()])
+                wire.flush()  # the statement sent, its Sync not yet: stopped there
             time.sleep(STALL_S)
             return held
 
