@@ -63,6 +63,8 @@ def claim(cur: Cursor, me: str, lease_s: float, busy: Sequence[str], driven: Map
     for batch_id, owner, until, _ in candidates:
         if batch_id in busy:
             continue
+        if cur.postgres:
+            _end_stalled_holder(cur, batch_id, lease_s)
         # Compare and set: another process claiming the same batch now changes what this one matches.
         if cur.execute(
             "UPDATE batches SET lease_owner = ?, lease_until = ? WHERE id = ? AND lease_until = ? "
@@ -72,6 +74,26 @@ def claim(cur: Cursor, me: str, lease_s: float, busy: Sequence[str], driven: Map
             cur.execute(f"UPDATE batch_lines SET state = '{TODO}' WHERE batch_id = ? AND state = '{SENT}'", (batch_id,))
             return str(batch_id)
     return None
+
+
+def _end_stalled_holder(cur: Cursor, batch_id: str, lease_s: float) -> None:
+    """PostgreSQL: end the session that holds the batch's row locked while it has waited on its client (to
+    read from it or write to it) for longer than a lease, inside a statement or idle in its transaction. Its
+    process stalled: inside a statement (between a pipeline's statements and its closing Sync, inside a COPY,
+    part-way through a long message or a long result) no timeout of the server fires, and a session idle in a
+    transaction was seen to outlive its `idle_in_transaction_session_timeout` under load. Its locks would keep
+    the batch from any other runner until the process woke. A live runner never waits on itself that long;
+    its lease has run out, so it has lost the batch anyway."""
+    cur.rows(
+        "SELECT pg_terminate_backend(a.pid) FROM pg_stat_activity a "
+        "WHERE a.backend_xid = (SELECT xmax FROM batches WHERE id = ?) AND a.pid <> pg_backend_pid() "
+        "AND a.state IN ('active', 'idle in transaction', 'idle in transaction (aborted)') "
+        "AND a.wait_event_type = 'Client' "
+        "AND a.state_change < now() - make_interval(secs => ?) "
+        # Only a session it may end (its own role's): ending another role's would fail the claim instead.
+        "AND pg_has_role(a.usesysid, 'MEMBER')",
+        (batch_id, lease_s),
+    )
 
 
 def owner_name() -> str:

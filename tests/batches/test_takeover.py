@@ -134,8 +134,9 @@ def test_another_replica_takes_over_a_stalled_ones_batch(tmp_path: Path, pg: Pos
         stalled, survivor = (a, b) if _is(owner, a) else (b, a)
         assert _is(owner, stalled)
         os.kill(stalled.server_pid, signal.SIGSTOP)
-        # Counted from the stall: its lease runs out; a transaction it was stopped in is ended by the database
-        # after as long (its row locks with it); a claim that met those locks is tried again after the ledger's
+        # Counted from the stall: its lease runs out; a transaction it was stopped in is ended after as long, by
+        # the database (idle) or by the survivor's claim (inside a statement), its row locks with it; a claim
+        # that met those locks is tried again after the ledger's
         # `timeout_ms` (2 s); then the survivor's next poll. The rest is room for a loaded machine.
         by = time.monotonic() + 2 * lease_ms / 1000 + 2 + 20
         try:
