@@ -11,6 +11,7 @@ uvicorn on a loopback socket, with a SQLite ledger.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Iterator
 from typing import Any, Final
@@ -23,6 +24,7 @@ from tests.helpers.errors import OPENAI_ROUTES, PAIS_ROUTE, SGP_ROUTE, assert_fi
 from tests.helpers.recordings import fixture_bytes
 from tests.helpers.servers import GatewayThread, free_port, serve_config
 from tests.helpers.upstreams import Handler, Upstream, reply, reply_sse
+from tests.helpers.waiting import wait_until
 from wire.errors import SHOWN_CHARS
 
 from .conftest import post
@@ -79,6 +81,9 @@ def _small(resp: httpx.Response, status: int) -> None:
 
 
 def _lines_small(access: Lines) -> None:
+    # The line is written once the answer is sent: the client may read it before the gateway writes it.
+    with contextlib.suppress(AssertionError):
+        wait_until(lambda: access.raw, timeout=10)
     assert access.raw, "no access log line"
     assert max(len(line) for line in access.raw) < SMALL, max(access.raw, key=len)[:300]
 
