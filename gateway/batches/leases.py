@@ -63,7 +63,7 @@ def claim(cur: Cursor, me: str, lease_s: float, busy: Sequence[str], driven: Map
     for batch_id, owner, until, _ in candidates:
         if batch_id in busy:
             continue
-        if cur.postgres:
+        if cur.postgres and owner is not None and until > 0:  # a lease that ran out: its holder may have stalled
             _end_stalled_holder(cur, batch_id, lease_s)
         # Compare and set: another process claiming the same batch now changes what this one matches.
         if cur.execute(

@@ -320,20 +320,16 @@ class Drive:
         while True:
             try:
                 leaving = self.yielding or r.stopping  # no new lines, then the lease back
-                # One batch takes at a time, its room reserved until its lines are counted in flight: batches
-                # never exceed `batches.concurrency` together. Taking at once instead, a batch with only lines
-                # put back (nothing to take) reserved the room the other's take needed, and two batches polling
-                # in step could keep the other at none for as long as their turns stayed aligned.
+                # One batch takes at a time, and counts the lines it took in flight before its next await: batches
+                # never exceed `batches.concurrency` together. Taking at once, each with its room reserved, a batch
+                # with only lines put back (nothing to take) held the room the other's take needed, and two
+                # batches polling in step could keep the other at none for as long as their turns stayed aligned.
                 async with r.taking:
                     room = (
                         max(r.cfg.concurrency - r.in_flight - r.deferred, 0) if self.stop is None and not leaving else 0
                     )
-                    r.in_flight += room
-                    try:
-                        max_body = r.current().loaded.config.caps.request_body_bytes
-                        held, lines, waiting = await r.store.run(store.take, self.id, r.me, r.lease_s, room, max_body)
-                    finally:
-                        r.in_flight -= room
+                    max_body = r.current().loaded.config.caps.request_body_bytes
+                    held, lines, waiting = await r.store.run(store.take, self.id, r.me, r.lease_s, room, max_body)
                 status, expires_at = held[0], held[1]
                 if status in TERMINAL:
                     return
