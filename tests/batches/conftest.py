@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from tests.helpers.clients import openai_client
+from tests.helpers.postgres import PostgresServer
 from tests.helpers.redis import RedisServer
 from tests.helpers.servers import GatewayThread
 
@@ -68,6 +69,16 @@ def written(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "config.yaml"
     path.write_text(text)
     return path
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The ledger's URL, once a SQLite file under `tmp_path` and once the suite's PostgreSQL (a module that needs
+    more of its database defines its own)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'ledger.db'}"
+    pg: PostgresServer = request.getfixturevalue("pg")
+    return pg.url
 
 
 _MADE: list[openai.OpenAI] = []

@@ -19,7 +19,6 @@ import httpx
 import pytest
 
 from tests.helpers.clients import client
-from tests.helpers.postgres import PostgresServer
 from tests.helpers.servers import GatewayThread
 
 from .conftest import ADMIN_KEY, ENV, EVAL_KEY, OTHER_KEY, config, jsonl, line
@@ -32,14 +31,6 @@ EVAL_LINE: Final = '  - {name: eval, key: "${BATCH_EVAL_KEY}"}'
 OTHER_MODELS: Final = "models: [fast]"
 UNKNOWN: Final = "batch_0123456789abcdef0123456789abcdef"
 ENDED: Final = ("completed", "failed", "expired", "cancelled")
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'ledger.db'}"
-    pg: PostgresServer = request.getfixturevalue("pg")
-    return pg.url
 
 
 @pytest.fixture

@@ -11,26 +11,14 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from pathlib import Path
 from typing import Final
-
-import pytest
 
 from gateway.batches import cancelling, leases, store
 from gateway.batches.lines import Line
 from gateway.ledger.engine import Cursor, Database
-from tests.helpers.postgres import PostgresServer
 
 RUNNER: Final = "host-a:boot-a:1:100:aaaa"
 OPEN_S: Final = 0.8  # the runner's transaction stays open this long (under the stores' 2 s lock wait)
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'ledger.db'}"
-    pg: PostgresServer = request.getfixturevalue("pg")
-    return pg.url
 
 
 async def test_a_cancel_racing_the_runners_move_to_in_progress_cancels(url: str) -> None:

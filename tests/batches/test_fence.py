@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from pathlib import Path
 from typing import Final
 
 import pytest
@@ -19,19 +18,10 @@ import pytest
 from gateway.batches import leases, store
 from gateway.batches.lines import Line
 from gateway.ledger.engine import Cursor, Database
-from tests.helpers.postgres import PostgresServer
 
 LATE: Final = "host-a:boot-a:1:100:aaaa"
 TAKER: Final = "host-b:boot-b:1:100:bbbb"
 OPEN_S: Final = 0.8  # the claim's transaction stays open this long (under the stores' 2 s lock wait)
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'ledger.db'}"
-    pg: PostgresServer = request.getfixturevalue("pg")
-    return pg.url
 
 
 async def test_a_late_holder_racing_a_takeover_writes_nothing(url: str) -> None:

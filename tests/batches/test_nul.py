@@ -9,9 +9,7 @@ from pathlib import Path
 from typing import Final
 
 import httpx
-import pytest
 
-from tests.helpers.postgres import PostgresServer
 from tests.helpers.servers import GatewayThread
 
 from .conftest import ADMIN_KEY, ENV, EVAL_KEY, config, jsonl, line
@@ -25,14 +23,6 @@ def _raw_form(filename: bytes) -> bytes:
         b'--x\r\ncontent-disposition: form-data; name="file"; filename="' + filename + b'"\r\n\r\n' + FILE
         + b'\r\n--x\r\ncontent-disposition: form-data; name="purpose"\r\n\r\nbatch\r\n--x--\r\n'
     )  # fmt: skip
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'ledger.db'}"
-    pg: PostgresServer = request.getfixturevalue("pg")
-    return pg.url
 
 
 def test_a_nul_anywhere_a_client_writes_is_a_404_or_a_400_never_a_500(tmp_path: Path, url: str) -> None:

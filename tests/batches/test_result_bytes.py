@@ -13,21 +13,12 @@ import httpx
 import openai
 import pytest
 
-from tests.helpers.postgres import PostgresServer
 from tests.helpers.servers import GatewayThread
 
 from .conftest import ADMIN_KEY, ENV, EVAL_KEY, config, jsonl, line, results, sdk, start, wait_batch, written
 
 CAP = 2048
 ANSWERED = 8
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'ledger.db'}"
-    pg: PostgresServer = request.getfixturevalue("pg")
-    return pg.url
 
 
 def _config(tmp_path: Path, url: str, scope: str) -> Path:

@@ -28,54 +28,23 @@ STALLED: Final = "host-a:boot-a:1:100:aaaa"
 SURVIVOR: Final = "host-b:boot-b:1:100:bbbb"
 
 
-async def test_a_holder_stalled_inside_a_transaction_loses_its_batch_when_its_lease_runs_out(
-    pg: PostgresServer,
-) -> None:
-    db = Database(pg.url)
-    db.migrate()
-    db.close()
-    stalled, survivor = (store.Store(pg.url, 500, lambda: LEASE_MS) for _ in range(2))
-    try:
-        batch_id = await stalled.run(store.add_batch, "owner", "file-x", "/v1/completions", "24h", 86_400.0, None, 100)
-        assert await stalled.run(leases.claim, STALLED, LEASE_MS / 1000, [], {}) == batch_id
-
-        def stall(cur: Cursor) -> Any:
-            held = store.state(cur, batch_id, STALLED, LEASE_MS / 1000)  # the batch's row locked, lease renewed
-            time.sleep(STALL_S)  # stopped between two statements
-            return held
-
-        asleep = asyncio.ensure_future(stalled.run(stall))
-        t0 = time.monotonic()
-        await asyncio.sleep(0.1)
-        while True:
-            try:
-                if await survivor.run(leases.claim, SURVIVOR, LEASE_MS / 1000, [], {}) == batch_id:
-                    break
-            except LedgerDown:
-                pass  # the row is still locked: the statement's lock_timeout
-            assert time.monotonic() - t0 < STALL_S - 1, "the stalled holder's locks held the batch"
-            await asyncio.sleep(0.1)
-        taken = time.monotonic() - t0
-        with pytest.raises(LedgerDown):  # the server ended the stalled session: its renewal never committed
-            await asyncio.wait_for(asleep, STALL_S + 5)
-        with pytest.raises(leases.LostLease):  # awake again, it holds nothing
-            await stalled.run(store.state, batch_id, STALLED, LEASE_MS / 1000)
-        owner = await survivor.run(lambda cur: cur.rows("SELECT lease_owner FROM batches WHERE id = ?", (batch_id,)))
-    finally:
-        await stalled.close()
-        await survivor.close()
-    assert owner == [(SURVIVOR,)]
-    assert taken < LEASE_MS / 1000 + 2.5, taken  # about the lease: the session idle a lease long was ended
+# Where the holder stops, and how long after it began the survivor takes the batch at most: a session idle
+# in its transaction is ended by the server once idle a lease long; one the server's timeouts do not end (inside
+# a statement, or idle with no timeout in force) by the claim, once its lease ran out and it waited a lease more.
+STALLS: Final = {
+    "idle": LEASE_MS / 1000 + 2.5,
+    "mid-statement": 2 * LEASE_MS / 1000 + 2.5,
+    "idle-untimed": 2 * LEASE_MS / 1000 + 2.5,
+}
 
 
-@pytest.mark.parametrize("where", ["mid-statement", "idle-untimed"])
-async def test_a_holder_stalled_where_no_timeout_of_the_server_fires_loses_its_batch(
-    pg: PostgresServer, where: str
-) -> None:
-    """Stopped after sending a pipeline's statement but before its Sync (as `executemany` sends them), its
-    session is `active`, waiting on its client: no idle or statement timeout of the server ends it. Or idle in
-    its transaction with no idle timeout in force (as a session under load was seen to outlive its own). The
-    claim ends it instead, once it has waited so a lease long."""
+@pytest.mark.parametrize("where", list(STALLS))
+async def test_a_holder_stalled_inside_a_transaction_loses_its_batch(pg: PostgresServer, where: str) -> None:
+    """Stopped between two statements (`idle`), the server ends its session. Stopped after sending a pipeline's
+    statement but before its Sync (as `executemany` sends them: `mid-statement`), its session is `active`,
+    waiting on its client, and no idle or statement timeout of the server ends it; nor one idle in its
+    transaction with no idle timeout in force (`idle-untimed`, as a session under load was seen to outlive its
+    own). The claim ends those, once they have waited so a lease long."""
     db = Database(pg.url)
     db.migrate()
     db.close()
@@ -88,7 +57,7 @@ async def test_a_holder_stalled_where_no_timeout_of_the_server_fires_loses_its_b
             held = store.state(cur, batch_id, STALLED, LEASE_MS / 1000)  # the batch's row locked, lease renewed
             if where == "idle-untimed":
                 cur.execute("SET LOCAL idle_in_transaction_session_timeout = 0")
-            else:
+            elif where == "mid-statement":
                 wire = cur.raw.connection.pgconn
                 wire.enter_pipeline_mode()
                 wire.send_query_params(b"UPDATE batch_lines SET sends = sends WHERE batch_id = $1", [batch_id.encode()])
@@ -117,4 +86,4 @@ async def test_a_holder_stalled_where_no_timeout_of_the_server_fires_loses_its_b
         await stalled.close()
         await survivor.close()
     assert owner == [(SURVIVOR,)]
-    assert taken < 2 * LEASE_MS / 1000 + 2.5, taken  # its lease, then a lease waiting on its client
+    assert taken < STALLS[where], taken

@@ -25,14 +25,6 @@ TEAM_CAP = 3000
 ROUNDS = 40
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'ledger.db'}"
-    pg: PostgresServer = request.getfixturevalue("pg")
-    return pg.url
-
-
 def _config(tmp_path: Path, url: str, team: str, key_cap: int = KEY_CAP) -> Path:
     """The suite's config on the ledger `url`: the eval key in the team `evals` (whose caps are `team`, YAML
     flow), the other key in the team `others` (the defaults)."""

@@ -17,6 +17,7 @@ from aiohttp import web
 from openai.types.chat import ChatCompletionMessageFunctionToolCall
 from pydantic import BaseModel
 
+from tests.helpers.clients import client as keyed_client
 from tests.helpers.clients import openai_client
 from tests.helpers.recordings import fixture_bytes, fixture_json, sse_events
 from tests.helpers.servers import GatewayThread, serve_config
@@ -134,9 +135,7 @@ def client(gateway: GatewayThread) -> Iterator[openai.OpenAI]:
 
 @pytest.fixture(scope="module")
 def api(gateway: GatewayThread) -> Iterator[httpx.Client]:
-    with httpx.Client(
-        base_url=gateway.url, trust_env=False, timeout=15, headers={"authorization": f"Bearer {KEY}"}
-    ) as http:
+    with keyed_client(gateway.url, KEY) as http:
         yield http
 
 

@@ -13,6 +13,7 @@ import pytest
 from providers.openai_compat import OpenAICompatible
 from providers.registry import register, unregister
 from tests.clients.chat.upstreams import CONFIG, KEY, handler
+from tests.helpers.clients import client as keyed_client
 from tests.helpers.clients import openai_client
 from tests.helpers.servers import GatewayThread, serve_config
 from tests.helpers.upstreams import Received, Upstream
@@ -67,7 +68,5 @@ def client(gateway: GatewayThread) -> Iterator[openai.OpenAI]:
 
 @pytest.fixture(scope="module")
 def api(gateway: GatewayThread) -> Iterator[httpx.Client]:
-    with httpx.Client(
-        base_url=gateway.url, trust_env=False, timeout=15, headers={"authorization": f"Bearer {KEY}"}
-    ) as http:
+    with keyed_client(gateway.url, KEY) as http:
         yield http

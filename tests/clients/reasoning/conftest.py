@@ -10,6 +10,7 @@ import openai
 import pytest
 
 from tests.clients.reasoning.upstreams import CONFIG, KEY, handler
+from tests.helpers.clients import client as keyed_client
 from tests.helpers.clients import openai_client
 from tests.helpers.servers import GatewayThread, serve_config
 from tests.helpers.upstreams import Received, Upstream
@@ -44,7 +45,5 @@ def client(gateway: GatewayThread) -> Iterator[openai.OpenAI]:
 
 @pytest.fixture(scope="module")
 def api(gateway: GatewayThread) -> Iterator[httpx.Client]:
-    with httpx.Client(
-        base_url=gateway.url, trust_env=False, timeout=15, headers={"authorization": f"Bearer {KEY}"}
-    ) as http:
+    with keyed_client(gateway.url, KEY) as http:
         yield http
