@@ -154,4 +154,5 @@ def test_another_replica_takes_over_a_stalled_ones_batch(tmp_path: Path, pg: Pos
         b.stop()
     assert [o["custom_id"] for o in out] == [x["custom_id"] for x in lines]
     sends = _sends(pg.url, made.id)
-    assert len(sends) < sum(sends) <= len(sends) + CONCURRENCY and max(sends) == 2, sorted(sends)[-8:]
+    # Sent again: at most the lines in flight at the stall, once each (none, when it stopped between two takes).
+    assert sum(sends) <= len(sends) + CONCURRENCY and max(sends) <= 2, sorted(sends)[-8:]
