@@ -19,7 +19,7 @@ import pytest
 
 from tests.helpers.accesslog import Lines
 from tests.helpers.recordings import REPO
-from tests.helpers.servers import GatewayProcess, GatewayThread, cli_env, free_port
+from tests.helpers.servers import GatewayProcess, GatewayThread, cli_env, free_port, rewrite
 
 # Declared models are labelled by name; any other demo/<name> would be counted as demo/other.
 BASE = """
@@ -111,10 +111,11 @@ def test_request_id_is_honoured_or_made_and_logged(gw: GatewayThread, access: Li
     )
 
 
-@pytest.fixture
-def two_workers(tmp_path: Path) -> Iterator[str]:
-    """`serve --workers 2` on the base config: its URL."""
-    path = tmp_path / "config.yaml"
+@pytest.fixture(scope="module")
+def two_workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`serve --workers 2` on the base config: its URL. One for the module: its tests count apart (requests of
+    `demo/text`, streams in flight at the time)."""
+    path = tmp_path_factory.mktemp("two-workers") / "config.yaml"
     path.write_text(BASE)
     port = free_port()
     env = cli_env()
@@ -243,12 +244,13 @@ def test_reload_under_load_fails_no_request(gw: GatewayThread, tmp_path: Path) -
                     failures.append(r.status_code)
 
     workers = [threading.Thread(target=load) for _ in range(3)]
+    gw.poll_config_often()
     for w in workers:
         w.start()
     try:
         for i in range(3):
             target = "demo/echo" if i % 2 == 0 else "demo/text"
-            path.write_text(BASE.replace("demo/text}", f"{target}}}"))
+            rewrite(path, BASE.replace("demo/text}", f"{target}}}"))
             before = gw.app.state.reloader.reloads
             _wait_for(lambda b=before: gw.app.state.reloader.reloads > b)
     finally:

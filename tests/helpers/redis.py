@@ -130,6 +130,9 @@ class Procs:
         argv = ["redis-server", *args]
         if plain_port:
             argv += ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+            # A master waits 5 s (Redis 7's default) for more replicas before it streams a full sync to one:
+            # every replica here would start 5 s late, and so would every test of a cluster or a sentinel set.
+            argv += ["--repl-diskless-sync-delay", "0"]
         argv += ["--dir", str(self.workdir), "--logfile", str(self.workdir / f"{port}.log")]
         assert port != 6379
         self.procs[port] = subprocess.Popen(
@@ -260,6 +263,9 @@ class Sentinels(Procs):
             self.spawn(self.master)
             wait_for(lambda: _answers(self.master), "the master")
             self.spawn(self.replica, "--replicaof", "127.0.0.1", str(self.master))
+            # A sentinel learns the replicas from the master's INFO, which it asks for at once and then every 10 s:
+            # started before the replica is attached, it would name none for 10 s.
+            wait_for(self._replica_in_sync, "the replica in sync")
             for port in self.sentinels:
                 conf = workdir / f"sentinel-{port}.conf"
                 conf.write_text(
@@ -269,9 +275,9 @@ class Sentinels(Procs):
                     f"sentinel failover-timeout {self.SERVICE} 5000\n"
                 )
                 self.spawn(port, str(conf), "--sentinel", plain_port=False)
-            for port in [self.replica, *self.sentinels]:
-                wait_for(functools.partial(_answers, port), f"redis process {port}")
-            wait_for(self._ready, "the replica in sync and known to every sentinel")
+            for port in self.sentinels:
+                wait_for(functools.partial(_answers, port), f"sentinel {port}")
+            wait_for(self._ready, "the replica known to every sentinel")
         except BaseException:
             self.stop()
             raise
@@ -287,10 +293,13 @@ class Sentinels(Procs):
         with self.sentinel(self.sentinels[0]) as s:
             return int(s.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.SERVICE)[1])
 
-    def _ready(self) -> bool:
+    def _replica_in_sync(self) -> bool:
         with redis.Redis(host="127.0.0.1", port=self.replica, socket_timeout=5) as r:
-            if r.info("replication").get("master_link_status") != "up":
-                return False
+            return bool(r.info("replication").get("master_link_status") == "up")
+
+    def _ready(self) -> bool:
+        if not self._replica_in_sync():
+            return False
         for port in self.sentinels:
             with self.sentinel(port) as s:
                 if not s.execute_command("SENTINEL", "REPLICAS", self.SERVICE):

@@ -149,6 +149,20 @@ class GatewayThread(UvicornThread):
         current: Pipeline = self.app.state.pipeline
         return current
 
+    def poll_config_often(self, seconds: float = 0.1) -> None:
+        """The gateway's own poll of its config file looks every `seconds` from its next look on, not every 2 s:
+        a test that edits the file then waits for the edit, not for the clock (the first look still comes 2 s
+        after start-up). Edit the file with `rewrite`: a poll this often must never find it half written."""
+        self.app.state.reloader.interval = seconds
+
+
+def rewrite(path: Path, text: str) -> None:
+    """Replace a config file whole (a new file renamed over it). Written in place, a poll between the truncation
+    and the write would load the empty file, a valid config of its own (every key and provider gone)."""
+    part = path.with_name(path.name + ".part")
+    part.write_text(text)
+    os.replace(part, path)
+
 
 @contextlib.contextmanager
 def serve_config(directory: Path, config: str, env: Mapping[str, str] | None = None) -> Iterator[GatewayThread]:

@@ -17,7 +17,7 @@ from aiohttp import web
 
 from tests.helpers.engine import Engine
 from tests.helpers.redis import RedisServer
-from tests.helpers.servers import serve_config
+from tests.helpers.servers import rewrite, serve_config
 from tests.helpers.upstreams import Received
 from tests.queue.conftest import ask, config, gate, until
 
@@ -56,7 +56,8 @@ def _text(engine: Engine, rds: RedisServer, cap: int, ttl_ms: int | None, n: int
 async def _reload(gw: Any, path: Path, text: str) -> None:
     """Edit the file and wait for the gateway's own poll to swap the pipeline in."""
     before = gw.app.state.reloader.reloads
-    path.write_text(text)
+    gw.poll_config_often()
+    rewrite(path, text)
     await until(lambda: gw.app.state.reloader.reloads > before, timeout=15)
 
 

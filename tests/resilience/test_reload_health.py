@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from tests.helpers.redis import RedisServer
-from tests.helpers.servers import GatewayThread
+from tests.helpers.servers import GatewayThread, rewrite
 from tests.helpers.upstreams import Received, Upstream
 from tests.helpers.waiting import wait_until
 
@@ -65,7 +65,8 @@ providers:
 
 def reloaded(gw: GatewayThread, path: Path, text: str) -> None:
     before = gw.pipeline
-    path.write_text(text)
+    gw.poll_config_often()
+    rewrite(path, text)
     wait_until(lambda: gw.pipeline is not before, timeout=15)
 
 

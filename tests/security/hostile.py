@@ -392,6 +392,7 @@ class HostileServer:
     def __init__(self) -> None:
         self.connections = 0
         self.served: list[str] = []
+        self.scripts_ended = 0  # scripts run to their end, or cut short by the client leaving
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.port = 0
@@ -448,18 +449,21 @@ class HostileServer:
                 self.served.append(headers.get("x-req", "?"))
                 continue
             self.served.append(case)
-            for step in BY_NAME[case].script:
-                if isinstance(step, bytes):
-                    writer.write(step)
-                    await writer.drain()
-                elif isinstance(step, Wait):
-                    await asyncio.sleep(step.seconds)
-                elif isinstance(step, Close):
-                    writer.close()
-                    return
-                else:
-                    sock = writer.get_extra_info("socket")
-                    if sock is not None:
-                        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                    writer.transport.abort()
-                    return
+            try:
+                for step in BY_NAME[case].script:
+                    if isinstance(step, bytes):
+                        writer.write(step)
+                        await writer.drain()
+                    elif isinstance(step, Wait):
+                        await asyncio.sleep(step.seconds)
+                    elif isinstance(step, Close):
+                        writer.close()
+                        return
+                    else:
+                        sock = writer.get_extra_info("socket")
+                        if sock is not None:
+                            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                        writer.transport.abort()
+                        return
+            finally:
+                self.scripts_ended += 1

@@ -111,6 +111,7 @@ async def _one(steps: list[Step]) -> None:
             upstream = Upstream(parse_config(config(server.url), env={}))
             try:
                 started = time.monotonic()
+                ended = server.scripts_ended
                 req = UpstreamRequest("POST", server.url + "/v1/completions", {"x-case": "fuzz"}, b"{}")
                 try:
                     await upstream.send(transport, req, TIMEOUTS)
@@ -120,7 +121,11 @@ async def _one(steps: list[Step]) -> None:
                 if any(not isinstance(step, bytes) for step in steps):
                     # Let what the script sends late (its second part, a close) arrive first: a client cannot tell
                     # bytes arriving after its next request was sent from that request's answer; not under test.
-                    await asyncio.sleep(0.2)
+                    # Loopback: once the server has written them, a few turns of the loop hand them to the pool.
+                    deadline = time.monotonic() + 5
+                    while server.scripts_ended == ended and time.monotonic() < deadline:
+                        await asyncio.sleep(0.005)
+                    await asyncio.sleep(0.05)
                 for i in range(FOLLOW_UPS):
                     own = UpstreamRequest("POST", server.url + "/v1/completions", {"x-req": str(i)}, b"{}")
                     resp = await upstream.send(transport, own, GENEROUS)

@@ -278,6 +278,9 @@ CASES: dict[str, tuple[bytes, Handler, tuple[int, ...], bytes]] = {
 }
 # The key each case presents: a key whose one request a minute went in the warm-up, one no one issued.
 KEYS = {"rate limited": SPENT, "unknown key": "gk-no-cycles-unknown-0000"}
+# Each request of these waits out a timer of 20 ms or more (the hedge's late error, a first byte, a stalled read),
+# on the same path every time: a cycle it leaves shows after 50 as surely as after 150, in a third of the time.
+TIMED = {"both hedged calls fail": 50, "upstream too slow to answer": 50, "upstream stream stalls": 50}
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -309,12 +312,13 @@ def test_a_request_through_the_gateway_leaves_no_cycle(gateway: tuple[GatewayThr
                     cooling += 1
                     time.sleep(0.005)
 
-        assert left_in_cycles(send) == {}
+        requests = TIMED.get(case, REQUESTS)
+        assert left_in_cycles(send, requests) == {}
         if body in (CUT, FAN_OUT):  # most of them reached the upstream and broke midway
             prompt = b"Cut this" if body == CUT else b"Cut these two"
             reached = sum(prompt in r.body for r in upstream.received)
-            assert reached >= 5 + REQUESTS - cooling
-            assert reached > REQUESTS // 2
+            assert reached >= 5 + requests - cooling
+            assert reached > requests // 2
     finally:
         client.close()
 
