@@ -2,7 +2,8 @@
 
 One edit reloads once (a SIGHUP and the file poll do not both reload it) and says so in one INFO line; a
 file that does not load logs exactly one ERROR naming the YAML path and the running config stays, and
-the watch goes on: a later edit (a key revoked) is applied without a signal; a URL holding a password is
+the watch goes on: a later edit (a key revoked) is applied without a signal; an emptied file (saved in
+place, caught between truncation and write) is never loaded; a URL holding a password is
 refused by both without showing it, and so is a key's model pattern naming no provider. `check-config`
 refuses a CA bundle that is not PEM in one line naming its YAML path, as the transport would fail on it. A
 SIGHUP that lists the same replicas in another order keeps a cooling replica cooling.
@@ -90,6 +91,29 @@ def test_a_bad_file_logs_one_error_and_the_watch_goes_on(tmp_path: Path) -> None
         assert "Traceback" not in log, log
         assert status(gw, "k-bob") == 200  # the running config stays
         # A later edit, with no signal: bob's key revoked.
+        path.write_text(BASE.replace("  - {name: bob, key: k-bob}\n", ""))
+        wait_until(lambda: status(gw, "k-bob") == 401, timeout=POLL_S * 3)
+        assert status(gw, "k-alice") == 200
+    finally:
+        gw.stop()
+
+
+def test_an_emptied_file_is_not_loaded_and_the_next_edit_is(tmp_path: Path) -> None:
+    """A file saved in place is empty for a moment (truncated, then written): a poll, or a SIGHUP, that finds
+    it so keeps the running config, every key and provider, and says so once."""
+    path = tmp_path / "config.yaml"
+    path.write_text(BASE)
+    gw = GatewayProcess(path)
+    try:
+        gw.wait_ready()
+        path.write_text("")
+        wait_until(lambda: FAILED.search(gw.log.read_text()) is not None, timeout=POLL_S * 3)
+        gw.proc.send_signal(signal.SIGHUP)
+        time.sleep(POLL_S * 1.5)
+        log = gw.log.read_text()
+        assert FAILED.findall(log) == [("ERROR", "file changed"), ("ERROR", "SIGHUP")], log
+        assert "config.yaml: the file is empty" in log, log
+        assert status(gw, "k-bob") == 200  # the running config stays
         path.write_text(BASE.replace("  - {name: bob, key: k-bob}\n", ""))
         wait_until(lambda: status(gw, "k-bob") == 401, timeout=POLL_S * 3)
         assert status(gw, "k-alice") == 200
