@@ -181,11 +181,14 @@ def rewrite(path: Path, text: str) -> None:
 
 
 @contextlib.contextmanager
-def serve_config(directory: Path, config: str, env: Mapping[str, str] | None = None) -> Iterator[GatewayThread]:
-    """The gateway in a thread serving the YAML text `config`, written to a fresh file in `directory`."""
+def serve_config(
+    directory: Path, config: str, env: Mapping[str, str] | None = None, poll_every: float | None = None
+) -> Iterator[GatewayThread]:
+    """The gateway in a thread serving the YAML text `config`, written to a fresh file in `directory`
+    (`poll_every` as for `GatewayThread`)."""
     path = directory / f"gw-{time.monotonic_ns()}.yaml"
     path.write_text(config)
-    with GatewayThread(path, dict(env or {})) as gw:
+    with GatewayThread(path, dict(env or {}), poll_every=poll_every) as gw:
         yield gw
 
 
