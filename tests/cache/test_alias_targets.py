@@ -12,7 +12,7 @@ from msgspec.structs import replace
 from gateway.cache.key import backend_of
 from gateway.config import LimitsConfig, ProviderConfig
 from tests.clients.conftest import VLLMLike
-from tests.helpers.servers import GatewayThread, serve_config
+from tests.helpers.servers import GatewayThread, rewrite, serve_config
 from tests.helpers.upstreams import Upstream
 from tests.helpers.waiting import wait_until
 
@@ -23,7 +23,7 @@ OTHER = "local/facebook/opt-350m"
 
 def _reload(gw: GatewayThread, path: Path, text: str) -> None:
     before = gw.app.state.reloader.reloads
-    path.write_text(text)
+    rewrite(path, text)
     wait_until(lambda: gw.app.state.reloader.reloads > before, timeout=10)
 
 
@@ -31,7 +31,7 @@ def test_an_alias_repointed_by_a_reload_does_not_serve_its_former_targets_answer
     upstream: Upstream, tmp_path: Path
 ) -> None:
     payload = {"model": "everyone", "prompt": "alias: repointed", "max_tokens": 5, "temperature": 0}
-    with serve_config(tmp_path, config(upstream)) as gw, client(gw.url) as c:
+    with serve_config(tmp_path, config(upstream), poll_every=0.1) as gw, client(gw.url) as c:
         assert c.post("/v1/completions", json=payload).headers["x-gateway-cache"] == "miss"
         path = next(tmp_path.glob("gw-*.yaml"))
         text = path.read_text()
@@ -53,7 +53,7 @@ def test_a_provider_pointed_at_another_server_by_a_reload_does_not_serve_the_for
     upstream: Upstream, tmp_path: Path, model: str
 ) -> None:
     payload = {"model": model, "prompt": f"backend: moved {model}", "max_tokens": 5, "temperature": 0}
-    with Upstream() as moved, serve_config(tmp_path, config(upstream)) as gw, client(gw.url) as c:
+    with Upstream() as moved, serve_config(tmp_path, config(upstream), poll_every=0.1) as gw, client(gw.url) as c:
         moved.handler = VLLMLike().handler
         assert c.post("/v1/completions", json=payload).headers["x-gateway-cache"] == "miss"
         path = next(tmp_path.glob("gw-*.yaml"))

@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from tests.helpers.errors import ALL_ROUTES, OPENAI_ROUTES
-from tests.helpers.servers import serve_config
+from tests.helpers.servers import rewrite, serve_config
 from tests.helpers.upstreams import Received, Upstream
 from tests.helpers.waiting import wait_until
 
@@ -260,11 +260,11 @@ def test_an_unreadable_max_age_is_a_400(alice: httpx.Client, upstream: Upstream)
 
 
 def test_a_config_reload_keeps_the_stored_answers(upstream: Upstream, tmp_path: Path) -> None:
-    with serve_config(tmp_path, config(upstream)) as gw, client(gw.url) as c:
+    with serve_config(tmp_path, config(upstream), poll_every=0.1) as gw, client(gw.url) as c:
         assert c.post("/v1/completions", json=body("reload: kept")).headers["x-gateway-cache"] == "miss"
         path = next(tmp_path.glob("gw-*.yaml"))
         before = gw.app.state.reloader.reloads
-        path.write_text(path.read_text() + "\n# edited\n")
+        rewrite(path, path.read_text() + "\n# edited\n")
         wait_until(lambda: gw.app.state.reloader.reloads > before, timeout=10)
         assert c.post("/v1/completions", json=body("reload: kept")).headers["x-gateway-cache"] == "hit"
     assert len(upstream.received) == 1

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 from aiohttp import web
 
-from tests.helpers.servers import GatewayThread
+from tests.helpers.servers import GatewayThread, rewrite
 from tests.helpers.upstreams import Received, Upstream
 from tests.helpers.waiting import wait_until
 
@@ -21,7 +21,7 @@ from .test_open_streams import holding, inflight, open_stream
 def reloaded(gw: GatewayThread, path: Path, config: str) -> None:
     """Rewrite the config and wait until the file poll has swapped in the new pipeline."""
     before = gw.pipeline
-    path.write_text(config)
+    rewrite(path, config)
     wait_until(lambda: gw.pipeline is not before, timeout=15)
 
 
@@ -32,7 +32,7 @@ def test_a_stream_open_across_a_reload_still_counts_on_its_replica(tmp_path: Pat
         u.handler = holding(release)
     path = tmp_path / "fleet.yaml"
     path.write_text(fleet_config(two, "policy: least_outstanding"))
-    with GatewayThread(path, {}) as gw, httpx.Client(trust_env=False, timeout=15) as c:
+    with GatewayThread(path, {}, poll_every=0.1) as gw, httpx.Client(trust_env=False, timeout=15) as c:
         with open_stream(c, gw.url) as (stream, lines):
             busy = two[int(stream.headers["x-gateway-model"].split("@")[1].split("/")[0])]
             idle = two[1] if busy is two[0] else two[0]
@@ -66,7 +66,7 @@ def test_a_cooling_replica_stays_cooling_across_a_reload(tmp_path: Path, replica
     two[1].handler = answering()
     path = tmp_path / "fleet.yaml"
     path.write_text(fleet_config(two, "policy: round_robin"))
-    with GatewayThread(path, {}) as gw, httpx.Client(trust_env=False, timeout=15) as c:
+    with GatewayThread(path, {}, poll_every=0.1) as gw, httpx.Client(trust_env=False, timeout=15) as c:
         body = {"model": "engine/m", "prompt": "q"}
         for _ in range(2):  # round robin: one of them reached the rate-limited replica, which is cooling now
             assert c.post(f"{gw.url}/v1/completions", json=body).status_code == 200
@@ -93,7 +93,7 @@ def test_a_kept_queue_takes_its_replicas_new_name(tmp_path: Path, replicas: list
     reordered = ", ".join(f"{{url: {u.url}/v1, max_concurrency: 1}}" for u in reversed(two))
     path = tmp_path / "fleet.yaml"
     path.write_text(fleet_config(two, "policy: round_robin", replicas=capped))
-    with GatewayThread(path, {}) as gw, httpx.Client(trust_env=False, timeout=15) as c:
+    with GatewayThread(path, {}, poll_every=0.1) as gw, httpx.Client(trust_env=False, timeout=15) as c:
         reloaded(gw, path, fleet_config(two, "policy: round_robin", replicas=reordered))
         r = c.post(f"{gw.url}/v1/completions", json={"model": "engine/m", "prompt": "q"})
         assert r.status_code == 200

@@ -9,7 +9,7 @@ import httpx
 
 from gateway.fleet.shared import SYNC_S
 from tests.helpers.redis import RedisServer
-from tests.helpers.servers import GatewayThread, serve_config
+from tests.helpers.servers import GatewayThread, rewrite, serve_config
 from tests.helpers.upstreams import Upstream
 from tests.helpers.waiting import wait_until
 
@@ -75,7 +75,11 @@ def test_a_flag_is_forgotten_once_no_gateway_lists_its_replica(
     a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
     a.write_text(both)
     b.write_text(both)
-    with GatewayThread(a, {}) as first, GatewayThread(b, {}) as second, rds.client() as r:
+    with (
+        GatewayThread(a, {}, poll_every=0.1) as first,
+        GatewayThread(b, {}, poll_every=0.1) as second,
+        rds.client() as r,
+    ):
         with httpx.Client(trust_env=False, timeout=15) as c:
             for i in (0, 1):
                 assert c.post(f"{first.url}/admin/providers/engine/replicas/{i}/drain", headers=ADMIN).is_success
@@ -83,13 +87,13 @@ def test_a_flag_is_forgotten_once_no_gateway_lists_its_replica(
         # A rollout: the first gateway's new config no longer lists replica 0; the second, still on the old
         # one, does, and keeps its flag (and the drain) past the time to forget it.
         pipeline = first.pipeline
-        a.write_text(one)
+        rewrite(a, one)
         wait_until(lambda: first.pipeline is not pipeline, timeout=15)
         time.sleep(4.5)
         assert r.hget(key, removed) == "1" and second.pipeline.router.fleets["engine"].draining[0]
         # Once no gateway lists it, its flag goes; the replica both still list keeps its own.
         pipeline = second.pipeline
-        b.write_text(one)
+        rewrite(b, one)
         wait_until(lambda: second.pipeline is not pipeline, timeout=15)
         wait_until(lambda: r.hget(key, removed) is None, timeout=10)
         assert r.hget(key, f"{replicas[1].url}/v1") == "1"

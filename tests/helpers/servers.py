@@ -25,7 +25,7 @@ import traceback
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import httpx
 import uvicorn
@@ -126,10 +126,25 @@ class UvicornThread(Running):
 class GatewayThread(UvicornThread):
     """`create_app(load_config(path))` served by uvicorn in a thread, like `serve` (uvloop, gateway.server).
 
-    `http="httptools"` serves it with uvicorn's own protocol instead, to compare the two."""
+    `http="httptools"` serves it with uvicorn's own protocol instead, to compare the two. `poll_every` has the
+    gateway look at its config file every `poll_every` seconds from start-up on, its first look included, not
+    every 2 s: a test that edits the file then waits for the edit, not for the clock. Edit the file with
+    `rewrite`: a poll this often must never find it half written."""
 
-    def __init__(self, config_path: Path, env: Mapping[str, str], http: str = "gateway") -> None:
+    def __init__(
+        self, config_path: Path, env: Mapping[str, str], http: str = "gateway", poll_every: float | None = None
+    ) -> None:
         app = self.app = create_app(load_config(config_path, env=dict(env)))
+        if poll_every is not None:
+            # Startup hooks run once the lifespan has started the reloader, before the server takes requests:
+            # restarted, its first sleep is the short one (set after start-up, the 2 s one is already under way).
+            async def poll_often(app: Any) -> None:
+                reloader = app.state.reloader
+                await reloader.stop()
+                reloader.interval = poll_every
+                reloader.start()
+
+            app.litestar.on_startup.append(poll_often)
         super().__init__(
             app,
             http=protocol(http),
@@ -152,7 +167,8 @@ class GatewayThread(UvicornThread):
     def poll_config_often(self, seconds: float = 0.1) -> None:
         """The gateway's own poll of its config file looks every `seconds` from its next look on, not every 2 s:
         a test that edits the file then waits for the edit, not for the clock (the first look still comes 2 s
-        after start-up). Edit the file with `rewrite`: a poll this often must never find it half written."""
+        after start-up; `poll_every` makes that one short too). Edit the file with `rewrite`: a poll this often
+        must never find it half written."""
         self.app.state.reloader.interval = seconds
 
 
@@ -165,11 +181,14 @@ def rewrite(path: Path, text: str) -> None:
 
 
 @contextlib.contextmanager
-def serve_config(directory: Path, config: str, env: Mapping[str, str] | None = None) -> Iterator[GatewayThread]:
-    """The gateway in a thread serving the YAML text `config`, written to a fresh file in `directory`."""
+def serve_config(
+    directory: Path, config: str, env: Mapping[str, str] | None = None, poll_every: float | None = None
+) -> Iterator[GatewayThread]:
+    """The gateway in a thread serving the YAML text `config`, written to a fresh file in `directory`
+    (`poll_every` as for `GatewayThread`)."""
     path = directory / f"gw-{time.monotonic_ns()}.yaml"
     path.write_text(config)
-    with GatewayThread(path, dict(env or {})) as gw:
+    with GatewayThread(path, dict(env or {}), poll_every=poll_every) as gw:
         yield gw
 
 

@@ -22,7 +22,7 @@ from gateway.edge.admin_role import OPERATOR, AdminRole, admin_keys
 from gateway.limits.usage import day_of
 from tests.helpers.clients import body, client
 from tests.helpers.postgres import PostgresServer
-from tests.helpers.servers import GatewayThread
+from tests.helpers.servers import GatewayThread, rewrite
 from tests.helpers.waiting import wait_until
 
 from .conftest import ADMIN_KEY, ENV, SOLO_KEY, TEAM_KEY, config, query
@@ -322,10 +322,10 @@ def test_a_reload_that_removes_a_teams_admin_key_ends_its_access(tmp_path: Path)
         text = text.replace("${" + var + "}", secret)
     path = tmp_path / "config.yaml"
     path.write_text(text)
-    with GatewayThread(path, TEAM_ENV) as gw:
+    with GatewayThread(path, TEAM_ENV, poll_every=0.1) as gw:
         assert call(gw, BLUE_ADMIN, "GET", "/admin/keys").status_code == 200
         before = gw.app.state.reloader.reloads
-        path.write_text(text.replace(f"admin_key: '{BLUE_ADMIN}', ", ""))
+        rewrite(path, text.replace(f"admin_key: '{BLUE_ADMIN}', ", ""))
         wait_until(lambda: gw.app.state.reloader.reloads > before, timeout=10)
         assert call(gw, BLUE_ADMIN, "GET", "/admin/keys").status_code == 401
         assert call(gw, GREEN_ADMIN, "GET", "/admin/keys").status_code == 200

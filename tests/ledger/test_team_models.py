@@ -23,7 +23,7 @@ import pytest
 from gateway.limits.globs import ModelGlobs
 from tests.helpers.clients import body, client
 from tests.helpers.errors import ALL_ROUTES, assert_error
-from tests.helpers.servers import GatewayThread
+from tests.helpers.servers import GatewayThread, rewrite
 from tests.helpers.waiting import wait_until
 
 from .conftest import ADMIN_KEY, ENV, SOLO_KEY, TEAM_KEY, config
@@ -189,7 +189,7 @@ def test_a_team_admins_key_for_every_model_is_still_held_to_the_team(narrow: Gat
 
 def test_a_reload_that_narrows_the_team_applies_to_its_runtime_keys_at_once(tmp_path: Path) -> None:
     path, wide = served(tmp_path, WIDE, literal=True)
-    with GatewayThread(path, TEAM_ENV) as gw:
+    with GatewayThread(path, TEAM_ENV, poll_every=0.1) as gw:
         secret = make(gw, BLUE_ADMIN, name="b1", models=["**"]).json()["secret"]
         for key in (secret, TEAM_KEY):
             assert post(gw, key, "/v1/completions", body(model="demo/text")).status_code == 200
@@ -197,7 +197,7 @@ def test_a_reload_that_narrows_the_team_applies_to_its_runtime_keys_at_once(tmp_
         poller = gw.app.state.ledger.poller
         seen = poller.seen
         before = gw.app.state.reloader.reloads
-        path.write_text(wide.replace(f"admin_key: '{BLUE_ADMIN}'", f"admin_key: '{BLUE_ADMIN}', models: [fast]"))
+        rewrite(path, wide.replace(f"admin_key: '{BLUE_ADMIN}'", f"admin_key: '{BLUE_ADMIN}', models: [fast]"))
         wait_until(lambda: gw.app.state.reloader.reloads > before, timeout=10)
         # The keys were not read again (no key changed): the config in force alone holds the key to its team.
         assert poller.seen == seen
@@ -207,7 +207,7 @@ def test_a_reload_that_narrows_the_team_applies_to_its_runtime_keys_at_once(tmp_
         assert models_of(gw, secret) == ["fast"]
         # And a reload that widens it again gives the models back.
         before = gw.app.state.reloader.reloads
-        path.write_text(wide)
+        rewrite(path, wide)
         wait_until(lambda: gw.app.state.reloader.reloads > before, timeout=10)
         assert post(gw, secret, "/v1/completions", body(model="demo/text")).status_code == 200
 

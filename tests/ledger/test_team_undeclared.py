@@ -20,7 +20,7 @@ import pytest
 
 from tests.helpers.clients import body, client
 from tests.helpers.errors import ALL_ROUTES, assert_error
-from tests.helpers.servers import GatewayThread
+from tests.helpers.servers import GatewayThread, rewrite
 from tests.helpers.waiting import wait_until
 
 from .conftest import ADMIN_KEY, ENV, SOLO_KEY, TEAM_KEY, config
@@ -54,14 +54,14 @@ def served(tmp_path: Path) -> tuple[Path, str]:
 @pytest.fixture
 def gateway(tmp_path: Path) -> Iterator[tuple[GatewayThread, Path, str]]:
     path, text = served(tmp_path)
-    with GatewayThread(path, ENV) as gw:
+    with GatewayThread(path, ENV, poll_every=0.1) as gw:
         yield gw, path, text
 
 
 def reload(gw: GatewayThread, path: Path, text: str) -> None:
     assert text != path.read_text()
     before = gw.app.state.reloader.reloads
-    path.write_text(text)
+    rewrite(path, text)
     wait_until(lambda: gw.app.state.reloader.reloads > before, timeout=10)
 
 

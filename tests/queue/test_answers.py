@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.helpers.engine import Engine
-from tests.helpers.servers import serve_config
+from tests.helpers.servers import rewrite, serve_config
 from tests.queue.conftest import ask, body, config, gate, hold_one, provider, until
 
 ROUTES = ["/v1/completions", "/v4/beta/completions", "/api/v1/compatibility/openai/v1/completions"]
@@ -138,7 +138,7 @@ async def test_a_client_that_leaves_while_queued_never_reaches_the_upstream(tmp_
 @pytest.mark.parametrize("cap", [2, None])
 async def test_a_reload_keeps_the_requests_that_wait(tmp_path: Path, engine: Engine, cap: int | None) -> None:
     """Under a raised cap the same queue goes on (one waiter goes at once); with no cap left, all go."""
-    with serve_config(tmp_path, config(engine, 1)) as gw:
+    with serve_config(tmp_path, config(engine, 1), poll_every=0.1) as gw:
         first = gw.pipeline
         old = gate(gw)
         async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
@@ -147,7 +147,7 @@ async def test_a_reload_keeps_the_requests_that_wait(tmp_path: Path, engine: Eng
             await until(lambda: old.order.depth == 3)
             text = config(engine, cap) if cap is not None else config(engine, 1).replace("    max_concurrency: 1\n", "")
             # The gateway's own poll of the file reloads it, on the gateway's loop (not this test's).
-            Path(gw.app.state.reloader.path).write_text(text + "# edited\n")
+            rewrite(Path(gw.app.state.reloader.path), text + "# edited\n")
             await until(lambda: gw.pipeline is not first, timeout=15)
             if cap is not None:
                 assert gate(gw) is old and old.cap == cap  # the same queue, under the new cap

@@ -56,7 +56,6 @@ def _text(engine: Engine, rds: RedisServer, cap: int, ttl_ms: int | None, n: int
 async def _reload(gw: Any, path: Path, text: str) -> None:
     """Edit the file and wait for the gateway's own poll to swap the pipeline in."""
     before = gw.app.state.reloader.reloads
-    gw.poll_config_often()
     rewrite(path, text)
     await until(lambda: gw.app.state.reloader.reloads > before, timeout=15)
 
@@ -66,7 +65,10 @@ async def test_a_reload_serves_every_waiting_request_within_the_cap_and_leaks_no
     tmp_path: Path, rds: RedisServer, before: int, after: int
 ) -> None:
     waiting = 6
-    with Counting(hold_s=0.05) as engine, serve_config(tmp_path, _text(engine, rds, before, None, 0)) as gw:
+    with (
+        Counting(hold_s=0.05) as engine,
+        serve_config(tmp_path, _text(engine, rds, before, None, 0), poll_every=0.1) as gw,
+    ):
         path = Path(gw.app.state.reloader.path)
         old = gate(gw)
         async with httpx.AsyncClient(base_url=gw.url, timeout=60) as client:
@@ -102,7 +104,7 @@ async def test_a_slot_held_across_a_reload_longer_than_the_lease_ttl_keeps_its_l
 ) -> None:
     """The replaced config's limiter goes on renewing the leases of its requests still running: none
     expires under them, so no waiter is let in beside them."""
-    with Counting() as engine, serve_config(tmp_path, _text(engine, rds, 2, 1000, 0)) as gw:
+    with Counting() as engine, serve_config(tmp_path, _text(engine, rds, 2, 1000, 0), poll_every=0.1) as gw:
         path = Path(gw.app.state.reloader.path)
         old = gate(gw)
         async with httpx.AsyncClient(base_url=gw.url, timeout=60) as client:
@@ -128,7 +130,7 @@ async def test_the_replaced_configs_last_requests_give_their_leases_back_as_it_c
 ) -> None:
     """The requests holding slots are the replaced pipeline's last: it closes (its Redis connection too) as
     they end, and their releases still reach Redis; the requests that came after the reload get the slots."""
-    with Counting(hold_s=0.05) as engine, serve_config(tmp_path, _text(engine, rds, 2, None, 0)) as gw:
+    with Counting(hold_s=0.05) as engine, serve_config(tmp_path, _text(engine, rds, 2, None, 0), poll_every=0.1) as gw:
         path = Path(gw.app.state.reloader.path)
         old = gate(gw)
         async with httpx.AsyncClient(base_url=gw.url, timeout=60) as client:
@@ -149,8 +151,8 @@ async def test_a_lowered_cap_holds_across_two_gateways_sharing_redis(tmp_path: P
     """Each gateway counts only its own slots: the lowered cap across both is the one Redis checks."""
     with (
         Counting(hold_s=0.05) as engine,
-        serve_config(tmp_path, _text(engine, rds, 2, None, 0)) as one,
-        serve_config(tmp_path, _text(engine, rds, 2, None, 0)) as two,
+        serve_config(tmp_path, _text(engine, rds, 2, None, 0), poll_every=0.1) as one,
+        serve_config(tmp_path, _text(engine, rds, 2, None, 0), poll_every=0.1) as two,
     ):
         gws = (one, two)
         async with (
@@ -179,7 +181,10 @@ async def test_two_reloads_keep_the_leases_a_replaced_config_handed_out(
     """A waiter of the first config gets its slot under the second, whose limiter takes its lease; a third
     config then replaces the second (which has no request of its own, so it closes at once). The lease
     must still be renewed while its request runs, and released when it ends."""
-    with Counting(hold_s=0.05) as engine, serve_config(tmp_path, _text(engine, rds, 1, ttl_ms, 0)) as gw:
+    with (
+        Counting(hold_s=0.05) as engine,
+        serve_config(tmp_path, _text(engine, rds, 1, ttl_ms, 0), poll_every=0.1) as gw,
+    ):
         path = Path(gw.app.state.reloader.path)
         old = gate(gw)
         async with httpx.AsyncClient(base_url=gw.url, timeout=60) as client:

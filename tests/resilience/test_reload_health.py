@@ -65,7 +65,6 @@ providers:
 
 def reloaded(gw: GatewayThread, path: Path, text: str) -> None:
     before = gw.pipeline
-    gw.poll_config_often()
     rewrite(path, text)
     wait_until(lambda: gw.pipeline is not before, timeout=15)
 
@@ -89,7 +88,7 @@ def test_failures_counted_before_a_reload_still_count_after_it(shape: str, tmp_p
         ] * 2
     path = tmp_path / "gw.yaml"
     path.write_text(config(layouts[0]))
-    with GatewayThread(path, {}) as gw, httpx.Client(trust_env=False, timeout=15) as c:
+    with GatewayThread(path, {}, poll_every=0.1) as gw, httpx.Client(trust_env=False, timeout=15) as c:
         for turn in range(3):
             if turn:
                 reloaded(gw, path, config(layouts[turn], note=turn))
@@ -118,7 +117,7 @@ def test_a_provider_pointed_at_another_server_starts_clean(
         top = f"redis: {{url: '{redis.url}'}}"
     path = tmp_path / "gw.yaml"
     path.write_text(config(f"    base_url: {old.url}/v1", top=top))
-    with GatewayThread(path, {}) as gw, httpx.Client(trust_env=False, timeout=15) as c:
+    with GatewayThread(path, {}, poll_every=0.1) as gw, httpx.Client(trust_env=False, timeout=15) as c:
         assert _post(c, gw).status_code == 429  # the old server's Retry-After: 60 s of cooldown
         assert _post(c, gw).status_code == 429 and served([old]) == [1]  # cooling: not asked again
         # A reload that keeps the URL keeps the cooldown.

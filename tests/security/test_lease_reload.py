@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tests.helpers.faults import FaultServer, slow
 from tests.helpers.redis import RedisServer
-from tests.helpers.servers import serve_config
+from tests.helpers.servers import rewrite, serve_config
 from tests.helpers.waiting import wait_until
 
 from .test_lease_redis_stall import config, full_burst, live_leases, post, redis_answers, stalled, warm
@@ -27,7 +27,7 @@ def test_a_reload_during_a_stall_hands_the_pending_cancels_to_the_new_limiter(
     limit = 3
     faults["short"].script(then=slow(0.2))  # admitted on local state, ends during the stall
     cfg = config(redis, faults, "fail_open", limit, ("warm", "short", "burst"))
-    with serve_config(tmp_path, cfg) as gw, ThreadPoolExecutor(8) as pool:
+    with serve_config(tmp_path, cfg, poll_every=0.1) as gw, ThreadPoolExecutor(8) as pool:
         assert redis_answers(gw)
         warm(gw, faults, redis)
         path = Path(gw.pipeline.loaded.source)
@@ -36,7 +36,7 @@ def test_a_reload_during_a_stall_hands_the_pending_cancels_to_the_new_limiter(
             assert [f.result() for f in served] == [200] * limit, "fail_open serves during the stall"
             old = gw.pipeline
             wait_until(lambda: old.admission.limiter._cancels, timeout=10)  # noqa: SLF001
-            path.write_text(cfg + "# edited during the stall\n")
+            rewrite(path, cfg + "# edited during the stall\n")
             wait_until(lambda: gw.pipeline is not old, timeout=10)
             # The old pipeline has closed (nothing was in flight on it): its limiter is gone.
             wait_until(lambda: old._closing is not None and old._closing.done(), timeout=10)  # noqa: SLF001

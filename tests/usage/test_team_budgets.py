@@ -18,7 +18,7 @@ import pytest
 
 from gateway.limits.usage import day_of, next_month, to_midnight
 from tests.helpers.clients import body, client
-from tests.helpers.servers import GatewayThread
+from tests.helpers.servers import GatewayThread, rewrite
 from tests.helpers.waiting import wait_until
 
 from .conftest import ADMIN_KEY, wait_requests
@@ -90,7 +90,7 @@ def test_a_teams_daily_budget_is_shared_by_its_keys(setup: tuple[Path, str]) -> 
 
 def test_a_keys_monthly_budget_and_a_teams(setup: tuple[Path, str]) -> None:
     path, url = setup
-    with GatewayThread(path, ENV) as gw:
+    with GatewayThread(path, ENV, poll_every=0.1) as gw:
         for key in ("M", "S"):
             assert post(gw.url, key)[0] == 200
             assert post(gw.url, key)[0] == 200  # $0.017 booked: under both budgets
@@ -108,7 +108,7 @@ def test_a_keys_monthly_budget_and_a_teams(setup: tuple[Path, str]) -> None:
 
         # A reload keeps the counters (the process's, or Redis's).
         reloaded = gw.pipeline
-        path.write_text(path.read_text() + "# edited\n")
+        rewrite(path, path.read_text() + "# edited\n")
         wait_until(lambda: gw.pipeline is not reloaded, timeout=6)
         assert post(gw.url, "M")[0] == 429 and post(gw.url, "S")[0] == 429
     if url:
