@@ -121,14 +121,11 @@ class Reloader:
             if polled and (stamp is None or stamp == self._seen):
                 return False
             self._seen = stamp
-            if stamp is not None and stamp[1] == 0:
-                # An empty file loads as a config of its own, with every key and provider gone: what a poll
-                # finds between the truncation and the write of a file saved in place, never an intent.
-                log.error(
-                    "config reload (%s) failed, keeping the running config: %s: the file is empty", why, self.path
-                )
-                return False
             try:
+                if stamp is not None and stamp[1] == 0:
+                    # An empty file loads as a config of its own, with every key and provider gone: what a poll
+                    # finds between the truncation and the write of a file saved in place, never an intent.
+                    raise ConfigError(f"{self.path}: the file is empty")
                 loaded = load_config(self.path)
                 new = self.build(loaded)
             except ConfigError as exc:
